@@ -1,0 +1,98 @@
+"""Collectives and point-to-point transfers in the alpha-beta model.
+
+A message of ``B`` bytes over a link costs ``alpha + B / beta`` (Hockney). Ring collectives on
+``n`` ranks (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+workstations", JPDC 2009; Thakur et al., "Optimization of collective communication operations in
+MPICH", IJHPCA 2005):
+
+- all-reduce moves ``2 (n-1)/n * B`` bytes per rank in ``2 (n-1)`` steps;
+- reduce-scatter and all-gather move ``(n-1)/n * B`` bytes per rank in ``n-1`` steps,
+  ``B`` being the size of the full (unsharded) buffer.
+
+A group that spans nodes runs hierarchically: reduce-scatter inside each node, an all-reduce of
+each node-local shard across nodes (every GPU drives its own share of the NICs, so the ``g``
+shards travel in parallel), then all-gather inside the node.
+
+The collective functions are plain arithmetic, so ``nbytes`` and ``count`` (how many separate
+collectives the bytes are spread over, for the latency term) may be numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodels.topology import Cluster, LinkSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupShape:
+    """Where the members of one communication group sit."""
+
+    size: int
+    """Ranks in the group."""
+    per_node: int
+    """Members that share one node (1 = every member on its own node; ``size`` = one node)."""
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.size // max(1, self.per_node))
+
+
+def p2p_s(nbytes: float, link: LinkSpec) -> float:
+    """One message of ``nbytes`` over ``link``."""
+    if nbytes <= 0:
+        return 0.0
+    return link.latency_s + nbytes / link.effective_bytes_per_s
+
+
+def ring_allreduce_s(nbytes, n: int, link: LinkSpec, count=1):
+    """Ring all-reduce of an ``nbytes`` buffer on ``n`` ranks over one tier."""
+    if n <= 1:
+        return 0.0 * nbytes
+    steps = 2 * (n - 1)
+    wire_bytes = 2 * (n - 1) / n * nbytes
+    return count * steps * link.latency_s + wire_bytes / link.effective_bytes_per_s
+
+
+def ring_allgather_s(nbytes, n: int, link: LinkSpec, count=1):
+    """Ring all-gather producing an ``nbytes`` buffer on each of ``n`` ranks."""
+    if n <= 1:
+        return 0.0 * nbytes
+    steps = n - 1
+    wire_bytes = (n - 1) / n * nbytes
+    return count * steps * link.latency_s + wire_bytes / link.effective_bytes_per_s
+
+
+def ring_reduce_scatter_s(nbytes, n: int, link: LinkSpec, count=1):
+    """Ring reduce-scatter of an ``nbytes`` buffer on ``n`` ranks (same volume as all-gather)."""
+    return ring_allgather_s(nbytes, n, link, count)
+
+
+def allreduce_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
+    """All-reduce on a group placed on ``cluster``: flat inside a node, hierarchical across."""
+    n, g = group.size, min(group.per_node, group.size)
+    if n <= 1:
+        return 0.0 * nbytes
+    if g >= n:
+        return ring_allreduce_s(nbytes, n, cluster.intra_node, count)
+    intra = ring_reduce_scatter_s(nbytes, g, cluster.intra_node, count)
+    inter = ring_allreduce_s(nbytes / g, group.nodes, cluster.inter_node, count)
+    gather = ring_allgather_s(nbytes, g, cluster.intra_node, count)
+    return intra + inter + gather
+
+
+def allgather_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
+    """All-gather of an ``nbytes`` (full-size) buffer on a placed group."""
+    n, g = group.size, min(group.per_node, group.size)
+    if n <= 1:
+        return 0.0 * nbytes
+    if g >= n:
+        return ring_allgather_s(nbytes, n, cluster.intra_node, count)
+    inter = ring_allgather_s(nbytes / g, group.nodes, cluster.inter_node, count)
+    intra = ring_allgather_s(nbytes, g, cluster.intra_node, count)
+    return inter + intra
+
+
+def reduce_scatter_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
+    """Reduce-scatter of an ``nbytes`` (full-size) buffer on a placed group."""
+    return allgather_s(nbytes, group, cluster, count)

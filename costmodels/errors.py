@@ -1,0 +1,25 @@
+"""Error types shared by the cost models and the planner.
+
+They live here (the bottom of the dependency graph) so that costmodels can raise them without
+importing the planner; ``planner.errors`` re-exports them.
+"""
+
+
+class PlannerError(Exception):
+    """Any error the planner reports to a person (one line, no traceback by default)."""
+
+
+class SpecError(PlannerError):
+    """Bad input: an unknown name, a missing or unknown key, a value out of range."""
+
+
+class InfeasibleError(PlannerError):
+    """A configuration that cannot run (out of memory, indivisible degrees, ...).
+
+    ``reason`` is a short category the search counts ("out of memory", "tp > gpus per node");
+    the message says the details.
+    """
+
+    def __init__(self, message: str, *, reason: str = "infeasible"):
+        super().__init__(message)
+        self.reason = reason

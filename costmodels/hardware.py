@@ -1,0 +1,159 @@
+"""Device specifications and presets.
+
+Every number is a vendor data-sheet figure (dense, no sparsity) unless stated otherwise:
+- A100: NVIDIA A100 Tensor Core GPU data sheet (2021): 312 TFLOP/s bf16/fp16, 19.5 fp32,
+  1,555 GB/s (40 GB) / 2,039 GB/s (80 GB) HBM2e.
+- H100 SXM: NVIDIA H100 data sheet (2023): 989 TFLOP/s bf16 dense, 67 fp32, 3.35 TB/s HBM3.
+- H200 SXM: NVIDIA H200 data sheet (2024): 989 TFLOP/s bf16 dense, 141 GB, 4.8 TB/s HBM3e.
+- V100 SXM2 32 GB: NVIDIA V100 data sheet: 125 TFLOP/s fp16 tensor, 15.7 fp32, 900 GB/s; no bf16.
+- L4: NVIDIA L4 data sheet: 121 TFLOP/s bf16 dense (242 with sparsity), 30.3 fp32, 24 GB, 300 GB/s.
+- RTX 4090: NVIDIA Ada Lovelace architecture whitepaper, Table 2: 165.2 TFLOP/s fp16/bf16 tensor
+  with fp32 accumulate (dense), 82.6 fp32, 24 GB GDDR6X at 1,008 GB/s.
+- cpu: a two-core x86-64 machine like the one CI runs on (2 cores x 2 FMA ports x 8 fp32 lanes x
+  2 FLOP x ~3 GHz ~= 0.19 TFLOP/s; ~20 GB/s DRAM). Use ``plan profile`` to replace these guesses
+  by measurements.
+
+Efficiencies are the fraction of peak that well-shaped kernels reach in practice (the reference
+data README: large matmuls reach about 80-87% of peak on A100/H100).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from costmodels.errors import SpecError
+
+GB = 1e9
+TERA = 1e12
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator (or CPU) as the cost model sees it."""
+
+    name: str
+    """Preset name, e.g. ``a100-80g``."""
+    memory_bytes: float
+    """Device memory in bytes (HBM, or RAM for ``cpu``)."""
+    peak_flops: Mapping[str, float]
+    """Dense peak in FLOP/s per compute dtype (``bf16``, ``fp16``, ``fp32``); a dtype the device
+    does not support is absent."""
+    hbm_bytes_per_s: float
+    """Memory bandwidth in bytes/s."""
+    matmul_efficiency: float = 0.80
+    """Fraction of peak FLOP/s that large GEMMs reach (dimensionless)."""
+    memory_efficiency: float = 0.80
+    """Fraction of memory bandwidth that element-wise kernels reach (dimensionless)."""
+    description: str = ""
+    """One line for ``plan clusters``."""
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``; raises SpecError when the device lacks it."""
+        if dtype not in self.peak_flops:
+            have = ", ".join(sorted(self.peak_flops))
+            raise SpecError(
+                f"device {self.name} has no {dtype} support (it has {have}); "
+                f"choose --dtype from those"
+            )
+        return self.peak_flops[dtype]
+
+
+def _gpu(name: str, mem_gb: float, bf16: float | None, fp16: float, fp32: float, hbm_gbps: float,
+         description: str, **kw) -> DeviceSpec:
+    peaks = {"fp16": fp16 * TERA, "fp32": fp32 * TERA}
+    if bf16 is not None:
+        peaks["bf16"] = bf16 * TERA
+    return DeviceSpec(name=name, memory_bytes=mem_gb * GB, peak_flops=peaks,
+                      hbm_bytes_per_s=hbm_gbps * GB, description=description, **kw)
+
+
+DEVICES: dict[str, DeviceSpec] = {
+    d.name: d
+    for d in (
+        _gpu("a100-40g", 40, 312, 312, 19.5, 1555, "NVIDIA A100 SXM 40 GB"),
+        _gpu("a100-80g", 80, 312, 312, 19.5, 2039, "NVIDIA A100 SXM 80 GB"),
+        _gpu("h100", 80, 989, 989, 67, 3350, "NVIDIA H100 SXM 80 GB"),
+        _gpu("h200", 141, 989, 989, 67, 4800, "NVIDIA H200 SXM 141 GB"),
+        _gpu("v100", 32, None, 125, 15.7, 900, "NVIDIA V100 SXM2 32 GB (no bf16)"),
+        _gpu("l4", 24, 121, 121, 30.3, 300, "NVIDIA L4 24 GB (PCIe)"),
+        _gpu("rtx4090", 24, 165.2, 165.2, 82.6, 1008, "NVIDIA GeForce RTX 4090 24 GB"),
+        _gpu("cpu", 24, 0.19, 0.19, 0.19, 20, "a 2-core x86-64 host (estimate; run `plan profile`)",
+             matmul_efficiency=0.6, memory_efficiency=0.6),
+    )
+}
+
+_DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "matmul_efficiency",
+                "memory_efficiency", "description"}
+
+
+def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
+    """Build a DeviceSpec from the YAML mapping form of DESIGN.md (units: GB, TFLOP/s, GB/s)."""
+    unknown = set(spec) - _DEVICE_KEYS
+    if unknown:
+        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(_DEVICE_KEYS)}")
+    for key in ("name", "memory_GB", "peak_TFLOPs", "hbm_GBps"):
+        if key not in spec:
+            raise SpecError(f"{where}.{key}: missing; a device mapping needs name, memory_GB, "
+                            f"peak_TFLOPs {{bf16, fp16, fp32}} and hbm_GBps")
+    peaks = spec["peak_TFLOPs"]
+    if not isinstance(peaks, Mapping) or not peaks:
+        raise SpecError(f"{where}.peak_TFLOPs: expected a mapping like {{bf16: 312, fp32: 19.5}}")
+    bad = set(peaks) - set(DTYPE_BYTES)
+    if bad:
+        raise SpecError(f"{where}.peak_TFLOPs.{sorted(bad)[0]}: unknown dtype; use bf16, fp16, fp32")
+    kw = {}
+    for key in ("matmul_efficiency", "memory_efficiency"):
+        if key in spec:
+            kw[key] = _fraction(spec[key], f"{where}.{key}")
+    return DeviceSpec(
+        name=str(spec["name"]),
+        memory_bytes=_positive(spec["memory_GB"], f"{where}.memory_GB") * GB,
+        peak_flops={k: _positive(v, f"{where}.peak_TFLOPs.{k}") * TERA for k, v in peaks.items()},
+        hbm_bytes_per_s=_positive(spec["hbm_GBps"], f"{where}.hbm_GBps") * GB,
+        description=str(spec.get("description", "")),
+        **kw,
+    )
+
+
+def get_device(name_or_mapping, where: str = "device") -> DeviceSpec:
+    """A preset by name, or a mapping; unknown names get close suggestions."""
+    if isinstance(name_or_mapping, Mapping):
+        return device_from_mapping(name_or_mapping, where)
+    name = str(name_or_mapping).lower()
+    if name not in DEVICES:
+        raise SpecError(f"{where}: unknown device '{name_or_mapping}'{suggest(name, DEVICES)}")
+    return DEVICES[name]
+
+
+def suggest(name: str, choices) -> str:
+    """'; did you mean X?' for the closest names, or the list of choices."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    if close:
+        return "; did you mean " + " or ".join(close) + "?"
+    return "; choose one of " + ", ".join(sorted(choices))
+
+
+def _positive(value, where: str) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{where}: expected a positive number, got {value!r}") from None
+    if not x > 0:
+        raise SpecError(f"{where}: expected a positive number, got {value!r}")
+    return x
+
+
+def _fraction(value, where: str) -> float:
+    x = _positive(value, where)
+    if x > 1:
+        raise SpecError(f"{where}: expected a fraction in (0, 1], got {value!r}")
+    return x
+
+
+__all__ = ["DeviceSpec", "DEVICES", "DTYPE_BYTES", "get_device", "device_from_mapping", "suggest",
+           "GB", "TERA"]

@@ -1,0 +1,100 @@
+"""Memory per GPU: model states under ZeRO, activations under recomputation, in-flight micro-batches.
+
+Model states (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models", SC'20, section 3.1): mixed-precision Adam keeps 2 bytes of half-precision weights, 2 bytes of
+half-precision gradients and K = 12 bytes of optimizer state (fp32 master weights, momentum and
+variance) per parameter. ZeRO-1 shards the optimizer state across the data-parallel group, ZeRO-2
+also the gradients, ZeRO-3 also the weights.
+
+Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+MLSys'23, section 4): a GPT layer keeps ``s b h (34 + 5 a s / h)`` bytes; with tensor parallel
+degree t, ``s b h (10 + 24/t + 5 a s / (h t))``; adding sequence parallelism divides all of it by t;
+selective recomputation drops the ``5 a s^2 b`` attention-core term; full recomputation keeps only the
+layer input (``2 s b h``, divided by t under sequence parallelism).
+"""
+
+from __future__ import annotations
+
+from costmodels.errors import SpecError
+from costmodels.workload import BlockWork
+
+OPTIMIZER_STATE_BYTES = {
+    # bytes of optimizer state per parameter, by optimizer and compute dtype
+    ("adam", "mixed"): 12,  # fp32 master copy + fp32 momentum + fp32 variance
+    ("adam", "fp32"): 8,  # fp32 momentum + variance (the weights are the master copy)
+    ("sgd", "mixed"): 8,  # fp32 master copy + fp32 momentum
+    ("sgd", "fp32"): 4,  # fp32 momentum
+}
+
+
+def precision_class(dtype: str) -> str:
+    return "fp32" if dtype == "fp32" else "mixed"
+
+
+def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int) -> dict:
+    """Bytes per GPU of weights, gradients and optimizer states for ``params`` local parameters.
+
+    ``params`` is the count this GPU holds before ZeRO sharding (after tensor/pipeline splits).
+    """
+    opt = optimizer.lower()
+    if opt == "adamw":
+        opt = "adam"
+    key = (opt, precision_class(dtype))
+    if key not in OPTIMIZER_STATE_BYTES:
+        raise SpecError(f"optimizer: unknown optimizer '{optimizer}'; use adam, adamw or sgd")
+    if zero not in (0, 1, 2, 3):
+        raise SpecError(f"zero: expected 0, 1, 2 or 3, got {zero!r}")
+    weight_b = 4 if dtype == "fp32" else 2
+    grad_b = weight_b
+    opt_b = OPTIMIZER_STATE_BYTES[key]
+    weights = params * weight_b / (dp if zero >= 3 else 1)
+    grads = params * grad_b / (dp if zero >= 2 else 1)
+    optim = params * opt_b / (dp if zero >= 1 else 1)
+    return {"weights": weights, "grads": grads, "optimizer": optim}
+
+
+def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int) -> float:
+    """Model-state bytes per local parameter (weights + grads + optimizer) after ZeRO sharding."""
+    return sum(model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=zero, dp=dp).values())
+
+
+def usable_bytes(device_memory_bytes: float, *, reserve_fraction: float, reserve_bytes: float) -> float:
+    """Memory a training process may plan for: the device minus allocator fragmentation and the
+    fixed cost of the runtime (CUDA context, NCCL buffers, cuBLAS workspaces)."""
+    return device_memory_bytes * (1.0 - reserve_fraction) - reserve_bytes
+
+
+def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, recompute: str) -> float:
+    """Bytes one micro-batch leaves saved in one block until its backward runs."""
+    sp_div = tp if sp else 1
+    if recompute == "full":
+        return micro_batch * work.input_bytes / sp_div
+    kept = work.act_bytes_rep / sp_div + work.act_bytes_tp / tp
+    if recompute == "none":
+        kept += work.act_bytes_attn / tp
+    elif recompute != "selective":
+        raise SpecError(f"recompute: expected none, selective or full, got {recompute!r}")
+    return micro_batch * kept
+
+
+def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
+                            recompute: str) -> float:
+    """Extra bytes alive while one block's forward is recomputed during backward."""
+    if recompute == "none":
+        return 0.0
+    if recompute == "selective":
+        return micro_batch * work.act_bytes_attn / tp
+    return activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none")
+
+
+def megatron_layer_activation_bytes(*, s: int, b: int, h: int, a: int, t: int = 1,
+                                    sp: bool = False, recompute: str = "none") -> float:
+    """Korthikanti et al. (2022), Table 2: activation bytes of one GPT layer (16-bit activations)."""
+    if recompute == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    attn = 5 * a * s / h
+    if recompute == "selective":
+        attn = 0.0
+    if sp:
+        return s * b * h / t * (34 + attn)
+    return s * b * h * (10 + 24 / t + attn / t)

@@ -1,0 +1,192 @@
+"""Clusters: nodes, GPUs per node, and the link tiers between them.
+
+Link figures are per GPU and per direction (the share of the node's links one GPU can drive):
+- NVLink 3 (A100): 600 GB/s bidirectional per GPU -> 300 GB/s each way; NCCL all-reduce bus
+  bandwidth inside a DGX A100 is about 230 GB/s (reference data README) -> efficiency 0.77.
+- NVLink 4 (H100/H200): 900 GB/s bidirectional -> 450 GB/s each way; about 370 GB/s measured inside
+  an H100 node (reference data README) -> efficiency 0.82.
+- InfiniBand: DGX A100 has 8 x 200 Gb/s HDR (25 GB/s per GPU), DGX H100 8 x 400 Gb/s NDR (50 GB/s
+  per GPU); NCCL reaches about 90% of line rate across nodes.
+- PCIe 4.0 x16: 32 GB/s each way. GeForce cards have no peer-to-peer, so traffic is staged through
+  host memory, which halves it again (efficiency 0.4).
+- V100 DGX-1: NVLink 2 hybrid cube mesh, 6 links x 25 GB/s each way per GPU; 4 x 100 Gb/s EDR per
+  node (6.25 GB/s per GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from costmodels.errors import SpecError
+from costmodels.hardware import GB, DeviceSpec, _fraction, _positive, get_device, suggest
+
+US = 1e-6
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkSpec:
+    """One link tier, per GPU and per direction."""
+
+    bandwidth_bytes_per_s: float
+    """Line rate in bytes/s, per GPU, one direction."""
+    latency_s: float
+    """Per-message latency in seconds (the alpha of the alpha-beta model)."""
+    efficiency: float = 0.8
+    """Fraction of the line rate collectives reach (NCCL bus bandwidth / line rate)."""
+    name: str = ""
+    """Tier name for explanations (``nvlink``, ``ib``, ``pcie``, ``loopback``)."""
+
+    @property
+    def effective_bytes_per_s(self) -> float:
+        """Achievable bandwidth in bytes/s."""
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """A homogeneous cluster: ``nodes`` x ``gpus_per_node`` devices of one kind."""
+
+    name: str
+    """Preset or YAML name."""
+    device: DeviceSpec
+    """The accelerator in every slot."""
+    nodes: int
+    """Number of nodes."""
+    gpus_per_node: int
+    """Devices per node (they share the intra-node tier)."""
+    intra_node: LinkSpec
+    """Tier between devices of one node."""
+    inter_node: LinkSpec
+    """Tier between nodes (per GPU: its share of the node's NICs)."""
+    description: str = ""
+    """One line for ``plan clusters``."""
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def link_for_span(self, span: int) -> LinkSpec:
+        """The slowest tier a group crosses whose members lie within ``span`` consecutive ranks."""
+        return self.intra_node if span <= self.gpus_per_node else self.inter_node
+
+    def summary(self) -> dict:
+        """Plain-data summary for the plan JSON."""
+        return {
+            "name": self.name,
+            "device": self.device.name,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "num_gpus": self.num_gpus,
+            "device_memory_bytes": self.device.memory_bytes,
+            "intra_node_GBps": self.intra_node.bandwidth_bytes_per_s / GB,
+            "inter_node_GBps": self.inter_node.bandwidth_bytes_per_s / GB,
+        }
+
+
+def _link(name: str, gbps: float, latency_us: float, efficiency: float) -> LinkSpec:
+    return LinkSpec(name=name, bandwidth_bytes_per_s=gbps * GB, latency_s=latency_us * US,
+                    efficiency=efficiency)
+
+
+NVLINK3 = _link("nvlink", 300, 3, 0.77)
+NVLINK4 = _link("nvlink", 450, 3, 0.82)
+NVLINK2 = _link("nvlink", 150, 3, 0.80)
+IB_HDR = _link("ib", 25, 10, 0.90)
+IB_NDR = _link("ib", 50, 10, 0.90)
+IB_EDR = _link("ib", 6.25, 10, 0.90)
+PCIE4_NO_P2P = _link("pcie", 32, 10, 0.40)
+PCIE4 = _link("pcie", 32, 10, 0.75)
+ETH_10G = _link("ethernet", 1.25, 50, 0.80)
+LOOPBACK = _link("loopback", 2.0, 50, 0.80)
+
+
+def _preset(name, device, gpn, intra, inter, description) -> Cluster:
+    return Cluster(name=name, device=get_device(device), nodes=1, gpus_per_node=gpn,
+                   intra_node=intra, inter_node=inter, description=description)
+
+
+CLUSTERS: dict[str, Cluster] = {
+    c.name: c
+    for c in (
+        _preset("dgx-a100-80g", "a100-80g", 8, NVLINK3, IB_HDR, "DGX A100: 8 x A100 80 GB, NVSwitch, 8 x HDR IB"),
+        _preset("dgx-a100-40g", "a100-40g", 8, NVLINK3, IB_HDR, "DGX A100: 8 x A100 40 GB, NVSwitch, 8 x HDR IB"),
+        _preset("dgx-h100", "h100", 8, NVLINK4, IB_NDR, "DGX H100: 8 x H100 SXM, NVSwitch, 8 x NDR IB"),
+        _preset("hgx-h200", "h200", 8, NVLINK4, IB_NDR, "HGX H200: 8 x H200 SXM, NVSwitch, 8 x NDR IB"),
+        _preset("dgx1-v100", "v100", 8, NVLINK2, IB_EDR, "DGX-1: 8 x V100 32 GB, NVLink cube mesh, 4 x EDR IB"),
+        _preset("l4-8", "l4", 8, PCIE4, ETH_10G, "8 x L4 on PCIe 4.0, 10 GbE between nodes"),
+        _preset("pcie-4090", "rtx4090", 4, PCIE4_NO_P2P, ETH_10G, "4 x RTX 4090 on PCIe 4.0 (no P2P), 10 GbE"),
+        _preset("cpu", "cpu", 2, LOOPBACK, ETH_10G, "this host: 2 CPU processes over gloo (estimate; run `plan profile`)"),
+    )
+}
+
+_CLUSTER_KEYS = {"name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node", "description"}
+_LINK_KEYS = {"bandwidth_GBps", "latency_us", "efficiency", "name"}
+
+
+def get_cluster(name: str, *, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
+    """A preset by name, with optional node / GPU-per-node overrides."""
+    key = str(name).lower()
+    if key not in CLUSTERS:
+        raise SpecError(f"cluster: unknown cluster '{name}'{suggest(key, CLUSTERS)} "
+                        f"(or pass a YAML file)")
+    return with_overrides(CLUSTERS[key], nodes=nodes, gpus_per_node=gpus_per_node)
+
+
+def with_overrides(cluster: Cluster, *, nodes: int | None = None,
+                   gpus_per_node: int | None = None) -> Cluster:
+    """The cluster resized; values must be positive integers."""
+    changes = {}
+    if nodes is not None:
+        changes["nodes"] = _positive_int(nodes, "nodes")
+    if gpus_per_node is not None:
+        changes["gpus_per_node"] = _positive_int(gpus_per_node, "gpus_per_node")
+    return replace(cluster, **changes) if changes else cluster
+
+
+def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
+    """Strictly load the YAML form of DESIGN.md (already parsed into a mapping)."""
+    if not isinstance(spec, Mapping):
+        raise SpecError(f"{where}: expected a mapping with keys {sorted(_CLUSTER_KEYS)}")
+    unknown = set(spec) - _CLUSTER_KEYS
+    if unknown:
+        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(_CLUSTER_KEYS)}")
+    for key in ("name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"):
+        if key not in spec:
+            raise SpecError(f"{where}.{key}: missing (see the cluster YAML form in README.md)")
+    return Cluster(
+        name=str(spec["name"]),
+        device=get_device(spec["device"], f"{where}.device"),
+        nodes=_positive_int(spec["nodes"], f"{where}.nodes"),
+        gpus_per_node=_positive_int(spec["gpus_per_node"], f"{where}.gpus_per_node"),
+        intra_node=link_from_mapping(spec["intra_node"], f"{where}.intra_node", "intra"),
+        inter_node=link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter"),
+        description=str(spec.get("description", "")),
+    )
+
+
+def link_from_mapping(spec: Mapping, where: str, default_name: str) -> LinkSpec:
+    """``{bandwidth_GBps, latency_us[, efficiency, name]}`` -> LinkSpec."""
+    if not isinstance(spec, Mapping):
+        raise SpecError(f"{where}: expected a mapping like {{bandwidth_GBps: 25, latency_us: 10}}")
+    unknown = set(spec) - _LINK_KEYS
+    if unknown:
+        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(_LINK_KEYS)}")
+    for key in ("bandwidth_GBps", "latency_us"):
+        if key not in spec:
+            raise SpecError(f"{where}.{key}: missing")
+    latency = spec["latency_us"]
+    if not isinstance(latency, (int, float)) or latency < 0:
+        raise SpecError(f"{where}.latency_us: expected a number >= 0, got {latency!r}")
+    return LinkSpec(
+        name=str(spec.get("name", default_name)),
+        bandwidth_bytes_per_s=_positive(spec["bandwidth_GBps"], f"{where}.bandwidth_GBps") * GB,
+        latency_s=float(latency) * US,
+        efficiency=_fraction(spec.get("efficiency", 0.8), f"{where}.efficiency"),
+    )
+
+
+def _positive_int(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{where}: expected a positive integer, got {value!r}")
+    return value

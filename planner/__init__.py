@@ -1,0 +1,17 @@
+"""Parallelization-plan auto-planner for PyTorch training.
+
+    import planner
+    p = planner.plan("gpt3-175b", cluster="dgx-a100-80g", nodes=128, global_batch=1536, seq_len=2048)
+    p.save("plan.json")
+"""
+
+from costmodels.topology import Cluster
+from planner.api import Prepared, plan, plan_prepared, prepare
+from planner.errors import InfeasibleError, PlannerError, SpecError, TraceError
+from planner.options import Config, SearchOptions, TrainingSpec
+from planner.plan import Plan, load_plan
+
+__all__ = [
+    "Cluster", "Config", "InfeasibleError", "Plan", "PlannerError", "Prepared", "SearchOptions",
+    "SpecError", "TraceError", "TrainingSpec", "load_plan", "plan", "plan_prepared", "prepare",
+]

@@ -1,0 +1,91 @@
+"""plan(): resolve the model, trace it, coarsen, search, emit. Orchestration only."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from planner.blocks import build_blocks
+from planner.clusters import load_cluster
+from planner.emit import emit
+from planner.errors import InfeasibleError, SpecError
+from planner.evaluate import ModelArrays
+from planner.feasibility import explain_infeasible
+from planner.graph import BlockGraph, OpGraph
+from planner.models import resolve
+from planner.options import SearchOptions, TrainingSpec, parse_fix
+from planner.plan import Plan
+from planner.solve.search import search
+from planner.tp import analyze
+from planner.trace import trace
+
+log = logging.getLogger("planner")
+
+
+@dataclass
+class Prepared:
+    """A traced and coarsened model: reusable across clusters, batches and pinned knobs."""
+
+    info: dict
+    """name, source, num_params, fingerprint."""
+    seq_len: int
+    dtype: str
+    opgraph: OpGraph
+    blocks: BlockGraph
+
+
+def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: str = "bf16",
+            trace_method: str = "auto") -> Prepared:
+    """Resolve and trace a model once (the slow, torch-touching part)."""
+    t0 = time.perf_counter()
+    rm = resolve(model, seq_len=seq_len, dtype=dtype, example_inputs=example_inputs)
+    log.info("model %s: %.3g B parameters (%s)", rm.name, rm.num_params / 1e9, rm.source)
+    og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
+               method=trace_method, name=rm.name)
+    bg = build_blocks(og, analyze(og))
+    log.info("traced with %s: %d ops -> %d blocks in %.1f s", og.method, len(og.ops),
+             len(bg.blocks), time.perf_counter() - t0)
+    info = {"name": rm.name, "source": rm.source, "num_params": rm.num_params,
+            "fingerprint": rm.fingerprint}
+    return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
+
+
+def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
+         gpus_per_node: int | None = None, global_batch: int, seq_len: int | None = None,
+         dtype: str = "bf16", optimizer: str = "adam", fix=None, top_k: int = 3,
+         time_limit_s: float | None = None, calibration=None, trace_method: str = "auto",
+         record_timing: bool = False,
+         progress: Callable[[int, int], None] | None = None) -> Plan:
+    """Plan how to train ``model`` on ``cluster``; see DESIGN.md for every argument."""
+    if calibration is not None:
+        raise SpecError("calibration: not supported yet; run without --calibration")
+    cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
+    cl.device.peak(dtype)  # fail early on a dtype the device lacks
+    options = SearchOptions(fix=parse_fix(fix), top_k=top_k, time_limit_s=time_limit_s,
+                            trace=trace_method)
+    TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer)
+    prepared = prepare(model, example_inputs=example_inputs, seq_len=seq_len, dtype=dtype,
+                       trace_method=trace_method)
+    training = TrainingSpec(global_batch=global_batch, seq_len=prepared.seq_len, dtype=dtype,
+                            optimizer=optimizer)
+    return plan_prepared(prepared, cl, training, options, progress=progress,
+                         record_timing=record_timing)
+
+
+def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
+                  progress=None, record_timing: bool = False) -> Plan:
+    """Search and emit for an already traced model."""
+    result = search(prepared.blocks, cluster, training, options, progress=progress)
+    summary = ", ".join(f"{n} {r}" for r, n in result.rejected.most_common(4))
+    log.info("searched %d configurations in %.2f s (%s)", result.candidates, result.time_s,
+             summary or "none rejected")
+    if result.best is None:
+        ma = ModelArrays.from_blocks(prepared.blocks)
+        raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
+                                                 summary or "no candidates"),
+                              reason="no feasible plan")
+    return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
+                result=result, cluster=cluster, training=training, options=options,
+                record_timing=record_timing)

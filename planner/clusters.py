@@ -1,0 +1,46 @@
+"""Resolve a cluster argument: a preset name, a YAML file, a mapping or a Cluster."""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from costmodels.topology import CLUSTERS, Cluster, cluster_from_mapping, get_cluster, with_overrides
+from planner.errors import SpecError
+
+
+def load_cluster(spec, *, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
+    """Preset name, path to a YAML file, mapping or Cluster -> Cluster (with overrides)."""
+    if isinstance(spec, Cluster):
+        cluster = spec
+    elif isinstance(spec, Mapping):
+        cluster = cluster_from_mapping(spec)
+    elif isinstance(spec, str) and (spec.endswith((".yaml", ".yml")) or os.path.sep in spec):
+        cluster = cluster_from_mapping(_read_yaml(spec), where=os.path.basename(spec))
+    elif isinstance(spec, str):
+        return get_cluster(spec, nodes=nodes, gpus_per_node=gpus_per_node)
+    else:
+        raise SpecError(f"cluster: expected a preset name ({', '.join(CLUSTERS)}), a YAML path or "
+                        f"a mapping, got {type(spec).__name__}")
+    return with_overrides(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
+
+
+def _read_yaml(path: str) -> dict:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise SpecError(f"cluster: file '{path}' not found") from None
+    except OSError as exc:
+        raise SpecError(f"cluster: cannot read '{path}' ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{os.path.basename(path)}: invalid YAML{where}: "
+                        f"{getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{os.path.basename(path)}: expected a mapping of cluster keys "
+                        "(name, device, nodes, gpus_per_node, intra_node, inter_node)")
+    return data

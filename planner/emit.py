@@ -1,0 +1,125 @@
+"""Turn the search result into a Plan (plain data, ready for JSON)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from importlib import metadata
+
+from costmodels.topology import Cluster
+from planner import placement, schedule
+from planner.evaluate import Estimate
+from planner.graph import BlockGraph, OpGraph
+from planner.options import SearchOptions, TrainingSpec
+from planner.plan import Plan
+from planner.solve.search import SearchResult
+
+BREAKDOWN_WORDS = {
+    "compute_s": "compute", "bubble_s": "pipeline bubble", "tp_comm_s": "tensor-parallel all-reduce",
+    "pp_comm_s": "pipeline send/recv", "dp_comm_s": "data-parallel gradient sync",
+    "optimizer_s": "optimizer step",
+}
+
+
+def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchResult,
+         cluster: Cluster, training: TrainingSpec, options: SearchOptions,
+         record_timing: bool = False) -> Plan:
+    best = result.best
+    cfg = best.config
+    blocks = [{"name": b.name, "modules": b.modules, "params": b.work.params,
+               "fwd_flops_per_sample": b.work.fwd_flops} for b in bg.blocks]
+    module_of = {b.name: b.modules for b in bg.blocks}
+    stages = [{
+        "index": st.index,
+        "modules": [m for name in st.blocks for m in module_of[name]],
+        "blocks": st.blocks,
+        "ranks": placement.stage_ranks(cfg, st.index),
+        "predicted": {
+            "time_per_microbatch_s": st.time_s, "compute_s": st.compute_s,
+            "tp_comm_s": st.tp_comm_s, "p2p_s": st.p2p_s, "params": st.params,
+            "in_flight_microbatches": st.in_flight, "memory_bytes": st.memory,
+        },
+    } for st in best.stages]
+    parallel = {k: v for k, v in cfg.to_dict().items()}
+    search = {
+        "method": "enumeration + chain bisection (exact stage split per configuration)",
+        "status": result.status,
+        "gap": 0.0 if result.status == "optimal" else None,
+        "candidates": result.candidates,
+        "evaluated": result.evaluated,
+        "rejected": dict(sorted(result.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "time_s": result.time_s if record_timing else None,
+        "options": {"fix": dict(options.fix), "top_k": options.top_k,
+                    "time_limit_s": options.time_limit_s},
+        "alternatives": [alternative(best, alt, training, cluster) for alt in result.alternatives],
+    }
+    provenance = {
+        "planner": _version("planner"), "torch": _version("torch"),
+        "transformers": _version("transformers"), "python": platform.python_version(),
+        "trace_method": opgraph.method,
+        "input_hash": input_hash(model_info, training, cluster, options),
+    }
+    return Plan(
+        model={**model_info, "trace": {"method": opgraph.method, "ops": len(opgraph.ops),
+                                       "seq_len": opgraph.seq_len,
+                                       "repeats": [r.__dict__ for r in opgraph.repeats]},
+               "blocks": blocks},
+        training=training_dict(training), cluster=cluster.summary(), parallel=parallel,
+        stages=stages, tensor_parallel=_tp_map(bg, cfg.tp), schedule=_schedule(cfg),
+        predicted=predicted(best, training, cluster), search=search, provenance=provenance,
+    )
+
+
+def training_dict(training: TrainingSpec) -> dict:
+    return {"global_batch": training.global_batch, "seq_len": training.seq_len,
+            "dtype": training.dtype, "optimizer": training.optimizer}
+
+
+def predicted(est: Estimate, training: TrainingSpec, cluster: Cluster) -> dict:
+    return {"step_time_s": est.step_time_s, **est.throughput(training, cluster),
+            "peak_memory_bytes": est.peak_memory_bytes, "breakdown": dict(est.breakdown),
+            "model_flops_per_step": est.model_flops,
+            "hardware_flops_per_step": est.hardware_flops}
+
+
+def alternative(best: Estimate, alt: Estimate, training: TrainingSpec, cluster: Cluster) -> dict:
+    return {"parallel": alt.config.to_dict(), "step_time_s": alt.step_time_s,
+            "peak_memory_bytes": alt.peak_memory_bytes, "why": why_slower(best, alt)}
+
+
+def why_slower(best: Estimate, alt: Estimate) -> str:
+    """One line: how much slower, and the two parts of the step that moved most."""
+    delta = alt.step_time_s - best.step_time_s
+    pct = 100 * delta / best.step_time_s
+    diffs = sorted(((alt.breakdown[k] - best.breakdown[k], k) for k in best.breakdown),
+                   key=lambda d: -abs(d[0]))
+    parts = [f"{BREAKDOWN_WORDS[k]} {d:+.3g} s" for d, k in diffs[:2] if abs(d) > 1e-6]
+    return f"{pct:+.1f}% step time" + (f": {', '.join(parts)}" if parts else "")
+
+
+def _tp_map(bg: BlockGraph, tp: int) -> dict:
+    if tp == 1:
+        return {m: "replicate" for m in bg.tp_roles}
+    return dict(bg.tp_roles)
+
+
+def _schedule(cfg) -> dict:
+    return {"name": cfg.schedule, "format": "torch.distributed.pipelining actions, one list per "
+            "pipeline rank", "actions": schedule.build(cfg.schedule, cfg.pp, cfg.num_microbatches)}
+
+
+def input_hash(model_info: dict, training: TrainingSpec, cluster: Cluster,
+               options: SearchOptions) -> str:
+    payload = {"model": model_info.get("fingerprint"), "name": model_info.get("name"),
+               "training": training_dict(training), "cluster": repr(cluster),
+               "fix": dict(options.fix), "top_k": options.top_k,
+               "planner": _version("planner")}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _version(pkg: str) -> str:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,13 @@
+"""Errors the planner reports to people: PlannerError > SpecError, TraceError, InfeasibleError.
+
+Each carries one line that names the field, the value and the fix; the CLI prints it and exits 2.
+"""
+
+from costmodels.errors import InfeasibleError, PlannerError, SpecError
+
+
+class TraceError(PlannerError):
+    """The model could not be traced (names the op or module, and the fallback to try)."""
+
+
+__all__ = ["PlannerError", "SpecError", "TraceError", "InfeasibleError"]

@@ -1,0 +1,151 @@
+"""Frozen option dataclasses: the training spec, the search options, and one parallel configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Mapping
+
+from planner.errors import SpecError
+
+DTYPES = ("bf16", "fp16", "fp32")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULES = ("gpipe", "1f1b")
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+PLACEMENTS = ("tp-pp-dp", "tp-dp-pp")
+FIX_KEYS = ("dp", "tp", "pp", "vpp", "micro_batch", "schedule", "recompute", "zero",
+            "sequence_parallel")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    """What is trained, independent of how it is split."""
+
+    global_batch: int
+    """Samples (sequences) per optimizer step, summed over data-parallel replicas."""
+    seq_len: int
+    """Tokens per sample."""
+    dtype: str = "bf16"
+    """Compute dtype: bf16 or fp16 (mixed precision with fp32 master weights) or fp32."""
+    optimizer: str = "adam"
+    """adam / adamw (two fp32 moments) or sgd (one)."""
+
+    def __post_init__(self):
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
+            raise SpecError(f"global_batch: expected a positive integer, got {self.global_batch!r}")
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise SpecError(f"seq_len: expected a positive integer, got {self.seq_len!r}")
+        if self.dtype not in DTYPES:
+            raise SpecError(f"dtype: unknown dtype '{self.dtype}'; use one of {', '.join(DTYPES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise SpecError(f"optimizer: unknown optimizer '{self.optimizer}'; use one of "
+                            f"{', '.join(OPTIMIZERS)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """How the search runs."""
+
+    fix: Mapping[str, object] = field(default_factory=dict)
+    """Pinned knobs (any of FIX_KEYS); validated by parse_fix."""
+    top_k: int = 3
+    """Alternatives kept besides the best plan."""
+    time_limit_s: float | None = None
+    """Stop the search after this many seconds and return the best plan found so far."""
+    schedules: tuple[str, ...] = SCHEDULES
+    """Pipeline schedules to consider."""
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    """Activation recomputation policies to consider."""
+    zero: tuple[int, ...] = (0, 1)
+    """ZeRO stages to consider."""
+    memory_reserve_fraction: float = 0.05
+    """Fraction of device memory kept free for allocator fragmentation."""
+    memory_reserve_bytes: float = 1.0e9
+    """Bytes kept free for the CUDA context, NCCL buffers and library workspaces."""
+    trace: str = "auto"
+    """Tracer: auto (torch.fx, then torch.export), fx or export."""
+
+    def __post_init__(self):
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise SpecError(f"top_k: expected an integer >= 0, got {self.top_k!r}")
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise SpecError(f"time_limit_s: expected a positive number, got {self.time_limit_s!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """One parallel configuration: a point of the search space."""
+
+    dp: int
+    tp: int
+    pp: int
+    micro_batch: int
+    num_microbatches: int
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    zero: int = 0
+    sequence_parallel: bool = False
+    vpp: int = 1
+    placement: str = "tp-pp-dp"
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def short(self) -> str:
+        sp = "+sp" if self.sequence_parallel else ""
+        return (f"dp={self.dp} tp={self.tp}{sp} pp={self.pp} mb={self.micro_batch}x{self.num_microbatches} "
+                f"{self.schedule} rc={self.recompute} zero={self.zero}")
+
+    def with_(self, **kw) -> "Config":
+        return replace(self, **kw)
+
+
+def parse_fix(fix) -> dict:
+    """``"tp=8,pp=4"`` or a mapping -> validated dict of pinned knobs."""
+    if fix is None:
+        return {}
+    if isinstance(fix, str):
+        items = {}
+        for part in filter(None, (p.strip() for p in fix.split(","))):
+            if "=" not in part:
+                raise SpecError(f"fix: '{part}' is not key=value; write e.g. --fix tp=8,pp=4")
+            k, v = part.split("=", 1)
+            items[k.strip()] = v.strip()
+        fix = items
+    if not isinstance(fix, Mapping):
+        raise SpecError(f"fix: expected a mapping or 'k=v,...', got {type(fix).__name__}")
+    out = {}
+    for key, value in fix.items():
+        if key not in FIX_KEYS:
+            raise SpecError(f"fix: unknown knob '{key}'; choose from {', '.join(FIX_KEYS)}")
+        out[key] = _fix_value(key, value)
+    return out
+
+
+def _fix_value(key: str, value):
+    if key in ("dp", "tp", "pp", "vpp", "micro_batch", "zero"):
+        try:
+            v = int(value)
+        except (TypeError, ValueError):
+            raise SpecError(f"fix.{key}: expected an integer, got {value!r}") from None
+        if key == "zero" and v not in ZERO_STAGES:
+            raise SpecError(f"fix.zero: expected 0, 1, 2 or 3, got {value!r}")
+        if key != "zero" and v < 1:
+            raise SpecError(f"fix.{key}: expected a positive integer, got {value!r}")
+        return v
+    if key == "schedule":
+        if str(value) not in SCHEDULES:
+            raise SpecError(f"fix.schedule: unknown schedule '{value}'; choose {', '.join(SCHEDULES)}")
+        return str(value)
+    if key == "recompute":
+        if str(value) not in RECOMPUTE:
+            raise SpecError(f"fix.recompute: expected none, selective or full, got {value!r}")
+        return str(value)
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SpecError(f"fix.sequence_parallel: expected true or false, got {value!r}")

@@ -1,0 +1,132 @@
+"""Split a chain of blocks into contiguous pipeline stages: minimize the slowest stage, fit memory.
+
+Feasibility for a bound T is decided greedily: each stage takes the longest run of blocks whose time
+stays within T and whose memory fits that stage (the memory limit may differ per stage, since early
+1F1B stages hold more micro-batches in flight). Both limits only tighten as a run grows, so by the
+usual exchange argument the greedy reaches at least as far as any feasible split after every stage;
+it is therefore exact, and bisection on T finds the optimal bottleneck (Bokhari 1988; Pinar &
+Aykanat, "Fast optimal load balancing algorithms for 1D partitioning", JPDC 2004).
+
+``brute_force`` enumerates every split; tests use it as the oracle.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+@dataclass
+class StageMemory:
+    """Memory of a stage = sum(static) + in_flight[stage] * sum(act) + max(work) - shared."""
+
+    static: Sequence[float]
+    """Per block: bytes independent of micro-batches in flight (model states)."""
+    act: Sequence[float]
+    """Per block: activation bytes one micro-batch keeps."""
+    work: Sequence[float]
+    """Per block: transient bytes while it runs (the stage needs the largest)."""
+    in_flight: Sequence[int]
+    """Per stage: micro-batches whose activations it holds at its peak."""
+    capacity: float
+    """Bytes available on each GPU."""
+    shared: list[tuple[int, int, float]] = field(default_factory=list)
+    """(block i, block j, bytes) held once when i and j share a stage (tied weights)."""
+
+    def of(self, stage: int, i: int, j: int) -> float:
+        """Memory of blocks [i, j) on stage ``stage``."""
+        static = sum(self.static[i:j]) - sum(b for a, c, b in self.shared if i <= a < j and i <= c < j)
+        return static + self.in_flight[stage] * sum(self.act[i:j]) + max(self.work[i:j], default=0.0)
+
+
+@dataclass
+class Partition:
+    bounds: list[int]
+    """Start index of each stage, plus the end (len = stages + 1)."""
+    stage_times: list[float]
+
+    @property
+    def bottleneck(self) -> float:
+        return max(self.stage_times)
+
+
+def _greedy(times: Sequence[float], stages: int, bound: float, mem: StageMemory | None) -> list[int] | None:
+    n = len(times)
+    bounds = [0]
+    i = 0
+    for s in range(stages):
+        if i >= n:
+            return None
+        cap = n - (stages - s - 1)  # leave one block for every later stage
+        t = static = act = 0.0
+        work = 0.0
+        j = i
+        while j < cap:
+            t_next = t + times[j]
+            if t_next > bound:
+                break
+            if mem is not None:
+                s_next = static + mem.static[j]
+                for a, c, b in mem.shared:
+                    if c == j and i <= a < j:
+                        s_next -= b
+                a_next = act + mem.act[j]
+                w_next = max(work, mem.work[j])
+                if s_next + mem.in_flight[s] * a_next + w_next > mem.capacity:
+                    break
+                static, act, work = s_next, a_next, w_next
+            t = t_next
+            j += 1
+        if j == i:
+            return None
+        bounds.append(j)
+        i = j
+    return bounds if i == n else None
+
+
+def _times_of(times: Sequence[float], bounds: list[int]) -> list[float]:
+    return [sum(times[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+def partition(times: Sequence[float], stages: int, mem: StageMemory | None = None,
+              rel_tol: float = 1e-9) -> Partition | None:
+    """Optimal contiguous split of ``times`` into ``stages`` non-empty stages, or None if none fits."""
+    n = len(times)
+    if stages < 1 or n < stages:
+        return None
+    total = float(sum(times))
+    hi_bounds = _greedy(times, stages, float("inf"), mem)
+    if hi_bounds is None:
+        return None
+    best = hi_bounds
+    hi = max(_times_of(times, best))
+    lo = max(max(times), total / stages)
+    if lo >= hi:
+        return Partition(best, _times_of(times, best))
+    first = _greedy(times, stages, lo * (1 + rel_tol), mem)
+    if first is not None:
+        return Partition(first, _times_of(times, first))
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        b = _greedy(times, stages, mid, mem)
+        if b is None:
+            lo = mid
+        else:
+            best, hi = b, max(_times_of(times, b))
+    return Partition(best, _times_of(times, best))
+
+
+def brute_force(times: Sequence[float], stages: int, mem: StageMemory | None = None) -> Partition | None:
+    """Every split of ``times`` into ``stages`` contiguous non-empty stages; the best feasible one."""
+    n = len(times)
+    best = None
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        bounds = [0, *cuts, n]
+        if mem is not None and any(mem.of(s, a, b) > mem.capacity
+                                   for s, (a, b) in enumerate(zip(bounds, bounds[1:]))):
+            continue
+        p = Partition(bounds, _times_of(times, bounds))
+        if best is None or p.bottleneck < best.bottleneck:
+            best = p
+    return best
