@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from planner.blocks import build_blocks
+from planner.blocks import build_blocks, unchained_repeats
 from planner.clusters import load_cluster
 from planner.emit import emit
 from planner.errors import InfeasibleError, SpecError
@@ -44,6 +44,11 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     log.info("model %s: %.3g B parameters (%s)", rm.name, rm.num_params / 1e9, rm.source)
     og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
                method=trace_method, name=rm.name)
+    unchained = unchained_repeats(og)
+    if unchained:  # lists of identical modules that are not a chain of layers: trace them whole
+        log.debug("tracing %s whole: not a chain of layers", ", ".join(sorted(unchained)))
+        og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
+                   method=og.method, name=rm.name, not_layers=frozenset(unchained))
     bg = build_blocks(og, analyze(og))
     log.info("traced with %s: %d ops -> %d blocks in %.1f s", og.method, len(og.ops),
              len(bg.blocks), time.perf_counter() - t0)

@@ -4,9 +4,10 @@ Rules, in order:
 1. An op inside a repeated layer (``model.layers.<i>``) belongs to that layer's block.
 2. Any other op belongs to the shallowest module under the root that contains no repeated list
    (``model.embed_tokens``, ``lm_head``; for models without repeated lists, each child of the root).
-3. Glue ops that run in a container's own forward (residual adds at the root, mask building) join
-   the block of their latest gradient-carrying producer; constants (masks, positions) join the
-   first block that uses them. Blocks that compute only constants (rotary tables) merge likewise.
+3. Glue ops that run in a container's own forward join the block of their producer when it is
+   one block (a residual add after a layer); joins of several blocks (a concatenation of two
+   towers) and constants (masks, positions) go to the first block that uses them. Blocks that
+   compute only constants (rotary tables) merge likewise.
 4. When the model repeats layers, the blocks between repeated layers merge into one (the embedding
    side, the head side), matching how pipeline engines place them.
 5. Traced layers stand for the rest: layer k >= 2 copies layer 1 and takes its inputs from layer
@@ -20,6 +21,28 @@ import networkx as nx
 from planner.annotate import block_work
 from planner.graph import Block, BlockEdge, BlockGraph, OpGraph
 from planner.tp import TPAnalysis
+
+
+def unchained_repeats(graph: OpGraph) -> set[str]:
+    """Repeated lists whose traced layers do not form a chain (layer 1 right after layer 0 and
+    reading its output): copying layer 1 would then misdescribe the model, so they must be traced
+    whole."""
+    keys = _merge_constant_blocks(graph, _assign(graph))
+    order = _block_order(graph, keys)
+    by = graph.by_name
+    bad = set()
+    for rep in graph.repeats:
+        if rep.count < 2:
+            continue
+        first, second = f"{rep.fqn}.0", f"{rep.fqn}.1"
+        if first not in order or second not in order or order.index(second) != order.index(first) + 1:
+            bad.add(rep.fqn)
+            continue
+        feeds = any(keys.get(i) == first for op in graph.ops if keys.get(op.name) == second
+                    for i in op.inputs if by[i].requires_grad)
+        if not feeds:
+            bad.add(rep.fqn)
+    return bad
 
 
 def build_blocks(graph: OpGraph, tp: TPAnalysis) -> BlockGraph:
@@ -37,7 +60,7 @@ def build_blocks(graph: OpGraph, tp: TPAnalysis) -> BlockGraph:
     edges = _edges(graph, keys)
     bg = BlockGraph(blocks=blocks, edges=edges, tp_roles=dict(tp.roles),
                     shared=_shared_params(blocks, graph))
-    return _replicate(bg, graph) if graph.repeats else bg
+    return _replicate(bg, graph) if any(r.traced < r.count for r in graph.repeats) else bg
 
 
 def _shared_params(blocks: list[Block], graph: OpGraph) -> list[list]:
@@ -86,11 +109,11 @@ def _assign(graph: OpGraph) -> dict[str, str]:
             keys[op.name] = key
     first = _first_indices(graph, keys)
     cons = graph.consumers()
-    for op in glue:  # forward: gradient-carrying glue joins its latest producer
-        producers = [keys[i] for i in op.inputs if i in keys]
-        if op.requires_grad and producers:
-            keys[op.name] = max(producers, key=lambda k: first.get(k, 0))
-    for op in reversed(glue):  # backward: constants join their first consumer
+    for op in glue:  # forward: gradient-carrying glue with one producer block joins it
+        producers = {keys[i] for i in op.inputs if i in keys}
+        if op.requires_grad and len(producers) == 1:
+            keys[op.name] = producers.pop()
+    for op in reversed(glue):  # backward: joins and constants go to their first consumer
         if op.name not in keys:
             users = [keys[c] for c in cons[op.name] if c in keys]
             if users:
@@ -205,6 +228,8 @@ def _replicate(bg: BlockGraph, graph: OpGraph) -> BlockGraph:
     blocks = list(bg.blocks)
     edges = list(bg.edges)
     for rep in graph.repeats:
+        if rep.traced >= rep.count:
+            continue
         first, second = f"{rep.fqn}.0", f"{rep.fqn}.1"
         names = [b.name for b in blocks]
         if first not in names or second not in names:
@@ -247,6 +272,8 @@ def _copy_block(template: Block, fqn: str, k: int) -> Block:
 def _expand_roles(roles: dict[str, str], graph: OpGraph) -> dict[str, str]:
     out = dict(roles)
     for rep in graph.repeats:
+        if rep.traced >= rep.count:
+            continue
         old = f"{rep.fqn}.1."
         for mod, role in roles.items():
             if mod.startswith(old):

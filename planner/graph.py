@@ -61,7 +61,8 @@ class ParamInfo:
 
 @dataclass
 class RepeatInfo:
-    """A ModuleList of identical layers of which only the first ``traced`` were traced."""
+    """A ModuleList (or Sequential) of identical layers; the first ``traced`` are in the trace
+    (all of them when ``traced == count``)."""
 
     fqn: str
     """FQN of the list (``model.layers``)."""

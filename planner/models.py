@@ -61,7 +61,7 @@ def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None) -> R
     if model.endswith(".json") or os.path.isdir(model):
         return _from_hf_config(model, seq_len, dtype)
     if ":" in model:
-        return _from_factory(model, seq_len)
+        return _from_factory(model, seq_len, dtype)
     raise SpecError(f"model: unknown model '{model}'{suggest(model.lower(), ZOO)} "
                     "(or give a config.json path or file.py:factory)")
 
@@ -164,7 +164,7 @@ def _has_lm_head(module) -> bool:
     return name.endswith("ForCausalLM") or name.endswith("LMHeadModel") or name.endswith("ForMaskedLM")
 
 
-def _from_factory(spec: str, seq_len: int | None) -> ResolvedModel:
+def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:
     target, _, attr = spec.rpartition(":")
     if target.endswith(".py"):
         if not os.path.exists(target):
@@ -192,10 +192,19 @@ def _from_factory(spec: str, seq_len: int | None) -> ResolvedModel:
                         f"{type(result).__name__}")
     net, inputs = result
     args, kwargs = _split_inputs(inputs, f"{spec} example_inputs")
+    net = net.to(TORCH_DTYPES[dtype])  # train in the requested dtype (free on the meta device)
+    args = tuple(_cast(a, dtype) for a in args)
+    kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
     return _finish(ResolvedModel(name=os.path.basename(target).removesuffix(".py") + ":" + attr,
                                  module=net, args=args, kwargs=kwargs,
                                  seq_len=_infer_seq(args, kwargs, seq_len),
                                  batch=_infer_batch(args, kwargs), source="factory"))
+
+
+def _cast(value, dtype: str):
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(TORCH_DTYPES[dtype])
+    return value
 
 
 def _split_inputs(inputs, where: str) -> tuple[tuple, dict]:

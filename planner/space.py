@@ -44,7 +44,10 @@ def enumerate_space(*, num_gpus: int, gpus_per_node: int, num_blocks: int, tp_di
         if reason:
             rejected[reason] += 1
             continue
-        for pp in _choices(fix, "pp", divisors(num_gpus // tp) if num_gpus % tp == 0 else []):
+        for pp in _choices(fix, "pp", divisors(num_gpus // tp)):
+            if (num_gpus // tp) % pp:
+                rejected["dp x tp x pp != gpus"] += 1
+                continue
             if pp > num_blocks:
                 rejected["pp > blocks"] += 1
                 continue

@@ -105,7 +105,22 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis) -> None:
     for name in region:
         if by[name].kind == "attention":
             divs |= {by[name].dims.get("heads_q", 0), by[name].dims.get("heads_kv", 0)}
+        divs.add(_heads_of_view(by[name], by))
     res.divisors[row.name] = sorted(d for d in divs if d > 0)
+
+
+def _heads_of_view(op: Op, by) -> int:
+    """A view splitting the last dimension into (heads, head_dim) -> heads, else 0.
+
+    Catches grouped-query attention, whose key/value heads are repeated before the attention
+    core: tensor parallelism must divide the key/value heads, not only the query heads."""
+    if op.kind != "view" or len(op.shape) < 3 or not op.inputs:
+        return 0
+    src = by[op.inputs[0]].shape
+    heads, head_dim = op.shape[-2], op.shape[-1]
+    if src and len(src) == len(op.shape) - 1 and src[-1] == heads * head_dim and head_dim > 1:
+        return heads
+    return 0
 
 
 def _vocab_embeddings(graph: OpGraph, res: TPAnalysis) -> set[str]:

@@ -95,12 +95,17 @@ class _ModuleStack:
 
 
 def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, batch: int,
-          dtype: str, method: str = "auto", name: str = "model") -> OpGraph:
-    """Trace ``model(*args, **kwargs)`` into an OpGraph (per-sample figures: divided by ``batch``)."""
+          dtype: str, method: str = "auto", name: str = "model",
+          whole: frozenset[str] = frozenset(), not_layers: frozenset[str] = frozenset()) -> OpGraph:
+    """Trace ``model(*args, **kwargs)`` into an OpGraph (per-sample figures: divided by ``batch``).
+
+    Lists of identical layers are traced with their first two layers, except those in ``whole``;
+    lists in ``not_layers`` are not treated as layer stacks at all."""
     if method not in TRACE_METHODS:
         raise TraceError(f"trace: unknown method '{method}'; choose auto, fx or export")
     model.train()
-    repeats = find_repeats(model)
+    layer_lists = [(f, n) for f, n in find_repeats(model) if f not in not_layers]
+    repeats = [(f, n) for f, n in layer_lists if f not in whole]
     errors: list[str] = []
     with truncated(model, repeats):
         params = {n: ParamInfo(shape=list(p.shape), numel=p.numel(),
@@ -121,7 +126,8 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
             return OpGraph(
                 ops=ops, params=params, outputs=outputs, seq_len=seq_len, batch=batch,
                 dtype=dtype, method=how,
-                repeats=[RepeatInfo(fqn=f, count=n, traced=KEEP_LAYERS) for f, n in repeats],
+                repeats=[RepeatInfo(fqn=f, count=n, traced=n if f in whole else KEEP_LAYERS)
+                         for f, n in layer_lists],
             )
     hint = ("; try --trace export" if method == "fx" else
             "; try --trace fx" if method == "export" else
@@ -235,8 +241,10 @@ def _count_flops(node, values, module) -> float:
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: _meta_like(values.get(n.name)))
     try:
         with FlopCounterMode(display=False) as counter, torch.no_grad():
-            if module is not None:
-                module(*args, **kwargs)
+            if module is not None:  # a leaf module, run with meta copies of its weights
+                state = {n: _meta_like(t) for n, t in
+                         list(module.named_parameters()) + list(module.named_buffers())}
+                torch.func.functional_call(module, state, tuple(args), dict(kwargs))
             elif node.op == "call_method":
                 getattr(args[0], node.target)(*args[1:], **kwargs)
             else:

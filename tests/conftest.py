@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny Hugging Face configs and traced models (traced once per session)."""
+
+import json
+
+import pytest
+
+TINY_GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 4,
+             "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128,
+             "bos_token_id": 0, "eos_token_id": 0}
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+              "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 176,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 20000,
+              "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+def write_config(path, cfg: dict) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    file = path / "config.json"
+    file.write_text(json.dumps(cfg))
+    return str(file)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_config(tmp_path_factory):
+    return write_config(tmp_path_factory.mktemp("tiny-gpt2"), TINY_GPT2)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_config(tmp_path_factory):
+    return write_config(tmp_path_factory.mktemp("tiny-llama"), TINY_LLAMA)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tiny_gpt2_config):
+    from planner.api import prepare
+
+    return prepare(tiny_gpt2_config, seq_len=128)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_llama_config):
+    from planner.api import prepare
+
+    return prepare(tiny_llama_config, seq_len=128)
+
+
+@pytest.fixture(scope="session")
+def branched():
+    from planner.api import prepare
+
+    return prepare("examples/branched.py:build")

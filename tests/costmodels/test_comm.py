@@ -1,0 +1,63 @@
+"""Alpha-beta collectives against their closed forms."""
+
+import math
+
+import numpy as np
+import pytest
+
+from costmodels.comm import (GroupShape, allgather_s, allreduce_s, p2p_s, ring_allgather_s,
+                             ring_allreduce_s)
+from costmodels.topology import LinkSpec, get_cluster
+
+LINK = LinkSpec(bandwidth_bytes_per_s=100e9, latency_s=0.0, efficiency=1.0)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 64])
+def test_ring_allreduce_moves_2_n_minus_1_over_n_of_the_bytes(n):
+    nbytes = 1e9
+    assert ring_allreduce_s(nbytes, n, LINK) == pytest.approx(2 * (n - 1) / n * nbytes / 100e9)
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_allgather_moves_n_minus_1_over_n(n):
+    assert ring_allgather_s(8e8, n, LINK) == pytest.approx((n - 1) / n * 8e8 / 100e9)
+
+
+def test_latency_term_counts_steps_and_collectives():
+    link = LinkSpec(bandwidth_bytes_per_s=1e30, latency_s=1e-5, efficiency=1.0)
+    assert ring_allreduce_s(1.0, 8, link) == pytest.approx(2 * 7 * 1e-5)
+    assert ring_allreduce_s(1.0, 8, link, count=3) == pytest.approx(3 * 2 * 7 * 1e-5)
+
+
+def test_single_rank_costs_nothing_and_arrays_work():
+    assert ring_allreduce_s(1e9, 1, LINK) == 0.0
+    out = ring_allreduce_s(np.array([1e9, 2e9]), 4, LINK)
+    assert out[1] == pytest.approx(2 * out[0])
+
+
+def test_efficiency_scales_bandwidth():
+    half = LinkSpec(bandwidth_bytes_per_s=100e9, latency_s=0.0, efficiency=0.5)
+    assert ring_allreduce_s(1e9, 4, half) == pytest.approx(2 * ring_allreduce_s(1e9, 4, LINK))
+
+
+def test_hierarchical_allreduce_inside_and_across_nodes():
+    c = get_cluster("dgx-a100-80g", nodes=4)
+    inside = allreduce_s(1e9, GroupShape(size=8, per_node=8), c)
+    assert inside == pytest.approx(ring_allreduce_s(1e9, 8, c.intra_node))
+    across = allreduce_s(1e9, GroupShape(size=32, per_node=8), c)
+    expected = (2 * ring_allgather_s(1e9, 8, c.intra_node)
+                + ring_allreduce_s(1e9 / 8, 4, c.inter_node))
+    assert across == pytest.approx(expected)
+    flat = allreduce_s(1e9, GroupShape(size=4, per_node=1), c)
+    assert flat == pytest.approx(ring_allreduce_s(1e9, 4, c.inter_node))
+    assert across > inside
+
+
+def test_allgather_hierarchical_and_p2p():
+    c = get_cluster("dgx-h100", nodes=2)
+    assert allgather_s(1e9, GroupShape(size=16, per_node=8), c) > allgather_s(
+        1e9, GroupShape(size=8, per_node=8), c)
+    link = c.inter_node
+    assert p2p_s(1e6, link) == pytest.approx(link.latency_s + 1e6 / link.effective_bytes_per_s)
+    assert p2p_s(0, link) == 0.0
+    assert math.isclose(GroupShape(size=16, per_node=8).nodes, 2)

@@ -1,0 +1,66 @@
+"""Model states under ZeRO and activations under tp/sp/recompute against the closed forms."""
+
+import pytest
+
+from costmodels.errors import SpecError
+from costmodels.memory import (activation_bytes, megatron_layer_activation_bytes,
+                               model_state_bytes, recompute_working_bytes, state_bytes_per_param,
+                               usable_bytes)
+from costmodels.workload import BlockWork
+
+
+def test_mixed_precision_adam_is_16_bytes_per_param():
+    states = model_state_bytes(1e9, dtype="bf16", optimizer="adam", zero=0, dp=8)
+    assert states == {"weights": 2e9, "grads": 2e9, "optimizer": 12e9}
+
+
+@pytest.mark.parametrize("zero,expected", [(0, 16), (1, 4 + 12 / 8), (2, 2 + 14 / 8), (3, 16 / 8)])
+def test_zero_stages_shard_optimizer_grads_weights(zero, expected):
+    assert state_bytes_per_param(dtype="bf16", optimizer="adam", zero=zero, dp=8) == pytest.approx(expected)
+
+
+def test_fp32_and_sgd_and_bad_optimizer():
+    assert state_bytes_per_param(dtype="fp32", optimizer="adam", zero=0, dp=1) == 16
+    assert state_bytes_per_param(dtype="bf16", optimizer="sgd", zero=0, dp=1) == 12
+    with pytest.raises(SpecError, match="optimizer"):
+        model_state_bytes(1, dtype="bf16", optimizer="lion", zero=0, dp=1)
+
+
+def megatron_gpt_layer(s, h, a) -> BlockWork:
+    """A GPT layer's activations as Korthikanti et al. (2022) count them, per sample:
+    10 sbh replicated (layer-norm inputs, QKV and MLP inputs, dropout masks), 24 sbh inside the
+    tensor-parallel regions, 5 a s^2 in the attention core, 2 sbh of layer input."""
+    sbh = s * h
+    return BlockWork(act_bytes_rep=10 * sbh, act_bytes_tp=24 * sbh, act_bytes_attn=5 * a * s * s,
+                     input_bytes=2 * sbh)
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("rc", ["none", "selective", "full"])
+def test_activation_formula_matches_korthikanti_table_2(t, sp, rc):
+    s, h, a, b = 2048, 12288, 96, 4
+    if sp and t == 1:
+        pytest.skip("sequence parallel needs t > 1")
+    got = activation_bytes(megatron_gpt_layer(s, h, a), micro_batch=b, tp=t, sp=sp, recompute=rc)
+    want = megatron_layer_activation_bytes(s=s, b=b, h=h, a=a, t=t, sp=sp, recompute=rc)
+    assert got == pytest.approx(want)
+
+
+def test_closed_form_values():
+    # Table 2 of Korthikanti et al.: no parallelism, 34 sbh + 5 a s^2 b.
+    s, b, h, a = 2048, 1, 12288, 96
+    assert megatron_layer_activation_bytes(s=s, b=b, h=h, a=a) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+    assert megatron_layer_activation_bytes(s=s, b=b, h=h, a=a, t=8, sp=True, recompute="selective") == \
+        pytest.approx(s * b * h * 34 / 8)
+
+
+def test_working_memory_under_recompute():
+    w = megatron_gpt_layer(1024, 1024, 16)
+    assert recompute_working_bytes(w, micro_batch=1, tp=1, sp=False, recompute="none") == 0
+    full = recompute_working_bytes(w, micro_batch=1, tp=1, sp=False, recompute="full")
+    assert full == pytest.approx(activation_bytes(w, micro_batch=1, tp=1, sp=False, recompute="none"))
+
+
+def test_usable_bytes():
+    assert usable_bytes(80e9, reserve_fraction=0.05, reserve_bytes=1e9) == pytest.approx(75e9)

@@ -1,0 +1,55 @@
+"""Presets, overrides and the strict cluster YAML form."""
+
+import pytest
+
+from costmodels.errors import SpecError
+from costmodels.hardware import DEVICES, get_device
+from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
+
+GOOD = {
+    "name": "my-cluster", "device": "a100-80g", "nodes": 16, "gpus_per_node": 8,
+    "intra_node": {"bandwidth_GBps": 300, "latency_us": 3},
+    "inter_node": {"bandwidth_GBps": 25, "latency_us": 10},
+}
+
+
+def test_required_presets_exist():
+    for name in ("a100-40g", "a100-80g", "h100", "h200", "v100", "l4", "rtx4090", "cpu"):
+        assert name in DEVICES
+    for name in ("dgx-a100-80g", "dgx-h100", "hgx-h200", "pcie-4090"):
+        assert name in CLUSTERS
+    assert DEVICES["h200"].memory_bytes == 141e9
+    assert DEVICES["a100-80g"].peak("bf16") == 312e12
+
+
+def test_overrides_and_unknown_names_suggest():
+    c = get_cluster("dgx-h100", nodes=256)
+    assert c.num_gpus == 2048
+    with pytest.raises(SpecError, match="did you mean dgx-h100"):
+        get_cluster("dgx-h10")
+    with pytest.raises(SpecError, match="nodes"):
+        get_cluster("dgx-h100", nodes=0)
+    with pytest.raises(SpecError, match="did you mean"):
+        get_device("a100-80")
+
+
+def test_yaml_form_loads_and_is_strict():
+    c = cluster_from_mapping(GOOD)
+    assert c.num_gpus == 128 and c.inter_node.bandwidth_bytes_per_s == 25e9
+    with pytest.raises(SpecError, match=r"cluster\.gpus_per_nod: unknown key"):
+        cluster_from_mapping({**GOOD, "gpus_per_nod": 8})
+    bad = dict(GOOD)
+    del bad["inter_node"]
+    with pytest.raises(SpecError, match=r"cluster\.inter_node: missing"):
+        cluster_from_mapping(bad)
+    with pytest.raises(SpecError, match=r"intra_node\.bandwidth_GBps"):
+        cluster_from_mapping({**GOOD, "intra_node": {"bandwidth_GBps": -1, "latency_us": 3}})
+
+
+def test_device_mapping_in_yaml():
+    spec = {**GOOD, "device": {"name": "x1", "memory_GB": 64, "hbm_GBps": 2000,
+                                "peak_TFLOPs": {"bf16": 400, "fp32": 50}}}
+    c = cluster_from_mapping(spec)
+    assert c.device.peak("bf16") == 400e12 and c.device.memory_bytes == 64e9
+    with pytest.raises(SpecError, match=r"device\.peak_TFLOPs\.int8"):
+        cluster_from_mapping({**spec, "device": {**spec["device"], "peak_TFLOPs": {"int8": 1}}})

@@ -1,0 +1,66 @@
+"""The chain stage split against brute force."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.solve.chain import StageMemory, brute_force, partition
+
+
+def test_simple_split():
+    p = partition([1, 1, 1, 1, 4], 2)
+    assert p.bounds == [0, 4, 5] and p.bottleneck == 4
+    assert partition([1, 2], 3) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(times=st.lists(st.floats(min_value=0.01, max_value=10), min_size=1, max_size=9),
+       stages=st.integers(min_value=1, max_value=5))
+def test_bottleneck_equals_brute_force(times, stages):
+    got, want = partition(times, stages), brute_force(times, stages)
+    if want is None:
+        assert got is None
+    else:
+        assert got.bottleneck == pytest.approx(want.bottleneck, rel=1e-6)
+        assert got.bounds[0] == 0 and got.bounds[-1] == len(times)
+        assert all(b > a for a, b in zip(got.bounds, got.bounds[1:]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_memory_constrained_split_equals_brute_force(data):
+    n = data.draw(st.integers(min_value=2, max_value=8))
+    stages = data.draw(st.integers(min_value=1, max_value=min(4, n)))
+    times = data.draw(st.lists(st.floats(0.1, 5), min_size=n, max_size=n))
+    static = data.draw(st.lists(st.floats(0, 10), min_size=n, max_size=n))
+    act = data.draw(st.lists(st.floats(0, 3), min_size=n, max_size=n))
+    work = data.draw(st.lists(st.floats(0, 2), min_size=n, max_size=n))
+    cap = data.draw(st.floats(5, 60))
+    mem = StageMemory(static=static, act=act, work=work,
+                      in_flight=[stages - s for s in range(stages)], capacity=cap)
+    got, want = partition(times, stages, mem), brute_force(times, stages, mem)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None
+        assert got.bottleneck == pytest.approx(want.bottleneck, rel=1e-6)
+        for s, (a, b) in enumerate(zip(got.bounds, got.bounds[1:])):
+            assert mem.of(s, a, b) <= cap + 1e-9
+
+
+def test_shared_weights_counted_once_per_stage():
+    mem = StageMemory(static=[5, 1, 5], act=[0, 0, 0], work=[0, 0, 0], in_flight=[1],
+                      capacity=6.5, shared=[(0, 2, 5)])
+    assert mem.of(0, 0, 3) == 6
+    assert partition([1, 1, 1], 1, mem).bounds == [0, 3]
+
+
+def test_random_chains_against_oracle_many():
+    rng = random.Random(7)
+    for _ in range(60):
+        n = rng.randint(3, 10)
+        times = [rng.uniform(0.1, 3) for _ in range(n)]
+        k = rng.randint(1, min(5, n))
+        assert partition(times, k).bottleneck == pytest.approx(brute_force(times, k).bottleneck)
