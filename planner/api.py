@@ -17,6 +17,7 @@ from planner.graph import BlockGraph, OpGraph
 from planner.models import resolve
 from planner.options import SearchOptions, TrainingSpec, parse_fix
 from planner.plan import Plan
+from planner.report import human_count
 from planner.solve.search import search
 from planner.tp import analyze
 from planner.trace import trace
@@ -41,7 +42,7 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     """Resolve and trace a model once (the slow, torch-touching part)."""
     t0 = time.perf_counter()
     rm = resolve(model, seq_len=seq_len, dtype=dtype, example_inputs=example_inputs)
-    log.info("model %s: %.3g B parameters (%s)", rm.name, rm.num_params / 1e9, rm.source)
+    log.info("model %s: %s parameters (%s)", rm.name, human_count(rm.num_params), rm.source)
     og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
                method=trace_method, name=rm.name)
     unchained = unchained_repeats(og)

@@ -57,11 +57,11 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, traini
     need, cfg = lean
     if need <= cap:
         return (f"no configuration fits the constraints ({rejected_summary}); the leanest one "
-                f"({cfg.short()}) would need {need / 1e9:.1f} GB per GPU: relax --fix")
+                f"({cfg.short()}) would need {need / 1e9:.3g} GB per GPU: relax --fix")
     hint = _more_nodes_hint(ma, bg, cluster, training, options, cap)
     device_gb = (need + options.memory_reserve_bytes) / (1 - options.memory_reserve_fraction) / 1e9
-    return (f"no plan fits: the leanest ({cfg.short()}) needs {need / 1e9:.1f} GB per GPU but a "
-            f"{cluster.device.name} leaves {cap / 1e9:.1f} GB usable; it would fit on a device with "
+    return (f"no plan fits: the leanest ({cfg.short()}) needs {need / 1e9:.3g} GB per GPU but a "
+            f"{cluster.device.name} leaves {cap / 1e9:.3g} GB usable; it would fit on a device with "
             f">= {math.ceil(device_gb)} GB{hint}")
 
 

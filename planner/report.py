@@ -21,7 +21,7 @@ def summary(p: Plan) -> str:
 
 def _header(p: Plan) -> str:
     c, m, t = p.cluster, p.model, p.training
-    return (f"Plan for {m['name']} ({m['num_params'] / 1e9:.3g} B params) on {c['num_gpus']} x "
+    return (f"Plan for {m['name']} ({human_count(m['num_params'])} params) on {c['num_gpus']} x "
             f"{c['device']} ({c['name']}: {c['nodes']} nodes x {c['gpus_per_node']})\n"
             f"  global batch {t['global_batch']} x {t['seq_len']} tokens, {t['dtype']}, "
             f"{t['optimizer']}")
@@ -106,6 +106,14 @@ def compress_names(names: list[str]) -> str:
     flush()
     text = ", ".join(out)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def human_count(n: float) -> str:
+    """1234 -> '1.23 K', 1.7e9 -> '1.7 B'."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f}"
 
 
 def _ms(seconds: float) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import logging
 import operator
 
@@ -71,14 +72,17 @@ class _ModuleStack:
     """Tracks which module is running, to name the culprit when tracing fails."""
 
     def __init__(self, model: torch.nn.Module):
-        self.names = {id(m): n for n, m in model.named_modules()}
+        self.names = {id(m): (n or f"{type(m).__name__} (the root)") for n, m in model.named_modules()}
         self.stack: list[str] = []
-        self.deepest = ""
+
+    @property
+    def current(self) -> str:
+        """The innermost module running when the tracer failed (hooks do not pop on errors)."""
+        return self.stack[-1] if self.stack else ""
 
     def __enter__(self):
         def pre(mod, _args):
             self.stack.append(self.names.get(id(mod), type(mod).__name__))
-            self.deepest = self.stack[-1]
 
         def post(mod, _args, _out):
             if self.stack:
@@ -153,7 +157,7 @@ def _one_line(exc: Exception) -> str:
 
 
 def _with_module(exc: Exception, stack: _ModuleStack) -> Exception:
-    exc._planner_module = stack.deepest  # type: ignore[attr-defined]
+    exc._planner_module = stack.current  # type: ignore[attr-defined]
     return exc
 
 
@@ -268,10 +272,12 @@ def _meta_like(value):
 
 def _export_views(model, args, kwargs):
     stack = _ModuleStack(model)
+    chatter = io.StringIO()  # export prints the partial graph when it fails; keep it for --debug
     try:
-        with stack:
+        with stack, contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
             ep = torch.export.export(model, tuple(args), kwargs=dict(kwargs), strict=False)
     except Exception as exc:
+        log.debug("torch.export output:\n%s", chatter.getvalue())
         raise _with_module(exc, stack) from exc
     sig = ep.graph_signature
     to_param = dict(sig.inputs_to_parameters)
