@@ -7,11 +7,13 @@
 
 from costmodels.topology import Cluster
 from planner.api import Prepared, plan, plan_prepared, prepare
+from planner.clusters import load_cluster
 from planner.errors import InfeasibleError, PlannerError, SpecError, TraceError
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.plan import Plan, load_plan
 
 __all__ = [
     "Cluster", "Config", "InfeasibleError", "Plan", "PlannerError", "Prepared", "SearchOptions",
-    "SpecError", "TraceError", "TrainingSpec", "load_plan", "plan", "plan_prepared", "prepare",
+    "SpecError", "TraceError", "TrainingSpec", "load_cluster", "load_plan", "plan", "plan_prepared",
+    "prepare",
 ]

@@ -13,6 +13,8 @@ EXIT_BAD_INPUT = 2
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    for flag in ("debug", "verbose", "quiet"):  # accepted before or after the command
+        setattr(args, flag, getattr(args, flag, False))
     _setup_logging(args.verbose, args.quiet)
     try:
         from planner.errors import PlannerError
@@ -32,14 +34,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="plan", description="Plan data/tensor/pipeline parallelism "
-                                "for a PyTorch training run, and explain the plan.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("-v", "--verbose", action="store_true", help="more progress detail")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="more progress detail")
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress output")
+    p = argparse.ArgumentParser(prog="plan", parents=[common],
+                                description="Plan data/tensor/pipeline parallelism for a PyTorch "
+                                "training run, and explain the plan.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("solve", help="find the fastest plan that fits and write it as JSON")
+    def add(name, **kw):
+        return sub.add_parser(name, parents=[common], **kw)
+
+    s = add("solve", help="find the fastest plan that fits and write it as JSON")
     s.add_argument("model", metavar="MODEL", help="zoo name (see `plan models`), config.json "
                    "path, or file.py:factory")
     s.add_argument("--cluster", required=True, help="preset (see `plan clusters`) or YAML file")
@@ -59,13 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", help="write the plan JSON here")
     s.set_defaults(func=_cmd_solve)
 
-    sh = sub.add_parser("show", help="explain a plan file")
+    sh = add("show", help="explain a plan file")
     sh.add_argument("plan", metavar="PLAN.json")
     sh.set_defaults(func=_cmd_show)
 
-    m = sub.add_parser("models", help="list the built-in models")
+    m = add("models", help="list the built-in models")
     m.set_defaults(func=_cmd_models)
-    c = sub.add_parser("clusters", help="list the cluster presets")
+    c = add("clusters", help="list the cluster presets")
     c.set_defaults(func=_cmd_clusters)
     return p
 

@@ -60,7 +60,7 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "trace_method": opgraph.method,
         "input_hash": input_hash(model_info, training, cluster, options),
     }
-    return Plan(
+    plan = Plan(
         model={**model_info, "trace": {"method": opgraph.method, "ops": len(opgraph.ops),
                                        "seq_len": opgraph.seq_len,
                                        "repeats": [r.__dict__ for r in opgraph.repeats]},
@@ -69,6 +69,7 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         stages=stages, tensor_parallel=_tp_map(bg, cfg.tp), schedule=_schedule(cfg),
         predicted=predicted(best, training, cluster), search=search, provenance=provenance,
     )
+    return Plan.from_dict(plan.to_dict())  # validated, and rounded exactly as the file will be
 
 
 def training_dict(training: TrainingSpec) -> dict:

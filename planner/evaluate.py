@@ -155,8 +155,8 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
 
 def _oom_message(cfg: Config, mem: StageMemory) -> str:
     need = max(mem.of(0, a, a + 1) for a in range(len(mem.static)))
-    return (f"{cfg.short()}: no split into {cfg.pp} stages fits {mem.capacity / 1e9:.3g} GB per GPU "
-            f"(the largest single block alone needs {need / 1e9:.3g} GB)")
+    return (f"{cfg.short()}: no split into {cfg.pp} stages fits {mem.capacity / 1e9:.3g} GB per "
+            f"GPU (the largest block alone needs {need / 1e9:.3g} GB)")
 
 
 def price(cfg: Config, bounds: list[int], ma: ModelArrays, costs: BlockCosts, cluster: Cluster,

@@ -10,6 +10,7 @@ from costmodels.topology import Cluster
 from planner.evaluate import ModelArrays, block_costs, capacity_bytes, price
 from planner.graph import BlockGraph
 from planner.options import Config, SearchOptions, TrainingSpec
+from planner.report import gb
 from planner.solve.chain import partition
 from planner.space import divisors
 
@@ -57,16 +58,16 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, traini
     need, cfg = lean
     if need <= cap:
         return (f"no configuration fits the constraints ({rejected_summary}); the leanest one "
-                f"({cfg.short()}) would need {need / 1e9:.3g} GB per GPU: relax --fix")
+                f"({cfg.short()}) would need {gb(need)} per GPU: relax --fix")
     hint = _more_nodes_hint(ma, bg, cluster, training, options, cap)
     device_gb = (need + options.memory_reserve_bytes) / (1 - options.memory_reserve_fraction) / 1e9
-    return (f"no plan fits: the leanest ({cfg.short()}) needs {need / 1e9:.3g} GB per GPU but a "
-            f"{cluster.device.name} leaves {cap / 1e9:.3g} GB usable; it would fit on a device with "
+    return (f"no plan fits: the leanest ({cfg.short()}) needs {gb(need)} per GPU but a "
+            f"{cluster.device.name} leaves {gb(cap)} usable; it would fit on a device with "
             f">= {math.ceil(device_gb)} GB{hint}")
 
 
 def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:
-    for factor in (2, 4, 8, 16, 32, 64):
+    for factor in (2 ** k for k in range(1, 13)):
         bigger = replace(cluster, nodes=cluster.nodes * factor)
         lean = leanest(ma, bg, bigger, training, options)
         if lean is not None and lean[0] <= cap:

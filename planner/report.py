@@ -108,6 +108,12 @@ def compress_names(names: list[str]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def gb(nbytes: float) -> str:
+    """Bytes as GB, three significant digits below 100, whole numbers above."""
+    x = nbytes / GB
+    return f"{x:,.0f} GB" if abs(x) >= 100 else f"{x:.3g} GB"
+
+
 def human_count(n: float) -> str:
     """1234 -> '1.23 K', 1.7e9 -> '1.7 B'."""
     for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
