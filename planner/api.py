@@ -53,8 +53,9 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     bg = build_blocks(og, analyze(og))
     log.info("traced with %s: %d ops -> %d blocks in %.1f s", og.method, len(og.ops),
              len(bg.blocks), time.perf_counter() - t0)
-    info = {"name": rm.name, "source": rm.source, "num_params": rm.num_params,
-            "fingerprint": rm.fingerprint}
+    info = {"name": rm.name, "source": rm.source,
+            "spec": model if isinstance(model, str) else None,
+            "num_params": rm.num_params, "fingerprint": rm.fingerprint}
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 

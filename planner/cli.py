@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     m.set_defaults(func=_cmd_models)
     c = add("clusters", help="list the cluster presets")
     c.set_defaults(func=_cmd_clusters)
+    from planner.commands import register_all
+
+    register_all(add)
     return p
 
 
