@@ -37,8 +37,10 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "ranks": placement.stage_ranks(cfg, st.index),
         "predicted": {
             "time_per_microbatch_s": st.time_s, "compute_s": st.compute_s,
-            "tp_comm_s": st.tp_comm_s, "p2p_s": st.p2p_s, "params": st.params,
-            "in_flight_microbatches": st.in_flight, "memory_bytes": st.memory,
+            "fwd_s": st.fwd_s, "bwd_s": st.compute_s - st.fwd_s - st.recompute_s,
+            "recompute_s": st.recompute_s, "tp_comm_s": st.tp_comm_s, "p2p_s": st.p2p_s,
+            "params": st.params, "in_flight_microbatches": st.in_flight,
+            "activation_bytes_per_microbatch": st.act_bytes, "memory_bytes": st.memory,
         },
     } for st in best.stages]
     parallel = {k: v for k, v in cfg.to_dict().items()}

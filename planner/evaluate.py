@@ -47,7 +47,9 @@ class ModelArrays:
 class BlockCosts:
     """Per-block seconds and bytes for one micro-batch under (tp, sp, recompute, micro_batch)."""
 
+    fwd_s: np.ndarray
     compute_s: np.ndarray
+    """Forward + backward."""
     recompute_s: np.ndarray
     tp_comm_s: np.ndarray
     act_bytes: np.ndarray
@@ -75,6 +77,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         return np.broadcast_to(np.asarray(x, dtype=float), (n,)).copy()
 
     return BlockCosts(
+        fwd_s=vec(bt.fwd_s),
         compute_s=vec(bt.fwd_s + bt.bwd_s),
         recompute_s=vec(bt.recompute_s),
         tp_comm_s=vec(tp_s),
@@ -99,6 +102,12 @@ class StageEstimate:
     """Parameters held per GPU (before ZeRO sharding)."""
     in_flight: int
     memory: dict = field(default_factory=dict)
+    fwd_s: float = 0.0
+    """Forward compute of one micro-batch (part of compute_s)."""
+    recompute_s: float = 0.0
+    """Recomputation of one micro-batch (part of compute_s)."""
+    act_bytes: float = 0.0
+    """Activation bytes one micro-batch keeps on this stage."""
 
     @property
     def time_s(self) -> float:
@@ -184,7 +193,9 @@ def price(cfg: Config, bounds: list[int], ma: ModelArrays, costs: BlockCosts, cl
             index=s, blocks=ma.names[a:b],
             compute_s=float(np.sum(costs.compute_s[sl] + costs.recompute_s[sl])),
             tp_comm_s=float(np.sum(costs.tp_comm_s[sl])), p2p_s=p2p_s, params=params,
-            in_flight=in_flight, memory=mem))
+            in_flight=in_flight, memory=mem, fwd_s=float(np.sum(costs.fwd_s[sl])),
+            recompute_s=float(np.sum(costs.recompute_s[sl])),
+            act_bytes=float(np.sum(costs.act_bytes[sl]))))
     times = [st.time_s for st in stages]
     pipe_s = pipeline.step_time_s(times, microbatches=m, schedule=cfg.schedule)
     dp_s, opt_s = _dp_and_optimizer_s(cfg, stages, cluster, training)
