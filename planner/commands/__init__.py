@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS: list[str] = []
+COMMANDS: list[str] = ["export"]
 """Module names under planner.commands, in the order `plan --help` lists them."""
 
 

@@ -1,0 +1,34 @@
+"""`plan export PLAN.json --to torchtitan|megatron|deepspeed [-o FILE]`: a plan in an engine's terms.
+
+Prints the exported text, or writes it atomically to FILE (a folder gets the suggested file name).
+What the engine cannot express exactly is a comment in the text and a warning on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def register(add) -> None:
+    from planner.export import TARGETS
+
+    e = add("export", help="turn a plan into torchtitan, Megatron-LM or DeepSpeed settings")
+    e.add_argument("plan", metavar="PLAN.json")
+    e.add_argument("--to", required=True, choices=sorted(TARGETS), help="target engine")
+    e.add_argument("-o", "--output", metavar="FILE",
+                   help="write here (a folder: use the suggested name) instead of printing")
+    e.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from planner.export import export
+    from planner.plan import atomic_write, load_plan
+
+    text, name = export(load_plan(args.plan), args.to)
+    if not args.output:
+        print(text, end="")
+        return 0
+    path = os.path.join(args.output, name) if os.path.isdir(args.output) else args.output
+    atomic_write(path, text)
+    print(f"wrote {path}")
+    return 0
