@@ -1,22 +1,46 @@
-"""Time of one block's forward and backward on one GPU (roofline with efficiency factors).
+"""Time of one block's forward and backward on one GPU: a roofline per kernel.
 
-Each op is bound either by arithmetic or by memory traffic (Williams, Waterman & Patterson,
-"Roofline", CACM 2009). GEMMs and attention cores are compute-bound at training sizes and run at
-``matmul_efficiency`` of the dense peak; the other ops move bytes at ``memory_efficiency`` of the
-memory bandwidth. Backward costs twice the forward (a GEMM's backward is two GEMMs of the same size:
-input gradient and weight gradient; Narayanan et al. 2021, eq. 3 counts it the same way).
-Recomputation runs the forward again (full) or the attention core again (selective).
+Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterman & Patterson,
+"Roofline", CACM 2009), plus a fixed launch cost.
+
+- GEMMs reach ``matmul_efficiency`` of the dense peak, reduced by wave quantization: the output is
+  cut into tiles, one per SM at a time, and a last partial wave leaves SMs idle (NVIDIA, "Matrix
+  Multiplication Background User's Guide", section on tile and wave quantization). A skinny GEMM
+  is bound by its operand traffic instead. Backward runs the two transposed GEMMs (input gradient
+  m x k x n, weight gradient k x n x m).
+- Attention: a fused kernel (``flash``) runs at ``attention_efficiency`` and skips about half the
+  work under a causal mask; its backward recomputes the scores, 2.5x the forward FLOPs (Dao,
+  "FlashAttention-2", 2023). ``materialized`` attention runs two batched GEMMs and moves the score
+  matrix through memory between kernels (bytes per score element below).
+- Element-wise ops move their bytes at ``memory_efficiency`` of the bandwidth; backward moves
+  about twice the forward traffic (each op reads the incoming gradient and what it saved, and
+  writes a gradient per input).
+- Recomputation runs the forward again (full) or the attention core again (selective).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from costmodels.hardware import DeviceSpec
-from costmodels.workload import BlockWork
+from costmodels.engine import EngineSpec
+from costmodels.hardware import DTYPE_BYTES, DeviceSpec
+from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
 
-BACKWARD_FACTOR = 2.0
-"""Backward work relative to forward (two GEMMs per GEMM; grad-in and grad-out per element-wise op)."""
+MEMORY_BACKWARD_FACTOR = 2.0
+"""Backward traffic of element-wise ops relative to their forward."""
+FLASH_BACKWARD_FACTOR = 2.5
+"""FlashAttention backward FLOPs relative to forward (it recomputes the scores)."""
+CAUSAL_SKIP = 0.5
+"""Fraction of a causal attention's work a fused kernel skips (the masked upper triangle)."""
+SCORE_TRAFFIC_FWD = 4
+"""16-bit words moved per score element in materialized attention's forward: QK^T writes the
+scores, the fused scale-mask-softmax reads them and writes probabilities, attention x V reads them."""
+SCORE_TRAFFIC_BWD = 7
+"""... and in backward: read probabilities, write and read their gradient, softmax backward
+reads probabilities and gradient and writes the score gradient, which the two GEMMs read."""
+SCORE_TRAFFIC_DROPOUT = 2.5
+"""Extra words per score element per pass when attention dropout is on (read, write, 1-byte mask)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,29 +56,98 @@ class BlockTime:
         return self.fwd_s + self.bwd_s + self.recompute_s
 
 
-def forward_parts_s(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: int, tp: int,
-                    sp: bool) -> tuple[float, float, float]:
-    """(GEMM seconds, attention-core seconds, memory-bound seconds) of one forward."""
-    flops_per_s = device.peak(dtype) * device.matmul_efficiency
-    bytes_per_s = device.hbm_bytes_per_s * device.memory_efficiency
+def gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec, dtype: str) -> float:
+    """One (batched) GEMM: max(compute with wave quantization, operand traffic) + launch."""
+    if min(batch, m, n, k) <= 0:
+        return 0.0
+    flops = 2.0 * batch * m * n * k
+    tile = device.gemm_tile
+    tiles = math.ceil(batch) * math.ceil(m / tile) * math.ceil(n / tile)
+    waves = math.ceil(tiles / device.sm_count)
+    quantization = tiles / (waves * device.sm_count)
+    compute_s = flops / (device.peak(dtype) * device.matmul_efficiency * quantization)
+    traffic = DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n)
+    memory_s = traffic / (device.hbm_bytes_per_s * device.memory_efficiency)
+    return max(compute_s, memory_s) + device.kernel_overhead_s
+
+
+def split_gemm(g: Gemm, *, micro_batch: int, tp: int, sp: bool) -> tuple[float, float, float, float]:
+    """(batch, m, n, k) one GPU runs for this GEMM."""
+    batch, m, n, k = g.batch, g.m, g.n, g.k
+    if g.linear:
+        m *= micro_batch
+    else:
+        batch *= micro_batch
+    if g.split == SPLIT_N:
+        n /= tp
+    elif g.split == SPLIT_K:
+        k /= tp
+    elif g.split == SPLIT_BATCH:
+        batch /= tp
+    elif g.split == SPLIT_NONE and sp and g.linear:
+        m /= tp
+    return batch, m, n, k
+
+
+def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: int, tp: int,
+                 sp: bool) -> tuple[float, float, float]:
+    """(forward, backward, attention-matmul forward) seconds of a block's GEMMs."""
+    fwd = bwd = attn = 0.0
+    for g in gemms:
+        b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp)
+        f = gemm_time_s(b, m, n, k, device, dtype)
+        fwd += f
+        bwd += gemm_time_s(b, m, k, n, device, dtype) + gemm_time_s(b, k, n, m, device, dtype)
+        if not g.linear:
+            attn += f
+    return fwd, bwd, attn
+
+
+def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
+                     micro_batch: int, tp: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the block's fused attention ops."""
+    flops = micro_batch * work.fused_attn_flops / tp
+    if flops <= 0:
+        return 0.0, 0.0
+    if engine.attention == "flash":
+        skipped = CAUSAL_SKIP * micro_batch * work.attn_causal_flops / tp
+        fwd = (flops - skipped) / (device.peak(dtype) * device.attention_efficiency)
+        return fwd, FLASH_BACKWARD_FACTOR * fwd
+    rate = device.peak(dtype) * device.matmul_efficiency
+    word = DTYPE_BYTES[dtype]
+    scores = micro_batch * work.attn_scores / tp
+    dropout = micro_batch * work.attn_scores_dropout / tp
+    bandwidth = device.hbm_bytes_per_s * device.memory_efficiency
+    fwd_traffic = word * (SCORE_TRAFFIC_FWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
+    bwd_traffic = word * (SCORE_TRAFFIC_BWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
+    return flops / rate + fwd_traffic / bandwidth, 2 * flops / rate + bwd_traffic / bandwidth
+
+
+def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_batch: int,
+                   tp: int, sp: bool) -> float:
+    """Forward seconds of the element-wise ops (with their kernel launches)."""
     sp_div = tp if sp else 1
-    gemm_flops = micro_batch * (work.mm_flops_tp / tp + work.mm_flops_rep / sp_div)
-    attn_flops = micro_batch * work.attn_flops / tp
-    mem_bytes = micro_batch * (work.mem_bytes_tp / tp + work.mem_bytes_rep / sp_div)
-    return gemm_flops / flops_per_s, attn_flops / flops_per_s, mem_bytes / bytes_per_s
+    if engine.kernels == "fused":
+        nbytes, kernels = work.fused_bytes_tp / tp + work.fused_bytes_rep / sp_div, work.kernels_fused
+    else:
+        nbytes, kernels = work.mem_bytes_tp / tp + work.mem_bytes_rep / sp_div, work.kernels_eager
+    bandwidth = device.hbm_bytes_per_s * device.memory_efficiency
+    return micro_batch * nbytes / bandwidth + kernels * device.kernel_overhead_s
 
 
 def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: int, tp: int,
-               sp: bool, recompute: str) -> BlockTime:
+               sp: bool, recompute: str, engine: EngineSpec = EngineSpec()) -> BlockTime:
     """Forward, backward and recomputation seconds of one block for one micro-batch."""
-    gemm_s, attn_s, mem_s = forward_parts_s(work, device, dtype=dtype, micro_batch=micro_batch,
-                                            tp=tp, sp=sp)
-    fwd_s = gemm_s + attn_s + mem_s
-    bwd_s = BACKWARD_FACTOR * fwd_s
+    gemm_f, gemm_b, gemm_attn = gemms_time_s(work.gemms, device, dtype, micro_batch=micro_batch,
+                                             tp=tp, sp=sp)
+    attn_f, attn_b = attention_time_s(work, device, dtype, engine, micro_batch=micro_batch, tp=tp)
+    mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp)
+    fwd_s = gemm_f + attn_f + mem_f
+    bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f
     if recompute == "full":
         recompute_s = fwd_s
     elif recompute == "selective":
-        recompute_s = attn_s
+        recompute_s = attn_f + gemm_attn
     else:
         recompute_s = 0.0
     return BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=recompute_s)

@@ -3,9 +3,12 @@
 With ``p`` stages and ``m`` micro-batches on equal stages of forward+backward time ``t``:
 - GPipe (Huang et al., NeurIPS'19) and 1F1B (PipeDream-Flush, Narayanan et al., ICML'21) both take
   ``(m + p - 1) t``; the idle fraction ("bubble") is ``(p - 1) / (m + p - 1)``.
+- Interleaved 1F1B (Narayanan et al., SC'21, section 2.2.2) gives each rank ``v`` model chunks of
+  time ``t / v``: ``(m + (p - 1) / v) t``, bubble ``(p - 1) / (v m + p - 1)``.
 - GPipe keeps all ``m`` micro-batches' activations alive at the flush; 1F1B keeps at most
-  ``p - i`` on stage ``i`` (0-based).
-On unequal stages the steady state runs at the slowest stage: ``sum_i t_i + (m - 1) max_i t_i``.
+  ``p - i`` on stage ``i`` (0-based); interleaved 1F1B warms up with ``2 (p - i - 1) + (v - 1) p``
+  chunk forwards (Megatron-LM's schedule), each holding 1/v of the rank's activations.
+On unequal stages the steady state runs at the slowest rank: ``sum_r t_r / v + (m - 1/v) max_r t_r``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Sequence
 
 from costmodels.errors import SpecError
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
 def _check(schedule: str) -> None:
@@ -22,22 +25,28 @@ def _check(schedule: str) -> None:
         raise SpecError(f"schedule: unknown schedule '{schedule}'; choose one of {', '.join(SCHEDULES)}")
 
 
-def in_flight(schedule: str, *, stage: int, stages: int, microbatches: int) -> int:
-    """Micro-batches whose activations stage ``stage`` holds at its peak."""
+def in_flight(schedule: str, *, stage: int, stages: int, microbatches: int, vpp: int = 1) -> float:
+    """Micro-batches' worth of activations rank ``stage`` holds at its peak."""
     _check(schedule)
     if schedule == "gpipe":
         return microbatches
+    if schedule == "interleaved-1f1b" and vpp > 1:
+        chunks = min(microbatches * vpp, 2 * (stages - stage - 1) + (vpp - 1) * stages + 1)
+        return chunks / vpp
     return min(stages - stage, microbatches)
 
 
-def bubble_fraction(*, stages: int, microbatches: int) -> float:
-    """Idle fraction of a GPipe/1F1B step on equal stages."""
-    return (stages - 1) / (microbatches + stages - 1)
+def bubble_fraction(*, stages: int, microbatches: int, vpp: int = 1) -> float:
+    """Idle fraction of a step on equal stages."""
+    return (stages - 1) / (vpp * microbatches + stages - 1)
 
 
-def step_time_s(stage_times_s: Sequence[float], *, microbatches: int, schedule: str) -> float:
-    """Pipeline time of one step, from per-stage forward+backward time of one micro-batch."""
+def step_time_s(rank_times_s: Sequence[float], *, microbatches: int, schedule: str,
+                vpp: int = 1) -> float:
+    """Pipeline time of one step, from each rank's forward+backward time of one micro-batch
+    (summed over its ``vpp`` chunks)."""
     _check(schedule)
-    if not stage_times_s:
+    if not rank_times_s:
         return 0.0
-    return sum(stage_times_s) + (microbatches - 1) * max(stage_times_s)
+    v = vpp if schedule == "interleaved-1f1b" else 1
+    return sum(rank_times_s) / v + (microbatches - 1 / v) * max(rank_times_s)

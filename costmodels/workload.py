@@ -12,6 +12,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+SPLIT_NONE, SPLIT_N, SPLIT_K, SPLIT_BATCH = 0, 1, 2, 3
+"""How tensor parallelism splits a GEMM: not at all, its output features (column-parallel), its
+reduction dimension (row-parallel), or its batch of heads (attention matmuls)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemm:
+    """One GEMM of a block's forward, per sample: ``batch`` independent (m x k) @ (k x n) products.
+
+    For a Linear, ``m`` counts the tokens of one sample; for a batched matmul, ``batch`` counts the
+    heads of one sample. The micro-batch multiplies ``m`` (Linear) or ``batch`` (batched)."""
+
+    batch: float
+    m: float
+    n: float
+    k: float
+    split: int = SPLIT_NONE
+    """SPLIT_NONE, SPLIT_N, SPLIT_K or SPLIT_BATCH."""
+    linear: bool = True
+    """True when one operand is a weight (the samples run along ``m``)."""
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k
+
 
 @dataclass(frozen=True, kw_only=True)
 class BlockWork:
@@ -23,10 +48,27 @@ class BlockWork:
     """Forward FLOPs of GEMMs repeated on every tensor-parallel rank."""
     attn_flops: float = 0.0
     """Forward FLOPs of attention cores (QK^T and attention x V), split over heads by tp."""
+    fused_attn_flops: float = 0.0
+    """The part of ``attn_flops`` run by fused attention ops (scaled_dot_product_attention); the
+    rest are explicit matmuls, listed in ``gemms``."""
+    attn_causal_flops: float = 0.0
+    """The part of ``fused_attn_flops`` under a causal mask (a fused kernel skips about half)."""
+    attn_scores: float = 0.0
+    """Attention score elements (heads x queries x keys) of fused attention cores, split by tp."""
+    attn_scores_dropout: float = 0.0
+    """The part of ``attn_scores`` followed by attention dropout."""
     mem_bytes_tp: float = 0.0
-    """Bytes read + written by memory-bound ops inside tensor-parallel regions."""
+    """Bytes read + written by memory-bound ops inside tensor-parallel regions, one kernel per op."""
     mem_bytes_rep: float = 0.0
     """Bytes read + written by memory-bound ops outside them (split only by sequence parallel)."""
+    fused_bytes_tp: float = 0.0
+    """Like ``mem_bytes_tp`` when chains of memory-bound ops run as one fused kernel each."""
+    fused_bytes_rep: float = 0.0
+    """Like ``mem_bytes_rep`` for fused kernels."""
+    kernels_eager: float = 0.0
+    """Forward kernel launches with one kernel per op (per micro-batch, not per sample)."""
+    kernels_fused: float = 0.0
+    """Forward kernel launches with memory-bound chains fused (per micro-batch)."""
     act_bytes_tp: float = 0.0
     """Bytes saved for backward, produced inside tensor-parallel regions (not the attention core)."""
     act_bytes_rep: float = 0.0
@@ -45,6 +87,8 @@ class BlockWork:
     """Bytes all-reduced across the tensor-parallel group in backward (column-parallel input grads)."""
     tp_collectives: int = 0
     """Number of tensor-parallel collectives per forward + backward (for the latency term)."""
+    gemms: tuple = ()
+    """The forward GEMMs (``Gemm``), for shape-dependent efficiency."""
 
     @property
     def params(self) -> float:
@@ -54,23 +98,17 @@ class BlockWork:
     def fwd_flops(self) -> float:
         return self.mm_flops_tp + self.mm_flops_rep + self.attn_flops
 
-    def scaled(self, factor: float) -> "BlockWork":
-        """All per-sample quantities times ``factor`` (parameters and counts unchanged)."""
-        keep = {"params_tp", "params_rep", "tp_collectives"}
-        return BlockWork(**{f.name: (getattr(self, f.name) if f.name in keep
-                                     else getattr(self, f.name) * factor) for f in fields(self)})
-
-    def plus(self, other: "BlockWork") -> "BlockWork":
-        """Field-wise sum (merging two blocks)."""
-        return BlockWork(**{f.name: getattr(self, f.name) + getattr(other, f.name)
-                            for f in fields(self)})
-
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {f: getattr(self, f) for f in WORK_FIELDS}
+        d["gemms"] = [[g.batch, g.m, g.n, g.k, g.split, int(g.linear)] for g in self.gemms]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "BlockWork":
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        gemms = tuple(Gemm(batch=b, m=m, n=n, k=k, split=int(s), linear=bool(lin))
+                      for b, m, n, k, s, lin in d.get("gemms", []))
+        return cls(gemms=gemms, **{f: d[f] for f in WORK_FIELDS if f in d})
 
 
-WORK_FIELDS = tuple(f.name for f in fields(BlockWork))
+WORK_FIELDS = tuple(f.name for f in fields(BlockWork) if f.name != "gemms")
+"""The numeric fields (those the search turns into per-block arrays)."""

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from costmodels.engine import engine_from_mapping
 from planner.blocks import build_blocks, unchained_repeats
 from planner.clusters import load_cluster
 from planner.emit import emit
@@ -62,8 +63,8 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
 def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          gpus_per_node: int | None = None, global_batch: int, seq_len: int | None = None,
          dtype: str = "bf16", optimizer: str = "adam", fix=None, top_k: int = 3,
-         time_limit_s: float | None = None, calibration=None, trace_method: str = "auto",
-         record_timing: bool = False,
+         time_limit_s: float | None = None, calibration=None, engine=None,
+         trace_method: str = "auto", record_timing: bool = False,
          progress: Callable[[int, int], None] | None = None) -> Plan:
     """Plan how to train ``model`` on ``cluster``; see DESIGN.md for every argument."""
     if calibration is not None:
@@ -72,11 +73,13 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     cl.device.peak(dtype)  # fail early on a dtype the device lacks
     options = SearchOptions(fix=parse_fix(fix), top_k=top_k, time_limit_s=time_limit_s,
                             trace=trace_method)
-    TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer)
+    eng = engine_from_mapping(engine)
+    TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
+                 engine=eng)  # validate before the slow part
     prepared = prepare(model, example_inputs=example_inputs, seq_len=seq_len, dtype=dtype,
                        trace_method=trace_method)
     training = TrainingSpec(global_batch=global_batch, seq_len=prepared.seq_len, dtype=dtype,
-                            optimizer=optimizer)
+                            optimizer=optimizer, engine=eng)
     return plan_prepared(prepared, cl, training, options, progress=progress,
                          record_timing=record_timing)
 

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("plan: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and closed early
+        sys.stderr.close()
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     s.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
     s.add_argument("--fix", help="pin knobs, e.g. tp=8,pp=4,schedule=1f1b,recompute=full,zero=1")
+    s.add_argument("--engine", help="software behaviour: attention=flash|materialized, "
+                   "kernels=fused|eager, overlap_grad_reduce=true|false")
     s.add_argument("--top-k", type=int, default=3, help="runners-up to keep (default 3)")
     s.add_argument("--time-limit", type=float, help="seconds; return the best plan found so far")
     s.add_argument("--trace", default="auto", choices=["auto", "fx", "export"],
@@ -127,6 +132,7 @@ def _cmd_solve(args) -> int:
                      gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,
                      seq_len=args.seq_len, dtype=args.dtype, optimizer=args.optimizer,
                      fix=args.fix, top_k=args.top_k, time_limit_s=args.time_limit,
+                     engine=args.engine,
                      trace_method=args.trace, record_timing=args.record_timing,
                      progress=_Progress(args.quiet))
     print(report.summary(p))

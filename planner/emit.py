@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import platform
@@ -32,9 +33,10 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
     module_of = {b.name: b.modules for b in bg.blocks}
     stages = [{
         "index": st.index,
+        "pipeline_rank": st.rank,
         "modules": [m for name in st.blocks for m in module_of[name]],
         "blocks": st.blocks,
-        "ranks": placement.stage_ranks(cfg, st.index),
+        "ranks": placement.stage_ranks(cfg, st.rank),
         "predicted": {
             "time_per_microbatch_s": st.time_s, "compute_s": st.compute_s,
             "fwd_s": st.fwd_s, "bwd_s": st.compute_s - st.fwd_s - st.recompute_s,
@@ -76,7 +78,8 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
 
 def training_dict(training: TrainingSpec) -> dict:
     return {"global_batch": training.global_batch, "seq_len": training.seq_len,
-            "dtype": training.dtype, "optimizer": training.optimizer}
+            "dtype": training.dtype, "optimizer": training.optimizer,
+            "engine": dataclasses.asdict(training.engine)}
 
 
 def predicted(est: Estimate, training: TrainingSpec, cluster: Cluster) -> dict:
@@ -108,8 +111,10 @@ def _tp_map(bg: BlockGraph, tp: int) -> dict:
 
 
 def _schedule(cfg) -> dict:
+    actions = (schedule.build(cfg.schedule, cfg.pp, cfg.num_microbatches, vpp=cfg.vpp)
+               if cfg.vpp > 1 else schedule.build(cfg.schedule, cfg.pp, cfg.num_microbatches))
     return {"name": cfg.schedule, "format": "torch.distributed.pipelining actions, one list per "
-            "pipeline rank", "actions": schedule.build(cfg.schedule, cfg.pp, cfg.num_microbatches)}
+            "pipeline rank", "actions": actions}
 
 
 def input_hash(model_info: dict, training: TrainingSpec, cluster: Cluster,

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
+from costmodels.engine import EngineSpec
 from planner.errors import SpecError
 
 DTYPES = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adam", "adamw", "sgd")
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 PLACEMENTS = ("tp-pp-dp", "tp-dp-pp")
@@ -29,6 +30,8 @@ class TrainingSpec:
     """Compute dtype: bf16 or fp16 (mixed precision with fp32 master weights) or fp32."""
     optimizer: str = "adam"
     """adam / adamw (two fp32 moments) or sgd (one)."""
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    """The software's kernels and overlap (costmodels.engine)."""
 
     def __post_init__(self):
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
@@ -54,6 +57,8 @@ class SearchOptions:
     """Stop the search after this many seconds and return the best plan found so far."""
     schedules: tuple[str, ...] = SCHEDULES
     """Pipeline schedules to consider."""
+    vpp: tuple[int, ...] = (2, 4)
+    """Model chunks per rank tried with interleaved 1F1B."""
     recompute: tuple[str, ...] = ("none", "selective", "full")
     """Activation recomputation policies to consider."""
     zero: tuple[int, ...] = (0, 1)
@@ -93,8 +98,9 @@ class Config:
 
     def short(self) -> str:
         sp = "+sp" if self.sequence_parallel else ""
-        return (f"dp={self.dp} tp={self.tp}{sp} pp={self.pp} mb={self.micro_batch}x{self.num_microbatches} "
-                f"{self.schedule} rc={self.recompute} zero={self.zero}")
+        v = f"x{self.vpp}" if self.vpp > 1 else ""
+        return (f"dp={self.dp} tp={self.tp}{sp} pp={self.pp}{v} mb={self.micro_batch}x"
+                f"{self.num_microbatches} {self.schedule} rc={self.recompute} zero={self.zero}")
 
     def with_(self, **kw) -> "Config":
         return replace(self, **kw)

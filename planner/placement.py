@@ -46,14 +46,16 @@ def dp_group(cfg: Config, cluster: Cluster) -> GroupShape:
     return group_shape(cfg.dp, strides(cfg)["dp"], cluster.gpus_per_node)
 
 
+def link_between(cfg: Config, cluster: Cluster, rank_a: int, rank_b: int) -> LinkSpec:
+    """The link between pipeline ranks ``rank_a`` and ``rank_b`` (same dp and tp index)."""
+    s, g = strides(cfg)["pp"], cluster.gpus_per_node
+    same_node = s < g and g % s == 0 and (rank_a * s) // g == (rank_b * s) // g
+    return cluster.intra_node if same_node else cluster.inter_node
+
+
 def cut_links(cfg: Config, cluster: Cluster) -> list[LinkSpec]:
     """The link each pipeline cut (stage c -> c + 1) crosses."""
-    s, g = strides(cfg)["pp"], cluster.gpus_per_node
-    links = []
-    for c in range(cfg.pp - 1):
-        same_node = s < g and g % s == 0 and (c * s) // g == ((c + 1) * s) // g
-        links.append(cluster.intra_node if same_node else cluster.inter_node)
-    return links
+    return [link_between(cfg, cluster, c, c + 1) for c in range(cfg.pp - 1)]
 
 
 def stage_ranks(cfg: Config, stage: int) -> list[int]:

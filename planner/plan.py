@@ -112,8 +112,9 @@ def _check_consistency(d: dict, where: str) -> None:
     if par["dp"] * par["tp"] * par["pp"] != d["cluster"]["num_gpus"]:
         raise SpecError(f"{where}: parallel dp*tp*pp = {par['dp'] * par['tp'] * par['pp']} but the "
                         f"cluster has {d['cluster']['num_gpus']} GPUs")
-    if len(d["stages"]) != par["pp"]:
-        raise SpecError(f"{where}: {len(d['stages'])} stages listed for pp={par['pp']}")
+    if len(d["stages"]) != par["pp"] * par["vpp"]:
+        raise SpecError(f"{where}: {len(d['stages'])} stages listed for pp={par['pp']} x "
+                        f"vpp={par['vpp']}")
     listed = [b for st in d["stages"] for b in st["blocks"]]
     names = [b["name"] for b in d["model"]["blocks"]]
     if listed != names:

@@ -36,8 +36,9 @@ def enumerate_space(*, num_gpus: int, gpus_per_node: int, num_blocks: int, tp_di
                     rejected: Counter) -> Iterator[tuple[CostKey, list[Config]]]:
     """Configurations grouped by CostKey; rejected points are counted in ``rejected``."""
     fix = dict(options.fix)
-    if fix.get("vpp", 1) != 1:
-        raise SpecError("fix.vpp: interleaved 1F1B (vpp > 1) is not supported yet; use vpp=1")
+    if fix.get("vpp", 1) > 1 and fix.get("schedule", "interleaved-1f1b") != "interleaved-1f1b":
+        raise SpecError(f"fix.vpp: vpp={fix['vpp']} needs schedule=interleaved-1f1b, not "
+                        f"{fix['schedule']}")
     gb = training.global_batch
     for tp in _choices(fix, "tp", divisors(num_gpus)):
         reason = _tp_reason(tp, gpus_per_node, tp_divisors, num_gpus)
@@ -58,10 +59,10 @@ def enumerate_space(*, num_gpus: int, gpus_per_node: int, num_blocks: int, tp_di
             if gb % dp:
                 rejected["global batch not divisible by dp"] += 1
                 continue
-            yield from _inner(fix, tp, pp, dp, gb, training, options, rejected)
+            yield from _inner(fix, tp, pp, dp, gb, training, options, rejected, num_blocks)
 
 
-def _inner(fix, tp, pp, dp, gb, training, options, rejected):
+def _inner(fix, tp, pp, dp, gb, training, options, rejected, num_blocks):
     for mb in _choices(fix, "micro_batch", divisors(gb // dp)):
         if (gb // dp) % mb:
             rejected["micro batch does not divide the per-replica batch"] += 1
@@ -74,12 +75,32 @@ def _inner(fix, tp, pp, dp, gb, training, options, rejected):
             for rc in _choices(fix, "recompute", list(options.recompute)):
                 configs = [
                     Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m, schedule=s,
-                           recompute=rc, zero=z, sequence_parallel=sp)
+                           recompute=rc, zero=z, sequence_parallel=sp, vpp=v)
                     for s in _choices(fix, "schedule", list(options.schedules) if pp > 1 else ["1f1b"])
+                    for v in _vpps(fix, s, pp, m, num_blocks, options, rejected)
                     for z in _choices(fix, "zero", list(options.zero) if dp > 1 else [0])
                 ]
                 if configs:
                     yield CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=mb), configs
+
+
+def _vpps(fix: dict, schedule: str, pp: int, m: int, num_blocks: int, options: SearchOptions,
+          rejected: Counter) -> list[int]:
+    """Chunks per rank: 1 unless interleaved, whose micro-batches must fill whole rounds of pp
+    (Megatron-LM's requirement) and whose chunks need at least one block each."""
+    if schedule != "interleaved-1f1b":
+        return [1]
+    out = []
+    for v in _choices(fix, "vpp", list(options.vpp)):
+        if v < 2 or pp < 2:
+            rejected["interleaved needs pp > 1 and vpp > 1"] += 1
+        elif m % pp:
+            rejected["interleaved needs micro-batches divisible by pp"] += 1
+        elif pp * v > num_blocks:
+            rejected["pp x vpp > blocks"] += 1
+        else:
+            out.append(v)
+    return out
 
 
 def _choices(fix: dict, key: str, default: list) -> list:

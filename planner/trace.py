@@ -223,7 +223,21 @@ def _fx_node_view(node, values, gm, model, param_names) -> NodeView:
                     value=values.get(node.name), inputs=_flat_nodes((node.args, node.kwargs)),
                     params=mod_params)
     view.flops_fn = lambda: _count_flops(node, values, fn)
+    view.attrs = _attrs(node)
     return view
+
+
+def _attrs(node) -> dict:
+    """is_causal and dropout_p of an attention call (keywords, or positions 5 and 4 of
+    scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal))."""
+    causal = node.kwargs.get("is_causal")
+    if causal is None and len(node.args) > 5:
+        causal = node.args[5]
+    dropout = node.kwargs.get("dropout_p")
+    if dropout is None and len(node.args) > 4:
+        dropout = node.args[4]
+    return {"causal": causal is True,
+            "dropout": float(dropout) if isinstance(dropout, (int, float)) else 0.0}
 
 
 def _stack_owner(node) -> str:
@@ -304,5 +318,6 @@ def _export_views(model, args, kwargs):
                         value=values[node.name], inputs=_flat_nodes((node.args, node.kwargs)),
                         params=[])
         view.flops_fn = (lambda n=node: _count_flops(n, values, None))
+        view.attrs = _attrs(node)
         views.append(view)
     return views, outputs

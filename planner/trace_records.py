@@ -34,6 +34,8 @@ class NodeView:
     params: list[str] = field(default_factory=list)
     """Parameter FQNs it reads directly (fx call_module)."""
     flops_fn: Callable[[], float] = lambda: 0.0
+    attrs: dict = field(default_factory=dict)
+    """Non-tensor facts about the call (``causal`` for attention)."""
 
 
 @dataclass
@@ -115,18 +117,40 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
         inputs=list(dict.fromkeys(x.op_name for x in acts)), params=list(dict.fromkeys(reads_params)),
         flops=flops, out_bytes=out_bytes, io_bytes=io_bytes, shape=list(outs[0].shape),
         dtype=str(outs[0].dtype).replace("torch.", ""), requires_grad=requires_grad, base=base,
-        saves=[[k, b] for k, b in saves], dims=_dims(kind, acts, ins, outs, bool(v.params)),
+        saves=[[k, b] for k, b in saves],
+        dims=_dims(kind, acts, ins, outs, bool(v.params), v.attrs, batch),
     )
 
 
-def _dims(kind: str, acts: list[_Tensor], ins: list[_Tensor], outs, module_params: bool) -> dict:
+def _dims(kind: str, acts: list[_Tensor], ins: list[_Tensor], outs, module_params: bool,
+          attrs: dict, batch: int) -> dict:
+    """Kind-specific sizes. GEMMs record (batch, m, n, k) per sample: the dimension that carries
+    the samples (m for a Linear, the batch of a batched matmul) is divided by ``batch``."""
+    out_shape = tuple(outs[0].shape)
     if kind == "matmul" and acts and (module_params or any(x.param and len(x.shape) == 2 for x in ins)):
-        return {"in": int(acts[0].shape[-1]) if acts[0].shape else 0,
-                "out": int(outs[0].shape[-1]) if outs[0].dim() else 0, "linear": 1}
+        k = int(acts[0].shape[-1]) if acts[0].shape else 0
+        n = int(out_shape[-1]) if out_shape else 0
+        m = _prod(out_shape[:-1]) / batch
+        d = {"in": k, "out": n, "linear": 1}
+        if module_params and len(acts[0].shape) != len(out_shape):
+            return d  # a convolution: no single GEMM shape
+        return {**d, "gemm": [1, m, n, k]}
+    if kind == "matmul" and len(acts) >= 2 and len(out_shape) >= 2:
+        return {"gemm": [_prod(out_shape[:-2]) / batch, out_shape[-2], out_shape[-1],
+                         int(acts[0].shape[-1])]}
     if kind == "attention" and len(acts) >= 2 and len(acts[0].shape) == 4:
-        return {"heads_q": int(acts[0].shape[1]), "heads_kv": int(acts[1].shape[1])}
+        return {"heads_q": int(acts[0].shape[1]), "heads_kv": int(acts[1].shape[1]),
+                "causal": int(bool(attrs.get("causal"))), "dropout": int(attrs.get("dropout", 0) > 0),
+                "scores": int(acts[0].shape[1]) * int(acts[0].shape[2]) * int(acts[1].shape[2])}
     if kind == "embedding":
         weights = [x for x in ins if x.param and len(x.shape) == 2]
         if weights:
             return {"rows": int(weights[0].shape[0]), "cols": int(weights[0].shape[1])}
     return {}
+
+
+def _prod(dims) -> float:
+    out = 1.0
+    for d in dims:
+        out *= int(d)
+    return out

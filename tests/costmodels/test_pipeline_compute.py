@@ -2,11 +2,12 @@
 
 import pytest
 
-from costmodels.compute import block_time, forward_parts_s, optimizer_step_s
+from costmodels.compute import block_time, gemm_time_s, optimizer_step_s, split_gemm
+from costmodels.engine import EngineSpec
 from costmodels.errors import SpecError
 from costmodels.hardware import DEVICES, get_device
 from costmodels.pipeline import bubble_fraction, in_flight, step_time_s
-from costmodels.workload import BlockWork
+from costmodels.workload import SPLIT_K, SPLIT_N, BlockWork, Gemm
 
 
 @pytest.mark.parametrize("p,m", [(2, 8), (4, 16), (8, 8), (8, 64)])
@@ -31,20 +32,55 @@ def test_in_flight_gpipe_m_1f1b_at_most_p():
         in_flight("zigzag", stage=0, stages=2, microbatches=2)
 
 
-def test_roofline_times_and_backward_factor():
+def test_big_gemm_runs_at_the_efficiency_ceiling_and_small_ones_lose_to_waves():
     dev = DEVICES["a100-80g"]
-    w = BlockWork(mm_flops_tp=1e12, attn_flops=2e11, mem_bytes_rep=4e9)
-    gemm, attn, mem = forward_parts_s(w, dev, dtype="bf16", micro_batch=2, tp=2, sp=False)
-    peak = 312e12 * dev.matmul_efficiency
-    assert gemm == pytest.approx(2 * 1e12 / 2 / peak)
-    assert attn == pytest.approx(2 * 2e11 / 2 / peak)
-    assert mem == pytest.approx(2 * 4e9 / (2039e9 * dev.memory_efficiency))
-    bt = block_time(w, dev, dtype="bf16", micro_batch=2, tp=2, sp=False, recompute="selective")
-    assert bt.bwd_s == pytest.approx(2 * bt.fwd_s)
-    assert bt.recompute_s == pytest.approx(attn)
-    full = block_time(w, dev, dtype="bf16", micro_batch=2, tp=2, sp=True, recompute="full")
+    big = gemm_time_s(1, 16384, 16384, 16384, dev, "bf16")
+    ideal = 2 * 16384 ** 3 / (312e12 * dev.matmul_efficiency)
+    waves = -(-(128 * 128) // 108)  # 16384 tiles on 108 SMs: 152 waves, the last one partial
+    assert big == pytest.approx(ideal * waves * 108 / (128 * 128) + dev.kernel_overhead_s, rel=1e-9)
+    # 109 tiles of 128 x 128 on 108 SMs: two waves, the second almost empty
+    m, n = 128 * 109, 128
+    t = gemm_time_s(1, m, n, 8192, dev, "bf16")
+    assert t > 1.9 * (2 * m * n * 8192 / (312e12 * dev.matmul_efficiency))
+    # a skinny GEMM is bound by its operand traffic
+    skinny = gemm_time_s(1, 1, 8192, 8192, dev, "bf16")
+    assert skinny == pytest.approx(2 * 8192 * 8192 / (2039e9 * dev.memory_efficiency)
+                                   + dev.kernel_overhead_s, rel=0.01)
+
+
+def test_tensor_parallel_splits_the_right_gemm_dimension():
+    col = Gemm(batch=1, m=2048, n=4096, k=1024, split=SPLIT_N)
+    row = Gemm(batch=1, m=2048, n=1024, k=4096, split=SPLIT_K)
+    rep = Gemm(batch=1, m=2048, n=1024, k=1024)
+    assert split_gemm(col, micro_batch=2, tp=4, sp=False) == (1, 4096, 1024, 1024)
+    assert split_gemm(row, micro_batch=1, tp=4, sp=False) == (1, 2048, 1024, 1024)
+    assert split_gemm(rep, micro_batch=1, tp=4, sp=True) == (1, 512, 1024, 1024)
+
+
+def test_block_time_backward_recompute_and_engines():
+    dev = DEVICES["a100-80g"]
+    w = BlockWork(gemms=(Gemm(batch=1, m=2048, n=8192, k=8192),), fused_attn_flops=1e12,
+                  attn_flops=1e12, attn_causal_flops=1e12, attn_scores=32 * 2048 * 2048,
+                  fused_bytes_rep=4e8, mem_bytes_rep=1.2e9, kernels_fused=4, kernels_eager=30)
+    flash = block_time(w, dev, dtype="bf16", micro_batch=1, tp=1, sp=False, recompute="none")
+    gemm = gemm_time_s(1, 2048, 8192, 8192, dev, "bf16")
+    attn = 0.5 * 1e12 / (312e12 * dev.attention_efficiency)
+    mem = 4e8 / (2039e9 * dev.memory_efficiency) + 4 * dev.kernel_overhead_s
+    assert flash.fwd_s == pytest.approx(gemm + attn + mem)
+    # backward GEMMs: input gradient (m x k x n) and weight gradient (k x n x m)
+    gemm_bwd = gemm_time_s(1, 2048, 8192, 8192, dev, "bf16") + gemm_time_s(1, 8192, 8192, 2048, dev, "bf16")
+    assert flash.bwd_s == pytest.approx(gemm_bwd + 2.5 * attn + 2 * mem)
+    full = block_time(w, dev, dtype="bf16", micro_batch=1, tp=1, sp=False, recompute="full")
     assert full.recompute_s == pytest.approx(full.fwd_s)
-    assert full.fwd_s < bt.fwd_s  # sequence parallel splits the replicated memory-bound ops
+    sel = block_time(w, dev, dtype="bf16", micro_batch=1, tp=1, sp=False, recompute="selective")
+    assert sel.recompute_s == pytest.approx(attn)
+    slow = block_time(w, dev, dtype="bf16", micro_batch=1, tp=1, sp=False, recompute="none",
+                      engine=EngineSpec(attention="materialized", kernels="eager"))
+    assert slow.fwd_s > flash.fwd_s
+    scores_s = 2 * 4 * 32 * 2048 * 2048 / (2039e9 * dev.memory_efficiency)
+    assert slow.fwd_s == pytest.approx(gemm + 1e12 / (312e12 * dev.matmul_efficiency) + scores_s
+                                       + 1.2e9 / (2039e9 * dev.memory_efficiency)
+                                       + 30 * dev.kernel_overhead_s)
 
 
 def test_device_without_bf16_is_a_clear_error_and_optimizer_is_memory_bound():

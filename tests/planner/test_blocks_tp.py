@@ -29,7 +29,9 @@ def test_replicated_layers_equal_a_full_trace(tiny_gpt2_config):
     a, b = build_blocks(short, analyze(short)), build_blocks(full, analyze(full))
     assert [x.name for x in a.blocks] == [x.name for x in b.blocks]
     for x, y in zip(a.blocks, b.blocks):
-        assert x.work.to_dict() == pytest.approx(y.work.to_dict()), x.name
+        wx, wy = x.work.to_dict(), y.work.to_dict()
+        assert wx.pop("gemms") == wy.pop("gemms"), x.name
+        assert wx == pytest.approx(wy), x.name
         assert sorted(x.params) == sorted(y.params)
     assert a.cut_bytes() == pytest.approx(b.cut_bytes())
     assert a.tp_roles == b.tp_roles

@@ -1,0 +1,66 @@
+"""How the training software runs the model: the kernels it uses and what it overlaps.
+
+The same model costs different time on different software stacks; these knobs name the
+differences that matter to the cost model. Defaults describe a current engine (torchtitan,
+Megatron-Core): FlashAttention, fused element-wise kernels, gradient reduction overlapped with
+the backward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+from costmodels.errors import SpecError
+
+ATTENTION = ("flash", "materialized")
+KERNELS = ("fused", "eager")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSpec:
+    """Software behaviour the step time depends on."""
+
+    attention: str = "flash"
+    """``flash``: one fused attention kernel (Dao et al. 2022), no s x s tensor in memory, causal
+    masks skip the masked half; ``materialized``: scores and probabilities are written to memory
+    between kernels (Megatron-LM before FlashAttention, eager PyTorch)."""
+    kernels: str = "fused"
+    """``fused``: each chain of element-wise ops is one kernel (torch.compile, Megatron's fused
+    kernels); ``eager``: one kernel per op."""
+    overlap_grad_reduce: bool = True
+    """Data-parallel gradient reduction runs during the last micro-batch's backward (DDP buckets,
+    FSDP2, Megatron --overlap-grad-reduce); False: after it (Megatron-LM's 'local' DDP of 2021)."""
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION:
+            raise SpecError(f"engine.attention: expected flash or materialized, got {self.attention!r}")
+        if self.kernels not in KERNELS:
+            raise SpecError(f"engine.kernels: expected fused or eager, got {self.kernels!r}")
+
+
+def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
+    """``{"attention": "materialized"}`` or ``"attention=materialized,kernels=eager"``."""
+    if spec is None:
+        return EngineSpec()
+    if isinstance(spec, EngineSpec):
+        return spec
+    if isinstance(spec, str):
+        items = {}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            if "=" not in part:
+                raise SpecError(f"engine: '{part}' is not key=value; e.g. --engine attention=flash")
+            k, v = part.split("=", 1)
+            items[k.strip()] = v.strip()
+        spec = items
+    names = {f.name for f in fields(EngineSpec)}
+    unknown = set(spec) - names
+    if unknown:
+        raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; choose from {sorted(names)}")
+    kw = dict(spec)
+    if "overlap_grad_reduce" in kw and not isinstance(kw["overlap_grad_reduce"], bool):
+        text = str(kw["overlap_grad_reduce"]).lower()
+        if text not in ("true", "false", "1", "0", "yes", "no"):
+            raise SpecError(f"engine.overlap_grad_reduce: expected true or false, got {text!r}")
+        kw["overlap_grad_reduce"] = text in ("true", "1", "yes")
+    return EngineSpec(**kw)

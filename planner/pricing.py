@@ -1,0 +1,166 @@
+"""Step time, breakdown and memory of a configuration whose stage (chunk) bounds are known."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodels import comm, compute, memory, pipeline
+from costmodels.hardware import DTYPE_BYTES
+from costmodels.topology import Cluster
+from planner import placement
+from planner.options import Config, TrainingSpec
+
+
+@dataclass
+class StageEstimate:
+    """One pipeline stage (with interleaving: one model chunk) and the rank running it."""
+
+    index: int
+    rank: int
+    """Pipeline rank (chunk ``index`` runs on rank ``index mod pp``)."""
+    blocks: list[str]
+    compute_s: float
+    """Forward + backward + recomputation of one micro-batch through this chunk."""
+    tp_comm_s: float
+    p2p_s: float
+    """Sending activations forward and gradients back, per micro-batch."""
+    params: float
+    """Parameters held per GPU by this rank (before ZeRO sharding)."""
+    in_flight: float
+    """Micro-batches' worth of the rank's activations alive at its peak."""
+    memory: dict = field(default_factory=dict)
+    """The rank's memory by kind (bytes)."""
+    fwd_s: float = 0.0
+    recompute_s: float = 0.0
+    act_bytes: float = 0.0
+    """Activation bytes one micro-batch keeps on this chunk."""
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.tp_comm_s + self.p2p_s
+
+
+@dataclass
+class Estimate:
+    config: Config
+    stages: list[StageEstimate]
+    step_time_s: float
+    breakdown: dict
+    peak_memory_bytes: float
+    model_flops: float
+    hardware_flops: float
+
+    def throughput(self, training: TrainingSpec, cluster: Cluster) -> dict:
+        n = cluster.num_gpus
+        peak = cluster.device.peak(training.dtype)
+        return {
+            "samples_per_s": training.global_batch / self.step_time_s,
+            "tokens_per_s": training.global_batch * training.seq_len / self.step_time_s,
+            "tflops_per_device": self.hardware_flops / self.step_time_s / n / 1e12,
+            "mfu": self.model_flops / self.step_time_s / n / peak,
+        }
+
+
+def price(cfg: Config, bounds: list[int], ma, costs, cluster: Cluster,
+          training: TrainingSpec) -> Estimate:
+    """Step time, breakdown and memory of ``cfg`` with chunk ``c`` = blocks [bounds[c], bounds[c+1])."""
+    p2p_out = _p2p_sends(cfg, bounds, ma, cluster)
+    stages = []
+    for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        sl = slice(a, b)
+        stages.append(StageEstimate(
+            index=c, rank=c % cfg.pp, blocks=ma.names[a:b],
+            compute_s=float(np.sum(costs.compute_s[sl] + costs.recompute_s[sl])),
+            tp_comm_s=float(np.sum(costs.tp_comm_s[sl])), p2p_s=p2p_out[c], params=0.0,
+            in_flight=0.0, fwd_s=float(np.sum(costs.fwd_s[sl])),
+            recompute_s=float(np.sum(costs.recompute_s[sl])),
+            act_bytes=float(np.sum(costs.act_bytes[sl]))))
+    ranks = _rank_memory(cfg, bounds, stages, ma, costs, training)
+    rank_time = [sum(st.time_s for st in stages if st.rank == r) for r in range(cfg.pp)]
+    m = cfg.num_microbatches
+    pipe_s = pipeline.step_time_s(rank_time, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp)
+    dp_s, opt_s = _dp_and_optimizer_s(cfg, stages, ranks, cluster, training)
+    slow = int(np.argmax(rank_time))
+    mine = [st for st in stages if st.rank == slow]
+    breakdown = {
+        "compute_s": m * sum(st.compute_s for st in mine),
+        "bubble_s": pipe_s - m * rank_time[slow],
+        "tp_comm_s": m * sum(st.tp_comm_s for st in mine),
+        "pp_comm_s": m * sum(st.p2p_s for st in mine),
+        "dp_comm_s": dp_s,
+        "optimizer_s": opt_s,
+    }
+    model_flops = 3 * ma.fwd_flops_per_sample * training.global_batch
+    rc_flops = {"none": 0.0, "selective": float(np.sum(ma.work.attn_flops)),
+                "full": ma.fwd_flops_per_sample}[cfg.recompute] * training.global_batch
+    return Estimate(config=cfg, stages=stages, step_time_s=pipe_s + dp_s + opt_s,
+                    breakdown=breakdown, peak_memory_bytes=max(r["total"] for r in ranks),
+                    model_flops=model_flops, hardware_flops=model_flops + rc_flops)
+
+
+def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> list[float]:
+    """Per chunk: seconds per micro-batch spent sending (its output forward, its input's
+    gradient back). With tensor parallelism each rank sends 1/t of the activation and the receivers
+    all-gather it inside the node (Megatron-LM's scatter-gather optimization)."""
+    sends = [0.0] * (len(bounds) - 1)
+    for c in range(len(bounds) - 2):
+        link = placement.link_between(cfg, cluster, c % cfg.pp, (c + 1) % cfg.pp)
+        nbytes = ma.cut_bytes[bounds[c + 1] - 1] * cfg.micro_batch / cfg.tp
+        one_way = comm.p2p_s(nbytes, link)
+        sends[c] += one_way  # activations forward
+        sends[c + 1] += one_way  # gradients back
+    return sends
+
+
+def _rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) -> list[dict]:
+    """Per pipeline rank: memory by kind; also fills each chunk's params, in_flight, memory."""
+    out = []
+    for r in range(cfg.pp):
+        mine = [st for st in stages if st.rank == r]
+        blocks = [i for st in mine for i in range(bounds[st.index], bounds[st.index + 1])]
+        inside = set(blocks)
+        params = float(np.sum(costs.params_local[blocks])) - sum(
+            (n / cfg.tp if split else n) for i, j, n, split in ma.shared if i in inside and j in inside)
+        in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
+                                       microbatches=cfg.num_microbatches, vpp=cfg.vpp)
+        states = memory.model_state_bytes(params, dtype=training.dtype,
+                                          optimizer=training.optimizer, zero=cfg.zero, dp=cfg.dp)
+        act = in_flight * sum(st.act_bytes for st in mine)
+        mem = {**states, "activations": act, "working": float(np.max(costs.work_bytes[blocks]))}
+        mem["total"] = sum(mem.values())
+        for st in mine:
+            st.params, st.in_flight, st.memory = params, in_flight, mem
+        out.append(mem)
+    return out
+
+
+def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: TrainingSpec):
+    """Exposed gradient synchronization across data-parallel replicas, and the optimizer update;
+    the slowest rank sets both. With overlap the reduction runs during the last micro-batch's
+    backward; ZeRO-3 also gathers the weights for every micro-batch's forward and backward, hidden
+    behind compute when the engine prefetches."""
+    group = placement.dp_group(cfg, cluster)
+    grad_b = DTYPE_BYTES[training.dtype]
+    state_b = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
+                                           zero=0, dp=1)
+    overlap = training.engine.overlap_grad_reduce
+    dp_s = opt_s = 0.0
+    for r in range(cfg.pp):
+        mine = [st for st in stages if st.rank == r]
+        params = mine[0].params
+        nbytes = params * grad_b
+        sync = comm.allreduce_s(nbytes, group, cluster)  # ZeRO-1/2: reduce-scatter + all-gather
+        compute_s = sum(st.compute_s for st in mine)
+        backward_s = compute_s - sum(st.fwd_s for st in mine)
+        exposed = max(0.0, sync - backward_s) if overlap else sync
+        if cfg.zero == 3:
+            gathers = 2 * cfg.num_microbatches * comm.allgather_s(nbytes, group, cluster)
+            hidden = cfg.num_microbatches * compute_s if overlap else 0.0
+            exposed += max(0.0, gathers - hidden)
+        dp_s = max(dp_s, exposed)
+        shard = cfg.dp if cfg.zero >= 1 else 1
+        opt_s = max(opt_s, compute.optimizer_step_s(params / shard, cluster.device,
+                                                    state_bytes_per_param=state_b))
+    return dp_s, opt_s
