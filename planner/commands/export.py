@@ -21,6 +21,7 @@ def register(add) -> None:
 
 
 def run(args) -> int:
+    from planner.errors import SpecError
     from planner.export import export
     from planner.plan import atomic_write, load_plan
 
@@ -29,6 +30,10 @@ def run(args) -> int:
         print(text, end="")
         return 0
     path = os.path.join(args.output, name) if os.path.isdir(args.output) else args.output
-    atomic_write(path, text)
+    try:
+        atomic_write(path, text)
+    except OSError as exc:
+        raise SpecError(f"-o: cannot write '{path}' ({exc.strerror or exc}); choose a writable "
+                        "file or folder") from None
     print(f"wrote {path}")
     return 0

@@ -79,7 +79,7 @@ def regroup(plan: Plan, counts: list[int], **parallel) -> Plan:
         groups[stage].append(block)
     stages = [{"index": i, "blocks": [b["name"] for b in g], "ranks": [], "predicted": {},
                "modules": [m for b in g for m in b["modules"]]} for i, g in enumerate(groups)]
-    return dataclasses.replace(variant(plan, pp=len(counts), **parallel), stages=stages)
+    return dataclasses.replace(variant(plan, **{"pp": len(counts), **parallel}), stages=stages)
 
 
 class Notes(logging.Handler):
@@ -249,6 +249,22 @@ def test_megatron_describes_each_stage_split(counts, expect):
     assert megatron_stage_layers(args) == counts
 
 
+def test_virtual_stages_map_to_interleaved_schedules(notes):
+    tomllib = pytest.importorskip("tomllib")
+    base = plan_of("uneven-llama3-8b")
+    even = regroup(base, [4] * 8, pp=4, vpp=2, schedule="interleaved-1f1b")
+    par = tomllib.loads(to_torchtitan(even))["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert len(par["module_fqns_per_model_part"]) == 8
+    assert option(megatron_args(to_megatron(even)), "--num-virtual-stages-per-pipeline-rank") == "2"
+    uneven = regroup(base, [3, 4, 4, 5, 4, 4, 4, 4], pp=4, vpp=2, schedule="interleaved-1f1b")
+    assert option(megatron_args(to_megatron(uneven)), "--pipeline-model-parallel-layout") == \
+        "Et*3|t*4|t*4|t*5|t*4|t*4|t*4|t*4L"
+    ds = json.loads(to_deepspeed(uneven))["planner"]["pipeline"]
+    assert ds["partition_method"] == "parameters" and ds["parts"] is None
+    assert any("8 virtual stages" in n for n in notes)
+
+
 def test_approximations_are_commented_and_logged(notes):
     plan = variant(plan_of("uneven-llama3-8b"), schedule="gpipe", sequence_parallel=False,
                    placement="tp-pp-dp")
@@ -356,6 +372,9 @@ def test_cli_errors_are_one_line_with_exit_code_2(capsys, tmp_path):
     assert main(["export", str(tmp_path / "p.json"), "--to", "megatron"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no repeated layer list" in err
+    assert main(["export", str(tmp_path / "p.json"), "--to", "deepspeed",
+                 "-o", str(tmp_path / "no" / "such" / "x.json")]) == 2
+    assert "cannot write" in capsys.readouterr().err
 
 
 if __name__ == "__main__":
