@@ -57,18 +57,35 @@ class BlockTime:
 
 
 def gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec, dtype: str) -> float:
-    """One (batched) GEMM: max(compute with wave quantization, operand traffic) + launch."""
+    """One (batched) GEMM: max(compute with wave quantization, operand traffic) + launch.
+    With a measured table (``plan profile``) the compute term is FLOPs / measured FLOP/s at that
+    size, which already contains the launch cost."""
     if min(batch, m, n, k) <= 0:
         return 0.0
     flops = 2.0 * batch * m * n * k
+    traffic = DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n)
+    memory_s = traffic / (device.hbm_bytes_per_s * device.memory_efficiency)
+    table = device.gemm_table.get(dtype)
+    if table:
+        return max(flops / measured_rate(table, flops), memory_s)
     tile = device.gemm_tile
     tiles = math.ceil(batch) * math.ceil(m / tile) * math.ceil(n / tile)
     waves = math.ceil(tiles / device.sm_count)
     quantization = tiles / (waves * device.sm_count)
     compute_s = flops / (device.peak(dtype) * device.matmul_efficiency * quantization)
-    traffic = DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n)
-    memory_s = traffic / (device.hbm_bytes_per_s * device.memory_efficiency)
     return max(compute_s, memory_s) + device.kernel_overhead_s
+
+
+def measured_rate(table, flops: float) -> float:
+    """FLOP/s at ``flops`` per call, interpolated log-linearly in the measured table (held flat
+    beyond its ends)."""
+    if flops <= table[0][0]:
+        return table[0][1]
+    for (f0, r0), (f1, r1) in zip(table, table[1:]):
+        if flops <= f1:
+            w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
+            return r0 + w * (r1 - r0)
+    return table[-1][1]
 
 
 def split_gemm(g: Gemm, *, micro_batch: int, tp: int, sp: bool) -> tuple[float, float, float, float]:

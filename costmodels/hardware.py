@@ -18,7 +18,7 @@ Efficiencies are the fraction of peak that kernels sustain in training (see each
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from costmodels.errors import SpecError
@@ -58,6 +58,9 @@ class DeviceSpec:
     """Edge of the output tile one SM computes (128 x 128 for cuBLAS/CUTLASS tensor-core GEMMs)."""
     kernel_overhead_s: float = 3e-6
     """Fixed cost per kernel (launch and ramp) in seconds."""
+    gemm_table: Mapping[str, tuple] = field(default_factory=dict)
+    """Measured GEMM speed per dtype: ((FLOPs of one call, FLOP/s achieved), ...) sorted by FLOPs,
+    from ``plan profile``; when present it replaces peak x efficiency for that dtype."""
     description: str = ""
     """One line for ``plan clusters``."""
 

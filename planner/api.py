@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from costmodels.engine import engine_from_mapping
+from planner.calibration import apply_calibration
 from planner.blocks import build_blocks, unchained_repeats
 from planner.clusters import load_cluster
 from planner.emit import emit
@@ -67,9 +68,9 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          trace_method: str = "auto", record_timing: bool = False,
          progress: Callable[[int, int], None] | None = None) -> Plan:
     """Plan how to train ``model`` on ``cluster``; see DESIGN.md for every argument."""
-    if calibration is not None:
-        raise SpecError("calibration: not supported yet; run without --calibration")
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
+    if calibration is not None:
+        cl = apply_calibration(cl, calibration)
     cl.device.peak(dtype)  # fail early on a dtype the device lacks
     options = SearchOptions(fix=parse_fix(fix), top_k=top_k, time_limit_s=time_limit_s,
                             trace=trace_method)

@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     s.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
     s.add_argument("--fix", help="pin knobs, e.g. tp=8,pp=4,schedule=1f1b,recompute=full,zero=1")
+    s.add_argument("--calibration", help="calibration JSON from `plan profile` (measured speeds "
+                   "replace data-sheet numbers)")
     s.add_argument("--engine", help="software behaviour: attention=flash|materialized, "
                    "kernels=fused|eager, overlap_grad_reduce=true|false")
     s.add_argument("--top-k", type=int, default=3, help="runners-up to keep (default 3)")
@@ -132,7 +134,7 @@ def _cmd_solve(args) -> int:
                      gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,
                      seq_len=args.seq_len, dtype=args.dtype, optimizer=args.optimizer,
                      fix=args.fix, top_k=args.top_k, time_limit_s=args.time_limit,
-                     engine=args.engine,
+                     engine=args.engine, calibration=args.calibration,
                      trace_method=args.trace, record_timing=args.record_timing,
                      progress=_Progress(args.quiet))
     print(report.summary(p))

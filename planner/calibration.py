@@ -1,0 +1,70 @@
+"""Load a calibration written by ``plan profile`` and apply it to a cluster.
+
+The measured numbers replace the device's data-sheet peak (and its efficiency factors, which the
+measurements already contain), its memory bandwidth, its per-kernel cost and, when collectives were
+measured, the intra-node link.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Mapping
+
+from costmodels.hardware import GB, TERA
+from costmodels.topology import Cluster, LinkSpec
+from planner.errors import SpecError
+
+SCHEMA = "planner.calibration/v1"
+
+
+def load_calibration(source) -> dict:
+    """A path to a calibration JSON, or an already loaded mapping; checks the keys."""
+    if isinstance(source, Mapping):
+        data = dict(source)
+        where = "calibration"
+    else:
+        where = str(source)
+        try:
+            with open(source, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise SpecError(f"calibration: file '{source}' not found; create it with "
+                            "`plan profile -o FILE`") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SpecError(f"calibration: cannot read '{source}' as JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise SpecError(f"{where}: not a calibration (schema must be '{SCHEMA}'); create it with "
+                        "`plan profile -o FILE`")
+    for key in ("peak_TFLOPs", "gemm_table", "hbm_GBps", "kernel_overhead_us",
+                "attention_efficiency"):
+        if key not in data.get("device", {}):
+            raise SpecError(f"{where}: device.{key} is missing; re-run `plan profile`")
+    return data
+
+
+def apply_calibration(cluster: Cluster, calibration) -> Cluster:
+    """The cluster with its device (and intra-node link, if measured) replaced by measurements."""
+    data = load_calibration(calibration)
+    dev = data["device"]
+    attn = dev["attention_efficiency"]
+    device = dataclasses.replace(
+        cluster.device,
+        name=f"{cluster.device.name} (calibrated)",
+        peak_flops={dt: float(v) * TERA for dt, v in dev["peak_TFLOPs"].items()},
+        gemm_table={dt: tuple((float(f), float(r)) for f, r in table)
+                    for dt, table in dev["gemm_table"].items()},
+        hbm_bytes_per_s=float(dev["hbm_GBps"]) * GB,
+        kernel_overhead_s=float(dev["kernel_overhead_us"]) * 1e-6,
+        matmul_efficiency=1.0,
+        memory_efficiency=1.0,
+        attention_efficiency=min(float(v) for v in attn.values()) if attn else 1.0,
+    )
+    link = data.get("intra_node")
+    intra = cluster.intra_node
+    if link:
+        intra = LinkSpec(name=f"{link.get('backend', 'measured')}", efficiency=1.0,
+                         bandwidth_bytes_per_s=float(link["bandwidth_GBps"]) * GB,
+                         latency_s=float(link["latency_us"]) * 1e-6)
+    return dataclasses.replace(cluster, device=device, intra_node=intra,
+                               name=f"{cluster.name}+calibration")

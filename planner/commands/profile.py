@@ -1,0 +1,35 @@
+"""`plan profile`: measure this machine and write a calibration for the cost model."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(add) -> None:
+    p = add("profile", help="measure this machine (GEMMs, bandwidth, collectives) for --calibration")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads per process (a CPU 'device' is one process; default 1)")
+    p.add_argument("--processes", type=int, default=2,
+                   help="processes (GPUs) for the all-reduce measurement; 1 skips it (default 2)")
+    p.add_argument("-o", "--output", required=True, help="calibration JSON to write")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from planner.plan import atomic_write
+    from planner.profile import profile
+
+    calib = profile(args.device, threads=args.threads, processes=args.processes)
+    atomic_write(args.output, json.dumps(calib, indent=1) + "\n")
+    dev = calib["device"]
+    peaks = ", ".join(f"{k} {v * 1e3:.3g} GFLOP/s" for k, v in dev["peak_TFLOPs"].items())
+    print(f"device {calib['device_name']} ({args.device}, {args.threads} thread(s)): GEMM peak "
+          f"{peaks}; memory {dev['hbm_GBps']:.3g} GB/s; per-op overhead "
+          f"{dev['kernel_overhead_us']:.3g} us")
+    link = calib.get("intra_node")
+    if link:
+        print(f"all-reduce among {link['processes']} {link['backend']} processes: "
+              f"{link['bandwidth_GBps']:.3g} GB/s, {link['latency_us']:.3g} us latency")
+    print(f"wrote {args.output}; use it with `plan solve ... --calibration {args.output}`")
+    return 0

@@ -1,0 +1,188 @@
+"""Measure this machine: GEMM speed by size, memory bandwidth, per-op overhead, attention speed,
+and collective bandwidth/latency among local processes. Writes a calibration the cost model uses
+instead of data-sheet numbers (planner.calibration).
+
+On a CPU a "device" is one process with ``threads`` threads (default 1, so that two processes on
+two cores are two devices); on CUDA it is one GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import statistics
+import time
+
+import torch
+
+from planner.errors import SpecError
+
+log = logging.getLogger(__name__)
+
+GEMM_SIZES = (64, 128, 256, 512, 768, 1024, 1536, 2048)
+COLLECTIVE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _time(fn, device: str, min_s: float = 0.15, min_reps: int = 3) -> float:
+    """Median seconds of ``fn()`` (after one warm-up), repeating for at least ``min_s``."""
+    fn()
+    _sync(device)
+    samples, start = [], time.perf_counter()
+    while len(samples) < min_reps or time.perf_counter() - start < min_s:
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append(time.perf_counter() - t0)
+        if len(samples) > 2000:
+            break
+    return statistics.median(samples)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def gemm_table(device: str, dtype: str) -> list[list[float]]:
+    """[[FLOPs per call, FLOP/s], ...] for square GEMMs of growing size."""
+    out = []
+    for n in GEMM_SIZES:
+        a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+        b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+        seconds = _time(lambda: torch.mm(a, b), device)
+        flops = 2.0 * n ** 3
+        out.append([flops, flops / seconds])
+        log.info("  gemm %s %5d^3: %.3g GFLOP/s", dtype, n, flops / seconds / 1e9)
+    return out
+
+
+def memory_bandwidth(device: str) -> float:
+    """Bytes/s of a large out-of-place add (reads one tensor, writes one)."""
+    n = (64 if device == "cuda" else 16) * (1 << 20)
+    a = torch.empty(n, device=device, dtype=torch.float32).fill_(1.0)
+    b = torch.empty_like(a)
+    seconds = _time(lambda: torch.add(a, 1.0, out=b), device)
+    return 2 * 4 * n / seconds
+
+
+def op_overhead(device: str) -> float:
+    """Seconds of a tiny element-wise op: dispatch and launch cost."""
+    x = torch.ones(8, device=device)
+    reps = 200
+
+    def many():
+        for _ in range(reps):
+            torch.add(x, 1.0)
+
+    return _time(many, device) / reps
+
+
+def attention_rate(device: str, dtype: str) -> float:
+    """FLOP/s of scaled_dot_product_attention (forward), heads 8 x seq 512 x head dim 64."""
+    q = torch.randn(1, 8, 512, 64, device=device, dtype=DTYPES[dtype])
+    seconds = _time(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q), device)
+    return 4.0 * 8 * 512 * 512 * 64 / seconds
+
+
+def _collective_worker(rank: int, world: int, port: int, backend: str, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    device = "cuda" if backend == "nccl" else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    results = []
+    for nbytes in COLLECTIVE_BYTES:
+        t = torch.ones(nbytes // 4, device=device)
+
+        def once():
+            dist.all_reduce(t)
+
+        dist.barrier()
+        results.append([nbytes, _time(once, device, min_s=0.1)])
+    if rank == 0:
+        queue.put(results)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collectives(world: int, backend: str) -> dict:
+    """Fit all-reduce time = 2 (n-1) alpha + 2 (n-1)/n B / beta over message sizes."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_collective_worker, args=(world, port, backend, queue), nprocs=world,
+                       join=True, start_method="spawn")
+    points = queue.get()
+    steps = 2 * (world - 1)
+    wire = [2 * (world - 1) / world * b for b, _ in points]
+    times = [t for _, t in points]
+    slope, intercept = _least_squares(wire, times)
+    for b, t in points:
+        log.info("  all-reduce %8d B on %d ranks: %.3g ms", b, world, 1e3 * t)
+    return {"bandwidth_GBps": 1 / slope / 1e9 if slope > 0 else float("inf"),
+            "latency_us": max(0.0, intercept / steps) * 1e6, "processes": world,
+            "backend": backend, "points": points}
+
+
+def _least_squares(xs, ys) -> tuple[float, float]:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return slope, my - slope * mx
+
+
+def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
+            dtypes: tuple[str, ...] | None = None) -> dict:
+    """Measure and return a calibration mapping (planner.calibration reads it)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("device: cuda requested but torch sees no GPU; use --device cpu")
+    if device not in ("cpu", "cuda"):
+        raise SpecError(f"device: expected cpu or cuda, got {device!r}")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        dtypes = dtypes or (("fp32",) if device == "cpu" else ("bf16", "fp16", "fp32"))
+        log.info("profiling %s (%d thread(s)): GEMMs", device, threads)
+        tables = {dt: gemm_table(device, dt) for dt in dtypes}
+        log.info("profiling memory bandwidth, op overhead, attention")
+        bw, overhead = memory_bandwidth(device), op_overhead(device)
+        attn = {dt: attention_rate(device, dt) for dt in dtypes}
+    finally:
+        torch.set_num_threads(previous)
+    backend = "nccl" if device == "cuda" else "gloo"
+    world = min(processes, torch.cuda.device_count()) if device == "cuda" else processes
+    link = None
+    if world >= 2:
+        log.info("profiling all-reduce among %d %s processes", world, backend)
+        link = collectives(world, backend)
+    return _calibration(device, threads, tables, bw, overhead, attn, link)
+
+
+def _calibration(device, threads, tables, bw, overhead, attn, link) -> dict:
+    peaks = {dt: max(r for _, r in table) for dt, table in tables.items()}
+    name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
+    return {
+        "schema": "planner.calibration/v1",
+        "device_kind": device,
+        "device_name": name,
+        "threads": threads,
+        "torch": torch.__version__,
+        "device": {
+            "peak_TFLOPs": {dt: p / 1e12 for dt, p in peaks.items()},
+            "gemm_table": tables,
+            "hbm_GBps": bw / 1e9,
+            "kernel_overhead_us": overhead * 1e6,
+            "attention_efficiency": {dt: min(1.0, attn[dt] / peaks[dt]) for dt in attn},
+        },
+        "intra_node": link,
+    }
