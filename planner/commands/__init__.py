@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS: list[str] = ["jobs", "export", "run", "simulate", "profile"]
+COMMANDS: list[str] = ["export", "profile"]
 """Module names under planner.commands, in the order `plan --help` lists them."""
 
 
