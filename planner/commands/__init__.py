@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS: list[str] = ["export", "profile", "simulate"]
+COMMANDS: list[str] = ["export", "profile", "simulate", "run"]
 """Module names under planner.commands, in the order `plan --help` lists them."""
 
 

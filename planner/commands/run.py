@@ -1,0 +1,45 @@
+"""`plan run PLAN.json`: execute a plan on torch.distributed and compare with its prediction."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+
+def register(add) -> None:
+    r = add("run", help="execute a plan with torch.distributed on synthetic data and measure it")
+    r.add_argument("plan", metavar="PLAN.json")
+    r.add_argument("--steps", type=int, default=5, help="measured steps (default 5)")
+    r.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    r.add_argument("--nproc", type=int, help="processes per node (default: what the plan needs)")
+    r.add_argument("--model", help="MODEL to build instead of the plan's (same fingerprint)")
+    r.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
+    r.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    r.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    r.add_argument("--dump", metavar="DIR", help="write each stage's parameters after the run")
+    r.add_argument("-o", "--output", help="write the measurements as JSON here")
+    r.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args) -> int:
+    from planner.plan import atomic_write
+    from planner.runtime import RunOptions, check, node_commands, report, run_local
+
+    opts = RunOptions(steps=args.steps, warmup=args.warmup, model=args.model, seed=args.seed,
+                      lr=args.lr, device=args.device, dump_dir=args.dump)
+    launch = check(args.plan, opts, args.nproc)
+    if launch.nodes > 1:
+        print(f"The plan spans {launch.nodes} nodes; run on each node (node 0's address as "
+              "master):")
+        for line in node_commands(launch, opts, args.output or "measured.json"):
+            print(line)
+        return 0
+    logging.getLogger("planner").info("running %s with %d processes ...", args.plan,
+                                      launch.nproc_per_node)
+    result = run_local(launch, opts)
+    result = {"plan": args.plan, **result}
+    print(report.summary(result, args.plan))
+    if args.output:
+        atomic_write(args.output, json.dumps(result, indent=1) + "\n")
+        print(f"\nwrote {args.output}")
+    return 0

@@ -1,0 +1,154 @@
+"""Build this process's part of a plan: mesh, stage modules, parallelisms, schedule, optimizer.
+
+Runs inside an initialized process group (one process per mesh rank). Everything comes from the
+plan and the RunOptions; nothing is read from elsewhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from planner.errors import SpecError
+from planner.plan import Plan
+from planner.schedule import parse_action
+from planner.runtime import model as mdl
+from planner.runtime import parallelize as par
+from planner.runtime.dataflow import Dataflow, probe
+from planner.runtime.layout import Layout, layout_of
+from planner.runtime.options import RunOptions
+from planner.runtime.stages import StageModule, cuts, units_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Built:
+    """This rank's share of the plan, ready to step."""
+
+    layout: Layout
+    coords: dict
+    device: torch.device
+    stages: list = field(default_factory=list)
+    """PipelineStage objects this rank runs."""
+    modules: list = field(default_factory=list)
+    """Their StageModules (for parameters)."""
+    schedule: object = None
+    optimizer: object = None
+    inputs: tuple = ()
+    """This data-parallel replica's share of the synthetic batch."""
+    targets: torch.Tensor | None = None
+    notes: list = field(default_factory=list)
+    """Where the run departs from the plan, one line each."""
+    dp_wrap: str = "none"
+
+
+def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
+    layout = layout_of(plan)
+    rank = dist.get_rank()
+    if dist.get_world_size() != layout.world:
+        raise SpecError(f"parallel: the plan needs {layout.world} processes, "
+                        f"{dist.get_world_size()} were started")
+    mesh = DeviceMesh(device.type, torch.tensor(layout.mesh()), mesh_dim_names=("pp", "dp", "tp"))
+    spec = mdl.model_spec(plan, opts.model)
+    meta = mdl.resolve_meta(plan, spec)
+    real = mdl.build_real(plan, spec, meta, seed=opts.seed)
+    mdl.check_fingerprint(plan, spec, mdl.fingerprint(real.module))
+    units = units_of(real.module, [st["modules"] for st in plan.stages])
+    inputs = mdl.synthetic_batch(real, plan.training["global_batch"], seed=opts.seed)
+    flow = _probe(real, units, plan, inputs)
+    out = Built(layout=layout, coords=layout.coords(rank), device=device)
+    out.inputs, out.targets = _data(plan, inputs, flow, out.coords["dp"], layout.dp, opts.seed,
+                                    device)
+    stage_cuts = cuts(flow, units)
+    for s in layout.local_stages(rank):
+        module = StageModule(copy.deepcopy(real.module), stage_cuts[s], flow, units, real.kwargs,
+                             mdl.output_logits)
+        out.modules.append(_parallelize(module, plan, flow, mesh, layout, device, out))
+    del real
+    out.stages = [_pipeline_stage(m, s, layout, mesh, device)
+                  for m, s in zip(out.modules, layout.local_stages(rank))]
+    out.schedule = _schedule(plan, out.stages, layout)
+    out.optimizer = mdl.make_optimizer(plan, [p for m in out.modules for p in m.parameters()],
+                                       opts.lr)
+    if plan.parallel.get("sequence_parallel"):
+        out.notes.append("sequence_parallel not applied (tensor parallelism runs without it)")
+    return out
+
+
+def _probe(real, units, plan: Plan, inputs: tuple) -> Dataflow:
+    """Dataflow of one micro-batch through the real model (on the CPU, without autograd)."""
+    args = tuple(x[:plan.parallel["micro_batch"]] for x in inputs)
+    tp_modules = [m for m, role in plan.tensor_parallel.items() if role in par.TP_ROLES]
+    flat = [u for us in units for u in us]
+    with torch.no_grad():
+        return probe(real.module, args, real.kwargs, flat, tp_modules, mdl.output_logits)
+
+
+def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, layout: Layout,
+                 device: torch.device, out: Built) -> StageModule:
+    module.to(device)
+    units = module.cut.units
+    if layout.tp > 1:
+        named = dict(module.model.named_modules())
+        present = {n for n in named if any(n == u or n.startswith(u + ".") for u in units)}
+        styles, notes = par.tp_styles(plan.tensor_parallel, flow.feeds, present, named, layout.tp)
+        out.notes.extend(notes)
+        par.apply_tp(module.model, mesh["tp"], styles)
+    par.apply_recompute(module.model, units, plan.parallel["recompute"])
+    out.dp_wrap = par.apply_dp(module, units, mesh["dp"] if layout.dp > 1 else None,
+                               int(plan.parallel["zero"]))
+    module.attach_hooks()
+    return module
+
+
+def _pipeline_stage(module: StageModule, s: int, layout: Layout, mesh, device):
+    from torch.distributed.pipelining import PipelineStage
+
+    return PipelineStage(module, s, layout.num_stages, device, group=mesh.get_group("pp"))
+
+
+def torch_actions(actions: list[list[str]]) -> list[list[str]]:
+    """The plan's notation -> torch's: where a (stage, micro-batch) has a W action, its B is the
+    input-gradient half, which torch spells ``I``."""
+    parsed = [[parse_action(a) for a in acts] for acts in actions]
+    split = {(s, mb) for acts in parsed for s, kind, mb in acts if kind == "W"}
+    return [[f"{s}{'I' if kind == 'B' and (s, mb) in split else kind}{mb}" for s, kind, mb in acts]
+            for acts in parsed]
+
+
+def _schedule(plan: Plan, stages: list, layout: Layout):
+    from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+
+    actions = plan.schedule["actions"]
+    if len(actions) != layout.pp:
+        raise SpecError(f"schedule.actions: {len(actions)} action lists for pp={layout.pp}")
+    for r, acts in enumerate(actions):
+        for a in acts:
+            stage = parse_action(a)[0]
+            if stage >= layout.num_stages or layout.stage_pp_rank[stage] != r:
+                raise SpecError(f"schedule.actions[{r}]: '{a}' runs stage {stage} on pipeline "
+                                f"rank {r}, but the stages place it elsewhere")
+    sched = _PipelineScheduleRuntime(stages, plan.parallel["num_microbatches"],
+                                     loss_fn=mdl.loss_fn, scale_grads=True)
+    sched._prepare_schedule_with_comms(
+        {r: [_Action.from_str(a) for a in acts] for r, acts in enumerate(torch_actions(actions))})
+    return sched
+
+
+def _data(plan: Plan, inputs: tuple, flow: Dataflow, dp_index: int, dp: int, seed: int, device):
+    """This replica's slice of the global synthetic batch, and of the targets."""
+    batch = plan.training["global_batch"]
+    par_ = plan.parallel
+    if batch != dp * par_["micro_batch"] * par_["num_microbatches"]:
+        raise SpecError(f"training.global_batch: {batch} != dp {dp} x micro_batch "
+                        f"{par_['micro_batch']} x num_microbatches {par_['num_microbatches']}")
+    targets = mdl.synthetic_targets(flow.logits.shape, batch, seed=seed)
+    share = batch // dp
+    sl = slice(dp_index * share, (dp_index + 1) * share)
+    return tuple(x[sl].to(device) for x in inputs), targets[sl].to(device)

@@ -1,0 +1,136 @@
+"""Which values cross each pipeline cut: a dataflow probe of one forward on the meta device.
+
+Stages are cut by module (the plan's ``stages[].modules``). A *unit* is such a module that owns
+parameters; parameter-free modules (rotary tables, dropout) and the containers' own code (masks,
+residual adds, concatenations) are *glue* that every stage simply re-runs. The probe runs the model
+once on meta tensors under a TorchFunctionMode that tags every tensor with the set of values it was
+computed from: a model input (``("input", i)``) or a leaf of a unit's output (``(unit, i)``). A
+unit's forward hook re-tags its outputs, so the tags that reach a unit's inputs (or the logits) name
+exactly the unit outputs and inputs that unit needs, through any glue. The same tags on the
+tensor-parallel modules pair column-parallel Linears with the row-parallel ones they feed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from planner.errors import SpecError
+
+Key = tuple[str, int]
+"""A value crossing modules: (unit FQN or "input", leaf index in its flattened output/inputs)."""
+
+
+@dataclass
+class Leaf:
+    """Shape and dtype of one value at the probed micro-batch size (for stand-ins)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class Dataflow:
+    """What the probe learned about one forward."""
+
+    order: list[str] = field(default_factory=list)
+    """Units in the order the forward calls them."""
+    needs: dict[str, set] = field(default_factory=dict)
+    """Unit -> keys its inputs were computed from (``"<loss>"`` for the logits)."""
+    outputs: dict[str, tuple] = field(default_factory=dict)
+    """Unit -> (treespec, [Leaf or constant per leaf]) of its output."""
+    inputs: list = field(default_factory=list)
+    """Leaf per flattened model input (Leaf for tensors, the value otherwise)."""
+    input_spec: object = None
+    """treespec of (args, kwargs)."""
+    logits: Leaf | None = None
+    feeds: dict[str, set] = field(default_factory=dict)
+    """Tensor-parallel module -> other tensor-parallel modules whose outputs reach its input."""
+
+
+class _Tags(TorchFunctionMode):
+    """Propagate source tags through every torch call."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags: dict[int, tuple[torch.Tensor, frozenset]] = {}
+
+    def of(self, tree) -> frozenset:
+        leaves, _ = tree_flatten(tree)
+        out = frozenset()
+        for t in leaves:
+            if isinstance(t, torch.Tensor) and id(t) in self.tags:
+                out |= self.tags[id(t)][1]
+        return out
+
+    def set(self, tree, tags: frozenset, *, merge: bool) -> None:
+        leaves, _ = tree_flatten(tree)
+        for t in leaves:
+            if isinstance(t, torch.Tensor):
+                old = self.tags.get(id(t), (t, frozenset()))[1] if merge else frozenset()
+                self.tags[id(t)] = (t, old | tags)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        tags = self.of((args, kwargs))
+        if tags:
+            self.set(out, tags, merge=True)
+        return out
+
+
+def probe(model: torch.nn.Module, args: tuple, kwargs: dict, units: list[str],
+          tp_modules: list[str], logits_of) -> Dataflow:
+    """Run ``model(*args, **kwargs)`` (meta tensors) once and record its dataflow."""
+    flow = Dataflow()
+    mode = _Tags()
+    leaves, flow.input_spec = tree_flatten((args, kwargs))
+    flow.inputs = [Leaf(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x
+                   for x in leaves]
+    unit_set = set(units)
+    handles = []
+    for name in dict.fromkeys(units + tp_modules):
+        mod = model.get_submodule(name)
+        handles.append(mod.register_forward_pre_hook(_pre(name, mode, flow, unit_set),
+                                                     with_kwargs=True))
+        handles.append(mod.register_forward_hook(_post(name, mode, flow, unit_set)))
+    try:
+        with mode:
+            for i, x in enumerate(leaves):
+                if isinstance(x, torch.Tensor):
+                    mode.set(x, frozenset({("input", i)}), merge=False)
+            logits = logits_of(model(*args, **kwargs))
+            flow.needs["<loss>"] = set(mode.of(logits))
+            flow.logits = Leaf(tuple(logits.shape), logits.dtype)
+    finally:
+        for h in handles:
+            h.remove()
+    return flow
+
+
+def _pre(name: str, mode: _Tags, flow: Dataflow, units: set):
+    def hook(module, args, kwargs):
+        tags = mode.of((args, kwargs))
+        if name in units:
+            if name in flow.needs:
+                raise SpecError(f"stages: module '{name}' runs more than once per forward; the "
+                                "runtime cuts stages by module and needs each to run once")
+            flow.order.append(name)
+            flow.needs[name] = {t for t in tags if t[0] in units or t[0] == "input"}
+        flow.feeds.setdefault(name, set()).update(t[0] for t in tags)
+    return hook
+
+
+def _post(name: str, mode: _Tags, flow: Dataflow, units: set):
+    def hook(module, args, output):
+        leaves, spec = tree_flatten(output)
+        for i, x in enumerate(leaves):
+            if isinstance(x, torch.Tensor):
+                mode.tags[id(x)] = (x, frozenset({(name, i)}))
+        if name in units:
+            flow.outputs[name] = (spec, [Leaf(tuple(x.shape), x.dtype)
+                                         if isinstance(x, torch.Tensor) else x for x in leaves])
+    return hook

@@ -1,0 +1,159 @@
+"""Start the processes of a plan with torchrun, or say what each node must run.
+
+The launcher never initializes torch.distributed itself: it checks the plan against the model and
+this machine (fingerprint, process count, memory), then runs
+``python -m torch.distributed.run --nproc-per-node N ... -m planner.runtime.worker PLAN ...``,
+torchrun's environment contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) on
+localhost, and reads the JSON that rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+from planner.errors import PlannerError, SpecError
+from planner.models import TORCH_DTYPES
+from planner.plan import Plan, load_plan
+from planner.runtime import model as mdl
+from planner.runtime.layout import layout_of
+from planner.runtime.options import RunOptions
+
+log = logging.getLogger(__name__)
+
+ERROR_MARK = "plan run: error: "
+"""A worker prints this before a one-line refusal (then exits 2)."""
+CRASH_MARK = "plan run: crashed: "
+"""A worker prints this before the last line of an unexpected exception."""
+MAX_CPU_PROCESSES = 8
+"""More CPU processes than this turn a test run into a crawl on any workstation."""
+MEMORY_USE_FRACTION = 0.8
+"""Share of the available RAM a run may plan to use."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """A checked plan and how to start it."""
+
+    plan_path: str
+    plan: Plan
+    nodes: int
+    nproc_per_node: int
+    device: str
+    """cpu or cuda: what the processes will use."""
+
+
+def check(plan_path: str, opts: RunOptions, nproc: int | None) -> Launch:
+    """Everything that can be refused before a process starts (SpecError, one line)."""
+    plan = load_plan(plan_path)
+    layout = layout_of(plan)
+    spec = mdl.model_spec(plan, opts.model)
+    mdl.check_fingerprint(plan, spec, mdl.resolve_meta(plan, spec).fingerprint)
+    nodes = int(plan.cluster["nodes"])
+    per_node = nproc or -(-layout.world // nodes)
+    if per_node * nodes != layout.world:
+        raise SpecError(f"nproc: {per_node} processes per node x {nodes} nodes != dp*tp*pp = "
+                        f"{layout.world} that the plan needs; pass --nproc {layout.world // nodes}")
+    cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        visible = torch.cuda.device_count()
+        if per_node > visible:
+            raise SpecError(f"nproc: the plan needs {per_node} processes per node but "
+                            f"{visible} GPUs are visible; run it on a machine with {per_node}")
+    elif per_node > MAX_CPU_PROCESSES:
+        raise SpecError(f"nproc: the plan needs {per_node} processes per node; on CPU the runtime "
+                        f"starts at most {MAX_CPU_PROCESSES} (plan with dp*tp*pp <= "
+                        f"{MAX_CPU_PROCESSES}, or use GPUs)")
+    if nodes == 1:
+        _check_memory(plan, per_node)
+    return Launch(plan_path=plan_path, plan=plan, nodes=nodes, nproc_per_node=per_node,
+                  device="cuda" if cuda else "cpu")
+
+
+def _check_memory(plan: Plan, nproc: int) -> None:
+    """Each process builds the whole model on the CPU before keeping its stages."""
+    weight_bytes = plan.model["num_params"] * TORCH_DTYPES[plan.training["dtype"]].itemsize
+    need = nproc * (weight_bytes + plan.predicted["peak_memory_bytes"])
+    have = _available_bytes()
+    if have and need > MEMORY_USE_FRACTION * have:
+        raise SpecError(f"model: {plan.model['name']} needs about {need / 1e9:.1f} GB over "
+                        f"{nproc} processes (each builds all {plan.model['num_params']:,} "
+                        f"parameters) but this machine has {have / 1e9:.1f} GB free; the runtime "
+                        "is for small models, run a smaller one")
+
+
+def _available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def torchrun_argv(launch: Launch, opts: RunOptions, *, result: str, node_rank: int = 0,
+                  master_addr: str = "127.0.0.1", master_port: int = 29500) -> list[str]:
+    """The command one node runs (torchrun's static rendezvous on MASTER_ADDR:MASTER_PORT)."""
+    return [sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", str(launch.nodes), "--node-rank", str(node_rank),
+            "--nproc-per-node", str(launch.nproc_per_node),
+            "--master-addr", master_addr, "--master-port", str(master_port),
+            "-m", "planner.runtime.worker", launch.plan_path, "--result", result, *opts.argv()]
+
+
+def node_commands(launch: Launch, opts: RunOptions, result: str) -> list[str]:
+    """One shell line per node, for clusters this process cannot start itself."""
+    return [shlex.join(torchrun_argv(launch, opts, result=result, node_rank=n,
+                                     master_addr="<address of node 0>"))
+            for n in range(launch.nodes)]
+
+
+def run_local(launch: Launch, opts: RunOptions) -> dict:
+    """Start every process on this machine, wait, and return rank 0's results."""
+    with tempfile.TemporaryDirectory(prefix="plan-run-") as tmp:
+        result = os.path.join(tmp, "result.json")
+        logfile = os.path.join(tmp, "processes.log")
+        argv = torchrun_argv(launch, opts, result=result, master_port=_free_port())
+        log.info("starting %d processes: %s", launch.nproc_per_node, shlex.join(argv))
+        with open(logfile, "w") as out:
+            code = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)
+        with open(logfile) as f:
+            text = f.read()
+        log.debug("%s", text)
+        if code != 0 or not os.path.exists(result):
+            raise _failure(code, text)
+        with open(result) as f:
+            return json.load(f)
+
+
+def _failure(code: int, text: str) -> PlannerError:
+    """The first process's one-line reason: a refusal (SpecError), else its crash."""
+    lines = text.splitlines()
+    for marker, cls in ((ERROR_MARK, SpecError), (CRASH_MARK, PlannerError)):
+        for line in lines:
+            if marker in line:
+                reason = line.split(marker, 1)[1].strip()
+                if cls is SpecError:
+                    return SpecError(reason)
+                return PlannerError(f"run: a process failed: {reason[:300]}; rerun with -v for "
+                                    "the processes' output")
+    tail = [ln for ln in lines if ln.strip()][-1:] or ["no output"]
+    return PlannerError(f"run: the processes failed (exit {code}): {tail[0][:300]}; rerun "
+                        "with -v to see their output")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

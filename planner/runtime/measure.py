@@ -1,0 +1,125 @@
+"""Step timing and peak memory of one process, and the measured-vs-predicted summary.
+
+Memory on GPU is ``torch.cuda.max_memory_allocated`` over the measured steps (tensors only, as the
+cost model counts). On CPU there is no allocator statistic, so the process's resident-set high-water
+mark (``VmHWM``) is read after resetting it before the measured steps (Linux ``clear_refs``); it
+includes the interpreter, torch's libraries and allocator slack, so it over-states what the cost
+model counts. ``state_bytes`` (parameters, gradients and optimizer states held by this rank, summed
+from the tensors themselves) is reported beside it as the exactly comparable part.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+
+import torch
+
+
+class Memory:
+    """Peak-memory bookkeeping for one process."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.method = ("torch.cuda.max_memory_allocated" if device.type == "cuda"
+                       else "VmHWM (resident-set high-water mark, reset before the measured steps)")
+        self.baseline = 0
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline = torch.cuda.memory_allocated(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            self.method = "ru_maxrss (resident-set high-water mark since process start)"
+        self.baseline = _rss_bytes("VmRSS")
+
+    def peak(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        hwm = _rss_bytes("VmHWM")
+        return hwm or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _rss_bytes(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def state_bytes(modules, optimizer) -> int:
+    """Bytes of parameters, gradients and optimizer states this rank holds (local shards)."""
+    total = 0
+    for m in modules:
+        for p in m.parameters():
+            total += _local_bytes(p)
+            if p.grad is not None:
+                total += _local_bytes(p.grad)
+    for st in optimizer.state.values():
+        total += sum(_local_bytes(v) for v in st.values() if isinstance(v, torch.Tensor))
+    return total
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+class StepTimer:
+    """Wall time of each optimizer step on this rank (device work included)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.times: list[float] = []
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        self._sync()
+        self.times.append(time.perf_counter() - self._t0)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def summarize(records: list[dict], plan, *, warmup: int) -> dict:
+    """Per-rank records -> measured vs predicted (the step takes as long as its slowest rank)."""
+    medians = [r["median_step_time_s"] for r in records if r["median_step_time_s"] is not None]
+    peaks = [r["peak_memory_bytes"] for r in records]
+    step = max(medians) if medians else None
+    pred_t = plan.predicted["step_time_s"]
+    pred_m = plan.predicted["peak_memory_bytes"]
+    return {
+        "step_time_s": step,
+        "peak_memory_bytes": max(peaks) if peaks else None,
+        "state_bytes": max(r["state_bytes"] for r in records) if records else None,
+        "predicted_step_time_s": pred_t,
+        "predicted_peak_memory_bytes": pred_m,
+        "step_time_error": (step - pred_t) / pred_t if step else None,
+        "peak_memory_error": (max(peaks) - pred_m) / pred_m if peaks and pred_m else None,
+        "warmup_steps": warmup,
+    }
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def threads_per_process(local_world: int) -> int:
+    """CPU threads each process may use so that the processes share the cores evenly."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, local_world))

@@ -1,0 +1,158 @@
+"""Rebuild a plan's model with real weights, check it is the planned one, and make synthetic data.
+
+Every rank builds the whole model on the CPU from the same seed, so all ranks (and a
+single-process reference) start from identical weights; each rank then keeps only its stages.
+The fingerprint is the planner's own (planner.models: class name, parameter names, shapes and
+dtypes), computed here on the real module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from planner.errors import SpecError
+from planner.models import TORCH_DTYPES, ResolvedModel, _finish, resolve
+from planner.plan import Plan
+
+
+@dataclass
+class RealModel:
+    """A model with weights plus what a step needs to call it."""
+
+    module: torch.nn.Module
+    args: tuple
+    """Example positional inputs (real tensors for factories; meta for Hugging Face models)."""
+    kwargs: dict
+    """Constant keyword inputs (e.g. ``use_cache=False``); tensors here are not supported."""
+    vocab: int | None
+    """Token range for integer inputs of Hugging Face models."""
+
+
+def model_spec(plan: Plan, override: str | None) -> str:
+    spec = override or plan.model.get("spec")
+    if not spec:
+        raise SpecError("model.spec: the plan was made from a Python object and names no MODEL; "
+                        "pass --model MODEL (a zoo name, config.json or file.py:factory)")
+    return spec
+
+
+def resolve_meta(plan: Plan, spec: str) -> ResolvedModel:
+    """The planner's view of the model (meta device), at the plan's sequence length and dtype."""
+    tr = plan.training
+    return resolve(spec, seq_len=tr["seq_len"], dtype=tr["dtype"])
+
+
+def check_fingerprint(plan: Plan, spec: str, fingerprint: str) -> None:
+    want = plan.model["fingerprint"]
+    if fingerprint != want:
+        raise SpecError(f"model.fingerprint: '{spec}' has fingerprint {fingerprint} but the plan "
+                        f"was made for {want} (another architecture, size or dtype); re-plan it "
+                        "with `plan solve`, or pass the planned model with --model")
+
+
+def fingerprint(module: torch.nn.Module) -> str:
+    """planner.models' fingerprint (class, parameter names, shapes, dtypes) of any module."""
+    return _finish(ResolvedModel(name="", module=module, args=(), kwargs={}, seq_len=1, batch=1,
+                                 source="runtime")).fingerprint
+
+
+def build_real(plan: Plan, spec: str, meta: ResolvedModel, *, seed: int) -> RealModel:
+    """The model of ``meta`` again, on the CPU with initialized weights (same seed, same bytes)."""
+    dtype = TORCH_DTYPES[plan.training["dtype"]]
+    torch.manual_seed(seed)
+    if meta.source in ("zoo", "hf-config"):
+        cls = type(meta.module)
+        try:
+            module = cls._from_config(meta.module.config, attn_implementation="sdpa", dtype=dtype)
+        except (ValueError, TypeError, ImportError):
+            module = cls._from_config(meta.module.config, dtype=dtype)
+        kwargs = {k: v for k, v in meta.kwargs.items() if k != "labels"}
+        vocab = int(getattr(meta.module.config, "vocab_size", 0) or 0) or None
+        args = meta.args
+    else:
+        module, inputs = _call_factory(spec, plan.training["seq_len"])
+        module = module.to(dtype)
+        args = inputs if isinstance(inputs, tuple) else (inputs,)
+        args = tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
+        kwargs, vocab = {}, None
+    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        raise SpecError(f"model: '{spec}' takes tensor keyword inputs; the runtime feeds positional "
+                        "tensors only (return them as a tuple from the factory)")
+    module.train()
+    return RealModel(module=module, args=tuple(args), kwargs=kwargs, vocab=vocab)
+
+
+def _call_factory(spec: str, seq_len: int):
+    target, _, attr = spec.rpartition(":")
+    if target.endswith(".py"):
+        if not os.path.exists(target):
+            raise SpecError(f"model: file '{target}' not found (MODEL form path/to/file.py:factory)")
+        name = "_planner_runtime_" + os.path.basename(target).removesuffix(".py")
+        mod_spec = importlib.util.spec_from_file_location(name, target)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    factory = getattr(module, attr)
+    kw = {"seq_len": seq_len} if "seq_len" in inspect.signature(factory).parameters else {}
+    model, inputs = factory(**kw)
+    if isinstance(inputs, dict):
+        raise SpecError(f"model: {spec} returns keyword example inputs; the runtime needs a tensor "
+                        "or a tuple of tensors")
+    return model, inputs
+
+
+def synthetic_batch(real: RealModel, batch: int, *, seed: int) -> tuple[torch.Tensor, ...]:
+    """``batch`` samples shaped like the example inputs: random tokens for Hugging Face models,
+    the factory's own example inputs repeated along the batch dimension otherwise."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for a in real.args:
+        if not isinstance(a, torch.Tensor) or a.dim() == 0:
+            raise SpecError("model: example inputs must be tensors with a batch dimension first")
+        if real.vocab is not None and not a.is_floating_point():
+            out.append(torch.randint(0, real.vocab, (batch, *a.shape[1:]), generator=gen))
+            continue
+        reps = -(-batch // a.shape[0])
+        out.append(a.repeat(reps, *([1] * (a.dim() - 1)))[:batch].clone())
+    return tuple(out)
+
+
+def synthetic_targets(logits_shape: tuple[int, ...], batch: int, *, seed: int) -> torch.Tensor:
+    """Class indices for a cross-entropy loss over the last dimension of the model's output."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    classes = logits_shape[-1]
+    return torch.randint(0, classes, (batch, *logits_shape[1:-1]), generator=gen)
+
+
+def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy over every position (the same for each micro-batch and the reference)."""
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1))
+
+
+def output_logits(out) -> torch.Tensor:
+    """The tensor the loss reads: a tensor output, ``.logits`` of a ModelOutput, or the first
+    tensor of a tuple."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits") and isinstance(out.logits, torch.Tensor):
+        return out.logits
+    values = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v
+    raise SpecError(f"model: its output ({type(out).__name__}) holds no tensor to train on")
+
+
+def make_optimizer(plan: Plan, params, lr: float) -> torch.optim.Optimizer:
+    """The plan's optimizer (training.optimizer) with torch's default hyper-parameters."""
+    name = plan.training["optimizer"]
+    cls = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}.get(name, torch.optim.Adam)
+    return cls(list(params), lr=lr)

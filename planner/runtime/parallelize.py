@@ -1,0 +1,123 @@
+"""Tensor parallelism, activation recomputation and data parallelism on one stage's modules.
+
+Order as in torchtitan: tensor parallelism (DTensor ``parallelize_module``), then activation
+checkpointing (composable ``checkpoint``, which keeps module names), then data parallelism
+(``replicate`` for ZeRO 0, FSDP2 ``fully_shard`` for ZeRO >= 1; both are FSDP2-based, so they
+compose with DTensor tensor parallelism and with torch.distributed.pipelining).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from torch import nn
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from planner.errors import SpecError
+
+log = logging.getLogger(__name__)
+
+TP_ROLES = ("colwise", "rowwise", "vocab")
+
+
+def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],
+              modules: dict[str, nn.Module], tp: int) -> tuple[dict, list[str]]:
+    """DTensor styles for the plan's ``tensor_parallel`` map, restricted to ``present`` modules.
+
+    A column-parallel Linear that feeds a row-parallel one keeps its output sharded (Megatron's
+    pair); one that feeds none (a vocabulary head) gathers its output. Returns the styles and the
+    deviations from the plan (modules left replicated, with the reason)."""
+    styles, notes = {}, []
+    partners = {c for r, src in feeds.items() if roles.get(r) == "rowwise" for c in src}
+    for name, role in roles.items():
+        if role not in TP_ROLES or name not in present:
+            continue
+        mod = modules[name]
+        if role == "vocab":
+            if not isinstance(mod, nn.Embedding):
+                raise SpecError(f"tensor_parallel.{name}: 'vocab' needs an nn.Embedding, found "
+                                f"{type(mod).__name__}")
+            if mod.num_embeddings % tp:
+                notes.append(f"{name} replicated: {mod.num_embeddings} rows do not divide tp={tp}")
+                continue
+            styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+            continue
+        if not isinstance(mod, nn.Linear):
+            raise SpecError(f"tensor_parallel.{name}: the runtime shards nn.Linear and "
+                            f"nn.Embedding only, this is {type(mod).__name__}; plan with --fix tp=1")
+        size = mod.out_features if role == "colwise" else mod.in_features
+        if size % tp:
+            raise SpecError(f"tensor_parallel.{name}: {size} features do not divide tp={tp}; plan "
+                            "another tp")
+        if role == "rowwise":
+            if not any(roles.get(c) == "colwise" for c in feeds.get(name, ())):
+                raise SpecError(f"tensor_parallel.{name}: row-parallel but no column-parallel "
+                                "Linear feeds it; re-create the plan")
+            styles[name] = RowwiseParallel()
+        elif name in partners:
+            styles[name] = ColwiseParallel()
+        else:
+            styles[name] = ColwiseParallel(output_layouts=Replicate())
+    return styles, notes
+
+
+def apply_tp(model: nn.Module, mesh, styles: dict) -> None:
+    if styles:
+        parallelize_module(model, mesh, styles)
+
+
+def apply_recompute(model: nn.Module, units: tuple[str, ...], policy: str) -> None:
+    """``full``: recompute each unit's forward in backward. ``selective``: keep the outputs of
+    matrix multiplications and recompute everything else (attention core, norms, activations),
+    in the spirit of Megatron-LM's selective recomputation (Korthikanti et al. 2022)."""
+    if policy == "none":
+        return
+    from torch.distributed._composable import checkpoint
+
+    context = None
+    if policy == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        context = functools.partial(create_selective_checkpoint_contexts, _save_matmuls)
+    for name in units:
+        if context is None:
+            checkpoint(model.get_submodule(name))
+        else:
+            checkpoint(model.get_submodule(name), context_fn=context)
+
+
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+
+def _save_matmuls(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return (CheckpointPolicy.MUST_SAVE if op in _MATMULS else CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+def apply_dp(stage: nn.Module, units: tuple[str, ...], mesh, zero: int) -> str:
+    """Wrap for data parallelism; returns what was applied, for the report.
+
+    ZeRO 0: ``replicate`` (DDP semantics: full replicas, gradients all-reduced once per step).
+    ZeRO 1 and 2: ``fully_shard(reshard_after_forward=False)``: parameters stay gathered from
+    forward to backward, gradients are reduce-scattered and optimizer states sharded. That is
+    ZeRO-2; FSDP2 has no ZeRO-1 (it never keeps full gradients), so ZeRO-1 runs as ZeRO-2.
+    ZeRO 3: ``fully_shard(reshard_after_forward=True)`` per unit."""
+    if mesh is None:
+        return "none"
+    if zero == 0:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        replicate(stage, mesh=mesh)
+        return "replicate"
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = zero >= 3
+    for name in units:
+        fully_shard(stage.model.get_submodule(name), mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(stage, mesh=mesh, reshard_after_forward=reshard)
+    return "fully_shard (ZeRO-3)" if reshard else "fully_shard (ZeRO-2)"
+

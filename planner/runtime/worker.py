@@ -1,0 +1,144 @@
+"""One process of `plan run`: started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), it builds its share of the plan, runs the steps, and rank 0 writes the results.
+
+    python -m planner.runtime.worker PLAN.json --result OUT.json [--steps N --warmup W ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import PlannerError, SpecError
+from planner.plan import atomic_write, load_plan
+from planner.runtime import measure
+from planner.runtime.build import Built, build
+from planner.runtime.launch import CRASH_MARK, ERROR_MARK
+from planner.runtime.options import RunOptions
+
+log = logging.getLogger("planner.runtime")
+EXIT_BAD_INPUT = 2
+
+
+def pick_device(choice: str) -> torch.device:
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise SpecError("device: cuda asked for but no GPU is visible; use --device cpu")
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def execute(plan, opts: RunOptions, device: torch.device) -> dict:
+    """Run the plan in this (initialized) process group; every rank returns the same summary."""
+    built = build(plan, opts, device)
+    mem = measure.Memory(device)
+    timer = measure.StepTimer(device)
+    step_losses = []
+    for step in range(opts.warmup + opts.steps):
+        if step == opts.warmup:
+            mem.reset()
+        dist.barrier()
+        timer.start()
+        losses = _step(built)
+        timer.stop()
+        step_losses.append(losses)
+    measured = timer.times[opts.warmup:]
+    record = {
+        "rank": dist.get_rank(), **built.coords,
+        "stages": [st.stage_index for st in built.stages],
+        "step_times_s": timer.times, "median_step_time_s": measure.median(measured),
+        "peak_memory_bytes": mem.peak(), "baseline_memory_bytes": mem.baseline,
+        "memory_method": mem.method,
+        "state_bytes": measure.state_bytes(built.modules, built.optimizer),
+        "losses": step_losses,
+    }
+    if opts.dump_dir:
+        _dump(built, opts.dump_dir)
+    records: list = [None] * dist.get_world_size()
+    dist.all_gather_object(records, record)
+    return {"measured": measure.summarize(records, plan, warmup=opts.warmup),
+            "loss_per_step": _global_losses(records), "ranks": records,
+            "data_parallel": built.dp_wrap, "notes": built.notes,
+            "device": str(device.type), "backend": dist.get_backend()}
+
+
+def _step(built: Built) -> list[float] | None:
+    """One optimizer step; the micro-batch losses when this rank holds the last stage."""
+    losses: list = []
+    built.schedule.step(*built.inputs, target=built.targets, losses=losses, return_outputs=False)
+    built.optimizer.step()
+    built.optimizer.zero_grad(set_to_none=True)
+    return [float(x) for x in losses] if losses else None
+
+
+def _global_losses(records: list[dict]) -> list[float | None]:
+    """Mean over micro-batches and data-parallel replicas (one tensor-parallel shard each)."""
+    last = [r for r in records if r["losses"][0] is not None and r["tp"] == 0] if records else []
+    if not last:
+        return []
+    steps = len(last[0]["losses"])
+    return [sum(sum(r["losses"][i]) / len(r["losses"][i]) for r in last) / len(last)
+            for i in range(steps)]
+
+
+def _dump(built: Built, folder: str) -> None:
+    """Full parameters of each stage, written by the stage's (dp 0, tp 0) rank."""
+    os.makedirs(folder, exist_ok=True)
+    for st, module in zip(built.stages, built.modules):
+        full = {}
+        for name, p in module.named_parameters():
+            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            full[name.removeprefix("model.")] = t.detach().cpu().clone()
+        if built.coords["dp"] == 0 and built.coords["tp"] == 0:
+            torch.save(full, os.path.join(folder, f"stage{st.stage_index}.pt"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="planner.runtime.worker")
+    p.add_argument("plan")
+    p.add_argument("--result", required=True, help="rank 0 writes the results JSON here")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--model")
+    p.add_argument("--dump")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        opts = RunOptions(steps=a.steps, warmup=a.warmup, seed=a.seed, lr=a.lr, device=a.device,
+                          model=a.model, dump_dir=a.dump)
+        device = pick_device(opts.device)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if device.type == "cpu":
+            torch.set_num_threads(measure.threads_per_process(local_world))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        result = execute(load_plan(a.plan), opts, device)
+    except PlannerError as exc:
+        print(f"{ERROR_MARK}{exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        traceback.print_exc()
+        print(f"{CRASH_MARK}{type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}",
+              file=sys.stderr)
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:
+        atomic_write(a.result, json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
