@@ -1,0 +1,507 @@
+"""Many jobs, one cluster: the jobs file, per-job tables, baselines and the schedule document.
+
+    spec = load_jobs("examples/jobs.yaml")
+    doc = plan_jobs(spec, cluster="dgx-a100-80g", nodes=4)     # planner.jobs/v1 document
+    write_schedule("schedule.json", doc)
+    doc2 = replan(doc, done=["job3"], now_s=3600.0)           # finished and running jobs fixed
+
+For each job and candidate GPU count the single-job planner gives the best plan and its step time;
+job time = step time x steps. Each distinct (model, seq_len) is traced once (``prepare``) and
+planned for every count on a resized cluster (``plan_prepared``). The joint schedule is the CP-SAT
+model of planner.solve.jobs; two baselines use the same tables: every job on the whole cluster one
+after another, and an equal split of the GPUs (a FIFO queue).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Mapping
+
+from costmodels.hardware import GB, TERA
+from costmodels.topology import US, Cluster, with_overrides
+from planner.clusters import load_cluster
+from planner.errors import PlannerError, SpecError
+from planner.options import SearchOptions, TrainingSpec
+from planner.plan import _clean, atomic_write
+from planner.solve.jobs import (JobRequest, JobSchedule, Placement, ScheduleOptions,
+                                candidate_counts, list_schedule, solve_jobs)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_ID = "planner.jobs/v1"
+BASELINES = {"sequential": "every job on the whole cluster, one after another",
+             "equal_split": "equal split of the GPUs, FIFO queue"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """One training job of the jobs file."""
+
+    name: str
+    """Unique name."""
+    model: str
+    """MODEL: zoo name, config.json path or file.py:factory (paths relative to the jobs file)."""
+    global_batch: int
+    """Samples per optimizer step."""
+    seq_len: int
+    """Tokens per sample."""
+    steps: int
+    """Optimizer steps the job runs."""
+    priority: int = 1
+    """Weight of its completion time in the weighted objective (integer >= 1)."""
+    deadline_s: float | None = None
+    """Must end within this many seconds of the schedule's start; none by default."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobsSpec:
+    """The jobs file: the jobs, and optionally the cluster they share."""
+
+    jobs: tuple[JobSpec, ...]
+    """At least one job."""
+    cluster: str | Mapping | None = None
+    """Preset name, cluster YAML path or mapping; the command line's --cluster overrides it."""
+    nodes: int | None = None
+    """Resize the cluster to this many nodes; --nodes overrides it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableRow:
+    """The single-job planner's answer for one job on one GPU count."""
+
+    gpus: int
+    step_time_s: float
+    job_time_s: float
+    """step_time_s x steps."""
+    peak_memory_bytes: float
+    parallel: str
+    """Short form of the plan's parallel degrees."""
+    plan: dict | None = None
+    """The plan (planner.plan/v1 dict); None where only the table row was kept."""
+
+
+# The jobs file -------------------------------------------------------------------------------
+
+
+def load_jobs(path: str) -> JobsSpec:
+    """Read a jobs YAML file strictly; relative model paths are taken from the file's folder."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise SpecError(f"jobs: file '{path}' not found") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{os.path.basename(path)}: invalid YAML{where}") from None
+    return jobs_from_mapping(data, base_dir=os.path.dirname(path))
+
+
+def jobs_from_mapping(data, *, base_dir: str = "") -> JobsSpec:
+    """A parsed jobs file -> JobsSpec; unknown or missing keys raise SpecError naming the path."""
+    top = _checked(data, JobsSpec, "jobs file")
+    jobs = top.get("jobs")
+    if not isinstance(jobs, list) or not jobs:
+        raise SpecError("jobs: expected a non-empty list of jobs (name, model, global_batch, "
+                        "seq_len, steps)")
+    specs = []
+    for i, item in enumerate(jobs):
+        kw = _checked(item, JobSpec, f"jobs[{i}]")
+        kw["model"] = _model_path(kw["model"], base_dir)
+        specs.append(JobSpec(**kw))
+    names = [s.name for s in specs]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise SpecError(f"jobs[{i}].name: '{name}' is used twice; job names must be unique")
+    return JobsSpec(jobs=tuple(specs), cluster=top.get("cluster"), nodes=top.get("nodes"))
+
+
+_CHECKS = {
+    "name": (str, "a name"), "model": (str, "a MODEL (zoo name, config.json, file.py:factory)"),
+    "global_batch": (int, "a positive integer"), "seq_len": (int, "a positive integer"),
+    "steps": (int, "a positive integer"), "priority": (int, "a positive integer"),
+    "deadline_s": ((int, float), "seconds > 0"), "nodes": (int, "a positive integer"),
+    "cluster": ((str, dict), "a preset name, a YAML path or a cluster mapping"),
+    "jobs": (list, "a list of jobs"),
+}
+
+
+def _checked(data, cls, where: str) -> dict:
+    names = [f.name for f in fields(cls)]
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping with keys {', '.join(names)}")
+    for key in data:
+        if key not in names:
+            raise SpecError(f"{where}.{key}: unknown key; allowed: {', '.join(names)}")
+    out = {}
+    for f in fields(cls):
+        if data.get(f.name) is None:
+            if f.default is MISSING:
+                raise SpecError(f"{where}.{f.name}: missing")
+            continue
+        value, (kind, words) = data[f.name], _CHECKS[f.name]
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        if ok and isinstance(value, (int, float)):
+            ok = value > 0
+        if ok and isinstance(value, str):
+            ok = bool(value.strip())
+        if not ok:
+            raise SpecError(f"{where}.{f.name}: expected {words}, got {value!r}")
+        out[f.name] = value
+    return out
+
+
+def _model_path(model: str, base_dir: str) -> str:
+    """Resolve a relative config.json / file.py path against the jobs file's folder."""
+    path, sep, factory = model.partition(":") if ".py:" in model else (model, "", "")
+    if base_dir and not os.path.isabs(path) and os.path.exists(os.path.join(base_dir, path)):
+        return os.path.normpath(os.path.join(base_dir, path)) + sep + factory
+    return model
+
+
+# Per-job tables ------------------------------------------------------------------------------
+
+
+def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
+                 search: SearchOptions = SearchOptions(top_k=0)) -> dict[str, list[TableRow]]:
+    """For every job the best plan per candidate GPU count (counts where nothing fits are absent).
+
+    Each distinct (model, seq_len) is traced once; with ``workers`` > 1 distinct models are done
+    in parallel processes. The result does not depend on ``workers``.
+    """
+    groups: dict[tuple, list[JobSpec]] = {}
+    for job in spec.jobs:
+        groups.setdefault((job.model, job.seq_len), []).append(job)
+    counts = candidate_counts(cluster.nodes, cluster.gpus_per_node)
+    args = [(model, seq, jobs, cluster, counts, search) for (model, seq), jobs in groups.items()]
+    t0, results = time.perf_counter(), {}
+    if workers > 1 and len(args) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # fork: the children start with torch imported (spawn re-imports it, about 5 s each);
+        # safe here because tracing runs on the meta device (no CUDA, no OpenMP kernels)
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        with ProcessPoolExecutor(max_workers=min(workers, len(args)), mp_context=ctx) as pool:
+            futures = {pool.submit(model_tables, *a): a[0] for a in args}
+            for k, fut in enumerate(as_completed(futures), 1):
+                results.update(fut.result())
+                log.info("tables: %s done [%d/%d] %.1f s", futures[fut], k, len(args),
+                         time.perf_counter() - t0)
+    else:
+        for k, a in enumerate(args, 1):
+            results.update(model_tables(*a))
+            log.info("tables: %s done [%d/%d] %.1f s", a[0], k, len(args), time.perf_counter() - t0)
+    return {job.name: results[job.name] for job in spec.jobs}
+
+
+def model_tables(model: str, seq_len: int, jobs: list[JobSpec], cluster: Cluster,
+                 counts: list[int], search: SearchOptions) -> dict[str, list[TableRow]]:
+    """Trace ``model`` once, then plan each job on each GPU count."""
+    from planner.api import plan_prepared, prepare
+
+    prepared = prepare(model, seq_len=seq_len)
+    out = {}
+    for job in jobs:
+        training = TrainingSpec(global_batch=job.global_batch, seq_len=prepared.seq_len)
+        rows = []
+        for g in counts:
+            sized = resized(cluster, g)
+            try:
+                p = plan_prepared(prepared, sized, training, search)
+            except PlannerError as exc:
+                log.debug("%s on %d GPUs: %s", job.name, g, exc)
+                continue
+            rows.append(TableRow(gpus=g, step_time_s=p.step_time_s,
+                                 job_time_s=p.step_time_s * job.steps,
+                                 peak_memory_bytes=p.predicted["peak_memory_bytes"],
+                                 parallel=p.parallel_summary, plan=p.to_dict()))
+        if not rows:
+            log.warning("job %s fits on no GPU count of %s", job.name, cluster.name)
+        out[job.name] = rows
+    return out
+
+
+def resized(cluster: Cluster, gpus: int) -> Cluster:
+    """The cluster as one job of ``gpus`` GPUs sees it: part of one node, or whole nodes."""
+    if gpus < cluster.gpus_per_node:
+        return with_overrides(cluster, nodes=1, gpus_per_node=gpus)
+    return with_overrides(cluster, nodes=gpus // cluster.gpus_per_node)
+
+
+# Baselines -----------------------------------------------------------------------------------
+
+
+def baselines(requests: list[JobRequest], nodes: int, gpus_per_node: int, *,
+              now_s: float = 0.0) -> dict[str, list[Placement]]:
+    """The two reference schedules on the same tables (running jobs stay pinned).
+
+    sequential: each job on the whole cluster (or its largest count that fits, still holding the
+    whole cluster), one after another. equal_split: each job on N/J GPUs (the largest count of its
+    table not above that, else its smallest), queued first in, first out.
+    """
+    whole = nodes * gpus_per_node
+    seq = [r if r.pinned else JobRequest(name=r.name, durations_s={whole: r.durations_s[max(r.durations_s)]})
+           for r in requests]
+    share = whole / max(1, sum(1 for r in requests if r.pinned is None))
+    equal = [min(r.durations_s) if r.pinned or min(r.durations_s) > share
+             else max(g for g in r.durations_s if g <= share) for r in requests]
+    return {
+        "sequential": list_schedule(seq, [whole if r.pinned is None else r.pinned.gpus for r in seq],
+                                    nodes, gpus_per_node, now_s=now_s),
+        "equal_split": list_schedule(requests, [r.pinned.gpus if r.pinned else g
+                                                for r, g in zip(requests, equal)],
+                                     nodes, gpus_per_node, now_s=now_s),
+    }
+
+
+# The schedule ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobsResult:
+    """The schedule document, and what is kept out of it so its bytes stay the same run to run."""
+
+    doc: dict
+    """planner.jobs/v1: cluster, solve account, makespan, baselines, jobs with plans."""
+    solve_time_s: float
+    """Seconds CP-SAT took."""
+
+
+def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
+              options: ScheduleOptions = ScheduleOptions(), workers: int = 1,
+              record_timing: bool = False) -> JobsResult:
+    """Tables, joint schedule and baselines -> the ``planner.jobs/v1`` document."""
+    if cluster is None and spec.cluster is None:
+        raise SpecError("cluster: not given; pass --cluster or add 'cluster:' to the jobs file")
+    cl = load_cluster(cluster if cluster is not None else spec.cluster,
+                      nodes=nodes if nodes is not None else spec.nodes)
+    log.info("%d jobs on %s (%d nodes x %d GPUs)", len(spec.jobs), cl.name, cl.nodes,
+             cl.gpus_per_node)
+    tables = build_tables(spec, cl, workers=workers)
+    requests = [JobRequest(name=j.name, durations_s={r.gpus: r.job_time_s for r in tables[j.name]},
+                           priority=j.priority, deadline_s=j.deadline_s) for j in spec.jobs]
+    result = solve_jobs(requests, cl.nodes, cl.gpus_per_node, options)
+    base = baselines(requests, cl.nodes, cl.gpus_per_node)
+    plans = [_row(tables[j.name], p.gpus).plan for j, p in zip(spec.jobs, result.placements)]
+    doc = document(cl, list(spec.jobs), tables, result, base, plans, now_s=0.0, done=[],
+                   record_timing=record_timing)
+    return JobsResult(doc=doc, solve_time_s=result.time_s)
+
+
+def replan(doc: dict, *, done: list[str], now_s: float,
+           options: ScheduleOptions = ScheduleOptions(), record_timing: bool = False) -> JobsResult:
+    """Re-solve from time ``now_s``: ``done`` jobs leave, running jobs keep GPUs and end time."""
+    if doc.get("schema") != SCHEMA_ID:
+        raise SpecError(f"replan: schema is {doc.get('schema')!r}, expected '{SCHEMA_ID}'; give "
+                        "a schedule written by `plan jobs -o`")
+    if not now_s >= doc.get("now_s", 0.0):
+        raise SpecError(f"now: {now_s:g} s is before the schedule's own time "
+                        f"{doc.get('now_s', 0.0):g} s; give --now in seconds from its start")
+    records = {rec["name"]: rec for rec in doc["jobs"]}
+    for name in done:
+        if name not in records:
+            raise SpecError(f"done: no job '{name}' in the schedule; jobs are {', '.join(records)}")
+        if records[name]["start_s"] > now_s:
+            raise SpecError(f"done: job '{name}' starts at {records[name]['start_s']:g} s, after "
+                            f"--now {now_s:g}; check --now")
+    cl = load_cluster(doc["cluster"]["spec"])
+    keep = [rec for rec in doc["jobs"] if rec["name"] not in done]
+    jobs = [JobSpec(**{f.name: rec[f.name] for f in fields(JobSpec)}) for rec in keep]
+    tables = {rec["name"]: [TableRow(**row) for row in rec["table"]] for rec in keep}
+    requests = [_request(rec, now_s) for rec in keep]
+    result = solve_jobs(requests, cl.nodes, cl.gpus_per_node, options, now_s=now_s)
+    base = baselines(requests, cl.nodes, cl.gpus_per_node, now_s=now_s)
+    plans = _plans_for(keep, jobs, result.placements, cl)
+    new = document(cl, jobs, tables, result, base, plans, now_s=now_s,
+                   done=list(doc.get("done", [])) + list(done), record_timing=record_timing)
+    return JobsResult(doc=new, solve_time_s=result.time_s)
+
+
+def _request(rec: dict, now_s: float) -> JobRequest:
+    table = {row["gpus"]: row["job_time_s"] for row in rec["table"]}
+    if rec["start_s"] >= now_s:
+        return JobRequest(name=rec["name"], durations_s=table, priority=rec["priority"],
+                          deadline_s=rec["deadline_s"])
+    end_s = rec["end_s"]
+    if end_s <= now_s:
+        log.warning("job %s was predicted to end at %g s but is not --done: taken as running "
+                    "until --now", rec["name"], end_s)
+        end_s = now_s
+    pin = Placement(name=rec["name"], gpus=rec["gpus"], nodes=tuple(rec["nodes"]),
+                    gpu_ids=tuple(rec["gpu_ids"]), start_s=rec["start_s"], end_s=end_s)
+    return JobRequest(name=rec["name"], durations_s=table, priority=rec["priority"], pinned=pin)
+
+
+def _plans_for(records, jobs, placements, cluster) -> list[dict | None]:
+    """Reuse each job's plan where its GPU count is unchanged; plan the others (one trace each)."""
+    plans = [rec["plan"] if rec["gpus"] == p.gpus else None for rec, p in zip(records, placements)]
+    todo: dict[tuple, list[int]] = {}
+    for i, (job, plan) in enumerate(zip(jobs, plans)):
+        if plan is None:
+            todo.setdefault((job.model, job.seq_len), []).append(i)
+    for (model, seq_len), idx in todo.items():
+        counts = sorted({placements[i].gpus for i in idx})
+        log.info("re-planning %s for %s GPUs", model, ", ".join(map(str, counts)))
+        rows = model_tables(model, seq_len, [jobs[i] for i in idx], cluster, counts,
+                            SearchOptions(top_k=0))
+        for i in idx:
+            plans[i] = _row(rows[jobs[i].name], placements[i].gpus).plan
+    return plans
+
+
+def _row(rows: list[TableRow], gpus: int) -> TableRow:
+    return next(r for r in rows if r.gpus == gpus)
+
+
+def document(cluster: Cluster, jobs: list[JobSpec], tables: dict, result: JobSchedule,
+             base: dict, plans: list, *, now_s: float, done: list[str],
+             record_timing: bool = False) -> dict:
+    """The schedule as plain data: same inputs, same bytes (solve time only if asked for)."""
+    records = []
+    for job, p, plan in zip(jobs, result.placements, plans):
+        rec = asdict(job)
+        rec.update(_placed(p), state="running" if p.start_s < now_s else "scheduled",
+                   parallel=_row(tables[job.name], p.gpus).parallel)
+        rec["table"] = [{k: v for k, v in asdict(r).items() if k != "plan"} for r in tables[job.name]]
+        rec["plan"] = plan
+        records.append(rec)
+    return _clean({
+        "schema": SCHEMA_ID,
+        "cluster": {**cluster.summary(), "spec": cluster_mapping(cluster)},
+        "now_s": now_s, "done": done, "objective": result.objective,
+        "solve": {"status": result.status, "objective": result.objective_value,
+                  "bound": result.bound, "gap": result.gap, "time_unit_s": result.time_unit_s,
+                  "time_s": result.time_s if record_timing else None},
+        "makespan_s": result.makespan_s,
+        "baselines": {name: _baseline(name, placements, result.makespan_s)
+                      for name, placements in base.items()},
+        "jobs": records,
+    })
+
+
+def _placed(p: Placement) -> dict:
+    return {"gpus": p.gpus, "nodes": list(p.nodes), "gpu_ids": list(p.gpu_ids),
+            "start_s": p.start_s, "end_s": p.end_s}
+
+
+def _baseline(name: str, placements: list[Placement], joint_s: float) -> dict:
+    makespan = max((p.end_s for p in placements), default=0.0)
+    return {"description": BASELINES[name], "makespan_s": makespan,
+            "improvement": (makespan - joint_s) / makespan if makespan > 0 else 0.0,
+            "jobs": [{"name": p.name, **_placed(p)} for p in placements]}
+
+
+def write_schedule(path: str, doc: dict) -> None:
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
+
+
+def load_schedule(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise SpecError(f"replan: file '{path}' not found") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(f"replan: cannot read '{path}' as JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_ID:
+        raise SpecError(f"replan: '{path}' is not a {SCHEMA_ID} schedule; write one with "
+                        "`plan jobs -o`")
+    return doc
+
+
+def cluster_mapping(c: Cluster) -> dict:
+    """A Cluster in the YAML form load_cluster reads back."""
+    d = c.device
+
+    def link(spec):
+        return {"bandwidth_GBps": spec.bandwidth_bytes_per_s / GB, "latency_us": spec.latency_s / US,
+                "efficiency": spec.efficiency, "name": spec.name}
+
+    device = {"name": d.name, "memory_GB": d.memory_bytes / GB,
+              "peak_TFLOPs": {k: v / TERA for k, v in sorted(d.peak_flops.items())},
+              "hbm_GBps": d.hbm_bytes_per_s / GB, "matmul_efficiency": d.matmul_efficiency,
+              "memory_efficiency": d.memory_efficiency}
+    return {"name": c.name, "device": device, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
+            "intra_node": link(c.intra_node), "inter_node": link(c.inter_node)}
+
+
+def draw_gantt(doc: dict, path: str) -> None:
+    """The cluster over time, one row per GPU: the joint schedule above the two baselines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    c, joint = doc["cluster"], doc["makespan_s"] / 3600
+    panels = [("joint schedule (CP-SAT)", doc["jobs"], joint)]
+    panels += [(b["description"], b["jobs"], b["makespan_s"] / 3600)
+               for b in doc["baselines"].values()]
+    cmap = plt.get_cmap("tab10" if len(doc["jobs"]) <= 10 else "tab20")
+    colors = {j["name"]: cmap(i % cmap.N) for i, j in enumerate(doc["jobs"])}
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, layout="constrained",
+                             figsize=(12, 1.0 + 0.09 * c["num_gpus"] * len(panels)))
+    for ax, (title, placed, makespan) in zip(axes, panels):
+        for j in placed:
+            _bars(ax, j, colors[j["name"]], max(p[2] for p in panels))
+        ax.axvline(makespan, color="black", linestyle="--", linewidth=1)
+        if makespan != joint:
+            ax.axvline(joint, color="black", linestyle=":", linewidth=1)
+            title += f": makespan {makespan:.2f} h, joint schedule (dotted) {joint:.2f} h is " \
+                     f"{100 * (makespan - joint) / makespan:.0f}% shorter"
+        else:
+            title += f": makespan {makespan:.2f} h (dashed)"
+        if doc["now_s"]:
+            ax.axvline(doc["now_s"] / 3600, color="red", linewidth=1.2)
+        ax.set_title(title, fontsize=10, loc="left")
+        _node_axis(ax, c["nodes"], c["gpus_per_node"])
+    axes[-1].set_xlim(0, max(p[2] for p in panels) * 1.01)
+    axes[-1].set_xlabel("hours" + (" (red: re-planned at this time)" if doc["now_s"] else ""))
+    handles = [Patch(color=colors[j["name"]], label=f"{j['name']}: {os.path.basename(j['model'])}")
+               for j in doc["jobs"]]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5),
+               fontsize=8, frameon=False)
+    fig.suptitle(f"{len(doc['jobs'])} jobs on {c['nodes']} nodes x {c['gpus_per_node']} "
+                 f"{c['device']} ({c['name']})", fontsize=11)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bars(ax, job: dict, color, span_h: float) -> None:
+    """One bar per run of consecutive GPU ids, labelled with the job and its GPU count."""
+    x, w = job["start_s"] / 3600, (job["end_s"] - job["start_s"]) / 3600
+    for lo, hi in _runs(job["gpu_ids"]):
+        ax.broken_barh([(x, w)], (lo, hi - lo + 1), facecolors=color, edgecolors="white",
+                       linewidth=0.8)
+        label, rows = f"{job['name']} ({job['gpus']})", hi - lo + 1
+        across = len(label) * span_h / 140 < w  # about 140 characters span the axis
+        if across or (rows >= 1.2 * len(label) and w > span_h / 80):
+            ax.text(x + w / 2, lo + rows / 2, label, ha="center", va="center",
+                    rotation=0 if across else 90, fontsize=8 if rows >= 3 else 6, clip_on=True)
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive ids: [0,1,2,5] -> [(0, 2), (5, 5)]."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return [tuple(r) for r in runs]
+
+
+def _node_axis(ax, nodes: int, gpus_per_node: int) -> None:
+    ax.set_ylim(nodes * gpus_per_node, 0)
+    ax.set_yticks([(n + 0.5) * gpus_per_node for n in range(nodes)])
+    ax.set_yticklabels([f"node {n}" for n in range(nodes)], fontsize=8)
+    for n in range(1, nodes):
+        ax.axhline(n * gpus_per_node, color="grey", linewidth=0.6)
