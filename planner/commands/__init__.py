@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS: list[str] = ["export", "profile", "simulate", "run"]
+COMMANDS: list[str] = ["export", "profile", "simulate", "run", "jobs"]
 """Module names under planner.commands, in the order `plan --help` lists them."""
 
 
