@@ -174,3 +174,12 @@ def optimizer_step_s(params: float, device: DeviceSpec, *, state_bytes_per_param
     """Adam's update is memory-bound: it reads and writes every state byte once."""
     traffic_bytes = 2 * params * state_bytes_per_param
     return traffic_bytes / (device.hbm_bytes_per_s * device.memory_efficiency)
+
+
+def offloaded_optimizer_step_s(params: float, device: DeviceSpec, *, state_bytes_per_param: float,
+                               grad_bytes: float, weight_bytes: float) -> float:
+    """ZeRO-Offload (Ren et al. 2021): gradients go to the host, the host updates the states in its
+    memory, updated weights come back; transfers and the host update do not overlap here."""
+    transfer_s = params * (grad_bytes + weight_bytes) / device.host_link_bytes_per_s
+    update_s = 2 * params * state_bytes_per_param / device.host_memory_bytes_per_s
+    return transfer_s + update_s

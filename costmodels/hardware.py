@@ -58,6 +58,12 @@ class DeviceSpec:
     """Edge of the output tile one SM computes (128 x 128 for cuBLAS/CUTLASS tensor-core GEMMs)."""
     kernel_overhead_s: float = 3e-6
     """Fixed cost per kernel (launch and ramp) in seconds."""
+    host_link_bytes_per_s: float = 25e9
+    """Device <-> host bandwidth in bytes/s, one direction (PCIe 4.0 x16: 32 GB/s line rate,
+    about 25 GB/s achieved; PCIe 5.0 doubles it)."""
+    host_memory_bytes_per_s: float = 25e9
+    """Host memory bandwidth available to the optimizer of one device, bytes/s (a two-socket host
+    with ~200 GB/s of DRAM bandwidth shared by 8 GPUs)."""
     gemm_table: Mapping[str, tuple] = field(default_factory=dict)
     """Measured GEMM speed per dtype: ((FLOPs of one call, FLOP/s achieved), ...) sorted by FLOPs,
     from ``plan profile``; when present it replaces peak x efficiency for that dtype."""
@@ -89,8 +95,10 @@ DEVICES: dict[str, DeviceSpec] = {
     for d in (
         _gpu("a100-40g", 40, 312, 312, 19.5, 1555, "NVIDIA A100 SXM 40 GB", sm_count=108),
         _gpu("a100-80g", 80, 312, 312, 19.5, 2039, "NVIDIA A100 SXM 80 GB", sm_count=108),
-        _gpu("h100", 80, 989, 989, 67, 3350, "NVIDIA H100 SXM 80 GB", sm_count=132),
-        _gpu("h200", 141, 989, 989, 67, 4800, "NVIDIA H200 SXM 141 GB", sm_count=132),
+        _gpu("h100", 80, 989, 989, 67, 3350, "NVIDIA H100 SXM 80 GB", sm_count=132,
+             host_link_bytes_per_s=50e9),
+        _gpu("h200", 141, 989, 989, 67, 4800, "NVIDIA H200 SXM 141 GB", sm_count=132,
+             host_link_bytes_per_s=50e9),
         _gpu("v100", 32, None, 125, 15.7, 900, "NVIDIA V100 SXM2 32 GB (no bf16)", sm_count=80),
         _gpu("l4", 24, 121, 121, 30.3, 300, "NVIDIA L4 24 GB (PCIe)", sm_count=58),
         _gpu("rtx4090", 24, 165.2, 165.2, 82.6, 1008, "NVIDIA GeForce RTX 4090 24 GB",

@@ -31,10 +31,13 @@ def precision_class(dtype: str) -> str:
     return "fp32" if dtype == "fp32" else "mixed"
 
 
-def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int) -> dict:
+def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int,
+                      offload: bool = False) -> dict:
     """Bytes per GPU of weights, gradients and optimizer states for ``params`` local parameters.
 
     ``params`` is the count this GPU holds before ZeRO sharding (after tensor/pipeline splits).
+    With ``offload`` the optimizer states live in host memory (ZeRO-Offload, Ren et al., USENIX
+    ATC'21) and take no device memory.
     """
     opt = optimizer.lower()
     if opt == "adamw":
@@ -49,13 +52,20 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
     opt_b = OPTIMIZER_STATE_BYTES[key]
     weights = params * weight_b / (dp if zero >= 3 else 1)
     grads = params * grad_b / (dp if zero >= 2 else 1)
-    optim = params * opt_b / (dp if zero >= 1 else 1)
+    optim = 0.0 if offload else params * opt_b / (dp if zero >= 1 else 1)
     return {"weights": weights, "grads": grads, "optimizer": optim}
 
 
-def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int) -> float:
+def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int,
+                          offload: bool = False) -> float:
     """Model-state bytes per local parameter (weights + grads + optimizer) after ZeRO sharding."""
-    return sum(model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=zero, dp=dp).values())
+    return sum(model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=zero, dp=dp,
+                                 offload=offload).values())
+
+
+def optimizer_bytes_per_param(*, dtype: str, optimizer: str) -> float:
+    """Optimizer-state bytes per parameter (what offloading moves to the host)."""
+    return model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=0, dp=1)["optimizer"]
 
 
 def usable_bytes(device_memory_bytes: float, *, reserve_fraction: float, reserve_bytes: float) -> float:

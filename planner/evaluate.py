@@ -111,7 +111,7 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
              training: TrainingSpec, options: SearchOptions) -> Estimate:
     """Split into stages (chunks), then price the step; raises InfeasibleError."""
     bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                       zero=cfg.zero, dp=cfg.dp)
+                                       zero=cfg.zero, dp=cfg.dp, offload=cfg.offload_optimizer)
     chunks = cfg.pp * cfg.vpp
     rank_in_flight = [pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                          microbatches=cfg.num_microbatches, vpp=cfg.vpp)
@@ -137,6 +137,5 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
 
 
 def _oom_message(cfg: Config, mem: StageMemory) -> str:
-    need = max(mem.of(0, a, a + 1) for a in range(len(mem.static)))
     return (f"{cfg.short()}: no split into {cfg.pp * cfg.vpp} stages fits "
-            f"{mem.capacity / 1e9:.3g} GB per GPU (the largest block alone needs {need / 1e9:.3g} GB)")
+            f"{mem.capacity / 1e9:.3g} GB per GPU")

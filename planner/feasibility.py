@@ -32,11 +32,12 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
                 continue
             dp = n // (tp * pp)
             m = max(1, training.global_batch // dp)
+            z = zero if dp > 1 else 0
             cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=1, num_microbatches=m,
-                         schedule="1f1b", recompute=rc, zero=zero if dp > 1 else 0,
-                         sequence_parallel=tp > 1)
+                         schedule="1f1b", recompute=rc, zero=z, sequence_parallel=tp > 1,
+                         offload_optimizer=any(options.offload) and z >= 1)
             bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                               zero=cfg.zero, dp=dp)
+                                               zero=cfg.zero, dp=dp, offload=cfg.offload_optimizer)
             first = pipeline.in_flight("1f1b", stage=0, stages=pp, microbatches=m)
             weights = (costs.params_local * bpp + first * costs.act_bytes + costs.work_bytes).tolist()
             part = partition(weights, pp)

@@ -15,7 +15,7 @@ RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 PLACEMENTS = ("tp-pp-dp", "tp-dp-pp")
 FIX_KEYS = ("dp", "tp", "pp", "vpp", "micro_batch", "schedule", "recompute", "zero",
-            "sequence_parallel")
+            "sequence_parallel", "offload_optimizer")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,12 +57,14 @@ class SearchOptions:
     """Stop the search after this many seconds and return the best plan found so far."""
     schedules: tuple[str, ...] = SCHEDULES
     """Pipeline schedules to consider."""
-    vpp: tuple[int, ...] = (2, 4)
+    vpp: tuple[int, ...] = (2, 3, 4, 6, 8)
     """Model chunks per rank tried with interleaved 1F1B."""
     recompute: tuple[str, ...] = ("none", "selective", "full")
     """Activation recomputation policies to consider."""
-    zero: tuple[int, ...] = (0, 1)
-    """ZeRO stages to consider."""
+    zero: tuple[int, ...] = ZERO_STAGES
+    """ZeRO stages to consider (3 = fully sharded, FSDP)."""
+    offload: tuple[bool, ...] = (False, True)
+    """Whether to consider keeping optimizer states in host memory (ZeRO-Offload)."""
     memory_reserve_fraction: float = 0.05
     """Fraction of device memory kept free for allocator fragmentation."""
     memory_reserve_bytes: float = 1.0e9
@@ -91,6 +93,7 @@ class Config:
     zero: int = 0
     sequence_parallel: bool = False
     vpp: int = 1
+    offload_optimizer: bool = False
     placement: str = "tp-pp-dp"
 
     def to_dict(self) -> dict:
@@ -99,8 +102,9 @@ class Config:
     def short(self) -> str:
         sp = "+sp" if self.sequence_parallel else ""
         v = f"x{self.vpp}" if self.vpp > 1 else ""
+        off = "+offload" if self.offload_optimizer else ""
         return (f"dp={self.dp} tp={self.tp}{sp} pp={self.pp}{v} mb={self.micro_batch}x"
-                f"{self.num_microbatches} {self.schedule} rc={self.recompute} zero={self.zero}")
+                f"{self.num_microbatches} {self.schedule} rc={self.recompute} zero={self.zero}{off}")
 
     def with_(self, **kw) -> "Config":
         return replace(self, **kw)
@@ -154,4 +158,4 @@ def _fix_value(key: str, value):
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise SpecError(f"fix.sequence_parallel: expected true or false, got {value!r}")
+    raise SpecError(f"fix.{key}: expected true or false, got {value!r}")

@@ -126,9 +126,15 @@ def _rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec)
         in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                        microbatches=cfg.num_microbatches, vpp=cfg.vpp)
         states = memory.model_state_bytes(params, dtype=training.dtype,
-                                          optimizer=training.optimizer, zero=cfg.zero, dp=cfg.dp)
+                                          optimizer=training.optimizer, zero=cfg.zero, dp=cfg.dp,
+                                          offload=cfg.offload_optimizer)
         act = in_flight * sum(st.act_bytes for st in mine)
-        mem = {**states, "activations": act, "working": float(np.max(costs.work_bytes[blocks]))}
+        working = float(np.max(costs.work_bytes[blocks]))
+        if cfg.zero == 3:  # the running and the prefetched block's weights, gathered
+            weight_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                                zero=0, dp=1)["weights"]
+            working += 2 * weight_b * float(np.max(costs.params_local[blocks]))
+        mem = {**states, "activations": act, "working": working}
         mem["total"] = sum(mem.values())
         for st in mine:
             st.params, st.in_flight, st.memory = params, in_flight, mem
@@ -137,30 +143,50 @@ def _rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec)
 
 
 def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: TrainingSpec):
-    """Exposed gradient synchronization across data-parallel replicas, and the optimizer update;
-    the slowest rank sets both. With overlap the reduction runs during the last micro-batch's
-    backward; ZeRO-3 also gathers the weights for every micro-batch's forward and backward, hidden
-    behind compute when the engine prefetches."""
+    """Exposed data-parallel communication and the optimizer update; the slowest rank sets both."""
     group = placement.dp_group(cfg, cluster)
     grad_b = DTYPE_BYTES[training.dtype]
     state_b = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
                                            zero=0, dp=1)
-    overlap = training.engine.overlap_grad_reduce
     dp_s = opt_s = 0.0
     for r in range(cfg.pp):
         mine = [st for st in stages if st.rank == r]
         params = mine[0].params
-        nbytes = params * grad_b
-        sync = comm.allreduce_s(nbytes, group, cluster)  # ZeRO-1/2: reduce-scatter + all-gather
         compute_s = sum(st.compute_s for st in mine)
         backward_s = compute_s - sum(st.fwd_s for st in mine)
-        exposed = max(0.0, sync - backward_s) if overlap else sync
-        if cfg.zero == 3:
-            gathers = 2 * cfg.num_microbatches * comm.allgather_s(nbytes, group, cluster)
-            hidden = cfg.num_microbatches * compute_s if overlap else 0.0
-            exposed += max(0.0, gathers - hidden)
-        dp_s = max(dp_s, exposed)
+        dp_s = max(dp_s, exposed_dp_s(cfg, params * grad_b, group, cluster, compute_s, backward_s,
+                                      training.engine.overlap_grad_reduce))
         shard = cfg.dp if cfg.zero >= 1 else 1
-        opt_s = max(opt_s, compute.optimizer_step_s(params / shard, cluster.device,
-                                                    state_bytes_per_param=state_b))
+        if cfg.offload_optimizer:
+            step = compute.offloaded_optimizer_step_s(
+                params / shard, cluster.device, state_bytes_per_param=state_b, grad_bytes=grad_b,
+                weight_bytes=grad_b)
+        else:
+            step = compute.optimizer_step_s(params / shard, cluster.device,
+                                            state_bytes_per_param=state_b)
+        opt_s = max(opt_s, step)
     return dp_s, opt_s
+
+
+def exposed_dp_s(cfg: Config, nbytes: float, group, cluster: Cluster, compute_s: float,
+                 backward_s: float, overlap: bool) -> float:
+    """Data-parallel traffic of one step that compute does not hide (Rajbhandari et al. 2020, §7):
+
+    - ZeRO-0/1: gradients accumulate locally; one all-reduce (ZeRO-1: reduce-scatter + all-gather,
+      the same volume) during the last micro-batch's backward.
+    - ZeRO-2: gradients are reduce-scattered after every micro-batch's backward (they are kept
+      sharded), and the updated weights all-gathered after the step.
+    - ZeRO-3: weights are all-gathered before every micro-batch's forward and backward and
+      gradients reduce-scattered after it, prefetched behind compute (FSDP).
+    Without overlap every byte is exposed."""
+    m = cfg.num_microbatches
+    if cfg.zero <= 1:
+        sync = comm.allreduce_s(nbytes, group, cluster)
+        return max(0.0, sync - backward_s) if overlap else sync
+    scatter = comm.reduce_scatter_s(nbytes, group, cluster)
+    gather = comm.allgather_s(nbytes, group, cluster)
+    if cfg.zero == 2:
+        per_mb = scatter
+        return gather + (max(0.0, m * per_mb - m * backward_s) if overlap else m * per_mb)
+    per_mb = 2 * gather + scatter
+    return max(0.0, m * per_mb - m * compute_s) if overlap else m * per_mb

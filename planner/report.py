@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from planner.emit import BREAKDOWN_WORDS
+from planner.options import Config
 from planner.plan import Plan
 
 GB = 1e9
@@ -33,11 +34,13 @@ def _parallel(p: Plan) -> list[str]:
     parts = ", ".join(f"{BREAKDOWN_WORDS[k]} {v:.3g}" for k, v in bd.items() if v > 0)
     sp = " (+sequence parallel)" if par["sequence_parallel"] else ""
     dev_mem = p.cluster.get("device_memory_bytes", 0)
+    vpp = f" x {par['vpp']} chunks per rank" if par.get("vpp", 1) > 1 else ""
+    offload = ", optimizer states offloaded to host" if par.get("offload_optimizer") else ""
     return [
-        f"  parallel    dp={par['dp']}  tp={par['tp']}{sp}  pp={par['pp']}",
+        f"  parallel    dp={par['dp']}  tp={par['tp']}{sp}  pp={par['pp']}{vpp}",
         f"  batching    micro-batch {par['micro_batch']} x {par['num_microbatches']} micro-batches, "
         f"schedule {par['schedule']}",
-        f"  memory      recompute {par['recompute']}, ZeRO-{par['zero']}, placement "
+        f"  memory      recompute {par['recompute']}, ZeRO-{par['zero']}{offload}, placement "
         f"{par.get('placement', 'tp-pp-dp')}",
         f"  step time   {pr['step_time_s']:.3f} s  ({parts})",
         f"  throughput  {pr['samples_per_s']:.4g} samples/s, {pr['tokens_per_s']:,.0f} tokens/s, "
@@ -74,11 +77,7 @@ def _search(p: Plan) -> list[str]:
     if alts:
         lines.append("  runners-up:")
         for i, a in enumerate(alts, 2):
-            q = a["parallel"]
-            spf = "+sp" if q["sequence_parallel"] else ""
-            lines.append(f"    {i}. dp={q['dp']} tp={q['tp']}{spf} pp={q['pp']} "
-                         f"mb={q['micro_batch']}x{q['num_microbatches']} {q['schedule']} "
-                         f"rc={q['recompute']} zero={q['zero']}: {a['step_time_s']:.3f} s, "
+            lines.append(f"    {i}. {Config(**a['parallel']).short()}: {a['step_time_s']:.3f} s, "
                          f"{a['peak_memory_bytes'] / GB:.1f} GB ({a['why']})")
     return lines
 

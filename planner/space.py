@@ -63,6 +63,8 @@ def enumerate_space(*, num_gpus: int, gpus_per_node: int, num_blocks: int, tp_di
 
 
 def _inner(fix, tp, pp, dp, gb, training, options, rejected, num_blocks):
+    states = _zero_offload(fix, dp, options, rejected)
+    schedules = _choices(fix, "schedule", list(options.schedules) if pp > 1 else ["1f1b"])
     for mb in _choices(fix, "micro_batch", divisors(gb // dp)):
         if (gb // dp) % mb:
             rejected["micro batch does not divide the per-replica batch"] += 1
@@ -75,10 +77,10 @@ def _inner(fix, tp, pp, dp, gb, training, options, rejected, num_blocks):
             for rc in _choices(fix, "recompute", list(options.recompute)):
                 configs = [
                     Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m, schedule=s,
-                           recompute=rc, zero=z, sequence_parallel=sp, vpp=v)
-                    for s in _choices(fix, "schedule", list(options.schedules) if pp > 1 else ["1f1b"])
+                           recompute=rc, zero=z, sequence_parallel=sp, vpp=v, offload_optimizer=o)
+                    for s in schedules
                     for v in _vpps(fix, s, pp, m, num_blocks, options, rejected)
-                    for z in _choices(fix, "zero", list(options.zero) if dp > 1 else [0])
+                    for z, o in states
                 ]
                 if configs:
                     yield CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=mb), configs
@@ -101,6 +103,17 @@ def _vpps(fix: dict, schedule: str, pp: int, m: int, num_blocks: int, options: S
         else:
             out.append(v)
     return out
+
+
+def _zero_offload(fix: dict, dp: int, options: SearchOptions, rejected: Counter) -> list[tuple]:
+    """(ZeRO stage, offload) pairs; offloading the optimizer needs its states sharded (ZeRO >= 1),
+    as in DeepSpeed, and sharding needs data parallelism."""
+    zeros = _choices(fix, "zero", list(options.zero) if dp > 1 else [0])
+    offloads = _choices(fix, "offload_optimizer", list(options.offload))
+    pairs = [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
+    if not pairs:
+        rejected["offload needs ZeRO >= 1 (and dp > 1)"] += 1
+    return pairs
 
 
 def _choices(fix: dict, key: str, default: list) -> list:

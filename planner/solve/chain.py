@@ -4,8 +4,9 @@ Feasibility for a bound T is decided greedily: each stage takes the longest run 
 stays within T and whose memory fits that stage (the memory limit may differ per stage, since early
 1F1B stages hold more micro-batches in flight). Both limits only tighten as a run grows, so by the
 usual exchange argument the greedy reaches at least as far as any feasible split after every stage;
-it is therefore exact, and bisection on T finds the optimal bottleneck (Bokhari 1988; Pinar &
-Aykanat, "Fast optimal load balancing algorithms for 1D partitioning", JPDC 2004).
+it is therefore exact. The optimal bottleneck is the time of some run of consecutive blocks, so a
+binary search over those values finds it (Bokhari 1988; Pinar & Aykanat, "Fast optimal load
+balancing algorithms for 1D partitioning", JPDC 2004).
 
 ``brute_force`` enumerates every split; tests use it as the oracle.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
+
+import numpy as np
 
 
 @dataclass
@@ -107,14 +110,29 @@ def partition(times: Sequence[float], stages: int, mem: StageMemory | None = Non
     first = _greedy(times, stages, lo * (1 + rel_tol), mem)
     if first is not None:
         return Partition(first, _times_of(times, first))
-    while hi - lo > rel_tol * hi:
-        mid = 0.5 * (lo + hi)
-        b = _greedy(times, stages, mid, mem)
+    # The optimal bottleneck is the time of some run of consecutive blocks: binary search over
+    # those values between the bounds (each probe is one greedy pass).
+    candidates = _interval_sums(times, lo, hi)
+    low, high = 0, len(candidates) - 1  # invariant: candidates[high] is feasible
+    while low < high:
+        mid = (low + high) // 2
+        b = _greedy(times, stages, candidates[mid] * (1 + rel_tol), mem)
         if b is None:
-            lo = mid
+            low = mid + 1
         else:
-            best, hi = b, max(_times_of(times, b))
+            best, high = b, mid
     return Partition(best, _times_of(times, best))
+
+
+def _interval_sums(times: Sequence[float], lo: float, hi: float) -> list[float]:
+    """Sorted distinct sums of runs of consecutive times within [lo, hi] (hi included)."""
+    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(times, dtype=float))))
+    sums = (prefix[None, :] - prefix[:, None])[np.triu_indices(len(prefix), k=1)]
+    inside = sums[(sums >= lo * (1 - 1e-12)) & (sums <= hi * (1 + 1e-12))]
+    values = np.unique(np.round(inside, 15))
+    if values.size == 0 or values[-1] < hi:
+        values = np.append(values, hi)
+    return values.tolist()
 
 
 def brute_force(times: Sequence[float], stages: int, mem: StageMemory | None = None) -> Partition | None:

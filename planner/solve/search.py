@@ -65,7 +65,8 @@ def search(bg: BlockGraph, cluster: Cluster, training: TrainingSpec, options: Se
         for cfg in configs:
             done += 1
             bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                               zero=cfg.zero, dp=cfg.dp)
+                                               zero=cfg.zero, dp=cfg.dp,
+                                               offload=cfg.offload_optimizer)
             if total_params * bpp / cfg.pp > capacity:
                 rejected["out of memory"] += 1
                 continue
