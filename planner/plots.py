@@ -46,13 +46,14 @@ def _width_in(sim: SimResult, dpi: int) -> float:
 
 
 def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
-          width_in: float | None = None, dpi: int = 150) -> None:
+          width_in: float | None = None, dpi: int = 150):
     """Draw ``sim`` as a Gantt chart and write it to ``path`` (``.png`` or ``.svg``).
 
     One row per rank (rank 0 on top), one block per action coloured by kind (F/B/W), blank where
     the rank idles; a block shows its micro-batch number when wide enough to read. A rank's later
     virtual stages (interleaved) or its up-pipeline stage (bidirectional) are drawn lighter. The
-    right margin gives each rank's idle share; the x axis is in seconds."""
+    right margin gives each rank's idle share; the x axis is in seconds. Returns the matplotlib
+    Figure (one axes: time in data x, rank in data y)."""
     if not path.lower().endswith(FORMATS):
         raise SpecError(f"gantt: '{path}' must end in {' or '.join(FORMATS)}")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -93,3 +94,4 @@ def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1 if ranks >= 6
               else -0.25), ncol=len(handles), fontsize=8, frameon=False)
     fig.savefig(path)
+    return fig

@@ -67,11 +67,11 @@ class SimResult:
         return len(self.busy_s)
 
 
-def _per_stage(name: str, value, n: int) -> list[float]:
+def _per_stage(name: str, value, n: int, what: str = "model stages") -> list[float]:
     """A scalar broadcast to ``n`` stages, or a sequence of exactly ``n`` non-negative numbers."""
     vals = [float(value)] * n if isinstance(value, (int, float)) else [float(v) for v in value]
     if len(vals) != n:
-        raise SpecError(f"{name}: {len(vals)} values for {n} model stages; give one per stage")
+        raise SpecError(f"{name}: {len(vals)} values for {n} {what}; give one each")
     if any(v < 0 for v in vals):
         raise SpecError(f"{name}: negative value in {vals}; times and bytes are >= 0")
     return vals
@@ -96,7 +96,7 @@ def simulate(actions: list[list[str]], *, microbatches: int, fwd_s, bwd_s, wgrad
     n = shape.depth
     dur = {"F": _per_stage("fwd_s", fwd_s, n), "B": _per_stage("bwd_s", bwd_s, n),
            "W": _per_stage("wgrad_s", wgrad_s, n)}
-    cut = _per_stage("p2p_s", p2p_s, n - 1)
+    cut = _per_stage("p2p_s", p2p_s, n - 1, "cuts between stages")
     act = _per_stage("activation_bytes", activation_bytes, n)
     if any(dur["W"]) and not any(k == "W" for acts in parsed for _, k, _ in acts):
         raise SpecError("wgrad_s: this schedule has no W actions; add the weight-gradient time "
