@@ -118,10 +118,12 @@ def interleaved(stages: int, microbatches: int, vpp: int) -> list[list[str]]:
     (``k = m / max(1, m // p)``), backwards through the chunks in reverse; rank ``r`` warms up with
     ``(v-1) k + 2 (p-1-r)`` forwards, then alternates, then drains."""
     p, m, v = stages, microbatches, vpp
-    k = m // max(1, m // p)
-    if m % k:
-        raise SpecError(f"num_microbatches: {m} is not a multiple of {m // k} rounds of "
-                        f"{k}; interleaved 1F1B needs m a multiple of pp={p} or m <= pp")
+    rounds = max(1, m // p)
+    k = m // rounds
+    if m % rounds:
+        raise SpecError(f"num_microbatches: interleaved 1F1B runs m in max(1, m // pp) = {rounds} "
+                        f"equal rounds, and {m} is not a multiple of {rounds}; try "
+                        f"{rounds * k} or {rounds * (k + 1)}")
 
     def order(j: int, backward: bool) -> tuple[int, int]:
         rnd, pos = divmod(j, k * v)
@@ -140,7 +142,7 @@ def interleaved(stages: int, microbatches: int, vpp: int) -> list[list[str]]:
     return ranks
 
 
-def zb_h1(stages: int, microbatches: int, defer=None) -> list[list[str]]:
+def zb_h1(stages: int, microbatches: int) -> list[list[str]]:
     """ZB-H1 (Qi et al., ICLR'24): 1F1B with the backward split into B (input gradient) and W
     (weight gradient); rank ``r`` holds back its W passes during its first ``r`` steady-state
     steps and runs them in the drain, so the bubble shrinks to ``(p-1)(F+B-W)`` at 1F1B's
@@ -149,13 +151,12 @@ def zb_h1(stages: int, microbatches: int, defer=None) -> list[list[str]]:
     ranks = []
     for r in range(p):
         warmup = min(p - r - 1, m)
-        hold = r if defer is None else defer(r, p)
         acts, w = [f"{r}F{i}" for i in range(warmup)], 0
         for j in range(m):
             if warmup + j < m:
                 acts.append(f"{r}F{warmup + j}")
             acts.append(f"{r}B{j}")
-            if j >= hold or warmup + j >= m:
+            if j >= r or warmup + j >= m:  # rank r holds back its first r W passes
                 acts.append(f"{r}W{w}")
                 w += 1
         ranks.append(acts + [f"{r}W{i}" for i in range(w, m)])
@@ -221,8 +222,10 @@ def build(name: str, stages: int, microbatches: int, vpp: int = 1) -> list[list[
     if stages < 1 or microbatches < 1 or vpp < 1:
         raise SpecError(f"schedule: pp={stages}, micro-batches={microbatches}, vpp={vpp}; "
                         "each must be at least 1")
+    if name == "interleaved-1f1b" and vpp > 1:
+        return interleaved(stages, microbatches, vpp)
     if name == "interleaved-1f1b":
-        return interleaved(stages, microbatches, vpp) if vpp > 1 else one_f_one_b(stages, microbatches)
+        return one_f_one_b(stages, microbatches)
     if vpp != 1:
         raise SpecError(f"vpp: {name} runs one stage per rank, got vpp={vpp}; use vpp=1 or "
                         "schedule interleaved-1f1b")

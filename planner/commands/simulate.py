@@ -43,7 +43,7 @@ def _cmd_simulate(args) -> int:
              f"{other.step_time_s - base.step_time_s:+.3f} s "
              f"({100 * (other.step_time_s / base.step_time_s - 1):+.1f}%)"),
             ("bubble", f"{base.bubble_fraction:.1%}", f"{other.bubble_fraction:.1%}",
-             f"{100 * (other.bubble_fraction - base.bubble_fraction):+.1f} points"),
+             f"{round(100 * (other.bubble_fraction - base.bubble_fraction), 1) + 0.0:+.1f} points"),
             ("peak in flight", str(max(base.peak_in_flight)), str(max(other.peak_in_flight)),
              f"{max(other.peak_in_flight) - max(base.peak_in_flight):+d}"),
             ("peak activations", report.gb(max(base.peak_activation_bytes)),
@@ -54,6 +54,9 @@ def _cmd_simulate(args) -> int:
     print(report.listing(rows))
     print("\npeak in flight: (stage, micro-batch) activations held by the busiest rank; "
           "with vpp > 1 each is one chunk of the rank's layers")
+    if args.schedule == "bidirectional":
+        print("bidirectional keeps two copies of every stage's weights, gradients and optimizer "
+              "state (not counted above)")
     if args.gantt:
         from planner import plots
 
