@@ -73,8 +73,10 @@ def test_interleaved_places_stage_r_plus_kp_on_rank_r_and_vpp_1_is_1f1b():
         f"4F{i}" for i in range(4)]
 
 
-def test_interleaved_needs_whole_rounds():
-    with pytest.raises(SpecError, match="num_microbatches: 9"):
+def test_interleaved_needs_whole_rounds_of_micro_batches_as_torch_does():
+    validate(build("interleaved-1f1b", 4, 10, vpp=2), stages=4, microbatches=10, vpp=2)
+    with pytest.raises(SpecError, match="num_microbatches: .* 2 equal rounds, and 9 is not a "
+                       "multiple of 2; try 8 or 10"):
         build("interleaved-1f1b", 4, 9, vpp=2)
 
 
