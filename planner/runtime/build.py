@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from planner.errors import SpecError
 from planner.plan import Plan
-from planner.schedule import parse_action
+from planner.schedule import parse_action, torch_actions
 from planner.runtime import model as mdl
 from planner.runtime import parallelize as par
 from planner.runtime.dataflow import Dataflow, probe
@@ -59,19 +59,18 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     meta = mdl.resolve_meta(plan, spec)
     real = mdl.build_real(plan, spec, meta, seed=opts.seed)
     mdl.check_fingerprint(plan, spec, mdl.fingerprint(real.module))
-    units = units_of(real.module, [st["modules"] for st in plan.stages])
     inputs = mdl.synthetic_batch(real, plan.training["global_batch"], seed=opts.seed)
-    flow = _probe(real, units, plan, inputs)
+    units, flow, stage_cuts = cut_model(plan, real, inputs)
     out = Built(layout=layout, coords=layout.coords(rank), device=device)
     out.inputs, out.targets = _data(plan, inputs, flow, out.coords["dp"], layout.dp, opts.seed,
                                     device)
-    stage_cuts = cuts(flow, units)
     for s in layout.local_stages(rank):
         module = StageModule(copy.deepcopy(real.module), stage_cuts[s], flow, units, real.kwargs,
                              mdl.output_logits)
         out.modules.append(_parallelize(module, plan, flow, mesh, layout, device, out))
     del real
-    out.stages = [_pipeline_stage(m, s, layout, mesh, device)
+    split = any("W" in a for acts in plan.schedule["actions"] for a in acts)
+    out.stages = [_pipeline_stage(m, s, layout, mesh, device, _whole_backward(m, flow, split, out))
                   for m, s in zip(out.modules, layout.local_stages(rank))]
     out.schedule = _schedule(plan, out.stages, layout)
     out.optimizer = mdl.make_optimizer(plan, [p for m in out.modules for p in m.parameters()],
@@ -81,13 +80,16 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     return out
 
 
-def _probe(real, units, plan: Plan, inputs: tuple) -> Dataflow:
-    """Dataflow of one micro-batch through the real model (on the CPU, without autograd)."""
+def cut_model(plan: Plan, real: mdl.RealModel, inputs: tuple):
+    """Units per stage, the dataflow of one micro-batch through the real model (CPU, no autograd),
+    and each stage's carry lists."""
+    units = units_of(real.module, [st["modules"] for st in plan.stages])
     args = tuple(x[:plan.parallel["micro_batch"]] for x in inputs)
     tp_modules = [m for m, role in plan.tensor_parallel.items() if role in par.TP_ROLES]
     flat = [u for us in units for u in us]
     with torch.no_grad():
-        return probe(real.module, args, real.kwargs, flat, tp_modules, mdl.output_logits)
+        flow = probe(real.module, args, real.kwargs, flat, tp_modules, mdl.output_logits)
+    return units, flow, cuts(flow, units)
 
 
 def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, layout: Layout,
@@ -107,25 +109,33 @@ def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, layout: 
     return module
 
 
-def _pipeline_stage(module: StageModule, s: int, layout: Layout, mesh, device):
+def _pipeline_stage(module: StageModule, s: int, layout: Layout, mesh, device, dw_builder):
     from torch.distributed.pipelining import PipelineStage
 
-    return PipelineStage(module, s, layout.num_stages, device, group=mesh.get_group("pp"))
+    return PipelineStage(module, s, layout.num_stages, device, group=mesh.get_group("pp"),
+                         dw_builder=dw_builder)
 
 
-def torch_actions(actions: list[list[str]]) -> list[list[str]]:
-    """The plan's notation -> torch's: where a (stage, micro-batch) has a W action, its B is the
-    input-gradient half, which torch spells ``I``."""
-    parsed = [[parse_action(a) for a in acts] for acts in actions]
-    split = {(s, mb) for acts in parsed for s, kind, mb in acts if kind == "W"}
-    return [[f"{s}{'I' if kind == 'B' and (s, mb) in split else kind}{mb}" for s, kind, mb in acts]
-            for acts in parsed]
+def _whole_backward(module: StageModule, flow: Dataflow, split: bool, out: Built):
+    """torch's split backward (B = input gradients, W = weight gradients) fails on a module that
+    runs twice in one stage (pytorch/pytorch#180952); such a stage computes the weight gradients
+    during B and runs W as a no-op (same numbers, no deferred weight work)."""
+    units = module.cut.units
+    reused = sorted(m for m in flow.reused if any(m == u or m.startswith(u + ".") for u in units))
+    if not split or not reused:
+        return None
+    out.notes.append(f"stage {module.cut.index}: W runs inside B ({reused[0]} runs twice per "
+                     "forward; torch's split backward cannot handle that)")
+    return lambda: _no_op
 
 
 def _schedule(plan: Plan, stages: list, layout: Layout):
     from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
     actions = plan.schedule["actions"]
+    if plan.schedule["name"] == "bidirectional":
+        raise SpecError("schedule.name: bidirectional schedules keep two weight copies per stage; "
+                        "the runtime does not run them yet, plan with another schedule")
     if len(actions) != layout.pp:
         raise SpecError(f"schedule.actions: {len(actions)} action lists for pp={layout.pp}")
     for r, acts in enumerate(actions):
@@ -152,3 +162,7 @@ def _data(plan: Plan, inputs: tuple, flow: Dataflow, dp_index: int, dp: int, see
     share = batch // dp
     sl = slice(dp_index * share, (dp_index + 1) * share)
     return tuple(x[sl].to(device) for x in inputs), targets[sl].to(device)
+
+
+def _no_op() -> None:
+    """The deferred weight-gradient pass of a stage that already did it in B."""

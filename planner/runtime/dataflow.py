@@ -49,6 +49,8 @@ class Dataflow:
     logits: Leaf | None = None
     feeds: dict[str, set] = field(default_factory=dict)
     """Tensor-parallel module -> other tensor-parallel modules whose outputs reach its input."""
+    reused: set[str] = field(default_factory=set)
+    """Modules with parameters of their own that run more than once per forward."""
 
 
 class _Tags(TorchFunctionMode):
@@ -91,7 +93,7 @@ def probe(model: torch.nn.Module, args: tuple, kwargs: dict, units: list[str],
     flow.inputs = [Leaf(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x
                    for x in leaves]
     unit_set = set(units)
-    handles = []
+    handles = _count_calls(model, flow)
     for name in dict.fromkeys(units + tp_modules):
         mod = model.get_submodule(name)
         handles.append(mod.register_forward_pre_hook(_pre(name, mode, flow, unit_set),
@@ -134,3 +136,17 @@ def _post(name: str, mode: _Tags, flow: Dataflow, units: set):
             flow.outputs[name] = (spec, [Leaf(tuple(x.shape), x.dtype)
                                          if isinstance(x, torch.Tensor) else x for x in leaves])
     return hook
+
+
+def _count_calls(model: torch.nn.Module, flow: Dataflow) -> list:
+    """Hooks that put every module with parameters of its own that runs twice in ``flow.reused``."""
+    seen: set[str] = set()
+    handles = []
+    for name, mod in model.named_modules():
+        if next(mod.parameters(recurse=False), None) is None:
+            continue
+
+        def hook(module, args, name=name):
+            (flow.reused if name in seen else seen).add(name)
+        handles.append(mod.register_forward_pre_hook(hook))
+    return handles

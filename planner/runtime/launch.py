@@ -125,7 +125,7 @@ def run_local(launch: Launch, opts: RunOptions) -> dict:
         result = os.path.join(tmp, "result.json")
         logfile = os.path.join(tmp, "processes.log")
         argv = torchrun_argv(launch, opts, result=result, master_port=_free_port())
-        log.info("starting %d processes: %s", launch.nproc_per_node, shlex.join(argv))
+        log.debug("starting %d processes: %s", launch.nproc_per_node, shlex.join(argv))
         with open(logfile, "w") as out:
             code = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)
         with open(logfile) as f:

@@ -1,11 +1,13 @@
 """Step timing and peak memory of one process, and the measured-vs-predicted summary.
 
 Memory on GPU is ``torch.cuda.max_memory_allocated`` over the measured steps (tensors only, as the
-cost model counts). On CPU there is no allocator statistic, so the process's resident-set high-water
-mark (``VmHWM``) is read after resetting it before the measured steps (Linux ``clear_refs``); it
-includes the interpreter, torch's libraries and allocator slack, so it over-states what the cost
-model counts. ``state_bytes`` (parameters, gradients and optimizer states held by this rank, summed
-from the tensors themselves) is reported beside it as the exactly comparable part.
+cost model counts). CPU has no allocator statistic, so the last measured step runs under
+torch.profiler with ``profile_memory`` and the peak of its memory timeline (live tensor bytes,
+tensors made before the step included once they are used) is the tensor peak; that step is left out
+of the timing. The process's resident-set high-water mark (``VmHWM``, reset before the measured
+steps with Linux ``clear_refs``) is reported too: it adds the interpreter, torch's libraries and
+allocator slack. ``state_bytes`` (parameters and optimizer states held by the rank at the end of the
+run, gradients freed, summed from the tensors themselves) is the exactly comparable part.
 """
 
 from __future__ import annotations
@@ -23,25 +25,47 @@ class Memory:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.method = ("torch.cuda.max_memory_allocated" if device.type == "cuda"
-                       else "VmHWM (resident-set high-water mark, reset before the measured steps)")
+        self.method = ("torch.cuda.max_memory_allocated over the measured steps"
+                       if device.type == "cuda" else
+                       "tensor bytes over the last step from torch.profiler's memory timeline")
+        self.profiled_peak: int | None = None
         self.baseline = 0
 
     def reset(self) -> None:
+        """Start the high-water marks here (before the measured steps)."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.baseline = torch.cuda.memory_allocated(self.device)
-            return
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            self.method = "ru_maxrss (resident-set high-water mark since process start)"
+        else:
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError:
+                pass
         self.baseline = _rss_bytes("VmRSS")
 
-    def peak(self) -> int:
+    def profile(self, fn):
+        """Run ``fn`` under the profiler (CPU only) and keep the peak of live tensor bytes."""
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                     with_stack=True) as prof:
+            result = fn()
+        try:
+            _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+            self.profiled_peak = int(max(sum(row) for row in sizes)) if sizes else None
+        except Exception:  # noqa: BLE001 - a private API; without it the RSS figure remains
+            self.profiled_peak = None
+        return result
+
+    def peak(self) -> int | None:
+        """Peak tensor bytes (None on CPU when no step was profiled)."""
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device))
+        return self.profiled_peak
+
+    def rss_peak(self) -> int:
+        """Resident-set high-water mark of the process since ``reset`` (VmHWM)."""
         hwm = _rss_bytes("VmHWM")
         return hwm or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -99,13 +123,14 @@ class StepTimer:
 def summarize(records: list[dict], plan, *, warmup: int) -> dict:
     """Per-rank records -> measured vs predicted (the step takes as long as its slowest rank)."""
     medians = [r["median_step_time_s"] for r in records if r["median_step_time_s"] is not None]
-    peaks = [r["peak_memory_bytes"] for r in records]
+    peaks = [r["peak_memory_bytes"] for r in records if r["peak_memory_bytes"] is not None]
     step = max(medians) if medians else None
     pred_t = plan.predicted["step_time_s"]
     pred_m = plan.predicted["peak_memory_bytes"]
     return {
         "step_time_s": step,
         "peak_memory_bytes": max(peaks) if peaks else None,
+        "rss_peak_bytes": max(r["rss_peak_bytes"] for r in records) if records else None,
         "state_bytes": max(r["state_bytes"] for r in records) if records else None,
         "predicted_step_time_s": pred_t,
         "predicted_peak_memory_bytes": pred_m,

@@ -31,6 +31,6 @@ def single_process(plan: Plan, opts: RunOptions) -> tuple[list[float], dict[str,
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(loss.item())
     params = {n: p.detach().clone() for n, p in real.module.named_parameters()}
     return losses, params

@@ -42,32 +42,38 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
     built = build(plan, opts, device)
     mem = measure.Memory(device)
     timer = measure.StepTimer(device)
+    total = opts.warmup + opts.steps
+    profiled = device.type == "cpu" and opts.steps >= 2
     step_losses = []
-    for step in range(opts.warmup + opts.steps):
+    for step in range(total):
         if step == opts.warmup:
             mem.reset()
         dist.barrier()
         timer.start()
-        losses = _step(built)
+        if profiled and step == total - 1:
+            step_losses.append(mem.profile(lambda: _step(built)))
+        else:
+            step_losses.append(_step(built))
         timer.stop()
-        step_losses.append(losses)
-    measured = timer.times[opts.warmup:]
+    measured = timer.times[opts.warmup:total - 1 if profiled else total]
     record = {
         "rank": dist.get_rank(), **built.coords,
         "stages": [st.stage_index for st in built.stages],
         "step_times_s": timer.times, "median_step_time_s": measure.median(measured),
-        "peak_memory_bytes": mem.peak(), "baseline_memory_bytes": mem.baseline,
-        "memory_method": mem.method,
+        "profiled_step": total - 1 if profiled else None,
+        "peak_memory_bytes": mem.peak(), "rss_peak_bytes": mem.rss_peak(),
+        "rss_baseline_bytes": mem.baseline, "memory_method": mem.method,
         "state_bytes": measure.state_bytes(built.modules, built.optimizer),
-        "losses": step_losses,
+        "losses": step_losses, "notes": built.notes,
     }
     if opts.dump_dir:
         _dump(built, opts.dump_dir)
     records: list = [None] * dist.get_world_size()
     dist.all_gather_object(records, record)
+    notes = list(dict.fromkeys(n for r in records for n in r["notes"]))
     return {"measured": measure.summarize(records, plan, warmup=opts.warmup),
             "loss_per_step": _global_losses(records), "ranks": records,
-            "data_parallel": built.dp_wrap, "notes": built.notes,
+            "data_parallel": built.dp_wrap, "notes": notes,
             "device": str(device.type), "backend": dist.get_backend()}
 
 

@@ -1,7 +1,9 @@
 """A torchrun job for the runtime tests: run several plans (same process count) one after the
 other in one process group, so the slow start of processes is paid once.
 
-    torchrun --nproc-per-node N tests/runtime/job.py RESULT.json DUMP_ROOT PLAN.json ...
+    torchrun --nproc-per-node N tests/runtime/job.py RESULT.json DUMP_ROOT LR PLAN.json ...
+
+One optimizer step per plan (no warm-up), parameters dumped per stage under DUMP_ROOT/<plan name>.
 """
 
 import datetime
@@ -16,13 +18,13 @@ from planner.runtime.options import RunOptions
 from planner.runtime.worker import execute, pick_device
 
 
-def main(result: str, dump_root: str, plans: list[str]) -> None:
+def main(result: str, dump_root: str, lr: float, plans: list[str]) -> None:
     device = pick_device("cpu")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
     out = {}
     for path in plans:
         name = os.path.basename(path).removesuffix(".json")
-        opts = RunOptions(steps=1, warmup=0, lr=0.1, device="cpu",
+        opts = RunOptions(steps=1, warmup=0, lr=lr, device="cpu",
                           dump_dir=os.path.join(dump_root, name))
         out[name] = execute(load_plan(path), opts, device)
     if dist.get_rank() == 0:
@@ -31,4 +33,4 @@ def main(result: str, dump_root: str, plans: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:])

@@ -1,0 +1,26 @@
+"""Small models for the runtime tests: examples/branched.py's TwoTower at a size two CPU cores
+train in milliseconds (the same DAG: embed -> two towers -> merge -> head)."""
+
+import importlib.util
+import os
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _branched_module():
+    spec = importlib.util.spec_from_file_location(
+        "examples_branched", os.path.join(REPO, "examples", "branched.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def small_branched(seq_len: int = 16, batch: int = 4):
+    model = _branched_module().TwoTower(vocab=512, width=32, depth=2, classes=10)
+    return model, (torch.randint(0, 512, (batch, seq_len)),)
+
+
+SPEC = os.path.join(REPO, "tests", "runtime", "runtime_models.py") + ":small_branched"
+"""MODEL string of the small branched model."""
