@@ -28,8 +28,10 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
          record_timing: bool = False) -> Plan:
     best = result.best
     cfg = best.config
+    by_name = {b.name: b for b in bg.blocks}
+    order = [by_name[name] for st in best.stages for name in st.blocks]  # the split's order
     blocks = [{"name": b.name, "modules": b.modules, "params": b.work.params,
-               "fwd_flops_per_sample": b.work.fwd_flops} for b in bg.blocks]
+               "fwd_flops_per_sample": b.work.fwd_flops} for b in order]
     module_of = {b.name: b.modules for b in bg.blocks}
     stages = [{
         "index": st.index,
@@ -46,10 +48,13 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         },
     } for st in best.stages]
     parallel = {k: v for k, v in cfg.to_dict().items()}
+    split = ("CP-SAT stage assignment on the block DAG" if best.stage_split == "cp-sat" else
+             "exact contiguous stage split")
     search = {
-        "method": "enumeration + chain bisection (exact stage split per configuration)",
+        "method": f"enumeration of configurations with {split}; the top {len(result.alternatives) + 1}"
+                  f" re-timed by simulating their schedules",
         "status": result.status,
-        "gap": 0.0 if result.status == "optimal" else None,
+        "gap": result.gap if result.status == "feasible" else 0.0,
         "candidates": result.candidates,
         "evaluated": result.evaluated,
         "rejected": dict(sorted(result.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
@@ -83,7 +88,7 @@ def training_dict(training: TrainingSpec) -> dict:
 
 
 def predicted(est: Estimate, training: TrainingSpec, cluster: Cluster) -> dict:
-    return {"step_time_s": est.step_time_s, **est.throughput(training, cluster),
+    return {"step_time_s": est.step_time_s, "timing": est.timing, **est.throughput(training, cluster),
             "peak_memory_bytes": est.peak_memory_bytes, "breakdown": dict(est.breakdown),
             "model_flops_per_step": est.model_flops,
             "hardware_flops_per_step": est.hardware_flops}

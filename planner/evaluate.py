@@ -9,7 +9,7 @@ rank ``c mod pp`` (Megatron-LM's placement), so a rank's time and memory add up 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -40,13 +40,16 @@ class ModelArrays:
     fwd_flops_per_sample: float
 
     @classmethod
-    def from_blocks(cls, bg: BlockGraph) -> "ModelArrays":
-        cols = {f: np.array([getattr(b.work, f) for b in bg.blocks], dtype=float) for f in WORK_FIELDS}
-        idx = bg.index()
+    def from_blocks(cls, bg: BlockGraph, order: list[int] | None = None) -> "ModelArrays":
+        """Arrays over the blocks in their own order, or in ``order`` (a topological order)."""
+        order = list(range(len(bg.blocks))) if order is None else list(order)
+        blocks = [bg.blocks[i] for i in order]
+        cols = {f: np.array([getattr(b.work, f) for b in blocks], dtype=float) for f in WORK_FIELDS}
+        idx = {b.name: i for i, b in enumerate(blocks)}
         shared = [(idx[a], idx[b], float(n), bool(s)) for a, b, n, s in bg.shared]
         work = BlockWork(**cols)
-        return cls(names=[b.name for b in bg.blocks], works=[b.work for b in bg.blocks], work=work,
-                   cut_bytes=np.array(bg.cut_bytes(), dtype=float), shared=shared,
+        return cls(names=[b.name for b in blocks], works=[b.work for b in blocks], work=work,
+                   cut_bytes=np.array(bg.cut_bytes(order), dtype=float), shared=shared,
                    fwd_flops_per_sample=float(np.sum(work.fwd_flops)))
 
 
@@ -66,6 +69,9 @@ class BlockCosts:
     @property
     def time_s(self) -> np.ndarray:
         return self.compute_s + self.recompute_s + self.tp_comm_s
+
+    def permuted(self, order: list[int]) -> "BlockCosts":
+        return BlockCosts(**{f.name: getattr(self, f.name)[order] for f in fields(self)})
 
 
 def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int, sp: bool,

@@ -181,9 +181,13 @@ class BlockGraph:
         idx = self.index()
         return all(idx[e.dst] == idx[e.src] + 1 for e in self.edges)
 
-    def cut_bytes(self) -> list[float]:
-        """Per-sample bytes crossing the cut after position i, for i in 0..n-2."""
+    def cut_bytes(self, order: list[int] | None = None) -> list[float]:
+        """Per-sample bytes crossing the cut after position i, for i in 0..n-2, with the blocks in
+        their own order or in ``order`` (block indices; must be a topological order)."""
         idx = self.index()
+        if order is not None:
+            position = {self.blocks[b].name: i for i, b in enumerate(order)}
+            idx = {name: position[name] for name in idx}
         n = len(self.blocks)
         last: dict[tuple[str, str], tuple[int, int, float]] = {}
         for e in self.edges:

@@ -51,6 +51,15 @@ class Estimate:
     peak_memory_bytes: float
     model_flops: float
     hardware_flops: float
+    cut_p2p_s: list[float] = field(default_factory=list)
+    """One-way send seconds per micro-batch over each cut between consecutive chunks."""
+    timing: str = "closed form"
+    """How the pipeline time was found: closed form, or simulated (planner.simulate)."""
+    stage_split: str = "chain"
+    """chain (contiguous in topological order, exact) or cp-sat (DAG assignment)."""
+    split_status: str = "optimal"
+    split_gap: float | None = 0.0
+    """CP-SAT's relative gap for the stage split; None when unknown."""
 
     def throughput(self, training: TrainingSpec, cluster: Cluster) -> dict:
         n = cluster.num_gpus
@@ -66,7 +75,7 @@ class Estimate:
 def price(cfg: Config, bounds: list[int], ma, costs, cluster: Cluster,
           training: TrainingSpec) -> Estimate:
     """Step time, breakdown and memory of ``cfg`` with chunk ``c`` = blocks [bounds[c], bounds[c+1])."""
-    p2p_out = _p2p_sends(cfg, bounds, ma, cluster)
+    p2p_out, cut_p2p = _p2p_sends(cfg, bounds, ma, cluster)
     stages = []
     for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
         sl = slice(a, b)
@@ -97,7 +106,8 @@ def price(cfg: Config, bounds: list[int], ma, costs, cluster: Cluster,
                 "full": ma.fwd_flops_per_sample}[cfg.recompute] * training.global_batch
     return Estimate(config=cfg, stages=stages, step_time_s=pipe_s + dp_s + opt_s,
                     breakdown=breakdown, peak_memory_bytes=max(r["total"] for r in ranks),
-                    model_flops=model_flops, hardware_flops=model_flops + rc_flops)
+                    model_flops=model_flops, hardware_flops=model_flops + rc_flops,
+                    cut_p2p_s=cut_p2p)
 
 
 def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> list[float]:
@@ -105,13 +115,15 @@ def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> list[flo
     gradient back). With tensor parallelism each rank sends 1/t of the activation and the receivers
     all-gather it inside the node (Megatron-LM's scatter-gather optimization)."""
     sends = [0.0] * (len(bounds) - 1)
+    cuts = []
     for c in range(len(bounds) - 2):
         link = placement.link_between(cfg, cluster, c % cfg.pp, (c + 1) % cfg.pp)
         nbytes = ma.cut_bytes[bounds[c + 1] - 1] * cfg.micro_batch / cfg.tp
         one_way = comm.p2p_s(nbytes, link)
         sends[c] += one_way  # activations forward
         sends[c + 1] += one_way  # gradients back
-    return sends
+        cuts.append(one_way)
+    return sends, cuts
 
 
 def _rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) -> list[dict]:

@@ -22,6 +22,7 @@ from costmodels.topology import Cluster
 from planner.evaluate import Estimate, ModelArrays, block_costs, capacity_bytes, evaluate
 from planner.graph import BlockGraph
 from planner.options import SearchOptions, TrainingSpec
+from planner.refine import refine
 from planner.space import enumerate_space
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ class SearchResult:
     rejected: Counter = field(default_factory=Counter)
     status: str = "optimal"
     time_s: float = 0.0
+    gap: float | None = 0.0
+    """Relative gap of the stage split (CP-SAT) when not proven optimal; None if unknown."""
 
 
 def search(bg: BlockGraph, cluster: Cluster, training: TrainingSpec, options: SearchOptions,
@@ -91,6 +94,12 @@ def search(bg: BlockGraph, cluster: Cluster, training: TrainingSpec, options: Se
         if progress:
             progress(done, total)
     ranked = [e for _, _, e in sorted(heap, key=lambda it: (-it[0], -it[1]))]
+    deadline = None if options.time_limit_s is None else t0 + options.time_limit_s
+    ranked = [e for e in refine(ranked, bg, ma, cluster, training, options, deadline)
+              if e.peak_memory_bytes <= capacity]
+    gap = 0.0
+    if ranked and ranked[0].split_status != "optimal":
+        status, gap = "feasible", ranked[0].split_gap
     return SearchResult(best=ranked[0] if ranked else None, alternatives=ranked[1:],
                         candidates=total, evaluated=evaluated, rejected=rejected, status=status,
-                        time_s=time.perf_counter() - t0)
+                        time_s=time.perf_counter() - t0, gap=gap if status == "feasible" else 0.0)

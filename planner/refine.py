@@ -1,0 +1,116 @@
+"""Second pass over the search's best candidates: exact stage assignment on DAGs, and simulation.
+
+The search ranks every configuration with closed forms on a chain split (fast). Its top k are then:
+
+1. re-split with CP-SAT when the blocks form a DAG rather than a chain (planner.solve.dag), with
+   the chain split as the starting hint, so the result is never worse;
+2. re-timed by simulating their schedule event by event (planner.simulate): unequal stages, p2p
+   delays and the schedule's exact order set the pipeline time and the activations in flight.
+
+The candidates are then re-ranked by the refined step time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import numpy as np
+
+from costmodels import memory, pipeline
+from costmodels.topology import Cluster
+from planner import schedule
+from planner.evaluate import BlockCosts, ModelArrays, block_costs, capacity_bytes
+from planner.graph import BlockGraph
+from planner.options import SearchOptions, TrainingSpec
+from planner.pricing import Estimate, price
+from planner.simulate import simulate
+from planner.solve.chain import StageMemory
+from planner.solve.dag import solve_dag
+
+log = logging.getLogger(__name__)
+
+DAG_TIME_LIMIT_S = 10.0
+"""CP-SAT time per candidate when the search has no time limit of its own."""
+
+
+def refine(candidates: list[Estimate], bg: BlockGraph, ma: ModelArrays, cluster: Cluster,
+           training: TrainingSpec, options: SearchOptions, deadline: float | None) -> list[Estimate]:
+    """The candidates re-split (DAGs) and re-timed (simulation), best first."""
+    out = []
+    for i, est in enumerate(candidates):
+        costs = block_costs(ma, cluster, training, tp=est.config.tp, sp=est.config.sequence_parallel,
+                            recompute=est.config.recompute, micro_batch=est.config.micro_batch)
+        if not bg.is_chain() and est.config.vpp == 1:
+            left = len(candidates) - i
+            budget = DAG_TIME_LIMIT_S if deadline is None else max(
+                0.05, (deadline - time.perf_counter()) / left)
+            est = refine_dag(est, bg, ma, costs, cluster, training, options, budget)
+        out.append(simulated(est, training))
+    return sorted(out, key=lambda e: e.step_time_s)
+
+
+def refine_dag(est: Estimate, bg: BlockGraph, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
+               training: TrainingSpec, options: SearchOptions, budget_s: float) -> Estimate:
+    """Re-split ``est`` with CP-SAT; keep the chain split when CP-SAT finds nothing better."""
+    cfg = est.config
+    bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
+                                       zero=cfg.zero, dp=cfg.dp, offload=cfg.offload_optimizer)
+    in_flight = [pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
+                                    microbatches=cfg.num_microbatches) for r in range(cfg.pp)]
+    mem = StageMemory(static=(costs.params_local * bpp).tolist(), act=costs.act_bytes.tolist(),
+                      work=costs.work_bytes.tolist(), in_flight=in_flight,
+                      capacity=capacity_bytes(cluster, options),
+                      shared=[(a, b, bpp * (n / cfg.tp if s else n)) for a, b, n, s in ma.shared])
+    position = {name: i for i, name in enumerate(ma.names)}
+    hint = [0] * len(ma.names)
+    for st in est.stages:
+        for name in st.blocks:
+            hint[position[name]] = st.index
+    edges = sorted({(position[e.src], position[e.dst]) for e in bg.edges})
+    t0 = time.perf_counter()
+    res = solve_dag(costs.time_s.tolist(), edges, cfg.pp, mem, time_limit_s=budget_s, seed=0,
+                    hint=hint)
+    log.info("CP-SAT stage assignment for %s: %s in %.2f s", cfg.short(),
+             res.status if res else "no solution", time.perf_counter() - t0)
+    if res is None:
+        return dataclasses.replace(est, split_status="feasible", split_gap=None)
+    chain_bottleneck = max(st.compute_s + st.tp_comm_s for st in est.stages)
+    if res.bottleneck >= chain_bottleneck * (1 - 1e-6):
+        return dataclasses.replace(est, split_status=res.status, split_gap=res.gap)
+    ma2 = ModelArrays.from_blocks(bg, order=[bg.index()[ma.names[b]] for b in res.order])
+    better = price(cfg, res.bounds, ma2, costs.permuted(res.order), cluster, training)
+    return dataclasses.replace(better, stage_split="cp-sat", split_status=res.status,
+                               split_gap=res.gap)
+
+
+def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
+    """``est`` with its pipeline time and activation memory taken from a simulation."""
+    cfg = est.config
+    m = cfg.num_microbatches
+    actions = schedule.build(cfg.schedule, cfg.pp, m, vpp=cfg.vpp)
+    tp_fwd = 1 / 3 if cfg.recompute == "full" else 1 / 2  # full recompute replays forward's share
+    fwd = [st.fwd_s + tp_fwd * st.tp_comm_s for st in est.stages]
+    bwd = [st.compute_s - st.fwd_s + (1 - tp_fwd) * st.tp_comm_s for st in est.stages]
+    sim = simulate(actions, microbatches=m, fwd_s=fwd, bwd_s=bwd, p2p_s=est.cut_p2p_s or 0.0,
+                   activation_bytes=[st.act_bytes for st in est.stages], vpp=cfg.vpp)
+    stages = [dataclasses.replace(st) for st in est.stages]
+    for r in range(cfg.pp):
+        mine = [st for st in stages if st.rank == r]
+        mem = dict(mine[0].memory)
+        mem["activations"] = float(sim.peak_activation_bytes[r])
+        mem["total"] = sum(v for k, v in mem.items() if k != "total")
+        for st in mine:
+            st.memory = mem
+    busy = [sum(st.compute_s + st.tp_comm_s for st in stages if st.rank == r) for r in range(cfg.pp)]
+    slow = int(np.argmax(busy))
+    bd = dict(est.breakdown)
+    bd["compute_s"] = m * sum(st.compute_s for st in stages if st.rank == slow)
+    bd["tp_comm_s"] = m * sum(st.tp_comm_s for st in stages if st.rank == slow)
+    bd["pp_comm_s"] = 0.0  # sends overlap compute; waiting for them shows as bubble
+    bd["bubble_s"] = max(0.0, sim.step_time_s - m * busy[slow])
+    return dataclasses.replace(
+        est, stages=stages, step_time_s=sim.step_time_s + bd["dp_comm_s"] + bd["optimizer_s"],
+        breakdown=bd, peak_memory_bytes=max(st.memory["total"] for st in stages),
+        timing="simulated")
