@@ -298,7 +298,8 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
 
 def replan(doc: dict, *, done: list[str], now_s: float,
            options: ScheduleOptions = ScheduleOptions(), record_timing: bool = False) -> JobsResult:
-    """Re-solve from time ``now_s``: ``done`` jobs leave, running jobs keep GPUs and end time."""
+    """Re-solve from time ``now_s``: ``done`` jobs (and those predicted to have ended) leave,
+    running jobs keep their GPUs and end time, the others start at ``now_s`` or later."""
     if doc.get("schema") != SCHEMA_ID:
         raise SpecError(f"replan: schema is {doc.get('schema')!r}, expected '{SCHEMA_ID}'; give "
                         "a schedule written by `plan jobs -o`")
@@ -312,8 +313,13 @@ def replan(doc: dict, *, done: list[str], now_s: float,
         if records[name]["start_s"] > now_s:
             raise SpecError(f"done: job '{name}' starts at {records[name]['start_s']:g} s, after "
                             f"--now {now_s:g}; check --now")
+    ended = [n for n, rec in records.items() if n not in done and rec["end_s"] <= now_s]
+    if ended:
+        log.info("taken as done (predicted to end by --now): %s", ", ".join(ended))
+    keep = [rec for rec in doc["jobs"] if rec["name"] not in done and rec["name"] not in ended]
+    if not keep:
+        raise SpecError(f"replan: every job has ended by --now {now_s:g} s; nothing to schedule")
     cl = load_cluster(doc["cluster"]["spec"])
-    keep = [rec for rec in doc["jobs"] if rec["name"] not in done]
     jobs = [JobSpec(**{f.name: rec[f.name] for f in fields(JobSpec)}) for rec in keep]
     tables = {rec["name"]: [TableRow(**row) for row in rec["table"]] for rec in keep}
     requests = [_request(rec, now_s) for rec in keep]
@@ -321,7 +327,7 @@ def replan(doc: dict, *, done: list[str], now_s: float,
     base = baselines(requests, cl.nodes, cl.gpus_per_node, now_s=now_s)
     plans = _plans_for(keep, jobs, result.placements, cl)
     new = document(cl, jobs, tables, result, base, plans, now_s=now_s,
-                   done=list(doc.get("done", [])) + list(done), record_timing=record_timing)
+                   done=list(doc.get("done", [])) + list(done) + ended, record_timing=record_timing)
     return JobsResult(doc=new, solve_time_s=result.time_s)
 
 
@@ -330,13 +336,8 @@ def _request(rec: dict, now_s: float) -> JobRequest:
     if rec["start_s"] >= now_s:
         return JobRequest(name=rec["name"], durations_s=table, priority=rec["priority"],
                           deadline_s=rec["deadline_s"])
-    end_s = rec["end_s"]
-    if end_s <= now_s:
-        log.warning("job %s was predicted to end at %g s but is not --done: taken as running "
-                    "until --now", rec["name"], end_s)
-        end_s = now_s
     pin = Placement(name=rec["name"], gpus=rec["gpus"], nodes=tuple(rec["nodes"]),
-                    gpu_ids=tuple(rec["gpu_ids"]), start_s=rec["start_s"], end_s=end_s)
+                    gpu_ids=tuple(rec["gpu_ids"]), start_s=rec["start_s"], end_s=rec["end_s"])
     return JobRequest(name=rec["name"], durations_s=table, priority=rec["priority"], pinned=pin)
 
 
@@ -431,77 +432,3 @@ def cluster_mapping(c: Cluster) -> dict:
               "memory_efficiency": d.memory_efficiency}
     return {"name": c.name, "device": device, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
             "intra_node": link(c.intra_node), "inter_node": link(c.inter_node)}
-
-
-def draw_gantt(doc: dict, path: str) -> None:
-    """The cluster over time, one row per GPU: the joint schedule above the two baselines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    c, joint = doc["cluster"], doc["makespan_s"] / 3600
-    panels = [("joint schedule (CP-SAT)", doc["jobs"], joint)]
-    panels += [(b["description"], b["jobs"], b["makespan_s"] / 3600)
-               for b in doc["baselines"].values()]
-    cmap = plt.get_cmap("tab10" if len(doc["jobs"]) <= 10 else "tab20")
-    colors = {j["name"]: cmap(i % cmap.N) for i, j in enumerate(doc["jobs"])}
-    fig, axes = plt.subplots(len(panels), 1, sharex=True, layout="constrained",
-                             figsize=(12, 1.0 + 0.09 * c["num_gpus"] * len(panels)))
-    for ax, (title, placed, makespan) in zip(axes, panels):
-        for j in placed:
-            _bars(ax, j, colors[j["name"]], max(p[2] for p in panels))
-        ax.axvline(makespan, color="black", linestyle="--", linewidth=1)
-        if makespan != joint:
-            ax.axvline(joint, color="black", linestyle=":", linewidth=1)
-            title += f": makespan {makespan:.2f} h, joint schedule (dotted) {joint:.2f} h is " \
-                     f"{100 * (makespan - joint) / makespan:.0f}% shorter"
-        else:
-            title += f": makespan {makespan:.2f} h (dashed)"
-        if doc["now_s"]:
-            ax.axvline(doc["now_s"] / 3600, color="red", linewidth=1.2)
-        ax.set_title(title, fontsize=10, loc="left")
-        _node_axis(ax, c["nodes"], c["gpus_per_node"])
-    axes[-1].set_xlim(0, max(p[2] for p in panels) * 1.01)
-    axes[-1].set_xlabel("hours" + (" (red: re-planned at this time)" if doc["now_s"] else ""))
-    handles = [Patch(color=colors[j["name"]], label=f"{j['name']}: {os.path.basename(j['model'])}")
-               for j in doc["jobs"]]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5),
-               fontsize=8, frameon=False)
-    fig.suptitle(f"{len(doc['jobs'])} jobs on {c['nodes']} nodes x {c['gpus_per_node']} "
-                 f"{c['device']} ({c['name']})", fontsize=11)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _bars(ax, job: dict, color, span_h: float) -> None:
-    """One bar per run of consecutive GPU ids, labelled with the job and its GPU count."""
-    x, w = job["start_s"] / 3600, (job["end_s"] - job["start_s"]) / 3600
-    for lo, hi in _runs(job["gpu_ids"]):
-        ax.broken_barh([(x, w)], (lo, hi - lo + 1), facecolors=color, edgecolors="white",
-                       linewidth=0.8)
-        label, rows = f"{job['name']} ({job['gpus']})", hi - lo + 1
-        across = len(label) * span_h / 140 < w  # about 140 characters span the axis
-        if across or (rows >= 1.2 * len(label) and w > span_h / 80):
-            ax.text(x + w / 2, lo + rows / 2, label, ha="center", va="center",
-                    rotation=0 if across else 90, fontsize=8 if rows >= 3 else 6, clip_on=True)
-
-
-def _runs(ids: list[int]) -> list[tuple[int, int]]:
-    """Maximal runs of consecutive ids: [0,1,2,5] -> [(0, 2), (5, 5)]."""
-    runs: list[list[int]] = []
-    for i in sorted(ids):
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    return [tuple(r) for r in runs]
-
-
-def _node_axis(ax, nodes: int, gpus_per_node: int) -> None:
-    ax.set_ylim(nodes * gpus_per_node, 0)
-    ax.set_yticks([(n + 0.5) * gpus_per_node for n in range(nodes)])
-    ax.set_yticklabels([f"node {n}" for n in range(nodes)], fontsize=8)
-    for n in range(1, nodes):
-        ax.axhline(n * gpus_per_node, color="grey", linewidth=0.6)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import logging
+import os
 
-log = logging.getLogger("planner")
+from planner.errors import SpecError
 
 
 def register(add) -> None:
@@ -40,9 +40,10 @@ def register(add) -> None:
 
 def _cmd_jobs(args) -> int:
     from planner import jobs
-    from planner.errors import SpecError
     from planner.solve.jobs import ScheduleOptions
 
+    if args.gantt and not args.gantt.lower().endswith(GANTT_FORMATS):
+        raise SpecError(f"gantt: '{args.gantt}' must end in {' or '.join(GANTT_FORMATS)}")
     options = ScheduleOptions(objective=args.objective, time_limit_s=args.time_limit,
                               time_unit_s=args.time_unit, seed=args.seed)
     if args.replan:
@@ -68,9 +69,97 @@ def _cmd_jobs(args) -> int:
         jobs.write_schedule(args.output, result.doc)
         print(f"\nwrote {args.output}")
     if args.gantt:
-        jobs.draw_gantt(result.doc, args.gantt)
+        draw_gantt(result.doc, args.gantt)
         print(f"drew {args.gantt}")
     return 0
+
+
+GANTT_FORMATS = (".png", ".svg")
+GANTT_CLIP = 2.5
+"""The time axis ends at this many joint makespans at most (longer baselines are cut off)."""
+
+
+def draw_gantt(doc: dict, path: str) -> None:
+    """The cluster over time, one row per GPU: the joint schedule above the two baselines.
+
+    Drawn on a bare matplotlib Figure with the Agg canvas (no pyplot state, no backend switch)."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    if not path.lower().endswith(GANTT_FORMATS):
+        raise SpecError(f"gantt: '{path}' must end in {' or '.join(GANTT_FORMATS)}")
+    c, joint = doc["cluster"], doc["makespan_s"] / 3600
+    panels = [("joint schedule (CP-SAT)", doc["jobs"], joint)]
+    panels += [(b["description"], b["jobs"], b["makespan_s"] / 3600)
+               for b in doc["baselines"].values()]
+    span = min(max(p[2] for p in panels), GANTT_CLIP * joint)  # a slow baseline runs off
+    cmap = colormaps["tab10" if len(doc["jobs"]) <= 10 else "tab20"]
+    colors = {j["name"]: cmap(i % cmap.N) for i, j in enumerate(doc["jobs"])}
+    fig = Figure(figsize=(12, 1.0 + 0.09 * c["num_gpus"] * len(panels)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, sharex=True)
+    for ax, (title, placed, makespan) in zip(axes, panels):
+        for j in placed:
+            _bars(ax, j, colors[j["name"]], span)
+        ax.axvline(makespan, color="black", linestyle="--", linewidth=1)
+        if makespan > span:
+            ax.annotate(f"ends at {makespan:.1f} h", xy=(span, 0.5), xycoords=("data", "axes fraction"),
+                        ha="right", va="center", fontsize=9,
+                        bbox={"boxstyle": "rarrow", "fc": "white", "ec": "black"})
+        if placed is doc["jobs"]:
+            title += f": makespan {makespan:.2f} h (dashed)"
+        else:
+            ax.axvline(joint, color="black", linestyle=":", linewidth=1)
+            title += (f": makespan {makespan:.2f} h, joint schedule (dotted) {joint:.2f} h is "
+                      f"{100 * (makespan - joint) / makespan:.0f}% shorter")
+        if doc["now_s"]:
+            ax.axvline(doc["now_s"] / 3600, color="red", linewidth=1.2)
+        ax.set_title(title, fontsize=10, loc="left")
+        _node_axis(ax, c["nodes"], c["gpus_per_node"])
+    axes[-1].set_xlim(0, span * 1.02)
+    axes[-1].set_xlabel("hours" + (" (red: re-planned at this time)" if doc["now_s"] else ""))
+    handles = [Patch(color=colors[j["name"]], label=f"{j['name']}: {_model_name(j['model'])}")
+               for j in doc["jobs"]]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5),
+               fontsize=8, frameon=False)
+    fig.suptitle(f"{len(doc['jobs'])} jobs on {c['nodes']} nodes x {c['gpus_per_node']} "
+                 f"{c['device']} ({c['name']})", fontsize=11)
+    fig.savefig(path, dpi=110)
+
+
+def _bars(ax, job: dict, color, span_h: float) -> None:
+    """One bar per run of consecutive GPU ids, labelled with the job and its GPU count."""
+    x, w = job["start_s"] / 3600, (job["end_s"] - job["start_s"]) / 3600
+    seen = max(0.0, min(x + w, span_h) - x)  # the part left of the cut
+    for lo, hi in _runs(job["gpu_ids"]):
+        ax.broken_barh([(x, w)], (lo, hi - lo + 1), facecolors=color, edgecolors="white",
+                       linewidth=0.8)
+        label, rows = f"{job['name']} ({job['gpus']})", hi - lo + 1
+        across = len(label) * span_h / 140 < seen  # about 140 characters span the axis
+        if across or (rows >= 1.2 * len(label) and seen > span_h / 80):
+            ax.text(x + seen / 2, lo + rows / 2, label, ha="center", va="center",
+                    rotation=0 if across else 90, fontsize=8 if rows >= 3 else 6, clip_on=True)
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive ids: [0,1,2,5] -> [(0, 2), (5, 5)]."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return [tuple(r) for r in runs]
+
+
+def _node_axis(ax, nodes: int, gpus_per_node: int) -> None:
+    ax.set_ylim(nodes * gpus_per_node, 0)
+    ax.set_yticks([(n + 0.5) * gpus_per_node for n in range(nodes)])
+    ax.set_yticklabels([f"node {n}" for n in range(nodes)], fontsize=8)
+    for n in range(1, nodes):
+        ax.axhline(n * gpus_per_node, color="grey", linewidth=0.6)
 
 
 def summary(doc: dict, solve_time_s: float) -> str:
@@ -82,7 +171,7 @@ def summary(doc: dict, solve_time_s: float) -> str:
                 if doc["now_s"] else ""), ""]
     rows = [("job", "model", "GPUs", "nodes", "GPU ids", "start", "end", "state", "plan")]
     for j in sorted(doc["jobs"], key=lambda j: (j["start_s"], j["gpu_ids"])):
-        rows.append((j["name"], j["model"], str(j["gpus"]), _ranges(j["nodes"]),
+        rows.append((j["name"], _model_name(j["model"]), str(j["gpus"]), _ranges(j["nodes"]),
                      _ranges(j["gpu_ids"]), hours(j["start_s"]), hours(j["end_s"]), j["state"],
                      j["parallel"]))
     lines += ["  " + line for line in _table(rows)]
@@ -106,16 +195,16 @@ def hours(seconds: float) -> str:
 
 def _ranges(ids) -> str:
     """[0, 1, 2, 3, 8] -> '0-3,8'."""
-    out, run = [], []
-    for i in list(ids) + [None]:
-        if run and (i is None or i != run[-1] + 1):
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        if i is not None:
-            run.append(i)
-    return ",".join(out)
+    return ",".join(f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in _runs(ids))
 
 
 def _table(rows) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def _model_name(model: str) -> str:
+    """A short name for a MODEL: the zoo name, a config's folder, or the factory."""
+    if model.endswith("config.json"):
+        return os.path.basename(os.path.dirname(os.path.abspath(model))) or model
+    return os.path.basename(model)

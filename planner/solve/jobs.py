@@ -1,26 +1,25 @@
 """Many jobs on one cluster: choose each job's GPU count, its nodes and its start (CP-SAT).
 
 Data: per job a table ``GPU count -> predicted job time`` (the single-job planner's best plan for
-that count, times the number of steps). Candidate counts are whole nodes (k x gpus_per_node, the
-job owns k specific nodes) or a part of one node (1, 2, 4 of 8 GPUs).
+that count, times its steps). Counts are whole nodes (k x gpus_per_node on k specific nodes) or part
+of one node (1, 2, 4 of 8 GPUs).
 
-Model (written like the OR-Tools scheduling samples):
-- time is an integer grid of ``time_unit_s`` seconds; durations are rounded up and deadlines down,
-  so a schedule that is feasible on the grid is feasible in seconds;
-- per job one start, and per (job, count) an optional interval sharing that start; exactly one
-  count is chosen;
-- per (job, count, node) a boolean "runs on this node" with its own optional interval; a count of k
-  whole nodes picks k nodes, a part-node count picks one;
-- per node a cumulative constraint with capacity gpus_per_node (a whole-node job demands all of
-  them, so it excludes everything else on that node; part-node jobs share a node up to its GPUs),
-  plus a redundant cumulative over all GPUs that tightens the bound;
-- cumulative rather than exact GPU slots: inside a node every GPU reaches every other one at the
-  same speed (NVSwitch), so any free GPUs will do, and GPU ids are handed out after the solve by a
-  sweep in start order (always possible when the per-node cumulative holds);
-- objective: makespan (then, with the makespan fixed, the sum of completion times so nothing
-  starts later than it must), or the priority-weighted sum of completion times; deadlines are
-  hard constraints. A greedy list schedule is given as a hint and kept as the answer when the time
-  limit ends before CP-SAT finds anything better.
+Model (laid out like the OR-Tools scheduling samples):
+- time is an integer grid of ``time_unit_s`` seconds; durations round up and deadlines down, so a
+  schedule feasible on the grid is feasible in seconds;
+- per job one start, and per (job, count) an optional interval on that start: exactly one count;
+- per (job, count, node) a boolean "runs on this node" with its own optional interval: k whole
+  nodes pick k nodes, a part-node count picks one;
+- per node a cumulative of capacity gpus_per_node: a whole-node job demands all of it, part-node
+  jobs share the node. Cumulative, not per-GPU slots: inside a node every GPU reaches every other at
+  the same speed (NVSwitch), so any free GPUs will do; GPU ids are handed out after the solve by a
+  sweep in start order, which always succeeds when the per-node cumulative holds;
+- redundant: a cumulative over all GPUs and its linear form (chosen GPU x time <= GPUs x makespan),
+  which gives CP-SAT the area lower bound; node and identical-job symmetries are broken;
+- running jobs (re-planning) keep their count, nodes, start and end; deadlines bound the ends;
+- objective: makespan, or sum of priority x completion time. A greedy list schedule is the hint,
+  and the answer if the time limit ends before CP-SAT finds one. Afterwards every job is shifted as
+  early as its nodes allow (the makespan objective leaves non-critical jobs anywhere before it).
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ log = logging.getLogger(__name__)
 OBJECTIVES = ("makespan", "weighted")
 GRID_STEPS = 10_000
 """The automatic time unit makes the horizon about this many grid steps."""
+EPS = 1e-9
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,11 +63,11 @@ class JobRequest:
 
     name: str
     durations_s: Mapping[int, float]
-    """GPU count -> predicted time of the whole job in seconds (counts that fit only)."""
+    """GPU count -> predicted seconds for the whole job (only counts where it fits)."""
     priority: int = 1
-    """Weight of the job's completion time in the weighted objective."""
+    """Weight of its completion time in the weighted objective."""
     deadline_s: float | None = None
-    """The job must end by then (seconds from the origin); None: no deadline."""
+    """It must end by then (seconds from the origin); None: no deadline."""
     pinned: Placement | None = None
     """A running job: keeps its GPUs, start and end."""
 
@@ -81,7 +81,7 @@ class ScheduleOptions:
     time_limit_s: float = 30.0
     """Seconds for CP-SAT; the best schedule found by then is returned."""
     time_unit_s: float | None = None
-    """Grid resolution in seconds; None: 1, 2 or 5 x 10^k s with about GRID_STEPS steps."""
+    """Grid resolution in seconds; None: 1, 2 or 5 x 10^k s, about GRID_STEPS steps."""
     seed: int = 0
     """CP-SAT random seed."""
     workers: int = 1
@@ -89,12 +89,11 @@ class ScheduleOptions:
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
-            raise SpecError(f"objective: unknown objective '{self.objective}'; use makespan or "
-                            "weighted")
-        if not self.time_limit_s > 0:
-            raise SpecError(f"time_limit: expected seconds > 0, got {self.time_limit_s!r}")
-        if self.time_unit_s is not None and not self.time_unit_s > 0:
-            raise SpecError(f"time_unit_s: expected seconds > 0, got {self.time_unit_s!r}")
+            raise SpecError(f"objective: unknown '{self.objective}'; use makespan or weighted")
+        for key in ("time_limit_s", "time_unit_s"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise SpecError(f"{key}: expected seconds > 0, got {value!r}")
 
 
 @dataclass
@@ -107,7 +106,7 @@ class JobSchedule:
     status: str
     """optimal, or feasible (time limit reached; ``gap`` says how far from the bound)."""
     objective_value: float
-    """In seconds (makespan) or priority x seconds (weighted)."""
+    """On the grid, in seconds (makespan) or priority x seconds (weighted)."""
     bound: float
     """Best lower bound on the objective, same unit."""
     gap: float
@@ -118,12 +117,21 @@ class JobSchedule:
 
 @dataclass(frozen=True)
 class _Grid:
-    """Requests on the time grid."""
+    """The requests in grid units (or in seconds, for list schedules: unit 1)."""
 
     unit_s: float
-    release: int
-    horizon: int
-    durations: list[dict[int, int]]
+    release: float
+    """Earliest start of the jobs that are not pinned."""
+    durations: list[dict]
+    """Per job: GPU count -> duration (a pinned job: its own count only)."""
+    fixed: list
+    """Per job: its start if pinned, else None."""
+
+    @property
+    def horizon(self) -> int:
+        ends = [s + max(d.values()) for s, d in zip(self.fixed, self.durations) if s is not None]
+        free = sum(max(d.values()) for s, d in zip(self.fixed, self.durations) if s is None)
+        return math.ceil(max(ends + [self.release]) + free)
 
 
 def candidate_counts(nodes: int, gpus_per_node: int) -> list[int]:
@@ -146,99 +154,111 @@ def solve_jobs(requests: list[JobRequest], nodes: int, gpus_per_node: int,
 
     t0 = time.perf_counter()
     # Data
-    _check_requests(requests, nodes, gpus_per_node)
-    grid = _grid(requests, options, now_s)
-    greedy = greedy_schedule(requests, nodes, gpus_per_node, grid)
+    _check(requests, nodes, gpus_per_node)
+    grid = on_grid(requests, options, now_s)
+    greedy = greedy_schedule(requests, grid, nodes, gpus_per_node)
     # Variables
     model = cp_model.CpModel()
-    v = _variables(model, requests, nodes, grid)
+    v = _variables(model, grid, nodes)
     # Constraints
-    _one_count_per_job(model, v, requests, gpus_per_node)
-    _node_capacity(model, v, requests, nodes, gpus_per_node)
-    _total_capacity(model, v, nodes * gpus_per_node)
-    _energy(model, v, requests, grid, nodes * gpus_per_node)
+    _one_count_per_job(model, v, gpus_per_node)
+    _node_capacity(model, v, nodes, gpus_per_node)
+    _total_capacity(model, v, grid, nodes * gpus_per_node)
     _pins_and_deadlines(model, v, requests, grid)
     _break_symmetry(model, v, requests, grid, nodes)
     if greedy is not None:
         _hint(model, v, greedy)
     # Objective
-    _objective(model, v, requests, grid, options.objective)
+    ends = v["end"]
+    model.Minimize(v["makespan"] if options.objective == "makespan" else
+                   sum(r.priority * e for r, e in zip(requests, ends)))
     # Solve
-    solver = _solver(options, options.time_limit_s)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = options.time_limit_s
+    solver.parameters.random_seed = options.seed
+    solver.parameters.num_workers = options.workers
     status = solver.Solve(model)
-    log.info("CP-SAT %s in %.2f s: objective %s, bound %s", solver.StatusName(status),
-             solver.WallTime(), solver.ObjectiveValue() if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else "-",
-             solver.BestObjectiveBound())
+    log.info("CP-SAT %s in %.2f s (%d jobs, grid %g s)", solver.StatusName(status),
+             solver.WallTime(), len(requests), grid.unit_s)
     if status == cp_model.INFEASIBLE:
         raise InfeasibleError(_infeasible_reason(requests), reason="no feasible schedule")
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if greedy is None:
-            raise InfeasibleError(f"no schedule found within the time limit of "
-                                  f"{options.time_limit_s:g} s; raise --time-limit",
-                                  reason="time limit")
-        value = _objective_value(greedy, requests, grid, options.objective)
-        placements = _placements(requests, grid, greedy, gpus_per_node)
-        return _result(placements, requests, grid, options,
-                       ("feasible", value, min(value, solver.BestObjectiveBound())), t0)
-    solution = left_shift(_read(solver, v), requests, grid, nodes, gpus_per_node)
-    word = "optimal" if status == cp_model.OPTIMAL else "feasible"
-    value, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
-    placements = _placements(requests, grid, solution, gpus_per_node)
-    return _result(placements, requests, grid, options, (word, value, bound), t0)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        word = "optimal" if status == cp_model.OPTIMAL else "feasible"
+        verdict = (word, solver.ObjectiveValue(), solver.BestObjectiveBound())
+        solution = _read(solver, v)
+    elif greedy is not None:  # the time limit ended before CP-SAT found a schedule
+        value = objective_value(greedy, requests, grid, options.objective)
+        bound = max(solver.BestObjectiveBound(),
+                    simple_bound(requests, grid, nodes * gpus_per_node, options.objective))
+        verdict, solution = ("feasible", value, min(value, bound)), greedy
+    else:
+        raise InfeasibleError(f"no schedule found within the time limit of "
+                              f"{options.time_limit_s:g} s; raise --time-limit", reason="time limit")
+    secs = on_grid(requests, None, now_s)  # exact durations: starts move earlier, never later
+    solution = left_shift(requests, secs, [(s * grid.unit_s, g, on) for s, g, on in solution],
+                          nodes, gpus_per_node)
+    return _answer(requests, secs, solution, gpus_per_node, options, verdict, grid.unit_s, t0)
 
 
 # Data ----------------------------------------------------------------------------------------
 
 
-def _check_requests(requests, nodes, gpus_per_node):
+def _check(requests, nodes, gpus_per_node):
     names = [r.name for r in requests]
     if len(set(names)) != len(names):
-        raise SpecError(f"jobs: names must be unique; repeated: {sorted({n for n in names if names.count(n) > 1})}")
+        raise SpecError(f"jobs: names must be unique; '{next(n for n in names if names.count(n) > 1)}'"
+                        " is repeated")
     allowed = set(candidate_counts(nodes, gpus_per_node))
     for r in requests:
         if not r.durations_s and r.pinned is None:
-            raise InfeasibleError(f"job {r.name}: no GPU count fits it on this cluster",
-                                  reason="job fits nowhere")
+            raise InfeasibleError(f"job {r.name}: no GPU count fits it on this cluster; give it "
+                                  "a smaller batch or a larger cluster", reason="job fits nowhere")
         bad = sorted(set(r.durations_s) - allowed)
         if bad:
-            raise SpecError(f"job {r.name}: GPU count {bad[0]} is neither part of a node nor whole "
+            raise SpecError(f"job {r.name}: {bad[0]} GPUs is neither part of a node nor whole "
                             f"nodes of {gpus_per_node} (up to {nodes} nodes)")
 
 
-def _grid(requests, options, now_s) -> _Grid:
-    longest = sum(max(r.durations_s.values()) for r in requests if r.pinned is None)
-    pinned_end = max((r.pinned.end_s for r in requests if r.pinned), default=0.0)
-    horizon_s = max(now_s, pinned_end) + longest
-    unit = float(options.time_unit_s or nice_unit(horizon_s / GRID_STEPS))
-    durations = [{g: max(1, math.ceil(d / unit - 1e-9)) for g, d in sorted(r.durations_s.items())}
-                 for r in requests]
-    release = math.ceil(now_s / unit - 1e-9)
-    horizon = release + sum(max(d.values()) for d, r in zip(durations, requests) if r.pinned is None)
-    horizon = max([horizon] + [math.ceil(r.pinned.end_s / unit) for r in requests if r.pinned])
-    return _Grid(unit_s=unit, release=release, horizon=horizon, durations=durations)
+def on_grid(requests, options: ScheduleOptions | None, now_s: float) -> _Grid:
+    """Requests in grid units (options None: in seconds, unrounded)."""
+    if options is None:
+        return _Grid(unit_s=1.0, release=now_s,
+                     durations=[({r.pinned.gpus: r.pinned.end_s - r.pinned.start_s} if r.pinned
+                                 else dict(r.durations_s)) for r in requests],
+                     fixed=[r.pinned.start_s if r.pinned else None for r in requests])
+    secs = on_grid(requests, None, now_s)
+    unit = float(options.time_unit_s or nice_unit(secs.horizon / GRID_STEPS))
+    fixed = [None if s is None else math.floor(s / unit + EPS) for s in secs.fixed]
+    durations = []
+    for s, d, f in zip(secs.fixed, secs.durations, fixed):
+        if f is None:
+            durations.append({g: max(1, math.ceil(x / unit - EPS)) for g, x in sorted(d.items())})
+        else:  # pinned: from the grid cell of its start to the one holding its end
+            ((g, x),) = d.items()
+            durations.append({g: max(1, math.ceil((s + x) / unit - EPS) - f)})
+    return _Grid(unit_s=unit, release=math.ceil(now_s / unit - EPS), durations=durations,
+                 fixed=fixed)
 
 
 def nice_unit(x: float) -> float:
-    """The smallest of 1, 2, 5 x 10^k that is >= x."""
+    """The smallest of 1, 2, 5 x 10^k that is >= x (1 s for a zero horizon)."""
     if x <= 0:
         return 1.0
     exp = math.floor(math.log10(x))
-    for m in (1, 2, 5, 10):
-        if m * 10.0 ** exp >= x * (1 - 1e-12):
-            return float(f"{m * 10.0 ** exp:.12g}")
-    return 10.0 ** (exp + 1)
+    return next(float(f"{m * 10.0 ** exp:.12g}") for m in (1, 2, 5, 10)
+                if m * 10.0 ** exp >= x * (1 - 1e-12))
 
 
 # Variables -----------------------------------------------------------------------------------
 
 
-def _variables(model, requests, nodes, grid) -> dict:
+def _variables(model, grid: _Grid, nodes: int) -> dict:
     v = {"start": [], "end": [], "present": [], "interval": [], "on": [], "node_iv": []}
-    for j, r in enumerate(requests):
-        durs = grid.durations[j] if r.pinned is None else {r.pinned.gpus: _pinned_len(r, grid)}
-        lo = grid.release if r.pinned is None else math.floor(r.pinned.start_s / grid.unit_s + 1e-9)
-        start = model.NewIntVar(lo, grid.horizon, f"start_{j}")
-        end = model.NewIntVar(lo, grid.horizon, f"end_{j}")
+    horizon = grid.horizon
+    for j, (durs, fixed) in enumerate(zip(grid.durations, grid.fixed)):
+        lo = grid.release if fixed is None else fixed
+        start = model.NewIntVar(lo, horizon, f"start_{j}")
+        end = model.NewIntVar(lo, horizon, f"end_{j}")
         present, iv, on, node_iv = {}, {}, {}, {}
         for g, d in durs.items():
             present[g] = model.NewBoolVar(f"uses_{j}_{g}")
@@ -250,76 +270,60 @@ def _variables(model, requests, nodes, grid) -> dict:
         model.Add(end == start + sum(d * present[g] for g, d in durs.items()))
         for key, val in zip(v, (start, end, present, iv, on, node_iv)):
             v[key].append(val)
-    v["makespan"] = model.NewIntVar(0, grid.horizon, "makespan")
+    v["makespan"] = model.NewIntVar(0, horizon, "makespan")
     model.AddMaxEquality(v["makespan"], v["end"])
     return v
-
-
-def _pinned_len(r: JobRequest, grid: _Grid) -> int:
-    lo = math.floor(r.pinned.start_s / grid.unit_s + 1e-9)
-    return max(1, math.ceil(r.pinned.end_s / grid.unit_s - 1e-9) - lo)
 
 
 # Constraints ---------------------------------------------------------------------------------
 
 
-def _one_count_per_job(model, v, requests, gpus_per_node):
+def _one_count_per_job(model, v, gpus_per_node):
     """Exactly one GPU count per job; k whole nodes pick k nodes, a part-node count picks one."""
-    for j in range(len(requests)):
-        model.AddExactlyOne(v["present"][j].values())
-        for g, present in v["present"][j].items():
-            on = [b for (gg, _), b in v["on"][j].items() if gg == g]
-            model.Add(sum(on) == nodes_needed(g, gpus_per_node) * present)
+    for present, on in zip(v["present"], v["on"]):
+        model.AddExactlyOne(present.values())
+        for g, chosen in present.items():
+            model.Add(sum(b for (gg, _), b in on.items() if gg == g)
+                      == nodes_needed(g, gpus_per_node) * chosen)
 
 
-def _node_capacity(model, v, requests, nodes, gpus_per_node):
+def _node_capacity(model, v, nodes, gpus_per_node):
     """Per node: the GPUs in use never exceed gpus_per_node."""
     for n in range(nodes):
-        intervals, demands = [], []
-        for j in range(len(requests)):
-            for (g, node), iv in v["node_iv"][j].items():
-                if node == n:
-                    intervals.append(iv)
-                    demands.append(min(g, gpus_per_node))
-        model.AddCumulative(intervals, demands, gpus_per_node)
+        jobs = [(iv, min(g, gpus_per_node)) for ivs in v["node_iv"] for (g, nn), iv in ivs.items()
+                if nn == n]
+        model.AddCumulative([iv for iv, _ in jobs], [g for _, g in jobs], gpus_per_node)
 
 
-def _total_capacity(model, v, num_gpus):
-    """Redundant: all GPUs together (tightens the lower bound)."""
-    intervals = [iv for ivs in v["interval"] for iv in ivs.values()]
-    demands = [g for ivs in v["interval"] for g in ivs]
-    model.AddCumulative(intervals, demands, num_gpus)
-
-
-def _energy(model, v, requests, grid, num_gpus):
-    """Redundant: the GPU-time of the chosen counts fits between the release and the makespan
-    (the linear form of the cumulative above; it gives CP-SAT the area lower bound)."""
+def _total_capacity(model, v, grid, num_gpus):
+    """Redundant: all GPUs together, as a cumulative and as GPU x time <= GPUs x makespan."""
+    model.AddCumulative([iv for ivs in v["interval"] for iv in ivs.values()],
+                        [g for ivs in v["interval"] for g in ivs], num_gpus)
     work = []
-    for j, r in enumerate(requests):
-        if r.pinned is None:
-            work += [g * grid.durations[j][g] * p for g, p in v["present"][j].items()]
-        else:
-            end = math.floor(r.pinned.start_s / grid.unit_s + 1e-9) + _pinned_len(r, grid)
-            work.append(r.pinned.gpus * max(0, end - grid.release))
+    for durs, present, fixed in zip(grid.durations, v["present"], grid.fixed):
+        if fixed is None:
+            work += [g * d * present[g] for g, d in durs.items()]
+        else:  # a running job: only its work after the release counts
+            ((g, d),) = durs.items()
+            work.append(g * max(0, fixed + d - grid.release))
     model.Add(sum(work) <= num_gpus * (v["makespan"] - grid.release))
 
 
 def _pins_and_deadlines(model, v, requests, grid):
-    """Running jobs keep start, end and nodes; deadlines bound the end of the others."""
-    for j, r in enumerate(requests):
-        if r.pinned is not None:
-            p = r.pinned
-            model.Add(v["start"][j] == math.floor(p.start_s / grid.unit_s + 1e-9))
+    """Running jobs keep start and nodes (their count is their only one); deadlines bound ends."""
+    for j, (r, fixed) in enumerate(zip(requests, grid.fixed)):
+        if fixed is not None:
+            model.Add(v["start"][j] == fixed)
             for (_, n), on in v["on"][j].items():
-                model.Add(on == int(n in p.nodes))
+                model.Add(on == int(n in r.pinned.nodes))
         elif r.deadline_s is not None:
-            model.Add(v["end"][j] <= math.floor(r.deadline_s / grid.unit_s + 1e-9))
+            model.Add(v["end"][j] <= math.floor(r.deadline_s / grid.unit_s + EPS))
 
 
 def _break_symmetry(model, v, requests, grid, nodes):
     """Nodes are interchangeable (unless a running job is pinned): number them in the order jobs
-    first use them. Identical jobs are interchangeable: the earlier in the list starts first."""
-    if all(r.pinned is None for r in requests):
+    first use them. Identical jobs are interchangeable: the earlier listed starts first."""
+    if all(f is None for f in grid.fixed):
         uses = [[model.NewBoolVar(f"uses_{j}_node_{n}") for n in range(nodes)]
                 for j in range(len(requests))]
         for j, row in enumerate(uses):
@@ -327,16 +331,17 @@ def _break_symmetry(model, v, requests, grid, nodes):
                 model.AddMaxEquality(u, [b for (_, nn), b in v["on"][j].items() if nn == n])
                 if n > 0:  # job j uses node n -> some job up to j uses node n - 1
                     model.AddBoolOr([u.Not()] + [uses[i][n - 1] for i in range(j + 1)])
-    seen: dict[tuple, int] = {}
+    first: dict[tuple, int] = {}
     for j, r in enumerate(requests):
-        key = (tuple(grid.durations[j].items()), r.priority, r.deadline_s, r.pinned)
-        if r.pinned is None and key in seen:
-            model.Add(v["start"][seen[key]] <= v["start"][j])
-        seen[key] = j
+        if grid.fixed[j] is None:
+            key = (tuple(grid.durations[j].items()), r.priority, r.deadline_s)
+            if key in first:
+                model.Add(v["start"][first[key]] <= v["start"][j])
+            first.setdefault(key, j)
 
 
-def _hint(model, v, greedy: list[tuple[int, int, tuple[int, ...]]]):
-    for j, (start, g, on_nodes) in enumerate(greedy):
+def _hint(model, v, solution):
+    for j, (start, g, on_nodes) in enumerate(solution):
         model.AddHint(v["start"][j], start)
         for gg, present in v["present"][j].items():
             model.AddHint(present, int(gg == g))
@@ -344,75 +349,55 @@ def _hint(model, v, greedy: list[tuple[int, int, tuple[int, ...]]]):
             model.AddHint(on, int(gg == g and n in on_nodes))
 
 
-# Objective -----------------------------------------------------------------------------------
-
-
-def _objective(model, v, requests, grid, objective: str):
-    if objective == "weighted":
-        model.Minimize(sum(r.priority * end for r, end in zip(requests, v["end"])))
-    else:
-        model.Minimize(v["makespan"])
-
-
-# Solve ---------------------------------------------------------------------------------------
-
-
-def _solver(options: ScheduleOptions, limit_s: float):
-    from ortools.sat.python import cp_model
-
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, limit_s)
-    solver.parameters.random_seed = options.seed
-    solver.parameters.num_workers = options.workers
-    return solver
+# Solution ------------------------------------------------------------------------------------
 
 
 def _read(solver, v) -> list[tuple[int, int, tuple[int, ...]]]:
     """Per job (start, GPU count, nodes) on the grid."""
-    starts = [solver.Value(s) for s in v["start"]]
-    choice = [next(g for g, b in present.items() if solver.BooleanValue(b))
-              for present in v["present"]]
-    on_nodes = [tuple(sorted(n for (g, n), b in on.items() if g == c and solver.BooleanValue(b)))
-                for on, c in zip(v["on"], choice)]
-    return list(zip(starts, choice, on_nodes))
+    out = []
+    for start, present, on in zip(v["start"], v["present"], v["on"]):
+        g = next(g for g, b in present.items() if solver.BooleanValue(b))
+        nodes = tuple(sorted(n for (gg, n), b in on.items() if gg == g and solver.BooleanValue(b)))
+        out.append((solver.Value(start), g, nodes))
+    return out
 
 
-
-
-def _objective_value(solution, requests, grid, objective: str) -> float:
-    ends = [start + (grid.durations[j].get(g) if r.pinned is None else _pinned_len(r, grid))
-            for j, (r, (start, g, _)) in enumerate(zip(requests, solution))]
+def objective_value(solution, requests, grid: _Grid, objective: str) -> float:
+    ends = [s + grid.durations[j][g] for j, (s, g, _) in enumerate(solution)]
     if objective == "weighted":
         return float(sum(r.priority * e for r, e in zip(requests, ends)))
     return float(max(ends, default=0))
 
 
-def _placements(requests, grid, solution, gpus_per_node) -> list[Placement]:
-    spans = []
-    for j, (r, (start, g, on_nodes)) in enumerate(zip(requests, solution)):
-        length = grid.durations[j].get(g) if r.pinned is None else _pinned_len(r, grid)
-        spans.append((start, start + length, g, on_nodes, r.pinned.gpu_ids if r.pinned else None))
-    ids = assign_gpu_ids(spans, gpus_per_node)
-    out = []
-    for r, (start, _, g, on_nodes, _), gpu_ids in zip(requests, spans, ids):
-        if r.pinned is not None:
-            out.append(r.pinned)
-            continue
-        start_s = start * grid.unit_s
-        out.append(Placement(name=r.name, gpus=g, nodes=on_nodes, gpu_ids=gpu_ids,
-                             start_s=start_s, end_s=start_s + r.durations_s[g]))
-    return out
+def simple_bound(requests, grid: _Grid, num_gpus: int, objective: str) -> float:
+    """A lower bound without search: each job alone on its fastest count (weighted: the sum of
+    those ends), and for the makespan also all work on its leanest count spread over every GPU."""
+    ends, work = [], 0
+    for durs, fixed in zip(grid.durations, grid.fixed):
+        if fixed is None:
+            ends.append(grid.release + min(durs.values()))
+            work += min(g * d for g, d in durs.items())
+        else:
+            ((g, d),) = durs.items()
+            ends.append(fixed + d)
+            work += g * max(0, fixed + d - grid.release)
+    if objective == "weighted":
+        return float(sum(r.priority * e for r, e in zip(requests, ends)))
+    return float(max(max(ends, default=0), grid.release + math.ceil(work / num_gpus)))
 
 
-def _result(placements, requests, grid, options, verdict, t0) -> JobSchedule:
+def _answer(requests, secs, solution, gpus_per_node, options, verdict, unit_s, t0) -> JobSchedule:
+    ids = assign_gpu_ids(requests, secs, solution, gpus_per_node)
+    placements = [r.pinned or Placement(name=r.name, gpus=g, nodes=on_nodes, gpu_ids=gpu_ids,
+                                        start_s=start, end_s=start + r.durations_s[g])
+                  for r, (start, g, on_nodes), gpu_ids in zip(requests, solution, ids)]
     status, value, bound = verdict
-    gap = (value - bound) / value if value > 0 else 0.0
     return JobSchedule(placements=placements,
                        makespan_s=max((p.end_s for p in placements), default=0.0),
                        objective=options.objective, status=status,
-                       objective_value=value * grid.unit_s, bound=bound * grid.unit_s,
-                       gap=max(0.0, gap), time_s=time.perf_counter() - t0,
-                       time_unit_s=grid.unit_s)
+                       objective_value=value * unit_s, bound=bound * unit_s,
+                       gap=max(0.0, (value - bound) / value) if value > 0 else 0.0,
+                       time_s=time.perf_counter() - t0, time_unit_s=unit_s)
 
 
 def _infeasible_reason(requests) -> str:
@@ -420,92 +405,77 @@ def _infeasible_reason(requests) -> str:
     if due:
         return (f"no schedule meets every deadline ({', '.join(due)}); relax a deadline, drop a "
                 "job or add nodes")
-    return "no schedule fits the running jobs and the cluster; check the pinned jobs"
+    return "no schedule fits the running jobs on this cluster; check --done and --now"
 
 
-# Greedy list schedules: the hint, the fallback, and the baselines ----------------------------
+# List schedules: the hint, the fallback and the baselines ------------------------------------
 
 
-def greedy_schedule(requests, nodes, gpus_per_node, grid: _Grid):
-    """The better of two list schedules on the grid (None if both miss a deadline).
-
-    (a) every job on its fastest GPU count, one after another in the given order;
-    (b) every job on its most GPU-efficient count (least GPU x time), longest first, each at its
-    earliest fit.
-    """
+def greedy_schedule(requests, grid: _Grid, nodes: int, gpus_per_node: int):
+    """The better of two list schedules (None if both miss a deadline): every job on its fastest
+    count one after another in the given order, or every job on its leanest count (least GPU x
+    time), longest first, each at its earliest fit."""
+    jobs = range(len(requests))
     fastest = [min(d, key=lambda g: (d[g], -g)) for d in grid.durations]
     leanest = [min(d, key=lambda g: (d[g] * g, d[g])) for d in grid.durations]
-    order = sorted(range(len(requests)), key=lambda j: -grid.durations[j][leanest[j]])
+    by_length = sorted(jobs, key=lambda j: -grid.durations[j][leanest[j]])
     best, best_value = None, math.inf
-    for counts, seq, fifo in ((fastest, range(len(requests)), True), (leanest, order, False)):
-        sol = _list_place(requests, counts, grid.durations, seq, nodes, gpus_per_node,
-                          grid.release, fifo, grid)
-        due_ok = all(r.deadline_s is None or r.pinned is not None or
-                     start + grid.durations[j][g] <= math.floor(r.deadline_s / grid.unit_s + 1e-9)
-                     for j, (r, (start, g, _)) in enumerate(zip(requests, sol)))
-        value = _objective_value(sol, requests, grid, "makespan")
-        if due_ok and value < best_value:
+    for counts, order, fifo in ((fastest, jobs, True), (leanest, by_length, False)):
+        sol = list_place(requests, grid, counts, order, nodes, gpus_per_node, fifo=fifo)
+        late = any(r.deadline_s is not None and f is None and
+                   s + grid.durations[j][g] > math.floor(r.deadline_s / grid.unit_s + EPS)
+                   for j, (r, f, (s, g, _)) in enumerate(zip(requests, grid.fixed, sol)))
+        value = objective_value(sol, requests, grid, "makespan")
+        if not late and value < best_value:
             best, best_value = sol, value
     return best
 
 
-def _list_place(requests, counts, durations, order, nodes, gpus_per_node, release, fifo,
-                grid=None):
-    """Place jobs in ``order`` at their earliest fit (FIFO: never before the previous start)."""
+def list_place(requests, grid: _Grid, counts, order, nodes, gpus_per_node, *, fifo: bool):
+    """Running jobs where they are, then the others in ``order`` at their earliest fit on
+    ``counts[j]`` GPUs (fifo: never before the job ahead starts) -> per job (start, count, nodes)."""
     occ = _Occupancy(nodes, gpus_per_node)
     sol: list = [None] * len(requests)
-    for j, r in enumerate(requests):
-        if r.pinned is not None:
-            p = r.pinned
-            start = math.floor(p.start_s / grid.unit_s + 1e-9) if grid else p.start_s
-            end = start + _pinned_len(r, grid) if grid else p.end_s
-            occ.add(p.nodes, start, end, p.gpus)
-            sol[j] = (start, p.gpus, p.nodes)
-    not_before = release
+    for j, (r, fixed) in enumerate(zip(requests, grid.fixed)):
+        if fixed is not None:
+            sol[j] = occ.add(r.pinned.nodes, fixed, grid.durations[j][r.pinned.gpus], r.pinned.gpus)
+    not_before = grid.release
     for j in order:
-        if requests[j].pinned is not None:
-            continue
-        g, d = counts[j], durations[j][counts[j]]
-        start, on_nodes = occ.earliest(g, d, not_before)
-        occ.add(on_nodes, start, start + d, g)
-        sol[j] = (start, g, on_nodes)
-        not_before = start if fifo else release
+        if grid.fixed[j] is None:
+            g = counts[j]
+            start, on_nodes = occ.earliest(g, grid.durations[j][g], not_before)
+            sol[j] = occ.add(on_nodes, start, grid.durations[j][g], g)
+            not_before = start if fifo else grid.release
     return sol
 
 
 def list_schedule(requests: list[JobRequest], counts: list[int], nodes: int, gpus_per_node: int,
-                  *, now_s: float = 0.0, fifo: bool = True) -> list[Placement]:
-    """A queue without a solver, in seconds: each job, in order, on ``counts[j]`` GPUs at its
-    earliest fit (FIFO: no job starts before the one ahead of it)."""
-    durations = [dict(r.durations_s) for r in requests]
-    sol = _list_place(requests, counts, durations, range(len(requests)), nodes, gpus_per_node,
-                      now_s, fifo)
-    spans = [(s, s + (durations[j][g] if requests[j].pinned is None else
-                      requests[j].pinned.end_s - s), g, on, requests[j].pinned and requests[j].pinned.gpu_ids)
-             for j, (s, g, on) in enumerate(sol)]
-    ids = assign_gpu_ids(spans, gpus_per_node)
-    return [r.pinned or Placement(name=r.name, gpus=g, nodes=on, gpu_ids=i, start_s=s, end_s=e)
-            for r, (s, e, g, on, _), i in zip(requests, spans, ids)]
+                  *, now_s: float = 0.0) -> list[Placement]:
+    """A first-in first-out queue, in seconds: each job in turn on ``counts[j]`` GPUs at its
+    earliest fit, never before the job ahead of it starts (running jobs stay)."""
+    grid = on_grid(requests, None, now_s)
+    sol = list_place(requests, grid, counts, range(len(requests)), nodes, gpus_per_node, fifo=True)
+    ids = assign_gpu_ids(requests, grid, sol, gpus_per_node)
+    return [r.pinned or Placement(name=r.name, gpus=g, nodes=on, gpu_ids=i, start_s=s,
+                                  end_s=s + grid.durations[j][g])
+            for j, (r, (s, g, on), i) in enumerate(zip(requests, sol, ids))]
 
 
-def left_shift(solution, requests, grid, nodes, gpus_per_node):
+def left_shift(requests, grid: _Grid, solution, nodes: int, gpus_per_node: int):
     """Start every job as early as its nodes allow, in start order, keeping counts and nodes.
 
     Never later than before: the jobs placed ahead of a job only moved earlier, so its old start
-    still fits (makespan objectives leave the non-critical jobs anywhere up to the makespan)."""
+    still fits (and ``grid`` may hold exact durations no longer than those that were solved)."""
     occ, out = _Occupancy(nodes, gpus_per_node), list(solution)
-    for j, r in enumerate(requests):
-        if r.pinned is not None:
+    for j, fixed in enumerate(grid.fixed):
+        if fixed is not None:
+            _, g, on_nodes = solution[j]
+            out[j] = occ.add(on_nodes, fixed, grid.durations[j][g], g)
+    for j in sorted(range(len(solution)), key=lambda j: (solution[j][0], j)):
+        if grid.fixed[j] is None:
             start, g, on_nodes = solution[j]
-            occ.add(on_nodes, start, start + _pinned_len(r, grid), g)
-    for j in sorted(range(len(requests)), key=lambda j: (solution[j][0], j)):
-        if requests[j].pinned is not None:
-            continue
-        start, g, on_nodes = solution[j]
-        d = grid.durations[j][g]
-        new = occ.earliest_on(on_nodes, g, d, grid.release, start)
-        occ.add(on_nodes, new, new + d, g)
-        out[j] = (new, g, on_nodes)
+            d = grid.durations[j][g]
+            out[j] = occ.add(on_nodes, occ.earliest_on(on_nodes, g, d, grid.release, start), d, g)
     return out
 
 
@@ -516,66 +486,57 @@ class _Occupancy:
         self.booked: list[list[tuple]] = [[] for _ in range(nodes)]
         self.gpus_per_node = gpus_per_node
 
-    def add(self, on_nodes, start, end, gpus):
+    def add(self, on_nodes, start, duration, gpus):
         for n in on_nodes:
-            self.booked[n].append((start, end, min(gpus, self.gpus_per_node)))
+            self.booked[n].append((start, start + duration, min(gpus, self.gpus_per_node)))
+        return start, gpus, tuple(on_nodes)
 
-    def used(self, n, t0, t1):
+    def fits(self, n, gpus, t0, t1) -> bool:
         points = [t0] + [s for s, _, _ in self.booked[n] if t0 < s < t1]
-        return max(sum(g for s, e, g in self.booked[n] if s <= p < e) for p in points)
+        used = max(sum(g for s, e, g in self.booked[n] if s <= p < e) for p in points)
+        return used + min(gpus, self.gpus_per_node) <= self.gpus_per_node
+
+    def load(self, n, t) -> int:
+        return sum(g for s, e, g in self.booked[n] if s <= t < e)
 
     def earliest(self, gpus, duration, not_before):
-        times = sorted({not_before} | {e for b in self.booked for _, e, _ in b if e > not_before})
+        """Earliest start and nodes: whole nodes lowest first, part of a node best fit."""
         k = nodes_needed(gpus, self.gpus_per_node)
-        for t in times:
-            if gpus >= self.gpus_per_node:
-                free = [n for n in range(len(self.booked)) if self.used(n, t, t + duration) == 0]
-                if len(free) >= k:
-                    return t, tuple(free[:k])
-                continue
-            fits = [(-u, n) for n in range(len(self.booked))
-                    if (u := self.used(n, t, t + duration)) + gpus <= self.gpus_per_node]
-            if fits:
-                return t, (min(fits)[1],)  # best fit: the fullest node that still has room
-        raise AssertionError(f"no room for {gpus} GPUs even when the cluster is empty")
+        for t in sorted({not_before} | {e for b in self.booked for _, e, _ in b if e > not_before}):
+            free = [n for n in range(len(self.booked)) if self.fits(n, gpus, t, t + duration)]
+            if len(free) >= k:
+                if gpus < self.gpus_per_node:  # the fullest node that still has room
+                    free = sorted(free, key=lambda n: (-self.load(n, t), n))
+                return t, tuple(sorted(free[:k]))
+        raise AssertionError(f"no room for {gpus} GPUs even on an empty cluster")
 
     def earliest_on(self, on_nodes, gpus, duration, not_before, latest):
         """The earliest start on these nodes; ``latest`` is known to fit."""
-        times = sorted({not_before, latest} | {e for n in on_nodes for _, e, _ in self.booked[n]
-                                               if not_before < e < latest})
-        need = min(gpus, self.gpus_per_node)
-        return next(t for t in times
-                    if all(self.used(n, t, t + duration) + need <= self.gpus_per_node
-                           for n in on_nodes))
+        times = {not_before, latest} | {e for n in on_nodes for _, e, _ in self.booked[n]
+                                        if not_before < e < latest}
+        return next((t for t in sorted(times)
+                     if all(self.fits(n, gpus, t, t + duration) for n in on_nodes)), latest)
 
 
-def assign_gpu_ids(spans, gpus_per_node) -> list[tuple[int, ...]]:
-    """GPU ids per job from (start, end, gpus, nodes, pinned ids or None), sweeping in start order;
-    part-node jobs get a contiguous aligned block when one is free."""
+def assign_gpu_ids(requests, grid: _Grid, solution, gpus_per_node) -> list[tuple[int, ...]]:
+    """GPU ids per job, sweeping in start order (running jobs keep theirs); part-node jobs get an
+    aligned block of consecutive ids when one is free."""
     free_at: dict[int, float] = {}
-    out: list = [None] * len(spans)
-    order = sorted(range(len(spans)), key=lambda j: (spans[j][4] is None, spans[j][0], j))
-    for j in order:
-        start, end, gpus, on_nodes, pinned = spans[j]
-        if pinned is not None:
-            ids = tuple(pinned)
-        elif gpus >= gpus_per_node:
+    out: list = [None] * len(solution)
+    for j in sorted(range(len(solution)), key=lambda j: (grid.fixed[j] is None, solution[j][0], j)):
+        start, g, on_nodes = solution[j]
+        if requests[j].pinned is not None:
+            ids = tuple(requests[j].pinned.gpu_ids)
+        elif g >= gpus_per_node:
             ids = tuple(n * gpus_per_node + i for n in on_nodes for i in range(gpus_per_node))
         else:
-            ids = _pick_ids(on_nodes[0], gpus, gpus_per_node, free_at, start)
-        assert all(free_at.get(i, -math.inf) <= start for i in ids), f"GPU clash for job {j}"
+            base = on_nodes[0] * gpus_per_node
+            free = [base + i for i in range(gpus_per_node) if free_at.get(base + i, -math.inf) <= start]
+            blocks = [tuple(range(lo, lo + g)) for lo in range(base, base + gpus_per_node, g)]
+            ids = next((b for b in blocks if set(b) <= set(free)), tuple(free[:g]))
+        assert len(ids) == g and all(free_at.get(i, -math.inf) <= start for i in ids), \
+            f"GPU clash for job {requests[j].name}"
         for i in ids:
-            free_at[i] = end
+            free_at[i] = start + grid.durations[j][g]
         out[j] = ids
     return out
-
-
-def _pick_ids(node, gpus, gpus_per_node, free_at, start) -> tuple[int, ...]:
-    base = node * gpus_per_node
-    free = [base + i for i in range(gpus_per_node) if free_at.get(base + i, -math.inf) <= start]
-    for lo in range(base, base + gpus_per_node, gpus):  # aligned blocks first
-        block = tuple(range(lo, lo + gpus))
-        if all(i in free for i in block):
-            return block
-    assert len(free) >= gpus, f"node {node} has {len(free)} free GPUs, {gpus} needed"
-    return tuple(free[:gpus])
