@@ -150,15 +150,26 @@ def nodes_needed(gpus: int, gpus_per_node: int) -> int:
 def solve_jobs(requests: list[JobRequest], nodes: int, gpus_per_node: int,
                options: ScheduleOptions, *, now_s: float = 0.0) -> JobSchedule:
     """The joint schedule; jobs that are not pinned start at ``now_s`` or later."""
-    from ortools.sat.python import cp_model
-
     t0 = time.perf_counter()
     # Data
     _check(requests, nodes, gpus_per_node)
     grid = on_grid(requests, options, now_s)
     greedy = greedy_schedule(requests, grid, nodes, gpus_per_node)
-    # Variables
+    # Variables, constraints, objective
+    model, v = _model(requests, grid, nodes, gpus_per_node, greedy, options.objective)
+    # Solve
+    verdict, solution = _solve(model, v, requests, grid, greedy, options, nodes * gpus_per_node)
+    secs = on_grid(requests, None, now_s)  # exact durations: starts move earlier, never later
+    solution = left_shift(requests, secs, [(s * grid.unit_s, g, on) for s, g, on in solution],
+                          nodes, gpus_per_node)
+    return _answer(requests, secs, solution, gpus_per_node, options, verdict, grid.unit_s, t0)
+
+
+def _model(requests, grid, nodes, gpus_per_node, greedy, objective: str):
+    from ortools.sat.python import cp_model
+
     model = cp_model.CpModel()
+    # Variables
     v = _variables(model, grid, nodes)
     # Constraints
     _one_count_per_job(model, v, gpus_per_node)
@@ -169,10 +180,15 @@ def solve_jobs(requests: list[JobRequest], nodes: int, gpus_per_node: int,
     if greedy is not None:
         _hint(model, v, greedy)
     # Objective
-    ends = v["end"]
-    model.Minimize(v["makespan"] if options.objective == "makespan" else
-                   sum(r.priority * e for r, e in zip(requests, ends)))
-    # Solve
+    model.Minimize(v["makespan"] if objective == "makespan" else
+                   sum(r.priority * e for r, e in zip(requests, v["end"])))
+    return model, v
+
+
+def _solve(model, v, requests, grid, greedy, options, num_gpus):
+    """-> ((status, objective, bound), per job (start, count, nodes)) on the grid."""
+    from ortools.sat.python import cp_model
+
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = options.time_limit_s
     solver.parameters.random_seed = options.seed
@@ -184,20 +200,15 @@ def solve_jobs(requests: list[JobRequest], nodes: int, gpus_per_node: int,
         raise InfeasibleError(_infeasible_reason(requests), reason="no feasible schedule")
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         word = "optimal" if status == cp_model.OPTIMAL else "feasible"
-        verdict = (word, solver.ObjectiveValue(), solver.BestObjectiveBound())
-        solution = _read(solver, v)
-    elif greedy is not None:  # the time limit ended before CP-SAT found a schedule
-        value = objective_value(greedy, requests, grid, options.objective)
-        bound = max(solver.BestObjectiveBound(),
-                    simple_bound(requests, grid, nodes * gpus_per_node, options.objective))
-        verdict, solution = ("feasible", value, min(value, bound)), greedy
-    else:
+        return (word, solver.ObjectiveValue(), solver.BestObjectiveBound()), _read(solver, v)
+    if greedy is None:
         raise InfeasibleError(f"no schedule found within the time limit of "
                               f"{options.time_limit_s:g} s; raise --time-limit", reason="time limit")
-    secs = on_grid(requests, None, now_s)  # exact durations: starts move earlier, never later
-    solution = left_shift(requests, secs, [(s * grid.unit_s, g, on) for s, g, on in solution],
-                          nodes, gpus_per_node)
-    return _answer(requests, secs, solution, gpus_per_node, options, verdict, grid.unit_s, t0)
+    # the time limit ended before CP-SAT found a schedule: keep the greedy one
+    value = objective_value(greedy, requests, grid, options.objective)
+    bound = max(solver.BestObjectiveBound(),
+                simple_bound(requests, grid, num_gpus, options.objective))
+    return ("feasible", value, min(value, bound)), greedy
 
 
 # Data ----------------------------------------------------------------------------------------
@@ -205,9 +216,9 @@ def solve_jobs(requests: list[JobRequest], nodes: int, gpus_per_node: int,
 
 def _check(requests, nodes, gpus_per_node):
     names = [r.name for r in requests]
-    if len(set(names)) != len(names):
-        raise SpecError(f"jobs: names must be unique; '{next(n for n in names if names.count(n) > 1)}'"
-                        " is repeated")
+    twice = [n for n in names if names.count(n) > 1]
+    if twice:
+        raise SpecError(f"jobs: names must be unique; '{twice[0]}' is repeated")
     allowed = set(candidate_counts(nodes, gpus_per_node))
     for r in requests:
         if not r.durations_s and r.pinned is None:
