@@ -16,6 +16,8 @@ def register(add) -> None:
     r.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
     r.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
     r.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    r.add_argument("--threads", type=int,
+                   help="CPU threads per process (default: cores / processes)")
     r.add_argument("--dump", metavar="DIR", help="write each stage's parameters after the run")
     r.add_argument("-o", "--output", help="write the measurements as JSON here")
     r.set_defaults(func=_cmd_run)
@@ -26,7 +28,7 @@ def _cmd_run(args) -> int:
     from planner.runtime import RunOptions, check, node_commands, report, run_local
 
     opts = RunOptions(steps=args.steps, warmup=args.warmup, model=args.model, seed=args.seed,
-                      lr=args.lr, device=args.device, dump_dir=args.dump)
+                      lr=args.lr, device=args.device, dump_dir=args.dump, threads=args.threads)
     launch = check(args.plan, opts, args.nproc)
     if launch.nodes > 1:
         print(f"The plan spans {launch.nodes} nodes; run on each node (node 0's address as "

@@ -27,6 +27,7 @@ from planner.plan import Plan, load_plan
 from planner.runtime import model as mdl
 from planner.runtime.layout import layout_of
 from planner.runtime.options import RunOptions
+from planner.runtime.stages import units_of
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,9 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None) -> Launch:
     plan = load_plan(plan_path)
     layout = layout_of(plan)
     spec = mdl.model_spec(plan, opts.model)
-    mdl.check_fingerprint(plan, spec, mdl.resolve_meta(plan, spec).fingerprint)
+    meta = mdl.resolve_meta(plan, spec)
+    mdl.check_fingerprint(plan, spec, meta.fingerprint)
+    units_of(meta.module, [st["modules"] for st in plan.stages])  # refuses what cannot be cut
     nodes = int(plan.cluster["nodes"])
     per_node = nproc or -(-layout.world // nodes)
     if per_node * nodes != layout.world:

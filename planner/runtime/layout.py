@@ -52,7 +52,7 @@ class Layout:
         return {"pp": rest // self.dp, "dp": rest % self.dp, "tp": tp}
 
     def mesh(self) -> list[list[list[int]]]:
-        """Global ranks indexed [pp][dp][tp], the array a DeviceMesh with dims (pp, dp, tp) takes."""
+        """Global ranks indexed [pp][dp][tp]: the array of a DeviceMesh with dims (pp, dp, tp)."""
         return [[[self.rank_of(pp=p, dp=d, tp=t) for t in range(self.tp)] for d in range(self.dp)]
                 for p in range(self.pp)]
 
@@ -64,7 +64,8 @@ class Layout:
     def pipeline_ranks(self, stage: int) -> list[int]:
         """Global ranks that hold ``stage`` (all its dp replicas and tp shards)."""
         p = self.stage_pp_rank[stage]
-        return sorted(self.rank_of(pp=p, dp=d, tp=t) for d in range(self.dp) for t in range(self.tp))
+        return sorted(self.rank_of(pp=p, dp=d, tp=t)
+                      for d in range(self.dp) for t in range(self.tp))
 
 
 def layout_of(plan: Plan) -> Layout:

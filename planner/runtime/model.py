@@ -83,8 +83,8 @@ def build_real(plan: Plan, spec: str, meta: ResolvedModel, *, seed: int) -> Real
         args = tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
         kwargs, vocab = {}, None
     if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-        raise SpecError(f"model: '{spec}' takes tensor keyword inputs; the runtime feeds positional "
-                        "tensors only (return them as a tuple from the factory)")
+        raise SpecError(f"model: '{spec}' takes tensor keyword inputs; the runtime feeds "
+                        "positional tensors only (return them as a tuple from the factory)")
     module.train()
     return RealModel(module=module, args=tuple(args), kwargs=kwargs, vocab=vocab)
 
@@ -93,7 +93,8 @@ def _call_factory(spec: str, seq_len: int):
     target, _, attr = spec.rpartition(":")
     if target.endswith(".py"):
         if not os.path.exists(target):
-            raise SpecError(f"model: file '{target}' not found (MODEL form path/to/file.py:factory)")
+            raise SpecError(f"model: file '{target}' not found (MODEL form "
+                            "path/to/file.py:factory)")
         name = "_planner_runtime_" + os.path.basename(target).removesuffix(".py")
         mod_spec = importlib.util.spec_from_file_location(name, target)
         module = importlib.util.module_from_spec(mod_spec)
@@ -144,7 +145,8 @@ def output_logits(out) -> torch.Tensor:
         return out
     if hasattr(out, "logits") and isinstance(out.logits, torch.Tensor):
         return out.logits
-    values = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    values = (out.values() if isinstance(out, dict)
+              else out if isinstance(out, (tuple, list)) else ())
     for v in values:
         if isinstance(v, torch.Tensor):
             return v

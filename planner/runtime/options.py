@@ -26,6 +26,9 @@ class RunOptions:
     """Learning rate of the plan's optimizer."""
     device: str = "auto"
     """auto (CUDA when visible, else CPU), cpu or cuda."""
+    threads: int | None = None
+    """CPU threads per process; default: the cores shared evenly among this node's processes
+    (``plan profile`` calibrates one thread per process, so pass 1 to compare with it)."""
     dump_dir: str | None = None
     """Write each stage's full parameters after the last step here (``stage<k>.pt``), to compare
     with a single-process run."""
@@ -39,6 +42,9 @@ class RunOptions:
             raise SpecError("steps: run at least one step (--steps 1 or --warmup 1)")
         if not self.lr > 0:
             raise SpecError(f"lr: expected a positive number, got {self.lr!r}")
+        if self.threads is not None and (isinstance(self.threads, bool)
+                                         or not isinstance(self.threads, int) or self.threads < 1):
+            raise SpecError(f"threads: expected a positive integer, got {self.threads!r}")
         if self.device not in DEVICES:
             raise SpecError(f"device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
 
@@ -48,6 +54,8 @@ class RunOptions:
                "--lr", repr(self.lr), "--device", self.device]
         if self.model:
             out += ["--model", self.model]
+        if self.threads:
+            out += ["--threads", str(self.threads)]
         if self.dump_dir:
             out += ["--dump", self.dump_dir]
         return out

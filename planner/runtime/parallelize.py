@@ -47,7 +47,8 @@ def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],
             continue
         if not isinstance(mod, nn.Linear):
             raise SpecError(f"tensor_parallel.{name}: the runtime shards nn.Linear and "
-                            f"nn.Embedding only, this is {type(mod).__name__}; plan with --fix tp=1")
+                            f"nn.Embedding only, this is {type(mod).__name__}; plan with "
+                            "--fix tp=1")
         size = mod.out_features if role == "colwise" else mod.in_features
         if size % tp:
             raise SpecError(f"tensor_parallel.{name}: {size} features do not divide tp={tp}; plan "

@@ -4,10 +4,10 @@ Each rank keeps the whole module tree but replaces every unit (parameter-owning 
 other stages by a parameter-free stand-in. A stage then runs the model's own ``forward``: its units
 compute, the glue re-runs, and the stand-ins return what earlier stages sent (a value this stage
 needs) or zeros of the probed shape (a value nobody here reads). A stage that is not the last stops
-the forward at the first later-stage unit, once its own units have run. The tensors a stage sends are
-its *carry*: every value made at or before it that a later stage needs (model inputs included), so
-a DAG such as embed -> two towers -> merge passes the embedding output past the tower that does not
-read it. Pipelining sees a plain module: ``forward(*carry_in) -> carry_out`` (or the logits).
+the forward at the first later-stage unit, once its own units have run. The tensors a stage sends
+are its *carry*: every value made at or before it that a later stage needs (model inputs
+included), so a DAG such as embed -> two towers -> merge passes the embedding output past the tower
+that does not read it. Pipelining sees a plain module: ``forward(*carry_in) -> carry_out`` (or the logits).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from planner.errors import SpecError
 from planner.runtime.dataflow import Dataflow, Key, Leaf
@@ -35,22 +35,27 @@ class Cut:
 
 
 def units_of(model: nn.Module, stage_modules: list[list[str]]) -> list[list[str]]:
-    """Per stage, the listed modules that own parameters; every parameter must be in one."""
+    """Per stage, the listed modules that own parameters; every parameter must be in one stage."""
     names = dict(model.named_modules())
-    out, owned = [], set()
+    pnames = {id(p): n for n, p in model.named_parameters()}
+    out, stage_of = [], {}
     for i, mods in enumerate(stage_modules):
         keep = []
         for m in mods:
             if m not in names:
                 raise SpecError(f"stages[{i}].modules: '{m}' is not a module of the model; "
                                 "re-create the plan for this model")
-            params = {id(p) for p in names[m].parameters()}
+            params = [id(p) for p in names[m].parameters()]
+            for pid in params:
+                if stage_of.setdefault(pid, i) != i:
+                    raise SpecError(f"stages: parameter '{pnames[pid]}' is shared by stages "
+                                    f"{stage_of[pid]} and {i} (tied weights); the runtime does "
+                                    "not sync them across stages yet, plan with them in one stage")
             if params:
                 keep.append(m)
-                owned |= params
         out.append(keep)
     for n, p in model.named_parameters():
-        if id(p) not in owned:
+        if id(p) not in stage_of:
             raise SpecError(f"stages: parameter '{n}' lies outside every stage module; the runtime "
                             "needs each parameter inside a module that a stage lists")
     return out
@@ -140,7 +145,7 @@ class StageModule(nn.Module):
         def hook(module, args, output):
             if not self._active:
                 return  # a recomputation in backward, or a call outside a stage forward
-            leaves = torch.utils._pytree.tree_flatten(output)[0]
+            leaves = tree_flatten(output)[0]
             for i, x in enumerate(leaves):
                 if isinstance(x, torch.Tensor):
                     self._values[(name, i)] = x
@@ -175,11 +180,14 @@ class StageModule(nn.Module):
         finally:
             self._active = False
         if self.is_last:
+            self._values = {}
             return self.logits_of(out)
         missing = [k for k in self.cut.carry_out if k not in self._values]
         if missing:
             raise SpecError(f"stages[{self.cut.index}]: the forward never produced {missing[0]}")
-        return tuple(_fresh(self._values[k]) for k in self.cut.carry_out)
+        out = tuple(self._values[k] for k in self.cut.carry_out)
+        self._values = {}  # pipelining keeps what backward needs; hold nothing between calls
+        return out
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -194,7 +202,3 @@ class _ContiguousGrad(torch.autograd.Function):
     def backward(ctx, grad):
         return grad.contiguous()
 
-
-def _fresh(x: torch.Tensor) -> torch.Tensor:
-    """A passed-through input becomes a new autograd node, so its gradient flows back as usual."""
-    return x.view_as(x) if x.requires_grad and x.is_leaf else x

@@ -119,15 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--model")
     p.add_argument("--dump")
+    p.add_argument("--threads", type=int)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         opts = RunOptions(steps=a.steps, warmup=a.warmup, seed=a.seed, lr=a.lr, device=a.device,
-                          model=a.model, dump_dir=a.dump)
+                          model=a.model, dump_dir=a.dump, threads=a.threads)
         device = pick_device(opts.device)
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if device.type == "cpu":
-            torch.set_num_threads(measure.threads_per_process(local_world))
+            torch.set_num_threads(opts.threads or measure.threads_per_process(local_world))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         result = execute(load_plan(a.plan), opts, device)
     except PlannerError as exc:

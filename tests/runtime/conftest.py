@@ -24,14 +24,15 @@ class PlanMaker:
         self.specs = specs
         self.prepared = {}
 
-    def __call__(self, model: str, fix: str, name: str | None = None, *, nodes: int = 1) -> str:
+    def __call__(self, model: str, fix: str, name: str | None = None, *, nodes: int = 1,
+                 global_batch: int = GLOBAL_BATCH) -> str:
         if model not in self.prepared:
             self.prepared[model] = planner.prepare(self.specs[model], seq_len=SEQ_LEN,
                                                    dtype="fp32")
         pinned = parse_fix(fix)
         gpus = pinned["dp"] * pinned["tp"] * pinned["pp"] // nodes
         cluster = planner.load_cluster("cpu", nodes=nodes, gpus_per_node=gpus)
-        training = planner.TrainingSpec(global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, dtype="fp32",
+        training = planner.TrainingSpec(global_batch=global_batch, seq_len=SEQ_LEN, dtype="fp32",
                                         optimizer="sgd")
         plan = planner.plan_prepared(self.prepared[model], cluster, training,
                                      planner.SearchOptions(fix=pinned, top_k=0))

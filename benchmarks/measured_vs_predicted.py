@@ -1,0 +1,147 @@
+"""Predicted vs measured step time of plans executed by the runtime (`plan run`) on this machine.
+
+1. Plan each configuration of a small Llama (Hugging Face config, fp32, AdamW) on the `cpu` cluster
+   preset with 1 or 2 processes, pinning it with `fix`; with --calibration, on the preset as that
+   calibration (from `plan profile`) corrects it.
+2. Run each plan with the runtime exactly as `plan run` does (torchrun, gloo, torch.distributed
+   pipelining / DTensor / replicate / FSDP2), one thread per process by default (a CPU "device"
+   is one process on one core, as `plan profile` measures it).
+3. Print predicted vs measured step time (the slowest rank's median over the timed steps), the
+   error, peak tensor memory predicted vs measured, and whether the predicted order of the
+   configurations matches the measured one.
+
+Usage:  python benchmarks/measured_vs_predicted.py [--calibration calib.json] [--steps 4]
+                                                  [--threads 1] [--markdown] [--only NAME ...]
+Run it on an otherwise idle machine: other processes on the cores distort the measured times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import planner  # noqa: E402
+from planner.options import parse_fix  # noqa: E402
+from planner.runtime import RunOptions, check, run_local  # noqa: E402
+
+CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4,
+          "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 4,
+          "num_key_value_heads": 4, "vocab_size": 8192, "max_position_embeddings": 512,
+          "tie_word_embeddings": False}
+SEQ = 128
+GLOBAL_BATCH = 8
+RUNS = {
+    "1 proc, mb 8": "dp=1,tp=1,pp=1,micro_batch=8,recompute=none,zero=0",
+    "1 proc, mb 2 x 4": "dp=1,tp=1,pp=1,micro_batch=2,recompute=none,zero=0",
+    "1 proc, mb 8, full recompute": "dp=1,tp=1,pp=1,micro_batch=8,recompute=full,zero=0",
+    "2 procs dp, replicate": "dp=2,tp=1,pp=1,micro_batch=4,recompute=none,zero=0",
+    "2 procs dp, fsdp (zero-1)": "dp=2,tp=1,pp=1,micro_batch=4,recompute=none,zero=1",
+    "2 procs tp": "dp=1,tp=2,pp=1,micro_batch=8,recompute=none,zero=0,sequence_parallel=false",
+    "2 procs pp, gpipe 2 x 4": "dp=1,tp=1,pp=2,micro_batch=2,schedule=gpipe,recompute=none,zero=0",
+    "2 procs pp, 1f1b 2 x 4": "dp=1,tp=1,pp=2,micro_batch=2,schedule=1f1b,recompute=none,zero=0",
+}
+
+
+def make_plan(prepared, fix: str, calibration, folder: str, name: str) -> str:
+    pinned = parse_fix(fix)
+    procs = pinned["dp"] * pinned["tp"] * pinned["pp"]
+    training = planner.TrainingSpec(global_batch=GLOBAL_BATCH, seq_len=SEQ, dtype="fp32",
+                                    optimizer="adamw")
+    cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=procs)
+    if calibration is not None:
+        from planner.calibration import apply_calibration
+
+        cluster = apply_calibration(cluster, calibration)
+    plan = planner.plan_prepared(prepared, cluster, training,
+                                 planner.SearchOptions(fix=pinned, top_k=0))
+    path = os.path.join(folder, f"{name.replace(' ', '_').replace(',', '')}.json")
+    plan.save(path)
+    return path
+
+
+def run_all(names, calibration, steps: int, threads: int) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        config = os.path.join(d, "config.json")
+        with open(config, "w") as f:
+            json.dump(CONFIG, f)
+        prepared = planner.prepare(config, seq_len=SEQ, dtype="fp32")
+        for name in names:
+            path = make_plan(prepared, RUNS[name], calibration, d, name)
+            opts = RunOptions(steps=steps, warmup=1, lr=1e-4, device="cpu", threads=threads)
+            res = run_local(check(path, opts, None), opts)
+            m = res["measured"]
+            rows.append({"name": name, "predicted_s": m["predicted_step_time_s"],
+                         "measured_s": m["step_time_s"],
+                         "predicted_mem": m["predicted_peak_memory_bytes"],
+                         "measured_mem": m["peak_memory_bytes"], "notes": res["notes"]})
+            logging.getLogger("benchmark").warning("%s: measured %.4f s, predicted %.4f s", name,
+                                                   m["step_time_s"], m["predicted_step_time_s"])
+    return rows
+
+
+def concordance(rows: list[dict]) -> float:
+    """Share of configuration pairs that the prediction orders as the measurement does."""
+    pairs = list(itertools.combinations(rows, 2))
+    same = sum((a["predicted_s"] - b["predicted_s"]) * (a["measured_s"] - b["measured_s"]) > 0
+               for a, b in pairs)
+    return same / len(pairs) if pairs else 1.0
+
+
+def report(rows: list[dict], markdown: bool) -> None:
+    head = ["configuration", "predicted s", "measured s", "error", "pred. peak MB", "meas. peak MB"]
+    lines = [[r["name"], f"{r['predicted_s']:.4f}", f"{r['measured_s']:.4f}",
+              f"{100 * (r['predicted_s'] / r['measured_s'] - 1):+.1f}%",
+              f"{r['predicted_mem'] / 1e6:.1f}",
+              "-" if r["measured_mem"] is None else f"{r['measured_mem'] / 1e6:.1f}"]
+             for r in rows]
+    if markdown:
+        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for ln in lines:
+            print("| " + " | ".join(ln) + " |")
+    else:
+        widths = [max(len(x) for x in col) for col in zip(head, *lines)]
+        for ln in [head, *lines]:
+            print("  ".join(x.ljust(w) for x, w in zip(ln, widths)))
+    errs = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows]
+    by_pred = [r["name"] for r in sorted(rows, key=lambda r: r["predicted_s"])]
+    by_meas = [r["name"] for r in sorted(rows, key=lambda r: r["measured_s"])]
+    print(f"\nmedian |error| {100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}%; "
+          f"predicted order {'matches' if by_pred == by_meas else 'differs from'} the measured "
+          f"order ({100 * concordance(rows):.0f}% of pairs ordered alike)")
+    print("measured fastest to slowest: " + "; ".join(by_meas))
+    for r in rows:
+        for note in r["notes"]:
+            print(f"note ({r['name']}): {note}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calibration", help="calibration JSON from `plan profile` (default: none)")
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per configuration")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
+    ap.add_argument("--only", nargs="*", choices=list(RUNS), help="run only these")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    calibration = None
+    if args.calibration:
+        from planner.calibration import load_calibration
+
+        calibration = load_calibration(args.calibration)
+    rows = run_all(args.only or list(RUNS), calibration, args.steps, args.threads)
+    report(rows, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
