@@ -84,13 +84,18 @@ def _layer_of(module: str, graph: OpGraph) -> str | None:
 
 
 def _unit_of(module: str, graph: OpGraph) -> str | None:
-    """Shallowest module path containing ``module`` and no repeated list; None for containers."""
+    """Shallowest module path containing ``module`` that holds no repeated list and is not itself a
+    ModuleList/Sequential (whose children are the units: parallel branches in a ModuleList become
+    one block each); None for ops run by a container's own forward."""
     if not module:
         return None
     lists = [r.fqn for r in graph.repeats]
+    containers = set(graph.containers)
     parts = module.split(".")
     for i in range(1, len(parts) + 1):
         prefix = ".".join(parts[:i])
+        if prefix in containers and prefix != module:
+            continue
         if not any(lst == prefix or lst.startswith(prefix + ".") for lst in lists):
             return prefix
     return None

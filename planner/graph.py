@@ -85,6 +85,8 @@ class OpGraph:
     method: str
     """``fx`` or ``export``: which tracer produced it."""
     repeats: list[RepeatInfo] = field(default_factory=list)
+    containers: list[str] = field(default_factory=list)
+    """FQNs of ModuleList / ModuleDict / Sequential modules (their children are the units)."""
 
     def __post_init__(self):
         self.by_name = {op.name: op for op in self.ops}
@@ -117,6 +119,7 @@ class OpGraph:
             outputs=list(d["outputs"]), seq_len=d["seq_len"], batch=d["batch"],
             dtype=d["dtype"], method=d["method"],
             repeats=[RepeatInfo(**r) for r in d.get("repeats", [])],
+            containers=list(d.get("containers", [])),
         )
 
 

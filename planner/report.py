@@ -61,7 +61,7 @@ def stage_table(p: Plan) -> list[str]:
                      _ms(pr["time_per_microbatch_s"]), _ms(pr.get("compute_s", 0)),
                      _ms(pr.get("tp_comm_s", 0)), _ms(pr.get("p2p_s", 0)),
                      f"{mem['total'] / GB:.1f} GB", f"{states / GB:.1f} GB",
-                     f"{mem.get('activations', 0) / GB:.1f} GB x{pr.get('in_flight_microbatches', 1)}"))
+                     f"{mem.get('activations', 0) / GB:.1f} GB x{pr.get('in_flight_microbatches', 1):.3g}"))
     return _table(rows, indent="  ")
 
 

@@ -127,9 +127,11 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
             for op in ops:
                 op.params = list(dict.fromkeys(aliases.get(p, p) for p in op.params))
             log.info("traced %s with %s: %d ops", name, how, len(ops))
+            containers = [n for n, m in model.named_modules() if n and isinstance(
+                m, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential))]
             return OpGraph(
                 ops=ops, params=params, outputs=outputs, seq_len=seq_len, batch=batch,
-                dtype=dtype, method=how,
+                dtype=dtype, method=how, containers=containers,
                 repeats=[RepeatInfo(fqn=f, count=n, traced=n if f in whole else KEEP_LAYERS)
                          for f, n in layer_lists],
             )
@@ -163,8 +165,15 @@ def _with_module(exc: Exception, stack: _ModuleStack) -> Exception:
 
 # --- torch.fx -------------------------------------------------------------------------------------
 
+SHAPE_PRESERVING = (torch.nn.LayerNorm, torch.nn.Dropout, torch.nn.GELU, torch.nn.ReLU,
+                    torch.nn.SiLU, torch.nn.Tanh, torch.nn.Sigmoid, torch.nn.Identity)
+
+
 class _Recorder(torch.fx.Interpreter):
-    """Runs a GraphModule on meta tensors and keeps every node's value."""
+    """Runs a GraphModule on meta tensors and keeps every node's value.
+
+    Common leaf modules get their output shape directly instead of running their meta kernels
+    (PyTorch's Python decompositions make a meta Linear cost milliseconds)."""
 
     def __init__(self, gm):
         super().__init__(gm)
@@ -174,6 +183,16 @@ class _Recorder(torch.fx.Interpreter):
         out = super().run_node(n)
         self.values[n.name] = out
         return out
+
+    def call_module(self, target, args, kwargs):
+        mod = self.fetch_attr(target)
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.device.type == "meta" and not kwargs and len(args) == 1:
+            if isinstance(mod, torch.nn.Linear):
+                return torch.empty(*x.shape[:-1], mod.out_features, dtype=x.dtype, device="meta")
+            if isinstance(mod, SHAPE_PRESERVING):
+                return torch.empty_like(x)
+        return super().call_module(target, args, kwargs)
 
 
 def _fx_views(model, args, kwargs):
@@ -254,7 +273,10 @@ def _flat_nodes(obj) -> list:
 
 
 def _count_flops(node, values, module) -> float:
-    """FLOPs of one node, re-run on meta tensors under FlopCounterMode."""
+    """FLOPs of one node: 2 x outputs x inputs for a Linear, else re-run on meta tensors under
+    FlopCounterMode."""
+    if isinstance(module, torch.nn.Linear) and isinstance(values.get(node.name), torch.Tensor):
+        return 2.0 * values[node.name].numel() * module.in_features
     args = torch.fx.node.map_arg(node.args, lambda n: _meta_like(values.get(n.name)))
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: _meta_like(values.get(n.name)))
     try:
