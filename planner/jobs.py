@@ -105,7 +105,7 @@ def load_jobs(path: str) -> JobsSpec:
 
 def jobs_from_mapping(data, *, base_dir: str = "") -> JobsSpec:
     """A parsed jobs file -> JobsSpec; unknown or missing keys raise SpecError naming the path."""
-    top = _checked(data, JobsSpec, "jobs file")
+    top = _checked(data, JobsSpec, "")
     jobs = top.get("jobs")
     if not isinstance(jobs, list) or not jobs:
         raise SpecError("jobs: expected a non-empty list of jobs (name, model, global_batch, "
@@ -133,17 +133,18 @@ _CHECKS = {
 
 
 def _checked(data, cls, where: str) -> dict:
+    """The fields of ``cls`` from ``data``, type-checked; ``where`` is the key path so far."""
     names = [f.name for f in fields(cls)]
     if not isinstance(data, dict):
-        raise SpecError(f"{where}: expected a mapping with keys {', '.join(names)}")
+        raise SpecError(f"{where or 'jobs file'}: expected a mapping with keys {', '.join(names)}")
     for key in data:
         if key not in names:
-            raise SpecError(f"{where}.{key}: unknown key; allowed: {', '.join(names)}")
+            raise SpecError(f"{_key(where, key)}: unknown key; allowed: {', '.join(names)}")
     out = {}
     for f in fields(cls):
         if data.get(f.name) is None:
             if f.default is MISSING:
-                raise SpecError(f"{where}.{f.name}: missing")
+                raise SpecError(f"{_key(where, f.name)}: missing")
             continue
         value, (kind, words) = data[f.name], _CHECKS[f.name]
         ok = isinstance(value, kind) and not isinstance(value, bool)
@@ -152,9 +153,13 @@ def _checked(data, cls, where: str) -> dict:
         if ok and isinstance(value, str):
             ok = bool(value.strip())
         if not ok:
-            raise SpecError(f"{where}.{f.name}: expected {words}, got {value!r}")
+            raise SpecError(f"{_key(where, f.name)}: expected {words}, got {value!r}")
         out[f.name] = value
     return out
+
+
+def _key(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
 
 
 def _model_path(model: str, base_dir: str) -> str:
@@ -186,7 +191,8 @@ def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         # fork: the children start with torch imported (spawn re-imports it, about 5 s each);
-        # safe here because tracing runs on the meta device (no CUDA, no OpenMP kernels)
+        # safe while the parent has run no torch kernels (the CLI has not; tracing runs in the
+        # children, on the meta device)
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         with ProcessPoolExecutor(max_workers=min(workers, len(args)), mp_context=ctx) as pool:
@@ -248,18 +254,20 @@ def baselines(requests: list[JobRequest], nodes: int, gpus_per_node: int, *,
     table not above that, else its smallest), queued first in, first out.
     """
     whole = nodes * gpus_per_node
-    seq = [r if r.pinned else JobRequest(name=r.name, durations_s={whole: r.durations_s[max(r.durations_s)]})
-           for r in requests]
     share = whole / max(1, sum(1 for r in requests if r.pinned is None))
-    equal = [min(r.durations_s) if r.pinned or min(r.durations_s) > share
-             else max(g for g in r.durations_s if g <= share) for r in requests]
-    return {
-        "sequential": list_schedule(seq, [whole if r.pinned is None else r.pinned.gpus for r in seq],
-                                    nodes, gpus_per_node, now_s=now_s),
-        "equal_split": list_schedule(requests, [r.pinned.gpus if r.pinned else g
-                                                for r, g in zip(requests, equal)],
-                                     nodes, gpus_per_node, now_s=now_s),
-    }
+    seq, seq_counts, equal_counts = [], [], []
+    for r in requests:
+        if r.pinned is not None:
+            seq.append(r)
+            seq_counts.append(r.pinned.gpus)
+            equal_counts.append(r.pinned.gpus)
+            continue
+        seq.append(JobRequest(name=r.name, durations_s={whole: r.durations_s[max(r.durations_s)]}))
+        seq_counts.append(whole)
+        fits = [g for g in r.durations_s if g <= share]
+        equal_counts.append(max(fits) if fits else min(r.durations_s))
+    return {"sequential": list_schedule(seq, seq_counts, nodes, gpus_per_node, now_s=now_s),
+            "equal_split": list_schedule(requests, equal_counts, nodes, gpus_per_node, now_s=now_s)}
 
 
 # The schedule ------------------------------------------------------------------------------
@@ -371,7 +379,8 @@ def document(cluster: Cluster, jobs: list[JobSpec], tables: dict, result: JobSch
         rec = asdict(job)
         rec.update(_placed(p), state="running" if p.start_s < now_s else "scheduled",
                    parallel=_row(tables[job.name], p.gpus).parallel)
-        rec["table"] = [{k: v for k, v in asdict(r).items() if k != "plan"} for r in tables[job.name]]
+        rec["table"] = [{k: v for k, v in asdict(row).items() if k != "plan"}
+                        for row in tables[job.name]]
         rec["plan"] = plan
         records.append(rec)
     return _clean({
@@ -423,8 +432,9 @@ def cluster_mapping(c: Cluster) -> dict:
     d = c.device
 
     def link(spec):
-        return {"bandwidth_GBps": spec.bandwidth_bytes_per_s / GB, "latency_us": spec.latency_s / US,
-                "efficiency": spec.efficiency, "name": spec.name}
+        return {"bandwidth_GBps": spec.bandwidth_bytes_per_s / GB,
+                "latency_us": spec.latency_s / US, "efficiency": spec.efficiency,
+                "name": spec.name}
 
     device = {"name": d.name, "memory_GB": d.memory_bytes / GB,
               "peak_TFLOPs": {k: v / TERA for k, v in sorted(d.peak_flops.items())},

@@ -1,4 +1,4 @@
-"""`plan jobs`: many jobs on one cluster — GPU counts, plans and start times, against baselines."""
+"""`plan jobs`: many jobs on one cluster — GPU counts, plans and starts, against baselines."""
 
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ def draw_gantt(doc: dict, path: str) -> None:
     span = min(max(p[2] for p in panels), GANTT_CLIP * joint)  # a slow baseline runs off
     cmap = colormaps["tab10" if len(doc["jobs"]) <= 10 else "tab20"]
     colors = {j["name"]: cmap(i % cmap.N) for i, j in enumerate(doc["jobs"])}
-    fig = Figure(figsize=(12, 1.0 + 0.09 * c["num_gpus"] * len(panels)), layout="constrained")
+    panel_in = min(4.0, max(1.5, 0.09 * c["num_gpus"]))  # one row per GPU, within reason
+    fig = Figure(figsize=(12, 1.0 + panel_in * len(panels)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(panels), 1, sharex=True)
     for ax, (title, placed, makespan) in zip(axes, panels):
@@ -105,7 +106,8 @@ def draw_gantt(doc: dict, path: str) -> None:
             _bars(ax, j, colors[j["name"]], span)
         ax.axvline(makespan, color="black", linestyle="--", linewidth=1)
         if makespan > span:
-            ax.annotate(f"ends at {makespan:.1f} h", xy=(span, 0.5), xycoords=("data", "axes fraction"),
+            ax.annotate(f"ends at {makespan:.1f} h", xy=(span, 0.5),
+                        xycoords=("data", "axes fraction"),
                         ha="right", va="center", fontsize=9,
                         bbox={"boxstyle": "rarrow", "fc": "white", "ec": "black"})
         if placed is doc["jobs"]:
@@ -180,8 +182,9 @@ def summary(doc: dict, solve_time_s: float) -> str:
                   f"gap {100 * s['gap']:.1f}%, objective {doc['objective']}, solved in "
                   f"{solve_time_s:.1f} s, grid {s['time_unit_s']:g} s)"]
     for name, b in doc["baselines"].items():
+        word = "shorter" if b["improvement"] >= 0 else "longer"
         lines.append(f"  {name:<13} {hours(b['makespan_s'])}  ({b['description']}): joint "
-                     f"schedule is {100 * b['improvement']:.1f}% shorter")
+                     f"schedule is {100 * abs(b['improvement']):.1f}% {word}")
     return "\n".join(lines)
 
 

@@ -203,7 +203,8 @@ def _solve(model, v, requests, grid, greedy, options, num_gpus):
         return (word, solver.ObjectiveValue(), solver.BestObjectiveBound()), _read(solver, v)
     if greedy is None:
         raise InfeasibleError(f"no schedule found within the time limit of "
-                              f"{options.time_limit_s:g} s; raise --time-limit", reason="time limit")
+                              f"{options.time_limit_s:g} s; raise --time-limit",
+                              reason="time limit")
     # the time limit ended before CP-SAT found a schedule: keep the greedy one
     value = objective_value(greedy, requests, grid, options.objective)
     bound = max(solver.BestObjectiveBound(),
@@ -444,7 +445,9 @@ def greedy_schedule(requests, grid: _Grid, nodes: int, gpus_per_node: int):
 
 def list_place(requests, grid: _Grid, counts, order, nodes, gpus_per_node, *, fifo: bool):
     """Running jobs where they are, then the others in ``order`` at their earliest fit on
-    ``counts[j]`` GPUs (fifo: never before the job ahead starts) -> per job (start, count, nodes)."""
+    ``counts[j]`` GPUs (fifo: never before the job ahead starts).
+
+    Returns per job (start, count, nodes)."""
     occ = _Occupancy(nodes, gpus_per_node)
     sol: list = [None] * len(requests)
     for j, (r, fixed) in enumerate(zip(requests, grid.fixed)):
@@ -542,7 +545,8 @@ def assign_gpu_ids(requests, grid: _Grid, solution, gpus_per_node) -> list[tuple
             ids = tuple(n * gpus_per_node + i for n in on_nodes for i in range(gpus_per_node))
         else:
             base = on_nodes[0] * gpus_per_node
-            free = [base + i for i in range(gpus_per_node) if free_at.get(base + i, -math.inf) <= start]
+            free = [base + i for i in range(gpus_per_node)
+                    if free_at.get(base + i, -math.inf) <= start]
             blocks = [tuple(range(lo, lo + g)) for lo in range(base, base + gpus_per_node, g)]
             ids = next((b for b in blocks if set(b) <= set(free)), tuple(free[:g]))
         assert len(ids) == g and all(free_at.get(i, -math.inf) <= start for i in ids), \

@@ -58,7 +58,8 @@ def brute_force(requests, nodes, gpn, objective):
                 g, d, node_set = choice[j]
                 need = min(g, gpn)
                 t = next(t for t in range(horizon + 1)
-                         if all(used[n][s] + need <= gpn for n in node_set for s in range(t, t + d)))
+                         if all(used[n][s] + need <= gpn
+                                for n in node_set for s in range(t, t + d)))
                 for n in node_set:
                     for s in range(t, t + d):
                         used[n][s] += need
@@ -181,7 +182,7 @@ def _with(path, value):
     (("jobs", 0, "steps"), "ten", "jobs[0].steps: expected a positive integer"),
     (("jobs", 1, "deadline_s"), -1, "jobs[1].deadline_s: expected seconds > 0"),
     (("jobs", 1, "name"), "a", "jobs[1].name: 'a' is used twice"),
-    (("jobz",), [], "jobs file.jobz: unknown key"),
+    (("jobz",), [], "jobz: unknown key; allowed: jobs, cluster, nodes"),
     (("jobs",), [], "jobs: expected a non-empty list"),
     (("jobs", 0), "gpt2", "jobs[0]: expected a mapping"),
 ])
@@ -227,8 +228,8 @@ def test_plan_jobs_command_then_replan(tmp_path, capsys, tiny_gpt2_config, tiny_
     from planner.cli import main
 
     jobs = tmp_path / "jobs.yaml"
-    rows = [("g1", tiny_gpt2_config, 64), ("g2", tiny_gpt2_config, 16), ("l1", tiny_llama_config, 32),
-            ("l2", tiny_llama_config, 64)]
+    rows = [("g1", tiny_gpt2_config, 64), ("g2", tiny_gpt2_config, 16),
+            ("l1", tiny_llama_config, 32), ("l2", tiny_llama_config, 64)]
     jobs.write_text("jobs:\n" + "".join(
         f"  - {{name: {n}, model: '{m}', global_batch: {b}, seq_len: 128, steps: 200000}}\n"
         for n, m, b in rows))
