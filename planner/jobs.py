@@ -24,7 +24,7 @@ from typing import Mapping
 from costmodels.hardware import GB, TERA
 from costmodels.topology import US, Cluster, with_overrides
 from planner.clusters import load_cluster
-from planner.errors import PlannerError, SpecError
+from planner.errors import InfeasibleError, PlannerError, SpecError
 from planner.options import SearchOptions, TrainingSpec
 from planner.plan import _clean, atomic_write
 from planner.solve.jobs import (JobRequest, JobSchedule, Placement, ScheduleOptions,
@@ -362,12 +362,17 @@ def _plans_for(records, jobs, placements, cluster) -> list[dict | None]:
         rows = model_tables(model, seq_len, [jobs[i] for i in idx], cluster, counts,
                             SearchOptions(top_k=0))
         for i in idx:
-            plans[i] = _row(rows[jobs[i].name], placements[i].gpus).plan
+            row = _row(rows[jobs[i].name], placements[i].gpus)
+            if row is None:
+                raise InfeasibleError(f"job {jobs[i].name}: the planner no longer finds a plan on "
+                                      f"{placements[i].gpus} GPUs; run `plan jobs` afresh",
+                                      reason="no plan")
+            plans[i] = row.plan
     return plans
 
 
-def _row(rows: list[TableRow], gpus: int) -> TableRow:
-    return next(r for r in rows if r.gpus == gpus)
+def _row(rows: list[TableRow], gpus: int) -> TableRow | None:
+    return next((r for r in rows if r.gpus == gpus), None)
 
 
 def document(cluster: Cluster, jobs: list[JobSpec], tables: dict, result: JobSchedule,

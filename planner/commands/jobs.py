@@ -47,9 +47,9 @@ def _cmd_jobs(args) -> int:
     options = ScheduleOptions(objective=args.objective, time_limit_s=args.time_limit,
                               time_unit_s=args.time_unit, seed=args.seed)
     if args.replan:
-        if args.jobs or args.now is None:
+        if args.jobs or args.now is None or args.cluster or args.nodes:
             raise SpecError("replan: give --replan SCHEDULE.json --now SECONDS [--done JOB], "
-                            "without a jobs file")
+                            "without a jobs file or --cluster/--nodes (the schedule holds them)")
         done = [n.strip() for item in args.done for n in item.split(",") if n.strip()]
         result = jobs.replan(jobs.load_schedule(args.replan), done=done, now_s=args.now,
                              options=options, record_timing=args.record_timing)
