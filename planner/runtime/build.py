@@ -23,6 +23,7 @@ from planner.runtime.dataflow import Dataflow, probe
 from planner.runtime.layout import Layout, layout_of
 from planner.runtime.options import RunOptions
 from planner.runtime.stages import StageModule, cuts, units_of
+from planner.runtime.tied import TieSync, find_ties, tie_sync
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class Built:
     targets: torch.Tensor | None = None
     notes: list = field(default_factory=list)
     """Where the run departs from the plan, one line each."""
+    ties: TieSync = field(default_factory=TieSync)
+    """Parameters shared by stages (tied embeddings) and how their gradients are summed."""
     dp_wrap: str = "none"
 
 
@@ -61,6 +64,7 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     mdl.check_fingerprint(plan, spec, mdl.fingerprint(real.module))
     inputs = mdl.synthetic_batch(real, plan.training["global_batch"], seed=opts.seed)
     units, flow, stage_cuts = cut_model(plan, real, inputs)
+    ties = find_ties(real.module, units)
     out = Built(layout=layout, coords=layout.coords(rank), device=device)
     out.inputs, out.targets = _data(plan, inputs, flow, out.coords["dp"], layout.dp, opts.seed,
                                     device)
@@ -70,8 +74,10 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
         out.modules.append(_parallelize(module, plan, flow, mesh, layout, device, out))
     del real
     split = any("W" in a for acts in plan.schedule["actions"] for a in acts)
+    local = layout.local_stages(rank)
     out.stages = [_pipeline_stage(m, s, layout, mesh, device, _whole_backward(m, flow, split, out))
-                  for m, s in zip(out.modules, layout.local_stages(rank))]
+                  for m, s in zip(out.modules, local)]
+    out.ties = tie_sync(ties, layout, rank, dict(zip(local, out.modules)))
     out.schedule = _schedule(plan, out.stages, layout)
     out.optimizer = mdl.make_optimizer(plan, [p for m in out.modules for p in m.parameters()],
                                        opts.lr)

@@ -15,7 +15,8 @@ from planner.runtime.options import RunOptions
 
 
 def single_process(plan: Plan, opts: RunOptions) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Loss of every step and the parameters after the last one (names as in the model)."""
+    """Loss of every step and the parameters after the last one, under every name the model
+    gives them (a tied parameter appears under each)."""
     spec = mdl.model_spec(plan, opts.model)
     meta = mdl.resolve_meta(plan, spec)
     real = mdl.build_real(plan, spec, meta, seed=opts.seed)
@@ -32,5 +33,6 @@ def single_process(plan: Plan, opts: RunOptions) -> tuple[list[float], dict[str,
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    params = {n: p.detach().clone() for n, p in real.module.named_parameters()}
+    params = {n: p.detach().clone()
+              for n, p in real.module.named_parameters(remove_duplicate=False)}
     return losses, params

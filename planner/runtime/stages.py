@@ -35,27 +35,23 @@ class Cut:
 
 
 def units_of(model: nn.Module, stage_modules: list[list[str]]) -> list[list[str]]:
-    """Per stage, the listed modules that own parameters; every parameter must be in one stage."""
+    """Per stage, the listed modules that own parameters; every parameter must be in one.
+    (A parameter in units of two stages is tied; planner/runtime/tied.py keeps its copies equal.)"""
     names = dict(model.named_modules())
-    pnames = {id(p): n for n, p in model.named_parameters()}
-    out, stage_of = [], {}
+    out, owned = [], set()
     for i, mods in enumerate(stage_modules):
         keep = []
         for m in mods:
             if m not in names:
                 raise SpecError(f"stages[{i}].modules: '{m}' is not a module of the model; "
                                 "re-create the plan for this model")
-            params = [id(p) for p in names[m].parameters()]
-            for pid in params:
-                if stage_of.setdefault(pid, i) != i:
-                    raise SpecError(f"stages: parameter '{pnames[pid]}' is shared by stages "
-                                    f"{stage_of[pid]} and {i} (tied weights); the runtime does "
-                                    "not sync them across stages yet, plan with them in one stage")
+            params = {id(p) for p in names[m].parameters()}
             if params:
                 keep.append(m)
+                owned |= params
         out.append(keep)
     for n, p in model.named_parameters():
-        if id(p) not in stage_of:
+        if id(p) not in owned:
             raise SpecError(f"stages: parameter '{n}' lies outside every stage module; the runtime "
                             "needs each parameter inside a module that a stage lists")
     return out

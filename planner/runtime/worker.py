@@ -22,6 +22,7 @@ from planner.runtime import measure
 from planner.runtime.build import Built, build
 from planner.runtime.launch import CRASH_MARK, ERROR_MARK
 from planner.runtime.options import RunOptions
+from planner.runtime.tied import sync_grads
 
 log = logging.getLogger("planner.runtime")
 EXIT_BAD_INPUT = 2
@@ -81,6 +82,7 @@ def _step(built: Built) -> list[float] | None:
     """One optimizer step; the micro-batch losses when this rank holds the last stage."""
     losses: list = []
     built.schedule.step(*built.inputs, target=built.targets, losses=losses, return_outputs=False)
+    sync_grads(built.ties)
     built.optimizer.step()
     built.optimizer.zero_grad(set_to_none=True)
     return [float(x) for x in losses] if losses else None

@@ -3,6 +3,7 @@
 Each model is traced once per session; every plan pins its knobs with ``fix``.
 """
 
+import json
 import os
 
 import pytest
@@ -17,7 +18,8 @@ SEQ_LEN = 16
 
 class PlanMaker:
     """make(model, fix, name) -> path of a saved plan; models: "llama" (tiny Llama from a Hugging
-    Face config) and "branched" (examples/branched.py's TwoTower, small)."""
+    Face config), "branched" (examples/branched.py's TwoTower, small) and "gpt2" (tiny GPT-2,
+    tied embeddings)."""
 
     def __init__(self, folder, specs: dict):
         self.folder = folder
@@ -41,7 +43,16 @@ class PlanMaker:
         return path
 
 
+TIED_GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 4,
+             "n_embd": 32, "n_head": 4, "vocab_size": 512, "n_positions": 64, "resid_pdrop": 0.0,
+             "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0}
+"""GPT-2 ties lm_head to wte; no dropout, so one step is deterministic."""
+
+
 @pytest.fixture(scope="session")
 def make_plan(tmp_path_factory, tiny_llama_config):
-    return PlanMaker(str(tmp_path_factory.mktemp("runtime-plans")),
-                     {"llama": tiny_llama_config, "branched": BRANCHED_SPEC})
+    folder = tmp_path_factory.mktemp("runtime-plans")
+    gpt2 = folder / "tied-gpt2.json"
+    gpt2.write_text(json.dumps(TIED_GPT2))
+    return PlanMaker(str(folder), {"llama": tiny_llama_config, "branched": BRANCHED_SPEC,
+                                   "gpt2": str(gpt2)})

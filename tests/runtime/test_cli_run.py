@@ -39,17 +39,6 @@ def test_model_override_with_other_architecture_is_refused(capsys, make_plan, ti
     _one_line_refusal(code, err, "fingerprint", tiny_gpt2_config)
 
 
-def test_weights_tied_across_stages_are_refused(capsys, tiny_gpt2_config, tmp_path):
-    import planner
-
-    p = planner.plan(tiny_gpt2_config, cluster="cpu", gpus_per_node=2, global_batch=4, seq_len=16,
-                     dtype="fp32", fix="pp=2,tp=1,dp=1,micro_batch=1")
-    path = str(tmp_path / "gpt2.json")
-    p.save(path)
-    code, _, err = run(capsys, "run", path)
-    _one_line_refusal(code, err, "transformer.wte.weight", "tied weights")
-
-
 def test_plan_needing_more_processes_than_the_machine_runs_is_refused(capsys, make_plan):
     path = make_plan("branched", "pp=1,tp=1,dp=16,micro_batch=1", global_batch=16)
     code, _, err = run(capsys, "run", path, "--device", "cpu")
