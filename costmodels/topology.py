@@ -190,3 +190,65 @@ def _positive_int(value, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(f"{where}: expected a positive integer, got {value!r}")
     return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeteroCluster:
+    """Groups of nodes that differ in device or links (two GPU generations, two sites), joined by
+    an ``inter_group`` tier (the slowest link between any two groups)."""
+
+    name: str
+    groups: tuple[Cluster, ...]
+    """Each group is a homogeneous cluster (device, nodes, GPUs per node, its own links)."""
+    inter_group: LinkSpec
+    """Tier between groups, per GPU and direction (e.g. a WAN link between sites)."""
+    description: str = ""
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(g.num_gpus for g in self.groups)
+
+    def summary(self) -> dict:
+        return {
+            "name": self.name,
+            "device": "+".join(g.device.name for g in self.groups),
+            "nodes": sum(g.nodes for g in self.groups),
+            "gpus_per_node": max(g.gpus_per_node for g in self.groups),
+            "num_gpus": self.num_gpus,
+            "device_memory_bytes": min(g.device.memory_bytes for g in self.groups),
+            "groups": [{**g.summary(), "name": g.name} for g in self.groups],
+            "inter_group_GBps": self.inter_group.bandwidth_bytes_per_s / GB,
+        }
+
+
+_HETERO_KEYS = {"name", "groups", "inter_node", "inter_group", "description"}
+_GROUP_KEYS = {"name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"}
+
+
+def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
+    """The heterogeneous YAML form: ``groups`` of nodes plus the links between them."""
+    unknown = set(spec) - _HETERO_KEYS
+    if unknown:
+        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(_HETERO_KEYS)}")
+    for key in ("name", "groups", "inter_node"):
+        if key not in spec:
+            raise SpecError(f"{where}.{key}: missing (see the heterogeneous cluster form in README.md)")
+    groups = spec["groups"]
+    if not isinstance(groups, list) or len(groups) < 2:
+        raise SpecError(f"{where}.groups: expected a list of at least two node groups")
+    inter_node = link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter")
+    built = []
+    for i, g in enumerate(groups):
+        here = f"{where}.groups[{i}]"
+        if not isinstance(g, Mapping):
+            raise SpecError(f"{here}: expected a mapping with keys {sorted(_GROUP_KEYS)}")
+        bad = set(g) - _GROUP_KEYS
+        if bad:
+            raise SpecError(f"{here}.{sorted(bad)[0]}: unknown key; allowed: {sorted(_GROUP_KEYS)}")
+        full = {"inter_node": spec["inter_node"], **g}
+        full.setdefault("name", f"group{i}")
+        built.append(cluster_from_mapping(full, here))
+    inter_group = (link_from_mapping(spec["inter_group"], f"{where}.inter_group", "inter-group")
+                   if "inter_group" in spec else inter_node)
+    return HeteroCluster(name=str(spec["name"]), groups=tuple(built), inter_group=inter_group,
+                         description=str(spec.get("description", "")))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from costmodels.engine import engine_from_mapping
+from costmodels.topology import HeteroCluster
 from planner.calibration import apply_calibration
 from planner.blocks import build_blocks, unchained_repeats
 from planner.clusters import load_cluster
@@ -16,6 +17,7 @@ from planner.errors import InfeasibleError, SpecError
 from planner.evaluate import ModelArrays
 from planner.feasibility import explain_infeasible
 from planner.graph import BlockGraph, OpGraph
+from planner.hetero import search_hetero
 from planner.models import resolve
 from planner.options import SearchOptions, TrainingSpec, parse_fix
 from planner.plan import Plan
@@ -24,7 +26,7 @@ from planner.solve.search import search
 from planner.tp import analyze
 from planner.trace import trace
 
-log = logging.getLogger("planner")
+log = logging.getLogger("planner.api")
 
 
 @dataclass
@@ -70,8 +72,11 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     """Plan how to train ``model`` on ``cluster``; see DESIGN.md for every argument."""
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
     if calibration is not None:
+        if isinstance(cl, HeteroCluster):
+            raise SpecError("calibration: applies to one device type; not to a cluster with groups")
         cl = apply_calibration(cl, calibration)
-    cl.device.peak(dtype)  # fail early on a dtype the device lacks
+    for group in getattr(cl, "groups", (cl,)):
+        group.device.peak(dtype)  # fail early on a dtype a device lacks
     options = SearchOptions(fix=parse_fix(fix), top_k=top_k, time_limit_s=time_limit_s,
                             trace=trace_method)
     eng = engine_from_mapping(engine)
@@ -88,10 +93,16 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False) -> Plan:
     """Search and emit for an already traced model."""
-    result = search(prepared.blocks, cluster, training, options, progress=progress)
+    if isinstance(cluster, HeteroCluster):
+        result = search_hetero(prepared.blocks, cluster, training, options, progress=progress)
+    else:
+        result = search(prepared.blocks, cluster, training, options, progress=progress)
     summary = ", ".join(f"{n} {r}" for r, n in result.rejected.most_common(4))
     log.info("searched %d configurations in %.2f s (%s)", result.candidates, result.time_s,
              summary or "none rejected")
+    if result.best is None and isinstance(cluster, HeteroCluster):
+        raise InfeasibleError(f"no plan fits the cluster's groups ({summary or 'no candidates'})",
+                              reason="no feasible plan")
     if result.best is None:
         ma = ModelArrays.from_blocks(prepared.blocks)
         raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,

@@ -5,24 +5,42 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from costmodels.topology import CLUSTERS, Cluster, cluster_from_mapping, get_cluster, with_overrides
+from costmodels.topology import (CLUSTERS, Cluster, HeteroCluster, cluster_from_mapping,
+                                 get_cluster, hetero_from_mapping, with_overrides)
 from planner.errors import SpecError
 
 
-def load_cluster(spec, *, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
-    """Preset name, path to a YAML file, mapping or Cluster -> Cluster (with overrides)."""
+def load_cluster(spec, *, nodes: int | None = None,
+                 gpus_per_node: int | None = None) -> Cluster | HeteroCluster:
+    """Preset name, path to a YAML file, mapping or Cluster -> Cluster (with overrides); a YAML
+    file or mapping with ``groups`` gives a HeteroCluster."""
+    if isinstance(spec, HeteroCluster):
+        return _no_overrides(spec, nodes, gpus_per_node)
     if isinstance(spec, Cluster):
         cluster = spec
     elif isinstance(spec, Mapping):
+        if "groups" in spec:
+            return _no_overrides(hetero_from_mapping(spec), nodes, gpus_per_node)
         cluster = cluster_from_mapping(spec)
     elif isinstance(spec, str) and (spec.endswith((".yaml", ".yml")) or os.path.sep in spec):
-        cluster = cluster_from_mapping(_read_yaml(spec), where=os.path.basename(spec))
+        data = _read_yaml(spec)
+        if "groups" in data:
+            return _no_overrides(hetero_from_mapping(data, where=os.path.basename(spec)), nodes,
+                                 gpus_per_node)
+        cluster = cluster_from_mapping(data, where=os.path.basename(spec))
     elif isinstance(spec, str):
         return get_cluster(spec, nodes=nodes, gpus_per_node=gpus_per_node)
     else:
         raise SpecError(f"cluster: expected a preset name ({', '.join(CLUSTERS)}), a YAML path or "
                         f"a mapping, got {type(spec).__name__}")
     return with_overrides(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
+
+
+def _no_overrides(cluster: HeteroCluster, nodes, gpus_per_node) -> HeteroCluster:
+    if nodes is not None or gpus_per_node is not None:
+        raise SpecError("nodes: --nodes/--gpus-per-node do not apply to a cluster with node groups; "
+                        "edit the groups in its YAML file")
+    return cluster
 
 
 def _read_yaml(path: str) -> dict:

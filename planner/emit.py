@@ -38,7 +38,8 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "pipeline_rank": st.rank,
         "modules": [m for name in st.blocks for m in module_of[name]],
         "blocks": st.blocks,
-        "ranks": placement.stage_ranks(cfg, st.rank),
+        "ranks": st.ranks or placement.stage_ranks(cfg, st.rank),
+        **({"group": st.group} if st.group else {}),
         "predicted": {
             "time_per_microbatch_s": st.time_s, "compute_s": st.compute_s,
             "fwd_s": st.fwd_s, "bwd_s": st.compute_s - st.fwd_s - st.recompute_s,

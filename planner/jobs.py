@@ -26,7 +26,7 @@ from costmodels.topology import US, Cluster, with_overrides
 from planner.clusters import load_cluster
 from planner.errors import InfeasibleError, PlannerError, SpecError
 from planner.options import SearchOptions, TrainingSpec
-from planner.plan import _clean, atomic_write
+from planner.plan import clean, atomic_write
 from planner.solve.jobs import (JobRequest, JobSchedule, Placement, ScheduleOptions,
                                 candidate_counts, list_schedule, solve_jobs)
 
@@ -388,7 +388,7 @@ def document(cluster: Cluster, jobs: list[JobSpec], tables: dict, result: JobSch
                         for row in tables[job.name]]
         rec["plan"] = plan
         records.append(rec)
-    return _clean({
+    return clean({
         "schema": SCHEMA_ID,
         "cluster": {**cluster.summary(), "spec": cluster_mapping(cluster)},
         "now_s": now_s, "done": done, "objective": result.objective,

@@ -41,7 +41,7 @@ class Plan:
     def to_dict(self) -> dict:
         order = ["schema", "model", "training", "cluster", "parallel", "stages", "tensor_parallel",
                  "schedule", "predicted", "search", "provenance"]
-        return {k: _clean(getattr(self, k)) for k in order}
+        return {k: clean(getattr(self, k)) for k in order}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
@@ -144,12 +144,12 @@ def atomic_write(path: str, text: str) -> None:
         raise
 
 
-def _clean(obj):
+def clean(obj):
     """numpy scalars -> Python numbers; floats rounded to SIGNIFICANT_DIGITS."""
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [clean(v) for v in obj]
     if isinstance(obj, bool) or obj is None or isinstance(obj, str):
         return obj
     if hasattr(obj, "item") and not isinstance(obj, (int, float)):

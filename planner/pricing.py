@@ -36,6 +36,10 @@ class StageEstimate:
     recompute_s: float = 0.0
     act_bytes: float = 0.0
     """Activation bytes one micro-batch keeps on this chunk."""
+    group: str = ""
+    """Device group running it (heterogeneous clusters)."""
+    ranks: list[int] = field(default_factory=list)
+    """Global ranks running it, when they do not follow the homogeneous layout."""
 
     @property
     def time_s(self) -> float:
@@ -61,9 +65,12 @@ class Estimate:
     split_gap: float | None = 0.0
     """CP-SAT's relative gap for the stage split; None when unknown."""
 
-    def throughput(self, training: TrainingSpec, cluster: Cluster) -> dict:
+    def throughput(self, training: TrainingSpec, cluster) -> dict:
         n = cluster.num_gpus
-        peak = cluster.device.peak(training.dtype)
+        if hasattr(cluster, "groups"):  # heterogeneous: the GPU-weighted mean peak
+            peak = sum(g.num_gpus * g.device.peak(training.dtype) for g in cluster.groups) / n
+        else:
+            peak = cluster.device.peak(training.dtype)
         return {
             "samples_per_s": training.global_batch / self.step_time_s,
             "tokens_per_s": training.global_batch * training.seq_len / self.step_time_s,
@@ -76,21 +83,33 @@ def price(cfg: Config, bounds: list[int], ma, costs, cluster: Cluster,
           training: TrainingSpec) -> Estimate:
     """Step time, breakdown and memory of ``cfg`` with chunk ``c`` = blocks [bounds[c], bounds[c+1])."""
     p2p_out, cut_p2p = _p2p_sends(cfg, bounds, ma, cluster)
-    stages = []
+    stages = chunks(cfg, bounds, ma, costs, p2p_out)
+    ranks = rank_memory(cfg, bounds, stages, ma, costs, training)
+    dp_s, opt_s = _dp_and_optimizer_s(cfg, stages, ranks, cluster, training)
+    return assemble(cfg, stages, ranks, dp_s, opt_s, ma, training, cut_p2p)
+
+
+def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float]) -> list[StageEstimate]:
+    """One StageEstimate per chunk, from per-block costs (memory filled in by _rank_memory)."""
+    out = []
     for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
         sl = slice(a, b)
-        stages.append(StageEstimate(
+        out.append(StageEstimate(
             index=c, rank=c % cfg.pp, blocks=ma.names[a:b],
             compute_s=float(np.sum(costs.compute_s[sl] + costs.recompute_s[sl])),
             tp_comm_s=float(np.sum(costs.tp_comm_s[sl])), p2p_s=p2p_out[c], params=0.0,
             in_flight=0.0, fwd_s=float(np.sum(costs.fwd_s[sl])),
             recompute_s=float(np.sum(costs.recompute_s[sl])),
             act_bytes=float(np.sum(costs.act_bytes[sl]))))
-    ranks = _rank_memory(cfg, bounds, stages, ma, costs, training)
+    return out
+
+
+def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training: TrainingSpec,
+             cut_p2p: list[float]) -> Estimate:
+    """Pipeline time (closed form), breakdown along the slowest rank, FLOPs: the Estimate."""
     rank_time = [sum(st.time_s for st in stages if st.rank == r) for r in range(cfg.pp)]
     m = cfg.num_microbatches
     pipe_s = pipeline.step_time_s(rank_time, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp)
-    dp_s, opt_s = _dp_and_optimizer_s(cfg, stages, ranks, cluster, training)
     slow = int(np.argmax(rank_time))
     mine = [st for st in stages if st.rank == slow]
     breakdown = {
@@ -126,7 +145,7 @@ def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> list[flo
     return sends, cuts
 
 
-def _rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) -> list[dict]:
+def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) -> list[dict]:
     """Per pipeline rank: memory by kind; also fills each chunk's params, in_flight, memory."""
     out = []
     for r in range(cfg.pp):

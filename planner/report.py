@@ -46,18 +46,22 @@ def _parallel(p: Plan) -> list[str]:
         f"  throughput  {pr['samples_per_s']:.4g} samples/s, {pr['tokens_per_s']:,.0f} tokens/s, "
         f"{pr['tflops_per_device']:.1f} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
         f"  peak memory {pr['peak_memory_bytes'] / GB:.1f} GB per GPU"
-        + (f" of {dev_mem / GB:.0f} GB" if dev_mem else ""),
+        + (f" of {dev_mem / GB:.0f} GB" if dev_mem and "groups" not in p.cluster else "")
+        + ("" if "groups" not in p.cluster else " (device memory: " + ", ".join(
+            f"{g['name']} {g['device_memory_bytes'] / GB:.0f} GB" for g in p.cluster["groups"]) + ")"),
     ]
 
 
 def stage_table(p: Plan) -> list[str]:
-    rows = [("stage", "blocks", "time/mb", "compute", "tp comm", "p2p", "memory",
-             "weights+grads+optim", "activations")]
+    groups = any("group" in st for st in p.stages)
+    rows = [("stage" + (" (group)" if groups else ""), "blocks", "time/mb", "compute", "tp comm",
+             "p2p", "memory", "weights+grads+optim", "activations")]
     for st in p.stages:
         pr = st["predicted"]
         mem = pr["memory_bytes"]
         states = mem.get("weights", 0) + mem.get("grads", 0) + mem.get("optimizer", 0)
-        rows.append((str(st["index"]), compress_names(st["blocks"]),
+        label = f"{st['index']} ({st['group']})" if "group" in st else str(st["index"])
+        rows.append((label, compress_names(st["blocks"]),
                      _ms(pr["time_per_microbatch_s"]), _ms(pr.get("compute_s", 0)),
                      _ms(pr.get("tp_comm_s", 0)), _ms(pr.get("p2p_s", 0)),
                      f"{mem['total'] / GB:.1f} GB", f"{states / GB:.1f} GB",

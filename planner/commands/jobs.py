@@ -39,8 +39,13 @@ def register(add) -> None:
 
 
 def _cmd_jobs(args) -> int:
+    import logging
+
     from planner import jobs
     from planner.solve.jobs import ScheduleOptions
+
+    if not args.verbose:  # one line per planned (job, GPU count) is too much here
+        logging.getLogger("planner.api").setLevel(logging.WARNING)
 
     if args.gantt and not args.gantt.lower().endswith(GANTT_FORMATS):
         raise SpecError(f"gantt: '{args.gantt}' must end in {' or '.join(GANTT_FORMATS)}")

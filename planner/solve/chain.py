@@ -148,3 +148,61 @@ def brute_force(times: Sequence[float], stages: int, mem: StageMemory | None = N
         if best is None or p.bottleneck < best.bottleneck:
             best = p
     return best
+
+
+def partition_staged(times: Sequence[Sequence[float]], stages: int, mem: StageMemory | None = None,
+                     capacities: Sequence[float] | None = None) -> Partition | None:
+    """Like ``partition`` when stage ``s`` runs block ``b`` in ``times[s][b]`` seconds and may use
+    ``capacities[s]`` bytes (stages on different devices). The greedy is no longer exact here
+    (taking more on a fast stage can leave a slow one too much), so this is the dynamic program
+    best[s][j] = min over i of max(best[s-1][i], time of blocks i..j-1 on stage s), vectorized
+    over i. Tied weights are not credited (they matter only when both ends share a stage)."""
+    n = len(times[0])
+    if stages < 1 or n < stages:
+        return None
+    inf = float("inf")
+    prefix = [np.concatenate(([0.0], np.cumsum(np.asarray(t, dtype=float)))) for t in times]
+    if mem is not None:
+        static = np.concatenate(([0.0], np.cumsum(mem.static)))
+        act = np.concatenate(([0.0], np.cumsum(mem.act)))
+        work = np.asarray(mem.work, dtype=float)
+    best = np.full(n + 1, inf)
+    best[0] = 0.0
+    choice = np.zeros((stages, n + 1), dtype=int)
+    for s in range(stages):
+        nxt = np.full(n + 1, inf)
+        for j in range(s + 1, n - (stages - s - 1) + 1):
+            i = np.arange(s, j)
+            value = np.maximum(best[i], prefix[s][j] - prefix[s][i])
+            if mem is not None:
+                run_max = np.maximum.accumulate(work[s:j][::-1])[::-1]
+                need = (static[j] - static[i]) + mem.in_flight[s] * (act[j] - act[i]) + run_max
+                limit = capacities[s] if capacities is not None else mem.capacity
+                value = np.where(need <= limit * (1 + 1e-12), value, inf)  # prefix-sum rounding
+            k = int(np.argmin(value))
+            nxt[j], choice[s][j] = value[k], i[k]
+        best = nxt
+    if not np.isfinite(best[n]):
+        return None
+    bounds = [n]
+    for s in range(stages - 1, -1, -1):
+        bounds.append(int(choice[s][bounds[-1]]))
+    bounds.reverse()
+    return Partition(bounds, [sum(times[s][a:b]) for s, (a, b) in enumerate(zip(bounds, bounds[1:]))])
+
+
+def brute_force_staged(times: Sequence[Sequence[float]], stages: int,
+                       mem: StageMemory | None = None,
+                       capacities: Sequence[float] | None = None) -> Partition | None:
+    """Every split, with stage-dependent times and capacities (tests only)."""
+    n, best = len(times[0]), None
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        bounds = [0, *cuts, n]
+        if mem is not None and any(
+                mem.of(s, a, b) > (capacities[s] if capacities is not None else mem.capacity)
+                for s, (a, b) in enumerate(zip(bounds, bounds[1:]))):
+            continue
+        p = Partition(bounds, [sum(times[s][a:b]) for s, (a, b) in enumerate(zip(bounds, bounds[1:]))])
+        if best is None or p.bottleneck < best.bottleneck:
+            best = p
+    return best

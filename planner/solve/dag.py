@@ -118,7 +118,7 @@ def _non_empty(model, x, n: int, stages: int) -> None:
 def _memory(model, x, mem: StageMemory, n: int, stages: int) -> None:
     """static + in-flight x activations + largest working set (+ tied weights once) <= capacity."""
     unit = max(mem.capacity, 1.0) / RESOLUTION
-    cap = int(mem.capacity / unit)
+    cap = int(mem.capacity / unit) + n  # slack for rounding each block's bytes (1e-6 each)
     for s in range(stages):
         per_block = [int(round((mem.static[b] + mem.in_flight[s] * mem.act[b]) / unit)) for b in range(n)]
         work = model.new_int_var(0, cap + 1, f"work_{s}")

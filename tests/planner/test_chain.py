@@ -64,3 +64,23 @@ def test_random_chains_against_oracle_many():
         times = [rng.uniform(0.1, 3) for _ in range(n)]
         k = rng.randint(1, min(5, n))
         assert partition(times, k).bottleneck == pytest.approx(brute_force(times, k).bottleneck)
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data())
+def test_stage_dependent_split_equals_brute_force(data):
+    from planner.solve.chain import brute_force_staged, partition_staged
+
+    n = data.draw(st.integers(min_value=2, max_value=8))
+    stages = data.draw(st.integers(min_value=1, max_value=min(4, n)))
+    base = data.draw(st.lists(st.floats(0.1, 5), min_size=n, max_size=n))
+    speed = data.draw(st.lists(st.sampled_from([1.0, 2.5]), min_size=stages, max_size=stages))
+    times = [[t * f for t in base] for f in speed]  # stage s runs on a device `speed[s]` slower
+    mem = StageMemory(static=data.draw(st.lists(st.floats(0, 10), min_size=n, max_size=n)),
+                      act=[0.0] * n, work=[0.0] * n, in_flight=[1] * stages, capacity=0.0)
+    caps = data.draw(st.lists(st.floats(5, 40), min_size=stages, max_size=stages))
+    got = partition_staged(times, stages, mem, caps)
+    want = brute_force_staged(times, stages, mem, caps)
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got.bottleneck == pytest.approx(want.bottleneck, rel=1e-6)

@@ -1,0 +1,96 @@
+"""How long planning takes, and how much memory it needs.
+
+Cases (issue goals in brackets, on a 2-core machine):
+1. GPT-3 175B on 128 x 8 A100-80GB, global batch 1536, full search space
+   [search <= 2 s, the whole `plan solve` command <= 10 s];
+2. Llama-3 405B on 2048 x 8 H100 (16,384 GPUs), global batch 2048, seq 8192 [search <= 30 s];
+3. examples/multitower.py, a DAG of ~5,200 traced ops, pp=8 with 1F1B on 64 A100s, with a 30 s
+   time limit [<= 60 s, time limit honoured within 10%].
+
+Each case runs the real CLI in a fresh process (so imports, tracing and output are included) and
+reports its wall time and peak resident memory; the search time is the one the planner records.
+
+Usage:  python benchmarks/planning_time.py [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+CASES = [
+    ("GPT-3 175B, 1,024 A100", ["gpt3-175b", "--cluster", "dgx-a100-80g", "--nodes", "128",
+                                "--global-batch", "1536", "--seq-len", "2048"], None),
+    ("Llama-3 405B, 16,384 H100", ["llama3-405b", "--cluster", "dgx-h100", "--nodes", "2048",
+                                   "--global-batch", "2048", "--seq-len", "8192"], None),
+    ("multitower DAG, 64 A100, pp=8", ["examples/multitower.py:build", "--cluster", "dgx-a100-80g",
+                                       "--nodes", "8", "--global-batch", "256",
+                                       "--fix", "pp=8,schedule=1f1b"], 30.0),
+]
+
+
+def run_case(argv: list[str], time_limit: float | None) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "plan.json")
+        cli = ["-q", "solve", *argv, "--record-timing", "-o", out]
+        if time_limit:
+            cli += ["--time-limit", str(time_limit)]
+        cmd = [sys.executable, "-c", WRAPPER, json.dumps(cli)]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"failed: plan {' '.join(cli)}\n{proc.stderr}")
+        peak_kb = int(proc.stderr.strip().splitlines()[-1].split()[-1])
+        with open(out) as f:
+            plan = json.load(f)
+    return {"wall_s": wall, "peak_mb": peak_kb / 1024, "plan": plan}
+
+
+# Runs the CLI in this process and reports the process's peak resident memory on its last line.
+WRAPPER = """
+import json, resource, sys
+from planner.cli import main
+code = main(json.loads(sys.argv[1]))
+print("peak_rss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    head = ["case", "GPUs", "configurations", "search s", "time limit s", "CLI wall s",
+            "peak RSS MB", "status", "chosen"]
+    rows = []
+    for name, argv, limit in CASES:
+        r = run_case(argv, limit)
+        p = r["plan"]
+        par = p["parallel"]
+        chosen = (f"dp={par['dp']} tp={par['tp']} pp={par['pp']}x{par['vpp']} "
+                  f"{par['schedule']} rc={par['recompute']} zero={par['zero']}")
+        rows.append([name, str(p["cluster"]["num_gpus"]), str(p["search"]["candidates"]),
+                     f"{p['search']['time_s']:.2f}", f"{limit:g}" if limit else "-",
+                     f"{r['wall_s']:.1f}", f"{r['peak_mb']:.0f}", p["search"]["status"], chosen])
+    if args.markdown:
+        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+        for row in [head, *rows]:
+            print("  ".join(x.ljust(w) for x, w in zip(row, widths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
