@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
 
     sh = add("show", help="explain a plan file")
     sh.add_argument("plan", metavar="PLAN.json")
+    sh.add_argument("--gantt", metavar="OUT.png|svg",
+                    help="draw the plan's pipeline schedule, simulated, as a Gantt chart")
     sh.set_defaults(func=_cmd_show)
 
     m = add("models", help="list the built-in models")
@@ -148,7 +150,15 @@ def _cmd_show(args) -> int:
     from planner import report
     from planner.plan import load_plan
 
-    print(report.summary(load_plan(args.plan)))
+    plan = load_plan(args.plan)
+    print(report.summary(plan))
+    if args.gantt:
+        from planner.plots import gantt
+        from planner.simulate import simulate_plan
+
+        gantt(simulate_plan(plan), args.gantt,
+              title=f"{plan.model['name']}: {plan.parallel_summary}")
+        print(f"\nwrote {args.gantt}")
     return 0
 
 
