@@ -8,6 +8,9 @@ With ``p`` stages and ``m`` micro-batches on equal stages of forward+backward ti
 - GPipe keeps all ``m`` micro-batches' activations alive at the flush; 1F1B keeps at most
   ``p - i`` on stage ``i`` (0-based); interleaved 1F1B warms up with ``2 (p - i - 1) + (v - 1) p``
   chunk forwards (Megatron-LM's schedule), each holding 1/v of the rank's activations.
+- ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR'24) splits the backward into the
+  input gradient B and the weight gradient W and fills the drain with W's: its bubble is
+  ``(p - 1)(t_F + t_B - t_W)`` against 1F1B's ``(p - 1)(t_F + t_B + t_W)``, with 1F1B's memory.
 On unequal stages the steady state runs at the slowest rank: ``sum_r t_r / v + (m - 1/v) max_r t_r``.
 """
 
@@ -17,7 +20,7 @@ from typing import Sequence
 
 from costmodels.errors import SpecError
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 
 
 def _check(schedule: str) -> None:
@@ -42,11 +45,15 @@ def bubble_fraction(*, stages: int, microbatches: int, vpp: int = 1) -> float:
 
 
 def step_time_s(rank_times_s: Sequence[float], *, microbatches: int, schedule: str,
-                vpp: int = 1) -> float:
+                vpp: int = 1, wgrad_s: float = 0.0) -> float:
     """Pipeline time of one step, from each rank's forward+backward time of one micro-batch
-    (summed over its ``vpp`` chunks)."""
+    (summed over its ``vpp`` chunks); ``wgrad_s``: the weight-gradient part of the slowest rank's
+    backward (what ZB-H1 moves into the bubble)."""
     _check(schedule)
     if not rank_times_s:
         return 0.0
     v = vpp if schedule == "interleaved-1f1b" else 1
-    return sum(rank_times_s) / v + (microbatches - 1 / v) * max(rank_times_s)
+    step = sum(rank_times_s) / v + (microbatches - 1 / v) * max(rank_times_s)
+    if schedule == "zb-h1":
+        step -= 2 * (len(rank_times_s) - 1) * wgrad_s
+    return step

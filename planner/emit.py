@@ -120,7 +120,8 @@ def _schedule(cfg) -> dict:
     actions = (schedule.build(cfg.schedule, cfg.pp, cfg.num_microbatches, vpp=cfg.vpp)
                if cfg.vpp > 1 else schedule.build(cfg.schedule, cfg.pp, cfg.num_microbatches))
     return {"name": cfg.schedule, "format": "torch.distributed.pipelining actions, one list per "
-            "pipeline rank", "actions": actions}
+            "pipeline rank (with W actions, B is the input-gradient half, which torch spells I: "
+            "planner.schedule.torch_actions converts)", "actions": actions}
 
 
 def input_hash(model_info: dict, training: TrainingSpec, cluster: Cluster,

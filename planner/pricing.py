@@ -109,9 +109,11 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
     """Pipeline time (closed form), breakdown along the slowest rank, FLOPs: the Estimate."""
     rank_time = [sum(st.time_s for st in stages if st.rank == r) for r in range(cfg.pp)]
     m = cfg.num_microbatches
-    pipe_s = pipeline.step_time_s(rank_time, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp)
     slow = int(np.argmax(rank_time))
     mine = [st for st in stages if st.rank == slow]
+    wgrad = sum(weight_grad_s(st) for st in mine)
+    pipe_s = pipeline.step_time_s(rank_time, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp,
+                                  wgrad_s=wgrad)
     breakdown = {
         "compute_s": m * sum(st.compute_s for st in mine),
         "bubble_s": pipe_s - m * rank_time[slow],
@@ -127,6 +129,12 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
                     breakdown=breakdown, peak_memory_bytes=max(r["total"] for r in ranks),
                     model_flops=model_flops, hardware_flops=model_flops + rc_flops,
                     cut_p2p_s=cut_p2p)
+
+
+def weight_grad_s(st: StageEstimate) -> float:
+    """The weight-gradient half of a chunk's backward (a GEMM's backward is two GEMMs of equal
+    size: input gradient and weight gradient)."""
+    return 0.5 * (st.compute_s - st.fwd_s - st.recompute_s)
 
 
 def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> list[float]:

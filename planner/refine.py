@@ -24,7 +24,7 @@ from planner import schedule
 from planner.evaluate import BlockCosts, ModelArrays, block_costs, capacity_bytes
 from planner.graph import BlockGraph
 from planner.options import SearchOptions, TrainingSpec
-from planner.pricing import Estimate, price
+from planner.pricing import Estimate, price, weight_grad_s
 from planner.simulate import simulate
 from planner.solve.chain import StageMemory
 from planner.solve.dag import solve_dag
@@ -92,8 +92,12 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
     actions = schedule.build(cfg.schedule, cfg.pp, m, vpp=cfg.vpp)
     tp_fwd = 1 / 3 if cfg.recompute == "full" else 1 / 2  # full recompute replays forward's share
     fwd = [st.fwd_s + tp_fwd * st.tp_comm_s for st in est.stages]
-    bwd = [st.compute_s - st.fwd_s + (1 - tp_fwd) * st.tp_comm_s for st in est.stages]
-    sim = simulate(actions, microbatches=m, fwd_s=fwd, bwd_s=bwd, p2p_s=est.cut_p2p_s or 0.0,
+    split = cfg.schedule in schedule.SPLIT_BACKWARD
+    wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]
+    bwd = [st.compute_s - st.fwd_s + (1 - tp_fwd) * st.tp_comm_s - w
+           for st, w in zip(est.stages, wgrad)]
+    sim = simulate(actions, microbatches=m, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad,
+                   p2p_s=est.cut_p2p_s or 0.0,
                    activation_bytes=[st.act_bytes for st in est.stages], vpp=cfg.vpp)
     stages = [dataclasses.replace(st) for st in est.stages]
     for r in range(cfg.pp):
