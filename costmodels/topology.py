@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from costmodels.errors import SpecError
-from costmodels.hardware import GB, DeviceSpec, _fraction, _positive, get_device, suggest
+from costmodels.hardware import (DEVICES, GB, TERA, DeviceSpec, _fraction, _positive, get_device,
+                                 suggest)
 
 US = 1e-6
 
@@ -81,7 +82,28 @@ class Cluster:
             "device_memory_bytes": self.device.memory_bytes,
             "intra_node_GBps": self.intra_node.bandwidth_bytes_per_s / GB,
             "inter_node_GBps": self.inter_node.bandwidth_bytes_per_s / GB,
+            "spec": self.to_mapping(),
         }
+
+    def to_mapping(self) -> dict:
+        """The YAML form that ``cluster_from_mapping`` reads back into this cluster (a preset
+        device by name; any other device as its mapping, which holds the fields YAML can set)."""
+        d = self.device
+        preset = DEVICES.get(d.name)
+        device = d.name if preset == d else {
+            "name": d.name, "memory_GB": d.memory_bytes / GB,
+            "peak_TFLOPs": {k: v / TERA for k, v in sorted(d.peak_flops.items())},
+            "hbm_GBps": d.hbm_bytes_per_s / GB, "matmul_efficiency": d.matmul_efficiency,
+            "memory_efficiency": d.memory_efficiency}
+        return {"name": self.name, "device": device, "nodes": self.nodes,
+                "gpus_per_node": self.gpus_per_node, "intra_node": _link_mapping(self.intra_node),
+                "inter_node": _link_mapping(self.inter_node),
+                **({"description": self.description} if self.description else {})}
+
+
+def _link_mapping(link: LinkSpec) -> dict:
+    return {"bandwidth_GBps": link.bandwidth_bytes_per_s / GB, "latency_us": round(link.latency_s / US, 6),
+            "efficiency": link.efficiency, "name": link.name}
 
 
 def _link(name: str, gbps: float, latency_us: float, efficiency: float) -> LinkSpec:
