@@ -29,6 +29,7 @@ class Memory:
                        if device.type == "cuda" else
                        "tensor bytes over the last step from torch.profiler's memory timeline")
         self.profiled_peak: int | None = None
+        self.failure: str | None = None
         self.baseline = 0
 
     def reset(self) -> None:
@@ -54,8 +55,10 @@ class Memory:
         try:
             _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
             self.profiled_peak = int(max(sum(row) for row in sizes)) if sizes else None
-        except Exception:  # noqa: BLE001 - a private API; without it the RSS figure remains
+        except Exception as exc:  # noqa: BLE001 - a private API; without it the RSS figure remains
             self.profiled_peak = None
+            self.failure = (f"no CPU tensor peak: torch.profiler's memory timeline failed "
+                            f"({type(exc).__name__}: {str(exc)[:120]})")
         return result
 
     def peak(self) -> int | None:

@@ -65,7 +65,7 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
         "peak_memory_bytes": mem.peak(), "rss_peak_bytes": mem.rss_peak(),
         "rss_baseline_bytes": mem.baseline, "memory_method": mem.method,
         "state_bytes": measure.state_bytes(built.modules, built.optimizer),
-        "losses": step_losses, "notes": built.notes,
+        "losses": step_losses, "notes": built.notes + ([mem.failure] if mem.failure else []),
     }
     if opts.dump_dir:
         _dump(built, opts.dump_dir)

@@ -45,6 +45,17 @@ def test_plan_needing_more_processes_than_the_machine_runs_is_refused(capsys, ma
     _one_line_refusal(code, err, "16 processes", "at most 8")
 
 
+def test_model_too_large_for_this_machine_is_refused(capsys, tmp_path):
+    import planner
+
+    p = planner.plan("llama3-8b", cluster="dgx-a100-80g", nodes=1, global_batch=8, seq_len=512,
+                     fix="tp=8,pp=1,dp=1")
+    path = str(tmp_path / "llama3-8b.json")
+    p.save(path)
+    code, _, err = run(capsys, "run", path, "--device", "cpu")
+    _one_line_refusal(code, err, "model:", "GB", "8 processes", "smaller")
+
+
 def test_nproc_that_does_not_match_the_plan_is_refused(capsys, make_plan):
     path = make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=2")
     code, _, err = run(capsys, "run", path, "--nproc", "3")
