@@ -77,21 +77,29 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None) -> Launch:
                         f"starts at most {MAX_CPU_PROCESSES} (plan with dp*tp*pp <= "
                         f"{MAX_CPU_PROCESSES}, or use GPUs)")
     if nodes == 1:
-        _check_memory(plan, per_node)
+        _check_memory(plan, per_node, cuda)
     return Launch(plan_path=plan_path, plan=plan, nodes=nodes, nproc_per_node=per_node,
                   device="cuda" if cuda else "cpu")
 
 
-def _check_memory(plan: Plan, nproc: int) -> None:
-    """Each process builds the whole model on the CPU before keeping its stages."""
+def _check_memory(plan: Plan, nproc: int, cuda: bool) -> None:
+    """Each process builds the whole model on the CPU before keeping its stages; on GPUs the
+    predicted peak must also fit each device."""
     weight_bytes = plan.model["num_params"] * TORCH_DTYPES[plan.training["dtype"]].itemsize
-    need = nproc * (weight_bytes + plan.predicted["peak_memory_bytes"])
+    peak = plan.predicted["peak_memory_bytes"]
+    need = nproc * (weight_bytes + (0 if cuda else peak))
     have = _available_bytes()
     if have and need > MEMORY_USE_FRACTION * have:
         raise SpecError(f"model: {plan.model['name']} needs about {need / 1e9:.1f} GB over "
                         f"{nproc} processes (each builds all {plan.model['num_params']:,} "
                         f"parameters) but this machine has {have / 1e9:.1f} GB free; the runtime "
                         "is for small models, run a smaller one")
+    if cuda:
+        device_bytes = torch.cuda.get_device_properties(0).total_memory
+        if peak > device_bytes:
+            raise SpecError(f"model: the plan's predicted peak of {peak / 1e9:.1f} GB per GPU "
+                            f"exceeds this machine's {device_bytes / 1e9:.1f} GB GPUs; plan for "
+                            "them (--cluster with their device) and run that plan")
 
 
 def _available_bytes() -> int:
