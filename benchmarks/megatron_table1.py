@@ -23,7 +23,6 @@ import argparse
 import csv
 import dataclasses
 import logging
-import math
 import os
 import statistics
 import sys
@@ -177,7 +176,7 @@ def print_table(results, fit_idx, eff, markdown: bool) -> None:
     errs = {i: abs(p.step_time_s / r["implied_s"] - 1) for i, r, p in results}
     fitted = [errs[i] for i in errs if i in fit_idx]
     held = [errs[i] for i in errs if i not in fit_idx]
-    print(f"\nGEMM efficiency: {eff if eff is not None else 'data-sheet default'}"
+    print(f"\nGEMM efficiency: {f'{eff:.3f}' if eff is not None else 'data-sheet default'}"
           + (f" (fitted on rows {sorted(fit_idx)})" if fit_idx else ""))
     for label, xs in (("fit rows", fitted), ("held-out rows", held), ("all rows", list(errs.values()))):
         if xs:

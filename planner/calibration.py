@@ -8,12 +8,12 @@ measured, the intra-node link.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Mapping
 
 from costmodels.hardware import GB, TERA
 from costmodels.topology import Cluster, LinkSpec
 from planner.errors import SpecError
+from planner.files import read_json_object
 
 SCHEMA = "planner.calibration/v1"
 
@@ -25,14 +25,8 @@ def load_calibration(source) -> dict:
         where = "calibration"
     else:
         where = str(source)
-        try:
-            with open(source, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise SpecError(f"calibration: file '{source}' not found; create it with "
-                            "`plan profile -o FILE`") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SpecError(f"calibration: cannot read '{source}' as JSON ({exc})") from None
+        data = read_json_object(source, what="calibration",
+                                missing_hint="create it with `plan profile -o FILE`")
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise SpecError(f"{where}: not a calibration (schema must be '{SCHEMA}'); create it with "
                         "`plan profile -o FILE`")

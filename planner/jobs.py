@@ -24,6 +24,7 @@ from costmodels.hardware import GB, TERA
 from costmodels.topology import US, Cluster, with_overrides
 from planner.clusters import load_cluster
 from planner.errors import InfeasibleError, PlannerError, SpecError
+from planner.files import read_json_object
 from planner.jobs_spec import JobSpec, JobsSpec
 from planner.jobs_spec import jobs_from_mapping, load_jobs  # noqa: F401  (re-exported)
 from planner.options import SearchOptions, TrainingSpec
@@ -303,14 +304,8 @@ def write_schedule(path: str, doc: dict) -> None:
 
 
 def load_schedule(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise SpecError(f"replan: file '{path}' not found") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(f"replan: cannot read '{path}' as JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_ID:
+    doc = read_json_object(path, what="replan")
+    if doc.get("schema") != SCHEMA_ID:
         raise SpecError(f"replan: '{path}' is not a {SCHEMA_ID} schedule; write one with "
                         "`plan jobs -o`")
     return doc

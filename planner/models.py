@@ -12,7 +12,6 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import torch
 
 from costmodels.hardware import suggest
 from planner.errors import SpecError
+from planner.files import read_json_object
 from planner.zoo import ZOO, ZooEntry
 
 log = logging.getLogger(__name__)
@@ -77,16 +77,8 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
     from transformers import AutoConfig
 
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    try:
-        with open(file, encoding="utf-8") as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise SpecError(f"model: config file '{file}' not found; give the path to a Hugging Face "
-                        "config.json") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(f"model: cannot read '{file}' as JSON ({exc}); fix the file") from None
-    if not isinstance(raw, dict):
-        raise SpecError(f"model: '{file}' must hold a JSON object")
+    raw = read_json_object(file, what="model",
+                           missing_hint="give the path to a Hugging Face config.json")
     if "model_type" not in raw:
         raise SpecError(f"{file}: key 'model_type' is missing; add the transformers model type "
                         "(e.g. \"llama\", \"gpt2\")")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
 
 from planner.errors import SpecError
+from planner.files import atomic_write, read_json_object
+
+__all__ = ["Plan", "SCHEMA_ID", "atomic_write", "clean", "load_plan", "schema", "validate"]
 
 SCHEMA_ID = "planner.plan/v1"
 SIGNIFICANT_DIGITS = 6
@@ -72,16 +73,7 @@ class Plan:
 
 def load_plan(path: str) -> Plan:
     """Read and validate a plan file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        raise SpecError(f"plan: file '{path}' not found") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(f"plan: cannot read '{path}' as JSON ({exc})") from None
-    if not isinstance(d, dict):
-        raise SpecError(f"{path}: a plan is a JSON object")
-    return Plan.from_dict(d, path)
+    return Plan.from_dict(read_json_object(path, what="plan"), path)
 
 
 @lru_cache(maxsize=1)
@@ -119,29 +111,6 @@ def _check_consistency(d: dict, where: str) -> None:
     names = [b["name"] for b in d["model"]["blocks"]]
     if listed != names:
         raise SpecError(f"{where}: stages must list every block exactly once, in order")
-
-
-def atomic_write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and an atomic rename."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        mode = os.stat(path).st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def clean(obj):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from planner import schedule
 from planner.errors import SpecError

@@ -25,6 +25,7 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from planner.solve import cpsat
 from planner.solve.chain import StageMemory
 
 RESOLUTION = 1_000_000
@@ -40,8 +41,9 @@ class DagPartition:
     stage_times: list[float]
     status: str
     """optimal or feasible."""
-    gap: float
-    """(objective - best bound) / objective; 0 when optimal."""
+    gap: float | None
+    """(objective - best bound) / objective; 0 when optimal; None when unknown (time ran out
+    before CP-SAT found a solution and the hint was returned)."""
 
     @property
     def bottleneck(self) -> float:
@@ -86,17 +88,19 @@ def solve_dag(times: Sequence[float], edges: Sequence[tuple[int, int]], stages: 
             model.add_hint(stage_time[s], hinted[s])
         model.add_hint(bottleneck, max(hinted))
     # --- solve -------------------------------------------------------------------------------
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
-    solver.parameters.random_seed = seed
-    solver.parameters.num_workers = 1  # deterministic: same inputs, same plan
-    status = solver.solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    solver, status, gap = cpsat.solve(model, time_limit_s=time_limit_s, seed=seed)
+    if status is None:  # out of time before any solution: the hint still is one, if valid
+        if hint is not None and _valid(list(hint), edges, stages, mem):
+            return _result(list(hint), times, stages, "feasible", None)
         return None
     stage_of = [solver.value(stage[b]) for b in range(n)]
-    objective, bound = solver.objective_value, solver.best_objective_bound
-    gap = 0.0 if status == cp_model.OPTIMAL or objective <= 0 else max(0.0, (objective - bound) / objective)
-    return _result(stage_of, times, stages, "optimal" if status == cp_model.OPTIMAL else "feasible", gap)
+    return _result(stage_of, times, stages, status, gap)
+
+
+def _valid(stage_of: list[int], edges, stages: int, mem: StageMemory | None) -> bool:
+    if set(stage_of) != set(range(stages)) or any(stage_of[u] > stage_of[v] for u, v in edges):
+        return False
+    return mem is None or _fits(stage_of, mem, stages)
 
 
 def _one_stage_each(model, x, stage, n: int, stages: int) -> None:

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from planner.solve import cpsat
 from planner.solve.chain import StageMemory
 
 RESOLUTION = 1_000_000
@@ -77,22 +78,16 @@ def solve_hetero(times: Sequence[Sequence[float]], slots: Sequence[int],
     if hint is not None:
         _hint(model, x, y, z, stage, stage_time, bottleneck, t, hint, n, stages, groups)
     # --- solve --------------------------------------------------------------------------------
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
-    solver.parameters.random_seed = seed
-    solver.parameters.num_workers = 1
-    status = solver.solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    solver, status, gap = cpsat.solve(model, time_limit_s=time_limit_s, seed=seed)
+    if status is None:
         return None
     stage_of = [solver.value(stage[b]) for b in range(n)]
     group_of = [next(g for g in range(groups) if solver.value(y[s, g])) for s in range(stages)]
     bounds = [0] + [sum(1 for b in range(n) if stage_of[b] <= s) for s in range(stages)]
     stage_times = [sum(times[group_of[s]][b] for b in range(n) if stage_of[b] == s)
                    for s in range(stages)]
-    objective, bound = solver.objective_value, solver.best_objective_bound
-    gap = 0.0 if status == cp_model.OPTIMAL or objective <= 0 else max(0.0, (objective - bound) / objective)
     return HeteroPartition(bounds=bounds, group_of_stage=group_of, stage_times=stage_times,
-                           status="optimal" if status == cp_model.OPTIMAL else "feasible", gap=gap)
+                           status=status, gap=gap)
 
 
 def _blocks(model, x, stage, edges, n: int, stages: int) -> None:

@@ -2,8 +2,6 @@
 
 import pytest
 
-from planner.api import prepare
-
 
 def test_gpt2_blocks_are_embedding_layers_head(tiny_gpt2):
     names = [b.name for b in tiny_gpt2.blocks.blocks]
