@@ -31,8 +31,8 @@ def _cmd_run(args) -> int:
                       lr=args.lr, device=args.device, dump_dir=args.dump, threads=args.threads)
     launch = check(args.plan, opts, args.nproc)
     if launch.nodes > 1:
-        print(f"The plan spans {launch.nodes} nodes; run on each node (node 0's address as "
-              "master):")
+        print(f"The plan spans {launch.nodes} nodes; run this on each node, with NODE0_ADDR the "
+              "address of node 0:")
         for line in node_commands(launch, opts, args.output or "measured.json"):
             print(line)
         return 0

@@ -124,10 +124,13 @@ def torchrun_argv(launch: Launch, opts: RunOptions, *, result: str, node_rank: i
 
 
 def node_commands(launch: Launch, opts: RunOptions, result: str) -> list[str]:
-    """One shell line per node, for clusters this process cannot start itself."""
-    return [shlex.join(torchrun_argv(launch, opts, result=result, node_rank=n,
-                                     master_addr="<address of node 0>"))
-            for n in range(launch.nodes)]
+    """One shell line per node (``torchrun`` is ``python -m torch.distributed.run``), for clusters
+    this process cannot start itself."""
+    lines = []
+    for n in range(launch.nodes):
+        argv = torchrun_argv(launch, opts, result=result, node_rank=n, master_addr="NODE0_ADDR")
+        lines.append(shlex.join(["torchrun", *argv[3:]]))
+    return lines
 
 
 def run_local(launch: Launch, opts: RunOptions) -> dict:

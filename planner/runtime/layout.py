@@ -87,6 +87,9 @@ def layout_of(plan: Plan) -> Layout:
             raise SpecError(f"stages[{i}].ranks: {st['ranks']} do not lie on one pipeline rank of "
                             f"the {placement} mesh (pp={pp}, dp={dp}, tp={tp}); re-create the plan")
         owner = pps.pop()
+        if st.get("pipeline_rank", owner) != owner:
+            raise SpecError(f"stages[{i}].pipeline_rank: {st['pipeline_rank']} but its ranks "
+                            f"{st['ranks']} are pipeline rank {owner}; re-create the plan")
         expected = sorted(base.rank_of(pp=owner, dp=d, tp=t) for d in range(dp) for t in range(tp))
         if sorted(st["ranks"]) != expected:
             raise SpecError(f"stages[{i}].ranks: {st['ranks']} but the {placement} mesh puts "
