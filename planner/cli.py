@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     sh.add_argument("plan", metavar="PLAN.json")
     sh.add_argument("--gantt", metavar="OUT.png|svg",
                     help="draw the plan's pipeline schedule, simulated, as a Gantt chart")
+    sh.add_argument("--why", metavar="KNOB=V,...",
+                    help="why not these knobs? re-plan the plan's own inputs with them pinned "
+                         "(e.g. tp=16 or pp=1,zero=3) and say what changes or what does not fit")
     sh.set_defaults(func=_cmd_show)
 
     m = add("models", help="list the built-in models")
@@ -151,7 +154,12 @@ def _cmd_show(args) -> int:
     from planner.plan import load_plan
 
     plan = load_plan(args.plan)
-    print(report.summary(plan))
+    if args.why:
+        from planner.explain import why_not
+
+        print(report.why(plan, why_not(plan, args.why)))
+    else:
+        print(report.summary(plan))
     if args.gantt:
         from planner.plots import gantt
         from planner.simulate import simulate_plan

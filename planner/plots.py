@@ -1,10 +1,13 @@
-"""Pictures of plans: a Gantt chart of a simulated pipeline schedule.
+"""Pictures of plans and sweeps: a Gantt chart of a simulated pipeline schedule; scaling, Pareto
+and cost charts of what-if rows (planner.explore.whatif).
 
 matplotlib is imported inside each function and drawn on a bare ``Figure`` with the Agg canvas,
 so importing this module costs nothing and no global pyplot state or backend is touched.
 """
 
 from __future__ import annotations
+
+import os
 
 from planner.errors import SpecError
 from planner.simulate import SimResult
@@ -13,6 +16,7 @@ COLOURS = {"F": "#0072B2", "B": "#E69F00", "W": "#009E73"}
 """Forward blue, backward orange, weight-gradient green (Okabe-Ito, readable when colour-blind)."""
 WORDS = {"F": "forward (F)", "B": "backward (B)", "W": "weight gradient (W)"}
 FORMATS = (".png", ".svg")
+GB = 1e9
 FONT_PT = 7.0
 """Size of the micro-batch numbers inside blocks."""
 AXES_WIDTH = 0.84
@@ -95,3 +99,221 @@ def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
               else -0.25), ncol=len(handles), fontsize=8, frameon=False)
     fig.savefig(path)
     return fig
+
+
+# ---- what-if sweeps (rows from planner.explore.whatif) -----------------------------------------
+
+SERIES_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
+                  "#F0E442")
+"""Okabe-Ito, one per series (a cluster, a device, a pinned knob value)."""
+SERIES_KEYS = ("cluster", "device", "intra_node_GBps", "inter_node_GBps", "global_batch",
+               "seq_len", "dtype", "optimizer", "fix")
+"""Row columns that tell series apart (the x axis, GPUs, is not one of them)."""
+
+
+def _series(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Rows grouped by the SERIES_KEYS that differ between rows, labelled by those values, in
+    first-seen order; one unlabelled series when nothing differs."""
+    varying = [k for k in SERIES_KEYS if len({r.get(k) for r in rows}) > 1]
+    if "device" in varying and "cluster" in varying and all(
+            len({r.get("device") for r in rows if r.get("cluster") == c}) == 1
+            for c in {r.get("cluster") for r in rows}):
+        varying.remove("device")  # the cluster names them
+    groups: dict = {}
+    for r in rows:
+        key = tuple(r.get(k) for k in varying)
+        groups.setdefault(key, []).append(r)
+    out = []
+    for key, members in groups.items():
+        parts = [str(v) if k in ("cluster", "device", "fix") else f"{k}={v:g}" if isinstance(
+            v, float) else f"{k}={v}" for k, v in zip(varying, key)]
+        out.append((", ".join(p for p in parts if p) or "", members))
+    return out
+
+
+def _figure(panels: int, path: str, width_in: float = 5.2, height_in: float = 4.4):
+    if not path.lower().endswith(FORMATS):
+        raise SpecError(f"plot: '{path}' must end in {' or '.join(FORMATS)}")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in * panels, height_in), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(1, panels, squeeze=False)[0]
+
+
+def _gpu_axis(ax, gpus: list[int]) -> None:
+    """GPUs on a base-2 log axis, ticked at the values swept."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(gpus))))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(g) for g in sorted(set(gpus))])
+    ax.set_xlabel("GPUs")
+    ax.grid(color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+
+
+def _title(rows: list[dict], what: str) -> str:
+    r = rows[0]
+    return (f"{r.get('model', 'model')}: {what}\nglobal batch {r.get('global_batch')} x "
+            f"{r.get('seq_len')} tokens, {r.get('dtype')}")
+
+
+def scaling(rows: list[dict], path: str):
+    """Tokens/s (left, with linear scaling from each series' smallest point dashed) and MFU
+    (right) against GPUs, one line per series; each MFU point names its dp/tp/pp, and infeasible
+    points are crosses on the MFU axis' floor. Writes ``path`` (.png/.svg); returns the Figure."""
+    fig, (ax_t, ax_m) = _figure(2, path)
+    feasible = [r for r in rows if r["feasible"]]
+    if not feasible:
+        raise SpecError("plot: no feasible point to draw")
+    for i, (label, members) in enumerate(_series(rows)):
+        colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+        ok = sorted((r for r in members if r["feasible"]), key=lambda r: r["gpus"])
+        xs = [r["gpus"] for r in ok]
+        if ok:
+            ax_t.plot(xs, [r["tokens_per_s"] for r in ok], "o-", color=colour, label=label or None)
+            x0, t0 = xs[0], ok[0]["tokens_per_s"]
+            ax_t.plot(xs, [t0 * x / x0 for x in xs], "--", color=colour, linewidth=0.9, alpha=0.6)
+            ax_m.plot(xs, [100 * r["mfu"] for r in ok], "o-", color=colour, label=label or None)
+            for r in ok:
+                ax_m.annotate(f"{r['dp']}·{r['tp']}·{r['pp']}", (r["gpus"], 100 * r["mfu"]),
+                              textcoords="offset points", xytext=(0, 7 + 10 * (i % 2)),
+                              ha="center", fontsize=7, color=colour)
+        bad = [r["gpus"] for r in members if not r["feasible"]]
+        if bad:
+            ax_m.plot(bad, [0.0] * len(bad), "x", color=colour, markersize=8, clip_on=False)
+    gpus = [r["gpus"] for r in rows if r["gpus"]]
+    _gpu_axis(ax_t, gpus)
+    _gpu_axis(ax_m, gpus)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("tokens/s (dashed: linear scaling)")
+    ax_m.set_ylabel("MFU (%)  (labels: dp·tp·pp; x: nothing fits)")
+    ax_m.set_ylim(0, max(100 * r["mfu"] for r in feasible) * 1.25)
+    ax_t.set_title("throughput", fontsize=10)
+    ax_m.set_title("model FLOPs utilization", fontsize=10)
+    if any(label for label, _ in _series(rows)):
+        ax_t.legend(fontsize=8, loc="upper left")
+    fig.suptitle(_title(rows, "scaling"), fontsize=11)
+    fig.savefig(path)
+    return fig
+
+
+def pareto_front(rows: list[dict]) -> list[dict]:
+    """Feasible rows that no other row beats on both step time and memory per GPU, by memory."""
+    ok = sorted((r for r in rows if r["feasible"]),
+                key=lambda r: (r["peak_memory_bytes"], r["step_time_s"]))
+    front, best = [], float("inf")
+    for r in ok:
+        if r["step_time_s"] < best:
+            front.append(r)
+            best = r["step_time_s"]
+    return front
+
+
+def pareto(rows: list[dict], path: str, *, max_labels: int = 10):
+    """Step time against peak memory per GPU for every feasible point (coloured by series), the
+    Pareto front joined and labelled with each point's swept values, and the device's memory as
+    a vertical line. Writes ``path``; returns the Figure."""
+    fig, (ax,) = _figure(1, path, width_in=8.0, height_in=5.2)
+    front = pareto_front(rows)
+    if not front:
+        raise SpecError("plot: no feasible point to draw")
+    series = _series(rows)
+    for i, (label, members) in enumerate(series):
+        ok = [r for r in members if r["feasible"]]
+        ax.scatter([r["peak_memory_bytes"] / GB for r in ok], [r["step_time_s"] for r in ok],
+                   s=22, color=SERIES_COLOURS[i % len(SERIES_COLOURS)] if len(series) > 1
+                   else "#999999", label=label or None, zorder=2)
+    ax.step([r["peak_memory_bytes"] / GB for r in front], [r["step_time_s"] for r in front],
+            where="post", color="#000000", linewidth=1.2, zorder=3, label="Pareto front")
+    ax.scatter([r["peak_memory_bytes"] / GB for r in front], [r["step_time_s"] for r in front],
+               s=40, facecolors="none", edgecolors="#000000", zorder=4)
+    shown = front if len(front) <= max_labels else front[:: -(-len(front) // max_labels)]
+    for k, r in enumerate(shown):
+        ax.annotate(r["point"] or r["config"], (r["peak_memory_bytes"] / GB, r["step_time_s"]),
+                    textcoords="offset points", xytext=(6, 4 if k % 2 else -10), fontsize=7)
+    for cap in sorted({r["device_memory_bytes"] for r in rows if r.get("device_memory_bytes")}):
+        ax.axvline(cap / GB, color="#D55E00", linestyle=":", linewidth=1)
+        ax.text(cap / GB, 1.0, f" {cap / GB:.0f} GB device", color="#D55E00", fontsize=8,
+                va="top", transform=ax.get_xaxis_transform())
+    ax.set_xlabel("peak memory per GPU (GB)")
+    ax.set_ylabel("step time (s)")
+    ax.grid(color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    ax.set_xlim(left=0)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.suptitle(_title(rows, f"step time against memory ({len(front)} of "
+                              f"{sum(r['feasible'] for r in rows)} points on the front)"),
+                 fontsize=11)
+    fig.savefig(path)
+    return fig
+
+
+def cost(rows: list[dict], path: str, prices=None, *, tokens: float | None = None):
+    """Dollars per step and per million tokens against GPUs, one line per series; with ``tokens``
+    the cost and the days to train on that many tokens instead of per million. ``prices`` (device
+    -> dollars per GPU-hour) adds the cost columns; without it the rows must carry them
+    (planner.explore.whatif with prices). Writes ``path``; returns the Figure."""
+    from planner.explore import add_costs
+
+    rows = [dict(r) for r in rows]
+    if prices is not None or tokens is not None:
+        add_costs(rows, prices if prices is not None else {}, tokens)
+    priced = [r for r in rows if r.get("cost_per_step_usd") is not None]
+    if not priced:
+        raise SpecError("plot: no point has a price; pass prices={'h100': 4.0, ...}")
+    run = priced[0].get("run_cost_usd") is not None
+    fig, axes = _figure(3 if run else 2, path, width_in=4.6)
+    if run:
+        panels = [("cost_per_step_usd", 1.0, "$ per step"),
+                  ("run_cost_usd", 1e-6, f"$M for {_tokens(priced[0]['tokens'])} tokens"),
+                  ("run_hours", 1 / 24, f"days for {_tokens(priced[0]['tokens'])} tokens")]
+    else:
+        panels = [("cost_per_step_usd", 1.0, "$ per step"),
+                  ("cost_per_mtok_usd", 1.0, "$ per million tokens")]
+    for i, (label, members) in enumerate(_series(rows)):
+        ok = sorted((r for r in members if r.get("cost_per_step_usd") is not None),
+                    key=lambda r: r["gpus"])
+        colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+        price = f" at ${ok[0]['price_per_gpu_hour']:g}/GPU-h" if ok else ""
+        for ax, (key, scale, _) in zip(axes, panels):
+            ax.plot([r["gpus"] for r in ok], [r[key] * scale for r in ok], "o-", color=colour,
+                    label=(label + price) if ok else None)
+    gpus = [r["gpus"] for r in rows if r["gpus"]]
+    for ax, (_, _, ylabel) in zip(axes, panels):
+        _gpu_axis(ax, gpus)
+        ax.set_title(ylabel, fontsize=10)
+        ax.set_ylim(bottom=0)
+    axes[0].legend(fontsize=8, loc="best")
+    fig.suptitle(_title(rows, "cost"), fontsize=11)
+    fig.savefig(path)
+    return fig
+
+
+def _tokens(n: float) -> str:
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if n >= scale:
+            return f"{n / scale:g}{unit}"
+    return f"{n:g}"
+
+
+def sweep_plots(rows: list[dict], path: str) -> list[str]:
+    """The pictures a sweep supports, next to ``path`` (``out.png`` -> ``out-scaling.png``,
+    ``out-pareto.png``, ``out-cost.png``): scaling when the GPU count varies, the Pareto front
+    always, cost when the rows carry prices. Returns the paths written."""
+    stem, ext = os.path.splitext(path)
+    if ext.lower() not in FORMATS:
+        raise SpecError(f"plot: '{path}' must end in {' or '.join(FORMATS)}")
+    written = []
+    if len({r["gpus"] for r in rows if r["feasible"]}) > 1:
+        scaling(rows, f"{stem}-scaling{ext}")
+        written.append(f"{stem}-scaling{ext}")
+    pareto(rows, f"{stem}-pareto{ext}")
+    written.append(f"{stem}-pareto{ext}")
+    if any(r.get("cost_per_step_usd") is not None for r in rows):
+        cost(rows, f"{stem}-cost{ext}")
+        written.append(f"{stem}-cost{ext}")
+    return written

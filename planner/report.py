@@ -30,8 +30,6 @@ def _header(p: Plan) -> str:
 
 def _parallel(p: Plan) -> list[str]:
     par, pr = p.parallel, p.predicted
-    bd = pr["breakdown"]
-    parts = ", ".join(f"{BREAKDOWN_WORDS[k]} {v:.3g}" for k, v in bd.items() if v > 0)
     sp = " (+sequence parallel)" if par["sequence_parallel"] else ""
     dev_mem = p.cluster.get("device_memory_bytes", 0)
     vpp = f" x {par['vpp']} chunks per rank" if par.get("vpp", 1) > 1 else ""
@@ -42,7 +40,7 @@ def _parallel(p: Plan) -> list[str]:
         f"schedule {par['schedule']}",
         f"  memory      recompute {par['recompute']}, ZeRO-{par['zero']}{offload}, placement "
         f"{par.get('placement', 'tp-pp-dp')}",
-        f"  step time   {pr['step_time_s']:.3f} s  ({parts})",
+        *breakdown(p),
         f"  throughput  {pr['samples_per_s']:.4g} samples/s, {pr['tokens_per_s']:,.0f} tokens/s, "
         f"{pr['tflops_per_device']:.1f} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
         f"  peak memory {pr['peak_memory_bytes'] / GB:.1f} GB per GPU"
@@ -50,6 +48,15 @@ def _parallel(p: Plan) -> list[str]:
         + ("" if "groups" not in p.cluster else " (device memory: " + ", ".join(
             f"{g['name']} {g['device_memory_bytes'] / GB:.0f} GB" for g in p.cluster["groups"]) + ")"),
     ]
+
+
+def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
+    """The step time and its parts, largest first, each with its share and a bar."""
+    step = p.predicted["step_time_s"]
+    parts = sorted(((v, k) for k, v in p.predicted["breakdown"].items() if v > 0), reverse=True)
+    rows = [(f"    {BREAKDOWN_WORDS.get(k, k)}", f"{v:.3g} s", f"{100 * v / step:.1f}%",
+             "#" * round(bar_width * v / step)) for v, k in parts]
+    return [f"  step time   {step:.4g} s, made of:", *_table(rows, indent="  ")]
 
 
 def stage_table(p: Plan) -> list[str]:
@@ -76,14 +83,32 @@ def _search(p: Plan) -> list[str]:
     status = {"optimal": "best under the cost model", "feasible": "best found (time limit)",
               "fixed": "configuration fixed"}.get(s["status"], s["status"])
     lines = [f"  search: {s['candidates']} configurations, {s.get('evaluated', 0)} priced{timing}; "
-             f"{status}" + (f"; set aside: {rejected}" if rejected else "")]
+             f"{status}"] + ([f"  set aside: {rejected}"] if rejected else [])
     alts = s.get("alternatives", [])
     if alts:
-        lines.append("  runners-up:")
+        lines.append("  runners-up, and why they lost:")
         for i, a in enumerate(alts, 2):
-            lines.append(f"    {i}. {Config(**a['parallel']).short()}: {a['step_time_s']:.3f} s, "
-                         f"{a['peak_memory_bytes'] / GB:.1f} GB ({a['why']})")
+            lines += _runner_up(p, i, a)
     return lines
+
+
+def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
+    """'3. tp 4 -> 8, dp 32 -> 16: 18.68 s (+1.5%), 31.6 GB (-29.3)' and the parts that moved."""
+    knobs = ", ".join(f"{k.replace('_', ' ')} {_fmt(p.parallel.get(k))} -> {_fmt(v)}"
+                      for k, v in a["parallel"].items()
+                      if k != "num_microbatches" and p.parallel.get(k) != v) or "same knobs"
+    rel = 100 * (a["step_time_s"] / p.step_time_s - 1)
+    mem = (a["peak_memory_bytes"] - p.predicted["peak_memory_bytes"]) / GB
+    parts = a["why"].split(": ", 1)[1] if ": " in a["why"] else "no part of the step moved"
+    return [f"    {i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%), "
+            f"{a['peak_memory_bytes'] / GB:.1f} GB per GPU ({mem:+.1f})",
+            f"       {parts}"]
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return str(v)
 
 
 def compress_names(names: list[str]) -> str:
@@ -136,3 +161,184 @@ def _table(rows, indent: str = "") -> list[str]:
 
 def listing(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(_table(rows))
+
+
+# ---- what-if sweeps ----------------------------------------------------------------------------
+
+
+def short_config(row: dict) -> str:
+    """``dp=8 tp=2+sp pp=4 mb=1 1f1b rc=none z3`` from a sweep row or a plan's ``parallel``."""
+    sp = "+sp" if row.get("sequence_parallel") else ""
+    v = f"x{row['vpp']}" if (row.get("vpp") or 1) > 1 else ""
+    off = "+off" if row.get("offload_optimizer") else ""
+    return (f"dp={row['dp']} tp={row['tp']}{sp} pp={row['pp']}{v} mb={row['micro_batch']} "
+            f"{row['schedule']} rc={row['recompute']} z{row['zero']}{off}")
+
+
+def sweep_table(rows: list[dict], reason_width: int = 70) -> str:
+    """One line per what-if row: the point, GPUs, the chosen configuration and what it gives;
+    an infeasible point shows its reason instead."""
+    costs = any(r.get("cost_per_step_usd") is not None for r in rows)
+    run = any(r.get("run_cost_usd") is not None for r in rows)
+    head = ["point", "GPUs", "configuration", "step", "tokens/s", "MFU", "memory/GPU"]
+    head += ["$/step", "$/M tokens"] if costs else []
+    head += [f"days ({human_count(rows[0]['tokens'])} tok)", "$ run"] if run else []
+    out = [tuple(head)]
+    for r in rows:
+        cells = [r["point"], str(r["gpus"] or "")]
+        if not r["feasible"]:
+            reason = r["reason"] if len(r["reason"]) <= reason_width else (
+                r["reason"][:reason_width - 3] + "...")
+            out.append((*cells, f"infeasible: {reason}", *[""] * (len(head) - 3)))
+            continue
+        cells += [short_config(r), f"{r['step_time_s']:.3g} s", f"{r['tokens_per_s']:,.0f}",
+                  f"{100 * r['mfu']:.1f}%", gb(r["peak_memory_bytes"])]
+        if costs:
+            cells += [_dollars(r.get("cost_per_step_usd")), _dollars(r.get("cost_per_mtok_usd"))]
+        if run:
+            hours = r.get("run_hours")
+            cells += ["" if hours is None else f"{hours / 24:,.1f}", _dollars(r.get("run_cost_usd"))]
+        out.append(tuple(cells))
+    return "\n".join(_table(out))
+
+
+def _dollars(x) -> str:
+    if x is None:
+        return ""
+    return f"${x:,.0f}" if x >= 100 else f"${x:.3g}"
+
+
+# ---- plan diff and "why not" -------------------------------------------------------------------
+
+ALWAYS = ("predicted", "step time by part")
+"""Sections shown in full; the others list only what differs."""
+
+
+def diff(a: Plan, b: Plan, names: tuple[str, str] = ("A", "B"), max_stage_rows: int = 12) -> str:
+    """Two plans side by side: every difference, with its change from A to B."""
+    from planner import explain
+
+    rows = [("", "A", "B", "change")]
+    same, section, stage_rows = [], None, 0
+    for d in explain.compare(a, b):
+        if d.section not in ALWAYS and not d.differs:
+            if d.section in ("inputs", "configuration"):
+                same.append(f"{d.label} {_value(d.a, d.kind)}")
+            continue
+        if d.section == "stages" and d.label != "stages":
+            stage_rows += 1
+            if stage_rows > max_stage_rows:
+                continue
+        if d.section != section:
+            rows.append((d.section, "", "", ""))
+            section = d.section
+        rows.append((f"  {d.label}", _value(d.a, d.kind), _value(d.b, d.kind),
+                     _change(d.a, d.b, d.kind)))
+    head = [f"A = {names[0]}", f"B = {names[1]}",
+            f"B is {explain.summary(a, b)}" if a.step_time_s != b.step_time_s else
+            f"B takes as long as A: {explain.summary(a, b).split(': ', 1)[-1]}", ""]
+    tail = ([f"  ... and {stage_rows - max_stage_rows} more stage rows differ"]
+            if stage_rows > max_stage_rows else [])
+    if same:
+        tail += ["", *_wrap("same in both: " + ", ".join(same))]
+    return "\n".join(head + _table(rows) + tail)
+
+
+def why(plan: Plan, answer) -> str:
+    """The answer to ``plan show --why``: what changes with the pinned knobs, or why they do not
+    fit (each stage over the device's memory, with what it would need)."""
+    from planner import explain
+
+    pins = explain._pins(answer.pins)
+    c = plan.cluster
+    where = f"{c['num_gpus']} x {c['device']}"
+    lines = [f"Why not {pins}? (plan: {plan.parallel_summary}, {plan.step_time_s:.4g} s per step)"]
+    if answer.feasible:
+        v = answer.variant
+        lines.append(f"  With {pins} the best plan on {where} is {v.parallel_summary}:")
+        lines += _what_changes(plan, v)
+        return "\n".join(lines)
+    lines += _wrap(f"  The planner finds no plan with {pins} on {where}: {answer.message}.",
+                   indent="    ")
+    lines += [ln for n in answer.notes for ln in _wrap(f"  - {n}", indent="    ")]
+    v = answer.variant
+    if v is None:
+        return "\n".join(lines)
+    usable, device = answer.limits
+    lines += _wrap(f"  The plan's own configuration with {pins} ({v.parallel_summary}), split "
+                   "to balance time:", indent="    ")
+    for index, blocks, need, mem in answer.over:
+        parts = ", ".join(f"{k} {mem[k] / GB:.3g}" for k in explain.MEMORY_KINDS if mem.get(k))
+        lines += _wrap(f"  - stage {index} ({blocks}) would need {gb(need)} per GPU ({parts} GB), "
+                       f"but each {c['device']} has {gb(device)}, {gb(usable)} usable after "
+                       "the reserve", indent="    ")
+    if not answer.over:
+        lines.append(f"  - every stage fits ({gb(v.predicted['peak_memory_bytes'])} per GPU at "
+                     f"most, {gb(usable)} usable)")
+    lines.append("  If it ran:")
+    lines += _what_changes(plan, v)
+    return "\n".join(lines)
+
+
+def _what_changes(a: Plan, b: Plan) -> list[str]:
+    from planner import explain
+
+    ta, tb = a.step_time_s, b.step_time_s
+    verdict = (f"{100 * (tb / ta - 1):+.1f}% step time" if tb != ta else "the same step time")
+    lines = [f"    {tb:.4g} s per step ({verdict}; {ta:.4g} s now), "
+             f"{b.predicted['tokens_per_s']:,.0f} tokens/s, MFU {100 * b.predicted['mfu']:.1f}%"]
+    knobs = ", ".join(f"{k} {explain._fmt(x)} -> {explain._fmt(y)}"
+                      for k, x, y in explain.config_changes(a, b) if k != "num_microbatches")
+    lines += _wrap(f"    configuration: {knobs or 'unchanged'}", indent="      ")
+    for ch in explain.part_changes(a, b):
+        lines += _wrap(f"    {BREAKDOWN_WORDS[ch.part]} {ch.delta_s:+.3g} s"
+                       + (f": {ch.because}" if ch.because else ""), indent="      ")
+    pa, pb, moved = explain.memory_change(a, b)
+    kinds = ", ".join(f"{k} {d / GB:+.3g} GB" for k, d in moved)
+    lines += _wrap(f"    memory: {gb(pa)} -> {gb(pb)} per GPU at the peak"
+                   + (f" ({kinds} on the fullest GPU)" if kinds else ""), indent="      ")
+    return lines
+
+
+def _value(v, kind: str) -> str:
+    if v is None:
+        return "-"
+    if kind == "s":
+        return f"{v:.4g} s"
+    if kind == "bytes":
+        return gb(v)
+    if kind == "frac":
+        return f"{100 * v:.1f}%"
+    if kind == "rate":
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    if kind == "count" and isinstance(v, int) and not isinstance(v, bool) and v >= 1e6:
+        return human_count(v)
+    return _fmt(v)
+
+
+def _change(a, b, kind: str) -> str:
+    if a is None or b is None or kind == "text" or a == b:
+        return ""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return ""
+    d = b - a
+    pct = f" ({100 * d / a:+.1f}%)" if a else ""
+    if kind == "s":
+        return f"{d:+.3g} s{pct}"
+    if kind == "bytes":
+        return f"{d / GB:+.3g} GB{pct}"
+    if kind == "frac":
+        return f"{100 * d:+.1f} points"
+    if kind == "rate":
+        return pct.strip(" ()")
+    if a > 0 and b > 0 and (b % a == 0 or a % b == 0):
+        return f"x{b // a}" if b > a else f"/{a // b}"
+    return f"{d:+g}"
+
+
+def _wrap(text: str, width: int = 100, indent: str = "  ") -> list[str]:
+    import textwrap
+
+    lead = text[:len(text) - len(text.lstrip())]
+    return textwrap.wrap(text.strip(), width=width, initial_indent=lead, subsequent_indent=indent,
+                         break_on_hyphens=False)

@@ -1,0 +1,92 @@
+"""`plan whatif`: plan one model over a grid of clusters, batches and pinned knobs."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def register(add) -> None:
+    from planner.explore import VARY_KEYS
+
+    w = add("whatif", help="sweep clusters, batches and knobs: a table, CSV and plots",
+            description="Plan MODEL at every point of the grid the --vary options span (their "
+                        "cartesian product), tracing the model once. Prints one row per point; "
+                        "points where nothing fits are rows with the reason.")
+    w.add_argument("model", metavar="MODEL", help="zoo name, config.json path, or file.py:factory")
+    w.add_argument("--cluster", help="preset or YAML file (or vary it: --vary cluster=A,B)")
+    w.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2,...",
+                   help=f"values to sweep (repeatable); KEY is one of {', '.join(VARY_KEYS)} "
+                        "(bandwidths in GB/s per GPU)")
+    w.add_argument("--nodes", type=int, help="nodes at every point (unless varied)")
+    w.add_argument("--gpus-per-node", type=int, help="GPUs per node at every point")
+    w.add_argument("--global-batch", type=int, help="samples per optimizer step (or vary it)")
+    w.add_argument("--seq-len", type=int, help="tokens per sample (default: the model's)")
+    w.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    w.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
+    w.add_argument("--fix", help="knobs pinned at every point, e.g. recompute=full,zero=1")
+    w.add_argument("--price-per-gpu-hour", metavar="GPU=$,...",
+                   help="dollars per GPU-hour by device, e.g. h100=4,a100-80g=2 (adds cost)")
+    w.add_argument("--tokens", type=float,
+                   help="with prices: the cost and days to train on this many tokens, e.g. 1e12")
+    w.add_argument("--time-limit", type=float, help="seconds of search per point")
+    w.add_argument("--workers", type=int, help="processes (default: one per core)")
+    w.add_argument("--csv", metavar="OUT.csv", help="write every row, every column")
+    w.add_argument("--plot", metavar="OUT.png",
+                   help="write OUT-scaling.png (tokens/s and MFU against GPUs), OUT-pareto.png "
+                        "(step time against memory) and, with prices, OUT-cost.png")
+    w.set_defaults(func=_cmd_whatif)
+
+
+class _Bar:
+    """``sweeping [#####.....] 12/50 points`` on stderr, redrawn on a terminal."""
+
+    def __init__(self, quiet: bool):
+        self.show = not quiet and sys.stderr.isatty()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.show or total == 0 or (done < total and now - self.last < 0.1):
+            return
+        self.last = now
+        filled = int(30 * done / total)
+        sys.stderr.write(f"\rsweeping [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} points")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _cmd_whatif(args) -> int:
+    import logging
+
+    from planner import explore, report
+
+    if not args.verbose:  # one line per planned point is too much here
+        logging.getLogger("planner.api").setLevel(logging.WARNING)
+    if args.plot:
+        from planner.plots import FORMATS
+        from planner.errors import SpecError
+
+        if not args.plot.lower().endswith(FORMATS):
+            raise SpecError(f"plot: '{args.plot}' must end in {' or '.join(FORMATS)}")
+    t0 = time.perf_counter()
+    rows = explore.whatif(args.model, cluster=args.cluster, vary=explore.parse_vary(args.vary),
+                          nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                          global_batch=args.global_batch, seq_len=args.seq_len, dtype=args.dtype,
+                          optimizer=args.optimizer, fix=args.fix,
+                          prices=explore.parse_prices(args.price_per_gpu_hour) or None,
+                          tokens=args.tokens, time_limit_s=args.time_limit,
+                          workers=args.workers, progress=_Bar(args.quiet))
+    logging.getLogger("planner").info("swept %d points in %.1f s", len(rows),
+                                      time.perf_counter() - t0)
+    print(report.sweep_table(rows))
+    if args.csv:
+        explore.write_csv(rows, args.csv)
+        print(f"\nwrote {args.csv}")
+    if args.plot:
+        from planner import plots
+
+        for path in plots.sweep_plots(rows, args.plot):
+            print(f"wrote {path}")
+    return 0
