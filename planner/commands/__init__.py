@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS: list[str] = ["profile", "simulate", "export", "run", "jobs"]
+COMMANDS: list[str] = ["profile", "simulate", "export", "run", "jobs", "whatif", "diff"]
 """Module names under planner.commands, in the order `plan --help` lists them."""
 
 
