@@ -10,6 +10,7 @@ import pytest
 
 import planner
 from planner.options import parse_fix
+from runtime_models import MULTITOWER_SPEC
 from runtime_models import SPEC as BRANCHED_SPEC
 
 GLOBAL_BATCH = 8
@@ -18,8 +19,8 @@ SEQ_LEN = 16
 
 class PlanMaker:
     """make(model, fix, name) -> path of a saved plan; models: "llama" (tiny Llama from a Hugging
-    Face config), "branched" (examples/branched.py's TwoTower, small) and "gpt2" (tiny GPT-2,
-    tied embeddings)."""
+    Face config), "branched" (examples/branched.py's TwoTower, small), "gpt2" (tiny GPT-2,
+    tied embeddings) and "multitower" (examples/multitower.py, small: a wide DAG)."""
 
     def __init__(self, folder, specs: dict):
         self.folder = folder
@@ -55,4 +56,4 @@ def make_plan(tmp_path_factory, tiny_llama_config):
     gpt2 = folder / "tied-gpt2.json"
     gpt2.write_text(json.dumps(TIED_GPT2))
     return PlanMaker(str(folder), {"llama": tiny_llama_config, "branched": BRANCHED_SPEC,
-                                   "gpt2": str(gpt2)})
+                                   "gpt2": str(gpt2), "multitower": MULTITOWER_SPEC})

@@ -24,3 +24,17 @@ def small_branched(seq_len: int = 16, batch: int = 4):
 
 SPEC = os.path.join(REPO, "tests", "runtime", "runtime_models.py") + ":small_branched"
 """MODEL string of the small branched model."""
+
+
+def small_multitower(seq_len: int = 16, batch: int = 4):
+    spec = importlib.util.spec_from_file_location(
+        "examples_multitower", os.path.join(REPO, "examples", "multitower.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.MultiTower(towers=5, width=16, vocab=64)
+    return model, (torch.randint(0, 64, (batch, seq_len)),)
+
+
+MULTITOWER_SPEC = os.path.join(REPO, "tests", "runtime", "runtime_models.py") + ":small_multitower"
+"""MODEL string of a small examples/multitower.py: five towers of different depths read one
+embedding and are concatenated (a wide DAG whose stages the planner assigns with CP-SAT)."""

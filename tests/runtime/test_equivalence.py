@@ -2,8 +2,8 @@
 
 For a tiny Llama (Hugging Face config) and examples/branched.py's DAG, fp32, SGD: pipeline (GPipe,
 1F1B, interleaved 1F1B, ZB-H1), tensor, data (replicate and FSDP2) parallelism and their
-combinations, with and without recomputation; and a tiny GPT-2, whose tied embeddings sit on the
-first and the last stage. All plans of one process count run in one torchrun
+combinations, with and without recomputation; a tiny GPT-2, whose tied embeddings sit on the
+first and the last stage; and a small examples/multitower.py (a wide DAG) in four stages. All plans of one process count run in one torchrun
 job (tests/runtime/job.py), so processes start twice in all.
 """
 
@@ -43,10 +43,11 @@ FOUR = {
     "pp2xtp2-1f1b-full": "pp=2,tp=2,dp=1,schedule=1f1b,micro_batch=2,recompute=full,zero=0",
 }
 MODELS = ("llama", "branched")
-TIED = {"gpt2": ("pp2-1f1b-full", "pp2xdp2-gpipe-fsdp")}
-"""GPT-2's tied wte / lm_head land on the first and last stage: their gradients are summed."""
+MORE = {"gpt2": ("pp2-1f1b-full", "pp2xdp2-gpipe-fsdp"), "multitower": ("pp2-interleaved",)}
+"""GPT-2's tied wte / lm_head land on the first and last stage (their gradients are summed);
+multitower's five towers all read the embedding, which four stages pass along."""
 CASES = [(m, c) for m in MODELS for c in list(TWO) + list(FOUR)] + [
-    (m, c) for m, cs in TIED.items() for c in cs]
+    (m, c) for m, cs in MORE.items() for c in cs]
 
 
 def _make(make_plan, model: str, case: str) -> str:
