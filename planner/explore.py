@@ -15,6 +15,7 @@ import csv
 import itertools
 import logging
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
@@ -263,19 +264,12 @@ def _context():
     import multiprocessing
 
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods and os.name == "posix"
-                                       and not _is_macos() else "spawn")
-
-
-def _is_macos() -> bool:
-    import sys
-
-    return sys.platform == "darwin"
+    fork = "fork" in methods and sys.platform.startswith("linux")
+    return multiprocessing.get_context("fork" if fork else "spawn")
 
 
 def _init_worker(prepared: dict) -> None:
     _IN_WORKER["prepared"] = prepared
-    logging.getLogger("planner").setLevel(logging.WARNING)  # one line per point is noise here
 
 
 def _plan_in_worker(task: _Task) -> dict:
@@ -373,3 +367,25 @@ def write_csv(rows: list[dict], path: str) -> None:
             writer.writerows(rows)
     except OSError as exc:
         raise SpecError(f"csv: cannot write '{path}' ({exc.strerror})") from None
+
+
+def read_csv(path: str) -> list[dict]:
+    """Rows written by ``write_csv``, with numbers, booleans and empty cells (None) restored."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    except OSError as exc:
+        raise SpecError(f"csv: cannot read '{path}' ({exc.strerror})") from None
+
+
+def _cell(text: str):
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text

@@ -183,13 +183,13 @@ def sweep_table(rows: list[dict], reason_width: int = 70) -> str:
     head = ["point", "GPUs", "configuration", "step", "tokens/s", "MFU", "memory/GPU"]
     head += ["$/step", "$/M tokens"] if costs else []
     head += [f"days ({human_count(rows[0]['tokens'])} tok)", "$ run"] if run else []
-    out = [tuple(head)]
+    out, reasons = [tuple(head)], {}
     for r in rows:
         cells = [r["point"], str(r["gpus"] or "")]
         if not r["feasible"]:
-            reason = r["reason"] if len(r["reason"]) <= reason_width else (
-                r["reason"][:reason_width - 3] + "...")
-            out.append((*cells, f"infeasible: {reason}", *[""] * (len(head) - 3)))
+            reasons[len(out)] = "infeasible: " + (r["reason"] if len(r["reason"]) <= reason_width
+                                                  else r["reason"][:reason_width - 3] + "...")
+            out.append((*cells, *[""] * (len(head) - 2)))
             continue
         cells += [short_config(r), f"{r['step_time_s']:.3g} s", f"{r['tokens_per_s']:,.0f}",
                   f"{100 * r['mfu']:.1f}%", gb(r["peak_memory_bytes"])]
@@ -199,13 +199,16 @@ def sweep_table(rows: list[dict], reason_width: int = 70) -> str:
             hours = r.get("run_hours")
             cells += ["" if hours is None else f"{hours / 24:,.1f}", _dollars(r.get("run_cost_usd"))]
         out.append(tuple(cells))
-    return "\n".join(_table(out))
+    lines = _table(out)
+    for i, reason in reasons.items():  # reasons run across the columns, not widening one
+        lines[i] = lines[i].rstrip().ljust(len(lines[0].split("configuration")[0])) + reason
+    return "\n".join(lines)
 
 
 def _dollars(x) -> str:
     if x is None:
         return ""
-    return f"${x:,.0f}" if x >= 100 else f"${x:.3g}"
+    return f"${x:,.0f}" if x >= 100 else f"${x:.2f}" if x >= 0.1 else f"${x:.2g}"
 
 
 # ---- plan diff and "why not" -------------------------------------------------------------------
