@@ -107,7 +107,8 @@ def main() -> int:
         results.append((i, r, p))
     print_table(results, fit_idx, eff, args.markdown)
     print_memory_175b(args.markdown)
-    print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s)")
+    if not args.markdown:
+        print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s)")
     return 0
 
 
@@ -122,7 +123,7 @@ def print_memory_175b(markdown: bool) -> None:
                             engine=EngineSpec(attention="materialized", overlap_grad_reduce=False))
     fix = "tp=8,pp=8,micro_batch=1,schedule=1f1b,recompute=full,zero=0,sequence_parallel=false"
     plan = plan_prepared(prep, cluster, training, SearchOptions(fix=parse_fix(fix), top_k=0))
-    print(f"\nGPT-3 175B per-GPU memory, {plan.parallel_summary} (GB):")
+    print(f"\nGPT-3 175B per-GPU memory, {plan.parallel_summary} (GB):\n")
     head = ["stage", "layers", "weights", "grads", "optimizer", "activations", "working", "total",
             "closed form states", "closed form activations"]
     rows = []
@@ -148,7 +149,7 @@ def print_memory_175b(markdown: bool) -> None:
         print(("| " + " | ".join(r) + " |") if markdown else "  ".join(
             x.rjust(w) for x, w in zip(r, widths)))
     per_layer = 12 * h * h / t
-    print(f"(closed form: 12 h^2 / t = {per_layer / 1e6:.0f} M parameters per layer and GPU; "
+    print(f"\n(closed form: 12 h^2 / t = {per_layer / 1e6:.0f} M parameters per layer and GPU; "
           f"{layers // p} layers per stage; activations kept = 2 s b h per layer and micro-batch "
           "in flight, p - i micro-batches on stage i)")
 
@@ -176,11 +177,13 @@ def print_table(results, fit_idx, eff, markdown: bool) -> None:
     errs = {i: abs(p.step_time_s / r["implied_s"] - 1) for i, r, p in results}
     fitted = [errs[i] for i in errs if i in fit_idx]
     held = [errs[i] for i in errs if i not in fit_idx]
-    print(f"\nGEMM efficiency: {f'{eff:.3f}' if eff is not None else 'data-sheet default'}"
+    bullet = "- " if markdown else ""
+    print(f"\n{bullet}GEMM efficiency: "
+          f"{f'{eff:.3f}' if eff is not None else 'data-sheet default'}"
           + (f" (fitted on rows {sorted(fit_idx)})" if fit_idx else ""))
     for label, xs in (("fit rows", fitted), ("held-out rows", held), ("all rows", list(errs.values()))):
         if xs:
-            print(f"{label:>14}: median |error| {100 * statistics.median(xs):.1f}%, "
+            print(f"{bullet}{label:>14}: median |error| {100 * statistics.median(xs):.1f}%, "
                   f"max {100 * max(xs):.1f}%  (n={len(xs)})")
 
 
