@@ -38,7 +38,8 @@ class SearchResult:
     status: str = "optimal"
     time_s: float = 0.0
     gap: float | None = 0.0
-    """Relative gap of the stage split (CP-SAT) when not proven optimal; None if unknown."""
+    """Relative gap of the stage split (CP-SAT) when not proven optimal; None when unknown (the
+    time limit stopped the enumeration of configurations)."""
 
 
 def search(bg: BlockGraph, cluster: Cluster, training: TrainingSpec, options: SearchOptions,
@@ -97,9 +98,10 @@ def search(bg: BlockGraph, cluster: Cluster, training: TrainingSpec, options: Se
     deadline = None if options.time_limit_s is None else t0 + options.time_limit_s
     ranked = [e for e in refine(ranked, bg, ma, cluster, training, options, deadline)
               if e.peak_memory_bytes <= capacity]
-    gap = 0.0
-    if ranked and ranked[0].split_status != "optimal":
+    # Unknown gap when the time limit cut the enumeration; else the stage split's (0 for chains).
+    gap = None if status == "feasible" else 0.0
+    if ranked and ranked[0].split_status != "optimal" and status == "optimal":
         status, gap = "feasible", ranked[0].split_gap
     return SearchResult(best=ranked[0] if ranked else None, alternatives=ranked[1:],
                         candidates=total, evaluated=evaluated, rejected=rejected, status=status,
-                        time_s=time.perf_counter() - t0, gap=gap if status == "feasible" else 0.0)
+                        time_s=time.perf_counter() - t0, gap=gap)
