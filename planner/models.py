@@ -156,7 +156,8 @@ def _has_lm_head(module) -> bool:
     return name.endswith("ForCausalLM") or name.endswith("LMHeadModel") or name.endswith("ForMaskedLM")
 
 
-def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:
+def load_factory(spec: str):
+    """The callable named by ``path/to/file.py:factory`` or ``package.module:factory``."""
     target, _, attr = spec.rpartition(":")
     if target.endswith(".py"):
         if not os.path.exists(target):
@@ -176,6 +177,12 @@ def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:
     if not callable(factory):
         raise SpecError(f"model: '{target}' has no callable '{attr}'; it must return "
                         "(model, example_inputs)")
+    return factory
+
+
+def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:
+    factory = load_factory(spec)
+    target, _, attr = spec.rpartition(":")
     kw = {"seq_len": seq_len} if seq_len and "seq_len" in inspect.signature(factory).parameters else {}
     with torch.device("meta"):
         result = factory(**kw)
@@ -234,16 +241,20 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _finish(rm: ResolvedModel) -> ResolvedModel:
-    """Count parameters and fingerprint the architecture (names, shapes, dtypes)."""
-    h = hashlib.sha256(type(rm.module).__qualname__.encode())
+def fingerprint(module: torch.nn.Module) -> tuple[str, int]:
+    """(fingerprint, parameter count) of an architecture: its class, parameter names, shapes and
+    dtypes, hashed; the same on the meta device and with real weights."""
+    h = hashlib.sha256(type(module).__qualname__.encode())
     seen = set()
     total = 0
-    for n, p in rm.module.named_parameters():
+    for n, p in module.named_parameters():
         h.update(f"{n}:{tuple(p.shape)}:{p.dtype};".encode())
         if id(p) not in seen:
             seen.add(id(p))
             total += p.numel()
-    rm.num_params = total
-    rm.fingerprint = h.hexdigest()[:16]
+    return h.hexdigest()[:16], total
+
+
+def _finish(rm: ResolvedModel) -> ResolvedModel:
+    rm.fingerprint, rm.num_params = fingerprint(rm.module)
     return rm

@@ -11,8 +11,8 @@ common transformer without knowing module names.
 Two more rules follow Megatron: a large embedding table is split by vocabulary rows (``vocab``;
 forward all-reduce of its output), and a large Linear whose output only reaches the loss or the
 model output is the vocabulary-parallel head (``colwise``; the loss runs on the split logits).
-Everything else is replicated. Vocabulary sizes need not divide t: like Megatron-LM, the runtime
-pads the table to a multiple of t.
+Everything else is replicated. Vocabulary sizes need not divide t: Megatron-LM pads the table to
+a multiple of t (planner's own runtime keeps such a table replicated instead, and says so).
 """
 
 from __future__ import annotations

@@ -9,16 +9,15 @@ dtypes), computed here on the real module.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from planner.errors import SpecError
-from planner.models import TORCH_DTYPES, ResolvedModel, _finish, resolve
+from planner import models
+from planner.models import TORCH_DTYPES, ResolvedModel, resolve
 from planner.plan import Plan
 
 
@@ -59,8 +58,7 @@ def check_fingerprint(plan: Plan, spec: str, fingerprint: str) -> None:
 
 def fingerprint(module: torch.nn.Module) -> str:
     """planner.models' fingerprint (class, parameter names, shapes, dtypes) of any module."""
-    return _finish(ResolvedModel(name="", module=module, args=(), kwargs={}, seq_len=1, batch=1,
-                                 source="runtime")).fingerprint
+    return models.fingerprint(module)[0]
 
 
 def build_real(plan: Plan, spec: str, meta: ResolvedModel, *, seed: int) -> RealModel:
@@ -90,18 +88,7 @@ def build_real(plan: Plan, spec: str, meta: ResolvedModel, *, seed: int) -> Real
 
 
 def _call_factory(spec: str, seq_len: int):
-    target, _, attr = spec.rpartition(":")
-    if target.endswith(".py"):
-        if not os.path.exists(target):
-            raise SpecError(f"model: file '{target}' not found (MODEL form "
-                            "path/to/file.py:factory)")
-        name = "_planner_runtime_" + os.path.basename(target).removesuffix(".py")
-        mod_spec = importlib.util.spec_from_file_location(name, target)
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    factory = getattr(module, attr)
+    factory = models.load_factory(spec)
     kw = {"seq_len": seq_len} if "seq_len" in inspect.signature(factory).parameters else {}
     model, inputs = factory(**kw)
     if isinstance(inputs, dict):
