@@ -8,7 +8,6 @@ dtypes), computed here on the real module.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass
 
