@@ -163,8 +163,8 @@ def _link_note(a: Plan, b: Plan, part: str) -> str:
     group = {"tp_comm_s": "tensor parallel", "dp_comm_s": "data parallel"}.get(part)
     if group is None:
         return ""
-    ca, cb = _crosses(a, part), _crosses(b, part)
-    if ca is None or cb is None or ca == cb:
+    ca, cb = bool(_crosses(a, part)), _crosses(b, part)
+    if cb is None or ca == cb:  # no such group in b, or it sits where it did
         return ""
     c = b.cluster
     link = (c.get("spec") or {}).get("inter_node", {}).get("name", "inter-node")

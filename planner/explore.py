@@ -287,7 +287,8 @@ def plan_point(task: _Task, prepared) -> dict:
 
 
 def _row(task: _Task, plan, reason: str) -> dict:
-    """One flat row: the point, its cluster and training, the plan's configuration and metrics."""
+    """One flat row: the point, its cluster and training, the plan's configuration and metrics;
+    None where a value does not apply (so rows survive a CSV round trip unchanged)."""
     summary = task.cluster.summary() if task.cluster is not None else {}
     tr = task.training
     row = {
@@ -299,8 +300,8 @@ def _row(task: _Task, plan, reason: str) -> dict:
         "global_batch": tr.global_batch if tr else None, "seq_len": tr.seq_len if tr else None,
         "dtype": tr.dtype if tr else None, "optimizer": tr.optimizer if tr else None,
         "fix": ",".join(f"{k}={_text(v)}" for k, v in task.options.fix.items())
-        if task.options else "",
-        "feasible": plan is not None, "reason": reason,
+        if task.options and task.options.fix else None,
+        "feasible": plan is not None, "reason": reason or None,
         "config": plan.parallel_summary if plan else None,
     }
     row.update({k: plan.parallel.get(k) if plan else None for k in CONFIG_KEYS})
