@@ -317,8 +317,8 @@ def _memory_axes(ax, rows: list[dict]) -> None:
     left = min(mems) * 0.85 if min(mems) > 0.3 * right else 0.0
     for cap in caps:
         ax.axvline(cap / GB, color="#D55E00", linestyle=":", linewidth=1)
-        ax.text(cap / GB, 0.01, f"{cap / GB:.0f} GB per device ", color="#D55E00", fontsize=8,
-                va="bottom", ha="right", transform=ax.get_xaxis_transform())
+        ax.text(cap / GB, 0.5, f"{cap / GB:.0f} GB per device", color="#D55E00", fontsize=8,
+                va="center", ha="right", rotation=90, transform=ax.get_xaxis_transform())
     ax.set_xlim(left, right)
     ax.set_xlabel("peak memory per GPU (GB)")
     ax.set_ylabel("step time (s)")
