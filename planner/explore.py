@@ -76,7 +76,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     columns; ``tokens`` adds the hours and dollars to train on that many tokens."""
     grid = expand(vary)
     if cluster is None and "cluster" not in vary:
-        raise SpecError("cluster: missing; pass cluster= (--cluster) or vary it (--vary cluster=A,B)")
+        raise SpecError("cluster: missing; pass cluster= (--cluster) or vary it "
+                        "(--vary cluster=A,B)")
     if global_batch is None and "global_batch" not in vary:
         raise SpecError("global_batch: missing; pass global_batch= (--global-batch) or vary it")
     base = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
@@ -214,7 +215,8 @@ def point_cluster(s: Mapping) -> Cluster | HeteroCluster:
     cl = load_cluster(cl, nodes=s["nodes"], gpus_per_node=s["gpus_per_node"])
     if "device" in s:
         cl = replace(cl, device=get_device(s["device"], "vary.device"))
-    for key, tier in (("inter_node_bandwidth", "inter_node"), ("intra_node_bandwidth", "intra_node")):
+    for key, tier in (("inter_node_bandwidth", "inter_node"),
+                      ("intra_node_bandwidth", "intra_node")):
         if key in s:
             link = replace(getattr(cl, tier), bandwidth_bytes_per_s=s[key] * GB)
             cl = replace(cl, **{tier: link})

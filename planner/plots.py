@@ -11,6 +11,7 @@ import os
 import re
 
 from planner.errors import SpecError
+from planner.report import human_count
 from planner.report import short_config as short_row_config
 from planner.simulate import SimResult
 
@@ -347,8 +348,9 @@ def cost(rows: list[dict], path: str, prices=None, *, tokens: float | None = Non
     fig, axes = _figure(3 if run else 2, path, width_in=4.6)
     if run:
         panels = [("cost_per_step_usd", 1.0, "$ per step"),
-                  ("run_cost_usd", 1e-6, f"$M for {_tokens(priced[0]['tokens'])} tokens"),
-                  ("run_hours", 1 / 24, f"days for {_tokens(priced[0]['tokens'])} tokens (log)")]
+                  ("run_cost_usd", 1e-6, f"$M for {human_count(priced[0]['tokens'])} tokens"),
+                  ("run_hours", 1 / 24,
+                   f"days for {human_count(priced[0]['tokens'])} tokens (log)")]
     else:
         panels = [("cost_per_step_usd", 1.0, "$ per step"),
                   ("cost_per_mtok_usd", 1.0, "$ per million tokens")]
@@ -378,13 +380,6 @@ def cost(rows: list[dict], path: str, prices=None, *, tokens: float | None = Non
     fig.suptitle(_title(rows, "cost"), fontsize=11)
     fig.savefig(path)
     return fig
-
-
-def _tokens(n: float) -> str:
-    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
-        if n >= scale:
-            return f"{n / scale:g}{unit}"
-    return f"{n:g}"
 
 
 def sweep_plots(rows: list[dict], path: str) -> list[str]:

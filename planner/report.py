@@ -197,7 +197,8 @@ def sweep_table(rows: list[dict], reason_width: int = 70) -> str:
             cells += [_dollars(r.get("cost_per_step_usd")), _dollars(r.get("cost_per_mtok_usd"))]
         if run:
             hours = r.get("run_hours")
-            cells += ["" if hours is None else f"{hours / 24:,.1f}", _dollars(r.get("run_cost_usd"))]
+            cells += ["" if hours is None else f"{hours / 24:,.1f}",
+                      _dollars(r.get("run_cost_usd"))]
         out.append(tuple(cells))
     lines = _table(out)
     for i, reason in reasons.items():  # reasons run across the columns, not widening one

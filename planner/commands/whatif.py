@@ -62,8 +62,6 @@ def _cmd_whatif(args) -> int:
 
     from planner import explore, report
 
-    if not args.verbose:  # one line per planned point is too much here
-        logging.getLogger("planner.api").setLevel(logging.WARNING)
     if args.plot:
         from planner.plots import FORMATS
         from planner.errors import SpecError
@@ -71,13 +69,14 @@ def _cmd_whatif(args) -> int:
         if not args.plot.lower().endswith(FORMATS):
             raise SpecError(f"plot: '{args.plot}' must end in {' or '.join(FORMATS)}")
     t0 = time.perf_counter()
-    rows = explore.whatif(args.model, cluster=args.cluster, vary=explore.parse_vary(args.vary),
-                          nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                          global_batch=args.global_batch, seq_len=args.seq_len, dtype=args.dtype,
-                          optimizer=args.optimizer, fix=args.fix,
-                          prices=explore.parse_prices(args.price_per_gpu_hour) or None,
-                          tokens=args.tokens, time_limit_s=args.time_limit,
-                          workers=args.workers, progress=_Bar(args.quiet))
+    api_log = logging.getLogger("planner.api")
+    level = api_log.level
+    if not args.verbose:  # one line per planned point is too much here
+        api_log.setLevel(logging.WARNING)
+    try:
+        rows = _sweep(args, explore)
+    finally:
+        api_log.setLevel(level)
     logging.getLogger("planner").info("swept %d points in %.1f s", len(rows),
                                       time.perf_counter() - t0)
     print(report.sweep_table(rows))
@@ -90,3 +89,13 @@ def _cmd_whatif(args) -> int:
         for path in plots.sweep_plots(rows, args.plot):
             print(f"wrote {path}")
     return 0
+
+
+def _sweep(args, explore) -> list[dict]:
+    return explore.whatif(args.model, cluster=args.cluster, vary=explore.parse_vary(args.vary),
+                          nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                          global_batch=args.global_batch, seq_len=args.seq_len, dtype=args.dtype,
+                          optimizer=args.optimizer, fix=args.fix,
+                          prices=explore.parse_prices(args.price_per_gpu_hour) or None,
+                          tokens=args.tokens, time_limit_s=args.time_limit,
+                          workers=args.workers, progress=_Bar(args.quiet))
