@@ -15,9 +15,10 @@ KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "num_microbatches", "schedule",
 
 
 def config_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
-    """(knob, value in a, value in b) for every knob that differs."""
-    return [(k, a.parallel.get(k), b.parallel.get(k)) for k in KNOBS
-            if a.parallel.get(k) != b.parallel.get(k)]
+    """(knob, value in a, value in b) for every knob that differs (a knob one plan does not
+    record, being older than the knob, is not compared)."""
+    return [(k, a.parallel[k], b.parallel[k]) for k in KNOBS
+            if k in a.parallel and k in b.parallel and a.parallel[k] != b.parallel[k]]
 
 
 def breakdown_changes(a: Plan, b: Plan) -> list[tuple[str, float, float]]:
