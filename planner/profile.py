@@ -8,7 +8,9 @@ two cores are two devices); on CUDA it is one GPU.
 
 from __future__ import annotations
 
+import datetime
 import logging
+import math
 import os
 import platform
 import socket
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 
 GEMM_SIZES = (64, 128, 256, 512, 768, 1024, 1536, 2048)
 COLLECTIVE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
+COLLECTIVE_TIMEOUT_S = 120
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -60,12 +63,20 @@ def gemm_table(device: str, dtype: str) -> list[list[float]]:
 
 
 def memory_bandwidth(device: str) -> float:
-    """Bytes/s of a large out-of-place add (reads one tensor, writes one)."""
-    n = (64 if device == "cuda" else 16) * (1 << 20)
-    a = torch.empty(n, device=device, dtype=torch.float32).fill_(1.0)
-    b = torch.empty_like(a)
-    seconds = _time(lambda: torch.add(a, 1.0, out=b), device)
-    return 2 * 4 * n / seconds
+    """Effective bytes/s (read + written) of the element-wise kernels a transformer layer runs,
+    as training runs them: out of place, on fresh outputs. The geometric mean over add, mul, GELU,
+    exp, softmax, layer norm and dropout: on a CPU the transcendental ops and the allocation of
+    large outputs, not DRAM, set the pace (a preallocated copy runs several times faster)."""
+    n = (64 if device == "cuda" else 4) * (1 << 20)
+    x = torch.randn(n, device=device)
+    y = torch.randn(n, device=device)
+    rows = x.view(-1, 1024)
+    f = torch.nn.functional
+    ops = [(lambda: x + y, 12), (lambda: x * y, 12), (lambda: f.gelu(x), 8),
+           (lambda: torch.exp(x), 8), (lambda: torch.softmax(rows, -1), 8),
+           (lambda: f.layer_norm(rows, (1024,)), 8), (lambda: f.dropout(x, 0.1, True), 9)]
+    rates = [per_element * n / _time(op, device) for op, per_element in ops]
+    return math.exp(sum(math.log(r) for r in rates) / len(rates))
 
 
 def op_overhead(device: str) -> float:
@@ -92,7 +103,8 @@ def _collective_worker(rank: int, world: int, port: int, backend: str, queue) ->
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     device = "cuda" if backend == "nccl" else "cpu"
     if device == "cuda":
         torch.cuda.set_device(rank)
@@ -120,8 +132,16 @@ def collectives(world: int, backend: str) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_collective_worker, args=(world, port, backend, queue), nprocs=world,
-                       join=True, start_method="spawn")
+    procs = mp.start_processes(_collective_worker, args=(world, port, backend, queue),
+                               nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
+    while not procs.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in procs.processes:
+                p.kill()
+            raise SpecError(f"processes: the all-reduce measurement among {world} {backend} "
+                            f"processes did not finish in {COLLECTIVE_TIMEOUT_S} s; retry, or "
+                            "pass --processes 1 to skip it")
     points = queue.get()
     steps = 2 * (world - 1)
     wire = [2 * (world - 1) / world * b for b, _ in points]
