@@ -9,7 +9,7 @@
    median of the timed steps after warm-up is the measured step time.
 4. Print predicted vs measured, the error, and whether the predicted order matches the measured one.
 
-Usage:  python benchmarks/cpu_measured.py [--calibration calib.json] [--steps 5] [--markdown]
+Usage:  python benchmarks/cpu_measured.py [--calibration calib.json] [--steps 8] [--markdown]
 Run it on an otherwise idle machine: other processes on the two cores distort both steps.
 """
 
@@ -134,7 +134,7 @@ def measure(procs, mb, m, rc, steps) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibration", help="calibration JSON (default: profile now)")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per configuration")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)

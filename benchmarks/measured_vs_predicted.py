@@ -39,6 +39,9 @@ CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hid
           "tie_word_embeddings": False}
 SEQ = 128
 GLOBAL_BATCH = 8
+# PyTorch on a CPU: one kernel per op, and no overlap of gloo's all-reduce with backward (the
+# reduction runs on the same core); without dropout, attention runs as one fused kernel.
+ENGINE = planner.options.EngineSpec(attention="flash", kernels="eager", overlap_grad_reduce=False)
 RUNS = {
     "1 proc, mb 8": "dp=1,tp=1,pp=1,micro_batch=8,recompute=none,zero=0",
     "1 proc, mb 2 x 4": "dp=1,tp=1,pp=1,micro_batch=2,recompute=none,zero=0",
@@ -55,7 +58,7 @@ def make_plan(prepared, fix: str, calibration, folder: str, name: str) -> str:
     pinned = parse_fix(fix)
     procs = pinned["dp"] * pinned["tp"] * pinned["pp"]
     training = planner.TrainingSpec(global_batch=GLOBAL_BATCH, seq_len=SEQ, dtype="fp32",
-                                    optimizer="adamw")
+                                    optimizer="adamw", engine=ENGINE)
     cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=procs)
     if calibration is not None:
         from planner.calibration import apply_calibration

@@ -76,14 +76,14 @@ def gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec, 
     return max(compute_s, memory_s) + device.kernel_overhead_s
 
 
-def measured_rate(table, flops: float) -> float:
-    """FLOP/s at ``flops`` per call, interpolated log-linearly in the measured table (held flat
-    beyond its ends)."""
-    if flops <= table[0][0]:
+def measured_rate(table, size: float) -> float:
+    """Rate at ``size`` (FLOPs or bytes per call), interpolated log-linearly in a measured table
+    of (size, rate) pairs, held flat beyond its ends."""
+    if size <= table[0][0]:
         return table[0][1]
     for (f0, r0), (f1, r1) in zip(table, table[1:]):
-        if flops <= f1:
-            w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
+        if size <= f1:
+            w = (math.log(size) - math.log(f0)) / (math.log(f1) - math.log(f0))
             return r0 + w * (r1 - r0)
     return table[-1][1]
 
@@ -148,8 +148,12 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
         nbytes, kernels = work.fused_bytes_tp / tp + work.fused_bytes_rep / sp_div, work.kernels_fused
     else:
         nbytes, kernels = work.mem_bytes_tp / tp + work.mem_bytes_rep / sp_div, work.kernels_eager
+    total = micro_batch * nbytes
+    if device.memory_table:  # measured: the rate of a kernel of the block's average size
+        per_kernel = total / max(kernels, 1)
+        return total / measured_rate(device.memory_table, per_kernel)
     bandwidth = device.hbm_bytes_per_s * device.memory_efficiency
-    return micro_batch * nbytes / bandwidth + kernels * device.kernel_overhead_s
+    return total / bandwidth + kernels * device.kernel_overhead_s
 
 
 def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: int, tp: int,

@@ -64,6 +64,10 @@ class DeviceSpec:
     host_memory_bytes_per_s: float = 25e9
     """Host memory bandwidth available to the optimizer of one device, bytes/s (a two-socket host
     with ~200 GB/s of DRAM bandwidth shared by 8 GPUs)."""
+    memory_table: tuple = ()
+    """Measured element-wise throughput by size: ((bytes one kernel moves, bytes/s), ...) sorted,
+    from ``plan profile``; small kernels run from cache, large ones from memory. When present it
+    replaces bandwidth x memory efficiency."""
     gemm_table: Mapping[str, tuple] = field(default_factory=dict)
     """Measured GEMM speed per dtype: ((FLOPs of one call, FLOP/s achieved), ...) sorted by FLOPs,
     from ``plan profile``; when present it replaces peak x efficiency for that dtype."""

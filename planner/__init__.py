@@ -8,6 +8,7 @@
 from costmodels.topology import Cluster
 from planner.api import Prepared, plan, plan_prepared, prepare
 from planner.clusters import load_cluster
+from planner.explore import whatif
 from planner.errors import InfeasibleError, PlannerError, SpecError, TraceError
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.plan import Plan, load_plan
@@ -15,5 +16,5 @@ from planner.plan import Plan, load_plan
 __all__ = [
     "Cluster", "Config", "InfeasibleError", "Plan", "PlannerError", "Prepared", "SearchOptions",
     "SpecError", "TraceError", "TrainingSpec", "load_cluster", "load_plan", "plan", "plan_prepared",
-    "prepare",
+    "prepare", "whatif",
 ]

@@ -57,6 +57,9 @@ def build_blocks(graph: OpGraph, tp: TPAnalysis) -> BlockGraph:
         if op.name in keys:
             members[keys[op.name]].append(op.name)
     blocks = [_make_block(graph, tp, name, members[name]) for name in order]
+    if any(_is_layer(b.name, graph) for b in blocks):  # checkpoint the layers only
+        for b in blocks:
+            b.recompute = _is_layer(b.name, graph)
     edges = _edges(graph, keys)
     bg = BlockGraph(blocks=blocks, edges=edges, tp_roles=dict(tp.roles),
                     shared=_shared_params(blocks, graph))
@@ -271,7 +274,8 @@ def _copy_block(template: Block, fqn: str, k: int) -> Block:
     return Block(name=new, modules=[rename(m) for m in template.modules], work=template.work,
                  params=[rename(p) for p in template.params], ops=[], template=template.name,
                  tp_divisors=list(template.tp_divisors),
-                 split_params=[rename(p) for p in template.split_params])
+                 split_params=[rename(p) for p in template.split_params],
+                 recompute=template.recompute)
 
 
 def _expand_roles(roles: dict[str, str], graph: OpGraph) -> dict[str, str]:

@@ -31,7 +31,7 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
     by_name = {b.name: b for b in bg.blocks}
     order = [by_name[name] for st in best.stages for name in st.blocks]  # the split's order
     blocks = [{"name": b.name, "modules": b.modules, "params": b.work.params,
-               "fwd_flops_per_sample": b.work.fwd_flops} for b in order]
+               "fwd_flops_per_sample": b.work.fwd_flops, "recompute": b.recompute} for b in order]
     module_of = {b.name: b.modules for b in bg.blocks}
     stages = [{
         "index": st.index,

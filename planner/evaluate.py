@@ -33,6 +33,8 @@ class ModelArrays:
 
     names: list[str]
     works: list[BlockWork]
+    checkpointed: np.ndarray
+    """Per block: whether recomputation applies to it (Block.recompute)."""
     work: BlockWork
     """A BlockWork whose numeric fields are numpy arrays over blocks."""
     cut_bytes: np.ndarray
@@ -49,6 +51,7 @@ class ModelArrays:
         shared = [(idx[a], idx[b], float(n), bool(s)) for a, b, n, s in bg.shared]
         work = BlockWork(**cols)
         return cls(names=[b.name for b in blocks], works=[b.work for b in blocks], work=work,
+                   checkpointed=np.array([b.recompute for b in blocks], dtype=bool),
                    cut_bytes=np.array(bg.cut_bytes(order), dtype=float), shared=shared,
                    fwd_flops_per_sample=float(np.sum(work.fwd_flops)))
 
@@ -77,13 +80,14 @@ class BlockCosts:
 def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int, sp: bool,
                 recompute: str, micro_batch: int) -> BlockCosts:
     w = ma.work
-    times: dict[int, compute.BlockTime] = {}  # blocks copied from one layer share one BlockWork
-    for work in ma.works:
-        if id(work) not in times:
-            times[id(work)] = compute.block_time(
+    times: dict[tuple, compute.BlockTime] = {}  # blocks copied from one layer share one BlockWork
+    policies = [recompute if c else "none" for c in ma.checkpointed]
+    for work, policy in zip(ma.works, policies):
+        if (id(work), policy) not in times:
+            times[id(work), policy] = compute.block_time(
                 work, cluster.device, dtype=training.dtype, micro_batch=micro_batch, tp=tp, sp=sp,
-                recompute=recompute, engine=training.engine)
-    bt = [times[id(work)] for work in ma.works]
+                recompute=policy, engine=training.engine)
+    bt = [times[id(work), policy] for work, policy in zip(ma.works, policies)]
     group = placement.group_shape(tp, 1, cluster.gpus_per_node)
     fwd_repeats = 2 if recompute == "full" else 1  # full recompute replays forward all-reduces
     tp_bytes = micro_batch * (fwd_repeats * w.tp_fwd_bytes + w.tp_bwd_bytes)
@@ -99,10 +103,11 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         compute_s=vec([t.fwd_s + t.bwd_s for t in bt]),
         recompute_s=vec([t.recompute_s for t in bt]),
         tp_comm_s=vec(tp_s),
-        act_bytes=vec(memory.activation_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp,
-                                              recompute=recompute)),
-        work_bytes=vec(memory.recompute_working_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp,
-                                                      recompute=recompute)),
+        act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
+            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute)), vec(
+            memory.activation_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none"))),
+        work_bytes=np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
+            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute)), 0.0),
         params_local=vec(w.params_tp / tp + w.params_rep),
     )
 

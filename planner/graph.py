@@ -143,6 +143,9 @@ class Block:
     """Sizes a tensor-parallel degree must divide (head counts, split feature sizes)."""
     split_params: list[str] = field(default_factory=list)
     """The parameters of ``params`` that tensor parallelism splits."""
+    recompute: bool = True
+    """Whether activation checkpointing applies to it: the repeated layers of a model that has
+    them (as Megatron-LM and torchtitan checkpoint transformer blocks), every block otherwise."""
 
 
 @dataclass

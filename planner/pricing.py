@@ -123,8 +123,9 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
         "optimizer_s": opt_s,
     }
     model_flops = 3 * ma.fwd_flops_per_sample * training.global_batch
-    rc_flops = {"none": 0.0, "selective": float(np.sum(ma.work.attn_flops)),
-                "full": ma.fwd_flops_per_sample}[cfg.recompute] * training.global_batch
+    ckpt = ma.checkpointed
+    rc_flops = {"none": 0.0, "selective": float(np.sum(ma.work.attn_flops[ckpt])),
+                "full": float(np.sum(ma.work.fwd_flops[ckpt]))}[cfg.recompute] * training.global_batch
     return Estimate(config=cfg, stages=stages, step_time_s=pipe_s + dp_s + opt_s,
                     breakdown=breakdown, peak_memory_bytes=max(r["total"] for r in ranks),
                     model_flops=model_flops, hardware_flops=model_flops + rc_flops,

@@ -29,7 +29,7 @@ COLLECTIVE_TIMEOUT_S = 120
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _time(fn, device: str, min_s: float = 0.15, min_reps: int = 3) -> float:
+def _time(fn, device: str, min_s: float = 0.4, min_reps: int = 5) -> float:
     """Median seconds of ``fn()`` (after one warm-up), repeating for at least ``min_s``."""
     fn()
     _sync(device)
@@ -62,21 +62,30 @@ def gemm_table(device: str, dtype: str) -> list[list[float]]:
     return out
 
 
-def memory_bandwidth(device: str) -> float:
-    """Effective bytes/s (read + written) of the element-wise kernels a transformer layer runs,
-    as training runs them: out of place, on fresh outputs. The geometric mean over add, mul, GELU,
-    exp, softmax, layer norm and dropout: on a CPU the transcendental ops and the allocation of
-    large outputs, not DRAM, set the pace (a preallocated copy runs several times faster)."""
-    n = (64 if device == "cuda" else 4) * (1 << 20)
-    x = torch.randn(n, device=device)
-    y = torch.randn(n, device=device)
-    rows = x.view(-1, 1024)
+MEMORY_SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
+"""Elements per tensor for the element-wise table (64 KB to 16 MB of fp32)."""
+
+
+def memory_table(device: str) -> list[list[float]]:
+    """[[bytes one kernel moves, bytes/s], ...]: the element-wise kernels a transformer layer runs,
+    as training runs them (out of place, fresh outputs), by size. Each rate is the geometric mean
+    over add, mul, GELU, exp, softmax, layer norm and dropout: on a CPU the transcendental ops,
+    the caches and the allocation of large outputs set the pace, not DRAM alone."""
     f = torch.nn.functional
-    ops = [(lambda: x + y, 12), (lambda: x * y, 12), (lambda: f.gelu(x), 8),
-           (lambda: torch.exp(x), 8), (lambda: torch.softmax(rows, -1), 8),
-           (lambda: f.layer_norm(rows, (1024,)), 8), (lambda: f.dropout(x, 0.1, True), 9)]
-    rates = [per_element * n / _time(op, device) for op, per_element in ops]
-    return math.exp(sum(math.log(r) for r in rates) / len(rates))
+    out = []
+    for n in MEMORY_SIZES if device == "cpu" else tuple(16 * s for s in MEMORY_SIZES):
+        x = torch.randn(n, device=device)
+        y = torch.randn(n, device=device)
+        rows = x.view(-1, 1024)
+        ops = [(lambda: x + y, 12), (lambda: x * y, 12), (lambda: f.gelu(x), 8),
+               (lambda: torch.exp(x), 8), (lambda: torch.softmax(rows, -1), 8),
+               (lambda: f.layer_norm(rows, (1024,)), 8), (lambda: f.dropout(x, 0.1, True), 9)]
+        moved = [per_element * n for _, per_element in ops]
+        rates = [b / _time(op, device, min_s=0.05) for (op, _), b in zip(ops, moved)]
+        mean_bytes = math.exp(sum(math.log(b) for b in moved) / len(moved))
+        out.append([mean_bytes, math.exp(sum(math.log(r) for r in rates) / len(rates))])
+        log.info("  element-wise %9d elements: %.3g GB/s", n, out[-1][1] / 1e9)
+    return out
 
 
 def op_overhead(device: str) -> float:
@@ -111,12 +120,16 @@ def _collective_worker(rank: int, world: int, port: int, backend: str, queue) ->
     results = []
     for nbytes in COLLECTIVE_BYTES:
         t = torch.ones(nbytes // 4, device=device)
-
-        def once():
-            dist.all_reduce(t)
-
+        reps = 3 if nbytes >= 1 << 22 else 10  # the same count on every rank: collectives pair up
+        dist.all_reduce(t)  # warm-up
         dist.barrier()
-        results.append([nbytes, _time(once, device, min_s=0.1)])
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            _sync(device)
+            samples.append(time.perf_counter() - t0)
+        results.append([nbytes, statistics.median(samples)])
     if rank == 0:
         queue.put(results)
     dist.barrier()
@@ -163,32 +176,69 @@ def _least_squares(xs, ys) -> tuple[float, float]:
 
 def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
             dtypes: tuple[str, ...] | None = None) -> dict:
-    """Measure and return a calibration mapping (planner.calibration reads it)."""
+    """Measure and return a calibration mapping (planner.calibration reads it).
+
+    On a CPU with ``processes`` >= 2 the device speeds are measured in that many processes at
+    once, since in training every device of the node works at the same time and the processes
+    share caches and memory bandwidth; on GPUs one process measures."""
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecError("device: cuda requested but torch sees no GPU; use --device cpu")
     if device not in ("cpu", "cuda"):
         raise SpecError(f"device: expected cpu or cuda, got {device!r}")
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        dtypes = dtypes or (("fp32",) if device == "cpu" else ("bf16", "fp16", "fp32"))
-        log.info("profiling %s (%d thread(s)): GEMMs", device, threads)
-        tables = {dt: gemm_table(device, dt) for dt in dtypes}
-        log.info("profiling memory bandwidth, op overhead, attention")
-        bw, overhead = memory_bandwidth(device), op_overhead(device)
-        attn = {dt: attention_rate(device, dt) for dt in dtypes}
-    finally:
-        torch.set_num_threads(previous)
+    dtypes = dtypes or (("fp32",) if device == "cpu" else ("bf16", "fp16", "fp32"))
+    busy = processes if device == "cpu" and processes > 1 else 1
+    log.info("profiling %s (%d thread(s), %d process(es) at once): GEMMs, element-wise "
+             "throughput, op overhead, attention", device, threads, busy)
+    if busy == 1:
+        tables, mem, overhead, attn = device_speeds(device, threads, dtypes)
+    else:
+        tables, mem, overhead, attn = _concurrently(busy, device, threads, dtypes)
     backend = "nccl" if device == "cuda" else "gloo"
     world = min(processes, torch.cuda.device_count()) if device == "cuda" else processes
     link = None
     if world >= 2:
         log.info("profiling all-reduce among %d %s processes", world, backend)
         link = collectives(world, backend)
-    return _calibration(device, threads, tables, bw, overhead, attn, link)
+    return _calibration(device, threads, tables, mem, overhead, attn, link)
 
 
-def _calibration(device, threads, tables, bw, overhead, attn, link) -> dict:
+def device_speeds(device: str, threads: int, dtypes) -> tuple:
+    """(GEMM tables by dtype, element-wise table, per-op overhead, attention FLOP/s by dtype)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tables = {dt: gemm_table(device, dt) for dt in dtypes}
+        return (tables, memory_table(device), op_overhead(device),
+                {dt: attention_rate(device, dt) for dt in dtypes})
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue) -> None:
+    queue.put((rank, device_speeds(device, threads, dtypes)))
+
+
+def _concurrently(n: int, device: str, threads: int, dtypes) -> tuple:
+    """device_speeds measured in ``n`` processes at once; rates averaged over the processes."""
+    import torch.multiprocessing as mp
+
+    queue = mp.get_context("spawn").SimpleQueue()
+    procs = mp.start_processes(_speeds_worker, args=(device, threads, dtypes, queue), nprocs=n,
+                               join=False, start_method="spawn")
+    results = [queue.get()[1] for _ in range(n)]  # read before join: the pipe must not fill
+    procs.join()
+    tables = {dt: _mean_table([r[0][dt] for r in results]) for dt in dtypes}
+    mem = _mean_table([r[1] for r in results])
+    overhead = statistics.fmean(r[2] for r in results)
+    attn = {dt: statistics.fmean(r[3][dt] for r in results) for dt in dtypes}
+    return tables, mem, overhead, attn
+
+
+def _mean_table(tables: list[list[list[float]]]) -> list[list[float]]:
+    return [[rows[0][0], statistics.fmean(r[1] for r in rows)] for rows in zip(*tables)]
+
+
+def _calibration(device, threads, tables, mem, overhead, attn, link) -> dict:
     peaks = {dt: max(r for _, r in table) for dt, table in tables.items()}
     name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
     return {
@@ -200,7 +250,8 @@ def _calibration(device, threads, tables, bw, overhead, attn, link) -> dict:
         "device": {
             "peak_TFLOPs": {dt: p / 1e12 for dt, p in peaks.items()},
             "gemm_table": tables,
-            "hbm_GBps": bw / 1e9,
+            "hbm_GBps": mem[-1][1] / 1e9,
+            "memory_table": mem,
             "kernel_overhead_us": overhead * 1e6,
             "attention_efficiency": {dt: min(1.0, attn[dt] / peaks[dt]) for dt in attn},
         },

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from planner.emit import BREAKDOWN_WORDS
-from planner.options import Config
 from planner.plan import Plan
 
 GB = 1e9

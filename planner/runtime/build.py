@@ -108,7 +108,7 @@ def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, layout: 
         styles, notes = par.tp_styles(plan.tensor_parallel, flow.feeds, present, named, layout.tp)
         out.notes.extend(notes)
         par.apply_tp(module.model, mesh["tp"], styles)
-    par.apply_recompute(module.model, units, plan.parallel["recompute"])
+    par.apply_recompute(module.model, _checkpointed(plan, units), plan.parallel["recompute"])
     out.dp_wrap = par.apply_dp(module, units, mesh["dp"] if layout.dp > 1 else None,
                                int(plan.parallel["zero"]))
     module.attach_hooks()
@@ -172,3 +172,9 @@ def _data(plan: Plan, inputs: tuple, flow: Dataflow, dp_index: int, dp: int, see
 
 def _no_op() -> None:
     """The deferred weight-gradient pass of a stage that already did it in B."""
+
+
+def _checkpointed(plan: Plan, units) -> tuple[str, ...]:
+    """The units of blocks the plan recomputes (model.blocks[].recompute; all in older plans)."""
+    modules = [m for b in plan.model["blocks"] if b.get("recompute", True) for m in b["modules"]]
+    return tuple(u for u in units if any(u == m or u.startswith(m + ".") for m in modules))
