@@ -67,6 +67,8 @@ def stage_table(p: Plan) -> list[str]:
         mem = pr["memory_bytes"]
         states = mem.get("weights", 0) + mem.get("grads", 0) + mem.get("optimizer", 0)
         label = f"{st['index']} ({st['group']})" if "group" in st else str(st["index"])
+        if p.parallel.get("vpp", 1) > 1:  # interleaved: say which rank runs this chunk
+            label += f" (rank {st.get('pipeline_rank', st['index'] % p.parallel['pp'])})"
         rows.append((label, compress_names(st["blocks"]),
                      _ms(pr["time_per_microbatch_s"]), _ms(pr.get("compute_s", 0)),
                      _ms(pr.get("tp_comm_s", 0)), _ms(pr.get("p2p_s", 0)),
