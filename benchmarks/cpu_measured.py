@@ -48,7 +48,7 @@ RUNS = {
     "1 proc, mb 4": (1, 4, 1, "none"),
     "1 proc, mb 4, full recompute": (1, 4, 1, "full"),
     "1 proc, mb 4 x 2 accumulated": (1, 4, 2, "none"),
-    "2 procs DP, mb 4 each": (2, 4, 1, "none"),
+    "2 procs DP, mb 6 each": (2, 6, 1, "none"),
 }
 
 

@@ -149,8 +149,9 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
     else:
         nbytes, kernels = work.mem_bytes_tp / tp + work.mem_bytes_rep / sp_div, work.kernels_eager
     total = micro_batch * nbytes
-    if device.memory_table:  # measured: the rate of a kernel of the block's average size
-        per_kernel = total / max(kernels, 1)
+    if device.memory_table:  # measured: the rate at the block's typical kernel size
+        per_kernel = (micro_batch * work.kernel_bytes if engine.kernels == "eager" and
+                      work.kernel_bytes else total / max(kernels, 1))
         return total / measured_rate(device.memory_table, per_kernel)
     bandwidth = device.hbm_bytes_per_s * device.memory_efficiency
     return total / bandwidth + kernels * device.kernel_overhead_s
@@ -175,7 +176,10 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
 
 
 def optimizer_step_s(params: float, device: DeviceSpec, *, state_bytes_per_param: float) -> float:
-    """Adam's update is memory-bound: it reads and writes every state byte once."""
+    """Adam's update is memory-bound: it reads and writes every state byte once (a measured
+    seconds-per-parameter from ``plan profile`` replaces this when present)."""
+    if device.optimizer_s_per_param:
+        return params * device.optimizer_s_per_param
     traffic_bytes = 2 * params * state_bytes_per_param
     return traffic_bytes / (device.hbm_bytes_per_s * device.memory_efficiency)
 

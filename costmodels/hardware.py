@@ -68,6 +68,9 @@ class DeviceSpec:
     """Measured element-wise throughput by size: ((bytes one kernel moves, bytes/s), ...) sorted,
     from ``plan profile``; small kernels run from cache, large ones from memory. When present it
     replaces bandwidth x memory efficiency."""
+    optimizer_s_per_param: float = 0.0
+    """Measured seconds of one AdamW step per parameter (``plan profile``); 0: derive it from
+    the memory bandwidth."""
     gemm_table: Mapping[str, tuple] = field(default_factory=dict)
     """Measured GEMM speed per dtype: ((FLOPs of one call, FLOP/s achieved), ...) sorted by FLOPs,
     from ``plan profile``; when present it replaces peak x efficiency for that dtype."""

@@ -65,6 +65,9 @@ class BlockWork:
     """Like ``mem_bytes_tp`` when chains of memory-bound ops run as one fused kernel each."""
     fused_bytes_rep: float = 0.0
     """Like ``mem_bytes_rep`` for fused kernels."""
+    kernel_bytes: float = 0.0
+    """Typical bytes one memory-bound kernel moves per sample, weighted by bytes (sum of squares
+    over sum): the size a measured throughput table is read at."""
     kernels_eager: float = 0.0
     """Forward kernel launches with one kernel per op (per micro-batch, not per sample)."""
     kernels_fused: float = 0.0

@@ -32,7 +32,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     by = graph.by_name
     members = set(op_names)
     acc = dict.fromkeys(("mm_flops_tp", "mm_flops_rep", "attn_flops", "fused_attn_flops",
-                         "attn_causal_flops",
+                         "attn_causal_flops", "kernel_bytes_sq",
                          "attn_scores", "attn_scores_dropout", "mem_bytes_tp", "mem_bytes_rep",
                          "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes"), 0.0)
     collectives = 0
@@ -61,6 +61,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
         if src not in members and by[src].requires_grad})
     params_tp = sum(graph.params[p].numel for p, s in param_split.items() if s and p in graph.params)
     params_rep = sum(graph.params[p].numel for p, s in param_split.items() if not s and p in graph.params)
+    moved = acc["mem_bytes_tp"] + acc["mem_bytes_rep"]
+    acc["kernel_bytes"] = acc.pop("kernel_bytes_sq") / moved if moved else 0.0
     work = BlockWork(params_tp=float(params_tp), params_rep=float(params_rep),
                      tp_collectives=collectives, fused_bytes_tp=fused_tp, fused_bytes_rep=fused_rep,
                      kernels_fused=kernels_fused, gemms=tuple(gemms), **acc)
@@ -85,6 +87,7 @@ def _add_compute(op: Op, split: bool, seq_len: int, acc: dict, by: dict) -> None
         acc["mm_flops_tp" if split else "mm_flops_rep"] += op.flops
     else:
         acc["mem_bytes_tp" if split else "mem_bytes_rep"] += op.io_bytes
+        acc["kernel_bytes_sq"] += op.io_bytes ** 2
         if op.flops:
             acc["mm_flops_tp" if split else "mm_flops_rep"] += op.flops
 

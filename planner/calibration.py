@@ -51,6 +51,7 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
         hbm_bytes_per_s=float(dev["hbm_GBps"]) * GB,
         kernel_overhead_s=float(dev["kernel_overhead_us"]) * 1e-6,
         memory_table=tuple((float(b), float(r)) for b, r in dev.get("memory_table", [])),
+        optimizer_s_per_param=float(dev.get("adamw_s_per_param", 0.0)),
         matmul_efficiency=1.0,
         memory_efficiency=1.0,
         attention_efficiency=min(float(v) for v in attn.values()) if attn else 1.0,

@@ -62,8 +62,8 @@ def gemm_table(device: str, dtype: str) -> list[list[float]]:
     return out
 
 
-MEMORY_SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
-"""Elements per tensor for the element-wise table (64 KB to 16 MB of fp32)."""
+MEMORY_SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
+"""Elements per tensor for the element-wise table (64 KB to 64 MB of fp32)."""
 
 
 def memory_table(device: str) -> list[list[float]]:
@@ -86,6 +86,15 @@ def memory_table(device: str) -> list[list[float]]:
         out.append([mean_bytes, math.exp(sum(math.log(r) for r in rates) / len(rates))])
         log.info("  element-wise %9d elements: %.3g GB/s", n, out[-1][1] / 1e9)
     return out
+
+
+def optimizer_rate(device: str) -> float:
+    """Seconds per parameter of one torch.optim.AdamW step (fp32 states) on 4M parameters."""
+    params = [torch.nn.Parameter(torch.randn(1 << 20, device=device)) for _ in range(4)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    return _time(opt.step, device) / (4 << 20)
 
 
 def op_overhead(device: str) -> float:
@@ -190,16 +199,16 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
     log.info("profiling %s (%d thread(s), %d process(es) at once): GEMMs, element-wise "
              "throughput, op overhead, attention", device, threads, busy)
     if busy == 1:
-        tables, mem, overhead, attn = device_speeds(device, threads, dtypes)
+        tables, mem, overhead, attn, adam = device_speeds(device, threads, dtypes)
     else:
-        tables, mem, overhead, attn = _concurrently(busy, device, threads, dtypes)
+        tables, mem, overhead, attn, adam = _concurrently(busy, device, threads, dtypes)
     backend = "nccl" if device == "cuda" else "gloo"
     world = min(processes, torch.cuda.device_count()) if device == "cuda" else processes
     link = None
     if world >= 2:
         log.info("profiling all-reduce among %d %s processes", world, backend)
         link = collectives(world, backend)
-    return _calibration(device, threads, tables, mem, overhead, attn, link)
+    return _calibration(device, threads, tables, mem, overhead, attn, adam, link)
 
 
 def device_speeds(device: str, threads: int, dtypes) -> tuple:
@@ -209,7 +218,7 @@ def device_speeds(device: str, threads: int, dtypes) -> tuple:
     try:
         tables = {dt: gemm_table(device, dt) for dt in dtypes}
         return (tables, memory_table(device), op_overhead(device),
-                {dt: attention_rate(device, dt) for dt in dtypes})
+                {dt: attention_rate(device, dt) for dt in dtypes}, optimizer_rate(device))
     finally:
         torch.set_num_threads(previous)
 
@@ -231,14 +240,14 @@ def _concurrently(n: int, device: str, threads: int, dtypes) -> tuple:
     mem = _mean_table([r[1] for r in results])
     overhead = statistics.fmean(r[2] for r in results)
     attn = {dt: statistics.fmean(r[3][dt] for r in results) for dt in dtypes}
-    return tables, mem, overhead, attn
+    return tables, mem, overhead, attn, statistics.fmean(r[4] for r in results)
 
 
 def _mean_table(tables: list[list[list[float]]]) -> list[list[float]]:
     return [[rows[0][0], statistics.fmean(r[1] for r in rows)] for rows in zip(*tables)]
 
 
-def _calibration(device, threads, tables, mem, overhead, attn, link) -> dict:
+def _calibration(device, threads, tables, mem, overhead, attn, adam, link) -> dict:
     peaks = {dt: max(r for _, r in table) for dt, table in tables.items()}
     name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
     return {
@@ -252,6 +261,7 @@ def _calibration(device, threads, tables, mem, overhead, attn, link) -> dict:
             "gemm_table": tables,
             "hbm_GBps": mem[-1][1] / 1e9,
             "memory_table": mem,
+            "adamw_s_per_param": adam,
             "kernel_overhead_us": overhead * 1e6,
             "attention_efficiency": {dt: min(1.0, attn[dt] / peaks[dt]) for dt in attn},
         },
