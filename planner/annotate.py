@@ -62,7 +62,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     params_tp = sum(graph.params[p].numel for p, s in param_split.items() if s and p in graph.params)
     params_rep = sum(graph.params[p].numel for p, s in param_split.items() if not s and p in graph.params)
     moved = acc["mem_bytes_tp"] + acc["mem_bytes_rep"]
-    acc["kernel_bytes"] = acc.pop("kernel_bytes_sq") / moved if moved else 0.0
+    squares = acc.pop("kernel_bytes_sq")
+    acc["kernel_bytes"] = squares / moved if moved else 0.0
     work = BlockWork(params_tp=float(params_tp), params_rep=float(params_rep),
                      tp_collectives=collectives, fused_bytes_tp=fused_tp, fused_bytes_rep=fused_rep,
                      kernels_fused=kernels_fused, gemms=tuple(gemms), **acc)

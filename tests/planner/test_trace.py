@@ -31,6 +31,20 @@ def test_fx_trace_counts_linear_flops_exactly():
     assert linears[0].params == [f"{linears[0].module}.weight", f"{linears[0].module}.bias"]
 
 
+def test_blocks_of_gemm_only_layers():
+    from planner.blocks import build_blocks
+    from planner.tp import analyze
+
+    model, x = MLP(depth=4), torch.randn(2, 10, 32)
+    g = trace(model, (x,), {}, seq_len=10, batch=2, dtype="fp32")
+    bg = build_blocks(g, analyze(g))
+    layers = [b for b in bg.blocks if b.name.startswith("layers.")]
+    assert len(layers) == 4 and all(b.work.kernel_bytes == 0 for b in layers[:3])
+    assert layers[3].work.kernel_bytes > 0  # the final relu joins the last layer's block
+    for b in layers:
+        assert b.work.mm_flops_tp + b.work.mm_flops_rep == pytest.approx(2 * 10 * 32 * 32)
+
+
 def test_hf_model_falls_back_to_export_and_keeps_two_layers(tiny_gpt2_config):
     rm = resolve(tiny_gpt2_config, seq_len=64, dtype="bf16")
     assert all(p.device.type == "meta" for p in rm.module.parameters())
