@@ -104,6 +104,10 @@ def _unit_of(module: str, graph: OpGraph) -> str | None:
     return None
 
 
+OUTPUT_BLOCK = "(output)"
+"""Block for glue that follows a truncated layer stack and feeds no module."""
+
+
 def _assign(graph: OpGraph) -> dict[str, str]:
     keys: dict[str, str] = {}
     glue = []
@@ -117,9 +121,12 @@ def _assign(graph: OpGraph) -> dict[str, str]:
             keys[op.name] = key
     first = _first_indices(graph, keys)
     cons = graph.consumers()
+    # The last traced layer of a truncated stack stands for the last real layer only through its
+    # edges: glue after it belongs after the stack, not inside every copied layer.
+    last_traced = {f"{r.fqn}.{r.traced - 1}" for r in graph.repeats if r.traced < r.count}
     for op in glue:  # forward: gradient-carrying glue with one producer block joins it
         producers = {keys[i] for i in op.inputs if i in keys}
-        if op.requires_grad and len(producers) == 1:
+        if op.requires_grad and len(producers) == 1 and not producers & last_traced:
             keys[op.name] = producers.pop()
     for op in reversed(glue):  # backward: joins and constants go to their first consumer
         if op.name not in keys:
@@ -130,7 +137,10 @@ def _assign(graph: OpGraph) -> dict[str, str]:
     for op in glue:
         if op.name not in keys:
             producers = [keys[i] for i in op.inputs if i in keys]
-            keys[op.name] = producers[-1] if producers else default
+            if producers and producers[-1] in last_traced:
+                keys[op.name] = OUTPUT_BLOCK  # e.g. an activation applied to the stack's output
+            else:
+                keys[op.name] = producers[-1] if producers else default
     return keys
 
 
