@@ -29,7 +29,9 @@ SECTIONS = [
     ("cpu", "cpu_measured.py",
      "**Measured here.** Small GPT configurations run with plain torch on this machine's CPU "
      "(one process per core; two processes with DDP over gloo), predicted from a `plan profile` "
-     "calibration taken first (`benchmarks/cpu_measured.py`)."),
+     "calibration taken first (`benchmarks/cpu_measured.py`). This VM is noisy: across runs "
+     "during development the median error ranged from 2% to 26% as the measured speeds moved "
+     "(the table is one run)."),
     ("time", "planning_time.py",
      "**Planning time** of the whole `plan solve` command on this 2-core machine "
      "(`benchmarks/planning_time.py`)."),
