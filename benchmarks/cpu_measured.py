@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import torch  # noqa: E402
 
 import planner  # noqa: E402
+from tables import print_table  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
 
 CONFIG = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 4, "n_embd": 256,
@@ -161,14 +162,7 @@ def main() -> int:
 def report(rows, markdown: bool) -> None:
     head = ["configuration", "predicted s", "measured s", "error"]
     lines = [[n, f"{p:.3f}", f"{m:.3f}", f"{100 * (p / m - 1):+.1f}%"] for n, p, m in rows]
-    if markdown:
-        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-        for ln in lines:
-            print("| " + " | ".join(ln) + " |")
-    else:
-        widths = [max(len(x) for x in col) for col in zip(head, *lines)]
-        for ln in [head, *lines]:
-            print("  ".join(x.ljust(w) for x, w in zip(ln, widths)))
+    print_table(head, lines, markdown)
     errs = [abs(p / m - 1) for _, p, m in rows]
     same = ([n for n, _, _ in sorted(rows, key=lambda r: r[1])] ==
             [n for n, _, _ in sorted(rows, key=lambda r: r[2])])

@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import planner  # noqa: E402
+from tables import print_table  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
 from planner.runtime import RunOptions, check, run_local  # noqa: E402
 
@@ -107,14 +108,7 @@ def report(rows: list[dict], markdown: bool) -> None:
               f"{r['predicted_mem'] / 1e6:.1f}",
               "-" if r["measured_mem"] is None else f"{r['measured_mem'] / 1e6:.1f}"]
              for r in rows]
-    if markdown:
-        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-        for ln in lines:
-            print("| " + " | ".join(ln) + " |")
-    else:
-        widths = [max(len(x) for x in col) for col in zip(head, *lines)]
-        for ln in [head, *lines]:
-            print("  ".join(x.ljust(w) for x, w in zip(ln, widths)))
+    print_table(head, lines, markdown)
     errs = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows]
     by_pred = [r["name"] for r in sorted(rows, key=lambda r: r["predicted_s"])]
     by_meas = [r["name"] for r in sorted(rows, key=lambda r: r["measured_s"])]

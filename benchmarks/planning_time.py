@@ -24,7 +24,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 ROOT = os.path.dirname(HERE)
+
+from tables import print_table  # noqa: E402
 
 CASES = [
     ("GPT-3 175B, 1,024 A100", ["gpt3-175b", "--cluster", "dgx-a100-80g", "--nodes", "128",
@@ -81,14 +84,7 @@ def main() -> int:
         rows.append([name, str(p["cluster"]["num_gpus"]), str(p["search"]["candidates"]),
                      f"{p['search']['time_s']:.2f}", f"{limit:g}" if limit else "-",
                      f"{r['wall_s']:.1f}", f"{r['peak_mb']:.0f}", p["search"]["status"], chosen])
-    if args.markdown:
-        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-        for row in [head, *rows]:
-            print("  ".join(x.ljust(w) for x, w in zip(row, widths)))
+    print_table(head, rows, args.markdown)
     return 0
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Mapping
 
 from costmodels.errors import SpecError
+from costmodels.specs import parse_pairs
 
 ATTENTION = ("flash", "materialized")
 KERNELS = ("fused", "eager")
@@ -46,13 +47,7 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     if isinstance(spec, EngineSpec):
         return spec
     if isinstance(spec, str):
-        items = {}
-        for part in filter(None, (p.strip() for p in spec.split(","))):
-            if "=" not in part:
-                raise SpecError(f"engine: '{part}' is not key=value; e.g. --engine attention=flash")
-            k, v = part.split("=", 1)
-            items[k.strip()] = v.strip()
-        spec = items
+        spec = parse_pairs(spec, where="engine", example="--engine attention=flash")
     names = {f.name for f in fields(EngineSpec)}
     unknown = set(spec) - names
     if unknown:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 from costmodels.engine import EngineSpec
+from costmodels.specs import parse_pairs
 from planner.errors import SpecError
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -115,13 +116,7 @@ def parse_fix(fix) -> dict:
     if fix is None:
         return {}
     if isinstance(fix, str):
-        items = {}
-        for part in filter(None, (p.strip() for p in fix.split(","))):
-            if "=" not in part:
-                raise SpecError(f"fix: '{part}' is not key=value; write e.g. --fix tp=8,pp=4")
-            k, v = part.split("=", 1)
-            items[k.strip()] = v.strip()
-        fix = items
+        fix = parse_pairs(fix, where="fix", example="--fix tp=8,pp=4")
     if not isinstance(fix, Mapping):
         raise SpecError(f"fix: expected a mapping or 'k=v,...', got {type(fix).__name__}")
     out = {}

@@ -4,7 +4,7 @@ width at which micro-batch numbers fit their blocks."""
 import numpy as np
 import pytest
 
-from planner import plots
+from planner import gantt as plots
 from planner.errors import SpecError
 from planner.schedule import build
 from planner.simulate import simulate

@@ -1,0 +1,16 @@
+"""Reading ``key=value,key=value`` text, as the CLI's --fix and --engine take it."""
+
+from __future__ import annotations
+
+from costmodels.errors import SpecError
+
+
+def parse_pairs(text: str, *, where: str, example: str) -> dict[str, str]:
+    """``"a=1,b=x"`` -> {"a": "1", "b": "x"}; SpecError naming ``where`` on a part without '='."""
+    items = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise SpecError(f"{where}: '{part}' is not key=value; write e.g. {example}")
+        key, value = part.split("=", 1)
+        items[key.strip()] = value.strip()
+    return items
