@@ -81,7 +81,7 @@ def run_all(names, calibration, steps: int, threads: int) -> list[dict]:
         prepared = planner.prepare(config, seq_len=SEQ, dtype="fp32")
         for name in names:
             path = make_plan(prepared, RUNS[name], calibration, d, name)
-            opts = RunOptions(steps=steps, warmup=1, lr=1e-4, device="cpu", threads=threads)
+            opts = RunOptions(steps=steps, warmup=2, lr=1e-4, device="cpu", threads=threads)
             res = run_local(check(path, opts, None), opts)
             m = res["measured"]
             rows.append({"name": name, "predicted_s": m["predicted_step_time_s"],
@@ -124,7 +124,7 @@ def report(rows: list[dict], markdown: bool) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibration", help="calibration JSON from `plan profile` (default: none)")
-    ap.add_argument("--steps", type=int, default=4, help="timed steps per configuration")
+    ap.add_argument("--steps", type=int, default=6, help="timed steps per configuration")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
     ap.add_argument("--only", nargs="*", choices=list(RUNS), help="run only these")
     ap.add_argument("--markdown", action="store_true")

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from planner.errors import SpecError
@@ -31,6 +32,7 @@ def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],
     pair); one that feeds none (a vocabulary head) gathers its output. Returns the styles and the
     deviations from the plan (modules left replicated, with the reason)."""
     styles, notes = {}, []
+    shared = SharedInput()
     partners = {c for r, src in feeds.items() if roles.get(r) == "rowwise" for c in src}
     for name, role in roles.items():
         if role not in TP_ROLES or name not in present:
@@ -59,10 +61,45 @@ def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],
                                 "Linear feeds it; re-create the plan")
             styles[name] = RowwiseParallel()
         elif name in partners:
-            styles[name] = ColwiseParallel()
+            styles[name] = SharedInputColwise(shared)
         else:
-            styles[name] = ColwiseParallel(output_layouts=Replicate())
+            styles[name] = SharedInputColwise(shared, output_layouts=Replicate())
     return styles, notes
+
+
+@dataclass
+class SharedInput:
+    """The last plain tensor a column-parallel Linear read, and its replicated DTensor."""
+
+    source: torch.Tensor | None = None
+    dtensor: DTensor | None = None
+
+
+class SharedInputColwise(ColwiseParallel):
+    """ColwiseParallel whose Linears reading the same tensor (query/key/value, gate/up) read one
+    replicated DTensor made from it, as Megatron's fused column-parallel Linear does.
+
+    Each Linear's input gradient is a partial sum over the tensor-parallel ranks; with one shared
+    DTensor, autograd adds the partial sums first and the backward all-reduces once per tensor
+    (one per attention and one per MLP) instead of once per Linear, which is what the cost model
+    prices. Only the most recent tensor is remembered, so nothing outlives its use."""
+
+    def __init__(self, shared: SharedInput, **kwargs):
+        super().__init__(**kwargs)
+        # ColwiseParallel._apply binds (input_layouts, desired_input_layouts) to this callable.
+        self._prepare_input_fn = functools.partial(_shared_prepare, shared)
+
+
+def _shared_prepare(shared: SharedInput, input_layouts, desired_input_layouts, mod, inputs,
+                    device_mesh):
+    x = inputs[0]
+    if isinstance(x, DTensor) or tuple(input_layouts) != (Replicate(),):
+        return ColwiseParallel._prepare_input_fn(input_layouts, desired_input_layouts, mod,
+                                                 inputs, device_mesh)
+    if shared.source is not x or shared.dtensor is None or shared.dtensor.device_mesh != device_mesh:
+        shared.source = x
+        shared.dtensor = DTensor.from_local(x, device_mesh, (Replicate(),), run_check=False)
+    return shared.dtensor
 
 
 def apply_tp(model: nn.Module, mesh, styles: dict) -> None:
