@@ -6,12 +6,13 @@
 2. Run each plan with the runtime exactly as `plan run` does (torchrun, gloo, torch.distributed
    pipelining / DTensor / replicate / FSDP2), one thread per process by default (a CPU "device"
    is one process on one core, as `plan profile` measures it).
-3. Print predicted vs measured step time (the slowest rank's median over the timed steps), the
+3. Print predicted vs measured step time (per launch the slowest rank's median timed step; the
+   median over --repeats launches, run round-robin), the
    error, peak tensor memory predicted vs measured, and whether the predicted order of the
    configurations matches the measured one.
 
-Usage:  python benchmarks/measured_vs_predicted.py [--calibration calib.json] [--steps 4]
-                                                  [--threads 1] [--markdown] [--only NAME ...]
+Usage:  python benchmarks/measured_vs_predicted.py [--calibration calib.json] [--steps 6]
+                  [--repeats 3] [--threads 1] [--markdown] [--only NAME ...]
 Run it on an otherwise idle machine: other processes on the cores distort the measured times.
 """
 
@@ -31,6 +32,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import planner  # noqa: E402
 from tables import print_table  # noqa: E402
+from planner.errors import PlannerError  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
 from planner.runtime import RunOptions, check, run_local  # noqa: E402
 
@@ -41,8 +43,10 @@ CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hid
 SEQ = 128
 GLOBAL_BATCH = 8
 # PyTorch on a CPU: one kernel per op, and no overlap of gloo's all-reduce with backward (the
-# reduction runs on the same core); without dropout, attention runs as one fused kernel.
-ENGINE = planner.options.EngineSpec(attention="flash", kernels="eager", overlap_grad_reduce=False)
+# reduction runs on the same core); without dropout, attention runs as one fused kernel; data
+# parallelism is FSDP2-based (replicate / fully_shard), which copies through flat buffers.
+ENGINE = planner.options.EngineSpec(attention="flash", kernels="eager", overlap_grad_reduce=False,
+                                    fsdp_copies=True)
 RUNS = {
     "1 proc, mb 8": "dp=1,tp=1,pp=1,micro_batch=8,recompute=none,zero=0",
     "1 proc, mb 2 x 4": "dp=1,tp=1,pp=1,micro_batch=2,recompute=none,zero=0",
@@ -56,7 +60,7 @@ RUNS = {
 
 
 def make_plan(prepared, fix: str, calibration, folder: str, name: str) -> str:
-    pinned = parse_fix(fix)
+    pinned = {"offload_optimizer": False, **parse_fix(fix)}  # the runtime does not offload
     procs = pinned["dp"] * pinned["tp"] * pinned["pp"]
     training = planner.TrainingSpec(global_batch=GLOBAL_BATCH, seq_len=SEQ, dtype="fp32",
                                     optimizer="adamw", engine=ENGINE)
@@ -72,25 +76,50 @@ def make_plan(prepared, fix: str, calibration, folder: str, name: str) -> str:
     return path
 
 
-def run_all(names, calibration, steps: int, threads: int) -> list[dict]:
-    rows = []
+def run_all(names, calibration, steps: int, threads: int, repeats: int) -> list[dict]:
+    """Each configuration launched ``repeats`` times, round-robin (a slow spell of the machine
+    then spreads over all configurations); a launch's time is its slowest rank's median step, and
+    a configuration's is the median over its launches."""
+    log = logging.getLogger("benchmark")
     with tempfile.TemporaryDirectory() as d:
         config = os.path.join(d, "config.json")
         with open(config, "w") as f:
             json.dump(CONFIG, f)
         prepared = planner.prepare(config, seq_len=SEQ, dtype="fp32")
-        for name in names:
-            path = make_plan(prepared, RUNS[name], calibration, d, name)
-            opts = RunOptions(steps=steps, warmup=2, lr=1e-4, device="cpu", threads=threads)
-            res = run_local(check(path, opts, None), opts)
-            m = res["measured"]
-            rows.append({"name": name, "predicted_s": m["predicted_step_time_s"],
-                         "measured_s": m["step_time_s"],
-                         "predicted_mem": m["predicted_peak_memory_bytes"],
-                         "measured_mem": m["peak_memory_bytes"], "notes": res["notes"]})
-            logging.getLogger("benchmark").warning("%s: measured %.4f s, predicted %.4f s", name,
-                                                   m["step_time_s"], m["predicted_step_time_s"])
+        paths = {name: make_plan(prepared, RUNS[name], calibration, d, name) for name in names}
+        launches: dict[str, list[dict]] = {name: [] for name in names}
+        opts = RunOptions(steps=steps, warmup=2, lr=1e-4, device="cpu", threads=threads)
+        for rep in range(repeats):
+            for name in names:
+                res = _launch(paths[name], opts, name)
+                launches[name].append(res)
+                log.warning("%s (launch %d/%d): measured %.4f s, predicted %.4f s", name, rep + 1,
+                            repeats, res["measured"]["step_time_s"],
+                            res["measured"]["predicted_step_time_s"])
+    rows = []
+    for name in names:
+        runs = launches[name]
+        m = runs[0]["measured"]
+        times = [r["measured"]["step_time_s"] for r in runs]
+        peaks = [r["measured"]["peak_memory_bytes"] for r in runs
+                 if r["measured"]["peak_memory_bytes"] is not None]
+        rows.append({"name": name, "predicted_s": m["predicted_step_time_s"],
+                     "measured_s": statistics.median(times), "spread": (min(times), max(times)),
+                     "predicted_mem": m["predicted_peak_memory_bytes"],
+                     "measured_mem": max(peaks) if peaks else None,
+                     "notes": list(dict.fromkeys(n for r in runs for n in r["notes"]))})
     return rows
+
+
+def _launch(path: str, opts: RunOptions, name: str) -> dict:
+    """One `plan run`; a launch whose processes fail is retried once (and reported)."""
+    try:
+        return run_local(check(path, opts, None), opts)
+    except PlannerError as exc:
+        logging.getLogger("benchmark").warning("%s: launch failed (%s); retrying once", name, exc)
+        res = run_local(check(path, opts, None), opts)
+        res["notes"] = res["notes"] + [f"one launch failed and was retried: {exc}"]
+        return res
 
 
 def concordance(rows: list[dict]) -> float:
@@ -102,8 +131,10 @@ def concordance(rows: list[dict]) -> float:
 
 
 def report(rows: list[dict], markdown: bool) -> None:
-    head = ["configuration", "predicted s", "measured s", "error", "pred. peak MB", "meas. peak MB"]
+    head = ["configuration", "predicted s", "measured s", "launches min-max", "error",
+            "pred. peak MB", "meas. peak MB"]
     lines = [[r["name"], f"{r['predicted_s']:.4f}", f"{r['measured_s']:.4f}",
+              f"{r['spread'][0]:.3f}-{r['spread'][1]:.3f}",
               f"{100 * (r['predicted_s'] / r['measured_s'] - 1):+.1f}%",
               f"{r['predicted_mem'] / 1e6:.1f}",
               "-" if r["measured_mem"] is None else f"{r['measured_mem'] / 1e6:.1f}"]
@@ -126,6 +157,8 @@ def main() -> int:
     ap.add_argument("--calibration", help="calibration JSON from `plan profile` (default: none)")
     ap.add_argument("--steps", type=int, default=6, help="timed steps per configuration")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="launches per configuration; the median launch counts (default 3)")
     ap.add_argument("--only", nargs="*", choices=list(RUNS), help="run only these")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
@@ -135,7 +168,8 @@ def main() -> int:
         from planner.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
-    rows = run_all(args.only or list(RUNS), calibration, args.steps, args.threads)
+    rows = run_all(args.only or list(RUNS), calibration, args.steps, args.threads,
+                   args.repeats)
     report(rows, args.markdown)
     return 0
 

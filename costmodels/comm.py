@@ -56,16 +56,21 @@ def ring_allreduce_s(nbytes, n: int, link: LinkSpec, count=1):
 
 def ring_allgather_s(nbytes, n: int, link: LinkSpec, count=1):
     """Ring all-gather producing an ``nbytes`` buffer on each of ``n`` ranks."""
+    return link.allgather_factor * _ring_half_s(nbytes, n, link, count)
+
+
+def ring_reduce_scatter_s(nbytes, n: int, link: LinkSpec, count=1):
+    """Ring reduce-scatter of an ``nbytes`` buffer on ``n`` ranks (same volume as all-gather)."""
+    return link.reduce_scatter_factor * _ring_half_s(nbytes, n, link, count)
+
+
+def _ring_half_s(nbytes, n: int, link: LinkSpec, count=1):
+    """Half an all-reduce: ``n - 1`` steps moving ``(n-1)/n`` of the buffer per rank."""
     if n <= 1:
         return 0.0 * nbytes
     steps = n - 1
     wire_bytes = (n - 1) / n * nbytes
     return count * steps * link.latency_s + wire_bytes / link.effective_bytes_per_s
-
-
-def ring_reduce_scatter_s(nbytes, n: int, link: LinkSpec, count=1):
-    """Ring reduce-scatter of an ``nbytes`` buffer on ``n`` ranks (same volume as all-gather)."""
-    return ring_allgather_s(nbytes, n, link, count)
 
 
 def allreduce_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
@@ -75,24 +80,28 @@ def allreduce_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
         return 0.0 * nbytes
     if g >= n:
         return ring_allreduce_s(nbytes, n, cluster.intra_node, count)
-    intra = ring_reduce_scatter_s(nbytes, g, cluster.intra_node, count)
+    # the all-reduce's own phases, not the backend's separate reduce-scatter/all-gather calls
+    intra = _ring_half_s(nbytes, g, cluster.intra_node, count)
     inter = ring_allreduce_s(nbytes / g, group.nodes, cluster.inter_node, count)
-    gather = ring_allgather_s(nbytes, g, cluster.intra_node, count)
-    return intra + inter + gather
+    return 2 * intra + inter
 
 
 def allgather_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
     """All-gather of an ``nbytes`` (full-size) buffer on a placed group."""
-    n, g = group.size, min(group.per_node, group.size)
-    if n <= 1:
-        return 0.0 * nbytes
-    if g >= n:
-        return ring_allgather_s(nbytes, n, cluster.intra_node, count)
-    inter = ring_allgather_s(nbytes / g, group.nodes, cluster.inter_node, count)
-    intra = ring_allgather_s(nbytes, g, cluster.intra_node, count)
-    return inter + intra
+    return _half_collective_s(ring_allgather_s, nbytes, group, cluster, count)
 
 
 def reduce_scatter_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
     """Reduce-scatter of an ``nbytes`` (full-size) buffer on a placed group."""
-    return allgather_s(nbytes, group, cluster, count)
+    return _half_collective_s(ring_reduce_scatter_s, nbytes, group, cluster, count)
+
+
+def _half_collective_s(ring, nbytes, group: GroupShape, cluster: Cluster, count=1):
+    n, g = group.size, min(group.per_node, group.size)
+    if n <= 1:
+        return 0.0 * nbytes
+    if g >= n:
+        return ring(nbytes, n, cluster.intra_node, count)
+    inter = ring(nbytes / g, group.nodes, cluster.inter_node, count)
+    intra = ring(nbytes, g, cluster.intra_node, count)
+    return inter + intra

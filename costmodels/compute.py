@@ -166,6 +166,9 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp)
     fwd_s = gemm_f + attn_f + mem_f
     bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f
+    if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
+        fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
+        bwd_s += work.tp_linears * device.dtensor_linear_bwd_s
     if recompute == "full":
         recompute_s = fwd_s
     elif recompute == "selective":
@@ -175,13 +178,26 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     return BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=recompute_s)
 
 
-def optimizer_step_s(params: float, device: DeviceSpec, *, state_bytes_per_param: float) -> float:
+def optimizer_step_s(params: float, device: DeviceSpec, *, state_bytes_per_param: float,
+                     dtensor_params: float = 0.0) -> float:
     """Adam's update is memory-bound: it reads and writes every state byte once (a measured
-    seconds-per-parameter from ``plan profile`` replaces this when present)."""
+    seconds-per-parameter from ``plan profile`` replaces this when present). ``dtensor_params``
+    parameter tensors that are DTensors add their host-side dispatch each."""
+    host_s = dtensor_params * device.dtensor_param_s
     if device.optimizer_s_per_param:
-        return params * device.optimizer_s_per_param
+        return params * device.optimizer_s_per_param + host_s
     traffic_bytes = 2 * params * state_bytes_per_param
-    return traffic_bytes / (device.hbm_bytes_per_s * device.memory_efficiency)
+    return traffic_bytes / (device.hbm_bytes_per_s * device.memory_efficiency) + host_s
+
+
+def copy_s(nbytes: float, device: DeviceSpec) -> float:
+    """One copy of ``nbytes`` (read once, written once) at the element-wise memory rate."""
+    traffic = 2 * nbytes
+    if traffic <= 0:
+        return 0.0
+    if device.memory_table:
+        return traffic / measured_rate(device.memory_table, traffic)
+    return traffic / (device.hbm_bytes_per_s * device.memory_efficiency)
 
 
 def offloaded_optimizer_step_s(params: float, device: DeviceSpec, *, state_bytes_per_param: float,

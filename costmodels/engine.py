@@ -32,6 +32,13 @@ class EngineSpec:
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction runs during the last micro-batch's backward (DDP buckets,
     FSDP2, Megatron --overlap-grad-reduce); False: after it (Megatron-LM's 'local' DDP of 2021)."""
+    fsdp_copies: bool = False
+    """Data parallelism copies through flat buffers, as FSDP2 does (and ``plan run``'s replicate,
+    built on it): gradients are copied into the reduction buffer and out of it, scaled in place,
+    and parameters copied out of the all-gather buffer; each copy reads and writes every byte at
+    the memory rate, exposed. False: reductions work in place on bucket views (DDP with
+    gradient_as_bucket_view, Megatron's contiguous buffers). It matters where memory is slow next
+    to the collective (CPUs); on GPUs the copies are a few percent of the communication."""
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -53,9 +60,10 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     if unknown:
         raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; choose from {sorted(names)}")
     kw = dict(spec)
-    if "overlap_grad_reduce" in kw and not isinstance(kw["overlap_grad_reduce"], bool):
-        text = str(kw["overlap_grad_reduce"]).lower()
-        if text not in ("true", "false", "1", "0", "yes", "no"):
-            raise SpecError(f"engine.overlap_grad_reduce: expected true or false, got {text!r}")
-        kw["overlap_grad_reduce"] = text in ("true", "1", "yes")
+    for key in ("overlap_grad_reduce", "fsdp_copies"):
+        if key in kw and not isinstance(kw[key], bool):
+            text = str(kw[key]).lower()
+            if text not in ("true", "false", "1", "0", "yes", "no"):
+                raise SpecError(f"engine.{key}: expected true or false, got {text!r}")
+            kw[key] = text in ("true", "1", "yes")
     return EngineSpec(**kw)

@@ -71,6 +71,14 @@ class DeviceSpec:
     optimizer_s_per_param: float = 0.0
     """Measured seconds of one AdamW step per parameter (``plan profile``); 0: derive it from
     the memory bandwidth."""
+    dtensor_linear_fwd_s: float = 0.0
+    """Host seconds DTensor adds to the forward of one tensor-parallel Linear (``plan profile`` on
+    CPUs, where the host is the device); 0 on GPUs, where it overlaps the asynchronous kernels."""
+    dtensor_linear_bwd_s: float = 0.0
+    """... and to its backward."""
+    dtensor_param_s: float = 0.0
+    """Host seconds DTensor adds to one AdamW step per parameter tensor (tensor-parallel or
+    FSDP2-wrapped parameters are DTensors), measured like the above."""
     gemm_table: Mapping[str, tuple] = field(default_factory=dict)
     """Measured GEMM speed per dtype: ((FLOPs of one call, FLOP/s achieved), ...) sorted by FLOPs,
     from ``plan profile``; when present it replaces peak x efficiency for that dtype."""

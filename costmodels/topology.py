@@ -37,6 +37,11 @@ class LinkSpec:
     """Fraction of the line rate collectives reach (NCCL bus bandwidth / line rate)."""
     name: str = ""
     """Tier name for explanations (``nvlink``, ``ib``, ``pcie``, ``loopback``)."""
+    reduce_scatter_factor: float = 1.0
+    """Measured reduce-scatter time over the ring model (``plan profile``; gloo runs it as an
+    all-reduce plus a copy, about 2x)."""
+    allgather_factor: float = 1.0
+    """Measured all-gather time over the ring model."""
 
     @property
     def effective_bytes_per_s(self) -> float:

@@ -90,6 +90,12 @@ class BlockWork:
     """Bytes all-reduced across the tensor-parallel group in backward (column-parallel input grads)."""
     tp_collectives: int = 0
     """Number of tensor-parallel collectives per forward + backward (for the latency term)."""
+    tp_linears: int = 0
+    """Linears tensor parallelism shards (column- or row-parallel)."""
+    param_tensors_tp: int = 0
+    """Parameter tensors tensor parallelism splits."""
+    param_tensors_rep: int = 0
+    """Parameter tensors repeated on every tensor-parallel rank."""
     gemms: tuple = ()
     """The forward GEMMs (``Gemm``), for shape-dependent efficiency."""
 

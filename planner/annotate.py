@@ -64,8 +64,11 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     moved = acc["mem_bytes_tp"] + acc["mem_bytes_rep"]
     squares = acc.pop("kernel_bytes_sq")
     acc["kernel_bytes"] = squares / moved if moved else 0.0
+    known = [s for p, s in param_split.items() if p in graph.params]
     work = BlockWork(params_tp=float(params_tp), params_rep=float(params_rep),
-                     tp_collectives=collectives, fused_bytes_tp=fused_tp, fused_bytes_rep=fused_rep,
+                     tp_collectives=collectives, param_tensors_tp=sum(known),
+                     param_tensors_rep=len(known) - sum(known),
+                     tp_linears=sum(g.linear and g.split in (SPLIT_N, SPLIT_K) for g in gemms), fused_bytes_tp=fused_tp, fused_bytes_rep=fused_rep,
                      kernels_fused=kernels_fused, gemms=tuple(gemms), **acc)
     return work, sorted(p for p, s in param_split.items() if s)
 

@@ -1,8 +1,8 @@
 """Load a calibration written by ``plan profile`` and apply it to a cluster.
 
 The measured numbers replace the device's data-sheet peak (and its efficiency factors, which the
-measurements already contain), its memory bandwidth, its per-kernel cost and, when collectives were
-measured, the intra-node link.
+measurements already contain), its memory bandwidth, its per-kernel cost, the host cost of DTensor
+(CPUs) and, when collectives were measured, the intra-node link.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
     data = load_calibration(calibration)
     dev = data["device"]
     attn = dev["attention_efficiency"]
+    host = dev.get("dtensor") or {}
     device = dataclasses.replace(
         cluster.device,
         name=f"{cluster.device.name} (calibrated)",
@@ -52,6 +53,9 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
         kernel_overhead_s=float(dev["kernel_overhead_us"]) * 1e-6,
         memory_table=tuple((float(b), float(r)) for b, r in dev.get("memory_table", [])),
         optimizer_s_per_param=float(dev.get("adamw_s_per_param", 0.0)),
+        dtensor_linear_fwd_s=float(host.get("linear_fwd_us", 0.0)) * 1e-6,
+        dtensor_linear_bwd_s=float(host.get("linear_bwd_us", 0.0)) * 1e-6,
+        dtensor_param_s=float(host.get("param_step_us", 0.0)) * 1e-6,
         matmul_efficiency=1.0,
         memory_efficiency=1.0,
         attention_efficiency=min(float(v) for v in attn.values()) if attn else 1.0,
@@ -61,6 +65,8 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
     if link:
         intra = LinkSpec(name=f"{link.get('backend', 'measured')}", efficiency=1.0,
                          bandwidth_bytes_per_s=float(link["bandwidth_GBps"]) * GB,
-                         latency_s=float(link["latency_us"]) * 1e-6)
+                         latency_s=float(link["latency_us"]) * 1e-6,
+                         reduce_scatter_factor=float(link.get("reduce_scatter_factor", 1.0)),
+                         allgather_factor=float(link.get("all_gather_factor", 1.0)))
     return dataclasses.replace(cluster, device=device, intra_node=intra,
                                name=f"{cluster.name}+calibration")

@@ -36,6 +36,9 @@ class StageEstimate:
     recompute_s: float = 0.0
     act_bytes: float = 0.0
     """Activation bytes one micro-batch keeps on this chunk."""
+    dtensor_params: float = 0.0
+    """Parameter tensors of the rank that the runtime makes DTensors (tensor-parallel ones; all
+    of them under data parallelism, which FSDP2 wraps)."""
     group: str = ""
     """Device group running it (heterogeneous clusters)."""
     ranks: list[int] = field(default_factory=list)
@@ -176,8 +179,12 @@ def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) 
             working += 2 * weight_b * float(np.max(costs.params_local[blocks]))
         mem = {**states, "activations": act, "working": working}
         mem["total"] = sum(mem.values())
+        split = float(np.sum(ma.work.param_tensors_tp[blocks]))
+        dtensors = (split + float(np.sum(ma.work.param_tensors_rep[blocks])) if cfg.dp > 1
+                    else split if cfg.tp > 1 else 0.0)
         for st in mine:
             st.params, st.in_flight, st.memory = params, in_flight, mem
+            st.dtensor_params = dtensors
         out.append(mem)
     return out
 
@@ -194,8 +201,11 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
         params = mine[0].params
         compute_s = sum(st.compute_s for st in mine)
         backward_s = compute_s - sum(st.fwd_s for st in mine)
-        dp_s = max(dp_s, exposed_dp_s(cfg, params * grad_b, group, cluster, compute_s, backward_s,
-                                      training.engine.overlap_grad_reduce))
+        exposed = exposed_dp_s(cfg, params * grad_b, group, cluster, compute_s, backward_s,
+                               training.engine.overlap_grad_reduce)
+        if training.engine.fsdp_copies:
+            exposed += fsdp_copies_s(cfg, params * grad_b, cluster.device)
+        dp_s = max(dp_s, exposed)
         shard = cfg.dp if cfg.zero >= 1 else 1
         if cfg.offload_optimizer:
             step = compute.offloaded_optimizer_step_s(
@@ -203,9 +213,31 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
                 weight_bytes=grad_b)
         else:
             step = compute.optimizer_step_s(params / shard, cluster.device,
-                                            state_bytes_per_param=state_b)
+                                            state_bytes_per_param=state_b,
+                                            dtensor_params=mine[0].dtensor_params)
         opt_s = max(opt_s, step)
     return dp_s, opt_s
+
+
+def fsdp_copies_s(cfg: Config, nbytes: float, device) -> float:
+    """Buffer copies of FSDP2-style data parallelism per step (EngineSpec.fsdp_copies), for
+    ``nbytes`` of parameters (= of gradients) on the rank:
+
+    - ZeRO-0 (replicate): gradients copied into the all-reduce buffer, scaled, copied back;
+    - ZeRO-1/2: parameters copied out of the all-gather buffer (the local shard in), gradients
+      copied into the reduce-scatter buffer, the shard scaled;
+    - ZeRO-3: the same all-gathers before forward and backward and the reduce-scatter, per
+      micro-batch."""
+    if cfg.dp <= 1:
+        return 0.0
+    shard = 1.0 / cfg.dp
+    if cfg.zero == 0:
+        copies = 3.0
+    elif cfg.zero <= 2:
+        copies = 2.0 + 2 * shard
+    else:
+        copies = cfg.num_microbatches * 3 * (1.0 + shard)
+    return copies * compute.copy_s(nbytes, device)
 
 
 def exposed_dp_s(cfg: Config, nbytes: float, group, cluster: Cluster, compute_s: float,
@@ -213,18 +245,18 @@ def exposed_dp_s(cfg: Config, nbytes: float, group, cluster: Cluster, compute_s:
     """Data-parallel traffic of one step that compute does not hide (Rajbhandari et al. 2020, §7):
 
     - ZeRO-0/1: gradients accumulate locally; one all-reduce (ZeRO-1: reduce-scatter + all-gather,
-      the same volume) during the last micro-batch's backward.
+      the same ring volume) during the last micro-batch's backward.
     - ZeRO-2: gradients are reduce-scattered after every micro-batch's backward (they are kept
       sharded), and the updated weights all-gathered after the step.
     - ZeRO-3: weights are all-gathered before every micro-batch's forward and backward and
       gradients reduce-scattered after it, prefetched behind compute (FSDP).
     Without overlap every byte is exposed."""
     m = cfg.num_microbatches
-    if cfg.zero <= 1:
-        sync = comm.allreduce_s(nbytes, group, cluster)
-        return max(0.0, sync - backward_s) if overlap else sync
     scatter = comm.reduce_scatter_s(nbytes, group, cluster)
     gather = comm.allgather_s(nbytes, group, cluster)
+    if cfg.zero <= 1:  # ZeRO-1 runs the two halves as separate calls (backend speeds may differ)
+        sync = comm.allreduce_s(nbytes, group, cluster) if cfg.zero == 0 else scatter + gather
+        return max(0.0, sync - backward_s) if overlap else sync
     if cfg.zero == 2:
         per_mb = scatter
         return gather + (max(0.0, m * per_mb - m * backward_s) if overlap else m * per_mb)

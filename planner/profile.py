@@ -8,12 +8,9 @@ two cores are two devices); on CUDA it is one GPU.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import math
-import os
 import platform
-import socket
 import statistics
 import time
 
@@ -24,8 +21,6 @@ from planner.errors import SpecError
 log = logging.getLogger(__name__)
 
 GEMM_SIZES = (64, 128, 256, 512, 768, 1024, 1536, 2048)
-COLLECTIVE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
-COLLECTIVE_TIMEOUT_S = 120
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -49,13 +44,28 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+COLD_BYTES = 128 << 20
+"""GEMM operands are cycled through this many bytes, more than the last-level cache of current
+CPUs and GPUs, so that each call reads them from memory."""
+
+
 def gemm_table(device: str, dtype: str) -> list[list[float]]:
-    """[[FLOPs per call, FLOP/s], ...] for square GEMMs of growing size."""
+    """[[FLOPs per call, FLOP/s], ...] for square GEMMs of growing size, as training runs them:
+    operands read from memory (in a training step they were written long before: activations
+    saved in forward, weights last touched a step ago) and a fresh output per call."""
     out = []
     for n in GEMM_SIZES:
-        a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
-        b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
-        seconds = _time(lambda: torch.mm(a, b), device)
+        size = DTYPES[dtype].itemsize * n * n
+        ring = max(2, min(4096, COLD_BYTES // (2 * size)))
+        a = [torch.randn(n, n, device=device, dtype=DTYPES[dtype]) for _ in range(ring)]
+        b = [torch.randn(n, n, device=device, dtype=DTYPES[dtype]) for _ in range(ring)]
+        turn = [0]
+
+        def call():
+            i = turn[0] = (turn[0] + 1) % ring
+            torch.mm(a[i], b[i])
+
+        seconds = _time(call, device)
         flops = 2.0 * n ** 3
         out.append([flops, flops / seconds])
         log.info("  gemm %s %5d^3: %.3g GFLOP/s", dtype, n, flops / seconds / 1e9)
@@ -117,73 +127,6 @@ def attention_rate(device: str, dtype: str) -> float:
     return 4.0 * 8 * 512 * 512 * 64 / seconds
 
 
-def _collective_worker(rank: int, world: int, port: int, backend: str, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    import torch.distributed as dist
-
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    device = "cuda" if backend == "nccl" else "cpu"
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    results = []
-    for nbytes in COLLECTIVE_BYTES:
-        t = torch.ones(nbytes // 4, device=device)
-        reps = 3 if nbytes >= 1 << 22 else 10  # the same count on every rank: collectives pair up
-        dist.all_reduce(t)  # warm-up
-        dist.barrier()
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            dist.all_reduce(t)
-            _sync(device)
-            samples.append(time.perf_counter() - t0)
-        results.append([nbytes, statistics.median(samples)])
-    if rank == 0:
-        queue.put(results)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def collectives(world: int, backend: str) -> dict:
-    """Fit all-reduce time = 2 (n-1) alpha + 2 (n-1)/n B / beta over message sizes."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = mp.start_processes(_collective_worker, args=(world, port, backend, queue),
-                               nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
-    while not procs.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in procs.processes:
-                p.kill()
-            raise SpecError(f"processes: the all-reduce measurement among {world} {backend} "
-                            f"processes did not finish in {COLLECTIVE_TIMEOUT_S} s; retry, or "
-                            "pass --processes 1 to skip it")
-    points = queue.get()
-    steps = 2 * (world - 1)
-    wire = [2 * (world - 1) / world * b for b, _ in points]
-    times = [t for _, t in points]
-    slope, intercept = _least_squares(wire, times)
-    for b, t in points:
-        log.info("  all-reduce %8d B on %d ranks: %.3g ms", b, world, 1e3 * t)
-    return {"bandwidth_GBps": 1 / slope / 1e9 if slope > 0 else float("inf"),
-            "latency_us": max(0.0, intercept / steps) * 1e6, "processes": world,
-            "backend": backend, "points": points}
-
-
-def _least_squares(xs, ys) -> tuple[float, float]:
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    return slope, my - slope * mx
-
-
 def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
             dtypes: tuple[str, ...] | None = None) -> dict:
     """Measure and return a calibration mapping (planner.calibration reads it).
@@ -208,8 +151,13 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
     link = None
     if world >= 2:
         log.info("profiling all-reduce among %d %s processes", world, backend)
+        from planner.profile_dist import collectives
+
         link = collectives(world, backend)
-    return _calibration(device, threads, tables, mem, overhead, attn, adam, link)
+    calibration = _calibration(device, threads, tables, mem, overhead, attn, adam, link)
+    if link and "dtensor" in link:  # host cost of the runtime's engine, a device property
+        calibration["device"]["dtensor"] = link.pop("dtensor")
+    return calibration
 
 
 def device_speeds(device: str, threads: int, dtypes) -> tuple:

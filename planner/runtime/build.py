@@ -83,6 +83,10 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
                                        opts.lr)
     if plan.parallel.get("sequence_parallel"):
         out.notes.append("sequence_parallel not applied (tensor parallelism runs without it)")
+    if plan.parallel.get("offload_optimizer"):
+        out.notes.append("offload_optimizer not applied: the optimizer steps on the device, so "
+                         "the prediction (which offloads) is not comparable; plan with --fix "
+                         "offload_optimizer=false")
     return out
 
 
