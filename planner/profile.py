@@ -24,8 +24,16 @@ GEMM_SIZES = (64, 128, 256, 512, 768, 1024, 1536, 2048)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+_align = None
+"""In concurrent profiling (``_concurrently``), a barrier shared by the processes: every
+measurement starts when all of them reach it, so they measure the same kernel at the same time
+(memory-bound kernels slow each other down only when they overlap, as in training)."""
+
+
 def _time(fn, device: str, min_s: float = 0.4, min_reps: int = 5) -> float:
     """Median seconds of ``fn()`` (after one warm-up), repeating for at least ``min_s``."""
+    if _align is not None:
+        _align.wait()
     fn()
     _sync(device)
     samples, start = [], time.perf_counter()
@@ -172,7 +180,9 @@ def device_speeds(device: str, threads: int, dtypes) -> tuple:
         torch.set_num_threads(previous)
 
 
-def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue) -> None:
+def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue, barrier) -> None:
+    global _align
+    _align = barrier
     queue.put((rank, device_speeds(device, threads, dtypes)))
 
 
@@ -180,8 +190,11 @@ def _concurrently(n: int, device: str, threads: int, dtypes) -> tuple:
     """device_speeds measured in ``n`` processes at once; rates averaged over the processes."""
     import torch.multiprocessing as mp
 
-    queue = mp.get_context("spawn").SimpleQueue()
-    procs = mp.start_processes(_speeds_worker, args=(device, threads, dtypes, queue), nprocs=n,
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    barrier = ctx.Barrier(n, timeout=600)
+    procs = mp.start_processes(_speeds_worker, args=(device, threads, dtypes, queue, barrier),
+                               nprocs=n,
                                join=False, start_method="spawn")
     results = [queue.get()[1] for _ in range(n)]  # read before join: the pipe must not fill
     procs.join()

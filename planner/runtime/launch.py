@@ -162,8 +162,12 @@ def _failure(code: int, text: str) -> PlannerError:
                     return SpecError(reason)
                 return PlannerError(f"run: a process failed: {reason[:300]}; rerun with -v for "
                                     "the processes' output")
-    tail = [ln for ln in lines if ln.strip()][-1:] or ["no output"]
-    return PlannerError(f"run: the processes failed (exit {code}): {tail[0][:300]}; rerun "
+    # torchrun's failure summary names the first failed rank's exit code and signal
+    summary = [ln.strip() for ln in lines
+               if ln.strip().startswith(("exitcode", "traceback", "rank"))][:3]
+    tail = summary or [ln.strip() for ln in lines if ln.strip() and set(ln.strip()) != {"="}][-1:]
+    reason = ", ".join(tail) or "no output"
+    return PlannerError(f"run: the processes failed (exit {code}): {reason[:300]}; rerun "
                         "with -v to see their output")
 
 
