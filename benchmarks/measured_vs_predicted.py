@@ -1,18 +1,21 @@
 """Predicted vs measured step time of plans executed by the runtime (`plan run`) on this machine.
 
 1. Plan each configuration of a small Llama (Hugging Face config, fp32, AdamW) on the `cpu` cluster
-   preset with 1 or 2 processes, pinning it with `fix`; with --calibration, on the preset as that
-   calibration (from `plan profile`) corrects it.
+   preset with 1 or 2 processes, pinning it with `fix`, on the preset as this machine's
+   calibration corrects it (`plan profile` run first, or --calibration FILE from it).
 2. Run each plan with the runtime exactly as `plan run` does (torchrun, gloo, torch.distributed
    pipelining / DTensor / replicate / FSDP2), one thread per process by default (a CPU "device"
    is one process on one core, as `plan profile` measures it).
-3. Print predicted vs measured step time (per launch the slowest rank's median timed step; the
-   median over --repeats launches, run round-robin), the
-   error, peak tensor memory predicted vs measured, and whether the predicted order of the
-   configurations matches the measured one.
+   Rounds (--repeats, default 3): each profiles the machine, plans every configuration with that
+   calibration and launches each once; this VM's speed drifts over minutes, so a calibration is
+   compared with runs taken right after it.
+3. Print predicted vs measured step time (per launch the slowest rank's median timed step; medians
+   over the rounds, the spread of the launches), the error (median over rounds of predicted /
+   measured - 1), peak tensor memory predicted vs measured, and whether the predicted order of
+   the configurations matches the measured one.
 
-Usage:  python benchmarks/measured_vs_predicted.py [--calibration calib.json] [--steps 6]
-                  [--repeats 3] [--threads 1] [--markdown] [--only NAME ...]
+Usage:  python benchmarks/measured_vs_predicted.py [--calibration calib.json | --uncalibrated]
+                  [--steps 6] [--repeats 3] [--threads 1] [--markdown] [--only NAME ...]
 Run it on an otherwise idle machine: other processes on the cores distort the measured times.
 """
 
@@ -76,36 +79,42 @@ def make_plan(prepared, fix: str, calibration, folder: str, name: str) -> str:
     return path
 
 
-def run_all(names, calibration, steps: int, threads: int, repeats: int) -> list[dict]:
-    """Each configuration launched ``repeats`` times, round-robin (a slow spell of the machine
-    then spreads over all configurations); a launch's time is its slowest rank's median step, and
-    a configuration's is the median over its launches."""
+def run_all(names, calibrate, steps: int, threads: int, repeats: int) -> list[dict]:
+    """``repeats`` rounds; each takes its calibration (``calibrate()``: profiled at that moment
+    by default, since this VM's speed drifts over minutes), plans every configuration with it and
+    launches each once, round-robin. A launch's time is its slowest rank's median step; a
+    configuration's error is the median over rounds of predicted / measured - 1."""
     log = logging.getLogger("benchmark")
+    pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    launches: dict[str, list[dict]] = {name: [] for name in names}
+    opts = RunOptions(steps=steps, warmup=2, lr=1e-4, device="cpu", threads=threads)
     with tempfile.TemporaryDirectory() as d:
         config = os.path.join(d, "config.json")
         with open(config, "w") as f:
             json.dump(CONFIG, f)
         prepared = planner.prepare(config, seq_len=SEQ, dtype="fp32")
-        paths = {name: make_plan(prepared, RUNS[name], calibration, d, name) for name in names}
-        launches: dict[str, list[dict]] = {name: [] for name in names}
-        opts = RunOptions(steps=steps, warmup=2, lr=1e-4, device="cpu", threads=threads)
         for rep in range(repeats):
+            calibration = calibrate()
+            folder = os.path.join(d, f"round{rep}")
+            os.makedirs(folder)
             for name in names:
-                res = _launch(paths[name], opts, name)
+                res = _launch(make_plan(prepared, RUNS[name], calibration, folder, name), opts, name)
+                m = res["measured"]
                 launches[name].append(res)
-                log.warning("%s (launch %d/%d): measured %.4f s, predicted %.4f s", name, rep + 1,
-                            repeats, res["measured"]["step_time_s"],
-                            res["measured"]["predicted_step_time_s"])
+                pairs[name].append((m["predicted_step_time_s"], m["step_time_s"]))
+                log.warning("%s (round %d/%d): measured %.4f s, predicted %.4f s", name, rep + 1,
+                            repeats, m["step_time_s"], m["predicted_step_time_s"])
     rows = []
     for name in names:
         runs = launches[name]
-        m = runs[0]["measured"]
-        times = [r["measured"]["step_time_s"] for r in runs]
+        preds = [p for p, _ in pairs[name]]
+        times = [t for _, t in pairs[name]]
         peaks = [r["measured"]["peak_memory_bytes"] for r in runs
                  if r["measured"]["peak_memory_bytes"] is not None]
-        rows.append({"name": name, "predicted_s": m["predicted_step_time_s"],
+        rows.append({"name": name, "predicted_s": statistics.median(preds),
                      "measured_s": statistics.median(times), "spread": (min(times), max(times)),
-                     "predicted_mem": m["predicted_peak_memory_bytes"],
+                     "error": statistics.median(p / t - 1 for p, t in pairs[name]),
+                     "predicted_mem": runs[0]["measured"]["predicted_peak_memory_bytes"],
                      "measured_mem": max(peaks) if peaks else None,
                      "notes": list(dict.fromkeys(n for r in runs for n in r["notes"]))})
     return rows
@@ -135,12 +144,12 @@ def report(rows: list[dict], markdown: bool) -> None:
             "pred. peak MB", "meas. peak MB"]
     lines = [[r["name"], f"{r['predicted_s']:.4f}", f"{r['measured_s']:.4f}",
               f"{r['spread'][0]:.3f}-{r['spread'][1]:.3f}",
-              f"{100 * (r['predicted_s'] / r['measured_s'] - 1):+.1f}%",
+              f"{100 * r['error']:+.1f}%",
               f"{r['predicted_mem'] / 1e6:.1f}",
               "-" if r["measured_mem"] is None else f"{r['measured_mem'] / 1e6:.1f}"]
              for r in rows]
     print_table(head, lines, markdown)
-    errs = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows]
+    errs = [abs(r["error"]) for r in rows]
     by_pred = [r["name"] for r in sorted(rows, key=lambda r: r["predicted_s"])]
     by_meas = [r["name"] for r in sorted(rows, key=lambda r: r["measured_s"])]
     print(f"\nmedian |error| {100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}%; "
@@ -154,22 +163,30 @@ def report(rows: list[dict], markdown: bool) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calibration", help="calibration JSON from `plan profile` (default: none)")
+    ap.add_argument("--calibration", help="calibration JSON from `plan profile` (default: "
+                    "profile this machine now)")
+    ap.add_argument("--uncalibrated", action="store_true",
+                    help="predict from the `cpu` preset's data-sheet numbers instead")
     ap.add_argument("--steps", type=int, default=6, help="timed steps per configuration")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
     ap.add_argument("--repeats", type=int, default=3,
-                    help="launches per configuration; the median launch counts (default 3)")
+                    help="rounds (calibration, then one launch per configuration); default 3")
     ap.add_argument("--only", nargs="*", choices=list(RUNS), help="run only these")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    calibration = None
     if args.calibration:
         from planner.calibration import load_calibration
 
-        calibration = load_calibration(args.calibration)
-    rows = run_all(args.only or list(RUNS), calibration, args.steps, args.threads,
-                   args.repeats)
+        fixed = load_calibration(args.calibration)
+        calibrate = lambda: fixed  # noqa: E731
+    elif args.uncalibrated:
+        calibrate = lambda: None  # noqa: E731
+    else:
+        from planner.profile import profile
+
+        calibrate = lambda: profile("cpu", threads=1, processes=2)  # noqa: E731
+    rows = run_all(args.only or list(RUNS), calibrate, args.steps, args.threads, args.repeats)
     report(rows, args.markdown)
     return 0
 

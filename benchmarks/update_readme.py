@@ -1,10 +1,12 @@
 """Run the accuracy benchmarks and write their tables into README.md ("How accurate is it?").
 
 The section between the markers ``<!-- accuracy:begin -->`` and ``<!-- accuracy:end -->`` is
-replaced by what the benchmarks print (Markdown). Run it on an idle machine: the CPU benchmark
-measures real step times, and the planning-time benchmark measures the planner itself.
+replaced by what the benchmarks print (Markdown), one part per benchmark, each opened by a
+``<!-- bench:KEY -->`` marker. Run it on an idle machine: the CPU benchmarks measure real step
+times, and the planning-time benchmark measures the planner itself.
 
-Usage:  python benchmarks/update_readme.py [--skip cpu,time,search]
+Usage:  python benchmarks/update_readme.py [--only runtime,cpu]   (default: all; parts not
+        re-run keep their current text)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 README = os.path.join(os.path.dirname(HERE), "README.md")
 BEGIN, END = "<!-- accuracy:begin -->", "<!-- accuracy:end -->"
+MARK = "<!-- bench:"
 
 SECTIONS = [
     ("megatron", "megatron_table1.py",
@@ -32,6 +35,13 @@ SECTIONS = [
      "calibration taken first (`benchmarks/cpu_measured.py`). This VM is noisy: across runs "
      "during development the median error ranged from 2% to 26% as the measured speeds moved "
      "(the table is one run)."),
+    ("runtime", "measured_vs_predicted.py",
+     "**Executed plans.** Eight plans of a small Llama (4 layers, hidden 256, vocabulary 8192, "
+     "sequence 128, batch 8, fp32, AdamW) for one or two processes, run by the runtime exactly as "
+     "`plan run` runs them (pipelining, DTensor, replicate / FSDP2 over gloo), predicted from a "
+     "`plan profile` calibration taken first (`benchmarks/measured_vs_predicted.py`). Each is "
+     "launched three times, round-robin; the median launch counts, and the spread shows how much "
+     "this VM moves between launches."),
     ("time", "planning_time.py",
      "**Planning time** of the whole `plan solve` command on this 2-core machine "
      "(`benchmarks/planning_time.py`)."),
@@ -48,20 +58,37 @@ def run(script: str) -> str:
     return out.stdout.strip()
 
 
+def current_parts(section: str) -> dict[str, str]:
+    """KEY -> text of each ``<!-- bench:KEY -->`` part already in the README section."""
+    parts = {}
+    for chunk in section.split(MARK)[1:]:
+        key, _, body = chunk.partition(" -->")
+        parts[key.strip()] = body.strip()
+    return parts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--skip", default="", help="comma-separated sections to leave out")
+    keys = [k for k, _, _ in SECTIONS]
+    ap.add_argument("--only", default=",".join(keys),
+                    help=f"comma-separated parts to re-run (of {', '.join(keys)}; default all)")
     args = ap.parse_args()
-    skip = set(filter(None, args.skip.split(",")))
-    parts = []
-    for key, script, intro in SECTIONS:
-        if key in skip:
-            continue
-        print(f"running {script} ...", file=sys.stderr)
-        parts.append(f"{intro}\n\n{run(script)}")
+    only = set(filter(None, args.only.split(",")))
+    unknown = only - set(keys)
+    if unknown:
+        ap.error(f"--only: unknown part {sorted(unknown)[0]!r}; choose from {', '.join(keys)}")
     with open(README, encoding="utf-8") as f:
         text = f.read()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    old = current_parts(text[start:end])
+    parts = []
+    for key, script, intro in SECTIONS:
+        if key in only or key not in old:
+            print(f"running {script} ...", file=sys.stderr)
+            body = f"{intro}\n\n{run(script)}"
+        else:
+            body = old[key]
+        parts.append(f"{MARK}{key} -->\n{body}")
     text = text[:start] + "\n" + "\n\n".join(parts) + "\n" + text[end:]
     with open(README, "w", encoding="utf-8") as f:
         f.write(text)

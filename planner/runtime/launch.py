@@ -146,29 +146,33 @@ def run_local(launch: Launch, opts: RunOptions) -> dict:
             text = f.read()
         log.debug("%s", text)
         if code != 0 or not os.path.exists(result):
-            raise _failure(code, text)
+            fd, kept = tempfile.mkstemp(prefix="plan-run-", suffix=".log")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            raise _failure(code, text, kept)
         with open(result) as f:
             return json.load(f)
 
 
-def _failure(code: int, text: str) -> PlannerError:
+def _failure(code: int, text: str, log_path: str = "") -> PlannerError:
     """The first process's one-line reason: a refusal (SpecError), else its crash."""
     lines = text.splitlines()
+    where = (f"their output is in {log_path}" if log_path else
+             "rerun with -v to see their output")
     for marker, cls in ((ERROR_MARK, SpecError), (CRASH_MARK, PlannerError)):
         for line in lines:
             if marker in line:
                 reason = line.split(marker, 1)[1].strip()
                 if cls is SpecError:
                     return SpecError(reason)
-                return PlannerError(f"run: a process failed: {reason[:300]}; rerun with -v for "
-                                    "the processes' output")
-    # torchrun's failure summary names the first failed rank's exit code and signal
-    summary = [ln.strip() for ln in lines
+                return PlannerError(f"run: a process failed: {reason[:300]}; {where}")
+    # torchrun's failure summary: the root cause (first failed rank) with its exit code and signal
+    root = next((i for i, ln in enumerate(lines) if "Root Cause" in ln), 0)
+    summary = [ln.strip() for ln in lines[root:]
                if ln.strip().startswith(("exitcode", "traceback", "rank"))][:3]
     tail = summary or [ln.strip() for ln in lines if ln.strip() and set(ln.strip()) != {"="}][-1:]
     reason = ", ".join(tail) or "no output"
-    return PlannerError(f"run: the processes failed (exit {code}): {reason[:300]}; rerun "
-                        "with -v to see their output")
+    return PlannerError(f"run: the processes failed (exit {code}): {reason[:300]}; {where}")
 
 
 def _free_port() -> int:
