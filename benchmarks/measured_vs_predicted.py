@@ -116,8 +116,18 @@ def run_all(names, calibrate, steps: int, threads: int, repeats: int) -> list[di
                      "error": statistics.median(p / t - 1 for p, t in pairs[name]),
                      "predicted_mem": runs[0]["measured"]["predicted_peak_memory_bytes"],
                      "measured_mem": max(peaks) if peaks else None,
-                     "notes": list(dict.fromkeys(n for r in runs for n in r["notes"]))})
+                     "notes": _notes(runs)})
     return rows
+
+
+def _notes(runs: list[dict]) -> list[str]:
+    """The launches' notes, one line per kind (the text before its parenthesis), with a count."""
+    kinds: dict[str, int] = {}
+    for r in runs:
+        for note in dict.fromkeys(r["notes"]):
+            key = note.split(" (")[0]
+            kinds[key] = kinds.get(key, 0) + 1
+    return [f"{k} (in {n} of {len(runs)} launches)" for k, n in kinds.items()]
 
 
 def _launch(path: str, opts: RunOptions, name: str) -> dict:

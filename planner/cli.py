@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--calibration", help="calibration JSON from `plan profile` (measured speeds "
                    "replace data-sheet numbers)")
     s.add_argument("--engine", help="software behaviour: attention=flash|materialized, "
-                   "kernels=fused|eager, overlap_grad_reduce=true|false")
+                   "kernels=fused|eager, overlap_grad_reduce=true|false, fsdp_copies=true|false")
     s.add_argument("--top-k", type=int, default=3, help="runners-up to keep (default 3)")
     s.add_argument("--time-limit", type=float, help="seconds; return the best plan found so far")
     s.add_argument("--trace", default="auto", choices=["auto", "fx", "export"],
