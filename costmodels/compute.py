@@ -67,7 +67,7 @@ def gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec, 
     memory_s = traffic / (device.hbm_bytes_per_s * device.memory_efficiency)
     table = device.gemm_table.get(dtype)
     if table:
-        return max(flops / measured_rate(table, flops), memory_s)
+        return max(flops / shaped_rate(device, dtype, flops, m, n, k), memory_s)
     tile = device.gemm_tile
     tiles = math.ceil(batch) * math.ceil(m / tile) * math.ceil(n / tile)
     waves = math.ceil(tiles / device.sm_count)
@@ -86,6 +86,25 @@ def measured_rate(table, size: float) -> float:
             w = (math.log(size) - math.log(f0)) / (math.log(f1) - math.log(f0))
             return r0 + w * (r1 - r0)
     return table[-1][1]
+
+
+def shaped_rate(device: DeviceSpec, dtype: str, flops: float, m: float, n: float,
+                k: float) -> float:
+    """Measured FLOP/s of an m x k by k x n GEMM: the square table's rate at these FLOPs, moved
+    towards the long-shaped table of the longest dimension by log(aspect) / log(measured aspect),
+    aspect being that dimension over the geometric mean of the other two."""
+    square = measured_rate(device.gemm_table[dtype], flops)
+    skew = device.gemm_skew.get(dtype)
+    if not skew:
+        return square
+    dims = {"m": m, "n": n, "k": k}
+    long = max(dims, key=dims.get)
+    others = [v for d, v in dims.items() if d != long]
+    aspect = dims[long] / math.sqrt(max(others[0] * others[1], 1e-9))
+    if aspect <= 1.0 or long not in skew:
+        return square
+    w = min(1.0, math.log(aspect) / math.log(device.gemm_skew_aspect))
+    return math.exp((1 - w) * math.log(square) + w * math.log(measured_rate(skew[long], flops)))
 
 
 def split_gemm(g: Gemm, *, micro_batch: int, tp: int, sp: bool) -> tuple[float, float, float, float]:

@@ -82,6 +82,11 @@ class DeviceSpec:
     gemm_table: Mapping[str, tuple] = field(default_factory=dict)
     """Measured GEMM speed per dtype: ((FLOPs of one call, FLOP/s achieved), ...) sorted by FLOPs,
     from ``plan profile``; when present it replaces peak x efficiency for that dtype."""
+    gemm_skew: Mapping[str, Mapping[str, tuple]] = field(default_factory=dict)
+    """Measured long-shaped GEMMs per dtype: {"m" | "n" | "k": ((FLOPs, FLOP/s), ...)}, one
+    dimension ``gemm_skew_aspect`` times the other two (``plan profile``); a GEMM's rate moves from
+    the square table towards these as its shape stretches."""
+    gemm_skew_aspect: float = 32.0
     description: str = ""
     """One line for ``plan clusters``."""
 

@@ -43,12 +43,17 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
     dev = data["device"]
     attn = dev["attention_efficiency"]
     host = dev.get("dtensor") or {}
+    skew = dev.get("gemm_skew") or {}
     device = dataclasses.replace(
         cluster.device,
         name=f"{cluster.device.name} (calibrated)",
         peak_flops={dt: float(v) * TERA for dt, v in dev["peak_TFLOPs"].items()},
         gemm_table={dt: tuple((float(f), float(r)) for f, r in table)
                     for dt, table in dev["gemm_table"].items()},
+        gemm_skew={dt: {dim: tuple((float(f), float(r)) for f, r in table)
+                        for dim, table in dims.items()}
+                   for dt, dims in skew.get("tables", {}).items()},
+        gemm_skew_aspect=float(skew.get("aspect", 32.0)),
         hbm_bytes_per_s=float(dev["hbm_GBps"]) * GB,
         kernel_overhead_s=float(dev["kernel_overhead_us"]) * 1e-6,
         memory_table=tuple((float(b), float(r)) for b, r in dev.get("memory_table", [])),

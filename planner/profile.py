@@ -63,21 +63,47 @@ def gemm_table(device: str, dtype: str) -> list[list[float]]:
     saved in forward, weights last touched a step ago) and a fresh output per call."""
     out = []
     for n in GEMM_SIZES:
-        size = DTYPES[dtype].itemsize * n * n
-        ring = max(2, min(4096, COLD_BYTES // (2 * size)))
-        a = [torch.randn(n, n, device=device, dtype=DTYPES[dtype]) for _ in range(ring)]
-        b = [torch.randn(n, n, device=device, dtype=DTYPES[dtype]) for _ in range(ring)]
-        turn = [0]
-
-        def call():
-            i = turn[0] = (turn[0] + 1) % ring
-            torch.mm(a[i], b[i])
-
-        seconds = _time(call, device)
-        flops = 2.0 * n ** 3
-        out.append([flops, flops / seconds])
-        log.info("  gemm %s %5d^3: %.3g GFLOP/s", dtype, n, flops / seconds / 1e9)
+        rate = _cold_mm_rate(n, n, n, device, dtype)
+        out.append([2.0 * n ** 3, rate])
+        log.info("  gemm %s %5d^3: %.3g GFLOP/s", dtype, n, rate / 1e9)
     return out
+
+
+SKEW = 32
+"""Aspect of the long-shaped GEMMs measured: one dimension 32x the other two (an output head:
+tokens x hidden x vocabulary)."""
+SKEW_SIZES = (64, 128, 256)
+"""Short dimensions of the long-shaped GEMMs (FLOPs 2 x 32 x s^3: 17 MFLOP to 1 GFLOP)."""
+
+
+def gemm_skew_tables(device: str, dtype: str) -> dict[str, list[list[float]]]:
+    """Long-shaped GEMMs, one table per long dimension: ``m`` (output rows), ``n`` (output
+    columns) or ``k`` (the reduction); same layout as gemm_table. Libraries block and pack
+    differently for these, and they run slower than a square GEMM of equal FLOPs."""
+    out: dict[str, list[list[float]]] = {"m": [], "n": [], "k": []}
+    for s in SKEW_SIZES:
+        for dim in out:
+            m, k, n = (SKEW * s if d == dim else s for d in ("m", "k", "n"))
+            out[dim].append([2.0 * m * k * n, _cold_mm_rate(m, k, n, device, dtype)])
+    for dim, table in out.items():
+        log.info("  gemm %s long %s: %s GFLOP/s", dtype, dim,
+                 ", ".join(f"{r / 1e9:.3g}" for _, r in table))
+    return out
+
+
+def _cold_mm_rate(m: int, k: int, n: int, device: str, dtype: str) -> float:
+    """FLOP/s of an (m x k) @ (k x n) GEMM with operands cycled through COLD_BYTES."""
+    size = DTYPES[dtype].itemsize * (m * k + k * n)
+    ring = max(2, min(4096, COLD_BYTES // size))
+    a = [torch.randn(m, k, device=device, dtype=DTYPES[dtype]) for _ in range(ring)]
+    b = [torch.randn(k, n, device=device, dtype=DTYPES[dtype]) for _ in range(ring)]
+    turn = [0]
+
+    def call():
+        i = turn[0] = (turn[0] + 1) % ring
+        torch.mm(a[i], b[i])
+
+    return 2.0 * m * k * n / _time(call, device)
 
 
 MEMORY_SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
@@ -151,9 +177,9 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
     log.info("profiling %s (%d thread(s), %d process(es) at once): GEMMs, element-wise "
              "throughput, op overhead, attention", device, threads, busy)
     if busy == 1:
-        tables, mem, overhead, attn, adam = device_speeds(device, threads, dtypes)
+        tables, mem, overhead, attn, adam, skew = device_speeds(device, threads, dtypes)
     else:
-        tables, mem, overhead, attn, adam = _concurrently(busy, device, threads, dtypes)
+        tables, mem, overhead, attn, adam, skew = _concurrently(busy, device, threads, dtypes)
     backend = "nccl" if device == "cuda" else "gloo"
     world = min(processes, torch.cuda.device_count()) if device == "cuda" else processes
     link = None
@@ -163,6 +189,7 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
 
         link = collectives(world, backend)
     calibration = _calibration(device, threads, tables, mem, overhead, attn, adam, link)
+    calibration["device"]["gemm_skew"] = {"aspect": SKEW, "tables": skew}
     if link and "dtensor" in link:  # host cost of the runtime's engine, a device property
         calibration["device"]["dtensor"] = link.pop("dtensor")
     return calibration
@@ -174,8 +201,9 @@ def device_speeds(device: str, threads: int, dtypes) -> tuple:
     torch.set_num_threads(threads)
     try:
         tables = {dt: gemm_table(device, dt) for dt in dtypes}
+        skew = {dt: gemm_skew_tables(device, dt) for dt in dtypes}
         return (tables, memory_table(device), op_overhead(device),
-                {dt: attention_rate(device, dt) for dt in dtypes}, optimizer_rate(device))
+                {dt: attention_rate(device, dt) for dt in dtypes}, optimizer_rate(device), skew)
     finally:
         torch.set_num_threads(previous)
 
@@ -202,7 +230,9 @@ def _concurrently(n: int, device: str, threads: int, dtypes) -> tuple:
     mem = _mean_table([r[1] for r in results])
     overhead = statistics.fmean(r[2] for r in results)
     attn = {dt: statistics.fmean(r[3][dt] for r in results) for dt in dtypes}
-    return tables, mem, overhead, attn, statistics.fmean(r[4] for r in results)
+    skew = {dt: {dim: _mean_table([r[5][dt][dim] for r in results]) for dim in results[0][5][dt]}
+            for dt in dtypes}
+    return tables, mem, overhead, attn, statistics.fmean(r[4] for r in results), skew
 
 
 def _mean_table(tables: list[list[list[float]]]) -> list[list[float]]:

@@ -145,3 +145,22 @@ def test_zero1_prices_reduce_scatter_plus_all_gather(prepared):
     z0o = _plan(prepared, fix + ",zero=0", eager, ones).predicted["breakdown"]["dp_comm_s"]
     z1o = _plan(prepared, fix + ",zero=1", eager, ones).predicted["breakdown"]["dp_comm_s"]
     assert z1o == pytest.approx(z0o, rel=1e-6)  # same ring volume and steps
+
+
+def test_long_gemms_move_from_the_square_table_to_the_long_shaped_one():
+    from costmodels.compute import shaped_rate
+
+    skewed = json.loads(json.dumps(CALIB))
+    skewed["device"]["gemm_skew"] = {"aspect": 32, "tables": {"fp32": {
+        "m": [[1e6, 1e10], [1e9, 5e10]], "n": [[1e6, 1e10], [1e9, 4e10]],
+        "k": [[1e6, 1e10], [1e9, 3e10]]}}}
+    dev = apply_calibration(load_cluster("cpu"), skewed).device
+    flops = 1e9
+    square = 1e11  # the square table at 1e9 FLOPs
+    assert shaped_rate(dev, "fp32", flops, 256, 256, 256) == pytest.approx(square)
+    assert shaped_rate(dev, "fp32", flops, 256, 256 * 32, 256) == pytest.approx(4e10)  # long n
+    assert shaped_rate(dev, "fp32", flops, 256, 256, 256 * 32) == pytest.approx(3e10)  # long k
+    half = shaped_rate(dev, "fp32", flops, 256 * 32 ** 0.5, 256, 256)  # half-way in log aspect
+    assert half == pytest.approx((square * 5e10) ** 0.5)
+    plain = apply_calibration(load_cluster("cpu"), CALIB).device  # no long-shaped tables
+    assert shaped_rate(plain, "fp32", flops, 256, 8192, 256) == pytest.approx(square)
