@@ -121,13 +121,16 @@ def run_all(names, calibrate, steps: int, threads: int, repeats: int) -> list[di
 
 
 def _notes(runs: list[dict]) -> list[str]:
-    """The launches' notes, one line per kind (the text before its parenthesis), with a count."""
+    """The launches' notes, one line per kind (the text before its parenthesis), with how many
+    distinct notes of that kind the ranks of all launches reported."""
     kinds: dict[str, int] = {}
     for r in runs:
         for note in dict.fromkeys(r["notes"]):
             key = note.split(" (")[0]
             kinds[key] = kinds.get(key, 0) + 1
-    return [f"{k} (in {n} of {len(runs)} launches)" for k, n in kinds.items()]
+    return [f"{k} ({n} times over {len(runs)} launches; the peak shown is from the ranks "
+            "where it worked)" if k.startswith("no CPU tensor peak") else
+            f"{k} ({n} times over {len(runs)} launches)" for k, n in kinds.items()]
 
 
 def _launch(path: str, opts: RunOptions, name: str) -> dict:
