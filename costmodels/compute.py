@@ -64,7 +64,7 @@ def gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec, 
         return 0.0
     flops = 2.0 * batch * m * n * k
     traffic = DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n)
-    memory_s = traffic / (device.hbm_bytes_per_s * device.memory_efficiency)
+    memory_s = traffic / device.memory_bytes_per_s
     table = device.gemm_table.get(dtype)
     if table:
         return max(flops / shaped_rate(device, dtype, flops, m, n, k), memory_s)
@@ -153,7 +153,7 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
     word = DTYPE_BYTES[dtype]
     scores = micro_batch * work.attn_scores / tp
     dropout = micro_batch * work.attn_scores_dropout / tp
-    bandwidth = device.hbm_bytes_per_s * device.memory_efficiency
+    bandwidth = device.memory_bytes_per_s
     fwd_traffic = word * (SCORE_TRAFFIC_FWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
     bwd_traffic = word * (SCORE_TRAFFIC_BWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
     return flops / rate + fwd_traffic / bandwidth, 2 * flops / rate + bwd_traffic / bandwidth
@@ -172,7 +172,7 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
         per_kernel = (micro_batch * work.kernel_bytes if engine.kernels == "eager" and
                       work.kernel_bytes else total / max(kernels, 1))
         return total / measured_rate(device.memory_table, per_kernel)
-    bandwidth = device.hbm_bytes_per_s * device.memory_efficiency
+    bandwidth = device.memory_bytes_per_s
     return total / bandwidth + kernels * device.kernel_overhead_s
 
 
@@ -206,7 +206,7 @@ def optimizer_step_s(params: float, device: DeviceSpec, *, state_bytes_per_param
     if device.optimizer_s_per_param:
         return params * device.optimizer_s_per_param + host_s
     traffic_bytes = 2 * params * state_bytes_per_param
-    return traffic_bytes / (device.hbm_bytes_per_s * device.memory_efficiency) + host_s
+    return traffic_bytes / device.memory_bytes_per_s + host_s
 
 
 def copy_s(nbytes: float, device: DeviceSpec) -> float:
@@ -214,9 +214,9 @@ def copy_s(nbytes: float, device: DeviceSpec) -> float:
     traffic = 2 * nbytes
     if traffic <= 0:
         return 0.0
-    if device.memory_table:
-        return traffic / measured_rate(device.memory_table, traffic)
-    return traffic / (device.hbm_bytes_per_s * device.memory_efficiency)
+    rate = (measured_rate(device.memory_table, traffic) if device.memory_table
+            else device.memory_bytes_per_s)
+    return traffic / rate
 
 
 def offloaded_optimizer_step_s(params: float, device: DeviceSpec, *, state_bytes_per_param: float,

@@ -90,6 +90,11 @@ class DeviceSpec:
     description: str = ""
     """One line for ``plan clusters``."""
 
+    @property
+    def memory_bytes_per_s(self) -> float:
+        """Memory bandwidth kernels reach: the data-sheet figure times ``memory_efficiency``."""
+        return self.hbm_bytes_per_s * self.memory_efficiency
+
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; raises SpecError when the device lacks it."""
         if dtype not in self.peak_flops:

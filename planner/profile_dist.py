@@ -27,7 +27,7 @@ import time
 import torch
 
 from planner.errors import SpecError
-from planner.profile import _time
+from planner.profile import _sync, _time
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,7 @@ def _collective_worker(rank: int, world: int, port: int, backend: str, queue) ->
             for _ in range(reps):
                 t0 = time.perf_counter()
                 op()
-                if device == "cuda":
-                    torch.cuda.synchronize()
+                _sync(device)
                 samples.append(time.perf_counter() - t0)
             results[name].append([nbytes, statistics.median(samples)])
     if device == "cpu":
