@@ -87,6 +87,11 @@ class DeviceSpec:
     dimension ``gemm_skew_aspect`` times the other two (``plan profile``); a GEMM's rate moves from
     the square table towards these as its shape stretches."""
     gemm_skew_aspect: float = 32.0
+    jitter: float = 0.0
+    """Relative standard deviation of one process's time for the same work when all of the node's
+    processes run at once (OS noise, shared caches and memory); processes that synchronize wait
+    for the slowest (costmodels.compute.straggler_excess). Measured by ``plan profile`` on CPUs;
+    0 = not measured."""
     description: str = ""
     """One line for ``plan clusters``."""
 

@@ -2,7 +2,8 @@
 
 The measured numbers replace the device's data-sheet peak (and its efficiency factors, which the
 measurements already contain), its memory bandwidth, its per-kernel cost, the host cost of DTensor
-(CPUs) and, when collectives were measured, the intra-node link.
+and how much concurrent processes' speeds vary (CPUs) and, when collectives were measured, the
+intra-node link.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
         dtensor_linear_fwd_s=float(host.get("linear_fwd_us", 0.0)) * 1e-6,
         dtensor_linear_bwd_s=float(host.get("linear_bwd_us", 0.0)) * 1e-6,
         dtensor_param_s=float(host.get("param_step_us", 0.0)) * 1e-6,
+        jitter=float(dev.get("jitter", 0.0)),
         matmul_efficiency=1.0,
         memory_efficiency=1.0,
         attention_efficiency=min(float(v) for v in attn.values()) if attn else 1.0,

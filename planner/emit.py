@@ -19,7 +19,7 @@ from planner.solve.search import SearchResult
 BREAKDOWN_WORDS = {
     "compute_s": "compute", "bubble_s": "pipeline bubble", "tp_comm_s": "tensor-parallel all-reduce",
     "pp_comm_s": "pipeline send/recv", "dp_comm_s": "data-parallel gradient sync",
-    "optimizer_s": "optimizer step",
+    "optimizer_s": "optimizer step", "straggler_s": "waiting for the slowest process",
 }
 
 

@@ -131,6 +131,7 @@ PART_KNOBS = {
     "pp_comm_s": ("pp", "placement", "tp", "micro_batch"),
     "dp_comm_s": ("dp", "zero", "placement", "pp", "tp"),
     "optimizer_s": ("zero", "offload_optimizer", "dp", "tp", "pp"),
+    "straggler_s": ("dp", "tp", "pp", "recompute", "micro_batch"),
 }
 """The knobs each part of the step depends on (costmodels: compute, comm, pipeline, memory)."""
 

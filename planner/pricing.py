@@ -67,6 +67,9 @@ class Estimate:
     split_status: str = "optimal"
     split_gap: float | None = 0.0
     """CP-SAT's relative gap for the stage split; None when unknown."""
+    straggler_excess: float = 0.0
+    """Share of the local work (compute, optimizer) added by waiting for the slowest process
+    (costmodels.compute.straggler_excess); breakdown["straggler_s"] is it times that work."""
 
     def throughput(self, training: TrainingSpec, cluster) -> dict:
         n = cluster.num_gpus
@@ -89,7 +92,8 @@ def price(cfg: Config, bounds: list[int], ma, costs, cluster: Cluster,
     stages = chunks(cfg, bounds, ma, costs, p2p_out)
     ranks = rank_memory(cfg, bounds, stages, ma, costs, training)
     dp_s, opt_s = _dp_and_optimizer_s(cfg, stages, ranks, cluster, training)
-    return assemble(cfg, stages, ranks, dp_s, opt_s, ma, training, cut_p2p)
+    excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.tp * cfg.pp)
+    return assemble(cfg, stages, ranks, dp_s, opt_s, ma, training, cut_p2p, excess=excess)
 
 
 def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float]) -> list[StageEstimate]:
@@ -108,8 +112,9 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float]) -> l
 
 
 def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training: TrainingSpec,
-             cut_p2p: list[float]) -> Estimate:
-    """Pipeline time (closed form), breakdown along the slowest rank, FLOPs: the Estimate."""
+             cut_p2p: list[float], *, excess: float = 0.0) -> Estimate:
+    """Pipeline time (closed form), breakdown along the slowest rank, FLOPs: the Estimate.
+    ``excess``: the straggler share of local work (pricing.Estimate.straggler_excess)."""
     rank_time = [sum(st.time_s for st in stages if st.rank == r) for r in range(cfg.pp)]
     m = cfg.num_microbatches
     slow = int(np.argmax(rank_time))
@@ -125,12 +130,14 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
         "dp_comm_s": dp_s,
         "optimizer_s": opt_s,
     }
+    breakdown["straggler_s"] = excess * (breakdown["compute_s"] + opt_s)
     model_flops = 3 * ma.fwd_flops_per_sample * training.global_batch
     ckpt = ma.checkpointed
     rc_flops = {"none": 0.0, "selective": float(np.sum(ma.work.attn_flops[ckpt])),
                 "full": float(np.sum(ma.work.fwd_flops[ckpt]))}[cfg.recompute] * training.global_batch
-    return Estimate(config=cfg, stages=stages, step_time_s=pipe_s + dp_s + opt_s,
-                    breakdown=breakdown, peak_memory_bytes=max(r["total"] for r in ranks),
+    return Estimate(config=cfg, stages=stages,
+                    step_time_s=pipe_s + dp_s + opt_s + breakdown["straggler_s"],
+                    breakdown=breakdown, straggler_excess=excess, peak_memory_bytes=max(r["total"] for r in ranks),
                     model_flops=model_flops, hardware_flops=model_flops + rc_flops,
                     cut_p2p_s=cut_p2p)
 

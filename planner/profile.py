@@ -16,7 +16,9 @@ import time
 
 import torch
 
+from costmodels.compute import expected_max_normal
 from planner.errors import SpecError
+from planner.host_memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,9 @@ def gemm_table(device: str, dtype: str) -> list[list[float]]:
 SKEW = 32
 """Aspect of the long-shaped GEMMs measured: one dimension 32x the other two (an output head:
 tokens x hidden x vocabulary)."""
-SKEW_SIZES = (64, 128, 256)
-"""Short dimensions of the long-shaped GEMMs (FLOPs 2 x 32 x s^3: 17 MFLOP to 1 GFLOP)."""
+SKEW_SIZES = (64, 128, 256, 512)
+"""Short dimensions of the long-shaped GEMMs (FLOPs 2 x 32 x s^3: 17 MFLOP to 8.6 GFLOP; the
+largest has a 32 MB fp32 output, as large as a last-level cache, like an output head's logits)."""
 
 
 def gemm_skew_tables(device: str, dtype: str) -> dict[str, list[list[float]]]:
@@ -176,10 +179,8 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
     busy = processes if device == "cpu" and processes > 1 else 1
     log.info("profiling %s (%d thread(s), %d process(es) at once): GEMMs, element-wise "
              "throughput, op overhead, attention", device, threads, busy)
-    if busy == 1:
-        tables, mem, overhead, attn, adam, skew = device_speeds(device, threads, dtypes)
-    else:
-        tables, mem, overhead, attn, adam, skew = _concurrently(busy, device, threads, dtypes)
+    speeds = (device_speeds(device, threads, dtypes) if busy == 1 else
+              _concurrently(busy, device, threads, dtypes))
     backend = "nccl" if device == "cuda" else "gloo"
     world = min(processes, torch.cuda.device_count()) if device == "cuda" else processes
     link = None
@@ -188,24 +189,68 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
         from planner.profile_dist import collectives
 
         link = collectives(world, backend)
-    calibration = _calibration(device, threads, tables, mem, overhead, attn, adam, link)
-    calibration["device"]["gemm_skew"] = {"aspect": SKEW, "tables": skew}
+    calibration = _calibration(device, threads, speeds, link)
     if link and "dtensor" in link:  # host cost of the runtime's engine, a device property
         calibration["device"]["dtensor"] = link.pop("dtensor")
     return calibration
 
 
-def device_speeds(device: str, threads: int, dtypes) -> tuple:
-    """(GEMM tables by dtype, element-wise table, per-op overhead, attention FLOP/s by dtype)."""
+def device_speeds(device: str, threads: int, dtypes) -> dict:
+    """GEMM tables (square and long-shaped) by dtype, element-wise table, per-op overhead,
+    attention FLOP/s by dtype, AdamW seconds per parameter, and (concurrent CPU processes) the
+    times of a fixed segment of work, each started together (``segment_times``)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    if device == "cpu":
+        keep_freed_memory()  # as the runtime does: large tensors reuse the heap's pages
     try:
-        tables = {dt: gemm_table(device, dt) for dt in dtypes}
-        skew = {dt: gemm_skew_tables(device, dt) for dt in dtypes}
-        return (tables, memory_table(device), op_overhead(device),
-                {dt: attention_rate(device, dt) for dt in dtypes}, optimizer_rate(device), skew)
+        return {"gemm": {dt: gemm_table(device, dt) for dt in dtypes},
+                "skew": {dt: gemm_skew_tables(device, dt) for dt in dtypes},
+                "memory": memory_table(device), "overhead": op_overhead(device),
+                "attention": {dt: attention_rate(device, dt) for dt in dtypes},
+                "adamw": optimizer_rate(device),
+                "segments": segment_times(device) if _align is not None else []}
     finally:
         torch.set_num_threads(previous)
+
+
+SEGMENTS = 40
+"""Repetitions of the fixed segment timed for the jitter (about 20 ms each on one CPU core)."""
+
+
+def segment_times(device: str) -> list[float]:
+    """Seconds of a fixed stretch of training-like work (GEMMs and element-wise ops of a small
+    layer), ``SEGMENTS`` times, each started at the shared barrier."""
+    x = torch.randn(1024, 256, device=device)
+    w1 = torch.randn(256, 688, device=device)
+    w2 = torch.randn(688, 256, device=device)
+
+    def segment():
+        h = x
+        for _ in range(3):
+            h = torch.nn.functional.silu(h @ w1) @ w2 + h
+        _sync(device)
+
+    segment()
+    out = []
+    for _ in range(SEGMENTS):
+        _align.wait()
+        t0 = time.perf_counter()
+        segment()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def jitter(segments: list[list[float]]) -> float:
+    """Relative standard deviation of a process's time for the same work, from each process's
+    times of the same segments run together: the mean excess of the slowest over the mean,
+    divided by E[max] of that many standard normals (costmodels.compute.straggler_excess inverts
+    it for any number of processes)."""
+    n = len(segments)
+    if n < 2 or not segments[0]:
+        return 0.0
+    excess = statistics.fmean(max(row) / statistics.fmean(row) - 1 for row in zip(*segments))
+    return excess / expected_max_normal(n)
 
 
 def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue, barrier) -> None:
@@ -214,8 +259,9 @@ def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue, barrier)
     queue.put((rank, device_speeds(device, threads, dtypes)))
 
 
-def _concurrently(n: int, device: str, threads: int, dtypes) -> tuple:
-    """device_speeds measured in ``n`` processes at once; rates averaged over the processes."""
+def _concurrently(n: int, device: str, threads: int, dtypes) -> dict:
+    """device_speeds measured in ``n`` processes at once; rates averaged over the processes,
+    the jitter from their segment times."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -226,20 +272,23 @@ def _concurrently(n: int, device: str, threads: int, dtypes) -> tuple:
                                join=False, start_method="spawn")
     results = [queue.get()[1] for _ in range(n)]  # read before join: the pipe must not fill
     procs.join()
-    tables = {dt: _mean_table([r[0][dt] for r in results]) for dt in dtypes}
-    mem = _mean_table([r[1] for r in results])
-    overhead = statistics.fmean(r[2] for r in results)
-    attn = {dt: statistics.fmean(r[3][dt] for r in results) for dt in dtypes}
-    skew = {dt: {dim: _mean_table([r[5][dt][dim] for r in results]) for dim in results[0][5][dt]}
-            for dt in dtypes}
-    return tables, mem, overhead, attn, statistics.fmean(r[4] for r in results), skew
+    return {"gemm": {dt: _mean_table([r["gemm"][dt] for r in results]) for dt in dtypes},
+            "skew": {dt: {dim: _mean_table([r["skew"][dt][dim] for r in results])
+                          for dim in results[0]["skew"][dt]} for dt in dtypes},
+            "memory": _mean_table([r["memory"] for r in results]),
+            "overhead": statistics.fmean(r["overhead"] for r in results),
+            "attention": {dt: statistics.fmean(r["attention"][dt] for r in results)
+                          for dt in dtypes},
+            "adamw": statistics.fmean(r["adamw"] for r in results),
+            "jitter": jitter([r["segments"] for r in results])}
 
 
 def _mean_table(tables: list[list[list[float]]]) -> list[list[float]]:
     return [[rows[0][0], statistics.fmean(r[1] for r in rows)] for rows in zip(*tables)]
 
 
-def _calibration(device, threads, tables, mem, overhead, attn, adam, link) -> dict:
+def _calibration(device, threads, speeds: dict, link) -> dict:
+    tables, mem, attn = speeds["gemm"], speeds["memory"], speeds["attention"]
     peaks = {dt: max(r for _, r in table) for dt, table in tables.items()}
     name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
     return {
@@ -251,11 +300,13 @@ def _calibration(device, threads, tables, mem, overhead, attn, adam, link) -> di
         "device": {
             "peak_TFLOPs": {dt: p / 1e12 for dt, p in peaks.items()},
             "gemm_table": tables,
+            "gemm_skew": {"aspect": SKEW, "tables": speeds["skew"]},
             "hbm_GBps": mem[-1][1] / 1e9,
             "memory_table": mem,
-            "adamw_s_per_param": adam,
-            "kernel_overhead_us": overhead * 1e6,
+            "adamw_s_per_param": speeds["adamw"],
+            "kernel_overhead_us": speeds["overhead"] * 1e6,
             "attention_efficiency": {dt: min(1.0, attn[dt] / peaks[dt]) for dt in attn},
+            "jitter": speeds.get("jitter", 0.0),
         },
         "intra_node": link,
     }

@@ -114,7 +114,9 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
     bd["tp_comm_s"] = m * sum(st.tp_comm_s for st in stages if st.rank == slow)
     bd["pp_comm_s"] = 0.0  # sends overlap compute; waiting for them shows as bubble
     bd["bubble_s"] = max(0.0, sim.step_time_s - m * busy[slow])
+    bd["straggler_s"] = est.straggler_excess * (bd["compute_s"] + bd["optimizer_s"])
     return dataclasses.replace(
-        est, stages=stages, step_time_s=sim.step_time_s + bd["dp_comm_s"] + bd["optimizer_s"],
+        est, stages=stages,
+        step_time_s=sim.step_time_s + bd["dp_comm_s"] + bd["optimizer_s"] + bd["straggler_s"],
         breakdown=bd, peak_memory_bytes=max(st.memory["total"] for st in stages),
         timing="simulated")

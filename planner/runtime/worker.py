@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from planner.errors import PlannerError, SpecError
+from planner.host_memory import keep_freed_memory
 from planner.plan import atomic_write, load_plan
 from planner.runtime import measure
 from planner.runtime.build import Built, build
@@ -40,7 +41,12 @@ def pick_device(choice: str) -> torch.device:
 
 def execute(plan, opts: RunOptions, device: torch.device) -> dict:
     """Run the plan in this (initialized) process group; every rank returns the same summary."""
+    reuses_memory = device.type != "cpu" or keep_freed_memory()  # before the model is built
     built = build(plan, opts, device)
+    if not reuses_memory:
+        built.notes.append("freed CPU memory goes back to the OS here (no glibc mallopt): large "
+                           "tensors fault their pages in again every step, which the plan does "
+                           "not price")
     mem = measure.Memory(device)
     timer = measure.StepTimer(device)
     total = opts.warmup + opts.steps
@@ -150,4 +156,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The run is complete (rank 0 wrote the result, the process group is destroyed). Skip the
+    # interpreter's teardown: now and then a torch C++ thread is still joinable when static
+    # objects are destroyed and std::terminate aborts the process ("terminate called without an
+    # active exception"), which torchrun would report as a failed run.
+    os._exit(code)

@@ -56,6 +56,7 @@ def test_bad_calibration_files(tmp_path):
 def test_profile_measures_this_cpu(monkeypatch):
     monkeypatch.setattr(prof, "GEMM_SIZES", (32, 64, 128))
     monkeypatch.setattr(prof, "MEMORY_SIZES", (1 << 12, 1 << 14))
+    monkeypatch.setattr(prof, "SKEW_SIZES", (32, 64))
     calib = prof.profile("cpu", threads=1, processes=1)
     load_calibration(calib)  # the profiler's output is a valid calibration
     dev = calib["device"]
