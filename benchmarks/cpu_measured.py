@@ -5,8 +5,9 @@
 2. Plan each configuration of a small GPT (Hugging Face GPT-2 architecture, fp32) on the `cpu`
    cluster preset with that calibration, pinning the configuration with `fix`.
 3. Run the same work with plain torch: one process per device, one thread each (a CPU "device" is
-   one process on one core), AdamW, DistributedDataParallel over gloo for two processes; the
-   median of the timed steps after warm-up is the measured step time.
+   one process on one core), AdamW, DistributedDataParallel over gloo for two processes, freed
+   memory kept for reuse (planner.host_memory, as `plan run` does); the median of the timed steps
+   after warm-up is the measured step time.
 4. Print predicted vs measured, the error, and whether the predicted order matches the measured one.
 
 Usage:  python benchmarks/cpu_measured.py [--calibration calib.json] [--steps 8] [--markdown]
@@ -67,6 +68,9 @@ def predict(prepared, calibration, procs, mb, m, rc) -> float:
 def _worker(rank, world, port, mb, m, rc, steps, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    from planner.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # as `plan run` and `plan profile` do (no page faults per large tensor)
     import torch.distributed as dist
     from transformers import AutoConfig, GPT2LMHeadModel
 

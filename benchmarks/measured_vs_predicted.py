@@ -2,7 +2,9 @@
 
 1. Plan each configuration of a small Llama (Hugging Face config, fp32, AdamW) on the `cpu` cluster
    preset with 1 or 2 processes, pinning it with `fix`, on the preset as this machine's
-   calibration corrects it (`plan profile` run first, or --calibration FILE from it).
+   calibration corrects it: `plan profile --processes N` run first for N = 1 and 2 (a plan with N
+   processes uses the calibration of N processes at work: they share caches and memory
+   bandwidth), or --calibration FILE for all.
 2. Run each plan with the runtime exactly as `plan run` does (torchrun, gloo, torch.distributed
    pipelining / DTensor / replicate / FSDP2), one thread per process by default (a CPU "device"
    is one process on one core, as `plan profile` measures it).
@@ -65,6 +67,8 @@ RUNS = {
 def make_plan(prepared, fix: str, calibration, folder: str, name: str) -> str:
     pinned = {"offload_optimizer": False, **parse_fix(fix)}  # the runtime does not offload
     procs = pinned["dp"] * pinned["tp"] * pinned["pp"]
+    if isinstance(calibration, dict) and "schema" not in calibration:  # one per process count
+        calibration = calibration[procs]
     training = planner.TrainingSpec(global_batch=GLOBAL_BATCH, seq_len=SEQ, dtype="fp32",
                                     optimizer="adamw", engine=ENGINE)
     cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=procs)
@@ -198,7 +202,9 @@ def main() -> int:
     else:
         from planner.profile import profile
 
-        calibrate = lambda: profile("cpu", threads=1, processes=2)  # noqa: E731
+        # one calibration per number of processes at work: on a CPU the "devices" share caches
+        # and memory bandwidth, so one process alone runs faster than each of two together
+        calibrate = lambda: {n: profile("cpu", threads=1, processes=n) for n in (1, 2)}  # noqa: E731
     rows = run_all(args.only or list(RUNS), calibrate, args.steps, args.threads, args.repeats)
     report(rows, args.markdown)
     return 0

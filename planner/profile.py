@@ -190,6 +190,7 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
 
         link = collectives(world, backend)
     calibration = _calibration(device, threads, speeds, link)
+    calibration["processes"] = busy  # device speeds measured with this many at work
     if link and "dtensor" in link:  # host cost of the runtime's engine, a device property
         calibration["device"]["dtensor"] = link.pop("dtensor")
     return calibration

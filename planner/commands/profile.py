@@ -11,7 +11,10 @@ def register(add) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads per process (a CPU 'device' is one process; default 1)")
     p.add_argument("--processes", type=int, default=2,
-                   help="processes (GPUs) for the all-reduce measurement; 1 skips it (default 2)")
+                   help="processes working at once (default 2): on CPUs the device speeds are "
+                   "measured in that many processes together (they share caches and memory "
+                   "bandwidth), so use the processes per node the plan runs; also the processes "
+                   "(GPUs) of the collectives, which 1 skips")
     p.add_argument("-o", "--output", required=True, help="calibration JSON to write")
     p.set_defaults(func=run)
 
