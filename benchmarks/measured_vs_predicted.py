@@ -8,7 +8,7 @@
 2. Run each plan with the runtime exactly as `plan run` does (torchrun, gloo, torch.distributed
    pipelining / DTensor / replicate / FSDP2), one thread per process by default (a CPU "device"
    is one process on one core, as `plan profile` measures it).
-   Rounds (--repeats, default 3): each profiles the machine, plans every configuration with that
+   Rounds (--repeats, default 5): each profiles the machine, plans every configuration with that
    calibration and launches each once; this VM's speed drifts over minutes, so a calibration is
    compared with runs taken right after it.
 3. Print predicted vs measured step time (per launch the slowest rank's median timed step; medians
@@ -17,7 +17,7 @@
    the configurations matches the measured one.
 
 Usage:  python benchmarks/measured_vs_predicted.py [--calibration calib.json | --uncalibrated]
-                  [--steps 6] [--repeats 3] [--threads 1] [--markdown] [--only NAME ...]
+                  [--steps 6] [--repeats 5] [--threads 1] [--markdown] [--only NAME ...]
 Run it on an otherwise idle machine: other processes on the cores distort the measured times.
 """
 
@@ -186,8 +186,8 @@ def main() -> int:
                     help="predict from the `cpu` preset's data-sheet numbers instead")
     ap.add_argument("--steps", type=int, default=6, help="timed steps per configuration")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="rounds (calibration, then one launch per configuration); default 3")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="rounds (calibration, then one launch per configuration); default 5")
     ap.add_argument("--only", nargs="*", choices=list(RUNS), help="run only these")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()

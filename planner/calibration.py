@@ -9,6 +9,7 @@ intra-node link.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Mapping
 
 from costmodels.hardware import GB, TERA
@@ -17,6 +18,7 @@ from planner.errors import SpecError
 from planner.files import read_json_object
 
 SCHEMA = "planner.calibration/v1"
+log = logging.getLogger(__name__)
 
 
 def load_calibration(source) -> dict:
@@ -42,6 +44,12 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
     """The cluster with its device (and intra-node link, if measured) replaced by measurements."""
     data = load_calibration(calibration)
     dev = data["device"]
+    busy = data.get("processes")
+    if data.get("device_kind") == "cpu" and busy and busy != cluster.gpus_per_node:
+        log.warning("calibration: measured with %d processes at work, the cluster runs %d per "
+                    "node; CPU processes share caches and memory bandwidth, so re-run `plan "
+                    "profile --processes %d` for these speeds", busy, cluster.gpus_per_node,
+                    cluster.gpus_per_node)
     attn = dev["attention_efficiency"]
     host = dev.get("dtensor") or {}
     skew = dev.get("gemm_skew") or {}

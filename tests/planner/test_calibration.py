@@ -66,5 +66,16 @@ def test_profile_measures_this_cpu(monkeypatch):
     assert [b for b, _ in dev["memory_table"]] == sorted(b for b, _ in dev["memory_table"])
     assert all(rate > 1e8 for _, rate in dev["memory_table"])
     assert calib["intra_node"] is None
+    assert calib["processes"] == 1 and dev["jitter"] == 0.0  # one process: nobody to wait for
     c = apply_calibration(load_cluster("cpu"), calib)
     assert c.device.peak("fp32") == pytest.approx(max(r for _, r in dev["gemm_table"]["fp32"]))
+
+
+def test_warns_when_the_cluster_runs_another_number_of_cpu_processes(caplog):
+    calib = {**CALIB, "processes": 2}
+    with caplog.at_level("WARNING", logger="planner.calibration"):
+        apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=2), calib)
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="planner.calibration"):
+        apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=1), calib)
+    assert "plan profile --processes 1" in caplog.text
