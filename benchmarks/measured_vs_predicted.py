@@ -204,7 +204,8 @@ def main() -> int:
 
         # one calibration per number of processes at work: on a CPU the "devices" share caches
         # and memory bandwidth, so one process alone runs faster than each of two together
-        calibrate = lambda: {n: profile("cpu", threads=1, processes=n) for n in (1, 2)}  # noqa: E731
+        def calibrate():
+            return {n: profile("cpu", threads=1, processes=n) for n in (1, 2)}
     rows = run_all(args.only or list(RUNS), calibrate, args.steps, args.threads, args.repeats)
     report(rows, args.markdown)
     return 0

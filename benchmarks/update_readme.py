@@ -40,9 +40,9 @@ SECTIONS = [
      "sequence 128, batch 8, fp32, AdamW) for one or two processes, run by the runtime exactly as "
      "`plan run` runs them (pipelining, DTensor, replicate / FSDP2 over gloo), predicted from a "
      "`plan profile` calibration of as many processes at work "
-     "(`benchmarks/measured_vs_predicted.py`). Five rounds, each profiling the machine and then launching every plan once (this VM's "
-     "speed drifts over minutes); the error is the median over the rounds, and the spread shows "
-     "how much the launches move."),
+     "(`benchmarks/measured_vs_predicted.py`). Five rounds, each profiling the machine and then "
+     "launching every plan once (this VM's speed drifts over minutes); the error is the median "
+     "over the rounds, and the spread shows how much the launches move."),
     ("time", "planning_time.py",
      "**Planning time** of the whole `plan solve` command on this 2-core machine "
      "(`benchmarks/planning_time.py`)."),

@@ -137,7 +137,8 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
                 "full": float(np.sum(ma.work.fwd_flops[ckpt]))}[cfg.recompute] * training.global_batch
     return Estimate(config=cfg, stages=stages,
                     step_time_s=pipe_s + dp_s + opt_s + breakdown["straggler_s"],
-                    breakdown=breakdown, straggler_excess=excess, peak_memory_bytes=max(r["total"] for r in ranks),
+                    breakdown=breakdown, straggler_excess=excess,
+                    peak_memory_bytes=max(r["total"] for r in ranks),
                     model_flops=model_flops, hardware_flops=model_flops + rc_flops,
                     cut_p2p_s=cut_p2p)
 
