@@ -7,6 +7,10 @@ import pytest
 TINY_GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 4,
              "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128,
              "bos_token_id": 0, "eos_token_id": 0}
+FP32_LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+              "intermediate_size": 172, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "vocab_size": 512, "max_position_embeddings": 64}
+"""Two small layers in fp32 at sequence 32: plans on the calibrated `cpu` preset."""
 TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
               "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 176,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 20000,
@@ -49,3 +53,11 @@ def branched():
     from planner.api import prepare
 
     return prepare("examples/branched.py:build")
+
+
+@pytest.fixture(scope="session")
+def fp32_llama(tmp_path_factory):
+    from planner.api import prepare
+
+    return prepare(write_config(tmp_path_factory.mktemp("fp32-llama"), FP32_LLAMA), seq_len=32,
+                   dtype="fp32")

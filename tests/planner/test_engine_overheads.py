@@ -96,54 +96,44 @@ def test_engine_flag_parses_and_rejects_bad_values():
         engine_from_mapping("fsdp_copies=maybe")
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
-           "intermediate_size": 172, "num_attention_heads": 4, "num_key_value_heads": 4,
-           "vocab_size": 512, "max_position_embeddings": 64}
-    path = tmp_path_factory.mktemp("m") / "config.json"
-    path.write_text(json.dumps(cfg))
-    return planner.prepare(str(path), seq_len=32, dtype="fp32")
-
-
-def _plan(prepared, fix: str, engine: EngineSpec, calib=CALIB):
+def _plan(fp32_llama, fix: str, engine: EngineSpec, calib=CALIB):
     from planner.options import parse_fix
 
     cluster = apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=2), calib)
     training = planner.TrainingSpec(global_batch=4, seq_len=32, dtype="fp32", optimizer="adamw",
                                     engine=engine)
-    return planner.plan_prepared(prepared, cluster, training,
+    return planner.plan_prepared(fp32_llama, cluster, training,
                                  planner.SearchOptions(fix=parse_fix(fix), top_k=0))
 
 
-def test_fsdp_copies_and_dtensor_parameters_show_in_the_plan(prepared):
+def test_fsdp_copies_and_dtensor_parameters_show_in_the_plan(fp32_llama):
     fix = "dp=2,tp=1,pp=1,micro_batch=2,recompute=none,zero=0,offload_optimizer=false"
     eager = EngineSpec(overlap_grad_reduce=False)
     copies = EngineSpec(overlap_grad_reduce=False, fsdp_copies=True)
-    a = _plan(prepared, fix, eager).predicted["breakdown"]
-    b = _plan(prepared, fix, copies).predicted["breakdown"]
-    params = prepared.info["num_params"]
+    a = _plan(fp32_llama, fix, eager).predicted["breakdown"]
+    b = _plan(fp32_llama, fix, copies).predicted["breakdown"]
+    params = fp32_llama.info["num_params"]
     dev = apply_calibration(load_cluster("cpu"), CALIB).device
     assert b["dp_comm_s"] - a["dp_comm_s"] == pytest.approx(3 * copy_s(4 * params, dev), rel=1e-3)
     # under data parallelism every parameter tensor is a DTensor (FSDP2 / replicate)
     no_host = json.loads(json.dumps(CALIB))
     del no_host["device"]["dtensor"]
-    c = _plan(prepared, fix, eager, no_host).predicted["breakdown"]
-    tensors = sum(1 for _ in prepared.opgraph.params)
+    c = _plan(fp32_llama, fix, eager, no_host).predicted["breakdown"]
+    tensors = sum(1 for _ in fp32_llama.opgraph.params)
     assert a["optimizer_s"] - c["optimizer_s"] == pytest.approx(tensors * 3e-4, rel=1e-3)
 
 
-def test_zero1_prices_reduce_scatter_plus_all_gather(prepared):
+def test_zero1_prices_reduce_scatter_plus_all_gather(fp32_llama):
     fix = "dp=2,tp=1,pp=1,micro_batch=2,recompute=none,offload_optimizer=false"
     eager = EngineSpec(overlap_grad_reduce=False)
-    z0 = _plan(prepared, fix + ",zero=0", eager).predicted["breakdown"]["dp_comm_s"]
-    z1 = _plan(prepared, fix + ",zero=1", eager).predicted["breakdown"]["dp_comm_s"]
+    z0 = _plan(fp32_llama, fix + ",zero=0", eager).predicted["breakdown"]["dp_comm_s"]
+    z1 = _plan(fp32_llama, fix + ",zero=1", eager).predicted["breakdown"]["dp_comm_s"]
     # gloo-like factors (2x, 1.5x) make the two separate halves dearer than one all-reduce
     assert z1 > 1.5 * z0
     ones = json.loads(json.dumps(CALIB))
     ones["intra_node"].update(reduce_scatter_factor=1.0, all_gather_factor=1.0)
-    z0o = _plan(prepared, fix + ",zero=0", eager, ones).predicted["breakdown"]["dp_comm_s"]
-    z1o = _plan(prepared, fix + ",zero=1", eager, ones).predicted["breakdown"]["dp_comm_s"]
+    z0o = _plan(fp32_llama, fix + ",zero=0", eager, ones).predicted["breakdown"]["dp_comm_s"]
+    z1o = _plan(fp32_llama, fix + ",zero=1", eager, ones).predicted["breakdown"]["dp_comm_s"]
     assert z1o == pytest.approx(z0o, rel=1e-6)  # same ring volume and steps
 
 

@@ -47,23 +47,13 @@ def test_jitter_from_segment_times_inverts_to_the_measured_excess():
     assert straggler_excess(dev, 8) > straggler_excess(dev, 2)
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
-           "intermediate_size": 172, "num_attention_heads": 4, "num_key_value_heads": 4,
-           "vocab_size": 512, "max_position_embeddings": 64}
-    path = tmp_path_factory.mktemp("m") / "config.json"
-    path.write_text(json.dumps(cfg))
-    return planner.prepare(str(path), seq_len=32, dtype="fp32")
-
-
-def _predicted(prepared, fix: str, calib) -> dict:
+def _predicted(fp32_llama, fix: str, calib) -> dict:
     procs = math.prod(int(kv.split("=")[1]) for kv in fix.split(",") if kv[:3] in ("dp=", "tp=",
                                                                                   "pp="))
     cluster = apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=procs), calib)
     training = planner.TrainingSpec(global_batch=4, seq_len=32, dtype="fp32", optimizer="adamw",
                                     engine=EngineSpec(overlap_grad_reduce=False))
-    plan = planner.plan_prepared(prepared, cluster, training,
+    plan = planner.plan_prepared(fp32_llama, cluster, training,
                                  planner.SearchOptions(fix=parse_fix(fix), top_k=0))
     return plan.predicted
 
@@ -73,11 +63,11 @@ def _predicted(prepared, fix: str, calib) -> dict:
     "dp=1,tp=2,pp=1,micro_batch=4,zero=0",
     "dp=1,tp=1,pp=2,micro_batch=1,zero=0,schedule=1f1b",
 ])
-def test_synchronized_processes_pay_for_the_slowest(prepared, fix):
+def test_synchronized_processes_pay_for_the_slowest(fp32_llama, fix):
     fix += ",recompute=none,offload_optimizer=false"
     steady = json.loads(json.dumps(CALIB))
     steady["device"]["jitter"] = 0.0
-    a, b = _predicted(prepared, fix, steady), _predicted(prepared, fix, CALIB)
+    a, b = _predicted(fp32_llama, fix, steady), _predicted(fp32_llama, fix, CALIB)
     assert a["breakdown"]["straggler_s"] == 0.0
     bd = b["breakdown"]
     local = bd["compute_s"] + bd["optimizer_s"]
@@ -85,13 +75,13 @@ def test_synchronized_processes_pay_for_the_slowest(prepared, fix):
     assert b["step_time_s"] == pytest.approx(a["step_time_s"] + bd["straggler_s"], rel=1e-4)
 
 
-def test_one_process_waits_for_nobody(prepared):
+def test_one_process_waits_for_nobody(fp32_llama):
     fix = "dp=1,tp=1,pp=1,micro_batch=4,zero=0,recompute=none,offload_optimizer=false"
     steady = json.loads(json.dumps(CALIB))
     steady["device"]["jitter"] = 0.0
-    assert _predicted(prepared, fix, CALIB)["breakdown"]["straggler_s"] == 0.0
-    assert (_predicted(prepared, fix, CALIB)["step_time_s"]
-            == pytest.approx(_predicted(prepared, fix, steady)["step_time_s"]))
+    assert _predicted(fp32_llama, fix, CALIB)["breakdown"]["straggler_s"] == 0.0
+    assert (_predicted(fp32_llama, fix, CALIB)["step_time_s"]
+            == pytest.approx(_predicted(fp32_llama, fix, steady)["step_time_s"]))
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
