@@ -6,7 +6,7 @@
    cluster preset with that calibration, pinning the configuration with `fix`.
 3. Run the same work with plain torch: one process per device, one thread each (a CPU "device" is
    one process on one core), AdamW, DistributedDataParallel over gloo for two processes, freed
-   memory kept for reuse (planner.host_memory, as `plan run` does); the median of the timed steps
+   memory kept for reuse (planner.runtime.host_memory, as `plan run` does); the median of the timed steps
    after warm-up is the measured step time.
 4. Print predicted vs measured, the error, and whether the predicted order matches the measured one.
 
@@ -55,7 +55,7 @@ RUNS = {
 
 
 def predict(prepared, calibration, procs, mb, m, rc) -> float:
-    cluster = planner.calibration.apply_calibration(
+    cluster = planner.inputs.calibration.apply_calibration(
         planner.load_cluster("cpu", nodes=1, gpus_per_node=procs), calibration)
     training = planner.TrainingSpec(
         global_batch=procs * mb * m, seq_len=SEQ, dtype="fp32", optimizer="adamw",
@@ -68,7 +68,7 @@ def predict(prepared, calibration, procs, mb, m, rc) -> float:
 def _worker(rank, world, port, mb, m, rc, steps, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from planner.host_memory import keep_freed_memory
+    from planner.runtime.host_memory import keep_freed_memory
 
     keep_freed_memory()  # as `plan run` and `plan profile` do (no page faults per large tensor)
     import torch.distributed as dist
@@ -144,9 +144,9 @@ def main() -> int:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.calibration:
-        calibration = planner.calibration.load_calibration(args.calibration)
+        calibration = planner.inputs.calibration.load_calibration(args.calibration)
     else:
-        from planner.profile import profile
+        from planner.profile.device import profile
 
         calibration = profile("cpu", threads=1, processes=2)
     with tempfile.TemporaryDirectory() as d:

@@ -73,7 +73,7 @@ def make_plan(prepared, fix: str, calibration, folder: str, name: str) -> str:
                                     optimizer="adamw", engine=ENGINE)
     cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=procs)
     if calibration is not None:
-        from planner.calibration import apply_calibration
+        from planner.inputs.calibration import apply_calibration
 
         cluster = apply_calibration(cluster, calibration)
     plan = planner.plan_prepared(prepared, cluster, training,
@@ -193,14 +193,14 @@ def main() -> int:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.calibration:
-        from planner.calibration import load_calibration
+        from planner.inputs.calibration import load_calibration
 
         fixed = load_calibration(args.calibration)
         calibrate = lambda: fixed  # noqa: E731
     elif args.uncalibrated:
         calibrate = lambda: None  # noqa: E731
     else:
-        from planner.profile import profile
+        from planner.profile.device import profile
 
         # one calibration per number of processes at work: on a CPU the "devices" share caches
         # and memory bandwidth, so one process alone runs faster than each of two together

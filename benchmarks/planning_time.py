@@ -61,7 +61,7 @@ def run_case(argv: list[str], time_limit: float | None) -> dict:
 # Runs the CLI in this process and reports the process's peak resident memory on its last line.
 WRAPPER = """
 import json, resource, sys
-from planner.cli import main
+from planner.cli.main import main
 code = main(json.loads(sys.argv[1]))
 print("peak_rss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
 sys.exit(code)

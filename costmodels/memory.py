@@ -15,8 +15,14 @@ layer input (``2 s b h``, divided by t under sequence parallelism).
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from costmodels.errors import SpecError
 from costmodels.workload import BlockWork
+
+Recompute = Literal["none", "selective", "full"]
+"""Activation recomputation: none, the attention core only (selective), or whole blocks (full)."""
+RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 
 OPTIMIZER_STATE_BYTES = {
     # bytes of optimizer state per parameter, by optimizer and compute dtype

@@ -16,11 +16,13 @@ On unequal stages the steady state runs at the slowest rank: ``sum_r t_r / v + (
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 from costmodels.errors import SpecError
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+"""The pipeline schedules these closed forms price (the planner searches over these)."""
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
 
 
 def _check(schedule: str) -> None:

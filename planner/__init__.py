@@ -7,11 +7,11 @@
 
 from costmodels.topology import Cluster
 from planner.api import Prepared, plan, plan_prepared, prepare
-from planner.clusters import load_cluster
-from planner.explore import whatif
 from planner.errors import InfeasibleError, PlannerError, SpecError, TraceError
+from planner.explore.sweep import whatif
+from planner.inputs.clusters import load_cluster
 from planner.options import Config, SearchOptions, TrainingSpec
-from planner.plan import Plan, load_plan
+from planner.planfile.document import Plan, load_plan
 
 __all__ = [
     "Cluster", "Config", "InfeasibleError", "Plan", "PlannerError", "Prepared", "SearchOptions",

@@ -9,22 +9,21 @@ from typing import Callable
 
 from costmodels.engine import engine_from_mapping
 from costmodels.topology import HeteroCluster
-from planner.calibration import apply_calibration
-from planner.blocks import build_blocks, unchained_repeats
-from planner.clusters import load_cluster
 from planner.emit import emit
 from planner.errors import InfeasibleError, SpecError
-from planner.evaluate import ModelArrays
-from planner.feasibility import explain_infeasible
-from planner.graph import BlockGraph, OpGraph
-from planner.hetero import search_hetero
-from planner.models import resolve
+from planner.inputs.calibration import apply_calibration
+from planner.inputs.clusters import load_cluster
 from planner.options import SearchOptions, TrainingSpec, parse_fix
-from planner.plan import Plan
-from planner.report import human_count
-from planner.solve.search import search
-from planner.tp import analyze
-from planner.trace import trace
+from planner.planfile.document import Plan
+from planner.search.costs import ModelArrays
+from planner.search.feasibility import explain_infeasible
+from planner.search.loop import search
+from planner.trace.blocks import build_blocks, unchained_repeats
+from planner.trace.graph import BlockGraph, OpGraph
+from planner.trace.models import resolve
+from planner.trace.tp_roles import analyze
+from planner.trace.tracers import trace
+from planner.units import human_count
 
 log = logging.getLogger("planner.api")
 
@@ -93,10 +92,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False) -> Plan:
     """Search and emit for an already traced model."""
-    if isinstance(cluster, HeteroCluster):
-        result = search_hetero(prepared.blocks, cluster, training, options, progress=progress)
-    else:
-        result = search(prepared.blocks, cluster, training, options, progress=progress)
+    result = search(prepared.blocks, cluster, training, options, progress=progress)
     summary = ", ".join(f"{n} {r}" for r, n in result.rejected.most_common(4))
     log.info("searched %d configurations in %.2f s (%s)", result.candidates, result.time_s,
              summary or "none rejected")

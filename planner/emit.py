@@ -9,18 +9,15 @@ import platform
 from importlib import metadata
 
 from costmodels.topology import Cluster
-from planner import placement, schedule
-from planner.evaluate import Estimate
-from planner.graph import BlockGraph, OpGraph
 from planner.options import SearchOptions, TrainingSpec
-from planner.plan import Plan
-from planner.solve.search import SearchResult
-
-BREAKDOWN_WORDS = {
-    "compute_s": "compute", "bubble_s": "pipeline bubble", "tp_comm_s": "tensor-parallel all-reduce",
-    "pp_comm_s": "pipeline send/recv", "dp_comm_s": "data-parallel gradient sync",
-    "optimizer_s": "optimizer step", "straggler_s": "waiting for the slowest process",
-}
+from planner.planfile.breakdown import BREAKDOWN_WORDS
+from planner.planfile.document import Plan
+from planner.schedule import as_text
+from planner.schedule.builders import build
+from planner.search import placement
+from planner.search.loop import SearchResult
+from planner.search.pricing import Estimate
+from planner.trace.graph import BlockGraph, OpGraph
 
 
 def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchResult,
@@ -117,8 +114,7 @@ def _tp_map(bg: BlockGraph, tp: int) -> dict:
 
 
 def _schedule(cfg) -> dict:
-    actions = (schedule.build(cfg.schedule, cfg.pp, cfg.num_microbatches, vpp=cfg.vpp)
-               if cfg.vpp > 1 else schedule.build(cfg.schedule, cfg.pp, cfg.num_microbatches))
+    actions = as_text(build(cfg.schedule, cfg.pp, cfg.num_microbatches, vpp=cfg.vpp))
     return {"name": cfg.schedule, "format": "torch.distributed.pipelining actions, one list per "
             "pipeline rank (with W actions, B is the input-gradient half, which torch spells I: "
             "planner.schedule.torch_actions converts)", "actions": actions}

@@ -3,20 +3,34 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Mapping
+from typing import Literal, Mapping, get_args
 
 from costmodels.engine import EngineSpec
+from costmodels.memory import RECOMPUTE, Recompute
+from costmodels.pipeline import SCHEDULES, Schedule
 from costmodels.specs import parse_pairs
 from planner.errors import SpecError
 
-DTYPES = ("bf16", "fp16", "fp32")
-OPTIMIZERS = ("adam", "adamw", "sgd")
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
-RECOMPUTE = ("none", "selective", "full")
-ZERO_STAGES = (0, 1, 2, 3)
-PLACEMENTS = ("tp-pp-dp", "tp-dp-pp")
+# The sets of choices, each listed once. Schedules and recomputation policies are the ones the cost
+# model prices (costmodels.pipeline, costmodels.memory); the others are the planner's own.
+Dtype = Literal["bf16", "fp16", "fp32"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+Optimizer = Literal["adam", "adamw", "sgd"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+ZeroStage = Literal[0, 1, 2, 3]
+ZERO_STAGES: tuple[int, ...] = get_args(ZeroStage)
+Placement = Literal["tp-pp-dp", "tp-dp-pp"]
+"""Order of the mesh dimensions over ranks (planner.search.placement)."""
+PLACEMENTS: tuple[str, ...] = get_args(Placement)
+TraceMethod = Literal["auto", "fx", "export"]
+"""auto: torch.fx, then torch.export."""
+TRACE_METHODS: tuple[str, ...] = get_args(TraceMethod)
 FIX_KEYS = ("dp", "tp", "pp", "vpp", "micro_batch", "schedule", "recompute", "zero",
             "sequence_parallel", "offload_optimizer")
+"""Knobs a person may pin (--fix)."""
+KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "num_microbatches", "schedule", "recompute",
+         "zero", "sequence_parallel", "offload_optimizer", "placement")
+"""Every field of a Config, in the order people read them (plan diffs, sweep columns)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,9 +41,9 @@ class TrainingSpec:
     """Samples (sequences) per optimizer step, summed over data-parallel replicas."""
     seq_len: int
     """Tokens per sample."""
-    dtype: str = "bf16"
+    dtype: Dtype = "bf16"
     """Compute dtype: bf16 or fp16 (mixed precision with fp32 master weights) or fp32."""
-    optimizer: str = "adam"
+    optimizer: Optimizer = "adam"
     """adam / adamw (two fp32 moments) or sgd (one)."""
     engine: EngineSpec = field(default_factory=EngineSpec)
     """The software's kernels and overlap (costmodels.engine)."""
@@ -56,13 +70,13 @@ class SearchOptions:
     """Alternatives kept besides the best plan."""
     time_limit_s: float | None = None
     """Stop the search after this many seconds and return the best plan found so far."""
-    schedules: tuple[str, ...] = SCHEDULES
+    schedules: tuple[Schedule, ...] = SCHEDULES
     """Pipeline schedules to consider."""
     vpp: tuple[int, ...] = (2, 3, 4, 6, 8)
     """Model chunks per rank tried with interleaved 1F1B."""
-    recompute: tuple[str, ...] = ("none", "selective", "full")
+    recompute: tuple[Recompute, ...] = RECOMPUTE
     """Activation recomputation policies to consider."""
-    zero: tuple[int, ...] = ZERO_STAGES
+    zero: tuple[ZeroStage, ...] = ZERO_STAGES
     """ZeRO stages to consider (3 = fully sharded, FSDP)."""
     offload: tuple[bool, ...] = (False, True)
     """Whether to consider keeping optimizer states in host memory (ZeRO-Offload)."""
@@ -70,14 +84,22 @@ class SearchOptions:
     """Fraction of device memory kept free for allocator fragmentation."""
     memory_reserve_bytes: float = 1.0e9
     """Bytes kept free for the CUDA context, NCCL buffers and library workspaces."""
-    trace: str = "auto"
+    trace: TraceMethod = "auto"
     """Tracer: auto (torch.fx, then torch.export), fx or export."""
+    cpsat_time_limit_s: float = 10.0
+    """Seconds CP-SAT may spend on one candidate's stage split (DAG stage assignment, device
+    groups) when the search has no time limit; with one, the time left is shared instead."""
+    cpsat_seed: int = 0
+    """CP-SAT's random seed (one worker: the same inputs give the same plan)."""
 
     def __post_init__(self):
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise SpecError(f"top_k: expected an integer >= 0, got {self.top_k!r}")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise SpecError(f"time_limit_s: expected a positive number, got {self.time_limit_s!r}")
+        if not self.cpsat_time_limit_s > 0:
+            raise SpecError(f"cpsat_time_limit_s: expected a positive number of seconds, got "
+                            f"{self.cpsat_time_limit_s!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,17 +107,29 @@ class Config:
     """One parallel configuration: a point of the search space."""
 
     dp: int
+    """Data-parallel replicas."""
     tp: int
+    """Tensor-parallel degree (GPUs sharing each layer)."""
     pp: int
+    """Pipeline ranks."""
     micro_batch: int
+    """Samples per micro-batch."""
     num_microbatches: int
-    schedule: str = "1f1b"
-    recompute: str = "none"
-    zero: int = 0
+    """Micro-batches per optimizer step on each replica (global batch = dp x this x micro_batch)."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule."""
+    recompute: Recompute = "none"
+    """Activation recomputation of the repeated layers."""
+    zero: ZeroStage = 0
+    """ZeRO stage: 1 shards optimizer states over dp, 2 also gradients, 3 also weights (FSDP)."""
     sequence_parallel: bool = False
+    """Shard the norms' and dropouts' activations over tp (reduce-scatter + all-gather)."""
     vpp: int = 1
+    """Model chunks per pipeline rank (interleaved 1F1B), 1 otherwise."""
     offload_optimizer: bool = False
-    placement: str = "tp-pp-dp"
+    """Optimizer states and step in host memory (ZeRO-Offload)."""
+    placement: Placement = "tp-pp-dp"
+    """Order of the mesh dimensions over consecutive ranks, innermost first."""
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -13,7 +13,7 @@ from planner.export.common import slug
 from planner.export.deepspeed import to_deepspeed
 from planner.export.megatron import to_megatron
 from planner.export.torchtitan import to_torchtitan
-from planner.plan import Plan
+from planner.planfile.document import Plan
 
 TARGETS = {
     "torchtitan": (to_torchtitan, "torchtitan.toml"),

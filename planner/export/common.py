@@ -17,7 +17,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 
-from planner.plan import Plan
+from planner.planfile.document import Plan
 
 log = logging.getLogger("planner.export")
 NOTE_WIDTH = 96

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from planner.export import common
-from planner.plan import Plan
+from planner.planfile.document import Plan
 
 TARGET = "deepspeed"
 AXES = {"tp-dp-pp": ["pipe", "data", "model"], "tp-pp-dp": ["data", "pipe", "model"]}

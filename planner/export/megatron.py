@@ -11,7 +11,7 @@ import shlex
 
 from planner.errors import SpecError
 from planner.export import common
-from planner.plan import Plan
+from planner.planfile.document import Plan
 
 TARGET = "megatron"
 ARRAY = "MEGATRON_PARALLEL_ARGS"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from planner.errors import SpecError
 from planner.export import common
 from planner.export.toml import Entry, table
-from planner.plan import Plan
+from planner.planfile.document import Plan
 
 TARGET = "torchtitan"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from planner.errors import SpecError
-from planner.plan import Plan
+from planner.planfile.document import Plan
 from planner.schedule import parse_action, torch_actions
 from planner.runtime import model as mdl
 from planner.runtime import parallelize as par

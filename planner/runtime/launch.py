@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from planner.errors import PlannerError, SpecError
-from planner.models import TORCH_DTYPES
-from planner.plan import Plan, load_plan
+from planner.planfile.document import Plan, load_plan
 from planner.runtime import model as mdl
 from planner.runtime.layout import layout_of
 from planner.runtime.options import RunOptions
 from planner.runtime.stages import units_of
+from planner.trace.models import TORCH_DTYPES
 
 log = logging.getLogger(__name__)
 

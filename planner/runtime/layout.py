@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import SpecError
-from planner.plan import Plan
+from planner.planfile.document import Plan
 
 PLACEMENTS = ("tp-pp-dp", "tp-dp-pp")
 

@@ -2,7 +2,7 @@
 
 Every rank builds the whole model on the CPU from the same seed, so all ranks (and a
 single-process reference) start from identical weights; each rank then keeps only its stages.
-The fingerprint is the planner's own (planner.models: class name, parameter names, shapes and
+The fingerprint is the planner's own (planner.trace.models: class name, parameter names, shapes and
 dtypes), computed here on the real module.
 """
 
@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from planner.errors import SpecError
-from planner import models
-from planner.models import TORCH_DTYPES, ResolvedModel, resolve
-from planner.plan import Plan
+from planner.planfile.document import Plan
+from planner.trace import models
+from planner.trace.models import TORCH_DTYPES, ResolvedModel, resolve
 
 
 @dataclass
@@ -56,7 +56,7 @@ def check_fingerprint(plan: Plan, spec: str, fingerprint: str) -> None:
 
 
 def fingerprint(module: torch.nn.Module) -> str:
-    """planner.models' fingerprint (class, parameter names, shapes, dtypes) of any module."""
+    """planner.trace.models' fingerprint (class, parameter names, shapes, dtypes) of any module."""
     return models.fingerprint(module)[0]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from planner.plan import Plan
+from planner.planfile.document import Plan
 from planner.runtime import model as mdl
 from planner.runtime.options import RunOptions
 

@@ -17,9 +17,10 @@ import torch
 import torch.distributed as dist
 
 from planner.errors import PlannerError, SpecError
-from planner.host_memory import keep_freed_memory
-from planner.plan import atomic_write, load_plan
+from planner.files import atomic_write
+from planner.planfile.document import load_plan
 from planner.runtime import measure
+from planner.runtime.host_memory import keep_freed_memory
 from planner.runtime.build import Built, build
 from planner.runtime.launch import CRASH_MARK, ERROR_MARK
 from planner.runtime.options import RunOptions

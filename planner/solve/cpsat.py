@@ -1,22 +1,51 @@
-"""Running a CP-SAT model the same way everywhere: seed, time limit, one worker, status and gap."""
+"""Running a CP-SAT model the same way everywhere: seed, time limit, workers, status and gap."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ortools.sat.python import cp_model
 
+STATUS_WORDS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
+                cp_model.INFEASIBLE: "infeasible"}
+"""CP-SAT's answers in the planner's words; anything else (out of time before a first solution,
+an invalid model) is ``unknown``."""
 
-def solve(model: cp_model.CpModel, *, time_limit_s: float, seed: int = 0):
-    """(solver, status, gap): status is ``optimal``, ``feasible`` or None (no solution found);
-    gap is (objective - best bound) / objective, 0 when optimal. One worker keeps results
-    deterministic: the same inputs give the same plan."""
+
+@dataclass(frozen=True)
+class Solved:
+    """What one CP-SAT solve found."""
+
+    solver: cp_model.CpSolver
+    """Read variable values from it (only when ``found``)."""
+    status: str
+    """optimal, feasible (the time limit ended the search), infeasible or unknown."""
+    objective: float | None
+    """The objective of the solution found; None without one."""
+    bound: float | None
+    """CP-SAT's best lower bound on the objective (minimization); None without a solution."""
+    gap: float | None
+    """(objective - bound) / objective, 0 when optimal; None without a solution."""
+    wall_s: float
+    """Seconds CP-SAT ran."""
+
+    @property
+    def found(self) -> bool:
+        return self.status in ("optimal", "feasible")
+
+
+def solve(model: cp_model.CpModel, *, time_limit_s: float, seed: int = 0,
+          workers: int = 1) -> Solved:
+    """Solve ``model``. One worker (the default) keeps results deterministic: the same inputs give
+    the same plan."""
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
     solver.parameters.random_seed = seed
-    solver.parameters.num_workers = 1
+    solver.parameters.num_workers = workers
     code = solver.solve(model)
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return solver, None, None
+    status = STATUS_WORDS.get(code, "unknown")
+    if status not in ("optimal", "feasible"):
+        return Solved(solver, status, None, None, None, solver.wall_time)
     objective, bound = solver.objective_value, solver.best_objective_bound
-    optimal = code == cp_model.OPTIMAL
-    gap = 0.0 if optimal or objective <= 0 else max(0.0, (objective - bound) / objective)
-    return solver, "optimal" if optimal else "feasible", gap
+    gap = 0.0 if status == "optimal" or objective <= 0 else max(0.0, (objective - bound) / objective)
+    return Solved(solver, status, objective, bound, gap, solver.wall_time)

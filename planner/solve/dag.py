@@ -88,8 +88,9 @@ def solve_dag(times: Sequence[float], edges: Sequence[tuple[int, int]], stages: 
             model.add_hint(stage_time[s], hinted[s])
         model.add_hint(bottleneck, max(hinted))
     # --- solve -------------------------------------------------------------------------------
-    solver, status, gap = cpsat.solve(model, time_limit_s=time_limit_s, seed=seed)
-    if status is None:  # out of time before any solution: the hint still is one, if valid
+    res = cpsat.solve(model, time_limit_s=time_limit_s, seed=seed)
+    solver, status, gap = res.solver, res.status, res.gap
+    if not res.found:  # out of time before any solution: the hint still is one, if valid
         if hint is not None and _valid(list(hint), edges, stages, mem):
             return _result(list(hint), times, stages, "feasible", None)
         return None

@@ -1,0 +1,79 @@
+"""`plan jobs`: many jobs on one cluster — GPU counts, plans and starts, against baselines."""
+
+from __future__ import annotations
+
+import logging
+
+from planner.errors import SpecError
+from planner.report.gantt import FORMATS, jobs_gantt
+from planner.report.jobs import summary
+from planner.solve.job_schedule import OBJECTIVES, ScheduleOptions
+
+
+def register(add) -> None:
+    j = add("jobs", help="schedule many training jobs on one cluster (GPU counts, plans, times)",
+            description="Plan every job of JOBS.yaml on each GPU count, then choose each job's "
+                        "count, nodes and start with CP-SAT; compare with running the jobs one "
+                        "after another on the whole cluster and with an equal split of the GPUs.")
+    j.add_argument("jobs", nargs="?", metavar="JOBS.yaml",
+                   help="jobs file: jobs (name, model, global_batch, seq_len, steps[, priority, "
+                        "deadline_s]) and optionally cluster, nodes")
+    j.add_argument("--cluster", help="preset or cluster YAML (overrides the jobs file)")
+    j.add_argument("--nodes", type=int, help="override the number of nodes")
+    j.add_argument("-o", "--output", help="write the schedule JSON here")
+    j.add_argument("--gantt", metavar="PNG", help="draw the cluster over time here")
+    j.add_argument("--time-limit", type=float, default=30.0,
+                   help="seconds for the solver; the best schedule found by then (default 30)")
+    j.add_argument("--objective", default="makespan", choices=OBJECTIVES,
+                   help="makespan, or completion time weighted by priority")
+    j.add_argument("--time-unit", type=float,
+                   help="schedule grid in seconds (default: about 1/10000 of the horizon)")
+    j.add_argument("--seed", type=int, default=0, help="solver random seed (default 0)")
+    j.add_argument("--workers", type=int, default=2,
+                   help="processes tracing and planning distinct models (default 2)")
+    j.add_argument("--replan", metavar="SCHEDULE.json",
+                   help="re-solve a schedule from --now: --done jobs leave, running jobs stay")
+    j.add_argument("--done", action="append", default=[], metavar="JOB[,JOB]",
+                   help="with --replan: jobs that have finished (repeat or comma-separate)")
+    j.add_argument("--now", type=float, help="with --replan: seconds since the schedule began")
+    j.add_argument("--record-timing", action="store_true",
+                   help="store the solve time in the schedule (files then differ run to run)")
+    j.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from planner.jobs import joint, spec  # lazy: planning the jobs imports torch (seconds)
+
+    if not args.verbose:  # one line per planned (job, GPU count) is too much here
+        logging.getLogger("planner.api").setLevel(logging.WARNING)
+
+    if args.gantt and not args.gantt.lower().endswith(FORMATS):
+        raise SpecError(f"gantt: '{args.gantt}' must end in {' or '.join(FORMATS)}")
+    options = ScheduleOptions(objective=args.objective, time_limit_s=args.time_limit,
+                              time_unit_s=args.time_unit, seed=args.seed)
+    if args.replan:
+        if args.jobs or args.now is None or args.cluster or args.nodes:
+            raise SpecError("replan: give --replan SCHEDULE.json --now SECONDS [--done JOB], "
+                            "without a jobs file or --cluster/--nodes (the schedule holds them)")
+        done = [n.strip() for item in args.done for n in item.split(",") if n.strip()]
+        result = joint.replan(joint.load_schedule(args.replan), done=done, now_s=args.now,
+                              options=options, record_timing=args.record_timing)
+    else:
+        if not args.jobs:
+            raise SpecError("jobs: give a jobs file (plan jobs JOBS.yaml --cluster C), or "
+                            "--replan SCHEDULE.json")
+        if args.done or args.now is not None:
+            raise SpecError("done/now: only with --replan SCHEDULE.json")
+        if args.workers < 1:
+            raise SpecError(f"workers: expected a positive integer, got {args.workers}")
+        result = joint.plan_jobs(spec.load_jobs(args.jobs), cluster=args.cluster,
+                                 nodes=args.nodes, options=options, workers=args.workers,
+                                 record_timing=args.record_timing)
+    print(summary(result.doc, result.solve_time_s))
+    if args.output:
+        joint.write_schedule(args.output, result.doc)
+        print(f"\nwrote {args.output}")
+    if args.gantt:
+        jobs_gantt(result.doc, args.gantt)
+        print(f"drew {args.gantt}")
+    return 0

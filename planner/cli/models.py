@@ -1,0 +1,20 @@
+"""`plan models`: the built-in models."""
+
+from __future__ import annotations
+
+from planner.inputs.zoo import ZOO
+from planner.report.text import listing
+
+
+def register(add) -> None:
+    m = add("models", help="list the built-in models")
+    m.set_defaults(func=run)
+
+
+def run(args) -> int:
+    rows = [("name", "default seq", "description")]
+    rows += [(e.name, str(e.seq_len), e.description) for e in ZOO.values()]
+    print(listing(rows))
+    print("\nAlso: a Hugging Face config.json path, or path/to/file.py:factory returning "
+          "(model, example_inputs).")
+    return 0

@@ -1,0 +1,39 @@
+"""`plan profile`: measure this machine and write a calibration for the cost model."""
+
+from __future__ import annotations
+
+import json
+
+from planner.files import atomic_write
+
+
+def register(add) -> None:
+    p = add("profile", help="measure this machine (GEMMs, bandwidth, collectives) for --calibration")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads per process (a CPU 'device' is one process; default 1)")
+    p.add_argument("--processes", type=int, default=2,
+                   help="processes working at once (default 2): on CPUs the device speeds are "
+                   "measured in that many processes together (they share caches and memory "
+                   "bandwidth), so use the processes per node the plan runs; also the processes "
+                   "(GPUs) of the collectives, which 1 skips")
+    p.add_argument("-o", "--output", required=True, help="calibration JSON to write")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from planner.profile.device import profile  # lazy: imports torch and measures for minutes
+
+    calib = profile(args.device, threads=args.threads, processes=args.processes)
+    atomic_write(args.output, json.dumps(calib, indent=1) + "\n")
+    dev = calib["device"]
+    peaks = ", ".join(f"{k} {v * 1e3:.3g} GFLOP/s" for k, v in dev["peak_TFLOPs"].items())
+    print(f"device {calib['device_name']} ({args.device}, {args.threads} thread(s)): GEMM peak "
+          f"{peaks}; memory {dev['hbm_GBps']:.3g} GB/s; per-op overhead "
+          f"{dev['kernel_overhead_us']:.3g} us")
+    link = calib.get("intra_node")
+    if link:
+        print(f"all-reduce among {link['processes']} {link['backend']} processes: "
+              f"{link['bandwidth_GBps']:.3g} GB/s, {link['latency_us']:.3g} us latency")
+    print(f"wrote {args.output}; use it with `plan solve ... --calibration {args.output}`")
+    return 0

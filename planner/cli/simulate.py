@@ -1,0 +1,43 @@
+"""`plan simulate`: re-simulate a plan's pipeline under another schedule and print the difference.
+
+Per-stage times come from the plan's ``stages[].predicted`` (planner.schedule.simulator.plan_inputs):
+the forward with half the tensor-parallel communication, the backward with recomputation and the
+other half; schedules that split the backward (zb-h1) give half of ``bwd_s`` to W and the rest to B.
+"""
+
+from __future__ import annotations
+
+from planner.planfile.document import load_plan
+from planner.report.gantt import gantt
+from planner.report.simulation import comparison
+from planner.schedule.builders import BUILDERS
+from planner.schedule.simulator import simulate_plan
+
+
+def register(add) -> None:
+    s = add("simulate", help="simulate a plan's pipeline under another schedule",
+            description="Simulate the plan's own pipeline schedule and SCHEDULE (event-driven, "
+                        "per-stage times from the plan) and print step time, bubble, peak "
+                        "in-flight micro-batches and activations, and the difference.")
+    s.add_argument("plan", metavar="PLAN.json")
+    s.add_argument("--schedule", required=True, choices=list(BUILDERS),
+                   help="the schedule to compare with the plan's own")
+    s.add_argument("--microbatches", type=int,
+                   help="micro-batches per step for SCHEDULE (default: the plan's)")
+    s.add_argument("--vpp", type=int, help="virtual stages per rank for interleaved-1f1b")
+    s.add_argument("--gantt", metavar="OUT.png", help="draw SCHEDULE's simulation (.png or .svg)")
+    s.set_defaults(func=run)
+
+
+def run(args) -> int:
+    plan = load_plan(args.plan)
+    base = simulate_plan(plan)
+    other = simulate_plan(plan, schedule_name=args.schedule, microbatches=args.microbatches,
+                          vpp=args.vpp)
+    print(comparison(plan, base, other, args.schedule, args.vpp))
+    if args.gantt:
+        new_v = f" x{args.vpp}" if args.vpp and args.vpp > 1 else ""
+        gantt(other, args.gantt, title=f"{plan.model.get('name', 'model')}: "
+              f"{args.schedule}{new_v}, pp={plan.parallel['pp']}")
+        print(f"\nwrote {args.gantt}")
+    return 0

@@ -1,0 +1,54 @@
+"""`plan solve MODEL --cluster C --global-batch N`: the fastest plan that fits, explained and
+written as JSON."""
+
+from __future__ import annotations
+
+import logging
+
+from planner.cli.progress import Bar
+from planner.options import DTYPES, OPTIMIZERS, TRACE_METHODS
+from planner.report.summary import summary
+
+
+def register(add) -> None:
+    s = add("solve", help="find the fastest plan that fits and write it as JSON")
+    s.add_argument("model", metavar="MODEL", help="zoo name (see `plan models`), config.json "
+                   "path, or file.py:factory")
+    s.add_argument("--cluster", required=True, help="preset (see `plan clusters`) or YAML file")
+    s.add_argument("--nodes", type=int, help="override the number of nodes")
+    s.add_argument("--gpus-per-node", type=int, help="override GPUs per node")
+    s.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
+    s.add_argument("--seq-len", type=int, help="tokens per sample (default: the model's)")
+    s.add_argument("--dtype", default="bf16", choices=DTYPES)
+    s.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    s.add_argument("--fix", help="pin knobs, e.g. tp=8,pp=4,schedule=1f1b,recompute=full,zero=1")
+    s.add_argument("--calibration", help="calibration JSON from `plan profile` (measured speeds "
+                   "replace data-sheet numbers)")
+    s.add_argument("--engine", help="software behaviour: attention=flash|materialized, "
+                   "kernels=fused|eager, overlap_grad_reduce=true|false, fsdp_copies=true|false")
+    s.add_argument("--top-k", type=int, default=3, help="runners-up to keep (default 3)")
+    s.add_argument("--time-limit", type=float, help="seconds; return the best plan found so far")
+    s.add_argument("--trace", default="auto", choices=TRACE_METHODS,
+                   help="tracer (default: torch.fx, then torch.export)")
+    s.add_argument("--record-timing", action="store_true",
+                   help="store the search time in the plan (plan files then differ run to run)")
+    s.add_argument("-o", "--output", help="write the plan JSON here")
+    s.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from planner import api  # lazy: imports torch (seconds); `plan --help` and `show` need not
+
+    logging.getLogger("planner").info("planning %s on %s ...", args.model, args.cluster)
+    p = api.plan(args.model, cluster=args.cluster, nodes=args.nodes,
+                 gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,
+                 seq_len=args.seq_len, dtype=args.dtype, optimizer=args.optimizer,
+                 fix=args.fix, top_k=args.top_k, time_limit_s=args.time_limit,
+                 engine=args.engine, calibration=args.calibration,
+                 trace_method=args.trace, record_timing=args.record_timing,
+                 progress=Bar(args.quiet))
+    print(summary(p))
+    if args.output:
+        p.save(args.output)
+        print(f"\nwrote {args.output}")
+    return 0

@@ -1,0 +1,77 @@
+"""`plan whatif`: plan one model over a grid of clusters, batches and pinned knobs."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from planner.cli.progress import Bar
+from planner.errors import SpecError
+from planner.explore.costs import parse_prices
+from planner.explore.grid import VARY_KEYS, parse_vary
+from planner.options import DTYPES, OPTIMIZERS
+from planner.report.plots import FORMATS, sweep_plots
+from planner.report.sweep import sweep_table
+
+
+def register(add) -> None:
+    w = add("whatif", help="sweep clusters, batches and knobs: a table, CSV and plots",
+            description="Plan MODEL at every point of the grid the --vary options span (their "
+                        "cartesian product), tracing the model once. Prints one row per point; "
+                        "points where nothing fits are rows with the reason.")
+    w.add_argument("model", metavar="MODEL", help="zoo name, config.json path, or file.py:factory")
+    w.add_argument("--cluster", help="preset or YAML file (or vary it: --vary cluster=A,B)")
+    w.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2,...",
+                   help=f"values to sweep (repeatable); KEY is one of {', '.join(VARY_KEYS)} "
+                        "(bandwidths in GB/s per GPU)")
+    w.add_argument("--nodes", type=int, help="nodes at every point (unless varied)")
+    w.add_argument("--gpus-per-node", type=int, help="GPUs per node at every point")
+    w.add_argument("--global-batch", type=int, help="samples per optimizer step (or vary it)")
+    w.add_argument("--seq-len", type=int, help="tokens per sample (default: the model's)")
+    w.add_argument("--dtype", default="bf16", choices=DTYPES)
+    w.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    w.add_argument("--fix", help="knobs pinned at every point, e.g. recompute=full,zero=1")
+    w.add_argument("--price-per-gpu-hour", metavar="GPU=$,...",
+                   help="dollars per GPU-hour by device, e.g. h100=4,a100-80g=2 (adds cost)")
+    w.add_argument("--tokens", type=float,
+                   help="with prices: the cost and days to train on this many tokens, e.g. 1e12")
+    w.add_argument("--time-limit", type=float, help="seconds of search per point")
+    w.add_argument("--workers", type=int, help="processes (default: one per core)")
+    w.add_argument("--csv", metavar="OUT.csv", help="write every row, every column")
+    w.add_argument("--plot", metavar="OUT.png",
+                   help="write OUT-scaling.png (tokens/s and MFU against GPUs), OUT-pareto.png "
+                        "(step time against memory) and, with prices, OUT-cost.png")
+    w.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from planner.explore import sweep  # lazy: tracing imports torch (seconds)
+
+    if args.plot and not args.plot.lower().endswith(FORMATS):
+        raise SpecError(f"plot: '{args.plot}' must end in {' or '.join(FORMATS)}")
+    t0 = time.perf_counter()
+    api_log = logging.getLogger("planner.api")
+    level = api_log.level
+    if not args.verbose:  # one line per planned point is too much here
+        api_log.setLevel(logging.WARNING)
+    try:
+        rows = sweep.whatif(args.model, cluster=args.cluster, vary=parse_vary(args.vary),
+                            nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                            global_batch=args.global_batch, seq_len=args.seq_len,
+                            dtype=args.dtype, optimizer=args.optimizer, fix=args.fix,
+                            prices=parse_prices(args.price_per_gpu_hour) or None,
+                            tokens=args.tokens, time_limit_s=args.time_limit,
+                            workers=args.workers,
+                            progress=Bar(args.quiet, label="sweeping", unit=" points"))
+    finally:
+        api_log.setLevel(level)
+    logging.getLogger("planner").info("swept %d points in %.1f s", len(rows),
+                                      time.perf_counter() - t0)
+    print(sweep_table(rows))
+    if args.csv:
+        sweep.write_csv(rows, args.csv)
+        print(f"\nwrote {args.csv}")
+    if args.plot:
+        for path in sweep_plots(rows, args.plot):
+            print(f"wrote {path}")
+    return 0

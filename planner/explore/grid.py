@@ -1,0 +1,101 @@
+"""The grid of a what-if sweep: the keys a sweep may vary, their values parsed and checked, the
+points (the cartesian product, first key outermost) and the cluster of one point."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from typing import Mapping, Sequence
+
+from costmodels.hardware import GB, get_device
+from costmodels.topology import Cluster, HeteroCluster
+from planner.errors import SpecError
+from planner.inputs.clusters import load_cluster
+from planner.options import DTYPES, FIX_KEYS, OPTIMIZERS, parse_fix
+
+CLUSTER_KEYS = ("cluster", "nodes", "gpus_per_node", "device", "inter_node_bandwidth",
+                "intra_node_bandwidth")
+"""Keys that change the cluster (bandwidths in GB/s per GPU and direction)."""
+TRAINING_KEYS = ("global_batch", "seq_len", "dtype", "optimizer")
+VARY_KEYS = CLUSTER_KEYS + TRAINING_KEYS + FIX_KEYS
+
+
+def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
+    """The grid: a list of points, each a tuple of (key, value) in ``vary``'s key order."""
+    if not isinstance(vary, Mapping) or not vary:
+        raise SpecError("vary: give at least one key with values, e.g. vary={'nodes': [8, 16]}")
+    axes = []
+    for key, values in vary.items():
+        if key not in VARY_KEYS:
+            raise SpecError(f"vary: unknown key '{key}'; choose from {', '.join(VARY_KEYS)}")
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            raise SpecError(f"vary.{key}: expected a non-empty list of values, got {values!r}")
+        axes.append([(key, value(key, v)) for v in values])
+    return list(itertools.product(*axes))
+
+
+def parse_vary(items: Sequence[str]) -> dict:
+    """``["nodes=8,16", "tp=4,8"]`` -> ``{"nodes": ["8", "16"], "tp": ["4", "8"]}``."""
+    out: dict = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not values.strip():
+            raise SpecError(f"vary: '{item}' is not KEY=V1,V2,...; e.g. --vary nodes=8,16,32")
+        if key in out:
+            raise SpecError(f"vary.{key}: given twice; list all its values in one --vary")
+        out[key] = [v.strip() for v in values.split(",") if v.strip()]
+    return out
+
+
+def value(key: str, raw):
+    """One value of ``key``, converted and checked (SpecError names key and value)."""
+    if key in FIX_KEYS:
+        return parse_fix({key: raw})[key]
+    if key in ("nodes", "gpus_per_node", "global_batch", "seq_len"):
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            value = 0
+        if isinstance(raw, bool) or value < 1 or (isinstance(raw, float) and raw != value):
+            raise SpecError(f"vary.{key}: expected a positive integer, got {raw!r}")
+        return value
+    if key.endswith("_bandwidth"):
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = 0.0
+        if not value > 0:
+            raise SpecError(f"vary.{key}: expected GB/s per GPU (a positive number), got {raw!r}")
+        return value
+    if key == "device":
+        get_device(str(raw), "vary.device")
+        return str(raw)
+    if key == "dtype" and raw not in DTYPES:
+        raise SpecError(f"vary.dtype: unknown dtype {raw!r}; use one of {', '.join(DTYPES)}")
+    if key == "optimizer" and raw not in OPTIMIZERS:
+        raise SpecError(f"vary.optimizer: unknown optimizer {raw!r}; use one of "
+                        f"{', '.join(OPTIMIZERS)}")
+    if key == "cluster":
+        load_cluster(raw)  # fails early on an unknown preset or a bad file
+    return raw
+
+
+def point_cluster(s: Mapping) -> Cluster | HeteroCluster:
+    """The cluster of one point: the preset or file, resized, with its device or links swapped."""
+    changes = [k for k in ("device", "inter_node_bandwidth", "intra_node_bandwidth") if k in s]
+    cl = load_cluster(s["cluster"])
+    if isinstance(cl, HeteroCluster):
+        if s["nodes"] or s["gpus_per_node"] or changes:
+            raise SpecError("vary: a cluster with node groups cannot be resized or modified here; "
+                            "vary its YAML file instead (--vary cluster=a.yaml,b.yaml)")
+        return cl
+    cl = load_cluster(cl, nodes=s["nodes"], gpus_per_node=s["gpus_per_node"])
+    if "device" in s:
+        cl = replace(cl, device=get_device(s["device"], "vary.device"))
+    for key, tier in (("inter_node_bandwidth", "inter_node"),
+                      ("intra_node_bandwidth", "intra_node")):
+        if key in s:
+            link = replace(getattr(cl, tier), bandwidth_bytes_per_s=s[key] * GB)
+            cl = replace(cl, **{tier: link})
+    return cl

@@ -1,0 +1,252 @@
+"""What-if sweeps: plan one model over a grid of clusters, batches and pinned knobs.
+
+``whatif`` expands ``vary`` (key -> values) into the cartesian product of its values, first key
+outermost, and plans every point. The model is traced once per (sequence length, dtype) that the
+grid needs (planner.api.prepare); every point is then only a search (planner.api.plan_prepared) on a
+cluster resized or modified with ``dataclasses.replace``. Points run in a process pool in chunks,
+each chunk carrying its traced model once; rows come back in grid order and do not depend on the
+number of workers. A point where nothing fits, or whose settings contradict each other, is a row with
+``feasible`` False and the reason. Returns plain rows (dicts); never prints.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Sequence
+
+from costmodels.engine import engine_from_mapping
+from costmodels.topology import Cluster, HeteroCluster
+from planner import api
+from planner.errors import PlannerError, SpecError
+from planner.explore.costs import add_costs
+from planner.explore.grid import expand, point_cluster
+from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, parse_fix
+from planner.planfile.breakdown import BREAKDOWN_WORDS
+
+log = logging.getLogger(__name__)
+
+METRIC_KEYS = ("step_time_s", "samples_per_s", "tokens_per_s", "tflops_per_device", "mfu",
+               "peak_memory_bytes")
+
+@dataclass(frozen=True)
+class _Task:
+    """One grid point, ready to plan: everything but the traced model."""
+
+    index: int
+    point: tuple
+    """(key, value) pairs of the varied keys."""
+    cluster: Cluster | HeteroCluster | None
+    training: TrainingSpec | None
+    options: SearchOptions | None
+    trace_key: tuple
+    error: str = ""
+    """Why the point cannot be planned at all (contradictory settings)."""
+
+
+def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: int | None = None,
+           seq_len: int | None = None, dtype: str = "bf16", optimizer: str = "adam", fix=None,
+           nodes: int | None = None, gpus_per_node: int | None = None, prices=None,
+           tokens: float | None = None, top_k: int = 0, time_limit_s: float | None = None,
+           engine=None, example_inputs=None, workers: int | None = None,
+           progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Plan ``model`` at every point of the grid ``vary`` spans; one row per point, in grid order.
+
+    ``vary`` maps keys of planner.explore.grid.VARY_KEYS to lists of values (``{"nodes": [8, 16], "tp": [4, 8]}``);
+    the other arguments are the settings every point shares (as for planner.plan). ``prices``
+    maps device names (or unique prefixes, ``a100``) to dollars per GPU-hour and adds cost
+    columns; ``tokens`` adds the hours and dollars to train on that many tokens."""
+    grid = expand(vary)
+    if cluster is None and "cluster" not in vary:
+        raise SpecError("cluster: missing; pass cluster= (--cluster) or vary it "
+                        "(--vary cluster=A,B)")
+    if global_batch is None and "global_batch" not in vary:
+        raise SpecError("global_batch: missing; pass global_batch= (--global-batch) or vary it")
+    base = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
+            "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
+            "optimizer": optimizer, "fix": parse_fix(fix), "engine": engine_from_mapping(engine),
+            "top_k": top_k, "time_limit_s": time_limit_s}
+    tasks = [_task(i, point, base) for i, point in enumerate(grid)]
+    keys = sorted({t.trace_key for t in tasks if not t.error}, key=str)
+    prepared = {k: api.prepare(model, example_inputs=example_inputs, seq_len=k[0], dtype=k[1])
+                for k in keys}
+    log.info("what-if: %d points, %d trace%s", len(tasks), len(prepared),
+             "" if len(prepared) == 1 else "s")
+    rows = _run(tasks, prepared, workers, progress)
+    name = next(iter(prepared.values())).info["name"] if prepared else str(model)
+    for row in rows:
+        row["model"] = name
+    if prices:
+        add_costs(rows, prices, tokens)
+    elif tokens is not None:
+        raise SpecError("tokens: the cost of a run needs prices; pass prices={'h100': 4.0, ...}")
+    return [_ordered(r) for r in rows]
+
+
+def _task(index: int, point: tuple, base: dict) -> _Task:
+    """Resolve one point's cluster, training and options from the shared settings."""
+    s = {**base, **{k: v for k, v in point if k not in FIX_KEYS}}
+    fix = {**base["fix"], **{k: v for k, v in point if k in FIX_KEYS}}
+    trace_key = (s["seq_len"], s["dtype"])
+    cl = None
+    try:
+        cl = point_cluster(s)
+        for group in getattr(cl, "groups", (cl,)):
+            group.device.peak(s["dtype"])
+        training = TrainingSpec(global_batch=s["global_batch"], seq_len=s["seq_len"] or 1,
+                                dtype=s["dtype"], optimizer=s["optimizer"], engine=s["engine"])
+        options = SearchOptions(fix=fix, top_k=s["top_k"], time_limit_s=s["time_limit_s"])
+    except SpecError as exc:
+        return _Task(index, point, cl, None, None, trace_key, error=str(exc))
+    return _Task(index, point, cl, training, options, trace_key)
+
+
+def _run(tasks: list[_Task], prepared: dict, workers: int | None, progress) -> list[dict]:
+    """Plan every task; rows in task order. Uses a process pool when it pays."""
+    todo = [t for t in tasks if not t.error]
+    rows: list[dict | None] = [None] * len(tasks)
+    for t in tasks:
+        if t.error:
+            rows[t.index] = _row(t, None, t.error)
+    done = len(tasks) - len(todo)
+    if progress:
+        progress(done, len(tasks))
+    n = _workers(workers, len(todo))
+    if n <= 1:
+        for t in todo:
+            rows[t.index] = plan_point(t, prepared[t.trace_key])
+            done += 1
+            if progress:
+                progress(done, len(tasks))
+        return rows
+    with ProcessPoolExecutor(max_workers=n, mp_context=_context()) as pool:
+        futures = {pool.submit(_plan_chunk, prepared[chunk[0].trace_key], chunk): len(chunk)
+                   for chunk in _chunks(todo, CHUNKS_PER_WORKER * n)}
+        for future in as_completed(futures):
+            for index, row in future.result():
+                rows[index] = row
+            done += futures[future]
+            if progress:
+                progress(done, len(tasks))
+    return rows
+
+
+CHUNKS_PER_WORKER = 4
+"""Chunks of points per pool worker: more chunks, finer progress; each carries its traced model."""
+
+
+def _chunks(tasks: list[_Task], count: int) -> list[list[_Task]]:
+    """``tasks`` dealt round-robin into about ``count`` chunks, each of one trace key."""
+    by_key: dict = {}
+    for t in tasks:
+        by_key.setdefault(t.trace_key, []).append(t)
+    per_key = max(1, count // len(by_key))
+    return [chunk for group in by_key.values()
+            for chunk in (group[i::per_key] for i in range(min(per_key, len(group))))]
+
+
+def _plan_chunk(prepared, tasks: list[_Task]) -> list[tuple[int, dict]]:
+    """(index, row) for each task of one chunk, in a pool worker."""
+    return [(t.index, plan_point(t, prepared)) for t in tasks]
+
+
+def _workers(workers: int | None, points: int) -> int:
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise SpecError(f"workers: expected a positive integer, got {workers!r}")
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(workers or available or 1, points)
+
+
+def _context():
+    """fork where it is safe and cheap (Linux: workers inherit the imported modules); spawn
+    elsewhere."""
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    fork = "fork" in methods and sys.platform.startswith("linux")
+    return multiprocessing.get_context("fork" if fork else "spawn")
+
+
+def plan_point(task: _Task, prepared) -> dict:
+    """Plan one point; an infeasible point is a row with the reason."""
+    training = replace(task.training, seq_len=prepared.seq_len)
+    try:
+        plan = api.plan_prepared(prepared, task.cluster, training, task.options)
+    except PlannerError as exc:
+        return _row(replace(task, training=training), None, str(exc))
+    return _row(replace(task, training=training), plan, "")
+
+
+def _row(task: _Task, plan, reason: str) -> dict:
+    """One flat row: the point, its cluster and training, the plan's configuration and metrics;
+    None where a value does not apply (so rows survive a CSV round trip unchanged)."""
+    summary = task.cluster.summary() if task.cluster is not None else {}
+    tr = task.training
+    row = {
+        "point": " ".join(f"{k}={_text(v)}" for k, v in task.point),
+        "cluster": summary.get("name"), "device": summary.get("device"),
+        "nodes": summary.get("nodes"), "gpus_per_node": summary.get("gpus_per_node"),
+        "gpus": summary.get("num_gpus"), "intra_node_GBps": summary.get("intra_node_GBps"),
+        "inter_node_GBps": summary.get("inter_node_GBps"),
+        "global_batch": tr.global_batch if tr else None, "seq_len": tr.seq_len if tr else None,
+        "dtype": tr.dtype if tr else None, "optimizer": tr.optimizer if tr else None,
+        "fix": ",".join(f"{k}={_text(v)}" for k, v in task.options.fix.items())
+        if task.options and task.options.fix else None,
+        "feasible": plan is not None, "reason": reason or None,
+        "config": plan.parallel_summary if plan else None,
+    }
+    row.update({k: plan.parallel.get(k) if plan else None for k in KNOBS})
+    row.update({k: plan.predicted[k] if plan else None for k in METRIC_KEYS})
+    row["device_memory_bytes"] = summary.get("device_memory_bytes")
+    row.update({k: plan.predicted["breakdown"].get(k, 0.0) if plan else None
+                for k in BREAKDOWN_WORDS})
+    return row
+
+
+def _text(v) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _ordered(row: dict) -> dict:
+    return {"model": row.pop("model"), **row}
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+    """Write ``rows`` as CSV (columns in the rows' order; empty cells for None)."""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    try:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+    except OSError as exc:
+        raise SpecError(f"csv: cannot write '{path}' ({exc.strerror})") from None
+
+
+def read_csv(path: str) -> list[dict]:
+    """Rows written by ``write_csv``, with numbers, booleans and empty cells (None) restored."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    except OSError as exc:
+        raise SpecError(f"csv: cannot read '{path}' ({exc.strerror})") from None
+
+
+def _cell(text: str):
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text

@@ -1,0 +1,176 @@
+"""Why not these knobs? Re-plan a plan's own model, training and cluster with some knobs pinned,
+and say what changes, or why nothing fits: the search's reasons, the space's rules the pinned
+configuration breaks, and, priced outside the search, the memory of each stage that does not fit.
+Returns data (``WhyNot``); planner.report.why turns it into text.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from costmodels.engine import engine_from_mapping
+from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
+from planner import api
+from planner.emit import emit
+from planner.errors import SpecError
+from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, parse_fix
+from planner.planfile.document import Plan
+from planner.report.compare import stage_blocks
+from planner.report.text import pins_text
+from planner.search.costs import ModelArrays, block_costs, capacity_bytes
+from planner.search.loop import SearchResult, search
+from planner.search.pricing import price
+from planner.search.refine import simulated
+from planner.search.space import TP_MODEL, TP_NODE, Space, pp_reason, tp_reasons
+from planner.solve.chain import partition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WhyNot:
+    """The answer to "why not these knobs?" for a plan."""
+
+    pins: dict
+    """The knobs asked about."""
+    variant: Plan | None
+    """With the knobs pinned: the planner's best plan, or (when the search finds none) the plan's
+    own configuration with the knobs changed, priced on a time-balanced split; None when it
+    cannot even be priced."""
+    feasible: bool
+    """Whether the planner itself finds a plan with these knobs."""
+    message: str = ""
+    """The planner's reason when it finds none."""
+    notes: list = None
+    """Why the search sets such a configuration aside, besides memory (a tp group across nodes)."""
+    over: list = None
+    """(stage, its blocks, bytes it would need, its memory by kind) for every stage that does not
+    fit, with ``usable`` and ``device`` bytes in ``limits``."""
+    limits: tuple = (0.0, 0.0)
+    """(usable bytes per GPU after the reserve, the device's bytes)."""
+
+
+def why_not(plan: Plan, pins) -> WhyNot:
+    """Re-plan ``plan``'s own model, training and cluster with ``pins`` fixed (on top of what the
+    plan already fixed) and return what changes, or why nothing fits."""
+
+    pins = parse_fix(pins)
+    if not pins:
+        raise SpecError("why: name the knobs to try, e.g. --why tp=16 or --why pp=1,zero=3")
+    prepared, cluster, training, options = replan_inputs(plan, pins)
+    result = search(prepared.blocks, cluster, training, options)
+    if result.best is not None:
+        variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
+                       result=result, cluster=cluster, training=training, options=options)
+        return WhyNot(pins=pins, variant=variant, feasible=True, notes=[], over=[])
+    counts = ", ".join(f"{n} {r}" for r, n in result.rejected.most_common())
+    message = (f"all {result.candidates} configurations with {pins_text(pins)} set aside ({counts})"
+               if result.candidates else f"no configuration has {pins_text(pins)} ({counts})")
+
+    limits = (capacity_bytes(cluster, options), cluster.device.memory_bytes)
+    cfg, problem = pinned_config(plan, pins)
+    notes = [problem] if problem else structural_notes(cfg, cluster, prepared.blocks)
+    variant = None if problem or any(n.startswith("cannot") for n in notes) else hypothetical(
+        cfg, prepared, cluster, training, options)
+    over = [] if variant is None else [
+        (st["index"], stage_blocks(st), st["predicted"]["memory_bytes"]["total"],
+         st["predicted"]["memory_bytes"]) for st in variant.stages
+        if st["predicted"]["memory_bytes"]["total"] > limits[0]]
+    return WhyNot(pins=pins, variant=variant, feasible=False, message=message, notes=notes,
+                  over=over, limits=limits)
+
+
+def replan_inputs(plan: Plan, pins: dict):
+    """(prepared model, cluster, training, options) of the plan, with ``pins`` added to its fix."""
+    spec, c = plan.model.get("spec"), plan.cluster
+    if not spec:
+        raise SpecError("why: the plan was made from a Python module, not a model spec; re-plan "
+                        "with planner.plan(..., fix=...) instead")
+    if "groups" in c:
+        raise SpecError("why: not available for clusters with node groups; re-plan with --fix")
+    if "spec" in c:
+        cluster = cluster_from_mapping(c["spec"], where="plan.cluster.spec")
+    elif c["name"] in CLUSTERS:
+        cluster = get_cluster(c["name"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"])
+    else:
+        raise SpecError(f"why: the plan does not record cluster '{c['name']}' in full; re-create "
+                        "it with this planner version")
+    t = plan.training
+    training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=t["dtype"],
+                            optimizer=t["optimizer"], engine=engine_from_mapping(t.get("engine")))
+    fix = {**plan.search.get("options", {}).get("fix", {}), **pins}
+    prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=t["dtype"])
+    if prepared.info["fingerprint"] != plan.model["fingerprint"]:
+        log.warning("%s traces differently now than when the plan was made",
+                                            spec)
+    return prepared, cluster, training, SearchOptions(fix=fix, top_k=0)
+
+
+def pinned_config(plan: Plan, pins: dict):
+    """The plan's configuration with ``pins`` applied and the rest adjusted to stay legal
+    (dp x tp x pp = GPUs, micro-batches filling the batch); (Config, "") or (None, problem)."""
+    p = {**{k: plan.parallel[k] for k in KNOBS if k in plan.parallel}, **pins}
+    gpus, batch = plan.cluster["num_gpus"], plan.training["global_batch"]
+    if p["dp"] * p["tp"] * p["pp"] != gpus:
+        for k in (k for k in ("dp", "pp", "tp") if k not in pins):
+            rest = p["dp"] * p["tp"] * p["pp"] // p[k]
+            if gpus % rest == 0:
+                p[k] = gpus // rest
+                break
+        else:
+            return None, (f"{pins_text(pins)} cannot make dp x tp x pp equal the {gpus} GPUs")
+    if batch % p["dp"]:
+        return None, f"the global batch {batch} does not split over dp={p['dp']} replicas"
+    if (batch // p["dp"]) % p["micro_batch"]:
+        if "micro_batch" in pins:
+            return None, f"micro_batch={p['micro_batch']} does not divide {batch // p['dp']}"
+        p["micro_batch"] = 1
+    p["num_microbatches"] = batch // (p["dp"] * p["micro_batch"])
+    if p["tp"] == 1:
+        p["sequence_parallel"] = False
+    if p["dp"] == 1 and "zero" not in pins:
+        p["zero"] = 0
+    if p["zero"] == 0 and "offload_optimizer" not in pins:
+        p["offload_optimizer"] = False
+    if "vpp" in pins and pins["vpp"] > 1 and "schedule" not in pins:
+        p["schedule"] = "interleaved-1f1b"
+    if p["pp"] == 1 and "schedule" not in pins:
+        p["schedule"] = "1f1b"
+    if p["schedule"] != "interleaved-1f1b" or p["pp"] == 1:
+        p["vpp"] = 1
+    return Config(**p), ""
+
+
+def structural_notes(cfg, cluster, bg) -> list[str]:
+    """The space's rules the configuration breaks (planner.search.space), besides memory;
+    'cannot ...' when it cannot be priced at all."""
+    notes = []
+    space = Space.of(cluster, bg)
+    broken = tp_reasons(cfg.tp, space)
+    if TP_MODEL in broken:
+        notes.append(f"cannot split: tp={cfg.tp} does not divide the heads and hidden sizes "
+                     f"({', '.join(map(str, space.tp_divisors))})")
+    if pp_reason(cfg.pp, cfg.vpp, space):
+        notes.append(f"cannot cut {len(bg.blocks)} blocks into pp={cfg.pp} x vpp={cfg.vpp} stages")
+    if TP_NODE in broken:
+        notes.append(f"tp={cfg.tp} spans {-(-cfg.tp // cluster.gpus_per_node)} nodes of "
+                     f"{cluster.gpus_per_node} GPUs; the planner keeps tensor parallelism inside "
+                     f"a node, where its all-reduces run on {cluster.intra_node.name or 'intra'} "
+                     f"({cluster.intra_node.bandwidth_bytes_per_s / 1e9:g} GB/s per GPU) instead "
+                     f"of {cluster.inter_node.name or 'inter'} "
+                     f"({cluster.inter_node.bandwidth_bytes_per_s / 1e9:g} GB/s)")
+    return notes
+
+
+def hypothetical(cfg, prepared, cluster, training, options) -> Plan:
+    """``cfg`` priced outside the search: stages split to balance time (memory unchecked), the
+    pipeline simulated as the planner's own plans are."""
+    ma = ModelArrays.from_blocks(prepared.blocks)
+    costs = block_costs(ma, cluster, training, tp=cfg.tp, sp=cfg.sequence_parallel,
+                        recompute=cfg.recompute, micro_batch=cfg.micro_batch)
+    part = partition(costs.time_s.tolist(), cfg.pp * cfg.vpp)
+    est = simulated(price(cfg, part.bounds, ma, costs, cluster, training), training)
+    result = SearchResult(best=est, alternatives=[], candidates=1, evaluated=1, status="fixed")
+    return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
+                result=result, cluster=cluster, training=training, options=options)

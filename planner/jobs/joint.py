@@ -1,0 +1,236 @@
+"""Many jobs, one cluster: the joint schedule, its baselines and the schedule document.
+
+    spec = load_jobs("examples/jobs.yaml")                     # planner.jobs.spec
+    result = plan_jobs(spec, cluster="dgx-a100-80g", nodes=4)  # result.doc: planner.jobs/v1
+    write_schedule("schedule.json", result.doc)
+    again = replan(result.doc, done=["job3"], now_s=3600.0)    # finished and running jobs fixed
+
+The per-job tables (planner.jobs.tables) give each job's time on each GPU count; the joint
+schedule is the CP-SAT model of planner.solve.job_schedule; two baselines use the same tables:
+every job on the whole cluster one after another, and an equal split of the GPUs (a FIFO queue).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, fields
+
+from costmodels.hardware import GB, TERA
+from costmodels.topology import US, Cluster
+from planner.errors import InfeasibleError, SpecError
+from planner.files import atomic_write, read_json_object
+from planner.inputs.clusters import load_cluster
+from planner.jobs.spec import JobSpec, JobsSpec
+from planner.jobs.tables import TableRow, build_tables, model_tables
+from planner.options import SearchOptions
+from planner.planfile.document import clean
+from planner.solve.job_queue import JobRequest, Placement, list_schedule
+from planner.solve.job_schedule import JobSchedule, ScheduleOptions, solve_jobs
+
+log = logging.getLogger(__name__)
+
+SCHEMA_ID = "planner.jobs/v1"
+BASELINES = {"sequential": "every job on the whole cluster, one after another",
+             "equal_split": "equal split of the GPUs, FIFO queue"}
+
+
+# Baselines -----------------------------------------------------------------------------------
+
+
+def baselines(requests: list[JobRequest], nodes: int, gpus_per_node: int, *,
+              now_s: float = 0.0) -> dict[str, list[Placement]]:
+    """The two reference schedules on the same tables (running jobs stay pinned).
+
+    sequential: each job on the whole cluster (or its largest count that fits, still holding the
+    whole cluster), one after another. equal_split: each job on N/J GPUs (the largest count of its
+    table not above that, else its smallest), queued first in, first out.
+    """
+    whole = nodes * gpus_per_node
+    share = whole / max(1, sum(1 for r in requests if r.pinned is None))
+    seq, seq_counts, equal_counts = [], [], []
+    for r in requests:
+        if r.pinned is not None:
+            seq.append(r)
+            seq_counts.append(r.pinned.gpus)
+            equal_counts.append(r.pinned.gpus)
+            continue
+        seq.append(JobRequest(name=r.name, durations_s={whole: r.durations_s[max(r.durations_s)]}))
+        seq_counts.append(whole)
+        fits = [g for g in r.durations_s if g <= share]
+        equal_counts.append(max(fits) if fits else min(r.durations_s))
+    return {"sequential": list_schedule(seq, seq_counts, nodes, gpus_per_node, now_s=now_s),
+            "equal_split": list_schedule(requests, equal_counts, nodes, gpus_per_node, now_s=now_s)}
+
+
+# The schedule ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobsResult:
+    """The schedule document, and what is kept out of it so its bytes stay the same run to run."""
+
+    doc: dict
+    """planner.jobs/v1: cluster, solve account, makespan, baselines, jobs with plans."""
+    solve_time_s: float
+    """Seconds CP-SAT took."""
+
+
+def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
+              options: ScheduleOptions = ScheduleOptions(), workers: int = 1,
+              record_timing: bool = False) -> JobsResult:
+    """Tables, joint schedule and baselines -> the ``planner.jobs/v1`` document."""
+    if cluster is None and spec.cluster is None:
+        raise SpecError("cluster: not given; pass --cluster or add 'cluster:' to the jobs file")
+    cl = load_cluster(cluster if cluster is not None else spec.cluster,
+                      nodes=nodes if nodes is not None else spec.nodes)
+    log.info("%d jobs on %s (%d nodes x %d GPUs)", len(spec.jobs), cl.name, cl.nodes,
+             cl.gpus_per_node)
+    tables = build_tables(spec, cl, workers=workers)
+    requests = [JobRequest(name=j.name, durations_s={r.gpus: r.job_time_s for r in tables[j.name]},
+                           priority=j.priority, deadline_s=j.deadline_s) for j in spec.jobs]
+    result = solve_jobs(requests, cl.nodes, cl.gpus_per_node, options)
+    base = baselines(requests, cl.nodes, cl.gpus_per_node)
+    plans = [_row(tables[j.name], p.gpus).plan for j, p in zip(spec.jobs, result.placements)]
+    doc = document(cl, list(spec.jobs), tables, result, base, plans, now_s=0.0, done=[],
+                   record_timing=record_timing)
+    return JobsResult(doc=doc, solve_time_s=result.time_s)
+
+
+def replan(doc: dict, *, done: list[str], now_s: float,
+           options: ScheduleOptions = ScheduleOptions(), record_timing: bool = False) -> JobsResult:
+    """Re-solve from time ``now_s``: ``done`` jobs (and those predicted to have ended) leave,
+    running jobs keep their GPUs and end time, the others start at ``now_s`` or later."""
+    if doc.get("schema") != SCHEMA_ID:
+        raise SpecError(f"replan: schema is {doc.get('schema')!r}, expected '{SCHEMA_ID}'; give "
+                        "a schedule written by `plan jobs -o`")
+    if not now_s >= doc.get("now_s", 0.0):
+        raise SpecError(f"now: {now_s:g} s is before the schedule's own time "
+                        f"{doc.get('now_s', 0.0):g} s; give --now in seconds from its start")
+    records = {rec["name"]: rec for rec in doc["jobs"]}
+    for name in done:
+        if name not in records:
+            raise SpecError(f"done: no job '{name}' in the schedule; jobs are {', '.join(records)}")
+        if records[name]["start_s"] > now_s:
+            raise SpecError(f"done: job '{name}' starts at {records[name]['start_s']:g} s, after "
+                            f"--now {now_s:g}; check --now")
+    ended = [n for n, rec in records.items() if n not in done and rec["end_s"] <= now_s]
+    if ended:
+        log.info("taken as done (predicted to end by --now): %s", ", ".join(ended))
+    keep = [rec for rec in doc["jobs"] if rec["name"] not in done and rec["name"] not in ended]
+    if not keep:
+        raise SpecError(f"replan: every job has ended by --now {now_s:g} s; nothing to schedule")
+    cl = load_cluster(doc["cluster"]["spec"])
+    jobs = [JobSpec(**{f.name: rec[f.name] for f in fields(JobSpec)}) for rec in keep]
+    tables = {rec["name"]: [TableRow(**row) for row in rec["table"]] for rec in keep}
+    requests = [_request(rec, now_s) for rec in keep]
+    result = solve_jobs(requests, cl.nodes, cl.gpus_per_node, options, now_s=now_s)
+    base = baselines(requests, cl.nodes, cl.gpus_per_node, now_s=now_s)
+    plans = _plans_for(keep, jobs, result.placements, cl)
+    new = document(cl, jobs, tables, result, base, plans, now_s=now_s,
+                   done=list(doc.get("done", [])) + list(done) + ended, record_timing=record_timing)
+    return JobsResult(doc=new, solve_time_s=result.time_s)
+
+
+def _request(rec: dict, now_s: float) -> JobRequest:
+    table = {row["gpus"]: row["job_time_s"] for row in rec["table"]}
+    if rec["start_s"] >= now_s:
+        return JobRequest(name=rec["name"], durations_s=table, priority=rec["priority"],
+                          deadline_s=rec["deadline_s"])
+    pin = Placement(name=rec["name"], gpus=rec["gpus"], nodes=tuple(rec["nodes"]),
+                    gpu_ids=tuple(rec["gpu_ids"]), start_s=rec["start_s"], end_s=rec["end_s"])
+    return JobRequest(name=rec["name"], durations_s=table, priority=rec["priority"], pinned=pin)
+
+
+def _plans_for(records, jobs, placements, cluster) -> list[dict | None]:
+    """Reuse each job's plan where its GPU count is unchanged; plan the others (one trace each)."""
+    plans = [rec["plan"] if rec["gpus"] == p.gpus else None for rec, p in zip(records, placements)]
+    todo: dict[tuple, list[int]] = {}
+    for i, (job, plan) in enumerate(zip(jobs, plans)):
+        if plan is None:
+            todo.setdefault((job.model, job.seq_len), []).append(i)
+    for (model, seq_len), idx in todo.items():
+        counts = sorted({placements[i].gpus for i in idx})
+        log.info("re-planning %s for %s GPUs", model, ", ".join(map(str, counts)))
+        rows = model_tables(model, seq_len, [jobs[i] for i in idx], cluster, counts,
+                            SearchOptions(top_k=0))
+        for i in idx:
+            row = _row(rows[jobs[i].name], placements[i].gpus)
+            if row is None:
+                raise InfeasibleError(f"job {jobs[i].name}: the planner no longer finds a plan on "
+                                      f"{placements[i].gpus} GPUs; run `plan jobs` afresh",
+                                      reason="no plan")
+            plans[i] = row.plan
+    return plans
+
+
+def _row(rows: list[TableRow], gpus: int) -> TableRow | None:
+    return next((r for r in rows if r.gpus == gpus), None)
+
+
+def document(cluster: Cluster, jobs: list[JobSpec], tables: dict, result: JobSchedule,
+             base: dict, plans: list, *, now_s: float, done: list[str],
+             record_timing: bool = False) -> dict:
+    """The schedule as plain data: same inputs, same bytes (solve time only if asked for)."""
+    records = []
+    for job, p, plan in zip(jobs, result.placements, plans):
+        rec = asdict(job)
+        rec.update(_placed(p), state="running" if p.start_s < now_s else "scheduled",
+                   parallel=_row(tables[job.name], p.gpus).parallel)
+        rec["table"] = [{k: v for k, v in asdict(row).items() if k != "plan"}
+                        for row in tables[job.name]]
+        rec["plan"] = plan
+        records.append(rec)
+    return clean({
+        "schema": SCHEMA_ID,
+        "cluster": {**cluster.summary(), "spec": cluster_mapping(cluster)},
+        "now_s": now_s, "done": done, "objective": result.objective,
+        "solve": {"status": result.status, "objective": result.objective_value,
+                  "bound": result.bound, "gap": result.gap, "time_unit_s": result.time_unit_s,
+                  "time_s": result.time_s if record_timing else None},
+        "makespan_s": result.makespan_s,
+        "baselines": {name: _baseline(name, placements, result.makespan_s)
+                      for name, placements in base.items()},
+        "jobs": records,
+    })
+
+
+def _placed(p: Placement) -> dict:
+    return {"gpus": p.gpus, "nodes": list(p.nodes), "gpu_ids": list(p.gpu_ids),
+            "start_s": p.start_s, "end_s": p.end_s}
+
+
+def _baseline(name: str, placements: list[Placement], joint_s: float) -> dict:
+    makespan = max((p.end_s for p in placements), default=0.0)
+    return {"description": BASELINES[name], "makespan_s": makespan,
+            "improvement": (makespan - joint_s) / makespan if makespan > 0 else 0.0,
+            "jobs": [{"name": p.name, **_placed(p)} for p in placements]}
+
+
+def write_schedule(path: str, doc: dict) -> None:
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
+
+
+def load_schedule(path: str) -> dict:
+    doc = read_json_object(path, what="replan")
+    if doc.get("schema") != SCHEMA_ID:
+        raise SpecError(f"replan: '{path}' is not a {SCHEMA_ID} schedule; write one with "
+                        "`plan jobs -o`")
+    return doc
+
+
+def cluster_mapping(c: Cluster) -> dict:
+    """A Cluster in the YAML form load_cluster reads back."""
+    d = c.device
+
+    def link(spec):
+        return {"bandwidth_GBps": spec.bandwidth_bytes_per_s / GB,
+                "latency_us": spec.latency_s / US, "efficiency": spec.efficiency,
+                "name": spec.name}
+
+    device = {"name": d.name, "memory_GB": d.memory_bytes / GB,
+              "peak_TFLOPs": {k: v / TERA for k, v in sorted(d.peak_flops.items())},
+              "hbm_GBps": d.hbm_bytes_per_s / GB, "matmul_efficiency": d.matmul_efficiency,
+              "memory_efficiency": d.memory_efficiency}
+    return {"name": c.name, "device": device, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
+            "intra_node": link(c.intra_node), "inter_node": link(c.inter_node)}

@@ -1,0 +1,102 @@
+"""Per-job tables: for each job and candidate GPU count, the single-job planner's best plan.
+
+Job time = step time x steps. Each distinct (model, seq_len) is traced once
+(planner.api.prepare) and planned for every count on a resized cluster (planner.api.plan_prepared);
+with several workers, distinct models are done in parallel processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+from costmodels.topology import Cluster, with_overrides
+from planner.api import plan_prepared, prepare
+from planner.errors import PlannerError
+from planner.jobs.spec import JobSpec, JobsSpec
+from planner.options import SearchOptions, TrainingSpec
+from planner.solve.job_schedule import candidate_counts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableRow:
+    """The single-job planner's answer for one job on one GPU count."""
+
+    gpus: int
+    step_time_s: float
+    job_time_s: float
+    """step_time_s x steps."""
+    peak_memory_bytes: float
+    parallel: str
+    """Short form of the plan's parallel degrees."""
+    plan: dict | None = None
+    """The plan (planner.plan/v1 dict); None where only the table row was kept."""
+
+
+def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
+                 search: SearchOptions = SearchOptions(top_k=0)) -> dict[str, list[TableRow]]:
+    """For every job the best plan per candidate GPU count (counts where nothing fits are absent).
+
+    Each distinct (model, seq_len) is traced once; with ``workers`` > 1 distinct models are done
+    in parallel processes. The result does not depend on ``workers``.
+    """
+    groups: dict[tuple, list[JobSpec]] = {}
+    for job in spec.jobs:
+        groups.setdefault((job.model, job.seq_len), []).append(job)
+    counts = candidate_counts(cluster.nodes, cluster.gpus_per_node)
+    args = [(model, seq, jobs, cluster, counts, search) for (model, seq), jobs in groups.items()]
+    t0, results = time.perf_counter(), {}
+    if workers > 1 and len(args) > 1:
+        # fork: the children start with torch imported (spawn re-imports it, about 5 s each);
+        # safe while the parent has run no torch kernels (the CLI has not; tracing runs in the
+        # children, on the meta device)
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        with ProcessPoolExecutor(max_workers=min(workers, len(args)), mp_context=ctx) as pool:
+            futures = {pool.submit(model_tables, *a): a[0] for a in args}
+            for k, fut in enumerate(as_completed(futures), 1):
+                results.update(fut.result())
+                log.info("tables: %s done [%d/%d] %.1f s", futures[fut], k, len(args),
+                         time.perf_counter() - t0)
+    else:
+        for k, a in enumerate(args, 1):
+            results.update(model_tables(*a))
+            log.info("tables: %s done [%d/%d] %.1f s", a[0], k, len(args), time.perf_counter() - t0)
+    return {job.name: results[job.name] for job in spec.jobs}
+
+
+def model_tables(model: str, seq_len: int, jobs: list[JobSpec], cluster: Cluster,
+                 counts: list[int], search: SearchOptions) -> dict[str, list[TableRow]]:
+    """Trace ``model`` once, then plan each job on each GPU count."""
+    prepared = prepare(model, seq_len=seq_len)
+    out = {}
+    for job in jobs:
+        training = TrainingSpec(global_batch=job.global_batch, seq_len=prepared.seq_len)
+        rows = []
+        for g in counts:
+            sized = resized(cluster, g)
+            try:
+                p = plan_prepared(prepared, sized, training, search)
+            except PlannerError as exc:
+                log.debug("%s on %d GPUs: %s", job.name, g, exc)
+                continue
+            rows.append(TableRow(gpus=g, step_time_s=p.step_time_s,
+                                 job_time_s=p.step_time_s * job.steps,
+                                 peak_memory_bytes=p.predicted["peak_memory_bytes"],
+                                 parallel=p.parallel_summary, plan=p.to_dict()))
+        if not rows:
+            log.warning("job %s fits on no GPU count of %s", job.name, cluster.name)
+        out[job.name] = rows
+    return out
+
+
+def resized(cluster: Cluster, gpus: int) -> Cluster:
+    """The cluster as one job of ``gpus`` GPUs sees it: part of one node, or whole nodes."""
+    if gpus < cluster.gpus_per_node:
+        return with_overrides(cluster, nodes=1, gpus_per_node=gpus)
+    return with_overrides(cluster, nodes=gpus // cluster.gpus_per_node)

@@ -1,0 +1,93 @@
+"""The Plan document: its sections, atomic save and load, and the rounding that keeps its bytes stable.
+
+A plan file is a pure function of its inputs: keys in a fixed order, floats rounded to 6
+significant digits, no timestamps (``search.time_s`` stays null unless timing is asked for), so the
+same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+
+from planner.files import atomic_write, read_json_object
+from planner.planfile.schema import SCHEMA_ID, validate
+
+SIGNIFICANT_DIGITS = 6
+"""Floats in a plan file are rounded to this many significant digits."""
+
+
+@dataclass
+class Plan:
+    """A parallelization plan: what to run where, and what it is predicted to cost."""
+
+    model: dict
+    training: dict
+    cluster: dict
+    parallel: dict
+    stages: list
+    tensor_parallel: dict
+    schedule: dict
+    predicted: dict
+    search: dict
+    provenance: dict
+    schema: str = SCHEMA_ID
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict:
+        order = ["schema", "model", "training", "cluster", "parallel", "stages", "tensor_parallel",
+                 "schedule", "predicted", "search", "provenance"]
+        return {k: clean(getattr(self, k)) for k in order}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "plan") -> "Plan":
+        validate(d, where)
+        names = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: d[k] for k in names})
+
+    def save(self, path: str) -> None:
+        """Validate, then write atomically: a reader never sees half a file."""
+        d = self.to_dict()
+        validate(d, path)
+        atomic_write(path, json.dumps(d, indent=1) + "\n")
+
+    @property
+    def step_time_s(self) -> float:
+        return self.predicted["step_time_s"]
+
+    @property
+    def parallel_summary(self) -> str:
+        p = self.parallel
+        sp = "+sp" if p["sequence_parallel"] else ""
+        return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']} mb={p['micro_batch']}x"
+                f"{p['num_microbatches']} {p['schedule']} rc={p['recompute']} zero={p['zero']}")
+
+
+def load_plan(path: str) -> Plan:
+    """Read and validate a plan file."""
+    return Plan.from_dict(read_json_object(path, what="plan"), path)
+
+
+def clean(obj):
+    """numpy scalars -> Python numbers; floats rounded to SIGNIFICANT_DIGITS."""
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if hasattr(obj, "item") and not isinstance(obj, (int, float)):
+        obj = obj.item()
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            raise ValueError(f"non-finite number in plan: {obj}")
+        if obj == 0:
+            return 0.0
+        return float(f"{obj:.{SIGNIFICANT_DIGITS}g}")
+    return obj

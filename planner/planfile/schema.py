@@ -1,0 +1,50 @@
+"""The plan file's JSON schema (plan.v1.json beside this module) and the invariants it cannot express."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+from planner.errors import SpecError
+
+SCHEMA_ID = "planner.plan/v1"
+"""The ``schema`` value every plan file carries."""
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    """The JSON schema of plan files (Draft 2020-12)."""
+    text = resources.files("planner.planfile").joinpath("plan.v1.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def validate(d: dict, where: str = "plan") -> None:
+    """Raise SpecError naming the first failing key path."""
+    import jsonschema  # lazy: a heavy dependency that only checking a plan file needs
+
+    if d.get("schema") != SCHEMA_ID:
+        raise SpecError(f"{where}: schema is {d.get('schema')!r}, expected '{SCHEMA_ID}'; "
+                        "re-create the plan with this planner version")
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(d), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        path = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        raise SpecError(f"{where}: invalid plan at {path}: {err.message[:200]}")
+    _check_consistency(d, where)
+
+
+def _check_consistency(d: dict, where: str) -> None:
+    """Invariants the schema cannot express."""
+    par = d["parallel"]
+    if par["dp"] * par["tp"] * par["pp"] != d["cluster"]["num_gpus"]:
+        raise SpecError(f"{where}: parallel dp*tp*pp = {par['dp'] * par['tp'] * par['pp']} but the "
+                        f"cluster has {d['cluster']['num_gpus']} GPUs")
+    if len(d["stages"]) != par["pp"] * par["vpp"]:
+        raise SpecError(f"{where}: {len(d['stages'])} stages listed for pp={par['pp']} x "
+                        f"vpp={par['vpp']}")
+    listed = [b for st in d["stages"] for b in st["blocks"]]
+    names = [b["name"] for b in d["model"]["blocks"]]
+    if listed != names:
+        raise SpecError(f"{where}: stages must list every block exactly once, in order")

@@ -1,0 +1,122 @@
+"""Collectives among local processes: all-reduce, reduce-scatter and all-gather of growing buffers
+among ``world`` processes. The all-reduce fits the alpha-beta ring model (latency per step,
+bandwidth); the other two are kept as factors over the ring model with that fit, since backends
+differ (gloo has no native reduce-scatter and runs it as an all-reduce plus a copy, about twice the
+ring's time). On CPUs the same processes then measure the host cost of the runtime's DTensor path
+(planner.profile.dtensor), which needs a process group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import statistics
+import time
+
+import torch
+
+from planner.errors import SpecError
+from planner.profile.dtensor import dtensor_overheads
+from planner.profile.timing import Timer
+
+log = logging.getLogger(__name__)
+
+COLLECTIVE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
+COLLECTIVE_TIMEOUT_S = 180
+FACTOR_MIN_BYTES = 1 << 20
+"""Reduce-scatter/all-gather factors are the median over messages at least this large."""
+
+
+def _collective_worker(rank: int, world: int, port: int, backend: str, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    device = "cuda" if backend == "nccl" else "cpu"
+    timer = Timer(device)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    results = {"all_reduce": [], "reduce_scatter": [], "all_gather": []}
+    # (output, input) either way; the *_single names replace the *_tensor ones in newer torch
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    for nbytes in COLLECTIVE_BYTES:
+        full = torch.ones(nbytes // 4, device=device)
+        shard = torch.ones(nbytes // 4 // world, device=device)
+        ops = {"all_reduce": lambda: dist.all_reduce(full),
+               "reduce_scatter": lambda: scatter(shard, full),
+               "all_gather": lambda: gather(full, shard)}
+        reps = 3 if nbytes >= 1 << 22 else 10  # the same count on every rank: collectives pair up
+        for name, op in ops.items():
+            op()  # warm-up
+            dist.barrier()
+            samples = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                op()
+                timer.sync()
+                samples.append(time.perf_counter() - t0)
+            results[name].append([nbytes, statistics.median(samples)])
+    if device == "cpu":
+        results["dtensor"] = dtensor_overheads(world)
+    if rank == 0:
+        queue.put(results)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collectives(world: int, backend: str) -> dict:
+    """Measure the collectives; fit all-reduce time = 2 (n-1) alpha + 2 (n-1)/n B / beta."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = mp.start_processes(_collective_worker, args=(world, port, backend, queue),
+                               nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
+    while not procs.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in procs.processes:
+                p.kill()
+            raise SpecError(f"processes: the collective measurement among {world} {backend} "
+                            f"processes did not finish in {COLLECTIVE_TIMEOUT_S} s; retry, or "
+                            "pass --processes 1 to skip it")
+    results = queue.get()
+    points = results["all_reduce"]
+    steps = 2 * (world - 1)
+    wire = [2 * (world - 1) / world * b for b, _ in points]
+    slope, intercept = _least_squares(wire, [t for _, t in points])
+    bandwidth = 1 / slope if slope > 0 else float("inf")
+    latency = max(0.0, intercept / steps)
+    for b, t in points:
+        log.info("  all-reduce %8d B on %d ranks: %.3g ms", b, world, 1e3 * t)
+    link = {"bandwidth_GBps": bandwidth / 1e9, "latency_us": latency * 1e6, "processes": world,
+            "backend": backend, "points": points}
+    for name in ("reduce_scatter", "all_gather"):
+        ring = [(world - 1) * latency + (world - 1) / world * b / bandwidth
+                for b, _ in results[name]]
+        ratios = [t / r for (b, t), r in zip(results[name], ring) if b >= FACTOR_MIN_BYTES and r > 0]
+        link[f"{name}_factor"] = statistics.median(ratios) if ratios else 1.0
+        link[f"{name}_points"] = results[name]
+        log.info("  %s: %.2fx the ring model", name.replace("_", "-"), link[f"{name}_factor"])
+    if "dtensor" in results:
+        d = results["dtensor"]
+        log.info("  DTensor host cost: %.0f us forward and %.0f us backward per parallel Linear, "
+                 "%.0f us per parameter in AdamW", d["linear_fwd_us"], d["linear_bwd_us"],
+                 d["param_step_us"])
+        link["dtensor"] = d
+    return link
+
+
+def _least_squares(xs, ys) -> tuple[float, float]:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return slope, my - slope * mx

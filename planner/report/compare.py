@@ -1,0 +1,188 @@
+"""Compare two plans as data: what differs in the configuration, where the step time and the memory
+moved, and which knobs and links are behind each move. Reads plan files only (no search).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.options import KNOBS, Config
+from planner.planfile.breakdown import BREAKDOWN_WORDS
+from planner.planfile.document import Plan
+from planner.report.text import compress_names, knob
+from planner.search import placement
+
+
+def config_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
+    """(knob, value in a, value in b) for every knob that differs (a knob one plan does not
+    record, being older than the knob, is not compared)."""
+    return [(k, a.parallel[k], b.parallel[k]) for k in KNOBS
+            if k in a.parallel and k in b.parallel and a.parallel[k] != b.parallel[k]]
+
+
+def breakdown_changes(a: Plan, b: Plan) -> list[tuple[str, float, float]]:
+    """(part, seconds in a, seconds in b) for each part of the step, largest change first."""
+    ba, bb = a.predicted["breakdown"], b.predicted["breakdown"]
+    parts = [(k, ba.get(k, 0.0), bb.get(k, 0.0)) for k in BREAKDOWN_WORDS]
+    return sorted(parts, key=lambda p: -abs(p[2] - p[1]))
+
+
+def headline(a: Plan, b: Plan, parts: int = 3) -> str:
+    """'b is 12.3% faster than a: tp 8 -> 4, recompute full -> selective; compute -1.2 s, ...'."""
+    ta, tb = a.step_time_s, b.step_time_s
+    rel = (ta - tb) / ta
+    verdict = (f"{100 * rel:.1f}% faster" if rel > 0 else
+               f"{-100 * rel:.1f}% slower" if rel < 0 else "as fast")
+    knobs = ", ".join(f"{k} {knob(x)} -> {knob(y)}" for k, x, y in config_changes(a, b)
+                      if k != "num_microbatches") or "same configuration"
+    moved = ", ".join(f"{BREAKDOWN_WORDS[k]} {y - x:+.3g} s" for k, x, y in
+                      breakdown_changes(a, b)[:parts] if abs(y - x) > 1e-9 * max(ta, tb))
+    return f"{verdict}: {knobs}" + (f"; {moved}" if moved else "")
+
+
+# ---- plan diff: every difference, as data ------------------------------------------------------
+
+INPUTS = (("model", "name", "text"), ("model", "num_params", "count"),
+          ("cluster", "name", "text"), ("cluster", "device", "text"),
+          ("cluster", "nodes", "count"), ("cluster", "gpus_per_node", "count"),
+          ("cluster", "num_gpus", "count"), ("cluster", "inter_node_GBps", "rate"),
+          ("training", "global_batch", "count"), ("training", "seq_len", "count"),
+          ("training", "dtype", "text"), ("training", "optimizer", "text"))
+PREDICTED = (("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "rate"),
+             ("TFLOP/s per GPU", "tflops_per_device", "rate"), ("MFU", "mfu", "frac"),
+             ("peak memory per GPU", "peak_memory_bytes", "bytes"))
+MEMORY_KINDS = ("weights", "grads", "optimizer", "activations", "working")
+
+
+@dataclass(frozen=True)
+class Diff:
+    """One compared quantity: its section, label, value in a and in b, and its kind (text,
+    count, s, bytes, frac, rate), which says how to show it and its change."""
+
+    section: str
+    label: str
+    a: object
+    b: object
+    kind: str
+
+    @property
+    def differs(self) -> bool:
+        if isinstance(self.a, float) and isinstance(self.b, float):
+            return abs(self.a - self.b) > 1e-9 * max(abs(self.a), abs(self.b), 1e-30)
+        return self.a != self.b
+
+
+def compare(a: Plan, b: Plan) -> list[Diff]:
+    """Inputs, configuration, predictions, step parts, peak-rank memory and stages of two plans."""
+    out = [Diff("inputs", f"{part} {key}".replace("_", " "), getattr(a, part).get(key),
+                getattr(b, part).get(key), kind) for part, key, kind in INPUTS]
+    out += [Diff("configuration", k, a.parallel.get(k), b.parallel.get(k),
+                 "text" if k in ("schedule", "recompute", "placement") else "count") for k in KNOBS]
+    out += [Diff("predicted", label, a.predicted.get(key), b.predicted.get(key), kind)
+            for label, key, kind in PREDICTED]
+    out += [Diff("step time by part", BREAKDOWN_WORDS[k], a.predicted["breakdown"].get(k, 0.0),
+                 b.predicted["breakdown"].get(k, 0.0), "s") for k in BREAKDOWN_WORDS]
+    ma, mb = peak_stage(a)["predicted"]["memory_bytes"], peak_stage(b)["predicted"]["memory_bytes"]
+    out += [Diff("memory of the fullest GPU", kind, ma.get(kind, 0.0), mb.get(kind, 0.0), "bytes")
+            for kind in MEMORY_KINDS if ma.get(kind) or mb.get(kind)]
+    out.append(Diff("stages", "stages", len(a.stages), len(b.stages), "count"))
+    for i in range(max(len(a.stages), len(b.stages))):
+        sa = a.stages[i] if i < len(a.stages) else None
+        sb = b.stages[i] if i < len(b.stages) else None
+        out.append(Diff("stages", f"stage {i} blocks", stage_blocks(sa), stage_blocks(sb), "text"))
+        out.append(Diff("stages", f"stage {i} time per micro-batch", _stage(sa, "time"),
+                        _stage(sb, "time"), "s"))
+        out.append(Diff("stages", f"stage {i} memory", _stage(sa, "memory"), _stage(sb, "memory"),
+                        "bytes"))
+    return out
+
+
+def peak_stage(p: Plan) -> dict:
+    """The stage whose GPUs hold the most memory."""
+    return max(p.stages, key=lambda st: st["predicted"]["memory_bytes"]["total"])
+
+
+def stage_blocks(st: dict | None):
+    """A stage's blocks, compressed (``h.0-9, ln_f``); None for no stage."""
+    return None if st is None else compress_names(st["blocks"])
+
+
+def _stage(st: dict | None, what: str):
+    if st is None:
+        return None
+    pr = st["predicted"]
+    return pr["time_per_microbatch_s"] if what == "time" else pr["memory_bytes"]["total"]
+
+
+# ---- why the step moved: each part with the knobs and links behind it --------------------------
+
+PART_KNOBS = {
+    "compute_s": ("tp", "pp", "dp", "recompute", "micro_batch"),
+    "bubble_s": ("pp", "vpp", "num_microbatches", "schedule"),
+    "tp_comm_s": ("tp", "sequence_parallel", "micro_batch", "recompute"),
+    "pp_comm_s": ("pp", "placement", "tp", "micro_batch"),
+    "dp_comm_s": ("dp", "zero", "placement", "pp", "tp"),
+    "optimizer_s": ("zero", "offload_optimizer", "dp", "tp", "pp"),
+    "straggler_s": ("dp", "tp", "pp", "recompute", "micro_batch"),
+}
+"""The knobs each part of the step depends on (costmodels: compute, comm, pipeline, memory)."""
+
+
+@dataclass(frozen=True)
+class PartChange:
+    part: str
+    """A BREAKDOWN_WORDS key."""
+    delta_s: float
+    because: str
+    """The knob changes behind it, and the link a collective moved to."""
+
+
+def part_changes(a: Plan, b: Plan, min_share: float = 0.002) -> list[PartChange]:
+    """Parts of the step that moved by at least ``min_share`` of a's step, largest first."""
+    knobs = {k: (x, y) for k, x, y in config_changes(a, b)}
+    out = []
+    for part, x, y in breakdown_changes(a, b):
+        if abs(y - x) < min_share * a.step_time_s:
+            continue
+        why = [f"{k} {knob(knobs[k][0])} -> {knob(knobs[k][1])}" for k in PART_KNOBS[part]
+               if k in knobs]
+        link = _link_note(a, b, part)
+        out.append(PartChange(part, y - x, "; ".join(filter(None, [link, ", ".join(why)]))))
+    return out
+
+
+def _link_note(a: Plan, b: Plan, part: str) -> str:
+    """'tensor parallel crosses nodes: ... on the inter-node link (ib, 50 GB/s per GPU)' when a
+    part's collective leaves the node in b but not in a (or comes back)."""
+    group = {"tp_comm_s": "tensor parallel", "dp_comm_s": "data parallel"}.get(part)
+    if group is None:
+        return ""
+    ca, cb = bool(_crosses(a, part)), _crosses(b, part)
+    if cb is None or ca == cb:  # no such group in b, or it sits where it did
+        return ""
+    c = b.cluster
+    link = (c.get("spec") or {}).get("inter_node", {}).get("name", "inter-node")
+    where = f"the inter-node link ({link}, {c.get('inter_node_GBps', 0):g} GB/s per GPU)"
+    return (f"{group} crosses nodes: all-reduce on {where}" if cb else
+            f"{group} stays inside a node: no traffic on {where}")
+
+
+def _crosses(p: Plan, part: str) -> bool | None:
+    cfg = Config(**{k: p.parallel[k] for k in KNOBS if k in p.parallel})
+    gpn = p.cluster["gpus_per_node"]
+    size, stride = ((cfg.tp, 1) if part == "tp_comm_s" else
+                    (cfg.dp, placement.strides(cfg)["dp"]))
+    if size <= 1:
+        return None  # no such group, no traffic
+    return placement.group_shape(size, stride, gpn).nodes > 1
+
+
+def memory_change(a: Plan, b: Plan, min_share: float = 0.05):
+    """(peak of a, peak of b, [(kind, change)]) for the kinds of memory on the fullest GPU that
+    moved by at least ``min_share`` of a's peak, largest first."""
+    ma, mb = peak_stage(a)["predicted"]["memory_bytes"], peak_stage(b)["predicted"]["memory_bytes"]
+    pa = a.predicted["peak_memory_bytes"]
+    moved = sorted(((k, mb.get(k, 0.0) - ma.get(k, 0.0)) for k in MEMORY_KINDS),
+                   key=lambda kd: -abs(kd[1]))
+    return pa, b.predicted["peak_memory_bytes"], [(k, d) for k, d in moved
+                                                  if abs(d) >= min_share * pa]

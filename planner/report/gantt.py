@@ -1,0 +1,178 @@
+"""Gantt charts: a simulated pipeline schedule (one row per rank, planner.schedule.simulator) and
+many jobs on one cluster over time (one row per GPU, a planner.jobs schedule document).
+
+matplotlib is imported inside the functions and drawn on a bare ``Figure`` with the Agg canvas,
+so importing this module costs nothing and no global pyplot state or backend is touched.
+"""
+
+from __future__ import annotations
+
+from planner.errors import SpecError
+from planner.report.text import model_name, runs
+from planner.schedule.simulator import SimResult
+
+FORMATS = (".png", ".svg")
+COLOURS = {"F": "#0072B2", "B": "#E69F00", "W": "#009E73"}
+"""Forward blue, backward orange, weight-gradient green (Okabe-Ito, readable when colour-blind)."""
+WORDS = {"F": "forward (F)", "B": "backward (B)", "W": "weight gradient (W)"}
+FONT_PT = 7.0
+"""Size of the micro-batch numbers inside blocks."""
+AXES_WIDTH = 0.84
+"""Share of the figure's width the time axis takes."""
+
+
+def _shade(colour: str, chunk: int) -> str:
+    """The colour for a rank's ``chunk``-th stage (0: as is; later chunks mixed with white)."""
+    mix = min(0.6, 0.4 * chunk)
+    rgb = [int(colour[k:k + 2], 16) for k in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * mix):02x}" for c in rgb)
+
+
+def _label_px(label: str, dpi: int) -> float:
+    """Pixels a block needs to show ``label`` (a digit is about 0.62 em wide, plus margins)."""
+    return (len(label) * 0.62 + 0.6) * FONT_PT * dpi / 72
+
+
+def _width_in(sim: SimResult, dpi: int) -> float:
+    """A figure width (10 to 40 inches) at which a typical block of the shortest kind has room
+    for the widest micro-batch number."""
+    blocks = {}
+    for iv in sim.timeline:
+        if iv.end_s > iv.start_s:
+            blocks.setdefault(iv.kind, []).append(iv.end_s - iv.start_s)
+    if not blocks or sim.step_time_s <= 0:
+        return 10.0
+    typical = min(sorted(d)[len(d) // 2] for d in blocks.values())
+    axes_px = 1.15 * _label_px(str(sim.microbatches - 1), dpi) * sim.step_time_s / typical
+    return min(40.0, max(10.0, axes_px / dpi / AXES_WIDTH))
+
+
+def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
+          width_in: float | None = None, dpi: int = 150):
+    """Draw ``sim`` as a Gantt chart and write it to ``path`` (``.png`` or ``.svg``).
+
+    One row per rank (rank 0 on top), one block per action coloured by kind (F/B/W), blank where
+    the rank idles; a block shows its micro-batch number when wide enough to read. A rank's later
+    virtual stages (interleaved) or its up-pipeline stage (bidirectional) are drawn lighter. The
+    right margin gives each rank's idle share; the x axis is in seconds. Returns the matplotlib
+    Figure (one axes: time in data x, rank in data y)."""
+    if not path.lower().endswith(FORMATS):
+        raise SpecError(f"gantt: '{path}' must end in {' or '.join(FORMATS)}")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    ranks, step = sim.ranks, sim.step_time_s
+    width_in = width_in or _width_in(sim, dpi)
+    fig = Figure(figsize=(width_in, 1.6 + 0.42 * ranks), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0.07, 0.2 if ranks < 6 else 0.14, AXES_WIDTH, 0.7 if ranks < 6 else 0.76))
+    ax.set_xlim(0, step * 1.002 or 1.0)
+    ax.set_ylim(ranks - 0.5, -0.5)
+    px_per_s = width_in * AXES_WIDTH * dpi / (step or 1.0)
+    kinds = sorted({iv.kind for iv in sim.timeline}, key="FBW".index)
+    chunks = max((iv.stage // max(ranks, 1) for iv in sim.timeline), default=0)
+    for iv in sim.timeline:
+        width = iv.end_s - iv.start_s
+        colour = _shade(COLOURS[iv.kind], iv.stage // ranks)
+        ax.broken_barh([(iv.start_s, width)], (iv.rank - 0.4, 0.8), facecolors=colour,
+                       edgecolor="white", linewidth=0.4)
+        label = str(iv.microbatch)
+        if width * px_per_s >= _label_px(label, dpi):
+            ax.text(iv.start_s + width / 2, iv.rank, label, ha="center", va="center",
+                    fontsize=FONT_PT, color="white" if iv.kind != "B" else "black")
+    for r in range(ranks):
+        ax.text(1.005, r, f"idle {sim.idle_s[r] / step:.0%}" if step else "", va="center",
+                fontsize=8, transform=ax.get_yaxis_transform())
+    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
+    ax.set_xlabel("time (s)")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.5)
+    ax.set_axisbelow(True)
+    ax.set_title(f"{title}\nstep {step:.4g} s, bubble {sim.bubble_fraction:.1%}, "
+                 f"{sim.microbatches} micro-batches; numbers are micro-batches", fontsize=10)
+    handles = [Patch(color=COLOURS[k], label=WORDS[k]) for k in kinds]
+    if chunks:
+        handles.append(Patch(color=_shade("#666666", 1), label="lighter: rank's next stage"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1 if ranks >= 6
+              else -0.25), ncol=len(handles), fontsize=8, frameon=False)
+    fig.savefig(path)
+    return fig
+
+
+# ---- many jobs on one cluster -------------------------------------------------------------------
+
+GANTT_CLIP = 2.5
+"""The time axis ends at this many joint makespans at most (longer baselines are cut off)."""
+
+
+def jobs_gantt(doc: dict, path: str) -> None:
+    """The cluster over time, one row per GPU: the joint schedule of ``doc`` (a planner.jobs/v1
+    document) above the two baselines. Writes ``path`` (.png or .svg)."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    if not path.lower().endswith(FORMATS):
+        raise SpecError(f"gantt: '{path}' must end in {' or '.join(FORMATS)}")
+    c, joint = doc["cluster"], doc["makespan_s"] / 3600
+    panels = [("joint schedule (CP-SAT)", doc["jobs"], joint)]
+    panels += [(b["description"], b["jobs"], b["makespan_s"] / 3600)
+               for b in doc["baselines"].values()]
+    span = min(max(p[2] for p in panels), GANTT_CLIP * joint)  # a slow baseline runs off
+    cmap = colormaps["tab10" if len(doc["jobs"]) <= 10 else "tab20"]
+    colors = {j["name"]: cmap(i % cmap.N) for i, j in enumerate(doc["jobs"])}
+    panel_in = min(4.0, max(1.5, 0.09 * c["num_gpus"]))  # one row per GPU, within reason
+    fig = Figure(figsize=(12, 1.0 + panel_in * len(panels)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, sharex=True)
+    for ax, (title, placed, makespan) in zip(axes, panels):
+        for j in placed:
+            _bars(ax, j, colors[j["name"]], span)
+        ax.axvline(makespan, color="black", linestyle="--", linewidth=1)
+        if makespan > span:
+            ax.annotate(f"ends at {makespan:.1f} h", xy=(span, 0.5),
+                        xycoords=("data", "axes fraction"),
+                        ha="right", va="center", fontsize=9,
+                        bbox={"boxstyle": "rarrow", "fc": "white", "ec": "black"})
+        if placed is doc["jobs"]:
+            title += f": makespan {makespan:.2f} h (dashed)"
+        else:
+            ax.axvline(joint, color="black", linestyle=":", linewidth=1)
+            title += (f": makespan {makespan:.2f} h, joint schedule (dotted) {joint:.2f} h is "
+                      f"{100 * (makespan - joint) / makespan:.0f}% shorter")
+        if doc["now_s"]:
+            ax.axvline(doc["now_s"] / 3600, color="red", linewidth=1.2)
+        ax.set_title(title, fontsize=10, loc="left")
+        _node_axis(ax, c["nodes"], c["gpus_per_node"])
+    axes[-1].set_xlim(0, span * 1.02)
+    axes[-1].set_xlabel("hours" + (" (red: re-planned at this time)" if doc["now_s"] else ""))
+    handles = [Patch(color=colors[j["name"]], label=f"{j['name']}: {model_name(j['model'])}")
+               for j in doc["jobs"]]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5),
+               fontsize=8, frameon=False)
+    fig.suptitle(f"{len(doc['jobs'])} jobs on {c['nodes']} nodes x {c['gpus_per_node']} "
+                 f"{c['device']} ({c['name']})", fontsize=11)
+    fig.savefig(path, dpi=110)
+
+
+def _bars(ax, job: dict, color, span_h: float) -> None:
+    """One bar per run of consecutive GPU ids, labelled with the job and its GPU count."""
+    x, w = job["start_s"] / 3600, (job["end_s"] - job["start_s"]) / 3600
+    seen = max(0.0, min(x + w, span_h) - x)  # the part left of the cut
+    for lo, hi in runs(job["gpu_ids"]):
+        ax.broken_barh([(x, w)], (lo, hi - lo + 1), facecolors=color, edgecolors="white",
+                       linewidth=0.8)
+        label, rows = f"{job['name']} ({job['gpus']})", hi - lo + 1
+        across = len(label) * span_h / 140 < seen  # about 140 characters span the axis
+        if across or (rows >= 1.2 * len(label) and seen > span_h / 80):
+            ax.text(x + seen / 2, lo + rows / 2, label, ha="center", va="center",
+                    rotation=0 if across else 90, fontsize=8 if rows >= 3 else 6, clip_on=True)
+
+
+def _node_axis(ax, nodes: int, gpus_per_node: int) -> None:
+    ax.set_ylim(nodes * gpus_per_node, 0)
+    ax.set_yticks([(n + 0.5) * gpus_per_node for n in range(nodes)])
+    ax.set_yticklabels([f"node {n}" for n in range(nodes)], fontsize=8)
+    for n in range(1, nodes):
+        ax.axhline(n * gpus_per_node, color="grey", linewidth=0.6)

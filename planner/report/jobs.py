@@ -1,0 +1,36 @@
+"""A joint schedule of many jobs (a planner.jobs/v1 document) as a person reads it: one row per
+job, then the makespan and the baselines."""
+
+from __future__ import annotations
+
+from planner.report.text import model_name, runs, table
+from planner.units import duration
+
+
+def summary(doc: dict, solve_time_s: float) -> str:
+    """The schedule as a person reads it: one row per job, then makespan and baselines."""
+    c = doc["cluster"]
+    lines = [f"Joint schedule of {len(doc['jobs'])} jobs on {c['num_gpus']} x {c['device']} "
+             f"({c['name']}: {c['nodes']} nodes x {c['gpus_per_node']})"
+             + (f", re-planned at {duration(doc['now_s'])} (done: {', '.join(doc['done']) or '-'})"
+                if doc["now_s"] else ""), ""]
+    rows = [("job", "model", "GPUs", "nodes", "GPU ids", "start", "end", "state", "plan")]
+    for j in sorted(doc["jobs"], key=lambda j: (j["start_s"], j["gpu_ids"])):
+        rows.append((j["name"], model_name(j["model"]), str(j["gpus"]), _ranges(j["nodes"]),
+                     _ranges(j["gpu_ids"]), duration(j["start_s"]), duration(j["end_s"]),
+                     j["state"], j["parallel"]))
+    lines += ["  " + line for line in table(rows)]
+    s = doc["solve"]
+    lines += ["", f"  makespan      {duration(doc['makespan_s'])}  (CP-SAT {s['status']}, "
+                  f"gap {100 * s['gap']:.1f}%, objective {doc['objective']}, solved in "
+                  f"{solve_time_s:.1f} s, grid {s['time_unit_s']:g} s)"]
+    for name, b in doc["baselines"].items():
+        word = "shorter" if b["improvement"] >= 0 else "longer"
+        lines.append(f"  {name:<13} {duration(b['makespan_s'])}  ({b['description']}): joint "
+                     f"schedule is {100 * abs(b['improvement']):.1f}% {word}")
+    return "\n".join(lines)
+
+
+def _ranges(ids) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3,8'."""
+    return ",".join(f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in runs(ids))

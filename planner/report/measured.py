@@ -1,0 +1,52 @@
+"""What `plan run` prints: measured against predicted, per rank. Returns strings."""
+
+from __future__ import annotations
+
+from planner.report.text import listing
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def _mb(nbytes) -> str:
+    return "-" if nbytes is None else f"{nbytes / 1e6:.1f} MB"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x * 100:+.0f}%"
+
+
+def summary(result: dict, plan_name: str) -> str:
+    m = result["measured"]
+    lines = [
+        f"Ran {plan_name} on {len(result['ranks'])} {result['device']} processes "
+        f"({result['backend']}; data parallel: {result['data_parallel']}), "
+        f"{len(result['ranks'][0]['step_times_s'])} steps, the first {m['warmup_steps']} not timed"
+        + (" nor the last (memory profile)" if result["ranks"][0]["profiled_step"] is not None
+           else ""),
+        "",
+        listing([
+            ("", "measured", "predicted", "error"),
+            ("step time", _ms(m["step_time_s"]), _ms(m["predicted_step_time_s"]),
+             _pct(m["step_time_error"])),
+            ("peak memory", _mb(m["peak_memory_bytes"]), _mb(m["predicted_peak_memory_bytes"]),
+             _pct(m["peak_memory_error"])),
+            ("model states", _mb(m["state_bytes"]), "", ""),
+            ("process RSS peak", _mb(m["rss_peak_bytes"]), "", ""),
+        ]),
+        "",
+        listing([("rank", "pp", "dp", "tp", "stages", "median step", "peak memory", "states",
+                  "RSS peak")] + [
+            (str(r["rank"]), str(r["pp"]), str(r["dp"]), str(r["tp"]),
+             ",".join(map(str, r["stages"])), _ms(r["median_step_time_s"]),
+             _mb(r["peak_memory_bytes"]), _mb(r["state_bytes"]), _mb(r["rss_peak_bytes"]))
+            for r in result["ranks"]]),
+        "",
+        f"peak memory: {result['ranks'][0]['memory_method']}; states: parameters and optimizer "
+        "states the rank holds after the run",
+    ]
+    if result.get("loss_per_step"):
+        lines.append("loss per step: " + ", ".join(f"{x:.4f}" for x in result["loss_per_step"]))
+    lines += [f"note: {n}" for n in result.get("notes", [])]
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""A plan as a person reads it: the configuration, where the step time goes, the stage table and
+the search's account with its runners-up. Returns strings; printing is the CLI's job."""
+
+from __future__ import annotations
+
+from planner.planfile.breakdown import BREAKDOWN_WORDS
+from planner.planfile.document import Plan
+from planner.report.text import compress_names, knob, table
+from planner.units import GB, human_count, ms
+
+
+def summary(p: Plan) -> str:
+    """The whole explanation of a plan, as printed by ``plan solve`` and ``plan show``."""
+    lines = [_header(p), ""]
+    lines += _parallel(p)
+    lines += ["", *stage_table(p), ""]
+    lines += _search(p)
+    return "\n".join(lines)
+
+
+def _header(p: Plan) -> str:
+    c, m, t = p.cluster, p.model, p.training
+    return (f"Plan for {m['name']} ({human_count(m['num_params'])} params) on {c['num_gpus']} x "
+            f"{c['device']} ({c['name']}: {c['nodes']} nodes x {c['gpus_per_node']})\n"
+            f"  global batch {t['global_batch']} x {t['seq_len']} tokens, {t['dtype']}, "
+            f"{t['optimizer']}")
+
+
+def _parallel(p: Plan) -> list[str]:
+    par, pr = p.parallel, p.predicted
+    sp = " (+sequence parallel)" if par["sequence_parallel"] else ""
+    dev_mem = p.cluster.get("device_memory_bytes", 0)
+    vpp = f" x {par['vpp']} chunks per rank" if par.get("vpp", 1) > 1 else ""
+    offload = ", optimizer states offloaded to host" if par.get("offload_optimizer") else ""
+    return [
+        f"  parallel    dp={par['dp']}  tp={par['tp']}{sp}  pp={par['pp']}{vpp}",
+        f"  batching    micro-batch {par['micro_batch']} x {par['num_microbatches']} micro-batches, "
+        f"schedule {par['schedule']}",
+        f"  memory      recompute {par['recompute']}, ZeRO-{par['zero']}{offload}, placement "
+        f"{par.get('placement', 'tp-pp-dp')}",
+        *breakdown(p),
+        f"  throughput  {pr['samples_per_s']:.4g} samples/s, {pr['tokens_per_s']:,.0f} tokens/s, "
+        f"{pr['tflops_per_device']:.1f} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
+        f"  peak memory {pr['peak_memory_bytes'] / GB:.1f} GB per GPU"
+        + (f" of {dev_mem / GB:.0f} GB" if dev_mem and "groups" not in p.cluster else "")
+        + ("" if "groups" not in p.cluster else " (device memory: " + ", ".join(
+            f"{g['name']} {g['device_memory_bytes'] / GB:.0f} GB" for g in p.cluster["groups"]) + ")"),
+    ]
+
+
+def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
+    """The step time and its parts, largest first, each with its share and a bar."""
+    step = p.predicted["step_time_s"]
+    parts = sorted(((v, k) for k, v in p.predicted["breakdown"].items() if v > 0), reverse=True)
+    rows = [(f"    {BREAKDOWN_WORDS.get(k, k)}", f"{v:.3g} s", f"{100 * v / step:.1f}%",
+             "#" * round(bar_width * v / step)) for v, k in parts]
+    return [f"  step time   {step:.4g} s, made of:", *table(rows, indent="  ")]
+
+
+def stage_table(p: Plan) -> list[str]:
+    groups = any("group" in st for st in p.stages)
+    rows = [("stage" + (" (group)" if groups else ""), "blocks", "time/mb", "compute", "tp comm",
+             "p2p", "memory", "weights+grads+optim", "activations")]
+    for st in p.stages:
+        pr = st["predicted"]
+        mem = pr["memory_bytes"]
+        states = mem.get("weights", 0) + mem.get("grads", 0) + mem.get("optimizer", 0)
+        label = f"{st['index']} ({st['group']})" if "group" in st else str(st["index"])
+        if p.parallel.get("vpp", 1) > 1:  # interleaved: say which rank runs this chunk
+            label += f" (rank {st.get('pipeline_rank', st['index'] % p.parallel['pp'])})"
+        rows.append((label, compress_names(st["blocks"]),
+                     ms(pr["time_per_microbatch_s"]), ms(pr.get("compute_s", 0)),
+                     ms(pr.get("tp_comm_s", 0)), ms(pr.get("p2p_s", 0)),
+                     f"{mem['total'] / GB:.1f} GB", f"{states / GB:.1f} GB",
+                     f"{mem.get('activations', 0) / GB:.1f} GB x{pr.get('in_flight_microbatches', 1):.3g}"))
+    return table(rows, indent="  ")
+
+
+def _search(p: Plan) -> list[str]:
+    s = p.search
+    rejected = ", ".join(f"{n} {r}" for r, n in list(s.get("rejected", {}).items())[:5])
+    timing = f" in {s['time_s']:.2f} s" if s.get("time_s") is not None else ""
+    status = {"optimal": "best under the cost model", "feasible": "best found (time limit)",
+              "fixed": "configuration fixed"}.get(s["status"], s["status"])
+    lines = [f"  search: {s['candidates']} configurations, {s.get('evaluated', 0)} priced{timing}; "
+             f"{status}"] + ([f"  set aside: {rejected}"] if rejected else [])
+    alts = s.get("alternatives", [])
+    if alts:
+        lines.append("  runners-up, and why they lost:")
+        for i, a in enumerate(alts, 2):
+            lines += _runner_up(p, i, a)
+    return lines
+
+
+def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
+    """'3. tp 4 -> 8, dp 32 -> 16: 18.68 s (+1.5%), 31.6 GB (-29.3)' and the parts that moved."""
+    knobs = ", ".join(f"{k.replace('_', ' ')} {knob(p.parallel.get(k))} -> {knob(v)}"
+                      for k, v in a["parallel"].items()
+                      if k != "num_microbatches" and p.parallel.get(k) != v) or "same knobs"
+    rel = 100 * (a["step_time_s"] / p.step_time_s - 1)
+    mem = (a["peak_memory_bytes"] - p.predicted["peak_memory_bytes"]) / GB
+    parts = a["why"].split(": ", 1)[1] if ": " in a["why"] else "no part of the step moved"
+    return [f"    {i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%), "
+            f"{a['peak_memory_bytes'] / GB:.1f} GB per GPU ({mem:+.1f})",
+            f"       {parts}"]

@@ -1,0 +1,46 @@
+"""What-if sweeps as a table: one line per point (planner.explore.sweep rows)."""
+
+from __future__ import annotations
+
+from planner.units import dollars, gb, human_count
+from planner.report.text import table
+
+
+def short_config(row: dict) -> str:
+    """``dp=8 tp=2+sp pp=4 mb=1 1f1b rc=none z3`` from a sweep row or a plan's ``parallel``."""
+    sp = "+sp" if row.get("sequence_parallel") else ""
+    v = f"x{row['vpp']}" if (row.get("vpp") or 1) > 1 else ""
+    off = "+off" if row.get("offload_optimizer") else ""
+    return (f"dp={row['dp']} tp={row['tp']}{sp} pp={row['pp']}{v} mb={row['micro_batch']} "
+            f"{row['schedule']} rc={row['recompute']} z{row['zero']}{off}")
+
+
+def sweep_table(rows: list[dict], reason_width: int = 70) -> str:
+    """One line per what-if row: the point, GPUs, the chosen configuration and what it gives;
+    an infeasible point shows its reason instead."""
+    costs = any(r.get("cost_per_step_usd") is not None for r in rows)
+    run = any(r.get("run_cost_usd") is not None for r in rows)
+    head = ["point", "GPUs", "configuration", "step", "tokens/s", "MFU", "memory/GPU"]
+    head += ["$/step", "$/M tokens"] if costs else []
+    head += [f"days ({human_count(rows[0]['tokens'])} tok)", "$ run"] if run else []
+    out, reasons = [tuple(head)], {}
+    for r in rows:
+        cells = [r["point"], str(r["gpus"] or "")]
+        if not r["feasible"]:
+            reasons[len(out)] = "infeasible: " + (r["reason"] if len(r["reason"]) <= reason_width
+                                                  else r["reason"][:reason_width - 3] + "...")
+            out.append((*cells, *[""] * (len(head) - 2)))
+            continue
+        cells += [short_config(r), f"{r['step_time_s']:.3g} s", f"{r['tokens_per_s']:,.0f}",
+                  f"{100 * r['mfu']:.1f}%", gb(r["peak_memory_bytes"])]
+        if costs:
+            cells += [dollars(r.get("cost_per_step_usd")), dollars(r.get("cost_per_mtok_usd"))]
+        if run:
+            hours = r.get("run_hours")
+            cells += ["" if hours is None else f"{hours / 24:,.1f}",
+                      dollars(r.get("run_cost_usd"))]
+        out.append(tuple(cells))
+    lines = table(out)
+    for i, reason in reasons.items():  # reasons run across the columns, not widening one
+        lines[i] = lines[i].rstrip().ljust(len(lines[0].split("configuration")[0])) + reason
+    return "\n".join(lines)

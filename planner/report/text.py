@@ -1,0 +1,82 @@
+"""Plain-text building blocks of every report: aligned tables, wrapped lines, compressed module
+names, and knob values as people write them."""
+
+from __future__ import annotations
+
+import os
+import re
+import textwrap
+
+
+def table(rows, indent: str = "") -> list[str]:
+    """Rows of cells as lines, each column left-aligned to its widest cell."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def listing(rows: list[tuple[str, ...]]) -> str:
+    """``table`` joined into one string."""
+    return "\n".join(table(rows))
+
+
+def wrap(text: str, width: int = 100, indent: str = "  ") -> list[str]:
+    """``text`` wrapped at ``width``, keeping its leading spaces on the first line and starting
+    the others with ``indent``."""
+    lead = text[:len(text) - len(text.lstrip())]
+    return textwrap.wrap(text.strip(), width=width, initial_indent=lead, subsequent_indent=indent,
+                         break_on_hyphens=False)
+
+
+def knob(v) -> str:
+    """A knob's value as people write it: booleans as on/off."""
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return str(v)
+
+
+def compress_names(names: list[str]) -> str:
+    """``['h.0', 'h.1', 'h.2', 'ln_f..lm_head']`` -> ``'h.0-2, ln_f..lm_head'``."""
+    out: list[str] = []
+    run_prefix, run_start, run_end = None, None, None
+
+    def flush():
+        if run_prefix is not None:
+            out.append(f"{run_prefix}{run_start}" + (f"-{run_end}" if run_end != run_start else ""))
+
+    for name in names:
+        m = re.match(r"^(.*\.)(\d+)$", name)
+        if m and run_prefix == m.group(1) and int(m.group(2)) == run_end + 1:
+            run_end = int(m.group(2))
+            continue
+        flush()
+        if m:
+            run_prefix, run_start, run_end = m.group(1), int(m.group(2)), int(m.group(2))
+        else:
+            run_prefix = None
+            out.append(name)
+    flush()
+    text = ", ".join(out)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def pins_text(pins: dict) -> str:
+    """Pinned knobs as --fix takes them: ``tp=16,zero=off``."""
+    return ",".join(f"{k}={knob(v)}" for k, v in pins.items())
+
+
+def runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive ids: [0,1,2,5] -> [(0, 2), (5, 5)]."""
+    out: list[list[int]] = []
+    for i in sorted(ids):
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return [tuple(r) for r in out]
+
+
+def model_name(model: str) -> str:
+    """A short name for a MODEL: the zoo name, a config's folder, or the factory."""
+    if model.endswith("config.json"):
+        return os.path.basename(os.path.dirname(os.path.abspath(model))) or model
+    return os.path.basename(model)

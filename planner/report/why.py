@@ -1,0 +1,62 @@
+"""The answer to "why not these knobs?" as text (``plan show --why``): what changes with them, or
+which stages they do not fit. The answer itself comes from planner.explore.whynot."""
+
+from __future__ import annotations
+
+from planner.planfile.breakdown import BREAKDOWN_WORDS
+from planner.planfile.document import Plan
+from planner.report import compare
+from planner.report.text import knob, pins_text, wrap
+from planner.units import GB, gb
+
+
+def why(plan: Plan, answer) -> str:
+    """The answer to ``plan show --why``: what changes with the pinned knobs, or why they do not
+    fit (each stage over the device's memory, with what it would need)."""
+    pins = pins_text(answer.pins)
+    c = plan.cluster
+    where = f"{c['num_gpus']} x {c['device']}"
+    lines = [f"Why not {pins}? (plan: {plan.parallel_summary}, {plan.step_time_s:.4g} s per step)"]
+    if answer.feasible:
+        v = answer.variant
+        lines.append(f"  With {pins} the best plan on {where} is {v.parallel_summary}:")
+        lines += _what_changes(plan, v)
+        return "\n".join(lines)
+    lines += wrap(f"  The planner finds no plan with {pins} on {where}: {answer.message}.",
+                   indent="    ")
+    lines += [ln for n in answer.notes for ln in wrap(f"  - {n}", indent="    ")]
+    v = answer.variant
+    if v is None:
+        return "\n".join(lines)
+    usable, device = answer.limits
+    lines += wrap(f"  The plan's own configuration with {pins} ({v.parallel_summary}), split "
+                   "to balance time:", indent="    ")
+    for index, blocks, need, mem in answer.over:
+        parts = ", ".join(f"{k} {mem[k] / GB:.3g}" for k in compare.MEMORY_KINDS if mem.get(k))
+        lines += wrap(f"  - stage {index} ({blocks}) would need {gb(need)} per GPU ({parts} GB), "
+                       f"but each {c['device']} has {gb(device)}, {gb(usable)} usable after "
+                       "the reserve", indent="    ")
+    if not answer.over:
+        lines.append(f"  - every stage fits ({gb(v.predicted['peak_memory_bytes'])} per GPU at "
+                     f"most, {gb(usable)} usable)")
+    lines.append("  If it ran:")
+    lines += _what_changes(plan, v)
+    return "\n".join(lines)
+
+
+def _what_changes(a: Plan, b: Plan) -> list[str]:
+    ta, tb = a.step_time_s, b.step_time_s
+    verdict = (f"{100 * (tb / ta - 1):+.1f}% step time" if tb != ta else "the same step time")
+    lines = [f"    {tb:.4g} s per step ({verdict}; {ta:.4g} s now), "
+             f"{b.predicted['tokens_per_s']:,.0f} tokens/s, MFU {100 * b.predicted['mfu']:.1f}%"]
+    knobs = ", ".join(f"{k} {knob(x)} -> {knob(y)}"
+                      for k, x, y in compare.config_changes(a, b) if k != "num_microbatches")
+    lines += wrap(f"    configuration: {knobs or 'unchanged'}", indent="      ")
+    for ch in compare.part_changes(a, b):
+        lines += wrap(f"    {BREAKDOWN_WORDS[ch.part]} {ch.delta_s:+.3g} s"
+                       + (f": {ch.because}" if ch.because else ""), indent="      ")
+    pa, pb, moved = compare.memory_change(a, b)
+    kinds = ", ".join(f"{k} {d / GB:+.3g} GB" for k, d in moved)
+    lines += wrap(f"    memory: {gb(pa)} -> {gb(pb)} per GPU at the peak"
+                   + (f" ({kinds} on the fullest GPU)" if kinds else ""), indent="      ")
+    return lines

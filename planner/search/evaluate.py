@@ -1,0 +1,39 @@
+"""Price one configuration on one device type: split the blocks into stages, then price the step.
+
+The exact chain split (planner.solve.chain) cuts the blocks into ``pp x vpp`` chunks that fit
+memory; chunk ``c`` runs on pipeline rank ``c mod pp`` (Megatron-LM's placement), so a rank's time
+and memory add up its chunks. Either an Estimate comes back or InfeasibleError with a reason the
+search counts.
+"""
+
+from __future__ import annotations
+
+from costmodels.errors import InfeasibleError
+from costmodels.topology import Cluster
+from planner.options import PLACEMENTS, Config, SearchOptions, TrainingSpec
+from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, stage_memory
+from planner.search.pricing import Estimate, price
+from planner.solve.chain import StageMemory, partition
+
+
+def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
+             training: TrainingSpec, options: SearchOptions) -> Estimate:
+    """Split into stages (chunks), then price the step; raises InfeasibleError."""
+    mem = stage_memory(cfg, costs, ma, training, capacity_bytes(cluster, options))
+    part = partition(costs.time_s.tolist(), cfg.pp * cfg.vpp, mem)
+    if part is None:
+        raise InfeasibleError(_oom_message(cfg, mem), reason="out of memory")
+    # The split does not depend on placement; price each order and keep the faster.
+    orders = PLACEMENTS if cfg.pp > 1 and cfg.dp > 1 else (cfg.placement,)
+    priced = [price(cfg.with_(placement=o), part.bounds, ma, costs, cluster, training)
+              for o in orders]
+    best = min(priced, key=lambda e: e.step_time_s)
+    if best.peak_memory_bytes > capacity_bytes(cluster, options):
+        raise InfeasibleError(f"{cfg.short()}: a rank needs {best.peak_memory_bytes / 1e9:.3g} GB",
+                              reason="out of memory")
+    return best
+
+
+def _oom_message(cfg: Config, mem: StageMemory) -> str:
+    return (f"{cfg.short()}: no split into {cfg.pp * cfg.vpp} stages fits "
+            f"{mem.capacity / 1e9:.3g} GB per GPU")

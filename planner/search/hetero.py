@@ -1,0 +1,149 @@
+"""Plans for clusters made of groups of different devices (or sites joined by a slow link).
+
+Every pipeline stage spans ``tp x dp`` GPUs of one group; group g hosts ``gpus_g / (tp x dp)``
+consecutive stages (a heterogeneous pipeline in the manner of HetPipe / Metis: fast devices take
+more layers). For each configuration and each order of the groups along the pipeline, an exact
+dynamic program sizes the stages for their devices' speed and memory; the best candidates are then
+re-solved by a CP-SAT model that chooses the group of every stage too (planner.solve.stage_groups), and
+re-timed by simulation. Pipeline sends between groups cross the ``inter_group`` link.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+
+import numpy as np
+
+from costmodels import comm, compute, memory
+from costmodels.errors import InfeasibleError
+from costmodels.hardware import DTYPE_BYTES
+from costmodels.topology import HeteroCluster
+from planner.options import Config, SearchOptions, TrainingSpec
+from planner.search import placement
+from planner.search.costs import BlockCosts, ModelArrays, block_costs, capacity_bytes, stage_memory
+from planner.search.pricing import Estimate, assemble, chunks, exposed_dp_s, rank_memory
+from planner.solve.chain import partition_staged
+from planner.solve.stage_groups import solve_hetero
+
+log = logging.getLogger(__name__)
+
+GROUP_SCHEDULES = ("1f1b", "gpipe")
+"""The schedules priced on device groups (one stage per rank), in the order the search tries them."""
+
+
+def restrict(options: SearchOptions) -> SearchOptions:
+    """``options`` narrowed to what this pricing covers: GPipe and 1F1B, no optimizer offload
+    (knobs pinned with --fix still apply)."""
+    return dataclasses.replace(options, schedules=GROUP_SCHEDULES, offload=(False,))
+
+
+def group_orders(hc: HeteroCluster, cfg: Config) -> list[list[int]]:
+    """Every order of the groups along the pipeline, as the group of each stage."""
+    slots = [g.num_gpus // (cfg.tp * cfg.dp) for g in hc.groups]
+    return [[g for g in order for _ in range(slots[g])]
+            for order in itertools.permutations(range(len(hc.groups)))]
+
+
+def best_order(cfg: Config, ma: ModelArrays, hc: HeteroCluster, training: TrainingSpec,
+               options: SearchOptions, costs: list[BlockCosts]) -> Estimate:
+    """The fastest placement of the groups along the pipeline (each order priced)."""
+    found, last = [], None
+    for order in group_orders(hc, cfg):
+        try:
+            found.append(evaluate_hetero(cfg, order, ma, hc, training, options, costs))
+        except InfeasibleError as exc:
+            last = exc
+    if not found:
+        raise last
+    return min(found, key=lambda e: e.step_time_s)
+
+
+def group_costs(ma: ModelArrays, hc: HeteroCluster, training: TrainingSpec, *, tp: int, sp: bool,
+                recompute: str, micro_batch: int) -> list[BlockCosts]:
+    """Per group, every block's costs on its device (planner.search.costs.block_costs)."""
+    return [block_costs(ma, g, training, tp=tp, sp=sp, recompute=recompute,
+                        micro_batch=micro_batch) for g in hc.groups]
+
+
+def _costs_of(cfg: Config, ma: ModelArrays, hc: HeteroCluster, training) -> list[BlockCosts]:
+    return group_costs(ma, hc, training, tp=cfg.tp, sp=cfg.sequence_parallel,
+                       recompute=cfg.recompute, micro_batch=cfg.micro_batch)
+
+
+def evaluate_hetero(cfg: Config, stage_group: list[int], ma: ModelArrays, hc: HeteroCluster,
+                    training: TrainingSpec, options: SearchOptions,
+                    costs: list[BlockCosts] | None = None) -> Estimate:
+    """Size the stages (exact DP) for a given group of every stage, then price the step."""
+    costs = costs or _costs_of(cfg, ma, hc, training)
+    caps = [capacity_bytes(hc.groups[g], options) for g in stage_group]
+    part = partition_staged([costs[g].time_s.tolist() for g in stage_group], cfg.pp,
+                            stage_memory(cfg, costs[0], ma, training, 0.0), caps)
+    if part is None:
+        raise InfeasibleError(f"{cfg.short()}: no split fits the groups' memory", reason="out of memory")
+    return price_hetero(cfg, part.bounds, stage_group, ma, costs, hc, training)
+
+
+def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: ModelArrays,
+                 costs: list[BlockCosts], hc: HeteroCluster, training: TrainingSpec) -> Estimate:
+    """Each stage priced on its group's device; sends between groups cross ``inter_group``."""
+    group_of_block = np.concatenate([[stage_group[s]] * (b - a)
+                                     for s, (a, b) in enumerate(zip(bounds, bounds[1:]))])
+    stitched = BlockCosts(**{f.name: np.choose(group_of_block, [getattr(c, f.name) for c in costs])
+                             for f in dataclasses.fields(BlockCosts)})
+    sends, cuts = [0.0] * cfg.pp, []
+    for s in range(cfg.pp - 1):
+        g, h = stage_group[s], stage_group[s + 1]
+        link = hc.inter_group if g != h else placement.link_between(cfg, hc.groups[g], 0, 1)
+        one_way = comm.p2p_s(ma.cut_bytes[bounds[s + 1] - 1] * cfg.micro_batch / cfg.tp, link)
+        sends[s] += one_way
+        sends[s + 1] += one_way
+        cuts.append(one_way)
+    stages = chunks(cfg, bounds, ma, stitched, sends)
+    ranks = rank_memory(cfg, bounds, stages, ma, stitched, training)
+    dp_s = opt_s = 0.0
+    state_b = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
+                                           zero=0, dp=1)
+    for st in stages:
+        group = hc.groups[stage_group[st.index]]
+        nbytes = st.params * DTYPE_BYTES[training.dtype]
+        dp_s = max(dp_s, exposed_dp_s(cfg, nbytes, placement.dp_group(cfg, group), group,
+                                      st.compute_s, st.compute_s - st.fwd_s,
+                                      training.engine.overlap_grad_reduce))
+        shard = cfg.dp if cfg.zero >= 1 else 1
+        opt_s = max(opt_s, compute.optimizer_step_s(st.params / shard, group.device,
+                                                    state_bytes_per_param=state_b))
+    est = assemble(cfg, stages, ranks, dp_s, opt_s, ma, training, cuts)
+    offsets = list(itertools.accumulate([0] + [g.num_gpus for g in hc.groups]))
+    width = cfg.tp * cfg.dp
+    for st in est.stages:
+        g = stage_group[st.index]
+        k = stage_group[:st.index].count(g)  # k-th stage on this group
+        st.group = hc.groups[g].name
+        st.ranks = list(range(offsets[g] + k * width, offsets[g] + (k + 1) * width))
+    return est
+
+
+def refine_groups(est: Estimate, ma: ModelArrays, hc: HeteroCluster, training: TrainingSpec,
+                  options: SearchOptions, budget_s: float) -> Estimate:
+    """Let CP-SAT choose every stage's group and size; keep the DP's answer unless it is beaten."""
+    cfg = est.config
+    costs = _costs_of(cfg, ma, hc, training)
+    names = {g.name: i for i, g in enumerate(hc.groups)}
+    stage_group = [names[st.group] for st in est.stages]
+    bounds = [0] + list(itertools.accumulate(len(st.blocks) for st in est.stages))
+    slots = [stage_group.count(g) for g in range(len(hc.groups))]
+    edges = [(b, b + 1) for b in range(len(ma.names) - 1)]  # stages stay contiguous in order
+    res = solve_hetero([c.time_s.tolist() for c in costs], slots, edges,
+                       stage_memory(cfg, costs[0], ma, training, 0.0),
+                       [capacity_bytes(g, options) for g in hc.groups],
+                       time_limit_s=budget_s, seed=options.cpsat_seed, hint=(bounds, stage_group))
+    if res is None:
+        return dataclasses.replace(est, split_status="feasible", split_gap=None)
+    old = max(st.compute_s + st.tp_comm_s for st in est.stages)
+    if res.bottleneck >= old * (1 - 1e-6):
+        return dataclasses.replace(est, split_status=res.status, split_gap=res.gap)
+    better = price_hetero(cfg, res.bounds, res.group_of_stage, ma, costs, hc, training)
+    return dataclasses.replace(better, stage_split="cp-sat", split_status=res.status,
+                               split_gap=res.gap)

@@ -1,0 +1,116 @@
+"""Second pass over the search's best candidates: exact stage assignment on DAGs, and simulation.
+
+The search ranks every configuration with closed forms on a chain split (fast). Its top k are then:
+
+1. re-split with CP-SAT when the blocks form a DAG rather than a chain (planner.solve.dag), with
+   the chain split as the starting hint, so the result is never worse;
+2. re-timed by simulating their schedule event by event (planner.schedule.simulator): unequal
+   stages, p2p delays and the schedule's exact order set the pipeline time and the activations in
+   flight.
+
+The candidates are then re-ranked by the refined step time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import numpy as np
+
+from costmodels.topology import Cluster
+from planner.options import SearchOptions, TrainingSpec
+from planner.schedule.builders import SPLIT_BACKWARD, build
+from planner.schedule.simulator import simulate
+from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, stage_memory
+from planner.search.pricing import Estimate, price, weight_grad_s
+from planner.solve.dag import solve_dag
+from planner.trace.graph import BlockGraph
+
+log = logging.getLogger(__name__)
+
+
+def cpsat_budget_s(options: SearchOptions, deadline: float | None, left: int) -> float:
+    """CP-SAT seconds for one of ``left`` candidates still to refine: the option's limit, or an
+    equal share of the time until ``deadline`` (at least 0.05 s)."""
+    if deadline is None:
+        return options.cpsat_time_limit_s
+    return max(0.05, (deadline - time.perf_counter()) / left)
+
+
+def refine(candidates: list[Estimate], bg: BlockGraph, ma: ModelArrays, cost_of, cluster: Cluster,
+           training: TrainingSpec, options: SearchOptions, deadline: float | None) -> list[Estimate]:
+    """The candidates re-split (DAGs) and re-timed (simulation), best first. ``cost_of(cfg)``
+    gives a candidate's BlockCosts."""
+    out = []
+    for i, est in enumerate(candidates):
+        if not bg.is_chain() and est.config.vpp == 1:
+            budget = cpsat_budget_s(options, deadline, len(candidates) - i)
+            est = refine_dag(est, bg, ma, cost_of(est.config), cluster, training, options, budget)
+        out.append(simulated(est, training))
+    return sorted(out, key=lambda e: e.step_time_s)
+
+
+def refine_dag(est: Estimate, bg: BlockGraph, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
+               training: TrainingSpec, options: SearchOptions, budget_s: float) -> Estimate:
+    """Re-split ``est`` with CP-SAT; keep the chain split when CP-SAT finds nothing better."""
+    cfg = est.config
+    mem = stage_memory(cfg, costs, ma, training, capacity_bytes(cluster, options))
+    position = {name: i for i, name in enumerate(ma.names)}
+    hint = [0] * len(ma.names)
+    for st in est.stages:
+        for name in st.blocks:
+            hint[position[name]] = st.index
+    edges = sorted({(position[e.src], position[e.dst]) for e in bg.edges})
+    t0 = time.perf_counter()
+    res = solve_dag(costs.time_s.tolist(), edges, cfg.pp, mem, time_limit_s=budget_s,
+                    seed=options.cpsat_seed, hint=hint)
+    log.info("CP-SAT stage assignment for %s: %s in %.2f s", cfg.short(),
+             res.status if res else "no solution", time.perf_counter() - t0)
+    if res is None:
+        return dataclasses.replace(est, split_status="feasible", split_gap=None)
+    chain_bottleneck = max(st.compute_s + st.tp_comm_s for st in est.stages)
+    if res.bottleneck >= chain_bottleneck * (1 - 1e-6):
+        return dataclasses.replace(est, split_status=res.status, split_gap=res.gap)
+    ma2 = ModelArrays.from_blocks(bg, order=[bg.index()[ma.names[b]] for b in res.order])
+    better = price(cfg, res.bounds, ma2, costs.permuted(res.order), cluster, training)
+    return dataclasses.replace(better, stage_split="cp-sat", split_status=res.status,
+                               split_gap=res.gap)
+
+
+def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
+    """``est`` with its pipeline time and activation memory taken from a simulation."""
+    cfg = est.config
+    m = cfg.num_microbatches
+    actions = build(cfg.schedule, cfg.pp, m, vpp=cfg.vpp)
+    tp_fwd = 1 / 3 if cfg.recompute == "full" else 1 / 2  # full recompute replays forward's share
+    fwd = [st.fwd_s + tp_fwd * st.tp_comm_s for st in est.stages]
+    split = cfg.schedule in SPLIT_BACKWARD
+    wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]
+    bwd = [st.compute_s - st.fwd_s + (1 - tp_fwd) * st.tp_comm_s - w
+           for st, w in zip(est.stages, wgrad)]
+    sim = simulate(actions, microbatches=m, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad,
+                   p2p_s=est.cut_p2p_s or 0.0,
+                   activation_bytes=[st.act_bytes for st in est.stages], vpp=cfg.vpp)
+    stages = [dataclasses.replace(st) for st in est.stages]
+    for r in range(cfg.pp):
+        mine = [st for st in stages if st.rank == r]
+        mem = dict(mine[0].memory)
+        mem["activations"] = float(sim.peak_activation_bytes[r])
+        mem["total"] = sum(v for k, v in mem.items() if k != "total")
+        for st in mine:
+            st.memory = mem
+    busy = [sum(st.compute_s + st.tp_comm_s for st in stages if st.rank == r) for r in range(cfg.pp)]
+    slow = int(np.argmax(busy))
+    bd = dict(est.breakdown)
+    bd["compute_s"] = m * sum(st.compute_s for st in stages if st.rank == slow)
+    bd["tp_comm_s"] = m * sum(st.tp_comm_s for st in stages if st.rank == slow)
+    bd["pp_comm_s"] = 0.0  # sends overlap compute; waiting for them shows as bubble
+    bd["bubble_s"] = max(0.0, sim.step_time_s - m * busy[slow])
+    bd["straggler_s"] = est.straggler_excess * (bd["compute_s"] + bd["optimizer_s"])
+    return dataclasses.replace(
+        est, stages=stages,
+        step_time_s=sim.step_time_s + bd["dp_comm_s"] + bd["optimizer_s"] + bd["straggler_s"],
+        breakdown=bd, peak_memory_bytes=max(st.memory["total"] for st in stages),
+        timing="simulated")

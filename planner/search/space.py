@@ -1,0 +1,224 @@
+"""The legal configurations and the rules that prune them, for every search.
+
+A configuration picks dp x tp x pp GPUs (tp inside a node, dividing every head count and split
+feature size), a micro-batch size dividing the per-replica batch, a schedule, recomputation, ZeRO
+stage, sequence parallelism and a placement order. On one device type dp x tp x pp is the cluster;
+on a cluster of device groups every pipeline stage spans tp x dp GPUs of one group, so tp x dp
+divides each group's GPUs and pp is the number of such slots (``Space.group_gpus``).
+
+Each rule that rejects a point names a reason, one of the constants below, which the search counts
+and reports ("412 candidates: 380 out of memory, 32 tp > gpus per node"). The same rule functions
+serve the search (both kinds of cluster), the leanest-plan account of an infeasible search
+(planner.search.feasibility) and the why-not answers (planner.explore.whynot).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterator
+
+from planner.errors import SpecError
+from planner.options import Config, SearchOptions, TrainingSpec
+
+TP_GPUS = "tp does not divide gpus"
+TP_NODE = "tp > gpus per node"
+TP_NODE_SPLIT = "tp does not divide gpus per node"
+TP_MODEL = "tp does not divide heads or hidden sizes"
+MESH = "dp x tp x pp != gpus"
+GROUP_WIDTH = "tp x dp does not divide every group's GPUs"
+PP_BLOCKS = "pp > blocks"
+BATCH_DP = "global batch not divisible by dp"
+MICRO_BATCH = "micro batch does not divide the per-replica batch"
+SP_TP = "sequence parallel needs tp > 1"
+VPP_SHAPE = "interleaved needs pp > 1 and vpp > 1"
+VPP_ROUNDS = "interleaved needs micro-batches divisible by pp"
+VPP_BLOCKS = "pp x vpp > blocks"
+OFFLOAD_ZERO = "offload needs ZeRO >= 1 (and dp > 1)"
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Space:
+    """What the rules need to know about the cluster and the model."""
+
+    num_gpus: int
+    """GPUs the configuration spreads over (with device groups: the largest number dividing every
+    group's GPUs, the widest a stage may be)."""
+    gpus_per_node: int
+    """GPUs a tensor-parallel group may span (with device groups: the largest number dividing
+    every group's GPUs per node)."""
+    num_blocks: int
+    """Blocks of the model: at most one pipeline stage (chunk) each."""
+    tp_divisors: tuple[int, ...] = ()
+    """Sizes a tensor-parallel degree must divide (heads, split feature sizes)."""
+    group_gpus: tuple[int, ...] = ()
+    """GPUs of each device group; empty on a cluster of one device type."""
+
+    @classmethod
+    def of(cls, cluster, blocks) -> "Space":
+        """The space of ``blocks`` (a BlockGraph) on ``cluster`` (Cluster or HeteroCluster)."""
+        divs = tuple(sorted({d for b in blocks.blocks for d in b.tp_divisors}))
+        groups = getattr(cluster, "groups", None)
+        if groups:
+            return cls(num_gpus=math.gcd(*(g.num_gpus for g in groups)),
+                       gpus_per_node=math.gcd(*(g.gpus_per_node for g in groups)),
+                       num_blocks=len(blocks.blocks), tp_divisors=divs,
+                       group_gpus=tuple(g.num_gpus for g in groups))
+        return cls(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
+                   num_blocks=len(blocks.blocks), tp_divisors=divs)
+
+
+@dataclass(frozen=True)
+class CostKey:
+    """The knobs per-block costs depend on (the rest only changes the split and the totals)."""
+
+    tp: int
+    sp: bool
+    recompute: str
+    micro_batch: int
+
+
+# ---- rules ---------------------------------------------------------------------------------------
+
+def tp_reasons(tp: int, space: Space) -> list[str]:
+    """Every rule a tensor-parallel degree breaks, in the order the search checks them."""
+    out = []
+    if space.num_gpus % tp:
+        out.append(TP_GPUS)
+    if tp > space.gpus_per_node:
+        out.append(TP_NODE)
+    if space.gpus_per_node % tp:
+        out.append(TP_NODE_SPLIT)
+    if any(d % tp for d in space.tp_divisors):
+        out.append(TP_MODEL)
+    return out
+
+
+def tp_reason(tp: int, space: Space) -> str:
+    """The first rule ``tp`` breaks, or '' when it is legal."""
+    reasons = tp_reasons(tp, space)
+    return reasons[0] if reasons else ""
+
+
+def pp_reason(pp: int, vpp: int, space: Space) -> str:
+    """'' when ``pp x vpp`` stages can each take at least one block."""
+    if pp > space.num_blocks:
+        return PP_BLOCKS
+    if pp * vpp > space.num_blocks:
+        return VPP_BLOCKS
+    return ""
+
+
+# ---- the enumeration -----------------------------------------------------------------------------
+
+def enumerate_space(space: Space, training: TrainingSpec, options: SearchOptions,
+                    rejected: Counter) -> Iterator[tuple[CostKey, list[Config]]]:
+    """Configurations grouped by CostKey; rejected points are counted in ``rejected``."""
+    fix = dict(options.fix)
+    if fix.get("vpp", 1) > 1 and fix.get("schedule", "interleaved-1f1b") != "interleaved-1f1b":
+        raise SpecError(f"fix.vpp: vpp={fix['vpp']} needs schedule=interleaved-1f1b, not "
+                        f"{fix['schedule']}")
+    meshes = _group_meshes if space.group_gpus else _meshes
+    for tp, pp, dp in meshes(space, fix, training.global_batch, rejected):
+        yield from _inner(fix, tp, pp, dp, training.global_batch, options, rejected, space)
+
+
+def _meshes(space: Space, fix: dict, gb: int, rejected: Counter):
+    """(tp, pp, dp) with dp x tp x pp = the cluster's GPUs."""
+    n = space.num_gpus
+    for tp in _choices(fix, "tp", divisors(n)):
+        reason = tp_reason(tp, space)
+        if reason:
+            rejected[reason] += 1
+            continue
+        for pp in _choices(fix, "pp", divisors(n // tp)):
+            dp = n // (tp * pp)
+            reason = (MESH if (n // tp) % pp else pp_reason(pp, 1, space) or (
+                MESH if fix.get("dp", dp) != dp else BATCH_DP if gb % dp else ""))
+            if reason:
+                rejected[reason] += 1
+                continue
+            yield tp, pp, dp
+
+
+def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
+    """(tp, pp, dp) with stages of tp x dp GPUs filling every device group: pp = sum of the
+    groups' GPUs / (tp x dp)."""
+    for tp in _choices(fix, "tp", divisors(space.num_gpus)):
+        reason = tp_reason(tp, space)
+        if reason:
+            rejected[reason] += 1
+            continue
+        for dp in _choices(fix, "dp", divisors(space.num_gpus // tp)):
+            width = tp * dp
+            pp = sum(g // width for g in space.group_gpus)
+            reason = (GROUP_WIDTH if any(g % width for g in space.group_gpus) else
+                      MESH if fix.get("pp", pp) != pp else
+                      pp_reason(pp, 1, space) or (BATCH_DP if gb % dp else ""))
+            if reason:
+                rejected[reason] += 1
+                continue
+            yield tp, pp, dp
+
+
+def _inner(fix, tp, pp, dp, gb, options, rejected, space):
+    states = _zero_offload(fix, dp, options, rejected)
+    schedules = _choices(fix, "schedule", list(options.schedules) if pp > 1 else ["1f1b"])
+    for mb in _choices(fix, "micro_batch", divisors(gb // dp)):
+        if (gb // dp) % mb:
+            rejected[MICRO_BATCH] += 1
+            continue
+        m = gb // (dp * mb)
+        for sp in _choices(fix, "sequence_parallel", [False, True] if tp > 1 else [False]):
+            if sp and tp == 1:
+                rejected[SP_TP] += 1
+                continue
+            for rc in _choices(fix, "recompute", list(options.recompute)):
+                configs = [
+                    Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m, schedule=s,
+                           recompute=rc, zero=z, sequence_parallel=sp, vpp=v, offload_optimizer=o)
+                    for s in schedules
+                    for v in _vpps(fix, s, pp, m, options, rejected, space)
+                    for z, o in states
+                ]
+                if configs:
+                    yield CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=mb), configs
+
+
+def _vpps(fix: dict, schedule: str, pp: int, m: int, options: SearchOptions,
+          rejected: Counter, space: Space) -> list[int]:
+    """Chunks per rank: 1 unless interleaved, whose micro-batches must fill whole rounds of pp
+    (Megatron-LM's requirement) and whose chunks need at least one block each."""
+    if schedule != "interleaved-1f1b":
+        return [1]
+    out = []
+    for v in _choices(fix, "vpp", list(options.vpp)):
+        reason = (VPP_SHAPE if v < 2 or pp < 2 else VPP_ROUNDS if m % pp else
+                  pp_reason(pp, v, space))
+        if reason:
+            rejected[reason] += 1
+        else:
+            out.append(v)
+    return out
+
+
+def _zero_offload(fix: dict, dp: int, options: SearchOptions, rejected: Counter) -> list[tuple]:
+    """(ZeRO stage, offload) pairs; offloading the optimizer needs its states sharded (ZeRO >= 1),
+    as in DeepSpeed, and sharding needs data parallelism."""
+    zeros = _choices(fix, "zero", list(options.zero) if dp > 1 else [0])
+    offloads = _choices(fix, "offload_optimizer", list(options.offload))
+    pairs = [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
+    if not pairs:
+        rejected[OFFLOAD_ZERO] += 1
+    return pairs
+
+
+def _choices(fix: dict, key: str, default: list) -> list:
+    return [fix[key]] if key in fix else default

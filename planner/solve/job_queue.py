@@ -1,0 +1,258 @@
+"""Many jobs on one cluster, the problem and its list schedules.
+
+The problem: per-job records (``JobRequest`` in, ``Placement`` out), the time grid the requests are
+put on (``Grid``, ``on_grid``, ``nice_unit``) and how many nodes a GPU count takes. The list
+schedules over it:
+
+- greedy_schedule: the CP-SAT model's hint (planner.solve.job_schedule), and its answer if the time
+  limit ends first;
+- list_place / list_schedule: running jobs stay, the others at their earliest fit in a given order
+  (list_schedule is the first-in first-out queue of the baselines, in seconds);
+- left_shift: every job as early as its nodes allow, keeping counts and nodes;
+- _Occupancy: per-node reservations (start, end, GPUs) behind all of these;
+- assign_gpu_ids: GPU ids per job by a sweep in start order;
+- objective_value: makespan or weighted completion time of a (start, count, nodes) solution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+GRID_STEPS = 10_000
+"""The automatic time unit makes the horizon about this many grid steps."""
+EPS = 1e-9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where and when one job runs."""
+
+    name: str
+    gpus: int
+    """GPUs the job uses."""
+    nodes: tuple[int, ...]
+    """Node indices (0-based)."""
+    gpu_ids: tuple[int, ...]
+    """Global GPU ids: node x gpus_per_node + local index."""
+    start_s: float
+    """Start, seconds from the schedule's origin."""
+    end_s: float
+    """Predicted end, seconds from the schedule's origin."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRequest:
+    """One job as the scheduler sees it."""
+
+    name: str
+    durations_s: Mapping[int, float]
+    """GPU count -> predicted seconds for the whole job (only counts where it fits)."""
+    priority: int = 1
+    """Weight of its completion time in the weighted objective."""
+    deadline_s: float | None = None
+    """It must end by then (seconds from the origin); None: no deadline."""
+    pinned: Placement | None = None
+    """A running job: keeps its GPUs, start and end."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The requests in grid units (or in seconds, for list schedules: unit 1)."""
+
+    unit_s: float
+    release: float
+    """Earliest start of the jobs that are not pinned."""
+    durations: list[dict]
+    """Per job: GPU count -> duration (a pinned job: its own count only)."""
+    fixed: list
+    """Per job: its start if pinned, else None."""
+
+    @property
+    def horizon(self) -> int:
+        ends = [s + max(d.values()) for s, d in zip(self.fixed, self.durations) if s is not None]
+        free = sum(max(d.values()) for s, d in zip(self.fixed, self.durations) if s is None)
+        return math.ceil(max(ends + [self.release]) + free)
+
+
+def nodes_needed(gpus: int, gpus_per_node: int) -> int:
+    if gpus % gpus_per_node == 0:
+        return gpus // gpus_per_node
+    assert gpus < gpus_per_node, f"{gpus} GPUs is neither part of a node nor whole nodes"
+    return 1
+
+
+def in_seconds(requests, now_s: float) -> Grid:
+    """The requests on a grid of one second, unrounded (the list schedules' view)."""
+    return Grid(unit_s=1.0, release=now_s,
+                durations=[({r.pinned.gpus: r.pinned.end_s - r.pinned.start_s} if r.pinned
+                            else dict(r.durations_s)) for r in requests],
+                fixed=[r.pinned.start_s if r.pinned else None for r in requests])
+
+
+def on_grid(requests, now_s: float, unit_s: float | None) -> Grid:
+    """The requests in integer grid units of ``unit_s`` seconds (None: 1, 2 or 5 x 10^k s, about
+    GRID_STEPS steps over the horizon): durations round up, pinned starts down."""
+    secs = in_seconds(requests, now_s)
+    unit = float(unit_s or nice_unit(secs.horizon / GRID_STEPS))
+    fixed = [None if s is None else math.floor(s / unit + EPS) for s in secs.fixed]
+    durations = []
+    for s, d, f in zip(secs.fixed, secs.durations, fixed):
+        if f is None:
+            durations.append({g: max(1, math.ceil(x / unit - EPS)) for g, x in sorted(d.items())})
+        else:  # pinned: from the grid cell of its start to the one holding its end
+            ((g, x),) = d.items()
+            durations.append({g: max(1, math.ceil((s + x) / unit - EPS) - f)})
+    return Grid(unit_s=unit, release=math.ceil(now_s / unit - EPS), durations=durations,
+                fixed=fixed)
+
+
+def nice_unit(x: float) -> float:
+    """The smallest of 1, 2, 5 x 10^k that is >= x (1 s for a zero horizon)."""
+    if x <= 0:
+        return 1.0
+    exp = math.floor(math.log10(x))
+    return next(float(f"{m * 10.0 ** exp:.12g}") for m in (1, 2, 5, 10)
+                if m * 10.0 ** exp >= x * (1 - 1e-12))
+
+
+def greedy_schedule(requests, grid: Grid, nodes: int, gpus_per_node: int):
+    """The better of two list schedules (None if both miss a deadline): every job on its fastest
+    count one after another in the given order, or every job on its leanest count (least GPU x
+    time), longest first, each at its earliest fit."""
+    jobs = range(len(requests))
+    fastest = [min(d, key=lambda g: (d[g], -g)) for d in grid.durations]
+    leanest = [min(d, key=lambda g: (d[g] * g, d[g])) for d in grid.durations]
+    by_length = sorted(jobs, key=lambda j: -grid.durations[j][leanest[j]])
+    best, best_value = None, math.inf
+    for counts, order, fifo in ((fastest, jobs, True), (leanest, by_length, False)):
+        sol = list_place(requests, grid, counts, order, nodes, gpus_per_node, fifo=fifo)
+        late = any(r.deadline_s is not None and f is None and
+                   s + grid.durations[j][g] > math.floor(r.deadline_s / grid.unit_s + EPS)
+                   for j, (r, f, (s, g, _)) in enumerate(zip(requests, grid.fixed, sol)))
+        value = objective_value(sol, requests, grid, "makespan")
+        if not late and value < best_value:
+            best, best_value = sol, value
+    return best
+
+
+def objective_value(solution, requests, grid: Grid, objective: str) -> float:
+    ends = [s + grid.durations[j][g] for j, (s, g, _) in enumerate(solution)]
+    if objective == "weighted":
+        return float(sum(r.priority * e for r, e in zip(requests, ends)))
+    return float(max(ends, default=0))
+
+
+def list_place(requests, grid: Grid, counts, order, nodes, gpus_per_node, *, fifo: bool):
+    """Running jobs where they are, then the others in ``order`` at their earliest fit on
+    ``counts[j]`` GPUs (fifo: never before the job ahead starts).
+
+    Returns per job (start, count, nodes)."""
+    occ = _Occupancy(nodes, gpus_per_node)
+    sol: list = [None] * len(requests)
+    for j, (r, fixed) in enumerate(zip(requests, grid.fixed)):
+        if fixed is not None:
+            sol[j] = occ.add(r.pinned.nodes, fixed, grid.durations[j][r.pinned.gpus], r.pinned.gpus)
+    not_before = grid.release
+    for j in order:
+        if grid.fixed[j] is None:
+            g = counts[j]
+            start, on_nodes = occ.earliest(g, grid.durations[j][g], not_before)
+            sol[j] = occ.add(on_nodes, start, grid.durations[j][g], g)
+            not_before = start if fifo else grid.release
+    return sol
+
+
+def list_schedule(requests: list[JobRequest], counts: list[int], nodes: int, gpus_per_node: int,
+                  *, now_s: float = 0.0) -> list[Placement]:
+    """A first-in first-out queue, in seconds: each job in turn on ``counts[j]`` GPUs at its
+    earliest fit, never before the job ahead of it starts (running jobs stay)."""
+    grid = in_seconds(requests, now_s)
+    sol = list_place(requests, grid, counts, range(len(requests)), nodes, gpus_per_node, fifo=True)
+    ids = assign_gpu_ids(requests, grid, sol, gpus_per_node)
+    return [r.pinned or Placement(name=r.name, gpus=g, nodes=on, gpu_ids=i, start_s=s,
+                                  end_s=s + grid.durations[j][g])
+            for j, (r, (s, g, on), i) in enumerate(zip(requests, sol, ids))]
+
+
+def left_shift(requests, grid: Grid, solution, nodes: int, gpus_per_node: int):
+    """Start every job as early as its nodes allow, in start order, keeping counts and nodes.
+
+    Never later than before: the jobs placed ahead of a job only moved earlier, so its old start
+    still fits (and ``grid`` may hold exact durations no longer than those that were solved)."""
+    occ, out = _Occupancy(nodes, gpus_per_node), list(solution)
+    for j, fixed in enumerate(grid.fixed):
+        if fixed is not None:
+            _, g, on_nodes = solution[j]
+            out[j] = occ.add(on_nodes, fixed, grid.durations[j][g], g)
+    for j in sorted(range(len(solution)), key=lambda j: (solution[j][0], j)):
+        if grid.fixed[j] is None:
+            start, g, on_nodes = solution[j]
+            d = grid.durations[j][g]
+            out[j] = occ.add(on_nodes, occ.earliest_on(on_nodes, g, d, grid.release, start), d, g)
+    return out
+
+
+class _Occupancy:
+    """Reservations per node: (start, end, GPUs)."""
+
+    def __init__(self, nodes: int, gpus_per_node: int):
+        self.booked: list[list[tuple]] = [[] for _ in range(nodes)]
+        self.gpus_per_node = gpus_per_node
+
+    def add(self, on_nodes, start, duration, gpus):
+        for n in on_nodes:
+            self.booked[n].append((start, start + duration, min(gpus, self.gpus_per_node)))
+        return start, gpus, tuple(on_nodes)
+
+    def fits(self, n, gpus, t0, t1) -> bool:
+        points = [t0] + [s for s, _, _ in self.booked[n] if t0 < s < t1]
+        used = max(sum(g for s, e, g in self.booked[n] if s <= p < e) for p in points)
+        return used + min(gpus, self.gpus_per_node) <= self.gpus_per_node
+
+    def load(self, n, t) -> int:
+        return sum(g for s, e, g in self.booked[n] if s <= t < e)
+
+    def earliest(self, gpus, duration, not_before):
+        """Earliest start and nodes: whole nodes lowest first, part of a node best fit."""
+        k = nodes_needed(gpus, self.gpus_per_node)
+        for t in sorted({not_before} | {e for b in self.booked for _, e, _ in b if e > not_before}):
+            free = [n for n in range(len(self.booked)) if self.fits(n, gpus, t, t + duration)]
+            if len(free) >= k:
+                if gpus < self.gpus_per_node:  # the fullest node that still has room
+                    free = sorted(free, key=lambda n: (-self.load(n, t), n))
+                return t, tuple(sorted(free[:k]))
+        raise AssertionError(f"no room for {gpus} GPUs even on an empty cluster")
+
+    def earliest_on(self, on_nodes, gpus, duration, not_before, latest):
+        """The earliest start on these nodes; ``latest`` is known to fit."""
+        times = {not_before, latest} | {e for n in on_nodes for _, e, _ in self.booked[n]
+                                        if not_before < e < latest}
+        return next((t for t in sorted(times)
+                     if all(self.fits(n, gpus, t, t + duration) for n in on_nodes)), latest)
+
+
+def assign_gpu_ids(requests, grid: Grid, solution, gpus_per_node) -> list[tuple[int, ...]]:
+    """GPU ids per job, sweeping in start order (running jobs keep theirs); part-node jobs get an
+    aligned block of consecutive ids when one is free."""
+    free_at: dict[int, float] = {}
+    out: list = [None] * len(solution)
+    for j in sorted(range(len(solution)), key=lambda j: (grid.fixed[j] is None, solution[j][0], j)):
+        start, g, on_nodes = solution[j]
+        if requests[j].pinned is not None:
+            ids = tuple(requests[j].pinned.gpu_ids)
+        elif g >= gpus_per_node:
+            ids = tuple(n * gpus_per_node + i for n in on_nodes for i in range(gpus_per_node))
+        else:
+            base = on_nodes[0] * gpus_per_node
+            free = [base + i for i in range(gpus_per_node)
+                    if free_at.get(base + i, -math.inf) <= start]
+            blocks = [tuple(range(lo, lo + g)) for lo in range(base, base + gpus_per_node, g)]
+            ids = next((b for b in blocks if set(b) <= set(free)), tuple(free[:g]))
+        assert len(ids) == g and all(free_at.get(i, -math.inf) <= start for i in ids), \
+            f"GPU clash for job {requests[j].name}"
+        for i in ids:
+            free_at[i] = start + grid.durations[j][g]
+        out[j] = ids
+    return out

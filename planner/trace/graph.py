@@ -1,0 +1,213 @@
+"""OpGraph (traced ops) and BlockGraph (layer-sized units): plain data, networkx inside, no torch.
+
+An OpGraph holds the ops of one trace in topological order. When a model repeats one layer many
+times, the tracer keeps only the first two copies (``RepeatInfo``); the block builder re-creates the
+others from the second, so neither tracing nor the graph grows with depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import networkx as nx
+
+from costmodels.workload import BlockWork
+
+
+@dataclass
+class Op:
+    """One traced op, for one sample (batch 1) at the traced sequence length."""
+
+    name: str
+    """Unique node name from the trace."""
+    kind: str
+    """Kind from planner.trace.ops (matmul, attention, norm, elementwise, view, ...)."""
+    target: str
+    """Short op name: aten packet (``linear``), function (``add``) or module class (``Linear``)."""
+    module: str
+    """FQN of the innermost module that ran it ('' for the root)."""
+    inputs: list[str] = field(default_factory=list)
+    """Names of the ops producing its tensor operands (parameters excluded)."""
+    params: list[str] = field(default_factory=list)
+    """FQNs of the parameters it reads."""
+    flops: float = 0.0
+    """Forward FLOPs."""
+    out_bytes: float = 0.0
+    """Bytes of its output(s)."""
+    io_bytes: float = 0.0
+    """Bytes it reads and writes (memory-bound ops)."""
+    shape: list[int] = field(default_factory=list)
+    """Shape of the (first) output."""
+    dtype: str = ""
+    """Dtype of the (first) output."""
+    requires_grad: bool = False
+    """Whether a gradient flows through its output."""
+    base: str = ""
+    """Op owning the storage its output aliases (itself unless a view)."""
+    saves: list[list] = field(default_factory=list)
+    """[key, bytes] of activations it keeps for backward (keys are storage owners)."""
+    dims: dict = field(default_factory=dict)
+    """Kind-specific sizes: linear in/out features, attention heads, embedding rows."""
+
+
+@dataclass
+class ParamInfo:
+    """One parameter tensor."""
+
+    shape: list[int]
+    numel: int
+    nbytes: int
+
+
+@dataclass
+class RepeatInfo:
+    """A ModuleList (or Sequential) of identical layers; the first ``traced`` are in the trace
+    (all of them when ``traced == count``)."""
+
+    fqn: str
+    """FQN of the list (``model.layers``)."""
+    count: int
+    """Layers in the real model."""
+    traced: int
+    """Layers present in the trace (the first ones)."""
+
+
+@dataclass
+class OpGraph:
+    """Ops of one trace, in topological order."""
+
+    ops: list[Op]
+    params: dict[str, ParamInfo]
+    outputs: list[str]
+    seq_len: int
+    batch: int
+    dtype: str
+    method: str
+    """``fx`` or ``export``: which tracer produced it."""
+    repeats: list[RepeatInfo] = field(default_factory=list)
+    containers: list[str] = field(default_factory=list)
+    """FQNs of ModuleList / ModuleDict / Sequential modules (their children are the units)."""
+
+    def __post_init__(self):
+        self.by_name = {op.name: op for op in self.ops}
+
+    def to_nx(self) -> nx.DiGraph:
+        """Dataflow graph: an edge per (producer, consumer), weighted by the producer's bytes."""
+        g = nx.DiGraph()
+        for op in self.ops:
+            g.add_node(op.name)
+            for src in op.inputs:
+                g.add_edge(src, op.name, bytes=self.by_name[src].out_bytes)
+        return g
+
+    def consumers(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {op.name: [] for op in self.ops}
+        for op in self.ops:
+            for src in op.inputs:
+                out[src].append(op.name)
+        return out
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OpGraph":
+        return cls(
+            ops=[Op(**o) for o in d["ops"]],
+            params={k: ParamInfo(**v) for k, v in d["params"].items()},
+            outputs=list(d["outputs"]), seq_len=d["seq_len"], batch=d["batch"],
+            dtype=d["dtype"], method=d["method"],
+            repeats=[RepeatInfo(**r) for r in d.get("repeats", [])],
+            containers=list(d.get("containers", [])),
+        )
+
+
+@dataclass
+class Block:
+    """A layer-sized unit of the model: the granularity of pipeline cuts."""
+
+    name: str
+    """The block's module FQN (``model.layers.7``) or a merged name (``model.embed_tokens+...``)."""
+    modules: list[str]
+    """Module FQNs in the block, in execution order (the plan's stage ``modules``)."""
+    work: BlockWork
+    """Per-sample work and memory (see costmodels.workload)."""
+    params: list[str] = field(default_factory=list)
+    """Parameter FQNs the block reads (tied parameters appear in every block that reads them)."""
+    ops: list[str] = field(default_factory=list)
+    """Traced op names (empty for blocks re-created from a repeated layer)."""
+    template: str = ""
+    """For a re-created layer: the traced block it copies."""
+    tp_divisors: list[int] = field(default_factory=list)
+    """Sizes a tensor-parallel degree must divide (head counts, split feature sizes)."""
+    split_params: list[str] = field(default_factory=list)
+    """The parameters of ``params`` that tensor parallelism splits."""
+    recompute: bool = True
+    """Whether activation checkpointing applies to it: the repeated layers of a model that has
+    them (as Megatron-LM and torchtitan checkpoint transformer blocks), every block otherwise."""
+
+
+@dataclass
+class BlockEdge:
+    """Activations flowing from one block to another, per sample."""
+
+    src: str
+    dst: str
+    nbytes: float
+    """Bytes of the gradient-carrying tensor (sent forward, and its gradient sent back)."""
+    tensor: str = ""
+    """Which tensor (one edge per tensor and consuming block; cuts count a tensor once)."""
+
+
+@dataclass
+class BlockGraph:
+    """Blocks in a topological order, and the activations between them."""
+
+    blocks: list[Block]
+    edges: list[BlockEdge]
+    tp_roles: dict[str, str] = field(default_factory=dict)
+    """Module FQN -> colwise / rowwise / vocab / replicate, for modules holding parameters."""
+    shared: list[list] = field(default_factory=list)
+    """[first block, other block, numel, tp-split] for each parameter two blocks read (tied
+    weights): a stage holding both keeps one copy."""
+
+    def index(self) -> dict[str, int]:
+        return {b.name: i for i, b in enumerate(self.blocks)}
+
+    def to_nx(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        g.add_nodes_from(b.name for b in self.blocks)
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, bytes=e.nbytes)
+        return g
+
+    def is_chain(self) -> bool:
+        """True when every edge joins neighbours in the order (a simple chain)."""
+        idx = self.index()
+        return all(idx[e.dst] == idx[e.src] + 1 for e in self.edges)
+
+    def cut_bytes(self, order: list[int] | None = None) -> list[float]:
+        """Per-sample bytes crossing the cut after position i, for i in 0..n-2, with the blocks in
+        their own order or in ``order`` (block indices; must be a topological order)."""
+        idx = self.index()
+        if order is not None:
+            position = {self.blocks[b].name: i for i, b in enumerate(order)}
+            idx = {name: position[name] for name in idx}
+        n = len(self.blocks)
+        last: dict[tuple[str, str], tuple[int, int, float]] = {}
+        for e in self.edges:
+            key = (e.src, e.tensor or e.dst)
+            a, b = idx[e.src], idx[e.dst]
+            if key not in last or b > last[key][1]:
+                last[key] = (a, b, e.nbytes)
+        diff = [0.0] * (n + 1)
+        for a, b, nbytes in last.values():
+            if b > a:
+                diff[a] += nbytes
+                diff[b] -= nbytes
+        cuts, run = [], 0.0
+        for i in range(n - 1):
+            run += diff[i]
+            cuts.append(run)
+        return cuts

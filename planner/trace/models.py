@@ -1,0 +1,260 @@
+"""Resolve MODEL into a module on the meta device and example inputs.
+
+MODEL forms (DESIGN.md): a zoo name (``plan models``), a path to a Hugging Face ``config.json``,
+``path/to/file.py:factory`` or ``package.module:factory`` returning ``(model, example_inputs)``,
+or an ``nn.Module`` passed to the API. Nothing is downloaded and no weights are allocated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from costmodels.hardware import suggest
+from planner.errors import SpecError
+from planner.files import read_json_object
+from planner.inputs.zoo import ZOO, ZooEntry
+
+log = logging.getLogger(__name__)
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class ResolvedModel:
+    """A model ready to trace."""
+
+    name: str
+    module: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    seq_len: int
+    batch: int
+    """Batch size of the example inputs (figures are divided by it)."""
+    source: str
+    """zoo, hf-config, factory or module."""
+    num_params: int = 0
+    fingerprint: str = ""
+    config: dict = field(default_factory=dict)
+
+
+def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None) -> ResolvedModel:
+    """Any MODEL form -> ResolvedModel (module on the meta device)."""
+    if isinstance(model, torch.nn.Module):
+        args, kwargs = _split_inputs(example_inputs, "example_inputs")
+        return _finish(ResolvedModel(name=type(model).__name__, module=model, args=args,
+                                     kwargs=kwargs, seq_len=_infer_seq(args, kwargs, seq_len),
+                                     batch=_infer_batch(args, kwargs), source="module"))
+    if not isinstance(model, str) or not model:
+        raise SpecError("model: expected a zoo name, a config.json path, file.py:factory or an "
+                        f"nn.Module, got {model!r}")
+    if model.lower() in ZOO:
+        return _from_zoo(ZOO[model.lower()], seq_len, dtype)
+    if model.endswith(".json") or os.path.isdir(model):
+        return _from_hf_config(model, seq_len, dtype)
+    if ":" in model:
+        return _from_factory(model, seq_len, dtype)
+    raise SpecError(f"model: unknown model '{model}'{suggest(model.lower(), ZOO)} "
+                    "(or give a config.json path or file.py:factory)")
+
+
+def _from_zoo(entry: ZooEntry, seq_len: int | None, dtype: str) -> ResolvedModel:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(entry.model_type, **entry.config)
+    return _build_hf(entry.name, cfg, entry.architecture, seq_len or entry.seq_len, dtype, "zoo")
+
+
+def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel:
+    from transformers import AutoConfig
+
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    raw = read_json_object(file, what="model",
+                           missing_hint="give the path to a Hugging Face config.json")
+    if "model_type" not in raw:
+        raise SpecError(f"{file}: key 'model_type' is missing; add the transformers model type "
+                        "(e.g. \"llama\", \"gpt2\")")
+    raw = dict(raw)
+    model_type = raw.pop("model_type")
+    try:
+        cfg = AutoConfig.for_model(model_type, **raw)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SpecError(f"{file}: model_type '{model_type}' is not a transformers model type "
+                        f"({str(exc).splitlines()[0][:120]})") from None
+    archs = raw.get("architectures") or []
+    name = os.path.basename(os.path.dirname(os.path.abspath(file))) or model_type
+    default_seq = min(int(getattr(cfg, "max_position_embeddings", 0) or 2048), 4096)
+    return _build_hf(name, cfg, archs[0] if archs else "", seq_len or default_seq, dtype,
+                     "hf-config")
+
+
+def _build_hf(name, cfg, architecture: str, seq_len: int, dtype: str, source: str) -> ResolvedModel:
+    import transformers
+
+    limit = getattr(cfg, "n_positions", None) or (
+        getattr(cfg, "max_position_embeddings", None) if cfg.model_type in ("bert", "roberta", "gpt2")
+        else None)
+    if limit and seq_len > limit:
+        raise SpecError(f"seq_len: {seq_len} exceeds {name}'s learned positions ({limit}); "
+                        f"use --seq-len {limit} or less")
+    transformers.logging.set_verbosity_error()
+    cls = getattr(transformers, architecture, None) if architecture else None
+    if cls is None:
+        cls = _auto_class(cfg)
+    with torch.device("meta"), _no_init():
+        try:
+            module = cls._from_config(cfg, attn_implementation="sdpa", dtype=TORCH_DTYPES[dtype])
+        except (ValueError, TypeError, ImportError):
+            module = cls._from_config(cfg, dtype=TORCH_DTYPES[dtype])
+    ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    params = inspect.signature(module.forward).parameters
+    kwargs = {}
+    if "labels" in params and _has_lm_head(module):
+        kwargs["labels"] = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    return _finish(ResolvedModel(name=name, module=module, args=(ids,), kwargs=kwargs,
+                                 seq_len=seq_len, batch=1, source=source,
+                                 config=cfg.to_diff_dict()))
+
+
+@contextlib.contextmanager
+def _no_init():
+    """Skip random weight initialization while building on the meta device: there is no data to
+    fill, and initializers dominate the build time of deep models."""
+    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(torch.nn.init, n, lambda tensor, *a, **k: tensor)
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.nn.init, n, fn)
+
+
+def _auto_class(cfg):
+    import transformers
+
+    for auto in ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModel"):
+        mapping = getattr(transformers, auto)._model_mapping
+        if type(cfg) in mapping:
+            return mapping[type(cfg)]
+    raise SpecError(f"model: transformers has no model class for model_type '{cfg.model_type}'")
+
+
+def _has_lm_head(module) -> bool:
+    name = type(module).__name__
+    return name.endswith("ForCausalLM") or name.endswith("LMHeadModel") or name.endswith("ForMaskedLM")
+
+
+def load_factory(spec: str):
+    """The callable named by ``path/to/file.py:factory`` or ``package.module:factory``."""
+    target, _, attr = spec.rpartition(":")
+    if target.endswith(".py"):
+        if not os.path.exists(target):
+            raise SpecError(f"model: file '{target}' not found (MODEL form path/to/file.py:factory)")
+        mod_spec = importlib.util.spec_from_file_location(f"_planner_user_{_digest(target)}", target)
+        module = importlib.util.module_from_spec(mod_spec)
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as exc:
+            raise SpecError(f"model: importing '{target}' failed: {type(exc).__name__}: {exc}") from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise SpecError(f"model: cannot import '{target}' ({exc})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise SpecError(f"model: '{target}' has no callable '{attr}'; it must return "
+                        "(model, example_inputs)")
+    return factory
+
+
+def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:
+    factory = load_factory(spec)
+    target, _, attr = spec.rpartition(":")
+    kw = {"seq_len": seq_len} if seq_len and "seq_len" in inspect.signature(factory).parameters else {}
+    with torch.device("meta"):
+        result = factory(**kw)
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
+        raise SpecError(f"model: {spec} must return (nn.Module, example_inputs), got "
+                        f"{type(result).__name__}")
+    net, inputs = result
+    args, kwargs = _split_inputs(inputs, f"{spec} example_inputs")
+    net = net.to(TORCH_DTYPES[dtype])  # train in the requested dtype (free on the meta device)
+    args = tuple(_cast(a, dtype) for a in args)
+    kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
+    return _finish(ResolvedModel(name=os.path.basename(target).removesuffix(".py") + ":" + attr,
+                                 module=net, args=args, kwargs=kwargs,
+                                 seq_len=_infer_seq(args, kwargs, seq_len),
+                                 batch=_infer_batch(args, kwargs), source="factory"))
+
+
+def _cast(value, dtype: str):
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(TORCH_DTYPES[dtype])
+    return value
+
+
+def _split_inputs(inputs, where: str) -> tuple[tuple, dict]:
+    if inputs is None:
+        raise SpecError(f"{where}: required with an nn.Module (a tensor, tuple of args or dict of kwargs)")
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    raise SpecError(f"{where}: expected a tensor, tuple or dict, got {type(inputs).__name__}")
+
+
+def _first_tensor(args, kwargs):
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            return v
+    return None
+
+
+def _infer_batch(args, kwargs) -> int:
+    t = _first_tensor(args, kwargs)
+    return int(t.shape[0]) if t is not None and t.dim() >= 1 else 1
+
+
+def _infer_seq(args, kwargs, seq_len) -> int:
+    if seq_len:
+        return int(seq_len)
+    t = _first_tensor(args, kwargs)
+    return int(t.shape[1]) if t is not None and t.dim() >= 2 else 1
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def fingerprint(module: torch.nn.Module) -> tuple[str, int]:
+    """(fingerprint, parameter count) of an architecture: its class, parameter names, shapes and
+    dtypes, hashed; the same on the meta device and with real weights."""
+    h = hashlib.sha256(type(module).__qualname__.encode())
+    seen = set()
+    total = 0
+    for n, p in module.named_parameters():
+        h.update(f"{n}:{tuple(p.shape)}:{p.dtype};".encode())
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return h.hexdigest()[:16], total
+
+
+def _finish(rm: ResolvedModel) -> ResolvedModel:
+    rm.fingerprint, rm.num_params = fingerprint(rm.module)
+    return rm

@@ -1,0 +1,156 @@
+"""Turn traced nodes (fx or export, with their meta values) into OpGraph ops.
+
+Both tracers reduce their nodes to ``NodeView``s; ``build_ops`` then applies one set of rules:
+gradient flow, view aliasing, memory traffic, saved activations (planner.trace.ops) and FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from planner.trace.graph import Op
+from planner.trace.ops import COMPUTE_BOUND, TensorRef, kind_of, saved_tensors
+
+NON_DIFFERENTIABLE = {"detach", "argmax", "argmin", "_assert_tensor_metadata", "size", "sym_size"}
+
+
+@dataclass
+class NodeView:
+    """One traced node, tracer-neutral."""
+
+    name: str
+    op: str
+    """``input``, ``param``, ``buffer`` or ``call``."""
+    short: str
+    """Op short name, or the FQN for params and buffers."""
+    module: str
+    value: object
+    """The node's meta value: a tensor, a tuple of tensors, or a non-tensor."""
+    inputs: list = field(default_factory=list)
+    """fx Nodes it reads."""
+    params: list[str] = field(default_factory=list)
+    """Parameter FQNs it reads directly (fx call_module)."""
+    flops_fn: Callable[[], float] = lambda: 0.0
+    attrs: dict = field(default_factory=dict)
+    """Non-tensor facts about the call (``causal`` for attention)."""
+
+
+@dataclass
+class _Tensor:
+    op_name: str
+    nbytes: float
+    requires_grad: bool
+    base: str
+    base_bytes: float
+    param: str = ""
+    buffer: bool = False
+    shape: tuple = ()
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        out = []
+        for v in value:
+            out.extend(_tensors(v))
+        return out
+    return []
+
+
+def _nbytes(t: torch.Tensor) -> float:
+    return float(t.numel() * t.element_size())
+
+
+def build_ops(views: list[NodeView], *, batch: int) -> list[Op]:
+    """Ops with per-sample figures (activation sizes and FLOPs divided by ``batch``)."""
+    env: dict[str, _Tensor] = {}
+    ops: list[Op] = []
+    for v in views:
+        outs = _tensors(v.value)
+        if v.op in ("param", "buffer"):
+            if outs:
+                nb = _nbytes(outs[0])
+                env[v.name] = _Tensor(v.name, nb, v.op == "param", v.name, nb,
+                                      param=v.short if v.op == "param" else "",
+                                      buffer=v.op == "buffer", shape=tuple(outs[0].shape))
+            continue
+        if not outs:
+            continue  # asserts, sizes, None outputs: no data
+        op = _make_op(v, outs, env, batch)
+        ops.append(op)
+        env[v.name] = _Tensor(v.name, op.out_bytes, op.requires_grad, op.base,
+                              env[op.base].nbytes if op.base in env and op.base != v.name
+                              else op.out_bytes, shape=tuple(outs[0].shape))
+    return ops
+
+
+def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], batch: int) -> Op:
+    ins = [env[n.name] for n in v.inputs if n.name in env]
+    acts = [x for x in ins if not x.param and not x.buffer]
+    kind = "input" if v.op == "input" else kind_of(v.short)
+    floating = any(t.is_floating_point() for t in outs)
+    reads_params = [x.param for x in ins if x.param] + list(v.params)
+    requires_grad = (floating and kind not in ("constant", "input") and v.short not in NON_DIFFERENTIABLE
+                     and (any(x.requires_grad for x in ins) or bool(v.params)))
+    out_bytes = sum(_nbytes(t) for t in outs) / batch
+    base = v.name
+    if kind == "view" and acts:
+        base = acts[0].base
+    # Memory traffic: activation operands and outputs. Weights are read once per micro-batch, not
+    # per sample, and an embedding reads only the rows it returns: neither scales with the batch.
+    in_bytes = sum(x.nbytes for x in acts)
+    if kind == "embedding":
+        in_bytes = out_bytes
+    io_bytes = 0.0 if kind in ("view", "constant", "input") else in_bytes + out_bytes
+    flops = v.flops_fn() / batch if kind in COMPUTE_BOUND or kind == "other" else 0.0
+    refs = [TensorRef(key=x.base, nbytes=x.base_bytes, requires_grad=x.requires_grad,
+                      is_param=bool(x.param) or x.buffer) for x in ins]
+    out_ref = TensorRef(key=v.name, nbytes=out_bytes, requires_grad=requires_grad)
+    out_numel = sum(t.numel() for t in outs) / batch
+    saves = saved_tensors(v.short, kind, refs, out_ref, out_numel, v.name)
+    return Op(
+        name=v.name, kind=kind, target=v.short, module=v.module,
+        inputs=list(dict.fromkeys(x.op_name for x in acts)), params=list(dict.fromkeys(reads_params)),
+        flops=flops, out_bytes=out_bytes, io_bytes=io_bytes, shape=list(outs[0].shape),
+        dtype=str(outs[0].dtype).replace("torch.", ""), requires_grad=requires_grad, base=base,
+        saves=[[k, b] for k, b in saves],
+        dims=_dims(kind, acts, ins, outs, bool(v.params), v.attrs, batch),
+    )
+
+
+def _dims(kind: str, acts: list[_Tensor], ins: list[_Tensor], outs, module_params: bool,
+          attrs: dict, batch: int) -> dict:
+    """Kind-specific sizes. GEMMs record (batch, m, n, k) per sample: the dimension that carries
+    the samples (m for a Linear, the batch of a batched matmul) is divided by ``batch``."""
+    out_shape = tuple(outs[0].shape)
+    if kind == "matmul" and acts and (module_params or any(x.param and len(x.shape) == 2 for x in ins)):
+        k = int(acts[0].shape[-1]) if acts[0].shape else 0
+        n = int(out_shape[-1]) if out_shape else 0
+        m = _prod(out_shape[:-1]) / batch
+        d = {"in": k, "out": n, "linear": 1}
+        if module_params and len(acts[0].shape) != len(out_shape):
+            return d  # a convolution: no single GEMM shape
+        return {**d, "gemm": [1, m, n, k]}
+    if kind == "matmul" and len(acts) >= 2 and len(out_shape) >= 2:
+        return {"gemm": [_prod(out_shape[:-2]) / batch, out_shape[-2], out_shape[-1],
+                         int(acts[0].shape[-1])]}
+    if kind == "attention" and len(acts) >= 2 and len(acts[0].shape) == 4:
+        return {"heads_q": int(acts[0].shape[1]), "heads_kv": int(acts[1].shape[1]),
+                "causal": int(bool(attrs.get("causal"))), "dropout": int(attrs.get("dropout", 0) > 0),
+                "scores": int(acts[0].shape[1]) * int(acts[0].shape[2]) * int(acts[1].shape[2])}
+    if kind == "embedding":
+        weights = [x for x in ins if x.param and len(x.shape) == 2]
+        if weights:
+            return {"rows": int(weights[0].shape[0]), "cols": int(weights[0].shape[1])}
+    return {}
+
+
+def _prod(dims) -> float:
+    out = 1.0
+    for d in dims:
+        out *= int(d)
+    return out

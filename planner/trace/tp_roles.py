@@ -1,0 +1,171 @@
+"""Which ops tensor parallelism splits: Megatron-LM's column/row pattern found on the dataflow graph.
+
+A Linear ``R`` is row-parallel when every gradient-carrying path back from its input reaches other
+Linears (``C``, column-parallel) through parameter-free ops only: views, element-wise ops, softmax,
+dropout, attention cores and activation-activation matmuls. Everything on those paths (the region)
+runs on 1/t of the heads or hidden units; ``R``'s output is all-reduced in forward and the shared
+input of the ``C``s in backward (Shoeybi et al., "Megatron-LM", 2019, section 3). This finds the
+attention block (QKV -> attention -> output projection) and the MLP (up/gate -> act -> down) of every
+common transformer without knowing module names.
+
+Two more rules follow Megatron: a large embedding table is split by vocabulary rows (``vocab``;
+forward all-reduce of its output), and a large Linear whose output only reaches the loss or the
+model output is the vocabulary-parallel head (``colwise``; the loss runs on the split logits).
+Everything else is replicated. Vocabulary sizes need not divide t: Megatron-LM pads the table to
+a multiple of t (planner's own runtime keeps such a table replicated instead, and says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.trace.graph import Op, OpGraph
+
+WALKABLE = {"view", "elementwise", "softmax", "dropout", "attention", "matmul"}
+VOCAB_ROWS = 16384
+"""An embedding or output Linear with at least this many rows is treated as a vocabulary."""
+MAX_WALK = 400
+"""Ops one backward walk may visit before the candidate is given up (bounds work on huge DAGs)."""
+
+
+@dataclass
+class TPAnalysis:
+    split: dict[str, tuple[bool, bool]] = field(default_factory=dict)
+    """op name -> (compute split by t, output split by t)."""
+    roles: dict[str, str] = field(default_factory=dict)
+    """module FQN -> colwise / rowwise / vocab / replicate."""
+    fwd_bytes: dict[str, float] = field(default_factory=dict)
+    """op name -> bytes all-reduced across tp in forward, per sample."""
+    bwd_bytes: dict[str, float] = field(default_factory=dict)
+    """op name -> bytes all-reduced across tp in backward, per sample."""
+    divisors: dict[str, list[int]] = field(default_factory=dict)
+    """op name -> sizes the tensor-parallel degree must divide."""
+
+    def split_of(self, name: str) -> tuple[bool, bool]:
+        return self.split.get(name, (False, False))
+
+
+def analyze(graph: OpGraph) -> TPAnalysis:
+    """Find column/row pairs, vocabulary-parallel embeddings and heads."""
+    res = TPAnalysis()
+    by = graph.by_name
+    cons = graph.consumers()
+    linears = [op for op in graph.ops if op.dims.get("linear")]
+    linear_names = {op.name for op in linears}
+    for lin in linears:
+        _try_row_parallel(lin, by, cons, linear_names, res)
+    vocab_params = _vocab_embeddings(graph, res)
+    for lin in linears:
+        if lin.name not in res.split:
+            _try_vocab_head(lin, by, cons, graph.batch, vocab_params, res)
+    for op in graph.ops:
+        if op.params and op.module and op.module not in res.roles:
+            res.roles[op.module] = "replicate"
+    return res
+
+
+def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis) -> None:
+    region: set[str] = set()
+    cols: set[str] = set()
+    stack = [i for i in row.inputs if by[i].requires_grad]
+    while stack:
+        if len(region) > MAX_WALK:
+            return
+        name = stack.pop()
+        if name in region or name in cols:
+            continue
+        op = by[name]
+        if not op.requires_grad:
+            continue
+        if name in linear_names:
+            if res.split.get(name, (False, False))[0]:
+                return  # already part of another pair
+            cols.add(name)
+            continue
+        if op.kind not in WALKABLE or op.params:
+            return
+        region.add(name)
+        stack.extend(op.inputs)
+    if not cols:
+        return
+    inside = region | cols | {row.name}
+    for name in region | cols:
+        if any(by[c].requires_grad and c not in inside for c in cons[name]):
+            return  # a split tensor escapes the pair: it would need a gather
+    for name in region | cols:
+        res.split[name] = (True, True)
+    res.split[row.name] = (True, False)
+    res.roles[row.module] = "rowwise"
+    for name in cols:
+        res.roles[by[name].module] = "colwise"
+    res.fwd_bytes[row.name] = row.out_bytes
+    col_inputs = {i for c in cols for i in by[c].inputs}
+    res.bwd_bytes[row.name] = sum(by[i].out_bytes for i in col_inputs)
+    divs = {by[c].dims.get("out", 0) for c in cols} | {row.dims.get("in", 0)}
+    for name in region:
+        if by[name].kind == "attention":
+            divs |= {by[name].dims.get("heads_q", 0), by[name].dims.get("heads_kv", 0)}
+        divs.add(_heads_of_view(by[name], by))
+    res.divisors[row.name] = sorted(d for d in divs if d > 0)
+
+
+def _heads_of_view(op: Op, by) -> int:
+    """A view splitting the last dimension into (heads, head_dim) -> heads, else 0.
+
+    Catches grouped-query attention, whose key/value heads are repeated before the attention
+    core: tensor parallelism must divide the key/value heads, not only the query heads."""
+    if op.kind != "view" or len(op.shape) < 3 or not op.inputs:
+        return 0
+    src = by[op.inputs[0]].shape
+    heads, head_dim = op.shape[-2], op.shape[-1]
+    if src and len(src) == len(op.shape) - 1 and src[-1] == heads * head_dim and head_dim > 1:
+        return heads
+    return 0
+
+
+def _vocab_embeddings(graph: OpGraph, res: TPAnalysis) -> set[str]:
+    params = set()
+    for op in graph.ops:
+        if op.kind == "embedding" and op.dims.get("rows", 0) >= VOCAB_ROWS and op.params:
+            res.split[op.name] = (True, False)
+            res.roles[op.module] = "vocab"
+            res.fwd_bytes[op.name] = op.out_bytes
+            params.update(op.params)
+    return params
+
+
+def _try_vocab_head(lin: Op, by, cons, batch: int, vocab_params: set[str], res: TPAnalysis) -> None:
+    tied = bool(set(lin.params) & vocab_params)
+    if lin.dims.get("out", 0) < VOCAB_ROWS and not tied:
+        return
+    region: set[str] = set()
+    stack = [lin.name]
+    reaches_loss = False
+    while stack:
+        name = stack.pop()
+        for c in cons[name]:
+            op = by[c]
+            if c in region or not op.requires_grad:
+                continue
+            if op.kind == "loss":
+                reaches_loss = True
+            elif op.kind not in ("view", "elementwise", "softmax", "dropout") or op.params:
+                return
+            region.add(c)
+            stack.append(c)
+    res.split[lin.name] = (True, True)
+    for name in region:
+        res.split[name] = (True, True)
+    res.roles[lin.module] = "colwise"
+    res.bwd_bytes[lin.name] = sum(by[i].out_bytes for i in lin.inputs)
+    # Vocabulary-parallel cross entropy all-reduces three fp32 numbers per token (max, sum of
+    # exponentials, target logit); without a loss, the logits are gathered instead.
+    tokens_per_sample = _tokens(lin) / batch
+    res.fwd_bytes[lin.name] = 3 * 4 * tokens_per_sample if reaches_loss else lin.out_bytes
+
+
+def _tokens(op: Op) -> int:
+    n = 1
+    for d in op.shape[:-1]:
+        n *= d
+    return n

@@ -1,0 +1,345 @@
+"""Trace an nn.Module into an OpGraph on meta tensors: torch.fx first, torch.export as fallback.
+
+Nothing is allocated: the model lives on the meta device and FLOPs are counted by running each
+GEMM-like node on meta tensors under ``torch.utils.flop_counter.FlopCounterMode``.
+
+Models that stack identical layers (a ModuleList or Sequential of equal children) are traced with
+the first two layers only; the block builder re-creates the rest from the second one. Two, not one,
+so the trace shows which tensors a layer passes to the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import logging
+import operator
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from planner.errors import TraceError
+from planner.trace.graph import OpGraph, ParamInfo, RepeatInfo
+from planner.trace.records import NodeView, build_ops
+
+log = logging.getLogger(__name__)
+
+TRACE_METHODS = ("auto", "fx", "export")
+KEEP_LAYERS = 2
+
+
+def find_repeats(model: torch.nn.Module) -> list[tuple[str, int]]:
+    """(FQN, length) of each ModuleList/Sequential of >= 3 structurally identical children."""
+    found: list[tuple[str, int]] = []
+    for fqn, mod in model.named_modules():
+        if not isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)) or len(mod) < 3:
+            continue
+        if any(fqn.startswith(f + ".") for f, _ in found):
+            continue
+        signatures = {_signature(child) for child in mod}
+        if len(signatures) == 1:
+            found.append((fqn, len(mod)))
+    return found
+
+
+def _signature(module: torch.nn.Module) -> tuple:
+    params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
+    subs = tuple((n, type(m).__qualname__) for n, m in module.named_modules())
+    return type(module).__qualname__, params, subs
+
+
+@contextlib.contextmanager
+def truncated(model: torch.nn.Module, repeats: list[tuple[str, int]]):
+    """Temporarily keep only the first KEEP_LAYERS children of each repeated list."""
+    saved = []
+    try:
+        for fqn, _ in repeats:
+            parent_name, _, attr = fqn.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            original = getattr(parent, attr)
+            short = type(original)(*list(original)[:KEEP_LAYERS]) if isinstance(
+                original, torch.nn.Sequential) else torch.nn.ModuleList(list(original)[:KEEP_LAYERS])
+            setattr(parent, attr, short)
+            saved.append((parent, attr, original))
+        yield
+    finally:
+        for parent, attr, original in reversed(saved):
+            setattr(parent, attr, original)
+
+
+class _ModuleStack:
+    """Tracks which module is running, to name the culprit when tracing fails."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.names = {id(m): (n or f"{type(m).__name__} (the root)") for n, m in model.named_modules()}
+        self.stack: list[str] = []
+
+    @property
+    def current(self) -> str:
+        """The innermost module running when the tracer failed (hooks do not pop on errors)."""
+        return self.stack[-1] if self.stack else ""
+
+    def __enter__(self):
+        def pre(mod, _args):
+            self.stack.append(self.names.get(id(mod), type(mod).__name__))
+
+        def post(mod, _args, _out):
+            if self.stack:
+                self.stack.pop()
+
+        self._handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
+                         torch.nn.modules.module.register_module_forward_hook(post)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        return False
+
+
+def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, batch: int,
+          dtype: str, method: str = "auto", name: str = "model",
+          whole: frozenset[str] = frozenset(), not_layers: frozenset[str] = frozenset()) -> OpGraph:
+    """Trace ``model(*args, **kwargs)`` into an OpGraph (per-sample figures: divided by ``batch``).
+
+    Lists of identical layers are traced with their first two layers, except those in ``whole``;
+    lists in ``not_layers`` are not treated as layer stacks at all."""
+    if method not in TRACE_METHODS:
+        raise TraceError(f"trace: unknown method '{method}'; choose auto, fx or export")
+    model.train()
+    layer_lists = [(f, n) for f, n in find_repeats(model) if f not in not_layers]
+    repeats = [(f, n) for f, n in layer_lists if f not in whole]
+    errors: list[str] = []
+    with truncated(model, repeats):
+        params = {n: ParamInfo(shape=list(p.shape), numel=p.numel(),
+                               nbytes=p.numel() * p.element_size())
+                  for n, p in model.named_parameters()}
+        aliases = _param_aliases(model)
+        for how in (("fx", "export") if method == "auto" else (method,)):
+            try:
+                views, outputs = (_fx_views if how == "fx" else _export_views)(model, args, kwargs)
+            except Exception as exc:  # noqa: BLE001 - every tracer failure is reported below
+                errors.append(f"{how}: {_one_line(exc)}")
+                log.debug("%s tracing failed", how, exc_info=True)
+                continue
+            ops = build_ops(views, batch=batch)
+            for op in ops:
+                op.params = list(dict.fromkeys(aliases.get(p, p) for p in op.params))
+            log.info("traced %s with %s: %d ops", name, how, len(ops))
+            containers = [n for n, m in model.named_modules() if n and isinstance(
+                m, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential))]
+            return OpGraph(
+                ops=ops, params=params, outputs=outputs, seq_len=seq_len, batch=batch,
+                dtype=dtype, method=how, containers=containers,
+                repeats=[RepeatInfo(fqn=f, count=n, traced=n if f in whole else KEEP_LAYERS)
+                         for f, n in layer_lists],
+            )
+    hint = ("; try --trace export" if method == "fx" else
+            "; try --trace fx" if method == "export" else
+            "; make the failing forward traceable (no branching on tensor values) or pass "
+            "example inputs that match its signature")
+    raise TraceError(f"could not trace {name}: " + "; ".join(errors) + hint)
+
+
+def _param_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """Every name of a tied parameter -> the name ``named_parameters()`` reports first."""
+    canonical: dict[int, str] = {}
+    out = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        out[n] = canonical.setdefault(id(p), n)
+    return out
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    where = getattr(exc, "_planner_module", "")
+    return (f"in module '{where}': " if where else "") + f"{type(exc).__name__}: {first[:200]}"
+
+
+def _with_module(exc: Exception, stack: _ModuleStack) -> Exception:
+    exc._planner_module = stack.current  # type: ignore[attr-defined]
+    return exc
+
+
+# --- torch.fx -------------------------------------------------------------------------------------
+
+SHAPE_PRESERVING = (torch.nn.LayerNorm, torch.nn.Dropout, torch.nn.GELU, torch.nn.ReLU,
+                    torch.nn.SiLU, torch.nn.Tanh, torch.nn.Sigmoid, torch.nn.Identity)
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs a GraphModule on meta tensors and keeps every node's value.
+
+    Common leaf modules get their output shape directly instead of running their meta kernels
+    (PyTorch's Python decompositions make a meta Linear cost milliseconds)."""
+
+    def __init__(self, gm):
+        super().__init__(gm)
+        self.values: dict[str, object] = {}
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        self.values[n.name] = out
+        return out
+
+    def call_module(self, target, args, kwargs):
+        mod = self.fetch_attr(target)
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.device.type == "meta" and not kwargs and len(args) == 1:
+            if isinstance(mod, torch.nn.Linear):
+                return torch.empty(*x.shape[:-1], mod.out_features, dtype=x.dtype, device="meta")
+            if isinstance(mod, SHAPE_PRESERVING):
+                return torch.empty_like(x)
+        return super().call_module(target, args, kwargs)
+
+
+def _fx_views(model, args, kwargs):
+    stack = _ModuleStack(model)
+    try:
+        with stack:
+            gm = torch.fx.symbolic_trace(model)
+    except Exception as exc:
+        raise _with_module(exc, stack) from exc
+    bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    bound.apply_defaults()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = [bound.arguments.get(n.target, None) for n in placeholders]
+    rec = _Recorder(gm)
+    rec.run(*values)
+    param_names = {n for n, _ in model.named_parameters()}
+    views, outputs = [], []
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            outputs = [a.name for a in _flat_nodes(node.args)]
+            continue
+        views.append(_fx_node_view(node, rec.values, gm, model, param_names))
+    return views, outputs
+
+
+def _fx_node_view(node, values, gm, model, param_names) -> NodeView:
+    if node.op == "placeholder":
+        return NodeView(name=node.name, op="input", short="input", module="",
+                        value=values.get(node.name), inputs=[], params=[])
+    if node.op == "get_attr":
+        is_param = node.target in param_names
+        return NodeView(name=node.name, op="param" if is_param else "buffer", short=node.target,
+                        module="", value=values.get(node.name), inputs=[], params=[])
+    if node.op == "call_module":
+        mod = model.get_submodule(node.target)
+        short = type(mod).__name__
+        module = node.target
+        mod_params = [f"{node.target}.{n}" for n, _ in mod.named_parameters()]
+        fn = mod
+    else:
+        short = node.target if node.op == "call_method" else getattr(node.target, "__name__",
+                                                                     str(node.target))
+        module = _stack_owner(node)
+        mod_params = []
+        fn = None
+    view = NodeView(name=node.name, op="call", short=str(short), module=module,
+                    value=values.get(node.name), inputs=_flat_nodes((node.args, node.kwargs)),
+                    params=mod_params)
+    view.flops_fn = lambda: _count_flops(node, values, fn)
+    view.attrs = _attrs(node)
+    return view
+
+
+def _attrs(node) -> dict:
+    """is_causal and dropout_p of an attention call (keywords, or positions 5 and 4 of
+    scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal))."""
+    causal = node.kwargs.get("is_causal")
+    if causal is None and len(node.args) > 5:
+        causal = node.args[5]
+    dropout = node.kwargs.get("dropout_p")
+    if dropout is None and len(node.args) > 4:
+        dropout = node.args[4]
+    return {"causal": causal is True,
+            "dropout": float(dropout) if isinstance(dropout, (int, float)) else 0.0}
+
+
+def _stack_owner(node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    return list(stack.values())[-1][0]
+
+
+def _flat_nodes(obj) -> list:
+    out: list = []
+    torch.fx.node.map_arg(obj, lambda n: out.append(n))
+    return out
+
+
+def _count_flops(node, values, module) -> float:
+    """FLOPs of one node: 2 x outputs x inputs for a Linear, else re-run on meta tensors under
+    FlopCounterMode."""
+    if isinstance(module, torch.nn.Linear) and isinstance(values.get(node.name), torch.Tensor):
+        return 2.0 * values[node.name].numel() * module.in_features
+    args = torch.fx.node.map_arg(node.args, lambda n: _meta_like(values.get(n.name)))
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: _meta_like(values.get(n.name)))
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            if module is not None:  # a leaf module, run with meta copies of its weights
+                state = {n: _meta_like(t) for n, t in
+                         list(module.named_parameters()) + list(module.named_buffers())}
+                torch.func.functional_call(module, state, tuple(args), dict(kwargs))
+            elif node.op == "call_method":
+                getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                node.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - an op that cannot run on meta counts no FLOPs
+        log.debug("could not count FLOPs of %s", node.name, exc_info=True)
+        return 0.0
+    return float(counter.get_total_flops())
+
+
+def _meta_like(value):
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype,
+                                   device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_meta_like(v) for v in value)
+    return value
+
+
+# --- torch.export ---------------------------------------------------------------------------------
+
+def _export_views(model, args, kwargs):
+    stack = _ModuleStack(model)
+    chatter = io.StringIO()  # export prints the partial graph when it fails; keep it for --debug
+    try:
+        with stack, contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+            ep = torch.export.export(model, tuple(args), kwargs=dict(kwargs), strict=False)
+    except Exception as exc:
+        log.debug("torch.export output:\n%s", chatter.getvalue())
+        raise _with_module(exc, stack) from exc
+    sig = ep.graph_signature
+    to_param = dict(sig.inputs_to_parameters)
+    to_buffer = dict(sig.inputs_to_buffers)
+    values = {n.name: n.meta.get("val") for n in ep.graph.nodes}
+    views, outputs = [], []
+    for node in ep.graph.nodes:
+        if node.op == "output":
+            outputs = [a.name for a in _flat_nodes(node.args)]
+            continue
+        if node.op == "placeholder":
+            op = "param" if node.name in to_param else "buffer" if node.name in to_buffer else "input"
+            short = to_param.get(node.name) or to_buffer.get(node.name) or "input"
+            views.append(NodeView(name=node.name, op=op, short=short, module="",
+                                  value=values[node.name], inputs=[], params=[]))
+            continue
+        if node.op != "call_function":
+            continue
+        target = node.target
+        short = getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
+        if target is operator.getitem:
+            short = "getitem"
+        view = NodeView(name=node.name, op="call", short=str(short), module=_stack_owner(node),
+                        value=values[node.name], inputs=_flat_nodes((node.args, node.kwargs)),
+                        params=[])
+        view.flops_fn = (lambda n=node: _count_flops(n, values, None))
+        view.attrs = _attrs(node)
+        views.append(view)
+    return views, outputs

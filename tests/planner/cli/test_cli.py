@@ -1,0 +1,116 @@
+"""The `plan` command end to end, and its one-line errors with exit code 2."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli.main import main
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_solve_writes_a_plan_and_show_explains_it(capsys, tmp_path, tiny_llama_config):
+    out_file = tmp_path / "p.json"
+    code, out, err = run(capsys, "solve", tiny_llama_config, "--cluster", "dgx-a100-80g",
+                         "--nodes", "2", "--global-batch", "64", "--seq-len", "128",
+                         "-o", str(out_file))
+    assert code == 0, err
+    for word in ("parallel", "step time", "tokens/s", "TFLOP/s per GPU", "MFU", "peak memory",
+                 "stage"):
+        assert word in out
+    assert "searched" in err and "traced with export" in err
+    d = json.loads(out_file.read_text())
+    assert d["schema"] == "planner.plan/v1"
+    code, shown, _ = run(capsys, "show", str(out_file))
+    assert code == 0 and "runners-up" in shown and "stage" in shown
+
+
+def test_models_and_clusters_list(capsys):
+    code, out, _ = run(capsys, "models")
+    for name in ("gpt2", "gpt2-xl", "gpt3-175b", "gpt-1.7b", "gpt-1t", "llama3-8b", "llama3-70b",
+                 "llama3-405b", "bert-large"):
+        assert name in out
+    code, out, _ = run(capsys, "clusters")
+    for name in ("dgx-a100-80g", "dgx-h100", "hgx-h200", "pcie-4090"):
+        assert name in out
+
+
+BAD = {
+    "unknown model": (["solve", "gtp2", "--cluster", "dgx-h100", "--global-batch", "8"],
+                      "unknown model 'gtp2'; did you mean gpt2"),
+    "unknown cluster": (["solve", "gpt2", "--cluster", "dgx-h1000", "--global-batch", "8"],
+                        "unknown cluster 'dgx-h1000'; did you mean dgx-h100"),
+    "bad fix": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8", "--fix", "tpp=2"],
+                "unknown knob 'tpp'"),
+    "bad batch": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "0"],
+                  "global_batch: expected a positive integer"),
+    "missing plan": (["show", "/nonexistent/plan.json"], "not found"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_and_exit_2(capsys, case):
+    argv, message = BAD[case]
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if ln.startswith("plan: error")]
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_bad_yaml_and_config_files(capsys, tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("name: x\ndevice: a100-80g\nnodes: [1\n")
+    code, _, err = run(capsys, "solve", "gpt2", "--cluster", str(y), "--global-batch", "8")
+    assert code == 2 and "invalid YAML at line" in err
+    y.write_text("name: x\ndevice: a100-80g\nnodes: 1\ngpus_per_node: 8\nintra_node: "
+                 "{bandwidth_GBps: 300, latency_us: 3}\ninter_node: {bandwidth_GBps: 25, "
+                 "latency_us: 10}\nnics: 8\n")
+    code, _, err = run(capsys, "solve", "gpt2", "--cluster", str(y), "--global-batch", "8")
+    assert code == 2 and "c.yaml.nics: unknown key" in err
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"hidden_size": 64}))
+    code, _, err = run(capsys, "solve", str(cfg), "--cluster", "dgx-h100", "--global-batch", "8")
+    assert code == 2 and "key 'model_type' is missing" in err
+    cfg.write_text("{not json")
+    code, _, err = run(capsys, "solve", str(cfg), "--cluster", "dgx-h100", "--global-batch", "8")
+    assert code == 2 and "cannot read" in err
+
+
+def test_untraceable_factory_model(capsys, tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.lin = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        y = self.lin(x)\n"
+        "        return y if y.sum().item() > 0 else -y\n"
+        "def build():\n"
+        "    return M(), (torch.randn(2, 3, 4),)\n")
+    code, _, err = run(capsys, "solve", f"{f}:build", "--cluster", "dgx-h100", "--global-batch", "8")
+    errors = [ln for ln in err.splitlines() if ln.startswith("plan: error")]
+    assert code == 2 and len(errors) == 1 and "could not trace" in errors[0]
+    assert "in module 'M (the root)'" in errors[0]
+    assert "def forward" not in err, "torch.export's partial graph stays out of the message"
+
+
+def test_console_script_exit_code_and_debug(tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO}
+    cmd = [sys.executable, "-m", "planner.cli", "solve", "nope", "--cluster", "dgx-h100",
+           "--global-batch", "8"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = subprocess.run(cmd[:3] + ["--debug"] + cmd[3:], capture_output=True, text=True, env=env,
+                       cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" in r.stderr

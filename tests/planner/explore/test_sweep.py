@@ -1,0 +1,184 @@
+"""What-if sweeps: one trace for the whole grid, rows in grid order (infeasible points included),
+values checked, clusters modified as asked, costs, CSV, plots and the `plan whatif` command."""
+
+import itertools
+import logging
+import time
+
+import pytest
+
+from planner import api
+from planner.explore import costs, grid
+from planner.explore import sweep as explore
+from planner.report import plots
+from planner.cli.main import main
+from planner.errors import SpecError
+
+
+@pytest.fixture
+def count_prepare(monkeypatch):
+    calls = []
+    real = api.prepare
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("seq_len"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "prepare", counting)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def two_clusters(tiny_llama_config):
+    """Two presets x three sizes, priced: a sweep the plots and the CSV can use."""
+    return explore.whatif(tiny_llama_config, vary={"cluster": ["dgx-h100", "dgx-a100-80g"],
+                                                   "nodes": [1, 2, 4]},
+                          global_batch=64, seq_len=128, prices={"h100": 4, "a100": 2},
+                          tokens=1e9)
+
+
+def test_a_sweep_of_50_points_traces_once_and_takes_under_a_minute(tiny_llama_config,
+                                                                   count_prepare):
+    vary = {"nodes": [1, 2, 4, 8, 16], "tp": [1, 2, 4, 8, 16], "recompute": ["none", "full"]}
+    t0 = time.perf_counter()
+    rows = explore.whatif(tiny_llama_config, cluster="dgx-h100", vary=vary, global_batch=64,
+                          seq_len=128)
+    elapsed = time.perf_counter() - t0
+    assert len(count_prepare) == 1 and count_prepare == [128]
+    assert elapsed < 60, elapsed
+    assert len(rows) == 50
+    grid = [f"nodes={n} tp={t} recompute={r}" for n, t, r in itertools.product(*vary.values())]
+    assert [r["point"] for r in rows] == grid  # grid order, first key outermost
+    for r, (n, t, rc) in zip(rows, itertools.product(*vary.values())):
+        assert r["gpus"] == 8 * n and r["nodes"] == n
+        if t > 2:  # 4 heads, 2 key/value heads: tp is at most 2
+            assert not r["feasible"] and "tp" in r["reason"] and r["step_time_s"] is None
+        else:
+            assert r["feasible"] and r["reason"] is None
+            assert (r["tp"], r["recompute"]) == (t, rc) and r["dp"] * r["tp"] * r["pp"] == 8 * n
+            assert r["tokens_per_s"] == pytest.approx(64 * 128 / r["step_time_s"], rel=1e-4)
+            parts = sum(r[k] for k in ("compute_s", "bubble_s", "tp_comm_s", "pp_comm_s",
+                                       "dp_comm_s", "optimizer_s"))
+            assert parts == pytest.approx(r["step_time_s"], rel=0.02)
+
+
+def test_one_trace_per_sequence_length_and_workers_do_not_change_rows(tiny_llama_config,
+                                                                      count_prepare):
+    vary = {"seq_len": [64, 128], "global_batch": [16, 32]}
+    pooled = explore.whatif(tiny_llama_config, cluster="dgx-h100", vary=vary, workers=2)
+    assert sorted(count_prepare) == [64, 128]
+    serial = explore.whatif(tiny_llama_config, cluster="dgx-h100", vary=vary, workers=1)
+    assert pooled == serial
+    assert [(r["seq_len"], r["global_batch"]) for r in pooled] == [(64, 16), (64, 32),
+                                                                   (128, 16), (128, 32)]
+
+
+def test_points_change_the_cluster_as_asked():
+    base = {"cluster": "dgx-h100", "nodes": None, "gpus_per_node": None}
+    c = grid.point_cluster({**base, "nodes": 3, "device": "a100-80g",
+                               "inter_node_bandwidth": 12.5})
+    assert (c.nodes, c.gpus_per_node, c.device.name) == (3, 8, "a100-80g")
+    assert c.inter_node.bandwidth_bytes_per_s == 12.5e9 and c.inter_node.name == "ib"
+    assert c.intra_node.bandwidth_bytes_per_s == 450e9  # the preset's NVLink stays
+    c = grid.point_cluster({**base, "gpus_per_node": 4, "intra_node_bandwidth": 100})
+    assert c.num_gpus == 4 and c.intra_node.bandwidth_bytes_per_s == 100e9
+
+
+@pytest.mark.parametrize("vary,message", [
+    ({"nodez": [1]}, "vary: unknown key 'nodez'"),
+    ({"nodes": [0]}, "vary.nodes: expected a positive integer"),
+    ({"nodes": "8,16"}, "vary.nodes: expected a non-empty list"),
+    ({"device": ["h1000"]}, "did you mean h100"),
+    ({"tp": ["x"]}, "fix.tp: expected an integer"),
+    ({"inter_node_bandwidth": [-1]}, "vary.inter_node_bandwidth: expected GB/s"),
+    ({"dtype": ["fp8"]}, "vary.dtype: unknown dtype"),
+])
+def test_bad_values_are_one_line_errors_naming_the_key(vary, message):
+    with pytest.raises(SpecError, match=message):
+        explore.whatif("gpt2", cluster="dgx-h100", vary=vary, global_batch=8)
+
+
+def test_parse_vary_and_prices():
+    assert grid.parse_vary(["nodes=8, 16", "gpus-per-node=4"]) == {
+        "nodes": ["8", "16"], "gpus_per_node": ["4"]}
+    with pytest.raises(SpecError, match="is not KEY=V1,V2"):
+        grid.parse_vary(["nodes"])
+    assert costs.parse_prices("h100=$4, a100-80g=2.5") == {"h100": 4.0, "a100-80g": 2.5}
+    with pytest.raises(SpecError, match="price_per_gpu_hour.h100: expected dollars"):
+        costs.parse_prices("h100=four")
+    assert costs.resolve_prices({"a100": 2}, ["a100-80g", "h100"]) == {"a100-80g": 2}
+    with pytest.raises(SpecError, match="matches several"):
+        costs.resolve_prices({"a100": 2}, ["a100-80g", "a100-40g"])
+
+
+def test_infeasible_points_are_rows(tiny_llama_config):
+    rows = explore.whatif(tiny_llama_config, cluster="dgx-h100",
+                          vary={"device": ["v100", "h100"]}, global_batch=8, seq_len=64)
+    v100, h100 = rows
+    assert not v100["feasible"] and "v100 has no bf16" in v100["reason"]
+    assert v100["device"] is None or v100["device"] == "v100"
+    assert h100["feasible"] and h100["device"] == "h100"
+
+
+def test_costs_follow_from_price_time_and_gpus(two_clusters):
+    for r in two_clusters:
+        price = 4 if r["device"] == "h100" else 2
+        assert r["price_per_gpu_hour"] == price
+        assert r["cost_per_step_usd"] == pytest.approx(r["gpus"] * price * r["step_time_s"] / 3600)
+        tokens_per_step = r["global_batch"] * r["seq_len"]
+        assert r["cost_per_mtok_usd"] == pytest.approx(
+            r["cost_per_step_usd"] / tokens_per_step * 1e6, rel=1e-4)
+        assert r["run_hours"] == pytest.approx(1e9 / r["tokens_per_s"] / 3600)
+        assert r["run_cost_usd"] == pytest.approx(r["run_hours"] * r["gpus"] * price)
+
+
+def test_csv_round_trips(two_clusters, tmp_path):
+    path = str(tmp_path / "w.csv")
+    explore.write_csv(two_clusters, path)
+    with open(path) as f:
+        header = f.readline().strip().split(",")
+    assert header[:3] == ["model", "point", "cluster"] and "run_cost_usd" in header
+    back = explore.read_csv(path)
+    assert back == two_clusters
+
+
+def test_plots_are_written_and_show_the_series(two_clusters, tmp_path):
+    paths = plots.sweep_plots(two_clusters, str(tmp_path / "w.png"))
+    assert [p.rsplit("-", 1)[1] for p in paths] == ["scaling.png", "pareto.png", "cost.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    fig = plots.scaling(two_clusters, str(tmp_path / "s.svg"))
+    tokens_ax, mfu_ax = fig.axes
+    assert [t.get_text() for t in tokens_ax.get_legend().get_texts()] == ["dgx-h100",
+                                                                           "dgx-a100-80g"]
+    solid = [ln for ln in tokens_ax.get_lines() if ln.get_linestyle() == "-"]
+    assert [list(ln.get_xdata()) for ln in solid] == [[8, 16, 32]] * 2
+    fig = plots.cost(two_clusters, str(tmp_path / "c.png"))
+    assert len(fig.axes) == 3  # $ per step, $ for the run, days for the run
+    front = plots.pareto_front(two_clusters)
+    for r in two_clusters:  # nothing beats a front point on both axes
+        for f in front:
+            assert not (r["step_time_s"] < f["step_time_s"] and
+                        r["peak_memory_bytes"] < f["peak_memory_bytes"])
+    with pytest.raises(SpecError, match="must end in"):
+        plots.scaling(two_clusters, str(tmp_path / "s.jpg"))
+
+
+def test_whatif_command_prints_a_table_and_writes_files(capsys, tiny_llama_config, tmp_path):
+    csv_path, png = str(tmp_path / "o.csv"), str(tmp_path / "o.png")
+    code = main(["whatif", tiny_llama_config, "--cluster", "dgx-h100", "--vary", "nodes=1,2",
+                 "--vary", "tp=1,4", "--global-batch", "32", "--seq-len", "64",
+                 "--price-per-gpu-hour", "h100=4", "--csv", csv_path, "--plot", png])
+    out, err = capsys.readouterr()
+    logging.getLogger("planner").handlers[:] = []
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["point", "GPUs", "configuration"] and "$/step" in lines[0]
+    assert lines[1].startswith("nodes=1 tp=1") and "infeasible: " in lines[2]
+    assert len(explore.read_csv(csv_path)) == 4
+    assert "o-scaling.png" in out and "o-pareto.png" in out and "o-cost.png" in out
+    code = main(["whatif", "gpt2", "--cluster", "dgx-h100", "--vary", "nodez=1"])
+    _, err = capsys.readouterr()
+    logging.getLogger("planner").handlers[:] = []
+    assert code == 2 and "unknown key 'nodez'" in err

@@ -1,0 +1,382 @@
+"""Exports to torchtitan, Megatron-LM and DeepSpeed: golden files, parsing, mappings, errors.
+
+Golden files: tests/golden/plans/ holds two plan fixtures made once with the real planner (they are
+loaded, never re-planned, so cost-model changes cannot break them):
+
+- even-llama3-70b.json: ``plan solve llama3-70b --cluster dgx-h100 --nodes 8 --global-batch 128
+  --seq-len 4096 --fix tp=8,pp=4,schedule=gpipe,recompute=full`` (20 layers on each of 4 stages);
+- uneven-llama3-8b.json: ``plan solve llama3-8b --cluster dgx-h100 --nodes 2 --global-batch 64
+  --seq-len 4096 --fix tp=2,pp=4,recompute=selective`` (8, 9, 9, 6 layers).
+
+tests/golden/exports/<plan>.<target suffix> holds the expected export of each. After a deliberate
+change to an exporter, regenerate them (no environment variables involved) with
+
+    .venv/bin/python tests/planner/test_export.py
+
+and review the diff of tests/golden/exports before committing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from planner.cli.main import main
+from planner.errors import SpecError
+from planner.export import TARGETS, export, to_deepspeed, to_megatron, to_torchtitan
+from planner.export.common import layout
+from planner.planfile.document import Plan, load_plan
+
+GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "golden")
+PLANS = ("even-llama3-70b", "uneven-llama3-8b")
+LAYER = re.compile(r"model\.layers\.\d+")
+
+
+@functools.lru_cache(maxsize=None)
+def plan_of(stem: str) -> Plan:
+    """A fixture plan (cached: tests derive variants with dataclasses.replace, never mutate)."""
+    return load_plan(os.path.join(GOLDEN, "plans", f"{stem}.json"))
+
+
+def golden_path(stem: str, target: str) -> str:
+    return os.path.join(GOLDEN, "exports", f"{stem}.{TARGETS[target][1]}")
+
+
+def regenerate() -> None:
+    """Rewrite every golden export from the plan fixtures."""
+    for stem in PLANS:
+        plan = plan_of(stem)
+        for target in TARGETS:
+            with open(golden_path(stem, target), "w", encoding="utf-8", newline="") as f:
+                f.write(export(plan, target)[0])
+
+
+def variant(plan: Plan, **parallel) -> Plan:
+    return dataclasses.replace(plan, parallel={**plan.parallel, **parallel})
+
+
+def regroup(plan: Plan, counts: list[int], **parallel) -> Plan:
+    """The same model cut into len(counts) stages holding counts[i] layers (embedding side on the
+    first stage, head side on the last)."""
+    groups: list[list[dict]] = [[] for _ in counts]
+    stage = held = 0
+    for block in plan.model["blocks"]:
+        if LAYER.fullmatch(block["name"]):
+            while held >= counts[stage]:
+                stage, held = stage + 1, 0
+            held += 1
+        elif held or stage:
+            stage = len(counts) - 1
+        groups[stage].append(block)
+    stages = [{"index": i, "blocks": [b["name"] for b in g], "ranks": [], "predicted": {},
+               "modules": [m for b in g for m in b["modules"]]} for i, g in enumerate(groups)]
+    return dataclasses.replace(variant(plan, **{"pp": len(counts), **parallel}), stages=stages)
+
+
+class Notes(logging.Handler):
+    """Collects the export warnings (pytest runs with -p no:logging, so no caplog)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def notes():
+    handler = Notes()
+    log = logging.getLogger("planner.export")
+    log.addHandler(handler)
+    yield handler.messages
+    log.removeHandler(handler)
+
+
+# ---- golden files -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+@pytest.mark.parametrize("stem", PLANS)
+def test_export_matches_golden_file_byte_for_byte(stem, target):
+    text, name = export(plan_of(stem), target)
+    with open(golden_path(stem, target), encoding="utf-8", newline="") as f:
+        assert text == f.read(), f"regenerate with: python tests/planner/test_export.py ({stem})"
+    assert name == f"{plan_of(stem).model['name']}.{TARGETS[target][1]}"
+
+
+def test_fixtures_are_one_even_and_one_uneven_plan():
+    assert layout(plan_of("even-llama3-70b")).counts == [20, 20, 20, 20]
+    uneven = layout(plan_of("uneven-llama3-8b")).counts
+    assert uneven == [8, 9, 9, 6] and sum(uneven) == 32
+
+
+@pytest.mark.parametrize("stem", PLANS)
+def test_every_output_begins_with_the_source_plan(stem):
+    plan = plan_of(stem)
+    ids = (plan.model["name"], plan.model["fingerprint"], plan.provenance["input_hash"])
+    for target in TARGETS:
+        text = export(plan, target)[0]
+        head = text.splitlines()[1] if target != "deepspeed" else \
+            json.loads(text)["planner"]["header"][1]
+        assert all(i in head for i in ids), (target, head)
+        assert not re.search(r"\d{4}-\d\d-\d\d|\d\d:\d\d:\d\d", text)  # no timestamps
+
+
+# ---- every output parses, and says what the plan says --------------------------------------------
+
+@pytest.mark.parametrize("stem", PLANS)
+def test_torchtitan_toml_parses_to_the_plan(stem):
+    tomllib = pytest.importorskip("tomllib")
+    plan = plan_of(stem)
+    p = plan.parallel
+    cfg = tomllib.loads(to_torchtitan(plan))
+    par, train = cfg["parallelism"], cfg["training"]
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p["dp"]
+    assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (p["tp"], p["pp"])
+    assert par["module_fqns_per_model_part"] == [st["modules"] for st in plan.stages]
+    local = train["local_batch_size"]
+    assert local // par["pipeline_parallel_microbatch_size"] == p["num_microbatches"]
+    assert local * p["dp"] == train["global_batch_size"] == plan.training["global_batch"]
+    assert cfg["activation_checkpoint"]["mode"] == p["recompute"]
+
+
+def megatron_args(text: str) -> list[str]:
+    tokens = shlex.split(text, comments=True)
+    assert tokens[0] == "MEGATRON_PARALLEL_ARGS=(" and tokens[-1] == ")"
+    return tokens[1:-1]
+
+
+def option(args: list[str], name: str):
+    return args[args.index(name) + 1] if name in args else None
+
+
+def megatron_stage_layers(args: list[str]) -> list[int]:
+    """Layers per stage as Megatron-LM would build them from these arguments."""
+    n, pp = int(option(args, "--num-layers")), int(option(args, "--pipeline-model-parallel-size"))
+    text = option(args, "--pipeline-model-parallel-layout")
+    if text:
+        text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        return [part.count("t") for part in text.split("|")]
+    first, last = option(args, "--decoder-first-pipeline-num-layers"), \
+        option(args, "--decoder-last-pipeline-num-layers")
+    edges = [int(x) for x in (first, last) if x is not None]
+    middle = (n - sum(edges)) // (pp - len(edges))
+    return ([int(first)] if first else []) + [middle] * (pp - len(edges)) + \
+        ([int(last)] if last else [])
+
+
+@pytest.mark.parametrize("stem", PLANS)
+def test_megatron_args_parse_to_the_plan(stem):
+    plan = plan_of(stem)
+    p = plan.parallel
+    args = megatron_args(to_megatron(plan))
+    assert option(args, "--tensor-model-parallel-size") == str(p["tp"])
+    assert option(args, "--micro-batch-size") == str(p["micro_batch"])
+    assert option(args, "--global-batch-size") == str(plan.training["global_batch"])
+    assert ("--sequence-parallel" in args) == p["sequence_parallel"]
+    assert megatron_stage_layers(args) == layout(plan).counts
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_megatron_file_sources_in_bash_to_the_same_arguments(tmp_path):
+    text = to_megatron(regroup(plan_of("uneven-llama3-8b"), [10, 6, 9, 7]))
+    path = tmp_path / "args.sh"
+    path.write_text(text)
+    out = subprocess.run(["bash", "-c", f'source {shlex.quote(str(path))} && '
+                          'printf "%s\\n" "${MEGATRON_PARALLEL_ARGS[@]}"'],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == megatron_args(text)
+    assert "Et*10|t*6|t*9|t*7L" in out.splitlines()
+
+
+@pytest.mark.parametrize("stem", PLANS)
+def test_deepspeed_json_parses_to_the_plan(stem):
+    plan = plan_of(stem)
+    p = plan.parallel
+    cfg = json.loads(to_deepspeed(plan))
+    assert cfg["train_batch_size"] == (cfg["train_micro_batch_size_per_gpu"]
+                                       * cfg["gradient_accumulation_steps"] * p["dp"])
+    pipe = cfg["planner"]["pipeline"]
+    parts, names = pipe["parts"], pipe["layers"]
+    assert [names[a:b] for a, b in zip(parts, parts[1:])] == [st["blocks"] for st in plan.stages]
+    assert pipe["topology"]["dims"][0] * pipe["topology"]["dims"][1] * \
+        pipe["topology"]["dims"][2] == plan.cluster["num_gpus"]
+    assert cfg["bf16"]["enabled"] == (plan.training["dtype"] == "bf16")
+
+
+# ---- mapping decisions --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("zero,replicate,shard,reshard", [
+    (0, 2, 1, None), (1, 1, 2, "never"), (2, 1, 2, "never"), (3, 1, 2, "always")])
+def test_torchtitan_maps_zero_to_replicate_or_shard(zero, replicate, shard, reshard, notes):
+    tomllib = pytest.importorskip("tomllib")
+    par = tomllib.loads(to_torchtitan(variant(plan_of("uneven-llama3-8b"), zero=zero)))
+    par = par["parallelism"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == \
+        (replicate, shard)
+    assert par.get("fsdp_reshard_after_forward") == reshard
+    assert any("ZeRO-1" in n for n in notes) == (zero == 1)
+
+
+@pytest.mark.parametrize("zero,flags", [
+    (0, []), (1, ["--use-distributed-optimizer"]),
+    (3, ["--use-megatron-fsdp", "--use-distributed-optimizer"])])
+def test_megatron_maps_zero(zero, flags):
+    args = megatron_args(to_megatron(variant(plan_of("uneven-llama3-8b"), zero=zero)))
+    assert all(f in args for f in flags) and ("--use-distributed-optimizer" in args) == (zero > 0)
+    if zero == 3:
+        assert option(args, "--data-parallel-sharding-strategy") == "optim_grads_params"
+
+
+@pytest.mark.parametrize("counts,expect", [
+    ([11, 7, 7, 7], ["--decoder-first-pipeline-num-layers", "11"]),
+    ([7, 7, 7, 11], ["--decoder-last-pipeline-num-layers", "11"]),
+    ([10, 6, 9, 7], ["--pipeline-model-parallel-layout", "Et*10|t*6|t*9|t*7L"]),
+    ([12, 10, 10, 0], ["--pipeline-model-parallel-layout", "Et*12|t*10|t*10|L"]),
+    ([8, 8, 8, 8], [])])
+def test_megatron_describes_each_stage_split(counts, expect):
+    args = megatron_args(to_megatron(regroup(plan_of("uneven-llama3-8b"), counts)))
+    assert " ".join(expect) in " ".join(args)
+    assert megatron_stage_layers(args) == counts
+
+
+def test_virtual_stages_map_to_interleaved_schedules(notes):
+    tomllib = pytest.importorskip("tomllib")
+    base = plan_of("uneven-llama3-8b")
+    even = regroup(base, [4] * 8, pp=4, vpp=2, schedule="interleaved-1f1b")
+    par = tomllib.loads(to_torchtitan(even))["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert len(par["module_fqns_per_model_part"]) == 8
+    assert option(megatron_args(to_megatron(even)), "--num-virtual-stages-per-pipeline-rank") == "2"
+    uneven = regroup(base, [3, 4, 4, 5, 4, 4, 4, 4], pp=4, vpp=2, schedule="interleaved-1f1b")
+    assert option(megatron_args(to_megatron(uneven)), "--pipeline-model-parallel-layout") == \
+        "Et*3|t*4|t*4|t*5|t*4|t*4|t*4|t*4L"
+    ds = json.loads(to_deepspeed(uneven))["planner"]["pipeline"]
+    assert ds["partition_method"] == "parameters" and ds["parts"] is None
+    assert any("8 virtual stages" in n for n in notes)
+
+
+def test_approximations_are_commented_and_logged(notes):
+    plan = variant(plan_of("uneven-llama3-8b"), schedule="gpipe", sequence_parallel=False,
+                   placement="tp-pp-dp")
+    mega = to_megatron(plan)
+    assert "schedule GPipe: Megatron-LM runs 1F1B" in mega
+    assert "--use-tp-pp-dp-mapping" in megatron_args(mega)
+    titan = to_torchtitan(plan)
+    assert "# - sequence parallelism is off" in titan and "# - placement tp-pp-dp" in titan
+    ds = json.loads(to_deepspeed(plan))
+    assert ds["planner"]["pipeline"]["topology"]["axes"] == ["data", "pipe", "model"]
+    assert any(n.startswith("schedule GPipe: DeepSpeed") for n in ds["planner"]["not_expressed"])
+    assert {n.split(":")[0] for n in notes} >= {"export megatron", "export torchtitan",
+                                                "export deepspeed"}
+
+
+def test_precision_maps_per_target(notes):
+    tomllib = pytest.importorskip("tomllib")
+    plan = variant(plan_of("uneven-llama3-8b"), zero=0)
+    plan = dataclasses.replace(plan, training={**plan.training, "dtype": "fp16"})
+    assert tomllib.loads(to_torchtitan(plan))["training"]["mixed_precision_param"] == "bfloat16"
+    assert any("dtype fp16" in n for n in notes)
+    assert "--fp16" in megatron_args(to_megatron(plan))
+    ds = json.loads(to_deepspeed(plan))
+    assert ds["fp16"] == {"enabled": True, "loss_scale": 0} and ds["bf16"] == {"enabled": False}
+
+
+def test_single_stage_plan_has_no_pipeline_settings():
+    tomllib = pytest.importorskip("tomllib")
+    plan = regroup(plan_of("uneven-llama3-8b"), [32], dp=8)
+    par = tomllib.loads(to_torchtitan(plan))["parallelism"]
+    assert par["pipeline_parallel_degree"] == 1 and "module_fqns_per_model_part" not in par
+    args = megatron_args(to_megatron(plan))
+    assert not any("layout" in a or "decoder-first" in a for a in args)
+    ds = json.loads(to_deepspeed(plan))
+    assert "pipeline" not in ds["planner"] and ds["tensor_parallel"] == {"autotp_size": 2}
+    assert ds["zero_optimization"]["stage"] == 1
+
+
+def test_deepspeed_pipeline_falls_back_to_zero_1(notes):
+    ds = json.loads(to_deepspeed(variant(plan_of("uneven-llama3-8b"), zero=3)))
+    assert ds["zero_optimization"]["stage"] == 1
+    assert any("ZeRO-3 with pp=4" in n for n in notes)
+
+
+# ---- plans a target cannot express --------------------------------------------------------------
+
+def without_stack(plan: Plan, repeats: list[dict]) -> Plan:
+    return dataclasses.replace(plan, model={**plan.model,
+                                            "trace": {**plan.model["trace"], "repeats": repeats}})
+
+
+@pytest.mark.parametrize("repeats,message", [
+    ([], "has no repeated layer list"),
+    ([{"fqn": "model.layers", "count": 32}, {"fqn": "model.extra", "count": 2}],
+     "has 2 layer lists"),
+    ([{"fqn": "model.layers", "count": 40}], "says 40, in order; re-create the plan")])
+def test_megatron_refuses_a_model_that_is_not_one_layer_stack(repeats, message):
+    with pytest.raises(SpecError, match=message) as err:
+        to_megatron(without_stack(plan_of("uneven-llama3-8b"), repeats))
+    assert "\n" not in str(err.value) and str(err.value).startswith("export megatron: ")
+
+
+def test_megatron_refuses_a_block_between_layers():
+    plan = plan_of("uneven-llama3-8b")
+    blocks = [dict(b, modules=["model.adapter"]) if b["name"] == "model.layers.12" else b
+              for b in plan.model["blocks"]]
+    with pytest.raises(SpecError, match="block 'model.layers.12' sits between"):
+        to_megatron(dataclasses.replace(plan, model={**plan.model, "blocks": blocks}))
+
+
+def test_other_targets_export_a_model_without_layer_stack_with_a_warning(notes):
+    plan = without_stack(plan_of("uneven-llama3-8b"), [])
+    assert "no repeated layer list" in to_torchtitan(plan)
+    assert any("no repeated layer list" in n for n in json.loads(to_deepspeed(plan))["planner"]
+               ["not_expressed"])
+
+
+def test_unknown_target_and_virtual_stage_mismatch_are_one_line_errors():
+    with pytest.raises(SpecError, match="unknown target 'nemo'; choose torchtitan"):
+        export(plan_of("even-llama3-70b"), "nemo")
+    with pytest.raises(SpecError, match="4 stages for pp=4 x vpp=2"):
+        to_torchtitan(variant(plan_of("even-llama3-70b"), vpp=2, schedule="interleaved-1f1b"))
+
+
+# ---- the command --------------------------------------------------------------------------------
+
+def test_cli_prints_or_writes_the_export(capsys, tmp_path):
+    plan = os.path.join(GOLDEN, "plans", "uneven-llama3-8b.json")
+    with open(golden_path("uneven-llama3-8b", "megatron"), encoding="utf-8") as f:
+        expected = f.read()
+    assert main(["export", plan, "--to", "megatron"]) == 0
+    assert capsys.readouterr().out == expected
+    assert main(["export", plan, "--to", "megatron", "-o", str(tmp_path / "a.sh")]) == 0
+    assert (tmp_path / "a.sh").read_text() == expected
+    assert main(["export", plan, "--to", "deepspeed", "-o", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "llama3-8b.deepspeed.json").read_text())["train_batch_size"] == 64
+
+
+def test_cli_errors_are_one_line_with_exit_code_2(capsys, tmp_path):
+    assert main(["export", str(tmp_path / "none.json"), "--to", "torchtitan"]) == 2
+    assert "not found" in capsys.readouterr().err
+    d = json.loads(open(os.path.join(GOLDEN, "plans", "uneven-llama3-8b.json")).read())
+    d["model"]["trace"]["repeats"] = []
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    assert main(["export", str(tmp_path / "p.json"), "--to", "megatron"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no repeated layer list" in err
+    assert main(["export", str(tmp_path / "p.json"), "--to", "deepspeed",
+                 "-o", str(tmp_path / "no" / "such" / "x.json")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
+if __name__ == "__main__":
+    regenerate()
+    print(f"rewrote {len(PLANS) * len(TARGETS)} golden exports under {GOLDEN}/exports")

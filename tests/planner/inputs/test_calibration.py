@@ -1,0 +1,81 @@
+"""Calibration: measured numbers replace data-sheet ones, and the profiler produces them."""
+
+import json
+
+import pytest
+
+import planner.profile.device as prof
+from costmodels.compute import gemm_time_s, measured_rate
+from planner import load_cluster
+from planner.inputs.calibration import apply_calibration, load_calibration
+from planner.errors import SpecError
+
+CALIB = {
+    "schema": "planner.calibration/v1", "device_kind": "cpu", "device_name": "test", "threads": 1,
+    "device": {"peak_TFLOPs": {"fp32": 0.1}, "hbm_GBps": 10.0, "kernel_overhead_us": 5.0,
+               "attention_efficiency": {"fp32": 0.5},
+               "gemm_table": {"fp32": [[1e6, 2e10], [1e9, 1e11]]}},
+    "intra_node": {"bandwidth_GBps": 0.5, "latency_us": 300.0, "processes": 2, "backend": "gloo"},
+}
+
+
+def test_apply_replaces_device_and_link():
+    c = apply_calibration(load_cluster("cpu"), CALIB)
+    assert c.device.peak("fp32") == pytest.approx(1e11)
+    assert c.device.hbm_bytes_per_s == pytest.approx(1e10)
+    assert c.device.matmul_efficiency == 1.0 and c.device.memory_efficiency == 1.0
+    assert c.intra_node.bandwidth_bytes_per_s == pytest.approx(5e8)
+    assert c.intra_node.latency_s == pytest.approx(3e-4)
+    assert c.device.kernel_overhead_s == pytest.approx(5e-6)
+
+
+def test_gemm_time_uses_the_measured_table():
+    dev = apply_calibration(load_cluster("cpu"), CALIB).device
+    table = dev.gemm_table["fp32"]
+    assert measured_rate(table, 1e3) == 2e10  # flat below the table
+    assert measured_rate(table, 1e12) == 1e11  # flat above
+    mid = measured_rate(table, 10 ** 7.5)  # halfway in log space
+    assert mid == pytest.approx(6e10)
+    n = 1000  # 2e9 FLOPs: above the table, at 1e11 FLOP/s
+    assert gemm_time_s(1, n, n, n, dev, "fp32") == pytest.approx(2e9 / 1e11)
+
+
+def test_bad_calibration_files(tmp_path):
+    with pytest.raises(SpecError, match="not found"):
+        load_calibration(str(tmp_path / "none.json"))
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(SpecError, match="not a calibration"):
+        load_calibration(str(p))
+    bad = json.loads(json.dumps(CALIB))
+    del bad["device"]["gemm_table"]
+    with pytest.raises(SpecError, match="device.gemm_table is missing"):
+        load_calibration(bad)
+
+
+def test_profile_measures_this_cpu(monkeypatch):
+    monkeypatch.setattr(prof, "GEMM_SIZES", (32, 64, 128))
+    monkeypatch.setattr(prof, "MEMORY_SIZES", (1 << 12, 1 << 14))
+    monkeypatch.setattr(prof, "SKEW_SIZES", (32, 64))
+    calib = prof.profile("cpu", threads=1, processes=1)
+    load_calibration(calib)  # the profiler's output is a valid calibration
+    dev = calib["device"]
+    assert len(dev["gemm_table"]["fp32"]) == 3
+    assert all(rate > 1e8 for _, rate in dev["gemm_table"]["fp32"])  # > 0.1 GFLOP/s
+    assert dev["hbm_GBps"] > 0.1 and 0 < dev["kernel_overhead_us"] < 1e4
+    assert [b for b, _ in dev["memory_table"]] == sorted(b for b, _ in dev["memory_table"])
+    assert all(rate > 1e8 for _, rate in dev["memory_table"])
+    assert calib["intra_node"] is None
+    assert calib["processes"] == 1 and dev["jitter"] == 0.0  # one process: nobody to wait for
+    c = apply_calibration(load_cluster("cpu"), calib)
+    assert c.device.peak("fp32") == pytest.approx(max(r for _, r in dev["gemm_table"]["fp32"]))
+
+
+def test_warns_when_the_cluster_runs_another_number_of_cpu_processes(caplog):
+    calib = {**CALIB, "processes": 2}
+    with caplog.at_level("WARNING", logger="planner.inputs.calibration"):
+        apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=2), calib)
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="planner.inputs.calibration"):
+        apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=1), calib)
+    assert "plan profile --processes 1" in caplog.text

@@ -1,0 +1,277 @@
+"""Many jobs on one cluster: the CP-SAT schedule against brute force, time limits, re-planning,
+the strict jobs file, baselines, and `plan jobs` end to end on tiny models."""
+
+import itertools
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from planner.errors import InfeasibleError, SpecError
+from planner.jobs.joint import baselines, replan
+from planner.jobs.spec import jobs_from_mapping, load_jobs
+from planner.solve.job_queue import JobRequest, Placement, nodes_needed
+from planner.solve.job_schedule import ScheduleOptions, candidate_counts, solve_jobs
+
+EXACT = ScheduleOptions(time_unit_s=1.0, time_limit_s=20.0)
+
+
+def check_valid(requests, sched, nodes, gpn, now=0.0):
+    """Every job on a count of its table, on the right nodes, and no GPU used twice at once."""
+    by_gpu = {}
+    for r, p in zip(requests, sched.placements):
+        assert p.name == r.name
+        if r.pinned is not None:
+            assert p == r.pinned
+        else:
+            assert p.end_s - p.start_s == pytest.approx(r.durations_s[p.gpus])
+            assert p.start_s >= now - 1e-9
+            if r.deadline_s is not None:
+                assert p.end_s <= r.deadline_s + 1e-9
+        assert len(p.nodes) == nodes_needed(p.gpus, gpn) and len(set(p.gpu_ids)) == p.gpus
+        assert {i // gpn for i in p.gpu_ids} == set(p.nodes) and max(p.nodes) < nodes
+        for i in p.gpu_ids:
+            by_gpu.setdefault(i, []).append((p.start_s, p.end_s))
+    for spans in by_gpu.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:]))
+
+
+def brute_force(requests, nodes, gpn, objective):
+    """Serial schedule generation over every (count, node set) per job and every order: each job
+    at its earliest fit on a unit time grid. Active schedules contain an optimal one."""
+    modes = []
+    for r in requests:
+        m = []
+        for g, d in r.durations_s.items():
+            k = nodes_needed(g, gpn)
+            for node_set in itertools.combinations(range(nodes), k):
+                m.append((g, int(d), node_set))
+        modes.append(m)
+    horizon = sum(max(int(d) for d in r.durations_s.values()) for r in requests)
+    best = float("inf")
+    for choice in itertools.product(*modes):
+        for order in itertools.permutations(range(len(requests))):
+            used = [[0] * (horizon + 1) for _ in range(nodes)]
+            ends = [0] * len(requests)
+            for j in order:
+                g, d, node_set = choice[j]
+                need = min(g, gpn)
+                t = next(t for t in range(horizon + 1)
+                         if all(used[n][s] + need <= gpn
+                                for n in node_set for s in range(t, t + d)))
+                for n in node_set:
+                    for s in range(t, t + d):
+                        used[n][s] += need
+                ends[j] = t + d
+            if any(r.deadline_s is not None and e > r.deadline_s for r, e in zip(requests, ends)):
+                continue
+            value = max(ends) if objective == "makespan" else sum(
+                r.priority * e for r, e in zip(requests, ends))
+            best = min(best, value)
+    return best
+
+
+def random_instance(seed, n_jobs=3, nodes=2, gpn=4):
+    rng = random.Random(seed)
+    counts = candidate_counts(nodes, gpn)
+    requests = []
+    for j in range(n_jobs):
+        work, alpha = rng.randint(8, 40), rng.uniform(0.5, 1.0)  # time ~ work / g^alpha
+        table = {g: max(1, round(work / g ** alpha)) for g in counts if rng.random() < 0.8}
+        table = table or {gpn: work}
+        requests.append(JobRequest(name=f"j{j}", durations_s=table, priority=rng.randint(1, 3)))
+    return requests
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("objective", ["makespan", "weighted"])
+def test_joint_schedule_matches_brute_force(seed, objective):
+    requests = random_instance(seed)
+    sched = solve_jobs(requests, 2, 4, ScheduleOptions(objective=objective, time_unit_s=1.0,
+                                                       time_limit_s=20.0))
+    assert sched.status == "optimal" and sched.gap == 0
+    check_valid(requests, sched, 2, 4)
+    ends = [p.end_s for p in sched.placements]
+    got = max(ends) if objective == "makespan" else sum(
+        r.priority * e for r, e in zip(requests, ends))
+    assert got == brute_force(requests, 2, 4, objective)
+    assert sched.objective_value == got
+
+
+def test_deadlines_are_constraints_and_brute_force_agrees():
+    requests = random_instance(7)
+    fastest = float(min(requests[2].durations_s.values()))
+    tight = [replace(r, deadline_s=fastest) if j == 2 else r for j, r in enumerate(requests)]
+    sched = solve_jobs(tight, 2, 4, EXACT)
+    check_valid(tight, sched, 2, 4)
+    assert sched.placements[2].end_s <= fastest
+    assert sched.makespan_s == brute_force(tight, 2, 4, "makespan")
+    impossible = [JobRequest(name="x", durations_s={8: 10.0}, deadline_s=5.0)]
+    with pytest.raises(InfeasibleError, match="deadline"):
+        solve_jobs(impossible, 2, 4, EXACT)
+
+
+def test_a_tiny_time_limit_still_returns_a_valid_schedule():
+    requests = random_instance(11, n_jobs=12, nodes=4, gpn=8)
+    sched = solve_jobs(requests, 4, 8, ScheduleOptions(time_limit_s=0.01))
+    assert sched.status in ("feasible", "optimal")
+    assert 0 <= sched.gap < 1 and sched.bound <= sched.objective_value + 1e-6
+    check_valid(requests, sched, 4, 8)
+    base = baselines(requests, 4, 8)  # never worse than the queue that hints it
+    assert sched.makespan_s <= max(p.end_s for p in base["sequential"]) * 1.01
+
+
+def test_replan_keeps_running_jobs_and_starts_the_rest_at_now():
+    requests = random_instance(3, n_jobs=5, nodes=2, gpn=4)
+    first = solve_jobs(requests, 2, 4, EXACT)
+    now = sorted(p.start_s for p in first.placements)[2] + 0.5  # a few jobs have started
+    running = [p for p in first.placements if p.start_s < now]
+    again = [JobRequest(name=r.name, durations_s=r.durations_s,
+                        pinned=p if p.start_s < now else None)
+             for r, p in zip(requests, first.placements)]
+    sched = solve_jobs(again, 2, 4, EXACT, now_s=now)
+    check_valid(again, sched, 2, 4, now=now)
+    kept = {p.name: p for p in sched.placements}
+    assert all(kept[p.name] == p for p in running)
+    assert all(p.start_s >= now for p in sched.placements if p not in running)
+
+
+def test_baselines_use_the_same_tables():
+    requests = [JobRequest(name=n, durations_s={2: 40.0, 4: 22.0, 8: 12.0}) for n in "abc"]
+    base = baselines(requests, 2, 4)
+    assert [p.gpus for p in base["sequential"]] == [8, 8, 8]
+    assert max(p.end_s for p in base["sequential"]) == 36.0  # one after another
+    assert [p.gpus for p in base["equal_split"]] == [2, 2, 2]  # 8 GPUs / 3 jobs -> 2 each
+    assert max(p.end_s for p in base["equal_split"]) == 40.0  # all at once
+    sched = solve_jobs(requests, 2, 4, EXACT)
+    assert sched.makespan_s <= 36.0
+
+
+def test_same_inputs_same_schedule():
+    requests = random_instance(5, n_jobs=6, nodes=3, gpn=8)
+    a, b = (solve_jobs(requests, 3, 8, ScheduleOptions(time_unit_s=1.0)) for _ in range(2))
+    assert a.placements == b.placements
+
+
+# The jobs file -------------------------------------------------------------------------------
+
+GOOD = {"cluster": "dgx-a100-80g", "nodes": 2,
+        "jobs": [{"name": "a", "model": "gpt2", "global_batch": 8, "seq_len": 128, "steps": 10},
+                 {"name": "b", "model": "gpt2", "global_batch": 16, "seq_len": 128, "steps": 5,
+                  "priority": 2, "deadline_s": 3600}]}
+
+
+def _with(path, value):
+    data = json.loads(json.dumps(GOOD))
+    *head, last = path
+    node = data
+    for key in head:
+        node = node[key]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (("jobs", 1, "global_batch"), KeyError, "jobs[1].global_batch: missing"),
+    (("jobs", 0, "stepz"), 3, "jobs[0].stepz: unknown key"),
+    (("jobs", 0, "steps"), 0, "jobs[0].steps: expected a positive integer, got 0"),
+    (("jobs", 0, "steps"), "ten", "jobs[0].steps: expected a positive integer"),
+    (("jobs", 1, "deadline_s"), -1, "jobs[1].deadline_s: expected seconds > 0"),
+    (("jobs", 1, "name"), "a", "jobs[1].name: 'a' is used twice"),
+    (("jobz",), [], "jobz: unknown key; allowed: jobs, cluster, nodes"),
+    (("jobs",), [], "jobs: expected a non-empty list"),
+    (("jobs", 0), "gpt2", "jobs[0]: expected a mapping"),
+])
+def test_jobs_file_is_strict(path, value, message):
+    with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        jobs_from_mapping(_with(path, value))
+
+
+def test_jobs_file_loads(tmp_path):
+    f = tmp_path / "jobs.yaml"
+    f.write_text("cluster: dgx-a100-80g\njobs:\n  - {name: a, model: gpt2, global_batch: 8, "
+                 "seq_len: 128, steps: 10}\n")
+    spec = load_jobs(str(f))
+    assert spec.cluster == "dgx-a100-80g" and spec.jobs[0].priority == 1
+    assert spec.jobs[0].deadline_s is None
+    with pytest.raises(AttributeError):
+        spec.jobs[0].steps = 3  # frozen
+    f.write_text("jobs: [\n")
+    with pytest.raises(SpecError, match="invalid YAML"):
+        load_jobs(str(f))
+
+
+def test_replan_rejects_unknown_and_future_jobs():
+    doc = {"schema": "planner.jobs/v1", "now_s": 0.0, "cluster": {},
+           "jobs": [{"name": "a", "start_s": 0.0}, {"name": "b", "start_s": 100.0}]}
+    with pytest.raises(SpecError, match="no job 'c'"):
+        replan(doc, done=["c"], now_s=10.0)
+    with pytest.raises(SpecError, match="starts at 100 s, after --now 10"):
+        replan(doc, done=["b"], now_s=10.0)
+    with pytest.raises(SpecError, match="planner.jobs/v1"):
+        replan({"schema": "x"}, done=[], now_s=1.0)
+
+
+def test_placement_is_plain_data():
+    p = Placement(name="a", gpus=2, nodes=(0,), gpu_ids=(0, 1), start_s=0.0, end_s=1.0)
+    assert p == Placement(name="a", gpus=2, nodes=(0,), gpu_ids=(0, 1), start_s=0.0, end_s=1.0)
+
+
+# `plan jobs` end to end (tiny models) --------------------------------------------------------
+
+
+def test_plan_jobs_command_then_replan(tmp_path, capsys, tiny_gpt2_config, tiny_llama_config):
+    from planner.cli.main import main
+
+    jobs = tmp_path / "jobs.yaml"
+    rows = [("g1", tiny_gpt2_config, 64), ("g2", tiny_gpt2_config, 16),
+            ("l1", tiny_llama_config, 32), ("l2", tiny_llama_config, 64)]
+    jobs.write_text("jobs:\n" + "".join(
+        f"  - {{name: {n}, model: '{m}', global_batch: {b}, seq_len: 128, steps: 200000}}\n"
+        for n, m, b in rows))
+    out, png = tmp_path / "s.json", tmp_path / "g.png"
+    args = ["jobs", str(jobs), "--cluster", "dgx-a100-80g", "--nodes", "2", "--workers", "1"]
+    assert main(args + ["-o", str(out), "--gantt", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "makespan" in text and "sequential" in text and "equal_split" in text
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "planner.jobs/v1" and len(doc["jobs"]) == 4
+    for job in doc["jobs"]:
+        assert job["plan"]["cluster"]["num_gpus"] == job["gpus"]
+        assert {row["gpus"] for row in job["table"]} <= set(candidate_counts(2, 8))
+    for b in doc["baselines"].values():
+        assert b["makespan_s"] >= doc["makespan_s"] - 1e-6
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+    first = min(doc["jobs"], key=lambda j: (j["end_s"], j["name"]))
+    now = first["end_s"]
+    running = [j for j in doc["jobs"] if j["start_s"] < now and j["name"] != first["name"]]
+    out2 = tmp_path / "s2.json"
+    assert main(["jobs", "--replan", str(out), "--done", first["name"], "--now", str(now),
+                 "-o", str(out2)]) == 0
+    doc2 = json.loads(out2.read_text())
+    assert doc2["done"] == [first["name"]] and doc2["now_s"] == now
+    assert first["name"] not in {j["name"] for j in doc2["jobs"]}
+    after = {j["name"]: j for j in doc2["jobs"]}
+    for j in running:
+        keep = ("gpus", "nodes", "gpu_ids", "start_s", "end_s")
+        assert {k: after[j["name"]][k] for k in keep} == {k: j[k] for k in keep}
+        assert after[j["name"]]["state"] == "running"
+    assert all(j["start_s"] >= now for j in doc2["jobs"] if j["state"] == "scheduled")
+    assert all(j["plan"]["cluster"]["num_gpus"] == j["gpus"] for j in doc2["jobs"])
+
+
+def test_plan_jobs_errors_are_one_line(capsys, tmp_path):
+    from planner.cli.main import main
+
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - {name: a, model: gpt2, seq_len: 128, steps: 10}\n")
+    assert main(["jobs", str(jobs), "--cluster", "dgx-a100-80g"]) == 2
+    assert "jobs[0].global_batch: missing" in capsys.readouterr().err
+    assert main(["jobs", "--replan", str(tmp_path / "none.json"), "--now", "5"]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -1,0 +1,131 @@
+"""`plan show` explanations, `plan show --why` (re-plan with knobs pinned, or what does not fit) and
+`plan diff`, on a tiny Llama and clusters given as YAML-style mappings (so the plan must carry its
+cluster in full for --why to re-plan it)."""
+
+import logging
+import re
+
+import pytest
+
+import planner
+from planner.explore.whynot import why_not
+from planner.report import compare
+from planner.report.diff import diff
+from planner.report.why import why
+from planner.cli.main import main
+from planner.planfile.document import load_plan
+
+SMALL = {"name": "small", "device": {"name": "small", "memory_GB": 1.09,
+                                     "peak_TFLOPs": {"bf16": 100, "fp32": 10}, "hbm_GBps": 1000},
+         "nodes": 2, "gpus_per_node": 4,
+         "intra_node": {"bandwidth_GBps": 100, "latency_us": 3},
+         "inter_node": {"bandwidth_GBps": 10, "latency_us": 10}}
+"""A device with about 36 MB usable after the 5% + 1 GB reserve: the tiny Llama's model states
+(about 45 MB under plain data parallelism with Adam) only fit sharded or split."""
+ONE_GPU_NODES = {**SMALL, "name": "one-per-node", "nodes": 4, "gpus_per_node": 1,
+                 "device": {**SMALL["device"], "memory_GB": 80}}
+
+
+@pytest.fixture(scope="module")
+def small_plan(tiny_llama_config, tmp_path_factory):
+    p = planner.plan(tiny_llama_config, cluster=SMALL, global_batch=32, seq_len=128)
+    path = tmp_path_factory.mktemp("why") / "small.json"
+    p.save(str(path))
+    return str(path)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    logging.getLogger("planner").handlers[:] = []  # the CLI's handler wrote to captured stderr
+    return code, out, err
+
+
+def test_why_on_an_infeasible_variant_names_the_stage_and_the_memory_it_needs(capsys, small_plan):
+    plan = load_plan(small_plan)
+    assert plan.parallel["tp"] * plan.parallel["pp"] > 1 or plan.parallel["zero"] > 0
+    code, out, err = run(capsys, "show", small_plan, "--why", "tp=1,pp=1,zero=0")
+    assert code == 0, err
+    assert "finds no plan with tp=1,pp=1,zero=0" in out and "out of memory" in out
+    flat = " ".join(out.split())  # lines are wrapped at 100 columns
+    m = re.search(r"stage 0 \(([^)]*)\) would need ([\d.]+) GB per GPU \(.*?\), but each small "
+                  r"has ([\d.]+) GB, ([\d.]+) GB usable", flat)
+    assert m, out
+    need, device, usable = (float(m.group(i)) for i in (2, 3, 4))
+    assert "model.embed_tokens" in m.group(1) and "lm_head" in m.group(1)  # pp=1: every block
+    assert device == pytest.approx(1.09) and need > usable
+    answer = why_not(plan, {"tp": 1, "pp": 1, "zero": 0})
+    assert not answer.feasible and answer.over[0][0] == 0
+    states = 16 * plan.model["num_params"]  # 2 weights + 2 grads + 12 Adam bytes per parameter
+    assert answer.over[0][2] > states  # at least the unsharded model states, plus activations
+    assert answer.over[0][2] == pytest.approx(answer.variant.predicted["peak_memory_bytes"],
+                                              rel=1e-5)
+
+
+def test_why_on_a_feasible_variant_says_what_changes(capsys, small_plan):
+    plan = load_plan(small_plan)
+    other = 1 if plan.parallel["zero"] != 1 else 2
+    code, out, err = run(capsys, "show", small_plan, "--why", f"zero={other}")
+    assert code == 0, err
+    answer = why_not(plan, {"zero": other})
+    assert answer.feasible and answer.variant.parallel["zero"] == other
+    assert f"With zero={other} the best plan" in out
+    assert f"zero {plan.parallel['zero']} -> {other}" in out
+    assert "step time" in out and "memory:" in out
+
+
+def test_why_tensor_parallel_across_nodes_prices_the_inter_node_all_reduce(tiny_llama_config):
+    plan = planner.plan(tiny_llama_config, cluster=ONE_GPU_NODES, global_batch=32, seq_len=128,
+                        fix={"tp": 1})
+    answer = why_not(plan, {"tp": 2})
+    assert not answer.feasible and "tp > gpus per node" in answer.message
+    assert any("spans 2 nodes" in n for n in answer.notes)
+    v = answer.variant
+    assert v.parallel["tp"] == 2 and v.parallel["dp"] * v.parallel["pp"] == 2
+    tp_change = [c for c in compare.part_changes(plan, v) if c.part == "tp_comm_s"]
+    assert tp_change and tp_change[0].delta_s > 0
+    assert "tensor parallel crosses nodes" in tp_change[0].because
+    text = " ".join(why(plan, answer).split())
+    assert "tensor parallel crosses nodes: all-reduce on the inter-node link" in text
+
+
+def test_why_rejects_unknown_knobs_with_exit_2(capsys, small_plan):
+    code, _, err = run(capsys, "show", small_plan, "--why", "tpp=2")
+    assert code == 2 and "unknown knob 'tpp'" in err and "Traceback" not in err
+
+
+def test_show_breaks_the_step_down_and_says_why_runners_up_lost(capsys, small_plan):
+    code, out, _ = run(capsys, "show", small_plan)
+    assert code == 0
+    plan = load_plan(small_plan)
+    shares = [float(x) for x in re.findall(r"^      \S.*?\s([\d.]+)%", out, re.M)]
+    assert shares and sum(shares) == pytest.approx(100, abs=1.0)
+    assert "runners-up, and why they lost:" in out
+    alts = plan.search["alternatives"]
+    for i, a in enumerate(alts, 2):
+        assert re.search(rf"^    {i}\. .*: [\d.]+ s \([+-][\d.]+%\)", out, re.M), out
+    assert all(len(line) <= 100 for line in out.splitlines() if "runners" in line or
+               line.startswith("    "))
+
+
+def test_diff_shows_what_differs_and_by_how_much(capsys, tiny_llama_config, small_plan, tmp_path):
+    a = load_plan(small_plan)
+    b = planner.plan(tiny_llama_config, cluster={**SMALL, "nodes": 4}, global_batch=32,
+                     seq_len=128)
+    b_path = str(tmp_path / "b.json")
+    b.save(b_path)
+    diffs = {d.label: d for d in compare.compare(a, b)}
+    assert diffs["cluster nodes"].differs and (diffs["cluster nodes"].a,
+                                               diffs["cluster nodes"].b) == (2, 4)
+    assert not diffs["model name"].differs
+    code, out, err = run(capsys, "diff", small_plan, b_path)
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.strip().startswith("cluster nodes"))
+    assert row.split()[2:5] == ["2", "4", "x2"]
+    step = next(line for line in out.splitlines() if line.strip().startswith("step time "))
+    delta = b.step_time_s - a.step_time_s
+    assert f"{delta:+.3g} s" in step and f"{100 * delta / a.step_time_s:+.1f}%" in step
+    assert "same in both:" in out and "model name" in out.split("same in both:")[1]
+    assert out.splitlines()[2].startswith("B is ")
+    code, out, _ = run(capsys, "diff", small_plan, small_plan)
+    assert code == 0 and "B takes as long as A" in out

@@ -1,0 +1,36 @@
+"""A torchrun job for the runtime tests: run several plans (same process count) one after the
+other in one process group, so the slow start of processes is paid once.
+
+    torchrun --nproc-per-node N tests/planner/runtime/job.py RESULT.json DUMP_ROOT LR PLAN.json ...
+
+One optimizer step per plan (no warm-up), parameters dumped per stage under DUMP_ROOT/<plan name>.
+"""
+
+import datetime
+import json
+import os
+import sys
+
+import torch.distributed as dist
+
+from planner.planfile.document import atomic_write, load_plan
+from planner.runtime.options import RunOptions
+from planner.runtime.worker import execute, pick_device
+
+
+def main(result: str, dump_root: str, lr: float, plans: list[str]) -> None:
+    device = pick_device("cpu")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
+    out = {}
+    for path in plans:
+        name = os.path.basename(path).removesuffix(".json")
+        opts = RunOptions(steps=1, warmup=0, lr=lr, device="cpu",
+                          dump_dir=os.path.join(dump_root, name))
+        out[name] = execute(load_plan(path), opts, device)
+    if dist.get_rank() == 0:
+        atomic_write(result, json.dumps(out, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:])

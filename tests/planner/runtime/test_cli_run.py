@@ -1,0 +1,95 @@
+"""`plan run` through the CLI: refusals are one line with exit code 2; a real run writes JSON."""
+
+import json
+
+import pytest
+
+from planner.cli.main import main
+from planner.planfile.document import load_plan
+
+
+def run(capsys, *argv):
+    capsys.readouterr()  # drop what making the plan printed
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_refusal(code, err, *words):
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if ln.startswith("plan: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_plan_for_another_model_is_refused(capsys, make_plan, tmp_path):
+    path = make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=2")
+    plan = load_plan(path)
+    plan.model["fingerprint"] = "0123456789abcdef"
+    other = str(tmp_path / "other.json")
+    plan.save(other)
+    code, _, err = run(capsys, "run", other)
+    _one_line_refusal(code, err, "fingerprint", "0123456789abcdef", "plan solve")
+
+
+def test_model_override_with_other_architecture_is_refused(capsys, make_plan, tiny_gpt2_config):
+    path = make_plan("llama", "pp=2,tp=1,dp=1,micro_batch=2")
+    code, _, err = run(capsys, "run", path, "--model", tiny_gpt2_config)
+    _one_line_refusal(code, err, "fingerprint", tiny_gpt2_config)
+
+
+def test_plan_needing_more_processes_than_the_machine_runs_is_refused(capsys, make_plan):
+    path = make_plan("branched", "pp=1,tp=1,dp=16,micro_batch=1", global_batch=16)
+    code, _, err = run(capsys, "run", path, "--device", "cpu")
+    _one_line_refusal(code, err, "16 processes", "at most 8")
+
+
+def test_model_too_large_for_this_machine_is_refused(capsys, tmp_path):
+    import planner
+
+    p = planner.plan("llama3-8b", cluster="dgx-a100-80g", nodes=1, global_batch=8, seq_len=512,
+                     fix="tp=8,pp=1,dp=1")
+    path = str(tmp_path / "llama3-8b.json")
+    p.save(path)
+    code, _, err = run(capsys, "run", path, "--device", "cpu")
+    _one_line_refusal(code, err, "model:", "GB", "8 processes", "smaller")
+
+
+def test_nproc_that_does_not_match_the_plan_is_refused(capsys, make_plan):
+    path = make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=2")
+    code, _, err = run(capsys, "run", path, "--nproc", "3")
+    _one_line_refusal(code, err, "nproc", "--nproc 2")
+
+
+def test_multi_node_plan_prints_each_nodes_torchrun_command(capsys, make_plan):
+    path = make_plan("branched", "pp=2,tp=1,dp=2,micro_batch=1", nodes=2)
+    code, out, _ = run(capsys, "run", path, "--steps", "3")
+    assert code == 0
+    lines = [ln for ln in out.splitlines() if ln.startswith("torchrun ")]
+    assert len(lines) == 2
+    for node, line in enumerate(lines):
+        assert "--nnodes 2" in line and f"--node-rank {node}" in line
+        assert "--nproc-per-node 2" in line and "planner.runtime.worker" in line
+        assert path in line and "--steps 3" in line
+
+
+@pytest.mark.slow
+def test_run_measures_each_rank_next_to_the_prediction(capsys, make_plan, tmp_path):
+    path = make_plan("branched", "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2")
+    out_file = tmp_path / "measured.json"
+    code, out, err = run(capsys, "run", path, "--steps", "2", "-o", str(out_file))
+    assert code == 0, err
+    assert "step time" in out and "peak memory" in out
+    res = json.loads(out_file.read_text())
+    plan = load_plan(path)
+    m = res["measured"]
+    assert m["predicted_step_time_s"] == plan.predicted["step_time_s"]
+    assert m["predicted_peak_memory_bytes"] == plan.predicted["peak_memory_bytes"]
+    assert [r["rank"] for r in res["ranks"]] == [0, 1]
+    for r in res["ranks"]:
+        assert len(r["step_times_s"]) == 3  # warm-up, timed, profiled for memory
+        assert r["median_step_time_s"] == r["step_times_s"][1] > 0
+        assert r["peak_memory_bytes"] > r["state_bytes"] > 0
+    assert m["step_time_s"] == max(r["median_step_time_s"] for r in res["ranks"])
+    assert len(res["loss_per_step"]) == 3 and res["loss_per_step"][2] < res["loss_per_step"][0]

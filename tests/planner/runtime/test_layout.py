@@ -1,0 +1,43 @@
+"""The runtime's process grid agrees with the planner's placement, and refuses plans that do not."""
+
+import itertools
+
+import pytest
+
+from planner.errors import SpecError
+from planner.options import Config
+from planner.search.placement import rank_of, stage_ranks
+from planner.planfile.document import load_plan
+from planner.runtime.layout import Layout, layout_of
+
+
+@pytest.mark.parametrize("placement", ["tp-pp-dp", "tp-dp-pp"])
+@pytest.mark.parametrize("pp,dp,tp", [(2, 1, 1), (1, 2, 2), (2, 2, 1), (2, 3, 2), (4, 2, 2)])
+def test_mesh_matches_planner_placement(placement, pp, dp, tp):
+    cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=1, num_microbatches=1, placement=placement)
+    lay = Layout(pp=pp, dp=dp, tp=tp, placement=placement, stage_pp_rank=tuple(range(pp)))
+    mesh = lay.mesh()
+    seen = set()
+    for p, d, t in itertools.product(range(pp), range(dp), range(tp)):
+        r = rank_of(cfg, pp=p, dp=d, tp=t)
+        assert mesh[p][d][t] == r == lay.rank_of(pp=p, dp=d, tp=t)
+        assert lay.coords(r) == {"pp": p, "dp": d, "tp": t}
+        seen.add(r)
+    assert seen == set(range(pp * dp * tp))
+    for s in range(pp):
+        assert lay.pipeline_ranks(s) == stage_ranks(cfg, s)
+
+
+def test_interleaved_plan_puts_two_stages_on_each_rank(make_plan):
+    plan = load_plan(make_plan("branched", "pp=2,tp=1,dp=1,schedule=interleaved-1f1b,vpp=2,"
+                                            "micro_batch=2"))
+    lay = layout_of(plan)
+    assert lay.stage_pp_rank == (0, 1, 0, 1)
+    assert lay.local_stages(0) == [0, 2] and lay.local_stages(1) == [1, 3]
+
+
+def test_plan_whose_stage_ranks_disagree_with_the_mesh_is_refused(make_plan):
+    plan = load_plan(make_plan("branched", "pp=2,tp=1,dp=2,micro_batch=1"))
+    plan.stages[1]["ranks"] = [0, 1]  # stage 0's ranks under tp-pp-dp are [0, 2]
+    with pytest.raises(SpecError, match=r"stages\[1\]\.ranks"):
+        layout_of(plan)

@@ -1,0 +1,195 @@
+"""The discrete-event simulator against closed forms, hand-worked cases and its own invariants;
+taking per-stage times from a plan; and `plan simulate` end to end."""
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from costmodels import pipeline
+from planner.cli.main import main
+from planner.errors import SpecError
+from planner.schedule import as_text
+from planner.schedule.builders import build as build_actions
+from planner.schedule.simulator import plan_inputs, simulate, simulate_plan
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+GOLDEN = os.path.join(REPO, "tests", "golden", "plans", "uneven-llama3-8b.json")
+TF, TB = 1.0, 2.0
+
+
+def build(*args, **kw) -> list[list[str]]:
+    """A schedule in the text form plan files hold."""
+    return as_text(build_actions(*args, **kw))
+
+
+def run(name, p, m, **kw):
+    return simulate(build(name, p, m, vpp=kw.get("vpp", 1)), microbatches=m,
+                    bidirectional=name == "bidirectional", **kw)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 1), (2, 4), (4, 3), (4, 8), (8, 16), (8, 64)])
+def test_gpipe_and_1f1b_match_the_closed_forms_on_equal_stages(name, p, m):
+    sim = run(name, p, m, fwd_s=TF, bwd_s=TB)
+    assert sim.step_time_s == pytest.approx((m + p - 1) * (TF + TB))
+    assert sim.step_time_s == pytest.approx(
+        pipeline.step_time_s([TF + TB] * p, microbatches=m, schedule=name))
+    assert sim.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+    assert sim.bubble_fraction == pytest.approx(pipeline.bubble_fraction(stages=p, microbatches=m))
+    assert all(busy == pytest.approx(m * (TF + TB)) for busy in sim.busy_s)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 3), (4, 8), (8, 16)])
+def test_in_flight_gpipe_holds_m_and_1f1b_p_minus_s(p, m):
+    gp = run("gpipe", p, m, fwd_s=TF, bwd_s=TB, activation_bytes=5.0)
+    assert gp.peak_in_flight == (m,) * p
+    assert gp.peak_activation_bytes == (5.0 * m,) * p
+    ob = run("1f1b", p, m, fwd_s=TF, bwd_s=TB, activation_bytes=5.0)
+    assert ob.peak_in_flight == tuple(min(p - s, m) for s in range(p))
+    assert list(ob.peak_in_flight) == [
+        pipeline.in_flight("1f1b", stage=s, stages=p, microbatches=m) for s in range(p)]
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 4, 2), (4, 8, 2), (4, 8, 4), (8, 16, 2)])
+def test_interleaved_bubble_is_p_minus_1_over_vm_plus_p_minus_1(p, m, v):
+    sim = run("interleaved-1f1b", p, m, vpp=v, fwd_s=TF / v, bwd_s=TB / v)
+    assert sim.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1))
+    assert sim.step_time_s == pytest.approx((m + (p - 1) / v) * (TF + TB))
+    # Megatron's warm-up: rank r holds 2(p-r-1) + (v-1)p + 1 chunks at its peak
+    assert sim.peak_in_flight == tuple(min(m * v, 2 * (p - r - 1) + (v - 1) * p + 1)
+                                       for r in range(p))
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8), (8, 16), (8, 32)])
+def test_zb_h1_shrinks_the_bubble_to_f_plus_b_minus_w_at_1f1b_memory(p, m):
+    t = 1.0
+    zb = run("zb-h1", p, m, fwd_s=t, bwd_s=t, wgrad_s=t)
+    ob = run("1f1b", p, m, fwd_s=t, bwd_s=2 * t)
+    assert zb.step_time_s == pytest.approx(m * 3 * t + (p - 1) * t)  # Qi et al., eq. for ZB-H1
+    assert zb.bubble_fraction < ob.bubble_fraction
+    assert zb.peak_in_flight == ob.peak_in_flight
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 8), (8, 8), (8, 16)])
+def test_bidirectional_beats_1f1b_when_micro_batches_are_few(p, m):
+    bi = run("bidirectional", p, m, fwd_s=TF, bwd_s=TB)
+    ob = run("1f1b", p, m, fwd_s=TF, bwd_s=TB)
+    assert bi.step_time_s < ob.step_time_s
+    assert bi.step_time_s >= m * (TF + TB)  # every rank does m micro-batches' worth of work
+    assert max(bi.peak_in_flight) <= p + 1
+
+
+def test_two_stages_with_send_time_by_hand():
+    # stage 0 F [0,1]; send 0.5; stage 1 F [1.5,2.5], B [2.5,4.5]; send 0.5; stage 0 B [5,7]
+    sim = simulate(build("1f1b", 2, 1), microbatches=1, fwd_s=1.0, bwd_s=2.0, p2p_s=0.5)
+    assert sim.step_time_s == pytest.approx(7.0)
+    assert [(iv.action, iv.start_s, iv.end_s) for iv in sim.timeline] == [
+        ("0F0", 0.0, 1.0), ("1F0", 1.5, 2.5), ("1B0", 2.5, 4.5), ("0B0", 5.0, 7.0)]
+    assert sim.idle_s == pytest.approx((4.0, 4.0))
+
+
+def test_unequal_gpipe_equals_sum_plus_m_minus_1_max():
+    fwd, m = [1.0, 3.0, 2.0], 5
+    sim = simulate(build("gpipe", 3, m), microbatches=m, fwd_s=fwd, bwd_s=[2 * f for f in fwd])
+    expect = pipeline.step_time_s([3 * f for f in fwd], microbatches=m, schedule="gpipe")
+    assert sim.step_time_s == pytest.approx(expect)
+    equal = (m + 3 - 1) * sum(3 * f for f in fwd) / 3  # the equal-stage closed form, same work
+    assert sim.step_time_s > equal
+
+
+def test_timeline_respects_order_dependencies_and_send_time():
+    p, m, cut = 4, 6, 0.25
+    sim = run("interleaved-1f1b", p, m, vpp=2, fwd_s=[1, 2, 1, 1, 2, 1, 1, 3], bwd_s=2.0,
+              p2p_s=cut)
+    end = {iv.action: iv.end_s for iv in sim.timeline}
+    for iv in sim.timeline:
+        if iv.kind == "F" and iv.stage > 0:
+            assert iv.start_s >= end[f"{iv.stage - 1}F{iv.microbatch}"] + cut - 1e-12
+        if iv.kind == "B" and iv.stage < 2 * p - 1:
+            assert iv.start_s >= end[f"{iv.stage + 1}B{iv.microbatch}"] + cut - 1e-12
+    for r in range(p):
+        mine = sorted((iv for iv in sim.timeline if iv.rank == r), key=lambda iv: iv.start_s)
+        assert all(a.end_s <= b.start_s + 1e-12 for a, b in zip(mine, mine[1:]))
+        assert sim.busy_s[r] + sim.idle_s[r] == pytest.approx(sim.step_time_s)
+    assert len(sim.timeline) == 2 * p * 2 * m
+
+
+def test_large_pipeline_still_matches_the_closed_form():
+    sim = run("1f1b", 64, 256, fwd_s=TF, bwd_s=TB)
+    assert sim.bubble_fraction == pytest.approx(63 / (256 + 63))
+
+
+@pytest.mark.parametrize("kw,words", [
+    ({"fwd_s": [1.0, 1.0]}, "fwd_s: 2 values for 4 model stages"),
+    ({"wgrad_s": 1.0}, "wgrad_s: this schedule has no W actions"),
+    ({"p2p_s": [0.1] * 4}, "p2p_s: 4 values for 3 cuts"),
+    ({"bwd_s": -1.0}, "bwd_s: negative"),
+])
+def test_bad_inputs_name_the_field(kw, words):
+    args = {"fwd_s": 1.0, "bwd_s": 2.0, **kw}
+    with pytest.raises(SpecError, match=words):
+        simulate(build("1f1b", 4, 4), microbatches=4, **args)
+
+
+def test_a_deadlocked_schedule_is_refused_with_the_grid():
+    acts = build("gpipe", 2, 4)
+    acts[0].remove("0B0")
+    acts[0].insert(3, "0B0")
+    with pytest.raises(SpecError, match=r"deadlock(.|\n)*\[0B0\]"):
+        simulate(acts, microbatches=4, fwd_s=1.0, bwd_s=2.0)
+
+
+def fake_plan(recompute="none"):
+    cuts = [0.01, 0.02, 0.03]
+    stages = [{"index": s, "predicted": {
+        "fwd_s": 1.0 + s, "bwd_s": 2.0 + 2 * s, "recompute_s": 0.5, "tp_comm_s": 0.3,
+        "p2p_s": (cuts[s] if s < 3 else 0.0) + (cuts[s - 1] if s > 0 else 0.0),
+        "activation_bytes_per_microbatch": 10.0 * (s + 1)}} for s in range(4)]
+    return SimpleNamespace(stages=stages, model={"name": "toy"}, parallel={
+        "pp": 4, "vpp": 1, "schedule": "1f1b", "num_microbatches": 8, "recompute": recompute})
+
+
+def test_plan_inputs_split_communication_recompute_and_weight_gradients():
+    t = plan_inputs(fake_plan(), schedule_name="1f1b")
+    assert t.fwd_s == pytest.approx((1.15, 2.15, 3.15, 4.15))
+    assert t.bwd_s == pytest.approx((2.65, 4.65, 6.65, 8.65))
+    assert t.wgrad_s == (0.0,) * 4
+    assert t.p2p_s == pytest.approx((0.01, 0.02, 0.03))
+    zb = plan_inputs(fake_plan(), schedule_name="zb-h1")
+    assert zb.wgrad_s == pytest.approx((1.0, 2.0, 3.0, 4.0))
+    assert [b + w for b, w in zip(zb.bwd_s, zb.wgrad_s)] == pytest.approx(t.bwd_s)
+    full = plan_inputs(fake_plan("full"), schedule_name="1f1b")
+    assert full.fwd_s[0] == pytest.approx(1.1) and full.bwd_s[0] == pytest.approx(2.7)
+
+
+def test_plan_inputs_regroup_for_other_vpp_keeping_each_ranks_work():
+    t = plan_inputs(fake_plan(), schedule_name="interleaved-1f1b", vpp=2)
+    assert len(t.fwd_s) == 8 and len(t.p2p_s) == 7
+    assert t.fwd_s[1] == t.fwd_s[5] == pytest.approx(2.15 / 2)
+    assert t.activation_bytes[3] + t.activation_bytes[7] == pytest.approx(40.0)
+    assert t.p2p_s == pytest.approx((0.02,) * 7)
+
+
+def test_simulate_plan_own_and_other_schedules():
+    own = simulate_plan(fake_plan())
+    assert own.microbatches == 8 and own.ranks == 4
+    zb = simulate_plan(fake_plan(), schedule_name="zb-h1")
+    assert zb.step_time_s < own.step_time_s
+    assert simulate_plan(fake_plan(), schedule_name="gpipe", microbatches=4).microbatches == 4
+    with pytest.raises(SpecError, match="vpp: interleaved-1f1b needs vpp >= 2"):
+        simulate_plan(fake_plan(), schedule_name="interleaved-1f1b")
+
+
+def test_plan_simulate_command_prints_both_and_the_difference(capsys, tmp_path):
+    out_png = tmp_path / "g.png"
+    code = main(["simulate", GOLDEN, "--schedule", "zb-h1", "--microbatches", "16",
+                 "--gantt", str(out_png)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    for words in ("pipeline time", "bubble", "peak in flight", "peak activations", "zb-h1",
+                  "change", "16"):
+        assert words in out
+    assert out_png.stat().st_size > 10_000
+    code = main(["simulate", GOLDEN, "--schedule", "interleaved-1f1b"])
+    assert code == 2 and "vpp" in capsys.readouterr().err

@@ -1,0 +1,156 @@
+"""Costs of the runtime's engine that `plan profile` measures: DTensor's host work, FSDP2's buffer
+copies, and backends whose reduce-scatter / all-gather run slower than the ring model."""
+
+import dataclasses
+import json
+
+import pytest
+
+import planner
+from costmodels import comm
+from costmodels.compute import block_time, copy_s, optimizer_step_s
+from costmodels.engine import EngineSpec, engine_from_mapping
+from costmodels.errors import SpecError
+from costmodels.workload import SPLIT_K, SPLIT_N, BlockWork, Gemm
+from planner import load_cluster
+from planner.inputs.calibration import apply_calibration
+
+CALIB = {
+    "schema": "planner.calibration/v1", "device_kind": "cpu", "device_name": "test", "threads": 1,
+    "device": {"peak_TFLOPs": {"fp32": 0.1}, "hbm_GBps": 10.0, "kernel_overhead_us": 5.0,
+               "attention_efficiency": {"fp32": 0.5},
+               "gemm_table": {"fp32": [[1e6, 2e10], [1e9, 1e11]]},
+               "dtensor": {"linear_fwd_us": 200.0, "linear_bwd_us": 500.0, "param_step_us": 300.0}},
+    "intra_node": {"bandwidth_GBps": 0.5, "latency_us": 300.0, "processes": 2, "backend": "gloo",
+                   "reduce_scatter_factor": 2.0, "all_gather_factor": 1.5},
+}
+
+
+def test_calibration_carries_dtensor_costs_and_collective_factors():
+    c = apply_calibration(load_cluster("cpu"), CALIB)
+    assert c.device.dtensor_linear_fwd_s == pytest.approx(2e-4)
+    assert c.device.dtensor_linear_bwd_s == pytest.approx(5e-4)
+    assert c.device.dtensor_param_s == pytest.approx(3e-4)
+    assert c.intra_node.reduce_scatter_factor == 2.0 and c.intra_node.allgather_factor == 1.5
+    old = json.loads(json.dumps(CALIB))  # calibrations from before these fields still load
+    del old["device"]["dtensor"], old["intra_node"]["reduce_scatter_factor"]
+    c0 = apply_calibration(load_cluster("cpu"), old)
+    assert c0.device.dtensor_param_s == 0.0 and c0.intra_node.reduce_scatter_factor == 1.0
+
+
+def test_collective_factors_scale_the_separate_calls_only():
+    cal = apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=2), CALIB)
+    plain = dataclasses.replace(cal, intra_node=dataclasses.replace(
+        cal.intra_node, reduce_scatter_factor=1.0, allgather_factor=1.0))
+    g = comm.GroupShape(size=2, per_node=2)
+    nbytes = 1e8
+    assert comm.reduce_scatter_s(nbytes, g, cal) == pytest.approx(
+        2.0 * comm.reduce_scatter_s(nbytes, g, plain))
+    assert comm.allgather_s(nbytes, g, cal) == pytest.approx(1.5 * comm.allgather_s(nbytes, g, plain))
+    # an all-reduce's internal halves are not the backend's reduce-scatter call
+    assert comm.allreduce_s(nbytes, g, cal) == pytest.approx(comm.allreduce_s(nbytes, g, plain))
+    two_nodes = dataclasses.replace(cal, nodes=2)
+    two_plain = dataclasses.replace(plain, nodes=2)
+    g2 = comm.GroupShape(size=4, per_node=2)
+    assert comm.allreduce_s(nbytes, g2, two_nodes) == pytest.approx(
+        comm.allreduce_s(nbytes, g2, two_plain))
+
+
+def _work() -> BlockWork:
+    return BlockWork(gemms=(Gemm(batch=1, m=128, n=512, k=128, split=SPLIT_N, linear=True),
+                            Gemm(batch=1, m=128, n=128, k=512, split=SPLIT_K, linear=True)),
+                     tp_linears=2, param_tensors_tp=4, param_tensors_rep=2,
+                     params_tp=2 * 128 * 512, params_rep=256)
+
+
+def test_dtensor_host_cost_per_sharded_linear_only_with_tensor_parallelism():
+    dev = apply_calibration(load_cluster("cpu"), CALIB).device
+    kw = dict(dtype="fp32", micro_batch=1, sp=False, recompute="none")
+    bare = dataclasses.replace(dev, dtensor_linear_fwd_s=0.0, dtensor_linear_bwd_s=0.0)
+    with_tp = block_time(_work(), dev, tp=2, **kw)
+    without = block_time(_work(), bare, tp=2, **kw)
+    assert with_tp.fwd_s - without.fwd_s == pytest.approx(2 * 2e-4)
+    assert with_tp.bwd_s - without.bwd_s == pytest.approx(2 * 5e-4)
+    assert block_time(_work(), dev, tp=1, **kw) == block_time(_work(), bare, tp=1, **kw)
+    full = block_time(_work(), dev, tp=2, **{**kw, "recompute": "full"})
+    assert full.recompute_s == pytest.approx(with_tp.fwd_s)  # the replayed forward pays it again
+
+
+def test_optimizer_pays_per_dtensor_parameter():
+    dev = apply_calibration(load_cluster("cpu"), CALIB).device
+    base = optimizer_step_s(1e6, dev, state_bytes_per_param=16)
+    assert optimizer_step_s(1e6, dev, state_bytes_per_param=16, dtensor_params=10) == \
+        pytest.approx(base + 10 * 3e-4)
+
+
+def test_copy_reads_and_writes_at_the_memory_rate():
+    dev = apply_calibration(load_cluster("cpu"), CALIB).device  # 10 GB/s, no table
+    assert copy_s(1e9, dev) == pytest.approx(2e9 / 1e10)
+    assert copy_s(0, dev) == 0.0
+
+
+def test_engine_flag_parses_and_rejects_bad_values():
+    assert engine_from_mapping("fsdp_copies=true").fsdp_copies is True
+    assert EngineSpec().fsdp_copies is False
+    with pytest.raises(SpecError, match="engine.fsdp_copies"):
+        engine_from_mapping("fsdp_copies=maybe")
+
+
+def _plan(fp32_llama, fix: str, engine: EngineSpec, calib=CALIB):
+    from planner.options import parse_fix
+
+    cluster = apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=2), calib)
+    training = planner.TrainingSpec(global_batch=4, seq_len=32, dtype="fp32", optimizer="adamw",
+                                    engine=engine)
+    return planner.plan_prepared(fp32_llama, cluster, training,
+                                 planner.SearchOptions(fix=parse_fix(fix), top_k=0))
+
+
+def test_fsdp_copies_and_dtensor_parameters_show_in_the_plan(fp32_llama):
+    fix = "dp=2,tp=1,pp=1,micro_batch=2,recompute=none,zero=0,offload_optimizer=false"
+    eager = EngineSpec(overlap_grad_reduce=False)
+    copies = EngineSpec(overlap_grad_reduce=False, fsdp_copies=True)
+    a = _plan(fp32_llama, fix, eager).predicted["breakdown"]
+    b = _plan(fp32_llama, fix, copies).predicted["breakdown"]
+    params = fp32_llama.info["num_params"]
+    dev = apply_calibration(load_cluster("cpu"), CALIB).device
+    assert b["dp_comm_s"] - a["dp_comm_s"] == pytest.approx(3 * copy_s(4 * params, dev), rel=1e-3)
+    # under data parallelism every parameter tensor is a DTensor (FSDP2 / replicate)
+    no_host = json.loads(json.dumps(CALIB))
+    del no_host["device"]["dtensor"]
+    c = _plan(fp32_llama, fix, eager, no_host).predicted["breakdown"]
+    tensors = sum(1 for _ in fp32_llama.opgraph.params)
+    assert a["optimizer_s"] - c["optimizer_s"] == pytest.approx(tensors * 3e-4, rel=1e-3)
+
+
+def test_zero1_prices_reduce_scatter_plus_all_gather(fp32_llama):
+    fix = "dp=2,tp=1,pp=1,micro_batch=2,recompute=none,offload_optimizer=false"
+    eager = EngineSpec(overlap_grad_reduce=False)
+    z0 = _plan(fp32_llama, fix + ",zero=0", eager).predicted["breakdown"]["dp_comm_s"]
+    z1 = _plan(fp32_llama, fix + ",zero=1", eager).predicted["breakdown"]["dp_comm_s"]
+    # gloo-like factors (2x, 1.5x) make the two separate halves dearer than one all-reduce
+    assert z1 > 1.5 * z0
+    ones = json.loads(json.dumps(CALIB))
+    ones["intra_node"].update(reduce_scatter_factor=1.0, all_gather_factor=1.0)
+    z0o = _plan(fp32_llama, fix + ",zero=0", eager, ones).predicted["breakdown"]["dp_comm_s"]
+    z1o = _plan(fp32_llama, fix + ",zero=1", eager, ones).predicted["breakdown"]["dp_comm_s"]
+    assert z1o == pytest.approx(z0o, rel=1e-6)  # same ring volume and steps
+
+
+def test_long_gemms_move_from_the_square_table_to_the_long_shaped_one():
+    from costmodels.compute import shaped_rate
+
+    skewed = json.loads(json.dumps(CALIB))
+    skewed["device"]["gemm_skew"] = {"aspect": 32, "tables": {"fp32": {
+        "m": [[1e6, 1e10], [1e9, 5e10]], "n": [[1e6, 1e10], [1e9, 4e10]],
+        "k": [[1e6, 1e10], [1e9, 3e10]]}}}
+    dev = apply_calibration(load_cluster("cpu"), skewed).device
+    flops = 1e9
+    square = 1e11  # the square table at 1e9 FLOPs
+    assert shaped_rate(dev, "fp32", flops, 256, 256, 256) == pytest.approx(square)
+    assert shaped_rate(dev, "fp32", flops, 256, 256 * 32, 256) == pytest.approx(4e10)  # long n
+    assert shaped_rate(dev, "fp32", flops, 256, 256, 256 * 32) == pytest.approx(3e10)  # long k
+    half = shaped_rate(dev, "fp32", flops, 256 * 32 ** 0.5, 256, 256)  # half-way in log aspect
+    assert half == pytest.approx((square * 5e10) ** 0.5)
+    plain = apply_calibration(load_cluster("cpu"), CALIB).device  # no long-shaped tables
+    assert shaped_rate(plain, "fp32", flops, 256, 8192, 256) == pytest.approx(square)

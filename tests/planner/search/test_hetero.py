@@ -1,0 +1,119 @@
+"""Heterogeneous clusters: loading, device-aware stage sizes, and the CP-SAT placement model."""
+
+import itertools
+
+import pytest
+
+from planner import SearchOptions, TrainingSpec, load_cluster, plan_prepared
+from planner.errors import SpecError
+from planner.search.costs import ModelArrays
+from planner.search.hetero import group_costs, price_hetero
+from planner.options import Config, parse_fix
+from planner.solve.chain import StageMemory
+from planner.solve.stage_groups import solve_hetero
+
+MIXED = {
+    "name": "mixed",
+    "groups": [
+        {"name": "a100", "device": "a100-80g", "nodes": 1, "gpus_per_node": 2,
+         "intra_node": {"bandwidth_GBps": 300, "latency_us": 3}},
+        {"name": "v100", "device": "v100", "nodes": 1, "gpus_per_node": 2,
+         "intra_node": {"bandwidth_GBps": 150, "latency_us": 3}},
+    ],
+    "inter_node": {"bandwidth_GBps": 12.5, "latency_us": 10},
+}
+
+
+def test_loading_is_strict_and_overrides_are_refused():
+    hc = load_cluster(MIXED)
+    assert hc.num_gpus == 4 and [g.device.name for g in hc.groups] == ["a100-80g", "v100"]
+    bad = {**MIXED, "groups": [{**MIXED["groups"][0], "gpu": 1}, MIXED["groups"][1]]}
+    with pytest.raises(SpecError, match=r"cluster\.groups\[0\]\.gpu: unknown key"):
+        load_cluster(bad)
+    with pytest.raises(SpecError, match="do not apply"):
+        load_cluster(MIXED, nodes=2)
+
+
+@pytest.fixture(scope="module")
+def mid_gpt2(tmp_path_factory):
+    """Large enough that compute, not kernel launches, sets the stage times."""
+    import json
+
+    from planner.api import prepare
+
+    d = tmp_path_factory.mktemp("mid-gpt2")
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 8, "n_embd": 1024,
+        "n_head": 16, "vocab_size": 8192, "n_positions": 512, "bos_token_id": 0, "eos_token_id": 0}))
+    return prepare(str(d / "config.json"), seq_len=512, dtype="fp16")
+
+
+def _plan(prepared, fix):
+    tr = TrainingSpec(global_batch=16, seq_len=prepared.seq_len, dtype="fp16")
+    return plan_prepared(prepared, load_cluster(MIXED), tr, SearchOptions(fix=parse_fix(fix), top_k=1))
+
+
+def test_fast_devices_take_more_layers(mid_gpt2):
+    p = _plan(mid_gpt2, "pp=2,tp=1,dp=2,micro_batch=1,recompute=none")
+    by_group = {st["group"]: st for st in p.stages}
+    assert set(by_group) == {"a100", "v100"}
+    assert len(by_group["a100"]["blocks"]) > len(by_group["v100"]["blocks"])
+    assert sorted(r for st in p.stages for r in st["ranks"]) == [0, 1, 2, 3]
+    assert p.cluster["groups"][1]["device"] == "v100"
+
+
+def test_device_aware_plan_beats_the_homogeneous_assumption(mid_gpt2):
+    """Plan as if every GPU were an A100 (equal stages), then price that split on the real mixed
+    cluster: the device-aware plan must be faster under the same cost model."""
+    fix = "pp=2,tp=1,dp=2,micro_batch=1,recompute=none,zero=0,schedule=1f1b"
+    aware = _plan(mid_gpt2, fix)
+    tr = TrainingSpec(global_batch=16, seq_len=mid_gpt2.seq_len, dtype="fp16")
+    naive = plan_prepared(mid_gpt2, load_cluster("dgx-a100-80g", gpus_per_node=4), tr,
+                          SearchOptions(fix=parse_fix(fix), top_k=0))
+    bounds = [0]
+    for st in naive.stages:
+        bounds.append(bounds[-1] + len(st["blocks"]))
+    hc = load_cluster(MIXED)
+    ma = ModelArrays.from_blocks(mid_gpt2.blocks)
+    cfg = Config(**{k: v for k, v in naive.parallel.items()})
+    costs = group_costs(ma, hc, tr, tp=cfg.tp, sp=cfg.sequence_parallel, recompute=cfg.recompute,
+                        micro_batch=cfg.micro_batch)
+    naive_on_mixed = min(price_hetero(cfg, bounds, order, ma, costs, hc, tr).step_time_s
+                         for order in ([0, 1], [1, 0]))
+    assert aware.step_time_s < 0.9 * naive_on_mixed
+
+
+def _brute(times, slots, capacities, mem):
+    n, stages = len(times[0]), sum(slots)
+    best = None
+    for order in itertools.permutations(range(len(slots))):
+        groups = [g for g in order for _ in range(slots[g])]
+        for cuts in itertools.combinations(range(1, n), stages - 1):
+            bounds = [0, *cuts, n]
+            if any(mem.of(s, a, b) > capacities[groups[s]] for s, (a, b) in enumerate(zip(bounds, bounds[1:]))):
+                continue
+            value = max(sum(times[groups[s]][a:b]) for s, (a, b) in enumerate(zip(bounds, bounds[1:])))
+            best = value if best is None else min(best, value)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_cpsat_placement_equals_brute_force(seed):
+    import random
+
+    rng = random.Random(seed)
+    n = rng.randint(3, 7)
+    slots = [rng.randint(1, 2), rng.randint(1, 2)]
+    if sum(slots) > n:
+        slots = [1, 1]
+    base = [float(rng.randint(1, 9)) for _ in range(n)]
+    times = [base, [2.5 * t for t in base]]  # group 1 is 2.5x slower
+    mem = StageMemory(static=[float(rng.randint(0, 6)) for _ in range(n)], act=[0.0] * n,
+                      work=[0.0] * n, in_flight=[1] * sum(slots), capacity=0.0)
+    caps = [float(rng.randint(8, 30)), float(rng.randint(6, 20))]
+    got = solve_hetero(times, slots, [(i, i + 1) for i in range(n - 1)], mem, caps, time_limit_s=20)
+    want = _brute(times, slots, caps, mem)
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got.status == "optimal"
+        assert got.bottleneck == pytest.approx(want, abs=n * max(map(sum, times)) / 1e6)

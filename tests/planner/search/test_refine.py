@@ -1,0 +1,55 @@
+"""The search's second pass: CP-SAT splits for DAGs, simulated timing for the top k."""
+
+import pytest
+
+from costmodels.pipeline import step_time_s
+from planner import SearchOptions, TrainingSpec, load_cluster, plan_prepared
+from planner.options import parse_fix
+from planner.schedule.simulator import simulate_plan
+
+
+def solve(prepared, fix, gb=32, nodes=1, cluster="dgx-a100-80g", gpus_per_node=None):
+    cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
+    tr = TrainingSpec(global_batch=gb, seq_len=prepared.seq_len)
+    return plan_prepared(prepared, cl, tr, SearchOptions(fix=parse_fix(fix), top_k=1))
+
+
+def test_unequal_stages_take_the_simulated_time(tiny_llama):
+    # 6 blocks (embedding, 4 layers, head) on 4 stages cannot be equal
+    p = solve(tiny_llama, "pp=4,tp=1,micro_batch=1,schedule=1f1b,recompute=none")
+    assert p.predicted["timing"] == "simulated"
+    times = [st["predicted"]["time_per_microbatch_s"] for st in p.stages]
+    assert max(times) > 1.2 * min(times), "stages are deliberately unequal"
+    m = p.parallel["num_microbatches"]
+    equal = (m + 3) * sum(times) / 4  # the closed form for equal stages
+    pipe = simulate_plan(p).step_time_s
+    assert abs(pipe - equal) / equal > 0.01, "simulation and the equal-stage closed form differ"
+    bd = p.predicted["breakdown"]
+    assert p.step_time_s == pytest.approx(pipe + bd["dp_comm_s"] + bd["optimizer_s"], rel=1e-4)
+    assert p.step_time_s != pytest.approx(step_time_s(times, microbatches=m, schedule="1f1b")
+                                          + bd["dp_comm_s"] + bd["optimizer_s"], rel=1e-6)
+
+
+def test_branched_model_is_split_by_cpsat_with_a_valid_order(branched):
+    p = solve(branched, "pp=2,tp=1,micro_batch=1")
+    order = [b for st in p.stages for b in st["blocks"]]
+    assert sorted(order) == ["embed", "head", "merge", "tower_a", "tower_b"]
+    assert order.index("embed") < min(order.index("tower_a"), order.index("tower_b"))
+    assert order.index("merge") > max(order.index("tower_a"), order.index("tower_b"))
+    assert "CP-SAT" in p.search["method"] or "contiguous" in p.search["method"]
+    assert p.search["status"] == "optimal"
+
+
+def test_cpsat_split_is_never_worse_than_the_chain_split(branched):
+    from planner.search.costs import ModelArrays, block_costs
+    from planner.solve.chain import partition
+
+    p = solve(branched, "pp=3,tp=1,micro_batch=1,recompute=none", gb=8, gpus_per_node=3)
+    cl = load_cluster("dgx-a100-80g", gpus_per_node=3)
+    tr = TrainingSpec(global_batch=8, seq_len=branched.seq_len)
+    costs = block_costs(ModelArrays.from_blocks(branched.blocks), cl, tr, tp=1, sp=False,
+                        recompute="none", micro_batch=1)
+    chain = partition(costs.time_s.tolist(), 3)
+    split = max(st["predicted"]["compute_s"] + st["predicted"]["tp_comm_s"] for st in p.stages)
+    assert split <= chain.bottleneck * (1 + 1e-5)
+    assert p.search["status"] in ("optimal", "feasible")

@@ -1,0 +1,116 @@
+"""Search results and the plan file: every block in one stage, memory fits, pins hold, the schema
+round-trips, files are written atomically and deterministically."""
+
+import json
+import os
+
+import pytest
+
+from planner import load_plan, plan_prepared
+from planner.inputs.clusters import load_cluster
+from planner.errors import InfeasibleError, SpecError
+from planner.options import SearchOptions, TrainingSpec, parse_fix
+from planner.planfile.document import Plan, validate
+
+
+def make(prepared, cluster="dgx-a100-80g", nodes=1, gb=32, fix=None, top_k=2):
+    cl = load_cluster(cluster, nodes=nodes)
+    tr = TrainingSpec(global_batch=gb, seq_len=prepared.seq_len)
+    return plan_prepared(prepared, cl, tr, SearchOptions(fix=parse_fix(fix), top_k=top_k))
+
+
+def check_plan(p: Plan):
+    d = p.to_dict()
+    par = d["parallel"]
+    assert par["dp"] * par["tp"] * par["pp"] == d["cluster"]["num_gpus"]
+    listed = [b for st in d["stages"] for b in st["blocks"]]
+    assert listed == [b["name"] for b in d["model"]["blocks"]]
+    assert d["predicted"]["peak_memory_bytes"] <= d["cluster"]["device_memory_bytes"]
+    ranks = sorted(r for st in d["stages"] for r in st["ranks"])
+    assert ranks == list(range(d["cluster"]["num_gpus"]))
+    bd = d["predicted"]["breakdown"]
+    assert sum(bd.values()) == pytest.approx(d["predicted"]["step_time_s"], rel=1e-4)
+    assert len(d["schedule"]["actions"]) == par["pp"]
+
+
+def test_free_search_gives_a_valid_plan(tiny_llama):
+    p = make(tiny_llama, nodes=2)
+    check_plan(p)
+    assert p.search["status"] == "optimal" and p.search["candidates"] > 0
+    assert len(p.search["alternatives"]) == 2
+    for alt in p.search["alternatives"]:
+        assert alt["step_time_s"] >= p.step_time_s
+        assert "step time" in alt["why"]
+
+
+@pytest.mark.parametrize("fix", ["tp=2,pp=2", "pp=4,schedule=gpipe,recompute=full",
+                                 "tp=2,sequence_parallel=true,zero=1", "dp=16,micro_batch=2"])
+def test_fix_pins_knobs(tiny_llama, fix):
+    p = make(tiny_llama, nodes=2, fix=fix)
+    check_plan(p)
+    for k, v in parse_fix(fix).items():
+        assert p.parallel[k] == v
+
+
+def test_tp_map_names_megatron_roles(tiny_llama):
+    p = make(tiny_llama, fix="tp=2,pp=1")
+    assert p.tensor_parallel["model.layers.0.self_attn.o_proj"] == "rowwise"
+    assert p.tensor_parallel["model.layers.3.mlp.up_proj"] == "colwise"
+
+
+def test_bad_fix_is_a_spec_error(tiny_llama):
+    with pytest.raises(SpecError, match="unknown knob 'tensor'"):
+        parse_fix("tensor=2")
+    with pytest.raises(SpecError, match="fix.schedule"):
+        parse_fix("schedule=zigzag")
+    with pytest.raises(InfeasibleError, match="tp does not divide"):
+        make(tiny_llama, fix="tp=8")
+
+
+def test_nothing_fits_says_what_would(tiny_llama):
+    with pytest.raises(InfeasibleError, match=r"needs .* GB per GPU .* would fit on a device with"):
+        _tiny_memory_plan(tiny_llama)
+
+
+def _tiny_memory_plan(prepared):
+    cl = load_cluster({"name": "tiny", "device": {"name": "tiny", "memory_GB": 1.05,
+                                                  "hbm_GBps": 100, "peak_TFLOPs": {"bf16": 10}},
+                       "nodes": 1, "gpus_per_node": 1,
+                       "intra_node": {"bandwidth_GBps": 10, "latency_us": 5},
+                       "inter_node": {"bandwidth_GBps": 1, "latency_us": 50}})
+    tr = TrainingSpec(global_batch=8, seq_len=prepared.seq_len)
+    return plan_prepared(prepared, cl, tr, SearchOptions())
+
+
+def test_round_trip_and_identical_bytes(tiny_gpt2, tmp_path):
+    a, b = make(tiny_gpt2), make(tiny_gpt2)
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    a.save(str(pa))
+    b.save(str(pb))
+    assert pa.read_bytes() == pb.read_bytes()
+    loaded = load_plan(str(pa))
+    assert loaded.to_dict() == a.to_dict()
+    assert oct(os.stat(pa).st_mode & 0o777) != "0o600"
+
+
+def test_validation_names_the_key_and_keeps_old_file(tiny_gpt2, tmp_path):
+    p = make(tiny_gpt2)
+    d = p.to_dict()
+    bad = json.loads(json.dumps(d))
+    del bad["parallel"]["tp"]
+    with pytest.raises(SpecError, match="parallel"):
+        validate(bad)
+    bad = json.loads(json.dumps(d))
+    bad["stages"][0]["blocks"] = bad["stages"][0]["blocks"][1:]
+    with pytest.raises(SpecError, match="every block exactly once"):
+        validate(bad)
+    target = tmp_path / "plan.json"
+    target.write_text("precious")
+    broken = Plan(**{**{k: getattr(p, k) for k in ("model", "training", "cluster", "parallel",
+                                                    "stages", "tensor_parallel", "schedule",
+                                                    "predicted", "search", "provenance")}})
+    broken.parallel = {**broken.parallel, "dp": 999}
+    with pytest.raises(SpecError):
+        broken.save(str(target))
+    assert target.read_text() == "precious"
+    assert [f.name for f in tmp_path.iterdir()] == ["plan.json"]

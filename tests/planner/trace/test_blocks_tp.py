@@ -1,0 +1,79 @@
+"""Coarsening into blocks, replication of repeated layers, and the tensor-parallel analysis."""
+
+import pytest
+
+
+def test_gpt2_blocks_are_embedding_layers_head(tiny_gpt2):
+    names = [b.name for b in tiny_gpt2.blocks.blocks]
+    assert names == ["transformer.wte..transformer.drop", "transformer.h.0", "transformer.h.1",
+                     "transformer.h.2", "transformer.h.3", "transformer.ln_f..lm_head"]
+    assert tiny_gpt2.blocks.is_chain()
+    # layer 2 and 3 are copies of layer 1
+    assert tiny_gpt2.blocks.blocks[3].template == "transformer.h.1"
+    assert tiny_gpt2.blocks.blocks[3].params[0].startswith("transformer.h.2.")
+
+
+def test_replicated_layers_equal_a_full_trace(tiny_gpt2_config):
+    from planner.trace.models import resolve
+    from planner.trace.blocks import build_blocks
+    from planner.trace.tp_roles import analyze
+    from planner.trace.tracers import trace
+
+    rm = resolve(tiny_gpt2_config, seq_len=128, dtype="bf16")
+    short = trace(rm.module, rm.args, rm.kwargs, seq_len=128, batch=1, dtype="bf16")
+    full = trace(rm.module, rm.args, rm.kwargs, seq_len=128, batch=1, dtype="bf16",
+                 whole=frozenset({"transformer.h"}))
+    assert len(full.ops) > len(short.ops)
+    a, b = build_blocks(short, analyze(short)), build_blocks(full, analyze(full))
+    assert [x.name for x in a.blocks] == [x.name for x in b.blocks]
+    for x, y in zip(a.blocks, b.blocks):
+        wx, wy = x.work.to_dict(), y.work.to_dict()
+        assert wx.pop("gemms") == wy.pop("gemms"), x.name
+        assert wx == pytest.approx(wy), x.name
+        assert sorted(x.params) == sorted(y.params)
+    assert a.cut_bytes() == pytest.approx(b.cut_bytes())
+    assert a.tp_roles == b.tp_roles
+
+
+def test_megatron_pattern_found_in_llama(tiny_llama):
+    roles = tiny_llama.blocks.tp_roles
+    layer = "model.layers.3."
+    assert {k[len(layer):]: v for k, v in roles.items() if k.startswith(layer)} == {
+        "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+        "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+        "mlp.down_proj": "rowwise", "input_layernorm": "replicate",
+        "post_attention_layernorm": "replicate"}
+    assert roles["model.embed_tokens"] == "vocab"
+    assert roles["lm_head"] == "colwise"
+    w = tiny_llama.blocks.blocks[2].work
+    # two all-reduces forward (attention out, MLP out), two backward, of s*h bf16 each
+    assert w.tp_collectives == 4
+    assert w.tp_fwd_bytes == pytest.approx(2 * 128 * 64 * 2)
+    assert w.tp_bwd_bytes == pytest.approx(2 * 128 * 64 * 2)
+    assert w.params_rep == 2 * 64  # the two RMSNorm weights
+    # heads (4), kv heads (2) and split feature sizes bound the tensor-parallel degree
+    assert {2, 4}.issubset(set(tiny_llama.blocks.blocks[2].tp_divisors))
+
+
+def test_tied_embedding_is_shared_between_first_and_last_block(tiny_gpt2):
+    bg = tiny_gpt2.blocks
+    assert bg.shared and bg.shared[0][:2] == [bg.blocks[0].name, bg.blocks[-1].name]
+    assert "transformer.wte.weight" in bg.blocks[-1].params
+
+
+def test_branched_model_keeps_its_dag(branched):
+    bg = branched.blocks
+    assert [b.name for b in bg.blocks] == ["embed", "tower_a", "tower_b", "merge", "head"]
+    edges = {(e.src, e.dst) for e in bg.edges}
+    assert {("embed", "tower_a"), ("embed", "tower_b"), ("tower_a", "merge"),
+            ("tower_b", "merge"), ("merge", "head")} == edges
+    assert not bg.is_chain()
+    cuts = bg.cut_bytes()
+    act = 512 * 2048 * 2  # one bf16 activation of (seq, width) per sample
+    # after embed: its output (read by both towers) crosses once; after tower_a: a and x cross
+    assert cuts[0] == pytest.approx(act) and cuts[1] == pytest.approx(2 * act)
+
+
+def test_unchained_identical_lists_are_traced_whole(branched):
+    assert branched.opgraph.repeats == []
+    assert len(branched.opgraph.ops) > 40  # all four up/down pairs of both towers

@@ -1,0 +1,101 @@
+"""Tracing: FLOPs, bytes, owners, repeated layers, the fx -> export fallback, and errors."""
+
+import pytest
+import torch
+from torch import nn
+
+from planner.errors import TraceError
+from planner.trace.models import resolve
+from planner.trace.tracers import find_repeats, trace
+
+
+class MLP(nn.Module):
+    def __init__(self, d=32, depth=3):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(d, d) for _ in range(depth)])
+
+    def forward(self, x):
+        return torch.relu(self.layers(x))
+
+
+def test_fx_trace_counts_linear_flops_exactly():
+    model, x = MLP(), torch.randn(4, 10, 32)
+    g = trace(model, (x,), {}, seq_len=10, batch=4, dtype="fp32")
+    assert g.method == "fx"
+    linears = [op for op in g.ops if op.kind == "matmul"]
+    assert linears, "the Linear modules appear as matmul ops"
+    # per sample: 2 * tokens * in * out per Linear
+    assert linears[0].flops == pytest.approx(2 * 10 * 32 * 32)
+    assert linears[0].out_bytes == 10 * 32 * 4
+    assert linears[0].module.startswith("layers.")
+    assert linears[0].params == [f"{linears[0].module}.weight", f"{linears[0].module}.bias"]
+
+
+def test_blocks_of_gemm_only_layers():
+    from planner.trace.blocks import build_blocks
+    from planner.trace.tp_roles import analyze
+
+    model, x = MLP(depth=4), torch.randn(2, 10, 32)
+    g = trace(model, (x,), {}, seq_len=10, batch=2, dtype="fp32")
+    bg = build_blocks(g, analyze(g))
+    layers = [b for b in bg.blocks if b.name.startswith("layers.")]
+    assert len(layers) == 4 and all(b.work.kernel_bytes == 0 for b in layers)
+    # the relu applied to the stack's output is not copied into every layer
+    assert bg.blocks[-1].name == "(output)" and bg.blocks[-1].ops == ["relu"]
+    for b in layers:
+        assert b.work.mm_flops_tp + b.work.mm_flops_rep == pytest.approx(2 * 10 * 32 * 32)
+
+
+def test_hf_model_falls_back_to_export_and_keeps_two_layers(tiny_gpt2_config):
+    rm = resolve(tiny_gpt2_config, seq_len=64, dtype="bf16")
+    assert all(p.device.type == "meta" for p in rm.module.parameters())
+    g = trace(rm.module, rm.args, rm.kwargs, seq_len=64, batch=1, dtype="bf16")
+    assert g.method == "export"
+    assert [(r.fqn, r.count, r.traced) for r in g.repeats] == [("transformer.h", 4, 2)]
+    modules = {op.module for op in g.ops}
+    assert any(m.startswith("transformer.h.1") for m in modules)
+    assert not any(m.startswith("transformer.h.2") for m in modules)
+    assert len(rm.module.transformer.h) == 4, "the model is restored after tracing"
+
+
+def test_layer_flops_match_the_analytic_count(tiny_llama):
+    # A Llama layer's GEMMs: q,o (h x h), k,v (h x kv), gate/up/down (h x f), 2 FLOPs per MAC.
+    h, f, kv, s = 64, 176, 32, 128
+    gemm = 2 * s * (2 * h * h + 2 * h * kv + 3 * h * f)
+    attn = 2 * 2 * s * s * h  # QK^T and AV, full (non-causal) count
+    layer = next(b for b in tiny_llama.blocks.blocks if b.name == "model.layers.2")
+    assert layer.template == "model.layers.1"
+    assert layer.work.mm_flops_tp + layer.work.mm_flops_rep == pytest.approx(gemm)
+    assert layer.work.attn_flops == pytest.approx(attn)
+
+
+def test_repeats_need_identical_children():
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 16)])
+            self.b = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+
+    assert find_repeats(Mixed()) == [("b", 3)]
+
+
+def test_untraceable_model_names_the_module():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x)
+
+    class Inner(nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: no tracer can follow it
+                return x * 2
+            return x
+
+    with pytest.raises(TraceError, match="in module 'inner'") as err:
+        trace(Branchy(), (torch.randn(2, 4),), {}, seq_len=4, batch=2, dtype="fp32")
+    assert "\n" not in str(err.value)
+    with pytest.raises(TraceError, match="try --trace export"):
+        trace(Branchy(), (torch.randn(2, 4),), {}, seq_len=4, batch=2, dtype="fp32", method="fx")
