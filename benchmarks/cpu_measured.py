@@ -34,6 +34,8 @@ import torch  # noqa: E402
 
 import planner  # noqa: E402
 from tables import print_table  # noqa: E402
+from costmodels.engine import EngineSpec  # noqa: E402
+from planner.inputs.calibration import apply_calibration, load_calibration  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
 
 CONFIG = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 4, "n_embd": 256,
@@ -42,7 +44,7 @@ SEQ = 256
 # PyTorch on a CPU: one kernel per op; the attention scores materialized (with dropout in
 # training, scaled_dot_product_attention takes its math path: matmul, softmax, dropout, matmul);
 # and no overlap of the gradient all-reduce with backward, since gloo reduces on the same core.
-ENGINE = planner.options.EngineSpec(attention="materialized", kernels="eager",
+ENGINE = EngineSpec(attention="materialized", kernels="eager",
                                     overlap_grad_reduce=False)
 # name: (processes, micro-batch, micro-batches per step, recompute)
 RUNS = {
@@ -55,7 +57,7 @@ RUNS = {
 
 
 def predict(prepared, calibration, procs, mb, m, rc) -> float:
-    cluster = planner.inputs.calibration.apply_calibration(
+    cluster = apply_calibration(
         planner.load_cluster("cpu", nodes=1, gpus_per_node=procs), calibration)
     training = planner.TrainingSpec(
         global_batch=procs * mb * m, seq_len=SEQ, dtype="fp32", optimizer="adamw",
@@ -144,7 +146,7 @@ def main() -> int:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.calibration:
-        calibration = planner.inputs.calibration.load_calibration(args.calibration)
+        calibration = load_calibration(args.calibration)
     else:
         from planner.profile.device import profile
 

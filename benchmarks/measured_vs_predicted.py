@@ -37,9 +37,11 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import planner  # noqa: E402
 from tables import print_table  # noqa: E402
+from costmodels.engine import EngineSpec  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
-from planner.runtime import RunOptions, check, run_local  # noqa: E402
+from planner.runtime.launch import check, run_local  # noqa: E402
+from planner.runtime.options import RunOptions  # noqa: E402
 
 CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4,
           "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 4,
@@ -50,7 +52,7 @@ GLOBAL_BATCH = 8
 # PyTorch on a CPU: one kernel per op, and no overlap of gloo's all-reduce with backward (the
 # reduction runs on the same core); without dropout, attention runs as one fused kernel; data
 # parallelism is FSDP2-based (replicate / fully_shard), which copies through flat buffers.
-ENGINE = planner.options.EngineSpec(attention="flash", kernels="eager", overlap_grad_reduce=False,
+ENGINE = EngineSpec(attention="flash", kernels="eager", overlap_grad_reduce=False,
                                     fsdp_copies=True)
 RUNS = {
     "1 proc, mb 8": "dp=1,tp=1,pp=1,micro_batch=8,recompute=none,zero=0",

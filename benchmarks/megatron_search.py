@@ -24,7 +24,7 @@ from megatron_table1 import SCRIPT, load_rows, predict  # noqa: E402
 
 from costmodels.engine import EngineSpec  # noqa: E402
 from planner import SearchOptions, TrainingSpec, load_cluster, plan_prepared, prepare  # noqa: E402
-from planner.explain import summary  # noqa: E402
+from planner.report.compare import headline  # noqa: E402
 
 
 def free_search(r: dict, prepared, time_limit: float | None):
@@ -52,7 +52,7 @@ def main() -> int:
         best = free_search(r, prepared, args.time_limit)
         gain = 1 - best.step_time_s / published.step_time_s
         worse += gain < -1e-9
-        out.append((r["name"], published, best, gain, summary(published, best)))
+        out.append((r["name"], published, best, gain, headline(published, best)))
     head = ["model", "published config s", "searched s", "better by", "search s", "why"]
     lines = [[n, f"{p.step_time_s:.2f}", f"{b.step_time_s:.2f}", f"{100 * g:.1f}%",
               f"{b.search['time_s']:.1f}", why] for n, p, b, g, why in out]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -165,8 +166,6 @@ def _workers(workers: int | None, points: int) -> int:
 def _context():
     """fork where it is safe and cheap (Linux: workers inherit the imported modules); spawn
     elsewhere."""
-    import multiprocessing
-
     methods = multiprocessing.get_all_start_methods()
     fork = "fork" in methods and sys.platform.startswith("linux")
     return multiprocessing.get_context("fork" if fork else "spawn")

@@ -44,7 +44,7 @@ def _no_overrides(cluster: HeteroCluster, nodes, gpus_per_node) -> HeteroCluster
 
 
 def _read_yaml(path: str) -> dict:
-    import yaml
+    import yaml  # lazy: only reading a cluster file needs it
 
     try:
         with open(path, encoding="utf-8") as f:

@@ -32,7 +32,7 @@ FACTOR_MIN_BYTES = 1 << 20
 def _collective_worker(rank: int, world: int, port: int, backend: str, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: imported in the spawned worker process
 
     dist.init_process_group(backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
@@ -71,7 +71,7 @@ def _collective_worker(rank: int, world: int, port: int, backend: str, queue) ->
 
 def collectives(world: int, backend: str) -> dict:
     """Measure the collectives; fit all-reduce time = 2 (n-1) alpha + 2 (n-1)/n B / beta."""
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # lazy: only to start the workers
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()

@@ -235,7 +235,7 @@ def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue, barrier)
 def _concurrently(n: int, device: str, threads: int, dtypes) -> dict:
     """device_speeds measured in ``n`` processes at once; rates averaged over the processes,
     the jitter from their segment times."""
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # lazy: only to start concurrent workers
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()

@@ -58,9 +58,9 @@ def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
     Figure (one axes: time in data x, rank in data y)."""
     if not path.lower().endswith(FORMATS):
         raise SpecError(f"gantt: '{path}' must end in {' or '.join(FORMATS)}")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only for pictures
+    from matplotlib.figure import Figure  # lazy: matplotlib only for pictures
+    from matplotlib.patches import Patch  # lazy: matplotlib only for pictures
 
     ranks, step = sim.ranks, sim.step_time_s
     width_in = width_in or _width_in(sim, dpi)
@@ -108,10 +108,10 @@ GANTT_CLIP = 2.5
 def jobs_gantt(doc: dict, path: str) -> None:
     """The cluster over time, one row per GPU: the joint schedule of ``doc`` (a planner.jobs/v1
     document) above the two baselines. Writes ``path`` (.png or .svg)."""
-    from matplotlib import colormaps
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+    from matplotlib import colormaps  # lazy: matplotlib only for pictures
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only for pictures
+    from matplotlib.figure import Figure  # lazy: matplotlib only for pictures
+    from matplotlib.patches import Patch  # lazy: matplotlib only for pictures
 
     if not path.lower().endswith(FORMATS):
         raise SpecError(f"gantt: '{path}' must end in {' or '.join(FORMATS)}")

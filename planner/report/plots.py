@@ -54,7 +54,7 @@ def _determines(rows: list[dict], j: str, k: str) -> bool:
 
 def _log_axis(axis, unit: str = "") -> None:
     """A log axis ticked at 1, 2, 5 x powers of ten, labelled 50k, 100k, 2M (no 1e5 notation)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # lazy: matplotlib only for pictures
 
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_minor_locator(NullLocator())
@@ -71,8 +71,8 @@ def _short(v: float) -> str:
 def _figure(panels: int, path: str, width_in: float = 5.2, height_in: float = 4.4):
     if not path.lower().endswith(FORMATS):
         raise SpecError(f"plot: '{path}' must end in {' or '.join(FORMATS)}")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only for pictures
+    from matplotlib.figure import Figure  # lazy: matplotlib only for pictures
 
     fig = Figure(figsize=(width_in * panels, height_in), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
@@ -81,7 +81,7 @@ def _figure(panels: int, path: str, width_in: float = 5.2, height_in: float = 4.
 
 def _gpu_axis(ax, gpus: list[int]) -> None:
     """GPUs on a base-2 log axis, ticked at the values swept."""
-    from matplotlib.ticker import FixedLocator, NullLocator
+    from matplotlib.ticker import FixedLocator, NullLocator  # lazy: matplotlib only for pictures
 
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(sorted(set(gpus))))
@@ -165,8 +165,8 @@ def pareto(rows: list[dict], path: str, *, max_listed: int = 14):
     the Figure."""
     if not path.lower().endswith(FORMATS):
         raise SpecError(f"plot: '{path}' must end in {' or '.join(FORMATS)}")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only for pictures
+    from matplotlib.figure import Figure  # lazy: matplotlib only for pictures
 
     front = pareto_front(rows)
     if not front:

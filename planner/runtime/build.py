@@ -120,7 +120,7 @@ def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, layout: 
 
 
 def _pipeline_stage(module: StageModule, s: int, layout: Layout, mesh, device, dw_builder):
-    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import PipelineStage  # lazy: only plans with pp > 1 build pipeline stages
 
     return PipelineStage(module, s, layout.num_stages, device, group=mesh.get_group("pp"),
                          dw_builder=dw_builder)
@@ -140,7 +140,7 @@ def _whole_backward(module: StageModule, flow: Dataflow, split: bool, out: Built
 
 
 def _schedule(plan: Plan, stages: list, layout: Layout):
-    from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+    from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime  # lazy: private torch API, only for pp > 1
 
     actions = plan.schedule["actions"]
     if plan.schedule["name"] == "bidirectional":

@@ -46,8 +46,8 @@ class Memory:
 
     def profile(self, fn):
         """Run ``fn`` under the profiler (CPU only) and keep the peak of live tensor bytes."""
-        from torch.profiler import ProfilerActivity, profile
-        from torch.profiler._memory_profiler import MemoryProfileTimeline
+        from torch.profiler import ProfilerActivity, profile  # lazy: only the profiled step needs it
+        from torch.profiler._memory_profiler import MemoryProfileTimeline  # lazy: private torch API, only the profiled step
 
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                      with_stack=True) as prof:

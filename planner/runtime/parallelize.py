@@ -113,11 +113,11 @@ def apply_recompute(model: nn.Module, units: tuple[str, ...], policy: str) -> No
     in the spirit of Megatron-LM's selective recomputation (Korthikanti et al. 2022)."""
     if policy == "none":
         return
-    from torch.distributed._composable import checkpoint
+    from torch.distributed._composable import checkpoint  # lazy: only recomputing plans need it
 
     context = None
     if policy == "selective":
-        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts  # lazy: only selective recomputation
 
         context = functools.partial(create_selective_checkpoint_contexts, _save_matmuls)
     for name in units:
@@ -131,7 +131,7 @@ _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.a
 
 
 def _save_matmuls(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
+    from torch.utils.checkpoint import CheckpointPolicy  # lazy: only selective recomputation
 
     return (CheckpointPolicy.MUST_SAVE if op in _MATMULS else CheckpointPolicy.PREFER_RECOMPUTE)
 
@@ -147,11 +147,11 @@ def apply_dp(stage: nn.Module, units: tuple[str, ...], mesh, zero: int) -> str:
     if mesh is None:
         return "none"
     if zero == 0:
-        from torch.distributed._composable.replicate_with_fsdp import replicate
+        from torch.distributed._composable.replicate_with_fsdp import replicate  # lazy: recent torch only; only ZeRO-0 with dp > 1
 
         replicate(stage, mesh=mesh)
         return "replicate"
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # lazy: only ZeRO >= 1 with dp > 1
 
     reshard = zero >= 3
     for name in units:

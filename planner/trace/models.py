@@ -67,14 +67,14 @@ def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None) -> R
 
 
 def _from_zoo(entry: ZooEntry, seq_len: int | None, dtype: str) -> ResolvedModel:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers takes seconds to import; only Hugging Face models need it
 
     cfg = AutoConfig.for_model(entry.model_type, **entry.config)
     return _build_hf(entry.name, cfg, entry.architecture, seq_len or entry.seq_len, dtype, "zoo")
 
 
 def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers takes seconds to import; only Hugging Face models need it
 
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     raw = read_json_object(file, what="model",
@@ -97,7 +97,7 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
 
 
 def _build_hf(name, cfg, architecture: str, seq_len: int, dtype: str, source: str) -> ResolvedModel:
-    import transformers
+    import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
 
     limit = getattr(cfg, "n_positions", None) or (
         getattr(cfg, "max_position_embeddings", None) if cfg.model_type in ("bert", "roberta", "gpt2")
@@ -142,7 +142,7 @@ def _no_init():
 
 
 def _auto_class(cfg):
-    import transformers
+    import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
 
     for auto in ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModel"):
         mapping = getattr(transformers, auto)._model_mapping

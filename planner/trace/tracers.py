@@ -20,12 +20,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from planner.errors import TraceError
+from planner.options import TRACE_METHODS
 from planner.trace.graph import OpGraph, ParamInfo, RepeatInfo
 from planner.trace.records import NodeView, build_ops
 
 log = logging.getLogger(__name__)
 
-TRACE_METHODS = ("auto", "fx", "export")
 KEEP_LAYERS = 2
 
 

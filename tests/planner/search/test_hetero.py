@@ -117,3 +117,21 @@ def test_cpsat_placement_equals_brute_force(seed):
     if got is not None:
         assert got.status == "optimal"
         assert got.bottleneck == pytest.approx(want, abs=n * max(map(sum, times)) / 1e6)
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_a_search_cut_by_its_time_limit_says_feasible_with_an_unknown_gap(mid_gpt2, mixed):
+    """One search loop for both kinds of cluster: when the time limit stops the enumeration the
+    status is feasible (not optimal) with an unknown gap, and the configurations left out are
+    counted; the plan found so far is returned (at least one configuration is always priced)."""
+    cluster = load_cluster(MIXED) if mixed else load_cluster("dgx-a100-80g", gpus_per_node=4)
+    tr = TrainingSpec(global_batch=16, seq_len=mid_gpt2.seq_len, dtype="fp16")
+    cut = plan_prepared(mid_gpt2, cluster, tr, SearchOptions(top_k=1, time_limit_s=1e-9))
+    s = cut.search
+    assert s["status"] == "feasible" and s["gap"] is None
+    assert s["evaluated"] >= 1 and s["rejected"]["not evaluated (time limit)"] >= 1
+    assert s["evaluated"] + sum(s["rejected"].values()) >= s["candidates"]
+    full = plan_prepared(mid_gpt2, cluster, tr, SearchOptions(top_k=1))
+    assert full.search["status"] == "optimal" and full.search["gap"] == 0.0
+    assert "not evaluated (time limit)" not in full.search["rejected"]
+    assert full.step_time_s <= cut.step_time_s
