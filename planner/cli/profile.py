@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 from planner.files import atomic_write
+from planner.profile import DEVICES
 
 
 def register(add) -> None:
     p = add("profile", help="measure this machine (GEMMs, bandwidth, collectives) for --calibration")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads per process (a CPU 'device' is one process; default 1)")
     p.add_argument("--processes", type=int, default=2,

@@ -7,7 +7,7 @@ import logging
 
 from planner.files import atomic_write
 from planner.report.measured import summary
-from planner.runtime.options import RunOptions
+from planner.runtime.options import DEVICES, RunOptions
 
 
 def register(add) -> None:
@@ -19,7 +19,7 @@ def register(add) -> None:
     r.add_argument("--model", help="MODEL to build instead of the plan's (same fingerprint)")
     r.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
     r.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
-    r.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    r.add_argument("--device", default="auto", choices=DEVICES)
     r.add_argument("--threads", type=int,
                    help="CPU threads per process (default: cores / processes)")
     r.add_argument("--dump", metavar="DIR", help="write each stage's parameters after the run")

@@ -18,6 +18,7 @@ import torch
 
 from costmodels.compute import expected_max_normal
 from planner.errors import SpecError
+from planner.profile import DEVICES
 from planner.profile.collectives import collectives
 from planner.profile.timing import Timer
 from planner.runtime.host_memory import keep_freed_memory
@@ -148,7 +149,7 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
     share caches and memory bandwidth; on GPUs one process measures."""
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecError("device: cuda requested but torch sees no GPU; use --device cpu")
-    if device not in ("cpu", "cuda"):
+    if device not in DEVICES:
         raise SpecError(f"device: expected cpu or cuda, got {device!r}")
     dtypes = dtypes or (("fp32",) if device == "cpu" else ("bf16", "fp16", "fp32"))
     busy = processes if device == "cpu" and processes > 1 else 1

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import SpecError
+from planner.options import PLACEMENTS
 from planner.planfile.document import Plan
-
-PLACEMENTS = ("tp-pp-dp", "tp-dp-pp")
 
 
 @dataclass(frozen=True, kw_only=True)
