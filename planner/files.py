@@ -1,4 +1,4 @@
-"""Reading and writing the planner's files: one-line errors on read, atomic writes."""
+"""Reading and writing the planner's files: one-line errors on read (JSON, YAML), atomic writes."""
 
 from __future__ import annotations
 
@@ -23,6 +23,25 @@ def read_json_object(path: str, *, what: str, missing_hint: str = "") -> dict:
     if not isinstance(data, dict):
         raise SpecError(f"{what}: '{path}' must hold a JSON object")
     return data
+
+
+def read_yaml(path: str, *, what: str):
+    """The parsed YAML in ``path``; SpecError naming ``what`` (the field) when the file is missing
+    or unreadable, and the file and line when it is not YAML."""
+    import yaml  # lazy: only reading a YAML file needs it
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except FileNotFoundError:
+        raise SpecError(f"{what}: file '{path}' not found") from None
+    except OSError as exc:
+        raise SpecError(f"{what}: cannot read '{path}' ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{os.path.basename(path)}: invalid YAML{where}: "
+                        f"{getattr(exc, 'problem', None) or exc}") from None
 
 
 def atomic_write(path: str, text: str) -> None:

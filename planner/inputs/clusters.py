@@ -8,6 +8,7 @@ from typing import Mapping
 from costmodels.topology import (CLUSTERS, Cluster, HeteroCluster, cluster_from_mapping,
                                  get_cluster, hetero_from_mapping, with_overrides)
 from planner.errors import SpecError
+from planner.files import read_yaml
 
 
 def load_cluster(spec, *, nodes: int | None = None,
@@ -44,20 +45,7 @@ def _no_overrides(cluster: HeteroCluster, nodes, gpus_per_node) -> HeteroCluster
 
 
 def _read_yaml(path: str) -> dict:
-    import yaml  # lazy: only reading a cluster file needs it
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise SpecError(f"cluster: file '{path}' not found") from None
-    except OSError as exc:
-        raise SpecError(f"cluster: cannot read '{path}' ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{os.path.basename(path)}: invalid YAML{where}: "
-                        f"{getattr(exc, 'problem', None) or exc}") from None
+    data = read_yaml(path, what="cluster")
     if not isinstance(data, dict):
         raise SpecError(f"{os.path.basename(path)}: expected a mapping of cluster keys "
                         "(name, device, nodes, gpus_per_node, intra_node, inter_node)")

@@ -13,6 +13,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Mapping
 
 from planner.errors import SpecError
+from planner.files import read_yaml
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,17 +50,7 @@ class JobsSpec:
 
 def load_jobs(path: str) -> JobsSpec:
     """Read a jobs YAML file strictly; relative model paths are taken from the file's folder."""
-    import yaml  # lazy: only reading a jobs file needs it
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise SpecError(f"jobs: file '{path}' not found") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{os.path.basename(path)}: invalid YAML{where}") from None
+    data = read_yaml(path, what="jobs")
     return jobs_from_mapping(data, base_dir=os.path.dirname(path))
 
 
