@@ -11,7 +11,10 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
 - Attention: a fused kernel (``flash``) runs at ``attention_efficiency`` and skips about half the
   work under a causal mask; its backward recomputes the scores, 2.5x the forward FLOPs (Dao,
   "FlashAttention-2", 2023). ``materialized`` attention runs two batched GEMMs and moves the score
-  matrix through memory between kernels (bytes per score element below).
+  matrix through memory between kernels (bytes per score element below). An attention core traced
+  from eager code (explicit GEMMs, softmax, masking) runs as traced when attention is
+  ``materialized`` and as one fused kernel (its GEMMs' FLOPs at the flash rate, its score traffic
+  gone; no causal skip, since the mask is data) when it is ``flash``.
 - Element-wise ops move their bytes at ``memory_efficiency`` of the bandwidth; backward moves
   about twice the forward traffic (each op reads the incoming gradient and what it saved, and
   writes a gradient per input).
@@ -127,17 +130,26 @@ def split_gemm(g: Gemm, *, micro_batch: int, tp: int, sp: bool) -> tuple[float, 
 
 
 def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: int, tp: int,
-                 sp: bool) -> tuple[float, float, float]:
-    """(forward, backward, attention-matmul forward) seconds of a block's GEMMs."""
-    fwd = bwd = attn = 0.0
+                 sp: bool, fused_attention: bool = False) -> tuple[float, float, float, float]:
+    """(forward, backward, attention-matmul forward, fused-away attention FLOPs) of a block's
+    GEMMs. The backward runs the gradient GEMMs the operands need: the input gradient
+    (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n). With ``fused_attention`` the
+    GEMMs of eager attention cores are left out and their forward FLOPs returned instead."""
+    fwd = bwd = attn = fused = 0.0
     for g in gemms:
         b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp)
+        if g.attention and fused_attention:
+            fused += 2.0 * b * m * n * k
+            continue
         f = gemm_time_s(b, m, n, k, device, dtype)
         fwd += f
-        bwd += gemm_time_s(b, m, k, n, device, dtype) + gemm_time_s(b, k, n, m, device, dtype)
+        if g.grad_a:
+            bwd += gemm_time_s(b, m, k, n, device, dtype)
+        if g.grad_b:
+            bwd += gemm_time_s(b, k, n, m, device, dtype)
         if not g.linear:
             attn += f
-    return fwd, bwd, attn
+    return fwd, bwd, attn, fused
 
 
 def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
@@ -162,12 +174,24 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
 
 def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_batch: int,
                    tp: int, sp: bool) -> float:
-    """Forward seconds of the element-wise ops (with their kernel launches)."""
+    """Forward seconds of the element-wise ops (with their kernel launches); with flash
+    attention, the score traffic of eager attention cores is gone (a fused kernel never writes
+    the scores)."""
     sp_div = tp if sp else 1
+    flash = engine.attention == "flash"
     if engine.kernels == "fused":
-        nbytes, kernels = work.fused_bytes_tp / tp + work.fused_bytes_rep / sp_div, work.kernels_fused
+        tp_b, rep_b = work.fused_bytes_tp, work.fused_bytes_rep
+        kernels = work.kernels_fused
+        if flash:
+            tp_b, rep_b = tp_b - work.eager_attn_fused_tp, rep_b - work.eager_attn_fused_rep
+            kernels -= work.eager_attn_kernels_fused
     else:
-        nbytes, kernels = work.mem_bytes_tp / tp + work.mem_bytes_rep / sp_div, work.kernels_eager
+        tp_b, rep_b, kernels = work.mem_bytes_tp, work.mem_bytes_rep, work.kernels_eager
+        if flash:
+            tp_b, rep_b = tp_b - work.eager_attn_bytes_tp, rep_b - work.eager_attn_bytes_rep
+            kernels -= work.eager_attn_kernels
+    nbytes = max(0.0, tp_b) / tp + max(0.0, rep_b) / sp_div
+    kernels = max(0.0, kernels)
     total = micro_batch * nbytes
     if device.memory_table:  # measured: the rate at the block's typical kernel size
         per_kernel = (micro_batch * work.kernel_bytes if engine.kernels == "eager" and
@@ -180,9 +204,13 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
 def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: int, tp: int,
                sp: bool, recompute: str, engine: EngineSpec = EngineSpec()) -> BlockTime:
     """Forward, backward and recomputation seconds of one block for one micro-batch."""
-    gemm_f, gemm_b, gemm_attn = gemms_time_s(work.gemms, device, dtype, micro_batch=micro_batch,
-                                             tp=tp, sp=sp)
+    flash = engine.attention == "flash"
+    gemm_f, gemm_b, gemm_attn, eager_flops = gemms_time_s(
+        work.gemms, device, dtype, micro_batch=micro_batch, tp=tp, sp=sp, fused_attention=flash)
     attn_f, attn_b = attention_time_s(work, device, dtype, engine, micro_batch=micro_batch, tp=tp)
+    if eager_flops:  # eager attention cores, run as fused kernels
+        eager_f = eager_flops / (device.peak(dtype) * device.attention_efficiency)
+        attn_f, attn_b = attn_f + eager_f, attn_b + FLASH_BACKWARD_FACTOR * eager_f
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp)
     fwd_s = gemm_f + attn_f + mem_f
     bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f

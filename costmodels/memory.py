@@ -80,27 +80,31 @@ def usable_bytes(device_memory_bytes: float, *, reserve_fraction: float, reserve
     return device_memory_bytes * (1.0 - reserve_fraction) - reserve_bytes
 
 
-def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, recompute: str) -> float:
-    """Bytes one micro-batch leaves saved in one block until its backward runs."""
+def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, recompute: str,
+                     scores_kept: bool = True) -> float:
+    """Bytes one micro-batch leaves saved in one block until its backward runs. ``scores_kept``:
+    attention score tensors traced from eager code are saved (False with flash attention, whose
+    fused kernel saves none)."""
     sp_div = tp if sp else 1
     if recompute == "full":
         return micro_batch * work.input_bytes / sp_div
     kept = work.act_bytes_rep / sp_div + work.act_bytes_tp / tp
     if recompute == "none":
-        kept += work.act_bytes_attn / tp
+        kept += work.act_bytes_attn / tp if scores_kept else 0.0
     elif recompute != "selective":
         raise SpecError(f"recompute: expected none, selective or full, got {recompute!r}")
     return micro_batch * kept
 
 
 def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
-                            recompute: str) -> float:
+                            recompute: str, scores_kept: bool = True) -> float:
     """Extra bytes alive while one block's forward is recomputed during backward."""
     if recompute == "none":
         return 0.0
     if recompute == "selective":
-        return micro_batch * work.act_bytes_attn / tp
-    return activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none")
+        return micro_batch * work.act_bytes_attn / tp if scores_kept else 0.0
+    return activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
+                            scores_kept=scores_kept)
 
 
 def megatron_layer_activation_bytes(*, s: int, b: int, h: int, a: int, t: int = 1,

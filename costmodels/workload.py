@@ -32,10 +32,24 @@ class Gemm:
     """SPLIT_NONE, SPLIT_N, SPLIT_K or SPLIT_BATCH."""
     linear: bool = True
     """True when one operand is a weight (the samples run along ``m``)."""
+    grad_a: bool = True
+    """Backward computes the gradient of the left operand (the m x k activation): an
+    (m x n) @ (n x k) GEMM. False for inputs no gradient reaches (pixels, frozen branches)."""
+    grad_b: bool = True
+    """Backward computes the gradient of the right operand (a weight, or a second activation):
+    a (k x m) @ (m x n) GEMM. False for frozen weights."""
+    attention: bool = False
+    """A GEMM of an unfused attention core (QK^T or scores x V, traced from eager code): priced
+    as it runs with materialized attention, as part of a fused kernel with flash attention."""
 
     @property
     def flops(self) -> float:
         return 2.0 * self.batch * self.m * self.n * self.k
+
+    @property
+    def bwd_flops(self) -> float:
+        """FLOPs of the gradients backward computes for this GEMM."""
+        return self.flops * (int(self.grad_a) + int(self.grad_b))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +71,23 @@ class BlockWork:
     """Attention score elements (heads x queries x keys) of fused attention cores, split by tp."""
     attn_scores_dropout: float = 0.0
     """The part of ``attn_scores`` followed by attention dropout."""
+    bwd_flops: float = 0.0
+    """Backward FLOPs: the gradients of the GEMM operands that need them, and 2x the forward of
+    attention cores (the FLOPs a training step counts, before any recomputation)."""
+    eager_attn_bytes_tp: float = 0.0
+    """Bytes the memory-bound ops of unfused attention cores (softmax, masking, dropout of the
+    scores) move, one kernel per op: part of ``mem_bytes_tp``; a fused attention kernel never
+    writes the scores."""
+    eager_attn_bytes_rep: float = 0.0
+    """The same outside tensor-parallel regions (part of ``mem_bytes_rep``)."""
+    eager_attn_fused_tp: float = 0.0
+    """The same with memory-bound chains fused (part of ``fused_bytes_tp``)."""
+    eager_attn_fused_rep: float = 0.0
+    """The same outside tensor-parallel regions (part of ``fused_bytes_rep``)."""
+    eager_attn_kernels: float = 0.0
+    """Kernels of those ops, one per op (part of ``kernels_eager``)."""
+    eager_attn_kernels_fused: float = 0.0
+    """Kernels of those ops with chains fused (part of ``kernels_fused``)."""
     mem_bytes_tp: float = 0.0
     """Bytes read + written by memory-bound ops inside tensor-parallel regions, one kernel per op."""
     mem_bytes_rep: float = 0.0
@@ -109,13 +140,15 @@ class BlockWork:
 
     def to_dict(self) -> dict:
         d = {f: getattr(self, f) for f in WORK_FIELDS}
-        d["gemms"] = [[g.batch, g.m, g.n, g.k, g.split, int(g.linear)] for g in self.gemms]
+        d["gemms"] = [[g.batch, g.m, g.n, g.k, g.split, int(g.linear), int(g.grad_a),
+                       int(g.grad_b), int(g.attention)] for g in self.gemms]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "BlockWork":
-        gemms = tuple(Gemm(batch=b, m=m, n=n, k=k, split=int(s), linear=bool(lin))
-                      for b, m, n, k, s, lin in d.get("gemms", []))
+        gemms = tuple(Gemm(batch=b, m=m, n=n, k=k, split=int(s), linear=bool(lin),
+                           grad_a=bool(ga), grad_b=bool(gb), attention=bool(at))
+                      for b, m, n, k, s, lin, ga, gb, at in d.get("gemms", []))
         return cls(gemms=gemms, **{f: d[f] for f in WORK_FIELDS if f in d})
 
 

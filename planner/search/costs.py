@@ -93,16 +93,19 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     def vec(x) -> np.ndarray:  # scalars (e.g. no recomputation) broadcast over blocks
         return np.broadcast_to(np.asarray(x, dtype=float), (n,)).copy()
 
+    kept = training.engine.attention != "flash"  # eager attention's scores, saved or fused away
     return BlockCosts(
         fwd_s=vec([t.fwd_s for t in bt]),
         compute_s=vec([t.fwd_s + t.bwd_s for t in bt]),
         recompute_s=vec([t.recompute_s for t in bt]),
         tp_comm_s=vec(tp_s),
         act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
-            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute)), vec(
-            memory.activation_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none"))),
+            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept)),
+            vec(memory.activation_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
+                                        scores_kept=kept))),
         work_bytes=np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
-            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute)), 0.0),
+            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept)),
+            0.0),
         params_local=vec(w.params_tp / tp + w.params_rep),
     )
 

@@ -124,7 +124,7 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
                                   wgrad_s=wgrad)
     breakdown = {
         "compute_s": m * sum(st.compute_s for st in mine),
-        "bubble_s": pipe_s - m * rank_time[slow],
+        "bubble_s": idle_s(pipe_s, m * rank_time[slow]),
         "tp_comm_s": m * sum(st.tp_comm_s for st in mine),
         "pp_comm_s": m * sum(st.p2p_s for st in mine),
         "dp_comm_s": dp_s,
@@ -141,6 +141,13 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
                     peak_memory_bytes=max(r["total"] for r in ranks),
                     model_flops=model_flops, hardware_flops=model_flops + rc_flops,
                     cut_p2p_s=cut_p2p)
+
+
+def idle_s(step_s: float, busy_s: float) -> float:
+    """The pipeline's idle time: the step less the slowest rank's work, 0 when they differ only
+    by floating-point rounding (a single stage)."""
+    idle = step_s - busy_s
+    return idle if idle > 1e-9 * step_s else 0.0
 
 
 def weight_grad_s(st: StageEstimate) -> float:

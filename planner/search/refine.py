@@ -24,7 +24,7 @@ from planner.options import SearchOptions, TrainingSpec
 from planner.schedule.builders import SPLIT_BACKWARD, build
 from planner.schedule.simulator import simulate
 from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, stage_memory
-from planner.search.pricing import Estimate, price, weight_grad_s
+from planner.search.pricing import Estimate, idle_s, price, weight_grad_s
 from planner.solve.dag import solve_dag
 from planner.trace.graph import BlockGraph
 
@@ -107,7 +107,7 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
     bd["compute_s"] = m * sum(st.compute_s for st in stages if st.rank == slow)
     bd["tp_comm_s"] = m * sum(st.tp_comm_s for st in stages if st.rank == slow)
     bd["pp_comm_s"] = 0.0  # sends overlap compute; waiting for them shows as bubble
-    bd["bubble_s"] = max(0.0, sim.step_time_s - m * busy[slow])
+    bd["bubble_s"] = idle_s(sim.step_time_s, m * busy[slow])
     bd["straggler_s"] = est.straggler_excess * (bd["compute_s"] + bd["optimizer_s"])
     return dataclasses.replace(
         est, stages=stages,

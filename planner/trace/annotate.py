@@ -1,14 +1,17 @@
 """Sum a block's traced ops into the per-sample BlockWork the cost model reads.
 
-- GEMMs are kept with their shapes and how tensor parallelism splits them; their FLOPs also go to
-  ``mm_flops_tp`` / ``mm_flops_rep``. Activation-activation matmuls over an s x s tensor, and fused
-  attention, count as attention (``attn_flops``).
+- GEMMs (every GEMM-like ATen op a node runs, planner.trace.aten) are kept with their shapes, how
+  tensor parallelism splits them, and which operand gradients backward computes; their FLOPs also
+  go to ``mm_flops_tp`` / ``mm_flops_rep`` and the gradients' to ``bwd_flops``. Activation-
+  activation matmuls over an s x s tensor (eager attention), and fused attention, count as
+  attention (``attn_flops``); the memory-bound ops on an eager attention's scores are counted
+  apart too, since a fused kernel never runs them.
 - Memory-bound ops contribute the bytes they move, twice over: one kernel per op (eager PyTorch),
   and fused, where each connected chain of memory-bound ops reads what enters it and writes what
   leaves it once, as a fusing compiler or hand-written kernels do (values only kept for backward
   are recomputed there from the chain's inputs, as torch.compile's min-cut partitioner does).
 - A saved activation counts once per block (by storage), as split when the op producing it runs
-  split; tensors with two sequence-length dimensions are the attention core's (``act_bytes_attn``).
+  split; the scores of an eager attention core are the attention core's (``act_bytes_attn``).
 - ``input_bytes``: gradient-carrying tensors made outside the block and read inside it.
 """
 
@@ -22,18 +25,38 @@ from planner.trace.tp_roles import TPAnalysis
 FREE = ("view", "constant", "input")
 
 
-def is_seq_square(op: Op, seq_len: int) -> bool:
-    """Whether the op's output has two sequence-length dimensions (an attention score tensor)."""
-    return seq_len > 1 and sum(1 for d in op.shape if d == seq_len) >= 2
+MEMORY_KINDS = ("elementwise", "softmax", "dropout", "norm", "other")
+
+
+def eager_attention(graph: OpGraph) -> tuple[set[str], set[str]]:
+    """(the GEMM nodes, the score nodes) of attention cores traced from eager code: a matmul of
+    two activations that carries gradients and reads no scores produces scores (QK^T); views and
+    memory-bound ops of them are scores too (scale, mask, softmax, dropout, casts); a matmul
+    reading scores consumes them (scores x V)."""
+    by = graph.by_name
+    gemms: set[str] = set()
+    scores: set[str] = set()
+    for op in graph.ops:
+        reads = any(i in scores for i in op.inputs)
+        if op.kind == "matmul" and not op.params and op.requires_grad and len(op.inputs) >= 2 \
+                and not op.dims.get("linear") and all(not by[i].params for i in op.inputs):
+            gemms.add(op.name)
+            if not reads:
+                scores.add(op.name)
+        elif reads and op.requires_grad and (op.kind == "view" or op.kind in MEMORY_KINDS):
+            scores.add(op.name)
+    return gemms, scores
 
 
 def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[BlockWork, list[str]]:
     """The block's BlockWork, and the parameters tensor parallelism splits."""
     by = graph.by_name
     members = set(op_names)
+    attn_gemms, scores = eager_attention(graph)
     acc = dict.fromkeys(("mm_flops_tp", "mm_flops_rep", "attn_flops", "fused_attn_flops",
-                         "attn_causal_flops", "kernel_bytes_sq",
+                         "attn_causal_flops", "kernel_bytes_sq", "bwd_flops",
                          "attn_scores", "attn_scores_dropout", "mem_bytes_tp", "mem_bytes_rep",
+                         "eager_attn_bytes_tp", "eager_attn_bytes_rep", "eager_attn_kernels",
                          "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
@@ -42,10 +65,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     for name in op_names:
         op = by[name]
         split_compute, split_out = tp.split_of(name)
-        _add_compute(op, split_compute, graph.seq_len, acc, by)
-        gemm = _gemm(op, split_compute, split_out)
-        if gemm is not None:
-            gemms.append(gemm)
+        _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
+                     name in attn_gemms, name in scores)
         for p in op.params:
             param_split[p] = param_split.get(p, False) or split_compute
         for key, nbytes in op.saves:
@@ -54,8 +75,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
             if name in table:
                 acc[field] += table[name]
                 collectives += 1
-    _add_saved(saved, by, tp, graph.seq_len, acc)
-    fused_tp, fused_rep, kernels_fused = fused_traffic(graph, tp, op_names)
+    _add_saved(saved, by, tp, scores, acc)
+    fused = fused_traffic(graph, tp, op_names, scores)
     acc["input_bytes"] = sum(by[i].out_bytes for i in {
         src for n in op_names for src in by[n].inputs
         if src not in members and by[src].requires_grad})
@@ -68,61 +89,81 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     work = BlockWork(params_tp=float(params_tp), params_rep=float(params_rep),
                      tp_collectives=collectives, param_tensors_tp=sum(known),
                      param_tensors_rep=len(known) - sum(known),
-                     tp_linears=sum(g.linear and g.split in (SPLIT_N, SPLIT_K) for g in gemms), fused_bytes_tp=fused_tp, fused_bytes_rep=fused_rep,
-                     kernels_fused=kernels_fused, gemms=tuple(gemms), **acc)
+                     tp_linears=sum(g.linear and g.split in (SPLIT_N, SPLIT_K) for g in gemms),
+                     gemms=tuple(gemms), **fused, **acc)
     return work, sorted(p for p, s in param_split.items() if s)
 
 
-def _add_compute(op: Op, split: bool, seq_len: int, acc: dict, by: dict) -> None:
+def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
+                 gemms: list[Gemm], attn_gemm: bool, score: bool) -> None:
     if op.kind in FREE:
         return
     acc["kernels_eager"] += 1
-    if op.kind == "attention" or _is_attention_matmul(op, split, seq_len, by):
-        acc["attn_flops" if split else "mm_flops_rep"] += op.flops
-        if op.kind == "attention":
-            acc["fused_attn_flops"] += op.flops
-            if op.dims.get("causal"):
-                acc["attn_causal_flops"] += op.flops
-            scores = op.dims.get("scores", 0)
-            acc["attn_scores"] += scores
-            if op.dims.get("dropout"):
-                acc["attn_scores_dropout"] += scores
-    elif op.kind in ("matmul", "fused"):
-        acc["mm_flops_tp" if split else "mm_flops_rep"] += op.flops
+    if op.kind == "attention":
+        _add_attention(op.flops, op.dims.get("scores", 0), bool(op.dims.get("causal")),
+                       bool(op.dims.get("dropout")), split, acc)
+    elif "gemms" in op.dims or "attention" in op.dims:  # a node that computes: its ATen work
+        for row in op.dims.get("gemms", []):
+            g = _gemm(row, split, split_out, seq_len if op.kind != "matmul" else 0, attn_gemm)
+            gemms.append(g)
+            acc["attn_flops" if g.attention and split else
+                "mm_flops_tp" if split else "mm_flops_rep"] += g.flops
+            acc["bwd_flops"] += g.bwd_flops
+        for a in op.dims.get("attention", []):
+            scores = a["batch"] * a["heads_q"] * a["q_len"] * a["kv_len"]
+            flops = 2.0 * scores * (a["head_dim"] + a["value_dim"])
+            _add_attention(flops, scores, bool(a["causal"]), bool(a["dropout"]), split, acc)
+        inside = op.dims.get("mem_bytes", 0.0)
+        acc["mem_bytes_tp" if split else "mem_bytes_rep"] += inside
+        acc["kernel_bytes_sq"] += inside ** 2 / max(op.dims.get("kernels", 1), 1)
+        acc["kernels_eager"] += op.dims.get("kernels", 0)
     else:
         acc["mem_bytes_tp" if split else "mem_bytes_rep"] += op.io_bytes
         acc["kernel_bytes_sq"] += op.io_bytes ** 2
-        if op.flops:
-            acc["mm_flops_tp" if split else "mm_flops_rep"] += op.flops
+        if score:  # the softmax, mask or dropout of an eager attention's scores
+            acc["eager_attn_bytes_tp" if split else "eager_attn_bytes_rep"] += op.io_bytes
+            acc["eager_attn_kernels"] += 1
 
 
-def _is_attention_matmul(op: Op, split: bool, seq_len: int, by: dict) -> bool:
-    return (op.kind == "matmul" and not op.params and split and (
-        is_seq_square(op, seq_len) or any(is_seq_square(by[i], seq_len) for i in op.inputs)))
+def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, split: bool,
+                   acc: dict) -> None:
+    """A fused attention call: its FLOPs (2x in backward), score elements, causal and dropout."""
+    acc["attn_flops" if split else "mm_flops_rep"] += flops
+    acc["fused_attn_flops"] += flops
+    acc["bwd_flops"] += 2.0 * flops
+    if causal:
+        acc["attn_causal_flops"] += flops
+    acc["attn_scores"] += scores
+    if dropout:
+        acc["attn_scores_dropout"] += scores
 
 
-def _gemm(op: Op, split_compute: bool, split_out: bool) -> Gemm | None:
-    shape = op.dims.get("gemm")
-    if not shape:
-        return None
-    batch, m, n, k = shape
-    linear = bool(op.dims.get("linear"))
+def _gemm(row: list, split_compute: bool, split_out: bool, seq_len: int,
+          attention: bool) -> Gemm:
+    """A priced GEMM row [batch, m, n, k, weight, grad_a, grad_b] as the cost model's Gemm: split
+    as its node is (a Linear's output or reduction, an attention matmul's heads), and marked as an
+    attention core when its node is one (``attention``) or, inside a module priced whole (an
+    ``nn.MultiheadAttention``), when it multiplies two activations over a ``seq_len`` square."""
+    batch, m, n, k, weight, grad_a, grad_b = row
+    scores = not weight and (attention or (seq_len > 1 and m == seq_len and seq_len in (n, k)))
     if not split_compute:
         split = SPLIT_NONE
-    elif not linear:
+    elif not weight:
         split = SPLIT_BATCH  # heads of an attention matmul
     else:
         split = SPLIT_N if split_out else SPLIT_K
-    return Gemm(batch=batch, m=m, n=n, k=k, split=split, linear=linear)
+    return Gemm(batch=batch, m=m, n=n, k=k, split=split, linear=bool(weight),
+                grad_a=bool(grad_a), grad_b=bool(grad_b), attention=scores)
 
 
-def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, seq_len: int, acc: dict) -> None:
+def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[str],
+               acc: dict) -> None:
     for field in ("act_bytes_tp", "act_bytes_rep", "act_bytes_attn"):
         acc[field] = 0.0
     for key, nbytes in saved.items():
         producer = by.get(key.split(":")[0])
         out_split = tp.split_of(producer.name)[1] if producer else False
-        if producer is not None and is_seq_square(producer, seq_len) and out_split:
+        if producer is not None and producer.name in scores and out_split:
             acc["act_bytes_attn"] += nbytes
         elif out_split:
             acc["act_bytes_tp"] += nbytes
@@ -130,28 +171,36 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, seq_len: int, 
             acc["act_bytes_rep"] += nbytes
 
 
-def fused_traffic(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[float, float, float]:
-    """(split bytes, replicated bytes, kernels) when each connected chain of memory-bound ops in
-    the block is one kernel: it reads each tensor entering the chain once and writes each tensor
-    another kernel reads once."""
+def fused_traffic(graph: OpGraph, tp: TPAnalysis, op_names: list[str],
+                  scores: set[str] = frozenset()) -> dict:
+    """The block's memory traffic when each connected chain of memory-bound ops is one kernel: it
+    reads each tensor entering the chain once and writes each tensor another kernel reads once.
+    Chains over the scores of an eager attention core are also counted apart (a fused attention
+    kernel replaces them). Returns BlockWork fields."""
     by = graph.by_name
     cons = graph.consumers()
-    bound = {n for n in op_names if by[n].kind not in FREE and by[n].kind not in COMPUTE_BOUND}
+    bound = {n for n in op_names if by[n].kind not in FREE and by[n].kind not in COMPUTE_BOUND
+             and not ("gemms" in by[n].dims or "attention" in by[n].dims)}
     region_of = _regions(bound, op_names, by, cons)
     groups: dict[int, list[str]] = {}
     for n in op_names:
         if n in region_of:
             groups.setdefault(region_of[n], []).append(n)
-    totals = {True: 0.0, False: 0.0}
+    out = dict.fromkeys(("fused_bytes_tp", "fused_bytes_rep", "eager_attn_fused_tp",
+                         "eager_attn_fused_rep", "eager_attn_kernels_fused"), 0.0)
     for ops in groups.values():
         inside = set(ops)
-        split = all(tp.split_of(n)[0] for n in ops)
+        where = "tp" if all(tp.split_of(n)[0] for n in ops) else "rep"
         entering = {_through_views(i, by) for n in ops for i in by[n].inputs}
         entering = {i for i in entering if i not in inside and by[i].kind != "constant"}
         leaving = {n for n in ops if any(_leaves(c, inside, by, cons) for c in cons[n])}
         nbytes = sum(by[i].out_bytes for i in entering) + sum(by[n].out_bytes for n in leaving)
-        totals[split] += nbytes
-    return totals[True], totals[False], float(len(groups))
+        out[f"fused_bytes_{where}"] += nbytes
+        if inside & scores:
+            out[f"eager_attn_fused_{where}"] += nbytes
+            out["eager_attn_kernels_fused"] += 1
+    out["kernels_fused"] = float(len(groups))
+    return out
 
 
 def _regions(bound: set[str], op_names: list[str], by, cons) -> dict[str, int]:

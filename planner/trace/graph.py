@@ -47,7 +47,12 @@ class Op:
     saves: list[list] = field(default_factory=list)
     """[key, bytes] of activations it keeps for backward (keys are storage owners)."""
     dims: dict = field(default_factory=dict)
-    """Kind-specific sizes: linear in/out features, attention heads, embedding rows."""
+    """Kind-specific sizes: linear in/out features, attention heads, embedding rows; for a node
+    that computes, what its ATen ops run per sample (planner.trace.aten): ``gemms`` as
+    [batch, m, n, k, weight, grad_a, grad_b], fused ``attention`` calls, ``mem_bytes`` and
+    ``kernels`` of its memory-bound ops."""
+    unpriced: dict = field(default_factory=dict)
+    """ATen (or custom) op name -> calls inside this node that no formula prices."""
 
 
 @dataclass

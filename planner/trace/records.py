@@ -1,7 +1,9 @@
 """Turn traced nodes (fx or export, with their meta values) into OpGraph ops.
 
 Both tracers reduce their nodes to ``NodeView``s; ``build_ops`` then applies one set of rules:
-gradient flow, view aliasing, memory traffic, saved activations (planner.trace.ops) and FLOPs.
+gradient flow, view aliasing, memory traffic, saved activations (planner.trace.ops), and what each
+node that computes runs, priced from its ATen ops (planner.trace.aten): its GEMMs with the
+gradients backward computes, fused attention calls, memory traffic, and ops no formula prices.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from planner.trace.aten import AtenAttention, CallWork
 from planner.trace.graph import Op
 from planner.trace.ops import COMPUTE_BOUND, TensorRef, kind_of, saved_tensors
 
@@ -33,7 +36,8 @@ class NodeView:
     """fx Nodes it reads."""
     params: list[str] = field(default_factory=list)
     """Parameter FQNs it reads directly (fx call_module)."""
-    flops_fn: Callable[[], float] = lambda: 0.0
+    work_fn: Callable[[Callable[[str], tuple[bool, bool]]], CallWork] = lambda flags: CallWork()
+    """Runs the node again and prices it; takes flags(node name) -> (requires_grad, is_param)."""
     attrs: dict = field(default_factory=dict)
     """Non-tensor facts about the call (``causal`` for attention)."""
 
@@ -106,7 +110,16 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
     if kind == "embedding":
         in_bytes = out_bytes
     io_bytes = 0.0 if kind in ("view", "constant", "input") else in_bytes + out_bytes
-    flops = v.flops_fn() / batch if kind in COMPUTE_BOUND or kind == "other" else 0.0
+    dims = _dims(kind, acts, ins, outs, bool(v.params), v.attrs, batch)
+    flops, unpriced = 0.0, {}
+    if kind == "attention":
+        flops = _attention(acts, v.attrs).flops / batch if "scores" in dims else 0.0
+    elif kind in COMPUTE_BOUND or kind == "other":
+        work = v.work_fn(lambda name: (env[name].requires_grad, bool(env[name].param))
+                         if name in env else (False, False))
+        flops = work.flops / batch
+        dims.update(_work_dims(work, batch))
+        unpriced = dict(work.unpriced)
     refs = [TensorRef(key=x.base, nbytes=x.base_bytes, requires_grad=x.requires_grad,
                       is_param=bool(x.param) or x.buffer) for x in ins]
     out_ref = TensorRef(key=v.name, nbytes=out_bytes, requires_grad=requires_grad)
@@ -117,27 +130,51 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
         inputs=list(dict.fromkeys(x.op_name for x in acts)), params=list(dict.fromkeys(reads_params)),
         flops=flops, out_bytes=out_bytes, io_bytes=io_bytes, shape=list(outs[0].shape),
         dtype=str(outs[0].dtype).replace("torch.", ""), requires_grad=requires_grad, base=base,
-        saves=[[k, b] for k, b in saves],
-        dims=_dims(kind, acts, ins, outs, bool(v.params), v.attrs, batch),
+        saves=[[k, b] for k, b in saves], dims=dims, unpriced=unpriced,
     )
+
+
+def _attention(acts: list[_Tensor], attrs: dict) -> AtenAttention:
+    """A fused attention node from its query, key and value shapes (batch, heads, length, dim)."""
+    q, k = acts[0].shape, acts[1].shape
+    v = acts[2].shape if len(acts) > 2 else k
+    return AtenAttention(batch=int(q[0]), heads_q=int(q[1]), heads_kv=int(k[1]), q_len=int(q[2]),
+                         kv_len=int(k[2]), head_dim=int(q[3]), value_dim=int(v[3]),
+                         causal=bool(attrs.get("causal")), dropout=attrs.get("dropout", 0) > 0)
+
+
+def _work_dims(work: CallWork, batch: int) -> dict:
+    """A priced call per sample: its GEMMs as [batch, m, n, k, weight, grad_a, grad_b] (the
+    dimension that carries the samples divided by ``batch``), its fused attention calls, and the
+    bytes and kernels of its memory-bound ATen ops."""
+    gemms = []
+    for g in work.gemms:
+        b, m = (g.batch, g.m / batch) if g.weight or g.batch == 1 else (g.batch / batch, g.m)
+        gemms.append([b, m, g.n, g.k, int(g.weight), int(g.grad_a), int(g.grad_b)])
+    attention = [{"batch": a.batch / batch, "heads_q": a.heads_q, "heads_kv": a.heads_kv,
+                  "q_len": a.q_len, "kv_len": a.kv_len, "head_dim": a.head_dim,
+                  "value_dim": a.value_dim, "causal": int(a.causal), "dropout": int(a.dropout)}
+                 for a in work.attention]
+    out = {"gemms": gemms} if gemms else {}
+    if attention:
+        out["attention"] = attention
+    if work.mem_bytes:
+        out["mem_bytes"] = work.mem_bytes / batch
+        out["kernels"] = work.kernels
+    return out
 
 
 def _dims(kind: str, acts: list[_Tensor], ins: list[_Tensor], outs, module_params: bool,
           attrs: dict, batch: int) -> dict:
-    """Kind-specific sizes. GEMMs record (batch, m, n, k) per sample: the dimension that carries
-    the samples (m for a Linear, the batch of a batched matmul) is divided by ``batch``."""
+    """Kind-specific sizes: a Linear's in/out features (what tensor parallelism splits),
+    attention heads, embedding rows."""
     out_shape = tuple(outs[0].shape)
     if kind == "matmul" and acts and (module_params or any(x.param and len(x.shape) == 2 for x in ins)):
         k = int(acts[0].shape[-1]) if acts[0].shape else 0
         n = int(out_shape[-1]) if out_shape else 0
-        m = _prod(out_shape[:-1]) / batch
-        d = {"in": k, "out": n, "linear": 1}
         if module_params and len(acts[0].shape) != len(out_shape):
-            return d  # a convolution: no single GEMM shape
-        return {**d, "gemm": [1, m, n, k]}
-    if kind == "matmul" and len(acts) >= 2 and len(out_shape) >= 2:
-        return {"gemm": [_prod(out_shape[:-2]) / batch, out_shape[-2], out_shape[-1],
-                         int(acts[0].shape[-1])]}
+            return {}  # a convolution: not a Linear tensor parallelism could split
+        return {"in": k, "out": n, "linear": 1}
     if kind == "attention" and len(acts) >= 2 and len(acts[0].shape) == 4:
         return {"heads_q": int(acts[0].shape[1]), "heads_kv": int(acts[1].shape[1]),
                 "causal": int(bool(attrs.get("causal"))), "dropout": int(attrs.get("dropout", 0) > 0),

@@ -1,7 +1,7 @@
 """Trace an nn.Module into an OpGraph on meta tensors: torch.fx first, torch.export as fallback.
 
-Nothing is allocated: the model lives on the meta device and FLOPs are counted by running each
-GEMM-like node on meta tensors under ``torch.utils.flop_counter.FlopCounterMode``.
+Nothing is allocated: the model lives on the meta device, and each node that computes is run
+again on meta tensors and priced from the ATen ops it dispatches (planner.trace.aten).
 
 Models that stack identical layers (a ModuleList or Sequential of equal children) are traced with
 the first two layers only; the block builder re-creates the rest from the second one. Two, not one,
@@ -15,12 +15,13 @@ import inspect
 import io
 import logging
 import operator
+from collections import Counter
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from planner.errors import TraceError
 from planner.options import TRACE_METHODS
+from planner.trace.aten import CallWork, price
 from planner.trace.graph import OpGraph, ParamInfo, RepeatInfo
 from planner.trace.records import NodeView, build_ops
 
@@ -241,7 +242,7 @@ def _fx_node_view(node, values, gm, model, param_names) -> NodeView:
     view = NodeView(name=node.name, op="call", short=str(short), module=module,
                     value=values.get(node.name), inputs=_flat_nodes((node.args, node.kwargs)),
                     params=mod_params)
-    view.flops_fn = lambda: _count_flops(node, values, fn)
+    view.work_fn = lambda flags: _price(node, values, fn, flags)
     view.attrs = _attrs(node)
     return view
 
@@ -272,36 +273,59 @@ def _flat_nodes(obj) -> list:
     return out
 
 
-def _count_flops(node, values, module) -> float:
-    """FLOPs of one node: 2 x outputs x inputs for a Linear, else re-run on meta tensors under
-    FlopCounterMode."""
-    if isinstance(module, torch.nn.Linear) and isinstance(values.get(node.name), torch.Tensor):
-        return 2.0 * values[node.name].numel() * module.in_features
-    args = torch.fx.node.map_arg(node.args, lambda n: _meta_like(values.get(n.name)))
-    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: _meta_like(values.get(n.name)))
+def _price(node, values, module, flags) -> CallWork:
+    """What one node computes: the node run again on meta tensors (a leaf module with meta copies
+    of its weights), priced from its ATen ops. ``flags(name)`` -> (requires_grad, is_param) of the
+    node an operand comes from. A node that cannot run on meta is priced as nothing and listed as
+    unpriced."""
+    weights: set[int] = set()
+
+    def operand(n):
+        grad, param = flags(n.name)
+        value = _meta_like(values.get(n.name), grad)
+        if param:
+            weights.update(id(t) for t in _flat_tensors(value))
+        return value
+
+    args = torch.fx.node.map_arg(node.args, operand)
+    kwargs = torch.fx.node.map_arg(node.kwargs, operand)
+    if module is not None:  # a leaf module, run with meta copies of its weights
+        state = {n: _meta_like(t, t.requires_grad) for n, t in module.named_parameters()}
+        weights.update(id(t) for t in state.values())
+        state.update({n: _meta_like(t) for n, t in module.named_buffers()})
+
+        def run():
+            torch.func.functional_call(module, state, tuple(args), dict(kwargs))
+    elif node.op == "call_method":
+        def run():
+            getattr(args[0], node.target)(*args[1:], **kwargs)
+    else:
+        def run():
+            node.target(*args, **kwargs)
     try:
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
-            if module is not None:  # a leaf module, run with meta copies of its weights
-                state = {n: _meta_like(t) for n, t in
-                         list(module.named_parameters()) + list(module.named_buffers())}
-                torch.func.functional_call(module, state, tuple(args), dict(kwargs))
-            elif node.op == "call_method":
-                getattr(args[0], node.target)(*args[1:], **kwargs)
-            else:
-                node.target(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - an op that cannot run on meta counts no FLOPs
-        log.debug("could not count FLOPs of %s", node.name, exc_info=True)
-        return 0.0
-    return float(counter.get_total_flops())
+        return price(run, weights=weights)
+    except Exception:  # noqa: BLE001 - a node that cannot run on meta is reported as unpriced
+        log.debug("could not price %s", node.name, exc_info=True)
+        name = str(getattr(node.target, "__name__", node.target))
+        return CallWork(unpriced=Counter({name: 1}))
 
 
-def _meta_like(value):
+def _meta_like(value, requires_grad: bool = False):
     if isinstance(value, torch.Tensor):
-        return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype,
-                                   device="meta")
+        t = torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype,
+                                device="meta")
+        return t.requires_grad_(True) if requires_grad and t.is_floating_point() else t
     if isinstance(value, (list, tuple)):
-        return type(value)(_meta_like(v) for v in value)
+        return type(value)(_meta_like(v, requires_grad) for v in value)
     return value
+
+
+def _flat_tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flat_tensors(v)]
+    return []
 
 
 # --- torch.export ---------------------------------------------------------------------------------
@@ -339,7 +363,7 @@ def _export_views(model, args, kwargs):
         view = NodeView(name=node.name, op="call", short=str(short), module=_stack_owner(node),
                         value=values[node.name], inputs=_flat_nodes((node.args, node.kwargs)),
                         params=[])
-        view.flops_fn = (lambda n=node: _count_flops(n, values, None))
+        view.work_fn = (lambda flags, n=node: _price(n, values, None, flags))
         view.attrs = _attrs(node)
         views.append(view)
     return views, outputs
