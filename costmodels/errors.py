@@ -13,6 +13,11 @@ class SpecError(PlannerError):
     """Bad input: an unknown name, a missing or unknown key, a value out of range."""
 
 
+class InternalError(PlannerError):
+    """A broken invariant of the planner itself (a bug, not bad input): reported in one line with
+    a request to report it, never turned into a plan."""
+
+
 class InfeasibleError(PlannerError):
     """A configuration that cannot run (out of memory, indivisible degrees, ...).
 

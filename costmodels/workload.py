@@ -138,6 +138,12 @@ class BlockWork:
     def fwd_flops(self) -> float:
         return self.mm_flops_tp + self.mm_flops_rep + self.attn_flops
 
+    @property
+    def train_flops(self) -> float:
+        """Model FLOPs of a training step per sample: forward and backward, with attention under
+        a causal mask counted half (the work a causal kernel does; Megatron-Core counts it so)."""
+        return self.fwd_flops + self.bwd_flops - 1.5 * self.attn_causal_flops
+
     def to_dict(self) -> dict:
         d = {f: getattr(self, f) for f in WORK_FIELDS}
         d["gemms"] = [[g.batch, g.m, g.n, g.k, g.split, int(g.linear), int(g.grad_a),

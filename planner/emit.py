@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import platform
 from importlib import metadata
 
 from costmodels.topology import Cluster
+from planner.errors import InternalError
 from planner.options import SearchOptions, TrainingSpec
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
@@ -25,6 +27,7 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
          record_timing: bool = False) -> Plan:
     best = result.best
     cfg = best.config
+    check_predictions(best, training, cluster)
     by_name = {b.name: b for b in bg.blocks}
     order = [by_name[name] for st in best.stages for name in st.blocks]  # the split's order
     blocks = [{"name": b.name, "modules": b.modules, "params": b.work.params,
@@ -85,11 +88,48 @@ def training_dict(training: TrainingSpec) -> dict:
             "engine": dataclasses.asdict(training.engine)}
 
 
+FLOPS_COUNTED = ("MFU counts model FLOPs: forward and backward of every op the model runs "
+                 "(the operand gradients autograd computes; attention under a causal mask counted "
+                 "half, as a causal kernel runs it); TFLOP/s per device counts hardware FLOPs: "
+                 "model FLOPs plus the forward recomputed for activation recomputation")
+"""What the plan's FLOP figures count (``predicted.flops_counted``)."""
+
+
 def predicted(est: Estimate, training: TrainingSpec, cluster: Cluster) -> dict:
+    tokens = training.global_batch * training.seq_len
     return {"step_time_s": est.step_time_s, "timing": est.timing, **est.throughput(training, cluster),
             "peak_memory_bytes": est.peak_memory_bytes, "breakdown": dict(est.breakdown),
             "model_flops_per_step": est.model_flops,
-            "hardware_flops_per_step": est.hardware_flops}
+            "hardware_flops_per_step": est.hardware_flops,
+            "model_flops_per_token": est.model_flops / tokens,
+            "flops_counted": FLOPS_COUNTED}
+
+
+def check_predictions(est: Estimate, training: TrainingSpec, cluster: Cluster) -> None:
+    """Invariants every emitted prediction holds; a violation is the planner's bug (InternalError),
+    never a plan: positive, finite times and memory; model FLOPs <= hardware FLOPs <= the devices'
+    peak x the step time (so MFU <= 1)."""
+    problems = []
+    step = est.step_time_s
+    if not (math.isfinite(step) and step > 0):
+        problems.append(f"step time {step!r} s")
+    if not (math.isfinite(est.peak_memory_bytes) and est.peak_memory_bytes > 0):
+        problems.append(f"peak memory {est.peak_memory_bytes!r} bytes")
+    for st in est.stages:
+        if min(st.compute_s, st.tp_comm_s, st.p2p_s, st.memory.get("total", 0.0)) < 0:
+            problems.append(f"stage {st.index} has a negative time or memory")
+    if not 0 < est.model_flops <= est.hardware_flops * (1 + 1e-9):
+        problems.append(f"model FLOPs {est.model_flops:.4g} not within (0, hardware FLOPs "
+                        f"{est.hardware_flops:.4g}]")
+    if not problems:
+        rates = est.throughput(training, cluster)
+        used = rates["mfu"] * est.hardware_flops / est.model_flops
+        if used > 1 + 1e-9:
+            problems.append(f"the devices would run {used:.3g}x their peak FLOP/s (MFU "
+                            f"{rates['mfu']:.3g})")
+    if problems:
+        raise InternalError(f"the prediction for {est.config.short()} breaks an invariant: "
+                            + "; ".join(problems))
 
 
 def alternative(best: Estimate, alt: Estimate, training: TrainingSpec, cluster: Cluster) -> dict:

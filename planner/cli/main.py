@@ -13,9 +13,10 @@ import importlib
 import logging
 import sys
 
-from planner.errors import PlannerError
+from planner.errors import InternalError, PlannerError
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
 COMMANDS = ("solve", "show", "models", "clusters", "profile", "simulate", "export", "run", "jobs",
             "whatif", "diff")
 """Modules of planner.cli, one per subcommand, in the order `plan --help` lists them."""
@@ -29,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose, args.quiet)
     try:
         return args.func(args) or 0
+    except InternalError as exc:
+        if args.debug:
+            raise
+        print(f"plan: internal error: {exc} (a bug in the planner: please report it with the "
+              "command line; --debug shows where)", file=sys.stderr)
+        return EXIT_INTERNAL
     except PlannerError as exc:
         if args.debug:
             raise

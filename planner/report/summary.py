@@ -41,11 +41,22 @@ def _parallel(p: Plan) -> list[str]:
         *breakdown(p),
         f"  throughput  {pr['samples_per_s']:.4g} samples/s, {pr['tokens_per_s']:,.0f} tokens/s, "
         f"{pr['tflops_per_device']:.1f} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
+        *_flops(p),
         f"  peak memory {pr['peak_memory_bytes'] / GB:.1f} GB per GPU"
         + (f" of {dev_mem / GB:.0f} GB" if dev_mem and "groups" not in p.cluster else "")
         + ("" if "groups" not in p.cluster else " (device memory: " + ", ".join(
             f"{g['name']} {g['device_memory_bytes'] / GB:.0f} GB" for g in p.cluster["groups"]) + ")"),
     ]
+
+
+def _flops(p: Plan) -> list[str]:
+    """What the FLOP figures count, per token (plans made before this line was added lack it)."""
+    pr, t = p.predicted, p.training
+    if "model_flops_per_token" not in pr:
+        return []
+    hardware = pr["hardware_flops_per_step"] / (t["global_batch"] * t["seq_len"])
+    return [f"  FLOPs       {pr['model_flops_per_token']:.3g} per token for MFU (forward + backward), "
+            f"{hardware:.3g} for TFLOP/s (+ recomputation)"]
 
 
 def breakdown(p: Plan, bar_width: int = 24) -> list[str]:

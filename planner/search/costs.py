@@ -35,6 +35,8 @@ class ModelArrays:
     cut_bytes: np.ndarray
     shared: list[tuple[int, int, float, bool]]
     fwd_flops_per_sample: float
+    train_flops_per_sample: float
+    """Model FLOPs of forward + backward per sample (BlockWork.train_flops)."""
 
     @classmethod
     def from_blocks(cls, bg: BlockGraph, order: list[int] | None = None) -> "ModelArrays":
@@ -48,7 +50,8 @@ class ModelArrays:
         return cls(names=[b.name for b in blocks], works=[b.work for b in blocks], work=work,
                    checkpointed=np.array([b.recompute for b in blocks], dtype=bool),
                    cut_bytes=np.array(bg.cut_bytes(order), dtype=float), shared=shared,
-                   fwd_flops_per_sample=float(np.sum(work.fwd_flops)))
+                   fwd_flops_per_sample=float(np.sum(work.fwd_flops)),
+                   train_flops_per_sample=float(sum(b.work.train_flops for b in blocks)))
 
 
 @dataclass

@@ -57,7 +57,11 @@ class Estimate:
     breakdown: dict
     peak_memory_bytes: float
     model_flops: float
+    """FLOPs of the step's forward and backward (BlockWork.train_flops x global batch): what MFU
+    counts."""
     hardware_flops: float
+    """``model_flops`` plus the forward recomputed (activation recomputation): what the devices
+    run, and what TFLOP/s per device counts."""
     cut_p2p_s: list[float] = field(default_factory=list)
     """One-way send seconds per micro-batch over each cut between consecutive chunks."""
     timing: str = "closed form"
@@ -131,10 +135,12 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
         "optimizer_s": opt_s,
     }
     breakdown["straggler_s"] = excess * (breakdown["compute_s"] + opt_s)
-    model_flops = 3 * ma.fwd_flops_per_sample * training.global_batch
+    model_flops = ma.train_flops_per_sample * training.global_batch
     ckpt = ma.checkpointed
-    rc_flops = {"none": 0.0, "selective": float(np.sum(ma.work.attn_flops[ckpt])),
-                "full": float(np.sum(ma.work.fwd_flops[ckpt]))}[cfg.recompute] * training.global_batch
+    causal = 0.5 * float(np.sum(ma.work.attn_causal_flops[ckpt]))
+    rc_flops = {"none": 0.0, "selective": float(np.sum(ma.work.attn_flops[ckpt])) - causal,
+                "full": float(np.sum(ma.work.fwd_flops[ckpt])) - causal}[cfg.recompute]
+    rc_flops *= training.global_batch
     return Estimate(config=cfg, stages=stages,
                     step_time_s=pipe_s + dp_s + opt_s + breakdown["straggler_s"],
                     breakdown=breakdown, straggler_excess=excess,

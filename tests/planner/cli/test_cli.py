@@ -114,3 +114,16 @@ def test_console_script_exit_code_and_debug(tmp_path):
     r = subprocess.run(cmd[:3] + ["--debug"] + cmd[3:], capture_output=True, text=True, env=env,
                        cwd=tmp_path)
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_an_internal_error_is_one_line_exit_1(capsys, monkeypatch):
+    from planner import api
+    from planner.errors import InternalError
+
+    def broken(*args, **kwargs):
+        raise InternalError("the prediction breaks an invariant")
+
+    monkeypatch.setattr(api, "plan", broken)
+    code, _, err = run(capsys, "solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8")
+    assert code == 1 and "internal error: the prediction breaks an invariant" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2  # planning ... + error

@@ -1,0 +1,50 @@
+"""Emitting a plan: the invariants every prediction holds, and what its FLOP figures count."""
+
+import dataclasses
+
+import pytest
+
+from planner import SearchOptions, TrainingSpec, load_cluster
+from planner.emit import FLOPS_COUNTED, check_predictions
+from planner.errors import InternalError
+from planner.search.loop import search
+
+
+@pytest.fixture(scope="module")
+def found(tiny_gpt2):
+    cluster = load_cluster("dgx-a100-80g", nodes=1)
+    training = TrainingSpec(global_batch=16, seq_len=tiny_gpt2.seq_len)
+    result = search(tiny_gpt2.blocks, cluster, training, SearchOptions(top_k=0))
+    return result.best, training, cluster
+
+
+def test_a_real_prediction_holds_the_invariants(found):
+    est, training, cluster = found
+    check_predictions(est, training, cluster)  # raises on a violation
+    rates = est.throughput(training, cluster)
+    assert 0 < rates["mfu"] <= 1 and est.model_flops <= est.hardware_flops
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"step_time_s": 1e-12}, "peak FLOP/s"),
+    ({"step_time_s": float("nan")}, "step time"),
+    ({"peak_memory_bytes": 0.0}, "peak memory"),
+    ({"model_flops": 0.0}, "model FLOPs"),
+])
+def test_a_broken_prediction_is_an_internal_error_not_a_plan(found, change, words):
+    est, training, cluster = found
+    with pytest.raises(InternalError, match=words):
+        check_predictions(dataclasses.replace(est, **change), training, cluster)
+
+
+def test_the_plan_says_which_flops_it_counts(tiny_gpt2):
+    from planner.api import plan_prepared
+
+    cluster = load_cluster("dgx-a100-80g", nodes=1)
+    training = TrainingSpec(global_batch=16, seq_len=tiny_gpt2.seq_len)
+    p = plan_prepared(tiny_gpt2, cluster, training, SearchOptions(top_k=0))
+    pr = p.predicted
+    assert pr["flops_counted"] == FLOPS_COUNTED and "causal" in pr["flops_counted"]
+    tokens = training.global_batch * training.seq_len
+    assert pr["model_flops_per_token"] == pytest.approx(pr["model_flops_per_step"] / tokens,
+                                                        rel=1e-5)
