@@ -7,7 +7,6 @@ from the document itself, so the document cannot drift from the code without thi
 import ast
 import os
 import re
-from collections import defaultdict
 
 import networkx as nx
 import pytest

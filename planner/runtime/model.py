@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from planner.errors import SpecError
 from planner.planfile.document import Plan
-from planner.trace import models
+from planner.trace import hf, models
 from planner.trace.models import TORCH_DTYPES, ResolvedModel, resolve
 
 
@@ -65,11 +65,8 @@ def build_real(plan: Plan, spec: str, meta: ResolvedModel, *, seed: int) -> Real
     dtype = TORCH_DTYPES[plan.training["dtype"]]
     torch.manual_seed(seed)
     if meta.source in ("zoo", "hf-config"):
-        cls = type(meta.module)
-        try:
-            module = cls._from_config(meta.module.config, attn_implementation="sdpa", dtype=dtype)
-        except (ValueError, TypeError, ImportError):
-            module = cls._from_config(meta.module.config, dtype=dtype)
+        module = hf.build(meta.module.config, type(meta.module).__name__, meta.seq_len, dtype,
+                          "cpu").module
         kwargs = {k: v for k, v in meta.kwargs.items() if k != "labels"}
         vocab = int(getattr(meta.module.config, "vocab_size", 0) or 0) or None
         args = meta.args

@@ -7,7 +7,6 @@ or an ``nn.Module`` passed to the API. Nothing is downloaded and no weights are 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -22,6 +21,7 @@ from costmodels.hardware import suggest
 from planner.errors import SpecError
 from planner.files import read_json_object
 from planner.inputs.zoo import ZOO, ZooEntry
+from planner.trace import hf
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ class ResolvedModel:
     num_params: int = 0
     fingerprint: str = ""
     config: dict = field(default_factory=dict)
+    attention: str = ""
+    """The attention implementation a Hugging Face model was built with (sdpa or eager)."""
 
 
 def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None) -> ResolvedModel:
@@ -90,70 +92,21 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
         raise SpecError(f"{file}: model_type '{model_type}' is not a transformers model type "
                         f"({str(exc).splitlines()[0][:120]})") from None
     archs = raw.get("architectures") or []
-    name = os.path.basename(os.path.dirname(os.path.abspath(file))) or model_type
-    default_seq = min(int(getattr(cfg, "max_position_embeddings", 0) or 2048), 4096)
-    return _build_hf(name, cfg, archs[0] if archs else "", seq_len or default_seq, dtype,
-                     "hf-config")
+    return _build_hf(None, cfg, archs[0] if archs else "", seq_len or hf.default_seq_len(cfg),
+                     dtype, "hf-config")
 
 
-def _build_hf(name, cfg, architecture: str, seq_len: int, dtype: str, source: str) -> ResolvedModel:
-    import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
-
-    limit = getattr(cfg, "n_positions", None) or (
-        getattr(cfg, "max_position_embeddings", None) if cfg.model_type in ("bert", "roberta", "gpt2")
-        else None)
-    if limit and seq_len > limit:
-        raise SpecError(f"seq_len: {seq_len} exceeds {name}'s learned positions ({limit}); "
-                        f"use --seq-len {limit} or less")
-    transformers.logging.set_verbosity_error()
-    cls = getattr(transformers, architecture, None) if architecture else None
-    if cls is None:
-        cls = _auto_class(cfg)
-    with torch.device("meta"), _no_init():
-        try:
-            module = cls._from_config(cfg, attn_implementation="sdpa", dtype=TORCH_DTYPES[dtype])
-        except (ValueError, TypeError, ImportError):
-            module = cls._from_config(cfg, dtype=TORCH_DTYPES[dtype])
-    ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
-    params = inspect.signature(module.forward).parameters
-    kwargs = {}
-    if "labels" in params and _has_lm_head(module):
-        kwargs["labels"] = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
-    if "use_cache" in params:
-        kwargs["use_cache"] = False
-    return _finish(ResolvedModel(name=name, module=module, args=(ids,), kwargs=kwargs,
-                                 seq_len=seq_len, batch=1, source=source,
-                                 config=cfg.to_diff_dict()))
-
-
-@contextlib.contextmanager
-def _no_init():
-    """Skip random weight initialization while building on the meta device: there is no data to
-    fill, and initializers dominate the build time of deep models."""
-    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
-    saved = {n: getattr(torch.nn.init, n) for n in names}
-    try:
-        for n in names:
-            setattr(torch.nn.init, n, lambda tensor, *a, **k: tensor)
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(torch.nn.init, n, fn)
-
-
-def _auto_class(cfg):
-    import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
-
-    for auto in ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModel"):
-        mapping = getattr(transformers, auto)._model_mapping
-        if type(cfg) in mapping:
-            return mapping[type(cfg)]
-    raise SpecError(f"model: transformers has no model class for model_type '{cfg.model_type}'")
-
-
-def _has_lm_head(module) -> bool:
-    name = type(module).__name__
-    return name.endswith("ForCausalLM") or name.endswith("LMHeadModel") or name.endswith("ForMaskedLM")
+def _build_hf(name: str | None, cfg, architecture: str, seq_len: int, dtype: str,
+              source: str) -> ResolvedModel:
+    """A Hugging Face model on the meta device (planner.trace.hf), named ``name`` or from its
+    config."""
+    hf.check_seq_len(cfg, seq_len, name or cfg.model_type)
+    built = hf.build(cfg, architecture, seq_len, TORCH_DTYPES[dtype], "meta")
+    rm = _finish(ResolvedModel(name=name or "", module=built.module, args=built.args,
+                               kwargs=built.kwargs, seq_len=built.seq_len, batch=1, source=source,
+                               config=cfg.to_diff_dict(), attention=built.attention))
+    rm.name = name or hf.name_of(cfg, rm.num_params)
+    return rm
 
 
 def load_factory(spec: str):

@@ -10,7 +10,6 @@ import pytest
 import planner
 from planner.explore.whynot import why_not
 from planner.report import compare
-from planner.report.diff import diff
 from planner.report.why import why
 from planner.cli.main import main
 from planner.planfile.document import load_plan

@@ -1,0 +1,192 @@
+"""Hugging Face models, as the planner builds and feeds them: the class for a config, the attention
+implementation, and example inputs for each kind of model.
+
+- Class: the architecture the config names, else the first auto class that has the config type:
+  causal LM, masked LM, sequence-to-sequence LM, speech sequence-to-sequence, image
+  classification, then the bare model (dual-tower models such as CLIP and SigLIP are bare models
+  that return a contrastive loss).
+- Attention: ``sdpa`` where the class offers it, else its eager attention (BLOOM, Gemma-2, MPT,
+  DeBERTa-v2, ...); the cost model prices an eager attention core by ``--engine attention``.
+- Inputs (batch 1), by what ``forward`` takes: token ids (and labels, for a model with a loss
+  head); token ids and decoder labels (encoder-decoder); pixels (and a class label); pixels and
+  token ids with ``return_loss`` (dual towers); log-mel features and decoder labels (Whisper).
+  Every model is fed so that it returns its training loss.
+
+``build`` works on any device: the planner builds on the meta device (nothing allocated); the
+coverage benchmark builds the same model on the CPU to count its FLOPs for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from planner.errors import SpecError
+
+AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM",
+                "AutoModelForSpeechSeq2Seq", "AutoModelForImageClassification", "AutoModel")
+"""Where a config without ``architectures`` finds its class, in this order."""
+
+
+@dataclass
+class Built:
+    """A Hugging Face model ready to run."""
+
+    module: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    seq_len: int
+    """Tokens per sample: the (decoder) text length, or the image's patches."""
+    attention: str
+    """sdpa or eager."""
+
+
+def build(cfg, architecture: str, seq_len: int, dtype: torch.dtype, device: str) -> Built:
+    """The model of ``cfg`` on ``device`` with example inputs of ``seq_len`` tokens."""
+    import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
+
+    transformers.logging.set_verbosity_error()
+    cls = getattr(transformers, architecture, None) if architecture else None
+    if cls is None:
+        cls = auto_class(cfg)
+    module, attention = None, "sdpa"
+    with torch.device(device), _no_init(device):
+        for attention in ("sdpa", "eager"):
+            try:
+                module = cls._from_config(cfg, attn_implementation=attention, dtype=dtype)
+                break
+            except (ValueError, TypeError, ImportError):
+                continue
+        if module is None:
+            module = cls._from_config(cfg, dtype=dtype)
+            attention = str(getattr(module.config, "_attn_implementation", "default"))
+    args, kwargs, tokens = inputs(module, cfg, seq_len, device)
+    return Built(module=module, args=args, kwargs=kwargs, seq_len=tokens, attention=attention)
+
+
+def auto_class(cfg):
+    """The first of AUTO_CLASSES that knows ``cfg``'s type."""
+    import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
+
+    for auto in AUTO_CLASSES:
+        mapping = getattr(transformers, auto)._model_mapping
+        if type(cfg) in mapping:
+            return mapping[type(cfg)]
+    raise SpecError(f"model: transformers has no model class for model_type '{cfg.model_type}'")
+
+
+def inputs(module: torch.nn.Module, cfg, seq_len: int, device: str) -> tuple[tuple, dict, int]:
+    """(args, kwargs, tokens per sample) that make ``module`` return its training loss."""
+    params = inspect.signature(module.forward).parameters
+    kwargs: dict = {}
+    tokens = seq_len
+    vocab = int(getattr(_text_config(cfg), "vocab_size", 2) or 2)
+    if "pixel_values" in params:
+        vision = getattr(cfg, "vision_config", None) or cfg
+        size = _image_size(vision)
+        channels = int(getattr(vision, "num_channels", 3) or 3)
+        kwargs["pixel_values"] = torch.randn(1, channels, size, size, device=device)
+        patch = getattr(vision, "patch_size", None)
+        if "input_ids" in params:  # two towers: images and their captions
+            kwargs["input_ids"] = _ids(seq_len, vocab, device)
+            if "return_loss" in params:
+                kwargs["return_loss"] = True
+        else:
+            tokens = (size // _first(patch)) ** 2 if patch else 1
+            if "labels" in params:
+                labels = int(getattr(cfg, "num_labels", 2) or 2)
+                kwargs["labels"] = torch.randint(0, labels, (1,), device=device)
+    elif "input_features" in params:  # speech: log-mel frames of the encoder's full window
+        frames = 2 * int(getattr(cfg, "max_source_positions", 1500))
+        kwargs["input_features"] = torch.randn(1, int(cfg.num_mel_bins), frames, device=device)
+        kwargs["labels"] = _ids(seq_len, vocab, device)
+    else:
+        kwargs["input_ids"] = _ids(seq_len, vocab, device)
+        if "labels" in params and _has_loss_head(module):
+            kwargs["labels"] = _ids(seq_len, vocab, device)
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    first = next(iter(params), None)  # the main input positionally, as a runtime passes it
+    args = (kwargs.pop(first),) if first in kwargs else ()
+    return args, kwargs, tokens
+
+
+def _ids(seq_len: int, vocab: int, device: str) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, seq_len), device=device)
+
+
+def _text_config(cfg):
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def _image_size(vision) -> int:
+    size = getattr(vision, "image_size", 224)
+    return int(_first(size))
+
+
+def _first(value) -> int:
+    return int(value[0] if isinstance(value, (list, tuple)) else value)
+
+
+def _has_loss_head(module) -> bool:
+    name = type(module).__name__
+    return name.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration",
+                          "ForSeq2SeqLM"))
+
+
+def default_seq_len(cfg) -> int:
+    """The text length to plan when none is given: the model's positions, at most 4,096."""
+    text = _text_config(cfg)
+    positions = (getattr(text, "max_position_embeddings", 0) or getattr(text, "n_positions", 0)
+                 or getattr(text, "max_target_positions", 0) or 2048)
+    return min(int(positions), 4096)
+
+
+def name_of(cfg, num_params: int) -> str:
+    """A model's name from its config: the checkpoint it names (``_name_or_path``), else its type
+    and size (``llama-8.03B``)."""
+    named = str(getattr(cfg, "_name_or_path", "") or "").rstrip("/")
+    if named:
+        return named.rsplit("/", 1)[-1]
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if num_params >= scale:
+            return f"{cfg.model_type}-{num_params / scale:.3g}{unit}"
+    return f"{cfg.model_type}-{num_params}"
+
+
+@contextlib.contextmanager
+def _no_init(device: str):
+    """On the meta device, skip random weight initialization: there is no data to fill, and
+    initializers dominate the build time of deep models. Elsewhere, initialize as usual."""
+    if device != "meta":
+        yield
+        return
+    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(torch.nn.init, n, lambda tensor, *a, **k: tensor)
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.nn.init, n, fn)
+
+
+def learned_positions(cfg) -> int | None:
+    """The longest text a model with learned absolute positions takes, where it has them."""
+    limit = getattr(cfg, "n_positions", None)
+    if limit is None and cfg.model_type in ("bert", "roberta", "gpt2", "opt", "bart", "whisper"):
+        limit = getattr(cfg, "max_position_embeddings", None) or getattr(
+            cfg, "max_target_positions", None)
+    return int(limit) if limit else None
+
+
+def check_seq_len(cfg, seq_len: int, name: str) -> None:
+    """SpecError when ``seq_len`` is longer than the model's learned positions."""
+    limit = learned_positions(cfg)
+    if limit and seq_len > limit:
+        raise SpecError(f"seq_len: {seq_len} exceeds {name}'s learned positions ({limit}); "
+                        f"use --seq-len {limit} or less")
