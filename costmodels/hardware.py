@@ -18,6 +18,7 @@ Efficiencies are the fraction of peak that kernels sustain in training (see each
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -144,7 +145,7 @@ _DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "matmul_efficien
 
 
 def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
-    """Build a DeviceSpec from the YAML mapping form of DESIGN.md (units: GB, TFLOP/s, GB/s)."""
+    """Build a DeviceSpec from the YAML mapping form of a cluster file (README.md, "Cluster"; GB, TFLOP/s, GB/s)."""
     unknown = set(spec) - _DEVICE_KEYS
     if unknown:
         raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(_DEVICE_KEYS)}")
@@ -184,8 +185,6 @@ def get_device(name_or_mapping, where: str = "device") -> DeviceSpec:
 
 def suggest(name: str, choices) -> str:
     """'; did you mean X?' for the closest names, or the list of choices."""
-    import difflib
-
     close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
     if close:
         return "; did you mean " + " or ".join(close) + "?"

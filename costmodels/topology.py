@@ -172,7 +172,7 @@ def with_overrides(cluster: Cluster, *, nodes: int | None = None,
 
 
 def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
-    """Strictly load the YAML form of DESIGN.md (already parsed into a mapping)."""
+    """Strictly load the YAML form of a cluster file (README.md) (already parsed into a mapping)."""
     if not isinstance(spec, Mapping):
         raise SpecError(f"{where}: expected a mapping with keys {sorted(_CLUSTER_KEYS)}")
     unknown = set(spec) - _CLUSTER_KEYS

@@ -3,18 +3,32 @@
     import planner
     p = planner.plan("gpt3-175b", cluster="dgx-a100-80g", nodes=128, global_batch=1536, seq_len=2048)
     p.save("plan.json")
+
+The names below load on first use (PEP 562), so that ``import planner.<phase>`` and the ``plan``
+command's light subcommands (``show``, ``diff``, ``--help``) do not pay for torch.
 """
 
-from costmodels.topology import Cluster
-from planner.api import Prepared, plan, plan_prepared, prepare
-from planner.errors import InfeasibleError, PlannerError, SpecError, TraceError
-from planner.explore.sweep import whatif
-from planner.inputs.clusters import load_cluster
-from planner.options import Config, SearchOptions, TrainingSpec
-from planner.planfile.document import Plan, load_plan
+import importlib
 
-__all__ = [
-    "Cluster", "Config", "InfeasibleError", "Plan", "PlannerError", "Prepared", "SearchOptions",
-    "SpecError", "TraceError", "TrainingSpec", "load_cluster", "load_plan", "plan", "plan_prepared",
-    "prepare", "whatif",
-]
+_PUBLIC = {
+    "Cluster": "costmodels.topology", "Prepared": "planner.api", "plan": "planner.api",
+    "plan_prepared": "planner.api", "prepare": "planner.api", "InfeasibleError": "planner.errors",
+    "PlannerError": "planner.errors", "SpecError": "planner.errors", "TraceError": "planner.errors",
+    "InternalError": "planner.errors", "whatif": "planner.explore.sweep",
+    "load_cluster": "planner.inputs.clusters", "Config": "planner.options",
+    "SearchOptions": "planner.options", "TrainingSpec": "planner.options",
+    "Plan": "planner.planfile.document", "load_plan": "planner.planfile.document",
+}
+"""Public name -> the module defining it."""
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'planner' has no attribute '{name}'")
+    return getattr(importlib.import_module(_PUBLIC[name]), name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -17,6 +17,7 @@ from planner.options import SearchOptions, TrainingSpec, parse_fix
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import explain_infeasible
+from planner.search.hetero import restrict
 from planner.search.loop import search
 from planner.trace.blocks import build_blocks, unchained_repeats
 from planner.trace.graph import BlockGraph, OpGraph
@@ -68,7 +69,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          time_limit_s: float | None = None, calibration=None, engine=None,
          trace_method: str = "auto", record_timing: bool = False,
          progress: Callable[[int, int], None] | None = None) -> Plan:
-    """Plan how to train ``model`` on ``cluster``; see DESIGN.md for every argument."""
+    """Plan how to train ``model`` on ``cluster``; see README.md ("Python API") for every argument."""
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
     if calibration is not None:
         if isinstance(cl, HeteroCluster):
@@ -81,6 +82,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     eng = engine_from_mapping(engine)
     TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
                  engine=eng)  # validate before the slow part
+    if isinstance(cl, HeteroCluster):
+        restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
     prepared = prepare(model, example_inputs=example_inputs, seq_len=seq_len, dtype=dtype,
                        trace_method=trace_method)
     training = TrainingSpec(global_batch=global_batch, seq_len=prepared.seq_len, dtype=dtype,

@@ -145,6 +145,35 @@ class Config:
         return replace(self, **kw)
 
 
+Objective = Literal["makespan", "weighted"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleOptions:
+    """How the joint schedule of many jobs is solved (planner.solve.job_schedule)."""
+
+    objective: Objective = "makespan"
+    """makespan, or weighted (sum of priority x completion time)."""
+    time_limit_s: float = 30.0
+    """Seconds for CP-SAT; the best schedule found by then is returned."""
+    time_unit_s: float | None = None
+    """Grid resolution in seconds; None: 1, 2 or 5 x 10^k s, about 10,000 steps over the horizon
+    (planner.solve.job_queue.GRID_STEPS)."""
+    seed: int = 0
+    """CP-SAT random seed."""
+    workers: int = 1
+    """CP-SAT search workers; one makes the answer repeatable (same inputs, same schedule)."""
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise SpecError(f"objective: unknown '{self.objective}'; use makespan or weighted")
+        for key in ("time_limit_s", "time_unit_s"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise SpecError(f"{key}: expected seconds > 0, got {value!r}")
+
+
 def parse_fix(fix) -> dict:
     """``"tp=8,pp=4"`` or a mapping -> validated dict of pinned knobs."""
     if fix is None:

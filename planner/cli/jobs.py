@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 
 from planner.errors import SpecError
-from planner.report.gantt import FORMATS, jobs_gantt
+from planner.report.figure import check_path
+from planner.report.gantt import jobs_gantt
 from planner.report.jobs import summary
-from planner.solve.job_schedule import OBJECTIVES, ScheduleOptions
+from planner.options import OBJECTIVES, ScheduleOptions
 
 
 def register(add) -> None:
@@ -47,8 +48,8 @@ def run(args) -> int:
     if not args.verbose:  # one line per planned (job, GPU count) is too much here
         logging.getLogger("planner.api").setLevel(logging.WARNING)
 
-    if args.gantt and not args.gantt.lower().endswith(FORMATS):
-        raise SpecError(f"gantt: '{args.gantt}' must end in {' or '.join(FORMATS)}")
+    if args.gantt:
+        check_path(args.gantt, "gantt")
     options = ScheduleOptions(objective=args.objective, time_limit_s=args.time_limit,
                               time_unit_s=args.time_unit, seed=args.seed)
     if args.replan:

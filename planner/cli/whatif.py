@@ -6,11 +6,12 @@ import logging
 import time
 
 from planner.cli.progress import Bar
-from planner.errors import SpecError
 from planner.explore.costs import parse_prices
+from planner.explore.csv_rows import write_csv
 from planner.explore.grid import VARY_KEYS, parse_vary
 from planner.options import DTYPES, OPTIMIZERS
-from planner.report.plots import FORMATS, sweep_plots
+from planner.report.figure import check_path
+from planner.report.plots import sweep_plots
 from planner.report.sweep import sweep_table
 
 
@@ -47,8 +48,8 @@ def register(add) -> None:
 def run(args) -> int:
     from planner.explore import sweep  # lazy: tracing imports torch (seconds)
 
-    if args.plot and not args.plot.lower().endswith(FORMATS):
-        raise SpecError(f"plot: '{args.plot}' must end in {' or '.join(FORMATS)}")
+    if args.plot:
+        check_path(args.plot, "plot")
     t0 = time.perf_counter()
     api_log = logging.getLogger("planner.api")
     level = api_log.level
@@ -69,7 +70,7 @@ def run(args) -> int:
                                       time.perf_counter() - t0)
     print(sweep_table(rows))
     if args.csv:
-        sweep.write_csv(rows, args.csv)
+        write_csv(rows, args.csv)
         print(f"\nwrote {args.csv}")
     if args.plot:
         for path in sweep_plots(rows, args.plot):

@@ -11,7 +11,6 @@ number of workers. A point where nothing fits, or whose settings contradict each
 
 from __future__ import annotations
 
-import csv
 import logging
 import multiprocessing
 import os
@@ -28,6 +27,7 @@ from planner.explore.costs import add_costs
 from planner.explore.grid import expand, point_cluster
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, parse_fix
 from planner.planfile.breakdown import BREAKDOWN_WORDS
+from planner.report.text import knob
 
 log = logging.getLogger(__name__)
 
@@ -187,14 +187,14 @@ def _row(task: _Task, plan, reason: str) -> dict:
     summary = task.cluster.summary() if task.cluster is not None else {}
     tr = task.training
     row = {
-        "point": " ".join(f"{k}={_text(v)}" for k, v in task.point),
+        "point": " ".join(f"{k}={knob(v)}" for k, v in task.point),
         "cluster": summary.get("name"), "device": summary.get("device"),
         "nodes": summary.get("nodes"), "gpus_per_node": summary.get("gpus_per_node"),
         "gpus": summary.get("num_gpus"), "intra_node_GBps": summary.get("intra_node_GBps"),
         "inter_node_GBps": summary.get("inter_node_GBps"),
         "global_batch": tr.global_batch if tr else None, "seq_len": tr.seq_len if tr else None,
         "dtype": tr.dtype if tr else None, "optimizer": tr.optimizer if tr else None,
-        "fix": ",".join(f"{k}={_text(v)}" for k, v in task.options.fix.items())
+        "fix": ",".join(f"{k}={knob(v)}" for k, v in task.options.fix.items())
         if task.options and task.options.fix else None,
         "feasible": plan is not None, "reason": reason or None,
         "config": plan.parallel_summary if plan else None,
@@ -207,45 +207,5 @@ def _row(task: _Task, plan, reason: str) -> dict:
     return row
 
 
-def _text(v) -> str:
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
 def _ordered(row: dict) -> dict:
     return {"model": row.pop("model"), **row}
-
-
-def write_csv(rows: list[dict], path: str) -> None:
-    """Write ``rows`` as CSV (columns in the rows' order; empty cells for None)."""
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    try:
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(rows)
-    except OSError as exc:
-        raise SpecError(f"csv: cannot write '{path}' ({exc.strerror})") from None
-
-
-def read_csv(path: str) -> list[dict]:
-    """Rows written by ``write_csv``, with numbers, booleans and empty cells (None) restored."""
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            return [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    except OSError as exc:
-        raise SpecError(f"csv: cannot read '{path}' ({exc.strerror})") from None
-
-
-def _cell(text: str):
-    if text == "":
-        return None
-    if text in ("True", "False"):
-        return text == "True"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text

@@ -23,10 +23,11 @@ from planner.files import atomic_write, read_json_object
 from planner.inputs.clusters import load_cluster
 from planner.jobs.spec import JobSpec, JobsSpec
 from planner.jobs.tables import TableRow, build_tables, model_tables
-from planner.options import SearchOptions
+from planner.options import ScheduleOptions, SearchOptions
 from planner.planfile.document import clean
-from planner.solve.job_queue import JobRequest, Placement, list_schedule
-from planner.solve.job_schedule import JobSchedule, ScheduleOptions, solve_jobs
+from planner.solve.job_grid import JobRequest, Placement
+from planner.solve.job_queue import list_schedule
+from planner.solve.job_schedule import JobSchedule, solve_jobs
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ import time
 import torch
 
 from planner.errors import SpecError
-from planner.profile.dtensor import dtensor_overheads
 from planner.profile.timing import Timer
 
 log = logging.getLogger(__name__)
@@ -62,6 +61,8 @@ def _collective_worker(rank: int, world: int, port: int, backend: str, queue) ->
                 samples.append(time.perf_counter() - t0)
             results[name].append([nbytes, statistics.median(samples)])
     if device == "cpu":
+        from planner.profile.dtensor import dtensor_overheads  # lazy: loads torch.distributed.tensor, which only this worker needs
+
         results["dtensor"] = dtensor_overheads(world)
     if rank == 0:
         queue.put(results)

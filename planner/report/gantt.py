@@ -7,11 +7,10 @@ so importing this module costs nothing and no global pyplot state or backend is 
 
 from __future__ import annotations
 
-from planner.errors import SpecError
+from planner.report.figure import check_path
 from planner.report.text import model_name, runs
 from planner.schedule.simulator import SimResult
 
-FORMATS = (".png", ".svg")
 COLOURS = {"F": "#0072B2", "B": "#E69F00", "W": "#009E73"}
 """Forward blue, backward orange, weight-gradient green (Okabe-Ito, readable when colour-blind)."""
 WORDS = {"F": "forward (F)", "B": "backward (B)", "W": "weight gradient (W)"}
@@ -56,8 +55,7 @@ def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
     virtual stages (interleaved) or its up-pipeline stage (bidirectional) are drawn lighter. The
     right margin gives each rank's idle share; the x axis is in seconds. Returns the matplotlib
     Figure (one axes: time in data x, rank in data y)."""
-    if not path.lower().endswith(FORMATS):
-        raise SpecError(f"gantt: '{path}' must end in {' or '.join(FORMATS)}")
+    check_path(path, "gantt")
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only for pictures
     from matplotlib.figure import Figure  # lazy: matplotlib only for pictures
     from matplotlib.patches import Patch  # lazy: matplotlib only for pictures
@@ -113,8 +111,7 @@ def jobs_gantt(doc: dict, path: str) -> None:
     from matplotlib.figure import Figure  # lazy: matplotlib only for pictures
     from matplotlib.patches import Patch  # lazy: matplotlib only for pictures
 
-    if not path.lower().endswith(FORMATS):
-        raise SpecError(f"gantt: '{path}' must end in {' or '.join(FORMATS)}")
+    check_path(path, "gantt")
     c, joint = doc["cluster"], doc["makespan_s"] / 3600
     panels = [("joint schedule (CP-SAT)", doc["jobs"], joint)]
     panels += [(b["description"], b["jobs"], b["makespan_s"] / 3600)

@@ -11,13 +11,13 @@ import os
 import re
 
 from planner.errors import SpecError
+from planner.report.figure import check_path
 from planner.report.sweep import short_config as short_row_config
 from planner.units import GB, human_count
 
-FORMATS = (".png", ".svg")
 
 
-# ---- what-if sweeps (rows from planner.explore.whatif) -----------------------------------------
+# ---- what-if sweeps (rows from planner.explore.sweep.whatif) -----------------------------------------
 
 SERIES_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
                   "#F0E442")
@@ -69,8 +69,7 @@ def _short(v: float) -> str:
 
 
 def _figure(panels: int, path: str, width_in: float = 5.2, height_in: float = 4.4):
-    if not path.lower().endswith(FORMATS):
-        raise SpecError(f"plot: '{path}' must end in {' or '.join(FORMATS)}")
+    check_path(path, "plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only for pictures
     from matplotlib.figure import Figure  # lazy: matplotlib only for pictures
 
@@ -163,8 +162,7 @@ def pareto(rows: list[dict], path: str, *, max_listed: int = 14):
     and numbered, each number listed beside the chart with its swept values, configuration,
     memory and step time, and the device's memory as a vertical line. Writes ``path``; returns
     the Figure."""
-    if not path.lower().endswith(FORMATS):
-        raise SpecError(f"plot: '{path}' must end in {' or '.join(FORMATS)}")
+    check_path(path, "plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only for pictures
     from matplotlib.figure import Figure  # lazy: matplotlib only for pictures
 
@@ -295,8 +293,7 @@ def sweep_plots(rows: list[dict], path: str) -> list[str]:
     ``out-pareto.png``, ``out-cost.png``): scaling when the GPU count varies, the Pareto front
     always, cost when the rows carry prices. Returns the paths written."""
     stem, ext = os.path.splitext(path)
-    if ext.lower() not in FORMATS:
-        raise SpecError(f"plot: '{path}' must end in {' or '.join(FORMATS)}")
+    check_path(path, "plot")
     written = []
     if len({r["gpus"] for r in rows if r["feasible"]}) > 1:
         scaling(rows, f"{stem}-scaling{ext}")

@@ -28,10 +28,10 @@ def wrap(text: str, width: int = 100, indent: str = "  ") -> list[str]:
 
 
 def knob(v) -> str:
-    """A knob's value as people write it: booleans as on/off."""
+    """A knob's value as people write it: booleans as on/off, numbers as short as they go."""
     if isinstance(v, bool):
         return "on" if v else "off"
-    return str(v)
+    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def compress_names(names: list[str]) -> str:

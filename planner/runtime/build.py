@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from planner.errors import SpecError
 from planner.planfile.document import Plan
-from planner.schedule import parse_action, torch_actions
+from planner.schedule import Action, torch_actions
 from planner.runtime import model as mdl
 from planner.runtime import parallelize as par
 from planner.runtime.dataflow import Dataflow, probe
@@ -150,7 +150,7 @@ def _schedule(plan: Plan, stages: list, layout: Layout):
         raise SpecError(f"schedule.actions: {len(actions)} action lists for pp={layout.pp}")
     for r, acts in enumerate(actions):
         for a in acts:
-            stage = parse_action(a)[0]
+            stage = Action.parse(a)[0]
             if stage >= layout.num_stages or layout.stage_pp_rank[stage] != r:
                 raise SpecError(f"schedule.actions[{r}]: '{a}' runs stage {stage} on pipeline "
                                 f"rank {r}, but the stages place it elsewhere")

@@ -1,9 +1,9 @@
 """Where each process sits: the (pp, dp, tp) mesh of a plan, and which pipeline stages it holds.
 
 Plain data, no torch: the launcher uses it to check a plan before any process starts, the worker
-to build its DeviceMesh. Ranks follow ``parallel.placement`` exactly as planner/placement.py lays
-them out (tensor parallelism innermost; ``tp-pp-dp`` puts pipeline neighbours next, ``tp-dp-pp``
-data-parallel peers next), and every stage's ``ranks`` list must agree with that mesh.
+to build its DeviceMesh. Ranks follow ``parallel.placement`` exactly as planner.search.placement
+lays them out (tensor parallelism innermost; ``tp-pp-dp`` puts pipeline neighbours next,
+``tp-dp-pp`` data-parallel peers next), and every stage's ``ranks`` list must agree with that mesh.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class Layout:
     tp: int
     """Tensor-parallel shards (mesh dimension ``tp``)."""
     placement: str
-    """``tp-pp-dp`` or ``tp-dp-pp`` (see planner/placement.py)."""
+    """``tp-pp-dp`` or ``tp-dp-pp`` (see planner/search/placement.py)."""
     stage_pp_rank: tuple[int, ...]
     """Pipeline rank holding each stage id (several ids per rank for interleaved schedules)."""
 

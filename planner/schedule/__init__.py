@@ -91,11 +91,6 @@ def as_text(actions: Sequence[Sequence[Action | str]]) -> list[list[str]]:
     return [[str(a) for a in acts] for acts in actions]
 
 
-def parse_action(text: str) -> Action:
-    """``"1B3"`` -> Action(1, "B", 3) (equal to the tuple (1, "B", 3))."""
-    return Action.parse(text)
-
-
 def torch_actions(actions: Sequence[Sequence[Action | str]]) -> list[list[str]]:
     """The same schedule in torch.distributed.pipelining's spelling (torch >= 2.5), where ``B`` is
     a full backward and ``I`` the input-gradient half that a later ``W`` completes."""

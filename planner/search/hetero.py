@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from costmodels import comm, compute, memory
 from costmodels.errors import InfeasibleError
 from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import HeteroCluster
+from planner.errors import SpecError
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import placement
 from planner.search.costs import BlockCosts, ModelArrays, block_costs, capacity_bytes, stage_memory
@@ -27,16 +27,24 @@ from planner.search.pricing import Estimate, assemble, chunks, exposed_dp_s, ran
 from planner.solve.chain import partition_staged
 from planner.solve.stage_groups import solve_hetero
 
-log = logging.getLogger(__name__)
-
 GROUP_SCHEDULES = ("1f1b", "gpipe")
 """The schedules priced on device groups (one stage per rank), in the order the search tries them."""
 
 
 def restrict(options: SearchOptions) -> SearchOptions:
-    """``options`` narrowed to what this pricing covers: GPipe and 1F1B, no optimizer offload
-    (knobs pinned with --fix still apply)."""
-    return dataclasses.replace(options, schedules=GROUP_SCHEDULES, offload=(False,))
+    """``options`` narrowed to what this pricing covers: GPipe and 1F1B with one stage per rank,
+    optimizer states on the device. A knob pinned outside that is a SpecError."""
+    fix = options.fix
+    if "schedule" in fix and fix["schedule"] not in GROUP_SCHEDULES:
+        raise SpecError(f"fix.schedule: {fix['schedule']} is not priced on clusters with device "
+                        f"groups; use {' or '.join(GROUP_SCHEDULES)}")
+    if fix.get("vpp", 1) > 1:
+        raise SpecError(f"fix.vpp: clusters with device groups run one stage per rank; drop "
+                        f"vpp={fix['vpp']}")
+    if fix.get("offload_optimizer"):
+        raise SpecError("fix.offload_optimizer: optimizer offload is not priced on clusters with "
+                        "device groups; drop it")
+    return dataclasses.replace(options, schedules=GROUP_SCHEDULES, offload=(False,), vpp=(1,))
 
 
 def group_orders(hc: HeteroCluster, cfg: Config) -> list[list[int]]:

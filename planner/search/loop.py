@@ -19,7 +19,6 @@ plan when one is found at all.
 from __future__ import annotations
 
 import heapq
-import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -38,8 +37,6 @@ from planner.search.pricing import Estimate
 from planner.search.refine import cpsat_budget_s, refine, simulated
 from planner.search.space import CostKey, Space, enumerate_space
 from planner.trace.graph import BlockGraph
-
-log = logging.getLogger(__name__)
 
 TIME_LIMIT = "not evaluated (time limit)"
 OUT_OF_MEMORY = "out of memory"
@@ -67,7 +64,11 @@ class _Pricer:
     def __init__(self, bg: BlockGraph, ma: ModelArrays, cluster, training: TrainingSpec,
                  options: SearchOptions):
         self.bg, self.ma, self.cluster, self.training, self.options = bg, ma, cluster, training, options
-        self.capacity = capacity_bytes(cluster, options)
+        self.capacity = self.largest_capacity()
+
+    def largest_capacity(self) -> float:
+        """Usable bytes per GPU (of the largest device, on device groups)."""
+        return capacity_bytes(self.cluster, self.options)
 
     def costs(self, key: CostKey):
         return block_costs(self.ma, self.cluster, self.training, tp=key.tp, sp=key.sp,
@@ -96,9 +97,8 @@ class _Pricer:
 class _GroupPricer(_Pricer):
     """Prices configurations on a cluster of device groups (planner.search.hetero)."""
 
-    def __init__(self, bg, ma, cluster: HeteroCluster, training, options):
-        self.bg, self.ma, self.cluster, self.training, self.options = bg, ma, cluster, training, options
-        self.capacity = max(capacity_bytes(g, options) for g in cluster.groups)
+    def largest_capacity(self) -> float:
+        return max(capacity_bytes(g, self.options) for g in self.cluster.groups)
 
     def costs(self, key: CostKey):
         return hetero.group_costs(self.ma, self.cluster, self.training, tp=key.tp, sp=key.sp,

@@ -21,8 +21,9 @@ Model (laid out like the OR-Tools scheduling samples):
   and the answer if the time limit ends before CP-SAT finds one. Afterwards every job is shifted as
   early as its nodes allow (the makespan objective leaves non-critical jobs anywhere before it).
 
-Here: the options, the answer, the CP-SAT model and solve_jobs. The requests, placements and time
-grid, the list schedules, the left shift and GPU ids are in planner.solve.job_queue.
+Here: the answer, the CP-SAT model and solve_jobs (its options are planner.options.ScheduleOptions). The requests, placements and time
+grid are planner.solve.job_grid; the list schedules, the left shift and GPU ids
+planner.solve.job_queue.
 """
 
 from __future__ import annotations
@@ -35,39 +36,13 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from planner.errors import InfeasibleError, SpecError
+from planner.options import ScheduleOptions
 from planner.solve import cpsat
-from planner.solve.job_queue import (EPS, Grid, JobRequest, Placement, assign_gpu_ids,
-                                     greedy_schedule, in_seconds, left_shift, nodes_needed,
-                                     objective_value, on_grid)
+from planner.solve.job_grid import (EPS, Grid, JobRequest, Placement, in_seconds, nodes_needed,
+                                    on_grid)
+from planner.solve.job_queue import assign_gpu_ids, greedy_schedule, left_shift, objective_value
 
 log = logging.getLogger(__name__)
-
-OBJECTIVES = ("makespan", "weighted")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScheduleOptions:
-    """How the joint schedule is solved."""
-
-    objective: str = "makespan"
-    """makespan, or weighted (sum of priority x completion time)."""
-    time_limit_s: float = 30.0
-    """Seconds for CP-SAT; the best schedule found by then is returned."""
-    time_unit_s: float | None = None
-    """Grid resolution in seconds; None: 1, 2 or 5 x 10^k s, about GRID_STEPS steps."""
-    seed: int = 0
-    """CP-SAT random seed."""
-    workers: int = 1
-    """CP-SAT search workers; one makes the answer repeatable (same inputs, same schedule)."""
-
-    def __post_init__(self):
-        if self.objective not in OBJECTIVES:
-            raise SpecError(f"objective: unknown '{self.objective}'; use makespan or weighted")
-        for key in ("time_limit_s", "time_unit_s"):
-            value = getattr(self, key)
-            if value is not None and not value > 0:
-                raise SpecError(f"{key}: expected seconds > 0, got {value!r}")
-
 
 @dataclass
 class JobSchedule:

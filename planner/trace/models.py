@@ -1,6 +1,6 @@
 """Resolve MODEL into a module on the meta device and example inputs.
 
-MODEL forms (DESIGN.md): a zoo name (``plan models``), a path to a Hugging Face ``config.json``,
+MODEL forms (README.md, "MODEL"): a zoo name (``plan models``), a path to a Hugging Face ``config.json``,
 ``path/to/file.py:factory`` or ``package.module:factory`` returning ``(model, example_inputs)``,
 or an ``nn.Module`` passed to the API. Nothing is downloaded and no weights are allocated.
 """

@@ -9,6 +9,7 @@ import pytest
 
 from planner import api
 from planner.explore import costs, grid
+from planner.explore.csv_rows import read_csv, write_csv
 from planner.explore import sweep as explore
 from planner.report import plots
 from planner.cli.main import main
@@ -134,11 +135,11 @@ def test_costs_follow_from_price_time_and_gpus(two_clusters):
 
 def test_csv_round_trips(two_clusters, tmp_path):
     path = str(tmp_path / "w.csv")
-    explore.write_csv(two_clusters, path)
+    write_csv(two_clusters, path)
     with open(path) as f:
         header = f.readline().strip().split(",")
     assert header[:3] == ["model", "point", "cluster"] and "run_cost_usd" in header
-    back = explore.read_csv(path)
+    back = read_csv(path)
     assert back == two_clusters
 
 
@@ -176,7 +177,7 @@ def test_whatif_command_prints_a_table_and_writes_files(capsys, tiny_llama_confi
     lines = out.splitlines()
     assert lines[0].split()[:3] == ["point", "GPUs", "configuration"] and "$/step" in lines[0]
     assert lines[1].startswith("nodes=1 tp=1") and "infeasible: " in lines[2]
-    assert len(explore.read_csv(csv_path)) == 4
+    assert len(read_csv(csv_path)) == 4
     assert "o-scaling.png" in out and "o-pareto.png" in out and "o-cost.png" in out
     code = main(["whatif", "gpt2", "--cluster", "dgx-h100", "--vary", "nodez=1"])
     _, err = capsys.readouterr()

@@ -11,7 +11,7 @@ loaded, never re-planned, so cost-model changes cannot break them):
 tests/golden/exports/<plan>.<target suffix> holds the expected export of each. After a deliberate
 change to an exporter, regenerate them (no environment variables involved) with
 
-    .venv/bin/python tests/planner/test_export.py
+    .venv/bin/python tests/planner/export/test_export.py
 
 and review the diff of tests/golden/exports before committing it.
 """
@@ -109,7 +109,7 @@ def notes():
 def test_export_matches_golden_file_byte_for_byte(stem, target):
     text, name = export(plan_of(stem), target)
     with open(golden_path(stem, target), encoding="utf-8", newline="") as f:
-        assert text == f.read(), f"regenerate with: python tests/planner/test_export.py ({stem})"
+        assert text == f.read(), f"regenerate with: python tests/planner/export/test_export.py ({stem})"
     assert name == f"{plan_of(stem).model['name']}.{TARGETS[target][1]}"
 
 

@@ -11,8 +11,9 @@ import pytest
 from planner.errors import InfeasibleError, SpecError
 from planner.jobs.joint import baselines, replan
 from planner.jobs.spec import jobs_from_mapping, load_jobs
-from planner.solve.job_queue import JobRequest, Placement, nodes_needed
-from planner.solve.job_schedule import ScheduleOptions, candidate_counts, solve_jobs
+from planner.solve.job_grid import JobRequest, Placement, nodes_needed
+from planner.options import ScheduleOptions
+from planner.solve.job_schedule import candidate_counts, solve_jobs
 
 EXACT = ScheduleOptions(time_unit_s=1.0, time_limit_s=20.0)
 

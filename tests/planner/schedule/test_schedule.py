@@ -4,7 +4,7 @@ validation errors that show the grid with the failing step marked."""
 import pytest
 
 from planner.errors import SpecError
-from planner.schedule import Action, Shape, as_actions, as_text, parse_action, torch_actions
+from planner.schedule import Action, Shape, as_actions, as_text, torch_actions
 from planner.schedule.builders import BUILDERS, shape_of
 from planner.schedule.builders import build as build_actions
 from planner.schedule.grid import format_grid, parse_grid, validate
@@ -41,7 +41,7 @@ def test_every_schedule_validates_and_round_trips_through_its_grid(name, p, m):
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8), (8, 16)])
 def test_each_rank_runs_its_stage_forward_then_backward_once_per_microbatch(name, p, m):
     for s, acts in enumerate(build(name, p, m)):
-        parsed = [parse_action(a) for a in acts]
+        parsed = [Action.parse(a) for a in acts]
         assert all(stage == s for stage, _, _ in parsed)
         for kind in ("FBW" if name == "zb-h1" else "FB"):
             assert sorted(mb for _, k, mb in parsed if k == kind) == list(range(m))
@@ -73,7 +73,7 @@ def test_unit_time_grid_is_2m_plus_2p_minus_2_slots_with_the_bubble_shown_idle(n
 def test_interleaved_places_stage_r_plus_kp_on_rank_r_and_vpp_1_is_1f1b():
     p, m, v = 4, 8, 2
     for r, acts in enumerate(build("interleaved-1f1b", p, m, vpp=v)):
-        assert {parse_action(a)[0] for a in acts} == {r, r + p}
+        assert {Action.parse(a)[0] for a in acts} == {r, r + p}
     assert build("interleaved-1f1b", 4, 8, vpp=1) == build("1f1b", 4, 8)
     # torch's depth-first order: rank 0 runs k = p micro-batches of chunk 0, then of chunk 1
     assert build("interleaved-1f1b", p, m, vpp=v)[0][:8] == [f"0F{i}" for i in range(4)] + [
@@ -102,7 +102,7 @@ def test_bidirectional_naming_two_replicas_per_rank_even_down_odd_up():
     shape = shape_of("bidirectional", p)
     acts = build("bidirectional", p, m)
     for r, row in enumerate(acts):
-        parsed = [parse_action(a) for a in row]
+        parsed = [Action.parse(a) for a in row]
         assert {s for s, _, _ in parsed} == {r, 2 * p - 1 - r}
         assert all((s >= p) == (i % 2 == 1) for s, _, i in parsed)
     assert [shape.rank_of(s) for s in range(2 * p)] == [0, 1, 2, 3, 3, 2, 1, 0]
@@ -169,9 +169,9 @@ def test_build_errors_name_the_field():
 
 
 def test_bad_action_text():
-    assert parse_action("12B3") == (12, "B", 3)
+    assert Action.parse("12B3") == (12, "B", 3)
     with pytest.raises(SpecError, match="not an action"):
-        parse_action("F3")
+        Action.parse("F3")
     with pytest.raises(SpecError, match="not an action"):
         parse_grid("rank 0 | 0F0 0X1")
     with pytest.raises(SpecError, match="rows must be"):

@@ -135,3 +135,14 @@ def test_a_search_cut_by_its_time_limit_says_feasible_with_an_unknown_gap(mid_gp
     assert full.search["status"] == "optimal" and full.search["gap"] == 0.0
     assert "not evaluated (time limit)" not in full.search["rejected"]
     assert full.step_time_s <= cut.step_time_s
+
+
+@pytest.mark.parametrize("fix,words", [("schedule=interleaved-1f1b", "fix.schedule"),
+                                       ("schedule=zb-h1", "fix.schedule"),
+                                       ("vpp=2", "fix.vpp"),
+                                       ("offload_optimizer=true", "fix.offload_optimizer")])
+def test_pins_the_group_pricing_cannot_honour_are_refused_before_tracing(fix, words):
+    import planner
+
+    with pytest.raises(SpecError, match=words):  # "nope" is never resolved: the pin fails first
+        planner.plan("nope", cluster=MIXED, global_batch=16, dtype="fp16", fix=fix)
