@@ -60,6 +60,8 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     info = {"name": rm.name, "source": rm.source,
             "spec": model if isinstance(model, str) else None,
             "num_params": rm.num_params, "fingerprint": rm.fingerprint}
+    if rm.attention:
+        info["attention"] = rm.attention
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 

@@ -101,7 +101,7 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
     acc["kernels_eager"] += 1
     if op.kind == "attention":
         _add_attention(op.flops, op.dims.get("scores", 0), bool(op.dims.get("causal")),
-                       bool(op.dims.get("dropout")), split, acc)
+                       bool(op.dims.get("dropout")), split, acc, op.requires_grad)
     elif "gemms" in op.dims or "attention" in op.dims:  # a node that computes: its ATen work
         for row in op.dims.get("gemms", []):
             g = _gemm(row, split, split_out, seq_len if op.kind != "matmul" else 0, attn_gemm)
@@ -112,7 +112,8 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
         for a in op.dims.get("attention", []):
             scores = a["batch"] * a["heads_q"] * a["q_len"] * a["kv_len"]
             flops = 2.0 * scores * (a["head_dim"] + a["value_dim"])
-            _add_attention(flops, scores, bool(a["causal"]), bool(a["dropout"]), split, acc)
+            _add_attention(flops, scores, bool(a["causal"]), bool(a["dropout"]), split, acc,
+                           op.requires_grad)
         inside = op.dims.get("mem_bytes", 0.0)
         acc["mem_bytes_tp" if split else "mem_bytes_rep"] += inside
         acc["kernel_bytes_sq"] += inside ** 2 / max(op.dims.get("kernels", 1), 1)
@@ -126,11 +127,11 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
 
 
 def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, split: bool,
-                   acc: dict) -> None:
+                   acc: dict, backward: bool = True) -> None:
     """A fused attention call: its FLOPs (2x in backward), score elements, causal and dropout."""
     acc["attn_flops" if split else "mm_flops_rep"] += flops
     acc["fused_attn_flops"] += flops
-    acc["bwd_flops"] += 2.0 * flops
+    acc["bwd_flops"] += 2.0 * flops if backward else 0.0
     if causal:
         acc["attn_causal_flops"] += flops
     acc["attn_scores"] += scores

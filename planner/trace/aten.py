@@ -5,7 +5,7 @@ export node such as ``aten.linear``) is run again on meta tensors under a dispat
 every ATen op it decomposes into. Each op is priced from its shapes:
 
 - GEMM-like ops (mm, addmm, bmm, baddbmm, convolutions as implicit GEMMs, grouped GEMMs of routed
-  experts) become ``AtenGemm`` records, with the FLOPs of ``torch.utils.flop_counter``'s formulas
+  experts, ATen's or a library's) become ``AtenGemm`` records, with the FLOPs of ``torch.utils.flop_counter``'s formulas
   (2 m n k; a grouped GEMM runs each row against its own group's matrix, 2 M K N over all rows) and
   which operands carry a gradient, so the backward prices only the gradients autograd computes;
 - ``F.scaled_dot_product_attention`` (caught before it decomposes: while a call is priced the
@@ -37,6 +37,9 @@ GEMMS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
 CONVOLUTIONS = {aten.convolution, aten._convolution, aten.cudnn_convolution,
                 aten.convolution_overrideable, aten._slow_conv2d_forward}
 GROUPED = {getattr(aten, name) for name in ("_grouped_mm", "_scaled_grouped_mm") if hasattr(aten, name)}
+GROUPED_NAMES = ("grouped_mm", "grouped_mm_fallback")
+"""Grouped GEMMs of other namespaces (transformers' fallback kernel for routed experts), priced
+as ``_grouped_mm``: (input rows, input dim) x one (input dim, output dim) matrix per group."""
 FUSED_ATTENTION = {getattr(aten, name) for name in (
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
@@ -51,7 +54,7 @@ FREE = {aten.empty, aten.empty_like, aten.empty_strided, aten.zeros, aten.zeros_
 """Ops that create or relabel tensors without reading an operand's data (their bytes are the
 output's first touch, which the op consuming it pays)."""
 UNPRICED_FAMILIES = ("linalg_", "fft_", "_fft_", "cholesky", "triangular_solve", "_weight_int",
-                     "_cslt_", "cdist", "_cdist", "histc", "bincount", "searchsorted")
+                     "_cslt_", "cdist", "_cdist")
 """ATen op name prefixes whose arithmetic the formulas here do not cover."""
 
 
@@ -153,7 +156,7 @@ class _Recorder(TorchDispatchMode):
             self._gemm(packet, args)
         elif packet in CONVOLUTIONS:
             self._conv(args, outs[0])
-        elif packet in GROUPED:
+        elif packet in GROUPED or packet.__name__.endswith(GROUPED_NAMES):
             self._grouped(args, outs[0])
         elif packet in FUSED_ATTENTION:
             self.work.attention.append(_attention(args[0], args[1], args[2], causal=False,
@@ -199,14 +202,25 @@ class _Recorder(TorchDispatchMode):
 
     def _grouped(self, args, out) -> None:
         a, b = args[0], args[1]
-        if a.dim() == 2 and b.dim() == 3:  # routed tokens x their experts' matrices
-            m, k, n = a.shape[0], a.shape[1], b.shape[2]
-        elif a.dim() == 2 and b.dim() == 2:  # groups along k (expert weight gradients)
-            m, k, n = a.shape[0], a.shape[1], b.shape[1]
-        else:  # batched groups
-            m, k, n = math.prod(out.shape[:-1]), a.shape[-1], out.shape[-1]
+        m, k, n = grouped_mm_dims(tuple(a.shape), tuple(b.shape), tuple(out.shape))
         self.work.gemms.append(AtenGemm(1, m, n, k, self._is_weight(b),
                                         a.requires_grad, b.requires_grad))
+
+
+def grouped_mm_dims(a: tuple, b: tuple, out: tuple) -> tuple[float, float, float]:
+    """(m, k, n) of a grouped GEMM taken as one GEMM of all its rows: each row (a routed token)
+    meets only its own group's (expert's) matrix, so the FLOPs are 2 m k n."""
+    if len(a) == 2 and len(b) == 3:  # routed tokens x their experts' matrices
+        return a[0], a[1], b[2]
+    if len(a) == 2 and len(b) == 2:  # groups along k: the experts' weight gradients
+        return a[0], a[1], b[1]
+    return math.prod(out[:-1]), a[-1], out[-1]  # groups as a batch
+
+
+def grouped_mm_flops(a: tuple, b: tuple, out: tuple) -> float:
+    """FLOPs of ``_grouped_mm`` with operands of shapes ``a`` and ``b`` and result ``out``."""
+    m, k, n = grouped_mm_dims(a, b, out)
+    return 2.0 * m * k * n
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -52,29 +53,45 @@ def build(cfg, architecture: str, seq_len: int, dtype: torch.dtype, device: str)
     cls = getattr(transformers, architecture, None) if architecture else None
     if cls is None:
         cls = auto_class(cfg)
-    module, attention = None, "sdpa"
+    module, refusals = None, []
     with torch.device(device), _no_init(device):
-        for attention in ("sdpa", "eager"):
+        for attention in ("sdpa", "eager", ""):  # "": the class's own default
+            kw = {"attn_implementation": attention} if attention else {}
             try:
-                module = cls._from_config(cfg, attn_implementation=attention, dtype=dtype)
+                module = cls._from_config(cfg, dtype=dtype, **kw)
                 break
-            except (ValueError, TypeError, ImportError):
-                continue
-        if module is None:
-            module = cls._from_config(cfg, dtype=dtype)
-            attention = str(getattr(module.config, "_attn_implementation", "default"))
+            except (ValueError, TypeError, ImportError) as exc:  # this attention is not offered
+                refusals.append(exc)
+            except Exception as exc:  # noqa: BLE001 - the config is wrong; say where, in one line
+                raise SpecError(f"model: transformers cannot build {cls.__name__} from this config "
+                                f"({_where(exc)}); check its sizes and counts") from None
+    if module is None:
+        raise SpecError(f"model: transformers cannot build {cls.__name__} from this config "
+                        f"({_where(refusals[-1])}); check its sizes and counts")
+    attention = attention or str(getattr(module.config, "_attn_implementation", "default"))
     args, kwargs, tokens = inputs(module, cfg, seq_len, device)
     return Built(module=module, args=args, kwargs=kwargs, seq_len=tokens, attention=attention)
 
 
+def _where(exc: Exception) -> str:
+    """``IndexError: list index out of range at modeling_convnext.py:222``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    first = str(exc).splitlines()[0][:120] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}{last}"
+
+
 def auto_class(cfg):
-    """The first of AUTO_CLASSES that knows ``cfg``'s type."""
+    """The first of AUTO_CLASSES that knows ``cfg``'s type; for a config with a text and a vision
+    tower, the bare model (both towers, trained with their contrastive loss)."""
     import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
 
-    for auto in AUTO_CLASSES:
+    towers = hasattr(cfg, "text_config") and hasattr(cfg, "vision_config")
+    for auto in ("AutoModel",) * towers + AUTO_CLASSES:
         mapping = getattr(transformers, auto)._model_mapping
         if type(cfg) in mapping:
-            return mapping[type(cfg)]
+            found = mapping[type(cfg)]
+            return found[0] if isinstance(found, (tuple, list)) else found
     raise SpecError(f"model: transformers has no model class for model_type '{cfg.model_type}'")
 
 

@@ -8,6 +8,7 @@ gradients backward computes, fused attention calls, memory traffic, and ops no f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -69,8 +70,9 @@ def _nbytes(t: torch.Tensor) -> float:
     return float(t.numel() * t.element_size())
 
 
-def build_ops(views: list[NodeView], *, batch: int) -> list[Op]:
-    """Ops with per-sample figures (activation sizes and FLOPs divided by ``batch``)."""
+def build_ops(views: list[NodeView], *, batch: int, outputs: list[str] = ()) -> list[Op]:
+    """Ops with per-sample figures (activation sizes and FLOPs divided by ``batch``). Ops the
+    loss does not depend on (``outputs``: the graph's outputs) run forward only."""
     env: dict[str, _Tensor] = {}
     ops: list[Op] = []
     for v in views:
@@ -88,8 +90,42 @@ def build_ops(views: list[NodeView], *, batch: int) -> list[Op]:
         ops.append(op)
         env[v.name] = _Tensor(v.name, op.out_bytes, op.requires_grad, op.base,
                               env[op.base].nbytes if op.base in env and op.base != v.name
-                              else op.out_bytes, shape=tuple(outs[0].shape))
+                              else op.out_bytes, shape=tuple(outs[0].shape),
+                              param=_weight_view(op, v, env))
+    return _forward_only(ops, outputs)
+
+
+def _forward_only(ops: list[Op], outputs) -> list[Op]:
+    """Ops whose results never reach the loss (a pooling head whose output a classifier ignores)
+    get no gradient: no backward GEMMs, nothing saved. The loss is the first scalar output that
+    carries a gradient; without one, every output that carries a gradient is differentiated."""
+    by = {op.name: op for op in ops}
+    carried = [by[o] for o in outputs if o in by and by[o].requires_grad]
+    if not carried:
+        return ops
+    scalars = [op for op in carried if math.prod(op.shape) == 1]
+    live, stack = set(), [op.name for op in (scalars[:1] or carried)]
+    while stack:
+        name = stack.pop()
+        if name in live or name not in by:
+            continue
+        live.add(name)
+        stack.extend(by[name].inputs)
+    for op in ops:
+        if op.requires_grad and op.name not in live:
+            op.requires_grad = False
+            op.saves = []
+            for row in op.dims.get("gemms", []):
+                row[5] = row[6] = 0
     return ops
+
+
+def _weight_view(op: Op, v: NodeView, env: dict[str, _Tensor]) -> str:
+    """The parameter a view of a weight shows (a transposed expert matrix), so that what reads it
+    reads a weight; '' for anything else."""
+    if op.kind != "view" or op.inputs:
+        return ""
+    return next((env[n.name].param for n in v.inputs if n.name in env and env[n.name].param), "")
 
 
 def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], batch: int) -> Op:

@@ -124,7 +124,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
                 errors.append(f"{how}: {_one_line(exc)}")
                 log.debug("%s tracing failed", how, exc_info=True)
                 continue
-            ops = build_ops(views, batch=batch)
+            ops = build_ops(views, batch=batch, outputs=outputs)
             for op in ops:
                 op.params = list(dict.fromkeys(aliases.get(p, p) for p in op.params))
             log.info("traced %s with %s: %d ops", name, how, len(ops))
@@ -290,7 +290,7 @@ def _price(node, values, module, flags) -> CallWork:
     args = torch.fx.node.map_arg(node.args, operand)
     kwargs = torch.fx.node.map_arg(node.kwargs, operand)
     if module is not None:  # a leaf module, run with meta copies of its weights
-        state = {n: _meta_like(t, t.requires_grad) for n, t in module.named_parameters()}
+        state = {n: _param_like(t) for n, t in module.named_parameters()}
         weights.update(id(t) for t in state.values())
         state.update({n: _meta_like(t) for n, t in module.named_buffers()})
 
@@ -311,13 +311,24 @@ def _price(node, values, module, flags) -> CallWork:
 
 
 def _meta_like(value, requires_grad: bool = False):
+    """A meta tensor like ``value``; one that carries a gradient is made by an op (not a leaf),
+    as activations are, so that in-place ops on it run."""
     if isinstance(value, torch.Tensor):
         t = torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype,
                                 device="meta")
-        return t.requires_grad_(True) if requires_grad and t.is_floating_point() else t
+        if requires_grad and t.is_floating_point():
+            return t.requires_grad_(True).clone()
+        return t
     if isinstance(value, (list, tuple)):
         return type(value)(_meta_like(v, requires_grad) for v in value)
     return value
+
+
+def _param_like(p: torch.Tensor) -> torch.Tensor:
+    """A meta leaf like parameter ``p`` (parameters are leaves; their gradients are the weight
+    gradients)."""
+    t = torch.empty_strided(tuple(p.shape), tuple(p.stride()), dtype=p.dtype, device="meta")
+    return t.requires_grad_(p.requires_grad and t.is_floating_point())
 
 
 def _flat_tensors(value) -> list:
