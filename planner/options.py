@@ -23,7 +23,7 @@ Placement = Literal["tp-pp-dp", "tp-dp-pp"]
 """Order of the mesh dimensions over ranks (planner.search.placement)."""
 PLACEMENTS: tuple[str, ...] = get_args(Placement)
 TraceMethod = Literal["auto", "fx", "export"]
-"""auto: torch.fx, then torch.export."""
+"""auto: torch.export (the ATen graph), then torch.fx."""
 TRACE_METHODS: tuple[str, ...] = get_args(TraceMethod)
 FIX_KEYS = ("dp", "tp", "pp", "vpp", "micro_batch", "schedule", "recompute", "zero",
             "sequence_parallel", "offload_optimizer")
@@ -85,7 +85,7 @@ class SearchOptions:
     memory_reserve_bytes: float = 1.0e9
     """Bytes kept free for the CUDA context, NCCL buffers and library workspaces."""
     trace: TraceMethod = "auto"
-    """Tracer: auto (torch.fx, then torch.export), fx or export."""
+    """Tracer: auto (torch.export, then torch.fx), fx or export."""
     cpsat_time_limit_s: float = 10.0
     """Seconds CP-SAT may spend on one candidate's stage split (DAG stage assignment, device
     groups) when the search has no time limit; with one, the time left is shared instead."""

@@ -29,7 +29,7 @@ def register(add) -> None:
     s.add_argument("--top-k", type=int, default=3, help="runners-up to keep (default 3)")
     s.add_argument("--time-limit", type=float, help="seconds; return the best plan found so far")
     s.add_argument("--trace", default="auto", choices=TRACE_METHODS,
-                   help="tracer (default: torch.fx, then torch.export)")
+                   help="tracer (default: torch.export, the ATen graph; then torch.fx)")
     s.add_argument("--record-timing", action="store_true",
                    help="store the search time in the plan (plan files then differ run to run)")
     s.add_argument("-o", "--output", help="write the plan JSON here")

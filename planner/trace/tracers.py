@@ -1,4 +1,6 @@
-"""Trace an nn.Module into an OpGraph on meta tensors: torch.fx first, torch.export as fallback.
+"""Trace an nn.Module into an OpGraph on meta tensors: torch.export (non-strict) first, for the
+ATen-level graph in which composite modules (``nn.MultiheadAttention``, ``nn.TransformerEncoder``)
+are their ops and layers; torch.fx as the fallback.
 
 Nothing is allocated: the model lives on the meta device, and each node that computes is run
 again on meta tensors and priced from the ATen ops it dispatches (planner.trace.aten).
@@ -117,7 +119,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
                                nbytes=p.numel() * p.element_size())
                   for n, p in model.named_parameters()}
         aliases = _param_aliases(model)
-        for how in (("fx", "export") if method == "auto" else (method,)):
+        for how in (("export", "fx") if method == "auto" else (method,)):
             try:
                 views, outputs = (_fx_views if how == "fx" else _export_views)(model, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - every tracer failure is reported below

@@ -20,7 +20,7 @@ class MLP(nn.Module):
 
 def test_fx_trace_counts_linear_flops_exactly():
     model, x = MLP(), torch.randn(4, 10, 32)
-    g = trace(model, (x,), {}, seq_len=10, batch=4, dtype="fp32")
+    g = trace(model, (x,), {}, seq_len=10, batch=4, dtype="fp32", method="fx")
     assert g.method == "fx"
     linears = [op for op in g.ops if op.kind == "matmul"]
     assert linears, "the Linear modules appear as matmul ops"
