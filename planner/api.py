@@ -62,6 +62,11 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
             "num_params": rm.num_params, "fingerprint": rm.fingerprint}
     if rm.attention:
         info["attention"] = rm.attention
+    unpriced = og.unpriced_ops()
+    if unpriced:
+        log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
+                    rm.name, len(unpriced), ", ".join(f"{u['op']} x{u['count']}" for u in unpriced[:5]))
+        info["unpriced_ops"] = unpriced
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 

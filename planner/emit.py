@@ -68,10 +68,11 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "planner": _version("planner"), "torch": _version("torch"),
         "transformers": _version("transformers"), "python": platform.python_version(),
         "trace_method": opgraph.method,
+        "unpriced_ops": model_info.get("unpriced_ops", []),
         "input_hash": input_hash(model_info, training, cluster, options),
     }
     plan = Plan(
-        model={**model_info, "trace": {"method": opgraph.method, "ops": len(opgraph.ops),
+        model={**{k: v for k, v in model_info.items() if k != "unpriced_ops"}, "trace": {"method": opgraph.method, "ops": len(opgraph.ops),
                                        "seq_len": opgraph.seq_len,
                                        "repeats": [r.__dict__ for r in opgraph.repeats]},
                "blocks": blocks},

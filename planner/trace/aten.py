@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -109,9 +108,9 @@ class CallWork:
     """Bytes read + written by memory-bound ATen ops (one kernel each)."""
     kernels: int = 0
     """Memory-bound kernels."""
-    unpriced: Counter = field(default_factory=Counter)
-    """ATen (or custom) op name -> calls that no formula prices (their bytes are in mem_bytes)."""
-    unpriced_bytes: float = 0.0
+    unpriced: dict = field(default_factory=dict)
+    """ATen (or custom) op name -> [calls, bytes] of ops no formula prices (their bytes are in
+    mem_bytes)."""
 
     @property
     def flops(self) -> float:
@@ -167,8 +166,9 @@ class _Recorder(TorchDispatchMode):
             self.work.kernels += 1
             name = packet.__name__
             if func.namespace not in ("aten", "prims") or name.startswith(UNPRICED_FAMILIES):
-                self.work.unpriced[f"{func.namespace}.{name}"] += 1
-                self.work.unpriced_bytes += nbytes
+                entry = self.work.unpriced.setdefault(f"{func.namespace}.{name}", [0, 0.0])
+                entry[0] += 1
+                entry[1] += nbytes
         if any(id(t) in self.weights for t in ins) and packet not in GEMMS | CONVOLUTIONS | GROUPED:
             self.weights.update(id(t) for t in outs)  # a weight cast to the compute dtype
             self.alive.extend(outs)

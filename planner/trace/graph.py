@@ -52,7 +52,8 @@ class Op:
     [batch, m, n, k, weight, grad_a, grad_b], fused ``attention`` calls, ``mem_bytes`` and
     ``kernels`` of its memory-bound ops."""
     unpriced: dict = field(default_factory=dict)
-    """ATen (or custom) op name -> calls inside this node that no formula prices."""
+    """ATen (or custom) op name -> [calls, bytes per sample] inside this node that no formula
+    prices (priced by their bytes only)."""
 
 
 @dataclass
@@ -95,6 +96,20 @@ class OpGraph:
 
     def __post_init__(self):
         self.by_name = {op.name: op for op in self.ops}
+
+    def unpriced_ops(self) -> list[dict]:
+        """What no formula prices: per op name, its calls and its share of the bytes the traced
+        ops move, largest share first."""
+        moved = sum(op.io_bytes + op.dims.get("mem_bytes", 0.0) for op in self.ops) or 1.0
+        totals: dict[str, list] = {}
+        for op in self.ops:
+            for name, (calls, nbytes) in op.unpriced.items():
+                entry = totals.setdefault(name, [0, 0.0])
+                entry[0] += calls
+                entry[1] += nbytes
+        rows = [{"op": name, "count": calls, "bytes_share": nbytes / moved}
+                for name, (calls, nbytes) in totals.items()]
+        return sorted(rows, key=lambda r: (-r["bytes_share"], r["op"]))
 
     def to_nx(self) -> nx.DiGraph:
         """Dataflow graph: an edge per (producer, consumer), weighted by the producer's bytes."""

@@ -155,7 +155,7 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
                          if name in env else (False, False))
         flops = work.flops / batch
         dims.update(_work_dims(work, batch))
-        unpriced = dict(work.unpriced)
+        unpriced = {name: [n, nbytes / batch] for name, (n, nbytes) in work.unpriced.items()}
     refs = [TensorRef(key=x.base, nbytes=x.base_bytes, requires_grad=x.requires_grad,
                       is_param=bool(x.param) or x.buffer) for x in ins]
     out_ref = TensorRef(key=v.name, nbytes=out_bytes, requires_grad=requires_grad)

@@ -17,7 +17,6 @@ import inspect
 import io
 import logging
 import operator
-from collections import Counter
 
 import torch
 
@@ -309,7 +308,7 @@ def _price(node, values, module, flags) -> CallWork:
     except Exception:  # noqa: BLE001 - a node that cannot run on meta is reported as unpriced
         log.debug("could not price %s", node.name, exc_info=True)
         name = str(getattr(node.target, "__name__", node.target))
-        return CallWork(unpriced=Counter({name: 1}))
+        return CallWork(unpriced={f"{name} (cannot run on meta)": [1, 0.0]})
 
 
 def _meta_like(value, requires_grad: bool = False):

@@ -99,3 +99,61 @@ def test_untraceable_model_names_the_module():
     assert "\n" not in str(err.value)
     with pytest.raises(TraceError, match="try --trace export"):
         trace(Branchy(), (torch.randn(2, 4),), {}, seq_len=4, batch=2, dtype="fp32", method="fx")
+
+
+class _Spectral(torch.nn.Module):
+    """A Linear, then an FFT: an op no formula prices."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return torch.fft.rfft(self.lin(x), dim=-1).abs().mean()
+
+
+def test_an_op_no_formula_prices_is_listed_in_the_plan_and_warned(caplog):
+    import planner
+
+    p = planner.plan(_Spectral(), example_inputs=(torch.randn(2, 16, 64),),
+                     cluster="dgx-a100-80g", nodes=1, global_batch=8)
+    (row,) = p.provenance["unpriced_ops"]
+    assert row["op"] == "aten._fft_r2c" and row["count"] == 1 and 0 < row["bytes_share"] < 1
+    assert "aten._fft_r2c x1" in caplog.text and "costed by their bytes only" in caplog.text
+    clean = planner.plan(torch.nn.Linear(64, 64), example_inputs=(torch.randn(2, 16, 64),),
+                         cluster="dgx-a100-80g", nodes=1, global_batch=8)
+    assert clean.provenance["unpriced_ops"] == []
+
+
+def test_leaf_modules_are_priced_from_their_aten_ops():
+    """No zero-cost leaves: an fx-traced nn.MultiheadAttention and nn.LSTM carry the FLOPs of the
+    GEMMs and attention they run (FLOPs per sample, forward)."""
+    d, s = 32, 8
+    mha = torch.nn.MultiheadAttention(d, 4, batch_first=True)
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    x = torch.randn(2, s, d)
+    g = trace(Attn(), (x,), {}, seq_len=s, batch=2, dtype="fp32", method="fx")
+    (op,) = [o for o in g.ops if o.target == "MultiheadAttention"]
+    projections = 2 * s * d * 3 * d + 2 * s * d * d  # in_proj (q, k, v) and out_proj
+    scores = 2 * s * s * d * 2  # QK^T and attention x V over all heads
+    assert op.flops == pytest.approx(projections + scores)
+    assert op.dims["attention"][0]["heads_q"] == 4
+    class Recurrent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(d, d, batch_first=True)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    g = trace(Recurrent(), (x,), {}, seq_len=s, batch=2, dtype="fp32", method="fx")
+    (op,) = [o for o in g.ops if o.target == "LSTM"]
+    assert op.flops == pytest.approx(s * 2 * (d * 4 * d) * 2)  # per step: input and hidden GEMMs
