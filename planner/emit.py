@@ -78,7 +78,9 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
                "blocks": blocks},
         training=training_dict(training), cluster=cluster.summary(), parallel=parallel,
         stages=stages, tensor_parallel=_tp_map(bg, cfg.tp), schedule=_schedule(cfg),
-        predicted=predicted(best, training, cluster), search=search, provenance=provenance,
+        predicted={**predicted(best, training, cluster),
+                   "active_params_per_token": active_params(bg, opgraph.seq_len)},
+        search=search, provenance=provenance,
     )
     return Plan.from_dict(plan.to_dict())  # validated, and rounded exactly as the file will be
 
@@ -104,6 +106,14 @@ def predicted(est: Estimate, training: TrainingSpec, cluster: Cluster) -> dict:
             "hardware_flops_per_step": est.hardware_flops,
             "model_flops_per_token": est.model_flops / tokens,
             "flops_counted": FLOPS_COUNTED}
+
+
+def active_params(bg: BlockGraph, seq_len: int) -> float:
+    """Weights that multiply each token: the forward FLOPs of the GEMMs with a weight operand per
+    sample, over 2 x tokens (a mixture of experts counts its routed experts only: 2 of 8 experts
+    in Mixtral)."""
+    flops = sum(g.flops for b in bg.blocks for g in b.work.gemms if g.linear)
+    return flops / (2.0 * max(seq_len, 1))
 
 
 def check_predictions(est: Estimate, training: TrainingSpec, cluster: Cluster) -> None:

@@ -8,6 +8,8 @@ Sources:
   sequence 2,048); their published runs are in shared/data/megatron_table1.csv.
 - llama3-*: Llama 3 Herd of Models (Dubey et al. 2024), Table 3.
 - bert-large: Devlin et al. 2019 (24 layers, hidden 1024, 16 heads).
+- mixtral-8x7b: Jiang et al. 2024, "Mixtral of Experts", Table 1 (32 layers, dim 4096, 32 heads,
+  8 key/value heads, expert hidden 14336, 8 experts, 2 per token, vocabulary 32,000).
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ ZOO: dict[str, ZooEntry] = {
         _llama("llama3-8b", 32, 4096, 14336, 32, 8, "Llama 3 8B"),
         _llama("llama3-70b", 80, 8192, 28672, 64, 8, "Llama 3 70B"),
         _llama("llama3-405b", 126, 16384, 53248, 128, 8, "Llama 3.1 405B"),
+        ZooEntry("mixtral-8x7b", "mixtral", "MixtralForCausalLM",
+                 {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+                  "num_local_experts": 8, "num_experts_per_tok": 2,
+                  "max_position_embeddings": 32768, "rope_theta": 1e6, "tie_word_embeddings": False},
+                 seq_len=4096, description="Mixtral 8x7B (mixture of experts, 2 of 8 per token)"),
         ZooEntry("bert-large", "bert", "BertForMaskedLM",
                  {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
                   "intermediate_size": 4096}, seq_len=512, description="BERT-large, 340M"),

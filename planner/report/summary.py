@@ -55,8 +55,12 @@ def _flops(p: Plan) -> list[str]:
     if "model_flops_per_token" not in pr:
         return []
     hardware = pr["hardware_flops_per_step"] / (t["global_batch"] * t["seq_len"])
-    return [f"  FLOPs       {pr['model_flops_per_token']:.3g} per token for MFU (forward + backward), "
-            f"{hardware:.3g} for TFLOP/s (+ recomputation)"]
+    lines = [f"  FLOPs       {pr['model_flops_per_token']:.3g} per token for MFU (forward + backward), "
+             f"{hardware:.3g} for TFLOP/s (+ recomputation)"]
+    if pr.get("active_params_per_token"):
+        lines.append(f"              {human_count(pr['active_params_per_token'])} of the "
+                     f"{human_count(p.model['num_params'])} parameters multiply each token")
+    return lines
 
 
 def breakdown(p: Plan, bar_width: int = 24) -> list[str]:

@@ -1,0 +1,43 @@
+"""Mixtures of experts: a token pays for the experts it is routed to, never for all of them."""
+
+import json
+
+import pytest
+
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 3,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+           "vocab_size": 256, "max_position_embeddings": 128}
+
+
+def _flops(folder, **experts) -> float:
+    from planner.api import prepare
+
+    folder.mkdir(parents=True)
+    path = folder / "config.json"
+    path.write_text(json.dumps({**MIXTRAL, **experts}))
+    p = prepare(str(path), seq_len=32, dtype="fp32")
+    return sum(b.work.fwd_flops for b in p.blocks.blocks)
+
+
+def test_expert_flops_follow_the_routed_experts_not_all_of_them(tmp_path):
+    two_of_four = _flops(tmp_path / "a", num_local_experts=4, num_experts_per_tok=2)
+    two_of_eight = _flops(tmp_path / "b", num_local_experts=8, num_experts_per_tok=2)
+    one_of_four = _flops(tmp_path / "c", num_local_experts=4, num_experts_per_tok=1)
+    router_growth = 3 * 2 * 32 * 64 * 4  # the router's GEMM grows with the number of experts
+    assert two_of_eight == pytest.approx(two_of_four + router_growth)
+    expert = 3 * 2 * 32 * (64 * 2 * 128 + 128 * 64)  # per routed copy of each token, 3 layers
+    assert two_of_four - one_of_four == pytest.approx(expert)
+
+
+def test_mixtral_8x7b_flops_per_token_are_two_active_experts_plus_attention():
+    import planner
+
+    p = planner.plan("mixtral-8x7b", cluster="dgx-h100", nodes=8, global_batch=256,
+                     seq_len=4096, top_k=0)
+    layers, d, kv, ffn, vocab = 32, 4096, 1024, 14336, 32000
+    active = layers * (d * (2 * d + 2 * kv) + d * 8 + 2 * 3 * d * ffn) + d * vocab
+    assert p.predicted["active_params_per_token"] == pytest.approx(active, rel=1e-3)
+    attention = layers * 2 * 2 * 4096 * d  # QK^T and attention x V per token, forward
+    per_token = 3 * (2 * active + attention)
+    assert p.predicted["model_flops_per_token"] == pytest.approx(per_token, rel=1e-3)
+    assert 12.5e9 < active < 13e9 < p.model["num_params"] < 47e9
