@@ -198,9 +198,9 @@ def brute_force_staged(times: Sequence[Sequence[float]], stages: int,
     n, best = len(times[0]), None
     for cuts in itertools.combinations(range(1, n), stages - 1):
         bounds = [0, *cuts, n]
-        if mem is not None and any(
+        if mem is not None and any(  # the DP's tolerance for prefix-sum rounding, too
                 mem.of(s, a, b) > (capacities[s] if capacities is not None else mem.capacity)
-                for s, (a, b) in enumerate(zip(bounds, bounds[1:]))):
+                * (1 + 1e-12) for s, (a, b) in enumerate(zip(bounds, bounds[1:]))):
             continue
         p = Partition(bounds, [sum(times[s][a:b]) for s, (a, b) in enumerate(zip(bounds, bounds[1:]))])
         if best is None or p.bottleneck < best.bottleneck:
