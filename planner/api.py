@@ -1,4 +1,8 @@
-"""plan(): resolve the model, trace it, coarsen, search, emit. Orchestration only."""
+"""plan(): resolve the model, trace it, coarsen, search, emit. Orchestration only.
+
+Tracing (planner.trace) loads torch and transformers, which takes seconds; a model traced before
+is read back from the trace cache (planner.trace.cache) without loading either.
+"""
 
 from __future__ import annotations
 
@@ -19,11 +23,10 @@ from planner.search.costs import ModelArrays
 from planner.search.feasibility import explain_infeasible
 from planner.search.hetero import restrict
 from planner.search.loop import search
+from planner.trace import cache
 from planner.trace.blocks import build_blocks, unchained_repeats
 from planner.trace.graph import BlockGraph, OpGraph
-from planner.trace.models import resolve
 from planner.trace.tp_roles import analyze
-from planner.trace.tracers import trace
 from planner.units import human_count
 
 log = logging.getLogger("planner.api")
@@ -34,16 +37,51 @@ class Prepared:
     """A traced and coarsened model: reusable across clusters, batches and pinned knobs."""
 
     info: dict
-    """name, source, num_params, fingerprint."""
+    """name, source, num_params, fingerprint (and attention, unpriced_ops where they apply)."""
     seq_len: int
     dtype: str
     opgraph: OpGraph
     blocks: BlockGraph
 
+    def to_dict(self) -> dict:
+        return {"info": self.info, "seq_len": self.seq_len, "dtype": self.dtype,
+                "opgraph": self.opgraph.to_dict(), "blocks": self.blocks.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Prepared":
+        return cls(info=dict(d["info"]), seq_len=int(d["seq_len"]), dtype=d["dtype"],
+                   opgraph=OpGraph.from_dict(d["opgraph"]), blocks=BlockGraph.from_dict(d["blocks"]))
+
 
 def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: str = "bf16",
-            trace_method: str = "auto") -> Prepared:
-    """Resolve and trace a model once (the slow, torch-touching part)."""
+            trace_method: str = "auto", cache_dir: str | None = "auto") -> Prepared:
+    """Resolve and trace a model once (the slow, torch-touching part). A MODEL spec traced before
+    with the same settings is read from the trace cache in ``cache_dir`` ("auto": the user's
+    cache folder; None: no cache)."""
+    folder = cache.default_dir() if cache_dir == "auto" else cache_dir
+    entry = (cache.key(model, seq_len=seq_len, dtype=dtype, method=trace_method)
+             if folder and example_inputs is None else None)
+    stored = cache.load(folder, entry) if entry else None
+    if stored is not None:
+        prepared = Prepared.from_dict(stored)
+        log.info("model %s: %s parameters, traced before (trace cache)",
+                 prepared.info["name"], human_count(prepared.info["num_params"]))
+    else:
+        prepared = _trace(model, example_inputs, seq_len, dtype, trace_method)
+        if entry:
+            cache.store(folder, entry, prepared.to_dict())
+    unpriced = prepared.info.get("unpriced_ops")
+    if unpriced:
+        log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
+                    prepared.info["name"], len(unpriced),
+                    ", ".join(f"{u['op']} x{u['count']}" for u in unpriced[:5]))
+    return prepared
+
+
+def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str) -> Prepared:
+    from planner.trace.models import resolve  # lazy: loads torch and transformers (seconds)
+    from planner.trace.tracers import trace  # lazy: loads torch, as above
+
     t0 = time.perf_counter()
     rm = resolve(model, seq_len=seq_len, dtype=dtype, example_inputs=example_inputs)
     log.info("model %s: %s parameters (%s)", rm.name, human_count(rm.num_params), rm.source)
@@ -64,8 +102,6 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
         info["attention"] = rm.attention
     unpriced = og.unpriced_ops()
     if unpriced:
-        log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
-                    rm.name, len(unpriced), ", ".join(f"{u['op']} x{u['count']}" for u in unpriced[:5]))
         info["unpriced_ops"] = unpriced
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
@@ -75,7 +111,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          dtype: str = "bf16", optimizer: str = "adam", fix=None, top_k: int = 3,
          time_limit_s: float | None = None, calibration=None, engine=None,
          trace_method: str = "auto", record_timing: bool = False,
-         progress: Callable[[int, int], None] | None = None) -> Plan:
+         progress: Callable[[int, int], None] | None = None, cache_dir: str | None = "auto") -> Plan:
     """Plan how to train ``model`` on ``cluster``; see README.md ("Python API") for every argument."""
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
     if calibration is not None:
@@ -92,7 +128,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     if isinstance(cl, HeteroCluster):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
     prepared = prepare(model, example_inputs=example_inputs, seq_len=seq_len, dtype=dtype,
-                       trace_method=trace_method)
+                       trace_method=trace_method, cache_dir=cache_dir)
     training = TrainingSpec(global_batch=global_batch, seq_len=prepared.seq_len, dtype=dtype,
                             optimizer=optimizer, engine=eng)
     return plan_prepared(prepared, cl, training, options, progress=progress,

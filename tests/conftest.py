@@ -1,8 +1,15 @@
 """Shared fixtures: tiny Hugging Face configs and traced models (traced once per session)."""
 
 import json
+import os
 
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _trace_cache(tmp_path_factory):
+    """The trace cache of the tests' own (tests never touch the user's ~/.cache)."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
 
 TINY_GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 4,
              "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128,

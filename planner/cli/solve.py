@@ -30,6 +30,9 @@ def register(add) -> None:
     s.add_argument("--time-limit", type=float, help="seconds; return the best plan found so far")
     s.add_argument("--trace", default="auto", choices=TRACE_METHODS,
                    help="tracer (default: torch.export, the ATen graph; then torch.fx)")
+    s.add_argument("--no-cache", action="store_true",
+                   help="trace the model again instead of reading the trace cache "
+                        "(~/.cache/planner/traces)")
     s.add_argument("--record-timing", action="store_true",
                    help="store the search time in the plan (plan files then differ run to run)")
     s.add_argument("-o", "--output", help="write the plan JSON here")
@@ -46,7 +49,7 @@ def run(args) -> int:
                  fix=args.fix, top_k=args.top_k, time_limit_s=args.time_limit,
                  engine=args.engine, calibration=args.calibration,
                  trace_method=args.trace, record_timing=args.record_timing,
-                 progress=Bar(args.quiet))
+                 progress=Bar(args.quiet), cache_dir=None if args.no_cache else "auto")
     print(summary(p))
     if args.output:
         p.save(args.output)

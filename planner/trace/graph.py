@@ -195,6 +195,25 @@ class BlockGraph:
     def index(self) -> dict[str, int]:
         return {b.name: i for i, b in enumerate(self.blocks)}
 
+    def to_dict(self) -> dict:
+        """Plain data; blocks copied from one layer keep sharing one BlockWork (``works``)."""
+        works, slot = [], {}
+        for b in self.blocks:
+            if id(b.work) not in slot:
+                slot[id(b.work)] = len(works)
+                works.append(b.work.to_dict())
+        blocks = [{**{k: v for k, v in asdict(b).items() if k != "work"}, "work": slot[id(b.work)]}
+                  for b in self.blocks]
+        return {"works": works, "blocks": blocks, "edges": [asdict(e) for e in self.edges],
+                "tp_roles": dict(self.tp_roles), "shared": [list(x) for x in self.shared]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BlockGraph":
+        works = [BlockWork.from_dict(w) for w in d["works"]]
+        blocks = [Block(**{**b, "work": works[b["work"]]}) for b in d["blocks"]]
+        return cls(blocks=blocks, edges=[BlockEdge(**e) for e in d["edges"]],
+                   tp_roles=dict(d["tp_roles"]), shared=[list(x) for x in d["shared"]])
+
     def to_nx(self) -> nx.DiGraph:
         g = nx.DiGraph()
         g.add_nodes_from(b.name for b in self.blocks)

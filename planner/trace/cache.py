@@ -1,0 +1,123 @@
+"""Traced models on disk, so that planning a model the planner has traced before skips the trace
+(and, from the command line, loading torch).
+
+An entry is the plain data of one trace (the op graph, the blocks and the model's facts) as JSON,
+under the user's cache folder (``$XDG_CACHE_HOME/planner/traces``, else ``~/.cache/...``). Its key
+hashes what the trace depends on:
+
+- the model: a zoo entry's configuration, the bytes of a ``config.json``, or the bytes of a
+  ``file.py`` and the factory's name (the modules that file imports are not hashed: edit one and
+  pass ``--no-cache``); a module object has no key and is never cached;
+- the sequence length, dtype and tracer asked for;
+- the versions of torch, transformers and the planner, and the source of the planner's own
+  tracing and pricing code, so that any change to them misses.
+
+Entries are written atomically (a reader never sees half a file; two runs racing write the same
+bytes), and one that does not read back as a trace of this schema is ignored and rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from importlib import metadata
+
+from planner.files import atomic_write
+from planner.inputs.zoo import ZOO
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "planner.trace/v1"
+CODE = ("planner/trace", "planner/inputs/zoo.py", "costmodels/workload.py")
+"""The planner's sources a trace depends on (hashed into every key)."""
+
+
+def default_dir() -> str:
+    """The user's cache folder for traces (the XDG base-directory convention)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "planner", "traces")
+
+
+def key(model, *, seq_len: int | None, dtype: str, method: str) -> str | None:
+    """The cache key of a MODEL spec, or None when it cannot have one (an nn.Module, or a file
+    that cannot be read: the slow path then says what is wrong)."""
+    if not isinstance(model, str) or not model:
+        return None
+    identity = _identity(model)
+    if identity is None:
+        return None
+    payload = {"model": identity, "seq_len": seq_len, "dtype": dtype, "method": method,
+               "versions": {pkg: _version(pkg) for pkg in ("torch", "transformers", "planner")},
+               "code": _code_hash()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def load(folder: str, entry: str) -> dict | None:
+    """The trace stored under ``entry``, or None (absent, unreadable or of another schema)."""
+    path = os.path.join(folder, f"{entry}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.debug("trace cache: ignoring %s (%s)", path, exc)
+        return None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        log.debug("trace cache: ignoring %s (not a %s entry)", path, SCHEMA)
+        return None
+    return data
+
+
+def store(folder: str, entry: str, data: dict) -> None:
+    """Write ``data`` under ``entry``; a folder that cannot be written only costs the cache."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        atomic_write(os.path.join(folder, f"{entry}.json"),
+                     json.dumps({"schema": SCHEMA, **data}) + "\n")
+    except OSError as exc:
+        log.warning("trace cache: cannot write to %s (%s); planning goes on without it", folder,
+                    exc.strerror or exc)
+
+
+def _identity(model: str):
+    if model.lower() in ZOO:
+        return ["zoo", repr(ZOO[model.lower()])]
+    if model.endswith(".json") or os.path.isdir(model):
+        file = os.path.join(model, "config.json") if os.path.isdir(model) else model
+        return _file(file, "config")
+    target, sep, name = model.rpartition(":")
+    if sep and target.endswith(".py"):
+        found = _file(target, "factory")
+        return None if found is None else [*found, name]
+    return None  # package.module:factory: the installed package is not hashed
+
+
+def _file(path: str, kind: str):
+    try:
+        with open(path, "rb") as f:
+            return [kind, hashlib.sha256(f.read()).hexdigest()]
+    except OSError:
+        return None
+
+
+def _version(pkg: str) -> str:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _code_hash() -> str:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    h = hashlib.sha256()
+    for rel in CODE:
+        path = os.path.join(root, rel)
+        files = ([os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".py")]
+                 if os.path.isdir(path) else [path])
+        for file in files:
+            with open(file, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()

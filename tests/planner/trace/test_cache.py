@@ -1,0 +1,56 @@
+"""The trace cache: a model traced before is read back, the same; stale or broken entries miss."""
+
+import json
+import logging
+import os
+
+import pytest
+
+from planner.api import prepare
+from planner.trace import cache
+
+
+def test_a_traced_model_is_read_back_the_same(tmp_path, tiny_llama_config, caplog):
+    folder = str(tmp_path / "traces")
+    first = prepare(tiny_llama_config, seq_len=64, cache_dir=folder)
+    assert len(os.listdir(folder)) == 1
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="planner")
+    again = prepare(tiny_llama_config, seq_len=64, cache_dir=folder)
+    assert "traced before (trace cache)" in caplog.text
+    assert again.to_dict() == first.to_dict()
+    # blocks copied from one layer still share one BlockWork (the search prices it once)
+    assert len({id(b.work) for b in again.blocks.blocks}) == len(
+        {id(b.work) for b in first.blocks.blocks})
+
+
+def test_keys_follow_what_the_trace_depends_on(tmp_path, tiny_llama_config):
+    base = cache.key(tiny_llama_config, seq_len=64, dtype="bf16", method="auto")
+    assert base and base == cache.key(tiny_llama_config, seq_len=64, dtype="bf16", method="auto")
+    assert base != cache.key(tiny_llama_config, seq_len=32, dtype="bf16", method="auto")
+    assert base != cache.key(tiny_llama_config, seq_len=64, dtype="fp32", method="auto")
+    assert base != cache.key(tiny_llama_config, seq_len=64, dtype="bf16", method="fx")
+    edited = tmp_path / "config.json"
+    data = json.loads(open(tiny_llama_config).read())
+    edited.write_text(json.dumps({**data, "num_hidden_layers": 5}))
+    assert cache.key(str(edited), seq_len=64, dtype="bf16", method="auto") != base
+    assert cache.key("gpt2", seq_len=None, dtype="bf16", method="auto")
+    assert cache.key(object(), seq_len=None, dtype="bf16", method="auto") is None
+    assert cache.key("missing.py:build", seq_len=None, dtype="bf16", method="auto") is None
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"schema": "other/v9"})])
+def test_a_broken_entry_is_ignored_and_rewritten(tmp_path, tiny_llama_config, content):
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    entry = cache.key(tiny_llama_config, seq_len=64, dtype="bf16", method="auto")
+    (folder / f"{entry}.json").write_text(content)
+    p = prepare(tiny_llama_config, seq_len=64, cache_dir=str(folder))
+    assert p.blocks.blocks and cache.load(str(folder), entry)["schema"] == cache.SCHEMA
+
+
+def test_an_unwritable_cache_only_costs_the_cache(tmp_path, tiny_llama_config, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    p = prepare(tiny_llama_config, seq_len=64, cache_dir=str(blocker / "traces"))
+    assert p.blocks.blocks and "cannot write" in caplog.text
