@@ -1,9 +1,20 @@
 """Shared fixtures: tiny Hugging Face configs and traced models (traced once per session)."""
 
 import json
+import logging
 import os
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _planner_logging():
+    """Undo what a test running the CLI does to the ``planner`` logger (its own handler, no
+    propagation), so that later tests see the planner's log records."""
+    log = logging.getLogger("planner")
+    saved = (log.handlers[:], log.propagate, log.level)
+    yield
+    log.handlers[:], log.propagate, log.level = saved[0], saved[1], saved[2]
 
 
 @pytest.fixture(autouse=True, scope="session")
