@@ -32,7 +32,7 @@ def unchained_repeats(graph: OpGraph) -> set[str]:
     by = graph.by_name
     bad = set()
     for rep in graph.repeats:
-        if rep.count < 2:
+        if rep.count < 2 or rep.traced >= rep.count:  # traced whole: nothing is copied
             continue
         first, second = f"{rep.fqn}.0", f"{rep.fqn}.1"
         if first not in order or second not in order or order.index(second) != order.index(first) + 1:
@@ -111,11 +111,14 @@ OUTPUT_BLOCK = "(output)"
 def _assign(graph: OpGraph) -> dict[str, str]:
     keys: dict[str, str] = {}
     glue = []
+    units = {op.name: _layer_of(op.module, graph) or _unit_of(op.module, graph)
+             for op in graph.ops if op.kind != "input"}
+    reused = _reused_stateless(graph, units)
     for op in graph.ops:
         if op.kind == "input":
             continue
-        key = _layer_of(op.module, graph) or _unit_of(op.module, graph)
-        if key is None:
+        key = units[op.name]
+        if key is None or key in reused:
             glue.append(op)
         else:
             keys[op.name] = key
@@ -142,6 +145,24 @@ def _assign(graph: OpGraph) -> dict[str, str]:
             else:
                 keys[op.name] = producers[-1] if producers else default
     return keys
+
+
+def _reused_stateless(graph: OpGraph, units: dict[str, str | None]) -> set[str]:
+    """Units without parameters that run at several places of the forward (a stack's one dropout
+    module, applied after the embedding and again after the last layer): their ops are glue, so
+    that each use joins the block around it instead of tying both places into one block."""
+    spans: dict[str, list[int]] = {}
+    for i, op in enumerate(graph.ops):
+        unit = units.get(op.name)
+        if unit is not None:
+            spans.setdefault(unit, []).append(i)
+    out = set()
+    for unit, where in spans.items():
+        others = {units.get(graph.ops[i].name) for i in range(where[0], where[-1] + 1)} - {unit, None}
+        stateless = not any(p == unit or p.startswith(unit + ".") for p in graph.params)
+        if others and stateless:
+            out.add(unit)
+    return out
 
 
 def _first_indices(graph: OpGraph, keys: dict[str, str]) -> dict[str, int]:

@@ -83,11 +83,15 @@ def _where(exc: Exception) -> str:
 
 def auto_class(cfg):
     """The first of AUTO_CLASSES that knows ``cfg``'s type; for a config with a text and a vision
-    tower, the bare model (both towers, trained with their contrastive loss)."""
+    tower, the bare model (both towers, trained with their contrastive loss); for an
+    encoder-decoder, the sequence-to-sequence model."""
     import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
 
     towers = hasattr(cfg, "text_config") and hasattr(cfg, "vision_config")
-    for auto in ("AutoModel",) * towers + AUTO_CLASSES:
+    first = ["AutoModel"] if towers else []
+    if getattr(cfg, "is_encoder_decoder", False):  # not the decoder alone (BartForCausalLM)
+        first = ["AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq"]
+    for auto in (*first, *AUTO_CLASSES):
         mapping = getattr(transformers, auto)._model_mapping
         if type(cfg) in mapping:
             found = mapping[type(cfg)]

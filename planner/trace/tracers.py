@@ -33,15 +33,23 @@ KEEP_LAYERS = 2
 
 def find_repeats(model: torch.nn.Module) -> list[tuple[str, int]]:
     """(FQN, length) of each ModuleList/Sequential of >= 3 structurally identical children."""
-    found: list[tuple[str, int]] = []
+    return [(fqn, n) for fqn, n, same in find_layer_lists(model) if same]
+
+
+def find_layer_lists(model: torch.nn.Module) -> list[tuple[str, int, bool]]:
+    """(FQN, length, identical) of each ModuleList/Sequential of >= 3 children of one class:
+    the layers of a stack. ``identical`` ones (same parameter shapes and submodules) can be
+    traced with two layers and copied; the others (T5's first block carries the relative position
+    bias) are traced whole, each layer still a block."""
+    found: list[tuple[str, int, bool]] = []
     for fqn, mod in model.named_modules():
         if not isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)) or len(mod) < 3:
             continue
-        if any(fqn.startswith(f + ".") for f, _ in found):
+        if any(fqn.startswith(f + ".") for f, _, _ in found):
             continue
-        signatures = {_signature(child) for child in mod}
-        if len(signatures) == 1:
-            found.append((fqn, len(mod)))
+        if len({type(child) for child in mod}) != 1:
+            continue
+        found.append((fqn, len(mod), len({_signature(child) for child in mod}) == 1))
     return found
 
 
@@ -105,12 +113,15 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
           whole: frozenset[str] = frozenset(), not_layers: frozenset[str] = frozenset()) -> OpGraph:
     """Trace ``model(*args, **kwargs)`` into an OpGraph (per-sample figures: divided by ``batch``).
 
-    Lists of identical layers are traced with their first two layers, except those in ``whole``;
-    lists in ``not_layers`` are not treated as layer stacks at all."""
+    Lists of identical layers are traced with their first two layers, except those in ``whole``
+    (and lists of layers of one class that differ, traced whole); lists in ``not_layers`` are not
+    treated as layer stacks at all."""
     if method not in TRACE_METHODS:
         raise TraceError(f"trace: unknown method '{method}'; choose auto, fx or export")
     model.train()
-    layer_lists = [(f, n) for f, n in find_repeats(model) if f not in not_layers]
+    lists = [(f, n, same) for f, n, same in find_layer_lists(model) if f not in not_layers]
+    whole = whole | {f for f, _, same in lists if not same}
+    layer_lists = [(f, n) for f, n, _ in lists]
     repeats = [(f, n) for f, n in layer_lists if f not in whole]
     errors: list[str] = []
     with truncated(model, repeats):
