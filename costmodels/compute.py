@@ -155,17 +155,19 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: int, tp:
 def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
                      micro_batch: int, tp: int) -> tuple[float, float]:
     """(forward, backward) seconds of the block's fused attention ops."""
-    flops = micro_batch * work.fused_attn_flops / tp
-    if flops <= 0:
+    if work.fused_attn_flops <= 0:
         return 0.0, 0.0
+    rep = work.fused_attn_flops_rep / work.fused_attn_flops
+    share = micro_batch * ((1.0 - rep) / tp + rep)  # of the per-sample figures, on one GPU
+    flops = share * work.fused_attn_flops
     if engine.attention == "flash":
-        skipped = CAUSAL_SKIP * micro_batch * work.attn_causal_flops / tp
+        skipped = CAUSAL_SKIP * share * work.attn_causal_flops
         fwd = (flops - skipped) / (device.peak(dtype) * device.attention_efficiency)
         return fwd, FLASH_BACKWARD_FACTOR * fwd
     rate = device.peak(dtype) * device.matmul_efficiency
     word = DTYPE_BYTES[dtype]
-    scores = micro_batch * work.attn_scores / tp
-    dropout = micro_batch * work.attn_scores_dropout / tp
+    scores = share * work.attn_scores
+    dropout = share * work.attn_scores_dropout
     bandwidth = device.memory_bytes_per_s
     fwd_traffic = word * (SCORE_TRAFFIC_FWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
     bwd_traffic = word * (SCORE_TRAFFIC_BWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)

@@ -65,6 +65,10 @@ class BlockWork:
     fused_attn_flops: float = 0.0
     """The part of ``attn_flops`` run by fused attention ops (scaled_dot_product_attention); the
     rest are explicit matmuls, listed in ``gemms``."""
+    fused_attn_flops_rep: float = 0.0
+    """The part of ``fused_attn_flops`` outside tensor-parallel regions, repeated on every tp rank
+    (the attention of an ``nn.MultiheadAttention``, whose packed projections no module role
+    splits); its scores and causal share are taken in proportion."""
     attn_causal_flops: float = 0.0
     """The part of ``fused_attn_flops`` under a causal mask (a fused kernel skips about half)."""
     attn_scores: float = 0.0

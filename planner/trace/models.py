@@ -7,6 +7,7 @@ or an ``nn.Module`` passed to the API. Nothing is downloaded and no weights are 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import importlib.util
@@ -52,6 +53,9 @@ def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None) -> R
     """Any MODEL form -> ResolvedModel (module on the meta device)."""
     if isinstance(model, torch.nn.Module):
         args, kwargs = _split_inputs(example_inputs, "example_inputs")
+        model = _meta_twin(model, dtype)
+        args = tuple(_cast(a, dtype, meta=True) for a in args)
+        kwargs = {k: _cast(v, dtype, meta=True) for k, v in kwargs.items()}
         return _finish(ResolvedModel(name=type(model).__name__, module=model, args=args,
                                      kwargs=kwargs, seq_len=_infer_seq(args, kwargs, seq_len),
                                      batch=_infer_batch(args, kwargs), source="module"))
@@ -153,10 +157,25 @@ def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:
                                  batch=_infer_batch(args, kwargs), source="factory"))
 
 
-def _cast(value, dtype: str):
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.to(TORCH_DTYPES[dtype])
-    return value
+def _cast(value, dtype: str, meta: bool = False):
+    """Floating tensors in the training dtype (and on the meta device if ``meta``)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    to = TORCH_DTYPES[dtype] if value.is_floating_point() else value.dtype
+    return torch.empty_like(value, dtype=to, device="meta") if meta else value.to(to)
+
+
+def _meta_twin(module: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    """A copy of the caller's module on the meta device with floating weights and buffers in the
+    training dtype, as a factory's model is cast; the caller's module (maybe real and large) is
+    neither changed nor copied weight by weight. Tied weights stay tied."""
+    memo: dict[int, object] = {}
+    for p in module.parameters():
+        memo[id(p)] = torch.nn.Parameter(_cast(p.detach(), dtype, meta=True),
+                                         requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = _cast(b, dtype, meta=True)
+    return copy.deepcopy(module, memo)
 
 
 def _split_inputs(inputs, where: str) -> tuple[tuple, dict]:

@@ -88,6 +88,8 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis) -> None:
         stack.extend(op.inputs)
     if not cols:
         return
+    if row.module in {by[c].module for c in cols}:
+        return  # one module on both sides (nn.MultiheadAttention): no role per module fits it
     inside = region | cols | {row.name}
     for name in region | cols:
         if any(by[c].requires_grad and c not in inside for c in cons[name]):
@@ -102,22 +104,30 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis) -> None:
     col_inputs = {i for c in cols for i in by[c].inputs}
     res.bwd_bytes[row.name] = sum(by[i].out_bytes for i in col_inputs)
     divs = {by[c].dims.get("out", 0) for c in cols} | {row.dims.get("in", 0)}
+    head_dims = set()
     for name in region:
         if by[name].kind == "attention":
             divs |= {by[name].dims.get("heads_q", 0), by[name].dims.get("heads_kv", 0)}
-        divs.add(_heads_of_view(by[name], by))
+            query = by[by[name].inputs[0]].shape if by[name].inputs else []
+            head_dims |= {query[-1]} if query else set()
+    for name in region:
+        divs.add(_heads_of_view(by[name], by, head_dims))
     res.divisors[row.name] = sorted(d for d in divs if d > 0)
 
 
-def _heads_of_view(op: Op, by) -> int:
+def _heads_of_view(op: Op, by, head_dims: set[int]) -> int:
     """A view splitting the last dimension into (heads, head_dim) -> heads, else 0.
 
     Catches grouped-query attention, whose key/value heads are repeated before the attention
-    core: tensor parallelism must divide the key/value heads, not only the query heads."""
+    core: tensor parallelism must divide the key/value heads, not only the query heads. Where the
+    region has attention cores, only splits into their head size (``head_dims``) count: a split
+    of a packed projection into (3, hidden) for q, k and v is not a head count."""
     if op.kind != "view" or len(op.shape) < 3 or not op.inputs:
         return 0
     src = by[op.inputs[0]].shape
     heads, head_dim = op.shape[-2], op.shape[-1]
+    if head_dims and head_dim not in head_dims:
+        return 0
     if src and len(src) == len(op.shape) - 1 and src[-1] == heads * head_dim and head_dim > 1:
         return heads
     return 0

@@ -19,10 +19,13 @@ import logging
 import operator
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from planner.errors import TraceError
 from planner.options import TRACE_METHODS
 from planner.trace.aten import CallWork, price
+from planner.trace.failures import DataDependentSize, ModuleStack, describe, fix_for, \
+    stack_trace_frame
 from planner.trace.graph import OpGraph, ParamInfo, RepeatInfo
 from planner.trace.records import NodeView, build_ops
 
@@ -78,36 +81,6 @@ def truncated(model: torch.nn.Module, repeats: list[tuple[str, int]]):
             setattr(parent, attr, original)
 
 
-class _ModuleStack:
-    """Tracks which module is running, to name the culprit when tracing fails."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.names = {id(m): (n or f"{type(m).__name__} (the root)") for n, m in model.named_modules()}
-        self.stack: list[str] = []
-
-    @property
-    def current(self) -> str:
-        """The innermost module running when the tracer failed (hooks do not pop on errors)."""
-        return self.stack[-1] if self.stack else ""
-
-    def __enter__(self):
-        def pre(mod, _args):
-            self.stack.append(self.names.get(id(mod), type(mod).__name__))
-
-        def post(mod, _args, _out):
-            if self.stack:
-                self.stack.pop()
-
-        self._handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
-                         torch.nn.modules.module.register_module_forward_hook(post)]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self._handles:
-            h.remove()
-        return False
-
-
 def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, batch: int,
           dtype: str, method: str = "auto", name: str = "model",
           whole: frozenset[str] = frozenset(), not_layers: frozenset[str] = frozenset()) -> OpGraph:
@@ -124,6 +97,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
     layer_lists = [(f, n) for f, n, _ in lists]
     repeats = [(f, n) for f, n in layer_lists if f not in whole]
     errors: list[str] = []
+    fixes: list[str] = []
     with truncated(model, repeats):
         params = {n: ParamInfo(shape=list(p.shape), numel=p.numel(),
                                nbytes=p.numel() * p.element_size())
@@ -133,7 +107,8 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
             try:
                 views, outputs = (_fx_views if how == "fx" else _export_views)(model, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - every tracer failure is reported below
-                errors.append(f"{how}: {_one_line(exc)}")
+                errors.append(f"{how}: {describe(exc)}")
+                fixes.append(fix_for(exc))
                 log.debug("%s tracing failed", how, exc_info=True)
                 continue
             ops = build_ops(views, batch=batch, outputs=outputs)
@@ -148,10 +123,12 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
                 repeats=[RepeatInfo(fqn=f, count=n, traced=n if f in whole else KEEP_LAYERS)
                          for f, n in layer_lists],
             )
-    hint = ("; try --trace export" if method == "fx" else
-            "; try --trace fx" if method == "export" else
-            "; make the failing forward traceable (no branching on tensor values) or pass "
-            "example inputs that match its signature")
+    fix = next((f for f in fixes if f), "")
+    other = {"fx": "--trace export", "export": "--trace fx"}.get(method)
+    hint = (f"; {fix}" if fix else "; make the forward traceable on meta tensors") + (
+        f", or try {other}" if other and other not in fix else "") + (
+        "; example inputs that match the forward's signature help both tracers"
+        if method == "auto" else "")
     raise TraceError(f"could not trace {name}: " + "; ".join(errors) + hint)
 
 
@@ -162,18 +139,6 @@ def _param_aliases(model: torch.nn.Module) -> dict[str, str]:
     for n, p in model.named_parameters(remove_duplicate=False):
         out[n] = canonical.setdefault(id(p), n)
     return out
-
-
-def _one_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else type(exc).__name__
-    where = getattr(exc, "_planner_module", "")
-    return (f"in module '{where}': " if where else "") + f"{type(exc).__name__}: {first[:200]}"
-
-
-def _with_module(exc: Exception, stack: _ModuleStack) -> Exception:
-    exc._planner_module = stack.current  # type: ignore[attr-defined]
-    return exc
 
 
 # --- torch.fx -------------------------------------------------------------------------------------
@@ -193,7 +158,13 @@ class _Recorder(torch.fx.Interpreter):
         self.values: dict[str, object] = {}
 
     def run_node(self, n):
-        out = super().run_node(n)
+        try:
+            out = super().run_node(n)
+        except Exception as exc:  # name the node's module and source line in the report
+            if not getattr(exc, "planner_source", ""):
+                exc.planner_source = stack_trace_frame(n.stack_trace)  # type: ignore[attr-defined]
+                exc.planner_module = n.target if n.op == "call_module" else ""  # type: ignore[attr-defined]
+            raise
         self.values[n.name] = out
         return out
 
@@ -209,12 +180,15 @@ class _Recorder(torch.fx.Interpreter):
 
 
 def _fx_views(model, args, kwargs):
-    stack = _ModuleStack(model)
+    stack = ModuleStack(model)
+    tracer = torch.fx.Tracer()
+    tracer.record_stack_traces = True  # source lines for the report when a node cannot run
     try:
         with stack:
-            gm = torch.fx.symbolic_trace(model)
+            graph = tracer.trace(model)
     except Exception as exc:
-        raise _with_module(exc, stack) from exc
+        raise stack.mark(exc) from exc
+    gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     bound = inspect.signature(model.forward).bind(*args, **kwargs)
     bound.apply_defaults()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -354,14 +328,14 @@ def _flat_tensors(value) -> list:
 # --- torch.export ---------------------------------------------------------------------------------
 
 def _export_views(model, args, kwargs):
-    stack = _ModuleStack(model)
+    stack = ModuleStack(model)
     chatter = io.StringIO()  # export prints the partial graph when it fails; keep it for --debug
     try:
         with stack, contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
             ep = torch.export.export(model, tuple(args), kwargs=dict(kwargs), strict=False)
     except Exception as exc:
         log.debug("torch.export output:\n%s", chatter.getvalue())
-        raise _with_module(exc, stack) from exc
+        raise stack.mark(exc) from exc
     sig = ep.graph_signature
     to_param = dict(sig.inputs_to_parameters)
     to_buffer = dict(sig.inputs_to_buffers)
@@ -383,6 +357,9 @@ def _export_views(model, args, kwargs):
         short = getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
         if target is operator.getitem:
             short = "getitem"
+        if free_unbacked_symbols(values[node.name]):
+            raise DataDependentSize(str(short), _stack_owner(node) or stack.names[id(model)],
+                                    stack_trace_frame(node.meta.get("stack_trace")))
         view = NodeView(name=node.name, op="call", short=str(short), module=_stack_owner(node),
                         value=values[node.name], inputs=_flat_nodes((node.args, node.kwargs)),
                         params=[])

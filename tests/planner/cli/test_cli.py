@@ -22,7 +22,7 @@ def test_solve_writes_a_plan_and_show_explains_it(capsys, tmp_path, tiny_llama_c
     out_file = tmp_path / "p.json"
     code, out, err = run(capsys, "solve", tiny_llama_config, "--cluster", "dgx-a100-80g",
                          "--nodes", "2", "--global-batch", "64", "--seq-len", "128",
-                         "-o", str(out_file))
+                         "-o", str(out_file), "--no-cache")  # traced here, whatever ran before
     assert code == 0, err
     for word in ("parallel", "step time", "tokens/s", "TFLOP/s per GPU", "MFU", "peak memory",
                  "stage"):
@@ -102,6 +102,7 @@ def test_untraceable_factory_model(capsys, tmp_path):
     errors = [ln for ln in err.splitlines() if ln.startswith("plan: error")]
     assert code == 2 and len(errors) == 1 and "could not trace" in errors[0]
     assert "in module 'M (the root)'" in errors[0]
+    assert "at m.py:7 (`return y if y.sum().item() > 0 else -y`)" in errors[0]
     assert "def forward" not in err, "torch.export's partial graph stays out of the message"
 
 

@@ -96,9 +96,35 @@ def test_untraceable_model_names_the_module():
 
     with pytest.raises(TraceError, match="in module 'inner'") as err:
         trace(Branchy(), (torch.randn(2, 4),), {}, seq_len=4, batch=2, dtype="fp32")
-    assert "\n" not in str(err.value)
+    text = str(err.value)
+    assert "\n" not in text
+    # both tracers' reports: the source line of the branch, the construct, and the fix
+    assert text.count("at test_trace.py:") == 2 and "(`if x.sum() > 0:" in text
+    assert "depends on tensor values" in text and "control flow on a tensor value" in text
+    assert "torch.where" in text
     with pytest.raises(TraceError, match="try --trace export"):
         trace(Branchy(), (torch.randn(2, 4),), {}, seq_len=4, batch=2, dtype="fp32", method="fx")
+
+
+def test_an_output_size_that_depends_on_values_is_named_with_its_source_line():
+    class Picky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            rows = torch.nonzero(h > 0)  # how many rows: known only from the data
+            return h[rows[:, 0]].mean()
+
+    with torch.device("meta"):  # as the planner traces: nothing allocated, no data to look at
+        model, x = Picky(), torch.randn(2, 4)
+    for method in ("export", "fx"):
+        with pytest.raises(TraceError) as err:
+            trace(model, (x,), {}, seq_len=4, batch=2, dtype="fp32", method=method)
+        text = str(err.value)
+        assert "(`rows = torch.nonzero(h > 0)" in text, (method, text)
+        assert "output size depends on tensor values" in text and "nonzero" in text
 
 
 class _Spectral(torch.nn.Module):
@@ -115,8 +141,8 @@ class _Spectral(torch.nn.Module):
 def test_an_op_no_formula_prices_is_listed_in_the_plan_and_warned(caplog):
     import planner
 
-    p = planner.plan(_Spectral(), example_inputs=(torch.randn(2, 16, 64),),
-                     cluster="dgx-a100-80g", nodes=1, global_batch=8)
+    p = planner.plan(_Spectral(), example_inputs=(torch.randn(2, 16, 64),),  # no bf16 FFT
+                     cluster="dgx-a100-80g", nodes=1, global_batch=8, dtype="fp32")
     (row,) = p.provenance["unpriced_ops"]
     assert row["op"] == "aten._fft_r2c" and row["count"] == 1 and 0 < row["bytes_share"] < 1
     assert "aten._fft_r2c x1" in caplog.text and "costed by their bytes only" in caplog.text
