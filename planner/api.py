@@ -18,6 +18,7 @@ from planner.errors import InfeasibleError, SpecError
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
 from planner.options import SearchOptions, TrainingSpec, parse_fix
+from planner import targets
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import explain_infeasible
@@ -111,7 +112,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          dtype: str = "bf16", optimizer: str = "adam", fix=None, top_k: int = 3,
          time_limit_s: float | None = None, calibration=None, engine=None,
          trace_method: str = "auto", record_timing: bool = False,
-         progress: Callable[[int, int], None] | None = None, cache_dir: str | None = "auto") -> Plan:
+         progress: Callable[[int, int], None] | None = None, cache_dir: str | None = "auto",
+         target: str = "any") -> Plan:
     """Plan how to train ``model`` on ``cluster``; see README.md ("Python API") for every argument."""
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
     if calibration is not None:
@@ -120,8 +122,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         cl = apply_calibration(cl, calibration)
     for group in getattr(cl, "groups", (cl,)):
         group.device.peak(dtype)  # fail early on a dtype a device lacks
-    options = SearchOptions(fix=parse_fix(fix), top_k=top_k, time_limit_s=time_limit_s,
-                            trace=trace_method)
+    options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
+                                             time_limit_s=time_limit_s, trace=trace_method), target)
     eng = engine_from_mapping(engine)
     TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
                  engine=eng)  # validate before the slow part

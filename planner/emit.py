@@ -62,6 +62,7 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "time_s": result.time_s if record_timing else None,
         "options": {"fix": dict(options.fix), "top_k": options.top_k,
                     "time_limit_s": options.time_limit_s},
+        "target": options.target,
         "alternatives": [alternative(best, alt, training, cluster) for alt in result.alternatives],
     }
     provenance = {

@@ -78,8 +78,14 @@ class SearchOptions:
     """Activation recomputation policies to consider."""
     zero: tuple[ZeroStage, ...] = ZERO_STAGES
     """ZeRO stages to consider (3 = fully sharded, FSDP)."""
+    zero_with_pp: tuple[ZeroStage, ...] = ZERO_STAGES
+    """ZeRO stages to consider together with pipeline parallelism (DeepSpeed runs 0-1 only)."""
     offload: tuple[bool, ...] = (False, True)
     """Whether to consider keeping optimizer states in host memory (ZeRO-Offload)."""
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    """With tensor parallelism: sequence parallelism off and/or on."""
+    target: str = "any"
+    """The engine the plan is for (planner.targets): ``any`` prices every configuration."""
     memory_reserve_fraction: float = 0.05
     """Fraction of device memory kept free for allocator fragmentation."""
     memory_reserve_bytes: float = 1.0e9

@@ -8,6 +8,7 @@ import logging
 from planner.cli.progress import Bar
 from planner.options import DTYPES, OPTIMIZERS, TRACE_METHODS
 from planner.report.summary import summary
+from planner.targets import TARGETS
 
 
 def register(add) -> None:
@@ -35,6 +36,10 @@ def register(add) -> None:
                         "(~/.cache/planner/traces)")
     s.add_argument("--record-timing", action="store_true",
                    help="store the search time in the plan (plan files then differ run to run)")
+    s.add_argument("--target", default="any", choices=TARGETS,
+                   help="the engine the plan is for: the search keeps to the schedules, ZeRO "
+                        "stages, offload and sequence parallelism it runs (default any: every "
+                        "configuration the cost model prices)")
     s.add_argument("-o", "--output", help="write the plan JSON here")
     s.set_defaults(func=run)
 
@@ -49,7 +54,8 @@ def run(args) -> int:
                  fix=args.fix, top_k=args.top_k, time_limit_s=args.time_limit,
                  engine=args.engine, calibration=args.calibration,
                  trace_method=args.trace, record_timing=args.record_timing,
-                 progress=Bar(args.quiet), cache_dir=None if args.no_cache else "auto")
+                 progress=Bar(args.quiet), cache_dir=None if args.no_cache else "auto",
+                 target=args.target)
     print(summary(p))
     if args.output:
         p.save(args.output)

@@ -36,6 +36,7 @@ VPP_SHAPE = "interleaved needs pp > 1 and vpp > 1"
 VPP_ROUNDS = "interleaved needs micro-batches divisible by pp"
 VPP_BLOCKS = "pp x vpp > blocks"
 OFFLOAD_ZERO = "offload needs ZeRO >= 1 (and dp > 1)"
+ZERO_PP = "ZeRO stage not run with pipelines by the target"
 
 
 def divisors(n: int) -> list[int]:
@@ -169,14 +170,15 @@ def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
 
 
 def _inner(fix, tp, pp, dp, gb, options, rejected, space):
-    states = _zero_offload(fix, dp, options, rejected)
+    states = _zero_offload(fix, dp, pp, options, rejected)
     schedules = _choices(fix, "schedule", list(options.schedules) if pp > 1 else ["1f1b"])
     for mb in _choices(fix, "micro_batch", divisors(gb // dp)):
         if (gb // dp) % mb:
             rejected[MICRO_BATCH] += 1
             continue
         m = gb // (dp * mb)
-        for sp in _choices(fix, "sequence_parallel", [False, True] if tp > 1 else [False]):
+        for sp in _choices(fix, "sequence_parallel",
+                           list(options.sequence_parallel) if tp > 1 else [False]):
             if sp and tp == 1:
                 rejected[SP_TP] += 1
                 continue
@@ -209,10 +211,16 @@ def _vpps(fix: dict, schedule: str, pp: int, m: int, options: SearchOptions,
     return out
 
 
-def _zero_offload(fix: dict, dp: int, options: SearchOptions, rejected: Counter) -> list[tuple]:
+def _zero_offload(fix: dict, dp: int, pp: int, options: SearchOptions,
+                  rejected: Counter) -> list[tuple]:
     """(ZeRO stage, offload) pairs; offloading the optimizer needs its states sharded (ZeRO >= 1),
-    as in DeepSpeed, and sharding needs data parallelism."""
-    zeros = _choices(fix, "zero", list(options.zero) if dp > 1 else [0])
+    as in DeepSpeed, and sharding needs data parallelism. With a pipeline, the stages the target
+    engine runs with one."""
+    allowed = [z for z in options.zero if pp == 1 or z in options.zero_with_pp]
+    zeros = _choices(fix, "zero", allowed if dp > 1 else [0])
+    if pp > 1 and "zero" in fix and fix["zero"] not in options.zero_with_pp:
+        rejected[ZERO_PP] += 1
+        return []
     offloads = _choices(fix, "offload_optimizer", list(options.offload))
     pairs = [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
     if not pairs:

@@ -1,0 +1,96 @@
+"""What each training engine runs: the knobs a plan made for it (``--target``) may use.
+
+A plan is only useful if an engine can run it. ``any`` searches every configuration the cost
+model prices; each other target narrows the search to what that engine offers, so the plan needs
+no translation that changes its cost. The facts are per engine release (``version``, the release
+the exports target by default) and cited in docs/exports.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from costmodels.pipeline import SCHEDULES, Schedule
+from planner.errors import SpecError
+from planner.options import ZERO_STAGES, SearchOptions
+
+
+@dataclass(frozen=True, kw_only=True)
+class Engine:
+    """The configurations one engine release runs."""
+
+    name: str
+    version: str
+    """The release this table describes and the exports target by default."""
+    schedules: tuple[Schedule, ...] = SCHEDULES
+    """Pipeline schedules it runs (pp > 1)."""
+    zero: tuple[int, ...] = ZERO_STAGES
+    """Ways of sharding model states over data parallelism, as ZeRO stages."""
+    zero_with_pp: tuple[int, ...] = ZERO_STAGES
+    """The stages it runs together with pipeline parallelism."""
+    offload: bool = True
+    """Optimizer states and step in host memory (ZeRO-Offload)."""
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    """With tensor parallelism: whether norms and dropouts may (True) or must not (False) run
+    sequence-parallel; (True,) when the engine always does."""
+
+
+ENGINES: dict[str, Engine] = {
+    "any": Engine(name="any", version=""),
+    # planner's own runtime (`plan run`): torch.distributed.pipelining actions, DTensor tensor
+    # parallelism without sequence parallelism, replicate / fully_shard; the optimizer stays on
+    # the device.
+    "torch": Engine(name="torch", version="2.13",
+                    schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
+                    offload=False, sequence_parallel=(False,)),
+    # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
+    # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
+    # only the optimizer.
+    "torchtitan": Engine(name="torchtitan", version="0.2.2",
+                         schedules=("gpipe", "1f1b", "interleaved-1f1b"),
+                         zero=(0, 2, 3), zero_with_pp=(0, 2, 3), offload=False,
+                         sequence_parallel=(True,)),
+    # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
+    # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
+    "megatron": Engine(name="megatron", version="core_v0.14.0",
+                       schedules=("1f1b", "interleaved-1f1b")),
+    # DeepSpeed: its pipeline engine runs one 1F1B-like schedule and only ZeRO 0-1 with it;
+    # no Megatron-style sequence parallelism in the engine itself.
+    "deepspeed": Engine(name="deepspeed", version="0.19.8", schedules=("1f1b",),
+                        zero_with_pp=(0, 1), sequence_parallel=(False,)),
+}
+TARGETS: tuple[str, ...] = tuple(ENGINES)
+
+
+def engine(target: str) -> Engine:
+    if target not in ENGINES:
+        raise SpecError(f"target: unknown engine '{target}'; choose {', '.join(TARGETS)}")
+    return ENGINES[target]
+
+
+def restrict(options: SearchOptions, target: str) -> SearchOptions:
+    """``options`` narrowed to what ``target`` runs; a pin it cannot run is an error naming both."""
+    eng = engine(target)
+    fix = options.fix
+    pinned_sched = fix.get("schedule")
+    if pinned_sched is not None and int(fix.get("pp", 2)) > 1 and pinned_sched not in eng.schedules:
+        raise SpecError(f"fix.schedule: {target} does not run {pinned_sched}; it runs "
+                        f"{', '.join(eng.schedules)} (or use --target any)")
+    if "zero" in fix and fix["zero"] not in eng.zero:
+        raise SpecError(f"fix.zero: {target} does not shard model states as ZeRO-{fix['zero']}; "
+                        f"it offers {', '.join(map(str, eng.zero))}")
+    if fix.get("offload_optimizer") and not eng.offload:
+        raise SpecError(f"fix.offload_optimizer: {target} does not offload the optimizer alone "
+                        "(pin offload_optimizer=false or use another target)")
+    if "sequence_parallel" in fix and int(fix.get("tp", 2)) > 1 and \
+            fix["sequence_parallel"] not in eng.sequence_parallel:
+        raise SpecError(f"fix.sequence_parallel: {target} runs tensor parallelism "
+                        f"{'with' if eng.sequence_parallel == (True,) else 'without'} sequence "
+                        "parallelism")
+    return replace(options, target=target,
+                   schedules=tuple(s for s in options.schedules if s in eng.schedules),
+                   zero=tuple(z for z in options.zero if z in eng.zero),
+                   zero_with_pp=tuple(z for z in options.zero_with_pp if z in eng.zero_with_pp),
+                   offload=tuple(o for o in options.offload if eng.offload or not o),
+                   sequence_parallel=tuple(s for s in options.sequence_parallel
+                                           if s in eng.sequence_parallel))
