@@ -1,9 +1,11 @@
-"""``plan``: the parser, logging, and the one-line error contract (PlannerError -> exit 2).
+"""``plan``: the parser, logging, and the one-line error contract.
 
 Each subcommand lives in its own module of this package, which defines ``register(add)``:
 ``add(name, help=...)`` returns an argparse subparser (it already has --debug/-v/-q); the module
 adds its arguments and ``set_defaults(func=...)``, where ``func(args) -> int`` calls the API and
-prints. A PlannerError raised by ``func`` becomes one line on stderr and exit code 2.
+prints. What ``func`` raises becomes one line on stderr and an exit code: 2 bad input (SpecError,
+TraceError), 3 no plan fits (InfeasibleError), 1 a bug of the planner's own (InternalError or any
+other exception; --debug shows the traceback).
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import argparse
 import importlib
 import logging
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
-from planner.errors import InternalError, PlannerError
+from planner.errors import InfeasibleError, InternalError, PlannerError
 
-EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
+EXIT_BAD_INPUT = 2
+EXIT_NO_PLAN = 3
 COMMANDS = ("solve", "show", "models", "clusters", "profile", "simulate", "export", "run", "jobs",
             "whatif", "diff")
 """Modules of planner.cli, one per subcommand, in the order `plan --help` lists them."""
@@ -36,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plan: internal error: {exc} (a bug in the planner: please report it with the "
               "command line; --debug shows where)", file=sys.stderr)
         return EXIT_INTERNAL
+    except InfeasibleError as exc:
+        if args.debug:
+            raise
+        print(f"plan: no plan: {exc}", file=sys.stderr)
+        return EXIT_NO_PLAN
     except PlannerError as exc:
         if args.debug:
             raise
@@ -47,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed early
         sys.stderr.close()
         return 0
+    except Exception as exc:  # noqa: BLE001 - anything else is a bug: one line, exit 1
+        if args.debug:
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        print(f"plan: internal error: {type(exc).__name__}: {first}; run with --debug for the "
+              "traceback, and please report it with the command line", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,17 +73,25 @@ def _parser() -> argparse.ArgumentParser:
                         help="more progress detail")
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                         help="no progress output")
-    p = argparse.ArgumentParser(prog="plan", parents=[common],
+    p = argparse.ArgumentParser(prog="plan", parents=[common], allow_abbrev=False,
                                 description="Plan data/tensor/pipeline parallelism for a PyTorch "
                                 "training run, and explain the plan.")
+    p.add_argument("--version", action="version", version=f"plan {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name, **kw):
-        return sub.add_parser(name, parents=[common], **kw)
+        return sub.add_parser(name, parents=[common], allow_abbrev=False, **kw)
 
     for name in COMMANDS:
         importlib.import_module(f"planner.cli.{name}").register(add)
     return p
+
+
+def _version() -> str:
+    try:
+        return version("planner")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        return "unknown (not installed)"
 
 
 def _setup_logging(verbose: bool, quiet: bool) -> None:
