@@ -59,6 +59,10 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     """Resolve and trace a model once (the slow, torch-touching part). A MODEL spec traced before
     with the same settings is read from the trace cache in ``cache_dir`` ("auto": the user's
     cache folder; None: no cache)."""
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)
+                                or seq_len < 1):
+        raise SpecError(f"seq_len: expected a positive integer (or None: the model's), got "
+                        f"{seq_len!r}")
     folder = cache.default_dir() if cache_dir == "auto" else cache_dir
     entry = (cache.key(model, seq_len=seq_len, dtype=dtype, method=trace_method)
              if folder and example_inputs is None else None)

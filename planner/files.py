@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 
 from planner.errors import SpecError
@@ -18,6 +19,10 @@ def read_json_object(path: str, *, what: str, missing_hint: str = "") -> dict:
     except FileNotFoundError:
         raise SpecError(f"{what}: file '{path}' not found" + (f"; {missing_hint}" if missing_hint
                                                                else "")) from None
+    except IsADirectoryError:
+        raise SpecError(f"{what}: '{path}' is a folder, not a JSON file") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{what}: '{path}' is not text (binary content); give the JSON file") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise SpecError(f"{what}: cannot read '{path}' as JSON ({exc}); fix the file") from None
     if not isinstance(data, dict):
@@ -35,8 +40,12 @@ def read_yaml(path: str, *, what: str):
             return yaml.safe_load(f)
     except FileNotFoundError:
         raise SpecError(f"{what}: file '{path}' not found") from None
+    except IsADirectoryError:
+        raise SpecError(f"{what}: '{path}' is a folder, not a YAML file") from None
     except OSError as exc:
         raise SpecError(f"{what}: cannot read '{path}' ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{what}: '{path}' is not text (binary content); give the YAML file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -44,9 +53,52 @@ def read_yaml(path: str, *, what: str):
                         f"{getattr(exc, 'problem', None) or exc}") from None
 
 
+STDOUT = "-"
+"""The output path that means standard output (``-o -``)."""
+
+
+def check_output(path: str, what: str) -> None:
+    """SpecError naming ``what`` (the option) unless ``path`` can be written: its folder exists and
+    is writable, it is not a folder, and an existing file there is writable. Called before the
+    slow part, so that no work is lost to a typo."""
+    if path == STDOUT:
+        return
+    if not path:
+        raise SpecError(f"{what}: empty path; give a file name")
+    if os.path.isdir(path):
+        raise SpecError(f"{what}: '{path}' is a folder; give a file name inside it")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SpecError(f"{what}: folder '{folder}' does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise SpecError(f"{what}: cannot write in folder '{folder}' (permission denied)")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise SpecError(f"{what}: '{path}' is read-only")
+
+
 def atomic_write(path: str, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same folder and an atomic rename;
-    an existing file keeps its permissions and is never left half-written."""
+    an existing file keeps its permissions and is never left half-written. ``-`` writes to
+    standard output."""
+    if path == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    atomic_save(path, write)
+
+
+def atomic_save(path: str, write) -> None:
+    """Call ``write(tmp)`` to fill a temporary file in ``path``'s folder, then rename it onto
+    ``path`` (keeping an existing file's permissions); on any failure the temporary file is
+    removed and ``path`` is untouched."""
+    check_output(path, "output")
     folder = os.path.dirname(os.path.abspath(path))
     try:
         mode = os.stat(path).st_mode & 0o777
@@ -54,12 +106,11 @@ def atomic_write(path: str, text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    suffix = os.path.splitext(path)[1] or ".tmp"
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        write(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

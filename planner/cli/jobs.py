@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from planner.cli.args import count, non_negative_float, positive_float, positive_int
 from planner.errors import SpecError
 from planner.report.figure import check_path
 from planner.report.gantt import jobs_gantt
@@ -20,23 +21,23 @@ def register(add) -> None:
                    help="jobs file: jobs (name, model, global_batch, seq_len, steps[, priority, "
                         "deadline_s]) and optionally cluster, nodes")
     j.add_argument("--cluster", help="preset or cluster YAML (overrides the jobs file)")
-    j.add_argument("--nodes", type=int, help="override the number of nodes")
+    j.add_argument("--nodes", type=positive_int, help="override the number of nodes")
     j.add_argument("-o", "--output", help="write the schedule JSON here")
     j.add_argument("--gantt", metavar="PNG", help="draw the cluster over time here")
-    j.add_argument("--time-limit", type=float, default=30.0,
+    j.add_argument("--time-limit", type=positive_float, default=30.0,
                    help="seconds for the solver; the best schedule found by then (default 30)")
     j.add_argument("--objective", default="makespan", choices=OBJECTIVES,
                    help="makespan, or completion time weighted by priority")
-    j.add_argument("--time-unit", type=float,
+    j.add_argument("--time-unit", type=positive_float,
                    help="schedule grid in seconds (default: about 1/10000 of the horizon)")
-    j.add_argument("--seed", type=int, default=0, help="solver random seed (default 0)")
-    j.add_argument("--workers", type=int, default=2,
+    j.add_argument("--seed", type=count, default=0, help="solver random seed (default 0)")
+    j.add_argument("--workers", type=positive_int, default=2,
                    help="processes tracing and planning distinct models (default 2)")
     j.add_argument("--replan", metavar="SCHEDULE.json",
                    help="re-solve a schedule from --now: --done jobs leave, running jobs stay")
     j.add_argument("--done", action="append", default=[], metavar="JOB[,JOB]",
                    help="with --replan: jobs that have finished (repeat or comma-separate)")
-    j.add_argument("--now", type=float, help="with --replan: seconds since the schedule began")
+    j.add_argument("--now", type=non_negative_float, help="with --replan: seconds since the schedule began")
     j.add_argument("--record-timing", action="store_true",
                    help="store the solve time in the schedule (files then differ run to run)")
     j.set_defaults(func=run)

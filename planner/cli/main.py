@@ -28,7 +28,10 @@ COMMANDS = ("solve", "show", "models", "clusters", "profile", "simulate", "expor
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors (one line, already printed), --help, --version
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
     for flag in ("debug", "verbose", "quiet"):  # accepted before or after the command
         setattr(args, flag, getattr(args, flag, False))
     _setup_logging(args.verbose, args.quiet)
@@ -65,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the planner's error contract: one line on stderr, exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"plan: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -73,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="more progress detail")
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                         help="no progress output")
-    p = argparse.ArgumentParser(prog="plan", parents=[common], allow_abbrev=False,
+    p = _Parser(prog="plan", parents=[common], allow_abbrev=False,
                                 description="Plan data/tensor/pipeline parallelism for a PyTorch "
                                 "training run, and explain the plan.")
     p.add_argument("--version", action="version", version=f"plan {_version()}")

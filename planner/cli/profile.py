@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from planner.cli.args import positive_int
 from planner.files import atomic_write
 from planner.profile import DEVICES
 
@@ -11,9 +12,9 @@ from planner.profile import DEVICES
 def register(add) -> None:
     p = add("profile", help="measure this machine (GEMMs, bandwidth, collectives) for --calibration")
     p.add_argument("--device", default="cpu", choices=DEVICES)
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="CPU threads per process (a CPU 'device' is one process; default 1)")
-    p.add_argument("--processes", type=int, default=2,
+    p.add_argument("--processes", type=positive_int, default=2,
                    help="processes working at once (default 2): on CPUs the device speeds are "
                    "measured in that many processes together (they share caches and memory "
                    "bandwidth), so use the processes per node the plan runs; also the processes "

@@ -7,6 +7,7 @@ other half; schedules that split the backward (zb-h1) give half of ``bwd_s`` to 
 
 from __future__ import annotations
 
+from planner.cli.args import positive_int
 from planner.planfile.document import load_plan
 from planner.report.gantt import gantt
 from planner.report.simulation import comparison
@@ -22,9 +23,9 @@ def register(add) -> None:
     s.add_argument("plan", metavar="PLAN.json")
     s.add_argument("--schedule", required=True, choices=list(BUILDERS),
                    help="the schedule to compare with the plan's own")
-    s.add_argument("--microbatches", type=int,
+    s.add_argument("--microbatches", type=positive_int,
                    help="micro-batches per step for SCHEDULE (default: the plan's)")
-    s.add_argument("--vpp", type=int, help="virtual stages per rank for interleaved-1f1b")
+    s.add_argument("--vpp", type=positive_int, help="virtual stages per rank for interleaved-1f1b")
     s.add_argument("--gantt", metavar="OUT.png", help="draw SCHEDULE's simulation (.png or .svg)")
     s.set_defaults(func=run)
 

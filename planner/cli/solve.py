@@ -4,8 +4,11 @@ written as JSON."""
 from __future__ import annotations
 
 import logging
+import sys
 
+from planner.cli.args import count, positive_float, positive_int
 from planner.cli.progress import Bar
+from planner.files import STDOUT, check_output
 from planner.options import DTYPES, OPTIMIZERS, TRACE_METHODS
 from planner.report.summary import summary
 from planner.targets import TARGETS
@@ -16,10 +19,10 @@ def register(add) -> None:
     s.add_argument("model", metavar="MODEL", help="zoo name (see `plan models`), config.json "
                    "path, or file.py:factory")
     s.add_argument("--cluster", required=True, help="preset (see `plan clusters`) or YAML file")
-    s.add_argument("--nodes", type=int, help="override the number of nodes")
-    s.add_argument("--gpus-per-node", type=int, help="override GPUs per node")
-    s.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
-    s.add_argument("--seq-len", type=int, help="tokens per sample (default: the model's)")
+    s.add_argument("--nodes", type=positive_int, help="override the number of nodes")
+    s.add_argument("--gpus-per-node", type=positive_int, help="override GPUs per node")
+    s.add_argument("--global-batch", type=positive_int, required=True, help="samples per optimizer step")
+    s.add_argument("--seq-len", type=positive_int, help="tokens per sample (default: the model's)")
     s.add_argument("--dtype", default="bf16", choices=DTYPES)
     s.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     s.add_argument("--fix", help="pin knobs, e.g. tp=8,pp=4,schedule=1f1b,recompute=full,zero=1")
@@ -27,8 +30,8 @@ def register(add) -> None:
                    "replace data-sheet numbers)")
     s.add_argument("--engine", help="software behaviour: attention=flash|materialized, "
                    "kernels=fused|eager, overlap_grad_reduce=true|false, fsdp_copies=true|false")
-    s.add_argument("--top-k", type=int, default=3, help="runners-up to keep (default 3)")
-    s.add_argument("--time-limit", type=float, help="seconds; return the best plan found so far")
+    s.add_argument("--top-k", type=count, default=3, help="runners-up to keep (default 3)")
+    s.add_argument("--time-limit", type=positive_float, help="seconds; return the best plan found so far")
     s.add_argument("--trace", default="auto", choices=TRACE_METHODS,
                    help="tracer (default: torch.export, the ATen graph; then torch.fx)")
     s.add_argument("--no-cache", action="store_true",
@@ -40,13 +43,16 @@ def register(add) -> None:
                    help="the engine the plan is for: the search keeps to the schedules, ZeRO "
                         "stages, offload and sequence parallelism it runs (default any: every "
                         "configuration the cost model prices)")
-    s.add_argument("-o", "--output", help="write the plan JSON here")
+    s.add_argument("-o", "--output", help="write the plan JSON here (- : to stdout, the report "
+                                          "then goes to stderr)")
     s.set_defaults(func=run)
 
 
 def run(args) -> int:
     from planner import api  # lazy: imports torch (seconds); `plan --help` and `show` need not
 
+    if args.output:
+        check_output(args.output, "output")
     logging.getLogger("planner").info("planning %s on %s ...", args.model, args.cluster)
     p = api.plan(args.model, cluster=args.cluster, nodes=args.nodes,
                  gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,
@@ -56,6 +62,10 @@ def run(args) -> int:
                  trace_method=args.trace, record_timing=args.record_timing,
                  progress=Bar(args.quiet), cache_dir=None if args.no_cache else "auto",
                  target=args.target)
+    if args.output == STDOUT:  # the plan JSON on stdout for scripts, the report on stderr
+        print(summary(p), file=sys.stderr)
+        p.save(STDOUT)
+        return 0
     print(summary(p))
     if args.output:
         p.save(args.output)

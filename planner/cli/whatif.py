@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+from planner.cli.args import positive_float, positive_int
 from planner.cli.progress import Bar
 from planner.explore.costs import parse_prices
 from planner.explore.csv_rows import write_csv
@@ -25,19 +26,19 @@ def register(add) -> None:
     w.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2,...",
                    help=f"values to sweep (repeatable); KEY is one of {', '.join(VARY_KEYS)} "
                         "(bandwidths in GB/s per GPU)")
-    w.add_argument("--nodes", type=int, help="nodes at every point (unless varied)")
-    w.add_argument("--gpus-per-node", type=int, help="GPUs per node at every point")
-    w.add_argument("--global-batch", type=int, help="samples per optimizer step (or vary it)")
-    w.add_argument("--seq-len", type=int, help="tokens per sample (default: the model's)")
+    w.add_argument("--nodes", type=positive_int, help="nodes at every point (unless varied)")
+    w.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node at every point")
+    w.add_argument("--global-batch", type=positive_int, help="samples per optimizer step (or vary it)")
+    w.add_argument("--seq-len", type=positive_int, help="tokens per sample (default: the model's)")
     w.add_argument("--dtype", default="bf16", choices=DTYPES)
     w.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     w.add_argument("--fix", help="knobs pinned at every point, e.g. recompute=full,zero=1")
     w.add_argument("--price-per-gpu-hour", metavar="GPU=$,...",
                    help="dollars per GPU-hour by device, e.g. h100=4,a100-80g=2 (adds cost)")
-    w.add_argument("--tokens", type=float,
+    w.add_argument("--tokens", type=positive_float,
                    help="with prices: the cost and days to train on this many tokens, e.g. 1e12")
-    w.add_argument("--time-limit", type=float, help="seconds of search per point")
-    w.add_argument("--workers", type=int, help="processes (default: one per core)")
+    w.add_argument("--time-limit", type=positive_float, help="seconds of search per point")
+    w.add_argument("--workers", type=positive_int, help="processes (default: one per core)")
     w.add_argument("--csv", metavar="OUT.csv", help="write every row, every column")
     w.add_argument("--plot", metavar="OUT.png",
                    help="write OUT-scaling.png (tokens/s and MFU against GPUs), OUT-pareto.png "

@@ -22,7 +22,7 @@ from planner.search.costs import ModelArrays, block_costs, capacity_bytes
 from planner.search.loop import SearchResult, search
 from planner.search.pricing import price
 from planner.search.refine import simulated
-from planner.search.space import TP_MODEL, TP_NODE, Space, pp_reason, tp_reasons
+from planner.search.space import TP_MODEL, Space, pp_reason, tp_reasons
 from planner.solve.chain import partition
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class WhyNot:
     message: str = ""
     """The planner's reason when it finds none."""
     notes: list = None
-    """Why the search sets such a configuration aside, besides memory (a tp group across nodes)."""
+    """Why the search sets such a configuration aside, besides memory."""
     over: list = None
     """(stage, its blocks, bytes it would need, its memory by kind) for every stage that does not
     fit, with ``usable`` and ``device`` bytes in ``limits``."""
@@ -147,19 +147,12 @@ def structural_notes(cfg, cluster, bg) -> list[str]:
     'cannot ...' when it cannot be priced at all."""
     notes = []
     space = Space.of(cluster, bg)
-    broken = tp_reasons(cfg.tp, space)
+    broken = tp_reasons(cfg.tp, space, pinned=True)
     if TP_MODEL in broken:
         notes.append(f"cannot split: tp={cfg.tp} does not divide the heads and hidden sizes "
                      f"({', '.join(map(str, space.tp_divisors))})")
     if pp_reason(cfg.pp, cfg.vpp, space):
         notes.append(f"cannot cut {len(bg.blocks)} blocks into pp={cfg.pp} x vpp={cfg.vpp} stages")
-    if TP_NODE in broken:
-        notes.append(f"tp={cfg.tp} spans {-(-cfg.tp // cluster.gpus_per_node)} nodes of "
-                     f"{cluster.gpus_per_node} GPUs; the planner keeps tensor parallelism inside "
-                     f"a node, where its all-reduces run on {cluster.intra_node.name or 'intra'} "
-                     f"({cluster.intra_node.bandwidth_bytes_per_s / 1e9:g} GB/s per GPU) instead "
-                     f"of {cluster.inter_node.name or 'inter'} "
-                     f"({cluster.inter_node.bandwidth_bytes_per_s / 1e9:g} GB/s)")
     return notes
 
 

@@ -50,7 +50,7 @@ class Plan:
         return cls(**{k: d[k] for k in names})
 
     def save(self, path: str) -> None:
-        """Validate, then write atomically: a reader never sees half a file."""
+        """Validate, then write atomically: a reader never sees half a file (``-``: stdout)."""
         d = self.to_dict()
         validate(d, path)
         atomic_write(path, json.dumps(d, indent=1) + "\n")

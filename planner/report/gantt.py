@@ -7,6 +7,7 @@ so importing this module costs nothing and no global pyplot state or backend is 
 
 from __future__ import annotations
 
+from planner.report import figure
 from planner.report.figure import check_path
 from planner.report.text import model_name, runs
 from planner.schedule.simulator import SimResult
@@ -93,7 +94,7 @@ def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
         handles.append(Patch(color=_shade("#666666", 1), label="lighter: rank's next stage"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1 if ranks >= 6
               else -0.25), ncol=len(handles), fontsize=8, frameon=False)
-    fig.savefig(path)
+    figure.save(fig, path)
     return fig
 
 
@@ -150,7 +151,7 @@ def jobs_gantt(doc: dict, path: str) -> None:
                fontsize=8, frameon=False)
     fig.suptitle(f"{len(doc['jobs'])} jobs on {c['nodes']} nodes x {c['gpus_per_node']} "
                  f"{c['device']} ({c['name']})", fontsize=11)
-    fig.savefig(path, dpi=110)
+    figure.save(fig, path, dpi=110)
 
 
 def _bars(ax, job: dict, color, span_h: float) -> None:

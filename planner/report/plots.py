@@ -11,6 +11,7 @@ import os
 import re
 
 from planner.errors import SpecError
+from planner.report import figure
 from planner.report.figure import check_path
 from planner.report.sweep import short_config as short_row_config
 from planner.units import GB, human_count
@@ -140,7 +141,7 @@ def scaling(rows: list[dict], path: str):
     if any(label for label, _ in _series(rows)):
         ax_t.legend(fontsize=8, loc="upper left")
     fig.suptitle(_title(rows, "scaling"), fontsize=11)
-    fig.savefig(path)
+    figure.save(fig, path)
     return fig
 
 
@@ -196,7 +197,7 @@ def pareto(rows: list[dict], path: str, *, max_listed: int = 14):
     fig.suptitle(_title(rows, f"step time against memory per GPU ({len(front)} of "
                               f"{sum(r['feasible'] for r in rows)} feasible points on the front)"),
                  fontsize=11)
-    fig.savefig(path)
+    figure.save(fig, path)
     return fig
 
 
@@ -284,7 +285,7 @@ def cost(rows: list[dict], path: str):
             ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
     axes[0].legend(fontsize=8, loc="best")
     fig.suptitle(_title(rows, "cost"), fontsize=11)
-    fig.savefig(path)
+    figure.save(fig, path)
     return fig
 
 

@@ -1,4 +1,5 @@
-"""When nothing fits: the leanest configuration's memory, and what would make it fit."""
+"""When nothing fits: a pin that no configuration can honour (bad input, named), or the leanest
+configuration with the pins the user gave, its memory per stage, and what would make it fit."""
 
 from __future__ import annotations
 
@@ -7,64 +8,133 @@ from dataclasses import replace
 
 from costmodels import memory, pipeline
 from costmodels.topology import Cluster
+from planner.errors import SpecError
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search.costs import ModelArrays, block_costs, capacity_bytes
-from planner.search.pricing import price
-from planner.search.space import Space, divisors, pp_reason, tp_reason
+from planner.search.pricing import Estimate, price
+from planner.search.space import (PP_BLOCKS, TP_GPUS, TP_MODEL, TP_NODE, Space, divisors,
+                                  pp_reason, tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb
 
 
+def pin_problem(fix: dict, space: Space, training: TrainingSpec) -> str:
+    """'' or one line naming a pinned knob no configuration can honour, the rule, and the numbers."""
+    n, gpn, batch = space.num_gpus, space.gpus_per_node, training.global_batch
+    tp, pp, dp = fix.get("tp"), fix.get("pp"), fix.get("dp")
+    if tp is not None:
+        broken = tp_reasons(tp, space, pinned=True)
+        if TP_GPUS in broken:
+            return f"fix.tp: {tp} does not divide the cluster's {n} GPUs"
+        if TP_MODEL in broken:
+            return (f"fix.tp: {tp} does not divide the model's heads and split sizes "
+                    f"({', '.join(map(str, space.tp_divisors))})")
+        if TP_NODE in broken:
+            return (f"fix.tp: {tp} spans nodes of {gpn} GPUs; across device groups tensor "
+                    "parallelism stays inside a node")
+        if broken:
+            return (f"fix.tp: {tp} must divide the {gpn} GPUs of a node, or be a multiple of "
+                    "them to span whole nodes")
+    for key, value in (("pp", pp), ("dp", dp)):
+        if value is not None and n % value:
+            return f"fix.{key}: {value} does not divide the cluster's {n} GPUs"
+    if None not in (tp, pp, dp) and tp * pp * dp != n:
+        return f"fix: dp x tp x pp = {dp * tp * pp}, but the cluster has {n} GPUs"
+    vpp = fix.get("vpp", 1)
+    if pp is not None and pp_reason(pp, vpp, space):
+        what = f"pp={pp}" if pp_reason(pp, vpp, space) == PP_BLOCKS else f"pp x vpp = {pp * vpp}"
+        return f"fix: {what} stages for a model of {space.num_blocks} blocks; pin fewer stages"
+    if dp is not None and batch % dp:
+        return f"fix.dp: the global batch {batch} does not split over {dp} replicas"
+    mb = fix.get("micro_batch")
+    if mb is not None:
+        if mb > batch:
+            return f"fix.micro_batch: {mb} is larger than the global batch {batch}"
+        if dp is not None and (batch // dp) % mb:
+            return (f"fix.micro_batch: {mb} does not divide the {batch // dp} samples of each of "
+                    f"the {dp} replicas")
+    if fix.get("sequence_parallel") and tp == 1:
+        return "fix.sequence_parallel: needs tp > 1"
+    if fix.get("offload_optimizer") and fix.get("zero") == 0:
+        return "fix.offload_optimizer: needs zero >= 1 (the optimizer states sharded)"
+    if vpp > 1 and fix.get("schedule", "interleaved-1f1b") != "interleaved-1f1b":
+        return f"fix.vpp: vpp={vpp} needs schedule=interleaved-1f1b, not {fix['schedule']}"
+    return ""
+
+
 def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: TrainingSpec,
-            options: SearchOptions) -> tuple[float, Config] | None:
-    """The smallest peak memory per GPU any configuration reaches (batch divisibility ignored)."""
+            options: SearchOptions) -> tuple[float, Config, Estimate] | None:
+    """The configuration with the smallest peak memory per GPU among those with the pinned knobs
+    (``options.fix``; batch divisibility ignored where not pinned), its peak and its estimate."""
+    fix = options.fix
     n, space = cluster.num_gpus, Space.of(cluster, bg)
-    rc = "full" if "full" in options.recompute else options.recompute[-1]
-    zero = max(options.zero)
+    rc = fix.get("recompute", "full" if "full" in options.recompute else options.recompute[-1])
     best = None
-    for tp in divisors(n):
-        if tp_reason(tp, space):
+    for tp in ([fix["tp"]] if "tp" in fix else divisors(n)):
+        if n % tp or tp_reasons(tp, space, pinned="tp" in fix):
             continue
-        costs = block_costs(ma, cluster, training, tp=tp, sp=tp > 1, recompute=rc, micro_batch=1)
-        for pp in divisors(n // tp):
-            if pp_reason(pp, 1, space):
+        sp = fix.get("sequence_parallel", tp > 1)
+        mb = fix.get("micro_batch", 1)
+        costs = block_costs(ma, cluster, training, tp=tp, sp=sp, recompute=rc, micro_batch=mb)
+        for pp in ([fix["pp"]] if "pp" in fix else divisors(n // tp)):
+            vpp = fix.get("vpp", 1)
+            if (n // tp) % pp or pp_reason(pp, vpp, space):
                 continue
             dp = n // (tp * pp)
-            m = max(1, training.global_batch // dp)
-            z = zero if dp > 1 else 0
-            cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=1, num_microbatches=m,
-                         schedule="1f1b", recompute=rc, zero=z, sequence_parallel=tp > 1,
-                         offload_optimizer=any(options.offload) and z >= 1)
+            if fix.get("dp", dp) != dp:
+                continue
+            m = max(1, training.global_batch // (dp * mb))
+            zero = fix.get("zero", max(options.zero)) if dp > 1 else 0
+            offload = fix.get("offload_optimizer", any(options.offload) and zero >= 1)
+            schedule = fix.get("schedule", "interleaved-1f1b" if vpp > 1 else "1f1b")
+            cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m,
+                         schedule=schedule if pp > 1 else "1f1b", recompute=rc, zero=zero,
+                         sequence_parallel=sp, vpp=vpp if pp > 1 else 1,
+                         offload_optimizer=offload and zero >= 1)
             bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
                                                zero=cfg.zero, dp=dp, offload=cfg.offload_optimizer)
-            first = pipeline.in_flight("1f1b", stage=0, stages=pp, microbatches=m)
+            first = pipeline.in_flight(cfg.schedule, stage=0, stages=pp, microbatches=m,
+                                       vpp=cfg.vpp)
             weights = (costs.params_local * bpp + first * costs.act_bytes + costs.work_bytes).tolist()
-            part = partition(weights, pp)
+            part = partition(weights, pp * cfg.vpp)
             if part is None:
                 continue
             est = price(cfg, part.bounds, ma, costs, cluster, training)
             if best is None or est.peak_memory_bytes < best[0]:
-                best = (est.peak_memory_bytes, cfg)
+                best = (est.peak_memory_bytes, cfg, est)
     return best
 
 
 def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: TrainingSpec,
                        options: SearchOptions, rejected_summary: str) -> str:
-    """One line: what the leanest plan needs, what the device offers, and what would fit."""
+    """One line: what the leanest plan (with the user's pins) needs, what the device offers, and
+    what would fit. A pin no configuration can honour raises SpecError instead (bad input)."""
+    problem = pin_problem(dict(options.fix), Space.of(cluster, bg), training)
+    if problem:
+        raise SpecError(problem)
     cap = capacity_bytes(cluster, options)
+    pins = ",".join(f"{k}={v}" for k, v in options.fix.items())
     lean = leanest(ma, bg, cluster, training, options)
     if lean is None:
-        return f"no configuration is possible on {cluster.num_gpus} GPUs ({rejected_summary})"
-    need, cfg = lean
+        with_pins = f" with {pins}" if pins else ""
+        return (f"no configuration{with_pins} is possible on {cluster.num_gpus} GPUs "
+                f"({rejected_summary})")
+    need, cfg, est = lean
     if need <= cap:
         return (f"no configuration fits the constraints ({rejected_summary}); the leanest one "
                 f"({cfg.short()}) would need {gb(need)} per GPU: relax --fix")
-    hint = _more_nodes_hint(ma, bg, cluster, training, options, cap)
+    worst = max(est.stages, key=lambda st: st.memory.get("total", 0.0))
+    kinds = ", ".join(f"{k} {v / 1e9:.3g}" for k, v in worst.memory.items()
+                      if k != "total" and v > 0)
+    where = (f"stage {worst.index} of the leanest with {pins} ({cfg.short()})" if pins else
+             f"stage {worst.index} of the leanest ({cfg.short()})")
+    hint = "" if pins else _more_nodes_hint(ma, bg, cluster, training, options, cap)
     device_gb = (need + options.memory_reserve_bytes) / (1 - options.memory_reserve_fraction) / 1e9
-    return (f"no plan fits: the leanest ({cfg.short()}) needs {gb(need)} per GPU but a "
+    fix_hint = "; relax --fix" if pins else ""
+    return (f"no plan fits: {where} needs {gb(need)} per GPU ({kinds} GB) but a "
             f"{cluster.device.name} leaves {gb(cap)} usable; it would fit on a device with "
-            f">= {math.ceil(device_gb)} GB{hint}")
+            f">= {math.ceil(device_gb)} GB{hint}{fix_hint}")
 
 
 def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:

@@ -24,7 +24,7 @@ from planner.options import Config, SearchOptions, TrainingSpec
 
 TP_GPUS = "tp does not divide gpus"
 TP_NODE = "tp > gpus per node"
-TP_NODE_SPLIT = "tp does not divide gpus per node"
+TP_NODE_SPLIT = "tp does not divide gpus per node (or, across nodes, is no multiple of them)"
 TP_MODEL = "tp does not divide heads or hidden sizes"
 MESH = "dp x tp x pp != gpus"
 GROUP_WIDTH = "tp x dp does not divide every group's GPUs"
@@ -88,23 +88,26 @@ class CostKey:
 
 # ---- rules ---------------------------------------------------------------------------------------
 
-def tp_reasons(tp: int, space: Space) -> list[str]:
-    """Every rule a tensor-parallel degree breaks, in the order the search checks them."""
+def tp_reasons(tp: int, space: Space, pinned: bool = False) -> list[str]:
+    """Every rule a tensor-parallel degree breaks, in the order the search checks them. The search
+    keeps tensor parallelism inside a node; a pinned degree may span whole nodes (its all-reduces
+    then priced on the inter-node link), except across device groups."""
     out = []
     if space.num_gpus % tp:
         out.append(TP_GPUS)
-    if tp > space.gpus_per_node:
+    across = tp > space.gpus_per_node
+    if across and not (pinned and not space.group_gpus):
         out.append(TP_NODE)
-    if space.gpus_per_node % tp:
+    if (space.gpus_per_node % tp if not across else tp % space.gpus_per_node if pinned else 0):
         out.append(TP_NODE_SPLIT)
     if any(d % tp for d in space.tp_divisors):
         out.append(TP_MODEL)
     return out
 
 
-def tp_reason(tp: int, space: Space) -> str:
+def tp_reason(tp: int, space: Space, pinned: bool = False) -> str:
     """The first rule ``tp`` breaks, or '' when it is legal."""
-    reasons = tp_reasons(tp, space)
+    reasons = tp_reasons(tp, space, pinned)
     return reasons[0] if reasons else ""
 
 
@@ -135,7 +138,7 @@ def _meshes(space: Space, fix: dict, gb: int, rejected: Counter):
     """(tp, pp, dp) with dp x tp x pp = the cluster's GPUs."""
     n = space.num_gpus
     for tp in _choices(fix, "tp", divisors(n)):
-        reason = tp_reason(tp, space)
+        reason = tp_reason(tp, space, pinned="tp" in fix)
         if reason:
             rejected[reason] += 1
             continue

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import traceback
 from dataclasses import dataclass
 
@@ -211,3 +212,22 @@ def check_seq_len(cfg, seq_len: int, name: str) -> None:
     if limit and seq_len > limit:
         raise SpecError(f"seq_len: {seq_len} exceeds {name}'s learned positions ({limit}); "
                         f"use --seq-len {limit} or less")
+
+
+_COUNT = re.compile(r"(^|_)(num|n)_|_(layers|heads|size|dim|experts|positions)$|^vocab_size$")
+"""Config keys that count or size something (layers, heads, hidden size, experts, vocabulary)."""
+
+
+def check_counts(raw: dict, where: str) -> None:
+    """SpecError naming the key when a count or size in a config (nested configs included) is
+    negative, or a size is zero: transformers would build an empty or broken model silently."""
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            check_counts(value, f"{where}.{key}")
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not _COUNT.search(key):
+            continue
+        sized = key.endswith(("_size", "_dim")) or key == "vocab_size"
+        if value < 0 or (sized and value == 0):
+            raise SpecError(f"{where}.{key}: expected {'a positive' if sized else 'a non-negative'}"
+                            f" integer, got {value}; fix the config")

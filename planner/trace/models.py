@@ -23,6 +23,7 @@ from planner.errors import SpecError
 from planner.files import read_json_object
 from planner.inputs.zoo import ZOO, ZooEntry
 from planner.trace import hf
+from planner.trace.failures import model_frame
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
     if "model_type" not in raw:
         raise SpecError(f"{file}: key 'model_type' is missing; add the transformers model type "
                         "(e.g. \"llama\", \"gpt2\")")
+    hf.check_counts(raw, os.path.basename(file))
     raw = dict(raw)
     model_type = raw.pop("model_type")
     try:
@@ -124,7 +126,9 @@ def load_factory(spec: str):
         try:
             mod_spec.loader.exec_module(module)
         except Exception as exc:
-            raise SpecError(f"model: importing '{target}' failed: {type(exc).__name__}: {exc}") from None
+            raise SpecError(f"model: importing '{target}' failed: {type(exc).__name__}: "
+                            f"{(str(exc).splitlines() or [''])[0][:160]}; --debug shows the "
+                            "traceback") from exc
     else:
         try:
             module = importlib.import_module(target)
@@ -141,8 +145,15 @@ def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:
     factory = load_factory(spec)
     target, _, attr = spec.rpartition(":")
     kw = {"seq_len": seq_len} if seq_len and "seq_len" in inspect.signature(factory).parameters else {}
-    with torch.device("meta"):
-        result = factory(**kw)
+    try:
+        with torch.device("meta"):
+            result = factory(**kw)
+    except Exception as exc:  # the user's code: one line naming it; --debug shows the traceback
+        where = model_frame(exc)
+        raise SpecError(f"model: {spec} raised {type(exc).__name__}: "
+                        f"{(str(exc).splitlines() or [''])[0][:160]}"
+                        f"{f' at {where}' if where else ''}; fix the factory (--debug shows the "
+                        "traceback)") from exc
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
         raise SpecError(f"model: {spec} must return (nn.Module, example_inputs), got "
                         f"{type(result).__name__}")

@@ -52,7 +52,7 @@ BAD = {
     "bad fix": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8", "--fix", "tpp=2"],
                 "unknown knob 'tpp'"),
     "bad batch": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "0"],
-                  "global_batch: expected a positive integer"),
+                  "argument --global-batch: expected an integer >= 1, got '0'"),
     "missing plan": (["show", "/nonexistent/plan.json"], "not found"),
 }
 

@@ -76,9 +76,8 @@ def test_why_on_a_feasible_variant_says_what_changes(capsys, small_plan):
 def test_why_tensor_parallel_across_nodes_prices_the_inter_node_all_reduce(tiny_llama_config):
     plan = planner.plan(tiny_llama_config, cluster=ONE_GPU_NODES, global_batch=32, seq_len=128,
                         fix={"tp": 1})
-    answer = why_not(plan, {"tp": 2})
-    assert not answer.feasible and "tp > gpus per node" in answer.message
-    assert any("spans 2 nodes" in n for n in answer.notes)
+    answer = why_not(plan, {"tp": 2})  # pinned, tp may span whole nodes: planned, not refused
+    assert answer.feasible
     v = answer.variant
     assert v.parallel["tp"] == 2 and v.parallel["dp"] * v.parallel["pp"] == 2
     tp_change = [c for c in compare.part_changes(plan, v) if c.part == "tp_comm_s"]

@@ -1,0 +1,39 @@
+"""Argument types for numbers with a range: a value out of range is a one-line usage error that
+names the option (argparse turns the ValueError-free ArgumentTypeError into `plan: error: ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(text: str, kind, low: float, inclusive: bool, what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    if value < low or (value == low and not inclusive):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    return _number(text, int, 1, True, "an integer >= 1")
+
+
+def count(text: str) -> int:
+    """An integer >= 0."""
+    return _number(text, int, 0, True, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    return _number(text, float, 0.0, False, "a number > 0")
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    return _number(text, float, 0.0, True, "a number >= 0")
