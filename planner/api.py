@@ -148,13 +148,10 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     summary = ", ".join(f"{n} {r}" for r, n in result.rejected.most_common(4))
     log.info("searched %d configurations in %.2f s (%s)", result.candidates, result.time_s,
              summary or "none rejected")
-    if result.best is None and isinstance(cluster, HeteroCluster):
-        raise InfeasibleError(f"no plan fits the cluster's groups ({summary or 'no candidates'})",
-                              reason="no feasible plan")
     if result.best is None:
         ma = ModelArrays.from_blocks(prepared.blocks)
         raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
-                                                 summary or "no candidates"),
+                                                 result.rejected),
                               reason="no feasible plan")
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,

@@ -28,6 +28,10 @@ TRACE_METHODS: tuple[str, ...] = get_args(TraceMethod)
 FIX_KEYS = ("dp", "tp", "pp", "vpp", "micro_batch", "schedule", "recompute", "zero",
             "sequence_parallel", "offload_optimizer")
 """Knobs a person may pin (--fix)."""
+MAX_MICROBATCHES = 16384
+"""Most micro-batches per step and replica a plan may have: its schedule lists every one for every
+pipeline rank, and the simulator steps through each (gradient accumulation beyond this is not a
+plan people run; take larger micro-batches or more replicas)."""
 KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "num_microbatches", "schedule", "recompute",
          "zero", "sequence_parallel", "offload_optimizer", "placement")
 """Every field of a Config, in the order people read them (plan diffs, sweep columns)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from importlib import resources
 
@@ -27,12 +28,37 @@ def validate(d: dict, where: str = "plan") -> None:
         raise SpecError(f"{where}: schema is {d.get('schema')!r}, expected '{SCHEMA_ID}'; "
                         "re-create the plan with this planner version")
     validator = jsonschema.Draft202012Validator(schema())
+    d, actions = _without_actions(d)
     errors = sorted(validator.iter_errors(d), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
         path = ".".join(str(p) for p in err.absolute_path) or "(top level)"
         raise SpecError(f"{where}: invalid plan at {path}: {err.message[:200]}")
+    _check_actions(actions, where)
     _check_consistency(d, where)
+
+
+ACTION = re.compile(r"[0-9]+[FBW][0-9]+")
+"""One schedule action, ``<stage><F|B|W><micro-batch>`` (the schema's pattern, checked here: a
+step of many micro-batches lists hundreds of thousands, which jsonschema checks slowly)."""
+
+
+def _without_actions(d: dict) -> tuple[dict, object]:
+    """``d`` with ``schedule.actions`` emptied (a shallow copy), and the actions."""
+    sched = d.get("schedule")
+    if not isinstance(sched, dict) or not isinstance(sched.get("actions"), list):
+        return d, []
+    return {**d, "schedule": {**sched, "actions": []}}, sched["actions"]
+
+
+def _check_actions(actions, where: str) -> None:
+    for r, acts in enumerate(actions):
+        if not isinstance(acts, list):
+            raise SpecError(f"{where}: invalid plan at schedule.actions.{r}: expected a list")
+        for i, a in enumerate(acts):
+            if not isinstance(a, str) or not ACTION.fullmatch(a):
+                raise SpecError(f"{where}: invalid plan at schedule.actions.{r}.{i}: {a!r} is not "
+                                "an action like '0F3'")
 
 
 def _check_consistency(d: dict, where: str) -> None:

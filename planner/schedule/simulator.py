@@ -25,6 +25,7 @@ from operator import itemgetter
 from typing import NamedTuple, Sequence
 
 from planner.errors import SpecError
+from planner.options import MAX_MICROBATCHES
 from planner.schedule import Action, Shape
 from planner.schedule.builders import SPLIT_BACKWARD, build
 from planner.schedule.grid import validate
@@ -262,8 +263,23 @@ def simulate_plan(plan, *, schedule_name: str | None = None, microbatches: int |
     own = name == par["schedule"]
     v = vpp or (par.get("vpp", 1) if own else 1)
     m = microbatches or par["num_microbatches"]
+    pp = par["pp"]
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise SpecError(f"microbatches: expected a positive integer, got {m!r}")
+    if m > MAX_MICROBATCHES:
+        raise SpecError(f"microbatches: {m} is more than the {MAX_MICROBATCHES:,} a step may have")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise SpecError(f"vpp: expected a positive integer, got {v!r}")
     if name == "interleaved-1f1b" and v < 2:
         raise SpecError("vpp: interleaved-1f1b needs vpp >= 2 virtual stages per rank; pass --vpp")
+    if name != "interleaved-1f1b" and v > 1:
+        raise SpecError(f"vpp: {v} virtual stages per rank need --schedule interleaved-1f1b")
+    if name == "interleaved-1f1b" and m % pp:
+        raise SpecError(f"microbatches: interleaved-1f1b needs micro-batches in whole rounds of "
+                        f"pp={pp} (as Megatron-LM requires); {m} is not a multiple of {pp}")
+    blocks = len(plan.model.get("blocks", [])) or pp * v
+    if pp * v > blocks:
+        raise SpecError(f"vpp: pp x vpp = {pp * v} stages for {blocks} blocks; use a smaller --vpp")
     actions = build(name, par["pp"], m, vpp=v)
     t = plan_inputs(plan, schedule_name=name, vpp=v)
     return simulate(actions, microbatches=m, fwd_s=t.fwd_s, bwd_s=t.bwd_s, wgrad_s=t.wgrad_s,

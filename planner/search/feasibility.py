@@ -4,16 +4,17 @@ configuration with the pins the user gave, its memory per stage, and what would 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import replace
 
 from costmodels import memory, pipeline
-from costmodels.topology import Cluster
+from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
-from planner.options import Config, SearchOptions, TrainingSpec
+from planner.options import MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec
 from planner.search.costs import ModelArrays, block_costs, capacity_bytes
 from planner.search.pricing import Estimate, price
-from planner.search.space import (PP_BLOCKS, TP_GPUS, TP_MODEL, TP_NODE, Space, divisors,
-                                  pp_reason, tp_reasons)
+from planner.search.space import (PP_BLOCKS, TOO_MANY_MB, TP_GPUS, TP_MODEL, TP_NODE, Space,
+                                  divisors, pp_reason, tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb
@@ -106,24 +107,33 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
     return best
 
 
-def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: TrainingSpec,
-                       options: SearchOptions, rejected_summary: str) -> str:
+def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: TrainingSpec,
+                       options: SearchOptions, rejected: Counter) -> str:
     """One line: what the leanest plan (with the user's pins) needs, what the device offers, and
     what would fit. A pin no configuration can honour raises SpecError instead (bad input)."""
     problem = pin_problem(dict(options.fix), Space.of(cluster, bg), training)
     if problem:
         raise SpecError(problem)
-    cap = capacity_bytes(cluster, options)
+    summary = ", ".join(f"{n} {r}" for r, n in rejected.most_common(4)) or "no candidates"
     pins = ",".join(f"{k}={v}" for k, v in options.fix.items())
+    with_pins = f" with {pins}" if pins else ""
+    if isinstance(cluster, HeteroCluster):
+        return f"no plan{with_pins} fits the cluster's groups ({summary})"
+    cap = capacity_bytes(cluster, options)
     lean = leanest(ma, bg, cluster, training, options)
     if lean is None:
-        with_pins = f" with {pins}" if pins else ""
-        return (f"no configuration{with_pins} is possible on {cluster.num_gpus} GPUs "
-                f"({rejected_summary})")
+        return f"no configuration{with_pins} is possible on {cluster.num_gpus} GPUs ({summary})"
     need, cfg, est = lean
+    if need <= cap and rejected[TOO_MANY_MB]:
+        least = -(-training.global_batch // (cluster.num_gpus * MAX_MICROBATCHES))
+        return (f"the global batch {training.global_batch:,} over at most {cluster.num_gpus} "
+                f"replicas needs micro-batches of {least:,}+ samples to stay within "
+                f"{MAX_MICROBATCHES:,} per step, and their activations do not fit ({summary}); "
+                "use a smaller global batch or more GPUs")
     if need <= cap:
-        return (f"no configuration fits the constraints ({rejected_summary}); the leanest one "
-                f"({cfg.short()}) would need {gb(need)} per GPU: relax --fix")
+        return (f"no configuration{with_pins} is possible ({summary}); the leanest one "
+                f"({cfg.short()}) would need {gb(need)} per GPU" +
+                ("; relax --fix" if pins else ""))
     worst = max(est.stages, key=lambda st: st.memory.get("total", 0.0))
     kinds = ", ".join(f"{k} {v / 1e9:.3g}" for k, v in worst.memory.items()
                       if k != "total" and v > 0)

@@ -4,9 +4,9 @@ The space (planner.search.space) comes grouped by the knobs per-block costs depe
 parallel, recomputation, micro-batch); a pricer computes those costs once per group and prices each
 configuration of it: on one device type the chain split and closed forms (planner.search.evaluate),
 on device groups the group orders and per-device split (planner.search.hetero). Before pricing, a
-configuration whose weights alone cannot fit, or whose lower bound (the pipeline on perfectly
-balanced stages, each block on its fastest device) cannot enter the top k, is set aside with its
-reason. The top k are then refined (exact stage assignment by CP-SAT where it applies, and
+configuration whose weights alone cannot fit is set aside; the others are priced best-first, in
+increasing order of a lower bound (the pipeline on perfectly balanced stages, each block on its
+fastest device), until the next bound cannot enter the top k: the rest are dominated. The top k are then refined (exact stage assignment by CP-SAT where it applies, and
 simulation of the schedule) and re-ranked.
 
 Status: ``optimal`` (under the cost model) when every configuration was considered and the best
@@ -78,8 +78,15 @@ class _Pricer:
         """Per block: the seconds of one micro-batch on the fastest device holding it."""
         return costs.time_s
 
-    def params(self, costs) -> float:
-        return float(costs.params_local.sum())
+    def params(self, costs, tp: int) -> float:
+        """Parameters one tensor-parallel rank holds over the whole model, each tied weight
+        once."""
+        tied = sum(n / tp if split else n for _, _, n, split in self.ma.shared)
+        return float(self.one(costs).params_local.sum()) - tied
+
+    def one(self, costs):
+        """Device-independent figures (parameters, activation bytes) from ``costs``."""
+        return costs
 
     def price(self, cfg: Config, costs) -> Estimate:
         return evaluate(cfg, self.ma, costs, self.cluster, self.training, self.options)
@@ -107,8 +114,8 @@ class _GroupPricer(_Pricer):
     def fastest_s(self, costs) -> np.ndarray:
         return np.min([c.time_s for c in costs], axis=0)
 
-    def params(self, costs) -> float:
-        return float(costs[0].params_local.sum())
+    def one(self, costs):
+        return costs[0]
 
     def price(self, cfg: Config, costs) -> Estimate:
         return hetero.best_order(cfg, self.ma, self.cluster, self.training, self.options, costs)
@@ -133,33 +140,46 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         options = hetero.restrict(options)
     pricer = (_GroupPricer if groups_of_devices else _Pricer)(bg, ma, cluster, training, options)
     rejected: Counter = Counter()
-    space = list(enumerate_space(Space.of(cluster, bg), training, options, rejected))
+    space = list(enumerate_space(Space.of(cluster, bg), training, options, rejected,
+                                 mb_fits=_MicroBatchWall(pricer, options)))
     total = sum(len(configs) for _, configs in space)
     top = _TopK(options.top_k + 1)
+    # screen every configuration (its costs are shared by its group), then price best-first:
+    # in increasing order of the lower bound, until the next bound cannot enter the top k
+    queue: list[tuple[float, int, Config, CostKey]] = []
+    costs_of: dict[CostKey, object] = {}
     done = 0
     for key, configs in space:
-        costs = None
+        if deadline is not None and queue and time.perf_counter() > deadline:
+            rejected[TIME_LIMIT] += total - done
+            break
+        costs = pricer.costs(key)
         for cfg in configs:
             done += 1
-            if deadline is not None and top.priced and time.perf_counter() > deadline:
-                rejected[TIME_LIMIT] += total - done + 1
-                break
-            costs = costs if costs is not None else pricer.costs(key)
-            reason = _screen(cfg, costs, pricer, training, top)
-            if reason:
-                rejected[reason] += 1
-                continue
-            try:
-                est = pricer.price(cfg, costs)
-            except InfeasibleError as exc:
-                rejected[exc.reason] += 1
-                continue
-            if not top.offer(est, done):
-                rejected[SLOWER] += 1
-        if progress:
-            progress(done, total)
-        if rejected[TIME_LIMIT]:
+            if _out_of_memory(cfg, costs, pricer, training):
+                rejected[OUT_OF_MEMORY] += 1
+            else:
+                queue.append((_bound_s(cfg, costs, pricer), done, cfg, key))
+                costs_of[key] = costs
+    queue.sort(key=lambda q: (q[0], q[1]))
+    for i, (bound, order, cfg, key) in enumerate(queue):
+        if progress and i % 64 == 0:
+            progress(i, len(queue))
+        if top.full and bound >= top.worst:
+            rejected[DOMINATED] += len(queue) - i
             break
+        if deadline is not None and top.priced and time.perf_counter() > deadline:
+            rejected[TIME_LIMIT] += len(queue) - i
+            break
+        try:
+            est = pricer.price(cfg, costs_of[key])
+        except InfeasibleError as exc:
+            rejected[exc.reason] += 1
+            continue
+        if not top.offer(est, order):
+            rejected[SLOWER] += 1
+    if progress:
+        progress(len(queue), len(queue))
     ranked = pricer.refine(top.ranked(), deadline)
     cut = bool(rejected[TIME_LIMIT])
     status, gap = ("feasible", None) if cut else ("optimal", 0.0)
@@ -170,16 +190,53 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
                         time_s=time.perf_counter() - t0, gap=gap)
 
 
-def _screen(cfg: Config, costs, pricer: _Pricer, training: TrainingSpec, top: "_TopK") -> str:
-    """Why ``cfg`` need not be priced ('' when it must): its model states alone exceed the
-    largest device's memory on the average stage, or its lower bound cannot enter the top k."""
+class _MicroBatchWall:
+    """Whether a micro-batch's activations alone could fit: on pipeline rank i at least
+    c_i = min(pp - i, m) micro-batches are in flight under every schedule (m per step), so with A
+    the activation bytes of one micro-batch over the whole model (at its leanest tp, sequence
+    parallelism and recomputation), the fullest rank holds at least A / sum(1 / c_i), the
+    continuous split of the layers that equalizes c_i x a_i."""
+
+    def __init__(self, pricer: _Pricer, options: SearchOptions):
+        self.pricer, self.options = pricer, options
+        self.per_sample: dict[int, float] = {}
+
+    def __call__(self, tp: int, pp: int, mb: int, m: int) -> bool:
+        if tp not in self.per_sample:
+            fix = self.options.fix
+            sp = fix.get("sequence_parallel", tp > 1 and True in self.options.sequence_parallel)
+            rc = fix.get("recompute", "full" if "full" in self.options.recompute
+                         else self.options.recompute[-1])
+            costs = self.pricer.costs(CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=1))
+            one = costs[0] if isinstance(costs, list) else costs
+            self.per_sample[tp] = float(one.act_bytes.sum())
+        spread = sum(1.0 / min(pp - i, m) for i in range(pp))
+        return mb * self.per_sample[tp] / spread <= self.pricer.capacity
+
+
+def _out_of_memory(cfg: Config, costs, pricer: _Pricer, training: TrainingSpec) -> bool:
+    """A lower bound of the fullest rank's memory exceeds the largest device's. With S the model
+    states and A one micro-batch's activations over the whole model, and c_i >= min(pp - i, m)
+    micro-batches in flight on rank i under every schedule (m under GPipe), any split of the
+    blocks leaves some rank with at least (A + S / max c) / sum(1 / c_i): the average of the
+    ranks' memory weighted by 1 / c_i."""
     bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
                                        zero=cfg.zero, dp=cfg.dp, offload=cfg.offload_optimizer)
-    if pricer.params(costs) * bpp / cfg.pp > pricer.capacity:
-        return OUT_OF_MEMORY
-    total_s = float(pricer.fastest_s(costs).sum())
-    bound = total_s + (cfg.num_microbatches - 1) * total_s / cfg.pp
-    return DOMINATED if top.full and bound >= top.worst else ""
+    states = pricer.params(costs, cfg.tp) * bpp
+    m, pp = cfg.num_microbatches, cfg.pp
+    flight = [m] * pp if cfg.schedule == "gpipe" else [min(pp - i, m) for i in range(pp)]
+    acts = float(pricer.one(costs).act_bytes.sum())
+    need = (acts + states / max(flight)) / sum(1.0 / c for c in flight)
+    return max(need, states / pp) > pricer.capacity
+
+
+def _bound_s(cfg: Config, costs, pricer: _Pricer) -> float:
+    """A lower bound of the step time: one micro-batch through every block, then each further one
+    on the busiest rank, which runs at least 1/pp of the model and at least the slowest block,
+    each block on its fastest device; nothing else."""
+    fastest = pricer.fastest_s(costs)
+    total_s = float(fastest.sum())
+    return total_s + (cfg.num_microbatches - 1) * max(total_s / cfg.pp, float(fastest.max()))
 
 
 class _TopK:

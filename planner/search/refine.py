@@ -83,21 +83,19 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
     """``est`` with its pipeline time and activation memory taken from a simulation."""
     cfg = est.config
     m = cfg.num_microbatches
-    actions = build(cfg.schedule, cfg.pp, m, vpp=cfg.vpp)
     tp_fwd = 1 / 3 if cfg.recompute == "full" else 1 / 2  # full recompute replays forward's share
     fwd = [st.fwd_s + tp_fwd * st.tp_comm_s for st in est.stages]
     split = cfg.schedule in SPLIT_BACKWARD
     wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]
     bwd = [st.compute_s - st.fwd_s + (1 - tp_fwd) * st.tp_comm_s - w
            for st, w in zip(est.stages, wgrad)]
-    sim = simulate(actions, microbatches=m, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad,
-                   p2p_s=est.cut_p2p_s or 0.0,
-                   activation_bytes=[st.act_bytes for st in est.stages], vpp=cfg.vpp)
+    step_s, peaks = _simulated_step(cfg, fwd, bwd, wgrad, est.cut_p2p_s or 0.0,
+                                    [st.act_bytes for st in est.stages])
     stages = [dataclasses.replace(st) for st in est.stages]
     for r in range(cfg.pp):
         mine = [st for st in stages if st.rank == r]
         mem = dict(mine[0].memory)
-        mem["activations"] = float(sim.peak_activation_bytes[r])
+        mem["activations"] = float(peaks[r])
         mem["total"] = sum(v for k, v in mem.items() if k != "total")
         for st in mine:
             st.memory = mem
@@ -107,10 +105,33 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
     bd["compute_s"] = m * sum(st.compute_s for st in stages if st.rank == slow)
     bd["tp_comm_s"] = m * sum(st.tp_comm_s for st in stages if st.rank == slow)
     bd["pp_comm_s"] = 0.0  # sends overlap compute; waiting for them shows as bubble
-    bd["bubble_s"] = idle_s(sim.step_time_s, m * busy[slow])
+    bd["bubble_s"] = idle_s(step_s, m * busy[slow])
     bd["straggler_s"] = est.straggler_excess * (bd["compute_s"] + bd["optimizer_s"])
     return dataclasses.replace(
         est, stages=stages,
-        step_time_s=sim.step_time_s + bd["dp_comm_s"] + bd["optimizer_s"] + bd["straggler_s"],
+        step_time_s=step_s + bd["dp_comm_s"] + bd["optimizer_s"] + bd["straggler_s"],
         breakdown=bd, peak_memory_bytes=max(st.memory["total"] for st in stages),
         timing="simulated")
+
+
+SIM_EXACT = 256
+"""Micro-batches per step simulated event by event; longer steps are simulated at two lengths
+past the warm-up (multiples of pp, at least 4 x pp x vpp) and extrapolated, since every schedule's
+steady state adds the same time and memory per further micro-batch (1F1B: the bottleneck stage's
+forward and backward, no memory; GPipe: that time and one micro-batch's activations)."""
+
+
+def _simulated_step(cfg, fwd, bwd, wgrad, p2p_s: float, act) -> tuple[float, list[float]]:
+    """(pipeline seconds, peak activation bytes per rank) of ``cfg``'s schedule."""
+    def run(m: int):
+        sim = simulate(build(cfg.schedule, cfg.pp, m, vpp=cfg.vpp), microbatches=m, fwd_s=fwd,
+                       bwd_s=bwd, wgrad_s=wgrad, p2p_s=p2p_s, activation_bytes=act, vpp=cfg.vpp)
+        return sim.step_time_s, list(sim.peak_activation_bytes)
+
+    m, unit = cfg.num_microbatches, cfg.pp
+    m0 = unit * -(-max(SIM_EXACT, 4 * cfg.pp * cfg.vpp) // unit)
+    if m <= m0 + unit:
+        return run(m)
+    (t0, p0), (t1, p1) = run(m0), run(m0 - unit)
+    k = (m - m0) / unit
+    return t0 + k * (t0 - t1), [a + k * (a - b) for a, b in zip(p0, p1)]

@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from planner.errors import SpecError
-from planner.options import Config, SearchOptions, TrainingSpec
+from planner.options import MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec
 
 TP_GPUS = "tp does not divide gpus"
 TP_NODE = "tp > gpus per node"
@@ -37,6 +37,8 @@ VPP_ROUNDS = "interleaved needs micro-batches divisible by pp"
 VPP_BLOCKS = "pp x vpp > blocks"
 OFFLOAD_ZERO = "offload needs ZeRO >= 1 (and dp > 1)"
 ZERO_PP = "ZeRO stage not run with pipelines by the target"
+MB_MEMORY = "micro-batch activations alone exceed memory"
+TOO_MANY_MB = f"more than {MAX_MICROBATCHES:,} micro-batches per step"
 
 
 def divisors(n: int) -> list[int]:
@@ -123,15 +125,21 @@ def pp_reason(pp: int, vpp: int, space: Space) -> str:
 # ---- the enumeration -----------------------------------------------------------------------------
 
 def enumerate_space(space: Space, training: TrainingSpec, options: SearchOptions,
-                    rejected: Counter) -> Iterator[tuple[CostKey, list[Config]]]:
-    """Configurations grouped by CostKey; rejected points are counted in ``rejected``."""
+                    rejected: Counter,
+                    mb_fits: Callable[[int, int, int, int], bool] | None = None
+                    ) -> Iterator[tuple[CostKey, list[Config]]]:
+    """Configurations grouped by CostKey; rejected points are counted in ``rejected``.
+    ``mb_fits(tp, pp, micro_batch, micro_batches)``: False when that micro-batch cannot fit in
+    memory (a bound from the activations alone); such micro-batches are not enumerated, so how
+    many divisors the batch has no longer decides how long the search takes."""
     fix = dict(options.fix)
     if fix.get("vpp", 1) > 1 and fix.get("schedule", "interleaved-1f1b") != "interleaved-1f1b":
         raise SpecError(f"fix.vpp: vpp={fix['vpp']} needs schedule=interleaved-1f1b, not "
                         f"{fix['schedule']}")
     meshes = _group_meshes if space.group_gpus else _meshes
     for tp, pp, dp in meshes(space, fix, training.global_batch, rejected):
-        yield from _inner(fix, tp, pp, dp, training.global_batch, options, rejected, space)
+        fits = mb_fits if "micro_batch" not in fix else None
+        yield from _inner(fix, tp, pp, dp, training.global_batch, options, rejected, space, fits)
 
 
 def _meshes(space: Space, fix: dict, gb: int, rejected: Counter):
@@ -172,7 +180,7 @@ def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
             yield tp, pp, dp
 
 
-def _inner(fix, tp, pp, dp, gb, options, rejected, space):
+def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None):
     states = _zero_offload(fix, dp, pp, options, rejected)
     schedules = _choices(fix, "schedule", list(options.schedules) if pp > 1 else ["1f1b"])
     for mb in _choices(fix, "micro_batch", divisors(gb // dp)):
@@ -180,6 +188,12 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space):
             rejected[MICRO_BATCH] += 1
             continue
         m = gb // (dp * mb)
+        if m > MAX_MICROBATCHES:
+            rejected[TOO_MANY_MB] += 1
+            continue
+        if mb_fits is not None and not mb_fits(tp, pp, mb, m):
+            rejected[MB_MEMORY] += 1
+            continue
         for sp in _choices(fix, "sequence_parallel",
                            list(options.sequence_parallel) if tp > 1 else [False]):
             if sp and tp == 1:
