@@ -6,7 +6,7 @@ import json
 import logging
 
 from planner.cli.args import count, positive_float, positive_int
-from planner.files import atomic_write
+from planner.files import atomic_write, check_output
 from planner.report.measured import summary
 from planner.runtime.options import DEVICES, RunOptions
 
@@ -25,20 +25,26 @@ def register(add) -> None:
                    help="CPU threads per process (default: cores / processes)")
     r.add_argument("--dump", metavar="DIR", help="write each stage's parameters after the run")
     r.add_argument("-o", "--output", help="write the measurements as JSON here")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print the launch command for the plan's own cluster (one torchrun "
+                        "command every node runs, with a c10d rendezvous) instead of running")
     r.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from planner.runtime.launch import check, node_commands, run_local  # lazy: imports torch
+    from planner.runtime.launch import check, cluster_command, run_local  # lazy: imports torch
 
+    if args.output:
+        check_output(args.output, "output")
     opts = RunOptions(steps=args.steps, warmup=args.warmup, model=args.model, seed=args.seed,
                       lr=args.lr, device=args.device, dump_dir=args.dump, threads=args.threads)
-    launch = check(args.plan, opts, args.nproc)
-    if launch.nodes > 1:
-        print(f"The plan spans {launch.nodes} nodes; run this on each node, with NODE0_ADDR the "
-              "address of node 0:")
-        for line in node_commands(launch, opts, args.output or "measured.json"):
-            print(line)
+    launch = check(args.plan, opts, args.nproc, dry_run=args.dry_run)
+    if args.dry_run:
+        where = (f"on each of the {launch.nodes} nodes, with HEAD_NODE the address of the first"
+                 if launch.nodes > 1 else "on the node")
+        print(f"# {launch.nodes} node(s) x {launch.nproc_per_node} processes ({launch.device}); "
+              f"run {where}:")
+        print(cluster_command(launch, opts, args.output or "measured.json"))
         return 0
     logging.getLogger("planner").info("running %s with %d processes ...", args.plan,
                                       launch.nproc_per_node)

@@ -53,8 +53,9 @@ class Launch:
     """cpu or cuda: what the processes will use."""
 
 
-def check(plan_path: str, opts: RunOptions, nproc: int | None) -> Launch:
-    """Everything that can be refused before a process starts (SpecError, one line)."""
+def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool = False) -> Launch:
+    """Everything that can be refused before a process starts (SpecError, one line). A dry run
+    (the launch command for the plan's own cluster) skips what only this host must offer."""
     plan = load_plan(plan_path)
     layout = layout_of(plan)
     spec = mdl.model_spec(plan, opts.model)
@@ -66,6 +67,14 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None) -> Launch:
     if per_node * nodes != layout.world:
         raise SpecError(f"nproc: {per_node} processes per node x {nodes} nodes != dp*tp*pp = "
                         f"{layout.world} that the plan needs; pass --nproc {layout.world // nodes}")
+    if dry_run:
+        cuda = opts.device == "cuda" or (opts.device == "auto" and plan.cluster.get("device") != "cpu")
+        return Launch(plan_path=plan_path, plan=plan, nodes=nodes, nproc_per_node=per_node,
+                      device="cuda" if cuda else "cpu")
+    if nodes > 1:
+        raise SpecError(f"plan: it spans {nodes} nodes x {per_node} processes; this host starts "
+                        "the processes of one node. Print the launch command for the cluster with "
+                        "`plan run --dry-run`")
     cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
     if cuda:
         visible = torch.cuda.device_count()
@@ -76,8 +85,7 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None) -> Launch:
         raise SpecError(f"nproc: the plan needs {per_node} processes per node; on CPU the runtime "
                         f"starts at most {MAX_CPU_PROCESSES} (plan with dp*tp*pp <= "
                         f"{MAX_CPU_PROCESSES}, or use GPUs)")
-    if nodes == 1:
-        _check_memory(plan, per_node, cuda)
+    _check_memory(plan, per_node, cuda)
     return Launch(plan_path=plan_path, plan=plan, nodes=nodes, nproc_per_node=per_node,
                   device="cuda" if cuda else "cpu")
 
@@ -123,14 +131,16 @@ def torchrun_argv(launch: Launch, opts: RunOptions, *, result: str, node_rank: i
             "-m", "planner.runtime.worker", launch.plan_path, "--result", result, *opts.argv()]
 
 
-def node_commands(launch: Launch, opts: RunOptions, result: str) -> list[str]:
-    """One shell line per node (``torchrun`` is ``python -m torch.distributed.run``), for clusters
-    this process cannot start itself."""
-    lines = []
-    for n in range(launch.nodes):
-        argv = torchrun_argv(launch, opts, result=result, node_rank=n, master_addr="NODE0_ADDR")
-        lines.append(shlex.join(["torchrun", *argv[3:]]))
-    return lines
+def cluster_command(launch: Launch, opts: RunOptions, result: str) -> str:
+    """The one shell command every node of the plan's cluster runs: torchrun with a c10d
+    rendezvous at ``$HEAD_NODE:29500`` (the first node's address; torchrun assigns the node ranks),
+    keyed by the plan's input hash so that two runs do not meet."""
+    run_id = f"plan-{launch.plan.provenance.get('input_hash', 'run')}"
+    argv = ["torchrun", "--nnodes", str(launch.nodes), "--nproc-per-node",
+            str(launch.nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            "HEAD_NODE:29500", "--rdzv-id", run_id, "-m", "planner.runtime.worker",
+            launch.plan_path, "--result", result, *opts.argv()]
+    return shlex.join(argv).replace("HEAD_NODE:29500", "$HEAD_NODE:29500")
 
 
 def run_local(launch: Launch, opts: RunOptions) -> dict:

@@ -62,16 +62,16 @@ def test_nproc_that_does_not_match_the_plan_is_refused(capsys, make_plan):
     _one_line_refusal(code, err, "nproc", "--nproc 2")
 
 
-def test_multi_node_plan_prints_each_nodes_torchrun_command(capsys, make_plan):
+def test_a_multi_node_plan_is_refused_and_its_dry_run_is_one_torchrun_command(capsys, make_plan):
     path = make_plan("branched", "pp=2,tp=1,dp=2,micro_batch=1", nodes=2)
-    code, out, _ = run(capsys, "run", path, "--steps", "3")
+    code, _, err = run(capsys, "run", path, "--steps", "3")
+    _one_line_refusal(code, err, "2 nodes", "--dry-run")
+    code, out, _ = run(capsys, "run", path, "--steps", "3", "--dry-run")
     assert code == 0
-    lines = [ln for ln in out.splitlines() if ln.startswith("torchrun ")]
-    assert len(lines) == 2
-    for node, line in enumerate(lines):
-        assert "--nnodes 2" in line and f"--node-rank {node}" in line
-        assert "--nproc-per-node 2" in line and "planner.runtime.worker" in line
-        assert path in line and "--steps 3" in line
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("torchrun ")]
+    assert "--nnodes 2" in line and "--nproc-per-node 2" in line and "--node-rank" not in line
+    assert "--rdzv-backend c10d" in line and "--rdzv-endpoint $HEAD_NODE:29500" in line
+    assert "planner.runtime.worker" in line and path in line and "--steps 3" in line
 
 
 @pytest.mark.slow
