@@ -6,6 +6,7 @@ import logging
 
 from planner.cli.args import count, non_negative_float, positive_float, positive_int
 from planner.errors import SpecError
+from planner.files import check_output
 from planner.report.figure import check_path
 from planner.report.gantt import jobs_gantt
 from planner.report.jobs import summary
@@ -51,6 +52,8 @@ def run(args) -> int:
 
     if args.gantt:
         check_path(args.gantt, "gantt")
+    if args.output:
+        check_output(args.output, "output")
     options = ScheduleOptions(objective=args.objective, time_limit_s=args.time_limit,
                               time_unit_s=args.time_unit, seed=args.seed)
     if args.replan:

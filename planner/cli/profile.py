@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from planner.cli.args import positive_int
-from planner.files import atomic_write
+from planner.files import atomic_write, check_output
 from planner.profile import DEVICES
 
 
@@ -26,6 +26,7 @@ def register(add) -> None:
 def run(args) -> int:
     from planner.profile.device import profile  # lazy: imports torch and measures for minutes
 
+    check_output(args.output, "output")  # before minutes of measuring
     calib = profile(args.device, threads=args.threads, processes=args.processes)
     atomic_write(args.output, json.dumps(calib, indent=1) + "\n")
     dev = calib["device"]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
+from planner.errors import SpecError
 from planner.planfile.document import load_plan
+from planner.report.figure import check_path
 from planner.report.gantt import gantt
-from planner.report.summary import summary
+from planner.report.summary import summary, summary_dict
 from planner.report.why import why
 from planner.schedule.simulator import simulate_plan
 
@@ -17,11 +21,21 @@ def register(add) -> None:
     sh.add_argument("--why", metavar="KNOB=V,...",
                     help="why not these knobs? re-plan the plan's own inputs with them pinned "
                          "(e.g. tp=16 or pp=1,zero=3) and say what changes or what does not fit")
+    sh.add_argument("--json", action="store_true",
+                    help="print the summary as JSON for scripts (configuration, predictions, "
+                         "stages, search status)")
     sh.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.gantt:
+        check_path(args.gantt, "gantt")
     plan = load_plan(args.plan)
+    if args.json:
+        if args.why or args.gantt:
+            raise SpecError("json: prints the plan's summary only; drop --why and --gantt")
+        print(json.dumps(summary_dict(plan), indent=1))
+        return 0
     if args.why:
         from planner.explore.whynot import why_not  # lazy: re-planning imports torch
 

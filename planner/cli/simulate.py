@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from planner.cli.args import positive_int
 from planner.planfile.document import load_plan
+from planner.report.figure import check_path
 from planner.report.gantt import gantt
 from planner.report.simulation import comparison
 from planner.schedule.builders import BUILDERS
@@ -31,6 +32,8 @@ def register(add) -> None:
 
 
 def run(args) -> int:
+    if args.gantt:
+        check_path(args.gantt, "gantt")
     plan = load_plan(args.plan)
     base = simulate_plan(plan)
     other = simulate_plan(plan, schedule_name=args.schedule, microbatches=args.microbatches,

@@ -11,6 +11,7 @@ from planner.explore.costs import parse_prices
 from planner.explore.csv_rows import write_csv
 from planner.explore.grid import VARY_KEYS, parse_vary
 from planner.options import DTYPES, OPTIMIZERS
+from planner.files import check_output
 from planner.report.figure import check_path
 from planner.report.plots import sweep_plots
 from planner.report.sweep import sweep_table
@@ -51,6 +52,8 @@ def run(args) -> int:
 
     if args.plot:
         check_path(args.plot, "plot")
+    if args.csv:
+        check_output(args.csv, "csv")
     t0 = time.perf_counter()
     api_log = logging.getLogger("planner.api")
     level = api_log.level

@@ -18,6 +18,25 @@ def summary(p: Plan) -> str:
     return "\n".join(lines)
 
 
+def summary_dict(p: Plan) -> dict:
+    """The same explanation for scripts (``plan show --json``): what was planned, the
+    configuration, the predictions, each stage, and the search's status."""
+    return {
+        "model": {k: p.model.get(k) for k in ("name", "num_params", "fingerprint")},
+        "cluster": {k: p.cluster.get(k) for k in ("name", "device", "nodes", "gpus_per_node",
+                                                   "num_gpus")},
+        "training": p.training,
+        "parallel": p.parallel,
+        "predicted": {k: v for k, v in p.predicted.items()},
+        "stages": [{"index": st["index"], "ranks": st["ranks"], "blocks": st["blocks"],
+                    "time_per_microbatch_s": st["predicted"]["time_per_microbatch_s"],
+                    "memory_bytes": st["predicted"]["memory_bytes"]["total"]}
+                   for st in p.stages],
+        "search": {k: p.search.get(k) for k in ("status", "gap", "candidates", "evaluated",
+                                                 "target")},
+    }
+
+
 def _header(p: Plan) -> str:
     c, m, t = p.cluster, p.model, p.training
     return (f"Plan for {m['name']} ({human_count(m['num_params'])} params) on {c['num_gpus']} x "
