@@ -115,7 +115,8 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     if problem:
         raise SpecError(problem)
     summary = ", ".join(f"{n} {r}" for r, n in rejected.most_common(4)) or "no candidates"
-    pins = ",".join(f"{k}={v}" for k, v in options.fix.items())
+    pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in options.fix.items())
     with_pins = f" with {pins}" if pins else ""
     if isinstance(cluster, HeteroCluster):
         return f"no plan{with_pins} fits the cluster's groups ({summary})"

@@ -1,0 +1,169 @@
+"""Every input checked before the slow part: one line on stderr and the documented exit code
+(2 bad input, 3 no plan fits), nothing written where the output could not go."""
+
+import json
+import os
+
+import pytest
+
+from planner.cli.main import main
+
+BAD, NO_PLAN = 2, 3
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def run(capsys, *argv):
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(code, err, expected_code, *words):
+    assert code == expected_code, err
+    prefix = "plan: error:" if expected_code == BAD else "plan: no plan:"
+    lines = [ln for ln in err.splitlines() if ln.startswith("plan: ")]
+    assert len(lines) == 1 and lines[0].startswith(prefix), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory, tiny_gpt2_config):
+    path = tmp_path_factory.mktemp("plans") / "p.json"
+    assert main(["solve", tiny_gpt2_config, "--cluster", "dgx-a100-80g", "--nodes", "1",
+                 "--global-batch", "16", "--seq-len", "64", "--fix", "pp=2", "-q",
+                 "-o", str(path)]) == 0
+    return str(path)
+
+
+SOLVE = ["--cluster", "dgx-a100-80g", "--nodes", "1", "--global-batch", "8", "--seq-len", "64"]
+
+
+def test_binary_files_are_named_not_decoded(capsys, tmp_path):
+    blob = tmp_path / "config.json"
+    blob.write_bytes(bytes(range(256)) * 2)
+    code, _, err = run(capsys, "solve", blob, *SOLVE)
+    one_line(code, err, BAD, "config.json", "not text")
+    code, _, err = run(capsys, "show", blob)
+    one_line(code, err, BAD, "not text")
+    code, _, err = run(capsys, "show", tmp_path)  # a folder
+    one_line(code, err, BAD, "folder")
+
+
+def test_a_factory_that_raises_is_named_with_its_line(capsys, tmp_path):
+    f = tmp_path / "bad_factory.py"
+    f.write_text("def build(seq_len=8):\n    raise ValueError('no such size')\n")
+    code, _, err = run(capsys, "solve", f"{f}:build", *SOLVE)
+    one_line(code, err, BAD, f"{f}:build", "ValueError: no such size", "bad_factory.py:2")
+
+
+def test_impossible_counts_and_sizes_are_refused(capsys, tmp_path, tiny_gpt2_config):
+    cfg = tmp_path / "neg.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": -2, "hidden_size": 64,
+                               "intermediate_size": 128, "num_attention_heads": 4,
+                               "vocab_size": 1000}))
+    code, _, err = run(capsys, "solve", cfg, *SOLVE)
+    one_line(code, err, BAD, "num_hidden_layers", "-2")
+    for option, value in (("--seq-len", "0"), ("--global-batch", "-4"), ("--nodes", "0"),
+                          ("--top-k", "-1"), ("--time-limit", "nan")):
+        argv = ["solve", tiny_gpt2_config, "--cluster", "dgx-a100-80g", "--global-batch", "8",
+                option, value]
+        code, _, err = run(capsys, *argv)
+        one_line(code, err, BAD, option)
+
+
+def test_option_names_are_not_abbreviated(capsys, tiny_gpt2_config):
+    code, _, err = run(capsys, "solve", tiny_gpt2_config, "--cluster", "dgx-a100-80g",
+                       "--global-batch", "8", "--node", "2")
+    one_line(code, err, BAD, "--node")
+
+
+@pytest.mark.parametrize("where", ["missing folder", "a folder", "read-only file"])
+def test_output_paths_are_checked_before_any_work(capsys, tmp_path, tiny_gpt2_config, small_plan,
+                                                  where):
+    target = {"missing folder": tmp_path / "no" / "p.json", "a folder": tmp_path,
+              "read-only file": tmp_path / "ro.json"}[where]
+    if where == "read-only file":
+        target.write_text("{}")
+        target.chmod(0o444)
+        if os.access(target, os.W_OK):
+            pytest.skip("running as a user who may write read-only files")
+    cases = [
+        ["solve", tiny_gpt2_config, *SOLVE, "-o", target],
+        ["profile", "--processes", "1", "-o", target],  # fails before minutes of measuring
+        ["jobs", os.path.join(REPO, "examples", "jobs.yaml"), "-o", target],
+        ["run", small_plan, "-o", target],
+        ["show", small_plan, "--gantt", f"{target}.png" if where != "a folder" else target],
+        ["simulate", small_plan, "--schedule", "gpipe", "--gantt",
+         f"{target}.png" if where != "a folder" else target],
+    ]
+    for argv in cases:
+        code, _, err = run(capsys, *argv)
+        one_line(code, err, BAD)
+    if where == "read-only file":
+        assert target.read_text() == "{}"
+
+
+def test_counts_a_command_cannot_use_are_refused(capsys, small_plan):
+    code, _, err = run(capsys, "run", small_plan, "--steps", "0")
+    one_line(code, err, BAD, "--steps")
+    code, _, err = run(capsys, "simulate", small_plan, "--schedule", "1f1b", "--microbatches", "0")
+    one_line(code, err, BAD, "--microbatches")
+    # interleaved needs whole rounds of pp micro-batches, as the search requires
+    code, _, err = run(capsys, "simulate", small_plan, "--schedule", "interleaved-1f1b",
+                       "--vpp", "2", "--microbatches", "3")
+    one_line(code, err, BAD, "microbatches", "pp=2")
+
+
+def test_a_plan_for_more_nodes_than_this_host_is_refused(capsys, tmp_path):
+    path = tmp_path / "big.json"
+    assert main(["solve", "gpt2", "--cluster", "dgx-a100-80g", "--nodes", "128",
+                 "--global-batch", "1024", "-q", "-o", str(path)]) == 0
+    code, out, err = run(capsys, "run", path)
+    one_line(code, err, BAD, "128 nodes", "--dry-run")
+    assert "torchrun" not in out
+
+
+def test_pins_are_priced_as_pinned_or_refused_for_a_named_reason(capsys, tiny_gpt2_config):
+    base = ["solve", tiny_gpt2_config, "--cluster", "dgx-a100-80g", "--nodes", "1",
+            "--global-batch", "8", "--seq-len", "64"]
+    code, _, err = run(capsys, *base, "--fix", "tp=3")
+    one_line(code, err, BAD, "fix.tp: 3 does not divide the cluster's 8 GPUs")
+    code, _, err = run(capsys, *base, "--fix", "micro_batch=0")
+    one_line(code, err, BAD, "fix.micro_batch")
+
+
+def test_a_pinned_configuration_that_does_not_fit_reports_its_own_memory(capsys):
+    pins = "dp=8,tp=1,pp=1,zero=0,micro_batch=1,recompute=none,offload_optimizer=false"
+    code, _, err = run(capsys, "solve", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "1",
+                       "--global-batch", "8", "--seq-len", "4096", "--fix", pins)
+    line = one_line(code, err, NO_PLAN, "stage 0", f"with {pins}", "weights", "optimizer")
+    assert "dp=8 tp=1 pp=1" in line  # its own configuration, not another one
+
+
+def test_tensor_parallelism_across_nodes_is_priced_when_pinned(capsys, tmp_path):
+    out_file = tmp_path / "tp16.json"
+    code, _, err = run(capsys, "solve", "gpt3-175b", "--cluster", "dgx-a100-80g", "--nodes", "16",
+                       "--global-batch", "256", "--seq-len", "2048", "--fix", "tp=16", "-q",
+                       "-o", out_file)
+    assert code == 0, err
+    plan = json.loads(out_file.read_text())
+    assert plan["parallel"]["tp"] == 16 and plan["predicted"]["breakdown"]["tp_comm_s"] > 0
+
+
+def test_the_plan_goes_to_stdout_with_dash(capsys, tiny_gpt2_config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "solve", tiny_gpt2_config, *SOLVE, "-o", "-")
+    assert code == 0 and json.loads(out)["schema"] == "planner.plan/v1"
+    assert "Plan for" in err and not os.path.exists(tmp_path / "-")
+
+
+def test_version_and_json_summary(capsys, small_plan):
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out.startswith("plan ")
+    code, out, _ = run(capsys, "show", small_plan, "--json")
+    summary = json.loads(out)
+    assert code == 0 and summary["parallel"]["pp"] == 2 and len(summary["stages"]) == 2
