@@ -81,14 +81,18 @@ def usable_bytes(device_memory_bytes: float, *, reserve_fraction: float, reserve
 
 
 def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, recompute: str,
-                     scores_kept: bool = True) -> float:
+                     scores_kept: bool = True, fused: bool = False) -> float:
     """Bytes one micro-batch leaves saved in one block until its backward runs. ``scores_kept``:
     attention score tensors traced from eager code are saved (False with flash attention, whose
-    fused kernel saves none)."""
+    fused kernel saves none); ``fused``: chains of element-wise ops run as one kernel each, which
+    keeps only the tensors entering the chain (and dropout masks)."""
     sp_div = tp if sp else 1
     if recompute == "full":
         return micro_batch * work.input_bytes / sp_div
-    kept = work.act_bytes_rep / sp_div + work.act_bytes_tp / tp
+    rep, tp_part = work.act_bytes_rep, work.act_bytes_tp
+    if fused:
+        rep, tp_part = rep - work.act_fused_away_rep, tp_part - work.act_fused_away_tp
+    kept = rep / sp_div + tp_part / tp  # the fused-away parts are parts of these
     if recompute == "none":
         kept += work.act_bytes_attn / tp if scores_kept else 0.0
     elif recompute != "selective":
@@ -97,14 +101,14 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
 
 
 def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
-                            recompute: str, scores_kept: bool = True) -> float:
+                            recompute: str, scores_kept: bool = True, fused: bool = False) -> float:
     """Extra bytes alive while one block's forward is recomputed during backward."""
     if recompute == "none":
         return 0.0
     if recompute == "selective":
         return micro_batch * work.act_bytes_attn / tp if scores_kept else 0.0
     return activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
-                            scores_kept=scores_kept)
+                            scores_kept=scores_kept, fused=fused)
 
 
 def megatron_layer_activation_bytes(*, s: int, b: int, h: int, a: int, t: int = 1,

@@ -113,6 +113,12 @@ class BlockWork:
     """Bytes saved for backward, produced outside tensor-parallel regions."""
     act_bytes_attn: float = 0.0
     """Bytes saved for backward by the attention core's s x s tensors (selective recompute drops them)."""
+    act_fused_away_tp: float = 0.0
+    """The part of ``act_bytes_tp`` a fused kernel does not keep: tensors made and saved inside one
+    chain of element-wise ops (the tanh-GELU of eager code saves four tensors, a fused GELU its
+    input only; the backward kernel recomputes the rest). Dropout masks are always kept."""
+    act_fused_away_rep: float = 0.0
+    """The same outside tensor-parallel regions (part of ``act_bytes_rep``)."""
     input_bytes: float = 0.0
     """Bytes of the gradient-carrying activations entering the block (what full recompute keeps)."""
     params_tp: float = 0.0

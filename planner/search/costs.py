@@ -97,17 +97,20 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         return np.broadcast_to(np.asarray(x, dtype=float), (n,)).copy()
 
     kept = training.engine.attention != "flash"  # eager attention's scores, saved or fused away
+    fused = training.engine.kernels == "fused"  # element-wise chains keep only what enters them
     return BlockCosts(
         fwd_s=vec([t.fwd_s for t in bt]),
         compute_s=vec([t.fwd_s + t.bwd_s for t in bt]),
         recompute_s=vec([t.recompute_s for t in bt]),
         tp_comm_s=vec(tp_s),
         act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
-            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept)),
+            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
+            fused=fused)),
             vec(memory.activation_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
-                                        scores_kept=kept))),
+                                        scores_kept=kept, fused=fused))),
         work_bytes=np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
-            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept)),
+            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
+            fused=fused)),
             0.0),
         params_local=vec(w.params_tp / tp + w.params_rep),
     )

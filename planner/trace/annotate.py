@@ -57,10 +57,12 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "fused_attn_flops_rep", "attn_causal_flops", "kernel_bytes_sq", "bwd_flops",
                          "attn_scores", "attn_scores_dropout", "mem_bytes_tp", "mem_bytes_rep",
                          "eager_attn_bytes_tp", "eager_attn_bytes_rep", "eager_attn_kernels",
+                         "attn_scores_saved",
                          "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
+    savers: dict[str, list[str]] = {}
     gemms: list[Gemm] = []
     for name in op_names:
         op = by[name]
@@ -71,11 +73,12 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
             param_split[p] = param_split.get(p, False) or split_compute
         for key, nbytes in op.saves:
             saved.setdefault(key, nbytes)
+            savers.setdefault(key, []).append(name)
         for table, field in ((tp.fwd_bytes, "tp_fwd_bytes"), (tp.bwd_bytes, "tp_bwd_bytes")):
             if name in table:
                 acc[field] += table[name]
                 collectives += 1
-    _add_saved(saved, by, tp, scores, acc)
+    _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers))
     fused = fused_traffic(graph, tp, op_names, scores)
     acc["input_bytes"] = sum(by[i].out_bytes for i in {
         src for n in op_names for src in by[n].inputs
@@ -101,7 +104,8 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
     acc["kernels_eager"] += 1
     if op.kind == "attention":
         _add_attention(op.flops, op.dims.get("scores", 0), bool(op.dims.get("causal")),
-                       bool(op.dims.get("dropout")), split, acc, op.requires_grad)
+                       bool(op.dims.get("dropout")), split, acc, op.requires_grad,
+                       _word(op.dtype))
     elif "gemms" in op.dims or "attention" in op.dims:  # a node that computes: its ATen work
         for row in op.dims.get("gemms", []):
             g = _gemm(row, split, split_out, seq_len if op.kind != "matmul" else 0, attn_gemm)
@@ -113,7 +117,7 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
             scores = a["batch"] * a["heads_q"] * a["q_len"] * a["kv_len"]
             flops = 2.0 * scores * (a["head_dim"] + a["value_dim"])
             _add_attention(flops, scores, bool(a["causal"]), bool(a["dropout"]), split, acc,
-                           op.requires_grad)
+                           op.requires_grad, _word(op.dtype))
         inside = op.dims.get("mem_bytes", 0.0)
         acc["mem_bytes_tp" if split else "mem_bytes_rep"] += inside
         acc["kernel_bytes_sq"] += inside ** 2 / max(op.dims.get("kernels", 1), 1)
@@ -127,8 +131,13 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
 
 
 def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, split: bool,
-                   acc: dict, backward: bool = True) -> None:
-    """A fused attention call: its FLOPs (2x in backward), score elements, causal and dropout."""
+                   acc: dict, backward: bool = True, word: float = 2.0) -> None:
+    """A fused attention call: its FLOPs (2x in backward), score elements, causal and dropout;
+    and what a materialized attention core would keep of its scores for backward (the softmax
+    output, and with dropout its one-byte mask and its output: Korthikanti et al.'s 5 a s^2 b in
+    16 bits), which a fused kernel (FlashAttention) keeps none of."""
+    if backward:
+        acc["attn_scores_saved"] += scores * (word + (word + 1.0 if dropout else 0.0))
     acc["attn_flops" if split else "mm_flops_rep"] += flops
     acc["fused_attn_flops"] += flops
     acc["fused_attn_flops_rep"] += 0.0 if split else flops
@@ -159,18 +168,60 @@ def _gemm(row: list, split_compute: bool, split_out: bool, seq_len: int,
 
 
 def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[str],
-               acc: dict) -> None:
-    for field in ("act_bytes_tp", "act_bytes_rep", "act_bytes_attn"):
+               acc: dict, fused_away: set[str]) -> None:
+    for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep"):
         acc[field] = 0.0
+    acc["act_bytes_attn"] = acc.pop("attn_scores_saved")
     for key, nbytes in saved.items():
         producer = by.get(key.split(":")[0])
         out_split = tp.split_of(producer.name)[1] if producer else False
         if producer is not None and producer.name in scores and out_split:
             acc["act_bytes_attn"] += nbytes
-        elif out_split:
-            acc["act_bytes_tp"] += nbytes
-        else:
-            acc["act_bytes_rep"] += nbytes
+            continue
+        where = "tp" if out_split else "rep"
+        acc[f"act_bytes_{where}"] += nbytes
+        if key in fused_away:
+            acc[f"act_fused_away_{where}"] += nbytes
+
+
+def _word(dtype: str) -> float:
+    """Bytes per element of a traced dtype name (16-bit unless it says otherwise)."""
+    return 4.0 if "32" in dtype else 8.0 if "64" in dtype else 1.0 if "8" in dtype else 2.0
+
+
+LAYOUT_COPIES = frozenset({"contiguous", "clone"})
+"""Ops that copy a tensor into another memory layout (eager code's transpose + contiguous before
+a projection); fused stacks read the layout they need, keeping one copy."""
+
+
+def _fused_away(graph: OpGraph, op_names: list[str], savers: dict[str, list[str]]) -> set[str]:
+    """Saved tensors a fused kernel does not keep: made inside a chain of memory-bound ops
+    (planner.trace.annotate._regions) and saved only by element-wise ops of that same chain.
+    Dropout masks stay (the backward needs the same random mask), and so do the inputs a norm
+    keeps (fused norm kernels keep them too: Korthikanti et al. count 2sbh per LayerNorm)."""
+    by = graph.by_name
+    region_of = _regions(_memory_bound(op_names, by), op_names, by, graph.consumers())
+    away = set()
+    for key, ops in savers.items():
+        if key.endswith(":mask") or key.split(":")[0] not in by:
+            continue
+        producer = _through_views(key.split(":")[0], by)
+        copied = by[producer]
+        if copied.target in LAYOUT_COPIES and copied.inputs and \
+                _through_views(copied.inputs[0], by) in savers:
+            away.add(key)  # a copy into another layout of a tensor kept anyway: kept once
+            continue
+        home = region_of.get(producer)
+        if home is not None and all(region_of.get(o) == home and by[o].kind == "elementwise"
+                                    for o in ops):
+            away.add(key)
+    return away
+
+
+def _memory_bound(op_names: list[str], by) -> set[str]:
+    """Ops that fused kernels merge: memory-bound, not a node priced from its own GEMMs."""
+    return {n for n in op_names if by[n].kind not in FREE and by[n].kind not in COMPUTE_BOUND
+            and not ("gemms" in by[n].dims or "attention" in by[n].dims)}
 
 
 def fused_traffic(graph: OpGraph, tp: TPAnalysis, op_names: list[str],
@@ -181,9 +232,7 @@ def fused_traffic(graph: OpGraph, tp: TPAnalysis, op_names: list[str],
     kernel replaces them). Returns BlockWork fields."""
     by = graph.by_name
     cons = graph.consumers()
-    bound = {n for n in op_names if by[n].kind not in FREE and by[n].kind not in COMPUTE_BOUND
-             and not ("gemms" in by[n].dims or "attention" in by[n].dims)}
-    region_of = _regions(bound, op_names, by, cons)
+    region_of = _regions(_memory_bound(op_names, by), op_names, by, cons)
     groups: dict[int, list[str]] = {}
     for n in op_names:
         if n in region_of:
