@@ -1,4 +1,4 @@
-"""`plan export PLAN.json --to torchtitan|megatron|deepspeed [-o FILE]`: a plan in an engine's terms.
+"""`plan export PLAN.json --to torchtitan|megatron|deepspeed [--engine-version V] [-o FILE]`.
 
 Prints the exported text, or writes it atomically to FILE (a folder gets the suggested file name).
 What the engine cannot express exactly is a comment in the text and a warning on stderr.
@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 
-from planner.errors import SpecError
-from planner.export import TARGETS, export
-from planner.files import atomic_write
+from planner.export import SUPPORTED_VERSIONS, TARGETS, export
+from planner.files import STDOUT, atomic_write, check_output
 from planner.planfile.document import load_plan
 
 
@@ -18,21 +17,26 @@ def register(add) -> None:
     e = add("export", help="turn a plan into torchtitan, Megatron-LM or DeepSpeed settings")
     e.add_argument("plan", metavar="PLAN.json")
     e.add_argument("--to", required=True, choices=sorted(TARGETS), help="target engine")
+    versions = "; ".join(f"{t} {', '.join(v)}" for t, v in SUPPORTED_VERSIONS.items())
+    e.add_argument("--engine-version", metavar="V", default=None,
+                   help=f"engine release to write for ({versions}); default: the release "
+                        "planner.targets describes")
     e.add_argument("-o", "--output", metavar="FILE",
-                   help="write here (a folder: use the suggested name) instead of printing")
+                   help="write here (a folder: use the suggested name; -: stdout) instead of "
+                        "printing")
     e.set_defaults(func=run)
 
 
 def run(args) -> int:
-    text, name = export(load_plan(args.plan), args.to)
-    if not args.output:
+    folder = bool(args.output) and args.output != STDOUT and os.path.isdir(args.output)
+    if args.output and not folder:
+        check_output(args.output, "-o")
+    text, name = export(load_plan(args.plan), args.to, args.engine_version)
+    if not args.output or args.output == STDOUT:
         print(text, end="")
         return 0
-    path = os.path.join(args.output, name) if os.path.isdir(args.output) else args.output
-    try:
-        atomic_write(path, text)
-    except OSError as exc:
-        raise SpecError(f"-o: cannot write '{path}' ({exc.strerror or exc}); choose a writable "
-                        "file or folder") from None
+    path = os.path.join(args.output, name) if folder else args.output
+    check_output(path, "-o")
+    atomic_write(path, text)
     print(f"wrote {path}")
     return 0

@@ -1,15 +1,18 @@
 """Export a plan to the engines people already use: torchtitan, Megatron-LM, DeepSpeed.
 
-``export(plan, target)`` returns the text and a suggested file name; ``to_torchtitan``,
-``to_megatron`` and ``to_deepspeed`` are the three pure functions behind it. What a target cannot
-express exactly becomes a comment in the text and a logged warning; a plan a target cannot express
-at all raises SpecError. Mapping tables: docs/exports.md.
+``export(plan, target, version=None)`` returns the text and a suggested file name; ``to_torchtitan``,
+``to_megatron`` and ``to_deepspeed`` are the three pure functions behind it. Each writes for one
+release of its engine (``version``; default: ``planner.targets``' release of that engine) and names
+it in the text. Every knob of the plan is either expressed or listed as not expressed exactly, in
+the text and as one logged warning each (planner.export.common.Ledger); a plan the engine cannot
+run at all (a schedule it lacks, a model it cannot describe, a nearby configuration that no longer
+fits memory) raises SpecError. Mapping tables: docs/exports.md.
 """
 
 from __future__ import annotations
 
 from planner.errors import SpecError
-from planner.export.common import slug
+from planner.export.common import SUPPORTED_VERSIONS, engine_version, slug
 from planner.export.deepspeed import to_deepspeed
 from planner.export.megatron import to_megatron
 from planner.export.torchtitan import to_torchtitan
@@ -23,12 +26,22 @@ TARGETS = {
 """Target name -> (exporter, file-name suffix)."""
 
 
-def export(plan: Plan, target: str) -> tuple[str, str]:
-    """(text, suggested file name) of ``plan`` exported to ``target``."""
+def suffix(target: str, version: str) -> str:
+    """The file-name suffix of ``target``'s export for ``version`` (torchtitan 0.3.0 reads command
+    lines, not TOML)."""
+    if target == "torchtitan" and version != "0.2.2":
+        return "torchtitan.sh"
+    return TARGETS[target][1]
+
+
+def export(plan: Plan, target: str, version: str | None = None) -> tuple[str, str]:
+    """(text, suggested file name) of ``plan`` exported to ``target`` ``version``."""
     if target not in TARGETS:
         raise SpecError(f"export: unknown target '{target}'; choose {', '.join(TARGETS)}")
-    fn, suffix = TARGETS[target]
-    return fn(plan), f"{slug(plan.model['name'])}.{suffix}"
+    version = engine_version(target, version)
+    fn = TARGETS[target][0]
+    return fn(plan, version), f"{slug(plan.model['name'])}.{suffix(target, version)}"
 
 
-__all__ = ["TARGETS", "export", "to_deepspeed", "to_megatron", "to_torchtitan"]
+__all__ = ["SUPPORTED_VERSIONS", "TARGETS", "export", "suffix", "to_deepspeed", "to_megatron",
+           "to_torchtitan"]

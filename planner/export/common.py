@@ -1,4 +1,5 @@
-"""What the three exporters share: the header, the layer layout of the stages, notes and warnings.
+"""What the exporters share: the engine release, the header, the layer layout of the stages, and the
+ledger that accounts for every knob of the plan.
 
 A plan lists its pipeline stages as blocks and module FQNs. Engines count transformer layers
 instead, so ``layout`` reads the plan's repeated layer lists (``model.trace.repeats``, e.g.
@@ -6,8 +7,10 @@ instead, so ``layout`` reads the plan's repeated layer lists (``model.trace.repe
 sit: the embedding side (before the first layer), the head side (after the last layer), or in
 between (a model the layer-count engines cannot describe).
 
-Every exporter collects the things its engine cannot express exactly as ``notes``: each becomes a
-comment in the exported text and one logged warning.
+Every exporter records in a ``Ledger`` what it did with each knob of the plan (``ACCOUNTED``):
+expressed exactly, or a note saying what is used instead or that the engine has no setting for
+it. Each note becomes a comment in the exported text and one logged warning (stderr in the CLI);
+``Ledger.close`` fails on a knob nobody accounted for, so a new knob cannot be dropped silently.
 """
 
 from __future__ import annotations
@@ -15,17 +18,91 @@ from __future__ import annotations
 import logging
 import re
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from planner.errors import SpecError
+from planner.options import KNOBS
 from planner.planfile.document import Plan
+from planner import targets
 
 log = logging.getLogger("planner.export")
 NOTE_WIDTH = 96
+
+ACCOUNTED = KNOBS + ("stages", "dtype", "global_batch", "seq_len")
+"""What an export must express or list as not expressed: every knob of a configuration, the
+stage split (module names or layer counts), the precision, the batch and the sequence length."""
+
+SUPPORTED_VERSIONS: dict[str, tuple[str, ...]] = {
+    "torchtitan": ("0.2.2", "0.3.0"),
+    "megatron": ("core_v0.14.0", "core_v0.19.0"),
+    "deepspeed": ("0.19.8",),
+}
+"""Engine releases the exporters write for, each checked by the tests with that release's own
+parser (docs/exports.md). The default is ``planner.targets``' version of the engine."""
 
 SCHEDULE_WORDS = {
     "gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B",
     "zb-h1": "zero-bubble ZB-H1", "bidirectional": "bidirectional (two pipelines)",
 }
+
+
+def engine_version(target: str, version: str | None) -> str:
+    """The release to write for: ``version`` (as given to --engine-version) or the engine's default
+    in planner.targets; SpecError for a release the exporter does not know."""
+    known = SUPPORTED_VERSIONS[target]
+    default = targets.engine(target).version
+    if version is None or version == "":
+        version = default
+    aliases = {v: v for v in known}
+    aliases.update({v.removeprefix("core_v"): v for v in known})
+    aliases.update({"v" + v.removeprefix("core_v"): v for v in known})
+    if version not in aliases:
+        raise SpecError(f"--engine-version: planner writes {target} {' or '.join(known)}, not "
+                        f"'{version}'; pick one of those (default {default})")
+    return aliases[version]
+
+
+@dataclass
+class Ledger:
+    """What one export did with each knob of the plan (see the module docstring)."""
+
+    target: str
+    version: str
+    notes: list[str] = field(default_factory=list)
+    """Everything not expressed exactly, in the order found."""
+    done: dict[str, str] = field(default_factory=dict)
+    """knob -> "exact", "nearest" or "not expressed"."""
+
+    def exact(self, *knobs: str) -> None:
+        for k in knobs:
+            self.done.setdefault(k, "exact")
+
+    def nearest(self, knobs: str | tuple[str, ...], note: str) -> None:
+        """The engine gets the nearest setting; ``note`` says which and what it changes."""
+        self._note(knobs, "nearest", note)
+
+    def missing(self, knobs: str | tuple[str, ...], note: str) -> None:
+        """The engine has no setting for it; ``note`` says what the user must do instead."""
+        self._note(knobs, "not expressed", note)
+
+    def info(self, note: str) -> None:
+        """A note about the export that concerns no single knob (e.g. whose module names)."""
+        self.notes.append(note)
+
+    def _note(self, knobs, kind: str, note: str) -> None:
+        for k in (knobs,) if isinstance(knobs, str) else knobs:
+            if self.done.get(k, "exact") == "exact":
+                self.done[k] = kind
+        self.notes.append(note)
+
+    def close(self) -> list[str]:
+        """Check that every knob was accounted for (an internal invariant), log one warning per note
+        and return the notes."""
+        left = [k for k in ACCOUNTED if k not in self.done]
+        assert not left, f"export {self.target}: knobs not accounted for: {left}"
+        for note in self.notes:
+            log.warning("export %s %s: %s", self.target, self.version, note)
+        return self.notes
 
 
 @dataclass(frozen=True)
@@ -89,19 +166,35 @@ def layout(plan: Plan) -> Layout:
     )
 
 
-def header(plan: Plan, target: str) -> list[str]:
-    """Lines (without comment markers) naming the source plan: deterministic, no timestamps."""
-    m, c, prov = plan.model, plan.cluster, plan.provenance
+def summary(plan: Plan) -> str:
+    """The plan's configuration in one line, every knob included."""
     p = plan.parallel
+    sp = "+sp" if p["sequence_parallel"] else ""
+    chunks = f"x{p['vpp']}" if p.get("vpp", 1) > 1 else ""
+    off = "+offload" if p.get("offload_optimizer") else ""
+    return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']}{chunks} mb={p['micro_batch']}x"
+            f"{p['num_microbatches']} {p['schedule']} rc={p['recompute']} zero={p['zero']}{off}, "
+            f"placement {placement(plan)}")
+
+
+def header(plan: Plan, target: str, version: str) -> list[str]:
+    """Lines (without comment markers) naming the engine release and the source plan:
+    deterministic, no timestamps."""
+    m, c, prov = plan.model, plan.cluster, plan.provenance
+    made_for = plan.search.get("target", "any")
+    default = targets.engine(target).version
+    which = (f"the default release for {target}" if version == default
+             else f"the default is {default}")
     return [
-        f"{target} settings exported by planner from a plan ({plan.schema}).",
+        f"{target} {version} settings exported by planner from a plan ({plan.schema}).",
         f"model {m['name']}  fingerprint {m['fingerprint']}  "
         f"input_hash {prov['input_hash']}  planner {prov.get('planner', 'unknown')}",
-        f"plan: {plan.parallel_summary}, placement {p.get('placement', 'tp-pp-dp')}",
+        f"plan (made for target {made_for}): {summary(plan)}",
         f"on {c['num_gpus']} x {c['device']} ({c['name']}: {c['nodes']} nodes x "
         f"{c['gpus_per_node']}); global batch {plan.training['global_batch']} x "
         f"{plan.training['seq_len']} tokens, {plan.training['dtype']}, "
         f"{plan.training['optimizer']}",
+        f"Written for {target} {version} ({which}; plan export --engine-version for another).",
     ]
 
 
@@ -110,20 +203,14 @@ def comment_block(lines: list[str], prefix: str = "# ") -> list[str]:
 
 
 def notes_block(notes: list[str]) -> list[str]:
-    """The "cannot be expressed exactly" section of an exported text (without comment markers)."""
+    """The section listing what is not expressed exactly (without comment markers)."""
     if not notes:
-        return ["Everything in the plan is expressed exactly below."]
-    lines = ["Not expressed exactly (the nearest setting is used; see docs/exports.md):"]
+        return ["Every knob of the plan is expressed exactly below."]
+    lines = ["Not expressed exactly, or not at all (each also warned on stderr; docs/exports.md):"]
     for note in notes:
         lines += textwrap.wrap(note, NOTE_WIDTH, initial_indent="- ", subsequent_indent="  ",
                                break_on_hyphens=False)
     return lines
-
-
-def warn(target: str, notes: list[str]) -> None:
-    """One logged warning per note."""
-    for note in notes:
-        log.warning("export %s: %s", target, note)
 
 
 def stage_counts_text(lay: Layout) -> str:
@@ -136,6 +223,49 @@ def placement(plan: Plan) -> str:
 
 def schedule_words(name: str) -> str:
     return SCHEDULE_WORDS.get(name, repr(name))
+
+
+def check_schedule(plan: Plan, target: str, runs: tuple[str, ...], ledger: Ledger,
+                   nearest: dict[str, str]) -> str:
+    """The schedule the engine runs for the plan's: its own, a ``nearest`` stand-in (noted), or a
+    SpecError naming the schedule and the way to a plan the engine runs."""
+    p = plan.parallel
+    name = p["schedule"]
+    if p["pp"] == 1:
+        ledger.exact("schedule", "vpp")
+        return name
+    if name in runs:
+        ledger.exact("schedule")
+        return name
+    if name in nearest:
+        return nearest[name]
+    raise SpecError(f"export {target}: {target} does not run the {schedule_words(name)} schedule "
+                    f"of this plan (it runs {', '.join(runs)}); re-plan for it with "
+                    f"`{resolve_hint(plan, target)}`")
+
+
+def resolve_hint(plan: Plan, target: str) -> str:
+    """The `plan solve` command that makes a plan for ``target`` from the same inputs (the plan's
+    pins kept, less those the engine cannot run)."""
+    spec = plan.model.get("spec") or "MODEL"
+    c, t = plan.cluster, plan.training
+    eng = targets.engine(target)
+    fix = dict(plan.search.get("options", {}).get("fix", {}))
+    pipelined = int(fix.get("pp", 1)) > 1
+    runs = {"schedule": eng.schedules, "zero": eng.zero_with_pp if pipelined else eng.zero,
+            "offload_optimizer": (False, True) if eng.offload else (False,),
+            "sequence_parallel": eng.sequence_parallel}
+    pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in fix.items() if k not in runs or v in runs[k])
+    extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))
+                    if t.get(k, default) != default)
+    return (f"plan solve {spec} --cluster {c['name']} --nodes {c['nodes']} --global-batch "
+            f"{t['global_batch']} --seq-len {t['seq_len']}{extra}"
+            + (f" --fix {pins}" if pins else "") + f" --target {target}")
+
+
+def gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
 
 
 def slug(text: str) -> str:

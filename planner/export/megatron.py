@@ -7,11 +7,11 @@ by how many layers each holds. Mapping table and limits: docs/exports.md.
 
 from __future__ import annotations
 
-import shlex
-
 from planner.errors import SpecError
 from planner.export import common
+from planner.export.shell import Group, bash_file
 from planner.planfile.document import Plan
+from planner import targets
 
 TARGET = "megatron"
 ARRAY = "MEGATRON_PARALLEL_ARGS"
@@ -24,29 +24,24 @@ RECOMPUTE = {
 PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 
-Group = list[tuple[list[str], str]]
-"""Lines of one group: (arguments, comment written above them or "")."""
 
 
-def to_megatron(plan: Plan) -> str:
-    """The plan as Megatron-LM arguments; SpecError when the model is not one layer stack."""
+def to_megatron(plan: Plan, version: str | None = None) -> str:
+    """The plan as Megatron-LM arguments for ``version`` (default: planner.targets' release);
+    SpecError when the model is not one layer stack or the engine cannot run the plan."""
+    version = common.engine_version(TARGET, version)
+    ledger = common.Ledger(TARGET, version)
     lay = _checked_layout(plan)
-    notes: list[str] = []
-    groups = [_degrees(plan, notes), _batch(plan), _pipeline(plan, lay, notes),
-              _memory(plan), _precision(plan)]
-    common.warn(TARGET, notes)
-    intro = common.header(plan, TARGET) + [
+    groups = [_degrees(plan, ledger), _batch(plan, ledger), _pipeline(plan, lay, ledger),
+              _memory(plan, ledger), _precision(plan, ledger)]
+    env = _environment(plan)
+    notes = ledger.close()
+    intro = common.header(plan, TARGET, version) + [
         f'Use: source this file, then pass "${{{ARRAY}[@]}}" to pretrain_gpt.py (or',
         "pretrain_bert.py) with your model (--hidden-size, --num-attention-heads, ...), data and",
         "optimizer arguments. The tensor-parallel split of each layer is Megatron's own.", ""]
-    lines = common.comment_block(intro + common.notes_block(notes)) + ["", f"{ARRAY}=("]
-    for group in groups:
-        for args, comment in group:
-            if comment:
-                lines.append(f"  # {comment}")
-            if args:
-                lines.append("  " + " ".join(shlex.quote(a) for a in args))
-    return "\n".join(lines + [")"]) + "\n"
+    return bash_file(common.comment_block(intro + common.notes_block(notes)), env, ARRAY,
+                     [line for group in groups for line in group])
 
 
 def _checked_layout(plan: Plan) -> common.Layout:
@@ -72,8 +67,9 @@ def _checked_layout(plan: Plan) -> common.Layout:
     return lay
 
 
-def _degrees(plan: Plan, notes: list[str]) -> Group:
+def _degrees(plan: Plan, ledger: common.Ledger) -> Group:
     p = plan.parallel
+    ledger.exact("dp", "tp", "pp", "sequence_parallel", "placement")
     out = [([], f"data-parallel size {p['dp']} follows from the world size: launch on "
                 f"{plan.cluster['num_gpus']} GPUs = tp {p['tp']} x pp {p['pp']} x dp {p['dp']}"),
            (["--tensor-model-parallel-size", str(p["tp"]),
@@ -82,13 +78,28 @@ def _degrees(plan: Plan, notes: list[str]) -> Group:
         out.append((["--sequence-parallel"], ""))
     if p["pp"] > 1 and p["dp"] > 1 and common.placement(plan) == "tp-pp-dp":
         out.append((["--use-tp-pp-dp-mapping"],
-                    "placement tp-pp-dp (Megatron's default order is tp-dp-pp; versions without "
-                    "this flag cannot express it)"))
+                    "placement tp-pp-dp (Megatron's default order is tp-dp-pp)"))
     return out
 
 
-def _batch(plan: Plan) -> Group:
+def _environment(plan: Plan) -> list[tuple[str, str | None, str]]:
+    """CUDA_DEVICE_MAX_CONNECTIONS: Megatron-LM's validate_args asserts it is 1 with tensor
+    parallelism on GPUs before Blackwell, and that it is not 1 with Megatron-FSDP (ZeRO-2/3)."""
+    p = plan.parallel
+    if p["dp"] > 1 and p["zero"] >= 2:
+        return [("CUDA_DEVICE_MAX_CONNECTIONS", None,
+                 "Megatron-FSDP: Megatron-LM's validate_args requires CUDA_DEVICE_MAX_CONNECTIONS "
+                 "unset or > 1")]
+    if p["tp"] == 1:
+        return []
+    return [("CUDA_DEVICE_MAX_CONNECTIONS", "1",
+             "tensor parallelism: Megatron-LM's validate_args requires CUDA_DEVICE_MAX_CONNECTIONS=1 "
+             "(on GPUs before Blackwell)")]
+
+
+def _batch(plan: Plan, ledger: common.Ledger) -> Group:
     p, t = plan.parallel, plan.training
+    ledger.exact("micro_batch", "num_microbatches", "global_batch", "seq_len")
     return [([], f"{p['num_microbatches']} micro-batches of {p['micro_batch']} per step and "
                  "data-parallel rank"),
             (["--micro-batch-size", str(p["micro_batch"]),
@@ -96,17 +107,26 @@ def _batch(plan: Plan) -> Group:
               "--seq-length", str(t["seq_len"])], "")]
 
 
-def _pipeline(plan: Plan, lay: common.Layout, notes: list[str]) -> Group:
+def _pipeline(plan: Plan, lay: common.Layout, ledger: common.Ledger) -> Group:
     p = plan.parallel
     out = [(["--num-layers", str(lay.expected)], f"{lay.expected} layers in {lay.stacks[0]}")]
+    common.check_schedule(plan, TARGET, targets.engine(TARGET).schedules, ledger, {
+        "gpipe": "1f1b"})
     if p["pp"] == 1:
+        ledger.exact("stages")
         return out
-    _schedule_notes(plan, notes)
+    if p["schedule"] == "gpipe":
+        ledger.nearest("schedule", "schedule GPipe: Megatron-LM runs 1F1B, which has the same "
+                       "bubble and keeps fewer micro-batches in flight (less activation memory "
+                       "than planned)")
     if p["vpp"] > 1 and len(plan.stages) == p["pp"]:
-        notes.append(f"vpp={p['vpp']}: the plan gives one layer range per rank, not per virtual "
-                     "stage, so Megatron-LM splits the layers evenly over the virtual stages")
+        ledger.nearest(("vpp", "stages"), f"vpp={p['vpp']}: the plan gives one layer range per "
+                       "rank, not per virtual stage, so Megatron-LM splits the layers evenly over "
+                       "the virtual stages")
         return out + [(["--num-virtual-stages-per-pipeline-rank", str(p["vpp"])], "")]
-    _side_notes(plan, lay, notes)
+    ledger.exact("vpp")
+    _side_notes(plan, lay, ledger)
+    ledger.exact("stages")
     counts = lay.counts
     words = f"layers per stage: {common.stage_counts_text(lay)}"
     if lay.even and counts[0] > 0:
@@ -119,28 +139,16 @@ def _pipeline(plan: Plan, lay: common.Layout, notes: list[str]) -> Group:
                    f"{words} (E embedding, t layer, L head, | stage boundary)")]
 
 
-def _schedule_notes(plan: Plan, notes: list[str]) -> None:
-    name = plan.parallel["schedule"]
-    if name in ("1f1b", "interleaved-1f1b"):
-        return
-    if name == "gpipe":
-        notes.append("schedule GPipe: Megatron-LM runs 1F1B, which has the same bubble and keeps "
-                     "fewer micro-batches in flight (less activation memory than planned)")
-        return
-    notes.append(f"schedule {common.schedule_words(name)}: Megatron-LM has no such schedule; "
-                 "nearest 1F1B (a larger pipeline bubble than planned)")
-
-
-def _side_notes(plan: Plan, lay: common.Layout, notes: list[str]) -> None:
+def _side_notes(plan: Plan, lay: common.Layout, ledger: common.Ledger) -> None:
     last = len(plan.stages) - 1
     for stage, block in lay.pre:
         if stage != 0:
-            notes.append(f"block '{block}' (embedding side) is on stage {stage}; Megatron-LM "
-                         "keeps the whole embedding side on stage 0")
+            ledger.nearest("stages", f"block '{block}' (embedding side) is on stage {stage}; "
+                           "Megatron-LM keeps the whole embedding side on stage 0")
     for stage, block in lay.post:
         if stage != last:
-            notes.append(f"block '{block}' (head side) is on stage {stage}; Megatron-LM keeps "
-                         f"the whole head side on the last stage ({last})")
+            ledger.nearest("stages", f"block '{block}' (head side) is on stage {stage}; "
+                           f"Megatron-LM keeps the whole head side on the last stage ({last})")
 
 
 def _first_last(counts: list[int]) -> list[str] | None:
@@ -168,24 +176,39 @@ def _layout_string(counts: list[int]) -> str:
     return "|".join(parts)
 
 
-def _memory(plan: Plan) -> Group:
+def _memory(plan: Plan, ledger: common.Ledger) -> Group:
     p = plan.parallel
+    ledger.exact("recompute", "zero", "offload_optimizer")
     out = [(RECOMPUTE[p["recompute"]], f"recompute {p['recompute']}")]
     if p["dp"] == 1:
-        return out
+        return out + _offload(plan)
     zero = p["zero"]
     if zero == 0:
-        return out + [([], "ZeRO-0: plain data parallelism (Megatron's DDP)")]
+        return out + [([], "ZeRO-0: plain data parallelism (Megatron's DDP)")] + _offload(plan)
     if zero == 1:
-        return out + [(["--use-distributed-optimizer"], "ZeRO-1: the distributed optimizer")]
+        return out + [(["--use-distributed-optimizer"], "ZeRO-1: the distributed optimizer")] + \
+            _offload(plan)
     return out + [(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_STRATEGY[zero],
                     "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
                     "--ckpt-format", "fsdp_dtensor"],
-                   f"ZeRO-{zero}: Megatron-FSDP (versions without it only offer ZeRO-1: "
-                   "--use-distributed-optimizer)")]
+                   f"ZeRO-{zero}: Megatron-FSDP")] + _offload(plan)
 
 
-def _precision(plan: Plan) -> Group:
+def _offload(plan: Plan) -> Group:
+    """Optimizer states and step on the host: Megatron-LM's HybridDeviceOptimizer, which
+    validate_args allows only with the precision-aware optimizer (itself needing the distributed
+    optimizer, which ZeRO >= 1 gives); fraction 1 offloads all of it, as the plan prices."""
+    if not plan.parallel.get("offload_optimizer"):
+        return []
+    return [(["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0",
+              "--use-precision-aware-optimizer"],
+             "optimizer offload: all optimizer states and the step on the host (fp32 main params "
+             "and moments, Megatron's defaults, as planned; --overlap-cpu-optimizer-d2h-h2d would "
+             "overlap the copies the plan prices as serial)")]
+
+
+def _precision(plan: Plan, ledger: common.Ledger) -> Group:
+    ledger.exact("dtype")
     dtype = plan.training["dtype"]
     return [(PRECISION[dtype], f"dtype {dtype}" + (" (Megatron's default)" if dtype == "fp32"
                                                    else ""))]

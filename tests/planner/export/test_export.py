@@ -8,8 +8,9 @@ loaded, never re-planned, so cost-model changes cannot break them):
 - uneven-llama3-8b.json: ``plan solve llama3-8b --cluster dgx-h100 --nodes 2 --global-batch 64
   --seq-len 4096 --fix tp=2,pp=4,recompute=selective`` (8, 9, 9, 6 layers).
 
-tests/golden/exports/<plan>.<target suffix> holds the expected export of each. After a deliberate
-change to an exporter, regenerate them (no environment variables involved) with
+tests/golden/exports/<plan>.<target suffix> holds the expected export of each, for the engine
+release planner.targets names (the default of --engine-version). After a deliberate change to an
+exporter, regenerate them (no environment variables involved) with
 
     .venv/bin/python tests/planner/export/test_export.py
 
@@ -30,10 +31,12 @@ import subprocess
 
 import pytest
 
+from planner import targets
 from planner.cli.main import main
 from planner.errors import SpecError
-from planner.export import TARGETS, export, to_deepspeed, to_megatron, to_torchtitan
-from planner.export.common import layout
+from planner.export import (SUPPORTED_VERSIONS, TARGETS, export, names, to_deepspeed, to_megatron,
+                            to_torchtitan)
+from planner.export.common import ACCOUNTED, Ledger, layout
 from planner.planfile.document import Plan, load_plan
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "golden")
@@ -142,17 +145,27 @@ def test_torchtitan_toml_parses_to_the_plan(stem):
     par, train = cfg["parallelism"], cfg["training"]
     assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p["dp"]
     assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (p["tp"], p["pp"])
-    assert par["module_fqns_per_model_part"] == [st["modules"] for st in plan.stages]
+    titan = par["module_fqns_per_model_part"]
+    assert titan == names.torchtitan_names(plan, "0.2.2")
+    assert [len(part) for part in titan] == [
+        len([m for m in st["modules"] if m != "model.rotary_emb"]) for st in plan.stages]
+    assert titan[0][0] == "tok_embeddings" and titan[-1][-2:] == ["norm", "output"]
+    assert not any(m.startswith("model.") or m == "lm_head" for part in titan for m in part)
+    assert (cfg["model"]["name"], cfg["model"]["flavor"]) == ("llama3", plan.model["name"][7:].upper())
     local = train["local_batch_size"]
     assert local // par["pipeline_parallel_microbatch_size"] == p["num_microbatches"]
     assert local * p["dp"] == train["global_batch_size"] == plan.training["global_batch"]
     assert cfg["activation_checkpoint"]["mode"] == p["recompute"]
 
 
-def megatron_args(text: str) -> list[str]:
+def bash_args(text: str, array: str = "MEGATRON_PARALLEL_ARGS") -> list[str]:
     tokens = shlex.split(text, comments=True)
-    assert tokens[0] == "MEGATRON_PARALLEL_ARGS=(" and tokens[-1] == ")"
-    return tokens[1:-1]
+    assert tokens[-1] == ")"
+    return tokens[tokens.index(f"{array}=(") + 1:-1]
+
+
+def megatron_args(text: str) -> list[str]:
+    return bash_args(text)
 
 
 def option(args: list[str], name: str):
@@ -215,16 +228,42 @@ def test_deepspeed_json_parses_to_the_plan(stem):
 
 # ---- mapping decisions --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("zero,replicate,shard,reshard", [
-    (0, 2, 1, None), (1, 1, 2, "never"), (2, 1, 2, "never"), (3, 1, 2, "always")])
-def test_torchtitan_maps_zero_to_replicate_or_shard(zero, replicate, shard, reshard, notes):
-    tomllib = pytest.importorskip("tomllib")
-    par = tomllib.loads(to_torchtitan(variant(plan_of("uneven-llama3-8b"), zero=zero)))
-    par = par["parallelism"]
-    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == \
-        (replicate, shard)
-    assert par.get("fsdp_reshard_after_forward") == reshard
+def titan_settings(text: str, version: str) -> dict:
+    """{"section.key": value} of a torchtitan export, from its TOML (0.2.2) or its arguments."""
+    if version == "0.2.2":
+        tomllib = pytest.importorskip("tomllib")
+        return {f"{sec}.{k}": v for sec, kv in tomllib.loads(text).items() for k, v in kv.items()}
+    out, args, i = {}, bash_args(text, "TORCHTITAN_ARGS"), 0
+    while i < len(args):
+        flag, i = args[i], i + 1
+        if not (flag.startswith("--") and "." in flag):
+            continue
+        values = []
+        while i < len(args) and not args[i].startswith(("--", "activation-checkpoint:")):
+            values, i = values + [args[i]], i + 1
+        sec, key = flag[2:].split(".", 1)
+        off = key.startswith("no-")
+        key = f"{sec}.{key.removeprefix('no-').replace('-', '_')}"
+        out[key] = (not off if not values else int(values[0]) if values[0].isdigit() else
+                    values[0] if len(values) == 1 and "," not in values[0] else
+                    [v.split(",") for v in values])
+    return out
+
+
+@pytest.mark.parametrize("version,zero,replicate,shard,reshard", [
+    ("0.2.2", 0, 1, 2, "never"), ("0.3.0", 0, 2, 1, None),
+    ("0.2.2", 1, 1, 2, "never"), ("0.2.2", 2, 1, 2, "never"), ("0.3.0", 3, 1, 2, "always")])
+def test_torchtitan_maps_zero_to_replicate_or_shard(version, zero, replicate, shard, reshard,
+                                                     notes):
+    """ZeRO-0 with tp/pp: torchtitan 0.2.2 applies DDP only to 1-D meshes, 0.3.0 replicates."""
+    text = to_torchtitan(variant(plan_of("uneven-llama3-8b"), zero=zero), version)
+    par = titan_settings(text, version)
+    assert (par["parallelism.data_parallel_replicate_degree"],
+            par["parallelism.data_parallel_shard_degree"]) == (replicate, shard)
+    assert par.get("parallelism.fsdp_reshard_after_forward") == reshard
     assert any("ZeRO-1" in n for n in notes) == (zero == 1)
+    assert any("DDP only without tensor or pipeline" in n for n in notes) == \
+        (zero == 0 and version == "0.2.2")
 
 
 @pytest.mark.parametrize("zero,flags", [
@@ -260,9 +299,9 @@ def test_virtual_stages_map_to_interleaved_schedules(notes):
     uneven = regroup(base, [3, 4, 4, 5, 4, 4, 4, 4], pp=4, vpp=2, schedule="interleaved-1f1b")
     assert option(megatron_args(to_megatron(uneven)), "--pipeline-model-parallel-layout") == \
         "Et*3|t*4|t*4|t*5|t*4|t*4|t*4|t*4L"
-    ds = json.loads(to_deepspeed(uneven))["planner"]["pipeline"]
-    assert ds["partition_method"] == "parameters" and ds["parts"] is None
-    assert any("8 virtual stages" in n for n in notes)
+    with pytest.raises(SpecError, match="does not run the interleaved 1F1B schedule") as err:
+        to_deepspeed(uneven)
+    assert "--target deepspeed" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_approximations_are_commented_and_logged(notes):
@@ -276,8 +315,9 @@ def test_approximations_are_commented_and_logged(notes):
     ds = json.loads(to_deepspeed(plan))
     assert ds["planner"]["pipeline"]["topology"]["axes"] == ["data", "pipe", "model"]
     assert any(n.startswith("schedule GPipe: DeepSpeed") for n in ds["planner"]["not_expressed"])
-    assert {n.split(":")[0] for n in notes} >= {"export megatron", "export torchtitan",
-                                                "export deepspeed"}
+    assert {n.split(" ")[1] for n in notes} >= {"megatron", "torchtitan", "deepspeed"}
+    for text in (mega, titan, json.dumps(ds)):
+        assert "Every knob of the plan is expressed exactly" not in text
 
 
 def test_precision_maps_per_target(notes):
@@ -301,12 +341,24 @@ def test_single_stage_plan_has_no_pipeline_settings():
     ds = json.loads(to_deepspeed(plan))
     assert "pipeline" not in ds["planner"] and ds["tensor_parallel"] == {"autotp_size": 2}
     assert ds["zero_optimization"]["stage"] == 1
+    # AutoTP: DeepSpeed counts the tensor-parallel GPUs in its batch check, so it derives the size
+    assert "train_batch_size" not in ds and ds["planner"]["batch"]["global_batch"] == 64
 
 
-def test_deepspeed_pipeline_falls_back_to_zero_1(notes):
+def test_deepspeed_keeps_zero_3_with_autotp():
+    """DeepSpeed 0.19.8 trains AutoTP with ZeRO-3 (runtime/engine.py, _configure_tensor_parallel_
+    states); only its pipeline engine is limited to ZeRO 0-1."""
+    plan = regroup(plan_of("uneven-llama3-8b"), [32], dp=8, zero=3)
+    assert json.loads(to_deepspeed(plan))["zero_optimization"]["stage"] == 3
+
+
+def test_deepspeed_pipeline_falls_back_to_zero_1_after_a_memory_recheck(notes):
     ds = json.loads(to_deepspeed(variant(plan_of("uneven-llama3-8b"), zero=3)))
     assert ds["zero_optimization"]["stage"] == 1
     assert any("ZeRO-3 with pp=4" in n for n in notes)
+    recheck = [n for n in ds["planner"]["not_expressed"] if n.startswith("memory re-checked")]
+    assert len(recheck) == 1 and "ZeRO-1 instead of the plan's ZeRO-3" in recheck[0]
+    assert re.search(r"a peak of \d+\.\d GB per GPU .* within the 75\.0 GB usable", recheck[0])
 
 
 # ---- plans a target cannot express --------------------------------------------------------------
@@ -374,7 +426,8 @@ def test_cli_errors_are_one_line_with_exit_code_2(capsys, tmp_path):
     assert err.count("\n") == 1 and "no repeated layer list" in err
     assert main(["export", str(tmp_path / "p.json"), "--to", "deepspeed",
                  "-o", str(tmp_path / "no" / "such" / "x.json")]) == 2
-    assert "cannot write" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("plan: error: -o: folder") and "does not exist" in err
 
 
 if __name__ == "__main__":

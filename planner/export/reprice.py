@@ -1,0 +1,127 @@
+"""Re-check the memory of a plan when an export must change a knob that can raise it.
+
+An engine sometimes runs only a nearby configuration (DeepSpeed's pipeline engine runs ZeRO-0 or
+ZeRO-1, not ZeRO-3; its AutoTP has no sequence parallelism). The export then prices that
+configuration on the plan's own stage split with the search's own cost model
+(``planner.search.pricing.price``, activations from a simulation of the schedule as the
+search's refinement does), from the plan's model spec, cluster and training (the model is
+read from the trace cache when it was traced before), and compares each pipeline rank's memory
+with what a GPU may use. ``recheck`` raises SpecError with the numbers when the changed
+configuration no longer fits, and otherwise returns a note with them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from costmodels.engine import engine_from_mapping
+from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
+from planner import api
+from planner.errors import SpecError
+from planner.export import common
+from planner.options import KNOBS, Config, SearchOptions, TrainingSpec
+from planner.planfile.document import Plan
+from planner.search.costs import ModelArrays, block_costs, capacity_bytes
+from planner.search.pricing import price
+from planner.search.refine import simulated
+
+log = logging.getLogger("planner.export")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Per pipeline rank, the bytes a GPU needs under one configuration, and what it may use."""
+
+    per_rank: list[float]
+    usable: float
+    """Bytes a GPU may use after the reserve (planner.search.costs.capacity_bytes)."""
+    device: float
+    """The device's memory in bytes."""
+
+    @property
+    def peak(self) -> float:
+        return max(self.per_rank)
+
+    @property
+    def worst_rank(self) -> int:
+        return max(range(len(self.per_rank)), key=self.per_rank.__getitem__)
+
+
+def configuration(plan: Plan, **changes) -> Config:
+    """The plan's configuration with ``changes`` applied (plans from before a knob existed get its
+    default)."""
+    known = {k: plan.parallel[k] for k in KNOBS if k in plan.parallel}
+    return Config(**{**known, **changes})
+
+
+def memory(plan: Plan, **changes) -> Memory:
+    """Memory per pipeline rank of the plan's configuration with ``changes``, on the plan's split."""
+    spec = plan.model.get("spec")
+    what = "re-check the memory of the configuration the engine runs"
+    if not spec:
+        raise SpecError(f"export: cannot {what}: the plan was made from a Python module, not a "
+                        "model spec; re-plan with planner.plan(..., target=<engine>)")
+    cluster = _cluster(plan, what)
+    t = plan.training
+    training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=t["dtype"],
+                            optimizer=t["optimizer"], engine=engine_from_mapping(t.get("engine")))
+    prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=t["dtype"])
+    if prepared.info["fingerprint"] != plan.model["fingerprint"]:
+        log.warning("%s traces differently now than when the plan was made; the memory re-check "
+                    "uses the model as it traces now", spec)
+    ma = ModelArrays.from_blocks(prepared.blocks)
+    cfg = configuration(plan, **changes)
+    costs = block_costs(ma, cluster, training, tp=cfg.tp, sp=cfg.sequence_parallel,
+                        recompute=cfg.recompute, micro_batch=cfg.micro_batch)
+    est = simulated(price(cfg, _bounds(plan, ma.names), ma, costs, cluster, training), training)
+    per_rank = [0.0] * cfg.pp
+    for st in est.stages:
+        per_rank[st.rank] = st.memory["total"]
+    return Memory(per_rank=per_rank, usable=capacity_bytes(cluster, SearchOptions()),
+                  device=cluster.device.memory_bytes)
+
+
+def recheck(plan: Plan, target: str, change: str, **changes) -> str:
+    """Price the plan with ``changes`` (described by ``change``, e.g. "ZeRO-1 instead of ZeRO-3");
+    SpecError with the numbers when a rank no longer fits, else a note with them."""
+    mem = memory(plan, **changes)
+    planned = plan.predicted["peak_memory_bytes"]
+    if mem.peak > mem.usable:
+        raise SpecError(
+            f"export {target}: with {change}, pipeline rank {mem.worst_rank} needs "
+            f"{common.gb(mem.peak)} per GPU, more than the {common.gb(mem.usable)} usable of "
+            f"{common.gb(mem.device)} (the plan: {common.gb(planned)}); re-plan for it with "
+            f"`{common.resolve_hint(plan, target)}`")
+    return (f"memory re-checked with {change}: a peak of {common.gb(mem.peak)} per GPU "
+            f"(pipeline rank {mem.worst_rank}) instead of the plan's {common.gb(planned)}; still "
+            f"within the {common.gb(mem.usable)} usable")
+
+
+def _cluster(plan: Plan, what: str):
+    c = plan.cluster
+    if "groups" in c:
+        raise SpecError(f"export: cannot {what} on a cluster with node groups; re-plan with "
+                        "--target <engine>")
+    if "spec" in c:
+        return cluster_from_mapping(c["spec"], where="plan.cluster.spec")
+    if c["name"] in CLUSTERS:
+        return get_cluster(c["name"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"])
+    raise SpecError(f"export: cannot {what}: the plan does not record cluster '{c['name']}' in "
+                    "full; re-create it with this planner version")
+
+
+def _bounds(plan: Plan, names: list[str]) -> list[int]:
+    """Block index bounds of the plan's stages (chunk c = blocks [b[c], b[c+1]))."""
+    index = {n: i for i, n in enumerate(names)}
+    bounds = [0]
+    for st in plan.stages:
+        blocks = st["blocks"]
+        if not blocks or blocks[0] not in index or index[blocks[0]] != bounds[-1]:
+            raise SpecError("export: the plan's stages do not match the model's blocks as it traces "
+                            "now; re-create the plan")
+        bounds.append(bounds[-1] + len(blocks))
+    if bounds[-1] != len(names):
+        raise SpecError("export: the plan's stages do not cover the model's blocks as it traces "
+                        "now; re-create the plan")
+    return bounds
