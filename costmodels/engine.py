@@ -47,19 +47,60 @@ class EngineSpec:
             raise SpecError(f"engine.kernels: expected fused or eager, got {self.kernels!r}")
 
 
+PRESETS: dict[str, dict] = {
+    # Megatron-LM as of Narayanan et al. (SC'21): attention scores in memory (no FlashAttention
+    # yet), fused bias-GELU / bias-dropout-add / softmax kernels, gradients reduced after the
+    # backward ("local" DDP)
+    "megatron-2021": {"attention": "materialized", "kernels": "fused",
+                      "overlap_grad_reduce": False},
+    # Megatron-Core today: FlashAttention (Transformer Engine), fused kernels, overlapped
+    # gradient reduction (--overlap-grad-reduce)
+    "megatron-core": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True},
+    # torchtitan in eager mode: SDPA's flash kernel, one kernel per element-wise op, FSDP2's
+    # overlapped reduce-scatter through its flat buffers
+    "torchtitan": {"attention": "flash", "kernels": "eager", "overlap_grad_reduce": True,
+                   "fsdp_copies": True},
+    # torchtitan with torch.compile: element-wise chains fused by Inductor
+    "torchtitan-compile": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
+                           "fsdp_copies": True},
+}
+"""Engine settings of common training stacks, by name (``--engine megatron-core``); ``k=v`` pairs
+after the name override single settings."""
+
+
+def describe(engine: EngineSpec) -> str:
+    """The software a prediction assumes, in words (and the preset it equals, if any)."""
+    same = [name for name, kw in PRESETS.items() if EngineSpec(**kw) == engine]
+    words = (f"{'FlashAttention' if engine.attention == 'flash' else 'attention scores in memory'}"
+             f", {'fused' if engine.kernels == 'fused' else 'one kernel per op (eager)'} "
+             f"element-wise kernels, gradient reduction "
+             f"{'overlapped with backward' if engine.overlap_grad_reduce else 'after backward'}"
+             f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}")
+    return words + (f" (= --engine {same[0]})" if same else "")
+
+
 def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
-    """``{"attention": "materialized"}`` or ``"attention=materialized,kernels=eager"``."""
+    """``{"attention": "materialized"}``, ``"attention=materialized,kernels=eager"``, or a preset
+    name (PRESETS) optionally followed by ``,k=v`` overrides: ``"megatron-core,attention=
+    materialized"``."""
     if spec is None:
         return EngineSpec()
     if isinstance(spec, EngineSpec):
         return spec
+    base: dict = {}
     if isinstance(spec, str):
-        spec = parse_pairs(spec, where="engine", example="--engine attention=flash")
+        head, _, rest = spec.partition(",")
+        if "=" not in head:
+            if head.strip() not in PRESETS:
+                raise SpecError(f"engine: unknown preset '{head.strip()}'; choose from "
+                                f"{', '.join(PRESETS)} or give k=v settings")
+            base, spec = dict(PRESETS[head.strip()]), rest
+        spec = parse_pairs(spec, where="engine", example="--engine attention=flash") if spec else {}
     names = {f.name for f in fields(EngineSpec)}
     unknown = set(spec) - names
     if unknown:
         raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; choose from {sorted(names)}")
-    kw = dict(spec)
+    kw = {**base, **dict(spec)}
     for key in ("overlap_grad_reduce", "fsdp_copies"):
         if key in kw and not isinstance(kw[key], bool):
             text = str(kw[key]).lower()

@@ -28,8 +28,10 @@ def register(add) -> None:
     s.add_argument("--fix", help="pin knobs, e.g. tp=8,pp=4,schedule=1f1b,recompute=full,zero=1")
     s.add_argument("--calibration", help="calibration JSON from `plan profile` (measured speeds "
                    "replace data-sheet numbers)")
-    s.add_argument("--engine", help="software behaviour: attention=flash|materialized, "
-                   "kernels=fused|eager, overlap_grad_reduce=true|false, fsdp_copies=true|false")
+    s.add_argument("--engine", help="the software you train with: a preset (megatron-2021, "
+                   "megatron-core (default), torchtitan, torchtitan-compile) and/or "
+                   "attention=flash|materialized, kernels=fused|eager, "
+                   "overlap_grad_reduce=true|false, fsdp_copies=true|false")
     s.add_argument("--top-k", type=count, default=3, help="runners-up to keep (default 3)")
     s.add_argument("--time-limit", type=positive_float, help="seconds; return the best plan found so far")
     s.add_argument("--trace", default="auto", choices=TRACE_METHODS,

@@ -3,6 +3,7 @@ the search's account with its runners-up. Returns strings; printing is the CLI's
 
 from __future__ import annotations
 
+from costmodels.engine import describe, engine_from_mapping
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
 from planner.report.text import compress_names, knob, table
@@ -57,6 +58,7 @@ def _parallel(p: Plan) -> list[str]:
         f"schedule {par['schedule']}",
         f"  memory      recompute {par['recompute']}, ZeRO-{par['zero']}{offload}, placement "
         f"{par.get('placement', 'tp-pp-dp')}",
+        f"  software    {p.training['dtype']}; {describe(engine_from_mapping(p.training.get('engine')))}",
         *breakdown(p),
         f"  throughput  {pr['samples_per_s']:.4g} samples/s, {pr['tokens_per_s']:,.0f} tokens/s, "
         f"{pr['tflops_per_device']:.1f} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
