@@ -27,7 +27,10 @@ from costmodels.errors import SpecError
 GB = 1e9
 TERA = 1e12
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+"""Bytes of one stored value (weights, activations, gradients) when training in this dtype. FP8
+training (Transformer Engine style) runs GEMMs on FP8 operands but keeps weights, activations and
+gradients in bf16 (costmodels.precision says what changes)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +161,8 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
         raise SpecError(f"{where}.peak_TFLOPs: expected a mapping like {{bf16: 312, fp32: 19.5}}")
     bad = set(peaks) - set(DTYPE_BYTES)
     if bad:
-        raise SpecError(f"{where}.peak_TFLOPs.{sorted(bad)[0]}: unknown dtype; use bf16, fp16, fp32")
+        raise SpecError(f"{where}.peak_TFLOPs.{sorted(bad)[0]}: unknown dtype; use bf16, fp16, "
+                        "fp32, fp8")
     kw = {}
     for key in ("matmul_efficiency", "memory_efficiency"):
         if key in spec:
