@@ -4,10 +4,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PLAN   := $(VENV)/bin/plan
 STAMP  := $(VENV)/.installed
+ENGINES := $(VENV)/engines
+ENGINES_STAMP := $(ENGINES)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install engines-full demo test clean
 
-install: $(STAMP)
+install: $(STAMP) $(ENGINES_STAMP)
 
 # torch==2.13.0 first (a CPU build on this machine's disk); then the project, whose range
 # (torch>=2.5) that build already satisfies, so pip pulls no CUDA build.
@@ -18,11 +20,36 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The engines' own parsers, which the export tests run (tests/planner/export/test_engines.py),
+# each in its own folder under .venv/engines, installed without dependencies so that no other torch
+# comes along (the checks run them in a subprocess with that folder on PYTHONPATH; the project
+# itself never imports them). Versions: README.md, "Exports".
+PIPT := $(PY) -m pip install --quiet --no-deps --target
+$(ENGINES_STAMP): $(STAMP) Makefile
+	rm -rf $(ENGINES)/torchtitan-0.2.2 $(ENGINES)/deepspeed-0.19.8
+	$(PIPT) $(ENGINES)/torchtitan-0.2.2 torchtitan==0.2.2 tyro==1.0.17 docstring-parser==0.18.0 \
+		typeguard==4.6.1
+	DS_BUILD_OPS=0 $(PIPT) $(ENGINES)/deepspeed-0.19.8 --no-build-isolation deepspeed==0.19.8 \
+		einops==0.8.2 hjson==3.1.0 msgpack==1.2.4 ninja==1.13.2 psutil==7.2.2 py-cpuinfo==9.0.0 \
+		pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+	touch $(ENGINES_STAMP)
+
+# Optional, about 1.3 GB: torchtitan 0.3.0 (whose parser imports its trainer, hence triton and
+# datasets) and what torchtitan's model definitions import (for the test that splits its own
+# Llama by the exported module names). The tests that need them skip without them.
+engines-full: $(STAMP)
+	rm -rf $(ENGINES)/torchtitan-0.3.0 $(ENGINES)/torchtitan-runtime
+	$(PIPT) $(ENGINES)/torchtitan-0.3.0 torchtitan==0.3.0 tyro==1.0.17 docstring-parser==0.18.0 \
+		typeguard==4.6.1 spmd-types==0.2.3 torch-checkpointing==0.1.1
+	$(PIPT) $(ENGINES)/torchtitan-runtime triton==3.9.0 torchdata==0.11.0 tensorboard==2.21.0 \
+		datasets==4.7.0 pyarrow==26.0.1 dill==0.4.0 multiprocess==0.70.18 xxhash==3.6.0 \
+		httpx==0.28.1 requests==2.34.2 urllib3==2.8.0 certifi==2026.10.19.post1
+
 demo: $(STAMP)
 	$(PLAN) solve gpt3-175b --cluster dgx-a100-80g --nodes 128 --global-batch 1536 --seq-len 2048 -o demo-plan.json
 	$(PLAN) show demo-plan.json
 
-test: $(STAMP)
+test: $(STAMP) $(ENGINES_STAMP)
 	$(PY) -m pytest -q
 
 clean:

@@ -1,0 +1,443 @@
+"""Exports read by the engines' own parsers, at the releases the exporters write for.
+
+- torchtitan 0.2.2: ``ConfigManager().parse_args(["--job.config_file", file])``;
+- torchtitan 0.3.0: ``ConfigManager().parse_args([...the exported arguments...])`` (it reads no
+  TOML), and torchtitan's own Llama 3 70B built on the meta device, cut into stages by the exported
+  module names with torchtitan's own split, in both releases;
+- DeepSpeed 0.19.8: ``DeepSpeedConfig(file, mpu)`` with the world size of the plan;
+- Megatron-LM core_v0.14.0 and core_v0.19.0: an argparse parser rebuilt from the record of
+  ``add_megatron_arguments`` at the release's commit (data/megatron-<tag>.json, made by
+  record_megatron_options.py), plus the rules of its ``validate_args`` the exports must meet.
+
+``make install`` puts torchtitan 0.2.2 and DeepSpeed under ``.venv/engines`` (engine_check.py runs
+them in a subprocess); ``make engines-full`` adds torchtitan 0.3.0 and what torchtitan's model
+code imports (triton, datasets: about 1.3 GB). A test whose engine is missing skips, except that
+under CI (``CI`` set) the default ones must be there.
+
+Plans: data/plans/llama3-70b-pp4-<target>.json were made with ``plan solve llama3-70b --cluster
+dgx-h100 --nodes 8 --global-batch 256 --seq-len 4096 --fix pp=4 --target <target>``;
+llama3-70b-offload-<target>.json with ``plan solve llama3-70b --cluster dgx-h100 --nodes 1
+--global-batch 16 --seq-len 2048 --target <target>`` (Llama 3 70B on 8 H100 fits only with the
+optimizer on the host); llama3-70b-pp4-zero3-megatron.json with ``--fix pp=4,schedule=1f1b,zero=3
+--target megatron``. They are loaded, never re-planned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from planner import targets
+from planner.errors import SpecError
+from planner.export import export, names, reprice
+from planner.export.common import layout
+from planner.planfile.document import Plan, load_plan
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data")
+GOLDEN_PLANS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "golden", "plans")
+ENGINES = os.path.join(sys.prefix, "engines")
+CHECK = os.path.join(HERE, "engine_check.py")
+FOLDERS = {"torchtitan-0.2.2": ["torchtitan-0.2.2"],
+           "torchtitan-0.3.0": ["torchtitan-0.3.0", "torchtitan-runtime"],
+           "deepspeed": ["deepspeed-0.19.8"],
+           "split-0.2.2": ["torchtitan-0.2.2", "torchtitan-runtime"],
+           "split-0.3.0": ["torchtitan-0.3.0", "torchtitan-runtime"]}
+DEFAULT_INSTALL = {"torchtitan-0.2.2", "deepspeed"}
+"""What ``make install`` installs; the others come with ``make engines-full``."""
+
+
+@functools.lru_cache(maxsize=None)
+def plan_named(name: str) -> Plan:
+    for folder in (os.path.join(DATA, "plans"), GOLDEN_PLANS):
+        path = os.path.join(folder, f"{name}.json")
+        if os.path.exists(path):
+            return load_plan(path)
+    raise FileNotFoundError(name)
+
+
+def variant(plan: Plan, **parallel) -> Plan:
+    return dataclasses.replace(plan, parallel={**plan.parallel, **parallel})
+
+
+def users_model(plan: Plan) -> Plan:
+    """The plan as if made from a config.json of the user's: torchtitan defines no such model."""
+    return dataclasses.replace(plan, model={**plan.model, "spec": "my/config.json",
+                                            "source": "config"})
+
+
+CASES = {
+    "70b-pp4-torchtitan": lambda: plan_named("llama3-70b-pp4-torchtitan"),
+    "70b-pp4-deepspeed": lambda: plan_named("llama3-70b-pp4-deepspeed"),
+    "70b-offload-megatron": lambda: plan_named("llama3-70b-offload-megatron"),
+    "70b-gpipe-full": lambda: plan_named("even-llama3-70b"),
+    "8b-uneven-selective": lambda: plan_named("uneven-llama3-8b"),
+    "8b-zero0": lambda: variant(plan_named("uneven-llama3-8b"), zero=0),
+    "8b-users-model": lambda: users_model(plan_named("uneven-llama3-8b")),
+}
+"""Plans every torchtitan release is checked with."""
+
+
+def engine(check: str, jobs: list[dict], tmp_path) -> list[dict]:
+    """Run engine_check.py ``check`` on ``jobs`` with the engine's folders on PYTHONPATH."""
+    folders = [os.path.join(ENGINES, f) for f in FOLDERS[check]]
+    missing = [f for f in folders if not os.path.isdir(f)]
+    if missing:
+        fix = "make install" if check in DEFAULT_INSTALL else "make engines-full"
+        if os.environ.get("CI") and check in DEFAULT_INSTALL:
+            pytest.fail(f"{missing[0]} is missing: `{fix}` installs it")
+        pytest.skip(f"{missing[0]} is not installed (`{fix}`)")
+    jobs_path, out_path = tmp_path / f"{check}-jobs.json", tmp_path / f"{check}-out.json"
+    jobs_path.write_text(json.dumps(jobs))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(folders)}
+    name = "torchtitan-split" if check.startswith("split-") else check
+    done = subprocess.run([sys.executable, CHECK, name, str(jobs_path), str(out_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out_path.read_text())
+    return result["answers"]
+
+
+# ---- torchtitan ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def titan(tmp_path_factory):
+    """{(version, case): (plan, what torchtitan's own parser made of the export)}."""
+    out = {}
+    for version in ("0.2.2", "0.3.0"):
+        tmp = tmp_path_factory.mktemp(f"titan-{version}")
+        jobs, keys = [], []
+        for case, make in CASES.items():
+            plan = make()
+            text, name = export(plan, "torchtitan", version)
+            path = tmp / f"{case}-{name}"
+            path.write_text(text)
+            job = {"path": str(path)}
+            if version != "0.2.2" and names.torchtitan_model(plan) is None:
+                job["args"] = ["--module", "llama3", "--config", "llama3_8b"]
+            jobs.append(job)
+            keys.append((case, plan))
+        try:
+            answers = engine(f"torchtitan-{version}", jobs, tmp)
+        except pytest.skip.Exception as skip:
+            out[version] = skip
+            continue
+        out[version] = {case: (plan, a) for (case, plan), a in zip(keys, answers)}
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("version", ["0.2.2", "0.3.0"])
+def test_torchtitan_parses_the_export_to_the_plan(titan, version, case):
+    if isinstance(titan[version], BaseException):
+        pytest.skip(str(titan[version]))
+    plan, got = titan[version][case]
+    assert "error" not in got, got
+    p, t = plan.parallel, plan.training
+    assert got["parallelism.data_parallel_replicate_degree"] * \
+        got["parallelism.data_parallel_shard_degree"] == p["dp"]
+    assert (got["parallelism.tensor_parallel_degree"],
+            got["parallelism.pipeline_parallel_degree"]) == (p["tp"], p["pp"])
+    assert got["training.global_batch_size"] == t["global_batch"]
+    assert got["training.seq_len"] == t["seq_len"]
+    assert got["training.enable_cpu_offload"] == bool(p.get("offload_optimizer"))
+    local = got["training.local_batch_size"]
+    if p["pp"] > 1:
+        schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+        assert got["parallelism.pipeline_parallel_schedule"] == schedule[p["schedule"]]
+        assert got["parallelism.pipeline_parallel_microbatch_size"] == p["micro_batch"]
+        assert local == p["micro_batch"] * p["num_microbatches"]
+        own = names.torchtitan_names(plan, version)
+        expected = own if own is not None else [st["modules"] for st in plan.stages]
+        assert got["parallelism.module_fqns_per_model_part"] == expected
+        assert len(expected) == p["pp"] * p["vpp"]
+    else:
+        assert local == p["micro_batch"]  # torchtitan accumulates global / (local x dp) steps
+        assert t["global_batch"] // (local * p["dp"]) == p["num_microbatches"]
+    if version == "0.2.2":
+        assert got["activation_checkpoint.mode"] == p["recompute"]
+    else:
+        ac = {"none": "none", "full": "FullAC", "selective": "SelectiveAC"}[p["recompute"]]
+        assert got["activation_checkpoint"] == ac
+        assert got["compile.enable_async_tensor_parallel"] is False
+        assert got["training.disable_cuda_graphs"] == (p["pp"] > 1)
+        if p["tp"] > 1:
+            assert got["parallelism.enable_sequence_parallel"] == p["sequence_parallel"]
+
+
+def test_torchtitan_module_names_are_its_own_for_the_zoo_and_the_users_otherwise(titan):
+    if isinstance(titan["0.2.2"], BaseException):
+        pytest.skip(str(titan["0.2.2"]))
+    _, own = titan["0.2.2"]["8b-uneven-selective"]
+    parts = own["parallelism.module_fqns_per_model_part"]
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+    _, users = titan["0.2.2"]["8b-users-model"]
+    assert users["parallelism.module_fqns_per_model_part"][0][0] == "model.embed_tokens"
+    text = export(users_model(plan_named("uneven-llama3-8b")), "torchtitan")[0]
+    assert "torchtitan defines no model for llama3-8b" in text
+
+
+# ---- torchtitan's own model, split by the exported names ---------------------------------------
+
+SPLITS = [("0.2.2", "llama3-70b-pp4-deepspeed"), ("0.3.0", "llama3-70b-pp4-torchtitan")]
+
+
+@pytest.mark.parametrize("version,stem", SPLITS)
+def test_torchtitans_own_llama_split_by_the_exported_names_holds_the_plans_parameters(
+        version, stem, tmp_path):
+    """Per pipeline rank, torchtitan's chunks hold the parameters the plan prices: matrices split
+    over tp, norms (vectors) whole, summed over the rank's virtual stages. The plan's own Hugging
+    Face names (what the export used to write) leave the chunks empty."""
+    plan = plan_named(stem)
+    p = plan.parallel
+    schedule = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}[p["schedule"]]
+    stages = names.torchtitan_names(plan, version)
+    hf = [list(st["modules"]) for st in plan.stages]
+    job = {"flavor": "70B", "schedule": schedule, "pp": p["pp"]}
+    own, theirs = engine(f"split-{version}", [{**job, "stages": stages}, {**job, "stages": hf}],
+                         tmp_path)
+    assert "error" not in own, own
+    assert own["total"] == plan.model["num_params"]
+    assert own["children"][-1] == {"0.2.2": "output", "0.3.0": "lm_head"}[version]
+    per_rank = [0.0] * p["pp"]
+    for i, chunk in enumerate(own["stages"]):
+        per_rank[i % p["pp"]] += chunk["matrices"] / p["tp"] + chunk["vectors"]
+    for rank, params in enumerate(per_rank):
+        assert params == pytest.approx(plan.stages[rank]["predicted"]["params"], rel=1e-5), rank
+    assert sum(c["matrices"] + c["vectors"] for c in own["stages"]) == own["total"]
+    # the Hugging Face names match nothing there ("lm_head" is 0.3.0's own name for the head)
+    kept = [c["matrices"] + c["vectors"] for c in theirs["stages"]]
+    assert all(n == 0 for n, part in zip(kept, hf) if "lm_head" not in part or version == "0.2.2")
+
+
+# ---- DeepSpeed ----------------------------------------------------------------------------------
+
+def ds_job(plan: Plan, path, *, mpu: bool) -> dict:
+    p = plan.parallel
+    return {"path": str(path), "world": plan.cluster["num_gpus"],
+            "mpu": [p["tp"], p["pp"], p["dp"]] if mpu else None}
+
+
+def test_deepspeed_config_accepts_the_exports(tmp_path):
+    """With pp > 1 DeepSpeed's pipeline engine passes the PipelineModule's grid as the mpu (the
+    stand-in gives its sizes); AutoTP (pp = 1) has none, and DeepSpeed counts every GPU. The
+    export that used to give AutoTP the plan's batch size fails DeepSpeed's batch check."""
+    jobs, plans = [], []
+    for stem in ("llama3-70b-pp4-deepspeed", "even-llama3-70b", "uneven-llama3-8b",
+                 "llama3-70b-offload-deepspeed"):
+        plan = plan_named(stem)
+        path = tmp_path / f"{stem}.json"
+        path.write_text(export(plan, "deepspeed")[0])
+        autotp = plan.parallel["pp"] == 1 and plan.parallel["tp"] > 1
+        jobs.append(ds_job(plan, path, mpu=not autotp))
+        plans.append(plan)
+        if autotp:  # the same file when the training script passes a Megatron-style mpu
+            jobs.append(ds_job(plan, path, mpu=True))
+            plans.append(plan)
+    old = json.loads(export(plan_named("llama3-70b-offload-deepspeed"), "deepspeed")[0])
+    old["train_batch_size"] = 16
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    jobs.append(ds_job(plan_named("llama3-70b-offload-deepspeed"), tmp_path / "old.json",
+                       mpu=False))
+    answers = engine("deepspeed", jobs, tmp_path)
+    for plan, job, got in zip(plans, jobs, answers):
+        p = plan.parallel
+        assert "error" not in got, (job, got)
+        per_sample = 1 if job["mpu"] else p["tp"]  # DeepSpeed without mpu counts tp ranks too
+        assert got["train_batch_size"] == plan.training["global_batch"] * per_sample
+        assert got["world_size"] == (p["dp"] if job["mpu"] else plan.cluster["num_gpus"])
+        assert (got["train_micro_batch_size_per_gpu"], got["gradient_accumulation_steps"]) == \
+            (p["micro_batch"], p["num_microbatches"])
+        zero = p["zero"] if p["pp"] == 1 else min(p["zero"], 1)
+        assert got["zero_stage"] == zero
+        assert got["offload_optimizer"] == ("cpu" if p.get("offload_optimizer") else None)
+        assert got["autotp_size"] == (p["tp"] if p["pp"] == 1 and p["tp"] > 1 else 0)
+        assert got["bf16"] is (plan.training["dtype"] == "bf16")
+    assert "train_batch_size is not equal to micro_batch_per_gpu" in answers[-1]["error"]
+
+
+# ---- Megatron-LM --------------------------------------------------------------------------------
+
+MEGATRON = ("core_v0.14.0", "core_v0.19.0")
+TYPES = {"int": int, "float": float, "str": str}
+
+
+@functools.lru_cache(maxsize=None)
+def megatron_parser(version: str) -> argparse.ArgumentParser:
+    """Megatron-LM's parser at ``version``, rebuilt from the recorded options: names, kinds,
+    nargs, types and choices (options with a custom type function accept any string)."""
+    with open(os.path.join(DATA, f"megatron-{version}.json"), encoding="utf-8") as f:
+        record = json.load(f)
+    assert record["ref"] == version and len(record["commit"]) == 40
+    parser = argparse.ArgumentParser(prog=f"megatron {version}", allow_abbrev=False,
+                                     exit_on_error=False)
+    for o in record["options"]:
+        kw = {"dest": o["dest"]}
+        if o["kind"] in ("store_true", "store_false"):
+            kw["action"] = o["kind"]
+        elif o["kind"] == "boolean_optional":
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = TYPES.get(o["type"], str)
+            if o["nargs"] is not None:
+                kw["nargs"] = o["nargs"]
+            if o["choices"] is not None:
+                kw["choices"] = [kw["type"](c) for c in o["choices"]] \
+                    if o["type"] in TYPES else [str(c) for c in o["choices"]]
+        names_ = [n for n in o["options"] if not (o["kind"] == "boolean_optional"
+                                                  and n.startswith("--no-"))]
+        parser.add_argument(*names_, **kw)
+    return parser
+
+
+def sourced(path) -> tuple[list[str], dict]:
+    """The array and the exported environment of a Megatron export, as bash sees them."""
+    script = ('env -u CUDA_DEVICE_MAX_CONNECTIONS bash -c \'source "$1" && printf "%s\\0" '
+              '"${MEGATRON_PARALLEL_ARGS[@]}" && printf "\\1%s" '
+              '"${CUDA_DEVICE_MAX_CONNECTIONS-unset}"\' bash "$0"')
+    out = subprocess.run(["bash", "-c", script, str(path)], capture_output=True, check=True,
+                         env={**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "8"}).stdout
+    args, env = out.split(b"\1")
+    return [a.decode() for a in args.split(b"\0")[:-1]], {"CUDA_DEVICE_MAX_CONNECTIONS":
+                                                          env.decode()}
+
+
+MEGATRON_PLANS = ("llama3-70b-pp4-megatron", "llama3-70b-offload-megatron",
+                  "llama3-70b-pp4-zero3-megatron", "even-llama3-70b", "uneven-llama3-8b",
+                  "llama3-70b-pp4-deepspeed")
+
+
+@pytest.mark.parametrize("stem", MEGATRON_PLANS)
+@pytest.mark.parametrize("version", MEGATRON)
+def test_megatron_parser_reads_the_export_to_the_plan(version, stem, tmp_path):
+    plan = plan_named(stem)
+    p = plan.parallel
+    path = tmp_path / "args.sh"
+    path.write_text(export(plan, "megatron", version)[0])
+    args, env = sourced(path)
+    ns = megatron_parser(version).parse_args(args)
+    assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size) == (p["tp"], p["pp"])
+    assert (ns.micro_batch_size, ns.global_batch_size, ns.seq_length) == (
+        p["micro_batch"], plan.training["global_batch"], plan.training["seq_len"])
+    assert ns.global_batch_size // (ns.micro_batch_size * p["dp"]) == p["num_microbatches"]
+    assert ns.sequence_parallel == (p["tp"] > 1 and p["sequence_parallel"])
+    assert ns.bf16 == (plan.training["dtype"] == "bf16")
+    fsdp = p["dp"] > 1 and p["zero"] >= 2
+    assert ns.use_megatron_fsdp == fsdp and ns.use_distributed_optimizer == (
+        p["dp"] > 1 and p["zero"] >= 1)
+    if fsdp:
+        assert ns.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}[
+            p["zero"]]
+    offload = bool(p.get("offload_optimizer"))
+    assert ns.optimizer_cpu_offload == offload
+    if offload:
+        assert ns.optimizer_offload_fraction == 1.0
+    assert megatron_stages(ns) == layout(plan).counts
+    megatron_rules(ns, env)
+
+
+def megatron_stages(ns) -> list[int]:
+    """Layers per (virtual) stage as Megatron-LM builds them from the parsed arguments."""
+    if ns.pipeline_model_parallel_layout:
+        import re  # noqa: PLC0415
+        text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)),
+                      ns.pipeline_model_parallel_layout)
+        return [part.count("t") for part in text.split("|")]
+    pp, vpp = ns.pipeline_model_parallel_size, ns.num_virtual_stages_per_pipeline_rank or 1
+    first, last = ns.decoder_first_pipeline_num_layers, ns.decoder_last_pipeline_num_layers
+    edges = [n for n in (first, last) if n is not None]
+    middle = (ns.num_layers - sum(edges)) // (pp * vpp - len(edges))
+    return ([first] if first else []) + [middle] * (pp * vpp - len(edges)) + (
+        [last] if last else [])
+
+
+def megatron_rules(ns, env: dict) -> None:
+    """What Megatron-LM's validate_args asserts of these options (megatron/training/arguments.py
+    at core_v0.19.0, lines in brackets; core_v0.14.0 has the same checks)."""
+    connections = env["CUDA_DEVICE_MAX_CONNECTIONS"]
+    if ns.optimizer_cpu_offload:  # [1803-1807]; and optimizer_config.py [430-436]
+        assert ns.use_precision_aware_optimizer and ns.use_distributed_optimizer
+    if ns.use_megatron_fsdp:  # [1143-1147]
+        assert connections != "1" and ns.ckpt_format == "fsdp_dtensor"
+    elif ns.tensor_model_parallel_size > 1:  # [1413-1439], GPUs before Blackwell
+        assert connections == "1"
+    assert sum(x is not None for x in (ns.num_layers_per_virtual_pipeline_stage,
+                                       ns.num_virtual_stages_per_pipeline_rank,
+                                       ns.pipeline_model_parallel_layout)) <= 1  # [895-904]
+    assert ns.sequence_parallel <= (ns.tensor_model_parallel_size > 1)
+
+
+def test_megatron_parser_rejects_what_megatron_does_not_have():
+    """The rebuilt parser is as strict as Megatron-LM's: no abbreviations, no unknown options,
+    choices checked."""
+    parser = megatron_parser("core_v0.19.0")
+    for bad in (["--optimizer-cpu-offloading"], ["--tensor-model-parallel", "2"],
+                ["--recompute-granularity", "selected"], ["--ckpt-format", "dtensor"]):
+        with pytest.raises((argparse.ArgumentError, SystemExit)):
+            parser.parse_args(bad)
+
+
+def test_megatron_offload_needs_what_megatron_asks_for(tmp_path):
+    """The export for a plan that fits only with the optimizer on the host (Llama 3 70B on 8 H100
+    made for Megatron-LM): the offload flags, the precision-aware optimizer they need, and
+    Megatron-FSDP with its checkpoint format and CUDA_DEVICE_MAX_CONNECTIONS unset."""
+    plan = plan_named("llama3-70b-offload-megatron")
+    assert plan.parallel["offload_optimizer"] and plan.search["target"] == "megatron"
+    text = export(plan, "megatron")[0]
+    assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in text
+    args = text[text.index("MEGATRON_PARALLEL_ARGS=("):]
+    for flag in ("--optimizer-cpu-offload --optimizer-offload-fraction 1.0 "
+                 "--use-precision-aware-optimizer", "--use-megatron-fsdp",
+                 "--data-parallel-sharding-strategy optim_grads_params",
+                 "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"):
+        assert flag in args
+    assert "Every knob of the plan is expressed exactly below." in text
+    ds = json.loads(export(plan_named("llama3-70b-offload-deepspeed"), "deepspeed")[0])
+    assert ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu",
+                                                                       "pin_memory": True}}
+
+
+# ---- the memory of what the engine runs ---------------------------------------------------------
+
+def test_repricing_the_plans_own_configuration_gives_its_memory():
+    """The re-check prices as the search did: the plan's own configuration on its split gives the
+    plan's memory per pipeline rank (1F1B, and interleaved with the schedule simulated)."""
+    for stem in ("llama3-70b-pp4-deepspeed", "llama3-70b-pp4-torchtitan"):
+        plan = plan_named(stem)
+        mem = reprice.memory(plan)
+        planned = [plan.stages[r]["predicted"]["memory_bytes"]["total"]
+                   for r in range(plan.parallel["pp"])]
+        assert mem.per_rank == pytest.approx(planned, rel=1e-5)
+
+
+def test_deepspeed_refuses_a_zero_downgrade_that_no_longer_fits():
+    """ZeRO-3 with pp=4 (made for Megatron-LM): DeepSpeed's pipeline engine runs ZeRO-1, which
+    needs more memory than an H100 has; the refusal gives the numbers and the way out."""
+    plan = plan_named("llama3-70b-pp4-zero3-megatron")
+    with pytest.raises(SpecError) as err:
+        export(plan, "deepspeed")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("export deepspeed: with ZeRO-1 instead of the plan's "
+                                              "ZeRO-3")
+    assert "GB per GPU, more than the 75.0 GB usable of 80.0 GB (the plan: 59.9 GB)" in msg
+    assert "--fix pp=4,schedule=1f1b --target deepspeed" in msg  # zero=3 dropped: not with pp
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "megatron", "deepspeed"])
+@pytest.mark.parametrize("schedule", ["zb-h1", "bidirectional"])
+def test_schedules_an_engine_does_not_run_are_refused(target, schedule):
+    plan = variant(plan_named("uneven-llama3-8b"), schedule=schedule)
+    assert schedule not in targets.engine(target).schedules
+    with pytest.raises(SpecError) as err:
+        export(plan, target)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"export {target}: ")
+    assert {"zb-h1": "ZB-H1", "bidirectional": "bidirectional"}[schedule] in msg
+    assert f"--target {target}`" in msg
