@@ -283,8 +283,13 @@ def _cli(plan: Plan, version: str, settings: list[Setting], ac, notes: list[str]
         groups.append(([s.key, str(s.value)], " ".join(s.comments)))
     for section in SECTION_ORDER:
         for s in settings:
-            if s.section == section:
-                groups.append((_flag(s), "; ".join(s.comments)))
+            if s.section != section:
+                continue
+            flag = _flag(s)
+            if isinstance(s.value, list):  # one line per stage
+                groups += [(flag[:1], "; ".join(s.comments))] + [([part], "") for part in flag[1:]]
+            else:
+                groups.append((flag, "; ".join(s.comments)))
     _, mode, comments = ac[0]
     groups.append(([f"activation-checkpoint:{mode}"], "; ".join(comments + (
         "a subcommand of torchtitan's parser: keep it last",))))

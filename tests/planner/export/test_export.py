@@ -401,6 +401,102 @@ def test_unknown_target_and_virtual_stage_mismatch_are_one_line_errors():
         to_torchtitan(variant(plan_of("even-llama3-70b"), vpp=2, schedule="interleaved-1f1b"))
 
 
+# ---- releases and the account of every knob -----------------------------------------------------
+
+def test_the_default_release_is_planner_targets_and_every_file_names_its_release():
+    plan = plan_of("uneven-llama3-8b")
+    for target, versions in SUPPORTED_VERSIONS.items():
+        assert targets.engine(target).version in versions
+        for version in versions:
+            text = export(plan, target, version)[0]
+            assert f"Written for {target} {version} (" in text
+        assert export(plan, target)[0] == export(plan, target, targets.engine(target).version)[0]
+    assert export(plan, "megatron", "0.19.0")[0] == export(plan, "megatron", "core_v0.19.0")[0]
+    assert export(plan, "torchtitan", "0.3.0")[1] == "llama3-8b.torchtitan.sh"
+
+
+def test_an_unknown_release_is_a_one_line_error(capsys):
+    with pytest.raises(SpecError, match=r"--engine-version: planner writes torchtitan 0\.2\.2 or "
+                                        r"0\.3\.0, not '0\.9'"):
+        export(plan_of("uneven-llama3-8b"), "torchtitan", "0.9")
+    plan = os.path.join(GOLDEN, "plans", "uneven-llama3-8b.json")
+    assert main(["export", plan, "--to", "deepspeed", "--engine-version", "0.18.0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "deepspeed 0.19.8, not '0.18.0'" in err
+
+
+KNOB_VARIANTS = [
+    {}, {"zero": 0}, {"zero": 2}, {"zero": 3}, {"zero": 2, "offload_optimizer": True},
+    {"sequence_parallel": False}, {"recompute": "none"}, {"recompute": "full"},
+    {"schedule": "gpipe"}, {"placement": "tp-pp-dp"}, {"micro_batch": 2, "num_microbatches": 16},
+]
+
+
+@pytest.mark.parametrize("changes", KNOB_VARIANTS, ids=lambda c: ",".join(
+    f"{k}={v}" for k, v in c.items()) or "plan")
+def test_every_knob_is_expressed_or_listed_in_the_file_and_on_stderr(changes, notes, monkeypatch):
+    """Ledger.close asserts that each exporter accounted for every knob (ACCOUNTED); each note it
+    lists is in the file and is one warning. The memory re-check is stubbed here (tested in
+    test_engines.py), so that no variant traces the model."""
+    from planner.export import reprice  # noqa: PLC0415
+    monkeypatch.setattr(reprice, "recheck", lambda plan, target, change, **kw: f"re-checked {change}")
+    plan = variant(plan_of("uneven-llama3-8b"), **changes)
+    for target, versions in SUPPORTED_VERSIONS.items():
+        for version in versions:
+            notes.clear()
+            text = export(plan, target, version)[0]
+            assert all(n.startswith(f"export {target} {version}: ") for n in notes)
+            body = " ".join(re.sub(r"^ *# ?(- )?", "", line) for line in text.splitlines())
+            body = " ".join(body.split())
+            for note in notes:
+                assert " ".join(note.split(": ", 1)[1].split()) in body, (target, note)
+            assert ("Every knob of the plan is expressed exactly" in text) == (not notes)
+
+
+def test_ledger_refuses_a_knob_nobody_accounted_for():
+    ledger = Ledger("megatron", "core_v0.14.0")
+    ledger.exact(*[k for k in ACCOUNTED if k != "offload_optimizer"])
+    with pytest.raises(AssertionError, match="offload_optimizer"):
+        ledger.close()
+
+
+def test_offload_is_expressed_by_every_engine(notes):
+    plan = variant(plan_of("uneven-llama3-8b"), offload_optimizer=True)
+    args = megatron_args(to_megatron(plan))
+    assert {"--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+            "--use-distributed-optimizer"} <= set(args)
+    assert option(args, "--optimizer-offload-fraction") == "1.0"
+    assert not notes
+    ds = json.loads(to_deepspeed(plan))
+    assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "DeepSpeedCPUAdam" in ds["planner"]["offload"]
+    titan = to_torchtitan(plan)
+    assert "enable_cpu_offload = true" in titan
+    assert any(n.startswith("export torchtitan 0.2.2: optimizer offload: torchtitan cannot keep only")
+               for n in notes)
+
+
+def test_megatron_sets_cuda_device_max_connections_as_validate_args_asks():
+    tp = to_megatron(plan_of("uneven-llama3-8b"))
+    assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in tp
+    fsdp = to_megatron(variant(plan_of("uneven-llama3-8b"), zero=3))
+    assert "\nunset CUDA_DEVICE_MAX_CONNECTIONS\n" in fsdp
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" not in fsdp
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in to_megatron(variant(plan_of("uneven-llama3-8b"), tp=1))
+
+
+def test_torchtitan_module_names_of_a_model_torchtitan_does_not_define_are_the_users(notes):
+    plan = plan_of("uneven-llama3-8b")
+    mine = dataclasses.replace(plan, model={**plan.model, "spec": "my/config.json",
+                                            "source": "config"})
+    for version in SUPPORTED_VERSIONS["torchtitan"]:
+        notes.clear()
+        text = to_torchtitan(mine, version)
+        assert "model.embed_tokens" in text and "tok_embeddings" not in text
+        assert any("module names: torchtitan defines no model for llama3-8b" in n for n in notes)
+        assert "[model]" not in text and "--module" not in text.split(")")[-1]
+
+
 # ---- the command --------------------------------------------------------------------------------
 
 def test_cli_prints_or_writes_the_export(capsys, tmp_path):
