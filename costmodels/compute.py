@@ -27,6 +27,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from costmodels import precision
 from costmodels.engine import EngineSpec
 from costmodels.hardware import DTYPE_BYTES, DeviceSpec
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
@@ -61,13 +62,15 @@ class BlockTime:
 
 
 def gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec, dtype: str) -> float:
-    """One (batched) GEMM: max(compute with wave quantization, operand traffic) + launch.
-    With a measured table (``plan profile``) the compute term is FLOPs / measured FLOP/s at that
-    size, which already contains the launch cost."""
+    """One (batched) GEMM in ``dtype`` (the GEMM's own: fp8 for weight GEMMs under FP8 training):
+    max(compute with wave quantization, operand traffic) + launch. With a measured table (``plan
+    profile``) the compute term is FLOPs / measured FLOP/s at that size, which already contains
+    the launch cost."""
     if min(batch, m, n, k) <= 0:
         return 0.0
     flops = 2.0 * batch * m * n * k
-    traffic = DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n)
+    word = precision.operand_bytes(dtype)
+    traffic = batch * (word * (m * k + k * n) + DTYPE_BYTES[dtype] * m * n)
     memory_s = traffic / device.memory_bytes_per_s
     table = device.gemm_table.get(dtype)
     if table:
@@ -141,15 +144,33 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: int, tp:
         if g.attention and fused_attention:
             fused += 2.0 * b * m * n * k
             continue
-        f = gemm_time_s(b, m, n, k, device, dtype)
+        gd = precision.gemm_dtype(dtype, g.linear)
+        f = gemm_time_s(b, m, n, k, device, gd)
         fwd += f
         if g.grad_a:
-            bwd += gemm_time_s(b, m, k, n, device, dtype)
+            bwd += gemm_time_s(b, m, k, n, device, gd)
         if g.grad_b:
-            bwd += gemm_time_s(b, k, n, m, device, dtype)
+            bwd += gemm_time_s(b, k, n, m, device, gd)
         if not g.linear:
             attn += f
     return fwd, bwd, attn, fused
+
+
+def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: int, tp: int,
+               sp: bool) -> tuple[float, float]:
+    """(forward, backward) seconds quantizing the activation inputs of FP8 weight GEMMs and, in
+    backward, their output gradients (costmodels.precision)."""
+    per_element = precision.cast_bytes(recipe)
+    fwd = bwd = 0.0
+    for g in gemms:
+        if not g.linear:
+            continue
+        b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp)
+        fwd += b * m * k * per_element
+        if g.grad_a or g.grad_b:
+            bwd += b * m * n * per_element
+    rate = device.memory_bytes_per_s
+    return fwd / rate, bwd / rate
 
 
 def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
@@ -207,15 +228,20 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
                sp: bool, recompute: str, engine: EngineSpec = EngineSpec()) -> BlockTime:
     """Forward, backward and recomputation seconds of one block for one micro-batch."""
     flash = engine.attention == "flash"
+    core = precision.core_dtype(dtype)  # attention, norms and element-wise stay 16-bit under fp8
     gemm_f, gemm_b, gemm_attn, eager_flops = gemms_time_s(
         work.gemms, device, dtype, micro_batch=micro_batch, tp=tp, sp=sp, fused_attention=flash)
-    attn_f, attn_b = attention_time_s(work, device, dtype, engine, micro_batch=micro_batch, tp=tp)
+    attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
     if eager_flops:  # eager attention cores, run as fused kernels
-        eager_f = eager_flops / (device.peak(dtype) * device.attention_efficiency)
+        eager_f = eager_flops / (device.peak(core) * device.attention_efficiency)
         attn_f, attn_b = attn_f + eager_f, attn_b + FLASH_BACKWARD_FACTOR * eager_f
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp)
     fwd_s = gemm_f + attn_f + mem_f
     bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f
+    if dtype == "fp8":
+        cast_f, cast_b = fp8_cast_s(work.gemms, device, engine.fp8_recipe,
+                                    micro_batch=micro_batch, tp=tp, sp=sp)
+        fwd_s, bwd_s = fwd_s + cast_f, bwd_s + cast_b
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Mapping
 
 from costmodels.errors import SpecError
+from costmodels.precision import FP8_RECIPES
 from costmodels.specs import parse_pairs
 
 ATTENTION = ("flash", "materialized")
@@ -40,7 +41,15 @@ class EngineSpec:
     gradient_as_bucket_view, Megatron's contiguous buffers). It matters where memory is slow next
     to the collective (CPUs); on GPUs the copies are a few percent of the communication."""
 
+    fp8_recipe: str = "current"
+    """How FP8 GEMM inputs are scaled when training in fp8 (costmodels.precision): ``delayed``
+    (amax history), ``current`` (the tensor's own amax, an extra read: Megatron-Core's FP8-CS) or
+    ``block`` (MXFP8 32-element blocks on Blackwell, row- and column-wise copies)."""
+
     def __post_init__(self):
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise SpecError(f"engine.fp8_recipe: expected one of {', '.join(FP8_RECIPES)}, got "
+                            f"{self.fp8_recipe!r}")
         if self.attention not in ATTENTION:
             raise SpecError(f"engine.attention: expected flash or materialized, got {self.attention!r}")
         if self.kernels not in KERNELS:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 from costmodels.errors import SpecError
+from costmodels.precision import FP8_SAVED_INPUT_SHARE, FP8_WEIGHT_COPY_BYTES
 from costmodels.workload import BlockWork
 
 Recompute = Literal["none", "selective", "full"]
@@ -59,7 +60,10 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
     weights = params * weight_b / (dp if zero >= 3 else 1)
     grads = params * grad_b / (dp if zero >= 2 else 1)
     optim = 0.0 if offload else params * opt_b / (dp if zero >= 1 else 1)
-    return {"weights": weights, "grads": grads, "optimizer": optim}
+    out = {"weights": weights, "grads": grads, "optimizer": optim}
+    if dtype == "fp8":  # the cached FP8 copies of the weights, sharded like the weights
+        out["fp8_weights"] = params * FP8_WEIGHT_COPY_BYTES / (dp if zero >= 3 else 1)
+    return out
 
 
 def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int,
@@ -81,17 +85,21 @@ def usable_bytes(device_memory_bytes: float, *, reserve_fraction: float, reserve
 
 
 def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, recompute: str,
-                     scores_kept: bool = True, fused: bool = False) -> float:
+                     scores_kept: bool = True, fused: bool = False, fp8: bool = False) -> float:
     """Bytes one micro-batch leaves saved in one block until its backward runs. ``scores_kept``:
     attention score tensors traced from eager code are saved (False with flash attention, whose
     fused kernel saves none); ``fused``: chains of element-wise ops run as one kernel each, which
-    keeps only the tensors entering the chain (and dropout masks)."""
+    keeps only the tensors entering the chain (and dropout masks); ``fp8``: the inputs of weight
+    GEMMs are kept quantized (costmodels.precision)."""
     sp_div = tp if sp else 1
     if recompute == "full":
         return micro_batch * work.input_bytes / sp_div
     rep, tp_part = work.act_bytes_rep, work.act_bytes_tp
     if fused:
         rep, tp_part = rep - work.act_fused_away_rep, tp_part - work.act_fused_away_tp
+    if fp8:
+        rep = rep - FP8_SAVED_INPUT_SHARE * work.act_linear_in_rep
+        tp_part = tp_part - FP8_SAVED_INPUT_SHARE * work.act_linear_in_tp
     kept = rep / sp_div + tp_part / tp  # the fused-away parts are parts of these
     if recompute == "none":
         kept += work.act_bytes_attn / tp if scores_kept else 0.0
@@ -101,14 +109,15 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
 
 
 def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
-                            recompute: str, scores_kept: bool = True, fused: bool = False) -> float:
+                            recompute: str, scores_kept: bool = True, fused: bool = False,
+                            fp8: bool = False) -> float:
     """Extra bytes alive while one block's forward is recomputed during backward."""
     if recompute == "none":
         return 0.0
     if recompute == "selective":
         return micro_batch * work.act_bytes_attn / tp if scores_kept else 0.0
     return activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
-                            scores_kept=scores_kept, fused=fused)
+                            scores_kept=scores_kept, fused=fused, fp8=fp8)
 
 
 def megatron_layer_activation_bytes(*, s: int, b: int, h: int, a: int, t: int = 1,

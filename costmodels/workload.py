@@ -119,6 +119,11 @@ class BlockWork:
     input only; the backward kernel recomputes the rest). Dropout masks are always kept."""
     act_fused_away_rep: float = 0.0
     """The same outside tensor-parallel regions (part of ``act_bytes_rep``)."""
+    act_linear_in_tp: float = 0.0
+    """The part of ``act_bytes_tp`` saved only as the input of weight GEMMs (Linear layers), which
+    FP8 training keeps quantized (costmodels.precision)."""
+    act_linear_in_rep: float = 0.0
+    """The same outside tensor-parallel regions (part of ``act_bytes_rep``)."""
     input_bytes: float = 0.0
     """Bytes of the gradient-carrying activations entering the block (what full recompute keeps)."""
     params_tp: float = 0.0

@@ -19,6 +19,7 @@ from planner.schedule.builders import build
 from planner.search import placement
 from planner.search.loop import SearchResult
 from planner.search.pricing import Estimate
+from planner.search.refine import repriced
 from planner.trace.graph import BlockGraph, OpGraph
 
 
@@ -80,10 +81,27 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         training=training_dict(training), cluster=cluster.summary(), parallel=parallel,
         stages=stages, tensor_parallel=_tp_map(bg, cfg.tp), schedule=_schedule(cfg),
         predicted={**predicted(best, training, cluster),
-                   "active_params_per_token": active_params(bg, opgraph.seq_len)},
+                   "active_params_per_token": active_params(bg, opgraph.seq_len),
+                   **_fp8_account(best, bg, cluster, training)},
         search=search, provenance=provenance,
     )
     return Plan.from_dict(plan.to_dict())  # validated, and rounded exactly as the file will be
+
+
+def _fp8_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec) -> dict:
+    """For an fp8 plan: what FP8 changed, against the same configuration and split in bf16."""
+    if training.dtype != "fp8" or not isinstance(cluster, Cluster):
+        return {}
+    bf16 = repriced(best, bg, cluster, dataclasses.replace(training, dtype="bf16"))
+    copies = max(st.memory.get("fp8_weights", 0.0) for st in best.stages)
+    return {"fp8": {
+        "recipe": training.engine.fp8_recipe,
+        "gemm_peak_tflops": cluster.device.peak("fp8") / 1e12,
+        "bf16_peak_tflops": cluster.device.peak("bf16") / 1e12,
+        "weight_copy_bytes": copies,
+        "bf16_step_time_s": bf16.step_time_s,
+        "bf16_peak_memory_bytes": bf16.peak_memory_bytes,
+    }}
 
 
 def training_dict(training: TrainingSpec) -> dict:

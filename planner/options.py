@@ -13,7 +13,8 @@ from planner.errors import SpecError
 
 # The sets of choices, each listed once. Schedules and recomputation policies are the ones the cost
 # model prices (costmodels.pipeline, costmodels.memory); the others are the planner's own.
-Dtype = Literal["bf16", "fp16", "fp32"]
+Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
+"""fp8: FP8 GEMMs of weights with bf16 everything else (costmodels.precision)."""
 DTYPES: tuple[str, ...] = get_args(Dtype)
 Optimizer = Literal["adam", "adamw", "sgd"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
@@ -46,7 +47,8 @@ class TrainingSpec:
     seq_len: int
     """Tokens per sample."""
     dtype: Dtype = "bf16"
-    """Compute dtype: bf16 or fp16 (mixed precision with fp32 master weights) or fp32."""
+    """Compute dtype: bf16 or fp16 (mixed precision with fp32 master weights), fp32, or fp8 (the
+    GEMMs of weights in FP8, Transformer Engine style; costmodels.precision)."""
     optimizer: Optimizer = "adam"
     """adam / adamw (two fp32 moments) or sgd (one)."""
     engine: EngineSpec = field(default_factory=EngineSpec)

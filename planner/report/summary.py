@@ -63,6 +63,7 @@ def _parallel(p: Plan) -> list[str]:
         f"  throughput  {pr['samples_per_s']:.4g} samples/s, {pr['tokens_per_s']:,.0f} tokens/s, "
         f"{pr['tflops_per_device']:.1f} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
         *_flops(p),
+        *_fp8(p),
         f"  peak memory {pr['peak_memory_bytes'] / GB:.1f} GB per GPU"
         + (f" of {dev_mem / GB:.0f} GB" if dev_mem and "groups" not in p.cluster else "")
         + ("" if "groups" not in p.cluster else " (device memory: " + ", ".join(
@@ -84,6 +85,27 @@ def _flops(p: Plan) -> list[str]:
     return lines
 
 
+RECIPE_WORDS = {"delayed": "delayed scaling (amax history)",
+                "current": "current scaling (each tensor's own amax)",
+                "block": "MXFP8 block scaling"}
+
+
+def _fp8(p: Plan) -> list[str]:
+    """What FP8 changed: the GEMM rate, the scaling, the weight copies, and the same plan in bf16."""
+    f = p.predicted.get("fp8")
+    if not f:
+        return []
+    step = p.predicted["step_time_s"]
+    return [
+        f"  fp8         weight GEMMs at the fp8 peak ({f['gemm_peak_tflops']:,.0f} TFLOP/s, bf16 "
+        f"{f['bf16_peak_tflops']:,.0f}), inputs quantized with {RECIPE_WORDS[f['recipe']]}; "
+        "attention, norms and element-wise ops in bf16; MFU is against the fp8 peak",
+        f"              {f['weight_copy_bytes'] / GB:.1f} GB of fp8 weight copies per GPU; in bf16 "
+        f"this plan would take {f['bf16_step_time_s']:.4g} s ({f['bf16_step_time_s'] / step:.2f}x) "
+        f"and {f['bf16_peak_memory_bytes'] / GB:.1f} GB",
+    ]
+
+
 def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
     """The step time and its parts, largest first, each with its share and a bar."""
     step = p.predicted["step_time_s"]
@@ -100,7 +122,8 @@ def stage_table(p: Plan) -> list[str]:
     for st in p.stages:
         pr = st["predicted"]
         mem = pr["memory_bytes"]
-        states = mem.get("weights", 0) + mem.get("grads", 0) + mem.get("optimizer", 0)
+        states = (mem.get("weights", 0) + mem.get("grads", 0) + mem.get("optimizer", 0)
+                  + mem.get("fp8_weights", 0))
         label = f"{st['index']} ({st['group']})" if "group" in st else str(st["index"])
         if p.parallel.get("vpp", 1) > 1:  # interleaved: say which rank runs this chunk
             label += f" (rank {st.get('pipeline_rank', st['index'] % p.parallel['pp'])})"

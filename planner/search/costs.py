@@ -98,6 +98,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
 
     kept = training.engine.attention != "flash"  # eager attention's scores, saved or fused away
     fused = training.engine.kernels == "fused"  # element-wise chains keep only what enters them
+    fp8 = training.dtype == "fp8"  # Linear inputs kept quantized
     return BlockCosts(
         fwd_s=vec([t.fwd_s for t in bt]),
         compute_s=vec([t.fwd_s + t.bwd_s for t in bt]),
@@ -105,12 +106,12 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         tp_comm_s=vec(tp_s),
         act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
             w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
-            fused=fused)),
+            fused=fused, fp8=fp8)),
             vec(memory.activation_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
-                                        scores_kept=kept, fused=fused))),
+                                        scores_kept=kept, fused=fused, fp8=fp8))),
         work_bytes=np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
-            fused=fused)),
+            fused=fused, fp8=fp8)),
             0.0),
         params_local=vec(w.params_tp / tp + w.params_rep),
     )

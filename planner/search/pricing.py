@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodels import comm, compute, memory, pipeline
+from costmodels import comm, compute, memory, pipeline, precision
 from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
@@ -214,8 +214,10 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
     """Exposed data-parallel communication and the optimizer update; the slowest rank sets both."""
     group = placement.dp_group(cfg, cluster)
     grad_b = DTYPE_BYTES[training.dtype]
-    state_b = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                           zero=0, dp=1)
+    states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                      zero=0, dp=1)
+    state_b = states["weights"] + states["grads"] + states["optimizer"]
+    refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
     dp_s = opt_s = 0.0
     for r in range(cfg.pp):
         mine = [st for st in stages if st.rank == r]
@@ -236,6 +238,7 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
             step = compute.optimizer_step_s(params / shard, cluster.device,
                                             state_bytes_per_param=state_b,
                                             dtensor_params=mine[0].dtensor_params)
+        step += params * refresh_b / cluster.device.memory_bytes_per_s  # FP8 weight copies
         opt_s = max(opt_s, step)
     return dp_s, opt_s
 

@@ -23,7 +23,7 @@ from costmodels.topology import Cluster
 from planner.options import SearchOptions, TrainingSpec
 from planner.schedule.builders import SPLIT_BACKWARD, build
 from planner.schedule.simulator import simulate
-from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, stage_memory
+from planner.search.costs import BlockCosts, ModelArrays, block_costs, capacity_bytes, stage_memory
 from planner.search.pricing import Estimate, idle_s, price, weight_grad_s
 from planner.solve.dag import solve_dag
 from planner.trace.graph import BlockGraph
@@ -77,6 +77,21 @@ def refine_dag(est: Estimate, bg: BlockGraph, ma: ModelArrays, costs: BlockCosts
     better = price(cfg, res.bounds, ma2, costs.permuted(res.order), cluster, training)
     return dataclasses.replace(better, stage_split="cp-sat", split_status=res.status,
                                split_gap=res.gap)
+
+
+def repriced(est: Estimate, bg: BlockGraph, cluster: Cluster, training: TrainingSpec) -> Estimate:
+    """``est``'s configuration and stage split priced under ``training`` (another dtype or
+    engine) and its schedule simulated: what the same plan costs with that software."""
+    cfg = est.config
+    index = bg.index()
+    order = [index[name] for st in est.stages for name in st.blocks]
+    ma = ModelArrays.from_blocks(bg, order=order)
+    bounds = [0]
+    for st in est.stages:
+        bounds.append(bounds[-1] + len(st.blocks))
+    costs = block_costs(ma, cluster, training, tp=cfg.tp, sp=cfg.sequence_parallel,
+                        recompute=cfg.recompute, micro_batch=cfg.micro_batch)
+    return simulated(price(cfg, bounds, ma, costs, cluster, training), training)
 
 
 def simulated(est: Estimate, training: TrainingSpec) -> Estimate:

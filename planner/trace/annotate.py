@@ -78,7 +78,9 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
             if name in table:
                 acc[field] += table[name]
                 collectives += 1
-    _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers))
+    linear_inputs = {k for k, ops in savers.items()
+                     if all(by[o].kind == "matmul" and by[o].params for o in ops)}
+    _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers), linear_inputs)
     fused = fused_traffic(graph, tp, op_names, scores)
     acc["input_bytes"] = sum(by[i].out_bytes for i in {
         src for n in op_names for src in by[n].inputs
@@ -168,8 +170,9 @@ def _gemm(row: list, split_compute: bool, split_out: bool, seq_len: int,
 
 
 def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[str],
-               acc: dict, fused_away: set[str]) -> None:
-    for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep"):
+               acc: dict, fused_away: set[str], linear_inputs: set[str]) -> None:
+    for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep",
+                  "act_linear_in_tp", "act_linear_in_rep"):
         acc[field] = 0.0
     acc["act_bytes_attn"] = acc.pop("attn_scores_saved")
     for key, nbytes in saved.items():
@@ -182,6 +185,8 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
         acc[f"act_bytes_{where}"] += nbytes
         if key in fused_away:
             acc[f"act_fused_away_{where}"] += nbytes
+        elif key in linear_inputs:
+            acc[f"act_linear_in_{where}"] += nbytes
 
 
 def _word(dtype: str) -> float:

@@ -27,7 +27,10 @@ from planner.trace.failures import model_frame
 
 log = logging.getLogger(__name__)
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                "fp8": torch.bfloat16}
+"""The dtype a model is traced (and, by `plan run`, built) in; FP8 training stores weights and
+activations in bf16 and only runs weight GEMMs in FP8 (costmodels.precision)."""
 
 
 @dataclass

@@ -48,3 +48,28 @@ def test_the_plan_says_which_flops_it_counts(tiny_gpt2):
     tokens = training.global_batch * training.seq_len
     assert pr["model_flops_per_token"] == pytest.approx(pr["model_flops_per_step"] / tokens,
                                                         rel=1e-5)
+
+
+def test_an_fp8_plan_says_what_fp8_changed(tiny_llama):
+    import planner
+    from planner.report.summary import summary
+
+    cluster = planner.load_cluster({
+        "name": "fp8-node", "nodes": 1, "gpus_per_node": 8,
+        "device": {"name": "h100-like", "memory_GB": 80, "hbm_GBps": 3350,
+                   "peak_TFLOPs": {"bf16": 989, "fp16": 989, "fp32": 67, "fp8": 1979}},
+        "intra_node": {"bandwidth_GBps": 450, "latency_us": 3},
+        "inter_node": {"bandwidth_GBps": 50, "latency_us": 10}})
+    training = planner.TrainingSpec(global_batch=64, seq_len=128, dtype="fp8")
+    plan = planner.plan_prepared(tiny_llama, cluster, training, planner.SearchOptions(top_k=0))
+    f = plan.predicted["fp8"]
+    assert f["recipe"] == "current" and f["gemm_peak_tflops"] == 1979
+    assert f["bf16_step_time_s"] > plan.step_time_s and f["weight_copy_bytes"] > 0
+    text = summary(plan)
+    assert "weight GEMMs at the fp8 peak" in text and "in bf16 this plan would take" in text
+    bf16 = planner.plan_prepared(tiny_llama, cluster, planner.TrainingSpec(
+        global_batch=64, seq_len=128), planner.SearchOptions(top_k=0))
+    assert "fp8" not in bf16.predicted
+    with pytest.raises(planner.SpecError, match="no fp8 support"):
+        planner.plan("llama3-8b", cluster="dgx-a100-80g", global_batch=8,
+                     dtype="fp8")

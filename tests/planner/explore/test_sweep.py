@@ -92,7 +92,7 @@ def test_points_change_the_cluster_as_asked():
     ({"device": ["h1000"]}, "did you mean h100"),
     ({"tp": ["x"]}, "fix.tp: expected an integer"),
     ({"inter_node_bandwidth": [-1]}, "vary.inter_node_bandwidth: expected GB/s"),
-    ({"dtype": ["fp8"]}, "vary.dtype: unknown dtype"),
+    ({"dtype": ["fp4"]}, "vary.dtype: unknown dtype"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_key(vary, message):
     with pytest.raises(SpecError, match=message):

@@ -1,0 +1,65 @@
+"""What the training precision changes in a step's cost.
+
+``bf16`` / ``fp16``: mixed precision (Micikevicius et al., ICLR'18): 16-bit weights, activations
+and gradients, fp32 master weights and optimizer states. ``fp32``: everything in fp32.
+
+``fp8``: FP8 training as NVIDIA Transformer Engine runs it (Micikevicius et al., "FP8 Formats for
+Deep Learning", 2022; Transformer Engine user guide, "Using FP8 with Transformer Engine"):
+
+- the GEMMs of weights (a Linear's forward, input gradient and weight gradient) run on FP8
+  operands at the device's dense FP8 peak; attention cores, norms, softmax and element-wise ops
+  stay in bf16, and so do the stored weights, activations and gradients;
+- every FP8 GEMM input is quantized. Transformer Engine fuses the cast into the kernel that makes
+  the tensor (LayerNormLinear, the activation before the second MLP Linear), so what is counted is
+  the FP8 write and the scaling work: ``delayed`` scaling takes the scale from an amax history (one
+  1-byte write per element); ``current`` scaling first finds the tensor's absolute maximum (a
+  2-byte read more); ``block`` scaling (MXFP8, 32-element blocks, Blackwell) computes scales in the
+  same pass but writes a row-wise and a column-wise copy, since the weight-gradient GEMM reads the
+  transpose (2 x 1 byte). In backward the output gradient is quantized the same way;
+- each weight has an FP8 copy, row- and column-wise (2 bytes per parameter), kept for the whole
+  step ("FP8 weight caching") and refreshed from the bf16 weights after the optimizer step (read 2,
+  write 2 bytes per parameter);
+- a Linear saves its input for the weight gradient in FP8 (1 byte instead of 2).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from costmodels.errors import SpecError
+
+Fp8Recipe = Literal["delayed", "current", "block"]
+FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
+
+CAST_BYTES = {"delayed": 1.0, "current": 3.0, "block": 2.0}
+"""Bytes moved per element to quantize one FP8 GEMM input, beyond the bf16 kernel that makes it:
+the FP8 write(s), and for current scaling the amax read (see the module docstring)."""
+FP8_WEIGHT_COPY_BYTES = 2.0
+"""FP8 bytes kept per parameter: row-wise and column-wise copies."""
+FP8_WEIGHT_REFRESH_BYTES = 4.0
+"""Bytes moved per parameter to refresh the FP8 copies after the optimizer step."""
+FP8_SAVED_INPUT_SHARE = 0.5
+"""A Linear input saved for backward in FP8 keeps 1 of its 2 bf16 bytes."""
+
+
+def core_dtype(dtype: str) -> str:
+    """The dtype of everything but the weight GEMMs (attention, norms, element-wise, storage)."""
+    return "bf16" if dtype == "fp8" else dtype
+
+
+def gemm_dtype(dtype: str, weight_gemm: bool) -> str:
+    """The dtype a GEMM runs in: FP8 for the GEMMs of weights when training in fp8."""
+    return "fp8" if dtype == "fp8" and weight_gemm else core_dtype(dtype)
+
+
+def operand_bytes(gemm_dtype_: str) -> float:
+    """Bytes of one GEMM operand element."""
+    return {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0, "fp32": 4.0}[gemm_dtype_]
+
+
+def cast_bytes(recipe: str) -> float:
+    """Bytes moved per element to quantize an FP8 GEMM input under ``recipe``."""
+    if recipe not in CAST_BYTES:
+        raise SpecError(f"engine.fp8_recipe: expected one of {', '.join(FP8_RECIPES)}, got "
+                        f"{recipe!r}")
+    return CAST_BYTES[recipe]
