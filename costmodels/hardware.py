@@ -1,19 +1,68 @@
 """Device specifications and presets.
 
-Every number is a vendor data-sheet figure (dense, no sparsity) unless stated otherwise:
+Every number is a vendor data-sheet figure (dense, no sparsity) unless stated otherwise. Where a
+sheet gives only figures "with sparsity" (2:4 structured sparsity doubles the rate), they are
+halved here and the entry says so. ``fp8`` is the dense FP8 tensor-core rate with FP32
+accumulation, the rate a training GEMM runs at.
+
 - A100: NVIDIA A100 Tensor Core GPU data sheet (2021): 312 TFLOP/s bf16/fp16, 19.5 fp32,
-  1,555 GB/s (40 GB) / 2,039 GB/s (80 GB) HBM2e.
-- H100 SXM: NVIDIA H100 data sheet (2023): 989 TFLOP/s bf16 dense, 67 fp32, 3.35 TB/s HBM3.
-- H200 SXM: NVIDIA H200 data sheet (2024): 989 TFLOP/s bf16 dense, 141 GB, 4.8 TB/s HBM3e.
-- V100 SXM2 32 GB: NVIDIA V100 data sheet: 125 TFLOP/s fp16 tensor, 15.7 fp32, 900 GB/s; no bf16.
-- L4: NVIDIA L4 data sheet: 121 TFLOP/s bf16 dense (242 with sparsity), 30.3 fp32, 24 GB, 300 GB/s.
+  1,555 GB/s (40 GB) / 2,039 GB/s (80 GB) HBM2e. No FP8 tensor cores.
+- H100 SXM: NVIDIA H100 data sheet (2023): 989 TFLOP/s bf16 dense, 67 fp32, 3.35 TB/s HBM3;
+  FP8 3,958 TFLOP/s with sparsity -> 1,979 dense. 132 SMs (NVIDIA H100 Tensor Core GPU
+  Architecture whitepaper, 2022, for the SXM5 product).
+- H200 SXM: NVIDIA H200 data sheet (2024): 989 TFLOP/s bf16 dense, 141 GB, 4.8 TB/s HBM3e;
+  FP8 3,958 with sparsity -> 1,979 dense (the H100 silicon, so H100's 132 SMs).
+- V100 SXM2 32 GB: NVIDIA V100 data sheet: 125 TFLOP/s fp16 tensor, 15.7 fp32, 900 GB/s; no bf16,
+  no FP8.
+- L4: NVIDIA L4 data sheet: 121 TFLOP/s bf16 dense (242 with sparsity), 30.3 fp32, 24 GB, 300 GB/s;
+  FP8 485 with sparsity -> 242.5 dense.
 - RTX 4090: NVIDIA Ada Lovelace architecture whitepaper, Table 2: 165.2 TFLOP/s fp16/bf16 tensor
-  with fp32 accumulate (dense), 82.6 fp32, 24 GB GDDR6X at 1,008 GB/s.
+  with fp32 accumulate (dense), 82.6 fp32, 24 GB GDDR6X at 1,008 GB/s; FP8 tensor with FP32
+  accumulate 330.3 dense (660.6 with sparsity; GeForce runs FP32 accumulation at half the FP16-
+  accumulate rate, as for fp16).
+- B200 (HGX / DGX B200, 1,000 W): NVIDIA DGX B200 data sheet (2024/2025): 8 GPUs, 1,440 GB HBM3e
+  and 64 TB/s in total -> 180 GB and 8 TB/s per GPU; FP8 72 PFLOP/s per system with sparsity ->
+  4.5 PFLOP/s dense per GPU. NVIDIA HGX platform page (nvidia.com/en-us/data-center/hgx, HGX B200
+  column, 2025): FP16/BF16 36 PFLOP/s per 8 GPUs with sparsity -> 2,250 TFLOP/s dense per GPU,
+  FP32 600 TFLOP/s per 8 GPUs -> 75. Host: the DGX B200's two Xeon Platinum 8570 hosts attach
+  the GPUs over PCIe 5.0 x16 (same 50 GB/s achieved as H100).
+  SMs: NVIDIA publishes no enabled-SM count for B200; 148 is what the device reports
+  (cudaDeviceProp.multiProcessorCount), measured by Chips and Cheese, "Nvidia's B200: Keeping
+  the CUDA Juggernaut Rolling" (2025): 2 dies x 74 enabled SMs.
+- GB200 (the Blackwell GPU of a GB200 NVL72 rack, 1,200 W): NVIDIA GB200 NVL72 page
+  (nvidia.com/en-us/data-center/gb200-nvl72, spec table, 2025), per rack of 72 GPUs: FP8 720
+  PFLOP/s and FP16/BF16 360 PFLOP/s with sparsity -> 5,000 and 2,500 TFLOP/s dense per GPU;
+  FP32 5,760 TFLOP/s -> 80; HBM3e up to 13.4 TB at 576 TB/s -> 186 GB and 8 TB/s per GPU (the
+  GB200 superchip column: up to 372 GB, 16 TB/s per 2 GPUs). Host link: NVLink-C2C to the Grace
+  CPU, 900 GB/s bidirectional -> 450 GB/s one way. Host memory: one Grace (up to 480 GB LPDDR5X
+  at up to 512 GB/s, superchip column) serves 2 GPUs -> 256 GB/s each. SMs: not published; the
+  B200 die, so B200's 148 is assumed.
+- B300 (HGX / DGX B300, Blackwell Ultra): NVIDIA HGX platform page (HGX B300 column, 2025), per
+  8 GPUs with sparsity: FP8 72 PFLOP/s -> 4,500 dense per GPU, FP16/BF16 36 -> 2,250; FP32 600
+  TFLOP/s -> 75; memory up to 2.3 TB -> 288 GB per GPU. NVIDIA Technical Blog, "Inside NVIDIA
+  Blackwell Ultra: The Chip Powering the AI Factory Era" (Aug 2025): 288 GB HBM3e at 8 TB/s per
+  GPU; 160 SMs "in the full GPU implementation" (the enabled count of a shipping B300 is not
+  published; 160 is an upper bound). Host link: PCIe 5.0 x16 assumed as for B200 (the GPU has a
+  PCIe 6 interface, but host traffic runs at the host's PCIe 5 rate).
+- GB300 (the Blackwell Ultra GPU of a GB300 NVL72 rack, 1,400 W): NVIDIA GB300 NVL72 page
+  (nvidia.com/en-us/data-center/gb300-nvl72, spec table, 2025), per rack of 72 GPUs: FP8/FP6 720
+  PFLOP/s and FP16/BF16 360 PFLOP/s with sparsity -> 5,000 and 2,500 dense per GPU; FP32 6 PFLOP/s
+  -> 83.3 (the page rounds); HBM3e 576 TB/s -> 8 TB/s per GPU; 288 GB per GPU (Blackwell Ultra
+  blog above); CPU memory up to 17 TB LPDDR5X at up to 14 TB/s per rack -> 194 GB/s per GPU.
+  Host link NVLink-C2C 900 GB/s bidirectional -> 450 GB/s one way. SMs: 160 as for B300.
+- MI300X: AMD Instinct MI300X product page and data sheet (amd.com, 2023/2024): 304 compute units,
+  192 GB HBM3 at 5.3 TB/s, peak dense 1,307.4 TFLOP/s fp16/bf16 (2,614.9 with sparsity), FP8
+  2,614.9 dense, FP32 163.4 (matrix and vector); host bus PCIe 5.0 x16. ``sm_count`` holds the
+  compute units (the GEMM wave model places one tile per CU). ``gemm_tile`` stays 128: AMD states
+  no tile size for its libraries; hipBLASLt often uses larger macro tiles (256 wide) on MI300X, so
+  run ``plan profile`` there for measured GEMM speeds.
 - cpu: a two-core x86-64 machine like the one CI runs on (2 cores x 2 FMA ports x 8 fp32 lanes x
   2 FLOP x ~3 GHz ~= 0.19 TFLOP/s; ~20 GB/s DRAM). Use ``plan profile`` to replace these guesses
   by measurements.
 
-Efficiencies are the fraction of peak that kernels sustain in training (see each field).
+Efficiencies are the fraction of peak that kernels sustain in training (see each field). They were
+set on A100/H100 (``matmul_efficiency`` fitted on Megatron-LM's A100 runs) and are assumed, not
+measured, for the Blackwell and MI300X presets.
 """
 
 from __future__ import annotations
@@ -116,27 +165,51 @@ class DeviceSpec:
 
 
 def _gpu(name: str, mem_gb: float, bf16: float | None, fp16: float, fp32: float, hbm_gbps: float,
-         description: str, **kw) -> DeviceSpec:
+         description: str, fp8: float | None = None, **kw) -> DeviceSpec:
+    """A GPU preset from data-sheet units: GB, dense TFLOP/s per dtype (``None``: no such tensor
+    cores), GB/s."""
     peaks = {"fp16": fp16 * TERA, "fp32": fp32 * TERA}
     if bf16 is not None:
         peaks["bf16"] = bf16 * TERA
+    if fp8 is not None:
+        peaks["fp8"] = fp8 * TERA
     return DeviceSpec(name=name, memory_bytes=mem_gb * GB, peak_flops=peaks,
                       hbm_bytes_per_s=hbm_gbps * GB, description=description, **kw)
 
+
+PCIE5_HOST_BYTES_PER_S = 50e9
+"""PCIe 5.0 x16 host link, one direction: 64 GB/s line rate, about 50 GB/s achieved (twice the
+PCIe 4.0 figure of ``DeviceSpec.host_link_bytes_per_s``)."""
+NVLINK_C2C_HOST_BYTES_PER_S = 450e9
+"""NVLink-C2C between a Grace CPU and its GPUs: 900 GB/s bidirectional (NVIDIA GB200 / GB300
+NVL72 pages) -> 450 GB/s one way."""
 
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d
     for d in (
         _gpu("a100-40g", 40, 312, 312, 19.5, 1555, "NVIDIA A100 SXM 40 GB", sm_count=108),
         _gpu("a100-80g", 80, 312, 312, 19.5, 2039, "NVIDIA A100 SXM 80 GB", sm_count=108),
-        _gpu("h100", 80, 989, 989, 67, 3350, "NVIDIA H100 SXM 80 GB", sm_count=132,
-             host_link_bytes_per_s=50e9),
-        _gpu("h200", 141, 989, 989, 67, 4800, "NVIDIA H200 SXM 141 GB", sm_count=132,
-             host_link_bytes_per_s=50e9),
+        _gpu("h100", 80, 989, 989, 67, 3350, "NVIDIA H100 SXM 80 GB", fp8=1979, sm_count=132,
+             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
+        _gpu("h200", 141, 989, 989, 67, 4800, "NVIDIA H200 SXM 141 GB", fp8=1979, sm_count=132,
+             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
         _gpu("v100", 32, None, 125, 15.7, 900, "NVIDIA V100 SXM2 32 GB (no bf16)", sm_count=80),
-        _gpu("l4", 24, 121, 121, 30.3, 300, "NVIDIA L4 24 GB (PCIe)", sm_count=58),
+        _gpu("l4", 24, 121, 121, 30.3, 300, "NVIDIA L4 24 GB (PCIe)", fp8=242.5, sm_count=58),
         _gpu("rtx4090", 24, 165.2, 165.2, 82.6, 1008, "NVIDIA GeForce RTX 4090 24 GB",
-             sm_count=128),
+             fp8=330.3, sm_count=128),
+        _gpu("b200", 180, 2250, 2250, 75, 8000, "NVIDIA B200 (HGX/DGX B200) 180 GB", fp8=4500,
+             sm_count=148, host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
+        _gpu("gb200", 186, 2500, 2500, 80, 8000, "NVIDIA Blackwell GPU of a GB200 NVL72, 186 GB",
+             fp8=5000, sm_count=148, host_link_bytes_per_s=NVLINK_C2C_HOST_BYTES_PER_S,
+             host_memory_bytes_per_s=256e9),
+        _gpu("b300", 288, 2250, 2250, 75, 8000, "NVIDIA B300 Blackwell Ultra (HGX/DGX B300) 288 GB",
+             fp8=4500, sm_count=160, host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
+        _gpu("gb300", 288, 2500, 2500, 83.3, 8000,
+             "NVIDIA Blackwell Ultra GPU of a GB300 NVL72, 288 GB", fp8=5000, sm_count=160,
+             host_link_bytes_per_s=NVLINK_C2C_HOST_BYTES_PER_S,
+             host_memory_bytes_per_s=14e12 / 72),
+        _gpu("mi300x", 192, 1307.4, 1307.4, 163.4, 5300, "AMD Instinct MI300X 192 GB",
+             fp8=2614.9, sm_count=304, host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
         _gpu("cpu", 24, 0.19, 0.19, 0.19, 20, "a 2-core x86-64 host (estimate; run `plan profile`)",
              matmul_efficiency=0.6, memory_efficiency=0.6, attention_efficiency=0.3, sm_count=1,
              gemm_tile=1, kernel_overhead_s=2e-5),

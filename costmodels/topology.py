@@ -1,12 +1,44 @@
 """Clusters: nodes, GPUs per node, and the link tiers between them.
 
-Link figures are per GPU and per direction (the share of the node's links one GPU can drive):
+A "node" is one domain of the fast tier: the GPUs a tensor-parallel group may span. For an NVL72
+rack that is the whole rack (72 GPUs on one NVLink Switch fabric), so ``--nodes`` counts racks.
+
+Link figures are per GPU and per direction (the share of the node's links one GPU can drive); the
+efficiency is NCCL's all-reduce bus bandwidth over that line rate, measured where a source is
+named, assumed where the entry says so. Latencies (3 us on a GPU fabric, 10 us across nodes) are
+the same conventions for every tier.
 - NVLink 3 (A100): 600 GB/s bidirectional per GPU -> 300 GB/s each way; NCCL all-reduce bus
   bandwidth inside a DGX A100 is about 230 GB/s (reference data README) -> efficiency 0.77.
 - NVLink 4 (H100/H200): 900 GB/s bidirectional -> 450 GB/s each way; about 370 GB/s measured inside
   an H100 node (reference data README) -> efficiency 0.82.
+- NVLink 5 (B200, B300, GB200/GB300 NVL72): 1.8 TB/s bidirectional per GPU through NVLink
+  Switches (NVIDIA DGX B200 data sheet: 14.4 TB/s aggregate for 8 GPUs; GB200 NVL72 page: 130 TB/s
+  for 72 GPUs) -> 900 GB/s each way, the same to any GPU of the domain (8 in a DGX/HGX, 72 in an
+  NVL72 rack). Efficiency 0.82 is assumed (NVLink 4's measured ratio), not measured on NVLink 5
+  by a vendor (a third-party nccl-tests run across two GB200 trays with NVLink SHARP reports
+  811 GB/s bus bandwidth, 0.90, so 0.82 errs on the slow side).
 - InfiniBand: DGX A100 has 8 x 200 Gb/s HDR (25 GB/s per GPU), DGX H100 8 x 400 Gb/s NDR (50 GB/s
-  per GPU); NCCL reaches about 90% of line rate across nodes.
+  per GPU); NCCL reaches about 90% of line rate across nodes. DGX B200: 8 x ConnectX-7 up to
+  400 Gb/s (DGX B200 data sheet) -> 50 GB/s per GPU. DGX B300: 8 x ConnectX-8 up to 800 Gb/s
+  (nvidia.com/en-us/data-center/dgx-b300, 2025) -> 100 GB/s per GPU (XDR). GB200 NVL72 racks:
+  one ConnectX-7 400 Gb/s InfiniBand NIC per GPU (4 per compute tray of 4 GPUs; NVIDIA DGX
+  SuperPOD with DGX GB200 reference architecture, 2025) -> 50 GB/s. GB300 NVL72: one ConnectX-8
+  SuperNIC at 800 Gb/s per GPU (GB300 NVL72 page; 4 ConnectX-8 per compute tray of 4 GPUs, NVIDIA
+  Enterprise Reference Architecture for GB300 NVL72, 2025) -> 100 GB/s. The 0.90 efficiency is
+  assumed for XDR as measured for NDR.
+- AMD Infinity Fabric (MI300X platform): each GPU has 7 links, one to each other GPU of the 8
+  (a full mesh, no switch), at 64 GB/s per direction each (128 GB/s bidirectional; AMD ROCm blog
+  "Understanding RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025: 448 GB/s
+  aggregate unidirectional per GPU). The ring/all-reduce model takes one per-GPU one-way
+  bandwidth: RCCL runs enough rings/channels over the mesh that an 8-GPU collective drives all
+  7 links at once, so the tier is 7 x 64 = 448 GB/s per GPU. The same blog measures RCCL
+  all_reduce_perf at 315-319 GB/s bus bandwidth (1-16 GB messages, 8 GPUs) -> efficiency 0.71
+  (measured). Caveat: a group of g < 8 GPUs has only g - 1 links between its members, so it gets
+  (g - 1)/7 of this bandwidth (the blog and RCCL's docs say so); the model prices it at the full
+  figure, which is optimistic for tensor-parallel groups of 2 or 4.
+  Inter-node: one 400 Gb/s NIC per GPU (AMD ROCm docs, "vLLM distributed inference with MoRI",
+  2026: 8 x ConnectX-7 per MI300X node, 1:1 with the GPUs; Azure ND MI300X v5: 8 x 400 Gb/s NDR
+  InfiniBand) -> 50 GB/s.
 - PCIe 4.0 x16: 32 GB/s each way. GeForce cards have no peer-to-peer, so traffic is staged through
   host memory, which halves it again (efficiency 0.4).
 - V100 DGX-1: NVLink 2 hybrid cube mesh, 6 links x 25 GB/s each way per GPU; 4 x 100 Gb/s EDR per
@@ -119,9 +151,12 @@ def _link(name: str, gbps: float, latency_us: float, efficiency: float) -> LinkS
 NVLINK3 = _link("nvlink", 300, 3, 0.77)
 NVLINK4 = _link("nvlink", 450, 3, 0.82)
 NVLINK2 = _link("nvlink", 150, 3, 0.80)
+NVLINK5 = _link("nvlink", 900, 3, 0.82)
+XGMI_MI300X = _link("xgmi", 7 * 64, 3, 0.71)
 IB_HDR = _link("ib", 25, 10, 0.90)
 IB_NDR = _link("ib", 50, 10, 0.90)
 IB_EDR = _link("ib", 6.25, 10, 0.90)
+IB_XDR = _link("ib", 100, 10, 0.90)
 PCIE4_NO_P2P = _link("pcie", 32, 10, 0.40)
 PCIE4 = _link("pcie", 32, 10, 0.75)
 ETH_10G = _link("ethernet", 1.25, 50, 0.80)
@@ -140,6 +175,11 @@ CLUSTERS: dict[str, Cluster] = {
         _preset("dgx-a100-40g", "a100-40g", 8, NVLINK3, IB_HDR, "DGX A100: 8 x A100 40 GB, NVSwitch, 8 x HDR IB"),
         _preset("dgx-h100", "h100", 8, NVLINK4, IB_NDR, "DGX H100: 8 x H100 SXM, NVSwitch, 8 x NDR IB"),
         _preset("hgx-h200", "h200", 8, NVLINK4, IB_NDR, "HGX H200: 8 x H200 SXM, NVSwitch, 8 x NDR IB"),
+        _preset("dgx-b200", "b200", 8, NVLINK5, IB_NDR, "DGX B200: 8 x B200, NVLink 5 / NVSwitch, 8 x 400 Gb/s IB"),
+        _preset("dgx-b300", "b300", 8, NVLINK5, IB_XDR, "DGX B300: 8 x B300, NVLink 5 / NVSwitch, 8 x 800 Gb/s IB"),
+        _preset("gb200-nvl72", "gb200", 72, NVLINK5, IB_NDR, "GB200 NVL72: a node is a rack of 72 GPUs on one NVLink domain, 400 Gb/s IB per GPU"),
+        _preset("gb300-nvl72", "gb300", 72, NVLINK5, IB_XDR, "GB300 NVL72: a node is a rack of 72 GPUs on one NVLink domain, 800 Gb/s IB per GPU"),
+        _preset("mi300x-8", "mi300x", 8, XGMI_MI300X, IB_NDR, "8 x MI300X, Infinity Fabric full mesh, 400 Gb/s NIC per GPU"),
         _preset("dgx1-v100", "v100", 8, NVLINK2, IB_EDR, "DGX-1: 8 x V100 32 GB, NVLink cube mesh, 4 x EDR IB"),
         _preset("l4-8", "l4", 8, PCIE4, ETH_10G, "8 x L4 on PCIe 4.0, 10 GbE between nodes"),
         _preset("pcie-4090", "rtx4090", 4, PCIE4_NO_P2P, ETH_10G, "4 x RTX 4090 on PCIe 4.0 (no P2P), 10 GbE"),

@@ -14,9 +14,11 @@ GOOD = {
 
 
 def test_required_presets_exist():
-    for name in ("a100-40g", "a100-80g", "h100", "h200", "v100", "l4", "rtx4090", "cpu"):
+    for name in ("a100-40g", "a100-80g", "h100", "h200", "v100", "l4", "rtx4090", "cpu", "b200",
+                 "gb200", "b300", "gb300", "mi300x"):
         assert name in DEVICES
-    for name in ("dgx-a100-80g", "dgx-h100", "hgx-h200", "pcie-4090"):
+    for name in ("dgx-a100-80g", "dgx-h100", "hgx-h200", "pcie-4090", "dgx-b200", "dgx-b300",
+                 "gb200-nvl72", "gb300-nvl72", "mi300x-8"):
         assert name in CLUSTERS
     assert DEVICES["h200"].memory_bytes == 141e9
     assert DEVICES["a100-80g"].peak("bf16") == 312e12
