@@ -18,7 +18,8 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
 - Element-wise ops move their bytes at ``memory_efficiency`` of the bandwidth; backward moves
   about twice the forward traffic (each op reads the incoming gradient and what it saved, and
   writes a gradient per input).
-- Recomputation runs the forward again (full) or the attention core again (selective).
+- Recomputation runs the forward again (full), the attention core again (selective), or the
+  memory-bound ops and every other weight GEMM (op-level, torchtitan's selective checkpointing).
 """
 
 from __future__ import annotations
@@ -249,6 +250,8 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         recompute_s = fwd_s
     elif recompute == "selective":
         recompute_s = attn_f + gemm_attn
+    elif recompute == "op":  # every other weight GEMM and the memory-bound ops, not attention
+        recompute_s = (gemm_f - gemm_attn) * work.op_recompute_gemm_share + mem_f
     else:
         recompute_s = 0.0
     return BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=recompute_s)

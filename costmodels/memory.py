@@ -21,8 +21,10 @@ from costmodels.errors import SpecError
 from costmodels.precision import FP8_SAVED_INPUT_SHARE, FP8_WEIGHT_COPY_BYTES
 from costmodels.workload import BlockWork
 
-Recompute = Literal["none", "selective", "full"]
-"""Activation recomputation: none, the attention core only (selective), or whole blocks (full)."""
+Recompute = Literal["none", "selective", "full", "op"]
+"""Activation recomputation: none, the attention core only (``selective``, Megatron-LM's), whole
+blocks (``full``), or op-level selective checkpointing (``op``, torchtitan's: keep attention
+outputs and every other weight GEMM's output, recompute the rest)."""
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 
 OPTIMIZER_STATE_BYTES = {
@@ -94,6 +96,9 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     sp_div = tp if sp else 1
     if recompute == "full":
         return micro_batch * work.input_bytes / sp_div
+    if recompute == "op":
+        return micro_batch * (work.input_bytes / sp_div + work.op_saved_rep / sp_div
+                              + work.op_saved_tp / tp)
     rep, tp_part = work.act_bytes_rep, work.act_bytes_tp
     if fused:
         rep, tp_part = rep - work.act_fused_away_rep, tp_part - work.act_fused_away_tp
@@ -104,8 +109,16 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     if recompute == "none":
         kept += work.act_bytes_attn / tp if scores_kept else 0.0
     elif recompute != "selective":
-        raise SpecError(f"recompute: expected none, selective or full, got {recompute!r}")
+        raise SpecError(f"recompute: expected none, selective, full or op, got {recompute!r}")
     return micro_batch * kept
+
+
+def backward_transient_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool) -> float:
+    """Bytes one block's backward allocates transiently (BlockWork.bwd_transient_*): the larger
+    of its split and unsplit parts, per GPU."""
+    a = micro_batch * work.bwd_transient_tp / tp
+    b = micro_batch * work.bwd_transient_rep / (tp if sp else 1)
+    return (a + b + abs(a - b)) / 2  # max, on numbers or arrays of blocks
 
 
 def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
@@ -116,8 +129,13 @@ def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: b
         return 0.0
     if recompute == "selective":
         return micro_batch * work.act_bytes_attn / tp if scores_kept else 0.0
-    return activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
+    full = activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
                             scores_kept=scores_kept, fused=fused, fp8=fp8)
+    if recompute == "op":  # the recomputed rest, next to what was kept
+        rest = full - activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp,
+                                       recompute="op")
+        return (rest + abs(rest)) / 2  # not below zero (works on arrays of blocks too)
+    return full
 
 
 def megatron_layer_activation_bytes(*, s: int, b: int, h: int, a: int, t: int = 1,

@@ -126,6 +126,20 @@ class BlockWork:
     """The same outside tensor-parallel regions (part of ``act_bytes_rep``)."""
     input_bytes: float = 0.0
     """Bytes of the gradient-carrying activations entering the block (what full recompute keeps)."""
+    op_saved_tp: float = 0.0
+    """What op-level selective checkpointing (``recompute="op"``, torchtitan's) keeps besides the
+    block's input: outputs of fused attention and of every other weight GEMM, inside
+    tensor-parallel regions."""
+    op_saved_rep: float = 0.0
+    """The same outside them."""
+    bwd_transient_tp: float = 0.0
+    """Bytes the block's backward holds transiently beyond what was saved: twice its largest
+    gradient-carrying output inside tensor-parallel regions (an output gradient and the input
+    gradient written from it)."""
+    bwd_transient_rep: float = 0.0
+    """The same outside them."""
+    op_recompute_gemm_share: float = 0.0
+    """The share of the block's weight-GEMM FLOPs that op-level checkpointing recomputes."""
     params_tp: float = 0.0
     """Parameters (count) split by tensor parallelism."""
     params_rep: float = 0.0

@@ -80,8 +80,9 @@ class SearchOptions:
     """Pipeline schedules to consider."""
     vpp: tuple[int, ...] = (2, 3, 4, 6, 8)
     """Model chunks per rank tried with interleaved 1F1B."""
-    recompute: tuple[Recompute, ...] = RECOMPUTE
-    """Activation recomputation policies to consider."""
+    recompute: tuple[Recompute, ...] = ("none", "selective", "full")
+    """Activation recomputation policies to consider (``op``, torchtitan's op-level policy, when
+    pinned or for --target torchtitan)."""
     zero: tuple[ZeroStage, ...] = ZERO_STAGES
     """ZeRO stages to consider (3 = fully sharded, FSDP)."""
     zero_with_pp: tuple[ZeroStage, ...] = ZERO_STAGES

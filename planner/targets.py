@@ -33,6 +33,9 @@ class Engine:
     sequence_parallel: tuple[bool, ...] = (False, True)
     """With tensor parallelism: whether norms and dropouts may (True) or must not (False) run
     sequence-parallel; (True,) when the engine always does."""
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    """Activation recomputation policies the search tries (costmodels.memory.RECOMPUTE; with
+    ``any`` a pin may name any of them)."""
 
 
 ENGINES: dict[str, Engine] = {
@@ -45,11 +48,11 @@ ENGINES: dict[str, Engine] = {
                     offload=False, sequence_parallel=(False,)),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
-    # only the optimizer.
+    # only the optimizer; activation checkpointing none, full or op-level selective.
     "torchtitan": Engine(name="torchtitan", version="0.2.2",
                          schedules=("gpipe", "1f1b", "interleaved-1f1b"),
                          zero=(0, 2, 3), zero_with_pp=(0, 2, 3), offload=False,
-                         sequence_parallel=(True,)),
+                         sequence_parallel=(True,), recompute=("none", "full", "op")),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
     "megatron": Engine(name="megatron", version="core_v0.14.0",
@@ -87,7 +90,10 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
         raise SpecError(f"fix.sequence_parallel: {target} runs tensor parallelism "
                         f"{'with' if eng.sequence_parallel == (True,) else 'without'} sequence "
                         "parallelism")
-    return replace(options, target=target,
+    if target != "any" and "recompute" in fix and fix["recompute"] not in eng.recompute:
+        raise SpecError(f"fix.recompute: {target} does not offer {fix['recompute']} "
+                        f"recomputation; it offers {', '.join(eng.recompute)}")
+    return replace(options, target=target, recompute=eng.recompute,
                    schedules=tuple(s for s in options.schedules if s in eng.schedules),
                    zero=tuple(z for z in options.zero if z in eng.zero),
                    zero_with_pp=tuple(z for z in options.zero_with_pp if z in eng.zero_with_pp),

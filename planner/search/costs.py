@@ -109,10 +109,10 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             fused=fused, fp8=fp8)),
             vec(memory.activation_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
                                         scores_kept=kept, fused=fused, fp8=fp8))),
-        work_bytes=np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
+        work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
-            fused=fused, fp8=fp8)),
-            0.0),
+            fused=fused, fp8=fp8)), 0.0),
+            vec(memory.backward_transient_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp))),
         params_local=vec(w.params_tp / tp + w.params_rep),
     )
 

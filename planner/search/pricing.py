@@ -138,8 +138,12 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
     model_flops = ma.train_flops_per_sample * training.global_batch
     ckpt = ma.checkpointed
     causal = 0.5 * float(np.sum(ma.work.attn_causal_flops[ckpt]))
-    rc_flops = {"none": 0.0, "selective": float(np.sum(ma.work.attn_flops[ckpt])) - causal,
-                "full": float(np.sum(ma.work.fwd_flops[ckpt])) - causal}[cfg.recompute]
+    w = ma.work
+    weight_gemms = w.mm_flops_tp + w.mm_flops_rep - w.fused_attn_flops_rep
+    rc_flops = {"none": 0.0, "selective": float(np.sum(w.attn_flops[ckpt])) - causal,
+                "full": float(np.sum(w.fwd_flops[ckpt])) - causal,
+                "op": float(np.sum((weight_gemms * w.op_recompute_gemm_share)[ckpt]))
+                }[cfg.recompute]
     rc_flops *= training.global_batch
     return Estimate(config=cfg, stages=stages,
                     step_time_s=pipe_s + dp_s + opt_s + breakdown["straggler_s"],
@@ -194,10 +198,13 @@ def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) 
                                           offload=cfg.offload_optimizer)
         act = in_flight * sum(st.act_bytes for st in mine)
         working = float(np.max(costs.work_bytes[blocks]))
+        whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                         zero=0, dp=1)
+        largest = float(np.max(costs.params_local[blocks]))
         if cfg.zero == 3:  # the running and the prefetched block's weights, gathered
-            weight_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                                zero=0, dp=1)["weights"]
-            working += 2 * weight_b * float(np.max(costs.params_local[blocks]))
+            working += 2 * whole["weights"] * largest
+        if cfg.zero >= 2:  # a block's gradient, whole until its reduce-scatter is done
+            working += whole["grads"] * largest
         mem = {**states, "activations": act, "working": working}
         mem["total"] = sum(mem.values())
         split = float(np.sum(ma.work.param_tensors_tp[blocks]))

@@ -82,6 +82,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                      if all(by[o].kind == "matmul" and by[o].params for o in ops)}
     _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers), linear_inputs)
     fused = fused_traffic(graph, tp, op_names, scores)
+    acc.update(_op_level_checkpointing(op_names, by, tp))
+    acc.update(_backward_transient(op_names, by, tp))
     acc["input_bytes"] = sum(by[i].out_bytes for i in {
         src for n in op_names for src in by[n].inputs
         if src not in members and by[src].requires_grad})
@@ -167,6 +169,45 @@ def _gemm(row: list, split_compute: bool, split_out: bool, seq_len: int,
         split = SPLIT_N if split_out else SPLIT_K
     return Gemm(batch=batch, m=m, n=n, k=k, split=split, linear=bool(weight),
                 grad_a=bool(grad_a), grad_b=bool(grad_b), attention=scores)
+
+
+def _backward_transient(op_names: list[str], by: dict, tp: TPAnalysis) -> dict:
+    """The largest gradient pair the block's backward holds at once: an op's output gradient and
+    the input gradient it writes, about twice its largest gradient-carrying output (the fp32
+    log-softmax of a large vocabulary dominates a language model's head). Returns BlockWork
+    fields, split or not by tensor parallelism."""
+    out = {"bwd_transient_tp": 0.0, "bwd_transient_rep": 0.0}
+    for name in op_names:
+        op = by[name]
+        if op.requires_grad and op.kind not in FREE:
+            key = "bwd_transient_tp" if tp.split_of(name)[1] else "bwd_transient_rep"
+            out[key] = max(out[key], 2.0 * op.out_bytes)
+    return out
+
+
+def _op_level_checkpointing(op_names: list[str], by: dict, tp: TPAnalysis) -> dict:
+    """What torchtitan's op-level selective checkpointing keeps of the block and recomputes:
+    the outputs of fused attention calls and of every other weight GEMM, in forward order (its
+    policy saves ``mm`` outputs except each second one, and SDPA outputs), the rest recomputed in
+    backward. Returns BlockWork fields."""
+    out = dict.fromkeys(("op_saved_tp", "op_saved_rep"), 0.0)
+    linear_flops = recomputed_flops = 0.0
+    count = 0
+    for name in op_names:
+        op = by[name]
+        save = False
+        if op.kind == "attention":
+            save = True
+        elif op.kind == "matmul" and op.params:
+            count += 1
+            flops = sum(2.0 * r[0] * r[1] * r[2] * r[3] for r in op.dims.get("gemms", []))
+            linear_flops += flops
+            save = count % 2 == 1
+            recomputed_flops += 0.0 if save else flops
+        if save and op.requires_grad:
+            out["op_saved_tp" if tp.split_of(name)[1] else "op_saved_rep"] += op.out_bytes
+    out["op_recompute_gemm_share"] = recomputed_flops / linear_flops if linear_flops else 0.0
+    return out
 
 
 def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[str],

@@ -77,3 +77,23 @@ def test_branched_model_keeps_its_dag(branched):
 def test_unchained_identical_lists_are_traced_whole(branched):
     assert branched.opgraph.repeats == []
     assert len(branched.opgraph.ops) > 40  # all four up/down pairs of both towers
+
+
+def test_op_level_checkpointing_keeps_attention_and_every_other_weight_gemm(tiny_llama):
+    """torchtitan's op-level policy on a Llama layer: q, k, v, o, gate, up, down projections in
+    forward order; the 1st, 3rd, 5th and 7th outputs (q, v, gate, down) are kept with the
+    attention output, the others (k, o, up) recomputed."""
+    from costmodels import memory
+
+    layer = next(b for b in tiny_llama.blocks.blocks if b.recompute)
+    g = tiny_llama.opgraph
+    h, kv = 64, 32  # tiny_llama: hidden 64, 4 heads of 16, 2 kv heads
+    ffn = next(o for o in g.ops if o.kind == "matmul" and o.module.endswith("gate_proj")).shape[-1]
+    w = layer.work
+    recomputed = h * kv + h * h + h * ffn  # k, o, up (weights: FLOPs per token / 2)
+    total = h * h + 2 * h * kv + h * h + 3 * h * ffn
+    assert w.op_recompute_gemm_share == pytest.approx(recomputed / total, rel=1e-6)
+    kept = memory.activation_bytes(w, micro_batch=1, tp=1, sp=False, recompute="op")
+    assert memory.activation_bytes(w, micro_batch=1, tp=1, sp=False, recompute="full") < kept
+    assert kept < memory.activation_bytes(w, micro_batch=1, tp=1, sp=False, recompute="none",
+                                          scores_kept=False)
