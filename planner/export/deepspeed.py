@@ -132,18 +132,25 @@ def _offload(plan: Plan, ledger: common.Ledger, config: dict, extra: dict) -> No
 def _precision(plan: Plan, ledger: common.Ledger) -> dict:
     ledger.exact("dtype")
     dtype = plan.training["dtype"]
+    if dtype == "fp8":
+        recipe = plan.training.get("engine", {}).get("fp8_recipe", "current")
+        ledger.missing("dtype", f"dtype fp8 ({recipe} scaling): DeepSpeed's config has no FP8 "
+                       "training setting (bf16 is set); the FP8 GEMMs come from Transformer "
+                       "Engine layers in your model run under te.fp8_autocast with that recipe")
+        dtype = "bf16"
     return {"bf16": {"enabled": dtype == "bf16"},
             "fp16": {"enabled": True, "loss_scale": 0} if dtype == "fp16" else {"enabled": False}}
 
 
 def _recompute(plan: Plan, ledger: common.Ledger, changes: dict, lower: list[str]) -> dict:
     rc = plan.parallel["recompute"]
-    if rc == "selective":
+    if rc not in ("none", "full"):
         changes["recompute"] = "full"
-        lower.append("full instead of selective recomputation")
-        ledger.nearest("recompute", "recompute selective (attention core only): DeepSpeed "
-                       "checkpoints whole layers; nearest is checkpointing every layer (more "
-                       "recompute time than planned, less memory)")
+        lower.append(f"full instead of {rc} recomputation")
+        what = "attention core only" if rc == "selective" else "per op"
+        ledger.nearest("recompute", f"recompute {rc} ({what}): DeepSpeed checkpoints whole "
+                       "layers; nearest is checkpointing every layer (more recompute time than "
+                       "planned, less memory)")
     else:
         ledger.exact("recompute")
     interval = 0 if rc == "none" else 1

@@ -21,7 +21,10 @@ RECOMPUTE = {
     "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
              "--recompute-num-layers", "1"],
 }
-PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}
+PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [], "fp8": ["--bf16"]}
+FP8_RECIPE = {"delayed": "delayed", "current": "tensorwise", "block": "mxfp8"}
+"""Plan FP8 recipe -> Megatron-LM's --fp8-recipe (Transformer Engine's delayed scaling, per-tensor
+current scaling, MXFP8 blocks)."""
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 
 
@@ -178,8 +181,8 @@ def _layout_string(counts: list[int]) -> str:
 
 def _memory(plan: Plan, ledger: common.Ledger) -> Group:
     p = plan.parallel
-    ledger.exact("recompute", "zero", "offload_optimizer")
-    out = [(RECOMPUTE[p["recompute"]], f"recompute {p['recompute']}")]
+    ledger.exact("zero", "offload_optimizer")
+    out = _recompute(p["recompute"], ledger)
     if p["dp"] == 1:
         return out + _offload(plan)
     zero = p["zero"]
@@ -192,6 +195,16 @@ def _memory(plan: Plan, ledger: common.Ledger) -> Group:
                     "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
                     "--ckpt-format", "fsdp_dtensor"],
                    f"ZeRO-{zero}: Megatron-FSDP")] + _offload(plan)
+
+
+def _recompute(rc: str, ledger: common.Ledger) -> Group:
+    if rc in RECOMPUTE:
+        ledger.exact("recompute")
+        return [(RECOMPUTE[rc], f"recompute {rc}")]
+    ledger.nearest("recompute", f"recompute {rc} (torchtitan's per-op selective checkpointing): "
+                   "Megatron-LM recomputes the attention core (selective) or whole layers (full); "
+                   "nearest full: less memory, more recompute time than planned")
+    return [(RECOMPUTE["full"], f"recompute {rc} -> full (see the note above)")]
 
 
 def _offload(plan: Plan) -> Group:
@@ -210,5 +223,11 @@ def _offload(plan: Plan) -> Group:
 def _precision(plan: Plan, ledger: common.Ledger) -> Group:
     ledger.exact("dtype")
     dtype = plan.training["dtype"]
-    return [(PRECISION[dtype], f"dtype {dtype}" + (" (Megatron's default)" if dtype == "fp32"
-                                                   else ""))]
+    out = [(PRECISION[dtype], f"dtype {dtype}" + (" (Megatron's default)" if dtype == "fp32"
+                                                  else ""))]
+    if dtype == "fp8":
+        recipe = plan.training.get("engine", {}).get("fp8_recipe", "current")
+        out.append((["--fp8-format", "hybrid", "--fp8-recipe", FP8_RECIPE[recipe]],
+                    f"FP8 GEMMs through Transformer Engine, {recipe} scaling (E4M3 forward, E5M2 "
+                    "gradients); weights and the rest in bf16"))
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodels.memory import RECOMPUTE
 from planner.errors import SpecError
 from planner.export import common, names
 from planner.export.shell import bash_file
@@ -23,7 +24,13 @@ TARGET = "torchtitan"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
 ARRAY = "TORCHTITAN_ARGS"
-SECTION_ORDER = ("model", "parallelism", "compile", "activation_checkpoint", "training")
+SECTION_ORDER = ("model", "parallelism", "compile", "activation_checkpoint", "training",
+                 "quantize.linear.float8", "quantize.linear.mx")
+FP8 = {"current": ("quantize.linear.float8", "tensorwise"),
+       "delayed": ("quantize.linear.float8", "tensorwise"),
+       "block": ("quantize.linear.mx", "mxfp8_cublas")}
+"""Plan FP8 recipe -> torchtitan 0.2.2 converter and its recipe_name (torchao's float8 training
+scales tensorwise from the current amax and has no delayed scaling; MXFP8 is its mx converter)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +48,10 @@ def to_torchtitan(plan: Plan, version: str | None = None) -> str:
     version = common.engine_version(TARGET, version)
     ledger = common.Ledger(TARGET, version)
     settings = (_model(plan, version, ledger) + _data_parallel(plan, version, ledger)
-                + _model_parallel(plan, version, ledger) + _training(plan, ledger))
+                + _model_parallel(plan, version, ledger) + _training(plan, ledger)
+                + _fp8(plan, version, ledger))
     ac = _activation_checkpoint(plan, ledger)
+    _recheck(plan, version, ledger)
     notes = ledger.close()
     if version == "0.2.2":
         return _toml(plan, version, settings + [Setting("activation_checkpoint", k, v, c)
@@ -211,16 +220,61 @@ def _module_names(plan: Plan, version: str, ledger: common.Ledger) -> tuple[list
 
 
 def _activation_checkpoint(plan: Plan, ledger: common.Ledger) -> list[tuple[str, object, tuple]]:
+    """(key, value, comments) of [activation_checkpoint]; 0.3.0 takes the mode as a subcommand."""
     rc = plan.parallel["recompute"]
-    if rc != "selective":
+    if rc in ("none", "full"):
         ledger.exact("recompute")
         return [("mode", rc, (f"recompute {rc}",))]
-    ledger.nearest("recompute", "recompute selective (Megatron-style: recompute the attention "
-                   "core) -> torchtitan's per-op selective checkpointing, which saves matmul "
-                   "outputs and recomputes the rest; its memory and recompute time differ "
-                   "somewhat from the plan's")
-    return [("mode", "selective", ("recompute selective -> per-op selective checkpointing",)),
-            ("selective_ac_option", "op", ())]
+    op = [("mode", "selective", (f"recompute {rc} -> per-op selective checkpointing",)),
+          ("selective_ac_option", "op", ())]
+    if rc == "op":
+        ledger.exact("recompute")
+        return op
+    ledger.nearest("recompute", f"recompute {rc} (Megatron-style: recompute the attention core) "
+                   "-> torchtitan's per-op selective checkpointing, which keeps attention outputs "
+                   "and every other matmul output and recomputes the rest")
+    return op
+
+
+def _recheck(plan: Plan, version: str, ledger: common.Ledger) -> None:
+    """Re-price the plan as torchtitan runs it when that may need more memory: Megatron-style
+    selective recomputation becomes torchtitan's per-op policy (the cost model prices both)."""
+    p = plan.parallel
+    if p["recompute"] != "selective" or "op" not in RECOMPUTE:
+        return
+    changes, words = {"recompute": "op"}, ["per-op instead of selective recomputation"]
+    if p["dp"] > 1 and (p["zero"] == 1 or (p["zero"] == 0 and version == "0.2.2" and
+                                           (p["tp"] > 1 or p["pp"] > 1))):
+        changes["zero"] = 2
+        words.append(f"ZeRO-2 instead of ZeRO-{p['zero']}")
+    if p["tp"] > 1 and not p["sequence_parallel"] and version == "0.2.2":
+        changes["sequence_parallel"] = True
+        words.append("sequence parallelism")
+    from planner.export import reprice  # lazy: prices with the search (and may trace)
+    ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), **changes))
+
+
+def _fp8(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
+    """FP8 GEMMs: 0.2.2 converts the Linears with a model converter; 0.3.0 sets converters in the
+    Python config function (its model spec is not a command-line option)."""
+    if plan.training["dtype"] != "fp8":
+        return []
+    recipe = plan.training.get("engine", {}).get("fp8_recipe", "current")
+    if version != "0.2.2":
+        ledger.missing("dtype", "dtype fp8: torchtitan 0.3.0 converts Linears to FP8 in the "
+                       "config function (model_registry(..., converters=[Float8LinearConverter."
+                       "Config(...)]), as llama3_debugmodel_float8 does), not on the command line; "
+                       "these settings train in bfloat16 unless your --config adds the converter")
+        return []
+    section, name = FP8[recipe]
+    if recipe == "delayed":
+        ledger.nearest("dtype", "fp8 with delayed scaling: torchao's float8 training (torchtitan's "
+                       "converter) scales from the current amax (tensorwise); an amax read more "
+                       "per cast than planned")
+    return [Setting("model", "converters", [section],
+                    (f"dtype fp8 ({recipe} scaling): the {section.rsplit('.', 1)[1]} converter "
+                     "(needs torchao)",)),
+            Setting(section, "recipe_name", name)]
 
 
 def _training(plan: Plan, ledger: common.Ledger) -> list[Setting]:
@@ -235,7 +289,10 @@ def _training(plan: Plan, ledger: common.Ledger) -> list[Setting]:
             f"{p['num_microbatches']} steps")
     ledger.exact("micro_batch", "num_microbatches", "global_batch", "seq_len")
     dtype = PRECISION.get(t["dtype"])
-    if dtype is None:
+    if t["dtype"] == "fp8":
+        dtype = "bfloat16"  # the weights and what is not an FP8 GEMM stay bf16 (see _fp8)
+        ledger.exact("dtype")
+    elif dtype is None:
         dtype = "bfloat16"
         ledger.nearest("dtype", f"dtype {t['dtype']}: torchtitan's mixed precision offers "
                        "bfloat16 or float32 parameters only; nearest bfloat16 (same bytes, wider "

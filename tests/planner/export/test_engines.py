@@ -68,9 +68,10 @@ def variant(plan: Plan, **parallel) -> Plan:
 
 
 def users_model(plan: Plan) -> Plan:
-    """The plan as if made from a config.json of the user's: torchtitan defines no such model."""
-    return dataclasses.replace(plan, model={**plan.model, "spec": "my/config.json",
-                                            "source": "config"})
+    """The plan as if made from a config.json of the user's: torchtitan defines no such model
+    (with full recomputation, which needs no memory re-check, i.e. no trace of the config)."""
+    return dataclasses.replace(variant(plan, recompute="full"),
+                               model={**plan.model, "spec": "my/config.json", "source": "config"})
 
 
 CASES = {
@@ -406,15 +407,18 @@ def test_megatron_offload_needs_what_megatron_asks_for(tmp_path):
 
 # ---- the memory of what the engine runs ---------------------------------------------------------
 
-def test_repricing_the_plans_own_configuration_gives_its_memory():
-    """The re-check prices as the search did: the plan's own configuration on its split gives the
-    plan's memory per pipeline rank (1F1B, and interleaved with the schedule simulated)."""
-    for stem in ("llama3-70b-pp4-deepspeed", "llama3-70b-pp4-torchtitan"):
-        plan = plan_named(stem)
-        mem = reprice.memory(plan)
-        planned = [plan.stages[r]["predicted"]["memory_bytes"]["total"]
-                   for r in range(plan.parallel["pp"])]
-        assert mem.per_rank == pytest.approx(planned, rel=1e-5)
+@pytest.mark.parametrize("fix", ["tp=2,pp=4,schedule=1f1b,zero=1",
+                                 "tp=2,pp=2,vpp=2,schedule=interleaved-1f1b,recompute=selective"])
+def test_repricing_the_plans_own_configuration_gives_its_memory(fix):
+    """The re-check prices as the search does: a plan's own configuration on its own split gives
+    the plan's memory per pipeline rank (1F1B, and interleaved with the schedule simulated)."""
+    import planner  # noqa: PLC0415
+    plan = planner.plan("llama3-8b", cluster="dgx-h100", nodes=1, global_batch=32, seq_len=4096,
+                        fix=fix, top_k=0)
+    mem = reprice.memory(plan)
+    planned = [plan.stages[r]["predicted"]["memory_bytes"]["total"]
+               for r in range(plan.parallel["pp"])]
+    assert mem.per_rank == pytest.approx(planned, rel=1e-5)
 
 
 def test_deepspeed_refuses_a_zero_downgrade_that_no_longer_fits():
