@@ -98,7 +98,9 @@ def titan_022(job: dict) -> dict:
     cfg = ConfigManager().parse_args(["--job.config_file", job["path"]])
     out = pick(cfg, FIELDS + ["model.name", "model.flavor", "activation_checkpoint.mode",
                               "activation_checkpoint.selective_ac_option",
-                              "parallelism.enable_async_tensor_parallel"])
+                              "parallelism.enable_async_tensor_parallel", "model.converters",
+                              "quantize.linear.float8.recipe_name",
+                              "quantize.linear.mx.recipe_name"])
     return out
 
 

@@ -74,6 +74,13 @@ def users_model(plan: Plan) -> Plan:
                                model={**plan.model, "spec": "my/config.json", "source": "config"})
 
 
+def fp8(plan: Plan, recipe: str) -> Plan:
+    """The plan trained in FP8 with ``recipe`` (full recomputation: no memory re-check)."""
+    plan = variant(plan, recompute="full")
+    return dataclasses.replace(plan, training={**plan.training, "dtype": "fp8",
+                                               "engine": {"fp8_recipe": recipe}})
+
+
 CASES = {
     "70b-pp4-torchtitan": lambda: plan_named("llama3-70b-pp4-torchtitan"),
     "70b-pp4-deepspeed": lambda: plan_named("llama3-70b-pp4-deepspeed"),
@@ -82,6 +89,9 @@ CASES = {
     "8b-uneven-selective": lambda: plan_named("uneven-llama3-8b"),
     "8b-zero0": lambda: variant(plan_named("uneven-llama3-8b"), zero=0),
     "8b-users-model": lambda: users_model(plan_named("uneven-llama3-8b")),
+    "8b-op-recompute": lambda: variant(plan_named("uneven-llama3-8b"), recompute="op"),
+    "8b-fp8-current": lambda: fp8(plan_named("uneven-llama3-8b"), "current"),
+    "8b-fp8-block": lambda: fp8(plan_named("uneven-llama3-8b"), "block"),
 }
 """Plans every torchtitan release is checked with."""
 
@@ -163,9 +173,20 @@ def test_torchtitan_parses_the_export_to_the_plan(titan, version, case):
         assert local == p["micro_batch"]  # torchtitan accumulates global / (local x dp) steps
         assert t["global_batch"] // (local * p["dp"]) == p["num_microbatches"]
     if version == "0.2.2":
-        assert got["activation_checkpoint.mode"] == p["recompute"]
+        mode = "selective" if p["recompute"] == "op" else p["recompute"]
+        assert got["activation_checkpoint.mode"] == mode
+        if mode == "selective":
+            assert got["activation_checkpoint.selective_ac_option"] == "op"
+        fp8 = t["dtype"] == "fp8"
+        recipe = t.get("engine", {}).get("fp8_recipe")
+        converter = {"current": "quantize.linear.float8", "block": "quantize.linear.mx"}.get(recipe)
+        assert got["model.converters"] == ([converter] if fp8 else [])
+        assert got["quantize.linear.float8.recipe_name"] == ("tensorwise" if recipe == "current"
+                                                             else None)
+        assert got["quantize.linear.mx.recipe_name"] == "mxfp8_cublas"  # its default, or ours
     else:
-        ac = {"none": "none", "full": "FullAC", "selective": "SelectiveAC"}[p["recompute"]]
+        ac = {"none": "none", "full": "FullAC", "selective": "SelectiveAC",
+              "op": "SelectiveAC"}[p["recompute"]]
         assert got["activation_checkpoint"] == ac
         assert got["compile.enable_async_tensor_parallel"] is False
         assert got["training.disable_cuda_graphs"] == (p["pp"] > 1)
@@ -231,9 +252,11 @@ def test_deepspeed_config_accepts_the_exports(tmp_path):
     stand-in gives its sizes); AutoTP (pp = 1) has none, and DeepSpeed counts every GPU. The
     export that used to give AutoTP the plan's batch size fails DeepSpeed's batch check."""
     jobs, plans = [], []
-    for stem in ("llama3-70b-pp4-deepspeed", "even-llama3-70b", "uneven-llama3-8b",
-                 "llama3-70b-offload-deepspeed"):
-        plan = plan_named(stem)
+    for stem, plan in (("70b-pp4", plan_named("llama3-70b-pp4-deepspeed")),
+                       ("70b-gpipe", plan_named("even-llama3-70b")),
+                       ("8b", plan_named("uneven-llama3-8b")),
+                       ("8b-fp8", fp8(plan_named("uneven-llama3-8b"), "current")),
+                       ("70b-offload", plan_named("llama3-70b-offload-deepspeed"))):
         path = tmp_path / f"{stem}.json"
         path.write_text(export(plan, "deepspeed")[0])
         autotp = plan.parallel["pp"] == 1 and plan.parallel["tp"] > 1
@@ -260,7 +283,7 @@ def test_deepspeed_config_accepts_the_exports(tmp_path):
         assert got["zero_stage"] == zero
         assert got["offload_optimizer"] == ("cpu" if p.get("offload_optimizer") else None)
         assert got["autotp_size"] == (p["tp"] if p["pp"] == 1 and p["tp"] > 1 else 0)
-        assert got["bf16"] is (plan.training["dtype"] == "bf16")
+        assert got["bf16"] is (plan.training["dtype"] in ("bf16", "fp8"))
     assert "train_batch_size is not equal to micro_batch_per_gpu" in answers[-1]["error"]
 
 
@@ -310,15 +333,23 @@ def sourced(path) -> tuple[list[str], dict]:
                                                           env.decode()}
 
 
-MEGATRON_PLANS = ("llama3-70b-pp4-megatron", "llama3-70b-offload-megatron",
-                  "llama3-70b-pp4-zero3-megatron", "even-llama3-70b", "uneven-llama3-8b",
-                  "llama3-70b-pp4-deepspeed")
+MEGATRON_PLANS = {
+    "70b-pp4-megatron": lambda: plan_named("llama3-70b-pp4-megatron"),
+    "70b-offload-megatron": lambda: plan_named("llama3-70b-offload-megatron"),
+    "70b-pp4-zero3-megatron": lambda: plan_named("llama3-70b-pp4-zero3-megatron"),
+    "70b-gpipe-full": lambda: plan_named("even-llama3-70b"),
+    "8b-uneven-selective": lambda: plan_named("uneven-llama3-8b"),
+    "70b-pp4-deepspeed": lambda: plan_named("llama3-70b-pp4-deepspeed"),
+    "8b-op-recompute": CASES["8b-op-recompute"],
+    "8b-fp8-delayed": lambda: fp8(plan_named("uneven-llama3-8b"), "delayed"),
+    "8b-fp8-block": CASES["8b-fp8-block"],
+}
 
 
-@pytest.mark.parametrize("stem", MEGATRON_PLANS)
+@pytest.mark.parametrize("case", sorted(MEGATRON_PLANS))
 @pytest.mark.parametrize("version", MEGATRON)
-def test_megatron_parser_reads_the_export_to_the_plan(version, stem, tmp_path):
-    plan = plan_named(stem)
+def test_megatron_parser_reads_the_export_to_the_plan(version, case, tmp_path):
+    plan = MEGATRON_PLANS[case]()
     p = plan.parallel
     path = tmp_path / "args.sh"
     path.write_text(export(plan, "megatron", version)[0])
@@ -329,7 +360,16 @@ def test_megatron_parser_reads_the_export_to_the_plan(version, stem, tmp_path):
         p["micro_batch"], plan.training["global_batch"], plan.training["seq_len"])
     assert ns.global_batch_size // (ns.micro_batch_size * p["dp"]) == p["num_microbatches"]
     assert ns.sequence_parallel == (p["tp"] > 1 and p["sequence_parallel"])
-    assert ns.bf16 == (plan.training["dtype"] == "bf16")
+    assert ns.bf16 == (plan.training["dtype"] in ("bf16", "fp8"))
+    recipe = plan.training.get("engine", {}).get("fp8_recipe")
+    if plan.training["dtype"] == "fp8":
+        assert ns.fp8 == "hybrid"  # --fp8-format
+        assert ns.fp8_recipe == {"delayed": "delayed", "current": "tensorwise",
+                                 "block": "mxfp8"}[recipe]
+    else:
+        assert ns.fp8 is None
+    rc = {"none": None, "selective": "selective", "full": "full", "op": "full"}[p["recompute"]]
+    assert ns.recompute_granularity == rc
     fsdp = p["dp"] > 1 and p["zero"] >= 2
     assert ns.use_megatron_fsdp == fsdp and ns.use_distributed_optimizer == (
         p["dp"] > 1 and p["zero"] >= 1)
