@@ -3,6 +3,8 @@ the search's account with its runners-up. Returns strings; printing is the CLI's
 
 from __future__ import annotations
 
+import textwrap
+
 from costmodels.engine import describe, engine_from_mapping
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
@@ -159,6 +161,7 @@ def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
     rel = 100 * (a["step_time_s"] / p.step_time_s - 1)
     mem = (a["peak_memory_bytes"] - p.predicted["peak_memory_bytes"]) / GB
     parts = a["why"].split(": ", 1)[1] if ": " in a["why"] else "no part of the step moved"
-    return [f"    {i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%), "
-            f"{a['peak_memory_bytes'] / GB:.1f} GB per GPU ({mem:+.1f})",
-            f"       {parts}"]
+    head = textwrap.wrap(f"{i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%), "
+                         f"{a['peak_memory_bytes'] / GB:.1f} GB per GPU ({mem:+.1f})",
+                         width=96, subsequent_indent="   ", break_on_hyphens=False)
+    return [f"    {line}" for line in head] + [f"       {parts}"]

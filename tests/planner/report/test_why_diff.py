@@ -101,7 +101,7 @@ def test_show_breaks_the_step_down_and_says_why_runners_up_lost(capsys, small_pl
     assert "runners-up, and why they lost:" in out
     alts = plan.search["alternatives"]
     for i, a in enumerate(alts, 2):
-        assert re.search(rf"^    {i}\. .*: [\d.]+ s \([+-][\d.]+%\)", out, re.M), out
+        assert re.search(rf"^    {i}\. [^\n]*:\s+[\d.]+ s \([+-][\d.]+%\)", out, re.M), out
     assert all(len(line) <= 100 for line in out.splitlines() if "runners" in line or
                line.startswith("    "))
 

@@ -1,0 +1,33 @@
+"""Groups placed on nodes: a group whose ranks do not line up with node boundaries is priced by
+its worst placed member set, and a pipeline cut crosses nodes if any replica's does."""
+
+import dataclasses
+
+from costmodels.topology import get_cluster
+from planner.options import Config
+from planner.search import placement
+
+
+def _cluster(gpus_per_node: int):
+    return dataclasses.replace(get_cluster("dgx-h100"), gpus_per_node=gpus_per_node, nodes=4)
+
+
+def test_data_parallel_groups_that_straddle_a_node_boundary_are_priced_by_the_worst():
+    # tp-dp-pp: each stage occupies a block of tp x dp = 32 ranks; on 72-GPU nodes the stage at
+    # ranks 64-95 has 8 GPUs on the first node and 24 on the next
+    cfg = Config(dp=8, tp=4, pp=9, micro_batch=1, num_microbatches=9, placement="tp-dp-pp")
+    shape = placement.dp_group(cfg, _cluster(72))
+    assert shape.size == 8 and shape.per_node == 2  # ranks 64 and 68 share the first node
+    aligned = placement.dp_group(cfg, _cluster(8))  # 8-GPU nodes: blocks of 32 line up
+    assert aligned.per_node == 2 and aligned.nodes == 4
+    whole = placement.dp_group(cfg.with_(dp=18, pp=1), _cluster(72))
+    assert whole.per_node == 18  # 72 = 4 x 18: one node holds the whole group
+
+
+def test_a_pipeline_cut_crosses_nodes_when_any_replica_does():
+    cfg = Config(dp=3, tp=8, pp=3, micro_batch=1, num_microbatches=3, placement="tp-pp-dp")
+    cluster = _cluster(16)  # stage ranks per replica: 0-7 | 8-15 | 16-23, then 24-31 | 32-39 ...
+    # replica 1 has stage 0 at 24-31 (node 1) and stage 1 at 32-39 (node 2): a crossing
+    assert placement.link_between(cfg, cluster, 0, 1) is cluster.inter_node
+    single = cfg.with_(dp=1, pp=2)
+    assert placement.link_between(single, cluster, 0, 1) is cluster.intra_node  # 0-7 | 8-15
