@@ -91,8 +91,8 @@ class DeviceSpec:
     memory_bytes: float
     """Device memory in bytes (HBM, or RAM for ``cpu``)."""
     peak_flops: Mapping[str, float]
-    """Dense peak in FLOP/s per compute dtype (``bf16``, ``fp16``, ``fp32``); a dtype the device
-    does not support is absent."""
+    """Dense peak in FLOP/s per compute dtype (``bf16``, ``fp16``, ``fp32``, ``fp8``); a dtype
+    the device does not support is absent."""
     hbm_bytes_per_s: float
     """Memory bandwidth in bytes/s."""
     matmul_efficiency: float = 0.70
