@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 PIPT := $(PY) -m pip install --quiet --no-deps --target
 $(ENGINES_STAMP): $(STAMP) Makefile
 	rm -rf $(ENGINES)/torchtitan-0.2.2 $(ENGINES)/deepspeed-0.19.8
+	$(PY) -m pip install --quiet 'setuptools>=68'  # DeepSpeed builds from source with this venv's torch
 	$(PIPT) $(ENGINES)/torchtitan-0.2.2 torchtitan==0.2.2 tyro==1.0.17 docstring-parser==0.18.0 \
 		typeguard==4.6.1
 	DS_BUILD_OPS=0 $(PIPT) $(ENGINES)/deepspeed-0.19.8 --no-build-isolation deepspeed==0.19.8 \
