@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from planner import SearchOptions, TrainingSpec, load_cluster, plan_prepared, prepare  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
-from costmodels.engine import EngineSpec  # noqa: E402
+from costmodels.engine import EngineSpec, describe, engine_from_mapping  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "megatron_table1.csv")
 ZOO_NAME = {1.7: "gpt-1.7b", 3.6: "gpt-3.6b", 7.5: "gpt-7.5b", 18.4: "gpt-18b", 39.1: "gpt-39b",
@@ -178,7 +178,9 @@ def print_table(results, fit_idx, eff, markdown: bool) -> None:
     fitted = [errs[i] for i in errs if i in fit_idx]
     held = [errs[i] for i in errs if i not in fit_idx]
     bullet = "- " if markdown else ""
-    print(f"\n{bullet}GEMM efficiency: "
+    print(f"\n{bullet}software: {describe(engine_from_mapping('megatron-2021'))}; "
+          "overlap_grad_reduce=true on the rows whose published script used torch DDP")
+    print(f"{bullet}GEMM efficiency: "
           f"{f'{eff:.3f}' if eff is not None else 'data-sheet default'}"
           + (f" (fitted on rows {sorted(fit_idx)})" if fit_idx else ""))
     for label, xs in (("fit rows", fitted), ("held-out rows", held), ("all rows", list(errs.values()))):
