@@ -104,7 +104,9 @@ def _fp8(p: Plan) -> list[str]:
         "attention, norms and element-wise ops in bf16; MFU is against the fp8 peak",
         f"              {f['weight_copy_bytes'] / GB:.1f} GB of fp8 weight copies per GPU; in bf16 "
         f"this plan would take {f['bf16_step_time_s']:.4g} s ({f['bf16_step_time_s'] / step:.2f}x) "
-        f"and {f['bf16_peak_memory_bytes'] / GB:.1f} GB",
+        f"and {f['bf16_peak_memory_bytes'] / GB:.1f} GB"
+        + (" (more than the GPU holds)" if f["bf16_peak_memory_bytes"]
+           > p.cluster.get("device_memory_bytes", float("inf")) else ""),
     ]
 
 
