@@ -52,9 +52,9 @@ RESERVE_FRACTION = planner.SearchOptions().memory_reserve_fraction
 GIB = 2 ** 30
 
 
-def cluster(bf16: float, fp8: float):
+def cluster(bf16: float, fp8: float, nodes: int = 1):
     return planner.load_cluster({
-        "name": "grand-teton", "nodes": 1, "gpus_per_node": 8,
+        "name": "grand-teton", "nodes": nodes, "gpus_per_node": 8,
         "device": {"name": "h100-grand-teton", "memory_GB": 96, "hbm_GBps": 2400,
                    "peak_TFLOPs": {"bf16": bf16, "fp16": bf16, "fp32": 67, "fp8": fp8},
                    "description": "H100 96 GB HBM2e, 500 W (torchtitan's benchmark hosts)"},
