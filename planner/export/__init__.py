@@ -1,12 +1,12 @@
 """Export a plan to the engines people already use: torchtitan, Megatron-LM, DeepSpeed.
 
-``export(plan, target, version=None)`` returns the text and a suggested file name; ``to_torchtitan``,
-``to_megatron`` and ``to_deepspeed`` are the three pure functions behind it. Each writes for one
-release of its engine (``version``; default: ``planner.targets``' release of that engine) and names
-it in the text. Every knob of the plan is either expressed or listed as not expressed exactly, in
-the text and as one logged warning each (planner.export.common.Ledger); a plan the engine cannot
-run at all (a schedule it lacks, a model it cannot describe, a nearby configuration that no longer
-fits memory) raises SpecError. Mapping tables: docs/exports.md.
+``export(plan, target, version=None)`` returns the text and a suggested file name;
+``to_torchtitan``, ``to_megatron`` and ``to_deepspeed`` are the three functions behind it. Each
+writes for one release of its engine (``version``; default: ``planner.targets``' release of that
+engine) and names it in the text. Every knob of the plan is either expressed or listed as not
+expressed exactly, in the text and as one logged warning each (planner.export.common.Ledger); a
+plan the engine cannot run at all (a schedule it lacks, a model it cannot describe, a nearby
+configuration that no longer fits memory) raises SpecError. Mapping tables: docs/exports.md.
 """
 
 from __future__ import annotations

@@ -41,25 +41,14 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
         lower.append("1F1B instead of GPipe")
     zero = _zero_stage(plan, ledger, changes, raising)
     _tp_notes(plan, ledger, changes, raising)
-    config = {"train_batch_size": t["global_batch"],
-              "train_micro_batch_size_per_gpu": p["micro_batch"],
-              "gradient_accumulation_steps": p["num_microbatches"],
-              "zero_optimization": {"stage": zero}}
     extra = {"about": "Written by planner; DeepSpeed does not read this key. Stage boundaries and "
                       "recomputation are PipelineModule arguments in your script "
                       "(docs/exports.md).",
              "header": common.header(plan, TARGET, version)}
+    config = _batch(plan, ledger, extra)
+    config["zero_optimization"] = {"stage": zero}
     if p["tp"] > 1 and p["pp"] == 1:
         config["tensor_parallel"] = {"autotp_size": p["tp"]}
-        del config["train_batch_size"]
-        extra["batch"] = {
-            "global_batch": t["global_batch"],
-            "why": "train_batch_size is left for DeepSpeed to derive: without an mpu (AutoTP) its "
-                   "batch check counts every GPU, tensor-parallel ones included, as data-parallel "
-                   f"(train_batch_size = micro x accumulation x {plan.cluster['num_gpus']} GPUs), "
-                   f"so the {t['global_batch']} samples of the plan would fail it; the "
-                   f"{p['tp']} GPUs of a tensor-parallel group read the same samples"}
-    ledger.exact("micro_batch", "num_microbatches", "global_batch", "dp", "placement")
     _offload(plan, ledger, config, extra)
     config.update(_precision(plan, ledger))
     extra["recompute"] = _recompute(plan, ledger, changes, lower)
@@ -75,6 +64,27 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
     extra["not_expressed"] = ledger.close()
     order = ["about", "header", "not_expressed", "batch", "offload", "recompute", "pipeline"]
     return dumps({"planner": {k: extra[k] for k in order if k in extra}, **config}) + "\n"
+
+
+def _batch(plan: Plan, ledger: common.Ledger, extra: dict) -> dict:
+    """The batch settings. DeepSpeedConfig asserts train_batch_size = micro x accumulation x the
+    data-parallel world an mpu gives (the PipelineModule's grid when pp > 1), or every GPU without
+    one (AutoTP): then the size is left for DeepSpeed to derive."""
+    p, t = plan.parallel, plan.training
+    ledger.exact("micro_batch", "num_microbatches", "global_batch", "dp", "placement")
+    config = {"train_batch_size": t["global_batch"],
+              "train_micro_batch_size_per_gpu": p["micro_batch"],
+              "gradient_accumulation_steps": p["num_microbatches"]}
+    if p["tp"] > 1 and p["pp"] == 1:
+        del config["train_batch_size"]
+        extra["batch"] = {
+            "global_batch": t["global_batch"],
+            "why": "train_batch_size is left for DeepSpeed to derive: without an mpu (AutoTP) its "
+                   "batch check counts every GPU, tensor-parallel ones included, as data-parallel "
+                   f"(train_batch_size = micro x accumulation x {plan.cluster['num_gpus']} GPUs), "
+                   f"so the {t['global_batch']} samples of the plan would fail it; the "
+                   f"{p['tp']} GPUs of a tensor-parallel group read the same samples"}
+    return config
 
 
 def _zero_stage(plan: Plan, ledger: common.Ledger, changes: dict, raising: list[str]) -> int:

@@ -66,7 +66,8 @@ def _checked_layout(plan: Plan) -> common.Layout:
     stack = lay.stacks[0]
     if lay.all_layers != [f"{stack}.{i}" for i in range(lay.expected)]:
         raise SpecError(f"export megatron: the stages hold {len(lay.all_layers)} layers of {stack} "
-                        f"but model.trace.repeats says {lay.expected}, in order; re-create the plan")
+                        f"but model.trace.repeats says {lay.expected}, in order; re-create the "
+                        "plan")
     return lay
 
 
@@ -96,8 +97,8 @@ def _environment(plan: Plan) -> list[tuple[str, str | None, str]]:
     if p["tp"] == 1:
         return []
     return [("CUDA_DEVICE_MAX_CONNECTIONS", "1",
-             "tensor parallelism: Megatron-LM's validate_args requires CUDA_DEVICE_MAX_CONNECTIONS=1 "
-             "(on GPUs before Blackwell)")]
+             "tensor parallelism: Megatron-LM's validate_args requires "
+             "CUDA_DEVICE_MAX_CONNECTIONS=1 (on GPUs before Blackwell)")]
 
 
 def _batch(plan: Plan, ledger: common.Ledger) -> Group:

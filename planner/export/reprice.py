@@ -56,7 +56,7 @@ def configuration(plan: Plan, **changes) -> Config:
 
 
 def memory(plan: Plan, **changes) -> Memory:
-    """Memory per pipeline rank of the plan's configuration with ``changes``, on the plan's split."""
+    """Memory per pipeline rank of the plan's configuration with ``changes``, on its split."""
     spec = plan.model.get("spec")
     what = "re-check the memory of the configuration the engine runs"
     if not spec:
@@ -118,8 +118,8 @@ def _bounds(plan: Plan, names: list[str]) -> list[int]:
     for st in plan.stages:
         blocks = st["blocks"]
         if not blocks or blocks[0] not in index or index[blocks[0]] != bounds[-1]:
-            raise SpecError("export: the plan's stages do not match the model's blocks as it traces "
-                            "now; re-create the plan")
+            raise SpecError("export: the plan's stages do not match the model's blocks as it "
+                            "traces now; re-create the plan")
         bounds.append(bounds[-1] + len(blocks))
     if bounds[-1] != len(names):
         raise SpecError("export: the plan's stages do not cover the model's blocks as it traces "

@@ -35,7 +35,7 @@ scales tensorwise from the current amax and has no delayed scaling; MXFP8 is its
 
 @dataclass(frozen=True)
 class Setting:
-    """One option: ``[section] key = value`` in TOML, ``--section.key value`` on the command line."""
+    """One option: ``[section] key = value`` in TOML, ``--section.key value`` on a command line."""
 
     section: str
     key: str

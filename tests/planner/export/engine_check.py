@@ -167,7 +167,8 @@ def deepspeed_config(job: dict) -> dict:
             "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
             "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
             "world_size": cfg.world_size, "zero_stage": int(cfg.zero_optimization_stage),
-            "offload_optimizer": None if offload is None else str(getattr(offload.device, "value", offload.device)),
+            "offload_optimizer": None if offload is None else str(
+                getattr(offload.device, "value", offload.device)),
             "autotp_size": cfg.tensor_parallel_config.autotp_size,
             "bf16": cfg.bfloat16_config.enabled, "fp16": cfg.float16_config.enabled}
 

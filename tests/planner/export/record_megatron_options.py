@@ -119,7 +119,8 @@ def validate(git_dir: str, ref: str, path: str, gpus: int, model_args: list[str]
             f"({len(args)} exported arguments) on {gpus} ranks: tp={ns.tensor_model_parallel_size} "
             f"pp={ns.pipeline_model_parallel_size} dp={ns.data_parallel_size} "
             f"vpp={ns.virtual_pipeline_model_parallel_size} "
-            f"micro-batches={ns.global_batch_size // (ns.micro_batch_size * ns.data_parallel_size)} "
+            "micro-batches="
+            f"{ns.global_batch_size // (ns.micro_batch_size * ns.data_parallel_size)} "
             f"offload={ns.optimizer_cpu_offload} "
             f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS')}")
 

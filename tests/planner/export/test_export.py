@@ -40,7 +40,8 @@ from planner.export import (SUPPORTED_VERSIONS, TARGETS, export, names, to_deeps
 from planner.export.common import ACCOUNTED, Ledger, layout
 from planner.planfile.document import Plan, load_plan
 
-GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "golden")
+GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                      "golden")
 PLANS = ("even-llama3-70b", "uneven-llama3-8b")
 LAYER = re.compile(r"model\.layers\.\d+")
 
@@ -58,7 +59,8 @@ def golden_path(stem: str, target: str) -> str:
 def golden_export(plan: Plan, target: str) -> tuple[str, str]:
     """The export with the memory re-check's figures left out: they follow the cost model, which
     changes more often than the exporters (test_engines.py checks the re-check itself); and as
-    with a cost model that prices torchtitan's per-op recomputation, whether or not this one does."""
+    with a cost model that prices torchtitan's per-op recomputation, whether this one does or not.
+    """
     from planner.export import reprice, torchtitan  # noqa: PLC0415
     with mock.patch.object(reprice, "recheck", lambda plan, target, change, **kw:
                            f"memory re-checked with {change} (figures not in golden files)"), \
@@ -124,7 +126,8 @@ def notes():
 def test_export_matches_golden_file_byte_for_byte(stem, target):
     text, name = golden_export(plan_of(stem), target)
     with open(golden_path(stem, target), encoding="utf-8", newline="") as f:
-        assert text == f.read(), f"regenerate with: python tests/planner/export/test_export.py ({stem})"
+        assert text == f.read(), \
+            f"regenerate with: python tests/planner/export/test_export.py ({stem})"
     assert name == f"{plan_of(stem).model['name']}.{TARGETS[target][1]}"
 
 
@@ -163,7 +166,8 @@ def test_torchtitan_toml_parses_to_the_plan(stem):
         len([m for m in st["modules"] if m != "model.rotary_emb"]) for st in plan.stages]
     assert titan[0][0] == "tok_embeddings" and titan[-1][-2:] == ["norm", "output"]
     assert not any(m.startswith("model.") or m == "lm_head" for part in titan for m in part)
-    assert (cfg["model"]["name"], cfg["model"]["flavor"]) == ("llama3", plan.model["name"][7:].upper())
+    assert (cfg["model"]["name"], cfg["model"]["flavor"]) == (
+        "llama3", plan.model["name"][7:].upper())
     local = train["local_batch_size"]
     assert local // par["pipeline_parallel_microbatch_size"] == p["num_microbatches"]
     assert local * p["dp"] == train["global_batch_size"] == plan.training["global_batch"]
@@ -451,7 +455,8 @@ def test_every_knob_is_expressed_or_listed_in_the_file_and_on_stderr(changes, no
     lists is in the file and is one warning. The memory re-check is stubbed here (tested in
     test_engines.py), so that no variant traces the model."""
     from planner.export import reprice  # noqa: PLC0415
-    monkeypatch.setattr(reprice, "recheck", lambda plan, target, change, **kw: f"re-checked {change}")
+    monkeypatch.setattr(reprice, "recheck",
+                        lambda plan, target, change, **kw: f"re-checked {change}")
     plan = variant(plan_of("uneven-llama3-8b"), **changes)
     for target, versions in SUPPORTED_VERSIONS.items():
         for version in versions:
@@ -484,8 +489,8 @@ def test_offload_is_expressed_by_every_engine(notes):
     assert "DeepSpeedCPUAdam" in ds["planner"]["offload"]
     titan = to_torchtitan(plan)
     assert "enable_cpu_offload = true" in titan
-    assert any(n.startswith("export torchtitan 0.2.2: optimizer offload: torchtitan cannot keep only")
-               for n in notes)
+    assert any(n.startswith("export torchtitan 0.2.2: optimizer offload: torchtitan cannot keep "
+                            "only") for n in notes)
 
 
 def test_megatron_sets_cuda_device_max_connections_as_validate_args_asks():
@@ -494,7 +499,8 @@ def test_megatron_sets_cuda_device_max_connections_as_validate_args_asks():
     fsdp = to_megatron(variant(plan_of("uneven-llama3-8b"), zero=3))
     assert "\nunset CUDA_DEVICE_MAX_CONNECTIONS\n" in fsdp
     assert "CUDA_DEVICE_MAX_CONNECTIONS=1" not in fsdp
-    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in to_megatron(variant(plan_of("uneven-llama3-8b"), tp=1))
+    single = to_megatron(variant(plan_of("uneven-llama3-8b"), tp=1))
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in single
 
 
 def test_torchtitan_module_names_of_a_model_torchtitan_does_not_define_are_the_users(notes):
