@@ -240,8 +240,8 @@ def check_schedule(plan: Plan, target: str, runs: tuple[str, ...], ledger: Ledge
     if name in nearest:
         return nearest[name]
     raise SpecError(f"export {target}: {target} does not run the {schedule_words(name)} schedule "
-                    f"of this plan (it runs {', '.join(runs)}); re-plan for it with "
-                    f"`{resolve_hint(plan, target)}`")
+                    f"of this plan (it runs {', '.join(map(schedule_words, runs))}); re-plan for "
+                    f"it with `{resolve_hint(plan, target)}`")
 
 
 def resolve_hint(plan: Plan, target: str) -> str:
