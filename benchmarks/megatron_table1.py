@@ -114,8 +114,11 @@ def main() -> int:
 
 def print_memory_175b(markdown: bool) -> None:
     """Per-GPU memory of GPT-3 175B at t=8, p=8 (1,024 A100s, micro-batch 1, full recompute, no
-    ZeRO), by kind, next to the closed forms: 16 bytes of model state per parameter (ZeRO paper)
-    and 2 s b h bytes of checkpointed input per layer and in-flight micro-batch (Korthikanti)."""
+    ZeRO), by kind, next to the closed forms: 20 bytes of model state per parameter for fp16
+    parameters and gradients without the distributed optimizer (Megatron-Core's
+    docs/user-guide/features/dist_optimizer.md: fp16 weights and gradients, fp32 master weights,
+    main gradients and Adam moments) and 2 s b h bytes of checkpointed input per layer and
+    in-flight micro-batch (Korthikanti)."""
     s, b, h, layers, t, p = 2048, 1, 12288, 96, 8, 8
     prep = prepare("gpt3-175b", seq_len=s, dtype="fp16")
     cluster = load_cluster("dgx-a100-80g", nodes=128)
@@ -140,7 +143,7 @@ def print_memory_175b(markdown: bool) -> None:
             closed += s * h
         rows.append([str(st["index"]), str(n_layers)] + [f"{mem[k] / 1e9:.1f}" for k in (
             "weights", "grads", "optimizer", "activations", "working", "total")] + [
-            f"{16 * closed / 1e9:.1f}", f"{2 * s * b * h * n_layers * in_flight / 1e9:.1f}"])
+            f"{20 * closed / 1e9:.1f}", f"{2 * s * b * h * n_layers * in_flight / 1e9:.1f}"])
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     if markdown:
         print("| " + " | ".join(head) + " |")

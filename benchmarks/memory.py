@@ -17,8 +17,10 @@ closed form:
   chunk (which holds the embedding) has ``2p - 1`` micro-batches in flight at the first backward
   (Megatron-LM's warm-up runs ``(v + 1) p - 1`` chunk forwards in groups of p per chunk, 2p - 1
   of them on chunk 0), and that count is used here.
-- model states: 16 bytes per parameter (bf16 weights and gradients, fp32 master weights and Adam
-  moments; ZeRO paper section 3.1) for the first stage's ``L / p`` layers, of which the ``12 h^2``
+- model states: 18 bytes per parameter as Megatron-Core keeps them without the distributed
+  optimizer (bf16 weights, fp32 main gradients, fp32 master weights and Adam moments: its
+  docs/user-guide/features/dist_optimizer.md) for the first stage's ``L / p`` layers, of which
+  the ``12 h^2``
   weights and ``7 h`` biases of the column-parallel Linears are split t ways and the ``6 h`` of the
   norms and row-parallel biases are not, the vocabulary-parallel word embedding ``V h / t`` and the
   position embedding ``s h``, which Megatron-LM keeps whole on every rank.
@@ -82,7 +84,7 @@ def closed_form(c: Config, recompute: str) -> dict:
     if p == 1:
         acts += 4 * s * b * h / t * (1 + VOCAB / h)  # final norm, output layer, fp32 logits
     params = ((12 * h * h + 7 * h) / t + 6 * h) * L / p + VOCAB * h / t + s * h
-    return {"activations": acts, "states": 16 * params}
+    return {"activations": acts, "states": 18 * params}
 
 
 def predicted(prepared, c: Config, recompute: str) -> tuple[dict, object]:

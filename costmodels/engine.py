@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Mapping
 
 from costmodels.errors import SpecError
+from costmodels.memory import STATE_LAYOUTS
 from costmodels.precision import FP8_RECIPES
 from costmodels.specs import parse_pairs
 
@@ -41,6 +42,10 @@ class EngineSpec:
     gradient_as_bucket_view, Megatron's contiguous buffers). It matters where memory is slow next
     to the collective (CPUs); on GPUs the copies are a few percent of the communication."""
 
+    state_layout: str = "megatron"
+    """How model states are stored (costmodels.memory.STATE_LAYOUTS): ``megatron`` (fp32 main
+    gradients; Megatron-Core) or ``zero`` (the ZeRO paper's 16 bytes per parameter; DeepSpeed,
+    and FSDP2's sharded fp32 states add up the same)."""
     fp8_recipe: str = "current"
     """How FP8 GEMM inputs are scaled when training in fp8 (costmodels.precision): ``delayed``
     (amax history), ``current`` (the tensor's own amax, an extra read: Megatron-Core's FP8-CS) or
@@ -50,6 +55,9 @@ class EngineSpec:
         if self.fp8_recipe not in FP8_RECIPES:
             raise SpecError(f"engine.fp8_recipe: expected one of {', '.join(FP8_RECIPES)}, got "
                             f"{self.fp8_recipe!r}")
+        if self.state_layout not in STATE_LAYOUTS:
+            raise SpecError(f"engine.state_layout: expected one of {', '.join(STATE_LAYOUTS)}, "
+                            f"got {self.state_layout!r}")
         if self.attention not in ATTENTION:
             raise SpecError(f"engine.attention: expected flash or materialized, got {self.attention!r}")
         if self.kernels not in KERNELS:
@@ -66,12 +74,15 @@ PRESETS: dict[str, dict] = {
     # gradient reduction (--overlap-grad-reduce)
     "megatron-core": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True},
     # torchtitan in eager mode: SDPA's flash kernel, one kernel per element-wise op, FSDP2's
-    # overlapped reduce-scatter through its flat buffers
+    # overlapped reduce-scatter through its flat buffers, fp32 sharded states
     "torchtitan": {"attention": "flash", "kernels": "eager", "overlap_grad_reduce": True,
-                   "fsdp_copies": True},
+                   "fsdp_copies": True, "state_layout": "zero"},
     # torchtitan with torch.compile: element-wise chains fused by Inductor
     "torchtitan-compile": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
-                           "fsdp_copies": True},
+                           "fsdp_copies": True, "state_layout": "zero"},
+    # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction
+    "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
+                  "state_layout": "zero"},
 }
 """Engine settings of common training stacks, by name (``--engine megatron-core``); ``k=v`` pairs
 after the name override single settings."""

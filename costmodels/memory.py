@@ -40,13 +40,23 @@ def precision_class(dtype: str) -> str:
     return "fp32" if dtype == "fp32" else "mixed"
 
 
+STATE_LAYOUTS = ("megatron", "zero")
+"""How an engine stores model states: ``zero`` as the ZeRO paper counts them (16 bytes per
+parameter in mixed precision: 16-bit weights and gradients, 12 bytes of fp32 master weights and
+Adam moments; FSDP2's fp32 sharded parameters, gradients and moments add up the same);
+``megatron`` as Megatron-Core keeps them (docs/user-guide/features/dist_optimizer.md: bf16
+parameters with fp32 main gradients, 18 bytes or 6 + 12/d with the distributed optimizer; fp16
+parameters and gradients, 20 bytes or 4 + 16/d, the fp32 main gradients sharded with the
+optimizer)."""
+
+
 def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int,
-                      offload: bool = False) -> dict:
+                      offload: bool = False, layout: str = "zero") -> dict:
     """Bytes per GPU of weights, gradients and optimizer states for ``params`` local parameters.
 
     ``params`` is the count this GPU holds before ZeRO sharding (after tensor/pipeline splits).
     With ``offload`` the optimizer states live in host memory (ZeRO-Offload, Ren et al., USENIX
-    ATC'21) and take no device memory.
+    ATC'21) and take no device memory. ``layout``: STATE_LAYOUTS.
     """
     opt = optimizer.lower()
     if opt == "adamw":
@@ -56,9 +66,16 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
         raise SpecError(f"optimizer: unknown optimizer '{optimizer}'; use adam, adamw or sgd")
     if zero not in (0, 1, 2, 3):
         raise SpecError(f"zero: expected 0, 1, 2 or 3, got {zero!r}")
+    if layout not in STATE_LAYOUTS:
+        raise SpecError(f"engine.state_layout: expected one of {', '.join(STATE_LAYOUTS)}, got "
+                        f"{layout!r}")
     weight_b = 4 if dtype == "fp32" else 2
     grad_b = weight_b
     opt_b = OPTIMIZER_STATE_BYTES[key]
+    if layout == "megatron" and dtype in ("bf16", "fp8"):
+        grad_b = 4  # the fp32 main-gradient buffer backward accumulates into
+    elif layout == "megatron" and dtype == "fp16":
+        opt_b += 4  # fp32 main gradients, kept (and sharded) with the optimizer
     weights = params * weight_b / (dp if zero >= 3 else 1)
     grads = params * grad_b / (dp if zero >= 2 else 1)
     optim = 0.0 if offload else params * opt_b / (dp if zero >= 1 else 1)
@@ -69,10 +86,10 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
 
 
 def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int,
-                          offload: bool = False) -> float:
+                          offload: bool = False, layout: str = "zero") -> float:
     """Model-state bytes per local parameter (weights + grads + optimizer) after ZeRO sharding."""
     return sum(model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=zero, dp=dp,
-                                 offload=offload).values())
+                                 offload=offload, layout=layout).values())
 
 
 def optimizer_bytes_per_param(*, dtype: str, optimizer: str) -> float:

@@ -130,7 +130,8 @@ def stage_memory(cfg: Config, costs: BlockCosts, ma: ModelArrays, training: Trai
     stage may use: ``capacity`` per GPU, of which a chunk may take 1/vpp (exact for vpp = 1).
     Tied weights read by two blocks are held once when both share a stage."""
     bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                       zero=cfg.zero, dp=cfg.dp, offload=cfg.offload_optimizer)
+                                       zero=cfg.zero, dp=cfg.dp, offload=cfg.offload_optimizer,
+                                       layout=training.engine.state_layout)
     rank_in_flight = [pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                          microbatches=cfg.num_microbatches, vpp=cfg.vpp)
                       for r in range(cfg.pp)]

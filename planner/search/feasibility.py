@@ -94,7 +94,8 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
                          sequence_parallel=sp, vpp=vpp if pp > 1 else 1,
                          offload_optimizer=offload and zero >= 1)
             bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                               zero=cfg.zero, dp=dp, offload=cfg.offload_optimizer)
+                                               zero=cfg.zero, dp=dp, offload=cfg.offload_optimizer,
+                                               layout=training.engine.state_layout)
             first = pipeline.in_flight(cfg.schedule, stage=0, stages=pp, microbatches=m,
                                        vpp=cfg.vpp)
             weights = (costs.params_local * bpp + first * costs.act_bytes + costs.work_bytes).tolist()

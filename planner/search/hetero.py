@@ -112,7 +112,7 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
     ranks = rank_memory(cfg, bounds, stages, ma, stitched, training)
     dp_s = opt_s = 0.0
     state_b = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                           zero=0, dp=1)
+                                           zero=0, dp=1, layout=training.engine.state_layout)
     for st in stages:
         group = hc.groups[stage_group[st.index]]
         nbytes = st.params * DTYPE_BYTES[training.dtype]

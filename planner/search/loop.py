@@ -221,7 +221,8 @@ def _out_of_memory(cfg: Config, costs, pricer: _Pricer, training: TrainingSpec) 
     blocks leaves some rank with at least (A + S / max c) / sum(1 / c_i): the average of the
     ranks' memory weighted by 1 / c_i."""
     bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                       zero=cfg.zero, dp=cfg.dp, offload=cfg.offload_optimizer)
+                                       zero=cfg.zero, dp=cfg.dp, offload=cfg.offload_optimizer,
+                                       layout=training.engine.state_layout)
     states = pricer.params(costs, cfg.tp) * bpp
     m, pp = cfg.num_microbatches, cfg.pp
     flight = [m] * pp if cfg.schedule == "gpipe" else [min(pp - i, m) for i in range(pp)]

@@ -195,11 +195,12 @@ def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) 
                                        microbatches=cfg.num_microbatches, vpp=cfg.vpp)
         states = memory.model_state_bytes(params, dtype=training.dtype,
                                           optimizer=training.optimizer, zero=cfg.zero, dp=cfg.dp,
-                                          offload=cfg.offload_optimizer)
+                                          offload=cfg.offload_optimizer,
+                                          layout=training.engine.state_layout)
         act = in_flight * sum(st.act_bytes for st in mine)
         working = float(np.max(costs.work_bytes[blocks]))
         whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                         zero=0, dp=1)
+                                         zero=0, dp=1, layout=training.engine.state_layout)
         largest = float(np.max(costs.params_local[blocks]))
         if cfg.zero == 3:  # the running and the prefetched block's weights, gathered
             working += 2 * whole["weights"] * largest
@@ -222,7 +223,7 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
     group = placement.dp_group(cfg, cluster)
     grad_b = DTYPE_BYTES[training.dtype]
     states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                      zero=0, dp=1)
+                                      zero=0, dp=1, layout=training.engine.state_layout)
     state_b = states["weights"] + states["grads"] + states["optimizer"]
     refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
     dp_s = opt_s = 0.0

@@ -64,3 +64,17 @@ def test_working_memory_under_recompute():
 
 def test_usable_bytes():
     assert usable_bytes(80e9, reserve_fraction=0.05, reserve_bytes=1e9) == pytest.approx(75e9)
+
+
+@pytest.mark.parametrize("dtype, plain, fixed, sharded", [
+    ("bf16", 18, 6, 12), ("fp16", 20, 4, 16), ("fp32", 16, 8, 8)])
+def test_megatron_state_layout_matches_its_distributed_optimizer_table(dtype, plain, fixed, sharded):
+    """Megatron-Core's docs/user-guide/features/dist_optimizer.md: bytes per parameter without
+    and with the distributed optimizer (ZeRO-1 over d ranks)."""
+    from costmodels.memory import state_bytes_per_param
+
+    kw = dict(dtype=dtype, optimizer="adam", layout="megatron")
+    assert state_bytes_per_param(zero=0, dp=1, **kw) == plain
+    assert state_bytes_per_param(zero=1, dp=8, **kw) == pytest.approx(fixed + sharded / 8)
+    assert state_bytes_per_param(dtype="bf16", optimizer="adam", zero=0, dp=1,
+                                 layout="zero") == 16  # the ZeRO paper's count
