@@ -257,16 +257,16 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     return BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=recompute_s)
 
 
-def optimizer_step_s(params: float, device: DeviceSpec, *, state_bytes_per_param: float,
+def optimizer_step_s(params: float, device: DeviceSpec, *, traffic_bytes_per_param: float,
                      dtensor_params: float = 0.0) -> float:
-    """Adam's update is memory-bound: it reads and writes every state byte once (a measured
-    seconds-per-parameter from ``plan profile`` replaces this when present). ``dtensor_params``
-    parameter tensors that are DTensors add their host-side dispatch each."""
+    """Adam's update is memory-bound: it moves ``traffic_bytes_per_param``
+    (costmodels.memory.optimizer_traffic_bytes) per parameter (a measured seconds-per-parameter
+    from ``plan profile`` replaces this when present). ``dtensor_params`` parameter tensors that
+    are DTensors add their host-side dispatch each."""
     host_s = dtensor_params * device.dtensor_param_s
     if device.optimizer_s_per_param:
         return params * device.optimizer_s_per_param + host_s
-    traffic_bytes = 2 * params * state_bytes_per_param
-    return traffic_bytes / device.memory_bytes_per_s + host_s
+    return params * traffic_bytes_per_param / device.memory_bytes_per_s + host_s
 
 
 def copy_s(nbytes: float, device: DeviceSpec) -> float:
@@ -279,12 +279,13 @@ def copy_s(nbytes: float, device: DeviceSpec) -> float:
     return traffic / rate
 
 
-def offloaded_optimizer_step_s(params: float, device: DeviceSpec, *, state_bytes_per_param: float,
-                               grad_bytes: float, weight_bytes: float) -> float:
+def offloaded_optimizer_step_s(params: float, device: DeviceSpec, *,
+                               traffic_bytes_per_param: float, grad_bytes: float,
+                               weight_bytes: float) -> float:
     """ZeRO-Offload (Ren et al. 2021): gradients go to the host, the host updates the states in its
     memory, updated weights come back; transfers and the host update do not overlap here."""
     transfer_s = params * (grad_bytes + weight_bytes) / device.host_link_bytes_per_s
-    update_s = 2 * params * state_bytes_per_param / device.host_memory_bytes_per_s
+    update_s = params * traffic_bytes_per_param / device.host_memory_bytes_per_s
     return transfer_s + update_s
 
 

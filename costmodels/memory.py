@@ -92,6 +92,14 @@ def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int,
                                  offload=offload, layout=layout).values())
 
 
+def optimizer_traffic_bytes(*, dtype: str, optimizer: str, layout: str = "zero") -> float:
+    """Bytes one optimizer step moves per parameter: it reads the gradient, reads and writes the
+    optimizer states (fp32 master weights, moments, and Megatron's fp32 main gradients where the
+    optimizer keeps them) and writes the compute-dtype weights."""
+    s = model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=0, dp=1, layout=layout)
+    return s["grads"] + 2 * s["optimizer"] + s["weights"]
+
+
 def optimizer_bytes_per_param(*, dtype: str, optimizer: str) -> float:
     """Optimizer-state bytes per parameter (what offloading moves to the host)."""
     return model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=0, dp=1)["optimizer"]

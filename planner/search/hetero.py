@@ -111,8 +111,8 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
     stages = chunks(cfg, bounds, ma, stitched, sends)
     ranks = rank_memory(cfg, bounds, stages, ma, stitched, training)
     dp_s = opt_s = 0.0
-    state_b = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                           zero=0, dp=1, layout=training.engine.state_layout)
+    traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
+                                             layout=training.engine.state_layout)
     for st in stages:
         group = hc.groups[stage_group[st.index]]
         nbytes = st.params * DTYPE_BYTES[training.dtype]
@@ -121,7 +121,7 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
                                       training.engine.overlap_grad_reduce))
         shard = cfg.dp if cfg.zero >= 1 else 1
         opt_s = max(opt_s, compute.optimizer_step_s(st.params / shard, group.device,
-                                                    state_bytes_per_param=state_b))
+                                                    traffic_bytes_per_param=traffic))
     est = assemble(cfg, stages, ranks, dp_s, opt_s, ma, training, cuts)
     offsets = list(itertools.accumulate([0] + [g.num_gpus for g in hc.groups]))
     width = cfg.tp * cfg.dp

@@ -224,7 +224,8 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
     grad_b = DTYPE_BYTES[training.dtype]
     states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                       zero=0, dp=1, layout=training.engine.state_layout)
-    state_b = states["weights"] + states["grads"] + states["optimizer"]
+    traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
+                                             layout=training.engine.state_layout)
     refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
     dp_s = opt_s = 0.0
     for r in range(cfg.pp):
@@ -240,11 +241,11 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
         shard = cfg.dp if cfg.zero >= 1 else 1
         if cfg.offload_optimizer:
             step = compute.offloaded_optimizer_step_s(
-                params / shard, cluster.device, state_bytes_per_param=state_b, grad_bytes=grad_b,
+                params / shard, cluster.device, traffic_bytes_per_param=traffic, grad_bytes=grad_b,
                 weight_bytes=grad_b)
         else:
             step = compute.optimizer_step_s(params / shard, cluster.device,
-                                            state_bytes_per_param=state_b,
+                                            traffic_bytes_per_param=traffic,
                                             dtensor_params=mine[0].dtensor_params)
         step += params * refresh_b / cluster.device.memory_bytes_per_s  # FP8 weight copies
         opt_s = max(opt_s, step)

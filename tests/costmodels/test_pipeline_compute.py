@@ -87,5 +87,5 @@ def test_device_without_bf16_is_a_clear_error_and_optimizer_is_memory_bound():
     with pytest.raises(SpecError, match="v100 has no bf16"):
         get_device("v100").peak("bf16")
     dev = DEVICES["h100"]
-    assert optimizer_step_s(1e9, dev, state_bytes_per_param=16) == pytest.approx(
+    assert optimizer_step_s(1e9, dev, traffic_bytes_per_param=32) == pytest.approx(
         2 * 16e9 / (dev.hbm_bytes_per_s * dev.memory_efficiency))

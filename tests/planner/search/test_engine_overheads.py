@@ -78,8 +78,8 @@ def test_dtensor_host_cost_per_sharded_linear_only_with_tensor_parallelism():
 
 def test_optimizer_pays_per_dtensor_parameter():
     dev = apply_calibration(load_cluster("cpu"), CALIB).device
-    base = optimizer_step_s(1e6, dev, state_bytes_per_param=16)
-    assert optimizer_step_s(1e6, dev, state_bytes_per_param=16, dtensor_params=10) == \
+    base = optimizer_step_s(1e6, dev, traffic_bytes_per_param=32)
+    assert optimizer_step_s(1e6, dev, traffic_bytes_per_param=32, dtensor_params=10) == \
         pytest.approx(base + 10 * 3e-4)
 
 
