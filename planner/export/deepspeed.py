@@ -60,7 +60,8 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
                    "setting; your data loader gives each sample's tokens")
     if raising:
         from planner.export import reprice  # lazy: prices with the search (and may trace)
-        ledger.info(reprice.recheck(plan, TARGET, ", ".join(raising + lower), **changes))
+        ledger.info(reprice.recheck(plan, TARGET, ", ".join(raising + lower), state_layout="zero",
+                                    **changes))
     extra["not_expressed"] = ledger.close()
     order = ["about", "header", "not_expressed", "batch", "offload", "recompute", "pipeline"]
     return dumps({"planner": {k: extra[k] for k in order if k in extra}, **config}) + "\n"

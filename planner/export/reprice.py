@@ -2,18 +2,18 @@
 
 An engine sometimes runs only a nearby configuration (DeepSpeed's pipeline engine runs ZeRO-0 or
 ZeRO-1, not ZeRO-3; its AutoTP has no sequence parallelism). The export then prices that
-configuration on the plan's own stage split with the search's own cost model
-(``planner.search.pricing.price``, activations from a simulation of the schedule as the
-search's refinement does), from the plan's model spec, cluster and training (the model is
-read from the trace cache when it was traced before), and compares each pipeline rank's memory
-with what a GPU may use. ``recheck`` raises SpecError with the numbers when the changed
-configuration no longer fits, and otherwise returns a note with them.
+configuration on the plan's own stage split, with the model states laid out as that engine keeps
+them, with the search's own cost model (``planner.search.pricing.price``, activations from a
+simulation of the schedule as the search's refinement does), from the plan's model spec, cluster
+and training (the model is read from the trace cache when it was traced before), and compares
+each pipeline rank's memory with what a GPU may use. ``recheck`` raises SpecError with the
+numbers when the changed configuration no longer fits, and otherwise returns a note with them.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodels.engine import engine_from_mapping
 from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
@@ -55,8 +55,9 @@ def configuration(plan: Plan, **changes) -> Config:
     return Config(**{**known, **changes})
 
 
-def memory(plan: Plan, **changes) -> Memory:
-    """Memory per pipeline rank of the plan's configuration with ``changes``, on its split."""
+def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
+    """Memory per pipeline rank of the plan's configuration with ``changes``, on its split, with
+    the model states laid out as ``state_layout`` (costmodels.engine.EngineSpec) if given."""
     spec = plan.model.get("spec")
     what = "re-check the memory of the configuration the engine runs"
     if not spec:
@@ -64,8 +65,11 @@ def memory(plan: Plan, **changes) -> Memory:
                         "model spec; re-plan with planner.plan(..., target=<engine>)")
     cluster = _cluster(plan, what)
     t = plan.training
+    engine = engine_from_mapping(t.get("engine"))
+    if state_layout is not None and hasattr(engine, "state_layout"):
+        engine = replace(engine, state_layout=state_layout)
     training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=t["dtype"],
-                            optimizer=t["optimizer"], engine=engine_from_mapping(t.get("engine")))
+                            optimizer=t["optimizer"], engine=engine)
     prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=t["dtype"])
     if prepared.info["fingerprint"] != plan.model["fingerprint"]:
         log.warning("%s traces differently now than when the plan was made; the memory re-check "
@@ -82,10 +86,12 @@ def memory(plan: Plan, **changes) -> Memory:
                   device=cluster.device.memory_bytes)
 
 
-def recheck(plan: Plan, target: str, change: str, **changes) -> str:
-    """Price the plan with ``changes`` (described by ``change``, e.g. "ZeRO-1 instead of ZeRO-3");
-    SpecError with the numbers when a rank no longer fits, else a note with them."""
-    mem = memory(plan, **changes)
+def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = None,
+            **changes) -> str:
+    """Price the plan with ``changes`` (described by ``change``, e.g. "ZeRO-1 instead of ZeRO-3")
+    and the engine's ``state_layout``; SpecError with the numbers when a rank no longer fits,
+    else a note with them."""
+    mem = memory(plan, state_layout=state_layout, **changes)
     planned = plan.predicted["peak_memory_bytes"]
     if mem.peak > mem.usable:
         raise SpecError(

@@ -251,7 +251,8 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger) -> None:
         changes["sequence_parallel"] = True
         words.append("sequence parallelism")
     from planner.export import reprice  # lazy: prices with the search (and may trace)
-    ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), **changes))
+    ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), state_layout="zero",
+                                **changes))
 
 
 def _fp8(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
