@@ -48,14 +48,17 @@ ENGINES: dict[str, Engine] = {
                     offload=False, sequence_parallel=(False,)),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
-    # only the optimizer; activation checkpointing none, full or op-level selective.
+    # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs
+    # DDP (ZeRO-0) only without other parallelisms (parallelize.py raises "DDP has not supported
+    # > 1D parallelism"), so with a pipeline it shards; 0.3.0 is the newest release, but its
+    # config parser imports the whole trainer (triton, datasets), so the checked default is 0.2.2.
     "torchtitan": Engine(name="torchtitan", version="0.2.2",
                          schedules=("gpipe", "1f1b", "interleaved-1f1b"),
-                         zero=(0, 2, 3), zero_with_pp=(0, 2, 3), offload=False,
+                         zero=(0, 2, 3), zero_with_pp=(2, 3), offload=False,
                          sequence_parallel=(True,), recompute=("none", "full", "op")),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
-    "megatron": Engine(name="megatron", version="core_v0.14.0",
+    "megatron": Engine(name="megatron", version="core_v0.19.0",
                        schedules=("1f1b", "interleaved-1f1b")),
     # DeepSpeed: its pipeline engine runs one 1F1B-like schedule and only ZeRO 0-1 with it;
     # no Megatron-style sequence parallelism in the engine itself.
