@@ -33,9 +33,10 @@ sys.path.insert(0, os.path.dirname(HERE))
 import torch  # noqa: E402
 
 import planner  # noqa: E402
+import calibrations  # noqa: E402
 from tables import print_table  # noqa: E402
 from costmodels.engine import EngineSpec  # noqa: E402
-from planner.inputs.calibration import apply_calibration, load_calibration  # noqa: E402
+from planner.inputs.calibration import apply_calibration  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
 
 CONFIG = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 4, "n_embd": 256,
@@ -145,12 +146,7 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    if args.calibration:
-        calibration = load_calibration(args.calibration)
-    else:
-        from planner.profile.device import profile
-
-        calibration = profile("cpu", threads=1, processes=2)
+    calibration = calibrations.calibration(args.calibration, processes=2)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "config.json")
         with open(path, "w") as f:

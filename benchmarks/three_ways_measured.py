@@ -32,8 +32,9 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 import planner  # noqa: E402
+import calibrations  # noqa: E402
 from tables import print_table  # noqa: E402
-from planner.inputs.calibration import apply_calibration, load_calibration  # noqa: E402
+from planner.inputs.calibration import apply_calibration  # noqa: E402
 from costmodels.engine import EngineSpec  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
 
@@ -100,12 +101,7 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    if args.calibration:
-        calibration = load_calibration(args.calibration)
-    else:
-        from planner.profile.device import profile
-
-        calibration = profile("cpu", threads=1, processes=1)
+    calibration = calibrations.calibration(args.calibration, processes=1)
     if calibration.get("processes", 1) != 1:
         raise SystemExit("--calibration: measured with several processes at once; profile with "
                          "`plan profile --processes 1` for a one-process run")
