@@ -1,5 +1,5 @@
-"""Fuzz the planner: random models, clusters, batches and pins through the Python API, and random and
-mutated inputs through the `plan` command, by the ten thousand.
+"""Fuzz the planner: random models, clusters, batches and pins through the Python API, and random
+and mutated inputs through the `plan` command, by the ten thousand.
 
 Every case must end in one of the documented outcomes:
 
@@ -18,8 +18,8 @@ model block sits in exactly one stage and every block edge runs forward, dp x mi
 micro-batches = the global batch, each stage's memory and the peak fit the device's usable memory
 (``planner.search.costs.capacity_bytes``), 0 < MFU <= 1, positive and finite times and rates that
 agree with the batch, a per-rank schedule that runs every (stage, micro-batch) forward and backward
-exactly once on the stage's own rank, pins and target honoured, the schema holds, and the same inputs
-give the same JSON bytes on a second run.
+exactly once on the stage's own rank, pins and target honoured (by the plan and its runners-up),
+the schema holds, and the same inputs give the same JSON bytes on a second run.
 
 A case is built from ``(--seed, case number)`` alone, so ``--case N`` rebuilds and reruns one case
 (``--keep DIR`` keeps its files). Models are small (built on the meta device): a pool of random
@@ -117,6 +117,8 @@ def hf_config(r, *, invalid: float = 0.0):
     family = r.choice(HF_FAMILIES)
     heads = r.choice((1, 2, 4, 8))
     head_dim = r.choice((4, 8, 16, 32))
+    if family == "mixtral":  # grouped GEMMs of experts need rows of 16 bytes or more
+        head_dim = max(head_dim, 16 // heads, 8)
     hidden = heads * head_dim
     layers = r.randint(1, 6)
     ffn = 16 * r.randint(1, 16)
@@ -173,7 +175,8 @@ def hf_config(r, *, invalid: float = 0.0):
             del cfg["model_type"]
         elif kind == "heads do not divide" and family in ("gpt2", "bert", "opt"):
             cfg[heads_key] = hidden + 1
-        elif kind == "kv heads do not divide" and family in ("llama", "qwen2", "mixtral") and heads > 1:
+        elif kind == "kv heads do not divide" and family in ("llama", "qwen2", "mixtral") \
+                and heads > 1:
             cfg["num_key_value_heads"] = heads + 1
         elif kind == "experts per token" and family == "mixtral":
             cfg["num_experts_per_tok"] = cfg["num_local_experts"] + r.randint(1, 3)
@@ -221,7 +224,8 @@ def cluster_mapping(r, *, small_memory: bool | None = None) -> dict:
         if r.random() < 0.3:
             device["matmul_efficiency"] = round(0.05 + 0.95 * r.random(), 3)
     out = {"name": f"fuzz-{r.randint(0, 999)}", "device": device,
-           "nodes": r.choice((1, 1, 2, 3, 4, 8, 16)), "gpus_per_node": r.choice((1, 2, 3, 4, 8, 8, 16)),
+           "nodes": r.choice((1, 1, 2, 3, 4, 8, 16)),
+           "gpus_per_node": r.choice((1, 2, 3, 4, 8, 8, 16)),
            "intra_node": link(r), "inter_node": link(r)}
     if r.random() < 0.2:
         out["description"] = "random"
@@ -473,7 +477,8 @@ def _check_plan(d, v, cluster, edges, fix, target, training):
                 v.append(f"block {b} in stages {where[b]} and {s['index']}")
             where[b] = s["index"]
     if set(where) != set(names):
-        v.append(f"blocks in stages != model blocks: missing {sorted(set(names) - set(where))[:3]}, "
+        v.append(f"blocks in stages != model blocks: missing "
+                 f"{sorted(set(names) - set(where))[:3]}, "
                  f"unknown {sorted(set(where) - set(names))[:3]}")
     for src, dst in edges or ():
         if src in where and dst in where and where[src] > where[dst]:
@@ -487,7 +492,8 @@ def _check_plan(d, v, cluster, edges, fix, target, training):
         if peak > max(caps.values()) * (1 + REL):
             v.append(f"peak memory {peak:.6g} B > usable {max(caps.values()):.6g} B")
         for s in stages:
-            cap = caps.get(s.get("group", ""), caps.get("")) if len(caps) > 1 else next(iter(caps.values()))
+            cap = (caps.get(s.get("group", ""), caps.get("")) if len(caps) > 1
+                   else next(iter(caps.values())))
             total = s["predicted"]["memory_bytes"]["total"]
             if cap is not None and total > cap * (1 + REL):
                 v.append(f"stage {s['index']} memory {total:.6g} B > usable {cap:.6g} B")
@@ -504,7 +510,8 @@ def _check_plan(d, v, cluster, edges, fix, target, training):
             v.append(f"breakdown.{key} {x!r} negative or not finite")
     for s in stages:
         for key, x in s["predicted"].items():
-            if isinstance(x, (int, float)) and not isinstance(x, bool) and not (x >= 0 and math.isfinite(x)):
+            number = isinstance(x, (int, float)) and not isinstance(x, bool)
+            if number and not (x >= 0 and math.isfinite(x)):
                 v.append(f"stage {s['index']} predicted.{key} {x!r}")
         if not s["predicted"].get("time_per_microbatch_s", 1) > 0:
             v.append(f"stage {s['index']} time_per_microbatch_s not positive")
@@ -553,7 +560,7 @@ def _check_config(par: dict, where: str, v: list, fix, target) -> None:
         return
     if par["pp"] > 1 and par["schedule"] not in eng.schedules:
         v.append(f"{where}: target {target} does not run schedule {par['schedule']}")
-    if par["zero"] not in (eng.zero_with_pp if par["pp"] > 1 else eng.zero):
+    if par["dp"] > 1 and par["zero"] not in (eng.zero_with_pp if par["pp"] > 1 else eng.zero):
         v.append(f"{where}: target {target} does not run ZeRO-{par['zero']} (pp={par['pp']})")
     if par["offload_optimizer"] and not eng.offload:
         v.append(f"{where}: target {target} does not offload the optimizer")
@@ -586,7 +593,8 @@ def _check_schedule(d, v, by_rank, pp, vpp, nmb):
             first.setdefault((stage, kind, micro), i)
         for stage in (s for s, rk in rank_of.items() if rk == r_):
             for micro in range(nmb):
-                f, b = count[(stage, "F", micro)], count[(stage, "B", micro)] + count[(stage, "I", micro)]
+                f = count[(stage, "F", micro)]
+                b = count[(stage, "B", micro)] + count[(stage, "I", micro)]
                 w = count[(stage, "W", micro)]
                 if f != 1 or b != 1 or w > 1 or (split and w != 1 and pp > 1):
                     v.append(f"rank {r_}: stage {stage} micro-batch {micro} runs F x{f}, B x{b}, "
@@ -737,13 +745,21 @@ class Workspace:
         _write(path, _yaml(jobs))
         res = call_cli(["jobs", path, "-o", self.schedule, "--time-limit", "2", "--workers", "1",
                         "-q"], cwd=self.root)
-        log(f"  seed schedule: exit {res.code}" + (f" ({res.err.strip()[-200:]})" if res.code else ""))
+        log(f"  seed schedule: exit {res.code}"
+            + (f" ({res.err.strip()[-200:]})" if res.code else ""))
 
 
 def _write(path: str, data) -> None:
     mode = "wb" if isinstance(data, bytes) else "w"
     with open(path, mode) as f:
         f.write(data)
+
+
+def _yaml_load(path: str):
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f)
 
 
 def _yaml(obj) -> str:
@@ -857,6 +873,14 @@ class Result:
     repro: str = ""
     call_s: float = 0.0
     """Seconds of the planner call itself (the first, for a case that plans twice)."""
+    trace_s: float = 0.0
+    """Seconds of it spent tracing models (the trace cache missed: a new model, dtype or
+    sequence length)."""
+
+    @property
+    def plan_s(self) -> float:
+        """The call without tracing: what planning took."""
+        return max(0.0, self.call_s - self.trace_s)
 
 
 class Case:
@@ -945,7 +969,8 @@ class Case:
             if r.random() < 0.5:
                 notes: list = []
                 data = _yaml(mutate(r, base, notes))
-                return self.file("cluster.yaml", data, note=f"{data[:500]!r} ({'; '.join(notes)})"), extra
+                note = f"{data[:500]!r} ({'; '.join(notes)})"
+                return self.file("cluster.yaml", data, note=note), extra
             return self.file("cluster.yaml", mutate_text(r, _yaml(base))), extra
         if kind == "bad name":
             self.expect_bad.append("unknown cluster")
@@ -955,7 +980,8 @@ class Case:
 
     def count(self, small: bool = False) -> str:
         r = self.r
-        v = weighted(r, {"1": 3, str(r.randint(1, 8)): 6, str(r.randint(9, 64)): 2 if not small else 0,
+        v = weighted(r, {"1": 3, str(r.randint(1, 8)): 6,
+                         str(r.randint(9, 64)): 2 if not small else 0,
                          str(r.randint(65, 512)): 0.5 if not small else 0,
                          "0": 0.3, "-2": 0.3, "x": 0.2, "2.5": 0.2, "1e3": 0.1})
         if v in ("0", "-2"):
@@ -1007,7 +1033,8 @@ class Case:
             return self.file("plan.json", json.dumps(mutate(r, json.loads(text), notes)),
                              note=f"{os.path.basename(base)} with {'; '.join(notes)}")
         if kind == "text":
-            return self.file("plan.json", mutate_text(r, text), note=f"{os.path.basename(base)} damaged")
+            return self.file("plan.json", mutate_text(r, text),
+                             note=f"{os.path.basename(base)} damaged")
         if kind == "missing":
             self.expect_bad.append("missing plan")
             return os.path.join(self.dir, "missing.json")
@@ -1086,7 +1113,33 @@ class Case:
         return "\n".join(lines)
 
 
+TRACING = {"s": 0.0}
+"""Seconds this process spent in planner.api._trace (counted by count_tracing)."""
+
+
+def count_tracing() -> None:
+    """Time every trace the planner makes in this process (planner.api._trace runs when the trace
+    cache misses), so that a case's planning time can be told from its tracing time."""
+    import planner.api as api
+
+    if getattr(api._trace, "fuzz_counted", False):
+        return
+    inner = api._trace
+
+    def timed(*args, **kw):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kw)
+        finally:
+            TRACING["s"] += time.perf_counter() - t0
+
+    timed.fuzz_counted = True
+    api._trace = timed
+
+
 def run_case(ws: Workspace, index: int, only: str | None, timeout: float) -> Result:
+    count_tracing()
+    traced_before = TRACING["s"]
     r = rng_for(ws.seed, "family", index)
     family = only or ("api" if r.random() < 0.4 else "cli")
     t0 = time.perf_counter()
@@ -1109,6 +1162,7 @@ def run_case(ws: Workspace, index: int, only: str | None, timeout: float) -> Res
         signal.setitimer(signal.ITIMER_REAL, 0)
     res.index = index
     res.seconds = time.perf_counter() - t0
+    res.trace_s = TRACING["s"] - traced_before
     if res.outcome != UNEXPECTED and not os.environ.get("FUZZ_KEEP_CASES"):
         shutil.rmtree(case.dir, ignore_errors=True)
     return res
@@ -1165,8 +1219,9 @@ def api_case(case: Case) -> Result:
             example_inputs = (torch.zeros(7, device="meta"),)  # 1-D floats: no model here takes it
         if how != "ok":
             bad.append(f"example_inputs {how}")
+        case.files["module"] = (f"models.build({kind!r}, seq_len={seq_len}, **{dims!r}), "
+                                f"inputs {how}")
         seq_len = None
-        case.files["module"] = f"models.build({kind!r}, seq_len={seq_len}, **{dims!r}), inputs {how}"
     else:
         model = r.choice(ZOO)
     # the rest
@@ -1178,7 +1233,7 @@ def api_case(case: Case) -> Result:
         bad.append(f"global_batch {gb!r}")
     dtype = r.choice(DTYPES)
     if r.random() < 0.03:
-        dtype = r.choice(("fp8", "BF16", "", None))
+        dtype = r.choice(("fp4", "int8", "BF16", "", None))
         bad.append(f"dtype {dtype!r}")
     optimizer = r.choice(OPTIMIZERS)
     if r.random() < 0.02:
@@ -1208,7 +1263,9 @@ def api_case(case: Case) -> Result:
     engine = None
     if r.random() < 0.06:
         engine = r.choice(({"attention": "materialized"}, "kernels=eager,overlap_grad_reduce=false",
-                           {"fsdp_copies": True}, "attention=flash"))
+                           {"fsdp_copies": True}, "attention=flash", "megatron-2021",
+                           "megatron-core", "torchtitan", "torchtitan-compile",
+                           "megatron-core,attention=materialized"))
     time_limit = None
     if r.random() < 0.03:
         time_limit = r.choice((0.05, 0.5, 2.0))
@@ -1235,10 +1292,11 @@ def api_case(case: Case) -> Result:
     if "Traceback" in err.getvalue() or "Logging error" in err.getvalue():
         outcome, detail = UNEXPECTED, (f"a traceback on stderr ({detail or outcome}): "
                                        f"{err.getvalue().strip().splitlines()[-1][:300]}")
-    if plan is not None:
+    if plan is not None and outcome != UNEXPECTED:
         detail = check_api_plan(case, plan, model, kw, form, example_inputs)
         if not detail and time_limit is None and form != "zoo":
-            again_outcome, again_detail, again = api_outcome(lambda: call(ws.cache), [])
+            with contextlib.redirect_stderr(io.StringIO()):
+                again_outcome, again_detail, again = api_outcome(lambda: call(ws.cache), [])
             if again is None:
                 detail = f"second run with the same inputs: {again_outcome}: {again_detail}"
             elif again.to_json() != plan.to_json():
@@ -1292,7 +1350,8 @@ def api_cluster(case: Case):
             nodes = r.choice((0, -1, 2.5, "4", True))
             bad.append(f"nodes {nodes!r}")
         if kind == "object" and not bad:
-            cluster, nodes, gpn = planner.load_cluster(cluster, nodes=nodes, gpus_per_node=gpn), None, None
+            cluster = planner.load_cluster(cluster, nodes=nodes, gpus_per_node=gpn)
+            nodes = gpn = None
     elif kind in ("mapping", "yaml"):
         cluster = cluster_mapping(r)
         if kind == "yaml":
@@ -1441,6 +1500,11 @@ def cli_case(case: Case) -> Result:
     problems = case.file_problems(before, after, ok=res.code == 0 and outcome != UNEXPECTED)
     if outcome == OK and cmd == "solve":
         problems += solve_output_problems(case, argv, res)
+    if outcome == OK and cmd == "show" and "--json" in argv:
+        try:
+            json.loads(res.out)
+        except ValueError:
+            problems.append("show --json: stdout is not JSON")
     if problems:
         outcome, detail = UNEXPECTED, "; ".join(problems) + (f" [{detail}]" if detail else "")
     if outcome == UNEXPECTED and res.err:
@@ -1464,7 +1528,7 @@ def solve_argv(case: Case) -> list[str]:
             case.expect_bad.append(f"seq len {seq}")
         argv += ["--seq-len", seq]
     if r.random() < 0.4:
-        argv += ["--dtype", r.choice(DTYPES + ("fp8",) if r.random() < 0.05 else DTYPES)]
+        argv += ["--dtype", r.choice(DTYPES + ("fp4",) if r.random() < 0.05 else DTYPES)]
     if r.random() < 0.2:
         argv += ["--optimizer", r.choice(OPTIMIZERS)]
     if r.random() < 0.4:
@@ -1476,6 +1540,8 @@ def solve_argv(case: Case) -> list[str]:
     if r.random() < 0.05:
         argv += ["--engine", r.choice(("attention=materialized", "kernels=eager",
                                        "overlap_grad_reduce=no", "fsdp_copies=true",
+                                       "megatron-2021", "torchtitan-compile",
+                                       "megatron-core,kernels=eager", "deepspeed-9",
                                        "attention=fast", "bogus=1", "attention"))]
     if r.random() < 0.1:
         k = r.choice(("0", "1", "5", "-1", "x"))
@@ -1549,6 +1615,8 @@ def cluster_of(d: dict):
 def show_argv(case: Case) -> list[str]:
     r = case.r
     argv = ["show", case.plan_file()]
+    if r.random() < 0.15:
+        argv.append("--json")
     if r.random() < 0.3:
         argv += ["--why", case.fix_arg() or "tp=2"]
     if r.random() < 0.2:
@@ -1580,9 +1648,12 @@ def simulate_argv(case: Case) -> list[str]:
 def export_argv(case: Case) -> list[str]:
     r = case.r
     argv = ["export", case.plan_file(), "--to", r.choice(("torchtitan", "megatron", "deepspeed"))]
+    if r.random() < 0.3:
+        argv += ["--engine-version", r.choice(("0.2.2", "0.3.0", "core_v0.14.0", "core_v0.19.0",
+                                               "0.19.8", "latest", "0.1", ""))]
     if r.random() < 0.6:
-        path = case.out_path(r.choice(("e.toml", "e.sh", "e.json")))
-        if path in (case.dir, "-"):  # a folder: the suggested name inside it
+        path = case.out_path(r.choice(("e.toml", "e.sh", "e.json")), dash=True)
+        if path == case.dir:  # a folder: the suggested name inside it
             case.outputs.append(os.path.join(case.dir, "*"))
         argv += ["-o", path]
     return argv
@@ -1614,7 +1685,8 @@ def whatif_argv(case: Case) -> list[str]:
         vals = r.sample(vals, r.randint(1, len(vals)))
         points *= len(vals)
         argv += ["--vary", f"{k}={','.join(vals)}"]
-        if k == "bogus" or "0" == vals[0] and k == "inter_node_bandwidth" or "5" in vals and k == "zero":
+        if (k == "bogus" or (k == "inter_node_bandwidth" and "0" in vals)
+                or (k == "zero" and "5" in vals)):
             case.expect_bad.append(f"vary {k}={vals}")
     if "cluster" not in keys:
         cluster, extra = case.cluster_arg(allow_hetero=False)
@@ -1652,8 +1724,9 @@ def jobs_argv(case: Case) -> list[str]:
     else:
         models_ = r.sample([m for m in ws.pool if m.form == "hf"], r.randint(1, 2))
         jobs = {"cluster": r.choice(("dgx-a100-80g", "l4-8", "dgx-h100")), "nodes": r.randint(1, 2),
-                "jobs": [{"name": f"j{k}", "model": os.path.relpath(m.spec, case.dir) if r.random() < 0.5
-                          else m.spec, "global_batch": r.choice((8, 16, 64)),
+                "jobs": [{"name": f"j{k}",
+                          "model": os.path.relpath(m.spec, case.dir) if r.random() < 0.5 else m.spec,
+                          "global_batch": r.choice((8, 16, 64)),
                           "seq_len": m.seq_len or 32, "steps": r.choice((10, 1000, 100000))}
                          for k, m in enumerate(models_ * r.randint(1, 2))]}
         for k, job in enumerate(jobs["jobs"]):
@@ -1670,13 +1743,13 @@ def jobs_argv(case: Case) -> list[str]:
         else:
             path = case.file("jobs.yaml", text)
         argv = ["jobs", path, "--workers", "1"]
-    argv += ["--time-limit", r.choice(("0.5", "1", "1", "0", "-1"))]
+    argv += ["--time-limit", r.choice(("0.5", "1", "1", "1", "1", "2", "0", "-1"))]
     if argv[-1] in ("0", "-1"):
         case.expect_bad.append("time limit")
     if r.random() < 0.1:
         argv += ["--objective", r.choice(("makespan", "weighted"))]
     if r.random() < 0.4:
-        argv += ["-o", case.out_path("schedule.json")]
+        argv += ["-o", case.out_path("schedule.json", dash=True)]
     if r.random() < 0.15:
         argv += ["--gantt", case.out_path(r.choice(("j.png", "j.svg", "j.txt")))]
     return argv
@@ -1740,6 +1813,9 @@ def run_argv(case: Case) -> list[str]:
 def _worker(root: str, seed: int, only, timeout: float, tasks, results) -> None:
     os.environ["XDG_CACHE_HOME"] = os.path.join(root, "cache")
     ws = Workspace(root, seed)
+    import planner.trace.models  # noqa: F401 - torch and transformers load here, not in a case
+    import transformers  # noqa: F401
+
     while True:
         index = tasks.get()
         if index is None:
@@ -1798,15 +1874,16 @@ def run_all(ws: Workspace, indices: list[int], args, verbose: bool) -> list[Resu
     def done(res: Result):
         results.append(res)
         if verbose or res.outcome == UNEXPECTED:
+            shown = res.detail and (verbose or res.outcome == UNEXPECTED)
             print(f"  case {res.index} {res.family}: {res.outcome} in {res.seconds:.2f} s"
-                  + (f"  {res.detail[:300]}" if res.detail and (verbose or res.outcome == UNEXPECTED)
-                     else ""), flush=True)
+                  + (f"  {res.detail[:300]}" if shown else ""), flush=True)
             if verbose and res.outcome == UNEXPECTED:
                 print("    " + res.repro.replace("\n", "\n    "))
         if len(results) % step == 0:
             counts = Counter(r.outcome for r in results)
             print(f"  {len(results)}/{len(indices)} cases, {time.perf_counter() - t0:.0f} s: "
-                  + ", ".join(f"{k} {counts[k]}" for k in (OK, BAD, NO_PLAN, UNEXPECTED)), flush=True)
+                  + ", ".join(f"{k} {counts[k]}" for k in (OK, BAD, NO_PLAN, UNEXPECTED)),
+                  flush=True)
 
     if args.workers == 1 or len(indices) == 1:
         for i in indices:
@@ -1854,28 +1931,35 @@ def report(results: list[Result], total_s: float, setup_s: float, args) -> None:
         print(f"  {k:<11} {counts[k]:>6}")
     fam = Counter((r.family, r.outcome) for r in results)
     families = sorted({r.family for r in results})
-    print("\n  by kind of case            ok   bad  none  unexp   mean s  max call s")
+    print("\n  by kind of case            ok   bad  none  unexp   mean s  max call s  max plan s")
     for f in families:
         secs = [r.seconds for r in results if r.family == f]
         calls = [r.call_s for r in results if r.family == f]
+        plans = [r.plan_s for r in results if r.family == f]
         print(f"  {f:<24} {fam[(f, OK)]:>5} {fam[(f, BAD)]:>5} {fam[(f, NO_PLAN)]:>5} "
-              f"{fam[(f, UNEXPECTED)]:>6} {sum(secs) / len(secs):>8.3f} {max(calls):>11.2f}")
-    print("  (a case's time covers building its inputs, the call, a second call for the same "
-          "plan, and the checks;\n   its call time is the planner call or command alone)")
+              f"{fam[(f, UNEXPECTED)]:>6} {sum(secs) / len(secs):>8.3f} {max(calls):>11.2f} "
+              f"{max(plans):>11.2f}")
+    print("  (mean s: a whole case: building its inputs, the call, a second call for the same "
+          "plan, the checks;\n   call: the planner call or command alone; plan: the call without "
+          "tracing models)")
     usage = sum(1 for r in results if r.outcome == BAD and r.detail == "usage")
     if usage:
         print(f"\n  {usage} of the bad inputs were argparse usage errors ('usage: ...' and "
               "'plan <command>: error: ...' on stderr, exit 2)")
     if results:
-        slowest = max(results, key=lambda r: r.call_s)
-        print(f"\nslowest case: {slowest.index} ({slowest.family}, {slowest.outcome}): the call "
-              f"{slowest.call_s:.2f} s, the whole case {slowest.seconds:.2f} s")
-        print("    " + slowest.repro.replace("\n", "\n    "))
-    slow = sorted((r for r in results if r.call_s > SLOW_S), key=lambda r: -r.call_s)
+        for what, key in (("planning (tracing excluded)", lambda r: r.plan_s),
+                          ("in all (tracing a model included)", lambda r: r.call_s)):
+            slowest = max(results, key=key)
+            print(f"\nslowest case {what}: {slowest.index} ({slowest.family}, {slowest.outcome}): "
+                  f"the call {slowest.call_s:.2f} s, of which tracing {slowest.trace_s:.2f} s; "
+                  f"the whole case {slowest.seconds:.2f} s")
+            print("    " + slowest.repro.replace("\n", "\n    "))
+    slow = sorted((r for r in results if r.plan_s > SLOW_S), key=lambda r: -r.plan_s)
     if slow:
-        print(f"\n{len(slow)} case(s) whose call took more than {SLOW_S:.0f} s:")
+        print(f"\n{len(slow)} case(s) whose call took more than {SLOW_S:.0f} s besides tracing:")
         for r in slow[:10]:
-            print(f"  case {r.index} {r.family} {r.outcome}: {r.call_s:.1f} s")
+            print(f"  case {r.index} {r.family} {r.outcome}: {r.call_s:.1f} s "
+                  f"(tracing {r.trace_s:.1f} s)")
             print("    " + r.repro.replace("\n", "\n    "))
     bad = [r for r in results if r.outcome == UNEXPECTED]
     if not bad:
@@ -1896,7 +1980,8 @@ def report(results: list[Result], total_s: float, setup_s: float, args) -> None:
 def signature(r: Result) -> str:
     """The kind of an unexpected outcome: its detail without numbers, paths and quoted values."""
     text = r.detail.splitlines()[0] if r.detail else ""
-    text = re.sub(r"\[File .*?\]", "", text)
+    text = re.sub(r"\[File .*?\]", "", text).split("; ")[0]
+    text = re.sub(r"^(the plan|runner-up \d+): ", "", text)
     text = re.sub(r"(/[\w.+-]+)+/?", "PATH", text)
     text = re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", text)
     text = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", text)

@@ -21,10 +21,11 @@ import importlib.util
 import json
 import os
 import random
+import re
 import sys
 
 import pytest
-from hypothesis import HealthCheck, assume, event, given, note, settings
+from hypothesis import HealthCheck, Phase, assume, event, given, note, settings
 from hypothesis import strategies as st
 
 import planner
@@ -48,6 +49,7 @@ SEEDS = st.integers(min_value=0, max_value=2 ** 32 - 1)
 """Each case is built from a seed by benchmarks/fuzz.py's generators (hypothesis' own randoms
 would skew their choices towards the first of each list)."""
 FUZZ = settings(deadline=None, derandomize=True, database=None, print_blob=False,
+                phases=(Phase.explicit, Phase.generate),  # shrinking a seed says nothing
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                        HealthCheck.function_scoped_fixture])
 
@@ -251,12 +253,74 @@ def test_random_modules_plan_or_refuse(seed):
                training={"global_batch": kw["global_batch"], "dtype": kw["dtype"]})
 
 
+KNOWN_OUTCOMES = {
+    "non-finite cluster numbers": r"non-finite number in plan|breaks an invariant: step time (inf|nan)",
+    "YAML error of two lines": r"SpecError of several lines: .*invalid YAML",
+}
+"""Name -> regular expression of the outcome a known bug gives, where its trigger is easier told
+from the outcome than from the input."""
+
+
+def _huge_count(spec) -> bool:
+    """Whether a cluster mapping (or its YAML file) holds an integer above 10^9."""
+    if isinstance(spec, str):
+        try:
+            spec = fuzz._yaml_load(spec)
+        except Exception:  # noqa: BLE001 - not YAML: the planner says so
+            return False
+    return any(isinstance(x, int) and not isinstance(x, bool) and x > 10 ** 9
+               for x in _leaves(spec))
+
+
+def _leaves(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaves(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _leaves(v)
+    else:
+        yield obj
+
+
+@settings(FUZZ, max_examples=80)
+@given(seed=SEEDS)
+def test_mutated_clusters_are_refused_or_planned(tiny_llama, tmp_path_factory, seed):
+    """A random cluster with 1-3 damaged values (a key removed, a value of the wrong kind or out of
+    range, an unknown key), as a mapping or a YAML file, possibly cut or garbled: SpecError, or a
+    plan that passes the invariants on the cluster as loaded."""
+    r = random.Random(seed)
+    base = fuzz.cluster_mapping(r) if r.random() < 0.7 else fuzz.hetero_mapping(r)
+    notes: list = []
+    spec = fuzz.mutate(r, base, notes)
+    if r.random() < 0.5:
+        path = tmp_path_factory.mktemp("cluster") / "c.yaml"
+        text = fuzz._yaml(spec)
+        path.write_bytes(fuzz.mutate_text(r, text) if r.random() < 0.4 else text.encode())
+        spec = str(path)
+    note(f"cluster {spec!r} ({'; '.join(notes)})")
+    assume(not _huge_count(spec))  # known bug 'huge node count hangs'
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_llama.seq_len)
+
+    def call():
+        return planner.plan_prepared(tiny_llama, planner.load_cluster(spec), training,
+                                     planner.SearchOptions())
+
+    outcome, detail, plan = fuzz.api_outcome(call, [])
+    assume(not any(re.search(rx, detail) for rx in KNOWN_OUTCOMES.values()))
+    assert outcome != fuzz.UNEXPECTED, detail
+    event(outcome)
+    if plan is not None:
+        _check(plan, cluster=planner.load_cluster(spec), prepared=tiny_llama, fix={},
+               target="any", training={"global_batch": 64})
+
+
 BAD_VALUES = {
     "nodes": (0, -1, 2.5, "4", True),
     "gpus_per_node": (0, -8, 1.5, "8"),
     "global_batch": (0, -1, 2.5, "64", True, None),
     "seq_len": (0, -8, "128", 1.5),
-    "dtype": ("fp8", "BF16", "", None),
+    "dtype": ("fp4", "BF16", "", None),
     "optimizer": ("lamb", "Adam", None),
     "top_k": (-1, "3", 2.5),
     "target": ("nccl", "", "Megatron"),
@@ -283,7 +347,8 @@ def test_invalid_arguments_raise_spec_error(tiny_llama_config, key, data):
 
 # ---- minimal cases of the known bugs (strict xfails: fixing one turns its test red) -------------
 
-@pytest.mark.xfail(strict=True, reason="known bug 'vpp pin ignored': --fix vpp=2 without a "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known bug 'vpp pin ignored': --fix vpp=2 without a "
                    "pinned schedule returns a plan with vpp=1 (planner/search/space.py _vpps "
                    "returns [1] for the other schedules); remove this mark and the KNOWN_BUGS "
                    "entry when fixed")
@@ -321,7 +386,8 @@ def test_known_bug_fractional_pin_is_a_spec_error():
         parse_fix({"dp": 1.5})
 
 
-@pytest.mark.xfail(strict=True, reason="known bug 'target ignored on device groups': on a "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known bug 'target ignored on device groups': on a "
                    "cluster with groups, plan(..., target='deepspeed') returns gpipe (the plan or "
                    "its runners-up), which DeepSpeed does not run; remove this mark and the "
                    "KNOWN_BUGS entry when fixed")
@@ -336,3 +402,152 @@ def test_known_bug_target_is_kept_on_device_groups(tiny_llama_config):
     schedules = {plan.parallel["schedule"]} | {a["parallel"]["schedule"]
                                                for a in plan.search["alternatives"]}
     assert schedules <= {"1f1b"}, schedules
+
+
+# ---- the same for bugs benchmarks/fuzz.py found through the `plan` command ----------------------
+
+def _cli(*argv):
+    import contextlib
+    import io
+
+    from planner.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory, tiny_llama):
+    cluster = planner.load_cluster("dgx-a100-80g", nodes=1)
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_llama.seq_len)
+    plan = planner.plan_prepared(tiny_llama, cluster, training,
+                                 planner.SearchOptions(fix=parse_fix("pp=2,schedule=1f1b")))
+    path = tmp_path_factory.mktemp("plans") / "plan.json"
+    plan.save(str(path))
+    return path
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known bug 'plan file values unchecked': a plan whose "
+                   "predicted.breakdown.optimizer_s is the string \"5e-06\" passes load_plan, then "
+                   "`plan show` / `plan diff` fail with TypeError / ValueError (exit 1, internal "
+                   "error) instead of exit 2 naming the field; remove this mark when fixed")
+@pytest.mark.parametrize("command", ["show", "diff"])
+def test_known_bug_plan_file_with_a_string_number_is_bad_input(plan_file, tmp_path, command):
+    d = json.loads(plan_file.read_text())
+    d["predicted"]["breakdown"]["optimizer_s"] = "5e-06"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    argv = ["show", str(bad)] if command == "show" else ["diff", str(plan_file), str(bad)]
+    code, err = _cli(*argv, "-q")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("plan: error: ") and "optimizer_s" in last, err
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="known bug 'calibration values unchecked': a calibration "
+                   "whose gemm_table row is a number (not [FLOPs, rate]) raises TypeError from "
+                   "planner/inputs/calibration.py apply_calibration instead of SpecError; remove "
+                   "this mark when fixed")
+def test_known_bug_calibration_with_a_bad_table_is_a_spec_error(tiny_llama_config):
+    calib = json.loads(open(fuzz.CALIBRATION).read())
+    calib["device"]["gemm_table"]["fp32"][0] = 5.0
+    with pytest.raises(planner.SpecError):
+        planner.plan(tiny_llama_config, cluster="cpu", global_batch=8, seq_len=128, dtype="fp32",
+                     calibration=calib)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known bug 'whatif accepts an unknown cluster': `plan "
+                   "whatif MODEL --cluster h100 --vary nodes=1,2` exits 0 with rows 'infeasible: "
+                   "cluster: unknown cluster' instead of exit 2 before sweeping; remove this mark "
+                   "when fixed")
+def test_known_bug_whatif_with_an_unknown_cluster_is_bad_input(tiny_llama_config):
+    code, err = _cli("whatif", tiny_llama_config, "--cluster", "h100", "--vary", "nodes=1,2",
+                     "--global-batch", "8", "--seq-len", "128", "--workers", "1", "-q")
+    assert code == 2, err
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known bug 'YAML error of two lines': a cluster YAML with a "
+                   "control character gives a SpecError whose message has a second line ('  in "
+                   "\"c.yaml\", position N'), so `plan` prints two lines; remove this mark when "
+                   "fixed")
+def test_known_bug_yaml_error_is_one_line(tmp_path, tiny_llama_config):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"name: x\ndevice: a100-80g\x12\nnodes: 1\n")
+    with pytest.raises(planner.SpecError) as info:
+        planner.plan(tiny_llama_config, cluster=str(path), global_batch=8, seq_len=128)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(not (os.path.isdir("/sys") and os.access("/sys", os.W_OK)),
+                    reason="needs a folder that access() calls writable but that refuses new files "
+                           "(/sys, as root)")
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known bug 'write error after the check': `plan export "
+                   "PLAN --to megatron -o /sys/e.sh` (a folder access() calls writable, as root) "
+                   "fails with PermissionError, exit 1 (for solve: after the whole search); an "
+                   "OSError while writing should be exit 2 naming the path; remove this mark when "
+                   "fixed")
+def test_known_bug_unwritable_output_is_bad_input(plan_file):
+    code, err = _cli("export", str(plan_file), "--to", "megatron", "-o", "/sys/fuzz-export.sh")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("plan: error: ") and "/sys/fuzz-export.sh" in last, err
+    assert not [f for f in os.listdir("/sys") if f.startswith(".tmp")]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known bug 'non-finite cluster numbers': a cluster whose bandwidth_GBps, "
+                   "memory_GB, hbm_GBps or peak_TFLOPs is .inf (or latency_us .nan) is accepted, "
+                   "then the plan fails with 'non-finite number in plan' (exit 1); remove this mark "
+                   "when fixed")
+@pytest.mark.parametrize("where", ["intra_node.bandwidth_GBps", "intra_node.latency_us",
+                                   "device.memory_GB", "device.hbm_GBps"])
+def test_known_bug_non_finite_cluster_numbers_are_spec_errors(tiny_llama, where):
+    spec = {"name": "x", "nodes": 1, "gpus_per_node": 8,
+            "device": {"name": "d", "memory_GB": 80, "peak_TFLOPs": {"bf16": 312, "fp32": 19.5},
+                       "hbm_GBps": 2039},
+            "intra_node": {"bandwidth_GBps": 300, "latency_us": 3},
+            "inter_node": {"bandwidth_GBps": 25, "latency_us": 10}}
+    section, key = where.split(".")
+    spec[section][key] = float("nan") if key == "latency_us" else float("inf")
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_llama.seq_len)
+    try:
+        planner.plan_prepared(tiny_llama, planner.load_cluster(spec), training,
+                              planner.SearchOptions())
+    except planner.SpecError:
+        return
+    except Exception as exc:  # noqa: BLE001 - what the bug raises today
+        raise AssertionError(f"{type(exc).__name__}: {exc}") from None
+    raise AssertionError(f"{where} = {spec[section][key]} planned")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known bug 'huge node count hangs': a cluster of 10^18 nodes is accepted "
+                   "and the search never ends (planner/search/space.py divisors() tries every "
+                   "number up to the square root of the GPU count); remove this mark when fixed")
+def test_known_bug_huge_node_count_is_refused_quickly(tiny_llama):
+    import signal
+
+    class Slow(Exception):
+        pass
+
+    def alarm(signum, frame):
+        raise Slow()
+
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_llama.seq_len)
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(5)
+    try:
+        cluster = planner.load_cluster("dgx-a100-80g", nodes=10 ** 18)
+        planner.plan_prepared(tiny_llama, cluster, training, planner.SearchOptions())
+    except (planner.SpecError, planner.InfeasibleError):
+        return
+    except Slow:
+        raise AssertionError("still planning 10^18 nodes after 5 s") from None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -1,7 +1,8 @@
-"""Small nn.Module models for fuzzing the planner (benchmarks/fuzz.py, tests/planner/test_api_fuzz.py).
+"""Small nn.Module models for fuzzing the planner (benchmarks/fuzz.py and
+tests/planner/test_api_fuzz.py).
 
-``build(kind, seq_len=..., **dims)`` returns ``(model, example_inputs)`` as a MODEL factory does; the
-planner calls factories on the meta device, so nothing here allocates weights there. The kinds
+``build(kind, seq_len=..., **dims)`` returns ``(model, example_inputs)`` as a MODEL factory does;
+the planner calls factories on the meta device, so nothing here allocates weights there. The kinds
 cover the shapes of graph the planner coarsens differently:
 
 - ``mlp``: embedding, a chain of residual MLP layers (a ModuleList), a head: a chain of blocks;
