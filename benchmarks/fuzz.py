@@ -1194,7 +1194,7 @@ def api_case(case: Case) -> Result:
     kw: dict = {}
     bad: list[str] = []
     # the model
-    model, example_inputs, seq_len, edges_of = None, None, None, None
+    model, example_inputs, seq_len = None, None, None
     if form in ("plan", "prepared"):
         m = r.choice(ws.pool)
         model, seq_len = m.spec, m.seq_len

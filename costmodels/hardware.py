@@ -68,6 +68,7 @@ measured, for the Blackwell and MI300X presets.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -270,11 +271,13 @@ def suggest(name: str, choices) -> str:
 
 def _positive(value, where: str) -> float:
     try:
+        if isinstance(value, bool):
+            raise TypeError(value)
         x = float(value)
     except (TypeError, ValueError):
         raise SpecError(f"{where}: expected a positive number, got {value!r}") from None
-    if not x > 0:
-        raise SpecError(f"{where}: expected a positive number, got {value!r}")
+    if not (x > 0 and math.isfinite(x)):
+        raise SpecError(f"{where}: expected a finite positive number, got {value!r}")
     return x
 
 

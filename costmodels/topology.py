@@ -47,6 +47,7 @@ the same conventions for every tier.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -208,7 +209,21 @@ def with_overrides(cluster: Cluster, *, nodes: int | None = None,
         changes["nodes"] = _positive_int(nodes, "nodes")
     if gpus_per_node is not None:
         changes["gpus_per_node"] = _positive_int(gpus_per_node, "gpus_per_node")
-    return replace(cluster, **changes) if changes else cluster
+    resized = replace(cluster, **changes) if changes else cluster
+    _check_size(resized.num_gpus, "nodes")
+    return resized
+
+
+MAX_GPUS = 2 ** 20
+"""The largest cluster accepted (1,048,576 GPUs; today's largest training clusters hold a few
+hundred thousand): beyond it a node count is a typo, and the search would enumerate its divisors
+for minutes."""
+
+
+def _check_size(num_gpus: int, where: str) -> None:
+    if num_gpus > MAX_GPUS:
+        raise SpecError(f"{where}: {num_gpus:,} GPUs in all; the planner takes at most "
+                        f"{MAX_GPUS:,}; check nodes and gpus_per_node")
 
 
 def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
@@ -221,7 +236,7 @@ def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
     for key in ("name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing (see the cluster YAML form in README.md)")
-    return Cluster(
+    cluster = Cluster(
         name=str(spec["name"]),
         device=get_device(spec["device"], f"{where}.device"),
         nodes=_positive_int(spec["nodes"], f"{where}.nodes"),
@@ -230,6 +245,8 @@ def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
         inter_node=link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter"),
         description=str(spec.get("description", "")),
     )
+    _check_size(cluster.num_gpus, f"{where}.nodes")
+    return cluster
 
 
 def link_from_mapping(spec: Mapping, where: str, default_name: str) -> LinkSpec:
@@ -243,7 +260,8 @@ def link_from_mapping(spec: Mapping, where: str, default_name: str) -> LinkSpec:
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing")
     latency = spec["latency_us"]
-    if not isinstance(latency, (int, float)) or latency < 0:
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or \
+            not math.isfinite(latency) or latency < 0:
         raise SpecError(f"{where}.latency_us: expected a number >= 0, got {latency!r}")
     return LinkSpec(
         name=str(spec.get("name", default_name)),
@@ -317,5 +335,6 @@ def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
         built.append(cluster_from_mapping(full, here))
     inter_group = (link_from_mapping(spec["inter_group"], f"{where}.inter_group", "inter-group")
                    if "inter_group" in spec else inter_node)
+    _check_size(sum(g.num_gpus for g in built), f"{where}.groups")
     return HeteroCluster(name=str(spec["name"]), groups=tuple(built), inter_group=inter_group,
                          description=str(spec.get("description", "")))

@@ -49,8 +49,8 @@ def read_yaml(path: str, *, what: str):
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{os.path.basename(path)}: invalid YAML{where}: "
-                        f"{getattr(exc, 'problem', None) or exc}") from None
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise SpecError(f"{os.path.basename(path)}: invalid YAML{where}: {problem}") from None
 
 
 STDOUT = "-"
@@ -72,6 +72,13 @@ def check_output(path: str, what: str) -> None:
         raise SpecError(f"{what}: folder '{folder}' does not exist; create it first")
     if not os.access(folder, os.W_OK):
         raise SpecError(f"{what}: cannot write in folder '{folder}' (permission denied)")
+    try:  # access() trusts the mode bits; some folders (/sys, read-only mounts) still refuse files
+        fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise SpecError(f"{what}: cannot write '{path}': folder '{folder}' refuses new files "
+                        f"({exc.strerror or type(exc).__name__})") from None
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise SpecError(f"{what}: '{path}' is read-only")
 
@@ -107,13 +114,18 @@ def atomic_save(path: str, write) -> None:
         os.umask(umask)
         mode = 0o666 & ~umask
     suffix = os.path.splitext(path)[1] or ".tmp"
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
-    os.close(fd)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
+        os.close(fd)
         write(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as exc:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # the folder refused the file after all (e.g. /sys, a full disk)
+            reason = exc.strerror or type(exc).__name__
+            raise SpecError(f"output: cannot write '{path}' ({reason}); choose another path"
+                            ) from None
         raise

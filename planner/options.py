@@ -206,8 +206,10 @@ def parse_fix(fix) -> dict:
 def _fix_value(key: str, value):
     if key in ("dp", "tp", "pp", "vpp", "micro_batch", "zero"):
         try:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(value)
             v = int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise SpecError(f"fix.{key}: expected an integer, got {value!r}") from None
         if key == "zero" and v not in ZERO_STAGES:
             raise SpecError(f"fix.zero: expected 0, 1, 2 or 3, got {value!r}")

@@ -19,12 +19,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
+from costmodels.hardware import get_device
 from costmodels.engine import engine_from_mapping
 from costmodels.topology import Cluster, HeteroCluster
 from planner import api
 from planner.errors import PlannerError, SpecError
 from planner.explore.costs import add_costs
 from planner.explore.grid import expand, point_cluster
+from planner.inputs.clusters import load_cluster
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, parse_fix
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.report.text import knob
@@ -71,7 +73,15 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
             "optimizer": optimizer, "fix": parse_fix(fix), "engine": engine_from_mapping(engine),
             "top_k": top_k, "time_limit_s": time_limit_s}
+    for value in [cluster] if "cluster" not in vary else vary["cluster"]:
+        load_cluster(value)  # a cluster name or file that does not load is bad input, not a row
+    if "device" in vary:
+        for value in vary["device"]:
+            get_device(value, "vary.device")
     tasks = [_task(i, point, base) for i, point in enumerate(grid)]
+    failed = [t.error for t in tasks if t.error]
+    if failed and len(failed) == len(tasks) and len(set(failed)) == 1:
+        raise SpecError(failed[0])  # the shared settings are wrong, not one point
     keys = sorted({t.trace_key for t in tasks if not t.error}, key=str)
     prepared = {k: api.prepare(model, example_inputs=example_inputs, seq_len=k[0], dtype=k[1])
                 for k in keys}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Mapping
 
 from costmodels.hardware import GB, TERA
@@ -43,45 +44,95 @@ def load_calibration(source) -> dict:
 def apply_calibration(cluster: Cluster, calibration) -> Cluster:
     """The cluster with its device (and intra-node link, if measured) replaced by measurements."""
     data = load_calibration(calibration)
-    dev = data["device"]
+    where = "calibration" if isinstance(calibration, Mapping) else str(calibration)
+    dev = _mapping(data["device"], f"{where}: device")
     busy = data.get("processes")
     if data.get("device_kind") == "cpu" and busy and busy != cluster.gpus_per_node:
-        log.warning("calibration: measured with %d processes at work, the cluster runs %d per "
+        log.warning("calibration: measured with %s processes at work, the cluster runs %d per "
                     "node; CPU processes share caches and memory bandwidth, so re-run `plan "
                     "profile --processes %d` for these speeds", busy, cluster.gpus_per_node,
                     cluster.gpus_per_node)
-    attn = dev["attention_efficiency"]
-    host = dev.get("dtensor") or {}
-    skew = dev.get("gemm_skew") or {}
+
+    def num(d: dict, key: str, default=None, *, positive=False, at="device") -> float:
+        value = d.get(key, default)
+        return _number(value, f"{where}: {at}.{key}", positive=positive)
+
+    attn = _mapping(dev["attention_efficiency"], f"{where}: device.attention_efficiency")
+    host = _mapping(dev.get("dtensor") or {}, f"{where}: device.dtensor")
+    skew = _mapping(dev.get("gemm_skew") or {}, f"{where}: device.gemm_skew")
+    skew_tables = _mapping(skew.get("tables", {}), f"{where}: device.gemm_skew.tables")
     device = dataclasses.replace(
         cluster.device,
         name=f"{cluster.device.name} (calibrated)",
-        peak_flops={dt: float(v) * TERA for dt, v in dev["peak_TFLOPs"].items()},
-        gemm_table={dt: tuple((float(f), float(r)) for f, r in table)
-                    for dt, table in dev["gemm_table"].items()},
-        gemm_skew={dt: {dim: tuple((float(f), float(r)) for f, r in table)
-                        for dim, table in dims.items()}
-                   for dt, dims in skew.get("tables", {}).items()},
-        gemm_skew_aspect=float(skew.get("aspect", 32.0)),
-        hbm_bytes_per_s=float(dev["hbm_GBps"]) * GB,
-        kernel_overhead_s=float(dev["kernel_overhead_us"]) * 1e-6,
-        memory_table=tuple((float(b), float(r)) for b, r in dev.get("memory_table", [])),
-        optimizer_s_per_param=float(dev.get("adamw_s_per_param", 0.0)),
-        dtensor_linear_fwd_s=float(host.get("linear_fwd_us", 0.0)) * 1e-6,
-        dtensor_linear_bwd_s=float(host.get("linear_bwd_us", 0.0)) * 1e-6,
-        dtensor_param_s=float(host.get("param_step_us", 0.0)) * 1e-6,
-        jitter=float(dev.get("jitter", 0.0)),
+        peak_flops={dt: _number(v, f"{where}: device.peak_TFLOPs.{dt}", positive=True) * TERA
+                    for dt, v in _mapping(dev["peak_TFLOPs"],
+                                          f"{where}: device.peak_TFLOPs").items()},
+        gemm_table={dt: _table(table, f"{where}: device.gemm_table.{dt}")
+                    for dt, table in _mapping(dev["gemm_table"],
+                                              f"{where}: device.gemm_table").items()},
+        gemm_skew={dt: {dim: _table(table, f"{where}: device.gemm_skew.tables.{dt}.{dim}")
+                        for dim, table in _mapping(dims, f"{where}: device.gemm_skew.tables.{dt}"
+                                                   ).items()}
+                   for dt, dims in skew_tables.items()},
+        gemm_skew_aspect=num(skew, "aspect", 32.0, positive=True, at="device.gemm_skew"),
+        hbm_bytes_per_s=num(dev, "hbm_GBps", positive=True) * GB,
+        kernel_overhead_s=num(dev, "kernel_overhead_us") * 1e-6,
+        memory_table=_table(dev.get("memory_table", []), f"{where}: device.memory_table",
+                            allow_empty=True),
+        optimizer_s_per_param=num(dev, "adamw_s_per_param", 0.0),
+        dtensor_linear_fwd_s=num(host, "linear_fwd_us", 0.0, at="device.dtensor") * 1e-6,
+        dtensor_linear_bwd_s=num(host, "linear_bwd_us", 0.0, at="device.dtensor") * 1e-6,
+        dtensor_param_s=num(host, "param_step_us", 0.0, at="device.dtensor") * 1e-6,
+        jitter=num(dev, "jitter", 0.0),
         matmul_efficiency=1.0,
         memory_efficiency=1.0,
-        attention_efficiency=min(float(v) for v in attn.values()) if attn else 1.0,
+        attention_efficiency=min(_number(v, f"{where}: device.attention_efficiency.{dt}",
+                                         positive=True)
+                                 for dt, v in attn.items()) if attn else 1.0,
     )
     link = data.get("intra_node")
     intra = cluster.intra_node
     if link:
+        link = _mapping(link, f"{where}: intra_node")
         intra = LinkSpec(name=f"{link.get('backend', 'measured')}", efficiency=1.0,
-                         bandwidth_bytes_per_s=float(link["bandwidth_GBps"]) * GB,
-                         latency_s=float(link["latency_us"]) * 1e-6,
-                         reduce_scatter_factor=float(link.get("reduce_scatter_factor", 1.0)),
-                         allgather_factor=float(link.get("all_gather_factor", 1.0)))
+                         bandwidth_bytes_per_s=num(link, "bandwidth_GBps", positive=True,
+                                                   at="intra_node") * GB,
+                         latency_s=num(link, "latency_us", at="intra_node") * 1e-6,
+                         reduce_scatter_factor=num(link, "reduce_scatter_factor", 1.0,
+                                                   positive=True, at="intra_node"),
+                         allgather_factor=num(link, "all_gather_factor", 1.0, positive=True,
+                                              at="intra_node"))
     return dataclasses.replace(cluster, device=device, intra_node=intra,
                                name=f"{cluster.name}+calibration")
+
+
+FIX = "re-run `plan profile`"
+
+
+def _number(value, where: str, *, positive: bool = False) -> float:
+    """``value`` as a finite, non-negative (or positive) float; SpecError naming ``where``."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (value > 0 if positive else value >= 0))
+    if not ok:
+        raise SpecError(f"{where}: expected a {'positive' if positive else 'non-negative'} number, "
+                        f"got {value!r}; {FIX}")
+    return float(value)
+
+
+def _mapping(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: expected a mapping, got {value!r:.60}; {FIX}")
+    return value
+
+
+def _table(rows, where: str, *, allow_empty: bool = False) -> tuple[tuple[float, float], ...]:
+    """A measured table: a list of [size, rate] pairs of positive numbers."""
+    if not isinstance(rows, list) or not (rows or allow_empty):
+        raise SpecError(f"{where}: expected a list of [size, rate] pairs, got {rows!r:.60}; {FIX}")
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)) or len(row) != 2:
+            raise SpecError(f"{where}[{i}]: expected [size, rate], got {row!r:.60}; {FIX}")
+        out.append((_number(row[0], f"{where}[{i}][0]", positive=True),
+                    _number(row[1], f"{where}[{i}][1]", positive=True)))
+    return tuple(out)

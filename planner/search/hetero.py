@@ -44,7 +44,11 @@ def restrict(options: SearchOptions) -> SearchOptions:
     if fix.get("offload_optimizer"):
         raise SpecError("fix.offload_optimizer: optimizer offload is not priced on clusters with "
                         "device groups; drop it")
-    return dataclasses.replace(options, schedules=GROUP_SCHEDULES, offload=(False,), vpp=(1,))
+    schedules = tuple(s for s in GROUP_SCHEDULES if s in options.schedules)
+    if not schedules:
+        raise SpecError(f"target: {options.target} runs none of the schedules priced on clusters "
+                        f"with device groups ({', '.join(GROUP_SCHEDULES)}); use --target any")
+    return dataclasses.replace(options, schedules=schedules, offload=(False,), vpp=(1,))
 
 
 def group_orders(hc: HeteroCluster, cfg: Config) -> list[list[int]]:

@@ -34,6 +34,7 @@ MICRO_BATCH = "micro batch does not divide the per-replica batch"
 SP_TP = "sequence parallel needs tp > 1"
 VPP_SHAPE = "interleaved needs pp > 1 and vpp > 1"
 VPP_ROUNDS = "interleaved needs micro-batches divisible by pp"
+VPP_SCHEDULE = "vpp > 1 needs the interleaved-1f1b schedule"
 VPP_BLOCKS = "pp x vpp > blocks"
 OFFLOAD_ZERO = "offload needs ZeRO >= 1 (and dp > 1)"
 ZERO_PP = "ZeRO stage not run with pipelines by the target"
@@ -216,6 +217,9 @@ def _vpps(fix: dict, schedule: str, pp: int, m: int, options: SearchOptions,
     """Chunks per rank: 1 unless interleaved, whose micro-batches must fill whole rounds of pp
     (Megatron-LM's requirement) and whose chunks need at least one block each."""
     if schedule != "interleaved-1f1b":
+        if fix.get("vpp", 1) > 1:
+            rejected[VPP_SCHEDULE] += 1
+            return []
         return [1]
     out = []
     for v in _choices(fix, "vpp", list(options.vpp)):

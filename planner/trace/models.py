@@ -97,9 +97,13 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
     model_type = raw.pop("model_type")
     try:
         cfg = AutoConfig.for_model(model_type, **raw)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SpecError(f"{file}: model_type '{model_type}' is not a transformers model type "
-                        f"({str(exc).splitlines()[0][:120]})") from None
+    except Exception as exc:  # noqa: BLE001 - transformers' validation errors have no common base
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        if isinstance(exc, ValueError) and text.startswith("Unrecognized model"):
+            raise SpecError(f"{file}: model_type '{model_type}' is not a transformers model type "
+                            f"({text[:120]})") from None
+        raise SpecError(f"{file}: transformers rejects the config: {text[:200]}; fix the config"
+                        ) from None
     archs = raw.get("architectures") or []
     return _build_hf(None, cfg, archs[0] if archs else "", seq_len or hf.default_seq_len(cfg),
                      dtype, "hf-config")

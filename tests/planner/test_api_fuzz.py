@@ -10,9 +10,7 @@ which runs the same cases by the ten thousand and the `plan` command's as well.
 Bounded for `make test`: small models (built on the meta device), a fixed number of examples and a
 derandomized search, so that every run tests the same cases (about a minute here).
 
-Bugs the fuzzing found that are not fixed yet are listed in KNOWN_BUGS: a random case that hits one
-is set aside (``assume``) and the bug's own minimal case is a strict xfail below, so that fixing it
-turns that test red until its entry and mark are removed.
+Each bug the fuzzing found has its minimal case as a test at the end of this file.
 """
 
 from __future__ import annotations
@@ -21,11 +19,10 @@ import importlib.util
 import json
 import os
 import random
-import re
 import sys
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, event, given, note, settings
+from hypothesis import HealthCheck, Phase, event, given, note, settings
 from hypothesis import strategies as st
 
 import planner
@@ -52,41 +49,6 @@ FUZZ = settings(deadline=None, derandomize=True, database=None, print_blob=False
                 phases=(Phase.explicit, Phase.generate),  # shrinking a seed says nothing
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                        HealthCheck.function_scoped_fixture])
-
-
-# ---- bugs found by the fuzzing, not fixed yet --------------------------------------------------
-
-def _vpp_pin_without_schedule(case: dict) -> bool:
-    fix = case.get("fix") or {}
-    return fix.get("vpp", 1) > 1 and "schedule" not in fix
-
-
-def _config_size_not_an_int(case: dict) -> bool:
-    return any(b in ("string size", "float size") for b in case.get("invalid", ()))
-
-
-def _fractional_pin(case: dict) -> bool:
-    raw = case.get("raw_fix")
-    return isinstance(raw, dict) and any(isinstance(v, float) and v != int(v) for v in raw.values())
-
-
-def _target_on_groups(case: dict) -> bool:
-    return hasattr(case.get("cluster"), "groups") and case.get("target", "any") != "any"
-
-
-KNOWN_BUGS = {
-    "target ignored on device groups": _target_on_groups,
-    "vpp pin ignored": _vpp_pin_without_schedule,
-    "config size not an int": _config_size_not_an_int,
-    "fractional pin truncated": _fractional_pin,
-}
-"""Name -> predicate on a case's inputs (fix: the parsed pins; raw_fix: the pins as given;
-invalid: what fuzz.hf_config made invalid; cluster, target): cases that would fail for that
-bug."""
-
-
-def _known(**case) -> str:
-    return next((name for name, hit in KNOWN_BUGS.items() if hit(case)), "")
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -180,7 +142,6 @@ def test_prepared_models_on_random_clusters_batches_and_pins(pool, seed, name):
     except planner.SpecError:
         assert bad, f"valid pins {fix!r} refused"
         return
-    assume(not _known(fix=parsed, raw_fix=fix, cluster=cluster, target=target))
 
     def call():
         from planner.targets import restrict
@@ -222,7 +183,6 @@ def test_random_hugging_face_configs_plan_or_refuse(seed, tmp_path_factory):
     nodes = r.choice((1, 2, 4))
     fix, bad_fix = fuzz.pins(r, invalid=0.0)
     parsed = parse_fix(fix)
-    assume(not _known(fix=parsed, invalid=bad))
     kw = dict(cluster=name, nodes=nodes, global_batch=fuzz.batch(r), seq_len=seq_len,
               dtype=r.choice(fuzz.DTYPES), fix=fix, target=r.choice(fuzz.TARGET_NAMES))
     note(f"config {cfg}, {kw}, invalid: {bad}")
@@ -253,36 +213,6 @@ def test_random_modules_plan_or_refuse(seed):
                training={"global_batch": kw["global_batch"], "dtype": kw["dtype"]})
 
 
-KNOWN_OUTCOMES = {
-    "non-finite cluster numbers": r"non-finite number in plan|breaks an invariant: step time (inf|nan)",
-    "YAML error of two lines": r"SpecError of several lines: .*invalid YAML",
-}
-"""Name -> regular expression of the outcome a known bug gives, where its trigger is easier told
-from the outcome than from the input."""
-
-
-def _huge_count(spec) -> bool:
-    """Whether a cluster mapping (or its YAML file) holds an integer above 10^9."""
-    if isinstance(spec, str):
-        try:
-            spec = fuzz._yaml_load(spec)
-        except Exception:  # noqa: BLE001 - not YAML: the planner says so
-            return False
-    return any(isinstance(x, int) and not isinstance(x, bool) and x > 10 ** 9
-               for x in _leaves(spec))
-
-
-def _leaves(obj):
-    if isinstance(obj, dict):
-        for v in obj.values():
-            yield from _leaves(v)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _leaves(v)
-    else:
-        yield obj
-
-
 @settings(FUZZ, max_examples=80)
 @given(seed=SEEDS)
 def test_mutated_clusters_are_refused_or_planned(tiny_llama, tmp_path_factory, seed):
@@ -299,7 +229,6 @@ def test_mutated_clusters_are_refused_or_planned(tiny_llama, tmp_path_factory, s
         path.write_bytes(fuzz.mutate_text(r, text) if r.random() < 0.4 else text.encode())
         spec = str(path)
     note(f"cluster {spec!r} ({'; '.join(notes)})")
-    assume(not _huge_count(spec))  # known bug 'huge node count hangs'
     training = planner.TrainingSpec(global_batch=64, seq_len=tiny_llama.seq_len)
 
     def call():
@@ -307,7 +236,6 @@ def test_mutated_clusters_are_refused_or_planned(tiny_llama, tmp_path_factory, s
                                      planner.SearchOptions())
 
     outcome, detail, plan = fuzz.api_outcome(call, [])
-    assume(not any(re.search(rx, detail) for rx in KNOWN_OUTCOMES.values()))
     assert outcome != fuzz.UNEXPECTED, detail
     event(outcome)
     if plan is not None:
@@ -345,14 +273,9 @@ def test_invalid_arguments_raise_spec_error(tiny_llama_config, key, data):
         planner.plan(tiny_llama_config, **kw)
 
 
-# ---- minimal cases of the known bugs (strict xfails: fixing one turns its test red) -------------
+# ---- minimal cases of the bugs the fuzzing found (each fixed) ----------------------------------
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known bug 'vpp pin ignored': --fix vpp=2 without a "
-                   "pinned schedule returns a plan with vpp=1 (planner/search/space.py _vpps "
-                   "returns [1] for the other schedules); remove this mark and the KNOWN_BUGS "
-                   "entry when fixed")
-def test_known_bug_vpp_pin_is_honoured(tiny_llama):
+def test_fuzz_found_vpp_pin_is_honoured(tiny_llama):
     cluster = planner.load_cluster("dgx-a100-80g", nodes=1)
     training = planner.TrainingSpec(global_batch=64, seq_len=tiny_llama.seq_len)
     try:
@@ -363,12 +286,8 @@ def test_known_bug_vpp_pin_is_honoured(tiny_llama):
     assert plan.parallel["vpp"] == 2 and plan.parallel["schedule"] == "interleaved-1f1b"
 
 
-@pytest.mark.xfail(strict=True, reason="known bug 'config size not an int': a config.json with "
-                   "\"hidden_size\": 4.5 (or \"\") raises huggingface_hub's "
-                   "StrictDataclassFieldValidationError instead of SpecError; remove this mark and "
-                   "the KNOWN_BUGS entry when fixed")
 @pytest.mark.parametrize("size", [4.5, ""])
-def test_known_bug_config_size_not_an_int_is_a_spec_error(tmp_path, size):
+def test_fuzz_found_config_size_not_an_int_is_a_spec_error(tmp_path, size):
     cfg = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": size,
            "intermediate_size": 16, "num_attention_heads": 1, "num_key_value_heads": 1,
            "vocab_size": 16, "max_position_embeddings": 32}
@@ -378,20 +297,12 @@ def test_known_bug_config_size_not_an_int_is_a_spec_error(tmp_path, size):
         planner.plan(str(path), cluster="dgx-a100-80g", global_batch=8, cache_dir=None)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug 'fractional pin truncated': fix={'dp': 1.5} is "
-                   "taken as dp=1 (planner/options.py _fix_value calls int(value)); remove this "
-                   "mark and the KNOWN_BUGS entry when fixed")
-def test_known_bug_fractional_pin_is_a_spec_error():
+def test_fuzz_found_fractional_pin_is_a_spec_error():
     with pytest.raises(planner.SpecError):
         parse_fix({"dp": 1.5})
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known bug 'target ignored on device groups': on a "
-                   "cluster with groups, plan(..., target='deepspeed') returns gpipe (the plan or "
-                   "its runners-up), which DeepSpeed does not run; remove this mark and the "
-                   "KNOWN_BUGS entry when fixed")
-def test_known_bug_target_is_kept_on_device_groups(tiny_llama_config):
+def test_fuzz_found_target_is_kept_on_device_groups(tiny_llama_config):
     cluster = {"name": "h", "inter_node": {"bandwidth_GBps": 1.25, "latency_us": 3},
                "groups": [{"name": "g0", "device": "l4", "nodes": 1, "gpus_per_node": 2,
                            "intra_node": {"bandwidth_GBps": 1.25, "latency_us": 0}},
@@ -429,13 +340,8 @@ def plan_file(tmp_path_factory, tiny_llama):
     return path
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known bug 'plan file values unchecked': a plan whose "
-                   "predicted.breakdown.optimizer_s is the string \"5e-06\" passes load_plan, then "
-                   "`plan show` / `plan diff` fail with TypeError / ValueError (exit 1, internal "
-                   "error) instead of exit 2 naming the field; remove this mark when fixed")
 @pytest.mark.parametrize("command", ["show", "diff"])
-def test_known_bug_plan_file_with_a_string_number_is_bad_input(plan_file, tmp_path, command):
+def test_fuzz_found_plan_file_with_a_string_number_is_bad_input(plan_file, tmp_path, command):
     d = json.loads(plan_file.read_text())
     d["predicted"]["breakdown"]["optimizer_s"] = "5e-06"
     bad = tmp_path / "bad.json"
@@ -446,12 +352,7 @@ def test_known_bug_plan_file_with_a_string_number_is_bad_input(plan_file, tmp_pa
     assert code == 2 and last.startswith("plan: error: ") and "optimizer_s" in last, err
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="known bug 'calibration values unchecked': a calibration "
-                   "whose gemm_table row is a number (not [FLOPs, rate]) raises TypeError from "
-                   "planner/inputs/calibration.py apply_calibration instead of SpecError; remove "
-                   "this mark when fixed")
-def test_known_bug_calibration_with_a_bad_table_is_a_spec_error(tiny_llama_config):
+def test_fuzz_found_calibration_with_a_bad_table_is_a_spec_error(tiny_llama_config):
     calib = json.loads(open(fuzz.CALIBRATION).read())
     calib["device"]["gemm_table"]["fp32"][0] = 5.0
     with pytest.raises(planner.SpecError):
@@ -459,23 +360,13 @@ def test_known_bug_calibration_with_a_bad_table_is_a_spec_error(tiny_llama_confi
                      calibration=calib)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known bug 'whatif accepts an unknown cluster': `plan "
-                   "whatif MODEL --cluster h100 --vary nodes=1,2` exits 0 with rows 'infeasible: "
-                   "cluster: unknown cluster' instead of exit 2 before sweeping; remove this mark "
-                   "when fixed")
-def test_known_bug_whatif_with_an_unknown_cluster_is_bad_input(tiny_llama_config):
+def test_fuzz_found_whatif_with_an_unknown_cluster_is_bad_input(tiny_llama_config):
     code, err = _cli("whatif", tiny_llama_config, "--cluster", "h100", "--vary", "nodes=1,2",
                      "--global-batch", "8", "--seq-len", "128", "--workers", "1", "-q")
     assert code == 2, err
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known bug 'YAML error of two lines': a cluster YAML with a "
-                   "control character gives a SpecError whose message has a second line ('  in "
-                   "\"c.yaml\", position N'), so `plan` prints two lines; remove this mark when "
-                   "fixed")
-def test_known_bug_yaml_error_is_one_line(tmp_path, tiny_llama_config):
+def test_fuzz_found_yaml_error_is_one_line(tmp_path, tiny_llama_config):
     path = tmp_path / "c.yaml"
     path.write_bytes(b"name: x\ndevice: a100-80g\x12\nnodes: 1\n")
     with pytest.raises(planner.SpecError) as info:
@@ -486,27 +377,16 @@ def test_known_bug_yaml_error_is_one_line(tmp_path, tiny_llama_config):
 @pytest.mark.skipif(not (os.path.isdir("/sys") and os.access("/sys", os.W_OK)),
                     reason="needs a folder that access() calls writable but that refuses new files "
                            "(/sys, as root)")
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known bug 'write error after the check': `plan export "
-                   "PLAN --to megatron -o /sys/e.sh` (a folder access() calls writable, as root) "
-                   "fails with PermissionError, exit 1 (for solve: after the whole search); an "
-                   "OSError while writing should be exit 2 naming the path; remove this mark when "
-                   "fixed")
-def test_known_bug_unwritable_output_is_bad_input(plan_file):
+def test_fuzz_found_unwritable_output_is_bad_input(plan_file):
     code, err = _cli("export", str(plan_file), "--to", "megatron", "-o", "/sys/fuzz-export.sh")
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("plan: error: ") and "/sys/fuzz-export.sh" in last, err
     assert not [f for f in os.listdir("/sys") if f.startswith(".tmp")]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known bug 'non-finite cluster numbers': a cluster whose bandwidth_GBps, "
-                   "memory_GB, hbm_GBps or peak_TFLOPs is .inf (or latency_us .nan) is accepted, "
-                   "then the plan fails with 'non-finite number in plan' (exit 1); remove this mark "
-                   "when fixed")
 @pytest.mark.parametrize("where", ["intra_node.bandwidth_GBps", "intra_node.latency_us",
                                    "device.memory_GB", "device.hbm_GBps"])
-def test_known_bug_non_finite_cluster_numbers_are_spec_errors(tiny_llama, where):
+def test_fuzz_found_non_finite_cluster_numbers_are_spec_errors(tiny_llama, where):
     spec = {"name": "x", "nodes": 1, "gpus_per_node": 8,
             "device": {"name": "d", "memory_GB": 80, "peak_TFLOPs": {"bf16": 312, "fp32": 19.5},
                        "hbm_GBps": 2039},
@@ -525,11 +405,7 @@ def test_known_bug_non_finite_cluster_numbers_are_spec_errors(tiny_llama, where)
     raise AssertionError(f"{where} = {spec[section][key]} planned")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known bug 'huge node count hangs': a cluster of 10^18 nodes is accepted "
-                   "and the search never ends (planner/search/space.py divisors() tries every "
-                   "number up to the square root of the GPU count); remove this mark when fixed")
-def test_known_bug_huge_node_count_is_refused_quickly(tiny_llama):
+def test_fuzz_found_huge_node_count_is_refused_quickly(tiny_llama):
     import signal
 
     class Slow(Exception):
