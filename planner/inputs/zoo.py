@@ -10,6 +10,33 @@ Sources:
 - bert-large: Devlin et al. 2019 (24 layers, hidden 1024, 16 heads).
 - mixtral-8x7b: Jiang et al. 2024, "Mixtral of Experts", Table 1 (32 layers, dim 4096, 32 heads,
   8 key/value heads, expert hidden 14336, 8 experts, 2 per token, vocabulary 32,000).
+
+Mixtures of experts (README.md, "MODEL", tabulates them; each builds to its published total
+within 0.3%):
+- mixtral-8x22b: the Hugging Face ``Mixtral-8x22B-v0.1`` config.json, as Cerebras modelzoo's
+  params_mixtral_8x22b.yaml transcribes it (56 layers, hidden 6144, 48 heads, 8 key/value heads,
+  expert hidden 16384, 8 experts, 2 per token, context 65,536, RoPE theta 1e6); the
+  vocabulary is the 32,768 of Mixtral-8x22B-Instruct-v0.1 and v0.3 (mistralai/mistral-inference
+  README: v0.3 "is the same as Mixtral-8x22B-v0.1, but has an extended vocabulary of 32768
+  tokens"; the base v0.1 has 32,000). 141B total (mistral.ai, "Cheaper, Better, Faster, Stronger").
+- qwen3-30b-a3b, qwen3-235b-a22b: Qwen3 technical report 2025 (arXiv 2505.09388), Table 2 (48 / 94
+  layers, 32/4 / 64/4 query/key-value heads, 128 experts, 8 per token, no shared expert) and the
+  ``Qwen/Qwen3-30B-A3B`` / ``Qwen/Qwen3-235B-A22B`` config.json (hidden 2048 / 4096, expert hidden
+  768 / 1536, head dim 128, vocabulary 151,936, untied embeddings). 30.5B / 235B total.
+- deepseek-v3: deepseek-ai/DeepSeek-V3 config.json and inference/configs/config_671B.json (61 layers,
+  hidden 7168, 128 heads, multi-head latent attention with q_lora_rank 1536, kv_lora_rank 512,
+  qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128; the first 3 layers dense with FFN 18432,
+  then 256 routed experts of 2048, 8 per token in 8 groups of which 4, plus 1 shared expert of 2048;
+  vocabulary 129,280); DeepSeek-V3 technical report (arXiv 2412.19437), section 4.2. Multi-token
+  prediction is OFF (``num_nextn_predict_layers: 0``): the entry is the 671B main model that the
+  repository's README counts, not the 685B checkpoint that adds the 14B MTP module.
+- gpt-oss-120b: the ``openai/gpt-oss-120b`` config.json and the reference ``ModelConfig`` of
+  openai/gpt-oss (gpt_oss/torch/model.py): 36 layers, hidden 2880, 64 heads of 64, 8 key/value
+  heads, attention biases and sinks, 128 experts of 2880 (biased, clamped SwiGLU), 4 per token,
+  vocabulary 201,088; layers alternate a 128-token sliding window (even layers) and full attention.
+  117B total, 5.1B active (openai/gpt-oss README).
+RoPE context-extension scaling (YaRN) of DeepSeek-V3 and gpt-oss is left out: it changes no shape
+and no FLOP count.
 """
 
 from __future__ import annotations
@@ -48,6 +75,19 @@ def _llama(name: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: 
                     seq_len=8192, description=desc)
 
 
+def _qwen3_moe(name: str, layers: int, hidden: int, ffn: int, expert_ffn: int, heads: int,
+               desc: str) -> ZooEntry:
+    """Qwen3 mixture of experts: every layer routes 8 of 128 experts, 4 key/value heads of 128."""
+    return ZooEntry(name, "qwen3_moe", "Qwen3MoeForCausalLM",
+                    {"num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": ffn,
+                     "moe_intermediate_size": expert_ffn, "num_attention_heads": heads,
+                     "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+                     "num_experts_per_tok": 8, "norm_topk_prob": True, "vocab_size": 151936,
+                     "max_position_embeddings": 40960, "rope_theta": 1e6,
+                     "tie_word_embeddings": False},
+                    seq_len=4096, description=desc)
+
+
 # The ten GPT models of Narayanan et al. (SC'21), Table 1: (name, heads, hidden, layers).
 MEGATRON_GPT = [
     ("gpt-1.7b", 24, 2304, 24), ("gpt-3.6b", 32, 3072, 30), ("gpt-7.5b", 32, 4096, 36),
@@ -73,6 +113,39 @@ ZOO: dict[str, ZooEntry] = {
                   "num_local_experts": 8, "num_experts_per_tok": 2,
                   "max_position_embeddings": 32768, "rope_theta": 1e6, "tie_word_embeddings": False},
                  seq_len=4096, description="Mixtral 8x7B (mixture of experts, 2 of 8 per token)"),
+        ZooEntry("mixtral-8x22b", "mixtral", "MixtralForCausalLM",
+                 {"num_hidden_layers": 56, "hidden_size": 6144, "intermediate_size": 16384,
+                  "num_attention_heads": 48, "num_key_value_heads": 8, "vocab_size": 32768,
+                  "num_local_experts": 8, "num_experts_per_tok": 2,
+                  "max_position_embeddings": 65536, "rope_theta": 1e6, "tie_word_embeddings": False},
+                 seq_len=4096, description="Mixtral 8x22B, 141B (2 of 8 experts per token)"),
+        _qwen3_moe("qwen3-30b-a3b", 48, 2048, 6144, 768, 32, "Qwen3-30B-A3B, 30.5B (8 of 128 "
+                   "experts per token, 3.3B active)"),
+        _qwen3_moe("qwen3-235b-a22b", 94, 4096, 12288, 1536, 64, "Qwen3-235B-A22B, 235B (8 of 128 "
+                   "experts per token, 22B active)"),
+        ZooEntry("deepseek-v3", "deepseek_v3", "DeepseekV3ForCausalLM",
+                 {"num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128,
+                  "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                  "first_k_dense_replace": 3, "intermediate_size": 18432,
+                  "n_routed_experts": 256, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
+                  "moe_intermediate_size": 2048, "n_shared_experts": 1,
+                  "routed_scaling_factor": 2.5, "norm_topk_prob": True, "vocab_size": 129280,
+                  "max_position_embeddings": 163840, "rope_theta": 10000.0,
+                  "tie_word_embeddings": False, "num_nextn_predict_layers": 0},
+                 seq_len=4096, description="DeepSeek-V3, 671B, no multi-token prediction (8 of 256 "
+                 "experts + 1 shared per token, 37B active)"),
+        ZooEntry("gpt-oss-120b", "gpt_oss", "GptOssForCausalLM",
+                 {"num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
+                  "num_key_value_heads": 8, "head_dim": 64, "attention_bias": True,
+                  "intermediate_size": 2880, "num_local_experts": 128, "num_experts_per_tok": 4,
+                  "swiglu_limit": 7.0, "vocab_size": 201088, "sliding_window": 128,
+                  "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                  for i in range(36)],
+                  "max_position_embeddings": 131072, "rope_theta": 150000.0,
+                  "tie_word_embeddings": False},
+                 seq_len=4096, description="gpt-oss-120b, 117B (4 of 128 experts per token, 5.1B "
+                 "active)"),
         ZooEntry("bert-large", "bert", "BertForMaskedLM",
                  {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
                   "intermediate_size": 4096}, seq_len=512, description="BERT-large, 340M"),
