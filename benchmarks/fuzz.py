@@ -85,7 +85,7 @@ PRESETS = ("dgx-a100-80g", "dgx-a100-40g", "dgx-h100", "hgx-h200", "dgx1-v100", 
 DEVICE_PRESETS = ("a100-40g", "a100-80g", "h100", "h200", "v100", "l4", "rtx4090", "cpu")
 from costmodels.memory import RECOMPUTE  # noqa: E402 - after the path is set; no torch here
 from costmodels.pipeline import SCHEDULES  # noqa: E402
-from planner.options import DTYPES, FIX_KEYS, OPTIMIZERS  # noqa: E402
+from planner.options import CP_COMMS, DTYPES, FIX_KEYS, OPTIMIZERS  # noqa: E402
 from planner.targets import TARGETS as TARGET_NAMES  # noqa: E402
 
 SIMULATED_SCHEDULES = SCHEDULES + ("bidirectional",)
@@ -359,6 +359,10 @@ def pins(r, *, invalid: float = 0.1):
             fix[k] = r.choice((1, 1, 2, 2, 4, 8, 3, 16, 5, 64))
         elif k == "vpp":
             fix[k] = r.choice((1, 2, 3, 4))
+        elif k in ("cp", "ep", "etp"):
+            fix[k] = r.choice((1, 1, 2, 4, 8))
+        elif k == "cp_comm":
+            fix[k] = r.choice(CP_COMMS)
         elif k == "schedule":
             fix[k] = r.choice(SCHEDULES)
         elif k == "recompute":
@@ -374,7 +378,9 @@ def pins(r, *, invalid: float = 0.1):
              "micro_batch": r.choice((0, -1, "big")), "schedule": r.choice(("1F1B", "ring", "")),
              "recompute": r.choice(("all", "yes", "")), "zero": r.choice((4, -1, "three")),
              "sequence_parallel": r.choice(("maybe", 2, "")),
-             "offload_optimizer": r.choice(("perhaps", 7))}.get(k, 1)
+             "offload_optimizer": r.choice(("perhaps", 7)), "cp": r.choice((0, -2, 1.5)),
+             "ep": r.choice((0, "x")), "etp": r.choice((-1, 2.5)),
+             "cp_comm": r.choice(("ring", "", "A2A"))}.get(k, 1)
         fix[k] = v
         bad.append(f"fix {k}={v!r}")
     if fix and r.random() < 0.4:
@@ -433,12 +439,15 @@ def _close(a, b) -> bool:
 def _check_plan(d, v, cluster, edges, fix, target, training):
     par, stages, pred = d["parallel"], d["stages"], d["predicted"]
     dp, tp, pp, vpp = par["dp"], par["tp"], par["pp"], par["vpp"]
+    cp, ep, etp = par.get("cp", 1), par.get("ep", 1), par.get("etp", 1)
     mb, nmb = par["micro_batch"], par["num_microbatches"]
     n = cluster.num_gpus if cluster is not None else d["cluster"]["num_gpus"]
     if d["cluster"]["num_gpus"] != n:
         v.append(f"cluster.num_gpus {d['cluster']['num_gpus']} != the cluster's {n}")
-    if dp * tp * pp != n:
-        v.append(f"dp x tp x pp = {dp}x{tp}x{pp} = {dp * tp * pp} != {n} GPUs")
+    if dp * cp * tp * pp != n:
+        v.append(f"dp x cp x tp x pp = {dp}x{cp}x{tp}x{pp} = {dp * cp * tp * pp} != {n} GPUs")
+    if (dp * cp * tp) % (ep * etp):
+        v.append(f"ep x etp = {ep}x{etp} does not divide dp x cp x tp = {dp * cp * tp}")
     if dp * mb * nmb != d["training"]["global_batch"]:
         v.append(f"dp x micro_batch x micro-batches = {dp}x{mb}x{nmb} != global batch "
                  f"{d['training']['global_batch']}")
@@ -451,8 +460,9 @@ def _check_plan(d, v, cluster, edges, fix, target, training):
     by_rank: dict[int, list] = {}
     for s in stages:
         by_rank.setdefault(s["pipeline_rank"], []).append(s)
-        if len(s["ranks"]) != dp * tp:
-            v.append(f"stage {s['index']} has {len(s['ranks'])} ranks, not dp x tp = {dp * tp}")
+        if len(s["ranks"]) != dp * cp * tp:
+            v.append(f"stage {s['index']} has {len(s['ranks'])} ranks, not dp x cp x tp = "
+                     f"{dp * cp * tp}")
     if sorted(by_rank) != list(range(pp)):
         v.append(f"pipeline ranks {sorted(by_rank)} != 0..{pp - 1}")
     seen: list[int] = []
@@ -535,8 +545,8 @@ def _check_plan(d, v, cluster, edges, fix, target, training):
         where = f"runner-up {i + 1}"
         ap = alt["parallel"]
         _check_config(ap, where, v, fix, target)
-        if ap["dp"] * ap["tp"] * ap["pp"] != n:
-            v.append(f"{where}: dp x tp x pp != {n} GPUs")
+        if ap["dp"] * ap.get("cp", 1) * ap["tp"] * ap["pp"] != n:
+            v.append(f"{where}: dp x cp x tp x pp != {n} GPUs")
         if ap["dp"] * ap["micro_batch"] * ap["num_microbatches"] != gb:
             v.append(f"{where}: dp x micro_batch x micro-batches != global batch {gb}")
         if caps_max is not None and alt["peak_memory_bytes"] > caps_max * (1 + REL):
@@ -567,6 +577,12 @@ def _check_config(par: dict, where: str, v: list, fix, target) -> None:
     if par["tp"] > 1 and par["sequence_parallel"] not in eng.sequence_parallel:
         v.append(f"{where}: target {target} does not run sequence_parallel="
                  f"{par['sequence_parallel']}")
+    if par.get("cp", 1) > 1 and par.get("cp_comm") not in eng.cp_comms:
+        v.append(f"{where}: target {target} does not run cp_comm={par.get('cp_comm')}")
+    if par.get("ep", 1) > 1 and not eng.expert_parallel:
+        v.append(f"{where}: target {target} runs no expert parallelism")
+    if par.get("etp", 1) > 1 and not eng.expert_tensor_parallel:
+        v.append(f"{where}: target {target} does not split experts' matrices")
 
 
 def _check_schedule(d, v, by_rank, pp, vpp, nmb):

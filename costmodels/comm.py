@@ -105,3 +105,19 @@ def _half_collective_s(ring, nbytes, group: GroupShape, cluster: Cluster, count=
     inter = ring(nbytes / g, group.nodes, cluster.inter_node, count)
     intra = ring(nbytes, g, cluster.intra_node, count)
     return inter + intra
+
+
+def alltoall_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
+    """All-to-all on a placed group, each rank holding ``nbytes`` and sending an equal share to
+    every member: the shares for members on its own node cross the intra-node tier, the others
+    the inter-node tier (every GPU driving its own share of the NICs), both at once."""
+    n, g = group.size, min(group.per_node, group.size)
+    if n <= 1:
+        return 0.0 * nbytes
+    intra = cluster.intra_node
+    t = count * intra.latency_s + nbytes * (g - 1) / n / intra.effective_bytes_per_s
+    if g >= n:
+        return t
+    inter = cluster.inter_node
+    across = count * inter.latency_s + nbytes * (n - g) / n / inter.effective_bytes_per_s
+    return t + (across - t) * (across > t)  # the larger of the two; numpy arrays too

@@ -56,6 +56,12 @@ class BlockTime:
     fwd_s: float
     bwd_s: float
     recompute_s: float
+    attn_fwd_s: float = 0.0
+    """The part of ``fwd_s`` in attention cores (what context parallelism's ring hides K/V
+    exchange behind)."""
+    attn_bwd_s: float = 0.0
+    expert_s: float = 0.0
+    """Forward + backward seconds of the routed experts' GEMMs."""
 
     @property
     def total_s(self) -> float:
@@ -115,13 +121,44 @@ def shaped_rate(device: DeviceSpec, dtype: str, flops: float, m: float, n: float
     return math.exp((1 - w) * math.log(square) + w * math.log(measured_rate(skew[long], flops)))
 
 
-def split_gemm(g: Gemm, *, micro_batch: int, tp: int, sp: bool) -> tuple[float, float, float, float]:
-    """(batch, m, n, k) one GPU runs for this GEMM."""
+@dataclass(frozen=True, kw_only=True)
+class Experts:
+    """How a rank runs the routed experts: ``ep`` ranks share them, ``etp`` splits their
+    matrices, ``load`` is the busiest rank's token copies relative to the mean
+    (costmodels.engine.expert_load), ``grouped``: one grouped GEMM for the local experts."""
+
+    ep: int = 1
+    etp: int = 1
+    load: float = 1.0
+    grouped: bool = True
+
+
+DENSE = Experts()
+
+
+def split_gemm(g: Gemm, *, micro_batch: float, tp: int, sp: bool,
+               experts: Experts = DENSE) -> tuple[float, float, float, float]:
+    """(batch, m, n, k) one GPU runs for this GEMM. ``micro_batch`` may be a fraction of a
+    sample (a context-parallel rank's share of the sequence).
+
+    A routed-expert GEMM runs on this rank's token copies: its own tokens (MoE layers with tensor
+    parallelism run sequence-parallel, so the tp ranks hold 1/tp of them each, as Megatron-Core
+    requires), times the load, gathered over the etp group, regrouped over the E/ep local experts;
+    etp splits the matrices."""
     batch, m, n, k = g.batch, g.m, g.n, g.k
     if g.linear:
         m *= micro_batch
     else:
         batch *= micro_batch
+    if g.experts:
+        local = g.experts / experts.ep
+        copies = batch * m / tp * experts.load * experts.etp
+        batch, m = local, copies / local
+        if g.split == SPLIT_N:
+            n /= experts.etp
+        elif g.split == SPLIT_K:
+            k /= experts.etp
+        return batch, m, n, k
     if g.split == SPLIT_N:
         n /= tp
     elif g.split == SPLIT_K:
@@ -133,32 +170,40 @@ def split_gemm(g: Gemm, *, micro_batch: int, tp: int, sp: bool) -> tuple[float, 
     return batch, m, n, k
 
 
-def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: int, tp: int,
-                 sp: bool, fused_attention: bool = False) -> tuple[float, float, float, float]:
-    """(forward, backward, attention-matmul forward, fused-away attention FLOPs) of a block's
-    GEMMs. The backward runs the gradient GEMMs the operands need: the input gradient
-    (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n). With ``fused_attention`` the
-    GEMMs of eager attention cores are left out and their forward FLOPs returned instead."""
-    fwd = bwd = attn = fused = 0.0
+def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, tp: int,
+                 sp: bool, fused_attention: bool = False, experts: Experts = DENSE
+                 ) -> tuple[float, float, float, float, float]:
+    """(forward, backward, attention-matmul forward, fused-away attention FLOPs, routed-expert
+    forward + backward) of a block's GEMMs. The backward runs the gradient GEMMs the operands
+    need: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n). With
+    ``fused_attention`` the GEMMs of eager attention cores are left out and their forward FLOPs
+    returned instead. Local experts run as one grouped GEMM (a batch of per-expert products,
+    whose waves the experts share) or, without grouping, one GEMM per expert."""
+    fwd = bwd = attn = fused = expert = 0.0
     for g in gemms:
-        b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp)
+        b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         if g.attention and fused_attention:
             fused += 2.0 * b * m * n * k
             continue
         gd = precision.gemm_dtype(dtype, g.linear)
-        f = gemm_time_s(b, m, n, k, device, gd)
-        fwd += f
+        calls, b1 = (b, 1.0) if g.experts and not experts.grouped else (1.0, b)
+        f = calls * gemm_time_s(b1, m, n, k, device, gd)
+        back = 0.0
         if g.grad_a:
-            bwd += gemm_time_s(b, m, k, n, device, gd)
+            back += calls * gemm_time_s(b1, m, k, n, device, gd)
         if g.grad_b:
-            bwd += gemm_time_s(b, k, n, m, device, gd)
+            back += calls * gemm_time_s(b1, k, n, m, device, gd)
+        fwd += f
+        bwd += back
         if not g.linear:
             attn += f
-    return fwd, bwd, attn, fused
+        if g.experts:
+            expert += f + back
+    return fwd, bwd, attn, fused, expert
 
 
-def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: int, tp: int,
-               sp: bool) -> tuple[float, float]:
+def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp: int,
+               sp: bool, experts: Experts = DENSE) -> tuple[float, float]:
     """(forward, backward) seconds quantizing the activation inputs of FP8 weight GEMMs and, in
     backward, their output gradients (costmodels.precision)."""
     per_element = precision.cast_bytes(recipe)
@@ -166,7 +211,7 @@ def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: int, tp: 
     for g in gemms:
         if not g.linear:
             continue
-        b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp)
+        b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         fwd += b * m * k * per_element
         if g.grad_a or g.grad_b:
             bwd += b * m * n * per_element
@@ -226,12 +271,17 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
 
 
 def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: int, tp: int,
-               sp: bool, recompute: str, engine: EngineSpec = EngineSpec()) -> BlockTime:
-    """Forward, backward and recomputation seconds of one block for one micro-batch."""
+               sp: bool, recompute: str, engine: EngineSpec = EngineSpec(), cp: int = 1,
+               experts: Experts = DENSE) -> BlockTime:
+    """Forward, backward and recomputation seconds of one block for one micro-batch on one GPU.
+    With context parallelism (``cp``) the GPU holds 1/cp of every sample's tokens, balanced so
+    that its share of causal attention is 1/cp too: every per-sample figure scales by 1/cp."""
     flash = engine.attention == "flash"
     core = precision.core_dtype(dtype)  # attention, norms and element-wise stay 16-bit under fp8
-    gemm_f, gemm_b, gemm_attn, eager_flops = gemms_time_s(
-        work.gemms, device, dtype, micro_batch=micro_batch, tp=tp, sp=sp, fused_attention=flash)
+    micro_batch = micro_batch / cp
+    gemm_f, gemm_b, gemm_attn, eager_flops, expert_s = gemms_time_s(
+        work.gemms, device, dtype, micro_batch=micro_batch, tp=tp, sp=sp, fused_attention=flash,
+        experts=experts)
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
     if eager_flops:  # eager attention cores, run as fused kernels
         eager_f = eager_flops / (device.peak(core) * device.attention_efficiency)
@@ -241,7 +291,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f
     if dtype == "fp8":
         cast_f, cast_b = fp8_cast_s(work.gemms, device, engine.fp8_recipe,
-                                    micro_batch=micro_batch, tp=tp, sp=sp)
+                                    micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         fwd_s, bwd_s = fwd_s + cast_f, bwd_s + cast_b
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
@@ -254,7 +304,8 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         recompute_s = (gemm_f - gemm_attn) * work.op_recompute_gemm_share + mem_f
     else:
         recompute_s = 0.0
-    return BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=recompute_s)
+    return BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=recompute_s,
+                     attn_fwd_s=attn_f + gemm_attn, attn_bwd_s=attn_b, expert_s=expert_s)
 
 
 def optimizer_step_s(params: float, device: DeviceSpec, *, traffic_bytes_per_param: float,

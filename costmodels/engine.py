@@ -18,6 +18,7 @@ from costmodels.specs import parse_pairs
 
 ATTENTION = ("flash", "materialized")
 KERNELS = ("fused", "eager")
+DISPATCHERS = ("alltoall", "allgather")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +52,38 @@ class EngineSpec:
     (amax history), ``current`` (the tensor's own amax, an extra read: Megatron-Core's FP8-CS) or
     ``block`` (MXFP8 32-element blocks on Blackwell, row- and column-wise copies)."""
 
+    moe_dispatcher: str = "alltoall"
+    """How routed tokens reach their experts' ranks: ``alltoall`` (each rank sends every token
+    copy to the rank of its expert, and back; Megatron-Core's default) or ``allgather`` (every rank
+    gathers all tokens of the expert-parallel group and keeps those of its experts; the combine
+    is a reduce-scatter)."""
+    moe_imbalance: float = 1.0
+    """Token copies on the busiest expert rank relative to the mean: the expert GEMMs, and the
+    dispatch, wait for it. 1.0 models balanced routing, as the published Megatron-Core MoE
+    benchmarks force it (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md: "force-balanced
+    routing, token-dropless"); real routing is less even (set e.g. 1.2)."""
+    moe_capacity_factor: float = 0.0
+    """Tokens an expert accepts, relative to the mean (GShard, Lepikhin et al. 2020); tokens
+    beyond it are dropped, so the busiest rank computes at most this much. 0: dropless."""
+    moe_grouped_gemm: bool = True
+    """The local experts run as one grouped GEMM (Megatron's --moe-grouped-gemm); False: one GEMM
+    per expert, each with its own launch."""
+    moe_overlap: bool = False
+    """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
+    --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
+
     def __post_init__(self):
+        if self.moe_dispatcher not in DISPATCHERS:
+            raise SpecError(f"engine.moe_dispatcher: expected {' or '.join(DISPATCHERS)}, got "
+                            f"{self.moe_dispatcher!r}")
+        for key, low in (("moe_imbalance", 1.0), ("moe_capacity_factor", 0.0)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not value >= low or value == float("inf"):
+                raise SpecError(f"engine.{key}: expected a number >= {low:g}, got {value!r}")
+        if 0 < self.moe_capacity_factor < 1:
+            raise SpecError("engine.moe_capacity_factor: expected 0 (dropless) or >= 1, got "
+                            f"{self.moe_capacity_factor!r}")
         if self.fp8_recipe not in FP8_RECIPES:
             raise SpecError(f"engine.fp8_recipe: expected one of {', '.join(FP8_RECIPES)}, got "
                             f"{self.fp8_recipe!r}")
@@ -121,10 +153,24 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     if unknown:
         raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; choose from {sorted(names)}")
     kw = {**base, **dict(spec)}
-    for key in ("overlap_grad_reduce", "fsdp_copies"):
+    for key in ("overlap_grad_reduce", "fsdp_copies", "moe_grouped_gemm", "moe_overlap"):
         if key in kw and not isinstance(kw[key], bool):
             text = str(kw[key]).lower()
             if text not in ("true", "false", "1", "0", "yes", "no"):
                 raise SpecError(f"engine.{key}: expected true or false, got {text!r}")
             kw[key] = text in ("true", "1", "yes")
+    for key in ("moe_imbalance", "moe_capacity_factor"):
+        if key in kw and isinstance(kw[key], str):
+            try:
+                kw[key] = float(kw[key])
+            except ValueError:
+                raise SpecError(f"engine.{key}: expected a number, got {kw[key]!r}") from None
     return EngineSpec(**kw)
+
+
+def expert_load(engine: EngineSpec) -> float:
+    """Token copies the busiest expert rank computes, relative to the mean: the routing
+    imbalance, capped by the capacity factor when tokens are dropped."""
+    if engine.moe_capacity_factor:
+        return min(engine.moe_imbalance, engine.moe_capacity_factor)
+    return engine.moe_imbalance

@@ -68,7 +68,6 @@ measured, for the Blackwell and MI300X presets.
 from __future__ import annotations
 
 import difflib
-import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -269,6 +268,11 @@ def suggest(name: str, choices) -> str:
     return "; choose one of " + ", ".join(sorted(choices))
 
 
+LARGEST = 1e9
+"""The largest number a device or link figure may take in its unit (GB, TFLOP/s, GB/s, us):
+far beyond any hardware, and small enough that every product the cost model forms stays finite."""
+
+
 def _positive(value, where: str) -> float:
     try:
         if isinstance(value, bool):
@@ -276,8 +280,8 @@ def _positive(value, where: str) -> float:
         x = float(value)
     except (TypeError, ValueError):
         raise SpecError(f"{where}: expected a positive number, got {value!r}") from None
-    if not (x > 0 and math.isfinite(x)):
-        raise SpecError(f"{where}: expected a finite positive number, got {value!r}")
+    if not (0 < x <= LARGEST):
+        raise SpecError(f"{where}: expected a positive number up to {LARGEST:g}, got {value!r}")
     return x
 
 

@@ -15,6 +15,7 @@ layer input (``2 s b h``, divided by t under sequence parallelism).
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, get_args
 
 from costmodels.errors import SpecError
@@ -85,6 +86,7 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int,
                           offload: bool = False, layout: str = "zero") -> float:
     """Model-state bytes per local parameter (weights + grads + optimizer) after ZeRO sharding."""

@@ -47,13 +47,12 @@ the same conventions for every tier.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Mapping
 
 from costmodels.errors import SpecError
-from costmodels.hardware import (DEVICES, GB, TERA, DeviceSpec, _fraction, _positive, get_device,
-                                 suggest)
+from costmodels.hardware import (DEVICES, GB, LARGEST, TERA, DeviceSpec, _fraction, _positive,
+                                 get_device, suggest)
 
 US = 1e-6
 
@@ -261,8 +260,9 @@ def link_from_mapping(spec: Mapping, where: str, default_name: str) -> LinkSpec:
             raise SpecError(f"{where}.{key}: missing")
     latency = spec["latency_us"]
     if isinstance(latency, bool) or not isinstance(latency, (int, float)) or \
-            not math.isfinite(latency) or latency < 0:
-        raise SpecError(f"{where}.latency_us: expected a number >= 0, got {latency!r}")
+            not 0 <= latency <= LARGEST:
+        raise SpecError(f"{where}.latency_us: expected a number from 0 to {LARGEST:g}, got "
+                        f"{latency!r}")
     return LinkSpec(
         name=str(spec.get("name", default_name)),
         bandwidth_bytes_per_s=_positive(spec["bandwidth_GBps"], f"{where}.bandwidth_GBps") * GB,

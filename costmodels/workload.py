@@ -41,6 +41,11 @@ class Gemm:
     attention: bool = False
     """A GEMM of an unfused attention core (QK^T or scores x V, traced from eager code): priced
     as it runs with materialized attention, as part of a fused kernel with flash attention."""
+    experts: int = 0
+    """Routed experts of a Mixture-of-Experts GEMM (one matrix per expert, each routed token copy
+    meeting its own expert's): ``m`` counts the token copies of one sample (tokens x top-k), split
+    over the experts; expert parallelism places the experts, and ``etp`` (not ``tp``) splits
+    the matrices (``split`` says how). 0 for every other GEMM."""
 
     @property
     def flops(self) -> float:
@@ -156,6 +161,27 @@ class BlockWork:
     """Parameter tensors tensor parallelism splits."""
     param_tensors_rep: int = 0
     """Parameter tensors repeated on every tensor-parallel rank."""
+    expert_params: float = 0.0
+    """Parameters of routed experts (count, all experts; part of ``params_rep``): expert
+    parallelism shards them over ep x etp ranks instead of tp."""
+    expert_flops: float = 0.0
+    """Forward FLOPs of routed-expert GEMMs (part of ``mm_flops_rep``; the work the routed token
+    copies do, not the experts' whole matrices)."""
+    num_experts: float = 0.0
+    """Routed experts of the block's Mixture-of-Experts layer (0: none)."""
+    routed_tokens: float = 0.0
+    """Token copies one sample sends to experts (tokens x top-k, summed over MoE layers)."""
+    dispatch_bytes: float = 0.0
+    """Bytes of the hidden states those copies carry (dispatch; combine returns as many)."""
+    attn_kv_bytes: float = 0.0
+    """Bytes of the keys and values entering the block's fused attention (one sample, all heads):
+    what context parallelism exchanges."""
+    attn_q_bytes: float = 0.0
+    """Bytes of the queries (one sample, all heads); the attention output is as large."""
+    attn_heads_q: float = 0.0
+    """Query heads of the block's attention (the fewest of its calls; 0: no attention)."""
+    attn_heads_kv: float = 0.0
+    """Key/value heads of the block's attention (the fewest of its calls)."""
     gemms: tuple = ()
     """The forward GEMMs (``Gemm``), for shape-dependent efficiency."""
 
@@ -176,14 +202,15 @@ class BlockWork:
     def to_dict(self) -> dict:
         d = {f: getattr(self, f) for f in WORK_FIELDS}
         d["gemms"] = [[g.batch, g.m, g.n, g.k, g.split, int(g.linear), int(g.grad_a),
-                       int(g.grad_b), int(g.attention)] for g in self.gemms]
+                       int(g.grad_b), int(g.attention), g.experts] for g in self.gemms]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "BlockWork":
         gemms = tuple(Gemm(batch=b, m=m, n=n, k=k, split=int(s), linear=bool(lin),
-                           grad_a=bool(ga), grad_b=bool(gb), attention=bool(at))
-                      for b, m, n, k, s, lin, ga, gb, at in d.get("gemms", []))
+                           grad_a=bool(ga), grad_b=bool(gb), attention=bool(at),
+                           experts=int(rest[0]) if rest else 0)
+                      for b, m, n, k, s, lin, ga, gb, at, *rest in d.get("gemms", []))
         return cls(gemms=gemms, **{f: d[f] for f in WORK_FIELDS if f in d})
 
 

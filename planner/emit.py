@@ -47,6 +47,9 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
             "recompute_s": st.recompute_s, "tp_comm_s": st.tp_comm_s, "p2p_s": st.p2p_s,
             "params": st.params, "in_flight_microbatches": st.in_flight,
             "activation_bytes_per_microbatch": st.act_bytes, "memory_bytes": st.memory,
+            **({"cp_comm_s": st.cp_comm_s} if cfg.cp > 1 else {}),
+            **({"ep_comm_s": st.ep_comm_s, "expert_params": st.expert_params}
+               if cfg.ep * cfg.etp > 1 else {}),
         },
     } for st in best.stages]
     parallel = {k: v for k, v in cfg.to_dict().items()}

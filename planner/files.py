@@ -72,6 +72,13 @@ def check_output(path: str, what: str) -> None:
         raise SpecError(f"{what}: folder '{folder}' does not exist; create it first")
     if not os.access(folder, os.W_OK):
         raise SpecError(f"{what}: cannot write in folder '{folder}' (permission denied)")
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a name too long, a loop of links
+        raise SpecError(f"{what}: cannot use '{path[:80]}{'...' if len(path) > 80 else ''}' "
+                        f"({exc.strerror or type(exc).__name__}); choose another name") from None
     try:  # access() trusts the mode bits; some folders (/sys, read-only mounts) still refuse files
         fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=folder)
         os.close(fd)

@@ -23,18 +23,25 @@ ZERO_STAGES: tuple[int, ...] = get_args(ZeroStage)
 Placement = Literal["tp-pp-dp", "tp-dp-pp"]
 """Order of the mesh dimensions over ranks (planner.search.placement)."""
 PLACEMENTS: tuple[str, ...] = get_args(Placement)
+CpComm = Literal["p2p", "allgather", "a2a", "a2a+p2p"]
+"""How context parallelism exchanges keys and values (costmodels.context): a ring of
+point-to-point sends overlapped with attention (Liu et al., Ring Attention, 2023; Megatron-Core's
+default), an all-gather of K/V (the Llama 3 paper, Dubey et al. 2024, §3.3.2), all-to-all over
+heads (Jacobs et al., DeepSpeed-Ulysses, 2023), or all-to-all inside a node and a ring across."""
+CP_COMMS: tuple[str, ...] = get_args(CpComm)
 TraceMethod = Literal["auto", "fx", "export"]
 """auto: torch.export (the ATen graph), then torch.fx."""
 TRACE_METHODS: tuple[str, ...] = get_args(TraceMethod)
-FIX_KEYS = ("dp", "tp", "pp", "vpp", "micro_batch", "schedule", "recompute", "zero",
-            "sequence_parallel", "offload_optimizer")
+FIX_KEYS = ("dp", "tp", "pp", "vpp", "cp", "cp_comm", "ep", "etp", "micro_batch", "schedule",
+            "recompute", "zero", "sequence_parallel", "offload_optimizer")
 """Knobs a person may pin (--fix)."""
 MAX_MICROBATCHES = 16384
 """Most micro-batches per step and replica a plan may have: its schedule lists every one for every
 pipeline rank, and the simulator steps through each (gradient accumulation beyond this is not a
 plan people run; take larger micro-batches or more replicas)."""
-KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "num_microbatches", "schedule", "recompute",
-         "zero", "sequence_parallel", "offload_optimizer", "placement")
+KNOBS = ("dp", "tp", "pp", "vpp", "cp", "cp_comm", "ep", "etp", "micro_batch",
+         "num_microbatches", "schedule", "recompute", "zero", "sequence_parallel",
+         "offload_optimizer", "placement")
 """Every field of a Config, in the order people read them (plan diffs, sweep columns)."""
 
 
@@ -91,6 +98,15 @@ class SearchOptions:
     """Whether to consider keeping optimizer states in host memory (ZeRO-Offload)."""
     sequence_parallel: tuple[bool, ...] = (False, True)
     """With tensor parallelism: sequence parallelism off and/or on."""
+    cp_comms: tuple[CpComm, ...] = CP_COMMS
+    """Forms of context-parallel K/V exchange to consider (with cp > 1)."""
+    cp_min_tokens: int = 1024
+    """The search tries context parallelism only while each cp rank keeps at least this many
+    tokens of a sequence (a pinned cp is priced however short its chunks)."""
+    expert_parallel: bool = True
+    """Whether routed experts may be spread over ranks (ep > 1)."""
+    expert_tensor_parallel: bool = True
+    """Whether the experts' matrices may be split over the tp ranks (etp = tp > 1)."""
     target: str = "any"
     """The engine the plan is for (planner.targets): ``any`` prices every configuration."""
     memory_reserve_fraction: float = 0.05
@@ -143,6 +159,22 @@ class Config:
     """Optimizer states and step in host memory (ZeRO-Offload)."""
     placement: Placement = "tp-pp-dp"
     """Order of the mesh dimensions over consecutive ranks, innermost first."""
+    cp: int = 1
+    """Context-parallel degree: each sample's sequence split over cp ranks (2 cp chunks, so that
+    causal attention's work is balanced); dp x cp x tp x pp = GPUs."""
+    cp_comm: CpComm = "p2p"
+    """How the cp ranks exchange keys and values (CP_COMMS); meaningful when cp > 1."""
+    ep: int = 1
+    """Expert-parallel degree: the routed experts spread over ep ranks drawn from the tp x cp x dp
+    ranks (Megatron-Core's parallel folding); 1 for dense models."""
+    etp: int = 1
+    """Tensor-parallel degree of the experts' matrices (may differ from tp). The expert
+    data-parallel degree follows: tp x cp x dp / (ep x etp)."""
+
+    @property
+    def edp(self) -> int:
+        """Replicas of each expert (the group reducing the experts' gradients)."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.etp))
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -151,7 +183,9 @@ class Config:
         sp = "+sp" if self.sequence_parallel else ""
         v = f"x{self.vpp}" if self.vpp > 1 else ""
         off = "+offload" if self.offload_optimizer else ""
-        return (f"dp={self.dp} tp={self.tp}{sp} pp={self.pp}{v} mb={self.micro_batch}x"
+        cp = f" cp={self.cp}({self.cp_comm})" if self.cp > 1 else ""
+        ep = f" ep={self.ep}" + (f" etp={self.etp}" if self.etp > 1 else "") if self.ep > 1 else ""
+        return (f"dp={self.dp} tp={self.tp}{sp} pp={self.pp}{v}{cp}{ep} mb={self.micro_batch}x"
                 f"{self.num_microbatches} {self.schedule} rc={self.recompute} zero={self.zero}{off}")
 
     def with_(self, **kw) -> "Config":
@@ -204,7 +238,7 @@ def parse_fix(fix) -> dict:
 
 
 def _fix_value(key: str, value):
-    if key in ("dp", "tp", "pp", "vpp", "micro_batch", "zero"):
+    if key in ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch", "zero"):
         try:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError(value)
@@ -219,6 +253,10 @@ def _fix_value(key: str, value):
     if key == "schedule":
         if str(value) not in SCHEDULES:
             raise SpecError(f"fix.schedule: unknown schedule '{value}'; choose {', '.join(SCHEDULES)}")
+        return str(value)
+    if key == "cp_comm":
+        if str(value) not in CP_COMMS:
+            raise SpecError(f"fix.cp_comm: unknown form '{value}'; choose {', '.join(CP_COMMS)}")
         return str(value)
     if key == "recompute":
         if str(value) not in RECOMPUTE:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from costmodels.pipeline import SCHEDULES, Schedule
 from planner.errors import SpecError
-from planner.options import ZERO_STAGES, SearchOptions
+from planner.options import CP_COMMS, ZERO_STAGES, SearchOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +36,12 @@ class Engine:
     recompute: tuple[str, ...] = ("none", "selective", "full")
     """Activation recomputation policies the search tries (costmodels.memory.RECOMPUTE; with
     ``any`` a pin may name any of them)."""
+    cp_comms: tuple[str, ...] = CP_COMMS
+    """Context-parallel K/V exchanges it runs (empty: no context parallelism)."""
+    expert_parallel: bool = True
+    """Routed experts spread over ranks (ep > 1)."""
+    expert_tensor_parallel: bool = True
+    """Experts' matrices split over the tp ranks (etp = tp > 1)."""
 
 
 ENGINES: dict[str, Engine] = {
@@ -45,7 +51,8 @@ ENGINES: dict[str, Engine] = {
     # the device.
     "torch": Engine(name="torch", version="2.13",
                     schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
-                    offload=False, sequence_parallel=(False,)),
+                    offload=False, sequence_parallel=(False,), cp_comms=("p2p",),
+                    expert_tensor_parallel=False),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs
@@ -55,15 +62,21 @@ ENGINES: dict[str, Engine] = {
     "torchtitan": Engine(name="torchtitan", version="0.2.2",
                          schedules=("gpipe", "1f1b", "interleaved-1f1b"),
                          zero=(0, 2, 3), zero_with_pp=(2, 3), offload=False,
-                         sequence_parallel=(True,), recompute=("none", "full", "op")),
+                         sequence_parallel=(True,), recompute=("none", "full", "op"),
+                         # context parallelism through torch's context_parallel: its ring
+                         # rotates K/V by all-gather or by all-to-all (p2p-like) steps
+                         cp_comms=("p2p", "allgather")),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
     "megatron": Engine(name="megatron", version="core_v0.19.0",
                        schedules=("1f1b", "interleaved-1f1b")),
     # DeepSpeed: its pipeline engine runs one 1F1B-like schedule and only ZeRO 0-1 with it;
     # no Megatron-style sequence parallelism in the engine itself.
+    # its MoE layer spreads experts over ep ranks (experts' data parallelism follows) without
+    # splitting their matrices; its sequence parallelism is Ulysses (all-to-all over heads).
     "deepspeed": Engine(name="deepspeed", version="0.19.8", schedules=("1f1b",),
-                        zero_with_pp=(0, 1), sequence_parallel=(False,)),
+                        zero_with_pp=(0, 1), sequence_parallel=(False,), cp_comms=("a2a",),
+                        expert_tensor_parallel=False),
 }
 TARGETS: tuple[str, ...] = tuple(ENGINES)
 
@@ -96,7 +109,20 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
     if target != "any" and "recompute" in fix and fix["recompute"] not in eng.recompute:
         raise SpecError(f"fix.recompute: {target} does not offer {fix['recompute']} "
                         f"recomputation; it offers {', '.join(eng.recompute)}")
+    if int(fix.get("cp", 1)) > 1 and not eng.cp_comms:
+        raise SpecError(f"fix.cp: {target} runs no context parallelism")
+    if "cp_comm" in fix and int(fix.get("cp", 2)) > 1 and fix["cp_comm"] not in eng.cp_comms:
+        raise SpecError(f"fix.cp_comm: {target} does not exchange K/V by {fix['cp_comm']}; it "
+                        f"offers {', '.join(eng.cp_comms)}")
+    if int(fix.get("ep", 1)) > 1 and not eng.expert_parallel:
+        raise SpecError(f"fix.ep: {target} runs no expert parallelism")
+    if int(fix.get("etp", 1)) > 1 and not eng.expert_tensor_parallel:
+        raise SpecError(f"fix.etp: {target} does not split experts' matrices (pin etp=1)")
     return replace(options, target=target, recompute=eng.recompute,
+                   cp_comms=tuple(c for c in options.cp_comms if c in eng.cp_comms),
+                   expert_parallel=options.expert_parallel and eng.expert_parallel,
+                   expert_tensor_parallel=(options.expert_tensor_parallel
+                                           and eng.expert_tensor_parallel),
                    schedules=tuple(s for s in options.schedules if s in eng.schedules),
                    zero=tuple(z for z in options.zero if z in eng.zero),
                    zero_with_pp=tuple(z for z in options.zero_with_pp if z in eng.zero_with_pp),

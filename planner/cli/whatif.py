@@ -10,6 +10,7 @@ from planner.cli.progress import Bar
 from planner.explore.costs import parse_prices
 from planner.explore.csv_rows import write_csv
 from planner.explore.grid import VARY_KEYS, parse_vary
+from planner.errors import SpecError
 from planner.options import DTYPES, OPTIMIZERS
 from planner.files import check_output
 from planner.report.figure import check_path
@@ -73,6 +74,9 @@ def run(args) -> int:
     logging.getLogger("planner").info("swept %d points in %.1f s", len(rows),
                                       time.perf_counter() - t0)
     print(sweep_table(rows))
+    if args.plot and not any(r["feasible"] for r in rows):  # before any file is written
+        raise SpecError("plot: no feasible point to draw (the table says why each failed); drop "
+                        "--plot or change the grid")
     if args.csv:
         write_csv(rows, args.csv)
         print(f"\nwrote {args.csv}")

@@ -18,7 +18,7 @@ from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, parse_fi
 from planner.planfile.document import Plan
 from planner.report.compare import stage_blocks
 from planner.report.text import pins_text
-from planner.search.costs import ModelArrays, block_costs, capacity_bytes
+from planner.search.costs import ModelArrays, capacity_bytes, config_costs
 from planner.search.loop import SearchResult, search
 from planner.search.pricing import price
 from planner.search.refine import simulated
@@ -160,8 +160,7 @@ def hypothetical(cfg, prepared, cluster, training, options) -> Plan:
     """``cfg`` priced outside the search: stages split to balance time (memory unchecked), the
     pipeline simulated as the planner's own plans are."""
     ma = ModelArrays.from_blocks(prepared.blocks)
-    costs = block_costs(ma, cluster, training, tp=cfg.tp, sp=cfg.sequence_parallel,
-                        recompute=cfg.recompute, micro_batch=cfg.micro_batch)
+    costs = config_costs(ma, cluster, training, cfg)
     part = partition(costs.time_s.tolist(), cfg.pp * cfg.vpp)
     est = simulated(price(cfg, part.bounds, ma, costs, cluster, training), training)
     result = SearchResult(best=est, alternatives=[], candidates=1, evaluated=1, status="fixed")

@@ -29,6 +29,8 @@ log = logging.getLogger("planner.export")
 NOTE_WIDTH = 96
 
 ACCOUNTED = KNOBS + ("stages", "dtype", "global_batch", "seq_len")
+CONTEXT_EXPERTS = {"cp": 1, "cp_comm": "p2p", "ep": 1, "etp": 1}
+"""Context- and expert-parallel knobs at their defaults (a dense model, no context parallelism)."""
 """What an export must express or list as not expressed: every knob of a configuration, the
 stage split (module names or layer counts), the precision, the batch and the sequence length."""
 
@@ -84,6 +86,16 @@ class Ledger:
     def missing(self, knobs: str | tuple[str, ...], note: str) -> None:
         """The engine has no setting for it; ``note`` says what the user must do instead."""
         self._note(knobs, "not expressed", note)
+
+    def absent(self, par: dict, knobs: tuple[str, ...], defaults: dict) -> None:
+        """Knobs this exporter writes no setting for: exact where the plan leaves them at their
+        default (``defaults``), listed as not expressed otherwise."""
+        for k in knobs:
+            if par.get(k, defaults[k]) == defaults[k]:
+                self.exact(k)
+            else:
+                self.missing(k, f"{k}={par[k]}: this export does not express it yet; set it in "
+                                f"the engine by hand")
 
     def info(self, note: str) -> None:
         """A note about the export that concerns no single knob (e.g. whose module names)."""

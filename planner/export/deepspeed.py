@@ -62,6 +62,7 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
         from planner.export import reprice  # lazy: prices with the search (and may trace)
         ledger.info(reprice.recheck(plan, TARGET, ", ".join(raising + lower), state_layout="zero",
                                     **changes))
+    ledger.absent(plan.parallel, tuple(common.CONTEXT_EXPERTS), common.CONTEXT_EXPERTS)
     extra["not_expressed"] = ledger.close()
     order = ["about", "header", "not_expressed", "batch", "offload", "recompute", "pipeline"]
     return dumps({"planner": {k: extra[k] for k in order if k in extra}, **config}) + "\n"

@@ -38,6 +38,7 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     groups = [_degrees(plan, ledger), _batch(plan, ledger), _pipeline(plan, lay, ledger),
               _memory(plan, ledger), _precision(plan, ledger)]
     env = _environment(plan)
+    ledger.absent(plan.parallel, tuple(common.CONTEXT_EXPERTS), common.CONTEXT_EXPERTS)
     notes = ledger.close()
     intro = common.header(plan, TARGET, version) + [
         f'Use: source this file, then pass "${{{ARRAY}[@]}}" to pretrain_gpt.py (or',

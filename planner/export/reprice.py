@@ -22,7 +22,7 @@ from planner.errors import SpecError
 from planner.export import common
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec
 from planner.planfile.document import Plan
-from planner.search.costs import ModelArrays, block_costs, capacity_bytes
+from planner.search.costs import ModelArrays, capacity_bytes, config_costs
 from planner.search.pricing import price
 from planner.search.refine import simulated
 
@@ -76,8 +76,7 @@ def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
                     "uses the model as it traces now", spec)
     ma = ModelArrays.from_blocks(prepared.blocks)
     cfg = configuration(plan, **changes)
-    costs = block_costs(ma, cluster, training, tp=cfg.tp, sp=cfg.sequence_parallel,
-                        recompute=cfg.recompute, micro_batch=cfg.micro_batch)
+    costs = config_costs(ma, cluster, training, cfg)
     est = simulated(price(cfg, _bounds(plan, ma.names), ma, costs, cluster, training), training)
     per_rank = [0.0] * cfg.pp
     for st in est.stages:

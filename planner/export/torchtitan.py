@@ -52,6 +52,7 @@ def to_torchtitan(plan: Plan, version: str | None = None) -> str:
                 + _fp8(plan, version, ledger))
     ac = _activation_checkpoint(plan, ledger)
     _recheck(plan, version, ledger)
+    ledger.absent(plan.parallel, tuple(common.CONTEXT_EXPERTS), common.CONTEXT_EXPERTS)
     notes = ledger.close()
     if version == "0.2.2":
         return _toml(plan, version, settings + [Setting("activation_checkpoint", k, v, c)

@@ -63,7 +63,10 @@ class Plan:
     def parallel_summary(self) -> str:
         p = self.parallel
         sp = "+sp" if p["sequence_parallel"] else ""
-        return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']} mb={p['micro_batch']}x"
+        cp = f" cp={p['cp']}({p.get('cp_comm', 'p2p')})" if p.get("cp", 1) > 1 else ""
+        ep = (f" ep={p['ep']}" + (f" etp={p['etp']}" if p.get("etp", 1) > 1 else "")
+              if p.get("ep", 1) > 1 else "")
+        return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']}{cp}{ep} mb={p['micro_batch']}x"
                 f"{p['num_microbatches']} {p['schedule']} rc={p['recompute']} zero={p['zero']}")
 
 

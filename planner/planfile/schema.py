@@ -64,9 +64,13 @@ def _check_actions(actions, where: str) -> None:
 def _check_consistency(d: dict, where: str) -> None:
     """Invariants the schema cannot express."""
     par = d["parallel"]
-    if par["dp"] * par["tp"] * par["pp"] != d["cluster"]["num_gpus"]:
-        raise SpecError(f"{where}: parallel dp*tp*pp = {par['dp'] * par['tp'] * par['pp']} but the "
-                        f"cluster has {d['cluster']['num_gpus']} GPUs")
+    gpus = par["dp"] * par.get("cp", 1) * par["tp"] * par["pp"]
+    if gpus != d["cluster"]["num_gpus"]:
+        raise SpecError(f"{where}: parallel dp*cp*tp*pp = {gpus} but the cluster has "
+                        f"{d['cluster']['num_gpus']} GPUs")
+    if (par["dp"] * par.get("cp", 1) * par["tp"]) % (par.get("ep", 1) * par.get("etp", 1)):
+        raise SpecError(f"{where}: parallel ep*etp = {par.get('ep', 1) * par.get('etp', 1)} does "
+                        "not divide dp*cp*tp")
     if len(d["stages"]) != par["pp"] * par["vpp"]:
         raise SpecError(f"{where}: {len(d['stages'])} stages listed for pp={par['pp']} x "
                         f"vpp={par['vpp']}")

@@ -54,8 +54,14 @@ def _parallel(p: Plan) -> list[str]:
     dev_mem = p.cluster.get("device_memory_bytes", 0)
     vpp = f" x {par['vpp']} chunks per rank" if par.get("vpp", 1) > 1 else ""
     offload = ", optimizer states offloaded to host" if par.get("offload_optimizer") else ""
-    return [
-        f"  parallel    dp={par['dp']}  tp={par['tp']}{sp}  pp={par['pp']}{vpp}",
+    cp = (f"  cp={par['cp']} (K/V by {par.get('cp_comm', 'p2p')})" if par.get("cp", 1) > 1
+          else "")
+    lines = [f"  parallel    dp={par['dp']}  tp={par['tp']}{sp}  pp={par['pp']}{vpp}{cp}"]
+    if par.get("ep", 1) * par.get("etp", 1) > 1:
+        edp = par["dp"] * par.get("cp", 1) * par["tp"] // (par["ep"] * par.get("etp", 1))
+        lines.append(f"  experts     ep={par['ep']}  etp={par.get('etp', 1)}  edp={edp}: routed experts spread over "
+                     f"{par['ep']} ranks, their matrices over {par.get('etp', 1)}, {edp} replicas of each")
+    return lines + [
         f"  batching    micro-batch {par['micro_batch']} x {par['num_microbatches']} micro-batches, "
         f"schedule {par['schedule']}",
         f"  memory      recompute {par['recompute']}, ZeRO-{par['zero']}{offload}, placement "

@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from costmodels import comm, compute, memory, pipeline
+from costmodels import comm, compute, context, memory, pipeline
+from costmodels.engine import expert_load
 from costmodels.topology import Cluster
 from costmodels.workload import WORK_FIELDS, BlockWork
 from planner.options import Config, SearchOptions, TrainingSpec
@@ -66,29 +67,48 @@ class BlockCosts:
     act_bytes: np.ndarray
     work_bytes: np.ndarray
     params_local: np.ndarray
+    expert_params_local: np.ndarray
+    """The part of ``params_local`` in routed experts (sharded by ep x etp, reduced over edp)."""
+    cp_comm_s: np.ndarray
+    """Context-parallel K/V exchange the block exposes (forward + backward)."""
+    expert_s: np.ndarray
+    """Routed experts' GEMMs (forward + backward; part of ``compute_s``): what an overlapped
+    dispatch can hide behind."""
+    cp_comm: str = "p2p"
+    """The K/V exchange form these costs price (with cp > 1: the fastest of those allowed)."""
 
     @property
     def time_s(self) -> np.ndarray:
-        return self.compute_s + self.recompute_s + self.tp_comm_s
+        return self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s
 
     def permuted(self, order: list[int]) -> "BlockCosts":
-        return BlockCosts(**{f.name: getattr(self, f.name)[order] for f in fields(self)})
+        return BlockCosts(**{f.name: getattr(self, f.name)[order] for f in fields(self)
+                             if f.name != "cp_comm"}, cp_comm=self.cp_comm)
 
 
 def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int, sp: bool,
-                recompute: str, micro_batch: int) -> BlockCosts:
+                recompute: str, micro_batch: int, cp: int = 1,
+                cp_comm: str | tuple[str, ...] = "p2p", ep: int = 1, etp: int = 1) -> BlockCosts:
+    """Per-block costs of one micro-batch on one GPU. With context parallelism the GPU holds 1/cp
+    of each sample's tokens (costmodels.compute.block_time) and exchanges keys and values
+    (costmodels.context) in the form ``cp_comm``, or the fastest of several; with experts, ep
+    and etp say how the routed experts are spread."""
     w = ma.work
+    engine = training.engine
+    experts = compute.Experts(ep=ep, etp=etp, load=expert_load(engine),
+                              grouped=engine.moe_grouped_gemm)
     times: dict[tuple, compute.BlockTime] = {}  # blocks copied from one layer share one BlockWork
     policies = [recompute if c else "none" for c in ma.checkpointed]
     for work, policy in zip(ma.works, policies):
         if (id(work), policy) not in times:
             times[id(work), policy] = compute.block_time(
                 work, cluster.device, dtype=training.dtype, micro_batch=micro_batch, tp=tp, sp=sp,
-                recompute=policy, engine=training.engine)
+                recompute=policy, engine=engine, cp=cp, experts=experts)
     bt = [times[id(work), policy] for work, policy in zip(ma.works, policies)]
     group = placement.group_shape(tp, 1, cluster.gpus_per_node)
     fwd_repeats = 2 if recompute == "full" else 1  # full recompute replays forward all-reduces
-    tp_bytes = micro_batch * (fwd_repeats * w.tp_fwd_bytes + w.tp_bwd_bytes)
+    share = micro_batch / cp  # samples' worth of tokens on this GPU
+    tp_bytes = share * (fwd_repeats * w.tp_fwd_bytes + w.tp_bwd_bytes)
     count = w.tp_collectives * (2 if sp else 1)  # sp: reduce-scatter + all-gather per all-reduce
     tp_s = comm.allreduce_s(tp_bytes, group, cluster, count=count)
     n = len(ma.names)
@@ -96,25 +116,61 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     def vec(x) -> np.ndarray:  # scalars (e.g. no recomputation) broadcast over blocks
         return np.broadcast_to(np.asarray(x, dtype=float), (n,)).copy()
 
-    kept = training.engine.attention != "flash"  # eager attention's scores, saved or fused away
-    fused = training.engine.kernels == "fused"  # element-wise chains keep only what enters them
+    kept = engine.attention != "flash"  # eager attention's scores, saved or fused away
+    fused = engine.kernels == "fused"  # element-wise chains keep only what enters them
     fp8 = training.dtype == "fp8"  # Linear inputs kept quantized
+    heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))
+    kv = micro_batch * w.attn_kv_bytes / heads_div  # the whole sequence's K/V on this tp rank
+    q = micro_batch * w.attn_q_bytes / tp
+    forms = (cp_comm,) if isinstance(cp_comm, str) else tuple(cp_comm)
+    form, cp_s, cp_buffers = forms[0], np.zeros(n), np.zeros(n)
+    if cp > 1:
+        g = cluster.gpus_per_node
+        cp_group = placement.group_shape(cp, tp, g, tuple(range(0, g, tp * cp)) or (0,))
+        best = None
+        for f_name in forms:
+            s_ = np.zeros(n)
+            for i, t in enumerate(bt):
+                if kv[i] > 0:
+                    f, b = context.exchange_s(f_name, cp=cp, kv_bytes=kv[i], q_bytes=q[i],
+                                              attn_fwd_s=t.attn_fwd_s, attn_bwd_s=t.attn_bwd_s,
+                                              group=cp_group, cluster=cluster)
+                    s_[i] = fwd_repeats * f + b
+            if best is None or s_.sum() < best:
+                best, form, cp_s = float(s_.sum()), f_name, s_
+        # K/V held while attention runs: two chunks in flight (ring), the gathered sequence
+        # (all-gather), the head shards of q, k, v and the output (all-to-all)
+        cp_buffers = {"p2p": 2 * kv / cp, "allgather": kv,
+                      "a2a": (2 * q + kv) / cp, "a2a+p2p": (2 * q + 3 * kv) / cp}[form]
     return BlockCosts(
         fwd_s=vec([t.fwd_s for t in bt]),
         compute_s=vec([t.fwd_s + t.bwd_s for t in bt]),
         recompute_s=vec([t.recompute_s for t in bt]),
         tp_comm_s=vec(tp_s),
         act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
-            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
+            w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8)),
-            vec(memory.activation_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
+            vec(memory.activation_bytes(w, micro_batch=share, tp=tp, sp=sp, recompute="none",
                                         scores_kept=kept, fused=fused, fp8=fp8))),
         work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
-            w, micro_batch=micro_batch, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
+            w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8)), 0.0),
-            vec(memory.backward_transient_bytes(w, micro_batch=micro_batch, tp=tp, sp=sp))),
-        params_local=vec(w.params_tp / tp + w.params_rep),
+            vec(memory.backward_transient_bytes(w, micro_batch=share, tp=tp, sp=sp))) + cp_buffers,
+        params_local=vec(w.params_tp / tp + w.params_rep - w.expert_params
+                         + w.expert_params / (ep * etp)),
+        expert_params_local=vec(w.expert_params / (ep * etp)),
+        cp_comm_s=cp_s,
+        expert_s=vec([t.expert_s for t in bt]),
+        cp_comm=form,
     )
+
+
+def config_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
+                 cfg: Config) -> BlockCosts:
+    """block_costs for the knobs of ``cfg``."""
+    return block_costs(ma, cluster, training, tp=cfg.tp, sp=cfg.sequence_parallel,
+                       recompute=cfg.recompute, micro_batch=cfg.micro_batch, cp=cfg.cp,
+                       cp_comm=cfg.cp_comm, ep=cfg.ep, etp=cfg.etp)
 
 
 def capacity_bytes(cluster: Cluster, options: SearchOptions) -> float:
@@ -129,14 +185,24 @@ def stage_memory(cfg: Config, costs: BlockCosts, ma: ModelArrays, training: Trai
     per stage (chunk, with interleaving) the micro-batches in flight on its rank, and the bytes a
     stage may use: ``capacity`` per GPU, of which a chunk may take 1/vpp (exact for vpp = 1).
     Tied weights read by two blocks are held once when both share a stage."""
-    bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                       zero=cfg.zero, dp=cfg.dp, offload=cfg.offload_optimizer,
-                                       layout=training.engine.state_layout)
+    bpp, expert_bpp = state_bytes_per_param(cfg, training)
     rank_in_flight = [pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                          microbatches=cfg.num_microbatches, vpp=cfg.vpp)
                       for r in range(cfg.pp)]
     shared = [(a, b, bpp * (n / cfg.tp if split else n)) for a, b, n, split in ma.shared]
-    return StageMemory(static=(costs.params_local * bpp).tolist(), act=costs.act_bytes.tolist(),
+    static = (costs.params_local - costs.expert_params_local) * bpp + \
+        costs.expert_params_local * expert_bpp
+    return StageMemory(static=static.tolist(), act=costs.act_bytes.tolist(),
                        work=costs.work_bytes.tolist(),
                        in_flight=[rank_in_flight[c % cfg.pp] for c in range(cfg.pp * cfg.vpp)],
                        capacity=capacity / cfg.vpp, shared=shared)
+
+
+def state_bytes_per_param(cfg: Config, training: TrainingSpec) -> tuple[float, float]:
+    """Model-state bytes per local parameter after ZeRO sharding: (dense parameters, whose states
+    ZeRO shards over the dp x cp ranks holding them; routed experts', sharded over their edp
+    replicas)."""
+    kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
+              offload=cfg.offload_optimizer, layout=training.engine.state_layout)
+    return (memory.state_bytes_per_param(dp=cfg.dp * cfg.cp, **kw),
+            memory.state_bytes_per_param(dp=cfg.edp, **kw))

@@ -40,8 +40,21 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec) -> str:
     for key, value in (("pp", pp), ("dp", dp)):
         if value is not None and n % value:
             return f"fix.{key}: {value} does not divide the cluster's {n} GPUs"
-    if None not in (tp, pp, dp) and tp * pp * dp != n:
-        return f"fix: dp x tp x pp = {dp * tp * pp}, but the cluster has {n} GPUs"
+    cp = fix.get("cp", 1)
+    if n % cp:
+        return f"fix.cp: {cp} does not divide the cluster's {n} GPUs"
+    if None not in (tp, pp, dp) and tp * pp * dp * cp != n:
+        return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs")
+    if cp > 1 and training.seq_len % (2 * cp):
+        return (f"fix.cp: the sequence of {training.seq_len} tokens does not split into 2 x cp = "
+                f"{2 * cp} equal chunks (causal load balancing)")
+    ep, etp = fix.get("ep", 1), fix.get("etp", 1)
+    if (ep > 1 or etp > 1) and not space.experts:
+        return f"fix.{'ep' if ep > 1 else 'etp'}: the model has no routed experts"
+    if space.experts and space.experts % ep:
+        return f"fix.ep: {ep} does not divide the model's {space.experts} experts"
+    if etp > 1 and tp is not None and etp != tp:
+        return f"fix.etp: {etp} must be 1 or tp ({tp})"
     vpp = fix.get("vpp", 1)
     if pp is not None and pp_reason(pp, vpp, space):
         what = f"pp={pp}" if pp_reason(pp, vpp, space) == PP_BLOCKS else f"pp x vpp = {pp * vpp}"

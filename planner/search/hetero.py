@@ -41,6 +41,10 @@ def restrict(options: SearchOptions) -> SearchOptions:
     if fix.get("vpp", 1) > 1:
         raise SpecError(f"fix.vpp: clusters with device groups run one stage per rank; drop "
                         f"vpp={fix['vpp']}")
+    for key in ("cp", "ep", "etp"):
+        if fix.get(key, 1) > 1:
+            raise SpecError(f"fix.{key}: context and expert parallelism are not priced on "
+                            f"clusters with device groups; drop {key}={fix[key]}")
     if fix.get("offload_optimizer"):
         raise SpecError("fix.offload_optimizer: optimizer offload is not priced on clusters with "
                         "device groups; drop it")
@@ -48,7 +52,8 @@ def restrict(options: SearchOptions) -> SearchOptions:
     if not schedules:
         raise SpecError(f"target: {options.target} runs none of the schedules priced on clusters "
                         f"with device groups ({', '.join(GROUP_SCHEDULES)}); use --target any")
-    return dataclasses.replace(options, schedules=schedules, offload=(False,), vpp=(1,))
+    return dataclasses.replace(options, schedules=schedules, offload=(False,), vpp=(1,),
+                               expert_parallel=False, expert_tensor_parallel=False)
 
 
 def group_orders(hc: HeteroCluster, cfg: Config) -> list[list[int]]:
@@ -103,7 +108,7 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
     group_of_block = np.concatenate([[stage_group[s]] * (b - a)
                                      for s, (a, b) in enumerate(zip(bounds, bounds[1:]))])
     stitched = BlockCosts(**{f.name: np.choose(group_of_block, [getattr(c, f.name) for c in costs])
-                             for f in dataclasses.fields(BlockCosts)})
+                             for f in dataclasses.fields(BlockCosts) if f.name != "cp_comm"})
     sends, cuts = [0.0] * cfg.pp, []
     for s in range(cfg.pp - 1):
         g, h = stage_group[s], stage_group[s + 1]

@@ -26,12 +26,11 @@ from typing import Callable
 
 import numpy as np
 
-from costmodels import memory
 from costmodels.errors import InfeasibleError
 from costmodels.topology import HeteroCluster
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import hetero
-from planner.search.costs import ModelArrays, block_costs, capacity_bytes
+from planner.search.costs import ModelArrays, block_costs, capacity_bytes, state_bytes_per_param
 from planner.search.evaluate import evaluate
 from planner.search.pricing import Estimate
 from planner.search.refine import cpsat_budget_s, refine, simulated
@@ -72,7 +71,8 @@ class _Pricer:
 
     def costs(self, key: CostKey):
         return block_costs(self.ma, self.cluster, self.training, tp=key.tp, sp=key.sp,
-                           recompute=key.recompute, micro_batch=key.micro_batch)
+                           recompute=key.recompute, micro_batch=key.micro_batch, cp=key.cp,
+                           cp_comm=key.cp_comm, ep=key.ep, etp=key.etp)
 
     def fastest_s(self, costs) -> np.ndarray:
         """Per block: the seconds of one micro-batch on the fastest device holding it."""
@@ -93,8 +93,7 @@ class _Pricer:
 
     def refine(self, ranked: list[Estimate], deadline: float | None) -> list[Estimate]:
         def cost_of(cfg: Config):
-            return self.costs(CostKey(tp=cfg.tp, sp=cfg.sequence_parallel,
-                                      recompute=cfg.recompute, micro_batch=cfg.micro_batch))
+            return self.costs(CostKey.of(cfg))
 
         out = refine(ranked, self.bg, self.ma, cost_of, self.cluster, self.training, self.options,
                      deadline)
@@ -154,8 +153,11 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
             rejected[TIME_LIMIT] += total - done
             break
         costs = pricer.costs(key)
+        form = pricer.one(costs).cp_comm
         for cfg in configs:
             done += 1
+            if cfg.cp > 1 and cfg.cp_comm != form:
+                cfg = cfg.with_(cp_comm=form)  # the fastest exchange the key allowed
             if _out_of_memory(cfg, costs, pricer, training):
                 rejected[OUT_OF_MEMORY] += 1
             else:
@@ -201,7 +203,7 @@ class _MicroBatchWall:
         self.pricer, self.options = pricer, options
         self.per_sample: dict[int, float] = {}
 
-    def __call__(self, tp: int, pp: int, mb: int, m: int) -> bool:
+    def __call__(self, tp: int, pp: int, mb: int, m: int, cp: int = 1) -> bool:
         if tp not in self.per_sample:
             fix = self.options.fix
             sp = fix.get("sequence_parallel", tp > 1 and True in self.options.sequence_parallel)
@@ -211,7 +213,7 @@ class _MicroBatchWall:
             one = costs[0] if isinstance(costs, list) else costs
             self.per_sample[tp] = float(one.act_bytes.sum())
         spread = sum(1.0 / min(pp - i, m) for i in range(pp))
-        return mb * self.per_sample[tp] / spread <= self.pricer.capacity
+        return mb * self.per_sample[tp] / (cp * spread) <= self.pricer.capacity
 
 
 def _out_of_memory(cfg: Config, costs, pricer: _Pricer, training: TrainingSpec) -> bool:
@@ -220,9 +222,7 @@ def _out_of_memory(cfg: Config, costs, pricer: _Pricer, training: TrainingSpec) 
     micro-batches in flight on rank i under every schedule (m under GPipe), any split of the
     blocks leaves some rank with at least (A + S / max c) / sum(1 / c_i): the average of the
     ranks' memory weighted by 1 / c_i."""
-    bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                       zero=cfg.zero, dp=cfg.dp, offload=cfg.offload_optimizer,
-                                       layout=training.engine.state_layout)
+    bpp = min(state_bytes_per_param(cfg, training))  # experts' states may shard further
     states = pricer.params(costs, cfg.tp) * bpp
     m, pp = cfg.num_microbatches, cfg.pp
     flight = [m] * pp if cfg.schedule == "gpipe" else [min(pp - i, m) for i in range(pp)]

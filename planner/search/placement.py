@@ -1,8 +1,12 @@
-"""Map the (pp, dp, tp) mesh onto global ranks, and say which links each group crosses.
+"""Map the (pp, dp, cp, tp) mesh onto global ranks, and say which links each group crosses.
 
 Ranks fill nodes in order (rank r lives on node r // gpus_per_node). Tensor parallelism is always
-innermost (consecutive ranks, so a tp group stays inside one node, as Megatron-LM places it). The
-placement names the order of the other two dimensions:
+innermost (consecutive ranks, so a tp group stays inside one node, as Megatron-LM places it), and
+context parallelism next (Megatron-LM's tp-cp-ep-dp-pp order): a replica's shard of one stage is a
+block of tp x cp consecutive ranks. Expert parallelism folds over those ranks and the
+data-parallel ones (Megatron-Core's "parallel folding"): its groups take etp x ep consecutive
+positions of the flattened (tp, cp, dp) index. The placement names the order of the other two
+dimensions:
 
 - ``tp-pp-dp``: pipeline neighbours next to each other (p2p on the fast tier when they share a node),
   data-parallel replicas outermost;
@@ -21,14 +25,15 @@ from planner.options import Config
 
 def strides(cfg: Config) -> dict[str, int]:
     """Rank distance between neighbours along each mesh dimension."""
+    inner = cfg.tp * cfg.cp
     if cfg.placement == "tp-pp-dp":
-        return {"tp": 1, "pp": cfg.tp, "dp": cfg.tp * cfg.pp}
-    return {"tp": 1, "dp": cfg.tp, "pp": cfg.tp * cfg.dp}
+        return {"tp": 1, "cp": cfg.tp, "pp": inner, "dp": inner * cfg.pp}
+    return {"tp": 1, "cp": cfg.tp, "dp": inner, "pp": inner * cfg.dp}
 
 
-def rank_of(cfg: Config, *, pp: int, dp: int, tp: int) -> int:
+def rank_of(cfg: Config, *, pp: int, dp: int, tp: int, cp: int = 0) -> int:
     s = strides(cfg)
-    return tp * s["tp"] + pp * s["pp"] + dp * s["dp"]
+    return tp * s["tp"] + cp * s["cp"] + pp * s["pp"] + dp * s["dp"]
 
 
 def group_shape(size: int, stride: int, gpus_per_node: int,
@@ -66,32 +71,85 @@ def _starts_mod(base: int, stride: int, count: int, gpn: int) -> tuple[int, ...]
 
 def tp_group(cfg: Config, cluster: Cluster) -> GroupShape:
     g = cluster.gpus_per_node
-    return group_shape(cfg.tp, 1, g, _starts_mod(0, cfg.tp, cfg.dp * cfg.pp, g))
+    return group_shape(cfg.tp, 1, g, _starts_mod(0, cfg.tp, cfg.dp * cfg.cp * cfg.pp, g))
+
+
+def cp_group(cfg: Config, cluster: Cluster) -> GroupShape:
+    """The worst placed context-parallel group (cp ranks, tp apart)."""
+    g = cluster.gpus_per_node
+    return group_shape(cfg.cp, cfg.tp, g, _starts_mod(0, cfg.tp * cfg.cp, cfg.dp * cfg.pp, g))
 
 
 def dp_group(cfg: Config, cluster: Cluster) -> GroupShape:
-    """The worst placed data-parallel group (all start at a tp index and a pipeline rank)."""
+    """The worst placed data-parallel group (all start at a tp index and a pipeline rank). With
+    context parallelism the group that reduces gradients is dp x cp ranks (the cp ranks hold the
+    same weights): its cp members sit tp apart, next to each other."""
     s, g = strides(cfg), cluster.gpus_per_node
     starts = {(t + p * s["pp"]) % g for t in range(min(cfg.tp, g)) for p in range(min(cfg.pp, g))}
-    return group_shape(cfg.dp, s["dp"], g, tuple(sorted(starts)))
+    replicas = group_shape(cfg.dp, s["dp"], g, tuple(sorted(starts)))
+    if cfg.cp == 1:
+        return replicas
+    return _folded(cfg.cp, cp_group(cfg, cluster), replicas)
+
+
+def ep_group(cfg: Config, cluster: Cluster) -> GroupShape:
+    """The worst placed expert-parallel group: ep members etp apart along the flattened
+    (tp, cp, dp) index, which runs over consecutive ranks for tp x cp positions, then jumps by
+    the data-parallel stride."""
+    return _flat_group(cfg, cluster, cfg.ep, cfg.etp)
+
+
+def etp_group(cfg: Config, cluster: Cluster) -> GroupShape:
+    """The expert tensor-parallel group: etp consecutive positions of the same index."""
+    return _flat_group(cfg, cluster, cfg.etp, 1)
+
+
+def edp_group(cfg: Config, cluster: Cluster) -> GroupShape:
+    """The group that reduces the experts' gradients: the tp x cp x dp positions holding the same
+    experts, etp x ep apart."""
+    size = cfg.tp * cfg.cp * cfg.dp // (cfg.ep * cfg.etp)
+    return _flat_group(cfg, cluster, size, cfg.ep * cfg.etp)
+
+
+def _flat_group(cfg: Config, cluster: Cluster, size: int, stride: int) -> GroupShape:
+    g, inner = cluster.gpus_per_node, cfg.tp * cfg.cp
+    if size <= 1:
+        return GroupShape(size=1, per_node=1)
+    if stride * size <= inner:  # inside one replica's block of consecutive ranks
+        return group_shape(size, stride, g, _starts_mod(0, inner, cfg.dp * cfg.pp, g))
+    dp_stride = strides(cfg)["dp"]
+    if stride >= inner:  # whole blocks apart: a data-parallel-like group
+        return group_shape(size, dp_stride * (stride // inner), g)
+    per_block = inner // stride
+    blocks = group_shape(size // per_block, dp_stride, g)
+    return _folded(per_block, group_shape(per_block, stride, g), blocks)
+
+
+def _folded(inner_size: int, inner: GroupShape, outer: GroupShape) -> GroupShape:
+    """A group made of ``outer``'s members, each a block of ``inner_size`` ranks placed as
+    ``inner``: the members one node holds."""
+    if inner.per_node < inner.size:  # the inner block already spans nodes
+        return GroupShape(size=inner_size * outer.size, per_node=inner.per_node)
+    return GroupShape(size=inner_size * outer.size, per_node=inner.size * outer.per_node)
 
 
 def link_between(cfg: Config, cluster: Cluster, rank_a: int, rank_b: int) -> LinkSpec:
     """The link between pipeline ranks ``rank_a`` and ``rank_b``: the inter-node link when any
     replica's pair of ranks sits on two nodes."""
-    crosses = _crosses(cfg.tp, cfg.dp, cfg.pp, cfg.placement, cluster.gpus_per_node,
+    crosses = _crosses(cfg.tp * cfg.cp, cfg.dp, cfg.pp, cfg.placement, cluster.gpus_per_node,
                        rank_a, rank_b)
     return cluster.inter_node if crosses else cluster.intra_node
 
 
 @functools.lru_cache(maxsize=65536)
-def _crosses(tp: int, dp: int, pp: int, order: str, g: int, rank_a: int, rank_b: int) -> bool:
-    """Whether some tp shard of some replica has its stage-a and stage-b ranks on two nodes."""
-    cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=1, num_microbatches=1, placement=order)
+def _crosses(inner: int, dp: int, pp: int, order: str, g: int, rank_a: int, rank_b: int) -> bool:
+    """Whether some tp x cp shard of some replica has its stage-a and stage-b ranks on two nodes
+    (``inner`` = tp x cp consecutive ranks per replica and stage)."""
+    cfg = Config(dp=dp, tp=inner, pp=pp, micro_batch=1, num_microbatches=1, placement=order)
     for d in range(min(dp, g)):
         a, b = sorted((rank_of(cfg, pp=rank_a, dp=d, tp=0), rank_of(cfg, pp=rank_b, dp=d, tp=0)))
         gap = b - a
-        last = a % g + tp - 1  # the highest in-node position of a's tp shards (may wrap)
+        last = a % g + inner - 1  # the highest in-node position of a's shards (may wrap)
         if gap >= g or (last if last < g else g - 1) + gap >= g:
             return True
     return False
@@ -103,5 +161,6 @@ def cut_links(cfg: Config, cluster: Cluster) -> list[LinkSpec]:
 
 
 def stage_ranks(cfg: Config, stage: int) -> list[int]:
-    """Global ranks holding pipeline stage ``stage`` (all its dp replicas and tp shards)."""
-    return sorted(rank_of(cfg, pp=stage, dp=d, tp=t) for d in range(cfg.dp) for t in range(cfg.tp))
+    """Global ranks holding pipeline stage ``stage`` (all its dp replicas, cp and tp shards)."""
+    return sorted(rank_of(cfg, pp=stage, dp=d, tp=t, cp=c) for d in range(cfg.dp)
+                  for c in range(cfg.cp) for t in range(cfg.tp))

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodels import comm, compute, memory, pipeline, precision
+from costmodels import comm, compute, experts, memory, pipeline, precision
+from costmodels.engine import expert_load
 from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
@@ -36,6 +37,13 @@ class StageEstimate:
     recompute_s: float = 0.0
     act_bytes: float = 0.0
     """Activation bytes one micro-batch keeps on this chunk."""
+    cp_comm_s: float = 0.0
+    """Context-parallel K/V exchange exposed per micro-batch (costmodels.context)."""
+    ep_comm_s: float = 0.0
+    """Expert-parallel dispatch and combine exposed per micro-batch (costmodels.experts)."""
+    expert_params: float = 0.0
+    """The part of ``params`` in routed experts (their states sharded over edp, their gradients
+    reduced over it)."""
     dtensor_params: float = 0.0
     """Parameter tensors of the rank that the runtime makes DTensors (tensor-parallel ones; all
     of them under data parallelism, which FSDP2 wraps)."""
@@ -46,7 +54,7 @@ class StageEstimate:
 
     @property
     def time_s(self) -> float:
-        return self.compute_s + self.tp_comm_s + self.p2p_s
+        return self.compute_s + self.tp_comm_s + self.p2p_s + self.cp_comm_s + self.ep_comm_s
 
 
 @dataclass
@@ -93,15 +101,18 @@ def price(cfg: Config, bounds: list[int], ma, costs, cluster: Cluster,
           training: TrainingSpec) -> Estimate:
     """Step time, breakdown and memory of ``cfg`` with chunk ``c`` = blocks [bounds[c], bounds[c+1])."""
     p2p_out, cut_p2p = _p2p_sends(cfg, bounds, ma, cluster)
-    stages = chunks(cfg, bounds, ma, costs, p2p_out)
+    stages = chunks(cfg, bounds, ma, costs, p2p_out,
+                    expert_comm_s(cfg, ma, costs, cluster, training))
     ranks = rank_memory(cfg, bounds, stages, ma, costs, training)
     dp_s, opt_s = _dp_and_optimizer_s(cfg, stages, ranks, cluster, training)
-    excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.tp * cfg.pp)
+    excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
     return assemble(cfg, stages, ranks, dp_s, opt_s, ma, training, cut_p2p, excess=excess)
 
 
-def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float]) -> list[StageEstimate]:
-    """One StageEstimate per chunk, from per-block costs (memory filled in by _rank_memory)."""
+def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float],
+           ep_s: np.ndarray | None = None) -> list[StageEstimate]:
+    """One StageEstimate per chunk, from per-block costs (memory filled in by _rank_memory);
+    ``ep_s``: per block, the expert-parallel communication it exposes (expert_comm_s)."""
     out = []
     for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
         sl = slice(a, b)
@@ -111,8 +122,33 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float]) -> l
             tp_comm_s=float(np.sum(costs.tp_comm_s[sl])), p2p_s=p2p_out[c], params=0.0,
             in_flight=0.0, fwd_s=float(np.sum(costs.fwd_s[sl])),
             recompute_s=float(np.sum(costs.recompute_s[sl])),
-            act_bytes=float(np.sum(costs.act_bytes[sl]))))
+            act_bytes=float(np.sum(costs.act_bytes[sl])),
+            cp_comm_s=float(np.sum(costs.cp_comm_s[sl])),
+            ep_comm_s=float(np.sum(ep_s[sl])) if ep_s is not None else 0.0))
     return out
+
+
+def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSpec) -> np.ndarray:
+    """Per block: seconds of the routed tokens' dispatch and combine it exposes per micro-batch,
+    forward and backward (full recomputation replays the forward's). The rank's token copies are
+    its 1/(tp x cp) share of the micro-batch's (MoE layers run sequence-parallel). Overlapped
+    (EngineSpec.moe_overlap), what the experts' own compute covers is hidden."""
+    w = ma.work
+    if cfg.ep * cfg.etp <= 1 or not np.any(w.dispatch_bytes):
+        return np.zeros(len(ma.names))
+    engine = training.engine
+    share = cfg.micro_batch / (cfg.tp * cfg.cp)
+    layers = (w.dispatch_bytes > 0).astype(float)
+    topk = np.where(w.routed_tokens > 0, w.routed_tokens / training.seq_len, 1.0)
+    fwd = experts.dispatch_s(engine.moe_dispatcher, copies_bytes=share * w.dispatch_bytes,
+                             tokens_bytes=share * w.dispatch_bytes / topk, ep=cfg.ep,
+                             ep_group=placement.ep_group(cfg, cluster),
+                             etp_group=placement.etp_group(cfg, cluster), cluster=cluster,
+                             load=expert_load(engine), layers=layers)
+    total = fwd * ((2 if cfg.recompute == "full" else 1) + 1)
+    if engine.moe_overlap:
+        total = np.maximum(0.0, total - costs.expert_s)
+    return np.where(layers > 0, total, 0.0)
 
 
 def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training: TrainingSpec,
@@ -134,6 +170,10 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
         "dp_comm_s": dp_s,
         "optimizer_s": opt_s,
     }
+    if cfg.cp > 1:
+        breakdown["cp_comm_s"] = m * sum(st.cp_comm_s for st in mine)
+    if cfg.ep * cfg.etp > 1:
+        breakdown["ep_comm_s"] = m * sum(st.ep_comm_s for st in mine)
     breakdown["straggler_s"] = excess * (breakdown["compute_s"] + opt_s)
     model_flops = ma.train_flops_per_sample * training.global_batch
     ckpt = ma.checkpointed
@@ -174,7 +214,7 @@ def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> list[flo
     cuts = []
     for c in range(len(bounds) - 2):
         link = placement.link_between(cfg, cluster, c % cfg.pp, (c + 1) % cfg.pp)
-        nbytes = ma.cut_bytes[bounds[c + 1] - 1] * cfg.micro_batch / cfg.tp
+        nbytes = ma.cut_bytes[bounds[c + 1] - 1] * cfg.micro_batch / (cfg.tp * cfg.cp)
         one_way = comm.p2p_s(nbytes, link)
         sends[c] += one_way  # activations forward
         sends[c + 1] += one_way  # gradients back
@@ -191,12 +231,15 @@ def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) 
         inside = set(blocks)
         params = float(np.sum(costs.params_local[blocks])) - sum(
             (n / cfg.tp if split else n) for i, j, n, split in ma.shared if i in inside and j in inside)
+        expert_params = float(np.sum(costs.expert_params_local[blocks]))
         in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                        microbatches=cfg.num_microbatches, vpp=cfg.vpp)
-        states = memory.model_state_bytes(params, dtype=training.dtype,
-                                          optimizer=training.optimizer, zero=cfg.zero, dp=cfg.dp,
-                                          offload=cfg.offload_optimizer,
-                                          layout=training.engine.state_layout)
+        kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
+                  offload=cfg.offload_optimizer, layout=training.engine.state_layout)
+        states = memory.model_state_bytes(params - expert_params, dp=cfg.dp * cfg.cp, **kw)
+        if expert_params:
+            states = {k: v + memory.model_state_bytes(expert_params, dp=cfg.edp, **kw)[k]
+                      for k, v in states.items()}
         act = in_flight * sum(st.act_bytes for st in mine)
         working = float(np.max(costs.work_bytes[blocks]))
         whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
@@ -213,6 +256,7 @@ def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) 
                     else split if cfg.tp > 1 else 0.0)
         for st in mine:
             st.params, st.in_flight, st.memory = params, in_flight, mem
+            st.expert_params = expert_params
             st.dtensor_params = dtensors
         out.append(mem)
     return out
@@ -221,6 +265,7 @@ def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) 
 def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: TrainingSpec):
     """Exposed data-parallel communication and the optimizer update; the slowest rank sets both."""
     group = placement.dp_group(cfg, cluster)
+    expert_group = placement.edp_group(cfg, cluster)
     grad_b = DTYPE_BYTES[training.dtype]
     states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                       zero=0, dp=1, layout=training.engine.state_layout)
@@ -231,14 +276,22 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
     for r in range(cfg.pp):
         mine = [st for st in stages if st.rank == r]
         params = mine[0].params
+        expert_params = mine[0].expert_params
         compute_s = sum(st.compute_s for st in mine)
         backward_s = compute_s - sum(st.fwd_s for st in mine)
-        exposed = exposed_dp_s(cfg, params * grad_b, group, cluster, compute_s, backward_s,
-                               training.engine.overlap_grad_reduce)
+        exposed = exposed_dp_s(cfg, (params - expert_params) * grad_b, group, cluster, compute_s,
+                               backward_s, training.engine.overlap_grad_reduce)
+        if expert_params:  # the experts' gradients, over their own replicas, in the same window
+            exposed = max(exposed, exposed_dp_s(
+                cfg, expert_params * grad_b, expert_group, cluster, compute_s, backward_s,
+                training.engine.overlap_grad_reduce))
         if training.engine.fsdp_copies:
             exposed += fsdp_copies_s(cfg, params * grad_b, cluster.device)
         dp_s = max(dp_s, exposed)
-        shard = cfg.dp if cfg.zero >= 1 else 1
+        dense_shard = cfg.dp * cfg.cp if cfg.zero >= 1 else 1
+        expert_shard = cfg.edp if cfg.zero >= 1 else 1
+        local = (params - expert_params) / dense_shard + expert_params / expert_shard
+        shard = params / local if local else 1.0
         if cfg.offload_optimizer:
             step = compute.offloaded_optimizer_step_s(
                 params / shard, cluster.device, traffic_bytes_per_param=traffic, grad_bytes=grad_b,

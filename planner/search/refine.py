@@ -23,7 +23,7 @@ from costmodels.topology import Cluster
 from planner.options import SearchOptions, TrainingSpec
 from planner.schedule.builders import SPLIT_BACKWARD, build
 from planner.schedule.simulator import simulate
-from planner.search.costs import BlockCosts, ModelArrays, block_costs, capacity_bytes, stage_memory
+from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, config_costs, stage_memory
 from planner.search.pricing import Estimate, idle_s, price, weight_grad_s
 from planner.solve.dag import solve_dag
 from planner.trace.graph import BlockGraph
@@ -89,8 +89,7 @@ def repriced(est: Estimate, bg: BlockGraph, cluster: Cluster, training: Training
     bounds = [0]
     for st in est.stages:
         bounds.append(bounds[-1] + len(st.blocks))
-    costs = block_costs(ma, cluster, training, tp=cfg.tp, sp=cfg.sequence_parallel,
-                        recompute=cfg.recompute, micro_batch=cfg.micro_batch)
+    costs = config_costs(ma, cluster, training, cfg)
     return simulated(price(cfg, bounds, ma, costs, cluster, training), training)
 
 

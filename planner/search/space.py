@@ -1,7 +1,9 @@
 """The legal configurations and the rules that prune them, for every search.
 
-A configuration picks dp x tp x pp GPUs (tp inside a node, dividing every head count and split
-feature size), a micro-batch size dividing the per-replica batch, a schedule, recomputation, ZeRO
+A configuration picks dp x cp x tp x pp GPUs (tp inside a node, dividing every head count and split
+feature size; cp splitting each sequence into 2 cp chunks), for models with routed experts an
+expert-parallel degree ep and an expert tensor-parallel degree etp folded over the tp x cp x dp
+ranks, a micro-batch size dividing the per-replica batch, a schedule, recomputation, ZeRO
 stage, sequence parallelism and a placement order. On one device type dp x tp x pp is the cluster;
 on a cluster of device groups every pipeline stage spans tp x dp GPUs of one group, so tp x dp
 divides each group's GPUs and pp is the number of such slots (``Space.group_gpus``).
@@ -39,6 +41,16 @@ VPP_BLOCKS = "pp x vpp > blocks"
 OFFLOAD_ZERO = "offload needs ZeRO >= 1 (and dp > 1)"
 ZERO_PP = "ZeRO stage not run with pipelines by the target"
 MB_MEMORY = "micro-batch activations alone exceed memory"
+CP_SEQ = "sequence not divisible into 2 x cp chunks"
+CP_SHORT = "cp chunks shorter than the search's minimum"
+CP_HEADS = "cp all-to-all needs heads divisible by tp x cp"
+CP_NONE = "cp needs attention"
+CP_TARGET = "cp not run by the target"
+EP_EXPERTS = "ep does not divide the experts"
+EP_GROUP = "ep x etp does not divide tp x cp x dp"
+EP_NONE = "ep needs routed experts"
+ETP_TP = "etp is neither 1 nor tp"
+MOE_SP = "experts with tp > 1 need sequence parallelism"
 TOO_MANY_MB = f"more than {MAX_MICROBATCHES:,} micro-batches per step"
 
 
@@ -64,19 +76,28 @@ class Space:
     """Sizes a tensor-parallel degree must divide (heads, split feature sizes)."""
     group_gpus: tuple[int, ...] = ()
     """GPUs of each device group; empty on a cluster of one device type."""
+    experts: int = 0
+    """Routed experts per MoE layer (0: a dense model); ep must divide it."""
+    heads: tuple[int, int] = (0, 0)
+    """The fewest query and key/value heads of any attention (0: no attention)."""
 
     @classmethod
     def of(cls, cluster, blocks) -> "Space":
         """The space of ``blocks`` (a BlockGraph) on ``cluster`` (Cluster or HeteroCluster)."""
         divs = tuple(sorted({d for b in blocks.blocks for d in b.tp_divisors}))
+        experts = {int(b.work.num_experts) for b in blocks.blocks if b.work.num_experts}
+        model = dict(experts=math.gcd(*experts) if experts else 0,
+                     heads=tuple(min((int(getattr(b.work, f)) for b in blocks.blocks
+                                      if getattr(b.work, f)), default=0)
+                                 for f in ("attn_heads_q", "attn_heads_kv")))
         groups = getattr(cluster, "groups", None)
         if groups:
             return cls(num_gpus=math.gcd(*(g.num_gpus for g in groups)),
                        gpus_per_node=math.gcd(*(g.gpus_per_node for g in groups)),
                        num_blocks=len(blocks.blocks), tp_divisors=divs,
-                       group_gpus=tuple(g.num_gpus for g in groups))
+                       group_gpus=tuple(g.num_gpus for g in groups), **model)
         return cls(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
-                   num_blocks=len(blocks.blocks), tp_divisors=divs)
+                   num_blocks=len(blocks.blocks), tp_divisors=divs, **model)
 
 
 @dataclass(frozen=True)
@@ -87,6 +108,17 @@ class CostKey:
     sp: bool
     recompute: str
     micro_batch: int
+    cp: int = 1
+    cp_comm: str | tuple[str, ...] = "p2p"
+    """The K/V exchange form, or the forms the pricing chooses the fastest of."""
+    ep: int = 1
+    etp: int = 1
+
+    @classmethod
+    def of(cls, cfg: Config) -> "CostKey":
+        return cls(tp=cfg.tp, sp=cfg.sequence_parallel, recompute=cfg.recompute,
+                   micro_batch=cfg.micro_batch, cp=cfg.cp, cp_comm=cfg.cp_comm, ep=cfg.ep,
+                   etp=cfg.etp)
 
 
 # ---- rules ---------------------------------------------------------------------------------------
@@ -114,6 +146,45 @@ def tp_reason(tp: int, space: Space, pinned: bool = False) -> str:
     return reasons[0] if reasons else ""
 
 
+def cp_reason(cp: int, space: Space, training: TrainingSpec, options: SearchOptions,
+              pinned: bool = False) -> str:
+    """The first rule a context-parallel degree breaks, or ''."""
+    if cp == 1:
+        return ""
+    if not space.heads[0]:
+        return CP_NONE
+    if not options.cp_comms:
+        return CP_TARGET
+    if training.seq_len % (2 * cp):
+        return CP_SEQ
+    if not pinned and training.seq_len // cp < options.cp_min_tokens:
+        return CP_SHORT
+    return ""
+
+
+def cp_comm_reason(form: str, tp: int, cp: int, space: Space) -> str:
+    """'' when the exchange ``form`` can split the heads it needs to (all-to-all forms)."""
+    if form in ("a2a", "a2a+p2p"):
+        width = cp if form == "a2a" else math.gcd(cp, max(1, space.gpus_per_node // tp))
+        if any(h % (tp * width) for h in space.heads if h):
+            return CP_HEADS
+    return ""
+
+
+def ep_reasons(ep: int, etp: int, tp: int, cp: int, dp: int, space: Space) -> list[str]:
+    """Every rule an (ep, etp) pair breaks."""
+    out = []
+    if (ep > 1 or etp > 1) and not space.experts:
+        return [EP_NONE]
+    if space.experts and space.experts % ep:
+        out.append(EP_EXPERTS)
+    if etp not in (1, tp):
+        out.append(ETP_TP)
+    if (tp * cp * dp) % (ep * etp):
+        out.append(EP_GROUP)
+    return out
+
+
 def pp_reason(pp: int, vpp: int, space: Space) -> str:
     """'' when ``pp x vpp`` stages can each take at least one block."""
     if pp > space.num_blocks:
@@ -137,28 +208,59 @@ def enumerate_space(space: Space, training: TrainingSpec, options: SearchOptions
     if fix.get("vpp", 1) > 1 and fix.get("schedule", "interleaved-1f1b") != "interleaved-1f1b":
         raise SpecError(f"fix.vpp: vpp={fix['vpp']} needs schedule=interleaved-1f1b, not "
                         f"{fix['schedule']}")
-    meshes = _group_meshes if space.group_gpus else _meshes
-    for tp, pp, dp in meshes(space, fix, training.global_batch, rejected):
+    if space.group_gpus:
+        meshes = ((tp, 1, pp, dp) for tp, pp, dp in _group_meshes(space, fix,
+                                                                   training.global_batch, rejected))
+    else:
+        meshes = _meshes(space, fix, training, options, rejected)
+    for tp, cp, pp, dp in meshes:
         fits = mb_fits if "micro_batch" not in fix else None
-        yield from _inner(fix, tp, pp, dp, training.global_batch, options, rejected, space, fits)
+        for ep, etp in _experts(fix, tp, cp, dp, space, options, rejected):
+            yield from _inner(fix, tp, pp, dp, training.global_batch, options, rejected, space,
+                              fits, cp=cp, ep=ep, etp=etp)
 
 
-def _meshes(space: Space, fix: dict, gb: int, rejected: Counter):
-    """(tp, pp, dp) with dp x tp x pp = the cluster's GPUs."""
-    n = space.num_gpus
+def _meshes(space: Space, fix: dict, training: TrainingSpec, options: SearchOptions,
+            rejected: Counter):
+    """(tp, cp, pp, dp) with dp x cp x tp x pp = the cluster's GPUs."""
+    n, gb = space.num_gpus, training.global_batch
     for tp in _choices(fix, "tp", divisors(n)):
         reason = tp_reason(tp, space, pinned="tp" in fix)
         if reason:
             rejected[reason] += 1
             continue
-        for pp in _choices(fix, "pp", divisors(n // tp)):
-            dp = n // (tp * pp)
-            reason = (MESH if (n // tp) % pp else pp_reason(pp, 1, space) or (
-                MESH if fix.get("dp", dp) != dp else BATCH_DP if gb % dp else ""))
+        for cp in _choices(fix, "cp", divisors(n // tp)):
+            reason = (MESH if (n // tp) % cp else
+                      cp_reason(cp, space, training, options, pinned="cp" in fix))
             if reason:
                 rejected[reason] += 1
                 continue
-            yield tp, pp, dp
+            for pp in _choices(fix, "pp", divisors(n // (tp * cp))):
+                dp = n // (tp * cp * pp)
+                reason = (MESH if (n // (tp * cp)) % pp else pp_reason(pp, 1, space) or (
+                    MESH if fix.get("dp", dp) != dp else BATCH_DP if gb % dp else ""))
+                if reason:
+                    rejected[reason] += 1
+                    continue
+                yield tp, cp, pp, dp
+
+
+def _experts(fix: dict, tp: int, cp: int, dp: int, space: Space, options: SearchOptions,
+             rejected: Counter):
+    """(ep, etp) pairs: ep dividing the experts, etp 1 or tp, ep x etp folded into tp x cp x dp."""
+    if not space.experts:
+        if fix.get("ep", 1) > 1 or fix.get("etp", 1) > 1:
+            rejected[EP_NONE] += 1
+            return
+        yield 1, 1
+        return
+    for etp in _choices(fix, "etp", sorted({1, tp}) if options.expert_tensor_parallel else [1]):
+        for ep in _choices(fix, "ep", divisors(tp * cp * dp) if options.expert_parallel else [1]):
+            reasons = ep_reasons(ep, etp, tp, cp, dp, space)
+            if reasons:
+                rejected[reasons[0]] += 1
+                continue
+            yield ep, etp
 
 
 def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
@@ -181,9 +283,21 @@ def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
             yield tp, pp, dp
 
 
-def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None):
-    states = _zero_offload(fix, dp, pp, options, rejected)
+def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1, ep=1, etp=1):
+    states = _zero_offload(fix, dp * cp, pp, options, rejected)
     schedules = _choices(fix, "schedule", list(options.schedules) if pp > 1 else ["1f1b"])
+    comms: tuple[str, ...] = (fix.get("cp_comm", "p2p"),)  # cp = 1: no exchange to choose
+    if cp > 1:  # the exchange forms allowed; the pricing takes the fastest (CostKey.cp_comm)
+        allowed = []
+        for form in _choices(fix, "cp_comm", list(options.cp_comms)):
+            reason = cp_comm_reason(form, tp, cp, space)
+            if reason:
+                rejected[reason] += 1
+            else:
+                allowed.append(form)
+        if not allowed:
+            return
+        comms = tuple(allowed)
     for mb in _choices(fix, "micro_batch", divisors(gb // dp)):
         if (gb // dp) % mb:
             rejected[MICRO_BATCH] += 1
@@ -192,7 +306,7 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None):
         if m > MAX_MICROBATCHES:
             rejected[TOO_MANY_MB] += 1
             continue
-        if mb_fits is not None and not mb_fits(tp, pp, mb, m):
+        if mb_fits is not None and not mb_fits(tp, pp, mb, m, cp):
             rejected[MB_MEMORY] += 1
             continue
         for sp in _choices(fix, "sequence_parallel",
@@ -200,16 +314,21 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None):
             if sp and tp == 1:
                 rejected[SP_TP] += 1
                 continue
+            if space.experts and tp > 1 and not sp:
+                rejected[MOE_SP] += 1
+                continue
             for rc in _choices(fix, "recompute", list(options.recompute)):
                 configs = [
-                    Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m, schedule=s,
-                           recompute=rc, zero=z, sequence_parallel=sp, vpp=v, offload_optimizer=o)
+                    Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m,
+                           schedule=s, recompute=rc, zero=z, sequence_parallel=sp, vpp=v,
+                           offload_optimizer=o, cp=cp, cp_comm=comms[0], ep=ep, etp=etp)
                     for s in schedules
                     for v in _vpps(fix, s, pp, m, options, rejected, space)
                     for z, o in states
                 ]
                 if configs:
-                    yield CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=mb), configs
+                    yield CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=mb, cp=cp,
+                                  cp_comm=comms, ep=ep, etp=etp), configs
 
 
 def _vpps(fix: dict, schedule: str, pp: int, m: int, options: SearchOptions,

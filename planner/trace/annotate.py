@@ -58,17 +58,25 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "attn_scores", "attn_scores_dropout", "mem_bytes_tp", "mem_bytes_rep",
                          "eager_attn_bytes_tp", "eager_attn_bytes_rep", "eager_attn_kernels",
                          "attn_scores_saved",
-                         "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes"), 0.0)
+                         "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes", "expert_flops",
+                         "num_experts", "routed_tokens", "dispatch_bytes", "attn_kv_bytes",
+                         "attn_q_bytes", "attn_heads_q", "attn_heads_kv"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
     savers: dict[str, list[str]] = {}
     gemms: list[Gemm] = []
+    expert_weights: set[str] = set()
+    routed = [r for n in op_names for r in by[n].dims.get("gemms", []) if len(r) > 7 and r[7]]
+    hidden = routed[0][3] if routed else 0  # the first expert GEMM reads the hidden states
     for name in op_names:
         op = by[name]
         split_compute, split_out = tp.split_of(name)
+        if _routes_experts(op):  # experts are split by expert parallelism (and etp), not tp
+            split_compute = split_out = False
+            expert_weights.update(op.params)
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
-                     name in attn_gemms, name in scores)
+                     name in attn_gemms, name in scores, hidden)
         for p in op.params:
             param_split[p] = param_split.get(p, False) or split_compute
         for key, nbytes in op.saves:
@@ -93,6 +101,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     squares = acc.pop("kernel_bytes_sq")
     acc["kernel_bytes"] = squares / moved if moved else 0.0
     known = [s for p, s in param_split.items() if p in graph.params]
+    acc["expert_params"] = float(sum(graph.params[p].numel for p in expert_weights
+                                     if p in graph.params and not param_split.get(p)))
     work = BlockWork(params_tp=float(params_tp), params_rep=float(params_rep),
                      tp_collectives=collectives, param_tensors_tp=sum(known),
                      param_tensors_rep=len(known) - sum(known),
@@ -102,26 +112,41 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
 
 
 def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
-                 gemms: list[Gemm], attn_gemm: bool, score: bool) -> None:
+                 gemms: list[Gemm], attn_gemm: bool, score: bool, hidden: float = 0) -> None:
+    """Add the op's work to ``acc`` and its GEMMs to ``gemms``. ``hidden``: the width of the
+    hidden states the block's routed experts read (0: no experts)."""
     if op.kind in FREE:
         return
     acc["kernels_eager"] += 1
+    word = _word(op.dtype)
     if op.kind == "attention":
         _add_attention(op.flops, op.dims.get("scores", 0), bool(op.dims.get("causal")),
-                       bool(op.dims.get("dropout")), split, acc, op.requires_grad,
-                       _word(op.dtype))
+                       bool(op.dims.get("dropout")), split, acc, op.requires_grad, word)
+        _add_heads(acc, op.dims.get("heads_q", 0), op.dims.get("heads_kv", 0),
+                   op.dims.get("q_elems", 0) * word, op.dims.get("kv_elems", 0) * word)
     elif "gemms" in op.dims or "attention" in op.dims:  # a node that computes: its ATen work
         for row in op.dims.get("gemms", []):
-            g = _gemm(row, split, split_out, seq_len if op.kind != "matmul" else 0, attn_gemm)
+            g = _gemm(row, split, split_out, seq_len if op.kind != "matmul" else 0, attn_gemm,
+                      hidden)
             gemms.append(g)
             acc["attn_flops" if g.attention and split else
                 "mm_flops_tp" if split else "mm_flops_rep"] += g.flops
             acc["bwd_flops"] += g.bwd_flops
+            if g.experts:
+                acc["expert_flops"] += g.flops
+                acc["num_experts"] = max(acc["num_experts"], float(g.experts))
+                if g.n == hidden:  # the GEMM returning to the hidden width: one per MoE layer
+                    acc["routed_tokens"] += g.batch * g.m
+                    acc["dispatch_bytes"] += g.batch * g.m * hidden * word
         for a in op.dims.get("attention", []):
             scores = a["batch"] * a["heads_q"] * a["q_len"] * a["kv_len"]
             flops = 2.0 * scores * (a["head_dim"] + a["value_dim"])
             _add_attention(flops, scores, bool(a["causal"]), bool(a["dropout"]), split, acc,
-                           op.requires_grad, _word(op.dtype))
+                           op.requires_grad, word)
+            _add_heads(acc, a["heads_q"], a["heads_kv"],
+                       a["batch"] * a["heads_q"] * a["q_len"] * a["head_dim"] * word,
+                       a["batch"] * a["heads_kv"] * a["kv_len"] * (a["head_dim"] + a["value_dim"])
+                       * word)
         inside = op.dims.get("mem_bytes", 0.0)
         acc["mem_bytes_tp" if split else "mem_bytes_rep"] += inside
         acc["kernel_bytes_sq"] += inside ** 2 / max(op.dims.get("kernels", 1), 1)
@@ -153,13 +178,36 @@ def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, spl
         acc["attn_scores_dropout"] += scores
 
 
+def _routes_experts(op: Op) -> bool:
+    """Whether the op runs routed experts (a grouped GEMM of token copies, one matrix each)."""
+    return any(len(r) > 7 and r[7] for r in op.dims.get("gemms", []))
+
+
+def _add_heads(acc: dict, heads_q: float, heads_kv: float, q_bytes: float,
+               kv_bytes: float) -> None:
+    """An attention call's heads (the fewest over the block's calls) and query and key/value bytes."""
+    for key, heads in (("attn_heads_q", heads_q), ("attn_heads_kv", heads_kv)):
+        if heads:
+            acc[key] = min(acc[key], heads) if acc[key] else float(heads)
+    acc["attn_q_bytes"] += q_bytes
+    acc["attn_kv_bytes"] += kv_bytes
+
+
 def _gemm(row: list, split_compute: bool, split_out: bool, seq_len: int,
-          attention: bool) -> Gemm:
-    """A priced GEMM row [batch, m, n, k, weight, grad_a, grad_b] as the cost model's Gemm: split
-    as its node is (a Linear's output or reduction, an attention matmul's heads), and marked as an
-    attention core when its node is one (``attention``) or, inside a module priced whole (an
-    ``nn.MultiheadAttention``), when it multiplies two activations over a ``seq_len`` square."""
-    batch, m, n, k, weight, grad_a, grad_b = row
+          attention: bool, hidden: float = 0) -> Gemm:
+    """A priced GEMM row [batch, m, n, k, weight, grad_a, grad_b(, experts)] as the cost model's
+    Gemm: split as its node is (a Linear's output or reduction, an attention matmul's heads), and
+    marked as an attention core when its node is one (``attention``) or, inside a module priced
+    whole (an ``nn.MultiheadAttention``), when it multiplies two activations over a ``seq_len``
+    square. A routed-expert GEMM is split as expert tensor parallelism splits it: the one
+    returning the ``hidden`` width along its reduction (row-parallel), the others along their
+    output (column-parallel)."""
+    batch, m, n, k, weight, grad_a, grad_b = row[:7]
+    experts = int(row[7]) if len(row) > 7 else 0
+    if experts:
+        return Gemm(batch=batch, m=m, n=n, k=k, split=SPLIT_K if n == hidden else SPLIT_N,
+                    linear=bool(weight), grad_a=bool(grad_a), grad_b=bool(grad_b),
+                    experts=experts)
     scores = not weight and (attention or (seq_len > 1 and m == seq_len and seq_len in (n, k)))
     if not split_compute:
         split = SPLIT_NONE

@@ -71,6 +71,9 @@ class AtenGemm:
     """The left (activation) operand needs a gradient: backward runs the input-gradient GEMM."""
     grad_b: bool
     """The right operand (a weight, or a second activation) needs a gradient."""
+    experts: int = 0
+    """Groups of a grouped GEMM of routed tokens with one matrix per expert (a Mixture-of-Experts
+    layer); 0 for every other GEMM."""
 
     @property
     def flops(self) -> float:
@@ -203,8 +206,9 @@ class _Recorder(TorchDispatchMode):
     def _grouped(self, args, out) -> None:
         a, b = args[0], args[1]
         m, k, n = grouped_mm_dims(tuple(a.shape), tuple(b.shape), tuple(out.shape))
+        experts = int(b.shape[0]) if a.dim() == 2 and b.dim() == 3 else 0
         self.work.gemms.append(AtenGemm(1, m, n, k, self._is_weight(b),
-                                        a.requires_grad, b.requires_grad))
+                                        a.requires_grad, b.requires_grad, experts))
 
 
 def grouped_mm_dims(a: tuple, b: tuple, out: tuple) -> tuple[float, float, float]:

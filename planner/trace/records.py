@@ -180,13 +180,13 @@ def _attention(acts: list[_Tensor], attrs: dict) -> AtenAttention:
 
 
 def _work_dims(work: CallWork, batch: int) -> dict:
-    """A priced call per sample: its GEMMs as [batch, m, n, k, weight, grad_a, grad_b] (the
+    """A priced call per sample: its GEMMs as [batch, m, n, k, weight, grad_a, grad_b, experts] (the
     dimension that carries the samples divided by ``batch``), its fused attention calls, and the
     bytes and kernels of its memory-bound ATen ops."""
     gemms = []
     for g in work.gemms:
         b, m = (g.batch, g.m / batch) if g.weight or g.batch == 1 else (g.batch / batch, g.m)
-        gemms.append([b, m, g.n, g.k, int(g.weight), int(g.grad_a), int(g.grad_b)])
+        gemms.append([b, m, g.n, g.k, int(g.weight), int(g.grad_a), int(g.grad_b), g.experts])
     attention = [{"batch": a.batch / batch, "heads_q": a.heads_q, "heads_kv": a.heads_kv,
                   "q_len": a.q_len, "kv_len": a.kv_len, "head_dim": a.head_dim,
                   "value_dim": a.value_dim, "causal": int(a.causal), "dropout": int(a.dropout)}
@@ -212,9 +212,13 @@ def _dims(kind: str, acts: list[_Tensor], ins: list[_Tensor], outs, module_param
             return {}  # a convolution: not a Linear tensor parallelism could split
         return {"in": k, "out": n, "linear": 1}
     if kind == "attention" and len(acts) >= 2 and len(acts[0].shape) == 4:
-        return {"heads_q": int(acts[0].shape[1]), "heads_kv": int(acts[1].shape[1]),
+        q, k = acts[0].shape, acts[1].shape
+        v = acts[2].shape if len(acts) > 2 else k
+        return {"heads_q": int(q[1]), "heads_kv": int(k[1]),
                 "causal": int(bool(attrs.get("causal"))), "dropout": int(attrs.get("dropout", 0) > 0),
-                "scores": int(acts[0].shape[1]) * int(acts[0].shape[2]) * int(acts[1].shape[2])}
+                "scores": int(q[1]) * int(q[2]) * int(k[2]),
+                "q_elems": int(q[1]) * int(q[2]) * int(q[3]),
+                "kv_elems": int(k[1]) * int(k[2]) * (int(k[3]) + int(v[3]))}
     if kind == "embedding":
         weights = [x for x in ins if x.param and len(x.shape) == 2]
         if weights:

@@ -17,6 +17,7 @@ import inspect
 import io
 import logging
 import operator
+import os
 
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -98,7 +99,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
     repeats = [(f, n) for f, n in layer_lists if f not in whole]
     errors: list[str] = []
     fixes: list[str] = []
-    with truncated(model, repeats):
+    with truncated(model, repeats), _grouped_query_attention():
         params = {n: ParamInfo(shape=list(p.shape), numel=p.numel(),
                                nbytes=p.numel() * p.element_size())
                   for n, p in model.named_parameters()}
@@ -130,6 +131,23 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
         "; example inputs that match the forward's signature help both tracers"
         if method == "auto" else "")
     raise TraceError(f"could not trace {name}: " + "; ".join(errors) + hint)
+
+
+@contextlib.contextmanager
+def _grouped_query_attention():
+    """Hugging Face attention hands grouped-query attention to SDPA as it is (``enable_gqa``)
+    instead of repeating the key/value heads first, as it does on GPUs without a mask: the trace
+    then sees the key/value heads a fused kernel reads (and context parallelism exchanges)."""
+    key = "TRANSFORMERS_SDPA_FORCE_GQA"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before
 
 
 def _param_aliases(model: torch.nn.Module) -> dict[str, str]:

@@ -1,0 +1,63 @@
+"""Context parallelism: what exchanging keys and values costs per layer and micro-batch.
+
+Each of ``cp`` ranks holds 1/cp of every sample's tokens (2 cp chunks, each rank a chunk from the
+front and one from the back, so that causal attention's work is the same on every rank; Megatron-
+Core's load balancing). Attention needs every earlier key and value, which the ranks exchange in
+one of four forms (``CP_COMMS`` in planner/options.py):
+
+- ``p2p``: a ring (Liu et al., "Ring Attention with Blockwise Transformers", 2023): cp steps, each
+  computing attention against one chunk of K/V while the next chunk arrives from the neighbour;
+  backward sends K/V and their gradients. Only what a step's compute does not cover is exposed.
+- ``allgather``: K/V all-gathered before attention, their gradients reduce-scattered after
+  (the Llama 3 paper, Dubey et al. 2024, §3.3.2): exposed, cheap with few key/value heads.
+- ``a2a``: all-to-all from sequence shards to head shards and back for q, k, v and the output
+  (Jacobs et al., "DeepSpeed Ulysses", 2023): exposed; needs the heads divisible by cp.
+- ``a2a+p2p``: all-to-all inside a node and a ring across nodes (Megatron-Core's hierarchical
+  form): heads split over the ranks of a node, the ring over the rest.
+
+Sizes are per micro-batch on one GPU, for the whole sequence (``kv_bytes``: keys and values of
+every token of the micro-batch on this tensor-parallel rank; ``q_bytes`` the queries, the output
+being as large).
+"""
+
+from __future__ import annotations
+
+from costmodels import comm
+from costmodels.comm import GroupShape
+from costmodels.topology import Cluster
+
+
+def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_s: float,
+               attn_bwd_s: float, group: GroupShape, cluster: Cluster) -> tuple[float, float]:
+    """(forward, backward) seconds of K/V exchange one layer exposes, per micro-batch."""
+    if cp <= 1 or kv_bytes <= 0:
+        return 0.0, 0.0
+    if form == "p2p":
+        return _ring(cp, kv_bytes / cp, attn_fwd_s, attn_bwd_s,
+                     cluster.intra_node if group.per_node >= group.size else cluster.inter_node)
+    if form == "allgather":
+        return (comm.allgather_s(kv_bytes, group, cluster),
+                comm.allgather_s(kv_bytes, group, cluster)
+                + comm.reduce_scatter_s(kv_bytes, group, cluster))
+    moved = (2 * q_bytes + kv_bytes) / cp  # q, k, v in and the output back, each a local shard
+    if form == "a2a":
+        t = comm.alltoall_s(moved, group, cluster, count=4)
+        return t, t
+    # a2a+p2p: heads over the ranks of a node, a ring of node-sized chunks across nodes
+    inner = max(1, min(group.per_node, group.size))
+    outer = cp // inner
+    heads = comm.alltoall_s(moved, GroupShape(size=inner, per_node=inner), cluster, count=4)
+    f, b = _ring(outer, kv_bytes / cp, attn_fwd_s, attn_bwd_s, cluster.inter_node)
+    return heads + f, heads + b
+
+
+def _ring(steps: int, chunk_bytes: float, attn_fwd_s: float, attn_bwd_s: float,
+          link) -> tuple[float, float]:
+    """A ring of ``steps`` ranks: steps - 1 sends of one K/V chunk in forward (two in backward:
+    K/V and their gradients), each behind one step's share of the attention compute."""
+    if steps <= 1:
+        return 0.0, 0.0
+    send_f = comm.p2p_s(chunk_bytes, link)
+    send_b = comm.p2p_s(2 * chunk_bytes, link)
+    return ((steps - 1) * max(0.0, send_f - attn_fwd_s / steps),
+            (steps - 1) * max(0.0, send_b - attn_bwd_s / steps))

@@ -1,0 +1,47 @@
+"""Expert parallelism: what moving routed tokens to their experts and back costs.
+
+A Mixture-of-Experts layer routes each token to top-k experts; with expert parallelism the
+experts live on ``ep`` ranks, so each token copy travels to its expert's rank (dispatch) and its
+result travels back (combine), in forward and again, as gradients, in backward (Lepikhin et al.,
+"GShard", 2020; Fedus et al., "Switch Transformers", 2022). Two dispatchers
+(costmodels.engine.EngineSpec.moe_dispatcher):
+
+- ``alltoall``: each rank sends every token copy to the rank of its expert: an all-to-all of the
+  rank's token copies (hidden states), dispatch and combine;
+- ``allgather``: each rank gathers the tokens of the whole expert-parallel group (once per token,
+  not per copy) and keeps those routed to its experts; the combine is a reduce-scatter.
+
+With expert tensor parallelism (``etp`` > 1) the token copies are also all-gathered over the etp
+group before the experts' GEMMs and reduce-scattered after. The busiest rank (``load``, the
+routing imbalance) sets the time. Sizes are per micro-batch on one GPU.
+"""
+
+from __future__ import annotations
+
+from costmodels import comm
+from costmodels.comm import GroupShape
+from costmodels.topology import Cluster
+
+
+def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep: int,
+               ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
+               load: float = 1.0, layers: int = 1) -> float:
+    """Seconds of one forward's dispatch and combine for ``layers`` MoE layers (backward moves
+    the same bytes again). ``copies_bytes``: hidden states of the rank's token copies (tokens x
+    top-k); ``tokens_bytes``: of its tokens (once each). Sizes may be numpy arrays (one entry
+    per block; ``layers`` then counts each block's MoE layers, for the latency term)."""
+    if ep <= 1 and etp_group.size <= 1:
+        return 0.0 * copies_bytes
+    t = 0.0 * copies_bytes
+    if ep > 1:
+        if dispatcher == "allgather":
+            gathered = tokens_bytes * ep
+            t += comm.allgather_s(gathered, ep_group, cluster, count=layers) + \
+                comm.reduce_scatter_s(gathered, ep_group, cluster, count=layers)
+        else:
+            t += 2 * comm.alltoall_s(copies_bytes * load, ep_group, cluster, count=layers)
+    if etp_group.size > 1:
+        gathered = copies_bytes * load * etp_group.size
+        t += comm.allgather_s(gathered, etp_group, cluster, count=layers) + \
+            comm.reduce_scatter_s(gathered, etp_group, cluster, count=layers)
+    return t
