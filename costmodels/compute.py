@@ -24,6 +24,7 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -62,10 +63,26 @@ class BlockTime:
     attn_bwd_s: float = 0.0
     expert_s: float = 0.0
     """Forward + backward seconds of the routed experts' GEMMs."""
+    op_recompute_s: float = 0.0
+    """What op-level checkpointing recomputes: every other weight GEMM and the memory-bound ops,
+    not attention."""
+
+    def recomputing(self, recompute: str) -> "BlockTime":
+        """The same block under another recomputation policy: full replays the forward,
+        selective the attention core, op-level its share (op_recompute_s)."""
+        again = {"full": self.fwd_s, "selective": self.attn_fwd_s, "op": self.op_recompute_s,
+                 "none": 0.0}[recompute]
+        return dataclasses.replace(self, recompute_s=again)
 
     @property
     def total_s(self) -> float:
         return self.fwd_s + self.bwd_s + self.recompute_s
+
+
+_GEMMS: dict[tuple, tuple[DeviceSpec, float]] = {}
+"""Seconds of GEMMs already priced, by (device id, dtype, shape): a search prices the same
+shapes under many configurations. The device is kept with its entry, so that a reused id never
+matches."""
 
 
 def gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec, dtype: str) -> float:
@@ -73,6 +90,19 @@ def gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec, 
     max(compute with wave quantization, operand traffic) + launch. With a measured table (``plan
     profile``) the compute term is FLOPs / measured FLOP/s at that size, which already contains
     the launch cost."""
+    key = (id(device), dtype, batch, m, n, k)
+    hit = _GEMMS.get(key)
+    if hit is not None and hit[0] is device:
+        return hit[1]
+    if len(_GEMMS) > 200_000:
+        _GEMMS.clear()
+    t = _gemm_time_s(batch, m, n, k, device, dtype)
+    _GEMMS[key] = (device, t)
+    return t
+
+
+def _gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec,
+                 dtype: str) -> float:
     if min(batch, m, n, k) <= 0:
         return 0.0
     flops = 2.0 * batch * m * n * k
@@ -293,19 +323,18 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         cast_f, cast_b = fp8_cast_s(work.gemms, device, engine.fp8_recipe,
                                     micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         fwd_s, bwd_s = fwd_s + cast_f, bwd_s + cast_b
+    if work.num_experts and not engine.moe_capacity_factor:
+        # dropless dispatch: the host waits for the device's token counts in every MoE layer,
+        # then issues the layer's ops while the device waits (about twice as many in backward)
+        host = work.kernels_eager * engine.host_op_s
+        fwd_s, bwd_s = fwd_s + host, bwd_s + 2 * host
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s
-    if recompute == "full":
-        recompute_s = fwd_s
-    elif recompute == "selective":
-        recompute_s = attn_f + gemm_attn
-    elif recompute == "op":  # every other weight GEMM and the memory-bound ops, not attention
-        recompute_s = (gemm_f - gemm_attn) * work.op_recompute_gemm_share + mem_f
-    else:
-        recompute_s = 0.0
-    return BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=recompute_s,
-                     attn_fwd_s=attn_f + gemm_attn, attn_bwd_s=attn_b, expert_s=expert_s)
+    bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
+                   attn_bwd_s=attn_b, expert_s=expert_s,
+                   op_recompute_s=(gemm_f - gemm_attn) * work.op_recompute_gemm_share + mem_f)
+    return bt.recomputing(recompute)
 
 
 def optimizer_step_s(params: float, device: DeviceSpec, *, traffic_bytes_per_param: float,

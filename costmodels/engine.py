@@ -68,6 +68,13 @@ class EngineSpec:
     moe_grouped_gemm: bool = True
     """The local experts run as one grouped GEMM (Megatron's --moe-grouped-gemm); False: one GEMM
     per expert, each with its own launch."""
+    host_op_s: float = 0.0
+    """Host seconds to issue one op (framework dispatch and kernel launch). It is hidden while
+    the host runs ahead of the device, and exposed where the host must wait for the device:
+    dropless token dispatch sizes its all-to-all from counts the device computed, a host-device
+    synchronization in every MoE layer's forward and backward (Megatron-Core's alltoall and
+    allgather dispatchers; CUDA graphs, which remove launch costs, need the static shapes of a
+    capacity factor). 0: not modelled."""
     moe_overlap: bool = False
     """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
@@ -76,7 +83,8 @@ class EngineSpec:
         if self.moe_dispatcher not in DISPATCHERS:
             raise SpecError(f"engine.moe_dispatcher: expected {' or '.join(DISPATCHERS)}, got "
                             f"{self.moe_dispatcher!r}")
-        for key, low in (("moe_imbalance", 1.0), ("moe_capacity_factor", 0.0)):
+        for key, low in (("moe_imbalance", 1.0), ("moe_capacity_factor", 0.0),
+                         ("host_op_s", 0.0)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not value >= low or value == float("inf"):
@@ -159,7 +167,7 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
             if text not in ("true", "false", "1", "0", "yes", "no"):
                 raise SpecError(f"engine.{key}: expected true or false, got {text!r}")
             kw[key] = text in ("true", "1", "yes")
-    for key in ("moe_imbalance", "moe_capacity_factor"):
+    for key in ("moe_imbalance", "moe_capacity_factor", "host_op_s"):
         if key in kw and isinstance(kw[key], str):
             try:
                 kw[key] = float(kw[key])

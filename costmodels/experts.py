@@ -18,8 +18,11 @@ routing imbalance) sets the time. Sizes are per micro-batch on one GPU.
 
 from __future__ import annotations
 
+import numpy as np
+
 from costmodels import comm
 from costmodels.comm import GroupShape
+from costmodels.engine import expert_load
 from costmodels.topology import Cluster
 
 
@@ -45,3 +48,24 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
         t += comm.allgather_s(gathered, etp_group, cluster, count=layers) + \
             comm.reduce_scatter_s(gathered, etp_group, cluster, count=layers)
     return t
+
+
+def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, share: float,
+                     ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
+                     recompute_full: bool, expert_s):
+    """Per block (numpy arrays over blocks): the dispatch and combine it exposes per micro-batch,
+    forward and backward (full recomputation replays the forward's). ``dispatch_bytes`` and
+    ``routed_tokens`` per sample (costmodels.workload.BlockWork); ``share``: samples' worth of
+    tokens the rank holds (its 1/(tp x cp) of the micro-batch: MoE layers run
+    sequence-parallel); ``expert_s``: the experts' own compute, which an overlapped dispatch
+    (EngineSpec.moe_overlap) hides behind."""
+    layers = (dispatch_bytes > 0).astype(float)
+    topk = np.where(routed_tokens > 0, routed_tokens / seq_len, 1.0)
+    fwd = dispatch_s(engine.moe_dispatcher, copies_bytes=share * dispatch_bytes,
+                     tokens_bytes=share * dispatch_bytes / topk, ep=ep, ep_group=ep_group,
+                     etp_group=etp_group, cluster=cluster, load=expert_load(engine),
+                     layers=layers)
+    total = fwd * ((2 if recompute_full else 1) + 1)
+    if engine.moe_overlap:
+        total = np.maximum(0.0, total - expert_s)
+    return np.where(layers > 0, total, 0.0)

@@ -100,9 +100,11 @@ class SearchOptions:
     """With tensor parallelism: sequence parallelism off and/or on."""
     cp_comms: tuple[CpComm, ...] = CP_COMMS
     """Forms of context-parallel K/V exchange to consider (with cp > 1)."""
-    cp_min_tokens: int = 1024
+    cp_min_tokens: int = 4096
     """The search tries context parallelism only while each cp rank keeps at least this many
-    tokens of a sequence (a pinned cp is priced however short its chunks)."""
+    tokens of a sequence (a pinned cp is priced however short its chunks): below it attention is
+    a small share of the work, and the published long-context recipes start context parallelism
+    at 32k tokens (NeMo's performance_long_sequence.md)."""
     expert_parallel: bool = True
     """Whether routed experts may be spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True

@@ -9,11 +9,11 @@ chain split, the DAG and the device-group solvers alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from costmodels import comm, compute, context, memory, pipeline
+from costmodels import comm, compute, context, experts, memory, pipeline
 from costmodels.engine import expert_load
 from costmodels.topology import Cluster
 from costmodels.workload import WORK_FIELDS, BlockWork
@@ -29,6 +29,9 @@ class ModelArrays:
 
     names: list[str]
     works: list[BlockWork]
+    same: list[int]
+    """Per block: the index of the first block whose work equals its own (layers built from one
+    definition cost the same, and are priced once)."""
     checkpointed: np.ndarray
     """Per block: whether recomputation applies to it (Block.recompute)."""
     work: BlockWork
@@ -38,6 +41,11 @@ class ModelArrays:
     fwd_flops_per_sample: float
     train_flops_per_sample: float
     """Model FLOPs of forward + backward per sample (BlockWork.train_flops)."""
+    times_key: tuple | None = None
+    times: dict = field(default_factory=dict)
+    """The last block times priced (block_costs), for the knobs in ``times_key``: the
+    configurations of one mesh and micro-batch differ in recomputation next, which changes no
+    block's forward or backward."""
 
     @classmethod
     def from_blocks(cls, bg: BlockGraph, order: list[int] | None = None) -> "ModelArrays":
@@ -48,7 +56,10 @@ class ModelArrays:
         idx = {b.name: i for i, b in enumerate(blocks)}
         shared = [(idx[a], idx[b], float(n), bool(s)) for a, b, n, s in bg.shared]
         work = BlockWork(**cols)
-        return cls(names=[b.name for b in blocks], works=[b.work for b in blocks], work=work,
+        first: dict[BlockWork, int] = {}
+        same = [first.setdefault(b.work, i) for i, b in enumerate(blocks)]
+        return cls(names=[b.name for b in blocks], works=[b.work for b in blocks], same=same,
+                   work=work,
                    checkpointed=np.array([b.recompute for b in blocks], dtype=bool),
                    cut_bytes=np.array(bg.cut_bytes(order), dtype=float), shared=shared,
                    fwd_flops_per_sample=float(np.sum(work.fwd_flops)),
@@ -74,16 +85,22 @@ class BlockCosts:
     expert_s: np.ndarray
     """Routed experts' GEMMs (forward + backward; part of ``compute_s``): what an overlapped
     dispatch can hide behind."""
+    ep_comm_s: np.ndarray | None = None
+    """Expert dispatch and combine with the ep group on the fewest nodes it can occupy (its
+    members next to each other): the least it costs under any placement, for the bounds and the
+    stage split; the pricing replaces it by the placement's own (pricing.expert_comm_s)."""
     cp_comm: str = "p2p"
     """The K/V exchange form these costs price (with cp > 1: the fastest of those allowed)."""
 
     @property
     def time_s(self) -> np.ndarray:
-        return self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s
+        t = self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s
+        return t if self.ep_comm_s is None else t + self.ep_comm_s
 
     def permuted(self, order: list[int]) -> "BlockCosts":
         return BlockCosts(**{f.name: getattr(self, f.name)[order] for f in fields(self)
-                             if f.name != "cp_comm"}, cp_comm=self.cp_comm)
+                             if f.name != "cp_comm" and getattr(self, f.name) is not None},
+                          cp_comm=self.cp_comm)
 
 
 def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int, sp: bool,
@@ -97,14 +114,22 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     engine = training.engine
     experts = compute.Experts(ep=ep, etp=etp, load=expert_load(engine),
                               grouped=engine.moe_grouped_gemm)
-    times: dict[tuple, compute.BlockTime] = {}  # blocks copied from one layer share one BlockWork
+    # blocks of equal work are priced once, and once for every recomputation policy
+    shared = (id(cluster.device), training.dtype, engine, micro_batch, tp, sp, cp, experts)
+    if ma.times_key != shared:
+        ma.times_key, ma.times = shared, {}
+    times = ma.times
     policies = [recompute if c else "none" for c in ma.checkpointed]
-    for work, policy in zip(ma.works, policies):
-        if (id(work), policy) not in times:
-            times[id(work), policy] = compute.block_time(
+    for i, work in enumerate(ma.works):
+        if ma.same[i] not in times:
+            times[ma.same[i]] = compute.block_time(
                 work, cluster.device, dtype=training.dtype, micro_batch=micro_batch, tp=tp, sp=sp,
-                recompute=policy, engine=engine, cp=cp, experts=experts)
-    bt = [times[id(work), policy] for work, policy in zip(ma.works, policies)]
+                recompute="none", engine=engine, cp=cp, experts=experts)
+    under: dict[tuple, compute.BlockTime] = {}
+    for i, policy in enumerate(policies):
+        if (ma.same[i], policy) not in under:
+            under[ma.same[i], policy] = times[ma.same[i]].recomputing(policy)
+    bt = [under[ma.same[i], policy] for i, policy in enumerate(policies)]
     group = placement.group_shape(tp, 1, cluster.gpus_per_node)
     fwd_repeats = 2 if recompute == "full" else 1  # full recompute replays forward all-reduces
     share = micro_batch / cp  # samples' worth of tokens on this GPU
@@ -131,7 +156,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         for f_name in forms:
             s_ = np.zeros(n)
             for i, t in enumerate(bt):
-                if kv[i] > 0:
+                if ma.same[i] != i:  # equal work: equal exchange
+                    s_[i] = s_[ma.same[i]]
+                elif kv[i] > 0:
                     f, b = context.exchange_s(f_name, cp=cp, kv_bytes=kv[i], q_bytes=q[i],
                                               attn_fwd_s=t.attn_fwd_s, attn_bwd_s=t.attn_bwd_s,
                                               group=cp_group, cluster=cluster)
@@ -161,8 +188,26 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         expert_params_local=vec(w.expert_params / (ep * etp)),
         cp_comm_s=cp_s,
         expert_s=vec([t.expert_s for t in bt]),
+        ep_comm_s=_least_dispatch_s(ma, cluster, training, tp=tp, cp=cp, ep=ep, etp=etp,
+                                    micro_batch=micro_batch, recompute=recompute,
+                                    expert_s=vec([t.expert_s for t in bt])),
         cp_comm=form,
     )
+
+
+def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int,
+                      cp: int, ep: int, etp: int, micro_batch: int, recompute: str,
+                      expert_s: np.ndarray) -> np.ndarray | None:
+    """Per block: expert dispatch and combine with the ep (and etp) group on consecutive ranks."""
+    w = ma.work
+    if ep * etp <= 1 or not np.any(w.dispatch_bytes):
+        return None
+    g = cluster.gpus_per_node
+    return experts.block_dispatch_s(
+        training.engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
+        seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
+        ep_group=placement.group_shape(ep, etp, g), etp_group=placement.group_shape(etp, 1, g),
+        cluster=cluster, recompute_full=recompute == "full", expert_s=expert_s)
 
 
 def config_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,

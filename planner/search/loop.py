@@ -26,7 +26,9 @@ from typing import Callable
 
 import numpy as np
 
+from costmodels import compute, memory
 from costmodels.errors import InfeasibleError
+from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import HeteroCluster
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import hetero
@@ -154,15 +156,27 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
             break
         costs = pricer.costs(key)
         form = pricer.one(costs).cp_comm
+        # the configurations of one key share their mesh and micro-batch: the memory screen
+        # depends on the state sharding and the schedule's in-flight count, the bound on the
+        # schedule and the optimizer's placement
+        full: dict[tuple, bool] = {}
+        bounds: dict[tuple, float] = {}
         for cfg in configs:
             done += 1
             if cfg.cp > 1 and cfg.cp_comm != form:
                 cfg = cfg.with_(cp_comm=form)  # the fastest exchange the key allowed
-            if _out_of_memory(cfg, costs, pricer, training):
+            mem_key = (cfg.zero, cfg.offload_optimizer, cfg.schedule == "gpipe")
+            if mem_key not in full:
+                full[mem_key] = _out_of_memory(cfg, costs, pricer, training)
+            if full[mem_key]:
                 rejected[OUT_OF_MEMORY] += 1
-            else:
-                queue.append((_bound_s(cfg, costs, pricer), done, cfg, key))
-                costs_of[key] = costs
+                continue
+            bound_key = (cfg.schedule, cfg.vpp, cfg.zero, cfg.offload_optimizer)
+            if bound_key not in bounds:
+                bounds[bound_key] = _bound_s(cfg, costs, pricer) + _optimizer_bound_s(
+                    cfg, costs, pricer, training)
+            queue.append((bounds[bound_key], done, cfg, key))
+            costs_of[key] = costs
     queue.sort(key=lambda q: (q[0], q[1]))
     for i, (bound, order, cfg, key) in enumerate(queue):
         if progress and i % 64 == 0:
@@ -223,21 +237,67 @@ def _out_of_memory(cfg: Config, costs, pricer: _Pricer, training: TrainingSpec) 
     blocks leaves some rank with at least (A + S / max c) / sum(1 / c_i): the average of the
     ranks' memory weighted by 1 / c_i."""
     bpp = min(state_bytes_per_param(cfg, training))  # experts' states may shard further
-    states = pricer.params(costs, cfg.tp) * bpp
+    params, acts = _totals(pricer, costs, cfg.tp)
+    states = params * bpp
     m, pp = cfg.num_microbatches, cfg.pp
-    flight = [m] * pp if cfg.schedule == "gpipe" else [min(pp - i, m) for i in range(pp)]
-    acts = float(pricer.one(costs).act_bytes.sum())
-    need = (acts + states / max(flight)) / sum(1.0 / c for c in flight)
+    if cfg.schedule == "gpipe":
+        most, spread = m, pp / m
+    else:  # c_i = min(pp - i, m): the first pp - m ranks hold m, the rest pp - i
+        full = max(0, pp - m)
+        most = min(pp, m)
+        spread = full / m + sum(1.0 / (pp - i) for i in range(full, pp))
+    need = (acts + states / most) / spread
     return max(need, states / pp) > pricer.capacity
 
 
+_TOTALS: dict = {}
+
+
+def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, float]:
+    """(parameters held per tp rank, one micro-batch's activation bytes over the model) of
+    ``costs``, computed once per costs object (the last few kept)."""
+    key = id(costs)
+    hit = _TOTALS.get(key)
+    if hit is None or hit[0] is not costs:
+        if len(_TOTALS) > 64:
+            _TOTALS.clear()
+        hit = _TOTALS[key] = (costs, pricer.params(costs, tp),
+                              float(pricer.one(costs).act_bytes.sum()))
+    return hit[1], hit[2]
+
+
+def _optimizer_bound_s(cfg: Config, costs, pricer: _Pricer, training: TrainingSpec) -> float:
+    """A lower bound of the optimizer step: the busiest rank holds at least 1/pp of the
+    parameters, sharded at most over max(dp x cp, edp) ranks (ZeRO >= 1); 0 on device groups."""
+    if isinstance(pricer, _GroupPricer):
+        return 0.0
+    params, _ = _totals(pricer, costs, cfg.tp)
+    shard = max(cfg.dp * cfg.cp, cfg.edp) if cfg.zero >= 1 else 1
+    per_rank = params / cfg.pp / shard
+    device = pricer.cluster.device
+    traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
+                                             layout=training.engine.state_layout)
+    if cfg.offload_optimizer:
+        word = DTYPE_BYTES[training.dtype]
+        return compute.offloaded_optimizer_step_s(per_rank, device, traffic_bytes_per_param=traffic,
+                                                  grad_bytes=word, weight_bytes=word)
+    return compute.optimizer_step_s(per_rank, device, traffic_bytes_per_param=traffic)
+
+
 def _bound_s(cfg: Config, costs, pricer: _Pricer) -> float:
-    """A lower bound of the step time: one micro-batch through every block, then each further one
-    on the busiest rank, which runs at least 1/pp of the model and at least the slowest block,
-    each block on its fastest device; nothing else."""
+    """A lower bound of the step time: the schedule's closed form (costmodels.pipeline) on ranks
+    as balanced as they can be: the busiest runs at least 1/pp of the model and at least the
+    slowest block, each block on its fastest device; nothing else."""
     fastest = pricer.fastest_s(costs)
     total_s = float(fastest.sum())
-    return total_s + (cfg.num_microbatches - 1) * max(total_s / cfg.pp, float(fastest.max()))
+    t = max(total_s / cfg.pp, float(fastest.max()))  # the busiest rank's share, at least
+    m = cfg.num_microbatches
+    if cfg.schedule == "interleaved-1f1b":  # costmodels.pipeline: sum / v + (m - 1/v) max
+        return total_s / cfg.vpp + (m - 1 / cfg.vpp) * t
+    bound = total_s + (m - 1) * t
+    if cfg.schedule == "zb-h1":  # weight gradients fill the drain: at most half of a backward
+        bound -= 2 * (cfg.pp - 1) * t / 2
+    return bound
 
 
 class _TopK:

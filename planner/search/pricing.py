@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodels import comm, compute, experts, memory, pipeline, precision
-from costmodels.engine import expert_load
 from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
@@ -129,26 +128,16 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float],
 
 
 def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSpec) -> np.ndarray:
-    """Per block: seconds of the routed tokens' dispatch and combine it exposes per micro-batch,
-    forward and backward (full recomputation replays the forward's). The rank's token copies are
-    its 1/(tp x cp) share of the micro-batch's (MoE layers run sequence-parallel). Overlapped
-    (EngineSpec.moe_overlap), what the experts' own compute covers is hidden."""
-    w = ma.work
-    if cfg.ep * cfg.etp <= 1 or not np.any(w.dispatch_bytes):
+    """Per block: seconds of the routed tokens' dispatch and combine it exposes per micro-batch
+    on this configuration's placement (costmodels.experts.block_dispatch_s)."""
+    if cfg.ep * cfg.etp <= 1 or not np.any(ma.work.dispatch_bytes):
         return np.zeros(len(ma.names))
-    engine = training.engine
-    share = cfg.micro_batch / (cfg.tp * cfg.cp)
-    layers = (w.dispatch_bytes > 0).astype(float)
-    topk = np.where(w.routed_tokens > 0, w.routed_tokens / training.seq_len, 1.0)
-    fwd = experts.dispatch_s(engine.moe_dispatcher, copies_bytes=share * w.dispatch_bytes,
-                             tokens_bytes=share * w.dispatch_bytes / topk, ep=cfg.ep,
-                             ep_group=placement.ep_group(cfg, cluster),
-                             etp_group=placement.etp_group(cfg, cluster), cluster=cluster,
-                             load=expert_load(engine), layers=layers)
-    total = fwd * ((2 if cfg.recompute == "full" else 1) + 1)
-    if engine.moe_overlap:
-        total = np.maximum(0.0, total - costs.expert_s)
-    return np.where(layers > 0, total, 0.0)
+    w = ma.work
+    return experts.block_dispatch_s(
+        training.engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
+        seq_len=training.seq_len, share=cfg.micro_batch / (cfg.tp * cfg.cp), ep=cfg.ep,
+        ep_group=placement.ep_group(cfg, cluster), etp_group=placement.etp_group(cfg, cluster),
+        cluster=cluster, recompute_full=cfg.recompute == "full", expert_s=costs.expert_s)
 
 
 def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training: TrainingSpec,
@@ -266,9 +255,11 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
     """Exposed data-parallel communication and the optimizer update; the slowest rank sets both."""
     group = placement.dp_group(cfg, cluster)
     expert_group = placement.edp_group(cfg, cluster)
-    grad_b = DTYPE_BYTES[training.dtype]
     states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                       zero=0, dp=1, layout=training.engine.state_layout)
+    # gradients travel as they are kept: Megatron-Core's fp32 main gradients under bf16 (its
+    # arguments.py sets accumulate_allreduce_grads_in_fp32 for bf16), the compute dtype otherwise
+    grad_b = states["grads"]
     traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
                                              layout=training.engine.state_layout)
     refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
@@ -294,8 +285,8 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
         shard = params / local if local else 1.0
         if cfg.offload_optimizer:
             step = compute.offloaded_optimizer_step_s(
-                params / shard, cluster.device, traffic_bytes_per_param=traffic, grad_bytes=grad_b,
-                weight_bytes=grad_b)
+                params / shard, cluster.device, traffic_bytes_per_param=traffic,
+                grad_bytes=DTYPE_BYTES[training.dtype], weight_bytes=DTYPE_BYTES[training.dtype])
         else:
             step = compute.optimizer_step_s(params / shard, cluster.device,
                                             traffic_bytes_per_param=traffic,

@@ -97,11 +97,13 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
     """``est`` with its pipeline time and activation memory taken from a simulation."""
     cfg = est.config
     m = cfg.num_microbatches
-    tp_fwd = 1 / 3 if cfg.recompute == "full" else 1 / 2  # full recompute replays forward's share
-    fwd = [st.fwd_s + tp_fwd * st.tp_comm_s for st in est.stages]
+    # collectives inside a chunk (tp all-reduces, cp K/V exchange, expert dispatch) run half in
+    # forward, half in backward; full recompute replays the forward's in backward
+    tp_fwd = 1 / 3 if cfg.recompute == "full" else 1 / 2
+    fwd = [st.fwd_s + tp_fwd * _inside_comm_s(st) for st in est.stages]
     split = cfg.schedule in SPLIT_BACKWARD
     wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]
-    bwd = [st.compute_s - st.fwd_s + (1 - tp_fwd) * st.tp_comm_s - w
+    bwd = [st.compute_s - st.fwd_s + (1 - tp_fwd) * _inside_comm_s(st) - w
            for st, w in zip(est.stages, wgrad)]
     step_s, peaks = _simulated_step(cfg, fwd, bwd, wgrad, est.cut_p2p_s or 0.0,
                                     [st.act_bytes for st in est.stages])
@@ -113,11 +115,15 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
         mem["total"] = sum(v for k, v in mem.items() if k != "total")
         for st in mine:
             st.memory = mem
-    busy = [sum(st.compute_s + st.tp_comm_s for st in stages if st.rank == r) for r in range(cfg.pp)]
+    busy = [sum(st.compute_s + _inside_comm_s(st) for st in stages if st.rank == r)
+            for r in range(cfg.pp)]
     slow = int(np.argmax(busy))
     bd = dict(est.breakdown)
     bd["compute_s"] = m * sum(st.compute_s for st in stages if st.rank == slow)
     bd["tp_comm_s"] = m * sum(st.tp_comm_s for st in stages if st.rank == slow)
+    for key, attr in (("cp_comm_s", "cp_comm_s"), ("ep_comm_s", "ep_comm_s")):
+        if key in bd:
+            bd[key] = m * sum(getattr(st, attr) for st in stages if st.rank == slow)
     bd["pp_comm_s"] = 0.0  # sends overlap compute; waiting for them shows as bubble
     bd["bubble_s"] = idle_s(step_s, m * busy[slow])
     bd["straggler_s"] = est.straggler_excess * (bd["compute_s"] + bd["optimizer_s"])
@@ -126,6 +132,11 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
         step_time_s=step_s + bd["dp_comm_s"] + bd["optimizer_s"] + bd["straggler_s"],
         breakdown=bd, peak_memory_bytes=max(st.memory["total"] for st in stages),
         timing="simulated")
+
+
+def _inside_comm_s(st) -> float:
+    """Communication inside a chunk per micro-batch: tensor-parallel, context-parallel, expert."""
+    return st.tp_comm_s + st.cp_comm_s + st.ep_comm_s
 
 
 SIM_EXACT = 256

@@ -166,11 +166,17 @@ def _reused_stateless(graph: OpGraph, units: dict[str, str | None]) -> set[str]:
 
 
 def _first_indices(graph: OpGraph, keys: dict[str, str]) -> dict[str, int]:
+    """Where each block starts running: its first op that carries a gradient or reads a weight
+    (constants it was given, such as an attention mask built before the first layer, do not
+    count), or its first op of any kind when it has none."""
     first: dict[str, int] = {}
+    any_op: dict[str, int] = {}
     for i, op in enumerate(graph.ops):
         if op.name in keys:
-            first.setdefault(keys[op.name], i)
-    return first
+            any_op.setdefault(keys[op.name], i)
+            if op.requires_grad or op.params:
+                first.setdefault(keys[op.name], i)
+    return {k: first.get(k, i) for k, i in any_op.items()}
 
 
 def _merge_constant_blocks(graph: OpGraph, keys: dict[str, str]) -> dict[str, str]:
@@ -192,13 +198,12 @@ def _merge_constant_blocks(graph: OpGraph, keys: dict[str, str]) -> dict[str, st
 
 
 def _block_order(graph: OpGraph, keys: dict[str, str]) -> list[str]:
-    first: dict[str, int] = {}
+    first = _first_indices(graph, keys)
     g = nx.DiGraph()
-    for i, op in enumerate(graph.ops):
+    for op in graph.ops:
         if op.name not in keys:
             continue
         k = keys[op.name]
-        first.setdefault(k, i)
         g.add_node(k)
         for src in op.inputs:
             if src in keys and keys[src] != k:

@@ -1,0 +1,256 @@
+"""Mixture-of-Experts runs with expert parallelism: predicted vs published throughput.
+
+Rows: benchmarks/data/moe_runs.csv (a copy of the project's reference data), Megatron-Core runs
+published by NVIDIA-NeMo/Megatron-Bridge (docs/performance-summary.md, 25.09 and 25.11 containers):
+DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B and GPT-OSS-120B on H100, B200, GB200 and GB300, with
+their tp / pp / vp / cp / ep, micro and global batch and precision.
+
+Each row is priced at its published configuration: every published knob pinned (tp, pp, vpp and
+the interleaved schedule when vp > 1, cp, ep, micro-batch, data parallelism from the GPU count),
+sequence parallelism with tp > 1 (Megatron-Core requires it with experts), the distributed
+optimizer (ZeRO-1); what the table does not publish (recomputation) is left to the search. The
+engine is Megatron-Core's (`--engine megatron-core`) with routing balanced (moe_imbalance 1.0,
+which the source forces: "force-balanced routing, token-dropless"), dropless except the rows
+marked tokendrop (capacity factor 1.0). Precision: BF16, FP8-CS (current scaling), FP8-MX (block
+scaling, Blackwell). Device memory is not checked here (the time of the published configuration
+is what is compared); whether the planner thinks it fits is printed.
+
+Clusters: H100 rows on DGX H100 nodes (8 GPUs), B200 on DGX B200, GB200/GB300 on NVL72 racks of
+which each run uses 64 GPUs per NVLink domain (256 GPUs = 4 domains; 8 GPUs = one tray group).
+
+One constant is fitted, on the even-numbered rows only (the odd rows are held out and their error
+printed apart): the engine's host time per op (EngineSpec.host_op_s), which dropless dispatch
+exposes in every MoE layer (the host waits for the device's token counts, then issues the layer's
+ops while the device waits). Every other constant is the cost model's (data sheets, documented
+efficiencies).
+The "(w/ MTP)" row is priced without the multi-token-prediction layer (the zoo's DeepSeek-V3 has
+none; one extra layer of 61, about +2% of the work), noted in its row.
+
+Also: the free search (same model, cluster, batch, precision; nothing pinned) against the published
+configuration under the planner's own model, with the knobs that changed.
+
+Usage:  python benchmarks/moe_runs.py [--rows N,M,...] [--no-search] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import logging
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from costmodels.engine import engine_from_mapping  # noqa: E402
+from planner import (InfeasibleError, SearchOptions, TrainingSpec, load_cluster,  # noqa: E402
+                     plan_prepared, prepare)
+from planner.options import parse_fix  # noqa: E402
+
+DATA = os.path.join(HERE, "data", "moe_runs.csv")
+MODELS = {"DeepSeekV3": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b",
+          "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b"}
+DEVICES = {"H100": ("dgx-h100", 8), "B200": ("dgx-b200", 8), "GB200": ("gb200-nvl72", 64),
+           "GB300": ("gb300-nvl72", 64)}
+"""GPU column -> (cluster preset, GPUs per NVLink domain the runs use)."""
+PRECISION = {"BF16": ("bf16", "current"), "FP8-CS": ("fp8", "current"),
+             "FP8-MX": ("fp8", "block"), "FP8 (per-tensor current scaling)": ("fp8", "current"),
+             "FP8": ("fp8", "current")}
+"""Precision column -> (dtype, FP8 recipe)."""
+BIG = 1e15
+"""Device memory (bytes) while pricing the published configuration: its time, not its fit."""
+
+
+def load_rows() -> list[dict]:
+    with open(DATA, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for i, r in enumerate(rows):
+        r["index"] = i
+        base = r["model"].split(" (")[0]
+        r["zoo"] = MODELS[base]
+        r["variant"] = r["model"][len(base):].strip(" ()")
+    return rows
+
+
+def cluster_of(r: dict, memory: float | None = None):
+    preset, per_domain = DEVICES[r["gpu"]]
+    gpus = int(r["gpus"])
+    gpn = min(gpus, per_domain)
+    cluster = load_cluster(preset, nodes=gpus // gpn, gpus_per_node=gpn)
+    if memory is not None:
+        cluster = dataclasses.replace(cluster, device=dataclasses.replace(
+            cluster.device, memory_bytes=memory))
+    return cluster
+
+
+def training_of(r: dict, host_op_s: float = 0.0) -> TrainingSpec:
+    dtype, recipe = PRECISION[r["precision"]]
+    capacity = "1.0" if "tokendrop" in r["variant"] else "0"
+    engine = engine_from_mapping(f"megatron-core,fp8_recipe={recipe},moe_imbalance=1.0,"
+                                 f"moe_capacity_factor={capacity},moe_dispatcher=alltoall,"
+                                 f"host_op_s={host_op_s}")
+    return TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype=dtype,
+                        optimizer="adam", engine=engine)
+
+
+def published_fix(r: dict) -> str:
+    tp, pp, cp, ep = (int(r[k] or 1) for k in ("tp", "pp", "cp", "ep"))
+    vp = int(r["vp"] or 1)
+    dp = int(r["gpus"]) // (tp * pp * cp)
+    pins = [f"tp={tp}", f"pp={pp}", f"cp={cp}", f"ep={ep}", f"etp={int(r['etp'] or 1)}",
+            f"dp={dp}", f"micro_batch={int(r['mbs'])}", "zero=1",
+            f"sequence_parallel={'true' if tp > 1 else 'false'}"]
+    if pp > 1:
+        pins.append("schedule=interleaved-1f1b" if vp > 1 else "schedule=1f1b")
+        pins.append(f"vpp={vp}")
+    return ",".join(pins)
+
+
+def predict(r: dict, prepared, *, fix: str | None, memory: float | None = BIG,
+            host_op_s: float = 0.0):
+    options = SearchOptions(fix=parse_fix(fix) if fix else {}, top_k=0)
+    return plan_prepared(prepared, cluster_of(r, memory), training_of(r, host_op_s), options)
+
+
+def error(r: dict, prepared, host_op_s: float) -> float:
+    p = predict(r, prepared, fix=published_fix(r), host_op_s=host_op_s)
+    return p.predicted["tokens_per_s"] / int(r["gpus"]) / float(r["tokens_per_s_per_gpu"]) - 1
+
+
+def fit(rows: list[dict], prepared: dict) -> float:
+    """host_op_s minimizing the median |error| over ``rows``: 0..100 us in steps of 2 us, then
+    0.25 us around the best."""
+    def cost(h: float) -> float:
+        return statistics.median(abs(error(r, prepared[key_of(r)], h)) for r in rows)
+
+    coarse = min((2e-6 * i for i in range(51)), key=cost)
+    return min((max(0.0, coarse - 2e-6 + 0.25e-6 * i) for i in range(17)), key=cost)
+
+
+def key_of(r: dict) -> tuple:
+    return (r["zoo"], int(r["seq_len"]), PRECISION[r["precision"]][0])
+
+
+def fits(r: dict, prepared, host_op_s: float) -> str:
+    """Whether the planner thinks the published configuration fits the real device."""
+    try:
+        p = predict(r, prepared, fix=published_fix(r), memory=None, host_op_s=host_op_s)
+        return f"yes ({p.predicted['peak_memory_bytes'] / 1e9:.0f} GB)"
+    except InfeasibleError:
+        return "no"
+
+
+def changed(a: dict, b: dict) -> str:
+    keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch", "recompute", "zero",
+            "schedule")
+    return ", ".join(f"{k} {a[k]}->{b[k]}" for k in keys if a.get(k) != b.get(k)) or "none"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", help="comma-separated row numbers (default: all)")
+    ap.add_argument("--no-search", action="store_true", help="skip the free search per row")
+    ap.add_argument("--fit-rows", choices=["even", "all", "none"], default="even",
+                    help="rows the host time per op is fitted on (none: 0, not modelled)")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    t0 = time.perf_counter()
+    rows = load_rows()
+    if args.rows:
+        keep = {int(x) for x in args.rows.split(",")}
+        rows = [r for r in rows if r["index"] in keep]
+    prepared: dict = {}
+    for r in rows:
+        if key_of(r) not in prepared:
+            prepared[key_of(r)] = prepare(r["zoo"], seq_len=key_of(r)[1], dtype=key_of(r)[2])
+    fitted = [r for r in rows if args.fit_rows == "all" or
+              (args.fit_rows == "even" and r["index"] % 2 == 0)]
+    host = fit(fitted, prepared) if fitted else 0.0
+    print(f"host time per op: {host * 1e6:.2f} us"
+          + (f" (fitted on rows {[r['index'] for r in fitted]})" if fitted else " (not modelled)"))
+    out = []
+    for r in rows:
+        prep = prepared[key_of(r)]
+        p = predict(r, prep, fix=published_fix(r), host_op_s=host)
+        tps = p.predicted["tokens_per_s"] / int(r["gpus"])
+        err = tps / float(r["tokens_per_s_per_gpu"]) - 1
+        line = {"r": r, "plan": p, "tps": tps, "err": err, "fits": fits(r, prep, host),
+                "fit": r in fitted}
+        if not args.no_search:
+            t1 = time.perf_counter()
+            try:
+                free = predict(r, prep, fix=None, memory=None, host_op_s=host)
+                line["search"] = (free, time.perf_counter() - t1)
+            except InfeasibleError as exc:
+                line["search"] = (None, str(exc).splitlines()[0][:80])
+        out.append(line)
+    report(out, args.markdown)
+    print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+def report(out: list[dict], markdown: bool) -> None:
+    head = ["#", "model", "gpu", "gpus", "prec", "tp/pp/vp/cp/ep", "mbs/gbs", "published tok/s/GPU",
+            "predicted", "error", "set", "fits", "largest part"]
+    lines = []
+    for o in out:
+        r, p = o["r"], o["plan"]
+        bd = p.predicted["breakdown"]
+        part = max(bd, key=bd.get)
+        lines.append([str(r["index"]), r["model"], r["gpu"], r["gpus"], r["precision"][:6],
+                      f"{r['tp']}/{r['pp']}/{r['vp']}/{r['cp']}/{r['ep']}", f"{r['mbs']}/{r['gbs']}",
+                      r["tokens_per_s_per_gpu"], f"{o['tps']:.0f}", f"{100 * o['err']:+.1f}%",
+                      "fit" if o["fit"] else "held out", o["fits"],
+                      f"{part} {100 * bd[part] / p.step_time_s:.0f}%"])
+    _table(head, lines, markdown)
+    print()
+    for label, chosen in (("held-out rows", [o for o in out if not o["fit"]]),
+                          ("fit rows", [o for o in out if o["fit"]]), ("all rows", out)):
+        by_gen: dict[str, list[float]] = {}
+        for o in chosen:
+            by_gen.setdefault(o["r"]["gpu"], []).append(abs(o["err"]))
+        for gen, errs in sorted(by_gen.items()) + ([("all", [abs(o["err"]) for o in chosen])]
+                                                   if chosen else []):
+            print(f"{'- ' if markdown else ''}{label:>13} {gen:>5}: median |error| "
+                  f"{100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}% "
+                  f"(n={len(errs)})")
+    searched = [o for o in out if "search" in o]
+    if not searched:
+        return
+    print("\nFree search vs the published configuration, both under the planner's cost model:\n")
+    head = ["#", "model", "gpu", "published (pred.) s", "search s", "speed-up", "search time",
+            "knobs changed"]
+    lines = []
+    for o in searched:
+        free, info = o["search"]
+        pub = o["plan"].step_time_s
+        if free is None:
+            lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["gpu"], f"{pub:.3g}",
+                          "no plan", "", "", info])
+            continue
+        lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["gpu"], f"{pub:.3g}",
+                      f"{free.step_time_s:.3g}", f"{pub / free.step_time_s:.2f}x",
+                      f"{free.search['time_s']:.1f} s" if free.search.get("time_s") else f"{info:.1f} s",
+                      changed(o["plan"].parallel, free.parallel)])
+    _table(head, lines, markdown)
+
+
+def _table(head, lines, markdown: bool) -> None:
+    if markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for ln in lines:
+            print("| " + " | ".join(ln) + " |")
+        return
+    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
+    for ln in [head, *lines]:
+        print("  ".join(x.rjust(w) for x, w in zip(ln, widths)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
