@@ -17,6 +17,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from planner.errors import SpecError
 from planner.planfile.document import Plan
 from planner.schedule import Action, torch_actions
+from planner.runtime import context as ctxp
+from planner.runtime import experts as moe
 from planner.runtime import model as mdl
 from planner.runtime import parallelize as par
 from planner.runtime.dataflow import Dataflow, probe
@@ -48,6 +50,10 @@ class Built:
     """Where the run departs from the plan, one line each."""
     ties: TieSync = field(default_factory=TieSync)
     """Parameters shared by stages (tied embeddings) and how their gradients are summed."""
+    experts: moe.ExpertGroups | None = None
+    """Expert parallelism on this rank (ep > 1): its groups and expert parameters."""
+    expert_names: set = field(default_factory=set)
+    """FQNs (in the model) of the expert parameters this rank holds a slice of."""
     dp_wrap: str = "none"
 
 
@@ -57,21 +63,33 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     if dist.get_world_size() != layout.world:
         raise SpecError(f"parallel: the plan needs {layout.world} processes, "
                         f"{dist.get_world_size()} were started")
-    mesh = DeviceMesh(device.type, torch.tensor(layout.mesh()), mesh_dim_names=("pp", "dp", "tp"))
+    check_knobs(plan)
+    mesh = DeviceMesh(device.type, torch.tensor(layout.mesh()),
+                      mesh_dim_names=("pp", "dp", "cp", "tp"))
     spec = mdl.model_spec(plan, opts.model)
     meta = mdl.resolve_meta(plan, spec)
     real = mdl.build_real(plan, spec, meta, seed=opts.seed)
     mdl.check_fingerprint(plan, spec, mdl.fingerprint(real.module))
+    check_model(plan, real.module, layout)
     inputs = mdl.synthetic_batch(real, plan.training["global_batch"], seed=opts.seed)
-    units, flow, stage_cuts = cut_model(plan, real, inputs)
-    ties = find_ties(real.module, units)
     out = Built(layout=layout, coords=layout.coords(rank), device=device)
-    out.inputs, out.targets = _data(plan, inputs, flow, out.coords["dp"], layout.dp, opts.seed,
-                                    device)
+    positions = _cp_positions(plan, layout, out.coords["cp"])
+    units, flow, stage_cuts = cut_model(plan, real, inputs, positions)
+    ties = find_ties(real.module, units)
+    out.inputs, out.targets = _data(plan, inputs, flow, out.coords, layout, opts.seed, device,
+                                    positions)
+    out.experts = _expert_groups(layout, rank, mesh)  # every rank creates the groups, in order
+    ring = _ring(layout, rank, mesh)
+    kwargs = dict(real.kwargs)
+    if positions is not None:
+        ctxp.register()
+        ctxp.set_ring(ring)
+        kwargs["position_ids"] = positions.unsqueeze(0).to(device)
+    dp_mesh = _dp_mesh(mesh, layout)
     for s in layout.local_stages(rank):
-        module = StageModule(copy.deepcopy(real.module), stage_cuts[s], flow, units, real.kwargs,
+        module = StageModule(copy.deepcopy(real.module), stage_cuts[s], flow, units, kwargs,
                              mdl.output_logits)
-        out.modules.append(_parallelize(module, plan, flow, mesh, layout, device, out))
+        out.modules.append(_parallelize(module, plan, flow, mesh, dp_mesh, layout, device, out))
     del real
     split = any("W" in a for acts in plan.schedule["actions"] for a in acts)
     local = layout.local_stages(rank)
@@ -87,14 +105,83 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
         out.notes.append("offload_optimizer not applied: the optimizer steps on the device, so "
                          "the prediction (which offloads) is not comparable; plan with --fix "
                          "offload_optimizer=false")
+    if layout.ep > 1 and layout.edp > 1 and int(plan.parallel["zero"]) >= 1:
+        out.notes.append(f"experts' optimizer states not sharded over edp={layout.edp} (their "
+                         "gradients are all-reduced over it); the dense states are sharded as "
+                         "planned")
     return out
 
 
-def cut_model(plan: Plan, real: mdl.RealModel, inputs: tuple):
+def check_knobs(plan: Plan) -> None:
+    """Refuse (SpecError naming the knob) the parallelisms the runtime does not run yet."""
+    par_ = plan.parallel
+    cp, ep, etp = (int(par_.get(k, 1)) for k in ("cp", "ep", "etp"))
+    comm = par_.get("cp_comm", "p2p")
+    if cp > 1 and comm != "p2p":
+        raise SpecError(f"parallel.cp_comm: the runtime exchanges keys and values around a ring "
+                        f"(p2p), not by {comm}; re-plan with --fix cp_comm=p2p (or --target torch)")
+    if etp > 1:
+        raise SpecError(f"parallel.etp: the runtime does not split experts' matrices (etp={etp}); "
+                        "re-plan with --fix etp=1 (or --target torch)")
+
+
+def check_model(plan: Plan, module, layout: Layout) -> None:
+    """Refuse (SpecError naming cp or ep) a model the runtime cannot run with the plan's cp/ep."""
+    if layout.cp > 1:
+        ctxp.check_model(module, int(plan.training["seq_len"]), layout.cp)
+    if layout.ep > 1:
+        moe.check_model(module, layout.ep, layout.etp)
+        if layout.tp > 1:
+            tokens = int(plan.parallel["micro_batch"]) * int(plan.training["seq_len"]) // layout.cp
+            if tokens % layout.tp:
+                raise SpecError(f"parallel.ep: with tp={layout.tp} each tp rank routes 1/tp of a "
+                                f"micro-batch's {tokens} tokens, which do not split evenly; plan "
+                                "another micro_batch")
+
+
+def _cp_positions(plan: Plan, layout: Layout, cp_index: int):
+    """Global positions of this cp rank's tokens (None without context parallelism)."""
+    if layout.cp == 1:
+        return None
+    return ctxp.chunk_positions(int(plan.training["seq_len"]), layout.cp, cp_index)
+
+
+def _expert_groups(layout: Layout, rank: int, mesh) -> moe.ExpertGroups | None:
+    if layout.ep == 1:
+        return None
+    mine = {}
+    for kind, groups in (("ep", layout.ep_groups()), ("edp", layout.edp_groups())):
+        for ranks in groups:
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            if rank in ranks:
+                mine[kind] = group
+    me = layout.coords(rank)
+    return moe.ExpertGroups(
+        ep=layout.ep, ep_index=layout.ep_index(rank), ep_group=mine["ep"],
+        edp_group=mine.get("edp"), tp=layout.tp, tp_index=me["tp"],
+        tp_group=mesh.get_group("tp") if layout.tp > 1 else None,
+        grad_divisor=layout.dp * layout.cp)
+
+
+def _ring(layout: Layout, rank: int, mesh) -> ctxp.Ring | None:
+    if layout.cp == 1:
+        return None
+    me = layout.coords(rank)
+    at = {k: me[k] for k in ("pp", "dp", "tp")}
+    c = me["cp"]
+    return ctxp.Ring(group=mesh.get_group("cp"), rank=c, size=layout.cp,
+                     next_rank=layout.rank_of(cp=(c + 1) % layout.cp, **at),
+                     prev_rank=layout.rank_of(cp=(c - 1) % layout.cp, **at))
+
+
+def cut_model(plan: Plan, real: mdl.RealModel, inputs: tuple, positions=None):
     """Units per stage, the dataflow of one micro-batch through the real model (CPU, no autograd),
-    and each stage's carry lists."""
+    and each stage's carry lists. With context parallelism the probe reads this rank's tokens
+    (``positions``), so that the probed shapes are those the stages exchange."""
     units = units_of(real.module, [st["modules"] for st in plan.stages])
     args = tuple(x[:plan.parallel["micro_batch"]] for x in inputs)
+    if positions is not None:
+        args = tuple(x[:, positions] for x in args)
     tp_modules = [m for m, role in plan.tensor_parallel.items() if role in par.TP_ROLES]
     flat = [u for us in units for u in us]
     with torch.no_grad():
@@ -102,7 +189,7 @@ def cut_model(plan: Plan, real: mdl.RealModel, inputs: tuple):
     return units, flow, cuts(flow, units)
 
 
-def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, layout: Layout,
+def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, dp_mesh, layout: Layout,
                  device: torch.device, out: Built) -> StageModule:
     module.to(device)
     units = module.cut.units
@@ -112,11 +199,29 @@ def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, layout: 
         styles, notes = par.tp_styles(plan.tensor_parallel, flow.feeds, present, named, layout.tp)
         out.notes.extend(notes)
         par.apply_tp(module.model, mesh["tp"], styles)
+    ignored = set()
+    if out.experts is not None:
+        names = moe.shard_experts(module.model, out.experts)
+        out.expert_names.update(names)
+        ignored = {module.model.get_parameter(n) for n in names}
+    if layout.cp > 1:
+        module.model.config._attn_implementation = ctxp.RING
     par.apply_recompute(module.model, _checkpointed(plan, units), plan.parallel["recompute"])
-    out.dp_wrap = par.apply_dp(module, units, mesh["dp"] if layout.dp > 1 else None,
-                               int(plan.parallel["zero"]))
+    out.dp_wrap = par.apply_dp(module, units, dp_mesh, int(plan.parallel["zero"]), ignored)
     module.attach_hooks()
     return module
+
+
+def _dp_mesh(mesh, layout: Layout):
+    """The ranks that average the dense gradients: dp x cp (the cp ranks hold the same weights
+    and different tokens); None when that is one rank."""
+    if layout.dp * layout.cp == 1:
+        return None
+    if layout.cp == 1:
+        return mesh["dp"]
+    if layout.dp == 1:
+        return mesh["cp"]
+    return mesh["dp", "cp"]._flatten("dp_cp")
 
 
 def _pipeline_stage(module: StageModule, s: int, layout: Layout, mesh, device, dw_builder):
@@ -161,17 +266,26 @@ def _schedule(plan: Plan, stages: list, layout: Layout):
     return sched
 
 
-def _data(plan: Plan, inputs: tuple, flow: Dataflow, dp_index: int, dp: int, seed: int, device):
-    """This replica's slice of the global synthetic batch, and of the targets."""
+def _data(plan: Plan, inputs: tuple, flow: Dataflow, coords: dict, layout: Layout, seed: int,
+          device, positions=None):
+    """This replica's slice of the global synthetic batch, and of the targets; with context
+    parallelism, this cp rank's tokens of each sequence (dimension 1)."""
     batch = plan.training["global_batch"]
     par_ = plan.parallel
+    dp = layout.dp
     if batch != dp * par_["micro_batch"] * par_["num_microbatches"]:
         raise SpecError(f"training.global_batch: {batch} != dp {dp} x micro_batch "
                         f"{par_['micro_batch']} x num_microbatches {par_['num_microbatches']}")
-    targets = mdl.synthetic_targets(flow.logits.shape, batch, seed=seed)
+    shape = flow.logits.shape
+    if positions is not None:  # the probe saw this rank's tokens; the targets cover the sequence
+        shape = (shape[0], int(plan.training["seq_len"]), *shape[2:])
+    targets = mdl.synthetic_targets(shape, batch, seed=seed)
     share = batch // dp
-    sl = slice(dp_index * share, (dp_index + 1) * share)
-    return tuple(x[sl].to(device) for x in inputs), targets[sl].to(device)
+    sl = slice(coords["dp"] * share, (coords["dp"] + 1) * share)
+    xs, ys = tuple(x[sl] for x in inputs), targets[sl]
+    if positions is not None:
+        xs, ys = tuple(x[:, positions] for x in xs), ys[:, positions]
+    return tuple(x.to(device) for x in xs), ys.to(device)
 
 
 def _no_op() -> None:

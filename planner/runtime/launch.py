@@ -24,6 +24,7 @@ import torch
 from planner.errors import PlannerError, SpecError
 from planner.planfile.document import Plan, load_plan
 from planner.runtime import model as mdl
+from planner.runtime.build import check_knobs, check_model
 from planner.runtime.layout import layout_of
 from planner.runtime.options import RunOptions
 from planner.runtime.stages import units_of
@@ -62,14 +63,16 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
                         "Float8); plan run executes bf16, fp16 and fp32 plans: re-plan with "
                         "--dtype bf16 to run it here")
     layout = layout_of(plan)
+    check_knobs(plan)
     spec = mdl.model_spec(plan, opts.model)
     meta = mdl.resolve_meta(plan, spec)
     mdl.check_fingerprint(plan, spec, meta.fingerprint)
     units_of(meta.module, [st["modules"] for st in plan.stages])  # refuses what cannot be cut
+    check_model(plan, meta.module, layout)
     nodes = int(plan.cluster["nodes"])
     per_node = nproc or -(-layout.world // nodes)
     if per_node * nodes != layout.world:
-        raise SpecError(f"nproc: {per_node} processes per node x {nodes} nodes != dp*tp*pp = "
+        raise SpecError(f"nproc: {per_node} processes per node x {nodes} nodes != dp*cp*tp*pp = "
                         f"{layout.world} that the plan needs; pass --nproc {layout.world // nodes}")
     if dry_run:
         cuda = opts.device == "cuda" or (opts.device == "auto" and plan.cluster.get("device") != "cpu")
@@ -87,7 +90,7 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
                             f"{visible} GPUs are visible; run it on a machine with {per_node}")
     elif per_node > MAX_CPU_PROCESSES:
         raise SpecError(f"nproc: the plan needs {per_node} processes per node; on CPU the runtime "
-                        f"starts at most {MAX_CPU_PROCESSES} (plan with dp*tp*pp <= "
+                        f"starts at most {MAX_CPU_PROCESSES} (plan with dp*cp*tp*pp <= "
                         f"{MAX_CPU_PROCESSES}, or use GPUs)")
     _check_memory(plan, per_node, cuda)
     return Launch(plan_path=plan_path, plan=plan, nodes=nodes, nproc_per_node=per_node,

@@ -136,26 +136,29 @@ def _save_matmuls(ctx, op, *args, **kwargs):
     return (CheckpointPolicy.MUST_SAVE if op in _MATMULS else CheckpointPolicy.PREFER_RECOMPUTE)
 
 
-def apply_dp(stage: nn.Module, units: tuple[str, ...], mesh, zero: int) -> str:
+def apply_dp(stage: nn.Module, units: tuple[str, ...], mesh, zero: int,
+             ignored: set | None = None) -> str:
     """Wrap for data parallelism; returns what was applied, for the report.
 
     ZeRO 0: ``replicate`` (DDP semantics: full replicas, gradients all-reduced once per step).
     ZeRO 1 and 2: ``fully_shard(reshard_after_forward=False)``: parameters stay gathered from
     forward to backward, gradients are reduce-scattered and optimizer states sharded. That is
     ZeRO-2; FSDP2 has no ZeRO-1 (it never keeps full gradients), so ZeRO-1 runs as ZeRO-2.
-    ZeRO 3: ``fully_shard(reshard_after_forward=True)`` per unit."""
+    ZeRO 3: ``fully_shard(reshard_after_forward=True)`` per unit. ``mesh`` is the dp (x cp)
+    group; ``ignored`` parameters (routed experts, reduced over their own group) are left alone."""
     if mesh is None:
         return "none"
+    ignored = ignored or None
     if zero == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate  # lazy: recent torch only; only ZeRO-0 with dp > 1
 
-        replicate(stage, mesh=mesh)
+        replicate(stage, mesh=mesh, ignored_params=ignored)
         return "replicate"
     from torch.distributed.fsdp import fully_shard  # lazy: only ZeRO >= 1 with dp > 1
 
     reshard = zero >= 3
     for name in units:
-        fully_shard(stage.model.get_submodule(name), mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(stage, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(stage.model.get_submodule(name), mesh=mesh, reshard_after_forward=reshard,
+                    ignored_params=ignored)
+    fully_shard(stage, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored)
     return "fully_shard (ZeRO-3)" if reshard else "fully_shard (ZeRO-2)"
-

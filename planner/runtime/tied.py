@@ -1,10 +1,10 @@
 """Parameters shared by two stages (tied input and output embeddings), kept equal across stages.
 
 Each stage holds its own copy, initialized identically. After the backward of a step, the copies'
-gradients are summed (an all-reduce among the ranks that hold the stages, one group per data- and
-tensor-parallel coordinate, or a local sum when one rank holds both stages), so every copy takes
-the same optimizer step: Megatron-LM's treatment of the word embeddings shared by the first and
-last pipeline stages.
+gradients are summed (an all-reduce among the ranks that hold the stages, one group per data-,
+context- and tensor-parallel coordinate, or a local sum when one rank holds both stages), so every
+copy takes the same optimizer step: Megatron-LM's treatment of the word embeddings shared by the
+first and last pipeline stages.
 """
 
 from __future__ import annotations
@@ -57,11 +57,12 @@ def tie_sync(ties: list[Tie], layout: Layout, rank: int, modules: dict) -> TieSy
         held = [(modules[s], name) for s, name in tie.names if s in modules]
         mine = None
         for d in range(layout.dp):
-            for t in range(layout.tp):
-                ranks = [layout.rank_of(pp=p, dp=d, tp=t) for p in pps]
-                group = dist.new_group(ranks) if len(ranks) > 1 else None
-                if (d, t) == (me["dp"], me["tp"]):
-                    mine = group
+            for c in range(layout.cp):
+                for t in range(layout.tp):
+                    ranks = [layout.rank_of(pp=p, dp=d, cp=c, tp=t) for p in pps]
+                    group = dist.new_group(ranks) if len(ranks) > 1 else None
+                    if (d, c, t) == (me["dp"], me["cp"], me["tp"]):
+                        mine = group
         if held:
             out.local.append((tie, held, mine))
     return out

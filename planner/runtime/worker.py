@@ -19,6 +19,7 @@ import torch.distributed as dist
 from planner.errors import PlannerError, SpecError
 from planner.files import atomic_write
 from planner.planfile.document import load_plan
+from planner.runtime import experts as moe
 from planner.runtime import measure
 from planner.runtime.host_memory import keep_freed_memory
 from planner.runtime.build import Built, build
@@ -72,6 +73,7 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
         "peak_memory_bytes": mem.peak(), "rss_peak_bytes": mem.rss_peak(),
         "rss_baseline_bytes": mem.baseline, "memory_method": mem.method,
         "state_bytes": measure.state_bytes(built.modules, built.optimizer),
+        "expert_params": sum(p.numel() for p in built.experts.params) if built.experts else 0,
         "losses": step_losses, "notes": built.notes + ([mem.failure] if mem.failure else []),
     }
     if opts.dump_dir:
@@ -90,13 +92,15 @@ def _step(built: Built) -> list[float] | None:
     losses: list = []
     built.schedule.step(*built.inputs, target=built.targets, losses=losses, return_outputs=False)
     sync_grads(built.ties)
+    moe.sync_grads(built.experts)
     built.optimizer.step()
     built.optimizer.zero_grad(set_to_none=True)
     return [float(x) for x in losses] if losses else None
 
 
 def _global_losses(records: list[dict]) -> list[float | None]:
-    """Mean over micro-batches and data-parallel replicas (one tensor-parallel shard each)."""
+    """Mean over micro-batches, data-parallel replicas and context-parallel shards (each holds
+    as many tokens; one tensor-parallel shard each)."""
     last = [r for r in records if r["losses"][0] is not None and r["tp"] == 0] if records else []
     if not last:
         return []
@@ -106,15 +110,26 @@ def _global_losses(records: list[dict]) -> list[float | None]:
 
 
 def _dump(built: Built, folder: str) -> None:
-    """Full parameters of each stage, written by the stage's (dp 0, tp 0) rank."""
+    """Full parameters of each stage, written by the stage's (dp 0, cp 0, tp 0) rank. Expert
+    parameters are gathered from the expert-parallel group first (every rank takes part)."""
     os.makedirs(folder, exist_ok=True)
     for st, module in zip(built.stages, built.modules):
         full = {}
         for name, p in module.named_parameters():
             t = p.full_tensor() if hasattr(p, "full_tensor") else p
-            full[name.removeprefix("model.")] = t.detach().cpu().clone()
-        if built.coords["dp"] == 0 and built.coords["tp"] == 0:
+            key = name.removeprefix("model.")
+            if key in built.expert_names:
+                t = _gather_experts(t.detach(), built.experts)
+            full[key] = t.detach().cpu().clone()
+        if all(built.coords[k] == 0 for k in ("dp", "cp", "tp")):
             torch.save(full, os.path.join(folder, f"stage{st.stage_index}.pt"))
+
+
+def _gather_experts(t: torch.Tensor, groups) -> torch.Tensor:
+    """The whole [E, ...] tensor from the ep slices (in ep_index order)."""
+    parts = [torch.empty_like(t) for _ in range(groups.ep)]
+    dist.all_gather(parts, t.contiguous(), group=groups.ep_group)
+    return torch.cat(parts, dim=0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,8 @@ SEQ_LEN = 16
 class PlanMaker:
     """make(model, fix, name) -> path of a saved plan; models: "llama" (tiny Llama from a Hugging
     Face config), "branched" (examples/branched.py's TwoTower, small), "gpt2" (tiny GPT-2,
-    tied embeddings) and "multitower" (examples/multitower.py, small: a wide DAG)."""
+    tied embeddings), "multitower" (examples/multitower.py, small: a wide DAG) and "mixtral"
+    (tiny Mixtral: routed experts, grouped-query attention, rotary positions)."""
 
     def __init__(self, folder, specs: dict):
         self.folder = folder
@@ -33,7 +34,7 @@ class PlanMaker:
             self.prepared[model] = planner.prepare(self.specs[model], seq_len=SEQ_LEN,
                                                    dtype="fp32")
         pinned = parse_fix(fix)
-        gpus = pinned["dp"] * pinned["tp"] * pinned["pp"] // nodes
+        gpus = pinned["dp"] * pinned.get("cp", 1) * pinned["tp"] * pinned["pp"] // nodes
         cluster = planner.load_cluster("cpu", nodes=nodes, gpus_per_node=gpus)
         training = planner.TrainingSpec(global_batch=global_batch, seq_len=SEQ_LEN, dtype="fp32",
                                         optimizer="sgd")
@@ -48,6 +49,12 @@ TIED_GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_laye
              "n_embd": 32, "n_head": 4, "vocab_size": 512, "n_positions": 64, "resid_pdrop": 0.0,
              "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0}
 """GPT-2 ties lm_head to wte; no dropout, so one step is deterministic."""
+TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 32,
+                "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "vocab_size": 256, "max_position_embeddings": 64, "num_local_experts": 4,
+                "num_experts_per_tok": 2}
+"""Four routed experts per layer (two per token), two key/value heads for four query heads; four
+layers, so that the trace finds the repeated layers and a pipeline cuts between them."""
 
 
 @pytest.fixture(scope="session")
@@ -55,5 +62,8 @@ def make_plan(tmp_path_factory, tiny_llama_config):
     folder = tmp_path_factory.mktemp("runtime-plans")
     gpt2 = folder / "tied-gpt2.json"
     gpt2.write_text(json.dumps(TIED_GPT2))
+    mixtral = folder / "tiny-mixtral.json"
+    mixtral.write_text(json.dumps(TINY_MIXTRAL))
     return PlanMaker(str(folder), {"llama": tiny_llama_config, "branched": BRANCHED_SPEC,
-                                   "gpt2": str(gpt2), "multitower": MULTITOWER_SPEC})
+                                   "gpt2": str(gpt2), "multitower": MULTITOWER_SPEC,
+                                   "mixtral": str(mixtral)})

@@ -4,11 +4,14 @@ other in one process group, so the slow start of processes is paid once.
     torchrun --nproc-per-node N tests/planner/runtime/job.py RESULT.json DUMP_ROOT LR PLAN.json ...
 
 One optimizer step per plan (no warm-up), parameters dumped per stage under DUMP_ROOT/<plan name>.
+The tests start it with ``torchrun(...)`` below.
 """
 
 import datetime
 import json
 import os
+import socket
+import subprocess
 import sys
 
 import torch.distributed as dist
@@ -30,6 +33,19 @@ def main(result: str, dump_root: str, lr: float, plans: list[str]) -> None:
     if dist.get_rank() == 0:
         atomic_write(result, json.dumps(out, indent=1))
     dist.destroy_process_group()
+
+
+def torchrun(nproc: int, result: str, dump: str, plans: list[str], *, lr: float) -> None:
+    """Run this job on ``nproc`` local gloo processes (raises with their output if it fails)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(port),
+            os.path.abspath(__file__), result, dump, repr(lr), *plans]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise AssertionError(f"torchrun job failed:\n{(proc.stdout + proc.stderr)[-6000:]}")
 
 
 if __name__ == "__main__":

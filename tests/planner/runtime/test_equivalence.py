@@ -9,12 +9,11 @@ job (tests/planner/runtime/job.py), so processes start twice in all.
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from job import torchrun
 
 from planner.schedule import as_text
 from planner.schedule.builders import build
@@ -23,7 +22,6 @@ from planner.runtime import model as mdl
 from planner.runtime.options import RunOptions
 from planner.runtime.reference import single_process
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 LR = 1.0
 """Large enough that every parameter moves by more than 10x the tolerance in one step."""
 TOL = 1e-5
@@ -64,18 +62,6 @@ def _make(make_plan, model: str, case: str) -> str:
     return path
 
 
-def _torchrun(nproc: int, result: str, dump: str, plans: list[str]) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(port),
-            os.path.join(HERE, "job.py"), result, dump, repr(LR), *plans]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise AssertionError(f"torchrun job failed:\n{(proc.stdout + proc.stderr)[-6000:]}")
-
-
 @pytest.fixture(scope="module")
 def runs(make_plan, tmp_path_factory):
     """Run every case; -> {name: (plan path, result dict, dump folder)}."""
@@ -84,7 +70,7 @@ def runs(make_plan, tmp_path_factory):
     for nproc, cases in ((2, TWO), (4, FOUR)):
         paths = {f"{m}-{c}": _make(make_plan, m, c) for m, c in CASES if c in cases}
         result = str(root / f"result{nproc}.json")
-        _torchrun(nproc, result, str(root / "dump"), list(paths.values()))
+        torchrun(nproc, result, str(root / "dump"), list(paths.values()), lr=LR)
         with open(result) as f:
             res = json.load(f)
         for name, path in paths.items():

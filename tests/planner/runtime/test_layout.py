@@ -20,8 +20,8 @@ def test_mesh_matches_planner_placement(placement, pp, dp, tp):
     seen = set()
     for p, d, t in itertools.product(range(pp), range(dp), range(tp)):
         r = rank_of(cfg, pp=p, dp=d, tp=t)
-        assert mesh[p][d][t] == r == lay.rank_of(pp=p, dp=d, tp=t)
-        assert lay.coords(r) == {"pp": p, "dp": d, "tp": t}
+        assert mesh[p][d][0][t] == r == lay.rank_of(pp=p, dp=d, tp=t)
+        assert lay.coords(r) == {"pp": p, "dp": d, "cp": 0, "tp": t}
         seen.add(r)
     assert seen == set(range(pp * dp * tp))
     for s in range(pp):
@@ -41,3 +41,47 @@ def test_plan_whose_stage_ranks_disagree_with_the_mesh_is_refused(make_plan):
     plan.stages[1]["ranks"] = [0, 1]  # stage 0's ranks under tp-pp-dp are [0, 2]
     with pytest.raises(SpecError, match=r"stages\[1\]\.ranks"):
         layout_of(plan)
+
+
+@pytest.mark.parametrize("placement", ["tp-pp-dp", "tp-dp-pp"])
+@pytest.mark.parametrize("pp,dp,cp,tp", [(1, 1, 2, 1), (2, 1, 2, 1), (1, 2, 2, 2), (2, 2, 2, 1),
+                                         (2, 1, 2, 2), (1, 2, 4, 1)])
+def test_mesh_with_context_parallelism_matches_planner_placement(placement, pp, dp, cp, tp):
+    cfg = Config(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=1, num_microbatches=1,
+                 placement=placement)
+    lay = Layout(pp=pp, dp=dp, cp=cp, tp=tp, placement=placement, stage_pp_rank=tuple(range(pp)))
+    mesh = lay.mesh()
+    seen = set()
+    for p, d, c, t in itertools.product(range(pp), range(dp), range(cp), range(tp)):
+        r = rank_of(cfg, pp=p, dp=d, tp=t, cp=c)
+        assert mesh[p][d][c][t] == r == lay.rank_of(pp=p, dp=d, cp=c, tp=t)
+        assert lay.coords(r) == {"pp": p, "dp": d, "cp": c, "tp": t}
+        seen.add(r)
+    assert seen == set(range(pp * dp * cp * tp)) and lay.world == len(seen)
+    for s in range(pp):
+        assert lay.pipeline_ranks(s) == stage_ranks(cfg, s)
+
+
+@pytest.mark.parametrize("placement", ["tp-pp-dp", "tp-dp-pp"])
+@pytest.mark.parametrize("pp,dp,cp,tp,ep", [(1, 2, 1, 1, 2), (2, 2, 1, 1, 2), (1, 1, 2, 2, 2),
+                                            (1, 2, 2, 2, 4), (2, 2, 2, 1, 4), (1, 4, 1, 2, 2)])
+def test_expert_groups_fold_over_the_flattened_tp_cp_dp_index(placement, pp, dp, cp, tp, ep):
+    """An ep group is ep consecutive positions of the (tp, cp, dp) index of one pipeline rank (etp
+    = 1); the edp group holds the same experts, ep positions apart; both in increasing rank order
+    (the order of their process groups, which the all-to-all's splits follow)."""
+    lay = Layout(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep, placement=placement,
+                 stage_pp_rank=tuple(range(pp)))
+    flat = {r: c["tp"] + tp * (c["cp"] + cp * c["dp"])
+            for r in range(lay.world) for c in [lay.coords(r)]}
+    for kind, groups, size, step in (("ep", lay.ep_groups(), ep, 1),
+                                     ("edp", lay.edp_groups(), lay.edp, ep)):
+        assert sorted(r for g in groups for r in g) == list(range(lay.world)), kind
+        for g in groups:
+            assert len(g) == size and g == sorted(g), (kind, g)
+            assert len({lay.coords(r)["pp"] for r in g}) == 1
+            assert [flat[r] - flat[g[0]] for r in g] == [step * i for i in range(size)]
+    for g in lay.ep_groups():
+        assert [lay.ep_index(r) for r in g] == list(range(ep))
+    for g in lay.edp_groups():
+        assert len({lay.ep_index(r) for r in g}) == 1
+    assert lay.edp == tp * cp * dp // ep

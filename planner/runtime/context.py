@@ -1,0 +1,280 @@
+"""Context parallelism: each cp rank holds 1/cp of every sequence and attention runs as a ring.
+
+The sequence is cut into 2 x cp chunks; cp rank r holds chunks r and 2cp-1-r (causal attention's
+work is then the same on every rank: Megatron-LM's and torchtitan's load balancing). Position ids
+follow the chunks (the model gets them as ``position_ids``, so rotary embeddings see the true
+positions), and so do the targets.
+
+Attention is a ring over the cp group (``cp_comm`` "p2p"): keys and values travel to the next
+rank by point-to-point sends, cp - 1 times, while each rank attends to the block it holds; partial
+results merge by their log-sum-exp (online softmax). Causal masking is per chunk pair: a query
+chunk sees earlier key chunks whole, its own chunk under a causal mask, later chunks not at all.
+Each block is one call of the CPU flash-attention kernel
+(``aten._scaled_dot_product_flash_attention_for_cpu``, which returns the log-sum-exp the merge
+needs; grouped-query heads are expanded per block, after the exchange, so the ring carries the
+compact keys and values). The backward is explicit (a
+custom autograd.Function): each block's gradients come from the kernel's backward given the
+merged output and log-sum-exp, and the key/value gradients travel the ring once, each rank adding
+its share, until they reach the rank that owns those keys and values.
+
+torch's own ``torch.distributed.tensor.experimental.context_parallel`` does not run here: in
+torch 2.13 it dispatches only the CUDA attention kernels (flash, efficient, cuDNN); on the CPU
+scaled_dot_product_attention becomes ``aten._scaled_dot_product_flash_attention_for_cpu``, for
+which it has no rule ("does not have a sharding strategy registered").
+
+Hugging Face models call attention through ``transformers.AttentionInterface``; the stage's model
+copy is switched to the implementation registered here (``RING``), which needs no mask (the mask
+functions are skipped for implementations they do not know).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import SpecError
+
+RING = "planner_ring"
+"""The attention implementation name registered with transformers."""
+
+
+def chunk_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
+    """Global positions of cp rank ``rank``'s tokens: chunks ``rank`` and ``2cp-1-rank`` of
+    ``2cp`` equal chunks."""
+    c = seq_len // (2 * cp)
+    first, second = rank, 2 * cp - 1 - rank
+    return torch.cat([torch.arange(first * c, (first + 1) * c),
+                      torch.arange(second * c, (second + 1) * c)])
+
+
+@dataclass
+class Ring:
+    """This process's place in its context-parallel ring."""
+
+    group: object
+    rank: int
+    """Position in the ring (the cp coordinate)."""
+    size: int
+    next_rank: int
+    """Global rank of the next position (keys and values go there)."""
+    prev_rank: int
+    """Global rank of the previous position (keys and values come from there)."""
+
+
+_RING: Ring | None = None
+"""The ring of this process (one per process: a process has one cp coordinate)."""
+
+
+def set_ring(ring: Ring | None) -> None:
+    global _RING
+    _RING = ring
+
+
+def register() -> None:
+    """Make ``RING`` an attention implementation transformers can call."""
+    from transformers import AttentionInterface  # lazy: transformers takes seconds to import; only cp plans
+
+    if RING not in AttentionInterface._global_mapping:
+        AttentionInterface.register(RING, hf_ring_attention)
+
+
+def hf_ring_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                      scaling: float | None = None, sliding_window=None, **kwargs):
+    """transformers' attention signature: query [B, H, S, D], key/value [B, Hkv, S, D] ->
+    (output [B, S, H, D], None)."""
+    ring = _RING
+    if ring is None:
+        raise SpecError("parallel.cp: ring attention called outside a context-parallel run")
+    if dropout:
+        raise SpecError("parallel.cp: the ring attention has no attention dropout; plan a model "
+                        "without it (attention_dropout=0)")
+    if not getattr(module, "is_causal", True):
+        raise SpecError("parallel.cp: the ring attention is causal; this attention is not")
+    if kwargs.get("softcap") or kwargs.get("s_aux") is not None:
+        raise SpecError("parallel.cp: the ring attention has no logit soft-capping or sinks")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = RingAttention.apply(query, key, value, scale, ring)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _blocks(q_rank: int, kv_rank: int, cp: int):
+    """(query chunk, key chunk, causal) for the blocks of a query rank's two chunks against a key
+    rank's two chunks that are not entirely masked (local chunk indices 0 and 1)."""
+    q_chunks = (q_rank, 2 * cp - 1 - q_rank)
+    k_chunks = (kv_rank, 2 * cp - 1 - kv_rank)
+    out = []
+    for i, qc in enumerate(q_chunks):
+        for j, kc in enumerate(k_chunks):
+            if qc > kc:
+                out.append((i, j, False))
+            elif qc == kc:
+                out.append((i, j, True))
+    return out
+
+
+def _chunks(x: torch.Tensor) -> list[torch.Tensor]:
+    """The two chunks along the sequence dimension (2), each contiguous."""
+    return [c.contiguous() for c in x.chunk(2, dim=2)]
+
+
+def _expand(x: torch.Tensor, rep: int) -> torch.Tensor:
+    """Key/value heads repeated for the query heads that share them ([B, Hkv, S, D] ->
+    [B, Hkv*rep, S, D]; query head h reads key head h // rep, as transformers' repeat_kv)."""
+    return x if rep == 1 else x.repeat_interleave(rep, dim=1)
+
+
+def _fold(x: torch.Tensor, rep: int) -> torch.Tensor:
+    """Gradients of expanded key/value heads summed back to [B, Hkv, S, D]."""
+    if rep == 1:
+        return x
+    b, h, s, d = x.shape
+    return x.view(b, h // rep, rep, s, d).sum(2)
+
+
+def _exchange(ring: Ring, tensors: list[torch.Tensor]):
+    """Send ``tensors`` to the next rank and receive as many from the previous one (async)."""
+    tensors = [t.contiguous() for t in tensors]
+    recv = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t, ring.next_rank, ring.group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, r, ring.prev_rank, ring.group) for r in recv]
+    return recv, dist.batch_isend_irecv(ops)
+
+
+def _wait(works) -> None:
+    for w in works:
+        w.wait()
+
+
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _block(q, k, v, causal: bool, scale: float):
+    """One block of attention: (output, log-sum-exp of each query row) (CPU flash kernel; on
+    CUDA the math is the same, in scaled_dot_product_attention's reference form)."""
+    if q.device.type == "cpu":
+        out, lse = _FLASH(q, k, v, 0.0, causal, scale=scale)
+        return out, lse
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1),
+                          float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype), lse
+
+
+def _block_backward(do, q, k, v, out, lse, causal: bool, scale: float):
+    """Gradients of one block given the *merged* output and log-sum-exp (the probabilities of
+    the block are then its share of the whole softmax)."""
+    if q.device.type == "cpu":
+        return _FLASH_BACKWARD(do, q, k, v, out, lse, 0.0, causal, scale=scale)
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1),
+                          float("-inf"))
+    p = torch.exp(s - lse.unsqueeze(-1))
+    dof = do.float()
+    dv = torch.matmul(p.transpose(-1, -2), dof)
+    dp = torch.matmul(dof, v.float().transpose(-1, -2))
+    ds = p * (dp - (dof * out.float()).sum(-1, keepdim=True))
+    return (torch.matmul(ds, k.float()) * scale, torch.matmul(ds.transpose(-1, -2), q.float())
+            * scale, dv)
+
+
+class RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's queries against every rank's keys and values, passed
+    around the ring. Tensors are [B, heads, S_local, D] (fewer key/value heads than query heads
+    allowed); each block runs the CPU flash-attention kernel, blocks merge in fp32."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale: float, ring: Ring):
+        rep = q.shape[1] // k.shape[1]
+        q_chunks = _chunks(q)
+        out: list = [None, None]
+        lse: list = [None, None]
+        held = [k.contiguous(), v.contiguous()]
+        saved = []
+        for step in range(ring.size):
+            src = (ring.rank - step) % ring.size
+            pending = None
+            if step < ring.size - 1:
+                incoming, pending = _exchange(ring, held)
+            kc = [_expand(c, rep) for c in _chunks(held[0])]
+            vc = [_expand(c, rep) for c in _chunks(held[1])]
+            for i, j, causal in _blocks(ring.rank, src, ring.size):
+                o, l = _block(q_chunks[i], kc[j], vc[j], causal, scale)
+                o = o.float()
+                if out[i] is None:
+                    out[i], lse[i] = o, l
+                    continue
+                new = torch.logaddexp(lse[i], l)
+                out[i] = (out[i] * torch.exp(lse[i] - new).unsqueeze(-1)
+                          + o * torch.exp(l - new).unsqueeze(-1))
+                lse[i] = new
+            saved.append(held)
+            if pending is not None:
+                _wait(pending)
+                held = incoming
+        result = torch.cat(out, dim=2).to(q.dtype)
+        ctx.scale, ctx.ring, ctx.rep = scale, ring, rep
+        ctx.save_for_backward(q, result, torch.cat(lse, dim=2), *[t for kv in saved for t in kv])
+        return result
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        ring, scale, rep = ctx.ring, ctx.scale, ctx.rep
+        q, out, lse, *flat = ctx.saved_tensors
+        saved = [flat[i:i + 2] for i in range(0, len(flat), 2)]
+        q_chunks, do_chunks, out_chunks = _chunks(q), _chunks(grad_out), _chunks(out)
+        lse_chunks = [c.contiguous() for c in lse.chunk(2, dim=2)]
+        dq = [torch.zeros(c.shape, dtype=torch.float32, device=c.device) for c in q_chunks]
+        partial, pending = None, None
+        for step in range(ring.size):
+            src = (ring.rank - step) % ring.size
+            k, v = saved[step]
+            kc = [_expand(c, rep) for c in _chunks(k)]
+            vc = [_expand(c, rep) for c in _chunks(v)]
+            dk = [torch.zeros(c.shape, dtype=torch.float32, device=c.device) for c in kc]
+            dv = [torch.zeros(c.shape, dtype=torch.float32, device=c.device) for c in vc]
+            for i, j, causal in _blocks(ring.rank, src, ring.size):
+                gq, gk, gv = _block_backward(do_chunks[i], q_chunks[i], kc[j], vc[j],
+                                             out_chunks[i], lse_chunks[i], causal, scale)
+                dq[i] += gq
+                dk[j] += gk
+                dv[j] += gv
+            mine = [_fold(torch.cat(dk, dim=2), rep), _fold(torch.cat(dv, dim=2), rep)]
+            if pending is not None:  # the partial sums for `src`, from the previous rank
+                _wait(pending)
+                mine = [a + b for a, b in zip(partial, mine)]
+            partial, pending = _exchange(ring, mine)
+        _wait(pending)
+        dk_t, dv_t = partial
+        k = saved[0][0]
+        return (torch.cat(dq, dim=2).to(q.dtype), dk_t.to(k.dtype), dv_t.to(k.dtype), None,
+                None)
+
+
+def check_model(module, seq_len: int, cp: int) -> None:
+    """Refuse (SpecError naming cp) a model or sequence the ring cannot run."""
+    if seq_len % (2 * cp):
+        raise SpecError(f"parallel.cp: the sequence of {seq_len} tokens does not split into "
+                        f"2 x cp = {2 * cp} equal chunks; plan another cp or seq_len")
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(module, "get_input_embeddings"):
+        raise SpecError("parallel.cp: the runtime runs context parallelism on Hugging Face "
+                        "decoders only (their attention and position ids); plan with --fix cp=1")
+    if "position_ids" not in inspect.signature(module.forward).parameters:
+        raise SpecError(f"parallel.cp: {type(module).__name__} takes no position_ids, which "
+                        "context parallelism must pass; plan with --fix cp=1")
+    window = getattr(config, "sliding_window", None)
+    if window and window < seq_len:
+        raise SpecError(f"parallel.cp: the ring attention has no sliding window ({window} < "
+                        f"{seq_len} tokens); plan with --fix cp=1")
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+        raise SpecError("parallel.cp: the ring attention has no attention dropout; plan with "
+                        "--fix cp=1 or a model without it")

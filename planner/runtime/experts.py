@@ -1,0 +1,214 @@
+"""Expert parallelism: the routed experts of each MoE layer spread over an expert-parallel group.
+
+transformers (5.x) keeps a layer's routed experts in one module with 3-D parameters ``[E, ...]``
+(Mixtral's and Qwen3-MoE's ``gate_up_proj`` and ``down_proj``), called as
+``experts(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])`` after the router. With
+``ep > 1`` each rank keeps ``E / ep`` consecutive experts (same parameter names, first dimension
+cut) and the module's forward becomes:
+
+1. sort the T x k (token, expert) pairs by expert; exchange the per-expert counts with the group
+   (``all_to_all_single``), then the tokens themselves (``all_to_all_single`` with uneven splits:
+   each rank receives the tokens routed to its experts, from every rank of the group);
+2. run the local experts on what arrived, with transformers' own expert code (the module's class
+   forward, here with E / ep experts, each token sent to one of them with weight 1);
+3. send the results back by the reverse all-to-all, weight them by the router's probabilities and
+   sum each token's k results, in the same order as transformers does.
+
+Both all-to-alls are autograd functions whose backward is the opposite all-to-all. gloo runs
+``all_to_all_single`` with uneven splits on the CPU (checked on torch 2.13), so no send/receive
+emulation is needed. torchtitan's expert-parallel code (0.2.2, in .venv/engines) imports only
+with triton on the path and expects its own ``GroupedExperts`` (w1/w2/w3, token counts as
+input), not transformers' fused experts, so the runtime has this compact version instead.
+
+With tensor parallelism (no sequence parallelism) the tp ranks hold the same tokens; the
+expert-parallel group folds over them (Megatron-Core's parallel folding), so each tp rank routes
+its 1/tp of the tokens and the results are gathered over tp afterwards (the gradients' way back:
+the slice's backward gathers, the gather's backward slices).
+
+Gradients: the experts' are summed over the expert-data-parallel group (edp ranks holding the same
+experts) and divided by dp x cp, as the dense parameters' are averaged over dp x cp by the data
+parallel wrapper, which leaves the expert parameters alone (``ignored_params``).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner.errors import SpecError
+
+
+def find_experts(model: nn.Module) -> dict[str, nn.Module]:
+    """FQN -> routed-experts module (transformers' experts interface: ``num_experts`` and the
+    decorated forward; every parameter ``[num_experts, ...]``)."""
+    out = {}
+    for name, mod in model.named_modules():
+        n = getattr(mod, "num_experts", None)
+        if not isinstance(n, int) or not hasattr(mod, "_is_expert_parallel"):
+            continue
+        params = list(mod.parameters(recurse=False))
+        if params and all(p.dim() >= 2 and p.shape[0] == n for p in params):
+            out[name] = mod
+    return out
+
+
+def check_model(module: nn.Module, ep: int, etp: int) -> None:
+    """Refuse (SpecError naming ep) what the runtime cannot spread over ep ranks."""
+    if etp > 1:
+        raise SpecError(f"parallel.etp: the runtime does not split experts' matrices (etp={etp}); "
+                        "re-plan with --fix etp=1 (or --target torch)")
+    found = find_experts(module)
+    if not found:
+        raise SpecError(f"parallel.ep: ep={ep} but {type(module).__name__} has no routed-experts "
+                        "module the runtime knows (transformers' experts with [E, ...] "
+                        "parameters); plan with --fix ep=1")
+    for name, mod in found.items():
+        if mod.num_experts % ep:
+            raise SpecError(f"parallel.ep: {name} has {mod.num_experts} experts, which do not "
+                            f"divide over ep={ep} ranks; plan another ep")
+
+
+@dataclass
+class ExpertGroups:
+    """This rank's expert-parallel, expert-data-parallel and tensor-parallel groups."""
+
+    ep: int
+    ep_index: int
+    ep_group: object
+    edp_group: object | None
+    """None when edp = 1."""
+    tp: int
+    tp_index: int
+    tp_group: object | None
+    grad_divisor: int
+    """dp x cp: the experts' summed gradients are divided by it (the dense ones are averaged
+    over dp x cp)."""
+    params: list = field(default_factory=list)
+    """Every expert parameter this rank holds."""
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single with uneven splits; the backward sends the gradients back."""
+
+    @staticmethod
+    def forward(ctx, x, out_sizes: list[int], in_sizes: list[int], group):
+        ctx.sizes, ctx.group = (out_sizes, in_sizes), group
+        out = x.new_empty((sum(out_sizes), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_sizes, in_sizes, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_sizes, in_sizes = ctx.sizes
+        back = grad.new_empty((sum(in_sizes), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_sizes, out_sizes, group=ctx.group)
+        return back, None, None, None
+
+
+class _SliceTP(torch.autograd.Function):
+    """This tp rank's rows of a tensor every tp rank holds whole; the backward gathers the
+    rows' gradients from all tp ranks (each rank then holds the whole gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, index: int, size: int, group):
+        ctx.index, ctx.size, ctx.group = index, size, group
+        return x.chunk(size, dim=0)[index].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        parts = [torch.empty_like(grad) for _ in range(ctx.size)]
+        dist.all_gather(parts, grad.contiguous(), group=ctx.group)
+        return torch.cat(parts, dim=0), None, None, None
+
+
+class _GatherTP(torch.autograd.Function):
+    """The rows of every tp rank, concatenated; the backward keeps this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, x, index: int, size: int, group):
+        ctx.index, ctx.size = index, size
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(ctx.size, dim=0)[ctx.index].contiguous(), None, None, None
+
+
+def shard_experts(model: nn.Module, groups: ExpertGroups) -> list[str]:
+    """Keep this rank's E/ep experts of every routed-experts module and route tokens over the
+    group. Returns the FQNs of the expert parameters (names unchanged)."""
+    names = []
+    for fqn, mod in find_experts(model).items():
+        total = mod.num_experts
+        local = total // groups.ep
+        lo = groups.ep_index * local
+        for pname, p in list(mod.named_parameters(recurse=False)):
+            keep = nn.Parameter(p.detach()[lo:lo + local].clone(), requires_grad=p.requires_grad)
+            setattr(mod, pname, keep)
+            groups.params.append(keep)
+            names.append(f"{fqn}.{pname}" if fqn else pname)
+        mod.num_experts = local
+        mod.__dict__["_planner_ep"] = (groups, total)
+        mod.forward = types.MethodType(_expert_parallel_forward, mod)
+    return names
+
+
+def _expert_parallel_forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
+                             top_k_weights: torch.Tensor) -> torch.Tensor:
+    groups, total = self.__dict__["_planner_ep"]
+    local, ep = total // groups.ep, groups.ep
+    split_tp = groups.tp > 1
+    if split_tp:
+        if hidden.shape[0] % groups.tp:
+            raise SpecError(f"parallel.ep: {hidden.shape[0]} tokens per micro-batch do not split "
+                            f"over tp={groups.tp} ranks; plan another micro_batch or seq_len")
+        args = (groups.tp_index, groups.tp, groups.tp_group)
+        hidden = _SliceTP.apply(hidden, *args)
+        top_k_weights = _SliceTP.apply(top_k_weights, *args)
+        top_k_index = top_k_index.chunk(groups.tp, dim=0)[groups.tp_index]
+    tokens, k = top_k_index.shape
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=total).view(ep, local)
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts.contiguous(), group=groups.ep_group)
+    send = counts.sum(1).tolist()
+    recv = received.sum(1).tolist()
+    rows = _AllToAll.apply(hidden[order // k], recv, send, groups.ep_group)
+    expert_ids = torch.repeat_interleave(
+        torch.arange(local, device=rows.device).repeat(ep), received.reshape(-1))
+    if rows.shape[0]:
+        ones = torch.ones(rows.shape[0], 1, dtype=top_k_weights.dtype, device=rows.device)
+        done = type(self).forward(self, rows, expert_ids.unsqueeze(1), ones)
+    else:  # no token for these experts; keep the graph (the backward all-to-all runs everywhere)
+        done = rows * 0
+    back = _AllToAll.apply(done, send, recv, groups.ep_group)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    weighted = back[inverse] * top_k_weights.reshape(-1, 1)
+    out = weighted.view(tokens, k, -1).sum(dim=1).to(hidden.dtype)
+    if split_tp:
+        out = _GatherTP.apply(out, groups.tp_index, groups.tp, groups.tp_group)
+    return out
+
+
+@torch.no_grad()
+def sync_grads(groups: ExpertGroups | None) -> None:
+    """Sum the experts' gradients over the expert-data-parallel group and divide by dp x cp;
+    call after backward, before the optimizer step. A rank whose experts got no token gets zero
+    gradients (as the whole [E, ...] parameter of one process would)."""
+    if groups is None:
+        return
+    for p in groups.params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        if groups.edp_group is not None:
+            dist.all_reduce(p.grad, group=groups.edp_group)
+        if groups.grad_divisor > 1:
+            p.grad.div_(groups.grad_divisor)

@@ -1,0 +1,147 @@
+"""Expert and context parallelism: one optimizer step on 2 or 4 gloo processes equals the same step
+in one process, for a tiny Mixtral (four routed experts, grouped-query attention, rotary
+positions) and the tiny Llama, fp32, SGD.
+
+Expert parallelism (ep=2: each rank keeps two of the four experts, tokens go there and back by
+all-to-all), alone, over the tensor-parallel ranks (tokens split over tp), over the
+context-parallel ranks with full recomputation, with pipelining, and ep=4 folded over dp x cp with
+FSDP; context parallelism (cp=2: the ring attention, load-balanced chunks, position ids that follow
+them) alone and with tensor parallelism (the Llama: the search gives experts with tp > 1 sequence
+parallelism, which `--target torch` does not run). All plans of one process count run in one
+torchrun job (tests/planner/runtime/job.py). Refusals of what the runtime does not run are
+checked without starting processes.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+from job import torchrun
+from planner.cli.main import main
+from planner.options import parse_fix
+from planner.planfile.document import load_plan
+from planner.runtime import model as mdl
+from planner.runtime.options import RunOptions
+from planner.runtime.reference import single_process
+
+LR = 10.0
+"""One step of the tiny Mixtral moves its query/key weights by ~1e-4 per unit of learning rate
+(attention starts almost uniform); at 10 every parameter moves by more than 10x the tolerance."""
+TOL = 1e-5
+NO_SP = "sequence_parallel=false,recompute=none,zero=0"
+
+TWO = {
+    "ep2": f"dp=2,tp=1,pp=1,ep=2,micro_batch=2,{NO_SP}",
+    "cp2": f"dp=1,tp=1,pp=1,cp=2,micro_batch=2,{NO_SP}",
+    # the search puts experts with tp > 1 under sequence parallelism (Megatron-Core requires it);
+    # the runtime runs plain tensor parallelism and splits the MoE layer's tokens over tp itself
+    "tp2-ep2": "dp=1,tp=2,pp=1,ep=2,micro_batch=2,sequence_parallel=true,recompute=none,zero=0",
+    "cp2-ep2-full": "dp=1,tp=1,pp=1,cp=2,ep=2,micro_batch=2,sequence_parallel=false,"
+                    "recompute=full,zero=0",
+}
+FOUR = {
+    "ep2xpp2": f"dp=2,tp=1,pp=2,ep=2,micro_batch=2,schedule=1f1b,{NO_SP}",
+    "llama-cp2xtp2": f"dp=1,tp=2,pp=1,cp=2,micro_batch=2,{NO_SP}",
+    "dp2xcp2-ep4-fsdp": "dp=2,tp=1,pp=1,cp=2,ep=4,micro_batch=2,sequence_parallel=false,"
+                        "recompute=none,zero=1",
+}
+EXPERT_PARAMS = 4 * (4 * 128 * 32 + 4 * 32 * 64)
+"""Elements of the tiny Mixtral's routed experts (four layers of gate_up_proj and down_proj)."""
+
+
+def _make(make_plan, name: str, fix: str) -> str:
+    model = "llama" if name.startswith("llama-") else "mixtral"
+    return make_plan(model, fix, f"{model}-{name.removeprefix('llama-')}")
+
+
+@pytest.fixture(scope="module")
+def runs(make_plan, tmp_path_factory):
+    """Run every case; -> {name: (plan path, result dict, dump folder)}."""
+    root = tmp_path_factory.mktemp("moe-cp-runs")
+    out = {}
+    for nproc, cases in ((2, TWO), (4, FOUR)):
+        paths = {name: _make(make_plan, name, fix) for name, fix in cases.items()}
+        result = str(root / f"result{nproc}.json")
+        torchrun(nproc, result, str(root / "dump"), list(paths.values()), lr=LR)
+        with open(result) as f:
+            res = json.load(f)
+        for name, path in paths.items():
+            key = os.path.basename(path).removesuffix(".json")
+            out[name] = (path, res[key], str(root / "dump" / key))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(TWO) + list(FOUR))
+def test_one_step_equals_single_process(runs, case):
+    path, result, dump = runs[case]
+    plan = load_plan(path)
+    pinned = parse_fix({**TWO, **FOUR}[case])
+    cp, ep = pinned.get("cp", 1), pinned.get("ep", 1)
+    assert (plan.parallel["cp"], plan.parallel["ep"]) == (cp, ep)
+    assert sorted(r["cp"] for r in result["ranks"]) == sorted(
+        c for c in range(cp) for _ in range(len(result["ranks"]) // cp))
+    ranks = result["ranks"]
+    if ep > 1:  # each rank holds 1/ep of its stages' experts: every expert on edp ranks
+        edp = len(ranks) // pinned["pp"] // ep
+        assert sum(r["expert_params"] for r in ranks) == EXPERT_PARAMS * edp
+        assert all(r["expert_params"] > 0 for r in ranks)
+    else:
+        assert all(r["expert_params"] == 0 for r in ranks)
+    if pinned["tp"] > 1 and ep > 1:
+        assert any("sequence_parallel not applied" in n for n in result["notes"])
+    opts = RunOptions(steps=1, warmup=0, lr=LR, device="cpu")
+    ref_losses, ref_params = single_process(plan, opts)
+    assert result["loss_per_step"] == pytest.approx(ref_losses, abs=TOL)
+    got = {}
+    for f in sorted(os.listdir(dump)):
+        got.update(torch.load(os.path.join(dump, f)))
+    assert set(got) == set(ref_params)
+    spec = mdl.model_spec(plan, None)
+    initial = mdl.build_real(plan, spec, mdl.resolve_meta(plan, spec), seed=0).module
+    for name, p0 in initial.named_parameters(remove_duplicate=False):
+        moved = (ref_params[name] - p0).abs().max().item()
+        assert moved > 10 * TOL, f"{name} barely moves ({moved:.3g}): the test would be blind"
+        diff = (got[name] - ref_params[name]).abs().max().item()
+        assert diff <= TOL, f"{name}: differs from the single-process step by {diff:.3g}"
+
+
+def _refused(capsys, path, *words):
+    capsys.readouterr()
+    code = main(["run", path, "--device", "cpu"])
+    _, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.startswith("plan: error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_cp_comm_other_than_the_ring_is_refused(capsys, make_plan):
+    path = make_plan("mixtral", f"dp=1,tp=1,pp=1,cp=2,cp_comm=allgather,micro_batch=2,{NO_SP}",
+                     "mixtral-cp2-allgather")
+    _refused(capsys, path, "parallel.cp_comm", "allgather", "cp_comm=p2p")
+
+
+def test_expert_tensor_parallelism_is_refused(capsys, make_plan):
+    path = make_plan("mixtral", "dp=1,tp=2,pp=1,ep=1,etp=2,micro_batch=2,sequence_parallel=true,"
+                     "recompute=none,zero=0", "mixtral-tp2-etp2")
+    _refused(capsys, path, "parallel.etp", "etp=1")
+
+
+def test_expert_parallelism_without_experts_is_refused(capsys, make_plan, tmp_path):
+    plan = load_plan(make_plan("llama", "dp=2,tp=1,pp=1,micro_batch=2", "llama-dp2-for-ep"))
+    plan.parallel = {**plan.parallel, "ep": 2, "etp": 1}
+    path = str(tmp_path / "llama-ep2.json")
+    plan.save(path)
+    _refused(capsys, path, "parallel.ep", "ep=2", "experts")
+
+
+def test_context_parallelism_on_a_model_without_position_ids_is_refused(capsys, make_plan,
+                                                                        tmp_path):
+    plan = load_plan(make_plan("branched", "dp=2,tp=1,pp=1,micro_batch=2", "branched-dp2-for-cp"))
+    plan.parallel = {**plan.parallel, "dp": 1, "cp": 2, "cp_comm": "p2p"}
+    path = str(tmp_path / "branched-cp2.json")
+    plan.save(path)
+    _refused(capsys, path, "parallel.cp", "cp=1")
