@@ -235,7 +235,7 @@ def report(out: list[dict], markdown: bool) -> None:
             continue
         lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["gpu"], f"{pub:.3g}",
                       f"{free.step_time_s:.3g}", f"{pub / free.step_time_s:.2f}x",
-                      f"{free.search['time_s']:.1f} s" if free.search.get("time_s") else f"{info:.1f} s",
+                      f"{info:.1f} s",
                       changed(o["plan"].parallel, free.parallel)])
     _table(head, lines, markdown)
 

@@ -177,6 +177,10 @@ def _gpu(name: str, mem_gb: float, bf16: float | None, fp16: float, fp32: float,
                       hbm_bytes_per_s=hbm_gbps * GB, description=description, **kw)
 
 
+BLACKWELL_ATTENTION = 0.71
+"""Fused attention on Blackwell: FlashAttention-4 reaches about 1.6 PFLOP/s in BF16 on B200, 71%
+of its 2,250 TFLOP/s (T. Dao, FlashAttention-4, Hot Chips 2025); the 0.60 of earlier GPUs is
+FlashAttention-2's share on A100 (``DeviceSpec.attention_efficiency``)."""
 PCIE5_HOST_BYTES_PER_S = 50e9
 """PCIe 5.0 x16 host link, one direction: 64 GB/s line rate, about 50 GB/s achieved (twice the
 PCIe 4.0 figure of ``DeviceSpec.host_link_bytes_per_s``)."""
@@ -198,14 +202,18 @@ DEVICES: dict[str, DeviceSpec] = {
         _gpu("rtx4090", 24, 165.2, 165.2, 82.6, 1008, "NVIDIA GeForce RTX 4090 24 GB",
              fp8=330.3, sm_count=128),
         _gpu("b200", 180, 2250, 2250, 75, 8000, "NVIDIA B200 (HGX/DGX B200) 180 GB", fp8=4500,
-             sm_count=148, host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
+             attention_efficiency=BLACKWELL_ATTENTION, sm_count=148,
+             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
         _gpu("gb200", 186, 2500, 2500, 80, 8000, "NVIDIA Blackwell GPU of a GB200 NVL72, 186 GB",
-             fp8=5000, sm_count=148, host_link_bytes_per_s=NVLINK_C2C_HOST_BYTES_PER_S,
+             fp8=5000, attention_efficiency=BLACKWELL_ATTENTION, sm_count=148,
+             host_link_bytes_per_s=NVLINK_C2C_HOST_BYTES_PER_S,
              host_memory_bytes_per_s=256e9),
         _gpu("b300", 288, 2250, 2250, 75, 8000, "NVIDIA B300 Blackwell Ultra (HGX/DGX B300) 288 GB",
-             fp8=4500, sm_count=160, host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
+             fp8=4500, attention_efficiency=BLACKWELL_ATTENTION, sm_count=160,
+             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
         _gpu("gb300", 288, 2500, 2500, 83.3, 8000,
-             "NVIDIA Blackwell Ultra GPU of a GB300 NVL72, 288 GB", fp8=5000, sm_count=160,
+             "NVIDIA Blackwell Ultra GPU of a GB300 NVL72, 288 GB", fp8=5000,
+             attention_efficiency=BLACKWELL_ATTENTION, sm_count=160,
              host_link_bytes_per_s=NVLINK_C2C_HOST_BYTES_PER_S,
              host_memory_bytes_per_s=14e12 / 72),
         _gpu("mi300x", 192, 1307.4, 1307.4, 163.4, 5300, "AMD Instinct MI300X 192 GB",

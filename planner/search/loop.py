@@ -296,7 +296,7 @@ def _bound_s(cfg: Config, costs, pricer: _Pricer) -> float:
         return total_s / cfg.vpp + (m - 1 / cfg.vpp) * t
     bound = total_s + (m - 1) * t
     if cfg.schedule == "zb-h1":  # weight gradients fill the drain: at most half of a backward
-        bound -= 2 * (cfg.pp - 1) * t / 2
+        bound -= 2 * min(cfg.pp - 1, m - 1) * t / 2
     return bound
 
 
