@@ -28,11 +28,14 @@ from planner import targets
 log = logging.getLogger("planner.export")
 NOTE_WIDTH = 96
 
-ACCOUNTED = KNOBS + ("stages", "dtype", "global_batch", "seq_len")
-CONTEXT_EXPERTS = {"cp": 1, "cp_comm": "p2p", "ep": 1, "etp": 1}
-"""Context- and expert-parallel knobs at their defaults (a dense model, no context parallelism)."""
-"""What an export must express or list as not expressed: every knob of a configuration, the
-stage split (module names or layer counts), the precision, the batch and the sequence length."""
+MOE_SETTINGS = ("moe_dispatcher", "moe_capacity_factor", "moe_grouped_gemm", "moe_overlap")
+"""The engine settings of a mixture of experts the plan was priced with (``training.engine``;
+costmodels.engine.EngineSpec). ``moe_imbalance`` is an assumption about the routing, not a setting:
+the exports state it in a comment."""
+ACCOUNTED = KNOBS + ("stages", "dtype", "global_batch", "seq_len") + MOE_SETTINGS
+"""What an export must express or list as not expressed: every knob of a configuration (with
+context and expert parallelism: cp, cp_comm, ep, etp), the stage split (module names or layer
+counts), the precision, the batch, the sequence length and the mixture-of-experts settings."""
 
 SUPPORTED_VERSIONS: dict[str, tuple[str, ...]] = {
     "torchtitan": ("0.2.2", "0.3.0"),
@@ -86,16 +89,6 @@ class Ledger:
     def missing(self, knobs: str | tuple[str, ...], note: str) -> None:
         """The engine has no setting for it; ``note`` says what the user must do instead."""
         self._note(knobs, "not expressed", note)
-
-    def absent(self, par: dict, knobs: tuple[str, ...], defaults: dict) -> None:
-        """Knobs this exporter writes no setting for: exact where the plan leaves them at their
-        default (``defaults``), listed as not expressed otherwise."""
-        for k in knobs:
-            if par.get(k, defaults[k]) == defaults[k]:
-                self.exact(k)
-            else:
-                self.missing(k, f"{k}={par[k]}: this export does not express it yet; set it in "
-                                f"the engine by hand")
 
     def info(self, note: str) -> None:
         """A note about the export that concerns no single knob (e.g. whose module names)."""
@@ -184,7 +177,10 @@ def summary(plan: Plan) -> str:
     sp = "+sp" if p["sequence_parallel"] else ""
     chunks = f"x{p['vpp']}" if p.get("vpp", 1) > 1 else ""
     off = "+offload" if p.get("offload_optimizer") else ""
-    return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']}{chunks} mb={p['micro_batch']}x"
+    cp = f" cp={p['cp']}({p.get('cp_comm', 'p2p')})" if p.get("cp", 1) > 1 else ""
+    ep = (f" ep={p['ep']}" + (f" etp={p['etp']}" if p.get("etp", 1) > 1 else "")
+          if p.get("ep", 1) > 1 or p.get("etp", 1) > 1 else "")
+    return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']}{chunks}{cp}{ep} mb={p['micro_batch']}x"
             f"{p['num_microbatches']} {p['schedule']} rc={p['recompute']} zero={p['zero']}{off}, "
             f"placement {placement(plan)}")
 
@@ -256,24 +252,26 @@ def check_schedule(plan: Plan, target: str, runs: tuple[str, ...], ledger: Ledge
                     f"it with `{resolve_hint(plan, target)}`")
 
 
-def resolve_hint(plan: Plan, target: str) -> str:
+def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
     """The `plan solve` command that makes a plan for ``target`` from the same inputs (the plan's
-    pins kept, less those the engine cannot run)."""
+    pins kept, less those the engine cannot run, and ``pins`` put over them)."""
     spec = plan.model.get("spec") or "MODEL"
     c, t = plan.cluster, plan.training
     eng = targets.engine(target)
-    fix = dict(plan.search.get("options", {}).get("fix", {}))
+    fix = {**plan.search.get("options", {}).get("fix", {}), **(pins or {})}
     pipelined = int(fix.get("pp", 1)) > 1
     runs = {"schedule": eng.schedules, "zero": eng.zero_with_pp if pipelined else eng.zero,
             "offload_optimizer": (False, True) if eng.offload else (False,),
-            "sequence_parallel": eng.sequence_parallel}
-    pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                    for k, v in fix.items() if k not in runs or v in runs[k])
+            "sequence_parallel": eng.sequence_parallel, "cp_comm": eng.cp_comms}
+    if not eng.expert_tensor_parallel:
+        runs["etp"] = (1,)
+    pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                      for k, v in fix.items() if k not in runs or v in runs[k])
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))
                     if t.get(k, default) != default)
     return (f"plan solve {spec} --cluster {c['name']} --nodes {c['nodes']} --global-batch "
             f"{t['global_batch']} --seq-len {t['seq_len']}{extra}"
-            + (f" --fix {pins}" if pins else "") + f" --target {target}")
+            + (f" --fix {pinned}" if pinned else "") + f" --target {target}")
 
 
 def gb(nbytes: float) -> str:

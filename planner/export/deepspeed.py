@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import json
 
-from planner.export import common
+from planner.errors import SpecError
+from planner.export import common, moe
 from planner.planfile.document import Plan
 from planner import targets
 
 TARGET = "deepspeed"
 AXES = {"tp-dp-pp": ["pipe", "data", "model"], "tp-pp-dp": ["data", "pipe", "model"]}
 """deepspeed.runtime.pipe.topology.ProcessTopology axes, outermost first, per plan placement."""
+AUTOEP_PRESETS = {"mixtral": "mixtral", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3"}
+"""Hugging Face model type -> DeepSpeed 0.19.8's AutoEP preset_model
+(deepspeed/module_inject/auto_ep_presets/registry.py: mixtral, qwen3_moe, qwen3_5_moe, deepseek_v2,
+deepseek_v3, minimax_m3; none for gpt_oss)."""
 HOW = ("deepspeed.pipe.PipelineModule(layers=[one LayerSpec per entry of 'layers', in order], "
        "num_stages, topology=ProcessTopology(axes, dims), activation_checkpoint_interval); stock "
        "partition_method values take no explicit boundaries, so set self.parts = parts in a "
@@ -39,16 +44,33 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
                              {"gpipe": "1f1b"}) != p["schedule"]:
         changes["schedule"] = "1f1b"
         lower.append("1F1B instead of GPipe")
+    _check_context(plan)
     zero = _zero_stage(plan, ledger, changes, raising)
     _tp_notes(plan, ledger, changes, raising)
     extra = {"about": "Written by planner; DeepSpeed does not read this key. Stage boundaries and "
                       "recomputation are PipelineModule arguments in your script "
                       "(docs/exports.md).",
              "header": common.header(plan, TARGET, version)}
-    config = _batch(plan, ledger, extra)
+    ulysses = _ulysses(plan, ledger)
+    config = _batch(plan, ledger, extra, ulysses)
     config["zero_optimization"] = {"stage": zero}
     if p["tp"] > 1 and p["pp"] == 1:
         config["tensor_parallel"] = {"autotp_size": p["tp"]}
+    if ulysses:
+        config.update({"sequence_parallel_size": p["cp"], "data_parallel_size": p["dp"]})
+        extra["sequence_parallel"] = {
+            "size": p["cp"],
+            "how": "DeepSpeed-Ulysses: deepspeed.initialize builds a (data_parallel, "
+                   "sequence_parallel) device mesh from sequence_parallel_size and "
+                   "data_parallel_size; wrap the attention with deepspeed.sequence.layer."
+                   "DistributedAttention(attention, engine's sequence-parallel group), or for a "
+                   "Hugging Face model call deepspeed.runtime.sequence_parallel.ulysses_sp."
+                   f"UlyssesSPAttentionHF.register_with_transformers(..., sequence_parallel_size="
+                   f"{p['cp']}, ...) and pass the mpu it returns; each rank reads 1/{p['cp']} of "
+                   "every sample's tokens"}
+    experts = _experts(plan, ledger, changes, raising)
+    if experts:
+        config["expert_parallel"], extra["experts"] = experts
     _offload(plan, ledger, config, extra)
     config.update(_precision(plan, ledger))
     extra["recompute"] = _recompute(plan, ledger, changes, lower)
@@ -62,31 +84,179 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
         from planner.export import reprice  # lazy: prices with the search (and may trace)
         ledger.info(reprice.recheck(plan, TARGET, ", ".join(raising + lower), state_layout="zero",
                                     **changes))
-    ledger.absent(plan.parallel, tuple(common.CONTEXT_EXPERTS), common.CONTEXT_EXPERTS)
     extra["not_expressed"] = ledger.close()
-    order = ["about", "header", "not_expressed", "batch", "offload", "recompute", "pipeline"]
+    order = ["about", "header", "not_expressed", "batch", "sequence_parallel", "experts", "offload",
+             "recompute", "pipeline"]
     return dumps({"planner": {k: extra[k] for k in order if k in extra}, **config}) + "\n"
 
 
-def _batch(plan: Plan, ledger: common.Ledger, extra: dict) -> dict:
+def _batch(plan: Plan, ledger: common.Ledger, extra: dict, ulysses: bool) -> dict:
     """The batch settings. DeepSpeedConfig asserts train_batch_size = micro x accumulation x the
     data-parallel world an mpu gives (the PipelineModule's grid when pp > 1), or every GPU without
-    one (AutoTP): then the size is left for DeepSpeed to derive."""
+    one (AutoTP), divided by sequence_parallel_size when set (Ulysses): when GPUs that read the
+    same samples are left in that world, the size is left for DeepSpeed to derive."""
     p, t = plan.parallel, plan.training
     ledger.exact("micro_batch", "num_microbatches", "global_batch", "dp", "placement")
     config = {"train_batch_size": t["global_batch"],
               "train_micro_batch_size_per_gpu": p["micro_batch"],
               "gradient_accumulation_steps": p["num_microbatches"]}
-    if p["tp"] > 1 and p["pp"] == 1:
+    cp = p.get("cp", 1) if not ulysses else 1
+    if p["pp"] == 1 and (p["tp"] > 1 or cp > 1):
         del config["train_batch_size"]
+        sharing = [(n, w) for n, w in ((p["tp"], "tensor"), (cp, "context")) if n > 1]
+        kinds = " and ".join(f"{w}-parallel" for _, w in sharing)
+        group = " x ".join(f"{n} {w}-parallel" for n, w in sharing)
         extra["batch"] = {
             "global_batch": t["global_batch"],
-            "why": "train_batch_size is left for DeepSpeed to derive: without an mpu (AutoTP) its "
-                   "batch check counts every GPU, tensor-parallel ones included, as data-parallel "
-                   f"(train_batch_size = micro x accumulation x {plan.cluster['num_gpus']} GPUs), "
-                   f"so the {t['global_batch']} samples of the plan would fail it; the "
-                   f"{p['tp']} GPUs of a tensor-parallel group read the same samples"}
+            "why": "train_batch_size is left for DeepSpeed to derive: without an mpu"
+                   f"{' (AutoTP)' if cp == 1 else ''} its batch check counts every GPU, {kinds} "
+                   "ones included, as data-parallel (train_batch_size = micro x accumulation x "
+                   f"{plan.cluster['num_gpus']} GPUs), so the {t['global_batch']} samples of the "
+                   f"plan would fail it; the {group} GPUs of a group read the same samples"}
     return config
+
+
+def _check_context(plan: Plan) -> None:
+    """SpecError for context parallelism with pipeline parallelism: DeepSpeed's pipeline engine
+    lays ranks out by a ProcessTopology of pipe, data and model axes (runtime/pipe/topology.py,
+    PipelineParallelGrid), which has no axis for ranks holding shards of the same samples."""
+    p = plan.parallel
+    if p.get("cp", 1) > 1 and p["pp"] > 1:
+        raise SpecError(f"export deepspeed: context parallelism (cp={p['cp']}) with pp={p['pp']}: "
+                        "DeepSpeed's pipeline engine (PipelineModule's topology of pipe, data and "
+                        "model ranks) has no axis for sequence shards; re-plan for it with "
+                        f"`{common.resolve_hint(plan, TARGET, {'cp': 1})}`")
+
+
+def _ulysses(plan: Plan, ledger: common.Ledger) -> bool:
+    """Whether DeepSpeed-Ulysses expresses the plan's context parallelism: all-to-all over heads
+    (cp_comm a2a) without tensor parallelism (AutoTP builds its own data x tensor mesh over every
+    rank, deepspeed/utils/groups.py _init_tp_mesh_device, and no DeepSpeed path combines it with
+    the sequence-parallel mesh)."""
+    p = plan.parallel
+    cp, form = p.get("cp", 1), p.get("cp_comm", "p2p")
+    if cp == 1:
+        ledger.exact("cp", "cp_comm")
+        return False
+    if form == "a2a" and p["tp"] == 1:
+        ledger.exact("cp", "cp_comm")
+        return True
+    if form != "a2a":
+        ledger.missing(("cp", "cp_comm"), f"context parallelism cp={cp} with K/V exchange {form}: "
+                       "DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads, "
+                       "cp_comm a2a) only; your model must split the sequence itself (a ring or "
+                       "all-gather attention, and an mpu whose data-parallel size is "
+                       f"{p['dp']}); train_batch_size is left for DeepSpeed to derive (see batch)")
+    else:
+        ledger.missing(("cp", "cp_comm"), f"context parallelism cp={cp} (Ulysses) with "
+                       f"tp={p['tp']}: DeepSpeed's AutoTP builds its own data x tensor mesh over "
+                       "every rank (utils/groups.py _init_tp_mesh_device) and does not combine "
+                       "with the Ulysses sequence-parallel mesh; your model must split the "
+                       "sequence itself; train_batch_size is left for DeepSpeed to derive (see "
+                       "batch)")
+    return False
+
+
+def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
+             raising: list[str]) -> tuple[dict, dict] | None:
+    """Expert parallelism: DeepSpeed's own MoE layer (deepspeed.moe.layer.MoE) takes ep_size in
+    the model's code, not in the config; DeepSpeed 0.19.8's AutoEP, which replaces a Hugging Face
+    model's MoE blocks, takes it from the config's ``expert_parallel`` section
+    (deepspeed/module_inject/auto_ep_config.py). (config section, planner.experts) or None."""
+    p = plan.parallel
+    ep, etp = p.get("ep", 1), p.get("etp", 1)
+    facts, s = moe.model(plan), moe.settings(plan)
+    if not facts.moe:
+        ledger.exact("ep", "etp", *common.MOE_SETTINGS)
+        return None
+    counts = (f"{facts.experts} routed experts, top-{facts.top_k}" if facts.experts else
+              "the model's experts")
+    drop = (f"capacity_factor={s['moe_capacity_factor']:g}" if s["moe_capacity_factor"] else
+            "drop_tokens=False")
+    code = (f"deepspeed.moe.layer.MoE(hidden_size, expert, num_experts="
+            f"{facts.experts or '<experts>'}, ep_size={ep}, k={facts.top_k or '<top-k>'}, {drop}) "
+            "in your model: DeepSpeed's MoE layer takes ep_size in code, not in the config"
+            + (" (and not with ZeRO-3: DeepSpeed's engine refuses its native MoE there)"
+               if p["zero"] == 3 else ""))
+    info = {"ep_size": ep, "experts": counts, "routing": moe.imbalance_words(plan)}
+    if ep == 1:
+        ledger.exact("ep", "etp", "moe_dispatcher", "moe_capacity_factor", "moe_overlap")
+        if s["moe_grouped_gemm"]:
+            ledger.nearest("moe_grouped_gemm", "moe_grouped_gemm: DeepSpeed's config sets grouped "
+                           "GEMMs of the experts only through AutoEP (expert_parallel."
+                           "use_grouped_mm), which this export enables for ep > 1; with ep = 1 "
+                           "the model's own expert implementation runs")
+        else:
+            ledger.exact("moe_grouped_gemm")
+        return None
+    why = _autoep_refuses(plan)
+    if why:
+        ledger.missing(("ep", "etp"), f"ep={ep}: DeepSpeed 0.19.8's AutoEP {why}; build the "
+                       f"experts with {code}")
+        ledger.exact(*common.MOE_SETTINGS)
+        return None
+    ledger.exact("ep")
+    if etp > 1:
+        changes["etp"] = 1
+        raising.append("whole expert matrices (etp 1)")
+        ledger.nearest("etp", f"etp={etp}: DeepSpeed 0.19.8's AutoEP reserves "
+                       "expert_tensor_parallel_size and accepts 1 only (auto_ep_folding.py, "
+                       "validate_folding_global); nearest etp 1: more memory than planned "
+                       "(re-checked below)")
+    else:
+        ledger.exact("etp")
+    section = {"enabled": True, "autoep_size": ep, "expert_tensor_parallel_size": 1}
+    preset = AUTOEP_PRESETS.get(facts.model_type)
+    if preset:
+        section["preset_model"] = preset
+    elif plan.model.get("source", "zoo") in ("zoo", "hf-config"):
+        ledger.info(f"expert_parallel: DeepSpeed 0.19.8's AutoEP has no preset for "
+                    f"{plan.model['name']}; it tries its presets' patterns, else set "
+                    "moe_layer_pattern, router_pattern and expert_pattern (and the expert weight "
+                    "names) in the expert_parallel section for your model")
+    else:
+        ledger.info(f"expert_parallel: AutoEP replaces Hugging Face-style MoE blocks; for "
+                    f"{plan.model['name']} set moe_layer_pattern, router_pattern and "
+                    f"expert_pattern in the expert_parallel section, or build the experts with "
+                    f"{code}")
+    section["use_grouped_mm"] = bool(s["moe_grouped_gemm"])
+    ledger.exact("moe_grouped_gemm")
+    _autoep_settings(s, ledger)
+    info["how"] = ("AutoEP (the expert_parallel section) replaces the model's Hugging Face MoE "
+                   f"blocks at deepspeed.initialize; with experts of your own use {code}")
+    return section, info
+
+
+def _autoep_refuses(plan: Plan) -> str:
+    """Why DeepSpeed 0.19.8's AutoEP cannot run the plan's expert parallelism, or ''
+    (runtime/engine.py _configure_expert_parallel; module_inject/auto_ep_folding.py)."""
+    p = plan.parallel
+    if p["tp"] > 1 and p["pp"] > 1:
+        return ("refuses tensor model parallelism from an mpu (\"AutoEP does not currently support "
+                "tensor model parallelism from mpu\"), which the pipeline engine's grid gives")
+    if p["tp"] > 1 and p.get("offload_optimizer"):
+        return "refuses ZeRO offload with AutoTP folding (validate_folding_global)"
+    return ""
+
+
+def _autoep_settings(s: dict, ledger: common.Ledger) -> None:
+    if s["moe_dispatcher"] == "allgather":
+        ledger.nearest("moe_dispatcher", "moe_dispatcher allgather: AutoEP dispatches tokens by "
+                       "all-to-all (comm_backend \"comm\"); the step time differs from planned")
+    else:
+        ledger.exact("moe_dispatcher")
+    if s["moe_capacity_factor"]:
+        ledger.nearest("moe_capacity_factor", f"moe_capacity_factor {s['moe_capacity_factor']:g}: "
+                       "AutoEP drops no tokens (it has no capacity factor); the busiest expert "
+                       "rank computes all its tokens (slower than planned when routing is less "
+                       "even than the capacity)")
+    else:
+        ledger.exact("moe_capacity_factor")
+    if s["moe_overlap"]:
+        ledger.missing("moe_overlap", "moe_overlap: AutoEP has no setting to overlap its "
+                       "all-to-alls with compute; they run exposed (a slower step than planned)")
+    else:
+        ledger.exact("moe_overlap")
 
 
 def _zero_stage(plan: Plan, ledger: common.Ledger, changes: dict, raising: list[str]) -> int:

@@ -7,8 +7,10 @@ by how many layers each holds. Mapping table and limits: docs/exports.md.
 
 from __future__ import annotations
 
+import math
+
 from planner.errors import SpecError
-from planner.export import common
+from planner.export import common, moe
 from planner.export.shell import Group, bash_file
 from planner.planfile.document import Plan
 from planner import targets
@@ -26,7 +28,11 @@ FP8_RECIPE = {"delayed": "delayed", "current": "tensorwise", "block": "mxfp8"}
 """Plan FP8 recipe -> Megatron-LM's --fp8-recipe (Transformer Engine's delayed scaling, per-tensor
 current scaling, MXFP8 blocks)."""
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
-
+CP_COMM = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a", "a2a+p2p": "a2a+p2p"}
+"""Plan K/V exchange -> --cp-comm-type. Megatron-LM passes the word to Transformer Engine's
+DotProductAttention (megatron/core/extensions/transformer_engine.py), whose
+attn_forward_func_with_cp accepts "p2p", "all_gather", "a2a" and "a2a+p2p" and raises "Unsupported
+communication type" otherwise; the help text's "allgather" is not one of them."""
 
 
 def to_megatron(plan: Plan, version: str | None = None) -> str:
@@ -35,10 +41,12 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     version = common.engine_version(TARGET, version)
     ledger = common.Ledger(TARGET, version)
     lay = _checked_layout(plan)
-    groups = [_degrees(plan, ledger), _batch(plan, ledger), _pipeline(plan, lay, ledger),
-              _memory(plan, ledger), _precision(plan, ledger)]
-    env = _environment(plan)
-    ledger.absent(plan.parallel, tuple(common.CONTEXT_EXPERTS), common.CONTEXT_EXPERTS)
+    _check_context(plan)
+    groups = [_degrees(plan, version, ledger), _context(plan, ledger), _batch(plan, ledger),
+              _pipeline(plan, lay, ledger), _memory(plan, ledger), _precision(plan, ledger)]
+    experts, overlap = _experts(plan, version, ledger)
+    groups.append(experts)
+    env = _environment(plan, overlap)
     notes = ledger.close()
     intro = common.header(plan, TARGET, version) + [
         f'Use: source this file, then pass "${{{ARRAY}[@]}}" to pretrain_gpt.py (or',
@@ -72,33 +80,205 @@ def _checked_layout(plan: Plan) -> common.Layout:
     return lay
 
 
-def _degrees(plan: Plan, ledger: common.Ledger) -> Group:
+def _check_context(plan: Plan) -> None:
+    """SpecError when Megatron-LM's validate_args refuses the plan's context parallelism: the
+    sequence must split into 2 x cp chunks (each rank one from the front and one from the back)."""
+    cp, seq = plan.parallel.get("cp", 1), plan.training["seq_len"]
+    if cp > 1 and seq % (2 * cp):
+        raise SpecError(f"export megatron: Megatron-LM's validate_args requires the sequence "
+                        f"length ({seq}) to be a multiple of 2 x context-parallel size ({2 * cp}); "
+                        f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
+
+
+def _degrees(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     p = plan.parallel
-    ledger.exact("dp", "tp", "pp", "sequence_parallel", "placement")
+    cp = p.get("cp", 1)
+    ledger.exact("dp", "tp", "pp", "placement")
+    mesh = f"tp {p['tp']} x cp {cp} x pp {p['pp']}" if cp > 1 else f"tp {p['tp']} x pp {p['pp']}"
     out = [([], f"data-parallel size {p['dp']} follows from the world size: launch on "
-                f"{plan.cluster['num_gpus']} GPUs = tp {p['tp']} x pp {p['pp']} x dp {p['dp']}"),
+                f"{plan.cluster['num_gpus']} GPUs = {mesh} x dp {p['dp']}"),
            (["--tensor-model-parallel-size", str(p["tp"]),
              "--pipeline-model-parallel-size", str(p["pp"])], "")]
-    if p["tp"] > 1 and p["sequence_parallel"]:
-        out.append((["--sequence-parallel"], ""))
+    out += _sequence_parallel(plan, version, ledger)
     if p["pp"] > 1 and p["dp"] > 1 and common.placement(plan) == "tp-pp-dp":
         out.append((["--use-tp-pp-dp-mapping"],
                     "placement tp-pp-dp (Megatron's default order is tp-dp-pp)"))
     return out
 
 
-def _environment(plan: Plan) -> list[tuple[str, str | None, str]]:
-    """CUDA_DEVICE_MAX_CONNECTIONS: Megatron-LM's validate_args asserts it is 1 with tensor
-    parallelism on GPUs before Blackwell, and that it is not 1 with Megatron-FSDP (ZeRO-2/3)."""
+def _sequence_parallel(plan: Plan, version: str, ledger: common.Ledger) -> Group:
+    """--sequence-parallel with tp > 1 as planned; with experts spread over ranks (ep > 1) and
+    tp > 1 Megatron-Core's ModelParallelConfig raises without it in core_v0.14.0 ("When using
+    expert parallelism and tensor parallelism, sequence parallelism must be used") and warns in
+    core_v0.19.0 (megatron/core/model_parallel_config.py, __post_init__)."""
+    p = plan.parallel
+    if p["tp"] == 1:
+        ledger.exact("sequence_parallel")
+        return []
+    if p["sequence_parallel"]:
+        ledger.exact("sequence_parallel")
+        return [(["--sequence-parallel"], "")]
+    if p.get("ep", 1) == 1:
+        ledger.exact("sequence_parallel")
+        return []
+    if version == "core_v0.14.0":
+        ledger.nearest("sequence_parallel", f"sequence parallelism is off in the plan, but with "
+                       f"ep={p['ep']} and tp={p['tp']} core_v0.14.0's ModelParallelConfig raises "
+                       "\"When using expert parallelism and tensor parallelism, sequence "
+                       "parallelism must be used\"; it is set: less activation memory than planned")
+        return [(["--sequence-parallel"], "sequence parallelism: required with ep and tp (see "
+                                          "the note above)")]
+    ledger.exact("sequence_parallel")
+    ledger.info(f"sequence parallelism is off as planned; with ep={p['ep']} and tp={p['tp']} "
+                "core_v0.19.0's ModelParallelConfig warns \"When using expert parallelism and "
+                "tensor parallelism for training, sequence parallelism must be used\" "
+                "(core_v0.14.0 raises); add --sequence-parallel to follow it (less activation "
+                "memory than planned)")
+    return []
+
+
+def _context(plan: Plan, ledger: common.Ledger) -> Group:
+    """Context parallelism: --context-parallel-size and the K/V exchange, --cp-comm-type (with
+    a2a+p2p the two levels, --hierarchical-context-parallel-sizes, which validate_args requires:
+    the cp ranks of a node exchange heads by all-to-all, the nodes form a ring, as planned)."""
+    p = plan.parallel
+    cp, form = p.get("cp", 1), p.get("cp_comm", "p2p")
+    ledger.exact("cp", "cp_comm")
+    if cp == 1:
+        return []
+    args = ["--context-parallel-size", str(cp), "--cp-comm-type", CP_COMM[form]]
+    words = {"p2p": "a ring of point-to-point K/V sends", "allgather": "K/V all-gathered",
+             "a2a": "all-to-all over heads (Ulysses)",
+             "a2a+p2p": "all-to-all inside a node, a ring across"}[form]
+    if form == "a2a+p2p":
+        inner = math.gcd(cp, max(1, plan.cluster["gpus_per_node"] // p["tp"]))
+        args += ["--hierarchical-context-parallel-sizes", str(inner), str(cp // inner)]
+        words += f": {inner} cp ranks per node x {cp // inner} nodes"
+    _attention_notes(plan, form, ledger)
+    return [(args, f"context parallelism: each sample's {plan.training['seq_len']} tokens over "
+                   f"{cp} ranks, {words}")]
+
+
+def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
+    """Transformer Engine's attn_forward_func_with_cp refuses some exchanges for some attention
+    (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): multi-head
+    latent attention only with p2p or a2a+p2p, a sliding window only with a2a or all_gather. The
+    attention is the user's model argument, so this is a note for the zoo models that have it."""
+    facts = moe.model(plan)
+    if facts.mla and form in ("allgather", "a2a"):
+        ledger.info(f"cp_comm {form} with {plan.model['name']}'s multi-head latent attention: "
+                    "Transformer Engine's context parallelism runs MLA only with p2p or a2a+p2p "
+                    "(it asserts \"The context parallel running configs cannot support MLA\"); "
+                    "re-plan with --fix cp_comm=p2p")
+    if facts.sliding_window and form in ("p2p", "a2a+p2p"):
+        ledger.info(f"cp_comm {form} with {plan.model['name']}'s sliding-window layers: "
+                    "Transformer Engine's context parallelism runs sliding-window attention only "
+                    "with a2a or all_gather; re-plan with --fix cp_comm=allgather")
+
+
+def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bool]:
+    """Expert parallelism and the MoE settings: (arguments, whether the EP all-to-all overlap is
+    on). Megatron-LM's validate_args requires --num-experts, a multiple of
+    --expert-model-parallel-size, with ep > 1; the count and top-k come from the zoo model."""
+    p = plan.parallel
+    ep, etp = p.get("ep", 1), p.get("etp", 1)
+    facts, s = moe.model(plan), moe.settings(plan)
+    ledger.exact("ep", "etp")
+    if not facts.moe:
+        ledger.exact(*common.MOE_SETTINGS)
+        return [], False
+    out: Group = [(["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size",
+                    str(etp)],
+                   f"experts over ep {ep} ranks (folded over tp x cp x dp), their matrices over "
+                   f"etp {etp} (Megatron's default etp is tp: written out)")]
+    if facts.experts:
+        out.append((["--num-experts", str(facts.experts), "--moe-router-topk", str(facts.top_k)],
+                    f"{plan.model['name']}: {facts.experts} routed experts, {facts.top_k} per "
+                    "token (planner's zoo); the rest of the MoE model (--moe-ffn-hidden-size, "
+                    "shared experts, router) stays with your model arguments"))
+    else:
+        ledger.info("--num-experts and --moe-router-topk are not written: the plan does not "
+                    f"record {plan.model['name']}'s expert count and top-k (not a zoo model); "
+                    "add them with your model arguments (validate_args requires --num-experts, "
+                    f"a multiple of ep={ep}, when ep > 1)")
+    ledger.exact("moe_dispatcher", "moe_capacity_factor")
+    out.append((["--moe-token-dispatcher-type", s["moe_dispatcher"]],
+                f"token dispatch by {s['moe_dispatcher']}; {moe.imbalance_words(plan)}"))
+    if s["moe_capacity_factor"]:
+        out.append((["--moe-expert-capacity-factor", f"{s['moe_capacity_factor']:g}",
+                     "--moe-token-drop-policy", "probs"],
+                    f"an expert takes at most {s['moe_capacity_factor']:g} x its mean tokens; "
+                    "the rest are dropped, lowest router probability first (Megatron's default "
+                    "policy)"))
+    out += _grouped_gemm(plan, version, s, ledger)
+    overlap = _overlap(plan, s, ledger)
+    if overlap:
+        out.append((["--overlap-moe-expert-parallel-comm"],
+                    "dispatch and combine all-to-alls behind another micro-batch's compute"))
+    return out, overlap
+
+
+def _grouped_gemm(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> Group:
+    if not s["moe_grouped_gemm"]:
+        ledger.exact("moe_grouped_gemm")
+        return []
+    dtype = plan.training["dtype"]
+    if version == "core_v0.14.0" and dtype in ("fp16", "fp32"):
+        ledger.nearest("moe_grouped_gemm", f"grouped GEMM of the experts with dtype {dtype}: "
+                       "core_v0.14.0's validate_args allows --moe-grouped-gemm with --bf16 only; "
+                       "the local experts run one GEMM each (more launches than planned)")
+        return []
+    ledger.exact("moe_grouped_gemm")
+    return [(["--moe-grouped-gemm"], "the local experts as one grouped GEMM")]
+
+
+def _overlap(plan: Plan, s: dict, ledger: common.Ledger) -> bool:
+    """--overlap-moe-expert-parallel-comm, unless Megatron-Core's TransformerConfig refuses it for
+    this plan (megatron/core/transformer/transformer_config.py: expert parallelism, the alltoall
+    dispatcher, no full recomputation, bf16 or fp16, and virtual stages when pp > 1)."""
+    p = plan.parallel
+    if not s["moe_overlap"] or p.get("ep", 1) == 1:
+        ledger.exact("moe_overlap")
+        return False
+    why = []
+    if s["moe_dispatcher"] != "alltoall":
+        why.append("the alltoall dispatcher")
+    if p["recompute"] in ("full", "op"):
+        why.append("no full recomputation")
+    if plan.training["dtype"] == "fp32":
+        why.append("bf16 or fp16")
+    if p["pp"] > 1 and p["vpp"] == 1:
+        why.append("virtual pipeline stages when pp > 1")
+    if not why:
+        ledger.exact("moe_overlap")
+        return True
+    ledger.nearest("moe_overlap", "the plan overlaps the expert all-to-alls with compute, but "
+                   "Megatron-Core's --overlap-moe-expert-parallel-comm needs "
+                   f"{' and '.join(why)}; it is left off: the dispatch and combine run exposed "
+                   "(a slower step than planned)")
+    return False
+
+
+def _environment(plan: Plan, overlap: bool = False) -> list[tuple[str, str | None, str]]:
+    """CUDA_DEVICE_MAX_CONNECTIONS: Megatron-LM's validate_args asserts it is 1 with tensor or
+    context parallelism on GPUs before Blackwell, unless Megatron-FSDP (ZeRO-2/3, which asserts it
+    is not 1) or the EP all-to-all overlap (which needs it > 1: megatron/core/transformer/moe/
+    README.md; validate_args then only warns about tp or cp) is on."""
     p = plan.parallel
     if p["dp"] > 1 and p["zero"] >= 2:
         return [("CUDA_DEVICE_MAX_CONNECTIONS", None,
                  "Megatron-FSDP: Megatron-LM's validate_args requires CUDA_DEVICE_MAX_CONNECTIONS "
                  "unset or > 1")]
-    if p["tp"] == 1:
+    if overlap:
+        return [("CUDA_DEVICE_MAX_CONNECTIONS", "32",
+                 "the EP all-to-all overlap needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (Megatron-Core's "
+                 "MoE README); validate_args then only warns about tp or cp")]
+    if p["tp"] == 1 and p.get("cp", 1) == 1:
         return []
+    what = "tensor parallelism" if p.get("cp", 1) == 1 else (
+        "context parallelism" if p["tp"] == 1 else "tensor and context parallelism")
     return [("CUDA_DEVICE_MAX_CONNECTIONS", "1",
-             "tensor parallelism: Megatron-LM's validate_args requires "
+             f"{what}: Megatron-LM's validate_args requires "
              "CUDA_DEVICE_MAX_CONNECTIONS=1 (on GPUs before Blackwell)")]
 
 

@@ -1,14 +1,19 @@
 """Module names in an engine's own model definitions, for the zoo models the engine defines.
 
-A plan names modules as the model it traced names them: the zoo's Llama 3 models are Hugging Face
-``LlamaForCausalLM`` (``model.embed_tokens``, ``model.layers.<i>``, ``model.norm``, ``lm_head``).
-torchtitan builds its own Llama 3 (``torchtitan/models/llama3``) whose top-level modules are
-``tok_embeddings``, ``layers`` (a ModuleDict keyed "0", "1", ...), ``norm`` and ``output``
-(0.2.2, ``model/model.py``) or ``lm_head`` (0.3.0, ``models/common/decoder.py``); rotary tables
-are a buffer there, not a module. Its pipeline split keeps, per stage, the top-level modules and
-layer keys named in ``module_fqns_per_model_part`` and deletes the rest, so the names must be its
-own. tests/planner/export/test_engines.py builds torchtitan's own model on the meta device and
-checks that the split puts the parameters where the plan says.
+A plan names modules as the model it traced names them: the zoo's models are Hugging Face
+``*ForCausalLM`` classes (``model.embed_tokens``, ``model.layers.<i>``, ``model.norm``,
+``lm_head``). torchtitan builds its own Llama 3 (``torchtitan/models/llama3``), Qwen3 with its
+mixtures of experts (``models/qwen3``), DeepSeek-V3 (``models/deepseek_v3``) and gpt-oss
+(``models/gpt_oss``), whose top-level modules are ``tok_embeddings``, ``layers`` (a ModuleDict
+keyed "0", "1", ...), ``norm`` and ``output`` (0.2.2, ``model/model.py``) or ``lm_head`` (0.3.0,
+``models/common/decoder.py``); rotary tables are a buffer there, not a module. Its pipeline split
+keeps, per stage, the top-level modules and layer keys named in ``module_fqns_per_model_part`` and
+deletes the rest, so the names must be its own. Each model below has the zoo model's parameter
+count exactly in both releases (built on the meta device: Llama 3 8B/70B/405B; Qwen3-30B-A3B
+30,532,122,624; Qwen3-235B-A22B 235,093,634,560; DeepSeek-V3 671,026,404,352; gpt-oss-120b
+116,829,156,672). torchtitan defines no Mixtral. tests/planner/export/test_engines.py builds
+torchtitan's own models on the meta device and checks that the split puts the parameters where
+the plan says.
 """
 
 from __future__ import annotations
@@ -17,23 +22,40 @@ import re
 
 from planner.planfile.document import Plan
 
-TORCHTITAN_LLAMA3 = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
-"""Zoo model -> torchtitan llama3 flavor of the same size (dim, layers, heads, kv heads, FFN and
-vocabulary sizes equal)."""
+TORCHTITAN_MODELS = {
+    "llama3-8b": ("llama3", "8B", "llama3_8b"),
+    "llama3-70b": ("llama3", "70B", "llama3_70b"),
+    "llama3-405b": ("llama3", "405B", "llama3_405b"),
+    "qwen3-30b-a3b": ("qwen3", "30B-A3B", "qwen3_30b_a3b"),
+    "qwen3-235b-a22b": ("qwen3", "235B-A22B", None),
+    "deepseek-v3": ("deepseek_v3", "671B", "deepseek_v3_671b"),
+    "gpt-oss-120b": ("gpt_oss", "120b", "gpt_oss_120b"),
+}
+"""Zoo model -> (torchtitan model, flavor of the same shapes, 0.3.0 config function or None).
+0.2.2 picks a model by ``[model] name`` and ``flavor``; 0.3.0 by ``--module`` and ``--config``, a
+function of ``torchtitan/models/<model>/config_registry.py``: 0.3.0 builds Qwen3-235B-A22B
+(``model_registry("235B-A22B")``) but has no config function for it."""
 
-_HF_LLAMA_TOP = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm"}
-_HF_LLAMA_HEAD = {"0.2.2": "output", "0.3.0": "lm_head"}
-_HF_LLAMA_DROPPED = {"model.rotary_emb"}
-_HF_LLAMA_LAYER = re.compile(r"model\.layers\.(\d+)")
+_HF_TOP = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm"}
+_HF_HEAD = {"0.2.2": "output", "0.3.0": "lm_head"}
+_HF_DROPPED = {"model.rotary_emb"}
+_HF_LAYER = re.compile(r"model\.layers\.(\d+)")
 
 
 def torchtitan_model(plan: Plan) -> tuple[str, str] | None:
     """(torchtitan model, flavor) when the plan is of a zoo model torchtitan defines, else None."""
     m = plan.model
-    flavor = TORCHTITAN_LLAMA3.get(m.get("spec") or "")
-    if flavor is None or m.get("source", "zoo") != "zoo":
+    known = TORCHTITAN_MODELS.get(m.get("spec") or "")
+    if known is None or m.get("source", "zoo") != "zoo":
         return None
-    return "llama3", flavor
+    return known[0], known[1]
+
+
+def torchtitan_config(plan: Plan) -> str | None:
+    """torchtitan 0.3.0's config function for the plan's model (``--config``), or None."""
+    m = plan.model
+    known = TORCHTITAN_MODELS.get(m.get("spec") or "")
+    return known[2] if known is not None and m.get("source", "zoo") == "zoo" else None
 
 
 def torchtitan_names(plan: Plan, version: str) -> list[list[str]] | None:
@@ -41,19 +63,19 @@ def torchtitan_names(plan: Plan, version: str) -> list[list[str]] | None:
     torchtitan does not define it (its names are then the user's)."""
     if torchtitan_model(plan) is None:
         return None
-    head = _HF_LLAMA_HEAD[version]
+    head = _HF_HEAD[version]
     parts = []
     for st in plan.stages:
         names = []
         for fqn in st["modules"]:
-            layer = _HF_LLAMA_LAYER.fullmatch(fqn)
+            layer = _HF_LAYER.fullmatch(fqn)
             if layer:
                 names.append(f"layers.{layer.group(1)}")
-            elif fqn in _HF_LLAMA_TOP:
-                names.append(_HF_LLAMA_TOP[fqn])
+            elif fqn in _HF_TOP:
+                names.append(_HF_TOP[fqn])
             elif fqn == "lm_head":
                 names.append(head)
-            elif fqn not in _HF_LLAMA_DROPPED:
+            elif fqn not in _HF_DROPPED:
                 return None  # a module this mapping does not know: not the zoo model as expected
         parts.append(names)
     return parts

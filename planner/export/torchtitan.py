@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from costmodels.memory import RECOMPUTE
 from planner.errors import SpecError
-from planner.export import common, names
+from planner.export import common, moe, names
 from planner.export.shell import bash_file
 from planner.export.toml import Entry, table
 from planner.planfile.document import Plan
@@ -26,6 +26,18 @@ PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
 ARRAY = "TORCHTITAN_ARGS"
 SECTION_ORDER = ("model", "parallelism", "compile", "activation_checkpoint", "training",
                  "quantize.linear.float8", "quantize.linear.mx")
+ROTATE = {"p2p": "alltoall", "allgather": "allgather"}
+"""Plan K/V exchange -> 0.2.2's parallelism.context_parallel_rotate_method (torch's context-parallel
+SDPA, torch/distributed/tensor/experimental/_attention.py set_rotate_method): "alltoall" passes K/V
+shards around the ring one step at a time, "allgather" gathers them all after the first step."""
+NO_CONTEXT_PARALLEL = {
+    ("0.2.2", "gpt_oss"): "its gpt_oss model raises \"CP support for gpt-oss model is still in "
+                          "progress\" (models/gpt_oss/model/args.py, update_from_config)",
+    ("0.2.2", "deepseek_v3"): "its deepseek_v3 671B flavor uses FlexAttention and "
+                              "update_from_config raises \"Context Parallel only supports SDPA "
+                              "attention\" (models/deepseek_v3/model/args.py)",
+}
+"""(release, torchtitan model) -> why torchtitan refuses context parallelism for that model."""
 FP8 = {"current": ("quantize.linear.float8", "tensorwise"),
        "delayed": ("quantize.linear.float8", "tensorwise"),
        "block": ("quantize.linear.mx", "mxfp8_cublas")}
@@ -47,12 +59,14 @@ def to_torchtitan(plan: Plan, version: str | None = None) -> str:
     """The plan as torchtitan settings for ``version`` (default: planner.targets' release)."""
     version = common.engine_version(TARGET, version)
     ledger = common.Ledger(TARGET, version)
+    raising: dict[str, tuple[object, str]] = {}  # knob -> (what torchtitan runs, words)
     settings = (_model(plan, version, ledger) + _data_parallel(plan, version, ledger)
-                + _model_parallel(plan, version, ledger) + _training(plan, ledger)
+                + _model_parallel(plan, version, ledger)
+                + _context(plan, version, ledger, raising)
+                + _experts(plan, version, ledger, raising) + _training(plan, ledger)
                 + _fp8(plan, version, ledger))
     ac = _activation_checkpoint(plan, ledger)
-    _recheck(plan, version, ledger)
-    ledger.absent(plan.parallel, tuple(common.CONTEXT_EXPERTS), common.CONTEXT_EXPERTS)
+    _recheck(plan, version, ledger, raising)
     notes = ledger.close()
     if version == "0.2.2":
         return _toml(plan, version, settings + [Setting("activation_checkpoint", k, v, c)
@@ -67,12 +81,23 @@ def _model(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
     if known is None:
         return []
     model, flavor = known
+    if plan.parallel.get("cp", 1) > 1 and (version, model) in NO_CONTEXT_PARALLEL:
+        raise SpecError(f"export torchtitan: torchtitan {version} runs no context parallelism "
+                        f"for {plan.model['name']}: {NO_CONTEXT_PARALLEL[version, model]}; re-plan "
+                        f"with `{common.resolve_hint(plan, TARGET, {'cp': 1})}`")
     why = (f"the plan's {plan.model['name']} is torchtitan's own {model} {flavor}; the module "
            "names below are that model's",)
     if version == "0.2.2":
         return [Setting("model", "name", model, why), Setting("model", "flavor", flavor)]
-    return [Setting("cli", "--module", model, why), Setting("cli", "--config",
-                                                             f"{model}_{flavor.lower()}")]
+    config = names.torchtitan_config(plan)
+    if config is None:
+        ledger.info(f"torchtitan {version} builds {model} {flavor} (model_registry(\"{flavor}\") "
+                    f"in torchtitan/models/{model}) but has no config function for it: pass "
+                    f"--module {model} and --config <a config function of yours built on that "
+                    "model_registry> before these arguments; the module names below are that "
+                    "model's")
+        return []
+    return [Setting("cli", "--module", model, why), Setting("cli", "--config", config)]
 
 
 def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
@@ -84,14 +109,24 @@ def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Sett
         return [Setting("parallelism", "data_parallel_replicate_degree", 1,
                         ("no data parallelism (dp = 1)",)),
                 Setting("parallelism", "data_parallel_shard_degree", 1)] + out
-    ddp_refused = version == "0.2.2" and (p["tp"] > 1 or p["pp"] > 1)
+    ddp_refused = _ddp_refused(plan, version)
     if zero == 0 and not ddp_refused:
         ledger.exact("dp", "zero")
         return [Setting("parallelism", "data_parallel_replicate_degree", dp,
                         (f"ZeRO-0: plain data parallelism over dp = {dp} replicas, no sharding",)),
                 Setting("parallelism", "data_parallel_shard_degree", 1)] + out
     ledger.exact("dp")
-    if zero == 0:
+    if zero == 0 and ddp_refused == "experts":
+        ep, etp = p.get("ep", 1), _expert_tp(plan, version)
+        ledger.nearest("zero", f"ZeRO-0 with ep={p['ep']}: torchtitan folds the experts over "
+                       f"dp_shard x cp x tp ranks (efsdp = dp_shard x cp x tp / (ep x etp) in its "
+                       f"ParallelDims), and cp x tp = {p.get('cp', 1) * p['tp']} ranks cannot hold "
+                       f"ep x etp = {ep * etp} expert ranks without sharded data parallelism; "
+                       "nearest is FSDP "
+                       "without resharding after forward (ZeRO-2: gradients and optimizer states "
+                       "sharded too, less memory than planned, a reduce-scatter and an all-gather "
+                       "per step instead of one all-reduce)")
+    elif zero == 0:
         ledger.nearest("zero", f"ZeRO-0 with tp={p['tp']} pp={p['pp']}: torchtitan 0.2.2 runs "
                        "DDP only without tensor or pipeline parallelism (its llama3 "
                        "parallelize_llama raises 'DDP has not supported > 1D parallelism'); "
@@ -113,6 +148,24 @@ def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Sett
     return [Setting("parallelism", "data_parallel_replicate_degree", 1, (why,)),
             Setting("parallelism", "data_parallel_shard_degree", dp),
             Setting("parallelism", "fsdp_reshard_after_forward", reshard)] + out
+
+
+def _ddp_refused(plan: Plan, version: str) -> str:
+    """Why torchtitan cannot replicate (DDP) over the plan's data-parallel ranks, or '': 0.2.2's
+    DDP takes a 1-D mesh only; experts fold over dp_shard x cp x tp, not over replicas."""
+    p = plan.parallel
+    if version == "0.2.2" and (p["tp"] > 1 or p["pp"] > 1):
+        return "mesh"
+    if p.get("ep", 1) > 1 and (p.get("cp", 1) * p["tp"]) % (p["ep"] * _expert_tp(plan, version)):
+        return "experts"
+    return ""
+
+
+def _expert_tp(plan: Plan, version: str) -> int:
+    """The experts' tensor-parallel degree torchtitan runs: the plan's in 0.2.2, 1 in 0.3.0 (its
+    ParallelDims has no etp: experts borrow ranks from FSDP and TP, efsdp = dp_shard x cp x tp /
+    ep)."""
+    return plan.parallel.get("etp", 1) if version == "0.2.2" else 1
 
 
 def _offload(plan: Plan, ledger: common.Ledger) -> list[Setting]:
@@ -160,6 +213,109 @@ def _model_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Set
         ledger.exact("stages", "schedule", "vpp")
     _placement(plan, ledger)
     return out
+
+
+def _context(plan: Plan, version: str, ledger: common.Ledger,
+             raising: dict[str, tuple[object, str]]) -> list[Setting]:
+    """Context parallelism: the degree, and in 0.2.2 how torch's context-parallel SDPA passes K/V
+    (parallelism.context_parallel_rotate_method). 0.3.0 has no such option: torch's default
+    (all-gather) runs for SDPA, and FlexAttention always all-gathers K/V
+    (torchtitan/distributed/context_parallel/api.py)."""
+    p = plan.parallel
+    cp, form = p.get("cp", 1), p.get("cp_comm", "p2p")
+    if cp == 1:
+        ledger.exact("cp", "cp_comm")
+        return []
+    ledger.exact("cp")
+    why = (f"context parallelism: each sample's {plan.training['seq_len']} tokens over {cp} ranks "
+           "(two chunks each, torchtitan's headtail load balancer)",)
+    out = [Setting("parallelism", "context_parallel_degree", cp, why)]
+    if version == "0.2.2":
+        if form in ROTATE:
+            ledger.exact("cp_comm")
+            return out + [Setting("parallelism", "context_parallel_rotate_method", ROTATE[form],
+                                  (f"K/V exchange {form}",))]
+        raising["cp_comm"] = ("p2p", f"a K/V ring instead of {form}")
+        ledger.nearest("cp_comm", f"cp_comm {form}: torchtitan's context parallelism (torch's "
+                       "context-parallel SDPA) passes keys and values around a ring or all-gathers "
+                       "them, and has no all-to-all over heads (Ulysses); nearest is the ring "
+                       "(context_parallel_rotate_method \"alltoall\"), memory re-checked below")
+        return out + [Setting("parallelism", "context_parallel_rotate_method", "alltoall",
+                              (f"K/V exchange {form} -> ring (see the note above)",))]
+    if form == "allgather":
+        ledger.exact("cp_comm")
+        return out
+    raising["cp_comm"] = ("allgather", f"K/V all-gathered instead of {form}")
+    ring = (" (with SDPA attention, call torch.distributed.tensor.experimental._attention."
+            "set_rotate_method(\"alltoall\") in your training script for the planned ring)"
+            if form == "p2p" else "")
+    ledger.nearest("cp_comm", f"cp_comm {form}: torchtitan {version} has no option for the K/V "
+                   "exchange; its context parallelism all-gathers keys and values (torch's default "
+                   f"rotate method; FlexAttention always){ring}; memory re-checked below")
+    return out
+
+
+def _experts(plan: Plan, version: str, ledger: common.Ledger,
+             raising: dict[str, tuple[object, str]]) -> list[Setting]:
+    """Expert parallelism (parallelism.expert_parallel_degree, and in 0.2.2
+    expert_tensor_parallel_degree, which must be 1 or tp) and the MoE settings torchtitan's MoE
+    layer runs: all-to-all dispatch, no token dropping, grouped GEMMs (MoEArgs.use_grouped_mm)."""
+    p = plan.parallel
+    ep, etp = p.get("ep", 1), p.get("etp", 1)
+    facts, s = moe.model(plan), moe.settings(plan)
+    if not facts.moe:
+        ledger.exact("ep", "etp", *common.MOE_SETTINGS)
+        return []
+    ledger.exact("ep")
+    words = f"{facts.experts} routed experts" if facts.experts else "the routed experts"
+    out = [Setting("parallelism", "expert_parallel_degree", ep,
+                   (f"{words} over ep {ep} ranks (folded over dp_shard x cp x tp); "
+                    f"{moe.imbalance_words(plan)}",))]
+    if version == "0.2.2":
+        ledger.exact("etp")
+        out.append(Setting("parallelism", "expert_tensor_parallel_degree", etp))
+    elif etp > 1:
+        raising["etp"] = (1, "experts' matrices whole (etp 1)")
+        ledger.nearest("etp", f"etp={etp}: torchtitan 0.3.0 does not split the experts' matrices "
+                       "(its ParallelDims has no etp; experts borrow ranks from FSDP and TP); "
+                       "nearest etp 1, memory re-checked below")
+    else:
+        ledger.exact("etp")
+    _moe_settings(plan, version, s, ledger)
+    return out
+
+
+def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> None:
+    ep = plan.parallel.get("ep", 1)
+    if s["moe_dispatcher"] == "allgather" and ep > 1:
+        backend = (" (parallelism.expert_parallel_comm_backend \"standard\")"
+                   if version == "0.2.2" else "")
+        ledger.nearest("moe_dispatcher", "moe_dispatcher allgather: torchtitan's MoE dispatches "
+                       f"tokens by all-to-all{backend}; the step time differs from planned")
+    else:
+        ledger.exact("moe_dispatcher")
+    if s["moe_capacity_factor"]:
+        ledger.nearest("moe_capacity_factor", f"moe_capacity_factor {s['moe_capacity_factor']:g}: "
+                       "torchtitan's MoE drops no tokens (it has no capacity factor); the busiest "
+                       "expert rank computes all its tokens (slower than planned when routing is "
+                       "less even than the capacity)")
+    else:
+        ledger.exact("moe_capacity_factor")
+    if s["moe_grouped_gemm"]:
+        ledger.exact("moe_grouped_gemm")  # MoEArgs.use_grouped_mm, torchtitan's default on SM90+
+    else:
+        ledger.nearest("moe_grouped_gemm", "moe_grouped_gemm false: torchtitan's MoE runs the "
+                       "experts as grouped GEMMs (its model's MoEArgs.use_grouped_mm, on by "
+                       "default from SM90); not a job setting")
+    if s["moe_overlap"] and ep > 1:
+        where = ("only with the DualPipeV schedule (parallelism.pipeline_parallel_expert_parallel_"
+                 "overlap), which this plan does not use" if version == "0.2.2" else
+                 "with no option of the job config")
+        ledger.missing("moe_overlap", f"moe_overlap: torchtitan {version} overlaps the expert "
+                       f"all-to-alls with compute {where}; they run exposed (a slower step than "
+                       "planned)")
+    else:
+        ledger.exact("moe_overlap")
 
 
 def _placement(plan: Plan, ledger: common.Ledger) -> None:
@@ -237,20 +393,27 @@ def _activation_checkpoint(plan: Plan, ledger: common.Ledger) -> list[tuple[str,
     return op
 
 
-def _recheck(plan: Plan, version: str, ledger: common.Ledger) -> None:
+def _recheck(plan: Plan, version: str, ledger: common.Ledger,
+             raising: dict[str, tuple[object, str]]) -> None:
     """Re-price the plan as torchtitan runs it when that may need more memory: Megatron-style
-    selective recomputation becomes torchtitan's per-op policy (the cost model prices both)."""
+    selective recomputation becomes torchtitan's per-op policy (the cost model prices both), a
+    K/V exchange torchtitan lacks becomes one it has, split experts become whole (``raising``)."""
     p = plan.parallel
-    if p["recompute"] != "selective" or "op" not in RECOMPUTE:
+    changes, words = {}, []
+    if p["recompute"] == "selective" and "op" in RECOMPUTE:
+        changes["recompute"] = "op"
+        words.append("per-op instead of selective recomputation")
+    if not changes and not raising:
         return
-    changes, words = {"recompute": "op"}, ["per-op instead of selective recomputation"]
-    if p["dp"] > 1 and (p["zero"] == 1 or (p["zero"] == 0 and version == "0.2.2" and
-                                           (p["tp"] > 1 or p["pp"] > 1))):
+    if p["dp"] > 1 and (p["zero"] == 1 or (p["zero"] == 0 and _ddp_refused(plan, version))):
         changes["zero"] = 2
         words.append(f"ZeRO-2 instead of ZeRO-{p['zero']}")
     if p["tp"] > 1 and not p["sequence_parallel"] and version == "0.2.2":
         changes["sequence_parallel"] = True
         words.append("sequence parallelism")
+    for knob, (value, word) in raising.items():
+        changes[knob] = value
+        words.append(word)
     from planner.export import reprice  # lazy: prices with the search (and may trace)
     ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), state_layout="zero",
                                 **changes))

@@ -12,11 +12,21 @@ CHECK is one of:
 - ``torchtitan-0.2.2``: ``ConfigManager().parse_args(["--job.config_file", path])``;
 - ``torchtitan-0.3.0``: the file is sourced in bash and its array (after ``args``, e.g. --module and
   --config for a model torchtitan does not define) given to ``ConfigManager().parse_args``;
+  for both, with ``world`` in the job, the parsed parallelism also builds torchtitan's
+  ``ParallelDims`` as its trainer does, and its device meshes (dense and, with experts, sparse)
+  in a fake process group of ``world`` ranks;
 - ``deepspeed``: ``DeepSpeedConfig(path, mpu)`` in a fake process group of ``world`` ranks (rank 0),
-  ``mpu`` a stand-in giving the tp/pp/dp sizes (or none: DeepSpeed then counts every rank);
-- ``torchtitan-split``: torchtitan's own Llama 3 ``flavor`` built on the meta device and cut into
-  stages by ``stages`` (module name lists) with torchtitan's own split function; per stage the
-  parameters of matrices (split by tensor parallelism) and of vectors (norms, replicated).
+  ``mpu`` a stand-in giving the tp/pp/dp sizes (or none: DeepSpeed then counts every rank); a config
+  with ``sequence_parallel_size`` and ``data_parallel_size`` gets the (data_parallel,
+  sequence_parallel) device mesh ``deepspeed.initialize`` builds from them; a config with an
+  ``expert_parallel`` section also goes through the checks AutoEP runs at initialize
+  (``validate_autoep_config``, ``build_folding_spec``, ``validate_folding_global``) with the
+  sizes the engine would pass (pp from the mpu, AutoTP's tp, the Ulysses size);
+- ``torchtitan-split``: torchtitan's own model ``module`` (default llama3) of ``flavor``, built on
+  the meta device (0.2.2: its train spec's model class and args; 0.3.0: ``model_registry``) and
+  cut into stages by ``stages`` (module name lists) with torchtitan's own split function; per
+  stage the parameters of matrices (split by tensor parallelism), of the routed experts (3-D
+  weights of ``experts`` modules, split by expert parallelism) and of vectors (norms, replicated).
 
 torchtitan's package ``__init__`` imports its quantization kernels, hence triton, which the
 default install leaves out; without triton the check loads the ``torchtitan`` package without
@@ -83,7 +93,8 @@ def pick(obj, fields: list[str]) -> dict:
     return out
 
 
-FIELDS = ["parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
+FIELDS = ["parallelism.context_parallel_degree", "parallelism.expert_parallel_degree",
+          "parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
           "parallelism.fsdp_reshard_after_forward", "parallelism.tensor_parallel_degree",
           "parallelism.pipeline_parallel_degree", "parallelism.pipeline_parallel_schedule",
           "parallelism.pipeline_parallel_microbatch_size",
@@ -100,7 +111,37 @@ def titan_022(job: dict) -> dict:
                               "activation_checkpoint.selective_ac_option",
                               "parallelism.enable_async_tensor_parallel", "model.converters",
                               "quantize.linear.float8.recipe_name",
-                              "quantize.linear.mx.recipe_name"])
+                              "quantize.linear.mx.recipe_name",
+                              "parallelism.context_parallel_rotate_method",
+                              "parallelism.expert_tensor_parallel_degree"])
+    if job.get("world"):
+        from torchtitan.distributed import ParallelDims  # noqa: PLC0415
+        par = cfg.parallelism
+        out["meshes"] = meshes(lambda: ParallelDims(
+            dp_shard=par.data_parallel_shard_degree,
+            dp_replicate=par.data_parallel_replicate_degree,
+            cp=par.context_parallel_degree, tp=par.tensor_parallel_degree,
+            pp=par.pipeline_parallel_degree, ep=par.expert_parallel_degree,
+            etp=par.expert_tensor_parallel_degree, world_size=job["world"]), job["world"])
+    return out
+
+
+def meshes(make, world: int) -> dict:
+    """torchtitan's ParallelDims (its checks run on construction) and the sizes of its device
+    meshes, built in a fake process group of ``world`` ranks as its trainer builds them."""
+    fake_group(world)
+    dims = make()
+    if hasattr(dims, "build_mesh"):
+        try:
+            dims.build_mesh()
+        except TypeError:  # 0.2.2 and 0.3.0 differ in whether the device type is an argument
+            dims.build_mesh("cpu")
+    out = {}
+    for name in ("dp_replicate", "fsdp", "dp_shard", "cp", "tp", "pp", "ep", "etp", "efsdp"):
+        try:
+            out[name] = dims.get_mesh(name).size()
+        except (KeyError, ValueError, AttributeError, RuntimeError, AssertionError):
+            pass
     return out
 
 
@@ -121,6 +162,10 @@ def titan_030(job: dict) -> dict:
     ac = cfg.activation_checkpoint
     out["activation_checkpoint"] = "none" if ac is None else type(ac).__qualname__.split(".")[0]
     out["args"] = args
+    if job.get("world"):
+        from torchtitan.distributed import ParallelDims  # noqa: PLC0415
+        out["meshes"] = meshes(lambda: ParallelDims.from_config(cfg.parallelism, job["world"]),
+                               job["world"])
     return out
 
 
@@ -161,9 +206,23 @@ def deepspeed_config(job: dict) -> dict:
                                  dist_init_required=False)
     from deepspeed.runtime.config import DeepSpeedConfig  # noqa: PLC0415
     mpu = StandInMpu(*job["mpu"]) if job.get("mpu") else None
-    cfg = DeepSpeedConfig(job["path"], mpu)
+    with open(job["path"], encoding="utf-8") as f:
+        raw = json.load(f)
+    mesh = None
+    if "sequence_parallel_size" in raw and "data_parallel_size" in raw:  # as deepspeed.initialize
+        mesh = ds_dist.initialize_mesh_device((raw["data_parallel_size"],
+                                               raw["sequence_parallel_size"]),
+                                              ("data_parallel", "sequence_parallel"))
+    cfg = DeepSpeedConfig(job["path"], mpu, mesh_device=mesh)
     offload = cfg.zero_config.offload_optimizer
-    return {"train_batch_size": cfg.train_batch_size,
+    ep = cfg.expert_parallel_config
+    autoep = None
+    if ep is not None and ep.enabled:
+        autoep = autoep_checks(cfg, job, raw)
+    return {"sequence_parallel_size": raw.get("sequence_parallel_size"),
+            "mesh": None if mesh is None else dict(zip(mesh.mesh_dim_names, mesh.mesh.shape)),
+            "autoep": autoep,
+            "train_batch_size": cfg.train_batch_size,
             "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
             "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
             "world_size": cfg.world_size, "zero_stage": int(cfg.zero_optimization_stage),
@@ -173,21 +232,57 @@ def deepspeed_config(job: dict) -> dict:
             "bf16": cfg.bfloat16_config.enabled, "fp16": cfg.float16_config.enabled}
 
 
+def autoep_checks(cfg, job: dict, raw: dict) -> dict:
+    """The checks DeepSpeed's engine runs on the expert_parallel section at initialize
+    (runtime/engine.py _configure_expert_parallel), with the sizes it would pass."""
+    from deepspeed.module_inject.auto_ep_config import validate_autoep_config  # noqa: PLC0415
+    from deepspeed.module_inject.auto_ep_folding import (  # noqa: PLC0415
+        build_folding_spec, validate_folding_global)
+    ep = cfg.expert_parallel_config
+    world = job["world"]
+    tp = raw.get("tensor_parallel", {}).get("autotp_size", 0) or 1
+    pp = job["mpu"][1] if job.get("mpu") else 1
+    if job.get("mpu") and job["mpu"][0] != 1:
+        raise ValueError("AutoEP does not currently support tensor model parallelism from mpu")
+    sp = raw.get("sequence_parallel_size", 1)
+    validate_autoep_config(ep, world, pp, tp, sp)
+    spec = build_folding_spec(world_size=world, pp_size=pp, tp_size=tp, ep_size=ep.autoep_size,
+                              etp_size=ep.expert_tensor_parallel_size,
+                              mp_mode="tp" if tp > 1 else "sp")
+    validate_folding_global(spec, zero_stage=int(cfg.zero_optimization_stage), sp_size=sp,
+                            autoep_enabled=True, ep_preset=ep.preset_model,
+                            zero_offload_optimizer=cfg.zero_config.offload_optimizer is not None,
+                            mpu=StandInMpu(*job["mpu"]) if job.get("mpu") else None)
+    return {"autoep_size": ep.autoep_size, "etp": ep.expert_tensor_parallel_size,
+            "preset_model": ep.preset_model, "use_grouped_mm": ep.use_grouped_mm,
+            "edp": spec.edp_size}
+
+
 def titan_split(job: dict) -> dict:
     import torch  # noqa: PLC0415
     import_torchtitan()
     from importlib.metadata import version  # noqa: PLC0415
+    name = job.get("module", "llama3")
     with torch.device("meta"):
         if version("torchtitan") == "0.2.2":
-            from torchtitan.models.llama3 import Transformer, llama3_args  # noqa: PLC0415
-            whole = Transformer(llama3_args[job["flavor"]])
+            from torchtitan.protocols.train_spec import get_train_spec  # noqa: PLC0415
+            spec = get_train_spec(name)
+            whole = spec.model_cls(spec.model_args[job["flavor"]])
         else:
-            from torchtitan.models.llama3 import model_registry  # noqa: PLC0415
-            whole = model_registry(job["flavor"]).model.build()
+            module = importlib.import_module(f"torchtitan.models.{name}")
+            whole = module.model_registry(job["flavor"]).model.build()
     chunks = split(whole, job["stages"], job["schedule"], job["pp"])
+
+    def expert(param_name: str, p) -> bool:
+        # moe.experts.w1 (0.2.2), moe.routed_experts.inner_experts.w1_EFD (0.3.0)
+        return p.dim() == 3 and "experts." in param_name
+
     return {"total": sum(p.numel() for p in whole.parameters()),
             "children": [n for n, _ in whole.named_children()],
-            "stages": [{"matrices": sum(p.numel() for p in c.parameters() if p.dim() > 1),
+            "stages": [{"matrices": sum(p.numel() for n, p in c.named_parameters()
+                                        if p.dim() > 1 and not expert(n, p)),
+                        "experts": sum(p.numel() for n, p in c.named_parameters()
+                                       if expert(n, p)),
                         "vectors": sum(p.numel() for p in c.parameters() if p.dim() <= 1),
                         "modules": [n for n, m in c.named_children() if m is not None
                                     and (len(m) if hasattr(m, "__len__") else 1)]}

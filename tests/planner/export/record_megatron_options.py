@@ -10,15 +10,20 @@ from the record and parses each Megatron export with it.
 
     # record (a git directory of NVIDIA/Megatron-LM, e.g. a bare clone, and a tag):
     python tests/planner/export/record_megatron_options.py record GIT_DIR core_v0.14.0
-    # run Megatron-LM's parser and validate_args on an export (a one-off check, not a test):
+    # run Megatron-LM's parser, validate_args and Megatron-Core's TransformerConfig on an export
+    # (a one-off check, not a test):
     python tests/planner/export/record_megatron_options.py validate GIT_DIR core_v0.19.0 \\
         args.sh --num-gpus 64 -- --hidden-size 8192 --num-attention-heads 64 ...
 
 Both import Megatron-LM, so run them with triton and six importable (after ``make engines-full``:
 ``PYTHONPATH=.venv/engines/torchtitan-runtime`` plus ``pip install --target`` six); Megatron-LM
 releases from 2026 use ``typing.override`` (Python 3.12), which the script provides on 3.11 from
-typing_extensions. ``validate`` pretends a Hopper GPU (``get_device_arch_version`` = 9) and the
-given world size; nothing is launched.
+typing_extensions. ``validate`` pretends a Hopper GPU (``get_device_arch_version`` = 9, compute
+capability 9.0) and the given world size; nothing is launched. After validate_args it builds the
+TransformerConfig as pretrain_gpt.py does (``core_transformer_config_from_args``), whose checks
+cover expert parallelism with tensor parallelism and the EP all-to-all overlap. Without Transformer
+Engine installed, pass ``--no-rope-fusion`` with the model arguments (TransformerConfig asks TE for
+the fused RoPE otherwise).
 """
 
 from __future__ import annotations
@@ -110,19 +115,41 @@ def validate(git_dir: str, ref: str, path: str, gpus: int, model_args: list[str]
         commit = checkout(git_dir, ref, tmp)
         arguments = import_arguments(tmp)
         arguments.get_device_arch_version = lambda: 9  # a Hopper GPU, as on H100 clusters
+        import torch  # noqa: PLC0415
+        torch.cuda.get_device_capability = lambda *a: (9, 0)  # --moe-grouped-gemm asks
         parser = argparse.ArgumentParser(allow_abbrev=False)
         arguments.add_megatron_arguments(parser)
         ns = parser.parse_args(args + model_args)
         ns.rank, ns.world_size = 0, gpus
         arguments.validate_args(ns, {})
-    return (f"Megatron-LM {ref} ({commit}): parse_args + validate_args accepted {path} "
-            f"({len(args)} exported arguments) on {gpus} ranks: tp={ns.tensor_model_parallel_size} "
-            f"pp={ns.pipeline_model_parallel_size} dp={ns.data_parallel_size} "
+        config = transformer_config(arguments, ns)
+    return (f"Megatron-LM {ref} ({commit}): parse_args + validate_args + TransformerConfig "
+            f"accepted {path} ({len(args)} exported arguments) on {gpus} ranks: "
+            f"tp={ns.tensor_model_parallel_size} cp={ns.context_parallel_size} "
+            f"({config.cp_comm_type}) pp={ns.pipeline_model_parallel_size} "
+            f"dp={ns.data_parallel_size} ep={config.expert_model_parallel_size} "
+            f"etp={config.expert_tensor_parallel_size} sp={config.sequence_parallel} "
+            f"experts={config.num_moe_experts} top-k={config.moe_router_topk} "
+            f"dispatcher={config.moe_token_dispatcher_type} "
+            f"capacity={config.moe_expert_capacity_factor} "
+            f"overlap={config.overlap_moe_expert_parallel_comm} "
             f"vpp={ns.virtual_pipeline_model_parallel_size} "
             "micro-batches="
             f"{ns.global_batch_size // (ns.micro_batch_size * ns.data_parallel_size)} "
             f"offload={ns.optimizer_cpu_offload} "
             f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS')}")
+
+
+def transformer_config(arguments, ns):
+    """Megatron-Core's TransformerConfig from the validated arguments, as pretrain_gpt.py builds
+    it (core_transformer_config_from_args): its __post_init__ and ModelParallelConfig's run the
+    checks validate_args leaves to them (expert parallelism with tensor parallelism needs sequence
+    parallelism; the EP all-to-all overlap's conditions; capacity factor and dispatcher)."""
+    build = getattr(arguments, "core_transformer_config_from_args", None)
+    if build is None:  # core_v0.19.0 moved it
+        from megatron.training.argument_utils import core_transformer_config_from_args  # noqa
+        build = core_transformer_config_from_args
+    return build(ns)
 
 
 def main(argv: list[str]) -> None:

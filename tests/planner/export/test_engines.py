@@ -19,7 +19,21 @@ dgx-h100 --nodes 8 --global-batch 256 --seq-len 4096 --fix pp=4 --target <target
 llama3-70b-offload-<target>.json with ``plan solve llama3-70b --cluster dgx-h100 --nodes 1
 --global-batch 16 --seq-len 2048 --target <target>`` (Llama 3 70B on 8 H100 fits only with the
 optimizer on the host); llama3-70b-pp4-zero3-megatron.json with ``--fix pp=4,schedule=1f1b,zero=3
---target megatron``. They are loaded, never re-planned.
+--target megatron``. Expert and context parallelism (all on dgx-h100, with ``--target <target>``):
+
+- mixtral-8x7b-ep8-<target>.json: ``plan solve mixtral-8x7b --nodes 8 --global-batch 256
+  --seq-len 4096 --fix ep=8``; mixtral-8x7b-ep4-etp2-megatron.json the same with
+  ``--fix ep=4,tp=2,etp=2``;
+- qwen3-30b-a3b-ep8-capacity-megatron.json: ``plan solve qwen3-30b-a3b --nodes 2 --global-batch
+  128 --seq-len 4096 --fix ep=8 --engine moe_dispatcher=allgather,moe_capacity_factor=1.25,
+  moe_imbalance=1.2``; qwen3-30b-a3b-pp2-ep8-torchtitan.json with ``--fix pp=2,ep=8`` (torchtitan
+  defines Qwen3-30B-A3B: its own module names);
+- llama3-8b-cp4-<target>.json: ``plan solve llama3-8b --nodes 4 --global-batch 32 --seq-len 65536
+  --fix cp=4`` (the deepspeed one: tp 2 with Ulysses); llama3-8b-cp8-a2a-deepspeed.json with
+  ``--fix cp=8,tp=1,pp=1``; llama3-8b-cp16-hier-megatron.json with
+  ``--fix cp=16,tp=1,cp_comm=a2a+p2p``.
+
+They are loaded, never re-planned.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -74,6 +89,12 @@ def users_model(plan: Plan) -> Plan:
                                model={**plan.model, "spec": "my/config.json", "source": "config"})
 
 
+def engine_settings(plan: Plan, **settings) -> Plan:
+    """The plan priced with other MoE engine settings (training.engine)."""
+    engine = {**plan.training.get("engine", {}), **settings}
+    return dataclasses.replace(plan, training={**plan.training, "engine": engine})
+
+
 def fp8(plan: Plan, recipe: str) -> Plan:
     """The plan trained in FP8 with ``recipe`` (full recomputation: no memory re-check)."""
     plan = variant(plan, recompute="full")
@@ -92,6 +113,15 @@ CASES = {
     "8b-op-recompute": lambda: variant(plan_named("uneven-llama3-8b"), recompute="op"),
     "8b-fp8-current": lambda: fp8(plan_named("uneven-llama3-8b"), "current"),
     "8b-fp8-block": lambda: fp8(plan_named("uneven-llama3-8b"), "block"),
+    "8b-cp4-ring": lambda: plan_named("llama3-8b-cp4-torchtitan"),
+    "8b-cp4-allgather": lambda: variant(plan_named("llama3-8b-cp4-torchtitan"),
+                                        cp_comm="allgather"),
+    "8b-cp4-ulysses": lambda: variant(plan_named("llama3-8b-cp4-torchtitan"), cp_comm="a2a"),
+    "mixtral-ep8": lambda: plan_named("mixtral-8x7b-ep8-torchtitan"),
+    "mixtral-ep8-allgather-capacity": lambda: engine_settings(
+        plan_named("mixtral-8x7b-ep8-torchtitan"), moe_dispatcher="allgather",
+        moe_capacity_factor=1.25, moe_overlap=True),
+    "qwen3-pp2-ep8": lambda: plan_named("qwen3-30b-a3b-pp2-ep8-torchtitan"),
 }
 """Plans every torchtitan release is checked with."""
 
@@ -130,7 +160,7 @@ def titan(tmp_path_factory):
             text, name = export(plan, "torchtitan", version)
             path = tmp / f"{case}-{name}"
             path.write_text(text)
-            job = {"path": str(path)}
+            job = {"path": str(path), "world": plan.cluster["num_gpus"]}
             if version != "0.2.2" and names.torchtitan_model(plan) is None:
                 job["args"] = ["--module", "llama3", "--config", "llama3_8b"]
             jobs.append(job)
@@ -178,7 +208,7 @@ def test_torchtitan_parses_the_export_to_the_plan(titan, version, case):
         if mode == "selective":
             assert got["activation_checkpoint.selective_ac_option"] == "op"
         fp8 = t["dtype"] == "fp8"
-        recipe = t.get("engine", {}).get("fp8_recipe")
+        recipe = t.get("engine", {}).get("fp8_recipe") if fp8 else None
         converter = {"current": "quantize.linear.float8", "block": "quantize.linear.mx"}.get(recipe)
         assert got["model.converters"] == ([converter] if fp8 else [])
         assert got["quantize.linear.float8.recipe_name"] == ("tensorwise" if recipe == "current"
@@ -192,6 +222,22 @@ def test_torchtitan_parses_the_export_to_the_plan(titan, version, case):
         assert got["training.disable_cuda_graphs"] == (p["pp"] > 1)
         if p["tp"] > 1:
             assert got["parallelism.enable_sequence_parallel"] == p["sequence_parallel"]
+    # context and expert parallelism, and the meshes torchtitan's ParallelDims builds from them
+    cp, ep = p.get("cp", 1), p.get("ep", 1)
+    assert got["parallelism.context_parallel_degree"] == cp
+    assert got["parallelism.expert_parallel_degree"] == ep
+    if version == "0.2.2":
+        assert got["parallelism.expert_tensor_parallel_degree"] == p.get("etp", 1)
+        if cp > 1:  # a ring ("alltoall" rotation) for p2p and the forms torchtitan lacks
+            assert got["parallelism.context_parallel_rotate_method"] == (
+                "allgather" if p["cp_comm"] == "allgather" else "alltoall")
+    meshes = got["meshes"]
+    shard = got["parallelism.data_parallel_shard_degree"]
+    assert meshes.get("cp", 1) == cp and meshes.get("tp", 1) == p["tp"]
+    assert meshes.get("pp", 1) == p["pp"]
+    if ep > 1:  # experts folded over dp_shard x cp x tp: efsdp x ep (x etp) of them
+        etp = p.get("etp", 1) if version == "0.2.2" else 1
+        assert meshes["ep"] == ep and meshes["efsdp"] * ep * etp == shard * cp * p["tp"]
 
 
 def test_torchtitan_module_names_are_its_own_for_the_zoo_and_the_users_otherwise(titan):
@@ -208,34 +254,41 @@ def test_torchtitan_module_names_are_its_own_for_the_zoo_and_the_users_otherwise
 
 # ---- torchtitan's own model, split by the exported names ---------------------------------------
 
-SPLITS = [("0.2.2", "llama3-70b-pp4-deepspeed"), ("0.3.0", "llama3-70b-pp4-torchtitan")]
+SPLITS = [("0.2.2", "llama3-70b-pp4-deepspeed"), ("0.3.0", "llama3-70b-pp4-torchtitan"),
+          ("0.2.2", "qwen3-30b-a3b-pp2-ep8-torchtitan"),
+          ("0.3.0", "qwen3-30b-a3b-pp2-ep8-torchtitan")]
 
 
 @pytest.mark.parametrize("version,stem", SPLITS)
 def test_torchtitans_own_llama_split_by_the_exported_names_holds_the_plans_parameters(
         version, stem, tmp_path):
     """Per pipeline rank, torchtitan's chunks hold the parameters the plan prices: matrices split
-    over tp, norms (vectors) whole, summed over the rank's virtual stages. The plan's own Hugging
-    Face names (what the export used to write) leave the chunks empty."""
+    over tp, routed experts over ep x etp, norms (vectors) whole, summed over the rank's virtual
+    stages (Llama 3 70B, and the mixture of experts Qwen3-30B-A3B). The plan's own Hugging Face
+    names (what the export used to write) leave the chunks empty."""
     plan = plan_named(stem)
     p = plan.parallel
     schedule = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}[p["schedule"]]
     stages = names.torchtitan_names(plan, version)
     hf = [list(st["modules"]) for st in plan.stages]
-    job = {"flavor": "70B", "schedule": schedule, "pp": p["pp"]}
+    module, flavor = names.torchtitan_model(plan)
+    job = {"module": module, "flavor": flavor, "schedule": schedule, "pp": p["pp"]}
     own, theirs = engine(f"split-{version}", [{**job, "stages": stages}, {**job, "stages": hf}],
                          tmp_path)
     assert "error" not in own, own
     assert own["total"] == plan.model["num_params"]
     assert own["children"][-1] == {"0.2.2": "output", "0.3.0": "lm_head"}[version]
     per_rank = [0.0] * p["pp"]
+    experts = p.get("ep", 1) * p.get("etp", 1)
     for i, chunk in enumerate(own["stages"]):
-        per_rank[i % p["pp"]] += chunk["matrices"] / p["tp"] + chunk["vectors"]
+        per_rank[i % p["pp"]] += (chunk["matrices"] / p["tp"] + chunk["experts"] / experts
+                                  + chunk["vectors"])
     for rank, params in enumerate(per_rank):
         assert params == pytest.approx(plan.stages[rank]["predicted"]["params"], rel=1e-5), rank
-    assert sum(c["matrices"] + c["vectors"] for c in own["stages"]) == own["total"]
+    assert sum(c["matrices"] + c["experts"] + c["vectors"] for c in own["stages"]) == own["total"]
+    assert any(c["experts"] for c in own["stages"]) == (plan.parallel.get("ep", 1) > 1)
     # the Hugging Face names match nothing there ("lm_head" is 0.3.0's own name for the head)
-    kept = [c["matrices"] + c["vectors"] for c in theirs["stages"]]
+    kept = [c["matrices"] + c["experts"] + c["vectors"] for c in theirs["stages"]]
     assert all(n == 0 for n, part in zip(kept, hf) if "lm_head" not in part or version == "0.2.2")
 
 
@@ -250,17 +303,29 @@ def ds_job(plan: Plan, path, *, mpu: bool) -> dict:
 def test_deepspeed_config_accepts_the_exports(tmp_path):
     """With pp > 1 DeepSpeed's pipeline engine passes the PipelineModule's grid as the mpu (the
     stand-in gives its sizes); AutoTP (pp = 1) has none, and DeepSpeed counts every GPU. The
-    export that used to give AutoTP the plan's batch size fails DeepSpeed's batch check."""
+    export that used to give AutoTP the plan's batch size fails DeepSpeed's batch check. Ulysses
+    (cp_comm a2a, tp 1) builds the (data_parallel, sequence_parallel) mesh deepspeed.initialize
+    builds, and DeepSpeed counts the data-parallel ranks only; context parallelism DeepSpeed
+    cannot express leaves the batch size to DeepSpeed, as AutoTP does. Expert parallelism goes
+    through AutoEP's own checks."""
     jobs, plans = [], []
     for stem, plan in (("70b-pp4", plan_named("llama3-70b-pp4-deepspeed")),
                        ("70b-gpipe", plan_named("even-llama3-70b")),
                        ("8b", plan_named("uneven-llama3-8b")),
                        ("8b-fp8", fp8(plan_named("uneven-llama3-8b"), "current")),
-                       ("70b-offload", plan_named("llama3-70b-offload-deepspeed"))):
+                       ("70b-offload", plan_named("llama3-70b-offload-deepspeed")),
+                       ("mixtral-ep8", plan_named("mixtral-8x7b-ep8-deepspeed")),
+                       ("mixtral-ep8-allgather", engine_settings(
+                           plan_named("mixtral-8x7b-ep8-deepspeed"), moe_dispatcher="allgather",
+                           moe_grouped_gemm=False)),
+                       ("8b-cp8-ulysses", plan_named("llama3-8b-cp8-a2a-deepspeed")),
+                       ("8b-cp8-ring", variant(plan_named("llama3-8b-cp8-a2a-deepspeed"),
+                                               cp_comm="p2p")),
+                       ("8b-cp4-tp2", plan_named("llama3-8b-cp4-deepspeed"))):
         path = tmp_path / f"{stem}.json"
         path.write_text(export(plan, "deepspeed")[0])
         autotp = plan.parallel["pp"] == 1 and plan.parallel["tp"] > 1
-        jobs.append(ds_job(plan, path, mpu=not autotp))
+        jobs.append(ds_job(plan, path, mpu=plan.parallel["pp"] > 1))
         plans.append(plan)
         if autotp:  # the same file when the training script passes a Megatron-style mpu
             jobs.append(ds_job(plan, path, mpu=True))
@@ -273,10 +338,14 @@ def test_deepspeed_config_accepts_the_exports(tmp_path):
     answers = engine("deepspeed", jobs, tmp_path)
     for plan, job, got in zip(plans, jobs, answers):
         p = plan.parallel
+        cp, ep = p.get("cp", 1), p.get("ep", 1)
+        ulysses = cp > 1 and p["cp_comm"] == "a2a" and p["tp"] == 1
         assert "error" not in got, (job, got)
-        per_sample = 1 if job["mpu"] else p["tp"]  # DeepSpeed without mpu counts tp ranks too
+        # without an mpu DeepSpeed counts the tp ranks, and cp ranks unless Ulysses divides them out
+        per_sample = 1 if job["mpu"] else p["tp"] * (1 if ulysses else cp)
         assert got["train_batch_size"] == plan.training["global_batch"] * per_sample
-        assert got["world_size"] == (p["dp"] if job["mpu"] else plan.cluster["num_gpus"])
+        assert got["world_size"] == (p["dp"] if job["mpu"] or ulysses else
+                                     plan.cluster["num_gpus"])
         assert (got["train_micro_batch_size_per_gpu"], got["gradient_accumulation_steps"]) == \
             (p["micro_batch"], p["num_microbatches"])
         zero = p["zero"] if p["pp"] == 1 else min(p["zero"], 1)
@@ -284,6 +353,15 @@ def test_deepspeed_config_accepts_the_exports(tmp_path):
         assert got["offload_optimizer"] == ("cpu" if p.get("offload_optimizer") else None)
         assert got["autotp_size"] == (p["tp"] if p["pp"] == 1 and p["tp"] > 1 else 0)
         assert got["bf16"] is (plan.training["dtype"] in ("bf16", "fp8"))
+        assert got["mesh"] == ({"data_parallel": p["dp"], "sequence_parallel": cp} if ulysses
+                               else None)
+        if ep > 1:
+            engine_ = plan.training.get("engine", {})
+            assert got["autoep"] == {"autoep_size": ep, "etp": 1, "preset_model": "mixtral",
+                                     "use_grouped_mm": engine_.get("moe_grouped_gemm", True),
+                                     "edp": plan.cluster["num_gpus"] // p["pp"] // ep}
+        else:
+            assert got["autoep"] is None
     assert "train_batch_size is not equal to micro_batch_per_gpu" in answers[-1]["error"]
 
 
@@ -343,7 +421,28 @@ MEGATRON_PLANS = {
     "8b-op-recompute": CASES["8b-op-recompute"],
     "8b-fp8-delayed": lambda: fp8(plan_named("uneven-llama3-8b"), "delayed"),
     "8b-fp8-block": CASES["8b-fp8-block"],
+    "mixtral-ep8": lambda: plan_named("mixtral-8x7b-ep8-megatron"),
+    "mixtral-ep4-etp2": lambda: plan_named("mixtral-8x7b-ep4-etp2-megatron"),
+    "mixtral-ep4-etp2-no-sp": lambda: variant(plan_named("mixtral-8x7b-ep4-etp2-megatron"),
+                                              sequence_parallel=False),
+    "qwen3-allgather-capacity": lambda: plan_named("qwen3-30b-a3b-ep8-capacity-megatron"),
+    "qwen3-overlap": lambda: engine_settings(plan_named("qwen3-30b-a3b-ep8-capacity-megatron"),
+                                             moe_dispatcher="alltoall", moe_capacity_factor=0.0,
+                                             moe_overlap=True),
+    "mixtral-overlap-tp": lambda: engine_settings(plan_named("mixtral-8x7b-ep4-etp2-megatron"),
+                                                  moe_overlap=True),
+    "qwen3-overlap-full-recompute": lambda: engine_settings(variant(
+        plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), recompute="full"),
+        moe_dispatcher="alltoall", moe_overlap=True),
+    "8b-cp4-ring": lambda: plan_named("llama3-8b-cp4-megatron"),
+    "8b-cp4-allgather": lambda: variant(plan_named("llama3-8b-cp4-megatron"),
+                                        cp_comm="allgather"),
+    "8b-cp4-ulysses": lambda: variant(plan_named("llama3-8b-cp4-megatron"), cp_comm="a2a"),
+    "8b-cp16-hierarchical": lambda: plan_named("llama3-8b-cp16-hier-megatron"),
 }
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+"""What Transformer Engine's attn_forward_func_with_cp runs (transformer_engine/pytorch/attention/
+dot_product_attention/context_parallel.py); Megatron-LM passes --cp-comm-type to it unchecked."""
 
 
 @pytest.mark.parametrize("case", sorted(MEGATRON_PLANS))
@@ -359,7 +458,8 @@ def test_megatron_parser_reads_the_export_to_the_plan(version, case, tmp_path):
     assert (ns.micro_batch_size, ns.global_batch_size, ns.seq_length) == (
         p["micro_batch"], plan.training["global_batch"], plan.training["seq_len"])
     assert ns.global_batch_size // (ns.micro_batch_size * p["dp"]) == p["num_microbatches"]
-    assert ns.sequence_parallel == (p["tp"] > 1 and p["sequence_parallel"])
+    forced = p.get("ep", 1) > 1 and version == "core_v0.14.0"  # see megatron_rules
+    assert ns.sequence_parallel == (p["tp"] > 1 and (p["sequence_parallel"] or forced))
     assert ns.bf16 == (plan.training["dtype"] in ("bf16", "fp8"))
     recipe = plan.training.get("engine", {}).get("fp8_recipe")
     if plan.training["dtype"] == "fp8":
@@ -381,7 +481,38 @@ def test_megatron_parser_reads_the_export_to_the_plan(version, case, tmp_path):
     if offload:
         assert ns.optimizer_offload_fraction == 1.0
     assert megatron_stages(ns) == layout(plan).counts
-    megatron_rules(ns, env)
+    megatron_experts(plan, ns, version)
+    megatron_rules(ns, env, version, plan.cluster["num_gpus"])
+
+
+def megatron_experts(plan: Plan, ns, version: str) -> None:
+    """Context and expert parallelism and the MoE settings, as the plan has them (the rebuilt
+    parser keeps no defaults: an option not given is None)."""
+    p, engine = plan.parallel, plan.training.get("engine", {})
+    cp, ep, etp = p.get("cp", 1), p.get("ep", 1), p.get("etp", 1)
+    assert (ns.context_parallel_size or 1) == cp
+    if cp > 1:
+        form = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a",
+                "a2a+p2p": "a2a+p2p"}[p["cp_comm"]]
+        assert ns.cp_comm_type == [form]
+        if form == "a2a+p2p":  # a2a inside a node (8 GPUs / tp), a ring across
+            inner = min(cp, plan.cluster["gpus_per_node"] // p["tp"])
+            assert ns.hierarchical_context_parallel_sizes == [inner, cp // inner]
+    assert (ns.expert_model_parallel_size or 1) == ep
+    moe = ep > 1 or plan.model["name"].startswith(("mixtral", "qwen3"))
+    if not moe:
+        assert ns.num_experts is None and ns.expert_tensor_parallel_size is None
+        return
+    assert ns.expert_tensor_parallel_size == etp
+    assert (ns.num_experts, ns.moe_router_topk) == {"mixtral": (8, 2), "qwen3": (128, 8)}[
+        plan.model["name"].split("-")[0]]
+    assert ns.moe_token_dispatcher_type == engine.get("moe_dispatcher", "alltoall")
+    capacity = engine.get("moe_capacity_factor", 0.0)
+    assert ns.moe_expert_capacity_factor == (capacity or None)
+    assert ns.moe_grouped_gemm == engine.get("moe_grouped_gemm", True)
+    overlap = engine.get("moe_overlap", False) and engine.get("moe_dispatcher") == "alltoall" \
+        and p["recompute"] != "full" and (p["pp"] == 1 or p["vpp"] > 1)
+    assert ns.overlap_moe_expert_parallel_comm == overlap
 
 
 def megatron_stages(ns) -> list[int]:
@@ -399,20 +530,48 @@ def megatron_stages(ns) -> list[int]:
         [last] if last else [])
 
 
-def megatron_rules(ns, env: dict) -> None:
+def megatron_rules(ns, env: dict, version: str, world: int) -> None:
     """What Megatron-LM's validate_args asserts of these options (megatron/training/arguments.py
-    at core_v0.19.0, lines in brackets; core_v0.14.0 has the same checks)."""
+    at core_v0.19.0, lines in brackets; core_v0.14.0 has the same checks), and what Megatron-Core's
+    ModelParallelConfig and TransformerConfig (model_parallel_config.py, transformer/
+    transformer_config.py, built from the arguments by core_transformer_config_from_args) and its
+    parallel_state.initialize_model_parallel assert of them."""
     connections = env["CUDA_DEVICE_MAX_CONNECTIONS"]
+    tp, cp, pp = (ns.tensor_model_parallel_size, ns.context_parallel_size or 1,
+                  ns.pipeline_model_parallel_size)
+    ep = ns.expert_model_parallel_size or 1
+    etp = ns.expert_tensor_parallel_size or tp
     if ns.optimizer_cpu_offload:  # [1803-1807]; and optimizer_config.py [430-436]
         assert ns.use_precision_aware_optimizer and ns.use_distributed_optimizer
     if ns.use_megatron_fsdp:  # [1143-1147]
         assert connections != "1" and ns.ckpt_format == "fsdp_dtensor"
-    elif ns.tensor_model_parallel_size > 1:  # [1413-1439], GPUs before Blackwell
+    elif ns.overlap_moe_expert_parallel_comm:  # [1426-1435] warns; the MoE README asks > 1
+        assert connections != "1"
+    elif tp > 1 or cp > 1:  # [1413-1439], GPUs before Blackwell
         assert connections == "1"
     assert sum(x is not None for x in (ns.num_layers_per_virtual_pipeline_stage,
                                        ns.num_virtual_stages_per_pipeline_rank,
                                        ns.pipeline_model_parallel_layout)) <= 1  # [895-904]
-    assert ns.sequence_parallel <= (ns.tensor_model_parallel_size > 1)
+    assert ns.sequence_parallel <= (tp > 1)
+    assert world % (tp * cp * pp) == 0  # [422-429]
+    if cp > 1:
+        assert ns.seq_length % (2 * cp) == 0  # [1295-1298]
+        assert all(t in CP_COMM_TYPES for t in ns.cp_comm_type)
+        if "a2a+p2p" in ns.cp_comm_type:  # [562-567]
+            assert math.prod(ns.hierarchical_context_parallel_sizes) == cp
+    if ep > 1:  # [1600-1603]; 0.14.0 also asserts not fp16
+        assert ns.num_experts is not None and ns.num_experts % ep == 0
+        assert world % (etp * ep * pp) == 0  # parallel_state.initialize_model_parallel
+        if tp > 1 and version == "core_v0.14.0":  # ModelParallelConfig raises (0.19.0 warns)
+            assert ns.sequence_parallel
+    if ns.moe_grouped_gemm and version == "core_v0.14.0":  # 0.14.0 validate_args [790-793]
+        assert ns.bf16
+    if ns.overlap_moe_expert_parallel_comm:  # TransformerConfig.__post_init__
+        assert ep > 1 and ns.moe_token_dispatcher_type in ("alltoall", "flex")
+        assert ns.recompute_granularity != "full" and ns.recompute_method is None
+        assert ns.bf16 or ns.fp16
+        assert pp == 1 or ns.num_virtual_stages_per_pipeline_rank or \
+            ns.pipeline_model_parallel_layout
 
 
 def test_megatron_parser_rejects_what_megatron_does_not_have():

@@ -470,6 +470,288 @@ def test_every_knob_is_expressed_or_listed_in_the_file_and_on_stderr(changes, no
             assert ("Every knob of the plan is expressed exactly" in text) == (not notes)
 
 
+ENGINE_PLANS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "plans")
+
+
+@functools.lru_cache(maxsize=None)
+def data_plan(stem: str) -> Plan:
+    """A plan of tests/planner/export/data/plans (made as test_engines.py's docstring says)."""
+    return load_plan(os.path.join(ENGINE_PLANS, f"{stem}.json"))
+
+
+def engine_settings(plan: Plan, **settings) -> Plan:
+    engine = {**plan.training.get("engine", {}), **settings}
+    return dataclasses.replace(plan, training={**plan.training, "engine": engine})
+
+
+MOE_CP_VARIANTS = {
+    "mixtral-ep8": lambda: data_plan("mixtral-8x7b-ep8-megatron"),
+    "mixtral-ep8-pp1": lambda: data_plan("mixtral-8x7b-ep8-deepspeed"),
+    "mixtral-ep4-etp2": lambda: data_plan("mixtral-8x7b-ep4-etp2-megatron"),
+    "mixtral-ep4-etp2-no-sp": lambda: variant(data_plan("mixtral-8x7b-ep4-etp2-megatron"),
+                                              sequence_parallel=False),
+    "qwen3-allgather-capacity-overlap": lambda: engine_settings(
+        data_plan("qwen3-30b-a3b-ep8-capacity-megatron"), moe_overlap=True,
+        moe_grouped_gemm=False),
+    "qwen3-pp2-ep8": lambda: data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan"),
+    "8b-cp4": lambda: data_plan("llama3-8b-cp4-megatron"),
+    "8b-cp4-allgather": lambda: variant(data_plan("llama3-8b-cp4-megatron"), cp_comm="allgather"),
+    "8b-cp4-a2a": lambda: variant(data_plan("llama3-8b-cp4-megatron"), cp_comm="a2a"),
+    "8b-cp8-a2a": lambda: data_plan("llama3-8b-cp8-a2a-deepspeed"),
+    "8b-cp16-a2a+p2p": lambda: data_plan("llama3-8b-cp16-hier-megatron"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MOE_CP_VARIANTS))
+def test_context_and_expert_knobs_are_expressed_or_listed(case, notes, monkeypatch):
+    """The same account for plans with context or expert parallelism: every note in the file and
+    on stderr, for every engine release (a plan an engine refuses says why in one line)."""
+    from planner.export import reprice  # noqa: PLC0415
+    monkeypatch.setattr(reprice, "recheck",
+                        lambda plan, target, change, **kw: f"re-checked {change}")
+    plan = MOE_CP_VARIANTS[case]()
+    for target, versions in SUPPORTED_VERSIONS.items():
+        for version in versions:
+            notes.clear()
+            try:
+                text = export(plan, target, version)[0]
+            except SpecError as err:
+                assert "\n" not in str(err) and str(err).startswith(f"export {target}: ")
+                continue
+            if target == "deepspeed":  # JSON escapes quotes: read the notes back
+                text = "\n".join(json.loads(text)["planner"]["not_expressed"]) or \
+                    "Every knob of the plan is expressed exactly"
+            body = " ".join(re.sub(r"^ *# ?(- )?", "", line) for line in text.splitlines())
+            body = " ".join(body.split())
+            for note in notes:
+                assert " ".join(note.split(": ", 1)[1].split()) in body, (target, note)
+            assert ("Every knob of the plan is expressed exactly" in text) == (not notes)
+
+
+def test_megatron_expresses_context_parallelism_in_transformer_engines_words():
+    """--cp-comm-type takes Transformer Engine's words (all_gather, not the help text's
+    allgather); a2a+p2p names its two levels: the cp ranks of a node, and the nodes."""
+    plan = data_plan("llama3-8b-cp4-megatron")
+    for form, word in (("p2p", "p2p"), ("allgather", "all_gather"), ("a2a", "a2a")):
+        args = megatron_args(to_megatron(variant(plan, cp_comm=form)))
+        assert option(args, "--context-parallel-size") == "4"
+        assert option(args, "--cp-comm-type") == word
+        assert "--hierarchical-context-parallel-sizes" not in args
+    text = to_megatron(data_plan("llama3-8b-cp16-hier-megatron"))
+    args = megatron_args(text)
+    i = args.index("--hierarchical-context-parallel-sizes")
+    assert args[i + 1:i + 3] == ["8", "2"] and option(args, "--cp-comm-type") == "a2a+p2p"
+    assert "launch on 32 GPUs = tp 1 x cp 16 x pp 1 x dp 2" in text
+    tp_cp = to_megatron(plan)  # tp 2 x cp 4, ZeRO-1: validate_args wants 1 connection
+    assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in tp_cp
+    assert "# tensor and context parallelism: " in tp_cp
+
+
+def test_megatron_refuses_a_sequence_it_cannot_split_into_2cp_chunks():
+    plan = data_plan("llama3-8b-cp4-megatron")
+    plan = dataclasses.replace(plan, training={**plan.training, "seq_len": 65532})
+    with pytest.raises(SpecError, match=r"multiple of 2 x context-parallel size \(8\)"):
+        to_megatron(plan)
+
+
+def test_megatron_expresses_experts_and_their_settings(notes):
+    plan = data_plan("mixtral-8x7b-ep4-etp2-megatron")
+    args = megatron_args(to_megatron(plan))
+    for flag, value in (("--expert-model-parallel-size", "4"),
+                        ("--expert-tensor-parallel-size", "2"), ("--num-experts", "8"),
+                        ("--moe-router-topk", "2"), ("--moe-token-dispatcher-type", "alltoall")):
+        assert option(args, flag) == value, flag
+    assert "--moe-grouped-gemm" in args and "--sequence-parallel" in args
+    assert "--moe-expert-capacity-factor" not in args  # dropless
+    assert not notes
+    capacity = megatron_args(to_megatron(data_plan("qwen3-30b-a3b-ep8-capacity-megatron")))
+    assert option(capacity, "--moe-expert-capacity-factor") == "1.25"
+    assert option(capacity, "--moe-token-drop-policy") == "probs"
+    assert option(capacity, "--moe-token-dispatcher-type") == "allgather"
+    assert (option(capacity, "--num-experts"), option(capacity, "--moe-router-topk")) == \
+        ("128", "8")
+
+
+def test_megatron_sets_sequence_parallelism_where_it_requires_it(notes):
+    """ep > 1 with tp > 1: core_v0.14.0's ModelParallelConfig raises without sequence
+    parallelism, core_v0.19.0's warns."""
+    plan = variant(data_plan("mixtral-8x7b-ep4-etp2-megatron"), sequence_parallel=False)
+    assert "--sequence-parallel" in megatron_args(to_megatron(plan, "core_v0.14.0"))
+    assert any("core_v0.14.0's ModelParallelConfig raises" in n for n in notes)
+    notes.clear()
+    assert "--sequence-parallel" not in megatron_args(to_megatron(plan, "core_v0.19.0"))
+    assert any("core_v0.19.0's ModelParallelConfig warns" in n for n in notes)
+
+
+def test_megatron_overlaps_expert_all_to_alls_only_where_megatron_core_allows(notes):
+    plan = engine_settings(data_plan("qwen3-30b-a3b-ep8-capacity-megatron"),
+                           moe_dispatcher="alltoall", moe_overlap=True)
+    text = to_megatron(plan)
+    assert "--overlap-moe-expert-parallel-comm" in megatron_args(text)
+    assert not notes
+    tp = to_megatron(engine_settings(data_plan("mixtral-8x7b-ep4-etp2-megatron"),
+                                     moe_overlap=True))  # DDP-like ZeRO-1 with tp: connections
+    assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=32\n" in tp
+    for refused, why in ((engine_settings(plan, moe_dispatcher="allgather"),
+                          "the alltoall dispatcher"),
+                         (variant(plan, recompute="full"), "no full recomputation")):
+        notes.clear()
+        assert "--overlap-moe-expert-parallel-comm" not in megatron_args(to_megatron(refused))
+        assert any(why in n and "run exposed" in n for n in notes)
+
+
+def test_megatron_names_no_expert_count_it_does_not_know(notes):
+    plan = data_plan("mixtral-8x7b-ep8-megatron")
+    mine = dataclasses.replace(plan, model={**plan.model, "spec": "my/config.json",
+                                            "source": "hf-config"})
+    args = megatron_args(to_megatron(mine))
+    assert "--num-experts" not in args and option(args, "--expert-model-parallel-size") == "8"
+    assert any("--num-experts and --moe-router-topk are not written" in n for n in notes)
+
+
+def test_torchtitan_expresses_context_and_expert_parallelism(notes):
+    tomllib = pytest.importorskip("tomllib")
+    par = tomllib.loads(to_torchtitan(data_plan("llama3-8b-cp4-torchtitan")))["parallelism"]
+    assert (par["context_parallel_degree"], par["context_parallel_rotate_method"]) == \
+        (4, "alltoall")  # the plan's ring
+    assert "expert_parallel_degree" not in par
+    par = tomllib.loads(to_torchtitan(data_plan("mixtral-8x7b-ep8-torchtitan")))["parallelism"]
+    assert (par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]) == (8, 1)
+    assert "context_parallel_degree" not in par
+    settings = titan_settings(to_torchtitan(data_plan("mixtral-8x7b-ep8-torchtitan"), "0.3.0"),
+                              "0.3.0")
+    assert settings["parallelism.expert_parallel_degree"] == 8
+    assert "parallelism.expert_tensor_parallel_degree" not in settings  # 0.3.0 has none
+
+
+def test_torchtitan_runs_a_nearby_exchange_and_re_checks_the_memory(notes, monkeypatch):
+    from planner.export import reprice  # noqa: PLC0415
+    seen = []
+    monkeypatch.setattr(reprice, "recheck", lambda plan, target, change, **kw:
+                        seen.append(kw) or f"re-checked {change}")
+    plan = variant(data_plan("llama3-8b-cp4-torchtitan"), cp_comm="a2a")
+    par = pytest.importorskip("tomllib").loads(to_torchtitan(plan))["parallelism"]
+    assert par["context_parallel_rotate_method"] == "alltoall"
+    assert seen[-1]["cp_comm"] == "p2p"
+    assert any(n.startswith("export torchtitan 0.2.2: cp_comm a2a:") for n in notes)
+    to_torchtitan(data_plan("llama3-8b-cp4-torchtitan"), "0.3.0")  # p2p: 0.3.0 all-gathers
+    assert seen[-1]["cp_comm"] == "allgather"
+    to_torchtitan(variant(data_plan("mixtral-8x7b-ep4-etp2-megatron"), zero=2), "0.3.0")
+    assert seen[-1]["etp"] == 1  # 0.3.0 does not split experts' matrices
+
+
+def test_torchtitan_shards_data_parallelism_where_its_experts_fold_over_it(notes):
+    """ZeRO-0 would be DDP (replicas), but torchtitan folds experts over dp_shard x cp x tp."""
+    plan = variant(data_plan("mixtral-8x7b-ep8-deepspeed"), zero=0)  # dp 64, tp = pp = 1
+    for version in SUPPORTED_VERSIONS["torchtitan"]:
+        par = titan_settings(to_torchtitan(plan, version), version)
+        assert (par["parallelism.data_parallel_replicate_degree"],
+                par["parallelism.data_parallel_shard_degree"]) == (1, 64)
+    assert any("torchtitan folds the experts over dp_shard x cp x tp" in n for n in notes)
+
+
+def test_torchtitan_names_its_own_mixtures_of_experts():
+    """torchtitan defines Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3 and gpt-oss-120b (their
+    module names are its own), not Mixtral (the names are the user's)."""
+    plan = data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan")
+    assert names.torchtitan_model(plan) == ("qwen3", "30B-A3B")
+    assert names.torchtitan_names(plan, "0.2.2")[0][0] == "tok_embeddings"
+    assert names.torchtitan_names(plan, "0.3.0")[-1][-1] == "lm_head"
+    args = bash_args(to_torchtitan(plan, "0.3.0"), "TORCHTITAN_ARGS")
+    assert args[:4] == ["--module", "qwen3", "--config", "qwen3_30b_a3b"]
+    for spec, known in (("qwen3-235b-a22b", ("qwen3", "235B-A22B")),
+                        ("deepseek-v3", ("deepseek_v3", "671B")),
+                        ("gpt-oss-120b", ("gpt_oss", "120b")), ("mixtral-8x7b", None)):
+        other = dataclasses.replace(plan, model={**plan.model, "spec": spec, "name": spec})
+        assert names.torchtitan_model(other) == known
+    assert names.torchtitan_config(dataclasses.replace(
+        plan, model={**plan.model, "spec": "qwen3-235b-a22b"})) is None  # no 0.3.0 config
+
+
+def test_torchtitan_refuses_context_parallelism_its_own_model_refuses():
+    plan = data_plan("llama3-8b-cp4-torchtitan")
+    gpt_oss = dataclasses.replace(plan, model={**plan.model, "spec": "gpt-oss-120b",
+                                               "name": "gpt-oss-120b"})
+    with pytest.raises(SpecError, match="CP support for gpt-oss model is still in progress") as e:
+        to_torchtitan(gpt_oss, "0.2.2")
+    assert "--fix cp=1" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_deepspeed_expresses_ulysses_and_autoep(notes):
+    ulysses = json.loads(to_deepspeed(data_plan("llama3-8b-cp8-a2a-deepspeed")))
+    assert (ulysses["sequence_parallel_size"], ulysses["data_parallel_size"]) == (8, 4)
+    assert ulysses["train_batch_size"] == 32 and "DistributedAttention" in \
+        ulysses["planner"]["sequence_parallel"]["how"]
+    moe = json.loads(to_deepspeed(data_plan("mixtral-8x7b-ep8-deepspeed")))
+    assert moe["expert_parallel"] == {"enabled": True, "autoep_size": 8,
+                                      "expert_tensor_parallel_size": 1, "preset_model": "mixtral",
+                                      "use_grouped_mm": True}
+    how = moe["planner"]["experts"]["how"]
+    assert "ep_size=8" in how and "takes ep_size in code, not in the config" in how
+    assert all("sequence length" in n for n in notes)
+
+
+def test_deepspeed_lists_context_parallelism_it_has_no_form_for(notes):
+    ring = json.loads(to_deepspeed(variant(data_plan("llama3-8b-cp8-a2a-deepspeed"),
+                                           cp_comm="p2p")))
+    assert "sequence_parallel_size" not in ring and "train_batch_size" not in ring
+    assert ring["planner"]["batch"]["global_batch"] == 32
+    assert any(n.startswith("context parallelism cp=8 with K/V exchange p2p: DeepSpeed's "
+                            "sequence parallelism is Ulysses") for n in
+               ring["planner"]["not_expressed"])
+    tp = json.loads(to_deepspeed(data_plan("llama3-8b-cp4-deepspeed")))  # Ulysses with AutoTP
+    assert "sequence_parallel_size" not in tp
+    with pytest.raises(SpecError, match="has no axis for sequence shards") as err:
+        to_deepspeed(variant(data_plan("llama3-8b-cp4-deepspeed"), pp=2))
+    assert "--fix " in str(err.value) and "cp=1" in str(err.value)
+
+
+def test_deepspeed_says_where_experts_go_when_autoep_cannot(notes, monkeypatch):
+    from planner.export import reprice  # noqa: PLC0415
+    monkeypatch.setattr(reprice, "recheck", lambda plan, target, change, **kw: "re-checked")
+    pipelined = regroup(data_plan("mixtral-8x7b-ep8-deepspeed"), [16, 16], tp=2, dp=16)
+    ds = json.loads(to_deepspeed(pipelined))
+    assert "expert_parallel" not in ds
+    assert any("AutoEP refuses tensor model parallelism from an mpu" in n and
+               "ep_size=8" in n for n in ds["planner"]["not_expressed"])
+
+
+def test_the_experts_come_from_the_zoo_model_the_plan_names():
+    from planner.export import moe  # noqa: PLC0415
+    plan = data_plan("llama3-8b-cp4-megatron")
+    facts = {spec: moe.model(dataclasses.replace(plan, model={**plan.model, "spec": spec}))
+             for spec in ("llama3-8b", "mixtral-8x22b", "qwen3-235b-a22b", "deepseek-v3",
+                          "gpt-oss-120b")}
+    assert not facts["llama3-8b"].moe
+    assert [(f.experts, f.top_k) for s, f in facts.items() if s != "llama3-8b"] == [
+        (8, 2), (128, 8), (256, 8), (128, 4)]
+    assert facts["deepseek-v3"].shared == 1 and facts["deepseek-v3"].mla
+    assert facts["gpt-oss-120b"].sliding_window == 128
+    mixtral = data_plan("mixtral-8x7b-ep8-megatron")
+    unknown = moe.model(dataclasses.replace(mixtral, model={
+        **mixtral.model, "source": "hf-config", "spec": "moe/config.json"}))
+    assert unknown.moe and unknown.experts is None  # ep > 1: experts, their count unknown
+
+
+def test_megatron_notes_exchanges_transformer_engine_refuses_for_the_attention(notes):
+    plan = data_plan("llama3-8b-cp4-megatron")
+    mla = dataclasses.replace(variant(plan, cp_comm="allgather"),
+                              model={**plan.model, "spec": "deepseek-v3", "name": "deepseek-v3"})
+    to_megatron(mla)
+    assert any("runs MLA only with p2p or a2a+p2p" in n for n in notes)
+    notes.clear()
+    swa = dataclasses.replace(plan, model={**plan.model, "spec": "gpt-oss-120b",
+                                           "name": "gpt-oss-120b"})
+    to_megatron(swa)
+    assert any("sliding-window attention only with a2a or all_gather" in n for n in notes)
+
+
+def test_summary_line_names_context_and_expert_parallelism():
+    assert "cp=4(p2p)" in to_megatron(data_plan("llama3-8b-cp4-megatron")).splitlines()[2]
+    head = to_megatron(data_plan("mixtral-8x7b-ep4-etp2-megatron")).splitlines()[2]
+    assert " ep=4 etp=2 " in head
+
+
 def test_ledger_refuses_a_knob_nobody_accounted_for():
     ledger = Ledger("megatron", "core_v0.14.0")
     ledger.exact(*[k for k in ACCOUNTED if k != "offload_optimizer"])

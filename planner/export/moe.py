@@ -1,0 +1,77 @@
+"""What the exporters know of a plan's mixture of experts and attention, and its MoE settings.
+
+A plan records the model by name, source and spec (``model.spec``: a zoo name, a config.json path,
+``file.py:factory``), its size, its blocks and its layer lists, not the model's configuration. So
+the expert count and the experts each token is routed to (top-k), which Megatron-LM needs on its
+command line, come from the zoo entry the plan names (planner/inputs/zoo.py, the configuration the
+plan was traced from); for a model from anywhere else they are unknown to the export and stay the
+user's model arguments. A model is a mixture of experts when its zoo entry has routed experts, when
+the plan spreads experts (ep or etp > 1), or when its stages price expert parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.inputs.zoo import ZOO
+from planner.planfile.document import Plan
+
+ROUTED_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+"""Hugging Face config keys of the routed-expert count (Mixtral and gpt-oss, Qwen3-MoE,
+DeepSeek-V3)."""
+MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_capacity_factor": 0.0,
+                "moe_grouped_gemm": True, "moe_overlap": False, "moe_imbalance": 1.0}
+"""costmodels.engine.EngineSpec's defaults (plans from before these settings existed)."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """The facts of the plan's model an export may need beyond the plan itself."""
+
+    moe: bool
+    """The model routes tokens to experts."""
+    experts: int | None = None
+    """Routed experts per MoE layer (None: not known to the export)."""
+    top_k: int | None = None
+    """Experts each token is routed to (None: not known)."""
+    shared: int = 0
+    """Shared experts every token passes through (DeepSeek-V3: 1)."""
+    model_type: str = ""
+    """The Hugging Face model type of a zoo model ("mixtral", "qwen3_moe", ...); "" otherwise."""
+    mla: bool = False
+    """Multi-head latent attention (DeepSeek-V3): keys and values of different head sizes."""
+    sliding_window: int = 0
+    """Tokens of a sliding attention window in some layers (gpt-oss: 128); 0 for none."""
+
+
+def model(plan: Plan) -> Model:
+    """The plan's model as far as the export can know it (see the module docstring)."""
+    m, p = plan.model, plan.parallel
+    spread = p.get("ep", 1) > 1 or p.get("etp", 1) > 1 or any(
+        "expert_params" in st.get("predicted", {}) for st in plan.stages)
+    entry = ZOO.get((m.get("spec") or "").lower()) if m.get("source", "zoo") == "zoo" else None
+    if entry is None:
+        return Model(moe=spread)
+    cfg = entry.config
+    routed = next((int(cfg[k]) for k in ROUTED_KEYS if cfg.get(k)), None)
+    return Model(moe=bool(routed) or spread, experts=routed,
+                 top_k=int(cfg["num_experts_per_tok"]) if routed else None,
+                 shared=int(cfg.get("n_shared_experts", 0) or 0), model_type=entry.model_type,
+                 mla=bool(cfg.get("kv_lora_rank")), sliding_window=int(cfg.get("sliding_window")
+                                                                       or 0))
+
+
+def settings(plan: Plan) -> dict:
+    """The MoE engine settings the plan was priced with (training.engine, with the defaults)."""
+    engine = plan.training.get("engine") or {}
+    return {k: engine.get(k, v) for k, v in MOE_DEFAULTS.items()}
+
+
+def imbalance_words(plan: Plan) -> str:
+    """A comment on the routing the plan assumed (a modelling assumption, not an engine setting)."""
+    load = settings(plan)["moe_imbalance"]
+    if load == 1.0:
+        return ("the plan assumes balanced routing (moe_imbalance 1.0, as forced-balance "
+                "benchmarks run); real routing loads the busiest expert rank more")
+    return (f"the plan assumes the busiest expert rank gets {load:g} x the mean tokens "
+            "(moe_imbalance; an assumption, no engine setting)")
