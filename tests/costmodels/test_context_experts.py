@@ -1,0 +1,103 @@
+"""Context-parallel K/V exchange, expert dispatch and the experts' GEMMs (costmodels.context,
+costmodels.experts, costmodels.compute)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from costmodels import comm, context, experts
+from costmodels.comm import GroupShape
+from costmodels.compute import Experts, split_gemm
+from costmodels.engine import EngineSpec, engine_from_mapping, expert_load
+from costmodels.topology import get_cluster
+from costmodels.workload import SPLIT_K, SPLIT_N, Gemm
+
+CLUSTER = get_cluster("dgx-h100", nodes=4)
+NODE = GroupShape(size=8, per_node=8)
+
+
+def test_ring_hides_kv_behind_long_attention_and_exposes_it_behind_short():
+    kv = 64e6  # bytes of K/V of the whole sequence on this rank
+    send = comm.p2p_s(kv / 8, CLUSTER.intra_node)
+    hidden = context.exchange_s("p2p", cp=8, kv_bytes=kv, q_bytes=kv, attn_fwd_s=8 * send * 2,
+                                attn_bwd_s=8 * send * 5, group=NODE, cluster=CLUSTER)
+    assert hidden == (0.0, 0.0)
+    fwd, bwd = context.exchange_s("p2p", cp=8, kv_bytes=kv, q_bytes=kv, attn_fwd_s=0.0,
+                                  attn_bwd_s=0.0, group=NODE, cluster=CLUSTER)
+    assert fwd == pytest.approx(7 * send)  # cp - 1 sends, nothing to hide behind
+    assert bwd == pytest.approx(7 * comm.p2p_s(2 * kv / 8, CLUSTER.intra_node))
+
+
+def test_forms_of_exchange_and_cp_one():
+    kv, q = 32e6, 64e6
+    assert context.exchange_s("a2a", cp=1, kv_bytes=kv, q_bytes=q, attn_fwd_s=0, attn_bwd_s=0,
+                              group=NODE, cluster=CLUSTER) == (0.0, 0.0)
+    ag = context.exchange_s("allgather", cp=8, kv_bytes=kv, q_bytes=q, attn_fwd_s=1.0,
+                            attn_bwd_s=1.0, group=NODE, cluster=CLUSTER)
+    assert ag[0] == pytest.approx(comm.allgather_s(kv, NODE, CLUSTER))  # never hidden
+    a2a = context.exchange_s("a2a", cp=8, kv_bytes=kv, q_bytes=q, attn_fwd_s=1.0,
+                             attn_bwd_s=1.0, group=NODE, cluster=CLUSTER)
+    assert a2a[0] == pytest.approx(comm.alltoall_s((2 * q + kv) / 8, NODE, CLUSTER, count=4))
+    across = GroupShape(size=16, per_node=8)  # two nodes: heads inside, ring across
+    hier = context.exchange_s("a2a+p2p", cp=16, kv_bytes=kv, q_bytes=q, attn_fwd_s=0.0,
+                              attn_bwd_s=0.0, group=across, cluster=CLUSTER)
+    assert hier[0] > comm.alltoall_s((2 * q + kv) / 16, NODE, CLUSTER, count=4)
+
+
+def test_alltoall_runs_inside_and_across_nodes_at_once():
+    nbytes = 1e9
+    inside = comm.alltoall_s(nbytes, NODE, CLUSTER)
+    link = CLUSTER.intra_node
+    assert inside == pytest.approx(link.latency_s + nbytes * 7 / 8 / link.effective_bytes_per_s)
+    spread = comm.alltoall_s(nbytes, GroupShape(size=32, per_node=8), CLUSTER)
+    inter = CLUSTER.inter_node
+    assert spread == pytest.approx(inter.latency_s + nbytes * 24 / 32 / inter.effective_bytes_per_s)
+    assert comm.alltoall_s(nbytes, GroupShape(size=1, per_node=1), CLUSTER) == 0.0
+
+
+@pytest.mark.parametrize("ep,etp,tp", [(1, 1, 1), (8, 1, 1), (4, 2, 2), (16, 1, 4)])
+def test_expert_gemm_keeps_its_flops_and_regroups_tokens(ep, etp, tp):
+    """Whatever the split, one rank computes its own token copies' share (tokens / tp, the MoE
+    layer running sequence-parallel) times the load, on E / ep local experts."""
+    up = Gemm(batch=1, m=4096 * 8, n=2 * 1408, k=2048, split=SPLIT_N, experts=64)
+    down = Gemm(batch=1, m=4096 * 8, n=2048, k=1408, split=SPLIT_K, experts=64)
+    load = 1.25
+    for g in (up, down):
+        b, m, n, k = split_gemm(g, micro_batch=2, tp=tp, sp=True,
+                                experts=Experts(ep=ep, etp=etp, load=load))
+        assert b == 64 / ep
+        assert b * m * n * k == pytest.approx(2 * g.m * g.n * g.k * load / tp)
+        assert m == pytest.approx(2 * g.m / tp * load * etp * ep / 64)  # tokens per local expert
+
+
+def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
+    engine = EngineSpec()
+    copies = 4096 * 8 * 7168 * 2.0
+    one_node = experts.dispatch_s("alltoall", copies_bytes=copies, tokens_bytes=copies / 8, ep=8,
+                                  ep_group=NODE, etp_group=GroupShape(size=1, per_node=1),
+                                  cluster=CLUSTER)
+    four = experts.dispatch_s("alltoall", copies_bytes=copies, tokens_bytes=copies / 8, ep=32,
+                              ep_group=GroupShape(size=32, per_node=8),
+                              etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER)
+    assert 0 < one_node < four
+    assert experts.dispatch_s("alltoall", copies_bytes=copies, tokens_bytes=copies / 8, ep=1,
+                              ep_group=GroupShape(size=1, per_node=1),
+                              etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER) == 0.0
+    per_block = experts.block_dispatch_s(
+        engine, dispatch_bytes=np.array([0.0, copies]), routed_tokens=np.array([0.0, 4096 * 8]),
+        seq_len=4096, share=1.0, ep=8, ep_group=NODE, etp_group=GroupShape(size=1, per_node=1),
+        cluster=CLUSTER, recompute_full=False, expert_s=np.zeros(2))
+    assert per_block[0] == 0.0 and per_block[1] == pytest.approx(2 * one_node)  # fwd + bwd
+
+
+def test_moe_engine_settings_are_checked_and_load_follows_capacity():
+    assert expert_load(EngineSpec()) == 1.0
+    assert expert_load(engine_from_mapping("moe_imbalance=1.4,moe_capacity_factor=1.2")) == 1.2
+    assert expert_load(engine_from_mapping("moe_imbalance=1.1,moe_capacity_factor=2")) == 1.1
+    from costmodels.errors import SpecError
+    for bad in ("moe_imbalance=0.5", "moe_capacity_factor=0.5", "moe_dispatcher=flex",
+                "host_op_s=-1", "moe_imbalance=nan"):
+        with pytest.raises(SpecError):
+            engine_from_mapping(bad)
+    assert math.isfinite(engine_from_mapping("host_op_s=1.5e-5").host_op_s)

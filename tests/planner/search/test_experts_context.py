@@ -1,0 +1,93 @@
+"""Expert and context parallelism in the search: what the trace finds, the rules, and what each
+degree changes in a plan."""
+
+import json
+
+import pytest
+
+import planner
+from planner.options import parse_fix
+
+TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 3, "hidden_size": 64,
+                "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2,
+                "vocab_size": 256, "max_position_embeddings": 512, "num_local_experts": 8,
+                "num_experts_per_tok": 2}
+
+
+@pytest.fixture(scope="module")
+def tiny_mixtral(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-mixtral") / "config.json"
+    path.write_text(json.dumps(TINY_MIXTRAL))
+    return planner.prepare(str(path), seq_len=256)
+
+
+def _plan(prepared, fix, *, nodes=1, gb=64, cluster="dgx-h100"):
+    training = planner.TrainingSpec(global_batch=gb, seq_len=prepared.seq_len)
+    return planner.plan_prepared(prepared, planner.load_cluster(cluster, nodes=nodes), training,
+                                 planner.SearchOptions(fix=parse_fix(fix), top_k=0))
+
+
+def test_trace_finds_routed_experts_and_grouped_query_heads(tiny_mixtral):
+    layers = [b for b in tiny_mixtral.blocks.blocks if b.work.num_experts]
+    assert len(layers) == 3
+    w = layers[0].work
+    assert w.num_experts == 8
+    assert w.routed_tokens == 256 * 2  # tokens x top-k per sample
+    assert w.expert_params == 8 * 3 * 64 * 128  # gate, up, down of every expert
+    assert w.attn_heads_q == 8 and w.attn_heads_kv == 2  # GQA seen, not repeated heads
+    assert w.attn_kv_bytes == 2 * 256 * 2 * 8 * 2  # K and V: kv heads x tokens x head dim, bf16
+
+
+def test_expert_parallelism_shards_expert_states(tiny_mixtral):
+    one = _plan(tiny_mixtral, "ep=1,tp=1,pp=1,zero=0,micro_batch=1")
+    four = _plan(tiny_mixtral, "ep=4,tp=1,pp=1,zero=0,micro_batch=1")
+    assert four.parallel["ep"] == 4 and four.parallel["dp"] == 8
+    w1 = one.stages[0]["predicted"]["memory_bytes"]["weights"]
+    w4 = four.stages[0]["predicted"]["memory_bytes"]["weights"]
+    expert = sum(b.work.expert_params for b in tiny_mixtral.blocks.blocks)
+    assert w1 - w4 == pytest.approx(2 * expert * (1 - 1 / 4), rel=1e-3)  # bf16 weights
+    assert four.predicted["breakdown"]["ep_comm_s"] > 0
+    assert "ep_comm_s" not in one.predicted["breakdown"]
+
+
+def test_context_parallelism_splits_activations(tiny_llama):
+    one = _plan(tiny_llama, "cp=1,tp=1,pp=1,dp=8,micro_batch=8,recompute=none")
+    two = _plan(tiny_llama, "cp=2,tp=1,pp=1,dp=4,micro_batch=16,recompute=none")
+    a1 = one.stages[0]["predicted"]["activation_bytes_per_microbatch"]
+    a2 = two.stages[0]["predicted"]["activation_bytes_per_microbatch"]
+    assert a2 == pytest.approx(2 * a1 / 2, rel=1e-6)  # twice the samples, half the tokens each
+    assert two.parallel["cp"] == 2 and two.predicted["breakdown"]["cp_comm_s"] >= 0
+    ranks = sorted(r for st in two.stages for r in st["ranks"])
+    assert ranks == list(range(8))
+
+
+@pytest.mark.parametrize("fix,words", [
+    ("ep=3", "does not divide the model's 8 experts"),
+    ("cp=3", "does not divide the cluster's 8 GPUs"),
+    ("cp=8,dp=1,tp=1,pp=1", None),  # 256 tokens in 16 chunks of 16: allowed when pinned
+])
+def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
+    if words is None:
+        assert _plan(tiny_mixtral, fix, gb=8).parallel["cp"] == 8
+        return
+    with pytest.raises(planner.SpecError, match=words):
+        _plan(tiny_mixtral, fix)
+
+
+def test_expert_pins_on_a_dense_model_and_uneven_sequences_are_refused(tiny_llama,
+                                                                       tiny_llama_config):
+    with pytest.raises(planner.SpecError, match="no routed experts"):
+        _plan(tiny_llama, "ep=2")
+    odd = planner.prepare(tiny_llama_config, seq_len=96, cache_dir=None)
+    with pytest.raises(planner.SpecError, match="2 x cp = 64 equal chunks"):
+        _plan(odd, "cp=32,tp=1,pp=1", nodes=4, gb=8)
+
+
+def test_the_search_uses_context_parallelism_for_long_sequences(tiny_llama_config):
+    """One 64k-token sequence per step on 8 GPUs: no data parallelism to be had, and the free
+    search splits the sequence; at 128 tokens it never tries (shorter than cp_min_tokens)."""
+    long = planner.prepare(tiny_llama_config, seq_len=65536, cache_dir=None)
+    plan = _plan(long, None, nodes=1, gb=1)
+    assert plan.parallel["cp"] > 1 and plan.parallel["dp"] == 1
+    short = _plan(planner.prepare(tiny_llama_config, seq_len=128, cache_dir=None), None, gb=1)
+    assert short.parallel["cp"] == 1
