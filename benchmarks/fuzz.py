@@ -579,6 +579,8 @@ def _check_config(par: dict, where: str, v: list, fix, target) -> None:
                  f"{par['sequence_parallel']}")
     if par.get("cp", 1) > 1 and par.get("cp_comm") not in eng.cp_comms:
         v.append(f"{where}: target {target} does not run cp_comm={par.get('cp_comm')}")
+    if par.get("cp", 1) > 1 and not eng.cp_with_tp_pp and (par["tp"] > 1 or par["pp"] > 1):
+        v.append(f"{where}: target {target} runs cp with data parallelism only")
     if par.get("ep", 1) > 1 and not eng.expert_parallel:
         v.append(f"{where}: target {target} runs no expert parallelism")
     if par.get("etp", 1) > 1 and not eng.expert_tensor_parallel:

@@ -105,6 +105,9 @@ class SearchOptions:
     tokens of a sequence (a pinned cp is priced however short its chunks): below it attention is
     a small share of the work, and the published long-context recipes start context parallelism
     at 32k tokens (NeMo's performance_long_sequence.md)."""
+    cp_with_tp_pp: bool = True
+    """Whether context parallelism may combine with tensor or pipeline parallelism (DeepSpeed's
+    Ulysses builds its mesh from data and sequence parallelism only)."""
     expert_parallel: bool = True
     """Whether routed experts may be spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True

@@ -38,6 +38,8 @@ class Engine:
     ``any`` a pin may name any of them)."""
     cp_comms: tuple[str, ...] = CP_COMMS
     """Context-parallel K/V exchanges it runs (empty: no context parallelism)."""
+    cp_with_tp_pp: bool = True
+    """Context parallelism together with tensor or pipeline parallelism."""
     expert_parallel: bool = True
     """Routed experts spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True
@@ -76,7 +78,7 @@ ENGINES: dict[str, Engine] = {
     # splitting their matrices; its sequence parallelism is Ulysses (all-to-all over heads).
     "deepspeed": Engine(name="deepspeed", version="0.19.8", schedules=("1f1b",),
                         zero_with_pp=(0, 1), sequence_parallel=(False,), cp_comms=("a2a",),
-                        expert_tensor_parallel=False),
+                        cp_with_tp_pp=False, expert_tensor_parallel=False),
 }
 TARGETS: tuple[str, ...] = tuple(ENGINES)
 
@@ -114,12 +116,17 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
     if "cp_comm" in fix and int(fix.get("cp", 2)) > 1 and fix["cp_comm"] not in eng.cp_comms:
         raise SpecError(f"fix.cp_comm: {target} does not exchange K/V by {fix['cp_comm']}; it "
                         f"offers {', '.join(eng.cp_comms)}")
+    if int(fix.get("cp", 1)) > 1 and not eng.cp_with_tp_pp and (
+            int(fix.get("tp", 1)) > 1 or int(fix.get("pp", 1)) > 1):
+        raise SpecError(f"fix.cp: {target} runs context parallelism with data parallelism only "
+                        "(pin tp=1 and pp=1)")
     if int(fix.get("ep", 1)) > 1 and not eng.expert_parallel:
         raise SpecError(f"fix.ep: {target} runs no expert parallelism")
     if int(fix.get("etp", 1)) > 1 and not eng.expert_tensor_parallel:
         raise SpecError(f"fix.etp: {target} does not split experts' matrices (pin etp=1)")
     return replace(options, target=target, recompute=eng.recompute,
                    cp_comms=tuple(c for c in options.cp_comms if c in eng.cp_comms),
+                   cp_with_tp_pp=options.cp_with_tp_pp and eng.cp_with_tp_pp,
                    expert_parallel=options.expert_parallel and eng.expert_parallel,
                    expert_tensor_parallel=(options.expert_tensor_parallel
                                            and eng.expert_tensor_parallel),

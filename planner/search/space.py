@@ -46,6 +46,7 @@ CP_SHORT = "cp chunks shorter than the search's minimum"
 CP_HEADS = "cp all-to-all needs heads divisible by tp x cp"
 CP_NONE = "cp needs attention"
 CP_TARGET = "cp not run by the target"
+CP_ALONE = "cp with tp or pp not run by the target"
 EP_EXPERTS = "ep does not divide the experts"
 EP_GROUP = "ep x etp does not divide tp x cp x dp"
 EP_NONE = "ep needs routed experts"
@@ -238,7 +239,9 @@ def _meshes(space: Space, fix: dict, training: TrainingSpec, options: SearchOpti
             for pp in _choices(fix, "pp", divisors(n // (tp * cp))):
                 dp = n // (tp * cp * pp)
                 reason = (MESH if (n // (tp * cp)) % pp else pp_reason(pp, 1, space) or (
-                    MESH if fix.get("dp", dp) != dp else BATCH_DP if gb % dp else ""))
+                    MESH if fix.get("dp", dp) != dp else BATCH_DP if gb % dp else "") or (
+                    CP_ALONE if cp > 1 and (tp > 1 or pp > 1) and not options.cp_with_tp_pp
+                    else ""))
                 if reason:
                     rejected[reason] += 1
                     continue
