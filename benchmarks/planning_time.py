@@ -5,7 +5,11 @@ Cases (issue goals in brackets, on a 2-core machine):
    [search <= 2 s, the whole `plan solve` command <= 10 s cold and <= 3 s warm];
 2. Llama-3 405B on 2048 x 8 H100 (16,384 GPUs), global batch 2048, seq 8192 [search <= 30 s];
 3. examples/multitower.py, a DAG of ~5,200 traced ops, pp=8 with 1F1B on 64 A100s, with a 30 s
-   time limit [<= 60 s, time limit honoured within 10%].
+   time limit [<= 60 s, time limit honoured within 10%];
+4. DeepSeek-V3 (671B, 256 routed experts) on 256 x 8 H100 (2,048 GPUs), global batch 8192, seq
+   4096, expert parallelism in the search [search < 5 s];
+5. Llama-3 405B at 131,072 tokens per sequence on 16,384 H100, global batch 128 (16.8 M tokens),
+   context parallelism in the search [search < 5 s].
 
 Each case runs the real CLI in a fresh process (so imports, tracing and output are included), twice:
 cold (an empty trace cache: the model is traced) and warm (the trace read back from the cache, as
@@ -39,6 +43,11 @@ CASES = [
     ("multitower DAG, 64 A100, pp=8", ["examples/multitower.py:build", "--cluster", "dgx-a100-80g",
                                        "--nodes", "8", "--global-batch", "256",
                                        "--fix", "pp=8,schedule=1f1b"], 30.0),
+    ("DeepSeek-V3, 2,048 H100", ["deepseek-v3", "--cluster", "dgx-h100", "--nodes", "256",
+                                 "--global-batch", "8192", "--seq-len", "4096"], None),
+    ("Llama-3 405B at 128k, 16,384 H100", ["llama3-405b", "--cluster", "dgx-h100", "--nodes",
+                                           "2048", "--global-batch", "128",
+                                           "--seq-len", "131072"], None),
 ]
 
 
@@ -85,7 +94,8 @@ def main() -> int:
             warm = run_case(argv, limit, cache_home)
         p = r["plan"]
         par = p["parallel"]
-        chosen = (f"dp={par['dp']} tp={par['tp']} pp={par['pp']}x{par['vpp']} "
+        extra = "".join(f" {k}={par[k]}" for k in ("cp", "ep") if par.get(k, 1) > 1)
+        chosen = (f"dp={par['dp']} tp={par['tp']} pp={par['pp']}x{par['vpp']}{extra} "
                   f"{par['schedule']} rc={par['recompute']} zero={par['zero']}")
         rows.append([name, str(p["cluster"]["num_gpus"]), str(p["search"]["candidates"]),
                      f"{p['search']['time_s']:.2f}", f"{limit:g}" if limit else "-",
