@@ -75,7 +75,7 @@ MODES = ("selective", "full")
 
 def closed_form(c: Config, recompute: str) -> dict:
     """First-stage activation and state bytes per GPU from the paper's formulas."""
-    s, b, h, a, t, p, L = SEQ, c.micro_batch, c.hidden, c.heads, c.tp, c.pp, c.layers
+    s, b, h, t, p, L = SEQ, c.micro_batch, c.hidden, c.tp, c.pp, c.layers
     per_layer = 2 * s * b * h / t if recompute == "full" else 34 * s * b * h / t
     in_flight = p * (1 + (p - 1) / (p * c.vpp)) if c.vpp > 1 else p
     acts = per_layer * (L / p) * min(in_flight, c.global_batch // b)

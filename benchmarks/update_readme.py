@@ -53,6 +53,18 @@ SECTIONS = [
     ("time", "planning_time.py",
      "**Planning time** of the whole `plan solve` command on this 2-core machine "
      "(`benchmarks/planning_time.py`)."),
+    ("moe", "moe_runs.py",
+     "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
+     "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "
+     "GPT-OSS-120B on H100, B200, GB200, GB300; balanced routing, as the benchmarks force it), "
+     "each at its published tp/pp/vp/cp/ep and batch. One constant, the host time per op that "
+     "dropless dispatch exposes, is fitted on the even rows; the odd rows are held out. Then the "
+     "free search against each published configuration under the planner's own model."),
+    ("longcontext", "long_context_runs.py",
+     "**Long sequences** (`benchmarks/long_context_runs.py`): NeMo's long-sequence table "
+     "(LLAMA2-7B on H100 and LLAMA3-8B on B200, FP8, 4k to 1M tokens, context parallelism up "
+     "to 32), each at its published tp/pp/cp/dp; the step time implied by NeMo's FLOP formula "
+     "and TFLOP/s. Nothing fitted. Then the free search against each published configuration."),
     ("search", "megatron_search.py",
      "**Free search vs the published configurations**, same cluster, batch and software, priced "
      "by the same cost model (`benchmarks/megatron_search.py`): the searched plan is never slower, "
