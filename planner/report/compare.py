@@ -77,7 +77,8 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     out = [Diff("inputs", f"{part} {key}".replace("_", " "), getattr(a, part).get(key),
                 getattr(b, part).get(key), kind) for part, key, kind in INPUTS]
     out += [Diff("configuration", k, a.parallel.get(k), b.parallel.get(k),
-                 "text" if k in ("schedule", "recompute", "placement") else "count") for k in KNOBS]
+                 "text" if k in ("schedule", "recompute", "placement", "cp_comm") else "count")
+            for k in KNOBS]
     out += [Diff("predicted", label, a.predicted.get(key), b.predicted.get(key), kind)
             for label, key, kind in PREDICTED]
     out += [Diff("step time by part", BREAKDOWN_WORDS[k], a.predicted["breakdown"].get(k, 0.0),
@@ -117,7 +118,9 @@ def _stage(st: dict | None, what: str):
 # ---- why the step moved: each part with the knobs and links behind it --------------------------
 
 PART_KNOBS = {
-    "compute_s": ("tp", "pp", "dp", "recompute", "micro_batch"),
+    "compute_s": ("tp", "pp", "dp", "cp", "ep", "etp", "recompute", "micro_batch"),
+    "cp_comm_s": ("cp", "cp_comm", "tp", "micro_batch", "recompute"),
+    "ep_comm_s": ("ep", "etp", "tp", "cp", "dp", "placement", "micro_batch", "recompute"),
     "bubble_s": ("pp", "vpp", "num_microbatches", "schedule"),
     "tp_comm_s": ("tp", "sequence_parallel", "micro_batch", "recompute"),
     "pp_comm_s": ("pp", "placement", "tp", "micro_batch"),
