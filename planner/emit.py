@@ -174,7 +174,8 @@ def why_slower(best: Estimate, alt: Estimate) -> str:
     """One line: how much slower, and the two parts of the step that moved most."""
     delta = alt.step_time_s - best.step_time_s
     pct = 100 * delta / best.step_time_s
-    diffs = sorted(((alt.breakdown[k] - best.breakdown[k], k) for k in best.breakdown),
+    parts = [k for k in BREAKDOWN_WORDS if k in best.breakdown or k in alt.breakdown]
+    diffs = sorted(((alt.breakdown.get(k, 0.0) - best.breakdown.get(k, 0.0), k) for k in parts),
                    key=lambda d: -abs(d[0]))
     parts = [f"{BREAKDOWN_WORDS[k]} {d:+.3g} s" for d, k in diffs[:2] if abs(d) > 1e-6]
     return f"{pct:+.1f}% step time" + (f": {', '.join(parts)}" if parts else "")
