@@ -150,11 +150,14 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     queue: list[tuple[float, int, Config, CostKey]] = []
     costs_of: dict[CostKey, object] = {}
     done = 0
+    priced_keys: dict[CostKey, object] = {}  # meshes of other pp and dp share a key's costs
     for key, configs in space:
         if deadline is not None and queue and time.perf_counter() > deadline:
             rejected[TIME_LIMIT] += total - done
             break
-        costs = pricer.costs(key)
+        costs = priced_keys.get(key)
+        if costs is None:
+            costs = priced_keys[key] = pricer.costs(key)
         form = pricer.one(costs).cp_comm
         # the configurations of one key share their mesh and micro-batch: the memory screen
         # depends on the state sharding and the schedule's in-flight count, the bound on the

@@ -214,13 +214,28 @@ def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> list[flo
 def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) -> list[dict]:
     """Per pipeline rank: memory by kind; also fills each chunk's params, in_flight, memory."""
     out = []
+    starts = np.asarray(bounds[:-1])
+    assert all(b > a for a, b in zip(bounds, bounds[1:])), f"an empty chunk in {bounds}"
+    # per chunk (one pass over the blocks each): sums and maxima the ranks add up below
+    chunk_params = np.add.reduceat(costs.params_local, starts)
+    chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
+    chunk_work = np.maximum.reduceat(costs.work_bytes, starts)
+    chunk_largest = np.maximum.reduceat(costs.params_local, starts)
+    chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
+    chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
+    whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                     zero=0, dp=1, layout=training.engine.state_layout)
     for r in range(cfg.pp):
         mine = [st for st in stages if st.rank == r]
-        blocks = [i for st in mine for i in range(bounds[st.index], bounds[st.index + 1])]
-        inside = set(blocks)
-        params = float(np.sum(costs.params_local[blocks])) - sum(
-            (n / cfg.tp if split else n) for i, j, n, split in ma.shared if i in inside and j in inside)
-        expert_params = float(np.sum(costs.expert_params_local[blocks]))
+        idx = [st.index for st in mine]
+
+        def owner(i: int) -> int:  # the pipeline rank holding block i
+            return (int(np.searchsorted(bounds, i, side="right")) - 1) % cfg.pp
+
+        params = float(chunk_params[idx].sum()) - sum(
+            (n / cfg.tp if split else n) for i, j, n, split in ma.shared
+            if owner(i) == r and owner(j) == r)
+        expert_params = float(chunk_experts[idx].sum())
         in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                        microbatches=cfg.num_microbatches, vpp=cfg.vpp)
         kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
@@ -230,18 +245,16 @@ def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) 
             states = {k: v + memory.model_state_bytes(expert_params, dp=cfg.edp, **kw)[k]
                       for k, v in states.items()}
         act = in_flight * sum(st.act_bytes for st in mine)
-        working = float(np.max(costs.work_bytes[blocks]))
-        whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                         zero=0, dp=1, layout=training.engine.state_layout)
-        largest = float(np.max(costs.params_local[blocks]))
+        working = float(chunk_work[idx].max())
+        largest = float(chunk_largest[idx].max())
         if cfg.zero == 3:  # the running and the prefetched block's weights, gathered
             working += 2 * whole["weights"] * largest
         if cfg.zero >= 2:  # a block's gradient, whole until its reduce-scatter is done
             working += whole["grads"] * largest
         mem = {**states, "activations": act, "working": working}
         mem["total"] = sum(mem.values())
-        split = float(np.sum(ma.work.param_tensors_tp[blocks]))
-        dtensors = (split + float(np.sum(ma.work.param_tensors_rep[blocks])) if cfg.dp > 1
+        split = float(chunk_split[idx].sum())
+        dtensors = (split + float(chunk_rep[idx].sum()) if cfg.dp > 1
                     else split if cfg.tp > 1 else 0.0)
         for st in mine:
             st.params, st.in_flight, st.memory = params, in_flight, mem
