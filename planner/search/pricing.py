@@ -112,19 +112,22 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float],
            ep_s: np.ndarray | None = None) -> list[StageEstimate]:
     """One StageEstimate per chunk, from per-block costs (memory filled in by _rank_memory);
     ``ep_s``: per block, the expert-parallel communication it exposes (expert_comm_s)."""
-    out = []
-    for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        sl = slice(a, b)
-        out.append(StageEstimate(
-            index=c, rank=c % cfg.pp, blocks=ma.names[a:b],
-            compute_s=float(np.sum(costs.compute_s[sl] + costs.recompute_s[sl])),
-            tp_comm_s=float(np.sum(costs.tp_comm_s[sl])), p2p_s=p2p_out[c], params=0.0,
-            in_flight=0.0, fwd_s=float(np.sum(costs.fwd_s[sl])),
-            recompute_s=float(np.sum(costs.recompute_s[sl])),
-            act_bytes=float(np.sum(costs.act_bytes[sl])),
-            cp_comm_s=float(np.sum(costs.cp_comm_s[sl])),
-            ep_comm_s=float(np.sum(ep_s[sl])) if ep_s is not None else 0.0))
-    return out
+    starts = np.asarray(bounds[:-1])
+    assert all(b > a for a, b in zip(bounds, bounds[1:])), f"an empty chunk in {bounds}"
+
+    def per_chunk(x: np.ndarray) -> list[float]:  # sums over each chunk's blocks
+        return np.add.reduceat(x, starts).tolist()
+
+    compute_s = per_chunk(costs.compute_s + costs.recompute_s)
+    tp_s, fwd_s, rc_s = per_chunk(costs.tp_comm_s), per_chunk(costs.fwd_s), per_chunk(
+        costs.recompute_s)
+    act, cp_s = per_chunk(costs.act_bytes), per_chunk(costs.cp_comm_s)
+    ep = per_chunk(ep_s) if ep_s is not None else [0.0] * len(starts)
+    return [StageEstimate(index=c, rank=c % cfg.pp, blocks=ma.names[a:b], compute_s=compute_s[c],
+                          tp_comm_s=tp_s[c], p2p_s=p2p_out[c], params=0.0, in_flight=0.0,
+                          fwd_s=fwd_s[c], recompute_s=rc_s[c], act_bytes=act[c],
+                          cp_comm_s=cp_s[c], ep_comm_s=ep[c])
+            for c, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSpec) -> np.ndarray:
@@ -225,16 +228,16 @@ def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) 
     chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
     whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                      zero=0, dp=1, layout=training.engine.state_layout)
+    # tied weights read by two blocks on one rank are held once
+    owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % cfg.pp
+    tied = [0.0] * cfg.pp
+    for i, j, n, split in ma.shared:
+        if owner[i] == owner[j]:
+            tied[owner[i]] += n / cfg.tp if split else n
     for r in range(cfg.pp):
         mine = [st for st in stages if st.rank == r]
         idx = [st.index for st in mine]
-
-        def owner(i: int) -> int:  # the pipeline rank holding block i
-            return (int(np.searchsorted(bounds, i, side="right")) - 1) % cfg.pp
-
-        params = float(chunk_params[idx].sum()) - sum(
-            (n / cfg.tp if split else n) for i, j, n, split in ma.shared
-            if owner(i) == r and owner(j) == r)
+        params = float(chunk_params[idx].sum()) - tied[r]
         expert_params = float(chunk_experts[idx].sum())
         in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                        microbatches=cfg.num_microbatches, vpp=cfg.vpp)
