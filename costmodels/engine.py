@@ -68,13 +68,15 @@ class EngineSpec:
     moe_grouped_gemm: bool = True
     """The local experts run as one grouped GEMM (Megatron's --moe-grouped-gemm); False: one GEMM
     per expert, each with its own launch."""
-    host_op_s: float = 0.0
+    host_op_s: float = 23.25e-6
     """Host seconds to issue one op (framework dispatch and kernel launch). It is hidden while
     the host runs ahead of the device, and exposed where the host must wait for the device:
     dropless token dispatch sizes its all-to-all from counts the device computed, a host-device
     synchronization in every MoE layer's forward and backward (Megatron-Core's alltoall and
     allgather dispatchers; CUDA graphs, which remove launch costs, need the static shapes of a
-    capacity factor). 0: not modelled."""
+    capacity factor). The default is fitted on half of the published Megatron-Core MoE runs, the
+    other half held out (benchmarks/moe_runs.py); it is of the order of PyTorch's per-op
+    overhead in eager mode. 0: not modelled."""
     moe_overlap: bool = False
     """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
