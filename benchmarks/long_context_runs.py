@@ -43,6 +43,8 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, load_cluster,  # noqa: E402
                      plan_prepared, prepare)
 from planner.options import parse_fix  # noqa: E402
+from planner.report.compare import config_changes  # noqa: E402
+from tables import print_table  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "long_context_runs.csv")
 LLAMA2_7B = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
@@ -108,10 +110,9 @@ def predict(r: dict, prepared, *, fix: str | None, memory: float | None = BIG):
     return plan_prepared(prepared, cluster_of(r, memory), training_of(r), options)
 
 
-def changed(a: dict, b: dict) -> str:
-    keys = ("tp", "pp", "vpp", "cp", "cp_comm", "dp", "micro_batch", "recompute", "zero",
-            "schedule")
-    return ", ".join(f"{k} {a.get(k)}->{b.get(k)}" for k in keys if a.get(k) != b.get(k)) or "none"
+def changed(a, b) -> str:
+    """The knobs that differ between two plans, 'tp 2->1, ...'."""
+    return ", ".join(f"{k} {x}->{y}" for k, x, y in config_changes(a, b)) or "none"
 
 
 def main() -> int:
@@ -165,7 +166,7 @@ def report(out: list[dict], markdown: bool) -> None:
                       f"{r['implied_s']:.3g}", f"{p.step_time_s:.3g}", f"{100 * o['err']:+.1f}%",
                       p.parallel.get("cp_comm", "") if p.parallel.get("cp", 1) > 1 else "-",
                       o["fits"], f"{part} {100 * bd[part] / p.step_time_s:.0f}%"])
-    _table(head, lines, markdown)
+    print_table(head, lines, markdown)
     print()
     by_gen: dict[str, list[float]] = {}
     for o in out:
@@ -197,20 +198,9 @@ def report(out: list[dict], markdown: bool) -> None:
                       f"{pub.step_time_s:.3g}", f"{free.step_time_s:.3g}",
                       f"{pub.step_time_s / free.step_time_s:.2f}x",
                       f"{o['search_s']:.1f} s",
-                      changed(pub.parallel, free.parallel)])
-    _table(head, lines, markdown)
+                      changed(pub, free)])
+    print_table(head, lines, markdown)
 
-
-def _table(head, lines, markdown: bool) -> None:
-    if markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for ln in lines:
-            print("| " + " | ".join(ln) + " |")
-        return
-    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
-    for ln in [head, *lines]:
-        print("  ".join(x.rjust(w) for x, w in zip(ln, widths)))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, load_cluster,  # noqa: E402
                      plan_prepared, prepare)
 from planner.options import parse_fix  # noqa: E402
+from planner.report.compare import config_changes  # noqa: E402
+from tables import print_table  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "moe_runs.csv")
 MODELS = {"DeepSeekV3": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b",
@@ -144,10 +146,9 @@ def on_device(r: dict, prepared, host_op_s: float):
         return None
 
 
-def changed(a: dict, b: dict) -> str:
-    keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch", "recompute", "zero",
-            "schedule")
-    return ", ".join(f"{k} {a[k]}->{b[k]}" for k in keys if a.get(k) != b.get(k)) or "none"
+def changed(a, b) -> str:
+    """The knobs that differ between two plans, 'tp 2->1, ...'."""
+    return ", ".join(f"{k} {x}->{y}" for k, x, y in config_changes(a, b)) or "none"
 
 
 def main() -> int:
@@ -209,7 +210,7 @@ def report(out: list[dict], markdown: bool) -> None:
                       r["tokens_per_s_per_gpu"], f"{o['tps']:.0f}", f"{100 * o['err']:+.1f}%",
                       "fit" if o["fit"] else "held out", o["fits"],
                       f"{part} {100 * bd[part] / p.step_time_s:.0f}%"])
-    _table(head, lines, markdown)
+    print_table(head, lines, markdown)
     print()
     for label, chosen in (("held-out rows", [o for o in out if not o["fit"]]),
                           ("fit rows", [o for o in out if o["fit"]]), ("all rows", out)):
@@ -245,20 +246,9 @@ def report(out: list[dict], markdown: bool) -> None:
         lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["gpu"], f"{pub:.3g}",
                       f"{free.step_time_s:.3g}", f"{pub / free.step_time_s:.2f}x",
                       f"{info:.1f} s",
-                      changed(o["real"].parallel, free.parallel)])
-    _table(head, lines, markdown)
+                      changed(o["real"], free)])
+    print_table(head, lines, markdown)
 
-
-def _table(head, lines, markdown: bool) -> None:
-    if markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for ln in lines:
-            print("| " + " | ".join(ln) + " |")
-        return
-    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
-    for ln in [head, *lines]:
-        print("  ".join(x.rjust(w) for x, w in zip(ln, widths)))
 
 
 if __name__ == "__main__":
