@@ -108,7 +108,8 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
     group_of_block = np.concatenate([[stage_group[s]] * (b - a)
                                      for s, (a, b) in enumerate(zip(bounds, bounds[1:]))])
     stitched = BlockCosts(**{f.name: np.choose(group_of_block, [getattr(c, f.name) for c in costs])
-                             for f in dataclasses.fields(BlockCosts) if f.name != "cp_comm"})
+                             for f in dataclasses.fields(BlockCosts)
+                             if f.name != "cp_comm" and getattr(costs[0], f.name) is not None})
     sends, cuts = [0.0] * cfg.pp, []
     for s in range(cfg.pp - 1):
         g, h = stage_group[s], stage_group[s + 1]
