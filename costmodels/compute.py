@@ -217,12 +217,13 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
             continue
         gd = precision.gemm_dtype(dtype, g.linear)
         calls, b1 = (b, 1.0) if g.experts and not experts.grouped else (1.0, b)
-        f = calls * gemm_time_s(b1, m, n, k, device, gd)
+        slow = calls / (device.grouped_gemm_efficiency if g.experts and experts.grouped else 1.0)
+        f = slow * gemm_time_s(b1, m, n, k, device, gd)
         back = 0.0
         if g.grad_a:
-            back += calls * gemm_time_s(b1, m, k, n, device, gd)
+            back += slow * gemm_time_s(b1, m, k, n, device, gd)
         if g.grad_b:
-            back += calls * gemm_time_s(b1, k, n, m, device, gd)
+            back += slow * gemm_time_s(b1, k, n, m, device, gd)
         fwd += f
         bwd += back
         if not g.linear:

@@ -102,6 +102,10 @@ class DeviceSpec:
     which includes clock throttling under sustained load."""
     memory_efficiency: float = 0.80
     """Fraction of memory bandwidth that element-wise kernels reach (dimensionless)."""
+    grouped_gemm_efficiency: float = 1.0
+    """Speed of the grouped GEMM that runs routed experts, relative to a plain GEMM of the same
+    FLOPs (1.0: as fast; measured by ``plan profile``, where CPU builds of torch loop over the
+    groups)."""
     attention_efficiency: float = 0.60
     """Fraction of peak FLOP/s a fused attention kernel reaches (FlashAttention-2 forward reaches
     about 70% on A100, its backward about 60%: Dao 2023, Fig. 5)."""

@@ -84,6 +84,7 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
         dtensor_linear_bwd_s=num(host, "linear_bwd_us", 0.0, at="device.dtensor") * 1e-6,
         dtensor_param_s=num(host, "param_step_us", 0.0, at="device.dtensor") * 1e-6,
         jitter=num(dev, "jitter", 0.0),
+        grouped_gemm_efficiency=num(dev, "grouped_gemm_efficiency", 1.0, positive=True),
         matmul_efficiency=1.0,
         memory_efficiency=1.0,
         attention_efficiency=min(_number(v, f"{where}: device.attention_efficiency.{dt}",

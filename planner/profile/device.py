@@ -133,6 +133,30 @@ def op_overhead(timer: Timer) -> float:
     return timer.median_s(many) / reps
 
 
+GROUPED = (8, 4096, 256, 1024)
+"""Experts, token copies, hidden and expert width of the grouped-GEMM probe (routed tokens
+split evenly over the experts)."""
+
+
+def grouped_gemm_ratio(timer: Timer, dtype: str) -> float:
+    """The speed of a grouped GEMM of routed tokens (``torch._grouped_mm``, one matrix per
+    expert, as Mixture-of-Experts layers run their experts) over a plain GEMM of the same FLOPs
+    and total shape; 1.0 where torch has no grouped GEMM for this device."""
+    if not hasattr(torch, "_grouped_mm"):
+        return 1.0
+    experts, rows, k, n = GROUPED
+    dt = DTYPES[dtype]
+    x = torch.randn(rows, k, device=timer.device, dtype=dt)
+    w = torch.randn(experts, k, n, device=timer.device, dtype=dt)
+    offs = torch.arange(1, experts + 1, device=timer.device, dtype=torch.int32) * (rows // experts)
+    try:
+        grouped = timer.median_s(lambda: torch._grouped_mm(x, w, offs=offs))
+    except (RuntimeError, NotImplementedError):  # no kernel for this device or dtype
+        return 1.0
+    plain = timer.median_s(lambda: torch.mm(x, w[0]))
+    return min(1.0, plain / grouped)
+
+
 def attention_rate(timer: Timer, dtype: str) -> float:
     """FLOP/s of scaled_dot_product_attention (forward), heads 8 x seq 512 x head dim 64."""
     q = torch.randn(1, 8, 512, 64, device=timer.device, dtype=DTYPES[dtype])
@@ -183,6 +207,7 @@ def device_speeds(timer: Timer, threads: int, dtypes) -> dict:
                 "skew": {dt: gemm_skew_tables(timer, dt) for dt in dtypes},
                 "memory": memory_table(timer), "overhead": op_overhead(timer),
                 "attention": {dt: attention_rate(timer, dt) for dt in dtypes},
+                "grouped": {dt: grouped_gemm_ratio(timer, dt) for dt in dtypes},
                 "adamw": optimizer_rate(timer),
                 "segments": segment_times(timer) if timer.barrier is not None else []}
     finally:
@@ -253,6 +278,8 @@ def _concurrently(n: int, device: str, threads: int, dtypes) -> dict:
             "overhead": statistics.fmean(r["overhead"] for r in results),
             "attention": {dt: statistics.fmean(r["attention"][dt] for r in results)
                           for dt in dtypes},
+            "grouped": {dt: statistics.fmean(r["grouped"][dt] for r in results)
+                        for dt in dtypes},
             "adamw": statistics.fmean(r["adamw"] for r in results),
             "jitter": jitter([r["segments"] for r in results])}
 
@@ -280,6 +307,7 @@ def _calibration(device, threads, speeds: dict, link) -> dict:
             "adamw_s_per_param": speeds["adamw"],
             "kernel_overhead_us": speeds["overhead"] * 1e6,
             "attention_efficiency": {dt: min(1.0, attn[dt] / peaks[dt]) for dt in attn},
+            "grouped_gemm_efficiency": min(speeds["grouped"].values()),
             "jitter": speeds.get("jitter", 0.0),
         },
         "intra_node": link,
