@@ -59,6 +59,17 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
     With ``offload`` the optimizer states live in host memory (ZeRO-Offload, Ren et al., USENIX
     ATC'21) and take no device memory. ``layout``: STATE_LAYOUTS.
     """
+    per = _state_bytes(dtype=dtype, optimizer=optimizer, zero=zero, dp=dp, offload=offload,
+                       layout=layout)
+    return {kind: params * b for kind, b in per}
+
+
+@functools.lru_cache(maxsize=4096)
+def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: bool,
+                 layout: str) -> tuple[tuple[str, float], ...]:
+    """(kind, bytes per local parameter) of model_state_bytes (a search asks for the same
+    settings over and over)."""
+    params = 1.0
     opt = optimizer.lower()
     if opt == "adamw":
         opt = "adam"
@@ -83,7 +94,7 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
     out = {"weights": weights, "grads": grads, "optimizer": optim}
     if dtype == "fp8":  # the cached FP8 copies of the weights, sharded like the weights
         out["fp8_weights"] = params * FP8_WEIGHT_COPY_BYTES / (dp if zero >= 3 else 1)
-    return out
+    return tuple(out.items())
 
 
 @functools.lru_cache(maxsize=4096)
