@@ -43,8 +43,7 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, load_cluster,  # noqa: E402
                      plan_prepared, prepare)
 from planner.options import parse_fix  # noqa: E402
-from planner.report.compare import config_changes  # noqa: E402
-from tables import print_table  # noqa: E402
+from tables import SEARCH_HEAD, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "long_context_runs.csv")
 LLAMA2_7B = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
@@ -109,10 +108,6 @@ def predict(r: dict, prepared, *, fix: str | None, memory: float | None = BIG):
     options = SearchOptions(fix=parse_fix(fix) if fix else {}, top_k=0)
     return plan_prepared(prepared, cluster_of(r, memory), training_of(r), options)
 
-
-def changed(a, b) -> str:
-    """The knobs that differ between two plans, 'tp 2->1, ...'."""
-    return ", ".join(f"{k} {x}->{y}" for k, x, y in config_changes(a, b)) or "none"
 
 
 def main() -> int:
@@ -180,25 +175,12 @@ def report(out: list[dict], markdown: bool) -> None:
     print("\nFree search vs the published configuration, both under the planner's cost model and "
           "its memory check\n(the published configuration with the recomputation and exchange "
           "the planner picks for it):\n")
-    head = ["#", "model", "seq", "published (pred.) s", "search s", "speed-up", "search time",
-            "knobs changed"]
+    head = ["#", "model", "seq"] + SEARCH_HEAD
     lines = []
     for o in searched:
-        free, pub = o["search"], o["real"]
-        if pub is None:
-            lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["seq_len"], "does not fit",
-                          f"{free.step_time_s:.3g}" if not isinstance(free, str) else "no plan",
-                          "", f"{o['search_s']:.1f} s", ""])
-            continue
-        if isinstance(free, str):
-            lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["seq_len"],
-                          f"{pub.step_time_s:.3g}", "no plan", "", "", free])
-            continue
-        lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["seq_len"],
-                      f"{pub.step_time_s:.3g}", f"{free.step_time_s:.3g}",
-                      f"{pub.step_time_s / free.step_time_s:.2f}x",
-                      f"{o['search_s']:.1f} s",
-                      changed(pub, free)])
+        free = o["search"] if not isinstance(o["search"], str) else None
+        lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["seq_len"]] + search_cells(
+            o["real"], free, o["search_s"], o["search"] if free is None else ""))
     print_table(head, lines, markdown)
 
 

@@ -50,8 +50,7 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, load_cluster,  # noqa: E402
                      plan_prepared, prepare)
 from planner.options import parse_fix  # noqa: E402
-from planner.report.compare import config_changes  # noqa: E402
-from tables import print_table  # noqa: E402
+from tables import SEARCH_HEAD, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "moe_runs.csv")
 MODELS = {"DeepSeekV3": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b",
@@ -146,10 +145,6 @@ def on_device(r: dict, prepared, host_op_s: float):
         return None
 
 
-def changed(a, b) -> str:
-    """The knobs that differ between two plans, 'tp 2->1, ...'."""
-    return ", ".join(f"{k} {x}->{y}" for k, x, y in config_changes(a, b)) or "none"
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -228,25 +223,12 @@ def report(out: list[dict], markdown: bool) -> None:
     print("\nFree search vs the published configuration, both under the planner's cost model and "
           "its memory check\n(the published configuration with the recomputation the planner "
           "needs to fit it):\n")
-    head = ["#", "model", "gpu", "published (pred.) s", "search s", "speed-up", "search time",
-            "knobs changed"]
+    head = ["#", "model", "gpu"] + SEARCH_HEAD
     lines = []
     for o in searched:
         free, info = o["search"]
-        if o["real"] is None:
-            lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["gpu"], "does not fit",
-                          f"{free.step_time_s:.3g}" if free else "no plan", "",
-                          f"{info:.1f} s" if free else "", ""])
-            continue
-        pub = o["real"].step_time_s
-        if free is None:
-            lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["gpu"], f"{pub:.3g}",
-                          "no plan", "", "", info])
-            continue
-        lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["gpu"], f"{pub:.3g}",
-                      f"{free.step_time_s:.3g}", f"{pub / free.step_time_s:.2f}x",
-                      f"{info:.1f} s",
-                      changed(o["real"], free)])
+        lines.append([str(o["r"]["index"]), o["r"]["model"], o["r"]["gpu"]] + search_cells(
+            o["real"], free, info if free is not None else 0.0, "" if free else info))
     print_table(head, lines, markdown)
 
 

@@ -12,3 +12,23 @@ def print_table(head: list[str], rows: list[list[str]], markdown: bool) -> None:
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     for row in [head, *rows]:
         print("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
+
+
+SEARCH_HEAD = ["published (pred.) s", "search s", "speed-up", "search time", "knobs changed"]
+"""The columns of a free search set against a published configuration (search_cells)."""
+
+
+def search_cells(published, free, seconds: float, why: str = "") -> list[str]:
+    """A free search's plan (``free``, a Plan or None when nothing fits: ``why``) against the
+    published configuration as the planner fits it (``published``, a Plan or None), both under
+    the planner's cost model: step times, speed-up, search time, the knobs that changed."""
+    from planner.report.compare import config_changes  # lazy: keeps this a printing module
+
+    pub = f"{published.step_time_s:.3g}" if published is not None else "does not fit"
+    if free is None:
+        return [pub, "no plan", "", f"{seconds:.1f} s", why]
+    if published is None:
+        return [pub, f"{free.step_time_s:.3g}", "", f"{seconds:.1f} s", ""]
+    knobs = ", ".join(f"{k} {x}->{y}" for k, x, y in config_changes(published, free))
+    return [pub, f"{free.step_time_s:.3g}", f"{published.step_time_s / free.step_time_s:.2f}x",
+            f"{seconds:.1f} s", knobs or "none"]
