@@ -171,7 +171,8 @@ def _ring(layout: Layout, rank: int, mesh) -> ctxp.Ring | None:
     c = me["cp"]
     return ctxp.Ring(group=mesh.get_group("cp"), rank=c, size=layout.cp,
                      next_rank=layout.rank_of(cp=(c + 1) % layout.cp, **at),
-                     prev_rank=layout.rank_of(cp=(c - 1) % layout.cp, **at))
+                     prev_rank=layout.rank_of(cp=(c - 1) % layout.cp, **at),
+                     ranks=tuple(layout.rank_of(cp=i, **at) for i in range(layout.cp)))
 
 
 def cut_model(plan: Plan, real: mdl.RealModel, inputs: tuple, positions=None):

@@ -14,8 +14,10 @@ Each block is one call of the CPU flash-attention kernel
 needs; grouped-query heads are expanded per block, after the exchange, so the ring carries the
 compact keys and values). The backward is explicit (a
 custom autograd.Function): each block's gradients come from the kernel's backward given the
-merged output and log-sum-exp, and the key/value gradients travel the ring once, each rank adding
-its share, until they reach the rank that owns those keys and values.
+merged output and log-sum-exp, and each rank sends its share of the key/value gradients straight
+back to the rank that owns those keys and values (one point-to-point round per layer instead of
+cp rounds around the ring: on gloo every round is a synchronisation of the ranks, which costs
+more than the bytes).
 
 torch's own ``torch.distributed.tensor.experimental.context_parallel`` does not run here: in
 torch 2.13 it dispatches only the CUDA attention kernels (flash, efficient, cuDNN); on the CPU
@@ -62,6 +64,8 @@ class Ring:
     """Global rank of the next position (keys and values go there)."""
     prev_rank: int
     """Global rank of the previous position (keys and values come from there)."""
+    ranks: tuple[int, ...] = ()
+    """Global rank of every position (the key/value gradients go back to their owner)."""
 
 
 _RING: Ring | None = None
@@ -233,27 +237,36 @@ class RingAttention(torch.autograd.Function):
         q_chunks, do_chunks, out_chunks = _chunks(q), _chunks(grad_out), _chunks(out)
         lse_chunks = [c.contiguous() for c in lse.chunk(2, dim=2)]
         dq = [torch.zeros(c.shape, dtype=torch.float32, device=c.device) for c in q_chunks]
-        partial, pending = None, None
+        kv_shape = saved[0][0].shape
+        others = [p for p in range(ring.size) if p != ring.rank]
+        incoming = {p: [torch.empty(kv_shape, dtype=torch.float32, device=q.device)
+                        for _ in range(2)] for p in others}
+        works = [dist.irecv(t, ring.ranks[p], ring.group) for p in others for t in incoming[p]]
+        own = None
         for step in range(ring.size):
             src = (ring.rank - step) % ring.size
             k, v = saved[step]
             kc = [_expand(c, rep) for c in _chunks(k)]
             vc = [_expand(c, rep) for c in _chunks(v)]
-            dk = [torch.zeros(c.shape, dtype=torch.float32, device=c.device) for c in kc]
-            dv = [torch.zeros(c.shape, dtype=torch.float32, device=c.device) for c in vc]
+            dk: list = [None, None]
+            dv: list = [None, None]
             for i, j, causal in _blocks(ring.rank, src, ring.size):
                 gq, gk, gv = _block_backward(do_chunks[i], q_chunks[i], kc[j], vc[j],
                                              out_chunks[i], lse_chunks[i], causal, scale)
                 dq[i] += gq
-                dk[j] += gk
-                dv[j] += gv
-            mine = [_fold(torch.cat(dk, dim=2), rep), _fold(torch.cat(dv, dim=2), rep)]
-            if pending is not None:  # the partial sums for `src`, from the previous rank
-                _wait(pending)
-                mine = [a + b for a, b in zip(partial, mine)]
-            partial, pending = _exchange(ring, mine)
-        _wait(pending)
-        dk_t, dv_t = partial
+                dk[j] = gk.float() if dk[j] is None else dk[j] + gk
+                dv[j] = gv.float() if dv[j] is None else dv[j] + gv
+            grads = [_fold(torch.cat([g if g is not None else torch.zeros(c.shape, device=c.device)
+                                      for g, c in zip(d, kc)], dim=2), rep).contiguous()
+                     for d in (dk, dv)]
+            if src == ring.rank:
+                own = grads
+            else:  # straight back to the owner of these keys and values
+                works += [dist.isend(t, ring.ranks[src], ring.group) for t in grads]
+        _wait(works)
+        dk_t, dv_t = own
+        for p in others:  # every rank's share, in rank order
+            dk_t, dv_t = dk_t + incoming[p][0], dv_t + incoming[p][1]
         k = saved[0][0]
         return (torch.cat(dq, dim=2).to(q.dtype), dk_t.to(k.dtype), dv_t.to(k.dtype), None,
                 None)

@@ -6,10 +6,10 @@ Expert parallelism (ep=2: each rank keeps two of the four experts, tokens go the
 all-to-all), alone, over the tensor-parallel ranks (tokens split over tp), over the
 context-parallel ranks with full recomputation, with pipelining, and ep=4 folded over dp x cp with
 FSDP; context parallelism (cp=2: the ring attention, load-balanced chunks, position ids that follow
-them) alone and with tensor parallelism (the Llama: the search gives experts with tp > 1 sequence
-parallelism, which `--target torch` does not run). All plans of one process count run in one
-torchrun job (tests/planner/runtime/job.py). Refusals of what the runtime does not run are
-checked without starting processes.
+them) alone, with tensor parallelism (the Llama: the search gives experts with tp > 1 sequence
+parallelism, which `--target torch` does not run), and cp=4 (three ring steps) with ep=4 over it.
+All plans of one process count run in one torchrun job (tests/planner/runtime/job.py). Refusals
+of what the runtime does not run are checked without starting processes.
 """
 
 import json
@@ -46,6 +46,8 @@ FOUR = {
     "llama-cp2xtp2": f"dp=1,tp=2,pp=1,cp=2,micro_batch=2,{NO_SP}",
     "dp2xcp2-ep4-fsdp": "dp=2,tp=1,pp=1,cp=2,ep=4,micro_batch=2,sequence_parallel=false,"
                         "recompute=none,zero=1",
+    "cp4-ep4-fsdp": "dp=1,tp=1,pp=1,cp=4,ep=4,micro_batch=2,sequence_parallel=false,"
+                    "recompute=none,zero=1",
 }
 EXPERT_PARAMS = 4 * (4 * 128 * 32 + 4 * 32 * 64)
 """Elements of the tiny Mixtral's routed experts (four layers of gate_up_proj and down_proj)."""
