@@ -293,7 +293,8 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
                 cfg, expert_params * grad_b, expert_group, cluster, compute_s, backward_s,
                 training.engine.overlap_grad_reduce))
         if training.engine.fsdp_copies:
-            exposed += fsdp_copies_s(cfg, params * grad_b, cluster.device)
+            # the dense parameters: the experts' gradients are reduced apart (over edp)
+            exposed += fsdp_copies_s(cfg, (params - expert_params) * grad_b, cluster.device)
         dp_s = max(dp_s, exposed)
         dense_shard = cfg.dp * cfg.cp if cfg.zero >= 1 else 1
         expert_shard = cfg.edp if cfg.zero >= 1 else 1
@@ -321,9 +322,10 @@ def fsdp_copies_s(cfg: Config, nbytes: float, device) -> float:
       copied into the reduce-scatter buffer, the shard scaled;
     - ZeRO-3: the same all-gathers before forward and backward and the reduce-scatter, per
       micro-batch."""
-    if cfg.dp <= 1:
+    replicas = cfg.dp * cfg.cp  # context-parallel ranks reduce their gradients the same way
+    if replicas <= 1:
         return 0.0
-    shard = 1.0 / cfg.dp
+    shard = 1.0 / replicas
     if cfg.zero == 0:
         copies = 3.0
     elif cfg.zero <= 2:
