@@ -8,19 +8,15 @@ job (tests/planner/runtime/job.py), so processes start twice in all.
 """
 
 import json
-import os
 
 import pytest
-import torch
 
+from equal_steps import assert_equals_single_process
 from job import torchrun
 
 from planner.schedule import as_text
 from planner.schedule.builders import build
 from planner.planfile.document import load_plan
-from planner.runtime import model as mdl
-from planner.runtime.options import RunOptions
-from planner.runtime.reference import single_process
 
 LR = 1.0
 """Large enough that every parameter moves by more than 10x the tolerance in one step."""
@@ -83,17 +79,4 @@ def runs(make_plan, tmp_path_factory):
 def test_one_step_equals_single_process(runs, model, case):
     path, result, dump = runs[f"{model}-{case}"]
     plan = load_plan(path)
-    opts = RunOptions(steps=1, warmup=0, lr=LR, device="cpu")
-    ref_losses, ref_params = single_process(plan, opts)
-    assert result["loss_per_step"] == pytest.approx(ref_losses, abs=TOL)
-    got = {}
-    for f in sorted(os.listdir(dump)):
-        got.update(torch.load(os.path.join(dump, f)))
-    assert set(got) == set(ref_params)
-    spec = mdl.model_spec(plan, None)
-    initial = mdl.build_real(plan, spec, mdl.resolve_meta(plan, spec), seed=0).module
-    for name, p0 in initial.named_parameters(remove_duplicate=False):
-        moved = (ref_params[name] - p0).abs().max().item()
-        assert moved > 10 * TOL, f"{name} barely moves ({moved:.3g}): the test would be blind"
-        diff = (got[name] - ref_params[name]).abs().max().item()
-        assert diff <= TOL, f"{name}: differs from the single-process step by {diff:.3g}"
+    assert_equals_single_process(plan, result, dump, lr=LR, tol=TOL)

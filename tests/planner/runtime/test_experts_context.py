@@ -16,15 +16,12 @@ import json
 import os
 
 import pytest
-import torch
 
+from equal_steps import assert_equals_single_process
 from job import torchrun
 from planner.cli.main import main
 from planner.options import parse_fix
 from planner.planfile.document import load_plan
-from planner.runtime import model as mdl
-from planner.runtime.options import RunOptions
-from planner.runtime.reference import single_process
 
 LR = 10.0
 """One step of the tiny Mixtral moves its query/key weights by ~1e-4 per unit of learning rate
@@ -94,20 +91,7 @@ def test_one_step_equals_single_process(runs, case):
         assert all(r["expert_params"] == 0 for r in ranks)
     if pinned["tp"] > 1 and ep > 1:
         assert any("sequence_parallel not applied" in n for n in result["notes"])
-    opts = RunOptions(steps=1, warmup=0, lr=LR, device="cpu")
-    ref_losses, ref_params = single_process(plan, opts)
-    assert result["loss_per_step"] == pytest.approx(ref_losses, abs=TOL)
-    got = {}
-    for f in sorted(os.listdir(dump)):
-        got.update(torch.load(os.path.join(dump, f)))
-    assert set(got) == set(ref_params)
-    spec = mdl.model_spec(plan, None)
-    initial = mdl.build_real(plan, spec, mdl.resolve_meta(plan, spec), seed=0).module
-    for name, p0 in initial.named_parameters(remove_duplicate=False):
-        moved = (ref_params[name] - p0).abs().max().item()
-        assert moved > 10 * TOL, f"{name} barely moves ({moved:.3g}): the test would be blind"
-        diff = (got[name] - ref_params[name]).abs().max().item()
-        assert diff <= TOL, f"{name}: differs from the single-process step by {diff:.3g}"
+    assert_equals_single_process(plan, result, dump, lr=LR, tol=TOL)
 
 
 def _refused(capsys, path, *words):
