@@ -31,7 +31,6 @@ import dataclasses
 import json
 import logging
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, load_cluster,  # noqa: E402
                      plan_prepared, prepare)
 from planner.options import parse_fix  # noqa: E402
-from tables import SEARCH_HEAD, print_table, search_cells  # noqa: E402
+from tables import SEARCH_HEAD, print_errors, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "long_context_runs.csv")
 LLAMA2_7B = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
@@ -165,10 +164,8 @@ def report(out: list[dict], markdown: bool) -> None:
     print()
     by_gen: dict[str, list[float]] = {}
     for o in out:
-        by_gen.setdefault(o["r"]["gpu"].split()[0], []).append(abs(o["err"]))
-    for gen, errs in sorted(by_gen.items()) + [("all", [abs(o["err"]) for o in out])]:
-        print(f"{'- ' if markdown else ''}{gen:>5}: median |error| "
-              f"{100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}% (n={len(errs)})")
+        by_gen.setdefault(o["r"]["gpu"].split()[0], []).append(o["err"])
+    print_errors(by_gen, markdown)
     searched = [o for o in out if "search" in o]
     if not searched:
         return

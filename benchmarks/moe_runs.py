@@ -50,7 +50,7 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, load_cluster,  # noqa: E402
                      plan_prepared, prepare)
 from planner.options import parse_fix  # noqa: E402
-from tables import SEARCH_HEAD, print_table, search_cells  # noqa: E402
+from tables import SEARCH_HEAD, print_errors, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "moe_runs.csv")
 MODELS = {"DeepSeekV3": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b",
@@ -211,12 +211,8 @@ def report(out: list[dict], markdown: bool) -> None:
                           ("fit rows", [o for o in out if o["fit"]]), ("all rows", out)):
         by_gen: dict[str, list[float]] = {}
         for o in chosen:
-            by_gen.setdefault(o["r"]["gpu"], []).append(abs(o["err"]))
-        for gen, errs in sorted(by_gen.items()) + ([("all", [abs(o["err"]) for o in chosen])]
-                                                   if chosen else []):
-            print(f"{'- ' if markdown else ''}{label:>13} {gen:>5}: median |error| "
-                  f"{100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}% "
-                  f"(n={len(errs)})")
+            by_gen.setdefault(o["r"]["gpu"], []).append(o["err"])
+        print_errors(by_gen, markdown, f"{label:>13}")
     searched = [o for o in out if "search" in o]
     if not searched:
         return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 
 def print_table(head: list[str], rows: list[list[str]], markdown: bool) -> None:
     if markdown:
@@ -32,3 +34,12 @@ def search_cells(published, free, seconds: float, why: str = "") -> list[str]:
     knobs = ", ".join(f"{k} {x}->{y}" for k, x, y in config_changes(published, free))
     return [pub, f"{free.step_time_s:.3g}", f"{published.step_time_s / free.step_time_s:.2f}x",
             f"{seconds:.1f} s", knobs or "none"]
+
+
+def print_errors(errors: dict[str, list[float]], markdown: bool, label: str = "") -> None:
+    """One line per group of relative errors (and one for all of them): median and max |error|."""
+    everything = [e for errs in errors.values() for e in errs]
+    for group, errs in sorted(errors.items()) + ([("all", everything)] if everything else []):
+        errs = [abs(e) for e in errs]
+        print(f"{'- ' if markdown else ''}{label + ' ' if label else ''}{group:>5}: median |error| "
+              f"{100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}% (n={len(errs)})")
