@@ -90,6 +90,16 @@ class Ledger:
         """The engine has no setting for it; ``note`` says what the user must do instead."""
         self._note(knobs, "not expressed", note)
 
+    def dropless(self, capacity_factor: float, who: str) -> None:
+        """An engine whose MoE drops no tokens: a plan's capacity factor becomes dropless."""
+        if capacity_factor:
+            self.nearest("moe_capacity_factor", f"moe_capacity_factor {capacity_factor:g}: {who} "
+                         "drops no tokens (it has no capacity factor); the busiest expert rank "
+                         "computes all its tokens (slower than planned when routing is less even "
+                         "than the capacity)")
+        else:
+            self.exact("moe_capacity_factor")
+
     def info(self, note: str) -> None:
         """A note about the export that concerns no single knob (e.g. whose module names)."""
         self.notes.append(note)

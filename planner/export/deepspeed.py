@@ -245,13 +245,7 @@ def _autoep_settings(s: dict, ledger: common.Ledger) -> None:
                        "all-to-all (comm_backend \"comm\"); the step time differs from planned")
     else:
         ledger.exact("moe_dispatcher")
-    if s["moe_capacity_factor"]:
-        ledger.nearest("moe_capacity_factor", f"moe_capacity_factor {s['moe_capacity_factor']:g}: "
-                       "AutoEP drops no tokens (it has no capacity factor); the busiest expert "
-                       "rank computes all its tokens (slower than planned when routing is less "
-                       "even than the capacity)")
-    else:
-        ledger.exact("moe_capacity_factor")
+    ledger.dropless(s["moe_capacity_factor"], "AutoEP")
     if s["moe_overlap"]:
         ledger.missing("moe_overlap", "moe_overlap: AutoEP has no setting to overlap its "
                        "all-to-alls with compute; they run exposed (a slower step than planned)")

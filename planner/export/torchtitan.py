@@ -294,13 +294,7 @@ def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> N
                        f"tokens by all-to-all{backend}; the step time differs from planned")
     else:
         ledger.exact("moe_dispatcher")
-    if s["moe_capacity_factor"]:
-        ledger.nearest("moe_capacity_factor", f"moe_capacity_factor {s['moe_capacity_factor']:g}: "
-                       "torchtitan's MoE drops no tokens (it has no capacity factor); the busiest "
-                       "expert rank computes all its tokens (slower than planned when routing is "
-                       "less even than the capacity)")
-    else:
-        ledger.exact("moe_capacity_factor")
+    ledger.dropless(s["moe_capacity_factor"], "torchtitan's MoE")
     if s["moe_grouped_gemm"]:
         ledger.exact("moe_grouped_gemm")  # MoEArgs.use_grouped_mm, torchtitan's default on SM90+
     else:
