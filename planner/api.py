@@ -6,6 +6,8 @@ is read back from the trace cache (planner.trace.cache) without loading either.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -13,10 +15,11 @@ from typing import Callable
 
 from costmodels.engine import engine_from_mapping
 from costmodels.topology import HeteroCluster
-from planner.emit import emit
+from planner.emit import emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
+from planner.inputs.zoo import RECSYS
 from planner.options import SearchOptions, TrainingSpec, parse_fix
 from planner import targets
 from planner.planfile.document import Plan
@@ -113,12 +116,26 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
 
 def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          gpus_per_node: int | None = None, global_batch: int, seq_len: int | None = None,
-         dtype: str = "bf16", optimizer: str = "adam", fix=None, top_k: int = 3,
+         dtype: str | None = None, optimizer: str = "adam", fix=None, top_k: int = 3,
          time_limit_s: float | None = None, calibration=None, engine=None,
          trace_method: str = "auto", record_timing: bool = False,
          progress: Callable[[int, int], None] | None = None, cache_dir: str | None = "auto",
-         target: str = "any") -> Plan:
-    """Plan how to train ``model`` on ``cluster``; see README.md ("Python API") for every argument."""
+         target: str = "any", tables=None, table_optimizer: str | None = None,
+         pipeline: str = "sparse-dist") -> Plan:
+    """Plan how to train ``model`` on ``cluster``; see README.md ("Python API") for every argument.
+    A recommendation model (embedding tables: README.md, "Recommendation models") gets its tables
+    sharded; ``tables`` (a YAML path or a mapping), ``table_optimizer`` and ``pipeline`` apply to
+    those only."""
+    if recsys_model(model):
+        return plan_recsys(model, cluster=cluster, nodes=nodes, gpus_per_node=gpus_per_node,
+                           global_batch=global_batch, dtype=dtype or "fp32", optimizer=optimizer,
+                           fix=fix, time_limit_s=time_limit_s, calibration=calibration,
+                           engine=engine, record_timing=record_timing, tables=tables,
+                           table_optimizer=table_optimizer, pipeline=pipeline)
+    if tables is not None or table_optimizer is not None or pipeline != "sparse-dist":
+        raise SpecError("tables, table_optimizer and pipeline apply to recommendation models "
+                        "(models with embedding tables) only")
+    dtype = dtype or "bf16"
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
     if calibration is not None:
         if isinstance(cl, HeteroCluster):
@@ -139,6 +156,90 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
                             optimizer=optimizer, engine=eng)
     return plan_prepared(prepared, cl, training, options, progress=progress,
                          record_timing=record_timing)
+
+
+def recsys_model(model) -> bool:
+    """A recommendation model: a zoo name from RECSYS, or a module (or factory's module) holding
+    embedding tables that the dense search does not handle."""
+    if isinstance(model, str):
+        if model.lower() in RECSYS:
+            return True
+        if ":" not in model or model.endswith(".json"):
+            return False
+    from planner.trace import recsys  # lazy: loads torch (seconds)
+    from planner.trace.models import load_factory  # lazy: as above
+
+    if isinstance(model, str):
+        model = load_factory(model)[0]
+    return recsys.is_recsys(model) and recsys.has_table_collections(model)
+
+
+def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch: int,
+                dtype: str = "fp32", optimizer: str = "adam", fix=None,
+                time_limit_s: float | None = None, calibration=None, engine=None,
+                record_timing: bool = False, tables=None, table_optimizer: str | None = None,
+                pipeline: str = "sparse-dist") -> Plan:
+    """Shard a recommendation model's embedding tables (CP-SAT) with its dense part
+    data-parallel; see README.md, "Recommendation models"."""
+    from planner.search.tables import RecOptions, plan_tables  # lazy: recsys only
+    from planner.trace import recsys  # lazy: loads torch (seconds)
+
+    cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
+    if isinstance(cl, HeteroCluster):
+        raise SpecError("cluster: recommendation models plan on one device type; give a cluster "
+                        "without groups")
+    if calibration is not None:
+        cl = apply_calibration(cl, calibration)
+    cl.device.peak(dtype)
+    eng = engine_from_mapping(engine)
+    training = TrainingSpec(global_batch=global_batch, seq_len=1, dtype=dtype,
+                            optimizer=optimizer, engine=eng)
+    entry = RECSYS.get(model.lower()) if isinstance(model, str) else None
+    sharding = _sharding_fix(fix)
+    opts = RecOptions(pipeline=pipeline, fix_sharding=sharding,
+                      optimizer=table_optimizer or (entry.optimizer if entry else
+                                                    ("sgd" if optimizer == "sgd" else "adam")),
+                      time_limit_s=time_limit_s or RecOptions.time_limit_s)
+    if global_batch % cl.num_gpus:
+        raise SpecError(f"global_batch: {global_batch} does not divide over {cl.num_gpus} GPUs; "
+                        f"give a multiple of {cl.num_gpus}")
+    stats = tables
+    if isinstance(tables, str):
+        stats = recsys.read_table_stats(tables)
+    elif tables is None and isinstance(model, str):
+        beside = recsys.default_stats_path(model)
+        stats = recsys.read_table_stats(beside) if beside else None
+    module = model
+    if isinstance(model, str) and entry is None:
+        from planner.trace.models import load_factory  # lazy: loads torch
+
+        module = load_factory(model)[0]
+    rec = recsys.rec_model(entry.name if entry else module, stats=stats)
+    t0 = time.perf_counter()
+    tp = plan_tables(rec, cl, global_batch=global_batch, dtype=dtype, engine=eng, opts=opts)
+    log.info("sharded %d tables over %d GPUs in %.2f s (%s)", len(rec.tables), cl.num_gpus,
+             time.perf_counter() - t0, tp.solver["status"])
+    fingerprint = hashlib.sha256(json.dumps(rec.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    info = {"name": rec.name, "source": "zoo" if entry else ("factory" if isinstance(model, str)
+                                                             else "module"),
+            "spec": model if isinstance(model, str) else None,
+            "num_params": int(rec.dense_params + sum(t.rows * t.dim for t in rec.tables)),
+            "fingerprint": fingerprint}
+    return emit_tables(model_info=info, rec=rec, tp=tp, cluster=cl, training=training,
+                       rec_options=opts, record_timing=record_timing)
+
+
+def _sharding_fix(fix) -> str | None:
+    """``sharding=<type>`` (the one knob a recommendation model's --fix takes)."""
+    if fix is None or fix == "" or fix == {}:
+        return None
+    items = dict(fix) if isinstance(fix, dict) else dict(
+        part.split("=", 1) if "=" in part else (part, "") for part in str(fix).split(","))
+    if set(items) != {"sharding"}:
+        raise SpecError(f"fix: recommendation models take only sharding=<type> (one of "
+                        f"data_parallel, table_wise, column_wise, row_wise, table_row_wise, "
+                        f"grid_shard), got {', '.join(sorted(items))}")
+    return str(items["sharding"])
 
 
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,

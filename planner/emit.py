@@ -208,3 +208,95 @@ def _version(pkg: str) -> str:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def emit_tables(*, model_info: dict, rec, tp, cluster: Cluster, training: TrainingSpec,
+                rec_options, record_timing: bool = False) -> Plan:
+    """A recommendation model's plan: the dense part data-parallel on every rank, the tables as
+    ``tp`` (planner.search.tables.TablePlan) shards them; the plan's ``embeddings`` section."""
+    W = cluster.num_gpus
+    env = tp.env
+    bd = tp.breakdown
+    step = tp.step_s
+    dense = {"name": "dense", "modules": ["dense"], "params": rec.dense_params,
+             "fwd_flops_per_sample": rec.dense_flops_per_sample, "recompute": False}
+    peak_mem = max(p["hbm_bytes"] for p in tp.per_rank)
+    breakdown = {"compute_s": bd["dense_compute_s"], "bubble_s": 0.0, "tp_comm_s": 0.0,
+                 "pp_comm_s": 0.0, "dp_comm_s": bd["grad_allreduce_exposed_s"],
+                 "optimizer_s": 0.0, "embedding_lookup_s": bd["lookup_s"],
+                 "embedding_comm_s": bd["embedding_comm_s"],
+                 "host_wait_s": max(0.0, bd["host_s"] - bd["device_s"])}
+    flops = 3 * rec.dense_flops_per_sample * training.global_batch
+    peak = cluster.device.peak(training.dtype)
+    predicted_d = {
+        "step_time_s": step, "timing": "closed form",
+        "samples_per_s": training.global_batch / step, "tokens_per_s": training.global_batch / step,
+        "tflops_per_device": flops / step / W / 1e12, "mfu": flops / step / W / peak,
+        "peak_memory_bytes": peak_mem, "breakdown": breakdown,
+        "model_flops_per_step": flops, "hardware_flops_per_step": flops,
+        "model_flops_per_token": flops / training.global_batch,
+        "flops_counted": "dense part only (forward and backward); table lookups move bytes, not "
+                         "FLOPs",
+    }
+    tables = []
+    for t, lay, c in zip(rec.tables, tp.layouts, tp.table_costs):
+        tables.append({
+            **t.to_dict(), "sharding_type": lay.sharding, "compute_kernel": lay.kernel,
+            "tier": lay.tier, **({"cache_ratio": lay.cache_ratio} if lay.tier == "uvm_caching"
+                                 else {}),
+            "ranks": list(lay.ranks),
+            "shards": [{"rank": s.rank, "offsets": [s.row, s.col], "sizes": [s.rows, s.cols]}
+                       for s in lay.shards],
+            "lookup_s": max(c.lookup_s.values()) if c.lookup_s else 0.0,
+            "hbm_bytes": sum(c.hbm_bytes.values()), "host_bytes": sum(c.host_bytes.values())})
+    times = [p["time_s"] for p in tp.per_rank]
+    mems = [p["hbm_bytes"] for p in tp.per_rank]
+    embeddings = {
+        "pipeline": rec_options.pipeline, "table_optimizer": rec_options.optimizer,
+        "world_size": W, "local_batch": env.local_batch, "tables": tables,
+        "ranks": tp.per_rank,
+        "imbalance": {"time": max(times) / (sum(times) / W), "hbm": max(mems) / (sum(mems) / W)},
+        "breakdown": bd,
+        "dense": {"params": rec.dense_params, "fwd_flops_per_sample": rec.dense_flops_per_sample,
+                  "activation_bytes_per_sample": rec.dense_act_bytes_per_sample,
+                  "ops_per_forward": rec.dense_ops, "memory_bytes": tp.dense_memory_bytes},
+        "solver": tp.solver if record_timing else {**tp.solver, "time_s": None},
+    }
+    parallel = {"dp": W, "tp": 1, "pp": 1, "vpp": 1, "micro_batch": env.local_batch,
+                "num_microbatches": 1, "schedule": "1f1b", "recompute": "none", "zero": 0,
+                "sequence_parallel": False, "offload_optimizer": False, "placement": "tp-pp-dp",
+                "cp": 1, "cp_comm": "p2p", "ep": 1, "etp": 1}
+    stage = {"index": 0, "pipeline_rank": 0, "modules": ["dense"], "blocks": ["dense"],
+             "ranks": list(range(W)),
+             "predicted": {"time_per_microbatch_s": step, "compute_s": bd["dense_compute_s"],
+                           "params": rec.dense_params,
+                           "memory_bytes": {"total": peak_mem,
+                                            "dense": tp.dense_memory_bytes,
+                                            "tables": peak_mem - tp.dense_memory_bytes}}}
+    search = {
+        "method": "embedding tables: CP-SAT over each table's layouts (sharding type, ranks, "
+                  "memory tier) minimising the slowest rank, from a greedy start; dense part "
+                  "data-parallel",
+        "status": tp.solver["status"] if tp.solver["status"] in ("optimal", "feasible")
+        else "feasible",
+        "gap": tp.solver.get("gap") or 0.0,
+        "candidates": sum(1 for _ in tp.layouts), "evaluated": 1, "rejected": {},
+        "time_s": tp.solver["time_s"] if record_timing else None,
+        "options": {"fix": {}, "top_k": 1, "time_limit_s": rec_options.time_limit_s},
+        "target": "torchrec", "alternatives": [],
+    }
+    provenance = {
+        "planner": _version("planner"), "torch": _version("torch"),
+        "torchrec": _version("torchrec"), "python": platform.python_version(),
+        "trace_method": "flop-counter", "unpriced_ops": [],
+        "input_hash": hashlib.sha256(json.dumps(
+            {"model": model_info.get("fingerprint"), "training": training_dict(training),
+             "cluster": repr(cluster), "options": repr(rec_options)},
+            sort_keys=True, default=str).encode()).hexdigest()[:16],
+    }
+    plan = Plan(model={**model_info, "blocks": [dense]}, training=training_dict(training),
+                cluster=cluster.summary(), parallel=parallel, stages=[stage], tensor_parallel={},
+                schedule={"name": "1f1b", "actions": [["0F0", "0B0"]]},
+                predicted=predicted_d, search=search, provenance=provenance,
+                embeddings=embeddings)
+    return Plan.from_dict(plan.to_dict())

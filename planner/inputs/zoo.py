@@ -37,6 +37,9 @@ within 0.3%):
   117B total, 5.1B active (openai/gpt-oss README).
 RoPE context-extension scaling (YaRN) of DeepSeek-V3 and gpt-oss is left out: it changes no shape
 and no FLOP count.
+
+Recommendation models (``RECSYS``; built by planner.trace.recsys with TorchRec's
+EmbeddingBagCollection): dlrm-criteo-1tb, dlrm-dcnv2 and two-tower, sources beside each entry.
 """
 
 from __future__ import annotations
@@ -149,5 +152,67 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("bert-large", "bert", "BertForMaskedLM",
                  {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
                   "intermediate_size": 4096}, seq_len=512, description="BERT-large, 340M"),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class RecEntry:
+    """A recommendation model: embedding tables (one per sparse feature) and its dense part."""
+
+    name: str
+    rows: tuple
+    """Rows per table, one table per sparse feature."""
+    dim: int
+    pooling: tuple = ()
+    """Ids per sample per feature (empty: one-hot)."""
+    dense_in: int = 13
+    bottom: tuple = ()
+    """Bottom (dense-feature) MLP widths."""
+    top: tuple = ()
+    """Over-arch MLP widths (ending in 1 for a click logit)."""
+    interaction: str = "dot"
+    """dot (DLRM's pairwise dot products), dcn (DCNv2 low-rank cross layers), two_tower."""
+    dcn_layers: int = 0
+    dcn_rank: int = 0
+    towers: tuple = ()
+    """two_tower: how many tables feed the query tower (the rest feed the candidate tower)."""
+    optimizer: str = "sgd"
+    description: str = ""
+
+
+CRITEO_1TB_ROWS = (45833188, 36746, 17245, 7413, 20243, 3, 7114, 1441, 62, 29275261, 1572176, 345138,
+                   10, 2209, 11267, 128, 4, 974, 14, 48937457, 11316796, 40094537, 452104, 12606,
+                   104, 35)
+"""Criteo 1TB, rows per categorical feature after preprocessing: facebookresearch/dlrm
+torchrec_dlrm/README.MD, ``--num_embeddings_per_feature`` of its training results (commit df137d8;
+also the ``notes`` of shared/data/recsys_runs.csv)."""
+
+MLPERF_DCNV2_ROWS = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956,
+                     405282, 10, 2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152,
+                     12973, 108, 36)
+MLPERF_DCNV2_HOTS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+"""MLPerf Training's DLRM-DCNv2 (v3.0 onwards; facebookresearch/dlrm torchrec_dlrm README, "MLPerf
+DLRM-DCNv2"): tables capped at 40M rows, synthetic multi-hot sizes per feature, dim 128, 3 low-rank
+(512) cross layers, Adagrad."""
+
+RECSYS: dict[str, RecEntry] = {
+    e.name: e
+    for e in [
+        RecEntry("dlrm-criteo-1tb", CRITEO_1TB_ROWS, 128, bottom=(512, 256, 128),
+                 top=(1024, 1024, 512, 256, 1), interaction="dot",
+                 description="DLRM on Criteo 1TB: 26 tables (188M rows, 96 GB fp32), dim 128, "
+                 "dot interaction"),
+        RecEntry("dlrm-dcnv2", MLPERF_DCNV2_ROWS, 128, pooling=MLPERF_DCNV2_HOTS,
+                 bottom=(512, 256, 128), top=(1024, 1024, 512, 256, 1), interaction="dcn",
+                 dcn_layers=3, dcn_rank=512, optimizer="rowwise_adagrad",
+                 description="MLPerf DLRM-DCNv2: 26 multi-hot tables capped at 40M rows, 3 cross "
+                 "layers"),
+        # pytorch/torchrec examples/retrieval/two_tower_train.py defaults: two features (user id,
+        # item id), 1024 x 1024 rows each, dim 64, towers of 128 and 64
+        RecEntry("two-tower", (1048576, 1048576), 64, dense_in=0, top=(128, 64),
+                 interaction="two_tower", towers=(1,),
+                 description="two-tower retrieval (TorchRec's example): user and item tables of "
+                 "1M x 64, towers 128-64"),
     ]
 }

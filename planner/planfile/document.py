@@ -33,12 +33,18 @@ class Plan:
     search: dict
     provenance: dict
     schema: str = SCHEMA_ID
+    embeddings: dict | None = None
+    """Recommendation models: each embedding table's sharding, and per-rank costs (absent
+    otherwise)."""
     extra: dict = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict:
         order = ["schema", "model", "training", "cluster", "parallel", "stages", "tensor_parallel",
                  "schedule", "predicted", "search", "provenance"]
-        return {k: clean(getattr(self, k)) for k in order}
+        d = {k: clean(getattr(self, k)) for k in order}
+        if self.embeddings is not None:
+            d["embeddings"] = clean(self.embeddings)
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
@@ -46,8 +52,8 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict, where: str = "plan") -> "Plan":
         validate(d, where)
-        names = {f.name for f in fields(cls)} - {"extra"}
-        return cls(**{k: d[k] for k in names})
+        names = {f.name for f in fields(cls)} - {"extra", "embeddings"}
+        return cls(**{k: d[k] for k in names}, embeddings=d.get("embeddings"))
 
     def save(self, path: str) -> None:
         """Validate, then write atomically: a reader never sees half a file (``-``: stdout)."""

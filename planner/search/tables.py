@@ -1,0 +1,353 @@
+"""Recommendation models: the layouts each embedding table may take, their costs on this cluster,
+the placement (planner.solve.table_placement) and the step time of the whole model.
+
+The dense part (MLPs, interaction) is data-parallel on every rank (DistributedDataParallel, as
+TorchRec's DistributedModelParallel wraps it); the tables are sharded. One step:
+
+    host-bound:   host_op_s x (ops the step issues)
+    device-bound: sparse_r (lookups + pooled-embedding exchange, forward and backward, on the
+                  busiest rank r) + dense (forward and backward) + exposed gradient all-reduce
+                  + exposed input distribution
+    step = max(host-bound, device-bound)
+
+Pipelines (``pipeline``): ``sparse-dist`` (TorchRec's TrainPipelineSparseDist: the ids of the next
+batch are distributed while this one computes, so the input distribution hides behind the step);
+``nested`` (NestPipe-style: the embedding exchange of the next batch also runs behind this batch's
+dense compute, so sparse and dense overlap: max instead of sum); ``none`` (everything in sequence).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from costmodels import embeddings as emb
+from costmodels.embeddings import Layout, RecEnv, RecModel, Shard, Table
+from costmodels.engine import EngineSpec
+from costmodels.topology import Cluster
+from planner.errors import InfeasibleError, SpecError
+from planner.solve.table_placement import Load, Option, Problem, place
+
+PIPELINES = ("sparse-dist", "nested", "none")
+
+CACHE_RATIOS = (0.1, 0.5)
+"""Cache sizes offered to tables that live in host memory (fraction of rows in HBM)."""
+
+HBM_RESERVE = 0.10
+"""Device memory kept free for the allocator, NCCL and kernels' workspaces (fraction)."""
+
+HOST_BYTES_PER_GPU = 125e9
+"""Host memory per GPU the tables may use when the cluster does not say: a DGX A100 has 1 TB for
+8 GPUs (NVIDIA DGX A100 data sheet; AWS p4d.24xlarge: 1,152 GiB)."""
+
+DP_MAX_BYTES = 64 * 2**20
+"""Tables larger than this are not offered data-parallel (their dense gradient all-reduce and
+replicas dominate)."""
+
+SPARSE_HOST_OPS = 0
+"""Ops TorchRec's sparse path issues per step, beyond the dense part's (set from a measurement:
+see README, "Recommendation models")."""
+
+
+@dataclass(frozen=True)
+class RecOptions:
+    pipeline: str = "sparse-dist"
+    optimizer: str = "sgd"
+    fix_sharding: str | None = None
+    """Pin every table to one sharding type (``table_wise``, ``row_wise``, ...)."""
+    fixed: tuple = ()
+    """Pinned layouts: ((table name, sharding type, tier), ...)."""
+    tiers: tuple = ("hbm", "uvm_caching", "host")
+    time_limit_s: float = 10.0
+    comm_bytes: int = emb.OUTPUT_DTYPE_BYTES
+
+    def __post_init__(self):
+        if self.pipeline not in PIPELINES:
+            raise SpecError(f"pipeline: expected one of {', '.join(PIPELINES)}, got "
+                            f"{self.pipeline!r}")
+        if self.optimizer not in emb.OPTIMIZERS:
+            raise SpecError(f"optimizer: expected one of {', '.join(emb.OPTIMIZERS)} for "
+                            f"embedding tables, got {self.optimizer!r}")
+        if self.fix_sharding is not None and self.fix_sharding not in emb.SHARDING_TYPES:
+            raise SpecError(f"sharding: expected one of {', '.join(emb.SHARDING_TYPES)}, got "
+                            f"{self.fix_sharding!r}")
+        for t in self.tiers:
+            if t not in emb.TIERS:
+                raise SpecError(f"tiers: expected some of {', '.join(emb.TIERS)}, got {t!r}")
+
+
+@dataclass
+class TablePlan:
+    """The tables' layouts and what the step costs."""
+
+    layouts: list
+    """Layout per table (in the model's order)."""
+    per_rank: list
+    """Dict per rank: time_s, sparse_s, lookup_s, comm_s, hbm_bytes, host_bytes, tables."""
+    step_s: float
+    breakdown: dict
+    solver: dict
+    env: RecEnv
+    dense_memory_bytes: float
+    table_costs: list = field(default_factory=list)
+
+
+def environment(cluster: Cluster, local_batch: int, optimizer: str,
+                comm_bytes: int = emb.OUTPUT_DTYPE_BYTES) -> RecEnv:
+    dev = cluster.device
+    return RecEnv(world=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
+                  local_batch=local_batch, hbm_bytes_per_s=dev.hbm_bytes_per_s,
+                  host_link_bytes_per_s=dev.host_link_bytes_per_s,
+                  intra_bytes_per_s=cluster.intra_node.effective_bytes_per_s,
+                  inter_bytes_per_s=cluster.inter_node.effective_bytes_per_s,
+                  intra_latency_s=cluster.intra_node.latency_s,
+                  inter_latency_s=cluster.inter_node.latency_s,
+                  optimizer=optimizer, comm_bytes=comm_bytes)
+
+
+def layouts(table: Table, env: RecEnv, opts: RecOptions, big: float) -> list:
+    """The layouts offered to ``table``, with movable pieces on rank -1 (the solver places them).
+    ``big``: bytes above which a table is also offered column-wise (a table that alone would
+    unbalance the ranks)."""
+    W, g = env.world, min(env.gpus_per_node, env.world)
+    out = []
+    pinned = {name: (s, t) for name, s, t in opts.fixed}.get(table.name)
+    kinds = [pinned[0]] if pinned else ([opts.fix_sharding] if opts.fix_sharding else
+                                         list(emb.SHARDING_TYPES))
+    tiers = [pinned[1]] if pinned else list(opts.tiers)
+    for tier in tiers:
+        ratios = CACHE_RATIOS if tier == "uvm_caching" else (0.0,)
+        for ratio in ratios:
+            for kind in kinds:
+                for shards in _shardings(kind, table, W, g, big, forced=bool(pinned or opts.fix_sharding)):
+                    if kind == "data_parallel" and tier != "hbm":
+                        continue
+                    out.append(Layout(kind, tuple(shards), tier, ratio))
+    return out
+
+
+def _shardings(kind: str, t: Table, W: int, g: int, big: float, forced: bool):
+    """Shard lists of one sharding type; rank -1 marks a movable piece."""
+    if kind == "data_parallel":
+        if t.bytes <= DP_MAX_BYTES or forced:
+            yield [Shard(r, 0, 0, t.rows, t.dim) for r in range(W)]
+    elif kind == "table_wise":
+        yield [Shard(-1, 0, 0, t.rows, t.dim)]
+    elif kind == "column_wise":
+        if (t.bytes >= big or forced) and W > 1:
+            for k in (2, 4, 8):
+                if k <= W and t.dim % k == 0 and t.dim // k >= 32:
+                    yield [Shard(-1, 0, c, t.rows, w) for c, w in emb.column_pieces(t.dim, k)]
+    elif kind == "row_wise":
+        if W > 1 and t.rows >= W:
+            yield [Shard(r, lo, 0, n, t.dim) for r, (lo, n) in enumerate(emb.even_rows(t.rows, W))]
+    elif kind == "table_row_wise":
+        if W > g and t.rows >= g:
+            for node in range(W // g):
+                yield [Shard(node * g + i, lo, 0, n, t.dim)
+                       for i, (lo, n) in enumerate(emb.even_rows(t.rows, g))]
+    elif kind == "grid_shard":
+        if W > g and t.rows >= g and (t.bytes >= big or forced):
+            for k in (2, 4):
+                if k <= W // g and t.dim % k == 0 and t.dim // k >= 32:
+                    # each column piece row-wise over one node; nodes k apart, pieces in order
+                    for first in range(0, W // g - k + 1):
+                        yield [Shard((first + p) * g + i, lo, c, n, w)
+                               for p, (c, w) in enumerate(emb.column_pieces(t.dim, k))
+                               for i, (lo, n) in enumerate(emb.even_rows(t.rows, g))]
+
+
+def _load(cost: emb.ShardCost, rank: int, env: RecEnv) -> Load:
+    """One rank's share of a layout's cost, in the solver's resources (seconds, bytes)."""
+    share = env.intra_share()
+    two = 2.0  # forward and backward exchange
+    saved = cost.recv_saved.get(rank, 0.0)
+    return Load(time=cost.lookup_s.get(rank, 0.0),
+                si=two * cost.send_intra.get(rank, 0.0) / env.intra_bytes_per_s,
+                sx=two * cost.send_inter.get(rank, 0.0) / env.inter_bytes_per_s,
+                ri=two * saved * share / env.intra_bytes_per_s,
+                rx=two * saved * (1 - share) / env.inter_bytes_per_s,
+                hbm=cost.hbm_bytes.get(rank, 0.0), host=cost.host_bytes.get(rank, 0.0))
+
+
+def option(table: Table, layout: Layout, env: RecEnv) -> Option:
+    """A layout as the solver sees it: loads on named ranks, and movable pieces."""
+    movable = [s for s in layout.shards if s.rank < 0]
+    if movable:  # price each piece as if on rank 0; the solver moves it
+        fixed_layout = Layout(layout.sharding, tuple(Shard(0, s.row, s.col, s.rows, s.cols)
+                                                     for s in movable), layout.tier,
+                              layout.cache_ratio)
+        pieces = []
+        for s in fixed_layout.shards:
+            one = emb.price(table, Layout(layout.sharding, (s,), layout.tier, layout.cache_ratio),
+                            env)
+            pieces.append(_load(one, 0, env))
+        return Option(label=_label(layout), pieces=pieces)
+    cost = emb.price(table, layout, env)
+    fixed = {r: _load(cost, r, env) for r in layout.ranks}
+    return Option(label=_label(layout), fixed=fixed,
+                  global_s=emb.allreduce_s(cost.allreduce_bytes, env))
+
+
+def _label(layout: Layout) -> str:
+    tier = layout.tier + (f"@{layout.cache_ratio:g}" if layout.tier == "uvm_caching" else "")
+    return f"{layout.sharding}/{tier}/{len(layout.shards)}"
+
+
+def dense_times(model: RecModel, cluster: Cluster, env: RecEnv, dtype: str,
+                engine: EngineSpec) -> dict:
+    """Seconds of the dense part on one rank, and its gradient all-reduce."""
+    dev = cluster.device
+    rate = dev.peak(dtype) * dev.matmul_efficiency
+    fwd = model.dense_flops_per_sample * env.local_batch / rate
+    bwd = 2 * fwd
+    grad_bytes = model.dense_params * 4
+    ar = emb.allreduce_s(grad_bytes, env)
+    exposed = max(0.0, ar - bwd) if engine.overlap_grad_reduce else ar
+    return {"fwd_s": fwd, "bwd_s": bwd, "allreduce_s": ar, "allreduce_exposed_s": exposed}
+
+
+def dense_memory(model: RecModel, env: RecEnv, dense_optimizer_state: int = 2) -> float:
+    """Bytes of the dense part on one rank: fp32 weights, gradients and optimizer state (Adagrad or
+    Adam: 1-2 fp32 per parameter; SGD: none), and its saved activations."""
+    states = 4 * model.dense_params * (2 + dense_optimizer_state)
+    return states + model.dense_act_bytes_per_sample * env.local_batch
+
+
+def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: str = "fp32",
+                engine: EngineSpec | None = None, opts: RecOptions | None = None,
+                solve_time_limit_s: float | None = None) -> TablePlan:
+    """Shard ``model``'s tables on ``cluster`` for ``global_batch`` and price the step."""
+    engine = engine or EngineSpec()
+    opts = opts or RecOptions()
+    W = cluster.num_gpus
+    if global_batch % W:
+        raise SpecError(f"global_batch: {global_batch} does not divide over {W} GPUs; give a "
+                        f"multiple of {W}")
+    env = environment(cluster, global_batch // W, opts.optimizer, opts.comm_bytes)
+    dense_state = 0 if opts.optimizer == "sgd" else 1
+    dense_mem = dense_memory(model, env, dense_state)
+    cap = cluster.device.memory_bytes * (1 - HBM_RESERVE) - dense_mem
+    if cap <= 0:
+        raise InfeasibleError(f"the dense part alone needs {dense_mem / 1e9:.1f} GB per GPU at "
+                              f"local batch {env.local_batch}, more than "
+                              f"{cluster.device.memory_bytes / 1e9:.0f} GB; use a smaller batch",
+                              reason="out of memory")
+    names = {t.name for t in model.tables}
+    for name, _, _ in opts.fixed:
+        if name not in names:
+            raise SpecError(f"fix: table {name!r} is not in the model")
+    big = model.table_bytes / W
+    options, layouts_per_table = [], []
+    for t in model.tables:
+        lays = layouts(t, env, opts, big)
+        if not lays:
+            raise SpecError(f"table {t.name}: no layout of the pinned kind fits {W} GPUs "
+                            f"({t.rows} rows, dim {t.dim})")
+        layouts_per_table.append(lays)
+        options.append([option(t, lay, env) for lay in lays])
+    recv = sum(emb.price(t, Layout("table_wise", (Shard(0, 0, 0, t.rows, t.dim),)), env)
+               .recv_bytes_per_rank for t in model.tables)
+    share = env.intra_share()
+    problem = Problem(world=W, gpus_per_node=min(cluster.gpus_per_node, W), hbm_cap=[cap] * W,
+                      host_cap=HOST_BYTES_PER_GPU * min(cluster.gpus_per_node, W),
+                      recv_intra_s=2 * recv * (W - 1) / W * share / env.intra_bytes_per_s
+                      if W > 1 else 0.0,
+                      recv_inter_s=2 * recv * (W - 1) / W * (1 - share) / env.inter_bytes_per_s
+                      if W > cluster.gpus_per_node else 0.0,
+                      options=options)
+    t0 = time.perf_counter()
+    limit = opts.time_limit_s if solve_time_limit_s is None else solve_time_limit_s
+    placed = place(problem, time_limit_s=limit)
+    wall = time.perf_counter() - t0
+    if placed is None:
+        need = model.table_bytes / 1e9
+        raise InfeasibleError(f"the tables ({need:.1f} GB) do not fit in {W} GPUs' memory "
+                              f"({cap * W / 1e9:.1f} GB free after the dense part) nor in host "
+                              "memory; add GPUs or allow the uvm_caching/host tiers",
+                              reason="out of memory")
+    chosen = []
+    for t, lays, o, ranks in zip(model.tables, layouts_per_table, placed.choice, placed.ranks):
+        lay = lays[o]
+        shards, it = [], iter(ranks)
+        for s in lay.shards:
+            shards.append(Shard(next(it), s.row, s.col, s.rows, s.cols) if s.rank < 0 else s)
+        chosen.append(Layout(lay.sharding, tuple(shards), lay.tier, lay.cache_ratio))
+    return _price_plan(model, cluster, env, chosen, dtype, engine, opts, problem, placed, wall,
+                       dense_mem)
+
+
+def price_layouts(model: RecModel, cluster: Cluster, chosen: list, *, global_batch: int,
+                  dtype: str = "fp32", engine: EngineSpec | None = None,
+                  opts: RecOptions | None = None) -> TablePlan:
+    """Price given layouts (another planner's, or a pinned plan) under this cost model."""
+    engine = engine or EngineSpec()
+    opts = opts or RecOptions()
+    W = cluster.num_gpus
+    env = environment(cluster, global_batch // W, opts.optimizer, opts.comm_bytes)
+    dense_mem = dense_memory(model, env, 0 if opts.optimizer == "sgd" else 1)
+    return _price_plan(model, cluster, env, chosen, dtype, engine, opts, None, None, 0.0, dense_mem)
+
+
+def _price_plan(model, cluster, env, chosen, dtype, engine, opts, problem, placed, wall,
+                dense_mem) -> TablePlan:
+    W = env.world
+    share = env.intra_share()
+    loads = [Load() for _ in range(W)]
+    dp_bytes = 0.0
+    costs = []
+    recv = 0.0
+    for t, lay in zip(model.tables, chosen):
+        c = emb.price(t, lay, env)
+        costs.append(c)
+        dp_bytes += c.allreduce_bytes
+        recv += c.recv_bytes_per_rank
+        for r in lay.ranks:
+            loads[r].add(_load(c, r, env))
+    recv_i = 2 * recv * (W - 1) / W * share / env.intra_bytes_per_s if W > 1 else 0.0
+    recv_x = (2 * recv * (W - 1) / W * (1 - share) / env.inter_bytes_per_s
+              if W > cluster.gpus_per_node else 0.0)
+    lat = (2 * (cluster.intra_node.latency_s + (cluster.inter_node.latency_s
+                                                 if W > cluster.gpus_per_node else 0.0))
+           if W > 1 else 0.0)
+    per_rank = []
+    for r, ld in enumerate(loads):
+        comm = max(ld.si, recv_i - ld.ri, ld.sx, recv_x - ld.rx) + lat
+        per_rank.append({"rank": r, "lookup_s": ld.time, "comm_s": comm,
+                         "sparse_s": ld.time + comm, "hbm_bytes": ld.hbm + dense_mem,
+                         "host_bytes": ld.host,
+                         "tables": sum(1 for lay in chosen if r in lay.ranks)})
+    sparse = max(p["sparse_s"] for p in per_rank)
+    dense = dense_times(model, cluster, env, dtype, engine)
+    dp_tables = emb.allreduce_s(dp_bytes, env)
+    grads = dense["allreduce_s"] + dp_tables
+    exposed = max(0.0, grads - dense["bwd_s"]) if engine.overlap_grad_reduce else grads
+    ids = emb.input_dist_bytes(model.tables, env)
+    input_s = (emb.comm_s(ids * share, ids * (1 - share), ids, env) / 2) if W > 1 else 0.0
+    compute = dense["fwd_s"] + dense["bwd_s"]
+    if opts.pipeline == "nested":
+        device = max(sparse, compute) + exposed + max(0.0, input_s - compute)
+    elif opts.pipeline == "sparse-dist":
+        device = sparse + compute + exposed + max(0.0, input_s - (sparse + compute))
+    else:
+        device = sparse + compute + exposed + input_s
+    host = engine.host_op_s * (3 * model.dense_ops + SPARSE_HOST_OPS)
+    step = max(device, host)
+    for p in per_rank:
+        p["time_s"] = p["sparse_s"] + compute + exposed
+    breakdown = {"lookup_s": max(p["lookup_s"] for p in per_rank),
+                 "embedding_comm_s": max(p["comm_s"] for p in per_rank),
+                 "dense_compute_s": compute, "grad_allreduce_s": grads,
+                 "grad_allreduce_exposed_s": exposed, "input_dist_s": input_s,
+                 "host_s": host, "device_s": device}
+    solver = {"name": "cp-sat", "status": "priced", "gap": None, "time_s": wall}
+    if placed is not None:
+        solver = {"name": "cp-sat", "status": placed.status, "gap": placed.gap,
+                  "objective_s": placed.objective_s, "bound_s": placed.bound_s,
+                  "greedy_s": placed.greedy_s, "time_s": wall}
+    if not math.isfinite(step):
+        raise InfeasibleError("no finite step time for these tables", reason="no plan")
+    return TablePlan(layouts=chosen, per_rank=per_rank, step_s=step, breakdown=breakdown,
+                     solver=solver, env=env, dense_memory_bytes=dense_mem, table_costs=costs)
+

@@ -1,0 +1,294 @@
+"""Recommendation models: build the zoo's (TorchRec tables, plain-torch dense part), find the
+embedding tables of any module, and measure the dense part from the ops it runs.
+
+A module is a recommendation model when it holds embedding tables: TorchRec
+``EmbeddingBagCollection`` / ``EmbeddingCollection`` or plain ``nn.EmbeddingBag`` / ``nn.Embedding``
+outside of them. Per-table statistics the module cannot tell (ids per sample, access skew) come
+from the zoo entry or from a tables YAML::
+
+    tables:
+      t_cat_0: {pooling: 3, skew: 0.6}
+      t_cat_1: {pooling: 1}
+
+The dense part is priced from the ATen ops its forward runs on the meta device
+(torch.utils.flop_counter) when the module offers ``dense_forward(*dense_inputs(batch))`` (the zoo's
+models do); otherwise from its ``nn.Linear`` layers (2 x in x out FLOPs per sample each), which
+leaves element-wise ops unpriced.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from costmodels.embeddings import RecModel, Table
+from planner.errors import SpecError, TraceError
+from planner.inputs.zoo import RECSYS, RecEntry
+
+
+def torchrec_available() -> bool:
+    try:
+        import torchrec  # noqa: F401  # lazy: an optional library, installed by `make install`
+    except Exception:  # noqa: BLE001 - any import failure means "not usable here"
+        return False
+    return True
+
+
+def _ebc(entry: RecEntry, device, dim_of=None):
+    """A TorchRec EmbeddingBagCollection with one table per feature (``t_<feature>``)."""
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig  # lazy: optional library
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection  # lazy: as above
+
+    configs = [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=entry.dim, num_embeddings=rows,
+                                  feature_names=[f])
+               for f, rows in zip(feature_names(entry), entry.rows)]
+    return EmbeddingBagCollection(tables=configs, device=torch.device(device))
+
+
+def feature_names(entry: RecEntry) -> list:
+    return [f"cat_{i}" for i in range(len(entry.rows))]
+
+
+def _mlp(widths, first: int, last_plain: bool) -> nn.Sequential:
+    layers, prev = [], first
+    for i, w in enumerate(widths):
+        layers.append(nn.Linear(prev, w))
+        if not (last_plain and i == len(widths) - 1):
+            layers.append(nn.ReLU())
+        prev = w
+    return nn.Sequential(*layers)
+
+
+class LowRankCross(nn.Module):
+    """DCNv2's cross layers, low rank (Wang et al. 2021, eq. 2 with W = U V)."""
+
+    def __init__(self, width: int, layers: int, rank: int):
+        super().__init__()
+        self.v = nn.ModuleList(nn.Linear(width, rank, bias=False) for _ in range(layers))
+        self.u = nn.ModuleList(nn.Linear(rank, width) for _ in range(layers))
+
+    def forward(self, x0):
+        x = x0
+        for v, u in zip(self.v, self.u):
+            x = x0 * u(v(x)) + x
+        return x
+
+
+class RecNet(nn.Module):
+    """DLRM (dot or DCNv2 interaction) or a two-tower model over TorchRec tables."""
+
+    def __init__(self, entry: RecEntry, device="meta"):
+        super().__init__()
+        self.entry = entry
+        self.features = feature_names(entry)
+        self.sparse = _ebc(entry, device)
+        n, d = len(entry.rows), entry.dim
+        with torch.device(device):
+            if entry.interaction == "two_tower":
+                q = entry.towers[0]
+                self.query = _mlp(entry.top, q * d, last_plain=True)
+                self.candidate = _mlp(entry.top, (n - q) * d, last_plain=True)
+                return
+            self.bottom = _mlp(entry.bottom, entry.dense_in, last_plain=False)
+            if entry.interaction == "dot":
+                pairs = (n + 1) * n // 2
+                self.over = _mlp(entry.top, d + pairs, last_plain=True)
+            elif entry.interaction == "dcn":
+                self.cross = LowRankCross((n + 1) * d, entry.dcn_layers, entry.dcn_rank)
+                self.over = _mlp(entry.top, (n + 1) * d, last_plain=True)
+            else:
+                raise SpecError(f"model {entry.name}: interaction {entry.interaction!r} is not "
+                                "one of dot, dcn, two_tower")
+
+    def dense_inputs(self, batch: int, device="meta"):
+        """Inputs of ``dense_forward``: dense features and the pooled embeddings."""
+        n, d = len(self.entry.rows), self.entry.dim
+        pooled = torch.randn(batch, n, d, device=device)
+        dense = torch.randn(batch, max(self.entry.dense_in, 1), device=device)
+        return dense, pooled
+
+    def dense_forward(self, dense, pooled):
+        """Everything but the table lookups: ``pooled`` is [batch, tables, dim]."""
+        if self.entry.interaction == "two_tower":
+            q = self.entry.towers[0]
+            a = self.query(pooled[:, :q].flatten(1))
+            b = self.candidate(pooled[:, q:].flatten(1))
+            return (a * b).sum(-1)
+        x = self.bottom(dense)
+        if self.entry.interaction == "dot":
+            z = torch.cat([x.unsqueeze(1), pooled], dim=1)
+            dots = torch.bmm(z, z.transpose(1, 2))
+            i, j = torch.triu_indices(z.shape[1], z.shape[1], offset=1, device=z.device)
+            return self.over(torch.cat([x, dots[:, i, j]], dim=1))
+        z = torch.cat([x.unsqueeze(1), pooled], dim=1).flatten(1)
+        return self.over(self.cross(z))
+
+    def forward(self, dense, sparse):
+        """``sparse``: a KeyedJaggedTensor with the features ``cat_0``, ``cat_1``, ..."""
+        kt = self.sparse(sparse)
+        pooled = torch.stack([kt[f] for f in self.features], dim=1)
+        return self.dense_forward(dense, pooled)
+
+
+def build(entry: RecEntry, device="meta") -> RecNet:
+    if not torchrec_available():
+        raise TraceError(f"model {entry.name}: recommendation models need TorchRec "
+                         "(torchrec 1.8.0 with fbgemm-gpu-cpu 1.8.0); run `make install`")
+    return RecNet(entry, device)
+
+
+def is_recsys(model) -> bool:
+    """A zoo name of a recommendation model, or a module holding embedding tables."""
+    if isinstance(model, str):
+        return model.lower() in RECSYS
+    if isinstance(model, nn.Module):
+        return bool(find_tables(model))
+    return False
+
+
+def find_tables(module: nn.Module) -> list:
+    """(name, rows, dim, feature names, pooled) of every table in ``module``."""
+    out, inside = [], set()
+    for path, m in module.named_modules():
+        if hasattr(m, "embedding_bag_configs") or hasattr(m, "embedding_configs"):
+            pooled = hasattr(m, "embedding_bag_configs")
+            configs = m.embedding_bag_configs() if pooled else m.embedding_configs()
+            for c in configs:
+                out.append((c.name, int(c.num_embeddings), int(c.embedding_dim),
+                            tuple(c.feature_names), pooled))
+            inside.update(p for p, _ in m.named_modules(prefix=path))
+    for path, m in module.named_modules():
+        if path in inside:
+            continue
+        if isinstance(m, (nn.EmbeddingBag, nn.Embedding)):
+            out.append((path, int(m.num_embeddings), int(m.embedding_dim), (path,),
+                        isinstance(m, nn.EmbeddingBag)))
+    return out
+
+
+def read_table_stats(path: str) -> dict:
+    """The ``tables:`` mapping of a tables YAML: name -> {pooling, skew, features}."""
+    from planner.files import read_yaml  # lazy: keeps this module's imports to torch
+
+    doc = read_yaml(path, what="tables file")
+    doc = doc if isinstance(doc, dict) else {}
+    tables = doc.get("tables")
+    if not isinstance(tables, dict):
+        raise SpecError(f"{path}: expected a 'tables:' mapping of table name -> "
+                        "{pooling, skew}")
+    for name, stats in tables.items():
+        if not isinstance(stats, dict) or set(stats) - {"pooling", "skew", "features"}:
+            raise SpecError(f"{path}: tables.{name}: expected a mapping with pooling, skew and/or "
+                            "features")
+    return tables
+
+
+def rec_model(model, *, batch: int = 1024, stats: dict | None = None,
+              name: str | None = None) -> RecModel:
+    """MODEL (a zoo name or a module) -> RecModel: its tables with their statistics, and the dense
+    part's FLOPs, parameters and saved activations per sample."""
+    entry = None
+    if isinstance(model, str):
+        entry = RECSYS[model.lower()]
+        module = build(entry)
+        name = entry.name
+    else:
+        module = model
+        name = name or type(model).__name__
+    stats = dict(stats or {})
+    found = find_tables(module)
+    if not found:
+        raise TraceError(f"model {name}: no embedding tables found (EmbeddingBagCollection, "
+                         "EmbeddingCollection, nn.EmbeddingBag or nn.Embedding)")
+    known = {t[0] for t in found}
+    unknown = sorted(set(stats) - known)
+    if unknown:
+        raise SpecError(f"tables: {', '.join(unknown[:3])} not in the model (its tables: "
+                        f"{', '.join(sorted(known)[:6])}{', ...' if len(known) > 6 else ''})")
+    tables = []
+    for i, (tname, rows, dim, feats, pooled) in enumerate(found):
+        s = stats.get(tname, {})
+        pool = entry.pooling[i] if entry is not None and entry.pooling else 1.0
+        tables.append(Table(name=tname, rows=rows, dim=dim, pooling=float(s.get("pooling", pool)),
+                            features=int(s.get("features", len(feats) or 1)),
+                            skew=float(s.get("skew", 0.0)), pooled=pooled,
+                            feature_names=tuple(feats)))
+    table_params = sum(t.rows * t.dim for t in tables)
+    dense_params = sum(p.numel() for p in module.parameters()) - table_params
+    flops, acts, ops = _dense_work(module, batch)
+    return RecModel(name=name, tables=tuple(tables), dense_params=max(0, int(dense_params)),
+                    dense_flops_per_sample=flops, dense_act_bytes_per_sample=acts, dense_ops=ops)
+
+
+def _dense_work(module: nn.Module, batch: int) -> tuple:
+    """Forward FLOPs, saved-activation bytes and ATen op count of the dense part, per sample."""
+    from torch.utils.flop_counter import FlopCounterMode  # lazy: only recommendation models
+
+    if hasattr(module, "dense_forward") and hasattr(module, "dense_inputs"):
+        args = module.dense_inputs(batch)
+        counter = FlopCounterMode(display=False)
+        ops = _OpCount()
+        with counter, ops:
+            out = module.dense_forward(*args)
+        acts = _saved_bytes(module, args)
+        del out
+        return counter.get_total_flops() / batch, acts / batch, ops.count
+    flops = acts = 0.0
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            flops += 2.0 * m.in_features * m.out_features
+            acts += 4.0 * (m.in_features + m.out_features)
+    return flops, acts, 0
+
+
+class _OpCount(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _saved_bytes(module: nn.Module, args) -> float:
+    """Bytes autograd saves for the backward of ``dense_forward`` (meta tensors, counted once)."""
+    seen, total = set(), 0
+
+    def pack(t):
+        nonlocal total
+        key = (t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t), t.shape)
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+        return t
+
+    params = {id(p) for p in module.parameters()}
+    args = [a.requires_grad_(True) if a.is_floating_point() else a for a in args]
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: pack(t) if id(t) not in params else t,
+                                                  lambda t: t):
+        module.dense_forward(*args)
+    return float(total)
+
+
+def default_stats_path(spec: str) -> str | None:
+    """``model.tables.yaml`` beside a ``model.py:factory`` spec, if it exists."""
+    if ":" not in spec:
+        return None
+    path = spec.rsplit(":", 1)[0]
+    if not path.endswith(".py"):
+        return None
+    beside = path[:-3] + ".tables.yaml"
+    return beside if os.path.exists(beside) else None
+
+
+def has_table_collections(module: nn.Module) -> bool:
+    """True when the tables are TorchRec collections or EmbeddingBags: a model whose only table is
+    an ``nn.Embedding`` of tokens (a language model) stays with the dense search."""
+    for m in module.modules():
+        if hasattr(m, "embedding_bag_configs") or hasattr(m, "embedding_configs") or \
+                isinstance(m, nn.EmbeddingBag):
+            return True
+    return False
