@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
+	# TorchRec for recommendation models: 1.8.0 is the release that runs next to torch 2.13 on CPU
+	# (1.9 needs torch 2.14). It declares the CUDA fbgemm-gpu, so the CPU build goes first and
+	# torchrec itself without dependencies; then what torchrec imports.
+	$(PY) -m pip install --quiet fbgemm-gpu-cpu==1.8.0 tensordict==0.15.3 torchmetrics==1.0.3 \
+		tqdm==4.70.1 pyre-extensions==0.0.32 iopath==0.1.10
+	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
 	touch $(STAMP)
 
 # The engines' own parsers, which the export tests run (tests/planner/export/test_engines.py),

@@ -18,6 +18,10 @@ Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
 Optimizer = Literal["adam", "adamw", "sgd"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+TABLE_OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
+"""Fused optimizers of embedding tables (FBGEMM's, as TorchRec names them)."""
+PIPELINES = ("sparse-dist", "nested", "none")
+"""How a recommendation model's step overlaps its sparse and dense parts (planner.search.tables)."""
 ZeroStage = Literal[0, 1, 2, 3]
 ZERO_STAGES: tuple[int, ...] = get_args(ZeroStage)
 Placement = Literal["tp-pp-dp", "tp-dp-pp"]

@@ -9,7 +9,7 @@ import sys
 from planner.cli.args import count, positive_float, positive_int
 from planner.cli.progress import Bar
 from planner.files import STDOUT, check_output
-from planner.options import DTYPES, OPTIMIZERS, TRACE_METHODS
+from planner.options import DTYPES, OPTIMIZERS, PIPELINES, TABLE_OPTIMIZERS, TRACE_METHODS
 from planner.report.summary import summary
 from planner.targets import TARGETS
 
@@ -23,9 +23,20 @@ def register(add) -> None:
     s.add_argument("--gpus-per-node", type=positive_int, help="override GPUs per node")
     s.add_argument("--global-batch", type=positive_int, required=True, help="samples per optimizer step")
     s.add_argument("--seq-len", type=positive_int, help="tokens per sample (default: the model's)")
-    s.add_argument("--dtype", default="bf16", choices=DTYPES)
+    s.add_argument("--dtype", choices=DTYPES, help="compute dtype (default bf16; fp32 for "
+                   "recommendation models, as TorchRec trains them)")
     s.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    s.add_argument("--fix", help="pin knobs, e.g. tp=8,pp=4,schedule=1f1b,recompute=full,zero=1")
+    s.add_argument("--fix", help="pin knobs, e.g. tp=8,pp=4,schedule=1f1b,recompute=full,zero=1 "
+                   "(recommendation models: sharding=row_wise|table_wise|...)")
+    s.add_argument("--tables", metavar="YAML", help="recommendation models: per-table ids per "
+                   "sample and access skew (tables: {name: {pooling, skew}}); default: "
+                   "MODEL.tables.yaml beside a file.py:factory")
+    s.add_argument("--table-optimizer", choices=TABLE_OPTIMIZERS,
+                   help="recommendation models: the fused optimizer of the tables (default: the "
+                        "zoo entry's, else sgd with --optimizer sgd and adam otherwise)")
+    s.add_argument("--pipeline", default="sparse-dist", choices=PIPELINES,
+                   help="recommendation models: sparse-dist (TorchRec's train pipeline, "
+                        "default), nested (embedding exchange behind dense compute) or none")
     s.add_argument("--calibration", help="calibration JSON from `plan profile` (measured speeds "
                    "replace data-sheet numbers)")
     s.add_argument("--engine", help="the software you train with: a preset (megatron-2021, "
@@ -63,7 +74,8 @@ def run(args) -> int:
                  engine=args.engine, calibration=args.calibration,
                  trace_method=args.trace, record_timing=args.record_timing,
                  progress=Bar(args.quiet), cache_dir=None if args.no_cache else "auto",
-                 target=args.target)
+                 target=args.target, tables=args.tables,
+                 table_optimizer=args.table_optimizer, pipeline=args.pipeline)
     if args.output == STDOUT:  # the plan JSON on stdout for scripts, the report on stderr
         print(summary(p), file=sys.stderr)
         p.save(STDOUT)

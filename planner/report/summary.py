@@ -8,6 +8,7 @@ import textwrap
 from costmodels.engine import describe, engine_from_mapping
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
+from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table
 from planner.units import GB, human_count, ms
 
@@ -15,6 +16,8 @@ from planner.units import GB, human_count, ms
 def summary(p: Plan) -> str:
     """The whole explanation of a plan, as printed by ``plan solve`` and ``plan show``."""
     lines = [_header(p), ""]
+    if p.embeddings is not None:
+        return "\n".join(lines + embeddings_summary(p))
     lines += _parallel(p)
     lines += ["", *stage_table(p), ""]
     lines += _search(p)

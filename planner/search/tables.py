@@ -18,6 +18,7 @@ dense compute, so sparse and dense overlap: max instead of sum); ``none`` (every
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -27,9 +28,9 @@ from costmodels.embeddings import Layout, RecEnv, RecModel, Shard, Table
 from costmodels.engine import EngineSpec
 from costmodels.topology import Cluster
 from planner.errors import InfeasibleError, SpecError
+from planner.options import PIPELINES
 from planner.solve.table_placement import Load, Option, Problem, place
 
-PIPELINES = ("sparse-dist", "nested", "none")
 
 CACHE_RATIOS = (0.1, 0.5)
 """Cache sizes offered to tables that live in host memory (fraction of rows in HBM)."""
@@ -45,9 +46,15 @@ DP_MAX_BYTES = 64 * 2**20
 """Tables larger than this are not offered data-parallel (their dense gradient all-reduce and
 replicas dominate)."""
 
-SPARSE_HOST_OPS = 0
-"""Ops TorchRec's sparse path issues per step, beyond the dense part's (set from a measurement:
-see README, "Recommendation models")."""
+SPARSE_HOST_OPS = 176
+SPARSE_HOST_OPS_PER_FEATURE = 6
+"""ATen ops one training step issues beyond the dense part's forward and backward: TorchRec's input
+and output distribution, the fused table kernels and optimizer, the loss, the dense optimizer. Measured
+by benchmarks/torchrec_host_ops.py (TorchRec 1.8.0, DistributedModelParallel, table-wise tables, 2
+gloo ranks): 302, 410 and 638 ops per step with 8, 26 and 64 one-feature tables, of which 78 are the
+dense part's (3 x its 26 forward ops): 176 + 6 per feature. Each op costs the host
+``EngineSpec.host_op_s``; the device waits for the host where TorchRec synchronizes (the
+input distribution's lengths), so a step takes at least the host's time."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +246,10 @@ def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: 
         if name not in names:
             raise SpecError(f"fix: table {name!r} is not in the model")
     big = model.table_bytes / W
+    state = sum(t.rows * emb.optimizer_row_bytes(opts.optimizer, t.dim) for t in model.tables)
+    if (model.table_bytes + state) <= 0.8 * cap * W and not any(t for _, _, t in opts.fixed
+                                                                if t != "hbm"):
+        opts = dataclasses.replace(opts, tiers=("hbm",))  # all fits in HBM: no slower tier helps
     options, layouts_per_table = [], []
     for t in model.tables:
         lays = layouts(t, env, opts, big)
@@ -332,7 +343,9 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, problem, place
         device = sparse + compute + exposed + max(0.0, input_s - (sparse + compute))
     else:
         device = sparse + compute + exposed + input_s
-    host = engine.host_op_s * (3 * model.dense_ops + SPARSE_HOST_OPS)
+    features = sum(t.features for t in model.tables)
+    host = engine.host_op_s * (3 * model.dense_ops + SPARSE_HOST_OPS
+                               + SPARSE_HOST_OPS_PER_FEATURE * features)
     step = max(device, host)
     for p in per_rank:
         p["time_s"] = p["sparse_s"] + compute + exposed

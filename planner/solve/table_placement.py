@@ -201,6 +201,7 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
                   + _units("time", problem.recv_intra_s + problem.recv_inter_s) * 4
                   + sum(v for v, _ in glob) + _units("time", problem.base_s) + 10)
     T = m.new_int_var(0, horizon, "T")
+    total = []  # the slowest rank is at least the mean: a bound the LP relaxation lacks
     for r in range(W):
         lin = {k: sum(v * b for v, b in terms[k][r]) for k in KEYS}
         C = m.new_int_var(0, horizon, f"C{r}")
@@ -209,7 +210,9 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
         m.add(C >= _units("time", problem.recv_intra_s) - lin["ri"])
         m.add(C >= _units("time", problem.recv_inter_s) - lin["rx"])
         m.add(T >= _units("time", problem.base_s) + lin["time"] + C)
+        total.append(lin["time"] + C)
         m.add(lin["hbm"] <= int(problem.hbm_cap[r] * SCALE_B))
+    m.add(W * T >= W * _units("time", problem.base_s) + sum(total))
     for n in range(0, W, g):
         m.add(sum(sum(v * b for v, b in terms["host"][r]) for r in range(n, min(W, n + g)))
               <= int(problem.host_cap * SCALE_B))
