@@ -164,14 +164,48 @@ def recsys_model(model) -> bool:
     if isinstance(model, str):
         if model.lower() in RECSYS:
             return True
-        if ":" not in model or model.endswith(".json"):
+        if ":" not in model or model.endswith(".json") or not _mentions_tables(model):
             return False
     from planner.trace import recsys  # lazy: loads torch (seconds)
     from planner.trace.models import load_factory  # lazy: as above
 
     if isinstance(model, str):
-        model = load_factory(model)[0]
+        model = _factory_module(load_factory(model), model)
     return recsys.is_recsys(model) and recsys.has_table_collections(model)
+
+
+TABLE_WORDS = ("EmbeddingBag", "EmbeddingCollection", "torchrec")
+"""Words in a factory's source without which it builds no recommendation model (so that a dense
+model's factory is not called twice)."""
+
+
+def _mentions_tables(spec: str) -> bool:
+    target = spec.rpartition(":")[0]
+    path = target
+    if not target.endswith(".py"):
+        import importlib.util  # lazy: only package.module:factory specs need it
+
+        try:
+            found = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            return False
+        path = getattr(found, "origin", None) or ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return any(w in text for w in TABLE_WORDS)
+
+
+def _factory_module(factory, spec: str):
+    """The module a ``file.py:factory`` returns (alone or first of ``(model, example_inputs)``)."""
+    out = factory()
+    module = out[0] if isinstance(out, (tuple, list)) and out else out
+    if not hasattr(module, "named_modules"):
+        raise SpecError(f"model: {spec} must return (nn.Module, example_inputs), got "
+                        f"{type(out).__name__}")
+    return module
 
 
 def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch: int,
@@ -213,7 +247,7 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
     if isinstance(model, str) and entry is None:
         from planner.trace.models import load_factory  # lazy: loads torch
 
-        module = load_factory(model)[0]
+        module = _factory_module(load_factory(model), model)
     rec = recsys.rec_model(entry.name if entry else module, stats=stats)
     t0 = time.perf_counter()
     tp = plan_tables(rec, cl, global_batch=global_batch, dtype=dtype, engine=eng, opts=opts)

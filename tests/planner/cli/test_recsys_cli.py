@@ -1,0 +1,83 @@
+"""Recommendation models through `plan solve` / `plan show`, and their one-line errors."""
+
+import json
+
+import pytest
+
+from planner.cli.main import main
+
+FACTORY = '''
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.user = nn.EmbeddingBag(50000, 32, mode="sum")
+        self.item = nn.EmbeddingBag(20000, 32, mode="sum")
+        self.mlp = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, users, items):
+        return self.mlp(torch.cat([self.user(users), self.item(items)], dim=1))
+
+
+def make():
+    return Tiny(), (torch.zeros(4, 3, dtype=torch.long), torch.zeros(4, 1, dtype=torch.long))
+'''
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_zoo_model_plans_and_shows(capsys, tmp_path):
+    path = tmp_path / "p.json"
+    code, out, err = run(capsys, "solve", "two-tower", "--cluster", "dgx-a100-40g", "--nodes", "1",
+                         "--global-batch", "8192", "-o", str(path))
+    assert code == 0, err
+    plan = json.loads(path.read_text())
+    e = plan["embeddings"]
+    assert e["world_size"] == 8 and e["local_batch"] == 1024 and len(e["tables"]) == 2
+    assert plan["training"]["dtype"] == "fp32"  # TorchRec's default, not bf16
+    code, out, err = run(capsys, "show", str(path))
+    assert code == 0, err
+    for word in ("tables", "imbalance", "rank", "CP-SAT", "samples/s"):
+        assert word in out
+
+
+def test_module_with_embedding_bags_and_a_tables_yaml(capsys, tmp_path):
+    (tmp_path / "tiny.py").write_text(FACTORY)
+    (tmp_path / "tiny.tables.yaml").write_text("tables:\n  user: {pooling: 3, skew: 0.5}\n")
+    path = tmp_path / "p.json"
+    code, out, err = run(capsys, "solve", f"{tmp_path}/tiny.py:make", "--cluster", "cpu",
+                         "--global-batch", "64", "-o", str(path))
+    assert code == 0, err
+    tables = {t["name"]: t for t in json.loads(path.read_text())["embeddings"]["tables"]}
+    assert tables["user"]["pooling"] == 3 and tables["user"]["skew"] == 0.5
+    assert tables["item"]["pooling"] == 1
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--fix", "tp=2"], "sharding=<type>"),
+    (["--fix", "sharding=diagonal"], "sharding: expected one of"),
+    (["--tables", "/nonexistent.yaml"], "not found"),
+    (["--global-batch", "1001"], "global_batch"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, extra, words):
+    argv = ["solve", "two-tower", "--cluster", "dgx-a100-40g", "--nodes", "1",
+            "--global-batch", "8192"]
+    if "--global-batch" in extra:
+        argv = argv[:-2]
+    code, out, err = run(capsys, *argv, *extra)
+    assert code == 2
+    errors = [line for line in err.splitlines() if line.startswith("plan: error")]
+    assert len(errors) == 1 and words in errors[0]
+
+
+def test_recsys_options_on_a_dense_model_are_refused(capsys):
+    code, out, err = run(capsys, "solve", "gpt2", "--cluster", "dgx-a100-40g", "--nodes", "1",
+                         "--global-batch", "8", "--pipeline", "nested")
+    assert code == 2 and "recommendation models" in err
