@@ -215,9 +215,6 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
                 pipeline: str = "sparse-dist") -> Plan:
     """Shard a recommendation model's embedding tables (CP-SAT) with its dense part
     data-parallel; see README.md, "Recommendation models"."""
-    from planner.search.tables import RecOptions, plan_tables  # lazy: recsys only
-    from planner.trace import recsys  # lazy: loads torch (seconds)
-
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
     if isinstance(cl, HeteroCluster):
         raise SpecError("cluster: recommendation models plan on one device type; give a cluster "
@@ -225,18 +222,25 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
     if calibration is not None:
         cl = apply_calibration(cl, calibration)
     cl.device.peak(dtype)
-    eng = engine_from_mapping(engine)
     training = TrainingSpec(global_batch=global_batch, seq_len=1, dtype=dtype,
-                            optimizer=optimizer, engine=eng)
-    entry = RECSYS.get(model.lower()) if isinstance(model, str) else None
+                            optimizer=optimizer, engine=engine_from_mapping(engine))
     sharding = _sharding_fix(fix)
-    opts = RecOptions(pipeline=pipeline, fix_sharding=sharding,
-                      optimizer=table_optimizer or (entry.optimizer if entry else
-                                                    ("sgd" if optimizer == "sgd" else "adam")),
-                      time_limit_s=time_limit_s or RecOptions.time_limit_s)
     if global_batch % cl.num_gpus:
         raise SpecError(f"global_batch: {global_batch} does not divide over {cl.num_gpus} GPUs; "
                         f"give a multiple of {cl.num_gpus}")
+    rec, info = prepare_recsys(model, tables)
+    return plan_rec_prepared(rec, info, cl, training, sharding=sharding,
+                             table_optimizer=table_optimizer, pipeline=pipeline,
+                             time_limit_s=time_limit_s, record_timing=record_timing)
+
+
+def prepare_recsys(model, tables=None) -> tuple:
+    """(RecModel, model info) of a recommendation model: its tables with their statistics
+    (``tables``: a YAML path or mapping; default: the zoo's, or MODEL.tables.yaml beside a
+    factory file) and its dense part measured on the meta device."""
+    from planner.trace import recsys  # lazy: loads torch (seconds)
+
+    entry = RECSYS.get(model.lower()) if isinstance(model, str) else None
     stats = tables
     if isinstance(tables, str):
         stats = recsys.read_table_stats(tables)
@@ -249,17 +253,33 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
 
         module = _factory_module(load_factory(model), model)
     rec = recsys.rec_model(entry.name if entry else module, stats=stats)
-    t0 = time.perf_counter()
-    tp = plan_tables(rec, cl, global_batch=global_batch, dtype=dtype, engine=eng, opts=opts)
-    log.info("sharded %d tables over %d GPUs in %.2f s (%s)", len(rec.tables), cl.num_gpus,
-             time.perf_counter() - t0, tp.solver["status"])
     fingerprint = hashlib.sha256(json.dumps(rec.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
     info = {"name": rec.name, "source": "zoo" if entry else ("factory" if isinstance(model, str)
                                                              else "module"),
             "spec": model if isinstance(model, str) else None,
             "num_params": int(rec.dense_params + sum(t.rows * t.dim for t in rec.tables)),
             "fingerprint": fingerprint}
-    return emit_tables(model_info=info, rec=rec, tp=tp, cluster=cl, training=training,
+    return rec, info
+
+
+def plan_rec_prepared(rec, info: dict, cluster, training: TrainingSpec, *,
+                      sharding: str | None = None, table_optimizer: str | None = None,
+                      pipeline: str = "sparse-dist", time_limit_s: float | None = None,
+                      record_timing: bool = False) -> Plan:
+    """Shard and price an already measured recommendation model on ``cluster``."""
+    from planner.search.tables import RecOptions, plan_tables  # lazy: recsys only
+
+    entry = RECSYS.get((info.get("spec") or "").lower())
+    default_opt = entry.optimizer if entry else ("sgd" if training.optimizer == "sgd" else "adam")
+    opts = RecOptions(pipeline=pipeline, fix_sharding=sharding,
+                      optimizer=table_optimizer or default_opt,
+                      time_limit_s=time_limit_s or RecOptions.time_limit_s)
+    t0 = time.perf_counter()
+    tp = plan_tables(rec, cluster, global_batch=training.global_batch, dtype=training.dtype,
+                     engine=training.engine, opts=opts)
+    log.info("sharded %d tables over %d GPUs in %.2f s (%s)", len(rec.tables), cluster.num_gpus,
+             time.perf_counter() - t0, tp.solver["status"])
+    return emit_tables(model_info=info, rec=rec, tp=tp, cluster=cluster, training=training,
                        rec_options=opts, record_timing=record_timing)
 
 

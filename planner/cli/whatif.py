@@ -32,7 +32,8 @@ def register(add) -> None:
     w.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node at every point")
     w.add_argument("--global-batch", type=positive_int, help="samples per optimizer step (or vary it)")
     w.add_argument("--seq-len", type=positive_int, help="tokens per sample (default: the model's)")
-    w.add_argument("--dtype", default="bf16", choices=DTYPES)
+    w.add_argument("--dtype", choices=DTYPES, help="compute dtype (default bf16; fp32 for "
+                   "recommendation models)")
     w.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     w.add_argument("--fix", help="knobs pinned at every point, e.g. recompute=full,zero=1")
     w.add_argument("--price-per-gpu-hour", metavar="GPU=$,...",

@@ -52,7 +52,7 @@ class _Task:
 
 
 def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: int | None = None,
-           seq_len: int | None = None, dtype: str = "bf16", optimizer: str = "adam", fix=None,
+           seq_len: int | None = None, dtype: str | None = None, optimizer: str = "adam", fix=None,
            nodes: int | None = None, gpus_per_node: int | None = None, prices=None,
            tokens: float | None = None, top_k: int = 0, time_limit_s: float | None = None,
            engine=None, example_inputs=None, workers: int | None = None,
@@ -64,6 +64,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     maps device names (or unique prefixes, ``a100``) to dollars per GPU-hour and adds cost
     columns; ``tokens`` adds the hours and dollars to train on that many tokens."""
     grid = expand(vary)
+    recsys = api.recsys_model(model)
+    dtype = dtype or ("fp32" if recsys else "bf16")
     if cluster is None and "cluster" not in vary:
         raise SpecError("cluster: missing; pass cluster= (--cluster) or vary it "
                         "(--vary cluster=A,B)")
@@ -82,6 +84,11 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     failed = [t.error for t in tasks if t.error]
     if failed and len(failed) == len(tasks) and len(set(failed)) == 1:
         raise SpecError(failed[0])  # the shared settings are wrong, not one point
+    if recsys:
+        rows = _run_recsys(model, tasks, progress)
+        if prices:
+            add_costs(rows, prices, tokens)
+        return [_ordered(r) for r in rows]
     keys = sorted({t.trace_key for t in tasks if not t.error}, key=str)
     prepared = {k: api.prepare(model, example_inputs=example_inputs, seq_len=k[0], dtype=k[1])
                 for k in keys}
@@ -96,6 +103,30 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     elif tokens is not None:
         raise SpecError("tokens: the cost of a run needs prices; pass prices={'h100': 4.0, ...}")
     return [_ordered(r) for r in rows]
+
+
+def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
+    """A recommendation model's points, one after the other (each shards the tables with CP-SAT
+    under its time limit; the model is read once)."""
+    rec, info = api.prepare_recsys(model)
+    rows = []
+    for i, t in enumerate(tasks):
+        if t.error:
+            rows.append(_row(t, None, t.error))
+        elif t.options.fix and set(t.options.fix) - {"sharding"}:
+            rows.append(_row(t, None, "recommendation models take only sharding=<type> as a "
+                                      "pinned knob"))
+        else:
+            try:
+                plan = api.plan_rec_prepared(rec, info, t.cluster, t.training,
+                                             time_limit_s=t.options.time_limit_s)
+                rows.append(_row(t, plan, ""))
+            except PlannerError as exc:
+                rows.append(_row(t, None, str(exc)))
+        rows[-1]["model"] = info["name"]
+        if progress:
+            progress(i + 1, len(tasks))
+    return rows
 
 
 def _task(index: int, point: tuple, base: dict) -> _Task:
