@@ -1,4 +1,7 @@
-"""`plan run PLAN.json`: execute a plan on torch.distributed and compare with its prediction."""
+"""`plan run PLAN.json`: execute a plan on torch.distributed and compare with its prediction.
+
+A plan with an ``embeddings`` section (a recommendation model) runs with TorchRec
+(planner.runtime.recsys); every other plan with planner's own runtime (planner.runtime.launch)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import logging
 
 from planner.cli.args import count, positive_float, positive_int
 from planner.files import atomic_write, check_output
+from planner.planfile.document import load_plan
 from planner.report.measured import summary
 from planner.runtime.options import DEVICES, RunOptions
 
@@ -38,6 +42,8 @@ def run(args) -> int:
         check_output(args.output, "output")
     opts = RunOptions(steps=args.steps, warmup=args.warmup, model=args.model, seed=args.seed,
                       lr=args.lr, device=args.device, dump_dir=args.dump, threads=args.threads)
+    if load_plan(args.plan).embeddings:
+        return _run_recsys(args, opts)
     launch = check(args.plan, opts, args.nproc, dry_run=args.dry_run)
     if args.dry_run:
         where = (f"on each of the {launch.nodes} nodes, with HEAD_NODE the address of the first"
@@ -51,6 +57,28 @@ def run(args) -> int:
     result = run_local(launch, opts)
     result = {"plan": args.plan, **result}
     print(summary(result, args.plan))
+    if args.output:
+        atomic_write(args.output, json.dumps(result, indent=1) + "\n")
+        print(f"\nwrote {args.output}")
+    return 0
+
+
+def _run_recsys(args, opts: RunOptions) -> int:
+    """A recommendation plan: its tables sharded by TorchRec as the plan says."""
+    from planner.runtime import recsys  # lazy: imports torch and TorchRec
+
+    launch = recsys.check(args.plan, opts, args.nproc, dry_run=args.dry_run)
+    if args.dry_run:
+        where = (f"on each of the {launch.nodes} nodes, with HEAD_NODE the address of the first"
+                 if launch.nodes > 1 else "on the node")
+        print(f"# {launch.nodes} node(s) x {launch.nproc_per_node} processes ({launch.device}, "
+              f"TorchRec); run {where}:")
+        print(recsys.cluster_command(launch, opts, args.output or "measured.json"))
+        return 0
+    logging.getLogger("planner").info("running %s with %d processes (TorchRec) ...", args.plan,
+                                      launch.nproc_per_node)
+    result = {**recsys.run_local(launch, opts)[0], "plan": args.plan}
+    print(recsys.summary(result, args.plan))
     if args.output:
         atomic_write(args.output, json.dumps(result, indent=1) + "\n")
         print(f"\nwrote {args.output}")
