@@ -1,4 +1,5 @@
-"""Export a plan to the engines people already use: torchtitan, Megatron-LM, DeepSpeed.
+"""Export a plan to the engines people already use: torchtitan, Megatron-LM, DeepSpeed, and TorchRec
+for a recommendation model's tables.
 
 ``export(plan, target, version=None)`` returns the text and a suggested file name;
 ``to_torchtitan``, ``to_megatron`` and ``to_deepspeed`` are the three functions behind it. Each
@@ -7,6 +8,10 @@ engine) and names it in the text. Every knob of the plan is either expressed or 
 expressed exactly, in the text and as one logged warning each (planner.export.common.Ledger); a
 plan the engine cannot run at all (a schedule it lacks, a model it cannot describe, a nearby
 configuration that no longer fits memory) raises SpecError. Mapping tables: docs/exports.md.
+
+A recommendation-model plan (one with an ``embeddings`` section) exports to ``torchrec`` only
+(``to_torchrec``: a Python file building TorchRec's ShardingPlan and ParameterConstraints), and
+only such a plan does: ``export`` refuses the other pairings in one line.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from planner.errors import SpecError
 from planner.export.common import SUPPORTED_VERSIONS, engine_version, slug
 from planner.export.deepspeed import to_deepspeed
 from planner.export.megatron import to_megatron
+from planner.export.torchrec import engine_version as torchrec_version
+from planner.export.torchrec import to_torchrec, to_torchrec_json
 from planner.export.torchtitan import to_torchtitan
 from planner.planfile.document import Plan
 
@@ -22,8 +29,11 @@ TARGETS = {
     "torchtitan": (to_torchtitan, "torchtitan.toml"),
     "megatron": (to_megatron, "megatron.sh"),
     "deepspeed": (to_deepspeed, "deepspeed.json"),
+    "torchrec": (to_torchrec, "torchrec.py"),
 }
 """Target name -> (exporter, file-name suffix)."""
+RECSYS_TARGETS = ("torchrec",)
+"""The targets of recommendation-model plans (embedding tables); the others train dense models."""
 
 
 def suffix(target: str, version: str) -> str:
@@ -38,10 +48,21 @@ def export(plan: Plan, target: str, version: str | None = None) -> tuple[str, st
     """(text, suggested file name) of ``plan`` exported to ``target`` ``version``."""
     if target not in TARGETS:
         raise SpecError(f"export: unknown target '{target}'; choose {', '.join(TARGETS)}")
+    tables = bool(plan.embeddings)
+    if tables and target not in RECSYS_TARGETS:
+        raise SpecError(f"export {target}: {plan.model['name']}'s plan shards embedding tables "
+                        f"(a recommendation model), which {target} does not; use --to torchrec")
+    if not tables and target in RECSYS_TARGETS:
+        raise SpecError(f"export {target}: {plan.model['name']}'s plan has no embedding tables "
+                        f"(no embeddings section); {target} shards recommendation models: use "
+                        f"--to {', '.join(sorted(set(TARGETS) - set(RECSYS_TARGETS)))}")
+    if target in RECSYS_TARGETS:
+        version = torchrec_version(version)
+        return to_torchrec(plan, version), f"{slug(plan.model['name'])}.{suffix(target, version)}"
     version = engine_version(target, version)
     fn = TARGETS[target][0]
     return fn(plan, version), f"{slug(plan.model['name'])}.{suffix(target, version)}"
 
 
-__all__ = ["SUPPORTED_VERSIONS", "TARGETS", "export", "suffix", "to_deepspeed", "to_megatron",
-           "to_torchtitan"]
+__all__ = ["RECSYS_TARGETS", "SUPPORTED_VERSIONS", "TARGETS", "export", "suffix", "to_deepspeed",
+           "to_megatron", "to_torchrec", "to_torchrec_json", "to_torchtitan"]
