@@ -168,6 +168,12 @@ class DeviceSpec:
         return self.peak_flops[dtype]
 
 
+V100_GEMM_EFFICIENCY = 0.31
+"""V100 tensor cores in training reach a smaller share of their peak than A100's: Megatron-LM on one
+V100 sustains 39 TFLOP/s for a 1.2B GPT, 30% of the 125 TFLOP/s peak (Shoeybi et al. 2019,
+"Megatron-LM", section 5.1); 0.31 = 39 / 125."""
+
+
 def _gpu(name: str, mem_gb: float, bf16: float | None, fp16: float, fp32: float, hbm_gbps: float,
          description: str, fp8: float | None = None, **kw) -> DeviceSpec:
     """A GPU preset from data-sheet units: GB, dense TFLOP/s per dtype (``None``: no such tensor
@@ -201,7 +207,8 @@ DEVICES: dict[str, DeviceSpec] = {
              host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
         _gpu("h200", 141, 989, 989, 67, 4800, "NVIDIA H200 SXM 141 GB", fp8=1979, sm_count=132,
              host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
-        _gpu("v100", 32, None, 125, 15.7, 900, "NVIDIA V100 SXM2 32 GB (no bf16)", sm_count=80),
+        _gpu("v100", 32, None, 125, 15.7, 900, "NVIDIA V100 SXM2 32 GB (no bf16)", sm_count=80,
+             matmul_efficiency=V100_GEMM_EFFICIENCY),
         _gpu("l4", 24, 121, 121, 30.3, 300, "NVIDIA L4 24 GB (PCIe)", fp8=242.5, sm_count=58),
         _gpu("rtx4090", 24, 165.2, 165.2, 82.6, 1008, "NVIDIA GeForce RTX 4090 24 GB",
              fp8=330.3, sm_count=128),

@@ -277,10 +277,47 @@ def _positive_int(value, where: str) -> int:
     return value
 
 
+SCOPES = ("gpu", "node", "site")
+"""Who shares a link figure between sites: each GPU has it, each node, or the whole site."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteLink:
+    """The link between two sites (regions), one direction."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    per: str = "site"
+    """Whether the bandwidth is each GPU's, each node's or the whole site's (SCOPES)."""
+    efficiency: float = 0.8
+    """Fraction of the line rate transfers reach (TCP over a WAN)."""
+
+    def transfer_s(self, nbytes: float, gpus: int, nodes: int, messages: int = 1) -> float:
+        """Seconds to move ``nbytes`` in all from ``gpus`` GPUs on ``nodes`` nodes of one site to
+        the other, all at once: the figure times the senders that own a share of it."""
+        if nbytes <= 0:
+            return 0.0
+        share = {"gpu": max(1, gpus), "node": max(1, nodes), "site": 1}[self.per]
+        return messages * self.latency_s + nbytes / (self.bandwidth_bytes_per_s * share *
+                                                     self.efficiency)
+
+    def per_gpu(self, gpus: int, nodes: int) -> LinkSpec:
+        """The LinkSpec each of ``gpus`` concurrent senders sees."""
+        share = {"gpu": max(1, gpus), "node": max(1, nodes), "site": 1}[self.per]
+        return LinkSpec(name="wan", bandwidth_bytes_per_s=self.bandwidth_bytes_per_s * share /
+                        max(1, gpus), latency_s=self.latency_s, efficiency=self.efficiency)
+
+    def to_mapping(self) -> dict:
+        return {"bandwidth_GBps": self.bandwidth_bytes_per_s / GB,
+                "latency_us": round(self.latency_s / US, 6), "per": self.per,
+                "efficiency": self.efficiency}
+
+
 @dataclass(frozen=True, kw_only=True)
 class HeteroCluster:
     """Groups of nodes that differ in device or links (two GPU generations, two sites), joined by
-    an ``inter_group`` tier (the slowest link between any two groups)."""
+    an ``inter_group`` tier (the slowest link between any two groups), or, for sites, by a link
+    per pair of sites (``links``)."""
 
     name: str
     groups: tuple[Cluster, ...]
@@ -288,10 +325,27 @@ class HeteroCluster:
     inter_group: LinkSpec
     """Tier between groups, per GPU and direction (e.g. a WAN link between sites)."""
     description: str = ""
+    links: tuple = ()
+    """Sites: ((i, j), SiteLink) for each pair of groups i < j (costmodels.sites); empty: every
+    pair is joined by ``inter_group``."""
 
     @property
     def num_gpus(self) -> int:
         return sum(g.num_gpus for g in self.groups)
+
+    @property
+    def is_sites(self) -> bool:
+        return bool(self.links)
+
+    def site_link(self, g: int, h: int) -> SiteLink:
+        """The link between groups ``g`` and ``h`` (sites form), either direction."""
+        key = (min(g, h), max(g, h))
+        for pair, link in self.links:
+            if tuple(pair) == key:
+                return link
+        ig = self.inter_group
+        return SiteLink(bandwidth_bytes_per_s=ig.bandwidth_bytes_per_s, latency_s=ig.latency_s,
+                        per="gpu", efficiency=ig.efficiency)
 
     def summary(self) -> dict:
         return {
@@ -303,6 +357,9 @@ class HeteroCluster:
             "device_memory_bytes": min(g.device.memory_bytes for g in self.groups),
             "groups": [{**g.summary(), "name": g.name} for g in self.groups],
             "inter_group_GBps": self.inter_group.bandwidth_bytes_per_s / GB,
+            **({"links": [{"between": [self.groups[i].name, self.groups[j].name],
+                           **link.to_mapping()} for (i, j), link in self.links]}
+               if self.links else {}),
         }
 
 

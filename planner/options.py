@@ -37,7 +37,7 @@ TraceMethod = Literal["auto", "fx", "export"]
 """auto: torch.export (the ATen graph), then torch.fx."""
 TRACE_METHODS: tuple[str, ...] = get_args(TraceMethod)
 FIX_KEYS = ("dp", "tp", "pp", "vpp", "cp", "cp_comm", "ep", "etp", "micro_batch", "schedule",
-            "recompute", "zero", "sequence_parallel", "offload_optimizer")
+            "recompute", "zero", "sequence_parallel", "offload_optimizer", "placement")
 """Knobs a person may pin (--fix)."""
 MAX_MICROBATCHES = 16384
 """Most micro-batches per step and replica a plan may have: its schedule lists every one for every
@@ -262,6 +262,10 @@ def _fix_value(key: str, value):
     if key == "schedule":
         if str(value) not in SCHEDULES:
             raise SpecError(f"fix.schedule: unknown schedule '{value}'; choose {', '.join(SCHEDULES)}")
+        return str(value)
+    if key == "placement":
+        if str(value) not in PLACEMENTS:
+            raise SpecError(f"fix.placement: expected {' or '.join(PLACEMENTS)}, got {value!r}")
         return str(value)
     if key == "cp_comm":
         if str(value) not in CP_COMMS:

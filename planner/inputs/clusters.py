@@ -7,6 +7,7 @@ from typing import Mapping
 
 from costmodels.topology import (CLUSTERS, Cluster, HeteroCluster, cluster_from_mapping,
                                  get_cluster, hetero_from_mapping, with_overrides)
+from costmodels.sites import sites_from_mapping
 from planner.errors import SpecError
 from planner.files import read_yaml
 
@@ -14,17 +15,22 @@ from planner.files import read_yaml
 def load_cluster(spec, *, nodes: int | None = None,
                  gpus_per_node: int | None = None) -> Cluster | HeteroCluster:
     """Preset name, path to a YAML file, mapping or Cluster -> Cluster (with overrides); a YAML
-    file or mapping with ``groups`` gives a HeteroCluster."""
+    file or mapping with ``groups`` or ``sites`` gives a HeteroCluster."""
     if isinstance(spec, HeteroCluster):
         return _no_overrides(spec, nodes, gpus_per_node)
     if isinstance(spec, Cluster):
         cluster = spec
     elif isinstance(spec, Mapping):
+        if "sites" in spec:
+            return _no_overrides(sites_from_mapping(spec), nodes, gpus_per_node)
         if "groups" in spec:
             return _no_overrides(hetero_from_mapping(spec), nodes, gpus_per_node)
         cluster = cluster_from_mapping(spec)
     elif isinstance(spec, str) and (spec.endswith((".yaml", ".yml")) or os.path.sep in spec):
         data = _read_yaml(spec)
+        if "sites" in data:
+            return _no_overrides(sites_from_mapping(data, where=os.path.basename(spec)), nodes,
+                                 gpus_per_node)
         if "groups" in data:
             return _no_overrides(hetero_from_mapping(data, where=os.path.basename(spec)), nodes,
                                  gpus_per_node)

@@ -24,7 +24,8 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
     if part is None:
         raise InfeasibleError(_oom_message(cfg, mem), reason="out of memory")
     # The split does not depend on placement; price each order and keep the faster.
-    orders = PLACEMENTS if cfg.pp > 1 and cfg.dp > 1 else (cfg.placement,)
+    orders = (PLACEMENTS if cfg.pp > 1 and cfg.dp > 1 and "placement" not in options.fix
+              else (options.fix.get("placement", cfg.placement),))
     priced = [price(cfg.with_(placement=o), part.bounds, ma, costs, cluster, training)
               for o in orders]
     best = min(priced, key=lambda e: e.step_time_s)

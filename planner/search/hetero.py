@@ -56,11 +56,72 @@ def restrict(options: SearchOptions) -> SearchOptions:
                                expert_parallel=False, expert_tensor_parallel=False)
 
 
+ALL_ORDERS_UP_TO = 5
+"""Groups up to this many: every order along the pipeline is priced (120 orders); more: the
+listed order, the cheapest chain through the links between sites (exact, Held-Karp) and the
+nearest-neighbour chain from each site, each both ways; CP-SAT then refines the best."""
+
+
 def group_orders(hc: HeteroCluster, cfg: Config) -> list[list[int]]:
-    """Every order of the groups along the pipeline, as the group of each stage."""
+    """The orders of the groups along the pipeline to price, as the group of each stage."""
     slots = [g.num_gpus // (cfg.tp * cfg.dp) for g in hc.groups]
-    return [[g for g in order for _ in range(slots[g])]
-            for order in itertools.permutations(range(len(hc.groups)))]
+    n = len(hc.groups)
+    if n <= ALL_ORDERS_UP_TO:
+        orders = list(itertools.permutations(range(n)))
+    else:
+        cost = crossing_costs(hc, cfg, 1e9)
+        found = [tuple(range(n)), cheapest_chain(cost)]
+        for start in range(n):
+            chain, left = [start], set(range(n)) - {start}
+            while left:
+                nxt = min(left, key=lambda h: (cost[chain[-1]][h], h))
+                chain.append(nxt)
+                left.remove(nxt)
+            found.append(tuple(chain))
+        orders = list(dict.fromkeys(o for f in found for o in (f, f[::-1])))
+    return [[g for g in order for _ in range(slots[g])] for order in orders]
+
+
+def crossing_costs(hc: HeteroCluster, cfg: Config, nbytes: float) -> list[list[float]]:
+    """Seconds for one stage of ``cfg`` (tp x dp GPUs) to send ``nbytes`` per GPU to a stage
+    on each other group: the link between the two groups, shared as its scope says."""
+    n = len(hc.groups)
+    out = [[0.0] * n for _ in range(n)]
+    for g in range(n):
+        for h in range(n):
+            if g != h:
+                out[g][h] = comm.p2p_s(nbytes, cross_link(hc, cfg, g, h))
+    return out
+
+
+def cross_link(hc: HeteroCluster, cfg: Config, g: int, h: int):
+    """The per-GPU link a stage on group ``g`` sees when all its tp x dp GPUs send to group
+    ``h`` at once (sites: the pair's link shared per its scope; else ``inter_group``)."""
+    if not hc.is_sites:
+        return hc.inter_group
+    gpus = cfg.tp * cfg.dp
+    nodes = max(1, -(-gpus // hc.groups[g].gpus_per_node))
+    return hc.site_link(g, h).per_gpu(gpus, nodes)
+
+
+def cheapest_chain(cost: list[list[float]]) -> tuple:
+    """The order visiting every group once with the smallest sum of crossing costs (Held-Karp)."""
+    n = len(cost)
+    best = {(1 << g, g): (0.0, (g,)) for g in range(n)}
+    for mask in range(1, 1 << n):
+        for last in range(n):
+            here = best.get((mask, last))
+            if here is None:
+                continue
+            for nxt in range(n):
+                if mask >> nxt & 1:
+                    continue
+                key = (mask | 1 << nxt, nxt)
+                cand = (here[0] + cost[last][nxt], here[1] + (nxt,))
+                if key not in best or cand < best[key]:
+                    best[key] = cand
+    full = (1 << n) - 1
+    return min(best[(full, g)] for g in range(n))[1]
 
 
 def best_order(cfg: Config, ma: ModelArrays, hc: HeteroCluster, training: TrainingSpec,
@@ -113,7 +174,8 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
     sends, cuts = [0.0] * cfg.pp, []
     for s in range(cfg.pp - 1):
         g, h = stage_group[s], stage_group[s + 1]
-        link = hc.inter_group if g != h else placement.link_between(cfg, hc.groups[g], 0, 1)
+        link = cross_link(hc, cfg, g, h) if g != h else placement.link_between(cfg, hc.groups[g],
+                                                                                0, 1)
         one_way = comm.p2p_s(ma.cut_bytes[bounds[s + 1] - 1] * cfg.micro_batch / cfg.tp, link)
         sends[s] += one_way
         sends[s + 1] += one_way
@@ -153,15 +215,21 @@ def refine_groups(est: Estimate, ma: ModelArrays, hc: HeteroCluster, training: T
     bounds = [0] + list(itertools.accumulate(len(st.blocks) for st in est.stages))
     slots = [stage_group.count(g) for g in range(len(hc.groups))]
     edges = [(b, b + 1) for b in range(len(ma.names) - 1)]  # stages stay contiguous in order
+    # a boundary between groups costs the sending stage the largest activation's send, both ways
+    cut = float(np.max(ma.cut_bytes)) * cfg.micro_batch / cfg.tp if len(ma.cut_bytes) else 0.0
+    cross = [[2 * c for c in row] for row in crossing_costs(hc, cfg, cut)] if hc.is_sites else None
     res = solve_hetero([c.time_s.tolist() for c in costs], slots, edges,
                        stage_memory(cfg, costs[0], ma, training, 0.0),
                        [capacity_bytes(g, options) for g in hc.groups],
-                       time_limit_s=budget_s, seed=options.cpsat_seed, hint=(bounds, stage_group))
+                       time_limit_s=budget_s, seed=options.cpsat_seed, hint=(bounds, stage_group),
+                       cross=cross)
     if res is None:
         return dataclasses.replace(est, split_status="feasible", split_gap=None)
     old = max(st.compute_s + st.tp_comm_s for st in est.stages)
-    if res.bottleneck >= old * (1 - 1e-6):
+    if res.bottleneck >= old * (1 - 1e-6) and cross is None:
         return dataclasses.replace(est, split_status=res.status, split_gap=res.gap)
     better = price_hetero(cfg, res.bounds, res.group_of_stage, ma, costs, hc, training)
+    if better.step_time_s >= est.step_time_s:
+        return dataclasses.replace(est, split_status=res.status, split_gap=res.gap)
     return dataclasses.replace(better, stage_split="cp-sat", split_status=res.status,
                                split_gap=res.gap)

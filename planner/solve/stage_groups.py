@@ -45,9 +45,12 @@ class HeteroPartition:
 def solve_hetero(times: Sequence[Sequence[float]], slots: Sequence[int],
                  edges: Sequence[tuple[int, int]], mem: StageMemory | None,
                  capacities: Sequence[float], *, time_limit_s: float = 10.0, seed: int = 0,
-                 hint: tuple[list[int], list[int]] | None = None) -> HeteroPartition | None:
+                 hint: tuple[list[int], list[int]] | None = None,
+                 cross: Sequence[Sequence[float]] | None = None) -> HeteroPartition | None:
     """``times[g][b]``: block b on group g's device; ``slots[g]``: stages group g hosts;
-    ``capacities[g]``: its bytes per GPU; ``hint``: (bounds, group_of_stage) of a known split."""
+    ``capacities[g]``: its bytes per GPU; ``hint``: (bounds, group_of_stage) of a known split;
+    ``cross[g][h]``: seconds a stage on group g spends per micro-batch sending to the next stage
+    when that stage is on group h (sites joined by slow links), added to the sending stage."""
     groups, n, stages = len(times), len(times[0]), sum(slots)
     if n < stages:
         return None
@@ -61,7 +64,8 @@ def solve_hetero(times: Sequence[Sequence[float]], slots: Sequence[int],
     z = {(b, s, g): model.new_bool_var(f"z_{b}_{s}_{g}")
          for b in range(n) for s in range(stages) for g in range(groups)}
     stage = [model.new_int_var(0, stages - 1, f"stage_{b}") for b in range(n)]
-    horizon = max(sum(row) for row in t)
+    c = ([[int(round(v / unit)) for v in row] for row in cross] if cross is not None else None)
+    horizon = max(sum(row) for row in t) + (max(max(row) for row in c) if c else 0)
     stage_time = [model.new_int_var(0, horizon, f"time_{s}") for s in range(stages)]
     bottleneck = model.new_int_var(0, horizon, "bottleneck")
     # --- constraints --------------------------------------------------------------------------
@@ -70,8 +74,21 @@ def solve_hetero(times: Sequence[Sequence[float]], slots: Sequence[int],
     _links(model, x, y, z, n, stages, groups)
     if mem is not None:
         _memory(model, x, y, mem, capacities, n, stages, groups)
+    crossing = [0] * stages
+    if c is not None:
+        for s in range(stages - 1):
+            terms = []
+            for g in range(groups):
+                for h in range(groups):
+                    if g != h and c[g][h]:
+                        w = model.new_bool_var(f"w_{s}_{g}_{h}")
+                        model.add_bool_and([y[s, g], y[s + 1, h]]).only_enforce_if(w)
+                        model.add_bool_or([y[s, g].Not(), y[s + 1, h].Not(), w])
+                        terms.append(c[g][h] * w)
+            crossing[s] = sum(terms)
     for s in range(stages):
-        model.add(stage_time[s] == sum(t[g][b] * z[b, s, g] for b in range(n) for g in range(groups)))
+        model.add(stage_time[s] == sum(t[g][b] * z[b, s, g] for b in range(n) for g in range(groups))
+                  + crossing[s])
     model.add_max_equality(bottleneck, stage_time)
     # --- objective ----------------------------------------------------------------------------
     model.minimize(bottleneck)
@@ -86,6 +103,8 @@ def solve_hetero(times: Sequence[Sequence[float]], slots: Sequence[int],
     group_of = [next(g for g in range(groups) if solver.value(y[s, g])) for s in range(stages)]
     bounds = [0] + [sum(1 for b in range(n) if stage_of[b] <= s) for s in range(stages)]
     stage_times = [sum(times[group_of[s]][b] for b in range(n) if stage_of[b] == s)
+                   + (cross[group_of[s]][group_of[s + 1]] if cross is not None and s + 1 < stages
+                      and group_of[s] != group_of[s + 1] else 0.0)
                    for s in range(stages)]
     return HeteroPartition(bounds=bounds, group_of_stage=group_of, stage_times=stage_times,
                            status=status, gap=gap)
