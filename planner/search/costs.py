@@ -46,6 +46,9 @@ class ModelArrays:
     """The last block times priced (block_costs), for the knobs in ``times_key``: the
     configurations of one mesh and micro-batch differ in recomputation next, which changes no
     block's forward or backward."""
+    flops_memo: dict = field(default_factory=dict)
+    """Per recomputation policy: the forward FLOPs it recomputes per sample
+    (pricing.step_flops)."""
 
     @classmethod
     def from_blocks(cls, bg: BlockGraph, order: list[int] | None = None) -> "ModelArrays":

@@ -12,7 +12,7 @@ from costmodels.errors import InfeasibleError
 from costmodels.topology import Cluster
 from planner.options import PLACEMENTS, Config, SearchOptions, TrainingSpec
 from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, stage_memory
-from planner.search.pricing import Estimate, price
+from planner.search.pricing import Estimate, Split
 from planner.solve.chain import StageMemory, partition
 
 
@@ -26,13 +26,13 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
     # The split does not depend on placement; price each order and keep the faster.
     orders = (PLACEMENTS if cfg.pp > 1 and cfg.dp > 1 and "placement" not in options.fix
               else (options.fix.get("placement", cfg.placement),))
-    priced = [price(cfg.with_(placement=o), part.bounds, ma, costs, cluster, training)
-              for o in orders]
-    best = min(priced, key=lambda e: e.step_time_s)
-    if best.peak_memory_bytes > capacity_bytes(cluster, options):
-        raise InfeasibleError(f"{cfg.short()}: a rank needs {best.peak_memory_bytes / 1e9:.3g} GB",
+    # Memory does not depend on it either: a split that does not fit is not priced at all.
+    split = Split(cfg, part.bounds, ma, costs, training)
+    if split.peak_memory_bytes > capacity_bytes(cluster, options):
+        raise InfeasibleError(f"{cfg.short()}: a rank needs {split.peak_memory_bytes / 1e9:.3g} GB",
                               reason="out of memory")
-    return best
+    placed = [split.placed(cfg.with_(placement=o), cluster) for o in orders]
+    return split.estimate(min(placed, key=lambda p: p.step_time_s))
 
 
 def _oom_message(cfg: Config, mem: StageMemory) -> str:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from costmodels.comm import GroupShape
 from costmodels.topology import Cluster, LinkSpec
 from planner.options import Config
@@ -153,6 +155,21 @@ def _crosses(inner: int, dp: int, pp: int, order: str, g: int, rank_a: int, rank
         if gap >= g or (last if last < g else g - 1) + gap >= g:
             return True
     return False
+
+
+def next_rank_crosses(cfg: Config, cluster: Cluster) -> np.ndarray:
+    """Per pipeline rank r: whether the link to rank (r + 1) mod pp (the next chunk's; with
+    interleaving the last rank sends back to the first) is the inter-node one (link_between).
+    Read-only; shared by every call with the same mesh."""
+    return _next_rank_crosses(cfg.tp * cfg.cp, cfg.dp, cfg.pp, cfg.placement,
+                              cluster.gpus_per_node)
+
+
+@functools.lru_cache(maxsize=4096)
+def _next_rank_crosses(inner: int, dp: int, pp: int, order: str, g: int) -> np.ndarray:
+    out = np.array([_crosses(inner, dp, pp, order, g, r, (r + 1) % pp) for r in range(pp)])
+    out.setflags(write=False)
+    return out
 
 
 def cut_links(cfg: Config, cluster: Cluster) -> list[LinkSpec]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,18 +100,116 @@ class Estimate:
 def price(cfg: Config, bounds: list[int], ma, costs, cluster: Cluster,
           training: TrainingSpec) -> Estimate:
     """Step time, breakdown and memory of ``cfg`` with chunk ``c`` = blocks [bounds[c], bounds[c+1])."""
-    p2p_out, cut_p2p = _p2p_sends(cfg, bounds, ma, cluster)
-    stages = chunks(cfg, bounds, ma, costs, p2p_out,
-                    expert_comm_s(cfg, ma, costs, cluster, training))
-    ranks = rank_memory(cfg, bounds, stages, ma, costs, training)
-    dp_s, opt_s = _dp_and_optimizer_s(cfg, stages, ranks, cluster, training)
-    excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
-    return assemble(cfg, stages, ranks, dp_s, opt_s, ma, training, cut_p2p, excess=excess)
+    split = Split(cfg, bounds, ma, costs, training)
+    return split.estimate(split.placed(cfg, cluster))
+
+
+class Split:
+    """What ``cfg`` costs with chunk ``c`` = blocks [bounds[c], bounds[c+1]) before its ranks are
+    placed on nodes: per chunk (on pipeline rank c mod pp) the sums over its blocks, per rank its
+    parameters and memory (RankMemory). ``placed`` adds what the placement changes (sends, expert
+    dispatch, data-parallel traffic) and the step time; ``estimate`` makes the Estimate. A search
+    prices one split under both placements, so the shared part is computed once; figures are
+    numpy arrays over chunks or ranks, added in the order of the per-stage sums they replace."""
+
+    def __init__(self, cfg: Config, bounds: list[int], ma, costs, training: TrainingSpec):
+        assert all(b > a for a, b in zip(bounds, bounds[1:])), f"an empty chunk in {bounds}"
+        self.cfg, self.bounds, self.ma, self.costs, self.training = cfg, bounds, ma, costs, training
+        self.starts = np.asarray(bounds[:-1])
+        self.compute_s = self.per_chunk(costs.compute_s + costs.recompute_s)
+        self.tp_s, self.fwd_s = self.per_chunk(costs.tp_comm_s), self.per_chunk(costs.fwd_s)
+        self.rc_s, self.act = self.per_chunk(costs.recompute_s), self.per_chunk(costs.act_bytes)
+        self.cp_s = self.per_chunk(costs.cp_comm_s)
+        self.ranks = RankMemory(cfg, bounds, self.act, ma, costs, training)
+        self.rank_compute_s = rank_totals(self.compute_s, cfg.pp)
+        self.rank_backward_s = self.rank_compute_s - rank_totals(self.fwd_s, cfg.pp)
+
+    def per_chunk(self, x: np.ndarray) -> np.ndarray:
+        """Sums of a per-block array over each chunk's blocks."""
+        return np.add.reduceat(x, self.starts)
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return self.ranks.peak
+
+    def placed(self, cfg: Config, cluster: Cluster) -> "Placed":
+        """The step under ``cfg``'s placement (``cfg`` is this split's, placement aside)."""
+        training = self.training
+        p2p_s, cut_s = _p2p_sends(cfg, self.bounds, self.ma, cluster)
+        ep_s = self.per_chunk(expert_comm_s(cfg, self.ma, self.costs, cluster, training))
+        dp_s, opt_s = _dp_and_optimizer_s(cfg, self, cluster, training)
+        excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
+        time_s = self.compute_s + self.tp_s + p2p_s + self.cp_s + ep_s  # StageEstimate.time_s
+        step_s, breakdown = closed_form(cfg, time_s, self.compute_s, self.fwd_s, self.rc_s,
+                                        self.tp_s, p2p_s, self.cp_s, ep_s, dp_s, opt_s, excess)
+        return Placed(cfg=cfg, p2p_s=p2p_s, cut_s=cut_s, ep_s=ep_s, step_time_s=step_s,
+                      breakdown=breakdown, excess=excess)
+
+    def estimate(self, placed: "Placed") -> Estimate:
+        cfg, pp, ranks = placed.cfg, placed.cfg.pp, self.ranks
+        memories = ranks.dicts()
+        params, experts_, dtensors = (ranks.params.tolist(), ranks.expert_params.tolist(),
+                                      ranks.dtensors.tolist())
+        compute_s, tp_s, p2p_s = self.compute_s.tolist(), self.tp_s.tolist(), placed.p2p_s.tolist()
+        fwd_s, rc_s, act = self.fwd_s.tolist(), self.rc_s.tolist(), self.act.tolist()
+        cp_s, ep_s, names = self.cp_s.tolist(), placed.ep_s.tolist(), self.ma.names
+        stages = [StageEstimate(index=c, rank=c % pp, blocks=names[a:b], compute_s=compute_s[c],
+                                tp_comm_s=tp_s[c], p2p_s=p2p_s[c], params=params[c % pp],
+                                in_flight=ranks.in_flight[c % pp], memory=memories[c % pp],
+                                fwd_s=fwd_s[c], recompute_s=rc_s[c], act_bytes=act[c],
+                                cp_comm_s=cp_s[c], ep_comm_s=ep_s[c],
+                                expert_params=experts_[c % pp], dtensor_params=dtensors[c % pp])
+                  for c, (a, b) in enumerate(zip(self.bounds, self.bounds[1:]))]
+        model_flops, hardware_flops = step_flops(self.ma, cfg, self.training)
+        return Estimate(config=cfg, stages=stages, step_time_s=placed.step_time_s,
+                        breakdown=placed.breakdown, straggler_excess=placed.excess,
+                        peak_memory_bytes=ranks.peak, model_flops=model_flops,
+                        hardware_flops=hardware_flops, cut_p2p_s=placed.cut_s.tolist())
+
+
+@dataclass
+class Placed:
+    """A Split under one placement: per chunk its sends and expert dispatch, and the step."""
+
+    cfg: Config
+    p2p_s: np.ndarray
+    cut_s: np.ndarray
+    ep_s: np.ndarray
+    step_time_s: float
+    breakdown: dict
+    excess: float
+
+
+def rank_totals(x: np.ndarray, pp: int) -> np.ndarray:
+    """Per pipeline rank r: x[r] + x[r + pp] + ..., added in that order (as ``sum`` adds a
+    rank's chunks)."""
+    if len(x) % pp:
+        return np.array([sum(x[r::pp].tolist()) for r in range(pp)])
+    rows = x.reshape(-1, pp)
+    total = 0.0 + rows[0]
+    for row in rows[1:]:
+        total = total + row
+    return total
+
+
+def rank_sums(x: np.ndarray, pp: int) -> np.ndarray:
+    """Per pipeline rank r: numpy's sum of x[r], x[r + pp], ... (``x[[r, r + pp, ...]].sum()``,
+    whose order of additions differs from ``rank_totals`` from eight chunks on)."""
+    if len(x) % pp:
+        return np.array([x[r::pp].sum() for r in range(pp)])
+    return np.ascontiguousarray(x.reshape(-1, pp).T).sum(axis=1)
+
+
+def rank_max(x: np.ndarray, pp: int) -> np.ndarray:
+    """Per pipeline rank r: the largest of x[r], x[r + pp], ..."""
+    if len(x) % pp:
+        return np.array([x[r::pp].max() for r in range(pp)])
+    return x.reshape(-1, pp).max(axis=0)
 
 
 def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float],
            ep_s: np.ndarray | None = None) -> list[StageEstimate]:
-    """One StageEstimate per chunk, from per-block costs (memory filled in by _rank_memory);
+    """One StageEstimate per chunk, from per-block costs (memory filled in by rank_memory);
     ``ep_s``: per block, the expert-parallel communication it exposes (expert_comm_s)."""
     starts = np.asarray(bounds[:-1])
     assert all(b > a for a, b in zip(bounds, bounds[1:])), f"an empty chunk in {bounds}"
@@ -147,42 +246,72 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
              cut_p2p: list[float], *, excess: float = 0.0) -> Estimate:
     """Pipeline time (closed form), breakdown along the slowest rank, FLOPs: the Estimate.
     ``excess``: the straggler share of local work (pricing.Estimate.straggler_excess)."""
-    rank_time = [sum(st.time_s for st in stages if st.rank == r) for r in range(cfg.pp)]
-    m = cfg.num_microbatches
+    def arr(attr: str) -> np.ndarray:
+        return np.array([getattr(st, attr) for st in stages], dtype=float)
+
+    step_s, breakdown = closed_form(cfg, arr("time_s"), arr("compute_s"), arr("fwd_s"),
+                                    arr("recompute_s"), arr("tp_comm_s"), arr("p2p_s"),
+                                    arr("cp_comm_s"), arr("ep_comm_s"), dp_s, opt_s, excess)
+    model_flops, hardware_flops = step_flops(ma, cfg, training)
+    return Estimate(config=cfg, stages=stages, step_time_s=step_s, breakdown=breakdown,
+                    straggler_excess=excess, peak_memory_bytes=max(r["total"] for r in ranks),
+                    model_flops=model_flops, hardware_flops=hardware_flops, cut_p2p_s=cut_p2p)
+
+
+def closed_form(cfg: Config, time_s, compute_s, fwd_s, rc_s, tp_s, p2p_s, cp_s, ep_s,
+                dp_s: float, opt_s: float, excess: float) -> tuple[float, dict]:
+    """(step seconds, breakdown along the slowest rank) from per-chunk arrays (``time_s``: each
+    chunk's StageEstimate.time_s) and the step's data-parallel and optimizer seconds."""
+    pp, m = cfg.pp, cfg.num_microbatches
+    rank_time = rank_totals(time_s, pp)
     slow = int(np.argmax(rank_time))
-    mine = [st for st in stages if st.rank == slow]
-    wgrad = sum(weight_grad_s(st) for st in mine)
-    pipe_s = pipeline.step_time_s(rank_time, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp,
-                                  wgrad_s=wgrad)
+
+    def mine(x: np.ndarray) -> float:  # over the slowest rank's chunks
+        return sum(x[slow::pp].tolist())
+
+    wgrad = mine(0.5 * (compute_s - fwd_s - rc_s))  # weight_grad_s of each chunk
+    pipe_s = pipeline.step_time_s(rank_time.tolist(), microbatches=m, schedule=cfg.schedule,
+                                  vpp=cfg.vpp, wgrad_s=wgrad)
     breakdown = {
-        "compute_s": m * sum(st.compute_s for st in mine),
-        "bubble_s": idle_s(pipe_s, m * rank_time[slow]),
-        "tp_comm_s": m * sum(st.tp_comm_s for st in mine),
-        "pp_comm_s": m * sum(st.p2p_s for st in mine),
+        "compute_s": m * mine(compute_s),
+        "bubble_s": idle_s(pipe_s, m * float(rank_time[slow])),
+        "tp_comm_s": m * mine(tp_s),
+        "pp_comm_s": m * mine(p2p_s),
         "dp_comm_s": dp_s,
         "optimizer_s": opt_s,
     }
     if cfg.cp > 1:
-        breakdown["cp_comm_s"] = m * sum(st.cp_comm_s for st in mine)
+        breakdown["cp_comm_s"] = m * mine(cp_s)
     if cfg.ep * cfg.etp > 1:
-        breakdown["ep_comm_s"] = m * sum(st.ep_comm_s for st in mine)
+        breakdown["ep_comm_s"] = m * mine(ep_s)
     breakdown["straggler_s"] = excess * (breakdown["compute_s"] + opt_s)
+    return pipe_s + dp_s + opt_s + breakdown["straggler_s"], breakdown
+
+
+def step_flops(ma, cfg: Config, training: TrainingSpec) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of a step: forward and backward of the global batch, and
+    those plus the forward recomputed under ``cfg.recompute``."""
     model_flops = ma.train_flops_per_sample * training.global_batch
-    ckpt = ma.checkpointed
-    causal = 0.5 * float(np.sum(ma.work.attn_causal_flops[ckpt]))
-    w = ma.work
-    weight_gemms = w.mm_flops_tp + w.mm_flops_rep - w.fused_attn_flops_rep
-    rc_flops = {"none": 0.0, "selective": float(np.sum(w.attn_flops[ckpt])) - causal,
-                "full": float(np.sum(w.fwd_flops[ckpt])) - causal,
-                "op": float(np.sum((weight_gemms * w.op_recompute_gemm_share)[ckpt]))
-                }[cfg.recompute]
-    rc_flops *= training.global_batch
-    return Estimate(config=cfg, stages=stages,
-                    step_time_s=pipe_s + dp_s + opt_s + breakdown["straggler_s"],
-                    breakdown=breakdown, straggler_excess=excess,
-                    peak_memory_bytes=max(r["total"] for r in ranks),
-                    model_flops=model_flops, hardware_flops=model_flops + rc_flops,
-                    cut_p2p_s=cut_p2p)
+    rc_flops = ma.flops_memo.get(cfg.recompute)
+    if rc_flops is None:
+        rc_flops = ma.flops_memo[cfg.recompute] = _recomputed_flops(ma, cfg.recompute)
+    return model_flops, model_flops + rc_flops * training.global_batch
+
+
+def _recomputed_flops(ma, recompute: str) -> float:
+    """Forward FLOPs per sample that ``recompute`` runs again."""
+    if recompute == "none":
+        return 0.0
+    w, ckpt = ma.work, ma.checkpointed
+    causal = 0.5 * float(np.sum(w.attn_causal_flops[ckpt]))
+    if recompute == "selective":
+        return float(np.sum(w.attn_flops[ckpt])) - causal
+    if recompute == "full":
+        return float(np.sum(w.fwd_flops[ckpt])) - causal
+    if recompute == "op":
+        weight_gemms = w.mm_flops_tp + w.mm_flops_rep - w.fused_attn_flops_rep
+        return float(np.sum((weight_gemms * w.op_recompute_gemm_share)[ckpt]))
+    raise KeyError(recompute)
 
 
 def idle_s(step_s: float, busy_s: float) -> float:
@@ -198,77 +327,114 @@ def weight_grad_s(st: StageEstimate) -> float:
     return 0.5 * (st.compute_s - st.fwd_s - st.recompute_s)
 
 
-def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> list[float]:
-    """Per chunk: seconds per micro-batch spent sending (its output forward, its input's
-    gradient back). With tensor parallelism each rank sends 1/t of the activation and the receivers
-    all-gather it inside the node (Megatron-LM's scatter-gather optimization)."""
-    sends = [0.0] * (len(bounds) - 1)
-    cuts = []
-    for c in range(len(bounds) - 2):
-        link = placement.link_between(cfg, cluster, c % cfg.pp, (c + 1) % cfg.pp)
-        nbytes = ma.cut_bytes[bounds[c + 1] - 1] * cfg.micro_batch / (cfg.tp * cfg.cp)
-        one_way = comm.p2p_s(nbytes, link)
-        sends[c] += one_way  # activations forward
-        sends[c + 1] += one_way  # gradients back
-        cuts.append(one_way)
-    return sends, cuts
+def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> tuple[np.ndarray,
+                                                                             np.ndarray]:
+    """(per chunk: seconds per micro-batch spent sending (its output forward, its input's
+    gradient back), per cut: one send). With tensor parallelism each rank sends 1/t of the
+    activation and the receivers all-gather it inside the node (Megatron-LM's scatter-gather
+    optimization)."""
+    n = len(bounds) - 1
+    sends = np.zeros(n)
+    if n < 2:
+        return sends, np.zeros(0)
+    crosses = placement.next_rank_crosses(cfg, cluster)[np.arange(n - 1) % cfg.pp]
+    inter, intra = cluster.inter_node, cluster.intra_node
+    latency = np.where(crosses, inter.latency_s, intra.latency_s)
+    speed = np.where(crosses, inter.effective_bytes_per_s, intra.effective_bytes_per_s)
+    nbytes = ma.cut_bytes[np.asarray(bounds[1:-1]) - 1] * cfg.micro_batch / (cfg.tp * cfg.cp)
+    one_way = np.where(nbytes > 0, latency + nbytes / speed, 0.0)  # comm.p2p_s
+    sends[:-1] += one_way  # activations forward
+    sends[1:] += one_way  # gradients back
+    return sends, one_way
+
+
+class RankMemory:
+    """Per pipeline rank (numpy arrays over ranks): parameters held, micro-batches in flight,
+    memory by kind, DTensor parameter tensors; ``act``: per chunk, one micro-batch's activation
+    bytes."""
+
+    def __init__(self, cfg: Config, bounds, act: np.ndarray, ma, costs, training: TrainingSpec):
+        pp = cfg.pp
+        starts = np.asarray(bounds[:-1])
+        # per chunk (one pass over the blocks each): sums and maxima the ranks add up below
+        chunk_params = np.add.reduceat(costs.params_local, starts)
+        chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
+        chunk_work = np.maximum.reduceat(costs.work_bytes, starts)
+        chunk_largest = np.maximum.reduceat(costs.params_local, starts)
+        chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
+        chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
+        kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
+                  offload=cfg.offload_optimizer, layout=training.engine.state_layout)
+        whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                         zero=0, dp=1, layout=training.engine.state_layout)
+        # tied weights read by two blocks on one rank are held once
+        tied = [0.0] * pp
+        if ma.shared:
+            owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % pp
+            for i, j, n, split in ma.shared:
+                if owner[i] == owner[j]:
+                    tied[owner[i]] += n / cfg.tp if split else n
+        self.params = rank_sums(chunk_params, pp) - np.array(tied)
+        self.expert_params = rank_sums(chunk_experts, pp)
+        self.in_flight = _in_flight(cfg.schedule, pp, cfg.num_microbatches, cfg.vpp)
+        """Per rank, as costmodels.pipeline.in_flight gives it (an int or a float)."""
+        states = memory.model_state_bytes(self.params - self.expert_params, dp=cfg.dp * cfg.cp,
+                                          **kw)
+        has_experts = self.expert_params != 0
+        if has_experts.any():  # the experts' states, sharded over their own replicas
+            expert_states = memory.model_state_bytes(self.expert_params, dp=cfg.edp, **kw)
+            states = {k: np.where(has_experts, v + expert_states[k], v) for k, v in states.items()}
+        working = rank_max(chunk_work, pp)
+        largest = rank_max(chunk_largest, pp)
+        if cfg.zero == 3:  # the running and the prefetched block's weights, gathered
+            working = working + 2 * whole["weights"] * largest
+        if cfg.zero >= 2:  # a block's gradient, whole until its reduce-scatter is done
+            working = working + whole["grads"] * largest
+        self.memory = {**states, "activations": np.array(self.in_flight, dtype=float)
+                       * rank_totals(act, pp), "working": working}
+        """Bytes per rank by kind, and their total."""
+        total = 0.0
+        for v in self.memory.values():
+            total = total + v
+        self.memory["total"] = total
+        self.peak = float(np.max(total))
+        split = rank_sums(chunk_split, pp)
+        self.dtensors = (split + rank_sums(chunk_rep, pp) if cfg.dp > 1
+                         else split if cfg.tp > 1 else np.zeros(pp))
+
+    def dicts(self) -> list[dict]:
+        """Per rank: memory by kind (bytes)."""
+        columns = {k: v.tolist() for k, v in self.memory.items()}
+        return [{k: v[r] for k, v in columns.items()} for r in range(len(self.in_flight))]
+
+    def fill(self, stages, dicts: list[dict]) -> None:
+        """Each chunk's params, in_flight, memory, expert_params, dtensor_params from its rank."""
+        params, experts_ = self.params.tolist(), self.expert_params.tolist()
+        dtensors = self.dtensors.tolist()
+        for st in stages:
+            r = st.rank
+            st.params, st.in_flight, st.memory = params[r], self.in_flight[r], dicts[r]
+            st.expert_params, st.dtensor_params = experts_[r], dtensors[r]
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_flight(schedule: str, pp: int, m: int, vpp: int) -> tuple:
+    return tuple(pipeline.in_flight(schedule, stage=r, stages=pp, microbatches=m, vpp=vpp)
+                 for r in range(pp))
 
 
 def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) -> list[dict]:
     """Per pipeline rank: memory by kind; also fills each chunk's params, in_flight, memory."""
-    out = []
-    starts = np.asarray(bounds[:-1])
-    assert all(b > a for a, b in zip(bounds, bounds[1:])), f"an empty chunk in {bounds}"
-    # per chunk (one pass over the blocks each): sums and maxima the ranks add up below
-    chunk_params = np.add.reduceat(costs.params_local, starts)
-    chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
-    chunk_work = np.maximum.reduceat(costs.work_bytes, starts)
-    chunk_largest = np.maximum.reduceat(costs.params_local, starts)
-    chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
-    chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
-    whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                     zero=0, dp=1, layout=training.engine.state_layout)
-    # tied weights read by two blocks on one rank are held once
-    owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % cfg.pp
-    tied = [0.0] * cfg.pp
-    for i, j, n, split in ma.shared:
-        if owner[i] == owner[j]:
-            tied[owner[i]] += n / cfg.tp if split else n
-    for r in range(cfg.pp):
-        mine = [st for st in stages if st.rank == r]
-        idx = [st.index for st in mine]
-        params = float(chunk_params[idx].sum()) - tied[r]
-        expert_params = float(chunk_experts[idx].sum())
-        in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
-                                       microbatches=cfg.num_microbatches, vpp=cfg.vpp)
-        kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
-                  offload=cfg.offload_optimizer, layout=training.engine.state_layout)
-        states = memory.model_state_bytes(params - expert_params, dp=cfg.dp * cfg.cp, **kw)
-        if expert_params:
-            states = {k: v + memory.model_state_bytes(expert_params, dp=cfg.edp, **kw)[k]
-                      for k, v in states.items()}
-        act = in_flight * sum(st.act_bytes for st in mine)
-        working = float(chunk_work[idx].max())
-        largest = float(chunk_largest[idx].max())
-        if cfg.zero == 3:  # the running and the prefetched block's weights, gathered
-            working += 2 * whole["weights"] * largest
-        if cfg.zero >= 2:  # a block's gradient, whole until its reduce-scatter is done
-            working += whole["grads"] * largest
-        mem = {**states, "activations": act, "working": working}
-        mem["total"] = sum(mem.values())
-        split = float(chunk_split[idx].sum())
-        dtensors = (split + float(chunk_rep[idx].sum()) if cfg.dp > 1
-                    else split if cfg.tp > 1 else 0.0)
-        for st in mine:
-            st.params, st.in_flight, st.memory = params, in_flight, mem
-            st.expert_params = expert_params
-            st.dtensor_params = dtensors
-        out.append(mem)
+    ranks = RankMemory(cfg, bounds, np.array([st.act_bytes for st in stages], dtype=float), ma,
+                       costs, training)
+    out = ranks.dicts()
+    ranks.fill(stages, out)
     return out
 
 
-def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: TrainingSpec):
-    """Exposed data-parallel communication and the optimizer update; the slowest rank sets both."""
+def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: TrainingSpec):
+    """Exposed data-parallel communication and the optimizer update; the slowest rank sets both
+    (per rank as numpy arrays)."""
     group = placement.dp_group(cfg, cluster)
     expert_group = placement.edp_group(cfg, cluster)
     states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
@@ -279,38 +445,37 @@ def _dp_and_optimizer_s(cfg: Config, stages, ranks, cluster: Cluster, training: 
     traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
                                              layout=training.engine.state_layout)
     refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
-    dp_s = opt_s = 0.0
-    for r in range(cfg.pp):
-        mine = [st for st in stages if st.rank == r]
-        params = mine[0].params
-        expert_params = mine[0].expert_params
-        compute_s = sum(st.compute_s for st in mine)
-        backward_s = compute_s - sum(st.fwd_s for st in mine)
-        exposed = exposed_dp_s(cfg, (params - expert_params) * grad_b, group, cluster, compute_s,
-                               backward_s, training.engine.overlap_grad_reduce)
-        if expert_params:  # the experts' gradients, over their own replicas, in the same window
-            exposed = max(exposed, exposed_dp_s(
-                cfg, expert_params * grad_b, expert_group, cluster, compute_s, backward_s,
-                training.engine.overlap_grad_reduce))
-        if training.engine.fsdp_copies:
-            # the dense parameters: the experts' gradients are reduced apart (over edp)
-            exposed += fsdp_copies_s(cfg, (params - expert_params) * grad_b, cluster.device)
-        dp_s = max(dp_s, exposed)
-        dense_shard = cfg.dp * cfg.cp if cfg.zero >= 1 else 1
-        expert_shard = cfg.edp if cfg.zero >= 1 else 1
-        local = (params - expert_params) / dense_shard + expert_params / expert_shard
-        shard = params / local if local else 1.0
-        if cfg.offload_optimizer:
-            step = compute.offloaded_optimizer_step_s(
-                params / shard, cluster.device, traffic_bytes_per_param=traffic,
-                grad_bytes=DTYPE_BYTES[training.dtype], weight_bytes=DTYPE_BYTES[training.dtype])
-        else:
-            step = compute.optimizer_step_s(params / shard, cluster.device,
-                                            traffic_bytes_per_param=traffic,
-                                            dtensor_params=mine[0].dtensor_params)
-        step += params * refresh_b / cluster.device.memory_bytes_per_s  # FP8 weight copies
-        opt_s = max(opt_s, step)
-    return dp_s, opt_s
+    ranks = split.ranks
+    params, expert_params = ranks.params, ranks.expert_params
+    compute_s, backward_s = split.rank_compute_s, split.rank_backward_s
+    overlap = training.engine.overlap_grad_reduce
+    dense = params - expert_params
+    exposed = exposed_dp_s(cfg, dense * grad_b, group, cluster, compute_s, backward_s, overlap)
+    has_experts = expert_params != 0
+    if has_experts.any():  # the experts' gradients, over their own replicas, in the same window
+        exposed = np.where(has_experts, np.maximum(exposed, exposed_dp_s(
+            cfg, expert_params * grad_b, expert_group, cluster, compute_s, backward_s, overlap)),
+            exposed)
+    if training.engine.fsdp_copies:
+        # the dense parameters: the experts' gradients are reduced apart (over edp)
+        exposed = exposed + np.array([fsdp_copies_s(cfg, b, cluster.device)
+                                      for b in (dense * grad_b).tolist()])
+    dp_s = max(0.0, float(np.max(exposed)))
+    dense_shard = cfg.dp * cfg.cp if cfg.zero >= 1 else 1
+    expert_shard = cfg.edp if cfg.zero >= 1 else 1
+    local = dense / dense_shard + expert_params / expert_shard
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shard = np.where(local != 0, params / local, 1.0)
+    if cfg.offload_optimizer:
+        step = compute.offloaded_optimizer_step_s(
+            params / shard, cluster.device, traffic_bytes_per_param=traffic,
+            grad_bytes=DTYPE_BYTES[training.dtype], weight_bytes=DTYPE_BYTES[training.dtype])
+    else:
+        step = compute.optimizer_step_s(params / shard, cluster.device,
+                                        traffic_bytes_per_param=traffic,
+                                        dtensor_params=ranks.dtensors)
+    step = step + params * refresh_b / cluster.device.memory_bytes_per_s  # FP8 weight copies
+    return dp_s, max(0.0, float(np.max(step)))
 
 
 def fsdp_copies_s(cfg: Config, nbytes: float, device) -> float:
@@ -335,8 +500,8 @@ def fsdp_copies_s(cfg: Config, nbytes: float, device) -> float:
     return copies * compute.copy_s(nbytes, device)
 
 
-def exposed_dp_s(cfg: Config, nbytes: float, group, cluster: Cluster, compute_s: float,
-                 backward_s: float, overlap: bool) -> float:
+def exposed_dp_s(cfg: Config, nbytes, group, cluster: Cluster, compute_s, backward_s,
+                 overlap: bool):
     """Data-parallel traffic of one step that compute does not hide (Rajbhandari et al. 2020, §7):
 
     - ZeRO-0/1: gradients accumulate locally; one all-reduce (ZeRO-1: reduce-scatter + all-gather,
@@ -345,15 +510,16 @@ def exposed_dp_s(cfg: Config, nbytes: float, group, cluster: Cluster, compute_s:
       sharded), and the updated weights all-gathered after the step.
     - ZeRO-3: weights are all-gathered before every micro-batch's forward and backward and
       gradients reduce-scattered after it, prefetched behind compute (FSDP).
-    Without overlap every byte is exposed."""
+    Without overlap every byte is exposed. ``nbytes``, ``compute_s`` and ``backward_s`` may be
+    numpy arrays (one entry per pipeline rank)."""
     m = cfg.num_microbatches
     scatter = comm.reduce_scatter_s(nbytes, group, cluster)
     gather = comm.allgather_s(nbytes, group, cluster)
     if cfg.zero <= 1:  # ZeRO-1 runs the two halves as separate calls (backend speeds may differ)
         sync = comm.allreduce_s(nbytes, group, cluster) if cfg.zero == 0 else scatter + gather
-        return max(0.0, sync - backward_s) if overlap else sync
+        return np.maximum(0.0, sync - backward_s) if overlap else sync
     if cfg.zero == 2:
         per_mb = scatter
-        return gather + (max(0.0, m * per_mb - m * backward_s) if overlap else m * per_mb)
+        return gather + (np.maximum(0.0, m * per_mb - m * backward_s) if overlap else m * per_mb)
     per_mb = 2 * gather + scatter
-    return max(0.0, m * per_mb - m * compute_s) if overlap else m * per_mb
+    return np.maximum(0.0, m * per_mb - m * compute_s) if overlap else m * per_mb
