@@ -18,6 +18,7 @@ plan when one is found at all.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import time
 from collections import Counter
@@ -32,11 +33,11 @@ from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import HeteroCluster
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import hetero
-from planner.search.costs import ModelArrays, block_costs, capacity_bytes, state_bytes_per_param
+from planner.search.costs import ModelArrays, block_costs, capacity_bytes
 from planner.search.evaluate import evaluate
 from planner.search.pricing import Estimate
 from planner.search.refine import cpsat_budget_s, refine, simulated
-from planner.search.space import CostKey, Space, enumerate_space
+from planner.search.space import CostKey, Group, Space, enumerate_space
 from planner.trace.graph import BlockGraph
 
 TIME_LIMIT = "not evaluated (time limit)"
@@ -143,62 +144,54 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     rejected: Counter = Counter()
     space = list(enumerate_space(Space.of(cluster, bg), training, options, rejected,
                                  mb_fits=_MicroBatchWall(pricer, options)))
-    total = sum(len(configs) for _, configs in space)
+    total = sum(len(group.variants) for group in space)
     top = _TopK(options.top_k + 1)
     # screen every configuration (its costs are shared by its group), then price best-first:
     # in increasing order of the lower bound, until the next bound cannot enter the top k
-    queue: list[tuple[float, int, Config, CostKey]] = []
-    costs_of: dict[CostKey, object] = {}
+    queue: list[tuple[float, int, Group, tuple]] = []
+    costs_of: dict[CostKey, object] = {}  # meshes of other pp and dp share a key's costs
     done = 0
-    priced_keys: dict[CostKey, object] = {}  # meshes of other pp and dp share a key's costs
-    for key, configs in space:
+    for group in space:
         if deadline is not None and queue and time.perf_counter() > deadline:
             rejected[TIME_LIMIT] += total - done
             break
-        costs = priced_keys.get(key)
+        key = group.key
+        costs = costs_of.get(key)
         if costs is None:
-            costs = priced_keys[key] = pricer.costs(key)
-        form = pricer.one(costs).cp_comm
-        # the configurations of one key share their mesh and micro-batch: the memory screen
-        # depends on the state sharding and the schedule's in-flight count, the bound on the
-        # schedule and the optimizer's placement
-        full: dict[tuple, bool] = {}
-        bounds: dict[tuple, float] = {}
-        for cfg in configs:
+            costs = costs_of[key] = pricer.costs(key)
+        screen = _Screen(group, costs, pricer, training)
+        for variant in group.variants:
             done += 1
-            if cfg.cp > 1 and cfg.cp_comm != form:
-                cfg = cfg.with_(cp_comm=form)  # the fastest exchange the key allowed
-            mem_key = (cfg.zero, cfg.offload_optimizer, cfg.schedule == "gpipe")
-            if mem_key not in full:
-                full[mem_key] = _out_of_memory(cfg, costs, pricer, training)
-            if full[mem_key]:
+            bound = screen.bound(variant)
+            if bound is None:
                 rejected[OUT_OF_MEMORY] += 1
-                continue
-            bound_key = (cfg.schedule, cfg.vpp, cfg.zero, cfg.offload_optimizer)
-            if bound_key not in bounds:
-                bounds[bound_key] = _bound_s(cfg, costs, pricer) + _optimizer_bound_s(
-                    cfg, costs, pricer, training)
-            queue.append((bounds[bound_key], done, cfg, key))
-            costs_of[key] = costs
-    queue.sort(key=lambda q: (q[0], q[1]))
-    for i, (bound, order, cfg, key) in enumerate(queue):
+            else:
+                queue.append((bound, done, group, variant))
+    # the queue in increasing (bound, enumeration order): popped as far as it is priced
+    heapq.heapify(queue)
+    queued = len(queue)
+    for i in range(queued):
+        bound, order, group, variant = queue[0]
         if progress and i % 64 == 0:
-            progress(i, len(queue))
+            progress(i, queued)
         if top.full and bound >= top.worst:
-            rejected[DOMINATED] += len(queue) - i
+            rejected[DOMINATED] += queued - i
             break
         if deadline is not None and top.priced and time.perf_counter() > deadline:
-            rejected[TIME_LIMIT] += len(queue) - i
+            rejected[TIME_LIMIT] += queued - i
             break
+        heapq.heappop(queue)
+        costs = costs_of[group.key]
+        cfg = group.config(variant, pricer.one(costs).cp_comm if group.key.cp > 1 else None)
         try:
-            est = pricer.price(cfg, costs_of[key])
+            est = pricer.price(cfg, costs)
         except InfeasibleError as exc:
             rejected[exc.reason] += 1
             continue
         if not top.offer(est, order):
             rejected[SLOWER] += 1
     if progress:
-        progress(len(queue), len(queue))
+        progress(queued, queued)
     ranked = pricer.refine(top.ranked(), deadline)
     cut = bool(rejected[TIME_LIMIT])
     status, gap = ("feasible", None) if cut else ("optimal", 0.0)
@@ -229,78 +222,133 @@ class _MicroBatchWall:
             costs = self.pricer.costs(CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=1))
             one = costs[0] if isinstance(costs, list) else costs
             self.per_sample[tp] = float(one.act_bytes.sum())
-        spread = sum(1.0 / min(pp - i, m) for i in range(pp))
-        return mb * self.per_sample[tp] / (cp * spread) <= self.pricer.capacity
+        return mb * self.per_sample[tp] / (cp * _wall_spread(pp, m)) <= self.pricer.capacity
 
 
-def _out_of_memory(cfg: Config, costs, pricer: _Pricer, training: TrainingSpec) -> bool:
-    """A lower bound of the fullest rank's memory exceeds the largest device's. With S the model
-    states and A one micro-batch's activations over the whole model, and c_i >= min(pp - i, m)
-    micro-batches in flight on rank i under every schedule (m under GPipe), any split of the
-    blocks leaves some rank with at least (A + S / max c) / sum(1 / c_i): the average of the
-    ranks' memory weighted by 1 / c_i."""
-    bpp = min(state_bytes_per_param(cfg, training))  # experts' states may shard further
-    params, acts = _totals(pricer, costs, cfg.tp)
-    states = params * bpp
-    m, pp = cfg.num_microbatches, cfg.pp
-    if cfg.schedule == "gpipe":
-        most, spread = m, pp / m
-    else:  # c_i = min(pp - i, m): the first pp - m ranks hold m, the rest pp - i
-        full = max(0, pp - m)
-        most = min(pp, m)
-        spread = full / m + sum(1.0 / (pp - i) for i in range(full, pp))
-    need = (acts + states / most) / spread
-    return max(need, states / pp) > pricer.capacity
+@functools.lru_cache(maxsize=4096)
+def _wall_spread(pp: int, m: int) -> float:
+    """sum(1 / c_i), c_i = min(pp - i, m) (_MicroBatchWall)."""
+    return sum(1.0 / min(pp - i, m) for i in range(pp))
+
+
+class _Screen:
+    """The memory screen and the lower bound of one group's configurations. They share the
+    costs, the mesh and the micro-batch, so each part is found once for the knobs it depends on:
+    the memory screen per (ZeRO stage, offload, GPipe or not), the pipeline bound per (schedule,
+    vpp), the optimizer bound per (ZeRO stage, offload)."""
+
+    def __init__(self, group: Group, costs, pricer: _Pricer, training: TrainingSpec):
+        self.group, self.pricer, self.training = group, pricer, training
+        self.params, self.acts, self.total_s, self.slowest_s = _totals(pricer, costs,
+                                                                       group.key.tp)
+        base = group.config(group.variants[0])
+        self.replicas, self.edp = base.dp * base.cp, base.edp
+        self.fits: dict[tuple, bool] = {}
+        self.pipeline_s: dict[tuple, float] = {}
+        self.optimizer_s: dict[tuple, float] = {}
+
+    def bound(self, variant: tuple) -> float | None:
+        """A lower bound of the step time of ``variant`` (Group.variants), None when it cannot
+        fit (out_of_memory)."""
+        schedule, vpp, zero, offload = variant
+        memory_key = (zero, offload, schedule == "gpipe")
+        fits = self.fits.get(memory_key)
+        if fits is None:
+            fits = self.fits[memory_key] = not self.out_of_memory(*memory_key)
+        if not fits:
+            return None
+        pipe = self.pipeline_s.get((schedule, vpp))
+        if pipe is None:
+            pipe = self.pipeline_s[schedule, vpp] = self.pipeline_bound_s(schedule, vpp)
+        opt = self.optimizer_s.get((zero, offload))
+        if opt is None:
+            opt = self.optimizer_s[zero, offload] = self.optimizer_bound_s(zero, offload)
+        return pipe + opt
+
+    def out_of_memory(self, zero: int, offload: bool, gpipe: bool) -> bool:
+        """A lower bound of the fullest rank's memory exceeds the largest device's. With S the
+        model states and A one micro-batch's activations over the whole model, and
+        c_i >= min(pp - i, m) micro-batches in flight on rank i under every schedule (m under
+        GPipe), any split of the blocks leaves some rank with at least
+        (A + S / max c) / sum(1 / c_i): the average of the ranks' memory weighted by 1 / c_i."""
+        t = self.training
+        bpp = _least_state_bytes(zero, offload, self.replicas, self.edp, t.dtype, t.optimizer,
+                                 t.engine.state_layout)  # experts' states may shard further
+        states = self.params * bpp
+        pp = self.group.pp
+        most, spread = _in_flight_spread(pp, self.group.num_microbatches, gpipe)
+        need = (self.acts + states / most) / spread
+        return max(need, states / pp) > self.pricer.capacity
+
+    def pipeline_bound_s(self, schedule: str, vpp: int) -> float:
+        """A lower bound of the pipeline's time: the schedule's closed form (costmodels.pipeline)
+        on ranks as balanced as they can be: the busiest runs at least 1/pp of the model and at
+        least the slowest block, each block on its fastest device; nothing else."""
+        total_s, pp, m = self.total_s, self.group.pp, self.group.num_microbatches
+        t = max(total_s / pp, self.slowest_s)  # the busiest rank's share, at least
+        if schedule == "interleaved-1f1b":  # costmodels.pipeline: sum / v + (m - 1/v) max
+            return total_s / vpp + (m - 1 / vpp) * t
+        bound = total_s + (m - 1) * t
+        if schedule == "zb-h1":  # weight gradients fill the drain: at most half of a backward
+            bound -= 2 * min(pp - 1, m - 1) * t / 2
+        return bound
+
+    def optimizer_bound_s(self, zero: int, offload: bool) -> float:
+        """A lower bound of the optimizer step: the busiest rank holds at least 1/pp of the
+        parameters, sharded at most over max(dp x cp, edp) ranks (ZeRO >= 1); 0 on device
+        groups."""
+        if isinstance(self.pricer, _GroupPricer):
+            return 0.0
+        shard = max(self.replicas, self.edp) if zero >= 1 else 1
+        per_rank = self.params / self.group.pp / shard
+        device, t = self.pricer.cluster.device, self.training
+        traffic = memory.optimizer_traffic_bytes(dtype=t.dtype, optimizer=t.optimizer,
+                                                 layout=t.engine.state_layout)
+        if offload:
+            word = DTYPE_BYTES[t.dtype]
+            return compute.offloaded_optimizer_step_s(per_rank, device,
+                                                      traffic_bytes_per_param=traffic,
+                                                      grad_bytes=word, weight_bytes=word)
+        return compute.optimizer_step_s(per_rank, device, traffic_bytes_per_param=traffic)
+
+
+@functools.lru_cache(maxsize=4096)
+def _least_state_bytes(zero: int, offload: bool, replicas: int, edp: int, dtype: str,
+                       optimizer: str, layout: str) -> float:
+    """The fewer model-state bytes per parameter of the dense parameters (sharded over
+    ``replicas``) and the experts' (over ``edp``): costs.state_bytes_per_param."""
+    kw = dict(dtype=dtype, optimizer=optimizer, zero=zero, offload=offload, layout=layout)
+    return min(memory.state_bytes_per_param(dp=replicas, **kw),
+               memory.state_bytes_per_param(dp=edp, **kw))
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_flight_spread(pp: int, m: int, gpipe: bool) -> tuple[int, float]:
+    """(max c_i, sum of 1 / c_i) with c_i the fewest micro-batches in flight on rank i: m under
+    GPipe, min(pp - i, m) otherwise (the first pp - m ranks hold m, the rest pp - i)."""
+    if gpipe:
+        return m, pp / m
+    full = max(0, pp - m)
+    return min(pp, m), full / m + sum(1.0 / (pp - i) for i in range(full, pp))
 
 
 _TOTALS: dict = {}
 
 
-def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, float]:
-    """(parameters held per tp rank, one micro-batch's activation bytes over the model) of
-    ``costs``, computed once per costs object (the last few kept)."""
+def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, float, float, float]:
+    """(parameters held per tp rank, one micro-batch's activation bytes over the model, the
+    blocks' seconds on their fastest devices: in all and the slowest block's) of ``costs``,
+    computed once per costs object (the last few kept)."""
     key = id(costs)
     hit = _TOTALS.get(key)
     if hit is None or hit[0] is not costs:
         if len(_TOTALS) > 64:
             _TOTALS.clear()
+        fastest = pricer.fastest_s(costs)
         hit = _TOTALS[key] = (costs, pricer.params(costs, tp),
-                              float(pricer.one(costs).act_bytes.sum()))
-    return hit[1], hit[2]
-
-
-def _optimizer_bound_s(cfg: Config, costs, pricer: _Pricer, training: TrainingSpec) -> float:
-    """A lower bound of the optimizer step: the busiest rank holds at least 1/pp of the
-    parameters, sharded at most over max(dp x cp, edp) ranks (ZeRO >= 1); 0 on device groups."""
-    if isinstance(pricer, _GroupPricer):
-        return 0.0
-    params, _ = _totals(pricer, costs, cfg.tp)
-    shard = max(cfg.dp * cfg.cp, cfg.edp) if cfg.zero >= 1 else 1
-    per_rank = params / cfg.pp / shard
-    device = pricer.cluster.device
-    traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
-                                             layout=training.engine.state_layout)
-    if cfg.offload_optimizer:
-        word = DTYPE_BYTES[training.dtype]
-        return compute.offloaded_optimizer_step_s(per_rank, device, traffic_bytes_per_param=traffic,
-                                                  grad_bytes=word, weight_bytes=word)
-    return compute.optimizer_step_s(per_rank, device, traffic_bytes_per_param=traffic)
-
-
-def _bound_s(cfg: Config, costs, pricer: _Pricer) -> float:
-    """A lower bound of the step time: the schedule's closed form (costmodels.pipeline) on ranks
-    as balanced as they can be: the busiest runs at least 1/pp of the model and at least the
-    slowest block, each block on its fastest device; nothing else."""
-    fastest = pricer.fastest_s(costs)
-    total_s = float(fastest.sum())
-    t = max(total_s / cfg.pp, float(fastest.max()))  # the busiest rank's share, at least
-    m = cfg.num_microbatches
-    if cfg.schedule == "interleaved-1f1b":  # costmodels.pipeline: sum / v + (m - 1/v) max
-        return total_s / cfg.vpp + (m - 1 / cfg.vpp) * t
-    bound = total_s + (m - 1) * t
-    if cfg.schedule == "zb-h1":  # weight gradients fill the drain: at most half of a backward
-        bound -= 2 * min(cfg.pp - 1, m - 1) * t / 2
-    return bound
+                              float(pricer.one(costs).act_bytes.sum()), float(fastest.sum()),
+                              float(fastest.max()))
+    return hit[1:]
 
 
 class _TopK:

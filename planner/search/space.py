@@ -122,6 +122,35 @@ class CostKey:
                    etp=cfg.etp)
 
 
+@dataclass(frozen=True)
+class Group:
+    """Configurations that share a CostKey, a mesh and a micro-batch count: they differ only in
+    their ``variants``, (schedule, vpp, ZeRO stage, offload) each. A search screens most of them
+    without making a Config (``config`` makes one)."""
+
+    key: CostKey
+    dp: int
+    pp: int
+    num_microbatches: int
+    variants: tuple[tuple[str, int, int, bool], ...]
+
+    def config(self, variant: tuple[str, int, int, bool], cp_comm: str | None = None) -> Config:
+        """The configuration of ``variant``, with the K/V exchange ``cp_comm`` (default: the
+        first form the key allows)."""
+        k = self.key
+        schedule, vpp, zero, offload = variant
+        return Config(dp=self.dp, tp=k.tp, pp=self.pp, micro_batch=k.micro_batch,
+                      num_microbatches=self.num_microbatches, schedule=schedule,
+                      recompute=k.recompute, zero=zero, sequence_parallel=k.sp, vpp=vpp,
+                      offload_optimizer=offload, cp=k.cp,
+                      cp_comm=cp_comm or (k.cp_comm if isinstance(k.cp_comm, str)
+                                          else k.cp_comm[0]),
+                      ep=k.ep, etp=k.etp)
+
+    def configs(self) -> list[Config]:
+        return [self.config(v) for v in self.variants]
+
+
 # ---- rules ---------------------------------------------------------------------------------------
 
 def tp_reasons(tp: int, space: Space, pinned: bool = False) -> list[str]:
@@ -200,8 +229,9 @@ def pp_reason(pp: int, vpp: int, space: Space) -> str:
 def enumerate_space(space: Space, training: TrainingSpec, options: SearchOptions,
                     rejected: Counter,
                     mb_fits: Callable[[int, int, int, int], bool] | None = None
-                    ) -> Iterator[tuple[CostKey, list[Config]]]:
-    """Configurations grouped by CostKey; rejected points are counted in ``rejected``.
+                    ) -> Iterator[Group]:
+    """Configurations in Groups (one CostKey and mesh each; a CostKey recurs for every pp and dp);
+    rejected points are counted in ``rejected``.
     ``mb_fits(tp, pp, micro_batch, micro_batches)``: False when that micro-batch cannot fit in
     memory (a bound from the activations alone); such micro-batches are not enumerated, so how
     many divisors the batch has no longer decides how long the search takes."""
@@ -321,17 +351,13 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
                 rejected[MOE_SP] += 1
                 continue
             for rc in _choices(fix, "recompute", list(options.recompute)):
-                configs = [
-                    Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m,
-                           schedule=s, recompute=rc, zero=z, sequence_parallel=sp, vpp=v,
-                           offload_optimizer=o, cp=cp, cp_comm=comms[0], ep=ep, etp=etp)
-                    for s in schedules
-                    for v in _vpps(fix, s, pp, m, options, rejected, space)
-                    for z, o in states
-                ]
-                if configs:
-                    yield CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=mb, cp=cp,
-                                  cp_comm=comms, ep=ep, etp=etp), configs
+                variants = tuple((s, v, z, o) for s in schedules
+                                 for v in _vpps(fix, s, pp, m, options, rejected, space)
+                                 for z, o in states)
+                if variants:
+                    yield Group(key=CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=mb, cp=cp,
+                                            cp_comm=comms, ep=ep, etp=etp),
+                                dp=dp, pp=pp, num_microbatches=m, variants=variants)
 
 
 def _vpps(fix: dict, schedule: str, pp: int, m: int, options: SearchOptions,
