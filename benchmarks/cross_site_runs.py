@@ -10,8 +10,9 @@ The networks, as the log and its traffic-shaping generator (scheduler/generate_s
 set them:
 - case 1, one data center: 8 instances of 8 V100 (NVLink inside, which NCCL uses), 25 Gb/s per
   instance between instances (3.125 Gb/s per GPU pair in the generator);
-- case 2, spot instances: 8 instances of 4 V100 (100 Gb/s inside) and 32 of 1 V100; 10 Gb/s per
-  instance (1.25 Gb/s per GPU pair in the generator);
+- case 2, spot instances: 8 instances of 4 V100 (NVLink inside) and 32 of 1 V100; 10 Gb/s per
+  instance, as the log states it (its traffic shaper's matrix, 1.25 Gb/s per GPU pair, is for the
+  paper's own runs; whether Megatron's runs were shaped is not said);
 - case 3, two universities: 2 sites of 32 single-GPU machines; 5 Gb/s and 1 ms between machines of
   a site, 1.2 Gb/s (1.12 in the generator) and 11 ms between the sites, per machine.
 
@@ -65,11 +66,13 @@ CLUSTERS = {
     "1": {"name": "case1-datacenter", "device": "v100", "nodes": 8, "gpus_per_node": 8,
           "intra_node": NVLINK_V100,
           "inter_node": {"bandwidth_GBps": 25 / 8 / 8, "latency_us": 50}},
+    # 10 Gb/s per instance: a quarter of it per GPU on the 4-GPU instances, all of it on the
+    # 1-GPU ones; between the two kinds the slower end decides (a quarter of 10 Gb/s)
     "2": {"name": "case2-spot", "inter_node": {"bandwidth_GBps": 10 / 8 / 4, "latency_us": 50},
-          "inter_group": {"bandwidth_GBps": 1.25 / 8, "latency_us": 50},
+          "inter_group": {"bandwidth_GBps": 10 / 8 / 4, "latency_us": 50},
           "groups": [{"name": "p3.8xlarge", "nodes": 8, "gpus_per_node": 4, **V100_INSTANCE},
                      {"name": "p3.2xlarge", "nodes": 32, "gpus_per_node": 1, **V100_INSTANCE,
-                      "inter_node": {"bandwidth_GBps": 1.25 / 8, "latency_us": 50}}]},
+                      "inter_node": {"bandwidth_GBps": 10 / 8, "latency_us": 50}}]},
     "3": {"name": "case3-universities",
           "sites": [{"name": name, "device": "v100", "nodes": 32, "gpus_per_node": 1,
                      "intra_node": {"bandwidth": "100Gbps", "latency": "5us"},

@@ -9,7 +9,7 @@ import math
 import platform
 from importlib import metadata
 
-from costmodels.topology import Cluster
+from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import InternalError
 from planner.options import SearchOptions, TrainingSpec
 from planner.planfile.breakdown import BREAKDOWN_WORDS
@@ -19,7 +19,9 @@ from planner.schedule.builders import build
 from planner.search import placement
 from planner.search.loop import SearchResult
 from planner.search.pricing import Estimate
+from planner.search.costs import ModelArrays
 from planner.search.refine import repriced
+from planner.search.sites import placement_report
 from planner.trace.graph import BlockGraph, OpGraph
 
 
@@ -69,6 +71,9 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "target": options.target,
         "alternatives": [alternative(best, alt, training, cluster) for alt in result.alternatives],
     }
+    if isinstance(cluster, HeteroCluster) and cluster.is_sites and best.stages[0].group:
+        search["placements"] = placement_report(best, ModelArrays.from_blocks(bg), cluster,
+                                                training)
     provenance = {
         "planner": _version("planner"), "torch": _version("torch"),
         "transformers": _version("transformers"), "python": platform.python_version(),

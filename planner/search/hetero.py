@@ -11,6 +11,7 @@ re-timed by simulation. Pipeline sends between groups cross the ``inter_group`` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import numpy as np
@@ -24,7 +25,7 @@ from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import placement
 from planner.search.costs import BlockCosts, ModelArrays, block_costs, capacity_bytes, stage_memory
 from planner.search.pricing import Estimate, assemble, chunks, exposed_dp_s, rank_memory
-from planner.solve.chain import partition_staged
+from planner.solve.chain import partition, partition_staged
 from planner.solve.stage_groups import solve_hetero
 
 GROUP_SCHEDULES = ("1f1b", "gpipe")
@@ -70,14 +71,16 @@ def group_orders(hc: HeteroCluster, cfg: Config) -> list[list[int]]:
         orders = list(itertools.permutations(range(n)))
     else:
         cost = crossing_costs(hc, cfg, 1e9)
-        found = [tuple(range(n)), cheapest_chain(cost)]
-        for start in range(n):
-            chain, left = [start], set(range(n)) - {start}
-            while left:
-                nxt = min(left, key=lambda h: (cost[chain[-1]][h], h))
-                chain.append(nxt)
-                left.remove(nxt)
-            found.append(tuple(chain))
+        best = _chain(tuple(tuple(round(c, 9) for c in row) for row in cost))
+        found = [tuple(range(n)), best]
+        if not uniform(hc):  # devices differ: also start from each site
+            for start in range(n):
+                chain, left = [start], set(range(n)) - {start}
+                while left:
+                    nxt = min(left, key=lambda h: (cost[chain[-1]][h], h))
+                    chain.append(nxt)
+                    left.remove(nxt)
+                found.append(tuple(chain))
         orders = list(dict.fromkeys(o for f in found for o in (f, f[::-1])))
     return [[g for g in order for _ in range(slots[g])] for order in orders]
 
@@ -104,6 +107,11 @@ def cross_link(hc: HeteroCluster, cfg: Config, g: int, h: int):
     return hc.site_link(g, h).per_gpu(gpus, nodes)
 
 
+@functools.lru_cache(maxsize=256)
+def _chain(cost: tuple) -> tuple:
+    return cheapest_chain([list(row) for row in cost])
+
+
 def cheapest_chain(cost: list[list[float]]) -> tuple:
     """The order visiting every group once with the smallest sum of crossing costs (Held-Karp)."""
     n = len(cost)
@@ -128,7 +136,14 @@ def best_order(cfg: Config, ma: ModelArrays, hc: HeteroCluster, training: Traini
                options: SearchOptions, costs: list[BlockCosts]) -> Estimate:
     """The fastest placement of the groups along the pipeline (each order priced)."""
     found, last = [], None
-    for order in group_orders(hc, cfg):
+    orders = group_orders(hc, cfg)
+    if uniform(hc):  # one split serves every order: only the links between the groups differ
+        first = evaluate_hetero(cfg, orders[0], ma, hc, training, options, costs)
+        bounds = [0] + list(itertools.accumulate(len(st.blocks) for st in first.stages))
+        found = [first] + [price_hetero(cfg, bounds, order, ma, costs, hc, training)
+                           for order in orders[1:]]
+        return min(found, key=lambda e: e.step_time_s)
+    for order in orders:
         try:
             found.append(evaluate_hetero(cfg, order, ma, hc, training, options, costs))
         except InfeasibleError as exc:
@@ -136,6 +151,20 @@ def best_order(cfg: Config, ma: ModelArrays, hc: HeteroCluster, training: Traini
     if not found:
         raise last
     return min(found, key=lambda e: e.step_time_s)
+
+
+UNIFORM_REFINE_S = 2.0
+"""CP-SAT seconds spent re-checking the best plan on alike groups (sites of one kind), whose
+stage split (exact dynamic program) and chain of sites (exact Held-Karp over the crossings) are
+already computed exactly; CP-SAT reports its status and gap on the joint model."""
+
+
+def uniform(hc: HeteroCluster) -> bool:
+    """Every group alike (device, shape, links inside): groups differ only in where they are."""
+    first = hc.groups[0]
+    return all((g.device, g.nodes, g.gpus_per_node, g.intra_node, g.inter_node) ==
+               (first.device, first.nodes, first.gpus_per_node, first.intra_node, first.inter_node)
+               for g in hc.groups[1:])
 
 
 def group_costs(ma: ModelArrays, hc: HeteroCluster, training: TrainingSpec, *, tp: int, sp: bool,
@@ -155,9 +184,14 @@ def evaluate_hetero(cfg: Config, stage_group: list[int], ma: ModelArrays, hc: He
                     costs: list[BlockCosts] | None = None) -> Estimate:
     """Size the stages (exact DP) for a given group of every stage, then price the step."""
     costs = costs or _costs_of(cfg, ma, hc, training)
-    caps = [capacity_bytes(hc.groups[g], options) for g in stage_group]
-    part = partition_staged([costs[g].time_s.tolist() for g in stage_group], cfg.pp,
-                            stage_memory(cfg, costs[0], ma, training, 0.0), caps)
+    if uniform(hc):  # every stage on the same device: the homogeneous exact split
+        cap = capacity_bytes(hc.groups[0], options)
+        part = partition(costs[0].time_s.tolist(), cfg.pp,
+                         stage_memory(cfg, costs[0], ma, training, cap))
+    else:
+        caps = [capacity_bytes(hc.groups[g], options) for g in stage_group]
+        part = partition_staged([costs[g].time_s.tolist() for g in stage_group], cfg.pp,
+                                stage_memory(cfg, costs[0], ma, training, 0.0), caps)
     if part is None:
         raise InfeasibleError(f"{cfg.short()}: no split fits the groups' memory", reason="out of memory")
     return price_hetero(cfg, part.bounds, stage_group, ma, costs, hc, training)
@@ -165,7 +199,10 @@ def evaluate_hetero(cfg: Config, stage_group: list[int], ma: ModelArrays, hc: He
 
 def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: ModelArrays,
                  costs: list[BlockCosts], hc: HeteroCluster, training: TrainingSpec) -> Estimate:
-    """Each stage priced on its group's device; sends between groups cross ``inter_group``."""
+    """Each stage priced on its group's device; sends between groups cross ``inter_group`` (or the
+    pair's link, for sites). A stage's tp x dp ranks are consecutive in its group (the
+    ``tp-dp-pp`` order), which is where its sends and its gradient all-reduce go."""
+    lay = cfg.with_(placement="tp-dp-pp")
     group_of_block = np.concatenate([[stage_group[s]] * (b - a)
                                      for s, (a, b) in enumerate(zip(bounds, bounds[1:]))])
     stitched = BlockCosts(**{f.name: np.choose(group_of_block, [getattr(c, f.name) for c in costs])
@@ -174,7 +211,7 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
     sends, cuts = [0.0] * cfg.pp, []
     for s in range(cfg.pp - 1):
         g, h = stage_group[s], stage_group[s + 1]
-        link = cross_link(hc, cfg, g, h) if g != h else placement.link_between(cfg, hc.groups[g],
+        link = cross_link(hc, cfg, g, h) if g != h else placement.link_between(lay, hc.groups[g],
                                                                                 0, 1)
         one_way = comm.p2p_s(ma.cut_bytes[bounds[s + 1] - 1] * cfg.micro_batch / cfg.tp, link)
         sends[s] += one_way
@@ -188,7 +225,7 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
     for st in stages:
         group = hc.groups[stage_group[st.index]]
         nbytes = st.params * DTYPE_BYTES[training.dtype]
-        dp_s = max(dp_s, exposed_dp_s(cfg, nbytes, placement.dp_group(cfg, group), group,
+        dp_s = max(dp_s, exposed_dp_s(cfg, nbytes, placement.dp_group(lay, group), group,
                                       st.compute_s, st.compute_s - st.fwd_s,
                                       training.engine.overlap_grad_reduce))
         shard = cfg.dp if cfg.zero >= 1 else 1

@@ -126,6 +126,11 @@ class _GroupPricer(_Pricer):
         out = []
         for i, est in enumerate(ranked):
             budget = cpsat_budget_s(self.options, deadline, len(ranked) - i)
+            if hetero.uniform(self.cluster):  # alike groups: the exact split and chain stand;
+                if i > 0:                        # CP-SAT certifies the best one, briefly
+                    out.append(simulated(est, self.training))
+                    continue
+                budget = min(budget, hetero.UNIFORM_REFINE_S)
             out.append(simulated(hetero.refine_groups(est, self.ma, self.cluster, self.training,
                                                       self.options, budget), self.training))
         return sorted(out, key=lambda e: e.step_time_s)
