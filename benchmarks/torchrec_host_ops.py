@@ -1,5 +1,5 @@
 """How many ATen ops one TorchRec training step issues: the measurement behind
-planner.search.tables.SPARSE_HOST_OPS and SPARSE_HOST_OPS_PER_FEATURE.
+planner.search.tables.HOST_OPS_COMMON, HOST_OPS_SHARDED and HOST_OPS_DATA_PARALLEL.
 
 A DLRM with N one-feature tables (1,000 rows, dim 16, table-wise, FBGEMM's fused SGD) under
 DistributedModelParallel on 2 gloo processes; after three warm-up steps, one step (forward, loss,
@@ -33,7 +33,7 @@ def entry(n: int):
     return RecEntry("count", tuple([1000] * n), 16, bottom=(64, 16), top=(64, 32, 1))
 
 
-def _worker(rank: int, world: int, n: int, port: int, out) -> None:
+def _worker(rank: int, world: int, n: int, port: int, out, kinds=("table_wise",)) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -50,7 +50,7 @@ def _worker(rank: int, world: int, n: int, port: int, out) -> None:
 
     torch.manual_seed(0)
     model = RecNet(entry(n), device="meta")
-    constraints = {f"t_cat_{i}": ParameterConstraints(sharding_types=["table_wise"])
+    constraints = {f"t_cat_{i}": ParameterConstraints(sharding_types=[kinds[i % len(kinds)]])
                    for i in range(n)}
     sharders = [EmbeddingBagCollectionSharder(
         fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1})]
@@ -100,18 +100,23 @@ class Count(torch.utils._python_dispatch.TorchDispatchMode):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tables", default="8,26,64")
+    ap.add_argument("--kinds", default="table_wise",
+                    help="sharding types dealt round-robin over the tables (those TorchRec's stock "
+                         "sharder offers on CPU: table_wise, column_wise, data_parallel)")
     args = ap.parse_args(argv)
+    kinds = tuple(args.kinds.split(","))
     from planner.trace.recsys import RecNet, rec_model
 
     ctx = mp.get_context("spawn")
     rows = []
     for i, n in enumerate(int(x) for x in args.tables.split(",")):
         q = ctx.SimpleQueue()
-        mp.start_processes(_worker, args=(2, n, 29610 + i, q), nprocs=2, start_method="spawn")
+        mp.start_processes(_worker, args=(2, n, 29610 + i, q, kinds), nprocs=2,
+                           start_method="spawn")
         step_ops = q.get()
         dense = rec_model(RecNet(entry(n)), batch=BATCH).dense_ops
         rows.append((n, step_ops, dense, step_ops - 3 * dense))
-        print(f"{n:3d} tables: {step_ops} ops per step; dense forward {dense}; "
+        print(f"{n:3d} tables ({'+'.join(kinds)}): {step_ops} ops per step; dense forward {dense}; "
               f"sparse path {step_ops - 3 * dense}")
     if len(rows) >= 2:
         (n0, _, _, s0), (n1, _, _, s1) = rows[0], rows[-1]

@@ -46,15 +46,31 @@ DP_MAX_BYTES = 64 * 2**20
 """Tables larger than this are not offered data-parallel (their dense gradient all-reduce and
 replicas dominate)."""
 
-SPARSE_HOST_OPS = 176
-SPARSE_HOST_OPS_PER_FEATURE = 6
-"""ATen ops one training step issues beyond the dense part's forward and backward: TorchRec's input
-and output distribution, the fused table kernels and optimizer, the loss, the dense optimizer. Measured
-by benchmarks/torchrec_host_ops.py (TorchRec 1.8.0, DistributedModelParallel, table-wise tables, 2
-gloo ranks): 302, 410 and 638 ops per step with 8, 26 and 64 one-feature tables, of which 78 are the
-dense part's (3 x its 26 forward ops): 176 + 6 per feature. Each op costs the host
-``EngineSpec.host_op_s``; the device waits for the host where TorchRec synchronizes (the
-input distribution's lengths), so a step takes at least the host's time."""
+HOST_OPS_COMMON = 81
+HOST_OPS_SHARDED = (95, 6)
+HOST_OPS_DATA_PARALLEL = (39, 13)
+"""ATen ops one training step issues beyond the dense part's forward and backward (TorchRec's input
+and output distribution, the fused table kernels and optimizer, the loss, the dense optimizer):
+81, plus for each sharding type in the plan its own exchange, 95 ops and 6 per feature (table-,
+column-, row-wise ...), or 39 and 13 per feature for data-parallel tables (plain kernels, their
+gradients reduced with the dense part's). Measured by benchmarks/torchrec_host_ops.py (TorchRec
+1.8.0, DistributedModelParallel, 2 gloo ranks): table-wise or column-wise alone 176 + 6 per feature
+(8, 26 and 64 tables), data-parallel alone 120 + 13 per feature, 13 table-wise + 13 data-parallel
+tables 462 (the sum gives 462), 13 table- + 13 column-wise 410 (427), a third each 500 (522). Each
+op costs the host ``EngineSpec.host_op_s``; the device waits for the host where TorchRec
+synchronizes (the input distribution's lengths), so a step takes at least the host's time."""
+
+
+def host_ops(model: RecModel, layouts: list) -> int:
+    """Ops one step issues: the dense part's forward and backward, and the sparse path's."""
+    ops = 3 * model.dense_ops + HOST_OPS_COMMON
+    features: dict = {}
+    for t, lay in zip(model.tables, layouts):
+        features[lay.sharding] = features.get(lay.sharding, 0) + t.features
+    for kind, n in features.items():
+        base, per = HOST_OPS_DATA_PARALLEL if kind == "data_parallel" else HOST_OPS_SHARDED
+        ops += base + per * n
+    return ops
 
 
 @dataclass(frozen=True)
@@ -190,11 +206,11 @@ def option(table: Table, layout: Layout, env: RecEnv) -> Option:
             one = emb.price(table, Layout(layout.sharding, (s,), layout.tier, layout.cache_ratio),
                             env)
             pieces.append(_load(one, 0, env))
-        return Option(label=_label(layout), pieces=pieces)
+        return Option(label=_label(layout), pieces=pieces, group=layout.sharding)
     cost = emb.price(table, layout, env)
     fixed = {r: _load(cost, r, env) for r in layout.ranks}
     return Option(label=_label(layout), fixed=fixed,
-                  global_s=emb.allreduce_s(cost.allreduce_bytes, env))
+                  global_s=emb.allreduce_s(cost.allreduce_bytes, env), group=layout.sharding)
 
 
 def _label(layout: Layout) -> str:
@@ -267,7 +283,7 @@ def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: 
                       if W > 1 else 0.0,
                       recv_inter_s=2 * recv * (W - 1) / W * (1 - share) / env.inter_bytes_per_s
                       if W > cluster.gpus_per_node else 0.0,
-                      options=options)
+                      options=options, group_s=_group_costs(model, cluster, env, dtype, engine))
     t0 = time.perf_counter()
     limit = opts.time_limit_s if solve_time_limit_s is None else solve_time_limit_s
     placed = place(problem, time_limit_s=limit)
@@ -287,6 +303,22 @@ def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: 
         chosen.append(Layout(lay.sharding, tuple(shards), lay.tier, lay.cache_ratio))
     return _price_plan(model, cluster, env, chosen, dtype, engine, opts, problem, placed, wall,
                        dense_mem)
+
+
+def _group_costs(model: RecModel, cluster: Cluster, env: RecEnv, dtype: str,
+                 engine: EngineSpec) -> dict:
+    """What each sharding type's own exchange adds to the step, as the solver weighs it: its host
+    ops (HOST_OPS_SHARDED / HOST_OPS_DATA_PARALLEL), unless the host stays ahead of the dense
+    part's device time even with every type in the plan."""
+    dense = dense_times(model, cluster, env, dtype, engine)
+    device = dense["fwd_s"] + dense["bwd_s"]
+    one = engine.host_op_s * (3 * model.dense_ops + HOST_OPS_COMMON + HOST_OPS_SHARDED[0] +
+                              HOST_OPS_SHARDED[1] * sum(t.features for t in model.tables))
+    extra = {kind: engine.host_op_s * (HOST_OPS_DATA_PARALLEL[0] if kind == "data_parallel"
+                                       else HOST_OPS_SHARDED[0]) for kind in emb.SHARDING_TYPES}
+    if one + sum(extra.values()) <= device:  # the host stays ahead whatever the mix
+        return {kind: 0.0 for kind in extra}
+    return extra
 
 
 def price_layouts(model: RecModel, cluster: Cluster, chosen: list, *, global_batch: int,
@@ -343,9 +375,7 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, problem, place
         device = sparse + compute + exposed + max(0.0, input_s - (sparse + compute))
     else:
         device = sparse + compute + exposed + input_s
-    features = sum(t.features for t in model.tables)
-    host = engine.host_op_s * (3 * model.dense_ops + SPARSE_HOST_OPS
-                               + SPARSE_HOST_OPS_PER_FEATURE * features)
+    host = engine.host_op_s * host_ops(model, chosen)
     step = max(device, host)
     for p in per_rank:
         p["time_s"] = p["sparse_s"] + compute + exposed

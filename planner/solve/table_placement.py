@@ -60,6 +60,9 @@ class Option:
     """Load of each piece (placed by the solver)."""
     global_s: float = 0.0
     """Seconds every rank spends on this option outside its own load (gradient all-reduce)."""
+    group: str = ""
+    """The option's group (a sharding type): the first option of a group chosen costs the
+    group's seconds once (``Problem.group_s``: the host issuing that group's exchanges)."""
 
 
 @dataclass
@@ -77,6 +80,8 @@ class Problem:
     """Per table, its Options."""
     base_s: float = 0.0
     """Latency and other per-rank seconds that no choice changes."""
+    group_s: dict = field(default_factory=dict)
+    """Seconds a group costs once when any of its options is chosen."""
 
 
 @dataclass
@@ -105,6 +110,8 @@ def evaluate(problem: Problem, choice: list, ranks: list) -> tuple:
         for piece, r in zip(opt.pieces, rs):
             loads[r].add(piece)
         glob += opt.global_s
+    groups = {problem.options[t][o].group for t, o in enumerate(choice)}
+    glob += sum(problem.group_s.get(g, 0.0) for g in groups)
     return max(rank_time(problem, ld) for ld in loads) + glob, loads
 
 
@@ -132,6 +139,7 @@ def greedy(problem: Problem) -> tuple | None:
     loads = [Load() for _ in range(problem.world)]
     choice, ranks = [0] * len(order), [[] for _ in order]
     glob = 0.0
+    used: set = set()
     for t in order:
         best = None
         for o, opt in enumerate(problem.options[t]):
@@ -149,13 +157,17 @@ def greedy(problem: Problem) -> tuple | None:
                 placed.append(r)
             if len(placed) < len(opt.pieces) or not fits(problem, trial):
                 continue
-            score = max(rank_time(problem, ld) for ld in trial) + glob + opt.global_s
+            new_group = problem.group_s.get(opt.group, 0.0) if opt.group not in used else 0.0
+            score = max(rank_time(problem, ld) for ld in trial) + glob + opt.global_s + new_group
             if best is None or score < best[0] - 1e-12:
                 best = (score, o, placed, trial)
         if best is None:
             return None
         _, choice[t], ranks[t], loads = best
-        glob += problem.options[t][choice[t]].global_s
+        chosen = problem.options[t][choice[t]]
+        glob += chosen.global_s + (problem.group_s.get(chosen.group, 0.0)
+                                   if chosen.group not in used else 0.0)
+        used.add(chosen.group)
     return choice, ranks
 
 
@@ -177,6 +189,7 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
     y = {}  # (t, o, piece) -> [bool per rank]
     terms = {k: [[] for _ in range(W)] for k in KEYS}
     glob = []
+    group_used: dict = {}
     for t, opts in enumerate(problem.options):
         m.add_exactly_one(x[t])
         for o, opt in enumerate(opts):
@@ -196,6 +209,12 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
                             terms[k][r].append((v, ys[r]))
             if opt.global_s:
                 glob.append((_units("time", opt.global_s), x[t][o]))
+            if problem.group_s.get(opt.group):
+                if opt.group not in group_used:
+                    group_used[opt.group] = m.new_bool_var(f"g_{opt.group}")
+                    glob.append((_units("time", problem.group_s[opt.group]),
+                                 group_used[opt.group]))
+                m.add_implication(x[t][o], group_used[opt.group])
     horizon = int(sum(max(_units("time", f.time) for f in [Load()] + list(o.fixed.values()) + o.pieces)
                       * (1 + len(o.pieces)) for opts in problem.options for o in opts)
                   + _units("time", problem.recv_intra_s + problem.recv_inter_s) * 4

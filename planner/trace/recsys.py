@@ -227,7 +227,9 @@ def _dense_work(module: nn.Module, batch: int) -> tuple:
     from torch.utils.flop_counter import FlopCounterMode  # lazy: only recommendation models
 
     if hasattr(module, "dense_forward") and hasattr(module, "dense_inputs"):
-        args = module.dense_inputs(batch)
+        dense = [p for n, p in module.named_parameters() if p.device.type != "meta"]
+        device = dense[0].device if dense else torch.device("meta")
+        args = module.dense_inputs(batch, device=device)
         counter = FlopCounterMode(display=False)
         ops = _OpCount()
         with counter, ops:
