@@ -17,10 +17,13 @@ from planner.solve.chain import StageMemory, partition
 
 
 def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
-             training: TrainingSpec, options: SearchOptions) -> Estimate:
-    """Split into stages (chunks), then price the step; raises InfeasibleError."""
+             training: TrainingSpec, options: SearchOptions,
+             splits: dict | None = None) -> Estimate:
+    """Split into stages (chunks), then price the step; raises InfeasibleError. ``splits``: a
+    dict the calls of one search share, which keeps each split found (configurations that
+    differ only in what the split does not depend on, 1F1B and ZB-H1 say, share it)."""
     mem = stage_memory(cfg, costs, ma, training, capacity_bytes(cluster, options))
-    part = partition(costs.time_s.tolist(), cfg.pp * cfg.vpp, mem)
+    part = _partition(cfg, costs, mem, splits)
     if part is None:
         raise InfeasibleError(_oom_message(cfg, mem), reason="out of memory")
     # The split does not depend on placement; price each order and keep the faster.
@@ -33,6 +36,21 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
                               reason="out of memory")
     placed = [split.placed(cfg.with_(placement=o), cluster) for o in orders]
     return split.estimate(min(placed, key=lambda p: p.step_time_s))
+
+
+def _partition(cfg: Config, costs: BlockCosts, mem: StageMemory, splits: dict | None):
+    """planner.solve.chain.partition of ``costs``' block times under ``mem``, found once per
+    ``splits``."""
+    if splits is None:
+        return partition(costs.time_s.tolist(), cfg.pp * cfg.vpp, mem)
+    # the block times, activations and transient bytes are those of ``costs`` (kept alive in
+    # the value, so that its id is not reused)
+    key = (id(costs), cfg.pp * cfg.vpp, tuple(mem.static), tuple(mem.in_flight), mem.capacity,
+           tuple(mem.shared))
+    hit = splits.get(key)
+    if hit is None or hit[0] is not costs:
+        hit = splits[key] = (costs, partition(costs.time_s.tolist(), cfg.pp * cfg.vpp, mem))
+    return hit[1]
 
 
 def _oom_message(cfg: Config, mem: StageMemory) -> str:

@@ -67,6 +67,7 @@ class _Pricer:
                  options: SearchOptions):
         self.bg, self.ma, self.cluster, self.training, self.options = bg, ma, cluster, training, options
         self.capacity = self.largest_capacity()
+        self.splits: dict = {}  # stage splits found (evaluate)
 
     def largest_capacity(self) -> float:
         """Usable bytes per GPU (of the largest device, on device groups)."""
@@ -92,7 +93,8 @@ class _Pricer:
         return costs
 
     def price(self, cfg: Config, costs) -> Estimate:
-        return evaluate(cfg, self.ma, costs, self.cluster, self.training, self.options)
+        return evaluate(cfg, self.ma, costs, self.cluster, self.training, self.options,
+                        self.splits)
 
     def refine(self, ranked: list[Estimate], deadline: float | None) -> list[Estimate]:
         def cost_of(cfg: Config):
