@@ -8,14 +8,16 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from costmodels.hardware import GB, get_device
+from costmodels.sites import parse_bandwidth, with_site_bandwidth
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
 from planner.inputs.clusters import load_cluster
 from planner.options import DTYPES, FIX_KEYS, OPTIMIZERS, parse_fix
 
 CLUSTER_KEYS = ("cluster", "nodes", "gpus_per_node", "device", "inter_node_bandwidth",
-                "intra_node_bandwidth")
-"""Keys that change the cluster (bandwidths in GB/s per GPU and direction)."""
+                "intra_node_bandwidth", "inter_region_bandwidth")
+"""Keys that change the cluster (node bandwidths in GB/s per GPU and direction; the bandwidth of
+every link between sites with a unit, 10Gbps or 1.25GB/s, in each link's own scope)."""
 TRAINING_KEYS = ("global_batch", "seq_len", "dtype", "optimizer")
 VARY_KEYS = CLUSTER_KEYS + TRAINING_KEYS + FIX_KEYS
 
@@ -60,6 +62,9 @@ def value(key: str, raw):
         if isinstance(raw, bool) or value < 1 or (isinstance(raw, float) and raw != value):
             raise SpecError(f"vary.{key}: expected a positive integer, got {raw!r}")
         return value
+    if key == "inter_region_bandwidth":
+        parse_bandwidth(raw, f"vary.{key}")
+        return str(raw).strip()
     if key.endswith("_bandwidth"):
         try:
             value = float(raw)
@@ -85,6 +90,12 @@ def point_cluster(s: Mapping) -> Cluster | HeteroCluster:
     """The cluster of one point: the preset or file, resized, with its device or links swapped."""
     changes = [k for k in ("device", "inter_node_bandwidth", "intra_node_bandwidth") if k in s]
     cl = load_cluster(s["cluster"])
+    if "inter_region_bandwidth" in s:
+        if not (isinstance(cl, HeteroCluster) and cl.is_sites):
+            raise SpecError("vary.inter_region_bandwidth: applies to a cluster of sites (the "
+                            "sites YAML form); this cluster has none")
+        cl = with_site_bandwidth(cl, parse_bandwidth(s["inter_region_bandwidth"],
+                                                     "vary.inter_region_bandwidth"))
     if isinstance(cl, HeteroCluster):
         if s["nodes"] or s["gpus_per_node"] or changes:
             raise SpecError("vary: a cluster with node groups cannot be resized or modified here; "

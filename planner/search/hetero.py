@@ -81,7 +81,9 @@ def group_orders(hc: HeteroCluster, cfg: Config) -> list[list[int]]:
                     chain.append(nxt)
                     left.remove(nxt)
                 found.append(tuple(chain))
-        orders = list(dict.fromkeys(o for f in found for o in (f, f[::-1])))
+        # alike groups joined by symmetric links: an order and its reverse cost the same
+        orders = list(dict.fromkeys(o for f in found for o in
+                                    ((f,) if uniform(hc) else (f, f[::-1]))))
     return [[g for g in order for _ in range(slots[g])] for order in orders]
 
 
@@ -95,6 +97,24 @@ def crossing_costs(hc: HeteroCluster, cfg: Config, nbytes: float) -> list[list[f
             if g != h:
                 out[g][h] = comm.p2p_s(nbytes, cross_link(hc, cfg, g, h))
     return out
+
+
+def crossing_offsets(hc: HeteroCluster, cfg: Config, ma: ModelArrays,
+                     stage_group: list[int]) -> list[float] | None:
+    """Per stage, the sends it makes across sites per micro-batch (one way to each neighbour on
+    another site), at the largest activation a cut may carry: what the split must leave room
+    for. None when no stage's neighbour is on another group."""
+    if not hc.is_sites or len(ma.cut_bytes) == 0:
+        return None
+    nbytes = float(np.max(ma.cut_bytes)) * cfg.micro_batch / cfg.tp
+    off = [0.0] * len(stage_group)
+    for s in range(len(stage_group) - 1):
+        g, h = stage_group[s], stage_group[s + 1]
+        if g != h:
+            t = comm.p2p_s(nbytes, cross_link(hc, cfg, g, h))
+            off[s] += t
+            off[s + 1] += t
+    return off if any(off) else None
 
 
 def cross_link(hc: HeteroCluster, cfg: Config, g: int, h: int):
@@ -137,12 +157,6 @@ def best_order(cfg: Config, ma: ModelArrays, hc: HeteroCluster, training: Traini
     """The fastest placement of the groups along the pipeline (each order priced)."""
     found, last = [], None
     orders = group_orders(hc, cfg)
-    if uniform(hc):  # one split serves every order: only the links between the groups differ
-        first = evaluate_hetero(cfg, orders[0], ma, hc, training, options, costs)
-        bounds = [0] + list(itertools.accumulate(len(st.blocks) for st in first.stages))
-        found = [first] + [price_hetero(cfg, bounds, order, ma, costs, hc, training)
-                           for order in orders[1:]]
-        return min(found, key=lambda e: e.step_time_s)
     for order in orders:
         try:
             found.append(evaluate_hetero(cfg, order, ma, hc, training, options, costs))
@@ -184,10 +198,11 @@ def evaluate_hetero(cfg: Config, stage_group: list[int], ma: ModelArrays, hc: He
                     costs: list[BlockCosts] | None = None) -> Estimate:
     """Size the stages (exact DP) for a given group of every stage, then price the step."""
     costs = costs or _costs_of(cfg, ma, hc, training)
-    if uniform(hc):  # every stage on the same device: the homogeneous exact split
-        cap = capacity_bytes(hc.groups[0], options)
+    if uniform(hc):  # every stage on the same device: the homogeneous exact split, with each
+        cap = capacity_bytes(hc.groups[0], options)  # stage's sends across sites counted in
         part = partition(costs[0].time_s.tolist(), cfg.pp,
-                         stage_memory(cfg, costs[0], ma, training, cap))
+                         stage_memory(cfg, costs[0], ma, training, cap),
+                         offsets=crossing_offsets(hc, cfg, ma, stage_group))
     else:
         caps = [capacity_bytes(hc.groups[g], options) for g in stage_group]
         part = partition_staged([costs[g].time_s.tolist() for g in stage_group], cfg.pp,

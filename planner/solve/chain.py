@@ -54,7 +54,8 @@ class Partition:
         return max(self.stage_times)
 
 
-def _greedy(times: Sequence[float], stages: int, bound: float, mem: StageMemory | None) -> list[int] | None:
+def _greedy(times: Sequence[float], stages: int, bound: float, mem: StageMemory | None,
+            offsets: Sequence[float] | None = None) -> list[int] | None:
     n = len(times)
     bounds = [0]
     i = 0
@@ -62,7 +63,8 @@ def _greedy(times: Sequence[float], stages: int, bound: float, mem: StageMemory 
         if i >= n:
             return None
         cap = n - (stages - s - 1)  # leave one block for every later stage
-        t = static = act = 0.0
+        t = offsets[s] if offsets is not None else 0.0
+        static = act = 0.0
         work = 0.0
         j = i
         while j < cap:
@@ -88,46 +90,54 @@ def _greedy(times: Sequence[float], stages: int, bound: float, mem: StageMemory 
     return bounds if i == n else None
 
 
-def _times_of(times: Sequence[float], bounds: list[int]) -> list[float]:
-    return [sum(times[a:b]) for a, b in zip(bounds, bounds[1:])]
+def _times_of(times: Sequence[float], bounds: list[int],
+              offsets: Sequence[float] | None = None) -> list[float]:
+    off = offsets if offsets is not None else [0.0] * (len(bounds) - 1)
+    return [sum(times[a:b]) + o for (a, b), o in zip(zip(bounds, bounds[1:]), off)]
 
 
 def partition(times: Sequence[float], stages: int, mem: StageMemory | None = None,
-              rel_tol: float = 1e-9) -> Partition | None:
-    """Optimal contiguous split of ``times`` into ``stages`` non-empty stages, or None if none fits."""
+              rel_tol: float = 1e-9, offsets: Sequence[float] | None = None) -> Partition | None:
+    """Optimal contiguous split of ``times`` into ``stages`` non-empty stages, or None if none fits.
+    ``offsets[s]``: seconds stage s spends whatever blocks it holds (sends across a slow link);
+    the bottleneck counts them."""
     n = len(times)
     if stages < 1 or n < stages:
         return None
+    off = list(offsets) if offsets is not None else [0.0] * stages
     total = float(sum(times))
-    hi_bounds = _greedy(times, stages, float("inf"), mem)
+    hi_bounds = _greedy(times, stages, float("inf"), mem, off)
     if hi_bounds is None:
         return None
     best = hi_bounds
-    hi = max(_times_of(times, best))
-    lo = max(max(times), total / stages)
+    hi = max(_times_of(times, best, off))
+    lo = max(max(times) + min(off), (total + sum(off)) / stages)
     if lo >= hi:
-        return Partition(best, _times_of(times, best))
-    first = _greedy(times, stages, lo * (1 + rel_tol), mem)
+        return Partition(best, _times_of(times, best, off))
+    first = _greedy(times, stages, lo * (1 + rel_tol), mem, off)
     if first is not None:
-        return Partition(first, _times_of(times, first))
-    # The optimal bottleneck is the time of some run of consecutive blocks: binary search over
-    # those values between the bounds (each probe is one greedy pass).
-    candidates = _interval_sums(times, lo, hi)
+        return Partition(first, _times_of(times, first, off))
+    # The optimal bottleneck is the time of some run of consecutive blocks (plus an offset):
+    # binary search over those values between the bounds (each probe is one greedy pass).
+    candidates = _interval_sums(times, lo, hi, sorted(set(off)))
     low, high = 0, len(candidates) - 1  # invariant: candidates[high] is feasible
     while low < high:
         mid = (low + high) // 2
-        b = _greedy(times, stages, candidates[mid] * (1 + rel_tol), mem)
+        b = _greedy(times, stages, candidates[mid] * (1 + rel_tol), mem, off)
         if b is None:
             low = mid + 1
         else:
             best, high = b, mid
-    return Partition(best, _times_of(times, best))
+    return Partition(best, _times_of(times, best, off))
 
 
-def _interval_sums(times: Sequence[float], lo: float, hi: float) -> list[float]:
-    """Sorted distinct sums of runs of consecutive times within [lo, hi] (hi included)."""
+def _interval_sums(times: Sequence[float], lo: float, hi: float,
+                   offsets: Sequence[float] = (0.0,)) -> list[float]:
+    """Sorted distinct sums of runs of consecutive times (plus each offset) within [lo, hi] (hi
+    included)."""
     prefix = np.concatenate(([0.0], np.cumsum(np.asarray(times, dtype=float))))
     sums = (prefix[None, :] - prefix[:, None])[np.triu_indices(len(prefix), k=1)]
+    sums = np.concatenate([sums + o for o in offsets])
     inside = sums[(sums >= lo * (1 - 1e-12)) & (sums <= hi * (1 + 1e-12))]
     values = np.unique(np.round(inside, 15))
     if values.size == 0 or values[-1] < hi:
