@@ -9,6 +9,7 @@ chain split, the DAG and the device-group solvers alike.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -141,8 +142,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     tp_s = comm.allreduce_s(tp_bytes, group, cluster, count=count)
     n = len(ma.names)
 
-    def vec(x) -> np.ndarray:  # scalars (e.g. no recomputation) broadcast over blocks
-        return np.broadcast_to(np.asarray(x, dtype=float), (n,)).copy()
+    def vec(x) -> np.ndarray:  # a new array; scalars (e.g. no recomputation) broadcast
+        out = np.array(x, dtype=float)
+        return out if out.shape == (n,) else np.broadcast_to(out, (n,)).copy()
 
     kept = engine.attention != "flash"  # eager attention's scores, saved or fused away
     fused = engine.kernels == "fused"  # element-wise chains keep only what enters them
@@ -234,9 +236,7 @@ def stage_memory(cfg: Config, costs: BlockCosts, ma: ModelArrays, training: Trai
     stage may use: ``capacity`` per GPU, of which a chunk may take 1/vpp (exact for vpp = 1).
     Tied weights read by two blocks are held once when both share a stage."""
     bpp, expert_bpp = state_bytes_per_param(cfg, training)
-    rank_in_flight = [pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
-                                         microbatches=cfg.num_microbatches, vpp=cfg.vpp)
-                      for r in range(cfg.pp)]
+    rank_in_flight = in_flight_per_rank(cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.vpp)
     shared = [(a, b, bpp * (n / cfg.tp if split else n)) for a, b, n, split in ma.shared]
     static = (costs.params_local - costs.expert_params_local) * bpp + \
         costs.expert_params_local * expert_bpp
@@ -244,6 +244,13 @@ def stage_memory(cfg: Config, costs: BlockCosts, ma: ModelArrays, training: Trai
                        work=costs.work_bytes.tolist(),
                        in_flight=[rank_in_flight[c % cfg.pp] for c in range(cfg.pp * cfg.vpp)],
                        capacity=capacity / cfg.vpp, shared=shared)
+
+
+@functools.lru_cache(maxsize=4096)
+def in_flight_per_rank(schedule: str, pp: int, microbatches: int, vpp: int) -> tuple:
+    """Per pipeline rank: costmodels.pipeline.in_flight (an int or a float, as it gives it)."""
+    return tuple(pipeline.in_flight(schedule, stage=r, stages=pp, microbatches=microbatches,
+                                    vpp=vpp) for r in range(pp))
 
 
 def state_bytes_per_param(cfg: Config, training: TrainingSpec) -> tuple[float, float]:

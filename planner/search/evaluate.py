@@ -34,7 +34,8 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
     if split.peak_memory_bytes > capacity_bytes(cluster, options):
         raise InfeasibleError(f"{cfg.short()}: a rank needs {split.peak_memory_bytes / 1e9:.3g} GB",
                               reason="out of memory")
-    placed = [split.placed(cfg.with_(placement=o), cluster) for o in orders]
+    placed = [split.placed(cfg if o == cfg.placement else cfg.with_(placement=o), cluster)
+              for o in orders]
     return split.estimate(min(placed, key=lambda p: p.step_time_s))
 
 

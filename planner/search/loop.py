@@ -166,14 +166,13 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         costs = costs_of.get(key)
         if costs is None:
             costs = costs_of[key] = pricer.costs(key)
-        screen = _Screen(group, costs, pricer, training)
-        for variant in group.variants:
-            done += 1
-            bound = screen.bound(variant)
-            if bound is None:
-                rejected[OUT_OF_MEMORY] += 1
-            else:
-                queue.append((bound, done, group, variant))
+        bounds = _Screen(group, costs, pricer, training).bounds()
+        queue.extend((bound, done + i, group, variant)
+                     for i, (variant, bound) in enumerate(zip(group.variants, bounds), 1)
+                     if bound is not None)
+        done += len(bounds)
+        if None in bounds:
+            rejected[OUT_OF_MEMORY] += bounds.count(None)
     # the queue in increasing (bound, enumeration order): popped as far as it is priced
     heapq.heapify(queue)
     queued = len(queue)
@@ -250,27 +249,30 @@ class _Screen:
                                                                        group.key.tp)
         base = group.config(group.variants[0])
         self.replicas, self.edp = base.dp * base.cp, base.edp
-        self.fits: dict[tuple, bool] = {}
-        self.pipeline_s: dict[tuple, float] = {}
-        self.optimizer_s: dict[tuple, float] = {}
 
-    def bound(self, variant: tuple) -> float | None:
-        """A lower bound of the step time of ``variant`` (Group.variants), None when it cannot
-        fit (out_of_memory)."""
-        schedule, vpp, zero, offload = variant
-        memory_key = (zero, offload, schedule == "gpipe")
-        fits = self.fits.get(memory_key)
-        if fits is None:
-            fits = self.fits[memory_key] = not self.out_of_memory(*memory_key)
-        if not fits:
-            return None
-        pipe = self.pipeline_s.get((schedule, vpp))
-        if pipe is None:
-            pipe = self.pipeline_s[schedule, vpp] = self.pipeline_bound_s(schedule, vpp)
-        opt = self.optimizer_s.get((zero, offload))
-        if opt is None:
-            opt = self.optimizer_s[zero, offload] = self.optimizer_bound_s(zero, offload)
-        return pipe + opt
+    def bounds(self) -> list[float | None]:
+        """Per variant (Group.variants): a lower bound of its step time, None when it cannot fit
+        (out_of_memory)."""
+        fits: dict[tuple, bool] = {}
+        pipeline_s: dict[tuple, float] = {}
+        optimizer_s: dict[tuple, float] = {}
+        out: list[float | None] = []
+        for schedule, vpp, zero, offload in self.group.variants:
+            memory_key = (zero, offload, schedule == "gpipe")
+            fit = fits.get(memory_key)
+            if fit is None:
+                fit = fits[memory_key] = not self.out_of_memory(*memory_key)
+            if not fit:
+                out.append(None)
+                continue
+            pipe = pipeline_s.get((schedule, vpp))
+            if pipe is None:
+                pipe = pipeline_s[schedule, vpp] = self.pipeline_bound_s(schedule, vpp)
+            opt = optimizer_s.get((zero, offload))
+            if opt is None:
+                opt = optimizer_s[zero, offload] = self.optimizer_bound_s(zero, offload)
+            out.append(pipe + opt)
+        return out
 
     def out_of_memory(self, zero: int, offload: bool, gpipe: bool) -> bool:
         """A lower bound of the fullest rank's memory exceeds the largest device's. With S the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,6 +11,7 @@ from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
 from planner.search import placement
+from planner.search.costs import in_flight_per_rank
 
 
 @dataclass
@@ -376,7 +376,7 @@ class RankMemory:
                     tied[owner[i]] += n / cfg.tp if split else n
         self.params = rank_sums(chunk_params, pp) - np.array(tied)
         self.expert_params = rank_sums(chunk_experts, pp)
-        self.in_flight = _in_flight(cfg.schedule, pp, cfg.num_microbatches, cfg.vpp)
+        self.in_flight = in_flight_per_rank(cfg.schedule, pp, cfg.num_microbatches, cfg.vpp)
         """Per rank, as costmodels.pipeline.in_flight gives it (an int or a float)."""
         states = memory.model_state_bytes(self.params - self.expert_params, dp=cfg.dp * cfg.cp,
                                           **kw)
@@ -415,12 +415,6 @@ class RankMemory:
             r = st.rank
             st.params, st.in_flight, st.memory = params[r], self.in_flight[r], dicts[r]
             st.expert_params, st.dtensor_params = experts_[r], dtensors[r]
-
-
-@functools.lru_cache(maxsize=4096)
-def _in_flight(schedule: str, pp: int, m: int, vpp: int) -> tuple:
-    return tuple(pipeline.in_flight(schedule, stage=r, stages=pp, microbatches=m, vpp=vpp)
-                 for r in range(pp))
 
 
 def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) -> list[dict]:
