@@ -57,10 +57,19 @@ def restrict(options: SearchOptions) -> SearchOptions:
                                expert_parallel=False, expert_tensor_parallel=False)
 
 
-ALL_ORDERS_UP_TO = 5
-"""Groups up to this many: every order along the pipeline is priced (120 orders); more: the
-listed order, the cheapest chain through the links between sites (exact, Held-Karp) and the
-nearest-neighbour chain from each site, each both ways; CP-SAT then refines the best."""
+ALL_ORDERS_UP_TO = 3
+"""Groups up to this many: every order along the pipeline is priced. More: alike groups (one
+device and shape) take the listed order and the cheapest chain through the links between them
+(exact, Held-Karp); groups of a few kinds take, for every order of the kinds, the cheapest chain
+that keeps each kind together; otherwise the listed order, the cheapest chain and the
+nearest-neighbour chain from each group, each both ways. CP-SAT then refines the best plan."""
+
+
+def kinds(hc: HeteroCluster) -> list[int]:
+    """Per group, the index of its kind (device, shape and links inside alike)."""
+    seen: dict = {}
+    return [seen.setdefault((repr(g.device), g.nodes, g.gpus_per_node, g.intra_node, g.inter_node),
+                            len(seen)) for g in hc.groups]
 
 
 def group_orders(hc: HeteroCluster, cfg: Config) -> list[list[int]]:
@@ -72,8 +81,21 @@ def group_orders(hc: HeteroCluster, cfg: Config) -> list[list[int]]:
     else:
         cost = crossing_costs(hc, cfg, 1e9)
         best = _chain(tuple(tuple(round(c, 9) for c in row) for row in cost))
-        found = [tuple(range(n)), best]
-        if not uniform(hc):  # devices differ: also start from each site
+        kind = kinds(hc)
+        count = max(kind) + 1
+        if count == 1:  # alike groups joined by symmetric links: an order = its reverse
+            orders = list(dict.fromkeys([tuple(range(n)), best]))
+        elif count <= ALL_ORDERS_UP_TO:
+            members = [[g for g in range(n) if kind[g] == k] for k in range(count)]
+            orders = [tuple(range(n))]
+            for seq in itertools.permutations(range(count)):
+                within = itertools.product(*(itertools.permutations(members[k]) for k in seq))
+                chains = (tuple(g for part in parts for g in part)
+                          for parts in itertools.islice(within, 5040))
+                orders.append(min(chains, key=lambda o: sum(cost[a][b] for a, b in zip(o, o[1:]))))
+            orders = list(dict.fromkeys(orders))
+        else:
+            found = [tuple(range(n)), best]
             for start in range(n):
                 chain, left = [start], set(range(n)) - {start}
                 while left:
@@ -81,9 +103,7 @@ def group_orders(hc: HeteroCluster, cfg: Config) -> list[list[int]]:
                     chain.append(nxt)
                     left.remove(nxt)
                 found.append(tuple(chain))
-        # alike groups joined by symmetric links: an order and its reverse cost the same
-        orders = list(dict.fromkeys(o for f in found for o in
-                                    ((f,) if uniform(hc) else (f, f[::-1]))))
+            orders = list(dict.fromkeys(o for f in found for o in (f, f[::-1])))
     return [[g for g in order for _ in range(slots[g])] for order in orders]
 
 
@@ -157,9 +177,17 @@ def best_order(cfg: Config, ma: ModelArrays, hc: HeteroCluster, training: Traini
     """The fastest placement of the groups along the pipeline (each order priced)."""
     found, last = [], None
     orders = group_orders(hc, cfg)
+    kind = kinds(hc)
+    splits: dict = {}  # the split depends on the kind of device of each stage only
     for order in orders:
+        key = tuple(kind[g] for g in order)
         try:
-            found.append(evaluate_hetero(cfg, order, ma, hc, training, options, costs))
+            if uniform(hc) or key not in splits:
+                est = evaluate_hetero(cfg, order, ma, hc, training, options, costs)
+                splits[key] = [0] + list(itertools.accumulate(len(st.blocks) for st in est.stages))
+            else:
+                est = price_hetero(cfg, splits[key], order, ma, costs, hc, training)
+            found.append(est)
         except InfeasibleError as exc:
             last = exc
     if not found:
