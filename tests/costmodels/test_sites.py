@@ -1,0 +1,75 @@
+"""The sites YAML form, link units and scopes."""
+
+import pytest
+
+from costmodels.errors import SpecError
+from costmodels.sites import parse_bandwidth, parse_latency, sites_from_mapping, with_site_bandwidth
+
+
+def site(name, nodes=2, gpn=8):
+    return {"name": name, "device": "h100", "nodes": nodes, "gpus_per_node": gpn,
+            "intra_node": {"bandwidth": "450GB/s", "latency": "3us"},
+            "inter_node": {"bandwidth": "400Gbps", "latency": "10us", "per": "node"}}
+
+
+def two(**link):
+    return {"name": "t", "sites": [site("a"), site("b")],
+            "links": [{"between": ["a", "b"], "bandwidth": "10Gbps", "latency": "30ms", **link}]}
+
+
+@pytest.mark.parametrize("text,want", [("10Gbps", 1.25e9), ("1.25GB/s", 1.25e9),
+                                       ("100 Mbps", 12.5e6), ("25 Gb/s", 3.125e9), (2, 2e9)])
+def test_bandwidth_units(text, want):
+    assert parse_bandwidth(text, "x") == pytest.approx(want)
+
+
+@pytest.mark.parametrize("text,want", [("30ms", 0.03), ("5us", 5e-6), ("0.5s", 0.5), (10, 1e-5)])
+def test_latency_units(text, want):
+    assert parse_latency(text, "x") == pytest.approx(want)
+
+
+@pytest.mark.parametrize("bad", ["10 furlongs", "-3Gbps", "fast", True])
+def test_bad_bandwidth_names_the_field(bad):
+    with pytest.raises(SpecError, match="links.0.bandwidth|links\\[0\\].bandwidth"):
+        sites_from_mapping(two(bandwidth=bad))
+
+
+def test_sites_become_groups_with_a_link_per_pair():
+    hc = sites_from_mapping(two())
+    assert [g.name for g in hc.groups] == ["a", "b"] and hc.num_gpus == 32
+    link = hc.site_link(1, 0)
+    assert link.bandwidth_bytes_per_s == pytest.approx(1.25e9) and link.latency_s == 0.03
+    assert link.per == "site"
+    # a per-node figure inside a site is shared by the node's 8 GPUs
+    assert hc.groups[0].inter_node.bandwidth_bytes_per_s == pytest.approx(50e9 / 8)
+
+
+def test_scope_shares_the_link():
+    hc = sites_from_mapping(two())
+    pipe = hc.site_link(0, 1)
+    # 16 GPUs sending 1 GB in all over one site pipe take 16x one GPU's share of a per-gpu link
+    per_site = pipe.transfer_s(1e9, gpus=16, nodes=2)
+    per_gpu = sites_from_mapping(two(per="gpu")).site_link(0, 1).transfer_s(1e9, gpus=16, nodes=2)
+    assert per_site - 0.03 == pytest.approx(16 * (per_gpu - 0.03))
+    assert with_site_bandwidth(hc, 2.5e9).site_link(0, 1).bandwidth_bytes_per_s == 2.5e9
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"links": []}, "no link between a and b"),
+    ({"links": [{"between": ["a", "c"], "bandwidth": "1Gbps", "latency": "1ms"}]}, "unknown site"),
+    ({"sites": [site("a")]}, "at least two sites"),
+    ({"sites": [site("a"), site("a")]}, "listed twice"),
+    ({"colour": "red"}, "unknown key"),
+])
+def test_bad_forms_are_one_line_errors(change, words):
+    with pytest.raises(SpecError, match=words):
+        sites_from_mapping({**two(), **change})
+
+
+def test_default_link_fills_missing_pairs():
+    spec = {"name": "t", "sites": [site("a"), site("b"), site("c")],
+            "links": [{"between": ["a", "b"], "bandwidth": "10Gbps", "latency": "30ms"}],
+            "default_link": {"bandwidth": "1Gbps", "latency": "80ms"}}
+    hc = sites_from_mapping(spec)
+    assert hc.site_link(0, 2).latency_s == pytest.approx(0.08)
+    assert hc.site_link(2, 1).bandwidth_bytes_per_s == pytest.approx(0.125e9)

@@ -1,0 +1,57 @@
+"""Plans on sites: the pipeline crosses slow links as little as it can, faster links never price
+slower, and the placement comparison ranks the plan's placement ahead of the naive and random."""
+
+import pytest
+
+from tests.conftest import TINY_LLAMA, write_config
+
+from costmodels.sites import sites_from_mapping, with_site_bandwidth
+from planner.api import plan_prepared, prepare
+from planner.options import SearchOptions, TrainingSpec, parse_fix
+from planner.search.hetero import cheapest_chain, restrict
+
+
+def site(name, nodes=1):
+    return {"name": name, "device": "a100-80g", "nodes": nodes, "gpus_per_node": 4,
+            "intra_node": {"bandwidth": "300GB/s", "latency": "3us"},
+            "inter_node": {"bandwidth": "25GB/s", "latency": "10us"}}
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    cfg = {**TINY_LLAMA, "num_hidden_layers": 12}
+    return prepare(write_config(tmp_path_factory.mktemp("llama12"), cfg), seq_len=256,
+                   dtype="bf16", cache_dir=None)
+
+
+def regions(links):
+    return sites_from_mapping({"name": "r", "sites": [site(n) for n in "abcd"],
+                               "links": links,
+                               "default_link": {"bandwidth": "1Gbps", "latency": "100ms"}})
+
+
+def test_cheapest_chain_is_exact():
+    cost = [[0, 1, 9, 9], [1, 0, 1, 9], [9, 1, 0, 1], [9, 9, 1, 0]]
+    assert cheapest_chain(cost) in ((0, 1, 2, 3), (3, 2, 1, 0))
+
+
+def test_pipeline_chains_the_fast_links(prepared):
+    # a-c and c-b and b-d are fast; the listed order a-b-c-d would cross slow links
+    fast = {"bandwidth": "100Gbps", "latency": "5ms"}
+    hc = regions([{"between": p, **fast} for p in (["a", "c"], ["c", "b"], ["b", "d"])])
+    training = TrainingSpec(global_batch=64, seq_len=256)
+    plan = plan_prepared(prepared, hc, training,
+                         restrict(SearchOptions(fix=parse_fix("tp=1,dp=2,pp=8"), top_k=0)))
+    order = list(dict.fromkeys(st["group"] for st in plan.stages))
+    assert order in (["a", "c", "b", "d"], ["d", "b", "c", "a"])
+    pl = plan.search["placements"]
+    assert pl["planned_s"] < pl["naive_s"] and pl["planned_s"] < pl["random_mean_s"]
+
+
+def test_more_bandwidth_never_prices_slower(prepared):
+    base = regions([])
+    training = TrainingSpec(global_batch=64, seq_len=256)
+    options = restrict(SearchOptions(fix=parse_fix("tp=1,dp=2,pp=8,micro_batch=1"), top_k=0))
+    steps = [plan_prepared(prepared, with_site_bandwidth(base, bw), training, options).step_time_s
+             for bw in (0.125e9, 1.25e9, 12.5e9)]
+    assert steps[0] >= steps[1] >= steps[2]
