@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     engine = engine_from_mapping("megatron-2021")
     tmp = tempfile.mkdtemp()
     prepared = {}
-    table, errs, by_case = [], {}, {}
+    table, errs, by_case, ratios = [], {}, {}, []
     t0 = time.perf_counter()
     for r in rows:
         case = r["scenario"].split()[1]
@@ -140,16 +140,20 @@ def main(argv=None) -> int:
             table.append([case, name, str(layers), str(batch), f"{measured:.2f}", "-", "-",
                           f"not priced: {str(exc).splitlines()[0][:70]}"])
             continue
-        if "random" in name:
-            table.append([case, name, str(layers), str(batch), f"{measured:.2f}", "-", "-",
-                          "random placement: see below"])
-            continue
-        pred = plan.step_time_s
+        pl = plan.search.get("placements") or {}
+        if "random" in name:  # the slot model's mean over random placements of the ranks
+            pred = pl["random_mean_s"]
+            ratios.append((measured, pl["naive_s"], pred, layers, batch))
+        else:
+            pred = plan.step_time_s
         err = pred / measured - 1
-        errs.setdefault(case, []).append(err)
-        by_case.setdefault((case, layers, batch), []).append((name, measured, pred))
+        errs.setdefault(case + (" random" if "random" in name else ""), []).append(err)
+        if "random" not in name:
+            by_case.setdefault((case, layers, batch), []).append((name, measured, pred))
+        how = ("slot model, mean of random placements" if "random" in name else
+               plan.parallel_summary)
         table.append([case, name, str(layers), str(batch), f"{measured:.2f}", f"{pred:.2f}",
-                      f"{100 * err:+.1f}%", plan.parallel_summary])
+                      f"{100 * err:+.1f}%", how])
     print_table(["case", "configuration", "layers", "batch", "measured s", "predicted s",
                  "error", "plan"], table, args.markdown)
     print()
@@ -157,6 +161,20 @@ def main(argv=None) -> int:
         a = [abs(x) for x in e]
         print(f"{'- ' if args.markdown else ''}case {case}: median |error| "
               f"{100 * statistics.median(a):.1f}%, max {100 * max(a):.1f}% (n={len(a)})")
+    measured_default = {(r["layers"], r["global_batch"]): float(r["iter_time_s"]) for r in rows
+                        if "default placement" in r["parallelism"]}
+    for measured, naive_s, random_s, layers, batch in ratios:
+        base = measured_default.get((str(layers), str(batch)))
+        if base:
+            print(f"{'- ' if args.markdown else ''}case 3, {layers} layers, batch {batch}: random "
+                  f"/ default placement measured {measured / base:.2f}x, slot model "
+                  f"{random_s / naive_s:.2f}x")
+    same = sum(1 for measured, naive_s, random_s, layers, batch in ratios
+               if measured_default.get((str(layers), str(batch))) is not None and
+               (measured > measured_default[(str(layers), str(batch))]) == (random_s > naive_s))
+    if ratios:
+        print(f"{'- ' if args.markdown else ''}case 3: the slot model orders default and random "
+              f"placement as measured in {same} of {len(ratios)} settings")
     agree = sum(1 for v in by_case.values() if len(v) > 1 and
                 min(v, key=lambda x: x[1])[0] == min(v, key=lambda x: x[2])[0])
     multi = sum(1 for v in by_case.values() if len(v) > 1)
