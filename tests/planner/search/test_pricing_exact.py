@@ -1,0 +1,215 @@
+"""The pricing's per-rank arithmetic on numpy arrays gives the same figures, to the last bit, as
+adding up each stage in turn (the form it replaced): the search's rankings and ties depend on
+them, so a faster pricing must not move a plan."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import planner
+from costmodels import comm, compute, memory, pipeline, precision
+from costmodels.engine import engine_from_mapping
+from costmodels.hardware import DTYPE_BYTES
+from planner.inputs.clusters import load_cluster
+from planner.options import Config, SearchOptions, TrainingSpec
+from planner.search import placement
+from planner.search.costs import ModelArrays, capacity_bytes, config_costs, stage_memory
+from planner.search.evaluate import evaluate
+from planner.search.pricing import (chunks, exposed_dp_s, expert_comm_s, fsdp_copies_s, idle_s,
+                                    price, rank_max, rank_sums, rank_totals, step_flops)
+from planner.solve.chain import partition
+
+TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 64,
+                "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2,
+                "vocab_size": 256, "max_position_embeddings": 512, "num_local_experts": 8,
+                "num_experts_per_tok": 2}
+
+
+@pytest.fixture(scope="module")
+def tiny_mixtral(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-mixtral-exact") / "config.json"
+    path.write_text(json.dumps(TINY_MIXTRAL))
+    return planner.prepare(str(path), seq_len=256)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("per_rank", [1, 2, 3, 7, 8, 9, 16, 17])
+def test_rank_sums_add_as_each_rank_did(pp, per_rank):
+    rng = np.random.default_rng(pp * 100 + per_rank)
+    x = rng.standard_normal(pp * per_rank) * 10.0 ** rng.integers(-6, 17, pp * per_rank)
+    for r in range(pp):
+        idx = [c for c in range(len(x)) if c % pp == r]
+        assert rank_totals(x, pp)[r] == sum(x[idx].tolist())  # Python's order
+        assert rank_sums(x, pp)[r] == x[idx].sum()  # numpy's (pairwise from eight on)
+        assert rank_max(x, pp)[r] == x[idx].max()
+
+
+def _reference(cfg, bounds, ma, costs, cluster, training):
+    """(step seconds, breakdown, per-rank memory, peak, per-rank micro-batches in flight, sends
+    per cut) adding up stage by stage."""
+    sends, cuts = [0.0] * (len(bounds) - 1), []
+    for c in range(len(bounds) - 2):
+        link = placement.link_between(cfg, cluster, c % cfg.pp, (c + 1) % cfg.pp)
+        one_way = comm.p2p_s(ma.cut_bytes[bounds[c + 1] - 1] * cfg.micro_batch
+                             / (cfg.tp * cfg.cp), link)
+        sends[c] += one_way
+        sends[c + 1] += one_way
+        cuts.append(one_way)
+    stages = chunks(cfg, bounds, ma, costs, sends, expert_comm_s(cfg, ma, costs, cluster,
+                                                                training))
+    starts = np.asarray(bounds[:-1])
+    chunk_params = np.add.reduceat(costs.params_local, starts)
+    chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
+    chunk_work = np.maximum.reduceat(costs.work_bytes, starts)
+    chunk_largest = np.maximum.reduceat(costs.params_local, starts)
+    chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
+    chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
+    kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
+              offload=cfg.offload_optimizer, layout=training.engine.state_layout)
+    whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                     zero=0, dp=1, layout=training.engine.state_layout)
+    owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % cfg.pp
+    tied = [0.0] * cfg.pp
+    for i, j, n, split in ma.shared:
+        if owner[i] == owner[j]:
+            tied[owner[i]] += n / cfg.tp if split else n
+    ranks = []
+    for r in range(cfg.pp):
+        mine = [st for st in stages if st.rank == r]
+        idx = [st.index for st in mine]
+        params = float(chunk_params[idx].sum()) - tied[r]
+        experts = float(chunk_experts[idx].sum())
+        in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
+                                       microbatches=cfg.num_microbatches, vpp=cfg.vpp)
+        states = memory.model_state_bytes(params - experts, dp=cfg.dp * cfg.cp, **kw)
+        if experts:
+            states = {k: v + memory.model_state_bytes(experts, dp=cfg.edp, **kw)[k]
+                      for k, v in states.items()}
+        working, largest = float(chunk_work[idx].max()), float(chunk_largest[idx].max())
+        if cfg.zero == 3:
+            working += 2 * whole["weights"] * largest
+        if cfg.zero >= 2:
+            working += whole["grads"] * largest
+        mem = {**states, "activations": in_flight * sum(st.act_bytes for st in mine),
+               "working": working}
+        mem["total"] = sum(mem.values())
+        split = float(chunk_split[idx].sum())
+        dtensors = (split + float(chunk_rep[idx].sum()) if cfg.dp > 1
+                    else split if cfg.tp > 1 else 0.0)
+        ranks.append((params, experts, in_flight, mem, dtensors))
+    grad_b = whole["grads"]
+    traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
+                                             layout=training.engine.state_layout)
+    refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in whole else 0.0
+    dp_s = opt_s = 0.0
+    for r, (params, experts, _, _, dtensors) in enumerate(ranks):
+        mine = [st for st in stages if st.rank == r]
+        busy = sum(st.compute_s for st in mine)
+        backward = busy - sum(st.fwd_s for st in mine)
+        overlap = training.engine.overlap_grad_reduce
+        exposed = exposed_dp_s(cfg, (params - experts) * grad_b,
+                               placement.dp_group(cfg, cluster), cluster, busy, backward, overlap)
+        if experts:
+            exposed = max(exposed, exposed_dp_s(cfg, experts * grad_b,
+                                                placement.edp_group(cfg, cluster), cluster, busy,
+                                                backward, overlap))
+        if training.engine.fsdp_copies:
+            exposed += fsdp_copies_s(cfg, (params - experts) * grad_b, cluster.device)
+        dp_s = max(dp_s, exposed)
+        local = ((params - experts) / (cfg.dp * cfg.cp if cfg.zero >= 1 else 1)
+                 + experts / (cfg.edp if cfg.zero >= 1 else 1))
+        shard = params / local if local else 1.0
+        if cfg.offload_optimizer:
+            word = DTYPE_BYTES[training.dtype]
+            step = compute.offloaded_optimizer_step_s(params / shard, cluster.device,
+                                                      traffic_bytes_per_param=traffic,
+                                                      grad_bytes=word, weight_bytes=word)
+        else:
+            step = compute.optimizer_step_s(params / shard, cluster.device,
+                                            traffic_bytes_per_param=traffic,
+                                            dtensor_params=dtensors)
+        opt_s = max(opt_s, step + params * refresh_b / cluster.device.memory_bytes_per_s)
+    rank_time = [sum(st.time_s for st in stages if st.rank == r) for r in range(cfg.pp)]
+    slow = int(np.argmax(rank_time))
+    mine = [st for st in stages if st.rank == slow]
+    m = cfg.num_microbatches
+    pipe_s = pipeline.step_time_s(rank_time, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp,
+                                  wgrad_s=sum(0.5 * (st.compute_s - st.fwd_s - st.recompute_s)
+                                              for st in mine))
+    excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
+    breakdown = {"compute_s": m * sum(st.compute_s for st in mine),
+                 "bubble_s": idle_s(pipe_s, m * rank_time[slow]),
+                 "tp_comm_s": m * sum(st.tp_comm_s for st in mine),
+                 "pp_comm_s": m * sum(st.p2p_s for st in mine),
+                 "dp_comm_s": dp_s, "optimizer_s": opt_s}
+    if cfg.cp > 1:
+        breakdown["cp_comm_s"] = m * sum(st.cp_comm_s for st in mine)
+    if cfg.ep * cfg.etp > 1:
+        breakdown["ep_comm_s"] = m * sum(st.ep_comm_s for st in mine)
+    breakdown["straggler_s"] = excess * (breakdown["compute_s"] + opt_s)
+    return (pipe_s + dp_s + opt_s + breakdown["straggler_s"], breakdown, [r[3] for r in ranks],
+            max(r[3]["total"] for r in ranks), [r[2] for r in ranks], cuts)
+
+
+CASES = [  # (model fixture, nodes, fix)
+    ("tiny_gpt2", 2, dict(tp=2, pp=2, schedule="1f1b", zero=1)),
+    ("tiny_gpt2", 2, dict(tp=1, pp=2, vpp=2, schedule="interleaved-1f1b", zero=2)),
+    ("tiny_gpt2", 4, dict(tp=1, pp=4, schedule="zb-h1", zero=3, recompute="full")),
+    ("tiny_llama", 2, dict(tp=2, pp=3, schedule="gpipe", zero=0, offload_optimizer=False)),
+    ("tiny_llama", 2, dict(tp=1, pp=2, vpp=3, schedule="interleaved-1f1b", zero=1,
+                           offload_optimizer=True)),
+    ("tiny_llama", 4, dict(tp=2, pp=2, cp=2, schedule="1f1b", zero=2, recompute="selective")),
+    ("tiny_mixtral", 2, dict(tp=1, pp=2, ep=4, schedule="1f1b", zero=1)),
+    ("tiny_mixtral", 2, dict(tp=2, pp=3, ep=2, etp=2, schedule="zb-h1", zero=3,
+                             sequence_parallel=True)),
+]
+
+
+@pytest.mark.parametrize("engine", [None, "torchtitan"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_price_adds_up_as_stage_by_stage(request, case, engine):
+    name, nodes, fix = CASES[case]
+    prepared = request.getfixturevalue(name)
+    cluster = load_cluster("dgx-h100", nodes=nodes)
+    training = TrainingSpec(global_batch=64, seq_len=prepared.seq_len,
+                            engine=engine_from_mapping(engine))
+    ma = ModelArrays.from_blocks(prepared.blocks)
+    n = cluster.num_gpus // (fix["tp"] * fix["pp"] * fix.get("cp", 1))
+    for placement_ in ("tp-pp-dp", "tp-dp-pp"):
+        cfg = Config(dp=n, micro_batch=1, num_microbatches=64 // n, placement=placement_, **fix)
+        costs = config_costs(ma, cluster, training, cfg)
+        part = partition(costs.time_s.tolist(), cfg.pp * cfg.vpp,
+                         stage_memory(cfg, costs, ma, training, float("inf")))
+        est = price(cfg, part.bounds, ma, costs, cluster, training)
+        step, breakdown, mems, peak, in_flight, cuts = _reference(cfg, part.bounds, ma, costs,
+                                                                  cluster, training)
+        assert est.step_time_s == step
+        assert est.breakdown == breakdown and list(est.breakdown) == list(breakdown)
+        assert est.peak_memory_bytes == peak
+        assert est.cut_p2p_s == cuts
+        for st in est.stages:
+            assert st.memory == mems[st.rank] and list(st.memory) == list(mems[st.rank])
+            assert st.in_flight == in_flight[st.rank]
+            assert type(st.in_flight) is type(in_flight[st.rank])  # ints print as ints
+        assert step_flops(ma, cfg, training) == (est.model_flops, est.hardware_flops)
+
+
+def test_a_search_shares_each_split(tiny_llama):
+    """Configurations whose chain split has the same inputs (1F1B and ZB-H1 of one ZeRO stage)
+    reuse it: evaluate with a shared ``splits`` gives what it gives alone."""
+    cluster = load_cluster("dgx-h100", nodes=1)
+    training = TrainingSpec(global_batch=32, seq_len=tiny_llama.seq_len)
+    options = SearchOptions()
+    ma = ModelArrays.from_blocks(tiny_llama.blocks)
+    splits: dict = {}
+    costs = None
+    for schedule in ("1f1b", "zb-h1", "1f1b"):
+        cfg = Config(dp=2, tp=2, pp=2, micro_batch=1, num_microbatches=16, schedule=schedule)
+        costs = costs or config_costs(ma, cluster, training, cfg)  # one CostKey: shared
+        alone = evaluate(cfg, ma, costs, cluster, training, options)
+        shared = evaluate(cfg, ma, costs, cluster, training, options, splits)
+        assert dataclasses.asdict(shared) == dataclasses.asdict(alone)
+    assert len(splits) == 1
+    assert capacity_bytes(cluster, options) > alone.peak_memory_bytes
