@@ -65,6 +65,22 @@ SECTIONS = [
      "(LLAMA2-7B on H100 and LLAMA3-8B on B200, FP8, 4k to 1M tokens, context parallelism up "
      "to 32), each at its published tp/pp/cp/dp; the step time implied by NeMo's FLOP formula "
      "and TFLOP/s. Nothing fitted. Then the free search against each published configuration."),
+    ("recsys", "recsys_runs.py",
+     "**Recommendation models** (`benchmarks/recsys_runs.py`): DLRM on Criteo 1TB with TorchRec "
+     "(facebookresearch/dlrm torchrec_dlrm README, three revisions) on 1 to 80 A100-40GB of AWS "
+     "p4d nodes, each at its published GPU count and batch, its tables sharded by the planner "
+     "(the sharding TorchRec's planner chose for the runs was not published). Nothing fitted "
+     "per row; the host's ops per step are TorchRec's, counted by "
+     "`benchmarks/torchrec_host_ops.py`. The multi-node rows over EFA (16 and 80 GPUs) run about 2x "
+     "and 12x slower than the model predicts, and the 2025 revision's 2,048-sample rows take "
+     "17-18 ms whatever the interaction's FLOPs: neither is explained here."),
+    ("crosssite", "cross_site_runs.py",
+     "**Across sites** (`benchmarks/cross_site_runs.py`): one GPT-3-XL-style model on 64 V100 in "
+     "one data center, on spot instances and on two university sites joined by 1.2 Gb/s "
+     "(Yuan et al., NeurIPS 2022, experiment log), Megatron-LM at each measured configuration "
+     "and placement. Nothing fitted; the V100's GEMM efficiency is Megatron-LM's published V100 "
+     "figure (39 of 125 TFLOP/s). Tensor parallelism across the single-GPU spot instances is not "
+     "priced (the planner keeps tp inside a node)."),
     ("search", "megatron_search.py",
      "**Free search vs the published configurations**, same cluster, batch and software, priced "
      "by the same cost model (`benchmarks/megatron_search.py`): the searched plan is never slower, "
