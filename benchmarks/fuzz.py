@@ -85,7 +85,7 @@ PRESETS = ("dgx-a100-80g", "dgx-a100-40g", "dgx-h100", "hgx-h200", "dgx1-v100", 
 DEVICE_PRESETS = ("a100-40g", "a100-80g", "h100", "h200", "v100", "l4", "rtx4090", "cpu")
 from costmodels.memory import RECOMPUTE  # noqa: E402 - after the path is set; no torch here
 from costmodels.pipeline import SCHEDULES  # noqa: E402
-from planner.options import CP_COMMS, DTYPES, FIX_KEYS, OPTIMIZERS  # noqa: E402
+from planner.options import CP_COMMS, DTYPES, FIX_KEYS, OPTIMIZERS, PLACEMENTS  # noqa: E402
 from planner.targets import TARGETS as TARGET_NAMES  # noqa: E402
 
 SIMULATED_SCHEDULES = SCHEDULES + ("bidirectional",)
@@ -369,6 +369,8 @@ def pins(r, *, invalid: float = 0.1):
             fix[k] = r.choice(RECOMPUTE)
         elif k == "zero":
             fix[k] = r.randint(0, 3)
+        elif k == "placement":
+            fix[k] = r.choice(PLACEMENTS)
         else:
             fix[k] = r.random() < 0.5
     if r.random() < invalid:
@@ -380,7 +382,8 @@ def pins(r, *, invalid: float = 0.1):
              "sequence_parallel": r.choice(("maybe", 2, "")),
              "offload_optimizer": r.choice(("perhaps", 7)), "cp": r.choice((0, -2, 1.5)),
              "ep": r.choice((0, "x")), "etp": r.choice((-1, 2.5)),
-             "cp_comm": r.choice(("ring", "", "A2A"))}.get(k, 1)
+             "cp_comm": r.choice(("ring", "", "A2A")),
+             "placement": r.choice(("tp-dp", "", "pp-dp-tp"))}.get(k, 1)
         fix[k] = v
         bad.append(f"fix {k}={v!r}")
     if fix and r.random() < 0.4:

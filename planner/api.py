@@ -128,14 +128,15 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     those only."""
     if recsys_model(model):
         return plan_recsys(model, cluster=cluster, nodes=nodes, gpus_per_node=gpus_per_node,
-                           global_batch=global_batch, dtype=dtype or "fp32", optimizer=optimizer,
+                           global_batch=global_batch, dtype="fp32" if dtype is None else dtype,
+                           optimizer=optimizer,
                            fix=fix, time_limit_s=time_limit_s, calibration=calibration,
                            engine=engine, record_timing=record_timing, tables=tables,
                            table_optimizer=table_optimizer, pipeline=pipeline)
     if tables is not None or table_optimizer is not None or pipeline != "sparse-dist":
         raise SpecError("tables, table_optimizer and pipeline apply to recommendation models "
                         "(models with embedding tables) only")
-    dtype = dtype or "bf16"
+    dtype = "bf16" if dtype is None else dtype
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
     if calibration is not None:
         if isinstance(cl, HeteroCluster):

@@ -65,7 +65,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     columns; ``tokens`` adds the hours and dollars to train on that many tokens."""
     grid = expand(vary)
     recsys = api.recsys_model(model)
-    dtype = dtype or ("fp32" if recsys else "bf16")
+    dtype = ("fp32" if recsys else "bf16") if dtype is None else dtype
     if cluster is None and "cluster" not in vary:
         raise SpecError("cluster: missing; pass cluster= (--cluster) or vary it "
                         "(--vary cluster=A,B)")

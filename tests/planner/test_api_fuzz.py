@@ -248,7 +248,7 @@ BAD_VALUES = {
     "gpus_per_node": (0, -8, 1.5, "8"),
     "global_batch": (0, -1, 2.5, "64", True, None),
     "seq_len": (0, -8, "128", 1.5),
-    "dtype": ("fp4", "BF16", "", None),
+    "dtype": ("fp4", "BF16", ""),  # None: the default (bf16; fp32 for recommendation models)
     "optimizer": ("lamb", "Adam", None),
     "top_k": (-1, "3", 2.5),
     "target": ("nccl", "", "Megatron"),
