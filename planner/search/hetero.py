@@ -274,7 +274,7 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
         shard = cfg.dp if cfg.zero >= 1 else 1
         opt_s = max(opt_s, compute.optimizer_step_s(st.params / shard, group.device,
                                                     traffic_bytes_per_param=traffic))
-    est = assemble(cfg, stages, ranks, dp_s, opt_s, ma, training, cuts)
+    est = assemble(lay, stages, ranks, dp_s, opt_s, ma, training, cuts)  # as laid out
     offsets = list(itertools.accumulate([0] + [g.num_gpus for g in hc.groups]))
     width = cfg.tp * cfg.dp
     for st in est.stages:
