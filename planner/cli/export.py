@@ -1,4 +1,4 @@
-"""`plan export PLAN.json --to torchtitan|megatron|deepspeed [--engine-version V] [-o FILE]`.
+"""`plan export PLAN.json --to torchtitan|megatron|deepspeed|torchrec [--engine-version V] [-o FILE]`.
 
 Prints the exported text, or writes it atomically to FILE (a folder gets the suggested file name).
 What the engine cannot express exactly is a comment in the text and a warning on stderr.
@@ -14,9 +14,12 @@ from planner.planfile.document import load_plan
 
 
 def register(add) -> None:
-    e = add("export", help="turn a plan into torchtitan, Megatron-LM or DeepSpeed settings")
+    e = add("export", help="turn a plan into torchtitan, Megatron-LM or DeepSpeed settings, or a "
+                           "recommendation plan into TorchRec's sharding")
     e.add_argument("plan", metavar="PLAN.json")
-    e.add_argument("--to", required=True, choices=sorted(TARGETS), help="target engine")
+    e.add_argument("--to", required=True, choices=sorted(TARGETS),
+                   help="target engine (torchrec: recommendation plans only; the others: dense "
+                        "plans only)")
     versions = "; ".join(f"{t} {', '.join(v)}" for t, v in SUPPORTED_VERSIONS.items())
     e.add_argument("--engine-version", metavar="V", default=None,
                    help=f"engine release to write for ({versions}); default: the release "
