@@ -25,29 +25,26 @@ the unsharded model on the mean over the global batch.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import logging
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
-import traceback
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from planner.errors import PlannerError, SpecError
-from planner.files import atomic_write
+from planner.errors import SpecError
 from planner.planfile.document import Plan, load_plan
 from planner.runtime import measure
-from planner.runtime.launch import (CRASH_MARK, ERROR_MARK, MAX_CPU_PROCESSES,
+from planner.runtime.launch import (MAX_CPU_PROCESSES,
                                     MEMORY_USE_FRACTION, _available_bytes, _failure, _free_port)
+from planner.runtime import worker
 from planner.runtime.options import RunOptions
 
 log = logging.getLogger("planner.runtime")
@@ -596,60 +593,23 @@ def compare(plan: Plan, s: Sharded, ref: nn.Module, batches: list, start: dict,
 
 # ---- processes -------------------------------------------------------------------------------
 
-def pick_device(choice: str) -> torch.device:
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise SpecError("device: cuda asked for but no GPU is visible; use --device cpu")
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="planner.runtime.recsys")
+    p = worker.parser("planner.runtime.recsys")
     p.add_argument("plans", nargs="+", metavar="PLAN")
-    p.add_argument("--result", required=True, help="rank 0 writes the results JSON here")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--model")
-    p.add_argument("--dump")
-    p.add_argument("--threads", type=int)
     p.add_argument("--reference", action="store_true",
                    help="also train the unsharded model and compare (small models only)")
     a = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    results = []
-    try:
-        opts = RunOptions(steps=a.steps, warmup=a.warmup, seed=a.seed, lr=a.lr, device=a.device,
-                          model=a.model, dump_dir=a.dump, threads=a.threads)
-        device = pick_device(opts.device)
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if device.type == "cpu":
-            torch.set_num_threads(opts.threads or measure.threads_per_process(local_world))
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+    def body(opts, device) -> dict:
+        results = []
         for path in a.plans:
             plan = load_plan(path)
             module = resolve_model(plan, opts.model)
             results.append({"plan": path, **execute(plan, module, opts, device,
                                                     reference=a.reference)})
-    except PlannerError as exc:
-        print(f"{ERROR_MARK}{exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as exc:
-        traceback.print_exc()
-        print(f"{CRASH_MARK}{type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}",
-              file=sys.stderr)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    if int(os.environ.get("RANK", "0")) == 0:
-        atomic_write(a.result, json.dumps({"runs": results}, indent=1) + "\n")
-    return 0
+        return {"runs": results}
+
+    return worker.guarded(a, body)
 
 
 # ---- the launcher (`plan run` on a plan with embeddings) ---------------------------------------

@@ -132,9 +132,9 @@ def _gather_experts(t: torch.Tensor, groups) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="planner.runtime.worker")
-    p.add_argument("plan")
+def parser(prog: str) -> argparse.ArgumentParser:
+    """The options every torchrun worker of `plan run` takes."""
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--result", required=True, help="rank 0 writes the results JSON here")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
@@ -144,7 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model")
     p.add_argument("--dump")
     p.add_argument("--threads", type=int)
-    a = p.parse_args(argv)
+    return p
+
+
+def guarded(a, body) -> int:
+    """Join the process group, run ``body(opts, device)`` -> a JSON-able result, and leave: bad
+    input is one line and exit 2, a crash its traceback and exit 1; rank 0 writes the result."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         opts = RunOptions(steps=a.steps, warmup=a.warmup, seed=a.seed, lr=a.lr, device=a.device,
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cpu":
             torch.set_num_threads(opts.threads or measure.threads_per_process(local_world))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        result = execute(load_plan(a.plan), opts, device)
+        result = body(opts, device)
     except PlannerError as exc:
         print(f"{ERROR_MARK}{exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -169,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         atomic_write(a.result, json.dumps(result, indent=1) + "\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser("planner.runtime.worker")
+    p.add_argument("plan")
+    a = p.parse_args(argv)
+    return guarded(a, lambda opts, device: execute(load_plan(a.plan), opts, device))
 
 
 if __name__ == "__main__":  # pragma: no cover
