@@ -13,7 +13,9 @@ then prices both plans under both models:
 - ours: ``price_layouts`` (TorchRec's ``ParameterSharding``s converted to our ``Layout``s by
   ``to_layouts``); the slowest rank's sparse seconds (lookups and the pooled-embedding exchange,
   forward and backward) plus the data-parallel tables' gradient all-reduce: our solver's
-  objective, and the part of the step that TorchRec's estimate covers;
+  objective, and the part of the step that TorchRec's estimate covers; and the whole step (the
+  larger of the device's time and the host's, whose ops grow with each sharding type a plan
+  mixes);
 - TorchRec's: its ``EmbeddingPerfEstimator`` (and ``EmbeddingStorageEstimator``) on
   ``ShardingOption``s of our layouts: our choices go in as ``ParameterConstraints``
   (``sharding_types=[ours]``, ``compute_kernels=[ours]``, the column-piece width as
@@ -22,7 +24,8 @@ then prices both plans under both models:
   (``ParameterConstraints`` cannot pin ranks, so they are set on the options' shards, as
   TorchRec's partitioner would). The slowest rank's cost is TorchRec's: fwd_compute + fwd_comms +
   bwd_compute + bwd_comms of the shards on each rank, summed per rank, the largest (its
-  NoopPerfModel also adds prefetch_compute, non-zero only for cached tables: ``prefetch`` column).
+  NoopPerfModel also adds prefetch_compute, which TorchRec estimates only for cached tables with
+  cache statistics or a prefetch pipeline; shown as "+ prefetch" where non-zero).
 
 Planning time is wall time (time.perf_counter) of ``plan_tables`` and of ``planner.plan`` (which
 includes TorchRec's enumeration and estimates). No GPU is needed: TorchRec plans for
@@ -475,12 +478,13 @@ def main(argv=None) -> int:
                   f"{r['torchrec']['hbm_max'] / 1e9:.1f} GB; fits ours: {r['ours']['fits']}"
                   + extra, file=sys.stderr, flush=True)
     head = ["model", "ranks", "planner", "slowest rank, our model (ms)",
-            "slowest rank, TorchRec's (ms)", "plan time (s)", "solver", "tables"]
+            "slowest rank, TorchRec's (ms)", "step, our model (ms)", "plan time (s)", "solver",
+            "tables"]
     body = [[r["model"], str(r["ranks"]), r["planner"], f"{r['ours']['sparse_ms']:.3g}",
              f"{r['torchrec']['max_ms']:.3g}" + (
                  f" (+{r['torchrec']['prefetch_ms']:.2g} prefetch)"
                  if r["torchrec"]["prefetch_ms"] > 0 else ""),
-             f"{r['wall_s']:.1f}", _solver_cell(r), r["mix"]]
+             f"{r['ours']['step_ms']:.3g}", f"{r['wall_s']:.1f}", _solver_cell(r), r["mix"]]
             for r in rows]
     print_table(head, body, args.markdown)
     return 1 if any(not r["round_trip"] for r in rows) else 0
