@@ -194,8 +194,11 @@ def _load(cost: emb.ShardCost, rank: int, env: RecEnv) -> Load:
                 hbm=cost.hbm_bytes.get(rank, 0.0), host=cost.host_bytes.get(rank, 0.0))
 
 
-def option(table: Table, layout: Layout, env: RecEnv) -> Option:
-    """A layout as the solver sees it: loads on named ranks, and movable pieces."""
+def option(table: Table, layout: Layout, env: RecEnv, host_op_s: float = 0.0) -> Option:
+    """A layout as the solver sees it: loads on named ranks, and movable pieces; ``host_op_s``
+    prices the ops its features add to the host's step."""
+    per = (HOST_OPS_DATA_PARALLEL if layout.sharding == "data_parallel" else HOST_OPS_SHARDED)[1]
+    host_s = host_op_s * per * table.features
     movable = [s for s in layout.shards if s.rank < 0]
     if movable:  # price each piece as if on rank 0; the solver moves it
         fixed_layout = Layout(layout.sharding, tuple(Shard(0, s.row, s.col, s.rows, s.cols)
@@ -206,11 +209,12 @@ def option(table: Table, layout: Layout, env: RecEnv) -> Option:
             one = emb.price(table, Layout(layout.sharding, (s,), layout.tier, layout.cache_ratio),
                             env)
             pieces.append(_load(one, 0, env))
-        return Option(label=_label(layout), pieces=pieces, group=layout.sharding)
+        return Option(label=_label(layout), pieces=pieces, group=layout.sharding, host_s=host_s)
     cost = emb.price(table, layout, env)
     fixed = {r: _load(cost, r, env) for r in layout.ranks}
     return Option(label=_label(layout), fixed=fixed,
-                  global_s=emb.allreduce_s(cost.allreduce_bytes, env), group=layout.sharding)
+                  global_s=emb.allreduce_s(cost.allreduce_bytes, env), group=layout.sharding,
+                  host_s=host_s)
 
 
 def _label(layout: Layout) -> str:
@@ -273,7 +277,7 @@ def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: 
             raise SpecError(f"table {t.name}: no layout of the pinned kind fits {W} GPUs "
                             f"({t.rows} rows, dim {t.dim})")
         layouts_per_table.append(lays)
-        options.append([option(t, lay, env) for lay in lays])
+        options.append([option(t, lay, env, engine.host_op_s) for lay in lays])
     recv = sum(emb.price(t, Layout("table_wise", (Shard(0, 0, 0, t.rows, t.dim),)), env)
                .recv_bytes_per_rank for t in model.tables)
     share = env.intra_share()
@@ -283,7 +287,14 @@ def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: 
                       if W > 1 else 0.0,
                       recv_inter_s=2 * recv * (W - 1) / W * (1 - share) / env.inter_bytes_per_s
                       if W > cluster.gpus_per_node else 0.0,
-                      options=options, group_s=_group_costs(model, cluster, env, dtype, engine))
+                      options=options,
+                      group_s={kind: engine.host_op_s * (HOST_OPS_DATA_PARALLEL[0]
+                                                         if kind == "data_parallel"
+                                                         else HOST_OPS_SHARDED[0])
+                               for kind in emb.SHARDING_TYPES},
+                      host_base_s=engine.host_op_s * (3 * model.dense_ops + HOST_OPS_COMMON),
+                      dense_s=_dense_device_s(model, cluster, env, dtype, engine),
+                      overlap_dense=opts.pipeline == "nested")
     t0 = time.perf_counter()
     limit = opts.time_limit_s if solve_time_limit_s is None else solve_time_limit_s
     placed = place(problem, time_limit_s=limit)
@@ -305,20 +316,11 @@ def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: 
                        dense_mem)
 
 
-def _group_costs(model: RecModel, cluster: Cluster, env: RecEnv, dtype: str,
-                 engine: EngineSpec) -> dict:
-    """What each sharding type's own exchange adds to the step, as the solver weighs it: its host
-    ops (HOST_OPS_SHARDED / HOST_OPS_DATA_PARALLEL), unless the host stays ahead of the dense
-    part's device time even with every type in the plan."""
+def _dense_device_s(model: RecModel, cluster: Cluster, env: RecEnv, dtype: str,
+                    engine: EngineSpec) -> float:
+    """The device's seconds besides the sparse part, as the placement weighs them."""
     dense = dense_times(model, cluster, env, dtype, engine)
-    device = dense["fwd_s"] + dense["bwd_s"]
-    one = engine.host_op_s * (3 * model.dense_ops + HOST_OPS_COMMON + HOST_OPS_SHARDED[0] +
-                              HOST_OPS_SHARDED[1] * sum(t.features for t in model.tables))
-    extra = {kind: engine.host_op_s * (HOST_OPS_DATA_PARALLEL[0] if kind == "data_parallel"
-                                       else HOST_OPS_SHARDED[0]) for kind in emb.SHARDING_TYPES}
-    if one + sum(extra.values()) <= device:  # the host stays ahead whatever the mix
-        return {kind: 0.0 for kind in extra}
-    return extra
+    return dense["fwd_s"] + dense["bwd_s"] + dense["allreduce_exposed_s"]
 
 
 def price_layouts(model: RecModel, cluster: Cluster, chosen: list, *, global_batch: int,

@@ -32,6 +32,9 @@ SCALE_S = 1e7
 """Seconds -> integer units of 0.1 microsecond."""
 SCALE_B = 1.0 / 2**20
 """Bytes -> integer MiB (rounded up)."""
+MAX_MODEL_TERMS = 2_000_000
+"""Placements with more (option, rank) terms than this are not handed to CP-SAT (building the
+model alone would take minutes): the best greedy start is the answer, status ``greedy``."""
 
 
 @dataclass
@@ -62,7 +65,9 @@ class Option:
     """Seconds every rank spends on this option outside its own load (gradient all-reduce)."""
     group: str = ""
     """The option's group (a sharding type): the first option of a group chosen costs the
-    group's seconds once (``Problem.group_s``: the host issuing that group's exchanges)."""
+    group's host seconds once (``Problem.group_s``: the host issuing that group's exchanges)."""
+    host_s: float = 0.0
+    """Host seconds this option adds to the step (issuing its lookups' ops)."""
 
 
 @dataclass
@@ -81,7 +86,19 @@ class Problem:
     base_s: float = 0.0
     """Latency and other per-rank seconds that no choice changes."""
     group_s: dict = field(default_factory=dict)
-    """Seconds a group costs once when any of its options is chosen."""
+    """Host seconds a group costs once when any of its options is chosen."""
+    host_base_s: float = 0.0
+    """Host seconds of the step that no choice changes (the dense part's ops, the loss, ...)."""
+    dense_s: float = 0.0
+    """Device seconds of the step besides the sparse part (the dense forward and backward)."""
+    overlap_dense: bool = False
+    """The sparse part runs behind the dense part (nested pipelines): device = max, not sum."""
+
+    def step_s(self, sparse_s: float, global_s: float, host_s: float) -> float:
+        """The step the objective minimizes: the host issuing the ops, or the device running
+        them, whichever is longer."""
+        device = (max(sparse_s, self.dense_s) if self.overlap_dense else sparse_s + self.dense_s)
+        return max(self.host_base_s + host_s, device + global_s)
 
 
 @dataclass
@@ -96,13 +113,13 @@ class Placement:
     bound_s: float | None
     wall_s: float
     greedy_s: float
-    """The greedy assignment's objective (the solver's starting point)."""
+    """The best greedy start's objective (the solver's starting point)."""
 
 
 def evaluate(problem: Problem, choice: list, ranks: list) -> tuple:
     """(objective seconds, per-rank loads) of an assignment; memory is not checked here."""
     loads = [Load() for _ in range(problem.world)]
-    glob = 0.0
+    glob = host = 0.0
     for t, (o, rs) in enumerate(zip(choice, ranks)):
         opt = problem.options[t][o]
         for r, ld in opt.fixed.items():
@@ -110,9 +127,10 @@ def evaluate(problem: Problem, choice: list, ranks: list) -> tuple:
         for piece, r in zip(opt.pieces, rs):
             loads[r].add(piece)
         glob += opt.global_s
+        host += opt.host_s
     groups = {problem.options[t][o].group for t, o in enumerate(choice)}
-    glob += sum(problem.group_s.get(g, 0.0) for g in groups)
-    return max(rank_time(problem, ld) for ld in loads) + glob, loads
+    host += sum(problem.group_s.get(g, 0.0) for g in groups)
+    return problem.step_s(max(rank_time(problem, ld) for ld in loads), glob, host), loads
 
 
 def rank_time(problem: Problem, ld: Load) -> float:
@@ -130,42 +148,73 @@ def fits(problem: Problem, loads: list) -> bool:
     return True
 
 
-def greedy(problem: Problem) -> tuple | None:
+def greedy(problem: Problem, only: str | None = None) -> tuple | None:
     """Largest tables first; each takes the option and ranks that keep the objective lowest while
-    memory fits (pieces go to the least-loaded ranks with room)."""
+    memory fits (pieces go to the ranks where they finish soonest, with room). ``only``: keep to
+    options of that group (sharding type) where a table has one. Only the ranks an option
+    touches are re-timed: the objective is tracked as the largest rank time so far (a rank's time
+    never falls, but for the receiving it saves, which this keeps as an upper bound)."""
+    W, g = problem.world, problem.gpus_per_node
     order = sorted(range(len(problem.options)),
                    key=lambda t: -max(sum(p.time for p in o.pieces) + sum(f.time for f in o.fixed.values())
                                       for o in problem.options[t]))
-    loads = [Load() for _ in range(problem.world)]
+    loads = [Load() for _ in range(W)]
+    times = [rank_time(problem, ld) for ld in loads]
+    host = [0.0] * ((W + g - 1) // g)
+    top = max(times)
     choice, ranks = [0] * len(order), [[] for _ in order]
-    glob = 0.0
+    glob = host_s = 0.0
     used: set = set()
     for t in order:
+        opts = list(enumerate(problem.options[t]))
+        if only is not None and any(o.group == only for _, o in opts):
+            opts = [(i, o) for i, o in opts if o.group == only]
         best = None
-        for o, opt in enumerate(problem.options[t]):
-            trial = [Load(**vars(ld)) for ld in loads]
+        for o, opt in opts:
+            touched: dict = {}
+            ok = True
             for r, ld in opt.fixed.items():
-                trial[r].add(ld)
-            placed = []
-            for piece in opt.pieces:
-                room = [r for r in range(problem.world)
-                        if trial[r].hbm + piece.hbm <= problem.hbm_cap[r]]
-                if not room:
+                cur = touched.setdefault(r, Load(**vars(loads[r])))
+                cur.add(ld)
+                if cur.hbm > problem.hbm_cap[r]:
+                    ok = False
                     break
-                r = min(room, key=lambda r: (rank_time(problem, _plus(trial[r], piece)), r))
-                trial[r].add(piece)
+            placed = []
+            for piece in opt.pieces if ok else ():
+                def after(r):
+                    return _plus(touched.get(r, loads[r]), piece)
+                room = [r for r in range(W) if touched.get(r, loads[r]).hbm + piece.hbm
+                        <= problem.hbm_cap[r]]
+                if not room:
+                    ok = False
+                    break
+                r = min(room, key=lambda r: (rank_time(problem, after(r)), r))
+                touched[r] = after(r)
                 placed.append(r)
-            if len(placed) < len(opt.pieces) or not fits(problem, trial):
+            if not ok:
+                continue
+            node_host: dict = {}
+            for r, ld in touched.items():
+                node_host[r // g] = node_host.get(r // g, 0.0) + ld.host - loads[r].host
+            if any(host[n] + extra > problem.host_cap for n, extra in node_host.items()):
                 continue
             new_group = problem.group_s.get(opt.group, 0.0) if opt.group not in used else 0.0
-            score = max(rank_time(problem, ld) for ld in trial) + glob + opt.global_s + new_group
-            if best is None or score < best[0] - 1e-12:
-                best = (score, o, placed, trial)
+            worst = max([top] + [rank_time(problem, ld) for ld in touched.values()])
+            score = (problem.step_s(worst, glob + opt.global_s, host_s + opt.host_s + new_group),
+                     worst)
+            if best is None or score[0] < best[0][0] - 1e-12 or (
+                    score[0] <= best[0][0] + 1e-12 and score[1] < best[0][1] - 1e-12):
+                best = (score, o, placed, touched, node_host, worst)
         if best is None:
             return None
-        _, choice[t], ranks[t], loads = best
+        _, choice[t], ranks[t], touched, node_host, top = best
+        for r, ld in touched.items():
+            loads[r] = ld
+        for n, extra in node_host.items():
+            host[n] += extra
         chosen = problem.options[t][choice[t]]
-        glob += chosen.global_s + (problem.group_s.get(chosen.group, 0.0)
+        glob += chosen.global_s
+        host_s += chosen.host_s + (problem.group_s.get(chosen.group, 0.0)
                                    if chosen.group not in used else 0.0)
         used.add(chosen.group)
     return choice, ranks
@@ -177,18 +226,40 @@ def _plus(a: Load, b: Load) -> Load:
     return c
 
 
+def starts(problem: Problem) -> list:
+    """Assignments to begin from: the greedy over every option, and the greedy kept to each
+    sharding type (all table-wise, all row-wise, ...: uniform plans are often near the best);
+    the feasible ones, best first."""
+    groups = sorted({o.group for opts in problem.options for o in opts})
+    found = []
+    for only in [None] + groups:
+        a = greedy(problem, only)
+        if a is None:
+            continue
+        objective, loads = evaluate(problem, *a)
+        if fits(problem, loads):
+            found.append((objective, a))
+    found.sort(key=lambda x: x[0])
+    return [a for _, a in found]
+
+
 def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
           workers: int = 1) -> Placement | None:
     """The best placement CP-SAT finds within ``time_limit_s`` (None: nothing fits in memory)."""
-    hint = greedy(problem)
+    found = starts(problem)
+    hint = found[0] if found else None
     greedy_s = evaluate(problem, *hint)[0] if hint else float("inf")
+    size = sum(len(o.pieces) * problem.world + len(o.fixed) for opts in problem.options
+               for o in opts)
+    if size > MAX_MODEL_TERMS and hint is not None:
+        return Placement(hint[0], hint[1], greedy_s, "greedy", None, None, 0.0, greedy_s)
     m = cp_model.CpModel()
     W, g = problem.world, problem.gpus_per_node
     x = [[m.new_bool_var(f"x{t}_{o}") for o in range(len(opts))]
          for t, opts in enumerate(problem.options)]
     y = {}  # (t, o, piece) -> [bool per rank]
     terms = {k: [[] for _ in range(W)] for k in KEYS}
-    glob = []
+    glob, host = [], []
     group_used: dict = {}
     for t, opts in enumerate(problem.options):
         m.add_exactly_one(x[t])
@@ -209,16 +280,19 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
                             terms[k][r].append((v, ys[r]))
             if opt.global_s:
                 glob.append((_units("time", opt.global_s), x[t][o]))
+            if opt.host_s:
+                host.append((_units("time", opt.host_s), x[t][o]))
             if problem.group_s.get(opt.group):
                 if opt.group not in group_used:
                     group_used[opt.group] = m.new_bool_var(f"g_{opt.group}")
-                    glob.append((_units("time", problem.group_s[opt.group]),
+                    host.append((_units("time", problem.group_s[opt.group]),
                                  group_used[opt.group]))
                 m.add_implication(x[t][o], group_used[opt.group])
     horizon = int(sum(max(_units("time", f.time) for f in [Load()] + list(o.fixed.values()) + o.pieces)
                       * (1 + len(o.pieces)) for opts in problem.options for o in opts)
                   + _units("time", problem.recv_intra_s + problem.recv_inter_s) * 4
-                  + sum(v for v, _ in glob) + _units("time", problem.base_s) + 10)
+                  + sum(v for v, _ in glob) + sum(v for v, _ in host)
+                  + _units("time", problem.base_s + problem.host_base_s + problem.dense_s) + 10)
     T = m.new_int_var(0, horizon, "T")
     total = []  # the slowest rank is at least the mean: a bound the LP relaxation lacks
     for r in range(W):
@@ -235,7 +309,16 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
     for n in range(0, W, g):
         m.add(sum(sum(v * b for v, b in terms["host"][r]) for r in range(n, min(W, n + g)))
               <= int(problem.host_cap * SCALE_B))
-    m.minimize(T + sum(v * b for v, b in glob))
+    Z = m.new_int_var(0, horizon, "step")  # the larger of the host's and the device's time
+    glob_e = sum(v * b for v, b in glob)
+    m.add(Z >= _units("time", problem.host_base_s) + sum(v * b for v, b in host))
+    dense = _units("time", problem.dense_s)
+    if problem.overlap_dense:
+        m.add(Z >= T + glob_e)
+        m.add(Z >= dense + glob_e)
+    else:
+        m.add(Z >= T + dense + glob_e)
+    m.minimize(1024 * Z + T)  # the step first; among equal steps, the least loaded sparse part
     if hint:
         choice, ranks = hint
         for t, opts in enumerate(problem.options):
@@ -257,8 +340,13 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
         ranks.append([next(r for r in range(W) if s.value(y[t, o, p][r]))
                       for p in range(len(opts[o].pieces))])
     objective = evaluate(problem, choice, ranks)[0]
-    return Placement(choice, ranks, objective, res.status, res.gap,
-                     res.bound / SCALE_S if res.bound is not None else None, res.wall_s, greedy_s)
+    # the objective is 1024 x step + sparse, and the sparse part never exceeds the step
+    bound = res.bound / 1025 / SCALE_S if res.bound is not None else None
+    if hint is not None and objective > greedy_s:  # CP-SAT's rounding found a worse one
+        choice, ranks, objective = hint[0], hint[1], greedy_s
+    gap = (0.0 if res.status == "optimal" else
+           max(0.0, 1 - bound / objective) if bound is not None and objective > 0 else None)
+    return Placement(choice, ranks, objective, res.status, gap, bound, res.wall_s, greedy_s)
 
 
 def _units(key: str, value: float) -> int:
