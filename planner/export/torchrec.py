@@ -6,7 +6,7 @@ The file needs only TorchRec to load. It holds the plan's tables as data (``TABL
   ``ParameterSharding`` per table: sharding type, compute kernel, the rank of each shard and an
   ``EnumerableShardingSpec`` of the plan's shards; data-parallel tables: no spec, every rank), to
   pass to ``DistributedModelParallel(model, plan=...)``; it equals what ``plan run`` shards with
-  (planner.runtime.recsys.sharding_plan);
+  (planner.runtime.table_sharding.sharding_plan);
 - ``constraints()``: ``ParameterConstraints`` per table (the sharding type, the compute kernel,
   pooling factors, the column-wise piece width, the cache load factor) for TorchRec's own
   ``EmbeddingShardingPlanner``, which then places the shards itself (ParameterConstraints has no
@@ -55,7 +55,7 @@ def engine_version(version: str | None) -> str:
 
 def ordered_shards(t: dict) -> list[dict]:
     """A table's shards in TorchRec's order (by column, then row offset), as the runtime orders
-    them (planner.runtime.recsys.ordered_shards)."""
+    them (planner.runtime.table_sharding.ordered_shards)."""
     return sorted(t["shards"], key=lambda s: (s["offsets"][1], s["offsets"][0], s["rank"]))
 
 

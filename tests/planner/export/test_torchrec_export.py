@@ -112,7 +112,7 @@ def test_the_export_begins_with_the_source_plan():
 # ---- the exported Python, run --------------------------------------------------------------------
 
 def test_the_exported_file_builds_the_plans_sharding_plan(tmp_path):
-    from planner.runtime.recsys import sharding_plan
+    from planner.runtime.table_sharding import sharding_plan
 
     plan = load_plan(PLAN)
     mod = load_export(to_torchrec(plan), tmp_path)

@@ -15,7 +15,7 @@ from recsys_tiny import make_plan
 from planner.cli.main import main
 from planner.errors import SpecError
 from planner.planfile.document import load_plan
-from planner.runtime import recsys
+from planner.runtime import recsys, table_sharding
 from planner.runtime.options import RunOptions
 
 MIXED = (("t_cat_0", "row_wise", "hbm"), ("t_cat_1", "column_wise", "hbm"),
@@ -91,7 +91,7 @@ def test_plan_run_dispatches_a_recsys_plan_to_torchrec(plans, tmp_path, capsys):
 
 def test_the_sharding_plan_says_what_the_plan_says(plans):
     plan = load_plan(plans["mixed"])
-    sp = recsys.sharding_plan(plan, device_type="cpu")
+    sp = table_sharding.sharding_plan(plan, device_type="cpu")
     per_table = sp.plan["sparse"]
     by_name = {t["name"]: t for t in plan.embeddings["tables"]}
     for name, ps in per_table.items():
@@ -109,7 +109,8 @@ def test_the_sharding_plan_says_what_the_plan_says(plans):
         assert all(str(s.placement) == f"rank:{s.placement.rank()}/cpu" for s in shards)
     # the UVM-cached table runs fused on CPU; on GPUs as planned, with the plan's cache ratio
     assert per_table["t_cat_2"].compute_kernel == "fused"
-    gpu = recsys.sharding_plan(plan, device_type="cuda", local_world=2).plan["sparse"]["t_cat_2"]
+    gpu = table_sharding.sharding_plan(plan, device_type="cuda",
+                                       local_world=2).plan["sparse"]["t_cat_2"]
     assert gpu.compute_kernel == "fused_uvm_caching"
     assert gpu.cache_params.load_factor == by_name["t_cat_2"]["cache_ratio"]
     assert str(gpu.sharding_spec.shards[0].placement).endswith("/cuda:0")
@@ -119,7 +120,7 @@ def test_column_pieces_are_ordered_by_offset(plans):
     plan = load_plan(plans["column_wise"])
     t = plan.embeddings["tables"][0]
     t["shards"] = list(reversed(t["shards"]))  # the plan may list them in any order
-    ps = recsys.sharding_plan(plan).plan["sparse"][t["name"]]
+    ps = table_sharding.sharding_plan(plan).plan["sparse"][t["name"]]
     assert [s.shard_offsets[1] for s in ps.sharding_spec.shards] == [0, 32]
 
 
@@ -130,11 +131,11 @@ def test_row_wise_shards_torchrec_cannot_route_are_refused(plans):
     t["shards"][1]["offsets"][0] -= 1
     t["shards"][1]["sizes"][0] += 1
     with pytest.raises(SpecError, match="ceil"):
-        recsys.sharding_plan(plan)
+        table_sharding.sharding_plan(plan)
 
 
 def test_the_cpu_sharder_offers_row_wise_types():
-    types = recsys.cpu_sharder().sharding_types("cpu")
+    types = table_sharding.cpu_sharder().sharding_types("cpu")
     assert {"row_wise", "table_row_wise", "grid_shard", "table_wise", "column_wise",
             "data_parallel"} <= set(types)
 
