@@ -32,7 +32,6 @@ import csv
 import dataclasses
 import logging
 import os
-import statistics
 import sys
 import time
 
@@ -40,10 +39,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.tables import print_errors, print_table  # noqa: E402
-from costmodels.embeddings import RecModel  # noqa: E402
 from costmodels.engine import EngineSpec  # noqa: E402
 from costmodels.topology import cluster_from_mapping  # noqa: E402
-from planner.inputs.zoo import CRITEO_1TB_ROWS, MLPERF_DCNV2_ROWS, RECSYS  # noqa: E402
+from planner.inputs.zoo import CRITEO_1TB_ROWS, MLPERF_DCNV2_ROWS  # noqa: E402
 from planner.search.tables import RecOptions, plan_tables  # noqa: E402
 from planner.trace.recsys import rec_model  # noqa: E402
 

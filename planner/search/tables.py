@@ -312,7 +312,7 @@ def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: 
         for s in lay.shards:
             shards.append(Shard(next(it), s.row, s.col, s.rows, s.cols) if s.rank < 0 else s)
         chosen.append(Layout(lay.sharding, tuple(shards), lay.tier, lay.cache_ratio))
-    return _price_plan(model, cluster, env, chosen, dtype, engine, opts, problem, placed, wall,
+    return _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
                        dense_mem)
 
 
@@ -332,10 +332,10 @@ def price_layouts(model: RecModel, cluster: Cluster, chosen: list, *, global_bat
     W = cluster.num_gpus
     env = environment(cluster, global_batch // W, opts.optimizer, opts.comm_bytes)
     dense_mem = dense_memory(model, env, 0 if opts.optimizer == "sgd" else 1)
-    return _price_plan(model, cluster, env, chosen, dtype, engine, opts, None, None, 0.0, dense_mem)
+    return _price_plan(model, cluster, env, chosen, dtype, engine, opts, None, 0.0, dense_mem)
 
 
-def _price_plan(model, cluster, env, chosen, dtype, engine, opts, problem, placed, wall,
+def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
                 dense_mem) -> TablePlan:
     W = env.world
     share = env.intra_share()

@@ -36,7 +36,7 @@ def torchrec_available() -> bool:
     return True
 
 
-def _ebc(entry: RecEntry, device, dim_of=None):
+def _ebc(entry: RecEntry, device):
     """A TorchRec EmbeddingBagCollection with one table per feature (``t_<feature>``)."""
     from torchrec.modules.embedding_configs import EmbeddingBagConfig  # lazy: optional library
     from torchrec.modules.embedding_modules import EmbeddingBagCollection  # lazy: as above
