@@ -162,11 +162,11 @@ def _shardings(kind: str, t: Table, W: int, g: int, big: float, forced: bool):
             for k in (2, 4, 8):
                 if k <= W and t.dim % k == 0 and t.dim // k >= 32:
                     yield [Shard(-1, 0, c, t.rows, w) for c, w in emb.column_pieces(t.dim, k)]
-    elif kind == "row_wise":
-        if W > 1 and t.rows >= W:
+    elif kind == "row_wise":  # fewer rows than ranks: the last shards are empty, as TorchRec's
+        if W > 1:
             yield [Shard(r, lo, 0, n, t.dim) for r, (lo, n) in enumerate(emb.even_rows(t.rows, W))]
     elif kind == "table_row_wise":
-        if W > g and t.rows >= g:
+        if W > g:
             for node in range(W // g):
                 yield [Shard(node * g + i, lo, 0, n, t.dim)
                        for i, (lo, n) in enumerate(emb.even_rows(t.rows, g))]

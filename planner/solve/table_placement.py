@@ -237,10 +237,10 @@ def starts(problem: Problem) -> list:
         if a is None:
             continue
         objective, loads = evaluate(problem, *a)
-        if fits(problem, loads):
-            found.append((objective, a))
-    found.sort(key=lambda x: x[0])
-    return [a for _, a in found]
+        if fits(problem, loads):  # the step first; among equal steps, the lighter sparse part
+            found.append((round(objective, 12), max(rank_time(problem, ld) for ld in loads), a))
+    found.sort(key=lambda x: x[:2])
+    return [a for _, _, a in found]
 
 
 def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
