@@ -72,7 +72,7 @@ SECTIONS = [
      "(the sharding TorchRec's planner chose for the runs was not published). Nothing fitted "
      "per row; the host's ops per step are TorchRec's, counted by "
      "`benchmarks/torchrec_host_ops.py`. The multi-node rows over EFA (16 and 80 GPUs) run about 2x "
-     "and 12x slower than the model predicts, and the 2025 revision's 2,048-sample rows take "
+     "and 13x slower than the model predicts, and the 2025 revision's 2,048-sample rows take "
      "17-18 ms whatever the interaction's FLOPs: neither is explained here."),
     ("crosssite", "cross_site_runs.py",
      "**Across sites** (`benchmarks/cross_site_runs.py`): one GPT-3-XL-style model on 64 V100 in "
