@@ -5,8 +5,9 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
 
 - GEMMs reach ``matmul_efficiency`` of the dense peak, reduced by wave quantization: the output is
   cut into tiles, one per SM at a time, and a last partial wave leaves SMs idle (NVIDIA, "Matrix
-  Multiplication Background User's Guide", section on tile and wave quantization). A skinny GEMM
-  is bound by its operand traffic instead. Backward runs the two transposed GEMMs (input gradient
+  Multiplication Background User's Guide", section on tile and wave quantization); an output of
+  fewer tiles than SMs splits its reduction over the idle ones (split-K). A skinny GEMM is bound
+  by its operand traffic instead. Backward runs the two transposed GEMMs (input gradient
   m x k x n, weight gradient k x n x m).
 - Attention: a fused kernel (``flash``) runs at ``attention_efficiency`` and skips about half the
   work under a causal mask; its backward recomputes the scores, 2.5x the forward FLOPs (Dao,
@@ -114,10 +115,25 @@ def _gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec,
         return max(flops / shaped_rate(device, dtype, flops, m, n, k), memory_s)
     tile = device.gemm_tile
     tiles = math.ceil(batch) * math.ceil(m / tile) * math.ceil(n / tile)
-    waves = math.ceil(tiles / device.sm_count)
-    quantization = tiles / (waves * device.sm_count)
+    split = split_k(tiles, k, device)
+    if split > 1:  # the partial products are written and summed: one more pass over the output
+        traffic += (2 * split - 1) * batch * m * n * 4
+        memory_s = traffic / device.memory_bytes_per_s
+    waves = math.ceil(tiles * split / device.sm_count)
+    quantization = tiles * split / (waves * device.sm_count)
     compute_s = flops / (device.peak(dtype) * device.matmul_efficiency * quantization)
     return max(compute_s, memory_s) + device.kernel_overhead_s
+
+
+def split_k(tiles: int, k: float, device: DeviceSpec) -> int:
+    """Slices of the reduction dimension a GEMM with fewer output tiles than SMs runs in parallel
+    (split-K: cuBLAS and CUTLASS choose it for a small output and a long reduction, e.g. the weight
+    gradient of a narrow layer, whose reduction is the batch; NVIDIA, CUTLASS "Efficient GEMM in
+    CUDA", parallelized reductions): as many as fill the SMs once, each slice at least a tile deep.
+    1 when the output alone fills the GPU."""
+    if tiles >= device.sm_count:
+        return 1
+    return max(1, min(device.sm_count // tiles, int(k // device.gemm_tile)))
 
 
 def measured_rate(table, size: float) -> float:

@@ -2,7 +2,8 @@
 
 import pytest
 
-from costmodels.compute import block_time, gemm_time_s, optimizer_step_s, split_gemm
+from costmodels.compute import (block_time, gemm_time_s, optimizer_step_s, split_gemm,
+                                split_k)
 from costmodels.engine import EngineSpec
 from costmodels.errors import SpecError
 from costmodels.hardware import DEVICES, get_device
@@ -46,6 +47,20 @@ def test_big_gemm_runs_at_the_efficiency_ceiling_and_small_ones_lose_to_waves():
     skinny = gemm_time_s(1, 1, 8192, 8192, dev, "bf16")
     assert skinny == pytest.approx(2 * 8192 * 8192 / (2039e9 * dev.memory_efficiency)
                                    + dev.kernel_overhead_s, rel=0.01)
+
+
+def test_a_small_output_with_a_long_reduction_splits_it_over_the_idle_sms():
+    dev = DEVICES["a100-40g"]
+    # the weight gradient of a 256 -> 128 layer at batch 8192: 2 output tiles, reduction 8192
+    assert split_k(2, 8192, dev) == 54  # 2 x 54 = 108 tiles: one full wave
+    t = gemm_time_s(1, 256, 128, 8192, dev, "fp32")
+    ideal = 2 * 256 * 128 * 8192 / (19.5e12 * dev.matmul_efficiency)
+    assert t == pytest.approx(ideal + dev.kernel_overhead_s, rel=1e-9)
+    # without the split the two tiles would leave 106 of 108 SMs idle: 54x slower
+    assert t < 2 * ideal
+    # a reduction shorter than two tiles is not split; an output that fills the GPU never is
+    assert split_k(2, 200, dev) == 1
+    assert split_k(108, 1 << 20, dev) == split_k(500, 1 << 20, dev) == 1
 
 
 def test_tensor_parallel_splits_the_right_gemm_dimension():

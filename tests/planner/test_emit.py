@@ -64,9 +64,12 @@ def test_an_fp8_plan_says_what_fp8_changed(tiny_llama):
     plan = planner.plan_prepared(tiny_llama, cluster, training, planner.SearchOptions(top_k=0))
     f = plan.predicted["fp8"]
     assert f["recipe"] == "current" and f["gemm_peak_tflops"] == 1979
-    assert f["bf16_step_time_s"] > plan.step_time_s and f["weight_copy_bytes"] > 0
+    assert f["bf16_step_time_s"] > 0 and f["weight_copy_bytes"] > 0
     text = summary(plan)
     assert "weight GEMMs at the fp8 peak" in text and "in bf16 this plan would take" in text
+    # the summary gives the ratio; on a 2.7M-parameter model it may fall below 1 (GEMMs too
+    # small for fp8 to pay for its casts)
+    assert f"({f['bf16_step_time_s'] / plan.step_time_s:.2f}x)" in text
     bf16 = planner.plan_prepared(tiny_llama, cluster, planner.TrainingSpec(
         global_batch=64, seq_len=128), planner.SearchOptions(top_k=0))
     assert "fp8" not in bf16.predicted
