@@ -41,7 +41,6 @@ import contextlib
 import dataclasses
 import io
 import logging
-import math
 import os
 import sys
 import time

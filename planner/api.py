@@ -225,20 +225,31 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
     cl.device.peak(dtype)
     training = TrainingSpec(global_batch=global_batch, seq_len=1, dtype=dtype,
                             optimizer=optimizer, engine=engine_from_mapping(engine))
-    sharding = _sharding_fix(fix)
+    sharding, zero = _rec_fix(fix)
     if global_batch % cl.num_gpus:
         raise SpecError(f"global_batch: {global_batch} does not divide over {cl.num_gpus} GPUs; "
                         f"give a multiple of {cl.num_gpus}")
-    rec, info = prepare_recsys(model, tables)
-    return plan_rec_prepared(rec, info, cl, training, sharding=sharding,
+    prepared = prepare_recsys(model, tables)
+    return plan_rec_prepared(prepared, cl, training, sharding=sharding, zero=zero,
                              table_optimizer=table_optimizer, pipeline=pipeline,
                              time_limit_s=time_limit_s, record_timing=record_timing)
 
 
-def prepare_recsys(model, tables=None) -> tuple:
-    """(RecModel, model info) of a recommendation model: its tables with their statistics
-    (``tables``: a YAML path or mapping; default: the zoo's, or MODEL.tables.yaml beside a
-    factory file) and its dense part measured on the meta device."""
+@dataclass
+class PreparedRec:
+    """A recommendation model measured once: its tables and dense work (``rec``), the plan's
+    model section (``info``) and its dense part traced for the dense search (``dense``; None when
+    the module cannot run it apart from its tables)."""
+
+    rec: object
+    info: dict
+    dense: Prepared | None = None
+
+
+def prepare_recsys(model, tables=None) -> PreparedRec:
+    """A recommendation model's tables with their statistics (``tables``: a YAML path or mapping;
+    default: the zoo's, or MODEL.tables.yaml beside a factory file) and its dense part measured
+    and traced on the meta device."""
     from planner.trace import recsys  # lazy: loads torch (seconds)
 
     entry = RECSYS.get(model.lower()) if isinstance(model, str) else None
@@ -260,41 +271,70 @@ def prepare_recsys(model, tables=None) -> tuple:
             "spec": model if isinstance(model, str) else None,
             "num_params": int(rec.dense_params + sum(t.rows * t.dim for t in rec.tables)),
             "fingerprint": fingerprint}
-    return rec, info
+    arch = recsys.dense_arch(recsys.build(entry) if entry else module)
+    dense = None
+    if arch is not None:
+        dense = _trace(arch[0], arch[1], 1, "fp32", "auto")
+    return PreparedRec(rec, info, dense)
 
 
-def plan_rec_prepared(rec, info: dict, cluster, training: TrainingSpec, *,
-                      sharding: str | None = None, table_optimizer: str | None = None,
-                      pipeline: str = "sparse-dist", time_limit_s: float | None = None,
-                      record_timing: bool = False) -> Plan:
-    """Shard and price an already measured recommendation model on ``cluster``."""
+def plan_rec_prepared(prepared: PreparedRec, cluster, training: TrainingSpec, *,
+                      sharding: str | None = None, zero: int | None = None,
+                      table_optimizer: str | None = None, pipeline: str = "sparse-dist",
+                      time_limit_s: float | None = None, record_timing: bool = False) -> Plan:
+    """Shard and price an already measured recommendation model on ``cluster``: the dense part
+    by the dense search (``zero`` pins its state sharding: 0 DDP, 3 FSDP2), then the tables."""
+    from planner.search.dense_part import dense_options  # lazy: recsys only
     from planner.search.tables import RecOptions, plan_tables  # lazy: recsys only
 
+    rec, info = prepared.rec, prepared.info
     entry = RECSYS.get((info.get("spec") or "").lower())
     default_opt = entry.optimizer if entry else ("sgd" if training.optimizer == "sgd" else "adam")
     opts = RecOptions(pipeline=pipeline, fix_sharding=sharding,
                       optimizer=table_optimizer or default_opt,
                       time_limit_s=time_limit_s or RecOptions.time_limit_s)
     t0 = time.perf_counter()
+    dense = ()
+    zero = None if zero is None else _dense_zero(zero)
+    if prepared.dense is not None:
+        dense = dense_options(prepared.dense.blocks, cluster, global_batch=training.global_batch,
+                              dtype=training.dtype, optimizer=training.optimizer,
+                              engine=training.engine, zero=zero)
+    elif zero is not None:
+        raise SpecError("fix: zero= needs a model whose dense part runs apart from its tables "
+                        "(dense_forward and dense_inputs, as the zoo's models have)")
     tp = plan_tables(rec, cluster, global_batch=training.global_batch, dtype=training.dtype,
-                     engine=training.engine, opts=opts)
+                     engine=training.engine, opts=opts, dense=dense)
     log.info("sharded %d tables over %d GPUs in %.2f s (%s)", len(rec.tables), cluster.num_gpus,
              time.perf_counter() - t0, tp.solver["status"])
     return emit_tables(model_info=info, rec=rec, tp=tp, cluster=cluster, training=training,
                        rec_options=opts, record_timing=record_timing)
 
 
-def _sharding_fix(fix) -> str | None:
-    """``sharding=<type>`` (the one knob a recommendation model's --fix takes)."""
+def _rec_fix(fix) -> tuple:
+    """(sharding, zero): the knobs a recommendation model's --fix takes: ``sharding=<type>`` for
+    every table, ``zero=0|3`` for the dense part (DDP or FSDP2)."""
     if fix is None or fix == "" or fix == {}:
-        return None
+        return None, None
     items = dict(fix) if isinstance(fix, dict) else dict(
         part.split("=", 1) if "=" in part else (part, "") for part in str(fix).split(","))
-    if set(items) != {"sharding"}:
+    if not items or set(items) - {"sharding", "zero"}:
         raise SpecError(f"fix: recommendation models take only sharding=<type> (one of "
                         f"data_parallel, table_wise, column_wise, row_wise, table_row_wise, "
-                        f"grid_shard), got {', '.join(sorted(items))}")
-    return str(items["sharding"])
+                        f"grid_shard) and zero=0|3, got {', '.join(sorted(items))}")
+    zero = items.pop("zero", None)
+    if zero is not None:
+        zero = _dense_zero(zero)
+    if not items:
+        return None, zero
+    return str(items["sharding"]), zero
+
+
+def _dense_zero(value) -> int:
+    if str(value).strip() not in ("0", "3"):
+        raise SpecError(f"fix.zero: the dense part of a recommendation model runs with DDP "
+                        f"(zero=0) or FSDP2 (zero=3), got {value!r}")
+    return int(value)
 
 
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,

@@ -217,8 +217,9 @@ def _version(pkg: str) -> str:
 
 def emit_tables(*, model_info: dict, rec, tp, cluster: Cluster, training: TrainingSpec,
                 rec_options, record_timing: bool = False) -> Plan:
-    """A recommendation model's plan: the dense part data-parallel on every rank, the tables as
-    ``tp`` (planner.search.tables.TablePlan) shards them; the plan's ``embeddings`` section."""
+    """A recommendation model's plan: the dense part data-parallel on every rank (DDP or FSDP2, as
+    the dense search chose), the tables as ``tp`` (planner.search.tables.TablePlan) shards them;
+    the plan's ``embeddings`` section."""
     W = cluster.num_gpus
     env = tp.env
     bd = tp.breakdown
@@ -264,11 +265,14 @@ def emit_tables(*, model_info: dict, rec, tp, cluster: Cluster, training: Traini
         "breakdown": bd,
         "dense": {"params": rec.dense_params, "fwd_flops_per_sample": rec.dense_flops_per_sample,
                   "activation_bytes_per_sample": rec.dense_act_bytes_per_sample,
-                  "ops_per_forward": rec.dense_ops, "memory_bytes": tp.dense_memory_bytes},
+                  "ops_per_forward": rec.dense_ops, "memory_bytes": tp.dense_memory_bytes,
+                  **(tp.dense.to_dict() if tp.dense is not None else
+                     {"zero": 0, "engine": "DDP", "priced_by": "FLOP count (data-parallel)"})},
         "solver": tp.solver if record_timing else {**tp.solver, "time_s": None},
     }
     parallel = {"dp": W, "tp": 1, "pp": 1, "vpp": 1, "micro_batch": env.local_batch,
-                "num_microbatches": 1, "schedule": "1f1b", "recompute": "none", "zero": 0,
+                "num_microbatches": 1, "schedule": "1f1b", "recompute": "none",
+                "zero": tp.dense.zero if tp.dense is not None else 0,
                 "sequence_parallel": False, "offload_optimizer": False, "placement": "tp-pp-dp",
                 "cp": 1, "cp_comm": "p2p", "ep": 1, "etp": 1}
     stage = {"index": 0, "pipeline_rank": 0, "modules": ["dense"], "blocks": ["dense"],
@@ -281,7 +285,7 @@ def emit_tables(*, model_info: dict, rec, tp, cluster: Cluster, training: Traini
     search = {
         "method": "embedding tables: CP-SAT over each table's layouts (sharding type, ranks, "
                   "memory tier) minimising the slowest rank, from a greedy start; dense part "
-                  "data-parallel",
+                  "data-parallel (DDP or FSDP2) as the dense search prices it",
         "status": tp.solver["status"] if tp.solver["status"] in ("optimal", "feasible")
         else "feasible",
         "gap": tp.solver.get("gap") or 0.0,

@@ -108,17 +108,20 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
 def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
     """A recommendation model's points, one after the other (each shards the tables with CP-SAT
     under its time limit; the model is read once)."""
-    rec, info = api.prepare_recsys(model)
+    prepared = api.prepare_recsys(model)
+    info = prepared.info
     rows = []
     for i, t in enumerate(tasks):
         if t.error:
             rows.append(_row(t, None, t.error))
-        elif t.options.fix and set(t.options.fix) - {"sharding"}:
-            rows.append(_row(t, None, "recommendation models take only sharding=<type> as a "
-                                      "pinned knob"))
+        elif t.options.fix and set(t.options.fix) - {"sharding", "zero"}:
+            rows.append(_row(t, None, "recommendation models take only sharding=<type> and "
+                                      "zero=0|3 as pinned knobs"))
         else:
             try:
-                plan = api.plan_rec_prepared(rec, info, t.cluster, t.training,
+                plan = api.plan_rec_prepared(prepared, t.cluster, t.training,
+                                             sharding=t.options.fix.get("sharding"),
+                                             zero=t.options.fix.get("zero"),
                                              time_limit_s=t.options.time_limit_s)
                 rows.append(_row(t, plan, ""))
             except PlannerError as exc:

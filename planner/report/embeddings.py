@@ -34,6 +34,13 @@ def embeddings_summary(p: Plan, max_tables: int = 30) -> list[str]:
         key = SHORT[t["sharding_type"]] + ("" if t["tier"] == "hbm" else
                                           f" ({t['compute_kernel']})")
         kinds[key] = kinds.get(key, 0) + 1
+    d = e.get("dense", {})
+    if d:
+        how = ("FSDP2 (weights, gradients and optimizer states sharded)" if d.get("zero") == 3
+               else "DDP (replicated)")
+        out += [f"  dense part  data-parallel on every rank, {how}; {d.get('params', 0):,} "
+                f"parameters, {d.get('memory_bytes', 0) / GB:.2f} GB per rank; priced by "
+                f"{d.get('priced_by', 'FLOP count')}"]
     out += ["", "  shardings   " + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())),
             f"  imbalance   slowest rank / mean: time {e['imbalance']['time']:.2f}, memory "
             f"{e['imbalance']['hbm']:.2f}", ""]

@@ -3,7 +3,9 @@
 The plan's tables become a TorchRec ``ShardingPlan`` (planner.runtime.table_sharding). Each
 process wraps the model
 in ``DistributedModelParallel`` with that plan: the tables are sharded as planned (their optimizer
-fused into the backward), the dense part and the data-parallel tables are replicated with DDP.
+fused into the backward), the data-parallel tables are replicated with DDP, and the dense part too,
+or, when the plan's dense part has ``zero: 3``, sharded with FSDP2 (``fully_shard`` on each of the
+model's children that holds no table; ``FsdpDenseWrapper``).
 Steps run on synthetic data (each table's ids per sample as the plan says, ids uniform over the
 rows); the step time of the slowest rank is compared with the plan's ``predicted.step_time_s``.
 
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from planner.errors import SpecError
 from planner.planfile.document import Plan, load_plan
@@ -294,11 +297,42 @@ def shard(plan: Plan, module: nn.Module, opts: RunOptions, device: torch.device)
                      "priced host memory behind a GPU cache)")
     torch.manual_seed(opts.seed)
     sharder = cpu_sharder(fused_params(plan, opts.lr))
+    zero = int(plan.embeddings.get("dense", {}).get("zero", 0))
     dmp = DistributedModelParallel(module, env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                   device=device, plan=splan, sharders=[sharder])
+                                   device=device, plan=splan, sharders=[sharder],
+                                   data_parallel_wrapper=fsdp_dense_wrapper() if zero == 3
+                                   else None)
     optimizers = make_optimizers(plan, list(dmp.named_parameters()), path, opts.lr)
     keys = [f for f, _, _ in features(plan)]
     return Sharded(dmp, optimizers, keys, path), notes
+
+
+def fsdp_dense_wrapper():
+    """TorchRec's data-parallel wrapper for a plan whose dense part runs with FSDP2: each child of
+    the model that holds no sharded table gets ``fully_shard`` over all ranks (its weights,
+    gradients and optimizer states sharded, gathered per module); what is left (data-parallel
+    tables) is replicated with DDP as TorchRec does."""
+    from torch.distributed.device_mesh import init_device_mesh  # lazy: FSDP2 plans only
+    from torch.distributed.fsdp import fully_shard  # lazy: as above
+    from torchrec.distributed.model_parallel import (DefaultDataParallelWrapper,  # lazy: optional
+                                                     DistributedModelParallel)
+    from torchrec.distributed.types import ShardedModule  # lazy: as above
+
+    class FsdpDenseWrapper(DefaultDataParallelWrapper):
+        def wrap(self, dmp, env, device) -> None:
+            model = dmp._dmp_wrapped_module
+            mesh = init_device_mesh(device.type, (env.world_size,))
+            ignore = set()
+            for name, child in model.named_children():
+                holds = any(isinstance(m, ShardedModule) for m in child.modules())
+                if holds or not any(True for _ in child.parameters()):
+                    continue
+                fully_shard(child, mesh=mesh)
+                ignore.update(f"{name}.{n}" for n, _ in child.named_parameters())
+            sharded = set(DistributedModelParallel._sharded_parameter_names(model))
+            self._ddp_wrap(dmp, env, device, sharded | ignore)
+
+    return FsdpDenseWrapper()
 
 
 def sharded_step(s: Sharded, batch: Batch, device) -> torch.Tensor:
@@ -320,6 +354,8 @@ def load_full(dmp: nn.Module, full: dict) -> None:
                 for sh in value.local_shards():
                     (r, c), (h, w) = sh.metadata.shard_offsets, sh.metadata.shard_sizes
                     sh.tensor.copy_(full[key][r:r + h, c:c + w])
+            elif isinstance(value, DTensor):  # FSDP2's shard of a dense parameter
+                value.copy_(distribute_tensor(full[key], value.device_mesh, value.placements))
             else:
                 value.copy_(full[key])
 
@@ -332,6 +368,8 @@ def gather_full(dmp: nn.Module) -> dict:
             local[key] = ("sharded", list(value.size()),
                           [(list(sh.metadata.shard_offsets), sh.tensor.detach().cpu().clone())
                            for sh in value.local_shards()])
+        elif isinstance(value, DTensor):
+            local[key] = ("full", None, value.full_tensor().detach().cpu().clone())
         elif isinstance(value, torch.Tensor):
             local[key] = ("full", None, value.detach().cpu().clone())
     parts: list = [None] * dist.get_world_size()
@@ -406,6 +444,8 @@ def execute(plan: Plan, module: nn.Module, opts: RunOptions, device: torch.devic
         "ranks": records, "device": device.type, "backend": dist.get_backend(),
         "engine": "torchrec DistributedModelParallel", "world_size": world,
         "local_batch": local_batch, "sharding": _sharding_counts(emb["tables"]),
+        "dense_engine": ("FSDP2" if any(isinstance(p, DTensor) for p in s.dmp.parameters())
+                         else "DDP"),
         "predicted_breakdown": emb.get("breakdown", {}), "notes": notes}
     if ref is not None:
         result["reference"] = compare(plan, s, ref, batches, start, opts, local_batch,

@@ -1,8 +1,10 @@
 """Recommendation models: the layouts each embedding table may take, their costs on this cluster,
 the placement (planner.solve.table_placement) and the step time of the whole model.
 
-The dense part (MLPs, interaction) is data-parallel on every rank (DistributedDataParallel, as
-TorchRec's DistributedModelParallel wraps it); the tables are sharded. One step:
+The dense part (MLPs, interaction) is data-parallel on every rank: DistributedDataParallel (as
+TorchRec's DistributedModelParallel wraps it) or FSDP2, as the dense search prices it op by op
+(planner.search.dense_part); a module whose dense part cannot be run apart from its tables is
+priced from its FLOP count, data-parallel (``dense_times``). The tables are sharded. One step:
 
     host-bound:   host_op_s x (ops the step issues)
     device-bound: sparse_r (lookups + pooled-embedding exchange, forward and backward, on the
@@ -29,6 +31,7 @@ from costmodels.engine import EngineSpec
 from costmodels.topology import Cluster
 from planner.errors import InfeasibleError, SpecError
 from planner.options import PIPELINES
+from planner.search.dense_part import DensePart
 from planner.solve.table_placement import Load, Option, Problem, place
 
 
@@ -114,6 +117,9 @@ class TablePlan:
     env: RecEnv
     dense_memory_bytes: float
     table_costs: list = field(default_factory=list)
+    dense: DensePart | None = None
+    """How the dense part runs, as the dense search planned it (None: priced from its FLOP count,
+    data-parallel: ``dense_times``)."""
 
 
 def environment(cluster: Cluster, local_batch: int, optimizer: str,
@@ -244,17 +250,33 @@ def dense_memory(model: RecModel, env: RecEnv, dense_optimizer_state: int = 2) -
 
 def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: str = "fp32",
                 engine: EngineSpec | None = None, opts: RecOptions | None = None,
-                solve_time_limit_s: float | None = None) -> TablePlan:
-    """Shard ``model``'s tables on ``cluster`` for ``global_batch`` and price the step."""
+                solve_time_limit_s: float | None = None,
+                dense: tuple[DensePart, ...] = ()) -> TablePlan:
+    """Shard ``model``'s tables on ``cluster`` for ``global_batch`` and price the step.
+    ``dense``: ways to run the dense part (planner.search.dense_part.dense_options, fastest
+    first); the first that leaves the tables room is taken. Empty: the dense part is priced
+    from its FLOP count, data-parallel."""
+    if global_batch % cluster.num_gpus:
+        raise SpecError(f"global_batch: {global_batch} does not divide over {cluster.num_gpus} "
+                        f"GPUs; give a multiple of {cluster.num_gpus}")
+    for i, part in enumerate(dense):
+        try:
+            return _plan_tables(model, cluster, global_batch, dtype, engine, opts,
+                                solve_time_limit_s, part)
+        except InfeasibleError as e:
+            if e.reason != "out of memory" or i == len(dense) - 1:
+                raise
+    return _plan_tables(model, cluster, global_batch, dtype, engine, opts, solve_time_limit_s,
+                        None)
+
+
+def _plan_tables(model, cluster, global_batch, dtype, engine, opts, solve_time_limit_s,
+                 part: DensePart | None) -> TablePlan:
     engine = engine or EngineSpec()
     opts = opts or RecOptions()
     W = cluster.num_gpus
-    if global_batch % W:
-        raise SpecError(f"global_batch: {global_batch} does not divide over {W} GPUs; give a "
-                        f"multiple of {W}")
     env = environment(cluster, global_batch // W, opts.optimizer, opts.comm_bytes)
-    dense_state = 0 if opts.optimizer == "sgd" else 1
-    dense_mem = dense_memory(model, env, dense_state)
+    dense_mem = _dense_mem(model, env, opts, part)
     cap = cluster.device.memory_bytes * (1 - HBM_RESERVE) - dense_mem
     if cap <= 0:
         raise InfeasibleError(f"the dense part alone needs {dense_mem / 1e9:.1f} GB per GPU at "
@@ -293,7 +315,8 @@ def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: 
                                                          else HOST_OPS_SHARDED[0])
                                for kind in emb.SHARDING_TYPES},
                       host_base_s=engine.host_op_s * (3 * model.dense_ops + HOST_OPS_COMMON),
-                      dense_s=_dense_device_s(model, cluster, env, dtype, engine),
+                      dense_s=(part.device_s if part is not None
+                               else _dense_device_s(model, cluster, env, dtype, engine)),
                       overlap_dense=opts.pipeline == "nested")
     t0 = time.perf_counter()
     limit = opts.time_limit_s if solve_time_limit_s is None else solve_time_limit_s
@@ -313,7 +336,13 @@ def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: 
             shards.append(Shard(next(it), s.row, s.col, s.rows, s.cols) if s.rank < 0 else s)
         chosen.append(Layout(lay.sharding, tuple(shards), lay.tier, lay.cache_ratio))
     return _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
-                       dense_mem)
+                       dense_mem, part)
+
+
+def _dense_mem(model: RecModel, env: RecEnv, opts: RecOptions, part: DensePart | None) -> float:
+    if part is not None:
+        return part.memory_bytes
+    return dense_memory(model, env, 0 if opts.optimizer == "sgd" else 1)
 
 
 def _dense_device_s(model: RecModel, cluster: Cluster, env: RecEnv, dtype: str,
@@ -325,18 +354,18 @@ def _dense_device_s(model: RecModel, cluster: Cluster, env: RecEnv, dtype: str,
 
 def price_layouts(model: RecModel, cluster: Cluster, chosen: list, *, global_batch: int,
                   dtype: str = "fp32", engine: EngineSpec | None = None,
-                  opts: RecOptions | None = None) -> TablePlan:
+                  opts: RecOptions | None = None, dense: DensePart | None = None) -> TablePlan:
     """Price given layouts (another planner's, or a pinned plan) under this cost model."""
     engine = engine or EngineSpec()
     opts = opts or RecOptions()
     W = cluster.num_gpus
     env = environment(cluster, global_batch // W, opts.optimizer, opts.comm_bytes)
-    dense_mem = dense_memory(model, env, 0 if opts.optimizer == "sgd" else 1)
-    return _price_plan(model, cluster, env, chosen, dtype, engine, opts, None, 0.0, dense_mem)
+    return _price_plan(model, cluster, env, chosen, dtype, engine, opts, None, 0.0,
+                       _dense_mem(model, env, opts, dense), dense)
 
 
 def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
-                dense_mem) -> TablePlan:
+                dense_mem, part: DensePart | None = None) -> TablePlan:
     W = env.world
     share = env.intra_share()
     loads = [Load() for _ in range(W)]
@@ -364,13 +393,19 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
                          "host_bytes": ld.host,
                          "tables": sum(1 for lay in chosen if r in lay.ranks)})
     sparse = max(p["sparse_s"] for p in per_rank)
-    dense = dense_times(model, cluster, env, dtype, engine)
     dp_tables = emb.allreduce_s(dp_bytes, env)
-    grads = dense["allreduce_s"] + dp_tables
-    exposed = max(0.0, grads - dense["bwd_s"]) if engine.overlap_grad_reduce else grads
+    if part is None:
+        dense = dense_times(model, cluster, env, dtype, engine)
+        grads = dense["allreduce_s"] + dp_tables
+        exposed = max(0.0, grads - dense["bwd_s"]) if engine.overlap_grad_reduce else grads
+        compute = dense["fwd_s"] + dense["bwd_s"]
+    else:  # the dense search's exposed reduction and optimizer, then the tables' reduction
+        grads = dp_tables
+        hide = part.backward_s if engine.overlap_grad_reduce else 0.0
+        exposed = part.other_s + max(0.0, dp_tables - hide)
+        compute = part.compute_s
     ids = emb.input_dist_bytes(model.tables, env)
     input_s = (emb.comm_s(ids * share, ids * (1 - share), ids, env) / 2) if W > 1 else 0.0
-    compute = dense["fwd_s"] + dense["bwd_s"]
     if opts.pipeline == "nested":
         device = max(sparse, compute) + exposed + max(0.0, input_s - compute)
     elif opts.pipeline == "sparse-dist":
@@ -394,5 +429,6 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
     if not math.isfinite(step):
         raise InfeasibleError("no finite step time for these tables", reason="no plan")
     return TablePlan(layouts=chosen, per_rank=per_rank, step_s=step, breakdown=breakdown,
-                     solver=solver, env=env, dense_memory_bytes=dense_mem, table_costs=costs)
+                     solver=solver, env=env, dense_memory_bytes=dense_mem, table_costs=costs,
+                     dense=part)
 

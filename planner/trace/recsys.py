@@ -10,10 +10,12 @@ from the zoo entry or from a tables YAML::
       t_cat_0: {pooling: 3, skew: 0.6}
       t_cat_1: {pooling: 1}
 
-The dense part is priced from the ATen ops its forward runs on the meta device
-(torch.utils.flop_counter) when the module offers ``dense_forward(*dense_inputs(batch))`` (the zoo's
-models do); otherwise from its ``nn.Linear`` layers (2 x in x out FLOPs per sample each), which
-leaves element-wise ops unpriced.
+When the module offers ``dense_forward(*dense_inputs(batch))`` (the zoo's models do), its dense
+part is traced apart from the tables (``dense_arch``) and planned by the dense search
+(planner.search.dense_part), and its ATen ops are counted on the meta device
+(torch.utils.flop_counter) for the host's share of the step; otherwise the dense part is priced
+from its ``nn.Linear`` layers (2 x in x out FLOPs per sample each), which leaves element-wise ops
+unpriced.
 """
 
 from __future__ import annotations
@@ -220,6 +222,36 @@ def rec_model(model, *, batch: int = 1024, stats: dict | None = None,
     flops, acts, ops = _dense_work(module, batch)
     return RecModel(name=name, tables=tuple(tables), dense_params=max(0, int(dense_params)),
                     dense_flops_per_sample=flops, dense_act_bytes_per_sample=acts, dense_ops=ops)
+
+
+class DenseArch(nn.Module):
+    """The dense part of a module with ``dense_forward``/``dense_inputs``, apart from its tables:
+    the children that hold no table, and ``dense_forward`` as its forward (what the dense search
+    traces and prices)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.__dict__["whole"] = module  # not a child: its tables stay out of the parameters
+        holding = {p.split(".")[0] for p, m in module.named_modules() if p and _is_table(m)}
+        for name, child in module.named_children():
+            if name not in holding:
+                self.add_module(name, child)
+
+    def forward(self, *args):
+        return self.whole.dense_forward(*args)
+
+
+def dense_arch(module: nn.Module, batch: int = 64):
+    """(DenseArch, example inputs) of ``module``, or None when its dense part cannot be run
+    apart from its tables (no ``dense_forward``/``dense_inputs``)."""
+    if not (hasattr(module, "dense_forward") and hasattr(module, "dense_inputs")):
+        return None
+    return DenseArch(module), tuple(module.dense_inputs(batch, device="meta"))
+
+
+def _is_table(m: nn.Module) -> bool:
+    return (hasattr(m, "embedding_bag_configs") or hasattr(m, "embedding_configs")
+            or isinstance(m, (nn.EmbeddingBag, nn.Embedding)))
 
 
 def _dense_work(module: nn.Module, batch: int) -> tuple:

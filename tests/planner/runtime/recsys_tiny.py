@@ -20,9 +20,10 @@ def model(device: str = "meta"):
 
 
 def make_plan(path: str, *, sharding: str | None = None, fixed: tuple = (),
-              table_optimizer: str = "sgd", cluster: str = "cpu"):
+              table_optimizer: str = "sgd", cluster: str = "cpu", zero: int | None = None):
     """Plan the tiny model on ``cluster`` (2 processes on `cpu`), every table pinned to
-    ``sharding`` or some pinned by ``fixed`` ((table, sharding type, tier), ...), and save it at
+    ``sharding`` or some pinned by ``fixed`` ((table, sharding type, tier), ...), the dense part
+    with DDP or FSDP2 if ``zero`` pins it, and save it at
     ``path`` with ``model.spec`` naming this file's factory (plan run rebuilds the model)."""
     import planner  # lazy: the planner loads torch
     from planner.api import plan_recsys  # lazy: as above
@@ -46,7 +47,9 @@ def make_plan(path: str, *, sharding: str | None = None, fixed: tuple = (),
                         rec_options=opts)
     else:
         p = plan_recsys(model()[0], cluster=cluster, global_batch=GLOBAL_BATCH, optimizer="sgd",
-                        fix=sharding and f"sharding={sharding}", table_optimizer=table_optimizer)
+                        fix=",".join(f"{k}={v}" for k, v in (("sharding", sharding),
+                                                              ("zero", zero)) if v is not None),
+                        table_optimizer=table_optimizer)
         p.model["spec"] = SPEC
     p.save(path)
     return path

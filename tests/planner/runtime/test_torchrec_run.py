@@ -1,8 +1,8 @@
 """Recommendation plans run with TorchRec (planner.runtime.recsys) on 2 gloo processes.
 
 A tiny DLRM (recsys_tiny.py) planned on the `cpu` preset with every table table-wise, row-wise,
-column-wise or data-parallel, and one plan mixing the four (with a UVM-cached table, which runs
-with the fused kernel on CPU): a few SGD steps of DistributedModelParallel with the plan's
+column-wise or data-parallel, one plan mixing the four (with a UVM-cached table, which runs
+with the fused kernel on CPU), and one with its dense part sharded by FSDP2 (zero=3): a few SGD steps of DistributedModelParallel with the plan's
 ShardingPlan equal the same steps of the unsharded model in one process (same weights, same
 global batches), losses and updated weights alike. All plans run in one torchrun launch.
 """
@@ -22,7 +22,8 @@ MIXED = (("t_cat_0", "row_wise", "hbm"), ("t_cat_1", "column_wise", "hbm"),
          ("t_cat_2", "table_wise", "uvm_caching"), ("t_cat_3", "data_parallel", "hbm"))
 CASES = {"table_wise": {"sharding": "table_wise"}, "row_wise": {"sharding": "row_wise"},
          "column_wise": {"sharding": "column_wise"},
-         "data_parallel": {"sharding": "data_parallel"}, "mixed": {"fixed": MIXED}}
+         "data_parallel": {"sharding": "data_parallel"}, "mixed": {"fixed": MIXED},
+         "fsdp_dense": {"sharding": "table_wise", "zero": 3}}
 LR = 2.0
 """Large enough that the tables move by more than 1e-3 in three steps."""
 TOL = 1e-5
@@ -49,7 +50,10 @@ def test_sharded_steps_equal_the_unsharded_model(runs, plans, case):
     res = runs[case]
     plan = load_plan(plans[case])
     kinds = {t["sharding_type"] for t in plan.embeddings["tables"]}
-    assert kinds == ({case} if case != "mixed" else {s for _, s, _ in MIXED})
+    assert kinds == ({s for _, s, _ in MIXED} if case == "mixed" else {CASES[case]["sharding"]})
+    zero = CASES[case].get("zero", 0)
+    assert plan.embeddings["dense"]["zero"] == plan.parallel["zero"] == zero
+    assert res["dense_engine"] == ("FSDP2" if zero == 3 else "DDP")
     assert res["sharding"] == {k: sum(t["sharding_type"] == k for t in plan.embeddings["tables"])
                                for k in kinds}
     ref = res["reference"]
