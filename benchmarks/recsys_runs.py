@@ -16,8 +16,12 @@ Tables per row: the 2022-06 rows use the Criteo 1TB row counts of their notes; t
 40M rows use MLPerf's capped counts (their published size, 97.36 GiB, is exactly those counts);
 'MLPerfx2' (174 GiB) and 'Full Size' (421 GiB) publish only their total size, so the six tables
 that MLPerf caps at 40M rows are scaled evenly to reach it (said per row). Optimizers: SGD rows
-run SGD on the tables and the dense part; Adagrad rows run TorchRec's row-wise Adagrad on the
-tables and Adagrad (one state) on the dense part.
+run SGD on the tables and the dense part; Adagrad rows run FBGEMM's exact (element-wise) Adagrad on
+the tables, as the example's ``apply_optimizer_in_backward(torch.optim.Adagrad, ...)`` maps to
+``EmbOptimType.EXACT_ADAGRAD`` (one fp32 state per weight), and Adagrad on the dense part (priced
+as Adam's update: the dense search's optimizers are SGD and Adam; the dense part is 2-16 M
+parameters). The dense part is planned and priced by the dense search (DDP; op by op from its
+traced graph: planner.search.dense_part).
 
 Nothing is fitted per row: every constant is the cost model's (data sheets, documented
 efficiencies; costmodels/embeddings.py, planner/search/tables.py).
@@ -42,6 +46,8 @@ from benchmarks.tables import print_errors, print_table  # noqa: E402
 from costmodels.engine import EngineSpec  # noqa: E402
 from costmodels.topology import cluster_from_mapping  # noqa: E402
 from planner.inputs.zoo import CRITEO_1TB_ROWS, MLPERF_DCNV2_ROWS  # noqa: E402
+from planner.api import prepare_recsys  # noqa: E402
+from planner.search.dense_part import dense_options  # noqa: E402
 from planner.search.tables import RecOptions, plan_tables  # noqa: E402
 from planner.trace.recsys import rec_model  # noqa: E402
 
@@ -54,10 +60,13 @@ P4D = {"name": "p4d.24xlarge", "device": "a100-40g", "gpus_per_node": 8,
        "inter_node": {"bandwidth_GBps": 6.25, "latency_us": 15, "efficiency": 0.9}}
 
 
+def zoo_name(row: dict) -> str:
+    return "dlrm-dcnv2" if row["interaction"].strip().lower() == "dcnv2" else "dlrm-criteo-1tb"
+
+
 def tables_for(row: dict) -> tuple:
     """(RecModel, note): the row's tables with its optimizer's dense state."""
-    interaction = row["interaction"].strip().lower()
-    base = rec_model("dlrm-dcnv2" if interaction == "dcnv2" else "dlrm-criteo-1tb")
+    base = rec_model(zoo_name(row))
     size_gib = float(row["embedding_size_gib"])
     if "40M" in row["model"] or "'MLPerf'" in row["model"]:
         rows, note = MLPERF_DCNV2_ROWS, "MLPerf rows (40M cap)"
@@ -74,15 +83,25 @@ def tables_for(row: dict) -> tuple:
     return dataclasses.replace(base, tables=tables), note
 
 
+DENSE: dict = {}
+"""Zoo name -> the dense part traced for the dense search (once per model)."""
+
+
 def predict(row: dict, time_limit_s: float):
     gpus, nodes = int(row["gpus"]), int(row["nodes"])
     cluster = cluster_from_mapping({**P4D, "nodes": nodes, "gpus_per_node": gpus // nodes})
     rec, note = tables_for(row)
     adagrad = "adagrad" in row["optimizer"].lower()
-    opts = RecOptions(optimizer="rowwise_adagrad" if adagrad else "sgd", time_limit_s=time_limit_s)
+    opts = RecOptions(optimizer="adagrad" if adagrad else "sgd", time_limit_s=time_limit_s)
+    name = zoo_name(row)
+    if name not in DENSE:
+        DENSE[name] = prepare_recsys(name).dense
     t0 = time.perf_counter()
+    dense = dense_options(DENSE[name].blocks, cluster, global_batch=int(row["global_batch"]),
+                          dtype="fp32", optimizer="adam" if adagrad else "sgd",
+                          engine=EngineSpec())
     tp = plan_tables(rec, cluster, global_batch=int(row["global_batch"]), dtype="fp32",
-                     engine=EngineSpec(), opts=opts)
+                     engine=EngineSpec(), opts=opts, dense=dense)
     return tp, note, time.perf_counter() - t0
 
 
