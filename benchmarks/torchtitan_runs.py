@@ -7,7 +7,12 @@ benchmarks/llama3_h100_202412_torchtitan.md): Grand Teton hosts, 8 H100 fully co
 NVLink (NVLink 4: 450 GB/s per GPU per direction), 96 GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA per GPU,
 a 500 W power limit. Its dense bf16 peak is not published: the page says it lies between the H100
 SXM's (989 TFLOP/s) and the H100 NVL's (835 TFLOP/s, half the 1,671 with sparsity of its data
-sheet); FP8 likewise between 1,979 and 1,671. Every row is predicted at both ends of that range.
+sheet); FP8 likewise between 1,979 and 1,671. Both are the same GH100 die with 132 SMs, rated at
+700 W and 400 W: their peaks are 4,096 bf16 FLOP per SM and clock at 1.83 and 1.545 GHz. The
+prediction takes the clock a 500 W budget buys on that line, linear in power between the two data
+sheets (1.64 GHz: 886 bf16, 1,774 FP8 TFLOP/s); a cubic law (dynamic power ~ f V^2 with V ~ f, plus
+a constant) through the same two points gives 1.65 GHz, within 1%. Every row is also predicted at
+both ends of the range.
 
 Software per row (costmodels.engine presets): eager -> ``torchtitan`` (one kernel per element-wise
 op, FSDP2 buffer copies), torch.compile -> ``torchtitan-compile`` (element-wise chains fused),
@@ -46,8 +51,20 @@ LLAMA31_8B = {  # meta-llama/Llama-3.1-8B config.json
     "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
     "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
     "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False}
-PEAKS = {"SXM bound": (989, 1979), "NVL bound": (835, 1671)}
-"""(bf16, fp8) dense TFLOP/s at the two ends of the range the source page gives."""
+SXM = (700, 989, 1979)
+NVL = (400, 835, 1671)
+"""(watts, dense bf16, dense FP8 TFLOP/s) of the H100 SXM and H100 NVL data sheets."""
+POWER_W = 500
+
+
+def at_power(watts: float) -> tuple[float, float]:
+    """(bf16, fp8) peak at ``watts``, linear in power between the NVL and SXM data sheets."""
+    w = (watts - NVL[0]) / (SXM[0] - NVL[0])
+    return NVL[1] + w * (SXM[1] - NVL[1]), NVL[2] + w * (SXM[2] - NVL[2])
+
+
+PEAKS = {"500 W": at_power(POWER_W), "SXM bound": SXM[1:], "NVL bound": NVL[1:]}
+"""(bf16, fp8) dense TFLOP/s: the prediction, and the two ends of the range the page gives."""
 RESERVE_FRACTION = planner.SearchOptions().memory_reserve_fraction
 GIB = 2 ** 30
 
