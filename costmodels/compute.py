@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from costmodels import precision
-from costmodels.engine import EngineSpec
+from costmodels.engine import FUSED_ATTENTION, EngineSpec
 from costmodels.hardware import DTYPE_BYTES, DeviceSpec
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
 
@@ -266,6 +266,13 @@ def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp
     return fwd / rate, bwd / rate
 
 
+def fused_attention_efficiency(device: DeviceSpec, engine: EngineSpec) -> float:
+    """Share of peak the engine's fused attention kernel reaches on ``device``."""
+    if engine.attention == "flash2" and device.flash2_efficiency is not None:
+        return device.flash2_efficiency
+    return device.attention_efficiency
+
+
 def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
                      micro_batch: int, tp: int) -> tuple[float, float]:
     """(forward, backward) seconds of the block's fused attention ops."""
@@ -274,9 +281,9 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
     rep = work.fused_attn_flops_rep / work.fused_attn_flops
     share = micro_batch * ((1.0 - rep) / tp + rep)  # of the per-sample figures, on one GPU
     flops = share * work.fused_attn_flops
-    if engine.attention == "flash":
+    if engine.attention in FUSED_ATTENTION:
         skipped = CAUSAL_SKIP * share * work.attn_causal_flops
-        fwd = (flops - skipped) / (device.peak(dtype) * device.attention_efficiency)
+        fwd = (flops - skipped) / (device.peak(dtype) * fused_attention_efficiency(device, engine))
         return fwd, FLASH_BACKWARD_FACTOR * fwd
     rate = device.peak(dtype) * device.matmul_efficiency
     word = DTYPE_BYTES[dtype]
@@ -294,7 +301,7 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
     attention, the score traffic of eager attention cores is gone (a fused kernel never writes
     the scores)."""
     sp_div = tp if sp else 1
-    flash = engine.attention == "flash"
+    flash = engine.attention in FUSED_ATTENTION
     if engine.kernels == "fused":
         tp_b, rep_b = work.fused_bytes_tp, work.fused_bytes_rep
         kernels = work.kernels_fused
@@ -323,7 +330,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     """Forward, backward and recomputation seconds of one block for one micro-batch on one GPU.
     With context parallelism (``cp``) the GPU holds 1/cp of every sample's tokens, balanced so
     that its share of causal attention is 1/cp too: every per-sample figure scales by 1/cp."""
-    flash = engine.attention == "flash"
+    flash = engine.attention in FUSED_ATTENTION
     core = precision.core_dtype(dtype)  # attention, norms and element-wise stay 16-bit under fp8
     micro_batch = micro_batch / cp
     gemm_f, gemm_b, gemm_attn, eager_flops, expert_s = gemms_time_s(
@@ -331,7 +338,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         experts=experts)
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
     if eager_flops:  # eager attention cores, run as fused kernels
-        eager_f = eager_flops / (device.peak(core) * device.attention_efficiency)
+        eager_f = eager_flops / (device.peak(core) * fused_attention_efficiency(device, engine))
         attn_f, attn_b = attn_f + eager_f, attn_b + FLASH_BACKWARD_FACTOR * eager_f
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp)
     fwd_s = gemm_f + attn_f + mem_f

@@ -16,7 +16,9 @@ from costmodels.memory import STATE_LAYOUTS
 from costmodels.precision import FP8_RECIPES
 from costmodels.specs import parse_pairs
 
-ATTENTION = ("flash", "materialized")
+ATTENTION = ("flash", "flash2", "materialized")
+FUSED_ATTENTION = ("flash", "flash2")
+"""Attention settings that run one fused kernel (no score tensor in memory)."""
 KERNELS = ("fused", "eager")
 DISPATCHERS = ("alltoall", "allgather")
 
@@ -27,8 +29,12 @@ class EngineSpec:
 
     attention: str = "flash"
     """``flash``: one fused attention kernel (Dao et al. 2022), no s x s tensor in memory, causal
-    masks skip the masked half; ``materialized``: scores and probabilities are written to memory
-    between kernels (Megatron-LM before FlashAttention, eager PyTorch)."""
+    masks skip the masked half, at the device's best fused kernel's rate (FlashAttention-3 or
+    cuDNN on Hopper, FlashAttention-4 on Blackwell: ``DeviceSpec.attention_efficiency``);
+    ``flash2``: the same with FlashAttention-2's kernels (PyTorch SDPA's flash backend), which
+    newer GPUs run below their best (``DeviceSpec.flash2_efficiency``); ``materialized``: scores
+    and probabilities are written to memory between kernels (Megatron-LM before FlashAttention,
+    eager PyTorch)."""
     kernels: str = "fused"
     """``fused``: each chain of element-wise ops is one kernel (torch.compile, Megatron's fused
     kernels); ``eager``: one kernel per op."""
@@ -101,7 +107,8 @@ class EngineSpec:
             raise SpecError(f"engine.state_layout: expected one of {', '.join(STATE_LAYOUTS)}, "
                             f"got {self.state_layout!r}")
         if self.attention not in ATTENTION:
-            raise SpecError(f"engine.attention: expected flash or materialized, got {self.attention!r}")
+            raise SpecError(f"engine.attention: expected flash, flash2 or materialized, got "
+                            f"{self.attention!r}")
         if self.kernels not in KERNELS:
             raise SpecError(f"engine.kernels: expected fused or eager, got {self.kernels!r}")
 
@@ -115,12 +122,13 @@ PRESETS: dict[str, dict] = {
     # Megatron-Core today: FlashAttention (Transformer Engine), fused kernels, overlapped
     # gradient reduction (--overlap-grad-reduce)
     "megatron-core": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True},
-    # torchtitan in eager mode: SDPA's flash kernel, one kernel per element-wise op, FSDP2's
-    # overlapped reduce-scatter through its flat buffers, fp32 sharded states
-    "torchtitan": {"attention": "flash", "kernels": "eager", "overlap_grad_reduce": True,
+    # torchtitan in eager mode: SDPA's flash backend (FlashAttention-2 kernels; PyTorch 2.5.1
+    # made SDPA's cuDNN backend opt-in), one kernel per element-wise op, FSDP2's overlapped
+    # reduce-scatter through its flat buffers, fp32 sharded states
+    "torchtitan": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
                    "fsdp_copies": True, "state_layout": "zero"},
     # torchtitan with torch.compile: element-wise chains fused by Inductor
-    "torchtitan-compile": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
+    "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "overlap_grad_reduce": True,
                            "fsdp_copies": True, "state_layout": "zero"},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
@@ -133,7 +141,9 @@ after the name override single settings."""
 def describe(engine: EngineSpec) -> str:
     """The software a prediction assumes, in words (and the preset it equals, if any)."""
     same = [name for name, kw in PRESETS.items() if EngineSpec(**kw) == engine]
-    words = (f"{'FlashAttention' if engine.attention == 'flash' else 'attention scores in memory'}"
+    kernel = {"flash": "FlashAttention", "flash2": "FlashAttention-2 (PyTorch SDPA)",
+              "materialized": "attention scores in memory"}[engine.attention]
+    words = (f"{kernel}"
              f", {'fused' if engine.kernels == 'fused' else 'one kernel per op (eager)'} "
              f"element-wise kernels, gradient reduction "
              f"{'overlapped with backward' if engine.overlap_grad_reduce else 'after backward'}"

@@ -109,6 +109,10 @@ class DeviceSpec:
     attention_efficiency: float = 0.60
     """Fraction of peak FLOP/s a fused attention kernel reaches (FlashAttention-2 forward reaches
     about 70% on A100, its backward about 60%: Dao 2023, Fig. 5)."""
+    flash2_efficiency: float | None = None
+    """The same for FlashAttention-2's kernels (PyTorch SDPA's flash backend, engine attention
+    ``flash2``) where the device's best kernel goes further; None: ``attention_efficiency``
+    (FlashAttention-2 is the best kernel there, or its share was not published)."""
     sm_count: int = 108
     """Streaming multiprocessors (tiles of one GEMM wave); 1 for a CPU."""
     gemm_tile: int = 128
@@ -191,6 +195,10 @@ BLACKWELL_ATTENTION = 0.71
 """Fused attention on Blackwell: FlashAttention-4 reaches about 1.6 PFLOP/s in BF16 on B200, 71%
 of its 2,250 TFLOP/s (T. Dao, FlashAttention-4, Hot Chips 2025); the 0.60 of earlier GPUs is
 FlashAttention-2's share on A100 (``DeviceSpec.attention_efficiency``)."""
+HOPPER_FLASH2 = 0.35
+"""FlashAttention-2's kernels on Hopper reach about 35% of H100's peak (Shah et al.,
+"FlashAttention-3", 2024, abstract); Hopper's best kernels (FlashAttention-3, cuDNN) reach the
+device's ``attention_efficiency``."""
 PCIE5_HOST_BYTES_PER_S = 50e9
 """PCIe 5.0 x16 host link, one direction: 64 GB/s line rate, about 50 GB/s achieved (twice the
 PCIe 4.0 figure of ``DeviceSpec.host_link_bytes_per_s``)."""
@@ -204,9 +212,9 @@ DEVICES: dict[str, DeviceSpec] = {
         _gpu("a100-40g", 40, 312, 312, 19.5, 1555, "NVIDIA A100 SXM 40 GB", sm_count=108),
         _gpu("a100-80g", 80, 312, 312, 19.5, 2039, "NVIDIA A100 SXM 80 GB", sm_count=108),
         _gpu("h100", 80, 989, 989, 67, 3350, "NVIDIA H100 SXM 80 GB", fp8=1979, sm_count=132,
-             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
+             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S, flash2_efficiency=HOPPER_FLASH2),
         _gpu("h200", 141, 989, 989, 67, 4800, "NVIDIA H200 SXM 141 GB", fp8=1979, sm_count=132,
-             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
+             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S, flash2_efficiency=HOPPER_FLASH2),
         _gpu("v100", 32, None, 125, 15.7, 900, "NVIDIA V100 SXM2 32 GB (no bf16)", sm_count=80,
              matmul_efficiency=V100_GEMM_EFFICIENCY),
         _gpu("l4", 24, 121, 121, 30.3, 300, "NVIDIA L4 24 GB (PCIe)", fp8=242.5, sm_count=58),
@@ -236,7 +244,8 @@ DEVICES: dict[str, DeviceSpec] = {
 }
 
 _DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "matmul_efficiency",
-                "memory_efficiency", "description"}
+                "memory_efficiency", "attention_efficiency", "flash2_efficiency", "sm_count",
+                "description"}
 
 
 def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
@@ -256,9 +265,16 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
         raise SpecError(f"{where}.peak_TFLOPs.{sorted(bad)[0]}: unknown dtype; use bf16, fp16, "
                         "fp32, fp8")
     kw = {}
-    for key in ("matmul_efficiency", "memory_efficiency"):
+    for key in ("matmul_efficiency", "memory_efficiency", "attention_efficiency",
+                "flash2_efficiency"):
         if key in spec:
             kw[key] = _fraction(spec[key], f"{where}.{key}")
+    if "sm_count" in spec:
+        sms = _positive(spec["sm_count"], f"{where}.sm_count")
+        if sms != int(sms):
+            raise SpecError(f"{where}.sm_count: expected a whole number of SMs, got "
+                            f"{spec['sm_count']!r}")
+        kw["sm_count"] = int(sms)
     return DeviceSpec(
         name=str(spec["name"]),
         memory_bytes=_positive(spec["memory_GB"], f"{where}.memory_GB") * GB,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from costmodels import comm, compute, context, experts, memory, pipeline
-from costmodels.engine import expert_load
+from costmodels.engine import FUSED_ATTENTION, expert_load
 from costmodels.topology import Cluster
 from costmodels.workload import WORK_FIELDS, BlockWork
 from planner.options import Config, SearchOptions, TrainingSpec
@@ -146,7 +146,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         out = np.array(x, dtype=float)
         return out if out.shape == (n,) else np.broadcast_to(out, (n,)).copy()
 
-    kept = engine.attention != "flash"  # eager attention's scores, saved or fused away
+    kept = engine.attention not in FUSED_ATTENTION  # eager attention's scores, saved or fused away
     fused = engine.kernels == "fused"  # element-wise chains keep only what enters them
     fp8 = training.dtype == "fp8"  # Linear inputs kept quantized
     heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))

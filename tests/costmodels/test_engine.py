@@ -9,7 +9,7 @@ from costmodels.errors import SpecError
 def test_presets_expand_and_take_overrides():
     assert engine_from_mapping("megatron-core") == EngineSpec()  # the default is today's Megatron
     titan = engine_from_mapping("torchtitan")
-    assert titan.kernels == "eager" and titan.fsdp_copies and titan.attention == "flash"
+    assert titan.kernels == "eager" and titan.fsdp_copies and titan.attention == "flash2"
     old = engine_from_mapping("megatron-2021")
     assert old.attention == "materialized" and not old.overlap_grad_reduce
     mixed = engine_from_mapping("torchtitan,attention=materialized")
@@ -28,3 +28,24 @@ def test_a_plan_says_which_software_it_assumes():
         assert describe(EngineSpec(**kw)).endswith(f"(= --engine {name})")
     words = describe(engine_from_mapping("megatron-2021,overlap_grad_reduce=true"))
     assert "attention scores in memory" in words and "overlapped" in words and "=" not in words
+
+
+def test_flashattention2_runs_below_hoppers_best_kernel_and_equals_it_on_ampere():
+    from costmodels.compute import fused_attention_efficiency
+    from costmodels.hardware import DEVICES, device_from_mapping
+
+    fa2, best = EngineSpec(attention="flash2"), EngineSpec(attention="flash")
+    h100, a100 = DEVICES["h100"], DEVICES["a100-80g"]
+    assert fused_attention_efficiency(h100, fa2) == 0.35 < fused_attention_efficiency(h100, best)
+    assert fused_attention_efficiency(a100, fa2) == fused_attention_efficiency(a100, best) == 0.60
+    assert "FlashAttention-2" in describe(fa2)
+    custom = device_from_mapping({"name": "x", "memory_GB": 96, "hbm_GBps": 2400,
+                                  "peak_TFLOPs": {"bf16": 886}, "flash2_efficiency": 0.35,
+                                  "sm_count": 132})
+    assert custom.flash2_efficiency == 0.35 and custom.sm_count == 132
+    with pytest.raises(SpecError, match="device.sm_count: expected a whole number"):
+        device_from_mapping({"name": "x", "memory_GB": 96, "hbm_GBps": 2400,
+                             "peak_TFLOPs": {"bf16": 886}, "sm_count": 13.5})
+    with pytest.raises(SpecError, match="device.flash2_efficiency: expected a fraction"):
+        device_from_mapping({"name": "x", "memory_GB": 96, "hbm_GBps": 2400,
+                             "peak_TFLOPs": {"bf16": 886}, "flash2_efficiency": 35})
