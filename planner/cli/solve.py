@@ -41,7 +41,7 @@ def register(add) -> None:
                    "replace data-sheet numbers)")
     s.add_argument("--engine", help="the software you train with: a preset (megatron-2021, "
                    "megatron-core (default), torchtitan, torchtitan-compile) and/or "
-                   "attention=flash|materialized, kernels=fused|eager, "
+                   "attention=flash|flash2|materialized, kernels=fused|eager, "
                    "overlap_grad_reduce=true|false, fsdp_copies=true|false")
     s.add_argument("--top-k", type=count, default=3, help="runners-up to keep (default 3)")
     s.add_argument("--time-limit", type=positive_float, help="seconds; return the best plan found so far")
