@@ -9,8 +9,9 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
   fewer tiles than SMs splits its reduction over the idle ones (split-K). A skinny GEMM is bound
   by its operand traffic instead. Backward runs the two transposed GEMMs (input gradient
   m x k x n, weight gradient k x n x m).
-- Attention: a fused kernel (``flash``) runs at ``attention_efficiency`` and skips about half the
-  work under a causal mask; its backward recomputes the scores, 2.5x the forward FLOPs (Dao,
+- Attention: a fused kernel (``flash``) runs at ``attention_efficiency`` (``flash2``,
+  FlashAttention-2's kernels, at ``flash2_efficiency`` where the device has one) and skips about
+  half the work under a causal mask; its backward recomputes the scores, 2.5x the forward FLOPs (Dao,
   "FlashAttention-2", 2023). ``materialized`` attention runs two batched GEMMs and moves the score
   matrix through memory between kernels (bytes per score element below). An attention core traced
   from eager code (explicit GEMMs, softmax, masking) runs as traced when attention is
@@ -115,22 +116,24 @@ def _gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec,
         return max(flops / shaped_rate(device, dtype, flops, m, n, k), memory_s)
     tile = device.gemm_tile
     tiles = math.ceil(batch) * math.ceil(m / tile) * math.ceil(n / tile)
-    split = split_k(tiles, k, device)
-    if split > 1:  # the partial products are written and summed: one more pass over the output
-        traffic += (2 * split - 1) * batch * m * n * 4
-        memory_s = traffic / device.memory_bytes_per_s
-    waves = math.ceil(tiles * split / device.sm_count)
-    quantization = tiles * split / (waves * device.sm_count)
-    compute_s = flops / (device.peak(dtype) * device.matmul_efficiency * quantization)
-    return max(compute_s, memory_s) + device.kernel_overhead_s
+    best = math.inf
+    for split in {1, split_k(tiles, k, device)}:  # the library splits only when it pays
+        # each slice writes its fp32 partial output and a reduction reads them all back
+        partial = 2 * batch * m * n * 4 * split if split > 1 else 0.0
+        waves = math.ceil(tiles * split / device.sm_count)
+        quantization = tiles * split / (waves * device.sm_count)
+        compute_s = flops / (device.peak(dtype) * device.matmul_efficiency * quantization)
+        best = min(best, max(compute_s, (traffic + partial) / device.memory_bytes_per_s))
+    return best + device.kernel_overhead_s
 
 
 def split_k(tiles: int, k: float, device: DeviceSpec) -> int:
-    """Slices of the reduction dimension a GEMM with fewer output tiles than SMs runs in parallel
-    (split-K: cuBLAS and CUTLASS choose it for a small output and a long reduction, e.g. the weight
-    gradient of a narrow layer, whose reduction is the batch; NVIDIA, CUTLASS "Efficient GEMM in
-    CUDA", parallelized reductions): as many as fill the SMs once, each slice at least a tile deep.
-    1 when the output alone fills the GPU."""
+    """Slices of the reduction dimension a GEMM with fewer output tiles than SMs may run in
+    parallel (split-K: cuBLAS and CUTLASS choose it for a small output and a long reduction, e.g.
+    the weight gradient of a narrow layer, whose reduction is the batch; NVIDIA, CUTLASS "Efficient
+    GEMM in CUDA", parallelized reductions): as many as fill the SMs once, each slice at least a
+    tile deep. 1 when the output alone fills the GPU. ``gemm_time_s`` takes it only where it is
+    faster than one slice, its partial outputs' traffic counted."""
     if tiles >= device.sm_count:
         return 1
     return max(1, min(device.sm_count // tiles, int(k // device.gemm_tile)))

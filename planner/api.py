@@ -229,7 +229,7 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
     if global_batch % cl.num_gpus:
         raise SpecError(f"global_batch: {global_batch} does not divide over {cl.num_gpus} GPUs; "
                         f"give a multiple of {cl.num_gpus}")
-    prepared = prepare_recsys(model, tables)
+    prepared = prepare_recsys(model, tables, dtype=dtype)
     return plan_rec_prepared(prepared, cl, training, sharding=sharding, zero=zero,
                              table_optimizer=table_optimizer, pipeline=pipeline,
                              time_limit_s=time_limit_s, record_timing=record_timing)
@@ -246,10 +246,10 @@ class PreparedRec:
     dense: Prepared | None = None
 
 
-def prepare_recsys(model, tables=None) -> PreparedRec:
+def prepare_recsys(model, tables=None, dtype: str = "fp32") -> PreparedRec:
     """A recommendation model's tables with their statistics (``tables``: a YAML path or mapping;
     default: the zoo's, or MODEL.tables.yaml beside a factory file) and its dense part measured
-    and traced on the meta device."""
+    and traced on the meta device (in ``dtype``, the dense part's training dtype)."""
     from planner.trace import recsys  # lazy: loads torch (seconds)
 
     entry = RECSYS.get(model.lower()) if isinstance(model, str) else None
@@ -274,7 +274,7 @@ def prepare_recsys(model, tables=None) -> PreparedRec:
     arch = recsys.dense_arch(recsys.build(entry) if entry else module)
     dense = None
     if arch is not None:
-        dense = _trace(arch[0], arch[1], 1, "fp32", "auto")
+        dense = _trace(arch[0], arch[1], 1, dtype, "auto")
     return PreparedRec(rec, info, dense)
 
 
@@ -332,8 +332,8 @@ def _rec_fix(fix) -> tuple:
 
 def _dense_zero(value) -> int:
     if str(value).strip() not in ("0", "3"):
-        raise SpecError(f"fix.zero: the dense part of a recommendation model runs with DDP "
-                        f"(zero=0) or FSDP2 (zero=3), got {value!r}")
+        raise SpecError(f"fix.zero: the dense part of a recommendation model runs with DDP or "
+                        f"FSDP2, got {value!r}; give zero=0 or zero=3")
     return int(value)
 
 

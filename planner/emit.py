@@ -229,7 +229,8 @@ def emit_tables(*, model_info: dict, rec, tp, cluster: Cluster, training: Traini
     peak_mem = max(p["hbm_bytes"] for p in tp.per_rank)
     breakdown = {"compute_s": bd["dense_compute_s"], "bubble_s": 0.0, "tp_comm_s": 0.0,
                  "pp_comm_s": 0.0, "dp_comm_s": bd["grad_allreduce_exposed_s"],
-                 "optimizer_s": 0.0, "embedding_lookup_s": bd["lookup_s"],
+                 "optimizer_s": bd.get("dense_optimizer_s", 0.0),
+                 "embedding_lookup_s": bd["lookup_s"],
                  "embedding_comm_s": bd["embedding_comm_s"],
                  "host_wait_s": max(0.0, bd["host_s"] - bd["device_s"])}
     flops = 3 * rec.dense_flops_per_sample * training.global_batch

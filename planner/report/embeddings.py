@@ -13,7 +13,8 @@ SHORT = {"data_parallel": "DP", "table_wise": "TW", "column_wise": "CW", "row_wi
 
 WORDS = {"dense_compute_s": "dense forward + backward", "lookup_s": "table lookups + update",
          "embedding_comm_s": "pooled-embedding all-to-all (fwd + bwd)",
-         "grad_allreduce_exposed_s": "gradient all-reduce (exposed)",
+         "grad_allreduce_exposed_s": "gradient reduction (exposed)",
+         "dense_optimizer_s": "dense optimizer step",
          "input_dist_s": "id distribution (hidden by the pipeline)",
          "host_s": "host: issuing the step's ops"}
 

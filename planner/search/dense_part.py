@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodels import memory
 from planner.errors import InfeasibleError
 from planner.options import SearchOptions, TrainingSpec
+from planner.search import placement
 from planner.search.loop import search
+from planner.search.pricing import exposed_dp_s
 from planner.trace.graph import BlockGraph
 
 ZERO_CHOICES = (0, 3)
@@ -39,19 +42,26 @@ class DensePart:
     """Forward and backward."""
     backward_s: float
     """The backward's share of ``compute_s``: the window gradient reductions hide behind."""
-    other_s: float
-    """Exposed gradient reduction (or FSDP gathers) and the optimizer step."""
+    reduce_s: float
+    """The dense part's data-parallel traffic of one step if nothing hid it (DDP: the gradient
+    all-reduce; FSDP2: the weight all-gathers and gradient reduce-scatter)."""
+    exposed_s: float
+    """The part of it compute does not hide, with FSDP2's buffer copies where the engine has
+    them."""
+    optimizer_s: float
+    """The optimizer step (and the straggler wait the search adds to local work)."""
     memory_bytes: float
     """Peak bytes on one rank: states, activations, buffers."""
 
     @property
     def device_s(self) -> float:
-        return self.compute_s + self.other_s
+        return self.compute_s + self.exposed_s + self.optimizer_s
 
     def to_dict(self) -> dict:
         return {"zero": self.zero, "engine": "FSDP2 fully_shard" if self.zero == 3 else "DDP",
                 "priced_by": "dense search (op by op)", "compute_s": self.compute_s,
-                "other_s": self.other_s, "memory_bytes": self.memory_bytes}
+                "reduce_s": self.reduce_s, "exposed_s": self.exposed_s,
+                "optimizer_s": self.optimizer_s, "memory_bytes": self.memory_bytes}
 
 
 def dense_options(blocks: BlockGraph, cluster, *, global_batch: int, dtype: str,
@@ -68,7 +78,7 @@ def dense_options(blocks: BlockGraph, cluster, *, global_batch: int, dtype: str,
         result = search(blocks, cluster, training,
                         SearchOptions(fix={**fix, "zero": z}, recompute=("none",), top_k=1))
         if result.best is not None:
-            found.append(_part(result.best, z))
+            found.append(_part(result.best, cluster, training))
     if not found:
         raise InfeasibleError(f"the dense part does not fit one GPU at local batch "
                               f"{global_batch // world} (ZeRO {'/'.join(map(str, zeros))}); use a "
@@ -78,9 +88,17 @@ def dense_options(blocks: BlockGraph, cluster, *, global_batch: int, dtype: str,
                         and (not ddp or d.memory_bytes < ddp[0].memory_bytes)])
 
 
-def _part(est, zero: int) -> DensePart:
-    bd = est.breakdown
-    compute = bd["compute_s"]
-    return DensePart(zero=zero, compute_s=compute, backward_s=compute * 2 / 3,
-                     other_s=max(0.0, est.step_time_s - compute),
+def _part(est, cluster, training: TrainingSpec) -> DensePart:
+    """The estimate's numbers, and its gradient traffic before hiding (pricing.exposed_dp_s
+    without overlap) so that the tables' reduction can share the window."""
+    cfg, bd = est.config, est.breakdown
+    (stage,) = est.stages  # one stage, one micro-batch
+    grad_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                      zero=0, dp=1, layout=training.engine.state_layout)["grads"]
+    backward = stage.compute_s - stage.fwd_s - stage.recompute_s
+    reduce = float(exposed_dp_s(cfg, stage.params * grad_b, placement.dp_group(cfg, cluster),
+                                cluster, stage.compute_s, backward, overlap=False))
+    return DensePart(zero=cfg.zero, compute_s=bd["compute_s"], backward_s=backward,
+                     reduce_s=reduce, exposed_s=bd["dp_comm_s"],
+                     optimizer_s=bd["optimizer_s"] + bd.get("straggler_s", 0.0),
                      memory_bytes=est.peak_memory_bytes)

@@ -253,8 +253,8 @@ def plan_tables(model: RecModel, cluster: Cluster, *, global_batch: int, dtype: 
                 solve_time_limit_s: float | None = None,
                 dense: tuple[DensePart, ...] = ()) -> TablePlan:
     """Shard ``model``'s tables on ``cluster`` for ``global_batch`` and price the step.
-    ``dense``: ways to run the dense part (planner.search.dense_part.dense_options, fastest
-    first); the first that leaves the tables room is taken. Empty: the dense part is priced
+    ``dense``: ways to run the dense part (planner.search.dense_part.dense_options: DDP, then
+    FSDP2 if leaner); the first that leaves the tables room is taken. Empty: the dense part is priced
     from its FLOP count, data-parallel."""
     if global_batch % cluster.num_gpus:
         raise SpecError(f"global_batch: {global_batch} does not divide over {cluster.num_gpus} "
@@ -394,16 +394,22 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
                          "tables": sum(1 for lay in chosen if r in lay.ranks)})
     sparse = max(p["sparse_s"] for p in per_rank)
     dp_tables = emb.allreduce_s(dp_bytes, env)
+    optimizer = 0.0
     if part is None:
         dense = dense_times(model, cluster, env, dtype, engine)
         grads = dense["allreduce_s"] + dp_tables
         exposed = max(0.0, grads - dense["bwd_s"]) if engine.overlap_grad_reduce else grads
         compute = dense["fwd_s"] + dense["bwd_s"]
-    else:  # the dense search's exposed reduction and optimizer, then the tables' reduction
-        grads = dp_tables
-        hide = part.backward_s if engine.overlap_grad_reduce else 0.0
-        exposed = part.other_s + max(0.0, dp_tables - hide)
+    else:  # the dense search's part, its reduction sharing the backward with the tables'
         compute = part.compute_s
+        grads = part.reduce_s + dp_tables
+        if part.zero == 0:  # one DDP over the dense part and the data-parallel tables
+            exposed = (max(0.0, grads - part.backward_s) if engine.overlap_grad_reduce
+                       else grads)
+        else:  # FSDP2's traffic as the search priced it; the tables' all-reduce in what is left
+            left = max(0.0, part.backward_s - part.reduce_s) if engine.overlap_grad_reduce else 0.0
+            exposed = part.exposed_s + max(0.0, dp_tables - left)
+        optimizer = part.optimizer_s
     ids = emb.input_dist_bytes(model.tables, env)
     input_s = (emb.comm_s(ids * share, ids * (1 - share), ids, env) / 2) if W > 1 else 0.0
     if opts.pipeline == "nested":
@@ -412,14 +418,16 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
         device = sparse + compute + exposed + max(0.0, input_s - (sparse + compute))
     else:
         device = sparse + compute + exposed + input_s
+    device += optimizer
     host = engine.host_op_s * host_ops(model, chosen)
     step = max(device, host)
     for p in per_rank:
-        p["time_s"] = p["sparse_s"] + compute + exposed
+        p["time_s"] = p["sparse_s"] + compute + exposed + optimizer
     breakdown = {"lookup_s": max(p["lookup_s"] for p in per_rank),
                  "embedding_comm_s": max(p["comm_s"] for p in per_rank),
                  "dense_compute_s": compute, "grad_allreduce_s": grads,
-                 "grad_allreduce_exposed_s": exposed, "input_dist_s": input_s,
+                 "grad_allreduce_exposed_s": exposed, "dense_optimizer_s": optimizer,
+                 "input_dist_s": input_s,
                  "host_s": host, "device_s": device}
     solver = {"name": "cp-sat", "status": "priced", "gap": None, "time_s": wall}
     if placed is not None:

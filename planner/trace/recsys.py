@@ -20,6 +20,7 @@ unpriced.
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -231,11 +232,15 @@ class DenseArch(nn.Module):
 
     def __init__(self, module: nn.Module):
         super().__init__()
-        self.__dict__["whole"] = module  # not a child: its tables stay out of the parameters
         holding = {p.split(".")[0] for p, m in module.named_modules() if p and _is_table(m)}
-        for name, child in module.named_children():
-            if name not in holding:
-                self.add_module(name, child)
+        # ``dense_forward`` runs on a shallow copy of the module that lacks the children holding
+        # tables: not a child here (no parameters counted twice), and copying this module (the
+        # tracer's meta twin) never copies a table
+        rest = copy.copy(module)
+        rest.__dict__["_modules"] = {n: c for n, c in module._modules.items() if n not in holding}
+        self.__dict__["whole"] = rest
+        for name, child in rest.named_children():
+            self.add_module(name, child)
 
     def forward(self, *args):
         return self.whole.dense_forward(*args)

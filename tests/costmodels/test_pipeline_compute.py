@@ -58,6 +58,14 @@ def test_a_small_output_with_a_long_reduction_splits_it_over_the_idle_sms():
     assert t == pytest.approx(ideal + dev.kernel_overhead_s, rel=1e-9)
     # without the split the two tiles would leave 106 of 108 SMs idle: 54x slower
     assert t < 2 * ideal
+    # where the partial outputs' traffic costs more than the idle SMs, one slice is kept: a
+    # 2048 x 512 output (64 tiles) with a short reduction prices as the unsplit wave model
+    h100 = DEVICES["h100"]
+    short = gemm_time_s(1, 2048, 512, 256, h100, "bf16")
+    one_wave = 2 * 2048 * 512 * 256 / (989e12 * h100.matmul_efficiency * 64 / 132)
+    assert split_k(64, 256, h100) == 2
+    assert short == pytest.approx(max(one_wave, (2 * (2048 * 256 + 256 * 512) + 2 * 2048 * 512)
+                                      / h100.memory_bytes_per_s) + h100.kernel_overhead_s)
     # a reduction shorter than two tiles is not split; an output that fills the GPU never is
     assert split_k(2, 200, dev) == 1
     assert split_k(108, 1 << 20, dev) == split_k(500, 1 << 20, dev) == 1

@@ -46,12 +46,43 @@ def test_ddp_first_then_fsdp2_with_less_memory(dlrm):
 def test_the_placement_falls_back_to_the_leaner_dense_part(dlrm):
     cl = get_cluster("dgx-a100-40g")
     opts = RecOptions(time_limit_s=2)
-    huge = DensePart(zero=0, compute_s=1e-3, backward_s=6e-4, other_s=0.0,
-                     memory_bytes=cl.device.memory_bytes)  # leaves the tables no room
-    lean = DensePart(zero=3, compute_s=1e-3, backward_s=6e-4, other_s=1e-4, memory_bytes=1e8)
+    huge = DensePart(zero=0, compute_s=1e-3, backward_s=6e-4, reduce_s=0.0, exposed_s=0.0,
+                     optimizer_s=0.0, memory_bytes=cl.device.memory_bytes)  # no room for tables
+    lean = DensePart(zero=3, compute_s=1e-3, backward_s=6e-4, reduce_s=2e-4, exposed_s=1e-4,
+                     optimizer_s=0.0, memory_bytes=1e8)
     tp = plan_tables(dlrm.rec, cl, global_batch=65536, opts=opts, dense=(huge, lean))
-    assert tp.dense is lean
-    assert all(r["hbm_bytes"] >= lean.memory_bytes for r in tp.per_rank)
+    assert tp.dense is lean and tp.dense_memory_bytes == lean.memory_bytes
+    assert tp.breakdown["dense_compute_s"] == lean.compute_s
+
+
+def _part(zero, *, reduce_s, exposed_s=0.0):
+    return DensePart(zero=zero, compute_s=3e-3, backward_s=2e-3, reduce_s=reduce_s,
+                     exposed_s=exposed_s, optimizer_s=1e-4, memory_bytes=1e8)
+
+
+def test_the_tables_allreduce_shares_the_backward_with_the_dense_reduction(dlrm):
+    cl = get_cluster("dgx-a100-40g")
+    dp = [(t.name, "data_parallel", "hbm") for t in dlrm.rec.tables if t.rows < 100_000]
+    opts = RecOptions(fixed=tuple(dp), time_limit_s=2)
+
+    def price(part):
+        return plan_tables(dlrm.rec, cl, global_batch=65536, opts=opts, dense=(part,))
+
+    alone = price(_part(0, reduce_s=0.0))
+    tables_s = alone.breakdown["grad_allreduce_s"]
+    assert tables_s > 0  # the data-parallel tables' all-reduce
+    # DDP: one reduction of dense and table gradients, hidden by the backward (2 ms) up to it
+    ddp = price(_part(0, reduce_s=1.9e-3))
+    assert ddp.breakdown["grad_allreduce_s"] == pytest.approx(1.9e-3 + tables_s)
+    assert ddp.breakdown["grad_allreduce_exposed_s"] == pytest.approx(
+        max(0.0, 1.9e-3 + tables_s - 2e-3))
+    # FSDP2: its own exposed traffic, and the tables' all-reduce in the backward it leaves
+    fsdp = price(_part(3, reduce_s=1.9e-3, exposed_s=4e-4))
+    assert fsdp.breakdown["grad_allreduce_exposed_s"] == pytest.approx(
+        4e-4 + max(0.0, tables_s - 1e-4))
+    for tp in (ddp, fsdp):
+        assert tp.breakdown["dense_optimizer_s"] == 1e-4
+        assert tp.breakdown["device_s"] >= (3e-3 + 1e-4 + tp.breakdown["grad_allreduce_exposed_s"])
 
 
 def test_plans_state_how_the_dense_part_runs(tmp_path, capsys):
