@@ -71,7 +71,8 @@ def dense_options(blocks: BlockGraph, cluster, *, global_batch: int, dtype: str,
     world = cluster.num_gpus
     training = TrainingSpec(global_batch=global_batch, seq_len=1, dtype=dtype,
                             optimizer=optimizer, engine=engine)
-    fix = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "dp": world, "micro_batch": global_batch // world}
+    fix = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "dp": world, "micro_batch": global_batch // world,
+           "offload_optimizer": False}
     zeros = (zero,) if zero is not None else ZERO_CHOICES
     found = []
     for z in zeros:
