@@ -319,9 +319,10 @@ def _rec_fix(fix) -> tuple:
     items = dict(fix) if isinstance(fix, dict) else dict(
         part.split("=", 1) if "=" in part else (part, "") for part in str(fix).split(","))
     if not items or set(items) - {"sharding", "zero"}:
-        raise SpecError(f"fix: recommendation models take only sharding=<type> (one of "
-                        f"data_parallel, table_wise, column_wise, row_wise, table_row_wise, "
-                        f"grid_shard) and zero=0|3, got {', '.join(sorted(items))}")
+        other = sorted(set(items) - {"sharding", "zero"}) or ["nothing"]
+        raise SpecError(f"fix.{other[0]}: recommendation models take only sharding=<type> (one "
+                        f"of data_parallel, table_wise, column_wise, row_wise, table_row_wise, "
+                        f"grid_shard) and zero=0|3; drop {', '.join(other)}")
     zero = items.pop("zero", None)
     if zero is not None:
         zero = _dense_zero(zero)

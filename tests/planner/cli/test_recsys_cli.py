@@ -62,6 +62,8 @@ def test_module_with_embedding_bags_and_a_tables_yaml(capsys, tmp_path):
 
 @pytest.mark.parametrize("extra,words", [
     (["--fix", "tp=2"], "sharding=<type>"),
+    (["--fix", "zero=0,tp=2"], "fix.tp:"),
+    (["--fix", "zero=2"], "give zero=0 or zero=3"),
     (["--fix", "sharding=diagonal"], "sharding: expected one of"),
     (["--tables", "/nonexistent.yaml"], "not found"),
     (["--global-batch", "1001"], "global_batch"),
