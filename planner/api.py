@@ -274,6 +274,7 @@ def prepare_recsys(model, tables=None, dtype: str = "fp32") -> PreparedRec:
     arch = recsys.dense_arch(recsys.build(entry) if entry else module)
     dense = None
     if arch is not None:
+        log.info("%s: tracing its dense part (DenseArch) apart from the tables", rec.name)
         dense = _trace(arch[0], arch[1], 1, dtype, "auto")
     return PreparedRec(rec, info, dense)
 
