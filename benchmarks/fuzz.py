@@ -19,7 +19,11 @@ micro-batches = the global batch, each stage's memory and the peak fit the devic
 (``planner.search.costs.capacity_bytes``), 0 < MFU <= 1, positive and finite times and rates that
 agree with the batch, a per-rank schedule that runs every (stage, micro-batch) forward and backward
 exactly once on the stage's own rank, pins and target honoured (by the plan and its runners-up),
-the schema holds, and the same inputs give the same JSON bytes on a second run.
+the schema holds, and the same inputs give the same JSON bytes on a second run. Recommendation
+models (``cli:recsys``: the zoo's, with --fix sharding=/zero=, --table-optimizer, --pipeline and
+tables YAML files right or wrong): every table's shards tile its rows and columns on ranks of the
+cluster, positive per-rank times, the dense part's ZeRO stage as pinned and as `parallel` says,
+the step the larger of the host's and the device's time (``recsys_output_problems``).
 
 A case is built from ``(--seed, case number)`` alone, so ``--case N`` rebuilds and reruns one case
 (``--keep DIR`` keeps its files). Models are small (built on the meta device): a pool of random
@@ -1044,6 +1048,8 @@ class Case:
     def plan_file(self) -> str:
         r = self.r
         base = r.choice(self.ws.plans)
+        name = "plan.json" if "plan.json" not in {os.path.basename(p) for p in self.files} \
+            else f"plan-{len(self.files)}.json"  # a second plan (diff) never overwrites the first
         kind = weighted(r, {"valid": 55, "mutated": 25, "text": 12, "missing": 3, "dir": 2,
                             "schedule": 2, "empty": 1})
         if kind == "valid":
@@ -1051,10 +1057,10 @@ class Case:
         text = open(base).read()
         if kind == "mutated":
             notes: list = []
-            return self.file("plan.json", json.dumps(mutate(r, json.loads(text), notes)),
+            return self.file(name, json.dumps(mutate(r, json.loads(text), notes)),
                              note=f"{os.path.basename(base)} with {'; '.join(notes)}")
         if kind == "text":
-            return self.file("plan.json", mutate_text(r, text),
+            return self.file(name, mutate_text(r, text),
                              note=f"{os.path.basename(base)} damaged")
         if kind == "missing":
             self.expect_bad.append("missing plan")
@@ -1066,7 +1072,7 @@ class Case:
             self.expect_bad.append("not a plan")
             return self.ws.schedule if os.path.exists(self.ws.schedule) else CALIBRATION
         self.expect_bad.append("empty plan")
-        return self.file("plan.json", b"")
+        return self.file(name, b"")
 
     def calibration_arg(self) -> str:
         r = self.r
@@ -1254,7 +1260,7 @@ def api_case(case: Case) -> Result:
         bad.append(f"global_batch {gb!r}")
     dtype = r.choice(DTYPES)
     if r.random() < 0.03:
-        dtype = r.choice(("fp4", "int8", "BF16", "", None))
+        dtype = r.choice(("fp4", "int8", "BF16", ""))  # None is the API's default, not bad
         bad.append(f"dtype {dtype!r}")
     optimizer = r.choice(OPTIMIZERS)
     if r.random() < 0.02:
@@ -1501,10 +1507,11 @@ def _json_diff(a, b, path="") -> str:
 def cli_case(case: Case) -> Result:
     r = case.r
     cmd = weighted(r, {"solve": 34, "show": 15, "simulate": 11, "export": 10, "diff": 7,
-                       "whatif": 8, "jobs": 4, "argv": 6, "misc": 2, "run": 1})
+                       "whatif": 8, "jobs": 4, "argv": 6, "misc": 2, "run": 1, "recsys": 4})
     argv = {"solve": solve_argv, "show": show_argv, "simulate": simulate_argv,
             "export": export_argv, "diff": diff_argv, "whatif": whatif_argv, "jobs": jobs_argv,
-            "argv": garbage_argv, "misc": misc_argv, "run": run_argv}[cmd](case)
+            "argv": garbage_argv, "misc": misc_argv, "run": run_argv,
+            "recsys": recsys_argv}[cmd](case)
     if r.random() < 0.3:
         argv.append("-q")
     case.last_repro = case.repro(argv)
@@ -1521,6 +1528,8 @@ def cli_case(case: Case) -> Result:
     problems = case.file_problems(before, after, ok=res.code == 0 and outcome != UNEXPECTED)
     if outcome == OK and cmd == "solve":
         problems += solve_output_problems(case, argv, res)
+    if outcome == OK and cmd == "recsys":
+        problems += recsys_output_problems(case, argv, res)
     if outcome == OK and cmd == "show" and "--json" in argv:
         try:
             json.loads(res.out)
@@ -1581,6 +1590,111 @@ def solve_argv(case: Case) -> list[str]:
     if r.random() < 0.6:
         argv += ["-o", case.out_path("plan.json", dash=True)]
     return argv
+
+
+RECSYS_ZOO = ("two-tower", "dlrm-criteo-1tb", "dlrm-dcnv2")
+SHARDINGS = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise",
+             "grid_shard")
+
+
+def recsys_argv(case: Case) -> list[str]:
+    """`plan solve` of a recommendation model: the zoo's (two-tower mostly: it plans in a second),
+    with its knobs (--fix sharding=/zero=, --table-optimizer, --pipeline, --tables) right or
+    wrong."""
+    r = case.r
+    model = r.choice(RECSYS_ZOO) if r.random() < 0.3 else "two-tower"
+    argv = ["solve", model]
+    cluster, extra = case.cluster_arg(allow_hetero=r.random() < 0.1)
+    # 2520 x 2^k divides over most GPU counts; a random batch often does not (an error)
+    gb = 2520 * 2 ** r.randint(1, 4) if r.random() < 0.8 else batch(r) * 8
+    argv += ["--cluster", cluster] + extra + ["--global-batch", str(gb)]
+    if r.random() < 0.4:
+        pins = []
+        if r.random() < 0.6:
+            kind = r.choice(SHARDINGS + ("diagonal",) if r.random() < 0.1 else SHARDINGS)
+            if kind == "diagonal":
+                case.expect_bad.append("sharding diagonal")
+            pins.append(f"sharding={kind}")
+        if r.random() < 0.5 or not pins:
+            z = r.choice(("0", "3", "3", "1", "x"))
+            if z in ("1", "x"):
+                case.expect_bad.append(f"zero {z}")
+            pins.append(f"zero={z}")
+        if r.random() < 0.1:
+            pins.append("tp=2")
+            case.expect_bad.append("tp pinned on a recommendation model")
+        argv += ["--fix", ",".join(r.sample(pins, len(pins)))]
+    if r.random() < 0.3:
+        opt = r.choice(("sgd", "rowwise_adagrad", "adagrad", "adam", "lamb"))
+        if opt == "lamb":
+            case.expect_bad.append("table optimizer lamb")
+        argv += ["--table-optimizer", opt]
+    if r.random() < 0.3:
+        pipe = r.choice(("sparse-dist", "nested", "none", "fast"))
+        if pipe == "fast":
+            case.expect_bad.append("pipeline fast")
+        argv += ["--pipeline", pipe]
+    if r.random() < 0.2:
+        argv += ["--dtype", r.choice(("fp32", "bf16", "fp16"))]
+    if r.random() < 0.15:
+        tables = {r.choice(("t_cat_0", "t_cat_1", "nope")): {"pooling": r.choice((1, 2.5, 0, -1)),
+                                                           "skew": r.choice((0.0, 0.5, 1.5))}}
+        argv += ["--tables", case.file("tables.yaml", _yaml({"tables": tables}))]
+    argv += ["--time-limit", r.choice(("1", "2"))]
+    if r.random() < 0.7:
+        argv += ["-o", case.out_path("plan.json", dash=True)]
+    return argv
+
+
+def recsys_output_problems(case: Case, argv: list[str], res: CliResult) -> list[str]:
+    """A recommendation plan: the schema; every table's shards tile its rows x columns and sit on
+    ranks of the cluster; per-rank times positive; the dense part's ZeRO stage as pinned and the
+    same in `parallel`; the step the larger of host and device."""
+    import planner
+
+    if "-o" not in argv:
+        return []
+    path = argv[argv.index("-o") + 1]
+    if path == "-":
+        try:
+            d = json.loads(res.out[res.out.index("{"):])
+        except ValueError:
+            return ["-o -: stdout does not hold the plan JSON"]
+    else:
+        full = path if os.path.isabs(path) else os.path.join(case.dir, path)
+        if os.path.isdir(full):
+            return []
+        try:
+            d = json.loads(open(full).read())
+        except (OSError, ValueError) as exc:
+            return [f"plan file {path} unreadable after exit 0: {exc}"]
+    try:
+        planner.Plan.from_dict(d)
+    except planner.PlannerError as exc:
+        return [f"plan file fails its schema: {exc}"]
+    v = []
+    e = d["embeddings"]
+    world = e["world_size"]
+    if world != d["parallel"]["dp"]:
+        v.append(f"world {world} != dp {d['parallel']['dp']}")
+    for t in e["tables"]:
+        area = sum(s["sizes"][0] * s["sizes"][1] for s in t["shards"])
+        if t["sharding_type"] != "data_parallel" and area != t["rows"] * t["dim"]:
+            v.append(f"table {t['name']}: shards cover {area} of {t['rows']} x {t['dim']}")
+        if any(not 0 <= s["rank"] < world for s in t["shards"]):
+            v.append(f"table {t['name']}: a shard on a rank outside 0..{world - 1}")
+    if any(not (r["time_s"] > 0 and math.isfinite(r["time_s"])) for r in e["ranks"]):
+        v.append("a rank's time is not positive and finite")
+    zero = e["dense"].get("zero", 0)
+    if zero != d["parallel"]["zero"]:
+        v.append(f"dense zero {zero} != parallel zero {d['parallel']['zero']}")
+    fix = argv[argv.index("--fix") + 1] if "--fix" in argv else ""
+    if "zero=3" in fix and zero != 3 or "zero=0" in fix and zero != 0:
+        v.append(f"--fix {fix} but the dense part runs zero {zero}")
+    bd = e["breakdown"]
+    if not _close(d["predicted"]["step_time_s"], max(bd["host_s"], bd["device_s"])):
+        v.append("step is not max(host, device)")
+    return v
 
 
 def solve_output_problems(case: Case, argv: list[str], res: CliResult) -> list[str]:
