@@ -69,6 +69,7 @@ def embeddings_summary(p: Plan, max_tables: int = 30) -> list[str]:
     s = e["solver"]
     gap = f", gap {100 * s['gap']:.1f}% of the sparse part" if s.get("gap") else ""
     greedy = (f"; greedy start {s['greedy_s'] * 1e3:.3f} ms -> {s['objective_s'] * 1e3:.3f} ms "
-              "(slowest rank's sparse time)" if s.get("greedy_s") and s.get("objective_s") else "")
+              "(the step the placement minimises)" if s.get("greedy_s") and s.get("objective_s")
+              else "")
     out += ["", f"  search: CP-SAT table placement, {s['status']}{gap}{greedy}"]
     return out

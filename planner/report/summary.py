@@ -62,10 +62,12 @@ def summary_dict(p: Plan) -> dict:
 
 def _header(p: Plan) -> str:
     c, m, t = p.cluster, p.model, p.training
+    nodes = f"{c['nodes']} node{'' if c['nodes'] == 1 else 's'}"
+    batch = (f"{t['global_batch']} samples" if p.embeddings else
+             f"{t['global_batch']} x {t['seq_len']} tokens")
     return (f"Plan for {m['name']} ({human_count(m['num_params'])} params) on {c['num_gpus']} x "
-            f"{c['device']} ({c['name']}: {c['nodes']} nodes x {c['gpus_per_node']})\n"
-            f"  global batch {t['global_batch']} x {t['seq_len']} tokens, {t['dtype']}, "
-            f"{t['optimizer']}")
+            f"{c['device']} ({c['name']}: {nodes} x {c['gpus_per_node']})\n"
+            f"  global batch {batch}, {t['dtype']}, {t['optimizer']}")
 
 
 def _parallel(p: Plan) -> list[str]:

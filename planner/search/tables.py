@@ -187,6 +187,19 @@ def _shardings(kind: str, t: Table, W: int, g: int, big: float, forced: bool):
                                for i, (lo, n) in enumerate(emb.even_rows(t.rows, g))]
 
 
+def _why_not(kind: str, t: Table, W: int, gpus_per_node: int) -> str:
+    """Why ``_shardings`` offers no layout of ``kind`` (for the error a pin gets)."""
+    if kind in ("table_row_wise", "grid_shard") and W <= gpus_per_node:
+        return (f"{kind} shards rows inside each node and needs more than one node (this "
+                f"cluster is one node of {W} GPUs); pin row_wise instead")
+    if kind in ("row_wise", "column_wise") and W == 1:
+        return f"{kind} needs more than one GPU"
+    if kind in ("column_wise", "grid_shard"):
+        return (f"its {t.dim} columns do not cut into 2, 4 or 8 pieces of 32 columns or more "
+                f"(on the ranks or nodes there are); pin table_wise or row_wise")
+    return "pin another sharding type"
+
+
 def _load(cost: emb.ShardCost, rank: int, env: RecEnv) -> Load:
     """One rank's share of a layout's cost, in the solver's resources (seconds, bytes)."""
     share = env.intra_share()
@@ -296,8 +309,9 @@ def _plan_tables(model, cluster, global_batch, dtype, engine, opts, solve_time_l
     for t in model.tables:
         lays = layouts(t, env, opts, big)
         if not lays:
-            raise SpecError(f"table {t.name}: no layout of the pinned kind fits {W} GPUs "
-                            f"({t.rows} rows, dim {t.dim})")
+            pinned = {n: s for n, s, _ in opts.fixed}.get(t.name) or opts.fix_sharding
+            raise SpecError(f"table {t.name}: no {pinned} layout on {W} GPUs ({t.rows} rows, dim "
+                            f"{t.dim}): {_why_not(pinned, t, W, env.gpus_per_node)}")
         layouts_per_table.append(lays)
         options.append([option(t, lay, env, engine.host_op_s) for lay in lays])
     recv = sum(emb.price(t, Layout("table_wise", (Shard(0, 0, 0, t.rows, t.dim),)), env)
