@@ -53,3 +53,20 @@ def test_batch_must_divide():
     cl = get_cluster("dgx-a100-40g", nodes=1, gpus_per_node=4)
     with pytest.raises(SpecError, match="global_batch"):
         plan_tables(model(), cl, global_batch=1001)
+
+
+@pytest.mark.parametrize("kind,nodes,gpus,why", [
+    ("table_row_wise", 1, 8, "needs more than one node"),
+    ("grid_shard", 1, 8, "needs more than one node"),
+    ("row_wise", 1, 1, "needs more than one GPU"),
+])
+def test_a_pinned_sharding_no_table_can_take_says_why(kind, nodes, gpus, why):
+    cl = get_cluster("dgx-a100-40g", nodes=nodes, gpus_per_node=gpus)
+    with pytest.raises(SpecError, match=f"no {kind} layout on {nodes * gpus} GPUs.*{why}"):
+        plan_tables(model(), cl, global_batch=1024,
+                    opts=RecOptions(fix_sharding=kind, time_limit_s=1))
+    if nodes * gpus > 1:  # on two nodes the same pin plans
+        two = get_cluster("dgx-a100-40g", nodes=2, gpus_per_node=gpus)
+        tp = plan_tables(model(), two, global_batch=1024,
+                         opts=RecOptions(fix_sharding=kind, time_limit_s=1))
+        assert tp.layouts[0].sharding == kind
