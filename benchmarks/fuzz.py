@@ -1650,28 +1650,9 @@ def recsys_output_problems(case: Case, argv: list[str], res: CliResult) -> list[
     """A recommendation plan: the schema; every table's shards tile its rows x columns and sit on
     ranks of the cluster; per-rank times positive; the dense part's ZeRO stage as pinned and the
     same in `parallel`; the step the larger of host and device."""
-    import planner
-
-    if "-o" not in argv:
-        return []
-    path = argv[argv.index("-o") + 1]
-    if path == "-":
-        try:
-            d = json.loads(res.out[res.out.index("{"):])
-        except ValueError:
-            return ["-o -: stdout does not hold the plan JSON"]
-    else:
-        full = path if os.path.isabs(path) else os.path.join(case.dir, path)
-        if os.path.isdir(full):
-            return []
-        try:
-            d = json.loads(open(full).read())
-        except (OSError, ValueError) as exc:
-            return [f"plan file {path} unreadable after exit 0: {exc}"]
-    try:
-        planner.Plan.from_dict(d)
-    except planner.PlannerError as exc:
-        return [f"plan file fails its schema: {exc}"]
+    d, problems = written_plan(case, argv, res)
+    if d is None:
+        return problems
     v = []
     e = d["embeddings"]
     world = e["world_size"]
@@ -1697,36 +1678,43 @@ def recsys_output_problems(case: Case, argv: list[str], res: CliResult) -> list[
     return v
 
 
-def solve_output_problems(case: Case, argv: list[str], res: CliResult) -> list[str]:
-    """A successful solve: its plan file (or `-o -` stdout) holds a plan that passes the
-    invariants (the cluster as the plan records it)."""
+def written_plan(case: Case, argv: list[str], res: CliResult) -> tuple[dict | None, list[str]]:
+    """(the plan a successful solve wrote with -o, in its file or on stdout for `-o -`, when it
+    passes its schema; else None) and what is wrong with it."""
     import planner
 
     if "-o" not in argv:
-        return []
+        return None, []
     path = argv[argv.index("-o") + 1]
     if path == "-":
         try:
-            text = res.out[res.out.index("{"):]
-            d = json.loads(text)
+            d = json.loads(res.out[res.out.index("{"):])
         except ValueError:
-            return ["-o -: stdout does not hold the plan JSON"]
+            return None, ["-o -: stdout does not hold the plan JSON"]
         if os.path.exists(os.path.join(case.dir, "-")):
-            return ["-o -: wrote a file named '-'"]
+            return None, ["-o -: wrote a file named '-'"]
     else:
         full = path if os.path.isabs(path) else os.path.join(case.dir, path)
         if os.path.isdir(full):
-            return []
+            return None, []
         try:
             d = json.loads(open(full).read())
         except (OSError, ValueError) as exc:
-            return [f"plan file {path} unreadable after exit 0: {exc}"]
+            return None, [f"plan file {path} unreadable after exit 0: {exc}"]
     try:
         planner.Plan.from_dict(d)
     except planner.PlannerError as exc:
-        return [f"plan file fails its schema: {exc}"]
-    cl = cluster_of(d)
-    return plan_violations(d, cluster=cl)
+        return None, [f"plan file fails its schema: {exc}"]
+    return d, []
+
+
+def solve_output_problems(case: Case, argv: list[str], res: CliResult) -> list[str]:
+    """A successful solve: its plan file (or `-o -` stdout) holds a plan that passes the
+    invariants (the cluster as the plan records it)."""
+    d, problems = written_plan(case, argv, res)
+    if d is None:
+        return problems
+    return plan_violations(d, cluster=cluster_of(d))
 
 
 def cluster_of(d: dict):
