@@ -446,14 +446,19 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     dense = params - expert_params
     exposed = exposed_dp_s(cfg, dense * grad_b, group, cluster, compute_s, backward_s, overlap)
     has_experts = expert_params != 0
-    if has_experts.any():  # the experts' gradients, over their own replicas, in the same window
-        exposed = np.where(has_experts, np.maximum(exposed, exposed_dp_s(
-            cfg, expert_params * grad_b, expert_group, cluster, compute_s, backward_s, overlap)),
-            exposed)
+    if has_experts.any():
+        # the experts' gradients, over their own replicas, after the dense ones on the same links:
+        # they get what the dense traffic leaves of the window that hides it
+        used = window_use_s(cfg, dense * grad_b, group, cluster)
+        exposed = exposed + np.where(has_experts, exposed_dp_s(
+            cfg, expert_params * grad_b, expert_group, cluster, np.maximum(0.0, compute_s - used),
+            np.maximum(0.0, backward_s - used), overlap), 0.0)
     if training.engine.fsdp_copies:
-        # the dense parameters: the experts' gradients are reduced apart (over edp)
+        # FSDP2 copies what it wraps: the dense parameters, and the experts too without expert
+        # parallelism (with ep > 1 they are left out of it and reduced apart, over edp)
+        wrapped = dense if cfg.ep > 1 else params
         exposed = exposed + np.array([fsdp_copies_s(cfg, b, cluster.device)
-                                      for b in (dense * grad_b).tolist()])
+                                      for b in (wrapped * grad_b).tolist()])
     dp_s = max(0.0, float(np.max(exposed)))
     dense_shard = cfg.dp * cfg.cp if cfg.zero >= 1 else 1
     expert_shard = cfg.edp if cfg.zero >= 1 else 1
@@ -492,6 +497,19 @@ def fsdp_copies_s(cfg: Config, nbytes: float, device) -> float:
     else:
         copies = cfg.num_microbatches * 3 * (1.0 + shard)
     return copies * compute.copy_s(nbytes, device)
+
+
+def window_use_s(cfg: Config, nbytes, group, cluster: Cluster):
+    """Seconds of the window that hides data-parallel traffic (``exposed_dp_s``: the last micro-
+    batch's backward for ZeRO-0/1, each micro-batch's backward for ZeRO-2, its forward and
+    backward for ZeRO-3) that ``nbytes`` of it occupies."""
+    if cfg.zero == 0:
+        return comm.allreduce_s(nbytes, group, cluster)
+    scatter = comm.reduce_scatter_s(nbytes, group, cluster)
+    if cfg.zero == 2:
+        return scatter
+    gather = comm.allgather_s(nbytes, group, cluster)
+    return scatter + gather if cfg.zero == 1 else 2 * gather + scatter
 
 
 def exposed_dp_s(cfg: Config, nbytes, group, cluster: Cluster, compute_s, backward_s,

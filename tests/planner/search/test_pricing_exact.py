@@ -18,7 +18,8 @@ from planner.search import placement
 from planner.search.costs import ModelArrays, capacity_bytes, config_costs, stage_memory
 from planner.search.evaluate import evaluate
 from planner.search.pricing import (chunks, exposed_dp_s, expert_comm_s, fsdp_copies_s, idle_s,
-                                    price, rank_max, rank_sums, rank_totals, step_flops)
+                                    price, rank_max, rank_sums, rank_totals, step_flops,
+                                    window_use_s)
 from planner.solve.chain import partition
 
 TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 64,
@@ -112,11 +113,14 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         exposed = exposed_dp_s(cfg, (params - experts) * grad_b,
                                placement.dp_group(cfg, cluster), cluster, busy, backward, overlap)
         if experts:
-            exposed = max(exposed, exposed_dp_s(cfg, experts * grad_b,
-                                                placement.edp_group(cfg, cluster), cluster, busy,
-                                                backward, overlap))
+            used = window_use_s(cfg, (params - experts) * grad_b,
+                                placement.dp_group(cfg, cluster), cluster)
+            exposed += exposed_dp_s(cfg, experts * grad_b, placement.edp_group(cfg, cluster),
+                                    cluster, max(0.0, busy - used), max(0.0, backward - used),
+                                    overlap)
         if training.engine.fsdp_copies:
-            exposed += fsdp_copies_s(cfg, (params - experts) * grad_b, cluster.device)
+            wrapped = params - experts if cfg.ep > 1 else params
+            exposed += fsdp_copies_s(cfg, wrapped * grad_b, cluster.device)
         dp_s = max(dp_s, exposed)
         local = ((params - experts) / (cfg.dp * cfg.cp if cfg.zero >= 1 else 1)
                  + experts / (cfg.edp if cfg.zero >= 1 else 1))
