@@ -16,7 +16,12 @@
    measured - 1), peak tensor memory predicted vs measured, and whether the predicted order of
    the configurations matches the measured one.
 
-Usage:  python benchmarks/measured_vs_predicted.py [--calibration calib.json | --uncalibrated]
+``--model mixtral`` runs a small Mixtral instead (8 experts, top-2) with expert parallelism
+(EP=2 folded over DP=2) and context parallelism (CP=2, the runtime's p2p ring), next to plain
+data parallelism and one process.
+
+Usage:  python benchmarks/measured_vs_predicted.py [--model llama|mixtral]
+                  [--calibration calib.json | --uncalibrated]
                   [--steps 6] [--repeats 5] [--threads 1] [--markdown] [--only NAME ...]
 Run it on an otherwise idle machine: other processes on the cores distort the measured times.
 """
@@ -54,6 +59,16 @@ GLOBAL_BATCH = 8
 # parallelism is FSDP2-based (replicate / fully_shard), which copies through flat buffers.
 ENGINE = EngineSpec(attention="flash", kernels="eager", overlap_grad_reduce=False,
                                     fsdp_copies=True)
+MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 256,
+           "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "vocab_size": 8192, "max_position_embeddings": 512, "num_local_experts": 8,
+           "num_experts_per_tok": 2}
+MOE_RUNS = {
+    "1 proc, mb 4 x 2": "dp=1,tp=1,pp=1,ep=1,micro_batch=4,recompute=none,zero=0",
+    "2 procs dp": "dp=2,tp=1,pp=1,ep=1,micro_batch=4,recompute=none,zero=0",
+    "2 procs ep (over dp)": "dp=2,tp=1,pp=1,ep=2,micro_batch=4,recompute=none,zero=0",
+    "2 procs cp (ring), mb 4 x 2": "dp=1,tp=1,pp=1,cp=2,ep=1,micro_batch=4,recompute=none,zero=0",
+}
 RUNS = {
     "1 proc, mb 8": "dp=1,tp=1,pp=1,micro_batch=8,recompute=none,zero=0",
     "1 proc, mb 2 x 4": "dp=1,tp=1,pp=1,micro_batch=2,recompute=none,zero=0",
@@ -64,11 +79,12 @@ RUNS = {
     "2 procs pp, gpipe 2 x 4": "dp=1,tp=1,pp=2,micro_batch=2,schedule=gpipe,recompute=none,zero=0",
     "2 procs pp, 1f1b 2 x 4": "dp=1,tp=1,pp=2,micro_batch=2,schedule=1f1b,recompute=none,zero=0",
 }
+MODELS = {"llama": (CONFIG, RUNS), "mixtral": (MIXTRAL, MOE_RUNS)}
 
 
 def make_plan(prepared, fix: str, calibration, folder: str, name: str) -> str:
     pinned = {"offload_optimizer": False, **parse_fix(fix)}  # the runtime does not offload
-    procs = pinned["dp"] * pinned["tp"] * pinned["pp"]
+    procs = pinned["dp"] * pinned["tp"] * pinned["pp"] * pinned.get("cp", 1)
     if isinstance(calibration, dict) and "schema" not in calibration:  # one per process count
         calibration = calibration[procs]
     training = planner.TrainingSpec(global_batch=GLOBAL_BATCH, seq_len=SEQ, dtype="fp32",
@@ -85,7 +101,7 @@ def make_plan(prepared, fix: str, calibration, folder: str, name: str) -> str:
     return path
 
 
-def run_all(names, calibrate, steps: int, threads: int, repeats: int) -> list[dict]:
+def run_all(model: str, names, calibrate, steps: int, threads: int, repeats: int) -> list[dict]:
     """``repeats`` rounds; each takes its calibration (``calibrate()``: profiled at that moment
     by default, since this VM's speed drifts over minutes), plans every configuration with it and
     launches each once, round-robin. A launch's time is its slowest rank's median step; a
@@ -97,14 +113,15 @@ def run_all(names, calibrate, steps: int, threads: int, repeats: int) -> list[di
     with tempfile.TemporaryDirectory() as d:
         config = os.path.join(d, "config.json")
         with open(config, "w") as f:
-            json.dump(CONFIG, f)
+            json.dump(MODELS[model][0], f)
         prepared = planner.prepare(config, seq_len=SEQ, dtype="fp32")
         for rep in range(repeats):
             calibration = calibrate()
             folder = os.path.join(d, f"round{rep}")
             os.makedirs(folder)
             for name in names:
-                res = _launch(make_plan(prepared, RUNS[name], calibration, folder, name), opts, name)
+                fix = MODELS[model][1][name]
+                res = _launch(make_plan(prepared, fix, calibration, folder, name), opts, name)
                 m = res["measured"]
                 launches[name].append(res)
                 pairs[name].append((m["predicted_step_time_s"], m["step_time_s"]))
@@ -190,7 +207,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
     ap.add_argument("--repeats", type=int, default=5,
                     help="rounds (calibration, then one launch per configuration); default 5")
-    ap.add_argument("--only", nargs="*", choices=list(RUNS), help="run only these")
+    ap.add_argument("--model", choices=list(MODELS), default="llama",
+                    help="llama (default) or mixtral (expert and context parallelism)")
+    ap.add_argument("--only", nargs="*", choices=[*RUNS, *MOE_RUNS], help="run only these")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -208,7 +227,13 @@ def main() -> int:
         # and memory bandwidth, so one process alone runs faster than each of two together
         def calibrate():
             return {n: profile("cpu", threads=1, processes=n) for n in (1, 2)}
-    rows = run_all(args.only or list(RUNS), calibrate, args.steps, args.threads, args.repeats)
+    runs = MODELS[args.model][1]
+    unknown = [n for n in args.only or [] if n not in runs]
+    if unknown:
+        ap.error(f"--only: {unknown[0]!r} is not a run of --model {args.model}; choose from "
+                 + "; ".join(runs))
+    rows = run_all(args.model, args.only or list(runs), calibrate, args.steps, args.threads,
+                   args.repeats)
     report(rows, args.markdown)
     return 0
 

@@ -58,6 +58,15 @@ SECTIONS = [
      "(`benchmarks/measured_vs_predicted.py`). Five rounds, each profiling the machine and then "
      "launching every plan once (this VM's speed drifts over minutes); the error is the median "
      "over the rounds, and the spread shows how much the launches move."),
+    ("runtime-moe", "measured_vs_predicted.py --model mixtral --repeats 3",
+     "**Executed expert and context parallelism.** A small Mixtral (4 layers, hidden 256, 8 "
+     "experts, top-2, 17.8 M parameters of which 12.6 M in experts; sequence 128, batch 8, fp32, "
+     "AdamW) run by `plan run` as one process, with data parallelism over two, with expert "
+     "parallelism (EP=2 folded over DP=2: experts exchanged by all-to-all) and with context "
+     "parallelism (CP=2: the runtime's ring attention), predicted from a `plan profile` "
+     "calibration taken right before each round (`benchmarks/measured_vs_predicted.py --model "
+     "mixtral`, three rounds). The error is predicted / measured - 1: negative is a prediction "
+     "that is too fast."),
     ("time", "planning_time.py",
      "**Planning time** of the whole `plan solve` command on this 2-core machine "
      "(`benchmarks/planning_time.py`)."),
@@ -101,7 +110,9 @@ SECTIONS = [
 
 
 def run(script: str) -> str:
-    out = subprocess.run([sys.executable, os.path.join(HERE, script), "--markdown"],
+    """The benchmark's Markdown output; ``script`` is its file name and its arguments."""
+    name, *args = script.split()
+    out = subprocess.run([sys.executable, os.path.join(HERE, name), *args, "--markdown"],
                          capture_output=True, text=True, check=True)
     return out.stdout.strip()
 

@@ -42,7 +42,7 @@ def p2p_s(nbytes: float, link: LinkSpec) -> float:
     """One message of ``nbytes`` over ``link``."""
     if nbytes <= 0:
         return 0.0
-    return link.latency_s + nbytes / link.effective_bytes_per_s
+    return link.sync_s + link.latency_s + nbytes / link.effective_bytes_per_s
 
 
 def ring_allreduce_s(nbytes, n: int, link: LinkSpec, count=1):
@@ -51,7 +51,7 @@ def ring_allreduce_s(nbytes, n: int, link: LinkSpec, count=1):
         return 0.0 * nbytes
     steps = 2 * (n - 1)
     wire_bytes = 2 * (n - 1) / n * nbytes
-    return count * steps * link.latency_s + wire_bytes / link.effective_bytes_per_s
+    return count * (link.sync_s + steps * link.latency_s) + wire_bytes / link.effective_bytes_per_s
 
 
 def ring_allgather_s(nbytes, n: int, link: LinkSpec, count=1):
@@ -70,7 +70,7 @@ def _ring_half_s(nbytes, n: int, link: LinkSpec, count=1):
         return 0.0 * nbytes
     steps = n - 1
     wire_bytes = (n - 1) / n * nbytes
-    return count * steps * link.latency_s + wire_bytes / link.effective_bytes_per_s
+    return count * (link.sync_s + steps * link.latency_s) + wire_bytes / link.effective_bytes_per_s
 
 
 def allreduce_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
@@ -115,9 +115,9 @@ def alltoall_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
     if n <= 1:
         return 0.0 * nbytes
     intra = cluster.intra_node
-    t = count * intra.latency_s + nbytes * (g - 1) / n / intra.effective_bytes_per_s
+    t = count * (intra.sync_s + intra.latency_s) + nbytes * (g - 1) / n / intra.effective_bytes_per_s
     if g >= n:
         return t
     inter = cluster.inter_node
-    across = count * inter.latency_s + nbytes * (n - g) / n / inter.effective_bytes_per_s
+    across = count * (inter.sync_s + inter.latency_s) + nbytes * (n - g) / n / inter.effective_bytes_per_s
     return t + (across - t) * (across > t)  # the larger of the two; numpy arrays too

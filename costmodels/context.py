@@ -54,10 +54,12 @@ def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_
 def _ring(steps: int, chunk_bytes: float, attn_fwd_s: float, attn_bwd_s: float,
           link) -> tuple[float, float]:
     """A ring of ``steps`` ranks: steps - 1 sends of one K/V chunk in forward (two in backward:
-    K/V and their gradients), each behind one step's share of the attention compute."""
+    K/V and their gradients), each behind one step's share of the attention compute; what a
+    synchronizing call costs between busy ranks (``LinkSpec.sync_s``) is not hidden."""
     if steps <= 1:
         return 0.0, 0.0
-    send_f = comm.p2p_s(chunk_bytes, link)
-    send_b = comm.p2p_s(2 * chunk_bytes, link)
-    return ((steps - 1) * max(0.0, send_f - attn_fwd_s / steps),
-            (steps - 1) * max(0.0, send_b - attn_bwd_s / steps))
+    sync = link.sync_s
+    send_f = comm.p2p_s(chunk_bytes, link) - sync
+    send_b = comm.p2p_s(2 * chunk_bytes, link) - sync
+    return ((steps - 1) * (sync + max(0.0, send_f - attn_fwd_s / steps)),
+            (steps - 1) * (sync + max(0.0, send_b - attn_bwd_s / steps)))

@@ -74,6 +74,14 @@ class LinkSpec:
     all-reduce plus a copy, about 2x)."""
     allgather_factor: float = 1.0
     """Measured all-gather time over the ring model."""
+    sync_s: float = 0.0
+    """What one synchronizing call (a collective, a send/receive pair) costs on top of the
+    alpha-beta model when the ranks compute between calls: measured by ``plan profile`` on CPUs,
+    where every core runs a rank's compute thread, so the backend's own threads must wait for a
+    core, and the ranks' skew shows at every call (planner.profile.collectives.busy_sync_s:
+    0.8-1.4 ms on this project's 2-core VM against 0.2-0.7 ms for the same call between idle
+    ranks). Paid once per call and never hidden behind compute. 0 where not measured (GPUs:
+    NCCL's kernels queue on the device behind the compute)."""
 
     @property
     def effective_bytes_per_s(self) -> float:

@@ -72,6 +72,7 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     stored = cache.load(folder, entry) if entry else None
     if stored is not None:
         prepared = Prepared.from_dict(stored)
+        _rename(prepared.info, model)
         log.info("model %s: %s parameters, traced before (trace cache)",
                  prepared.info["name"], human_count(prepared.info["num_params"]))
     else:
@@ -84,6 +85,15 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
                     prepared.info["name"], len(unpriced),
                     ", ".join(f"{u['op']} x{u['count']}" for u in unpriced[:5]))
     return prepared
+
+
+def _rename(info: dict, model) -> None:
+    """A cached trace keyed by a file's bytes names the file it was traced from; make it name
+    this call's (the plan records it, and ``plan run`` builds the model from it)."""
+    old = info.get("spec")
+    if isinstance(model, str) and old and old != model:
+        info["spec"] = model
+        info["source"] = str(info.get("source", "")).replace(old, model)
 
 
 def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str) -> Prepared:

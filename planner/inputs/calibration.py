@@ -103,7 +103,8 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
                          reduce_scatter_factor=num(link, "reduce_scatter_factor", 1.0,
                                                    positive=True, at="intra_node"),
                          allgather_factor=num(link, "all_gather_factor", 1.0, positive=True,
-                                              at="intra_node"))
+                                              at="intra_node"),
+                         sync_s=num(link, "sync_us", 0.0, at="intra_node") * 1e-6)
     return dataclasses.replace(cluster, device=device, intra_node=intra,
                                name=f"{cluster.name}+calibration")
 

@@ -3,7 +3,8 @@ among ``world`` processes. The all-reduce fits the alpha-beta ring model (latenc
 bandwidth); the other two are kept as factors over the ring model with that fit, since backends
 differ (gloo has no native reduce-scatter and runs it as an all-reduce plus a copy, about twice the
 ring's time). On CPUs the same processes then measure the host cost of the runtime's DTensor path
-(planner.profile.dtensor), which needs a process group.
+(planner.profile.dtensor), which needs a process group, and what a call costs more when the
+ranks compute between calls (``busy_sync_s``).
 """
 
 from __future__ import annotations
@@ -63,11 +64,44 @@ def _collective_worker(rank: int, world: int, port: int, backend: str, queue) ->
     if device == "cpu":
         from planner.profile.dtensor import dtensor_overheads  # lazy: loads torch.distributed.tensor, which only this worker needs
 
+        results["sync"] = busy_sync_s(dist)
         results["dtensor"] = dtensor_overheads(world)
     if rank == 0:
         queue.put(results)
     dist.barrier()
     dist.destroy_process_group()
+
+
+SYNC_ROUNDS = 5
+SYNC_ITERS = 40
+SYNC_BYTES = 1024
+
+
+def busy_sync_s(dist) -> float:
+    """What one small all-reduce (``SYNC_BYTES``) takes between ranks that compute between calls
+    (on a CPU every core runs a rank's compute thread, so the backend's threads wait for a core,
+    and the ranks' skew shows at every call). Each round times a loop of a few ms of GEMMs alone
+    and the same loop with the all-reduce after each; the medians over rounds give the
+    difference. ``collectives`` keeps what the alpha-beta fit does not explain of it as
+    ``LinkSpec.sync_s``."""
+    a, b, small = torch.randn(256, 512), torch.randn(512, 512), torch.ones(SYNC_BYTES // 4)
+
+    def loop(compute: bool, call: bool) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(SYNC_ITERS):
+            if compute:
+                for _ in range(6):
+                    torch.mm(a, b)
+            if call:
+                dist.all_reduce(small)
+        return (time.perf_counter() - t0) / SYNC_ITERS
+
+    alone, busy = [], []
+    for _ in range(SYNC_ROUNDS):
+        alone.append(loop(True, False))
+        busy.append(loop(True, True))
+    return max(0.0, statistics.median(busy) - statistics.median(alone))
 
 
 def collectives(world: int, backend: str) -> dict:
@@ -107,6 +141,11 @@ def collectives(world: int, backend: str) -> dict:
         link[f"{name}_factor"] = statistics.median(ratios) if ratios else 1.0
         link[f"{name}_points"] = results[name]
         log.info("  %s: %.2fx the ring model", name.replace("_", "-"), link[f"{name}_factor"])
+    if "sync" in results:
+        model = steps * latency + 2 * (world - 1) / world * SYNC_BYTES / bandwidth
+        link["sync_us"] = max(0.0, results["sync"] - model) * 1e6
+        log.info("  a %d-byte all-reduce between ranks busy computing: %.0f us, %.0f us more "
+                 "than the fit", SYNC_BYTES, results["sync"] * 1e6, link["sync_us"])
     if "dtensor" in results:
         d = results["dtensor"]
         log.info("  DTensor host cost: %.0f us forward and %.0f us backward per parallel Linear, "

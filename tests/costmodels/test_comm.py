@@ -61,3 +61,14 @@ def test_allgather_hierarchical_and_p2p():
     assert p2p_s(1e6, link) == pytest.approx(link.latency_s + 1e6 / link.effective_bytes_per_s)
     assert p2p_s(0, link) == 0.0
     assert math.isclose(GroupShape(size=16, per_node=8).nodes, 2)
+
+
+def test_sync_cost_is_paid_once_per_call():
+    """A call between busy ranks (LinkSpec.sync_s, measured on CPUs) costs its sync once, however
+    many ring steps it takes; a point-to-point message pays it too."""
+    link = LinkSpec(bandwidth_bytes_per_s=1e30, latency_s=1e-5, efficiency=1.0, sync_s=1e-3)
+    assert ring_allreduce_s(1.0, 8, link) == pytest.approx(1e-3 + 2 * 7 * 1e-5)
+    assert ring_allreduce_s(1.0, 8, link, count=3) == pytest.approx(3 * (1e-3 + 2 * 7 * 1e-5))
+    assert ring_allgather_s(1.0, 8, link) == pytest.approx(1e-3 + 7 * 1e-5)
+    assert p2p_s(1.0, link) == pytest.approx(1e-3 + 1e-5)
+    assert p2p_s(0.0, link) == 0.0  # no message, no call

@@ -101,3 +101,17 @@ def test_moe_engine_settings_are_checked_and_load_follows_capacity():
         with pytest.raises(SpecError):
             engine_from_mapping(bad)
     assert math.isfinite(engine_from_mapping("host_op_s=1.5e-5").host_op_s)
+
+
+def test_ring_never_hides_the_sync_of_a_call_between_busy_ranks():
+    """Long attention hides the bytes of every ring step, not what each step's wait costs when
+    the ranks compute between calls (LinkSpec.sync_s: the CPU's)."""
+    import dataclasses
+
+    slow = dataclasses.replace(CLUSTER, intra_node=dataclasses.replace(CLUSTER.intra_node,
+                                                                      sync_s=1e-3))
+    fwd, bwd = context.exchange_s("p2p", cp=4, kv_bytes=64e6, q_bytes=64e6, attn_fwd_s=10.0,
+                                  attn_bwd_s=10.0, group=NODE, cluster=slow)
+    assert (fwd, bwd) == (pytest.approx(3e-3), pytest.approx(3e-3))
+    a2a = comm.alltoall_s(1e6, NODE, slow, count=4)
+    assert a2a == pytest.approx(comm.alltoall_s(1e6, NODE, CLUSTER, count=4) + 4e-3)

@@ -27,6 +27,10 @@ def test_apply_replaces_device_and_link():
     assert c.intra_node.bandwidth_bytes_per_s == pytest.approx(5e8)
     assert c.intra_node.latency_s == pytest.approx(3e-4)
     assert c.device.kernel_overhead_s == pytest.approx(5e-6)
+    assert c.intra_node.sync_s == 0.0  # not measured: nothing added
+    synced = apply_calibration(load_cluster("cpu"), {**CALIB, "intra_node": {
+        **CALIB["intra_node"], "sync_us": 900.0}})
+    assert synced.intra_node.sync_s == pytest.approx(9e-4)
 
 
 def test_gemm_time_uses_the_measured_table():

@@ -27,6 +27,20 @@ def test_a_traced_model_is_read_back_the_same(tmp_path, tiny_llama_config, monke
         {id(b.work) for b in first.blocks.blocks})
 
 
+def test_a_cached_trace_names_the_file_it_was_asked_for(tmp_path, tiny_llama_config):
+    """The same bytes under another path hit the cache, and the plan must name the file that
+    exists now (plan run builds the model from it), not the first one."""
+    folder = str(tmp_path / "traces")
+    first = prepare(tiny_llama_config, seq_len=64, cache_dir=folder)
+    copy = tmp_path / "elsewhere" / "config.json"
+    copy.parent.mkdir()
+    copy.write_bytes(open(tiny_llama_config, "rb").read())
+    again = prepare(str(copy), seq_len=64, cache_dir=folder)
+    assert len(os.listdir(folder)) == 1  # read from the cache
+    assert again.info["spec"] == str(copy)
+    assert first.info["spec"] == tiny_llama_config
+
+
 def test_keys_follow_what_the_trace_depends_on(tmp_path, tiny_llama_config):
     base = cache.key(tiny_llama_config, seq_len=64, dtype="bf16", method="auto")
     assert base and base == cache.key(tiny_llama_config, seq_len=64, dtype="bf16", method="auto")
