@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from costmodels import comm
 from costmodels.comm import GroupShape
+from costmodels.compute import measured_rate
+from costmodels.hardware import DeviceSpec
 from costmodels.topology import Cluster
 
 
@@ -63,3 +65,40 @@ def _ring(steps: int, chunk_bytes: float, attn_fwd_s: float, attn_bwd_s: float,
     send_b = comm.p2p_s(2 * chunk_bytes, link) - sync
     return ((steps - 1) * (sync + max(0.0, send_f - attn_fwd_s / steps)),
             (steps - 1) * (sync + max(0.0, send_b - attn_bwd_s / steps)))
+
+
+def ring_merge_s(cp: int, *, q_bytes: float, kv_bytes: float, word: int,
+                 device: DeviceSpec) -> tuple[float, float]:
+    """(forward, backward) seconds of the element-wise work a p2p ring adds per layer and
+    micro-batch when each op is its own kernel (EngineSpec.kernels "eager": the runtime's ring,
+    planner/runtime/context.py, and torch's): a rank attends with its two query chunks to
+    2 cp + 1 unmasked chunk pairs, so 2 cp - 1 partial outputs merge by their log-sum-exp, in
+    fp32 (seven passes over a query chunk each: two rescales and their sum); the chunks are copied
+    out of the local tensors (queries once, each step's keys and values), the output assembled
+    and cast back. The backward accumulates each block's query gradient (three passes), assembles
+    and sums the key/value gradients of every step, and cuts the queries, output and output
+    gradient into chunks again. Sizes as ``exchange_s``; ``word``: bytes of the compute dtype."""
+    if cp <= 1 or q_bytes <= 0:
+        return 0.0, 0.0
+    wide = 4 / word  # merges and accumulations run in fp32
+    q_local, kv_local = q_bytes / cp, kv_bytes / cp
+    chunk = q_local / 2
+    blocks, merges = 2 * cp + 1, 2 * cp - 1
+    fwd_bytes = (7 * merges * chunk * wide + 2 * q_local + 2 * cp * kv_local
+                 + 2 * q_local * wide)
+    fwd_kernels = 7 * merges + 4 * cp + 4
+    bwd_bytes = (3 * blocks * chunk * wide + 2 * cp * kv_local * wide
+                 + 3 * (cp - 1) * kv_local * wide + 6 * q_local + 3 * q_local * wide
+                 + 2 * cp * kv_local)
+    bwd_kernels = 3 * blocks + 9 * cp + 5
+    return (_elementwise_s(fwd_bytes, fwd_kernels, device),
+            _elementwise_s(bwd_bytes, bwd_kernels, device))
+
+
+def _elementwise_s(nbytes: float, kernels: float, device: DeviceSpec) -> float:
+    """``kernels`` element-wise kernels moving ``nbytes`` in all (costmodels.compute's memory-bound
+    pricing: the measured rate at the typical kernel's size, or the data-sheet bandwidth plus a
+    launch per kernel)."""
+    if device.memory_table:
+        return nbytes / measured_rate(device.memory_table, nbytes / kernels)
+    return nbytes / device.memory_bytes_per_s + kernels * device.kernel_overhead_s

@@ -15,6 +15,7 @@ from planner.options import DTYPES, OPTIMIZERS
 from planner.files import check_output
 from planner.report.figure import check_path
 from planner.report.plots import sweep_plots
+from planner import api
 from planner.report.sweep import sweep_table
 
 
@@ -74,7 +75,7 @@ def run(args) -> int:
         api_log.setLevel(level)
     logging.getLogger("planner").info("swept %d points in %.1f s", len(rows),
                                       time.perf_counter() - t0)
-    print(sweep_table(rows))
+    print(sweep_table(rows, rate="samples/s" if api.recsys_model(args.model) else "tokens/s"))
     if args.plot and not any(r["feasible"] for r in rows):  # before any file is written
         raise SpecError("plot: no feasible point to draw (the table says why each failed); drop "
                         "--plot or change the grid")

@@ -3,6 +3,7 @@ memory (as TorchRec's planner prints its statistics), the imbalance, and the sol
 
 from __future__ import annotations
 
+from costmodels.engine import engine_from_mapping
 from planner.planfile.document import Plan
 from planner.report.text import table
 from planner.units import GB
@@ -19,6 +20,11 @@ WORDS = {"dense_compute_s": "dense forward + backward", "lookup_s": "table looku
          "host_s": "host: issuing the step's ops"}
 
 
+def _host_us(p: Plan) -> float:
+    """The host time per op the plan was priced with (the engine's)."""
+    return 1e6 * engine_from_mapping(p.training.get("engine")).host_op_s
+
+
 def embeddings_summary(p: Plan, max_tables: int = 30) -> list[str]:
     e = p.embeddings
     bd = e.get("breakdown", {})
@@ -26,6 +32,8 @@ def embeddings_summary(p: Plan, max_tables: int = 30) -> list[str]:
     out = [f"  tables      {len(e['tables'])} tables over {e['world_size']} ranks, local batch "
            f"{e['local_batch']}, {e['table_optimizer']} fused in the backward, pipeline "
            f"{e['pipeline']}",
+           f"  software    {p.training['dtype']}; TorchRec's {e['pipeline']} pipeline, FBGEMM's "
+           f"fused table kernels, {_host_us(p):.3g} us of host time per op",
            f"  step time   {step:.4g} s = max(host {bd.get('host_s', 0):.3g} s, device "
            f"{bd.get('device_s', 0):.3g} s); {p.predicted['samples_per_s']:,.0f} samples/s"]
     rows = [(f"    {WORDS[k]}", f"{bd[k] * 1e3:.3f} ms") for k in WORDS if k in bd]

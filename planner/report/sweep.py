@@ -15,12 +15,14 @@ def short_config(row: dict) -> str:
             f"{row['schedule']} rc={row['recompute']} z{row['zero']}{off}")
 
 
-def sweep_table(rows: list[dict], reason_width: int = 70) -> str:
+def sweep_table(rows: list[dict], reason_width: int = 70, rate: str = "tokens/s") -> str:
     """One line per what-if row: the point, GPUs, the chosen configuration and what it gives;
-    an infeasible point shows its reason instead."""
+    an infeasible point shows its reason instead. ``rate``: "tokens/s", or "samples/s" for a
+    recommendation model (a sample is not a sequence of tokens)."""
     costs = any(r.get("cost_per_step_usd") is not None for r in rows)
     run = any(r.get("run_cost_usd") is not None for r in rows)
-    head = ["point", "GPUs", "configuration", "step", "tokens/s", "MFU", "memory/GPU"]
+    head = ["point", "GPUs", "configuration", "step", rate, "MFU", "memory/GPU"]
+    rate_key = {"tokens/s": "tokens_per_s", "samples/s": "samples_per_s"}[rate]
     head += ["$/step", "$/M tokens"] if costs else []
     head += [f"days ({human_count(rows[0]['tokens'])} tok)", "$ run"] if run else []
     out, reasons = [tuple(head)], {}
@@ -31,7 +33,7 @@ def sweep_table(rows: list[dict], reason_width: int = 70) -> str:
                                                   else r["reason"][:reason_width - 3] + "...")
             out.append((*cells, *[""] * (len(head) - 2)))
             continue
-        cells += [short_config(r), f"{r['step_time_s']:.3g} s", f"{r['tokens_per_s']:,.0f}",
+        cells += [short_config(r), f"{r['step_time_s']:.3g} s", f"{r[rate_key]:,.0f}",
                   f"{100 * r['mfu']:.1f}%", gb(r["peak_memory_bytes"])]
         if costs:
             cells += [dollars(r.get("cost_per_step_usd")), dollars(r.get("cost_per_mtok_usd"))]

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from costmodels import comm, compute, context, experts, memory, pipeline
+from costmodels import comm, compute, context, experts, memory, pipeline, precision
 from costmodels.engine import FUSED_ATTENTION, expert_load
+from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from costmodels.workload import WORK_FIELDS, BlockWork
 from planner.options import Config, SearchOptions, TrainingSpec
@@ -85,7 +86,8 @@ class BlockCosts:
     expert_params_local: np.ndarray
     """The part of ``params_local`` in routed experts (sharded by ep x etp, reduced over edp)."""
     cp_comm_s: np.ndarray
-    """Context-parallel K/V exchange the block exposes (forward + backward)."""
+    """Context-parallel K/V exchange the block exposes (forward + backward); with eager kernels
+    the p2p ring's merges and chunk copies too (costmodels.context.ring_merge_s)."""
     expert_s: np.ndarray
     """Routed experts' GEMMs (forward + backward; part of ``compute_s``): what an overlapped
     dispatch can hide behind."""
@@ -152,6 +154,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))
     kv = micro_batch * w.attn_kv_bytes / heads_div  # the whole sequence's K/V on this tp rank
     q = micro_batch * w.attn_q_bytes / tp
+    word = DTYPE_BYTES[precision.core_dtype(training.dtype)]
     forms = (cp_comm,) if isinstance(cp_comm, str) else tuple(cp_comm)
     form, cp_s, cp_buffers = forms[0], np.zeros(n), np.zeros(n)
     if cp > 1:
@@ -167,6 +170,10 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                     f, b = context.exchange_s(f_name, cp=cp, kv_bytes=kv[i], q_bytes=q[i],
                                               attn_fwd_s=t.attn_fwd_s, attn_bwd_s=t.attn_bwd_s,
                                               group=cp_group, cluster=cluster)
+                    if f_name == "p2p" and engine.kernels == "eager":  # the ring's merges
+                        mf, mb = context.ring_merge_s(cp, q_bytes=q[i], kv_bytes=kv[i],
+                                                      word=word, device=cluster.device)
+                        f, b = f + mf, b + mb
                     s_[i] = fwd_repeats * f + b
             if best is None or s_.sum() < best:
                 best, form, cp_s = float(s_.sum()), f_name, s_

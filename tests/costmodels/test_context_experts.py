@@ -115,3 +115,22 @@ def test_ring_never_hides_the_sync_of_a_call_between_busy_ranks():
     assert (fwd, bwd) == (pytest.approx(3e-3), pytest.approx(3e-3))
     a2a = comm.alltoall_s(1e6, NODE, slow, count=4)
     assert a2a == pytest.approx(comm.alltoall_s(1e6, NODE, CLUSTER, count=4) + 4e-3)
+
+
+def test_ring_merges_cost_element_wise_passes_and_kernels():
+    """Op by op, a rank of a cp=2 ring merges 2cp-1 = 3 partial outputs (7 passes over an fp32
+    query chunk and 7 kernels each) besides copying its chunks; nothing without context
+    parallelism, and bf16 merges move fp32 (twice the bytes of a bf16 chunk)."""
+    from costmodels.hardware import get_device
+
+    dev = get_device("h100")
+    assert context.ring_merge_s(1, q_bytes=1e6, kv_bytes=1e6, word=2, device=dev) == (0.0, 0.0)
+    q, kv = 8e6, 4e6
+    fwd, bwd = context.ring_merge_s(2, q_bytes=q, kv_bytes=kv, word=4, device=dev)
+    chunk = q / 2 / 2
+    fwd_bytes = 7 * 3 * chunk + 2 * q / 2 + 2 * 2 * kv / 2 + 2 * q / 2
+    kernels = 7 * 3 + 4 * 2 + 4
+    assert fwd == pytest.approx(fwd_bytes / dev.memory_bytes_per_s + kernels * dev.kernel_overhead_s)
+    assert bwd > fwd > 0
+    f16, _ = context.ring_merge_s(2, q_bytes=q / 2, kv_bytes=kv / 2, word=2, device=dev)
+    assert f16 > fwd / 2  # the same tensors in bf16: the merges still move fp32

@@ -44,7 +44,7 @@ def test_zoo_model_plans_and_shows(capsys, tmp_path):
     assert plan["training"]["dtype"] == "fp32"  # TorchRec's default, not bf16
     code, out, err = run(capsys, "show", str(path))
     assert code == 0, err
-    for word in ("tables", "imbalance", "rank", "CP-SAT", "samples/s"):
+    for word in ("tables", "imbalance", "rank", "CP-SAT", "samples/s", "software", "TorchRec"):
         assert word in out
 
 
@@ -83,3 +83,13 @@ def test_recsys_options_on_a_dense_model_are_refused(capsys):
     code, out, err = run(capsys, "solve", "gpt2", "--cluster", "dgx-a100-40g", "--nodes", "1",
                          "--global-batch", "8", "--pipeline", "nested")
     assert code == 2 and "recommendation models" in err
+
+
+def test_whatif_of_a_recommendation_model_counts_samples(capsys):
+    """A sample of a recommendation model is not a sequence of tokens: the what-if table's rate
+    column says samples/s and holds each point's samples per second."""
+    code, out, err = run(capsys, "whatif", "two-tower", "--cluster", "dgx-a100-40g",
+                         "--global-batch", "8192", "--vary", "nodes=1,2")
+    assert code == 0, err
+    head = out.splitlines()[0]
+    assert "samples/s" in head and "tokens/s" not in head
