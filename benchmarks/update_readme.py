@@ -57,7 +57,12 @@ SECTIONS = [
      "`plan profile` calibration of as many processes at work "
      "(`benchmarks/measured_vs_predicted.py`). Five rounds, each profiling the machine and then "
      "launching every plan once (this VM's speed drifts over minutes); the error is the median "
-     "over the rounds, and the spread shows how much the launches move."),
+     "over the rounds (predicted / measured - 1), and the spread shows how much the launches "
+     "move. The VM's speed also differs from day to day: on 2026-12-01, with steps of 0.45-0.80 "
+     "s, this benchmark gave median 3.8%, max 6.0%; on 2026-12-02, with steps of 0.22-0.44 s, "
+     "plans of several micro-batches and of two processes came out 10-24% too fast, one "
+     "process with one micro-batch within 5% (not explained yet; the calibration's per-op cost "
+     "is a bare op's, without autograd or the runtime's Python around it)."),
     ("runtime-moe", "measured_vs_predicted.py --model mixtral --repeats 3",
      "**Executed expert and context parallelism.** A small Mixtral (4 layers, hidden 256, 8 "
      "experts, top-2, 17.8 M parameters of which 12.6 M in experts; sequence 128, batch 8, fp32, "
