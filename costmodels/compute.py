@@ -319,12 +319,20 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
     nbytes = max(0.0, tp_b) / tp + max(0.0, rep_b) / sp_div
     kernels = max(0.0, kernels)
     total = micro_batch * nbytes
-    if device.memory_table:  # measured: the rate at the block's typical kernel size
-        per_kernel = (micro_batch * work.kernel_bytes if engine.kernels == "eager" and
-                      work.kernel_bytes else total / max(kernels, 1))
-        return total / measured_rate(device.memory_table, per_kernel)
-    bandwidth = device.memory_bytes_per_s
-    return total / bandwidth + kernels * device.kernel_overhead_s
+    per_kernel = (micro_batch * work.kernel_bytes if engine.kernels == "eager" and work.kernel_bytes
+                  else None)
+    return elementwise_s(total, kernels, device, per_kernel)
+
+
+def elementwise_s(nbytes: float, kernels: float, device: DeviceSpec,
+                  per_kernel: float | None = None) -> float:
+    """``kernels`` element-wise kernels moving ``nbytes`` in all: with a measured table (``plan
+    profile``) at the rate of the typical kernel's size (``per_kernel``, else the mean), which
+    contains its launch; otherwise at the data-sheet bandwidth plus a launch per kernel."""
+    if device.memory_table:
+        size = per_kernel if per_kernel is not None else nbytes / max(kernels, 1)
+        return nbytes / measured_rate(device.memory_table, size)
+    return nbytes / device.memory_bytes_per_s + kernels * device.kernel_overhead_s
 
 
 def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: int, tp: int,

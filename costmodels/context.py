@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from costmodels import comm
 from costmodels.comm import GroupShape
-from costmodels.compute import measured_rate
+from costmodels.compute import elementwise_s
 from costmodels.hardware import DeviceSpec
 from costmodels.topology import Cluster
 
@@ -91,14 +91,5 @@ def ring_merge_s(cp: int, *, q_bytes: float, kv_bytes: float, word: int,
                  + 3 * (cp - 1) * kv_local * wide + 6 * q_local + 3 * q_local * wide
                  + 2 * cp * kv_local)
     bwd_kernels = 3 * blocks + 9 * cp + 5
-    return (_elementwise_s(fwd_bytes, fwd_kernels, device),
-            _elementwise_s(bwd_bytes, bwd_kernels, device))
-
-
-def _elementwise_s(nbytes: float, kernels: float, device: DeviceSpec) -> float:
-    """``kernels`` element-wise kernels moving ``nbytes`` in all (costmodels.compute's memory-bound
-    pricing: the measured rate at the typical kernel's size, or the data-sheet bandwidth plus a
-    launch per kernel)."""
-    if device.memory_table:
-        return nbytes / measured_rate(device.memory_table, nbytes / kernels)
-    return nbytes / device.memory_bytes_per_s + kernels * device.kernel_overhead_s
+    return (elementwise_s(fwd_bytes, fwd_kernels, device),
+            elementwise_s(bwd_bytes, bwd_kernels, device))
