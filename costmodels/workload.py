@@ -76,6 +76,9 @@ class BlockWork:
     splits); its scores and causal share are taken in proportion."""
     attn_causal_flops: float = 0.0
     """The part of ``fused_attn_flops`` under a causal mask (a fused kernel skips about half)."""
+    fused_attn_calls: float = 0.0
+    """Fused attention calls the block makes per micro-batch (each call takes the whole
+    micro-batch): a kernel's rate depends on its size where it was measured by size."""
     attn_scores: float = 0.0
     """Attention score elements (heads x queries x keys) of fused attention cores, split by tp."""
     attn_scores_dropout: float = 0.0

@@ -54,7 +54,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     members = set(op_names)
     attn_gemms, scores = eager_attention(graph)
     acc = dict.fromkeys(("mm_flops_tp", "mm_flops_rep", "attn_flops", "fused_attn_flops",
-                         "fused_attn_flops_rep", "attn_causal_flops", "kernel_bytes_sq", "bwd_flops",
+                         "fused_attn_flops_rep", "attn_causal_flops", "fused_attn_calls",
+                         "kernel_bytes_sq", "bwd_flops",
                          "attn_scores", "attn_scores_dropout", "mem_bytes_tp", "mem_bytes_rep",
                          "eager_attn_bytes_tp", "eager_attn_bytes_rep", "eager_attn_kernels",
                          "attn_scores_saved",
@@ -170,6 +171,7 @@ def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, spl
     acc["attn_flops" if split else "mm_flops_rep"] += flops
     acc["fused_attn_flops"] += flops
     acc["fused_attn_flops_rep"] += 0.0 if split else flops
+    acc["fused_attn_calls"] += 1
     acc["bwd_flops"] += 2.0 * flops if backward else 0.0
     if causal:
         acc["attn_causal_flops"] += flops

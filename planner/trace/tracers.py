@@ -99,7 +99,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
     repeats = [(f, n) for f, n in layer_lists if f not in whole]
     errors: list[str] = []
     fixes: list[str] = []
-    with truncated(model, repeats), _grouped_query_attention():
+    with truncated(model, repeats), _grouped_query_attention(), _masks_as_eager():
         params = {n: ParamInfo(shape=list(p.shape), numel=p.numel(),
                                nbytes=p.numel() * p.element_size())
                   for n, p in model.named_parameters()}
@@ -131,6 +131,32 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
         "; example inputs that match the forward's signature help both tracers"
         if method == "auto" else "")
     raise TraceError(f"could not trace {name}: " + "; ".join(errors) + hint)
+
+
+@contextlib.contextmanager
+def _masks_as_eager():
+    """Hugging Face models decide on their attention mask as they do when run eagerly on
+    unpadded samples: SDPA gets no mask and ``is_causal`` (a fused kernel then skips the masked
+    half). Traced, transformers cannot read the model's own position ids, so it takes the
+    samples for packed sequences, and under torch.export it never leaves the mask to
+    ``is_causal``; either way it materializes the causal mask, and causal attention would be
+    priced (and its FLOPs counted) as unmasked. The trace's samples are one sequence each."""
+    try:
+        from transformers import masking_utils  # lazy: transformers takes seconds to import
+    except ImportError:  # no transformers: no Hugging Face masks to decide on
+        yield
+        return
+    eager = {"is_torchdynamo_exporting": lambda: False,
+             "find_packed_sequence_indices": lambda position_ids: None}
+    saved = {name: getattr(masking_utils, name) for name in eager
+             if hasattr(masking_utils, name)}  # another release may lack one: leave it
+    for name in saved:
+        setattr(masking_utils, name, eager[name])
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(masking_utils, name, fn)
 
 
 @contextlib.contextmanager

@@ -67,6 +67,26 @@ def test_layer_flops_match_the_analytic_count(tiny_llama):
     assert layer.template == "model.layers.1"
     assert layer.work.mm_flops_tp + layer.work.mm_flops_rep == pytest.approx(gemm)
     assert layer.work.attn_flops == pytest.approx(attn)
+    # traced as it runs eagerly on unpadded samples: SDPA with is_causal, not a materialized mask
+    assert layer.work.attn_causal_flops == pytest.approx(layer.work.fused_attn_flops)
+    assert layer.work.fused_attn_calls == 1
+
+
+def test_an_encoder_attends_without_a_causal_mask():
+    from planner import prepare
+
+    bert = {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512,
+            "max_position_embeddings": 128}
+    import json
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/config.json"
+        with open(path, "w") as f:
+            json.dump(bert, f)
+        prep = prepare(path, seq_len=64, dtype="fp32", cache_dir=None)
+    works = [b.work for b in prep.blocks.blocks if b.work.fused_attn_flops]
+    assert works and all(w.attn_causal_flops == 0 for w in works)
 
 
 def test_repeats_need_identical_children():
