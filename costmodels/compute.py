@@ -12,7 +12,8 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
 - Attention: a fused kernel (``flash``) runs at ``attention_efficiency`` (``flash2``,
   FlashAttention-2's kernels, at ``flash2_efficiency`` where the device has one) and skips about
   half the work under a causal mask; its backward recomputes the scores, 2.5x the forward FLOPs (Dao,
-  "FlashAttention-2", 2023). ``materialized`` attention runs two batched GEMMs and moves the score
+  "FlashAttention-2", 2023). Where ``plan profile`` measured attention by call size (CPUs), each
+  call runs at the measured rate of its size and mask instead. ``materialized`` attention runs two batched GEMMs and moves the score
   matrix through memory between kernels (bytes per score element below). An attention core traced
   from eager code (explicit GEMMs, softmax, masking) runs as traced when attention is
   ``materialized`` and as one fused kernel (its GEMMs' FLOPs at the flash rate, its score traffic
@@ -281,9 +282,12 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
     """(forward, backward) seconds of the block's fused attention ops."""
     if work.fused_attn_flops <= 0:
         return 0.0, 0.0
-    rep = work.fused_attn_flops_rep / work.fused_attn_flops
-    share = micro_batch * ((1.0 - rep) / tp + rep)  # of the per-sample figures, on one GPU
+    share = _attention_share(work, micro_batch, tp)
     flops = share * work.fused_attn_flops
+    if engine.attention in FUSED_ATTENTION and device.attention_table.get(dtype):
+        return measured_attention_s(flops, share * work.attn_causal_flops,
+                                    flops / max(work.fused_attn_calls, 1.0),
+                                    device.attention_table[dtype])
     if engine.attention in FUSED_ATTENTION:
         skipped = CAUSAL_SKIP * share * work.attn_causal_flops
         fwd = (flops - skipped) / (device.peak(dtype) * fused_attention_efficiency(device, engine))
@@ -296,6 +300,51 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
     fwd_traffic = word * (SCORE_TRAFFIC_FWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
     bwd_traffic = word * (SCORE_TRAFFIC_BWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
     return flops / rate + fwd_traffic / bandwidth, 2 * flops / rate + bwd_traffic / bandwidth
+
+
+def _attention_share(work: BlockWork, micro_batch: float, tp: int) -> float:
+    """Samples' worth of the per-sample fused attention figures one GPU runs: the part inside
+    tensor-parallel regions is split over the tp ranks' heads, the rest repeated."""
+    rep = work.fused_attn_flops_rep / work.fused_attn_flops
+    return micro_batch * ((1.0 - rep) / tp + rep)
+
+
+def measured_attention_s(square: float, causal: float, per_call: float,
+                         table) -> tuple[float, float]:
+    """(forward, backward) seconds of fused attention calls of ``per_call`` square FLOPs each,
+    ``square`` in all of which ``causal`` under a causal mask, at the rates measured by call size
+    (DeviceSpec.attention_table)."""
+    full = max(0.0, square - causal)
+
+    def seconds(way: str) -> float:
+        return ((causal / measured_rate(table[f"causal_{way}"], per_call) if causal else 0.0)
+                + (full / measured_rate(table[f"full_{way}"], per_call) if full else 0.0))
+    return seconds("fwd"), seconds("bwd")
+
+
+def ring_attention_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
+                     micro_batch: int, tp: int, cp: int) -> tuple[float, float]:
+    """(forward, backward) seconds a ring of ``cp`` ranks (context parallelism, p2p form) adds to
+    the attention ``attention_time_s`` prices for a rank's share, because it calls the kernel once
+    per pair of chunks: each sample is cut into 2 cp chunks and a rank's two query chunks meet
+    every key chunk the mask lets through, 2 cp - 1 whole pairs and 2 causal ones per causal
+    call (4 cp whole pairs otherwise), each pair 1 / (2 cp)^2 of the call. Non-zero only where
+    attention was measured by call size (DeviceSpec.attention_table): at one rate the pairs add
+    up to the rank's share."""
+    table = device.attention_table.get(dtype)
+    if cp <= 1 or not table or engine.attention not in FUSED_ATTENTION \
+            or work.fused_attn_flops <= 0:
+        return 0.0, 0.0
+    share = _attention_share(work, micro_batch, tp)
+    square, causal = share * work.fused_attn_flops, share * work.attn_causal_flops
+    pairs = (2 * cp) ** 2
+    masked = 2 * causal / pairs  # square FLOPs of the causal pairs
+    whole = (2 * cp - 1) * causal / pairs + 4 * cp * (square - causal) / pairs
+    ring_f, ring_b = measured_attention_s(whole + masked, masked,
+                                          square / max(work.fused_attn_calls, 1.0) / pairs, table)
+    own_f, own_b = attention_time_s(work, device, dtype, engine, micro_batch=micro_batch / cp,
+                                    tp=tp)
+    return ring_f - own_f, ring_b - own_b
 
 
 def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_batch: int,
@@ -386,7 +435,17 @@ def optimizer_step_s(params: float, device: DeviceSpec, *, traffic_bytes_per_par
 
 def copy_s(nbytes: float, device: DeviceSpec) -> float:
     """One copy of ``nbytes`` (read once, written once) at the element-wise memory rate."""
-    traffic = 2 * nbytes
+    return _streamed_s(2 * nbytes, device)
+
+
+def accumulate_s(nbytes: float, device: DeviceSpec) -> float:
+    """``nbytes`` of new gradients added into the accumulated ones (both read, one written), as
+    autograd does for every micro-batch after the first when no kernel fuses it."""
+    return _streamed_s(3 * nbytes, device)
+
+
+def _streamed_s(traffic: float, device: DeviceSpec) -> float:
+    """``traffic`` bytes of one pass over large buffers at the element-wise memory rate."""
     if traffic <= 0:
         return 0.0
     rate = (measured_rate(device.memory_table, traffic) if device.memory_table

@@ -7,7 +7,8 @@ one of four forms (``CP_COMMS`` in planner/options.py):
 
 - ``p2p``: a ring (Liu et al., "Ring Attention with Blockwise Transformers", 2023): cp steps, each
   computing attention against one chunk of K/V while the next chunk arrives from the neighbour;
-  backward sends K/V and their gradients. Only what a step's compute does not cover is exposed.
+  backward sends K/V and their gradients (the runtime's ring instead returns each step's
+  gradients to their owner). Only what a step's compute does not cover is exposed.
 - ``allgather``: K/V all-gathered before attention, their gradients reduce-scattered after
   (the Llama 3 paper, Dubey et al. 2024, §3.3.2): exposed, cheap with few key/value heads.
 - ``a2a``: all-to-all from sequence shards to head shards and back for q, k, v and the output
@@ -30,13 +31,22 @@ from costmodels.topology import Cluster
 
 
 def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_s: float,
-               attn_bwd_s: float, group: GroupShape, cluster: Cluster) -> tuple[float, float]:
-    """(forward, backward) seconds of K/V exchange one layer exposes, per micro-batch."""
+               attn_bwd_s: float, group: GroupShape, cluster: Cluster,
+               gradients_back: float = 0.0) -> tuple[float, float]:
+    """(forward, backward) seconds of K/V exchange one layer exposes, per micro-batch.
+    ``gradients_back`` (p2p ring): gradient bytes per K/V byte that each rank sends straight back
+    to the owner of those keys and values once a backward step is done, as the runtime's ring
+    does (planner/runtime/context.py; fp32 gradients: 4 / bytes of the compute dtype); 0 for a
+    ring that passes K/V and their gradients on around the ring (Megatron-Core's, Transformer
+    Engine's)."""
     if cp <= 1 or kv_bytes <= 0:
         return 0.0, 0.0
     if form == "p2p":
-        return _ring(cp, kv_bytes / cp, attn_fwd_s, attn_bwd_s,
-                     cluster.intra_node if group.per_node >= group.size else cluster.inter_node)
+        link = cluster.intra_node if group.per_node >= group.size else cluster.inter_node
+        fwd, bwd = _ring(cp, kv_bytes / cp, attn_fwd_s, attn_bwd_s, link)
+        if gradients_back:
+            bwd = _sent_back(cp, gradients_back * kv_bytes / cp, attn_bwd_s, link)
+        return fwd, bwd
     if form == "allgather":
         return (comm.allgather_s(kv_bytes, group, cluster),
                 comm.allgather_s(kv_bytes, group, cluster)
@@ -65,6 +75,19 @@ def _ring(steps: int, chunk_bytes: float, attn_fwd_s: float, attn_bwd_s: float,
     send_b = comm.p2p_s(2 * chunk_bytes, link) - sync
     return ((steps - 1) * (sync + max(0.0, send_f - attn_fwd_s / steps)),
             (steps - 1) * (sync + max(0.0, send_b - attn_bwd_s / steps)))
+
+
+def _sent_back(steps: int, grad_bytes: float, attn_bwd_s: float, link) -> float:
+    """Backward of a ring whose ranks send each step's key/value gradients (``grad_bytes``) to
+    their owner as soon as the step is done: steps - 1 sends queue on the link behind the
+    compute of the steps after theirs, so the last one is exposed whole; each call's
+    synchronisation between busy ranks (``LinkSpec.sync_s``) is never hidden."""
+    if steps <= 1:
+        return 0.0
+    sync = link.sync_s
+    send = comm.p2p_s(grad_bytes, link) - sync
+    later = (steps - 2) * attn_bwd_s / steps  # compute after the first send, before the last
+    return (steps - 1) * sync + max(send, (steps - 1) * send - later)
 
 
 def ring_merge_s(cp: int, *, q_bytes: float, kv_bytes: float, word: int,

@@ -75,6 +75,8 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
                                                    ).items()}
                    for dt, dims in skew_tables.items()},
         gemm_skew_aspect=num(skew, "aspect", 32.0, positive=True, at="device.gemm_skew"),
+        attention_table=_attention_tables(dev.get("attention_table") or {},
+                                          f"{where}: device.attention_table"),
         hbm_bytes_per_s=num(dev, "hbm_GBps", positive=True) * GB,
         kernel_overhead_s=num(dev, "kernel_overhead_us") * 1e-6,
         memory_table=_table(dev.get("memory_table", []), f"{where}: device.memory_table",
@@ -110,6 +112,8 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
 
 
 FIX = "re-run `plan profile`"
+ATTENTION_KINDS = ("causal_fwd", "causal_bwd", "full_fwd", "full_bwd")
+"""The tables of ``device.attention_table.<dtype>`` (costmodels DeviceSpec.attention_table)."""
 
 
 def _number(value, where: str, *, positive: bool = False) -> float:
@@ -126,6 +130,18 @@ def _mapping(value, where: str) -> dict:
     if not isinstance(value, dict):
         raise SpecError(f"{where}: expected a mapping, got {value!r:.60}; {FIX}")
     return value
+
+
+def _attention_tables(data, where: str) -> dict:
+    """``device.attention_table``: per dtype, the four tables of ATTENTION_KINDS."""
+    out = {}
+    for dt, kinds in _mapping(data, where).items():
+        kinds = _mapping(kinds, f"{where}.{dt}")
+        missing = [k for k in ATTENTION_KINDS if k not in kinds]
+        if missing:
+            raise SpecError(f"{where}.{dt}: {missing[0]} is missing; {FIX}")
+        out[dt] = {k: _table(kinds[k], f"{where}.{dt}.{k}") for k in ATTENTION_KINDS}
+    return out
 
 
 def _table(rows, where: str, *, allow_empty: bool = False) -> tuple[tuple[float, float], ...]:

@@ -164,6 +164,40 @@ def attention_rate(timer: Timer, dtype: str) -> float:
     return 4.0 * 8 * 512 * 512 * 64 / seconds
 
 
+ATTENTION_SIZES = {"cpu": ((16, 32), (16, 64), (16, 128), (16, 256), (8, 512), (4, 1024)),
+                   "cuda": ((32, 512), (32, 1024), (32, 2048), (16, 4096), (8, 8192))}
+"""(batch x heads, sequence) of the attention calls measured by size: from a ring's chunk pairs
+of a small model to one long sequence (square FLOPs 4 M to 1 G on CPUs, 17 G to 275 G on GPUs)."""
+ATTENTION_HEAD_DIM = {"cpu": 64, "cuda": 128}
+
+
+def attention_table(timer: Timer, dtype: str) -> dict[str, list[list[float]]]:
+    """scaled_dot_product_attention by call size, as training runs it (inputs that need
+    gradients): {"causal_fwd", "causal_bwd", "full_fwd", "full_bwd": [[square FLOPs per call,
+    square FLOPs per second], ...]}, square FLOPs = 4 x batch x heads x s^2 x head dim whatever
+    the causal mask lets the kernel skip; backward = forward + backward less the forward, never
+    taken below the forward (timing noise)."""
+    d = ATTENTION_HEAD_DIM[timer.device]
+    out: dict[str, list[list[float]]] = {k: [] for k in
+                                         ("causal_fwd", "causal_bwd", "full_fwd", "full_bwd")}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for heads, s in ATTENTION_SIZES[timer.device]:
+        square = 4.0 * heads * s * s * d
+        q, k, v = (torch.randn(1, heads, s, d, device=timer.device, dtype=DTYPES[dtype],
+                               requires_grad=True) for _ in range(3))
+        grad = torch.ones(1, heads, s, d, device=timer.device, dtype=DTYPES[dtype])
+        for mask in ("causal", "full"):
+            causal = mask == "causal"
+            fwd = timer.median_s(lambda: sdpa(q, k, v, is_causal=causal), min_s=0.2)
+            both = timer.median_s(lambda: torch.autograd.grad(
+                sdpa(q, k, v, is_causal=causal), (q, k, v), grad), min_s=0.2)
+            out[f"{mask}_fwd"].append([square, square / fwd])
+            out[f"{mask}_bwd"].append([square, square / max(both - fwd, fwd)])
+        log.info("  attention %s %d x %d: causal %.3g GFLOP/s forward (square FLOPs)", dtype,
+                 heads, s, out["causal_fwd"][-1][1] / 1e9)
+    return out
+
+
 def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
             dtypes: tuple[str, ...] | None = None) -> dict:
     """Measure and return a calibration mapping (planner.inputs.calibration reads it).
@@ -196,8 +230,9 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
 
 def device_speeds(timer: Timer, threads: int, dtypes) -> dict:
     """GEMM tables (square and long-shaped) by dtype, element-wise table, per-op overhead,
-    attention FLOP/s by dtype, AdamW seconds per parameter, and (concurrent CPU processes) the
-    times of a fixed segment of work, each started together (``segment_times``)."""
+    attention FLOP/s and attention by call size per dtype, AdamW seconds per parameter, and
+    (concurrent CPU processes) the times of a fixed segment of work, each started together
+    (``segment_times``)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     if timer.device == "cpu":
@@ -207,6 +242,7 @@ def device_speeds(timer: Timer, threads: int, dtypes) -> dict:
                 "skew": {dt: gemm_skew_tables(timer, dt) for dt in dtypes},
                 "memory": memory_table(timer), "overhead": op_overhead(timer),
                 "attention": {dt: attention_rate(timer, dt) for dt in dtypes},
+                "attention_table": {dt: attention_table(timer, dt) for dt in dtypes},
                 "grouped": {dt: grouped_gemm_ratio(timer, dt) for dt in dtypes},
                 "adamw": optimizer_rate(timer),
                 "segments": segment_times(timer) if timer.barrier is not None else []}
@@ -278,6 +314,10 @@ def _concurrently(n: int, device: str, threads: int, dtypes) -> dict:
             "overhead": statistics.fmean(r["overhead"] for r in results),
             "attention": {dt: statistics.fmean(r["attention"][dt] for r in results)
                           for dt in dtypes},
+            "attention_table": {dt: {kind: _mean_table([r["attention_table"][dt][kind]
+                                                        for r in results])
+                                     for kind in results[0]["attention_table"][dt]}
+                                for dt in dtypes},
             "grouped": {dt: statistics.fmean(r["grouped"][dt] for r in results)
                         for dt in dtypes},
             "adamw": statistics.fmean(r["adamw"] for r in results),
@@ -307,6 +347,7 @@ def _calibration(device, threads, speeds: dict, link) -> dict:
             "adamw_s_per_param": speeds["adamw"],
             "kernel_overhead_us": speeds["overhead"] * 1e6,
             "attention_efficiency": {dt: min(1.0, attn[dt] / peaks[dt]) for dt in attn},
+            "attention_table": speeds["attention_table"],
             "grouped_gemm_efficiency": min(speeds["grouped"].values()),
             "jitter": speeds.get("jitter", 0.0),
         },

@@ -85,9 +85,17 @@ class BlockCosts:
     params_local: np.ndarray
     expert_params_local: np.ndarray
     """The part of ``params_local`` in routed experts (sharded by ep x etp, reduced over edp)."""
+    accumulate_s: np.ndarray
+    """Adding one micro-batch's weight gradients into the accumulated ones, where that is a pass
+    of its own (eager kernels: autograd's accumulation; fused engines fold it into the
+    weight-gradient GEMM, as Megatron-Core's gradient accumulation fusion does): 0 otherwise.
+    Gradients stay whole between micro-batches (the pipelining schedule syncs FSDP2 on the last
+    one only); pricing counts it for every micro-batch but the first."""
     cp_comm_s: np.ndarray
-    """Context-parallel K/V exchange the block exposes (forward + backward); with eager kernels
-    the p2p ring's merges and chunk copies too (costmodels.context.ring_merge_s)."""
+    """Context-parallel K/V exchange the block exposes (forward + backward); for the p2p ring
+    also what its attention calls per chunk pair cost beyond one call (where attention was
+    measured by call size: costmodels.compute.ring_attention_s) and, with eager kernels, its
+    merges and chunk copies (costmodels.context.ring_merge_s)."""
     expert_s: np.ndarray
     """Routed experts' GEMMs (forward + backward; part of ``compute_s``): what an overlapped
     dispatch can hide behind."""
@@ -154,8 +162,11 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))
     kv = micro_batch * w.attn_kv_bytes / heads_div  # the whole sequence's K/V on this tp rank
     q = micro_batch * w.attn_q_bytes / tp
-    word = DTYPE_BYTES[precision.core_dtype(training.dtype)]
+    core = precision.core_dtype(training.dtype)
+    word = DTYPE_BYTES[core]
     forms = (cp_comm,) if isinstance(cp_comm, str) else tuple(cp_comm)
+    # with eager kernels the ring is the runtime's, which returns fp32 K/V gradients to their owner
+    back = 4 / word if engine.kernels == "eager" else 0.0
     form, cp_s, cp_buffers = forms[0], np.zeros(n), np.zeros(n)
     if cp > 1:
         g = cluster.gpus_per_node
@@ -169,7 +180,13 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                 elif kv[i] > 0:
                     f, b = context.exchange_s(f_name, cp=cp, kv_bytes=kv[i], q_bytes=q[i],
                                               attn_fwd_s=t.attn_fwd_s, attn_bwd_s=t.attn_bwd_s,
-                                              group=cp_group, cluster=cluster)
+                                              group=cp_group, cluster=cluster,
+                                              gradients_back=back)
+                    if f_name == "p2p":  # the ring's smaller attention calls
+                        af, ab = compute.ring_attention_s(
+                            ma.works[i], cluster.device, core, engine, micro_batch=micro_batch,
+                            tp=tp, cp=cp)
+                        f, b = f + af, b + ab
                     if f_name == "p2p" and engine.kernels == "eager":  # the ring's merges
                         mf, mb = context.ring_merge_s(cp, q_bytes=q[i], kv_bytes=kv[i],
                                                       word=word, device=cluster.device)
@@ -181,6 +198,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         # (all-gather), the head shards of q, k, v and the output (all-to-all)
         cp_buffers = {"p2p": 2 * kv / cp, "allgather": kv,
                       "a2a": (2 * q + kv) / cp, "a2a+p2p": (2 * q + 3 * kv) / cp}[form]
+    local = vec(w.params_tp / tp + w.params_rep - w.expert_params + w.expert_params / (ep * etp))
+    grad_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                      zero=0, dp=1, layout=engine.state_layout)["grads"]
     return BlockCosts(
         fwd_s=vec([t.fwd_s for t in bt]),
         compute_s=vec([t.fwd_s + t.bwd_s for t in bt]),
@@ -195,8 +215,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8)), 0.0),
             vec(memory.backward_transient_bytes(w, micro_batch=share, tp=tp, sp=sp))) + cp_buffers,
-        params_local=vec(w.params_tp / tp + w.params_rep - w.expert_params
-                         + w.expert_params / (ep * etp)),
+        params_local=local,
+        accumulate_s=vec([compute.accumulate_s(n * grad_b, cluster.device)
+                          for n in local.tolist()]) if engine.kernels == "eager" else vec(0.0),
         expert_params_local=vec(w.expert_params / (ep * etp)),
         cp_comm_s=cp_s,
         expert_s=vec([t.expert_s for t in bt]),

@@ -116,7 +116,9 @@ class Split:
         assert all(b > a for a, b in zip(bounds, bounds[1:])), f"an empty chunk in {bounds}"
         self.cfg, self.bounds, self.ma, self.costs, self.training = cfg, bounds, ma, costs, training
         self.starts = np.asarray(bounds[:-1])
-        self.compute_s = self.per_chunk(costs.compute_s + costs.recompute_s)
+        m = cfg.num_microbatches  # gradients accumulate after every micro-batch but the first
+        self.compute_s = self.per_chunk(costs.compute_s + costs.recompute_s
+                                        + (m - 1) / m * costs.accumulate_s)
         self.tp_s, self.fwd_s = self.per_chunk(costs.tp_comm_s), self.per_chunk(costs.fwd_s)
         self.rc_s, self.act = self.per_chunk(costs.recompute_s), self.per_chunk(costs.act_bytes)
         self.cp_s = self.per_chunk(costs.cp_comm_s)
@@ -217,7 +219,8 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float],
     def per_chunk(x: np.ndarray) -> list[float]:  # sums over each chunk's blocks
         return np.add.reduceat(x, starts).tolist()
 
-    compute_s = per_chunk(costs.compute_s + costs.recompute_s)
+    m = cfg.num_microbatches  # as Split: accumulation after every micro-batch but the first
+    compute_s = per_chunk(costs.compute_s + costs.recompute_s + (m - 1) / m * costs.accumulate_s)
     tp_s, fwd_s, rc_s = per_chunk(costs.tp_comm_s), per_chunk(costs.fwd_s), per_chunk(
         costs.recompute_s)
     act, cp_s = per_chunk(costs.act_bytes), per_chunk(costs.cp_comm_s)

@@ -29,6 +29,26 @@ def test_ring_hides_kv_behind_long_attention_and_exposes_it_behind_short():
     assert bwd == pytest.approx(7 * comm.p2p_s(2 * kv / 8, CLUSTER.intra_node))
 
 
+def test_a_ring_that_returns_gradients_to_their_owner_exposes_the_last_send():
+    """The runtime's ring sends each backward step's fp32 K/V gradients straight back: with two
+    ranks that one send follows all the compute, so however long attention runs it is exposed
+    whole; with more ranks the earlier sends hide behind the later steps."""
+    kv = 64e6
+    grads = comm.p2p_s(2 * kv / 2, CLUSTER.intra_node)  # bf16 K/V, fp32 gradients: 2x the bytes
+    _, bwd = context.exchange_s("p2p", cp=2, kv_bytes=kv, q_bytes=kv, attn_fwd_s=10.0,
+                                attn_bwd_s=10.0, group=NODE, cluster=CLUSTER, gradients_back=2.0)
+    assert bwd == pytest.approx(grads)
+    _, around = context.exchange_s("p2p", cp=2, kv_bytes=kv, q_bytes=kv, attn_fwd_s=10.0,
+                                   attn_bwd_s=10.0, group=NODE, cluster=CLUSTER)
+    assert around == 0.0  # K/V and gradients passed around the ring hide behind long attention
+    send = comm.p2p_s(2 * kv / 8, CLUSTER.intra_node)
+    _, long = context.exchange_s("p2p", cp=8, kv_bytes=kv, q_bytes=kv, attn_fwd_s=10.0,
+                                 attn_bwd_s=10.0, group=NODE, cluster=CLUSTER, gradients_back=2.0)
+    _, short = context.exchange_s("p2p", cp=8, kv_bytes=kv, q_bytes=kv, attn_fwd_s=0.0,
+                                  attn_bwd_s=0.0, group=NODE, cluster=CLUSTER, gradients_back=2.0)
+    assert long == pytest.approx(send) and short == pytest.approx(7 * send)
+
+
 def test_forms_of_exchange_and_cp_one():
     kv, q = 32e6, 64e6
     assert context.exchange_s("a2a", cp=1, kv_bytes=kv, q_bytes=q, attn_fwd_s=0, attn_bwd_s=0,

@@ -61,6 +61,7 @@ def test_profile_measures_this_cpu(monkeypatch):
     monkeypatch.setattr(prof, "GEMM_SIZES", (32, 64, 128))
     monkeypatch.setattr(prof, "MEMORY_SIZES", (1 << 12, 1 << 14))
     monkeypatch.setattr(prof, "SKEW_SIZES", (32, 64))
+    monkeypatch.setattr(prof, "ATTENTION_SIZES", {"cpu": ((4, 32), (4, 64))})
     calib = prof.profile("cpu", threads=1, processes=1)
     load_calibration(calib)  # the profiler's output is a valid calibration
     dev = calib["device"]
@@ -69,6 +70,11 @@ def test_profile_measures_this_cpu(monkeypatch):
     assert dev["hbm_GBps"] > 0.1 and 0 < dev["kernel_overhead_us"] < 1e4
     assert [b for b, _ in dev["memory_table"]] == sorted(b for b, _ in dev["memory_table"])
     assert all(rate > 1e8 for _, rate in dev["memory_table"])
+    attn = dev["attention_table"]["fp32"]
+    assert sorted(attn) == ["causal_bwd", "causal_fwd", "full_bwd", "full_fwd"]
+    assert [f for f, _ in attn["causal_fwd"]] == [4.0 * 4 * 32 * 32 * 64, 4.0 * 4 * 64 * 64 * 64]
+    # the backward is never taken faster than the forward
+    assert all(b <= f for (_, f), (_, b) in zip(attn["full_fwd"], attn["full_bwd"]))
     assert calib["intra_node"] is None
     assert calib["processes"] == 1 and dev["jitter"] == 0.0  # one process: nobody to wait for
     c = apply_calibration(load_cluster("cpu"), calib)
@@ -83,3 +89,40 @@ def test_warns_when_the_cluster_runs_another_number_of_cpu_processes(caplog):
     with caplog.at_level("WARNING", logger="planner.inputs.calibration"):
         apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=1), calib)
     assert "plan profile --processes 1" in caplog.text
+
+
+TABLE = {"causal_fwd": [[1e6, 2e9], [1e8, 4e10]], "causal_bwd": [[1e6, 1e9], [1e8, 1.6e10]],
+         "full_fwd": [[1e6, 2e9], [1e8, 2e10]], "full_bwd": [[1e6, 1e9], [1e8, 8e9]]}
+"""Square FLOPs per second: a causal call skips half of a large square, nothing of a small one."""
+
+
+def test_attention_priced_at_the_rate_of_its_call_size():
+    from costmodels.compute import attention_time_s, ring_attention_s
+    from costmodels.engine import EngineSpec
+    from costmodels.workload import BlockWork
+
+    calib = json.loads(json.dumps(CALIB))
+    calib["device"]["attention_table"] = {"fp32": TABLE}
+    dev = apply_calibration(load_cluster("cpu"), calib).device
+    flash = EngineSpec(attention="flash")
+    causal = BlockWork(fused_attn_flops=1e8, attn_flops=1e8, attn_causal_flops=1e8,
+                       fused_attn_calls=1)
+    # one call of 1e8 square FLOPs per sample, at the large-call rates of the table
+    assert attention_time_s(causal, dev, "fp32", flash, micro_batch=1, tp=1) == pytest.approx(
+        (1e8 / 4e10, 1e8 / 1.6e10))
+    # two calls of half the size each run at the rate of their size (log-linear in the table)
+    two = BlockWork(fused_attn_flops=1e8, attn_flops=1e8, attn_causal_flops=1e8,
+                    fused_attn_calls=2)
+    half_rate = measured_rate(tuple(map(tuple, TABLE["causal_fwd"])), 5e7)
+    assert attention_time_s(two, dev, "fp32", flash, micro_batch=1, tp=1)[0] == pytest.approx(
+        1e8 / half_rate)
+    # a ring of 2 ranks calls the kernel per chunk pair (1/16 of the call): slower here, and
+    # nothing extra without a measured table
+    f, b = ring_attention_s(causal, dev, "fp32", flash, micro_batch=1, tp=1, cp=2)
+    assert f > 0 and b > 0
+    sheet = load_cluster("cpu").device
+    assert ring_attention_s(causal, sheet, "fp32", flash, micro_batch=1, tp=1, cp=2) == (0, 0)
+    bad = json.loads(json.dumps(calib))
+    del bad["device"]["attention_table"]["fp32"]["full_bwd"]
+    with pytest.raises(SpecError, match="attention_table.fp32: full_bwd is missing"):
+        apply_calibration(load_cluster("cpu"), bad)

@@ -154,3 +154,29 @@ def test_long_gemms_move_from_the_square_table_to_the_long_shaped_one():
     assert half == pytest.approx((square * 5e10) ** 0.5)
     plain = apply_calibration(load_cluster("cpu"), CALIB).device  # no long-shaped tables
     assert shaped_rate(plain, "fp32", flops, 256, 8192, 256) == pytest.approx(square)
+
+
+def test_eager_gradient_accumulation_is_paid_after_every_micro_batch_but_the_first(
+        fp32_llama, monkeypatch):
+    """With one kernel per op, autograd adds each micro-batch's weight gradients into the
+    accumulated ones (read both, write one); fused engines fold it into the weight-gradient
+    GEMM, and a single micro-batch has nothing to add to."""
+    import costmodels.compute as compute_mod
+    from costmodels.compute import accumulate_s
+
+    fix = "dp=2,tp=1,pp=1,micro_batch=1,recompute=none,zero=0,offload_optimizer=false"
+    eager = EngineSpec(overlap_grad_reduce=False, kernels="eager")
+    with_acc = _plan(fp32_llama, fix, eager).predicted["breakdown"]["compute_s"]
+    dev = apply_calibration(load_cluster("cpu"), CALIB).device
+    blocks = [b.work.params_tp + b.work.params_rep for b in fp32_llama.blocks.blocks]
+    expected = sum(accumulate_s(4 * n, dev) for n in blocks)  # fp32 gradients, m - 1 = 1 pass
+    monkeypatch.setattr(compute_mod, "accumulate_s", lambda nbytes, device: 0.0)
+    without = _plan(fp32_llama, fix, eager).predicted["breakdown"]["compute_s"]
+    assert with_acc - without == pytest.approx(expected, rel=1e-4)  # plans keep 6 digits
+    assert accumulate_s(1e9, dev) == pytest.approx(1.5 * copy_s(1e9, dev))
+    monkeypatch.setattr(compute_mod, "accumulate_s", lambda nbytes, device: 1.0)  # unmistakable
+    fused = EngineSpec(overlap_grad_reduce=False, kernels="fused")
+    assert _plan(fp32_llama, fix, fused).predicted["breakdown"]["compute_s"] < 1.0
+    one = fix.replace("micro_batch=1", "micro_batch=2")  # one micro-batch: nothing to add to
+    assert _plan(fp32_llama, one, eager).predicted["breakdown"]["compute_s"] < 1.0
+    assert _plan(fp32_llama, fix, eager).predicted["breakdown"]["compute_s"] > 1.0
