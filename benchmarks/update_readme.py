@@ -36,13 +36,17 @@ SECTIONS = [
      "`torchtitan-compile`, and `--dtype fp8`). Nothing fitted: the 500 W peak lies on the line "
      "between the H100 NVL (400 W) and SXM (700 W) data sheets, and SDPA's FlashAttention-2 "
      "kernels reach 35% of an H100's peak (the FlashAttention-3 paper); both ends of the peak "
-     "range are shown too. Memory is the allocator's reserved peak (predicted allocated / 0.95)."),
+     "range are shown too. Memory is the allocator's reserved peak (predicted allocated / 0.95). "
+     "Until 2026-12-02 the trace priced causal attention as unmasked (twice its work) and these "
+     "rows read -3.3%, +1.2% and +4.5% at 500 W; priced as the kernels run it, the model is too "
+     "fast by what the table shows, and what the rest of the time is has not been found."),
     ("cpu", "cpu_measured.py",
      "**Measured here.** Small GPT configurations run with plain torch on this machine's CPU "
      "(one process per core; two processes with DDP over gloo), predicted from a `plan profile` "
      "calibration taken first (`benchmarks/cpu_measured.py`). This VM is noisy: across runs "
      "during development the median error ranged from 2% to 26% as the measured speeds moved "
-     "(the table is one run)."),
+     "(the table is one run; the previous one, 3.6% median, was taken on a day this VM ran these "
+     "steps 1.6-1.8x slower, and the code since then predicts the same under one calibration)."),
     ("threeways", "three_ways_measured.py",
      "**Any module, priced from its ops.** One transformer written three ways "
      "(`examples/three_ways.py`: Linear + `scaled_dot_product_attention`, "
@@ -59,10 +63,10 @@ SECTIONS = [
      "launching every plan once (this VM's speed drifts over minutes); the error is the median "
      "over the rounds (predicted / measured - 1), and the spread shows how much the launches "
      "move. The VM's speed also differs from day to day: on 2026-12-01, with steps of 0.45-0.80 "
-     "s, this benchmark gave median 3.8%, max 6.0%; on 2026-12-02, with steps of 0.22-0.44 s, "
-     "plans of several micro-batches and of two processes came out 10-24% too fast, one "
-     "process with one micro-batch within 5% (not explained yet; the calibration's per-op cost "
-     "is a bare op's, without autograd or the runtime's Python around it)."),
+     "s, this benchmark gave median 3.8%, max 6.0%; earlier on 2026-12-02, with steps of "
+     "0.22-0.44 s, plans of several micro-batches and of two processes came out 10-24% too fast, "
+     "before gradient accumulation (a pass over the gradients after every micro-batch but the "
+     "first) and attention at the rate of its call's size were priced."),
     ("runtime-moe", "measured_vs_predicted.py --model mixtral --repeats 3",
      "**Executed expert and context parallelism.** A small Mixtral (4 layers, hidden 256, 8 "
      "experts, top-2, 17.8 M parameters of which 12.6 M in experts; sequence 128, batch 8, fp32, "
@@ -86,7 +90,12 @@ SECTIONS = [
      "**Long sequences** (`benchmarks/long_context_runs.py`): NeMo's long-sequence table "
      "(LLAMA2-7B on H100 and LLAMA3-8B on B200, FP8, 4k to 1M tokens, context parallelism up "
      "to 32), each at its published tp/pp/cp/dp; the step time implied by NeMo's FLOP formula "
-     "and TFLOP/s. Nothing fitted. Then the free search against each published configuration."),
+     "and TFLOP/s. Nothing fitted. Until 2026-12-02 the trace priced causal attention as "
+     "unmasked (twice its work) and this table read median 8.4% (H100 5.4%, B200 12.5%); priced "
+     "as the kernels run it, every row is too fast, from about a quarter at 4k tokens to about "
+     "two fifths at 1M: the earlier agreement came from two errors cancelling, and the missing "
+     "time (already a quarter at 4k tokens, where attention is a small part) is not explained. "
+     "Then the free search against each published configuration."),
     ("recsys", "recsys_runs.py",
      "**Recommendation models** (`benchmarks/recsys_runs.py`): DLRM on Criteo 1TB with TorchRec "
      "(facebookresearch/dlrm torchrec_dlrm README, three revisions) on 1 to 80 A100-40GB of AWS "

@@ -72,6 +72,14 @@ def test_layer_flops_match_the_analytic_count(tiny_llama):
     assert layer.work.fused_attn_calls == 1
 
 
+def test_the_trace_leaves_transformers_mask_decisions_as_they_were(tiny_llama):
+    from transformers import masking_utils
+
+    assert tiny_llama.blocks.blocks  # traced before this test runs
+    for name in ("find_packed_sequence_indices", "is_torchdynamo_exporting"):
+        assert getattr(masking_utils, name).__name__ != "<lambda>", name
+
+
 def test_an_encoder_attends_without_a_causal_mask():
     from planner import prepare
 
