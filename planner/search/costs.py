@@ -199,8 +199,11 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         cp_buffers = {"p2p": 2 * kv / cp, "allgather": kv,
                       "a2a": (2 * q + kv) / cp, "a2a+p2p": (2 * q + 3 * kv) / cp}[form]
     local = vec(w.params_tp / tp + w.params_rep - w.expert_params + w.expert_params / (ep * etp))
-    grad_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                      zero=0, dp=1, layout=engine.state_layout)["grads"]
+    accumulate = np.zeros(n)
+    if engine.kernels == "eager":  # fused engines fold accumulation into the wgrad GEMM
+        grad_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                          zero=0, dp=1, layout=engine.state_layout)["grads"]
+        accumulate = vec([compute.accumulate_s(x * grad_b, cluster.device) for x in local.tolist()])
     return BlockCosts(
         fwd_s=vec([t.fwd_s for t in bt]),
         compute_s=vec([t.fwd_s + t.bwd_s for t in bt]),
@@ -216,8 +219,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             fused=fused, fp8=fp8)), 0.0),
             vec(memory.backward_transient_bytes(w, micro_batch=share, tp=tp, sp=sp))) + cp_buffers,
         params_local=local,
-        accumulate_s=vec([compute.accumulate_s(n * grad_b, cluster.device)
-                          for n in local.tolist()]) if engine.kernels == "eager" else vec(0.0),
+        accumulate_s=accumulate,
         expert_params_local=vec(w.expert_params / (ep * etp)),
         cp_comm_s=cp_s,
         expert_s=vec([t.expert_s for t in bt]),
