@@ -13,8 +13,9 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
   FlashAttention-2's kernels, at ``flash2_efficiency`` where the device has one) and skips about
   half the work under a causal mask; its backward recomputes the scores, 2.5x the forward FLOPs (Dao,
   "FlashAttention-2", 2023). Where ``plan profile`` measured attention by call size (CPUs), each
-  call runs at the measured rate of its size and mask instead. ``materialized`` attention runs two batched GEMMs and moves the score
-  matrix through memory between kernels (bytes per score element below). An attention core traced
+  call runs at the measured rate of its size and mask instead. ``materialized`` attention runs two
+  batched GEMMs and moves the score matrix through memory between kernels (bytes per score element
+  below). An attention core traced
   from eager code (explicit GEMMs, softmax, masking) runs as traced when attention is
   ``materialized`` and as one fused kernel (its GEMMs' FLOPs at the flash rate, its score traffic
   gone; no causal skip, since the mask is data) when it is ``flash``.

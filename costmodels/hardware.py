@@ -149,12 +149,12 @@ class DeviceSpec:
     the square table towards these as its shape stretches."""
     gemm_skew_aspect: float = 32.0
     attention_table: Mapping[str, Mapping[str, tuple]] = field(default_factory=dict)
-    """Measured fused attention by call size per dtype (``plan profile``): {"causal_fwd",
-    "causal_bwd", "full_fwd", "full_bwd": ((square FLOPs of one call, square FLOPs per second),
-    ...)}, square FLOPs being 4 x batch x heads x queries x keys x head dim whatever the mask lets
-    the kernel skip. When present it replaces ``attention_efficiency``, the causal skip and the
-    backward factor for that dtype: a CPU kernel runs small calls far below its large-call rate
-    and skips masked blocks only at long sequences."""
+    """Measured fused attention by call size per dtype (``plan profile``): {kind in
+    ATTENTION_KINDS: ((square FLOPs of one call, square FLOPs per second), ...)}, square FLOPs
+    being 4 x batch x heads x queries x keys x head dim whatever the mask lets the kernel skip.
+    When present it replaces ``attention_efficiency``, the causal skip and the backward factor
+    for that dtype: a CPU kernel runs small calls far below its large-call rate and skips masked
+    blocks only at long sequences."""
     jitter: float = 0.0
     """Relative standard deviation of one process's time for the same work when all of the node's
     processes run at once (OS noise, shared caches and memory); processes that synchronize wait
@@ -177,6 +177,11 @@ class DeviceSpec:
                 f"choose --dtype from those"
             )
         return self.peak_flops[dtype]
+
+
+ATTENTION_KINDS = ("causal_fwd", "causal_bwd", "full_fwd", "full_bwd")
+"""The tables of ``DeviceSpec.attention_table`` per dtype: causal and unmasked calls, forward
+and backward."""
 
 
 V100_GEMM_EFFICIENCY = 0.31

@@ -13,7 +13,7 @@ import logging
 import math
 from typing import Mapping
 
-from costmodels.hardware import GB, TERA
+from costmodels.hardware import ATTENTION_KINDS, GB, TERA
 from costmodels.topology import Cluster, LinkSpec
 from planner.errors import SpecError
 from planner.files import read_json_object
@@ -112,8 +112,6 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
 
 
 FIX = "re-run `plan profile`"
-ATTENTION_KINDS = ("causal_fwd", "causal_bwd", "full_fwd", "full_bwd")
-"""The tables of ``device.attention_table.<dtype>`` (costmodels DeviceSpec.attention_table)."""
 
 
 def _number(value, where: str, *, positive: bool = False) -> float:

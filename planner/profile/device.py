@@ -17,6 +17,7 @@ import time
 import torch
 
 from costmodels.compute import expected_max_normal
+from costmodels.hardware import ATTENTION_KINDS
 from planner.errors import SpecError
 from planner.profile import DEVICES
 from planner.profile.collectives import collectives
@@ -178,8 +179,7 @@ def attention_table(timer: Timer, dtype: str) -> dict[str, list[list[float]]]:
     the causal mask lets the kernel skip; backward = forward + backward less the forward, never
     taken below the forward (timing noise)."""
     d = ATTENTION_HEAD_DIM[timer.device]
-    out: dict[str, list[list[float]]] = {k: [] for k in
-                                         ("causal_fwd", "causal_bwd", "full_fwd", "full_bwd")}
+    out: dict[str, list[list[float]]] = {k: [] for k in ATTENTION_KINDS}
     sdpa = torch.nn.functional.scaled_dot_product_attention
     for heads, s in ATTENTION_SIZES[timer.device]:
         square = 4.0 * heads * s * s * d
