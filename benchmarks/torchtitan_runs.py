@@ -14,8 +14,8 @@ sheets (1.64 GHz: 886 bf16, 1,774 FP8 TFLOP/s); a cubic law (dynamic power ~ f V
 a constant) through the same two points gives 1.65 GHz, within 1%. Every row is also predicted at
 both ends of the range.
 
-The device is an H100 (132 SMs; SDPA's FlashAttention-2 kernels at 35% of peak, as the
-FlashAttention-3 paper measures them on H100).
+The device is an H100 (132 SMs; SDPA's FlashAttention-2 kernels at 37% of peak forward and 33%
+backward, as the FlashAttention-3 paper measures them on H100).
 
 Software per row (costmodels.engine presets): eager -> ``torchtitan`` (SDPA's flash backend, one
 kernel per element-wise op, FSDP2 buffer copies), torch.compile -> ``torchtitan-compile`` (element-wise chains fused),
@@ -46,7 +46,7 @@ sys.path.insert(0, ROOT)
 import planner  # noqa: E402
 from tables import print_table  # noqa: E402
 from costmodels.engine import engine_from_mapping  # noqa: E402
-from costmodels.hardware import HOPPER_FLASH2  # noqa: E402
+from costmodels.hardware import HOPPER_KERNELS  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "torchtitan_runs.csv")
@@ -78,7 +78,7 @@ def cluster(bf16: float, fp8: float, nodes: int = 1):
         "name": "grand-teton", "nodes": nodes, "gpus_per_node": 8,
         "device": {"name": "h100-grand-teton", "memory_GB": 96, "hbm_GBps": 2400,
                    "peak_TFLOPs": {"bf16": bf16, "fp16": bf16, "fp32": 67, "fp8": fp8},
-                   "sm_count": 132, "flash2_efficiency": HOPPER_FLASH2,
+                   "sm_count": 132, **HOPPER_KERNELS,
                    "description": "H100 96 GB HBM2e, 500 W (torchtitan's benchmark hosts)"},
         "intra_node": {"bandwidth_GBps": 450, "latency_us": 3, "efficiency": 0.82},
         "inter_node": {"bandwidth_GBps": 50, "latency_us": 10, "efficiency": 0.9}})

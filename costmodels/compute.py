@@ -3,22 +3,23 @@
 Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterman & Patterson,
 "Roofline", CACM 2009), plus a fixed launch cost.
 
-- GEMMs reach ``matmul_efficiency`` of the dense peak, reduced by wave quantization: the output is
-  cut into tiles, one per SM at a time, and a last partial wave leaves SMs idle (NVIDIA, "Matrix
-  Multiplication Background User's Guide", section on tile and wave quantization); an output of
-  fewer tiles than SMs splits its reduction over the idle ones (split-K). A skinny GEMM is bound
-  by its operand traffic instead. Backward runs the two transposed GEMMs (input gradient
-  m x k x n, weight gradient k x n x m).
-- Attention: a fused kernel (``flash``) runs at ``attention_efficiency`` (``flash2``,
-  FlashAttention-2's kernels, at ``flash2_efficiency`` where the device has one) and skips about
-  half the work under a causal mask; its backward recomputes the scores, 2.5x the forward FLOPs (Dao,
-  "FlashAttention-2", 2023). Where ``plan profile`` measured attention by call size (CPUs), each
-  call runs at the measured rate of its size and mask instead. ``materialized`` attention runs two
-  batched GEMMs and moves the score matrix through memory between kernels (bytes per score element
-  below). An attention core traced
-  from eager code (explicit GEMMs, softmax, masking) runs as traced when attention is
-  ``materialized`` and as one fused kernel (its GEMMs' FLOPs at the flash rate, its score traffic
-  gone; no causal skip, since the mask is data) when it is ``flash``.
+- GEMMs reach ``matmul_efficiency`` of the dense peak (FP8 GEMMs ``gemm_efficiency("fp8")`` of
+  the FP8 peak), reduced by wave quantization: the output is cut into tiles, one per SM at a time,
+  and a last partial wave leaves SMs idle (NVIDIA, "Matrix Multiplication Background User's
+  Guide", section on tile and wave quantization); an output of fewer tiles than SMs splits its
+  reduction over the idle ones (split-K). A skinny GEMM is bound by its operand traffic instead.
+  Backward runs the two transposed GEMMs (input gradient m x k x n, weight gradient k x n x m).
+- Attention: a fused kernel (``flash``) runs at ``attention_efficiency`` forward and
+  ``attention_bwd_efficiency`` backward (``flash2``, FlashAttention-2's kernels, at
+  ``flash2_efficiency`` and ``flash2_bwd_efficiency`` where the device has them) and skips about
+  half the work under a causal mask; its backward recomputes the scores, 2.5x the forward FLOPs
+  (Dao, "FlashAttention-2", 2023). Where ``plan profile`` measured attention by call size (CPUs),
+  each call runs at the measured rate of its size and mask instead. ``materialized`` attention
+  runs two batched GEMMs and moves the score matrix through memory between kernels (bytes per
+  score element below). An attention core traced from eager code (explicit GEMMs, softmax,
+  masking) runs as traced when attention is ``materialized`` and as one fused kernel (its GEMMs'
+  FLOPs at the flash rate, its score traffic gone; no causal skip, since the mask is data) when it
+  is ``flash``.
 - Element-wise ops move their bytes at ``memory_efficiency`` of the bandwidth; backward moves
   about twice the forward traffic (each op reads the incoming gradient and what it saved, and
   writes a gradient per input).
@@ -124,7 +125,7 @@ def _gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec,
         partial = 2 * batch * m * n * 4 * split if split > 1 else 0.0
         waves = math.ceil(tiles * split / device.sm_count)
         quantization = tiles * split / (waves * device.sm_count)
-        compute_s = flops / (device.peak(dtype) * device.matmul_efficiency * quantization)
+        compute_s = flops / (device.peak(dtype) * device.gemm_efficiency(dtype) * quantization)
         best = min(best, max(compute_s, (traffic + partial) / device.memory_bytes_per_s))
     return best + device.kernel_overhead_s
 
@@ -271,11 +272,14 @@ def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp
     return fwd / rate, bwd / rate
 
 
-def fused_attention_efficiency(device: DeviceSpec, engine: EngineSpec) -> float:
-    """Share of peak the engine's fused attention kernel reaches on ``device``."""
+def fused_attention_efficiency(device: DeviceSpec, engine: EngineSpec) -> tuple[float, float]:
+    """(forward, backward) shares of peak the engine's fused attention kernel reaches on
+    ``device``."""
     if engine.attention == "flash2" and device.flash2_efficiency is not None:
-        return device.flash2_efficiency
-    return device.attention_efficiency
+        fwd = device.flash2_efficiency
+        return fwd, device.flash2_bwd_efficiency or fwd
+    fwd = device.attention_efficiency
+    return fwd, device.attention_bwd_efficiency or fwd
 
 
 def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
@@ -290,9 +294,10 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
                                     flops / max(work.fused_attn_calls, 1.0),
                                     device.attention_table[dtype])
     if engine.attention in FUSED_ATTENTION:
-        skipped = CAUSAL_SKIP * share * work.attn_causal_flops
-        fwd = (flops - skipped) / (device.peak(dtype) * fused_attention_efficiency(device, engine))
-        return fwd, FLASH_BACKWARD_FACTOR * fwd
+        work_flops = flops - CAUSAL_SKIP * share * work.attn_causal_flops
+        f_eff, b_eff = fused_attention_efficiency(device, engine)
+        peak = device.peak(dtype)
+        return work_flops / (peak * f_eff), FLASH_BACKWARD_FACTOR * work_flops / (peak * b_eff)
     rate = device.peak(dtype) * device.matmul_efficiency
     word = DTYPE_BYTES[dtype]
     scores = share * work.attn_scores
@@ -399,8 +404,10 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         experts=experts)
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
     if eager_flops:  # eager attention cores, run as fused kernels
-        eager_f = eager_flops / (device.peak(core) * fused_attention_efficiency(device, engine))
-        attn_f, attn_b = attn_f + eager_f, attn_b + FLASH_BACKWARD_FACTOR * eager_f
+        f_eff, b_eff = fused_attention_efficiency(device, engine)
+        peak = device.peak(core)
+        attn_f += eager_flops / (peak * f_eff)
+        attn_b += FLASH_BACKWARD_FACTOR * eager_flops / (peak * b_eff)
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp)
     fwd_s = gemm_f + attn_f + mem_f
     bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f

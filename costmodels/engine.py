@@ -29,8 +29,9 @@ class EngineSpec:
 
     attention: str = "flash"
     """``flash``: one fused attention kernel (Dao et al. 2022), no s x s tensor in memory, causal
-    masks skip the masked half, at the device's best fused kernel's rate (FlashAttention-3 or
-    cuDNN on Hopper, FlashAttention-4 on Blackwell: ``DeviceSpec.attention_efficiency``);
+    masks skip the masked half, at the rate of the fused kernel Transformer Engine runs (cuDNN's
+    on Hopper and Blackwell: ``DeviceSpec.attention_efficiency`` forward,
+    ``attention_bwd_efficiency`` backward);
     ``flash2``: the same with FlashAttention-2's kernels (PyTorch SDPA's flash backend), which
     newer GPUs run below their best (``DeviceSpec.flash2_efficiency``); ``materialized``: scores
     and probabilities are written to memory between kernels (Megatron-LM before FlashAttention,

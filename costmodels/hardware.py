@@ -100,6 +100,9 @@ class DeviceSpec:
     benchmarks reach 80-87% on A100/H100; 0.70 is the one constant fitted to Megatron-LM's published
     runs (benchmarks/megatron_table1.py: fitted on 5 rows, 3.4% median error on the 5 held out),
     which includes clock throttling under sustained load."""
+    fp8_matmul_efficiency: float | None = None
+    """Fraction of the FP8 peak that FP8 GEMMs sustain in training (None: FP8_MATMUL_EFFICIENCY
+    on GPUs; a measured GEMM table replaces both)."""
     memory_efficiency: float = 0.80
     """Fraction of memory bandwidth that element-wise kernels reach (dimensionless)."""
     grouped_gemm_efficiency: float = 1.0
@@ -107,12 +110,18 @@ class DeviceSpec:
     FLOPs (1.0: as fast; measured by ``plan profile``, where CPU builds of torch loop over the
     groups)."""
     attention_efficiency: float = 0.60
-    """Fraction of peak FLOP/s a fused attention kernel reaches (FlashAttention-2 forward reaches
-    about 70% on A100, its backward about 60%: Dao 2023, Fig. 5)."""
+    """Fraction of peak FLOP/s the device's best fused attention kernel reaches in its forward
+    pass, and in its backward where ``attention_bwd_efficiency`` is None (FlashAttention-2
+    forward reaches about 70% on A100, its backward about 60%: Dao 2023, Fig. 5; 0.60 covers
+    both)."""
+    attention_bwd_efficiency: float | None = None
+    """The same kernel's backward pass, where it was published apart (None: as the forward)."""
     flash2_efficiency: float | None = None
-    """The same for FlashAttention-2's kernels (PyTorch SDPA's flash backend, engine attention
-    ``flash2``) where the device's best kernel goes further; None: ``attention_efficiency``
+    """The forward share of FlashAttention-2's kernels (PyTorch SDPA's flash backend, engine
+    attention ``flash2``) where the device's best kernel goes further; None: the best kernel's
     (FlashAttention-2 is the best kernel there, or its share was not published)."""
+    flash2_bwd_efficiency: float | None = None
+    """... and of their backward (None: as their forward)."""
     sm_count: int = 108
     """Streaming multiprocessors (tiles of one GEMM wave); 1 for a CPU."""
     gemm_tile: int = 128
@@ -168,6 +177,13 @@ class DeviceSpec:
         """Memory bandwidth kernels reach: the data-sheet figure times ``memory_efficiency``."""
         return self.hbm_bytes_per_s * self.memory_efficiency
 
+    def gemm_efficiency(self, dtype: str) -> float:
+        """Fraction of ``dtype``'s peak that large GEMMs sustain in training."""
+        if dtype == "fp8":
+            return (FP8_MATMUL_EFFICIENCY if self.fp8_matmul_efficiency is None
+                    else self.fp8_matmul_efficiency)
+        return self.matmul_efficiency
+
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; raises SpecError when the device lacks it."""
         if dtype not in self.peak_flops:
@@ -182,6 +198,15 @@ class DeviceSpec:
 ATTENTION_KINDS = ("causal_fwd", "causal_bwd", "full_fwd", "full_bwd")
 """The tables of ``DeviceSpec.attention_table`` per dtype: causal and unmasked calls, forward
 and backward."""
+
+
+FP8_MATMUL_EFFICIENCY = 0.52
+"""Share of the FP8 peak that FP8 GEMMs sustain in training, every device: fitted on the even rows
+of 22 published dense FP8 runs (Megatron-Core / Transformer Engine on H100, B200, GB200 and
+GB300; benchmarks/dense_fp8_runs.py), held-out median error 7.8%. Isolated FP8 GEMMs reach about
+70% of the FP8 peak as bf16 ones do of theirs; in whole steps FP8 GEMMs run about 1.5x the bf16
+GEMM rate, not 2x (power and clock limits at the FP8 rate, scaling in the GEMM epilogue), the
+range of the end-to-end FP8 speedups published for dense models (torchao: 1.25-1.5x)."""
 
 
 V100_GEMM_EFFICIENCY = 0.31
@@ -203,14 +228,25 @@ def _gpu(name: str, mem_gb: float, bf16: float | None, fp16: float, fp32: float,
                       hbm_bytes_per_s=hbm_gbps * GB, description=description, **kw)
 
 
-BLACKWELL_ATTENTION = 0.71
-"""Fused attention on Blackwell: FlashAttention-4 reaches about 1.6 PFLOP/s in BF16 on B200, 71%
-of its 2,250 TFLOP/s (T. Dao, FlashAttention-4, Hot Chips 2025); the 0.60 of earlier GPUs is
-FlashAttention-2's share on A100 (``DeviceSpec.attention_efficiency``)."""
-HOPPER_FLASH2 = 0.35
-"""FlashAttention-2's kernels on Hopper reach about 35% of H100's peak (Shah et al.,
-"FlashAttention-3", 2024, abstract); Hopper's best kernels (FlashAttention-3, cuDNN) reach the
-device's ``attention_efficiency``."""
+HOPPER_ATTENTION = (0.61, 0.52)
+"""(forward, backward) shares of peak of the fused attention Transformer Engine runs on Hopper
+(cuDNN's, which it prefers on sm90; FlashAttention-3 is within 10% of it): about 600 and 516
+TFLOP/s of H100's 989 at head dim 128 and 8k-16k tokens (Shah et al., "FlashAttention-3", 2024,
+Figs. 5 and 6, cuDNN bars)."""
+HOPPER_FLASH2 = (0.37, 0.33)
+"""The same for FlashAttention-2's kernels on H100: about 370 and 322 TFLOP/s (same figures), the
+"35% utilization" of that paper's abstract."""
+BLACKWELL_ATTENTION = (0.55, 0.47)
+"""The same for the fused attention Transformer Engine runs on Blackwell (cuDNN): FlashAttention-4
+reaches 1,605 TFLOP/s in BF16 on B200 (71% of 2,250) and up to 1.3x cuDNN 9.13 (Zadouri et al.,
+"FlashAttention-4", 2026, abstract), so cuDNN about 1,235 (0.55) forward; its backward is taken
+at Hopper's cuDNN backward-to-forward ratio (516 / 600), since Blackwell's backward is bound by
+shared-memory traffic that did not grow with the tensor cores (same paper)."""
+HOPPER_KERNELS = dict(attention_efficiency=HOPPER_ATTENTION[0],
+                      attention_bwd_efficiency=HOPPER_ATTENTION[1],
+                      flash2_efficiency=HOPPER_FLASH2[0], flash2_bwd_efficiency=HOPPER_FLASH2[1])
+BLACKWELL_KERNELS = dict(attention_efficiency=BLACKWELL_ATTENTION[0],
+                         attention_bwd_efficiency=BLACKWELL_ATTENTION[1])
 PCIE5_HOST_BYTES_PER_S = 50e9
 """PCIe 5.0 x16 host link, one direction: 64 GB/s line rate, about 50 GB/s achieved (twice the
 PCIe 4.0 figure of ``DeviceSpec.host_link_bytes_per_s``)."""
@@ -224,27 +260,27 @@ DEVICES: dict[str, DeviceSpec] = {
         _gpu("a100-40g", 40, 312, 312, 19.5, 1555, "NVIDIA A100 SXM 40 GB", sm_count=108),
         _gpu("a100-80g", 80, 312, 312, 19.5, 2039, "NVIDIA A100 SXM 80 GB", sm_count=108),
         _gpu("h100", 80, 989, 989, 67, 3350, "NVIDIA H100 SXM 80 GB", fp8=1979, sm_count=132,
-             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S, flash2_efficiency=HOPPER_FLASH2),
+             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S, **HOPPER_KERNELS),
         _gpu("h200", 141, 989, 989, 67, 4800, "NVIDIA H200 SXM 141 GB", fp8=1979, sm_count=132,
-             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S, flash2_efficiency=HOPPER_FLASH2),
+             host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S, **HOPPER_KERNELS),
         _gpu("v100", 32, None, 125, 15.7, 900, "NVIDIA V100 SXM2 32 GB (no bf16)", sm_count=80,
              matmul_efficiency=V100_GEMM_EFFICIENCY),
         _gpu("l4", 24, 121, 121, 30.3, 300, "NVIDIA L4 24 GB (PCIe)", fp8=242.5, sm_count=58),
         _gpu("rtx4090", 24, 165.2, 165.2, 82.6, 1008, "NVIDIA GeForce RTX 4090 24 GB",
              fp8=330.3, sm_count=128),
         _gpu("b200", 180, 2250, 2250, 75, 8000, "NVIDIA B200 (HGX/DGX B200) 180 GB", fp8=4500,
-             attention_efficiency=BLACKWELL_ATTENTION, sm_count=148,
+             **BLACKWELL_KERNELS, sm_count=148,
              host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
         _gpu("gb200", 186, 2500, 2500, 80, 8000, "NVIDIA Blackwell GPU of a GB200 NVL72, 186 GB",
-             fp8=5000, attention_efficiency=BLACKWELL_ATTENTION, sm_count=148,
+             fp8=5000, **BLACKWELL_KERNELS, sm_count=148,
              host_link_bytes_per_s=NVLINK_C2C_HOST_BYTES_PER_S,
              host_memory_bytes_per_s=256e9),
         _gpu("b300", 288, 2250, 2250, 75, 8000, "NVIDIA B300 Blackwell Ultra (HGX/DGX B300) 288 GB",
-             fp8=4500, attention_efficiency=BLACKWELL_ATTENTION, sm_count=160,
+             fp8=4500, **BLACKWELL_KERNELS, sm_count=160,
              host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
         _gpu("gb300", 288, 2500, 2500, 83.3, 8000,
              "NVIDIA Blackwell Ultra GPU of a GB300 NVL72, 288 GB", fp8=5000,
-             attention_efficiency=BLACKWELL_ATTENTION, sm_count=160,
+             **BLACKWELL_KERNELS, sm_count=160,
              host_link_bytes_per_s=NVLINK_C2C_HOST_BYTES_PER_S,
              host_memory_bytes_per_s=14e12 / 72),
         _gpu("mi300x", 192, 1307.4, 1307.4, 163.4, 5300, "AMD Instinct MI300X 192 GB",
@@ -256,8 +292,9 @@ DEVICES: dict[str, DeviceSpec] = {
 }
 
 _DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "matmul_efficiency",
-                "memory_efficiency", "attention_efficiency", "flash2_efficiency", "sm_count",
-                "description"}
+                "fp8_matmul_efficiency", "memory_efficiency", "attention_efficiency",
+                "attention_bwd_efficiency", "flash2_efficiency", "flash2_bwd_efficiency",
+                "sm_count", "description"}
 
 
 def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
@@ -277,8 +314,9 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
         raise SpecError(f"{where}.peak_TFLOPs.{sorted(bad)[0]}: unknown dtype; use bf16, fp16, "
                         "fp32, fp8")
     kw = {}
-    for key in ("matmul_efficiency", "memory_efficiency", "attention_efficiency",
-                "flash2_efficiency"):
+    for key in ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency",
+                "attention_efficiency", "attention_bwd_efficiency", "flash2_efficiency",
+                "flash2_bwd_efficiency"):
         if key in spec:
             kw[key] = _fraction(spec[key], f"{where}.{key}")
     if "sm_count" in spec:

@@ -92,7 +92,9 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
         attention_efficiency=min(_number(v, f"{where}: device.attention_efficiency.{dt}",
                                          positive=True)
                                  for dt, v in attn.items()) if attn else 1.0,
+        attention_bwd_efficiency=None,  # measured forward and backward together
         flash2_efficiency=None,  # the measured rate is SDPA's default kernel's, whatever it is
+        flash2_bwd_efficiency=None,
     )
     link = data.get("intra_node")
     intra = cluster.intra_node

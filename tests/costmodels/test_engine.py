@@ -36,8 +36,12 @@ def test_flashattention2_runs_below_hoppers_best_kernel_and_equals_it_on_ampere(
 
     fa2, best = EngineSpec(attention="flash2"), EngineSpec(attention="flash")
     h100, a100 = DEVICES["h100"], DEVICES["a100-80g"]
-    assert fused_attention_efficiency(h100, fa2) == 0.35 < fused_attention_efficiency(h100, best)
-    assert fused_attention_efficiency(a100, fa2) == fused_attention_efficiency(a100, best) == 0.60
+    fwd2, bwd2 = fused_attention_efficiency(h100, fa2)
+    fwd, bwd = fused_attention_efficiency(h100, best)
+    assert fwd2 < fwd and bwd2 < bwd  # FlashAttention-2 below Hopper's best, both passes
+    assert bwd < fwd and bwd2 < fwd2  # backward below forward (FlashAttention-3 paper)
+    assert (fused_attention_efficiency(a100, fa2) == fused_attention_efficiency(a100, best)
+            == (0.60, 0.60))
     assert "FlashAttention-2" in describe(fa2)
     custom = device_from_mapping({"name": "x", "memory_GB": 96, "hbm_GBps": 2400,
                                   "peak_TFLOPs": {"bf16": 886}, "flash2_efficiency": 0.35,
@@ -49,3 +53,18 @@ def test_flashattention2_runs_below_hoppers_best_kernel_and_equals_it_on_ampere(
     with pytest.raises(SpecError, match="device.flash2_efficiency: expected a fraction"):
         device_from_mapping({"name": "x", "memory_GB": 96, "hbm_GBps": 2400,
                              "peak_TFLOPs": {"bf16": 886}, "flash2_efficiency": 35})
+
+
+def test_fused_attention_backward_runs_at_its_own_rate():
+    from costmodels.compute import FLASH_BACKWARD_FACTOR, attention_time_s
+    from costmodels.hardware import DEVICES, HOPPER_ATTENTION
+    from costmodels.workload import BlockWork
+
+    work = BlockWork(fused_attn_flops=1e12, attn_flops=1e12, attn_scores=1e8)
+    fwd, bwd = attention_time_s(work, DEVICES["h100"], "bf16", EngineSpec(), micro_batch=1, tp=1)
+    assert fwd == pytest.approx(1e12 / (989e12 * HOPPER_ATTENTION[0]))
+    assert bwd == pytest.approx(FLASH_BACKWARD_FACTOR * 1e12 / (989e12 * HOPPER_ATTENTION[1]))
+    assert bwd / fwd > FLASH_BACKWARD_FACTOR  # slower per FLOP than the forward on Hopper
+    fwd, bwd = attention_time_s(work, DEVICES["a100-80g"], "bf16", EngineSpec(), micro_batch=1,
+                                tp=1)
+    assert bwd / fwd == pytest.approx(FLASH_BACKWARD_FACTOR)  # one published share on A100

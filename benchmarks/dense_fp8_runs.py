@@ -1,0 +1,187 @@
+"""Dense FP8 training runs: predicted vs published throughput, and the FP8 GEMM efficiency.
+
+Rows: benchmarks/data/dense_fp8_runs.csv, dense decoders trained in FP8 with Megatron-Core /
+Transformer Engine and published by NVIDIA with their configuration and measured tokens per second
+per GPU: the Megatron-Bridge performance summary (docs/performance-summary.md, 25.11 container:
+Llama 3 8B / 70B and Llama 3.1 405B on H100, B200, GB200 and GB300, FP8 current scaling and MXFP8)
+and NeMo's (docs/source/performance/performance_summary.md, NeMo 24.07: GPT-3 175B, Llama 2 7B /
+13B / 70B, Llama 3 8B / 70B on H100, FP8 delayed scaling).
+
+Each row is priced at its published configuration: tp, pp, vpp (interleaved schedule), cp, the data
+parallelism the GPU count leaves, micro-batch, sequence parallelism with tp > 1, the distributed
+optimizer (ZeRO-1; ZeRO-3 on the rows published with FSDP), engine ``megatron-core`` with the
+row's FP8 recipe. Recomputation, which the tables do not give, is the search's choice. Device
+memory is not checked (the time of the published configuration is compared).
+
+One constant is fitted here, on the even-numbered rows (the odd rows are held out and their error
+printed apart): ``DeviceSpec.fp8_matmul_efficiency``, the share of the FP8 peak that FP8 GEMMs
+sustain in training, shared by every device (costmodels.hardware.FP8_MATMUL_EFFICIENCY holds the
+value this benchmark printed). Isolated FP8 GEMMs reach about 70% of the FP8 peak, as bf16 ones
+do of theirs; whole training steps do not, and this figure says how far, with what it includes
+(power and clock limits at the FP8 rate, per-tensor scaling in the GEMM epilogue). The long-
+sequence, MoE and torchtitan Float8 runs (benchmarks/long_context_runs.py, moe_runs.py,
+torchtitan_runs.py) are a held-out check of the same constant.
+
+Usage:  python benchmarks/dense_fp8_runs.py [--markdown] [--efficiency X]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from costmodels.engine import engine_from_mapping  # noqa: E402
+from costmodels.hardware import FP8_MATMUL_EFFICIENCY  # noqa: E402
+from planner import SearchOptions, TrainingSpec, load_cluster, plan_prepared, prepare  # noqa: E402
+from planner.options import parse_fix  # noqa: E402
+from tables import print_errors, print_table  # noqa: E402
+
+DATA = os.path.join(HERE, "data", "dense_fp8_runs.csv")
+GPT3_VOCAB = 51200
+LLAMA2 = {"model_type": "llama", "vocab_size": 32000, "max_position_embeddings": 4096,
+          "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+MODELS = {
+    "LLAMA3-8B": "llama3-8b", "LLAMA3-70B": "llama3-70b", "LLAMA3.1-405B": "llama3-405b",
+    "GPT3-175B": "gpt3-175b",
+    # Touvron et al. 2023, "Llama 2", Table 1 and the released config.json files
+    "LLAMA2-7B": {**LLAMA2, "num_hidden_layers": 32, "hidden_size": 4096,
+                  "intermediate_size": 11008, "num_attention_heads": 32, "num_key_value_heads": 32},
+    "LLAMA2-13B": {**LLAMA2, "num_hidden_layers": 40, "hidden_size": 5120,
+                   "intermediate_size": 13824, "num_attention_heads": 40,
+                   "num_key_value_heads": 40},
+    "LLAMA2-70B": {**LLAMA2, "num_hidden_layers": 80, "hidden_size": 8192,
+                   "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8},
+}
+DEVICES = {"H100": ("dgx-h100", 8), "B200": ("dgx-b200", 8), "GB200": ("gb200-nvl72", 64),
+           "GB300": ("gb300-nvl72", 64)}
+"""GPU column -> (cluster preset, GPUs per NVLink domain the runs use)."""
+RECIPES = {"FP8-CS": "current", "FP8-MX": "block", "FP8": "delayed"}
+"""Precision column -> Transformer Engine recipe (NeMo 24.07's FP8 is its default, delayed)."""
+GENERATION = {"H100": "Hopper", "B200": "Blackwell", "GB200": "Blackwell", "GB300": "Blackwell"}
+BIG = 1e15
+"""Device memory (bytes) while pricing the published configuration: its time, not its fit."""
+
+
+def load_rows() -> list[dict]:
+    with open(DATA, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for i, r in enumerate(rows):
+        r["index"] = i
+    return rows
+
+
+def model_of(r: dict, folder: str):
+    spec = MODELS[r["model"]]
+    if isinstance(spec, str):
+        return spec
+    path = os.path.join(folder, f"{r['model'].lower()}.json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    return path
+
+
+def cluster_of(r: dict, efficiency: float):
+    preset, per_domain = DEVICES[r["gpu"]]
+    gpus = int(r["gpus"])
+    gpn = min(gpus, per_domain)
+    cluster = load_cluster(preset, nodes=gpus // gpn, gpus_per_node=gpn)
+    return dataclasses.replace(cluster, device=dataclasses.replace(
+        cluster.device, memory_bytes=BIG, fp8_matmul_efficiency=efficiency))
+
+
+def published_fix(r: dict) -> str:
+    tp, pp, cp, vp = (int(r[k]) for k in ("tp", "pp", "cp", "vp"))
+    dp = int(r["gpus"]) // (tp * pp * cp)
+    pins = [f"tp={tp}", f"pp={pp}", f"cp={cp}", f"dp={dp}", f"micro_batch={int(r['mbs'])}",
+            f"zero={3 if r['fsdp'] == '1' else 1}",
+            f"sequence_parallel={'true' if tp > 1 else 'false'}"]
+    if pp > 1:
+        pins.append("schedule=interleaved-1f1b" if vp > 1 else "schedule=1f1b")
+        pins.append(f"vpp={vp}")
+    return ",".join(pins)
+
+
+def predict(r: dict, prepared, efficiency: float):
+    training = TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype="fp8",
+                            optimizer="adam", engine=engine_from_mapping(
+                                f"megatron-core,fp8_recipe={RECIPES[r['precision']]}"))
+    options = SearchOptions(fix=parse_fix(published_fix(r)), top_k=0)
+    return plan_prepared(prepared, cluster_of(r, efficiency), training, options)
+
+
+def error(r: dict, prepared, efficiency: float) -> float:
+    p = predict(r, prepared, efficiency)
+    return p.predicted["tokens_per_s"] / int(r["gpus"]) / float(r["tokens_per_s_per_gpu"]) - 1
+
+
+def fit(rows: list[dict], prepared: dict) -> float:
+    """The efficiency minimizing the median |error| over ``rows``: 0.30..0.80 in steps of 0.05,
+    then 0.01 around the best."""
+    def cost(e: float) -> float:
+        return statistics.median(abs(error(r, prepared[r["model"], r["seq_len"]], e))
+                                 for r in rows)
+
+    coarse = min((0.30 + 0.05 * i for i in range(11)), key=cost)
+    return round(min((coarse - 0.04 + 0.01 * i for i in range(9)), key=cost), 2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--efficiency", type=float,
+                    help="price every row at this FP8 GEMM efficiency instead of fitting one")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    t0 = time.perf_counter()
+    rows = load_rows()
+    prepared = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for r in rows:
+            key = r["model"], r["seq_len"]
+            if key not in prepared:
+                prepared[key] = prepare(model_of(r, folder), seq_len=int(r["seq_len"]),
+                                        dtype="fp8", cache_dir=None)
+    fit_rows = [r for r in rows if r["index"] % 2 == 0]
+    efficiency = args.efficiency if args.efficiency is not None else fit(fit_rows, prepared)
+    how = "given" if args.efficiency is not None else "fitted on the even rows"
+    print(f"FP8 GEMM efficiency: {efficiency:.2f} of the FP8 peak ({how}; the cost model's "
+          f"default is {FP8_MATMUL_EFFICIENCY:.2f})\n")
+    lines, errors = [], {}
+    for r in rows:
+        p = predict(r, prepared[r["model"], r["seq_len"]], efficiency)
+        tok = p.predicted["tokens_per_s"] / int(r["gpus"])
+        err = tok / float(r["tokens_per_s_per_gpu"]) - 1
+        held = r["index"] % 2 == 1 or args.efficiency is not None
+        label = "held out" if r["index"] % 2 else "fit"
+        errors.setdefault((label, GENERATION[r["gpu"]]), []).append(err)
+        bd = p.predicted["breakdown"]
+        part = max(bd, key=bd.get)
+        lines.append([str(r["index"]), r["model"], r["gpu"], r["gpus"], r["precision"],
+                      f"{r['tp']}/{r['pp']}/{r['vp']}/{r['cp']}", f"{r['mbs']}/{r['gbs']}",
+                      r["seq_len"], r["tokens_per_s_per_gpu"], f"{tok:.0f}", f"{100 * err:+.1f}%",
+                      label if not held or r["index"] % 2 else "fit",
+                      f"{part} {100 * bd[part] / p.step_time_s:.0f}%"])
+    print_table(["#", "model", "gpu", "gpus", "precision", "tp/pp/vp/cp", "mbs/gbs", "seq",
+                 "published tok/s/GPU", "predicted", "error", "set", "largest part"], lines,
+                args.markdown)
+    print()
+    for label in ("held out", "fit"):
+        by_gen = {gen: errs for (lab, gen), errs in errors.items() if lab == label}
+        print_errors(by_gen, args.markdown, label=f"{label} rows ")
+    print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
