@@ -15,7 +15,9 @@ with tp > 1, the distributed optimizer (ZeRO-1), FP8 GEMMs with delayed scaling 
 Engine's default recipe in those NeMo releases); the K/V exchange form and recomputation are the
 search's choice (NeMo's default exchange is the p2p ring). Device memory is not checked (the
 time of the published configuration is compared); whether the planner thinks it fits is printed.
-Nothing is fitted: every constant is the cost model's (data sheets, documented efficiencies).
+Nothing is fitted here: every constant is the cost model's (data sheets, documented efficiencies;
+the share of the FP8 peak that FP8 GEMMs sustain was fitted on other runs, benchmarks/
+dense_fp8_runs.py, so these rows are held out for it).
 
 Also: the free search (same model, cluster, batch and precision, nothing pinned) against the
 published configuration under the planner's own model, with the knobs that changed.

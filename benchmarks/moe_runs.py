@@ -22,7 +22,8 @@ One constant is fitted, on the even-numbered rows only (the odd rows are held ou
 printed apart): the engine's host time per op (EngineSpec.host_op_s), which dropless dispatch
 exposes in every MoE layer (the host waits for the device's token counts, then issues the layer's
 ops while the device waits). Every other constant is the cost model's (data sheets, documented
-efficiencies).
+efficiencies; the share of the FP8 peak that FP8 GEMMs sustain was fitted on dense runs,
+benchmarks/dense_fp8_runs.py, so these rows are held out for it).
 The "(w/ MTP)" row is priced without the multi-token-prediction layer (the zoo's DeepSeek-V3 has
 none; one extra layer of 61, about +2% of the work), noted in its row.
 

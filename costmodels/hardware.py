@@ -335,6 +335,21 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
     )
 
 
+def device_mapping(d: DeviceSpec) -> dict:
+    """The YAML mapping ``device_from_mapping`` reads back into ``d`` (the fields YAML can set;
+    measured tables do not travel)."""
+    out = {"name": d.name, "memory_GB": d.memory_bytes / GB,
+           "peak_TFLOPs": {k: v / TERA for k, v in sorted(d.peak_flops.items())},
+           "hbm_GBps": d.hbm_bytes_per_s / GB, "sm_count": d.sm_count}
+    for key in ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency",
+                "attention_efficiency", "attention_bwd_efficiency", "flash2_efficiency",
+                "flash2_bwd_efficiency", "description"):
+        value = getattr(d, key)
+        if value is not None and value != "":
+            out[key] = value
+    return out
+
+
 def get_device(name_or_mapping, where: str = "device") -> DeviceSpec:
     """A preset by name, or a mapping; unknown names get close suggestions."""
     if isinstance(name_or_mapping, Mapping):
@@ -377,5 +392,6 @@ def _fraction(value, where: str) -> float:
     return x
 
 
-__all__ = ["DeviceSpec", "DEVICES", "DTYPE_BYTES", "get_device", "device_from_mapping", "suggest",
+__all__ = ["DeviceSpec", "DEVICES", "DTYPE_BYTES", "get_device", "device_from_mapping",
+           "device_mapping", "suggest",
            "GB", "TERA"]

@@ -51,8 +51,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from costmodels.errors import SpecError
-from costmodels.hardware import (DEVICES, GB, LARGEST, TERA, DeviceSpec, _fraction, _positive,
-                                 get_device, suggest)
+from costmodels.hardware import (DEVICES, GB, LARGEST, DeviceSpec, _fraction, _positive,
+                                 device_mapping, get_device, suggest)
 
 US = 1e-6
 
@@ -135,11 +135,7 @@ class Cluster:
         device by name; any other device as its mapping, which holds the fields YAML can set)."""
         d = self.device
         preset = DEVICES.get(d.name)
-        device = d.name if preset == d else {
-            "name": d.name, "memory_GB": d.memory_bytes / GB,
-            "peak_TFLOPs": {k: v / TERA for k, v in sorted(d.peak_flops.items())},
-            "hbm_GBps": d.hbm_bytes_per_s / GB, "matmul_efficiency": d.matmul_efficiency,
-            "memory_efficiency": d.memory_efficiency}
+        device = d.name if preset == d else device_mapping(d)
         return {"name": self.name, "device": device, "nodes": self.nodes,
                 "gpus_per_node": self.gpus_per_node, "intra_node": _link_mapping(self.intra_node),
                 "inter_node": _link_mapping(self.inter_node),

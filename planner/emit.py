@@ -105,7 +105,9 @@ def _fp8_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec
     return {"fp8": {
         "recipe": training.engine.fp8_recipe,
         "gemm_peak_tflops": cluster.device.peak("fp8") / 1e12,
+        "gemm_efficiency": cluster.device.gemm_efficiency("fp8"),
         "bf16_peak_tflops": cluster.device.peak("bf16") / 1e12,
+        "bf16_gemm_efficiency": cluster.device.gemm_efficiency("bf16"),
         "weight_copy_bytes": copies,
         "bf16_step_time_s": bf16.step_time_s,
         "bf16_peak_memory_bytes": bf16.peak_memory_bytes,

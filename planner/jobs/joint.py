@@ -16,8 +16,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, fields
 
-from costmodels.hardware import GB, TERA
-from costmodels.topology import US, Cluster
+from costmodels.topology import Cluster
 from planner.errors import InfeasibleError, SpecError
 from planner.files import atomic_write, read_json_object
 from planner.inputs.clusters import load_cluster
@@ -184,7 +183,7 @@ def document(cluster: Cluster, jobs: list[JobSpec], tables: dict, result: JobSch
         records.append(rec)
     return clean({
         "schema": SCHEMA_ID,
-        "cluster": {**cluster.summary(), "spec": cluster_mapping(cluster)},
+        "cluster": {**cluster.summary(), "spec": cluster.to_mapping()},
         "now_s": now_s, "done": done, "objective": result.objective,
         "solve": {"status": result.status, "objective": result.objective_value,
                   "bound": result.bound, "gap": result.gap, "time_unit_s": result.time_unit_s,
@@ -218,20 +217,3 @@ def load_schedule(path: str) -> dict:
         raise SpecError(f"replan: '{path}' is not a {SCHEMA_ID} schedule; write one with "
                         "`plan jobs -o`")
     return doc
-
-
-def cluster_mapping(c: Cluster) -> dict:
-    """A Cluster in the YAML form load_cluster reads back."""
-    d = c.device
-
-    def link(spec):
-        return {"bandwidth_GBps": spec.bandwidth_bytes_per_s / GB,
-                "latency_us": spec.latency_s / US, "efficiency": spec.efficiency,
-                "name": spec.name}
-
-    device = {"name": d.name, "memory_GB": d.memory_bytes / GB,
-              "peak_TFLOPs": {k: v / TERA for k, v in sorted(d.peak_flops.items())},
-              "hbm_GBps": d.hbm_bytes_per_s / GB, "matmul_efficiency": d.matmul_efficiency,
-              "memory_efficiency": d.memory_efficiency}
-    return {"name": c.name, "device": device, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
-            "intra_node": link(c.intra_node), "inter_node": link(c.inter_node)}

@@ -55,3 +55,15 @@ def test_device_mapping_in_yaml():
     assert c.device.peak("bf16") == 400e12 and c.device.memory_bytes == 64e9
     with pytest.raises(SpecError, match=r"device\.peak_TFLOPs\.int8"):
         cluster_from_mapping({**spec, "device": {**spec["device"], "peak_TFLOPs": {"int8": 1}}})
+
+
+def test_a_custom_device_survives_its_yaml_form():
+    from costmodels.hardware import device_from_mapping, device_mapping
+
+    spec = {"name": "x", "memory_GB": 96, "hbm_GBps": 2400, "sm_count": 132,
+            "peak_TFLOPs": {"bf16": 886, "fp8": 1772}, "fp8_matmul_efficiency": 0.6,
+            "attention_efficiency": 0.5, "attention_bwd_efficiency": 0.4,
+            "flash2_efficiency": 0.3, "flash2_bwd_efficiency": 0.25}
+    d = device_from_mapping(spec)
+    assert device_from_mapping(device_mapping(d)) == d
+    assert device_mapping(d)["attention_bwd_efficiency"] == 0.4

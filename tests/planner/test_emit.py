@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from costmodels.hardware import FP8_MATMUL_EFFICIENCY
 from planner import SearchOptions, TrainingSpec, load_cluster
 from planner.emit import FLOPS_COUNTED, check_predictions
 from planner.errors import InternalError
@@ -64,9 +65,11 @@ def test_an_fp8_plan_says_what_fp8_changed(tiny_llama):
     plan = planner.plan_prepared(tiny_llama, cluster, training, planner.SearchOptions(top_k=0))
     f = plan.predicted["fp8"]
     assert f["recipe"] == "current" and f["gemm_peak_tflops"] == 1979
+    assert f["gemm_efficiency"] == FP8_MATMUL_EFFICIENCY and f["bf16_gemm_efficiency"] == 0.70
     assert f["bf16_step_time_s"] > 0 and f["weight_copy_bytes"] > 0
     text = summary(plan)
-    assert "weight GEMMs at the fp8 peak" in text and "in bf16 this plan would take" in text
+    assert "weight GEMMs on fp8 tensor cores (1,979 TFLOP/s peak, 52% sustained" in text
+    assert "in bf16 this plan would take" in text
     # the summary gives the ratio; on a 2.7M-parameter model it may fall below 1 (GEMMs too
     # small for fp8 to pay for its casts)
     assert f"({f['bf16_step_time_s'] / plan.step_time_s:.2f}x)" in text
