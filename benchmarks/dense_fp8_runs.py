@@ -28,8 +28,6 @@ Usage:  python benchmarks/dense_fp8_runs.py [--markdown] [--efficiency X]
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
 import json
 import logging
 import os
@@ -43,8 +41,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from costmodels.engine import engine_from_mapping  # noqa: E402
 from costmodels.hardware import FP8_MATMUL_EFFICIENCY  # noqa: E402
-from planner import SearchOptions, TrainingSpec, load_cluster, plan_prepared, prepare  # noqa: E402
+from planner import SearchOptions, TrainingSpec, plan_prepared, prepare  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
+from published import BIG, nvidia_cluster, read_rows  # noqa: E402
 from tables import print_errors, print_table  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "dense_fp8_runs.csv")
@@ -63,22 +62,9 @@ MODELS = {
     "LLAMA2-70B": {**LLAMA2, "num_hidden_layers": 80, "hidden_size": 8192,
                    "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8},
 }
-DEVICES = {"H100": ("dgx-h100", 8), "B200": ("dgx-b200", 8), "GB200": ("gb200-nvl72", 64),
-           "GB300": ("gb300-nvl72", 64)}
-"""GPU column -> (cluster preset, GPUs per NVLink domain the runs use)."""
 RECIPES = {"FP8-CS": "current", "FP8-MX": "block", "FP8": "delayed"}
 """Precision column -> Transformer Engine recipe (NeMo 24.07's FP8 is its default, delayed)."""
 GENERATION = {"H100": "Hopper", "B200": "Blackwell", "GB200": "Blackwell", "GB300": "Blackwell"}
-BIG = 1e15
-"""Device memory (bytes) while pricing the published configuration: its time, not its fit."""
-
-
-def load_rows() -> list[dict]:
-    with open(DATA, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for i, r in enumerate(rows):
-        r["index"] = i
-    return rows
 
 
 def model_of(r: dict, folder: str):
@@ -92,12 +78,7 @@ def model_of(r: dict, folder: str):
 
 
 def cluster_of(r: dict, efficiency: float):
-    preset, per_domain = DEVICES[r["gpu"]]
-    gpus = int(r["gpus"])
-    gpn = min(gpus, per_domain)
-    cluster = load_cluster(preset, nodes=gpus // gpn, gpus_per_node=gpn)
-    return dataclasses.replace(cluster, device=dataclasses.replace(
-        cluster.device, memory_bytes=BIG, fp8_matmul_efficiency=efficiency))
+    return nvidia_cluster(r["gpu"], int(r["gpus"]), BIG, fp8_matmul_efficiency=efficiency)
 
 
 def published_fix(r: dict) -> str:
@@ -144,7 +125,7 @@ def main() -> int:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     t0 = time.perf_counter()
-    rows = load_rows()
+    rows = read_rows(DATA)
     prepared = {}
     with tempfile.TemporaryDirectory() as folder:
         for r in rows:
@@ -162,7 +143,6 @@ def main() -> int:
         p = predict(r, prepared[r["model"], r["seq_len"]], efficiency)
         tok = p.predicted["tokens_per_s"] / int(r["gpus"])
         err = tok / float(r["tokens_per_s_per_gpu"]) - 1
-        held = r["index"] % 2 == 1 or args.efficiency is not None
         label = "held out" if r["index"] % 2 else "fit"
         errors.setdefault((label, GENERATION[r["gpu"]]), []).append(err)
         bd = p.predicted["breakdown"]
@@ -170,7 +150,7 @@ def main() -> int:
         lines.append([str(r["index"]), r["model"], r["gpu"], r["gpus"], r["precision"],
                       f"{r['tp']}/{r['pp']}/{r['vp']}/{r['cp']}", f"{r['mbs']}/{r['gbs']}",
                       r["seq_len"], r["tokens_per_s_per_gpu"], f"{tok:.0f}", f"{100 * err:+.1f}%",
-                      label if not held or r["index"] % 2 else "fit",
+                      label,
                       f"{part} {100 * bd[part] / p.step_time_s:.0f}%"])
     print_table(["#", "model", "gpu", "gpus", "precision", "tp/pp/vp/cp", "mbs/gbs", "seq",
                  "published tok/s/GPU", "predicted", "error", "set", "largest part"], lines,

@@ -28,7 +28,6 @@ Usage:  python benchmarks/long_context_runs.py [--rows N,M,...] [--no-search] [-
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import logging
@@ -44,6 +43,7 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, load_cluster,  # noqa: E402
                      plan_prepared, prepare)
 from planner.options import parse_fix  # noqa: E402
+from published import BIG, read_rows  # noqa: E402
 from tables import SEARCH_HEAD, print_errors, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "long_context_runs.csv")
@@ -54,15 +54,11 @@ LLAMA2_7B = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096
 DIMS = {"LLAMA2-7B": dict(layers=32, hidden=4096, heads=32, groups=32, ffn=11008, vocab=32000),
         "LLAMA3-8B": dict(layers=32, hidden=4096, heads=32, groups=8, ffn=14336, vocab=128256)}
 CLUSTERS = {"H100 (DGX)": "dgx-h100", "B200 (DGX)": "dgx-b200"}
-BIG = 1e15
-"""Device memory (bytes) while pricing the published configuration: its time, not its fit."""
 
 
 def load_rows() -> list[dict]:
-    with open(DATA, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for i, r in enumerate(rows):
-        r["index"] = i
+    rows = read_rows(DATA)
+    for r in rows:
         d = DIMS[r["model"]]
         b, s = int(r["gbs"]), int(r["seq_len"])
         flops = b * s * d["layers"] * d["hidden"] ** 2 * (

@@ -36,8 +36,6 @@ Usage:  python benchmarks/moe_runs.py [--rows N,M,...] [--no-search] [--markdown
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
 import logging
 import os
 import statistics
@@ -48,30 +46,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from costmodels.engine import engine_from_mapping  # noqa: E402
-from planner import (InfeasibleError, SearchOptions, TrainingSpec, load_cluster,  # noqa: E402
-                     plan_prepared, prepare)
+from planner import (InfeasibleError, SearchOptions, TrainingSpec, plan_prepared,  # noqa: E402
+                     prepare)
 from planner.options import parse_fix  # noqa: E402
+from published import BIG, nvidia_cluster, read_rows  # noqa: E402
 from tables import SEARCH_HEAD, print_errors, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "moe_runs.csv")
 MODELS = {"DeepSeekV3": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b",
           "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b"}
-DEVICES = {"H100": ("dgx-h100", 8), "B200": ("dgx-b200", 8), "GB200": ("gb200-nvl72", 64),
-           "GB300": ("gb300-nvl72", 64)}
-"""GPU column -> (cluster preset, GPUs per NVLink domain the runs use)."""
 PRECISION = {"BF16": ("bf16", "current"), "FP8-CS": ("fp8", "current"),
              "FP8-MX": ("fp8", "block"), "FP8 (per-tensor current scaling)": ("fp8", "current"),
              "FP8": ("fp8", "current")}
 """Precision column -> (dtype, FP8 recipe)."""
-BIG = 1e15
-"""Device memory (bytes) while pricing the published configuration: its time, not its fit."""
 
 
 def load_rows() -> list[dict]:
-    with open(DATA, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for i, r in enumerate(rows):
-        r["index"] = i
+    rows = read_rows(DATA)
+    for r in rows:
         base = r["model"].split(" (")[0]
         r["zoo"] = MODELS[base]
         r["variant"] = r["model"][len(base):].strip(" ()")
@@ -79,14 +71,7 @@ def load_rows() -> list[dict]:
 
 
 def cluster_of(r: dict, memory: float | None = None):
-    preset, per_domain = DEVICES[r["gpu"]]
-    gpus = int(r["gpus"])
-    gpn = min(gpus, per_domain)
-    cluster = load_cluster(preset, nodes=gpus // gpn, gpus_per_node=gpn)
-    if memory is not None:
-        cluster = dataclasses.replace(cluster, device=dataclasses.replace(
-            cluster.device, memory_bytes=memory))
-    return cluster
+    return nvidia_cluster(r["gpu"], int(r["gpus"]), memory)
 
 
 def training_of(r: dict, host_op_s: float = 0.0) -> TrainingSpec:

@@ -1,0 +1,38 @@
+"""Published runs: their rows as read from a CSV, and the clusters they ran on."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+from planner import load_cluster
+
+BIG = 1e15
+"""Device memory (bytes) while pricing a published configuration: its time, not its fit."""
+NVIDIA_SYSTEMS = {"H100": ("dgx-h100", 8), "B200": ("dgx-b200", 8),
+                  "GB200": ("gb200-nvl72", 64), "GB300": ("gb300-nvl72", 64)}
+"""GPU column of NVIDIA's performance summaries -> (cluster preset, GPUs per NVLink domain the
+runs use: 8 on DGX nodes; 64 of an NVL72 rack, so 256 GPUs are 4 domains and 8 one tray group)."""
+
+
+def read_rows(path: str) -> list[dict]:
+    """The CSV's rows as dicts, each with its 0-based ``index``."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for i, r in enumerate(rows):
+        r["index"] = i
+    return rows
+
+
+def nvidia_cluster(gpu: str, gpus: int, memory: float | None = None, **device):
+    """The cluster a run of ``gpus`` GPUs of kind ``gpu`` (NVIDIA_SYSTEMS) used; ``memory``
+    (bytes) and ``device`` fields replace the device's."""
+    preset, per_domain = NVIDIA_SYSTEMS[gpu]
+    gpn = min(gpus, per_domain)
+    cluster = load_cluster(preset, nodes=gpus // gpn, gpus_per_node=gpn)
+    if memory is not None:
+        device["memory_bytes"] = memory
+    if device:
+        cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device,
+                                                                          **device))
+    return cluster
