@@ -82,6 +82,15 @@ training (Transformer Engine style) runs GEMMs on FP8 operands but keeps weights
 gradients in bf16 (costmodels.precision says what changes)."""
 
 
+FP8_MATMUL_EFFICIENCY = 0.52
+"""Share of the FP8 peak that FP8 GEMMs sustain in training, every device: fitted on the even rows
+of 22 published dense FP8 runs (Megatron-Core / Transformer Engine on H100, B200, GB200 and
+GB300; benchmarks/dense_fp8_runs.py), held-out median error 7.8%. Isolated FP8 GEMMs reach about
+70% of the FP8 peak as bf16 ones do of theirs; in whole steps FP8 GEMMs run about 1.5x the bf16
+GEMM rate, not 2x (power and clock limits at the FP8 rate, scaling in the GEMM epilogue), the
+range of the end-to-end FP8 speedups published for dense models (torchao: 1.25-1.5x)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeviceSpec:
     """One accelerator (or CPU) as the cost model sees it."""
@@ -100,9 +109,9 @@ class DeviceSpec:
     benchmarks reach 80-87% on A100/H100; 0.70 is the one constant fitted to Megatron-LM's published
     runs (benchmarks/megatron_table1.py: fitted on 5 rows, 3.4% median error on the 5 held out),
     which includes clock throttling under sustained load."""
-    fp8_matmul_efficiency: float | None = None
-    """Fraction of the FP8 peak that FP8 GEMMs sustain in training (None: FP8_MATMUL_EFFICIENCY
-    on GPUs; a measured GEMM table replaces both)."""
+    fp8_matmul_efficiency: float = FP8_MATMUL_EFFICIENCY
+    """Fraction of the FP8 peak that FP8 GEMMs sustain in training (a measured GEMM table
+    replaces it, as it does ``matmul_efficiency``)."""
     memory_efficiency: float = 0.80
     """Fraction of memory bandwidth that element-wise kernels reach (dimensionless)."""
     grouped_gemm_efficiency: float = 1.0
@@ -179,10 +188,7 @@ class DeviceSpec:
 
     def gemm_efficiency(self, dtype: str) -> float:
         """Fraction of ``dtype``'s peak that large GEMMs sustain in training."""
-        if dtype == "fp8":
-            return (FP8_MATMUL_EFFICIENCY if self.fp8_matmul_efficiency is None
-                    else self.fp8_matmul_efficiency)
-        return self.matmul_efficiency
+        return self.fp8_matmul_efficiency if dtype == "fp8" else self.matmul_efficiency
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; raises SpecError when the device lacks it."""
@@ -198,15 +204,6 @@ class DeviceSpec:
 ATTENTION_KINDS = ("causal_fwd", "causal_bwd", "full_fwd", "full_bwd")
 """The tables of ``DeviceSpec.attention_table`` per dtype: causal and unmasked calls, forward
 and backward."""
-
-
-FP8_MATMUL_EFFICIENCY = 0.52
-"""Share of the FP8 peak that FP8 GEMMs sustain in training, every device: fitted on the even rows
-of 22 published dense FP8 runs (Megatron-Core / Transformer Engine on H100, B200, GB200 and
-GB300; benchmarks/dense_fp8_runs.py), held-out median error 7.8%. Isolated FP8 GEMMs reach about
-70% of the FP8 peak as bf16 ones do of theirs; in whole steps FP8 GEMMs run about 1.5x the bf16
-GEMM rate, not 2x (power and clock limits at the FP8 rate, scaling in the GEMM epilogue), the
-range of the end-to-end FP8 speedups published for dense models (torchao: 1.25-1.5x)."""
 
 
 V100_GEMM_EFFICIENCY = 0.31
