@@ -282,6 +282,15 @@ def fused_attention_efficiency(device: DeviceSpec, engine: EngineSpec) -> tuple[
     return fwd, device.attention_bwd_efficiency or fwd
 
 
+def fused_attention_s(flops: float, device: DeviceSpec, dtype: str,
+                      engine: EngineSpec) -> tuple[float, float]:
+    """(forward, backward) seconds of fused attention doing ``flops`` of forward work; its
+    backward does FLASH_BACKWARD_FACTOR times as much, each pass at its own share of peak."""
+    f_eff, b_eff = fused_attention_efficiency(device, engine)
+    peak = device.peak(dtype)
+    return flops / (peak * f_eff), FLASH_BACKWARD_FACTOR * flops / (peak * b_eff)
+
+
 def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
                      micro_batch: int, tp: int) -> tuple[float, float]:
     """(forward, backward) seconds of the block's fused attention ops."""
@@ -294,10 +303,8 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
                                     flops / max(work.fused_attn_calls, 1.0),
                                     device.attention_table[dtype])
     if engine.attention in FUSED_ATTENTION:
-        work_flops = flops - CAUSAL_SKIP * share * work.attn_causal_flops
-        f_eff, b_eff = fused_attention_efficiency(device, engine)
-        peak = device.peak(dtype)
-        return work_flops / (peak * f_eff), FLASH_BACKWARD_FACTOR * work_flops / (peak * b_eff)
+        return fused_attention_s(flops - CAUSAL_SKIP * share * work.attn_causal_flops, device,
+                                 dtype, engine)
     rate = device.peak(dtype) * device.matmul_efficiency
     word = DTYPE_BYTES[dtype]
     scores = share * work.attn_scores
@@ -404,10 +411,8 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         experts=experts)
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
     if eager_flops:  # eager attention cores, run as fused kernels
-        f_eff, b_eff = fused_attention_efficiency(device, engine)
-        peak = device.peak(core)
-        attn_f += eager_flops / (peak * f_eff)
-        attn_b += FLASH_BACKWARD_FACTOR * eager_flops / (peak * b_eff)
+        eager_f, eager_b = fused_attention_s(eager_flops, device, core, engine)
+        attn_f, attn_b = attn_f + eager_f, attn_b + eager_b
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp)
     fwd_s = gemm_f + attn_f + mem_f
     bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f

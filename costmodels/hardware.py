@@ -106,7 +106,7 @@ class DeviceSpec:
     """Memory bandwidth in bytes/s."""
     matmul_efficiency: float = 0.70
     """Fraction of peak FLOP/s that large GEMMs sustain in training (dimensionless). Isolated GEMM
-    benchmarks reach 80-87% on A100/H100; 0.70 is the one constant fitted to Megatron-LM's published
+    benchmarks reach 80-87% on A100/H100; 0.70 is fitted to Megatron-LM's published A100
     runs (benchmarks/megatron_table1.py: fitted on 5 rows, 3.4% median error on the 5 held out),
     which includes clock throttling under sustained load."""
     fp8_matmul_efficiency: float = FP8_MATMUL_EFFICIENCY
