@@ -66,8 +66,6 @@ class BlockTime:
     """The part of ``fwd_s`` in attention cores (what context parallelism's ring hides K/V
     exchange behind)."""
     attn_bwd_s: float = 0.0
-    expert_s: float = 0.0
-    """Forward + backward seconds of the routed experts' GEMMs."""
     op_recompute_s: float = 0.0
     """What op-level checkpointing recomputes: every other weight GEMM and the memory-bound ops,
     not attention."""
@@ -224,14 +222,14 @@ def split_gemm(g: Gemm, *, micro_batch: float, tp: int, sp: bool,
 
 def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, tp: int,
                  sp: bool, fused_attention: bool = False, experts: Experts = DENSE
-                 ) -> tuple[float, float, float, float, float]:
-    """(forward, backward, attention-matmul forward, fused-away attention FLOPs, routed-expert
-    forward + backward) of a block's GEMMs. The backward runs the gradient GEMMs the operands
+                 ) -> tuple[float, float, float, float]:
+    """(forward, backward, attention-matmul forward, fused-away attention FLOPs) of a block's
+    GEMMs. The backward runs the gradient GEMMs the operands
     need: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n). With
     ``fused_attention`` the GEMMs of eager attention cores are left out and their forward FLOPs
     returned instead. Local experts run as one grouped GEMM (a batch of per-expert products,
     whose waves the experts share) or, without grouping, one GEMM per expert."""
-    fwd = bwd = attn = fused = expert = 0.0
+    fwd = bwd = attn = fused = 0.0
     for g in gemms:
         b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         if g.attention and fused_attention:
@@ -250,9 +248,7 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
         bwd += back
         if not g.linear:
             attn += f
-        if g.experts:
-            expert += f + back
-    return fwd, bwd, attn, fused, expert
+    return fwd, bwd, attn, fused
 
 
 def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp: int,
@@ -406,7 +402,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     flash = engine.attention in FUSED_ATTENTION
     core = precision.core_dtype(dtype)  # attention, norms and element-wise stay 16-bit under fp8
     micro_batch = micro_batch / cp
-    gemm_f, gemm_b, gemm_attn, eager_flops, expert_s = gemms_time_s(
+    gemm_f, gemm_b, gemm_attn, eager_flops = gemms_time_s(
         work.gemms, device, dtype, micro_batch=micro_batch, tp=tp, sp=sp, fused_attention=flash,
         experts=experts)
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
@@ -429,7 +425,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s
     bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
-                   attn_bwd_s=attn_b, expert_s=expert_s,
+                   attn_bwd_s=attn_b,
                    op_recompute_s=(gemm_f - gemm_attn) * work.op_recompute_gemm_share + mem_f)
     return bt.recomputing(recompute)
 

@@ -52,13 +52,18 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
 
 def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, share: float,
                      ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
-                     recompute_full: bool, expert_s):
+                     recompute_full: bool, overlap_s):
     """Per block (numpy arrays over blocks): the dispatch and combine it exposes per micro-batch,
     forward and backward (full recomputation replays the forward's). ``dispatch_bytes`` and
     ``routed_tokens`` per sample (costmodels.workload.BlockWork); ``share``: samples' worth of
     tokens the rank holds (its 1/(tp x cp) of the micro-batch: MoE layers run
-    sequence-parallel); ``expert_s``: the experts' own compute, which an overlapped dispatch
-    (EngineSpec.moe_overlap) hides behind."""
+    sequence-parallel); ``overlap_s``: the block's forward + backward compute for one
+    micro-batch. With an overlapped dispatch (EngineSpec.moe_overlap) the engine runs one
+    micro-batch's forward next to another's backward (Megatron-Core's batch-level EP overlap,
+    "merging FWD-BWD passes of adjacent microbatches"; DeepSeek-V3's DualPipe pairs chunks the
+    same way), so each pass's all-to-alls run behind the other pass's compute: only what exceeds
+    that compute is exposed. This is the steady state; the pipeline's warm-up and cool-down
+    passes, which have no partner, are not counted apart."""
     layers = (dispatch_bytes > 0).astype(float)
     topk = np.where(routed_tokens > 0, routed_tokens / seq_len, 1.0)
     fwd = dispatch_s(engine.moe_dispatcher, copies_bytes=share * dispatch_bytes,
@@ -67,5 +72,5 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
                      layers=layers)
     total = fwd * ((2 if recompute_full else 1) + 1)
     if engine.moe_overlap:
-        total = np.maximum(0.0, total - expert_s)
+        total = np.maximum(0.0, total - overlap_s)
     return np.where(layers > 0, total, 0.0)

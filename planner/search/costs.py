@@ -96,9 +96,6 @@ class BlockCosts:
     also what its attention calls per chunk pair cost beyond one call (where attention was
     measured by call size: costmodels.compute.ring_attention_s) and, with eager kernels, its
     merges and chunk copies (costmodels.context.ring_merge_s)."""
-    expert_s: np.ndarray
-    """Routed experts' GEMMs (forward + backward; part of ``compute_s``): what an overlapped
-    dispatch can hide behind."""
     ep_comm_s: np.ndarray | None = None
     """Expert dispatch and combine with the ep group on the fewest nodes it can occupy (its
     members next to each other): the least it costs under any placement, for the bounds and the
@@ -204,9 +201,10 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         grad_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                           zero=0, dp=1, layout=engine.state_layout)["grads"]
         accumulate = vec([compute.accumulate_s(x * grad_b, cluster.device) for x in local.tolist()])
+    compute_s = vec([t.fwd_s + t.bwd_s for t in bt])
     return BlockCosts(
         fwd_s=vec([t.fwd_s for t in bt]),
-        compute_s=vec([t.fwd_s + t.bwd_s for t in bt]),
+        compute_s=compute_s,
         recompute_s=vec([t.recompute_s for t in bt]),
         tp_comm_s=vec(tp_s),
         act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
@@ -222,17 +220,16 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         accumulate_s=accumulate,
         expert_params_local=vec(w.expert_params / (ep * etp)),
         cp_comm_s=cp_s,
-        expert_s=vec([t.expert_s for t in bt]),
         ep_comm_s=_least_dispatch_s(ma, cluster, training, tp=tp, cp=cp, ep=ep, etp=etp,
                                     micro_batch=micro_batch, recompute=recompute,
-                                    expert_s=vec([t.expert_s for t in bt])),
+                                    overlap_s=compute_s),
         cp_comm=form,
     )
 
 
 def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int,
                       cp: int, ep: int, etp: int, micro_batch: int, recompute: str,
-                      expert_s: np.ndarray) -> np.ndarray | None:
+                      overlap_s: np.ndarray) -> np.ndarray | None:
     """Per block: expert dispatch and combine with the ep (and etp) group on consecutive ranks."""
     w = ma.work
     if ep * etp <= 1 or not np.any(w.dispatch_bytes):
@@ -242,7 +239,7 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
         training.engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
         seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
         ep_group=placement.group_shape(ep, etp, g), etp_group=placement.group_shape(etp, 1, g),
-        cluster=cluster, recompute_full=recompute == "full", expert_s=expert_s)
+        cluster=cluster, recompute_full=recompute == "full", overlap_s=overlap_s)
 
 
 def config_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,

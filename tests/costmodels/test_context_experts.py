@@ -107,8 +107,17 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
     per_block = experts.block_dispatch_s(
         engine, dispatch_bytes=np.array([0.0, copies]), routed_tokens=np.array([0.0, 4096 * 8]),
         seq_len=4096, share=1.0, ep=8, ep_group=NODE, etp_group=GroupShape(size=1, per_node=1),
-        cluster=CLUSTER, recompute_full=False, expert_s=np.zeros(2))
+        cluster=CLUSTER, recompute_full=False, overlap_s=np.zeros(2))
     assert per_block[0] == 0.0 and per_block[1] == pytest.approx(2 * one_node)  # fwd + bwd
+    # overlapped: each pass's all-to-alls run behind the paired micro-batch's compute
+    overlapped = engine_from_mapping("moe_overlap=true")
+    for compute_s, exposed in ((0.5 * one_node, 1.5 * one_node), (3 * one_node, 0.0)):
+        hidden = experts.block_dispatch_s(
+            overlapped, dispatch_bytes=np.array([0.0, copies]),
+            routed_tokens=np.array([0.0, 4096 * 8]), seq_len=4096, share=1.0, ep=8,
+            ep_group=NODE, etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER,
+            recompute_full=False, overlap_s=np.array([1.0, compute_s]))
+        assert hidden[0] == 0.0 and hidden[1] == pytest.approx(exposed)
 
 
 def test_moe_engine_settings_are_checked_and_load_follows_capacity():
