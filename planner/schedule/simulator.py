@@ -6,6 +6,9 @@ the same micro-batch, a backward the next stage's backward (the last stage start
 own forward) — plus the point-to-point time of the cut between the two stages when they sit on
 different ranks. Sends overlap compute (asynchronous send/recv, as in Megatron-LM and
 torch.distributed.pipelining), so p2p time delays the receiver but does not occupy either rank.
+It does occupy the link: the sends from one rank to another go one after another, in the order
+their actions end (activations one way, gradients the other, on full-duplex links), so a schedule
+that sends faster than the link carries waits for it (cross-site links, slow Ethernet).
 
 Memory: a stage allocates its activations for a micro-batch when the forward starts and releases
 them when that micro-batch's backward on the stage finishes (B under a B/W split, as the input
@@ -104,8 +107,8 @@ def simulate(actions: Sequence[Sequence[Action | str]], *, microbatches: int, fw
     if any(dur["W"]) and not any(k == "W" for acts in parsed for _, k, _ in acts):
         raise SpecError("wgrad_s: this schedule has no W actions; add the weight-gradient time "
                         "to bwd_s and pass wgrad_s=0")
-    steps = _compile(parsed, shape, dur, cut)
-    starts = _run(steps)
+    steps, sends = _compile(parsed, shape, dur, cut)
+    starts = _run(steps, sends)
     if any(len(st) < len(acts) for st, acts in zip(starts, parsed)):
         validate(parsed, stages=p, microbatches=microbatches, vpp=vpp,
                  bidirectional=bidirectional)  # raises, naming the deadlock
@@ -113,26 +116,37 @@ def simulate(actions: Sequence[Sequence[Action | str]], *, microbatches: int, fw
 
 
 def _compile(parsed, shape: Shape, dur: dict, cut: list[float]):
-    """Per rank, each action as (action, seconds, inputs), where inputs lists (stage, kind, p2p
-    seconds) of the actions on the same micro-batch it waits for (shared per stage and kind)."""
+    """(per rank, each action as (action, seconds, inputs); per (stage, kind), the sends its
+    result takes to other ranks). Inputs list (stage, kind, link) of the actions on the same
+    micro-batch it waits for, ``link`` the (sending rank, receiving rank) pair or None on the
+    same rank; sends list (link, p2p seconds)."""
     home = [shape.rank_of(s) for s in range(shape.num_ids)]
-    inputs, seconds = {}, {}
+    inputs, seconds, sends = {}, {}, {}
     for s in range(shape.num_ids):
         for kind in "FBW":
             seconds[s, kind] = dur[kind][shape.model_stage(s)]
-            inputs[s, kind] = tuple(
-                (ds, dk, 0.0 if home[ds] == home[s] else cut[min(s, ds) % shape.depth])
-                for ds, dk, _ in shape.deps(Action(s, kind, 0)))
-    return [[(act, seconds[act[:2]], inputs[act[:2]]) for act in acts] for acts in parsed]
+            deps = []
+            for ds, dk, _ in shape.deps(Action(s, kind, 0)):
+                link = None if home[ds] == home[s] else (home[ds], home[s])
+                if link is not None:
+                    sends.setdefault((ds, dk), {})[link] = cut[min(s, ds) % shape.depth]
+                deps.append((ds, dk, link))
+            inputs[s, kind] = tuple(deps)
+    steps = [[(act, seconds[act[:2]], inputs[act[:2]]) for act in acts] for acts in parsed]
+    return steps, {k: tuple(v.items()) for k, v in sends.items()}
 
 
-def _run(steps) -> list[list[float]]:
-    """The event loop: per rank, each action's start time. An action's end wakes the ranks
-    waiting for it and its own rank; a rank starts its next action once every input is in."""
+def _run(steps, sends) -> list[list[float]]:
+    """The event loop: per rank, each action's start time. An action's end puts its sends on
+    their links (each link carries one send at a time, in the order they were issued), wakes
+    the ranks waiting for it and its own rank; a rank starts its next action once every input
+    is in."""
     p = len(steps)
     starts: list[list[float]] = [[] for _ in range(p)]
     free = [0.0] * p
     done: dict[tuple, float] = {}
+    arrived: dict[tuple, float] = {}  # (stage, kind, micro-batch, link) -> arrival time
+    link_free: dict[tuple, float] = {}
     waiting: dict[tuple, list[int]] = {}
     events: list[tuple[float, int]] = []  # (end time, rank); a rank runs one action at a time
 
@@ -142,13 +156,15 @@ def _run(steps) -> list[list[float]]:
             return
         (_, _, mb), seconds, inputs = steps[r][k]
         t = free[r]
-        for stage, kind, hop in inputs:
+        for stage, kind, link in inputs:
             end = done.get((stage, kind, mb))
             if end is None:
                 waiting.setdefault((stage, kind, mb), []).append(r)
                 return
-            if end + hop > t:
-                t = end + hop
+            if link is not None:
+                end = arrived[stage, kind, mb, link]
+            if end > t:
+                t = end
         starts[r].append(t)
         heapq.heappush(events, (t + seconds, r))
 
@@ -158,6 +174,9 @@ def _run(steps) -> list[list[float]]:
         end, r = heapq.heappop(events)
         act = steps[r][len(starts[r]) - 1][0]
         done[act] = free[r] = end
+        for link, hop in sends.get(act[:2], ()):
+            arrival = max(end, link_free.get(link, 0.0)) + hop
+            arrived[act[0], act[1], act[2], link] = link_free[link] = arrival
         for w in waiting.pop(act, ()):
             try_start(w)
         try_start(r)

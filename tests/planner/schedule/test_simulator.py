@@ -89,6 +89,23 @@ def test_two_stages_with_send_time_by_hand():
     assert sim.idle_s == pytest.approx((4.0, 4.0))
 
 
+def test_a_slow_link_carries_one_send_at_a_time():
+    # GPipe's four forwards end on stage 0 at 1, 2, 3, 4 s; each send takes 5 s on the one link
+    # between the ranks, so they arrive at 6, 11, 16, 21 s (not 6, 7, 8, 9 s)
+    sim = simulate(build("gpipe", 2, 4), microbatches=4, fwd_s=1.0, bwd_s=1.0, p2p_s=5.0)
+    start = {iv.action: iv.start_s for iv in sim.timeline}
+    assert [start[f"1F{i}"] for i in range(4)] == pytest.approx([6.0, 11.0, 16.0, 21.0])
+    # the gradients go the other way on their own (full-duplex) lane, also one at a time
+    end = {iv.action: iv.end_s for iv in sim.timeline}
+    back = sorted(end[f"1B{i}"] for i in range(4))
+    arrivals = sorted(start[f"0B{i}"] for i in range(4))
+    assert all(b - a >= 5.0 - 1e-9 for a, b in zip(arrivals, arrivals[1:]))
+    assert arrivals[0] == pytest.approx(back[0] + 5.0)
+    # a fast link is not a bottleneck: the closed form holds
+    fast = simulate(build("gpipe", 2, 4), microbatches=4, fwd_s=1.0, bwd_s=1.0, p2p_s=0.0)
+    assert fast.step_time_s == pytest.approx((4 + 2 - 1) * 2.0)
+
+
 def test_unequal_gpipe_equals_sum_plus_m_minus_1_max():
     fwd, m = [1.0, 3.0, 2.0], 5
     sim = simulate(build("gpipe", 3, m), microbatches=m, fwd_s=fwd, bwd_s=[2 * f for f in fwd])
