@@ -13,8 +13,8 @@ from planner.errors import SpecError
 from planner.options import MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec
 from planner.search.costs import ModelArrays, block_costs, capacity_bytes
 from planner.search.pricing import Estimate, price
-from planner.search.space import (PP_BLOCKS, TOO_MANY_MB, TP_GPUS, TP_MODEL, TP_NODE, Space,
-                                  divisors, pp_reason, tp_reasons)
+from planner.search.space import (BATCH_DP, MICRO_BATCH, PP_BLOCKS, TOO_MANY_MB, TP_GPUS,
+                                  TP_MODEL, TP_NODE, Space, divisors, pp_reason, tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb
@@ -99,8 +99,9 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
             if fix.get("dp", dp) != dp:
                 continue
             m = max(1, training.global_batch // (dp * mb))
-            zero = fix.get("zero", max(options.zero)) if dp > 1 else 0
-            offload = fix.get("offload_optimizer", any(options.offload) and zero >= 1)
+            wants_offload = fix.get("offload_optimizer", any(options.offload))
+            zero = fix.get("zero", max(options.zero)) if dp > 1 else int(wants_offload)
+            offload = wants_offload and zero >= 1
             schedule = fix.get("schedule", "interleaved-1f1b" if vpp > 1 else "1f1b")
             cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m,
                          schedule=schedule if pp > 1 else "1f1b", recompute=rc, zero=zero,
@@ -145,10 +146,9 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
                 f"replicas needs micro-batches of {least:,}+ samples to stay within "
                 f"{MAX_MICROBATCHES:,} per step, and their activations do not fit ({summary}); "
                 "use a smaller global batch or more GPUs")
-    if need <= cap:
-        return (f"no configuration{with_pins} is possible ({summary}); the leanest one "
-                f"({cfg.short()}) would need {gb(need)} per GPU" +
-                ("; relax --fix" if pins else ""))
+    if need <= cap:  # memory is not what stops it: the batch or the pins break the rules
+        raise SpecError(f"no configuration{with_pins} is possible ({summary}); " +
+                        _rules_advice(cfg, training.global_batch, rejected, bool(pins)))
     worst = max(est.stages, key=lambda st: st.memory.get("total", 0.0))
     kinds = ", ".join(f"{k} {v / 1e9:.3g}" for k, v in worst.memory.items()
                       if k != "total" and v > 0)
@@ -160,6 +160,20 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     return (f"no plan fits: {where} needs {gb(need)} per GPU ({kinds} GB) but a "
             f"{cluster.device.name} leaves {gb(cap)} usable; it would fit on a device with "
             f">= {math.ceil(device_gb)} GB{hint}{fix_hint}")
+
+
+def _rules_advice(cfg, global_batch: int, rejected: Counter, pinned: bool) -> str:
+    """What to change when configurations that would fit in memory all break a rule: the batch
+    when it does not split (naming a nearby global batch that does, for the leanest layout),
+    else the pins."""
+    relax = "relax --fix" if pinned else "see `plan solve --help` for the knobs"
+    if rejected[MICRO_BATCH] or rejected[BATCH_DP]:
+        step = cfg.dp * cfg.micro_batch
+        lower = global_batch // step * step
+        near = " or ".join(f"{b:,}" for b in (lower, lower + step) if b > 0)
+        return (f"--global-batch must be a multiple of dp x micro_batch, e.g. {near} for dp="
+                f"{cfg.dp}, micro_batch={cfg.micro_batch}; or {relax}")
+    return relax
 
 
 def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:

@@ -38,7 +38,7 @@ VPP_SHAPE = "interleaved needs pp > 1 and vpp > 1"
 VPP_ROUNDS = "interleaved needs micro-batches divisible by pp"
 VPP_SCHEDULE = "vpp > 1 needs the interleaved-1f1b schedule"
 VPP_BLOCKS = "pp x vpp > blocks"
-OFFLOAD_ZERO = "offload needs ZeRO >= 1 (and dp > 1)"
+OFFLOAD_ZERO = "offload needs ZeRO >= 1"
 ZERO_PP = "ZeRO stage not run with pipelines by the target"
 MB_MEMORY = "micro-batch activations alone exceed memory"
 CP_SEQ = "sequence not divisible into 2 x cp chunks"
@@ -383,15 +383,18 @@ def _vpps(fix: dict, schedule: str, pp: int, m: int, options: SearchOptions,
 def _zero_offload(fix: dict, dp: int, pp: int, options: SearchOptions,
                   rejected: Counter) -> list[tuple]:
     """(ZeRO stage, offload) pairs; offloading the optimizer needs its states sharded (ZeRO >= 1),
-    as in DeepSpeed, and sharding needs data parallelism. With a pipeline, the stages the target
+    as in DeepSpeed. Without data parallelism sharding changes nothing, so ZeRO 0 stands for
+    every stage, except that ZeRO 1 with offload is the single-GPU ZeRO-Offload (Ren et al.,
+    USENIX ATC'21, train 13B parameters on one V100). With a pipeline, the stages the target
     engine runs with one."""
     allowed = [z for z in options.zero if pp == 1 or z in options.zero_with_pp]
-    zeros = _choices(fix, "zero", allowed if dp > 1 else [0])
+    zeros = _choices(fix, "zero", allowed if dp > 1 else [0] + [1] * (1 in allowed))
     if pp > 1 and "zero" in fix and fix["zero"] not in options.zero_with_pp:
         rejected[ZERO_PP] += 1
         return []
     offloads = _choices(fix, "offload_optimizer", list(options.offload))
-    pairs = [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
+    pairs = [(z, o) for z in zeros for o in offloads
+             if not (o and z == 0) and not (dp == 1 and z >= 1 and not o and "zero" not in fix)]
     if not pairs:
         rejected[OFFLOAD_ZERO] += 1
     return pairs

@@ -73,6 +73,36 @@ def test_nothing_fits_says_what_would(tiny_llama):
         _tiny_memory_plan(tiny_llama)
 
 
+def test_a_batch_that_does_not_split_is_bad_input_with_a_batch_that_does(tiny_llama):
+    # every layout would fit in memory; micro_batch=3 divides no replica's share of 32
+    with pytest.raises(SpecError, match=r"--global-batch must be a multiple of dp x micro_batch, "
+                                        r"e\.g\. \d+ or \d+ for dp=\d+, micro_batch=3; or relax"):
+        make(tiny_llama, fix="micro_batch=3")
+
+
+def test_one_gpu_offloads_the_optimizer_when_that_is_what_fits(tiny_llama):
+    """ZeRO-Offload on a single GPU: ZeRO 1 with the optimizer on the host, the only plan that
+    fits when its states (12 bytes per parameter with Adam) would not."""
+    tr = TrainingSpec(global_batch=8, seq_len=tiny_llama.seq_len)
+    no_reserve = dict(memory_reserve_bytes=0.0, memory_reserve_fraction=0.0)
+
+    def one_gpu(memory_gb: float) -> dict:
+        return {"name": "one", "device": {"name": "small", "memory_GB": memory_gb,
+                                          "hbm_GBps": 100, "peak_TFLOPs": {"bf16": 10}},
+                "nodes": 1, "gpus_per_node": 1,
+                "intra_node": {"bandwidth_GBps": 10, "latency_us": 5},
+                "inter_node": {"bandwidth_GBps": 1, "latency_us": 50}}
+
+    lean = "recompute=full,micro_batch=1"
+    offloaded = plan_prepared(tiny_llama, load_cluster(one_gpu(80)), tr, SearchOptions(
+        fix=parse_fix(f"{lean},offload_optimizer=true"), **no_reserve))
+    assert offloaded.parallel["zero"] == 1
+    room = offloaded.predicted["peak_memory_bytes"] + 6 * tiny_llama.info["num_params"]
+    p = plan_prepared(tiny_llama, load_cluster(one_gpu(room / 1e9)), tr,
+                      SearchOptions(fix=parse_fix(lean), **no_reserve))
+    assert p.parallel["dp"] == 1 and p.parallel["offload_optimizer"] and p.parallel["zero"] == 1
+
+
 def _tiny_memory_plan(prepared):
     cl = load_cluster({"name": "tiny", "device": {"name": "tiny", "memory_GB": 1.05,
                                                   "hbm_GBps": 100, "peak_TFLOPs": {"bf16": 10}},
