@@ -32,7 +32,7 @@ def register(add) -> None:
 
 def run(args) -> int:
     folder = bool(args.output) and args.output != STDOUT and os.path.isdir(args.output)
-    if args.output and not folder:
+    if args.output is not None and not folder:
         check_output(args.output, "-o")
     text, name = export(load_plan(args.plan), args.to, args.engine_version)
     if not args.output or args.output == STDOUT:

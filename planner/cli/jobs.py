@@ -52,7 +52,7 @@ def run(args) -> int:
 
     if args.gantt:
         check_path(args.gantt, "gantt")
-    if args.output:
+    if args.output is not None:
         check_output(args.output, "output")
     options = ScheduleOptions(objective=args.objective, time_limit_s=args.time_limit,
                               time_unit_s=args.time_unit, seed=args.seed)
@@ -75,7 +75,7 @@ def run(args) -> int:
                                  nodes=args.nodes, options=options, workers=args.workers,
                                  record_timing=args.record_timing)
     print(summary(result.doc, result.solve_time_s))
-    if args.output:
+    if args.output is not None:
         joint.write_schedule(args.output, result.doc)
         print(f"\nwrote {args.output}")
     if args.gantt:

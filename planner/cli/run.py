@@ -38,7 +38,7 @@ def register(add) -> None:
 def run(args) -> int:
     from planner.runtime.launch import check, cluster_command, run_local  # lazy: imports torch
 
-    if args.output:
+    if args.output is not None:
         check_output(args.output, "output")
     opts = RunOptions(steps=args.steps, warmup=args.warmup, model=args.model, seed=args.seed,
                       lr=args.lr, device=args.device, dump_dir=args.dump, threads=args.threads)
@@ -57,7 +57,7 @@ def run(args) -> int:
     result = run_local(launch, opts)
     result = {"plan": args.plan, **result}
     print(summary(result, args.plan))
-    if args.output:
+    if args.output is not None:
         atomic_write(args.output, json.dumps(result, indent=1) + "\n")
         print(f"\nwrote {args.output}")
     return 0
@@ -79,7 +79,7 @@ def _run_recsys(args, opts: RunOptions) -> int:
                                       launch.nproc_per_node)
     result = {**recsys.run_local(launch, opts)[0], "plan": args.plan}
     print(recsys.summary(result, args.plan))
-    if args.output:
+    if args.output is not None:
         atomic_write(args.output, json.dumps(result, indent=1) + "\n")
         print(f"\nwrote {args.output}")
     return 0

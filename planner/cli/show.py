@@ -28,11 +28,11 @@ def register(add) -> None:
 
 
 def run(args) -> int:
-    if args.gantt:
+    if args.gantt is not None:
         check_path(args.gantt, "gantt")
     plan = load_plan(args.plan)
     if args.json:
-        if args.why or args.gantt:
+        if args.why or args.gantt is not None:
             raise SpecError("json: prints the plan's summary only; drop --why and --gantt")
         print(json.dumps(summary_dict(plan), indent=1))
         return 0
@@ -42,7 +42,7 @@ def run(args) -> int:
         print(why(plan, why_not(plan, args.why)))
     else:
         print(summary(plan))
-    if args.gantt:
+    if args.gantt is not None:
         gantt(simulate_plan(plan), args.gantt,
               title=f"{plan.model['name']}: {plan.parallel_summary}")
         print(f"\nwrote {args.gantt}")

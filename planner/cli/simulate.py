@@ -32,14 +32,14 @@ def register(add) -> None:
 
 
 def run(args) -> int:
-    if args.gantt:
+    if args.gantt is not None:
         check_path(args.gantt, "gantt")
     plan = load_plan(args.plan)
     base = simulate_plan(plan)
     other = simulate_plan(plan, schedule_name=args.schedule, microbatches=args.microbatches,
                           vpp=args.vpp)
     print(comparison(plan, base, other, args.schedule, args.vpp))
-    if args.gantt:
+    if args.gantt is not None:
         new_v = f" x{args.vpp}" if args.vpp and args.vpp > 1 else ""
         gantt(other, args.gantt, title=f"{plan.model.get('name', 'model')}: "
               f"{args.schedule}{new_v}, pp={plan.parallel['pp']}")

@@ -64,7 +64,7 @@ def register(add) -> None:
 def run(args) -> int:
     from planner import api  # lazy: imports torch (seconds); `plan --help` and `show` need not
 
-    if args.output:
+    if args.output is not None:
         check_output(args.output, "output")
     logging.getLogger("planner").info("planning %s on %s ...", args.model, args.cluster)
     p = api.plan(args.model, cluster=args.cluster, nodes=args.nodes,
@@ -81,7 +81,7 @@ def run(args) -> int:
         p.save(STDOUT)
         return 0
     print(summary(p))
-    if args.output:
+    if args.output is not None:
         p.save(args.output)
         print(f"\nwrote {args.output}")
     return 0

@@ -55,7 +55,7 @@ def run(args) -> int:
 
     if args.plot:
         check_path(args.plot, "plot")
-    if args.csv:
+    if args.csv is not None:
         check_output(args.csv, "csv")
     t0 = time.perf_counter()
     api_log = logging.getLogger("planner.api")
@@ -79,7 +79,7 @@ def run(args) -> int:
     if args.plot and not any(r["feasible"] for r in rows):  # before any file is written
         raise SpecError("plot: no feasible point to draw (the table says why each failed); drop "
                         "--plot or change the grid")
-    if args.csv:
+    if args.csv is not None:
         write_csv(rows, args.csv)
         print(f"\nwrote {args.csv}")
     if args.plot:

@@ -81,11 +81,11 @@ def test_option_names_are_not_abbreviated(capsys, tiny_gpt2_config):
     one_line(code, err, BAD, "--node")
 
 
-@pytest.mark.parametrize("where", ["missing folder", "a folder", "read-only file"])
+@pytest.mark.parametrize("where", ["missing folder", "a folder", "read-only file", "empty"])
 def test_output_paths_are_checked_before_any_work(capsys, tmp_path, tiny_gpt2_config, small_plan,
                                                   where):
     target = {"missing folder": tmp_path / "no" / "p.json", "a folder": tmp_path,
-              "read-only file": tmp_path / "ro.json"}[where]
+              "read-only file": tmp_path / "ro.json", "empty": ""}[where]
     if where == "read-only file":
         target.write_text("{}")
         target.chmod(0o444)
@@ -96,10 +96,12 @@ def test_output_paths_are_checked_before_any_work(capsys, tmp_path, tiny_gpt2_co
         ["profile", "--processes", "1", "-o", target],  # fails before minutes of measuring
         ["jobs", os.path.join(REPO, "examples", "jobs.yaml"), "-o", target],
         ["run", small_plan, "-o", target],
-        ["show", small_plan, "--gantt", f"{target}.png" if where != "a folder" else target],
+        ["show", small_plan, "--gantt", f"{target}.png" if where == "read-only file" else target],
         ["simulate", small_plan, "--schedule", "gpipe", "--gantt",
-         f"{target}.png" if where != "a folder" else target],
+         f"{target}.png" if where == "read-only file" else target],
     ]
+    if where != "a folder":  # export takes a folder: the file gets its suggested name there
+        cases.append(["export", small_plan, "--to", "megatron", "-o", target])
     for argv in cases:
         code, _, err = run(capsys, *argv)
         one_line(code, err, BAD)

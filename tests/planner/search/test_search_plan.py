@@ -63,6 +63,8 @@ def test_bad_fix_is_a_spec_error(tiny_llama):
         parse_fix("tensor=2")
     with pytest.raises(SpecError, match="fix.schedule"):
         parse_fix("schedule=zigzag")
+    with pytest.raises(SpecError, match=r"fix.tp: given twice \(2 and 4\); give it once"):
+        parse_fix("tp=2,tp=4")
     # a pin no configuration can honour is bad input, named with the model's sizes
     with pytest.raises(SpecError, match=r"fix.tp: 8 does not divide the model's heads .*\(2, 4,"):
         make(tiny_llama, fix="tp=8")
