@@ -19,6 +19,7 @@ from planner.planfile.document import Plan
 from planner.report.compare import stage_blocks
 from planner.report.text import pins_text
 from planner.search.costs import ModelArrays, capacity_bytes, config_costs
+from planner.search.feasibility import pin_problem
 from planner.search.loop import SearchResult, search
 from planner.search.pricing import price
 from planner.search.refine import simulated
@@ -60,6 +61,10 @@ def why_not(plan: Plan, pins) -> WhyNot:
         raise SpecError("why: name the knobs to try, e.g. --why tp=16 or --why pp=1,zero=3")
     prepared, cluster, training, options = replan_inputs(plan, pins)
     result = search(prepared.blocks, cluster, training, options)
+    if result.best is None:  # a pin the model or cluster cannot take is bad input, as in solve
+        problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks), training)
+        if problem:
+            raise SpecError(problem)
     if result.best is not None:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                        result=result, cluster=cluster, training=training, options=options)
@@ -84,6 +89,9 @@ def why_not(plan: Plan, pins) -> WhyNot:
 def replan_inputs(plan: Plan, pins: dict):
     """(prepared model, cluster, training, options) of the plan, with ``pins`` added to its fix."""
     spec, c = plan.model.get("spec"), plan.cluster
+    if plan.embeddings:
+        raise SpecError("why: not available for recommendation plans (sharded embedding tables); "
+                        "re-plan with plan solve ... --fix")
     if not spec:
         raise SpecError("why: the plan was made from a Python module, not a model spec; re-plan "
                         "with planner.plan(..., fix=...) instead")
