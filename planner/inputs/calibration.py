@@ -41,11 +41,29 @@ def load_calibration(source) -> dict:
     return data
 
 
+def _check_device(data: dict, cluster: Cluster, where: str) -> None:
+    """A calibration measured on a CPU does not price GPUs, nor the reverse (SpecError); one
+    measured on another GPU model than the cluster's is used with a warning (a custom device may
+    carry any name)."""
+    kind, measured = data.get("device_kind"), str(data.get("device_name", "?"))
+    target = cluster.device.name
+    on_cpu = target.split()[0].startswith("cpu")
+    if kind in ("cpu", "cuda") and (kind == "cpu") != on_cpu:
+        raise SpecError(f"{where}: measured on {'a CPU' if kind == 'cpu' else 'a GPU'} "
+                        f"({measured}), but the cluster's device is {target}; run `plan profile` "
+                        "on that device, or drop --calibration")
+    family = target.split("-")[0].lower()
+    if kind == "cuda" and family not in measured.lower():
+        log.warning("calibration: measured on %s, the cluster's device is %s; its speeds are "
+                    "used as if they were that device's", measured, target)
+
+
 def apply_calibration(cluster: Cluster, calibration) -> Cluster:
     """The cluster with its device (and intra-node link, if measured) replaced by measurements."""
     data = load_calibration(calibration)
     where = "calibration" if isinstance(calibration, Mapping) else str(calibration)
     dev = _mapping(data["device"], f"{where}: device")
+    _check_device(data, cluster, where)
     busy = data.get("processes")
     if data.get("device_kind") == "cpu" and busy and busy != cluster.gpus_per_node:
         log.warning("calibration: measured with %s processes at work, the cluster runs %d per "

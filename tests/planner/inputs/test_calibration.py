@@ -33,6 +33,22 @@ def test_apply_replaces_device_and_link():
     assert synced.intra_node.sync_s == pytest.approx(9e-4)
 
 
+def test_a_calibration_prices_only_the_kind_of_device_it_was_measured_on(caplog):
+    with pytest.raises(SpecError, match=r"measured on a CPU \(test\), but the cluster's device "
+                                        r"is h100; run `plan profile` on that device"):
+        apply_calibration(load_cluster("dgx-h100"), CALIB)
+    gpu = {**CALIB, "device_kind": "cuda", "device_name": "NVIDIA A100-SXM4-80GB"}
+    with pytest.raises(SpecError, match="measured on a GPU"):
+        apply_calibration(load_cluster("cpu"), gpu)
+    with caplog.at_level("WARNING", logger="planner"):
+        apply_calibration(load_cluster("dgx-a100-80g"), gpu)
+    assert not caplog.records  # the same GPU model: no warning
+    with caplog.at_level("WARNING", logger="planner"):
+        c = apply_calibration(load_cluster("dgx-h100"), gpu)  # another GPU model: used, said
+    assert "measured on NVIDIA A100-SXM4-80GB, the cluster's device is h100" in caplog.text
+    assert c.device.name == "h100 (calibrated)"
+
+
 def test_gemm_time_uses_the_measured_table():
     dev = apply_calibration(load_cluster("cpu"), CALIB).device
     table = dev.gemm_table["fp32"]
