@@ -51,6 +51,7 @@ def build(cfg, architecture: str, seq_len: int, dtype: torch.dtype, device: str)
     import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
 
     transformers.logging.set_verbosity_error()
+    _grouped_mm_needs_alignment()
     cls = getattr(transformers, architecture, None) if architecture else None
     if cls is None:
         cls = auto_class(cfg)
@@ -177,6 +178,29 @@ def name_of(cfg, num_params: int) -> str:
         if num_params >= scale:
             return f"{cfg.model_type}-{num_params / scale:.3g}{unit}"
     return f"{cfg.model_type}-{num_params}"
+
+
+def _grouped_mm_needs_alignment() -> None:
+    """Route routed experts whose operands are not 16-byte aligned (an expert FFN size that is
+    not a multiple of 8 in 16-bit) to transformers' own grouped GEMM fallback: torch's
+    ``grouped_mm`` refuses such strides on every device, meta included, where transformers
+    checks only availability. Aligned operands take ``grouped_mm`` as before; both are priced
+    as grouped GEMMs (planner.trace.aten)."""
+    try:
+        from transformers.integrations import moe
+    except ImportError:  # a transformers without routed-expert kernels
+        return
+    check = moe._can_use_grouped_mm
+    if getattr(check, "planner_aligned", False):
+        return
+
+    def aligned(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> bool:
+        misaligned = any(st != 1 and st * t.element_size() % 16 for t in (input, weight)
+                         for st in t.stride())
+        return not misaligned and check(input, weight, offs)
+
+    aligned.planner_aligned = True
+    moe._can_use_grouped_mm = aligned
 
 
 @contextlib.contextmanager

@@ -99,7 +99,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
     repeats = [(f, n) for f, n in layer_lists if f not in whole]
     errors: list[str] = []
     fixes: list[str] = []
-    with truncated(model, repeats), _grouped_query_attention(), _masks_as_eager():
+    with truncated(model, repeats), _grouped_query_attention(), _masks_as_eager(), _quiet_fakes():
         params = {n: ParamInfo(shape=list(p.shape), numel=p.numel(),
                                nbytes=p.numel() * p.element_size())
                   for n, p in model.named_parameters()}
@@ -131,6 +131,19 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
         "; example inputs that match the forward's signature help both tracers"
         if method == "auto" else "")
     raise TraceError(f"could not trace {name}: " + "; ".join(errors) + hint)
+
+
+@contextlib.contextmanager
+def _quiet_fakes():
+    """Keep torch's fake-tensor logger from printing a failed op's traceback to stderr: a trace
+    failure is reported once, in one line (the traceback is in the debug log)."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -9,13 +9,13 @@ MIXTRAL = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 3,
            "vocab_size": 256, "max_position_embeddings": 128}
 
 
-def _flops(folder, **experts) -> float:
+def _flops(folder, dtype="fp32", **experts) -> float:
     from planner.api import prepare
 
     folder.mkdir(parents=True)
     path = folder / "config.json"
     path.write_text(json.dumps({**MIXTRAL, **experts}))
-    p = prepare(str(path), seq_len=32, dtype="fp32")
+    p = prepare(str(path), seq_len=32, dtype=dtype)
     return sum(b.work.fwd_flops for b in p.blocks.blocks)
 
 
@@ -27,6 +27,16 @@ def test_expert_flops_follow_the_routed_experts_not_all_of_them(tmp_path):
     assert two_of_eight == pytest.approx(two_of_four + router_growth)
     expert = 3 * 2 * 32 * (64 * 2 * 128 + 128 * 64)  # per routed copy of each token, 3 layers
     assert two_of_four - one_of_four == pytest.approx(expert)
+
+
+def test_an_expert_size_torch_grouped_mm_cannot_align_still_traces(tmp_path):
+    # 130 bf16 columns are 260 bytes, not a multiple of 16: torch's grouped_mm refuses the
+    # stride; the experts run as transformers' grouped GEMM fallback, priced the same way
+    aligned = _flops(tmp_path / "a", "bf16", num_local_experts=4, num_experts_per_tok=2)
+    odd = _flops(tmp_path / "b", "bf16", num_local_experts=4, num_experts_per_tok=2,
+                 intermediate_size=130)
+    two_columns = 2 * 3 * 2 * 32 * (64 * 2 * 2 + 2 * 64)  # 2 copies, 3 layers, 32 tokens
+    assert odd - aligned == pytest.approx(two_columns)
 
 
 def test_mixtral_8x7b_flops_per_token_are_two_active_experts_plus_attention():
