@@ -33,6 +33,14 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
              listing(rows),
              "\npeak in flight: (stage, micro-batch) activations held by the busiest rank; "
              "with vpp > 1 each is one chunk of the rank's layers"]
+    if other.microbatches != base.microbatches:
+        mb = par.get("micro_batch", 1)
+        per = (f"{base.step_time_s / base.microbatches:.4g} s -> "
+               f"{other.step_time_s / other.microbatches:.4g} s")
+        lines.append(f"note: {other.microbatches} micro-batches of {mb} is "
+                     f"{other.microbatches * mb:,} samples per replica a step, not the plan's "
+                     f"{base.microbatches * mb:,}: a different batch, so compare the time per "
+                     f"micro-batch ({per}), not the step")
     if schedule == "bidirectional":
         lines.append("bidirectional keeps two copies of every stage's weights, gradients and "
                      "optimizer state (not counted above)")

@@ -207,6 +207,7 @@ def test_plan_simulate_command_prints_both_and_the_difference(capsys, tmp_path):
     for words in ("pipeline time", "bubble", "peak in flight", "peak activations", "zb-h1",
                   "change", "16"):
         assert words in out
+    assert "a different batch, so compare the time per micro-batch" in out  # 16 != the plan's
     assert out_png.stat().st_size > 10_000
     code = main(["simulate", GOLDEN, "--schedule", "interleaved-1f1b"])
     assert code == 2 and "vpp" in capsys.readouterr().err
