@@ -33,11 +33,23 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     rel = (ta - tb) / ta
     verdict = (f"{100 * rel:.1f}% faster" if rel > 0 else
                f"{-100 * rel:.1f}% slower" if rel < 0 else "as fast")
-    knobs = ", ".join(f"{k} {knob(x)} -> {knob(y)}" for k, x, y in config_changes(a, b)
-                      if k != "num_microbatches") or "same configuration"
+    inputs = [("model" if key == "name" else key, x, y) for sec, key, _ in HEADLINE_INPUTS
+              for x, y in [(getattr(a, sec).get(key), getattr(b, sec).get(key))] if x != y]
+    knobs = ", ".join(f"{k} {knob(x)} -> {knob(y)}" for k, x, y in
+                      inputs + [c for c in config_changes(a, b) if c[0] != "num_microbatches"]
+                      ) or "same configuration"
     moved = ", ".join(f"{BREAKDOWN_WORDS[k]} {y - x:+.3g} s" for k, x, y in
                       breakdown_changes(a, b)[:parts] if abs(y - x) > 1e-9 * max(ta, tb))
-    return f"{verdict}: {knobs}" + (f"; {moved}" if moved else "")
+    other_work = any(k in ("model", "global_batch", "seq_len") for k, _, _ in inputs)
+    return (f"{verdict}: {knobs}" + (f"; {moved}" if moved else "") +
+            ("; the step does other work (model or batch differ): compare tokens/s"
+             if other_work else ""))
+
+
+HEADLINE_INPUTS = (("model", "name", "text"), ("cluster", "device", "text"),
+                   ("cluster", "num_gpus", "count"), ("training", "global_batch", "count"),
+                   ("training", "seq_len", "count"), ("training", "dtype", "text"))
+"""The inputs a headline names when they differ, before the knobs."""
 
 
 # ---- plan diff: every difference, as data ------------------------------------------------------

@@ -125,6 +125,12 @@ def test_diff_shows_what_differs_and_by_how_much(capsys, tiny_llama_config, smal
     assert f"{delta:+.3g} s" in step and f"{100 * delta / a.step_time_s:+.1f}%" in step
     assert "same in both:" in out and "model name" in out.split("same in both:")[1]
     assert out.splitlines()[2].startswith("B is ")
+    assert "num_gpus 8 -> 16" in out.splitlines()[2]  # the inputs that differ come first
+    assert "the step does other work" not in out.splitlines()[2]  # same model and batch
+    bigger = planner.plan(tiny_llama_config, cluster=SMALL, global_batch=64, seq_len=128)
+    assert "global_batch 32 -> 64" in compare.headline(a, bigger)
+    assert compare.headline(a, bigger).endswith("the step does other work (model or batch "
+                                                "differ): compare tokens/s")
     code, out, _ = run(capsys, "diff", small_plan, small_plan)
     assert code == 0 and "B takes as long as A" in out
 
