@@ -187,7 +187,7 @@ def _grouped_mm_needs_alignment() -> None:
     checks only availability. Aligned operands take ``grouped_mm`` as before; both are priced
     as grouped GEMMs (planner.trace.aten)."""
     try:
-        from transformers.integrations import moe
+        from transformers.integrations import moe  # lazy: only Hugging Face models need it
     except ImportError:  # a transformers without routed-expert kernels
         return
     check = moe._can_use_grouped_mm
