@@ -26,7 +26,7 @@ from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import explain_infeasible
 from planner.search.hetero import restrict
-from planner.search.loop import search
+from planner.search.loop import rejection_lines, search
 from planner.trace import cache
 from planner.trace.blocks import build_blocks, unchained_repeats
 from planner.trace.graph import BlockGraph, OpGraph
@@ -353,9 +353,11 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
                   progress=None, record_timing: bool = False) -> Plan:
     """Search and emit for an already traced model."""
     result = search(prepared.blocks, cluster, training, options, progress=progress)
-    summary = ", ".join(f"{n} {r}" for r, n in result.rejected.most_common(4))
+    aside, ruled = rejection_lines(result.rejected, most=4)
     log.info("searched %d configurations in %.2f s (%s)", result.candidates, result.time_s,
-             summary or "none rejected")
+             "; ".join(filter(None, (aside and f"set aside: {aside}",
+                                     ruled and f"ruled out by the rules: {ruled}")))
+             or "none set aside")
     if result.best is None:
         ma = ModelArrays.from_blocks(prepared.blocks)
         raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,

@@ -10,6 +10,7 @@ from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table
+from planner.search.loop import rejection_lines
 from planner.units import GB, human_count, ms
 
 
@@ -158,7 +159,7 @@ def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
 def stage_table(p: Plan) -> list[str]:
     groups = any("group" in st for st in p.stages)
     rows = [("stage" + (" (group)" if groups else ""), "blocks", "time/mb", "compute", "tp comm",
-             "p2p", "memory", "weights+grads+optim", "activations")]
+             "p2p", "memory", "weights+grads+optim", "activations", "working")]
     for st in p.stages:
         pr = st["predicted"]
         mem = pr["memory_bytes"]
@@ -171,18 +172,21 @@ def stage_table(p: Plan) -> list[str]:
                      ms(pr["time_per_microbatch_s"]), ms(pr.get("compute_s", 0)),
                      ms(pr.get("tp_comm_s", 0)), ms(pr.get("p2p_s", 0)),
                      f"{mem['total'] / GB:.1f} GB", f"{states / GB:.1f} GB",
-                     f"{mem.get('activations', 0) / GB:.1f} GB x{pr.get('in_flight_microbatches', 1):.3g}"))
+                     f"{mem.get('activations', 0) / GB:.1f} GB x{pr.get('in_flight_microbatches', 1):.3g}",
+                     f"{(mem['total'] - states - mem.get('activations', 0)) / GB:.1f} GB"))
     return table(rows, indent="  ")
 
 
 def _search(p: Plan) -> list[str]:
     s = p.search
-    rejected = ", ".join(f"{n} {r}" for r, n in list(s.get("rejected", {}).items())[:5])
+    aside, ruled = rejection_lines(s.get("rejected", {}))
     timing = f" in {s['time_s']:.2f} s" if s.get("time_s") is not None else ""
     status = {"optimal": "best under the cost model", "feasible": "best found (time limit)",
               "fixed": "configuration fixed"}.get(s["status"], s["status"])
     lines = [f"  search: {s['candidates']} configurations, {s.get('evaluated', 0)} priced{timing}; "
-             f"{status}"] + ([f"  set aside: {rejected}"] if rejected else [])
+             f"{status}"] + ([f"  set aside: {aside}"] if aside else []) + (
+        [f"  ruled out before pricing (choices of knobs, not configurations): {ruled}"]
+        if ruled else [])
     alts = s.get("alternatives", [])
     if alts:
         lines.append("  runners-up, and why they lost:")

@@ -44,6 +44,20 @@ TIME_LIMIT = "not evaluated (time limit)"
 OUT_OF_MEMORY = "out of memory"
 DOMINATED = "dominated (bound)"
 SLOWER = "slower than the top k"
+OUTCOMES = (OUT_OF_MEMORY, DOMINATED, SLOWER, TIME_LIMIT)
+"""What became of configurations the search counted; every other reason is a rule of the space
+(planner.search.space) that excluded a choice of knobs before it made a configuration."""
+
+
+def rejection_lines(rejected, most: int = 5) -> tuple[str, str]:
+    """('n reason, ...' of counted configurations set aside, the same of choices the rules
+    excluded), each with its ``most`` largest counts: the first adds up to at most the
+    configurations counted, the second counts choices of knobs at the level each rule applies."""
+    pairs = sorted(rejected.items(), key=lambda kv: -kv[1])
+
+    def text(keep) -> str:
+        return ", ".join(f"{n} {r}" for r, n in [kv for kv in pairs if keep(kv[0])][:most])
+    return text(lambda r: r in OUTCOMES), text(lambda r: r not in OUTCOMES)
 
 
 @dataclass
