@@ -83,7 +83,8 @@ def _parallel(p: Plan) -> list[str]:
     if par.get("ep", 1) * par.get("etp", 1) > 1:
         edp = par["dp"] * par.get("cp", 1) * par["tp"] // (par["ep"] * par.get("etp", 1))
         lines.append(f"  experts     ep={par['ep']}  etp={par.get('etp', 1)}  edp={edp}: routed experts spread over "
-                     f"{par['ep']} ranks, their matrices over {par.get('etp', 1)}, {edp} replicas of each")
+                     f"{par['ep']} ranks, their matrices over {par.get('etp', 1)}, "
+                     f"{edp} {'replica' if edp == 1 else 'replicas'} of each")
     return lines + [
         f"  batching    micro-batch {par['micro_batch']} x {par['num_microbatches']} micro-batches, "
         f"schedule {par['schedule']}",
