@@ -37,6 +37,12 @@ CONSTRUCTS = (
      "try --trace export"),
     ("meta tensor", "an op that reads tensor data (.item(), .tolist(), printing)",
      "keep the forward free of reads of tensor values"),
+    ("config' object has no attribute", "the model reads a config field the file does not set",
+     "add that field to the config (for an encoder-decoder such as T5, decoder_start_token_id "
+     "and pad_token_id)"),
+    ("co_varnames is too small", "a forward whose signature torch.fx cannot rewrite "
+     "(keyword-only or decorated arguments, as Hugging Face models have)",
+     "use --trace export (the default tries it first)"),
 )
 
 

@@ -80,7 +80,8 @@ def _from_zoo(entry: ZooEntry, seq_len: int | None, dtype: str) -> ResolvedModel
     from transformers import AutoConfig  # lazy: transformers takes seconds to import; only Hugging Face models need it
 
     cfg = AutoConfig.for_model(entry.model_type, **entry.config)
-    return _build_hf(entry.name, cfg, entry.architecture, seq_len or entry.seq_len, dtype, "zoo")
+    return _build_hf(entry.name, cfg, entry.architecture, seq_len or entry.seq_len, dtype, "zoo",
+                     asked=seq_len)
 
 
 def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel:
@@ -106,15 +107,19 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
                         ) from None
     archs = raw.get("architectures") or []
     return _build_hf(None, cfg, archs[0] if archs else "", seq_len or hf.default_seq_len(cfg),
-                     dtype, "hf-config")
+                     dtype, "hf-config", asked=seq_len)
 
 
 def _build_hf(name: str | None, cfg, architecture: str, seq_len: int, dtype: str,
-              source: str) -> ResolvedModel:
+              source: str, asked: int | None = None) -> ResolvedModel:
     """A Hugging Face model on the meta device (planner.trace.hf), named ``name`` or from its
-    config."""
+    config; ``asked``: the sequence length the user gave, if any."""
     hf.check_seq_len(cfg, seq_len, name or cfg.model_type)
     built = hf.build(cfg, architecture, seq_len, TORCH_DTYPES[dtype], "meta")
+    if asked and built.seq_len != asked:  # an image model: its patches set the sequence
+        log.warning("%s: --seq-len %d does not apply; a sample is %d tokens (the image's "
+                    "patches, from image_size and patch_size in the config)",
+                    name or cfg.model_type, asked, built.seq_len)
     rm = _finish(ResolvedModel(name=name or "", module=built.module, args=built.args,
                                kwargs=built.kwargs, seq_len=built.seq_len, batch=1, source=source,
                                config=cfg.to_diff_dict(), attention=built.attention))

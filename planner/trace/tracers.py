@@ -124,7 +124,8 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
                 repeats=[RepeatInfo(fqn=f, count=n, traced=n if f in whole else KEEP_LAYERS)
                          for f, n in layer_lists],
             )
-    fix = next((f for f in fixes if f), "")
+    tried_export = "export" in (("export", "fx") if method == "auto" else (method,))
+    fix = next((f for f in fixes if f and not (tried_export and "--trace export" in f)), "")
     other = {"fx": "--trace export", "export": "--trace fx"}.get(method)
     hint = (f"; {fix}" if fix else "; make the forward traceable on meta tensors") + (
         f", or try {other}" if other and other not in fix else "") + (

@@ -211,3 +211,26 @@ def test_leaf_modules_are_priced_from_their_aten_ops():
     g = trace(Recurrent(), (x,), {}, seq_len=s, batch=2, dtype="fp32", method="fx")
     (op,) = [o for o in g.ops if o.target == "LSTM"]
     assert op.flops == pytest.approx(s * 2 * (d * 4 * d) * 2)  # per step: input and hidden GEMMs
+
+
+def test_trace_failures_name_the_construct_and_the_fix():
+    from planner.trace.failures import describe, fix_for
+
+    missing = AttributeError("'T5Config' object has no attribute 'decoder_start_token_id'")
+    assert "reads a config field the file does not set" in describe(missing)
+    assert "decoder_start_token_id" in fix_for(missing)
+    fx = ValueError("code: co_varnames is too small")
+    assert "signature torch.fx cannot rewrite" in describe(fx)
+    assert fix_for(fx).startswith("use --trace export")
+
+
+def test_an_image_model_says_when_seq_len_does_not_apply(tmp_path, caplog):
+    import json
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "vit", "hidden_size": 64, "num_attention_heads": 4,
+                                "num_hidden_layers": 2, "intermediate_size": 128,
+                                "image_size": 64, "patch_size": 16, "num_channels": 3}))
+    with caplog.at_level("WARNING", logger="planner"):
+        rm = resolve(str(path), seq_len=1000, dtype="fp32")
+    assert rm.seq_len == 16  # (64 / 16)^2 patches
+    assert "--seq-len 1000 does not apply; a sample is 16 tokens" in caplog.text
