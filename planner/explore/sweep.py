@@ -54,7 +54,8 @@ class _Task:
 def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: int | None = None,
            seq_len: int | None = None, dtype: str | None = None, optimizer: str = "adam", fix=None,
            nodes: int | None = None, gpus_per_node: int | None = None, prices=None,
-           tokens: float | None = None, top_k: int = 0, time_limit_s: float | None = None,
+           tokens: float | None = None, top_k: int = SearchOptions().top_k,
+           time_limit_s: float | None = None,
            engine=None, example_inputs=None, workers: int | None = None,
            progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Plan ``model`` at every point of the grid ``vary`` spans; one row per point, in grid order.
