@@ -33,7 +33,8 @@ def _placements(p: Plan) -> list[str]:
         return []
     sites = " -> ".join(dict.fromkeys(st.get("group", "") for st in p.stages))
     return [f"  placement   stages chained {sites}; each stage's replicas inside one site",
-            "              priced alike by the slot model (planner.search.sites):",
+            "              priced alike by the slot model (planner.search.sites), coarser than the "
+            "step time above and kept for comparing placements:",
             f"                this plan         {pl['planned_s']:.4g} s",
             f"                naive site order  {pl['naive_s']:.4g} s "
             f"({pl['naive_s'] / pl['planned_s']:.2f}x)",
