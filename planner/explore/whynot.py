@@ -112,7 +112,7 @@ def replan_inputs(plan: Plan, pins: dict):
     if prepared.info["fingerprint"] != plan.model["fingerprint"]:
         log.warning("%s traces differently now than when the plan was made",
                                             spec)
-    return prepared, cluster, training, SearchOptions(fix=fix, top_k=0)
+    return prepared, cluster, training, SearchOptions(fix=fix)  # re-timed as plan solve does
 
 
 def pinned_config(plan: Plan, pins: dict):
