@@ -61,14 +61,13 @@ def why_not(plan: Plan, pins) -> WhyNot:
         raise SpecError("why: name the knobs to try, e.g. --why tp=16 or --why pp=1,zero=3")
     prepared, cluster, training, options = replan_inputs(plan, pins)
     result = search(prepared.blocks, cluster, training, options)
-    if result.best is None:  # a pin the model or cluster cannot take is bad input, as in solve
-        problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks), training)
-        if problem:
-            raise SpecError(problem)
     if result.best is not None:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                        result=result, cluster=cluster, training=training, options=options)
         return WhyNot(pins=pins, variant=variant, feasible=True, notes=[], over=[])
+    problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks), training)
+    if problem:  # a pin the model or cluster cannot take is bad input, as in solve
+        raise SpecError(problem)
     counts = ", ".join(f"{n} {r}" for r, n in result.rejected.most_common())
     message = (f"all {result.candidates} configurations with {pins_text(pins)} set aside ({counts})"
                if result.candidates else f"no configuration has {pins_text(pins)} ({counts})")

@@ -99,12 +99,13 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
     repeats = [(f, n) for f, n in layer_lists if f not in whole]
     errors: list[str] = []
     fixes: list[str] = []
+    methods = ("export", "fx") if method == "auto" else (method,)
     with truncated(model, repeats), _grouped_query_attention(), _masks_as_eager(), _quiet_fakes():
         params = {n: ParamInfo(shape=list(p.shape), numel=p.numel(),
                                nbytes=p.numel() * p.element_size())
                   for n, p in model.named_parameters()}
         aliases = _param_aliases(model)
-        for how in (("export", "fx") if method == "auto" else (method,)):
+        for how in methods:
             try:
                 views, outputs = (_fx_views if how == "fx" else _export_views)(model, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - every tracer failure is reported below
@@ -124,8 +125,8 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
                 repeats=[RepeatInfo(fqn=f, count=n, traced=n if f in whole else KEEP_LAYERS)
                          for f, n in layer_lists],
             )
-    tried_export = "export" in (("export", "fx") if method == "auto" else (method,))
-    fix = next((f for f in fixes if f and not (tried_export and "--trace export" in f)), "")
+    fix = next((f for f in fixes if f and not ("export" in methods and "--trace export" in f)),
+               "")
     other = {"fx": "--trace export", "export": "--trace fx"}.get(method)
     hint = (f"; {fix}" if fix else "; make the forward traceable on meta tensors") + (
         f", or try {other}" if other and other not in fix else "") + (
