@@ -352,6 +352,10 @@ def _dense_zero(value) -> int:
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False) -> Plan:
     """Search and emit for an already traced model."""
+    if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
+        raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
+                        f"at {prepared.seq_len:,}; prepare it again with "
+                        f"seq_len={training.seq_len}")
     result = search(prepared.blocks, cluster, training, options, progress=progress)
     aside, ruled = rejection_lines(result.rejected, most=4)
     log.info("searched %d configurations in %.2f s (%s)", result.candidates, result.time_s,

@@ -52,6 +52,14 @@ def test_fix_pins_knobs(tiny_llama, fix):
         assert p.parallel[k] == v
 
 
+def test_a_training_sequence_other_than_the_traced_one_is_refused(tiny_llama):
+    cl = load_cluster("dgx-a100-80g")
+    tr = TrainingSpec(global_batch=32, seq_len=2 * tiny_llama.seq_len)
+    with pytest.raises(SpecError, match=r"training.seq_len: .* but the model was traced at .*; "
+                                        r"prepare it again with seq_len="):
+        plan_prepared(tiny_llama, cl, tr, SearchOptions())
+
+
 def test_tp_map_names_megatron_roles(tiny_llama):
     p = make(tiny_llama, fix="tp=2,pp=1")
     assert p.tensor_parallel["model.layers.0.self_attn.o_proj"] == "rowwise"
