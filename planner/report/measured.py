@@ -27,7 +27,7 @@ def summary(result: dict, plan_name: str) -> str:
            else ""),
         "",
         listing([
-            ("", "measured", "predicted", "error"),
+            ("", "measured", "predicted", "error (predicted / measured - 1)"),
             ("step time", _ms(m["step_time_s"]), _ms(m["predicted_step_time_s"]),
              _pct(m["step_time_error"])),
             ("peak memory", _mb(m["peak_memory_bytes"]), _mb(m["predicted_peak_memory_bytes"]),

@@ -137,8 +137,10 @@ def summarize(records: list[dict], plan, *, warmup: int) -> dict:
         "state_bytes": max(r["state_bytes"] for r in records) if records else None,
         "predicted_step_time_s": pred_t,
         "predicted_peak_memory_bytes": pred_m,
-        "step_time_error": (step - pred_t) / pred_t if step else None,
-        "peak_memory_error": (max(peaks) - pred_m) / pred_m if peaks and pred_m else None,
+        # errors as the project states them everywhere: predicted / measured - 1 (negative: the
+        # prediction is too fast, or too small)
+        "step_time_error": pred_t / step - 1 if step else None,
+        "peak_memory_error": pred_m / max(peaks) - 1 if peaks and max(peaks) else None,
         "warmup_steps": warmup,
     }
 

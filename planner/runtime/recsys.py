@@ -437,7 +437,7 @@ def execute(plan: Plan, module: nn.Module, opts: RunOptions, device: torch.devic
     pred = plan.predicted["step_time_s"]
     result = {
         "measured": {"step_time_s": step, "predicted_step_time_s": pred,
-                     "step_time_error": (step - pred) / pred if step and pred else None,
+                     "step_time_error": pred / step - 1 if step and pred else None,
                      "warmup_steps": opts.warmup,
                      "rss_peak_bytes": max(r["rss_peak_bytes"] for r in records)},
         "loss_per_step": [sum(r["losses"][i] for r in records) / world for i in range(total)],
@@ -652,7 +652,7 @@ def summary(result: dict, plan_name: str) -> str:
              f"({result['backend']}; {result['engine']}; tables: {kinds}), {steps} steps of "
              f"{result['local_batch']} samples per rank, the first {m['warmup_steps']} not timed",
              ""]
-    lines += _table([("", "measured", "predicted", "error"),
+    lines += _table([("", "measured", "predicted", "error (predicted / measured - 1)"),
                      ("step time", _ms(m["step_time_s"]), _ms(m["predicted_step_time_s"]),
                       "-" if err is None else f"{err * 100:+.0f}%")])
     if bd:

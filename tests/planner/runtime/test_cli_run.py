@@ -92,4 +92,6 @@ def test_run_measures_each_rank_next_to_the_prediction(capsys, make_plan, tmp_pa
         assert r["median_step_time_s"] == r["step_times_s"][1] > 0
         assert r["peak_memory_bytes"] > r["state_bytes"] > 0
     assert m["step_time_s"] == max(r["median_step_time_s"] for r in res["ranks"])
+    # the project's sign everywhere: predicted / measured - 1, negative when too fast
+    assert m["step_time_error"] == pytest.approx(m["predicted_step_time_s"] / m["step_time_s"] - 1)
     assert len(res["loss_per_step"]) == 3 and res["loss_per_step"][2] < res["loss_per_step"][0]
