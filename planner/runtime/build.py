@@ -93,7 +93,8 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     del real
     split = any("W" in a for acts in plan.schedule["actions"] for a in acts)
     local = layout.local_stages(rank)
-    out.stages = [_pipeline_stage(m, s, layout, mesh, device, _whole_backward(m, flow, split, out))
+    out.stages = [_pipeline_stage(m, s, layout, mesh, device,
+                                  _whole_backward(m, flow, split, plan, out))
                   for m, s in zip(out.modules, local)]
     out.ties = tie_sync(ties, layout, rank, dict(zip(local, out.modules)))
     out.schedule = _schedule(plan, out.stages, layout)
@@ -232,16 +233,23 @@ def _pipeline_stage(module: StageModule, s: int, layout: Layout, mesh, device, d
                          dw_builder=dw_builder)
 
 
-def _whole_backward(module: StageModule, flow: Dataflow, split: bool, out: Built):
+def _whole_backward(module: StageModule, flow: Dataflow, split: bool, plan: Plan, out: Built):
     """torch's split backward (B = input gradients, W = weight gradients) fails on a module that
-    runs twice in one stage (pytorch/pytorch#180952); such a stage computes the weight gradients
-    during B and runs W as a no-op (same numbers, no deferred weight work)."""
+    runs twice in one stage (pytorch/pytorch#180952) and on activation checkpointing (its weight
+    pass cannot replay torch.utils.checkpoint's recomputation); such a stage computes the weight
+    gradients during B and runs W as a no-op (same numbers, no deferred weight work)."""
+    if not split:
+        return None
     units = module.cut.units
     reused = sorted(m for m in flow.reused if any(m == u or m.startswith(u + ".") for u in units))
-    if not split or not reused:
+    if reused:
+        why = f"{reused[0]} runs twice per forward"
+    elif plan.parallel["recompute"] != "none" and _checkpointed(plan, units):
+        why = f"its blocks are recomputed, recompute={plan.parallel['recompute']}"
+    else:
         return None
-    out.notes.append(f"stage {module.cut.index}: W runs inside B ({reused[0]} runs twice per "
-                     "forward; torch's split backward cannot handle that)")
+    out.notes.append(f"stage {module.cut.index}: W runs inside B ({why}; torch's split backward "
+                     "cannot handle that)")
     return lambda: _no_op
 
 

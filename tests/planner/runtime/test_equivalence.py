@@ -30,6 +30,9 @@ TWO = {
     "pp2-interleaved": "pp=2,tp=1,dp=1,schedule=interleaved-1f1b,vpp=2,micro_batch=2,"
                        "recompute=none,zero=0",
     "pp2-zb-h1": "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2,recompute=none,zero=0",
+    # checkpointed blocks: torch's split weight pass cannot replay them, so W runs inside B
+    "pp2-zb-h1-selective": "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2,recompute=selective,"
+                           "zero=0",
 }
 FOUR = {
     "pp2xdp2-gpipe-fsdp": "pp=2,tp=1,dp=2,schedule=gpipe,micro_batch=1,recompute=none,zero=1",
@@ -48,7 +51,7 @@ CASES = [(m, c) for m in MODELS for c in list(TWO) + list(FOUR)] + [
 def _make(make_plan, model: str, case: str) -> str:
     fix = {**TWO, **FOUR}[case]
     path = make_plan(model, fix, f"{model}-{case}")
-    if case == "pp2-zb-h1":  # the search does not offer zb-h1 yet: swap the schedule in
+    if case.startswith("pp2-zb-h1"):  # zb-h1 on a pinned split: swap the schedule in
         plan = load_plan(path)
         par = plan.parallel
         plan.schedule = {**plan.schedule, "name": "zb-h1",
