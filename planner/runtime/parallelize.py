@@ -144,7 +144,8 @@ def apply_dp(stage: nn.Module, units: tuple[str, ...], mesh, zero: int,
     ZeRO 1 and 2: ``fully_shard(reshard_after_forward=False)``: parameters stay gathered from
     forward to backward, gradients are reduce-scattered and optimizer states sharded. That is
     ZeRO-2; FSDP2 has no ZeRO-1 (it never keeps full gradients), so ZeRO-1 runs as ZeRO-2.
-    ZeRO 3: ``fully_shard(reshard_after_forward=True)`` per unit. ``mesh`` is the dp (x cp)
+    ZeRO 3: ``fully_shard(reshard_after_forward=True)`` per unit (units that share a weight stay
+    in the stage's group, which FSDP2 needs of a parameter). ``mesh`` is the dp (x cp)
     group; ``ignored`` parameters (routed experts, reduced over their own group) are left alone."""
     if mesh is None:
         return "none"
@@ -157,7 +158,14 @@ def apply_dp(stage: nn.Module, units: tuple[str, ...], mesh, zero: int,
     from torch.distributed.fsdp import fully_shard  # lazy: only ZeRO >= 1 with dp > 1
 
     reshard = zero >= 3
+    owners: dict[int, set[str]] = {}
     for name in units:
+        for p in stage.model.get_submodule(name).parameters():
+            owners.setdefault(id(p), set()).add(name)
+    tied = {u for us in owners.values() if len(us) > 1 for u in us}
+    for name in units:
+        if name in tied:  # a weight shared with another unit (tied embedding and output head):
+            continue      # one FSDP group must own it, the stage's own below
         fully_shard(stage.model.get_submodule(name), mesh=mesh, reshard_after_forward=reshard,
                     ignored_params=ignored)
     fully_shard(stage, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored)

@@ -115,7 +115,7 @@ def _dump(built: Built, folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
     for st, module in zip(built.stages, built.modules):
         full = {}
-        for name, p in module.named_parameters():
+        for name, p in module.named_parameters(remove_duplicate=False):  # tied names too
             t = p.full_tensor() if hasattr(p, "full_tensor") else p
             key = name.removeprefix("model.")
             if key in built.expert_names:

@@ -27,6 +27,7 @@ TWO = {
     "pp2-1f1b-full": "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2,recompute=full,zero=0",
     "tp2-selective": "pp=1,tp=2,dp=1,schedule=1f1b,micro_batch=2,recompute=selective,zero=0",
     "dp2-replicate": "pp=1,tp=1,dp=2,schedule=gpipe,micro_batch=2,recompute=none,zero=0",
+    "dp2-fsdp": "pp=1,tp=1,dp=2,schedule=gpipe,micro_batch=2,recompute=none,zero=1",
     "pp2-interleaved": "pp=2,tp=1,dp=1,schedule=interleaved-1f1b,vpp=2,micro_batch=2,"
                        "recompute=none,zero=0",
     "pp2-zb-h1": "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2,recompute=none,zero=0",
@@ -41,8 +42,10 @@ FOUR = {
     "pp2xtp2-1f1b-full": "pp=2,tp=2,dp=1,schedule=1f1b,micro_batch=2,recompute=full,zero=0",
 }
 MODELS = ("llama", "branched")
-MORE = {"gpt2": ("pp2-1f1b-full", "pp2xdp2-gpipe-fsdp"), "multitower": ("pp2-interleaved",)}
-"""GPT-2's tied wte / lm_head land on the first and last stage (their gradients are summed);
+MORE = {"gpt2": ("pp2-1f1b-full", "pp2xdp2-gpipe-fsdp", "dp2-fsdp"),
+        "multitower": ("pp2-interleaved",)}
+"""GPT-2's tied wte / lm_head land on the first and last stage (their gradients are summed), or
+on one stage sharded by FSDP (one group must own the shared weight);
 multitower's five towers all read the embedding, which four stages pass along."""
 CASES = [(m, c) for m in MODELS for c in list(TWO) + list(FOUR)] + [
     (m, c) for m, cs in MORE.items() for c in cs]
