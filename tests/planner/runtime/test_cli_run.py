@@ -95,3 +95,17 @@ def test_run_measures_each_rank_next_to_the_prediction(capsys, make_plan, tmp_pa
     # the project's sign everywhere: predicted / measured - 1, negative when too fast
     assert m["step_time_error"] == pytest.approx(m["predicted_step_time_s"] / m["step_time_s"] - 1)
     assert len(res["loss_per_step"]) == 3 and res["loss_per_step"][2] < res["loss_per_step"][0]
+
+
+def test_a_gpu_plan_run_on_cpu_says_its_predictions_are_the_gpus(make_plan, tmp_path, caplog):
+    from planner.runtime.launch import check
+    from planner.runtime.options import RunOptions
+
+    plan = load_plan(make_plan("llama", "pp=1,tp=1,dp=2,micro_batch=1"))
+    plan.cluster = {**plan.cluster, "device": "a100-80g"}  # as if planned for two A100s
+    path = str(tmp_path / "gpu.json")
+    plan.save(path)
+    with caplog.at_level("WARNING", logger="planner"):
+        launch = check(path, RunOptions(steps=2, device="cpu"), None)
+    assert launch.device == "cpu"
+    assert "made for a100-80g GPUs, run here on CPU processes" in caplog.text
