@@ -275,6 +275,10 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
             "sequence_parallel": eng.sequence_parallel, "cp_comm": eng.cp_comms}
     if not eng.expert_tensor_parallel:
         runs["etp"] = (1,)
+    if "interleaved-1f1b" not in eng.schedules:  # virtual stages only interleave
+        runs["vpp"] = (1,)
+    if int(fix.get("ep", 1)) > 1 and True not in eng.sequence_parallel:
+        runs["tp"] = (1,)  # experts with tp > 1 need sequence parallelism (planner.search.space)
     pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                       for k, v in fix.items() if k not in runs or v in runs[k])
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))

@@ -832,3 +832,17 @@ def test_cli_errors_are_one_line_with_exit_code_2(capsys, tmp_path):
 if __name__ == "__main__":
     regenerate()
     print(f"rewrote {len(PLANS) * len(DENSE_TARGETS)} golden exports under {GOLDEN}/exports")
+
+
+def test_the_replan_hint_keeps_only_pins_the_target_can_run():
+    """The `plan solve` an export suggests must itself succeed: virtual stages only with the
+    interleaved schedule, experts with tp > 1 only with sequence parallelism."""
+    from planner.export.common import resolve_hint
+
+    data = os.path.join(os.path.dirname(__file__), "data", "plans")
+    vpp = load_plan(os.path.join(data, "mixtral-8x7b-ep4-etp2-megatron.json"))
+    vpp.search = {**vpp.search, "options": {**vpp.search.get("options", {}),
+                                            "fix": {"ep": 4, "tp": 2, "pp": 2, "vpp": 4}}}
+    hint = resolve_hint(vpp, "deepspeed")
+    assert "--fix ep=4,pp=2 --target deepspeed" in hint  # no vpp, no tp: DeepSpeed runs neither
+    assert "vpp=4" in resolve_hint(vpp, "megatron") and "tp=2" in resolve_hint(vpp, "megatron")
