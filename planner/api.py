@@ -352,6 +352,7 @@ def _dense_zero(value) -> int:
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False) -> Plan:
     """Search and emit for an already traced model."""
+    targets.engine(options.target)  # an unknown target is refused, not ignored
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "

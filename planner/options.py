@@ -133,11 +133,37 @@ class SearchOptions:
     def __post_init__(self):
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise SpecError(f"top_k: expected an integer >= 0, got {self.top_k!r}")
-        if self.time_limit_s is not None and not self.time_limit_s > 0:
+        if self.time_limit_s is not None and not (_number(self.time_limit_s) and
+                                                  self.time_limit_s > 0):
             raise SpecError(f"time_limit_s: expected a positive number, got {self.time_limit_s!r}")
-        if not self.cpsat_time_limit_s > 0:
+        if not (_number(self.cpsat_time_limit_s) and self.cpsat_time_limit_s > 0):
             raise SpecError(f"cpsat_time_limit_s: expected a positive number of seconds, got "
                             f"{self.cpsat_time_limit_s!r}")
+        if not (_number(self.memory_reserve_fraction) and 0 <= self.memory_reserve_fraction < 1):
+            raise SpecError(f"memory_reserve_fraction: expected a number in [0, 1), got "
+                            f"{self.memory_reserve_fraction!r}")
+        if not (_number(self.memory_reserve_bytes) and self.memory_reserve_bytes >= 0):
+            raise SpecError(f"memory_reserve_bytes: expected a number >= 0, got "
+                            f"{self.memory_reserve_bytes!r}")
+        for name, allowed in (("schedules", SCHEDULES), ("recompute", RECOMPUTE),
+                              ("zero", ZERO_STAGES), ("zero_with_pp", ZERO_STAGES),
+                              ("offload", (False, True)), ("sequence_parallel", (False, True)),
+                              ("cp_comms", CP_COMMS)):
+            values = getattr(self, name)
+            if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)) or \
+                    not values or any(v not in allowed or isinstance(v, bool) != isinstance(
+                        allowed[0], bool) for v in values):
+                raise SpecError(f"{name}: expected a non-empty tuple of "
+                                f"{', '.join(map(str, allowed))}; got {values!r}")
+        if not isinstance(self.vpp, (tuple, list)) or not self.vpp or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.vpp):
+            raise SpecError(f"vpp: expected a non-empty tuple of positive integers, got "
+                            f"{self.vpp!r}")
+        object.__setattr__(self, "fix", parse_fix(self.fix))  # checked: knob names and values
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
 
 
 @dataclass(frozen=True, kw_only=True)

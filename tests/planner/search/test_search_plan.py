@@ -155,3 +155,19 @@ def test_validation_names_the_key_and_keeps_old_file(tiny_gpt2, tmp_path):
         broken.save(str(target))
     assert target.read_text() == "precious"
     assert [f.name for f in tmp_path.iterdir()] == ["plan.json"]
+
+
+@pytest.mark.parametrize("kw,field", [({"fix": {"foo": 1}}, "fix"), ({"zero": (7,)}, "zero"),
+                                      ({"schedules": ()}, "schedules"),
+                                      ({"memory_reserve_fraction": 1.0}, "memory_reserve_fraction"),
+                                      ({"time_limit_s": "1"}, "time_limit_s"),
+                                      ({"recompute": ()}, "recompute"), ({"vpp": (0,)}, "vpp")])
+def test_search_options_are_checked_when_made(kw, field):
+    with pytest.raises(SpecError, match=rf"^{field}"):
+        SearchOptions(**kw)
+
+
+def test_an_unknown_target_is_refused_by_plan_prepared(tiny_llama):
+    tr = TrainingSpec(global_batch=32, seq_len=tiny_llama.seq_len)
+    with pytest.raises(SpecError, match="target: unknown engine 'jax'"):
+        plan_prepared(tiny_llama, load_cluster("dgx-a100-80g"), tr, SearchOptions(target="jax"))
