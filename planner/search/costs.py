@@ -108,6 +108,12 @@ class BlockCosts:
         t = self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s
         return t if self.ep_comm_s is None else t + self.ep_comm_s
 
+    def split_s(self, microbatches: int) -> list[float]:
+        """Per block, the seconds a stage split balances: ``time_s`` and, after the first of the
+        step's ``microbatches``, the gradient accumulation pass (as pricing counts them)."""
+        m = microbatches
+        return (self.time_s + (m - 1) / m * self.accumulate_s).tolist()
+
     def permuted(self, order: list[int]) -> "BlockCosts":
         return BlockCosts(**{f.name: getattr(self, f.name)[order] for f in fields(self)
                              if f.name != "cp_comm" and getattr(self, f.name) is not None},

@@ -43,14 +43,15 @@ def _partition(cfg: Config, costs: BlockCosts, mem: StageMemory, splits: dict | 
     """planner.solve.chain.partition of ``costs``' block times under ``mem``, found once per
     ``splits``."""
     if splits is None:
-        return partition(costs.time_s.tolist(), cfg.pp * cfg.vpp, mem)
+        return partition(costs.split_s(cfg.num_microbatches), cfg.pp * cfg.vpp, mem)
     # the block times, activations and transient bytes are those of ``costs`` (kept alive in
     # the value, so that its id is not reused)
-    key = (id(costs), cfg.pp * cfg.vpp, tuple(mem.static), tuple(mem.in_flight), mem.capacity,
-           tuple(mem.shared))
+    key = (id(costs), cfg.pp * cfg.vpp, cfg.num_microbatches, tuple(mem.static),
+           tuple(mem.in_flight), mem.capacity, tuple(mem.shared))
     hit = splits.get(key)
     if hit is None or hit[0] is not costs:
-        hit = splits[key] = (costs, partition(costs.time_s.tolist(), cfg.pp * cfg.vpp, mem))
+        hit = splits[key] = (costs, partition(costs.split_s(cfg.num_microbatches),
+                                              cfg.pp * cfg.vpp, mem))
     return hit[1]
 
 

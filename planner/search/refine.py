@@ -64,7 +64,7 @@ def refine_dag(est: Estimate, bg: BlockGraph, ma: ModelArrays, costs: BlockCosts
             hint[position[name]] = st.index
     edges = sorted({(position[e.src], position[e.dst]) for e in bg.edges})
     t0 = time.perf_counter()
-    res = solve_dag(costs.time_s.tolist(), edges, cfg.pp, mem, time_limit_s=budget_s,
+    res = solve_dag(costs.split_s(cfg.num_microbatches), edges, cfg.pp, mem, time_limit_s=budget_s,
                     seed=options.cpsat_seed, hint=hint)
     log.info("CP-SAT stage assignment for %s: %s in %.2f s", cfg.short(),
              res.status if res else "no solution", time.perf_counter() - t0)

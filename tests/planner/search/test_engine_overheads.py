@@ -180,3 +180,45 @@ def test_eager_gradient_accumulation_is_paid_after_every_micro_batch_but_the_fir
     one = fix.replace("micro_batch=1", "micro_batch=2")  # one micro-batch: nothing to add to
     assert _plan(fp32_llama, one, eager).predicted["breakdown"]["compute_s"] < 1.0
     assert _plan(fp32_llama, fix, eager).predicted["breakdown"]["compute_s"] > 1.0
+
+
+def test_the_stage_split_balances_the_accumulation_pass_it_prices(tmp_path):
+    """Eager engines pay a pass over the gradients after every micro-batch but the first; the
+    split balances the same per-block seconds the pricing adds up, so no other cut of the chain
+    prices faster. A large vocabulary makes the embedding's pass weigh where it has no GEMM."""
+    from planner.options import Config
+    from planner.search.costs import ModelArrays, config_costs
+    from planner.search.pricing import price
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 128,
+                                  "intermediate_size": 384, "num_hidden_layers": 12,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": 16384, "max_position_embeddings": 128}))
+    model = planner.prepare(str(config), seq_len=16, dtype="fp32")  # few tokens: the pass weighs
+
+    slow_memory = {**CALIB, "device": {**CALIB["device"], "hbm_GBps": 0.05}}
+    cluster = apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=2), slow_memory)
+    training = planner.TrainingSpec(global_batch=8, seq_len=16, dtype="fp32",
+                                    optimizer="adamw", engine=engine_from_mapping("torchtitan"))
+    p = planner.plan_prepared(model, cluster, training, planner.SearchOptions(
+        fix="pp=2,dp=1,tp=1,micro_batch=1,recompute=none,schedule=gpipe",
+        top_k=0))
+    ma = ModelArrays.from_blocks(model.blocks)
+    par = {k: p.parallel[k] for k in ("dp", "tp", "pp", "micro_batch", "num_microbatches",
+                                     "schedule", "recompute", "zero")}
+    cfg = Config(**par)
+    costs = config_costs(ma, cluster, training, cfg)
+    assert costs.accumulate_s.max() > 0  # the pass is priced here
+    n = len(ma.names)
+
+    def priced(k: int) -> float:  # the slower stage's compute per micro-batch, cut before block k
+        return max(st.compute_s for st in price(cfg, [0, k, n], ma, costs, cluster,
+                                                training).stages)
+
+    best = min(priced(k) for k in range(1, n))
+    planned = max(st["predicted"]["compute_s"] for st in p.stages)
+    assert planned == pytest.approx(best, rel=1e-5)
+    t = costs.time_s  # balancing these alone (no accumulation pass) cuts elsewhere, slower
+    blind = min(range(1, n), key=lambda k: max(t[:k].sum(), t[k:].sum()))
+    assert priced(blind) > best * 1.01
