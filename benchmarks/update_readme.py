@@ -77,10 +77,10 @@ SECTIONS = [
      "launching every plan once (this VM's speed drifts over minutes); the error is the median "
      "over the rounds (predicted / measured - 1), and the spread shows how much the launches "
      "move. The VM's speed also differs from day to day: on 2026-12-01, with steps of 0.45-0.80 "
-     "s, this benchmark gave median 3.8%, max 6.0%; earlier on 2026-12-02, with steps of "
-     "0.22-0.44 s, plans of several micro-batches and of two processes came out 10-24% too fast, "
-     "before gradient accumulation (a pass over the gradients after every micro-batch but the "
-     "first) and attention at the rate of its call's size were priced."),
+     "s, this benchmark gave median 3.8%, max 6.0%; in the table below (2026-12-02, steps of "
+     "0.28-0.42 s) every plan comes out too fast, by 5-15% with one process (most with four "
+     "micro-batches) and 16-20% with two, with gradient accumulation (a pass over the gradients after every micro-batch but "
+     "the first) and attention at the rate of its call's size priced: not explained yet."),
     ("runtime-moe", "measured_vs_predicted.py --model mixtral --repeats 3",
      "**Executed expert and context parallelism.** A small Mixtral (4 layers, hidden 256, 8 "
      "experts, top-2, 17.8 M parameters of which 12.6 M in experts; sequence 128, batch 8, fp32, "
