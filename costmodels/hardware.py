@@ -194,10 +194,9 @@ class DeviceSpec:
         """Dense peak FLOP/s for ``dtype``; raises SpecError when the device lacks it."""
         if dtype not in self.peak_flops:
             have = ", ".join(sorted(self.peak_flops))
-            raise SpecError(
-                f"device {self.name} has no {dtype} support (it has {have}); "
-                f"choose --dtype from those"
-            )
+            measured = " (the calibration measured only those)" if "calibrated" in self.name else ""
+            raise SpecError(f"dtype: device {self.name} has no {dtype} support (it has "
+                            f"{have}{measured}); choose --dtype from those")
         return self.peak_flops[dtype]
 
 

@@ -152,13 +152,13 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         if isinstance(cl, HeteroCluster):
             raise SpecError("calibration: applies to one device type; not to a cluster with groups")
         cl = apply_calibration(cl, calibration)
+    eng = engine_from_mapping(engine)
+    TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
+                 engine=eng)  # validate before the slow part (a dtype name before the device's)
     for group in getattr(cl, "groups", (cl,)):
         group.device.peak(dtype)  # fail early on a dtype a device lacks
     options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
                                              time_limit_s=time_limit_s, trace=trace_method), target)
-    eng = engine_from_mapping(engine)
-    TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
-                 engine=eng)  # validate before the slow part
     if isinstance(cl, HeteroCluster):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
     prepared = prepare(model, example_inputs=example_inputs, seq_len=seq_len, dtype=dtype,
