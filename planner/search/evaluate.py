@@ -46,8 +46,9 @@ def _partition(cfg: Config, costs: BlockCosts, mem: StageMemory, splits: dict | 
         return partition(costs.split_s(cfg.num_microbatches), cfg.pp * cfg.vpp, mem)
     # the block times, activations and transient bytes are those of ``costs`` (kept alive in
     # the value, so that its id is not reused)
-    key = (id(costs), cfg.pp * cfg.vpp, cfg.num_microbatches, tuple(mem.static),
-           tuple(mem.in_flight), mem.capacity, tuple(mem.shared))
+    m = cfg.num_microbatches if costs.accumulate_s.any() else 0  # split_s depends on m only then
+    key = (id(costs), cfg.pp * cfg.vpp, m, tuple(mem.static), tuple(mem.in_flight), mem.capacity,
+           tuple(mem.shared))
     hit = splits.get(key)
     if hit is None or hit[0] is not costs:
         hit = splits[key] = (costs, partition(costs.split_s(cfg.num_microbatches),
