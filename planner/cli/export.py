@@ -1,6 +1,7 @@
 """`plan export PLAN.json --to torchtitan|megatron|deepspeed|torchrec [--engine-version V] [-o FILE]`.
 
-Prints the exported text, or writes it atomically to FILE (a folder gets the suggested file name).
+Prints the exported text, or writes it atomically to FILE (a folder gets the plan file's name with
+the target's suffix).
 What the engine cannot express exactly is a comment in the text and a warning on stderr.
 """
 
@@ -25,8 +26,8 @@ def register(add) -> None:
                    help=f"engine release to write for ({versions}); default: the release "
                         "planner.targets describes")
     e.add_argument("-o", "--output", metavar="FILE",
-                   help="write here (a folder: use the suggested name; -: stdout) instead of "
-                        "printing")
+                   help="write here (a folder: the plan file's name with the target's suffix; "
+                        "-: stdout) instead of printing")
     e.set_defaults(func=run)
 
 
@@ -34,7 +35,8 @@ def run(args) -> int:
     folder = bool(args.output) and args.output != STDOUT and os.path.isdir(args.output)
     if args.output is not None and not folder:
         check_output(args.output, "-o")
-    text, name = export(load_plan(args.plan), args.to, args.engine_version)
+    stem = os.path.splitext(os.path.basename(args.plan))[0]  # a folder gets PLAN.<target suffix>
+    text, name = export(load_plan(args.plan), args.to, args.engine_version, stem=stem)
     if not args.output or args.output == STDOUT:
         print(text, end="")
         return 0

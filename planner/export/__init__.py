@@ -44,8 +44,11 @@ def suffix(target: str, version: str) -> str:
     return TARGETS[target][1]
 
 
-def export(plan: Plan, target: str, version: str | None = None) -> tuple[str, str]:
-    """(text, suggested file name) of ``plan`` exported to ``target`` ``version``."""
+def export(plan: Plan, target: str, version: str | None = None,
+           stem: str | None = None) -> tuple[str, str]:
+    """(text, suggested file name) of ``plan`` exported to ``target`` ``version``; the name starts
+    with ``stem`` (the plan file's name, so that two plans of one model differ), else the model's
+    name."""
     if target not in TARGETS:
         raise SpecError(f"export: unknown target '{target}'; choose {', '.join(TARGETS)}")
     tables = bool(plan.embeddings)
@@ -58,10 +61,11 @@ def export(plan: Plan, target: str, version: str | None = None) -> tuple[str, st
                         f"--to {', '.join(sorted(set(TARGETS) - set(RECSYS_TARGETS)))}")
     if target in RECSYS_TARGETS:
         version = torchrec_version(version)
-        return to_torchrec(plan, version), f"{slug(plan.model['name'])}.{suffix(target, version)}"
-    version = engine_version(target, version)
-    fn = TARGETS[target][0]
-    return fn(plan, version), f"{slug(plan.model['name'])}.{suffix(target, version)}"
+        text = to_torchrec(plan, version)
+    else:
+        version = engine_version(target, version)
+        text = TARGETS[target][0](plan, version)
+    return text, f"{slug(stem or plan.model['name'])}.{suffix(target, version)}"
 
 
 __all__ = ["RECSYS_TARGETS", "SUPPORTED_VERSIONS", "TARGETS", "export", "suffix", "to_deepspeed",

@@ -811,7 +811,8 @@ def test_cli_prints_or_writes_the_export(capsys, tmp_path):
     assert main(["export", plan, "--to", "megatron", "-o", str(tmp_path / "a.sh")]) == 0
     assert (tmp_path / "a.sh").read_text() == expected
     assert main(["export", plan, "--to", "deepspeed", "-o", str(tmp_path)]) == 0
-    assert json.loads((tmp_path / "llama3-8b.deepspeed.json").read_text())["train_batch_size"] == 64
+    written = tmp_path / "uneven-llama3-8b.deepspeed.json"  # named after the plan file
+    assert json.loads(written.read_text())["train_batch_size"] == 64
 
 
 def test_cli_errors_are_one_line_with_exit_code_2(capsys, tmp_path):
@@ -846,3 +847,18 @@ def test_the_replan_hint_keeps_only_pins_the_target_can_run():
     hint = resolve_hint(vpp, "deepspeed")
     assert "--fix ep=4,pp=2 --target deepspeed" in hint  # no vpp, no tp: DeepSpeed runs neither
     assert "vpp=4" in resolve_hint(vpp, "megatron") and "tp=2" in resolve_hint(vpp, "megatron")
+
+
+def test_export_into_a_folder_names_the_file_after_the_plan(tmp_path, capsys):
+    """Two plans of one model exported into one folder do not overwrite each other."""
+    import shutil
+    from planner.cli.main import main
+
+    for stem in ("a", "b"):
+        shutil.copy(os.path.join(GOLDEN, "plans", "uneven-llama3-8b.json"),
+                    tmp_path / f"{stem}.json")
+        assert main(["export", str(tmp_path / f"{stem}.json"), "--to", "megatron", "-o",
+                     str(tmp_path)]) == 0
+    capsys.readouterr()
+    names = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".json"))
+    assert len(names) == 2 and names[0].startswith("a.") and names[1].startswith("b.")
