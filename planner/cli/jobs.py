@@ -45,10 +45,18 @@ def register(add) -> None:
 
 
 def run(args) -> int:
-    from planner.jobs import joint, spec  # lazy: planning the jobs imports torch (seconds)
-
+    api_log = logging.getLogger("planner.api")
+    level = api_log.level
     if not args.verbose:  # one line per planned (job, GPU count) is too much here
-        logging.getLogger("planner.api").setLevel(logging.WARNING)
+        api_log.setLevel(logging.WARNING)
+    try:
+        return _run(args)
+    finally:  # a later command in this process logs as before
+        api_log.setLevel(level)
+
+
+def _run(args) -> int:
+    from planner.jobs import joint, spec  # lazy: planning the jobs imports torch (seconds)
 
     if args.gantt:
         check_path(args.gantt, "gantt")

@@ -77,20 +77,22 @@ def model_tables(model: str, seq_len: int, jobs: list[JobSpec], cluster: Cluster
     out = {}
     for job in jobs:
         training = TrainingSpec(global_batch=job.global_batch, seq_len=prepared.seq_len)
-        rows = []
+        rows, why = [], ""
         for g in counts:
             sized = resized(cluster, g)
             try:
                 p = plan_prepared(prepared, sized, training, search)
             except PlannerError as exc:
                 log.debug("%s on %d GPUs: %s", job.name, g, exc)
+                why = f"on {g} GPUs: {str(exc).splitlines()[0]}"
                 continue
             rows.append(TableRow(gpus=g, step_time_s=p.step_time_s,
                                  job_time_s=p.step_time_s * job.steps,
                                  peak_memory_bytes=p.predicted["peak_memory_bytes"],
                                  parallel=p.parallel_summary, plan=p.to_dict()))
-        if not rows:
-            log.warning("job %s fits on no GPU count of %s", job.name, cluster.name)
+        if not rows:  # say why on the most GPUs the job could have had
+            log.warning("job %s fits on no GPU count of %s (%s)", job.name, cluster.name,
+                        why or "no counts")
         out[job.name] = rows
     return out
 

@@ -157,7 +157,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     hint = "" if pins else _more_nodes_hint(ma, bg, cluster, training, options, cap)
     device_gb = (need + options.memory_reserve_bytes) / (1 - options.memory_reserve_fraction) / 1e9
     fix_hint = "; relax --fix" if pins else ""
-    return (f"no plan fits: {where} needs {gb(need)} per GPU ({kinds} GB) but a "
+    return (f"no plan fits: {where} needs {gb(need)} per GPU ({kinds} GB) but each "
             f"{cluster.device.name} leaves {gb(cap)} usable; it would fit on a device with "
             f">= {math.ceil(device_gb)} GB{hint}{fix_hint}")
 
