@@ -232,6 +232,10 @@ class _Recorder(torch.fx.Interpreter):
         x = args[0] if args else None
         if isinstance(x, torch.Tensor) and x.device.type == "meta" and not kwargs and len(args) == 1:
             if isinstance(mod, torch.nn.Linear):
+                if x.shape[-1] != mod.in_features:  # as the real Linear would refuse it
+                    raise ValueError(f"Linear({mod.in_features}, {mod.out_features}) got an input "
+                                     f"of size {x.shape[-1]} in its last dimension; check the "
+                                     "example inputs' shapes")
                 return torch.empty(*x.shape[:-1], mod.out_features, dtype=x.dtype, device="meta")
             if isinstance(mod, SHAPE_PRESERVING):
                 return torch.empty_like(x)

@@ -234,3 +234,19 @@ def test_an_image_model_says_when_seq_len_does_not_apply(tmp_path, caplog):
         rm = resolve(str(path), seq_len=1000, dtype="fp32")
     assert rm.seq_len == 16  # (64 / 16)^2 patches
     assert "--seq-len 1000 does not apply; a sample is 16 tokens" in caplog.text
+
+
+def test_example_inputs_of_the_wrong_shape_are_a_trace_error():
+    """Both tracers refuse them (fx's meta shortcut for Linear checks the width as Linear does),
+    rather than a plan that prices the layer from its bytes."""
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 8)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    rm = resolve(Two(), seq_len=None, dtype="fp32", example_inputs=(torch.randn(4, 32),))
+    with pytest.raises(TraceError, match=r"Linear\(64, 64\) got an input of size 32"):
+        trace(rm.module, rm.args, rm.kwargs, seq_len=1, batch=4, dtype="fp32")
