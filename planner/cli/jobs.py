@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import logging
-
 from planner.cli.args import count, non_negative_float, positive_float, positive_int
+from planner.cli.progress import per_plan_lines
 from planner.errors import SpecError
 from planner.files import check_output
 from planner.report.figure import check_path
@@ -45,14 +44,8 @@ def register(add) -> None:
 
 
 def run(args) -> int:
-    api_log = logging.getLogger("planner.api")
-    level = api_log.level
-    if not args.verbose:  # one line per planned (job, GPU count) is too much here
-        api_log.setLevel(logging.WARNING)
-    try:
+    with per_plan_lines(args.verbose):
         return _run(args)
-    finally:  # a later command in this process logs as before
-        api_log.setLevel(level)
 
 
 def _run(args) -> int:

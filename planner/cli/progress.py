@@ -1,9 +1,26 @@
-"""A one-line progress bar on stderr, redrawn on a terminal and silent otherwise."""
+"""What a command reports while it works: a one-line progress bar on stderr, redrawn on a
+terminal and silent otherwise, and the per-plan log lines a many-plan command holds back."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import time
+
+
+@contextlib.contextmanager
+def per_plan_lines(verbose: bool):
+    """Hold back the API's lines for every plan (one per job and GPU count, or per what-if
+    point) unless ``verbose``; the level is restored after, for later commands in the process."""
+    api_log = logging.getLogger("planner.api")
+    level = api_log.level
+    if not verbose:
+        api_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        api_log.setLevel(level)
 
 
 class Bar:

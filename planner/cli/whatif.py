@@ -6,7 +6,7 @@ import logging
 import time
 
 from planner.cli.args import positive_float, positive_int
-from planner.cli.progress import Bar
+from planner.cli.progress import Bar, per_plan_lines
 from planner.explore.costs import parse_prices
 from planner.explore.csv_rows import write_csv
 from planner.explore.grid import VARY_KEYS, parse_vary
@@ -58,11 +58,7 @@ def run(args) -> int:
     if args.csv is not None:
         check_output(args.csv, "csv")
     t0 = time.perf_counter()
-    api_log = logging.getLogger("planner.api")
-    level = api_log.level
-    if not args.verbose:  # one line per planned point is too much here
-        api_log.setLevel(logging.WARNING)
-    try:
+    with per_plan_lines(args.verbose):
         rows = sweep.whatif(args.model, cluster=args.cluster, vary=parse_vary(args.vary),
                             nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                             global_batch=args.global_batch, seq_len=args.seq_len,
@@ -71,8 +67,6 @@ def run(args) -> int:
                             tokens=args.tokens, time_limit_s=args.time_limit,
                             workers=args.workers,
                             progress=Bar(args.quiet, label="sweeping", unit=" points"))
-    finally:
-        api_log.setLevel(level)
     logging.getLogger("planner").info("swept %d points in %.1f s", len(rows),
                                       time.perf_counter() - t0)
     print(sweep_table(rows, rate="samples/s" if api.recsys_model(args.model) else "tokens/s"))
