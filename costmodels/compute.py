@@ -12,7 +12,9 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
 - Attention: a fused kernel (``flash``) runs at ``attention_efficiency`` forward and
   ``attention_bwd_efficiency`` backward (``flash2``, FlashAttention-2's kernels, at
   ``flash2_efficiency`` and ``flash2_bwd_efficiency`` where the device has them) and skips about
-  half the work under a causal mask; its backward recomputes the scores, 2.5x the forward FLOPs
+  half the work under a causal mask, running what is left ``causal_attention_ratio`` as fast (a
+  context-parallel ring's calls are mostly unmasked pairs of chunks, at the unmasked speed); its
+  backward recomputes the scores, 2.5x the forward FLOPs
   (Dao, "FlashAttention-2", 2023). Where ``plan profile`` measured attention by call size (CPUs),
   each call runs at the measured rate of its size and mask instead. ``materialized`` attention
   runs two batched GEMMs and moves the score matrix through memory between kernels (bytes per
@@ -278,13 +280,15 @@ def fused_attention_efficiency(device: DeviceSpec, engine: EngineSpec) -> tuple[
     return fwd, device.attention_bwd_efficiency or fwd
 
 
-def fused_attention_s(flops: float, device: DeviceSpec, dtype: str,
-                      engine: EngineSpec) -> tuple[float, float]:
-    """(forward, backward) seconds of fused attention doing ``flops`` of forward work; its
+def fused_attention_s(flops: float, device: DeviceSpec, dtype: str, engine: EngineSpec,
+                      masked: float = 0.0) -> tuple[float, float]:
+    """(forward, backward) seconds of fused attention doing ``flops`` of forward work unmasked
+    and ``masked`` more in calls under a causal mask (the work left after the skip); its
     backward does FLASH_BACKWARD_FACTOR times as much, each pass at its own share of peak."""
     f_eff, b_eff = fused_attention_efficiency(device, engine)
+    work = flops + masked / device.causal_attention_ratio
     peak = device.peak(dtype)
-    return flops / (peak * f_eff), FLASH_BACKWARD_FACTOR * flops / (peak * b_eff)
+    return work / (peak * f_eff), FLASH_BACKWARD_FACTOR * work / (peak * b_eff)
 
 
 def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
@@ -299,8 +303,9 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
                                     flops / max(work.fused_attn_calls, 1.0),
                                     device.attention_table[dtype])
     if engine.attention in FUSED_ATTENTION:
-        return fused_attention_s(flops - CAUSAL_SKIP * share * work.attn_causal_flops, device,
-                                 dtype, engine)
+        causal = share * work.attn_causal_flops
+        return fused_attention_s(flops - causal, device, dtype, engine,
+                                 masked=(1.0 - CAUSAL_SKIP) * causal)
     rate = device.peak(dtype) * device.matmul_efficiency
     word = DTYPE_BYTES[dtype]
     scores = share * work.attn_scores
@@ -337,20 +342,25 @@ def ring_attention_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
     the attention ``attention_time_s`` prices for a rank's share, because it calls the kernel once
     per pair of chunks: each sample is cut into 2 cp chunks and a rank's two query chunks meet
     every key chunk the mask lets through, 2 cp - 1 whole pairs and 2 causal ones per causal
-    call (4 cp whole pairs otherwise), each pair 1 / (2 cp)^2 of the call. Non-zero only where
-    attention was measured by call size (DeviceSpec.attention_table): at one rate the pairs add
-    up to the rank's share."""
+    call (4 cp whole pairs otherwise), each pair 1 / (2 cp)^2 of the call. Where attention was
+    measured by call size (DeviceSpec.attention_table) the pairs run at the rate of their size;
+    otherwise only the causal pairs run at the causal speed (DeviceSpec.causal_attention_ratio),
+    so the ring is faster than the rank's share of causal calls (a negative figure)."""
     table = device.attention_table.get(dtype)
-    if cp <= 1 or not table or engine.attention not in FUSED_ATTENTION \
-            or work.fused_attn_flops <= 0:
+    if cp <= 1 or engine.attention not in FUSED_ATTENTION or work.fused_attn_flops <= 0 or \
+            not (table or device.causal_attention_ratio != 1.0):
         return 0.0, 0.0
     share = _attention_share(work, micro_batch, tp)
     square, causal = share * work.fused_attn_flops, share * work.attn_causal_flops
     pairs = (2 * cp) ** 2
     masked = 2 * causal / pairs  # square FLOPs of the causal pairs
     whole = (2 * cp - 1) * causal / pairs + 4 * cp * (square - causal) / pairs
-    ring_f, ring_b = measured_attention_s(whole + masked, masked,
-                                          square / max(work.fused_attn_calls, 1.0) / pairs, table)
+    if table:
+        ring_f, ring_b = measured_attention_s(
+            whole + masked, masked, square / max(work.fused_attn_calls, 1.0) / pairs, table)
+    else:
+        ring_f, ring_b = fused_attention_s(whole, device, dtype, engine,
+                                           masked=(1.0 - CAUSAL_SKIP) * masked)
     own_f, own_b = attention_time_s(work, device, dtype, engine, micro_batch=micro_batch / cp,
                                     tp=tp)
     return ring_f - own_f, ring_b - own_b

@@ -56,11 +56,17 @@ def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_
         t = comm.alltoall_s(moved, group, cluster, count=4)
         return t, t
     # a2a+p2p: heads over the ranks of a node, a ring of node-sized chunks across nodes
-    inner = max(1, min(group.per_node, group.size))
+    inner = heads_ranks(group)
     outer = cp // inner
     heads = comm.alltoall_s(moved, GroupShape(size=inner, per_node=inner), cluster, count=4)
     f, b = _ring(outer, kv_bytes / cp, attn_fwd_s, attn_bwd_s, cluster.inter_node)
     return heads + f, heads + b
+
+
+def heads_ranks(group: GroupShape) -> int:
+    """Ranks of the a2a+p2p form's all-to-all (those of the context-parallel group in one node):
+    each holds 1 / that many of the heads, the ring runs over the rest."""
+    return max(1, min(group.per_node, group.size))
 
 
 def _ring(steps: int, chunk_bytes: float, attn_fwd_s: float, attn_bwd_s: float,

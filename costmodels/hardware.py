@@ -85,7 +85,7 @@ gradients in bf16 (costmodels.precision says what changes)."""
 FP8_MATMUL_EFFICIENCY = 0.52
 """Share of the FP8 peak that FP8 GEMMs sustain in training, every device: fitted on the even rows
 of 22 published dense FP8 runs (Megatron-Core / Transformer Engine on H100, B200, GB200 and
-GB300; benchmarks/dense_fp8_runs.py), held-out median error 7.8%. Isolated FP8 GEMMs reach about
+GB300; benchmarks/dense_fp8_runs.py), held-out median error 6.1%. Isolated FP8 GEMMs reach about
 70% of the FP8 peak as bf16 ones do of theirs; in whole steps FP8 GEMMs run about 1.5x the bf16
 GEMM rate, not 2x (power and clock limits at the FP8 rate, scaling in the GEMM epilogue), the
 range of the end-to-end FP8 speedups published for dense models (torchao: 1.25-1.5x)."""
@@ -131,6 +131,11 @@ class DeviceSpec:
     (FlashAttention-2 is the best kernel there, or its share was not published)."""
     flash2_bwd_efficiency: float | None = None
     """... and of their backward (None: as their forward)."""
+    causal_attention_ratio: float = 1.0
+    """Speed of a fused attention call under a causal mask relative to an unmasked call of the
+    same shape, both counting only the work the kernel does (the masked half skipped): the
+    diagonal tiles are part-masked and the query tiles carry unequal work. Applies to either
+    kernel, forward and backward (1.0: not published for the device)."""
     sm_count: int = 108
     """Streaming multiprocessors (tiles of one GEMM wave); 1 for a CPU."""
     gemm_tile: int = 128
@@ -227,8 +232,8 @@ def _gpu(name: str, mem_gb: float, bf16: float | None, fp16: float, fp32: float,
 HOPPER_ATTENTION = (0.61, 0.52)
 """(forward, backward) shares of peak of the fused attention Transformer Engine runs on Hopper
 (cuDNN's, which it prefers on sm90; FlashAttention-3 is within 10% of it): about 600 and 516
-TFLOP/s of H100's 989 at head dim 128 and 8k-16k tokens (Shah et al., "FlashAttention-3", 2024,
-Figs. 5 and 6, cuDNN bars)."""
+TFLOP/s of H100's 989 at head dim 128 and 8k-16k tokens without a causal mask (Shah et al.,
+"FlashAttention-3", 2024, Figs. 5 and 6, cuDNN bars; causal calls: HOPPER_CAUSAL)."""
 HOPPER_FLASH2 = (0.37, 0.33)
 """The same for FlashAttention-2's kernels on H100: about 370 and 322 TFLOP/s (same figures), the
 "35% utilization" of that paper's abstract."""
@@ -238,8 +243,15 @@ reaches 1,605 TFLOP/s in BF16 on B200 (71% of 2,250) and up to 1.3x cuDNN 9.13 (
 "FlashAttention-4", 2026, abstract), so cuDNN about 1,235 (0.55) forward; its backward is taken
 at Hopper's cuDNN backward-to-forward ratio (516 / 600), since Blackwell's backward is bound by
 shared-memory traffic that did not grow with the tensor cores (same paper)."""
+HOPPER_CAUSAL = 0.89
+"""Causal over unmasked forward speed on H100 at head dim 128 and 8k-16k tokens, each counted
+as the work the kernel does (same paper, Fig. 5, with and without the causal mask): cuDNN 529-539
+against 595-600 TFLOP/s (0.89), FlashAttention-2 333-335 against 370 (0.90), FlashAttention-3
+602-616 against 646-648 (0.94; not what Transformer Engine runs). The paper publishes the backward
+without the mask only; it is taken at the forward's ratio."""
 HOPPER_KERNELS = dict(attention_efficiency=HOPPER_ATTENTION[0],
                       attention_bwd_efficiency=HOPPER_ATTENTION[1],
+                      causal_attention_ratio=HOPPER_CAUSAL,
                       flash2_efficiency=HOPPER_FLASH2[0], flash2_bwd_efficiency=HOPPER_FLASH2[1])
 BLACKWELL_KERNELS = dict(attention_efficiency=BLACKWELL_ATTENTION[0],
                          attention_bwd_efficiency=BLACKWELL_ATTENTION[1])
@@ -287,10 +299,12 @@ DEVICES: dict[str, DeviceSpec] = {
     )
 }
 
-_DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "matmul_efficiency",
-                "fp8_matmul_efficiency", "memory_efficiency", "attention_efficiency",
-                "attention_bwd_efficiency", "flash2_efficiency", "flash2_bwd_efficiency",
-                "sm_count", "description"}
+_SHARE_KEYS = ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency",
+               "attention_efficiency", "attention_bwd_efficiency", "flash2_efficiency",
+               "flash2_bwd_efficiency", "causal_attention_ratio")
+"""DeviceSpec fields a cluster file may set as fractions in (0, 1]."""
+_DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "sm_count", "description",
+                *_SHARE_KEYS}
 
 
 def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
@@ -310,9 +324,7 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
         raise SpecError(f"{where}.peak_TFLOPs.{sorted(bad)[0]}: unknown dtype; use bf16, fp16, "
                         "fp32, fp8")
     kw = {}
-    for key in ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency",
-                "attention_efficiency", "attention_bwd_efficiency", "flash2_efficiency",
-                "flash2_bwd_efficiency"):
+    for key in _SHARE_KEYS:
         if key in spec:
             kw[key] = _fraction(spec[key], f"{where}.{key}")
     if "sm_count" in spec:
@@ -337,9 +349,7 @@ def device_mapping(d: DeviceSpec) -> dict:
     out = {"name": d.name, "memory_GB": d.memory_bytes / GB,
            "peak_TFLOPs": {k: v / TERA for k, v in sorted(d.peak_flops.items())},
            "hbm_GBps": d.hbm_bytes_per_s / GB, "sm_count": d.sm_count}
-    for key in ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency",
-                "attention_efficiency", "attention_bwd_efficiency", "flash2_efficiency",
-                "flash2_bwd_efficiency", "description"):
+    for key in (*_SHARE_KEYS, "description"):
         value = getattr(d, key)
         if value is not None and value != "":
             out[key] = value

@@ -113,6 +113,7 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
         attention_bwd_efficiency=None,  # measured forward and backward together
         flash2_efficiency=None,  # the measured rate is SDPA's default kernel's, whatever it is
         flash2_bwd_efficiency=None,
+        causal_attention_ratio=1.0,  # measured tables price causal calls at their own rate
     )
     link = data.get("intra_node")
     intra = cluster.intra_node

@@ -9,6 +9,7 @@ chain split, the DAG and the device-group solvers alike.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field, fields
 
@@ -142,23 +143,13 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             times[ma.same[i]] = compute.block_time(
                 work, cluster.device, dtype=training.dtype, micro_batch=micro_batch, tp=tp, sp=sp,
                 recompute="none", engine=engine, cp=cp, experts=experts)
-    under: dict[tuple, compute.BlockTime] = {}
-    for i, policy in enumerate(policies):
-        if (ma.same[i], policy) not in under:
-            under[ma.same[i], policy] = times[ma.same[i]].recomputing(policy)
-    bt = [under[ma.same[i], policy] for i, policy in enumerate(policies)]
-    group = placement.group_shape(tp, 1, cluster.gpus_per_node)
-    fwd_repeats = 2 if recompute == "full" else 1  # full recompute replays forward all-reduces
-    share = micro_batch / cp  # samples' worth of tokens on this GPU
-    tp_bytes = share * (fwd_repeats * w.tp_fwd_bytes + w.tp_bwd_bytes)
-    count = w.tp_collectives * (2 if sp else 1)  # sp: reduce-scatter + all-gather per all-reduce
-    tp_s = comm.allreduce_s(tp_bytes, group, cluster, count=count)
     n = len(ma.names)
 
     def vec(x) -> np.ndarray:  # a new array; scalars (e.g. no recomputation) broadcast
         out = np.array(x, dtype=float)
         return out if out.shape == (n,) else np.broadcast_to(out, (n,)).copy()
 
+    fwd_repeats = 2 if recompute == "full" else 1  # full recompute replays forward all-reduces
     kept = engine.attention not in FUSED_ATTENTION  # eager attention's scores, saved or fused away
     fused = engine.kernels == "fused"  # element-wise chains keep only what enters them
     fp8 = training.dtype == "fp8"  # Linear inputs kept quantized
@@ -171,36 +162,55 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     # with eager kernels the ring is the runtime's, which returns fp32 K/V gradients to their owner
     back = 4 / word if engine.kernels == "eager" else 0.0
     form, cp_s, cp_buffers = forms[0], np.zeros(n), np.zeros(n)
+    ring = np.zeros((n, 2))  # (forward, backward) attention seconds the ring's calls change
     if cp > 1:
         g = cluster.gpus_per_node
         cp_group = placement.group_shape(cp, tp, g, tuple(range(0, g, tp * cp)) or (0,))
         best = None
         for f_name in forms:
-            s_ = np.zeros(n)
-            for i, t in enumerate(bt):
+            s_, calls = np.zeros(n), np.zeros((n, 2))
+            for i in range(n):
+                t = times[ma.same[i]]
                 if ma.same[i] != i:  # equal work: equal exchange
-                    s_[i] = s_[ma.same[i]]
+                    s_[i], calls[i] = s_[ma.same[i]], calls[ma.same[i]]
                 elif kv[i] > 0:
                     f, b = context.exchange_s(f_name, cp=cp, kv_bytes=kv[i], q_bytes=q[i],
                                               attn_fwd_s=t.attn_fwd_s, attn_bwd_s=t.attn_bwd_s,
                                               group=cp_group, cluster=cluster,
                                               gradients_back=back)
-                    if f_name == "p2p":  # the ring's smaller attention calls
-                        af, ab = compute.ring_attention_s(
-                            ma.works[i], cluster.device, core, engine, micro_batch=micro_batch,
-                            tp=tp, cp=cp)
-                        f, b = f + af, b + ab
+                    if f_name in ("p2p", "a2a+p2p"):  # the ring calls attention per chunk pair
+                        # (a2a+p2p: a ring of cp / inner steps, each rank on 1 / inner of heads)
+                        inner = 1 if f_name == "p2p" else context.heads_ranks(cp_group)
+                        calls[i] = compute.ring_attention_s(
+                            ma.works[i], cluster.device, core, engine,
+                            micro_batch=micro_batch / inner, tp=tp, cp=cp // inner)
                     if f_name == "p2p" and engine.kernels == "eager":  # the ring's merges
                         mf, mb = context.ring_merge_s(cp, q_bytes=q[i], kv_bytes=kv[i],
                                                       word=word, device=cluster.device)
                         f, b = f + mf, b + mb
                     s_[i] = fwd_repeats * f + b
-            if best is None or s_.sum() < best:
-                best, form, cp_s = float(s_.sum()), f_name, s_
+            total = float(s_.sum() + fwd_repeats * calls[:, 0].sum() + calls[:, 1].sum())
+            if best is None or total < best:
+                best, form, cp_s, ring = total, f_name, s_, calls
         # K/V held while attention runs: two chunks in flight (ring), the gathered sequence
         # (all-gather), the head shards of q, k, v and the output (all-to-all)
         cp_buffers = {"p2p": 2 * kv / cp, "allgather": kv,
                       "a2a": (2 * q + kv) / cp, "a2a+p2p": (2 * q + 3 * kv) / cp}[form]
+    under: dict[tuple, compute.BlockTime] = {}
+    for i, policy in enumerate(policies):
+        if (ma.same[i], policy) not in under:
+            t = times[ma.same[i]]
+            rf, rb = ring[ma.same[i]]
+            if rf or rb:  # the attention the ring runs in its calls, in place of the rank's own
+                t = dataclasses.replace(t, fwd_s=t.fwd_s + rf, bwd_s=t.bwd_s + rb,
+                                        attn_fwd_s=t.attn_fwd_s + rf, attn_bwd_s=t.attn_bwd_s + rb)
+            under[ma.same[i], policy] = t.recomputing(policy)
+    bt = [under[ma.same[i], policy] for i, policy in enumerate(policies)]
+    group = placement.group_shape(tp, 1, cluster.gpus_per_node)
+    share = micro_batch / cp  # samples' worth of tokens on this GPU
+    tp_bytes = share * (fwd_repeats * w.tp_fwd_bytes + w.tp_bwd_bytes)
+    count = w.tp_collectives * (2 if sp else 1)  # sp: reduce-scatter + all-gather per all-reduce
+    tp_s = comm.allreduce_s(tp_bytes, group, cluster, count=count)
     local = vec(w.params_tp / tp + w.params_rep - w.expert_params + w.expert_params / (ep * etp))
     accumulate = np.zeros(n)
     if engine.kernels == "eager":  # fused engines fold accumulation into the wgrad GEMM

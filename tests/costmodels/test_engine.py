@@ -68,3 +68,43 @@ def test_fused_attention_backward_runs_at_its_own_rate():
     fwd, bwd = attention_time_s(work, DEVICES["a100-80g"], "bf16", EngineSpec(), micro_batch=1,
                                 tp=1)
     assert bwd / fwd == pytest.approx(FLASH_BACKWARD_FACTOR)  # one published share on A100
+
+
+def test_causal_calls_run_below_unmasked_ones_and_a_ring_mostly_unmasked():
+    from costmodels.compute import CAUSAL_SKIP, attention_time_s, ring_attention_s
+    from costmodels.hardware import DEVICES, HOPPER_ATTENTION, HOPPER_CAUSAL
+    from costmodels.workload import BlockWork
+
+    h100, a100 = DEVICES["h100"], DEVICES["a100-80g"]
+    full = BlockWork(fused_attn_flops=1e12, attn_flops=1e12)
+    causal = BlockWork(fused_attn_flops=1e12, attn_flops=1e12, attn_causal_flops=1e12)
+    flash = EngineSpec()
+    f_full, _ = attention_time_s(full, h100, "bf16", flash, micro_batch=1, tp=1)
+    f_causal, b_causal = attention_time_s(causal, h100, "bf16", flash, micro_batch=1, tp=1)
+    # half the work, at HOPPER_CAUSAL of the unmasked speed (FlashAttention-3 paper, Fig. 5)
+    assert f_causal == pytest.approx(CAUSAL_SKIP * 1e12 / (989e12 * HOPPER_ATTENTION[0]
+                                                           * HOPPER_CAUSAL))
+    assert f_causal / f_full == pytest.approx(CAUSAL_SKIP / HOPPER_CAUSAL)
+    # where the ratio is not published (A100), causal work runs at the unmasked speed
+    a_full, _ = attention_time_s(full, a100, "bf16", flash, micro_batch=1, tp=1)
+    a_causal, _ = attention_time_s(causal, a100, "bf16", flash, micro_batch=1, tp=1)
+    assert a_causal == pytest.approx(CAUSAL_SKIP * a_full)
+    assert ring_attention_s(causal, a100, "bf16", flash, micro_batch=1, tp=1, cp=4) == (0, 0)
+    # a ring of cp ranks: of a rank's 2 cp pair-calls' work, one pair's worth is masked, the
+    # rest runs unmasked; the same work as the rank's share of causal calls, done faster
+    for cp in (2, 8):
+        own_f, own_b = attention_time_s(causal, h100, "bf16", flash, micro_batch=1 / cp, tp=1)
+        df, db = ring_attention_s(causal, h100, "bf16", flash, micro_batch=1, tp=1, cp=cp)
+        masked = 1 / (2 * cp)
+        assert own_f + df == pytest.approx(own_f * (masked + (1 - masked) * HOPPER_CAUSAL))
+        assert own_b + db == pytest.approx(own_b * (masked + (1 - masked) * HOPPER_CAUSAL))
+    # unmasked attention gains nothing from the ring
+    assert ring_attention_s(full, h100, "bf16", flash, micro_batch=1, tp=1, cp=4) == (
+        pytest.approx(0.0), pytest.approx(0.0))
+    assert b_causal > 0
+    from costmodels.hardware import device_from_mapping, device_mapping
+    spec = {"name": "x", "memory_GB": 96, "hbm_GBps": 2400, "peak_TFLOPs": {"bf16": 886}}
+    assert device_mapping(device_from_mapping({**spec, "causal_attention_ratio": 0.9})
+                          )["causal_attention_ratio"] == 0.9
+    with pytest.raises(SpecError, match="device.causal_attention_ratio: expected a fraction"):
+        device_from_mapping({**spec, "causal_attention_ratio": 1.5})
