@@ -131,6 +131,10 @@ class DeviceSpec:
     (FlashAttention-2 is the best kernel there, or its share was not published)."""
     flash2_bwd_efficiency: float | None = None
     """... and of their backward (None: as their forward)."""
+    flash_attention: bool = True
+    """The device runs FlashAttention-style fused attention (Transformer Engine's, FlashAttention-2
+    and -3 need sm80 or newer). False on V100 (sm70), where Megatron-LM keeps the attention scores
+    in memory: an engine asking for ``flash`` is priced ``materialized`` there."""
     causal_attention_ratio: float = 1.0
     """Speed of a fused attention call under a causal mask relative to an unmasked call of the
     same shape, both counting only the work the kernel does (the masked half skipped): the
@@ -272,7 +276,7 @@ DEVICES: dict[str, DeviceSpec] = {
         _gpu("h200", 141, 989, 989, 67, 4800, "NVIDIA H200 SXM 141 GB", fp8=1979, sm_count=132,
              host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S, **HOPPER_KERNELS),
         _gpu("v100", 32, None, 125, 15.7, 900, "NVIDIA V100 SXM2 32 GB (no bf16)", sm_count=80,
-             matmul_efficiency=V100_GEMM_EFFICIENCY),
+             matmul_efficiency=V100_GEMM_EFFICIENCY, flash_attention=False),
         _gpu("l4", 24, 121, 121, 30.3, 300, "NVIDIA L4 24 GB (PCIe)", fp8=242.5, sm_count=58),
         _gpu("rtx4090", 24, 165.2, 165.2, 82.6, 1008, "NVIDIA GeForce RTX 4090 24 GB",
              fp8=330.3, sm_count=128),

@@ -6,6 +6,7 @@ is read back from the trace cache (planner.trace.cache) without loading either.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -349,6 +350,20 @@ def _dense_zero(value) -> int:
     return int(value)
 
 
+def _attention_the_devices_run(cluster, training: TrainingSpec) -> TrainingSpec:
+    """``training`` with FlashAttention replaced by attention with its scores in memory where a
+    device of ``cluster`` has no FlashAttention kernel (DeviceSpec.flash_attention), said once."""
+    devices = [g.device for g in getattr(cluster, "groups", (cluster,))]
+    without = sorted({d.name for d in devices if not d.flash_attention})
+    if training.engine.attention != "flash" or not without:
+        return training
+    log.warning("%s has no FlashAttention kernel (it needs sm80 or newer): attention is priced "
+                "with its scores in memory, as Megatron-LM runs it there (engine "
+                "attention=materialized)", " and ".join(without))
+    return dataclasses.replace(training, engine=dataclasses.replace(training.engine,
+                                                                    attention="materialized"))
+
+
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False) -> Plan:
     """Search and emit for an already traced model."""
@@ -357,6 +372,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "
                         f"seq_len={training.seq_len}")
+    training = _attention_the_devices_run(cluster, training)
     result = search(prepared.blocks, cluster, training, options, progress=progress)
     aside, ruled = rejection_lines(result.rejected, most=4)
     log.info("searched %d configurations in %.2f s (%s)", result.candidates, result.time_s,

@@ -146,3 +146,22 @@ def test_pins_the_group_pricing_cannot_honour_are_refused_before_tracing(fix, wo
 
     with pytest.raises(SpecError, match=words):  # "nope" is never resolved: the pin fails first
         planner.plan("nope", cluster=MIXED, global_batch=16, dtype="fp16", fix=fix)
+
+
+def test_a_device_without_flashattention_prices_attention_with_its_scores(mid_gpt2, caplog):
+    """V100 (sm70) runs no FlashAttention: a plan on a cluster holding one is priced, and says it
+    is priced, with attention scores in memory; an A100-only cluster keeps FlashAttention."""
+    import logging
+
+    tr = TrainingSpec(global_batch=16, seq_len=mid_gpt2.seq_len, dtype="fp16")
+    opts = SearchOptions(fix=parse_fix("pp=2,tp=1,dp=2,micro_batch=1,recompute=none"), top_k=0)
+    with caplog.at_level(logging.WARNING, logger="planner.api"):
+        mixed = plan_prepared(mid_gpt2, load_cluster(MIXED), tr, opts)
+    assert mixed.training["engine"]["attention"] == "materialized"
+    assert "v100 has no FlashAttention kernel" in caplog.text
+    caplog.clear()
+    a100 = load_cluster({**MIXED["groups"][0], "name": "a100-only",
+                         "inter_node": MIXED["inter_node"]})
+    with caplog.at_level(logging.WARNING, logger="planner.api"):
+        plain = plan_prepared(mid_gpt2, a100, tr, SearchOptions(top_k=0))
+    assert plain.training["engine"]["attention"] == "flash" and "FlashAttention" not in caplog.text
