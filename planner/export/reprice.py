@@ -85,6 +85,13 @@ def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
                   device=cluster.device.memory_bytes)
 
 
+STATE_LAYOUT_WORDS = {"zero": "model states as ZeRO lays them out (16-bit weights and gradients, "
+                               "fp32 master weights and optimizer states)",
+                      "megatron": "model states as Megatron-Core lays them out (fp32 main "
+                                  "gradients)"}
+"""How a re-check names a state layout (costmodels.memory.STATE_LAYOUTS) other than the plan's."""
+
+
 def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = None,
             **changes) -> str:
     """Price the plan with ``changes`` (described by ``change``, e.g. "ZeRO-1 instead of ZeRO-3")
@@ -92,6 +99,9 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
     else a note with them."""
     mem = memory(plan, state_layout=state_layout, **changes)
     planned = plan.predicted["peak_memory_bytes"]
+    planned_layout = engine_from_mapping(plan.training.get("engine")).state_layout
+    if state_layout and planned_layout != state_layout:
+        change += f" and the {STATE_LAYOUT_WORDS.get(state_layout, state_layout)}"
     if mem.peak > mem.usable:
         raise SpecError(
             f"export {target}: with {change}, pipeline rank {mem.worst_rank} needs "

@@ -32,6 +32,7 @@ from unittest import mock
 
 import pytest
 
+from costmodels.engine import engine_from_mapping
 from planner import targets
 from planner.cli.main import main
 from planner.errors import SpecError
@@ -378,6 +379,9 @@ def test_deepspeed_pipeline_falls_back_to_zero_1_after_a_memory_recheck(notes):
     recheck = [n for n in ds["planner"]["not_expressed"] if n.startswith("memory re-checked")]
     assert len(recheck) == 1 and "ZeRO-1 instead of the plan's ZeRO-3" in recheck[0]
     assert re.search(r"a peak of \d+\.\d GB per GPU .* within the 75\.0 GB usable", recheck[0])
+    # the plan's states are Megatron-Core's; the re-check says it priced DeepSpeed's instead
+    planned = engine_from_mapping(plan_of("uneven-llama3-8b").training.get("engine")).state_layout
+    assert planned == "megatron" and "model states as ZeRO lays them out" in recheck[0]
 
 
 # ---- plans a target cannot express --------------------------------------------------------------
