@@ -174,16 +174,17 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                 if ma.same[i] != i:  # equal work: equal exchange
                     s_[i], calls[i] = s_[ma.same[i]], calls[ma.same[i]]
                 elif kv[i] > 0:
-                    f, b = context.exchange_s(f_name, cp=cp, kv_bytes=kv[i], q_bytes=q[i],
-                                              attn_fwd_s=t.attn_fwd_s, attn_bwd_s=t.attn_bwd_s,
-                                              group=cp_group, cluster=cluster,
-                                              gradients_back=back)
                     if f_name in ("p2p", "a2a+p2p"):  # the ring calls attention per chunk pair
                         # (a2a+p2p: a ring of cp / inner steps, each rank on 1 / inner of heads)
                         inner = 1 if f_name == "p2p" else context.heads_ranks(cp_group)
                         calls[i] = compute.ring_attention_s(
                             ma.works[i], cluster.device, core, engine,
                             micro_batch=micro_batch / inner, tp=tp, cp=cp // inner)
+                    f, b = context.exchange_s(f_name, cp=cp, kv_bytes=kv[i], q_bytes=q[i],
+                                              attn_fwd_s=t.attn_fwd_s + calls[i, 0],
+                                              attn_bwd_s=t.attn_bwd_s + calls[i, 1],
+                                              group=cp_group, cluster=cluster,
+                                              gradients_back=back)
                     if f_name == "p2p" and engine.kernels == "eager":  # the ring's merges
                         mf, mb = context.ring_merge_s(cp, q_bytes=q[i], kv_bytes=kv[i],
                                                       word=word, device=cluster.device)
