@@ -308,7 +308,7 @@ _SHARE_KEYS = ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency"
                "flash2_bwd_efficiency", "causal_attention_ratio")
 """DeviceSpec fields a cluster file may set as fractions in (0, 1]."""
 _DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "sm_count", "description",
-                *_SHARE_KEYS}
+                "flash_attention", *_SHARE_KEYS}
 
 
 def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
@@ -337,6 +337,11 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
             raise SpecError(f"{where}.sm_count: expected a whole number of SMs, got "
                             f"{spec['sm_count']!r}")
         kw["sm_count"] = int(sms)
+    if "flash_attention" in spec:
+        if not isinstance(spec["flash_attention"], bool):
+            raise SpecError(f"{where}.flash_attention: expected true or false, got "
+                            f"{spec['flash_attention']!r}")
+        kw["flash_attention"] = spec["flash_attention"]
     return DeviceSpec(
         name=str(spec["name"]),
         memory_bytes=_positive(spec["memory_GB"], f"{where}.memory_GB") * GB,
@@ -353,6 +358,8 @@ def device_mapping(d: DeviceSpec) -> dict:
     out = {"name": d.name, "memory_GB": d.memory_bytes / GB,
            "peak_TFLOPs": {k: v / TERA for k, v in sorted(d.peak_flops.items())},
            "hbm_GBps": d.hbm_bytes_per_s / GB, "sm_count": d.sm_count}
+    if not d.flash_attention:
+        out["flash_attention"] = False
     for key in (*_SHARE_KEYS, "description"):
         value = getattr(d, key)
         if value is not None and value != "":
@@ -396,8 +403,11 @@ def _positive(value, where: str) -> float:
 
 
 def _fraction(value, where: str) -> float:
-    x = _positive(value, where)
-    if x > 1:
+    try:
+        x = _positive(value, where)
+    except SpecError:
+        x = None
+    if x is None or x > 1:
         raise SpecError(f"{where}: expected a fraction in (0, 1], got {value!r}")
     return x
 

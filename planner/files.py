@@ -57,14 +57,19 @@ STDOUT = "-"
 """The output path that means standard output (``-o -``)."""
 
 
-def check_output(path: str, what: str) -> None:
+def check_output(path: str, what: str, inputs: tuple = ()) -> None:
     """SpecError naming ``what`` (the option) unless ``path`` can be written: its folder exists and
-    is writable, it is not a folder, and an existing file there is writable. Called before the
-    slow part, so that no work is lost to a typo."""
+    is writable, it is not a folder, an existing file there is writable, and it is none of the
+    command's ``inputs`` (paths; those that are not files are ignored). Called before the slow
+    part, so that no work is lost to a typo."""
     if path == STDOUT:
         return
     if not path:
         raise SpecError(f"{what}: empty path; give a file name")
+    for given in inputs:
+        if given and os.path.isfile(given) and os.path.exists(path) and \
+                os.path.samefile(path, given):
+            raise SpecError(f"{what}: '{path}' is this command's input; write to another file")
     if os.path.isdir(path):
         raise SpecError(f"{what}: '{path}' is a folder; give a file name inside it")
     folder = os.path.dirname(os.path.abspath(path))

@@ -54,7 +54,7 @@ def _run(args) -> int:
     if args.gantt:
         check_path(args.gantt, "gantt")
     if args.output is not None:
-        check_output(args.output, "output")
+        check_output(args.output, "output", inputs=(args.jobs,))
     options = ScheduleOptions(objective=args.objective, time_limit_s=args.time_limit,
                               time_unit_s=args.time_unit, seed=args.seed)
     if args.replan:

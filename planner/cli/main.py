@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except InfeasibleError as exc:
         if args.debug:
             raise
-        print(f"plan: no plan: {exc}", file=sys.stderr)
+        text = str(exc)
+        print(f"plan: {text}" if text.startswith("no plan") else f"plan: no plan: {text}",
+              file=sys.stderr)
         return EXIT_NO_PLAN
     except PlannerError as exc:
         if args.debug:

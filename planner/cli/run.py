@@ -39,7 +39,7 @@ def run(args) -> int:
     from planner.runtime.launch import check, cluster_command, run_local  # lazy: imports torch
 
     if args.output is not None:
-        check_output(args.output, "output")
+        check_output(args.output, "output", inputs=(args.plan,))
     opts = RunOptions(steps=args.steps, warmup=args.warmup, model=args.model, seed=args.seed,
                       lr=args.lr, device=args.device, dump_dir=args.dump, threads=args.threads)
     if load_plan(args.plan).embeddings:

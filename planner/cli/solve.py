@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from costmodels.engine import PRESETS
 from planner.cli.args import count, positive_float, positive_int
 from planner.cli.progress import Bar
 from planner.files import STDOUT, check_output
@@ -39,8 +40,8 @@ def register(add) -> None:
                         "default), nested (embedding exchange behind dense compute) or none")
     s.add_argument("--calibration", help="calibration JSON from `plan profile` (measured speeds "
                    "replace data-sheet numbers)")
-    s.add_argument("--engine", help="the software you train with: a preset (megatron-2021, "
-                   "megatron-core (default), torchtitan, torchtitan-compile) and/or "
+    presets = ", ".join(f"{n} (default)" if n == "megatron-core" else n for n in PRESETS)
+    s.add_argument("--engine", help=f"the software you train with: a preset ({presets}) and/or "
                    "attention=flash|flash2|materialized, kernels=fused|eager, "
                    "overlap_grad_reduce=true|false, fsdp_copies=true|false")
     s.add_argument("--top-k", type=count, default=3, help="runners-up to keep (default 3)")
@@ -65,7 +66,7 @@ def run(args) -> int:
     from planner import api  # lazy: imports torch (seconds); `plan --help` and `show` need not
 
     if args.output is not None:
-        check_output(args.output, "output")
+        check_output(args.output, "output", inputs=(args.model, args.cluster, args.calibration))
     logging.getLogger("planner").info("planning %s on %s ...", args.model, args.cluster)
     p = api.plan(args.model, cluster=args.cluster, nodes=args.nodes,
                  gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,

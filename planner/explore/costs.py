@@ -40,8 +40,7 @@ def add_costs(rows: list[dict], prices, tokens: float | None = None) -> None:
     """Add price_per_gpu_hour, cost_per_step_usd and cost_per_mtok_usd (per million tokens), and
     with ``tokens`` run_hours and run_cost_usd, to every row whose device has a price."""
     prices = parse_prices(prices)
-    if tokens is not None and (isinstance(tokens, bool) or not float(tokens) > 0):
-        raise SpecError(f"tokens: expected a positive number of training tokens, got {tokens!r}")
+    check_tokens(tokens)
     by_device = resolve_prices(prices, sorted({r["device"] for r in rows if r["device"]}))
     for r in rows:
         price = by_device.get(r["device"])
@@ -56,6 +55,12 @@ def add_costs(rows: list[dict], prices, tokens: float | None = None) -> None:
                 hours = float(tokens) / r["tokens_per_s"] / HOUR_S
                 cost.update({"run_hours": hours, "run_cost_usd": hours * r["gpus"] * price})
         r.update(cost)
+
+
+def check_tokens(tokens) -> None:
+    """SpecError unless ``tokens`` is None or a positive number of training tokens."""
+    if tokens is not None and (isinstance(tokens, bool) or not float(tokens) > 0):
+        raise SpecError(f"tokens: expected a positive number of training tokens, got {tokens!r}")
 
 
 def resolve_prices(prices: Mapping[str, float], devices: Sequence[str]) -> dict:

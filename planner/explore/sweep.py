@@ -24,7 +24,7 @@ from costmodels.engine import engine_from_mapping
 from costmodels.topology import Cluster, HeteroCluster
 from planner import api
 from planner.errors import PlannerError, SpecError
-from planner.explore.costs import add_costs
+from planner.explore.costs import add_costs, check_tokens, parse_prices, resolve_prices
 from planner.explore.grid import expand, point_cluster
 from planner.inputs.clusters import load_cluster
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, parse_fix
@@ -85,6 +85,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     failed = [t.error for t in tasks if t.error]
     if failed and len(failed) == len(tasks) and len(set(failed)) == 1:
         raise SpecError(failed[0])  # the shared settings are wrong, not one point
+    _check_prices(tasks, prices, tokens)  # before the traces and searches
     if recsys:
         rows = _run_recsys(model, tasks, progress)
         if prices:
@@ -101,9 +102,18 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         row["model"] = name
     if prices:
         add_costs(rows, prices, tokens)
-    elif tokens is not None:
-        raise SpecError("tokens: the cost of a run needs prices; pass prices={'h100': 4.0, ...}")
     return [_ordered(r) for r in rows]
+
+
+def _check_prices(tasks: list, prices, tokens) -> None:
+    """SpecError for prices that name no device of the sweep, or tokens without prices."""
+    if tokens is not None and not prices:
+        raise SpecError("tokens: the cost of a run needs GPU prices; give them (--price-per-gpu-"
+                        "hour h100=4.0 on the command line, prices={'h100': 4.0} in Python)")
+    check_tokens(tokens)
+    if prices:
+        resolve_prices(parse_prices(prices), sorted({
+            t.cluster.summary()["device"] for t in tasks if t.cluster is not None}))
 
 
 def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:

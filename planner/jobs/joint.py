@@ -84,8 +84,8 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
         raise SpecError("cluster: not given; pass --cluster or add 'cluster:' to the jobs file")
     cl = load_cluster(cluster if cluster is not None else spec.cluster,
                       nodes=nodes if nodes is not None else spec.nodes)
-    log.info("%d jobs on %s (%d nodes x %d GPUs)", len(spec.jobs), cl.name, cl.nodes,
-             cl.gpus_per_node)
+    log.info("%d jobs on %s (%d node%s x %d GPUs)", len(spec.jobs), cl.name, cl.nodes,
+             "" if cl.nodes == 1 else "s", cl.gpus_per_node)
     tables = build_tables(spec, cl, workers=workers)
     requests = [JobRequest(name=j.name, durations_s={r.gpus: r.job_time_s for r in tables[j.name]},
                            priority=j.priority, deadline_s=j.deadline_s) for j in spec.jobs]

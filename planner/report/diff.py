@@ -73,4 +73,6 @@ def _change(a, b, kind: str) -> str:
         return pct.strip(" ()")
     if a > 0 and b > 0 and (b % a == 0 or a % b == 0):
         return f"x{b // a}" if b > a else f"/{a // b}"
+    if abs(d) >= 1e6 and isinstance(d, int):
+        return ("+" if d > 0 else "-") + human_count(abs(d)) + pct
     return f"{d:+g}"

@@ -7,12 +7,16 @@ from planner.report.text import table
 
 
 def short_config(row: dict) -> str:
-    """``dp=8 tp=2+sp pp=4 mb=1 1f1b rc=none z3`` from a sweep row or a plan's ``parallel``."""
+    """``dp=8 tp=2+sp pp=4 cp=2(p2p) ep=2 mb=1 1f1b rc=none z3`` from a sweep row or a plan's
+    ``parallel`` (cp and ep where they are above 1)."""
     sp = "+sp" if row.get("sequence_parallel") else ""
     v = f"x{row['vpp']}" if (row.get("vpp") or 1) > 1 else ""
     off = "+off" if row.get("offload_optimizer") else ""
-    return (f"dp={row['dp']} tp={row['tp']}{sp} pp={row['pp']}{v} mb={row['micro_batch']} "
-            f"{row['schedule']} rc={row['recompute']} z{row['zero']}{off}")
+    cp = f" cp={row['cp']}({row.get('cp_comm') or 'p2p'})" if (row.get("cp") or 1) > 1 else ""
+    ep = (f" ep={row['ep']}" + (f" etp={row['etp']}" if (row.get("etp") or 1) > 1 else "")
+          if (row.get("ep") or 1) > 1 else "")
+    return (f"dp={row['dp']} tp={row['tp']}{sp} pp={row['pp']}{v}{cp}{ep} "
+            f"mb={row['micro_batch']} {row['schedule']} rc={row['recompute']} z{row['zero']}{off}")
 
 
 def sweep_table(rows: list[dict], reason_width: int = 70, rate: str = "tokens/s") -> str:

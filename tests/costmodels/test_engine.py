@@ -106,5 +106,11 @@ def test_causal_calls_run_below_unmasked_ones_and_a_ring_mostly_unmasked():
     spec = {"name": "x", "memory_GB": 96, "hbm_GBps": 2400, "peak_TFLOPs": {"bf16": 886}}
     assert device_mapping(device_from_mapping({**spec, "causal_attention_ratio": 0.9})
                           )["causal_attention_ratio"] == 0.9
-    with pytest.raises(SpecError, match="device.causal_attention_ratio: expected a fraction"):
-        device_from_mapping({**spec, "causal_attention_ratio": 1.5})
+    for bad in (1.5, 0, -1):
+        with pytest.raises(SpecError, match="device.causal_attention_ratio: expected a fraction"):
+            device_from_mapping({**spec, "causal_attention_ratio": bad})
+    old = device_from_mapping({**spec, "flash_attention": False})
+    assert not old.flash_attention and device_mapping(old)["flash_attention"] is False
+    assert device_from_mapping(device_mapping(old)) == old
+    with pytest.raises(SpecError, match="device.flash_attention: expected true or false"):
+        device_from_mapping({**spec, "flash_attention": "no"})

@@ -21,7 +21,7 @@ def run(capsys, *argv):
 
 def one_line(code, err, expected_code, *words):
     assert code == expected_code, err
-    prefix = "plan: error:" if expected_code == BAD else "plan: no plan:"
+    prefix = "plan: error:" if expected_code == BAD else "plan: no plan"
     lines = [ln for ln in err.splitlines() if ln.startswith("plan: ")]
     assert len(lines) == 1 and lines[0].startswith(prefix), err
     assert "Traceback" not in err
@@ -107,6 +107,18 @@ def test_output_paths_are_checked_before_any_work(capsys, tmp_path, tiny_gpt2_co
         one_line(code, err, BAD)
     if where == "read-only file":
         assert target.read_text() == "{}"
+
+
+def test_an_output_that_is_the_commands_input_is_refused(capsys, tmp_path, small_plan):
+    """`plan export p.json -o p.json` would replace the plan with a script: refused, file kept."""
+    plan = tmp_path / "p.json"
+    plan.write_text(open(small_plan).read())
+    before = plan.read_text()
+    code, _, err = run(capsys, "export", plan, "--to", "megatron", "-o", plan)
+    one_line(code, err, BAD, "-o:", "this command's input")
+    code, _, err = run(capsys, "run", plan, "-o", plan)
+    one_line(code, err, BAD, "output:", "this command's input")
+    assert plan.read_text() == before
 
 
 def test_counts_a_command_cannot_use_are_refused(capsys, small_plan):

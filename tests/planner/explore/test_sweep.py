@@ -134,6 +134,21 @@ def test_infeasible_points_are_rows(tiny_llama_config):
     assert h100["feasible"] and h100["device"] == "h100"
 
 
+def test_prices_and_tokens_are_checked_before_any_trace(monkeypatch):
+    """Tokens without prices, or a price for no device of the sweep, fail before the slow part."""
+    def no_trace(*a, **kw):
+        raise AssertionError("traced before the prices were checked")
+    monkeypatch.setattr(api, "prepare", no_trace)
+    with pytest.raises(SpecError, match="tokens: the cost of a run needs GPU prices.*"
+                                        "--price-per-gpu-hour"):
+        explore.whatif("gpt2", cluster="dgx-h100", vary={"nodes": [1, 2]}, global_batch=8,
+                       tokens=1e9)
+    with pytest.raises(SpecError, match=r"price_per_gpu_hour.a100: matches no device of the "
+                                        r"sweep \(h100\)"):
+        explore.whatif("gpt2", cluster="dgx-h100", vary={"nodes": [1, 2]}, global_batch=8,
+                       prices={"a100": 2.0})
+
+
 def test_costs_follow_from_price_time_and_gpus(two_clusters):
     for r in two_clusters:
         price = 4 if r["device"] == "h100" else 2

@@ -140,3 +140,24 @@ def test_why_with_a_knob_the_model_cannot_take_is_bad_input(capsys, small_plan):
     code, out, err = run(capsys, "show", small_plan, "--why", "ep=2")
     assert code == 2 and "fix.ep: the model has no routed experts" in err
     assert "If it ran" not in out
+
+
+def test_diff_names_a_changed_intra_node_link(tiny_llama_config, small_plan):
+    """Two clusters that differ only in their NVLink-class bandwidth: the diff shows it."""
+    a = load_plan(small_plan)
+    slow = {**SMALL, "intra_node": {"bandwidth_GBps": 25, "latency_us": 3}}
+    b = planner.plan(tiny_llama_config, cluster=slow, global_batch=32, seq_len=128)
+    diffs = {d.label: d for d in compare.compare(a, b)}
+    link = diffs["cluster intra node GBps"]
+    assert link.differs and (link.a, link.b) == (100, 25)
+
+
+def test_whatif_configuration_column_shows_context_and_expert_parallelism():
+    from planner.report.sweep import short_config
+
+    row = {"dp": 2, "tp": 2, "sequence_parallel": True, "pp": 1, "vpp": 1, "cp": 2,
+           "cp_comm": "a2a", "ep": 2, "etp": 1, "micro_batch": 1, "schedule": "1f1b",
+           "recompute": "none", "zero": 1}
+    assert short_config(row) == "dp=2 tp=2+sp pp=1 cp=2(a2a) ep=2 mb=1 1f1b rc=none z1"
+    plain = {**row, "cp": 1, "ep": 1}
+    assert short_config(plain) == "dp=2 tp=2+sp pp=1 mb=1 1f1b rc=none z1"
