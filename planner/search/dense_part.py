@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodels import memory
 from planner.errors import InfeasibleError
 from planner.options import SearchOptions, TrainingSpec
 from planner.search import placement
 from planner.search.loop import search
-from planner.search.pricing import exposed_dp_s
+from planner.search.pricing import DataParallelBytes, exposed_dp_s
 from planner.trace.graph import BlockGraph
 
 ZERO_CHOICES = (0, 3)
@@ -94,11 +93,10 @@ def _part(est, cluster, training: TrainingSpec) -> DensePart:
     without overlap) so that the tables' reduction can share the window."""
     cfg, bd = est.config, est.breakdown
     (stage,) = est.stages  # one stage, one micro-batch
-    grad_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                      zero=0, dp=1, layout=training.engine.state_layout)["grads"]
     backward = stage.compute_s - stage.fwd_s - stage.recompute_s
-    reduce = float(exposed_dp_s(cfg, stage.params * grad_b, placement.dp_group(cfg, cluster),
-                                cluster, stage.compute_s, backward, overlap=False))
+    reduce = float(exposed_dp_s(cfg, stage.params, DataParallelBytes.of(training),
+                                placement.dp_group(cfg, cluster), cluster, stage.compute_s,
+                                backward, overlap=False))
     return DensePart(zero=cfg.zero, compute_s=bd["compute_s"], backward_s=backward,
                      reduce_s=reduce, exposed_s=bd["dp_comm_s"],
                      optimizer_s=bd["optimizer_s"] + bd.get("straggler_s", 0.0),

@@ -18,13 +18,13 @@ import numpy as np
 
 from costmodels import comm, compute, memory
 from costmodels.errors import InfeasibleError
-from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import HeteroCluster
 from planner.errors import SpecError
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import placement
 from planner.search.costs import BlockCosts, ModelArrays, block_costs, capacity_bytes, stage_memory
-from planner.search.pricing import Estimate, assemble, chunks, exposed_dp_s, rank_memory
+from planner.search.pricing import (DataParallelBytes, Estimate, assemble, chunks, exposed_dp_s,
+                                    rank_memory)
 from planner.solve.chain import partition, partition_staged
 from planner.solve.stage_groups import solve_hetero
 
@@ -266,10 +266,10 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
     dp_s = opt_s = 0.0
     traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
                                              layout=training.engine.state_layout)
+    per = DataParallelBytes.of(training)
     for st in stages:
         group = hc.groups[stage_group[st.index]]
-        nbytes = st.params * DTYPE_BYTES[training.dtype]
-        dp_s = max(dp_s, exposed_dp_s(cfg, nbytes, placement.dp_group(lay, group), group,
+        dp_s = max(dp_s, exposed_dp_s(cfg, st.params, per, placement.dp_group(lay, group), group,
                                       st.compute_s, st.compute_s - st.fwd_s,
                                       training.engine.overlap_grad_reduce))
         shard = cfg.dp if cfg.zero >= 1 else 1

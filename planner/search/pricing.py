@@ -436,9 +436,8 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     expert_group = placement.edp_group(cfg, cluster)
     states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                       zero=0, dp=1, layout=training.engine.state_layout)
-    # gradients travel as they are kept: Megatron-Core's fp32 main gradients under bf16 (its
-    # arguments.py sets accumulate_allreduce_grads_in_fp32 for bf16), the compute dtype otherwise
-    grad_b = states["grads"]
+    per = DataParallelBytes.of(training)
+    grad_b = per.grads
     traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
                                              layout=training.engine.state_layout)
     refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
@@ -447,14 +446,14 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     compute_s, backward_s = split.rank_compute_s, split.rank_backward_s
     overlap = training.engine.overlap_grad_reduce
     dense = params - expert_params
-    exposed = exposed_dp_s(cfg, dense * grad_b, group, cluster, compute_s, backward_s, overlap)
+    exposed = exposed_dp_s(cfg, dense, per, group, cluster, compute_s, backward_s, overlap)
     has_experts = expert_params != 0
     if has_experts.any():
         # the experts' gradients, over their own replicas, after the dense ones on the same links:
         # they get what the dense traffic leaves of the window that hides it
-        used = window_use_s(cfg, dense * grad_b, group, cluster)
+        used = window_use_s(cfg, dense, per, group, cluster)
         exposed = exposed + np.where(has_experts, exposed_dp_s(
-            cfg, expert_params * grad_b, expert_group, cluster, np.maximum(0.0, compute_s - used),
+            cfg, expert_params, per, expert_group, cluster, np.maximum(0.0, compute_s - used),
             np.maximum(0.0, backward_s - used), overlap), 0.0)
     if training.engine.fsdp_copies:
         # FSDP2 copies what it wraps: the dense parameters, and the experts too without expert
@@ -502,21 +501,40 @@ def fsdp_copies_s(cfg: Config, nbytes: float, device) -> float:
     return copies * compute.copy_s(nbytes, device)
 
 
-def window_use_s(cfg: Config, nbytes, group, cluster: Cluster):
+@dataclass(frozen=True)
+class DataParallelBytes:
+    """Bytes per parameter that data parallelism moves: gradients reduced (all-reduce or
+    reduce-scatter) as they are kept, weights all-gathered in the dtype the forward reads."""
+
+    grads: float
+    weights: float
+
+    @classmethod
+    def of(cls, training: TrainingSpec) -> "DataParallelBytes":
+        """Gradients as the engine keeps them (Megatron-Core's fp32 main gradients under bf16: its
+        arguments.py sets accumulate_allreduce_grads_in_fp32; FSDP2 as torchtitan runs it reduces
+        in fp32 too), weights in the 16-bit compute dtype (fp32 when training in fp32; FP8
+        training gathers its bf16 weights)."""
+        grads = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                         zero=0, dp=1, layout=training.engine.state_layout)["grads"]
+        return cls(grads=grads, weights=DTYPE_BYTES[precision.core_dtype(training.dtype)])
+
+
+def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster):
     """Seconds of the window that hides data-parallel traffic (``exposed_dp_s``: the last micro-
     batch's backward for ZeRO-0/1, each micro-batch's backward for ZeRO-2, its forward and
-    backward for ZeRO-3) that ``nbytes`` of it occupies."""
+    backward for ZeRO-3) that ``params`` parameters' traffic occupies."""
     if cfg.zero == 0:
-        return comm.allreduce_s(nbytes, group, cluster)
-    scatter = comm.reduce_scatter_s(nbytes, group, cluster)
+        return comm.allreduce_s(params * per.grads, group, cluster)
+    scatter = comm.reduce_scatter_s(params * per.grads, group, cluster)
     if cfg.zero == 2:
         return scatter
-    gather = comm.allgather_s(nbytes, group, cluster)
+    gather = comm.allgather_s(params * per.weights, group, cluster)
     return scatter + gather if cfg.zero == 1 else 2 * gather + scatter
 
 
-def exposed_dp_s(cfg: Config, nbytes, group, cluster: Cluster, compute_s, backward_s,
-                 overlap: bool):
+def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, compute_s,
+                 backward_s, overlap: bool):
     """Data-parallel traffic of one step that compute does not hide (Rajbhandari et al. 2020, §7):
 
     - ZeRO-0/1: gradients accumulate locally; one all-reduce (ZeRO-1: reduce-scatter + all-gather,
@@ -525,13 +543,15 @@ def exposed_dp_s(cfg: Config, nbytes, group, cluster: Cluster, compute_s, backwa
       sharded), and the updated weights all-gathered after the step.
     - ZeRO-3: weights are all-gathered before every micro-batch's forward and backward and
       gradients reduce-scattered after it, prefetched behind compute (FSDP).
-    Without overlap every byte is exposed. ``nbytes``, ``compute_s`` and ``backward_s`` may be
+    Without overlap every byte is exposed. Gradients travel at ``per.grads`` bytes per parameter,
+    gathered weights at ``per.weights``. ``params``, ``compute_s`` and ``backward_s`` may be
     numpy arrays (one entry per pipeline rank)."""
     m = cfg.num_microbatches
-    scatter = comm.reduce_scatter_s(nbytes, group, cluster)
-    gather = comm.allgather_s(nbytes, group, cluster)
+    scatter = comm.reduce_scatter_s(params * per.grads, group, cluster)
+    gather = comm.allgather_s(params * per.weights, group, cluster)
     if cfg.zero <= 1:  # ZeRO-1 runs the two halves as separate calls (backend speeds may differ)
-        sync = comm.allreduce_s(nbytes, group, cluster) if cfg.zero == 0 else scatter + gather
+        sync = (comm.allreduce_s(params * per.grads, group, cluster) if cfg.zero == 0
+                else scatter + gather)
         return np.maximum(0.0, sync - backward_s) if overlap else sync
     if cfg.zero == 2:
         per_mb = scatter

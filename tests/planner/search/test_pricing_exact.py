@@ -17,7 +17,8 @@ from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import placement
 from planner.search.costs import ModelArrays, capacity_bytes, config_costs, stage_memory
 from planner.search.evaluate import evaluate
-from planner.search.pricing import (chunks, exposed_dp_s, expert_comm_s, fsdp_copies_s, idle_s,
+from planner.search.pricing import (DataParallelBytes, chunks, exposed_dp_s, expert_comm_s,
+                                    fsdp_copies_s, idle_s,
                                     price, rank_max, rank_sums, rank_totals, step_flops,
                                     window_use_s)
 from planner.solve.chain import partition
@@ -110,12 +111,14 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         busy = sum(st.compute_s for st in mine)
         backward = busy - sum(st.fwd_s for st in mine)
         overlap = training.engine.overlap_grad_reduce
-        exposed = exposed_dp_s(cfg, (params - experts) * grad_b,
+        # gradients reduced as kept, weights gathered in the 16-bit dtype the forward reads
+        per = DataParallelBytes(grads=grad_b, weights=DTYPE_BYTES[precision.core_dtype(training.dtype)])
+        exposed = exposed_dp_s(cfg, params - experts, per,
                                placement.dp_group(cfg, cluster), cluster, busy, backward, overlap)
         if experts:
-            used = window_use_s(cfg, (params - experts) * grad_b,
+            used = window_use_s(cfg, params - experts, per,
                                 placement.dp_group(cfg, cluster), cluster)
-            exposed += exposed_dp_s(cfg, experts * grad_b, placement.edp_group(cfg, cluster),
+            exposed += exposed_dp_s(cfg, experts, per, placement.edp_group(cfg, cluster),
                                     cluster, max(0.0, busy - used), max(0.0, backward - used),
                                     overlap)
         if training.engine.fsdp_copies:
