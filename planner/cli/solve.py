@@ -55,7 +55,8 @@ def register(add) -> None:
                    help="store the search time in the plan (plan files then differ run to run)")
     s.add_argument("--target", default="any", choices=TARGETS,
                    help="the engine the plan is for: the search keeps to the schedules, ZeRO "
-                        "stages, offload and sequence parallelism it runs (default any: every "
+                        "stages, offload and sequence parallelism it runs, priced with its "
+                        "--engine preset unless --engine is given (default any: every "
                         "configuration the cost model prices)")
     s.add_argument("-o", "--output", help="write the plan JSON here (- : to stdout, the report "
                                           "then goes to stderr)")

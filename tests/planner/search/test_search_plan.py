@@ -171,3 +171,21 @@ def test_an_unknown_target_is_refused_by_plan_prepared(tiny_llama):
     tr = TrainingSpec(global_batch=32, seq_len=tiny_llama.seq_len)
     with pytest.raises(SpecError, match="target: unknown engine 'jax'"):
         plan_prepared(tiny_llama, load_cluster("dgx-a100-80g"), tr, SearchOptions(target="jax"))
+
+
+def test_a_target_with_its_own_software_is_priced_with_it(tiny_llama_config):
+    """`--target torchtitan` without --engine prices torchtitan's software (eager kernels,
+    SDPA's FlashAttention-2, FSDP2's copies), not Megatron-Core's; an engine given wins."""
+    import planner
+    from costmodels.engine import PRESETS, engine_from_mapping
+
+    kw = dict(cluster="dgx-a100-80g", global_batch=16, seq_len=128, top_k=0)
+    titan = planner.plan(tiny_llama_config, target="torchtitan", **kw)
+    assert engine_from_mapping(titan.training["engine"]) == engine_from_mapping("torchtitan")
+    ds = planner.plan(tiny_llama_config, target="deepspeed", **kw)
+    assert engine_from_mapping(ds.training["engine"]) == engine_from_mapping("deepspeed")
+    chosen = planner.plan(tiny_llama_config, target="torchtitan", engine="torchtitan-compile", **kw)
+    assert engine_from_mapping(chosen.training["engine"]).kernels == "fused"
+    megatron = planner.plan(tiny_llama_config, target="megatron", **kw)
+    assert engine_from_mapping(megatron.training["engine"]) == engine_from_mapping(
+        "megatron-core") and "megatron-core" in PRESETS
