@@ -20,7 +20,7 @@ from planner.report.compare import stage_blocks
 from planner.report.text import pins_text
 from planner.search.costs import ModelArrays, capacity_bytes, config_costs
 from planner.search.feasibility import pin_problem
-from planner.search.loop import SearchResult, search
+from planner.search.loop import SearchResult, rejection_lines, search
 from planner.search.pricing import price
 from planner.search.refine import simulated
 from planner.search.space import TP_MODEL, Space, pp_reason, tp_reasons
@@ -68,9 +68,11 @@ def why_not(plan: Plan, pins) -> WhyNot:
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks), training)
     if problem:  # a pin the model or cluster cannot take is bad input, as in solve
         raise SpecError(problem)
-    counts = ", ".join(f"{n} {r}" for r, n in result.rejected.most_common())
-    message = (f"all {result.candidates} configurations with {pins_text(pins)} set aside ({counts})"
-               if result.candidates else f"no configuration has {pins_text(pins)} ({counts})")
+    aside, ruled = rejection_lines(result.rejected)
+    ruled = f"ruled out by the rules: {ruled}" if ruled else ""
+    message = (f"all {result.candidates} configurations with {pins_text(pins)} set aside ("
+               + "; ".join(filter(None, (aside, ruled))) + ")" if result.candidates
+               else f"no configuration has {pins_text(pins)} ({ruled or 'none counted'})")
 
     limits = (capacity_bytes(cluster, options), cluster.device.memory_bytes)
     cfg, problem = pinned_config(plan, pins)

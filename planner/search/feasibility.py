@@ -72,6 +72,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec) -> str:
         return "fix.sequence_parallel: needs tp > 1"
     if fix.get("offload_optimizer") and fix.get("zero") == 0:
         return "fix.offload_optimizer: needs zero >= 1 (the optimizer states sharded)"
+    if vpp > 1 and pp == 1:
+        return (f"fix.vpp: vpp={vpp} splits each pipeline stage into chunks and needs pp > 1; "
+                "pin pp or drop vpp")
     if vpp > 1 and fix.get("schedule", "interleaved-1f1b") != "interleaved-1f1b":
         return f"fix.vpp: vpp={vpp} needs schedule=interleaved-1f1b, not {fix['schedule']}"
     return ""

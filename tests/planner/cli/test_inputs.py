@@ -148,6 +148,8 @@ def test_pins_are_priced_as_pinned_or_refused_for_a_named_reason(capsys, tiny_gp
     one_line(code, err, BAD, "fix.tp: 3 does not divide the cluster's 8 GPUs")
     code, _, err = run(capsys, *base, "--fix", "micro_batch=0")
     one_line(code, err, BAD, "fix.micro_batch")
+    code, _, err = run(capsys, *base, "--fix", "vpp=2,pp=1")  # the reason, not the rule counts
+    one_line(code, err, BAD, "fix.vpp: vpp=2", "needs pp > 1")
 
 
 def test_a_pinned_configuration_that_does_not_fit_reports_its_own_memory(capsys):
