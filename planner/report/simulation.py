@@ -21,7 +21,7 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
             ("pipeline time", f"{base.step_time_s:.4g} s", f"{other.step_time_s:.4g} s",
              f"{other.step_time_s - base.step_time_s:+.3f} s "
              f"({100 * (other.step_time_s / base.step_time_s - 1):+.1f}%)"),
-            ("bubble", f"{base.bubble_fraction:.1%}", f"{other.bubble_fraction:.1%}",
+            ("bubble (of pipeline time)", f"{base.bubble_fraction:.1%}", f"{other.bubble_fraction:.1%}",
              f"{round(100 * (other.bubble_fraction - base.bubble_fraction), 1) + 0.0:+.1f} points"),
             ("peak in flight", str(max(base.peak_in_flight)), str(max(other.peak_in_flight)),
              f"{max(other.peak_in_flight) - max(base.peak_in_flight):+d}"),
