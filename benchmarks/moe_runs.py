@@ -10,7 +10,8 @@ the interleaved schedule when vp > 1, cp, ep, micro-batch, data parallelism from
 sequence parallelism with tp > 1 (Megatron-Core requires it with experts), the distributed
 optimizer (ZeRO-1); what the table does not publish (recomputation) is left to the search. The
 engine is Megatron-Core's (`--engine megatron-core`) with routing balanced (moe_imbalance 1.0,
-which the source forces: "force-balanced routing, token-dropless"), dropless except the rows
+which the source forces: "force-balanced routing, token-dropless"; gradients kept and reduced
+in bf16, as every Megatron-Bridge performance configuration sets), dropless except the rows
 marked tokendrop (capacity factor 1.0). Precision: BF16, FP8-CS (current scaling), FP8-MX (block
 scaling, Blackwell). Device memory is not checked here (the time of the published configuration
 is what is compared); whether the planner thinks it fits is printed.
@@ -49,7 +50,7 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, plan_prepared,  # noqa: E402
                      prepare)
 from planner.options import parse_fix  # noqa: E402
-from published import BIG, nvidia_cluster, read_rows  # noqa: E402
+from published import BIG, BRIDGE_STATES, nvidia_cluster, read_rows  # noqa: E402
 from tables import SEARCH_HEAD, print_errors, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "moe_runs.csv")
@@ -79,7 +80,7 @@ def training_of(r: dict, host_op_s: float = 0.0) -> TrainingSpec:
     capacity = "1.0" if "tokendrop" in r["variant"] else "0"
     engine = engine_from_mapping(f"megatron-core,fp8_recipe={recipe},moe_imbalance=1.0,"
                                  f"moe_capacity_factor={capacity},moe_dispatcher=alltoall,"
-                                 f"host_op_s={host_op_s}")
+                                 f"host_op_s={host_op_s},{BRIDGE_STATES}")
     return TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype=dtype,
                         optimizer="adam", engine=engine)
 

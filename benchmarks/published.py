@@ -9,6 +9,10 @@ from planner import load_cluster
 
 BIG = 1e15
 """Device memory (bytes) while pricing a published configuration: its time, not its fit."""
+BRIDGE_STATES = "state_layout=megatron-bf16-grads"
+"""Engine setting of every Megatron-Bridge performance run: its configurations keep and reduce
+gradients in bf16 (mixed_precision.grad_reduce_in_fp32 and ddp.grad_reduce_in_fp32 set to false
+in scripts/performance/configs of the 25.09 and 25.11 releases, every model)."""
 NVIDIA_SYSTEMS = {"H100": ("dgx-h100", 8), "B200": ("dgx-b200", 8),
                   "GB200": ("gb200-nvl72", 64), "GB300": ("gb300-nvl72", 64)}
 """GPU column of NVIDIA's performance summaries -> (cluster preset, GPUs per NVLink domain the

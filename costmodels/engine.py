@@ -52,8 +52,9 @@ class EngineSpec:
 
     state_layout: str = "megatron"
     """How model states are stored (costmodels.memory.STATE_LAYOUTS): ``megatron`` (fp32 main
-    gradients; Megatron-Core) or ``zero`` (the ZeRO paper's 16 bytes per parameter; DeepSpeed,
-    and FSDP2's sharded fp32 states add up the same)."""
+    gradients; Megatron-Core), ``megatron-bf16-grads`` (Megatron-Core with --grad-reduce-in-bf16:
+    gradients kept and reduced in bf16) or ``zero`` (the ZeRO paper's 16 bytes per parameter;
+    DeepSpeed, and FSDP2's sharded fp32 states add up the same)."""
     fp8_recipe: str = "current"
     """How FP8 GEMM inputs are scaled when training in fp8 (costmodels.precision): ``delayed``
     (amax history), ``current`` (the tensor's own amax, an extra read: Megatron-Core's FP8-CS) or
@@ -148,7 +149,8 @@ def describe(engine: EngineSpec) -> str:
              f", {'fused' if engine.kernels == 'fused' else 'one kernel per op (eager)'} "
              f"element-wise kernels, gradient reduction "
              f"{'overlapped with backward' if engine.overlap_grad_reduce else 'after backward'}"
-             f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}")
+             f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}"
+             f"{', gradients reduced in bf16' if engine.state_layout == 'megatron-bf16-grads' else ''}")
     return words + (f" (= --engine {same[0]})" if same else "")
 
 

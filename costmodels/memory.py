@@ -41,14 +41,16 @@ def precision_class(dtype: str) -> str:
     return "fp32" if dtype == "fp32" else "mixed"
 
 
-STATE_LAYOUTS = ("megatron", "zero")
+STATE_LAYOUTS = ("megatron", "megatron-bf16-grads", "zero")
 """How an engine stores model states: ``zero`` as the ZeRO paper counts them (16 bytes per
 parameter in mixed precision: 16-bit weights and gradients, 12 bytes of fp32 master weights and
 Adam moments; FSDP2's fp32 sharded parameters, gradients and moments add up the same);
 ``megatron`` as Megatron-Core keeps them (docs/user-guide/features/dist_optimizer.md: bf16
 parameters with fp32 main gradients, 18 bytes or 6 + 12/d with the distributed optimizer; fp16
 parameters and gradients, 20 bytes or 4 + 16/d, the fp32 main gradients sharded with the
-optimizer)."""
+optimizer); ``megatron-bf16-grads`` the same with the gradient buffer in bf16 under bf16 and FP8
+training (--grad-reduce-in-bf16; ddp.grad_reduce_in_fp32=False, which Megatron-Bridge's
+performance configurations set): 16 bytes, and gradients reduced at half the size."""
 
 
 def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int,
@@ -86,7 +88,7 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
     opt_b = OPTIMIZER_STATE_BYTES[key]
     if layout == "megatron" and dtype in ("bf16", "fp8"):
         grad_b = 4  # the fp32 main-gradient buffer backward accumulates into
-    elif layout == "megatron" and dtype == "fp16":
+    elif layout.startswith("megatron") and dtype == "fp16":
         opt_b += 4  # fp32 main gradients, kept (and sharded) with the optimizer
     weights = params * weight_b / (dp if zero >= 3 else 1)
     grads = params * grad_b / (dp if zero >= 2 else 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from costmodels.engine import engine_from_mapping
 from planner.errors import SpecError
 from planner.export import common, moe
 from planner.export.shell import Group, bash_file
@@ -365,6 +366,8 @@ def _memory(plan: Plan, ledger: common.Ledger) -> Group:
     p = plan.parallel
     ledger.exact("zero", "offload_optimizer")
     out = _recompute(p["recompute"], ledger)
+    if engine_from_mapping(plan.training.get("engine")).state_layout == "megatron-bf16-grads":
+        out = out + [(["--grad-reduce-in-bf16"], "gradients kept and reduced in bf16, as priced")]
     if p["dp"] == 1:
         return out + _offload(plan)
     zero = p["zero"]

@@ -88,7 +88,9 @@ def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
 STATE_LAYOUT_WORDS = {"zero": "model states as ZeRO lays them out (16-bit weights and gradients, "
                                "fp32 master weights and optimizer states)",
                       "megatron": "model states as Megatron-Core lays them out (fp32 main "
-                                  "gradients)"}
+                                  "gradients)",
+                      "megatron-bf16-grads": "model states as Megatron-Core lays them out with "
+                                             "--grad-reduce-in-bf16"}
 """How a re-check names a state layout (costmodels.memory.STATE_LAYOUTS) other than the plan's."""
 
 

@@ -78,3 +78,17 @@ def test_megatron_state_layout_matches_its_distributed_optimizer_table(dtype, pl
     assert state_bytes_per_param(zero=1, dp=8, **kw) == pytest.approx(fixed + sharded / 8)
     assert state_bytes_per_param(dtype="bf16", optimizer="adam", zero=0, dp=1,
                                  layout="zero") == 16  # the ZeRO paper's count
+
+
+def test_megatron_with_bf16_gradient_reduction_keeps_16_bytes_per_parameter():
+    """--grad-reduce-in-bf16: Megatron-Core's gradient buffer in bf16 (2 bytes, not 4), the rest
+    as its default layout; fp16 training keeps its fp32 main gradients with the optimizer."""
+    from costmodels.memory import model_state_bytes
+
+    kw = dict(optimizer="adam", zero=0, dp=1)
+    fp32_grads = model_state_bytes(1.0, dtype="bf16", layout="megatron", **kw)
+    bf16_grads = model_state_bytes(1.0, dtype="bf16", layout="megatron-bf16-grads", **kw)
+    assert (fp32_grads["grads"], bf16_grads["grads"]) == (4, 2)
+    assert sum(bf16_grads.values()) == 16 and sum(fp32_grads.values()) == 18
+    assert model_state_bytes(1.0, dtype="fp16", layout="megatron-bf16-grads", **kw) == \
+        model_state_bytes(1.0, dtype="fp16", layout="megatron", **kw)

@@ -866,3 +866,18 @@ def test_export_into_a_folder_names_the_file_after_the_plan(tmp_path, capsys):
     capsys.readouterr()
     names = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".json"))
     assert len(names) == 2 and names[0].startswith("a.") and names[1].startswith("b.")
+
+
+def test_bf16_gradient_reduction_exports_as_megatrons_flag():
+    """A plan priced with gradients kept and reduced in bf16 (Megatron-Bridge's performance
+    configurations) asks Megatron-LM for it; the default fp32 main gradients add nothing."""
+    plan = plan_of("uneven-llama3-8b")
+    assert "--grad-reduce-in-bf16" not in megatron_args(to_megatron(plan))
+    bf16 = dataclasses.replace(plan, training={**plan.training, "engine": {
+        **plan.training.get("engine", {}), "state_layout": "megatron-bf16-grads"}})
+    args = megatron_args(to_megatron(bf16))
+    assert "--grad-reduce-in-bf16" in args
+    for version in ("0.14.0", "0.19.0"):  # an option of both releases' parsers
+        here = os.path.dirname(os.path.abspath(__file__))
+        recorded = json.load(open(os.path.join(here, "data", f"megatron-core_v{version}.json")))
+        assert any("--grad-reduce-in-bf16" in o["options"] for o in recorded["options"])
