@@ -185,9 +185,15 @@ def cut_model(plan: Plan, real: mdl.RealModel, inputs: tuple, positions=None):
     if positions is not None:
         args = tuple(x[:, positions] for x in args)
     tp_modules = [m for m, role in plan.tensor_parallel.items() if role in par.TP_ROLES]
+    # replicated modules with weights of their own: where a column-parallel Linear feeds one
+    # (a norm over each head), tensor parallelism would need its weights kept in step
+    named = dict(real.module.named_modules())
+    watch = [m for m, role in plan.tensor_parallel.items() if role == "replicate" and m in named
+             and any(True for _ in named[m].parameters(recurse=False))]
     flat = [u for us in units for u in us]
     with torch.no_grad():
-        flow = probe(real.module, args, real.kwargs, flat, tp_modules, mdl.output_logits)
+        flow = probe(real.module, args, real.kwargs, flat, tp_modules, mdl.output_logits,
+                     watch=watch)
     return units, flow, cuts(flow, units)
 
 

@@ -85,8 +85,10 @@ class _Tags(TorchFunctionMode):
 
 
 def probe(model: torch.nn.Module, args: tuple, kwargs: dict, units: list[str],
-          tp_modules: list[str], logits_of) -> Dataflow:
-    """Run ``model(*args, **kwargs)`` (meta tensors) once and record its dataflow."""
+          tp_modules: list[str], logits_of, watch: list[str] = ()) -> Dataflow:
+    """Run ``model(*args, **kwargs)`` (meta tensors) once and record its dataflow. ``watch``:
+    more modules whose feeds to record, without tagging their outputs (which would hide the
+    modules feeding them from those downstream)."""
     flow = Dataflow()
     mode = _Tags()
     leaves, flow.input_spec = tree_flatten((args, kwargs))
@@ -94,6 +96,10 @@ def probe(model: torch.nn.Module, args: tuple, kwargs: dict, units: list[str],
                    for x in leaves]
     unit_set = set(units)
     handles = _count_calls(model, flow)
+    for name in watch:
+        if name not in units and name not in tp_modules:
+            handles.append(model.get_submodule(name).register_forward_pre_hook(
+                _pre(name, mode, flow, unit_set), with_kwargs=True))
     for name in dict.fromkeys(units + tp_modules):
         mod = model.get_submodule(name)
         handles.append(mod.register_forward_pre_hook(_pre(name, mode, flow, unit_set),

@@ -87,20 +87,25 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
     fix = options.fix
     n, space = cluster.num_gpus, Space.of(cluster, bg)
     rc = fix.get("recompute", "full" if "full" in options.recompute else options.recompute[-1])
+    cp, cp_comm, etp = fix.get("cp", 1), fix.get("cp_comm", "p2p"), fix.get("etp", 1)
     best = None
-    for tp in ([fix["tp"]] if "tp" in fix else divisors(n)):
-        if n % tp or tp_reasons(tp, space, pinned="tp" in fix):
+    for tp in ([fix["tp"]] if "tp" in fix else divisors(n // cp)):
+        if n % (tp * cp) or tp_reasons(tp, space, pinned="tp" in fix):
             continue
         sp = fix.get("sequence_parallel", tp > 1)
         mb = fix.get("micro_batch", 1)
-        costs = block_costs(ma, cluster, training, tp=tp, sp=sp, recompute=rc, micro_batch=mb)
-        for pp in ([fix["pp"]] if "pp" in fix else divisors(n // tp)):
+        for pp in ([fix["pp"]] if "pp" in fix else divisors(n // (tp * cp))):
             vpp = fix.get("vpp", 1)
-            if (n // tp) % pp or pp_reason(pp, vpp, space):
+            if (n // (tp * cp)) % pp or pp_reason(pp, vpp, space):
                 continue
-            dp = n // (tp * pp)
+            dp = n // (tp * pp * cp)
             if fix.get("dp", dp) != dp:
                 continue
+            # the experts spread as far as the pins allow: the fewest expert states per GPU
+            ep = fix.get("ep", max((e for e in divisors(dp * cp * tp // etp)
+                                    if space.experts and space.experts % e == 0), default=1))
+            costs = block_costs(ma, cluster, training, tp=tp, sp=sp, recompute=rc,
+                                micro_batch=mb, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp)
             m = max(1, training.global_batch // (dp * mb))
             wants_offload = fix.get("offload_optimizer", any(options.offload))
             zero = fix.get("zero", max(options.zero)) if dp > 1 else int(wants_offload)
@@ -109,9 +114,11 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
             cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m,
                          schedule=schedule if pp > 1 else "1f1b", recompute=rc, zero=zero,
                          sequence_parallel=sp, vpp=vpp if pp > 1 else 1,
-                         offload_optimizer=offload and zero >= 1)
+                         offload_optimizer=offload and zero >= 1, cp=cp, cp_comm=cp_comm,
+                         ep=ep, etp=etp)
             bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                               zero=cfg.zero, dp=dp, offload=cfg.offload_optimizer,
+                                               zero=cfg.zero, dp=dp * cp,
+                                               offload=cfg.offload_optimizer,
                                                layout=training.engine.state_layout)
             first = pipeline.in_flight(cfg.schedule, stage=0, stages=pp, microbatches=m,
                                        vpp=cfg.vpp)

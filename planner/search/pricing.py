@@ -307,8 +307,8 @@ def _recomputed_flops(ma, recompute: str) -> float:
         return 0.0
     w, ckpt = ma.work, ma.checkpointed
     causal = 0.5 * float(np.sum(w.attn_causal_flops[ckpt]))
-    if recompute == "selective":
-        return float(np.sum(w.attn_flops[ckpt])) - causal
+    if recompute == "selective":  # the attention cores, split by tp or not
+        return float(np.sum((w.attn_flops + w.fused_attn_flops_rep)[ckpt])) - causal
     if recompute == "full":
         return float(np.sum(w.fwd_flops[ckpt])) - causal
     if recompute == "op":

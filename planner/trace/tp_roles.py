@@ -2,7 +2,8 @@
 
 A Linear ``R`` is row-parallel when every gradient-carrying path back from its input reaches other
 Linears (``C``, column-parallel) through parameter-free ops only: views, element-wise ops, softmax,
-dropout, attention cores and activation-activation matmuls. Everything on those paths (the region)
+dropout, attention cores and activation-activation matmuls; or through a per-head scale (a norm's
+weight over each head, as Qwen3's q_norm and k_norm), whose parameters every rank repeats. Everything on those paths (the region)
 runs on 1/t of the heads or hidden units; ``R``'s output is all-reduced in forward and the shared
 input of the ``C``s in backward (Shoeybi et al., "Megatron-LM", 2019, section 3). This finds the
 attention block (QKV -> attention -> output projection) and the MLP (up/gate -> act -> down) of every
@@ -52,8 +53,9 @@ def analyze(graph: OpGraph) -> TPAnalysis:
     cons = graph.consumers()
     linears = [op for op in graph.ops if op.dims.get("linear")]
     linear_names = {op.name for op in linears}
+    per_head = {op.name for op in graph.ops if _per_head_scale(op, graph.params)}
     for lin in linears:
-        _try_row_parallel(lin, by, cons, linear_names, res)
+        _try_row_parallel(lin, by, cons, linear_names, res, per_head)
     vocab_params = _vocab_embeddings(graph, res)
     for lin in linears:
         if lin.name not in res.split:
@@ -64,7 +66,19 @@ def analyze(graph: OpGraph) -> TPAnalysis:
     return res
 
 
-def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis) -> None:
+def _per_head_scale(op: Op, params) -> bool:
+    """An element-wise op scaling each head by parameters of the head size (the weight of a norm
+    over each head: Qwen3's q_norm and k_norm, OLMo 2's): on a tensor of (..., heads, head_dim)
+    with every parameter head_dim long. Tensor parallelism leaves it inside the region, its
+    parameters repeated on every rank (Megatron-Core's q/k layernorm), each rank scaling its own
+    heads."""
+    if op.kind != "elementwise" or not op.params or len(op.shape) < 4 or op.shape[-2] < 2:
+        return False
+    return all(name in params and params[name].numel == op.shape[-1] for name in op.params)
+
+
+def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
+                      per_head: set[str] = frozenset()) -> None:
     region: set[str] = set()
     cols: set[str] = set()
     stack = [i for i in row.inputs if by[i].requires_grad]
@@ -82,7 +96,7 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis) -> None:
                 return  # already part of another pair
             cols.add(name)
             continue
-        if op.kind not in WALKABLE or op.params:
+        if op.kind not in WALKABLE or (op.params and name not in per_head):
             return
         region.add(name)
         stack.extend(op.inputs)
@@ -100,6 +114,8 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis) -> None:
     res.roles[row.module] = "rowwise"
     for name in cols:
         res.roles[by[name].module] = "colwise"
+    for name in region & per_head:
+        res.roles[by[name].module] = "replicate"
     res.fwd_bytes[row.name] = row.out_bytes
     col_inputs = {i for c in cols for i in by[c].inputs}
     res.bwd_bytes[row.name] = sum(by[i].out_bytes for i in col_inputs)

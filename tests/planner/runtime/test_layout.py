@@ -85,3 +85,23 @@ def test_expert_groups_fold_over_the_flattened_tp_cp_dp_index(placement, pp, dp,
     for g in lay.edp_groups():
         assert len({lay.ep_index(r) for r in g}) == 1
     assert lay.edp == tp * cp * dp // ep
+
+
+def test_weights_inside_a_tensor_parallel_region_are_refused_not_left_to_drift():
+    """A norm over each head (Qwen3's q_norm) fed by a column-parallel Linear: each tp rank
+    would update its weights from its own heads; the runtime says so instead of diverging. A
+    norm before the region (fed by a row-parallel output) is fine."""
+    import torch.nn as nn
+
+    from planner.runtime.parallelize import tp_styles
+
+    modules = {"q_proj": nn.Linear(8, 8), "o_proj": nn.Linear(8, 8), "q_norm": nn.RMSNorm(4),
+               "input_norm": nn.RMSNorm(8)}
+    roles = {"q_proj": "colwise", "o_proj": "rowwise", "q_norm": "replicate",
+             "input_norm": "replicate"}
+    fine = {"o_proj": {"q_proj"}, "input_norm": {"o_proj"}}
+    styles, _ = tp_styles(roles, fine, set(modules), modules, 2)
+    assert set(styles) == {"q_proj", "o_proj"}
+    with pytest.raises(SpecError, match="tensor_parallel.q_norm: weights inside a tensor-parallel"
+                                        " region.*--fix tp=1"):
+        tp_styles(roles, {**fine, "q_norm": {"q_proj"}}, set(modules), modules, 2)

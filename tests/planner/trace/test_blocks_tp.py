@@ -97,3 +97,27 @@ def test_op_level_checkpointing_keeps_attention_and_every_other_weight_gemm(tiny
     assert memory.activation_bytes(w, micro_batch=1, tp=1, sp=False, recompute="full") < kept
     assert kept < memory.activation_bytes(w, micro_batch=1, tp=1, sp=False, recompute="none",
                                           scores_kept=False)
+
+
+def test_per_head_norms_stay_inside_qwen3s_tensor_parallel_attention(tmp_path):
+    """Qwen3 normalizes each query and key head (q_norm, k_norm, weights of the head size)
+    between the projections and the attention core: the attention is still Megatron's pair,
+    the norms' weights repeated on every rank (they were read as a wall and the whole attention
+    replicated, its FLOPs and weights not split by tp)."""
+    import json
+
+    from planner.api import prepare
+
+    cfg = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4,
+           "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 20000,
+           "max_position_embeddings": 256, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    prepared = prepare(str(tmp_path / "config.json"), seq_len=64, cache_dir=None)
+    roles = prepared.blocks.tp_roles
+    layer = "model.layers.1.self_attn."
+    assert {k[len(layer):]: v for k, v in roles.items() if k.startswith(layer)} == {
+        "q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise",
+        "q_norm": "replicate", "k_norm": "replicate"}
+    w = next(b for b in prepared.blocks.blocks if b.name.endswith("layers.2")).work
+    assert w.fused_attn_flops_rep == 0 and w.attn_flops == w.fused_attn_flops > 0
