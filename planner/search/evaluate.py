@@ -8,6 +8,8 @@ search counts.
 
 from __future__ import annotations
 
+import dataclasses
+
 from costmodels.errors import InfeasibleError
 from costmodels.topology import Cluster
 from planner.options import PLACEMENTS, Config, SearchOptions, TrainingSpec
@@ -22,8 +24,13 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
     """Split into stages (chunks), then price the step; raises InfeasibleError. ``splits``: a
     dict the calls of one search share, which keeps each split found (configurations that
     differ only in what the split does not depend on, 1F1B and ZB-H1 say, share it)."""
-    mem = stage_memory(cfg, costs, ma, training, capacity_bytes(cluster, options))
+    capacity = capacity_bytes(cluster, options)
+    mem = stage_memory(cfg, costs, ma, training, capacity)
     part = _partition(cfg, costs, mem, splits)
+    if part is None and cfg.vpp > 1:
+        # 1/vpp of the GPU per chunk is enough, not needed: a rank's chunks may differ (the one
+        # with the output head holds more), their sum is what must fit, checked below
+        part = _partition(cfg, costs, dataclasses.replace(mem, capacity=capacity), splits)
     if part is None:
         raise InfeasibleError(_oom_message(cfg, mem), reason="out of memory")
     # The split does not depend on placement; price each order and keep the faster.
@@ -31,7 +38,7 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
               else (options.fix.get("placement", cfg.placement),))
     # Memory does not depend on it either: a split that does not fit is not priced at all.
     split = Split(cfg, part.bounds, ma, costs, training)
-    if split.peak_memory_bytes > capacity_bytes(cluster, options):
+    if split.peak_memory_bytes > capacity:
         raise InfeasibleError(f"{cfg.short()}: a rank needs {split.peak_memory_bytes / 1e9:.3g} GB",
                               reason="out of memory")
     placed = [split.placed(cfg if o == cfg.placement else cfg.with_(placement=o), cluster)

@@ -220,3 +220,37 @@ def test_a_search_shares_each_split(tiny_llama):
         assert dataclasses.asdict(shared) == dataclasses.asdict(alone)
     assert len(splits) == 1
     assert capacity_bytes(cluster, options) > alone.peak_memory_bytes
+
+
+def test_an_interleaved_split_needs_its_ranks_to_fit_not_each_chunk_a_vpp_th(tiny_llama):
+    """With vpp chunks per rank the chain split first gives each chunk 1/vpp of the GPU; where
+    no split meets that (a chunk holding the output head is larger than the rest) but the sum
+    on every rank fits, the configuration is priced, not called out of memory."""
+    from costmodels.errors import InfeasibleError
+
+    training = TrainingSpec(global_batch=32, seq_len=tiny_llama.seq_len)
+    options = SearchOptions()
+    ma = ModelArrays.from_blocks(tiny_llama.blocks)
+    cfg = Config(dp=1, tp=1, pp=2, vpp=2, micro_batch=1, num_microbatches=32,
+                 schedule="interleaved-1f1b")
+    seen = []
+    for memory_gb in [1.0 + 0.0005 * i for i in range(400)]:  # 0.5 MB steps above the reserve
+        cluster = load_cluster({"name": "small", "nodes": 1, "gpus_per_node": 2,
+                                "device": {"name": "small", "memory_GB": memory_gb,
+                                           "peak_TFLOPs": {"bf16": 100, "fp32": 10},
+                                           "hbm_GBps": 1000},
+                                "intra_node": {"bandwidth_GBps": 100, "latency_us": 3},
+                                "inter_node": {"bandwidth_GBps": 10, "latency_us": 10}})
+        costs = config_costs(ma, cluster, training, cfg)
+        cap = capacity_bytes(cluster, options)
+        per_chunk = partition(costs.split_s(cfg.num_microbatches), 4,
+                              stage_memory(cfg, costs, ma, training, cap))
+        try:
+            est = evaluate(cfg, ma, costs, cluster, training, options)
+        except InfeasibleError:
+            continue
+        assert est.peak_memory_bytes <= cap
+        seen.append(per_chunk is None)
+        if per_chunk is None:
+            break
+    assert seen and seen[-1], "no capacity where only the rank sums fit"
