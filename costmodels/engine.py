@@ -76,7 +76,7 @@ class EngineSpec:
     moe_grouped_gemm: bool = True
     """The local experts run as one grouped GEMM (Megatron's --moe-grouped-gemm); False: one GEMM
     per expert, each with its own launch."""
-    host_op_s: float = 23.25e-6
+    host_op_s: float = 23.75e-6
     """Host seconds to issue one op (framework dispatch and kernel launch). It is hidden while
     the host runs ahead of the device, and exposed where the host must wait for the device:
     dropless token dispatch sizes its all-to-all from counts the device computed, a host-device
