@@ -149,8 +149,9 @@ def describe(engine: EngineSpec) -> str:
              f", {'fused' if engine.kernels == 'fused' else 'one kernel per op (eager)'} "
              f"element-wise kernels, gradient reduction "
              f"{'overlapped with backward' if engine.overlap_grad_reduce else 'after backward'}"
-             f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}"
-             f"{', gradients reduced in bf16' if engine.state_layout == 'megatron-bf16-grads' else ''}")
+             f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}")
+    if engine.state_layout == "megatron-bf16-grads":
+        words += ", gradients reduced in bf16"
     return words + (f" (= --engine {same[0]})" if same else "")
 
 

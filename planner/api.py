@@ -125,11 +125,6 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 
-TARGET_SOFTWARE = {"torchtitan": "torchtitan", "deepspeed": "deepspeed"}
-"""The engine preset (costmodels.engine.PRESETS) a plan for a target is priced with when no
-engine is given (``megatron`` runs the default, Megatron-Core's)."""
-
-
 def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          gpus_per_node: int | None = None, global_batch: int, seq_len: int | None = None,
          dtype: str | None = None, optimizer: str = "adam", fix=None, top_k: int = 3,
@@ -158,8 +153,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         if isinstance(cl, HeteroCluster):
             raise SpecError("calibration: applies to one device type; not to a cluster with groups")
         cl = apply_calibration(cl, calibration)
-    if engine is None and target in TARGET_SOFTWARE:
-        engine = TARGET_SOFTWARE[target]
+    if engine is None and targets.engine(target).software:
+        engine = targets.engine(target).software
         log.info("priced as %s runs it (--engine %s; give --engine for other software)", target,
                  engine)
     eng = engine_from_mapping(engine)

@@ -44,6 +44,9 @@ class Engine:
     """Routed experts spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True
     """Experts' matrices split over the tp ranks (etp = tp > 1)."""
+    software: str | None = None
+    """The engine preset (costmodels.engine.PRESETS) a plan for it is priced with when no engine
+    is given; None: the default (Megatron-Core's)."""
 
 
 ENGINES: dict[str, Engine] = {
@@ -67,7 +70,7 @@ ENGINES: dict[str, Engine] = {
                          sequence_parallel=(True,), recompute=("none", "full", "op"),
                          # context parallelism through torch's context_parallel: its ring
                          # rotates K/V by all-gather or by all-to-all (p2p-like) steps
-                         cp_comms=("p2p", "allgather")),
+                         cp_comms=("p2p", "allgather"), software="torchtitan"),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
     "megatron": Engine(name="megatron", version="core_v0.19.0",
@@ -78,7 +81,8 @@ ENGINES: dict[str, Engine] = {
     # splitting their matrices; its sequence parallelism is Ulysses (all-to-all over heads).
     "deepspeed": Engine(name="deepspeed", version="0.19.8", schedules=("1f1b",),
                         zero_with_pp=(0, 1), sequence_parallel=(False,), cp_comms=("a2a",),
-                        cp_with_tp_pp=False, expert_tensor_parallel=False),
+                        cp_with_tp_pp=False, expert_tensor_parallel=False,
+                        software="deepspeed"),
 }
 TARGETS: tuple[str, ...] = tuple(ENGINES)
 
