@@ -27,7 +27,7 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
     capacity = capacity_bytes(cluster, options)
     mem = stage_memory(cfg, costs, ma, training, capacity)
     part = _partition(cfg, costs, mem, splits)
-    if part is None and cfg.vpp > 1:
+    if part is None and cfg.vpp > 1 and _ranks_may_fit(mem, cfg.pp, capacity):
         # 1/vpp of the GPU per chunk is enough, not needed: a rank's chunks may differ (the one
         # with the output head holds more), their sum is what must fit, checked below
         part = _partition(cfg, costs, dataclasses.replace(mem, capacity=capacity), splits)
@@ -61,6 +61,15 @@ def _partition(cfg: Config, costs: BlockCosts, mem: StageMemory, splits: dict | 
         hit = splits[key] = (costs, partition(costs.split_s(cfg.num_microbatches),
                                               cfg.pp * cfg.vpp, mem))
     return hit[1]
+
+
+def _ranks_may_fit(mem, pp: int, capacity: float) -> bool:
+    """Whether the model states and the activations in flight, spread evenly over the pp ranks
+    (each chunk's activations times the mean micro-batches in flight), fit ``capacity``: the
+    search looks for an uneven split only then (a screen, not a proof; the split found is
+    checked exactly)."""
+    mean_in_flight = sum(mem.in_flight) / len(mem.in_flight)
+    return (sum(mem.static) + mean_in_flight * sum(mem.act)) / pp <= capacity
 
 
 def _oom_message(cfg: Config, mem: StageMemory) -> str:
