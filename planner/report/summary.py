@@ -6,6 +6,8 @@ from __future__ import annotations
 import textwrap
 
 from costmodels.engine import describe, engine_from_mapping
+from costmodels.errors import PlannerError
+from costmodels.hardware import get_device
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
@@ -91,7 +93,8 @@ def _parallel(p: Plan) -> list[str]:
         f"schedule {par['schedule']}",
         f"  memory      recompute {par['recompute']}, ZeRO-{par['zero']}{offload}, placement "
         f"{par.get('placement', 'tp-pp-dp')}",
-        f"  software    {p.training['dtype']}; {describe(engine_from_mapping(p.training.get('engine')))}",
+        f"  software    {p.training['dtype']}; {describe(engine_from_mapping(p.training.get('engine')))}"
+        f"{_without_flash(p)}",
         *breakdown(p),
         f"  throughput  {pr['samples_per_s']:.4g} samples/s, {pr['tokens_per_s']:,.0f} tokens/s, "
         f"{pr['tflops_per_device']:.1f} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
@@ -127,6 +130,22 @@ def _sustained(f: dict, key: str) -> str:
     """', N% sustained' where the plan file records the GEMM share (files before 2026-12-02 do
     not)."""
     return f", {100 * f[key]:.0f}% sustained" if key in f else ""
+
+
+def _without_flash(p: Plan) -> str:
+    """' (v100: no FlashAttention)' where the plan's attention is materialized because a device
+    of its cluster runs no FlashAttention (planner.api prices it so), else ''."""
+    if engine_from_mapping(p.training.get("engine")).attention != "materialized":
+        return ""
+    names = set()
+    for group in p.cluster.get("groups") or [p.cluster]:  # each with its spec (device mapping)
+        try:
+            device = get_device((group.get("spec") or {}).get("device", group.get("device", "")))
+        except PlannerError:
+            continue
+        if not device.flash_attention:
+            names.add(device.name)
+    return f" ({', '.join(sorted(names))}: no FlashAttention)" if names else ""
 
 
 def _fp8(p: Plan) -> list[str]:

@@ -159,9 +159,13 @@ def test_a_device_without_flashattention_prices_attention_with_its_scores(mid_gp
         mixed = plan_prepared(mid_gpt2, load_cluster(MIXED), tr, opts)
     assert mixed.training["engine"]["attention"] == "materialized"
     assert "v100 has no FlashAttention kernel" in caplog.text
+    from planner.report.summary import summary
+    assert "attention scores in memory" in summary(mixed)
+    assert "(v100: no FlashAttention)" in summary(mixed)  # plan show says why
     caplog.clear()
     a100 = load_cluster({**MIXED["groups"][0], "name": "a100-only",
                          "inter_node": MIXED["inter_node"]})
     with caplog.at_level(logging.WARNING, logger="planner.api"):
         plain = plan_prepared(mid_gpt2, a100, tr, SearchOptions(top_k=0))
     assert plain.training["engine"]["attention"] == "flash" and "FlashAttention" not in caplog.text
+    assert "no FlashAttention" not in summary(plain)
