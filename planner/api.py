@@ -356,7 +356,8 @@ def _dense_zero(value) -> int:
 
 def _attention_the_devices_run(cluster, training: TrainingSpec) -> TrainingSpec:
     """``training`` with FlashAttention replaced by attention with its scores in memory where a
-    device of ``cluster`` has no FlashAttention kernel (DeviceSpec.flash_attention), said once."""
+    device of ``cluster`` has no FlashAttention kernel (DeviceSpec.flash_attention), with a
+    warning."""
     devices = [g.device for g in getattr(cluster, "groups", (cluster,))]
     without = sorted({d.name for d in devices if not d.flash_attention})
     if training.engine.attention != "flash" or not without:

@@ -366,7 +366,8 @@ def _memory(plan: Plan, ledger: common.Ledger) -> Group:
     p = plan.parallel
     ledger.exact("zero", "offload_optimizer")
     out = _recompute(p["recompute"], ledger)
-    if engine_from_mapping(plan.training.get("engine")).state_layout == "megatron-bf16-grads":
+    if engine_from_mapping(plan.training.get("engine")).state_layout == "megatron-bf16-grads" \
+            and plan.training["dtype"] in ("bf16", "fp8"):
         out = out + [(["--grad-reduce-in-bf16"], "gradients kept and reduced in bf16, as priced")]
     if p["dp"] == 1:
         return out + _offload(plan)

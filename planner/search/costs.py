@@ -94,9 +94,9 @@ class BlockCosts:
     one only); pricing counts it for every micro-batch but the first."""
     cp_comm_s: np.ndarray
     """Context-parallel K/V exchange the block exposes (forward + backward); for the p2p ring
-    also what its attention calls per chunk pair cost beyond one call (where attention was
-    measured by call size: costmodels.compute.ring_attention_s) and, with eager kernels, its
-    merges and chunk copies (costmodels.context.ring_merge_s)."""
+    with eager kernels also its merges and chunk copies (costmodels.context.ring_merge_s). What
+    the ring's per-chunk-pair attention calls change (costmodels.compute.ring_attention_s) is in
+    the compute times."""
     ep_comm_s: np.ndarray | None = None
     """Expert dispatch and combine with the ep group on the fewest nodes it can occupy (its
     members next to each other): the least it costs under any placement, for the bounds and the

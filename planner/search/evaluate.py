@@ -74,4 +74,4 @@ def _ranks_may_fit(mem, pp: int, capacity: float) -> bool:
 
 def _oom_message(cfg: Config, mem: StageMemory) -> str:
     return (f"{cfg.short()}: no split into {cfg.pp * cfg.vpp} stages fits "
-            f"{mem.capacity / 1e9:.3g} GB per GPU")
+            f"{mem.capacity * cfg.vpp / 1e9:.3g} GB per GPU")

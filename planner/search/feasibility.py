@@ -90,7 +90,7 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
     cp, cp_comm, etp = fix.get("cp", 1), fix.get("cp_comm", "p2p"), fix.get("etp", 1)
     best = None
     for tp in ([fix["tp"]] if "tp" in fix else divisors(n // cp)):
-        if n % (tp * cp) or tp_reasons(tp, space, pinned="tp" in fix):
+        if n % (tp * cp) or tp_reasons(tp, space, pinned="tp" in fix) or etp not in (1, tp):
             continue
         sp = fix.get("sequence_parallel", tp > 1)
         mb = fix.get("micro_batch", 1)

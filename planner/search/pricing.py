@@ -511,10 +511,11 @@ class DataParallelBytes:
 
     @classmethod
     def of(cls, training: TrainingSpec) -> "DataParallelBytes":
-        """Gradients as the engine keeps them (Megatron-Core's fp32 main gradients under bf16: its
-        arguments.py sets accumulate_allreduce_grads_in_fp32; FSDP2 as torchtitan runs it reduces
-        in fp32 too), weights in the 16-bit compute dtype (fp32 when training in fp32; FP8
-        training gathers its bf16 weights)."""
+        """Gradients as the engine's state layout keeps them (Megatron-Core's fp32 main gradients
+        under bf16: its arguments.py sets accumulate_allreduce_grads_in_fp32; 16-bit under the
+        ``zero`` layout, though torchtitan's FSDP2 reduces in fp32 by default: not modelled),
+        weights in the 16-bit compute dtype (fp32 when training in fp32; FP8 training gathers
+        its bf16 weights)."""
         grads = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                          zero=0, dp=1, layout=training.engine.state_layout)["grads"]
         return cls(grads=grads, weights=DTYPE_BYTES[precision.core_dtype(training.dtype)])

@@ -24,10 +24,10 @@ import random
 from dataclasses import dataclass
 
 from costmodels import comm
-from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import HeteroCluster
 from planner.options import Config
 from planner.search.hetero import group_costs
+from planner.search.pricing import DataParallelBytes
 
 RANDOM_SAMPLES = 20
 """Random placements averaged for the comparison."""
@@ -183,7 +183,8 @@ def placement_report(est, ma, hc: HeteroCluster, training) -> dict:
                      for s in range(len(est.stages))]
     cut = [float(ma.cut_bytes[bounds[s + 1] - 1]) * cfg.micro_batch
            if s + 1 < len(est.stages) else 0.0 for s in range(len(est.stages))]
-    grads = [st.params * DTYPE_BYTES[training.dtype] for st in est.stages]
+    per = DataParallelBytes.of(training)  # the all-reduce moves gradients as kept
+    grads = [st.params * per.grads for st in est.stages]
     chosen = [names[st.group] for st in est.stages]
     out = compare(hc, cfg, chosen, stage_compute, cut, grads,
                   training.engine.overlap_grad_reduce, est.breakdown.get("optimizer_s", 0.0))

@@ -68,8 +68,8 @@ def analyze(graph: OpGraph) -> TPAnalysis:
 
 def _per_head_scale(op: Op, params) -> bool:
     """An element-wise op scaling each head by parameters of the head size (the weight of a norm
-    over each head: Qwen3's q_norm and k_norm, OLMo 2's): on a tensor of (..., heads, head_dim)
-    with every parameter head_dim long. Tensor parallelism leaves it inside the region, its
+    over each head: Qwen3's q_norm and k_norm): on a tensor of (..., heads, head_dim) with every
+    parameter head_dim long (the region must hold an attention core of that head size). Tensor parallelism leaves it inside the region, its
     parameters repeated on every rank (Megatron-Core's q/k layernorm), each rank scaling its own
     heads."""
     if op.kind != "elementwise" or not op.params or len(op.shape) < 4 or op.shape[-2] < 2:
@@ -102,6 +102,10 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
         stack.extend(op.inputs)
     if not cols:
         return
+    heads = {by[by[n].inputs[0]].shape[-1] for n in region
+             if by[n].kind == "attention" and by[n].inputs and by[by[n].inputs[0]].shape}
+    if any(by[n].shape[-1] not in heads for n in region & per_head):
+        return  # a scale over a last dimension that is not an attention head: not per head
     if row.module in {by[c].module for c in cols}:
         return  # one module on both sides (nn.MultiheadAttention): no role per module fits it
     inside = region | cols | {row.name}

@@ -121,3 +121,40 @@ def test_per_head_norms_stay_inside_qwen3s_tensor_parallel_attention(tmp_path):
         "q_norm": "replicate", "k_norm": "replicate"}
     w = next(b for b in prepared.blocks.blocks if b.name.endswith("layers.2")).work
     assert w.fused_attn_flops_rep == 0 and w.attn_flops == w.fused_attn_flops > 0
+
+
+def test_a_norm_over_the_whole_split_width_still_ends_the_region():
+    """A norm over the last dimension of a 4-D MLP activation (not an attention head) must see
+    the whole width: its weight keeps the MLP replicated, as before per-head norms were let in."""
+    import torch
+    import torch.nn as nn
+
+    from planner.api import prepare
+
+    class Norm(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.norm, self.down = nn.Linear(64, 256), Norm(256), nn.Linear(256, 64)
+
+        def forward(self, x):
+            return x + self.down(self.norm(torch.nn.functional.gelu(self.up(x))))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.Sequential(*[Block() for _ in range(4)])
+
+        def forward(self, x):
+            return self.blocks(x).sum()
+
+    prepared = prepare(Model(), example_inputs=(torch.randn(2, 8, 8, 64),), cache_dir=None)
+    roles = prepared.blocks.tp_roles
+    assert roles["blocks.1.up"] == roles["blocks.1.down"] == "replicate"
