@@ -94,6 +94,7 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
             continue
         sp = fix.get("sequence_parallel", tp > 1)
         mb = fix.get("micro_batch", 1)
+        costs_by_ep: dict = {}
         for pp in ([fix["pp"]] if "pp" in fix else divisors(n // (tp * cp))):
             vpp = fix.get("vpp", 1)
             if (n // (tp * cp)) % pp or pp_reason(pp, vpp, space):
@@ -104,8 +105,11 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
             # the experts spread as far as the pins allow: the fewest expert states per GPU
             ep = fix.get("ep", max((e for e in divisors(dp * cp * tp // etp)
                                     if space.experts and space.experts % e == 0), default=1))
-            costs = block_costs(ma, cluster, training, tp=tp, sp=sp, recompute=rc,
-                                micro_batch=mb, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp)
+            if ep not in costs_by_ep:  # the block costs depend on ep, not on pp
+                costs_by_ep[ep] = block_costs(ma, cluster, training, tp=tp, sp=sp, recompute=rc,
+                                              micro_batch=mb, cp=cp, cp_comm=cp_comm, ep=ep,
+                                              etp=etp)
+            costs = costs_by_ep[ep]
             m = max(1, training.global_batch // (dp * mb))
             wants_offload = fix.get("offload_optimizer", any(options.offload))
             zero = fix.get("zero", max(options.zero)) if dp > 1 else int(wants_offload)
