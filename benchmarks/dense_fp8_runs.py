@@ -10,8 +10,10 @@ and NeMo's (docs/source/performance/performance_summary.md, NeMo 24.07: GPT-3 17
 Each row is priced at its published configuration: tp, pp, vpp (interleaved schedule), cp, the data
 parallelism the GPU count leaves, micro-batch, sequence parallelism with tp > 1, the distributed
 optimizer (ZeRO-1; ZeRO-3 on the rows published with FSDP), engine ``megatron-core`` with the
-row's FP8 recipe (and, on the Megatron-Bridge rows, gradients kept and reduced in bf16, as its
-performance configurations set). Recomputation, which the tables do not give, is the search's choice. Device
+row's FP8 recipe and the software its source implies (published.software): on the
+Megatron-Bridge rows gradients kept and reduced in bf16, as its performance configurations set;
+on the NeMo 24.07 rows FlashAttention-2's kernels, as that release's launcher disabled cuDNN's
+attention (NVTE_FUSED_ATTN=0). Recomputation, which the tables do not give, is the search's choice. Device
 memory is not checked (the time of the published configuration is compared).
 
 One constant is fitted here, on the even-numbered rows (the odd rows are held out and their error
@@ -44,7 +46,7 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from costmodels.hardware import FP8_MATMUL_EFFICIENCY  # noqa: E402
 from planner import SearchOptions, TrainingSpec, plan_prepared, prepare  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
-from published import BIG, BRIDGE_STATES, nvidia_cluster, read_rows  # noqa: E402
+from published import BIG, nvidia_cluster, read_rows, software  # noqa: E402
 from tables import print_errors, print_table  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "dense_fp8_runs.csv")
@@ -95,10 +97,10 @@ def published_fix(r: dict) -> str:
 
 
 def predict(r: dict, prepared, efficiency: float):
-    states = f",{BRIDGE_STATES}" if "Megatron-Bridge" in r["source"] else ""
     training = TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype="fp8",
                             optimizer="adam", engine=engine_from_mapping(
-                                f"megatron-core,fp8_recipe={RECIPES[r['precision']]}{states}"))
+                                f"megatron-core,fp8_recipe={RECIPES[r['precision']]}"
+                                f"{software(r['source'])}"))
     options = SearchOptions(fix=parse_fix(published_fix(r)), top_k=0)
     return plan_prepared(prepared, cluster_of(r, efficiency), training, options)
 

@@ -13,7 +13,10 @@ Each row is priced at its published configuration: tp, pp, cp and dp pinned, mic
 table gives none; one sequence of up to a million tokens per micro-batch), sequence parallelism
 with tp > 1, the distributed optimizer (ZeRO-1), FP8 GEMMs with delayed scaling (Transformer
 Engine's default recipe in those NeMo releases); the K/V exchange form and recomputation are the
-search's choice (NeMo's default exchange is the p2p ring). Device memory is not checked (the
+search's choice (NeMo's default exchange is the p2p ring). The H100 rows ran in the NeMo 24.03.01
+container, whose launcher disabled cuDNN's attention (NVTE_FUSED_ATTN=0), so Transformer Engine
+ran FlashAttention-2's kernels: they are priced with ``attention=flash2`` (published.software
+gives the source); the B200 rows (NeMo 25.04) with cuDNN's. Device memory is not checked (the
 time of the published configuration is compared); whether the planner thinks it fits is printed.
 Nothing is fitted here: every constant is the cost model's (data sheets, documented efficiencies;
 the share of the FP8 peak that FP8 GEMMs sustain was fitted on other runs, benchmarks/
@@ -43,7 +46,7 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, load_cluster,  # noqa: E402
                      plan_prepared, prepare)
 from planner.options import parse_fix  # noqa: E402
-from published import BIG, read_rows  # noqa: E402
+from published import BIG, read_rows, software  # noqa: E402
 from tables import SEARCH_HEAD, print_errors, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "long_context_runs.csv")
@@ -89,7 +92,8 @@ def cluster_of(r: dict, memory: float | None = None):
 def training_of(r: dict) -> TrainingSpec:
     return TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype="fp8",
                         optimizer="adam",
-                        engine=engine_from_mapping("megatron-core,fp8_recipe=delayed"))
+                        engine=engine_from_mapping("megatron-core,fp8_recipe=delayed"
+                                                           f"{software(r['source'])}"))
 
 
 def published_fix(r: dict) -> str:

@@ -50,7 +50,7 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, plan_prepared,  # noqa: E402
                      prepare)
 from planner.options import parse_fix  # noqa: E402
-from published import BIG, BRIDGE_STATES, nvidia_cluster, read_rows  # noqa: E402
+from published import BIG, nvidia_cluster, read_rows, software  # noqa: E402
 from tables import SEARCH_HEAD, print_errors, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "moe_runs.csv")
@@ -80,7 +80,7 @@ def training_of(r: dict, host_op_s: float = 0.0) -> TrainingSpec:
     capacity = "1.0" if "tokendrop" in r["variant"] else "0"
     engine = engine_from_mapping(f"megatron-core,fp8_recipe={recipe},moe_imbalance=1.0,"
                                  f"moe_capacity_factor={capacity},moe_dispatcher=alltoall,"
-                                 f"host_op_s={host_op_s},{BRIDGE_STATES}")
+                                 f"host_op_s={host_op_s}{software(r['source'])}")
     return TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype=dtype,
                         optimizer="adam", engine=engine)
 

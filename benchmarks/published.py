@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import re
 
 from planner import load_cluster
 
@@ -13,6 +14,12 @@ BRIDGE_STATES = "state_layout=megatron-bf16-grads"
 """Engine setting of every Megatron-Bridge performance run: its configurations keep and reduce
 gradients in bf16 (mixed_precision.grad_reduce_in_fp32 and ddp.grad_reduce_in_fp32 set to false
 in scripts/performance/configs of the 25.09 and 25.11 releases, every model)."""
+NEMO_LAUNCHER_FA2 = ("24.03", "24.03.01", "24.05", "24.07")
+"""NeMo containers whose launcher (NVIDIA/NeMo-Framework-Launcher, the release tags of these names)
+sets NVTE_FUSED_ATTN=0 for every run in launcher_scripts/conf/config.yaml ("Disable cudnn FA until
+we've tested it more"; added 2024-02-13, removed 2024-08-29 for the 24.09 release): Transformer
+Engine then runs the flash-attn package's FlashAttention-2 kernels instead of cuDNN's, on Hopper
+too. NeMo's own pre-training scripts set the same until 2024-10-11 (NVIDIA/NeMo e1e8b107bc)."""
 NVIDIA_SYSTEMS = {"H100": ("dgx-h100", 8), "B200": ("dgx-b200", 8),
                   "GB200": ("gb200-nvl72", 64), "GB300": ("gb300-nvl72", 64)}
 """GPU column of NVIDIA's performance summaries -> (cluster preset, GPUs per NVLink domain the
@@ -26,6 +33,18 @@ def read_rows(path: str) -> list[dict]:
     for i, r in enumerate(rows):
         r["index"] = i
     return rows
+
+
+def software(source: str) -> str:
+    """Engine settings (``k=v`` pairs, comma-led, or empty) a published row's software implies
+    beyond its preset, from the ``source`` it names: Megatron-Bridge runs keep gradients in bf16
+    (BRIDGE_STATES); NeMo runs in a container of NEMO_LAUNCHER_FA2 run FlashAttention-2."""
+    if "Megatron-Bridge" in source:
+        return f",{BRIDGE_STATES}"
+    container = re.search(r"NeMo ?(\d\d\.\d\d(?:\.\d\d)?)", source)
+    if container and container.group(1) in NEMO_LAUNCHER_FA2:
+        return ",attention=flash2"
+    return ""
 
 
 def nvidia_cluster(gpu: str, gpus: int, memory: float | None = None, **device):
