@@ -41,10 +41,13 @@ SECTIONS = [
      "dense FP8 runs below, so the Float8 row is held out for it (it read +33% at 0.70 of the "
      "FP8 peak). Until 2026-12-02 the trace priced causal attention as unmasked (twice its work) "
      "and these rows read -3.3%, +1.2% and +4.5% at 500 W; with causal calls then run at the "
-     "unmasked speed they read +11.5%, +20.3% and +13.9%. The eager row is "
-     "within 10% at the 500 W estimate (and within 18% at either end of the range); "
-     "torch.compile's gain is over-predicted (+24% against the measured +16%), and what the "
-     "rest of its time is has not been found."),
+     "unmasked speed they read +11.5%, +20.3% and +13.9%. The torch.compile rows fuse the "
+     "element-wise chains of each transformer block only (`fused_scope=layers`: torchtitan "
+     "compiles block by block, so the loss over the 128k vocabulary runs eagerly; priced fused "
+     "everywhere the compile row read +17.4%). The eager row is within 10% at the 500 W "
+     "estimate (and within 18% at either end of the range); torch.compile's gain is "
+     "over-predicted (+23% against the measured +16%), and what the rest of its time is has "
+     "not been found."),
     ("densefp8", "dense_fp8_runs.py",
      "**Dense FP8 runs** (`benchmarks/dense_fp8_runs.py`): 22 dense decoder runs NVIDIA "
      "publishes with their configuration and measured tokens/s (Megatron-Bridge performance "
@@ -55,9 +58,13 @@ SECTIONS = [
      "(`costmodels.hardware.FP8_MATMUL_EFFICIENCY`), is fitted on the even rows; the odd rows "
      "are held out, and so are the long-sequence, MoE and torchtitan Float8 rows, priced with "
      "the same value. At 0.70 (the bf16 share) these rows were 2-45% too fast, median 18.2% "
-     "held out; the fit, 0.50, runs FP8 GEMMs at about 1.4x the bf16 rate, not 2x. The "
-     "Megatron-Bridge rows are priced with gradients kept and reduced in bf16, as its "
-     "performance configurations set (the fit read 0.52, held out 6.1%, with fp32 gradients)."),
+     "held out; the fit, 0.51, runs FP8 GEMMs at about 1.5x the bf16 rate, not 2x. Each row is "
+     "priced with the software its source names: the Megatron-Bridge rows with gradients kept "
+     "and reduced in bf16, as its performance configurations set (the fit read 0.52, held out "
+     "6.1%, with fp32 gradients); the NeMo 24.07 rows with FlashAttention-2's kernels, because "
+     "that release's launcher (NVIDIA/NeMo-Framework-Launcher, tag 24.07, "
+     "launcher_scripts/conf/config.yaml) sets NVTE_FUSED_ATTN=0 and so disables cuDNN's "
+     "attention (with cuDNN's: fit 0.50, held out 8.0%)."),
     ("cpu", "cpu_measured.py",
      "**Measured here.** Small GPT configurations run with plain torch on this machine's CPU "
      "(one process per core; two processes with DDP over gloo), predicted from a `plan profile` "
@@ -114,16 +121,15 @@ SECTIONS = [
      "comes from the dense FP8 runs, so these rows are held out for it. Until 2026-12-02 the "
      "trace priced causal attention as unmasked (twice its work) and this table read median "
      "8.4%: two errors cancelling. Priced as the kernels run it, with FlashAttention-4's rate on "
-     "Blackwell and FP8 GEMMs at 0.70 of the FP8 peak, it read 38.0%, every row too fast. Now "
-     "the B200 rows are 11-16% too fast; the H100 rows go from 8% at 4k tokens to 40% at 1M "
-     "(causal calls on Hopper priced at 0.89 of the unmasked speed, the FlashAttention-3 "
-     "paper's Fig. 5, and a ring's chunk pairs, nearly all unmasked, at the unmasked speed): "
-     "between 256k and 1M tokens the published rates imply causal attention at about 266 "
-     "TFLOP/s per H100 (27% of its peak, below even FlashAttention-2's kernels) where cuDNN's "
-     "published kernels reach about 530 forward and backward together; these rows were "
-     "measured with NeMo 24.03 (Transformer Engine's ring attention over the cuDNN of early "
-     "2024), and the difference is not explained here. "
-     "Then the free search against each published configuration."),
+     "Blackwell and FP8 GEMMs at 0.70 of the FP8 peak, it read 38.0%, every row too fast. The "
+     "H100 rows ran in the NeMo 24.03.01 container, whose launcher (NVIDIA/NeMo-Framework-"
+     "Launcher, tag 24.03.01, launcher_scripts/conf/config.yaml: \"Disable cudnn FA until we've "
+     "tested it more\") sets NVTE_FUSED_ATTN=0, so Transformer Engine ran FlashAttention-2's "
+     "kernels: priced with cuDNN's, as until 2026-12-02, they read 5% too fast at 4k tokens and "
+     "40% at 1M; with FlashAttention-2's (`attention=flash2`) every H100 row is within 7%. The "
+     "B200 rows (NeMo 25.04, cuDNN) are 9-15% too fast at every length, with and without "
+     "context parallelism, which points at the GEMMs of that release rather than at attention; "
+     "not explained here. Then the free search against each published configuration."),
     ("recsys", "recsys_runs.py",
      "**Recommendation models** (`benchmarks/recsys_runs.py`): DLRM on Criteo 1TB with TorchRec "
      "(facebookresearch/dlrm torchrec_dlrm README, three revisions) on 1 to 80 A100-40GB of AWS "

@@ -8,7 +8,7 @@ the backward pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
 from costmodels.errors import SpecError
@@ -20,6 +20,7 @@ ATTENTION = ("flash", "flash2", "materialized")
 FUSED_ATTENTION = ("flash", "flash2")
 """Attention settings that run one fused kernel (no score tensor in memory)."""
 KERNELS = ("fused", "eager")
+FUSED_SCOPES = ("model", "layers")
 DISPATCHERS = ("alltoall", "allgather")
 
 
@@ -39,6 +40,11 @@ class EngineSpec:
     kernels: str = "fused"
     """``fused``: each chain of element-wise ops is one kernel (torch.compile, Megatron's fused
     kernels); ``eager``: one kernel per op."""
+    fused_scope: str = "model"
+    """Where ``kernels="fused"`` applies: ``model`` (every block) or ``layers`` (the repeated
+    layers only, Block.recompute; the embedding, final norm, output projection and loss run one
+    kernel per op). torchtitan compiles each transformer block on its own (``apply_compile``
+    wraps ``model.layers``), so its loss over the vocabulary runs eagerly."""
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction runs during the last micro-batch's backward (DDP buckets,
     FSDP2, Megatron --overlap-grad-reduce); False: after it (Megatron-LM's 'local' DDP of 2021)."""
@@ -111,6 +117,9 @@ class EngineSpec:
         if self.attention not in ATTENTION:
             raise SpecError(f"engine.attention: expected flash, flash2 or materialized, got "
                             f"{self.attention!r}")
+        if self.fused_scope not in FUSED_SCOPES:
+            raise SpecError(f"engine.fused_scope: expected model or layers, got "
+                            f"{self.fused_scope!r}")
         if self.kernels not in KERNELS:
             raise SpecError(f"engine.kernels: expected fused or eager, got {self.kernels!r}")
 
@@ -129,9 +138,11 @@ PRESETS: dict[str, dict] = {
     # reduce-scatter through its flat buffers, fp32 sharded states
     "torchtitan": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
                    "fsdp_copies": True, "state_layout": "zero"},
-    # torchtitan with torch.compile: element-wise chains fused by Inductor
-    "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "overlap_grad_reduce": True,
-                           "fsdp_copies": True, "state_layout": "zero"},
+    # torchtitan with torch.compile: element-wise chains of each transformer block fused by
+    # Inductor; embedding, output projection and loss eager
+    "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
+                           "overlap_grad_reduce": True, "fsdp_copies": True,
+                           "state_layout": "zero"},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
                   "state_layout": "zero"},
@@ -145,9 +156,11 @@ def describe(engine: EngineSpec) -> str:
     same = [name for name, kw in PRESETS.items() if EngineSpec(**kw) == engine]
     kernel = {"flash": "FlashAttention", "flash2": "FlashAttention-2 (PyTorch SDPA)",
               "materialized": "attention scores in memory"}[engine.attention]
+    layers_only = engine.kernels == "fused" and engine.fused_scope == "layers"
     words = (f"{kernel}"
              f", {'fused' if engine.kernels == 'fused' else 'one kernel per op (eager)'} "
-             f"element-wise kernels, gradient reduction "
+             f"element-wise kernels{' in the repeated layers' if layers_only else ''}"
+             f", gradient reduction "
              f"{'overlapped with backward' if engine.overlap_grad_reduce else 'after backward'}"
              f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}")
     if engine.state_layout == "megatron-bf16-grads":
@@ -190,6 +203,14 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
             except ValueError:
                 raise SpecError(f"engine.{key}: expected a number, got {kw[key]!r}") from None
     return EngineSpec(**kw)
+
+
+def outside_layers(engine: EngineSpec) -> EngineSpec:
+    """The engine the blocks outside the repeated layers run under: eager kernels where fusion
+    covers the layers only (``fused_scope="layers"``), the engine itself otherwise."""
+    if engine.kernels == "fused" and engine.fused_scope == "layers":
+        return replace(engine, kernels="eager")
+    return engine
 
 
 def expert_load(engine: EngineSpec) -> float:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from costmodels import comm, compute, context, experts, memory, pipeline, precision
-from costmodels.engine import FUSED_ATTENTION, expert_load
+from costmodels.engine import FUSED_ATTENTION, expert_load, outside_layers
 from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from costmodels.workload import WORK_FIELDS, BlockWork
@@ -138,11 +138,13 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         ma.times_key, ma.times = shared, {}
     times = ma.times
     policies = [recompute if c else "none" for c in ma.checkpointed]
+    outer = outside_layers(engine)  # blocks outside the repeated layers
     for i, work in enumerate(ma.works):
         if ma.same[i] not in times:
             times[ma.same[i]] = compute.block_time(
                 work, cluster.device, dtype=training.dtype, micro_batch=micro_batch, tp=tp, sp=sp,
-                recompute="none", engine=engine, cp=cp, experts=experts)
+                recompute="none", engine=engine if ma.checkpointed[i] else outer, cp=cp,
+                experts=experts)
     n = len(ma.names)
 
     def vec(x) -> np.ndarray:  # a new array; scalars (e.g. no recomputation) broadcast
@@ -152,6 +154,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     fwd_repeats = 2 if recompute == "full" else 1  # full recompute replays forward all-reduces
     kept = engine.attention not in FUSED_ATTENTION  # eager attention's scores, saved or fused away
     fused = engine.kernels == "fused"  # element-wise chains keep only what enters them
+    fused_outer = outer.kernels == "fused"
     fp8 = training.dtype == "fp8"  # Linear inputs kept quantized
     heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))
     kv = micro_batch * w.attn_kv_bytes / heads_div  # the whole sequence's K/V on this tp rank
@@ -228,7 +231,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8)),
             vec(memory.activation_bytes(w, micro_batch=share, tp=tp, sp=sp, recompute="none",
-                                        scores_kept=kept, fused=fused, fp8=fp8))),
+                                        scores_kept=kept, fused=fused_outer, fp8=fp8))),
         work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8)), 0.0),

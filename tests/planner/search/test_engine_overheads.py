@@ -9,7 +9,7 @@ import pytest
 import planner
 from costmodels import comm
 from costmodels.compute import block_time, copy_s, optimizer_step_s
-from costmodels.engine import EngineSpec, engine_from_mapping
+from costmodels.engine import EngineSpec, describe, engine_from_mapping
 from costmodels.errors import SpecError
 from costmodels.workload import SPLIT_K, SPLIT_N, BlockWork, Gemm
 from planner import load_cluster
@@ -222,3 +222,33 @@ def test_the_stage_split_balances_the_accumulation_pass_it_prices(tmp_path):
     t = costs.time_s  # balancing these alone (no accumulation pass) cuts elsewhere, slower
     blind = min(range(1, n), key=lambda k: max(t[:k].sum(), t[k:].sum()))
     assert priced(blind) > best * 1.01
+
+
+def test_fusion_scoped_to_layers_prices_embedding_and_loss_eagerly(tiny_llama):
+    """torchtitan compiles each transformer block: with fused_scope=layers the repeated layers
+    cost what fused kernels cost, the blocks outside them what eager kernels cost."""
+    from planner.options import Config
+    from planner.search.costs import ModelArrays, config_costs
+    cluster = load_cluster("dgx-h100")
+    ma = ModelArrays.from_blocks(tiny_llama.blocks)
+    cfg = Config(dp=8, tp=1, pp=1, micro_batch=2, num_microbatches=1, schedule="1f1b",
+                 recompute="none", zero=3)
+
+    def costs(engine: str):
+        training = planner.TrainingSpec(global_batch=16, seq_len=tiny_llama.seq_len,
+                                        dtype="bf16", optimizer="adamw",
+                                        engine=engine_from_mapping(engine))
+        return config_costs(ma, cluster, training, cfg)
+
+    scoped = costs("torchtitan-compile")
+    whole = costs("torchtitan-compile,fused_scope=model")
+    eager = costs("torchtitan")
+    layer, outer = ma.checkpointed, ~ma.checkpointed
+    assert layer.any() and outer.any()
+    assert scoped.compute_s[layer] == pytest.approx(whole.compute_s[layer])
+    assert scoped.compute_s[outer] == pytest.approx(eager.compute_s[outer])
+    assert (scoped.compute_s[outer] > whole.compute_s[outer]).all()
+    assert scoped.act_bytes[outer] == pytest.approx(eager.act_bytes[outer])
+    assert "in the repeated layers" in describe(engine_from_mapping("torchtitan-compile"))
+    with pytest.raises(SpecError, match="engine.fused_scope: expected model or layers"):
+        engine_from_mapping("fused_scope=blocks")
