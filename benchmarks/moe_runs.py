@@ -12,7 +12,9 @@ optimizer (ZeRO-1); what the table does not publish (recomputation) is left to t
 engine is Megatron-Core's (`--engine megatron-core`) with routing balanced (moe_imbalance 1.0,
 which the source forces: "force-balanced routing, token-dropless"; gradients kept and reduced
 in bf16, as every Megatron-Bridge performance configuration sets), dropless except the rows
-marked tokendrop (capacity factor 1.0). Precision: BF16, FP8-CS (current scaling), FP8-MX (block
+marked tokendrop (capacity factor 1.0); the expert all-to-alls overlapped with another
+micro-batch's compute where the release's configuration for that model and GPU sets it
+(A2A_OVERLAP). Precision: BF16, FP8-CS (current scaling), FP8-MX (block
 scaling, Blackwell). Device memory is not checked here (the time of the published configuration
 is what is compared); whether the planner thinks it fits is printed.
 
@@ -60,6 +62,24 @@ PRECISION = {"BF16": ("bf16", "current"), "FP8-CS": ("fp8", "current"),
              "FP8-MX": ("fp8", "block"), "FP8 (per-tensor current scaling)": ("fp8", "current"),
              "FP8": ("fp8", "current")}
 """Precision column -> (dtype, FP8 recipe)."""
+A2A_OVERLAP = {"25.11": {("Qwen3_30B_a3B", "H100"), ("Qwen3_235B_a22B", "H100"),
+                         ("Qwen3_235B_a22B", "B200"), ("DeepSeekV3", "H100")},
+               "25.09": {("DeepSeekV3", "H100")}}
+"""Per release, the (model, GPU) whose Megatron-Bridge performance configuration runs the expert
+all-to-alls behind another micro-batch's compute (overlap_moe_expert_parallel_comm). 25.11:
+``moe_a2a_overlap=True`` in scripts/performance/configs/{qwen,deepseek}/*_workload_base_configs.py
+at the table's revision (1804c076f, 2025-12-09); 25.09: scripts/performance/run_script.py at
+cac49dcd7 (2025-09-27) sets it for DeepSeek-V3 on H100 only, and there also turns off the
+overlapped gradient reduction (``overlap_grad_reduce = False``); its Qwen3 runs drop tokens and do
+not overlap."""
+
+
+def release_settings(r: dict) -> str:
+    """Engine settings (comma-led) of the row's release configuration (A2A_OVERLAP)."""
+    release = "25.11" if "'25.11" in r["source"] else "25.09"
+    if (r["model"].split(" (")[0], r["gpu"]) not in A2A_OVERLAP[release]:
+        return ""
+    return ",moe_overlap=true" + (",overlap_grad_reduce=false" if release == "25.09" else "")
 
 
 def load_rows() -> list[dict]:
@@ -80,7 +100,8 @@ def training_of(r: dict, host_op_s: float = 0.0) -> TrainingSpec:
     capacity = "1.0" if "tokendrop" in r["variant"] else "0"
     engine = engine_from_mapping(f"megatron-core,fp8_recipe={recipe},moe_imbalance=1.0,"
                                  f"moe_capacity_factor={capacity},moe_dispatcher=alltoall,"
-                                 f"host_op_s={host_op_s}{software(r['source'])}")
+                                 f"host_op_s={host_op_s}{software(r['source'])}"
+                                 f"{release_settings(r)}")
     return TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype=dtype,
                         optimizer="adam", engine=engine)
 
