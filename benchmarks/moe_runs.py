@@ -22,11 +22,12 @@ Clusters: H100 rows on DGX H100 nodes (8 GPUs), B200 on DGX B200, GB200/GB300 on
 which each run uses 64 GPUs per NVLink domain (256 GPUs = 4 domains; 8 GPUs = one tray group).
 
 One constant is fitted, on the even-numbered rows only (the odd rows are held out and their error
-printed apart): the engine's host time per op (EngineSpec.host_op_s), which dropless dispatch
-exposes in every MoE layer (the host waits for the device's token counts, then issues the layer's
-ops while the device waits). Every other constant is the cost model's (data sheets, documented
-efficiencies; the share of the FP8 peak that FP8 GEMMs sustain was fitted on dense runs,
-benchmarks/dense_fp8_runs.py, so these rows are held out for it).
+printed apart): the engine's host time per op of an MoE layer (EngineSpec.moe_host_op_s): a
+layer takes at least its ops' issue time, and dropless dispatch keeps the host from running ahead
+across layers (it waits for the device's token counts in every layer). Every other constant is
+the cost model's (data sheets, documented efficiencies; the share of the FP8 peak that FP8 GEMMs
+sustain was fitted on dense runs, benchmarks/dense_fp8_runs.py, so these rows are held out for
+it).
 The "(w/ MTP)" row is priced without the multi-token-prediction layer (the zoo's DeepSeek-V3 has
 none; one extra layer of 61, about +2% of the work), noted in its row.
 
@@ -100,7 +101,7 @@ def training_of(r: dict, host_op_s: float = 0.0) -> TrainingSpec:
     capacity = "1.0" if "tokendrop" in r["variant"] else "0"
     engine = engine_from_mapping(f"megatron-core,fp8_recipe={recipe},moe_imbalance=1.0,"
                                  f"moe_capacity_factor={capacity},moe_dispatcher=alltoall,"
-                                 f"host_op_s={host_op_s}{software(r['source'])}"
+                                 f"moe_host_op_s={host_op_s}{software(r['source'])}"
                                  f"{release_settings(r)}")
     return TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype=dtype,
                         optimizer="adam", engine=engine)
@@ -131,7 +132,7 @@ def error(r: dict, prepared, host_op_s: float) -> float:
 
 
 def fit(rows: list[dict], prepared: dict) -> float:
-    """host_op_s minimizing the median |error| over ``rows``: 0..100 us in steps of 2 us, then
+    """moe_host_op_s minimizing the median |error| over ``rows``: 0..100 us in steps of 2 us, then
     0.25 us around the best."""
     def cost(h: float) -> float:
         return statistics.median(abs(error(r, prepared[key_of(r)], h)) for r in rows)
@@ -175,7 +176,7 @@ def main() -> int:
     fitted = [r for r in rows if args.fit_rows == "all" or
               (args.fit_rows == "even" and r["index"] % 2 == 0)]
     host = fit(fitted, prepared) if fitted else 0.0
-    print(f"host time per op: {host * 1e6:.2f} us"
+    print(f"host time per op of an MoE layer: {host * 1e6:.2f} us"
           + (f" (fitted on rows {[r['index'] for r in fitted]})" if fitted else " (not modelled)"))
     out = []
     for r in rows:

@@ -108,10 +108,17 @@ SECTIONS = [
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "
      "GPT-OSS-120B on H100, B200, GB200, GB300; balanced routing, as the benchmarks force it), "
-     "each at its published tp/pp/vp/cp/ep and batch. One constant, the host time per op that "
-     "dropless dispatch exposes, is fitted on the even rows; the odd rows are held out. FP8 "
-     "GEMMs run at the share fitted on the dense FP8 runs above (held out here). Then the "
-     "free search against each published configuration under the planner's own model."),
+     "each at its published tp/pp/vp/cp/ep and batch, with the expert all-to-all overlap its "
+     "release's configuration sets for that model and GPU (Megatron-Bridge scripts/performance "
+     "configs: Qwen3 on H100 and B200 and DeepSeek-V3 on H100). One constant, the host time per "
+     "op of an MoE layer (`moe_host_op_s`: a layer takes at least its ops' issue time, and "
+     "dropless dispatch keeps the host from running ahead across layers), is fitted on the even "
+     "rows; the odd rows are held out. Until 2026-12-02 every MoE layer was priced with its ops' "
+     "issue time added to its device time and no all-to-all overlap: held out 22.9%, the "
+     "GB200/GB300 rows of the large models 7-25% too slow, DeepSeek-V3 and Qwen3-235B on H100 "
+     "32-37% too slow. FP8 GEMMs run at the share fitted on the dense FP8 runs above (held out "
+     "here). Then the free search against each published configuration under the planner's "
+     "own model."),
     ("longcontext", "long_context_runs.py",
      "**Long sequences** (`benchmarks/long_context_runs.py`): NeMo's long-sequence table "
      "(LLAMA2-7B on H100 and LLAMA3-8B on B200, FP8, 4k to 1M tokens, context parallelism up "

@@ -426,11 +426,14 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         cast_f, cast_b = fp8_cast_s(work.gemms, device, engine.fp8_recipe,
                                     micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         fwd_s, bwd_s = fwd_s + cast_f, bwd_s + cast_b
-    if work.num_experts and not engine.moe_capacity_factor:
-        # dropless dispatch: the host waits for the device's token counts in every MoE layer,
-        # then issues the layer's ops while the device waits (about twice as many in backward)
-        host = work.kernels_eager * engine.host_op_s
-        fwd_s, bwd_s = fwd_s + host, bwd_s + 2 * host
+    if work.num_experts:
+        # an MoE layer runs many small kernels: the device waits whenever the host issues its
+        # ops slower than the device runs them (about twice as many in backward). Dropless
+        # dispatch also has the host wait for the device's token counts in every MoE layer, so
+        # the host cannot run ahead across layers; a uniform stack of MoE layers is bound the
+        # same way layer by layer without that wait.
+        host = work.kernels_eager * engine.moe_host_op_s
+        fwd_s, bwd_s = max(fwd_s, host), max(bwd_s, 2 * host)
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s

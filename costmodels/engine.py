@@ -83,14 +83,22 @@ class EngineSpec:
     """The local experts run as one grouped GEMM (Megatron's --moe-grouped-gemm); False: one GEMM
     per expert, each with its own launch."""
     host_op_s: float = 23.75e-6
-    """Host seconds to issue one op (framework dispatch and kernel launch). It is hidden while
-    the host runs ahead of the device, and exposed where the host must wait for the device:
-    dropless token dispatch sizes its all-to-all from counts the device computed, a host-device
-    synchronization in every MoE layer's forward and backward (Megatron-Core's alltoall and
-    allgather dispatchers; CUDA graphs, which remove launch costs, need the static shapes of a
-    capacity factor). The default is fitted on half of the published Megatron-Core MoE runs, the
-    other half held out (benchmarks/moe_runs.py); it is of the order of PyTorch's per-op
-    overhead in eager mode. 0: not modelled."""
+    """Host seconds to issue one op of plain eager PyTorch (framework dispatch and kernel
+    launch), where the device waits for the host: TorchRec's step, whose many small ops keep the
+    device waiting (planner.search.tables). The value was fitted on half of the published
+    Megatron-Core MoE runs under an earlier model of their host time (every MoE layer exposing
+    its ops' issue time in full); the TorchRec runs, not fitted on, are predicted with it
+    (benchmarks/recsys_runs.py). 0: not modelled."""
+    moe_host_op_s: float = 53.5e-6
+    """Host seconds per op (as traced) of an MoE layer: the layer's forward takes at least its
+    ops times this, its backward twice that, however fast the device runs them. MoE layers run
+    many small kernels, and dropless dispatch has the host wait for the device's token counts
+    in every layer (the all-to-all is sized from them: Megatron-Core's alltoall and allgather
+    dispatchers), so the host cannot run ahead across layers. Fitted on half of the published
+    Megatron-Core MoE runs, the other half held out (benchmarks/moe_runs.py): it is per op of the
+    traced model, while Megatron-Core fuses some of those ops and runs Transformer Engine's
+    Python layers around its kernels, so it is not plain PyTorch's per-op cost (host_op_s).
+    0: not modelled."""
     moe_overlap: bool = False
     """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
@@ -100,7 +108,7 @@ class EngineSpec:
             raise SpecError(f"engine.moe_dispatcher: expected {' or '.join(DISPATCHERS)}, got "
                             f"{self.moe_dispatcher!r}")
         for key, low in (("moe_imbalance", 1.0), ("moe_capacity_factor", 0.0),
-                         ("host_op_s", 0.0)):
+                         ("host_op_s", 0.0), ("moe_host_op_s", 0.0)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not value >= low or value == float("inf"):
@@ -196,7 +204,7 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
             if text not in ("true", "false", "1", "0", "yes", "no"):
                 raise SpecError(f"engine.{key}: expected true or false, got {text!r}")
             kw[key] = text in ("true", "1", "yes")
-    for key in ("moe_imbalance", "moe_capacity_factor", "host_op_s"):
+    for key in ("moe_imbalance", "moe_capacity_factor", "host_op_s", "moe_host_op_s"):
         if key in kw and isinstance(kw[key], str):
             try:
                 kw[key] = float(kw[key])

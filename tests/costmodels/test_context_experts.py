@@ -1,6 +1,7 @@
 """Context-parallel K/V exchange, expert dispatch and the experts' GEMMs (costmodels.context,
 costmodels.experts, costmodels.compute)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ from costmodels import comm, context, experts
 from costmodels.comm import GroupShape
 from costmodels.compute import Experts, split_gemm
 from costmodels.engine import EngineSpec, engine_from_mapping, expert_load
+from costmodels.errors import SpecError
 from costmodels.topology import get_cluster
 from costmodels.workload import SPLIT_K, SPLIT_N, Gemm
 
@@ -124,7 +126,6 @@ def test_moe_engine_settings_are_checked_and_load_follows_capacity():
     assert expert_load(EngineSpec()) == 1.0
     assert expert_load(engine_from_mapping("moe_imbalance=1.4,moe_capacity_factor=1.2")) == 1.2
     assert expert_load(engine_from_mapping("moe_imbalance=1.1,moe_capacity_factor=2")) == 1.1
-    from costmodels.errors import SpecError
     for bad in ("moe_imbalance=0.5", "moe_capacity_factor=0.5", "moe_dispatcher=flex",
                 "host_op_s=-1", "moe_imbalance=nan"):
         with pytest.raises(SpecError):
@@ -135,8 +136,6 @@ def test_moe_engine_settings_are_checked_and_load_follows_capacity():
 def test_ring_never_hides_the_sync_of_a_call_between_busy_ranks():
     """Long attention hides the bytes of every ring step, not what each step's wait costs when
     the ranks compute between calls (LinkSpec.sync_s: the CPU's)."""
-    import dataclasses
-
     slow = dataclasses.replace(CLUSTER, intra_node=dataclasses.replace(CLUSTER.intra_node,
                                                                       sync_s=1e-3))
     fwd, bwd = context.exchange_s("p2p", cp=4, kv_bytes=64e6, q_bytes=64e6, attn_fwd_s=10.0,
@@ -163,3 +162,31 @@ def test_ring_merges_cost_element_wise_passes_and_kernels():
     assert bwd > fwd > 0
     f16, _ = context.ring_merge_s(2, q_bytes=q / 2, kv_bytes=kv / 2, word=2, device=dev)
     assert f16 > fwd / 2  # the same tensors in bf16: the merges still move fp32
+
+
+def test_an_moe_layer_takes_at_least_its_ops_issue_time():
+    """The device waits for the host where an MoE layer's ops issue slower than they run: the
+    forward takes max(device, ops x moe_host_op_s), the backward twice the ops; a dense block
+    is not bound this way (the host runs ahead of it)."""
+    from costmodels.compute import block_time
+    from costmodels.hardware import DEVICES
+    from costmodels.workload import BlockWork
+
+    up = Gemm(batch=1, m=4096 * 8, n=2 * 1408, k=2048, split=SPLIT_N, experts=64)
+    work = BlockWork(gemms=(up,), num_experts=64, kernels_eager=200.0, kernels_fused=50.0,
+                     mem_bytes_rep=1e8, fused_bytes_rep=5e7)
+    h100 = DEVICES["h100"]
+
+    def times(work, host):
+        t = block_time(work, h100, dtype="bf16", micro_batch=1, tp=1, sp=False,
+                       recompute="none", engine=engine_from_mapping(f"moe_host_op_s={host}"))
+        return t.fwd_s, t.bwd_s
+
+    device_f, device_b = times(work, 0.0)
+    assert times(work, 1e-9) == pytest.approx((device_f, device_b))  # host far ahead
+    slow = 10 * device_f / 200  # issuing the layer's ops takes ten times its forward
+    assert times(work, slow) == pytest.approx((200 * slow, 400 * slow))
+    dense = dataclasses.replace(work, num_experts=0, gemms=(dataclasses.replace(up, experts=0),))
+    assert times(dense, slow) == pytest.approx(times(dense, 0.0))
+    with pytest.raises(SpecError, match="engine.moe_host_op_s: expected a number >= 0"):
+        engine_from_mapping("moe_host_op_s=-1")
