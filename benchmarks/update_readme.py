@@ -44,10 +44,12 @@ SECTIONS = [
      "unmasked speed they read +11.5%, +20.3% and +13.9%. The torch.compile rows fuse the "
      "element-wise chains of each transformer block only (`fused_scope=layers`: torchtitan "
      "compiles block by block, so the loss over the 128k vocabulary runs eagerly; priced fused "
-     "everywhere the compile row read +17.4%). The eager row is within 10% at the 500 W "
-     "estimate (and within 18% at either end of the range); torch.compile's gain is "
-     "over-predicted (+23% against the measured +16%), and what the rest of its time is has "
-     "not been found."),
+     "everywhere the compile row read +17.4%). FSDP2's states are torchtitan's: fp32 sharded "
+     "parameters and gradients, gradients reduced in fp32 (its job_config default "
+     "mixed_precision_reduce; priced as 16-bit gradients the rows read +9.3%, +15.8% and "
+     "+7.6%). The eager and Float8 rows are within 10% at the 500 W estimate (and within 16% "
+     "at either end of the range); torch.compile's gain is over-predicted (+22% against the "
+     "measured +16%), and what the rest of its time is has not been found."),
     ("densefp8", "dense_fp8_runs.py",
      "**Dense FP8 runs** (`benchmarks/dense_fp8_runs.py`): 22 dense decoder runs NVIDIA "
      "publishes with their configuration and measured tokens/s (Megatron-Bridge performance "

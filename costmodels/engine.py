@@ -59,8 +59,9 @@ class EngineSpec:
     state_layout: str = "megatron"
     """How model states are stored (costmodels.memory.STATE_LAYOUTS): ``megatron`` (fp32 main
     gradients; Megatron-Core), ``megatron-bf16-grads`` (Megatron-Core with --grad-reduce-in-bf16:
-    gradients kept and reduced in bf16) or ``zero`` (the ZeRO paper's 16 bytes per parameter;
-    DeepSpeed, and FSDP2's sharded fp32 states add up the same)."""
+    gradients kept and reduced in bf16), ``zero`` (the ZeRO paper's 16 bytes per parameter;
+    DeepSpeed) or ``fsdp2`` (torchtitan's FSDP2: fp32 sharded parameters, gradients and moments,
+    16 bytes too, with gradients reduced in fp32)."""
     fp8_recipe: str = "current"
     """How FP8 GEMM inputs are scaled when training in fp8 (costmodels.precision): ``delayed``
     (amax history), ``current`` (the tensor's own amax, an extra read: Megatron-Core's FP8-CS) or
@@ -143,14 +144,14 @@ PRESETS: dict[str, dict] = {
     "megatron-core": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True},
     # torchtitan in eager mode: SDPA's flash backend (FlashAttention-2 kernels; PyTorch 2.5.1
     # made SDPA's cuDNN backend opt-in), one kernel per element-wise op, FSDP2's overlapped
-    # reduce-scatter through its flat buffers, fp32 sharded states
+    # reduce-scatter through its flat buffers, fp32 sharded states and fp32 reduction
     "torchtitan": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
-                   "fsdp_copies": True, "state_layout": "zero"},
+                   "fsdp_copies": True, "state_layout": "fsdp2"},
     # torchtitan with torch.compile: element-wise chains of each transformer block fused by
     # Inductor; embedding, output projection and loss eager
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
                            "overlap_grad_reduce": True, "fsdp_copies": True,
-                           "state_layout": "zero"},
+                           "state_layout": "fsdp2"},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
                   "state_layout": "zero"},
@@ -173,6 +174,8 @@ def describe(engine: EngineSpec) -> str:
              f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}")
     if engine.state_layout == "megatron-bf16-grads":
         words += ", gradients reduced in bf16"
+    elif engine.state_layout == "fsdp2":
+        words += ", FSDP2 states (fp32 parameters and gradients, reduced in fp32)"
     return words + (f" (= --engine {same[0]})" if same else "")
 
 

@@ -41,7 +41,7 @@ def precision_class(dtype: str) -> str:
     return "fp32" if dtype == "fp32" else "mixed"
 
 
-STATE_LAYOUTS = ("megatron", "megatron-bf16-grads", "zero")
+STATE_LAYOUTS = ("megatron", "megatron-bf16-grads", "zero", "fsdp2")
 """How an engine stores model states: ``zero`` as the ZeRO paper counts them (16 bytes per
 parameter in mixed precision: 16-bit weights and gradients, 12 bytes of fp32 master weights and
 Adam moments; FSDP2's fp32 sharded parameters, gradients and moments add up the same);
@@ -50,7 +50,12 @@ parameters with fp32 main gradients, 18 bytes or 6 + 12/d with the distributed o
 parameters and gradients, 20 bytes or 4 + 16/d, the fp32 main gradients sharded with the
 optimizer); ``megatron-bf16-grads`` the same with the gradient buffer in bf16 under bf16 and FP8
 training (--grad-reduce-in-bf16; ddp.grad_reduce_in_fp32=False, which Megatron-Bridge's
-performance configurations set): 16 bytes, and gradients reduced at half the size."""
+performance configurations set): 16 bytes, and gradients reduced at half the size; ``fsdp2`` as
+FSDP2 keeps them under torchtitan's mixed precision (MixedPrecisionPolicy with bf16 parameters
+and fp32 reduction, its job_config defaults mixed_precision_param and mixed_precision_reduce):
+fp32 sharded parameters that are the optimizer's master copy, fp32 gradients (reduced in fp32)
+and moments, 16 bytes; without resharding after forward (ZeRO-2) the gathered bf16 parameters
+stay too, and DDP (ZeRO-0) keeps the fp32 parameters whole."""
 
 
 def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int,
@@ -91,6 +96,11 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
     elif layout.startswith("megatron") and dtype == "fp16":
         opt_b += 4  # fp32 main gradients, kept (and sharded) with the optimizer
     weights = params * weight_b / (dp if zero >= 3 else 1)
+    if layout == "fsdp2" and dtype != "fp32":
+        # fp32 parameters (the master copy: the optimizer keeps only its moments), fp32
+        # gradients; ZeRO-2 keeps the gathered 16-bit parameters from forward to backward
+        grad_b, opt_b = 4, opt_b - 4
+        weights = params * 4 / (dp if zero >= 2 else 1) + (params * weight_b if zero == 2 else 0)
     grads = params * grad_b / (dp if zero >= 2 else 1)
     optim = 0.0 if offload else params * opt_b / (dp if zero >= 1 else 1)
     out = {"weights": weights, "grads": grads, "optimizer": optim}
@@ -112,6 +122,8 @@ def optimizer_traffic_bytes(*, dtype: str, optimizer: str, layout: str = "zero")
     optimizer states (fp32 master weights, moments, and Megatron's fp32 main gradients where the
     optimizer keeps them) and writes the compute-dtype weights."""
     s = model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=0, dp=1, layout=layout)
+    if layout == "fsdp2":  # the fp32 parameters are the master copy: read and written
+        return s["grads"] + 2 * (s["optimizer"] + s["weights"])
     return s["grads"] + 2 * s["optimizer"] + s["weights"]
 
 

@@ -90,7 +90,9 @@ STATE_LAYOUT_WORDS = {"zero": "model states as ZeRO lays them out (16-bit weight
                       "megatron": "model states as Megatron-Core lays them out (fp32 main "
                                   "gradients)",
                       "megatron-bf16-grads": "model states as Megatron-Core lays them out with "
-                                             "--grad-reduce-in-bf16"}
+                                             "--grad-reduce-in-bf16",
+                      "fsdp2": "model states as torchtitan's FSDP2 lays them out (fp32 "
+                               "parameters and gradients)"}
 """How a re-check names a state layout (costmodels.memory.STATE_LAYOUTS) other than the plan's."""
 
 

@@ -409,7 +409,7 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
         changes[knob] = value
         words.append(word)
     from planner.export import reprice  # lazy: prices with the search (and may trace)
-    ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), state_layout="zero",
+    ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), state_layout="fsdp2",
                                 **changes))
 
 

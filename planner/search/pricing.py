@@ -390,7 +390,7 @@ class RankMemory:
         working = rank_max(chunk_work, pp)
         largest = rank_max(chunk_largest, pp)
         if cfg.zero == 3:  # the running and the prefetched block's weights, gathered
-            working = working + 2 * whole["weights"] * largest
+            working = working + 2 * DataParallelBytes.of(training).weights * largest
         if cfg.zero >= 2:  # a block's gradient, whole until its reduce-scatter is done
             working = working + whole["grads"] * largest
         self.memory = {**states, "activations": np.array(self.in_flight, dtype=float)
@@ -513,7 +513,7 @@ class DataParallelBytes:
     def of(cls, training: TrainingSpec) -> "DataParallelBytes":
         """Gradients as the engine's state layout keeps them (Megatron-Core's fp32 main gradients
         under bf16: its arguments.py sets accumulate_allreduce_grads_in_fp32; 16-bit under the
-        ``zero`` layout, though torchtitan's FSDP2 reduces in fp32 by default: not modelled),
+        ``zero`` layout; fp32 under ``fsdp2``, torchtitan's reduce dtype),
         weights in the 16-bit compute dtype (fp32 when training in fp32; FP8 training gathers
         its bf16 weights)."""
         grads = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,

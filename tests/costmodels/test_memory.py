@@ -92,3 +92,27 @@ def test_megatron_with_bf16_gradient_reduction_keeps_16_bytes_per_parameter():
     assert sum(bf16_grads.values()) == 16 and sum(fp32_grads.values()) == 18
     assert model_state_bytes(1.0, dtype="fp16", layout="megatron-bf16-grads", **kw) == \
         model_state_bytes(1.0, dtype="fp16", layout="megatron", **kw)
+
+
+def test_fsdp2_layout_keeps_fp32_parameters_and_gradients_and_reduces_in_fp32():
+    """torchtitan's FSDP2 (bf16 parameters for compute, fp32 reduction): 16 bytes per parameter
+    as ZeRO counts them, split as fp32 parameters, fp32 gradients and two fp32 moments; ZeRO-2
+    (no resharding after forward) also keeps the gathered bf16 parameters; the gradients move in
+    fp32 and the all-gathers in bf16; Adam reads and writes the fp32 parameters."""
+    from costmodels.engine import engine_from_mapping
+    from costmodels.memory import model_state_bytes, optimizer_traffic_bytes
+    from planner.options import TrainingSpec
+    from planner.search.pricing import DataParallelBytes
+
+    kw = dict(dtype="bf16", optimizer="adam", layout="fsdp2")
+    three = model_state_bytes(1.0, zero=3, dp=8, **kw)
+    assert three == pytest.approx({"weights": 4 / 8, "grads": 4 / 8, "optimizer": 8 / 8})
+    assert sum(model_state_bytes(1.0, zero=2, dp=8, **kw).values()) == pytest.approx(2 + 16 / 8)
+    assert sum(model_state_bytes(1.0, zero=0, dp=1, **kw).values()) == 16
+    assert optimizer_traffic_bytes(**kw) == 4 + 2 * (8 + 4)  # grad; moments and fp32 weights
+    assert model_state_bytes(1.0, zero=3, dp=8, dtype="fp32", optimizer="adam",
+                             layout="fsdp2") == model_state_bytes(
+        1.0, zero=3, dp=8, dtype="fp32", optimizer="adam", layout="zero")
+    per = DataParallelBytes.of(TrainingSpec(global_batch=8, seq_len=128, dtype="bf16",
+                                            engine=engine_from_mapping("torchtitan")))
+    assert (per.grads, per.weights) == (4, 2)

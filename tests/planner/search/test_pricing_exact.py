@@ -90,8 +90,8 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
             states = {k: v + memory.model_state_bytes(experts, dp=cfg.edp, **kw)[k]
                       for k, v in states.items()}
         working, largest = float(chunk_work[idx].max()), float(chunk_largest[idx].max())
-        if cfg.zero == 3:
-            working += 2 * whole["weights"] * largest
+        if cfg.zero == 3:  # two blocks' weights gathered in the compute dtype
+            working += 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)] * largest
         if cfg.zero >= 2:
             working += whole["grads"] * largest
         mem = {**states, "activations": in_flight * sum(st.act_bytes for st in mine),
