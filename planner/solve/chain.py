@@ -59,6 +59,9 @@ def _greedy(times: Sequence[float], stages: int, bound: float, mem: StageMemory 
     n = len(times)
     bounds = [0]
     i = 0
+    if mem is not None:  # locals: this loop runs for every configuration a search prices
+        m_static, m_act, m_work, capacity = mem.static, mem.act, mem.work, mem.capacity
+        shared = mem.shared
     for s in range(stages):
         if i >= n:
             return None
@@ -67,22 +70,27 @@ def _greedy(times: Sequence[float], stages: int, bound: float, mem: StageMemory 
         static = act = 0.0
         work = 0.0
         j = i
-        while j < cap:
-            t_next = t + times[j]
-            if t_next > bound:
-                break
-            if mem is not None:
-                s_next = static + mem.static[j]
-                for a, c, b in mem.shared:
+        if mem is None:
+            while j < cap and t + times[j] <= bound:
+                t += times[j]
+                j += 1
+        else:
+            flight = mem.in_flight[s]
+            while j < cap:
+                t_next = t + times[j]
+                if t_next > bound:
+                    break
+                s_next = static + m_static[j]
+                for a, c, b in shared:
                     if c == j and i <= a < j:
                         s_next -= b
-                a_next = act + mem.act[j]
-                w_next = max(work, mem.work[j])
-                if s_next + mem.in_flight[s] * a_next + w_next > mem.capacity:
+                a_next = act + m_act[j]
+                w_next = m_work[j] if m_work[j] > work else work
+                if s_next + flight * a_next + w_next > capacity:
                     break
                 static, act, work = s_next, a_next, w_next
-            t = t_next
-            j += 1
+                t = t_next
+                j += 1
         if j == i:
             return None
         bounds.append(j)
