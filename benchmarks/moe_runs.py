@@ -77,7 +77,10 @@ not overlap."""
 
 def release_settings(r: dict) -> str:
     """Engine settings (comma-led) of the row's release configuration (A2A_OVERLAP)."""
-    release = "25.11" if "'25.11" in r["source"] else "25.09"
+    releases = [name for name in A2A_OVERLAP if f"'{name} " in r["source"]]
+    if len(releases) != 1:
+        raise ValueError(f"row {r['index']}: source names no release of {sorted(A2A_OVERLAP)}")
+    release = releases[0]
     if (r["model"].split(" (")[0], r["gpu"]) not in A2A_OVERLAP[release]:
         return ""
     return ",moe_overlap=true" + (",overlap_grad_reduce=false" if release == "25.09" else "")
@@ -96,12 +99,12 @@ def cluster_of(r: dict, memory: float | None = None):
     return nvidia_cluster(r["gpu"], int(r["gpus"]), memory)
 
 
-def training_of(r: dict, host_op_s: float = 0.0) -> TrainingSpec:
+def training_of(r: dict, moe_host_op_s: float = 0.0) -> TrainingSpec:
     dtype, recipe = PRECISION[r["precision"]]
     capacity = "1.0" if "tokendrop" in r["variant"] else "0"
     engine = engine_from_mapping(f"megatron-core,fp8_recipe={recipe},moe_imbalance=1.0,"
                                  f"moe_capacity_factor={capacity},moe_dispatcher=alltoall,"
-                                 f"moe_host_op_s={host_op_s}{software(r['source'])}"
+                                 f"moe_host_op_s={moe_host_op_s}{software(r['source'])}"
                                  f"{release_settings(r)}")
     return TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype=dtype,
                         optimizer="adam", engine=engine)
@@ -121,13 +124,13 @@ def published_fix(r: dict) -> str:
 
 
 def predict(r: dict, prepared, *, fix: str | None, memory: float | None = BIG,
-            host_op_s: float = 0.0):
+            moe_host_op_s: float = 0.0):
     options = SearchOptions(fix=parse_fix(fix) if fix else {}, top_k=0)
-    return plan_prepared(prepared, cluster_of(r, memory), training_of(r, host_op_s), options)
+    return plan_prepared(prepared, cluster_of(r, memory), training_of(r, moe_host_op_s), options)
 
 
-def error(r: dict, prepared, host_op_s: float) -> float:
-    p = predict(r, prepared, fix=published_fix(r), host_op_s=host_op_s)
+def error(r: dict, prepared, moe_host_op_s: float) -> float:
+    p = predict(r, prepared, fix=published_fix(r), moe_host_op_s=moe_host_op_s)
     return p.predicted["tokens_per_s"] / int(r["gpus"]) / float(r["tokens_per_s_per_gpu"]) - 1
 
 
@@ -145,11 +148,12 @@ def key_of(r: dict) -> tuple:
     return (r["zoo"], int(r["seq_len"]), PRECISION[r["precision"]][0])
 
 
-def on_device(r: dict, prepared, host_op_s: float):
+def on_device(r: dict, prepared, moe_host_op_s: float):
     """The published configuration as the planner fits it on the real device (recomputation its
     choice), or None when the planner thinks it does not fit."""
     try:
-        return predict(r, prepared, fix=published_fix(r), memory=None, host_op_s=host_op_s)
+        return predict(r, prepared, fix=published_fix(r), memory=None,
+                       moe_host_op_s=moe_host_op_s)
     except InfeasibleError:
         return None
 
@@ -181,7 +185,7 @@ def main() -> int:
     out = []
     for r in rows:
         prep = prepared[key_of(r)]
-        p = predict(r, prep, fix=published_fix(r), host_op_s=host)
+        p = predict(r, prep, fix=published_fix(r), moe_host_op_s=host)
         tps = p.predicted["tokens_per_s"] / int(r["gpus"])
         err = tps / float(r["tokens_per_s_per_gpu"]) - 1
         real = on_device(r, prep, host)
@@ -191,7 +195,7 @@ def main() -> int:
         if not args.no_search:
             t1 = time.perf_counter()
             try:
-                free = predict(r, prep, fix=None, memory=None, host_op_s=host)
+                free = predict(r, prep, fix=None, memory=None, moe_host_op_s=host)
                 line["search"] = (free, time.perf_counter() - t1)
             except InfeasibleError as exc:
                 line["search"] = (None, str(exc).splitlines()[0][:80])

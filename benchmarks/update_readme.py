@@ -47,7 +47,7 @@ SECTIONS = [
      "everywhere the compile row read +17.4%). FSDP2's states are torchtitan's: fp32 sharded "
      "parameters and gradients, gradients reduced in fp32 (its job_config default "
      "mixed_precision_reduce; priced as 16-bit gradients the rows read +9.3%, +15.8% and "
-     "+7.6%). The eager and Float8 rows are within 10% at the 500 W estimate (and within 16% "
+     "+7.6%). The eager and Float8 rows are within 10% at the 500 W estimate (and within 17% "
      "at either end of the range); torch.compile's gain is over-predicted (+22% against the "
      "measured +16%), and what the rest of its time is has not been found."),
     ("densefp8", "dense_fp8_runs.py",

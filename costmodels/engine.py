@@ -43,8 +43,12 @@ class EngineSpec:
     fused_scope: str = "model"
     """Where ``kernels="fused"`` applies: ``model`` (every block) or ``layers`` (the repeated
     layers only, Block.recompute; the embedding, final norm, output projection and loss run one
-    kernel per op). torchtitan compiles each transformer block on its own (``apply_compile``
-    wraps ``model.layers``), so its loss over the vocabulary runs eagerly."""
+    kernel per op; a model without repeated layers is fused whole). torchtitan compiles each
+    transformer block on its own (``apply_compile`` wraps ``model.layers``), so its loss over
+    the vocabulary runs eagerly. ``layers`` also means torch.compile's fusion, which leaves
+    gradient accumulation to autograd (a pass per micro-batch after the first), where fused
+    kernels over the whole model stand for Megatron-Core's, which fold it into the
+    weight-gradient GEMM."""
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction runs during the last micro-batch's backward (DDP buckets,
     FSDP2, Megatron --overlap-grad-reduce); False: after it (Megatron-LM's 'local' DDP of 2021)."""

@@ -44,7 +44,7 @@ def precision_class(dtype: str) -> str:
 STATE_LAYOUTS = ("megatron", "megatron-bf16-grads", "zero", "fsdp2")
 """How an engine stores model states: ``zero`` as the ZeRO paper counts them (16 bytes per
 parameter in mixed precision: 16-bit weights and gradients, 12 bytes of fp32 master weights and
-Adam moments; FSDP2's fp32 sharded parameters, gradients and moments add up the same);
+Adam moments);
 ``megatron`` as Megatron-Core keeps them (docs/user-guide/features/dist_optimizer.md: bf16
 parameters with fp32 main gradients, 18 bytes or 6 + 12/d with the distributed optimizer; fp16
 parameters and gradients, 20 bytes or 4 + 16/d, the fp32 main gradients sharded with the
@@ -96,10 +96,11 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
     elif layout.startswith("megatron") and dtype == "fp16":
         opt_b += 4  # fp32 main gradients, kept (and sharded) with the optimizer
     weights = params * weight_b / (dp if zero >= 3 else 1)
-    if layout == "fsdp2" and dtype != "fp32":
-        # fp32 parameters (the master copy: the optimizer keeps only its moments), fp32
-        # gradients; ZeRO-2 keeps the gathered 16-bit parameters from forward to backward
-        grad_b, opt_b = 4, opt_b - 4
+    if layout == "fsdp2":
+        # fp32 parameters (in mixed precision the master copy: the optimizer keeps only its
+        # moments), fp32 gradients; ZeRO-2 keeps the gathered parameters from forward to backward
+        if dtype != "fp32":
+            grad_b, opt_b = 4, opt_b - 4
         weights = params * 4 / (dp if zero >= 2 else 1) + (params * weight_b if zero == 2 else 0)
     grads = params * grad_b / (dp if zero >= 2 else 1)
     optim = 0.0 if offload else params * opt_b / (dp if zero >= 1 else 1)

@@ -33,8 +33,9 @@ class ModelArrays:
     names: list[str]
     works: list[BlockWork]
     same: list[int]
-    """Per block: the index of the first block whose work equals its own (layers built from one
-    definition cost the same, and are priced once)."""
+    """Per block: the index of the first block whose work and checkpointing equal its own (layers
+    built from one definition cost the same, and are priced once; a block of the same work outside
+    the repeated layers may run other kernels, EngineSpec.fused_scope)."""
     checkpointed: np.ndarray
     """Per block: whether recomputation applies to it (Block.recompute)."""
     work: BlockWork
@@ -62,8 +63,8 @@ class ModelArrays:
         idx = {b.name: i for i, b in enumerate(blocks)}
         shared = [(idx[a], idx[b], float(n), bool(s)) for a, b, n, s in bg.shared]
         work = BlockWork(**cols)
-        first: dict[BlockWork, int] = {}
-        same = [first.setdefault(b.work, i) for i, b in enumerate(blocks)]
+        first: dict[tuple[BlockWork, bool], int] = {}
+        same = [first.setdefault((b.work, b.recompute), i) for i, b in enumerate(blocks)]
         return cls(names=[b.name for b in blocks], works=[b.work for b in blocks], same=same,
                    work=work,
                    checkpointed=np.array([b.recompute for b in blocks], dtype=bool),
@@ -88,8 +89,9 @@ class BlockCosts:
     """The part of ``params_local`` in routed experts (sharded by ep x etp, reduced over edp)."""
     accumulate_s: np.ndarray
     """Adding one micro-batch's weight gradients into the accumulated ones, where that is a pass
-    of its own (eager kernels: autograd's accumulation; fused engines fold it into the
-    weight-gradient GEMM, as Megatron-Core's gradient accumulation fusion does): 0 otherwise.
+    of its own (eager kernels, and torch.compile per block, EngineSpec.fused_scope "layers":
+    autograd's accumulation; Megatron-style fused engines fold it into the weight-gradient GEMM,
+    as Megatron-Core's gradient accumulation fusion does): 0 otherwise.
     Gradients stay whole between micro-batches (the pipelining schedule syncs FSDP2 on the last
     one only); pricing counts it for every micro-batch but the first."""
     cp_comm_s: np.ndarray
@@ -217,7 +219,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     tp_s = comm.allreduce_s(tp_bytes, group, cluster, count=count)
     local = vec(w.params_tp / tp + w.params_rep - w.expert_params + w.expert_params / (ep * etp))
     accumulate = np.zeros(n)
-    if engine.kernels == "eager":  # fused engines fold accumulation into the wgrad GEMM
+    # Megatron's fused kernels fold accumulation into the wgrad GEMM; eager kernels do not,
+    # nor does torch.compile per block (autograd adds each compiled backward's gradients)
+    if engine.kernels == "eager" or engine.fused_scope == "layers":
         grad_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                           zero=0, dp=1, layout=engine.state_layout)["grads"]
         accumulate = vec([compute.accumulate_s(x * grad_b, cluster.device) for x in local.tolist()])

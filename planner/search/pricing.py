@@ -437,7 +437,6 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                       zero=0, dp=1, layout=training.engine.state_layout)
     per = DataParallelBytes.of(training)
-    grad_b = per.grads
     traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
                                              layout=training.engine.state_layout)
     refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
@@ -459,8 +458,8 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
         # FSDP2 copies what it wraps: the dense parameters, and the experts too without expert
         # parallelism (with ep > 1 they are left out of it and reduced apart, over edp)
         wrapped = dense if cfg.ep > 1 else params
-        exposed = exposed + np.array([fsdp_copies_s(cfg, b, cluster.device)
-                                      for b in (wrapped * grad_b).tolist()])
+        exposed = exposed + np.array([fsdp_copies_s(cfg, n, per, cluster.device)
+                                      for n in wrapped.tolist()])
     dp_s = max(0.0, float(np.max(exposed)))
     dense_shard = cfg.dp * cfg.cp if cfg.zero >= 1 else 1
     expert_shard = cfg.edp if cfg.zero >= 1 else 1
@@ -479,9 +478,10 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     return dp_s, max(0.0, float(np.max(step)))
 
 
-def fsdp_copies_s(cfg: Config, nbytes: float, device) -> float:
+def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device) -> float:
     """Buffer copies of FSDP2-style data parallelism per step (EngineSpec.fsdp_copies), for
-    ``nbytes`` of parameters (= of gradients) on the rank:
+    ``params`` parameters on the rank, each copy of their weights or gradients at the bytes data
+    parallelism moves them in (``per``):
 
     - ZeRO-0 (replicate): gradients copied into the all-reduce buffer, scaled, copied back;
     - ZeRO-1/2: parameters copied out of the all-gather buffer (the local shard in), gradients
@@ -493,12 +493,14 @@ def fsdp_copies_s(cfg: Config, nbytes: float, device) -> float:
         return 0.0
     shard = 1.0 / replicas
     if cfg.zero == 0:
-        copies = 3.0
+        weights, grads = 0.0, 3.0
     elif cfg.zero <= 2:
-        copies = 2.0 + 2 * shard
+        weights = grads = 1.0 + shard
     else:
-        copies = cfg.num_microbatches * 3 * (1.0 + shard)
-    return copies * compute.copy_s(nbytes, device)
+        weights = cfg.num_microbatches * 2 * (1.0 + shard)
+        grads = cfg.num_microbatches * (1.0 + shard)
+    return (weights * compute.copy_s(params * per.weights, device)
+            + grads * compute.copy_s(params * per.grads, device))
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def _greedy(times: Sequence[float], stages: int, bound: float, mem: StageMemory 
         work = 0.0
         j = i
         if mem is None:
-            while j < cap and t + times[j] <= bound:
+            while j < cap and not t + times[j] > bound:  # (a NaN time is taken, as below)
                 t += times[j]
                 j += 1
         else:

@@ -186,6 +186,10 @@ def test_an_moe_layer_takes_at_least_its_ops_issue_time():
     assert times(work, 1e-9) == pytest.approx((device_f, device_b))  # host far ahead
     slow = 10 * device_f / 200  # issuing the layer's ops takes ten times its forward
     assert times(work, slow) == pytest.approx((200 * slow, 400 * slow))
+    dropping = block_time(work, h100, dtype="bf16", micro_batch=1, tp=1, sp=False,
+                          recompute="none", engine=engine_from_mapping(
+                              f"moe_host_op_s={slow},moe_capacity_factor=1.0"))
+    assert dropping.fwd_s == pytest.approx(200 * slow)  # no wait for counts, same issue time
     dense = dataclasses.replace(work, num_experts=0, gemms=(dataclasses.replace(up, experts=0),))
     assert times(dense, slow) == pytest.approx(times(dense, 0.0))
     with pytest.raises(SpecError, match="engine.moe_host_op_s: expected a number >= 0"):

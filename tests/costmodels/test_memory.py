@@ -113,6 +113,9 @@ def test_fsdp2_layout_keeps_fp32_parameters_and_gradients_and_reduces_in_fp32():
     assert model_state_bytes(1.0, zero=3, dp=8, dtype="fp32", optimizer="adam",
                              layout="fsdp2") == model_state_bytes(
         1.0, zero=3, dp=8, dtype="fp32", optimizer="adam", layout="zero")
+    fp32_two = model_state_bytes(1.0, zero=2, dp=8, dtype="fp32", optimizer="adam",
+                                 layout="fsdp2")  # the fp32 shard and the gathered parameters
+    assert fp32_two["weights"] == pytest.approx(4 / 8 + 4)
     per = DataParallelBytes.of(TrainingSpec(global_batch=8, seq_len=128, dtype="bf16",
                                             engine=engine_from_mapping("torchtitan")))
     assert (per.grads, per.weights) == (4, 2)

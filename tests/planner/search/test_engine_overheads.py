@@ -249,6 +249,42 @@ def test_fusion_scoped_to_layers_prices_embedding_and_loss_eagerly(tiny_llama):
     assert scoped.compute_s[outer] == pytest.approx(eager.compute_s[outer])
     assert (scoped.compute_s[outer] > whole.compute_s[outer]).all()
     assert scoped.act_bytes[outer] == pytest.approx(eager.act_bytes[outer])
+    # a block of a layer's work outside the layers is priced apart from them
+    extra = dataclasses.replace(tiny_llama.blocks.blocks[1], name="extra", recompute=False)
+    graph = dataclasses.replace(tiny_llama.blocks, blocks=[extra] + tiny_llama.blocks.blocks)
+    ma2 = ModelArrays.from_blocks(graph)
+    training = planner.TrainingSpec(global_batch=16, seq_len=tiny_llama.seq_len, dtype="bf16",
+                                    optimizer="adamw",
+                                    engine=engine_from_mapping("torchtitan-compile"))
+    both = config_costs(ma2, cluster, training, cfg)
+    assert both.compute_s[2] == pytest.approx(scoped.compute_s[1])  # its layer: fused
+    assert both.compute_s[0] == pytest.approx(
+        config_costs(ma2, cluster, dataclasses.replace(
+            training, engine=engine_from_mapping("torchtitan")), cfg).compute_s[0])
+    # torch.compile leaves gradient accumulation to autograd; Megatron's fused kernels do not
+    two = dataclasses.replace(cfg, num_microbatches=2, micro_batch=1)
+    assert (config_costs(ma, cluster, training, two).accumulate_s > 0).all()
+    megatron = dataclasses.replace(training, engine=engine_from_mapping("megatron-core"))
+    assert not config_costs(ma, cluster, megatron, two).accumulate_s.any()
     assert "in the repeated layers" in describe(engine_from_mapping("torchtitan-compile"))
     with pytest.raises(SpecError, match="engine.fused_scope: expected model or layers"):
         engine_from_mapping("fused_scope=blocks")
+
+
+def test_fsdp_copies_move_weights_and_gradients_at_their_own_bytes():
+    """FSDP2's buffer copies: parameters at the bytes they are gathered in, gradients at the bytes
+    they are reduced in (torchtitan: bf16 and fp32)."""
+    from planner.options import Config
+    from planner.search.pricing import DataParallelBytes, fsdp_copies_s
+
+    device = load_cluster("dgx-h100").device
+    n = 1e9
+    copy = {b: copy_s(n * b, device) for b in (2, 4)}
+    per = DataParallelBytes(grads=4, weights=2)
+    z3 = Config(dp=8, tp=1, pp=1, micro_batch=1, num_microbatches=2, schedule="1f1b",
+                recompute="none", zero=3)
+    assert fsdp_copies_s(z3, n, per, device) == pytest.approx(
+        2 * 2 * (1 + 1 / 8) * copy[2] + 2 * (1 + 1 / 8) * copy[4])
+    z0 = dataclasses.replace(z3, zero=0)
+    assert fsdp_copies_s(z0, n, per, device) == pytest.approx(3 * copy[4])
+    assert fsdp_copies_s(dataclasses.replace(z3, dp=1), n, per, device) == 0.0

@@ -123,7 +123,7 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
                                     overlap)
         if training.engine.fsdp_copies:
             wrapped = params - experts if cfg.ep > 1 else params
-            exposed += fsdp_copies_s(cfg, wrapped * grad_b, cluster.device)
+            exposed += fsdp_copies_s(cfg, wrapped, per, cluster.device)
         dp_s = max(dp_s, exposed)
         local = ((params - experts) / (cfg.dp * cfg.cp if cfg.zero >= 1 else 1)
                  + experts / (cfg.edp if cfg.zero >= 1 else 1))

@@ -1,0 +1,36 @@
+"""The software each published run is priced with (benchmarks/published.py software(),
+benchmarks/moe_runs.py release_settings()): read from the source a row names, never guessed."""
+
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
+sys.path.insert(0, BENCH)
+
+import moe_runs  # noqa: E402
+from published import read_rows, software  # noqa: E402
+
+
+def test_sources_name_the_attention_kernel_and_gradient_layout():
+    assert software("NeMo performance_summary.md, NeMo24.07, DGX-H100") == ",attention=flash2"
+    assert software("... container NeMo24.03.01") == ",attention=flash2"
+    assert software("... container NeMo25.04.rc2") == ""  # cuDNN's attention again
+    assert software("Megatron-Bridge performance-summary.md, 25.11, DGX-B200") == \
+        ",state_layout=megatron-bf16-grads"
+    rows = read_rows(os.path.join(BENCH, "data", "long_context_runs.csv"))
+    assert {r["gpu"]: software(r["source"]) for r in rows} == {
+        "H100 (DGX)": ",attention=flash2", "B200 (DGX)": ""}
+
+
+def test_moe_rows_take_their_release_configuration():
+    rows = moe_runs.load_rows()
+    settings = {(r["model"], r["gpu"]): moe_runs.release_settings(r) for r in rows}
+    assert settings["DeepSeekV3 (dropless)", "H100"] == \
+        ",moe_overlap=true,overlap_grad_reduce=false"  # 25.09's run_script
+    assert settings["Qwen3_235B_a22B", "H100"] == ",moe_overlap=true"  # 25.11's configs
+    assert settings["Qwen3_235B_a22B (tokendrop)", "H100"] == ""  # 25.09 drops tokens
+    assert settings["DeepSeekV3 (w/o MTP)", "GB200"] == ""
+    with pytest.raises(ValueError, match="names no release"):
+        moe_runs.release_settings({**rows[0], "source": "a table of 2027"})
