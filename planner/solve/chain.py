@@ -113,6 +113,9 @@ def partition(times: Sequence[float], stages: int, mem: StageMemory | None = Non
     if stages < 1 or n < stages:
         return None
     off = list(offsets) if offsets is not None else [0.0] * stages
+    if mem is not None and sum(mem.static) + max(mem.in_flight) * sum(mem.act) + \
+            max(mem.work, default=0.0) <= mem.capacity:
+        mem = None  # every stage fits even holding all blocks: memory never binds
     total = float(sum(times))
     hi_bounds = _greedy(times, stages, float("inf"), mem, off)
     if hi_bounds is None:
