@@ -5,7 +5,7 @@ pinned as published).
 Sweeps (each row's numbers as published):
 
 - torchtitan, Llama 3.1 8B FSDP on 8 H100 (pytorch/torchtitan
-  benchmarks/llama3_h100_202412_torchtitan.md, Table 1; ../shared/data/torchtitan_runs.csv): eager,
+  benchmarks/llama3_h100_202412_torchtitan.md, Table 1; benchmarks/data/torchtitan_runs.csv): eager,
   torch.compile, torch.compile + Float8 — the software a configuration runs with.
 - torchtitan, Llama 3.1 405B on 512 H100, FSDP 8 x TP 8 x PP 8, local batch 32, global batch
   256, full activation checkpointing, torch.compile + Float8 (same page, Table 5): 1F1B (100

@@ -6,9 +6,13 @@ and gradients, fp32 master weights and optimizer states. ``fp32``: everything in
 ``fp8``: FP8 training as NVIDIA Transformer Engine runs it (Micikevicius et al., "FP8 Formats for
 Deep Learning", 2022; Transformer Engine user guide, "Using FP8 with Transformer Engine"):
 
-- the GEMMs of weights (a Linear's forward, input gradient and weight gradient) run on FP8
-  operands at the device's dense FP8 peak; attention cores, norms, softmax and element-wise ops
-  stay in bf16, and so do the stored weights, activations and gradients;
+- the GEMMs of weights (a Linear's forward, input gradient and weight gradient) of the repeated
+  layers run on FP8 operands at the device's dense FP8 peak; attention cores, norms, softmax and
+  element-wise ops stay in bf16, and so do the stored weights, activations and gradients. The
+  blocks outside the layers (embedding, final norm, output projection) stay in bf16 altogether:
+  Megatron-Core's output layer is a plain tensor-parallel Linear, not a Transformer Engine module
+  that fp8_autocast converts, and torchtitan's Float8 converter skips ``output``
+  (``filter_fqns``); a model without repeated layers runs all of its GEMMs in FP8;
 - every FP8 GEMM input is quantized. Transformer Engine fuses the cast into the kernel that makes
   the tensor (LayerNormLinear, the activation before the second MLP Linear), so what is counted is
   the FP8 write and the scaling work: ``delayed`` scaling takes the scale from an amax history (one
@@ -16,9 +20,9 @@ Deep Learning", 2022; Transformer Engine user guide, "Using FP8 with Transformer
   2-byte read more); ``block`` scaling (MXFP8, 32-element blocks, Blackwell) computes scales in the
   same pass but writes a row-wise and a column-wise copy, since the weight-gradient GEMM reads the
   transpose (2 x 1 byte). In backward the output gradient is quantized the same way;
-- each weight has an FP8 copy, row- and column-wise (2 bytes per parameter), kept for the whole
-  step ("FP8 weight caching") and refreshed from the bf16 weights after the optimizer step (read 2,
-  write 2 bytes per parameter);
+- each layer weight has an FP8 copy, row- and column-wise (2 bytes per parameter), kept for the
+  whole step ("FP8 weight caching") and refreshed from the bf16 weights after the optimizer step
+  (read 2, write 2 bytes per parameter);
 - a Linear saves its input for the weight gradient in FP8 (1 byte instead of 2).
 """
 

@@ -141,12 +141,14 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     times = ma.times
     policies = [recompute if c else "none" for c in ma.checkpointed]
     outer = outside_layers(engine)  # blocks outside the repeated layers
+    core = precision.core_dtype(training.dtype)
     for i, work in enumerate(ma.works):
         if ma.same[i] not in times:
+            layer = ma.checkpointed[i]  # fp8 covers the repeated layers' GEMMs only
             times[ma.same[i]] = compute.block_time(
-                work, cluster.device, dtype=training.dtype, micro_batch=micro_batch, tp=tp, sp=sp,
-                recompute="none", engine=engine if ma.checkpointed[i] else outer, cp=cp,
-                experts=experts)
+                work, cluster.device, dtype=training.dtype if layer else core,
+                micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
+                engine=engine if layer else outer, cp=cp, experts=experts)
     n = len(ma.names)
 
     def vec(x) -> np.ndarray:  # a new array; scalars (e.g. no recomputation) broadcast
@@ -161,7 +163,6 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))
     kv = micro_batch * w.attn_kv_bytes / heads_div  # the whole sequence's K/V on this tp rank
     q = micro_batch * w.attn_q_bytes / tp
-    core = precision.core_dtype(training.dtype)
     word = DTYPE_BYTES[core]
     forms = (cp_comm,) if isinstance(cp_comm, str) else tuple(cp_comm)
     # with eager kernels the ring is the runtime's, which returns fp32 K/V gradients to their owner
@@ -235,7 +236,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8)),
             vec(memory.activation_bytes(w, micro_batch=share, tp=tp, sp=sp, recompute="none",
-                                        scores_kept=kept, fused=fused_outer, fp8=fp8))),
+                                        scores_kept=kept, fused=fused_outer, fp8=False))),
         work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8)), 0.0),

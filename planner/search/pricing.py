@@ -362,6 +362,7 @@ class RankMemory:
         # per chunk (one pass over the blocks each): sums and maxima the ranks add up below
         chunk_params = np.add.reduceat(costs.params_local, starts)
         chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
+        chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local), starts)
         chunk_work = np.maximum.reduceat(costs.work_bytes, starts)
         chunk_largest = np.maximum.reduceat(costs.params_local, starts)
         chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
@@ -379,6 +380,9 @@ class RankMemory:
                     tied[owner[i]] += n / cfg.tp if split else n
         self.params = rank_sums(chunk_params, pp) - np.array(tied)
         self.expert_params = rank_sums(chunk_experts, pp)
+        self.outer_params = np.maximum(0.0, rank_sums(chunk_outer, pp) - np.array(tied))
+        """Parameters outside the repeated layers (embedding, output projection): under fp8
+        their GEMMs stay 16-bit (costmodels.precision), so they keep no FP8 copies."""
         self.in_flight = in_flight_per_rank(cfg.schedule, pp, cfg.num_microbatches, cfg.vpp)
         """Per rank, as costmodels.pipeline.in_flight gives it (an int or a float)."""
         states = memory.model_state_bytes(self.params - self.expert_params, dp=cfg.dp * cfg.cp,
@@ -387,6 +391,9 @@ class RankMemory:
         if has_experts.any():  # the experts' states, sharded over their own replicas
             expert_states = memory.model_state_bytes(self.expert_params, dp=cfg.edp, **kw)
             states = {k: np.where(has_experts, v + expert_states[k], v) for k, v in states.items()}
+        if "fp8_weights" in states:
+            states["fp8_weights"] = states["fp8_weights"] - memory.model_state_bytes(
+                self.outer_params, dp=cfg.dp * cfg.cp, **kw)["fp8_weights"]
         working = rank_max(chunk_work, pp)
         largest = rank_max(chunk_largest, pp)
         if cfg.zero == 3:  # the running and the prefetched block's weights, gathered
@@ -474,7 +481,8 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
         step = compute.optimizer_step_s(params / shard, cluster.device,
                                         traffic_bytes_per_param=traffic,
                                         dtensor_params=ranks.dtensors)
-    step = step + params * refresh_b / cluster.device.memory_bytes_per_s  # FP8 weight copies
+    # the FP8 copies of the layers' weights, refreshed after the update
+    step = step + (params - ranks.outer_params) * refresh_b / cluster.device.memory_bytes_per_s
     return dp_s, max(0.0, float(np.max(step)))
 
 

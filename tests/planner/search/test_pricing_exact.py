@@ -64,6 +64,7 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
     starts = np.asarray(bounds[:-1])
     chunk_params = np.add.reduceat(costs.params_local, starts)
     chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
+    chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local), starts)
     chunk_work = np.maximum.reduceat(costs.work_bytes, starts)
     chunk_largest = np.maximum.reduceat(costs.params_local, starts)
     chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
@@ -83,12 +84,16 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         idx = [st.index for st in mine]
         params = float(chunk_params[idx].sum()) - tied[r]
         experts = float(chunk_experts[idx].sum())
+        outer = max(0.0, float(chunk_outer[idx].sum()) - tied[r])  # no FP8 copies outside layers
         in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                        microbatches=cfg.num_microbatches, vpp=cfg.vpp)
         states = memory.model_state_bytes(params - experts, dp=cfg.dp * cfg.cp, **kw)
         if experts:
             states = {k: v + memory.model_state_bytes(experts, dp=cfg.edp, **kw)[k]
                       for k, v in states.items()}
+        if "fp8_weights" in states:
+            states["fp8_weights"] -= memory.model_state_bytes(outer, dp=cfg.dp * cfg.cp,
+                                                              **kw)["fp8_weights"]
         working, largest = float(chunk_work[idx].max()), float(chunk_largest[idx].max())
         if cfg.zero == 3:  # two blocks' weights gathered in the compute dtype
             working += 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)] * largest
@@ -100,13 +105,13 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         split = float(chunk_split[idx].sum())
         dtensors = (split + float(chunk_rep[idx].sum()) if cfg.dp > 1
                     else split if cfg.tp > 1 else 0.0)
-        ranks.append((params, experts, in_flight, mem, dtensors))
+        ranks.append((params, experts, in_flight, mem, dtensors, outer))
     grad_b = whole["grads"]
     traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
                                              layout=training.engine.state_layout)
     refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in whole else 0.0
     dp_s = opt_s = 0.0
-    for r, (params, experts, _, _, dtensors) in enumerate(ranks):
+    for r, (params, experts, _, _, dtensors, outer) in enumerate(ranks):
         mine = [st for st in stages if st.rank == r]
         busy = sum(st.compute_s for st in mine)
         backward = busy - sum(st.fwd_s for st in mine)
@@ -137,7 +142,7 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
             step = compute.optimizer_step_s(params / shard, cluster.device,
                                             traffic_bytes_per_param=traffic,
                                             dtensor_params=dtensors)
-        opt_s = max(opt_s, step + params * refresh_b / cluster.device.memory_bytes_per_s)
+        opt_s = max(opt_s, step + (params - outer) * refresh_b / cluster.device.memory_bytes_per_s)
     rank_time = [sum(st.time_s for st in stages if st.rank == r) for r in range(cfg.pp)]
     slow = int(np.argmax(rank_time))
     mine = [st for st in stages if st.rank == slow]
@@ -174,13 +179,14 @@ CASES = [  # (model fixture, nodes, fix)
 ]
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 @pytest.mark.parametrize("engine", [None, "torchtitan"])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_price_adds_up_as_stage_by_stage(request, case, engine):
+def test_price_adds_up_as_stage_by_stage(request, case, engine, dtype):
     name, nodes, fix = CASES[case]
     prepared = request.getfixturevalue(name)
     cluster = load_cluster("dgx-h100", nodes=nodes)
-    training = TrainingSpec(global_batch=64, seq_len=prepared.seq_len,
+    training = TrainingSpec(global_batch=64, seq_len=prepared.seq_len, dtype=dtype,
                             engine=engine_from_mapping(engine))
     ma = ModelArrays.from_blocks(prepared.blocks)
     n = cluster.num_gpus // (fix["tp"] * fix["pp"] * fix.get("cp", 1))
