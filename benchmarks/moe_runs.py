@@ -31,6 +31,10 @@ it).
 The "(w/ MTP)" row is priced without the multi-token-prediction layer (the zoo's DeepSeek-V3 has
 none; one extra layer of 61, about +2% of the work), noted in its row.
 
+Rows from 100 on (benchmarks/data/moe_more_runs.csv: the 25.09 table's GB200 and B200 token-drop
+runs) are not in the project's reference data; they are priced the same way, never fitted on, and
+summarized apart ("not in data").
+
 Also: the free search (same model, cluster, batch, precision; nothing pinned) against the published
 configuration under the planner's own model, with the knobs that changed.
 
@@ -57,6 +61,11 @@ from published import BIG, nvidia_cluster, read_rows, software  # noqa: E402
 from tables import SEARCH_HEAD, print_errors, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "moe_runs.csv")
+MORE = os.path.join(HERE, "data", "moe_more_runs.csv")
+"""Published rows not in the project's reference data, priced the same way and never fitted on:
+the 25.09 table's GB200 and B200 token-drop runs (benchmarks/data/README.md)."""
+MORE_INDEX = 100
+"""Row numbers of MORE start here."""
 MODELS = {"DeepSeekV3": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b",
           "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b"}
 PRECISION = {"BF16": ("bf16", "current"), "FP8-CS": ("fp8", "current"),
@@ -86,9 +95,10 @@ def release_settings(r: dict) -> str:
     return ",moe_overlap=true" + (",overlap_grad_reduce=false" if release == "25.09" else "")
 
 
-def load_rows() -> list[dict]:
-    rows = read_rows(DATA)
+def load_rows(path: str = DATA, first: int = 0) -> list[dict]:
+    rows = read_rows(path)
     for r in rows:
+        r["index"] += first
         base = r["model"].split(" (")[0]
         r["zoo"] = MODELS[base]
         r["variant"] = r["model"][len(base):].strip(" ()")
@@ -169,7 +179,7 @@ def main() -> int:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     t0 = time.perf_counter()
-    rows = load_rows()
+    rows = load_rows() + load_rows(MORE, MORE_INDEX)
     if args.rows:
         keep = {int(x) for x in args.rows.split(",")}
         rows = [r for r in rows if r["index"] in keep]
@@ -177,8 +187,8 @@ def main() -> int:
     for r in rows:
         if key_of(r) not in prepared:
             prepared[key_of(r)] = prepare(r["zoo"], seq_len=key_of(r)[1], dtype=key_of(r)[2])
-    fitted = [r for r in rows if args.fit_rows == "all" or
-              (args.fit_rows == "even" and r["index"] % 2 == 0)]
+    fitted = [r for r in rows if r["index"] < MORE_INDEX and (
+        args.fit_rows == "all" or (args.fit_rows == "even" and r["index"] % 2 == 0))]
     host = fit(fitted, prepared) if fitted else 0.0
     print(f"host time per op of an MoE layer: {host * 1e6:.2f} us"
           + (f" (fitted on rows {[r['index'] for r in fitted]})" if fitted else " (not modelled)"))
@@ -192,7 +202,7 @@ def main() -> int:
         line = {"r": r, "plan": p, "tps": tps, "err": err, "real": real, "fit": r in fitted,
                 "fits": f"yes ({real.predicted['peak_memory_bytes'] / 1e9:.0f} GB)" if real
                 else "no"}
-        if not args.no_search:
+        if not args.no_search and r["index"] < MORE_INDEX:
             t1 = time.perf_counter()
             try:
                 free = predict(r, prep, fix=None, memory=None, moe_host_op_s=host)
@@ -216,12 +226,18 @@ def report(out: list[dict], markdown: bool) -> None:
         lines.append([str(r["index"]), r["model"], r["gpu"], r["gpus"], r["precision"][:6],
                       f"{r['tp']}/{r['pp']}/{r['vp']}/{r['cp']}/{r['ep']}", f"{r['mbs']}/{r['gbs']}",
                       r["tokens_per_s_per_gpu"], f"{o['tps']:.0f}", f"{100 * o['err']:+.1f}%",
-                      "fit" if o["fit"] else "held out", o["fits"],
+                      "fit" if o["fit"] else "held out" if o["r"]["index"] < MORE_INDEX
+                      else "not in data", o["fits"],
                       f"{part} {100 * bd[part] / p.step_time_s:.0f}%"])
     print_table(head, lines, markdown)
     print()
-    for label, chosen in (("held-out rows", [o for o in out if not o["fit"]]),
-                          ("fit rows", [o for o in out if o["fit"]]), ("all rows", out)):
+    ours = [o for o in out if o["r"]["index"] < MORE_INDEX]
+    more = [o for o in out if o["r"]["index"] >= MORE_INDEX]
+    for label, chosen in (("held-out rows", [o for o in ours if not o["fit"]]),
+                          ("fit rows", [o for o in ours if o["fit"]]), ("all rows", ours),
+                          ("not in data", more)):
+        if not chosen:
+            continue
         by_gen: dict[str, list[float]] = {}
         for o in chosen:
             by_gen.setdefault(o["r"]["gpu"], []).append(o["err"])

@@ -34,3 +34,13 @@ def test_moe_rows_take_their_release_configuration():
     assert settings["DeepSeekV3 (w/o MTP)", "GB200"] == ""
     with pytest.raises(ValueError, match="names no release"):
         moe_runs.release_settings({**rows[0], "source": "a table of 2027"})
+
+
+def test_rows_outside_the_reference_data_are_numbered_apart_and_never_fitted():
+    more = moe_runs.load_rows(moe_runs.MORE, moe_runs.MORE_INDEX)
+    assert more and min(r["index"] for r in more) == moe_runs.MORE_INDEX
+    assert all("tokendrop" in r["variant"] for r in more)  # the 25.09 token-drop runs
+    assert {moe_runs.release_settings(r) for r in more} == {""}  # GB200 / B200: no overlap
+    for r in more:  # every row's published layout holds together: ep within tp x dp
+        pp, ep = int(r["pp"]), int(r["ep"])
+        assert (int(r["gpus"]) // pp) % ep == 0, r["index"]
