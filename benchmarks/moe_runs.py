@@ -190,8 +190,10 @@ def main() -> int:
     fitted = [r for r in rows if r["index"] < MORE_INDEX and (
         args.fit_rows == "all" or (args.fit_rows == "even" and r["index"] % 2 == 0))]
     host = fit(fitted, prepared) if fitted else 0.0
+    why = " among --rows" if args.rows and args.fit_rows != "none" else ""
     print(f"host time per op of an MoE layer: {host * 1e6:.2f} us"
-          + (f" (fitted on rows {[r['index'] for r in fitted]})" if fitted else " (not modelled)"))
+          + (f" (fitted on rows {[r['index'] for r in fitted]})" if fitted
+             else f" (not modelled: no rows to fit on{why})"))
     out = []
     for r in rows:
         prep = prepared[key_of(r)]

@@ -8,7 +8,7 @@ torch.compile, torch.compile + Float8.
 Held out (benchmarks/data/torchtitan_more_runs.csv, not in the reference data): the same page's
 Table 3 (the three Table 1 settings on 128 GPUs, 16 hosts) and Table 2 (FSDP x context
 parallelism over 8 GPUs, full checkpointing, torch.compile + Float8, 32k to 262k tokens per
-sequence), and a run on 32 and 64 H200 at their full 700 W (Trainy, June 2025:
+sequence), and a run on 32 and 64 H200 (Trainy, June 2025:
 benchmarks/llama3_8b_h200_2025-06_torchtitan.md; torch.compile + Float8, local batch 2 x 8,192,
 torchtitan's llama3_8b.toml: op-level selective checkpointing).
 
@@ -23,7 +23,11 @@ model's (GEMMs 0.70 of the peak; SDPA's FlashAttention-2 kernels 37% forward and
 the FlashAttention-3 paper measures them on H100). For comparison the rows are also priced at
 the data-sheet estimate: the clock linear in power between the H100 NVL (400 W: 835 bf16, 1,671
 FP8 TFLOP/s, 1.545 GHz) and SXM (700 W: 989, 1,979, 1.83 GHz) data sheets, 886 and 1,774 at
-500 W. The H200 rows need no such constant: their GPUs ran at the h200 preset's data sheet.
+500 W. The fit lands below the NVL data sheet: a sustained rate under a power cap may (data-sheet
+peaks are boost-clock figures), but the one constant also takes up whatever else the model misses
+in these runs, which is why other tables are held out. The H200 rows need no such constant: they
+are priced at the h200 preset's data sheet (the SXM part, up to 700 W; the page states no power
+limit).
 
 Software per row (costmodels.engine presets): eager -> ``torchtitan`` (SDPA's flash backend, one
 kernel per element-wise op, FSDP2 buffer copies), torch.compile -> ``torchtitan-compile``
@@ -105,7 +109,7 @@ def cluster(bf16: float, fp8: float, nodes: int = 1):
 
 
 def h200_cluster(nodes: int):
-    """H200 hosts at 700 W: the h200 preset's data sheet."""
+    """H200 hosts: the h200 preset's data sheet (the SXM part)."""
     return planner.load_cluster({"name": "h200-hosts", "nodes": nodes, "gpus_per_node": 8,
                                  "device": "h200", **LINKS})
 
@@ -165,8 +169,8 @@ def tput_error(row: dict, bf16: float) -> float:
 
 def fit_rate(rows: list[dict]) -> float:
     """The dense bf16 TFLOP/s (FP8 twice it) minimizing the squared relative throughput errors
-    of ``rows``: 5 TFLOP/s steps over the NVL-to-SXM range widened by a quarter, then 0.5 around
-    the best."""
+    of ``rows``: 5 TFLOP/s steps from three quarters of the NVL data sheet up to the SXM one,
+    then 0.5 around the best."""
     def cost(bf16: float) -> float:
         return sum(tput_error(r, bf16) ** 2 for r in rows)
 
@@ -213,7 +217,7 @@ def main() -> int:
             r.setdefault("dp", r["gpus"])
             if r["gpu"] == "H200":
                 plan = plan_row(r, h200_cluster(int(r["gpus"]) // 8))
-                base = "(700 W data sheet)"
+                base = "(H200 data sheet)"
             else:
                 plan = predict(None, r, rate, 2 * rate)
                 ds, _ = measured(predict(None, r, *sheet), r)

@@ -97,7 +97,8 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
 
 
 def _fp8_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec) -> dict:
-    """For an fp8 plan: what FP8 changed, against the same configuration and split in bf16."""
+    """For an fp8 plan: what FP8 changed, against the same configuration and split in bf16
+    (``outer_blocks_bf16``: the model has blocks outside its repeated layers, which stay bf16)."""
     if training.dtype != "fp8" or not isinstance(cluster, Cluster):
         return {}
     bf16 = repriced(best, bg, cluster, dataclasses.replace(training, dtype="bf16"))
@@ -109,6 +110,7 @@ def _fp8_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec
         "bf16_peak_tflops": cluster.device.peak("bf16") / 1e12,
         "bf16_gemm_efficiency": cluster.device.gemm_efficiency("bf16"),
         "weight_copy_bytes": copies,
+        "outer_blocks_bf16": not all(b.recompute for b in bg.blocks),
         "bf16_step_time_s": bf16.step_time_s,
         "bf16_peak_memory_bytes": bf16.peak_memory_bytes,
     }}

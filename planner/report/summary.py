@@ -155,11 +155,12 @@ def _fp8(p: Plan) -> list[str]:
         return []
     step = p.predicted["step_time_s"]
     return [
-        f"  fp8         the layers' weight GEMMs on fp8 tensor cores ({f['gemm_peak_tflops']:,.0f} TFLOP/s peak"
+        f"  fp8         weight GEMMs on fp8 tensor cores ({f['gemm_peak_tflops']:,.0f} TFLOP/s peak"
         + _sustained(f, "gemm_efficiency") + f"; bf16 {f['bf16_peak_tflops']:,.0f}"
         + _sustained(f, "bf16_gemm_efficiency") + f"), inputs quantized with "
-        f"{RECIPE_WORDS[f['recipe']]}; attention, norms, element-wise ops, embedding and output "
-        "layer in bf16; MFU is against the fp8 peak",
+        f"{RECIPE_WORDS[f['recipe']]}; attention, norms, element-wise ops"
+        + (", embedding and output layer" if f.get("outer_blocks_bf16", True) else "")
+        + " in bf16; MFU is against the fp8 peak",
         f"              {f['weight_copy_bytes'] / GB:.1f} GB of fp8 weight copies per GPU; in bf16 "
         f"this plan would take {f['bf16_step_time_s']:.4g} s ({f['bf16_step_time_s'] / step:.2f}x) "
         f"and {f['bf16_peak_memory_bytes'] / GB:.1f} GB"

@@ -287,11 +287,14 @@ def stage_memory(cfg: Config, costs: BlockCosts, ma: ModelArrays, training: Trai
     per stage (chunk, with interleaving) the micro-batches in flight on its rank, and the bytes a
     stage may use: ``capacity`` per GPU, of which a chunk may take 1/vpp (exact for vpp = 1).
     Tied weights read by two blocks are held once when both share a stage."""
-    bpp, expert_bpp = state_bytes_per_param(cfg, training)
+    bpp, _ = state_bytes_per_param(cfg, training)
+    copy = fp8_copy_bytes_per_param(cfg, training)
     rank_in_flight = in_flight_per_rank(cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.vpp)
-    shared = [(a, b, bpp * (n / cfg.tp if split else n)) for a, b, n, split in ma.shared]
-    static = (costs.params_local - costs.expert_params_local) * bpp + \
-        costs.expert_params_local * expert_bpp
+    layer = ma.checkpointed
+    # a tied weight held once keeps an FP8 copy where a layer reads it
+    shared = [(a, b, (bpp if layer[a] and layer[b] else bpp - copy) * (n / cfg.tp if split else n))
+              for a, b, n, split in ma.shared]
+    static = block_state_bytes(cfg, costs, ma, training)
     return StageMemory(static=static.tolist(), act=costs.act_bytes.tolist(),
                        work=costs.work_bytes.tolist(),
                        in_flight=[rank_in_flight[c % cfg.pp] for c in range(cfg.pp * cfg.vpp)],
@@ -303,6 +306,27 @@ def in_flight_per_rank(schedule: str, pp: int, microbatches: int, vpp: int) -> t
     """Per pipeline rank: costmodels.pipeline.in_flight (an int or a float, as it gives it)."""
     return tuple(pipeline.in_flight(schedule, stage=r, stages=pp, microbatches=microbatches,
                                     vpp=vpp) for r in range(pp))
+
+
+def block_state_bytes(cfg: Config, costs: BlockCosts, ma: ModelArrays,
+                      training: TrainingSpec) -> np.ndarray:
+    """Per block: its model-state bytes on one GPU after ZeRO sharding (state_bytes_per_param);
+    the dense parameters of blocks outside the repeated layers keep no FP8 weight copies, since
+    their GEMMs stay 16-bit (costmodels.precision)."""
+    bpp, expert_bpp = state_bytes_per_param(cfg, training)
+    dense = costs.params_local - costs.expert_params_local
+    static = dense * bpp + costs.expert_params_local * expert_bpp
+    copy = fp8_copy_bytes_per_param(cfg, training)
+    return static - np.where(ma.checkpointed, 0.0, dense) * copy if copy else static
+
+
+def fp8_copy_bytes_per_param(cfg: Config, training: TrainingSpec) -> float:
+    """Bytes of FP8 weight copies per dense parameter after ZeRO sharding (0 unless fp8): the
+    part of state_bytes_per_param the blocks outside the layers do not hold."""
+    return memory.model_state_bytes(
+        1.0, dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
+        dp=cfg.dp * cfg.cp, offload=cfg.offload_optimizer,
+        layout=training.engine.state_layout).get("fp8_weights", 0.0)
 
 
 def state_bytes_per_param(cfg: Config, training: TrainingSpec) -> tuple[float, float]:

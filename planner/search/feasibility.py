@@ -7,11 +7,11 @@ import math
 from collections import Counter
 from dataclasses import replace
 
-from costmodels import memory, pipeline
+from costmodels import pipeline
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
 from planner.options import MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec
-from planner.search.costs import ModelArrays, block_costs, capacity_bytes
+from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.pricing import Estimate, price
 from planner.search.space import (BATCH_DP, MICRO_BATCH, PP_BLOCKS, TOO_MANY_MB, TP_GPUS,
                                   TP_MODEL, TP_NODE, Space, divisors, pp_reason, tp_reasons)
@@ -120,13 +120,10 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
                          sequence_parallel=sp, vpp=vpp if pp > 1 else 1,
                          offload_optimizer=offload and zero >= 1, cp=cp, cp_comm=cp_comm,
                          ep=ep, etp=etp)
-            bpp = memory.state_bytes_per_param(dtype=training.dtype, optimizer=training.optimizer,
-                                               zero=cfg.zero, dp=dp * cp,
-                                               offload=cfg.offload_optimizer,
-                                               layout=training.engine.state_layout)
             first = pipeline.in_flight(cfg.schedule, stage=0, stages=pp, microbatches=m,
                                        vpp=cfg.vpp)
-            weights = (costs.params_local * bpp + first * costs.act_bytes + costs.work_bytes).tolist()
+            weights = (block_state_bytes(cfg, costs, ma, training) + first * costs.act_bytes
+                       + costs.work_bytes).tolist()
             part = partition(weights, pp * cfg.vpp)
             if part is None:
                 continue

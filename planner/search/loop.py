@@ -339,10 +339,15 @@ class _Screen:
 def _least_state_bytes(zero: int, offload: bool, replicas: int, edp: int, dtype: str,
                        optimizer: str, layout: str) -> float:
     """The fewer model-state bytes per parameter of the dense parameters (sharded over
-    ``replicas``) and the experts' (over ``edp``): costs.state_bytes_per_param."""
+    ``replicas``) and the experts' (over ``edp``): costs.state_bytes_per_param, without FP8
+    weight copies (the blocks outside the layers keep none)."""
     kw = dict(dtype=dtype, optimizer=optimizer, zero=zero, offload=offload, layout=layout)
-    return min(memory.state_bytes_per_param(dp=replicas, **kw),
-               memory.state_bytes_per_param(dp=edp, **kw))
+
+    def without_copies(dp: int) -> float:
+        states = memory.model_state_bytes(1.0, dp=dp, **kw)
+        return sum(v for k, v in states.items() if k != "fp8_weights")
+
+    return min(without_copies(replicas), without_copies(edp))
 
 
 @functools.lru_cache(maxsize=4096)

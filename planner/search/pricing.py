@@ -362,7 +362,8 @@ class RankMemory:
         # per chunk (one pass over the blocks each): sums and maxima the ranks add up below
         chunk_params = np.add.reduceat(costs.params_local, starts)
         chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
-        chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local), starts)
+        chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local
+                                               - costs.expert_params_local), starts)
         chunk_work = np.maximum.reduceat(costs.work_bytes, starts)
         chunk_largest = np.maximum.reduceat(costs.params_local, starts)
         chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
@@ -372,17 +373,21 @@ class RankMemory:
         whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                          zero=0, dp=1, layout=training.engine.state_layout)
         # tied weights read by two blocks on one rank are held once
-        tied = [0.0] * pp
+        tied, tied_outer = [0.0] * pp, [0.0] * pp
         if ma.shared:
             owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % pp
             for i, j, n, split in ma.shared:
                 if owner[i] == owner[j]:
                     tied[owner[i]] += n / cfg.tp if split else n
+                    # held once, with an FP8 copy only where layers alone read it
+                    if not (ma.checkpointed[i] and ma.checkpointed[j]):
+                        tied_outer[owner[i]] += n / cfg.tp if split else n
         self.params = rank_sums(chunk_params, pp) - np.array(tied)
         self.expert_params = rank_sums(chunk_experts, pp)
-        self.outer_params = np.maximum(0.0, rank_sums(chunk_outer, pp) - np.array(tied))
-        """Parameters outside the repeated layers (embedding, output projection): under fp8
-        their GEMMs stay 16-bit (costmodels.precision), so they keep no FP8 copies."""
+        self.outer_params = np.maximum(0.0, rank_sums(chunk_outer, pp) - np.array(tied_outer))
+        """Dense parameters outside the repeated layers (embedding, output projection) that no
+        layer reads: under fp8 their GEMMs stay 16-bit (costmodels.precision), so they keep no
+        FP8 copies (costs.block_state_bytes, for the stage split)."""
         self.in_flight = in_flight_per_rank(cfg.schedule, pp, cfg.num_microbatches, cfg.vpp)
         """Per rank, as costmodels.pipeline.in_flight gives it (an int or a float)."""
         states = memory.model_state_bytes(self.params - self.expert_params, dp=cfg.dp * cfg.cp,

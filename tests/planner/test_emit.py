@@ -71,6 +71,7 @@ def test_an_fp8_plan_says_what_fp8_changed(tiny_llama):
     assert (f"weight GEMMs on fp8 tensor cores (1,979 TFLOP/s peak, "
             f"{100 * FP8_MATMUL_EFFICIENCY:.0f}% sustained") in text
     assert "in bf16 this plan would take" in text
+    assert f["outer_blocks_bf16"] and "embedding and output layer in bf16" in text
     # the summary gives the ratio; on a 2.7M-parameter model it may fall below 1 (GEMMs too
     # small for fp8 to pay for its casts)
     assert f"({f['bf16_step_time_s'] / plan.step_time_s:.2f}x)" in text
@@ -80,3 +81,15 @@ def test_an_fp8_plan_says_what_fp8_changed(tiny_llama):
     with pytest.raises(planner.SpecError, match="no fp8 support"):
         planner.plan("llama3-8b", cluster="dgx-a100-80g", global_batch=8,
                      dtype="fp8")
+
+
+def test_a_model_without_repeated_layers_runs_every_gemm_in_fp8(branched):
+    import planner
+    from planner.report.summary import summary
+
+    assert all(b.recompute for b in branched.blocks.blocks)
+    training = planner.TrainingSpec(global_batch=64, seq_len=branched.seq_len, dtype="fp8")
+    plan = planner.plan_prepared(branched, planner.load_cluster("dgx-h100", nodes=1), training,
+                                 planner.SearchOptions(top_k=0))
+    assert plan.predicted["fp8"]["outer_blocks_bf16"] is False
+    assert "output layer in bf16" not in summary(plan)

@@ -64,7 +64,8 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
     starts = np.asarray(bounds[:-1])
     chunk_params = np.add.reduceat(costs.params_local, starts)
     chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
-    chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local), starts)
+    chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local
+                                           - costs.expert_params_local), starts)
     chunk_work = np.maximum.reduceat(costs.work_bytes, starts)
     chunk_largest = np.maximum.reduceat(costs.params_local, starts)
     chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
@@ -74,17 +75,19 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
     whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                      zero=0, dp=1, layout=training.engine.state_layout)
     owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % cfg.pp
-    tied = [0.0] * cfg.pp
+    tied, tied_outer = [0.0] * cfg.pp, [0.0] * cfg.pp
     for i, j, n, split in ma.shared:
         if owner[i] == owner[j]:
             tied[owner[i]] += n / cfg.tp if split else n
+            if not (ma.checkpointed[i] and ma.checkpointed[j]):
+                tied_outer[owner[i]] += n / cfg.tp if split else n
     ranks = []
     for r in range(cfg.pp):
         mine = [st for st in stages if st.rank == r]
         idx = [st.index for st in mine]
         params = float(chunk_params[idx].sum()) - tied[r]
         experts = float(chunk_experts[idx].sum())
-        outer = max(0.0, float(chunk_outer[idx].sum()) - tied[r])  # no FP8 copies outside layers
+        outer = max(0.0, float(chunk_outer[idx].sum()) - tied_outer[r])  # no FP8 copies there
         in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                        microbatches=cfg.num_microbatches, vpp=cfg.vpp)
         states = memory.model_state_bytes(params - experts, dp=cfg.dp * cfg.cp, **kw)
