@@ -323,6 +323,8 @@ def block_state_bytes(cfg: Config, costs: BlockCosts, ma: ModelArrays,
 def fp8_copy_bytes_per_param(cfg: Config, training: TrainingSpec) -> float:
     """Bytes of FP8 weight copies per dense parameter after ZeRO sharding (0 unless fp8): the
     part of state_bytes_per_param the blocks outside the layers do not hold."""
+    if training.dtype != "fp8":
+        return 0.0
     return memory.model_state_bytes(
         1.0, dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
         dp=cfg.dp * cfg.cp, offload=cfg.offload_optimizer,
