@@ -85,10 +85,11 @@ gradients in bf16 (costmodels.precision says what changes)."""
 FP8_MATMUL_EFFICIENCY = 0.52
 """Share of the FP8 peak that FP8 GEMMs sustain in training, every device: fitted on the even rows
 of 22 published dense FP8 runs (Megatron-Core / Transformer Engine on H100, B200, GB200 and
-GB300, their output layers in bf16; benchmarks/dense_fp8_runs.py), held-out median error 9.4%. Isolated FP8 GEMMs reach about
-70% of the FP8 peak as bf16 ones do of theirs; in whole steps FP8 GEMMs run about 1.5x the bf16
-GEMM rate, not 2x (power and clock limits at the FP8 rate, scaling in the GEMM epilogue), the
-range of the end-to-end FP8 speedups published for dense models (torchao: 1.25-1.5x)."""
+GB300, their output layers in bf16; benchmarks/dense_fp8_runs.py), held-out median error 9.4%.
+Isolated FP8 GEMMs reach about 70% of the FP8 peak as bf16 ones do of theirs; in whole steps FP8
+GEMMs run about 1.5x the bf16 GEMM rate, not 2x (power and clock limits at the FP8 rate, scaling
+in the GEMM epilogue), the range of the end-to-end FP8 speedups published for dense models
+(torchao: 1.25-1.5x)."""
 
 
 @dataclass(frozen=True, kw_only=True)

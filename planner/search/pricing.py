@@ -11,7 +11,7 @@ from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
 from planner.search import placement
-from planner.search.costs import in_flight_per_rank
+from planner.search.costs import fp8_copy_bytes_per_param, in_flight_per_rank
 
 
 @dataclass
@@ -397,8 +397,8 @@ class RankMemory:
             expert_states = memory.model_state_bytes(self.expert_params, dp=cfg.edp, **kw)
             states = {k: np.where(has_experts, v + expert_states[k], v) for k, v in states.items()}
         if "fp8_weights" in states:
-            states["fp8_weights"] = states["fp8_weights"] - memory.model_state_bytes(
-                self.outer_params, dp=cfg.dp * cfg.cp, **kw)["fp8_weights"]
+            states["fp8_weights"] = states["fp8_weights"] - \
+                self.outer_params * fp8_copy_bytes_per_param(cfg, training)
         working = rank_max(chunk_work, pp)
         largest = rank_max(chunk_largest, pp)
         if cfg.zero == 3:  # the running and the prefetched block's weights, gathered
