@@ -29,13 +29,12 @@ import numpy as np
 
 from costmodels import compute, memory
 from costmodels.errors import InfeasibleError
-from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import HeteroCluster
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import hetero
 from planner.search.costs import ModelArrays, block_costs, capacity_bytes
 from planner.search.evaluate import evaluate
-from planner.search.pricing import Estimate
+from planner.search.pricing import DataParallelBytes, Estimate
 from planner.search.refine import cpsat_budget_s, refine, simulated
 from planner.search.space import CostKey, Group, Space, enumerate_space
 from planner.trace.graph import BlockGraph
@@ -328,10 +327,11 @@ class _Screen:
         traffic = memory.optimizer_traffic_bytes(dtype=t.dtype, optimizer=t.optimizer,
                                                  layout=t.engine.state_layout)
         if offload:
-            word = DTYPE_BYTES[t.dtype]
+            per = DataParallelBytes.of(t)
             return compute.offloaded_optimizer_step_s(per_rank, device,
                                                       traffic_bytes_per_param=traffic,
-                                                      grad_bytes=word, weight_bytes=word)
+                                                      grad_bytes=per.grads,
+                                                      weight_bytes=per.weights)
         return compute.optimizer_step_s(per_rank, device, traffic_bytes_per_param=traffic)
 
 

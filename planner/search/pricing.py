@@ -479,9 +479,10 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     with np.errstate(divide="ignore", invalid="ignore"):
         shard = np.where(local != 0, params / local, 1.0)
     if cfg.offload_optimizer:
+        # gradients leave as the layout keeps them, 16-bit weights come back
         step = compute.offloaded_optimizer_step_s(
             params / shard, cluster.device, traffic_bytes_per_param=traffic,
-            grad_bytes=DTYPE_BYTES[training.dtype], weight_bytes=DTYPE_BYTES[training.dtype])
+            grad_bytes=per.grads, weight_bytes=per.weights)
     else:
         step = compute.optimizer_step_s(params / shard, cluster.device,
                                         traffic_bytes_per_param=traffic,

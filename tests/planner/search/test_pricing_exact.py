@@ -136,11 +136,10 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         local = ((params - experts) / (cfg.dp * cfg.cp if cfg.zero >= 1 else 1)
                  + experts / (cfg.edp if cfg.zero >= 1 else 1))
         shard = params / local if local else 1.0
-        if cfg.offload_optimizer:
-            word = DTYPE_BYTES[training.dtype]
-            step = compute.offloaded_optimizer_step_s(params / shard, cluster.device,
-                                                      traffic_bytes_per_param=traffic,
-                                                      grad_bytes=word, weight_bytes=word)
+        if cfg.offload_optimizer:  # kept gradients out, 16-bit weights back
+            step = compute.offloaded_optimizer_step_s(
+                params / shard, cluster.device, traffic_bytes_per_param=traffic,
+                grad_bytes=grad_b, weight_bytes=DTYPE_BYTES[precision.core_dtype(training.dtype)])
         else:
             step = compute.optimizer_step_s(params / shard, cluster.device,
                                             traffic_bytes_per_param=traffic,
@@ -263,3 +262,27 @@ def test_an_interleaved_split_needs_its_ranks_to_fit_not_each_chunk_a_vpp_th(tin
         if per_chunk is None:
             break
     assert seen and seen[-1], "no capacity where only the rank sums fit"
+
+
+def test_an_offloaded_optimizer_moves_gradients_as_the_layout_keeps_them(tiny_llama):
+    """ZeRO-Offload sends the gradients to the host at the bytes the engine keeps them in (fp32
+    main gradients under Megatron-Core's layout, 16-bit under ZeRO's) and gets 16-bit weights
+    back: the offloaded step differs by that transfer and by the host update reading the
+    wider gradients."""
+    cluster = load_cluster("dgx-h100", nodes=1)
+    ma = ModelArrays.from_blocks(tiny_llama.blocks)
+    cfg = Config(dp=8, tp=1, pp=1, micro_batch=1, num_microbatches=8, zero=1,
+                 offload_optimizer=True)
+    steps = {}
+    for layout in ("megatron", "megatron-bf16-grads"):
+        training = TrainingSpec(global_batch=64, seq_len=tiny_llama.seq_len,
+                                engine=engine_from_mapping(f"megatron-core,state_layout={layout}"))
+        costs = config_costs(ma, cluster, training, cfg)
+        part = partition(costs.time_s.tolist(), 1, None)
+        est = price(cfg, part.bounds, ma, costs, cluster, training)
+        steps[layout] = (est.breakdown["optimizer_s"], est.stages[0].params)
+    (fp32_s, params), (bf16_s, _) = steps["megatron"], steps["megatron-bf16-grads"]
+    device = cluster.device
+    extra = params / 8 * (4 - 2) * (1 / device.host_link_bytes_per_s
+                                    + 1 / device.host_memory_bytes_per_s)
+    assert fp32_s - bf16_s == pytest.approx(extra, rel=1e-6)
