@@ -93,7 +93,7 @@ def training_of(r: dict) -> TrainingSpec:
     return TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype="fp8",
                         optimizer="adam",
                         engine=engine_from_mapping("megatron-core,fp8_recipe=delayed"
-                                                           f"{software(r['source'])}"))
+                                                   f"{software(r['source'])}"))
 
 
 def published_fix(r: dict) -> str:
