@@ -20,8 +20,10 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
   runs two batched GEMMs and moves the score matrix through memory between kernels (bytes per
   score element below). An attention core traced from eager code (explicit GEMMs, softmax,
   masking) runs as traced when attention is ``materialized`` and as one fused kernel (its GEMMs'
-  FLOPs at the flash rate, its score traffic gone; no causal skip, since the mask is data) when it
-  is ``flash``.
+  FLOPs at the flash rate, its score traffic gone) when it is ``flash``; it skips masked work
+  only where its module declares the mask (planner.trace.masks), since the traced mask is data.
+  A fused kernel under a sliding window runs only the tiles inside it: such a call is priced as a
+  causal call of the smaller square the trace gives it (BlockWork.attn_window_cut).
 - Element-wise ops move their bytes at ``memory_efficiency`` of the bandwidth; backward moves
   about twice the forward traffic (each op reads the incoming gradient and what it saved, and
   writes a gradient per input).
@@ -253,6 +255,15 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
     return fwd, bwd, attn, fused
 
 
+def eager_masked_shares(work: BlockWork) -> tuple[float, float]:
+    """(causal, window cut) shares of the block's eager attention-core FLOPs: the part under a
+    mask its module declares, and what sliding windows take off it (BlockWork fields)."""
+    total = sum(g.flops for g in work.gemms if g.attention)
+    if total <= 0 or work.eager_attn_causal_flops <= 0:
+        return 0.0, 0.0
+    return work.eager_attn_causal_flops / total, work.eager_attn_window_cut / total
+
+
 def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp: int,
                sp: bool, experts: Experts = DENSE) -> tuple[float, float]:
     """(forward, backward) seconds quantizing the activation inputs of FP8 weight GEMMs and, in
@@ -298,12 +309,12 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
         return 0.0, 0.0
     share = _attention_share(work, micro_batch, tp)
     flops = share * work.fused_attn_flops
-    if engine.attention in FUSED_ATTENTION and device.attention_table.get(dtype):
-        return measured_attention_s(flops, share * work.attn_causal_flops,
-                                    flops / max(work.fused_attn_calls, 1.0),
-                                    device.attention_table[dtype])
-    if engine.attention in FUSED_ATTENTION:
-        causal = share * work.attn_causal_flops
+    if engine.attention in FUSED_ATTENTION:  # sliding windows priced as smaller causal calls
+        flops -= share * work.attn_window_cut
+        causal = share * (work.attn_causal_flops - work.attn_window_cut)
+        if device.attention_table.get(dtype):
+            return measured_attention_s(flops, causal, flops / max(work.fused_attn_calls, 1.0),
+                                        device.attention_table[dtype])
         return fused_attention_s(flops - causal, device, dtype, engine,
                                  masked=(1.0 - CAUSAL_SKIP) * causal)
     rate = device.peak(dtype) * device.matmul_efficiency
@@ -351,7 +362,8 @@ def ring_attention_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
             not (table or device.causal_attention_ratio != 1.0):
         return 0.0, 0.0
     share = _attention_share(work, micro_batch, tp)
-    square, causal = share * work.fused_attn_flops, share * work.attn_causal_flops
+    square = share * (work.fused_attn_flops - work.attn_window_cut)
+    causal = share * (work.attn_causal_flops - work.attn_window_cut)
     pairs = (2 * cp) ** 2
     masked = 2 * causal / pairs  # square FLOPs of the causal pairs
     whole = (2 * cp - 1) * causal / pairs + 4 * cp * (square - causal) / pairs
@@ -417,7 +429,10 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         experts=experts)
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
     if eager_flops:  # eager attention cores, run as fused kernels
-        eager_f, eager_b = fused_attention_s(eager_flops, device, core, engine)
+        causal, cut = eager_masked_shares(work)
+        eager_f, eager_b = fused_attention_s(eager_flops * (1.0 - causal), device, core, engine,
+                                             masked=(1.0 - CAUSAL_SKIP) * eager_flops
+                                             * (causal - cut))
         attn_f, attn_b = attn_f + eager_f, attn_b + eager_b
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp)
     fwd_s = gemm_f + attn_f + mem_f

@@ -76,6 +76,15 @@ class BlockWork:
     splits); its scores and causal share are taken in proportion."""
     attn_causal_flops: float = 0.0
     """The part of ``fused_attn_flops`` under a causal mask (a fused kernel skips about half)."""
+    attn_window_cut: float = 0.0
+    """What sliding windows take off ``attn_causal_flops``: a causal call of square F under a
+    window is priced as a causal call of square keep x F (planner.trace.masks), and this holds
+    the (1 - keep) x F of such calls."""
+    eager_attn_causal_flops: float = 0.0
+    """Forward FLOPs of eager attention cores (their GEMMs, in ``gemms``) whose module declares a
+    causal mask: a fused kernel running them skips about half, as for ``attn_causal_flops``."""
+    eager_attn_window_cut: float = 0.0
+    """What sliding windows take off ``eager_attn_causal_flops`` (as ``attn_window_cut``)."""
     fused_attn_calls: float = 0.0
     """Fused attention calls the block makes per micro-batch (each call takes the whole
     micro-batch): a kernel's rate depends on its size where it was measured by size."""
@@ -199,8 +208,16 @@ class BlockWork:
     @property
     def train_flops(self) -> float:
         """Model FLOPs of a training step per sample: forward and backward, with attention under
-        a causal mask counted half (the work a causal kernel does; Megatron-Core counts it so)."""
-        return self.fwd_flops + self.bwd_flops - 1.5 * self.attn_causal_flops
+        a causal mask counted half (the work a causal kernel does; Megatron-Core counts it so)
+        and under a sliding window the work inside it."""
+        return self.fwd_flops + self.bwd_flops - 3.0 * self.masked_attn_flops
+
+    @property
+    def masked_attn_flops(self) -> float:
+        """Forward FLOPs of attention (fused calls and eager cores) that a kernel skipping masked
+        tiles does not do: half of the causal squares, and what windows cut of the rest."""
+        return 0.5 * (self.attn_causal_flops + self.eager_attn_causal_flops
+                      + self.attn_window_cut + self.eager_attn_window_cut)
 
     def to_dict(self) -> dict:
         d = {f: getattr(self, f) for f in WORK_FIELDS}

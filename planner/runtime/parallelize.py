@@ -39,10 +39,11 @@ def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],
             roles.get(c) == "colwise" for c in feeds.get(name, ()))
         if inside and any(True for _ in modules[name].parameters(recurse=False)):
             # a per-head norm (Qwen3's q_norm): each rank would update its weights from its own
-            # heads only, and the replicas would drift apart
+            # heads only, and the replicas would drift apart; per-head scores (gpt-oss's sinks)
+            # would need sharding with the heads, which the runtime does not do
             raise SpecError(f"tensor_parallel.{name}: weights inside a tensor-parallel region "
-                            "(a norm over each head); `plan run` does not keep them in step "
-                            "across tp ranks; plan with --fix tp=1")
+                            "(a norm over each head, or attention sinks); `plan run` does not "
+                            "shard or keep them in step across tp ranks; plan with --fix tp=1")
     for name, role in roles.items():
         if role not in TP_ROLES or name not in present:
             continue

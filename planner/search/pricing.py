@@ -306,11 +306,11 @@ def _recomputed_flops(ma, recompute: str) -> float:
     if recompute == "none":
         return 0.0
     w, ckpt = ma.work, ma.checkpointed
-    causal = 0.5 * float(np.sum(w.attn_causal_flops[ckpt]))
+    masked = float(np.sum(w.masked_attn_flops[ckpt]))  # what a masked kernel skips
     if recompute == "selective":  # the attention cores, split by tp or not
-        return float(np.sum((w.attn_flops + w.fused_attn_flops_rep)[ckpt])) - causal
+        return float(np.sum((w.attn_flops + w.fused_attn_flops_rep)[ckpt])) - masked
     if recompute == "full":
-        return float(np.sum(w.fwd_flops[ckpt])) - causal
+        return float(np.sum(w.fwd_flops[ckpt])) - masked
     if recompute == "op":
         weight_gemms = w.mm_flops_tp + w.mm_flops_rep - w.fused_attn_flops_rep
         return float(np.sum((weight_gemms * w.op_recompute_gemm_share)[ckpt]))

@@ -61,7 +61,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "attn_scores_saved",
                          "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes", "expert_flops",
                          "num_experts", "routed_tokens", "dispatch_bytes", "attn_kv_bytes",
-                         "attn_q_bytes", "attn_heads_q", "attn_heads_kv"), 0.0)
+                         "attn_q_bytes", "attn_heads_q", "attn_heads_kv", "attn_window_cut",
+                         "eager_attn_causal_flops", "eager_attn_window_cut"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
@@ -122,7 +123,8 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
     word = _word(op.dtype)
     if op.kind == "attention":
         _add_attention(op.flops, op.dims.get("scores", 0), bool(op.dims.get("causal")),
-                       bool(op.dims.get("dropout")), split, acc, op.requires_grad, word)
+                       bool(op.dims.get("dropout")), split, acc, op.requires_grad, word,
+                       op.dims.get("keep", 1.0))
         _add_heads(acc, op.dims.get("heads_q", 0), op.dims.get("heads_kv", 0),
                    op.dims.get("q_elems", 0) * word, op.dims.get("kv_elems", 0) * word)
     elif "gemms" in op.dims or "attention" in op.dims:  # a node that computes: its ATen work
@@ -133,6 +135,9 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
             acc["attn_flops" if g.attention and split else
                 "mm_flops_tp" if split else "mm_flops_rep"] += g.flops
             acc["bwd_flops"] += g.bwd_flops
+            if g.attention and op.dims.get("causal"):  # an eager core under a declared mask
+                acc["eager_attn_causal_flops"] += g.flops
+                acc["eager_attn_window_cut"] += (1.0 - op.dims.get("keep", 1.0)) * g.flops
             if g.experts:
                 acc["expert_flops"] += g.flops
                 acc["num_experts"] = max(acc["num_experts"], float(g.experts))
@@ -161,8 +166,10 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
 
 
 def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, split: bool,
-                   acc: dict, backward: bool = True, word: float = 2.0) -> None:
-    """A fused attention call: its FLOPs (2x in backward), score elements, causal and dropout;
+                   acc: dict, backward: bool = True, word: float = 2.0,
+                   keep: float = 1.0) -> None:
+    """A fused attention call: its FLOPs (2x in backward), score elements, causal (with the share
+    ``keep`` of the square a sliding window leaves, planner.trace.masks) and dropout;
     and what a materialized attention core would keep of its scores for backward (the softmax
     output, and with dropout its one-byte mask and its output: Korthikanti et al.'s 5 a s^2 b in
     16 bits), which a fused kernel (FlashAttention) keeps none of."""
@@ -175,6 +182,7 @@ def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, spl
     acc["bwd_flops"] += 2.0 * flops if backward else 0.0
     if causal:
         acc["attn_causal_flops"] += flops
+        acc["attn_window_cut"] += (1.0 - keep) * flops
     acc["attn_scores"] += scores
     if dropout:
         acc["attn_scores_dropout"] += scores

@@ -3,7 +3,9 @@
 A Linear ``R`` is row-parallel when every gradient-carrying path back from its input reaches other
 Linears (``C``, column-parallel) through parameter-free ops only: views, element-wise ops, softmax,
 dropout, attention cores and activation-activation matmuls; or through a per-head scale (a norm's
-weight over each head, as Qwen3's q_norm and k_norm), whose parameters every rank repeats. Everything on those paths (the region)
+weight over each head, as Qwen3's q_norm and k_norm), whose parameters every rank repeats; or
+through a per-head score (one parameter per attention head joined to the scores: gpt-oss's
+attention sinks), each rank keeping its own heads' values. Everything on those paths (the region)
 runs on 1/t of the heads or hidden units; ``R``'s output is all-reduced in forward and the shared
 input of the ``C``s in backward (Shoeybi et al., "Megatron-LM", 2019, section 3). This finds the
 attention block (QKV -> attention -> output projection) and the MLP (up/gate -> act -> down) of every
@@ -53,7 +55,9 @@ def analyze(graph: OpGraph) -> TPAnalysis:
     cons = graph.consumers()
     linears = [op for op in graph.ops if op.dims.get("linear")]
     linear_names = {op.name for op in linears}
-    per_head = {op.name for op in graph.ops if _per_head_scale(op, graph.params)}
+    per_head = {op.name: kind for op in graph.ops
+                for kind, test in (("scale", _per_head_scale), ("score", _per_head_score))
+                if test(op, graph.params)}
     for lin in linears:
         _try_row_parallel(lin, by, cons, linear_names, res, per_head)
     vocab_params = _vocab_embeddings(graph, res)
@@ -77,8 +81,19 @@ def _per_head_scale(op: Op, params) -> bool:
     return all(name in params and params[name].numel == op.shape[-1] for name in op.params)
 
 
+def _per_head_score(op: Op, params) -> bool:
+    """An element-wise op joining one parameter per head to a (..., heads, queries, keys) scores
+    tensor (gpt-oss's attention sinks: a learned logit per head that the softmax normalizes over
+    with the keys). Tensor parallelism splits it with the heads: Megatron-Core keeps the sinks of
+    its own heads on each rank (the region must hold attention scores with that many heads)."""
+    if op.kind != "elementwise" or not op.params or len(op.shape) < 4 or op.shape[-3] < 2:
+        return False
+    return all(name in params and params[name].numel == op.shape[-3] for name in op.params)
+
+
 def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
-                      per_head: set[str] = frozenset()) -> None:
+                      per_head: dict[str, str] | None = None) -> None:
+    per_head = per_head or {}
     region: set[str] = set()
     cols: set[str] = set()
     stack = [i for i in row.inputs if by[i].requires_grad]
@@ -102,10 +117,15 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
         stack.extend(op.inputs)
     if not cols:
         return
-    heads = {by[by[n].inputs[0]].shape[-1] for n in region
-             if by[n].kind == "attention" and by[n].inputs and by[by[n].inputs[0]].shape}
-    if any(by[n].shape[-1] not in heads for n in region & per_head):
-        return  # a scale over a last dimension that is not an attention head: not per head
+    head_dims = {by[by[n].inputs[0]].shape[-1] for n in region
+                 if by[n].kind == "attention" and by[n].inputs and by[by[n].inputs[0]].shape}
+    score_heads = {by[n].shape[-3] for n in region
+                   if by[n].kind == "matmul" and len(by[n].shape) >= 4}  # eager attention scores
+    score_heads |= {by[n].dims.get("heads_q", 0) for n in region if by[n].kind == "attention"}
+    inner = region & per_head.keys()
+    if not all(by[n].shape[-1] in head_dims if per_head[n] == "scale"
+               else by[n].shape[-3] in score_heads for n in inner):
+        return  # a scale or score over a dimension that is not the attention's heads
     if row.module in {by[c].module for c in cols}:
         return  # one module on both sides (nn.MultiheadAttention): no role per module fits it
     inside = region | cols | {row.name}
@@ -118,7 +138,7 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
     res.roles[row.module] = "rowwise"
     for name in cols:
         res.roles[by[name].module] = "colwise"
-    for name in region & per_head:
+    for name in inner:
         res.roles[by[name].module] = "replicate"
     res.fwd_bytes[row.name] = row.out_bytes
     col_inputs = {i for c in cols for i in by[c].inputs}

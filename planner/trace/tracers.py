@@ -27,6 +27,7 @@ from planner.options import TRACE_METHODS
 from planner.trace.aten import CallWork, price
 from planner.trace.failures import DataDependentSize, ModuleStack, describe, fix_for, \
     stack_trace_frame
+from planner.trace import masks
 from planner.trace.graph import OpGraph, ParamInfo, RepeatInfo
 from planner.trace.records import NodeView, build_ops
 
@@ -42,9 +43,10 @@ def find_repeats(model: torch.nn.Module) -> list[tuple[str, int]]:
 
 def find_layer_lists(model: torch.nn.Module) -> list[tuple[str, int, bool]]:
     """(FQN, length, identical) of each ModuleList/Sequential of >= 3 children of one class:
-    the layers of a stack. ``identical`` ones (same parameter shapes and submodules) can be
-    traced with two layers and copied; the others (T5's first block carries the relative position
-    bias) are traced whole, each layer still a block."""
+    the layers of a stack. ``identical`` ones (same parameter shapes, submodules and declared
+    attention masks) can be traced with two layers and copied; the others (T5's first block
+    carries the relative position bias; gpt-oss alternates sliding-window and full attention)
+    are traced whole, each layer still a block."""
     found: list[tuple[str, int, bool]] = []
     for fqn, mod in model.named_modules():
         if not isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)) or len(mod) < 3:
@@ -60,7 +62,7 @@ def find_layer_lists(model: torch.nn.Module) -> list[tuple[str, int, bool]]:
 def _signature(module: torch.nn.Module) -> tuple:
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
     subs = tuple((n, type(m).__qualname__) for n, m in module.named_modules())
-    return type(module).__qualname__, params, subs
+    return type(module).__qualname__, params, subs, masks.signature(module)
 
 
 @contextlib.contextmanager
@@ -114,6 +116,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
                 log.debug("%s tracing failed", how, exc_info=True)
                 continue
             ops = build_ops(views, batch=batch, outputs=outputs)
+            masks.mark(ops, model)
             for op in ops:
                 op.params = list(dict.fromkeys(aliases.get(p, p) for p in op.params))
             log.info("traced %s with %s: %d ops", name, how, len(ops))
