@@ -166,11 +166,19 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     return micro_batch * kept
 
 
-def backward_transient_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool) -> float:
+def backward_transient_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
+                             scores_kept: bool = True) -> float:
     """Bytes one block's backward allocates transiently (BlockWork.bwd_transient_*): the larger
-    of its split and unsplit parts, per GPU."""
-    a = micro_batch * work.bwd_transient_tp / tp
-    b = micro_batch * work.bwd_transient_rep / (tp if sp else 1)
+    of its split and unsplit parts, per GPU; eager attention's score tensors count only where
+    ``scores_kept`` (materialized attention; a fused kernel never makes them)."""
+    tp_part, rep = work.bwd_transient_tp, work.bwd_transient_rep
+    if scores_kept:
+        tp_part = tp_part + (work.bwd_transient_scores_tp - tp_part
+                             + abs(work.bwd_transient_scores_tp - tp_part)) / 2  # max
+        rep = rep + (work.bwd_transient_scores_rep - rep
+                     + abs(work.bwd_transient_scores_rep - rep)) / 2
+    a = micro_batch * tp_part / tp
+    b = micro_batch * rep / (tp if sp else 1)
     return (a + b + abs(a - b)) / 2  # max, on numbers or arrays of blocks
 
 

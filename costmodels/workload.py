@@ -155,6 +155,12 @@ class BlockWork:
     gradient written from it)."""
     bwd_transient_rep: float = 0.0
     """The same outside them."""
+    bwd_transient_scores_tp: float = 0.0
+    """The same for the score tensors of eager attention cores (heads x queries x keys), inside
+    tensor-parallel regions: held only where attention runs materialized (a fused kernel never
+    makes them)."""
+    bwd_transient_scores_rep: float = 0.0
+    """The same outside them."""
     op_recompute_gemm_share: float = 0.0
     """The share of the block's weight-GEMM FLOPs that op-level checkpointing recomputes."""
     params_tp: float = 0.0

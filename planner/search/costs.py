@@ -240,7 +240,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8)), 0.0),
-            vec(memory.backward_transient_bytes(w, micro_batch=share, tp=tp, sp=sp))) + cp_buffers,
+            vec(memory.backward_transient_bytes(w, micro_batch=share, tp=tp, sp=sp,
+                                                scores_kept=kept))) + cp_buffers,
         params_local=local,
         accumulate_s=accumulate,
         expert_params_local=vec(w.expert_params / (ep * etp)),

@@ -93,7 +93,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers), linear_inputs)
     fused = fused_traffic(graph, tp, op_names, scores)
     acc.update(_op_level_checkpointing(op_names, by, tp))
-    acc.update(_backward_transient(op_names, by, tp))
+    acc.update(_backward_transient(op_names, by, tp, scores))
     acc["input_bytes"] = sum(by[i].out_bytes for i in {
         src for n in op_names for src in by[n].inputs
         if src not in members and by[src].requires_grad})
@@ -229,16 +229,20 @@ def _gemm(row: list, split_compute: bool, split_out: bool, seq_len: int,
                 grad_a=bool(grad_a), grad_b=bool(grad_b), attention=scores)
 
 
-def _backward_transient(op_names: list[str], by: dict, tp: TPAnalysis) -> dict:
+def _backward_transient(op_names: list[str], by: dict, tp: TPAnalysis,
+                        scores: set[str] = frozenset()) -> dict:
     """The largest gradient pair the block's backward holds at once: an op's output gradient and
     the input gradient it writes, about twice its largest gradient-carrying output (the fp32
-    log-softmax of a large vocabulary dominates a language model's head). Returns BlockWork
-    fields, split or not by tensor parallelism."""
-    out = {"bwd_transient_tp": 0.0, "bwd_transient_rep": 0.0}
+    log-softmax of a large vocabulary dominates a language model's head). The score tensors of
+    eager attention cores (``scores``) are apart: a fused kernel never makes them. Returns
+    BlockWork fields, split or not by tensor parallelism."""
+    out = dict.fromkeys(("bwd_transient_tp", "bwd_transient_rep", "bwd_transient_scores_tp",
+                         "bwd_transient_scores_rep"), 0.0)
     for name in op_names:
         op = by[name]
         if op.requires_grad and op.kind not in FREE:
-            key = "bwd_transient_tp" if tp.split_of(name)[1] else "bwd_transient_rep"
+            key = ("bwd_transient_scores" if name in scores else "bwd_transient") + (
+                "_tp" if tp.split_of(name)[1] else "_rep")
             out[key] = max(out[key], 2.0 * op.out_bytes)
     return out
 

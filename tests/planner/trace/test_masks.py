@@ -131,3 +131,19 @@ def test_sdpa_sliding_layers_get_the_window_of_their_module(tmp_path):
         assert w.attn_causal_flops == w.fused_attn_flops > 0
         assert w.attn_window_cut in (0.0, pytest.approx((1 - window_keep(64, 16))
                                                          * w.attn_causal_flops))
+
+
+def test_eager_scores_are_a_backward_transient_only_where_attention_is_materialized(tiny_gpt_oss):
+    """The largest gradient a gpt-oss layer's backward holds is its scores' (heads x 64 x 65
+    with the sinks) when attention runs as traced; a fused kernel never makes them, and the
+    layer's largest other tensor is what is left."""
+    from costmodels.memory import backward_transient_bytes
+
+    w = _layer(tiny_gpt_oss, 1).work
+    materialized = backward_transient_bytes(w, micro_batch=2, tp=1, sp=False)
+    fused = backward_transient_bytes(w, micro_batch=2, tp=1, sp=False, scores_kept=False)
+    assert materialized == pytest.approx(2 * max(w.bwd_transient_scores_tp, w.bwd_transient_tp,
+                                                 w.bwd_transient_rep))
+    assert fused == pytest.approx(2 * max(w.bwd_transient_tp, w.bwd_transient_rep))
+    assert w.bwd_transient_scores_tp >= 2 * 2 * 4 * 64 * 65  # two gradients of one score tensor
+    assert fused < materialized
