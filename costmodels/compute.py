@@ -255,6 +255,16 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
     return fwd, bwd, attn, fused
 
 
+def op_recomputed_kernel_share(work: BlockWork) -> float:
+    """The share of the block's forward kernels that op-level checkpointing issues again: all
+    but the weight GEMMs it saves (every other one, BlockWork.op_saved_*) and the fused attention
+    calls (their outputs are saved)."""
+    if work.kernels_eager <= 0:
+        return 0.0
+    saved = math.ceil(sum(1 for g in work.gemms if g.linear) / 2) + work.fused_attn_calls
+    return max(0.0, work.kernels_eager - saved) / work.kernels_eager
+
+
 def eager_masked_shares(work: BlockWork) -> tuple[float, float]:
     """(causal, window cut) shares of the block's eager attention-core FLOPs: the part under a
     mask its module declares, and what sliding windows take off it (BlockWork fields)."""
@@ -441,6 +451,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         cast_f, cast_b = fp8_cast_s(work.gemms, device, engine.fp8_recipe,
                                     micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         fwd_s, bwd_s = fwd_s + cast_f, bwd_s + cast_b
+    op_again = (gemm_f - gemm_attn) * work.op_recompute_gemm_share + mem_f
     if work.num_experts:
         # an MoE layer runs many small kernels: the device waits whenever the host issues its
         # ops slower than the device runs them (about twice as many in backward). Dropless
@@ -449,12 +460,13 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         # same way layer by layer without that wait.
         host = work.kernels_eager * engine.moe_host_op_s
         fwd_s, bwd_s = max(fwd_s, host), max(bwd_s, 2 * host)
+        op_again = max(op_again, host * op_recomputed_kernel_share(work))
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s
     bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
                    attn_bwd_s=attn_b,
-                   op_recompute_s=(gemm_f - gemm_attn) * work.op_recompute_gemm_share + mem_f)
+                   op_recompute_s=op_again)
     return bt.recomputing(recompute)
 
 

@@ -192,5 +192,10 @@ def test_an_moe_layer_takes_at_least_its_ops_issue_time():
     assert dropping.fwd_s == pytest.approx(200 * slow)  # no wait for counts, same issue time
     dense = dataclasses.replace(work, num_experts=0, gemms=(dataclasses.replace(up, experts=0),))
     assert times(dense, slow) == pytest.approx(times(dense, 0.0))
+    # op-level checkpointing issues the layer's ops again but the saved GEMM (1 of 1, rounded
+    # up) and is bound by their issue time too
+    again = block_time(work, h100, dtype="bf16", micro_batch=1, tp=1, sp=False, recompute="op",
+                       engine=engine_from_mapping(f"moe_host_op_s={slow}")).recompute_s
+    assert again == pytest.approx(199 * slow)
     with pytest.raises(SpecError, match="engine.moe_host_op_s: expected a number >= 0"):
         engine_from_mapping("moe_host_op_s=-1")
