@@ -226,18 +226,22 @@ def split_gemm(g: Gemm, *, micro_batch: float, tp: int, sp: bool,
 
 def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, tp: int,
                  sp: bool, fused_attention: bool = False, experts: Experts = DENSE
-                 ) -> tuple[float, float, float, float]:
-    """(forward, backward, attention-matmul forward, fused-away attention FLOPs) of a block's
-    GEMMs. The backward runs the gradient GEMMs the operands need: the input gradient
+                 ) -> tuple[float, float, float, float, float]:
+    """(forward, backward, attention-matmul forward, fused-away attention FLOPs unmasked, and the
+    work left of those under a declared mask) of a block's GEMMs. The backward runs the gradient GEMMs the operands need: the input gradient
     (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n). With
     ``fused_attention`` the GEMMs of eager attention cores are left out and their forward FLOPs
-    returned instead. Local experts run as one grouped GEMM (a batch of per-expert products,
+    returned instead (those under a mask their module declares as the work a kernel skipping
+    masked tiles leaves, ``Gemm.masked``). Local experts run as one grouped GEMM (a batch of per-expert products,
     whose waves the experts share) or, without grouping, one GEMM per expert."""
-    fwd = bwd = attn = fused = 0.0
+    fwd = bwd = attn = fused = fused_masked = 0.0
     for g in gemms:
         b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         if g.attention and fused_attention:
-            fused += 2.0 * b * m * n * k
+            if g.masked:
+                fused_masked += (1.0 - g.masked) * 2.0 * b * m * n * k
+            else:
+                fused += 2.0 * b * m * n * k
             continue
         gd = precision.gemm_dtype(dtype, g.linear)
         calls, b1 = (b, 1.0) if g.experts and not experts.grouped else (1.0, b)
@@ -252,7 +256,7 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
         bwd += back
         if not g.linear:
             attn += f
-    return fwd, bwd, attn, fused
+    return fwd, bwd, attn, fused, fused_masked
 
 
 def op_recomputed_kernel_share(work: BlockWork) -> float:
@@ -263,15 +267,6 @@ def op_recomputed_kernel_share(work: BlockWork) -> float:
         return 0.0
     saved = math.ceil(sum(1 for g in work.gemms if g.linear) / 2) + work.fused_attn_calls
     return max(0.0, work.kernels_eager - saved) / work.kernels_eager
-
-
-def eager_masked_shares(work: BlockWork) -> tuple[float, float]:
-    """(causal, window cut) shares of the block's eager attention-core FLOPs: the part under a
-    mask its module declares, and what sliding windows take off it (BlockWork fields)."""
-    total = sum(g.flops for g in work.gemms if g.attention)
-    if total <= 0 or work.eager_attn_causal_flops <= 0:
-        return 0.0, 0.0
-    return work.eager_attn_causal_flops / total, work.eager_attn_window_cut / total
 
 
 def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp: int,
@@ -434,15 +429,13 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     flash = engine.attention in FUSED_ATTENTION
     core = precision.core_dtype(dtype)  # attention, norms and element-wise stay 16-bit under fp8
     micro_batch = micro_batch / cp
-    gemm_f, gemm_b, gemm_attn, eager_flops = gemms_time_s(
+    gemm_f, gemm_b, gemm_attn, eager_flops, eager_masked = gemms_time_s(
         work.gemms, device, dtype, micro_batch=micro_batch, tp=tp, sp=sp, fused_attention=flash,
         experts=experts)
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
-    if eager_flops:  # eager attention cores, run as fused kernels
-        causal, cut = eager_masked_shares(work)
-        eager_f, eager_b = fused_attention_s(eager_flops * (1.0 - causal), device, core, engine,
-                                             masked=(1.0 - CAUSAL_SKIP) * eager_flops
-                                             * (causal - cut))
+    if eager_flops or eager_masked:  # eager attention cores, run as fused kernels
+        eager_f, eager_b = fused_attention_s(eager_flops, device, core, engine,
+                                             masked=eager_masked)
         attn_f, attn_b = attn_f + eager_f, attn_b + eager_b
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp)
     fwd_s = gemm_f + attn_f + mem_f

@@ -46,6 +46,10 @@ class Gemm:
     meeting its own expert's): ``m`` counts the token copies of one sample (tokens x top-k), split
     over the experts; expert parallelism places the experts, and ``etp`` (not ``tp``) splits
     the matrices (``split`` says how). 0 for every other GEMM."""
+    masked: float = 0.0
+    """For a GEMM of an eager attention core whose module declares its mask
+    (planner.trace.masks): the share of its FLOPs a fused kernel skipping masked tiles does not
+    do (1/2 under a causal mask, more under a sliding window); 0 otherwise."""
 
     @property
     def flops(self) -> float:
@@ -80,11 +84,12 @@ class BlockWork:
     """What sliding windows take off ``attn_causal_flops``: a causal call of square F under a
     window is priced as a causal call of square keep x F (planner.trace.masks), and this holds
     the (1 - keep) x F of such calls."""
-    eager_attn_causal_flops: float = 0.0
-    """Forward FLOPs of eager attention cores (their GEMMs, in ``gemms``) whose module declares a
-    causal mask: a fused kernel running them skips about half, as for ``attn_causal_flops``."""
-    eager_attn_window_cut: float = 0.0
-    """What sliding windows take off ``eager_attn_causal_flops`` (as ``attn_window_cut``)."""
+    eager_attn_masked_flops: float = 0.0
+    """Forward FLOPs of eager attention cores (their GEMMs, in ``gemms``) that a fused kernel
+    skipping masked tiles does not do, where their module declares the mask (``Gemm.masked``)."""
+    eager_attn_flops_rep: float = 0.0
+    """Forward FLOPs of eager attention cores outside tensor-parallel regions (part of
+    ``mm_flops_rep``; those inside are in ``attn_flops``)."""
     fused_attn_calls: float = 0.0
     """Fused attention calls the block makes per micro-batch (each call takes the whole
     micro-batch): a kernel's rate depends on its size where it was measured by size."""
@@ -222,20 +227,22 @@ class BlockWork:
     def masked_attn_flops(self) -> float:
         """Forward FLOPs of attention (fused calls and eager cores) that a kernel skipping masked
         tiles does not do: half of the causal squares, and what windows cut of the rest."""
-        return 0.5 * (self.attn_causal_flops + self.eager_attn_causal_flops
-                      + self.attn_window_cut + self.eager_attn_window_cut)
+        return (0.5 * (self.attn_causal_flops + self.attn_window_cut)
+                + self.eager_attn_masked_flops)
 
     def to_dict(self) -> dict:
         d = {f: getattr(self, f) for f in WORK_FIELDS}
         d["gemms"] = [[g.batch, g.m, g.n, g.k, g.split, int(g.linear), int(g.grad_a),
-                       int(g.grad_b), int(g.attention), g.experts] for g in self.gemms]
+                       int(g.grad_b), int(g.attention), g.experts, g.masked]
+                      for g in self.gemms]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "BlockWork":
         gemms = tuple(Gemm(batch=b, m=m, n=n, k=k, split=int(s), linear=bool(lin),
                            grad_a=bool(ga), grad_b=bool(gb), attention=bool(at),
-                           experts=int(rest[0]) if rest else 0)
+                           experts=int(rest[0]) if rest else 0,
+                           masked=float(rest[1]) if len(rest) > 1 else 0.0)
                       for b, m, n, k, s, lin, ga, gb, at, *rest in d.get("gemms", []))
         return cls(gemms=gemms, **{f: d[f] for f in WORK_FIELDS if f in d})
 

@@ -308,7 +308,8 @@ def _recomputed_flops(ma, recompute: str) -> float:
     w, ckpt = ma.work, ma.checkpointed
     masked = float(np.sum(w.masked_attn_flops[ckpt]))  # what a masked kernel skips
     if recompute == "selective":  # the attention cores, split by tp or not
-        return float(np.sum((w.attn_flops + w.fused_attn_flops_rep)[ckpt])) - masked
+        return float(np.sum((w.attn_flops + w.fused_attn_flops_rep + w.eager_attn_flops_rep)
+                            [ckpt])) - masked
     if recompute == "full":
         return float(np.sum(w.fwd_flops[ckpt])) - masked
     if recompute == "op":

@@ -62,7 +62,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes", "expert_flops",
                          "num_experts", "routed_tokens", "dispatch_bytes", "attn_kv_bytes",
                          "attn_q_bytes", "attn_heads_q", "attn_heads_kv", "attn_window_cut",
-                         "eager_attn_causal_flops", "eager_attn_window_cut"), 0.0)
+                         "eager_attn_masked_flops", "eager_attn_flops_rep"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
@@ -130,14 +130,14 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
     elif "gemms" in op.dims or "attention" in op.dims:  # a node that computes: its ATen work
         for row in op.dims.get("gemms", []):
             g = _gemm(row, split, split_out, seq_len if op.kind != "matmul" else 0, attn_gemm,
-                      hidden)
+                      hidden, masked=_masked_share(op))
             gemms.append(g)
             acc["attn_flops" if g.attention and split else
                 "mm_flops_tp" if split else "mm_flops_rep"] += g.flops
             acc["bwd_flops"] += g.bwd_flops
-            if g.attention and op.dims.get("causal"):  # an eager core under a declared mask
-                acc["eager_attn_causal_flops"] += g.flops
-                acc["eager_attn_window_cut"] += (1.0 - op.dims.get("keep", 1.0)) * g.flops
+            if g.attention:  # an eager attention core (its mask declared or not)
+                acc["eager_attn_masked_flops"] += g.masked * g.flops
+                acc["eager_attn_flops_rep"] += 0.0 if split else g.flops
             if g.experts:
                 acc["expert_flops"] += g.flops
                 acc["num_experts"] = max(acc["num_experts"], float(g.experts))
@@ -203,15 +203,22 @@ def _add_heads(acc: dict, heads_q: float, heads_kv: float, q_bytes: float,
     acc["attn_kv_bytes"] += kv_bytes
 
 
+def _masked_share(op) -> float:
+    """The share of an attention op's square a kernel skipping masked tiles does not do, where
+    its module declares the mask (planner.trace.masks: causal, with ``keep`` under a window)."""
+    return 1.0 - 0.5 * op.dims.get("keep", 1.0) if op.dims.get("causal") else 0.0
+
+
 def _gemm(row: list, split_compute: bool, split_out: bool, seq_len: int,
-          attention: bool, hidden: float = 0) -> Gemm:
+          attention: bool, hidden: float = 0, masked: float = 0.0) -> Gemm:
     """A priced GEMM row [batch, m, n, k, weight, grad_a, grad_b(, experts)] as the cost model's
     Gemm: split as its node is (a Linear's output or reduction, an attention matmul's heads), and
     marked as an attention core when its node is one (``attention``) or, inside a module priced
     whole (an ``nn.MultiheadAttention``), when it multiplies two activations over a ``seq_len``
     square. A routed-expert GEMM is split as expert tensor parallelism splits it: the one
     returning the ``hidden`` width along its reduction (row-parallel), the others along their
-    output (column-parallel)."""
+    output (column-parallel). ``masked``: what a declared mask lets a fused kernel skip of an
+    attention core's GEMM."""
     batch, m, n, k, weight, grad_a, grad_b = row[:7]
     experts = int(row[7]) if len(row) > 7 else 0
     if experts:
@@ -226,7 +233,8 @@ def _gemm(row: list, split_compute: bool, split_out: bool, seq_len: int,
     else:
         split = SPLIT_N if split_out else SPLIT_K
     return Gemm(batch=batch, m=m, n=n, k=k, split=split, linear=bool(weight),
-                grad_a=bool(grad_a), grad_b=bool(grad_b), attention=scores)
+                grad_a=bool(grad_a), grad_b=bool(grad_b), attention=scores,
+                masked=masked if scores else 0.0)
 
 
 def _backward_transient(op_names: list[str], by: dict, tp: TPAnalysis,

@@ -11,8 +11,12 @@ cuDNN, Transformer Engine) skips the tiles such a mask removes, so the attention
 is priced as the work inside the mask.
 
 Each self-attention op (query and key lengths equal) owned by a module declaring a causal mask
-gets ``causal`` and, under a window, ``keep``: the share of a causal call's square it is priced as
-(a causal call of square F does about F / 2; a windowed one does ``keep`` x F / 2)."""
+gets ``causal`` and, under a window, ``keep``: the share of a causal call's pairs it keeps (a
+causal call of square F does about F / 2; a windowed one ``keep`` x F / 2). Limits: a module
+that declares ``is_causal`` but is handed another mask (a prefix-LM's bidirectional prefix, image
+tokens seeing each other) is priced causal; under context parallelism a windowed layer is priced
+as a ring over its kept work, though a window much shorter than a chunk needs few of the ring's
+pairs."""
 
 from __future__ import annotations
 
@@ -22,13 +26,32 @@ from planner.trace.graph import Op
 
 
 def declared(module: torch.nn.Module) -> tuple[bool, int]:
-    """(causal, window) the module declares; window 0 for none. A module without a
-    ``sliding_window`` of its own takes its config's (Mistral's attention reads it there)."""
-    causal = getattr(module, "is_causal", None) is True
-    window = (getattr(module, "sliding_window") if hasattr(module, "sliding_window")
-              else getattr(getattr(module, "config", None), "sliding_window", None))
+    """(causal, window) the module declares; window 0 for none. Cross-attention
+    (``is_cross_attention``, as GPT-BigCode marks it) is not causal whatever ``is_causal`` says."""
+    causal = (getattr(module, "is_causal", None) is True
+              and not getattr(module, "is_cross_attention", False))
+    window = _window(module)
     ok = isinstance(window, int) and not isinstance(window, bool) and window > 0
     return causal, (window if causal and ok else 0)
+
+
+def _window(module: torch.nn.Module):
+    """The module's ``sliding_window``; without one of its own, its config's (Mistral's
+    attention reads it there), unless the config turns windows off (``use_sliding_window``) or
+    lists per-layer types and this layer's is not ``sliding_attention`` (Qwen2-MoE sets the
+    attribute in its sliding layers only)."""
+    if hasattr(module, "sliding_window"):
+        return module.sliding_window
+    config = getattr(module, "config", None)
+    if config is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types:
+        idx = getattr(module, "layer_idx", None)
+        if not isinstance(idx, int) or not 0 <= idx < len(types) or \
+                types[idx] != "sliding_attention":
+            return None
+    return getattr(config, "sliding_window", None)
 
 
 def signature(module: torch.nn.Module) -> tuple:

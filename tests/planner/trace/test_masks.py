@@ -1,5 +1,6 @@
 """Attention masks the modules declare (causal, sliding window) and gpt-oss's attention sinks."""
 
+import dataclasses
 import json
 
 import pytest
@@ -47,16 +48,18 @@ def test_gpt_oss_eager_attention_is_causal_and_its_sliding_layers_keep_the_windo
     """gpt-oss's eager attention adds its mask as data: the modules' is_causal and
     sliding_window say which (layers traced whole, since they alternate)."""
     sliding, full = _layer(tiny_gpt_oss, 0).work, _layer(tiny_gpt_oss, 1).work
-    assert sliding.eager_attn_causal_flops == full.eager_attn_causal_flops > 0
-    assert full.eager_attn_window_cut == 0
-    assert sliding.eager_attn_window_cut == pytest.approx(
-        (1 - window_keep(64, 8)) * sliding.eager_attn_causal_flops)
-    assert _layer(tiny_gpt_oss, 2).work.eager_attn_window_cut == sliding.eager_attn_window_cut
-    assert _layer(tiny_gpt_oss, 3).work.eager_attn_window_cut == 0
-    # model FLOPs: the causal half of a full layer's attention, the window's pairs of a sliding one
-    attention = 3 * full.eager_attn_causal_flops  # forward and backward of the square
-    assert full.train_flops - sliding.train_flops == pytest.approx(
-        attention * (0.5 - 0.5 * window_keep(64, 8)))
+    square = sum(g.flops for g in full.gemms if g.attention)
+    assert square == sum(g.flops for g in sliding.gemms if g.attention) > 0
+    keep = window_keep(64, 8)
+    assert {g.masked for g in full.gemms if g.attention} == {0.5}
+    assert [g.masked for g in sliding.gemms if g.attention] == pytest.approx([1 - keep / 2] * 2)
+    assert full.eager_attn_masked_flops == pytest.approx(0.5 * square)
+    assert sliding.eager_attn_masked_flops == pytest.approx((1 - keep / 2) * square)
+    assert _layer(tiny_gpt_oss, 2).work.eager_attn_masked_flops == sliding.eager_attn_masked_flops
+    assert _layer(tiny_gpt_oss, 3).work.eager_attn_masked_flops == full.eager_attn_masked_flops
+    # model FLOPs (forward and backward): the causal half of a full layer's attention, the
+    # window's pairs of a sliding one
+    assert full.train_flops - sliding.train_flops == pytest.approx(3 * square * (0.5 - keep / 2))
 
 
 def test_gpt_oss_sinks_keep_the_attention_tensor_parallel(tiny_gpt_oss):
@@ -82,7 +85,9 @@ def test_priced_time_follows_the_declared_masks(tiny_gpt_oss):
 
     h100 = DEVICES["h100"]
     sliding, full = _layer(tiny_gpt_oss, 2).work, _layer(tiny_gpt_oss, 3).work
-    undeclared = type(full)(**{**full.__dict__, "eager_attn_causal_flops": 0.0})
+    undeclared = dataclasses.replace(
+        full, eager_attn_masked_flops=0.0,
+        gemms=tuple(dataclasses.replace(g, masked=0.0) for g in full.gemms))
 
     def fwd(work, attention):
         return block_time(work, h100, dtype="bf16", micro_batch=8, tp=1, sp=False,
@@ -147,3 +152,76 @@ def test_eager_scores_are_a_backward_transient_only_where_attention_is_materiali
     assert fused == pytest.approx(2 * max(w.bwd_transient_tp, w.bwd_transient_rep))
     assert w.bwd_transient_scores_tp >= 2 * 2 * 4 * 64 * 65  # two gradients of one score tensor
     assert fused < materialized
+
+
+def test_qwen2_moe_full_layers_take_no_window_from_the_config(tmp_path):
+    """Qwen2-MoE sets ``sliding_window`` on its sliding layers' attention only: a full layer
+    without the attribute does not fall back to the config's window (its layer type says full)."""
+    from planner.api import prepare
+
+    cfg = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"],
+           "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128,
+           "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+           "num_experts": 4, "num_experts_per_tok": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 20000, "max_position_embeddings": 256,
+           "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1,
+           "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    prepared = prepare(str(tmp_path / "config.json"), seq_len=64, cache_dir=None)
+    from transformers import AutoConfig
+
+    types = AutoConfig.from_pretrained(tmp_path).layer_types
+    works = [_layer(prepared, i).work for i in range(4)]
+    assert [w.attn_window_cut > 0 for w in works] == [t == "sliding_attention" for t in types]
+    assert all(w.attn_causal_flops == w.fused_attn_flops > 0 for w in works)
+
+
+def test_cross_attention_is_not_causal_whatever_is_causal_says():
+    import torch
+
+    from planner.trace.masks import declared
+
+    class Attention(torch.nn.Module):
+        def __init__(self, cross):
+            super().__init__()
+            self.is_causal, self.is_cross_attention, self.sliding_window = True, cross, 4
+
+    assert declared(Attention(False)) == (True, 4)
+    assert declared(Attention(True)) == (False, 0)
+
+
+def test_eager_cores_are_priced_by_their_own_masks_and_split():
+    """One block with a masked core split by tp and an unmasked one repeated on every rank: each
+    GEMM keeps its own mask and split (shares over the block would mix them)."""
+    from costmodels.compute import gemms_time_s
+    from costmodels.hardware import DEVICES
+    from costmodels.workload import SPLIT_BATCH, SPLIT_NONE, Gemm
+
+    masked = Gemm(batch=8, m=64, n=64, k=16, split=SPLIT_BATCH, linear=False, attention=True,
+                  masked=0.5)
+    plain = Gemm(batch=8, m=64, n=64, k=16, split=SPLIT_NONE, linear=False, attention=True)
+    *_, fused, fused_masked = gemms_time_s((masked, plain), DEVICES["h100"], "bf16",
+                                           micro_batch=2, tp=4, sp=False, fused_attention=True)
+    assert fused == pytest.approx(2 * plain.flops)  # repeated on every rank
+    assert fused_masked == pytest.approx(0.5 * 2 * masked.flops / 4)  # split, half done
+
+
+def test_selective_recomputation_counts_the_eager_cores_outside_tp_regions():
+    """Selective recomputation replays every attention core, inside a tensor-parallel region
+    or not, less what a masked kernel skips."""
+    import numpy as np
+
+    from costmodels.workload import BlockWork
+    from planner.search.pricing import _recomputed_flops
+
+    w = BlockWork(attn_flops=4.0, mm_flops_rep=10.0, eager_attn_flops_rep=6.0,
+                  eager_attn_masked_flops=5.0)
+
+    class Arrays:
+        work = BlockWork(**{f: np.array([getattr(w, f)]) for f in
+                            ("attn_flops", "mm_flops_rep", "eager_attn_flops_rep",
+                             "eager_attn_masked_flops")})
+        checkpointed = np.array([True])
+
+    assert _recomputed_flops(Arrays, "selective") == pytest.approx(4 + 6 - 5)
+    assert _recomputed_flops(Arrays, "full") == pytest.approx(4 + 10 - 5)
