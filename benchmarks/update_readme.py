@@ -138,8 +138,12 @@ SECTIONS = [
      "and 9,299 dropless with MXFP8 (25.11), predicted 6,725 for both; Qwen3-235B with tp 2 at one sample per micro-batch predicted 62% too slow. What sets "
      "these runs' time beyond the kernels (host issue, CUDA-graph scopes, the dispatcher's "
      "synchronization, which differ per release and GPU) is not modelled well enough for the "
-     "10% goal. Then the free search against each published configuration under the planner's "
-     "own model."),
+     "10% goal. GPT-OSS-120B's attention has been priced with the masks its modules declare "
+     "since 2026-12-02 (causal, a 128-token window on every other layer); before, its eager "
+     "attention was priced as an unmasked square in every layer, and its four rows read +36.4%, "
+     "-1.8%, +102.0% and +62.1%; with the masks the predictions are faster still, so what slows "
+     "these runs is not their attention's FLOPs. Then the free search against each published "
+     "configuration under the planner's own model."),
     ("longcontext", "long_context_runs.py",
      "**Long sequences** (`benchmarks/long_context_runs.py`): NeMo's long-sequence table "
      "(LLAMA2-7B on H100 and LLAMA3-8B on B200, FP8, 4k to 1M tokens, context parallelism up "
