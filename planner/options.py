@@ -116,6 +116,9 @@ class SearchOptions:
     """Whether routed experts may be spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True
     """Whether the experts' matrices may be split over the tp ranks (etp = tp > 1)."""
+    tp_inner_weights: bool = True
+    """Whether tensor parallelism may split regions that hold weights of their own (per-head
+    norms, attention sinks; planner.trace.graph.Block.tp_inner_weights)."""
     target: str = "any"
     """The engine the plan is for (planner.targets): ``any`` prices every configuration."""
     memory_reserve_fraction: float = 0.05

@@ -44,6 +44,9 @@ class Engine:
     """Routed experts spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True
     """Experts' matrices split over the tp ranks (etp = tp > 1)."""
+    tp_inner_weights: bool = True
+    """Tensor parallelism through a region with weights of its own (Qwen3's per-head norms,
+    gpt-oss's attention sinks), which it must shard with the heads or keep in step."""
     software: str | None = None
     """The engine preset (costmodels.engine.PRESETS) a plan for it is priced with when no engine
     is given; None: the default (Megatron-Core's)."""
@@ -53,11 +56,12 @@ ENGINES: dict[str, Engine] = {
     "any": Engine(name="any", version=""),
     # planner's own runtime (`plan run`): torch.distributed.pipelining actions, DTensor tensor
     # parallelism without sequence parallelism, replicate / fully_shard; the optimizer stays on
-    # the device.
+    # the device; no tensor parallelism through weights inside a split region (it would have to
+    # shard per-head weights with the heads or keep per-head norms in step across tp ranks).
     "torch": Engine(name="torch", version="2.13",
                     schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                     offload=False, sequence_parallel=(False,), cp_comms=("p2p",),
-                    expert_tensor_parallel=False),
+                    expert_tensor_parallel=False, tp_inner_weights=False),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs
@@ -134,6 +138,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    expert_parallel=options.expert_parallel and eng.expert_parallel,
                    expert_tensor_parallel=(options.expert_tensor_parallel
                                            and eng.expert_tensor_parallel),
+                   tp_inner_weights=options.tp_inner_weights and eng.tp_inner_weights,
                    schedules=tuple(s for s in options.schedules if s in eng.schedules),
                    zero=tuple(z for z in options.zero if z in eng.zero),
                    zero_with_pp=tuple(z for z in options.zero_with_pp if z in eng.zero_with_pp),

@@ -28,6 +28,7 @@ TP_GPUS = "tp does not divide gpus"
 TP_NODE = "tp > gpus per node"
 TP_NODE_SPLIT = "tp does not divide gpus per node (or, across nodes, is no multiple of them)"
 TP_MODEL = "tp does not divide heads or hidden sizes"
+TP_INNER = "tp through per-head weights not run by the target"
 MESH = "dp x tp x pp != gpus"
 GROUP_WIDTH = "tp x dp does not divide every group's GPUs"
 PP_BLOCKS = "pp > blocks"
@@ -81,6 +82,8 @@ class Space:
     """Routed experts per MoE layer (0: a dense model); ep must divide it."""
     heads: tuple[int, int] = (0, 0)
     """The fewest query and key/value heads of any attention (0: no attention)."""
+    tp_inner_weights: bool = False
+    """Whether a block keeps weights inside a tensor-parallel region (Block.tp_inner_weights)."""
 
     @classmethod
     def of(cls, cluster, blocks) -> "Space":
@@ -88,6 +91,7 @@ class Space:
         divs = tuple(sorted({d for b in blocks.blocks for d in b.tp_divisors}))
         experts = {int(b.work.num_experts) for b in blocks.blocks if b.work.num_experts}
         model = dict(experts=math.gcd(*experts) if experts else 0,
+                     tp_inner_weights=any(b.tp_inner_weights for b in blocks.blocks),
                      heads=tuple(min((int(getattr(b.work, f)) for b in blocks.blocks
                                       if getattr(b.work, f)), default=0)
                                  for f in ("attn_heads_q", "attn_heads_kv")))
@@ -245,6 +249,9 @@ def enumerate_space(space: Space, training: TrainingSpec, options: SearchOptions
     else:
         meshes = _meshes(space, fix, training, options, rejected)
     for tp, cp, pp, dp in meshes:
+        if tp > 1 and space.tp_inner_weights and not options.tp_inner_weights:
+            rejected[TP_INNER] += 1
+            continue
         fits = mb_fits if "micro_batch" not in fix else None
         for ep, etp in _experts(fix, tp, cp, dp, space, options, rejected):
             yield from _inner(fix, tp, pp, dp, training.global_batch, options, rejected, space,

@@ -247,7 +247,8 @@ def _make_block(graph: OpGraph, tp: TPAnalysis, name: str, op_names: list[str]) 
     divisors = sorted({d for n in op_names for d in tp.divisors.get(n, [])})
     work, split = block_work(graph, tp, op_names)
     return Block(name=name, modules=modules or [name], work=work, params=params, ops=op_names,
-                 tp_divisors=divisors, split_params=split)
+                 tp_divisors=divisors, split_params=split,
+                 tp_inner_weights=any(n in tp.inner_weights for n in op_names))
 
 
 def _edges(graph: OpGraph, keys: dict[str, str]) -> list[BlockEdge]:
@@ -311,7 +312,7 @@ def _copy_block(template: Block, fqn: str, k: int) -> Block:
                  params=[rename(p) for p in template.params], ops=[], template=template.name,
                  tp_divisors=list(template.tp_divisors),
                  split_params=[rename(p) for p in template.split_params],
-                 recompute=template.recompute)
+                 recompute=template.recompute, tp_inner_weights=template.tp_inner_weights)
 
 
 def _expand_roles(roles: dict[str, str], graph: OpGraph) -> dict[str, str]:

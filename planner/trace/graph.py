@@ -166,6 +166,10 @@ class Block:
     recompute: bool = True
     """Whether activation checkpointing applies to it: the repeated layers of a model that has
     them (as Megatron-LM and torchtitan checkpoint transformer blocks), every block otherwise."""
+    tp_inner_weights: bool = False
+    """Whether weights of its own sit inside a tensor-parallel region (Qwen3's per-head norms,
+    gpt-oss's attention sinks): the engines shard or keep them in step, planner's runtime does
+    not (planner.targets)."""
 
 
 @dataclass

@@ -43,6 +43,9 @@ class TPAnalysis:
     """op name -> bytes all-reduced across tp in backward, per sample."""
     divisors: dict[str, list[int]] = field(default_factory=dict)
     """op name -> sizes the tensor-parallel degree must divide."""
+    inner_weights: set[str] = field(default_factory=set)
+    """Names of ops inside a split region that read weights of their own (per-head norms and
+    scores): each tp rank holds or updates them for its own heads only."""
 
     def split_of(self, name: str) -> tuple[bool, bool]:
         return self.split.get(name, (False, False))
@@ -140,6 +143,7 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
         res.roles[by[name].module] = "colwise"
     for name in inner:
         res.roles[by[name].module] = "replicate"
+    res.inner_weights |= inner
     res.fwd_bytes[row.name] = row.out_bytes
     col_inputs = {i for c in cols for i in by[c].inputs}
     res.bwd_bytes[row.name] = sum(by[i].out_bytes for i in col_inputs)

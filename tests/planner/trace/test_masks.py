@@ -225,3 +225,27 @@ def test_selective_recomputation_counts_the_eager_cores_outside_tp_regions():
 
     assert _recomputed_flops(Arrays, "selective") == pytest.approx(4 + 6 - 5)
     assert _recomputed_flops(Arrays, "full") == pytest.approx(4 + 10 - 5)
+
+
+def test_target_torch_keeps_tp_off_where_weights_sit_inside_the_split_attention(tiny_gpt_oss):
+    """gpt-oss's sinks (as Qwen3's per-head norms) sit inside the split attention: Megatron-Core
+    and torchtitan shard them with the heads, planner's runtime does not, so --target torch never
+    plans tp > 1 for such a model (and says why when tp is pinned)."""
+    import planner
+    from planner import SearchOptions, TrainingSpec
+    from planner.errors import SpecError
+    from planner.options import parse_fix
+    from planner.targets import restrict
+
+    assert any(b.tp_inner_weights for b in tiny_gpt_oss.blocks.blocks)
+    cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=4)
+    training = TrainingSpec(global_batch=8, seq_len=64, dtype="fp32", optimizer="sgd")
+    free = planner.plan_prepared(tiny_gpt_oss, cluster, training,
+                                 restrict(SearchOptions(top_k=0), "torch"))
+    assert free.parallel["tp"] == 1
+    pinned = restrict(SearchOptions(fix=parse_fix("tp=2"), top_k=0), "torch")
+    with pytest.raises(SpecError, match="tp=2 is possible.*tp through per-head weights not run"):
+        planner.plan_prepared(tiny_gpt_oss, cluster, training, pinned)
+    anywhere = planner.plan_prepared(tiny_gpt_oss, cluster, training,
+                                     SearchOptions(fix=parse_fix("tp=2"), top_k=0))
+    assert anywhere.parallel["tp"] == 2
