@@ -72,7 +72,7 @@ class BlockTime:
     attn_bwd_s: float = 0.0
     op_recompute_s: float = 0.0
     """What op-level checkpointing recomputes: every other weight GEMM and the memory-bound ops,
-    not attention."""
+    not attention; for an MoE layer at least the issue time of those ops."""
 
     def recomputing(self, recompute: str) -> "BlockTime":
         """The same block under another recomputation policy: full replays the forward,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from costmodels.engine import engine_from_mapping
 from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
-from planner import api
+from planner import api, targets
 from planner.emit import emit
 from planner.errors import SpecError
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, parse_fix
@@ -23,7 +23,7 @@ from planner.search.feasibility import pin_problem
 from planner.search.loop import SearchResult, rejection_lines, search
 from planner.search.pricing import price
 from planner.search.refine import simulated
-from planner.search.space import TP_MODEL, Space, pp_reason, tp_reasons
+from planner.search.space import TP_INNER, TP_MODEL, Space, pp_reason, tp_reasons
 from planner.solve.chain import partition
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ def why_not(plan: Plan, pins) -> WhyNot:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                        result=result, cluster=cluster, training=training, options=options)
         return WhyNot(pins=pins, variant=variant, feasible=True, notes=[], over=[])
-    problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks), training)
+    problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
+                          training)
     if problem:  # a pin the model or cluster cannot take is bad input, as in solve
         raise SpecError(problem)
     aside, ruled = rejection_lines(result.rejected)
@@ -76,7 +77,7 @@ def why_not(plan: Plan, pins) -> WhyNot:
 
     limits = (capacity_bytes(cluster, options), cluster.device.memory_bytes)
     cfg, problem = pinned_config(plan, pins)
-    notes = [problem] if problem else structural_notes(cfg, cluster, prepared.blocks)
+    notes = [problem] if problem else structural_notes(cfg, cluster, prepared.blocks, options)
     variant = None if problem or any(n.startswith("cannot") for n in notes) else hypothetical(
         cfg, prepared, cluster, training, options)
     over = [] if variant is None else [
@@ -113,7 +114,9 @@ def replan_inputs(plan: Plan, pins: dict):
     if prepared.info["fingerprint"] != plan.model["fingerprint"]:
         log.warning("%s traces differently now than when the plan was made",
                                             spec)
-    return prepared, cluster, training, SearchOptions(fix=fix)  # re-timed as plan solve does
+    # re-timed as plan solve does, for the engine the plan was made for
+    return prepared, cluster, training, targets.restrict(SearchOptions(fix=fix),
+                                                          plan.search.get("target", "any"))
 
 
 def pinned_config(plan: Plan, pins: dict):
@@ -151,15 +154,18 @@ def pinned_config(plan: Plan, pins: dict):
     return Config(**p), ""
 
 
-def structural_notes(cfg, cluster, bg) -> list[str]:
-    """The space's rules the configuration breaks (planner.search.space), besides memory;
-    'cannot ...' when it cannot be priced at all."""
+def structural_notes(cfg, cluster, bg, options: SearchOptions | None = None) -> list[str]:
+    """The space's rules the configuration breaks (planner.search.space) for the target of
+    ``options``, besides memory; 'cannot ...' when it cannot be priced at all."""
     notes = []
-    space = Space.of(cluster, bg)
+    space = Space.of(cluster, bg, options)
     broken = tp_reasons(cfg.tp, space, pinned=True)
     if TP_MODEL in broken:
         notes.append(f"cannot split: tp={cfg.tp} does not divide the heads and hidden sizes "
                      f"({', '.join(map(str, space.tp_divisors))})")
+    if TP_INNER in broken:
+        notes.append(f"tp={cfg.tp} splits attention that keeps weights of its own (per-head "
+                     "norms or attention sinks), which the plan's target does not run")
     if pp_reason(cfg.pp, cfg.vpp, space):
         notes.append(f"cannot cut {len(bg.blocks)} blocks into pp={cfg.pp} x vpp={cfg.vpp} stages")
     return notes

@@ -14,7 +14,8 @@ from planner.options import MAX_MICROBATCHES, Config, SearchOptions, TrainingSpe
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.pricing import Estimate, price
 from planner.search.space import (BATCH_DP, MICRO_BATCH, PP_BLOCKS, TOO_MANY_MB, TP_GPUS,
-                                  TP_MODEL, TP_NODE, Space, divisors, pp_reason, tp_reasons)
+                                  TP_INNER, TP_MODEL, TP_NODE, Space, divisors, pp_reason,
+                                  tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb
@@ -31,6 +32,10 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec) -> str:
         if TP_MODEL in broken:
             return (f"fix.tp: {tp} does not divide the model's heads and split sizes "
                     f"({', '.join(map(str, space.tp_divisors))})")
+        if TP_INNER in broken:
+            return (f"fix.tp: {tp} would split attention that keeps weights of its own (per-head "
+                    "norms or attention sinks), which the target does not run; pin tp=1 or "
+                    "plan for another --target")
         if TP_NODE in broken:
             return (f"fix.tp: {tp} spans nodes of {gpn} GPUs; across device groups tensor "
                     "parallelism stays inside a node")
@@ -85,7 +90,7 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
     """The configuration with the smallest peak memory per GPU among those with the pinned knobs
     (``options.fix``; batch divisibility ignored where not pinned), its peak and its estimate."""
     fix = options.fix
-    n, space = cluster.num_gpus, Space.of(cluster, bg)
+    n, space = cluster.num_gpus, Space.of(cluster, bg, options)
     rc = fix.get("recompute", "full" if "full" in options.recompute else options.recompute[-1])
     cp, cp_comm, etp = fix.get("cp", 1), fix.get("cp_comm", "p2p"), fix.get("etp", 1)
     best = None
@@ -137,7 +142,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
                        options: SearchOptions, rejected: Counter) -> str:
     """One line: what the leanest plan (with the user's pins) needs, what the device offers, and
     what would fit. A pin no configuration can honour raises SpecError instead (bad input)."""
-    problem = pin_problem(dict(options.fix), Space.of(cluster, bg), training)
+    problem = pin_problem(dict(options.fix), Space.of(cluster, bg, options), training)
     if problem:
         raise SpecError(problem)
     summary = ", ".join(f"{n} {r}" for r, n in rejected.most_common(4)) or "no candidates"

@@ -162,7 +162,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         options = hetero.restrict(options)
     pricer = (_GroupPricer if groups_of_devices else _Pricer)(bg, ma, cluster, training, options)
     rejected: Counter = Counter()
-    space = list(enumerate_space(Space.of(cluster, bg), training, options, rejected,
+    space = list(enumerate_space(Space.of(cluster, bg, options), training, options, rejected,
                                  mb_fits=_MicroBatchWall(pricer, options)))
     total = sum(len(group.variants) for group in space)
     top = _TopK(options.top_k + 1)

@@ -313,7 +313,8 @@ def _recomputed_flops(ma, recompute: str) -> float:
     if recompute == "full":
         return float(np.sum(w.fwd_flops[ckpt])) - masked
     if recompute == "op":
-        weight_gemms = w.mm_flops_tp + w.mm_flops_rep - w.fused_attn_flops_rep
+        weight_gemms = (w.mm_flops_tp + w.mm_flops_rep - w.fused_attn_flops_rep
+                        - w.eager_attn_flops_rep)
         return float(np.sum((weight_gemms * w.op_recompute_gemm_share)[ckpt]))
     raise KeyError(recompute)
 

@@ -82,16 +82,20 @@ class Space:
     """Routed experts per MoE layer (0: a dense model); ep must divide it."""
     heads: tuple[int, int] = (0, 0)
     """The fewest query and key/value heads of any attention (0: no attention)."""
-    tp_inner_weights: bool = False
-    """Whether a block keeps weights inside a tensor-parallel region (Block.tp_inner_weights)."""
+    tp_one_only: bool = False
+    """Whether the target runs no tensor parallelism for this model: a block keeps weights inside
+    a tensor-parallel region (Block.tp_inner_weights) and the target does not split such regions
+    (SearchOptions.tp_inner_weights)."""
 
     @classmethod
-    def of(cls, cluster, blocks) -> "Space":
-        """The space of ``blocks`` (a BlockGraph) on ``cluster`` (Cluster or HeteroCluster)."""
+    def of(cls, cluster, blocks, options: SearchOptions | None = None) -> "Space":
+        """The space of ``blocks`` (a BlockGraph) on ``cluster`` (Cluster or HeteroCluster), for
+        the target of ``options`` (None: any)."""
         divs = tuple(sorted({d for b in blocks.blocks for d in b.tp_divisors}))
         experts = {int(b.work.num_experts) for b in blocks.blocks if b.work.num_experts}
         model = dict(experts=math.gcd(*experts) if experts else 0,
-                     tp_inner_weights=any(b.tp_inner_weights for b in blocks.blocks),
+                     tp_one_only=(options is not None and not options.tp_inner_weights
+                                  and any(b.tp_inner_weights for b in blocks.blocks)),
                      heads=tuple(min((int(getattr(b.work, f)) for b in blocks.blocks
                                       if getattr(b.work, f)), default=0)
                                  for f in ("attn_heads_q", "attn_heads_kv")))
@@ -171,6 +175,8 @@ def tp_reasons(tp: int, space: Space, pinned: bool = False) -> list[str]:
         out.append(TP_NODE_SPLIT)
     if any(d % tp for d in space.tp_divisors):
         out.append(TP_MODEL)
+    if tp > 1 and space.tp_one_only:
+        out.append(TP_INNER)
     return out
 
 
@@ -249,9 +255,6 @@ def enumerate_space(space: Space, training: TrainingSpec, options: SearchOptions
     else:
         meshes = _meshes(space, fix, training, options, rejected)
     for tp, cp, pp, dp in meshes:
-        if tp > 1 and space.tp_inner_weights and not options.tp_inner_weights:
-            rejected[TP_INNER] += 1
-            continue
         fits = mb_fits if "micro_batch" not in fix else None
         for ep, etp in _experts(fix, tp, cp, dp, space, options, rejected):
             yield from _inner(fix, tp, pp, dp, training.global_batch, options, rejected, space,

@@ -215,16 +215,18 @@ def test_selective_recomputation_counts_the_eager_cores_outside_tp_regions():
     from planner.search.pricing import _recomputed_flops
 
     w = BlockWork(attn_flops=4.0, mm_flops_rep=10.0, eager_attn_flops_rep=6.0,
-                  eager_attn_masked_flops=5.0)
+                  eager_attn_masked_flops=5.0, op_recompute_gemm_share=0.5)
 
     class Arrays:
         work = BlockWork(**{f: np.array([getattr(w, f)]) for f in
                             ("attn_flops", "mm_flops_rep", "eager_attn_flops_rep",
-                             "eager_attn_masked_flops")})
+                             "eager_attn_masked_flops", "op_recompute_gemm_share")})
         checkpointed = np.array([True])
 
     assert _recomputed_flops(Arrays, "selective") == pytest.approx(4 + 6 - 5)
     assert _recomputed_flops(Arrays, "full") == pytest.approx(4 + 10 - 5)
+    # op-level: the share of the weight GEMMs, not the eager cores among mm_flops_rep
+    assert _recomputed_flops(Arrays, "op") == pytest.approx(0.5 * (10 - 6))
 
 
 def test_target_torch_keeps_tp_off_where_weights_sit_inside_the_split_attention(tiny_gpt_oss):
@@ -244,8 +246,16 @@ def test_target_torch_keeps_tp_off_where_weights_sit_inside_the_split_attention(
                                  restrict(SearchOptions(top_k=0), "torch"))
     assert free.parallel["tp"] == 1
     pinned = restrict(SearchOptions(fix=parse_fix("tp=2"), top_k=0), "torch")
-    with pytest.raises(SpecError, match="tp=2 is possible.*tp through per-head weights not run"):
+    with pytest.raises(SpecError, match="fix.tp: 2 would split attention that keeps weights of "
+                                        "its own .*pin tp=1 or plan for another --target"):
         planner.plan_prepared(tiny_gpt_oss, cluster, training, pinned)
+    # what the leanest plan would need, when nothing fits, is one the target runs (tp = 1)
+    from planner.search.costs import ModelArrays
+    from planner.search.feasibility import leanest
+
+    lean = leanest(ModelArrays.from_blocks(tiny_gpt_oss.blocks), tiny_gpt_oss.blocks, cluster,
+                   training, restrict(SearchOptions(top_k=0), "torch"))
+    assert lean is not None and lean[1].tp == 1
     anywhere = planner.plan_prepared(tiny_gpt_oss, cluster, training,
                                      SearchOptions(fix=parse_fix("tp=2"), top_k=0))
     assert anywhere.parallel["tp"] == 2
