@@ -79,6 +79,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
             expert_weights.update(op.params)
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
                      name in attn_gemms, name in scores, hidden)
+        if name in attn_gemms and not acc["fused_attn_calls"]:
+            _add_eager_heads(op, by, name in scores, acc)
         for p in op.params:
             param_split[p] = param_split.get(p, False) or split_compute
         for key, nbytes in op.saves:
@@ -191,6 +193,36 @@ def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, spl
 def _routes_experts(op: Op) -> bool:
     """Whether the op runs routed experts (a grouped GEMM of token copies, one matrix each)."""
     return any(len(r) > 7 and r[7] for r in op.dims.get("gemms", []))
+
+
+def _add_eager_heads(op: Op, by: dict, makes_scores: bool, acc: dict) -> None:
+    """The heads and the query and key/value bytes of an eager attention core, as ``_add_heads``
+    takes them from a fused call (what context parallelism exchanges and divides): QK^T reads
+    the queries and the keys, scores x V the values. Grouped-query attention repeats the key and
+    value heads before the GEMM (an expand under views); the bytes before it are what a rank
+    holds and sends, and their share of the repeated tensor gives the key/value heads."""
+    if len(op.inputs) < 2 or len(op.shape) < 4:
+        return
+    first, second = by[op.inputs[0]], by[op.inputs[1]]
+    held = _unrepeated_bytes(second, by)
+    if not makes_scores:  # scores x V: the values
+        acc["attn_kv_bytes"] += held
+        return
+    if len(first.shape) < 4 or not second.out_bytes:
+        return
+    heads = first.shape[-3]
+    kv_heads = max(1, round(heads * held / second.out_bytes))
+    _add_heads(acc, heads, kv_heads, first.out_bytes, held)
+
+
+def _unrepeated_bytes(op: Op, by: dict) -> float:
+    """The fewest bytes along the chain of views that made ``op`` (a repeated or transposed
+    operand is a view of the smaller tensor that was computed)."""
+    least = op.out_bytes
+    while op.kind == "view" and op.inputs:
+        op = by[op.inputs[0]]
+        least = min(least, op.out_bytes)
+    return least
 
 
 def _add_heads(acc: dict, heads_q: float, heads_kv: float, q_bytes: float,

@@ -259,3 +259,23 @@ def test_target_torch_keeps_tp_off_where_weights_sit_inside_the_split_attention(
     anywhere = planner.plan_prepared(tiny_gpt_oss, cluster, training,
                                      SearchOptions(fix=parse_fix("tp=2"), top_k=0))
     assert anywhere.parallel["tp"] == 2
+
+
+def test_eager_attention_gives_context_parallelism_its_heads_and_key_value_bytes(tiny_gpt_oss):
+    """gpt-oss's eager cores: 4 query heads, 2 key/value heads repeated to 4 before QK^T; a rank
+    holds and exchanges the unrepeated keys and values (64 tokens x 2 heads x 16, fp32 trace
+    in bf16 words), so context parallelism is planned for it."""
+    import planner
+    from planner import SearchOptions, TrainingSpec
+    from planner.options import parse_fix
+
+    w = _layer(tiny_gpt_oss, 1).work
+    word = 2  # the trace's bf16
+    assert (w.attn_heads_q, w.attn_heads_kv) == (4, 2)
+    assert w.attn_q_bytes == 64 * 4 * 16 * word
+    assert w.attn_kv_bytes == 2 * 64 * 2 * 16 * word  # keys and values
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    training = TrainingSpec(global_batch=8, seq_len=64, dtype="bf16", optimizer="adam")
+    plan = planner.plan_prepared(tiny_gpt_oss, cluster, training,
+                                 SearchOptions(fix=parse_fix("cp=2,tp=1,pp=1"), top_k=0))
+    assert plan.parallel["cp"] == 2 and plan.predicted["breakdown"].get("cp_comm_s", 0) > 0
