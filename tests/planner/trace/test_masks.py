@@ -31,13 +31,17 @@ GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
            "max_position_embeddings": 256, "tie_word_embeddings": False}
 
 
-@pytest.fixture(scope="module")
-def tiny_gpt_oss(tmp_path_factory):
+def _traced(folder, config: dict):
+    """The model of a Hugging Face ``config`` traced at 64 tokens (config.json in ``folder``)."""
     from planner.api import prepare
 
-    path = tmp_path_factory.mktemp("gpt_oss") / "config.json"
-    path.write_text(json.dumps(GPT_OSS))
-    return prepare(str(path), seq_len=64, cache_dir=None)
+    (folder / "config.json").write_text(json.dumps(config))
+    return prepare(str(folder / "config.json"), seq_len=64, cache_dir=None)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt_oss(tmp_path_factory):
+    return _traced(tmp_path_factory.mktemp("gpt_oss"), GPT_OSS)
 
 
 def _layer(prepared, i):
@@ -120,15 +124,12 @@ def test_a_windowed_fused_call_costs_a_causal_call_of_the_kept_square():
 def test_sdpa_sliding_layers_get_the_window_of_their_module(tmp_path):
     """Qwen2 with sliding layers: SDPA gets a materialized mask there (not is_causal), and the
     module's sliding_window makes it a windowed causal call; full layers stay causal calls."""
-    from planner.api import prepare
-
     cfg = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 4,
            "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
            "num_key_value_heads": 2, "vocab_size": 20000, "max_position_embeddings": 256,
            "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2,
            "tie_word_embeddings": False}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    prepared = prepare(str(tmp_path / "config.json"), seq_len=64, cache_dir=None)
+    prepared = _traced(tmp_path, cfg)
     works = [_layer(prepared, i).work for i in range(4)]
     windowed = [w.attn_window_cut > 0 for w in works]
     assert any(windowed) and not all(windowed)
@@ -157,8 +158,6 @@ def test_eager_scores_are_a_backward_transient_only_where_attention_is_materiali
 def test_qwen2_moe_full_layers_take_no_window_from_the_config(tmp_path):
     """Qwen2-MoE sets ``sliding_window`` on its sliding layers' attention only: a full layer
     without the attribute does not fall back to the config's window (its layer type says full)."""
-    from planner.api import prepare
-
     cfg = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"],
            "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128,
            "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
@@ -166,8 +165,7 @@ def test_qwen2_moe_full_layers_take_no_window_from_the_config(tmp_path):
            "num_key_value_heads": 2, "vocab_size": 20000, "max_position_embeddings": 256,
            "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1,
            "tie_word_embeddings": False}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    prepared = prepare(str(tmp_path / "config.json"), seq_len=64, cache_dir=None)
+    prepared = _traced(tmp_path, cfg)
     from transformers import AutoConfig
 
     types = AutoConfig.from_pretrained(tmp_path).layer_types
