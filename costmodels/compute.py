@@ -228,12 +228,13 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
                  sp: bool, fused_attention: bool = False, experts: Experts = DENSE
                  ) -> tuple[float, float, float, float, float]:
     """(forward, backward, attention-matmul forward, fused-away attention FLOPs unmasked, and the
-    work left of those under a declared mask) of a block's GEMMs. The backward runs the gradient GEMMs the operands need: the input gradient
-    (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n). With
-    ``fused_attention`` the GEMMs of eager attention cores are left out and their forward FLOPs
-    returned instead (those under a mask their module declares as the work a kernel skipping
-    masked tiles leaves, ``Gemm.masked``). Local experts run as one grouped GEMM (a batch of per-expert products,
-    whose waves the experts share) or, without grouping, one GEMM per expert."""
+    work left of those under a declared mask) of a block's GEMMs. The backward runs the gradient
+    GEMMs the operands need: the input gradient (m x n) @ (n x k) and the weight gradient
+    (k x m) @ (m x n). With ``fused_attention`` the GEMMs of eager attention cores are left out
+    and their forward FLOPs returned instead (those under a mask their module declares as the
+    work a kernel skipping masked tiles leaves, ``Gemm.masked``). Local experts run as one
+    grouped GEMM (a batch of per-expert products, whose waves the experts share) or, without
+    grouping, one GEMM per expert."""
     fwd = bwd = attn = fused = fused_masked = 0.0
     for g in gemms:
         b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
