@@ -104,6 +104,8 @@ class SearchOptions:
     """With tensor parallelism: sequence parallelism off and/or on."""
     cp_comms: tuple[CpComm, ...] = CP_COMMS
     """Forms of context-parallel K/V exchange to consider (with cp > 1)."""
+    cp_comms_windowed: tuple[CpComm, ...] = CP_COMMS
+    """The forms the target runs for a model with sliding-window attention."""
     cp_min_tokens: int = 4096
     """The search tries context parallelism only while each cp rank keeps at least this many
     tokens of a sequence (a pinned cp is priced however short its chunks): below it attention is

@@ -47,6 +47,7 @@ CP_SHORT = "cp chunks shorter than the search's minimum"
 CP_HEADS = "cp all-to-all needs heads divisible by tp x cp"
 CP_NONE = "cp needs attention"
 CP_TARGET = "cp not run by the target"
+CP_WINDOW = "cp_comm not run by the target over sliding windows"
 CP_ALONE = "cp with tp or pp not run by the target"
 EP_EXPERTS = "ep does not divide the experts"
 EP_GROUP = "ep x etp does not divide tp x cp x dp"
@@ -82,6 +83,9 @@ class Space:
     """Routed experts per MoE layer (0: a dense model); ep must divide it."""
     heads: tuple[int, int] = (0, 0)
     """The fewest query and key/value heads of any attention (0: no attention)."""
+    windowed: bool = False
+    """Whether some attention runs under a sliding window (BlockWork.attn_window_cut, or an eager
+    core's Gemm.masked beyond the causal half)."""
     tp_one_only: bool = False
     """Whether the target runs no tensor parallelism for this model: a block keeps weights inside
     a tensor-parallel region (Block.tp_inner_weights) and the target does not split such regions
@@ -94,6 +98,8 @@ class Space:
         divs = tuple(sorted({d for b in blocks.blocks for d in b.tp_divisors}))
         experts = {int(b.work.num_experts) for b in blocks.blocks if b.work.num_experts}
         model = dict(experts=math.gcd(*experts) if experts else 0,
+                     windowed=any(b.work.attn_window_cut > 0 or any(
+                         g.masked > 0.5 for g in b.work.gemms) for b in blocks.blocks),
                      tp_one_only=(options is not None and not options.tp_inner_weights
                                   and any(b.tp_inner_weights for b in blocks.blocks)),
                      heads=tuple(min((int(getattr(b.work, f)) for b in blocks.blocks
@@ -193,7 +199,8 @@ def cp_reason(cp: int, space: Space, training: TrainingSpec, options: SearchOpti
         return ""
     if not space.heads[0]:
         return CP_NONE
-    if not options.cp_comms:
+    if not options.cp_comms or (space.windowed and not set(options.cp_comms)
+                                & set(options.cp_comms_windowed)):
         return CP_TARGET
     if training.seq_len % (2 * cp):
         return CP_SEQ
@@ -202,8 +209,12 @@ def cp_reason(cp: int, space: Space, training: TrainingSpec, options: SearchOpti
     return ""
 
 
-def cp_comm_reason(form: str, tp: int, cp: int, space: Space) -> str:
-    """'' when the exchange ``form`` can split the heads it needs to (all-to-all forms)."""
+def cp_comm_reason(form: str, tp: int, cp: int, space: Space,
+                   options: SearchOptions | None = None) -> str:
+    """'' when the exchange ``form`` can split the heads it needs to (all-to-all forms) and the
+    target runs it over the model's sliding windows, if any."""
+    if space.windowed and options is not None and form not in options.cp_comms_windowed:
+        return CP_WINDOW
     if form in ("a2a", "a2a+p2p"):
         width = cp if form == "a2a" else math.gcd(cp, max(1, space.gpus_per_node // tp))
         if any(h % (tp * width) for h in space.heads if h):
@@ -333,7 +344,7 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
     if cp > 1:  # the exchange forms allowed; the pricing takes the fastest (CostKey.cp_comm)
         allowed = []
         for form in _choices(fix, "cp_comm", list(options.cp_comms)):
-            reason = cp_comm_reason(form, tp, cp, space)
+            reason = cp_comm_reason(form, tp, cp, space, options)
             if reason:
                 rejected[reason] += 1
             else:

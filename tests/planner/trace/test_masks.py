@@ -277,3 +277,30 @@ def test_eager_attention_gives_context_parallelism_its_heads_and_key_value_bytes
     plan = planner.plan_prepared(tiny_gpt_oss, cluster, training,
                                  SearchOptions(fix=parse_fix("cp=2,tp=1,pp=1"), top_k=0))
     assert plan.parallel["cp"] == 2 and plan.predicted["breakdown"].get("cp_comm_s", 0) > 0
+
+
+def test_targets_keep_to_the_exchanges_they_run_over_sliding_windows(tiny_gpt_oss):
+    """Transformer Engine runs context parallelism over a sliding window with a2a or all_gather
+    only; planner's runtime and torch's context_parallel (torchtitan) run none over a window."""
+    import planner
+    from planner import SearchOptions, TrainingSpec
+    from planner.errors import SpecError
+    from planner.options import parse_fix
+    from planner.targets import restrict
+
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    training = TrainingSpec(global_batch=8, seq_len=64, dtype="bf16", optimizer="adam")
+
+    def plan(fix: str, target: str):
+        return planner.plan_prepared(tiny_gpt_oss, cluster, training,
+                                     restrict(SearchOptions(fix=parse_fix(fix), top_k=0), target))
+
+    megatron = plan("cp=2,tp=1,pp=2", "megatron")
+    assert megatron.parallel["cp"] == 2
+    assert megatron.parallel["cp_comm"] in ("a2a", "allgather")
+    with pytest.raises(SpecError, match="cp_comm not run by the target over sliding windows"):
+        plan("cp=2,tp=1,pp=2,cp_comm=p2p", "megatron")
+    for target in ("torch", "torchtitan"):
+        with pytest.raises(SpecError, match="cp not run by the target"):
+            plan("cp=2,tp=1,pp=1", target)
+    assert plan("cp=2,tp=1,pp=1,cp_comm=p2p", "any").parallel["cp_comm"] == "p2p"
