@@ -160,6 +160,10 @@ class SearchOptions:
                         allowed[0], bool) for v in values):
                 raise SpecError(f"{name}: expected a non-empty tuple of "
                                 f"{', '.join(map(str, allowed))}; got {values!r}")
+        windowed = self.cp_comms_windowed  # may be empty: no context parallelism over windows
+        if not isinstance(windowed, (tuple, list)) or any(v not in CP_COMMS for v in windowed):
+            raise SpecError(f"cp_comms_windowed: expected a tuple of {', '.join(CP_COMMS)}; got "
+                            f"{windowed!r}")
         if not isinstance(self.vpp, (tuple, list)) or not self.vpp or any(
                 isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.vpp):
             raise SpecError(f"vpp: expected a non-empty tuple of positive integers, got "

@@ -291,3 +291,7 @@ def check_model(module, seq_len: int, cp: int) -> None:
     if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
         raise SpecError("parallel.cp: the ring attention has no attention dropout; plan with "
                         "--fix cp=1 or a model without it")
+    if getattr(config, "attn_logit_softcapping", None) or any(
+            isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in module.modules()):
+        raise SpecError("parallel.cp: the ring attention has no logit soft-capping or attention "
+                        "sinks; plan with --fix cp=1")

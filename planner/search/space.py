@@ -48,6 +48,7 @@ CP_HEADS = "cp all-to-all needs heads divisible by tp x cp"
 CP_NONE = "cp needs attention"
 CP_TARGET = "cp not run by the target"
 CP_WINDOW = "cp_comm not run by the target over sliding windows"
+CP_WINDOW_NONE = "cp not run by the target over sliding windows"
 CP_ALONE = "cp with tp or pp not run by the target"
 EP_EXPERTS = "ep does not divide the experts"
 EP_GROUP = "ep x etp does not divide tp x cp x dp"
@@ -199,9 +200,10 @@ def cp_reason(cp: int, space: Space, training: TrainingSpec, options: SearchOpti
         return ""
     if not space.heads[0]:
         return CP_NONE
-    if not options.cp_comms or (space.windowed and not set(options.cp_comms)
-                                & set(options.cp_comms_windowed)):
+    if not options.cp_comms:
         return CP_TARGET
+    if space.windowed and not set(options.cp_comms) & set(options.cp_comms_windowed):
+        return CP_WINDOW_NONE
     if training.seq_len % (2 * cp):
         return CP_SEQ
     if not pinned and training.seq_len // cp < options.cp_min_tokens:

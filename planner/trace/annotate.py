@@ -79,7 +79,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
             expert_weights.update(op.params)
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
                      name in attn_gemms, name in scores, hidden)
-        if name in attn_gemms and not acc["fused_attn_calls"]:
+        if name in attn_gemms:
             _add_eager_heads(op, by, name in scores, acc)
         for p in op.params:
             param_split[p] = param_split.get(p, False) or split_compute
@@ -208,9 +208,9 @@ def _add_eager_heads(op: Op, by: dict, makes_scores: bool, acc: dict) -> None:
     if not makes_scores:  # scores x V: the values
         acc["attn_kv_bytes"] += held
         return
-    if len(first.shape) < 4 or not second.out_bytes:
+    if not second.out_bytes:
         return
-    heads = first.shape[-3]
+    heads = op.shape[-3]  # the scores: (..., heads, queries, keys), however q and k are laid out
     kv_heads = max(1, round(heads * held / second.out_bytes))
     _add_heads(acc, heads, kv_heads, first.out_bytes, held)
 

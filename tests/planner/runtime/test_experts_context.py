@@ -131,3 +131,24 @@ def test_context_parallelism_on_a_model_without_position_ids_is_refused(capsys, 
     path = str(tmp_path / "branched-cp2.json")
     plan.save(path)
     _refused(capsys, path, "parallel.cp", "cp=1")
+
+
+def test_context_parallelism_over_attention_sinks_is_refused_before_launch():
+    """gpt-oss's sinks (a logit per head the softmax normalizes over) are not in the ring
+    attention: refused up front, even where its window is as long as the sequence."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from planner.errors import SpecError
+    from planner.runtime.context import check_model
+
+    config = AutoConfig.for_model("gpt_oss", num_hidden_layers=2, hidden_size=32,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  intermediate_size=32, num_local_experts=4,
+                                  num_experts_per_tok=2, vocab_size=256, sliding_window=64,
+                                  layer_types=["sliding_attention", "full_attention"])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(SpecError, match="parallel.cp: the ring attention has no logit "
+                                        "soft-capping or attention sinks"):
+        check_model(model, seq_len=16, cp=2)

@@ -301,6 +301,50 @@ def test_targets_keep_to_the_exchanges_they_run_over_sliding_windows(tiny_gpt_os
     with pytest.raises(SpecError, match="cp_comm not run by the target over sliding windows"):
         plan("cp=2,tp=1,pp=2,cp_comm=p2p", "megatron")
     for target in ("torch", "torchtitan"):
-        with pytest.raises(SpecError, match="cp not run by the target"):
+        with pytest.raises(SpecError, match="cp not run by the target over sliding windows"):
             plan("cp=2,tp=1,pp=1", target)
     assert plan("cp=2,tp=1,pp=1,cp_comm=p2p", "any").parallel["cp_comm"] == "p2p"
+
+
+
+def test_eager_heads_come_from_the_scores_however_queries_are_laid_out(tmp_path):
+    """An einsum attention over (batch, tokens, heads, dim) queries: the heads are the scores'
+    (batch, heads, queries, keys), not the queries' third-last dimension (the tokens)."""
+    from planner.api import prepare
+
+    (tmp_path / "einsum_attention.py").write_text('''
+import torch
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, width=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        b, s, w = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).unbind(2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k).softmax(-1)
+        return self.out(torch.einsum("bhqk,bkhd->bqhd", scores, v).reshape(b, s, w))
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Attention() for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x.sum()
+
+
+def build():
+    return Model(), (torch.randn(2, 16, 32),)
+''')
+    prepared = prepare(f"{tmp_path / 'einsum_attention.py'}:build", cache_dir=None)
+    heads = {(b.work.attn_heads_q, b.work.attn_heads_kv) for b in prepared.blocks.blocks
+             if b.work.attn_heads_q}
+    assert heads == {(4, 4)}
