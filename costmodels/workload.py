@@ -80,6 +80,10 @@ class BlockWork:
     splits); its scores and causal share are taken in proportion."""
     attn_causal_flops: float = 0.0
     """The part of ``fused_attn_flops`` under a causal mask (a fused kernel skips about half)."""
+    attn_score_params: float = 0.0
+    """Parameters joined to eager attention scores (gpt-oss's sinks: a learned logit per head the
+    softmax normalizes over with the keys), which Transformer Engine's context parallelism runs
+    by a2a only."""
     attn_window_cut: float = 0.0
     """What sliding windows take off ``attn_causal_flops``: a causal call of square F under a
     window is priced as a causal call of square keep x F (planner.trace.masks), and this holds

@@ -106,6 +106,8 @@ class SearchOptions:
     """Forms of context-parallel K/V exchange to consider (with cp > 1)."""
     cp_comms_windowed: tuple[CpComm, ...] = CP_COMMS
     """The forms the target runs for a model with sliding-window attention."""
+    cp_comms_sinks: tuple[CpComm, ...] = CP_COMMS
+    """The forms the target runs for a model with attention sinks (gpt-oss)."""
     cp_min_tokens: int = 4096
     """The search tries context parallelism only while each cp rank keeps at least this many
     tokens of a sequence (a pinned cp is priced however short its chunks): below it attention is
@@ -160,10 +162,11 @@ class SearchOptions:
                         allowed[0], bool) for v in values):
                 raise SpecError(f"{name}: expected a non-empty tuple of "
                                 f"{', '.join(map(str, allowed))}; got {values!r}")
-        windowed = self.cp_comms_windowed  # may be empty: no context parallelism over windows
-        if not isinstance(windowed, (tuple, list)) or any(v not in CP_COMMS for v in windowed):
-            raise SpecError(f"cp_comms_windowed: expected a tuple of {', '.join(CP_COMMS)}; got "
-                            f"{windowed!r}")
+        for name in ("cp_comms_windowed", "cp_comms_sinks"):  # may be empty: no cp for those
+            forms = getattr(self, name)
+            if not isinstance(forms, (tuple, list)) or any(v not in CP_COMMS for v in forms):
+                raise SpecError(f"{name}: expected a tuple of {', '.join(CP_COMMS)}; got "
+                                f"{forms!r}")
         if not isinstance(self.vpp, (tuple, list)) or not self.vpp or any(
                 isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.vpp):
             raise SpecError(f"vpp: expected a non-empty tuple of positive integers, got "

@@ -40,6 +40,8 @@ class Engine:
     """Context-parallel K/V exchanges it runs (empty: no context parallelism)."""
     cp_comms_windowed: tuple[str, ...] = CP_COMMS
     """The exchanges it runs over sliding-window attention (gpt-oss, Mistral, Gemma 2/3)."""
+    cp_comms_sinks: tuple[str, ...] = CP_COMMS
+    """The exchanges it runs over attention with sinks (gpt-oss)."""
     cp_with_tp_pp: bool = True
     """Context parallelism together with tensor or pipeline parallelism."""
     expert_parallel: bool = True
@@ -64,7 +66,7 @@ ENGINES: dict[str, Engine] = {
                     schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                     offload=False, sequence_parallel=(False,), cp_comms=("p2p",),
                     expert_tensor_parallel=False, tp_inner_weights=False,
-                    cp_comms_windowed=()),
+                    cp_comms_windowed=(), cp_comms_sinks=()),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs
@@ -79,14 +81,16 @@ ENGINES: dict[str, Engine] = {
                          # rotates K/V by all-gather or by all-to-all (p2p-like) steps
                          cp_comms=("p2p", "allgather"), software="torchtitan",
                          # torch's context_parallel takes SDPA with is_causal, not a window
-                         cp_comms_windowed=()),
+                         # nor sinks
+                         cp_comms_windowed=(), cp_comms_sinks=()),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
     # Transformer Engine's attn_forward_func_with_cp runs a sliding window with a2a or all_gather
-    # only (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py)
+    # only, and a learnable softmax offset (sinks) with a2a only, since v2.10
+    # (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py)
     "megatron": Engine(name="megatron", version="core_v0.19.0",
                        schedules=("1f1b", "interleaved-1f1b"),
-                       cp_comms_windowed=("a2a", "allgather")),
+                       cp_comms_windowed=("a2a", "allgather"), cp_comms_sinks=("a2a",)),
     # DeepSpeed: its pipeline engine runs one 1F1B-like schedule and only ZeRO 0-1 with it;
     # no Megatron-style sequence parallelism in the engine itself.
     # its MoE layer spreads experts over ep ranks (experts' data parallelism follows) without
@@ -144,6 +148,8 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    cp_comms=tuple(c for c in options.cp_comms if c in eng.cp_comms),
                    cp_comms_windowed=tuple(c for c in options.cp_comms_windowed
                                            if c in eng.cp_comms_windowed),
+                   cp_comms_sinks=tuple(c for c in options.cp_comms_sinks
+                                        if c in eng.cp_comms_sinks),
                    cp_with_tp_pp=options.cp_with_tp_pp and eng.cp_with_tp_pp,
                    expert_parallel=options.expert_parallel and eng.expert_parallel,
                    expert_tensor_parallel=(options.expert_tensor_parallel

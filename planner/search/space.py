@@ -49,6 +49,7 @@ CP_NONE = "cp needs attention"
 CP_TARGET = "cp not run by the target"
 CP_WINDOW = "cp_comm not run by the target over sliding windows"
 CP_WINDOW_NONE = "cp not run by the target over sliding windows"
+CP_SINKS = "cp_comm not run by the target with attention sinks"
 CP_ALONE = "cp with tp or pp not run by the target"
 EP_EXPERTS = "ep does not divide the experts"
 EP_GROUP = "ep x etp does not divide tp x cp x dp"
@@ -87,6 +88,9 @@ class Space:
     windowed: bool = False
     """Whether some attention runs under a sliding window (BlockWork.attn_window_cut, or an eager
     core's Gemm.masked beyond the causal half)."""
+    sinks: bool = False
+    """Whether some attention has parameters joined to its scores (BlockWork.attn_score_params:
+    gpt-oss's sinks)."""
     tp_one_only: bool = False
     """Whether the target runs no tensor parallelism for this model: a block keeps weights inside
     a tensor-parallel region (Block.tp_inner_weights) and the target does not split such regions
@@ -99,6 +103,7 @@ class Space:
         divs = tuple(sorted({d for b in blocks.blocks for d in b.tp_divisors}))
         experts = {int(b.work.num_experts) for b in blocks.blocks if b.work.num_experts}
         model = dict(experts=math.gcd(*experts) if experts else 0,
+                     sinks=any(b.work.attn_score_params for b in blocks.blocks),
                      windowed=any(b.work.attn_window_cut > 0 or any(
                          g.masked > 0.5 for g in b.work.gemms) for b in blocks.blocks),
                      tp_one_only=(options is not None and not options.tp_inner_weights
@@ -204,6 +209,8 @@ def cp_reason(cp: int, space: Space, training: TrainingSpec, options: SearchOpti
         return CP_TARGET
     if space.windowed and not set(options.cp_comms) & set(options.cp_comms_windowed):
         return CP_WINDOW_NONE
+    if space.sinks and not set(options.cp_comms) & set(options.cp_comms_sinks):
+        return CP_TARGET
     if training.seq_len % (2 * cp):
         return CP_SEQ
     if not pinned and training.seq_len // cp < options.cp_min_tokens:
@@ -214,9 +221,11 @@ def cp_reason(cp: int, space: Space, training: TrainingSpec, options: SearchOpti
 def cp_comm_reason(form: str, tp: int, cp: int, space: Space,
                    options: SearchOptions | None = None) -> str:
     """'' when the exchange ``form`` can split the heads it needs to (all-to-all forms) and the
-    target runs it over the model's sliding windows, if any."""
+    target runs it over the model's sliding windows and attention sinks, if any."""
     if space.windowed and options is not None and form not in options.cp_comms_windowed:
         return CP_WINDOW
+    if space.sinks and options is not None and form not in options.cp_comms_sinks:
+        return CP_SINKS
     if form in ("a2a", "a2a+p2p"):
         width = cp if form == "a2a" else math.gcd(cp, max(1, space.gpus_per_node // tp))
         if any(h % (tp * width) for h in space.heads if h):

@@ -62,7 +62,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes", "expert_flops",
                          "num_experts", "routed_tokens", "dispatch_bytes", "attn_kv_bytes",
                          "attn_q_bytes", "attn_heads_q", "attn_heads_kv", "attn_window_cut",
-                         "eager_attn_masked_flops", "eager_attn_flops_rep"), 0.0)
+                         "eager_attn_masked_flops", "eager_attn_flops_rep",
+                         "attn_score_params"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
@@ -81,6 +82,9 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                      name in attn_gemms, name in scores, hidden)
         if name in attn_gemms:
             _add_eager_heads(op, by, name in scores, acc)
+        if name in scores and op.params:  # sinks: parameters joined to the scores
+            acc["attn_score_params"] += sum(graph.params[p].numel for p in op.params
+                                            if p in graph.params)
         for p in op.params:
             param_split[p] = param_split.get(p, False) or split_compute
         for key, nbytes in op.saves:

@@ -281,7 +281,8 @@ def test_eager_attention_gives_context_parallelism_its_heads_and_key_value_bytes
 
 def test_targets_keep_to_the_exchanges_they_run_over_sliding_windows(tiny_gpt_oss):
     """Transformer Engine runs context parallelism over a sliding window with a2a or all_gather
-    only; planner's runtime and torch's context_parallel (torchtitan) run none over a window."""
+    only, and over sinks with a2a only (gpt-oss has both); planner's runtime and torch's
+    context_parallel (torchtitan) run none over a window."""
     import planner
     from planner import SearchOptions, TrainingSpec
     from planner.errors import SpecError
@@ -295,11 +296,13 @@ def test_targets_keep_to_the_exchanges_they_run_over_sliding_windows(tiny_gpt_os
         return planner.plan_prepared(tiny_gpt_oss, cluster, training,
                                      restrict(SearchOptions(fix=parse_fix(fix), top_k=0), target))
 
+    assert tiny_gpt_oss.blocks.blocks[1].work.attn_score_params == 4  # a sink per head
     megatron = plan("cp=2,tp=1,pp=2", "megatron")
-    assert megatron.parallel["cp"] == 2
-    assert megatron.parallel["cp_comm"] in ("a2a", "allgather")
+    assert (megatron.parallel["cp"], megatron.parallel["cp_comm"]) == (2, "a2a")
     with pytest.raises(SpecError, match="cp_comm not run by the target over sliding windows"):
         plan("cp=2,tp=1,pp=2,cp_comm=p2p", "megatron")
+    with pytest.raises(SpecError, match="cp_comm not run by the target with attention sinks"):
+        plan("cp=2,tp=1,pp=2,cp_comm=allgather", "megatron")
     for target in ("torch", "torchtitan"):
         with pytest.raises(SpecError, match="cp not run by the target over sliding windows"):
             plan("cp=2,tp=1,pp=1", target)
