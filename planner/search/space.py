@@ -50,6 +50,7 @@ CP_TARGET = "cp not run by the target"
 CP_WINDOW = "cp_comm not run by the target over sliding windows"
 CP_WINDOW_NONE = "cp not run by the target over sliding windows"
 CP_SINKS = "cp_comm not run by the target with attention sinks"
+CP_SINKS_NONE = "cp not run by the target with attention sinks"
 CP_ALONE = "cp with tp or pp not run by the target"
 EP_EXPERTS = "ep does not divide the experts"
 EP_GROUP = "ep x etp does not divide tp x cp x dp"
@@ -210,7 +211,7 @@ def cp_reason(cp: int, space: Space, training: TrainingSpec, options: SearchOpti
     if space.windowed and not set(options.cp_comms) & set(options.cp_comms_windowed):
         return CP_WINDOW_NONE
     if space.sinks and not set(options.cp_comms) & set(options.cp_comms_sinks):
-        return CP_TARGET
+        return CP_SINKS_NONE
     if training.seq_len % (2 * cp):
         return CP_SEQ
     if not pinned and training.seq_len // cp < options.cp_min_tokens:
