@@ -18,7 +18,11 @@
 
 ``--model mixtral`` runs a small Mixtral instead (8 experts, top-2) with expert parallelism
 (EP=2 folded over DP=2) and context parallelism (CP=2, the runtime's p2p ring), next to plain
-data parallelism and one process.
+data parallelism and one process. Its untrained router spreads tokens unevenly, and the
+expert-parallel ranks wait for the busiest: the plans are priced with the routing imbalance of
+the model's own first forward on the benchmark's batch (the busiest expert's token copies over
+the mean, per layer, averaged; one forward in this process before planning, like a calibration
+of the workload rather than of the machine), and the run's own routing is printed next to it.
 
 Usage:  python benchmarks/measured_vs_predicted.py [--model llama|mixtral]
                   [--calibration calib.json | --uncalibrated]
@@ -29,6 +33,7 @@ Run it on an otherwise idle machine: other processes on the cores distort the me
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import logging
@@ -45,6 +50,8 @@ from tables import print_table  # noqa: E402
 from costmodels.engine import EngineSpec  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
+from planner.runtime import experts as moe  # noqa: E402
+from planner.runtime import model as mdl  # noqa: E402
 from planner.runtime.launch import check, run_local  # noqa: E402
 from planner.runtime.options import RunOptions  # noqa: E402
 
@@ -82,13 +89,14 @@ RUNS = {
 MODELS = {"llama": (CONFIG, RUNS), "mixtral": (MIXTRAL, MOE_RUNS)}
 
 
-def make_plan(prepared, fix: str, calibration, folder: str, name: str) -> str:
+def make_plan(prepared, fix: str, calibration, folder: str, name: str,
+              engine: EngineSpec = ENGINE) -> str:
     pinned = {"offload_optimizer": False, **parse_fix(fix)}  # the runtime does not offload
     procs = pinned["dp"] * pinned["tp"] * pinned["pp"] * pinned.get("cp", 1)
     if isinstance(calibration, dict) and "schema" not in calibration:  # one per process count
         calibration = calibration[procs]
     training = planner.TrainingSpec(global_batch=GLOBAL_BATCH, seq_len=SEQ, dtype="fp32",
-                                    optimizer="adamw", engine=ENGINE)
+                                    optimizer="adamw", engine=engine)
     cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=procs)
     if calibration is not None:
         from planner.inputs.calibration import apply_calibration
@@ -115,14 +123,25 @@ def run_all(model: str, names, calibrate, steps: int, threads: int, repeats: int
         with open(config, "w") as f:
             json.dump(MODELS[model][0], f)
         prepared = planner.prepare(config, seq_len=SEQ, dtype="fp32")
+        engine = ENGINE
+        if model == "mixtral":
+            engine = dataclasses.replace(ENGINE, moe_imbalance=routing_imbalance(prepared, d))
+            log.warning("routing of the untrained router on the benchmark's batch: the busiest "
+                        "expert gets %.2f x the mean token copies (moe_imbalance of the plans)",
+                        engine.moe_imbalance)
         for rep in range(repeats):
             calibration = calibrate()
             folder = os.path.join(d, f"round{rep}")
             os.makedirs(folder)
             for name in names:
                 fix = MODELS[model][1][name]
-                res = _launch(make_plan(prepared, fix, calibration, folder, name), opts, name)
+                res = _launch(make_plan(prepared, fix, calibration, folder, name, engine), opts,
+                              name)
                 m = res["measured"]
+                if m.get("routing"):
+                    log.warning("%s: the run's routing: busiest expert %.2f x the mean, busiest "
+                                "rank %.2f x", name, m["routing"]["busiest_expert"],
+                                m["routing"]["busiest_rank"])
                 launches[name].append(res)
                 pairs[name].append((m["predicted_step_time_s"], m["step_time_s"]))
                 log.warning("%s (round %d/%d): measured %.4f s, predicted %.4f s", name, rep + 1,
@@ -165,6 +184,21 @@ def _launch(path: str, opts: RunOptions, name: str) -> dict:
         res = run_local(check(path, opts, None), opts)
         res["notes"] = res["notes"] + [f"one launch failed and was retried: {exc}"]
         return res
+
+
+def routing_imbalance(prepared, folder: str) -> float:
+    """The busiest expert's token copies over the mean, per MoE layer, averaged over the layers,
+    in one forward of the model the runtime builds (seed 0) on the whole global batch: the tokens
+    one call of the expert-parallel group routes in MOE_RUNS' ep plan (dp=2 ranks of one
+    micro-batch each)."""
+    plan = planner.load_plan(make_plan(prepared, MOE_RUNS["1 proc, mb 4 x 2"], None, folder,
+                                       "routing probe"))
+    spec = mdl.model_spec(plan, None)
+    real = mdl.build_real(plan, spec, mdl.resolve_meta(plan, spec), seed=0)
+    calls = moe.routed_experts(real.module, *mdl.synthetic_batch(real, GLOBAL_BATCH, seed=0),
+                               **real.kwargs)
+    experts = MIXTRAL["num_local_experts"]
+    return statistics.mean(moe.load_ratios(idx, experts, ep=1)[0] for idx in calls)
 
 
 def concordance(rows: list[dict]) -> float:

@@ -112,8 +112,12 @@ SECTIONS = [
      "parallelism (EP=2 folded over DP=2: experts exchanged by all-to-all) and with context "
      "parallelism (CP=2: the runtime's ring attention), predicted from a `plan profile` "
      "calibration taken right before each round (`benchmarks/measured_vs_predicted.py --model "
-     "mixtral`, three rounds). The error is predicted / measured - 1: negative is a prediction "
-     "that is too fast."),
+     "mixtral`, three rounds). The untrained router sends the busiest expert almost twice the "
+     "mean token copies, and an expert-parallel rank waits for the busier one: the plans are "
+     "priced with the routing imbalance of the model's own first forward on the batch "
+     "(`moe_imbalance`, measured before planning; until 2026-12-02 they assumed balanced "
+     "routing, and the EP row read -18%, predicted too fast). The error is predicted / "
+     "measured - 1: negative is a prediction that is too fast."),
     ("time", "planning_time.py",
      "**Planning time** of the whole `plan solve` command on this 2-core machine "
      "(`benchmarks/planning_time.py`)."),

@@ -77,10 +77,14 @@ class EngineSpec:
     gathers all tokens of the expert-parallel group and keeps those of its experts; the combine
     is a reduce-scatter)."""
     moe_imbalance: float = 1.0
-    """Token copies on the busiest expert rank relative to the mean: the expert GEMMs, and the
-    dispatch, wait for it. 1.0 models balanced routing, as the published Megatron-Core MoE
-    benchmarks force it (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md: "force-balanced
-    routing, token-dropless"); real routing is less even (set e.g. 1.2)."""
+    """Token copies routed to the busiest expert of a layer relative to the mean over its experts
+    (a property of the routing, whatever the expert parallelism). The busiest expert-parallel
+    rank follows from it (costmodels.experts.rank_load: ranks holding more experts average more
+    of the spread out), and the expert GEMMs and the dispatch wait for that rank. 1.0 models
+    balanced routing, as the published Megatron-Core MoE benchmarks force it
+    (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md: "force-balanced routing,
+    token-dropless"); real routing is less even (`plan run` measures it: an untrained router sends
+    its busiest expert about twice the mean)."""
     moe_capacity_factor: float = 0.0
     """Tokens an expert accepts, relative to the mean (GShard, Lepikhin et al. 2020); tokens
     beyond it are dropped, so the busiest rank computes at most this much. 0: dropless."""
@@ -227,10 +231,3 @@ def outside_layers(engine: EngineSpec) -> EngineSpec:
         return replace(engine, kernels="eager")
     return engine
 
-
-def expert_load(engine: EngineSpec) -> float:
-    """Token copies the busiest expert rank computes, relative to the mean: the routing
-    imbalance, capped by the capacity factor when tokens are dropped."""
-    if engine.moe_capacity_factor:
-        return min(engine.moe_imbalance, engine.moe_capacity_factor)
-    return engine.moe_imbalance

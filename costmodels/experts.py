@@ -22,8 +22,30 @@ import numpy as np
 
 from costmodels import comm
 from costmodels.comm import GroupShape
-from costmodels.engine import expert_load
+from costmodels.compute import expected_max_normal
+from costmodels.engine import EngineSpec
 from costmodels.topology import Cluster
+
+
+def rank_load(engine: EngineSpec, *, ep: int, num_experts: int) -> float:
+    """Token copies the busiest of ``ep`` expert-parallel ranks computes, relative to the mean,
+    each rank holding ``num_experts / ep`` experts of a layer.
+
+    ``engine.moe_imbalance`` is the busiest expert's share over the mean (capped by the capacity
+    factor when tokens are dropped). Taking the experts' loads as independent with a common
+    coefficient of variation ``c``, the busiest of E experts carries 1 + c E[max of E normals]
+    (costmodels.compute.expected_max_normal), which gives ``c``; a rank's E/ep experts carry
+    E/ep times the mean with relative spread c / sqrt(E/ep), so the busiest of the ep ranks
+    carries 1 + c sqrt(ep/E) E[max of ep normals]: 1 with one rank (nothing to wait for), the
+    expert imbalance itself with one expert per rank."""
+    imbalance = engine.moe_imbalance
+    if engine.moe_capacity_factor:
+        imbalance = min(imbalance, engine.moe_capacity_factor)
+    if ep <= 1 or num_experts <= 1 or imbalance <= 1.0:
+        return 1.0
+    ep = min(ep, num_experts)
+    spread = (imbalance - 1.0) / expected_max_normal(num_experts)
+    return 1.0 + spread * (ep / num_experts) ** 0.5 * expected_max_normal(ep)
 
 
 def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep: int,
@@ -52,23 +74,26 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
 
 def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, share: float,
                      ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
-                     recompute_full: bool, overlap_s):
+                     recompute_full: bool, overlap_s, num_experts=0.0):
     """Per block (numpy arrays over blocks): the dispatch and combine it exposes per micro-batch,
     forward and backward (full recomputation replays the forward's). ``dispatch_bytes`` and
     ``routed_tokens`` per sample (costmodels.workload.BlockWork); ``share``: samples' worth of
     tokens the rank holds (its 1/(tp x cp) of the micro-batch: MoE layers run
     sequence-parallel); ``overlap_s``: the block's forward + backward compute for one
-    micro-batch. With an overlapped dispatch (EngineSpec.moe_overlap) the engine runs one
-    micro-batch's forward next to another's backward (Megatron-Core's batch-level EP overlap,
-    "merging FWD-BWD passes of adjacent microbatches"; DeepSeek-V3's DualPipe pairs chunks the
-    same way), so each pass's all-to-alls run behind the other pass's compute: only what exceeds
-    that compute is exposed. This is the steady state; the pipeline's warm-up and cool-down
+    micro-batch; ``num_experts``: the routed experts of the block's MoE layer, whose busiest rank
+    the all-to-alls wait for (rank_load). With an overlapped dispatch (EngineSpec.moe_overlap)
+    the engine runs one micro-batch's forward next to another's backward (Megatron-Core's
+    batch-level EP overlap, "merging FWD-BWD passes of adjacent microbatches"; DeepSeek-V3's
+    DualPipe pairs chunks the same way), so each pass's all-to-alls run behind the other pass's
+    compute: only what exceeds that compute is exposed. This is the steady state; the pipeline's warm-up and cool-down
     passes, which have no partner, are not counted apart."""
     layers = (dispatch_bytes > 0).astype(float)
+    counts, index = np.unique(np.broadcast_to(num_experts, layers.shape), return_inverse=True)
+    load = np.array([rank_load(engine, ep=ep, num_experts=int(e)) for e in counts])[index]
     topk = np.where(routed_tokens > 0, routed_tokens / seq_len, 1.0)
     fwd = dispatch_s(engine.moe_dispatcher, copies_bytes=share * dispatch_bytes,
                      tokens_bytes=share * dispatch_bytes / topk, ep=ep, ep_group=ep_group,
-                     etp_group=etp_group, cluster=cluster, load=expert_load(engine),
+                     etp_group=etp_group, cluster=cluster, load=load,
                      layers=layers)
     total = fwd * ((2 if recompute_full else 1) + 1)
     if engine.moe_overlap:

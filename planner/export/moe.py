@@ -72,6 +72,6 @@ def imbalance_words(plan: Plan) -> str:
     load = settings(plan)["moe_imbalance"]
     if load == 1.0:
         return ("the plan assumes balanced routing (moe_imbalance 1.0, as forced-balance "
-                "benchmarks run); real routing loads the busiest expert rank more")
-    return (f"the plan assumes the busiest expert rank gets {load:g} x the mean tokens "
+                "benchmarks run); real routing loads the busiest expert more")
+    return (f"the plan assumes a layer's busiest expert gets {load:g} x the mean tokens "
             "(moe_imbalance; an assumption, no engine setting)")

@@ -46,6 +46,14 @@ def summary(result: dict, plan_name: str) -> str:
         f"peak memory: {result['ranks'][0]['memory_method']}; states: parameters and optimizer "
         "states the rank holds after the run",
     ]
+    rt = m.get("routing")
+    if rt:
+        lines.append(
+            f"routing (timed steps, {rt['calls_per_rank']} MoE layer calls per rank): the busiest "
+            f"expert got {rt['busiest_expert']:.2f} x the mean token copies, the busiest "
+            f"expert-parallel rank {rt['busiest_rank']:.2f} x; the plan assumed moe_imbalance "
+            f"{rt['planned_moe_imbalance']:g} (re-plan with --engine "
+            f"moe_imbalance={rt['busiest_expert']:.2f} to price this routing)")
     if result.get("loss_per_step"):
         lines.append("loss per step: " + ", ".join(f"{x:.4f}" for x in result["loss_per_step"]))
     lines += [f"note: {n}" for n in result.get("notes", [])]

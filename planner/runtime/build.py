@@ -96,6 +96,8 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     out.stages = [_pipeline_stage(m, s, layout, mesh, device,
                                   _whole_backward(m, flow, split, plan, out))
                   for m, s in zip(out.modules, local)]
+    for st in out.stages:
+        moe.record_routing_outside(st, out.experts)
     out.ties = tie_sync(ties, layout, rank, dict(zip(local, out.modules)))
     out.schedule = _schedule(plan, out.stages, layout)
     out.optimizer = mdl.make_optimizer(plan, [p for m in out.modules for p in m.parameters()],

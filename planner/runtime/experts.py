@@ -91,6 +91,13 @@ class ExpertGroups:
     over dp x cp)."""
     params: list = field(default_factory=list)
     """Every expert parameter this rank holds."""
+    routing: list = field(default_factory=list)
+    """Per MoE layer call on this rank: [busiest local expert's token copies, all of them (from
+    every rank of the group), the layer's experts] (tensors, read after the timed steps:
+    routing_summary)."""
+    recording: bool = True
+    """False while torch's pipelining infers the stages' shapes with a forward of its own
+    (on uninitialized tensors past the first stage): record_routing_outside."""
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_sizes: list[int], in_sizes: list[int],
@@ -207,6 +214,10 @@ def _expert_parallel_forward(self, hidden: torch.Tensor, top_k_index: torch.Tens
     all_to_all(received, counts.contiguous(), [1] * ep, [1] * ep, groups.ep_group)
     send = counts.sum(1).tolist()
     recv = received.sum(1).tolist()
+    if groups.recording:
+        local_loads = received.sum(0)
+        groups.routing.append(torch.stack([local_loads.max(), local_loads.sum(),
+                                           local_loads.new_tensor(total)]))
     rows = _AllToAll.apply(hidden[order // k], recv, send, groups.ep_group)
     expert_ids = torch.repeat_interleave(
         torch.arange(local, device=rows.device).repeat(ep), received.reshape(-1))
@@ -223,6 +234,71 @@ def _expert_parallel_forward(self, hidden: torch.Tensor, top_k_index: torch.Tens
     if split_tp:
         out = _GatherTP.apply(out, groups.tp_index, groups.tp, groups.tp_group)
     return out
+
+
+def record_routing_outside(stage, groups: ExpertGroups | None) -> None:
+    """Leave the forward that torch's pipelining runs once to infer a stage's shapes
+    (``PipelineStage._forward_metadata_inference``, torch 2.13; absent: nothing to leave) out of
+    the routing record."""
+    infer = getattr(stage, "_forward_metadata_inference", None)
+    if groups is None or infer is None:
+        return
+
+    def quiet(*args, **kwargs):
+        groups.recording = False
+        try:
+            return infer(*args, **kwargs)
+        finally:
+            groups.recording = True
+
+    stage._forward_metadata_inference = quiet
+
+
+@torch.no_grad()
+def routed_experts(module: nn.Module, *args, **kwargs) -> list[torch.Tensor]:
+    """One forward of ``module`` in this process: per call of a routed-experts module
+    (find_experts), in call order, the experts each token copy goes to ([tokens, top-k], tokens
+    in batch order)."""
+    seen: list[torch.Tensor] = []
+    hooks = [mod.register_forward_pre_hook(lambda _m, a: seen.append(a[1].detach().clone()))
+             for mod in find_experts(module).values()]
+    try:
+        module(*args, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def load_ratios(top_k_index: torch.Tensor, num_experts: int, ep: int) -> tuple[float, float]:
+    """(busiest expert's token copies over the mean, busiest of ``ep`` ranks' over the mean; rank
+    r holds experts [r E/ep, (r + 1) E/ep)) of the copies in ``top_k_index``."""
+    loads = torch.bincount(top_k_index.reshape(-1), minlength=num_experts).double()
+    ranks = loads.view(ep, -1).sum(1)
+    return float(loads.max() / loads.mean()), float(ranks.max() / ranks.mean())
+
+
+def routing_summary(groups: ExpertGroups | None) -> dict | None:
+    """How evenly the calls recorded in ``groups.routing`` spread token copies, as the cost
+    model states it (costmodels.engine.EngineSpec.moe_imbalance): per call, the busiest expert's
+    copies over the mean of the layer's experts, and the busiest rank's over
+    the mean of the group's ranks, each averaged over the calls. Every rank of the group must call
+    it (one all-gather over the group); None without expert parallelism or calls."""
+    if groups is None:
+        return None
+    mine = (torch.stack(groups.routing) if groups.routing
+            else torch.zeros((0, 3), dtype=torch.long)).to(torch.float64)
+    parts = [torch.empty_like(mine) for _ in range(groups.ep)]
+    dist.all_gather(parts, mine.contiguous(), group=groups.ep_group)
+    if not len(mine):
+        return None
+    every = torch.stack(parts).cpu()  # [rank, call, (busiest local expert, all, experts)]
+    per_rank = every[:, :, 1]
+    mean_expert = per_rank.sum(0) / every[0, :, 2]
+    busiest_expert = every[:, :, 0].max(0).values / mean_expert
+    busiest_rank = per_rank.max(0).values / per_rank.mean(0)
+    return {"busiest_expert": float(busiest_expert.mean()),
+            "busiest_rank": float(busiest_rank.mean()), "calls": len(mine)}
 
 
 @torch.no_grad()

@@ -142,7 +142,22 @@ def summarize(records: list[dict], plan, *, warmup: int) -> dict:
         "step_time_error": pred_t / step - 1 if step else None,
         "peak_memory_error": pred_m / max(peaks) - 1 if peaks and max(peaks) else None,
         "warmup_steps": warmup,
+        "routing": routing(records, plan),
     }
+
+
+def routing(records: list[dict], plan) -> dict | None:
+    """The expert-parallel ranks' routing of the timed steps (planner.runtime.experts
+    .routing_summary, averaged over the groups' ranks) next to the imbalance the plan was priced
+    with (training.engine.moe_imbalance); None without expert parallelism."""
+    seen = [r["routing"] for r in records if r.get("routing")]
+    if not seen:
+        return None
+    engine = plan.training.get("engine") or {}
+    return {"busiest_expert": statistics.mean(x["busiest_expert"] for x in seen),
+            "busiest_rank": statistics.mean(x["busiest_rank"] for x in seen),
+            "calls_per_rank": seen[0]["calls"],
+            "planned_moe_imbalance": float(engine.get("moe_imbalance", 1.0))}
 
 
 def median(xs: list[float]) -> float | None:

@@ -57,6 +57,8 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
     for step in range(total):
         if step == opts.warmup:
             mem.reset()
+            if built.experts:
+                built.experts.routing.clear()  # routing of the timed steps only
         dist.barrier()
         timer.start()
         if profiled and step == total - 1:
@@ -74,6 +76,7 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
         "rss_baseline_bytes": mem.baseline, "memory_method": mem.method,
         "state_bytes": measure.state_bytes(built.modules, built.optimizer),
         "expert_params": sum(p.numel() for p in built.experts.params) if built.experts else 0,
+        "routing": moe.routing_summary(built.experts),
         "losses": step_losses, "notes": built.notes + ([mem.failure] if mem.failure else []),
     }
     if opts.dump_dir:

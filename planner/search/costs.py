@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from costmodels import comm, compute, context, experts, memory, pipeline, precision
-from costmodels.engine import FUSED_ATTENTION, expert_load, outside_layers
+from costmodels.engine import FUSED_ATTENTION, outside_layers
 from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from costmodels.workload import WORK_FIELDS, BlockWork
@@ -132,10 +132,10 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     and etp say how the routed experts are spread."""
     w = ma.work
     engine = training.engine
-    experts = compute.Experts(ep=ep, etp=etp, load=expert_load(engine),
-                              grouped=engine.moe_grouped_gemm)
+    load = experts.rank_load(engine, ep=ep, num_experts=int(np.max(w.num_experts, initial=0)))
+    routed = compute.Experts(ep=ep, etp=etp, load=load, grouped=engine.moe_grouped_gemm)
     # blocks of equal work are priced once, and once for every recomputation policy
-    shared = (id(cluster.device), training.dtype, engine, micro_batch, tp, sp, cp, experts)
+    shared = (id(cluster.device), training.dtype, engine, micro_batch, tp, sp, cp, routed)
     if ma.times_key != shared:
         ma.times_key, ma.times = shared, {}
     times = ma.times
@@ -148,7 +148,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             times[ma.same[i]] = compute.block_time(
                 work, cluster.device, dtype=training.dtype if layer else core,
                 micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
-                engine=engine if layer else outer, cp=cp, experts=experts)
+                engine=engine if layer else outer, cp=cp, experts=routed)
     n = len(ma.names)
 
     def vec(x) -> np.ndarray:  # a new array; scalars (e.g. no recomputation) broadcast
@@ -265,7 +265,8 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
         training.engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
         seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
         ep_group=placement.group_shape(ep, etp, g), etp_group=placement.group_shape(etp, 1, g),
-        cluster=cluster, recompute_full=recompute == "full", overlap_s=overlap_s)
+        cluster=cluster, recompute_full=recompute == "full", overlap_s=overlap_s,
+        num_experts=w.num_experts)
 
 
 def config_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,

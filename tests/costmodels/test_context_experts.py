@@ -9,8 +9,8 @@ import pytest
 
 from costmodels import comm, context, experts
 from costmodels.comm import GroupShape
-from costmodels.compute import Experts, split_gemm
-from costmodels.engine import EngineSpec, engine_from_mapping, expert_load
+from costmodels.compute import Experts, expected_max_normal, split_gemm
+from costmodels.engine import EngineSpec, engine_from_mapping
 from costmodels.errors import SpecError
 from costmodels.topology import get_cluster
 from costmodels.workload import SPLIT_K, SPLIT_N, Gemm
@@ -111,6 +111,15 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
         seq_len=4096, share=1.0, ep=8, ep_group=NODE, etp_group=GroupShape(size=1, per_node=1),
         cluster=CLUSTER, recompute_full=False, overlap_s=np.zeros(2))
     assert per_block[0] == 0.0 and per_block[1] == pytest.approx(2 * one_node)  # fwd + bwd
+    # uneven routing: the all-to-all waits for the busiest of the 8 ranks (one expert each)
+    uneven = experts.block_dispatch_s(
+        engine_from_mapping("moe_imbalance=1.5"), dispatch_bytes=np.array([0.0, copies]),
+        routed_tokens=np.array([0.0, 4096 * 8]), seq_len=4096, share=1.0, ep=8, ep_group=NODE,
+        etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER, recompute_full=False,
+        overlap_s=np.zeros(2), num_experts=np.array([0.0, 8.0]))
+    assert uneven[1] == pytest.approx(2 * experts.dispatch_s(
+        "alltoall", copies_bytes=1.5 * copies, tokens_bytes=copies / 8, ep=8, ep_group=NODE,
+        etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER))
     # overlapped: each pass's all-to-alls run behind the paired micro-batch's compute
     overlapped = engine_from_mapping("moe_overlap=true")
     for compute_s, exposed in ((0.5 * one_node, 1.5 * one_node), (3 * one_node, 0.0)):
@@ -123,9 +132,20 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
 
 
 def test_moe_engine_settings_are_checked_and_load_follows_capacity():
-    assert expert_load(EngineSpec()) == 1.0
-    assert expert_load(engine_from_mapping("moe_imbalance=1.4,moe_capacity_factor=1.2")) == 1.2
-    assert expert_load(engine_from_mapping("moe_imbalance=1.1,moe_capacity_factor=2")) == 1.1
+    def load(settings, ep, num_experts=8):
+        return experts.rank_load(engine_from_mapping(settings), ep=ep, num_experts=num_experts)
+
+    assert experts.rank_load(EngineSpec(), ep=8, num_experts=8) == 1.0
+    # one expert per rank: the busiest rank is the busiest expert, capped by the capacity factor
+    assert load("moe_imbalance=1.4,moe_capacity_factor=1.2", ep=8) == pytest.approx(1.2)
+    assert load("moe_imbalance=1.1,moe_capacity_factor=2", ep=8) == pytest.approx(1.1)
+    # one rank holds every expert and waits for no one; more experts per rank average more out
+    assert load("moe_imbalance=2", ep=1) == 1.0
+    loads = [load("moe_imbalance=2", ep=ep, num_experts=64) for ep in (2, 8, 32, 64)]
+    assert 1.0 < loads[0] < loads[1] < loads[2] < loads[3] == pytest.approx(2.0)
+    # two ranks of four experts each: spread (2 - 1) / E[max of 8], over sqrt(4), times E[max of 2]
+    assert load("moe_imbalance=2", ep=2) == pytest.approx(
+        1 + expected_max_normal(2) / (2 * expected_max_normal(8)))
     for bad in ("moe_imbalance=0.5", "moe_capacity_factor=0.5", "moe_dispatcher=flex",
                 "host_op_s=-1", "moe_imbalance=nan"):
         with pytest.raises(SpecError):

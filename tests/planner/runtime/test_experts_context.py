@@ -16,12 +16,15 @@ import json
 import os
 
 import pytest
+import torch
 
 from equal_steps import assert_equals_single_process
 from job import torchrun
 from planner.cli.main import main
 from planner.options import parse_fix
 from planner.planfile.document import load_plan
+from planner.runtime import experts as moe
+from planner.runtime import model as mdl
 
 LR = 10.0
 """One step of the tiny Mixtral moves its query/key weights by ~1e-4 per unit of learning rate
@@ -92,6 +95,36 @@ def test_one_step_equals_single_process(runs, case):
     if pinned["tp"] > 1 and ep > 1:
         assert any("sequence_parallel not applied" in n for n in result["notes"])
     assert_equals_single_process(plan, result, dump, lr=LR, tol=TOL)
+
+
+@pytest.mark.slow
+def test_expert_parallel_run_reports_the_routing_of_its_step(runs):
+    """ep=2 over dp=2: each layer call of the group routes micro-batch c of both dp ranks; the
+    run's routing figures equal those of the same tokens routed in one process."""
+    path, result, _ = runs["ep2"]
+    plan = load_plan(path)
+    spec = mdl.model_spec(plan, None)
+    real = mdl.build_real(plan, spec, mdl.resolve_meta(plan, spec), seed=0)
+    batch, mb = plan.training["global_batch"], plan.parallel["micro_batch"]
+    inputs = mdl.synthetic_batch(real, batch, seed=0)
+    calls = moe.routed_experts(real.module, *inputs, **real.kwargs)  # per layer: [tokens, k]
+    seq = plan.training["seq_len"]
+    share = batch // 2  # samples per dp rank
+    expert, rank = [], []
+    for c in range(share // mb):
+        samples = [d * share + c * mb + j for d in range(2) for j in range(mb)]
+        rows = torch.cat([torch.arange(s * seq, (s + 1) * seq) for s in samples])
+        for idx in calls:
+            e, r = moe.load_ratios(idx[rows], num_experts=4, ep=2)
+            expert.append(e)
+            rank.append(r)
+    routing = result["measured"]["routing"]
+    assert routing["calls_per_rank"] == len(expert) == 4 * share // mb
+    assert routing["busiest_expert"] == pytest.approx(sum(expert) / len(expert), rel=1e-9)
+    assert routing["busiest_rank"] == pytest.approx(sum(rank) / len(rank), rel=1e-9)
+    assert 1.0 < routing["busiest_rank"] < routing["busiest_expert"]
+    assert routing["planned_moe_imbalance"] == 1.0
+    assert runs["cp2"][1]["measured"]["routing"] is None  # no expert parallelism, nothing measured
 
 
 def _refused(capsys, path, *words):

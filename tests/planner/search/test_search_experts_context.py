@@ -21,8 +21,9 @@ def tiny_mixtral(tmp_path_factory):
     return planner.prepare(str(path), seq_len=256)
 
 
-def _plan(prepared, fix, *, nodes=1, gb=64, cluster="dgx-h100"):
-    training = planner.TrainingSpec(global_batch=gb, seq_len=prepared.seq_len)
+def _plan(prepared, fix, *, nodes=1, gb=64, cluster="dgx-h100", engine=None):
+    training = planner.TrainingSpec(global_batch=gb, seq_len=prepared.seq_len,
+                                    **({"engine": engine} if engine else {}))
     return planner.plan_prepared(prepared, planner.load_cluster(cluster, nodes=nodes), training,
                                  planner.SearchOptions(fix=parse_fix(fix), top_k=0))
 
@@ -48,6 +49,21 @@ def test_expert_parallelism_shards_expert_states(tiny_mixtral):
     assert w1 - w4 == pytest.approx(2 * expert * (1 - 1 / 4), rel=1e-3)  # bf16 weights
     assert four.predicted["breakdown"]["ep_comm_s"] > 0
     assert "ep_comm_s" not in one.predicted["breakdown"]
+
+
+def test_uneven_routing_slows_expert_parallel_ranks_only(tiny_mixtral):
+    from costmodels.engine import engine_from_mapping
+
+    # device time only (the host issue time of the tiny layers would hide the difference)
+    balanced, uneven = (engine_from_mapping(f"moe_host_op_s=0,moe_imbalance={x}") for x in (1, 2))
+    for fix, slower in (("ep=1,tp=1,pp=1,zero=0,micro_batch=1", False),
+                        ("ep=8,tp=1,pp=1,zero=0,micro_batch=1", True)):
+        even = _plan(tiny_mixtral, fix, engine=balanced)
+        skewed = _plan(tiny_mixtral, fix, engine=uneven)
+        # one rank holding every expert computes every token copy whatever the routing
+        assert (skewed.step_time_s > even.step_time_s * (1 + 1e-6)) is slower, fix
+        if not slower:
+            assert skewed.step_time_s == pytest.approx(even.step_time_s, rel=1e-9)
 
 
 def test_context_parallelism_splits_activations(tiny_llama):
