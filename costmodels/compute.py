@@ -179,7 +179,7 @@ def shaped_rate(device: DeviceSpec, dtype: str, flops: float, m: float, n: float
 class Experts:
     """How a rank runs the routed experts: ``ep`` ranks share them, ``etp`` splits their
     matrices, ``load`` is the busiest rank's token copies relative to the mean
-    (costmodels.engine.expert_load), ``grouped``: one grouped GEMM for the local experts."""
+    (costmodels.experts.rank_load), ``grouped``: one grouped GEMM for the local experts."""
 
     ep: int = 1
     etp: int = 1

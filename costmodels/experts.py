@@ -37,7 +37,10 @@ def rank_load(engine: EngineSpec, *, ep: int, num_experts: int) -> float:
     (costmodels.compute.expected_max_normal), which gives ``c``; a rank's E/ep experts carry
     E/ep times the mean with relative spread c / sqrt(E/ep), so the busiest of the ep ranks
     carries 1 + c sqrt(ep/E) E[max of ep normals]: 1 with one rank (nothing to wait for), the
-    expert imbalance itself with one expert per rank."""
+    expert imbalance itself with one expert per rank, and never more than ep (every copy on one
+    rank). Against Dirichlet-sampled loads (E 8-256, ep 2-32): +0.4% to +2% on the busiest rank
+    for an expert imbalance up to 2, +7% to +15% (pessimistic) for 2.7 to 6, where the loads'
+    spread is far from normal."""
     imbalance = engine.moe_imbalance
     if engine.moe_capacity_factor:
         imbalance = min(imbalance, engine.moe_capacity_factor)
@@ -45,7 +48,7 @@ def rank_load(engine: EngineSpec, *, ep: int, num_experts: int) -> float:
         return 1.0
     ep = min(ep, num_experts)
     spread = (imbalance - 1.0) / expected_max_normal(num_experts)
-    return 1.0 + spread * (ep / num_experts) ** 0.5 * expected_max_normal(ep)
+    return min(float(ep), 1.0 + spread * (ep / num_experts) ** 0.5 * expected_max_normal(ep))
 
 
 def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep: int,

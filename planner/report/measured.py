@@ -49,7 +49,8 @@ def summary(result: dict, plan_name: str) -> str:
     rt = m.get("routing")
     if rt:
         lines.append(
-            f"routing (timed steps, {rt['calls_per_rank']} MoE layer calls per rank): the busiest "
+            f"routing (timed steps, up to {rt['calls_per_rank']} MoE layer calls per rank, "
+            "recomputed forwards included): the busiest "
             f"expert got {rt['busiest_expert']:.2f} x the mean token copies, the busiest "
             f"expert-parallel rank {rt['busiest_rank']:.2f} x; the plan assumed moe_imbalance "
             f"{rt['planned_moe_imbalance']:g} (re-plan with --engine "

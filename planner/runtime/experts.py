@@ -92,9 +92,9 @@ class ExpertGroups:
     params: list = field(default_factory=list)
     """Every expert parameter this rank holds."""
     routing: list = field(default_factory=list)
-    """Per MoE layer call on this rank: [busiest local expert's token copies, all of them (from
-    every rank of the group), the layer's experts] (tensors, read after the timed steps:
-    routing_summary)."""
+    """Per MoE layer call on this rank (recomputed forwards too): ([busiest local expert's token
+    copies, all of them, from every rank of the group] as a tensor read after the timed steps,
+    the layer's experts): routing_summary."""
     recording: bool = True
     """False while torch's pipelining infers the stages' shapes with a forward of its own
     (on uninitialized tensors past the first stage): record_routing_outside."""
@@ -216,8 +216,7 @@ def _expert_parallel_forward(self, hidden: torch.Tensor, top_k_index: torch.Tens
     recv = received.sum(1).tolist()
     if groups.recording:
         local_loads = received.sum(0)
-        groups.routing.append(torch.stack([local_loads.max(), local_loads.sum(),
-                                           local_loads.new_tensor(total)]))
+        groups.routing.append((torch.stack([local_loads.max(), local_loads.sum()]), total))
     rows = _AllToAll.apply(hidden[order // k], recv, send, groups.ep_group)
     expert_ids = torch.repeat_interleave(
         torch.arange(local, device=rows.device).repeat(ep), received.reshape(-1))
@@ -283,18 +282,17 @@ def routing_summary(groups: ExpertGroups | None) -> dict | None:
     model states it (costmodels.engine.EngineSpec.moe_imbalance): per call, the busiest expert's
     copies over the mean of the layer's experts, and the busiest rank's over
     the mean of the group's ranks, each averaged over the calls. Every rank of the group must call
-    it (one all-gather over the group); None without expert parallelism or calls."""
-    if groups is None:
+    it (one all-gather over the group; the ranks of a group run the same stages, so all of them
+    or none recorded calls, as many each); None without expert parallelism or calls (a stage
+    without MoE layers)."""
+    if groups is None or not groups.routing:
         return None
-    mine = (torch.stack(groups.routing) if groups.routing
-            else torch.zeros((0, 3), dtype=torch.long)).to(torch.float64)
+    mine = torch.stack([loads for loads, _ in groups.routing]).to(torch.float64)
     parts = [torch.empty_like(mine) for _ in range(groups.ep)]
     dist.all_gather(parts, mine.contiguous(), group=groups.ep_group)
-    if not len(mine):
-        return None
-    every = torch.stack(parts).cpu()  # [rank, call, (busiest local expert, all, experts)]
+    every = torch.stack(parts).cpu()  # [rank, call, (busiest local expert, all)]
     per_rank = every[:, :, 1]
-    mean_expert = per_rank.sum(0) / every[0, :, 2]
+    mean_expert = per_rank.sum(0) / torch.tensor([float(e) for _, e in groups.routing])
     busiest_expert = every[:, :, 0].max(0).values / mean_expert
     busiest_rank = per_rank.max(0).values / per_rank.mean(0)
     return {"busiest_expert": float(busiest_expert.mean()),

@@ -154,10 +154,11 @@ def routing(records: list[dict], plan) -> dict | None:
     if not seen:
         return None
     engine = plan.training.get("engine") or {}
-    return {"busiest_expert": statistics.mean(x["busiest_expert"] for x in seen),
-            "busiest_rank": statistics.mean(x["busiest_rank"] for x in seen),
-            "calls_per_rank": seen[0]["calls"],
-            "planned_moe_imbalance": float(engine.get("moe_imbalance", 1.0))}
+    calls = sum(x["calls"] for x in seen)  # ranks of stages with more MoE layers weigh more
+    return {key: sum(x[key] * x["calls"] for x in seen) / calls
+            for key in ("busiest_expert", "busiest_rank")} | {
+        "calls_per_rank": max(x["calls"] for x in seen),
+        "planned_moe_imbalance": float(engine.get("moe_imbalance", 1.0))}
 
 
 def median(xs: list[float]) -> float | None:
