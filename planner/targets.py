@@ -59,14 +59,13 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     "any": Engine(name="any", version=""),
     # planner's own runtime (`plan run`): torch.distributed.pipelining actions, DTensor tensor
-    # parallelism without sequence parallelism, replicate / fully_shard; the optimizer stays on
-    # the device; no tensor parallelism through weights inside a split region (it would have to
-    # shard per-head weights with the heads or keep per-head norms in step across tp ranks).
+    # parallelism without sequence parallelism (per-head weights inside a split region sharded
+    # with the heads, per-head norms kept in step: planner.runtime.inner_weights),
+    # replicate / fully_shard; the optimizer stays on the device.
     "torch": Engine(name="torch", version="2.13",
                     schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                     offload=False, sequence_parallel=(False,), cp_comms=("p2p",),
-                    expert_tensor_parallel=False, tp_inner_weights=False,
-                    cp_comms_windowed=(), cp_comms_sinks=()),
+                    expert_tensor_parallel=False, cp_comms_windowed=(), cp_comms_sinks=()),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs

@@ -22,6 +22,7 @@ from planner.runtime import experts as moe
 from planner.runtime import model as mdl
 from planner.runtime import parallelize as par
 from planner.runtime.dataflow import Dataflow, probe
+from planner.runtime.inner_weights import InnerWeights, inside_modules, split_inner
 from planner.runtime.layout import Layout, layout_of
 from planner.runtime.options import RunOptions
 from planner.runtime.stages import StageModule, cuts, units_of
@@ -50,6 +51,8 @@ class Built:
     """Where the run departs from the plan, one line each."""
     ties: TieSync = field(default_factory=TieSync)
     """Parameters shared by stages (tied embeddings) and how their gradients are summed."""
+    inner: InnerWeights = field(default_factory=InnerWeights)
+    """Weights inside tensor-parallel regions: per-head slices, and shared ones kept in step."""
     experts: moe.ExpertGroups | None = None
     """Expert parallelism on this rank (ep > 1): its groups and expert parameters."""
     expert_names: set = field(default_factory=set)
@@ -209,6 +212,10 @@ def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, dp_mesh,
         styles, notes = par.tp_styles(plan.tensor_parallel, flow.feeds, present, named, layout.tp)
         out.notes.extend(notes)
         par.apply_tp(module.model, mesh["tp"], styles)
+        out.inner.tp, out.inner.tp_index = layout.tp, out.coords["tp"]
+        out.inner.group = mesh["tp"].get_group()
+        split_inner(module.model, inside_modules(plan.tensor_parallel, flow.feeds, present, named),
+                    out.inner)
     ignored = set()
     if out.experts is not None:
         names = moe.shard_experts(module.model, out.experts)

@@ -30,20 +30,11 @@ def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],
 
     A column-parallel Linear that feeds a row-parallel one keeps its output sharded (Megatron's
     pair); one that feeds none (a vocabulary head) gathers its output. Returns the styles and the
-    deviations from the plan (modules left replicated, with the reason)."""
+    deviations from the plan (modules left replicated, with the reason). Weights inside a pair's
+    region (per-head norms, attention sinks) are planner.runtime.inner_weights' part."""
     styles, notes = {}, []
     shared = SharedInput()
     partners = {c for r, src in feeds.items() if roles.get(r) == "rowwise" for c in src}
-    for name in sorted(present):
-        inside = roles.get(name) == "replicate" and any(
-            roles.get(c) == "colwise" for c in feeds.get(name, ()))
-        if inside and any(True for _ in modules[name].parameters(recurse=False)):
-            # a per-head norm (Qwen3's q_norm): each rank would update its weights from its own
-            # heads only, and the replicas would drift apart; per-head scores (gpt-oss's sinks)
-            # would need sharding with the heads, which the runtime does not do
-            raise SpecError(f"tensor_parallel.{name}: weights inside a tensor-parallel region "
-                            "(a norm over each head, or attention sinks); `plan run` does not "
-                            "shard or keep them in step across tp ranks; plan with --fix tp=1")
     for name, role in roles.items():
         if role not in TP_ROLES or name not in present:
             continue

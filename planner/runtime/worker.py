@@ -20,6 +20,7 @@ from planner.errors import PlannerError, SpecError
 from planner.files import atomic_write
 from planner.planfile.document import load_plan
 from planner.runtime import experts as moe
+from planner.runtime import inner_weights
 from planner.runtime import measure
 from planner.runtime.host_memory import keep_freed_memory
 from planner.runtime.build import Built, build
@@ -95,6 +96,7 @@ def _step(built: Built) -> list[float] | None:
     losses: list = []
     built.schedule.step(*built.inputs, target=built.targets, losses=losses, return_outputs=False)
     sync_grads(built.ties)
+    inner_weights.sync_grads(built.inner)
     moe.sync_grads(built.experts)
     built.optimizer.step()
     built.optimizer.zero_grad(set_to_none=True)
@@ -114,7 +116,8 @@ def _global_losses(records: list[dict]) -> list[float | None]:
 
 def _dump(built: Built, folder: str) -> None:
     """Full parameters of each stage, written by the stage's (dp 0, cp 0, tp 0) rank. Expert
-    parameters are gathered from the expert-parallel group first (every rank takes part)."""
+    parameters are gathered from the expert-parallel group first, per-head ones from the
+    tensor-parallel group (every rank takes part)."""
     os.makedirs(folder, exist_ok=True)
     for st, module in zip(built.stages, built.modules):
         full = {}
@@ -123,6 +126,8 @@ def _dump(built: Built, folder: str) -> None:
             key = name.removeprefix("model.")
             if key in built.expert_names:
                 t = _gather_experts(t.detach(), built.experts)
+            elif key in built.inner.sharded:
+                t = inner_weights.gather_heads(t.detach(), built.inner)
             full[key] = t.detach().cpu().clone()
         if all(built.coords[k] == 0 for k in ("dp", "cp", "tp")):
             torch.save(full, os.path.join(folder, f"stage{st.stage_index}.pt"))

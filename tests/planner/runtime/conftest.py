@@ -55,6 +55,20 @@ TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 
                 "num_experts_per_tok": 2}
 """Four routed experts per layer (two per token), two key/value heads for four query heads; four
 layers, so that the trace finds the repeated layers and a pipeline cuts between them."""
+TINY_QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 2,
+              "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 256,
+              "max_position_embeddings": 64, "tie_word_embeddings": False}
+"""Qwen3's query and key norms (one RMSNorm over the head dimension, shared by the heads) sit
+between the column- and row-parallel Linears of its attention."""
+TINY_GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+                "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 32,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256,
+                "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+                "max_position_embeddings": 64, "tie_word_embeddings": False}
+"""gpt-oss's attention sinks (one learned logit per head) inside its split attention, a sliding
+window on every other layer, routed experts with biases."""
 
 
 @pytest.fixture(scope="session")
@@ -62,8 +76,11 @@ def make_plan(tmp_path_factory, tiny_llama_config):
     folder = tmp_path_factory.mktemp("runtime-plans")
     gpt2 = folder / "tied-gpt2.json"
     gpt2.write_text(json.dumps(TIED_GPT2))
-    mixtral = folder / "tiny-mixtral.json"
-    mixtral.write_text(json.dumps(TINY_MIXTRAL))
-    return PlanMaker(str(folder), {"llama": tiny_llama_config, "branched": BRANCHED_SPEC,
-                                   "gpt2": str(gpt2), "multitower": MULTITOWER_SPEC,
-                                   "mixtral": str(mixtral)})
+    specs = {"llama": tiny_llama_config, "branched": BRANCHED_SPEC, "gpt2": str(gpt2),
+             "multitower": MULTITOWER_SPEC}
+    for name, config in (("mixtral", TINY_MIXTRAL), ("qwen3", TINY_QWEN3),
+                         ("gptoss", TINY_GPT_OSS)):
+        path = folder / f"tiny-{name}.json"
+        path.write_text(json.dumps(config))
+        specs[name] = str(path)
+    return PlanMaker(str(folder), specs)

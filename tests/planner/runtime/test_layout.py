@@ -87,10 +87,9 @@ def test_expert_groups_fold_over_the_flattened_tp_cp_dp_index(placement, pp, dp,
     assert lay.edp == tp * cp * dp // ep
 
 
-def test_weights_inside_a_tensor_parallel_region_are_refused_not_left_to_drift():
-    """A norm over each head (Qwen3's q_norm) fed by a column-parallel Linear: each tp rank
-    would update its weights from its own heads; the runtime says so instead of diverging. A
-    norm before the region (fed by a row-parallel output) is fine."""
+def test_tp_styles_shard_the_linears_and_leave_inner_weights_alone():
+    """The pair's Linears get DTensor styles; a per-head norm inside the region (Qwen3's q_norm,
+    planner.runtime.inner_weights' part) and a norm before it get none."""
     import torch.nn as nn
 
     from planner.runtime.parallelize import tp_styles
@@ -99,9 +98,6 @@ def test_weights_inside_a_tensor_parallel_region_are_refused_not_left_to_drift()
                "input_norm": nn.RMSNorm(8)}
     roles = {"q_proj": "colwise", "o_proj": "rowwise", "q_norm": "replicate",
              "input_norm": "replicate"}
-    fine = {"o_proj": {"q_proj"}, "input_norm": {"o_proj"}}
-    styles, _ = tp_styles(roles, fine, set(modules), modules, 2)
-    assert set(styles) == {"q_proj", "o_proj"}
-    with pytest.raises(SpecError, match="tensor_parallel.q_norm: weights inside a tensor-parallel"
-                                        " region.*--fix tp=1"):
-        tp_styles(roles, {**fine, "q_norm": {"q_proj"}}, set(modules), modules, 2)
+    feeds = {"o_proj": {"q_proj"}, "input_norm": {"o_proj"}, "q_norm": {"q_proj"}}
+    styles, notes = tp_styles(roles, feeds, set(modules), modules, 2)
+    assert set(styles) == {"q_proj", "o_proj"} and notes == []

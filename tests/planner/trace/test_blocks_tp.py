@@ -121,6 +121,16 @@ def test_per_head_norms_stay_inside_qwen3s_tensor_parallel_attention(tmp_path):
         "q_norm": "replicate", "k_norm": "replicate"}
     w = next(b for b in prepared.blocks.blocks if b.name.endswith("layers.2")).work
     assert w.fused_attn_flops_rep == 0 and w.attn_flops == w.fused_attn_flops > 0
+    # planner's runtime keeps the norms in step across tp ranks, so --target torch plans tp > 1
+    import planner
+    from planner.options import parse_fix
+    from planner.targets import restrict
+
+    plan = planner.plan_prepared(
+        prepared, planner.load_cluster("cpu", nodes=1, gpus_per_node=2),
+        planner.TrainingSpec(global_batch=4, seq_len=64, dtype="fp32", optimizer="sgd"),
+        restrict(planner.SearchOptions(fix=parse_fix("tp=2"), top_k=0), "torch"))
+    assert plan.parallel["tp"] == 2 and plan.tensor_parallel[layer + "q_norm"] == "replicate"
 
 
 def test_a_norm_over_the_whole_split_width_still_ends_the_region():

@@ -227,10 +227,13 @@ def test_selective_recomputation_counts_the_eager_cores_outside_tp_regions():
     assert _recomputed_flops(Arrays, "op") == pytest.approx(0.5 * (10 - 6))
 
 
-def test_target_torch_keeps_tp_off_where_weights_sit_inside_the_split_attention(tiny_gpt_oss):
-    """gpt-oss's sinks (as Qwen3's per-head norms) sit inside the split attention: Megatron-Core
-    and torchtitan shard them with the heads, planner's runtime does not, so --target torch never
-    plans tp > 1 for such a model (and says why when tp is pinned)."""
+def test_a_target_without_tp_through_inner_weights_keeps_tp_off(tiny_gpt_oss):
+    """gpt-oss's sinks (as Qwen3's per-head norms) sit inside the split attention; every target
+    shards them with the heads (planner's runtime too: planner.runtime.inner_weights), but a
+    target that could not (SearchOptions.tp_inner_weights=False) would never get tp > 1 for
+    such a model, and is told why when tp is pinned."""
+    import dataclasses
+
     import planner
     from planner import SearchOptions, TrainingSpec
     from planner.errors import SpecError
@@ -240,10 +243,11 @@ def test_target_torch_keeps_tp_off_where_weights_sit_inside_the_split_attention(
     assert any(b.tp_inner_weights for b in tiny_gpt_oss.blocks.blocks)
     cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=4)
     training = TrainingSpec(global_batch=8, seq_len=64, dtype="fp32", optimizer="sgd")
-    free = planner.plan_prepared(tiny_gpt_oss, cluster, training,
-                                 restrict(SearchOptions(top_k=0), "torch"))
+    unable = dataclasses.replace(restrict(SearchOptions(top_k=0), "torch"),
+                                 tp_inner_weights=False)
+    free = planner.plan_prepared(tiny_gpt_oss, cluster, training, unable)
     assert free.parallel["tp"] == 1
-    pinned = restrict(SearchOptions(fix=parse_fix("tp=2"), top_k=0), "torch")
+    pinned = dataclasses.replace(unable, fix=parse_fix("tp=2"))
     with pytest.raises(SpecError, match="fix.tp: 2 would split attention that keeps weights of "
                                         "its own .*pin tp=1 or plan for another --target"):
         planner.plan_prepared(tiny_gpt_oss, cluster, training, pinned)
@@ -252,7 +256,7 @@ def test_target_torch_keeps_tp_off_where_weights_sit_inside_the_split_attention(
     from planner.search.feasibility import leanest
 
     lean = leanest(ModelArrays.from_blocks(tiny_gpt_oss.blocks), tiny_gpt_oss.blocks, cluster,
-                   training, restrict(SearchOptions(top_k=0), "torch"))
+                   training, unable)
     assert lean is not None and lean[1].tp == 1
     anywhere = planner.plan_prepared(tiny_gpt_oss, cluster, training,
                                      SearchOptions(fix=parse_fix("tp=2"), top_k=0))
