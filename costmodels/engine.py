@@ -59,6 +59,13 @@ class EngineSpec:
     the memory rate, exposed. False: reductions work in place on bucket views (DDP with
     gradient_as_bucket_view, Megatron's contiguous buffers). It matters where memory is slow next
     to the collective (CPUs); on GPUs the copies are a few percent of the communication."""
+    pipelined_accumulation: bool = False
+    """The micro-batches run under torch.distributed.pipelining's schedules even without a
+    pipeline (``plan run`` does; torchtitan only with pp > 1). Those schedules turn FSDP2's
+    gradient sync off for all but the last micro-batch, so with ``fsdp_copies`` data parallelism
+    the gradients accumulate unreduced in an unsharded buffer beside the sharded ones: one more
+    gradient of the dense parameters, held through the step's backward passes
+    (costmodels.memory.model_state_bytes ``accumulating``; with a pipeline it applies anyway)."""
 
     state_layout: str = "megatron"
     """How model states are stored (costmodels.memory.STATE_LAYOUTS): ``megatron`` (fp32 main
@@ -180,6 +187,8 @@ def describe(engine: EngineSpec) -> str:
              f", gradient reduction "
              f"{'overlapped with backward' if engine.overlap_grad_reduce else 'after backward'}"
              f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}")
+    if engine.pipelined_accumulation:
+        words += ", micro-batches run by pipelining schedules"
     if engine.state_layout == "megatron-bf16-grads":
         words += ", gradients reduced in bf16"
     elif engine.state_layout == "fsdp2":
@@ -209,7 +218,8 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     if unknown:
         raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; choose from {sorted(names)}")
     kw = {**base, **dict(spec)}
-    for key in ("overlap_grad_reduce", "fsdp_copies", "moe_grouped_gemm", "moe_overlap"):
+    for key in ("overlap_grad_reduce", "fsdp_copies", "pipelined_accumulation", "moe_grouped_gemm",
+                "moe_overlap"):
         if key in kw and not isinstance(kw[key], bool):
             text = str(kw[key]).lower()
             if text not in ("true", "false", "1", "0", "yes", "no"):

@@ -59,21 +59,25 @@ stay too, and DDP (ZeRO-0) keeps the fp32 parameters whole."""
 
 
 def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int,
-                      offload: bool = False, layout: str = "zero") -> dict:
+                      offload: bool = False, layout: str = "zero",
+                      accumulating: bool = False) -> dict:
     """Bytes per GPU of weights, gradients and optimizer states for ``params`` local parameters.
 
     ``params`` is the count this GPU holds before ZeRO sharding (after tensor/pipeline splits).
     With ``offload`` the optimizer states live in host memory (ZeRO-Offload, Ren et al., USENIX
-    ATC'21) and take no device memory. ``layout``: STATE_LAYOUTS.
+    ATC'21) and take no device memory. ``layout``: STATE_LAYOUTS. ``accumulating``: FSDP2
+    accumulates the gradients of micro-batches unreduced, in an unsharded buffer beside the
+    sharded gradients (EngineSpec.pipelined_accumulation): one whole gradient more, in the
+    reduction dtype (fp32 under ``fsdp2``, torchtitan's; else the compute dtype's width).
     """
     per = _state_bytes(dtype=dtype, optimizer=optimizer, zero=zero, dp=dp, offload=offload,
-                       layout=layout)
+                       layout=layout, accumulating=accumulating)
     return {kind: params * b for kind, b in per}
 
 
 @functools.lru_cache(maxsize=4096)
 def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: bool,
-                 layout: str) -> tuple[tuple[str, float], ...]:
+                 layout: str, accumulating: bool = False) -> tuple[tuple[str, float], ...]:
     """(kind, bytes per local parameter) of model_state_bytes (a search asks for the same
     settings over and over)."""
     params = 1.0
@@ -103,6 +107,8 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
             grad_b, opt_b = 4, opt_b - 4
         weights = params * 4 / (dp if zero >= 2 else 1) + (params * weight_b if zero == 2 else 0)
     grads = params * grad_b / (dp if zero >= 2 else 1)
+    if accumulating:
+        grads += params * (4 if layout == "fsdp2" else weight_b)
     optim = 0.0 if offload else params * opt_b / (dp if zero >= 1 else 1)
     out = {"weights": weights, "grads": grads, "optimizer": optim}
     if dtype == "fp8":  # the cached FP8 copies of the weights, sharded like the weights
@@ -112,10 +118,12 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
 
 @functools.lru_cache(maxsize=4096)
 def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int,
-                          offload: bool = False, layout: str = "zero") -> float:
+                          offload: bool = False, layout: str = "zero",
+                          accumulating: bool = False) -> float:
     """Model-state bytes per local parameter (weights + grads + optimizer) after ZeRO sharding."""
     return sum(model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=zero, dp=dp,
-                                 offload=offload, layout=layout).values())
+                                 offload=offload, layout=layout,
+                                 accumulating=accumulating).values())
 
 
 def optimizer_traffic_bytes(*, dtype: str, optimizer: str, layout: str = "zero") -> float:

@@ -339,5 +339,19 @@ def state_bytes_per_param(cfg: Config, training: TrainingSpec) -> tuple[float, f
     replicas)."""
     kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
               offload=cfg.offload_optimizer, layout=training.engine.state_layout)
-    return (memory.state_bytes_per_param(dp=cfg.dp * cfg.cp, **kw),
-            memory.state_bytes_per_param(dp=cfg.edp, **kw))
+    accumulating = unreduced_accumulation(cfg, training)
+    return (memory.state_bytes_per_param(dp=cfg.dp * cfg.cp, **kw, accumulating=accumulating),
+            memory.state_bytes_per_param(dp=cfg.edp, **kw,
+                                         accumulating=accumulating and cfg.ep == 1))
+
+
+def unreduced_accumulation(cfg: Config, training: TrainingSpec) -> bool:
+    """Whether the dense gradients accumulate unreduced over the micro-batches beside the
+    sharded ones (costmodels.engine.EngineSpec.pipelined_accumulation): FSDP2-style data
+    parallelism over more than one replica, more than one micro-batch, run by
+    torch.distributed.pipelining's schedules (a pipeline, or an engine that always uses them).
+    Routed experts accumulate so only without expert parallelism (with it, `plan run` leaves them
+    out of the data-parallel wrapper and reduces them over their own group after backward)."""
+    engine = training.engine
+    return (engine.fsdp_copies and cfg.num_microbatches > 1 and cfg.dp * cfg.cp > 1
+            and (cfg.pp > 1 or engine.pipelined_accumulation))

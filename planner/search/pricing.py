@@ -11,7 +11,8 @@ from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
 from planner.search import placement
-from planner.search.costs import fp8_copy_bytes_per_param, in_flight_per_rank
+from planner.search.costs import (fp8_copy_bytes_per_param, in_flight_per_rank,
+                                  unreduced_accumulation)
 
 
 @dataclass
@@ -393,11 +394,13 @@ class RankMemory:
         FP8 copies (costs.block_state_bytes, for the stage split)."""
         self.in_flight = in_flight_per_rank(cfg.schedule, pp, cfg.num_microbatches, cfg.vpp)
         """Per rank, as costmodels.pipeline.in_flight gives it (an int or a float)."""
+        accumulating = unreduced_accumulation(cfg, training)
         states = memory.model_state_bytes(self.params - self.expert_params, dp=cfg.dp * cfg.cp,
-                                          **kw)
+                                          **kw, accumulating=accumulating)
         has_experts = self.expert_params != 0
         if has_experts.any():  # the experts' states, sharded over their own replicas
-            expert_states = memory.model_state_bytes(self.expert_params, dp=cfg.edp, **kw)
+            expert_states = memory.model_state_bytes(self.expert_params, dp=cfg.edp, **kw,
+                                                     accumulating=accumulating and cfg.ep == 1)
             states = {k: np.where(has_experts, v + expert_states[k], v) for k, v in states.items()}
         if "fp8_weights" in states:
             states["fp8_weights"] = states["fp8_weights"] - \

@@ -90,9 +90,15 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         outer = max(0.0, float(chunk_outer[idx].sum()) - tied_outer[r])  # no FP8 copies there
         in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                        microbatches=cfg.num_microbatches, vpp=cfg.vpp)
-        states = memory.model_state_bytes(params - experts, dp=cfg.dp * cfg.cp, **kw)
+        # FSDP2 under pipelining schedules keeps the unreduced sum of the micro-batches' gradients
+        engine = training.engine
+        unreduced = (engine.fsdp_copies and cfg.num_microbatches > 1 and cfg.dp * cfg.cp > 1
+                     and (cfg.pp > 1 or engine.pipelined_accumulation))
+        states = memory.model_state_bytes(params - experts, dp=cfg.dp * cfg.cp, **kw,
+                                          accumulating=unreduced)
         if experts:
-            states = {k: v + memory.model_state_bytes(experts, dp=cfg.edp, **kw)[k]
+            states = {k: v + memory.model_state_bytes(experts, dp=cfg.edp, **kw,
+                                                      accumulating=unreduced and cfg.ep == 1)[k]
                       for k, v in states.items()}
         if "fp8_weights" in states:
             states["fp8_weights"] -= memory.model_state_bytes(outer, dp=cfg.dp * cfg.cp,
