@@ -190,8 +190,8 @@ def cut_model(plan: Plan, real: mdl.RealModel, inputs: tuple, positions=None):
     if positions is not None:
         args = tuple(x[:, positions] for x in args)
     tp_modules = [m for m, role in plan.tensor_parallel.items() if role in par.TP_ROLES]
-    # replicated modules with weights of their own: where a column-parallel Linear feeds one
-    # (a norm over each head), tensor parallelism would need its weights kept in step
+    # replicated modules with weights of their own: whether a column-parallel Linear feeds one
+    # (a norm over each head: planner.runtime.inner_weights keeps its weights in step)
     named = dict(real.module.named_modules())
     watch = [m for m, role in plan.tensor_parallel.items() if role == "replicate" and m in named
              and any(True for _ in named[m].parameters(recurse=False))]

@@ -13,12 +13,14 @@ marks their modules ``replicate``):
   only, the gradients are summed over the tp group after backward (what the single process
   computes over all heads), so the copies take the same optimizer step and never drift apart.
 
-A parameter is per-head when it is one-dimensional with as many entries as the attention
-module's ``config.num_attention_heads``. Which modules hold such weights: those the plan marks
-``replicate`` with parameters of their own that a column-parallel Linear feeds (a norm over each
-head: all its parameters are shared), or that hold the column-parallel Linears themselves (the
-attention module, whose forward reads its sinks between them: only its per-head parameters
-count; others of its own act outside the split and stay as they are).
+A parameter is per-head when it is one-dimensional with as many entries as the module's heads
+(``config.num_attention_heads``, or its ``num_heads``). Which modules hold such weights: those the
+plan marks ``replicate`` with parameters of their own that a column-parallel Linear feeds (a norm
+over each head: its parameters are shared, unless per-head), or that hold the column-parallel
+Linears themselves (the attention module, whose forward reads its sinks between them). On the
+latter only per-head parameters are placed: the plan does not say whether another parameter of
+that module acts inside the split (a scale over the head dimension would) or outside it, so such
+a module, or one whose heads the runtime cannot read, is refused rather than left to drift.
 """
 
 from __future__ import annotations
@@ -67,9 +69,16 @@ def split_inner(model: nn.Module, names: dict[str, bool], out: InnerWeights) -> 
     modules = dict(model.named_modules())
     for name, fed in names.items():
         mod = modules[name]
-        heads = getattr(getattr(mod, "config", None), "num_attention_heads", None)
+        heads = (getattr(getattr(mod, "config", None), "num_attention_heads", None)
+                 or getattr(mod, "num_heads", None))
         for pname, p in list(mod.named_parameters(recurse=False)):
             fqn = f"{name}.{pname}" if name else pname
+            if not fed and not (p.dim() == 1 and heads and p.shape[0] == heads):
+                known = f"{heads} heads" if heads else "its heads unknown: no num_attention_heads"
+                raise SpecError(
+                    f"tensor_parallel.{name}: {pname} {tuple(p.shape)} sits on the module that "
+                    "holds the split attention's Linears, where the runtime places only one value "
+                    f"per head ({known}); plan with --fix tp=1")
             if p.dim() == 1 and heads and p.shape[0] == heads:
                 if heads % out.tp:
                     raise SpecError(f"tensor_parallel.{name}: {heads} heads do not divide over "

@@ -168,8 +168,8 @@ class Block:
     them (as Megatron-LM and torchtitan checkpoint transformer blocks), every block otherwise."""
     tp_inner_weights: bool = False
     """Whether weights of its own sit inside a tensor-parallel region (Qwen3's per-head norms,
-    gpt-oss's attention sinks): the engines shard or keep them in step, planner's runtime does
-    not (planner.targets)."""
+    gpt-oss's attention sinks), which an engine must shard with the heads or keep in step
+    (planner.targets; planner's runtime: planner.runtime.inner_weights)."""
 
 
 @dataclass

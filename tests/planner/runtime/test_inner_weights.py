@@ -76,7 +76,6 @@ def test_per_head_weights_are_cut_to_the_ranks_heads_and_shared_ones_kept_whole(
 
     model = nn.Module()
     model.attn = Attention()
-    model.attn.register_parameter("gate", nn.Parameter(torch.ones(8)))  # used outside the split
     roles = {"attn.q_proj": "colwise", "attn.o_proj": "rowwise", "attn": "replicate",
              "attn.q_norm": "replicate"}
     # the attention module is fed by what precedes it; its norm by its query projection
@@ -88,9 +87,25 @@ def test_per_head_weights_are_cut_to_the_ranks_heads_and_shared_ones_kept_whole(
     split_inner(model, names, out)
     assert out.sharded == {"attn.sinks"}
     assert model.attn.sinks.tolist() == [2.0, 3.0]  # heads 2 and 3 of 4
-    assert [fqn for _, fqn in out.shared] == ["attn.q_norm.weight"]  # not attn.gate
-    assert model.attn.gate.shape == (8,)
+    assert [fqn for _, fqn in out.shared] == ["attn.q_norm.weight"]
     assert model.attn.q_norm.weight.shape == (8,)
+    # another parameter on the module holding the split Linears (inside or outside the split?
+    # the plan does not say), or per-head values of a module whose heads are unknown: refused
+    from planner.errors import SpecError
+
+    model.attn = Attention()
+    model.attn.register_parameter("gate", nn.Parameter(torch.ones(8)))  # [head_dim]
+    with pytest.raises(SpecError, match=r"tensor_parallel.attn: gate \(8,\) sits on the module "
+                                        r"that holds the split attention's Linears.*4 heads.*"
+                                        r"--fix tp=1"):
+        split_inner(model, {"attn": False}, InnerWeights(tp=2, tp_index=0))
+    model.attn = Attention()
+    del model.attn.config
+    with pytest.raises(SpecError, match=r"sinks \(4,\) .*heads unknown"):
+        split_inner(model, {"attn": False}, InnerWeights(tp=2, tp_index=0))
+    model.attn.num_heads = 4  # as torch's and many modules name it
+    split_inner(model, {"attn": False}, InnerWeights(tp=2, tp_index=0))
+    assert model.attn.sinks.tolist() == [0.0, 1.0]
     # a module fed by a row-parallel Linear (a norm before the region) is not inside it
     assert inside_modules({**roles, "norm": "replicate"}, {"norm": {"attn.o_proj"}},
                           {"norm"}, {"norm": nn.RMSNorm(8)}) == {}
