@@ -345,6 +345,17 @@ def state_bytes_per_param(cfg: Config, training: TrainingSpec) -> tuple[float, f
                                          accumulating=accumulating and cfg.ep == 1))
 
 
+def fsdp_pipelined(cfg: Config, training: TrainingSpec) -> bool:
+    """Whether FSDP2-style data parallelism (EngineSpec.fsdp_copies) runs under
+    torch.distributed.pipelining's schedules (a pipeline, or an engine that always uses them:
+    EngineSpec.pipelined_accumulation), which for every micro-batch but the last turn FSDP2's
+    gradient sync and its reshard after backward off (PipelineStage.backward_maybe_with_nosync,
+    torch 2.13): gradients are reduced once per step, and parameters a backward gathered stay
+    gathered until the next forward has run."""
+    engine = training.engine
+    return engine.fsdp_copies and (cfg.pp > 1 or engine.pipelined_accumulation)
+
+
 def unreduced_accumulation(cfg: Config, training: TrainingSpec) -> bool:
     """Whether the dense gradients accumulate unreduced over the micro-batches beside the
     sharded ones (costmodels.engine.EngineSpec.pipelined_accumulation): FSDP2-style data
@@ -352,6 +363,4 @@ def unreduced_accumulation(cfg: Config, training: TrainingSpec) -> bool:
     torch.distributed.pipelining's schedules (a pipeline, or an engine that always uses them).
     Routed experts accumulate so only without expert parallelism (with it, `plan run` leaves them
     out of the data-parallel wrapper and reduces them over their own group after backward)."""
-    engine = training.engine
-    return (engine.fsdp_copies and cfg.num_microbatches > 1 and cfg.dp * cfg.cp > 1
-            and (cfg.pp > 1 or engine.pipelined_accumulation))
+    return fsdp_pipelined(cfg, training) and cfg.num_microbatches > 1 and cfg.dp * cfg.cp > 1

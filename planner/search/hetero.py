@@ -22,7 +22,8 @@ from costmodels.topology import HeteroCluster
 from planner.errors import SpecError
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import placement
-from planner.search.costs import BlockCosts, ModelArrays, block_costs, capacity_bytes, stage_memory
+from planner.search.costs import (BlockCosts, ModelArrays, block_costs, capacity_bytes,
+                                  fsdp_pipelined, stage_memory)
 from planner.search.pricing import (DataParallelBytes, Estimate, assemble, chunks, exposed_dp_s,
                                     rank_memory)
 from planner.solve.chain import partition, partition_staged
@@ -271,7 +272,8 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
         group = hc.groups[stage_group[st.index]]
         dp_s = max(dp_s, exposed_dp_s(cfg, st.params, per, placement.dp_group(lay, group), group,
                                       st.compute_s, st.compute_s - st.fwd_s,
-                                      training.engine.overlap_grad_reduce))
+                                      training.engine.overlap_grad_reduce,
+                                      pipelined=fsdp_pipelined(cfg, training)))
         shard = cfg.dp if cfg.zero >= 1 else 1
         opt_s = max(opt_s, compute.optimizer_step_s(st.params / shard, group.device,
                                                     traffic_bytes_per_param=traffic))

@@ -11,7 +11,7 @@ from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
 from planner.search import placement
-from planner.search.costs import (fp8_copy_bytes_per_param, in_flight_per_rank,
+from planner.search.costs import (fp8_copy_bytes_per_param, fsdp_pipelined, in_flight_per_rank,
                                   unreduced_accumulation)
 
 
@@ -462,21 +462,25 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     params, expert_params = ranks.params, ranks.expert_params
     compute_s, backward_s = split.rank_compute_s, split.rank_backward_s
     overlap = training.engine.overlap_grad_reduce
+    pipelined = fsdp_pipelined(cfg, training)
     dense = params - expert_params
-    exposed = exposed_dp_s(cfg, dense, per, group, cluster, compute_s, backward_s, overlap)
+    exposed = exposed_dp_s(cfg, dense, per, group, cluster, compute_s, backward_s, overlap,
+                           pipelined=pipelined)
     has_experts = expert_params != 0
     if has_experts.any():
         # the experts' gradients, over their own replicas, after the dense ones on the same links:
         # they get what the dense traffic leaves of the window that hides it
-        used = window_use_s(cfg, dense, per, group, cluster)
+        used = window_use_s(cfg, dense, per, group, cluster, pipelined=pipelined)
         exposed = exposed + np.where(has_experts, exposed_dp_s(
             cfg, expert_params, per, expert_group, cluster, np.maximum(0.0, compute_s - used),
-            np.maximum(0.0, backward_s - used), overlap), 0.0)
+            np.maximum(0.0, backward_s - used), overlap, pipelined=pipelined and cfg.ep == 1),
+            0.0)
     if training.engine.fsdp_copies:
         # FSDP2 copies what it wraps: the dense parameters, and the experts too without expert
         # parallelism (with ep > 1 they are left out of it and reduced apart, over edp)
         wrapped = dense if cfg.ep > 1 else params
-        exposed = exposed + np.array([fsdp_copies_s(cfg, n, per, cluster.device)
+        exposed = exposed + np.array([fsdp_copies_s(cfg, n, per, cluster.device,
+                                                    pipelined=pipelined)
                                       for n in wrapped.tolist()])
     dp_s = max(0.0, float(np.max(exposed)))
     dense_shard = cfg.dp * cfg.cp if cfg.zero >= 1 else 1
@@ -498,7 +502,8 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     return dp_s, max(0.0, float(np.max(step)))
 
 
-def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device) -> float:
+def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, *,
+                  pipelined: bool = False) -> float:
     """Buffer copies of FSDP2-style data parallelism per step (EngineSpec.fsdp_copies), for
     ``params`` parameters on the rank, each copy of their weights or gradients at the bytes data
     parallelism moves them in (``per``):
@@ -507,7 +512,8 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device) 
     - ZeRO-1/2: parameters copied out of the all-gather buffer (the local shard in), gradients
       copied into the reduce-scatter buffer, the shard scaled;
     - ZeRO-3: the same all-gathers before forward and backward and the reduce-scatter, per
-      micro-batch."""
+      micro-batch; ``pipelined`` (costs.fsdp_pipelined): as many all-gathers as exposed_dp_s
+      counts, and one reduce-scatter."""
     replicas = cfg.dp * cfg.cp  # context-parallel ranks reduce their gradients the same way
     if replicas <= 1:
         return 0.0
@@ -517,8 +523,8 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device) 
     elif cfg.zero <= 2:
         weights = grads = 1.0 + shard
     else:
-        weights = cfg.num_microbatches * 2 * (1.0 + shard)
-        grads = cfg.num_microbatches * (1.0 + shard)
+        gathers, scatters = zero3_calls(cfg.num_microbatches, pipelined)
+        weights, grads = gathers * (1.0 + shard), scatters * (1.0 + shard)
     return (weights * compute.copy_s(params * per.weights, device)
             + grads * compute.copy_s(params * per.grads, device))
 
@@ -543,21 +549,35 @@ class DataParallelBytes:
         return cls(grads=grads, weights=DTYPE_BYTES[precision.core_dtype(training.dtype)])
 
 
-def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster):
+def zero3_calls(m: int, pipelined: bool) -> tuple[int, int]:
+    """(all-gathers, reduce-scatters) of ZeRO-3 per step over ``m`` micro-batches: before every
+    forward and backward, and after every backward; under pipelining schedules (costs.
+    fsdp_pipelined) gradients are reduced once, and a backward leaves its parameters gathered
+    for the forward that follows it (1F1B) or for the next backward (GPipe): about one
+    all-gather per micro-batch, and one more."""
+    return (m + 1, 1) if pipelined else (2 * m, m)
+
+
+def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, *,
+                 pipelined: bool = False):
     """Seconds of the window that hides data-parallel traffic (``exposed_dp_s``: the last micro-
-    batch's backward for ZeRO-0/1, each micro-batch's backward for ZeRO-2, its forward and
-    backward for ZeRO-3) that ``params`` parameters' traffic occupies."""
+    batch's backward for ZeRO-0/1 and pipelined ZeRO-2, each micro-batch's backward for ZeRO-2,
+    its forward and backward for ZeRO-3) that ``params`` parameters' traffic occupies, per
+    micro-batch."""
     if cfg.zero == 0:
         return comm.allreduce_s(params * per.grads, group, cluster)
     scatter = comm.reduce_scatter_s(params * per.grads, group, cluster)
     if cfg.zero == 2:
         return scatter
     gather = comm.allgather_s(params * per.weights, group, cluster)
-    return scatter + gather if cfg.zero == 1 else 2 * gather + scatter
+    if cfg.zero == 1:
+        return scatter + gather
+    gathers, scatters = zero3_calls(cfg.num_microbatches, pipelined)
+    return (gathers * gather + scatters * scatter) / cfg.num_microbatches
 
 
 def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, compute_s,
-                 backward_s, overlap: bool):
+                 backward_s, overlap: bool, *, pipelined: bool = False):
     """Data-parallel traffic of one step that compute does not hide (Rajbhandari et al. 2020, §7):
 
     - ZeRO-0/1: gradients accumulate locally; one all-reduce (ZeRO-1: reduce-scatter + all-gather,
@@ -566,6 +586,9 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
       sharded), and the updated weights all-gathered after the step.
     - ZeRO-3: weights are all-gathered before every micro-batch's forward and backward and
       gradients reduce-scattered after it, prefetched behind compute (FSDP).
+    - ``pipelined`` (FSDP2 under torch's pipelining schedules, costs.fsdp_pipelined): gradients
+      are reduced once, during the last micro-batch's backward (ZeRO-2 then moves what ZeRO-1
+      does), and ZeRO-3 gathers about once per micro-batch (zero3_calls).
     Without overlap every byte is exposed. Gradients travel at ``per.grads`` bytes per parameter,
     gathered weights at ``per.weights``. ``params``, ``compute_s`` and ``backward_s`` may be
     numpy arrays (one entry per pipeline rank)."""
@@ -577,7 +600,9 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
                 else scatter + gather)
         return np.maximum(0.0, sync - backward_s) if overlap else sync
     if cfg.zero == 2:
-        per_mb = scatter
-        return gather + (np.maximum(0.0, m * per_mb - m * backward_s) if overlap else m * per_mb)
-    per_mb = 2 * gather + scatter
-    return np.maximum(0.0, m * per_mb - m * compute_s) if overlap else m * per_mb
+        reduces = 1 if pipelined else m
+        return gather + (np.maximum(0.0, reduces * (scatter - backward_s)) if overlap
+                         else reduces * scatter)
+    gathers, scatters = zero3_calls(m, pipelined)
+    total = gathers * gather + scatters * scatter
+    return np.maximum(0.0, total - m * compute_s) if overlap else total

@@ -288,3 +288,37 @@ def test_fsdp_copies_move_weights_and_gradients_at_their_own_bytes():
     z0 = dataclasses.replace(z3, zero=0)
     assert fsdp_copies_s(z0, n, per, device) == pytest.approx(3 * copy[4])
     assert fsdp_copies_s(dataclasses.replace(z3, dp=1), n, per, device) == 0.0
+    # under torch's pipelining schedules: three all-gathers over two micro-batches, one reduction
+    assert fsdp_copies_s(z3, n, per, device, pipelined=True) == pytest.approx(
+        3 * (1 + 1 / 8) * copy[2] + (1 + 1 / 8) * copy[4])
+
+
+def test_fsdp2_under_pipelining_schedules_reduces_once_per_step():
+    """torch.distributed.pipelining turns FSDP2's gradient sync (and its reshard after backward)
+    off for every micro-batch but the last: ZeRO-2 reduce-scatters once per step, not once per
+    micro-batch, and ZeRO-3 gathers about once per micro-batch instead of twice."""
+    from planner.options import Config
+    from planner.search.pricing import DataParallelBytes, exposed_dp_s
+    from planner.search import placement
+    from costmodels import comm
+
+    cluster = load_cluster("dgx-h100", nodes=2)
+    per = DataParallelBytes(grads=4, weights=2)
+    n, m = 1e9, 8
+    cfg = Config(dp=16, tp=1, pp=1, micro_batch=1, num_microbatches=m, schedule="1f1b",
+                 recompute="none", zero=2)
+    group = placement.dp_group(cfg, cluster)
+    scatter = comm.reduce_scatter_s(n * 4, group, cluster)
+    gather = comm.allgather_s(n * 2, group, cluster)
+
+    def exposed(c, pipelined):
+        return float(exposed_dp_s(c, n, per, group, cluster, 0.0, 0.0, False,
+                                  pipelined=pipelined))
+
+    assert exposed(cfg, False) == pytest.approx(gather + m * scatter)
+    assert exposed(cfg, True) == pytest.approx(gather + scatter)
+    z3 = dataclasses.replace(cfg, zero=3)
+    assert exposed(z3, False) == pytest.approx(2 * m * gather + m * scatter)
+    assert exposed(z3, True) == pytest.approx((m + 1) * gather + scatter)
+    one = dataclasses.replace(z3, num_microbatches=1)  # one micro-batch: nothing to skip
+    assert exposed(one, True) == pytest.approx(exposed(one, False))

@@ -127,17 +127,21 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         overlap = training.engine.overlap_grad_reduce
         # gradients reduced as kept, weights gathered in the 16-bit dtype the forward reads
         per = DataParallelBytes(grads=grad_b, weights=DTYPE_BYTES[precision.core_dtype(training.dtype)])
+        # FSDP2 under pipelining schedules reduces once per step
+        piped = training.engine.fsdp_copies and (cfg.pp > 1
+                                                 or training.engine.pipelined_accumulation)
         exposed = exposed_dp_s(cfg, params - experts, per,
-                               placement.dp_group(cfg, cluster), cluster, busy, backward, overlap)
+                               placement.dp_group(cfg, cluster), cluster, busy, backward, overlap,
+                               pipelined=piped)
         if experts:
             used = window_use_s(cfg, params - experts, per,
-                                placement.dp_group(cfg, cluster), cluster)
+                                placement.dp_group(cfg, cluster), cluster, pipelined=piped)
             exposed += exposed_dp_s(cfg, experts, per, placement.edp_group(cfg, cluster),
                                     cluster, max(0.0, busy - used), max(0.0, backward - used),
-                                    overlap)
+                                    overlap, pipelined=piped and cfg.ep == 1)
         if training.engine.fsdp_copies:
             wrapped = params - experts if cfg.ep > 1 else params
-            exposed += fsdp_copies_s(cfg, wrapped, per, cluster.device)
+            exposed += fsdp_copies_s(cfg, wrapped, per, cluster.device, pipelined=piped)
         dp_s = max(dp_s, exposed)
         local = ((params - experts) / (cfg.dp * cfg.cp if cfg.zero >= 1 else 1)
                  + experts / (cfg.edp if cfg.zero >= 1 else 1))
