@@ -48,12 +48,13 @@ def summary(result: dict, plan_name: str) -> str:
     ]
     rt = m.get("routing")
     if rt:
+        ranks = (f"the busiest expert-parallel rank {rt['busiest_rank']:.2f} x"
+                 if rt.get("expert_parallel", True) else "each rank holds every expert")
         lines.append(
             f"routing (timed steps, up to {rt['calls_per_rank']} MoE layer calls per rank, "
             "recomputed forwards included): the busiest "
-            f"expert got {rt['busiest_expert']:.2f} x the mean token copies, the busiest "
-            f"expert-parallel rank {rt['busiest_rank']:.2f} x; the plan assumed moe_imbalance "
-            f"{rt['planned_moe_imbalance']:g} (re-plan with --engine "
+            f"expert got {rt['busiest_expert']:.2f} x the mean token copies, {ranks}; the plan "
+            f"assumed moe_imbalance {rt['planned_moe_imbalance']:g} (plan with --engine "
             f"moe_imbalance={rt['busiest_expert']:.2f} to price this routing)")
     if result.get("loss_per_step"):
         lines.append("loss per step: " + ", ".join(f"{x:.4f}" for x in result["loss_per_step"]))

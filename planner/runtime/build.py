@@ -55,6 +55,8 @@ class Built:
     """Weights inside tensor-parallel regions: per-head slices, and shared ones kept in step."""
     experts: moe.ExpertGroups | None = None
     """Expert parallelism on this rank (ep > 1): its groups and expert parameters."""
+    routing: moe.RoutingRecord | None = None
+    """Without expert parallelism, the routing of this rank's MoE layer calls (None: no MoE)."""
     expert_names: set = field(default_factory=set)
     """FQNs (in the model) of the expert parameters this rank holds a slice of."""
     dp_wrap: str = "none"
@@ -99,8 +101,12 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     out.stages = [_pipeline_stage(m, s, layout, mesh, device,
                                   _whole_backward(m, flow, split, plan, out))
                   for m, s in zip(out.modules, local)]
+    if out.experts is None and any(moe.find_experts(m.model) for m in out.modules):
+        out.routing = moe.RoutingRecord()
+        for m in out.modules:
+            moe.record_routing(m.model, out.routing)
     for st in out.stages:
-        moe.record_routing_outside(st, out.experts)
+        moe.record_routing_outside(st, out.experts or out.routing)
     out.ties = tie_sync(ties, layout, rank, dict(zip(local, out.modules)))
     out.schedule = _schedule(plan, out.stages, layout)
     out.optimizer = mdl.make_optimizer(plan, [p for m in out.modules for p in m.parameters()],

@@ -34,6 +34,7 @@ parallel wrapper, which leaves the expert parameters alone (``ignored_params``).
 
 from __future__ import annotations
 
+import functools
 import types
 from dataclasses import dataclass, field
 
@@ -235,7 +236,31 @@ def _expert_parallel_forward(self, hidden: torch.Tensor, top_k_index: torch.Tens
     return out
 
 
-def record_routing_outside(stage, groups: ExpertGroups | None) -> None:
+@dataclass
+class RoutingRecord:
+    """The routing of a rank that holds every expert (no expert parallelism): per MoE layer call,
+    ([busiest expert's token copies, all of them] as a tensor, the layer's experts), counted by
+    forward pre-hooks (record_routing)."""
+
+    routing: list = field(default_factory=list)
+    recording: bool = True
+    """As ExpertGroups.recording."""
+
+
+def record_routing(model: nn.Module, record: RoutingRecord) -> None:
+    """Count, on every call of ``model``'s routed-experts modules, the token copies each expert
+    gets (one bincount of the router's choices; read after the timed steps: routing_summary)."""
+    for mod in find_experts(model).values():
+        mod.register_forward_pre_hook(functools.partial(_count_routing, record, mod.num_experts))
+
+
+def _count_routing(record: RoutingRecord, total: int, _module, args) -> None:
+    if record.recording and len(args) > 1:
+        loads = torch.bincount(args[1].reshape(-1), minlength=total)
+        record.routing.append((torch.stack([loads.max(), loads.sum()]), total))
+
+
+def record_routing_outside(stage, groups: ExpertGroups | RoutingRecord | None) -> None:
     """Leave the forward that torch's pipelining runs once to infer a stage's shapes
     (``PipelineStage._forward_metadata_inference``, torch 2.13; absent: nothing to leave) out of
     the routing record."""
@@ -277,7 +302,7 @@ def load_ratios(top_k_index: torch.Tensor, num_experts: int, ep: int) -> tuple[f
     return float(loads.max() / loads.mean()), float(ranks.max() / ranks.mean())
 
 
-def routing_summary(groups: ExpertGroups | None) -> dict | None:
+def routing_summary(groups: ExpertGroups | RoutingRecord | None) -> dict | None:
     """How evenly the calls recorded in ``groups.routing`` spread token copies, as the cost
     model states it (costmodels.engine.EngineSpec.moe_imbalance): per call, the busiest expert's
     copies over the mean of the layer's experts, and the busiest rank's over
@@ -288,11 +313,15 @@ def routing_summary(groups: ExpertGroups | None) -> dict | None:
     if groups is None or not groups.routing:
         return None
     mine = torch.stack([loads for loads, _ in groups.routing]).to(torch.float64)
+    experts = torch.tensor([float(e) for _, e in groups.routing])
+    if isinstance(groups, RoutingRecord):  # one rank holds every expert: nothing to wait for
+        return {"busiest_expert": float((mine[:, 0] / (mine[:, 1] / experts)).mean()),
+                "busiest_rank": 1.0, "calls": len(mine)}
     parts = [torch.empty_like(mine) for _ in range(groups.ep)]
     dist.all_gather(parts, mine.contiguous(), group=groups.ep_group)
     every = torch.stack(parts).cpu()  # [rank, call, (busiest local expert, all)]
     per_rank = every[:, :, 1]
-    mean_expert = per_rank.sum(0) / torch.tensor([float(e) for _, e in groups.routing])
+    mean_expert = per_rank.sum(0) / experts
     busiest_expert = every[:, :, 0].max(0).values / mean_expert
     busiest_rank = per_rank.max(0).values / per_rank.mean(0)
     return {"busiest_expert": float(busiest_expert.mean()),

@@ -147,9 +147,9 @@ def summarize(records: list[dict], plan, *, warmup: int) -> dict:
 
 
 def routing(records: list[dict], plan) -> dict | None:
-    """The expert-parallel ranks' routing of the timed steps (planner.runtime.experts
-    .routing_summary, averaged over the groups' ranks) next to the imbalance the plan was priced
-    with (training.engine.moe_imbalance); None without expert parallelism."""
+    """The routing of the timed steps' MoE layer calls (planner.runtime.experts.routing_summary,
+    averaged over the ranks) next to the imbalance the plan was priced with
+    (training.engine.moe_imbalance); None for a model without routed experts."""
     seen = [r["routing"] for r in records if r.get("routing")]
     if not seen:
         return None
@@ -158,6 +158,7 @@ def routing(records: list[dict], plan) -> dict | None:
     return {key: sum(x[key] * x["calls"] for x in seen) / calls
             for key in ("busiest_expert", "busiest_rank")} | {
         "calls_per_rank": max(x["calls"] for x in seen),
+        "expert_parallel": int(plan.parallel.get("ep", 1)) > 1,
         "planned_moe_imbalance": float(engine.get("moe_imbalance", 1.0))}
 
 

@@ -58,8 +58,9 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
     for step in range(total):
         if step == opts.warmup:
             mem.reset()
-            if built.experts:
-                built.experts.routing.clear()  # routing of the timed steps only
+            for record in (built.experts, built.routing):
+                if record is not None:
+                    record.routing.clear()  # routing of the timed steps only
         dist.barrier()
         timer.start()
         if profiled and step == total - 1:
@@ -77,7 +78,7 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
         "rss_baseline_bytes": mem.baseline, "memory_method": mem.method,
         "state_bytes": measure.state_bytes(built.modules, built.optimizer),
         "expert_params": sum(p.numel() for p in built.experts.params) if built.experts else 0,
-        "routing": moe.routing_summary(built.experts),
+        "routing": moe.routing_summary(built.experts or built.routing),
         "losses": step_losses, "notes": built.notes + ([mem.failure] if mem.failure else []),
     }
     if opts.dump_dir:

@@ -124,7 +124,12 @@ def test_expert_parallel_run_reports_the_routing_of_its_step(runs):
     assert routing["busiest_rank"] == pytest.approx(sum(rank) / len(rank), rel=1e-9)
     assert 1.0 < routing["busiest_rank"] < routing["busiest_expert"]
     assert routing["planned_moe_imbalance"] == 1.0
-    assert runs["cp2"][1]["measured"]["routing"] is None  # no expert parallelism, nothing measured
+    assert routing["expert_parallel"]
+    # without expert parallelism each rank counts its own calls (its cp half of each sequence)
+    alone = runs["cp2"][1]["measured"]["routing"]
+    assert alone["busiest_rank"] == 1.0 and not alone["expert_parallel"]
+    assert alone["calls_per_rank"] == 4 * 8 // 2  # layers x micro-batches (dp=1)
+    assert 1.0 < alone["busiest_expert"] <= 4.0
 
 
 def _refused(capsys, path, *words):
@@ -185,3 +190,30 @@ def test_context_parallelism_over_attention_sinks_is_refused_before_launch():
     with pytest.raises(SpecError, match="parallel.cp: the ring attention has no logit "
                                         "soft-capping or attention sinks"):
         check_model(model, seq_len=16, cp=2)
+
+
+def test_routing_of_a_rank_holding_every_expert_is_counted_by_hooks():
+    """Without expert parallelism the runtime counts each MoE call's routing with a forward
+    pre-hook: the figures equal the router's choices seen by routed_experts, and recording
+    stops while torch's pipelining infers shapes (recording False)."""
+    from transformers import AutoConfig, MixtralForCausalLM
+
+    from conftest import TINY_MIXTRAL
+
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(AutoConfig.for_model(**TINY_MIXTRAL)).float()
+    tokens = torch.randint(0, TINY_MIXTRAL["vocab_size"], (4, 16),
+                           generator=torch.Generator().manual_seed(1))
+    calls = moe.routed_experts(model, tokens)
+    record = moe.RoutingRecord()
+    moe.record_routing(model, record)
+    with torch.no_grad():
+        model(tokens)
+        record.recording = False
+        model(tokens)
+    summary = moe.routing_summary(record)
+    assert summary["calls"] == len(calls) == TINY_MIXTRAL["num_hidden_layers"]
+    expected = [moe.load_ratios(idx, TINY_MIXTRAL["num_local_experts"], ep=1)[0]
+                for idx in calls]
+    assert summary["busiest_expert"] == pytest.approx(sum(expected) / len(expected), rel=1e-12)
+    assert summary["busiest_rank"] == 1.0
