@@ -61,11 +61,11 @@ class EngineSpec:
     to the collective (CPUs); on GPUs the copies are a few percent of the communication."""
     pipelined_accumulation: bool = False
     """The micro-batches run under torch.distributed.pipelining's schedules even without a
-    pipeline (``plan run`` does; torchtitan only with pp > 1). Those schedules turn FSDP2's
-    gradient sync off for all but the last micro-batch, so with ``fsdp_copies`` data parallelism
-    the gradients accumulate unreduced in an unsharded buffer beside the sharded ones: one more
-    gradient of the dense parameters, held through the step's backward passes
-    (costmodels.memory.model_state_bytes ``accumulating``; with a pipeline it applies anyway)."""
+    pipeline (``plan run`` does; torchtitan only with pp > 1). With ``fsdp_copies`` data
+    parallelism those schedules defer FSDP2's gradient sync (and its reshard after backward)
+    for every micro-batch and reduce once after all the backward passes: the reduction is not
+    hidden behind backward, gradients stay unsharded until then, ZeRO-3's weights stay gathered
+    (planner.search.costs.fsdp_pipelined; with a pipeline it applies anyway)."""
 
     state_layout: str = "megatron"
     """How model states are stored (costmodels.memory.STATE_LAYOUTS): ``megatron`` (fp32 main

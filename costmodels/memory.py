@@ -60,24 +60,27 @@ stay too, and DDP (ZeRO-0) keeps the fp32 parameters whole."""
 
 def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int,
                       offload: bool = False, layout: str = "zero",
-                      accumulating: bool = False) -> dict:
+                      deferred: int = 0) -> dict:
     """Bytes per GPU of weights, gradients and optimizer states for ``params`` local parameters.
 
     ``params`` is the count this GPU holds before ZeRO sharding (after tensor/pipeline splits).
     With ``offload`` the optimizer states live in host memory (ZeRO-Offload, Ren et al., USENIX
-    ATC'21) and take no device memory. ``layout``: STATE_LAYOUTS. ``accumulating``: FSDP2
-    accumulates the gradients of micro-batches unreduced, in an unsharded buffer beside the
-    sharded gradients (EngineSpec.pipelined_accumulation): one whole gradient more, in the
-    reduction dtype (fp32 under ``fsdp2``, torchtitan's; else the compute dtype's width).
+    ATC'21) and take no device memory. ``layout``: STATE_LAYOUTS. ``deferred``: the micro-batches
+    of a step whose FSDP2 gradient sync torch's pipelining schedules defer until after every
+    backward pass (EngineSpec.pipelined_accumulation; 0: not deferred). The gradients then stay
+    unsharded through the backward passes, in the reduction dtype (fp32 under ``fsdp2``,
+    torchtitan's; else the compute dtype's width), and ZeRO-3's gathered weights stay gathered;
+    replicate (ZeRO-0) holds one more whole gradient while it accumulates over several
+    micro-batches (measured on `plan run`, docs/runtime.md).
     """
     per = _state_bytes(dtype=dtype, optimizer=optimizer, zero=zero, dp=dp, offload=offload,
-                       layout=layout, accumulating=accumulating)
+                       layout=layout, deferred=deferred)
     return {kind: params * b for kind, b in per}
 
 
 @functools.lru_cache(maxsize=4096)
 def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: bool,
-                 layout: str, accumulating: bool = False) -> tuple[tuple[str, float], ...]:
+                 layout: str, deferred: int = 0) -> tuple[tuple[str, float], ...]:
     """(kind, bytes per local parameter) of model_state_bytes (a search asks for the same
     settings over and over)."""
     params = 1.0
@@ -107,8 +110,14 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
             grad_b, opt_b = 4, opt_b - 4
         weights = params * 4 / (dp if zero >= 2 else 1) + (params * weight_b if zero == 2 else 0)
     grads = params * grad_b / (dp if zero >= 2 else 1)
-    if accumulating:
-        grads += params * (4 if layout == "fsdp2" else weight_b)
+    if deferred:
+        unsharded = params * (4 if layout == "fsdp2" else weight_b)
+        if zero >= 1:  # the sharded gradients come only with the reduction, after backward
+            grads = unsharded
+        elif deferred > 1:
+            grads += unsharded
+        if zero >= 3:
+            weights += params * weight_b
     optim = 0.0 if offload else params * opt_b / (dp if zero >= 1 else 1)
     out = {"weights": weights, "grads": grads, "optimizer": optim}
     if dtype == "fp8":  # the cached FP8 copies of the weights, sharded like the weights
@@ -119,11 +128,11 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
 @functools.lru_cache(maxsize=4096)
 def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int,
                           offload: bool = False, layout: str = "zero",
-                          accumulating: bool = False) -> float:
+                          deferred: int = 0) -> float:
     """Model-state bytes per local parameter (weights + grads + optimizer) after ZeRO sharding."""
     return sum(model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=zero, dp=dp,
                                  offload=offload, layout=layout,
-                                 accumulating=accumulating).values())
+                                 deferred=deferred).values())
 
 
 def optimizer_traffic_bytes(*, dtype: str, optimizer: str, layout: str = "zero") -> float:

@@ -44,7 +44,8 @@ def register(add) -> None:
     s.add_argument("--engine", help=f"the software you train with: a preset ({presets}) and/or "
                    "attention=flash|flash2|materialized, kernels=fused|eager, "
                    "fused_scope=model|layers, overlap_grad_reduce=true|false, "
-                   "fsdp_copies=true|false, state_layout=megatron|megatron-bf16-grads|zero|"
+                   "fsdp_copies=true|false, pipelined_accumulation=true|false, "
+                   "state_layout=megatron|megatron-bf16-grads|zero|"
                    "fsdp2, fp8_recipe=delayed|current|block, and for MoE moe_dispatcher, "
                    "moe_imbalance, moe_capacity_factor, moe_grouped_gemm, moe_overlap, "
                    "moe_host_op_s (README: MoE engine settings)")

@@ -339,28 +339,30 @@ def state_bytes_per_param(cfg: Config, training: TrainingSpec) -> tuple[float, f
     replicas)."""
     kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
               offload=cfg.offload_optimizer, layout=training.engine.state_layout)
-    accumulating = unreduced_accumulation(cfg, training)
-    return (memory.state_bytes_per_param(dp=cfg.dp * cfg.cp, **kw, accumulating=accumulating),
+    deferred = deferred_sync(cfg, training)
+    return (memory.state_bytes_per_param(dp=cfg.dp * cfg.cp, **kw, deferred=deferred),
             memory.state_bytes_per_param(dp=cfg.edp, **kw,
-                                         accumulating=accumulating and cfg.ep == 1))
+                                         deferred=deferred if cfg.ep == 1 else 0))
 
 
 def fsdp_pipelined(cfg: Config, training: TrainingSpec) -> bool:
     """Whether FSDP2-style data parallelism (EngineSpec.fsdp_copies) runs under
     torch.distributed.pipelining's schedules (a pipeline, or an engine that always uses them:
-    EngineSpec.pipelined_accumulation), which for every micro-batch but the last turn FSDP2's
-    gradient sync and its reshard after backward off (PipelineStage.backward_maybe_with_nosync,
-    torch 2.13): gradients are reduced once per step, and parameters a backward gathered stay
-    gathered until the next forward has run."""
+    EngineSpec.pipelined_accumulation). For every micro-batch, the last included, they turn
+    FSDP2's gradient sync and its reshard after backward off, and reduce the gradients once
+    after all the backward passes (PipelineStage.backward_maybe_with_nosync and
+    perform_reduce_grad, torch 2.13): the reduction is not hidden behind backward, and
+    parameters a backward gathered stay gathered."""
     engine = training.engine
     return engine.fsdp_copies and (cfg.pp > 1 or engine.pipelined_accumulation)
 
 
-def unreduced_accumulation(cfg: Config, training: TrainingSpec) -> bool:
-    """Whether the dense gradients accumulate unreduced over the micro-batches beside the
-    sharded ones (costmodels.engine.EngineSpec.pipelined_accumulation): FSDP2-style data
-    parallelism over more than one replica, more than one micro-batch, run by
-    torch.distributed.pipelining's schedules (a pipeline, or an engine that always uses them).
-    Routed experts accumulate so only without expert parallelism (with it, `plan run` leaves them
-    out of the data-parallel wrapper and reduces them over their own group after backward)."""
-    return fsdp_pipelined(cfg, training) and cfg.num_microbatches > 1 and cfg.dp * cfg.cp > 1
+def deferred_sync(cfg: Config, training: TrainingSpec) -> int:
+    """The micro-batches whose dense gradients wait unreduced for the step's reduction
+    (costmodels.memory.model_state_bytes ``deferred``), 0 when the sync is not deferred or
+    there is nothing to reduce over (one replica). Routed experts wait so only without expert
+    parallelism (with it, `plan run` leaves them out of the data-parallel wrapper and reduces
+    them over their own group after backward)."""
+    if not fsdp_pipelined(cfg, training) or cfg.dp * cfg.cp <= 1:
+        return 0
+    return cfg.num_microbatches

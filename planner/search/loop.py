@@ -340,7 +340,8 @@ def _least_state_bytes(zero: int, offload: bool, replicas: int, edp: int, dtype:
                        optimizer: str, layout: str) -> float:
     """The fewer model-state bytes per parameter of the dense parameters (sharded over
     ``replicas``) and the experts' (over ``edp``): costs.state_bytes_per_param, without FP8
-    weight copies (the blocks outside the layers keep none)."""
+    weight copies (the blocks outside the layers keep none) and without what a deferred FSDP2
+    gradient sync adds (costs.deferred_sync): a lower bound."""
     kw = dict(dtype=dtype, optimizer=optimizer, zero=zero, offload=offload, layout=layout)
 
     def without_copies(dp: int) -> float:

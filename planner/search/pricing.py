@@ -11,8 +11,8 @@ from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
 from planner.search import placement
-from planner.search.costs import (fp8_copy_bytes_per_param, fsdp_pipelined, in_flight_per_rank,
-                                  unreduced_accumulation)
+from planner.search.costs import (deferred_sync, fp8_copy_bytes_per_param, fsdp_pipelined,
+                                  in_flight_per_rank)
 
 
 @dataclass
@@ -394,22 +394,22 @@ class RankMemory:
         FP8 copies (costs.block_state_bytes, for the stage split)."""
         self.in_flight = in_flight_per_rank(cfg.schedule, pp, cfg.num_microbatches, cfg.vpp)
         """Per rank, as costmodels.pipeline.in_flight gives it (an int or a float)."""
-        accumulating = unreduced_accumulation(cfg, training)
+        deferred = deferred_sync(cfg, training)
         states = memory.model_state_bytes(self.params - self.expert_params, dp=cfg.dp * cfg.cp,
-                                          **kw, accumulating=accumulating)
+                                          **kw, deferred=deferred)
         has_experts = self.expert_params != 0
         if has_experts.any():  # the experts' states, sharded over their own replicas
             expert_states = memory.model_state_bytes(self.expert_params, dp=cfg.edp, **kw,
-                                                     accumulating=accumulating and cfg.ep == 1)
+                                                     deferred=deferred if cfg.ep == 1 else 0)
             states = {k: np.where(has_experts, v + expert_states[k], v) for k, v in states.items()}
         if "fp8_weights" in states:
             states["fp8_weights"] = states["fp8_weights"] - \
                 self.outer_params * fp8_copy_bytes_per_param(cfg, training)
         working = rank_max(chunk_work, pp)
         largest = rank_max(chunk_largest, pp)
-        if cfg.zero == 3:  # the running and the prefetched block's weights, gathered
+        if cfg.zero == 3 and not deferred:  # the running and the prefetched block's weights
             working = working + 2 * DataParallelBytes.of(training).weights * largest
-        if cfg.zero >= 2:  # a block's gradient, whole until its reduce-scatter is done
+        if cfg.zero >= 2 and not deferred:  # a block's gradient, whole until its reduce-scatter
             working = working + whole["grads"] * largest
         self.memory = {**states, "activations": np.array(self.in_flight, dtype=float)
                        * rank_totals(act, pp), "working": working}
@@ -561,9 +561,13 @@ def zero3_calls(m: int, pipelined: bool) -> tuple[int, int]:
 def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, *,
                  pipelined: bool = False):
     """Seconds of the window that hides data-parallel traffic (``exposed_dp_s``: the last micro-
-    batch's backward for ZeRO-0/1 and pipelined ZeRO-2, each micro-batch's backward for ZeRO-2,
-    its forward and backward for ZeRO-3) that ``params`` parameters' traffic occupies, per
-    micro-batch."""
+    batch's backward for ZeRO-0/1, each micro-batch's backward for ZeRO-2, its forward and
+    backward for ZeRO-3) that ``params`` parameters' traffic occupies, per micro-batch;
+    ``pipelined``: only ZeRO-3's gathers use it (the reduction waits for every backward)."""
+    if pipelined:
+        gathers = zero3_calls(cfg.num_microbatches, True)[0] if cfg.zero == 3 else 0
+        return gathers * comm.allgather_s(params * per.weights, group, cluster) / \
+            cfg.num_microbatches
     if cfg.zero == 0:
         return comm.allreduce_s(params * per.grads, group, cluster)
     scatter = comm.reduce_scatter_s(params * per.grads, group, cluster)
@@ -572,8 +576,7 @@ def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
     gather = comm.allgather_s(params * per.weights, group, cluster)
     if cfg.zero == 1:
         return scatter + gather
-    gathers, scatters = zero3_calls(cfg.num_microbatches, pipelined)
-    return (gathers * gather + scatters * scatter) / cfg.num_microbatches
+    return 2 * gather + scatter
 
 
 def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, compute_s,
@@ -587,22 +590,29 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
     - ZeRO-3: weights are all-gathered before every micro-batch's forward and backward and
       gradients reduce-scattered after it, prefetched behind compute (FSDP).
     - ``pipelined`` (FSDP2 under torch's pipelining schedules, costs.fsdp_pipelined): gradients
-      are reduced once, during the last micro-batch's backward (ZeRO-2 then moves what ZeRO-1
-      does), and ZeRO-3 gathers about once per micro-batch (zero3_calls).
+      are reduced once, after all the backward passes, so nothing hides the reduction (ZeRO-2
+      then moves what ZeRO-1 does), and ZeRO-3 gathers about once per micro-batch
+      (zero3_calls), behind compute.
     Without overlap every byte is exposed. Gradients travel at ``per.grads`` bytes per parameter,
     gathered weights at ``per.weights``. ``params``, ``compute_s`` and ``backward_s`` may be
     numpy arrays (one entry per pipeline rank)."""
     m = cfg.num_microbatches
     scatter = comm.reduce_scatter_s(params * per.grads, group, cluster)
     gather = comm.allgather_s(params * per.weights, group, cluster)
+    if pipelined:
+        if cfg.zero <= 1:
+            return comm.allreduce_s(params * per.grads, group, cluster) if cfg.zero == 0 \
+                else scatter + gather
+        if cfg.zero == 2:
+            return gather + scatter
+        gathers = zero3_calls(m, True)[0] * gather
+        return scatter + (np.maximum(0.0, gathers - m * compute_s) if overlap else gathers)
     if cfg.zero <= 1:  # ZeRO-1 runs the two halves as separate calls (backend speeds may differ)
         sync = (comm.allreduce_s(params * per.grads, group, cluster) if cfg.zero == 0
                 else scatter + gather)
         return np.maximum(0.0, sync - backward_s) if overlap else sync
     if cfg.zero == 2:
-        reduces = 1 if pipelined else m
-        return gather + (np.maximum(0.0, reduces * (scatter - backward_s)) if overlap
-                         else reduces * scatter)
-    gathers, scatters = zero3_calls(m, pipelined)
-    total = gathers * gather + scatters * scatter
+        return gather + (np.maximum(0.0, m * scatter - m * backward_s) if overlap
+                         else m * scatter)
+    total = 2 * m * gather + m * scatter
     return np.maximum(0.0, total - m * compute_s) if overlap else total

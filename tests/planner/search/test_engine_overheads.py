@@ -322,3 +322,27 @@ def test_fsdp2_under_pipelining_schedules_reduces_once_per_step():
     assert exposed(z3, True) == pytest.approx((m + 1) * gather + scatter)
     one = dataclasses.replace(z3, num_microbatches=1)  # one micro-batch: nothing to skip
     assert exposed(one, True) == pytest.approx(exposed(one, False))
+    # and after every backward pass: nothing hides the reduction, however long the backward
+    def hidden(c, pipelined):
+        return float(exposed_dp_s(c, n, per, group, cluster, 100.0, 100.0, True,
+                                  pipelined=pipelined))
+
+    assert hidden(cfg, False) == pytest.approx(gather)
+    assert hidden(cfg, True) == pytest.approx(gather + scatter)
+    assert hidden(z3, True) == pytest.approx(scatter)  # the gathers run behind compute
+
+
+def test_fsdp2_with_deferred_sync_keeps_gradients_unsharded_and_zero3_weights_gathered():
+    from costmodels import memory
+
+    kw = dict(dtype="bf16", optimizer="adam", dp=8, layout="megatron")
+    for zero in (1, 2, 3):
+        plain = memory.model_state_bytes(1.0, zero=zero, **kw)
+        deferred = memory.model_state_bytes(1.0, zero=zero, deferred=4, **kw)
+        assert deferred["grads"] == 2.0  # whole, in the compute width, until the reduction
+        assert deferred["optimizer"] == plain["optimizer"]
+        assert deferred["weights"] == plain["weights"] + (2.0 if zero == 3 else 0.0)
+    replicate = memory.model_state_bytes(1.0, zero=0, deferred=4, **kw)
+    assert replicate["grads"] == memory.model_state_bytes(1.0, zero=0, **kw)["grads"] + 2.0
+    assert memory.model_state_bytes(1.0, zero=0, deferred=1, **kw) == \
+        memory.model_state_bytes(1.0, zero=0, **kw)

@@ -90,23 +90,23 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         outer = max(0.0, float(chunk_outer[idx].sum()) - tied_outer[r])  # no FP8 copies there
         in_flight = pipeline.in_flight(cfg.schedule, stage=r, stages=cfg.pp,
                                        microbatches=cfg.num_microbatches, vpp=cfg.vpp)
-        # FSDP2 under pipelining schedules keeps the unreduced sum of the micro-batches' gradients
+        # FSDP2 under pipelining schedules reduces after every backward pass
         engine = training.engine
-        unreduced = (engine.fsdp_copies and cfg.num_microbatches > 1 and cfg.dp * cfg.cp > 1
-                     and (cfg.pp > 1 or engine.pipelined_accumulation))
+        piped = engine.fsdp_copies and (cfg.pp > 1 or engine.pipelined_accumulation)
+        deferred = cfg.num_microbatches if piped and cfg.dp * cfg.cp > 1 else 0
         states = memory.model_state_bytes(params - experts, dp=cfg.dp * cfg.cp, **kw,
-                                          accumulating=unreduced)
+                                          deferred=deferred)
         if experts:
             states = {k: v + memory.model_state_bytes(experts, dp=cfg.edp, **kw,
-                                                      accumulating=unreduced and cfg.ep == 1)[k]
+                                                      deferred=deferred * (cfg.ep == 1))[k]
                       for k, v in states.items()}
         if "fp8_weights" in states:
             states["fp8_weights"] -= memory.model_state_bytes(outer, dp=cfg.dp * cfg.cp,
                                                               **kw)["fp8_weights"]
         working, largest = float(chunk_work[idx].max()), float(chunk_largest[idx].max())
-        if cfg.zero == 3:  # two blocks' weights gathered in the compute dtype
+        if cfg.zero == 3 and not deferred:  # two blocks' weights gathered in the compute dtype
             working += 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)] * largest
-        if cfg.zero >= 2:
+        if cfg.zero >= 2 and not deferred:
             working += whole["grads"] * largest
         mem = {**states, "activations": in_flight * sum(st.act_bytes for st in mine),
                "working": working}
