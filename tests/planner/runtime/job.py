@@ -48,5 +48,21 @@ def torchrun(nproc: int, result: str, dump: str, plans: list[str], *, lr: float)
         raise AssertionError(f"torchrun job failed:\n{(proc.stdout + proc.stderr)[-6000:]}")
 
 
+def run_cases(root, jobs: list[tuple[int, dict[str, str]]], *, lr: float) -> dict:
+    """One torchrun job per (process count, {case name: plan path}) under the folder ``root``;
+    -> {case name: (plan path, result dict, dump folder)}."""
+    out = {}
+    for nproc, paths in jobs:
+        result = os.path.join(str(root), f"result{nproc}.json")
+        dump = os.path.join(str(root), "dump")
+        torchrun(nproc, result, dump, list(paths.values()), lr=lr)
+        with open(result) as f:
+            res = json.load(f)
+        for name, path in paths.items():
+            key = os.path.basename(path).removesuffix(".json")
+            out[name] = (path, res[key], os.path.join(dump, key))
+    return out
+
+
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:])

@@ -7,12 +7,11 @@ first and the last stage; and a small examples/multitower.py (a wide DAG) in fou
 job (tests/planner/runtime/job.py), so processes start twice in all.
 """
 
-import json
 
 import pytest
 
 from equal_steps import assert_equals_single_process
-from job import torchrun
+from job import run_cases
 
 from planner.schedule import as_text
 from planner.schedule.builders import build
@@ -67,17 +66,9 @@ def _make(make_plan, model: str, case: str) -> str:
 @pytest.fixture(scope="module")
 def runs(make_plan, tmp_path_factory):
     """Run every case; -> {name: (plan path, result dict, dump folder)}."""
-    root = tmp_path_factory.mktemp("runtime-runs")
-    out = {}
-    for nproc, cases in ((2, TWO), (4, FOUR)):
-        paths = {f"{m}-{c}": _make(make_plan, m, c) for m, c in CASES if c in cases}
-        result = str(root / f"result{nproc}.json")
-        torchrun(nproc, result, str(root / "dump"), list(paths.values()), lr=LR)
-        with open(result) as f:
-            res = json.load(f)
-        for name, path in paths.items():
-            out[name] = (path, res[name], str(root / "dump" / name))
-    return out
+    jobs = [(nproc, {f"{m}-{c}": _make(make_plan, m, c) for m, c in CASES if c in cases})
+            for nproc, cases in ((2, TWO), (4, FOUR))]
+    return run_cases(tmp_path_factory.mktemp("runtime-runs"), jobs, lr=LR)
 
 
 @pytest.mark.slow

@@ -12,14 +12,12 @@ All plans of one process count run in one torchrun job (tests/planner/runtime/jo
 of what the runtime does not run are checked without starting processes.
 """
 
-import json
-import os
 
 import pytest
 import torch
 
 from equal_steps import assert_equals_single_process
-from job import torchrun
+from job import run_cases
 from planner.cli.main import main
 from planner.options import parse_fix
 from planner.planfile.document import load_plan
@@ -61,18 +59,9 @@ def _make(make_plan, name: str, fix: str) -> str:
 @pytest.fixture(scope="module")
 def runs(make_plan, tmp_path_factory):
     """Run every case; -> {name: (plan path, result dict, dump folder)}."""
-    root = tmp_path_factory.mktemp("moe-cp-runs")
-    out = {}
-    for nproc, cases in ((2, TWO), (4, FOUR)):
-        paths = {name: _make(make_plan, name, fix) for name, fix in cases.items()}
-        result = str(root / f"result{nproc}.json")
-        torchrun(nproc, result, str(root / "dump"), list(paths.values()), lr=LR)
-        with open(result) as f:
-            res = json.load(f)
-        for name, path in paths.items():
-            key = os.path.basename(path).removesuffix(".json")
-            out[name] = (path, res[key], str(root / "dump" / key))
-    return out
+    jobs = [(nproc, {name: _make(make_plan, name, fix) for name, fix in cases.items()})
+            for nproc, cases in ((2, TWO), (4, FOUR))]
+    return run_cases(tmp_path_factory.mktemp("moe-cp-runs"), jobs, lr=LR)
 
 
 @pytest.mark.slow

@@ -4,14 +4,13 @@ tp = 2, alone and with data parallelism (FSDP2), on gloo processes equals the sa
 process, fp32, SGD. Before, `plan run` refused both ("weights inside a tensor-parallel region").
 """
 
-import json
 
 import pytest
 import torch
 from torch import nn
 
 from equal_steps import assert_equals_single_process
-from job import torchrun
+from job import run_cases
 from planner.planfile.document import load_plan
 from planner.runtime.inner_weights import InnerWeights, inside_modules, split_inner
 
@@ -35,17 +34,9 @@ FOUR = {
 @pytest.fixture(scope="module")
 def runs(make_plan, tmp_path_factory):
     """Run every case; -> {name: (plan path, result dict, dump folder)}."""
-    root = tmp_path_factory.mktemp("inner-weights-runs")
-    out = {}
-    for nproc, cases in ((2, TWO), (4, FOUR)):
-        paths = {name: make_plan(name.split("-")[0], fix, name) for name, fix in cases.items()}
-        result = str(root / f"result{nproc}.json")
-        torchrun(nproc, result, str(root / "dump"), list(paths.values()), lr=LR)
-        with open(result) as f:
-            res = json.load(f)
-        for name, path in paths.items():
-            out[name] = (path, res[name], str(root / "dump" / name))
-    return out
+    jobs = [(nproc, {name: make_plan(name.split("-")[0], fix, name)
+                      for name, fix in cases.items()}) for nproc, cases in ((2, TWO), (4, FOUR))]
+    return run_cases(tmp_path_factory.mktemp("inner-weights-runs"), jobs, lr=LR)
 
 
 @pytest.mark.slow
