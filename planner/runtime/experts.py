@@ -308,13 +308,14 @@ def routing_summary(groups: ExpertGroups | RoutingRecord | None) -> dict | None:
     copies over the mean of the layer's experts, and the busiest rank's over
     the mean of the group's ranks, each averaged over the calls. Every rank of the group must call
     it (one all-gather over the group; the ranks of a group run the same stages, so all of them
-    or none recorded calls, as many each); None without expert parallelism or calls (a stage
-    without MoE layers)."""
+    or none recorded calls, as many each). A RoutingRecord (no expert parallelism) is read
+    alone. None without a record or calls (a stage without MoE layers)."""
     if groups is None or not groups.routing:
         return None
     mine = torch.stack([loads for loads, _ in groups.routing]).to(torch.float64)
     experts = torch.tensor([float(e) for _, e in groups.routing])
     if isinstance(groups, RoutingRecord):  # one rank holds every expert: nothing to wait for
+        mine = mine.cpu()
         return {"busiest_expert": float((mine[:, 0] / (mine[:, 1] / experts)).mean()),
                 "busiest_rank": 1.0, "calls": len(mine)}
     parts = [torch.empty_like(mine) for _ in range(groups.ep)]
