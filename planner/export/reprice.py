@@ -57,7 +57,9 @@ def configuration(plan: Plan, **changes) -> Config:
 
 def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
     """Memory per pipeline rank of the plan's configuration with ``changes``, on its split, with
-    the model states laid out as ``state_layout`` (costmodels.engine.EngineSpec) if given."""
+    the model states laid out as ``state_layout`` (costmodels.engine.EngineSpec) if given: the
+    target engine's, whose data parallelism is FSDP2's only under ``fsdp2`` (torchtitan, which
+    drives micro-batches with torch's pipelining schedules only with a pipeline)."""
     spec = plan.model.get("spec")
     what = "re-check the memory of the configuration the engine runs"
     if not spec:
@@ -67,7 +69,8 @@ def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
     t = plan.training
     engine = engine_from_mapping(t.get("engine"))
     if state_layout is not None and hasattr(engine, "state_layout"):
-        engine = replace(engine, state_layout=state_layout)
+        engine = replace(engine, state_layout=state_layout, pipelined_accumulation=False,
+                         fsdp_copies=state_layout == "fsdp2")
     training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=t["dtype"],
                             optimizer=t["optimizer"], engine=engine)
     prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=t["dtype"])
