@@ -4,7 +4,7 @@ other in one process group, so the slow start of processes is paid once.
     torchrun --nproc-per-node N tests/planner/runtime/job.py RESULT.json DUMP_ROOT LR PLAN.json ...
 
 One optimizer step per plan (no warm-up), parameters dumped per stage under DUMP_ROOT/<plan name>.
-The tests start it with ``torchrun(...)`` below.
+The tests start it with ``run_cases(...)`` (one job per process count) or ``torchrun(...)`` below.
 """
 
 import datetime
