@@ -614,5 +614,6 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
     if cfg.zero == 2:
         return gather + (np.maximum(0.0, m * scatter - m * backward_s) if overlap
                          else m * scatter)
-    total = 2 * m * gather + m * scatter
+    gathers, scatters = zero3_calls(m, False)
+    total = gathers * gather + scatters * scatter
     return np.maximum(0.0, total - m * compute_s) if overlap else total
