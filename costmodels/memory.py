@@ -157,12 +157,16 @@ def usable_bytes(device_memory_bytes: float, *, reserve_fraction: float, reserve
 
 
 def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, recompute: str,
-                     scores_kept: bool = True, fused: bool = False, fp8: bool = False) -> float:
+                     scores_kept: bool = True, fused: bool = False, fp8: bool = False,
+                     routed_load: float = 1.0) -> float:
     """Bytes one micro-batch leaves saved in one block until its backward runs. ``scores_kept``:
     attention score tensors traced from eager code are saved (False with flash attention, whose
     fused kernel saves none); ``fused``: chains of element-wise ops run as one kernel each, which
     keeps only the tensors entering the chain (and dropout masks); ``fp8``: the inputs of weight
-    GEMMs are kept quantized (costmodels.precision)."""
+    GEMMs are kept quantized (costmodels.precision); ``routed_load``: token copies this rank's
+    experts receive relative to the mean (costmodels.experts.rank_load), which scales what the
+    routed experts save (BlockWork.act_routed_*) where the block keeps its activations (no
+    recomputation, or selective); with op-level and full recomputation it is left at the mean."""
     sp_div = tp if sp else 1
     if recompute == "full":
         return micro_batch * work.input_bytes / sp_div
@@ -170,12 +174,17 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
         return micro_batch * (work.input_bytes / sp_div + work.op_saved_rep / sp_div
                               + work.op_saved_tp / tp)
     rep, tp_part = work.act_bytes_rep, work.act_bytes_tp
+    routed_rep, routed_tp = work.act_routed_rep, work.act_routed_tp
     if fused:
         rep, tp_part = rep - work.act_fused_away_rep, tp_part - work.act_fused_away_tp
+        routed_rep = routed_rep - work.act_routed_fused_away_rep
+        routed_tp = routed_tp - work.act_routed_fused_away_tp
     if fp8:
         rep = rep - FP8_SAVED_INPUT_SHARE * work.act_linear_in_rep
         tp_part = tp_part - FP8_SAVED_INPUT_SHARE * work.act_linear_in_tp
     kept = rep / sp_div + tp_part / tp  # the fused-away parts are parts of these
+    # the busiest expert-parallel rank keeps the copies of more tokens than the mean
+    kept += (routed_load - 1.0) * (routed_rep / sp_div + routed_tp / tp)
     if recompute == "none":
         kept += work.act_bytes_attn / tp if scores_kept else 0.0
     elif recompute != "selective":
@@ -201,14 +210,16 @@ def backward_transient_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: 
 
 def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
                             recompute: str, scores_kept: bool = True, fused: bool = False,
-                            fp8: bool = False) -> float:
-    """Extra bytes alive while one block's forward is recomputed during backward."""
+                            fp8: bool = False, routed_load: float = 1.0) -> float:
+    """Extra bytes alive while one block's forward is recomputed during backward (on the busiest
+    expert-parallel rank with ``routed_load``, as activation_bytes)."""
     if recompute == "none":
         return 0.0
     if recompute == "selective":
         return micro_batch * work.act_bytes_attn / tp if scores_kept else 0.0
     full = activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
-                            scores_kept=scores_kept, fused=fused, fp8=fp8)
+                            scores_kept=scores_kept, fused=fused, fp8=fp8,
+                            routed_load=routed_load)
     if recompute == "op":  # the recomputed rest, next to what was kept
         rest = full - activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp,
                                        recompute="op")

@@ -150,6 +150,16 @@ class BlockWork:
     FP8 training keeps quantized (costmodels.precision)."""
     act_linear_in_rep: float = 0.0
     """The same outside tensor-parallel regions (part of ``act_bytes_rep``)."""
+    act_routed_tp: float = 0.0
+    """The part of ``act_bytes_tp`` made inside the routed experts' modules (token copies, expert
+    GEMM outputs and activations): it grows with the tokens routed to the rank's experts
+    (costmodels.experts.rank_load)."""
+    act_routed_rep: float = 0.0
+    """The same outside tensor-parallel regions (part of ``act_bytes_rep``)."""
+    act_routed_fused_away_tp: float = 0.0
+    """The part of ``act_routed_tp`` a fused kernel does not keep (part of ``act_fused_away_tp``)."""
+    act_routed_fused_away_rep: float = 0.0
+    """The same outside tensor-parallel regions."""
     input_bytes: float = 0.0
     """Bytes of the gradient-carrying activations entering the block (what full recompute keeps)."""
     op_saved_tp: float = 0.0

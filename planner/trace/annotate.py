@@ -96,7 +96,9 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                 collectives += 1
     linear_inputs = {k for k, ops in savers.items()
                      if all(by[o].kind == "matmul" and by[o].params for o in ops)}
-    _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers), linear_inputs)
+    expert_modules = {by[n].module for n in op_names if _routes_experts(by[n])}
+    _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers), linear_inputs,
+               expert_modules)
     fused = fused_traffic(graph, tp, op_names, scores)
     acc.update(_op_level_checkpointing(op_names, by, tp))
     acc.update(_backward_transient(op_names, by, tp, scores))
@@ -317,9 +319,14 @@ def _op_level_checkpointing(op_names: list[str], by: dict, tp: TPAnalysis) -> di
 
 
 def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[str],
-               acc: dict, fused_away: set[str], linear_inputs: set[str]) -> None:
+               acc: dict, fused_away: set[str], linear_inputs: set[str],
+               expert_modules: set[str] = frozenset()) -> None:
+    """Sort the saved tensors into BlockWork's act_* fields. ``expert_modules``: modules running
+    routed experts; what is made inside them (the token copies and everything computed per copy)
+    is also counted as routed."""
     for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep",
-                  "act_linear_in_tp", "act_linear_in_rep"):
+                  "act_linear_in_tp", "act_linear_in_rep", "act_routed_tp", "act_routed_rep",
+                  "act_routed_fused_away_tp", "act_routed_fused_away_rep"):
         acc[field] = 0.0
     acc["act_bytes_attn"] = acc.pop("attn_scores_saved")
     for key, nbytes in saved.items():
@@ -334,6 +341,15 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
             acc[f"act_fused_away_{where}"] += nbytes
         elif key in linear_inputs:
             acc[f"act_linear_in_{where}"] += nbytes
+        if producer is not None and _inside(producer.module, expert_modules):
+            acc[f"act_routed_{where}"] += nbytes
+            if key in fused_away:
+                acc[f"act_routed_fused_away_{where}"] += nbytes
+
+
+def _inside(module: str, parents: set[str]) -> bool:
+    """Whether ``module`` is one of ``parents`` or a submodule of one."""
+    return any(module == p or module.startswith(p + ".") for p in parents)
 
 
 def _word(dtype: str) -> float:

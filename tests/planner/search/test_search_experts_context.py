@@ -62,8 +62,38 @@ def test_uneven_routing_slows_expert_parallel_ranks_only(tiny_mixtral):
         skewed = _plan(tiny_mixtral, fix, engine=uneven)
         # one rank holding every expert computes every token copy whatever the routing
         assert (skewed.step_time_s > even.step_time_s * (1 + 1e-6)) is slower, fix
+        # and keeps them for backward: the busiest expert-parallel rank keeps more
+        acts = [p.stages[0]["predicted"]["activation_bytes_per_microbatch"]
+                for p in (even, skewed)]
+        assert (acts[1] > acts[0] * (1 + 1e-6)) is slower, fix
         if not slower:
             assert skewed.step_time_s == pytest.approx(even.step_time_s, rel=1e-9)
+            assert acts[1] == pytest.approx(acts[0], rel=1e-12)
+
+
+def test_the_busiest_ranks_extra_copies_are_what_the_experts_save(tiny_mixtral):
+    from costmodels import memory
+    from costmodels.experts import rank_load
+    from costmodels.engine import engine_from_mapping
+
+    uneven = engine_from_mapping("moe_imbalance=2")
+    works = [b.work for b in tiny_mixtral.blocks.blocks if b.work.num_experts]
+    load = rank_load(uneven, ep=8, num_experts=int(works[0].num_experts))
+    assert load > 1
+    for recompute, grows in (("none", True), ("selective", True), ("full", False)):
+        for fused in (False, True):
+            args = dict(micro_batch=2, tp=1, sp=False, recompute=recompute, fused=fused)
+            mean = sum(memory.activation_bytes(w, **args) for w in works)
+            busiest = sum(memory.activation_bytes(w, routed_load=load, **args) for w in works)
+            routed = sum(w.act_routed_rep + w.act_routed_tp - fused * (
+                w.act_routed_fused_away_rep + w.act_routed_fused_away_tp) for w in works)
+            expected = 2 * (load - 1) * routed if grows else 0.0
+            assert busiest - mean == pytest.approx(expected, rel=1e-9), (recompute, fused)
+            # full recomputation keeps the block's input only, but rebuilds all the rest
+            again = [sum(memory.recompute_working_bytes(w, routed_load=x, **args) for w in works)
+                     for x in (1.0, load)]
+            assert again[1] - again[0] == pytest.approx(
+                2 * (load - 1) * routed if recompute == "full" else 0.0, rel=1e-9)
 
 
 def test_context_parallelism_splits_activations(tiny_llama):

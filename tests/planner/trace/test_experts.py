@@ -52,3 +52,24 @@ def test_mixtral_8x7b_flops_per_token_are_two_active_experts_plus_attention():
     per_token = 3 * (2 * active + attention)
     assert p.predicted["model_flops_per_token"] == pytest.approx(per_token, rel=1e-3)
     assert 12.5e9 < active < 13e9 < p.model["num_params"] < 47e9
+
+
+def _blocks(folder, **experts):
+    from planner.api import prepare
+
+    folder.mkdir(parents=True)
+    path = folder / "config.json"
+    path.write_text(json.dumps({**MIXTRAL, **experts}))
+    return prepare(str(path), seq_len=32, dtype="bf16").blocks.blocks
+
+
+def test_what_the_routed_experts_save_grows_with_the_token_copies(tmp_path):
+    one = _blocks(tmp_path / "a", num_local_experts=4, num_experts_per_tok=1)
+    two = _blocks(tmp_path / "b", num_local_experts=4, num_experts_per_tok=2)
+    routed = [sum(b.work.act_routed_rep + b.work.act_routed_tp for b in bs) for bs in (one, two)]
+    total = [sum(b.work.act_bytes_rep + b.work.act_bytes_tp for b in bs) for bs in (one, two)]
+    assert 0 < routed[0] < total[0]
+    # every tensor saved inside the experts is per token copy: twice the copies, twice the bytes,
+    # and the rest of the layer saves the same (the router's top-k keeps one more score a token)
+    assert routed[1] == pytest.approx(2 * routed[0])
+    assert total[1] - total[0] == pytest.approx(routed[1] - routed[0], rel=0.05)
