@@ -105,14 +105,14 @@ SECTIONS = [
      "0.28-0.42 s) every plan comes out too fast, by 5-15% with one process (most with four "
      "micro-batches) and 16-20% with two, with gradient accumulation (a pass over the gradients after every micro-batch but "
      "the first) and attention at the rate of its call's size priced: not explained yet."),
-    ("runtime-moe", "measured_vs_predicted.py --model mixtral --repeats 3",
+    ("runtime-moe", "measured_vs_predicted.py --model mixtral --repeats 5",
      "**Executed expert and context parallelism.** A small Mixtral (4 layers, hidden 256, 8 "
      "experts, top-2, 17.8 M parameters of which 12.6 M in experts; sequence 128, batch 8, fp32, "
      "AdamW) run by `plan run` as one process, with data parallelism over two, with expert "
      "parallelism (EP=2 folded over DP=2: experts exchanged by all-to-all) and with context "
      "parallelism (CP=2: the runtime's ring attention), predicted from a `plan profile` "
      "calibration taken right before each round (`benchmarks/measured_vs_predicted.py --model "
-     "mixtral`, three rounds). The untrained router sends the busiest expert almost twice the "
+     "mixtral`, five rounds). The untrained router sends the busiest expert almost twice the "
      "mean token copies, and an expert-parallel rank waits for the busier one: the plans are "
      "priced with the routing imbalance of the model's own first forward on the batch "
      "(`moe_imbalance`, measured before planning; until 2026-12-02 they assumed balanced "

@@ -68,8 +68,9 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
     ATC'21) and take no device memory. ``layout``: STATE_LAYOUTS. ``deferred``: the micro-batches
     of a step whose FSDP2 gradient sync torch's pipelining schedules defer until after every
     backward pass (EngineSpec.pipelined_accumulation; 0: not deferred). The gradients then stay
-    unsharded through the backward passes, in the reduction dtype (fp32 under ``fsdp2``,
-    torchtitan's; else the compute dtype's width), and ZeRO-3's gathered weights stay gathered;
+    unsharded through the backward passes, in the layout's gradient width (fp32 under ``fsdp2``,
+    torchtitan's, and ``megatron``'s main-gradient buffer; else the compute dtype's), and ZeRO-3's
+    gathered weights stay gathered;
     replicate (ZeRO-0) holds one more whole gradient while it accumulates over several
     micro-batches (measured on `plan run`, docs/runtime.md).
     """
@@ -111,7 +112,7 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
         weights = params * 4 / (dp if zero >= 2 else 1) + (params * weight_b if zero == 2 else 0)
     grads = params * grad_b / (dp if zero >= 2 else 1)
     if deferred:
-        unsharded = params * (4 if layout == "fsdp2" else weight_b)
+        unsharded = params * grad_b  # never less than the sharded gradients it replaces
         if zero >= 1:  # the sharded gradients come only with the reduction, after backward
             grads = unsharded
         elif deferred > 1:

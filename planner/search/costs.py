@@ -340,10 +340,10 @@ def state_bytes_per_param(cfg: Config, training: TrainingSpec) -> tuple[float, f
     replicas)."""
     kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
               offload=cfg.offload_optimizer, layout=training.engine.state_layout)
-    deferred = deferred_sync(cfg, training)
-    return (memory.state_bytes_per_param(dp=cfg.dp * cfg.cp, **kw, deferred=deferred),
+    return (memory.state_bytes_per_param(dp=cfg.dp * cfg.cp, **kw,
+                                         deferred=deferred_sync(cfg, training)),
             memory.state_bytes_per_param(dp=cfg.edp, **kw,
-                                         deferred=deferred if cfg.ep == 1 else 0))
+                                         deferred=expert_deferred_sync(cfg, training)))
 
 
 def fsdp_pipelined(cfg: Config, training: TrainingSpec) -> bool:
@@ -361,9 +361,17 @@ def fsdp_pipelined(cfg: Config, training: TrainingSpec) -> bool:
 def deferred_sync(cfg: Config, training: TrainingSpec) -> int:
     """The micro-batches whose dense gradients wait unreduced for the step's reduction
     (costmodels.memory.model_state_bytes ``deferred``), 0 when the sync is not deferred or
-    there is nothing to reduce over (one replica). Routed experts wait so only without expert
-    parallelism (with it, `plan run` leaves them out of the data-parallel wrapper and reduces
-    them over their own group after backward)."""
+    there is nothing to reduce over (one replica)."""
     if not fsdp_pipelined(cfg, training) or cfg.dp * cfg.cp <= 1:
         return 0
     return cfg.num_microbatches
+
+
+def expert_deferred_sync(cfg: Config, training: TrainingSpec) -> int:
+    """deferred_sync for the routed experts' gradients. Without expert parallelism they are
+    wrapped with the dense ones. With it, `plan run` keeps them out of the data-parallel wrapper,
+    accumulating in their own gradients until one reduction over edp after the schedule: whole
+    until then (ZeRO's sharding comes only with the reduction) but without replicate's second
+    buffer at ZeRO-0; torchtitan wraps them in an FSDP of their own, deferred the same way."""
+    deferred = deferred_sync(cfg, training)
+    return 0 if cfg.ep > 1 and cfg.zero == 0 else deferred

@@ -11,8 +11,8 @@ from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
 from planner.search import placement
-from planner.search.costs import (deferred_sync, fp8_copy_bytes_per_param, fsdp_pipelined,
-                                  in_flight_per_rank)
+from planner.search.costs import (deferred_sync, expert_deferred_sync, fp8_copy_bytes_per_param,
+                                  fsdp_pipelined, in_flight_per_rank)
 
 
 @dataclass
@@ -399,8 +399,8 @@ class RankMemory:
                                           **kw, deferred=deferred)
         has_experts = self.expert_params != 0
         if has_experts.any():  # the experts' states, sharded over their own replicas
-            expert_states = memory.model_state_bytes(self.expert_params, dp=cfg.edp, **kw,
-                                                     deferred=deferred if cfg.ep == 1 else 0)
+            expert_states = memory.model_state_bytes(
+                self.expert_params, dp=cfg.edp, **kw, deferred=expert_deferred_sync(cfg, training))
             states = {k: np.where(has_experts, v + expert_states[k], v) for k, v in states.items()}
         if "fp8_weights" in states:
             states["fp8_weights"] = states["fp8_weights"] - \
@@ -473,7 +473,7 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
         used = window_use_s(cfg, dense, per, group, cluster, pipelined=pipelined)
         exposed = exposed + np.where(has_experts, exposed_dp_s(
             cfg, expert_params, per, expert_group, cluster, np.maximum(0.0, compute_s - used),
-            np.maximum(0.0, backward_s - used), overlap, pipelined=pipelined and cfg.ep == 1),
+            np.maximum(0.0, backward_s - used), overlap, pipelined=pipelined),
             0.0)
     if training.engine.fsdp_copies:
         # FSDP2 copies what it wraps: the dense parameters, and the experts too without expert
@@ -510,10 +510,11 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, 
 
     - ZeRO-0 (replicate): gradients copied into the all-reduce buffer, scaled, copied back;
     - ZeRO-1/2: parameters copied out of the all-gather buffer (the local shard in), gradients
-      copied into the reduce-scatter buffer, the shard scaled;
+      copied into the reduce-scatter buffer, the shard scaled; ZeRO-2 reduce-scatters after every
+      micro-batch's backward, as exposed_dp_s counts;
     - ZeRO-3: the same all-gathers before forward and backward and the reduce-scatter, per
       micro-batch; ``pipelined`` (costs.fsdp_pipelined): as many all-gathers as exposed_dp_s
-      counts, and one reduce-scatter."""
+      counts, and one reduce-scatter (ZeRO-2 too)."""
     replicas = cfg.dp * cfg.cp  # context-parallel ranks reduce their gradients the same way
     if replicas <= 1:
         return 0.0
@@ -521,7 +522,8 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, 
     if cfg.zero == 0:
         weights, grads = 0.0, 3.0
     elif cfg.zero <= 2:
-        weights = grads = 1.0 + shard
+        scatters = cfg.num_microbatches if cfg.zero == 2 and not pipelined else 1
+        weights, grads = 1.0 + shard, scatters * (1.0 + shard)
     else:
         gathers, scatters = zero3_calls(cfg.num_microbatches, pipelined)
         weights, grads = gathers * (1.0 + shard), scatters * (1.0 + shard)

@@ -291,6 +291,14 @@ def test_fsdp_copies_move_weights_and_gradients_at_their_own_bytes():
     # under torch's pipelining schedules: three all-gathers over two micro-batches, one reduction
     assert fsdp_copies_s(z3, n, per, device, pipelined=True) == pytest.approx(
         3 * (1 + 1 / 8) * copy[2] + (1 + 1 / 8) * copy[4])
+    # ZeRO-2 copies its gradients out for every reduce-scatter: one per micro-batch, or one per
+    # step under pipelining schedules (ZeRO-1's one either way)
+    z2, z1 = (dataclasses.replace(z3, zero=z) for z in (2, 1))
+    once = (1 + 1 / 8) * copy[2] + (1 + 1 / 8) * copy[4]
+    assert fsdp_copies_s(z2, n, per, device) == pytest.approx(
+        (1 + 1 / 8) * copy[2] + 2 * (1 + 1 / 8) * copy[4])
+    for c, piped in ((z2, True), (z1, False), (z1, True)):
+        assert fsdp_copies_s(c, n, per, device, pipelined=piped) == pytest.approx(once)
 
 
 def test_fsdp2_under_pipelining_schedules_reduces_once_per_step():
@@ -335,14 +343,17 @@ def test_fsdp2_under_pipelining_schedules_reduces_once_per_step():
 def test_fsdp2_with_deferred_sync_keeps_gradients_unsharded_and_zero3_weights_gathered():
     from costmodels import memory
 
-    kw = dict(dtype="bf16", optimizer="adam", dp=8, layout="megatron")
-    for zero in (1, 2, 3):
-        plain = memory.model_state_bytes(1.0, zero=zero, **kw)
-        deferred = memory.model_state_bytes(1.0, zero=zero, deferred=4, **kw)
-        assert deferred["grads"] == 2.0  # whole, in the compute width, until the reduction
-        assert deferred["optimizer"] == plain["optimizer"]
-        assert deferred["weights"] == plain["weights"] + (2.0 if zero == 3 else 0.0)
-    replicate = memory.model_state_bytes(1.0, zero=0, deferred=4, **kw)
-    assert replicate["grads"] == memory.model_state_bytes(1.0, zero=0, **kw)["grads"] + 2.0
-    assert memory.model_state_bytes(1.0, zero=0, deferred=1, **kw) == \
-        memory.model_state_bytes(1.0, zero=0, **kw)
+    for layout, grad in (("megatron", 4.0), ("zero", 2.0), ("fsdp2", 4.0)):
+        kw = dict(dtype="bf16", optimizer="adam", dp=8, layout=layout)
+        for zero in (1, 2, 3):
+            plain = memory.model_state_bytes(1.0, zero=zero, **kw)
+            deferred = memory.model_state_bytes(1.0, zero=zero, deferred=4, **kw)
+            # whole, in the layout's gradient width, until the reduction: never below the
+            # gradients the same layout keeps without deferring
+            assert deferred["grads"] == grad >= plain["grads"]
+            assert deferred["optimizer"] == plain["optimizer"]
+            assert deferred["weights"] == plain["weights"] + (2.0 if zero == 3 else 0.0)
+        replicate = memory.model_state_bytes(1.0, zero=0, deferred=4, **kw)
+        assert replicate["grads"] == memory.model_state_bytes(1.0, zero=0, **kw)["grads"] + grad
+        assert memory.model_state_bytes(1.0, zero=0, deferred=1, **kw) == \
+            memory.model_state_bytes(1.0, zero=0, **kw)

@@ -97,8 +97,10 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         states = memory.model_state_bytes(params - experts, dp=cfg.dp * cfg.cp, **kw,
                                           deferred=deferred)
         if experts:
+            # outside replicate's wrapper with ep > 1: one accumulating gradient
+            expert_deferred = 0 if cfg.ep > 1 and cfg.zero == 0 else deferred
             states = {k: v + memory.model_state_bytes(experts, dp=cfg.edp, **kw,
-                                                      deferred=deferred * (cfg.ep == 1))[k]
+                                                      deferred=expert_deferred)[k]
                       for k, v in states.items()}
         if "fp8_weights" in states:
             states["fp8_weights"] -= memory.model_state_bytes(outer, dp=cfg.dp * cfg.cp,
@@ -138,7 +140,7 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
                                 placement.dp_group(cfg, cluster), cluster, pipelined=piped)
             exposed += exposed_dp_s(cfg, experts, per, placement.edp_group(cfg, cluster),
                                     cluster, max(0.0, busy - used), max(0.0, backward - used),
-                                    overlap, pipelined=piped and cfg.ep == 1)
+                                    overlap, pipelined=piped)
         if training.engine.fsdp_copies:
             wrapped = params - experts if cfg.ep > 1 else params
             exposed += fsdp_copies_s(cfg, wrapped, per, cluster.device, pipelined=piped)

@@ -147,21 +147,24 @@ def test_pipelined_accumulation_keeps_one_more_gradient_under_fsdp2(tiny_mixtral
     predicted before, 415.8 MB now; benchmarks/measured_vs_predicted.py --model mixtral)."""
     from costmodels.engine import engine_from_mapping
 
-    def grads(fix, engine):
-        plan = _plan(tiny_mixtral, f"tp=1,pp=1,zero=0,{fix}", gb=8, cluster="cpu",
-                     engine=engine_from_mapping(engine))
+    def grads(fix, engine, zero=0, nodes=1):
+        plan = _plan(tiny_mixtral, f"tp=1,pp=1,zero={zero},{fix}", gb=8, cluster="cpu",
+                     nodes=nodes, engine=engine_from_mapping(engine))
         return plan.stages[0]["predicted"]["memory_bytes"]["grads"]  # 6 significant digits
 
     runtime = "fsdp_copies=true,pipelined_accumulation=true"
     params = sum(b.work.params_tp + b.work.params_rep for b in tiny_mixtral.blocks.blocks)
     base = grads("dp=2,ep=1,micro_batch=2", "fsdp_copies=true")  # fp32 main gradients
     assert base == pytest.approx(4 * params, rel=1e-5)
-    # the unreduced sum, in the compute dtype's width (bf16)
-    assert grads("dp=2,ep=1,micro_batch=2", runtime) == pytest.approx(base + 2 * params, rel=1e-5)
+    # the unreduced sum, in the layout's gradient width (fp32 main gradients)
+    assert grads("dp=2,ep=1,micro_batch=2", runtime) == pytest.approx(base + 4 * params, rel=1e-5)
     assert grads("dp=2,ep=1,micro_batch=4", runtime) == pytest.approx(base, rel=1e-5)  # one
     assert grads("dp=2,ep=1,micro_batch=2", "pipelined_accumulation=true") == \
         pytest.approx(base, rel=1e-5)  # Megatron-style buffers accumulate in place
     # with expert parallelism the runtime reduces the experts apart, without the extra buffer
     experts = sum(b.work.expert_params for b in tiny_mixtral.blocks.blocks)
     assert grads("dp=2,ep=2,micro_batch=2", runtime) == pytest.approx(
-        4 * (params - experts) + 4 * experts / 2 + 2 * (params - experts), rel=1e-5)
+        4 * (params - experts) + 4 * experts / 2 + 4 * (params - experts), rel=1e-5)
+    # sharded by ZeRO-2 over their replicas only once reduced, after every backward pass
+    assert grads("dp=4,ep=2,micro_batch=1", runtime, zero=2, nodes=2) == pytest.approx(
+        4 * (params - experts) + 4 * experts / 2, rel=1e-5)
