@@ -176,8 +176,9 @@ after the name override single settings."""
 
 
 def describe(engine: EngineSpec) -> str:
-    """The software a prediction assumes, in words (and the preset it equals, if any)."""
-    same = [name for name, kw in PRESETS.items() if EngineSpec(**kw) == engine]
+    """The software a prediction assumes, in words, and the ``--engine`` setting that gives it:
+    the preset closest to it with the settings that differ (``engine_from_mapping`` reads it
+    back to the same engine)."""
     kernel = {"flash": "FlashAttention", "flash2": "FlashAttention-2 (PyTorch SDPA)",
               "materialized": "attention scores in memory"}[engine.attention]
     layers_only = engine.kernels == "fused" and engine.fused_scope == "layers"
@@ -187,13 +188,30 @@ def describe(engine: EngineSpec) -> str:
              f", gradient reduction "
              f"{'overlapped with backward' if engine.overlap_grad_reduce else 'after backward'}"
              f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}")
-    if engine.pipelined_accumulation:
+    if engine.pipelined_accumulation and engine.fsdp_copies:
         words += ", micro-batches run by pipelining schedules"
     if engine.state_layout == "megatron-bf16-grads":
         words += ", gradients reduced in bf16"
     elif engine.state_layout == "fsdp2":
         words += ", FSDP2 states (fp32 parameters and gradients, reduced in fp32)"
-    return words + (f" (= --engine {same[0]})" if same else "")
+    return f"{words} (= --engine {engine_setting(engine)})"
+
+
+def engine_setting(engine: EngineSpec) -> str:
+    """The shortest ``--engine`` value giving ``engine``: the preset with the fewest settings
+    to override, then those settings (``megatron-core,moe_dispatcher=allgather``)."""
+    def overrides(kw: dict) -> list[str]:
+        base = EngineSpec(**kw)
+        return [f"{f.name}={_text(getattr(engine, f.name))}" for f in fields(EngineSpec)
+                if getattr(engine, f.name) != getattr(base, f.name)]
+    name, extra = min(((n, overrides(kw)) for n, kw in PRESETS.items()),
+                      key=lambda item: len(item[1]))
+    return ",".join([name, *extra])
+
+
+def _text(value) -> str:
+    """A setting as ``--engine`` reads it back."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:

@@ -108,6 +108,9 @@ class SearchOptions:
     """The forms the target runs for a model with sliding-window attention."""
     cp_comms_sinks: tuple[CpComm, ...] = CP_COMMS
     """The forms the target runs for a model with attention sinks (gpt-oss)."""
+    cp_comms_latent: tuple[CpComm, ...] = CP_COMMS
+    """The forms the target runs for a model whose attention keys are wider than its values
+    (multi-head latent attention: DeepSeek-V2/V3)."""
     cp_min_tokens: int = 4096
     """The search tries context parallelism only while each cp rank keeps at least this many
     tokens of a sequence (a pinned cp is priced however short its chunks): below it attention is

@@ -42,6 +42,8 @@ class Engine:
     """The exchanges it runs over sliding-window attention (gpt-oss, Mistral, Gemma 2/3)."""
     cp_comms_sinks: tuple[str, ...] = CP_COMMS
     """The exchanges it runs over attention with sinks (gpt-oss)."""
+    cp_comms_latent: tuple[str, ...] = CP_COMMS
+    """The exchanges it runs over attention whose keys are wider than its values (MLA)."""
     cp_with_tp_pp: bool = True
     """Context parallelism together with tensor or pipeline parallelism."""
     expert_parallel: bool = True
@@ -80,16 +82,19 @@ ENGINES: dict[str, Engine] = {
                          # rotates K/V by all-gather or by all-to-all (p2p-like) steps
                          cp_comms=("p2p", "allgather"), software="torchtitan",
                          # torch's context_parallel takes SDPA with is_causal, not a window
-                         # nor sinks
-                         cp_comms_windowed=(), cp_comms_sinks=()),
+                         # nor sinks; its MLA model (deepseek_v3) refuses it (export.torchtitan
+                         # NO_CONTEXT_PARALLEL)
+                         cp_comms_windowed=(), cp_comms_sinks=(), cp_comms_latent=()),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
     # Transformer Engine's attn_forward_func_with_cp runs a sliding window with a2a or all_gather
-    # only, and a learnable softmax offset (sinks) with a2a only, since v2.10
-    # (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py)
+    # only, a learnable softmax offset (sinks) with a2a only, since v2.10, and multi-head latent
+    # attention with p2p or a2a+p2p only ("The context parallel running configs cannot support
+    # MLA") (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py)
     "megatron": Engine(name="megatron", version="core_v0.19.0",
                        schedules=("1f1b", "interleaved-1f1b"),
-                       cp_comms_windowed=("a2a", "allgather"), cp_comms_sinks=("a2a",)),
+                       cp_comms_windowed=("a2a", "allgather"), cp_comms_sinks=("a2a",),
+                       cp_comms_latent=("p2p", "a2a+p2p")),
     # DeepSpeed: its pipeline engine runs one 1F1B-like schedule and only ZeRO 0-1 with it;
     # no Megatron-style sequence parallelism in the engine itself.
     # its MoE layer spreads experts over ep ranks (experts' data parallelism follows) without
@@ -149,6 +154,8 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                                            if c in eng.cp_comms_windowed),
                    cp_comms_sinks=tuple(c for c in options.cp_comms_sinks
                                         if c in eng.cp_comms_sinks),
+                   cp_comms_latent=tuple(c for c in options.cp_comms_latent
+                                         if c in eng.cp_comms_latent),
                    cp_with_tp_pp=options.cp_with_tp_pp and eng.cp_with_tp_pp,
                    expert_parallel=options.expert_parallel and eng.expert_parallel,
                    expert_tensor_parallel=(options.expert_tensor_parallel

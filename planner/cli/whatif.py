@@ -37,6 +37,9 @@ def register(add) -> None:
                    "recommendation models)")
     w.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     w.add_argument("--fix", help="knobs pinned at every point, e.g. recompute=full,zero=1")
+    w.add_argument("--engine", help="the software you train with, at every point, as for `plan "
+                   "solve --engine` (default: megatron-core), e.g. "
+                   "megatron-core,moe_dispatcher=allgather")
     w.add_argument("--price-per-gpu-hour", metavar="GPU=$,...",
                    help="dollars per GPU-hour by device, e.g. h100=4,a100-80g=2 (adds cost)")
     w.add_argument("--tokens", type=positive_float,
@@ -63,6 +66,7 @@ def run(args) -> int:
                             nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                             global_batch=args.global_batch, seq_len=args.seq_len,
                             dtype=args.dtype, optimizer=args.optimizer, fix=args.fix,
+                            engine=args.engine,
                             prices=parse_prices(args.price_per_gpu_hour) or None,
                             tokens=args.tokens, time_limit_s=args.time_limit,
                             workers=args.workers,

@@ -66,7 +66,7 @@ def why_not(plan: Plan, pins) -> WhyNot:
                        result=result, cluster=cluster, training=training, options=options)
         return WhyNot(pins=pins, variant=variant, feasible=True, notes=[], over=[])
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
-                          training)
+                          training, options)
     if problem:  # a pin the model or cluster cannot take is bad input, as in solve
         raise SpecError(problem)
     aside, ruled = rejection_lines(result.rejected)

@@ -233,8 +233,10 @@ def _context(plan: Plan, version: str, ledger: common.Ledger,
     if version == "0.2.2":
         if form in ROTATE:
             ledger.exact("cp_comm")
+            how = ("K/V exchange p2p: torch's ring passes each K/V shard on by all-to-all steps"
+                   if form == "p2p" else f"K/V exchange {form}")
             return out + [Setting("parallelism", "context_parallel_rotate_method", ROTATE[form],
-                                  (f"K/V exchange {form}",))]
+                                  (how,))]
         raising["cp_comm"] = ("p2p", f"a K/V ring instead of {form}")
         ledger.nearest("cp_comm", f"cp_comm {form}: torchtitan's context parallelism (torch's "
                        "context-parallel SDPA) passes keys and values around a ring or all-gathers "

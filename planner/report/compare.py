@@ -20,6 +20,13 @@ def config_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
             if k in a.parallel and k in b.parallel and a.parallel[k] != b.parallel[k]]
 
 
+def engine_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
+    """(engine setting, value in a, value in b) for every setting of the software the plans
+    assume (``training.engine``) that differs; one a plan does not record is not compared."""
+    ea, eb = a.training.get("engine") or {}, b.training.get("engine") or {}
+    return [(f"engine {k}", ea[k], eb[k]) for k in ea if k in eb and ea[k] != eb[k]]
+
+
 def breakdown_changes(a: Plan, b: Plan) -> list[tuple[str, float, float]]:
     """(part, seconds in a, seconds in b) for each part of the step, largest change first."""
     ba, bb = a.predicted["breakdown"], b.predicted["breakdown"]
@@ -35,6 +42,7 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
                f"{-100 * rel:.1f}% slower" if rel < 0 else "as fast")
     inputs = [("model" if key == "name" else key, x, y) for sec, key, _ in HEADLINE_INPUTS
               for x, y in [(getattr(a, sec).get(key), getattr(b, sec).get(key))] if x != y]
+    inputs += engine_changes(a, b)
     knobs = ", ".join(f"{k} {knob(x)} -> {knob(y)}" for k, x, y in
                       inputs + [c for c in config_changes(a, b) if c[0] != "num_microbatches"]
                       ) or "same configuration"
@@ -92,6 +100,8 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     out += [Diff("configuration", k, a.parallel.get(k), b.parallel.get(k),
                  "text" if k in ("schedule", "recompute", "placement", "cp_comm") else "count")
             for k in KNOBS]
+    out += [Diff("software", k.removeprefix("engine "), x, y, "text")
+            for k, x, y in engine_changes(a, b)]
     out += [Diff("predicted", label, a.predicted.get(key), b.predicted.get(key), kind)
             for label, key, kind in PREDICTED]
     out += [Diff("step time by part", BREAKDOWN_WORDS[k], a.predicted["breakdown"].get(k, 0.0),

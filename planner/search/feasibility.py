@@ -13,16 +13,19 @@ from planner.errors import SpecError
 from planner.options import MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.pricing import Estimate, price
-from planner.search.space import (BATCH_DP, MICRO_BATCH, PP_BLOCKS, TOO_MANY_MB, TP_GPUS,
-                                  TP_INNER, TP_MODEL, TP_NODE, Space, divisors, pp_reason,
-                                  tp_reasons)
+from planner.options import CP_COMMS
+from planner.search.space import (BATCH_DP, CP_HEADS, MICRO_BATCH, PP_BLOCKS, TOO_MANY_MB,
+                                  TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space, cp_comm_reason,
+                                  divisors, pp_reason, tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb
 
 
-def pin_problem(fix: dict, space: Space, training: TrainingSpec) -> str:
-    """'' or one line naming a pinned knob no configuration can honour, the rule, and the numbers."""
+def pin_problem(fix: dict, space: Space, training: TrainingSpec,
+                options: SearchOptions | None = None) -> str:
+    """'' or one line naming a pinned knob no configuration can honour, the rule, the numbers
+    and the fix; ``options`` (the target's) adds the exchange forms the target runs."""
     n, gpn, batch = space.num_gpus, space.gpus_per_node, training.global_batch
     tp, pp, dp = fix.get("tp"), fix.get("pp"), fix.get("dp")
     if tp is not None:
@@ -42,12 +45,11 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec) -> str:
         if broken:
             return (f"fix.tp: {tp} must divide the {gpn} GPUs of a node, or be a multiple of "
                     "them to span whole nodes")
-    for key, value in (("pp", pp), ("dp", dp)):
-        if value is not None and n % value:
-            return f"fix.{key}: {value} does not divide the cluster's {n} GPUs"
     cp = fix.get("cp", 1)
-    if n % cp:
-        return f"fix.cp: {cp} does not divide the cluster's {n} GPUs"
+    for key, value in (("pp", pp), ("dp", dp), ("cp", cp)):
+        if value is not None and n % value:
+            return (f"fix.{key}: {value} does not divide the cluster's {n} GPUs; use one of "
+                    f"{_some(divisors(n))}")
     if None not in (tp, pp, dp) and tp * pp * dp * cp != n:
         return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs")
     if cp > 1 and training.seq_len % (2 * cp):
@@ -57,9 +59,25 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec) -> str:
     if (ep > 1 or etp > 1) and not space.experts:
         return f"fix.{'ep' if ep > 1 else 'etp'}: the model has no routed experts"
     if space.experts and space.experts % ep:
-        return f"fix.ep: {ep} does not divide the model's {space.experts} experts"
+        return (f"fix.ep: {ep} does not divide the model's {space.experts} experts; use one of "
+                f"{_some(divisors(space.experts))}")
     if etp > 1 and tp is not None and etp != tp:
         return f"fix.etp: {etp} must be 1 or tp ({tp})"
+    if etp > 1 and tp is None and tp_reasons(etp, space, pinned=True):
+        return (f"fix.etp: {etp} must be 1 or tp, and tp={etp} breaks a rule here "
+                f"({tp_reasons(etp, space, pinned=True)[0]}); pin etp=1 or a tp the model and "
+                "cluster allow")
+    form = fix.get("cp_comm")
+    if cp > 1 and form:
+        rule = cp_comm_reason(form, 1 if tp is None else tp, cp, space, options)
+        if rule and (rule != CP_HEADS or tp is not None or
+                     cp_comm_reason(form, 1, cp, space, options)):
+            allowed = [c for c in (options.cp_comms if options else CP_COMMS)
+                       if not cp_comm_reason(c, 1 if tp is None else tp, cp, space, options)]
+            other = f"pin cp_comm={' or '.join(allowed)}" if allowed else "pin cp=1"
+            why = (f"needs the heads ({'/'.join(str(h) for h in space.heads if h)} query/key-"
+                   f"value) divisible by tp x cp" if rule == CP_HEADS else rule)
+            return f"fix.cp_comm: {form} with cp={cp}: {why}; {other}"
     vpp = fix.get("vpp", 1)
     if pp is not None and pp_reason(pp, vpp, space):
         what = f"pp={pp}" if pp_reason(pp, vpp, space) == PP_BLOCKS else f"pp x vpp = {pp * vpp}"
@@ -83,6 +101,13 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec) -> str:
     if vpp > 1 and fix.get("schedule", "interleaved-1f1b") != "interleaved-1f1b":
         return f"fix.vpp: vpp={vpp} needs schedule=interleaved-1f1b, not {fix['schedule']}"
     return ""
+
+
+def _some(values: list[int], most: int = 12) -> str:
+    """``1, 2, 4`` (the first and last of a long list, with an ellipsis between)."""
+    if len(values) <= most:
+        return ", ".join(map(str, values))
+    return ", ".join(map(str, values[:most - 2])) + ", ..., " + ", ".join(map(str, values[-2:]))
 
 
 def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: TrainingSpec,
@@ -142,7 +167,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
                        options: SearchOptions, rejected: Counter) -> str:
     """One line: what the leanest plan (with the user's pins) needs, what the device offers, and
     what would fit. A pin no configuration can honour raises SpecError instead (bad input)."""
-    problem = pin_problem(dict(options.fix), Space.of(cluster, bg, options), training)
+    problem = pin_problem(dict(options.fix), Space.of(cluster, bg, options), training, options)
     if problem:
         raise SpecError(problem)
     summary = ", ".join(f"{n} {r}" for r, n in rejected.most_common(4)) or "no candidates"

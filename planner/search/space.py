@@ -29,7 +29,7 @@ TP_NODE = "tp > gpus per node"
 TP_NODE_SPLIT = "tp does not divide gpus per node (or, across nodes, is no multiple of them)"
 TP_MODEL = "tp does not divide heads or hidden sizes"
 TP_INNER = "tp through per-head weights not run by the target"
-MESH = "dp x tp x pp != gpus"
+MESH = "dp x cp x tp x pp != gpus"
 GROUP_WIDTH = "tp x dp does not divide every group's GPUs"
 PP_BLOCKS = "pp > blocks"
 BATCH_DP = "global batch not divisible by dp"
@@ -43,7 +43,7 @@ OFFLOAD_ZERO = "offload needs ZeRO >= 1"
 ZERO_PP = "ZeRO stage not run with pipelines by the target"
 MB_MEMORY = "micro-batch activations alone exceed memory"
 CP_SEQ = "sequence not divisible into 2 x cp chunks"
-CP_SHORT = "cp chunks shorter than the search's minimum"
+CP_SHORT = "fewer tokens per cp rank than the search's minimum (cp_min_tokens)"
 CP_HEADS = "cp all-to-all needs heads divisible by tp x cp"
 CP_NONE = "cp needs attention"
 CP_TARGET = "cp not run by the target"
@@ -51,6 +51,8 @@ CP_WINDOW = "cp_comm not run by the target over sliding windows"
 CP_WINDOW_NONE = "cp not run by the target over sliding windows"
 CP_SINKS = "cp_comm not run by the target with attention sinks"
 CP_SINKS_NONE = "cp not run by the target with attention sinks"
+CP_LATENT = "cp_comm not run by the target with latent attention (keys wider than values)"
+CP_LATENT_NONE = "cp not run by the target with latent attention (keys wider than values)"
 CP_ALONE = "cp with tp or pp not run by the target"
 EP_EXPERTS = "ep does not divide the experts"
 EP_GROUP = "ep x etp does not divide tp x cp x dp"
@@ -58,6 +60,16 @@ EP_NONE = "ep needs routed experts"
 ETP_TP = "etp is neither 1 nor tp"
 MOE_SP = "experts with tp > 1 need sequence parallelism"
 TOO_MANY_MB = f"more than {MAX_MICROBATCHES:,} micro-batches per step"
+
+
+def _keys_wider_than_values(work) -> bool:
+    """Whether the block's self-attention reads keys wider than its values: per head and token,
+    key/value bytes over query bytes are 2 when a value is as wide as a key (the query's width),
+    less under multi-head latent attention (DeepSeek-V3: keys 192 wide, values 128)."""
+    if not (work.attn_heads_q and work.attn_heads_kv and work.attn_q_bytes):
+        return False
+    ratio = (work.attn_kv_bytes / work.attn_heads_kv) / (work.attn_q_bytes / work.attn_heads_q)
+    return ratio < 2.0 - 1e-6
 
 
 def divisors(n: int) -> list[int]:
@@ -92,6 +104,8 @@ class Space:
     sinks: bool = False
     """Whether some attention has parameters joined to its scores (BlockWork.attn_score_params:
     gpt-oss's sinks)."""
+    latent: bool = False
+    """Whether some attention's keys are wider than its values (multi-head latent attention)."""
     tp_one_only: bool = False
     """Whether the target runs no tensor parallelism for this model: a block keeps weights inside
     a tensor-parallel region (Block.tp_inner_weights) and the target does not split such regions
@@ -105,6 +119,7 @@ class Space:
         experts = {int(b.work.num_experts) for b in blocks.blocks if b.work.num_experts}
         model = dict(experts=math.gcd(*experts) if experts else 0,
                      sinks=any(b.work.attn_score_params for b in blocks.blocks),
+                     latent=any(_keys_wider_than_values(b.work) for b in blocks.blocks),
                      windowed=any(b.work.attn_window_cut > 0 or any(
                          g.masked > 0.5 for g in b.work.gemms) for b in blocks.blocks),
                      tp_one_only=(options is not None and not options.tp_inner_weights
@@ -212,6 +227,8 @@ def cp_reason(cp: int, space: Space, training: TrainingSpec, options: SearchOpti
         return CP_WINDOW_NONE
     if space.sinks and not set(options.cp_comms) & set(options.cp_comms_sinks):
         return CP_SINKS_NONE
+    if space.latent and not set(options.cp_comms) & set(options.cp_comms_latent):
+        return CP_LATENT_NONE
     if training.seq_len % (2 * cp):
         return CP_SEQ
     if not pinned and training.seq_len // cp < options.cp_min_tokens:
@@ -227,6 +244,8 @@ def cp_comm_reason(form: str, tp: int, cp: int, space: Space,
         return CP_WINDOW
     if space.sinks and options is not None and form not in options.cp_comms_sinks:
         return CP_SINKS
+    if space.latent and options is not None and form not in options.cp_comms_latent:
+        return CP_LATENT
     if form in ("a2a", "a2a+p2p"):
         width = cp if form == "a2a" else math.gcd(cp, max(1, space.gpus_per_node // tp))
         if any(h % (tp * width) for h in space.heads if h):

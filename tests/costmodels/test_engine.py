@@ -27,7 +27,16 @@ def test_a_plan_says_which_software_it_assumes():
     for name, kw in PRESETS.items():
         assert describe(EngineSpec(**kw)).endswith(f"(= --engine {name})")
     words = describe(engine_from_mapping("megatron-2021,overlap_grad_reduce=true"))
-    assert "attention scores in memory" in words and "overlapped" in words and "=" not in words
+    assert "attention scores in memory" in words and "overlapped" in words
+    assert words.endswith("(= --engine megatron-2021,overlap_grad_reduce=true)")
+    # the setting it names reads back to the same engine, MoE and FP8 settings included
+    for spec in ("megatron-core,moe_dispatcher=allgather,moe_capacity_factor=1.25",
+                 "torchtitan,fp8_recipe=block,moe_overlap=true", "kernels=eager,host_op_s=1e-05"):
+        engine = engine_from_mapping(spec)
+        setting = describe(engine).rsplit("(= --engine ", 1)[1].rstrip(")")
+        assert engine_from_mapping(setting) == engine, setting
+    assert describe(engine_from_mapping("megatron-core,moe_imbalance=1.5")).endswith(
+        "(= --engine megatron-core,moe_imbalance=1.5)")
 
 
 def test_flashattention2_runs_below_hoppers_best_kernel_and_equals_it_on_ampere():

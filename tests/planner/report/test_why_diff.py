@@ -133,6 +133,12 @@ def test_diff_shows_what_differs_and_by_how_much(capsys, tiny_llama_config, smal
                                                 "differ): compare tokens/s")
     code, out, _ = run(capsys, "diff", small_plan, small_plan)
     assert code == 0 and "B takes as long as A" in out
+    # the same knobs priced for other software: the settings that differ are named
+    eager = planner.plan(tiny_llama_config, cluster=SMALL, global_batch=32, seq_len=128,
+                         engine="megatron-core,kernels=eager")
+    assert "engine kernels fused -> eager" in compare.headline(a, eager)
+    software = [d for d in compare.compare(a, eager) if d.section == "software"]
+    assert [(d.label, d.a, d.b) for d in software] == [("kernels", "fused", "eager")]
 
 
 def test_why_with_a_knob_the_model_cannot_take_is_bad_input(capsys, small_plan):
@@ -161,3 +167,21 @@ def test_whatif_configuration_column_shows_context_and_expert_parallelism():
     assert short_config(row) == "dp=2 tp=2+sp pp=1 cp=2(a2a) ep=2 mb=1 1f1b rc=none z1"
     plain = {**row, "cp": 1, "ep": 1}
     assert short_config(plain) == "dp=2 tp=2+sp pp=1 mb=1 1f1b rc=none z1"
+
+
+def test_whatif_prices_every_point_for_the_software_given(capsys, tiny_llama_config, tmp_path):
+    import csv
+
+    def step(*engine):
+        out_csv = tmp_path / f"{len(engine)}.csv"
+        code, _, err = run(capsys, "-q", "whatif", tiny_llama_config, "--cluster", "dgx-h100",
+                           "--vary", "nodes=1", "--global-batch", "8", "--seq-len", "128",
+                           "--fix", "dp=8,tp=1,pp=1,micro_batch=1", "--workers", "1",
+                           "--csv", str(out_csv), *engine)
+        assert code == 0, err
+        with open(out_csv) as f:
+            return float(next(csv.DictReader(f))["step_time_s"])
+    assert step("--engine", "megatron-core,kernels=eager") > step()
+    code, _, err = run(capsys, "whatif", tiny_llama_config, "--cluster", "dgx-h100", "--vary",
+                       "nodes=1", "--global-batch", "8", "--engine", "kernels=nonsense")
+    assert code == 2 and "engine.kernels" in err

@@ -108,8 +108,13 @@ def test_context_parallelism_splits_activations(tiny_llama):
 
 
 @pytest.mark.parametrize("fix,words", [
-    ("ep=3", "does not divide the model's 8 experts"),
-    ("cp=3", "does not divide the cluster's 8 GPUs"),
+    ("ep=3", "does not divide the model's 8 experts; use one of 1, 2, 4, 8"),
+    ("cp=3", "does not divide the cluster's 8 GPUs; use one of 1, 2, 4, 8"),
+    ("etp=3", r"fix\.etp: 3 must be 1 or tp, and tp=3 breaks a rule"),
+    # two key/value heads do not split over four ranks (nor over the four of one node that
+    # a2a+p2p would take); the other forms need no heads
+    ("cp=4,cp_comm=a2a", r"needs the heads \(8/2 query/key-value\) divisible by tp x cp; "
+                         r"pin cp_comm=p2p or allgather$"),
     ("cp=8,dp=1,tp=1,pp=1", None),  # 256 tokens in 16 chunks of 16: allowed when pinned
 ])
 def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
@@ -168,3 +173,35 @@ def test_pipelined_accumulation_keeps_one_more_gradient_under_fsdp2(tiny_mixtral
     # sharded by ZeRO-2 over their replicas only once reduced, after every backward pass
     assert grads("dp=4,ep=2,micro_batch=1", runtime, zero=2, nodes=2) == pytest.approx(
         4 * (params - experts) + 4 * experts / 2, rel=1e-5)
+
+
+TINY_DEEPSEEK = {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
+                 "vocab_size": 256, "max_position_embeddings": 512, "q_lora_rank": 32,
+                 "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+                 "v_head_dim": 16, "n_routed_experts": 4, "n_shared_experts": 1,
+                 "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                 "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}
+
+
+def test_megatron_runs_latent_attention_context_parallel_by_ring_only(tmp_path, tiny_mixtral):
+    """Transformer Engine's context parallelism refuses multi-head latent attention (keys 24
+    wide here, values 16) with all-gather and all-to-all exchanges."""
+    from planner.search.space import Space
+    from planner.targets import restrict
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_DEEPSEEK))
+    mla = planner.prepare(str(path), seq_len=256)
+    cluster = planner.load_cluster("dgx-h100")
+    assert Space.of(cluster, mla.blocks).latent and not Space.of(cluster, tiny_mixtral.blocks).latent
+
+    def plan(fix, target):
+        options = restrict(planner.SearchOptions(fix=parse_fix(fix), top_k=0), target)
+        return planner.plan_prepared(mla, cluster, planner.TrainingSpec(global_batch=8,
+                                                                        seq_len=256), options)
+    with pytest.raises(planner.SpecError, match=r"fix\.cp_comm: a2a with cp=2: .*latent .*"
+                                                r"pin cp_comm=p2p or a2a\+p2p"):
+        plan("cp=2,cp_comm=a2a", "megatron")
+    assert plan("cp=2", "megatron").parallel["cp_comm"] in ("p2p", "a2a+p2p")
+    assert plan("cp=2,cp_comm=a2a", "any").parallel["cp_comm"] == "a2a"
