@@ -25,7 +25,7 @@ from planner.options import SearchOptions, TrainingSpec, parse_fix
 from planner import targets
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
-from planner.search.feasibility import explain_infeasible
+from planner.search.feasibility import cluster_pin_problem, explain_infeasible
 from planner.search.hetero import restrict
 from planner.search.loop import rejection_lines, search
 from planner.trace import cache
@@ -166,6 +166,10 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
                                              time_limit_s=time_limit_s, trace=trace_method), target)
     if isinstance(cl, HeteroCluster):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
+    else:  # pins the cluster, batch or sequence cannot take: before tracing
+        problem = cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch, seq_len)
+        if problem:
+            raise SpecError(problem)
     prepared = prepare(model, example_inputs=example_inputs, seq_len=seq_len, dtype=dtype,
                        trace_method=trace_method, cache_dir=cache_dir)
     training = TrainingSpec(global_batch=global_batch, seq_len=prepared.seq_len, dtype=dtype,

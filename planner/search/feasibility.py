@@ -27,7 +27,7 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     """'' or one line naming a pinned knob no configuration can honour, the rule, the numbers
     and the fix; ``options`` (the target's) adds the exchange forms the target runs."""
     n, gpn, batch = space.num_gpus, space.gpus_per_node, training.global_batch
-    tp, pp, dp = fix.get("tp"), fix.get("pp"), fix.get("dp")
+    tp, pp = fix.get("tp"), fix.get("pp")
     if tp is not None:
         broken = tp_reasons(tp, space, pinned=True)
         if TP_GPUS in broken:
@@ -45,16 +45,10 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         if broken:
             return (f"fix.tp: {tp} must divide the {gpn} GPUs of a node, or be a multiple of "
                     "them to span whole nodes")
+    problem = cluster_pin_problem(fix, n, batch, training.seq_len)
+    if problem:
+        return problem
     cp = fix.get("cp", 1)
-    for key, value in (("pp", pp), ("dp", dp), ("cp", cp)):
-        if value is not None and n % value:
-            return (f"fix.{key}: {value} does not divide the cluster's {n} GPUs; use one of "
-                    f"{_some(divisors(n))}")
-    if None not in (tp, pp, dp) and tp * pp * dp * cp != n:
-        return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs")
-    if cp > 1 and training.seq_len % (2 * cp):
-        return (f"fix.cp: the sequence of {training.seq_len} tokens does not split into 2 x cp = "
-                f"{2 * cp} equal chunks (causal load balancing)")
     ep, etp = fix.get("ep", 1), fix.get("etp", 1)
     if (ep > 1 or etp > 1) and not space.experts:
         return f"fix.{'ep' if ep > 1 else 'etp'}: the model has no routed experts"
@@ -82,6 +76,23 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if pp is not None and pp_reason(pp, vpp, space):
         what = f"pp={pp}" if pp_reason(pp, vpp, space) == PP_BLOCKS else f"pp x vpp = {pp * vpp}"
         return f"fix: {what} stages for a model of {space.num_blocks} blocks; pin fewer stages"
+    return ""
+
+
+def cluster_pin_problem(fix: dict, num_gpus: int, batch: int, seq_len: int | None) -> str:
+    """The part of pin_problem that needs no model (checked before tracing it): the pins against
+    the cluster's GPUs, the batch, the sequence (when known) and each other."""
+    n, tp, pp, dp, cp = num_gpus, fix.get("tp"), fix.get("pp"), fix.get("dp"), fix.get("cp", 1)
+    for key, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
+        if value is not None and n % value:
+            return (f"fix.{key}: {value} does not divide the cluster's {n} GPUs; use one of "
+                    f"{_some(divisors(n))}")
+    if None not in (tp, pp, dp) and tp * pp * dp * cp != n:
+        return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs")
+    if cp > 1 and seq_len and seq_len % (2 * cp):
+        return (f"fix.cp: the sequence of {seq_len} tokens does not split into 2 x cp = "
+                f"{2 * cp} equal chunks (causal load balancing)")
+    vpp = fix.get("vpp", 1)
     if dp is not None and batch % dp:
         return f"fix.dp: the global batch {batch} does not split over {dp} replicas"
     mb = fix.get("micro_batch")

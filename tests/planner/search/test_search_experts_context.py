@@ -205,3 +205,16 @@ def test_megatron_runs_latent_attention_context_parallel_by_ring_only(tmp_path, 
         plan("cp=2,cp_comm=a2a", "megatron")
     assert plan("cp=2", "megatron").parallel["cp_comm"] in ("p2p", "a2a+p2p")
     assert plan("cp=2,cp_comm=a2a", "any").parallel["cp_comm"] == "a2a"
+
+
+def test_pins_the_cluster_cannot_take_fail_before_the_model_is_traced(monkeypatch):
+    import planner.api
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("traced before checking the pins")
+    monkeypatch.setattr(planner.api, "prepare", no_trace)
+    for fix, words in (("cp=3", r"fix\.cp: 3 does not divide the cluster's 8 GPUs"),
+                       ("dp=2,tp=2,pp=1", r"fix: dp x cp x tp x pp = 4"),
+                       ("cp=4", r"fix\.cp: the sequence of 100 tokens does not split")):
+        with pytest.raises(planner.SpecError, match=words):
+            planner.plan("llama3-8b", cluster="dgx-h100", global_batch=8, seq_len=100, fix=fix)
