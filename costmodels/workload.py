@@ -219,6 +219,9 @@ class BlockWork:
     """Query heads of the block's attention (the fewest of its calls; 0: no attention)."""
     attn_heads_kv: float = 0.0
     """Key/value heads of the block's attention (the fewest of its calls)."""
+    attn_keys_wider: float = 0.0
+    """1 when some attention call of the block reads queries and keys wider than its values
+    (multi-head latent attention), else 0."""
     gemms: tuple = ()
     """The forward GEMMs (``Gemm``), for shape-dependent efficiency."""
 

@@ -167,7 +167,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     if isinstance(cl, HeteroCluster):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
     else:  # pins the cluster, batch or sequence cannot take: before tracing
-        problem = cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch, seq_len)
+        problem = cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch)
         if problem:
             raise SpecError(problem)
     prepared = prepare(model, example_inputs=example_inputs, seq_len=seq_len, dtype=dtype,

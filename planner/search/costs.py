@@ -372,6 +372,10 @@ def expert_deferred_sync(cfg: Config, training: TrainingSpec) -> int:
     wrapped with the dense ones. With it, `plan run` keeps them out of the data-parallel wrapper,
     accumulating in their own gradients until one reduction over edp after the schedule: whole
     until then (ZeRO's sharding comes only with the reduction) but without replicate's second
-    buffer at ZeRO-0; torchtitan wraps them in an FSDP of their own, deferred the same way."""
-    deferred = deferred_sync(cfg, training)
-    return 0 if cfg.ep > 1 and cfg.zero == 0 else deferred
+    buffer at ZeRO-0; torchtitan wraps them in an FSDP of their own, deferred the same way
+    (over their own replicas, edp, however many dense ones there are)."""
+    if cfg.ep == 1:
+        return deferred_sync(cfg, training)
+    if not fsdp_pipelined(cfg, training) or cfg.edp <= 1 or cfg.zero == 0:
+        return 0
+    return cfg.num_microbatches

@@ -45,22 +45,29 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         if broken:
             return (f"fix.tp: {tp} must divide the {gpn} GPUs of a node, or be a multiple of "
                     "them to span whole nodes")
-    problem = cluster_pin_problem(fix, n, batch, training.seq_len)
+    problem = cluster_pin_problem(fix, n, batch)
     if problem:
         return problem
     cp = fix.get("cp", 1)
+    if cp > 1 and training.seq_len % (2 * cp):
+        return (f"fix.cp: the sequence of {training.seq_len} tokens does not split into 2 x cp = "
+                f"{2 * cp} equal chunks (causal load balancing)")
     ep, etp = fix.get("ep", 1), fix.get("etp", 1)
     if (ep > 1 or etp > 1) and not space.experts:
         return f"fix.{'ep' if ep > 1 else 'etp'}: the model has no routed experts"
     if space.experts and space.experts % ep:
+        fits = [e for e in divisors(space.experts) if n % (e * etp) == 0]  # ep x etp | the GPUs
         return (f"fix.ep: {ep} does not divide the model's {space.experts} experts; use one of "
-                f"{_some(divisors(space.experts))}")
+                f"{_some(fits)}")
     if etp > 1 and tp is not None and etp != tp:
         return f"fix.etp: {etp} must be 1 or tp ({tp})"
     if etp > 1 and tp is None and tp_reasons(etp, space, pinned=True):
         return (f"fix.etp: {etp} must be 1 or tp, and tp={etp} breaks a rule here "
                 f"({tp_reasons(etp, space, pinned=True)[0]}); pin etp=1 or a tp the model and "
                 "cluster allow")
+    if etp > gpn and tp is None:
+        return (f"fix.etp: {etp} must be 1 or tp, and the search keeps tp within a node of "
+                f"{gpn} GPUs; pin tp={etp} too, or a smaller etp")
     form = fix.get("cp_comm")
     if cp > 1 and form:
         rule = cp_comm_reason(form, 1 if tp is None else tp, cp, space, options)
@@ -69,8 +76,11 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
             allowed = [c for c in (options.cp_comms if options else CP_COMMS)
                        if not cp_comm_reason(c, 1 if tp is None else tp, cp, space, options)]
             other = f"pin cp_comm={' or '.join(allowed)}" if allowed else "pin cp=1"
+            t = 1 if tp is None else tp
+            width = (f"tp x cp = {t * cp}" if form == "a2a" else
+                     f"tp x the cp ranks in a node = {t * math.gcd(cp, max(1, gpn // t))}")
             why = (f"needs the heads ({'/'.join(str(h) for h in space.heads if h)} query/key-"
-                   f"value) divisible by tp x cp" if rule == CP_HEADS else rule)
+                   f"value) divisible by {width}" if rule == CP_HEADS else rule)
             return f"fix.cp_comm: {form} with cp={cp}: {why}; {other}"
     vpp = fix.get("vpp", 1)
     if pp is not None and pp_reason(pp, vpp, space):
@@ -79,9 +89,10 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     return ""
 
 
-def cluster_pin_problem(fix: dict, num_gpus: int, batch: int, seq_len: int | None) -> str:
+def cluster_pin_problem(fix: dict, num_gpus: int, batch: int) -> str:
     """The part of pin_problem that needs no model (checked before tracing it): the pins against
-    the cluster's GPUs, the batch, the sequence (when known) and each other."""
+    the cluster's GPUs, the batch and each other (not the sequence: a model may set its own,
+    as image models do from their patches)."""
     n, tp, pp, dp, cp = num_gpus, fix.get("tp"), fix.get("pp"), fix.get("dp"), fix.get("cp", 1)
     for key, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
         if value is not None and n % value:
@@ -89,9 +100,6 @@ def cluster_pin_problem(fix: dict, num_gpus: int, batch: int, seq_len: int | Non
                     f"{_some(divisors(n))}")
     if None not in (tp, pp, dp) and tp * pp * dp * cp != n:
         return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs")
-    if cp > 1 and seq_len and seq_len % (2 * cp):
-        return (f"fix.cp: the sequence of {seq_len} tokens does not split into 2 x cp = "
-                f"{2 * cp} equal chunks (causal load balancing)")
     vpp = fix.get("vpp", 1)
     if dp is not None and batch % dp:
         return f"fix.dp: the global batch {batch} does not split over {dp} replicas"

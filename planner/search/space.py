@@ -62,16 +62,6 @@ MOE_SP = "experts with tp > 1 need sequence parallelism"
 TOO_MANY_MB = f"more than {MAX_MICROBATCHES:,} micro-batches per step"
 
 
-def _keys_wider_than_values(work) -> bool:
-    """Whether the block's self-attention reads keys wider than its values: per head and token,
-    key/value bytes over query bytes are 2 when a value is as wide as a key (the query's width),
-    less under multi-head latent attention (DeepSeek-V3: keys 192 wide, values 128)."""
-    if not (work.attn_heads_q and work.attn_heads_kv and work.attn_q_bytes):
-        return False
-    ratio = (work.attn_kv_bytes / work.attn_heads_kv) / (work.attn_q_bytes / work.attn_heads_q)
-    return ratio < 2.0 - 1e-6
-
-
 def divisors(n: int) -> list[int]:
     """The divisors of ``n`` in increasing order."""
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
@@ -119,7 +109,7 @@ class Space:
         experts = {int(b.work.num_experts) for b in blocks.blocks if b.work.num_experts}
         model = dict(experts=math.gcd(*experts) if experts else 0,
                      sinks=any(b.work.attn_score_params for b in blocks.blocks),
-                     latent=any(_keys_wider_than_values(b.work) for b in blocks.blocks),
+                     latent=any(b.work.attn_keys_wider for b in blocks.blocks),
                      windowed=any(b.work.attn_window_cut > 0 or any(
                          g.masked > 0.5 for g in b.work.gemms) for b in blocks.blocks),
                      tp_one_only=(options is not None and not options.tp_inner_weights

@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import math
+
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
 from planner.trace.graph import Op, OpGraph
 from planner.trace.ops import COMPUTE_BOUND
@@ -63,7 +65,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "num_experts", "routed_tokens", "dispatch_bytes", "attn_kv_bytes",
                          "attn_q_bytes", "attn_heads_q", "attn_heads_kv", "attn_window_cut",
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
-                         "attn_score_params"), 0.0)
+                         "attn_score_params", "attn_keys_wider"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
@@ -97,8 +99,9 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     linear_inputs = {k for k, ops in savers.items()
                      if all(by[o].kind == "matmul" and by[o].params for o in ops)}
     expert_modules = {by[n].module for n in op_names if _routes_experts(by[n])}
+    copies = {int(r[0] * r[1]) for r in routed}  # token copies per sample of an MoE layer
     _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers), linear_inputs,
-               expert_modules)
+               expert_modules, copies)
     fused = fused_traffic(graph, tp, op_names, scores)
     acc.update(_op_level_checkpointing(op_names, by, tp))
     acc.update(_backward_transient(op_names, by, tp, scores))
@@ -135,6 +138,8 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
                        op.dims.get("keep", 1.0))
         _add_heads(acc, op.dims.get("heads_q", 0), op.dims.get("heads_kv", 0),
                    op.dims.get("q_elems", 0) * word, op.dims.get("kv_elems", 0) * word)
+        if _keys_wider(op):
+            acc["attn_keys_wider"] = 1.0
     elif "gemms" in op.dims or "attention" in op.dims:  # a node that computes: its ATen work
         for row in op.dims.get("gemms", []):
             g = _gemm(row, split, split_out, seq_len if op.kind != "matmul" else 0, attn_gemm,
@@ -153,6 +158,8 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
                     acc["routed_tokens"] += g.batch * g.m
                     acc["dispatch_bytes"] += g.batch * g.m * hidden * word
         for a in op.dims.get("attention", []):
+            if a["head_dim"] > a["value_dim"]:
+                acc["attn_keys_wider"] = 1.0
             scores = a["batch"] * a["heads_q"] * a["q_len"] * a["kv_len"]
             flops = 2.0 * scores * (a["head_dim"] + a["value_dim"])
             _add_attention(flops, scores, bool(a["causal"]), bool(a["dropout"]), split, acc,
@@ -194,6 +201,18 @@ def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, spl
     acc["attn_scores"] += scores
     if dropout:
         acc["attn_scores_dropout"] += scores
+
+
+def _keys_wider(op: Op) -> bool:
+    """Whether an attention call reads queries and keys wider than its values (multi-head latent
+    attention: DeepSeek-V3's 192 against 128): its output's last dimension is the value width,
+    and the query elements over the heads and query tokens the query width."""
+    heads, shape = op.dims.get("heads_q", 0), op.shape
+    if not heads or len(shape) < 3 or not op.dims.get("q_elems"):
+        return False
+    # [..., heads, tokens, value] (SDPA) or [..., tokens, heads, value]
+    tokens = shape[-2] if shape[-3] == heads else shape[-3] if shape[-2] == heads else 0
+    return bool(tokens) and op.dims["q_elems"] / (heads * tokens) > shape[-1]
 
 
 def _routes_experts(op: Op) -> bool:
@@ -320,10 +339,11 @@ def _op_level_checkpointing(op_names: list[str], by: dict, tp: TPAnalysis) -> di
 
 def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[str],
                acc: dict, fused_away: set[str], linear_inputs: set[str],
-               expert_modules: set[str] = frozenset()) -> None:
+               expert_modules: set[str] = frozenset(), copies: set[int] = frozenset()) -> None:
     """Sort the saved tensors into BlockWork's act_* fields. ``expert_modules``: modules running
-    routed experts; what is made inside them (the token copies and everything computed per copy)
-    is also counted as routed."""
+    routed experts; what is made inside them with a row per token copy (``copies`` rows per
+    sample: the copies, and everything computed per copy) is also counted as routed, not the
+    router's or a shared expert's tensors where they run inside the same module."""
     for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep",
                   "act_linear_in_tp", "act_linear_in_rep", "act_routed_tp", "act_routed_rep",
                   "act_routed_fused_away_tp", "act_routed_fused_away_rep"):
@@ -341,10 +361,16 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
             acc[f"act_fused_away_{where}"] += nbytes
         elif key in linear_inputs:
             acc[f"act_linear_in_{where}"] += nbytes
-        if producer is not None and _inside(producer.module, expert_modules):
+        if producer is not None and _inside(producer.module, expert_modules) and \
+                _rows(producer.shape) in copies:
             acc[f"act_routed_{where}"] += nbytes
             if key in fused_away:
                 acc[f"act_routed_fused_away_{where}"] += nbytes
+
+
+def _rows(shape) -> int:
+    """Rows of a tensor of this shape: all but the last dimension (the only one of a vector)."""
+    return int(math.prod(shape[:-1])) if len(shape) > 1 else int(shape[0]) if shape else 0
 
 
 def _inside(module: str, parents: set[str]) -> bool:

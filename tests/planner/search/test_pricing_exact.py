@@ -97,8 +97,10 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         states = memory.model_state_bytes(params - experts, dp=cfg.dp * cfg.cp, **kw,
                                           deferred=deferred)
         if experts:
-            # outside replicate's wrapper with ep > 1: one accumulating gradient
-            expert_deferred = 0 if cfg.ep > 1 and cfg.zero == 0 else deferred
+            # with ep > 1 over their own replicas, outside replicate's wrapper (one
+            # accumulating gradient at ZeRO-0)
+            expert_deferred = deferred if cfg.ep == 1 else (
+                cfg.num_microbatches if piped and cfg.edp > 1 and cfg.zero > 0 else 0)
             states = {k: v + memory.model_state_bytes(experts, dp=cfg.edp, **kw,
                                                       deferred=expert_deferred)[k]
                       for k, v in states.items()}

@@ -1,6 +1,7 @@
 """Expert and context parallelism in the search: what the trace finds, the rules, and what each
 degree changes in a plan."""
 
+import dataclasses
 import json
 
 import pytest
@@ -113,8 +114,10 @@ def test_context_parallelism_splits_activations(tiny_llama):
     ("etp=3", r"fix\.etp: 3 must be 1 or tp, and tp=3 breaks a rule"),
     # two key/value heads do not split over four ranks (nor over the four of one node that
     # a2a+p2p would take); the other forms need no heads
-    ("cp=4,cp_comm=a2a", r"needs the heads \(8/2 query/key-value\) divisible by tp x cp; "
-                         r"pin cp_comm=p2p or allgather$"),
+    ("cp=4,cp_comm=a2a", r"needs the heads \(8/2 query/key-value\) divisible by tp x cp = "
+                         r"4; pin cp_comm=p2p or allgather$"),
+    ("cp=4,cp_comm=a2a+p2p", r"divisible by tp x the cp ranks in a node = 4; pin cp_comm=p2p"),
+    ("etp=16", r"fix\.etp: 16 must be 1 or tp, and tp=16"),
     ("cp=8,dp=1,tp=1,pp=1", None),  # 256 tokens in 16 chunks of 16: allowed when pinned
 ])
 def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
@@ -215,6 +218,36 @@ def test_pins_the_cluster_cannot_take_fail_before_the_model_is_traced(monkeypatc
     monkeypatch.setattr(planner.api, "prepare", no_trace)
     for fix, words in (("cp=3", r"fix\.cp: 3 does not divide the cluster's 8 GPUs"),
                        ("dp=2,tp=2,pp=1", r"fix: dp x cp x tp x pp = 4"),
-                       ("cp=4", r"fix\.cp: the sequence of 100 tokens does not split")):
+                       ("micro_batch=16", r"fix\.micro_batch: 16 is larger than the global")):
         with pytest.raises(planner.SpecError, match=words):
             planner.plan("llama3-8b", cluster="dgx-h100", global_batch=8, seq_len=100, fix=fix)
+
+
+def test_experts_wait_for_their_own_reduction_even_without_dense_replicas():
+    """Under pipelining schedules the experts' gradients wait over their own replicas (edp),
+    also when the dense weights have none to wait for (dp = 1)."""
+    from costmodels.engine import engine_from_mapping
+    from planner.options import Config
+    from planner.search.costs import deferred_sync, expert_deferred_sync
+
+    training = planner.TrainingSpec(global_batch=8, seq_len=256,
+                                    engine=engine_from_mapping("torchtitan"))
+    cfg = Config(dp=1, tp=8, pp=2, micro_batch=1, num_microbatches=8, schedule="1f1b",
+                 recompute="none", zero=3, ep=2)
+    assert cfg.edp == 4 and deferred_sync(cfg, training) == 0
+    assert expert_deferred_sync(cfg, training) == 8
+    alone = dataclasses.replace(cfg, ep=8)  # one replica of each expert: nothing to reduce
+    assert alone.edp == 1 and expert_deferred_sync(alone, training) == 0
+
+
+def test_an_expert_tensor_parallel_degree_beyond_a_node_asks_for_tp_too():
+    from planner.search.feasibility import pin_problem
+    from planner.search.space import Space
+
+    space = Space(num_gpus=16, gpus_per_node=8, num_blocks=4, tp_divisors=(16,), experts=8,
+                  heads=(16, 16))
+    training = planner.TrainingSpec(global_batch=16, seq_len=256)
+    assert pin_problem({"etp": 16}, space, training) == (
+        "fix.etp: 16 must be 1 or tp, and the search keeps tp within a node of 8 GPUs; pin "
+        "tp=16 too, or a smaller etp")
+    assert pin_problem({"etp": 16, "tp": 16}, space, training) == ""

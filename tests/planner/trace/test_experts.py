@@ -73,3 +73,51 @@ def test_what_the_routed_experts_save_grows_with_the_token_copies(tmp_path):
     # and the rest of the layer saves the same (the router's top-k keeps one more score a token)
     assert routed[1] == pytest.approx(2 * routed[0])
     assert total[1] - total[0] == pytest.approx(routed[1] - routed[0], rel=0.05)
+
+
+def test_only_the_token_copies_count_as_routed_where_the_block_runs_its_own_grouped_gemms():
+    """An MoE block calling the grouped GEMMs in its own forward, its router and a shared expert
+    inside it: the router's per-token tensors and the shared expert's are not the copies."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from planner.api import prepare
+
+    hidden, experts, topk, ffn, tokens = 64, 4, 2, 128, 32
+
+    class MoE(nn.Module):
+        def __init__(self, shared):
+            super().__init__()
+            self.gate = nn.Linear(hidden, experts, bias=False)
+            self.w1 = nn.Parameter(torch.randn(experts, hidden, ffn))
+            self.w2 = nn.Parameter(torch.randn(experts, ffn, hidden))
+            self.shared = nn.Sequential(nn.Linear(hidden, 4 * ffn), nn.GELU(),
+                                        nn.Linear(4 * ffn, hidden)) if shared else None
+
+        def forward(self, x):
+            t = x.reshape(-1, hidden)
+            w, idx = torch.topk(self.gate(t).softmax(-1), topk)
+            order = idx.flatten().argsort()
+            copies = t.repeat_interleave(topk, 0)[order]
+            offs = (torch.arange(1, experts + 1) * (t.shape[0] * topk // experts)).to(torch.int32)
+            y = torch._grouped_mm(F.gelu(torch._grouped_mm(copies, self.w1, offs=offs)), self.w2,
+                                  offs=offs)
+            out = torch.zeros_like(t).index_add(0, order // topk, y * w.flatten()[order, None])
+            if self.shared is not None:
+                out = out + self.shared(t)
+            return out.reshape(x.shape)
+
+    def routed_and_all(shared):
+        model = nn.Sequential(nn.LayerNorm(hidden), MoE(shared))
+        x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+        work = [b.work for b in prepare(model, example_inputs=(x,), dtype="bf16",
+                                        cache_dir=None).blocks.blocks]
+        return (sum(w.act_routed_rep + w.act_routed_tp for w in work),
+                sum(w.act_bytes_rep + w.act_bytes_tp for w in work))
+    (plain, total), (with_shared, total_shared) = routed_and_all(False), routed_and_all(True)
+    assert total_shared > total and with_shared == plain  # the shared expert's are not routed
+    word, copies = 2, tokens * topk
+    # at least the copies, the first GEMM's output and its activation: one row per copy
+    assert plain >= copies * (hidden + 2 * ffn) * word
+    assert plain < total - tokens * experts * word  # the router's scores stay out
