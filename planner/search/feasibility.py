@@ -10,10 +10,9 @@ from dataclasses import replace
 from costmodels import pipeline
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
-from planner.options import MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec
+from planner.options import CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.pricing import Estimate, price
-from planner.options import CP_COMMS
 from planner.search.space import (BATCH_DP, CP_HEADS, MICRO_BATCH, PP_BLOCKS, TOO_MANY_MB,
                                   TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space, cp_comm_reason,
                                   divisors, pp_reason, tp_reasons)
