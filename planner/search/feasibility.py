@@ -57,7 +57,7 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if space.experts and space.experts % ep:
         fits = [e for e in divisors(space.experts) if n % (e * etp) == 0]  # ep x etp | the GPUs
         return (f"fix.ep: {ep} does not divide the model's {space.experts} experts; use one of "
-                f"{_some(fits)}")
+                f"{_some(fits or divisors(space.experts))}")
     if etp > 1 and tp is not None and etp != tp:
         return f"fix.etp: {etp} must be 1 or tp ({tp})"
     if etp > 1 and tp is None and tp_reasons(etp, space, pinned=True):

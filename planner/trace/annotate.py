@@ -74,6 +74,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     expert_weights: set[str] = set()
     routed = [r for n in op_names for r in by[n].dims.get("gemms", []) if len(r) > 7 and r[7]]
     hidden = routed[0][3] if routed else 0  # the first expert GEMM reads the hidden states
+    widths: dict = {}  # the query width of the last eager QK^T (for scores x V's comparison)
     for name in op_names:
         op = by[name]
         split_compute, split_out = tp.split_of(name)
@@ -83,7 +84,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
                      name in attn_gemms, name in scores, hidden)
         if name in attn_gemms:
-            _add_eager_heads(op, by, name in scores, acc)
+            _add_eager_heads(op, by, name in scores, acc, widths)
         if name in scores and op.params:  # sinks: parameters joined to the scores
             acc["attn_score_params"] += sum(graph.params[p].numel for p in op.params
                                             if p in graph.params)
@@ -99,7 +100,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     linear_inputs = {k for k, ops in savers.items()
                      if all(by[o].kind == "matmul" and by[o].params for o in ops)}
     expert_modules = {by[n].module for n in op_names if _routes_experts(by[n])}
-    copies = {int(r[0] * r[1]) for r in routed}  # token copies per sample of an MoE layer
+    # token copies of an MoE layer in the traced batch (a GEMM row counts them per sample)
+    copies = {int(r[0] * r[1] * graph.batch) for r in routed}
     _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers), linear_inputs,
                expert_modules, copies)
     fused = fused_traffic(graph, tp, op_names, scores)
@@ -220,19 +222,27 @@ def _routes_experts(op: Op) -> bool:
     return any(len(r) > 7 and r[7] for r in op.dims.get("gemms", []))
 
 
-def _add_eager_heads(op: Op, by: dict, makes_scores: bool, acc: dict) -> None:
+def _add_eager_heads(op: Op, by: dict, makes_scores: bool, acc: dict,
+                     widths: dict | None = None) -> None:
     """The heads and the query and key/value bytes of an eager attention core, as ``_add_heads``
     takes them from a fused call (what context parallelism exchanges and divides): QK^T reads
     the queries and the keys, scores x V the values. Grouped-query attention repeats the key and
     value heads before the GEMM (an expand under views); the bytes before it are what a rank
-    holds and sends, and their share of the repeated tensor gives the key/value heads."""
+    holds and sends, and their share of the repeated tensor gives the key/value heads.
+    ``widths`` carries the query width from QK^T to the scores x V that follows it: values
+    narrower than the queries are latent attention (BlockWork.attn_keys_wider)."""
     if len(op.inputs) < 2 or len(op.shape) < 4:
         return
     first, second = by[op.inputs[0]], by[op.inputs[1]]
     held = _unrepeated_bytes(second, by)
-    if not makes_scores:  # scores x V: the values
+    widths = {} if widths is None else widths
+    if not makes_scores:  # scores x V: the values, op.shape[-1] wide
         acc["attn_kv_bytes"] += held
+        if widths.get("query", 0) > op.shape[-1]:
+            acc["attn_keys_wider"] = 1.0
         return
+    if first.shape:
+        widths["query"] = first.shape[-1]  # (..., heads, queries, width)
     if not second.out_bytes:
         return
     heads = op.shape[-3]  # the scores: (..., heads, queries, keys), however q and k are laid out
@@ -341,9 +351,10 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
                acc: dict, fused_away: set[str], linear_inputs: set[str],
                expert_modules: set[str] = frozenset(), copies: set[int] = frozenset()) -> None:
     """Sort the saved tensors into BlockWork's act_* fields. ``expert_modules``: modules running
-    routed experts; what is made inside them with a row per token copy (``copies`` rows per
-    sample: the copies, and everything computed per copy) is also counted as routed, not the
-    router's or a shared expert's tensors where they run inside the same module."""
+    routed experts; what is made inside them with a row per token copy (``copies`` rows in the
+    traced batch: the copies, and everything computed per copy) is also counted as routed, not
+    the router's or a shared expert's tensors where they run inside the same module (unless
+    each token has one copy, top-1 routing, whose rows the filter cannot tell apart)."""
     for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep",
                   "act_linear_in_tp", "act_linear_in_rep", "act_routed_tp", "act_routed_rep",
                   "act_routed_fused_away_tp", "act_routed_fused_away_rep"):

@@ -3,6 +3,7 @@ degree changes in a plan."""
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -251,3 +252,28 @@ def test_an_expert_tensor_parallel_degree_beyond_a_node_asks_for_tp_too():
         "fix.etp: 16 must be 1 or tp, and the search keeps tp within a node of 8 GPUs; pin "
         "tp=16 too, or a smaller etp")
     assert pin_problem({"etp": 16, "tp": 16}, space, training) == ""
+    # an ep that does not divide the experts, next to an etp no ep fits with: a hint still
+    assert pin_problem({"ep": 3, "etp": 3}, space, training).endswith("use one of 1, 2, 4, 8")
+
+
+@pytest.mark.parametrize("value_width,latent", [(16, True), (24, False)])
+def test_eager_attention_cores_are_latent_when_their_values_are_narrower(value_width, latent):
+    """An attention core written out (QK^T, softmax, scores x V) reads 24-wide queries; values
+    16 wide make it latent attention, as the fused call's shapes do."""
+    from planner.trace.annotate import _add_eager_heads
+    from planner.trace.graph import Op
+
+    def op(name, shape, inputs=()):
+        return Op(name=name, kind="matmul", target="matmul", module="attn", inputs=list(inputs),
+                  shape=list(shape), out_bytes=2.0 * math.prod(shape))
+    ops = [op("q", (1, 4, 32, 24)), op("kt", (1, 4, 24, 32)), op("v", (1, 4, 32, value_width)),
+           op("scores", (1, 4, 32, 32), ("q", "kt")), op("probs", (1, 4, 32, 32)),
+           op("out", (1, 4, 32, value_width), ("probs", "v"))]
+    by = {o.name: o for o in ops}
+    acc = dict.fromkeys(("attn_kv_bytes", "attn_q_bytes", "attn_heads_q", "attn_heads_kv",
+                         "attn_keys_wider"), 0.0)
+    widths: dict = {}
+    _add_eager_heads(by["scores"], by, True, acc, widths)
+    _add_eager_heads(by["out"], by, False, acc, widths)
+    assert acc["attn_keys_wider"] == (1.0 if latent else 0.0)
+    assert acc["attn_heads_q"] == 4

@@ -108,9 +108,10 @@ def test_only_the_token_copies_count_as_routed_where_the_block_runs_its_own_grou
                 out = out + self.shared(t)
             return out.reshape(x.shape)
 
-    def routed_and_all(shared):
+    def routed_and_all(shared, batch=1):
+        torch.manual_seed(0)
         model = nn.Sequential(nn.LayerNorm(hidden), MoE(shared))
-        x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+        x = torch.randn(batch, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
         work = [b.work for b in prepare(model, example_inputs=(x,), dtype="bf16",
                                         cache_dir=None).blocks.blocks]
         return (sum(w.act_routed_rep + w.act_routed_tp for w in work),
@@ -121,3 +122,4 @@ def test_only_the_token_copies_count_as_routed_where_the_block_runs_its_own_grou
     # at least the copies, the first GEMM's output and its activation: one row per copy
     assert plain >= copies * (hidden + 2 * ffn) * word
     assert plain < total - tokens * experts * word  # the router's scores stay out
+    assert routed_and_all(False, batch=2) == (plain, total)  # per sample, however traced
