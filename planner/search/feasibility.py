@@ -67,6 +67,10 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if etp > gpn and tp is None:
         return (f"fix.etp: {etp} must be 1 or tp, and the search keeps tp within a node of "
                 f"{gpn} GPUs; pin tp={etp} too, or a smaller etp")
+    if n % (ep * etp) and n % etp == 0:  # the experts spread over ranks of the tp x cp x dp
+        fits = [e for e in divisors(space.experts or 1) if n % (e * etp) == 0]
+        return (f"fix.ep: ep x etp = {ep * etp} does not divide the cluster's {n} GPUs; use one "
+                f"of {_some(fits)}")
     form = fix.get("cp_comm")
     if cp > 1 and form:
         rule = cp_comm_reason(form, 1 if tp is None else tp, cp, space, options)

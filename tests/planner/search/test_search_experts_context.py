@@ -254,6 +254,10 @@ def test_an_expert_tensor_parallel_degree_beyond_a_node_asks_for_tp_too():
     assert pin_problem({"etp": 16, "tp": 16}, space, training) == ""
     # an ep that does not divide the experts, next to an etp no ep fits with: a hint still
     assert pin_problem({"ep": 3, "etp": 3}, space, training).endswith("use one of 1, 2, 4, 8")
+    # an ep dividing six experts but not the 16 GPUs the experts spread over
+    six = dataclasses.replace(space, experts=6)
+    assert pin_problem({"ep": 3}, six, training) == (
+        "fix.ep: ep x etp = 3 does not divide the cluster's 16 GPUs; use one of 1, 2")
 
 
 @pytest.mark.parametrize("value_width,latent", [(16, True), (24, False)])
