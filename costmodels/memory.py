@@ -159,7 +159,7 @@ def usable_bytes(device_memory_bytes: float, *, reserve_fraction: float, reserve
 
 def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, recompute: str,
                      scores_kept: bool = True, fused: bool = False, fp8: bool = False,
-                     routed_load: float = 1.0) -> float:
+                     routed_load: float = 1.0, etp: int = 1) -> float:
     """Bytes one micro-batch leaves saved in one block until its backward runs. ``scores_kept``:
     attention score tensors traced from eager code are saved (False with flash attention, whose
     fused kernel saves none); ``fused``: chains of element-wise ops run as one kernel each, which
@@ -167,7 +167,9 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     GEMMs are kept quantized (costmodels.precision); ``routed_load``: token copies this rank's
     experts receive relative to the mean (costmodels.experts.rank_load), which scales what the
     routed experts save (BlockWork.act_routed_*) where the block keeps its activations (no
-    recomputation, or selective); with op-level and full recomputation it is left at the mean."""
+    recomputation, or selective); with op-level and full recomputation it is left at the mean.
+    ``etp``: expert tensor parallelism, whose ranks each keep the token copies of all etp ranks
+    at the hidden width (BlockWork.act_routed_gathered)."""
     sp_div = tp if sp else 1
     if recompute == "full":
         return micro_batch * work.input_bytes / sp_div
@@ -186,6 +188,7 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     kept = rep / sp_div + tp_part / tp  # the fused-away parts are parts of these
     # the busiest expert-parallel rank keeps the copies of more tokens than the mean
     kept += (routed_load - 1.0) * (routed_rep / sp_div + routed_tp / tp)
+    kept += (etp - 1) * routed_load * work.act_routed_gathered / sp_div
     if recompute == "none":
         kept += work.act_bytes_attn / tp if scores_kept else 0.0
     elif recompute != "selective":
@@ -211,7 +214,7 @@ def backward_transient_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: 
 
 def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
                             recompute: str, scores_kept: bool = True, fused: bool = False,
-                            fp8: bool = False, routed_load: float = 1.0) -> float:
+                            fp8: bool = False, routed_load: float = 1.0, etp: int = 1) -> float:
     """Extra bytes alive while one block's forward is recomputed during backward (on the busiest
     expert-parallel rank with ``routed_load``, as activation_bytes)."""
     if recompute == "none":
@@ -220,7 +223,7 @@ def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: b
         return micro_batch * work.act_bytes_attn / tp if scores_kept else 0.0
     full = activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
                             scores_kept=scores_kept, fused=fused, fp8=fp8,
-                            routed_load=routed_load)
+                            routed_load=routed_load, etp=etp)
     if recompute == "op":  # the recomputed rest, next to what was kept
         rest = full - activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp,
                                        recompute="op")

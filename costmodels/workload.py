@@ -160,6 +160,10 @@ class BlockWork:
     """The part of ``act_routed_tp`` a fused kernel does not keep (part of ``act_fused_away_tp``)."""
     act_routed_fused_away_rep: float = 0.0
     """The same outside tensor-parallel regions."""
+    act_routed_gathered: float = 0.0
+    """The part of ``act_routed_rep`` the experts' first GEMMs keep as their input: the token
+    copies at the hidden width, which expert tensor parallelism gathers over its etp ranks
+    before the experts (Megatron-Core's dispatcher), so each of them keeps etp times its own."""
     input_bytes: float = 0.0
     """Bytes of the gradient-carrying activations entering the block (what full recompute keeps)."""
     op_saved_tp: float = 0.0

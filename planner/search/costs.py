@@ -234,13 +234,13 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         tp_comm_s=vec(tp_s),
         act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
-            fused=fused, fp8=fp8, routed_load=load)),
+            fused=fused, fp8=fp8, routed_load=load, etp=etp)),
             vec(memory.activation_bytes(w, micro_batch=share, tp=tp, sp=sp, recompute="none",
                                         scores_kept=kept, fused=fused_outer, fp8=False,
-                                        routed_load=load))),
+                                        routed_load=load, etp=etp))),
         work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
-            fused=fused, fp8=fp8, routed_load=load)), 0.0),
+            fused=fused, fp8=fp8, routed_load=load, etp=etp)), 0.0),
             vec(memory.backward_transient_bytes(w, micro_batch=share, tp=tp, sp=sp,
                                                 scores_kept=kept))) + cp_buffers,
         params_local=local,

@@ -65,7 +65,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "num_experts", "routed_tokens", "dispatch_bytes", "attn_kv_bytes",
                          "attn_q_bytes", "attn_heads_q", "attn_heads_kv", "attn_window_cut",
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
-                         "attn_score_params", "attn_keys_wider"), 0.0)
+                         "attn_score_params", "attn_keys_wider", "act_routed_gathered"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
@@ -75,12 +75,17 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     routed = [r for n in op_names for r in by[n].dims.get("gemms", []) if len(r) > 7 and r[7]]
     hidden = routed[0][3] if routed else 0  # the first expert GEMM reads the hidden states
     widths: dict = {}  # the query width of the last eager QK^T (for scores x V's comparison)
+    gathered: set[str] = set()  # the token copies the experts' first GEMMs keep
     for name in op_names:
         op = by[name]
         split_compute, split_out = tp.split_of(name)
         if _routes_experts(op):  # experts are split by expert parallelism (and etp), not tp
             split_compute = split_out = False
             expert_weights.update(op.params)
+            if not any(r[2] == hidden for r in op.dims.get("gemms", [])):  # not the last GEMM
+                gathered.update(key for key, _ in op.saves
+                                if by.get(key.split(":")[0]) is not None
+                                and by[key.split(":")[0]].shape[-1:] == [hidden])
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
                      name in attn_gemms, name in scores, hidden)
         if name in attn_gemms:
@@ -102,6 +107,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     expert_modules = {by[n].module for n in op_names if _routes_experts(by[n])}
     # token copies of an MoE layer in the traced batch (a GEMM row counts them per sample)
     copies = {int(r[0] * r[1] * graph.batch) for r in routed}
+    acc["act_routed_gathered"] = float(sum(saved[k] for k in gathered if k in saved))
     _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers), linear_inputs,
                expert_modules, copies)
     fused = fused_traffic(graph, tp, op_names, scores)

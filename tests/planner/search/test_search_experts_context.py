@@ -96,6 +96,14 @@ def test_the_busiest_ranks_extra_copies_are_what_the_experts_save(tiny_mixtral):
                      for x in (1.0, load)]
             assert again[1] - again[0] == pytest.approx(
                 2 * (load - 1) * routed if recompute == "full" else 0.0, rel=1e-9)
+    # expert tensor parallelism: each of two etp ranks keeps both ranks' copies of the hidden
+    # states the first expert GEMM reads (512 copies of 64 bf16 values a layer), the rest split
+    gathered = sum(w.act_routed_gathered for w in works)
+    assert gathered == 3 * 2 * 256 * 64 * 2
+    args = dict(micro_batch=2, tp=2, sp=True, recompute="none")
+    split = [sum(memory.activation_bytes(w, routed_load=load, etp=e, **args) for w in works)
+             for e in (1, 2)]
+    assert split[1] - split[0] == pytest.approx(load * 2 * gathered / 2, rel=1e-9)
 
 
 def test_context_parallelism_splits_activations(tiny_llama):
