@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from costmodels.engine import engine_from_mapping
+from costmodels.engine import EngineSpec, engine_from_mapping
 from costmodels.topology import HeteroCluster
 from planner.emit import emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
@@ -373,6 +373,20 @@ def _attention_the_devices_run(cluster, training: TrainingSpec) -> TrainingSpec:
                                                                     attention="materialized"))
 
 
+def _warn_unused_moe_settings(prepared: Prepared, training: TrainingSpec) -> None:
+    """Say so when MoE engine settings are given for a model without routed experts (they change
+    nothing, which a user comparing plans would otherwise not know)."""
+    if any(b.work.num_experts for b in prepared.blocks.blocks):
+        return
+    default = EngineSpec()
+    given = [f.name for f in dataclasses.fields(EngineSpec) if f.name.startswith("moe_")
+             and getattr(training.engine, f.name) != getattr(default, f.name)]
+    if given:
+        log.warning("engine.%s: %s has no routed experts; %s change%s nothing here", given[0],
+                    prepared.info.get("name", "the model"), ", ".join(given),
+                    "s" if len(given) == 1 else "")
+
+
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False) -> Plan:
     """Search and emit for an already traced model."""
@@ -382,6 +396,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
                         f"at {prepared.seq_len:,}; prepare it again with "
                         f"seq_len={training.seq_len}")
     training = _attention_the_devices_run(cluster, training)
+    _warn_unused_moe_settings(prepared, training)
     result = search(prepared.blocks, cluster, training, options, progress=progress)
     aside, ruled = rejection_lines(result.rejected, most=4)
     log.info("searched %d configurations in %.2f s (%s)", result.candidates, result.time_s,

@@ -289,3 +289,16 @@ def test_eager_attention_cores_are_latent_when_their_values_are_narrower(value_w
     _add_eager_heads(by["out"], by, False, acc, widths)
     assert acc["attn_keys_wider"] == (1.0 if latent else 0.0)
     assert acc["attn_heads_q"] == 4
+
+
+def test_moe_settings_on_a_dense_model_are_named_as_unused(tiny_llama, tiny_mixtral, caplog):
+    from costmodels.engine import engine_from_mapping
+
+    engine = engine_from_mapping("megatron-core,moe_dispatcher=allgather,moe_imbalance=1.5")
+    with caplog.at_level("WARNING", logger="planner"):
+        _plan(tiny_llama, "tp=1,pp=1", engine=engine)
+    assert "no routed experts; moe_dispatcher, moe_imbalance change nothing" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="planner"):
+        _plan(tiny_mixtral, "tp=1,pp=1", engine=engine)
+    assert "no routed experts" not in caplog.text
