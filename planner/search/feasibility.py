@@ -60,10 +60,10 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                 f"{_some(fits or divisors(space.experts))}")
     if etp > 1 and tp is not None and etp != tp:
         return f"fix.etp: {etp} must be 1 or tp ({tp})"
-    if etp > 1 and tp is None and tp_reasons(etp, space, pinned=True):
+    etp_broken = tp_reasons(etp, space, pinned=True) if etp > 1 and tp is None else []
+    if etp_broken:
         return (f"fix.etp: {etp} must be 1 or tp, and tp={etp} breaks a rule here "
-                f"({tp_reasons(etp, space, pinned=True)[0]}); pin etp=1 or a tp the model and "
-                "cluster allow")
+                f"({etp_broken[0]}); pin etp=1 or a tp the model and cluster allow")
     if etp > gpn and tp is None:
         return (f"fix.etp: {etp} must be 1 or tp, and the search keeps tp within a node of "
                 f"{gpn} GPUs; pin tp={etp} too, or a smaller etp")
@@ -73,13 +73,12 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                 f"of {_some(fits)}")
     form = fix.get("cp_comm")
     if cp > 1 and form:
-        rule = cp_comm_reason(form, 1 if tp is None else tp, cp, space, options)
-        if rule and (rule != CP_HEADS or tp is not None or
-                     cp_comm_reason(form, 1, cp, space, options)):
+        t = 1 if tp is None else tp  # an unpinned tp can be 1, the widest heads allow
+        rule = cp_comm_reason(form, t, cp, space, options)
+        if rule:
             allowed = [c for c in (options.cp_comms if options else CP_COMMS)
-                       if not cp_comm_reason(c, 1 if tp is None else tp, cp, space, options)]
+                       if not cp_comm_reason(c, t, cp, space, options)]
             other = f"pin cp_comm={' or '.join(allowed)}" if allowed else "pin cp=1"
-            t = 1 if tp is None else tp
             width = (f"tp x cp = {t * cp}" if form == "a2a" else
                      f"tp x the cp ranks in a node = {t * math.gcd(cp, max(1, gpn // t))}")
             why = (f"needs the heads ({'/'.join(str(h) for h in space.heads if h)} query/key-"

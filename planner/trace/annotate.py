@@ -76,16 +76,19 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     hidden = routed[0][3] if routed else 0  # the first expert GEMM reads the hidden states
     widths: dict = {}  # the query width of the last eager QK^T (for scores x V's comparison)
     gathered: set[str] = set()  # the token copies the experts' first GEMMs keep
+    expert_modules: set[str] = set()
     for name in op_names:
         op = by[name]
         split_compute, split_out = tp.split_of(name)
         if _routes_experts(op):  # experts are split by expert parallelism (and etp), not tp
             split_compute = split_out = False
             expert_weights.update(op.params)
+            expert_modules.add(op.module)
             if not any(r[2] == hidden for r in op.dims.get("gemms", [])):  # not the last GEMM
-                gathered.update(key for key, _ in op.saves
-                                if by.get(key.split(":")[0]) is not None
-                                and by[key.split(":")[0]].shape[-1:] == [hidden])
+                for key, _ in op.saves:
+                    producer = by.get(key.split(":")[0])
+                    if producer is not None and producer.shape[-1:] == [hidden]:
+                        gathered.add(key)
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
                      name in attn_gemms, name in scores, hidden)
         if name in attn_gemms:
@@ -104,7 +107,6 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                 collectives += 1
     linear_inputs = {k for k, ops in savers.items()
                      if all(by[o].kind == "matmul" and by[o].params for o in ops)}
-    expert_modules = {by[n].module for n in op_names if _routes_experts(by[n])}
     # token copies of an MoE layer in the traced batch (a GEMM row counts them per sample)
     copies = {int(r[0] * r[1] * graph.batch) for r in routed}
     acc["act_routed_gathered"] = float(sum(saved[k] for k in gathered if k in saved))
