@@ -74,6 +74,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     expert_weights: set[str] = set()
     routed = [r for n in op_names for r in by[n].dims.get("gemms", []) if len(r) > 7 and r[7]]
     hidden = routed[0][3] if routed else 0  # the first expert GEMM reads the hidden states
+    returning = _returning_gemms(op_names, by, hidden)
     widths: dict = {}  # the query width of the last eager QK^T (for scores x V's comparison)
     gathered: set[str] = set()  # the token copies the experts' first GEMMs keep
     expert_modules: set[str] = set()
@@ -84,13 +85,14 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
             split_compute = split_out = False
             expert_weights.update(op.params)
             expert_modules.add(op.module)
-            if not any(r[2] == hidden for r in op.dims.get("gemms", [])):  # not the last GEMM
+            if not any((name, i) in returning for i in range(len(op.dims.get("gemms", [])))):
                 for key, _ in op.saves:
                     producer = by.get(key.split(":")[0])
                     if producer is not None and producer.shape[-1:] == [hidden]:
                         gathered.add(key)
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
-                     name in attn_gemms, name in scores, hidden)
+                     name in attn_gemms, name in scores, hidden,
+                     {i for n, i in returning if n == name})
         if name in attn_gemms:
             _add_eager_heads(op, by, name in scores, acc, widths)
         if name in scores and op.params:  # sinks: parameters joined to the scores
@@ -135,9 +137,11 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
 
 
 def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
-                 gemms: list[Gemm], attn_gemm: bool, score: bool, hidden: float = 0) -> None:
+                 gemms: list[Gemm], attn_gemm: bool, score: bool, hidden: float = 0,
+                 returning: set[int] = frozenset()) -> None:
     """Add the op's work to ``acc`` and its GEMMs to ``gemms``. ``hidden``: the width of the
-    hidden states the block's routed experts read (0: no experts)."""
+    hidden states the block's routed experts read (0: no experts); ``returning``: the positions
+    of the op's GEMM rows that bring routed tokens back to it (_returning_gemms)."""
     if op.kind in FREE:
         return
     acc["kernels_eager"] += 1
@@ -151,9 +155,9 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
         if _keys_wider(op):
             acc["attn_keys_wider"] = 1.0
     elif "gemms" in op.dims or "attention" in op.dims:  # a node that computes: its ATen work
-        for row in op.dims.get("gemms", []):
+        for i, row in enumerate(op.dims.get("gemms", [])):
             g = _gemm(row, split, split_out, seq_len if op.kind != "matmul" else 0, attn_gemm,
-                      hidden, masked=_masked_share(op))
+                      i in returning, masked=_masked_share(op))
             gemms.append(g)
             acc["attn_flops" if g.attention and split else
                 "mm_flops_tp" if split else "mm_flops_rep"] += g.flops
@@ -164,7 +168,7 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
             if g.experts:
                 acc["expert_flops"] += g.flops
                 acc["num_experts"] = max(acc["num_experts"], float(g.experts))
-                if g.n == hidden:  # the GEMM returning to the hidden width: one per MoE layer
+                if i in returning:  # one per MoE layer
                     acc["routed_tokens"] += g.batch * g.m
                     acc["dispatch_bytes"] += g.batch * g.m * hidden * word
         for a in op.dims.get("attention", []):
@@ -223,6 +227,25 @@ def _keys_wider(op: Op) -> bool:
     # [..., heads, tokens, value] (SDPA) or [..., tokens, heads, value]
     tokens = shape[-2] if shape[-3] == heads else shape[-3] if shape[-2] == heads else 0
     return bool(tokens) and op.dims["q_elems"] / (heads * tokens) > shape[-1]
+
+
+def _returning_gemms(op_names: list[str], by: dict, hidden: float) -> set[tuple[str, int]]:
+    """(op, GEMM row) of each routed-expert GEMM that brings its token copies back to the
+    ``hidden`` width (the down projection, one per MoE layer): of a run of expert GEMMs over the
+    same token copies (gate, up, down, with only element-wise work between), the last one, if its
+    output is ``hidden`` wide. Taking the last matters when a gate-and-up GEMM is itself
+    ``hidden`` wide (an expert width of half the hidden size, or equal to it unfused)."""
+    rows = [(name, i, r) for name in op_names
+            for i, r in enumerate(by[name].dims.get("gemms", []))]
+    out = set()
+    for (name, i, r), after in zip(rows, rows[1:] + [None]):
+        if not (len(r) > 7 and r[7]) or r[2] != hidden:
+            continue
+        same_run = after is not None and len(after[2]) > 7 and after[2][7] and \
+            after[2][0] * after[2][1] == r[0] * r[1]
+        if not same_run:
+            out.add((name, i))
+    return out
 
 
 def _routes_experts(op: Op) -> bool:
@@ -285,19 +308,19 @@ def _masked_share(op) -> float:
 
 
 def _gemm(row: list, split_compute: bool, split_out: bool, seq_len: int,
-          attention: bool, hidden: float = 0, masked: float = 0.0) -> Gemm:
+          attention: bool, returning: bool = False, masked: float = 0.0) -> Gemm:
     """A priced GEMM row [batch, m, n, k, weight, grad_a, grad_b(, experts)] as the cost model's
     Gemm: split as its node is (a Linear's output or reduction, an attention matmul's heads), and
     marked as an attention core when its node is one (``attention``) or, inside a module priced
     whole (an ``nn.MultiheadAttention``), when it multiplies two activations over a ``seq_len``
     square. A routed-expert GEMM is split as expert tensor parallelism splits it: the one
-    returning the ``hidden`` width along its reduction (row-parallel), the others along their
-    output (column-parallel). ``masked``: what a declared mask lets a fused kernel skip of an
+    ``returning`` the tokens to the hidden width along its reduction (row-parallel), the others
+    along their output (column-parallel). ``masked``: what a declared mask lets a fused kernel skip of an
     attention core's GEMM."""
     batch, m, n, k, weight, grad_a, grad_b = row[:7]
     experts = int(row[7]) if len(row) > 7 else 0
     if experts:
-        return Gemm(batch=batch, m=m, n=n, k=k, split=SPLIT_K if n == hidden else SPLIT_N,
+        return Gemm(batch=batch, m=m, n=n, k=k, split=SPLIT_K if returning else SPLIT_N,
                     linear=bool(weight), grad_a=bool(grad_a), grad_b=bool(grad_b),
                     experts=experts)
     scores = not weight and (attention or (seq_len > 1 and m == seq_len and seq_len in (n, k)))

@@ -123,3 +123,19 @@ def test_only_the_token_copies_count_as_routed_where_the_block_runs_its_own_grou
     assert plain >= copies * (hidden + 2 * ffn) * word
     assert plain < total - tokens * experts * word  # the router's scores stay out
     assert routed_and_all(False, batch=2) == (plain, total)  # per sample, however traced
+
+
+@pytest.mark.parametrize("expert_ffn", [32, 48])
+def test_each_moe_layer_returns_its_token_copies_once_whatever_the_expert_width(tmp_path,
+                                                                                 expert_ffn):
+    """An expert width of half the hidden size makes the fused gate-and-up GEMM as wide as the
+    hidden states: the down projection alone brings the copies back (and is the row-parallel
+    one under expert tensor parallelism)."""
+    from costmodels.workload import SPLIT_K
+    blocks = _blocks(tmp_path / "a", num_local_experts=4, num_experts_per_tok=2,
+                     intermediate_size=expert_ffn)
+    copies = 3 * 32 * 2  # 3 layers, 32 tokens, 2 experts each
+    assert sum(b.work.routed_tokens for b in blocks) == copies
+    assert sum(b.work.dispatch_bytes for b in blocks) == copies * 64 * 2  # bf16 at hidden width
+    returning = [g for b in blocks for g in b.work.gemms if g.experts and g.split == SPLIT_K]
+    assert len(returning) == 3 and all(g.k == expert_ffn for g in returning)
