@@ -77,10 +77,11 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
 
 def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, share: float,
                      ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
-                     recompute_full: bool, overlap_s, num_experts=0.0):
+                     recompute_full: bool, overlap_s, num_experts=0.0, moe_layers=0.0):
     """Per block (numpy arrays over blocks): the dispatch and combine it exposes per micro-batch,
     forward and backward (full recomputation replays the forward's). ``dispatch_bytes`` and
-    ``routed_tokens`` per sample (costmodels.workload.BlockWork); ``share``: samples' worth of
+    ``routed_tokens`` per sample, ``moe_layers`` per block (costmodels.workload.BlockWork; a
+    block traced before it was recorded counts one where it dispatches); ``share``: samples' worth of
     tokens the rank holds (its 1/(tp x cp) of the micro-batch: MoE layers run
     sequence-parallel); ``overlap_s``: the block's forward + backward compute for one
     micro-batch; ``num_experts``: the routed experts of the block's MoE layer, whose busiest rank
@@ -90,12 +91,12 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     DualPipe pairs chunks the same way), so each pass's all-to-alls run behind the other pass's
     compute: only what exceeds that compute is exposed. This is the steady state; the pipeline's warm-up and cool-down
     passes, which have no partner, are not counted apart."""
-    layers = (dispatch_bytes > 0).astype(float)
+    layers = np.where(dispatch_bytes > 0, np.maximum(moe_layers, 1.0), 0.0)
     load = 1.0
     if engine.moe_imbalance > 1.0 and ep > 1:  # (a search prices this often: skip the even case)
         counts, index = np.unique(np.broadcast_to(num_experts, layers.shape), return_inverse=True)
         load = np.array([rank_load(engine, ep=ep, num_experts=int(e)) for e in counts])[index]
-    topk = np.where(routed_tokens > 0, routed_tokens / seq_len, 1.0)
+    topk = np.where(routed_tokens > 0, routed_tokens / (seq_len * np.maximum(layers, 1.0)), 1.0)
     fwd = dispatch_s(engine.moe_dispatcher, copies_bytes=share * dispatch_bytes,
                      tokens_bytes=share * dispatch_bytes / topk, ep=ep, ep_group=ep_group,
                      etp_group=etp_group, cluster=cluster, load=load,

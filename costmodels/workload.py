@@ -212,6 +212,9 @@ class BlockWork:
     """Routed experts of the block's Mixture-of-Experts layer (0: none)."""
     routed_tokens: float = 0.0
     """Token copies one sample sends to experts (tokens x top-k, summed over MoE layers)."""
+    moe_layers: float = 0.0
+    """Mixture-of-Experts layers in the block (usually 1 or 0; a block a small model collapses
+    into holds several)."""
     dispatch_bytes: float = 0.0
     """Bytes of the hidden states those copies carry (dispatch; combine returns as many)."""
     attn_kv_bytes: float = 0.0

@@ -267,7 +267,7 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
         seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
         ep_group=placement.group_shape(ep, etp, g), etp_group=placement.group_shape(etp, 1, g),
         cluster=cluster, recompute_full=recompute == "full", overlap_s=overlap_s,
-        num_experts=w.num_experts)
+        num_experts=w.num_experts, moe_layers=w.moe_layers)
 
 
 def config_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,

@@ -62,8 +62,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "eager_attn_bytes_tp", "eager_attn_bytes_rep", "eager_attn_kernels",
                          "attn_scores_saved",
                          "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes", "expert_flops",
-                         "num_experts", "routed_tokens", "dispatch_bytes", "attn_kv_bytes",
-                         "attn_q_bytes", "attn_heads_q", "attn_heads_kv", "attn_window_cut",
+                         "num_experts", "routed_tokens", "moe_layers", "dispatch_bytes",
+                         "attn_kv_bytes", "attn_q_bytes", "attn_heads_q", "attn_heads_kv", "attn_window_cut",
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
                          "attn_score_params", "attn_keys_wider", "act_routed_gathered"), 0.0)
     collectives = 0
@@ -169,6 +169,7 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
                 acc["expert_flops"] += g.flops
                 acc["num_experts"] = max(acc["num_experts"], float(g.experts))
                 if i in returning:  # one per MoE layer
+                    acc["moe_layers"] += 1
                     acc["routed_tokens"] += g.batch * g.m
                     acc["dispatch_bytes"] += g.batch * g.m * hidden * word
         for a in op.dims.get("attention", []):

@@ -131,6 +131,22 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
         assert hidden[0] == 0.0 and hidden[1] == pytest.approx(exposed)
 
 
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_a_block_of_two_moe_layers_dispatches_twice_what_one_does(dispatcher):
+    """A small model traced as one block holds several MoE layers: each gathers (or exchanges)
+    its own tokens, at the top-k of one layer."""
+    engine = engine_from_mapping(f"moe_dispatcher={dispatcher}")
+    copies, tokens = 4096 * 2 * 1024 * 2.0, 4096 * 2.0  # top-2, hidden 1024, bf16
+
+    def one_block(layers):
+        return experts.block_dispatch_s(
+            engine, dispatch_bytes=np.array([layers * copies]),
+            routed_tokens=np.array([layers * tokens * 2]), seq_len=4096, share=1.0, ep=8,
+            ep_group=NODE, etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER,
+            recompute_full=False, overlap_s=np.zeros(1), moe_layers=np.array([float(layers)]))
+    assert one_block(2)[0] == pytest.approx(2 * one_block(1)[0])
+
+
 def test_moe_engine_settings_are_checked_and_load_follows_capacity():
     def load(settings, ep, num_experts=8):
         return experts.rank_load(engine_from_mapping(settings), ep=ep, num_experts=num_experts)
