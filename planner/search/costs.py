@@ -156,6 +156,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         return out if out.shape == (n,) else np.broadcast_to(out, (n,)).copy()
 
     fwd_repeats = 2 if recompute == "full" else 1  # full recompute replays forward all-reduces
+    # recomputing the attention core (full, or selective) exchanges its keys and values again:
+    # the exchange is part of the core (Transformer Engine's, torch's and the runtime's rings)
+    attn_repeats = np.array([2.0 if p in ("full", "selective") else 1.0 for p in policies])
     kept = engine.attention not in FUSED_ATTENTION  # eager attention's scores, saved or fused away
     fused = engine.kernels == "fused"  # element-wise chains keep only what enters them
     fused_outer = outer.kernels == "fused"
@@ -195,8 +198,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                         mf, mb = context.ring_merge_s(cp, q_bytes=q[i], kv_bytes=kv[i],
                                                       word=word, device=cluster.device)
                         f, b = f + mf, b + mb
-                    s_[i] = fwd_repeats * f + b
-            total = float(s_.sum() + fwd_repeats * calls[:, 0].sum() + calls[:, 1].sum())
+                    s_[i] = attn_repeats[i] * f + b
+            total = float(s_.sum() + attn_repeats @ calls[:, 0] + calls[:, 1].sum())
             if best is None or total < best:
                 best, form, cp_s, ring = total, f_name, s_, calls
         # K/V held while attention runs: two chunks in flight (ring), the gathered sequence

@@ -302,3 +302,21 @@ def test_moe_settings_on_a_dense_model_are_named_as_unused(tiny_llama, tiny_mixt
     with caplog.at_level("WARNING", logger="planner"):
         _plan(tiny_mixtral, "tp=1,pp=1", engine=engine)
     assert "no routed experts" not in caplog.text
+
+
+@pytest.mark.parametrize("form,cp", [("a2a", 2), ("allgather", 2), ("p2p", 4)])
+def test_recomputing_the_attention_core_exchanges_keys_and_values_again(tiny_llama_config, form,
+                                                                         cp):
+    """Selective recomputation reruns the attention core, and the exchange is part of it (the
+    rings and all-to-alls run inside the core): it repeats the forward exchange as full does."""
+    long = planner.prepare(tiny_llama_config, seq_len=16384, cache_dir=None)
+    cluster = planner.load_cluster("dgx-h100", nodes=1, gpus_per_node=cp)
+
+    def exchange(recompute):
+        fix = f"cp={cp},cp_comm={form},tp=1,pp=1,dp=1,micro_batch=1,recompute={recompute}"
+        plan = planner.plan_prepared(long, cluster, planner.TrainingSpec(global_batch=2,
+                                                                         seq_len=16384),
+                                     planner.SearchOptions(fix=parse_fix(fix), top_k=0))
+        return plan.predicted["breakdown"]["cp_comm_s"]
+    none, selective = exchange("none"), exchange("selective")
+    assert selective > none and selective == pytest.approx(exchange("full"))
