@@ -77,7 +77,8 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
 
 def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, share: float,
                      ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
-                     recompute_full: bool, overlap_s, num_experts=0.0, moe_layers=0.0):
+                     recompute_full: bool, overlap_s, num_experts=0.0, moe_layers=0.0,
+                     micro_batches: int = 0):
     """Per block (numpy arrays over blocks): the dispatch and combine it exposes per micro-batch,
     forward and backward (full recomputation replays the forward's). ``dispatch_bytes`` and
     ``routed_tokens`` per sample, ``moe_layers`` per block (costmodels.workload.BlockWork; a
@@ -89,8 +90,10 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     the engine runs one micro-batch's forward next to another's backward (Megatron-Core's
     batch-level EP overlap, "merging FWD-BWD passes of adjacent microbatches"; DeepSeek-V3's
     DualPipe pairs chunks the same way), so each pass's all-to-alls run behind the other pass's
-    compute: only what exceeds that compute is exposed. This is the steady state; the pipeline's warm-up and cool-down
-    passes, which have no partner, are not counted apart."""
+    compute: only what exceeds that compute is exposed. Of ``micro_batches`` micro-batches one
+    has no partner (the first forward and the last backward run alone), and its all-to-alls
+    are exposed whole: one micro-batch overlaps nothing (0: the steady state). A pipeline's
+    other warm-up and cool-down passes, also without a partner, are not counted apart."""
     layers = np.where(dispatch_bytes > 0, np.maximum(moe_layers, 1.0), 0.0)
     load = 1.0
     if engine.moe_imbalance > 1.0 and ep > 1:  # (a search prices this often: skip the even case)
@@ -103,5 +106,6 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
                      layers=layers)
     total = fwd * ((2 if recompute_full else 1) + 1)
     if engine.moe_overlap:
-        total = np.maximum(0.0, total - overlap_s)
+        paired = (micro_batches - 1) / micro_batches if micro_batches else 1.0
+        total = (1 - paired) * total + paired * np.maximum(0.0, total - overlap_s)
     return np.where(layers > 0, total, 0.0)

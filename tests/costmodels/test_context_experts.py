@@ -129,6 +129,14 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
             ep_group=NODE, etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER,
             recompute_full=False, overlap_s=np.array([1.0, compute_s]))
         assert hidden[0] == 0.0 and hidden[1] == pytest.approx(exposed)
+    # one micro-batch has no partner to run behind: all exposed; of four, one
+    for micro_batches, share in ((1, 1.0), (4, 0.25)):
+        alone = experts.block_dispatch_s(
+            overlapped, dispatch_bytes=np.array([copies]), routed_tokens=np.array([4096 * 8]),
+            seq_len=4096, share=1.0, ep=8, ep_group=NODE,
+            etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER, recompute_full=False,
+            overlap_s=np.array([3 * one_node]), micro_batches=micro_batches)
+        assert alone[0] == pytest.approx(share * per_block[1])
 
 
 @pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
