@@ -75,6 +75,25 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
     return t
 
 
+def overlap_blockers(engine: EngineSpec, *, recompute: str, dtype: str, pp: int,
+                     vpp: int) -> list[str]:
+    """What keeps the overlapped dispatch (EngineSpec.moe_overlap) off a configuration, in the
+    words "needs ...": Megatron-Core's TransformerConfig refuses --overlap-moe-expert-parallel-comm
+    without the alltoall dispatcher, with full recomputation, in fp32 and, with a pipeline,
+    without virtual stages (megatron/core/transformer/transformer_config.py, core_v0.19.0); its
+    combined schedule is the overlap this cost model prices. Empty: it runs."""
+    why = []
+    if engine.moe_dispatcher != "alltoall":
+        why.append("the alltoall dispatcher")
+    if recompute in ("full", "op"):
+        why.append("no full recomputation")
+    if dtype == "fp32":
+        why.append("bf16 or fp16")
+    if pp > 1 and vpp == 1:
+        why.append("virtual pipeline stages when pp > 1")
+    return why
+
+
 def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, share: float,
                      ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
                      recompute_full: bool, overlap_s, num_experts=0.0, moe_layers=0.0,

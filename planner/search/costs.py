@@ -265,8 +265,12 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
     if ep * etp <= 1 or not np.any(w.dispatch_bytes):
         return None
     g = cluster.gpus_per_node
+    engine = training.engine
+    if engine.moe_overlap and experts.overlap_blockers(engine, recompute=recompute,
+                                                       dtype=training.dtype, pp=1, vpp=1):
+        engine = dataclasses.replace(engine, moe_overlap=False)
     return experts.block_dispatch_s(
-        training.engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
+        engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
         seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
         ep_group=placement.group_shape(ep, etp, g), etp_group=placement.group_shape(etp, 1, g),
         cluster=cluster, recompute_full=recompute == "full", overlap_s=overlap_s,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -239,8 +239,13 @@ def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSp
     if cfg.ep * cfg.etp <= 1 or not np.any(ma.work.dispatch_bytes):
         return np.zeros(len(ma.names))
     w = ma.work
+    engine = training.engine
+    if engine.moe_overlap and experts.overlap_blockers(engine, recompute=cfg.recompute,
+                                                       dtype=training.dtype, pp=cfg.pp,
+                                                       vpp=cfg.vpp):
+        engine = replace(engine, moe_overlap=False)
     return experts.block_dispatch_s(
-        training.engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
+        engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
         seq_len=training.seq_len, share=cfg.micro_batch / (cfg.tp * cfg.cp), ep=cfg.ep,
         ep_group=placement.ep_group(cfg, cluster), etp_group=placement.etp_group(cfg, cluster),
         cluster=cluster, recompute_full=cfg.recompute == "full", overlap_s=costs.compute_s,

@@ -320,3 +320,19 @@ def test_recomputing_the_attention_core_exchanges_keys_and_values_again(tiny_lla
         return plan.predicted["breakdown"]["cp_comm_s"]
     none, selective = exchange("none"), exchange("selective")
     assert selective > none and selective == pytest.approx(exchange("full"))
+
+
+@pytest.mark.parametrize("fix,engine,hidden", [
+    ("recompute=none", "moe_overlap=true", True),
+    ("recompute=full", "moe_overlap=true", False),  # Megatron-Core refuses it with full
+    ("recompute=none", "moe_overlap=true,moe_dispatcher=allgather", False),  # alltoall only
+])
+def test_the_overlapped_dispatch_applies_where_megatron_core_runs_it(tiny_mixtral, fix, engine,
+                                                                    hidden):
+    from costmodels.engine import engine_from_mapping
+    pins = f"ep=8,dp=8,tp=1,pp=1,micro_batch=2,zero=1,{fix}"
+    plain = _plan(tiny_mixtral, pins, engine=engine_from_mapping(engine.replace(
+        "moe_overlap=true", "moe_overlap=false")))
+    over = _plan(tiny_mixtral, pins, engine=engine_from_mapping(engine))
+    exposed = [p.predicted["breakdown"]["ep_comm_s"] for p in (plain, over)]
+    assert exposed[0] > 0 and (exposed[1] < exposed[0] if hidden else exposed[1] == exposed[0])
