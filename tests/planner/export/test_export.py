@@ -604,7 +604,7 @@ def test_megatron_overlaps_expert_all_to_alls_only_where_megatron_core_allows(no
                          (variant(plan, recompute="full"), "no full recomputation")):
         notes.clear()
         assert "--overlap-moe-expert-parallel-comm" not in megatron_args(to_megatron(refused))
-        assert any(why in n and "run exposed" in n for n in notes)
+        assert any(why in n and "the plan prices the dispatch and combine exposed" in n for n in notes)
 
 
 def test_megatron_names_no_expert_count_it_does_not_know(notes):
