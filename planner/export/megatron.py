@@ -262,7 +262,7 @@ def _environment(plan: Plan, overlap: bool = False) -> list[tuple[str, str | Non
     is not 1) or the EP all-to-all overlap (which needs it > 1: megatron/core/transformer/moe/
     README.md; validate_args then only warns about tp or cp) is on."""
     p = plan.parallel
-    if p["dp"] > 1 and p["zero"] >= 2:
+    if p["dp"] * p.get("cp", 1) > 1 and p["zero"] >= 2:
         return [("CUDA_DEVICE_MAX_CONNECTIONS", None,
                  "Megatron-FSDP: Megatron-LM's validate_args requires CUDA_DEVICE_MAX_CONNECTIONS "
                  "unset or > 1")]
@@ -365,8 +365,11 @@ def _memory(plan: Plan, ledger: common.Ledger) -> Group:
     if engine_from_mapping(plan.training.get("engine")).state_layout == "megatron-bf16-grads" \
             and plan.training["dtype"] in ("bf16", "fp8"):
         out = out + [(["--grad-reduce-in-bf16"], "gradients kept and reduced in bf16, as priced")]
-    if p["dp"] == 1:
-        return out + _offload(plan)
+    if p["dp"] * p.get("cp", 1) == 1:  # states shard over dp x cp (Megatron's data-and-context
+        # group); over one rank only the optimizer offload needs the distributed optimizer
+        dist = [(["--use-distributed-optimizer"], "the distributed optimizer, over one rank: the "
+                 "optimizer offload needs it")] if p.get("offload_optimizer") else []
+        return out + dist + _offload(plan)
     zero = p["zero"]
     if zero == 0:
         return out + [([], "ZeRO-0: plain data parallelism (Megatron's DDP)")] + _offload(plan)

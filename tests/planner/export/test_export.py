@@ -296,6 +296,17 @@ def test_megatron_maps_zero(zero, flags):
         assert option(args, "--data-parallel-sharding-strategy") == "optim_grads_params"
 
 
+@pytest.mark.parametrize("zero,flag", [(1, "--use-distributed-optimizer"),
+                                       (3, "--use-megatron-fsdp")])
+def test_megatron_shards_states_over_context_parallel_ranks_without_data_parallelism(zero, flag):
+    """Megatron's distributed optimizer and FSDP shard over the data-and-context group: with
+    dp = 1 and cp > 1 the plan's sharding still runs (it was dropped)."""
+    plan = variant(data_plan("llama3-8b-cp4-megatron"), dp=1, zero=zero)
+    assert flag in megatron_args(to_megatron(plan))
+    alone = variant(plan, cp=1, zero=1, offload_optimizer=True)  # one rank: offload needs it
+    assert "--use-distributed-optimizer" in megatron_args(to_megatron(alone))
+
+
 @pytest.mark.parametrize("counts,expect", [
     ([11, 7, 7, 7], ["--decoder-first-pipeline-num-layers", "11"]),
     ([7, 7, 7, 11], ["--decoder-last-pipeline-num-layers", "11"]),
