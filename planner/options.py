@@ -77,6 +77,12 @@ class TrainingSpec:
                             f"{', '.join(OPTIMIZERS)}")
 
 
+def same_data_parallelism(tp: int, cp: int, ep: int, etp: int, *, experts: bool) -> bool:
+    """Whether the experts' data-parallel degree equals the attention's: ep x etp = tp x cp
+    (Megatron-Core takes etp = tp in a model without experts; SearchOptions.pp_inner_same_dp)."""
+    return (ep * etp if experts else tp) == tp * cp
+
+
 @dataclass(frozen=True, kw_only=True)
 class SearchOptions:
     """How the search runs."""
@@ -126,6 +132,10 @@ class SearchOptions:
     tp_inner_weights: bool = True
     """Whether tensor parallelism may split regions that hold weights of their own (per-head
     norms, attention sinks; planner.trace.graph.Block.tp_inner_weights)."""
+    pp_inner_same_dp: bool = False
+    """Whether placement ``tp-pp-dp`` with a pipeline needs the experts' data-parallel degree
+    equal to the attention's (ep x etp = tp x cp; etp is tp in a model without experts):
+    Megatron-Core's initialize_model_parallel asserts it for any order not ending in pp."""
     target: str = "any"
     """The engine the plan is for (planner.targets): ``any`` prices every configuration."""
     memory_reserve_fraction: float = 0.05

@@ -53,6 +53,9 @@ class Engine:
     tp_inner_weights: bool = True
     """Tensor parallelism through a region with weights of its own (Qwen3's per-head norms,
     gpt-oss's attention sinks), which it must shard with the heads or keep in step."""
+    pp_inner_same_dp: bool = False
+    """Placement tp-pp-dp with a pipeline only where the experts' data parallelism equals the
+    attention's (SearchOptions.pp_inner_same_dp)."""
     software: str | None = None
     """The engine preset (costmodels.engine.PRESETS) a plan for it is priced with when no engine
     is given; None: the default (Megatron-Core's)."""
@@ -91,8 +94,10 @@ ENGINES: dict[str, Engine] = {
     # only, a learnable softmax offset (sinks) with a2a only, since v2.10, and multi-head latent
     # attention with p2p or a2a+p2p only ("The context parallel running configs cannot support
     # MLA") (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py)
+    # --use-tp-pp-dp-mapping with pp > 1 needs the experts' data-parallel size equal to the
+    # attention's (megatron/core/parallel_state.py, initialize_model_parallel).
     "megatron": Engine(name="megatron", version="core_v0.19.0",
-                       schedules=("1f1b", "interleaved-1f1b"),
+                       schedules=("1f1b", "interleaved-1f1b"), pp_inner_same_dp=True,
                        cp_comms_windowed=("a2a", "allgather"), cp_comms_sinks=("a2a",),
                        cp_comms_latent=("p2p", "a2a+p2p")),
     # DeepSpeed: its pipeline engine runs one 1F1B-like schedule and only ZeRO 0-1 with it;
@@ -161,6 +166,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    expert_tensor_parallel=(options.expert_tensor_parallel
                                            and eng.expert_tensor_parallel),
                    tp_inner_weights=options.tp_inner_weights and eng.tp_inner_weights,
+                   pp_inner_same_dp=options.pp_inner_same_dp or eng.pp_inner_same_dp,
                    schedules=tuple(s for s in options.schedules if s in eng.schedules),
                    zero=tuple(z for z in options.zero if z in eng.zero),
                    zero_with_pp=tuple(z for z in options.zero_with_pp if z in eng.zero_with_pp),

@@ -12,6 +12,7 @@ import math
 from costmodels.engine import engine_from_mapping
 from costmodels.experts import overlap_blockers
 from planner.errors import SpecError
+from planner.options import same_data_parallelism
 from planner.export import common, moe
 from planner.export.shell import Group, bash_file
 from planner.planfile.document import Plan
@@ -95,17 +96,36 @@ def _check_context(plan: Plan) -> None:
 def _degrees(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     p = plan.parallel
     cp = p.get("cp", 1)
-    ledger.exact("dp", "tp", "pp", "placement")
+    ledger.exact("dp", "tp", "pp")
     mesh = f"tp {p['tp']} x cp {cp} x pp {p['pp']}" if cp > 1 else f"tp {p['tp']} x pp {p['pp']}"
     out = [([], f"data-parallel size {p['dp']} follows from the world size: launch on "
                 f"{plan.cluster['num_gpus']} GPUs = {mesh} x dp {p['dp']}"),
            (["--tensor-model-parallel-size", str(p["tp"]),
              "--pipeline-model-parallel-size", str(p["pp"])], "")]
     out += _sequence_parallel(plan, version, ledger)
-    if p["pp"] > 1 and p["dp"] > 1 and common.placement(plan) == "tp-pp-dp":
-        out.append((["--use-tp-pp-dp-mapping"],
-                    "placement tp-pp-dp (Megatron's default order is tp-dp-pp)"))
+    out += _placement(plan, ledger)
     return out
+
+
+def _placement(plan: Plan, ledger: common.Ledger) -> Group:
+    """--use-tp-pp-dp-mapping for placement tp-pp-dp, which Megatron-Core's
+    initialize_model_parallel refuses with a pipeline unless the experts' data parallelism equals
+    the attention's (options.same_data_parallelism): then its default order, tp-dp-pp."""
+    p = plan.parallel
+    if not (p["pp"] > 1 and p["dp"] > 1 and common.placement(plan) == "tp-pp-dp"):
+        ledger.exact("placement")
+        return []
+    if same_data_parallelism(p["tp"], p.get("cp", 1), p.get("ep", 1), p.get("etp", 1),
+                             experts=moe.model(plan).moe):
+        ledger.exact("placement")
+        return [(["--use-tp-pp-dp-mapping"],
+                 "placement tp-pp-dp (Megatron's default order is tp-dp-pp)")]
+    ledger.nearest("placement", "placement tp-pp-dp: Megatron-Core's initialize_model_parallel "
+                   "refuses it with a pipeline unless ep x etp = tp x cp (the experts' and the "
+                   "attention's data parallelism alike); its default order tp-dp-pp instead, "
+                   "whose pipeline sends may cross nodes where the plan kept them inside; "
+                   f"`{common.resolve_hint(plan, TARGET)}` plans for it")
+    return []
 
 
 def _sequence_parallel(plan: Plan, version: str, ledger: common.Ledger) -> Group:

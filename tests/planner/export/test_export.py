@@ -892,3 +892,14 @@ def test_bf16_gradient_reduction_exports_as_megatrons_flag():
         here = os.path.dirname(os.path.abspath(__file__))
         recorded = json.load(open(os.path.join(here, "data", f"megatron-core_v{version}.json")))
         assert any("--grad-reduce-in-bf16" in o["options"] for o in recorded["options"])
+
+
+def test_megatron_maps_ranks_tp_pp_dp_only_where_experts_and_attention_share_dp(notes):
+    """Megatron-Core's initialize_model_parallel asserts, for an order not ending in pp with a
+    pipeline, that the experts' data-parallel size is the attention's: ep x etp = tp x cp."""
+    plan = variant(data_plan("mixtral-8x7b-ep8-megatron"), placement="tp-pp-dp", pp=2, dp=4)
+    folded = variant(plan, tp=8, ep=8, etp=1, sequence_parallel=True)
+    assert "--use-tp-pp-dp-mapping" in megatron_args(to_megatron(folded)) and not notes
+    apart = variant(plan, tp=1, ep=8, etp=1, dp=32)
+    assert "--use-tp-pp-dp-mapping" not in megatron_args(to_megatron(apart))
+    assert any("ep x etp = tp x cp" in n for n in notes)

@@ -336,3 +336,18 @@ def test_the_overlapped_dispatch_applies_where_megatron_core_runs_it(tiny_mixtra
     over = _plan(tiny_mixtral, pins, engine=engine_from_mapping(engine))
     exposed = [p.predicted["breakdown"]["ep_comm_s"] for p in (plain, over)]
     assert exposed[0] > 0 and (exposed[1] < exposed[0] if hidden else exposed[1] == exposed[0])
+
+
+def test_megatron_places_tp_pp_dp_only_where_experts_and_attention_share_dp(tiny_mixtral):
+    from planner import targets
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len)
+
+    def plan(fix):
+        options = targets.restrict(planner.SearchOptions(fix=parse_fix(fix), top_k=0),
+                                   "megatron")
+        return planner.plan_prepared(tiny_mixtral, planner.load_cluster("dgx-h100", nodes=2),
+                                     training, options)
+    assert plan("ep=2,tp=2,etp=1,pp=2,placement=tp-pp-dp").parallel["placement"] == "tp-pp-dp"
+    with pytest.raises(planner.SpecError, match=r"ep x etp = tp x cp"):
+        plan("ep=8,tp=1,pp=2,placement=tp-pp-dp")
+    assert plan("ep=8,tp=1,pp=2").parallel["placement"] == "tp-dp-pp"
