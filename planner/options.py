@@ -132,6 +132,9 @@ class SearchOptions:
     tp_inner_weights: bool = True
     """Whether tensor parallelism may split regions that hold weights of their own (per-head
     norms, attention sinks; planner.trace.graph.Block.tp_inner_weights)."""
+    zero3_with_cp_ep: bool = True
+    """Whether ZeRO-3 may combine with both context and expert parallelism (DeepSpeed's AutoEP
+    refuses it under Ulysses)."""
     pp_inner_same_dp: bool = False
     """Whether placement ``tp-pp-dp`` with a pipeline needs the experts' data-parallel degree
     equal to the attention's (ep x etp = tp x cp; etp is tp in a model without experts):

@@ -53,6 +53,8 @@ class Engine:
     tp_inner_weights: bool = True
     """Tensor parallelism through a region with weights of its own (Qwen3's per-head norms,
     gpt-oss's attention sinks), which it must shard with the heads or keep in step."""
+    zero3_with_cp_ep: bool = True
+    """ZeRO-3 together with both context and expert parallelism."""
     pp_inner_same_dp: bool = False
     """Placement tp-pp-dp with a pipeline only where the experts' data parallelism equals the
     attention's (SearchOptions.pp_inner_same_dp)."""
@@ -103,11 +105,13 @@ ENGINES: dict[str, Engine] = {
     # DeepSpeed: its pipeline engine runs one 1F1B-like schedule and only ZeRO 0-1 with it;
     # no Megatron-style sequence parallelism in the engine itself.
     # its MoE layer spreads experts over ep ranks (experts' data parallelism follows) without
-    # splitting their matrices; its sequence parallelism is Ulysses (all-to-all over heads).
+    # splitting their matrices; its sequence parallelism is Ulysses (all-to-all over heads);
+    # AutoEP refuses ZeRO-3 with sequence parallelism (runtime/engine.py: "AutoEP with ZeRO
+    # Stage 3 does not support sequence parallelism yet").
     "deepspeed": Engine(name="deepspeed", version="0.19.8", schedules=("1f1b",),
                         zero_with_pp=(0, 1), sequence_parallel=(False,), cp_comms=("a2a",),
                         cp_with_tp_pp=False, expert_tensor_parallel=False,
-                        software="deepspeed"),
+                        zero3_with_cp_ep=False, software="deepspeed"),
 }
 TARGETS: tuple[str, ...] = tuple(ENGINES)
 
@@ -129,6 +133,10 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
     if "zero" in fix and fix["zero"] not in eng.zero:
         raise SpecError(f"fix.zero: {target} does not shard model states as ZeRO-{fix['zero']}; "
                         f"it offers {', '.join(map(str, eng.zero))}")
+    if fix.get("zero") == 3 and int(fix.get("cp", 1)) > 1 and int(fix.get("ep", 1)) > 1 and \
+            not eng.zero3_with_cp_ep:
+        raise SpecError(f"fix.zero: {target} does not run ZeRO-3 with both cp and ep (pin zero "
+                        "below 3, or cp=1 or ep=1)")
     if fix.get("offload_optimizer") and not eng.offload:
         raise SpecError(f"fix.offload_optimizer: {target} does not offload the optimizer alone "
                         "(pin offload_optimizer=false or use another target)")
@@ -167,6 +175,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                                            and eng.expert_tensor_parallel),
                    tp_inner_weights=options.tp_inner_weights and eng.tp_inner_weights,
                    pp_inner_same_dp=options.pp_inner_same_dp or eng.pp_inner_same_dp,
+                   zero3_with_cp_ep=options.zero3_with_cp_ep and eng.zero3_with_cp_ep,
                    schedules=tuple(s for s in options.schedules if s in eng.schedules),
                    zero=tuple(z for z in options.zero if z in eng.zero),
                    zero_with_pp=tuple(z for z in options.zero_with_pp if z in eng.zero_with_pp),

@@ -126,6 +126,11 @@ def _check_context(plan: Plan) -> None:
                         "DeepSpeed's pipeline engine (PipelineModule's topology of pipe, data and "
                         "model ranks) has no axis for sequence shards; re-plan for it with "
                         f"`{common.resolve_hint(plan, TARGET, {'cp': 1})}`")
+    if p.get("cp", 1) > 1 and p.get("ep", 1) > 1 and p["zero"] == 3:
+        raise SpecError(f"export deepspeed: ZeRO-3 with cp={p['cp']} and ep={p['ep']}: DeepSpeed's "
+                        "engine refuses AutoEP with ZeRO stage 3 under sequence parallelism "
+                        "(runtime/engine.py); re-plan for it with "
+                        f"`{common.resolve_hint(plan, TARGET)}`")
 
 
 def _ulysses(plan: Plan, ledger: common.Ledger) -> bool:

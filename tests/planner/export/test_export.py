@@ -724,6 +724,14 @@ def test_deepspeed_lists_context_parallelism_it_has_no_form_for(notes):
     assert "--fix " in str(err.value) and "cp=1" in str(err.value)
 
 
+def test_deepspeed_refuses_zero3_with_ulysses_and_autoep_as_its_engine_does():
+    both = variant(data_plan("mixtral-8x7b-ep8-deepspeed"), cp=2, cp_comm="a2a", dp=32)
+    json.loads(to_deepspeed(variant(both, zero=1)))
+    with pytest.raises(SpecError, match="refuses AutoEP with ZeRO stage 3") as err:
+        to_deepspeed(variant(both, zero=3))
+    assert "--target deepspeed" in str(err.value)
+
+
 def test_deepspeed_says_where_experts_go_when_autoep_cannot(notes, monkeypatch):
     from planner.export import reprice  # noqa: PLC0415
     monkeypatch.setattr(reprice, "recheck", lambda plan, target, change, **kw: "re-checked")

@@ -351,3 +351,19 @@ def test_megatron_places_tp_pp_dp_only_where_experts_and_attention_share_dp(tiny
     with pytest.raises(planner.SpecError, match=r"ep x etp = tp x cp"):
         plan("ep=8,tp=1,pp=2,placement=tp-pp-dp")
     assert plan("ep=8,tp=1,pp=2").parallel["placement"] == "tp-dp-pp"
+
+
+def test_deepspeed_plans_no_zero3_with_both_cp_and_ep(tiny_mixtral):
+    """DeepSpeed's AutoEP refuses ZeRO stage 3 under (Ulysses) sequence parallelism."""
+    from planner import targets
+    with pytest.raises(planner.SpecError, match="does not run ZeRO-3 with both cp and ep"):
+        targets.restrict(planner.SearchOptions(fix=parse_fix("cp=2,ep=2,zero=3")), "deepspeed")
+    pins = "cp=2,ep=2,cp_comm=a2a,tp=1,pp=1,micro_batch=4,recompute=none"
+
+    def plan(target, fix):
+        options = targets.restrict(planner.SearchOptions(fix=parse_fix(fix), top_k=0), target)
+        return planner.plan_prepared(tiny_mixtral, planner.load_cluster("dgx-h100", nodes=1),
+                                     planner.TrainingSpec(global_batch=64,
+                                                          seq_len=tiny_mixtral.seq_len), options)
+    assert plan("any", pins + ",zero=3").parallel["zero"] == 3  # it fits: the rule rules it out
+    assert plan("deepspeed", pins).parallel["zero"] in (0, 1, 2)
