@@ -132,6 +132,9 @@ class SearchOptions:
     tp_inner_weights: bool = True
     """Whether tensor parallelism may split regions that hold weights of their own (per-head
     norms, attention sinks; planner.trace.graph.Block.tp_inner_weights)."""
+    zero_with_cp: tuple[ZeroStage, ...] = ZERO_STAGES
+    """ZeRO stages to consider together with context parallelism (torchtitan shards whenever cp
+    > 1: 2 and 3 only)."""
     zero3_with_cp_ep: bool = True
     """Whether ZeRO-3 may combine with both context and expert parallelism (DeepSpeed's AutoEP
     refuses it under Ulysses)."""

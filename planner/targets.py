@@ -53,6 +53,8 @@ class Engine:
     tp_inner_weights: bool = True
     """Tensor parallelism through a region with weights of its own (Qwen3's per-head norms,
     gpt-oss's attention sinks), which it must shard with the heads or keep in step."""
+    zero_with_cp: tuple[int, ...] = ZERO_STAGES
+    """The stages it runs together with context parallelism."""
     zero3_with_cp_ep: bool = True
     """ZeRO-3 together with both context and expert parallelism."""
     pp_inner_same_dp: bool = False
@@ -77,15 +79,18 @@ ENGINES: dict[str, Engine] = {
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs
     # DDP (ZeRO-0) only without other parallelisms (parallelize.py raises "DDP has not supported
-    # > 1D parallelism"), so with a pipeline it shards; 0.3.0 is the newest release, but its
+    # > 1D parallelism"), so with a pipeline it shards, and with context parallelism it always
+    # shards (ParallelDims.fsdp_enabled = dp_shard or cp); 0.3.0 is the newest release, but its
     # config parser imports the whole trainer (triton, datasets), so the checked default is 0.2.2.
     "torchtitan": Engine(name="torchtitan", version="0.2.2",
                          schedules=("gpipe", "1f1b", "interleaved-1f1b"),
-                         zero=(0, 2, 3), zero_with_pp=(2, 3), offload=False,
+                         zero=(0, 2, 3), zero_with_pp=(2, 3), zero_with_cp=(2, 3),
+                         offload=False,
                          sequence_parallel=(True,), recompute=("none", "full", "op"),
-                         # context parallelism through torch's context_parallel: its ring
-                         # rotates K/V by all-gather or by all-to-all (p2p-like) steps
-                         cp_comms=("p2p", "allgather"), software="torchtitan",
+                         # context parallelism through torch's context_parallel, which
+                         # all-gathers K/V (torch's default rotate method; 0.2.2's
+                         # context_parallel_rotate_method reaches only its validator)
+                         cp_comms=("allgather",), software="torchtitan",
                          # torch's context_parallel takes SDPA with is_causal, not a window
                          # nor sinks; its MLA model (deepseek_v3) refuses it (export.torchtitan
                          # NO_CONTEXT_PARALLEL)
@@ -133,6 +138,9 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
     if "zero" in fix and fix["zero"] not in eng.zero:
         raise SpecError(f"fix.zero: {target} does not shard model states as ZeRO-{fix['zero']}; "
                         f"it offers {', '.join(map(str, eng.zero))}")
+    if "zero" in fix and int(fix.get("cp", 1)) > 1 and fix["zero"] not in eng.zero_with_cp:
+        raise SpecError(f"fix.zero: {target} does not run ZeRO-{fix['zero']} with context "
+                        f"parallelism; it offers {', '.join(map(str, eng.zero_with_cp))} there")
     if fix.get("zero") == 3 and int(fix.get("cp", 1)) > 1 and int(fix.get("ep", 1)) > 1 and \
             not eng.zero3_with_cp_ep:
         raise SpecError(f"fix.zero: {target} does not run ZeRO-3 with both cp and ep (pin zero "
@@ -179,6 +187,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    schedules=tuple(s for s in options.schedules if s in eng.schedules),
                    zero=tuple(z for z in options.zero if z in eng.zero),
                    zero_with_pp=tuple(z for z in options.zero_with_pp if z in eng.zero_with_pp),
+                   zero_with_cp=tuple(z for z in options.zero_with_cp if z in eng.zero_with_cp),
                    offload=tuple(o for o in options.offload if eng.offload or not o),
                    sequence_parallel=tuple(s for s in options.sequence_parallel
                                            if s in eng.sequence_parallel))

@@ -26,10 +26,6 @@ PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
 ARRAY = "TORCHTITAN_ARGS"
 SECTION_ORDER = ("model", "parallelism", "compile", "activation_checkpoint", "training",
                  "quantize.linear.float8", "quantize.linear.mx")
-ROTATE = {"p2p": "alltoall", "allgather": "allgather"}
-"""Plan K/V exchange -> 0.2.2's parallelism.context_parallel_rotate_method (torch's context-parallel
-SDPA, torch/distributed/tensor/experimental/_attention.py set_rotate_method): "alltoall" passes K/V
-shards around the ring one step at a time, "allgather" gathers them all after the first step."""
 NO_CONTEXT_PARALLEL = {
     ("0.2.2", "gpt_oss"): "its gpt_oss model raises \"CP support for gpt-oss model is still in "
                           "progress\" (models/gpt_oss/model/args.py, update_from_config)",
@@ -104,7 +100,7 @@ def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Sett
     p = plan.parallel
     dp, zero = p["dp"], p["zero"]
     out = _offload(plan, ledger)
-    if dp == 1:
+    if dp == 1 and p.get("cp", 1) == 1:
         ledger.exact("dp", "zero")
         return [Setting("parallelism", "data_parallel_replicate_degree", 1,
                         ("no data parallelism (dp = 1)",)),
@@ -116,7 +112,14 @@ def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Sett
                         (f"ZeRO-0: plain data parallelism over dp = {dp} replicas, no sharding",)),
                 Setting("parallelism", "data_parallel_shard_degree", 1)] + out
     ledger.exact("dp")
-    if zero == 0 and ddp_refused == "experts":
+    if zero == 0 and ddp_refused == "cp":
+        ledger.nearest("zero", f"ZeRO-0 with cp={p['cp']}: torchtitan shards the model states "
+                       "whenever context parallelism is on (ParallelDims.fsdp_enabled: dp_shard "
+                       "or cp), over dp_shard x cp ranks; nearest is FSDP without resharding "
+                       "after forward (ZeRO-2: gradients and optimizer states sharded too, less "
+                       "memory than planned, a reduce-scatter and an all-gather per step instead "
+                       "of one all-reduce)")
+    elif zero == 0 and ddp_refused == "experts":
         ep, etp = p.get("ep", 1), _expert_tp(plan, version)
         ledger.nearest("zero", f"ZeRO-0 with ep={p['ep']}: torchtitan folds the experts over "
                        f"dp_shard x cp x tp ranks (efsdp = dp_shard x cp x tp / (ep x etp) in its "
@@ -151,9 +154,12 @@ def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Sett
 
 
 def _ddp_refused(plan: Plan, version: str) -> str:
-    """Why torchtitan cannot replicate (DDP) over the plan's data-parallel ranks, or '': 0.2.2's
-    DDP takes a 1-D mesh only; experts fold over dp_shard x cp x tp, not over replicas."""
+    """Why torchtitan cannot replicate (DDP) over the plan's data-parallel ranks, or '': context
+    parallelism turns FSDP on (ParallelDims.fsdp_enabled); 0.2.2's DDP takes a 1-D mesh only;
+    experts fold over dp_shard x cp x tp, not over replicas."""
     p = plan.parallel
+    if p.get("cp", 1) > 1:
+        return "cp"
     if version == "0.2.2" and (p["tp"] > 1 or p["pp"] > 1):
         return "mesh"
     if p.get("ep", 1) > 1 and (p.get("cp", 1) * p["tp"]) % (p["ep"] * _expert_tp(plan, version)):
@@ -217,10 +223,12 @@ def _model_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Set
 
 def _context(plan: Plan, version: str, ledger: common.Ledger,
              raising: dict[str, tuple[object, str]]) -> list[Setting]:
-    """Context parallelism: the degree, and in 0.2.2 how torch's context-parallel SDPA passes K/V
-    (parallelism.context_parallel_rotate_method). 0.3.0 has no such option: torch's default
-    (all-gather) runs for SDPA, and FlexAttention always all-gathers K/V
-    (torchtitan/distributed/context_parallel/api.py)."""
+    """Context parallelism: the degree. Keys and values are all-gathered, torch's default rotate
+    method for its context-parallel SDPA (torch/distributed/tensor/experimental/_context_parallel/
+    _attention.py); FlexAttention always all-gathers (0.3.0's distributed/context_parallel/
+    api.py). 0.2.2 has parallelism.context_parallel_rotate_method, but only its validator applies
+    it (components/validate.py calls set_rotate_method; train.py does not), so training
+    all-gathers whatever it says."""
     p = plan.parallel
     cp, form = p.get("cp", 1), p.get("cp_comm", "p2p")
     if cp == 1:
@@ -230,20 +238,6 @@ def _context(plan: Plan, version: str, ledger: common.Ledger,
     why = (f"context parallelism: each sample's {plan.training['seq_len']} tokens over {cp} ranks "
            "(two chunks each, torchtitan's headtail load balancer)",)
     out = [Setting("parallelism", "context_parallel_degree", cp, why)]
-    if version == "0.2.2":
-        if form in ROTATE:
-            ledger.exact("cp_comm")
-            how = ("K/V exchange p2p: torch's ring passes each K/V shard on by all-to-all steps"
-                   if form == "p2p" else f"K/V exchange {form}")
-            return out + [Setting("parallelism", "context_parallel_rotate_method", ROTATE[form],
-                                  (how,))]
-        raising["cp_comm"] = ("p2p", f"a K/V ring instead of {form}")
-        ledger.nearest("cp_comm", f"cp_comm {form}: torchtitan's context parallelism (torch's "
-                       "context-parallel SDPA) passes keys and values around a ring or all-gathers "
-                       "them, and has no all-to-all over heads (Ulysses); nearest is the ring "
-                       "(context_parallel_rotate_method \"alltoall\"), memory re-checked below")
-        return out + [Setting("parallelism", "context_parallel_rotate_method", "alltoall",
-                              (f"K/V exchange {form} -> ring (see the note above)",))]
     if form == "allgather":
         ledger.exact("cp_comm")
         return out
@@ -251,9 +245,12 @@ def _context(plan: Plan, version: str, ledger: common.Ledger,
     ring = (" (with SDPA attention, call torch.distributed.tensor.experimental._attention."
             "set_rotate_method(\"alltoall\") in your training script for the planned ring)"
             if form == "p2p" else "")
+    option = (" (its context_parallel_rotate_method reaches only the validator)"
+              if version == "0.2.2" else "")
     ledger.nearest("cp_comm", f"cp_comm {form}: torchtitan {version} has no option for the K/V "
-                   "exchange; its context parallelism all-gathers keys and values (torch's default "
-                   f"rotate method; FlexAttention always){ring}; memory re-checked below")
+                   f"exchange in training{option}; its context parallelism all-gathers keys and "
+                   f"values (torch's default rotate method; FlexAttention always){ring}; memory "
+                   "re-checked below")
     return out
 
 

@@ -42,6 +42,7 @@ VPP_BLOCKS = "pp x vpp > blocks"
 OFFLOAD_ZERO = "offload needs ZeRO >= 1"
 ZERO_PP = "ZeRO stage not run with pipelines by the target"
 ZERO3_CP_EP = "ZeRO-3 with both cp and ep not run by the target"
+ZERO_CP = "ZeRO stage not run with cp by the target"
 MB_MEMORY = "micro-batch activations alone exceed memory"
 CP_SEQ = "sequence not divisible into 2 x cp chunks"
 CP_SHORT = "fewer tokens per cp rank than the search's minimum (cp_min_tokens)"
@@ -361,10 +362,13 @@ def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
 
 def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1, ep=1, etp=1):
     states = _zero_offload(fix, dp * cp, pp, options, rejected)
-    if cp > 1 and ep > 1 and not options.zero3_with_cp_ep and any(z == 3 for z, _ in states):
-        states = [(z, o) for z, o in states if z != 3]
-        if not states:
-            rejected[ZERO3_CP_EP] += 1
+    if cp > 1 and states:
+        kept = [(z, o) for z, o in states if z in options.zero_with_cp and not (
+            z == 3 and ep > 1 and not options.zero3_with_cp_ep)]
+        if not kept:
+            rejected[ZERO_CP if all(z not in options.zero_with_cp for z, _ in states)
+                     else ZERO3_CP_EP] += 1
+        states = kept
     schedules = _choices(fix, "schedule", list(options.schedules) if pp > 1 else ["1f1b"])
     comms: tuple[str, ...] = (fix.get("cp_comm", "p2p"),)  # cp = 1: no exchange to choose
     if cp > 1:  # the exchange forms allowed; the pricing takes the fastest (CostKey.cp_comm)

@@ -630,8 +630,9 @@ def test_megatron_names_no_expert_count_it_does_not_know(notes):
 def test_torchtitan_expresses_context_and_expert_parallelism(notes):
     tomllib = pytest.importorskip("tomllib")
     par = tomllib.loads(to_torchtitan(data_plan("llama3-8b-cp4-torchtitan")))["parallelism"]
-    assert (par["context_parallel_degree"], par["context_parallel_rotate_method"]) == \
-        (4, "alltoall")  # the plan's ring
+    # the plan's all-gather, torch's default: 0.2.2's rotate-method option reaches only its
+    # validator, so it is not written
+    assert par["context_parallel_degree"] == 4 and "context_parallel_rotate_method" not in par
     assert "expert_parallel_degree" not in par
     par = tomllib.loads(to_torchtitan(data_plan("mixtral-8x7b-ep8-torchtitan")))["parallelism"]
     assert (par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]) == (8, 1)
@@ -647,13 +648,15 @@ def test_torchtitan_runs_a_nearby_exchange_and_re_checks_the_memory(notes, monke
     seen = []
     monkeypatch.setattr(reprice, "recheck", lambda plan, target, change, **kw:
                         seen.append(kw) or f"re-checked {change}")
-    plan = variant(data_plan("llama3-8b-cp4-torchtitan"), cp_comm="a2a")
-    par = pytest.importorskip("tomllib").loads(to_torchtitan(plan))["parallelism"]
-    assert par["context_parallel_rotate_method"] == "alltoall"
-    assert seen[-1]["cp_comm"] == "p2p"
-    assert any(n.startswith("export torchtitan 0.2.2: cp_comm a2a:") for n in notes)
-    to_torchtitan(data_plan("llama3-8b-cp4-torchtitan"), "0.3.0")  # p2p: 0.3.0 all-gathers
-    assert seen[-1]["cp_comm"] == "allgather"
+    for form in ("a2a", "p2p"):
+        plan = variant(data_plan("llama3-8b-cp4-torchtitan"), cp_comm=form)
+        par = pytest.importorskip("tomllib").loads(to_torchtitan(plan))["parallelism"]
+        assert "context_parallel_rotate_method" not in par
+        assert seen[-1]["cp_comm"] == "allgather"
+        assert any(n.startswith(f"export torchtitan 0.2.2: cp_comm {form}:") and
+                   "reaches only the validator" in n for n in notes)
+        to_torchtitan(plan, "0.3.0")  # 0.3.0 all-gathers too
+        assert seen[-1]["cp_comm"] == "allgather"
     to_torchtitan(variant(data_plan("mixtral-8x7b-ep4-etp2-megatron"), zero=2), "0.3.0")
     assert seen[-1]["etp"] == 1  # 0.3.0 does not split experts' matrices
 
@@ -911,3 +914,16 @@ def test_megatron_maps_ranks_tp_pp_dp_only_where_experts_and_attention_share_dp(
     apart = variant(plan, tp=1, ep=8, etp=1, dp=32)
     assert "--use-tp-pp-dp-mapping" not in megatron_args(to_megatron(apart))
     assert any("ep x etp = tp x cp" in n for n in notes)
+
+
+def test_torchtitan_shards_whenever_context_parallelism_is_on(notes):
+    """ParallelDims.fsdp_enabled is dp_shard or cp: a ZeRO-0 plan with cp > 1 runs FSDP over
+    dp_shard x cp, and says so, even without data parallelism."""
+    tomllib = pytest.importorskip("tomllib")
+    for dp in (4, 1):
+        plan = variant(data_plan("llama3-8b-cp4-torchtitan"), zero=0, dp=dp)
+        notes.clear()
+        par = tomllib.loads(to_torchtitan(plan))["parallelism"]
+        assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"],
+                par["fsdp_reshard_after_forward"]) == (1, dp, "never")
+        assert any("ZeRO-0 with cp=4: torchtitan shards the model states" in n for n in notes)

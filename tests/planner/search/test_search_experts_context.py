@@ -367,3 +367,17 @@ def test_deepspeed_plans_no_zero3_with_both_cp_and_ep(tiny_mixtral):
                                                           seq_len=tiny_mixtral.seq_len), options)
     assert plan("any", pins + ",zero=3").parallel["zero"] == 3  # it fits: the rule rules it out
     assert plan("deepspeed", pins).parallel["zero"] in (0, 1, 2)
+
+
+def test_torchtitan_plans_context_parallelism_with_sharded_states_only(tiny_llama_config):
+    """torchtitan turns FSDP on whenever cp > 1 (ParallelDims.fsdp_enabled)."""
+    from planner import targets
+    with pytest.raises(planner.SpecError, match="does not run ZeRO-0 with context parallelism"):
+        targets.restrict(planner.SearchOptions(fix=parse_fix("cp=2,zero=0")), "torchtitan")
+    long = planner.prepare(tiny_llama_config, seq_len=16384, cache_dir=None)
+    options = targets.restrict(planner.SearchOptions(fix=parse_fix("cp=2"), top_k=0),
+                               "torchtitan")
+    plan = planner.plan_prepared(long, planner.load_cluster("dgx-h100", nodes=1),
+                                 planner.TrainingSpec(global_batch=8, seq_len=16384), options)
+    assert plan.parallel["cp"] == 2 and plan.parallel["zero"] in (2, 3)
+    assert plan.parallel["cp_comm"] == "allgather"  # torchtitan's training all-gathers K/V
