@@ -212,6 +212,9 @@ class BlockWork:
     """Routed experts of the block's Mixture-of-Experts layer (0: none)."""
     routed_tokens: float = 0.0
     """Token copies one sample sends to experts (tokens x top-k, summed over MoE layers)."""
+    expert_bias: float = 0.0
+    """1 when the block's routed experts add a bias vector each (a parameter of the experts'
+    modules with one row per expert: gpt-oss), else 0."""
     moe_layers: float = 0.0
     """Mixture-of-Experts layers in the block (usually 1 or 0; a block a small model collapses
     into holds several)."""

@@ -132,6 +132,9 @@ class SearchOptions:
     tp_inner_weights: bool = True
     """Whether tensor parallelism may split regions that hold weights of their own (per-head
     norms, attention sinks; planner.trace.graph.Block.tp_inner_weights)."""
+    etp_with_expert_bias: bool = True
+    """Whether experts with biases (gpt-oss) may split their matrices (etp > 1); Megatron-Core
+    asserts "Bias in Moe is only supported when ETP==1"."""
     zero_with_cp: tuple[ZeroStage, ...] = ZERO_STAGES
     """ZeRO stages to consider together with context parallelism (torchtitan shards whenever cp
     > 1: 2 and 3 only)."""

@@ -55,6 +55,8 @@ class Engine:
     gpt-oss's attention sinks), which it must shard with the heads or keep in step."""
     zero_with_cp: tuple[int, ...] = ZERO_STAGES
     """The stages it runs together with context parallelism."""
+    etp_with_expert_bias: bool = True
+    """Experts' matrices split (etp > 1) where the experts carry biases (gpt-oss)."""
     zero3_with_cp_ep: bool = True
     """ZeRO-3 together with both context and expert parallelism."""
     pp_inner_same_dp: bool = False
@@ -103,8 +105,10 @@ ENGINES: dict[str, Engine] = {
     # MLA") (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py)
     # --use-tp-pp-dp-mapping with pp > 1 needs the experts' data-parallel size equal to the
     # attention's (megatron/core/parallel_state.py, initialize_model_parallel).
+    # Its TransformerConfig asserts "Bias in Moe is only supported when ETP==1" (core_v0.19.0).
     "megatron": Engine(name="megatron", version="core_v0.19.0",
                        schedules=("1f1b", "interleaved-1f1b"), pp_inner_same_dp=True,
+                       etp_with_expert_bias=False,
                        cp_comms_windowed=("a2a", "allgather"), cp_comms_sinks=("a2a",),
                        cp_comms_latent=("p2p", "a2a+p2p")),
     # DeepSpeed: its pipeline engine runs one 1F1B-like schedule and only ZeRO 0-1 with it;
@@ -184,6 +188,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    tp_inner_weights=options.tp_inner_weights and eng.tp_inner_weights,
                    pp_inner_same_dp=options.pp_inner_same_dp or eng.pp_inner_same_dp,
                    zero3_with_cp_ep=options.zero3_with_cp_ep and eng.zero3_with_cp_ep,
+                   etp_with_expert_bias=options.etp_with_expert_bias and eng.etp_with_expert_bias,
                    schedules=tuple(s for s in options.schedules if s in eng.schedules),
                    zero=tuple(z for z in options.zero if z in eng.zero),
                    zero_with_pp=tuple(z for z in options.zero_with_pp if z in eng.zero_with_pp),

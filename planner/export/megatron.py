@@ -45,6 +45,7 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     ledger = common.Ledger(TARGET, version)
     lay = _checked_layout(plan)
     _check_context(plan)
+    _check_expert_bias(plan, version)
     groups = [_degrees(plan, version, ledger), _context(plan, ledger), _batch(plan, ledger),
               _pipeline(plan, lay, ledger), _memory(plan, ledger), _precision(plan, ledger)]
     experts, overlap = _experts(plan, version, ledger)
@@ -81,6 +82,18 @@ def _checked_layout(plan: Plan) -> common.Layout:
                         f"but model.trace.repeats says {lay.expected}, in order; re-create the "
                         "plan")
     return lay
+
+
+def _check_expert_bias(plan: Plan, version: str) -> None:
+    """SpecError for experts with biases (gpt-oss) split over etp > 1 ranks, which core_v0.19.0's
+    TransformerConfig refuses ("Bias in Moe is only supported when ETP==1"; core_v0.14.0 does
+    not check)."""
+    etp = plan.parallel.get("etp", 1)
+    if etp > 1 and version != "core_v0.14.0" and moe.model(plan).expert_bias:
+        raise SpecError(f"export megatron: etp={etp} with {plan.model['name']}'s expert biases: "
+                        f"Megatron-Core {version} supports bias in MoE only with "
+                        "--expert-tensor-parallel-size 1; re-plan for it with "
+                        f"`{common.resolve_hint(plan, TARGET)}`")
 
 
 def _check_context(plan: Plan) -> None:

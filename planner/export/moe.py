@@ -19,6 +19,9 @@ from planner.planfile.document import Plan
 ROUTED_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 """Hugging Face config keys of the routed-expert count (Mixtral and gpt-oss, Qwen3-MoE,
 DeepSeek-V3)."""
+EXPERT_BIAS = ("gpt_oss",)
+"""Hugging Face model types whose routed experts carry biases (gpt-oss's GptOssExperts:
+gate_up_proj_bias and down_proj_bias; the trace marks them as BlockWork.expert_bias)."""
 MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_capacity_factor": 0.0,
                 "moe_grouped_gemm": True, "moe_overlap": False, "moe_imbalance": 1.0}
 """costmodels.engine.EngineSpec's defaults (plans from before these settings existed)."""
@@ -42,6 +45,8 @@ class Model:
     """Multi-head latent attention (DeepSeek-V3): keys and values of different head sizes."""
     sliding_window: int = 0
     """Tokens of a sliding attention window in some layers (gpt-oss: 128); 0 for none."""
+    expert_bias: bool = False
+    """The routed experts add a bias vector each (gpt-oss)."""
 
 
 def model(plan: Plan) -> Model:
@@ -58,7 +63,8 @@ def model(plan: Plan) -> Model:
                  top_k=int(cfg["num_experts_per_tok"]) if routed else None,
                  shared=int(cfg.get("n_shared_experts", 0) or 0), model_type=entry.model_type,
                  mla=bool(cfg.get("kv_lora_rank")), sliding_window=int(cfg.get("sliding_window")
-                                                                       or 0))
+                                                                       or 0),
+                 expert_bias=entry.model_type in EXPERT_BIAS)
 
 
 def settings(plan: Plan) -> dict:

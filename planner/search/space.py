@@ -60,6 +60,7 @@ EP_EXPERTS = "ep does not divide the experts"
 EP_GROUP = "ep x etp does not divide tp x cp x dp"
 EP_NONE = "ep needs routed experts"
 ETP_TP = "etp is neither 1 nor tp"
+ETP_BIAS = "etp > 1 over experts with biases not run by the target"
 MOE_SP = "experts with tp > 1 need sequence parallelism"
 TOO_MANY_MB = f"more than {MAX_MICROBATCHES:,} micro-batches per step"
 
@@ -98,6 +99,10 @@ class Space:
     gpt-oss's sinks)."""
     latent: bool = False
     """Whether some attention's keys are wider than its values (multi-head latent attention)."""
+    etp_one_only: bool = False
+    """Whether the target splits no expert matrices for this model: its experts carry biases
+    (BlockWork.expert_bias) and the target refuses that with etp > 1
+    (SearchOptions.etp_with_expert_bias)."""
     tp_one_only: bool = False
     """Whether the target runs no tensor parallelism for this model: a block keeps weights inside
     a tensor-parallel region (Block.tp_inner_weights) and the target does not split such regions
@@ -114,6 +119,8 @@ class Space:
                      latent=any(b.work.attn_keys_wider for b in blocks.blocks),
                      windowed=any(b.work.attn_window_cut > 0 or any(
                          g.masked > 0.5 for g in b.work.gemms) for b in blocks.blocks),
+                     etp_one_only=(options is not None and not options.etp_with_expert_bias
+                                   and any(b.work.expert_bias for b in blocks.blocks)),
                      tp_one_only=(options is not None and not options.tp_inner_weights
                                   and any(b.tp_inner_weights for b in blocks.blocks)),
                      heads=tuple(min((int(getattr(b.work, f)) for b in blocks.blocks
@@ -254,6 +261,8 @@ def ep_reasons(ep: int, etp: int, tp: int, cp: int, dp: int, space: Space) -> li
         out.append(EP_EXPERTS)
     if etp not in (1, tp):
         out.append(ETP_TP)
+    if etp > 1 and space.etp_one_only:
+        out.append(ETP_BIAS)
     if (tp * cp * dp) % (ep * etp):
         out.append(EP_GROUP)
     return out
@@ -331,7 +340,8 @@ def _experts(fix: dict, tp: int, cp: int, dp: int, space: Space, options: Search
             return
         yield 1, 1
         return
-    for etp in _choices(fix, "etp", sorted({1, tp}) if options.expert_tensor_parallel else [1]):
+    split = options.expert_tensor_parallel and not space.etp_one_only
+    for etp in _choices(fix, "etp", sorted({1, tp}) if split else [1]):
         for ep in _choices(fix, "ep", divisors(tp * cp * dp) if options.expert_parallel else [1]):
             reasons = ep_reasons(ep, etp, tp, cp, dp, space)
             if reasons:

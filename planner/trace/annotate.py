@@ -65,7 +65,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "num_experts", "routed_tokens", "moe_layers", "dispatch_bytes",
                          "attn_kv_bytes", "attn_q_bytes", "attn_heads_q", "attn_heads_kv", "attn_window_cut",
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
-                         "attn_score_params", "attn_keys_wider", "act_routed_gathered"), 0.0)
+                         "attn_score_params", "attn_keys_wider", "act_routed_gathered",
+                         "expert_bias"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
@@ -128,6 +129,10 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     known = [s for p, s in param_split.items() if p in graph.params]
     acc["expert_params"] = float(sum(graph.params[p].numel for p in expert_weights
                                      if p in graph.params and not param_split.get(p)))
+    acc["expert_bias"] = float(any(
+        len(info.shape) == 2 and info.shape[0] == acc["num_experts"]
+        for name, info in graph.params.items()
+        if any(name.startswith(f"{m}.") for m in expert_modules if m)))
     work = BlockWork(params_tp=float(params_tp), params_rep=float(params_rep),
                      tp_collectives=collectives, param_tensors_tp=sum(known),
                      param_tensors_rep=len(known) - sum(known),

@@ -618,6 +618,20 @@ def test_megatron_overlaps_expert_all_to_alls_only_where_megatron_core_allows(no
         assert any(why in n and "the plan prices the dispatch and combine exposed" in n for n in notes)
 
 
+def test_megatron_refuses_split_experts_with_biases():
+    """core_v0.19.0's TransformerConfig: "Bias in Moe is only supported when ETP==1" (gpt-oss's
+    experts carry biases); core_v0.14.0 does not check."""
+    plan = data_plan("mixtral-8x7b-ep4-etp2-megatron")
+    oss = dataclasses.replace(plan, model={**plan.model, "name": "gpt-oss-120b",
+                                           "spec": "gpt-oss-120b"})
+    megatron_args(to_megatron(plan))
+    with pytest.raises(SpecError, match="supports bias in MoE only with") as err:
+        to_megatron(oss)
+    assert "--target megatron" in str(err.value)
+    assert option(megatron_args(to_megatron(oss, "core_v0.14.0")),
+                  "--expert-tensor-parallel-size") == "2"
+
+
 def test_megatron_names_no_expert_count_it_does_not_know(notes):
     plan = data_plan("mixtral-8x7b-ep8-megatron")
     mine = dataclasses.replace(plan, model={**plan.model, "spec": "my/config.json",

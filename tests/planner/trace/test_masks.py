@@ -355,3 +355,21 @@ def build():
     heads = {(b.work.attn_heads_q, b.work.attn_heads_kv) for b in prepared.blocks.blocks
              if b.work.attn_heads_q}
     assert heads == {(4, 4)}
+
+
+def test_gpt_oss_experts_carry_biases_and_megatron_keeps_their_matrices_whole(tiny_gpt_oss):
+    """Megatron-Core asserts "Bias in Moe is only supported when ETP==1": --target megatron
+    plans etp = 1 for gpt-oss, whose experts add a bias each; other targets may split them."""
+    import planner
+    from planner import targets
+    from planner.options import parse_fix
+    assert _layer(tiny_gpt_oss, 0).work.expert_bias == 1.0
+
+    def plan(target, fix):
+        options = targets.restrict(planner.SearchOptions(fix=parse_fix(fix), top_k=0), target)
+        return planner.plan_prepared(tiny_gpt_oss, planner.load_cluster("dgx-h100", nodes=1),
+                                     planner.TrainingSpec(global_batch=16, seq_len=64), options)
+    assert plan("any", "tp=2,etp=2,ep=2").parallel["etp"] == 2
+    with pytest.raises(planner.SpecError, match="etp > 1 over experts with biases"):
+        plan("megatron", "tp=2,etp=2,ep=2")
+    assert plan("megatron", "tp=2,ep=2").parallel["etp"] == 1
