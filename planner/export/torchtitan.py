@@ -75,6 +75,10 @@ def to_torchtitan(plan: Plan, version: str | None = None) -> str:
 def _model(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
     known = names.torchtitan_model(plan)
     if known is None:
+        if plan.parallel["pp"] == 1:  # with a pipeline the stages' module names say it
+            ledger.info(f"torchtitan defines no model for {plan.model['name']}: no [model] "
+                        "section is written; register yours with torchtitan (its parallelize "
+                        "function applies the degrees below) and name it there")
         return []
     model, flavor = known
     if plan.parallel.get("cp", 1) > 1 and (version, model) in NO_CONTEXT_PARALLEL:

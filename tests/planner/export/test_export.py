@@ -941,3 +941,10 @@ def test_torchtitan_shards_whenever_context_parallelism_is_on(notes):
         assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"],
                 par["fsdp_reshard_after_forward"]) == (1, dp, "never")
         assert any("ZeRO-0 with cp=4: torchtitan shards the model states" in n for n in notes)
+
+
+def test_torchtitan_says_it_has_no_model_for_a_mixtral_without_a_pipeline(notes):
+    plan = data_plan("mixtral-8x7b-ep8-torchtitan")
+    text = to_torchtitan(variant(plan, pp=1, dp=plan.parallel["dp"] * 2, schedule="1f1b"))
+    assert "\n[model]" not in text
+    assert any("torchtitan defines no model for mixtral-8x7b" in n for n in notes)
