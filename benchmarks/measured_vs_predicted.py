@@ -64,9 +64,10 @@ GLOBAL_BATCH = 8
 # PyTorch on a CPU: one kernel per op, and no overlap of gloo's all-reduce with backward (the
 # reduction runs on the same core); without dropout, attention runs as one fused kernel; data
 # parallelism is FSDP2-based (replicate / fully_shard), which copies through flat buffers; the
-# runtime runs every plan's micro-batches under torch.distributed.pipelining's schedules.
+# runtime runs every plan's micro-batches under torch.distributed.pipelining's schedules, and
+# context parallelism with its own ring.
 ENGINE = EngineSpec(attention="flash", kernels="eager", overlap_grad_reduce=False,
-                    fsdp_copies=True, pipelined_accumulation=True)
+                    fsdp_copies=True, pipelined_accumulation=True, cp_ring="runtime")
 MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 256,
            "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4,
            "vocab_size": 8192, "max_position_embeddings": 512, "num_local_experts": 8,

@@ -32,18 +32,18 @@ from costmodels.topology import Cluster
 
 def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_s: float,
                attn_bwd_s: float, group: GroupShape, cluster: Cluster,
-               gradients_back: float = 0.0) -> tuple[float, float]:
+               gradients_back: float = 0.0, gradients_on: float = 1.0) -> tuple[float, float]:
     """(forward, backward) seconds of K/V exchange one layer exposes, per micro-batch.
     ``gradients_back`` (p2p ring): gradient bytes per K/V byte that each rank sends straight back
     to the owner of those keys and values once a backward step is done, as the runtime's ring
     does (planner/runtime/context.py; fp32 gradients: 4 / bytes of the compute dtype); 0 for a
-    ring that passes K/V and their gradients on around the ring (Megatron-Core's, Transformer
-    Engine's)."""
+    ring that passes K/V and their gradients on around the ring, ``gradients_on`` gradient bytes
+    per K/V byte (Transformer Engine's, in the compute dtype: 1; torch's, in fp32)."""
     if cp <= 1 or kv_bytes <= 0:
         return 0.0, 0.0
     if form == "p2p":
         link = cluster.intra_node if group.per_node >= group.size else cluster.inter_node
-        fwd, bwd = _ring(cp, kv_bytes / cp, attn_fwd_s, attn_bwd_s, link)
+        fwd, bwd = _ring(cp, kv_bytes / cp, attn_fwd_s, attn_bwd_s, link, gradients_on)
         if gradients_back:
             bwd = _sent_back(cp, gradients_back * kv_bytes / cp, attn_bwd_s, link)
         return fwd, bwd
@@ -70,15 +70,16 @@ def heads_ranks(group: GroupShape) -> int:
 
 
 def _ring(steps: int, chunk_bytes: float, attn_fwd_s: float, attn_bwd_s: float,
-          link) -> tuple[float, float]:
-    """A ring of ``steps`` ranks: steps - 1 sends of one K/V chunk in forward (two in backward:
-    K/V and their gradients), each behind one step's share of the attention compute; what a
-    synchronizing call costs between busy ranks (``LinkSpec.sync_s``) is not hidden."""
+          link, gradients_on: float = 1.0) -> tuple[float, float]:
+    """A ring of ``steps`` ranks: steps - 1 sends of one K/V chunk in forward (in backward the
+    chunk and its gradients, ``gradients_on`` bytes per K/V byte), each behind one step's share
+    of the attention compute; what a synchronizing call costs between busy ranks
+    (``LinkSpec.sync_s``) is not hidden."""
     if steps <= 1:
         return 0.0, 0.0
     sync = link.sync_s
     send_f = comm.p2p_s(chunk_bytes, link) - sync
-    send_b = comm.p2p_s(2 * chunk_bytes, link) - sync
+    send_b = comm.p2p_s((1 + gradients_on) * chunk_bytes, link) - sync
     return ((steps - 1) * (sync + max(0.0, send_f - attn_fwd_s / steps)),
             (steps - 1) * (sync + max(0.0, send_b - attn_bwd_s / steps)))
 
@@ -99,8 +100,8 @@ def _sent_back(steps: int, grad_bytes: float, attn_bwd_s: float, link) -> float:
 def ring_merge_s(cp: int, *, q_bytes: float, kv_bytes: float, word: int,
                  device: DeviceSpec) -> tuple[float, float]:
     """(forward, backward) seconds of the element-wise work a p2p ring adds per layer and
-    micro-batch when each op is its own kernel (EngineSpec.kernels "eager": the runtime's ring,
-    planner/runtime/context.py, and torch's): a rank attends with its two query chunks to
+    micro-batch when each op is its own kernel (EngineSpec.cp_ring "runtime": the runtime's
+    ring, planner/runtime/context.py, and "torch"): a rank attends with its two query chunks to
     2 cp + 1 unmasked chunk pairs, so 2 cp - 1 partial outputs merge by their log-sum-exp, in
     fp32 (seven passes over a query chunk each: two rescales and their sum); the chunks are copied
     out of the local tensors (queries once, each step's keys and values), the output assembled

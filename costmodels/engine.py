@@ -22,6 +22,7 @@ FUSED_ATTENTION = ("flash", "flash2")
 KERNELS = ("fused", "eager")
 FUSED_SCOPES = ("model", "layers")
 DISPATCHERS = ("alltoall", "allgather")
+CP_RINGS = ("te", "torch", "runtime")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,11 +116,21 @@ class EngineSpec:
     traced model, while Megatron-Core fuses some of those ops and runs Transformer Engine's
     Python layers around its kernels, so it is not plain PyTorch's per-op cost (host_op_s).
     0: not modelled."""
+    cp_ring: str = "te"
+    """Whose ring runs context parallelism's p2p exchange (costmodels.context): ``te``
+    (Transformer Engine's, Megatron-Core: backward passes K/V and their gradients on around the
+    ring, partial outputs merged inside its kernels), ``torch`` (torch's context_parallel,
+    torchtitan: backward passes K/V and fp32 gradients on, merges run as element-wise ops) or
+    ``runtime`` (``plan run``'s: every step's K/V kept for backward, fp32 gradients returned to
+    their owner, merges as element-wise ops)."""
     moe_overlap: bool = False
     """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
 
     def __post_init__(self):
+        if self.cp_ring not in CP_RINGS:
+            raise SpecError(f"engine.cp_ring: expected {', '.join(CP_RINGS)}, got "
+                            f"{self.cp_ring!r}")
         if self.moe_dispatcher not in DISPATCHERS:
             raise SpecError(f"engine.moe_dispatcher: expected {' or '.join(DISPATCHERS)}, got "
                             f"{self.moe_dispatcher!r}")
@@ -161,12 +172,12 @@ PRESETS: dict[str, dict] = {
     # made SDPA's cuDNN backend opt-in), one kernel per element-wise op, FSDP2's overlapped
     # reduce-scatter through its flat buffers, fp32 sharded states and fp32 reduction
     "torchtitan": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
-                   "fsdp_copies": True, "state_layout": "fsdp2"},
+                   "fsdp_copies": True, "state_layout": "fsdp2", "cp_ring": "torch"},
     # torchtitan with torch.compile: element-wise chains of each transformer block fused by
     # Inductor; embedding, output projection and loss eager
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
                            "overlap_grad_reduce": True, "fsdp_copies": True,
-                           "state_layout": "fsdp2"},
+                           "state_layout": "fsdp2", "cp_ring": "torch"},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
                   "state_layout": "zero"},

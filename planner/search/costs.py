@@ -168,9 +168,11 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     q = micro_batch * w.attn_q_bytes / tp
     word = DTYPE_BYTES[core]
     forms = (cp_comm,) if isinstance(cp_comm, str) else tuple(cp_comm)
-    # with eager kernels the ring is the runtime's, which returns fp32 K/V gradients to their owner
-    back = 4 / word if engine.kernels == "eager" else 0.0
-    form, cp_s, cp_buffers = forms[0], np.zeros(n), np.zeros(n)
+    # the runtime's ring returns fp32 K/V gradients to their owner; torch's passes them on in
+    # fp32, Transformer Engine's in the compute dtype (EngineSpec.cp_ring)
+    back = 4 / word if engine.cp_ring == "runtime" else 0.0
+    on = 4 / word if engine.cp_ring == "torch" else 1.0
+    form, cp_s, cp_buffers, ring_kept = forms[0], np.zeros(n), np.zeros(n), np.zeros(n)
     ring = np.zeros((n, 2))  # (forward, backward) attention seconds the ring's calls change
     if cp > 1:
         g = cluster.gpus_per_node
@@ -193,8 +195,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                                               attn_fwd_s=t.attn_fwd_s + calls[i, 0],
                                               attn_bwd_s=t.attn_bwd_s + calls[i, 1],
                                               group=cp_group, cluster=cluster,
-                                              gradients_back=back)
-                    if f_name == "p2p" and engine.kernels == "eager":  # the ring's merges
+                                              gradients_back=back, gradients_on=on)
+                    if f_name == "p2p" and engine.cp_ring != "te":  # merges as element-wise ops
                         mf, mb = context.ring_merge_s(cp, q_bytes=q[i], kv_bytes=kv[i],
                                                       word=word, device=cluster.device)
                         f, b = f + mf, b + mb
@@ -206,6 +208,13 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         # (all-gather), the head shards of q, k, v and the output (all-to-all)
         cp_buffers = {"p2p": 2 * kv / cp, "allgather": kv,
                       "a2a": (2 * q + kv) / cp, "a2a+p2p": (2 * q + 3 * kv) / cp}[form]
+        if form == "p2p" and engine.cp_ring == "runtime":
+            # the runtime's ring keeps every step's K/V for backward: with the attention kept,
+            # as activations; recomputed (full, selective), while that layer's backward runs
+            others = kv * (cp - 1) / cp
+            recomputed = np.array([p in ("full", "selective") for p in policies])
+            ring_kept, cp_buffers = np.where(recomputed, 0.0, others), \
+                cp_buffers + np.where(recomputed, others, 0.0)
     under: dict[tuple, compute.BlockTime] = {}
     for i, policy in enumerate(policies):
         if (ma.same[i], policy) not in under:
@@ -240,7 +249,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             fused=fused, fp8=fp8, routed_load=load, etp=etp)),
             vec(memory.activation_bytes(w, micro_batch=share, tp=tp, sp=sp, recompute="none",
                                         scores_kept=kept, fused=fused_outer, fp8=False,
-                                        routed_load=load, etp=etp))),
+                                        routed_load=load, etp=etp))) + ring_kept,
         work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8, routed_load=load, etp=etp)), 0.0),

@@ -51,6 +51,16 @@ def test_a_ring_that_returns_gradients_to_their_owner_exposes_the_last_send():
     assert long == pytest.approx(send) and short == pytest.approx(7 * send)
 
 
+def test_torchs_ring_passes_fp32_gradients_on_and_moves_more_in_backward():
+    kv = 64e6
+    te = context.exchange_s("p2p", cp=8, kv_bytes=kv, q_bytes=kv, attn_fwd_s=0.0, attn_bwd_s=0.0,
+                            group=NODE, cluster=CLUSTER)
+    torch_ring = context.exchange_s("p2p", cp=8, kv_bytes=kv, q_bytes=kv, attn_fwd_s=0.0,
+                                    attn_bwd_s=0.0, group=NODE, cluster=CLUSTER, gradients_on=2.0)
+    assert torch_ring[0] == te[0] and torch_ring[1] > te[1]
+    assert torch_ring[1] == pytest.approx(7 * comm.p2p_s(3 * kv / 8, CLUSTER.intra_node))
+
+
 def test_forms_of_exchange_and_cp_one():
     kv, q = 32e6, 64e6
     assert context.exchange_s("a2a", cp=1, kv_bytes=kv, q_bytes=q, attn_fwd_s=0, attn_bwd_s=0,

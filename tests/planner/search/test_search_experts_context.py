@@ -381,3 +381,28 @@ def test_torchtitan_plans_context_parallelism_with_sharded_states_only(tiny_llam
                                  planner.TrainingSpec(global_batch=8, seq_len=16384), options)
     assert plan.parallel["cp"] == 2 and plan.parallel["zero"] in (2, 3)
     assert plan.parallel["cp_comm"] == "allgather"  # torchtitan's training all-gathers K/V
+
+
+def test_whose_ring_runs_context_parallelism_changes_memory_and_backward(tiny_llama_config):
+    """plan run's ring keeps every step's keys and values for backward (activations, unless the
+    attention is recomputed); torch's passes fp32 gradients on around the ring, Transformer
+    Engine's 16-bit ones."""
+    from costmodels.engine import engine_from_mapping
+    long = planner.prepare(tiny_llama_config, seq_len=16384, cache_dir=None)
+    cluster = planner.load_cluster("dgx-h100", nodes=1, gpus_per_node=4)
+
+    def plan(ring, recompute="none"):
+        fix = f"cp=4,cp_comm=p2p,tp=1,pp=1,dp=1,micro_batch=1,recompute={recompute}"
+        return planner.plan_prepared(
+            long, cluster, planner.TrainingSpec(global_batch=2, seq_len=16384,
+                                                engine=engine_from_mapping(f"cp_ring={ring}")),
+            planner.SearchOptions(fix=parse_fix(fix), top_k=0))
+
+    def act(p):
+        return p.stages[0]["predicted"]["activation_bytes_per_microbatch"]
+    kv = 16384 * 2 * 2 * 16 * 2 * 4  # tokens x (K, V) x kv heads x head dim x bf16 x 4 layers
+    assert act(plan("runtime")) - act(plan("te")) == pytest.approx(kv * 3 / 4, rel=1e-3)
+    assert act(plan("runtime", "selective")) == pytest.approx(act(plan("te", "selective")))
+    with pytest.raises(planner.SpecError, match="engine.cp_ring: expected te, torch, runtime"):
+        engine_from_mapping("cp_ring=ring")
+    assert engine_from_mapping("torchtitan").cp_ring == "torch"
