@@ -23,6 +23,9 @@ KERNELS = ("fused", "eager")
 FUSED_SCOPES = ("model", "layers")
 DISPATCHERS = ("alltoall", "allgather")
 CP_RINGS = ("te", "torch", "runtime")
+HOST_OP_MAX_S = 1e-3
+"""Seconds per op above which a host time is taken for a unit slip (eager PyTorch issues an op in
+tens of microseconds)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +143,11 @@ class EngineSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not value >= low or value == float("inf"):
                 raise SpecError(f"engine.{key}: expected a number >= {low:g}, got {value!r}")
+        for key in ("host_op_s", "moe_host_op_s"):
+            if getattr(self, key) > HOST_OP_MAX_S:
+                raise SpecError(f"engine.{key}: {getattr(self, key)!r} seconds per op is not a "
+                                f"host's issue time; give seconds below {HOST_OP_MAX_S:g} "
+                                "(53.5 us is 53.5e-6)")
         if 0 < self.moe_capacity_factor < 1:
             raise SpecError("engine.moe_capacity_factor: expected 0 (dropless) or >= 1, got "
                             f"{self.moe_capacity_factor!r}")

@@ -45,10 +45,11 @@ def register(add) -> None:
                    "attention=flash|flash2|materialized, kernels=fused|eager, "
                    "fused_scope=model|layers, overlap_grad_reduce=true|false, "
                    "fsdp_copies=true|false, pipelined_accumulation=true|false, "
+                   "cp_ring=te|torch|runtime, "
                    "state_layout=megatron|megatron-bf16-grads|zero|"
                    "fsdp2, fp8_recipe=delayed|current|block, and for MoE moe_dispatcher, "
                    "moe_imbalance, moe_capacity_factor, moe_grouped_gemm, moe_overlap, "
-                   "moe_host_op_s (README: MoE engine settings)")
+                   "moe_host_op_s (seconds; README: MoE engine settings)")
     s.add_argument("--top-k", type=count, default=3, help="runners-up to keep (default 3)")
     s.add_argument("--time-limit", type=positive_float, help="seconds; return the best plan found so far")
     s.add_argument("--trace", default="auto", choices=TRACE_METHODS,

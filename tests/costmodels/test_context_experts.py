@@ -185,6 +185,8 @@ def test_moe_engine_settings_are_checked_and_load_follows_capacity():
         with pytest.raises(SpecError):
             engine_from_mapping(bad)
     assert math.isfinite(engine_from_mapping("host_op_s=1.5e-5").host_op_s)
+    with pytest.raises(SpecError, match=r"engine.moe_host_op_s: 53.5 seconds per op .*53.5e-6"):
+        engine_from_mapping("moe_host_op_s=53.5")  # microseconds given for seconds
 
 
 def test_ring_never_hides_the_sync_of_a_call_between_busy_ranks():
