@@ -190,6 +190,15 @@ class Experts:
 DENSE = Experts()
 
 
+def ungrouped_launches(work: BlockWork, experts: Experts) -> float:
+    """GEMM launches a forward adds when the local experts run one GEMM each instead of one
+    grouped GEMM (the trace counts one per grouped call): local experts - 1 per routed-expert
+    GEMM."""
+    if experts.grouped:
+        return 0.0
+    return sum(max(0.0, g.experts / experts.ep - 1.0) for g in work.gemms if g.experts)
+
+
 def split_gemm(g: Gemm, *, micro_batch: float, tp: int, sp: bool,
                experts: Experts = DENSE) -> tuple[float, float, float, float]:
     """(batch, m, n, k) one GPU runs for this GEMM. ``micro_batch`` may be a fraction of a
@@ -452,7 +461,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         # dispatch also has the host wait for the device's token counts in every MoE layer, so
         # the host cannot run ahead across layers; a uniform stack of MoE layers is bound the
         # same way layer by layer without that wait.
-        host = work.kernels_eager * engine.moe_host_op_s
+        host = (work.kernels_eager + ungrouped_launches(work, experts)) * engine.moe_host_op_s
         fwd_s, bwd_s = max(fwd_s, host), max(bwd_s, 2 * host)
         op_again = max(op_again, host * op_recomputed_kernel_share(work))
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)

@@ -255,3 +255,8 @@ def test_an_moe_layer_takes_at_least_its_ops_issue_time():
     assert again == pytest.approx(199 * slow)
     with pytest.raises(SpecError, match="engine.moe_host_op_s: expected a number >= 0"):
         engine_from_mapping("moe_host_op_s=-1")
+    # without grouping, each of the 64 local experts' GEMMs is its own launch: 63 more to issue
+    ungrouped = block_time(work, h100, dtype="bf16", micro_batch=1, tp=1, sp=False,
+                           recompute="none", engine=engine_from_mapping(
+                               f"moe_host_op_s={slow}"), experts=Experts(grouped=False))
+    assert ungrouped.fwd_s == pytest.approx((200 + 63) * slow)
