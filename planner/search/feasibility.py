@@ -114,6 +114,9 @@ def cluster_pin_problem(fix: dict, num_gpus: int, batch: int) -> str:
                     f"the {dp} replicas")
     if fix.get("sequence_parallel") and tp == 1:
         return "fix.sequence_parallel: needs tp > 1"
+    if "cp_comm" in fix and fix.get("cp") == 1:
+        return (f"fix.cp_comm: {fix['cp_comm']} exchanges keys and values between context-"
+                "parallel ranks and cp=1 has none; drop cp_comm or pin cp > 1")
     if fix.get("offload_optimizer") and fix.get("zero") == 0:
         return "fix.offload_optimizer: needs zero >= 1 (the optimizer states sharded)"
     if vpp > 1 and pp == 1:

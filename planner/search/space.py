@@ -380,7 +380,7 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
                      else ZERO3_CP_EP] += 1
         states = kept
     schedules = _choices(fix, "schedule", list(options.schedules) if pp > 1 else ["1f1b"])
-    comms: tuple[str, ...] = (fix.get("cp_comm", "p2p"),)  # cp = 1: no exchange to choose
+    comms: tuple[str, ...] = ("p2p",)  # cp = 1: no exchange (a pinned form applies to cp > 1)
     if cp > 1:  # the exchange forms allowed; the pricing takes the fastest (CostKey.cp_comm)
         allowed = []
         for form in _choices(fix, "cp_comm", list(options.cp_comms)):

@@ -128,6 +128,7 @@ def test_context_parallelism_splits_activations(tiny_llama):
     ("cp=4,cp_comm=a2a+p2p", r"divisible by tp x the cp ranks in a node = 4; pin cp_comm=p2p"),
     ("etp=16", r"fix\.etp: 16 must be 1 or tp, and tp=16"),
     ("cp=8,dp=1,tp=1,pp=1", None),  # 256 tokens in 16 chunks of 16: allowed when pinned
+    ("cp=1,cp_comm=a2a", r"fix\.cp_comm: a2a exchanges .* cp=1 has none; drop cp_comm or pin"),
 ])
 def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
     if words is None:
