@@ -570,6 +570,8 @@ def _check_config(par: dict, where: str, v: list, fix, target) -> None:
     for key, want in (fix or {}).items():
         if key == "schedule" and par["pp"] == 1:
             continue  # one stage: no pipeline schedule to honour
+        if key == "cp_comm" and par.get("cp", 1) == 1:
+            continue  # no context parallelism: no exchange to honour
         if par.get(key) != want:
             v.append(f"{where}: pinned {key}={want!r} but it has {par.get(key)!r}")
     eng = ENGINES.get(target) if target else None

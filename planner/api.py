@@ -25,9 +25,10 @@ from planner.options import SearchOptions, TrainingSpec, parse_fix
 from planner import targets
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
-from planner.search.feasibility import cluster_pin_problem, explain_infeasible
+from planner.search.feasibility import cluster_pin_problem, explain_infeasible, pin_problem
 from planner.search.hetero import restrict
 from planner.search.loop import rejection_lines, search
+from planner.search.space import Space
 from planner.trace import cache
 from planner.trace.blocks import build_blocks, unchained_repeats
 from planner.trace.graph import BlockGraph, OpGraph
@@ -395,6 +396,11 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "
                         f"seq_len={training.seq_len}")
+    if not isinstance(cluster, HeteroCluster):  # a pin no configuration honours: named before
+        problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
+                              training, options)  # the search, not after it
+        if problem:
+            raise SpecError(problem)
     training = _attention_the_devices_run(cluster, training)
     _warn_unused_moe_settings(prepared, training)
     result = search(prepared.blocks, cluster, training, options, progress=progress)
