@@ -64,7 +64,8 @@ def why_not(plan: Plan, pins) -> WhyNot:
     if result.best is not None:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                        result=result, cluster=cluster, training=training, options=options)
-        return WhyNot(pins=pins, variant=variant, feasible=True, notes=[], over=[])
+        return WhyNot(pins=pins, variant=variant, feasible=True,
+                      notes=_untried(plan, variant, options), over=[])
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                           training, options)
     if problem:  # a pin the model or cluster cannot take is bad input, as in solve
@@ -86,6 +87,20 @@ def why_not(plan: Plan, pins) -> WhyNot:
         if st["predicted"]["memory_bytes"]["total"] > limits[0]]
     return WhyNot(pins=pins, variant=variant, feasible=False, message=message, notes=notes,
                   over=over, limits=limits)
+
+
+def _untried(plan: Plan, variant: Plan, options: SearchOptions) -> list[str]:
+    """Why the plan's search did not find ``variant`` where it is faster: context parallelism
+    shorter than the search tries (SearchOptions.cp_min_tokens)."""
+    cp = variant.parallel.get("cp", 1)
+    per_rank = plan.training["seq_len"] // max(cp, 1)
+    made_with = plan.search.get("options", {}).get("fix", {})
+    if variant.step_time_s < plan.step_time_s and cp > 1 and "cp" not in made_with and \
+            per_rank < options.cp_min_tokens:
+        return [f"the search does not try context parallelism below {options.cp_min_tokens:,} "
+                f"tokens per cp rank ({per_rank:,} here at cp={cp}): pin cp, or lower "
+                "SearchOptions.cp_min_tokens from the Python API"]
+    return []
 
 
 def replan_inputs(plan: Plan, pins: dict):

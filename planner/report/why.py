@@ -21,6 +21,7 @@ def why(plan: Plan, answer) -> str:
         v = answer.variant
         lines.append(f"  With {pins} the best plan on {where} is {v.parallel_summary}:")
         lines += _what_changes(plan, v)
+        lines += [ln for n in answer.notes or [] for ln in wrap(f"  - {n}", indent="    ")]
         return "\n".join(lines)
     lines += wrap(f"  The planner finds no plan with {pins} on {where}: {answer.message}.",
                    indent="    ")
