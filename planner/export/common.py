@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import re
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
+from costmodels.engine import EngineSpec, engine_from_mapping
 from planner.errors import SpecError
 from planner.options import KNOBS
 from planner.planfile.document import Plan
@@ -283,9 +284,25 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
                       for k, v in fix.items() if k not in runs or v in runs[k])
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))
                     if t.get(k, default) != default)
+    kept = _kept_engine_settings(plan)
+    if kept:  # the target's software, with the plan's MoE and FP8 assumptions over it
+        extra += f" --engine {','.join([eng.software or 'megatron-core', *kept])}"
     return (f"plan solve {spec} --cluster {c['name']} --nodes {c['nodes']} --global-batch "
             f"{t['global_batch']} --seq-len {t['seq_len']}{extra}"
             + (f" --fix {pinned}" if pinned else "") + f" --target {target}")
+
+
+def _kept_engine_settings(plan: Plan) -> list[str]:
+    """The plan's engine settings a re-plan for another engine keeps: its MoE settings and FP8
+    recipe where they differ from the defaults (the rest is the target's software)."""
+    engine, default = engine_from_mapping(plan.training.get("engine")), EngineSpec()
+    out = []
+    for f in fields(EngineSpec):
+        value = getattr(engine, f.name)
+        if (f.name.startswith("moe_") or f.name == "fp8_recipe") and \
+                value != getattr(default, f.name):
+            out.append(f"{f.name}={str(value).lower() if isinstance(value, bool) else value}")
+    return out
 
 
 def gb(nbytes: float) -> str:

@@ -887,6 +887,11 @@ def test_the_replan_hint_keeps_only_pins_the_target_can_run():
     hint = resolve_hint(vpp, "deepspeed")
     assert "--fix ep=4,pp=2 --target deepspeed" in hint  # no vpp, no tp: DeepSpeed runs neither
     assert "vpp=4" in resolve_hint(vpp, "megatron") and "tp=2" in resolve_hint(vpp, "megatron")
+    assert "--engine" not in hint  # nothing but the defaults to keep
+    # the plan's MoE assumptions travel, over the target's own software
+    moe = engine_settings(vpp, moe_imbalance=1.5, moe_dispatcher="allgather")
+    assert " --engine deepspeed,moe_dispatcher=allgather,moe_imbalance=1.5 " in \
+        resolve_hint(moe, "deepspeed")
 
 
 def test_export_into_a_folder_names_the_file_after_the_plan(tmp_path, capsys):
