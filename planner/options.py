@@ -77,6 +77,12 @@ class TrainingSpec:
                             f"{', '.join(OPTIMIZERS)}")
 
 
+def experts_text(ep: int, etp: int) -> str:
+    """The expert degrees in a one-line configuration: " ep=8", " ep=4 etp=2", " etp=2" (the
+    experts' matrices split without spreading them), or "" for neither."""
+    return (f" ep={ep}" if ep > 1 else "") + (f" etp={etp}" if etp > 1 else "")
+
+
 def same_data_parallelism(tp: int, cp: int, ep: int, etp: int, *, experts: bool) -> bool:
     """Whether the experts' data-parallel degree equals the attention's: ep x etp = tp x cp
     (Megatron-Core takes etp = tp in a model without experts; SearchOptions.pp_inner_same_dp)."""
@@ -253,7 +259,7 @@ class Config:
         v = f"x{self.vpp}" if self.vpp > 1 else ""
         off = "+offload" if self.offload_optimizer else ""
         cp = f" cp={self.cp}({self.cp_comm})" if self.cp > 1 else ""
-        ep = f" ep={self.ep}" + (f" etp={self.etp}" if self.etp > 1 else "") if self.ep > 1 else ""
+        ep = experts_text(self.ep, self.etp)
         return (f"dp={self.dp} tp={self.tp}{sp} pp={self.pp}{v}{cp}{ep} mb={self.micro_batch}x"
                 f"{self.num_microbatches} {self.schedule} rc={self.recompute} zero={self.zero}{off}")
 

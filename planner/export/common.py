@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 
 from costmodels.engine import EngineSpec, engine_from_mapping
 from planner.errors import SpecError
-from planner.options import KNOBS
+from planner.options import KNOBS, experts_text
 from planner.planfile.document import Plan
 from planner import targets
 
@@ -189,8 +189,7 @@ def summary(plan: Plan) -> str:
     chunks = f"x{p['vpp']}" if p.get("vpp", 1) > 1 else ""
     off = "+offload" if p.get("offload_optimizer") else ""
     cp = f" cp={p['cp']}({p.get('cp_comm', 'p2p')})" if p.get("cp", 1) > 1 else ""
-    ep = (f" ep={p['ep']}" + (f" etp={p['etp']}" if p.get("etp", 1) > 1 else "")
-          if p.get("ep", 1) > 1 or p.get("etp", 1) > 1 else "")
+    ep = experts_text(p.get("ep", 1), p.get("etp", 1))
     return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']}{chunks}{cp}{ep} mb={p['micro_batch']}x"
             f"{p['num_microbatches']} {p['schedule']} rc={p['recompute']} zero={p['zero']}{off}, "
             f"placement {placement(plan)}")

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from planner.files import atomic_write, read_json_object
+from planner.options import experts_text
 from planner.planfile.schema import SCHEMA_ID, validate
 
 SIGNIFICANT_DIGITS = 6
@@ -70,8 +71,7 @@ class Plan:
         p = self.parallel
         sp = "+sp" if p["sequence_parallel"] else ""
         cp = f" cp={p['cp']}({p.get('cp_comm', 'p2p')})" if p.get("cp", 1) > 1 else ""
-        ep = (f" ep={p['ep']}" + (f" etp={p['etp']}" if p.get("etp", 1) > 1 else "")
-              if p.get("ep", 1) > 1 else "")
+        ep = experts_text(p.get("ep", 1), p.get("etp", 1))
         return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']}{cp}{ep} mb={p['micro_batch']}x"
                 f"{p['num_microbatches']} {p['schedule']} rc={p['recompute']} zero={p['zero']}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from planner.options import experts_text
 from planner.units import dollars, gb, human_count
 from planner.report.text import table
 
@@ -13,8 +14,7 @@ def short_config(row: dict) -> str:
     v = f"x{row['vpp']}" if (row.get("vpp") or 1) > 1 else ""
     off = "+off" if row.get("offload_optimizer") else ""
     cp = f" cp={row['cp']}({row.get('cp_comm') or 'p2p'})" if (row.get("cp") or 1) > 1 else ""
-    ep = (f" ep={row['ep']}" + (f" etp={row['etp']}" if (row.get("etp") or 1) > 1 else "")
-          if (row.get("ep") or 1) > 1 else "")
+    ep = experts_text(row.get("ep") or 1, row.get("etp") or 1)
     return (f"dp={row['dp']} tp={row['tp']}{sp} pp={row['pp']}{v}{cp}{ep} "
             f"mb={row['micro_batch']} {row['schedule']} rc={row['recompute']} z{row['zero']}{off}")
 

@@ -167,6 +167,8 @@ def test_whatif_configuration_column_shows_context_and_expert_parallelism():
     assert short_config(row) == "dp=2 tp=2+sp pp=1 cp=2(a2a) ep=2 mb=1 1f1b rc=none z1"
     plain = {**row, "cp": 1, "ep": 1}
     assert short_config(plain) == "dp=2 tp=2+sp pp=1 mb=1 1f1b rc=none z1"
+    # experts' matrices split without spreading the experts: etp shows on its own
+    assert short_config({**plain, "etp": 2}) == "dp=2 tp=2+sp pp=1 etp=2 mb=1 1f1b rc=none z1"
 
 
 def test_whatif_prices_every_point_for_the_software_given(capsys, tiny_llama_config, tmp_path):
