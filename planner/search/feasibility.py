@@ -49,11 +49,19 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         return problem
     cp = fix.get("cp", 1)
     if cp > 1 and training.seq_len % (2 * cp):
+        fits = [c for c in divisors(n) if c > 1 and training.seq_len % (2 * c) == 0]
         return (f"fix.cp: the sequence of {training.seq_len} tokens does not split into 2 x cp = "
-                f"{2 * cp} equal chunks (causal load balancing)")
+                f"{2 * cp} equal chunks (causal load balancing); use "
+                + (f"cp={' or '.join(map(str, fits[:4]))}, or " if fits else "")
+                + f"a sequence length divisible by {2 * cp}")
     ep, etp = fix.get("ep", 1), fix.get("etp", 1)
     if (ep > 1 or etp > 1) and not space.experts:
-        return f"fix.{'ep' if ep > 1 else 'etp'}: the model has no routed experts"
+        key = "ep" if ep > 1 else "etp"
+        return f"fix.{key}: the model has no routed experts; drop {key}"
+    if space.experts and tp is not None and tp > 1 and fix.get("sequence_parallel") is False:
+        return (f"fix.sequence_parallel: false with tp={tp}, but a model with routed experts runs "
+                "tensor parallelism sequence-parallel (Megatron-Core requires it); pin "
+                "sequence_parallel=true or tp=1")
     if space.experts and space.experts % ep:
         fits = [e for e in divisors(space.experts) if n % (e * etp) == 0]  # ep x etp | the GPUs
         return (f"fix.ep: {ep} does not divide the model's {space.experts} experts; use one of "
@@ -67,6 +75,12 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if etp > gpn and tp is None:
         return (f"fix.etp: {etp} must be 1 or tp, and the search keeps tp within a node of "
                 f"{gpn} GPUs; pin tp={etp} too, or a smaller etp")
+    stage = n // pp if pp is not None and n % pp == 0 else None  # tp x cp x dp of one stage
+    if stage is not None and stage % (ep * etp) and n % (ep * etp) == 0:
+        fits = [e for e in divisors(space.experts or 1) if stage % (e * etp) == 0]
+        return (f"fix.ep: ep x etp = {ep * etp} must fold into the tp x cp x dp = {stage} GPUs of "
+                f"a pipeline stage ({n} GPUs / pp={pp}); use ep={' or '.join(map(str, fits[-3:]))}"
+                " or fewer stages")
     if n % (ep * etp) and n % etp == 0:  # the experts spread over ranks of the tp x cp x dp
         fits = [e for e in divisors(space.experts or 1) if n % (e * etp) == 0]
         return (f"fix.ep: ep x etp = {ep * etp} does not divide the cluster's {n} GPUs; use one "

@@ -129,6 +129,10 @@ def test_context_parallelism_splits_activations(tiny_llama):
     ("etp=16", r"fix\.etp: 16 must be 1 or tp, and tp=16"),
     ("cp=8,dp=1,tp=1,pp=1", None),  # 256 tokens in 16 chunks of 16: allowed when pinned
     ("cp=1,cp_comm=a2a", r"fix\.cp_comm: a2a exchanges .* cp=1 has none; drop cp_comm or pin"),
+    ("tp=2,sequence_parallel=false", r"fix\.sequence_parallel: false with tp=2, but a model with "
+                                     r"routed experts .*; pin sequence_parallel=true or tp=1$"),
+    ("ep=8,pp=2", r"fix\.ep: ep x etp = 8 must fold into the tp x cp x dp = 4 GPUs of a "
+                  r"pipeline stage \(8 GPUs / pp=2\); use ep=1 or 2 or 4 or fewer stages$"),
 ])
 def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
     if words is None:
@@ -140,7 +144,7 @@ def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
 
 def test_expert_pins_on_a_dense_model_and_uneven_sequences_are_refused(tiny_llama,
                                                                        tiny_llama_config):
-    with pytest.raises(planner.SpecError, match="no routed experts"):
+    with pytest.raises(planner.SpecError, match="no routed experts; drop ep$"):
         _plan(tiny_llama, "ep=2")
     odd = planner.prepare(tiny_llama_config, seq_len=96, cache_dir=None)
     with pytest.raises(planner.SpecError, match="2 x cp = 64 equal chunks"):
