@@ -7,7 +7,11 @@ on device groups the group orders and per-device split (planner.search.hetero). 
 configuration whose weights alone cannot fit is set aside; the others are priced best-first, in
 increasing order of a lower bound (the pipeline on perfectly balanced stages, each block on its
 fastest device), until the next bound cannot enter the top k: the rest are dominated. The top k are then refined (exact stage assignment by CP-SAT where it applies, and
-simulation of the schedule) and re-ranked.
+simulation of the schedule) and re-ranked. The simulation can find a schedule slower than its
+closed form (interleaved 1F1B over chunks of unequal time waits for the slowest rank of each chunk
+position); then configurations whose closed form is below the best simulated step are simulated
+too, in increasing order (pricing dominated ones as their bound comes below it), until the next one
+cannot beat it, or RETIME_MAX of them: the plan is the best simulated.
 
 Status: ``optimal`` (under the cost model) when every configuration was considered and the best
 plan's stage split is proven optimal; ``feasible`` when the time limit stopped the enumeration (gap
@@ -43,6 +47,9 @@ TIME_LIMIT = "not evaluated (time limit)"
 OUT_OF_MEMORY = "out of memory"
 DOMINATED = "dominated (bound)"
 SLOWER = "slower than the top k"
+RETIME_MAX = 48
+"""Configurations beyond the top k a search re-times by simulation at most (see the docstring);
+past it the status is ``feasible``."""
 OUTCOMES = (OUT_OF_MEMORY, DOMINATED, SLOWER, TIME_LIMIT)
 """What became of configurations the search counted; every other reason is a rule of the space
 (planner.search.space) that excluded a choice of knobs before it made a configuration."""
@@ -169,6 +176,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     # screen every configuration (its costs are shared by its group), then price best-first:
     # in increasing order of the lower bound, until the next bound cannot enter the top k
     queue: list[tuple[float, int, Group, tuple]] = []
+    spare: list[tuple[float, int, Estimate]] = []  # every priced estimate (closed form)
     costs_of: dict[CostKey, object] = {}  # meshes of other pp and dp share a key's costs
     done = 0
     for group in space:
@@ -209,16 +217,58 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
             continue
         if not top.offer(est, order):
             rejected[SLOWER] += 1
+        spare.append((est.step_time_s, order, est))
     if progress:
         progress(queued, queued)
     ranked = pricer.refine(top.ranked(), deadline)
     cut = bool(rejected[TIME_LIMIT])
+    if ranked and not cut:
+        kept = {id(e) for e in top.ranked()}
+        spare = [s for s in spare if id(s[2]) not in kept]
+        ranked, cut = _retime(ranked, spare, queue, costs_of, pricer, training, rejected, top,
+                              deadline)
+        ranked = ranked[:options.top_k + 1]
     status, gap = ("feasible", None) if cut else ("optimal", 0.0)
     if ranked and ranked[0].split_status != "optimal" and not cut:
         status, gap = "feasible", ranked[0].split_gap
     return SearchResult(best=ranked[0] if ranked else None, alternatives=ranked[1:],
                         candidates=total, evaluated=top.priced, rejected=rejected, status=status,
                         time_s=time.perf_counter() - t0, gap=gap)
+
+
+def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pricer,
+            training: TrainingSpec, rejected: Counter, top, deadline: float | None
+            ) -> tuple[list[Estimate], bool]:
+    """(the re-timed estimates best first, whether RETIME_MAX or the time limit stopped it): the
+    priced estimates of ``spare`` (not yet simulated) and the configurations left in ``queue``
+    (dominated by the top k's closed forms) simulated while their closed form (their bound,
+    before pricing) is below the best simulated step (module docstring)."""
+    heapq.heapify(spare)
+    best = ranked[0].step_time_s
+    done = 0
+    while True:
+        while queue and queue[0][0] < best and (not spare or queue[0][0] < spare[0][0]):
+            _, order, group, variant = heapq.heappop(queue)
+            rejected[DOMINATED] -= 1
+            costs = costs_of[group.key]
+            cfg = group.config(variant, pricer.one(costs).cp_comm if group.key.cp > 1 else None)
+            try:
+                est = pricer.price(cfg, costs)
+            except InfeasibleError as exc:
+                rejected[exc.reason] += 1
+                continue
+            top.priced += 1
+            rejected[SLOWER] += 1
+            heapq.heappush(spare, (est.step_time_s, order, est))
+        if not spare or spare[0][0] >= best:
+            return sorted(ranked, key=lambda e: e.step_time_s), False
+        if done >= RETIME_MAX or (deadline is not None and time.perf_counter() > deadline):
+            return sorted(ranked, key=lambda e: e.step_time_s), True
+        est = simulated(heapq.heappop(spare)[2], training)
+        done += 1
+        if est.peak_memory_bytes <= pricer.capacity:
+            ranked.append(est)
+            best = min(best, est.step_time_s)
 
 
 class _MicroBatchWall:

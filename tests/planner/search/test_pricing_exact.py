@@ -159,10 +159,9 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
                                             traffic_bytes_per_param=traffic,
                                             dtensor_params=dtensors)
         opt_s = max(opt_s, step + (params - outer) * refresh_b / cluster.device.memory_bytes_per_s)
-    # interleaved 1F1B sends while it computes: only the fill and drain wait for the sends
-    overlapped = cfg.schedule == "interleaved-1f1b" and cfg.vpp > 1
-    rank_time = [sum(st.time_s - (st.p2p_s if overlapped else 0.0) for st in stages
-                     if st.rank == r) for r in range(cfg.pp)]
+    # the sends count once, in the pipeline's fill and drain
+    rank_time = [sum(st.time_s - st.p2p_s for st in stages if st.rank == r)
+                 for r in range(cfg.pp)]
     slow = int(np.argmax(rank_time))
     mine = [st for st in stages if st.rank == slow]
     m = cfg.num_microbatches
@@ -173,16 +172,14 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
     breakdown = {"compute_s": m * sum(st.compute_s for st in mine),
                  "bubble_s": idle_s(pipe_s, m * rank_time[slow]),
                  "tp_comm_s": m * sum(st.tp_comm_s for st in mine),
-                 "pp_comm_s": (sum(st.p2p_s for st in stages) if overlapped
-                               else m * sum(st.p2p_s for st in mine)),
+                 "pp_comm_s": sum(st.p2p_s for st in stages),
                  "dp_comm_s": dp_s, "optimizer_s": opt_s}
     if cfg.cp > 1:
         breakdown["cp_comm_s"] = m * sum(st.cp_comm_s for st in mine)
     if cfg.ep * cfg.etp > 1:
         breakdown["ep_comm_s"] = m * sum(st.ep_comm_s for st in mine)
     breakdown["straggler_s"] = excess * (breakdown["compute_s"] + opt_s)
-    fill = breakdown["pp_comm_s"] if overlapped else 0.0
-    return (pipe_s + fill + dp_s + opt_s + breakdown["straggler_s"], breakdown,
+    return (pipe_s + breakdown["pp_comm_s"] + dp_s + opt_s + breakdown["straggler_s"], breakdown,
             [r[3] for r in ranks],
             max(r[3]["total"] for r in ranks), [r[2] for r in ranks], cuts)
 
