@@ -11,7 +11,8 @@ With ``p`` stages and ``m`` micro-batches on equal stages of forward+backward ti
 - ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR'24) splits the backward into the
   input gradient B and the weight gradient W and fills the drain with W's: its bubble is
   ``(p - 1)(t_F + t_B - t_W)`` against 1F1B's ``(p - 1)(t_F + t_B + t_W)``, with 1F1B's memory;
-  with fewer micro-batches than stages only ``m - 1`` of the drain's slots have a W to fill them.
+  with fewer micro-batches than stages only ``2 m - 1`` of the drain's ``2 (p - 1)`` W slots are
+  filled (one micro-batch: each stage's W runs beside the next stage's B).
 On unequal stages the steady state runs at the slowest rank: ``sum_r t_r / v + (m - 1/v) max_r t_r``.
 """
 
@@ -57,6 +58,6 @@ def step_time_s(rank_times_s: Sequence[float], *, microbatches: int, schedule: s
         return 0.0
     v = vpp if schedule == "interleaved-1f1b" else 1
     step = sum(rank_times_s) / v + (microbatches - 1 / v) * max(rank_times_s)
-    if schedule == "zb-h1":  # the drain's weight gradients: one pair per later micro-batch
-        step -= 2 * min(len(rank_times_s) - 1, microbatches - 1) * wgrad_s
+    if schedule == "zb-h1":  # the drain's weight gradients fill its bubbles
+        step -= min(2 * (len(rank_times_s) - 1), 2 * microbatches - 1) * wgrad_s
     return step

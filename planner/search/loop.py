@@ -9,9 +9,11 @@ increasing order of a lower bound (the pipeline on perfectly balanced stages, ea
 fastest device), until the next bound cannot enter the top k: the rest are dominated. The top k are then refined (exact stage assignment by CP-SAT where it applies, and
 simulation of the schedule) and re-ranked. The simulation can find a schedule slower than its
 closed form (interleaved 1F1B over chunks of unequal time waits for the slowest rank of each chunk
-position); then configurations whose closed form is below the best simulated step are simulated
-too, in increasing order (pricing dominated ones as their bound comes below it), until the next one
-cannot beat it, or RETIME_MAX of them: the plan is the best simulated.
+position), or faster (ZB-H1's weight gradients on unequal stages); so configurations whose closed
+form, less the largest share by which a simulation has come out faster than its closed form, is
+below the best simulated step are simulated too, in increasing order (pricing dominated ones as
+their bound comes below it), until the next one cannot beat it, or RETIME_MAX of them: the plan is
+the best simulated.
 
 Status: ``optimal`` (under the cost model) when every configuration was considered and the best
 plan's stage split is proven optimal; ``feasible`` when the time limit stopped the enumeration (gap
@@ -223,10 +225,13 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     ranked = pricer.refine(top.ranked(), deadline)
     cut = bool(rejected[TIME_LIMIT])
     if ranked and not cut:
-        kept = {id(e) for e in top.ranked()}
+        closed = top.ranked()
+        kept = {id(e) for e in closed}
         spare = [s for s in spare if id(s[2]) not in kept]
+        faster = max(1.0 - r.step_time_s / c.step_time_s for c in closed for r in ranked
+                     if r.config == c.config)
         ranked, cut = _retime(ranked, spare, queue, costs_of, pricer, training, rejected, top,
-                              deadline)
+                              deadline, faster)
         ranked = ranked[:options.top_k + 1]
     status, gap = ("feasible", None) if cut else ("optimal", 0.0)
     if ranked and ranked[0].split_status != "optimal" and not cut:
@@ -237,17 +242,19 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
 
 
 def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pricer,
-            training: TrainingSpec, rejected: Counter, top, deadline: float | None
-            ) -> tuple[list[Estimate], bool]:
+            training: TrainingSpec, rejected: Counter, top, deadline: float | None,
+            faster: float = 0.0) -> tuple[list[Estimate], bool]:
     """(the re-timed estimates best first, whether RETIME_MAX or the time limit stopped it): the
     priced estimates of ``spare`` (not yet simulated) and the configurations left in ``queue``
     (dominated by the top k's closed forms) simulated while their closed form (their bound,
-    before pricing) is below the best simulated step (module docstring)."""
+    before pricing), less the largest share by which a simulation came out faster than its
+    closed form so far (``faster``, from the top k on), is below the best simulated step."""
     heapq.heapify(spare)
     best = ranked[0].step_time_s
     done = 0
     while True:
-        while queue and queue[0][0] < best and (not spare or queue[0][0] < spare[0][0]):
+        reach = best / (1.0 - max(0.0, min(faster, 0.5)))  # closed forms that may simulate below
+        while queue and queue[0][0] < reach and (not spare or queue[0][0] < spare[0][0]):
             _, order, group, variant = heapq.heappop(queue)
             rejected[DOMINATED] -= 1
             costs = costs_of[group.key]
@@ -260,12 +267,14 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
             top.priced += 1
             rejected[SLOWER] += 1
             heapq.heappush(spare, (est.step_time_s, order, est))
-        if not spare or spare[0][0] >= best:
+        if not spare or spare[0][0] >= reach:
             return sorted(ranked, key=lambda e: e.step_time_s), False
         if done >= RETIME_MAX or (deadline is not None and time.perf_counter() > deadline):
             return sorted(ranked, key=lambda e: e.step_time_s), True
-        est = simulated(heapq.heappop(spare)[2], training)
+        closed = heapq.heappop(spare)[2]
+        est = simulated(closed, training)
         done += 1
+        faster = max(faster, 1.0 - est.step_time_s / closed.step_time_s)
         if est.peak_memory_bytes <= pricer.capacity:
             ranked.append(est)
             best = min(best, est.step_time_s)
@@ -308,8 +317,8 @@ class _Screen:
 
     def __init__(self, group: Group, costs, pricer: _Pricer, training: TrainingSpec):
         self.group, self.pricer, self.training = group, pricer, training
-        self.params, self.acts, self.total_s, self.slowest_s = _totals(pricer, costs,
-                                                                       group.key.tp)
+        self.params, self.acts, self.total_s, self.slowest_s, self.fwd_s = _totals(
+            pricer, costs, group.key.tp)
         base = group.config(group.variants[0])
         self.replicas, self.edp = base.dp * base.cp, base.edp
 
@@ -360,10 +369,10 @@ class _Screen:
         t = max(total_s / pp, self.slowest_s)  # the busiest rank's share, at least
         if schedule == "interleaved-1f1b":  # costmodels.pipeline: sum / v + (m - 1/v) max
             return total_s / vpp + (m - 1 / vpp) * t
-        bound = total_s + (m - 1) * t
-        if schedule == "zb-h1":  # weight gradients fill the drain: at most half of a backward
-            bound -= 2 * min(pp - 1, m - 1) * t / 2
-        return bound
+        if schedule == "zb-h1":  # weight gradients (at most half of a backward) may fill the
+            # whole drain: the busiest rank's passes, and one micro-batch's path without them
+            return max(m * t, 0.5 * (total_s + self.fwd_s))
+        return total_s + (m - 1) * t
 
     def optimizer_bound_s(self, zero: int, offload: bool) -> float:
         """A lower bound of the optimizer step: the busiest rank holds at least 1/pp of the
@@ -414,19 +423,21 @@ def _in_flight_spread(pp: int, m: int, gpipe: bool) -> tuple[int, float]:
 _TOTALS: dict = {}
 
 
-def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, float, float, float]:
+def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, float, float, float, float]:
     """(parameters held per tp rank, one micro-batch's activation bytes over the model, the
-    blocks' seconds on their fastest devices: in all and the slowest block's) of ``costs``,
-    computed once per costs object (the last few kept)."""
+    blocks' seconds on their fastest devices: in all and the slowest block's, and the forward
+    seconds of the fastest device's blocks: 0 on device groups) of ``costs``, computed once per
+    costs object (the last few kept)."""
     key = id(costs)
     hit = _TOTALS.get(key)
     if hit is None or hit[0] is not costs:
         if len(_TOTALS) > 64:
             _TOTALS.clear()
         fastest = pricer.fastest_s(costs)
+        forward = 0.0 if isinstance(pricer, _GroupPricer) else float(costs.fwd_s.sum())
         hit = _TOTALS[key] = (costs, pricer.params(costs, tp),
                               float(pricer.one(costs).act_bytes.sum()), float(fastest.sum()),
-                              float(fastest.max()))
+                              float(fastest.max()), forward)
     return hit[1:]
 
 
