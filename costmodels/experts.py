@@ -75,14 +75,14 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
     return t
 
 
-def overlap_blockers(engine: EngineSpec, *, recompute: str, dtype: str, pp: int,
+def overlap_blockers(engine: EngineSpec, *, ep: int, recompute: str, dtype: str, pp: int,
                      vpp: int) -> list[str]:
     """What keeps the overlapped dispatch (EngineSpec.moe_overlap) off a configuration, in the
     words "needs ...": Megatron-Core's TransformerConfig refuses --overlap-moe-expert-parallel-comm
-    without the alltoall dispatcher, with full recomputation, in fp32 and, with a pipeline,
+    without expert parallelism, without the alltoall dispatcher, with full recomputation, in fp32 and, with a pipeline,
     without virtual stages (megatron/core/transformer/transformer_config.py, core_v0.19.0); its
     combined schedule is the overlap this cost model prices. Empty: it runs."""
-    why = []
+    why = [] if ep > 1 else ["expert parallelism (ep > 1)"]
     if engine.moe_dispatcher != "alltoall":
         why.append("the alltoall dispatcher")
     if recompute in ("full", "op"):

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, fields
 
 from costmodels.engine import EngineSpec, engine_from_mapping
 from planner.errors import SpecError
-from planner.options import KNOBS, experts_text
+from planner.export import moe
+from planner.options import KNOBS, experts_text, same_data_parallelism
 from planner.planfile.document import Plan
 from planner import targets
 
@@ -279,6 +280,16 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
         runs["vpp"] = (1,)
     if int(fix.get("ep", 1)) > 1 and True not in eng.sequence_parallel:
         runs["tp"] = (1,)  # experts with tp > 1 need sequence parallelism (planner.search.space)
+    facts = moe.model(plan)
+    cp, ep = int(fix.get("cp", 1)), int(fix.get("ep", 1))
+    if cp > 1:  # the stages it shards with context parallelism (and with experts too)
+        runs["zero"] = tuple(z for z in runs["zero"] if z in eng.zero_with_cp
+                             and not (z == 3 and ep > 1 and not eng.zero3_with_cp_ep))
+    if facts.expert_bias and not eng.etp_with_expert_bias:
+        runs["etp"] = (1,)
+    if eng.pp_inner_same_dp and int(fix.get("pp", 1)) > 1 and not same_data_parallelism(
+            int(fix.get("tp", 1)), cp, ep, int(fix.get("etp", 1)), experts=facts.moe):
+        runs["placement"] = ("tp-dp-pp",)  # tp-pp-dp needs the experts' dp equal to attention's
     pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                       for k, v in fix.items() if k not in runs or v in runs[k])
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))

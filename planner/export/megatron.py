@@ -222,6 +222,10 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
     if not facts.moe:
         ledger.exact(*common.MOE_SETTINGS)
         return [], False
+    if etp > 1 and not facts.model_type and version != "core_v0.14.0":
+        ledger.info(f"etp={etp}: the plan does not record whether {plan.model['name']}'s experts "
+                    f"carry biases; Megatron-Core {version} supports bias in MoE only with "
+                    "--expert-tensor-parallel-size 1 (re-plan with etp=1 if they do)")
     out: Group = [(["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size",
                     str(etp)],
                    f"experts over ep {ep} ranks (folded over tp x cp x dp), their matrices over "
@@ -276,7 +280,7 @@ def _overlap(plan: Plan, s: dict, ledger: common.Ledger) -> bool:
         ledger.exact("moe_overlap")
         return False
     why = overlap_blockers(engine_from_mapping({"moe_dispatcher": s["moe_dispatcher"]}),
-                           recompute=p["recompute"], dtype=plan.training["dtype"], pp=p["pp"],
+                           ep=p.get("ep", 1), recompute=p["recompute"], dtype=plan.training["dtype"], pp=p["pp"],
                            vpp=p["vpp"])
     if not why:
         ledger.exact("moe_overlap")

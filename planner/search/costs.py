@@ -96,7 +96,8 @@ class BlockCosts:
     one only); pricing counts it for every micro-batch but the first."""
     cp_comm_s: np.ndarray
     """Context-parallel K/V exchange the block exposes (forward + backward); for the p2p ring
-    with eager kernels also its merges and chunk copies (costmodels.context.ring_merge_s). What
+    of torch or of the runtime (EngineSpec.cp_ring) also its merges and chunk copies
+    (costmodels.context.ring_merge_s). What
     the ring's per-chunk-pair attention calls change (costmodels.compute.ring_attention_s) is in
     the compute times."""
     ep_comm_s: np.ndarray | None = None
@@ -275,7 +276,7 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
         return None
     g = cluster.gpus_per_node
     engine = training.engine
-    if engine.moe_overlap and experts.overlap_blockers(engine, recompute=recompute,
+    if engine.moe_overlap and experts.overlap_blockers(engine, ep=ep, recompute=recompute,
                                                        dtype=training.dtype, pp=1, vpp=1):
         engine = dataclasses.replace(engine, moe_overlap=False)
     return experts.block_dispatch_s(

@@ -59,9 +59,11 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         key = "ep" if ep > 1 else "etp"
         return f"fix.{key}: the model has no routed experts; drop {key}"
     if space.experts and tp is not None and tp > 1 and fix.get("sequence_parallel") is False:
+        sp = options is None or True in options.sequence_parallel  # the target can run it
         return (f"fix.sequence_parallel: false with tp={tp}, but a model with routed experts runs "
-                "tensor parallelism sequence-parallel (Megatron-Core requires it); pin "
-                "sequence_parallel=true or tp=1")
+                "tensor parallelism sequence-parallel (as Megatron-Core requires); pin "
+                + ("sequence_parallel=true or tp=1" if sp else "tp=1 (the target runs no "
+                   "sequence parallelism)"))
     if space.experts and space.experts % ep:
         fits = [e for e in divisors(space.experts) if n % (e * etp) == 0]  # ep x etp | the GPUs
         return (f"fix.ep: {ep} does not divide the model's {space.experts} experts; use one of "

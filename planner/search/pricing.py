@@ -240,9 +240,9 @@ def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSp
         return np.zeros(len(ma.names))
     w = ma.work
     engine = training.engine
-    if engine.moe_overlap and experts.overlap_blockers(engine, recompute=cfg.recompute,
-                                                       dtype=training.dtype, pp=cfg.pp,
-                                                       vpp=cfg.vpp):
+    if engine.moe_overlap and experts.overlap_blockers(
+            engine, ep=cfg.ep, recompute=cfg.recompute, dtype=training.dtype, pp=cfg.pp,
+            vpp=cfg.vpp):
         engine = replace(engine, moe_overlap=False)
     return experts.block_dispatch_s(
         engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,

@@ -953,3 +953,27 @@ def test_torchtitan_says_it_has_no_model_for_a_mixtral_without_a_pipeline(notes)
     text = to_torchtitan(variant(plan, pp=1, dp=plan.parallel["dp"] * 2, schedule="1f1b"))
     assert "\n[model]" not in text
     assert any("torchtitan defines no model for mixtral-8x7b" in n for n in notes)
+
+
+@pytest.mark.parametrize("stem,pins,target,dropped", [
+    ("mixtral-8x7b-ep8-deepspeed", {"ep": 8, "cp": 2, "zero": 3}, "deepspeed", "zero=3"),
+    ("llama3-8b-cp4-torchtitan", {"cp": 4, "zero": 0}, "torchtitan", "zero=0"),
+    ("mixtral-8x7b-ep4-etp2-megatron", {"ep": 4, "tp": 2, "etp": 2}, "megatron", "etp=2"),
+    ("mixtral-8x7b-ep8-megatron", {"ep": 8, "tp": 1, "pp": 2, "placement": "tp-pp-dp"},
+     "megatron", "placement=tp-pp-dp"),
+])
+def test_the_replan_hint_keeps_no_pin_the_targets_rules_refuse(stem, pins, target, dropped):
+    """The re-plan an export suggests after refusing a plan passes the target's own pin checks."""
+    from planner import SearchOptions, targets
+    from planner.export.common import resolve_hint
+    from planner.options import parse_fix
+
+    plan = data_plan(stem)
+    if "etp" in pins:  # gpt-oss's experts carry biases, which Megatron splits with etp 1 only
+        plan = dataclasses.replace(plan, model={**plan.model, "name": "gpt-oss-120b",
+                                                "spec": "gpt-oss-120b"})
+    plan.search = {**plan.search, "options": {**plan.search.get("options", {}), "fix": pins}}
+    hint = resolve_hint(plan, target)
+    assert dropped not in hint
+    fix = hint.split(" --fix ")[1].split(" ")[0] if " --fix " in hint else ""
+    targets.restrict(SearchOptions(fix=parse_fix(fix)), target)  # no SpecError

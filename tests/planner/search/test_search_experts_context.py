@@ -331,11 +331,14 @@ def test_recomputing_the_attention_core_exchanges_keys_and_values_again(tiny_lla
     ("recompute=none", "moe_overlap=true", True),
     ("recompute=full", "moe_overlap=true", False),  # Megatron-Core refuses it with full
     ("recompute=none", "moe_overlap=true,moe_dispatcher=allgather", False),  # alltoall only
+    ("ep=1,etp=2,tp=2,dp=4,recompute=none", "moe_overlap=true", False),  # needs ep > 1
 ])
 def test_the_overlapped_dispatch_applies_where_megatron_core_runs_it(tiny_mixtral, fix, engine,
                                                                     hidden):
     from costmodels.engine import engine_from_mapping
     pins = f"ep=8,dp=8,tp=1,pp=1,micro_batch=2,zero=1,{fix}"
+    if fix.startswith("ep=1"):
+        pins = f"pp=1,micro_batch=2,zero=1,sequence_parallel=true,{fix}"
     plain = _plan(tiny_mixtral, pins, engine=engine_from_mapping(engine.replace(
         "moe_overlap=true", "moe_overlap=false")))
     over = _plan(tiny_mixtral, pins, engine=engine_from_mapping(engine))
