@@ -210,12 +210,8 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
             rejected[TIME_LIMIT] += queued - i
             break
         heapq.heappop(queue)
-        costs = costs_of[group.key]
-        cfg = group.config(variant, pricer.one(costs).cp_comm if group.key.cp > 1 else None)
-        try:
-            est = pricer.price(cfg, costs)
-        except InfeasibleError as exc:
-            rejected[exc.reason] += 1
+        est = _price_queued(group, variant, costs_of, pricer, rejected)
+        if est is None:
             continue
         if not top.offer(est, order):
             rejected[SLOWER] += 1
@@ -241,6 +237,18 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
                         time_s=time.perf_counter() - t0, gap=gap)
 
 
+def _price_queued(group: Group, variant: tuple, costs_of: dict, pricer,
+                  rejected: Counter) -> Estimate | None:
+    """A queued configuration priced, or None (its reason counted) when it cannot run."""
+    costs = costs_of[group.key]
+    cfg = group.config(variant, pricer.one(costs).cp_comm if group.key.cp > 1 else None)
+    try:
+        return pricer.price(cfg, costs)
+    except InfeasibleError as exc:
+        rejected[exc.reason] += 1
+        return None
+
+
 def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pricer,
             training: TrainingSpec, rejected: Counter, top, deadline: float | None,
             faster: float = 0.0) -> tuple[list[Estimate], bool]:
@@ -257,12 +265,8 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
         while queue and queue[0][0] < reach and (not spare or queue[0][0] < spare[0][0]):
             _, order, group, variant = heapq.heappop(queue)
             rejected[DOMINATED] -= 1
-            costs = costs_of[group.key]
-            cfg = group.config(variant, pricer.one(costs).cp_comm if group.key.cp > 1 else None)
-            try:
-                est = pricer.price(cfg, costs)
-            except InfeasibleError as exc:
-                rejected[exc.reason] += 1
+            est = _price_queued(group, variant, costs_of, pricer, rejected)
+            if est is None:
                 continue
             top.priced += 1
             rejected[SLOWER] += 1
