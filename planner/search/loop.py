@@ -224,8 +224,8 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         closed = top.ranked()
         kept = {id(e) for e in closed}
         spare = [s for s in spare if id(s[2]) not in kept]
-        faster = max(1.0 - r.step_time_s / c.step_time_s for c in closed for r in ranked
-                     if r.config == c.config)
+        faster = max((1.0 - r.step_time_s / c.step_time_s for c in closed for r in ranked
+                      if r.config == c.config), default=0.0)
         ranked, cut = _retime(ranked, spare, queue, costs_of, pricer, training, rejected, top,
                               deadline, faster)
         ranked = ranked[:options.top_k + 1]
