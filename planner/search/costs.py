@@ -97,9 +97,8 @@ class BlockCosts:
     cp_comm_s: np.ndarray
     """Context-parallel K/V exchange the block exposes (forward + backward); for the p2p ring
     of torch or of the runtime (EngineSpec.cp_ring) also its merges and chunk copies
-    (costmodels.context.ring_merge_s). What
-    the ring's per-chunk-pair attention calls change (costmodels.compute.ring_attention_s) is in
-    the compute times."""
+    (costmodels.context.ring_merge_s). What the ring's per-chunk-pair attention calls change
+    (costmodels.compute.ring_attention_s) is in the compute times."""
     ep_comm_s: np.ndarray | None = None
     """Expert dispatch and combine with the ep group on the fewest nodes it can occupy (its
     members next to each other): the least it costs under any placement, for the bounds and the
