@@ -221,14 +221,14 @@ def engine_setting(engine: EngineSpec) -> str:
     to override, then those settings (``megatron-core,moe_dispatcher=allgather``)."""
     def overrides(kw: dict) -> list[str]:
         base = EngineSpec(**kw)
-        return [f"{f.name}={_text(getattr(engine, f.name))}" for f in fields(EngineSpec)
+        return [f"{f.name}={setting_text(getattr(engine, f.name))}" for f in fields(EngineSpec)
                 if getattr(engine, f.name) != getattr(base, f.name)]
     name, extra = min(((n, overrides(kw)) for n, kw in PRESETS.items()),
                       key=lambda item: len(item[1]))
     return ",".join([name, *extra])
 
 
-def _text(value) -> str:
+def setting_text(value) -> str:
     """A setting as ``--engine`` reads it back."""
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 

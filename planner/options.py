@@ -83,6 +83,13 @@ def experts_text(ep: int, etp: int) -> str:
     return (f" ep={ep}" if ep > 1 else "") + (f" etp={etp}" if etp > 1 else "")
 
 
+def zero_runs_with_cp(runs, zero: int, *, ep: int) -> bool:
+    """Whether ``runs`` (SearchOptions, or a target's planner.targets.Engine: both carry
+    ``zero_with_cp`` and ``zero3_with_cp_ep``) shards as ZeRO-``zero`` with context parallelism,
+    with ``ep`` expert-parallel ranks."""
+    return zero in runs.zero_with_cp and not (zero == 3 and ep > 1 and not runs.zero3_with_cp_ep)
+
+
 def same_data_parallelism(tp: int, cp: int, ep: int, etp: int, *, experts: bool) -> bool:
     """Whether the experts' data-parallel degree equals the attention's: ep x etp = tp x cp
     (Megatron-Core takes etp = tp in a model without experts; SearchOptions.pp_inner_same_dp)."""

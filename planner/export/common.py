@@ -20,10 +20,10 @@ import re
 import textwrap
 from dataclasses import dataclass, field, fields
 
-from costmodels.engine import EngineSpec, engine_from_mapping
+from costmodels.engine import EngineSpec, engine_from_mapping, setting_text
 from planner.errors import SpecError
 from planner.export import moe
-from planner.options import KNOBS, experts_text, same_data_parallelism
+from planner.options import KNOBS, experts_text, same_data_parallelism, zero_runs_with_cp
 from planner.planfile.document import Plan
 from planner import targets
 
@@ -283,8 +283,7 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
     facts = moe.model(plan)
     cp, ep = int(fix.get("cp", 1)), int(fix.get("ep", 1))
     if cp > 1:  # the stages it shards with context parallelism (and with experts too)
-        runs["zero"] = tuple(z for z in runs["zero"] if z in eng.zero_with_cp
-                             and not (z == 3 and ep > 1 and not eng.zero3_with_cp_ep))
+        runs["zero"] = tuple(z for z in runs["zero"] if zero_runs_with_cp(eng, z, ep=ep))
     if facts.expert_bias and not eng.etp_with_expert_bias:
         runs["etp"] = (1,)
     if eng.pp_inner_same_dp and int(fix.get("pp", 1)) > 1 and not same_data_parallelism(
@@ -311,7 +310,7 @@ def _kept_engine_settings(plan: Plan) -> list[str]:
         value = getattr(engine, f.name)
         if (f.name.startswith("moe_") or f.name == "fp8_recipe") and \
                 value != getattr(default, f.name):
-            out.append(f"{f.name}={str(value).lower() if isinstance(value, bool) else value}")
+            out.append(f"{f.name}={setting_text(value)}")
     return out
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from planner.errors import SpecError
-from planner.options import MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec
+from planner.options import (MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec,
+                             zero_runs_with_cp)
 
 TP_GPUS = "tp does not divide gpus"
 TP_NODE = "tp > gpus per node"
@@ -373,8 +374,7 @@ def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
 def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1, ep=1, etp=1):
     states = _zero_offload(fix, dp * cp, pp, options, rejected)
     if cp > 1 and states:
-        kept = [(z, o) for z, o in states if z in options.zero_with_cp and not (
-            z == 3 and ep > 1 and not options.zero3_with_cp_ep)]
+        kept = [(z, o) for z, o in states if zero_runs_with_cp(options, z, ep=ep)]
         if not kept:
             rejected[ZERO_CP if all(z not in options.zero_with_cp for z, _ in states)
                      else ZERO3_CP_EP] += 1
