@@ -126,11 +126,16 @@ def _check_context(plan: Plan) -> None:
                         "DeepSpeed's pipeline engine (PipelineModule's topology of pipe, data and "
                         "model ranks) has no axis for sequence shards; re-plan for it with "
                         f"`{common.resolve_hint(plan, TARGET, {'cp': 1})}`")
-    if p.get("cp", 1) > 1 and p.get("ep", 1) > 1 and p["zero"] == 3:
+    if _runs_ulysses(p) and p.get("ep", 1) > 1 and p["zero"] == 3:
         raise SpecError(f"export deepspeed: ZeRO-3 with cp={p['cp']} and ep={p['ep']}: DeepSpeed's "
                         "engine refuses AutoEP with ZeRO stage 3 under sequence parallelism "
                         "(runtime/engine.py); re-plan for it with "
                         f"`{common.resolve_hint(plan, TARGET)}`")
+
+
+def _runs_ulysses(p: dict) -> bool:
+    """Whether the export hands the plan's context parallelism to DeepSpeed-Ulysses (_ulysses)."""
+    return p.get("cp", 1) > 1 and p.get("cp_comm", "p2p") == "a2a" and p["tp"] == 1
 
 
 def _ulysses(plan: Plan, ledger: common.Ledger) -> bool:
@@ -143,7 +148,7 @@ def _ulysses(plan: Plan, ledger: common.Ledger) -> bool:
     if cp == 1:
         ledger.exact("cp", "cp_comm")
         return False
-    if form == "a2a" and p["tp"] == 1:
+    if _runs_ulysses(p):
         ledger.exact("cp", "cp_comm")
         return True
     if form != "a2a":

@@ -747,6 +747,9 @@ def test_deepspeed_refuses_zero3_with_ulysses_and_autoep_as_its_engine_does():
     with pytest.raises(SpecError, match="refuses AutoEP with ZeRO stage 3") as err:
         to_deepspeed(variant(both, zero=3))
     assert "--target deepspeed" in str(err.value)
+    # a ring the model runs itself sets no sequence_parallel_size: the engine has nothing to refuse
+    ring = json.loads(to_deepspeed(variant(both, zero=3, cp_comm="p2p")))
+    assert "sequence_parallel_size" not in ring and ring["zero_optimization"]["stage"] == 3
 
 
 def test_deepspeed_says_where_experts_go_when_autoep_cannot(notes, monkeypatch):
