@@ -63,6 +63,12 @@ class EngineSpec:
     the memory rate, exposed. False: reductions work in place on bucket views (DDP with
     gradient_as_bucket_view, Megatron's contiguous buffers). It matters where memory is slow next
     to the collective (CPUs); on GPUs the copies are a few percent of the communication."""
+    fsdp_experts: bool = False
+    """With ``fsdp_copies`` and expert parallelism, the routed experts are wrapped in FSDP2 of
+    their own over the expert-data-parallel group (torchtitan 0.2.2: ``fully_shard(block.moe.
+    experts, mesh=edp_mesh)``), so their weights and gradients pass through the same buffer
+    copies; False: they are reduced apart, in place (``plan run`` leaves them out of its data
+    parallelism). Without expert parallelism FSDP2 wraps the experts with their layer anyway."""
     pipelined_accumulation: bool = False
     """The micro-batches run under torch.distributed.pipelining's schedules even without a
     pipeline (``plan run`` does; torchtitan only with pp > 1). With ``fsdp_copies`` data
@@ -180,12 +186,13 @@ PRESETS: dict[str, dict] = {
     # made SDPA's cuDNN backend opt-in), one kernel per element-wise op, FSDP2's overlapped
     # reduce-scatter through its flat buffers, fp32 sharded states and fp32 reduction
     "torchtitan": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
-                   "fsdp_copies": True, "state_layout": "fsdp2", "cp_ring": "torch"},
+                   "fsdp_copies": True, "fsdp_experts": True, "state_layout": "fsdp2",
+                   "cp_ring": "torch"},
     # torchtitan with torch.compile: element-wise chains of each transformer block fused by
     # Inductor; embedding, output projection and loss eager
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
                            "overlap_grad_reduce": True, "fsdp_copies": True,
-                           "state_layout": "fsdp2", "cp_ring": "torch"},
+                           "fsdp_experts": True, "state_layout": "fsdp2", "cp_ring": "torch"},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
                   "state_layout": "zero"},
@@ -255,8 +262,8 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     if unknown:
         raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; choose from {sorted(names)}")
     kw = {**base, **dict(spec)}
-    for key in ("overlap_grad_reduce", "fsdp_copies", "pipelined_accumulation", "moe_grouped_gemm",
-                "moe_overlap"):
+    for key in ("overlap_grad_reduce", "fsdp_copies", "fsdp_experts", "pipelined_accumulation",
+                "moe_grouped_gemm", "moe_overlap"):
         if key in kw and not isinstance(kw[key], bool):
             text = str(kw[key]).lower()
             if text not in ("true", "false", "1", "0", "yes", "no"):

@@ -71,6 +71,7 @@ def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
     if state_layout is not None and hasattr(engine, "state_layout"):
         engine = replace(engine, state_layout=state_layout, pipelined_accumulation=False,
                          fsdp_copies=state_layout == "fsdp2",
+                         fsdp_experts=state_layout == "fsdp2",
                          cp_ring="torch" if state_layout == "fsdp2" else "te")
     training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=t["dtype"],
                             optimizer=t["optimizer"], engine=engine)

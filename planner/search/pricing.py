@@ -489,11 +489,16 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
             0.0)
     if training.engine.fsdp_copies:
         # FSDP2 copies what it wraps: the dense parameters, and the experts too without expert
-        # parallelism (with ep > 1 they are left out of it and reduced apart, over edp)
+        # parallelism; with ep > 1 the experts over edp in an FSDP2 of their own
+        # (EngineSpec.fsdp_experts), or not at all (reduced apart, in place)
         wrapped = dense if cfg.ep > 1 else params
         exposed = exposed + np.array([fsdp_copies_s(cfg, n, per, cluster.device,
                                                     pipelined=pipelined)
                                       for n in wrapped.tolist()])
+        if cfg.ep > 1 and training.engine.fsdp_experts:
+            exposed = exposed + np.array([fsdp_copies_s(cfg, n, per, cluster.device,
+                                                        pipelined=pipelined, replicas=cfg.edp)
+                                          for n in expert_params.tolist()])
     dp_s = max(0.0, float(np.max(exposed)))
     dense_shard = cfg.dp * cfg.cp if cfg.zero >= 1 else 1
     expert_shard = cfg.edp if cfg.zero >= 1 else 1
@@ -515,7 +520,7 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
 
 
 def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, *,
-                  pipelined: bool = False) -> float:
+                  pipelined: bool = False, replicas: int | None = None) -> float:
     """Buffer copies of FSDP2-style data parallelism per step (EngineSpec.fsdp_copies), for
     ``params`` parameters on the rank, each copy of their weights or gradients at the bytes data
     parallelism moves them in (``per``):
@@ -526,8 +531,12 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, 
       micro-batch's backward, as exposed_dp_s counts;
     - ZeRO-3: the same all-gathers before forward and backward and the reduce-scatter, per
       micro-batch; ``pipelined`` (costs.fsdp_pipelined): as many all-gathers as exposed_dp_s
-      counts, and one reduce-scatter (ZeRO-2 too)."""
-    replicas = cfg.dp * cfg.cp  # context-parallel ranks reduce their gradients the same way
+      counts, and one reduce-scatter (ZeRO-2 too).
+
+    ``replicas``: the ranks holding copies of these parameters (default dp x cp: context-parallel
+    ranks reduce their gradients the same way; the experts' edp)."""
+    if replicas is None:
+        replicas = cfg.dp * cfg.cp
     if replicas <= 1:
         return 0.0
     shard = 1.0 / replicas

@@ -288,6 +288,9 @@ def test_fsdp_copies_move_weights_and_gradients_at_their_own_bytes():
     z0 = dataclasses.replace(z3, zero=0)
     assert fsdp_copies_s(z0, n, per, device) == pytest.approx(3 * copy[4])
     assert fsdp_copies_s(dataclasses.replace(z3, dp=1), n, per, device) == 0.0
+    assert fsdp_copies_s(z3, n, per, device, replicas=1) == 0.0  # experts with edp 1
+    assert fsdp_copies_s(z3, n, per, device, replicas=2) == pytest.approx(  # experts over edp 2
+        2 * 2 * (1 + 1 / 2) * copy[2] + 2 * (1 + 1 / 2) * copy[4])
     # under torch's pipelining schedules: three all-gathers over two micro-batches, one reduction
     assert fsdp_copies_s(z3, n, per, device, pipelined=True) == pytest.approx(
         3 * (1 + 1 / 8) * copy[2] + (1 + 1 / 8) * copy[4])

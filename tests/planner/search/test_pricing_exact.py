@@ -146,6 +146,9 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         if training.engine.fsdp_copies:
             wrapped = params - experts if cfg.ep > 1 else params
             exposed += fsdp_copies_s(cfg, wrapped, per, cluster.device, pipelined=piped)
+            if cfg.ep > 1 and training.engine.fsdp_experts:  # torchtitan: experts over edp
+                exposed += fsdp_copies_s(cfg, experts, per, cluster.device, pipelined=piped,
+                                         replicas=cfg.edp)
         dp_s = max(dp_s, exposed)
         local = ((params - experts) / (cfg.dp * cfg.cp if cfg.zero >= 1 else 1)
                  + experts / (cfg.edp if cfg.zero >= 1 else 1))
