@@ -56,6 +56,10 @@ class EngineSpec:
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction runs during the last micro-batch's backward (DDP buckets,
     FSDP2, Megatron --overlap-grad-reduce); False: after it (Megatron-LM's 'local' DDP of 2021)."""
+    overlap_param_gather: bool = True
+    """With ``overlap_grad_reduce`` and ZeRO-1/2, the updated weights are all-gathered behind the
+    next step's first forward, bucket by bucket (Megatron-Core --overlap-param-gather, FSDP2's
+    prefetch); False: inside the optimizer step, exposed (DeepSpeed's ZeRO-1/2 optimizer)."""
     fsdp_copies: bool = False
     """Data parallelism copies through flat buffers, as FSDP2 does (and ``plan run``'s replicate,
     built on it): gradients are copied into the reduction buffer and out of it, scaled in place,
@@ -180,7 +184,7 @@ PRESETS: dict[str, dict] = {
     "megatron-2021": {"attention": "materialized", "kernels": "fused",
                       "overlap_grad_reduce": False},
     # Megatron-Core today: FlashAttention (Transformer Engine), fused kernels, overlapped
-    # gradient reduction (--overlap-grad-reduce)
+    # gradient reduction and weight gather (--overlap-grad-reduce, --overlap-param-gather)
     "megatron-core": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True},
     # torchtitan in eager mode: SDPA's flash backend (FlashAttention-2 kernels; PyTorch 2.5.1
     # made SDPA's cuDNN backend opt-in), one kernel per element-wise op, FSDP2's overlapped
@@ -193,9 +197,10 @@ PRESETS: dict[str, dict] = {
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
                            "overlap_grad_reduce": True, "fsdp_copies": True,
                            "fsdp_experts": True, "state_layout": "fsdp2", "cp_ring": "torch"},
-    # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction
+    # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction (overlap_comm); its
+    # ZeRO-1/2 optimizer gathers the updated weights inside step()
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
-                  "state_layout": "zero"},
+                  "overlap_param_gather": False, "state_layout": "zero"},
 }
 """Engine settings of common training stacks, by name (``--engine megatron-core``); ``k=v`` pairs
 after the name override single settings."""
@@ -262,7 +267,7 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     if unknown:
         raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; choose from {sorted(names)}")
     kw = {**base, **dict(spec)}
-    for key in ("overlap_grad_reduce", "fsdp_copies", "fsdp_experts", "pipelined_accumulation",
+    for key in ("overlap_grad_reduce", "overlap_param_gather", "fsdp_copies", "fsdp_experts", "pipelined_accumulation",
                 "moe_grouped_gemm", "moe_overlap"):
         if key in kw and not isinstance(kw[key], bool):
             text = str(kw[key]).lower()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+from costmodels.engine import engine_from_mapping
 from planner.errors import SpecError
 from planner.export import common, moe
 from planner.planfile.document import Plan
@@ -53,7 +54,7 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
              "header": common.header(plan, TARGET, version)}
     ulysses = _ulysses(plan, ledger)
     config = _batch(plan, ledger, extra, ulysses)
-    config["zero_optimization"] = {"stage": zero}
+    config["zero_optimization"] = {"stage": zero, **_overlap(plan, zero, ledger)}
     if p["tp"] > 1 and p["pp"] == 1:
         config["tensor_parallel"] = {"autotp_size": p["tp"]}
     if ulysses:
@@ -114,6 +115,29 @@ def _batch(plan: Plan, ledger: common.Ledger, extra: dict, ulysses: bool) -> dic
                    f"{plan.cluster['num_gpus']} GPUs), so the {t['global_batch']} samples of the "
                    f"plan would fail it; the {group} GPUs of a group read the same samples"}
     return config
+
+
+def _overlap(plan: Plan, zero: int, ledger: common.Ledger) -> dict:
+    """overlap_comm as the plan was priced (EngineSpec.overlap_grad_reduce; DeepSpeed's default
+    is on for ZeRO-3 only, zero/config.py), and notes where DeepSpeed cannot hide what the plan
+    hides: ZeRO-0 all-reduces after the backward (engine.allreduce_gradients), and the ZeRO-1/2
+    optimizer gathers the updated weights inside its step (EngineSpec.overlap_param_gather)."""
+    engine = engine_from_mapping(plan.training.get("engine"))
+    p = plan.parallel
+    if not engine.overlap_grad_reduce or p["dp"] * p.get("cp", 1) == 1:
+        return {"overlap_comm": engine.overlap_grad_reduce} if zero >= 1 else {}
+    if zero == 0:
+        ledger.info("ZeRO-0: DeepSpeed all-reduces the gradients after the backward "
+                    "(engine.allreduce_gradients), where the plan hides the all-reduce behind it: "
+                    "a slower step than planned, by up to the all-reduce's time (ZeRO-1 hides "
+                    "it with overlap_comm)")
+        return {}
+    if zero <= 2 and engine.overlap_param_gather:
+        ledger.info(f"ZeRO-{zero}: DeepSpeed's optimizer all-gathers the updated weights inside "
+                    "its step, where the plan hides the gather behind the next forward: a slower "
+                    "step than planned, by up to the all-gather's time (plans made with --engine "
+                    "deepspeed price it so)")
+    return {"overlap_comm": True}
 
 
 def _check_context(plan: Plan) -> None:

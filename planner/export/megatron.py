@@ -409,14 +409,31 @@ def _memory(plan: Plan, ledger: common.Ledger) -> Group:
         return out + dist + _offload(plan)
     zero = p["zero"]
     if zero == 0:
-        return out + [([], "ZeRO-0: plain data parallelism (Megatron's DDP)")] + _offload(plan)
+        return out + [([], "ZeRO-0: plain data parallelism (Megatron's DDP)")] + \
+            _overlap_dp(plan) + _offload(plan)
     if zero == 1:
         return out + [(["--use-distributed-optimizer"], "ZeRO-1: the distributed optimizer")] + \
-            _offload(plan)
+            _overlap_dp(plan) + _offload(plan)
     return out + [(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_STRATEGY[zero],
                     "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
                     "--ckpt-format", "fsdp_dtensor"],
-                   f"ZeRO-{zero}: Megatron-FSDP")] + _offload(plan)
+                   f"ZeRO-{zero}: Megatron-FSDP")] + _overlap_dp(plan) + _offload(plan)
+
+
+def _overlap_dp(plan: Plan) -> Group:
+    """The data-parallel overlap the plan was priced with (EngineSpec.overlap_grad_reduce and
+    overlap_param_gather), which Megatron-LM leaves off by default; --overlap-param-gather needs
+    the distributed optimizer or Megatron-FSDP (ZeRO >= 1) and --overlap-grad-reduce
+    (validate_args)."""
+    engine = engine_from_mapping(plan.training.get("engine"))
+    if not engine.overlap_grad_reduce:
+        return []
+    if plan.parallel["zero"] >= 1 and engine.overlap_param_gather:
+        return [(["--overlap-grad-reduce", "--overlap-param-gather"],
+                 "gradients reduced behind the last micro-batch's backward, the updated weights "
+                 "gathered behind the next step's first forward, as priced")]
+    return [(["--overlap-grad-reduce"], "gradients reduced behind the last micro-batch's "
+             "backward, as priced")]
 
 
 def _recompute(rc: str, ledger: common.Ledger) -> Group:

@@ -273,7 +273,8 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
         dp_s = max(dp_s, exposed_dp_s(cfg, st.params, per, placement.dp_group(lay, group), group,
                                       st.compute_s, st.compute_s - st.fwd_s,
                                       training.engine.overlap_grad_reduce,
-                                      pipelined=fsdp_pipelined(cfg, training)))
+                                      pipelined=fsdp_pipelined(cfg, training),
+                                      gather_overlap=training.engine.overlap_param_gather))
         shard = cfg.dp if cfg.zero >= 1 else 1
         opt_s = max(opt_s, compute.optimizer_step_s(st.params / shard, group.device,
                                                     traffic_bytes_per_param=traffic))

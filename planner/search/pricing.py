@@ -474,18 +474,21 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     params, expert_params = ranks.params, ranks.expert_params
     compute_s, backward_s = split.rank_compute_s, split.rank_backward_s
     overlap = training.engine.overlap_grad_reduce
+    gathers = training.engine.overlap_param_gather
     pipelined = fsdp_pipelined(cfg, training)
     dense = params - expert_params
     exposed = exposed_dp_s(cfg, dense, per, group, cluster, compute_s, backward_s, overlap,
-                           pipelined=pipelined)
+                           pipelined=pipelined, gather_overlap=gathers)
     has_experts = expert_params != 0
     if has_experts.any():
         # the experts' gradients, over their own replicas, after the dense ones on the same links:
-        # they get what the dense traffic leaves of the window that hides it
-        used = window_use_s(cfg, dense, per, group, cluster, pipelined=pipelined)
+        # they get what the dense traffic leaves of the windows that hide it
+        used_f, used_b = window_use_s(cfg, dense, per, group, cluster, pipelined=pipelined,
+                                      gather_overlap=gathers)
         exposed = exposed + np.where(has_experts, exposed_dp_s(
-            cfg, expert_params, per, expert_group, cluster, np.maximum(0.0, compute_s - used),
-            np.maximum(0.0, backward_s - used), overlap, pipelined=pipelined),
+            cfg, expert_params, per, expert_group, cluster,
+            np.maximum(0.0, compute_s - used_f - used_b), np.maximum(0.0, backward_s - used_b),
+            overlap, pipelined=pipelined, gather_overlap=gathers),
             0.0)
     if training.engine.fsdp_copies:
         # FSDP2 copies what it wraps: the dense parameters, and the experts too without expert
@@ -582,34 +585,39 @@ def zero3_calls(m: int, pipelined: bool) -> tuple[int, int]:
 
 
 def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, *,
-                 pipelined: bool = False):
-    """Seconds of the window that hides data-parallel traffic (``exposed_dp_s``: the last micro-
-    batch's backward for ZeRO-0/1, each micro-batch's backward for ZeRO-2, its forward and
-    backward for ZeRO-3) that ``params`` parameters' traffic occupies, per micro-batch;
-    ``pipelined``: only ZeRO-3's gathers use it (the reduction waits for every backward)."""
+                 pipelined: bool = False, gather_overlap: bool = False):
+    """Seconds of the windows that hide data-parallel traffic (``exposed_dp_s``) that ``params``
+    parameters' traffic occupies, per micro-batch, as (forward, backward): the reduction in the
+    last micro-batch's backward for ZeRO-0/1, in each micro-batch's for ZeRO-2, and with
+    ``gather_overlap`` the ZeRO-1/2 weights' all-gather in the first forward; ZeRO-3's gathers
+    and reduction in every forward and backward; ``pipelined``: only ZeRO-3's gathers use them
+    (the reduction waits for every backward)."""
     if pipelined:
         gathers = zero3_calls(cfg.num_microbatches, True)[0] if cfg.zero == 3 else 0
-        return gathers * comm.allgather_s(params * per.weights, group, cluster) / \
+        return 0.0, gathers * comm.allgather_s(params * per.weights, group, cluster) / \
             cfg.num_microbatches
     if cfg.zero == 0:
-        return comm.allreduce_s(params * per.grads, group, cluster)
+        return 0.0, comm.allreduce_s(params * per.grads, group, cluster)
     scatter = comm.reduce_scatter_s(params * per.grads, group, cluster)
-    if cfg.zero == 2:
-        return scatter
     gather = comm.allgather_s(params * per.weights, group, cluster)
-    if cfg.zero == 1:
-        return scatter + gather
-    return 2 * gather + scatter
+    if cfg.zero <= 2:
+        return (gather if gather_overlap else 0.0), scatter
+    return gather, gather + scatter
 
 
 def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, compute_s,
-                 backward_s, overlap: bool, *, pipelined: bool = False):
+                 backward_s, overlap: bool, *, pipelined: bool = False,
+                 gather_overlap: bool = False):
     """Data-parallel traffic of one step that compute does not hide (Rajbhandari et al. 2020, §7):
 
-    - ZeRO-0/1: gradients accumulate locally; one all-reduce (ZeRO-1: reduce-scatter + all-gather,
-      the same ring volume) during the last micro-batch's backward.
+    - ZeRO-0/1: gradients accumulate locally; one all-reduce (ZeRO-1: a reduce-scatter, the same
+      ring volume with the all-gather below) during the last micro-batch's backward.
     - ZeRO-2: gradients are reduce-scattered after every micro-batch's backward (they are kept
-      sharded), and the updated weights all-gathered after the step.
+      sharded).
+    - ZeRO-1/2: the updated weights are all-gathered after the optimizer step, which no backward
+      can hide; with ``gather_overlap`` (EngineSpec.overlap_param_gather) behind the next step's
+      first forward (``compute_s - backward_s``), as Megatron-Core's --overlap-param-gather and
+      FSDP2's prefetch run it.
     - ZeRO-3: weights are all-gathered before every micro-batch's forward and backward and
       gradients reduce-scattered after it, prefetched behind compute (FSDP).
     - ``pipelined`` (FSDP2 under torch's pipelining schedules, costs.fsdp_pipelined): gradients
@@ -622,6 +630,8 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
     m = cfg.num_microbatches
     scatter = comm.reduce_scatter_s(params * per.grads, group, cluster)
     gather = comm.allgather_s(params * per.weights, group, cluster)
+    weights = (np.maximum(0.0, gather - (compute_s - backward_s)) if overlap and gather_overlap
+               else gather)  # ZeRO-1/2's all-gather of the updated weights
     if pipelined:
         if cfg.zero <= 1:
             return comm.allreduce_s(params * per.grads, group, cluster) if cfg.zero == 0 \
@@ -631,12 +641,13 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
         gathers = zero3_calls(m, True)[0] * gather
         return scatter + (np.maximum(0.0, gathers - m * compute_s) if overlap else gathers)
     if cfg.zero <= 1:  # ZeRO-1 runs the two halves as separate calls (backend speeds may differ)
-        sync = (comm.allreduce_s(params * per.grads, group, cluster) if cfg.zero == 0
-                else scatter + gather)
-        return np.maximum(0.0, sync - backward_s) if overlap else sync
+        if cfg.zero == 0:
+            sync = comm.allreduce_s(params * per.grads, group, cluster)
+            return np.maximum(0.0, sync - backward_s) if overlap else sync
+        return weights + (np.maximum(0.0, scatter - backward_s) if overlap else scatter)
     if cfg.zero == 2:
-        return gather + (np.maximum(0.0, m * scatter - m * backward_s) if overlap
-                         else m * scatter)
+        return weights + (np.maximum(0.0, m * scatter - m * backward_s) if overlap
+                          else m * scatter)
     gathers, scatters = zero3_calls(m, False)
     total = gathers * gather + scatters * scatter
     return np.maximum(0.0, total - m * compute_s) if overlap else total

@@ -29,6 +29,8 @@ MEGATRON_PARALLEL_ARGS=(
   --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
   # ZeRO-1: the distributed optimizer
   --use-distributed-optimizer
+  # gradients reduced behind the last micro-batch's backward, the updated weights gathered behind the next step's first forward, as priced
+  --overlap-grad-reduce --overlap-param-gather
   # dtype bf16
   --bf16
 )

@@ -26,6 +26,8 @@ MEGATRON_PARALLEL_ARGS=(
   --recompute-granularity selective
   # ZeRO-1: the distributed optimizer
   --use-distributed-optimizer
+  # gradients reduced behind the last micro-batch's backward, the updated weights gathered behind the next step's first forward, as priced
+  --overlap-grad-reduce --overlap-param-gather
   # dtype bf16
   --bf16
 )

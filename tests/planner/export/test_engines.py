@@ -599,8 +599,9 @@ def test_megatron_offload_needs_what_megatron_asks_for(tmp_path):
         assert flag in args
     assert "Every knob of the plan is expressed exactly below." in text
     ds = json.loads(export(plan_named("llama3-70b-offload-deepspeed"), "deepspeed")[0])
-    assert ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu",
-                                                                       "pin_memory": True}}
+    assert ds["zero_optimization"] == {"stage": 3, "overlap_comm": True,
+                                       "offload_optimizer": {"device": "cpu",
+                                                             "pin_memory": True}}
 
 
 # ---- the memory of what the engine runs ---------------------------------------------------------

@@ -723,7 +723,21 @@ def test_deepspeed_expresses_ulysses_and_autoep(notes):
                                       "use_grouped_mm": True}
     how = moe["planner"]["experts"]["how"]
     assert "ep_size=8" in how and "takes ep_size in code, not in the config" in how
-    assert all("sequence length" in n for n in notes)
+    assert moe["zero_optimization"] == {"stage": 2, "overlap_comm": True}  # as priced
+    # priced with the weights gathered behind the next forward, which DeepSpeed's step does not
+    assert [n for n in notes if "sequence length" not in n] == [
+        "export deepspeed 0.19.8: ZeRO-2: DeepSpeed's optimizer all-gathers the updated weights "
+        "inside its step, where the plan hides the gather behind the next forward: a slower step "
+        "than planned, by up to the all-gather's time (plans made with --engine deepspeed price "
+        "it so)"]
+    plain = variant(data_plan("mixtral-8x7b-ep8-deepspeed"), zero=0)
+    notes.clear()
+    assert "overlap_comm" not in json.loads(to_deepspeed(plain))["zero_optimization"]
+    assert any("ZeRO-0: DeepSpeed all-reduces the gradients after the backward" in n
+               for n in notes)
+    serial = engine_settings(variant(plain, zero=1), overlap_grad_reduce=False)
+    assert json.loads(to_deepspeed(serial))["zero_optimization"] == {"stage": 1,
+                                                                      "overlap_comm": False}
 
 
 def test_deepspeed_lists_context_parallelism_it_has_no_form_for(notes):

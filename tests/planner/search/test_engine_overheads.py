@@ -360,3 +360,34 @@ def test_fsdp2_with_deferred_sync_keeps_gradients_unsharded_and_zero3_weights_ga
         assert replicate["grads"] == memory.model_state_bytes(1.0, zero=0, **kw)["grads"] + grad
         assert memory.model_state_bytes(1.0, zero=0, deferred=1, **kw) == \
             memory.model_state_bytes(1.0, zero=0, **kw)
+
+
+def test_the_updated_weights_are_gathered_behind_a_forward_never_a_backward():
+    """ZeRO-1/2 all-gather the weights after the optimizer step: no backward is left to hide
+    them; Megatron-Core's --overlap-param-gather (and FSDP2's prefetch) run them behind the next
+    step's first forward, DeepSpeed's optimizer inside its step (overlap_param_gather=false)."""
+    from planner.options import Config
+    from planner.search.pricing import DataParallelBytes, exposed_dp_s
+    from planner.search import placement
+    from costmodels import comm
+
+    cluster = load_cluster("dgx-h100", nodes=2)
+    per = DataParallelBytes(grads=4, weights=2)
+    n = 1e9
+    cfg = Config(dp=16, tp=1, pp=1, micro_batch=1, num_microbatches=4, schedule="1f1b",
+                 recompute="none", zero=1)
+    group = placement.dp_group(cfg, cluster)
+    scatter = comm.reduce_scatter_s(n * 4, group, cluster)
+    gather = comm.allgather_s(n * 2, group, cluster)
+
+    def exposed(c, compute, backward, gathers=True):
+        return float(exposed_dp_s(c, n, per, group, cluster, compute, backward, True,
+                                  gather_overlap=gathers))
+
+    long = 10 * (scatter + gather)
+    for c in (cfg, dataclasses.replace(cfg, zero=2)):
+        assert exposed(c, long, long) == pytest.approx(gather)  # backward only: gather exposed
+        assert exposed(c, 2 * long, long) == 0.0  # a forward as long hides it
+        assert exposed(c, 2 * long, long, gathers=False) == pytest.approx(gather)
+    half = 0.5 * gather  # a forward half as long as the gather hides half of it
+    assert exposed(cfg, long + half, long) == pytest.approx(gather - half)

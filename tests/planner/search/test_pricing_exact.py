@@ -134,15 +134,18 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         # FSDP2 under pipelining schedules reduces once per step
         piped = training.engine.fsdp_copies and (cfg.pp > 1
                                                  or training.engine.pipelined_accumulation)
+        gathers = training.engine.overlap_param_gather
         exposed = exposed_dp_s(cfg, params - experts, per,
                                placement.dp_group(cfg, cluster), cluster, busy, backward, overlap,
-                               pipelined=piped)
-        if experts:
-            used = window_use_s(cfg, params - experts, per,
-                                placement.dp_group(cfg, cluster), cluster, pipelined=piped)
+                               pipelined=piped, gather_overlap=gathers)
+        if experts:  # the windows the dense traffic leaves: forward (gathers), backward
+            used_f, used_b = window_use_s(cfg, params - experts, per,
+                                          placement.dp_group(cfg, cluster), cluster,
+                                          pipelined=piped, gather_overlap=gathers)
             exposed += exposed_dp_s(cfg, experts, per, placement.edp_group(cfg, cluster),
-                                    cluster, max(0.0, busy - used), max(0.0, backward - used),
-                                    overlap, pipelined=piped)
+                                    cluster, max(0.0, busy - used_f - used_b),
+                                    max(0.0, backward - used_b), overlap, pipelined=piped,
+                                    gather_overlap=gathers)
         if training.engine.fsdp_copies:
             wrapped = params - experts if cfg.ep > 1 else params
             exposed += fsdp_copies_s(cfg, wrapped, per, cluster.device, pipelined=piped)
