@@ -38,6 +38,15 @@ class GroupShape:
         return max(1, self.size // max(1, self.per_node))
 
 
+def folded(inner: GroupShape, outer: GroupShape) -> GroupShape:
+    """A group made of ``outer``'s members, each a block of ranks placed as ``inner`` (the
+    context-parallel ranks of each data-parallel replica; the expert tensor-parallel ranks of
+    each expert-parallel member): the members one node holds."""
+    if inner.per_node < inner.size:  # the inner block already spans nodes
+        return GroupShape(size=inner.size * outer.size, per_node=inner.per_node)
+    return GroupShape(size=inner.size * outer.size, per_node=inner.size * outer.per_node)
+
+
 def p2p_s(nbytes: float, link: LinkSpec) -> float:
     """One message of ``nbytes`` over ``link``."""
     if nbytes <= 0:

@@ -57,17 +57,23 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
     """Seconds of one forward's dispatch and combine for ``layers`` MoE layers (backward moves
     the same bytes again). ``copies_bytes``: hidden states of the rank's token copies (tokens x
     top-k); ``tokens_bytes``: of its tokens (once each). Sizes may be numpy arrays (one entry
-    per block; ``layers`` then counts each block's MoE layers, for the latency term)."""
+    per block; ``layers`` then counts each block's MoE layers, for the latency term).
+
+    ``alltoall``: the copies to their experts' ranks over ep and back, then gathered over the
+    expert tensor-parallel ranks and reduce-scattered back (Megatron-Core's
+    MoEAlltoAllTokenDispatcher); ``allgather``: every token gathered once over the whole ep x etp
+    group and reduce-scattered back (MoEAllGatherTokenDispatcher: "this allgather spans the
+    communication domain of TP*EP")."""
     if ep <= 1 and etp_group.size <= 1:
         return 0.0 * copies_bytes
+    if dispatcher == "allgather":
+        group = comm.folded(etp_group, ep_group) if ep > 1 else etp_group
+        gathered = tokens_bytes * group.size
+        return comm.allgather_s(gathered, group, cluster, count=layers) + \
+            comm.reduce_scatter_s(gathered, group, cluster, count=layers)
     t = 0.0 * copies_bytes
     if ep > 1:
-        if dispatcher == "allgather":
-            gathered = tokens_bytes * ep
-            t += comm.allgather_s(gathered, ep_group, cluster, count=layers) + \
-                comm.reduce_scatter_s(gathered, ep_group, cluster, count=layers)
-        else:
-            t += 2 * comm.alltoall_s(copies_bytes * load, ep_group, cluster, count=layers)
+        t += 2 * comm.alltoall_s(copies_bytes * load, ep_group, cluster, count=layers)
     if etp_group.size > 1:
         gathered = copies_bytes * load * etp_group.size
         t += comm.allgather_s(gathered, etp_group, cluster, count=layers) + \

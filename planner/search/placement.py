@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from costmodels.comm import GroupShape
+from costmodels.comm import GroupShape, folded
 from costmodels.topology import Cluster, LinkSpec
 from planner.options import Config
 
@@ -91,7 +91,7 @@ def dp_group(cfg: Config, cluster: Cluster) -> GroupShape:
     replicas = group_shape(cfg.dp, s["dp"], g, tuple(sorted(starts)))
     if cfg.cp == 1:
         return replicas
-    return _folded(cfg.cp, cp_group(cfg, cluster), replicas)
+    return folded(cp_group(cfg, cluster), replicas)
 
 
 def ep_group(cfg: Config, cluster: Cluster) -> GroupShape:
@@ -124,15 +124,7 @@ def _flat_group(cfg: Config, cluster: Cluster, size: int, stride: int) -> GroupS
         return group_shape(size, dp_stride * (stride // inner), g)
     per_block = inner // stride
     blocks = group_shape(size // per_block, dp_stride, g)
-    return _folded(per_block, group_shape(per_block, stride, g), blocks)
-
-
-def _folded(inner_size: int, inner: GroupShape, outer: GroupShape) -> GroupShape:
-    """A group made of ``outer``'s members, each a block of ``inner_size`` ranks placed as
-    ``inner``: the members one node holds."""
-    if inner.per_node < inner.size:  # the inner block already spans nodes
-        return GroupShape(size=inner_size * outer.size, per_node=inner.per_node)
-    return GroupShape(size=inner_size * outer.size, per_node=inner.size * outer.per_node)
+    return folded(group_shape(per_block, stride, g), blocks)
 
 
 def link_between(cfg: Config, cluster: Cluster, rank_a: int, rank_b: int) -> LinkSpec:

@@ -103,6 +103,25 @@ def test_expert_gemm_keeps_its_flops_and_regroups_tokens(ep, etp, tp):
         assert m == pytest.approx(2 * g.m / tp * load * etp * ep / 64)  # tokens per local expert
 
 
+def test_the_allgather_dispatcher_gathers_every_token_once_over_ep_x_etp():
+    """Megatron-Core's MoEAllGatherTokenDispatcher gathers the hidden states over the tp x ep
+    group of the MoE layer and reduce-scatters them back, with no expert tensor-parallel step
+    of its own (the all-to-all dispatcher has one)."""
+    tokens = 4096 * 7168 * 2.0
+    etp, ep = GroupShape(size=2, per_node=2), GroupShape(size=8, per_node=4)  # 16 ranks, 2 nodes
+    both = GroupShape(size=16, per_node=8)
+    t = experts.dispatch_s("allgather", copies_bytes=8 * tokens, tokens_bytes=tokens, ep=8,
+                           ep_group=ep, etp_group=etp, cluster=CLUSTER)
+    assert t == pytest.approx(comm.allgather_s(16 * tokens, both, CLUSTER)
+                              + comm.reduce_scatter_s(16 * tokens, both, CLUSTER))
+    assert comm.folded(etp, ep) == both
+    alone = experts.dispatch_s("allgather", copies_bytes=8 * tokens, tokens_bytes=tokens, ep=1,
+                               ep_group=GroupShape(size=1, per_node=1), etp_group=etp,
+                               cluster=CLUSTER)
+    assert alone == pytest.approx(comm.allgather_s(2 * tokens, etp, CLUSTER)
+                                  + comm.reduce_scatter_s(2 * tokens, etp, CLUSTER))
+
+
 def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
     engine = EngineSpec()
     copies = 4096 * 8 * 7168 * 2.0
