@@ -21,7 +21,7 @@ from planner.errors import InfeasibleError, SpecError
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS
-from planner.options import SearchOptions, TrainingSpec, parse_fix
+from planner.options import SearchOptions, TrainingSpec, idle_pins, parse_fix
 from planner import targets
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
@@ -414,6 +414,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
                                                  result.rejected),
                               reason="no feasible plan")
+    for note in idle_pins(options.fix, result.best.config.cp):
+        log.warning("%s", note)
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,
                 record_timing=record_timing)

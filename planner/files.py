@@ -72,6 +72,9 @@ def check_output(path: str, what: str, inputs: tuple = ()) -> None:
             raise SpecError(f"{what}: '{path}' is this command's input; write to another file")
     if os.path.isdir(path):
         raise SpecError(f"{what}: '{path}' is a folder; give a file name inside it")
+    if path.endswith(("/", os.sep)):  # names a folder, which is not there
+        raise SpecError(f"{what}: folder '{os.path.abspath(path)}' does not exist; create it "
+                        "first")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise SpecError(f"{what}: folder '{folder}' does not exist; create it first")

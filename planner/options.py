@@ -77,6 +77,17 @@ class TrainingSpec:
                             f"{', '.join(OPTIMIZERS)}")
 
 
+def idle_pins(fix: Mapping, cp: int) -> list[str]:
+    """Pins that change nothing in a configuration with context-parallel degree ``cp``: the
+    exchange form without context parallelism (the search may leave cp at 1 when only cp_comm is
+    pinned)."""
+    if "cp_comm" in fix and cp == 1:
+        return [f"fix.cp_comm={fix['cp_comm']} changes nothing: the plan has no context "
+                f"parallelism (cp=1); pin cp too (e.g. cp=2,cp_comm={fix['cp_comm']}) to make it "
+                "use one"]
+    return []
+
+
 def experts_text(ep: int, etp: int) -> str:
     """The expert degrees in a one-line configuration: " ep=8", " ep=4 etp=2", " etp=2" (the
     experts' matrices split without spreading them), or "" for neither."""
@@ -346,7 +357,8 @@ def _fix_value(key: str, value):
         return str(value)
     if key == "recompute":
         if str(value) not in RECOMPUTE:
-            raise SpecError(f"fix.recompute: expected none, selective or full, got {value!r}")
+            raise SpecError(f"fix.recompute: expected {', '.join(RECOMPUTE[:-1])} or "
+                            f"{RECOMPUTE[-1]}, got {value!r}")
         return str(value)
     if isinstance(value, bool):
         return value

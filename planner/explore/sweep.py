@@ -97,6 +97,10 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     log.info("what-if: %d points, %d trace%s", len(tasks), len(prepared),
              "" if len(prepared) == 1 else "s")
     rows = _run(tasks, prepared, workers, progress)
+    bad = [r["reason"] for r in rows if r.pop("_bad_input", False)]
+    if len(bad) == len(rows):  # no point is valid input: the sweep's settings are wrong
+        raise SpecError(bad[0] + (f" (and {len(bad) - 1} other point"
+                                  f"{'' if len(bad) == 2 else 's'} refused)" if len(bad) > 1 else ""))
     name = next(iter(prepared.values())).info["name"] if prepared else str(model)
     for row in rows:
         row["model"] = name
@@ -167,7 +171,7 @@ def _run(tasks: list[_Task], prepared: dict, workers: int | None, progress) -> l
     rows: list[dict | None] = [None] * len(tasks)
     for t in tasks:
         if t.error:
-            rows[t.index] = _row(t, None, t.error)
+            rows[t.index] = {**_row(t, None, t.error), "_bad_input": True}
     done = len(tasks) - len(todo)
     if progress:
         progress(done, len(tasks))
@@ -231,6 +235,8 @@ def plan_point(task: _Task, prepared) -> dict:
     training = replace(task.training, seq_len=prepared.seq_len)
     try:
         plan = api.plan_prepared(prepared, task.cluster, training, task.options)
+    except SpecError as exc:  # bad input (a pin the model cannot take), not an infeasible point
+        return {**_row(replace(task, training=training), None, str(exc)), "_bad_input": True}
     except PlannerError as exc:
         return _row(replace(task, training=training), None, str(exc))
     return _row(replace(task, training=training), plan, "")

@@ -14,7 +14,7 @@ from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
 from planner import api, targets
 from planner.emit import emit
 from planner.errors import SpecError
-from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, parse_fix
+from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, idle_pins, parse_fix
 from planner.planfile.document import Plan
 from planner.report.compare import stage_blocks
 from planner.report.text import pins_text
@@ -65,7 +65,8 @@ def why_not(plan: Plan, pins) -> WhyNot:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                        result=result, cluster=cluster, training=training, options=options)
         return WhyNot(pins=pins, variant=variant, feasible=True,
-                      notes=_untried(plan, variant, options), over=[])
+                      notes=idle_pins(pins, variant.parallel.get("cp", 1))
+                      + _untried(plan, variant, options), over=[])
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                           training, options)
     if problem:  # a pin the model or cluster cannot take is bad input, as in solve

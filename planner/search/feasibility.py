@@ -10,7 +10,8 @@ from dataclasses import replace
 from costmodels import pipeline
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
-from planner.options import CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec
+from planner.options import (CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec,
+                             zero_runs_with_cp)
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.pricing import Estimate, price
 from planner.search.space import (BATCH_DP, CP_HEADS, MICRO_BATCH, PP_BLOCKS, TOO_MANY_MB,
@@ -182,7 +183,11 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
             costs = costs_by_ep[ep]
             m = max(1, training.global_batch // (dp * mb))
             wants_offload = fix.get("offload_optimizer", any(options.offload))
-            zero = fix.get("zero", max(options.zero)) if dp > 1 else int(wants_offload)
+            # states shard over dp x cp (context-parallel ranks hold the same weights), with the
+            # ZeRO stages the target runs there
+            zeros = [z for z in options.zero if cp == 1 or zero_runs_with_cp(options, z, ep=ep)]
+            zero = (fix.get("zero", max(zeros, default=0)) if dp * cp > 1
+                    else int(wants_offload))
             offload = wants_offload and zero >= 1
             schedule = fix.get("schedule", "interleaved-1f1b" if vpp > 1 else "1f1b")
             cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m,

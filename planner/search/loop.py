@@ -64,7 +64,9 @@ def rejection_lines(rejected, most: int = 5) -> tuple[str, str]:
     pairs = sorted(rejected.items(), key=lambda kv: -kv[1])
 
     def text(keep) -> str:
-        return ", ".join(f"{n} {r}" for r, n in [kv for kv in pairs if keep(kv[0])][:most])
+        kept = [kv for kv in pairs if keep(kv[0])]
+        more = f", and {len(kept) - most} more" if len(kept) > most else ""
+        return ", ".join(f"{n} {r}" for r, n in kept[:most]) + more
     return text(lambda r: r in OUTCOMES), text(lambda r: r not in OUTCOMES)
 
 

@@ -81,11 +81,13 @@ def test_option_names_are_not_abbreviated(capsys, tiny_gpt2_config):
     one_line(code, err, BAD, "--node")
 
 
-@pytest.mark.parametrize("where", ["missing folder", "a folder", "read-only file", "empty"])
+@pytest.mark.parametrize("where", ["missing folder", "a folder", "read-only file", "empty",
+                                   "missing folder/"])
 def test_output_paths_are_checked_before_any_work(capsys, tmp_path, tiny_gpt2_config, small_plan,
                                                   where):
     target = {"missing folder": tmp_path / "no" / "p.json", "a folder": tmp_path,
-              "read-only file": tmp_path / "ro.json", "empty": ""}[where]
+              "read-only file": tmp_path / "ro.json", "empty": "",
+              "missing folder/": f"{tmp_path / 'no'}/"}[where]
     if where == "read-only file":
         target.write_text("{}")
         target.chmod(0o444)
@@ -105,6 +107,8 @@ def test_output_paths_are_checked_before_any_work(capsys, tmp_path, tiny_gpt2_co
     for argv in cases:
         code, _, err = run(capsys, *argv)
         one_line(code, err, BAD)
+        if where == "missing folder/" and "-o" in argv:
+            assert f"folder '{tmp_path / 'no'}' does not exist" in err
     if where == "read-only file":
         assert target.read_text() == "{}"
 

@@ -414,3 +414,41 @@ def test_whose_ring_runs_context_parallelism_changes_memory_and_backward(tiny_ll
     with pytest.raises(planner.SpecError, match="engine.cp_ring: expected te, torch, runtime"):
         engine_from_mapping("cp_ring=ring")
     assert engine_from_mapping("torchtitan").cp_ring == "torch"
+
+
+def test_an_exchange_form_pinned_without_cp_is_said_to_change_nothing(tiny_mixtral, caplog):
+    """cp_comm pinned alone leaves the search free to keep cp=1, where it changes nothing: a
+    warning says so and how to make the plan use it."""
+    from planner.options import idle_pins
+    from planner.search.loop import rejection_lines
+
+    with caplog.at_level("WARNING"):
+        p = _plan(tiny_mixtral, "cp_comm=p2p,tp=1,pp=1,ep=1,dp=8")  # 8 GPUs: cp=1
+    assert [r.message for r in caplog.records if "changes nothing" in r.message] == [
+        "fix.cp_comm=p2p changes nothing: the plan has no context parallelism (cp=1); pin cp "
+        "too (e.g. cp=2,cp_comm=p2p) to make it use one"]
+    assert idle_pins({"cp_comm": "a2a"}, 1) == [
+        "fix.cp_comm=a2a changes nothing: the plan has no context parallelism (cp=1); pin cp "
+        "too (e.g. cp=2,cp_comm=a2a) to make it use one"]
+    assert idle_pins({"cp_comm": "a2a"}, 2) == [] and p.parallel["cp"] == 1
+    counts = {f"rule {i}": 10 - i for i in range(7)}
+    assert rejection_lines(counts, most=5)[1] == ("10 rule 0, 9 rule 1, 8 rule 2, 7 rule 3, "
+                                                  "6 rule 4, and 2 more")
+
+
+def test_the_leanest_plan_with_cp_pinned_shards_states_over_the_cp_ranks(tiny_llama):
+    """When nothing fits, the leanest configuration honours the pins and shards the model states
+    over dp x cp: context-parallel ranks hold the same weights (dp = 1 is no reason for ZeRO-0)."""
+    from planner.search.costs import ModelArrays
+    from planner.search.feasibility import leanest
+
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    training = planner.TrainingSpec(global_batch=8, seq_len=tiny_llama.seq_len)
+    ma = ModelArrays.from_blocks(tiny_llama.blocks)
+    for fix, zero in (("cp=8", 3), ("cp=8,zero=2", 2)):
+        options = planner.SearchOptions(fix=parse_fix(fix), top_k=0)
+        _, cfg, _ = leanest(ma, tiny_llama.blocks, cluster, training, options)
+        assert (cfg.dp, cfg.cp, cfg.zero) == (1, 8, zero)
+    # a target running fewer ZeRO stages with cp than without gets the largest it runs there
+    options = planner.SearchOptions(fix=parse_fix("cp=8"), top_k=0, zero_with_cp=(0, 1, 2))
+    assert leanest(ma, tiny_llama.blocks, cluster, training, options)[1].zero == 2
