@@ -32,11 +32,11 @@ def run(args) -> int:
         check_path(args.gantt, "gantt")
     plan = load_plan(args.plan)
     if args.json:
-        if args.why or args.gantt is not None:
+        if args.why is not None or args.gantt is not None:
             raise SpecError("json: prints the plan's summary only; drop --why and --gantt")
         print(json.dumps(summary_dict(plan), indent=1))
         return 0
-    if args.why:
+    if args.why is not None:
         from planner.explore.whynot import why_not  # lazy: re-planning imports torch
 
         print(why(plan, why_not(plan, args.why)))

@@ -65,7 +65,7 @@ def why_not(plan: Plan, pins) -> WhyNot:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                        result=result, cluster=cluster, training=training, options=options)
         return WhyNot(pins=pins, variant=variant, feasible=True,
-                      notes=idle_pins(pins, variant.parallel.get("cp", 1))
+                      notes=_kept(plan, pins) + idle_pins(pins, variant.parallel.get("cp", 1))
                       + _untried(plan, variant, options), over=[])
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                           training, options)
@@ -88,6 +88,13 @@ def why_not(plan: Plan, pins) -> WhyNot:
         if st["predicted"]["memory_bytes"]["total"] > limits[0]]
     return WhyNot(pins=pins, variant=variant, feasible=False, message=message, notes=notes,
                   over=over, limits=limits)
+
+
+def _kept(plan: Plan, pins: dict) -> list[str]:
+    """A note when the plan already has every pinned value."""
+    if all(plan.parallel.get(k) == v for k, v in pins.items()):
+        return [f"the plan already has {pins_text(pins)}"]
+    return []
 
 
 def _untried(plan: Plan, variant: Plan, options: SearchOptions) -> list[str]:

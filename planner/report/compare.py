@@ -98,7 +98,8 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     out = [Diff("inputs", f"{part} {key}".replace("_", " "), getattr(a, part).get(key),
                 getattr(b, part).get(key), kind) for part, key, kind in INPUTS]
     out += [Diff("configuration", k, a.parallel.get(k), b.parallel.get(k),
-                 "text" if k in ("schedule", "recompute", "placement", "cp_comm") else "count")
+                 "text" if k in ("schedule", "recompute", "placement", "cp_comm", "zero",
+                                 "sequence_parallel", "offload_optimizer") else "count")
             for k in KNOBS]
     out += [Diff("software", k.removeprefix("engine "), x, y, "text")
             for k, x, y in engine_changes(a, b)]

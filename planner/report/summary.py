@@ -84,10 +84,13 @@ def _parallel(p: Plan) -> list[str]:
           else "")
     lines = [f"  parallel    dp={par['dp']}  tp={par['tp']}{sp}  pp={par['pp']}{vpp}{cp}"]
     if par.get("ep", 1) * par.get("etp", 1) > 1:
-        edp = par["dp"] * par.get("cp", 1) * par["tp"] // (par["ep"] * par.get("etp", 1))
-        lines.append(f"  experts     ep={par['ep']}  etp={par.get('etp', 1)}  edp={edp}: routed experts spread over "
-                     f"{par['ep']} ranks, their matrices over {par.get('etp', 1)}, "
-                     f"{edp} {'replica' if edp == 1 else 'replicas'} of each")
+        ep, etp = par["ep"], par.get("etp", 1)
+        edp = par["dp"] * par.get("cp", 1) * par["tp"] // (ep * etp)
+        spread = [f"spread over {ep} ranks" if ep > 1 else "on every rank",
+                  f"their matrices split over {etp}" if etp > 1 else "",
+                  f"{edp} {'replica' if edp == 1 else 'replicas'} of each"]
+        lines.append(f"  experts     ep={ep}  etp={etp}  edp={edp}: routed experts "
+                     + ", ".join(filter(None, spread)))
     return lines + [
         f"  batching    micro-batch {par['micro_batch']} x {par['num_microbatches']} micro-batches, "
         f"schedule {par['schedule']}",

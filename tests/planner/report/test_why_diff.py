@@ -71,6 +71,11 @@ def test_why_on_a_feasible_variant_says_what_changes(capsys, small_plan):
     assert f"With zero={other} the best plan" in out
     assert f"zero {plan.parallel['zero']} -> {other}" in out
     assert "step time" in out and "memory:" in out
+    assert "the plan already has" not in out
+    code, out, err = run(capsys, "show", small_plan, "--why", f"zero={plan.parallel['zero']}")
+    assert code == 0 and f"the plan already has zero={plan.parallel['zero']}" in out
+    code, _, err = run(capsys, "show", small_plan, "--why", "")
+    assert code == 2 and "why: name the knobs" in err
 
 
 def test_why_tensor_parallel_across_nodes_prices_the_inter_node_all_reduce(tiny_llama_config):
@@ -139,6 +144,10 @@ def test_diff_shows_what_differs_and_by_how_much(capsys, tiny_llama_config, smal
     assert "engine kernels fused -> eager" in compare.headline(a, eager)
     software = [d for d in compare.compare(a, eager) if d.section == "software"]
     assert [(d.label, d.a, d.b) for d in software] == [("kernels", "fused", "eager")]
+    # a ZeRO stage is a name, not a count: no "x3" for 1 -> 3
+    from planner.report.diff import _change  # noqa: PLC0415
+    zero = next(d for d in compare.compare(a, b) if d.label == "zero")
+    assert zero.kind == "text" and _change(1, 3, zero.kind) == ""
 
 
 def test_why_with_a_knob_the_model_cannot_take_is_bad_input(capsys, small_plan):
