@@ -136,6 +136,13 @@ class EngineSpec:
     torchtitan: backward passes K/V and fp32 gradients on, merges run as element-wise ops) or
     ``runtime`` (``plan run``'s: every step's K/V kept for backward, fp32 gradients returned to
     their owner, merges as element-wise ops)."""
+    moe_probs_in_activation: bool = True
+    """With ``kernels=fused``: the routing weights multiply the experts' activation inside its
+    kernel, before their last GEMM (Megatron-Core's TEGroupedMLP: weighted SwiGLU / quick-GeGLU),
+    so that GEMM's output is not kept for backward (BlockWork.act_routed_weighted); False: they
+    multiply the experts' outputs, which autograd keeps (Hugging Face models, torchtitan's MoE
+    with scores after the experts, DeepSpeed's MoE layer). Eager engines run the model's own
+    code either way."""
     moe_overlap: bool = False
     """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
@@ -196,11 +203,13 @@ PRESETS: dict[str, dict] = {
     # Inductor; embedding, output projection and loss eager
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
                            "overlap_grad_reduce": True, "fsdp_copies": True,
-                           "fsdp_experts": True, "state_layout": "fsdp2", "cp_ring": "torch"},
+                           "fsdp_experts": True, "state_layout": "fsdp2", "cp_ring": "torch",
+                           "moe_probs_in_activation": False},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction (overlap_comm); its
     # ZeRO-1/2 optimizer gathers the updated weights inside step()
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
-                  "overlap_param_gather": False, "state_layout": "zero"},
+                  "overlap_param_gather": False, "state_layout": "zero",
+                  "moe_probs_in_activation": False},
 }
 """Engine settings of common training stacks, by name (``--engine megatron-core``); ``k=v`` pairs
 after the name override single settings."""
@@ -267,8 +276,9 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     if unknown:
         raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; choose from {sorted(names)}")
     kw = {**base, **dict(spec)}
-    for key in ("overlap_grad_reduce", "overlap_param_gather", "fsdp_copies", "fsdp_experts", "pipelined_accumulation",
-                "moe_grouped_gemm", "moe_overlap"):
+    for key in ("overlap_grad_reduce", "overlap_param_gather", "fsdp_copies", "fsdp_experts",
+                "pipelined_accumulation", "moe_grouped_gemm", "moe_overlap",
+                "moe_probs_in_activation"):
         if key in kw and not isinstance(kw[key], bool):
             text = str(kw[key]).lower()
             if text not in ("true", "false", "1", "0", "yes", "no"):

@@ -159,7 +159,8 @@ def usable_bytes(device_memory_bytes: float, *, reserve_fraction: float, reserve
 
 def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, recompute: str,
                      scores_kept: bool = True, fused: bool = False, fp8: bool = False,
-                     routed_load: float = 1.0, etp: int = 1) -> float:
+                     routed_load: float = 1.0, etp: int = 1,
+                     probs_in_activation: bool = False) -> float:
     """Bytes one micro-batch leaves saved in one block until its backward runs. ``scores_kept``:
     attention score tensors traced from eager code are saved (False with flash attention, whose
     fused kernel saves none); ``fused``: chains of element-wise ops run as one kernel each, which
@@ -169,7 +170,9 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     routed experts save (BlockWork.act_routed_*) where the block keeps its activations (no
     recomputation, or selective); with op-level and full recomputation it is left at the mean.
     ``etp``: expert tensor parallelism, whose ranks each keep the token copies of all etp ranks
-    at the hidden width (BlockWork.act_routed_gathered)."""
+    at the hidden width (BlockWork.act_routed_gathered). ``probs_in_activation``: the routing
+    weights multiply the experts' activation before their last GEMM, whose output is then not
+    kept (BlockWork.act_routed_weighted; Megatron-Core)."""
     sp_div = tp if sp else 1
     if recompute == "full":
         return micro_batch * work.input_bytes / sp_div
@@ -182,6 +185,8 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
         rep, tp_part = rep - work.act_fused_away_rep, tp_part - work.act_fused_away_tp
         routed_rep = routed_rep - work.act_routed_fused_away_rep
         routed_tp = routed_tp - work.act_routed_fused_away_tp
+    if probs_in_activation:
+        rep, routed_rep = rep - work.act_routed_weighted, routed_rep - work.act_routed_weighted
     if fp8:
         rep = rep - FP8_SAVED_INPUT_SHARE * work.act_linear_in_rep
         tp_part = tp_part - FP8_SAVED_INPUT_SHARE * work.act_linear_in_tp
@@ -214,7 +219,8 @@ def backward_transient_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: 
 
 def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
                             recompute: str, scores_kept: bool = True, fused: bool = False,
-                            fp8: bool = False, routed_load: float = 1.0, etp: int = 1) -> float:
+                            fp8: bool = False, routed_load: float = 1.0, etp: int = 1,
+                            probs_in_activation: bool = False) -> float:
     """Extra bytes alive while one block's forward is recomputed during backward (on the busiest
     expert-parallel rank with ``routed_load``, as activation_bytes)."""
     if recompute == "none":
@@ -223,7 +229,8 @@ def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: b
         return micro_batch * work.act_bytes_attn / tp if scores_kept else 0.0
     full = activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
                             scores_kept=scores_kept, fused=fused, fp8=fp8,
-                            routed_load=routed_load, etp=etp)
+                            routed_load=routed_load, etp=etp,
+                            probs_in_activation=probs_in_activation)
     if recompute == "op":  # the recomputed rest, next to what was kept
         rest = full - activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp,
                                        recompute="op")

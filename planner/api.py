@@ -374,6 +374,10 @@ def _attention_the_devices_run(cluster, training: TrainingSpec) -> TrainingSpec:
                                                                     attention="materialized"))
 
 
+PRESET_MOE = frozenset({"moe_probs_in_activation"})
+"""MoE engine settings the presets set (costmodels.engine.PRESETS): no warning for dense models."""
+
+
 def _warn_unused_moe_settings(prepared: Prepared, training: TrainingSpec) -> None:
     """Say so when MoE engine settings are given for a model without routed experts (they change
     nothing, which a user comparing plans would otherwise not know)."""
@@ -381,6 +385,7 @@ def _warn_unused_moe_settings(prepared: Prepared, training: TrainingSpec) -> Non
         return
     default = EngineSpec()
     given = [f.name for f in dataclasses.fields(EngineSpec) if f.name.startswith("moe_")
+             and f.name not in PRESET_MOE  # what a preset sets says what the software does
              and getattr(training.engine, f.name) != getattr(default, f.name)]
     if given:
         log.warning("engine.%s: %s has no routed experts; %s change%s nothing here", given[0],

@@ -161,6 +161,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     attn_repeats = np.array([2.0 if p in ("full", "selective") else 1.0 for p in policies])
     kept = engine.attention not in FUSED_ATTENTION  # eager attention's scores, saved or fused away
     fused = engine.kernels == "fused"  # element-wise chains keep only what enters them
+    # Megatron-Core's experts weight their activation before the last GEMM (fused engines stand
+    # for it; an eager engine runs the model's own code)
+    weighted = fused and engine.moe_probs_in_activation
     fused_outer = outer.kernels == "fused"
     fp8 = training.dtype == "fp8"  # Linear inputs kept quantized
     heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))
@@ -246,13 +249,15 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         tp_comm_s=vec(tp_s),
         act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
-            fused=fused, fp8=fp8, routed_load=load, etp=etp)),
+            fused=fused, fp8=fp8, routed_load=load, etp=etp, probs_in_activation=weighted)),
             vec(memory.activation_bytes(w, micro_batch=share, tp=tp, sp=sp, recompute="none",
                                         scores_kept=kept, fused=fused_outer, fp8=False,
-                                        routed_load=load, etp=etp))) + ring_kept,
+                                        routed_load=load, etp=etp,
+                                        probs_in_activation=weighted))) + ring_kept,
         work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
-            fused=fused, fp8=fp8, routed_load=load, etp=etp)), 0.0),
+            fused=fused, fp8=fp8, routed_load=load, etp=etp,
+            probs_in_activation=weighted)), 0.0),
             vec(memory.backward_transient_bytes(w, micro_batch=share, tp=tp, sp=sp,
                                                 scores_kept=kept))) + cp_buffers,
         params_local=local,

@@ -66,7 +66,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "attn_kv_bytes", "attn_q_bytes", "attn_heads_q", "attn_heads_kv", "attn_window_cut",
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
                          "attn_score_params", "attn_keys_wider", "act_routed_gathered",
-                         "expert_bias"), 0.0)
+                         "act_routed_weighted", "expert_bias"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
@@ -113,6 +113,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     # token copies of an MoE layer in the traced batch (a GEMM row counts them per sample)
     copies = {int(r[0] * r[1] * graph.batch) for r in routed}
     acc["act_routed_gathered"] = float(sum(saved[k] for k in gathered if k in saved))
+    acc["act_routed_weighted"] = float(sum(
+        saved[k] for k in _weighted_outputs(savers, by, {n for n, _ in returning})))
     _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers), linear_inputs,
                expert_modules, copies)
     fused = fused_traffic(graph, tp, op_names, scores)
@@ -251,6 +253,23 @@ def _returning_gemms(op_names: list[str], by: dict, hidden: float) -> set[tuple[
             after[2][0] * after[2][1] == r[0] * r[1]
         if not same_run:
             out.add((name, i))
+    return out
+
+
+def _weighted_outputs(savers: dict[str, list[str]], by: dict, returning: set[str]) -> set[str]:
+    """Saved tensors that only the routing weights' multiply keeps: the output of a returning
+    expert GEMM (``returning``: op names), or of the bias added to it, saved by ``mul`` ops
+    alone (for the weights' gradient)."""
+    out = set()
+    for key, ops in savers.items():
+        if ":" in key or key not in by or not all(
+                by[o].kind == "elementwise" and str(by[o].target) == "mul" for o in ops):
+            continue
+        node = by[_through_views(key, by)]
+        if node.kind == "elementwise" and str(node.target) in ("add", "add_") and node.inputs:
+            node = by[_through_views(node.inputs[0], by)]  # the experts' bias on the output
+        if node.name in returning:
+            out.add(key)
     return out
 
 

@@ -452,3 +452,26 @@ def test_the_leanest_plan_with_cp_pinned_shards_states_over_the_cp_ranks(tiny_ll
     # a target running fewer ZeRO stages with cp than without gets the largest it runs there
     options = planner.SearchOptions(fix=parse_fix("cp=8"), top_k=0, zero_with_cp=(0, 1, 2))
     assert leanest(ma, tiny_llama.blocks, cluster, training, options)[1].zero == 2
+
+
+def test_megatron_keeps_no_expert_output_for_the_routing_weights(tiny_mixtral):
+    """Hugging Face's experts multiply their outputs by the routing weights, which keeps each
+    copy's output (hidden wide) for the weights' gradient; Megatron-Core multiplies the weights
+    into the activation before the last GEMM and keeps none of it. The trace finds those bytes,
+    and only the fused (Megatron-Core) engine drops them."""
+    from costmodels import memory
+    from costmodels.engine import engine_from_mapping
+
+    w = next(b.work for b in tiny_mixtral.blocks.blocks if b.work.num_experts)
+    assert w.act_routed_weighted == 256 * 2 * 64 * 2  # copies x hidden x bf16, one MoE layer
+    assert w.act_routed_weighted < w.act_routed_rep
+    kw = dict(micro_batch=2, tp=1, sp=False, recompute="none", fused=True, routed_load=1.5)
+    kept = memory.activation_bytes(w, **kw)
+    assert kept - memory.activation_bytes(w, **kw, probs_in_activation=True) == pytest.approx(
+        2 * 1.5 * w.act_routed_weighted)  # the busiest rank keeps more copies: more of these
+    megatron = _plan(tiny_mixtral, "tp=1,pp=1,ep=2,dp=8,micro_batch=2,recompute=none")
+    hf = _plan(tiny_mixtral, "tp=1,pp=1,ep=2,dp=8,micro_batch=2,recompute=none",
+               engine=engine_from_mapping("megatron-core,moe_probs_in_activation=false"))
+    act = [p.stages[0]["predicted"]["activation_bytes_per_microbatch"] for p in (megatron, hf)]
+    layers = sum(b.work.num_experts > 0 for b in tiny_mixtral.blocks.blocks)
+    assert act[1] - act[0] == pytest.approx(2 * layers * w.act_routed_weighted, rel=1e-4)
