@@ -166,9 +166,10 @@ class BlockWork:
     before the experts (Megatron-Core's dispatcher), so each of them keeps etp times its own."""
     act_routed_weighted: float = 0.0
     """The part of ``act_routed_rep`` kept only for the routing weights' multiply after the
-    experts: the output of each expert's last GEMM (with its bias), at the hidden width, which
-    the multiply saves for the weights' gradient. An engine that multiplies the weights into the
-    activation before that GEMM keeps none of it (EngineSpec.moe_probs_in_activation)."""
+    experts: the output of each expert's last GEMM, at the hidden width, which the multiply saves
+    for the weights' gradient (with a bias added first, the sum, which a fused chain of the two
+    already drops: not counted here). An engine that multiplies the weights into the activation
+    before that GEMM keeps none of it (EngineSpec.moe_probs_in_activation)."""
     input_bytes: float = 0.0
     """Bytes of the gradient-carrying activations entering the block (what full recompute keeps)."""
     op_saved_tp: float = 0.0

@@ -88,6 +88,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     _check_prices(tasks, prices, tokens)  # before the traces and searches
     if recsys:
         rows = _run_recsys(model, tasks, progress)
+        _refuse_all_bad(rows)
         if prices:
             add_costs(rows, prices, tokens)
         return [_ordered(r) for r in rows]
@@ -97,16 +98,22 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     log.info("what-if: %d points, %d trace%s", len(tasks), len(prepared),
              "" if len(prepared) == 1 else "s")
     rows = _run(tasks, prepared, workers, progress)
-    bad = [r["reason"] for r in rows if r.pop("_bad_input", False)]
-    if len(bad) == len(rows):  # no point is valid input: the sweep's settings are wrong
-        raise SpecError(bad[0] + (f" (and {len(bad) - 1} other point"
-                                  f"{'' if len(bad) == 2 else 's'} refused)" if len(bad) > 1 else ""))
+    _refuse_all_bad(rows)
     name = next(iter(prepared.values())).info["name"] if prepared else str(model)
     for row in rows:
         row["model"] = name
     if prices:
         add_costs(rows, prices, tokens)
     return [_ordered(r) for r in rows]
+
+
+def _refuse_all_bad(rows: list[dict]) -> None:
+    """SpecError when no point is valid input (the sweep's settings are wrong); drops the rows'
+    marks (``_bad_input``) otherwise."""
+    bad = [r["reason"] for r in rows if r.pop("_bad_input", False)]
+    if rows and len(bad) == len(rows):
+        raise SpecError(bad[0] + (f" (and {len(bad) - 1} other point"
+                                  f"{'' if len(bad) == 2 else 's'} refused)" if len(bad) > 1 else ""))
 
 
 def _check_prices(tasks: list, prices, tokens) -> None:
@@ -128,10 +135,10 @@ def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
     rows = []
     for i, t in enumerate(tasks):
         if t.error:
-            rows.append(_row(t, None, t.error))
+            rows.append({**_row(t, None, t.error), "_bad_input": True})
         elif t.options.fix and set(t.options.fix) - {"sharding", "zero"}:
-            rows.append(_row(t, None, "recommendation models take only sharding=<type> and "
-                                      "zero=0|3 as pinned knobs"))
+            rows.append({**_row(t, None, "recommendation models take only sharding=<type> and "
+                                         "zero=0|3 as pinned knobs"), "_bad_input": True})
         else:
             try:
                 plan = api.plan_rec_prepared(prepared, t.cluster, t.training,
@@ -139,6 +146,8 @@ def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
                                              zero=t.options.fix.get("zero"),
                                              time_limit_s=t.options.time_limit_s)
                 rows.append(_row(t, plan, ""))
+            except SpecError as exc:  # bad input, not an infeasible point
+                rows.append({**_row(t, None, str(exc)), "_bad_input": True})
             except PlannerError as exc:
                 rows.append(_row(t, None, str(exc)))
         rows[-1]["model"] = info["name"]

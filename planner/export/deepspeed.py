@@ -120,12 +120,22 @@ def _batch(plan: Plan, ledger: common.Ledger, extra: dict, ulysses: bool) -> dic
 def _overlap(plan: Plan, zero: int, ledger: common.Ledger) -> dict:
     """overlap_comm as the plan was priced (EngineSpec.overlap_grad_reduce; DeepSpeed's default
     is on for ZeRO-3 only, zero/config.py), and notes where DeepSpeed cannot hide what the plan
-    hides: ZeRO-0 all-reduces after the backward (engine.allreduce_gradients), and the ZeRO-1/2
-    optimizer gathers the updated weights inside its step (EngineSpec.overlap_param_gather)."""
+    hides: under its pipeline engine it turns overlap_comm off (runtime/engine.py: "Pipeline
+    parallelism does not support overlapped communication"), ZeRO-0 all-reduces after the
+    backward (engine.allreduce_gradients), and the ZeRO-1/2 optimizer gathers the updated
+    weights inside its step (EngineSpec.overlap_param_gather)."""
     engine = engine_from_mapping(plan.training.get("engine"))
     p = plan.parallel
     if not engine.overlap_grad_reduce or p["dp"] * p.get("cp", 1) == 1:
         return {"overlap_comm": engine.overlap_grad_reduce} if zero >= 1 else {}
+    if p["pp"] > 1:
+        gathers = (" and gathers the updated weights inside its step" if zero in (1, 2)
+                   and engine.overlap_param_gather else "")
+        ledger.info(f"pp={p['pp']}: DeepSpeed's pipeline engine turns overlap_comm off "
+                    f"(runtime/engine.py) and reduces the gradients after the last backward"
+                    f"{gathers}, where the plan hides them: a slower step than planned, by up to "
+                    "their time")
+        return {}
     if zero == 0:
         ledger.info("ZeRO-0: DeepSpeed all-reduces the gradients after the backward "
                     "(engine.allreduce_gradients), where the plan hides the all-reduce behind it: "

@@ -483,11 +483,10 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     if has_experts.any():
         # the experts' gradients, over their own replicas, after the dense ones on the same links:
         # they get what the dense traffic leaves of the windows that hide it
-        used_f, used_b = window_use_s(cfg, dense, per, group, cluster, pipelined=pipelined,
-                                      gather_overlap=gathers)
+        left_compute, left_backward = windows_left(compute_s, backward_s, window_use_s(
+            cfg, dense, per, group, cluster, pipelined=pipelined, gather_overlap=gathers))
         exposed = exposed + np.where(has_experts, exposed_dp_s(
-            cfg, expert_params, per, expert_group, cluster,
-            np.maximum(0.0, compute_s - used_f - used_b), np.maximum(0.0, backward_s - used_b),
+            cfg, expert_params, per, expert_group, cluster, left_compute, left_backward,
             overlap, pipelined=pipelined, gather_overlap=gathers),
             0.0)
     if training.engine.fsdp_copies:
@@ -582,6 +581,15 @@ def zero3_calls(m: int, pipelined: bool) -> tuple[int, int]:
     for the forward that follows it (1F1B) or for the next backward (GPipe): about one
     all-gather per micro-batch, and one more."""
     return (m + 1, 1) if pipelined else (2 * m, m)
+
+
+def windows_left(compute_s, backward_s, used: tuple) -> tuple:
+    """(compute, backward) seconds of the windows that other traffic's ``used`` (forward,
+    backward: window_use_s) leaves, each window on its own: a forward the first traffic
+    overran leaves no forward, never less, and takes nothing from the backward."""
+    forward = np.maximum(0.0, compute_s - backward_s - used[0])
+    backward = np.maximum(0.0, backward_s - used[1])
+    return forward + backward, backward
 
 
 def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, *,

@@ -113,10 +113,11 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     # token copies of an MoE layer in the traced batch (a GEMM row counts them per sample)
     copies = {int(r[0] * r[1] * graph.batch) for r in routed}
     acc["act_routed_gathered"] = float(sum(saved[k] for k in gathered if k in saved))
+    fused_away = _fused_away(graph, op_names, savers)
+    # (a bias added to the output and the weights' multiply are one fused chain: already away)
     acc["act_routed_weighted"] = float(sum(
-        saved[k] for k in _weighted_outputs(savers, by, {n for n, _ in returning})))
-    _add_saved(saved, by, tp, scores, acc, _fused_away(graph, op_names, savers), linear_inputs,
-               expert_modules, copies)
+        saved[k] for k in _weighted_outputs(savers, by, {n for n, _ in returning}) - fused_away))
+    _add_saved(saved, by, tp, scores, acc, fused_away, linear_inputs, expert_modules, copies)
     fused = fused_traffic(graph, tp, op_names, scores)
     acc.update(_op_level_checkpointing(op_names, by, tp))
     acc.update(_backward_transient(op_names, by, tp, scores))

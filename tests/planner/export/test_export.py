@@ -294,6 +294,19 @@ def test_megatron_maps_zero(zero, flags):
     assert all(f in args for f in flags) and ("--use-distributed-optimizer" in args) == (zero > 0)
     if zero == 3:
         assert option(args, "--data-parallel-sharding-strategy") == "optim_grads_params"
+    # the overlap the plan was priced with (Megatron-LM leaves it off by default)
+    assert ("--overlap-grad-reduce" in args, "--overlap-param-gather" in args) == (True, zero > 0)
+
+
+def test_megatron_writes_no_overlap_for_a_plan_priced_without_it(notes):
+    serial = engine_settings(variant(plan_of("uneven-llama3-8b"), zero=1),
+                             overlap_grad_reduce=False)
+    args = megatron_args(to_megatron(serial))
+    assert "--overlap-grad-reduce" not in args and "--overlap-param-gather" not in args
+    assert not any("Megatron-FSDP always overlaps" in n for n in notes)
+    to_megatron(variant(serial, zero=3))  # Megatron-FSDP overlaps whatever it is told
+    assert any("Megatron-FSDP always overlaps" in n and "faster step than planned" in n
+               for n in notes)
 
 
 @pytest.mark.parametrize("zero,flag", [(1, "--use-distributed-optimizer"),

@@ -391,3 +391,10 @@ def test_the_updated_weights_are_gathered_behind_a_forward_never_a_backward():
         assert exposed(c, 2 * long, long, gathers=False) == pytest.approx(gather)
     half = 0.5 * gather  # a forward half as long as the gather hides half of it
     assert exposed(cfg, long + half, long) == pytest.approx(gather - half)
+    # the experts' traffic gets what the dense traffic leaves of each window: a forward the
+    # dense gather overran leaves none (not less), and the backward keeps its own rest
+    from planner.search.pricing import windows_left
+    assert windows_left(3.0, 2.0, (1.5, 0.5)) == (1.5, 1.5)
+    assert windows_left(3.0, 2.0, (0.5, 3.0)) == (0.5, 0.0)
+    left = windows_left(long + half, long, (gather, 0.0))
+    assert exposed(cfg, *left) == pytest.approx(gather)  # nothing left hides the next gather

@@ -20,7 +20,7 @@ from planner.search.evaluate import evaluate
 from planner.search.pricing import (DataParallelBytes, chunks, exposed_dp_s, expert_comm_s,
                                     fsdp_copies_s, idle_s,
                                     price, rank_max, rank_sums, rank_totals, step_flops,
-                                    window_use_s)
+                                    window_use_s, windows_left)
 from planner.solve.chain import partition
 
 TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 64,
@@ -142,10 +142,13 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
             used_f, used_b = window_use_s(cfg, params - experts, per,
                                           placement.dp_group(cfg, cluster), cluster,
                                           pipelined=piped, gather_overlap=gathers)
+            fwd_left = max(0.0, busy - backward - used_f)  # each window keeps its own rest
+            bwd_left = max(0.0, backward - used_b)
+            assert windows_left(busy, backward, (used_f, used_b)) == (fwd_left + bwd_left,
+                                                                      bwd_left)
             exposed += exposed_dp_s(cfg, experts, per, placement.edp_group(cfg, cluster),
-                                    cluster, max(0.0, busy - used_f - used_b),
-                                    max(0.0, backward - used_b), overlap, pipelined=piped,
-                                    gather_overlap=gathers)
+                                    cluster, fwd_left + bwd_left, bwd_left, overlap,
+                                    pipelined=piped, gather_overlap=gathers)
         if training.engine.fsdp_copies:
             wrapped = params - experts if cfg.ep > 1 else params
             exposed += fsdp_copies_s(cfg, wrapped, per, cluster.device, pipelined=piped)

@@ -373,3 +373,16 @@ def test_gpt_oss_experts_carry_biases_and_megatron_keeps_their_matrices_whole(ti
     with pytest.raises(planner.SpecError, match="etp > 1 over experts with biases"):
         plan("megatron", "tp=2,etp=2,ep=2")
     assert plan("megatron", "tp=2,ep=2").parallel["etp"] == 1
+
+
+def test_gpt_oss_experts_output_with_its_bias_is_dropped_once(tiny_gpt_oss):
+    """gpt-oss adds a bias to its experts' output before the routing weights multiply it: the
+    multiply keeps the sum, which the fused chain of the two already drops; it is not counted
+    again among what the routing weights alone keep (BlockWork.act_routed_weighted)."""
+    from costmodels import memory
+
+    w = _layer(tiny_gpt_oss, 0).work
+    assert w.num_experts and w.expert_bias and w.act_routed_weighted == 0.0
+    kw = dict(micro_batch=1, tp=1, sp=False, recompute="none", fused=True)
+    assert memory.activation_bytes(w, **kw, probs_in_activation=True) == \
+        memory.activation_bytes(w, **kw)
