@@ -433,6 +433,9 @@ def _overlap_dp(plan: Plan, ledger: common.Ledger) -> Group:
                         "megatron_fsdp.py), which the plan prices exposed (engine "
                         "overlap_grad_reduce=false): a faster step than planned")
         return []
+    if plan.parallel["zero"] == 3:
+        return [(["--overlap-grad-reduce", "--overlap-param-gather"],
+                 "gradients reduced and weights gathered behind compute, as priced")]
     if plan.parallel["zero"] >= 1 and engine.overlap_param_gather:
         return [(["--overlap-grad-reduce", "--overlap-param-gather"],
                  "gradients reduced behind the last micro-batch's backward, the updated weights "
