@@ -85,7 +85,7 @@ def _per_stage(name: str, value, n: int, what: str = "model stages") -> list[flo
 
 def simulate(actions: Sequence[Sequence[Action | str]], *, microbatches: int, fwd_s, bwd_s, wgrad_s=0.0,
              p2p_s=0.0, activation_bytes=0.0, vpp: int = 1,
-             bidirectional: bool = False) -> SimResult:
+             bidirectional: bool = False, timeline: bool = True) -> SimResult:
     """Simulate one step of ``actions`` (validated first).
 
     Per model stage (``len(actions) * vpp`` of them; both replicas of a bidirectional schedule
@@ -94,7 +94,8 @@ def simulate(actions: Sequence[Sequence[Action | str]], *, microbatches: int, fw
     ``wgrad_s`` weight-gradient seconds of a W (must be 0 when there are no W actions),
     ``activation_bytes`` kept per micro-batch. ``p2p_s``: seconds to send one micro-batch's
     activations (or gradients) over each cut between neighbouring model stages (``depth - 1``
-    values, or one number); free between stages on the same rank."""
+    values, or one number); free between stages on the same rank. ``timeline=False`` leaves the
+    result's timeline empty (the search needs the times, not the picture)."""
     p = len(actions)
     parsed = validate(actions, stages=p, microbatches=microbatches, vpp=vpp,
                       bidirectional=bidirectional, deadlock=False)
@@ -112,7 +113,7 @@ def simulate(actions: Sequence[Sequence[Action | str]], *, microbatches: int, fw
     if any(len(st) < len(acts) for st, acts in zip(starts, parsed)):
         validate(parsed, stages=p, microbatches=microbatches, vpp=vpp,
                  bidirectional=bidirectional)  # raises, naming the deadlock
-    return _result(parsed, starts, steps, shape, act, microbatches)
+    return _result(parsed, starts, steps, shape, act, microbatches, timeline)
 
 
 def _compile(parsed, shape: Shape, dur: dict, cut: list[float]):
@@ -184,14 +185,17 @@ def _run(steps, sends) -> list[list[float]]:
 
 
 def _result(parsed, starts, steps, shape: Shape, act: list[float],
-            microbatches: int) -> SimResult:
+            microbatches: int, keep_timeline: bool = True) -> SimResult:
     timeline, busy, peak_bytes, peak_count = [], [], [], []
+    step = 0.0
     for r, acts in enumerate(parsed):
         held = top_bytes = busy_s = 0.0
         count = top_count = 0
         for a, t, (_, d, _) in zip(acts, starts[r], steps[r]):
             s, kind, i = a
-            timeline.append(Interval(r, str(a), t, t + d, kind, s, i))
+            if keep_timeline:
+                timeline.append(Interval(r, str(a), t, t + d, kind, s, i))
+            step = max(step, t + d)
             busy_s += d
             if kind == "F":
                 held += act[shape.model_stage(s)]
@@ -204,7 +208,6 @@ def _result(parsed, starts, steps, shape: Shape, act: list[float],
         peak_bytes.append(top_bytes)
         peak_count.append(top_count)
     timeline.sort(key=itemgetter(2, 0))  # by start, then rank
-    step = max((iv.end_s for iv in timeline), default=0.0)
     idle = tuple(step - b for b in busy)
     return SimResult(step_time_s=step, busy_s=tuple(busy), idle_s=idle,
                      bubble_fraction=sum(idle) / (len(busy) * step) if step > 0 else 0.0,

@@ -155,7 +155,8 @@ def _simulated_step(cfg, fwd, bwd, wgrad, p2p_s: float, act) -> tuple[float, lis
     """(pipeline seconds, peak activation bytes per rank) of ``cfg``'s schedule."""
     def run(m: int):
         sim = simulate(build(cfg.schedule, cfg.pp, m, vpp=cfg.vpp), microbatches=m, fwd_s=fwd,
-                       bwd_s=bwd, wgrad_s=wgrad, p2p_s=p2p_s, activation_bytes=act, vpp=cfg.vpp)
+                       bwd_s=bwd, wgrad_s=wgrad, p2p_s=p2p_s, activation_bytes=act, vpp=cfg.vpp,
+                       timeline=False)
         return sim.step_time_s, list(sim.peak_activation_bytes)
 
     m, unit = cfg.num_microbatches, cfg.pp
