@@ -23,6 +23,7 @@ KERNELS = ("fused", "eager")
 FUSED_SCOPES = ("model", "layers")
 DISPATCHERS = ("alltoall", "allgather")
 CP_RINGS = ("te", "torch", "runtime")
+OVERLAP_SCOPES = ("all", "sharded")
 HOST_OP_MAX_S = 1e-3
 """Seconds per op above which a host time is taken for a unit slip (eager PyTorch issues an op in
 tens of microseconds)."""
@@ -56,6 +57,11 @@ class EngineSpec:
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction runs during the last micro-batch's backward (DDP buckets,
     FSDP2, Megatron --overlap-grad-reduce); False: after it (Megatron-LM's 'local' DDP of 2021)."""
+    overlap_scope: str = "all"
+    """Where ``overlap_grad_reduce`` hides the reduction: ``all`` (every ZeRO stage, with or
+    without a pipeline) or ``sharded`` (ZeRO >= 1 without a pipeline: DeepSpeed, whose ZeRO-0
+    all-reduces after the backward, engine.allreduce_gradients, and whose pipeline engine turns
+    overlap_comm off, runtime/engine.py)."""
     overlap_param_gather: bool = True
     """With ``overlap_grad_reduce`` and ZeRO-1/2, the updated weights are all-gathered behind the
     next step's first forward, bucket by bucket (Megatron-Core --overlap-param-gather, FSDP2's
@@ -147,7 +153,16 @@ class EngineSpec:
     """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
 
+    def overlaps_reduction(self, *, zero: int, pp: int) -> bool:
+        """Whether data-parallel gradient reduction hides behind the backward for a configuration
+        of ZeRO stage ``zero`` and ``pp`` pipeline stages (overlap_grad_reduce, overlap_scope)."""
+        return self.overlap_grad_reduce and (self.overlap_scope == "all"
+                                             or (zero >= 1 and pp == 1))
+
     def __post_init__(self):
+        if self.overlap_scope not in OVERLAP_SCOPES:
+            raise SpecError(f"engine.overlap_scope: expected {' or '.join(OVERLAP_SCOPES)}, got "
+                            f"{self.overlap_scope!r}")
         if self.cp_ring not in CP_RINGS:
             raise SpecError(f"engine.cp_ring: expected {', '.join(CP_RINGS)}, got "
                             f"{self.cp_ring!r}")
@@ -208,7 +223,8 @@ PRESETS: dict[str, dict] = {
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction (overlap_comm); its
     # ZeRO-1/2 optimizer gathers the updated weights inside step()
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
-                  "overlap_param_gather": False, "state_layout": "zero",
+                  "overlap_scope": "sharded", "overlap_param_gather": False,
+                  "state_layout": "zero",
                   "moe_probs_in_activation": False},
 }
 """Engine settings of common training stacks, by name (``--engine megatron-core``); ``k=v`` pairs

@@ -44,7 +44,7 @@ def register(add) -> None:
     s.add_argument("--engine", help=f"the software you train with: a preset ({presets}) and/or "
                    "attention=flash|flash2|materialized, kernels=fused|eager, "
                    "fused_scope=model|layers, overlap_grad_reduce=true|false, "
-                   "overlap_param_gather=true|false, "
+                   "overlap_param_gather=true|false, overlap_scope=all|sharded, "
                    "fsdp_copies=true|false, fsdp_experts=true|false, "
                    "pipelined_accumulation=true|false, "
                    "cp_ring=te|torch|runtime, "

@@ -128,6 +128,8 @@ def _overlap(plan: Plan, zero: int, ledger: common.Ledger) -> dict:
     p = plan.parallel
     if not engine.overlap_grad_reduce or p["dp"] * p.get("cp", 1) == 1:
         return {"overlap_comm": engine.overlap_grad_reduce} if zero >= 1 else {}
+    if not engine.overlaps_reduction(zero=zero, pp=p["pp"]):  # priced as DeepSpeed runs it
+        return {"overlap_comm": False} if zero >= 1 else {}
     if p["pp"] > 1:
         gathers = (" and gathers the updated weights inside its step" if zero in (1, 2)
                    and engine.overlap_param_gather else "")

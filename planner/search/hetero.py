@@ -272,7 +272,8 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
         group = hc.groups[stage_group[st.index]]
         dp_s = max(dp_s, exposed_dp_s(cfg, st.params, per, placement.dp_group(lay, group), group,
                                       st.compute_s, st.compute_s - st.fwd_s,
-                                      training.engine.overlap_grad_reduce,
+                                      training.engine.overlaps_reduction(zero=cfg.zero,
+                                                                         pp=cfg.pp),
                                       pipelined=fsdp_pipelined(cfg, training),
                                       gather_overlap=training.engine.overlap_param_gather))
         shard = cfg.dp if cfg.zero >= 1 else 1

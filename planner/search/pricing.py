@@ -473,7 +473,7 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     ranks = split.ranks
     params, expert_params = ranks.params, ranks.expert_params
     compute_s, backward_s = split.rank_compute_s, split.rank_backward_s
-    overlap = training.engine.overlap_grad_reduce
+    overlap = training.engine.overlaps_reduction(zero=cfg.zero, pp=cfg.pp)
     gathers = training.engine.overlap_param_gather
     pipelined = fsdp_pipelined(cfg, training)
     dense = params - expert_params

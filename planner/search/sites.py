@@ -187,7 +187,8 @@ def placement_report(est, ma, hc: HeteroCluster, training) -> dict:
     grads = [st.params * per.grads for st in est.stages]
     chosen = [names[st.group] for st in est.stages]
     out = compare(hc, cfg, chosen, stage_compute, cut, grads,
-                  training.engine.overlap_grad_reduce, est.breakdown.get("optimizer_s", 0.0))
+                  training.engine.overlaps_reduction(zero=cfg.zero, pp=cfg.pp),
+                  est.breakdown.get("optimizer_s", 0.0))
     out["model"] = ("slot model: (micro-batches + pp - 1) x slowest (compute + sends) + exposed "
                     "gradient all-reduce (planner.search.sites)")
     return out

@@ -398,3 +398,26 @@ def test_the_updated_weights_are_gathered_behind_a_forward_never_a_backward():
     assert windows_left(3.0, 2.0, (0.5, 3.0)) == (0.5, 0.0)
     left = windows_left(long + half, long, (gather, 0.0))
     assert exposed(cfg, *left) == pytest.approx(gather)  # nothing left hides the next gather
+
+
+def test_deepspeed_hides_the_reduction_only_with_zero_and_without_a_pipeline(fp32_llama):
+    """DeepSpeed all-reduces ZeRO-0's gradients after the backward and turns overlap_comm off
+    under its pipeline engine (overlap_scope=sharded); ZeRO-1 without a pipeline hides it."""
+    ds = engine_from_mapping("deepspeed")
+    assert ds.overlaps_reduction(zero=1, pp=1)
+    assert not ds.overlaps_reduction(zero=0, pp=1) and not ds.overlaps_reduction(zero=1, pp=2)
+    assert EngineSpec().overlaps_reduction(zero=0, pp=4)  # Megatron-Core's DDP overlaps anyway
+    assert not EngineSpec(overlap_grad_reduce=False).overlaps_reduction(zero=1, pp=1)
+    fix = "dp=2,tp=1,pp=1,micro_batch=1,recompute=none,offload_optimizer=false"
+    everywhere = dataclasses.replace(ds, overlap_scope="all")
+    serial = dataclasses.replace(ds, overlap_grad_reduce=False)
+    for zero, hidden in ((0, False), (1, True)):
+        priced = _plan(fp32_llama, f"{fix},zero={zero}", ds).predicted["breakdown"]["dp_comm_s"]
+        like = everywhere if hidden else serial
+        assert priced == _plan(fp32_llama, f"{fix},zero={zero}",
+                               like).predicted["breakdown"]["dp_comm_s"]
+        if not hidden:  # the backward would have hidden some of it
+            assert priced > _plan(fp32_llama, f"{fix},zero={zero}",
+                                  everywhere).predicted["breakdown"]["dp_comm_s"]
+    with pytest.raises(SpecError, match="engine.overlap_scope: expected all or sharded"):
+        engine_from_mapping("overlap_scope=some")
