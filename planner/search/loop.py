@@ -10,10 +10,12 @@ fastest device), until the next bound cannot enter the top k: the rest are domin
 simulation of the schedule) and re-ranked. The simulation can find a schedule slower than its
 closed form (interleaved 1F1B over chunks of unequal time waits for the slowest rank of each chunk
 position), or faster (ZB-H1's weight gradients on unequal stages); so configurations whose closed
-form, less the largest share by which a simulation has come out faster than its closed form, is
-below the best simulated step are simulated too, in increasing order (pricing dominated ones as
-their bound comes below it), until the next one cannot beat it, or RETIME_MAX of them: the plan is
-the best simulated.
+form, less the largest share by which a simulation has come out faster than its closed form (at
+least RETIME_MARGIN), is below the best simulated step are simulated too, in increasing order
+(pricing dominated ones as their bound comes below it), until the next one cannot beat it, or
+RETIME_MAX of them: the plan is the best simulated. When the simulation puts every kept plan over
+memory (in-flight activations the closed form undercounts), the next ones are simulated the same
+way until one fits.
 
 Status: ``optimal`` (under the cost model) when every configuration was considered and the best
 plan's stage split is proven optimal; ``feasible`` when the time limit stopped the enumeration (gap
@@ -50,6 +52,11 @@ OUT_OF_MEMORY = "out of memory"
 DOMINATED = "dominated (bound)"
 SLOWER = "slower than the top k"
 RETIME_MAX = 48
+RETIME_MARGIN = 0.01
+"""The least share below its closed form a configuration's simulation is taken to reach when the
+search decides what to re-time: closed forms of neighbouring schedules (interleaved chunks, ZB-H1)
+differ from their simulations by a few tenths of a percent either way, more than the gaps between
+the best plans."""
 """Configurations beyond the top k a search re-times by simulation at most (see the docstring);
 past it the status is ``feasible``."""
 OUTCOMES = (OUT_OF_MEMORY, DOMINATED, SLOWER, TIME_LIMIT)
@@ -222,12 +229,13 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         progress(queued, queued)
     ranked = pricer.refine(top.ranked(), deadline)
     cut = bool(rejected[TIME_LIMIT])
-    if ranked and not cut:
+    if not cut:  # (also when the simulation put every kept plan over memory: the next ones)
         closed = top.ranked()
         kept = {id(e) for e in closed}
         spare = [s for s in spare if id(s[2]) not in kept]
         faster = max((1.0 - r.step_time_s / c.step_time_s for c in closed for r in ranked
                       if r.config == c.config), default=0.0)
+        faster = max(faster, RETIME_MARGIN)
         ranked, cut = _retime(ranked, spare, queue, costs_of, pricer, training, rejected, top,
                               deadline, faster)
         ranked = ranked[:options.top_k + 1]
@@ -260,7 +268,7 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
     before pricing), less the largest share by which a simulation came out faster than its
     closed form so far (``faster``, from the top k on), is below the best simulated step."""
     heapq.heapify(spare)
-    best = ranked[0].step_time_s
+    best = ranked[0].step_time_s if ranked else float("inf")
     done = 0
     while True:
         reach = best / (1.0 - max(0.0, min(faster, 0.5)))  # closed forms that may simulate below
