@@ -165,6 +165,9 @@ class SearchOptions:
     zero3_with_cp_ep: bool = True
     """Whether ZeRO-3 may combine with both context and expert parallelism (DeepSpeed's AutoEP
     refuses it under Ulysses)."""
+    zero0_with_others: bool = True
+    """Whether ZeRO-0 (plain data parallelism) may combine with tensor, pipeline, context or
+    expert parallelism (torchtitan 0.2.2's DDP: "DDP has not supported > 1D parallelism")."""
     pp_inner_same_dp: bool = False
     """Whether placement ``tp-pp-dp`` with a pipeline needs the experts' data-parallel degree
     equal to the attention's (ep x etp = tp x cp; etp is tp in a model without experts):

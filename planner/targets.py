@@ -59,6 +59,9 @@ class Engine:
     """Experts' matrices split (etp > 1) where the experts carry biases (gpt-oss)."""
     zero3_with_cp_ep: bool = True
     """ZeRO-3 together with both context and expert parallelism."""
+    zero0_with_others: bool = True
+    """ZeRO-0 (plain data parallelism) together with tensor, pipeline, context or expert
+    parallelism."""
     pp_inner_same_dp: bool = False
     """Placement tp-pp-dp with a pipeline only where the experts' data parallelism equals the
     attention's (SearchOptions.pp_inner_same_dp)."""
@@ -87,7 +90,7 @@ ENGINES: dict[str, Engine] = {
     "torchtitan": Engine(name="torchtitan", version="0.2.2",
                          schedules=("gpipe", "1f1b", "interleaved-1f1b"),
                          zero=(0, 2, 3), zero_with_pp=(2, 3), zero_with_cp=(2, 3),
-                         offload=False,
+                         zero0_with_others=False, offload=False,
                          sequence_parallel=(True,), recompute=("none", "full", "op"),
                          # context parallelism through torch's context_parallel, which
                          # all-gathers K/V (torch's default rotate method; 0.2.2's
@@ -149,6 +152,10 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
             not eng.zero3_with_cp_ep:
         raise SpecError(f"fix.zero: {target} does not run ZeRO-3 with both cp and ep (pin zero "
                         "below 3, or cp=1 or ep=1)")
+    if fix.get("zero") == 0 and not eng.zero0_with_others and int(fix.get("dp", 1)) > 1 and any(
+            int(fix.get(k, 1)) > 1 for k in ("tp", "pp", "cp", "ep")):
+        raise SpecError(f"fix.zero: {target} runs ZeRO-0 (plain data parallelism) only without "
+                        "tensor, pipeline, context or expert parallelism; pin zero 2 or 3")
     if fix.get("offload_optimizer") and not eng.offload:
         raise SpecError(f"fix.offload_optimizer: {target} does not offload the optimizer alone "
                         "(pin offload_optimizer=false or use another target)")
@@ -188,6 +195,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    tp_inner_weights=options.tp_inner_weights and eng.tp_inner_weights,
                    pp_inner_same_dp=options.pp_inner_same_dp or eng.pp_inner_same_dp,
                    zero3_with_cp_ep=options.zero3_with_cp_ep and eng.zero3_with_cp_ep,
+                   zero0_with_others=options.zero0_with_others and eng.zero0_with_others,
                    etp_with_expert_bias=options.etp_with_expert_bias and eng.etp_with_expert_bias,
                    schedules=tuple(s for s in options.schedules if s in eng.schedules),
                    zero=tuple(z for z in options.zero if z in eng.zero),

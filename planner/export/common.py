@@ -281,6 +281,11 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
     if int(fix.get("ep", 1)) > 1 and True not in eng.sequence_parallel:
         runs["tp"] = (1,)  # experts with tp > 1 need sequence parallelism (planner.search.space)
     facts = moe.model(plan)
+    # the exchanges it runs over this model's attention (latent, windowed, with sinks)
+    runs["cp_comm"] = tuple(c for c in eng.cp_comms
+                            if (not facts.mla or c in eng.cp_comms_latent)
+                            and (not facts.sliding_window or c in eng.cp_comms_windowed)
+                            and (not facts.sinks or c in eng.cp_comms_sinks))
     cp, ep = int(fix.get("cp", 1)), int(fix.get("ep", 1))
     if cp > 1:  # the stages it shards with context parallelism (and with experts too)
         runs["zero"] = tuple(z for z in runs["zero"] if zero_runs_with_cp(eng, z, ep=ep))

@@ -22,6 +22,8 @@ DeepSeek-V3)."""
 EXPERT_BIAS = ("gpt_oss",)
 """Hugging Face model types whose routed experts carry biases (gpt-oss's GptOssExperts:
 gate_up_proj_bias and down_proj_bias; the trace marks them as BlockWork.expert_bias)."""
+SINKS = ("gpt_oss",)
+"""Hugging Face model types whose attention has sinks (gpt-oss's learnable softmax offset)."""
 MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_capacity_factor": 0.0,
                 "moe_grouped_gemm": True, "moe_overlap": False, "moe_imbalance": 1.0}
 """costmodels.engine.EngineSpec's defaults (plans from before these settings existed)."""
@@ -47,6 +49,8 @@ class Model:
     """Tokens of a sliding attention window in some layers (gpt-oss: 128); 0 for none."""
     expert_bias: bool = False
     """The routed experts add a bias vector each (gpt-oss)."""
+    sinks: bool = False
+    """The attention has sinks (gpt-oss)."""
 
 
 def model(plan: Plan) -> Model:
@@ -64,7 +68,7 @@ def model(plan: Plan) -> Model:
                  shared=int(cfg.get("n_shared_experts", 0) or 0), model_type=entry.model_type,
                  mla=bool(cfg.get("kv_lora_rank")), sliding_window=int(cfg.get("sliding_window")
                                                                        or 0),
-                 expert_bias=entry.model_type in EXPERT_BIAS)
+                 expert_bias=entry.model_type in EXPERT_BIAS, sinks=entry.model_type in SINKS)
 
 
 def settings(plan: Plan) -> dict:

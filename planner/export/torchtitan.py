@@ -164,10 +164,10 @@ def _ddp_refused(plan: Plan, version: str) -> str:
     p = plan.parallel
     if p.get("cp", 1) > 1:
         return "cp"
+    if p.get("ep", 1) > 1 and (p.get("cp", 1) * p["tp"]) % (p["ep"] * _expert_tp(plan, version)):
+        return "experts"  # (named first: the experts' mesh fails before any DDP check)
     if version == "0.2.2" and (p["tp"] > 1 or p["pp"] > 1):
         return "mesh"
-    if p.get("ep", 1) > 1 and (p.get("cp", 1) * p["tp"]) % (p["ep"] * _expert_tp(plan, version)):
-        return "experts"
     return ""
 
 

@@ -44,6 +44,7 @@ OFFLOAD_ZERO = "offload needs ZeRO >= 1"
 ZERO_PP = "ZeRO stage not run with pipelines by the target"
 ZERO3_CP_EP = "ZeRO-3 with both cp and ep not run by the target"
 ZERO_CP = "ZeRO stage not run with cp by the target"
+ZERO0_ALONE = "ZeRO-0 with other parallelism not run by the target"
 MB_MEMORY = "micro-batch activations alone exceed memory"
 CP_SEQ = "sequence not divisible into 2 x cp chunks"
 CP_SHORT = "fewer tokens per cp rank than the search's minimum (cp_min_tokens)"
@@ -373,6 +374,11 @@ def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
 
 def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1, ep=1, etp=1):
     states = _zero_offload(fix, dp * cp, pp, options, rejected)
+    if not options.zero0_with_others and dp * cp > 1 and max(tp, pp, cp, ep) > 1 and states:
+        kept = [(z, o) for z, o in states if z != 0]
+        if not kept:
+            rejected[ZERO0_ALONE] += 1
+        states = kept
     if cp > 1 and states:
         kept = [(z, o) for z, o in states if zero_runs_with_cp(options, z, ep=ep)]
         if not kept:

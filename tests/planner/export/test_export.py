@@ -1007,3 +1007,17 @@ def test_the_replan_hint_keeps_no_pin_the_targets_rules_refuse(stem, pins, targe
     assert dropped not in hint
     fix = hint.split(" --fix ")[1].split(" ")[0] if " --fix " in hint else ""
     targets.restrict(SearchOptions(fix=parse_fix(fix)), target)  # no SpecError
+
+
+def test_a_replan_hint_drops_an_exchange_the_target_does_not_run_over_the_attention():
+    """Megatron runs latent attention (DeepSeek-V3) with p2p or a2a+p2p only, and a window or
+    sinks (gpt-oss) with a2a (and all-gather) only: a hint keeps a pinned cp_comm only where the
+    re-plan would take it."""
+    from planner.export import common  # noqa: PLC0415
+    base = data_plan("llama3-8b-cp4-megatron")
+    for spec, dropped, kept in (("deepseek-v3", "a2a", "p2p"), ("gpt-oss-120b", "p2p", "a2a")):
+        for form, stays in ((dropped, False), (kept, True)):
+            plan = dataclasses.replace(base, model={**base.model, "spec": spec}, search={
+                **base.search, "options": {"fix": {"cp": 2, "cp_comm": form}}})
+            hint = common.resolve_hint(plan, "megatron")
+            assert (f"cp_comm={form}" in hint) == stays, hint

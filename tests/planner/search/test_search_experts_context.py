@@ -475,3 +475,24 @@ def test_megatron_keeps_no_expert_output_for_the_routing_weights(tiny_mixtral):
     act = [p.stages[0]["predicted"]["activation_bytes_per_microbatch"] for p in (megatron, hf)]
     layers = sum(b.work.num_experts > 0 for b in tiny_mixtral.blocks.blocks)
     assert act[1] - act[0] == pytest.approx(2 * layers * w.act_routed_weighted, rel=1e-4)
+
+
+def test_torchtitan_plans_plain_data_parallelism_only_alone(tiny_llama, tiny_mixtral):
+    """torchtitan 0.2.2's DDP refuses a mesh of more than one dimension ("DDP has not supported
+    > 1D parallelism"): ZeRO-0 with data parallelism and tp, pp, cp or ep is not planned for it;
+    alone, or with one replica, it is."""
+    from planner import targets
+    with pytest.raises(planner.SpecError, match="runs ZeRO-0 .* only without tensor"):
+        targets.restrict(planner.SearchOptions(fix=parse_fix("dp=4,tp=2,zero=0")), "torchtitan")
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    for model, fix in ((tiny_llama, "tp=2"), (tiny_mixtral, "ep=2,tp=1")):
+        options = targets.restrict(planner.SearchOptions(fix=parse_fix(fix), top_k=0),
+                                   "torchtitan")
+        with pytest.raises(planner.SpecError, match="no configuration with"):
+            planner.plan_prepared(model, cluster, planner.TrainingSpec(
+                global_batch=64, seq_len=model.seq_len),
+                dataclasses.replace(options, fix=parse_fix(fix + ",zero=0")))
+    alone = planner.plan_prepared(tiny_llama, cluster, planner.TrainingSpec(
+        global_batch=64, seq_len=tiny_llama.seq_len), targets.restrict(planner.SearchOptions(
+            fix=parse_fix("dp=8,zero=0"), top_k=0), "torchtitan"))
+    assert (alone.parallel["dp"], alone.parallel["zero"]) == (8, 0)
