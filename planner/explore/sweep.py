@@ -107,6 +107,11 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     return [_ordered(r) for r in rows]
 
 
+def _bad_row(task: "_Task", reason: str) -> dict:
+    """The row of a point that is bad input (not an infeasible one), marked for _refuse_all_bad."""
+    return {**_row(task, None, reason), "_bad_input": True}
+
+
 def _refuse_all_bad(rows: list[dict]) -> None:
     """SpecError when no point is valid input (the sweep's settings are wrong); drops the rows'
     marks (``_bad_input``) otherwise."""
@@ -135,10 +140,10 @@ def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
     rows = []
     for i, t in enumerate(tasks):
         if t.error:
-            rows.append({**_row(t, None, t.error), "_bad_input": True})
+            rows.append(_bad_row(t, t.error))
         elif t.options.fix and set(t.options.fix) - {"sharding", "zero"}:
-            rows.append({**_row(t, None, "recommendation models take only sharding=<type> and "
-                                         "zero=0|3 as pinned knobs"), "_bad_input": True})
+            rows.append(_bad_row(t, "recommendation models take only sharding=<type> and "
+                                    "zero=0|3 as pinned knobs"))
         else:
             try:
                 plan = api.plan_rec_prepared(prepared, t.cluster, t.training,
@@ -147,7 +152,7 @@ def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
                                              time_limit_s=t.options.time_limit_s)
                 rows.append(_row(t, plan, ""))
             except SpecError as exc:  # bad input, not an infeasible point
-                rows.append({**_row(t, None, str(exc)), "_bad_input": True})
+                rows.append(_bad_row(t, str(exc)))
             except PlannerError as exc:
                 rows.append(_row(t, None, str(exc)))
         rows[-1]["model"] = info["name"]
@@ -180,7 +185,7 @@ def _run(tasks: list[_Task], prepared: dict, workers: int | None, progress) -> l
     rows: list[dict | None] = [None] * len(tasks)
     for t in tasks:
         if t.error:
-            rows[t.index] = {**_row(t, None, t.error), "_bad_input": True}
+            rows[t.index] = _bad_row(t, t.error)
     done = len(tasks) - len(todo)
     if progress:
         progress(done, len(tasks))
@@ -245,7 +250,7 @@ def plan_point(task: _Task, prepared) -> dict:
     try:
         plan = api.plan_prepared(prepared, task.cluster, training, task.options)
     except SpecError as exc:  # bad input (a pin the model cannot take), not an infeasible point
-        return {**_row(replace(task, training=training), None, str(exc)), "_bad_input": True}
+        return _bad_row(replace(task, training=training), str(exc))
     except PlannerError as exc:
         return _row(replace(task, training=training), None, str(exc))
     return _row(replace(task, training=training), plan, "")
