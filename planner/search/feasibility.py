@@ -13,6 +13,7 @@ from planner.errors import SpecError
 from planner.options import (CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec,
                              zero_runs_with_cp)
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
+from planner.search.loop import rejection_lines
 from planner.search.pricing import Estimate, price
 from planner.search.space import (BATCH_DP, CP_HEADS, MICRO_BATCH, PP_BLOCKS, TOO_MANY_MB,
                                   TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space, cp_comm_reason,
@@ -215,7 +216,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     problem = pin_problem(dict(options.fix), Space.of(cluster, bg, options), training, options)
     if problem:
         raise SpecError(problem)
-    summary = ", ".join(f"{n} {r}" for r, n in rejected.most_common(4)) or "no candidates"
+    summary = ", ".join(filter(None, rejection_lines(rejected, most=6))) or "no candidates"
     pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                     for k, v in options.fix.items())
     with_pins = f" with {pins}" if pins else ""
