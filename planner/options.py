@@ -107,6 +107,29 @@ def same_data_parallelism(tp: int, cp: int, ep: int, etp: int, *, experts: bool)
     return (ep * etp if experts else tp) == tp * cp
 
 
+PP_INNER = "placement tp-pp-dp with a pipeline not run by the target (its mesh puts pp outermost)"
+PP_INNER_SAME_DP = ("placement tp-pp-dp with a pipeline needs as many expert as attention "
+                    "data-parallel ranks (ep x etp = tp x cp) in Megatron-Core")
+PP_INNER_EXPERTS = ("placement tp-pp-dp with a pipeline and ep > 1 not run by the target (its "
+                    "expert groups take a stage's ranks to be consecutive)")
+
+
+def pp_inner_refused(runs, *, pp: int, dp: int, tp: int, cp: int, ep: int, etp: int,
+                     experts: bool) -> str:
+    """Why ``runs`` (SearchOptions, or a target's planner.targets.Engine: both carry
+    ``pp_inner``, ``pp_inner_same_dp`` and ``pp_inner_with_experts``) cannot place this configuration as
+    tp-pp-dp (pipeline neighbours on adjacent ranks), or '' when it can."""
+    if pp == 1 or dp == 1:
+        return ""
+    if not runs.pp_inner:
+        return PP_INNER
+    if runs.pp_inner_same_dp and not same_data_parallelism(tp, cp, ep, etp, experts=experts):
+        return PP_INNER_SAME_DP
+    if not runs.pp_inner_with_experts and ep > 1:
+        return PP_INNER_EXPERTS
+    return ""
+
+
 @dataclass(frozen=True, kw_only=True)
 class SearchOptions:
     """How the search runs."""
@@ -172,6 +195,25 @@ class SearchOptions:
     """Whether placement ``tp-pp-dp`` with a pipeline needs the experts' data-parallel degree
     equal to the attention's (ep x etp = tp x cp; etp is tp in a model without experts):
     Megatron-Core's initialize_model_parallel asserts it for any order not ending in pp."""
+    pp_inner: bool = True
+    """Whether placement ``tp-pp-dp`` (pipeline neighbours on adjacent ranks) may be used with a
+    pipeline and data parallelism (torchtitan orders its device mesh pp, dp_replicate, dp_shard,
+    cp, tp, outermost first: tp-dp-pp only)."""
+    pp_inner_with_experts: bool = True
+    """Whether placement ``tp-pp-dp`` with a pipeline may combine with expert parallelism
+    (DeepSpeed 0.19.8 builds its expert groups from consecutive ranks of a stage,
+    utils/groups.py, so its stages must be blocks of consecutive ranks: tp-dp-pp)."""
+    experts_split_without_ep: bool = False
+    """Whether, with ep = 1 and tp > 1, the target splits the experts' matrices over the tp ranks
+    whatever etp says (etp = tp): torchtitan 0.2.2's apply_moe_ep_tp takes the tp mesh for the
+    experts when there is no ep mesh."""
+    mixed_precision_needs_sharding: bool = False
+    """Whether, with tensor or pipeline parallelism, the target trains in the plan's 16-bit (or
+    FP8) dtype only where the model states are sharded over dp x cp > 1: torchtitan 0.2.2's
+    maybe_enable_amp turns mixed precision off without FSDP when tp or pp is on (fp32 training)."""
+    seq_split_2cp_tp: bool = False
+    """Whether the target needs the sequence divisible by tp x 2 x cp even with cp = 1
+    (torchtitan 0.2.2's ParallelDims.seq_len_divisor, asserted by its parallelize functions)."""
     target: str = "any"
     """The engine the plan is for (planner.targets): ``any`` prices every configuration."""
     memory_reserve_fraction: float = 0.05

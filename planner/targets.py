@@ -65,6 +65,19 @@ class Engine:
     pp_inner_same_dp: bool = False
     """Placement tp-pp-dp with a pipeline only where the experts' data parallelism equals the
     attention's (SearchOptions.pp_inner_same_dp)."""
+    pp_inner: bool = True
+    """Placement tp-pp-dp with a pipeline and data parallelism (SearchOptions.pp_inner)."""
+    pp_inner_with_experts: bool = True
+    """Placement tp-pp-dp with a pipeline together with ep > 1
+    (SearchOptions.pp_inner_with_experts)."""
+    experts_split_without_ep: bool = False
+    """With ep = 1 and tp > 1 the experts' matrices split over tp whatever etp says
+    (SearchOptions.experts_split_without_ep)."""
+    mixed_precision_needs_sharding: bool = False
+    """With tp or pp, mixed precision only under sharding over dp x cp > 1
+    (SearchOptions.mixed_precision_needs_sharding)."""
+    seq_split_2cp_tp: bool = False
+    """The sequence divisible by tp x 2 x cp, cp = 1 included (SearchOptions.seq_split_2cp_tp)."""
     software: str | None = None
     """The engine preset (costmodels.engine.PRESETS) a plan for it is priced with when no engine
     is given; None: the default (Megatron-Core's)."""
@@ -87,7 +100,14 @@ ENGINES: dict[str, Engine] = {
     # > 1D parallelism"), so with a pipeline it shards, and with context parallelism it always
     # shards (ParallelDims.fsdp_enabled = dp_shard or cp); 0.3.0 is the newest release, but its
     # config parser imports the whole trainer (triton, datasets), so the checked default is 0.2.2.
+    # Without FSDP (dp x cp = 1) and with tp or pp, maybe_enable_amp turns mixed precision off
+    # (distributed/utils.py); with ep = 1 apply_moe_ep_tp splits the experts over the tp mesh; its
+    # parallelize functions assert seq_len % (tp x 2 x cp) == 0 (ParallelDims.seq_len_divisor);
+    # its device mesh orders pp, dp_replicate, dp_shard, cp, tp, outermost first (tp-dp-pp).
     "torchtitan": Engine(name="torchtitan", version="0.2.2",
+                         mixed_precision_needs_sharding=True, experts_split_without_ep=True,
+                         pp_inner=False,
+                         seq_split_2cp_tp=True,
                          schedules=("gpipe", "1f1b", "interleaved-1f1b"),
                          zero=(0, 2, 3), zero_with_pp=(2, 3), zero_with_cp=(2, 3),
                          zero0_with_others=False, offload=False,
@@ -119,8 +139,11 @@ ENGINES: dict[str, Engine] = {
     # its MoE layer spreads experts over ep ranks (experts' data parallelism follows) without
     # splitting their matrices; its sequence parallelism is Ulysses (all-to-all over heads);
     # AutoEP refuses ZeRO-3 with sequence parallelism (runtime/engine.py: "AutoEP with ZeRO
-    # Stage 3 does not support sequence parallelism yet").
+    # Stage 3 does not support sequence parallelism yet"); its expert groups are consecutive
+    # ranks of a stage (utils/groups.py, _create_expert_and_data_parallel), so with a pipeline
+    # the stages must be blocks of consecutive ranks (placement tp-dp-pp).
     "deepspeed": Engine(name="deepspeed", version="0.19.8", schedules=("1f1b",),
+                        pp_inner_with_experts=False,
                         zero_with_pp=(0, 1), sequence_parallel=(False,), cp_comms=("a2a",),
                         cp_with_tp_pp=False, expert_tensor_parallel=False,
                         zero3_with_cp_ep=False, software="deepspeed"),
@@ -180,6 +203,18 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
         raise SpecError(f"fix.ep: {target} runs no expert parallelism")
     if int(fix.get("etp", 1)) > 1 and not eng.expert_tensor_parallel:
         raise SpecError(f"fix.etp: {target} does not split experts' matrices (pin etp=1)")
+    if fix.get("placement") == "tp-pp-dp" and int(fix.get("pp", 1)) > 1 and not eng.pp_inner:
+        raise SpecError(f"fix.placement: {target} places pipeline stages outermost (tp-dp-pp) "
+                        "only; pin placement=tp-dp-pp")
+    if fix.get("placement") == "tp-pp-dp" and int(fix.get("pp", 1)) > 1 and \
+            int(fix.get("ep", 1)) > 1 and not eng.pp_inner_with_experts:
+        raise SpecError(f"fix.placement: {target} runs tp-pp-dp with a pipeline only without "
+                        "expert parallelism (its expert groups are consecutive ranks of a "
+                        "stage); pin placement=tp-dp-pp or ep=1")
+    if eng.experts_split_without_ep and int(fix.get("ep", 1)) == 1 and \
+            int(fix.get("tp", 1)) > 1 and fix.get("etp") == 1:
+        raise SpecError(f"fix.etp: with ep=1 {target} splits the experts over the tp={fix['tp']} "
+                        f"ranks (etp={fix['tp']}); pin etp={fix['tp']} or an ep > 1")
     return replace(options, target=target, recompute=eng.recompute,
                    cp_comms=tuple(c for c in options.cp_comms if c in eng.cp_comms),
                    cp_comms_windowed=tuple(c for c in options.cp_comms_windowed
@@ -194,6 +229,13 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                                            and eng.expert_tensor_parallel),
                    tp_inner_weights=options.tp_inner_weights and eng.tp_inner_weights,
                    pp_inner_same_dp=options.pp_inner_same_dp or eng.pp_inner_same_dp,
+                   pp_inner=options.pp_inner and eng.pp_inner,
+                   pp_inner_with_experts=options.pp_inner_with_experts and eng.pp_inner_with_experts,
+                   experts_split_without_ep=(options.experts_split_without_ep
+                                             or eng.experts_split_without_ep),
+                   mixed_precision_needs_sharding=(options.mixed_precision_needs_sharding
+                                                   or eng.mixed_precision_needs_sharding),
+                   seq_split_2cp_tp=options.seq_split_2cp_tp or eng.seq_split_2cp_tp,
                    zero3_with_cp_ep=options.zero3_with_cp_ep and eng.zero3_with_cp_ep,
                    zero0_with_others=options.zero0_with_others and eng.zero0_with_others,
                    etp_with_expert_bias=options.etp_with_expert_bias and eng.etp_with_expert_bias,

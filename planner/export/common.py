@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 from costmodels.engine import EngineSpec, engine_from_mapping, setting_text
 from planner.errors import SpecError
 from planner.export import moe
-from planner.options import KNOBS, experts_text, same_data_parallelism, zero_runs_with_cp
+from planner.options import KNOBS, experts_text, pp_inner_refused, zero_runs_with_cp
 from planner.planfile.document import Plan
 from planner import targets
 
@@ -291,9 +291,12 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
         runs["zero"] = tuple(z for z in runs["zero"] if zero_runs_with_cp(eng, z, ep=ep))
     if facts.expert_bias and not eng.etp_with_expert_bias:
         runs["etp"] = (1,)
-    if eng.pp_inner_same_dp and int(fix.get("pp", 1)) > 1 and not same_data_parallelism(
-            int(fix.get("tp", 1)), cp, ep, int(fix.get("etp", 1)), experts=facts.moe):
-        runs["placement"] = ("tp-dp-pp",)  # tp-pp-dp needs the experts' dp equal to attention's
+    tp = int(fix.get("tp", 1))
+    if pp_inner_refused(eng, pp=int(fix.get("pp", 1)), dp=2, tp=tp, cp=cp, ep=ep,
+                        etp=int(fix.get("etp", 1)), experts=facts.moe):
+        runs["placement"] = ("tp-dp-pp",)  # (dp=2: any data parallelism, the rule's case)
+    if eng.experts_split_without_ep and facts.moe and ep == 1 and tp > 1:
+        runs["etp"] = (tp,)  # the experts split over tp whatever etp says
     pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                       for k, v in fix.items() if k not in runs or v in runs[k])
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))

@@ -16,6 +16,7 @@ import json
 
 from costmodels.engine import engine_from_mapping
 from planner.errors import SpecError
+from planner.options import pp_inner_refused
 from planner.export import common, moe
 from planner.planfile.document import Plan
 from planner import targets
@@ -399,7 +400,7 @@ def _pipeline(plan: Plan, ledger: common.Ledger) -> dict:
     for st in plan.stages:
         bounds.append(bounds[-1] + len(st["blocks"]))
     ledger.exact("stages")
-    out = {"num_stages": p["pp"], "how": HOW, "topology": _topology(plan),
+    out = {"num_stages": p["pp"], "how": HOW, "topology": _topology(plan, ledger),
            "partition_method": None, "parts": bounds}
     if lay.stacks and lay.even:
         out["even_alternative"] = ("the stages hold equal numbers of layers: "
@@ -410,8 +411,21 @@ def _pipeline(plan: Plan, ledger: common.Ledger) -> dict:
     return out
 
 
-def _topology(plan: Plan) -> dict:
+def _topology(plan: Plan, ledger: common.Ledger) -> dict:
+    """The pipeline's ProcessTopology; with experts spread over ranks, stages on blocks of
+    consecutive ranks (pipe outermost), as AutoEP's expert groups assume (targets' deepspeed
+    entry), whatever the plan's placement."""
     p, where = plan.parallel, common.placement(plan)
+    if where == "tp-pp-dp" and p["dp"] > 1 and pp_inner_refused(
+            targets.engine(TARGET), pp=p["pp"], dp=p["dp"], tp=p["tp"], cp=p.get("cp", 1),
+            ep=p.get("ep", 1), etp=p.get("etp", 1), experts=moe.model(plan).moe):
+        where = "tp-dp-pp"
+        ledger.nearest("placement", f"placement tp-pp-dp with ep={p['ep']}: DeepSpeed builds its "
+                       "expert groups from consecutive ranks of a pipeline stage "
+                       "(utils/groups.py), so the stages must be blocks of consecutive ranks; "
+                       "the topology puts pipe outermost (tp-dp-pp), whose pipeline sends may "
+                       "cross nodes where the plan kept them inside; "
+                       f"`{common.resolve_hint(plan, TARGET)}` plans for it")
     axes = AXES[where]
     size = {"pipe": p["pp"], "data": p["dp"], "model": p["tp"]}
     return {"class": "ProcessTopology", "axes": axes, "dims": [size[a] for a in axes]}

@@ -97,13 +97,20 @@ def _check_expert_bias(plan: Plan, version: str) -> None:
 
 
 def _check_context(plan: Plan) -> None:
-    """SpecError when Megatron-LM's validate_args refuses the plan's context parallelism: the
-    sequence must split into 2 x cp chunks (each rank one from the front and one from the back)."""
-    cp, seq = plan.parallel.get("cp", 1), plan.training["seq_len"]
+    """SpecError when Megatron-LM refuses the plan's sequence split: validate_args wants the
+    sequence in 2 x cp chunks (each rank one from the front and one from the back), and sequence
+    parallelism scatters a cp rank's tokens over the tp ranks (tensor_parallel/mappings.py,
+    _split_along_first_dim asserts they divide)."""
+    p, seq = plan.parallel, plan.training["seq_len"]
+    cp = p.get("cp", 1)
     if cp > 1 and seq % (2 * cp):
         raise SpecError(f"export megatron: Megatron-LM's validate_args requires the sequence "
                         f"length ({seq}) to be a multiple of 2 x context-parallel size ({2 * cp}); "
                         f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
+    if p["tp"] > 1 and p["sequence_parallel"] and (seq // cp) % p["tp"]:
+        raise SpecError(f"export megatron: sequence parallelism splits each cp rank's {seq // cp} "
+                        f"tokens over tp={p['tp']} ranks, and Megatron-Core requires them to "
+                        f"divide; re-plan with `{common.resolve_hint(plan, TARGET)}`")
 
 
 def _degrees(plan: Plan, version: str, ledger: common.Ledger) -> Group:

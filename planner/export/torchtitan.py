@@ -54,6 +54,7 @@ class Setting:
 def to_torchtitan(plan: Plan, version: str | None = None) -> str:
     """The plan as torchtitan settings for ``version`` (default: planner.targets' release)."""
     version = common.engine_version(TARGET, version)
+    _check_mesh(plan, version)
     ledger = common.Ledger(TARGET, version)
     raising: dict[str, tuple[object, str]] = {}  # knob -> (what torchtitan runs, words)
     settings = (_model(plan, version, ledger) + _data_parallel(plan, version, ledger)
@@ -68,6 +69,26 @@ def to_torchtitan(plan: Plan, version: str | None = None) -> str:
         return _toml(plan, version, settings + [Setting("activation_checkpoint", k, v, c)
                                                 for k, v, c in ac], notes)
     return _cli(plan, version, settings, ac, notes)
+
+
+def _check_mesh(plan: Plan, version: str) -> None:
+    """SpecError for a mesh torchtitan's parallelize functions refuse: a sequence not divisible
+    by tp x 2 x cp (their assert on ParallelDims.seq_len_divisor, cp = 1 included), and in 0.2.2
+    experts spread over ranks without an FSDP mesh (dp x cp = 1) in its deepseek_v3 and gpt_oss
+    models, which fetch that mesh whenever ep > 1 (get_mesh(["fsdp"]) raises for a size-1 mesh)."""
+    p, seq = plan.parallel, plan.training["seq_len"]
+    divisor = p["tp"] * 2 * p.get("cp", 1)
+    if seq % divisor:
+        raise SpecError(f"export torchtitan: torchtitan requires the sequence length ({seq}) to "
+                        f"be a multiple of tp x 2 x cp = {divisor} (ParallelDims.seq_len_divisor); "
+                        f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
+    known = names.torchtitan_model(plan)
+    if version == "0.2.2" and known and known[0] in ("deepseek_v3", "gpt_oss") and \
+            p.get("ep", 1) > 1 and p["dp"] * p.get("cp", 1) == 1:
+        raise SpecError(f"export torchtitan: torchtitan {version}'s {known[0]} needs an FSDP mesh "
+                        f"(dp x cp > 1) with ep={p['ep']} (its parallelize function fetches it "
+                        f"whenever experts are spread, and a mesh of size 1 does not exist); "
+                        f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
 
 
 # ---- the settings --------------------------------------------------------------------------------
@@ -274,7 +295,14 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger,
     out = [Setting("parallelism", "expert_parallel_degree", ep,
                    (f"{words} over ep {ep} ranks (folded over dp_shard x cp x tp); "
                     f"{moe.imbalance_words(plan)}",))]
-    if version == "0.2.2":
+    if version == "0.2.2" and ep == 1 and p["tp"] > 1 and etp != p["tp"]:
+        raising["etp"] = (p["tp"], f"experts' matrices split over tp={p['tp']}")
+        ledger.nearest("etp", f"etp={etp} with ep=1: torchtitan {version} splits the experts' "
+                       f"matrices over the tp={p['tp']} ranks when there is no expert "
+                       "parallelism (apply_moe_ep_tp takes the tp mesh; its "
+                       "expert_tensor_parallel_degree applies only with ep > 1): etp "
+                       f"{p['tp']}, time and memory re-checked below")
+    elif version == "0.2.2":
         ledger.exact("etp")
         out.append(Setting("parallelism", "expert_tensor_parallel_degree", etp))
     elif etp > 1:
@@ -461,6 +489,12 @@ def _training(plan: Plan, ledger: common.Ledger) -> list[Setting]:
                        "range)")
     else:
         ledger.exact("dtype")
+    if t["dtype"] != "fp32" and p["dp"] * p.get("cp", 1) == 1 and (p["tp"] > 1 or p["pp"] > 1):
+        ledger.nearest("dtype", f"dtype {t['dtype']} with tp={p['tp']} pp={p['pp']} and no data "
+                       "parallelism: torchtitan turns mixed precision off without FSDP when tensor "
+                       "or pipeline parallelism is on (maybe_enable_amp, distributed/utils.py), so "
+                       "it trains in float32: more memory and a slower step than planned; "
+                       f"`{common.resolve_hint(plan, TARGET)}` plans for it")
     return [Setting("training", "local_batch_size", local, (why,)),
             Setting("training", "global_batch_size", t["global_batch"]),
             Setting("training", "seq_len", t["seq_len"]),

@@ -12,8 +12,7 @@ import dataclasses
 
 from costmodels.errors import InfeasibleError
 from costmodels.topology import Cluster
-from planner.options import (PLACEMENTS, Config, SearchOptions, TrainingSpec,
-                             same_data_parallelism)
+from planner.options import PLACEMENTS, Config, SearchOptions, TrainingSpec, pp_inner_refused
 from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, stage_memory
 from planner.search.pricing import Estimate, Split
 from planner.solve.chain import StageMemory, partition
@@ -37,12 +36,12 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
     # The split does not depend on placement; price each order and keep the faster.
     orders = (PLACEMENTS if cfg.pp > 1 and cfg.dp > 1 and "placement" not in options.fix
               else (options.fix.get("placement", cfg.placement),))
-    if options.pp_inner_same_dp and cfg.pp > 1 and cfg.dp > 1 and \
-            not same_data_parallelism(cfg.tp, cfg.cp, cfg.ep, cfg.etp,
-                                      experts=bool(ma.work.num_experts.any())):
+    refused = pp_inner_refused(options, pp=cfg.pp, dp=cfg.dp, tp=cfg.tp, cp=cfg.cp, ep=cfg.ep,
+                               etp=cfg.etp, experts=bool(ma.work.num_experts.any()))
+    if refused:
         orders = tuple(o for o in orders if o != "tp-pp-dp")
         if not orders:
-            raise InfeasibleError(f"{cfg.short()}: {PP_INNER_SAME_DP}", reason=PP_INNER_SAME_DP)
+            raise InfeasibleError(f"{cfg.short()}: {refused}", reason=refused)
     # Memory does not depend on it either: a split that does not fit is not priced at all.
     split = Split(cfg, part.bounds, ma, costs, training)
     if split.peak_memory_bytes > capacity:
@@ -51,10 +50,6 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
     placed = [split.placed(cfg if o == cfg.placement else cfg.with_(placement=o), cluster)
               for o in orders]
     return split.estimate(min(placed, key=lambda p: p.step_time_s))
-
-
-PP_INNER_SAME_DP = ("placement tp-pp-dp with a pipeline needs as many expert as attention "
-                    "data-parallel ranks (ep x etp = tp x cp) in Megatron-Core")
 
 
 def _partition(cfg: Config, costs: BlockCosts, mem: StageMemory, splits: dict | None):

@@ -64,6 +64,10 @@ EP_NONE = "ep needs routed experts"
 ETP_TP = "etp is neither 1 nor tp"
 ETP_BIAS = "etp > 1 over experts with biases not run by the target"
 MOE_SP = "experts with tp > 1 need sequence parallelism"
+SP_SEQ = "sequence parallel needs the tokens of a cp rank divisible by tp"
+SEQ_TP_2CP = "sequence not divisible by tp x 2 x cp, as the target requires"
+AMP_UNSHARDED = "tp or pp without sharding over dp x cp runs in fp32 in the target"
+ETP_NO_EP = "etp 1 with ep = 1 and tp > 1 not run by the target (it splits experts over tp)"
 TOO_MANY_MB = f"more than {MAX_MICROBATCHES:,} micro-batches per step"
 
 
@@ -303,7 +307,7 @@ def enumerate_space(space: Space, training: TrainingSpec, options: SearchOptions
         fits = mb_fits if "micro_batch" not in fix else None
         for ep, etp in _experts(fix, tp, cp, dp, space, options, rejected):
             yield from _inner(fix, tp, pp, dp, training.global_batch, options, rejected, space,
-                              fits, cp=cp, ep=ep, etp=etp)
+                              fits, cp=cp, ep=ep, etp=etp, seq_len=training.seq_len)
 
 
 def _meshes(space: Space, fix: dict, training: TrainingSpec, options: SearchOptions,
@@ -326,11 +330,23 @@ def _meshes(space: Space, fix: dict, training: TrainingSpec, options: SearchOpti
                 reason = (MESH if (n // (tp * cp)) % pp else pp_reason(pp, 1, space) or (
                     MESH if fix.get("dp", dp) != dp else BATCH_DP if gb % dp else "") or (
                     CP_ALONE if cp > 1 and (tp > 1 or pp > 1) and not options.cp_with_tp_pp
-                    else ""))
+                    else "") or _target_mesh_reason(tp, cp, pp, dp, training, options))
                 if reason:
                     rejected[reason] += 1
                     continue
                 yield tp, cp, pp, dp
+
+
+def _target_mesh_reason(tp: int, cp: int, pp: int, dp: int, training: TrainingSpec,
+                        options: SearchOptions) -> str:
+    """The first of the target's own rules a mesh breaks, or '' (SearchOptions.seq_split_2cp_tp,
+    mixed_precision_needs_sharding)."""
+    if options.seq_split_2cp_tp and training.seq_len % (tp * 2 * cp):
+        return SEQ_TP_2CP
+    if options.mixed_precision_needs_sharding and dp * cp == 1 and (tp > 1 or pp > 1) and \
+            training.dtype != "fp32":
+        return AMP_UNSHARDED
+    return ""
 
 
 def _experts(fix: dict, tp: int, cp: int, dp: int, space: Space, options: SearchOptions,
@@ -346,6 +362,8 @@ def _experts(fix: dict, tp: int, cp: int, dp: int, space: Space, options: Search
     for etp in _choices(fix, "etp", sorted({1, tp}) if split else [1]):
         for ep in _choices(fix, "ep", divisors(tp * cp * dp) if options.expert_parallel else [1]):
             reasons = ep_reasons(ep, etp, tp, cp, dp, space)
+            if options.experts_split_without_ep and ep == 1 and etp != tp:
+                reasons.append(ETP_NO_EP)
             if reasons:
                 rejected[reasons[0]] += 1
                 continue
@@ -372,7 +390,8 @@ def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
             yield tp, pp, dp
 
 
-def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1, ep=1, etp=1):
+def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1, ep=1, etp=1,
+           seq_len=0):
     states = _zero_offload(fix, dp * cp, pp, options, rejected)
     if not options.zero0_with_others and dp * cp > 1 and max(tp, pp, cp, ep) > 1 and states:
         kept = [(z, o) for z, o in states if z != 0]
@@ -413,6 +432,9 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
                            list(options.sequence_parallel) if tp > 1 else [False]):
             if sp and tp == 1:
                 rejected[SP_TP] += 1
+                continue
+            if sp and seq_len % (tp * cp):
+                rejected[SP_SEQ] += 1
                 continue
             if space.experts and tp > 1 and not sp:
                 rejected[MOE_SP] += 1
