@@ -725,6 +725,45 @@ def test_torchtitan_refuses_context_parallelism_its_own_model_refuses():
     assert "--fix cp=1" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_torchtitan_refuses_meshes_its_parallelize_functions_refuse():
+    """seq_len % (tp x 2 x cp) is asserted (cp = 1 included); 0.2.2's deepseek_v3 and gpt_oss
+    fetch the FSDP mesh whenever ep > 1, which does not exist when dp x cp = 1."""
+    plan = data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan")
+    odd = dataclasses.replace(plan, training={**plan.training, "seq_len": 4095})
+    with pytest.raises(SpecError, match=r"multiple of tp x 2 x cp = 2 .*seq_len_divisor"):
+        to_torchtitan(odd, "0.2.2")
+    deepseek = dataclasses.replace(plan, model={**plan.model, "spec": "deepseek-v3"},
+                                   parallel={**plan.parallel, "dp": 1})
+    with pytest.raises(SpecError, match=r"deepseek_v3 needs an FSDP mesh \(dp x cp > 1\) with "
+                                        r"ep=8") as e:
+        to_torchtitan(deepseek, "0.2.2")
+    assert "--target torchtitan" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_torchtitan_notes_fp32_training_without_fsdp(notes):
+    """Without FSDP and with tp or pp, torchtitan's maybe_enable_amp leaves mixed precision off."""
+    plan = data_plan("llama3-70b-pp4-torchtitan")
+    to_torchtitan(plan, "0.2.2")
+    assert not [n for n in notes if "float32" in n]
+    notes.clear()
+    to_torchtitan(dataclasses.replace(plan, parallel={**plan.parallel, "dp": 1}), "0.2.2")
+    assert [n for n in notes if "so it trains in float32" in n and "--target torchtitan" in n]
+
+
+def test_deepspeed_puts_pipe_outermost_with_expert_parallelism(notes):
+    """AutoEP's expert groups are consecutive ranks of one stage: a tp-pp-dp plan with ep > 1 gets
+    the pipe axis outermost, with a note; without experts the plan's order stays."""
+    plan = data_plan("llama3-70b-pp4-deepspeed")
+    inner = dataclasses.replace(plan, parallel={**plan.parallel, "placement": "tp-pp-dp"})
+    topology = json.loads(to_deepspeed(inner))["planner"]["pipeline"]["topology"]
+    assert topology["axes"] == ["data", "pipe", "model"]
+    assert not [n for n in notes if "consecutive ranks" in n]
+    with_ep = dataclasses.replace(inner, parallel={**inner.parallel, "ep": 2})
+    topology = json.loads(to_deepspeed(with_ep))["planner"]["pipeline"]["topology"]
+    assert topology["axes"] == ["pipe", "data", "model"] and topology["dims"] == [4, 4, 4]
+    assert [n for n in notes if "consecutive ranks of a pipeline stage" in n]
+
+
 def test_deepspeed_expresses_ulysses_and_autoep(notes):
     ulysses = json.loads(to_deepspeed(data_plan("llama3-8b-cp8-a2a-deepspeed")))
     assert (ulysses["sequence_parallel_size"], ulysses["data_parallel_size"]) == (8, 4)

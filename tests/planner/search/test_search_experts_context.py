@@ -496,3 +496,58 @@ def test_torchtitan_plans_plain_data_parallelism_only_alone(tiny_llama, tiny_mix
         global_batch=64, seq_len=tiny_llama.seq_len), targets.restrict(planner.SearchOptions(
             fix=parse_fix("dp=8,zero=0"), top_k=0), "torchtitan"))
     assert (alone.parallel["dp"], alone.parallel["zero"]) == (8, 0)
+
+
+def test_deepspeed_keeps_stages_on_consecutive_ranks_with_experts(tiny_mixtral):
+    """DeepSpeed's expert groups are consecutive ranks of a pipeline stage (utils/groups.py), so
+    with a pipeline and ep > 1 it places pp outermost (tp-dp-pp); without experts either order."""
+    from planner import targets
+    with pytest.raises(planner.SpecError, match="fix.placement: deepspeed runs tp-pp-dp"):
+        targets.restrict(planner.SearchOptions(fix=parse_fix("pp=2,ep=2,placement=tp-pp-dp")),
+                         "deepspeed")
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len)
+    cluster = planner.load_cluster("dgx-h100", nodes=2)
+
+    def plan(target, fix):
+        options = targets.restrict(planner.SearchOptions(fix=parse_fix(fix), top_k=0), target)
+        return planner.plan_prepared(tiny_mixtral, cluster, training, options)
+    pins = "tp=1,pp=2,ep=8,zero=1,micro_batch=2"
+    assert plan("any", pins + ",placement=tp-pp-dp").parallel["placement"] == "tp-pp-dp"
+    assert plan("deepspeed", pins).parallel["placement"] == "tp-dp-pp"
+    assert plan("deepspeed", "tp=1,pp=2,ep=1,zero=1,micro_batch=2,placement=tp-pp-dp"
+                ).parallel["placement"] == "tp-pp-dp"  # no expert groups: no rule
+
+
+def test_torchtitan_mesh_rules(tiny_llama, tiny_mixtral):
+    """torchtitan 0.2.2: pp outermost only; with ep = 1 its experts split over tp (etp = tp);
+    without FSDP (dp x cp = 1) and with tp or pp it trains fp32, so a bf16 plan shards; the
+    sequence divides by tp x 2 x cp."""
+    from collections import Counter
+
+    from planner import targets
+    from planner.search.space import AMP_UNSHARDED, SEQ_TP_2CP, Space, enumerate_space
+    with pytest.raises(planner.SpecError, match="places pipeline stages outermost"):
+        targets.restrict(planner.SearchOptions(fix=parse_fix("pp=2,placement=tp-pp-dp")),
+                         "torchtitan")
+    with pytest.raises(planner.SpecError, match="with ep=1 torchtitan splits the experts"):
+        targets.restrict(planner.SearchOptions(fix=parse_fix("tp=2,ep=1,etp=1")), "torchtitan")
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+
+    def search(model, fix, target="torchtitan", where=cluster, **training):
+        options = targets.restrict(planner.SearchOptions(fix=parse_fix(fix), top_k=0), target)
+        spec = planner.TrainingSpec(**{"global_batch": 64, "seq_len": model.seq_len, **training})
+        return planner.plan_prepared(model, where, spec, options)
+    assert search(tiny_mixtral, "tp=2,ep=1,pp=1").parallel["etp"] == 2
+    assert search(tiny_mixtral, "tp=2,ep=1,pp=1,etp=1", target="any").parallel["etp"] == 1
+    two = planner.load_cluster("dgx-h100", nodes=1, gpus_per_node=2)
+    with pytest.raises(planner.SpecError, match=AMP_UNSHARDED):
+        search(tiny_llama, "tp=2,dp=1", where=two)  # bf16 with tp and no FSDP
+    assert search(tiny_llama, "tp=2,dp=1", where=two, dtype="fp32").parallel["tp"] == 2
+    assert search(tiny_llama, "tp=2,dp=1", where=two, target="any").parallel["tp"] == 2
+    options = targets.restrict(planner.SearchOptions(fix=parse_fix("tp=2,cp=1"), top_k=0),
+                               "torchtitan")
+    rejected = Counter()
+    groups = list(enumerate_space(Space.of(cluster, tiny_llama.blocks, options),
+                                  planner.TrainingSpec(global_batch=64, seq_len=258), options,
+                                  rejected))
+    assert not groups and rejected[SEQ_TP_2CP]  # 258 is not a multiple of 2 x 2
