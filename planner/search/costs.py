@@ -320,7 +320,7 @@ def stage_memory(cfg: Config, costs: BlockCosts, ma: ModelArrays, training: Trai
               for a, b, n, split in ma.shared]
     static = block_state_bytes(cfg, costs, ma, training)
     return StageMemory(static=static.tolist(), act=costs.act_bytes.tolist(),
-                       work=costs.work_bytes.tolist(),
+                       work=working_bytes(cfg, costs, training).tolist(),
                        in_flight=[rank_in_flight[c % cfg.pp] for c in range(cfg.pp * cfg.vpp)],
                        capacity=capacity / cfg.vpp, shared=shared)
 
@@ -330,6 +330,21 @@ def in_flight_per_rank(schedule: str, pp: int, microbatches: int, vpp: int) -> t
     """Per pipeline rank: costmodels.pipeline.in_flight (an int or a float, as it gives it)."""
     return tuple(pipeline.in_flight(schedule, stage=r, stages=pp, microbatches=microbatches,
                                     vpp=vpp) for r in range(pp))
+
+
+def working_bytes(cfg: Config, costs: BlockCosts, training: TrainingSpec) -> np.ndarray:
+    """Per block: the bytes it needs only while it runs (BlockCosts.work_bytes) and, where ZeRO-2/3
+    reduce gradients as the backward makes them, its gradient whole until its reduce-scatter;
+    under ZeRO-3 also its weights gathered and the next block's prefetched (taken as large). The
+    stage split and the priced plan (pricing.Split) both take a stage's largest."""
+    if cfg.zero < 2 or deferred_sync(cfg, training):
+        return costs.work_bytes
+    per_param = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                         zero=0, dp=1,
+                                         layout=training.engine.state_layout)["grads"]
+    if cfg.zero == 3:
+        per_param += 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)]
+    return costs.work_bytes + per_param * costs.params_local
 
 
 def block_state_bytes(cfg: Config, costs: BlockCosts, ma: ModelArrays,

@@ -12,7 +12,7 @@ from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
 from planner.search import placement
 from planner.search.costs import (deferred_sync, expert_deferred_sync, fp8_copy_bytes_per_param,
-                                  fsdp_pipelined, in_flight_per_rank)
+                                  fsdp_pipelined, in_flight_per_rank, working_bytes)
 
 
 @dataclass
@@ -380,14 +380,11 @@ class RankMemory:
         chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
         chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local
                                                - costs.expert_params_local), starts)
-        chunk_work = np.maximum.reduceat(costs.work_bytes, starts)
-        chunk_largest = np.maximum.reduceat(costs.params_local, starts)
+        chunk_work = np.maximum.reduceat(working_bytes(cfg, costs, training), starts)
         chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
         chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
         kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
                   offload=cfg.offload_optimizer, layout=training.engine.state_layout)
-        whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                         zero=0, dp=1, layout=training.engine.state_layout)
         # tied weights read by two blocks on one rank are held once
         tied, tied_outer = [0.0] * pp, [0.0] * pp
         if ma.shared:
@@ -417,12 +414,7 @@ class RankMemory:
         if "fp8_weights" in states:
             states["fp8_weights"] = states["fp8_weights"] - \
                 self.outer_params * fp8_copy_bytes_per_param(cfg, training)
-        working = rank_max(chunk_work, pp)
-        largest = rank_max(chunk_largest, pp)
-        if cfg.zero == 3 and not deferred:  # the running and the prefetched block's weights
-            working = working + 2 * DataParallelBytes.of(training).weights * largest
-        if cfg.zero >= 2 and not deferred:  # a block's gradient, whole until its reduce-scatter
-            working = working + whole["grads"] * largest
+        working = rank_max(chunk_work, pp)  # with ZeRO-2/3's whole gradient and gathered weights
         self.memory = {**states, "activations": np.array(self.in_flight, dtype=float)
                        * rank_totals(act, pp), "working": working}
         """Bytes per rank by kind, and their total."""

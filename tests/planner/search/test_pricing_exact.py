@@ -66,8 +66,6 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
     chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
     chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local
                                            - costs.expert_params_local), starts)
-    chunk_work = np.maximum.reduceat(costs.work_bytes, starts)
-    chunk_largest = np.maximum.reduceat(costs.params_local, starts)
     chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
     chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
     kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
@@ -107,11 +105,16 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         if "fp8_weights" in states:
             states["fp8_weights"] -= memory.model_state_bytes(outer, dp=cfg.dp * cfg.cp,
                                                               **kw)["fp8_weights"]
-        working, largest = float(chunk_work[idx].max()), float(chunk_largest[idx].max())
-        if cfg.zero == 3 and not deferred:  # two blocks' weights gathered in the compute dtype
-            working += 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)] * largest
+        # the largest block's transient bytes, with ZeRO-2/3 its gradient whole until reduced,
+        # with ZeRO-3 its weights and the next block's gathered in the compute dtype
+        per_param = 0.0
+        if cfg.zero == 3 and not deferred:
+            per_param += 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)]
         if cfg.zero >= 2 and not deferred:
-            working += whole["grads"] * largest
+            per_param += whole["grads"]
+        blocks = [b for st in mine for b in range(bounds[st.index], bounds[st.index + 1])]
+        working = max(float(costs.work_bytes[b] + per_param * costs.params_local[b])
+                      for b in blocks)
         mem = {**states, "activations": in_flight * sum(st.act_bytes for st in mine),
                "working": working}
         mem["total"] = sum(mem.values())
@@ -235,6 +238,11 @@ def test_price_adds_up_as_stage_by_stage(request, case, engine, dtype):
             assert st.in_flight == in_flight[st.rank]
             assert type(st.in_flight) is type(in_flight[st.rank])  # ints print as ints
         assert step_flops(ma, cfg, training) == (est.model_flops, est.hardware_flops)
+        if cfg.vpp == 1:  # the split was made under the memory the priced plan reports
+            split_mem = stage_memory(cfg, costs, ma, training, float("inf"))
+            for st in est.stages:
+                assert split_mem.of(st.index, part.bounds[st.index], part.bounds[st.index + 1]) \
+                    == pytest.approx(st.memory["total"], rel=1e-9)
 
 
 def test_a_search_shares_each_split(tiny_llama):
