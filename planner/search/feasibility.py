@@ -15,9 +15,9 @@ from planner.options import (CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, 
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.loop import rejection_lines
 from planner.search.pricing import Estimate, price
-from planner.search.space import (BATCH_DP, CP_HEADS, MICRO_BATCH, PP_BLOCKS, TOO_MANY_MB,
-                                  TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space, cp_comm_reason,
-                                  divisors, pp_reason, tp_reasons)
+from planner.search.space import (BATCH_DP, CP_HEADS, CP_SHORT, MICRO_BATCH, PP_BLOCKS,
+                                  TOO_MANY_MB, TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space,
+                                  cp_comm_reason, divisors, pp_reason, tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb
@@ -119,7 +119,15 @@ def cluster_pin_problem(fix: dict, num_gpus: int, batch: int) -> str:
             return (f"fix.{key}: {value} does not divide the cluster's {n} GPUs; use one of "
                     f"{_some(divisors(n))}")
     if None not in (tp, pp, dp) and tp * pp * dp * cp != n:
-        return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs")
+        return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs; "
+                "pin degrees whose product is the number of GPUs, or leave one out")
+    pinned = [(k, v) for k, v in (("dp", dp), ("cp", cp), ("tp", tp), ("pp", pp))
+              if v is not None and v > 1]
+    product = math.prod(v for _, v in pinned)
+    if len(pinned) > 1 and n % product:
+        names = " x ".join(k for k, _ in pinned)
+        return (f"fix: {names} = {product} does not divide the cluster's {n} GPUs; pin smaller "
+                "degrees")
     vpp = fix.get("vpp", 1)
     if dp is not None and batch % dp:
         return f"fix.dp: the global batch {batch} does not split over {dp} replicas"
@@ -216,6 +224,8 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     problem = pin_problem(dict(options.fix), Space.of(cluster, bg, options), training, options)
     if problem:
         raise SpecError(problem)
+    if "cp" not in options.fix:  # the search's own choice to skip short cp, not a rule that binds
+        rejected = Counter({r: n for r, n in rejected.items() if r != CP_SHORT})
     summary = ", ".join(filter(None, rejection_lines(rejected, most=6))) or "no candidates"
     pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                     for k, v in options.fix.items())
@@ -224,8 +234,10 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
         return f"no plan{with_pins} fits the cluster's groups ({summary})"
     cap = capacity_bytes(cluster, options)
     lean = leanest(ma, bg, cluster, training, options)
-    if lean is None:
-        return f"no configuration{with_pins} is possible on {cluster.num_gpus} GPUs ({summary})"
+    if lean is None:  # the rules (and the pins) leave nothing, whatever the memory: bad input
+        raise SpecError(f"no configuration{with_pins} is possible on {cluster.num_gpus} GPUs "
+                        f"({summary}); " + ("relax --fix" if pins else
+                                            "see `plan solve --help` for the knobs"))
     need, cfg, est = lean
     if need <= cap and rejected[TOO_MANY_MB]:
         least = -(-training.global_batch // (cluster.num_gpus * MAX_MICROBATCHES))

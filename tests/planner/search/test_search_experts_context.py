@@ -232,6 +232,7 @@ def test_pins_the_cluster_cannot_take_fail_before_the_model_is_traced(monkeypatc
     monkeypatch.setattr(planner.api, "prepare", no_trace)
     for fix, words in (("cp=3", r"fix\.cp: 3 does not divide the cluster's 8 GPUs"),
                        ("dp=2,tp=2,pp=1", r"fix: dp x cp x tp x pp = 4"),
+                       ("tp=4,pp=4", r"fix: tp x pp = 16 does not divide the cluster's 8 GPUs"),
                        ("micro_batch=16", r"fix\.micro_batch: 16 is larger than the global")):
         with pytest.raises(planner.SpecError, match=words):
             planner.plan("llama3-8b", cluster="dgx-h100", global_batch=8, seq_len=100, fix=fix)
@@ -551,3 +552,11 @@ def test_torchtitan_mesh_rules(tiny_llama, tiny_mixtral):
                                   planner.TrainingSpec(global_batch=64, seq_len=258), options,
                                   rejected))
     assert not groups and rejected[SEQ_TP_2CP]  # 258 is not a multiple of 2 x 2
+
+
+def test_pins_that_leave_no_configuration_are_bad_input(tiny_mixtral):
+    """When the rules and the pins leave no configuration at all, memory is not the reason: the
+    refusal is a SpecError (exit 2), not an InfeasibleError (exit 3)."""
+    with pytest.raises(planner.SpecError, match=r"no configuration with dp=8,etp=2 is possible "
+                                                r"on 8 GPUs \(.*etp is neither 1 nor tp.*relax"):
+        _plan(tiny_mixtral, "dp=8,etp=2")
