@@ -32,6 +32,7 @@ from costmodels.hardware import GB
 from costmodels.topology import (LARGEST, SCOPES, Cluster, HeteroCluster, LinkSpec, SiteLink, US,
                                  cluster_from_mapping, _check_size)
 
+_NUMBER = re.compile(r"^\s*[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*$")
 _BW = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]?)(bps|b/s|B/s|Bps)\s*$")
 _LAT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s)\s*$")
 _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
@@ -46,10 +47,10 @@ WAN_EFFICIENCY = 0.8
 
 
 def parse_bandwidth(value, where: str) -> float:
-    """``"10Gbps"`` / ``"1.25GB/s"`` / a number of GB/s -> bytes per second."""
+    """``"10Gbps"`` / ``"1.25GB/s"`` / a number (or its text) of GB/s -> bytes per second."""
     if isinstance(value, bool):
         raise SpecError(f"{where}: expected a bandwidth like 10Gbps or 1.25GB/s, got {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) or _NUMBER.match(str(value)):
         bps = float(value) * GB
     else:
         m = _BW.match(str(value))

@@ -65,14 +65,8 @@ def value(key: str, raw):
     if key == "inter_region_bandwidth":
         parse_bandwidth(raw, f"vary.{key}")
         return str(raw).strip()
-    if key.endswith("_bandwidth"):
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            value = 0.0
-        if not value > 0:
-            raise SpecError(f"vary.{key}: expected GB/s per GPU (a positive number), got {raw!r}")
-        return value
+    if key.endswith("_bandwidth"):  # GB/s per GPU: a number, or with units (100Gbps)
+        return parse_bandwidth(raw, f"vary.{key}") / GB
     if key == "device":
         get_device(str(raw), "vary.device")
         return str(raw)

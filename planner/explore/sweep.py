@@ -165,6 +165,8 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
     """Resolve one point's cluster, training and options from the shared settings."""
     s = {**base, **{k: v for k, v in point if k not in FIX_KEYS}}
     fix = {**base["fix"], **{k: v for k, v in point if k in FIX_KEYS}}
+    if fix.get("cp") == 1:  # a cp=1 point of a sweep over cp and cp_comm: no exchange to pick
+        fix.pop("cp_comm", None)
     trace_key = (s["seq_len"], s["dtype"])
     cl = None
     try:

@@ -104,7 +104,8 @@ def test_points_change_the_cluster_as_asked():
     ({"nodes": "8,16"}, "vary.nodes: expected a non-empty list"),
     ({"device": ["h1000"]}, "did you mean h100"),
     ({"tp": ["x"]}, "fix.tp: expected an integer"),
-    ({"inter_node_bandwidth": [-1]}, "vary.inter_node_bandwidth: expected GB/s"),
+    ({"inter_node_bandwidth": [-1]}, "vary.inter_node_bandwidth: expected a positive bandwidth"),
+    ({"inter_node_bandwidth": ["fast"]}, "vary.inter_node_bandwidth: expected a bandwidth like"),
     ({"dtype": ["fp4"]}, "vary.dtype: unknown dtype"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_key(vary, message):
@@ -223,3 +224,11 @@ def test_a_sweep_whose_every_point_is_bad_input_is_an_error(tiny_llama_config):
                                global_batch=8, seq_len=64, workers=1)
     assert not bad["feasible"] and "fix.tp: 3 does not divide" in bad["reason"]
     assert good["feasible"] and "_bad_input" not in good and "_bad_input" not in bad
+
+
+def test_bandwidths_take_a_number_of_gb_per_s_or_units():
+    """Every *_bandwidth key reads a plain number as GB/s per GPU, and units too."""
+    from planner.explore.grid import value
+    assert value("inter_node_bandwidth", "50GB/s") == value("inter_node_bandwidth", "50") == 50.0
+    assert value("intra_node_bandwidth", "800Gbps") == pytest.approx(100.0)
+    assert value("inter_region_bandwidth", "0.125") == "0.125"  # 1 Gbit/s, parsed at the point
