@@ -12,7 +12,7 @@ from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table
-from planner.search.loop import rejection_lines
+from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
 from planner.units import GB, human_count, ms
 
 
@@ -208,6 +208,10 @@ def _search(p: Plan) -> list[str]:
     timing = f" in {s['time_s']:.2f} s" if s.get("time_s") is not None else ""
     status = {"optimal": "best under the cost model", "feasible": "best found (time limit)",
               "fixed": "configuration fixed"}.get(s["status"], s["status"])
+    rejected = s.get("rejected", {})
+    if s["status"] == "feasible" and rejected.get(RETIME_CAP) and not rejected.get(TIME_LIMIT):
+        status = (f"best found (re-timing cap: {RETIME_MAX} more configurations simulated; a plan "
+                  "among those left might simulate faster)")
     lines = [f"  search: {s['candidates']} configurations, {s.get('evaluated', 0)} priced{timing}; "
              f"{status}"] + ([f"  set aside: {aside}"] if aside else []) + (
         [f"  ruled out before pricing (choices of knobs, not configurations): {ruled}"]

@@ -51,15 +51,16 @@ TIME_LIMIT = "not evaluated (time limit)"
 OUT_OF_MEMORY = "out of memory"
 DOMINATED = "dominated (bound)"
 SLOWER = "slower than the top k"
-RETIME_MAX = 48
+RETIME_CAP = "not simulated (re-timing cap)"
+RETIME_MAX = 150
+"""Configurations beyond the top k a search re-times by simulation at most (see the docstring);
+past it the status is ``feasible`` and those left in reach count as RETIME_CAP."""
 RETIME_MARGIN = 0.01
 """The least share below its closed form a configuration's simulation is taken to reach when the
 search decides what to re-time: closed forms of neighbouring schedules (interleaved chunks, ZB-H1)
 differ from their simulations by a few tenths of a percent either way, more than the gaps between
 the best plans."""
-"""Configurations beyond the top k a search re-times by simulation at most (see the docstring);
-past it the status is ``feasible``."""
-OUTCOMES = (OUT_OF_MEMORY, DOMINATED, SLOWER, TIME_LIMIT)
+OUTCOMES = (OUT_OF_MEMORY, DOMINATED, SLOWER, TIME_LIMIT, RETIME_CAP)
 """What became of configurations the search counted; every other reason is a rule of the space
 (planner.search.space) that excluded a choice of knobs before it made a configuration."""
 
@@ -284,6 +285,11 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
         if not spare or spare[0][0] >= reach:
             return sorted(ranked, key=lambda e: e.step_time_s), False
         if done >= RETIME_MAX or (deadline is not None and time.perf_counter() > deadline):
+            priced = sum(1 for s in spare if s[0] < reach)  # counted as slower so far
+            bound = sum(1 for q in queue if q[0] < reach)  # counted as dominated so far
+            rejected[SLOWER] -= priced
+            rejected[DOMINATED] -= bound
+            rejected[RETIME_CAP if done >= RETIME_MAX else TIME_LIMIT] += priced + bound
             return sorted(ranked, key=lambda e: e.step_time_s), True
         closed = heapq.heappop(spare)[2]
         est = simulated(closed, training)

@@ -144,7 +144,8 @@ class Split:
         excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
         time_s = self.compute_s + self.tp_s + p2p_s + self.cp_s + ep_s  # StageEstimate.time_s
         step_s, breakdown = closed_form(cfg, time_s, self.compute_s, self.fwd_s, self.rc_s,
-                                        self.tp_s, p2p_s, self.cp_s, ep_s, dp_s, opt_s, excess)
+                                        self.tp_s, p2p_s, self.cp_s, ep_s, dp_s, opt_s, excess,
+                                        cut_s=cut_s)
         return Placed(cfg=cfg, p2p_s=p2p_s, cut_s=cut_s, ep_s=ep_s, step_time_s=step_s,
                       breakdown=breakdown, excess=excess)
 
@@ -261,7 +262,8 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
 
     step_s, breakdown = closed_form(cfg, arr("time_s"), arr("compute_s"), arr("fwd_s"),
                                     arr("recompute_s"), arr("tp_comm_s"), arr("p2p_s"),
-                                    arr("cp_comm_s"), arr("ep_comm_s"), dp_s, opt_s, excess)
+                                    arr("cp_comm_s"), arr("ep_comm_s"), dp_s, opt_s, excess,
+                                    cut_s=np.asarray(cut_p2p, dtype=float))
     model_flops, hardware_flops = step_flops(ma, cfg, training)
     return Estimate(config=cfg, stages=stages, step_time_s=step_s, breakdown=breakdown,
                     straggler_excess=excess, peak_memory_bytes=max(r["total"] for r in ranks),
@@ -269,15 +271,24 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
 
 
 def closed_form(cfg: Config, time_s, compute_s, fwd_s, rc_s, tp_s, p2p_s, cp_s, ep_s,
-                dp_s: float, opt_s: float, excess: float) -> tuple[float, dict]:
+                dp_s: float, opt_s: float, excess: float,
+                cut_s: np.ndarray | None = None) -> tuple[float, dict]:
     """(step seconds, breakdown along the slowest rank) from per-chunk arrays (``time_s``: each
     chunk's StageEstimate.time_s) and the step's data-parallel and optimizer seconds.
 
     Pipeline sends count once, in the pipeline's fill and drain: one micro-batch's sends through
-    every chunk, forward and back. The schedule's simulation (refine.simulated), which times the
-    plans the search keeps, overlaps sends with other passes' compute, and exposes at least that
-    much: this closed form stays at or below it where the sends are concerned, so that the search
-    re-times every configuration that could beat the best simulated one (loop._retime)."""
+    every chunk, forward and back; and a link between neighbouring ranks carries one send at a
+    time, so the pipeline takes at least every micro-batch's sends over its busiest link (``cut_s``:
+    one send over each cut between chunks; with interleaving, cuts c, c + pp, ... share rank c's
+    link), and one micro-batch's passes before and after them (under GPipe every micro-batch's
+    forward crosses a cut before the first backward does: twice the sends); under 1F1B and ZB-H1,
+    whose first
+    rank holds pp micro-batches at most, every pp-th micro-batch waits for the round trip of the
+    one before, sends included. The schedule's simulation (refine.simulated), which times the plans the search keeps,
+    overlaps sends with other passes' compute and queues them on their links, and exposes at
+    least that much: this closed form stays at or below it where the sends are concerned, so that
+    the search re-times every configuration that could beat the best simulated one
+    (loop._retime)."""
     pp, m = cfg.pp, cfg.num_microbatches
     time_s = time_s - p2p_s
     rank_time = rank_totals(time_s, pp)
@@ -301,6 +312,27 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, rc_s, tp_s, p2p_s, cp_s, 
         breakdown["cp_comm_s"] = m * mine(cp_s)
     if cfg.ep * cfg.etp > 1:
         breakdown["ep_comm_s"] = m * mine(ep_s)
+    if cut_s is not None and len(cut_s):
+        # the busiest link, each way, carries m sends of its cuts; before its first send the
+        # first micro-batch runs forward up to it, after its last the last micro-batch runs
+        # backward through every chunk (and, with one cut per link, forward past it)
+        load = float(np.bincount(np.arange(len(cut_s)) % pp, weights=cut_s).max())
+        # (the weight gradients of ZB-H1 may wait: its input-gradient backward only)
+        held_back = float(np.sum(0.5 * (compute_s - fwd_s - rc_s))) if cfg.schedule == "zb-h1" \
+            else 0.0
+        one_pass = (float(np.sum(compute_s)) if cfg.vpp == 1 else float(np.sum(compute_s - fwd_s))
+                    ) - held_back
+        floor = m * load + one_pass
+        if cfg.vpp == 1 and cfg.schedule == "gpipe":  # every forward crosses before any backward
+            floor = 2 * m * load + one_pass
+        if cfg.vpp == 1 and cfg.schedule in ("1f1b", "zb-h1"):
+            # rank 0 starts micro-batch i + k only after micro-batch i came back (k = pp in
+            # flight): a chain of ceil(m / k) round trips, each every chunk's forward and input-
+            # gradient backward and a send over every cut each way
+            k = min(pp, m)
+            trip = float(np.sum(time_s)) - held_back
+            floor = max(floor, -(-m // k) * (trip + 2 * float(np.sum(cut_s))))
+        breakdown["pp_comm_s"] = max(breakdown["pp_comm_s"], floor - pipe_s)
     breakdown["straggler_s"] = excess * (breakdown["compute_s"] + opt_s)
     return pipe_s + breakdown["pp_comm_s"] + dp_s + opt_s + breakdown["straggler_s"], breakdown
 

@@ -320,3 +320,30 @@ def test_an_offloaded_optimizer_moves_gradients_as_the_layout_keeps_them(tiny_ll
     extra = params / 8 * (4 - 2) * (1 / device.host_link_bytes_per_s
                                     + 1 / device.host_memory_bytes_per_s)
     assert fp32_s - bf16_s == pytest.approx(extra, rel=1e-6)
+
+
+def test_closed_form_waits_for_the_busiest_link():
+    """A link between neighbouring ranks carries one send at a time: the pipeline takes at least
+    m sends of its cuts (with interleaving, cuts c and c + pp share rank c's link), and the
+    simulation of the same stages, which queues the sends on their links, is no faster."""
+    from planner.schedule.builders import build
+    from planner.schedule.simulator import simulate
+    from planner.search.pricing import closed_form
+    cfg = Config(dp=1, tp=1, pp=2, micro_batch=1, num_microbatches=8, schedule="1f1b",
+                 recompute="none", zero=0)
+    fast = np.array([0.01, 0.01])  # per chunk: forward 1/3, backward 2/3 of it
+    zero = np.zeros(2)
+    args = (fast, fast, fast / 3, zero, zero, np.array([0.5, 0.5]), zero, zero, 0.0, 0.0, 0.0)
+    without, _ = closed_form(cfg, *args)
+    step, parts = closed_form(cfg, *args, cut_s=np.array([0.5]))
+    assert without < 8 * 0.5 <= step
+    assert parts["pp_comm_s"] > 1.0  # the wait on the link is the pipeline's sends
+    sim = simulate(build("1f1b", 2, 8), microbatches=8, fwd_s=0.01 / 3, bwd_s=0.02 / 3,
+                   p2p_s=0.5)
+    assert sim.step_time_s >= step - 1e-9
+    inter = dataclasses.replace(cfg, schedule="interleaved-1f1b", vpp=2)
+    four = np.full(4, 0.01)
+    zero4 = np.zeros(4)
+    step, _ = closed_form(inter, four, four, four / 3, zero4, zero4, np.full(4, 0.2), zero4,
+                          zero4, 0.0, 0.0, 0.0, cut_s=np.array([0.1, 0.05, 0.1]))
+    assert step >= 8 * (0.1 + 0.1)  # cuts 0 and 2 both leave rank 0
