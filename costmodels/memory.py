@@ -193,7 +193,9 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     kept = rep / sp_div + tp_part / tp  # the fused-away parts are parts of these
     # the busiest expert-parallel rank keeps the copies of more tokens than the mean
     kept += (routed_load - 1.0) * (routed_rep / sp_div + routed_tp / tp)
-    kept += (etp - 1) * routed_load * work.act_routed_gathered / sp_div
+    # (the gathered copies are the experts' first GEMM input: quantized under fp8)
+    kept += (etp - 1) * routed_load * work.act_routed_gathered / sp_div * (
+        1.0 - FP8_SAVED_INPUT_SHARE if fp8 else 1.0)
     if recompute == "none":
         kept += work.act_bytes_attn / tp if scores_kept else 0.0
     elif recompute != "selective":

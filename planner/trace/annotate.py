@@ -21,7 +21,7 @@ import math
 
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
 from planner.trace.graph import Op, OpGraph
-from planner.trace.ops import COMPUTE_BOUND
+from planner.trace.ops import COMPUTE_BOUND, GROUPED_GEMMS
 from planner.trace.tp_roles import TPAnalysis
 
 FREE = ("view", "constant", "input")
@@ -109,7 +109,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                 acc[field] += table[name]
                 collectives += 1
     linear_inputs = {k for k, ops in savers.items()
-                     if all(by[o].kind == "matmul" and by[o].params for o in ops)}
+                     if all((by[o].kind == "matmul" or by[o].target in GROUPED_GEMMS)
+                            and by[o].params for o in ops)}
     # token copies of an MoE layer in the traced batch (a GEMM row counts them per sample)
     copies = {int(r[0] * r[1] * graph.batch) for r in routed}
     acc["act_routed_gathered"] = float(sum(saved[k] for k in gathered if k in saved))

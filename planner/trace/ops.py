@@ -32,6 +32,10 @@ ATTENTION = {"scaled_dot_product_attention", "_scaled_dot_product_flash_attentio
              "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward"}
 FUSED = {"MultiheadAttention", "LSTM", "GRU", "RNN", "Transformer", "TransformerEncoderLayer",
          "TransformerDecoderLayer"}
+GROUPED_GEMMS = {"_grouped_mm", "_scaled_grouped_mm", "grouped_mm", "grouped_mm_fallback"}
+"""Node targets of grouped GEMMs (routed experts' weights, one matrix per expert): kind "other",
+but like a Linear their weights' gradient keeps the activation operand (quantized under FP8, as
+Transformer Engine's GroupedLinear keeps it)."""
 EMBEDDING = {"embedding", "Embedding", "embedding_bag", "EmbeddingBag"}
 NORM = {"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm",
         "native_group_norm", "batch_norm", "native_batch_norm", "_native_batch_norm_legit",

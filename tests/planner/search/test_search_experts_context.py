@@ -560,3 +560,19 @@ def test_pins_that_leave_no_configuration_are_bad_input(tiny_mixtral):
     with pytest.raises(planner.SpecError, match=r"no configuration with dp=8,etp=2 is possible "
                                                 r"on 8 GPUs \(.*etp is neither 1 nor tp.*relax"):
         _plan(tiny_mixtral, "dp=8,etp=2")
+
+
+def test_fp8_keeps_the_experts_gemm_inputs_quantized(tiny_mixtral):
+    """The routed experts' grouped GEMMs keep their activation operand as a Linear does (FP8:
+    quantized, Transformer Engine's GroupedLinear), so the gathered token copies count among the
+    GEMM inputs that FP8 halves."""
+    from costmodels.memory import FP8_SAVED_INPUT_SHARE, activation_bytes
+    w = next(b.work for b in tiny_mixtral.blocks.blocks if b.work.num_experts)
+    assert w.act_routed_gathered > 0
+    assert w.act_linear_in_rep >= w.act_routed_gathered  # the experts' first GEMM input is one
+    kw = dict(micro_batch=1, tp=1, sp=False, recompute="none", scores_kept=False, fused=True)
+    saved = activation_bytes(w, **kw) - activation_bytes(w, **kw, fp8=True)
+    assert saved == pytest.approx(FP8_SAVED_INPUT_SHARE * (w.act_linear_in_rep + w.act_linear_in_tp))
+    two = dict(kw, tp=2, sp=True, etp=2)  # etp's gathered copies are quantized too
+    extra = activation_bytes(w, **two) - activation_bytes(w, **two, fp8=True)
+    assert extra > FP8_SAVED_INPUT_SHARE * (w.act_linear_in_rep / 2 + w.act_linear_in_tp / 2)
