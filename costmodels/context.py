@@ -32,13 +32,18 @@ from costmodels.topology import Cluster
 
 def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_s: float,
                attn_bwd_s: float, group: GroupShape, cluster: Cluster,
-               gradients_back: float = 0.0, gradients_on: float = 1.0) -> tuple[float, float]:
+               gradients_back: float = 0.0, gradients_on: float = 1.0,
+               gathered_ring: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds of K/V exchange one layer exposes, per micro-batch.
     ``gradients_back`` (p2p ring): gradient bytes per K/V byte that each rank sends straight back
     to the owner of those keys and values once a backward step is done, as the runtime's ring
     does (planner/runtime/context.py; fp32 gradients: 4 / bytes of the compute dtype); 0 for a
     ring that passes K/V and their gradients on around the ring, ``gradients_on`` gradient bytes
-    per K/V byte (Transformer Engine's, in the compute dtype: 1; torch's, in fp32)."""
+    per K/V byte (Transformer Engine's, in the compute dtype: 1; torch's, in fp32).
+    ``gathered_ring`` (allgather form): torch's templated ring with its all-gather rotater
+    (torchtitan's context parallelism), which all-gathers K/V in forward and again in backward,
+    and passes the K/V gradients (``gradients_on`` bytes per K/V byte) around the whole ring, a
+    send behind each step's backward and the last one exposed, instead of one reduce-scatter."""
     if cp <= 1 or kv_bytes <= 0:
         return 0.0, 0.0
     if form == "p2p":
@@ -48,9 +53,11 @@ def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_
             bwd = _sent_back(cp, gradients_back * kv_bytes / cp, attn_bwd_s, link)
         return fwd, bwd
     if form == "allgather":
-        return (comm.allgather_s(kv_bytes, group, cluster),
-                comm.allgather_s(kv_bytes, group, cluster)
-                + comm.reduce_scatter_s(kv_bytes, group, cluster))
+        gather = comm.allgather_s(kv_bytes, group, cluster)
+        if gathered_ring:
+            link = cluster.intra_node if group.per_node >= group.size else cluster.inter_node
+            return gather, gather + _passed_on(cp, gradients_on * kv_bytes / cp, attn_bwd_s, link)
+        return gather, gather + comm.reduce_scatter_s(kv_bytes, group, cluster)
     moved = (2 * q_bytes + kv_bytes) / cp  # q, k, v in and the output back, each a local shard
     if form == "a2a":
         t = comm.alltoall_s(moved, group, cluster, count=4)
@@ -82,6 +89,17 @@ def _ring(steps: int, chunk_bytes: float, attn_fwd_s: float, attn_bwd_s: float,
     send_b = comm.p2p_s((1 + gradients_on) * chunk_bytes, link) - sync
     return ((steps - 1) * (sync + max(0.0, send_f - attn_fwd_s / steps)),
             (steps - 1) * (sync + max(0.0, send_b - attn_bwd_s / steps)))
+
+
+def _passed_on(steps: int, grad_bytes: float, attn_bwd_s: float, link) -> float:
+    """Backward of a ring that passes each rank's running key/value gradients (``grad_bytes``) to
+    the next rank after every step, ``steps`` sends in all (torch's templated ring, whose last
+    send brings each rank its own): each behind the next step's compute, the last one exposed."""
+    if steps <= 1:
+        return 0.0
+    send = comm.p2p_s(grad_bytes, link)
+    hidden = max(0.0, send - link.sync_s - attn_bwd_s / steps)
+    return (steps - 1) * (link.sync_s + hidden) + send
 
 
 def _sent_back(steps: int, grad_bytes: float, attn_bwd_s: float, link) -> float:

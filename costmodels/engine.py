@@ -139,7 +139,9 @@ class EngineSpec:
     """Whose ring runs context parallelism's p2p exchange (costmodels.context): ``te``
     (Transformer Engine's, Megatron-Core: backward passes K/V and their gradients on around the
     ring, partial outputs merged inside its kernels), ``torch`` (torch's context_parallel,
-    torchtitan: backward passes K/V and fp32 gradients on, merges run as element-wise ops) or
+    torchtitan: backward passes K/V and fp32 gradients on, merges run as element-wise ops; with
+    ``cp_comm=allgather`` its all-gather rotater gathers K/V in forward and again in backward but
+    keeps the per-chunk calls, merges and fp32 gradient ring) or
     ``runtime`` (``plan run``'s: every step's K/V kept for backward, fp32 gradients returned to
     their owner, merges as element-wise ops)."""
     moe_probs_in_activation: bool = True

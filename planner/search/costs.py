@@ -188,9 +188,11 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                 if ma.same[i] != i:  # equal work: equal exchange
                     s_[i], calls[i] = s_[ma.same[i]], calls[ma.same[i]]
                 elif kv[i] > 0:
-                    if f_name in ("p2p", "a2a+p2p"):  # the ring calls attention per chunk pair
+                    gathered_ring = f_name == "allgather" and engine.cp_ring == "torch"
+                    if f_name in ("p2p", "a2a+p2p") or gathered_ring:
+                        # the ring calls attention per chunk pair (torch's, gathered K/V too)
                         # (a2a+p2p: a ring of cp / inner steps, each rank on 1 / inner of heads)
-                        inner = 1 if f_name == "p2p" else context.heads_ranks(cp_group)
+                        inner = context.heads_ranks(cp_group) if f_name == "a2a+p2p" else 1
                         calls[i] = compute.ring_attention_s(
                             ma.works[i], cluster.device, core, engine,
                             micro_batch=micro_batch / inner, tp=tp, cp=cp // inner)
@@ -198,8 +200,10 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                                               attn_fwd_s=t.attn_fwd_s + calls[i, 0],
                                               attn_bwd_s=t.attn_bwd_s + calls[i, 1],
                                               group=cp_group, cluster=cluster,
-                                              gradients_back=back, gradients_on=on)
-                    if f_name == "p2p" and engine.cp_ring != "te":  # merges as element-wise ops
+                                              gradients_back=back, gradients_on=on,
+                                              gathered_ring=gathered_ring)
+                    if (f_name == "p2p" and engine.cp_ring != "te") or gathered_ring:
+                        # the partial outputs merge as element-wise ops
                         mf, mb = context.ring_merge_s(cp, q_bytes=q[i], kv_bytes=kv[i],
                                                       word=word, device=cluster.device)
                         f, b = f + mf, b + mb
@@ -211,6 +215,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         # (all-gather), the head shards of q, k, v and the output (all-to-all)
         cp_buffers = {"p2p": 2 * kv / cp, "allgather": kv,
                       "a2a": (2 * q + kv) / cp, "a2a+p2p": (2 * q + 3 * kv) / cp}[form]
+        if form == "allgather" and engine.cp_ring == "torch":  # its K/V gradients, in fp32,
+            cp_buffers = cp_buffers + 2 * on * kv / cp  # accumulated and one passed on
         if form == "p2p" and engine.cp_ring == "runtime":
             # the runtime's ring keeps every step's K/V for backward: with the attention kept,
             # as activations; recomputed (full, selective), while that layer's backward runs

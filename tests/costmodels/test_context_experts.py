@@ -61,6 +61,24 @@ def test_torchs_ring_passes_fp32_gradients_on_and_moves_more_in_backward():
     assert torch_ring[1] == pytest.approx(7 * comm.p2p_s(3 * kv / 8, CLUSTER.intra_node))
 
 
+def test_torchs_gathered_ring_passes_fp32_gradients_around_instead_of_reduce_scattering():
+    """torch's templated ring with the all-gather rotater (torchtitan's context parallelism)
+    all-gathers K/V in forward and in backward, and passes the fp32 K/V gradients around the
+    whole ring (cp sends, the last one exposed) where Transformer Engine reduce-scatters once."""
+    kv = 64e6
+    kw = dict(cp=8, kv_bytes=kv, q_bytes=kv, attn_fwd_s=0.0, group=NODE, cluster=CLUSTER)
+    gather = comm.allgather_s(kv, NODE, CLUSTER)
+    te = context.exchange_s("allgather", attn_bwd_s=0.0, **kw)
+    assert te[1] == pytest.approx(gather + comm.reduce_scatter_s(kv, NODE, CLUSTER))
+    bare = context.exchange_s("allgather", attn_bwd_s=0.0, gradients_on=2.0, gathered_ring=True,
+                              **kw)
+    send = comm.p2p_s(2 * kv / 8, CLUSTER.intra_node)
+    assert bare == (pytest.approx(gather), pytest.approx(gather + 8 * send))
+    behind = context.exchange_s("allgather", attn_bwd_s=10.0, gradients_on=2.0,
+                                gathered_ring=True, **kw)
+    assert behind[1] == pytest.approx(gather + 7 * CLUSTER.intra_node.sync_s + send)
+
+
 def test_forms_of_exchange_and_cp_one():
     kv, q = 32e6, 64e6
     assert context.exchange_s("a2a", cp=1, kv_bytes=kv, q_bytes=q, attn_fwd_s=0, attn_bwd_s=0,
