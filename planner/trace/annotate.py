@@ -131,12 +131,14 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     squares = acc.pop("kernel_bytes_sq")
     acc["kernel_bytes"] = squares / moved if moved else 0.0
     known = [s for p, s in param_split.items() if p in graph.params]
-    acc["expert_params"] = float(sum(graph.params[p].numel for p in expert_weights
+    # per-expert biases (gpt-oss's: one row per expert), added by ops of their own: spread over
+    # the expert ranks with the experts' matrices
+    biases = {name for name, info in graph.params.items()
+              if len(info.shape) == 2 and info.shape[0] == acc["num_experts"]
+              and any(name.startswith(f"{m}.") for m in expert_modules if m)}
+    acc["expert_params"] = float(sum(graph.params[p].numel for p in expert_weights | biases
                                      if p in graph.params and not param_split.get(p)))
-    acc["expert_bias"] = float(any(
-        len(info.shape) == 2 and info.shape[0] == acc["num_experts"]
-        for name, info in graph.params.items()
-        if any(name.startswith(f"{m}.") for m in expert_modules if m)))
+    acc["expert_bias"] = float(bool(biases))
     work = BlockWork(params_tp=float(params_tp), params_rep=float(params_rep),
                      tp_collectives=collectives, param_tensors_tp=sum(known),
                      param_tensors_rep=len(known) - sum(known),

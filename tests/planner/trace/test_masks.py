@@ -363,7 +363,13 @@ def test_gpt_oss_experts_carry_biases_and_megatron_keeps_their_matrices_whole(ti
     import planner
     from planner import targets
     from planner.options import parse_fix
-    assert _layer(tiny_gpt_oss, 0).work.expert_bias == 1.0
+    w = _layer(tiny_gpt_oss, 0).work
+    assert w.expert_bias == 1.0
+    # the biases (one row per expert) are expert parameters: spread over ep with the matrices
+    experts = {n: p for n, p in tiny_gpt_oss.opgraph.params.items()
+               if n.startswith("model.layers.0.mlp.experts.")}
+    assert w.expert_params == sum(p.numel for p in experts.values())
+    assert any(len(p.shape) == 2 for p in experts.values())
 
     def plan(target, fix):
         options = targets.restrict(planner.SearchOptions(fix=parse_fix(fix), top_k=0), target)
