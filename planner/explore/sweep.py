@@ -108,7 +108,11 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
 
 
 def _bad_row(task: "_Task", reason: str) -> dict:
-    """The row of a point that is bad input (not an infeasible one), marked for _refuse_all_bad."""
+    """The row of a point that is bad input (not an infeasible one), marked for _refuse_all_bad;
+    a knob the point varies is named as varied (vary.cp), not pinned."""
+    for key, _ in task.point:
+        if reason.startswith(f"fix.{key}:"):
+            reason = "vary." + reason[len("fix."):]
     return {**_row(task, None, reason), "_bad_input": True}
 
 

@@ -32,10 +32,12 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if tp is not None:
         broken = tp_reasons(tp, space, pinned=True)
         if TP_GPUS in broken:
-            return f"fix.tp: {tp} does not divide the cluster's {n} GPUs"
+            return f"fix.tp: {tp} does not divide the cluster's {n} GPUs; use one of " \
+                   f"{_some(divisors(n))}"
         if TP_MODEL in broken:
+            fits = [d for d in divisors(n) if not any(x % d for x in space.tp_divisors)]
             return (f"fix.tp: {tp} does not divide the model's heads and split sizes "
-                    f"({', '.join(map(str, space.tp_divisors))})")
+                    f"({', '.join(map(str, space.tp_divisors))}); use one of {_some(fits)}")
         if TP_INNER in broken:
             return (f"fix.tp: {tp} would split attention that keeps weights of its own (per-head "
                     "norms or attention sinks), which the target does not run; pin tp=1 or "
@@ -71,7 +73,7 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         return (f"fix.ep: {ep} does not divide the model's {space.experts} experts; use one of "
                 f"{_some(fits or divisors(space.experts))}")
     if etp > 1 and tp is not None and etp != tp:
-        return f"fix.etp: {etp} must be 1 or tp ({tp})"
+        return f"fix.etp: {etp} must be 1 or tp ({tp}); pin etp=1, or tp={etp} too"
     etp_broken = tp_reasons(etp, space, pinned=True) if etp > 1 and tp is None else []
     if etp_broken:
         return (f"fix.etp: {etp} must be 1 or tp, and tp={etp} breaks a rule here "
@@ -130,7 +132,8 @@ def cluster_pin_problem(fix: dict, num_gpus: int, batch: int) -> str:
                 "degrees")
     vpp = fix.get("vpp", 1)
     if dp is not None and batch % dp:
-        return f"fix.dp: the global batch {batch} does not split over {dp} replicas"
+        return (f"fix.dp: the global batch {batch} does not split over {dp} replicas; use a "
+                f"global batch divisible by {dp}, or a dp dividing {batch}")
     mb = fix.get("micro_batch")
     if mb is not None:
         if mb > batch:
@@ -139,7 +142,7 @@ def cluster_pin_problem(fix: dict, num_gpus: int, batch: int) -> str:
             return (f"fix.micro_batch: {mb} does not divide the {batch // dp} samples of each of "
                     f"the {dp} replicas")
     if fix.get("sequence_parallel") and tp == 1:
-        return "fix.sequence_parallel: needs tp > 1"
+        return "fix.sequence_parallel: needs tp > 1; pin tp > 1 or drop sequence_parallel"
     if "cp_comm" in fix and fix.get("cp") == 1:
         return (f"fix.cp_comm: {fix['cp_comm']} exchanges keys and values between context-"
                 "parallel ranks and cp=1 has none; drop cp_comm or pin cp > 1")

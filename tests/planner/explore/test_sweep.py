@@ -217,12 +217,12 @@ def test_whatif_command_prints_a_table_and_writes_files(capsys, tiny_llama_confi
 def test_a_sweep_whose_every_point_is_bad_input_is_an_error(tiny_llama_config):
     """A pin no point can take is bad input (exit 2 from the CLI), not a table of infeasible
     rows; with one valid point the others stay rows with their reason."""
-    with pytest.raises(SpecError, match="fix.tp: 3 does not divide"):
+    with pytest.raises(SpecError, match="vary.tp: 3 does not divide"):
         explore.whatif(tiny_llama_config, cluster="dgx-h100", vary={"tp": [3]}, global_batch=8,
                        seq_len=64, workers=1)
     bad, good = explore.whatif(tiny_llama_config, cluster="dgx-h100", vary={"tp": [3, 2]},
                                global_batch=8, seq_len=64, workers=1)
-    assert not bad["feasible"] and "fix.tp: 3 does not divide" in bad["reason"]
+    assert not bad["feasible"] and "vary.tp: 3 does not divide" in bad["reason"]
     assert good["feasible"] and "_bad_input" not in good and "_bad_input" not in bad
 
 
