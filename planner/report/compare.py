@@ -15,9 +15,18 @@ from planner.search import placement
 
 def config_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
     """(knob, value in a, value in b) for every knob that differs (a knob one plan does not
-    record, being older than the knob, is not compared)."""
-    return [(k, a.parallel[k], b.parallel[k]) for k in KNOBS
-            if k in a.parallel and k in b.parallel and a.parallel[k] != b.parallel[k]]
+    record, being older than the knob, is not compared; nor the K/V exchange where one plan has
+    no context parallelism: the change of cp says it)."""
+    return [(k, x, y) for k in KNOBS if k in a.parallel and k in b.parallel
+            for x, y in [(knob_value(a, k), knob_value(b, k))] if x != y and None not in (x, y)]
+
+
+def knob_value(plan: Plan, k: str):
+    """The plan's value of knob ``k``; None for the K/V exchange of a plan without context
+    parallelism (cp = 1), which has none."""
+    if k == "cp_comm" and plan.parallel.get("cp", 1) == 1:
+        return None
+    return plan.parallel.get(k)
 
 
 def engine_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
@@ -97,7 +106,7 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     """Inputs, configuration, predictions, step parts, peak-rank memory and stages of two plans."""
     out = [Diff("inputs", f"{part} {key}".replace("_", " "), getattr(a, part).get(key),
                 getattr(b, part).get(key), kind) for part, key, kind in INPUTS]
-    out += [Diff("configuration", k, a.parallel.get(k), b.parallel.get(k),
+    out += [Diff("configuration", k, knob_value(a, k), knob_value(b, k),
                  "text" if k in ("schedule", "recompute", "placement", "cp_comm", "zero",
                                  "sequence_parallel", "offload_optimizer") else "count")
             for k in KNOBS]

@@ -18,7 +18,7 @@ def diff(a: Plan, b: Plan, names: tuple[str, str] = ("A", "B"), max_stage_rows: 
     same, section, stage_rows = [], None, 0
     for d in compare.compare(a, b):
         if d.section not in ALWAYS and not d.differs:
-            if d.section in ("inputs", "configuration"):
+            if d.section in ("inputs", "configuration") and d.a is not None:
                 same.append(f"{d.label} {_value(d.a, d.kind)}")
             continue
         if d.section == "stages" and d.label != "stages":

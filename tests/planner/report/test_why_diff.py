@@ -216,3 +216,19 @@ def test_why_says_when_the_search_did_not_try_a_faster_context_parallelism(tiny_
     text = " ".join(why(plan, dataclasses.replace(answer, variant=faster, notes=notes)).split())
     assert "the search does not try context parallelism below 4,096 tokens per cp rank (1,024 " \
            "here at cp=2)" in text
+
+
+def test_diff_shows_no_exchange_for_a_plan_without_context_parallelism(small_plan):
+    """cp_comm means nothing at cp = 1: the diff shows '-' there and does not list it as a change
+    (the change of cp says it)."""
+    import dataclasses
+
+    from planner.report.diff import diff
+    a = load_plan(small_plan)
+    assert a.parallel.get("cp", 1) == 1
+    b = dataclasses.replace(a, parallel={**a.parallel, "cp": 2, "cp_comm": "a2a"})
+    rows = [line.split() for line in diff(a, b).splitlines()]
+    assert ["cp_comm", "-", "a2a"] in rows
+    assert [k for k, _, _ in compare.config_changes(a, b)] == ["cp"]
+    same = diff(a, dataclasses.replace(a, parallel={**a.parallel, "cp_comm": "a2a"}))
+    assert "cp_comm" not in same  # at cp = 1 both have none, whatever the field says
