@@ -214,6 +214,10 @@ class SearchOptions:
     seq_split_2cp_tp: bool = False
     """Whether the target needs the sequence divisible by tp x 2 x cp even with cp = 1
     (torchtitan 0.2.2's ParallelDims.seq_len_divisor, asserted by its parallelize functions)."""
+    ep_needs_sharding: bool = False
+    """Whether experts may spread over ranks (ep > 1) only with data or context parallelism to
+    shard over (dp x cp > 1): torchtitan 0.2.2's deepseek_v3, gpt_oss and llama4 parallelize
+    functions fetch the FSDP mesh whenever ep > 1, and it does not exist at size 1."""
     target: str = "any"
     """The engine the plan is for (planner.targets): ``any`` prices every configuration."""
     memory_reserve_fraction: float = 0.05

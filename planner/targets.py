@@ -78,6 +78,9 @@ class Engine:
     (SearchOptions.mixed_precision_needs_sharding)."""
     seq_split_2cp_tp: bool = False
     """The sequence divisible by tp x 2 x cp, cp = 1 included (SearchOptions.seq_split_2cp_tp)."""
+    ep_needs_sharding: bool = False
+    """Experts spread over ranks only with sharded data parallelism (SearchOptions.
+    ep_needs_sharding)."""
     software: str | None = None
     """The engine preset (costmodels.engine.PRESETS) a plan for it is priced with when no engine
     is given; None: the default (Megatron-Core's)."""
@@ -103,9 +106,12 @@ ENGINES: dict[str, Engine] = {
     # Without FSDP (dp x cp = 1) and with tp or pp, maybe_enable_amp turns mixed precision off
     # (distributed/utils.py); with ep = 1 apply_moe_ep_tp splits the experts over the tp mesh; its
     # parallelize functions assert seq_len % (tp x 2 x cp) == 0 (ParallelDims.seq_len_divisor);
+    # its deepseek_v3, gpt_oss and llama4 models fetch the FSDP mesh whenever ep > 1, which does
+    # not exist without sharding (dp x cp = 1);
     # its device mesh orders pp, dp_replicate, dp_shard, cp, tp, outermost first (tp-dp-pp).
     "torchtitan": Engine(name="torchtitan", version="0.2.2",
                          mixed_precision_needs_sharding=True, experts_split_without_ep=True,
+                         ep_needs_sharding=True,
                          pp_inner=False,
                          seq_split_2cp_tp=True,
                          schedules=("gpipe", "1f1b", "interleaved-1f1b"),
@@ -203,18 +209,15 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
         raise SpecError(f"fix.ep: {target} runs no expert parallelism")
     if int(fix.get("etp", 1)) > 1 and not eng.expert_tensor_parallel:
         raise SpecError(f"fix.etp: {target} does not split experts' matrices (pin etp=1)")
-    if fix.get("placement") == "tp-pp-dp" and int(fix.get("pp", 1)) > 1 and not eng.pp_inner:
+    inner = fix.get("placement") == "tp-pp-dp" and int(fix.get("pp", 1)) > 1 and \
+        int(fix.get("dp", 1)) > 1  # (one replica: the orders are the same; unpinned: searched)
+    if inner and not eng.pp_inner:
         raise SpecError(f"fix.placement: {target} places pipeline stages outermost (tp-dp-pp) "
                         "only; pin placement=tp-dp-pp")
-    if fix.get("placement") == "tp-pp-dp" and int(fix.get("pp", 1)) > 1 and \
-            int(fix.get("ep", 1)) > 1 and not eng.pp_inner_with_experts:
+    if inner and int(fix.get("ep", 1)) > 1 and not eng.pp_inner_with_experts:
         raise SpecError(f"fix.placement: {target} runs tp-pp-dp with a pipeline only without "
                         "expert parallelism (its expert groups are consecutive ranks of a "
                         "stage); pin placement=tp-dp-pp or ep=1")
-    if eng.experts_split_without_ep and int(fix.get("ep", 1)) == 1 and \
-            int(fix.get("tp", 1)) > 1 and fix.get("etp") == 1:
-        raise SpecError(f"fix.etp: with ep=1 {target} splits the experts over the tp={fix['tp']} "
-                        f"ranks (etp={fix['tp']}); pin etp={fix['tp']} or an ep > 1")
     return replace(options, target=target, recompute=eng.recompute,
                    cp_comms=tuple(c for c in options.cp_comms if c in eng.cp_comms),
                    cp_comms_windowed=tuple(c for c in options.cp_comms_windowed
@@ -236,6 +239,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    mixed_precision_needs_sharding=(options.mixed_precision_needs_sharding
                                                    or eng.mixed_precision_needs_sharding),
                    seq_split_2cp_tp=options.seq_split_2cp_tp or eng.seq_split_2cp_tp,
+                   ep_needs_sharding=options.ep_needs_sharding or eng.ep_needs_sharding,
                    zero3_with_cp_ep=options.zero3_with_cp_ep and eng.zero3_with_cp_ep,
                    zero0_with_others=options.zero0_with_others and eng.zero0_with_others,
                    etp_with_expert_bias=options.etp_with_expert_bias and eng.etp_with_expert_bias,

@@ -295,6 +295,8 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
     if pp_inner_refused(eng, pp=int(fix.get("pp", 1)), dp=2, tp=tp, cp=cp, ep=ep,
                         etp=int(fix.get("etp", 1)), experts=facts.moe):
         runs["placement"] = ("tp-dp-pp",)  # (dp=2: any data parallelism, the rule's case)
+    if eng.ep_needs_sharding and int(fix.get("dp", 2)) * cp == 1:
+        runs["ep"] = (1,)  # experts spread only with sharded data parallelism
     if eng.experts_split_without_ep and facts.moe and ep == 1 and tp > 1:
         runs["etp"] = (tp,)  # the experts split over tp whatever etp says
     pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"

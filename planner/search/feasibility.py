@@ -13,7 +13,7 @@ from planner.errors import SpecError
 from planner.options import (CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec,
                              zero_runs_with_cp)
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
-from planner.search.loop import rejection_lines
+from planner.search.loop import OUTCOMES, rejection_lines
 from planner.search.pricing import Estimate, price
 from planner.search.space import (BATCH_DP, CP_HEADS, CP_SHORT, MICRO_BATCH, PP_BLOCKS,
                                   TOO_MANY_MB, TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space,
@@ -234,6 +234,10 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
                     for k, v in options.fix.items())
     with_pins = f" with {pins}" if pins else ""
     if isinstance(cluster, HeteroCluster):
+        if not any(rejected[r] for r in OUTCOMES):  # the rules alone left nothing: bad input
+            raise SpecError(f"no configuration{with_pins} is possible on the cluster's groups "
+                            f"({summary}); " + ("relax --fix" if pins else
+                                                "see `plan solve --help` for the knobs"))
         return f"no plan{with_pins} fits the cluster's groups ({summary})"
     cap = capacity_bytes(cluster, options)
     lean = leanest(ma, bg, cluster, training, options)

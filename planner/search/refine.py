@@ -146,7 +146,8 @@ def _inside_comm_s(st) -> float:
 
 SIM_EXACT = 256
 """Micro-batches per step simulated event by event; longer steps are simulated at two lengths
-past the warm-up (multiples of pp, at least 4 x pp x vpp) and extrapolated, since every schedule's
+past the warm-up (at least 4 x pp x vpp, pp apart, with the step's own remainder modulo pp: a
+last partial round of pp costs what it costs) and extrapolated, since every schedule's
 steady state adds the same time and memory per further micro-batch (1F1B: the bottleneck stage's
 forward and backward, no memory; GPipe: that time and one micro-batch's activations)."""
 
@@ -160,7 +161,7 @@ def _simulated_step(cfg, fwd, bwd, wgrad, p2p_s: float, act) -> tuple[float, lis
         return sim.step_time_s, list(sim.peak_activation_bytes)
 
     m, unit = cfg.num_microbatches, cfg.pp
-    m0 = unit * -(-max(SIM_EXACT, 4 * cfg.pp * cfg.vpp) // unit)
+    m0 = unit * -(-max(SIM_EXACT, 4 * cfg.pp * cfg.vpp) // unit) + m % unit
     if m <= m0 + unit:
         return run(m)
     (t0, p0), (t1, p1) = run(m0), run(m0 - unit)

@@ -68,6 +68,7 @@ SP_SEQ = "sequence parallel needs the tokens of a cp rank divisible by tp"
 SEQ_TP_2CP = "sequence not divisible by tp x 2 x cp, as the target requires"
 AMP_UNSHARDED = "tp or pp without sharding over dp x cp runs in fp32 in the target"
 ETP_NO_EP = "etp 1 with ep = 1 and tp > 1 not run by the target (it splits experts over tp)"
+EP_UNSHARDED = "ep > 1 without sharding over dp x cp not run by the target"
 TOO_MANY_MB = f"more than {MAX_MICROBATCHES:,} micro-batches per step"
 
 
@@ -299,8 +300,8 @@ def enumerate_space(space: Space, training: TrainingSpec, options: SearchOptions
         raise SpecError(f"fix.vpp: vpp={fix['vpp']} needs schedule=interleaved-1f1b, not "
                         f"{fix['schedule']}")
     if space.group_gpus:
-        meshes = ((tp, 1, pp, dp) for tp, pp, dp in _group_meshes(space, fix,
-                                                                   training.global_batch, rejected))
+        meshes = ((tp, 1, pp, dp) for tp, pp, dp in _group_meshes(space, fix, training, options,
+                                                                   rejected))
     else:
         meshes = _meshes(space, fix, training, options, rejected)
     for tp, cp, pp, dp in meshes:
@@ -364,15 +365,19 @@ def _experts(fix: dict, tp: int, cp: int, dp: int, space: Space, options: Search
             reasons = ep_reasons(ep, etp, tp, cp, dp, space)
             if options.experts_split_without_ep and ep == 1 and etp != tp:
                 reasons.append(ETP_NO_EP)
+            if options.ep_needs_sharding and ep > 1 and dp * cp == 1:
+                reasons.append(EP_UNSHARDED)
             if reasons:
                 rejected[reasons[0]] += 1
                 continue
             yield ep, etp
 
 
-def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
+def _group_meshes(space: Space, fix: dict, training: TrainingSpec, options: SearchOptions,
+                  rejected: Counter):
     """(tp, pp, dp) with stages of tp x dp GPUs filling every device group: pp = sum of the
     groups' GPUs / (tp x dp)."""
+    gb = training.global_batch
     for tp in _choices(fix, "tp", divisors(space.num_gpus)):
         reason = tp_reason(tp, space)
         if reason:
@@ -383,7 +388,8 @@ def _group_meshes(space: Space, fix: dict, gb: int, rejected: Counter):
             pp = sum(g // width for g in space.group_gpus)
             reason = (GROUP_WIDTH if any(g % width for g in space.group_gpus) else
                       MESH if fix.get("pp", pp) != pp else
-                      pp_reason(pp, 1, space) or (BATCH_DP if gb % dp else ""))
+                      pp_reason(pp, 1, space) or (BATCH_DP if gb % dp else "")
+                      or _target_mesh_reason(tp, 1, pp, dp, training, options))
             if reason:
                 rejected[reason] += 1
                 continue

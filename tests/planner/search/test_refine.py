@@ -129,3 +129,19 @@ def test_closed_forms_stay_at_or_below_their_simulation(tiny_llama, slow):
                 assert est.step_time_s <= simulated(est, tr).step_time_s * (1 + 1e-9), cfg.short()
                 checked += 1
     assert checked >= 12
+
+
+@pytest.mark.parametrize("m", [263, 301])
+def test_long_steps_extrapolate_from_steps_of_their_own_remainder(monkeypatch, m):
+    """Past SIM_EXACT micro-batches the simulation is extrapolated from two shorter runs pp
+    apart; with m not a multiple of pp they keep m's remainder, so a last partial round costs
+    what the event-by-event simulation gives (it used to come out a little short)."""
+    from types import SimpleNamespace
+
+    from planner.search import refine
+    cfg = SimpleNamespace(schedule="1f1b", pp=2, vpp=1, num_microbatches=m)
+    args = ([1.0, 1.3], [2.0, 2.4], 0.0, 0.7, 1.0)
+    step, _ = refine._simulated_step(cfg, *args)
+    monkeypatch.setattr(refine, "SIM_EXACT", 10_000)
+    exact, _ = refine._simulated_step(cfg, *args)
+    assert step == pytest.approx(exact, rel=1e-9)

@@ -504,8 +504,8 @@ def test_deepspeed_keeps_stages_on_consecutive_ranks_with_experts(tiny_mixtral):
     with a pipeline and ep > 1 it places pp outermost (tp-dp-pp); without experts either order."""
     from planner import targets
     with pytest.raises(planner.SpecError, match="fix.placement: deepspeed runs tp-pp-dp"):
-        targets.restrict(planner.SearchOptions(fix=parse_fix("pp=2,ep=2,placement=tp-pp-dp")),
-                         "deepspeed")
+        targets.restrict(planner.SearchOptions(fix=parse_fix(
+            "pp=2,dp=2,ep=2,placement=tp-pp-dp")), "deepspeed")
     training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len)
     cluster = planner.load_cluster("dgx-h100", nodes=2)
 
@@ -526,12 +526,13 @@ def test_torchtitan_mesh_rules(tiny_llama, tiny_mixtral):
     from collections import Counter
 
     from planner import targets
-    from planner.search.space import AMP_UNSHARDED, SEQ_TP_2CP, Space, enumerate_space
+    from planner.search.space import (AMP_UNSHARDED, EP_UNSHARDED, ETP_NO_EP, SEQ_TP_2CP, Space,
+                                      enumerate_space)
     with pytest.raises(planner.SpecError, match="places pipeline stages outermost"):
-        targets.restrict(planner.SearchOptions(fix=parse_fix("pp=2,placement=tp-pp-dp")),
+        targets.restrict(planner.SearchOptions(fix=parse_fix("pp=2,dp=2,placement=tp-pp-dp")),
                          "torchtitan")
-    with pytest.raises(planner.SpecError, match="with ep=1 torchtitan splits the experts"):
-        targets.restrict(planner.SearchOptions(fix=parse_fix("tp=2,ep=1,etp=1")), "torchtitan")
+    targets.restrict(planner.SearchOptions(fix=parse_fix("placement=tp-pp-dp,pp=2,dp=1")),
+                     "torchtitan")  # one replica: both orders are the same
     cluster = planner.load_cluster("dgx-h100", nodes=1)
 
     def search(model, fix, target="torchtitan", where=cluster, **training):
@@ -540,11 +541,16 @@ def test_torchtitan_mesh_rules(tiny_llama, tiny_mixtral):
         return planner.plan_prepared(model, where, spec, options)
     assert search(tiny_mixtral, "tp=2,ep=1,pp=1").parallel["etp"] == 2
     assert search(tiny_mixtral, "tp=2,ep=1,pp=1,etp=1", target="any").parallel["etp"] == 1
+    with pytest.raises(planner.SpecError, match=ETP_NO_EP.split(" (")[0]):
+        search(tiny_mixtral, "tp=2,ep=1,pp=1,etp=1")
+    assert search(tiny_llama, "tp=2,etp=1").parallel["tp"] == 2  # no experts: no such rule
     two = planner.load_cluster("dgx-h100", nodes=1, gpus_per_node=2)
     with pytest.raises(planner.SpecError, match=AMP_UNSHARDED):
         search(tiny_llama, "tp=2,dp=1", where=two)  # bf16 with tp and no FSDP
     assert search(tiny_llama, "tp=2,dp=1", where=two, dtype="fp32").parallel["tp"] == 2
     assert search(tiny_llama, "tp=2,dp=1", where=two, target="any").parallel["tp"] == 2
+    with pytest.raises(planner.SpecError, match=EP_UNSHARDED):  # no FSDP mesh for the experts
+        search(tiny_mixtral, "tp=2,dp=1,ep=2", where=two, dtype="fp32")
     options = targets.restrict(planner.SearchOptions(fix=parse_fix("tp=2,cp=1"), top_k=0),
                                "torchtitan")
     rejected = Counter()
