@@ -172,6 +172,9 @@ class SearchOptions:
     cp_with_tp_pp: bool = True
     """Whether context parallelism may combine with tensor or pipeline parallelism (DeepSpeed's
     Ulysses builds its mesh from data and sequence parallelism only)."""
+    tp_with_pp: bool = True
+    """Whether tensor parallelism may combine with pipeline parallelism (DeepSpeed's AutoTP does
+    not combine with its PipelineModule)."""
     expert_parallel: bool = True
     """Whether routed experts may be spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True

@@ -46,6 +46,8 @@ class Engine:
     """The exchanges it runs over attention whose keys are wider than its values (MLA)."""
     cp_with_tp_pp: bool = True
     """Context parallelism together with tensor or pipeline parallelism."""
+    tp_with_pp: bool = True
+    """Tensor parallelism together with pipeline parallelism (SearchOptions.tp_with_pp)."""
     expert_parallel: bool = True
     """Routed experts spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True
@@ -147,9 +149,12 @@ ENGINES: dict[str, Engine] = {
     # AutoEP refuses ZeRO-3 with sequence parallelism (runtime/engine.py: "AutoEP with ZeRO
     # Stage 3 does not support sequence parallelism yet"); its expert groups are consecutive
     # ranks of a stage (utils/groups.py, _create_expert_and_data_parallel), so with a pipeline
-    # the stages must be blocks of consecutive ranks (placement tp-dp-pp).
+    # the stages must be blocks of consecutive ranks (placement tp-dp-pp). AutoTP (its tensor
+    # parallelism) does not combine with its PipelineModule, and its activation checkpointing
+    # takes whole layers (checkpoint_interval): no selective recomputation.
     "deepspeed": Engine(name="deepspeed", version="0.19.8", schedules=("1f1b",),
-                        pp_inner_with_experts=False,
+                        pp_inner_with_experts=False, tp_with_pp=False,
+                        recompute=("none", "full"),
                         zero_with_pp=(0, 1), sequence_parallel=(False,), cp_comms=("a2a",),
                         cp_with_tp_pp=False, expert_tensor_parallel=False,
                         zero3_with_cp_ep=False, software="deepspeed"),
@@ -174,6 +179,9 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
     if "zero" in fix and fix["zero"] not in eng.zero:
         raise SpecError(f"fix.zero: {target} does not shard model states as ZeRO-{fix['zero']}; "
                         f"it offers {', '.join(map(str, eng.zero))}")
+    if "zero" in fix and int(fix.get("pp", 1)) > 1 and fix["zero"] not in eng.zero_with_pp:
+        raise SpecError(f"fix.zero: {target} does not run ZeRO-{fix['zero']} with a pipeline; it "
+                        f"offers {', '.join(map(str, eng.zero_with_pp))} there (or pin pp=1)")
     if "zero" in fix and int(fix.get("cp", 1)) > 1 and fix["zero"] not in eng.zero_with_cp:
         raise SpecError(f"fix.zero: {target} does not run ZeRO-{fix['zero']} with context "
                         f"parallelism; it offers {', '.join(map(str, eng.zero_with_cp))} there")
@@ -205,6 +213,9 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
             int(fix.get("tp", 1)) > 1 or int(fix.get("pp", 1)) > 1):
         raise SpecError(f"fix.cp: {target} runs context parallelism with data parallelism only "
                         "(pin tp=1 and pp=1)")
+    if int(fix.get("tp", 1)) > 1 and int(fix.get("pp", 1)) > 1 and not eng.tp_with_pp:
+        raise SpecError(f"fix.tp: {target} does not run tensor parallelism together with a "
+                        "pipeline; pin tp=1 or pp=1")
     if int(fix.get("ep", 1)) > 1 and not eng.expert_parallel:
         raise SpecError(f"fix.ep: {target} runs no expert parallelism")
     if int(fix.get("etp", 1)) > 1 and not eng.expert_tensor_parallel:
@@ -227,6 +238,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    cp_comms_latent=tuple(c for c in options.cp_comms_latent
                                          if c in eng.cp_comms_latent),
                    cp_with_tp_pp=options.cp_with_tp_pp and eng.cp_with_tp_pp,
+                   tp_with_pp=options.tp_with_pp and eng.tp_with_pp,
                    expert_parallel=options.expert_parallel and eng.expert_parallel,
                    expert_tensor_parallel=(options.expert_tensor_parallel
                                            and eng.expert_tensor_parallel),

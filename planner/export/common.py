@@ -240,6 +240,27 @@ def placement(plan: Plan) -> str:
     return plan.parallel.get("placement", "tp-pp-dp")
 
 
+def site_stages(plan: Plan, ledger: Ledger) -> None:
+    """On a cluster of device groups (sites), which nodes run which pipeline stage: the engines
+    number their ranks stage by stage (pipeline outermost), so the launch must put each stage's
+    ranks on its site's nodes; no engine setting says it (the launcher's node ranks do)."""
+    groups = {st["pipeline_rank"]: st["group"] for st in plan.stages if st.get("group")}
+    if not groups:
+        return
+    per_stage = plan.cluster["num_gpus"] // plan.parallel["pp"]
+    gpn = plan.cluster["gpus_per_node"]
+    spans = []
+    for k in sorted(groups):
+        first, last = k * per_stage, (k + 1) * per_stage - 1
+        nodes = (f" (node ranks {first // gpn}-{last // gpn})" if per_stage >= gpn
+                 and per_stage % gpn == 0 else "")
+        spans.append(f"ranks {first}-{last}{nodes} on {groups[k]}")
+    ledger.missing("placement", "sites: the engine numbers its ranks pipeline stage by stage, so "
+                   "launch with the nodes ordered as the plan chains the sites: "
+                   + ", ".join(spans) + "; another order is what `plan show` prices as the naive "
+                   "or a random placement")
+
+
 def schedule_words(name: str) -> str:
     return SCHEDULE_WORDS.get(name, repr(name))
 

@@ -99,6 +99,7 @@ def _batch(plan: Plan, ledger: common.Ledger, extra: dict, ulysses: bool) -> dic
     same samples are left in that world, the size is left for DeepSpeed to derive."""
     p, t = plan.parallel, plan.training
     ledger.exact("micro_batch", "num_microbatches", "global_batch", "dp", "placement")
+    common.site_stages(plan, ledger)
     config = {"train_batch_size": t["global_batch"],
               "train_micro_batch_size_per_gpu": p["micro_batch"],
               "gradient_accumulation_steps": p["num_microbatches"]}
@@ -228,13 +229,10 @@ def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
     info = {"ep_size": ep, "experts": counts, "routing": moe.imbalance_words(plan)}
     if ep == 1:
         ledger.exact("ep", "etp", "moe_dispatcher", "moe_capacity_factor", "moe_overlap")
-        if s["moe_grouped_gemm"]:
-            ledger.nearest("moe_grouped_gemm", "moe_grouped_gemm: DeepSpeed's config sets grouped "
-                           "GEMMs of the experts only through AutoEP (expert_parallel."
-                           "use_grouped_mm), which this export enables for ep > 1; with ep = 1 "
-                           "the model's own expert implementation runs")
-        else:
-            ledger.exact("moe_grouped_gemm")
+        # with ep = 1 the model's own experts run: a Hugging Face model's experts_implementation
+        # defaults to grouped_mm (transformers' get_correct_experts_implementation), the grouped
+        # GEMMs the trace priced
+        ledger.exact("moe_grouped_gemm")
         return None
     why = _autoep_refuses(plan)
     if why:

@@ -124,6 +124,7 @@ def _degrees(plan: Plan, version: str, ledger: common.Ledger) -> Group:
              "--pipeline-model-parallel-size", str(p["pp"])], "")]
     out += _sequence_parallel(plan, version, ledger)
     out += _placement(plan, ledger)
+    common.site_stages(plan, ledger)
     return out
 
 

@@ -243,6 +243,7 @@ def _model_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Set
     else:
         ledger.exact("stages", "schedule", "vpp")
     _placement(plan, ledger)
+    common.site_stages(plan, ledger)
     return out
 
 

@@ -241,6 +241,9 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
         return f"no plan{with_pins} fits the cluster's groups ({summary})"
     cap = capacity_bytes(cluster, options)
     lean = leanest(ma, bg, cluster, training, options)
+    if lean is None and any(rejected[r] for r in OUTCOMES):  # some were priced: memory stops it
+        return (f"no plan fits: no configuration{with_pins} fits on {cluster.num_gpus} GPUs "
+                f"({summary})" + ("; relax --fix" if pins else ""))
     if lean is None:  # the rules (and the pins) leave nothing, whatever the memory: bad input
         raise SpecError(f"no configuration{with_pins} is possible on {cluster.num_gpus} GPUs "
                         f"({summary}); " + ("relax --fix" if pins else
@@ -252,6 +255,11 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
                 f"replicas needs micro-batches of {least:,}+ samples to stay within "
                 f"{MAX_MICROBATCHES:,} per step, and their activations do not fit ({summary}); "
                 "use a smaller global batch or more GPUs")
+    if need <= cap and any(rejected[r] for r in OUTCOMES) and not (
+            rejected[MICRO_BATCH] or rejected[BATCH_DP]):
+        # the leanest layout breaks a rule, and what the rules allow ran out of memory
+        return (f"no plan fits: no configuration{with_pins} fits on {cluster.num_gpus} GPUs "
+                f"({summary})" + ("; relax --fix" if pins else ""))
     if need <= cap:  # memory is not what stops it: the batch or the pins break the rules
         raise SpecError(f"no configuration{with_pins} is possible ({summary}); " +
                         _rules_advice(cfg, training.global_batch, rejected, bool(pins)))

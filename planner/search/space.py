@@ -58,6 +58,7 @@ CP_SINKS_NONE = "cp not run by the target with attention sinks"
 CP_LATENT = "cp_comm not run by the target with latent attention (keys wider than values)"
 CP_LATENT_NONE = "cp not run by the target with latent attention (keys wider than values)"
 CP_ALONE = "cp with tp or pp not run by the target"
+TP_PP = "tp with pp not run by the target"
 EP_EXPERTS = "ep does not divide the experts"
 EP_GROUP = "ep x etp does not divide tp x cp x dp"
 EP_NONE = "ep needs routed experts"
@@ -331,6 +332,7 @@ def _meshes(space: Space, fix: dict, training: TrainingSpec, options: SearchOpti
                 reason = (MESH if (n // (tp * cp)) % pp else pp_reason(pp, 1, space) or (
                     MESH if fix.get("dp", dp) != dp else BATCH_DP if gb % dp else "") or (
                     CP_ALONE if cp > 1 and (tp > 1 or pp > 1) and not options.cp_with_tp_pp
+                    else TP_PP if tp > 1 and pp > 1 and not options.tp_with_pp
                     else "") or _target_mesh_reason(tp, cp, pp, dp, training, options))
                 if reason:
                     rejected[reason] += 1
@@ -389,6 +391,7 @@ def _group_meshes(space: Space, fix: dict, training: TrainingSpec, options: Sear
             reason = (GROUP_WIDTH if any(g % width for g in space.group_gpus) else
                       MESH if fix.get("pp", pp) != pp else
                       pp_reason(pp, 1, space) or (BATCH_DP if gb % dp else "")
+                      or (TP_PP if tp > 1 and pp > 1 and not options.tp_with_pp else "")
                       or _target_mesh_reason(tp, 1, pp, dp, training, options))
             if reason:
                 rejected[reason] += 1

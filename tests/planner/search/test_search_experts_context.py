@@ -582,3 +582,23 @@ def test_fp8_keeps_the_experts_gemm_inputs_quantized(tiny_mixtral):
     two = dict(kw, tp=2, sp=True, etp=2)  # etp's gathered copies are quantized too
     extra = activation_bytes(w, **two) - activation_bytes(w, **two, fp8=True)
     assert extra > FP8_SAVED_INPUT_SHARE * (w.act_linear_in_rep / 2 + w.act_linear_in_tp / 2)
+
+
+def test_deepspeed_runs_no_tensor_parallelism_with_a_pipeline(tiny_llama):
+    """DeepSpeed's AutoTP does not combine with its PipelineModule, and its checkpointing takes
+    whole layers: --target deepspeed plans neither tp with pp nor selective recomputation."""
+    from planner import targets
+    from planner.search.space import TP_PP
+    with pytest.raises(planner.SpecError, match="fix.tp: deepspeed does not run tensor"):
+        targets.restrict(planner.SearchOptions(fix=parse_fix("tp=2,pp=2")), "deepspeed")
+    with pytest.raises(planner.SpecError, match="fix.recompute: deepspeed does not offer "
+                                                "selective"):
+        targets.restrict(planner.SearchOptions(fix=parse_fix("recompute=selective")), "deepspeed")
+    with pytest.raises(planner.SpecError, match="fix.zero: deepspeed does not run ZeRO-3 with a "
+                                                "pipeline"):
+        targets.restrict(planner.SearchOptions(fix=parse_fix("zero=3,pp=2")), "deepspeed")
+    options = targets.restrict(planner.SearchOptions(fix=parse_fix("pp=2"), top_k=0), "deepspeed")
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    plan = planner.plan_prepared(tiny_llama, cluster, planner.TrainingSpec(
+        global_batch=64, seq_len=tiny_llama.seq_len), options)
+    assert plan.parallel["tp"] == 1 and plan.search["rejected"].get(TP_PP)
