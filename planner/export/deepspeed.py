@@ -414,7 +414,7 @@ def _topology(plan: Plan, ledger: common.Ledger) -> dict:
     consecutive ranks (pipe outermost), as AutoEP's expert groups assume (targets' deepspeed
     entry), whatever the plan's placement."""
     p, where = plan.parallel, common.placement(plan)
-    if where == "tp-pp-dp" and p["dp"] > 1 and pp_inner_refused(
+    if where == "tp-pp-dp" and pp_inner_refused(
             targets.engine(TARGET), pp=p["pp"], dp=p["dp"], tp=p["tp"], cp=p.get("cp", 1),
             ep=p.get("ep", 1), etp=p.get("etp", 1), experts=moe.model(plan).moe):
         where = "tp-dp-pp"

@@ -282,13 +282,12 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, rc_s, tp_s, p2p_s, cp_s, 
     one send over each cut between chunks; with interleaving, cuts c, c + pp, ... share rank c's
     link), and one micro-batch's passes before and after them (under GPipe every micro-batch's
     forward crosses a cut before the first backward does: twice the sends); under 1F1B and ZB-H1,
-    whose first
-    rank holds pp micro-batches at most, every pp-th micro-batch waits for the round trip of the
-    one before, sends included. The schedule's simulation (refine.simulated), which times the plans the search keeps,
-    overlaps sends with other passes' compute and queues them on their links, and exposes at
-    least that much: this closed form stays at or below it where the sends are concerned, so that
-    the search re-times every configuration that could beat the best simulated one
-    (loop._retime)."""
+    whose first rank holds pp micro-batches at most, every pp-th micro-batch waits for the round
+    trip of the one before, sends included. The schedule's simulation (refine.simulated), which
+    times the plans the search keeps, overlaps sends with other passes' compute and queues them
+    on their links, and exposes at least that much: this closed form stays at or below it where
+    the sends are concerned, so that the search re-times every configuration that could beat the
+    best simulated one (loop._retime)."""
     pp, m = cfg.pp, cfg.num_microbatches
     time_s = time_s - p2p_s
     rank_time = rank_totals(time_s, pp)

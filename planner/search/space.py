@@ -332,7 +332,6 @@ def _meshes(space: Space, fix: dict, training: TrainingSpec, options: SearchOpti
                 reason = (MESH if (n // (tp * cp)) % pp else pp_reason(pp, 1, space) or (
                     MESH if fix.get("dp", dp) != dp else BATCH_DP if gb % dp else "") or (
                     CP_ALONE if cp > 1 and (tp > 1 or pp > 1) and not options.cp_with_tp_pp
-                    else TP_PP if tp > 1 and pp > 1 and not options.tp_with_pp
                     else "") or _target_mesh_reason(tp, cp, pp, dp, training, options))
                 if reason:
                     rejected[reason] += 1
@@ -342,8 +341,10 @@ def _meshes(space: Space, fix: dict, training: TrainingSpec, options: SearchOpti
 
 def _target_mesh_reason(tp: int, cp: int, pp: int, dp: int, training: TrainingSpec,
                         options: SearchOptions) -> str:
-    """The first of the target's own rules a mesh breaks, or '' (SearchOptions.seq_split_2cp_tp,
-    mixed_precision_needs_sharding)."""
+    """The first of the target's own rules a mesh breaks, or '' (SearchOptions.tp_with_pp,
+    seq_split_2cp_tp, mixed_precision_needs_sharding)."""
+    if tp > 1 and pp > 1 and not options.tp_with_pp:
+        return TP_PP
     if options.seq_split_2cp_tp and training.seq_len % (tp * 2 * cp):
         return SEQ_TP_2CP
     if options.mixed_precision_needs_sharding and dp * cp == 1 and (tp > 1 or pp > 1) and \
@@ -391,7 +392,6 @@ def _group_meshes(space: Space, fix: dict, training: TrainingSpec, options: Sear
             reason = (GROUP_WIDTH if any(g % width for g in space.group_gpus) else
                       MESH if fix.get("pp", pp) != pp else
                       pp_reason(pp, 1, space) or (BATCH_DP if gb % dp else "")
-                      or (TP_PP if tp > 1 and pp > 1 and not options.tp_with_pp else "")
                       or _target_mesh_reason(tp, 1, pp, dp, training, options))
             if reason:
                 rejected[reason] += 1
