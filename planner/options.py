@@ -175,6 +175,11 @@ class SearchOptions:
     tp_with_pp: bool = True
     """Whether tensor parallelism may combine with pipeline parallelism (DeepSpeed's AutoTP does
     not combine with its PipelineModule)."""
+    cp_load_balanced: bool = True
+    """Whether context parallelism cuts each sequence into 2 x cp chunks, two per rank (causal
+    load balancing: Megatron-Core, Transformer Engine, torch's context_parallel), so the sequence
+    must divide by 2 x cp; False: cp contiguous shards (DeepSpeed's Ulysses, balanced by its
+    all-to-all over heads), the sequence divisible by cp."""
     expert_parallel: bool = True
     """Whether routed experts may be spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True

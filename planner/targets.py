@@ -48,6 +48,8 @@ class Engine:
     """Context parallelism together with tensor or pipeline parallelism."""
     tp_with_pp: bool = True
     """Tensor parallelism together with pipeline parallelism (SearchOptions.tp_with_pp)."""
+    cp_load_balanced: bool = True
+    """Sequences cut into 2 x cp chunks (SearchOptions.cp_load_balanced)."""
     expert_parallel: bool = True
     """Routed experts spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True
@@ -153,7 +155,7 @@ ENGINES: dict[str, Engine] = {
     # parallelism) does not combine with its PipelineModule, and its activation checkpointing
     # takes whole layers (checkpoint_interval): no selective recomputation.
     "deepspeed": Engine(name="deepspeed", version="0.19.8", schedules=("1f1b",),
-                        pp_inner_with_experts=False, tp_with_pp=False,
+                        pp_inner_with_experts=False, tp_with_pp=False, cp_load_balanced=False,
                         recompute=("none", "full"),
                         zero_with_pp=(0, 1), sequence_parallel=(False,), cp_comms=("a2a",),
                         cp_with_tp_pp=False, expert_tensor_parallel=False,
@@ -239,6 +241,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                                          if c in eng.cp_comms_latent),
                    cp_with_tp_pp=options.cp_with_tp_pp and eng.cp_with_tp_pp,
                    tp_with_pp=options.tp_with_pp and eng.tp_with_pp,
+                   cp_load_balanced=options.cp_load_balanced and eng.cp_load_balanced,
                    expert_parallel=options.expert_parallel and eng.expert_parallel,
                    expert_tensor_parallel=(options.expert_tensor_parallel
                                            and eng.expert_tensor_parallel),

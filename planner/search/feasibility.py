@@ -17,7 +17,7 @@ from planner.search.loop import OUTCOMES, rejection_lines
 from planner.search.pricing import Estimate, price
 from planner.search.space import (BATCH_DP, CP_HEADS, CP_SHORT, MICRO_BATCH, PP_BLOCKS,
                                   TOO_MANY_MB, TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space,
-                                  cp_comm_reason, divisors, pp_reason, tp_reasons)
+                                  cp_chunks, cp_comm_reason, divisors, pp_reason, tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb
@@ -52,12 +52,14 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if problem:
         return problem
     cp = fix.get("cp", 1)
-    if cp > 1 and training.seq_len % (2 * cp):
-        fits = [c for c in divisors(n) if c > 1 and training.seq_len % (2 * c) == 0]
-        return (f"fix.cp: the sequence of {training.seq_len} tokens does not split into 2 x cp = "
-                f"{2 * cp} equal chunks (causal load balancing); use "
+    chunks = cp_chunks(cp, options)
+    if cp > 1 and training.seq_len % chunks:
+        fits = [c for c in divisors(n) if c > 1 and training.seq_len % cp_chunks(c, options) == 0]
+        what = (f"2 x cp = {chunks} equal chunks (causal load balancing)" if chunks == 2 * cp
+                else f"cp = {cp} equal shards")
+        return (f"fix.cp: the sequence of {training.seq_len} tokens does not split into {what}; use "
                 + (f"cp={' or '.join(map(str, fits[:4]))}, or " if fits else "")
-                + f"a sequence length divisible by {2 * cp}")
+                + f"a sequence length divisible by {chunks}")
     ep, etp = fix.get("ep", 1), fix.get("etp", 1)
     if (ep > 1 or etp > 1) and not space.experts:
         key = "ep" if ep > 1 else "etp"

@@ -46,7 +46,7 @@ ZERO3_CP_EP = "ZeRO-3 with both cp and ep not run by the target"
 ZERO_CP = "ZeRO stage not run with cp by the target"
 ZERO0_ALONE = "ZeRO-0 with other parallelism not run by the target"
 MB_MEMORY = "micro-batch activations alone exceed memory"
-CP_SEQ = "sequence not divisible into 2 x cp chunks"
+CP_SEQ = "sequence not divisible into 2 x cp chunks (cp shards where the target does not balance)"
 CP_SHORT = "fewer tokens per cp rank than the search's minimum (cp_min_tokens)"
 CP_HEADS = "cp all-to-all needs heads divisible by tp x cp"
 CP_NONE = "cp needs attention"
@@ -236,11 +236,17 @@ def cp_reason(cp: int, space: Space, training: TrainingSpec, options: SearchOpti
         return CP_SINKS_NONE
     if space.latent and not set(options.cp_comms) & set(options.cp_comms_latent):
         return CP_LATENT_NONE
-    if training.seq_len % (2 * cp):
+    if training.seq_len % cp_chunks(cp, options):
         return CP_SEQ
     if not pinned and training.seq_len // cp < options.cp_min_tokens:
         return CP_SHORT
     return ""
+
+
+def cp_chunks(cp: int, options: SearchOptions | None) -> int:
+    """Chunks each sequence is cut into under context parallelism (SearchOptions.cp_load_balanced):
+    2 x cp, or cp where the target does not balance causal attention by reordering."""
+    return 2 * cp if options is None or options.cp_load_balanced else cp
 
 
 def cp_comm_reason(form: str, tp: int, cp: int, space: Space,

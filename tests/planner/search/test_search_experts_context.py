@@ -602,3 +602,19 @@ def test_deepspeed_runs_no_tensor_parallelism_with_a_pipeline(tiny_llama):
     plan = planner.plan_prepared(tiny_llama, cluster, planner.TrainingSpec(
         global_batch=64, seq_len=tiny_llama.seq_len), options)
     assert plan.parallel["tp"] == 1 and plan.search["rejected"].get(TP_PP)
+
+
+def test_ulysses_needs_the_sequence_divisible_by_cp_only():
+    """DeepSpeed's Ulysses splits each sequence into cp contiguous shards (its all-to-all over
+    heads balances causal attention), not into 2 x cp chunks: a sequence of 4100 tokens takes
+    cp=4 there, not under Megatron-Core's load balancing."""
+    from planner import targets
+    from planner.search.feasibility import pin_problem
+    from planner.search.space import Space
+    space = Space(num_gpus=16, gpus_per_node=8, num_blocks=34, heads=(32, 8))
+    training = planner.TrainingSpec(global_batch=64, seq_len=4100)
+    for target, refused in (("deepspeed", False), ("megatron", True)):
+        options = targets.restrict(planner.SearchOptions(fix=parse_fix("cp=4")), target)
+        problem = pin_problem({"cp": 4}, space, training, options)
+        assert bool(problem) == refused, (target, problem)
+    assert "2 x cp = 8 equal chunks" in pin_problem({"cp": 4}, space, training, None)
