@@ -768,7 +768,7 @@ def test_exports_say_which_site_runs_which_stage(notes):
     """On a cluster of sites the launch must put each pipeline stage on its site's nodes (the
     engines number ranks stage by stage); no engine setting says it, so every export notes it."""
     sites = ["us-west", "us-east", "eu-west", "eu-north"]
-    for export, stem in ((to_megatron, "llama3-70b-pp4-megatron"),
+    for write, stem in ((to_megatron, "llama3-70b-pp4-megatron"),
                          (to_torchtitan, "llama3-70b-pp4-torchtitan"),
                          (to_deepspeed, "llama3-70b-pp4-deepspeed")):
         plan = data_plan(stem)
@@ -776,9 +776,9 @@ def test_exports_say_which_site_runs_which_stage(notes):
                                                    for st in plan.stages])
         per, gpn = plan.cluster["num_gpus"] // 4, plan.cluster["gpus_per_node"]
         notes.clear()
-        export(plan)
+        write(plan)
         assert not [n for n in notes if "sites:" in n]
-        export(staged)
+        write(staged)
         note = [n for n in notes if "sites:" in n]
         assert len(note) == 1 and f"ranks 0-{per - 1} (node ranks 0-{per // gpn - 1}) on us-west" \
             in note[0] and f"ranks {3 * per}-{4 * per - 1}" in note[0] and "eu-north" in note[0]
