@@ -33,7 +33,8 @@ from costmodels.topology import Cluster
 def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_s: float,
                attn_bwd_s: float, group: GroupShape, cluster: Cluster,
                gradients_back: float = 0.0, gradients_on: float = 1.0,
-               gathered_ring: bool = False) -> tuple[float, float]:
+               gathered_ring: bool = False, out_bytes: float | None = None
+               ) -> tuple[float, float]:
     """(forward, backward) seconds of K/V exchange one layer exposes, per micro-batch.
     ``gradients_back`` (p2p ring): gradient bytes per K/V byte that each rank sends straight back
     to the owner of those keys and values once a backward step is done, as the runtime's ring
@@ -43,7 +44,9 @@ def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_
     ``gathered_ring`` (allgather form): torch's templated ring with its all-gather rotater
     (torchtitan's context parallelism), which all-gathers K/V in forward and again in backward,
     and passes the K/V gradients (``gradients_on`` bytes per K/V byte) around the whole ring, a
-    send behind each step's backward and the last one exposed, instead of one reduce-scatter."""
+    send behind each step's backward and the last one exposed, instead of one reduce-scatter.
+    ``out_bytes``: the attention output the all-to-all forms send back (default: as large as the
+    queries; smaller under latent attention, whose values are narrower)."""
     if cp <= 1 or kv_bytes <= 0:
         return 0.0, 0.0
     if form == "p2p":
@@ -58,7 +61,8 @@ def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_
             link = cluster.intra_node if group.per_node >= group.size else cluster.inter_node
             return gather, gather + _passed_on(cp, gradients_on * kv_bytes / cp, attn_bwd_s, link)
         return gather, gather + comm.reduce_scatter_s(kv_bytes, group, cluster)
-    moved = (2 * q_bytes + kv_bytes) / cp  # q, k, v in and the output back, each a local shard
+    out = q_bytes if out_bytes is None else out_bytes
+    moved = (q_bytes + out + kv_bytes) / cp  # q, k, v in and the output back, each a local shard
     if form == "a2a":
         t = comm.alltoall_s(moved, group, cluster, count=4)
         return t, t

@@ -230,7 +230,10 @@ class BlockWork:
     """Bytes of the keys and values entering the block's fused attention (one sample, all heads):
     what context parallelism exchanges."""
     attn_q_bytes: float = 0.0
-    """Bytes of the queries (one sample, all heads); the attention output is as large."""
+    """Bytes of the queries (one sample, all heads)."""
+    attn_out_bytes: float = 0.0
+    """Bytes of the attention output (one sample, all heads): as large as the queries unless the
+    values are narrower than the keys (multi-head latent attention)."""
     attn_heads_q: float = 0.0
     """Query heads of the block's attention (the fewest of its calls; 0: no attention)."""
     attn_heads_kv: float = 0.0

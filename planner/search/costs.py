@@ -169,6 +169,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))
     kv = micro_batch * w.attn_kv_bytes / heads_div  # the whole sequence's K/V on this tp rank
     q = micro_batch * w.attn_q_bytes / tp
+    out = np.where(w.attn_out_bytes > 0, micro_batch * w.attn_out_bytes / tp, q)
     word = DTYPE_BYTES[core]
     forms = (cp_comm,) if isinstance(cp_comm, str) else tuple(cp_comm)
     # the runtime's ring returns fp32 K/V gradients to their owner; torch's passes them on in
@@ -201,7 +202,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                                               attn_bwd_s=t.attn_bwd_s + calls[i, 1],
                                               group=cp_group, cluster=cluster,
                                               gradients_back=back, gradients_on=on,
-                                              gathered_ring=gathered_ring)
+                                              gathered_ring=gathered_ring, out_bytes=out[i])
                     if (f_name == "p2p" and engine.cp_ring != "te") or gathered_ring:
                         # the partial outputs merge as element-wise ops
                         mf, mb = context.ring_merge_s(cp, q_bytes=q[i], kv_bytes=kv[i],
@@ -214,7 +215,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         # K/V held while attention runs: two chunks in flight (ring), the gathered sequence
         # (all-gather), the head shards of q, k, v and the output (all-to-all)
         cp_buffers = {"p2p": 2 * kv / cp, "allgather": kv,
-                      "a2a": (2 * q + kv) / cp, "a2a+p2p": (2 * q + 3 * kv) / cp}[form]
+                      "a2a": (q + out + kv) / cp, "a2a+p2p": (q + out + 3 * kv) / cp}[form]
         if form == "allgather" and engine.cp_ring == "torch":  # its K/V gradients, in fp32,
             cp_buffers = cp_buffers + 2 * on * kv / cp  # accumulated and one passed on
         if form == "p2p" and engine.cp_ring == "runtime":

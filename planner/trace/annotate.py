@@ -63,7 +63,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "attn_scores_saved",
                          "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes", "expert_flops",
                          "num_experts", "routed_tokens", "moe_layers", "dispatch_bytes",
-                         "attn_kv_bytes", "attn_q_bytes", "attn_heads_q", "attn_heads_kv", "attn_window_cut",
+                         "attn_kv_bytes", "attn_q_bytes", "attn_out_bytes", "attn_heads_q",
+                         "attn_heads_kv", "attn_window_cut",
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
                          "attn_score_params", "attn_keys_wider", "act_routed_gathered",
                          "act_routed_weighted", "expert_bias"), 0.0)
@@ -162,7 +163,8 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
                        bool(op.dims.get("dropout")), split, acc, op.requires_grad, word,
                        op.dims.get("keep", 1.0))
         _add_heads(acc, op.dims.get("heads_q", 0), op.dims.get("heads_kv", 0),
-                   op.dims.get("q_elems", 0) * word, op.dims.get("kv_elems", 0) * word)
+                   op.dims.get("q_elems", 0) * word, op.dims.get("kv_elems", 0) * word,
+                   op.out_bytes)
         if _keys_wider(op):
             acc["attn_keys_wider"] = 1.0
     elif "gemms" in op.dims or "attention" in op.dims:  # a node that computes: its ATen work
@@ -193,7 +195,7 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
             _add_heads(acc, a["heads_q"], a["heads_kv"],
                        a["batch"] * a["heads_q"] * a["q_len"] * a["head_dim"] * word,
                        a["batch"] * a["heads_kv"] * a["kv_len"] * (a["head_dim"] + a["value_dim"])
-                       * word)
+                       * word, a["batch"] * a["heads_q"] * a["q_len"] * a["value_dim"] * word)
         inside = op.dims.get("mem_bytes", 0.0)
         acc["mem_bytes_tp" if split else "mem_bytes_rep"] += inside
         acc["kernel_bytes_sq"] += inside ** 2 / max(op.dims.get("kernels", 1), 1)
@@ -296,8 +298,9 @@ def _add_eager_heads(op: Op, by: dict, makes_scores: bool, acc: dict,
     first, second = by[op.inputs[0]], by[op.inputs[1]]
     held = _unrepeated_bytes(second, by)
     widths = {} if widths is None else widths
-    if not makes_scores:  # scores x V: the values, op.shape[-1] wide
+    if not makes_scores:  # scores x V: the values, op.shape[-1] wide, and the output
         acc["attn_kv_bytes"] += held
+        acc["attn_out_bytes"] += op.out_bytes
         if widths.get("query", 0) > op.shape[-1]:
             acc["attn_keys_wider"] = 1.0
         return
@@ -321,13 +324,15 @@ def _unrepeated_bytes(op: Op, by: dict) -> float:
 
 
 def _add_heads(acc: dict, heads_q: float, heads_kv: float, q_bytes: float,
-               kv_bytes: float) -> None:
-    """An attention call's heads (the fewest over the block's calls) and query and key/value bytes."""
+               kv_bytes: float, out_bytes: float = 0.0) -> None:
+    """An attention call's heads (the fewest over the block's calls) and query, key/value and
+    output bytes (eager cores add their output where scores x V makes it)."""
     for key, heads in (("attn_heads_q", heads_q), ("attn_heads_kv", heads_kv)):
         if heads:
             acc[key] = min(acc[key], heads) if acc[key] else float(heads)
     acc["attn_q_bytes"] += q_bytes
     acc["attn_kv_bytes"] += kv_bytes
+    acc["attn_out_bytes"] += out_bytes
 
 
 def _masked_share(op) -> float:

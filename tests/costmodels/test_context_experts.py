@@ -79,6 +79,18 @@ def test_torchs_gathered_ring_passes_fp32_gradients_around_instead_of_reduce_sca
     assert behind[1] == pytest.approx(gather + 7 * CLUSTER.intra_node.sync_s + send)
 
 
+def test_all_to_all_sends_back_an_output_as_wide_as_the_values():
+    """Under latent attention the values (and so the output) are narrower than the queries: the
+    all-to-all forms send q, k, v in and the output back at its own width."""
+    q, kv, out = 64e6, 96e6, 40e6
+    kw = dict(cp=8, kv_bytes=kv, q_bytes=q, attn_fwd_s=0.0, attn_bwd_s=0.0, group=NODE,
+              cluster=CLUSTER)
+    same = context.exchange_s("a2a", **kw)
+    latent = context.exchange_s("a2a", out_bytes=out, **kw)
+    assert same[0] == pytest.approx(comm.alltoall_s((2 * q + kv) / 8, NODE, CLUSTER, count=4))
+    assert latent[0] == pytest.approx(comm.alltoall_s((q + out + kv) / 8, NODE, CLUSTER, count=4))
+
+
 def test_forms_of_exchange_and_cp_one():
     kv, q = 32e6, 64e6
     assert context.exchange_s("a2a", cp=1, kv_bytes=kv, q_bytes=q, attn_fwd_s=0, attn_bwd_s=0,

@@ -288,13 +288,14 @@ def test_eager_attention_cores_are_latent_when_their_values_are_narrower(value_w
            op("scores", (1, 4, 32, 32), ("q", "kt")), op("probs", (1, 4, 32, 32)),
            op("out", (1, 4, 32, value_width), ("probs", "v"))]
     by = {o.name: o for o in ops}
-    acc = dict.fromkeys(("attn_kv_bytes", "attn_q_bytes", "attn_heads_q", "attn_heads_kv",
-                         "attn_keys_wider"), 0.0)
+    acc = dict.fromkeys(("attn_kv_bytes", "attn_q_bytes", "attn_out_bytes", "attn_heads_q",
+                         "attn_heads_kv", "attn_keys_wider"), 0.0)
     widths: dict = {}
     _add_eager_heads(by["scores"], by, True, acc, widths)
     _add_eager_heads(by["out"], by, False, acc, widths)
     assert acc["attn_keys_wider"] == (1.0 if latent else 0.0)
     assert acc["attn_heads_q"] == 4
+    assert acc["attn_out_bytes"] == by["out"].out_bytes  # as wide as the values
 
 
 def test_moe_settings_on_a_dense_model_are_named_as_unused(tiny_llama, tiny_mixtral, caplog):
