@@ -248,12 +248,19 @@ def site_stages(plan: Plan, ledger: Ledger) -> None:
     if not groups:
         return
     per_stage = plan.cluster["num_gpus"] // plan.parallel["pp"]
-    gpn = plan.cluster["gpus_per_node"]
-    spans = []
+    per_node = {g["name"]: g["gpus_per_node"] for g in plan.cluster.get("groups", [])}
+    spans, node = [], 0  # node: the launch's next node rank (nodes of sites differ in size)
     for k in sorted(groups):
         first, last = k * per_stage, (k + 1) * per_stage - 1
-        nodes = (f" (node ranks {first // gpn}-{last // gpn})" if per_stage >= gpn
-                 and per_stage % gpn == 0 else "")
+        gpn = per_node.get(groups[k], plan.cluster["gpus_per_node"])
+        nodes = ""
+        if node is not None and per_stage % gpn == 0:
+            n = per_stage // gpn
+            nodes = (f" (node rank {node})" if n == 1 else
+                     f" (node ranks {node}-{node + n - 1})")
+            node += n
+        else:
+            node = None  # stages share nodes: ranks only
         spans.append(f"ranks {first}-{last}{nodes} on {groups[k]}")
     ledger.missing("placement", "sites: the engine numbers its ranks pipeline stage by stage, so "
                    "launch with the nodes ordered as the plan chains the sites: "
@@ -294,7 +301,10 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
     pipelined = int(fix.get("pp", 1)) > 1
     runs = {"schedule": eng.schedules, "zero": eng.zero_with_pp if pipelined else eng.zero,
             "offload_optimizer": (False, True) if eng.offload else (False,),
-            "sequence_parallel": eng.sequence_parallel, "cp_comm": eng.cp_comms}
+            "sequence_parallel": eng.sequence_parallel, "cp_comm": eng.cp_comms,
+            "recompute": eng.recompute}
+    if pipelined and not eng.tp_with_pp:
+        runs["tp"] = (1,)  # no tensor parallelism beside a pipeline
     if not eng.expert_tensor_parallel:
         runs["etp"] = (1,)
     if "interleaved-1f1b" not in eng.schedules:  # virtual stages only interleave

@@ -1080,3 +1080,17 @@ def test_a_replan_hint_drops_an_exchange_the_target_does_not_run_over_the_attent
                 **base.search, "options": {"fix": {"cp": 2, "cp_comm": form}}})
             hint = common.resolve_hint(plan, "megatron")
             assert (f"cp_comm={form}" in hint) == stays, hint
+
+
+def test_site_node_ranks_count_each_sites_own_nodes(notes):
+    """Sites whose nodes hold different numbers of GPUs: node ranks follow each site's nodes."""
+    plan = data_plan("llama3-70b-pp4-megatron")  # 64 GPUs, 16 per stage
+    sites = ["big", "big", "small", "small"]
+    groups = [{"name": "big", "gpus_per_node": 8}, {"name": "small", "gpus_per_node": 4}]
+    staged = dataclasses.replace(plan, cluster={**plan.cluster, "groups": groups},
+                                 stages=[{**st, "group": sites[st["pipeline_rank"]]}
+                                         for st in plan.stages])
+    to_megatron(staged)
+    note = next(n for n in notes if "sites:" in n)
+    assert "ranks 0-15 (node ranks 0-1) on big, ranks 16-31 (node ranks 2-3) on big, " \
+           "ranks 32-47 (node ranks 4-7) on small, ranks 48-63 (node ranks 8-11) on small" in note
