@@ -235,21 +235,22 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                     for k, v in options.fix.items())
     with_pins = f" with {pins}" if pins else ""
+    priced = any(rejected[r] for r in OUTCOMES)  # some configurations passed the rules
+    relax = "relax --fix" if pins else "see `plan solve --help` for the knobs"
+    over_memory = (f"no plan fits: no configuration{with_pins} fits on {cluster.num_gpus} GPUs "
+                   f"({summary})" + ("; relax --fix" if pins else ""))
     if isinstance(cluster, HeteroCluster):
-        if not any(rejected[r] for r in OUTCOMES):  # the rules alone left nothing: bad input
+        if not priced:  # the rules alone left nothing: bad input
             raise SpecError(f"no configuration{with_pins} is possible on the cluster's groups "
-                            f"({summary}); " + ("relax --fix" if pins else
-                                                "see `plan solve --help` for the knobs"))
+                            f"({summary}); {relax}")
         return f"no plan{with_pins} fits the cluster's groups ({summary})"
     cap = capacity_bytes(cluster, options)
     lean = leanest(ma, bg, cluster, training, options)
-    if lean is None and any(rejected[r] for r in OUTCOMES):  # some were priced: memory stops it
-        return (f"no plan fits: no configuration{with_pins} fits on {cluster.num_gpus} GPUs "
-                f"({summary})" + ("; relax --fix" if pins else ""))
+    if lean is None and priced:  # memory stops what the rules allow
+        return over_memory
     if lean is None:  # the rules (and the pins) leave nothing, whatever the memory: bad input
         raise SpecError(f"no configuration{with_pins} is possible on {cluster.num_gpus} GPUs "
-                        f"({summary}); " + ("relax --fix" if pins else
-                                            "see `plan solve --help` for the knobs"))
+                        f"({summary}); {relax}")
     need, cfg, est = lean
     if need <= cap and rejected[TOO_MANY_MB]:
         least = -(-training.global_batch // (cluster.num_gpus * MAX_MICROBATCHES))
@@ -257,11 +258,8 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
                 f"replicas needs micro-batches of {least:,}+ samples to stay within "
                 f"{MAX_MICROBATCHES:,} per step, and their activations do not fit ({summary}); "
                 "use a smaller global batch or more GPUs")
-    if need <= cap and any(rejected[r] for r in OUTCOMES) and not (
-            rejected[MICRO_BATCH] or rejected[BATCH_DP]):
-        # the leanest layout breaks a rule, and what the rules allow ran out of memory
-        return (f"no plan fits: no configuration{with_pins} fits on {cluster.num_gpus} GPUs "
-                f"({summary})" + ("; relax --fix" if pins else ""))
+    if need <= cap and priced and not (rejected[MICRO_BATCH] or rejected[BATCH_DP]):
+        return over_memory  # the leanest layout breaks a rule; what the rules allow is too big
     if need <= cap:  # memory is not what stops it: the batch or the pins break the rules
         raise SpecError(f"no configuration{with_pins} is possible ({summary}); " +
                         _rules_advice(cfg, training.global_batch, rejected, bool(pins)))
