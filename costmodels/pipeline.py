@@ -11,8 +11,9 @@ With ``p`` stages and ``m`` micro-batches on equal stages of forward+backward ti
 - ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR'24) splits the backward into the
   input gradient B and the weight gradient W and fills the drain with W's: its bubble is
   ``(p - 1)(t_F + t_B - t_W)`` against 1F1B's ``(p - 1)(t_F + t_B + t_W)``, with 1F1B's memory;
-  with fewer micro-batches than stages only ``2 m - 1`` of the drain's ``2 (p - 1)`` W slots are
-  filled (one micro-batch: each stage's W runs beside the next stage's B).
+  with fewer micro-batches than stages (m < p) the step is ``(m + p - 1)(t_F + t_B) + t_W``: every
+  W but the first stage's last one runs beside another stage's F or B (one micro-batch: the forward
+  chain, the backward chain back, and stage 0's W).
 On unequal stages the steady state runs at the slowest rank: ``sum_r t_r / v + (m - 1/v) max_r t_r``.
 """
 
@@ -59,5 +60,6 @@ def step_time_s(rank_times_s: Sequence[float], *, microbatches: int, schedule: s
     v = vpp if schedule == "interleaved-1f1b" else 1
     step = sum(rank_times_s) / v + (microbatches - 1 / v) * max(rank_times_s)
     if schedule == "zb-h1":  # the drain's weight gradients fill its bubbles
-        step -= min(2 * (len(rank_times_s) - 1), 2 * microbatches - 1) * wgrad_s
+        pp = len(rank_times_s)
+        step -= min(2 * (pp - 1), microbatches + pp - 2) * wgrad_s
     return step

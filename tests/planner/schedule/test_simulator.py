@@ -71,6 +71,18 @@ def test_zb_h1_shrinks_the_bubble_to_f_plus_b_minus_w_at_1f1b_memory(p, m):
     assert zb.peak_in_flight == ob.peak_in_flight
 
 
+@pytest.mark.parametrize("p,m", [(3, 1), (4, 1), (4, 2), (8, 1), (8, 3), (8, 6), (8, 7), (8, 8), (8, 9)])
+def test_zb_h1_closed_form_is_exact_with_fewer_micro_batches_than_stages(p, m):
+    """With m < p the forward chain, the backward chain back and stage 0's last W bound the step,
+    (m + p - 1)(F + B) + W; from m = p on, Qi et al.'s form. The closed form gives both."""
+    f, b, w = 1.0, 1.5, 0.4
+    zb = run("zb-h1", p, m, fwd_s=f, bwd_s=b, wgrad_s=w)
+    expect = (m + p - 1) * (f + b) + max(1, m - p + 1) * w
+    assert zb.step_time_s == pytest.approx(expect)
+    assert pipeline.step_time_s([f + b + w] * p, microbatches=m, schedule="zb-h1",
+                                wgrad_s=w) == pytest.approx(expect)
+
+
 @pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 8), (8, 8), (8, 16)])
 def test_bidirectional_beats_1f1b_when_micro_batches_are_few(p, m):
     bi = run("bidirectional", p, m, fwd_s=TF, bwd_s=TB)
