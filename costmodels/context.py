@@ -120,7 +120,7 @@ def _sent_back(steps: int, grad_bytes: float, attn_bwd_s: float, link) -> float:
 
 
 def ring_merge_s(cp: int, *, q_bytes: float, kv_bytes: float, word: int,
-                 device: DeviceSpec) -> tuple[float, float]:
+                 device: DeviceSpec, out_bytes: float | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of the element-wise work a p2p ring adds per layer and
     micro-batch when each op is its own kernel (EngineSpec.cp_ring "runtime": the runtime's
     ring, planner/runtime/context.py, and "torch"): a rank attends with its two query chunks to
@@ -129,19 +129,22 @@ def ring_merge_s(cp: int, *, q_bytes: float, kv_bytes: float, word: int,
     out of the local tensors (queries once, each step's keys and values), the output assembled
     and cast back. The backward accumulates each block's query gradient (three passes), assembles
     and sums the key/value gradients of every step, and cuts the queries, output and output
-    gradient into chunks again. Sizes as ``exchange_s``; ``word``: bytes of the compute dtype."""
+    gradient into chunks again. Sizes as ``exchange_s``; ``word``: bytes of the compute dtype;
+    ``out_bytes``: the attention output's, where it is narrower than the queries (latent
+    attention: values 128 wide against queries of 192; None: as the queries). The merges and the
+    output's copies move the output's width, the query gradient's accumulation the queries'."""
     if cp <= 1 or q_bytes <= 0:
         return 0.0, 0.0
     wide = 4 / word  # merges and accumulations run in fp32
     q_local, kv_local = q_bytes / cp, kv_bytes / cp
-    chunk = q_local / 2
+    out_local = (q_bytes if out_bytes is None else out_bytes) / cp
     blocks, merges = 2 * cp + 1, 2 * cp - 1
-    fwd_bytes = (7 * merges * chunk * wide + 2 * q_local + 2 * cp * kv_local
-                 + 2 * q_local * wide)
+    fwd_bytes = (7 * merges * out_local / 2 * wide + 2 * q_local + 2 * cp * kv_local
+                 + 2 * out_local * wide)
     fwd_kernels = 7 * merges + 4 * cp + 4
-    bwd_bytes = (3 * blocks * chunk * wide + 2 * cp * kv_local * wide
-                 + 3 * (cp - 1) * kv_local * wide + 6 * q_local + 3 * q_local * wide
-                 + 2 * cp * kv_local)
+    bwd_bytes = (3 * blocks * q_local / 2 * wide + 2 * cp * kv_local * wide
+                 + 3 * (cp - 1) * kv_local * wide + 2 * (q_local + 2 * out_local)
+                 + 3 * q_local * wide + 2 * cp * kv_local)
     bwd_kernels = 3 * blocks + 9 * cp + 5
     return (elementwise_s(fwd_bytes, fwd_kernels, device),
             elementwise_s(bwd_bytes, bwd_kernels, device))

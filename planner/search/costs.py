@@ -206,7 +206,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                     if (f_name == "p2p" and engine.cp_ring != "te") or gathered_ring:
                         # the partial outputs merge as element-wise ops
                         mf, mb = context.ring_merge_s(cp, q_bytes=q[i], kv_bytes=kv[i],
-                                                      word=word, device=cluster.device)
+                                                      word=word, device=cluster.device,
+                                                      out_bytes=out[i])
                         f, b = f + mf, b + mb
                     s_[i] = attn_repeats[i] * f + b
             total = float(s_.sum() + attn_repeats @ calls[:, 0] + calls[:, 1].sum())

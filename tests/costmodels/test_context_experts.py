@@ -267,6 +267,13 @@ def test_ring_merges_cost_element_wise_passes_and_kernels():
     assert bwd > fwd > 0
     f16, _ = context.ring_merge_s(2, q_bytes=q / 2, kv_bytes=kv / 2, word=2, device=dev)
     assert f16 > fwd / 2  # the same tensors in bf16: the merges still move fp32
+    # latent attention: an output 2/3 the queries' width merges 2/3 of the bytes
+    narrow, narrow_b = context.ring_merge_s(2, q_bytes=q, kv_bytes=kv, word=4, device=dev,
+                                            out_bytes=q * 2 / 3)
+    narrow_bytes = 7 * 3 * chunk * 2 / 3 + 2 * q / 2 + 2 * 2 * kv / 2 + 2 * q / 2 * 2 / 3
+    assert narrow == pytest.approx(narrow_bytes / dev.memory_bytes_per_s
+                                   + kernels * dev.kernel_overhead_s)
+    assert narrow_b < bwd
 
 
 def test_an_moe_layer_takes_at_least_its_ops_issue_time():
