@@ -73,6 +73,10 @@ class BlockTime:
     op_recompute_s: float = 0.0
     """What op-level checkpointing recomputes: every other weight GEMM and the memory-bound ops,
     not attention; for an MoE layer at least the issue time of those ops."""
+    wgrad_s: float = 0.0
+    """The part of ``bwd_s`` in the weight-gradient GEMMs of Linear layers: what a schedule
+    that splits the backward (ZB-H1's W) can run apart from the input gradient. Attention's and
+    the element-wise backward are input-gradient work."""
 
     def recomputing(self, recompute: str) -> "BlockTime":
         """The same block under another recomputation policy: full replays the forward,
@@ -235,16 +239,16 @@ def split_gemm(g: Gemm, *, micro_batch: float, tp: int, sp: bool,
 
 def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, tp: int,
                  sp: bool, fused_attention: bool = False, experts: Experts = DENSE
-                 ) -> tuple[float, float, float, float, float]:
-    """(forward, backward, attention-matmul forward, fused-away attention FLOPs unmasked, and the
-    work left of those under a declared mask) of a block's GEMMs. The backward runs the gradient
-    GEMMs the operands need: the input gradient (m x n) @ (n x k) and the weight gradient
-    (k x m) @ (m x n). With ``fused_attention`` the GEMMs of eager attention cores are left out
+                 ) -> tuple[float, float, float, float, float, float]:
+    """(forward, backward, the weight-gradient GEMMs of that backward, attention-matmul forward,
+    fused-away attention FLOPs unmasked, and the work left of those under a declared mask) of a
+    block's GEMMs. The backward runs the gradient GEMMs the operands need: the input gradient
+    (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n). With ``fused_attention`` the GEMMs of eager attention cores are left out
     and their forward FLOPs returned instead (those under a mask their module declares as the
     work a kernel skipping masked tiles leaves, ``Gemm.masked``). Local experts run as one
     grouped GEMM (a batch of per-expert products, whose waves the experts share) or, without
     grouping, one GEMM per expert."""
-    fwd = bwd = attn = fused = fused_masked = 0.0
+    fwd = bwd = wgrad = attn = fused = fused_masked = 0.0
     for g in gemms:
         b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         if g.attention and fused_attention:
@@ -261,12 +265,15 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
         if g.grad_a:
             back += slow * gemm_time_s(b1, m, k, n, device, gd)
         if g.grad_b:
-            back += slow * gemm_time_s(b1, k, n, m, device, gd)
+            w = slow * gemm_time_s(b1, k, n, m, device, gd)
+            back += w
+            if g.linear:
+                wgrad += w
         fwd += f
         bwd += back
         if not g.linear:
             attn += f
-    return fwd, bwd, attn, fused, fused_masked
+    return fwd, bwd, wgrad, attn, fused, fused_masked
 
 
 def op_recomputed_kernel_share(work: BlockWork) -> float:
@@ -439,7 +446,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     flash = engine.attention in FUSED_ATTENTION
     core = precision.core_dtype(dtype)  # attention, norms and element-wise stay 16-bit under fp8
     micro_batch = micro_batch / cp
-    gemm_f, gemm_b, gemm_attn, eager_flops, eager_masked = gemms_time_s(
+    gemm_f, gemm_b, gemm_w, gemm_attn, eager_flops, eager_masked = gemms_time_s(
         work.gemms, device, dtype, micro_batch=micro_batch, tp=tp, sp=sp, fused_attention=flash,
         experts=experts)
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
@@ -468,8 +475,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s
     bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
-                   attn_bwd_s=attn_b,
-                   op_recompute_s=op_again)
+                   attn_bwd_s=attn_b, op_recompute_s=op_again, wgrad_s=gemm_w)
     return bt.recomputing(recompute)
 
 

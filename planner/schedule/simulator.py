@@ -243,8 +243,9 @@ def plan_inputs(plan, *, schedule_name: str, vpp: int = 1) -> StageTimes:
     under full recomputation, which replays the forward's all-reduces in backward, Korthikanti
     et al., MLSys'23), and likewise of the context- and expert-parallel exchanges (cp_comm_s,
     ep_comm_s); the backward = bwd_s + recompute_s + the rest. Schedules with
-    W actions (zb-h1) split bwd_s in two equal halves: W (weight gradients, no communication)
-    and B (input gradients, with recomputation and all of the backward's communication).
+    W actions (zb-h1) split it in two: W, the weight-gradient GEMMs (wgrad_s; half of bwd_s in
+    plans written before it was recorded), and B (input gradients, with recomputation and all of
+    the backward's communication).
     The plan's per-stage p2p_s is one send each way, so the cuts' one-way times are recovered
     by differences from the first stage. When ``vpp`` differs from the plan's, each rank's work
     and activations are split evenly over its ``vpp`` new chunks and every cut takes the mean
@@ -256,11 +257,11 @@ def plan_inputs(plan, *, schedule_name: str, vpp: int = 1) -> StageTimes:
                             "with this version of the planner")
     pred = [st["predicted"] for st in stages]
     tp_fwd = 1 / 3 if plan.parallel.get("recompute") == "full" else 1 / 2
-    half_w = 0.5 if schedule_name in SPLIT_BACKWARD else 0.0
+    split = schedule_name in SPLIT_BACKWARD
     inside = [s["tp_comm_s"] + s.get("cp_comm_s", 0.0) + s.get("ep_comm_s", 0.0) for s in pred]
     cols = [[s["fwd_s"] + tp_fwd * c for s, c in zip(pred, inside)],
             [s["bwd_s"] + s["recompute_s"] + (1 - tp_fwd) * c for s, c in zip(pred, inside)],
-            [half_w * s["bwd_s"] for s in pred],
+            [s.get("wgrad_s", 0.5 * s["bwd_s"]) if split else 0.0 for s in pred],
             [s["activation_bytes_per_microbatch"] for s in pred]]
     cuts, prev = [], 0.0
     for s in pred[:-1]:

@@ -94,6 +94,9 @@ class BlockCosts:
     as Megatron-Core's gradient accumulation fusion does): 0 otherwise.
     Gradients stay whole between micro-batches (the pipelining schedule syncs FSDP2 on the last
     one only); pricing counts it for every micro-batch but the first."""
+    wgrad_s: np.ndarray
+    """The part of ``compute_s`` in Linear layers' weight-gradient GEMMs
+    (costmodels.compute.BlockTime.wgrad_s): ZB-H1's W, with ``accumulate_s``."""
     cp_comm_s: np.ndarray
     """Context-parallel K/V exchange the block exposes (forward + backward); for the p2p ring
     of torch or of the runtime (EngineSpec.cp_ring) also its merges and chunk copies
@@ -270,6 +273,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                                                 scores_kept=kept))) + cp_buffers,
         params_local=local,
         accumulate_s=accumulate,
+        wgrad_s=vec([t.wgrad_s for t in bt]),
         expert_params_local=vec(w.expert_params / (ep * etp)),
         cp_comm_s=cp_s,
         ep_comm_s=_least_dispatch_s(ma, cluster, training, tp=tp, cp=cp, ep=ep, etp=etp,

@@ -42,6 +42,9 @@ class StageEstimate:
     """Context-parallel K/V exchange exposed per micro-batch (costmodels.context)."""
     ep_comm_s: float = 0.0
     """Expert-parallel dispatch and combine exposed per micro-batch (costmodels.experts)."""
+    wgrad_s: float = 0.0
+    """The part of ``compute_s`` in weight-gradient GEMMs and their accumulation: what ZB-H1
+    runs as W, apart from the input-gradient backward."""
     expert_params: float = 0.0
     """The part of ``params`` in routed experts (their states sharded over edp, their gradients
     reduced over it)."""
@@ -123,6 +126,7 @@ class Split:
         self.tp_s, self.fwd_s = self.per_chunk(costs.tp_comm_s), self.per_chunk(costs.fwd_s)
         self.rc_s, self.act = self.per_chunk(costs.recompute_s), self.per_chunk(costs.act_bytes)
         self.cp_s = self.per_chunk(costs.cp_comm_s)
+        self.wgrad_s = self.per_chunk(costs.wgrad_s + (m - 1) / m * costs.accumulate_s)
         self.ranks = RankMemory(cfg, bounds, self.act, ma, costs, training)
         self.rank_compute_s = rank_totals(self.compute_s, cfg.pp)
         self.rank_backward_s = self.rank_compute_s - rank_totals(self.fwd_s, cfg.pp)
@@ -143,7 +147,7 @@ class Split:
         dp_s, opt_s = _dp_and_optimizer_s(cfg, self, cluster, training)
         excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
         time_s = self.compute_s + self.tp_s + p2p_s + self.cp_s + ep_s  # StageEstimate.time_s
-        step_s, breakdown = closed_form(cfg, time_s, self.compute_s, self.fwd_s, self.rc_s,
+        step_s, breakdown = closed_form(cfg, time_s, self.compute_s, self.fwd_s, self.wgrad_s,
                                         self.tp_s, p2p_s, self.cp_s, ep_s, dp_s, opt_s, excess,
                                         cut_s=cut_s)
         return Placed(cfg=cfg, p2p_s=p2p_s, cut_s=cut_s, ep_s=ep_s, step_time_s=step_s,
@@ -157,11 +161,12 @@ class Split:
         compute_s, tp_s, p2p_s = self.compute_s.tolist(), self.tp_s.tolist(), placed.p2p_s.tolist()
         fwd_s, rc_s, act = self.fwd_s.tolist(), self.rc_s.tolist(), self.act.tolist()
         cp_s, ep_s, names = self.cp_s.tolist(), placed.ep_s.tolist(), self.ma.names
+        wgrad_s = self.wgrad_s.tolist()
         stages = [StageEstimate(index=c, rank=c % pp, blocks=names[a:b], compute_s=compute_s[c],
                                 tp_comm_s=tp_s[c], p2p_s=p2p_s[c], params=params[c % pp],
                                 in_flight=ranks.in_flight[c % pp], memory=memories[c % pp],
                                 fwd_s=fwd_s[c], recompute_s=rc_s[c], act_bytes=act[c],
-                                cp_comm_s=cp_s[c], ep_comm_s=ep_s[c],
+                                cp_comm_s=cp_s[c], ep_comm_s=ep_s[c], wgrad_s=wgrad_s[c],
                                 expert_params=experts_[c % pp], dtensor_params=dtensors[c % pp])
                   for c, (a, b) in enumerate(zip(self.bounds, self.bounds[1:]))]
         model_flops, hardware_flops = step_flops(self.ma, cfg, self.training)
@@ -226,11 +231,12 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float],
     tp_s, fwd_s, rc_s = per_chunk(costs.tp_comm_s), per_chunk(costs.fwd_s), per_chunk(
         costs.recompute_s)
     act, cp_s = per_chunk(costs.act_bytes), per_chunk(costs.cp_comm_s)
+    wgrad_s = per_chunk(costs.wgrad_s + (m - 1) / m * costs.accumulate_s)
     ep = per_chunk(ep_s) if ep_s is not None else [0.0] * len(starts)
     return [StageEstimate(index=c, rank=c % cfg.pp, blocks=ma.names[a:b], compute_s=compute_s[c],
                           tp_comm_s=tp_s[c], p2p_s=p2p_out[c], params=0.0, in_flight=0.0,
                           fwd_s=fwd_s[c], recompute_s=rc_s[c], act_bytes=act[c],
-                          cp_comm_s=cp_s[c], ep_comm_s=ep[c])
+                          cp_comm_s=cp_s[c], ep_comm_s=ep[c], wgrad_s=wgrad_s[c])
             for c, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
@@ -261,8 +267,8 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
         return np.array([getattr(st, attr) for st in stages], dtype=float)
 
     step_s, breakdown = closed_form(cfg, arr("time_s"), arr("compute_s"), arr("fwd_s"),
-                                    arr("recompute_s"), arr("tp_comm_s"), arr("p2p_s"),
-                                    arr("cp_comm_s"), arr("ep_comm_s"), dp_s, opt_s, excess,
+                                    arr("wgrad_s"), arr("tp_comm_s"), arr("p2p_s"), arr("cp_comm_s"),
+                                    arr("ep_comm_s"), dp_s, opt_s, excess,
                                     cut_s=np.asarray(cut_p2p, dtype=float))
     model_flops, hardware_flops = step_flops(ma, cfg, training)
     return Estimate(config=cfg, stages=stages, step_time_s=step_s, breakdown=breakdown,
@@ -270,7 +276,7 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
                     model_flops=model_flops, hardware_flops=hardware_flops, cut_p2p_s=cut_p2p)
 
 
-def closed_form(cfg: Config, time_s, compute_s, fwd_s, rc_s, tp_s, p2p_s, cp_s, ep_s,
+def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_s, ep_s,
                 dp_s: float, opt_s: float, excess: float,
                 cut_s: np.ndarray | None = None) -> tuple[float, dict]:
     """(step seconds, breakdown along the slowest rank) from per-chunk arrays (``time_s``: each
@@ -296,7 +302,7 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, rc_s, tp_s, p2p_s, cp_s, 
     def mine(x: np.ndarray) -> float:  # over the slowest rank's chunks
         return sum(x[slow::pp].tolist())
 
-    wgrad = mine(0.5 * (compute_s - fwd_s - rc_s))  # weight_grad_s of each chunk
+    wgrad = mine(wgrad_s)  # ZB-H1's W of the slowest rank
     pipe_s = pipeline.step_time_s(rank_time.tolist(), microbatches=m, schedule=cfg.schedule,
                                   vpp=cfg.vpp, wgrad_s=wgrad)
     breakdown = {
@@ -317,8 +323,7 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, rc_s, tp_s, p2p_s, cp_s, 
         # backward through every chunk (and, with one cut per link, forward past it)
         load = float(np.bincount(np.arange(len(cut_s)) % pp, weights=cut_s).max())
         # (the weight gradients of ZB-H1 may wait: its input-gradient backward only)
-        held_back = float(np.sum(0.5 * (compute_s - fwd_s - rc_s))) if cfg.schedule == "zb-h1" \
-            else 0.0
+        held_back = float(np.sum(wgrad_s)) if cfg.schedule == "zb-h1" else 0.0
         one_pass = (float(np.sum(compute_s)) if cfg.vpp == 1 else float(np.sum(compute_s - fwd_s))
                     ) - held_back
         floor = m * load + one_pass
@@ -372,9 +377,8 @@ def idle_s(step_s: float, busy_s: float) -> float:
 
 
 def weight_grad_s(st: StageEstimate) -> float:
-    """The weight-gradient half of a chunk's backward (a GEMM's backward is two GEMMs of equal
-    size: input gradient and weight gradient)."""
-    return 0.5 * (st.compute_s - st.fwd_s - st.recompute_s)
+    """The weight-gradient part of a chunk's backward (StageEstimate.wgrad_s)."""
+    return st.wgrad_s
 
 
 def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> tuple[np.ndarray,

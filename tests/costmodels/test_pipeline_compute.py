@@ -93,6 +93,10 @@ def test_block_time_backward_recompute_and_engines():
     # backward GEMMs: input gradient (m x k x n) and weight gradient (k x n x m)
     gemm_bwd = gemm_time_s(1, 2048, 8192, 8192, dev, "bf16") + gemm_time_s(1, 8192, 8192, 2048, dev, "bf16")
     assert flash.bwd_s == pytest.approx(gemm_bwd + 2.5 * attn + 2 * mem)
+    # ZB-H1's W: the weight-gradient GEMM only, not half the backward (attention's backward
+    # and the element-wise one are input-gradient work)
+    assert flash.wgrad_s == pytest.approx(gemm_time_s(1, 8192, 8192, 2048, dev, "bf16"))
+    assert flash.wgrad_s < 0.5 * flash.bwd_s
     full = block_time(w, dev, dtype="bf16", micro_batch=1, tp=1, sp=False, recompute="full")
     assert full.recompute_s == pytest.approx(full.fwd_s)
     sel = block_time(w, dev, dtype="bf16", micro_batch=1, tp=1, sp=False, recompute="selective")

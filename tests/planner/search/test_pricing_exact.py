@@ -178,8 +178,7 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
     mine = [st for st in stages if st.rank == slow]
     m = cfg.num_microbatches
     pipe_s = pipeline.step_time_s(rank_time, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp,
-                                  wgrad_s=sum(0.5 * (st.compute_s - st.fwd_s - st.recompute_s)
-                                              for st in mine))
+                                  wgrad_s=sum(st.wgrad_s for st in mine))
     excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
     breakdown = {"compute_s": m * sum(st.compute_s for st in mine),
                  "bubble_s": idle_s(pipe_s, m * rank_time[slow]),
