@@ -10,10 +10,13 @@ With ``p`` stages and ``m`` micro-batches on equal stages of forward+backward ti
   chunk forwards (Megatron-LM's schedule), each holding 1/v of the rank's activations.
 - ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR'24) splits the backward into the
   input gradient B and the weight gradient W and fills the drain with W's: its bubble is
-  ``(p - 1)(t_F + t_B - t_W)`` against 1F1B's ``(p - 1)(t_F + t_B + t_W)``, with 1F1B's memory;
+  ``(p - 1)(t_F + t_B - t_W)`` against 1F1B's ``(p - 1)(t_F + t_B + t_W)``;
   with fewer micro-batches than stages (m < p) the step is ``(m + p - 1)(t_F + t_B) + t_W``: every
   W but the first stage's last one runs beside another stage's F or B (one micro-batch: the forward
-  chain, the backward chain back, and stage 0's W).
+  chain, the backward chain back, and stage 0's W). Its first rank holds 1F1B's p micro-batches;
+  rank r holds p - r like 1F1B's plus the r whose W it holds back, each keeping its Linear
+  layers' inputs and output gradients, about a micro-batch's activations (Qi et al., Table 1:
+  32 sbh against 34 sbh a layer), so counted whole: about p on every rank.
 On unequal stages the steady state runs at the slowest rank: ``sum_r t_r / v + (m - 1/v) max_r t_r``.
 """
 
@@ -41,7 +44,10 @@ def in_flight(schedule: str, *, stage: int, stages: int, microbatches: int, vpp:
     if schedule == "interleaved-1f1b" and vpp > 1:
         chunks = min(microbatches * vpp, 2 * (stages - stage - 1) + (vpp - 1) * stages + 1)
         return chunks / vpp
-    return min(stages - stage, microbatches)
+    full = min(stages - stage, microbatches)
+    if schedule == "zb-h1":  # and the micro-batches whose W waits (planner.schedule.builders)
+        return full + min(stage, max(0, microbatches - stages + stage))
+    return full
 
 
 def bubble_fraction(*, stages: int, microbatches: int, vpp: int = 1) -> float:

@@ -60,8 +60,9 @@ def interleaved(stages: int, microbatches: int, vpp: int) -> Actions:
 def zb_h1(stages: int, microbatches: int) -> Actions:
     """ZB-H1 (Qi et al., ICLR'24): 1F1B with the backward split into B (input gradient) and W
     (weight gradient); rank ``r`` holds back its W passes during its first ``r`` steady-state
-    steps and runs them in the drain, so the bubble shrinks to ``(p-1)(F+B-W)`` at 1F1B's
-    activation memory (the order of torch's ScheduleInterleavedZeroBubble with one stage per rank)."""
+    steps and runs them in the drain, so the bubble shrinks to ``(p-1)(F+B-W)``; rank 0 holds
+    1F1B's p micro-batches, rank r also the r whose W waits (costmodels.pipeline.in_flight) (the
+    order of torch's ScheduleInterleavedZeroBubble with one stage per rank)."""
     p, m = stages, microbatches
     ranks = []
     for r in range(p):

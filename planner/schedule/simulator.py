@@ -191,6 +191,8 @@ def _result(parsed, starts, steps, shape: Shape, act: list[float],
     for r, acts in enumerate(parsed):
         held = top_bytes = busy_s = 0.0
         count = top_count = 0
+        # a split backward keeps a micro-batch's Linear inputs and output gradients until its W
+        frees = "W" if any(a[1] == "W" for a in acts) else "B"
         for a, t, (_, d, _) in zip(acts, starts[r], steps[r]):
             s, kind, i = a
             if keep_timeline:
@@ -201,7 +203,7 @@ def _result(parsed, starts, steps, shape: Shape, act: list[float],
                 held += act[shape.model_stage(s)]
                 count += 1
                 top_bytes, top_count = max(top_bytes, held), max(top_count, count)
-            elif kind == "B":
+            elif kind == frees:
                 held -= act[shape.model_stage(s)]
                 count -= 1
         busy.append(busy_s)

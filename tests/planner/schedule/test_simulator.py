@@ -62,13 +62,18 @@ def test_interleaved_bubble_is_p_minus_1_over_vm_plus_p_minus_1(p, m, v):
 
 
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8), (8, 16), (8, 32)])
-def test_zb_h1_shrinks_the_bubble_to_f_plus_b_minus_w_at_1f1b_memory(p, m):
+def test_zb_h1_shrinks_the_bubble_to_f_plus_b_minus_w_holding_its_waiting_w(p, m):
+    """Qi et al.'s bubble; rank 0 holds 1F1B's p micro-batches, rank r its p - r plus the r whose
+    W it holds back (their Linear inputs and output gradients), as pipeline.in_flight counts."""
     t = 1.0
     zb = run("zb-h1", p, m, fwd_s=t, bwd_s=t, wgrad_s=t)
     ob = run("1f1b", p, m, fwd_s=t, bwd_s=2 * t)
     assert zb.step_time_s == pytest.approx(m * 3 * t + (p - 1) * t)  # Qi et al., eq. for ZB-H1
     assert zb.bubble_fraction < ob.bubble_fraction
-    assert zb.peak_in_flight == ob.peak_in_flight
+    assert zb.peak_in_flight[0] == ob.peak_in_flight[0]
+    assert zb.peak_in_flight == tuple(pipeline.in_flight("zb-h1", stage=r, stages=p,
+                                                         microbatches=m) for r in range(p))
+    assert zb.peak_in_flight[-1] == min(p, m) > ob.peak_in_flight[-1]
 
 
 @pytest.mark.parametrize("p,m", [(3, 1), (4, 1), (4, 2), (8, 1), (8, 3), (8, 6), (8, 7), (8, 8), (8, 9)])
