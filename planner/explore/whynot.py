@@ -7,6 +7,7 @@ Returns data (``WhyNot``); planner.report.why turns it into text.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from costmodels.engine import engine_from_mapping
@@ -144,17 +145,20 @@ def replan_inputs(plan: Plan, pins: dict):
 
 def pinned_config(plan: Plan, pins: dict):
     """The plan's configuration with ``pins`` applied and the rest adjusted to stay legal
-    (dp x tp x pp = GPUs, micro-batches filling the batch); (Config, "") or (None, problem)."""
+    (dp x cp x tp x pp = GPUs, micro-batches filling the batch); (Config, "") or (None, problem)."""
     p = {**{k: plan.parallel[k] for k in KNOBS if k in plan.parallel}, **pins}
     gpus, batch = plan.cluster["num_gpus"], plan.training["global_batch"]
-    if p["dp"] * p["tp"] * p["pp"] != gpus:
-        for k in (k for k in ("dp", "pp", "tp") if k not in pins):
-            rest = p["dp"] * p["tp"] * p["pp"] // p[k]
+    ranks = ("dp", "cp", "tp", "pp")
+    p.setdefault("cp", 1)
+    if math.prod(p[k] for k in ranks) != gpus:
+        for k in (k for k in ("dp", "pp", "tp", "cp") if k not in pins):
+            rest = math.prod(p[j] for j in ranks) // p[k]
             if gpus % rest == 0:
                 p[k] = gpus // rest
                 break
         else:
-            return None, (f"{pins_text(pins)} cannot make dp x tp x pp equal the {gpus} GPUs")
+            return None, (f"{pins_text(pins)} cannot make dp x cp x tp x pp equal the {gpus} "
+                          "GPUs")
     if batch % p["dp"]:
         return None, f"the global batch {batch} does not split over dp={p['dp']} replicas"
     if (batch // p["dp"]) % p["micro_batch"]:

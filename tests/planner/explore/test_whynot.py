@@ -1,0 +1,23 @@
+"""The configuration a `plan show --why` pin asks about (planner.explore.whynot.pinned_config)."""
+
+from types import SimpleNamespace
+
+from planner.explore.whynot import pinned_config
+
+
+def _plan(**parallel):
+    base = dict(dp=2, tp=1, pp=1, cp=4, micro_batch=1, num_microbatches=8, schedule="1f1b",
+                vpp=1, recompute="full", zero=3, sequence_parallel=False, offload_optimizer=False)
+    return SimpleNamespace(parallel={**base, **parallel}, cluster={"num_gpus": 8},
+                           training={"global_batch": 16})
+
+
+def test_a_pin_keeps_context_parallel_ranks_in_the_gpu_count():
+    """dp x cp x tp x pp = GPUs: pinning tp=2 on a cp=4 plan of 8 GPUs halves dp and keeps cp
+    (it used to leave cp out, take dp to 4 and call micro_batch=8 not dividing the batch)."""
+    cfg, problem = pinned_config(_plan(), {"tp": 2, "micro_batch": 8})
+    assert problem == ""
+    assert (cfg.dp, cfg.cp, cfg.tp, cfg.pp) == (1, 4, 2, 1)
+    assert cfg.num_microbatches == 2
+    cfg, problem = pinned_config(_plan(), {"tp": 3})
+    assert cfg is None and "dp x cp x tp x pp" in problem
