@@ -136,6 +136,10 @@ class DeviceSpec:
     """The device runs FlashAttention-style fused attention (Transformer Engine's, FlashAttention-2
     and -3 need sm80 or newer). False on V100 (sm70), where Megatron-LM keeps the attention scores
     in memory: an engine asking for ``flash`` is priced ``materialized`` there."""
+    fp8_block_scaling: bool = False
+    """The tensor cores take block-scaled FP8 (MXFP8: a scale per 32 elements, sm100 and newer,
+    Blackwell), which the ``block`` FP8 recipe needs; Hopper's FP8 GEMMs take per-tensor scales
+    only (Transformer Engine refuses MXFP8 below sm100, as torchtitan's quantize.linear.mx does)."""
     causal_attention_ratio: float = 1.0
     """Speed of a fused attention call under a causal mask relative to an unmasked call of the
     same shape, both counting only the work the kernel does (the masked half skipped): the
@@ -259,7 +263,7 @@ HOPPER_KERNELS = dict(attention_efficiency=HOPPER_ATTENTION[0],
                       causal_attention_ratio=HOPPER_CAUSAL,
                       flash2_efficiency=HOPPER_FLASH2[0], flash2_bwd_efficiency=HOPPER_FLASH2[1])
 BLACKWELL_KERNELS = dict(attention_efficiency=BLACKWELL_ATTENTION[0],
-                         attention_bwd_efficiency=BLACKWELL_ATTENTION[1])
+                         attention_bwd_efficiency=BLACKWELL_ATTENTION[1], fp8_block_scaling=True)
 PCIE5_HOST_BYTES_PER_S = 50e9
 """PCIe 5.0 x16 host link, one direction: 64 GB/s line rate, about 50 GB/s achieved (twice the
 PCIe 4.0 figure of ``DeviceSpec.host_link_bytes_per_s``)."""
@@ -309,7 +313,7 @@ _SHARE_KEYS = ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency"
                "flash2_bwd_efficiency", "causal_attention_ratio")
 """DeviceSpec fields a cluster file may set as fractions in (0, 1]."""
 _DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "sm_count", "description",
-                "flash_attention", *_SHARE_KEYS}
+                "flash_attention", "fp8_block_scaling", *_SHARE_KEYS}
 
 
 def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
@@ -338,11 +342,11 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
             raise SpecError(f"{where}.sm_count: expected a whole number of SMs, got "
                             f"{spec['sm_count']!r}")
         kw["sm_count"] = int(sms)
-    if "flash_attention" in spec:
-        if not isinstance(spec["flash_attention"], bool):
-            raise SpecError(f"{where}.flash_attention: expected true or false, got "
-                            f"{spec['flash_attention']!r}")
-        kw["flash_attention"] = spec["flash_attention"]
+    for key in ("flash_attention", "fp8_block_scaling"):
+        if key in spec:
+            if not isinstance(spec[key], bool):
+                raise SpecError(f"{where}.{key}: expected true or false, got {spec[key]!r}")
+            kw[key] = spec[key]
     return DeviceSpec(
         name=str(spec["name"]),
         memory_bytes=_positive(spec["memory_GB"], f"{where}.memory_GB") * GB,
@@ -361,6 +365,8 @@ def device_mapping(d: DeviceSpec) -> dict:
            "hbm_GBps": d.hbm_bytes_per_s / GB, "sm_count": d.sm_count}
     if not d.flash_attention:
         out["flash_attention"] = False
+    if d.fp8_block_scaling:
+        out["fp8_block_scaling"] = True
     for key in (*_SHARE_KEYS, "description"):
         value = getattr(d, key)
         if value is not None and value != "":

@@ -35,6 +35,15 @@ from costmodels.errors import SpecError
 Fp8Recipe = Literal["delayed", "current", "block"]
 FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
 
+def check_recipe(device, dtype: str, recipe: str) -> None:
+    """Refuse the ``block`` recipe (MXFP8) on a device without block-scaled FP8 GEMMs
+    (DeviceSpec.fp8_block_scaling: Blackwell and newer)."""
+    if dtype == "fp8" and recipe == "block" and not device.fp8_block_scaling:
+        raise SpecError(f"engine.fp8_recipe: block (MXFP8) needs block-scaled FP8 tensor cores "
+                        f"(Blackwell, sm100+), which {device.name} has not; use fp8_recipe=current "
+                        "or delayed (or a cluster file's device with fp8_block_scaling: true)")
+
+
 CAST_BYTES = {"delayed": 1.0, "current": 3.0, "block": 2.0}
 """Bytes moved per element to quantize one FP8 GEMM input, beyond the bf16 kernel that makes it:
 the FP8 write(s), and for current scaling the amax read (see the module docstring)."""

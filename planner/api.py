@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from costmodels import precision
 from costmodels.engine import EngineSpec, engine_from_mapping
 from costmodels.topology import HeteroCluster
 from planner.emit import emit, emit_tables
@@ -163,6 +164,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
                  engine=eng)  # validate before the slow part (a dtype name before the device's)
     for group in getattr(cl, "groups", (cl,)):
         group.device.peak(dtype)  # fail early on a dtype a device lacks
+        precision.check_recipe(group.device, dtype, eng.fp8_recipe)
     options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
                                              time_limit_s=time_limit_s, trace=trace_method), target)
     if isinstance(cl, HeteroCluster):
@@ -406,6 +408,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
                               training, options)  # the search, not after it
         if problem:
             raise SpecError(problem)
+    for group in getattr(cluster, "groups", (cluster,)):
+        precision.check_recipe(group.device, training.dtype, training.engine.fp8_recipe)
     training = _attention_the_devices_run(cluster, training)
     _warn_unused_moe_settings(prepared, training)
     result = search(prepared.blocks, cluster, training, options, progress=progress)

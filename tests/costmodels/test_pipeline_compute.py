@@ -116,3 +116,21 @@ def test_device_without_bf16_is_a_clear_error_and_optimizer_is_memory_bound():
     dev = DEVICES["h100"]
     assert optimizer_step_s(1e9, dev, traffic_bytes_per_param=32) == pytest.approx(
         2 * 16e9 / (dev.hbm_bytes_per_s * dev.memory_efficiency))
+
+
+def test_mxfp8_needs_block_scaled_tensor_cores():
+    """The block recipe (MXFP8) runs on Blackwell's block-scaled FP8 GEMMs only; Hopper and a
+    cluster file's device without the flag are refused by name, with the recipes that run."""
+    from costmodels.hardware import device_from_mapping, device_mapping
+    from costmodels.precision import check_recipe
+
+    check_recipe(DEVICES["b200"], "fp8", "block")
+    check_recipe(DEVICES["h100"], "fp8", "current")
+    check_recipe(DEVICES["h100"], "bf16", "block")  # no FP8: the recipe does not apply
+    with pytest.raises(SpecError, match="engine.fp8_recipe: block.*h100.*current or delayed"):
+        check_recipe(DEVICES["h100"], "fp8", "block")
+    spec = device_mapping(DEVICES["gb200"])
+    assert spec["fp8_block_scaling"] is True
+    check_recipe(device_from_mapping(spec), "fp8", "block")
+    with pytest.raises(SpecError, match="device.fp8_block_scaling: expected true or false"):
+        device_from_mapping({**spec, "fp8_block_scaling": "yes"})
