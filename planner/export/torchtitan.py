@@ -462,6 +462,15 @@ def _fp8(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
         ledger.nearest("dtype", "fp8 with delayed scaling: torchao's float8 training (torchtitan's "
                        "converter) scales from the current amax (tensorwise); an amax read more "
                        "per cast than planned")
+    if moe.model(plan).moe:
+        grouped = "float8" if recipe != "block" else "mx"
+        ledger.nearest("dtype", f"fp8 for the routed experts: the {section.rsplit('.', 1)[1]} "
+                       "converter swaps nn.Linear modules only, so the experts' grouped GEMMs run "
+                       "in bf16 (the plan priced them in fp8); 0.2.2's grouped-GEMM converter "
+                       f"(model.converters += quantize.grouped_mm.{grouped}, with "
+                       f"--quantize.grouped_mm.{grouped}.fqns=experts) is a prototype that needs "
+                       "torchao's nightly build and compile, and refuses pipeline and context "
+                       "parallelism")
     return [Setting("model", "converters", [section],
                     (f"dtype fp8 ({recipe} scaling): the {section.rsplit('.', 1)[1]} converter "
                      "(needs torchao)",)),

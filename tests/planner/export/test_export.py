@@ -750,6 +750,20 @@ def test_torchtitan_notes_fp32_training_without_fsdp(notes):
     assert [n for n in notes if "so it trains in float32" in n and "--target torchtitan" in n]
 
 
+def test_torchtitan_says_the_experts_stay_bf16_under_fp8(notes):
+    """Its float8 converter swaps nn.Linear modules, not the experts' grouped GEMMs the plan
+    priced in fp8: the export says so, naming the prototype converter; a dense plan does not."""
+    plan = data_plan("mixtral-8x7b-ep8-torchtitan")
+    fp8 = dataclasses.replace(plan, training={**plan.training, "dtype": "fp8"})
+    assert 'converters = ["quantize.linear.float8"]' in to_torchtitan(fp8, "0.2.2")
+    assert [n for n in notes if "grouped GEMMs run in bf16" in n
+            and "quantize.grouped_mm.float8" in n]
+    notes.clear()
+    dense = data_plan("llama3-70b-pp4-torchtitan")
+    to_torchtitan(dataclasses.replace(dense, training={**dense.training, "dtype": "fp8"}), "0.2.2")
+    assert not [n for n in notes if "grouped GEMMs" in n]
+
+
 def test_deepspeed_puts_pipe_outermost_with_expert_parallelism(notes):
     """AutoEP's expert groups are consecutive ranks of one stage: a tp-pp-dp plan with ep > 1 gets
     the pipe axis outermost, with a note; without experts the plan's order stays."""
