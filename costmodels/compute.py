@@ -243,7 +243,8 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
     """(forward, backward, the weight-gradient GEMMs of that backward, attention-matmul forward,
     fused-away attention FLOPs unmasked, and the work left of those under a declared mask) of a
     block's GEMMs. The backward runs the gradient GEMMs the operands need: the input gradient
-    (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n). With ``fused_attention`` the GEMMs of eager attention cores are left out
+    (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n). With ``fused_attention`` the
+    GEMMs of eager attention cores are left out
     and their forward FLOPs returned instead (those under a mask their module declares as the
     work a kernel skipping masked tiles leaves, ``Gemm.masked``). Local experts run as one
     grouped GEMM (a batch of per-expert products, whose waves the experts share) or, without

@@ -120,6 +120,11 @@ class BlockCosts:
         m = microbatches
         return (self.time_s + (m - 1) / m * self.accumulate_s).tolist()
 
+    def weight_grad_s(self, microbatches: int) -> np.ndarray:
+        """Per block, ZB-H1's W of one micro-batch: the weight-gradient GEMMs and, after the
+        first of the step's ``microbatches``, the gradient accumulation pass."""
+        return self.wgrad_s + (microbatches - 1) / microbatches * self.accumulate_s
+
     def permuted(self, order: list[int]) -> "BlockCosts":
         return BlockCosts(**{f.name: getattr(self, f.name)[order] for f in fields(self)
                              if f.name != "cp_comm" and getattr(self, f.name) is not None},

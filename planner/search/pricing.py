@@ -126,7 +126,7 @@ class Split:
         self.tp_s, self.fwd_s = self.per_chunk(costs.tp_comm_s), self.per_chunk(costs.fwd_s)
         self.rc_s, self.act = self.per_chunk(costs.recompute_s), self.per_chunk(costs.act_bytes)
         self.cp_s = self.per_chunk(costs.cp_comm_s)
-        self.wgrad_s = self.per_chunk(costs.wgrad_s + (m - 1) / m * costs.accumulate_s)
+        self.wgrad_s = self.per_chunk(costs.weight_grad_s(m))
         self.ranks = RankMemory(cfg, bounds, self.act, ma, costs, training)
         self.rank_compute_s = rank_totals(self.compute_s, cfg.pp)
         self.rank_backward_s = self.rank_compute_s - rank_totals(self.fwd_s, cfg.pp)
@@ -231,7 +231,7 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float],
     tp_s, fwd_s, rc_s = per_chunk(costs.tp_comm_s), per_chunk(costs.fwd_s), per_chunk(
         costs.recompute_s)
     act, cp_s = per_chunk(costs.act_bytes), per_chunk(costs.cp_comm_s)
-    wgrad_s = per_chunk(costs.wgrad_s + (m - 1) / m * costs.accumulate_s)
+    wgrad_s = per_chunk(costs.weight_grad_s(m))
     ep = per_chunk(ep_s) if ep_s is not None else [0.0] * len(starts)
     return [StageEstimate(index=c, rank=c % cfg.pp, blocks=ma.names[a:b], compute_s=compute_s[c],
                           tp_comm_s=tp_s[c], p2p_s=p2p_out[c], params=0.0, in_flight=0.0,
