@@ -2,7 +2,9 @@
 
 Per-stage times come from the plan's ``stages[].predicted`` (planner.schedule.simulator.plan_inputs):
 the forward with half the tensor-parallel communication, the backward with recomputation and the
-other half; schedules that split the backward (zb-h1) give half of ``bwd_s`` to W and the rest to B.
+other half; schedules that split the backward (zb-h1) give its weight-gradient GEMMs (``wgrad_s``)
+to W and the rest to B. Each rank's memory is the plan's with its peak of activations replaced by
+the other schedule's (planner.report.simulation.rank_memory); a schedule that does not fit is said.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
     """Step time, bubble, peak in-flight micro-batches and activations of ``base`` (the plan's
     own schedule) and ``other`` (``schedule`` with ``vpp`` chunks per rank), and the change."""
     par = plan.parallel
-    own_v = f" x{par.get('vpp', 1)}" if par.get("vpp", 1) > 1 else ""
     new_v = f" x{vpp}" if vpp and vpp > 1 else ""
+    own_v = f" x{par.get('vpp', 1)}" if par.get("vpp", 1) > 1 else ""
     rows = [("", f"plan: {par['schedule']}{own_v}", f"{schedule}{new_v}", "change"),
             ("micro-batches", str(base.microbatches), str(other.microbatches), ""),
             ("pipeline time", f"{base.step_time_s:.4g} s", f"{other.step_time_s:.4g} s",
@@ -28,6 +28,11 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
             ("peak activations", gb(max(base.peak_activation_bytes)),
              gb(max(other.peak_activation_bytes)),
              f"{(max(other.peak_activation_bytes) - max(base.peak_activation_bytes)) / 1e9:+.3g} GB")]
+    memory = rank_memory(plan, base, other, twice=schedule == "bidirectional")
+    if memory is not None:
+        own_peak, new_peak, _ = memory
+        rows.append(("peak memory per GPU", gb(own_peak), gb(new_peak),
+                     f"{(new_peak - own_peak) / 1e9:+.3g} GB"))
     lines = [f"{plan.model.get('name', 'model')}: pp={par['pp']}, per-micro-batch times from the "
              f"plan; pipeline only (no data-parallel sync or optimizer step)\n",
              listing(rows),
@@ -43,5 +48,41 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
                      f"micro-batch ({per}), not the step")
     if schedule == "bidirectional":
         lines.append("bidirectional keeps two copies of every stage's weights, gradients and "
-                     "optimizer state (not counted above)")
+                     "optimizer state (counted in its peak memory)")
+    if memory is not None and memory[2]:
+        worst = max(memory[2], key=lambda o: o[1] - o[2])
+        lines.append(f"does not fit: {schedule}{new_v} needs {gb(worst[1])} on pipeline rank "
+                     f"{worst[0]}, more than its GPU's {gb(worst[2])}"
+                     + (f" (and on {len(memory[2]) - 1} more ranks)" if len(memory[2]) > 1 else "")
+                     + "; fewer micro-batches in flight, recomputation or a higher ZeRO stage "
+                     "would be needed (plan solve --fix schedule=... finds one that fits)")
     return "\n".join(lines)
+
+
+def rank_memory(plan: Plan, base: SimResult, other: SimResult, *, twice: bool = False):
+    """(the plan's peak memory per GPU, the other schedule's, [(rank, bytes, capacity)] of the
+    ranks where it exceeds its GPU's memory), or None for a plan without per-stage memory.
+
+    Each pipeline rank keeps the plan's memory (stages[].predicted.memory_bytes: the rank's, for
+    every chunk on it) less its simulated peak of activations under the plan's schedule, plus
+    that peak under the other; ``twice``: a second copy of its weights, gradients and optimizer
+    state (bidirectional pipelines)."""
+    mem = {}
+    for st in plan.stages:
+        m = st.get("predicted", {}).get("memory_bytes")
+        if not m or "total" not in m:
+            return None
+        mem[st.get("pipeline_rank", st["index"] % plan.parallel["pp"])] = (m, st.get("group"))
+    if sorted(mem) != list(range(other.ranks)):
+        return None
+    caps = {g["name"]: g["device_memory_bytes"] for g in plan.cluster.get("groups", [])}
+    own_peak, new_peak, over = 0.0, 0.0, []
+    for r, (m, group) in sorted(mem.items()):
+        new = m["total"] + other.peak_activation_bytes[r] - base.peak_activation_bytes[r]
+        if twice:
+            new += sum(m.get(k, 0.0) for k in ("weights", "grads", "optimizer"))
+        own_peak, new_peak = max(own_peak, m["total"]), max(new_peak, new)
+        cap = caps.get(group, plan.cluster.get("device_memory_bytes"))
+        if cap and new > cap:
+            over.append((r, new, cap))
+    return own_peak, new_peak, over

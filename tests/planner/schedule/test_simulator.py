@@ -9,6 +9,8 @@ import pytest
 from costmodels import pipeline
 from planner.cli.main import main
 from planner.errors import SpecError
+from planner.planfile.document import load_plan
+from planner.report.simulation import rank_memory
 from planner.schedule import as_text
 from planner.schedule.builders import build as build_actions
 from planner.schedule.simulator import plan_inputs, simulate, simulate_plan
@@ -225,6 +227,25 @@ def test_plan_simulate_command_prints_both_and_the_difference(capsys, tmp_path):
                   "change", "16"):
         assert words in out
     assert "a different batch, so compare the time per micro-batch" in out  # 16 != the plan's
+    assert "peak memory per GPU" in out and "does not fit" not in out
     assert out_png.stat().st_size > 10_000
     code = main(["simulate", GOLDEN, "--schedule", "interleaved-1f1b"])
     assert code == 2 and "vpp" in capsys.readouterr().err
+
+
+def test_plan_simulate_says_when_the_other_schedule_does_not_fit(capsys):
+    plan = load_plan(GOLDEN)
+    own = simulate_plan(plan)
+    every = simulate_plan(plan, schedule_name="gpipe")  # every micro-batch in flight at once
+    own_peak, new_peak, over = rank_memory(plan, own, every)
+    mem = {st["index"]: st["predicted"]["memory_bytes"] for st in plan.stages}  # vpp = 1
+    assert own_peak == max(m["total"] for m in mem.values())
+    rank = max(range(own.ranks), key=lambda r: every.peak_activation_bytes[r])
+    assert new_peak >= mem[rank]["total"] + every.peak_activation_bytes[rank] \
+        - own.peak_activation_bytes[rank]
+    assert over and all(b > cap for _, b, cap in over)
+    assert rank_memory(plan, own, own)[2] == []  # the plan itself fits
+    twice = rank_memory(plan, own, own, twice=True)[1]  # bidirectional: two copies of the state
+    assert twice > own_peak
+    assert main(["simulate", GOLDEN, "--schedule", "gpipe"]) == 0
+    assert "does not fit: gpipe needs" in capsys.readouterr().out
