@@ -380,12 +380,16 @@ PRESET_MOE = frozenset({"moe_probs_in_activation"})
 """MoE engine settings the presets set (costmodels.engine.PRESETS): no warning for dense models."""
 
 
-def _warn_unused_moe_settings(prepared: Prepared, training: TrainingSpec) -> None:
-    """Say so when MoE engine settings are given for a model without routed experts (they change
-    nothing, which a user comparing plans would otherwise not know)."""
+def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
+    """Say so when engine settings are given that change nothing here: MoE settings for a model
+    without routed experts, an FP8 recipe for a step not in fp8 (a user comparing plans would
+    otherwise not know)."""
+    default = EngineSpec()
+    if training.dtype != "fp8" and training.engine.fp8_recipe != default.fp8_recipe:
+        log.warning("engine.fp8_recipe: %s applies to --dtype fp8 only; this %s plan does not "
+                    "use it", training.engine.fp8_recipe, training.dtype)
     if any(b.work.num_experts for b in prepared.blocks.blocks):
         return
-    default = EngineSpec()
     given = [f.name for f in dataclasses.fields(EngineSpec) if f.name.startswith("moe_")
              and f.name not in PRESET_MOE  # what a preset sets says what the software does
              and getattr(training.engine, f.name) != getattr(default, f.name)]
@@ -411,7 +415,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     for group in getattr(cluster, "groups", (cluster,)):
         precision.check_recipe(group.device, training.dtype, training.engine.fp8_recipe)
     training = _attention_the_devices_run(cluster, training)
-    _warn_unused_moe_settings(prepared, training)
+    _warn_unused_settings(prepared, training)
     result = search(prepared.blocks, cluster, training, options, progress=progress)
     aside, ruled = rejection_lines(result.rejected, most=4)
     log.info("searched %d configurations in %.2f s (%s)", result.candidates, result.time_s,

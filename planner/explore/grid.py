@@ -23,7 +23,8 @@ VARY_KEYS = CLUSTER_KEYS + TRAINING_KEYS + FIX_KEYS
 
 
 def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
-    """The grid: a list of points, each a tuple of (key, value) in ``vary``'s key order."""
+    """The grid: a list of points, each a tuple of (key, value) in ``vary``'s key order. A point
+    at cp=1 has no K/V exchange to pick: it drops its cp_comm, and is listed once."""
     if not isinstance(vary, Mapping) or not vary:
         raise SpecError("vary: give at least one key with values, e.g. vary={'nodes': [8, 16]}")
     axes = []
@@ -33,7 +34,13 @@ def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
             raise SpecError(f"vary.{key}: expected a non-empty list of values, got {values!r}")
         axes.append([(key, value(key, v)) for v in values])
-    return list(itertools.product(*axes))
+    points = []
+    for point in itertools.product(*axes):
+        if ("cp", 1) in point:
+            point = tuple(kv for kv in point if kv[0] != "cp_comm")
+        if point not in points:
+            points.append(point)
+    return points
 
 
 def parse_vary(items: Sequence[str]) -> dict:

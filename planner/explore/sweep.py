@@ -65,6 +65,14 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     maps device names (or unique prefixes, ``a100``) to dollars per GPU-hour and adds cost
     columns; ``tokens`` adds the hours and dollars to train on that many tokens."""
     grid = expand(vary)
+    fixed = parse_fix(fix)
+    for key, given in [(k, knob(v)) for k, v in fixed.items()] + [
+            ("cluster", cluster), ("nodes", nodes), ("gpus_per_node", gpus_per_node),
+            ("global_batch", global_batch), ("seq_len", seq_len), ("dtype", dtype)]:
+        if given is not None and key in vary:  # one would silently override the other
+            where = "fix" if key in fixed else "--" + key.replace("_", "-")
+            raise SpecError(f"vary.{key}: also given as {key}={given} ({where}); give it in one "
+                            "place")
     recsys = api.recsys_model(model)
     dtype = ("fp32" if recsys else "bf16") if dtype is None else dtype
     if cluster is None and "cluster" not in vary:
@@ -74,7 +82,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         raise SpecError("global_batch: missing; pass global_batch= (--global-batch) or vary it")
     base = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
             "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
-            "optimizer": optimizer, "fix": parse_fix(fix), "engine": engine_from_mapping(engine),
+            "optimizer": optimizer, "fix": fixed, "engine": engine_from_mapping(engine),
             "top_k": top_k, "time_limit_s": time_limit_s}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row

@@ -232,3 +232,21 @@ def test_bandwidths_take_a_number_of_gb_per_s_or_units():
     assert value("inter_node_bandwidth", "50GB/s") == value("inter_node_bandwidth", "50") == 50.0
     assert value("intra_node_bandwidth", "800Gbps") == pytest.approx(100.0)
     assert value("inter_region_bandwidth", "0.125") == "0.125"  # 1 Gbit/s, parsed at the point
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"fix": "tp=2", "vary": {"tp": [1, 2]}}, r"vary.tp: also given as tp=2 \(fix\)"),
+    ({"nodes": 2, "vary": {"nodes": [1, 2]}}, r"vary.nodes: also given as nodes=2 \(--nodes\)"),
+    ({"global_batch": 8, "vary": {"global_batch": [8, 16]}}, "vary.global_batch: also given"),
+])
+def test_a_setting_given_and_varied_is_refused_before_any_trace(kw, message, monkeypatch):
+    """One would silently override the other (before, --vary won over --fix)."""
+    monkeypatch.setattr(api, "prepare", lambda *a, **k: pytest.fail("traced before the check"))
+    kw = {"cluster": "dgx-h100", "global_batch": 8, **kw}
+    with pytest.raises(SpecError, match=message):
+        explore.whatif("gpt2", **kw)
+
+
+def test_cp_1_points_of_a_sweep_over_the_exchange_form_are_listed_once():
+    points = grid.expand({"cp": [1, 2], "cp_comm": ["p2p", "a2a"]})
+    assert points == [(("cp", 1),), (("cp", 2), ("cp_comm", "p2p")), (("cp", 2), ("cp_comm", "a2a"))]

@@ -619,3 +619,15 @@ def test_ulysses_needs_the_sequence_divisible_by_cp_only():
         problem = pin_problem({"cp": 4}, space, training, options)
         assert bool(problem) == refused, (target, problem)
     assert "2 x cp = 8 equal chunks" in pin_problem({"cp": 4}, space, training, None)
+
+
+def test_an_fp8_recipe_for_a_bf16_step_is_named_as_unused(tiny_llama, caplog):
+    from costmodels.engine import engine_from_mapping
+
+    with caplog.at_level("WARNING", logger="planner"):
+        _plan(tiny_llama, "tp=1,pp=1", engine=engine_from_mapping("megatron-core,fp8_recipe=delayed"))
+    assert "engine.fp8_recipe: delayed applies to --dtype fp8 only" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="planner"):
+        _plan(tiny_llama, "tp=1,pp=1", engine=engine_from_mapping("megatron-core"))
+    assert "fp8_recipe" not in caplog.text
