@@ -167,7 +167,7 @@ class _GroupPricer(_Pricer):
                 budget = min(budget, hetero.UNIFORM_REFINE_S)
             out.append(simulated(hetero.refine_groups(est, self.ma, self.cluster, self.training,
                                                       self.options, budget), self.training))
-        return sorted(out, key=lambda e: e.step_time_s)
+        return sorted(out, key=lambda e: e.rank)
 
 
 def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptions,
@@ -283,14 +283,14 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
             rejected[SLOWER] += 1
             heapq.heappush(spare, (est.step_time_s, order, est))
         if not spare or spare[0][0] >= reach:
-            return sorted(ranked, key=lambda e: e.step_time_s), False
+            return sorted(ranked, key=lambda e: e.rank), False
         if done >= RETIME_MAX or (deadline is not None and time.perf_counter() > deadline):
             priced = sum(1 for s in spare if s[0] < reach)  # counted as slower so far
             bound = sum(1 for q in queue if q[0] < reach)  # counted as dominated so far
             rejected[SLOWER] -= priced
             rejected[DOMINATED] -= bound
             rejected[RETIME_CAP if done >= RETIME_MAX else TIME_LIMIT] += priced + bound
-            return sorted(ranked, key=lambda e: e.step_time_s), True
+            return sorted(ranked, key=lambda e: e.rank), True
         closed = heapq.heappop(spare)[2]
         est = simulated(closed, training)
         done += 1
@@ -462,11 +462,12 @@ def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, float, float, float
 
 
 class _TopK:
-    """The k fastest estimates so far; ties go to the one offered first."""
+    """The k fastest estimates so far (Estimate.rank: at the same time, the one with less memory;
+    then the one offered first)."""
 
     def __init__(self, k: int):
         self.k = k
-        self.heap: list[tuple[float, int, Estimate]] = []  # max-heap on step time via negation
+        self.heap: list[tuple[float, float, int, Estimate]] = []  # max-heap on rank via negation
         self.priced = 0
 
     @property
@@ -477,17 +478,22 @@ class _TopK:
     def worst(self) -> float:
         return -self.heap[0][0]
 
+    @property
+    def worst_rank(self) -> tuple[float, float]:
+        return -self.heap[0][0], -self.heap[0][1]
+
     def offer(self, est: Estimate, order: int) -> bool:
         """Keep ``est`` if it is among the k fastest; False when the top k was full already (it
         may still have displaced a slower one)."""
         self.priced += 1
-        item = (-est.step_time_s, -order, est)
+        step, memory = est.rank
+        item = (-step, -memory, -order, est)
         if not self.full:
             heapq.heappush(self.heap, item)
             return True
-        if est.step_time_s < self.worst:
+        if (step, memory) < self.worst_rank:
             heapq.heapreplace(self.heap, item)
         return False
 
     def ranked(self) -> list[Estimate]:
-        return [e for _, _, e in sorted(self.heap, key=lambda it: (-it[0], -it[1]))]
+        return [it[3] for it in sorted(self.heap, key=lambda it: (-it[0], -it[1], -it[2]))]

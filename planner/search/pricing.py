@@ -87,6 +87,12 @@ class Estimate:
     """Share of the local work (compute, optimizer) added by waiting for the slowest process
     (costmodels.compute.straggler_excess); breakdown["straggler_s"] is it times that work."""
 
+    @property
+    def rank(self) -> tuple[float, float]:
+        """The search's order of preference: faster first; at the same step time (to 9
+        significant digits, what sums in another order differ by), less memory per GPU."""
+        return float(f"{self.step_time_s:.9g}"), self.peak_memory_bytes
+
     def throughput(self, training: TrainingSpec, cluster) -> dict:
         n = cluster.num_gpus
         if hasattr(cluster, "groups"):  # heterogeneous: the GPU-weighted mean peak

@@ -49,7 +49,7 @@ def refine(candidates: list[Estimate], bg: BlockGraph, ma: ModelArrays, cost_of,
             budget = cpsat_budget_s(options, deadline, len(candidates) - i)
             est = refine_dag(est, bg, ma, cost_of(est.config), cluster, training, options, budget)
         out.append(simulated(est, training))
-    return sorted(out, key=lambda e: e.step_time_s)
+    return sorted(out, key=lambda e: e.rank)
 
 
 def refine_dag(est: Estimate, bg: BlockGraph, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,

@@ -189,3 +189,29 @@ def test_a_target_with_its_own_software_is_priced_with_it(tiny_llama_config):
     megatron = planner.plan(tiny_llama_config, target="megatron", **kw)
     assert engine_from_mapping(megatron.training["engine"]) == engine_from_mapping(
         "megatron-core") and "megatron-core" in PRESETS
+
+
+def test_at_the_same_step_time_the_plan_with_less_memory_ranks_first(tiny_llama):
+    """Equal times (to 9 digits: sums in another order) go to the leaner plan, kept in a full
+    top k even when offered last; before, the first one offered won and could hold more memory."""
+    from dataclasses import replace
+
+    from planner.search.loop import _TopK
+
+    base = _an_estimate(tiny_llama)
+    lean = replace(base, peak_memory_bytes=base.peak_memory_bytes / 2,
+                   step_time_s=base.step_time_s * (1 + 1e-12))
+    heavy, slower = base, replace(base, step_time_s=base.step_time_s * 1.01)
+    top = _TopK(2)
+    for order, e in enumerate((heavy, slower, lean)):
+        top.offer(e, order)
+    assert top.ranked() == [lean, heavy]
+    assert sorted([slower, heavy, lean], key=lambda e: e.rank) == [lean, heavy, slower]
+
+
+def _an_estimate(prepared):
+    from planner.search.loop import search
+
+    cl = load_cluster("dgx-a100-80g", nodes=1)
+    tr = TrainingSpec(global_batch=32, seq_len=prepared.seq_len)
+    return search(prepared.blocks, cl, tr, SearchOptions(top_k=1)).best
