@@ -52,6 +52,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if problem:
         return problem
     cp = fix.get("cp", 1)
+    if cp > 1 and not space.heads[0]:
+        return ("fix.cp: the model has no attention (context parallelism splits attention's "
+                "sequence); drop cp")
     chunks = cp_chunks(cp, options)
     if cp > 1 and training.seq_len % chunks:
         fits = [c for c in divisors(n) if c > 1 and training.seq_len % cp_chunks(c, options) == 0]

@@ -143,9 +143,12 @@ def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
 
 
 def test_expert_pins_on_a_dense_model_and_uneven_sequences_are_refused(tiny_llama,
-                                                                       tiny_llama_config):
+                                                                       tiny_llama_config,
+                                                                       branched):
     with pytest.raises(planner.SpecError, match="no routed experts; drop ep$"):
         _plan(tiny_llama, "ep=2")
+    with pytest.raises(planner.SpecError, match=r"^fix.cp: the model has no attention .*drop cp$"):
+        _plan(branched, "cp=2")  # before: a count of the search's rules
     odd = planner.prepare(tiny_llama_config, seq_len=96, cache_dir=None)
     with pytest.raises(planner.SpecError, match="2 x cp = 64 equal chunks"):
         _plan(odd, "cp=32,tp=1,pp=1", nodes=4, gb=8)
