@@ -17,7 +17,8 @@ from planner.search.loop import OUTCOMES, rejection_lines
 from planner.search.pricing import Estimate, price
 from planner.search.space import (BATCH_DP, CP_HEADS, CP_SHORT, MICRO_BATCH, PP_BLOCKS,
                                   TOO_MANY_MB, TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space,
-                                  cp_chunks, cp_comm_reason, divisors, pp_reason, tp_reasons)
+                                  cp_chunks, cp_comm_reason, cp_reason, divisors, pp_reason,
+                                  tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb
@@ -171,57 +172,67 @@ def _some(values: list[int], most: int = 12) -> str:
 def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: TrainingSpec,
             options: SearchOptions) -> tuple[float, Config, Estimate] | None:
     """The configuration with the smallest peak memory per GPU among those with the pinned knobs
-    (``options.fix``; batch divisibility ignored where not pinned), its peak and its estimate."""
+    (``options.fix``; batch divisibility ignored where not pinned), its peak and its estimate.
+    Context parallelism counts where the model and target allow it (it divides the activations
+    of long sequences)."""
     fix = options.fix
     n, space = cluster.num_gpus, Space.of(cluster, bg, options)
     rc = fix.get("recompute", "full" if "full" in options.recompute else options.recompute[-1])
-    cp, cp_comm, etp = fix.get("cp", 1), fix.get("cp_comm", "p2p"), fix.get("etp", 1)
+    etp = fix.get("etp", 1)
+    cps = ([fix["cp"]] if "cp" in fix else
+           [c for c in divisors(n) if not cp_reason(c, space, training, options)])
     best = None
-    for tp in ([fix["tp"]] if "tp" in fix else divisors(n // cp)):
-        if n % (tp * cp) or tp_reasons(tp, space, pinned="tp" in fix) or etp not in (1, tp):
-            continue
-        sp = fix.get("sequence_parallel", tp > 1)
-        mb = fix.get("micro_batch", 1)
-        costs_by_ep: dict = {}
-        for pp in ([fix["pp"]] if "pp" in fix else divisors(n // (tp * cp))):
-            vpp = fix.get("vpp", 1)
-            if (n // (tp * cp)) % pp or pp_reason(pp, vpp, space):
+    for cp in cps:
+        for tp in ([fix["tp"]] if "tp" in fix else divisors(n // cp)):
+            if n % (tp * cp) or tp_reasons(tp, space, pinned="tp" in fix) or etp not in (1, tp):
                 continue
-            dp = n // (tp * pp * cp)
-            if fix.get("dp", dp) != dp:
+            form = fix.get("cp_comm") or next(
+                (f for f in options.cp_comms if not cp_comm_reason(f, tp, cp, space, options)),
+                None) if cp > 1 else "p2p"
+            if form is None:
                 continue
-            # the experts spread as far as the pins allow: the fewest expert states per GPU
-            ep = fix.get("ep", max((e for e in divisors(dp * cp * tp // etp)
-                                    if space.experts and space.experts % e == 0), default=1))
-            if ep not in costs_by_ep:  # the block costs depend on ep, not on pp
-                costs_by_ep[ep] = block_costs(ma, cluster, training, tp=tp, sp=sp, recompute=rc,
-                                              micro_batch=mb, cp=cp, cp_comm=cp_comm, ep=ep,
-                                              etp=etp)
-            costs = costs_by_ep[ep]
-            m = max(1, training.global_batch // (dp * mb))
-            wants_offload = fix.get("offload_optimizer", any(options.offload))
-            # states shard over dp x cp (context-parallel ranks hold the same weights), with the
-            # ZeRO stages the target runs there
-            zeros = [z for z in options.zero if cp == 1 or zero_runs_with_cp(options, z, ep=ep)]
-            zero = (fix.get("zero", max(zeros, default=0)) if dp * cp > 1
-                    else int(wants_offload))
-            offload = wants_offload and zero >= 1
-            schedule = fix.get("schedule", "interleaved-1f1b" if vpp > 1 else "1f1b")
-            cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m,
-                         schedule=schedule if pp > 1 else "1f1b", recompute=rc, zero=zero,
-                         sequence_parallel=sp, vpp=vpp if pp > 1 else 1,
-                         offload_optimizer=offload and zero >= 1, cp=cp, cp_comm=cp_comm,
-                         ep=ep, etp=etp)
-            first = pipeline.in_flight(cfg.schedule, stage=0, stages=pp, microbatches=m,
-                                       vpp=cfg.vpp)
-            weights = (block_state_bytes(cfg, costs, ma, training) + first * costs.act_bytes
-                       + costs.work_bytes).tolist()
-            part = partition(weights, pp * cfg.vpp)
-            if part is None:
-                continue
-            est = price(cfg, part.bounds, ma, costs, cluster, training)
-            if best is None or est.peak_memory_bytes < best[0]:
-                best = (est.peak_memory_bytes, cfg, est)
+            sp = fix.get("sequence_parallel", tp > 1)
+            mb = fix.get("micro_batch", 1)
+            costs_by_ep: dict = {}
+            for pp in ([fix["pp"]] if "pp" in fix else divisors(n // (tp * cp))):
+                vpp = fix.get("vpp", 1)
+                if (n // (tp * cp)) % pp or pp_reason(pp, vpp, space):
+                    continue
+                dp = n // (tp * pp * cp)
+                if fix.get("dp", dp) != dp:
+                    continue
+                # the experts spread as far as the pins allow: the fewest expert states per GPU
+                ep = fix.get("ep", max((e for e in divisors(dp * cp * tp // etp)
+                                        if space.experts and space.experts % e == 0), default=1))
+                if ep not in costs_by_ep:  # the block costs depend on ep, not on pp
+                    costs_by_ep[ep] = block_costs(ma, cluster, training, tp=tp, sp=sp, recompute=rc,
+                                                  micro_batch=mb, cp=cp, cp_comm=form, ep=ep,
+                                                  etp=etp)
+                costs = costs_by_ep[ep]
+                m = max(1, training.global_batch // (dp * mb))
+                wants_offload = fix.get("offload_optimizer", any(options.offload))
+                # states shard over dp x cp (context-parallel ranks hold the same weights), with the
+                # ZeRO stages the target runs there
+                zeros = [z for z in options.zero if cp == 1 or zero_runs_with_cp(options, z, ep=ep)]
+                zero = (fix.get("zero", max(zeros, default=0)) if dp * cp > 1
+                        else int(wants_offload))
+                offload = wants_offload and zero >= 1
+                schedule = fix.get("schedule", "interleaved-1f1b" if vpp > 1 else "1f1b")
+                cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m,
+                             schedule=schedule if pp > 1 else "1f1b", recompute=rc, zero=zero,
+                             sequence_parallel=sp, vpp=vpp if pp > 1 else 1,
+                             offload_optimizer=offload and zero >= 1, cp=cp, cp_comm=form,
+                             ep=ep, etp=etp)
+                first = pipeline.in_flight(cfg.schedule, stage=0, stages=pp, microbatches=m,
+                                           vpp=cfg.vpp)
+                weights = (block_state_bytes(cfg, costs, ma, training) + first * costs.act_bytes
+                           + costs.work_bytes).tolist()
+                part = partition(weights, pp * cfg.vpp)
+                if part is None:
+                    continue
+                est = price(cfg, part.bounds, ma, costs, cluster, training)
+                if best is None or est.peak_memory_bytes < best[0]:
+                    best = (est.peak_memory_bytes, cfg, est)
     return best
 
 

@@ -634,3 +634,20 @@ def test_an_fp8_recipe_for_a_bf16_step_is_named_as_unused(tiny_llama, caplog):
     with caplog.at_level("WARNING", logger="planner"):
         _plan(tiny_llama, "tp=1,pp=1", engine=engine_from_mapping("megatron-core"))
     assert "fp8_recipe" not in caplog.text
+
+
+def test_the_leanest_plan_splits_a_long_sequence_when_cp_is_free(tiny_llama_config):
+    """Context parallelism divides a long sequence's activations, so the leanest configuration
+    (what 'no plan fits' reports, and what its more-nodes hint tries) may use it; before, it kept
+    cp = 1 unless pinned and a long-context model was never said to fit on more nodes."""
+    from planner.search.costs import ModelArrays
+    from planner.search.feasibility import leanest
+
+    long = planner.prepare(tiny_llama_config, seq_len=65536, cache_dir=None)
+    cluster = planner.load_cluster("dgx-h100", nodes=2)
+    training = planner.TrainingSpec(global_batch=1, seq_len=long.seq_len)
+    ma = ModelArrays.from_blocks(long.blocks)
+    free, cfg, _ = leanest(ma, long.blocks, cluster, training, planner.SearchOptions(top_k=0))
+    one, _, _ = leanest(ma, long.blocks, cluster, training,
+                        planner.SearchOptions(fix=parse_fix("cp=1"), top_k=0))
+    assert cfg.cp > 1 and free < one
