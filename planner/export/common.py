@@ -323,6 +323,11 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
     if facts.expert_bias and not eng.etp_with_expert_bias:
         runs["etp"] = (1,)
     tp = int(fix.get("tp", 1))
+    seq = int(t["seq_len"])
+    if eng.seq_split_2cp_tp and seq % (2 * cp * tp):  # pins the target cannot run at this length
+        runs["tp"] = tuple(x for x in range(1, tp + 1) if seq % (2 * cp * x) == 0)
+        if seq % (2 * cp):
+            runs["cp"] = (1,)
     if pp_inner_refused(eng, pp=int(fix.get("pp", 1)), dp=2, tp=tp, cp=cp, ep=ep,
                         etp=int(fix.get("etp", 1)), experts=facts.moe):
         runs["placement"] = ("tp-dp-pp",)  # (dp=2: any data parallelism, the rule's case)

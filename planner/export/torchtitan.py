@@ -79,9 +79,11 @@ def _check_mesh(plan: Plan, version: str) -> None:
     p, seq = plan.parallel, plan.training["seq_len"]
     divisor = p["tp"] * 2 * p.get("cp", 1)
     if seq % divisor:
+        again = (f", or re-plan with `{common.resolve_hint(plan, TARGET)}`" if seq % 2 == 0
+                 else "")  # an odd length splits for no tp
         raise SpecError(f"export torchtitan: torchtitan requires the sequence length ({seq}) to "
                         f"be a multiple of tp x 2 x cp = {divisor} (ParallelDims.seq_len_divisor); "
-                        f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
+                        f"train on a sequence length divisible by {divisor}{again}")
     known = names.torchtitan_model(plan)
     if version == "0.2.2" and known and known[0] in ("deepseek_v3", "gpt_oss") and \
             p.get("ep", 1) > 1 and p["dp"] * p.get("cp", 1) == 1:

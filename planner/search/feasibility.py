@@ -64,6 +64,16 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         return (f"fix.cp: the sequence of {training.seq_len} tokens does not split into {what}; use "
                 + (f"cp={' or '.join(map(str, fits[:4]))}, or " if fits else "")
                 + f"a sequence length divisible by {chunks}")
+    seq = training.seq_len
+    if options is not None and options.seq_split_2cp_tp and ("tp" in fix or "cp" in fix) and \
+            seq % (2 * cp * (tp or 1)):
+        key = "tp" if "tp" in fix and seq % (2 * cp) == 0 else "cp"
+        need = 2 * cp * (tp or 1)
+        fits = [t for t in divisors(gpn) if seq % (2 * cp * t) == 0
+                and not tp_reasons(t, space, pinned=True)] if key == "tp" else []
+        return (f"fix.{key}: the target needs the sequence length ({seq}) divisible by tp x 2 x "
+                f"cp = {need}; " + (f"use tp={' or '.join(map(str, fits))}, or " if fits else "")
+                + f"a sequence length divisible by {need}")
     ep, etp = fix.get("ep", 1), fix.get("etp", 1)
     if (ep > 1 or etp > 1) and not space.experts:
         key = "ep" if ep > 1 else "etp"

@@ -730,8 +730,16 @@ def test_torchtitan_refuses_meshes_its_parallelize_functions_refuse():
     fetch the FSDP mesh whenever ep > 1, which does not exist when dp x cp = 1."""
     plan = data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan")
     odd = dataclasses.replace(plan, training={**plan.training, "seq_len": 4095})
-    with pytest.raises(SpecError, match=r"multiple of tp x 2 x cp = 2 .*seq_len_divisor"):
-        to_torchtitan(odd, "0.2.2")
+    with pytest.raises(SpecError, match=r"multiple of tp x 2 x cp = 2 .*seq_len_divisor.*"
+                                        r"divisible by 2$"):
+        to_torchtitan(odd, "0.2.2")  # an odd length splits for no tp: no re-plan offered
+    # an even one that tp = 2 does not split: the re-plan drops the pin it cannot run
+    pinned = dataclasses.replace(plan, training={**plan.training, "seq_len": 4098},
+                                 parallel={**plan.parallel, "tp": 2},
+                                 search={**plan.search, "options": {"fix": {"tp": 2, "pp": 2}}})
+    with pytest.raises(SpecError, match=r"tp x 2 x cp = 4 .*re-plan with `plan solve .*"
+                                        r"--seq-len 4098 --fix pp=2 --target torchtitan`$"):
+        to_torchtitan(pinned, "0.2.2")
     deepseek = dataclasses.replace(plan, model={**plan.model, "spec": "deepseek-v3"},
                                    parallel={**plan.parallel, "dp": 1})
     with pytest.raises(SpecError, match=r"deepseek_v3 needs an FSDP mesh \(dp x cp > 1\) with "

@@ -651,3 +651,18 @@ def test_the_leanest_plan_splits_a_long_sequence_when_cp_is_free(tiny_llama_conf
     one, _, _ = leanest(ma, long.blocks, cluster, training,
                         planner.SearchOptions(fix=parse_fix("cp=1"), top_k=0))
     assert cfg.cp > 1 and free < one
+
+
+def test_a_tp_pin_torchtitan_cannot_run_at_this_sequence_length_is_named(tiny_llama_config):
+    """torchtitan asserts seq_len % (tp x 2 x cp) == 0 even with cp = 1: a pinned tp that breaks
+    it is refused naming the pin and the tp that works (before: a count of the search's rules)."""
+    from planner import targets
+
+    odd = planner.prepare(tiny_llama_config, seq_len=130, cache_dir=None)  # 2 x 65
+    training = planner.TrainingSpec(global_batch=8, seq_len=odd.seq_len)
+    options = targets.restrict(planner.SearchOptions(fix=parse_fix("tp=2"), top_k=0),
+                               "torchtitan")
+    with pytest.raises(planner.SpecError, match=r"^fix.tp: the target needs the sequence length "
+                                                r"\(130\) divisible by tp x 2 x cp = 4; use tp=1, "
+                                                r"or a sequence length divisible by 4$"):
+        planner.plan_prepared(odd, planner.load_cluster("dgx-h100", nodes=1), training, options)
