@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import re
 import textwrap
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
-from costmodels.engine import EngineSpec, engine_from_mapping, setting_text
+from costmodels.engine import (PRESETS, EngineSpec, engine_from_mapping, engine_setting,
+                               setting_text)
 from planner.errors import SpecError
 from planner.export import moe
 from planner.options import KNOBS, experts_text, pp_inner_refused, zero_runs_with_cp
@@ -228,7 +229,7 @@ def notes_block(notes: list[str]) -> list[str]:
     lines = ["Not expressed exactly, or not at all (each also warned on stderr; docs/exports.md):"]
     for note in notes:
         lines += textwrap.wrap(note, NOTE_WIDTH, initial_indent="- ", subsequent_indent="  ",
-                               break_on_hyphens=False)
+                               break_on_hyphens=False, break_long_words=False)
     return lines
 
 
@@ -345,6 +346,26 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
     return (f"plan solve {spec} --cluster {c['name']} --nodes {c['nodes']} --global-batch "
             f"{t['global_batch']} --seq-len {t['seq_len']}{extra}"
             + (f" --fix {pinned}" if pinned else "") + f" --target {target}")
+
+
+SOFTWARE_KEYS = frozenset(k for preset in PRESETS.values() for k in preset)
+"""The engine settings that say which software runs the step (what the presets set)."""
+
+
+def software_note(plan: Plan, target: str, ledger: Ledger) -> None:
+    """Say so when the plan's times were priced for other software than ``target`` runs (a plan
+    for --target any is priced as Megatron-Core runs it): the engine runs the layout, at its own
+    speed, and the re-plan command prices it as the engine runs it."""
+    planned = engine_from_mapping(plan.training.get("engine"))
+    software = targets.engine(target).software or "megatron-core"
+    runs = engine_from_mapping(software)
+    if all(getattr(planned, k) == getattr(runs, k) for k in SOFTWARE_KEYS):
+        return
+    priced = engine_setting(replace(runs, **{k: getattr(planned, k) for k in SOFTWARE_KEYS}))
+    ledger.info(f"timing: the plan was priced for the software of --engine {priced} "
+                f"({plan.predicted['step_time_s']:.4g} s a step), not for what {target} runs "
+                f"(--engine {software}); its step takes another time there: "
+                f"`{resolve_hint(plan, target)}` prices it as {target} runs it")
 
 
 def _kept_engine_settings(plan: Plan) -> list[str]:

@@ -38,6 +38,7 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
     """The plan as a DeepSpeed config for ``version`` (default: planner.targets' release)."""
     version = common.engine_version(TARGET, version)
     ledger = common.Ledger(TARGET, version)
+    common.software_note(plan, TARGET, ledger)
     p, t = plan.parallel, plan.training
     changes: dict = {}
     raising: list[str] = []  # changes that may need more memory than planned

@@ -43,6 +43,7 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     SpecError when the model is not one layer stack or the engine cannot run the plan."""
     version = common.engine_version(TARGET, version)
     ledger = common.Ledger(TARGET, version)
+    common.software_note(plan, TARGET, ledger)
     lay = _checked_layout(plan)
     _check_context(plan)
     _check_expert_bias(plan, version)

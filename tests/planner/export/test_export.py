@@ -811,6 +811,7 @@ def test_deepspeed_expresses_ulysses_and_autoep(notes):
     assert (ulysses["sequence_parallel_size"], ulysses["data_parallel_size"]) == (8, 4)
     assert ulysses["train_batch_size"] == 32 and "DistributedAttention" in \
         ulysses["planner"]["sequence_parallel"]["how"]
+    notes.clear()
     moe = json.loads(to_deepspeed(data_plan("mixtral-8x7b-ep8-deepspeed")))
     assert moe["expert_parallel"] == {"enabled": True, "autoep_size": 8,
                                       "expert_tensor_parallel_size": 1, "preset_model": "mixtral",
@@ -818,8 +819,13 @@ def test_deepspeed_expresses_ulysses_and_autoep(notes):
     how = moe["planner"]["experts"]["how"]
     assert "ep_size=8" in how and "takes ep_size in code, not in the config" in how
     assert moe["zero_optimization"] == {"stage": 2, "overlap_comm": True}  # as priced
+    # priced as Megatron-Core runs it (a plan for --target any): said once, with the re-plan
+    timing = [n for n in notes if ": timing: " in n]
+    assert len(timing) == 1 and "--engine megatron-core (" in timing[0] and \
+        "not for what deepspeed runs (--engine deepspeed)" in timing[0] and \
+        timing[0].endswith("--target deepspeed` prices it as deepspeed runs it")
     # priced with the weights gathered behind the next forward, which DeepSpeed's step does not
-    assert [n for n in notes if "sequence length" not in n] == [
+    assert [n for n in notes if "sequence length" not in n and n not in timing] == [
         "export deepspeed 0.19.8: ZeRO-2: DeepSpeed's optimizer all-gathers the updated weights "
         "inside its step, where the plan hides the gather behind the next forward: a slower step "
         "than planned, by up to the all-gather's time (plans made with --engine deepspeed price "
@@ -1116,3 +1122,19 @@ def test_site_node_ranks_count_each_sites_own_nodes(notes):
     note = next(n for n in notes if "sites:" in n)
     assert "ranks 0-15 (node ranks 0-1) on big, ranks 16-31 (node ranks 2-3) on big, " \
            "ranks 32-47 (node ranks 4-7) on small, ranks 48-63 (node ranks 8-11) on small" in note
+
+
+def test_a_plan_priced_for_other_software_says_so_once_per_export(notes):
+    """A plan for --target any is priced as Megatron-Core runs it; exported to torchtitan, the
+    layout runs at torchtitan's speed, which the note says with the command that prices it so.
+    A plan priced for the target's own software gets no such note."""
+    from costmodels.engine import PRESETS
+
+    plan = data_plan("mixtral-8x7b-ep8-deepspeed")
+    to_torchtitan(plan, "0.2.2")
+    timing = [n for n in notes if ": timing: " in n]
+    assert len(timing) == 1 and "not for what torchtitan runs (--engine torchtitan)" in timing[0]
+    notes.clear()
+    to_torchtitan(engine_settings(plan, **PRESETS["torchtitan"]), "0.2.2")
+    to_megatron(plan)
+    assert not [n for n in notes if ": timing: " in n]
