@@ -182,9 +182,14 @@ def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
 
 
 def stage_table(p: Plan) -> list[str]:
+    """One row per stage: its blocks, time per micro-batch and its parts (the context- and
+    expert-parallel exchanges where the plan has them), memory and its parts."""
     groups = any("group" in st for st in p.stages)
+    extra = [(key, words) for key, words in (("cp_comm_s", "cp comm"), ("ep_comm_s", "ep comm"))
+             if any(key in st["predicted"] for st in p.stages)]
     rows = [("stage" + (" (group)" if groups else ""), "blocks", "time/mb", "compute", "tp comm",
-             "p2p", "memory", "weights+grads+optim", "activations", "working")]
+             *(words for _, words in extra), "p2p", "memory", "weights+grads+optim",
+             "activations", "working")]
     for st in p.stages:
         pr = st["predicted"]
         mem = pr["memory_bytes"]
@@ -195,7 +200,8 @@ def stage_table(p: Plan) -> list[str]:
             label += f" (rank {st.get('pipeline_rank', st['index'] % p.parallel['pp'])})"
         rows.append((label, compress_names(st["blocks"]),
                      ms(pr["time_per_microbatch_s"]), ms(pr.get("compute_s", 0)),
-                     ms(pr.get("tp_comm_s", 0)), ms(pr.get("p2p_s", 0)),
+                     ms(pr.get("tp_comm_s", 0)), *(ms(pr.get(key, 0)) for key, _ in extra),
+                     ms(pr.get("p2p_s", 0)),
                      f"{mem['total'] / GB:.1f} GB", f"{states / GB:.1f} GB",
                      f"{mem.get('activations', 0) / GB:.1f} GB x{pr.get('in_flight_microbatches', 1):.3g}",
                      f"{(mem['total'] - states - mem.get('activations', 0)) / GB:.1f} GB"))

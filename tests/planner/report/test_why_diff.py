@@ -232,3 +232,17 @@ def test_diff_shows_no_exchange_for_a_plan_without_context_parallelism(small_pla
     assert [k for k, _, _ in compare.config_changes(a, b)] == ["cp"]
     same = diff(a, dataclasses.replace(a, parallel={**a.parallel, "cp_comm": "a2a"}))
     assert "cp_comm" not in same  # at cp = 1 both have none, whatever the field says
+
+
+def test_stage_table_has_exchange_columns_only_where_the_plan_has_them(small_plan):
+    from planner.report.summary import stage_table
+
+    plain = load_plan(small_plan)
+    assert "ep comm" not in stage_table(plain)[0] and "cp comm" not in stage_table(plain)[0]
+    moe = load_plan("tests/planner/export/data/plans/mixtral-8x7b-ep4-etp2-megatron.json")
+    head, first = stage_table(moe)[:2]
+    assert "ep comm" in head and "cp comm" not in head
+    cols = re.split(r"\s{2,}", head.strip())
+    cells = re.split(r"\s{2,}", first.strip())
+    ep_ms = 1e3 * moe.stages[0]["predicted"]["ep_comm_s"]
+    assert cells[cols.index("ep comm")] == f"{ep_ms:.1f} ms"
