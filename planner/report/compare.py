@@ -81,7 +81,9 @@ INPUTS = (("model", "name", "text"), ("model", "num_params", "count"),
 PREDICTED = (("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "rate"),
              ("TFLOP/s per GPU", "tflops_per_device", "rate"), ("MFU", "mfu", "frac"),
              ("peak memory per GPU", "peak_memory_bytes", "bytes"))
-MEMORY_KINDS = ("weights", "grads", "optimizer", "activations", "working")
+MEMORY_KINDS = ("weights", "fp8_weights", "grads", "optimizer", "activations", "working")
+"""The parts of a GPU's memory a plan records (stages[].predicted.memory_bytes, less the total);
+fp8_weights: the FP8 copies of the weights an fp8 plan keeps."""
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def rank_memory(plan: Plan, base: SimResult, other: SimResult, *, twice: bool = 
     for r, (m, group) in sorted(mem.items()):
         new = m["total"] + other.peak_activation_bytes[r] - base.peak_activation_bytes[r]
         if twice:
-            new += sum(m.get(k, 0.0) for k in ("weights", "grads", "optimizer"))
+            new += sum(m.get(k, 0.0) for k in ("weights", "fp8_weights", "grads", "optimizer"))
         own_peak, new_peak = max(own_peak, m["total"]), max(new_peak, new)
         cap = caps.get(group, plan.cluster.get("device_memory_bytes"))
         if cap and new > cap:

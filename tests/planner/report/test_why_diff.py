@@ -246,3 +246,16 @@ def test_stage_table_has_exchange_columns_only_where_the_plan_has_them(small_pla
     cells = re.split(r"\s{2,}", first.strip())
     ep_ms = 1e3 * moe.stages[0]["predicted"]["ep_comm_s"]
     assert cells[cols.index("ep comm")] == f"{ep_ms:.1f} ms"
+
+
+def test_diff_counts_the_fp8_weight_copies_in_memory(tiny_llama_config):
+    """An fp8 plan keeps FP8 copies of the layers' weights: a kind of memory diff lists (before,
+    the rows of the fullest GPU did not add up to its total)."""
+    kw = {"cluster": "dgx-h100", "nodes": 1, "global_batch": 32, "seq_len": 128,
+          "fix": "tp=1,pp=1,zero=0"}
+    bf16, fp8 = (planner.plan(tiny_llama_config, dtype=d, **kw) for d in ("bf16", "fp8"))
+    rows = {d.label: d for d in compare.compare(bf16, fp8) if d.section.startswith("memory")}
+    copies = rows["fp8_weights"]
+    assert copies.a == 0 and copies.b > 0
+    peak = compare.peak_stage(fp8)["predicted"]["memory_bytes"]
+    assert sum(d.b for d in rows.values()) == pytest.approx(peak["total"], rel=1e-4)  # 6 digits
