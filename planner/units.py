@@ -39,3 +39,20 @@ def duration(seconds: float) -> str:
     if abs(seconds) >= 60:
         return f"{seconds / 60:.1f} min"
     return f"{seconds:.0f} s"
+
+
+def counted(n: int, noun: str) -> str:
+    """'1 node', '4 nodes': a count with its noun, plural unless one."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def cluster_text(c) -> str:
+    """A cluster summary (Cluster.summary(), a plan's ``cluster``) as people read it:
+    '16 x h100 (dgx-h100: 2 nodes x 8)'; with device groups, each group's nodes and device:
+    '32 GPUs (a100-plus-v100: a100 2 nodes x 8 a100-80g, v100 2 nodes x 8 v100)'."""
+    if c.get("groups"):
+        return (f"{c['num_gpus']:,} GPUs ({c['name']}: " + ", ".join(
+            f"{g['name']} {counted(g['nodes'], 'node')} x {g['gpus_per_node']} {g['device']}"
+            for g in c["groups"]) + ")")
+    return (f"{c['num_gpus']:,} x {c['device']} ({c['name']}: {counted(c['nodes'], 'node')} x "
+            f"{c['gpus_per_node']})")

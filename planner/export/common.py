@@ -27,6 +27,7 @@ from planner.export import moe
 from planner.options import KNOBS, experts_text, pp_inner_refused, zero_runs_with_cp
 from planner.planfile.document import Plan
 from planner import targets
+from planner.units import cluster_text
 
 log = logging.getLogger("planner.export")
 NOTE_WIDTH = 96
@@ -210,8 +211,7 @@ def header(plan: Plan, target: str, version: str) -> list[str]:
         f"model {m['name']}  fingerprint {m['fingerprint']}  "
         f"input_hash {prov['input_hash']}  planner {prov.get('planner', 'unknown')}",
         f"plan (made for target {made_for}): {summary(plan)}",
-        f"on {c['num_gpus']} x {c['device']} ({c['name']}: {c['nodes']} nodes x "
-        f"{c['gpus_per_node']}); global batch {plan.training['global_batch']} x "
+        f"on {cluster_text(c)}; global batch {plan.training['global_batch']} x "
         f"{plan.training['seq_len']} tokens, {plan.training['dtype']}, "
         f"{plan.training['optimizer']}",
         f"Written for {target} {version} ({which}; plan export --engine-version for another).",

@@ -19,6 +19,7 @@ from planner.export.shell import bash_file
 from planner.export.toml import Entry, table
 from planner.planfile.document import Plan
 from planner import targets
+from planner.units import counted
 
 TARGET = "torchtitan"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
@@ -519,8 +520,8 @@ def _training(plan: Plan, ledger: common.Ledger) -> list[Setting]:
 
 def _intro(plan: Plan, version: str, how: list[str], notes: list[str]) -> list[str]:
     return common.header(plan, TARGET, version) + how + [
-        f"Run it on exactly {plan.cluster['num_gpus']} GPUs ({plan.cluster['nodes']} nodes x "
-        f"{plan.cluster['gpus_per_node']}).", ""] + common.notes_block(notes)
+        f"Run it on exactly {plan.cluster['num_gpus']} GPUs "
+        f"({counted(plan.cluster['nodes'], 'node')} x {plan.cluster['gpus_per_node']}).", ""] + common.notes_block(notes)
 
 
 def _toml(plan: Plan, version: str, settings: list[Setting], notes: list[str]) -> str:

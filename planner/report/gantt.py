@@ -11,6 +11,7 @@ from planner.report import figure
 from planner.report.figure import check_path
 from planner.report.text import model_name, runs
 from planner.schedule.simulator import SimResult
+from planner.units import cluster_text
 
 COLOURS = {"F": "#0072B2", "B": "#E69F00", "W": "#009E73"}
 """Forward blue, backward orange, weight-gradient green (Okabe-Ito, readable when colour-blind)."""
@@ -150,8 +151,7 @@ def jobs_gantt(doc: dict, path: str) -> None:
                for j in doc["jobs"]]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5),
                fontsize=8, frameon=False)
-    fig.suptitle(f"{len(doc['jobs'])} jobs on {c['nodes']} nodes x {c['gpus_per_node']} "
-                 f"{c['device']} ({c['name']})", fontsize=11)
+    fig.suptitle(f"{len(doc['jobs'])} jobs on {cluster_text(c)}", fontsize=11)
     figure.save(fig, path, dpi=110)
 
 

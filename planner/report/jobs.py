@@ -4,14 +4,13 @@ job, then the makespan and the baselines."""
 from __future__ import annotations
 
 from planner.report.text import model_name, runs, table
-from planner.units import duration
+from planner.units import cluster_text, duration
 
 
 def summary(doc: dict, solve_time_s: float) -> str:
     """The schedule as a person reads it: one row per job, then makespan and baselines."""
     c = doc["cluster"]
-    lines = [f"Joint schedule of {len(doc['jobs'])} jobs on {c['num_gpus']} x {c['device']} "
-             f"({c['name']}: {c['nodes']} nodes x {c['gpus_per_node']})"
+    lines = [f"Joint schedule of {len(doc['jobs'])} jobs on {cluster_text(c)}"
              + (f", re-planned at {duration(doc['now_s'])} (done: {', '.join(doc['done']) or '-'})"
                 if doc["now_s"] else ""), ""]
     rows = [("job", "model", "GPUs", "nodes", "GPU ids", "start", "end", "state", "plan")]

@@ -13,7 +13,7 @@ from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
-from planner.units import GB, human_count, ms
+from planner.units import GB, cluster_text, human_count, ms
 
 
 def summary(p: Plan) -> str:
@@ -66,11 +66,9 @@ def summary_dict(p: Plan) -> dict:
 
 def _header(p: Plan) -> str:
     c, m, t = p.cluster, p.model, p.training
-    nodes = f"{c['nodes']} node{'' if c['nodes'] == 1 else 's'}"
     batch = (f"{t['global_batch']} samples" if p.embeddings else
              f"{t['global_batch']} x {t['seq_len']} tokens")
-    return (f"Plan for {m['name']} ({human_count(m['num_params'])} params) on {c['num_gpus']} x "
-            f"{c['device']} ({c['name']}: {nodes} x {c['gpus_per_node']})\n"
+    return (f"Plan for {m['name']} ({human_count(m['num_params'])} params) on {cluster_text(c)}\n"
             f"  global batch {batch}, {t['dtype']}, {t['optimizer']}")
 
 

@@ -1114,7 +1114,8 @@ def test_site_node_ranks_count_each_sites_own_nodes(notes):
     """Sites whose nodes hold different numbers of GPUs: node ranks follow each site's nodes."""
     plan = data_plan("llama3-70b-pp4-megatron")  # 64 GPUs, 16 per stage
     sites = ["big", "big", "small", "small"]
-    groups = [{"name": "big", "gpus_per_node": 8}, {"name": "small", "gpus_per_node": 4}]
+    groups = [{"name": "big", "gpus_per_node": 8, "nodes": 4, "device": "h100"},
+              {"name": "small", "gpus_per_node": 4, "nodes": 8, "device": "h100"}]
     staged = dataclasses.replace(plan, cluster={**plan.cluster, "groups": groups},
                                  stages=[{**st, "group": sites[st["pipeline_rank"]]}
                                          for st in plan.stages])

@@ -259,3 +259,14 @@ def test_diff_counts_the_fp8_weight_copies_in_memory(tiny_llama_config):
     assert copies.a == 0 and copies.b > 0
     peak = compare.peak_stage(fp8)["predicted"]["memory_bytes"]
     assert sum(d.b for d in rows.values()) == pytest.approx(peak["total"], rel=1e-4)  # 6 digits
+
+
+def test_clusters_read_with_their_node_counts_and_groups():
+    from planner.units import cluster_text
+
+    one = {"name": "dgx-h100", "device": "h100", "nodes": 1, "gpus_per_node": 8, "num_gpus": 8}
+    assert cluster_text(one) == "8 x h100 (dgx-h100: 1 node x 8)"  # not '1 nodes'
+    sites = {"name": "two", "device": "v100+v100", "num_gpus": 64, "groups": [
+        {"name": "east", "device": "v100", "nodes": 4, "gpus_per_node": 8},
+        {"name": "west", "device": "v100", "nodes": 4, "gpus_per_node": 8}]}
+    assert cluster_text(sites) == ("64 GPUs (two: east 4 nodes x 8 v100, west 4 nodes x 8 v100)")
