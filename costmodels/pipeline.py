@@ -18,6 +18,10 @@ With ``p`` stages and ``m`` micro-batches on equal stages of forward+backward ti
   layers' inputs and output gradients, about a micro-batch's activations (Qi et al., Table 1:
   32 sbh against 34 sbh a layer), so counted whole: about p on every rank.
 On unequal stages the steady state runs at the slowest rank: ``sum_r t_r / v + (m - 1/v) max_r t_r``.
+For 1F1B with each rank's forward known (``fwd_s``), the step is the largest over ranks of what
+each must take (``one_f_one_b_s``): exact on equal stages and never above the schedule's
+simulation, where the steady-state form overcounts the fill when the slowest rank is not the last
+(by up to about a fifth on splits with a heavy first stage).
 """
 
 from __future__ import annotations
@@ -29,6 +33,13 @@ from costmodels.errors import SpecError
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
 """The pipeline schedules these closed forms price (the planner searches over these)."""
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
+
+
+def forward_comm_share(recompute: str) -> float:
+    """The share of a chunk's collectives (tensor-parallel all-reduces, context-parallel K/V
+    exchange, expert dispatch) its forward runs: half, the backward the other half; a third under
+    full recomputation, which replays the forward's in backward (Korthikanti et al., MLSys'23)."""
+    return 1 / 3 if recompute == "full" else 1 / 2
 
 
 def _check(schedule: str) -> None:
@@ -56,16 +67,57 @@ def bubble_fraction(*, stages: int, microbatches: int, vpp: int = 1) -> float:
 
 
 def step_time_s(rank_times_s: Sequence[float], *, microbatches: int, schedule: str,
-                vpp: int = 1, wgrad_s: float = 0.0) -> float:
+                vpp: int = 1, wgrad_s: float = 0.0,
+                fwd_s: Sequence[float] | None = None) -> float:
     """Pipeline time of one step, from each rank's forward+backward time of one micro-batch
     (summed over its ``vpp`` chunks); ``wgrad_s``: the weight-gradient part of the slowest rank's
-    backward (what ZB-H1 moves into the bubble)."""
+    backward (what ZB-H1 moves into the bubble); ``fwd_s``: each rank's forward part, which
+    prices 1F1B on unequal stages rank by rank (``one_f_one_b_s``)."""
     _check(schedule)
     if not rank_times_s:
         return 0.0
+    if schedule == "1f1b" and fwd_s is not None:
+        return one_f_one_b_s(fwd_s, [t - f for t, f in zip(rank_times_s, fwd_s)],
+                             microbatches=microbatches)
     v = vpp if schedule == "interleaved-1f1b" else 1
     step = sum(rank_times_s) / v + (microbatches - 1 / v) * max(rank_times_s)
     if schedule == "zb-h1":  # the drain's weight gradients fill its bubbles
         pp = len(rank_times_s)
         step -= min(2 * (pp - 1), microbatches + pp - 2) * wgrad_s
     return step
+
+
+def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatches: int) -> float:
+    """1F1B's step from each rank's forward and backward time of one micro-batch: the most any
+    rank s must take. Rank s runs k = min(p - s, m) forwards before its first backward (the
+    schedule's warm-up and one). It starts once micro-batch 0 has crossed the ranks before it,
+    runs m (F_s + B_s), and waits twice for a round trip D_s through the ranks after it (the
+    sum of their F + B): before its first backward for micro-batch 0's, beyond its k - 1 further
+    forwards; and, with m > k, after its last forward for the last micro-batch's, beyond its
+    k - 1 backwards still due. Its last backward's gradient then crosses the ranks before it.
+    Equal stages give (m + p - 1) t; on unequal ones it never exceeds the event-by-event
+    simulation (planner.schedule.simulator), which can be less (tests/costmodels)."""
+    p, m = len(fwd_s), microbatches
+    step, after = 0.0, 0.0  # after: D_s, the round trip through the ranks after s
+    before_f, before_b = sum(fwd_s), sum(bwd_s)
+    for s in reversed(range(p)):
+        f, b = fwd_s[s], bwd_s[s]
+        before_f, before_b = before_f - f, before_b - b
+        k = min(p - s, m)
+        wait = max(0.0, after - (k - 1) * f) + (max(0.0, after - (k - 1) * b) if m > k else 0.0)
+        step = max(step, before_f + m * (f + b) + wait + before_b)
+        after += f + b
+    return step
+
+
+def one_f_one_b_floor_s(total_s: float, busiest_s: float, *, stages: int,
+                        microbatches: int) -> float:
+    """At most ``one_f_one_b_s`` of any split of ``total_s`` over ``stages`` ranks whose busiest
+    takes at least ``busiest_s`` (the search's bound). The busiest rank s (time t >= busiest_s, D
+    after it, P = T - t - D before it) takes P + m t at least, and with m > p its two waits make
+    it T + (m - p + s) t + D at least: the mean of the two is T + (m - (p - s + 1) / 2) t. One
+    micro-batch crosses every rank: T."""
+    p, m, t = stages, microbatches, busiest_s
+    if m > p:
+        return max(m * t, total_s + (m - (p + 1) / 2) * t)
+    return max(m * t, total_s)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple, Sequence
 
+from costmodels import pipeline
 from planner.errors import SpecError
 from planner.options import MAX_MICROBATCHES
 from planner.schedule import Action, Shape
@@ -258,7 +259,7 @@ def plan_inputs(plan, *, schedule_name: str, vpp: int = 1) -> StageTimes:
             raise SpecError(f"stages[].predicted.{key}: missing from this plan; solve it again "
                             "with this version of the planner")
     pred = [st["predicted"] for st in stages]
-    tp_fwd = 1 / 3 if plan.parallel.get("recompute") == "full" else 1 / 2
+    tp_fwd = pipeline.forward_comm_share(plan.parallel.get("recompute", "none"))
     split = schedule_name in SPLIT_BACKWARD
     inside = [s["tp_comm_s"] + s.get("cp_comm_s", 0.0) + s.get("ep_comm_s", 0.0) for s in pred]
     cols = [[s["fwd_s"] + tp_fwd * c for s, c in zip(pred, inside)],

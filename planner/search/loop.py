@@ -5,8 +5,8 @@ parallel, recomputation, micro-batch); a pricer computes those costs once per gr
 configuration of it: on one device type the chain split and closed forms (planner.search.evaluate),
 on device groups the group orders and per-device split (planner.search.hetero). Before pricing, a
 configuration whose weights alone cannot fit is set aside; the others are priced best-first, in
-increasing order of a lower bound (the pipeline on perfectly balanced stages, each block on its
-fastest device), until the next bound cannot enter the top k: the rest are dominated. The top k are then refined (exact stage assignment by CP-SAT where it applies, and
+increasing order of a lower bound (the pipeline on perfectly balanced stages, or the least any split
+gives for 1F1B, each block on its fastest device), until the next bound cannot enter the top k: the rest are dominated. The top k are then refined (exact stage assignment by CP-SAT where it applies, and
 simulation of the schedule) and re-ranked. The simulation can find a schedule slower than its
 closed form (interleaved 1F1B over chunks of unequal time waits for the slowest rank of each chunk
 position), or faster (ZB-H1's weight gradients on unequal stages); so configurations whose closed
@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from costmodels import compute, memory
+from costmodels import compute, memory, pipeline
 from costmodels.errors import InfeasibleError
 from costmodels.topology import HeteroCluster
 from planner.options import Config, SearchOptions, TrainingSpec
@@ -382,9 +382,10 @@ class _Screen:
         return max(need, states / pp) > self.pricer.capacity
 
     def pipeline_bound_s(self, schedule: str, vpp: int) -> float:
-        """A lower bound of the pipeline's time: the schedule's closed form (costmodels.pipeline)
-        on ranks as balanced as they can be: the busiest runs at least 1/pp of the model and at
-        least the slowest block, each block on its fastest device; nothing else."""
+        """A lower bound of the pipeline's time: the busiest rank runs at least 1/pp of the model
+        and at least the slowest block, each block on its fastest device; nothing else. The
+        schedule's closed form (costmodels.pipeline) on ranks that balanced, or for 1F1B, which
+        is priced rank by rank, the least that form gives any split (one_f_one_b_floor_s)."""
         total_s, pp, m = self.total_s, self.group.pp, self.group.num_microbatches
         t = max(total_s / pp, self.slowest_s)  # the busiest rank's share, at least
         if schedule == "interleaved-1f1b":  # costmodels.pipeline: sum / v + (m - 1/v) max
@@ -392,6 +393,8 @@ class _Screen:
         if schedule == "zb-h1":  # weight gradients (at most half of a backward) may fill the
             # whole drain: the busiest rank's passes, and one micro-batch's path without them
             return max(m * t, 0.5 * (total_s + self.fwd_s))
+        if schedule == "1f1b":  # priced rank by rank (pipeline.one_f_one_b_s)
+            return pipeline.one_f_one_b_floor_s(total_s, t, stages=pp, microbatches=m)
         return total_s + (m - 1) * t
 
     def optimizer_bound_s(self, zero: int, offload: bool) -> float:

@@ -309,8 +309,12 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_
         return sum(x[slow::pp].tolist())
 
     wgrad = mine(wgrad_s)  # ZB-H1's W of the slowest rank
+    fwd = None
+    if cfg.schedule == "1f1b":  # each rank's forward as the simulation splits it (refine.simulated)
+        share = pipeline.forward_comm_share(cfg.recompute)
+        fwd = rank_totals(fwd_s + share * (tp_s + cp_s + ep_s), pp).tolist()
     pipe_s = pipeline.step_time_s(rank_time.tolist(), microbatches=m, schedule=cfg.schedule,
-                                  vpp=cfg.vpp, wgrad_s=wgrad)
+                                  vpp=cfg.vpp, wgrad_s=wgrad, fwd_s=fwd)
     breakdown = {
         "compute_s": m * mine(compute_s),
         "bubble_s": idle_s(pipe_s, m * float(rank_time[slow])),

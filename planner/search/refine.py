@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from costmodels import pipeline
 from costmodels.topology import Cluster
 from planner.options import SearchOptions, TrainingSpec
 from planner.schedule.builders import SPLIT_BACKWARD, build
@@ -97,9 +98,8 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
     """``est`` with its pipeline time and activation memory taken from a simulation."""
     cfg = est.config
     m = cfg.num_microbatches
-    # collectives inside a chunk (tp all-reduces, cp K/V exchange, expert dispatch) run half in
-    # forward, half in backward; full recompute replays the forward's in backward
-    tp_fwd = 1 / 3 if cfg.recompute == "full" else 1 / 2
+    # collectives inside a chunk (tp all-reduces, cp K/V exchange, expert dispatch)
+    tp_fwd = pipeline.forward_comm_share(cfg.recompute)
     fwd = [st.fwd_s + tp_fwd * _inside_comm_s(st) for st in est.stages]
     split = cfg.schedule in SPLIT_BACKWARD
     wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]

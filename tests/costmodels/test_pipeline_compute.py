@@ -7,7 +7,8 @@ from costmodels.compute import (block_time, gemm_time_s, optimizer_step_s, split
 from costmodels.engine import EngineSpec
 from costmodels.errors import SpecError
 from costmodels.hardware import DEVICES, get_device
-from costmodels.pipeline import bubble_fraction, in_flight, step_time_s
+from costmodels.pipeline import (bubble_fraction, in_flight, one_f_one_b_floor_s, one_f_one_b_s,
+                                 step_time_s)
 from costmodels.workload import SPLIT_K, SPLIT_N, BlockWork, Gemm
 
 
@@ -19,6 +20,31 @@ def test_equal_stage_pipeline_takes_m_plus_p_minus_1_slots(p, m):
     idle = step - m * t
     assert idle / step == pytest.approx(bubble_fraction(stages=p, microbatches=m))
     assert bubble_fraction(stages=p, microbatches=m) == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("p,m", [(1, 4), (2, 1), (4, 3), (4, 16), (8, 64)])
+def test_1f1b_rank_by_rank_is_m_plus_p_minus_1_slots_on_equal_stages(p, m):
+    f, b = 0.1, 0.25
+    assert one_f_one_b_s([f] * p, [b] * p, microbatches=m) == pytest.approx((m + p - 1) * (f + b))
+    assert step_time_s([f + b] * p, microbatches=m, schedule="1f1b", fwd_s=[f] * p) == \
+        pytest.approx((m + p - 1) * (f + b))
+
+
+def test_1f1b_floor_is_below_the_rank_by_rank_form_of_every_split():
+    """The search's bound (one_f_one_b_floor_s, from the total and a least busiest time) never
+    exceeds the form it bounds, whatever the split: heavy first, heavy last, or lopsided."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        p, m = rng.randint(1, 8), rng.randint(1, 40)
+        fwd = [rng.uniform(0.2, 2.0) for _ in range(p)]
+        bwd = [f * rng.uniform(0.5, 3.0) for f in fwd]
+        times = [f + b for f, b in zip(fwd, bwd)]
+        total = sum(times)
+        floor = one_f_one_b_floor_s(total, max(total / p, rng.uniform(0, max(times))), stages=p,
+                                    microbatches=m)
+        assert floor <= one_f_one_b_s(fwd, bwd, microbatches=m) * (1 + 1e-12)
 
 
 def test_unequal_stages_run_at_the_slowest():

@@ -177,8 +177,11 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
     slow = int(np.argmax(rank_time))
     mine = [st for st in stages if st.rank == slow]
     m = cfg.num_microbatches
+    share = pipeline.forward_comm_share(cfg.recompute)  # 1F1B: rank by rank, F as simulated
+    fwd = [st.fwd_s + share * (st.tp_comm_s + st.cp_comm_s + st.ep_comm_s) for st in stages] \
+        if cfg.schedule == "1f1b" else None
     pipe_s = pipeline.step_time_s(rank_time, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp,
-                                  wgrad_s=sum(st.wgrad_s for st in mine))
+                                  wgrad_s=sum(st.wgrad_s for st in mine), fwd_s=fwd)
     excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
     breakdown = {"compute_s": m * sum(st.compute_s for st in mine),
                  "bubble_s": idle_s(pipe_s, m * rank_time[slow]),
