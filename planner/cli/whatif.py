@@ -35,7 +35,7 @@ def register(add) -> None:
     w.add_argument("--seq-len", type=positive_int, help="tokens per sample (default: the model's)")
     w.add_argument("--dtype", choices=DTYPES, help="compute dtype (default bf16; fp32 for "
                    "recommendation models)")
-    w.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    w.add_argument("--optimizer", choices=OPTIMIZERS, help="default adam (or vary it)")
     w.add_argument("--fix", help="knobs pinned at every point, e.g. recompute=full,zero=1")
     w.add_argument("--engine", help="the software you train with, at every point, as for `plan "
                    "solve --engine` (default: megatron-core), e.g. "

@@ -52,7 +52,8 @@ class _Task:
 
 
 def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: int | None = None,
-           seq_len: int | None = None, dtype: str | None = None, optimizer: str = "adam", fix=None,
+           seq_len: int | None = None, dtype: str | None = None, optimizer: str | None = None,
+           fix=None,
            nodes: int | None = None, gpus_per_node: int | None = None, prices=None,
            tokens: float | None = None, top_k: int = SearchOptions().top_k,
            time_limit_s: float | None = None,
@@ -61,14 +62,16 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     """Plan ``model`` at every point of the grid ``vary`` spans; one row per point, in grid order.
 
     ``vary`` maps keys of planner.explore.grid.VARY_KEYS to lists of values (``{"nodes": [8, 16], "tp": [4, 8]}``);
-    the other arguments are the settings every point shares (as for planner.plan). ``prices``
+    the other arguments are the settings every point shares (as for planner.plan; optimizer
+    default adam), and one given there and varied too is refused (SpecError). ``prices``
     maps device names (or unique prefixes, ``a100``) to dollars per GPU-hour and adds cost
     columns; ``tokens`` adds the hours and dollars to train on that many tokens."""
     grid = expand(vary)
     fixed = parse_fix(fix)
     for key, given in [(k, knob(v)) for k, v in fixed.items()] + [
             ("cluster", cluster), ("nodes", nodes), ("gpus_per_node", gpus_per_node),
-            ("global_batch", global_batch), ("seq_len", seq_len), ("dtype", dtype)]:
+            ("global_batch", global_batch), ("seq_len", seq_len), ("dtype", dtype),
+            ("optimizer", optimizer)]:
         if given is not None and key in vary:  # one would silently override the other
             where = "fix" if key in fixed else "--" + key.replace("_", "-")
             raise SpecError(f"vary.{key}: also given as {key}={given} ({where}); give it in one "
@@ -82,7 +85,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         raise SpecError("global_batch: missing; pass global_batch= (--global-batch) or vary it")
     base = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
             "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
-            "optimizer": optimizer, "fix": fixed, "engine": engine_from_mapping(engine),
+            "optimizer": optimizer or "adam", "fix": fixed, "engine": engine_from_mapping(engine),
             "top_k": top_k, "time_limit_s": time_limit_s}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import textwrap
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 from costmodels.engine import (PRESETS, EngineSpec, engine_from_mapping, engine_setting,
                                setting_text)
@@ -348,8 +348,10 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
             + (f" --fix {pinned}" if pinned else "") + f" --target {target}")
 
 
-SOFTWARE_KEYS = frozenset(k for preset in PRESETS.values() for k in preset)
-"""The engine settings that say which software runs the step (what the presets set)."""
+SOFTWARE_KEYS = frozenset(k for preset in PRESETS.values() for k in preset
+                          if not k.startswith("moe_"))
+"""The engine settings that say which software runs the step (what the presets set, less the
+MoE settings, which a re-plan keeps: _kept_engine_settings)."""
 
 
 def software_note(plan: Plan, target: str, ledger: Ledger) -> None:
@@ -361,7 +363,7 @@ def software_note(plan: Plan, target: str, ledger: Ledger) -> None:
     runs = engine_from_mapping(software)
     if all(getattr(planned, k) == getattr(runs, k) for k in SOFTWARE_KEYS):
         return
-    priced = engine_setting(replace(runs, **{k: getattr(planned, k) for k in SOFTWARE_KEYS}))
+    priced = engine_setting(planned)
     ledger.info(f"timing: the plan was priced for the software of --engine {priced} "
                 f"({plan.predicted['step_time_s']:.4g} s a step), not for what {target} runs "
                 f"(--engine {software}); its step takes another time there: "

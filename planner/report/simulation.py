@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from costmodels.memory import usable_bytes
+from planner.options import SearchOptions
 from planner.planfile.document import Plan
 from planner.report.text import listing
 from planner.schedule.simulator import SimResult
@@ -52,7 +54,7 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
     if memory is not None and memory[2]:
         worst = max(memory[2], key=lambda o: o[1] - o[2])
         lines.append(f"does not fit: {schedule}{new_v} needs {gb(worst[1])} on pipeline rank "
-                     f"{worst[0]}, more than its GPU's {gb(worst[2])}"
+                     f"{worst[0]}, more than the {gb(worst[2])} a plan may use of its GPU"
                      + (f" (and on {len(memory[2]) - 1} more ranks)" if len(memory[2]) > 1 else "")
                      + "; fewer micro-batches in flight, recomputation or a higher ZeRO stage "
                      "would be needed (plan solve --fix schedule=... finds one that fits)")
@@ -65,8 +67,10 @@ def rank_memory(plan: Plan, base: SimResult, other: SimResult, *, twice: bool = 
 
     Each pipeline rank keeps the plan's memory (stages[].predicted.memory_bytes: the rank's, for
     every chunk on it) less its simulated peak of activations under the plan's schedule, plus
-    that peak under the other; ``twice``: a second copy of its weights, gradients and optimizer
-    state (bidirectional pipelines)."""
+    that peak under the other; ``twice``: the weights, gradients and optimizer state of the
+    stage it runs in the other direction too (bidirectional pipelines: rank r holds stages r and
+    pp - 1 - r). Capacity is what a plan may use of its GPU (SearchOptions' default reserve, as
+    ``plan solve`` checks it)."""
     mem = {}
     for st in plan.stages:
         m = st.get("predicted", {}).get("memory_bytes")
@@ -76,13 +80,18 @@ def rank_memory(plan: Plan, base: SimResult, other: SimResult, *, twice: bool = 
     if sorted(mem) != list(range(other.ranks)):
         return None
     caps = {g["name"]: g["device_memory_bytes"] for g in plan.cluster.get("groups", [])}
+    reserve = SearchOptions()
     own_peak, new_peak, over = 0.0, 0.0, []
     for r, (m, group) in sorted(mem.items()):
         new = m["total"] + other.peak_activation_bytes[r] - base.peak_activation_bytes[r]
         if twice:
-            new += sum(m.get(k, 0.0) for k in ("weights", "fp8_weights", "grads", "optimizer"))
+            mirror = mem[other.ranks - 1 - r][0]
+            new += sum(mirror.get(k, 0.0) for k in ("weights", "fp8_weights", "grads",
+                                                     "optimizer"))
         own_peak, new_peak = max(own_peak, m["total"]), max(new_peak, new)
-        cap = caps.get(group, plan.cluster.get("device_memory_bytes"))
+        device = caps.get(group, plan.cluster.get("device_memory_bytes"))
+        cap = device and usable_bytes(device, reserve_fraction=reserve.memory_reserve_fraction,
+                                      reserve_bytes=reserve.memory_reserve_bytes)
         if cap and new > cap:
             over.append((r, new, cap))
     return own_peak, new_peak, over

@@ -18,7 +18,7 @@ from planner.search.pricing import Estimate, price
 from planner.search.space import (BATCH_DP, CP_HEADS, CP_SHORT, MICRO_BATCH, PP_BLOCKS,
                                   TOO_MANY_MB, TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space,
                                   cp_chunks, cp_comm_reason, cp_reason, divisors, pp_reason,
-                                  tp_reasons)
+                                  target_mesh_reason, tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb
@@ -67,7 +67,10 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     seq = training.seq_len
     if options is not None and options.seq_split_2cp_tp and ("tp" in fix or "cp" in fix) and \
             seq % (2 * cp * (tp or 1)):
-        key = "tp" if "tp" in fix and seq % (2 * cp) == 0 else "cp"
+        key = "tp" if "tp" in fix and ("cp" not in fix or seq % (2 * cp) == 0) else "cp"
+        if seq % 2:
+            return (f"fix.{key}: the target needs the sequence length ({seq}) divisible by tp x 2 "
+                    "x cp, which an odd length never is; use an even sequence length")
         need = 2 * cp * (tp or 1)
         fits = [t for t in divisors(gpn) if seq % (2 * cp * t) == 0
                 and not tp_reasons(t, space, pinned=True)] if key == "tp" else []
@@ -201,7 +204,7 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
                 None) if cp > 1 else "p2p"
             if form is None:
                 continue
-            sp = fix.get("sequence_parallel", tp > 1)
+            sp = fix.get("sequence_parallel", tp > 1 and True in options.sequence_parallel)
             mb = fix.get("micro_batch", 1)
             costs_by_ep: dict = {}
             for pp in ([fix["pp"]] if "pp" in fix else divisors(n // (tp * cp))):
@@ -209,8 +212,9 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
                 if (n // (tp * cp)) % pp or pp_reason(pp, vpp, space):
                     continue
                 dp = n // (tp * pp * cp)
-                if fix.get("dp", dp) != dp:
-                    continue
+                if fix.get("dp", dp) != dp or target_mesh_reason(tp, cp, pp, dp, training, options) \
+                        or (cp > 1 and (tp > 1 or pp > 1) and not options.cp_with_tp_pp):
+                    continue  # a mesh the target does not run (space.meshes' rules)
                 # the experts spread as far as the pins allow: the fewest expert states per GPU
                 ep = fix.get("ep", max((e for e in divisors(dp * cp * tp // etp)
                                         if space.experts and space.experts % e == 0), default=1))
@@ -305,8 +309,8 @@ def _rules_advice(cfg, global_batch: int, rejected: Counter, pinned: bool) -> st
     when it does not split (naming a nearby global batch that does, for the leanest layout),
     else the pins."""
     relax = "relax --fix" if pinned else "see `plan solve --help` for the knobs"
-    if rejected[MICRO_BATCH] or rejected[BATCH_DP]:
-        step = cfg.dp * cfg.micro_batch
+    step = cfg.dp * cfg.micro_batch
+    if (rejected[MICRO_BATCH] or rejected[BATCH_DP]) and global_batch % step:
         lower = global_batch // step * step
         near = " or ".join(f"{b:,}" for b in (lower, lower + step) if b > 0)
         return (f"--global-batch must be a multiple of dp x micro_batch, e.g. {near} for dp="

@@ -213,7 +213,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         bound, order, group, variant = queue[0]
         if progress and i % 64 == 0:
             progress(i, queued)
-        if top.full and bound >= top.worst:
+        if top.full and bound > top.worst:  # (an equal time may still rank first: less memory)
             rejected[DOMINATED] += queued - i
             break
         if deadline is not None and top.priced and time.perf_counter() > deadline:

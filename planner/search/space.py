@@ -338,14 +338,14 @@ def _meshes(space: Space, fix: dict, training: TrainingSpec, options: SearchOpti
                 reason = (MESH if (n // (tp * cp)) % pp else pp_reason(pp, 1, space) or (
                     MESH if fix.get("dp", dp) != dp else BATCH_DP if gb % dp else "") or (
                     CP_ALONE if cp > 1 and (tp > 1 or pp > 1) and not options.cp_with_tp_pp
-                    else "") or _target_mesh_reason(tp, cp, pp, dp, training, options))
+                    else "") or target_mesh_reason(tp, cp, pp, dp, training, options))
                 if reason:
                     rejected[reason] += 1
                     continue
                 yield tp, cp, pp, dp
 
 
-def _target_mesh_reason(tp: int, cp: int, pp: int, dp: int, training: TrainingSpec,
+def target_mesh_reason(tp: int, cp: int, pp: int, dp: int, training: TrainingSpec,
                         options: SearchOptions) -> str:
     """The first of the target's own rules a mesh breaks, or '' (SearchOptions.tp_with_pp,
     seq_split_2cp_tp, mixed_precision_needs_sharding)."""
@@ -398,7 +398,7 @@ def _group_meshes(space: Space, fix: dict, training: TrainingSpec, options: Sear
             reason = (GROUP_WIDTH if any(g % width for g in space.group_gpus) else
                       MESH if fix.get("pp", pp) != pp else
                       pp_reason(pp, 1, space) or (BATCH_DP if gb % dp else "")
-                      or _target_mesh_reason(tp, 1, pp, dp, training, options))
+                      or target_mesh_reason(tp, 1, pp, dp, training, options))
             if reason:
                 rejected[reason] += 1
                 continue

@@ -238,6 +238,7 @@ def test_bandwidths_take_a_number_of_gb_per_s_or_units():
     ({"fix": "tp=2", "vary": {"tp": [1, 2]}}, r"vary.tp: also given as tp=2 \(fix\)"),
     ({"nodes": 2, "vary": {"nodes": [1, 2]}}, r"vary.nodes: also given as nodes=2 \(--nodes\)"),
     ({"global_batch": 8, "vary": {"global_batch": [8, 16]}}, "vary.global_batch: also given"),
+    ({"optimizer": "sgd", "vary": {"optimizer": ["adam"]}}, "vary.optimizer: also given"),
 ])
 def test_a_setting_given_and_varied_is_refused_before_any_trace(kw, message, monkeypatch):
     """One would silently override the other (before, --vary won over --fix)."""

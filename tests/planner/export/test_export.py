@@ -1137,5 +1137,8 @@ def test_a_plan_priced_for_other_software_says_so_once_per_export(notes):
     assert len(timing) == 1 and "not for what torchtitan runs (--engine torchtitan)" in timing[0]
     notes.clear()
     to_torchtitan(engine_settings(plan, **PRESETS["torchtitan"]), "0.2.2")
+    # MoE settings are the plan's assumptions, kept by a re-plan: not other software
+    to_torchtitan(engine_settings(plan, **{**PRESETS["torchtitan"],
+                                           "moe_probs_in_activation": True}), "0.2.2")
     to_megatron(plan)
     assert not [n for n in notes if ": timing: " in n]

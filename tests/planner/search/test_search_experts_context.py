@@ -666,3 +666,27 @@ def test_a_tp_pin_torchtitan_cannot_run_at_this_sequence_length_is_named(tiny_ll
                                                 r"\(130\) divisible by tp x 2 x cp = 4; use tp=1, "
                                                 r"or a sequence length divisible by 4$"):
         planner.plan_prepared(odd, planner.load_cluster("dgx-h100", nodes=1), training, options)
+
+
+def test_the_leanest_plan_keeps_to_the_meshes_the_target_runs(tiny_llama_config):
+    """'No plan fits' and its more-nodes hint name a layout the target can run: under torchtitan
+    the sequence must split by tp x 2 x cp (before, the leanest could break it and the hint then
+    sent the user to a cluster where the search refused every layout)."""
+    from planner import targets
+    from planner.search.costs import ModelArrays
+    from planner.search.feasibility import leanest, pin_problem
+    from planner.search.space import Space
+
+    long = planner.prepare(tiny_llama_config, seq_len=65544, cache_dir=None)  # 8 x 8193
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    training = planner.TrainingSpec(global_batch=1, seq_len=long.seq_len)
+    options = targets.restrict(planner.SearchOptions(top_k=0), "torchtitan")
+    _, cfg, _ = leanest(ModelArrays.from_blocks(long.blocks), long.blocks, cluster, training,
+                        options)
+    assert long.seq_len % (2 * cfg.tp * cfg.cp) == 0
+    # an odd length splits for no tp: the pin given is named, not another
+    odd = planner.TrainingSpec(global_batch=1, seq_len=4095)
+    space = Space.of(cluster, long.blocks, options)
+    assert pin_problem({"tp": 2}, space, odd, options).startswith(
+        "fix.tp: the target needs the sequence length (4095) divisible by tp x 2 x cp, which an "
+        "odd length never is")
