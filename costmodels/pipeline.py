@@ -112,12 +112,16 @@ def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatche
 
 def one_f_one_b_floor_s(total_s: float, busiest_s: float, *, stages: int,
                         microbatches: int) -> float:
-    """At most ``one_f_one_b_s`` of any split of ``total_s`` over ``stages`` ranks whose busiest
-    takes at least ``busiest_s`` (the search's bound). The busiest rank s (time t >= busiest_s, D
-    after it, P = T - t - D before it) takes P + m t at least, and with m > p its two waits make
-    it T + (m - p + s) t + D at least: the mean of the two is T + (m - (p - s + 1) / 2) t. One
-    micro-batch crosses every rank: T."""
+    """At most ``one_f_one_b_s`` of any split of ``total_s`` (T) over ``stages`` (p) ranks whose
+    busiest takes at least ``busiest_s`` (the search's bound). With m > p, rank s (time t_s, D_s
+    after it, P_s = T - t_s - D_s before it) takes L_s >= T + D_s + (m - p + s) t_s (its two
+    waits), and also P_s + m t_s. For the busiest rank the mean of the two is
+    T + (m - (p - s + 1) / 2) t. Over all ranks, the weights w_s = u_s / (m - p + s) with
+    u_s = c (m - p - 1) / (m - p + s - 1), c = (m - 1) / p, are non-negative, add up to 1 and
+    give every t_i the coefficient c in sum_s w_s (D_s + (m - p + s) t_s), so some L_s is at
+    least T + c T = (m + p - 1) T / p: the balanced pipeline's time. One micro-batch crosses every
+    rank: T; the busiest runs m passes."""
     p, m, t = stages, microbatches, busiest_s
     if m > p:
-        return max(m * t, total_s + (m - (p + 1) / 2) * t)
+        return max(m * t, total_s + (m - (p + 1) / 2) * t, (m + p - 1) * total_s / p)
     return max(m * t, total_s)

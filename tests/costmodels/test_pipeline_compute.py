@@ -45,6 +45,9 @@ def test_1f1b_floor_is_below_the_rank_by_rank_form_of_every_split():
         floor = one_f_one_b_floor_s(total, max(total / p, rng.uniform(0, max(times))), stages=p,
                                     microbatches=m)
         assert floor <= one_f_one_b_s(fwd, bwd, microbatches=m) * (1 + 1e-12)
+    # with more micro-batches than ranks no split beats the balanced pipeline: (m + p - 1) T / p
+    assert one_f_one_b_floor_s(8.0, 1.0, stages=8, microbatches=9) == pytest.approx(16.0)
+    assert one_f_one_b_floor_s(4.0, 1.0, stages=4, microbatches=16) == pytest.approx(19.0)
 
 
 def test_unequal_stages_run_at_the_slowest():
