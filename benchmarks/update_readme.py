@@ -52,7 +52,12 @@ SECTIONS = [
      "longer per token than the linear growth of attention from the 1- and 2-rank rows "
      "predicts (the model follows that growth), and the H200 run reserved 18 GiB less than the "
      "same settings did on the H100s in December 2024 (torch 2.8 and torchtitan of June 2025; "
-     "Float8 all-gathers in FSDP save under 1 GiB). Earlier: with causal attention priced as "
+     "Float8 all-gathers in FSDP save under 1 GiB). The context-parallel rows are priced as "
+     "torch's templated ring runs them with its all-gather rotater: attention called per chunk "
+     "pair (unmasked pairs at full speed, so faster than a rank's share of one causal call), "
+     "partial outputs merged in fp32, fp32 key/value gradients passed around the ring; priced as "
+     "Transformer Engine's single gathered call (until 2026-12-03) the 4- and 8-rank rows read "
+     "+25.8% and +31.6%. Earlier: with causal attention priced as "
      "unmasked (until 2026-12-02) Table 1 read -3.3%, +1.2% and +4.5% at the data-sheet "
      "estimate; the compile rows fuse each transformer block only (`fused_scope=layers`; fused "
      "everywhere the compile row read +17.4%); FSDP2 keeps fp32 sharded parameters and "
@@ -120,7 +125,11 @@ SECTIONS = [
      "measured - 1: negative is a prediction that is too fast."),
     ("time", "planning_time.py",
      "**Planning time** of the whole `plan solve` command on this 2-core machine "
-     "(`benchmarks/planning_time.py`)."),
+     "(`benchmarks/planning_time.py`). The times move from run to run on this shared VM: on "
+     "2026-12-03 the DeepSeek-V3 search took 4.6, 4.6, 5.1, 5.4 and 6.5 s in five runs of this "
+     "version, and 3.9 and 5.0 s in two runs of the version before, each paired with one of them "
+     "(1F1B is now priced rank by rank, and its bound with no more micro-batches than stages is "
+     "looser: the search prices 12% more configurations here)."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "
