@@ -119,9 +119,13 @@ def one_f_one_b_floor_s(total_s: float, busiest_s: float, *, stages: int,
     T + (m - (p - s + 1) / 2) t. Over all ranks, the weights w_s = u_s / (m - p + s) with
     u_s = c (m - p - 1) / (m - p + s - 1), c = (m - 1) / p, are non-negative, add up to 1 and
     give every t_i the coefficient c in sum_s w_s (D_s + (m - p + s) t_s), so some L_s is at
-    least T + c T = (m + p - 1) T / p: the balanced pipeline's time. One micro-batch crosses every
-    rank: T; the busiest runs m passes."""
+    least T + c T = (m + p - 1) T / p: the balanced pipeline's time. With 2 <= m <= p, rank
+    q = p - m + 1 waits twice (L_q >= T + D_q + t_q) and every rank takes P_s + m t_s: weights v
+    on L_q and w_s = (v - W_s) / m on the ranks s <= p - m (W_s: the weight of the ranks after s
+    among them), v (2 - (1 - 1/m)^(p - m + 1)) = 1, give every t_i the coefficient 2 v, so
+    L >= 2 T / (2 - (1 - 1/m)^(p - m + 1)) (2 p T / (p + 1) at m = p): the least any split gives,
+    as a linear program over the splits finds. The busiest runs m passes."""
     p, m, t = stages, microbatches, busiest_s
     if m > p:
         return max(m * t, total_s + (m - (p + 1) / 2) * t, (m + p - 1) * total_s / p)
-    return max(m * t, total_s)
+    return max(m * t, 2 * total_s / (2 - (1 - 1 / m) ** (p - m + 1)))

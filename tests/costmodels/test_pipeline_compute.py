@@ -48,6 +48,11 @@ def test_1f1b_floor_is_below_the_rank_by_rank_form_of_every_split():
     # with more micro-batches than ranks no split beats the balanced pipeline: (m + p - 1) T / p
     assert one_f_one_b_floor_s(8.0, 1.0, stages=8, microbatches=9) == pytest.approx(16.0)
     assert one_f_one_b_floor_s(4.0, 1.0, stages=4, microbatches=16) == pytest.approx(19.0)
+    # with no more: the least a linear program over the splits finds (p = m = 8: 16/9 T)
+    assert one_f_one_b_floor_s(1.0, 0.125, stages=8, microbatches=8) == pytest.approx(16 / 9)
+    assert one_f_one_b_floor_s(1.0, 0.125, stages=8, microbatches=4) == pytest.approx(1.1346,
+                                                                                      abs=1e-4)
+    assert one_f_one_b_s([2.0 / 3, 0.0], [0.0, 1.0 / 3], microbatches=2) == pytest.approx(4 / 3)
 
 
 def test_unequal_stages_run_at_the_slowest():
