@@ -126,10 +126,8 @@ SECTIONS = [
     ("time", "planning_time.py",
      "**Planning time** of the whole `plan solve` command on this 2-core machine "
      "(`benchmarks/planning_time.py`). The times move from run to run on this shared VM: on "
-     "2026-12-03 the DeepSeek-V3 search took 4.6, 4.6, 5.1, 5.4 and 6.5 s in five runs of this "
-     "version, and 3.9 and 5.0 s in two runs of the version before, each paired with one of them "
-     "(1F1B is now priced rank by rank, and its bound with no more micro-batches than stages is "
-     "looser: the search prices 12% more configurations here)."),
+     "2026-12-03 the DeepSeek-V3 search took between 3.9 and 6.6 s over ten runs of the day's "
+     "versions (which price 1,587 to 1,778 of its configurations)."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "
