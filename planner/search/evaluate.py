@@ -24,6 +24,15 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
     """Split into stages (chunks), then price the step; raises InfeasibleError. ``splits``: a
     dict the calls of one search share, which keeps each split found (configurations that
     differ only in what the split does not depend on, 1F1B and ZB-H1 say, share it)."""
+    return placed_estimate(split_of(cfg, ma, costs, cluster, training, options, splits), cluster,
+                           options)
+
+
+def split_of(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
+             training: TrainingSpec, options: SearchOptions,
+             splits: dict | None = None) -> Split:
+    """The first half of ``evaluate``: the stage split that fits, before its ranks are placed
+    (Split.floor_s bounds what any placement gives); raises InfeasibleError."""
     capacity = capacity_bytes(cluster, options)
     mem = stage_memory(cfg, costs, ma, training, capacity)
     part = _partition(cfg, costs, mem, splits)
@@ -33,23 +42,39 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
         part = _partition(cfg, costs, dataclasses.replace(mem, capacity=capacity), splits)
     if part is None:
         raise InfeasibleError(_oom_message(cfg, mem), reason="out of memory")
-    # The split does not depend on placement; price each order and keep the faster.
-    orders = (PLACEMENTS if cfg.pp > 1 and cfg.dp > 1 and "placement" not in options.fix
-              else (options.fix.get("placement", cfg.placement),))
-    refused = pp_inner_refused(options, pp=cfg.pp, dp=cfg.dp, tp=cfg.tp, cp=cfg.cp, ep=cfg.ep,
-                               etp=cfg.etp, experts=bool(ma.work.num_experts.any()))
-    if refused:
-        orders = tuple(o for o in orders if o != "tp-pp-dp")
-        if not orders:
-            raise InfeasibleError(f"{cfg.short()}: {refused}", reason=refused)
-    # Memory does not depend on it either: a split that does not fit is not priced at all.
+    if not placements(cfg, ma, options):  # tp-pp-dp pinned and refused
+        refused = _refused(cfg, ma, options)
+        raise InfeasibleError(f"{cfg.short()}: {refused}", reason=refused)
+    # Memory does not depend on placement: a split that does not fit is not priced at all.
     split = Split(cfg, part.bounds, ma, costs, training)
     if split.peak_memory_bytes > capacity:
         raise InfeasibleError(f"{cfg.short()}: a rank needs {split.peak_memory_bytes / 1e9:.3g} GB",
                               reason="out of memory")
+    return split
+
+
+def placed_estimate(split: Split, cluster: Cluster, options: SearchOptions) -> Estimate:
+    """The second half of ``evaluate``: the split does not depend on placement, so each order
+    the search may choose is priced on it and the faster kept."""
+    cfg = split.cfg
     placed = [split.placed(cfg if o == cfg.placement else cfg.with_(placement=o), cluster)
-              for o in orders]
+              for o in placements(cfg, split.ma, options)]
     return split.estimate(min(placed, key=lambda p: p.step_time_s))
+
+
+def placements(cfg: Config, ma: ModelArrays, options: SearchOptions) -> tuple[str, ...]:
+    """The placements (rank orders) ``cfg`` may take: both with pipeline and data parallelism,
+    unless pinned or refused (planner.options.pp_inner_refused)."""
+    orders = (PLACEMENTS if cfg.pp > 1 and cfg.dp > 1 and "placement" not in options.fix
+              else (options.fix.get("placement", cfg.placement),))
+    if _refused(cfg, ma, options):
+        orders = tuple(o for o in orders if o != "tp-pp-dp")
+    return orders
+
+
+def _refused(cfg: Config, ma: ModelArrays, options: SearchOptions) -> str | None:
+    return pp_inner_refused(options, pp=cfg.pp, dp=cfg.dp, tp=cfg.tp, cp=cfg.cp, ep=cfg.ep,
+                            etp=cfg.etp, experts=bool(ma.work.num_experts.any()))
 
 
 def _partition(cfg: Config, costs: BlockCosts, mem: StageMemory, splits: dict | None):

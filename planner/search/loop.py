@@ -6,7 +6,12 @@ configuration of it: on one device type the chain split and closed forms (planne
 on device groups the group orders and per-device split (planner.search.hetero). Before pricing, a
 configuration whose weights alone cannot fit is set aside; the others are priced best-first, in
 increasing order of a lower bound (the pipeline on perfectly balanced stages, or the least any split
-gives for 1F1B, each block on its fastest device), until the next bound cannot enter the top k: the rest are dominated. The top k are then refined (exact stage assignment by CP-SAT where it applies, and
+gives for 1F1B, each block on its fastest device; the optimizer step; the data-parallel traffic no
+compute can hide: pricing.dp_floor_s), until the next bound cannot enter the top k: the rest are
+dominated. A configuration's stage split, found first, gives a tighter bound (Split.floor_s: the
+schedule on its real stages, the traffic per rank); when that puts it behind the next one in the
+queue it goes back in with it, so what is priced in full is mostly what can win (on device groups,
+where the split depends on the group order, each is priced at once). The top k are then refined (exact stage assignment by CP-SAT where it applies, and
 simulation of the schedule) and re-ranked. The simulation can find a schedule slower than its
 closed form (interleaved 1F1B over chunks of unequal time waits for the slowest rank of each chunk
 position), or faster (ZB-H1's weight gradients on unequal stages); so configurations whose closed
@@ -41,8 +46,8 @@ from costmodels.topology import HeteroCluster
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import hetero
 from planner.search.costs import ModelArrays, block_costs, capacity_bytes
-from planner.search.evaluate import evaluate
-from planner.search.pricing import DataParallelBytes, Estimate
+from planner.search.evaluate import placed_estimate, placements, split_of
+from planner.search.pricing import DataParallelBytes, Estimate, dp_floor_s, dp_rates
 from planner.search.refine import cpsat_budget_s, refine, simulated
 from planner.search.space import CostKey, Group, Space, enumerate_space
 from planner.trace.graph import BlockGraph
@@ -60,6 +65,9 @@ RETIME_MARGIN = 0.01
 search decides what to re-time: closed forms of neighbouring schedules (interleaved chunks, ZB-H1)
 differ from their simulations by a few tenths of a percent either way, more than the gaps between
 the best plans."""
+FLOOR_ROUNDING = 1e-8
+"""A stage split's bound (Split.floor_s) is taken this share lower: it sums in another order than
+the closed form it bounds, and ties are told apart at 9 significant digits (Estimate.rank)."""
 OUTCOMES = (OUT_OF_MEMORY, DOMINATED, SLOWER, TIME_LIMIT, RETIME_CAP)
 """What became of configurations the search counted; every other reason is a rule of the space
 (planner.search.space) that excluded a choice of knobs before it made a configuration."""
@@ -100,6 +108,7 @@ class _Pricer:
         self.bg, self.ma, self.cluster, self.training, self.options = bg, ma, cluster, training, options
         self.capacity = self.largest_capacity()
         self.splits: dict = {}  # stage splits found (evaluate)
+        self.rates: dict = {}  # data-parallel rates per mesh (dp_rates)
 
     def largest_capacity(self) -> float:
         """Usable bytes per GPU (of the largest device, on device groups)."""
@@ -124,9 +133,29 @@ class _Pricer:
         """Device-independent figures (parameters, activation bytes) from ``costs``."""
         return costs
 
-    def price(self, cfg: Config, costs) -> Estimate:
-        return evaluate(cfg, self.ma, costs, self.cluster, self.training, self.options,
+    def split(self, cfg: Config, costs):
+        """The stage split of ``cfg`` (evaluate.split_of; raises InfeasibleError), whose floor_s
+        bounds its step more tightly than the screen; None where pricing has no such half."""
+        return split_of(cfg, self.ma, costs, self.cluster, self.training, self.options,
                         self.splits)
+
+    def dp_rates(self, cfg: Config) -> list[tuple]:
+        """pricing.dp_rates of ``cfg``'s mesh under the placements it may take, found once per
+        mesh."""
+        key = (cfg.tp, cfg.dp, cfg.pp, cfg.cp, cfg.ep, cfg.etp, cfg.placement)
+        hit = self.rates.get(key)
+        if hit is None:
+            hit = self.rates[key] = dp_rates(cfg, self.cluster, self.training,
+                                             placements(cfg, self.ma, self.options))
+        return hit
+
+    def floor_s(self, split) -> float:
+        return split.floor_s(self.cluster.device, self.dp_rates(split.cfg))
+
+    def price(self, cfg: Config, costs, split=None) -> Estimate:
+        if split is None:
+            split = self.split(cfg, costs)
+        return placed_estimate(split, self.cluster, self.options)
 
     def refine(self, ranked: list[Estimate], deadline: float | None) -> list[Estimate]:
         def cost_of(cfg: Config):
@@ -153,7 +182,10 @@ class _GroupPricer(_Pricer):
     def one(self, costs):
         return costs[0]
 
-    def price(self, cfg: Config, costs) -> Estimate:
+    def split(self, cfg: Config, costs):
+        return None  # (hetero.best_order splits per group order)
+
+    def price(self, cfg: Config, costs, split=None) -> Estimate:
         return hetero.best_order(cfg, self.ma, self.cluster, self.training, self.options, costs)
 
     def refine(self, ranked: list[Estimate], deadline: float | None) -> list[Estimate]:
@@ -187,7 +219,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     top = _TopK(options.top_k + 1)
     # screen every configuration (its costs are shared by its group), then price best-first:
     # in increasing order of the lower bound, until the next bound cannot enter the top k
-    queue: list[tuple[float, int, Group, tuple]] = []
+    queue: list[tuple[float, int, Group, tuple, object]] = []  # (bound, order, ..., split)
     spare: list[tuple[float, int, Estimate]] = []  # every priced estimate (closed form)
     costs_of: dict[CostKey, object] = {}  # meshes of other pp and dp share a key's costs
     done = 0
@@ -200,27 +232,43 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         if costs is None:
             costs = costs_of[key] = pricer.costs(key)
         bounds = _Screen(group, costs, pricer, training).bounds()
-        queue.extend((bound, done + i, group, variant)
+        queue.extend((bound, done + i, group, variant, None)
                      for i, (variant, bound) in enumerate(zip(group.variants, bounds), 1)
                      if bound is not None)
         done += len(bounds)
         if None in bounds:
             rejected[OUT_OF_MEMORY] += bounds.count(None)
-    # the queue in increasing (bound, enumeration order): popped as far as it is priced
+    # the queue in increasing (bound, enumeration order): popped as far as it is priced; a
+    # configuration's stage split gives a tighter bound (Split.floor_s), with which it goes back
+    # into the queue when that puts it behind the next one
     heapq.heapify(queue)
-    queued = len(queue)
-    for i in range(queued):
-        bound, order, group, variant = queue[0]
-        if progress and i % 64 == 0:
-            progress(i, queued)
+    queued, settled = len(queue), 0  # settled: priced, or found not to fit
+    while queue:
+        bound, order, group, variant, split = queue[0]
+        if progress and settled % 64 == 0:
+            progress(settled, queued)
         if top.full and bound > top.worst:  # (an equal time may still rank first: less memory)
-            rejected[DOMINATED] += queued - i
+            rejected[DOMINATED] += len(queue)
             break
         if deadline is not None and top.priced and time.perf_counter() > deadline:
-            rejected[TIME_LIMIT] += queued - i
+            rejected[TIME_LIMIT] += len(queue)
             break
         heapq.heappop(queue)
-        est = _price_queued(group, variant, costs_of, pricer, rejected)
+        if split is None:
+            try:
+                split = pricer.split(_config(group, variant, costs_of, pricer),
+                                     costs_of[group.key])
+            except InfeasibleError as exc:
+                rejected[exc.reason] += 1
+                settled += 1
+                continue
+            if split is not None:
+                floor = pricer.floor_s(split) * (1.0 - FLOOR_ROUNDING)
+                if queue and floor > queue[0][0]:
+                    heapq.heappush(queue, (floor, order, group, variant, split))
+                    continue
+        settled += 1
+        est = _price_queued(group, variant, costs_of, pricer, rejected, split)
         if est is None:
             continue
         if not top.offer(est, order):
@@ -248,13 +296,19 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
                         time_s=time.perf_counter() - t0, gap=gap)
 
 
-def _price_queued(group: Group, variant: tuple, costs_of: dict, pricer,
-                  rejected: Counter) -> Estimate | None:
-    """A queued configuration priced, or None (its reason counted) when it cannot run."""
+def _config(group: Group, variant: tuple, costs_of: dict, pricer) -> Config:
+    """A queued configuration (with its group's costs' K/V exchange under context
+    parallelism)."""
     costs = costs_of[group.key]
-    cfg = group.config(variant, pricer.one(costs).cp_comm if group.key.cp > 1 else None)
+    return group.config(variant, pricer.one(costs).cp_comm if group.key.cp > 1 else None)
+
+
+def _price_queued(group: Group, variant: tuple, costs_of: dict, pricer,
+                  rejected: Counter, split=None) -> Estimate | None:
+    """A queued configuration priced (on its stage split when found already), or None (its
+    reason counted) when it cannot run."""
     try:
-        return pricer.price(cfg, costs)
+        return pricer.price(_config(group, variant, costs_of, pricer), costs_of[group.key], split)
     except InfeasibleError as exc:
         rejected[exc.reason] += 1
         return None
@@ -274,9 +328,9 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
     while True:
         reach = best / (1.0 - max(0.0, min(faster, 0.5)))  # closed forms that may simulate below
         while queue and queue[0][0] < reach and (not spare or queue[0][0] < spare[0][0]):
-            _, order, group, variant = heapq.heappop(queue)
+            _, order, group, variant, split = heapq.heappop(queue)
             rejected[DOMINATED] -= 1
-            est = _price_queued(group, variant, costs_of, pricer, rejected)
+            est = _price_queued(group, variant, costs_of, pricer, rejected, split)
             if est is None:
                 continue
             top.priced += 1
@@ -333,14 +387,16 @@ class _Screen:
     """The memory screen and the lower bound of one group's configurations. They share the
     costs, the mesh and the micro-batch, so each part is found once for the knobs it depends on:
     the memory screen per (ZeRO stage, offload, GPipe or not), the pipeline bound per (schedule,
-    vpp), the optimizer bound per (ZeRO stage, offload)."""
+    vpp), the bound of the optimizer step and the data-parallel traffic per (ZeRO stage,
+    offload)."""
 
     def __init__(self, group: Group, costs, pricer: _Pricer, training: TrainingSpec):
         self.group, self.pricer, self.training = group, pricer, training
-        self.params, self.acts, self.total_s, self.slowest_s, self.fwd_s = _totals(
-            pricer, costs, group.key.tp)
+        (self.params, self.acts, self.total_s, self.slowest_s, self.fwd_s, self.experts,
+         self.compute_s) = _totals(pricer, costs, group.key.tp)
         base = group.config(group.variants[0])
         self.replicas, self.edp = base.dp * base.cp, base.edp
+        self.dp_rates = [] if isinstance(pricer, _GroupPricer) else pricer.dp_rates(base)
 
     def bounds(self) -> list[float | None]:
         """Per variant (Group.variants): a lower bound of its step time, None when it cannot fit
@@ -362,7 +418,8 @@ class _Screen:
                 pipe = pipeline_s[schedule, vpp] = self.pipeline_bound_s(schedule, vpp)
             opt = optimizer_s.get((zero, offload))
             if opt is None:
-                opt = optimizer_s[zero, offload] = self.optimizer_bound_s(zero, offload)
+                opt = optimizer_s[zero, offload] = (self.optimizer_bound_s(zero, offload)
+                                                    + self.dp_bound_s(zero))
             out.append(pipe + opt)
         return out
 
@@ -396,6 +453,14 @@ class _Screen:
         if schedule == "1f1b":  # priced rank by rank (pipeline.one_f_one_b_s)
             return pipeline.one_f_one_b_floor_s(total_s, t, stages=pp, microbatches=m)
         return total_s + (m - 1) * t
+
+    def dp_bound_s(self, zero: int) -> float:
+        """A lower bound of the exposed data-parallel traffic (pricing.dp_floor_s at the ranks'
+        means: 1/pp of the dense and expert parameters and of the compute); 0 on device
+        groups."""
+        pp = self.group.pp
+        return float(dp_floor_s(zero, self.group.num_microbatches, (self.params - self.experts) / pp,
+                                self.experts / pp, self.compute_s / pp, self.dp_rates))
 
     def optimizer_bound_s(self, zero: int, offload: bool) -> float:
         """A lower bound of the optimizer step: the busiest rank holds at least 1/pp of the
@@ -446,21 +511,27 @@ def _in_flight_spread(pp: int, m: int, gpipe: bool) -> tuple[int, float]:
 _TOTALS: dict = {}
 
 
-def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, float, float, float, float]:
+def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, ...]:
     """(parameters held per tp rank, one micro-batch's activation bytes over the model, the
     blocks' seconds on their fastest devices: in all and the slowest block's, and the forward
-    seconds of the fastest device's blocks: 0 on device groups) of ``costs``, computed once per
-    costs object (the last few kept)."""
+    seconds of the fastest device's blocks, the routed experts' parameters per tp rank, and the
+    compute of one micro-batch through every block with its gradient accumulation (at least
+    what Split.rank_compute_s adds up): these three 0 on device groups) of ``costs``, computed
+    once per costs object (the last few kept)."""
     key = id(costs)
     hit = _TOTALS.get(key)
     if hit is None or hit[0] is not costs:
         if len(_TOTALS) > 64:
             _TOTALS.clear()
         fastest = pricer.fastest_s(costs)
-        forward = 0.0 if isinstance(pricer, _GroupPricer) else float(costs.fwd_s.sum())
+        one_type = not isinstance(pricer, _GroupPricer)
+        forward = float(costs.fwd_s.sum()) if one_type else 0.0
+        experts_ = float(costs.expert_params_local.sum()) if one_type else 0.0
+        compute_s = float(np.sum(costs.compute_s + costs.recompute_s + costs.accumulate_s)
+                          ) if one_type else 0.0
         hit = _TOTALS[key] = (costs, pricer.params(costs, tp),
                               float(pricer.one(costs).act_bytes.sum()), float(fastest.sum()),
-                              float(fastest.max()), forward)
+                              float(fastest.max()), forward, experts_, compute_s)
     return hit[1:]
 
 

@@ -136,6 +136,7 @@ class Split:
         self.ranks = RankMemory(cfg, bounds, self.act, ma, costs, training)
         self.rank_compute_s = rank_totals(self.compute_s, cfg.pp)
         self.rank_backward_s = self.rank_compute_s - rank_totals(self.fwd_s, cfg.pp)
+        self._optimizer_s: float | None = None
 
     def per_chunk(self, x: np.ndarray) -> np.ndarray:
         """Sums of a per-block array over each chunk's blocks."""
@@ -144,6 +145,37 @@ class Split:
     @property
     def peak_memory_bytes(self) -> float:
         return self.ranks.peak
+
+    def floor_s(self, device, rates: list[tuple]) -> float:
+        """At most the step ``placed`` gives under any placement: the schedule's closed form on
+        the chunks without what placement adds to them (sends, expert dispatch; each form grows
+        with every chunk's time, and 1F1B's with each rank's forward and backward parts), plus
+        the optimizer step, which placement leaves alone. ZB-H1 takes back at most the busiest
+        weight gradients of any rank (closed_form takes the slowest rank's). The data-parallel
+        traffic adds its floor under the best of the placements whose ``rates`` (dp_rates) are
+        given (dp_floor_s)."""
+        cfg = self.cfg
+        pp, m = cfg.pp, cfg.num_microbatches
+        time_s = rank_totals(self.compute_s + self.tp_s + self.cp_s, pp).tolist()
+        fwd, wgrad = None, 0.0
+        if cfg.schedule == "1f1b":
+            share = pipeline.forward_comm_share(cfg.recompute)
+            fwd = rank_totals(self.fwd_s + share * (self.tp_s + self.cp_s), pp).tolist()
+        elif cfg.schedule == "zb-h1":
+            wgrad = float(rank_totals(self.wgrad_s, pp).max())
+        pipe_s = pipeline.step_time_s(time_s, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp,
+                                      wgrad_s=wgrad, fwd_s=fwd)
+        ranks = self.ranks
+        dp_s = dp_floor_s(cfg.zero, m, ranks.params - ranks.expert_params, ranks.expert_params,
+                          self.rank_compute_s, rates)
+        return pipe_s + float(np.max(dp_s, initial=0.0)) + self.optimizer_s(device)
+
+    def optimizer_s(self, device) -> float:
+        """The optimizer step of the slowest rank on ``device`` (found once: a search prices a
+        split on one device type)."""
+        if self._optimizer_s is None:
+            self._optimizer_s = _optimizer_s(self.cfg, self, device, self.training)
+        return self._optimizer_s
 
     def placed(self, cfg: Config, cluster: Cluster) -> "Placed":
         """The step under ``cfg``'s placement (``cfg`` is this split's, placement aside)."""
@@ -501,12 +533,7 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     (per rank as numpy arrays)."""
     group = placement.dp_group(cfg, cluster)
     expert_group = placement.edp_group(cfg, cluster)
-    states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                      zero=0, dp=1, layout=training.engine.state_layout)
     per = DataParallelBytes.of(training)
-    traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
-                                             layout=training.engine.state_layout)
-    refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
     ranks = split.ranks
     params, expert_params = ranks.params, ranks.expert_params
     compute_s, backward_s = split.rank_compute_s, split.rank_backward_s
@@ -538,7 +565,74 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
             exposed = exposed + np.array([fsdp_copies_s(cfg, n, per, cluster.device,
                                                         pipelined=pipelined, replicas=cfg.edp)
                                           for n in expert_params.tolist()])
-    dp_s = max(0.0, float(np.max(exposed)))
+    return max(0.0, float(np.max(exposed))), split.optimizer_s(cluster.device)
+
+
+def dp_rates(cfg: Config, cluster: Cluster, training: TrainingSpec, orders) -> list[tuple]:
+    """Per placement of ``orders``: (all-gather, reduce-scatter, all-reduce) seconds per dense
+    parameter over its data-parallel group, the same per routed-expert parameter over theirs,
+    latencies left out (dp_floor_s); none under the pipelining schedules' FSDP2
+    (fsdp_pipelined), which reduces once, after every backward."""
+    if fsdp_pipelined(cfg, training):
+        return []
+    per = DataParallelBytes.of(training)
+    out = []
+    for order in orders:
+        c = cfg if order == cfg.placement else cfg.with_(placement=order)
+        rates: tuple = ()
+        for group in (placement.dp_group(c, cluster), placement.edp_group(c, cluster)):
+            rates += (_per_byte_s(comm.allgather_s, group, cluster) * per.weights,
+                      _per_byte_s(comm.reduce_scatter_s, group, cluster) * per.grads,
+                      _per_byte_s(comm.allreduce_s, group, cluster) * per.grads)
+        out.append(rates)
+    return out
+
+
+def dp_floor_s(zero: int, microbatches: int, dense, experts_, compute_s, rates: list[tuple]):
+    """At most the data-parallel traffic ``_dp_and_optimizer_s`` exposes on a pipeline rank
+    holding ``dense`` and ``experts_`` parameters with ``compute_s`` seconds of compute per
+    micro-batch (numbers, or numpy arrays over ranks), under the best of the placements whose
+    ``rates`` (dp_rates) are given: every window that hides a collective (exposed_dp_s,
+    windows_left) lies within the rank's compute, so each collective exposes at least its time
+    beyond that compute, and without its latencies each is linear in the parameters. The floor
+    is convex in (dense, experts_, compute_s), so its value at the ranks' means is at most the
+    mean of theirs: the search's screen prices it so before a split is known."""
+    m = microbatches
+    best = 0.0 * compute_s
+    for i, (g_d, s_d, r_d, g_e, s_e, r_e) in enumerate(rates):
+        total = 0.0 * compute_s
+        for params, gather, scatter, reduce in ((dense, g_d, s_d, r_d),
+                                                (experts_, g_e, s_e, r_e)):
+            if zero == 3:  # gathered before every forward and backward, reduced after it
+                total = total + m * np.maximum(0.0, (2 * gather + scatter) * params - compute_s)
+            elif zero == 2:  # reduced after every backward, gathered after the update
+                total = total + (m * np.maximum(0.0, scatter * params - compute_s)
+                                 + np.maximum(0.0, gather * params - compute_s))
+            elif zero == 1:
+                total = total + (np.maximum(0.0, scatter * params - compute_s)
+                                 + np.maximum(0.0, gather * params - compute_s))
+            else:
+                total = total + np.maximum(0.0, reduce * params - compute_s)
+        best = total if i == 0 else np.minimum(best, total)
+    return best
+
+
+def _per_byte_s(collective, group, cluster: Cluster) -> float:
+    """Seconds per byte of ``collective`` on ``group`` (its time less its latencies)."""
+    return collective(1.0, group, cluster) - collective(0.0, group, cluster)
+
+
+def _optimizer_s(cfg: Config, split: Split, device, training: TrainingSpec) -> float:
+    """The optimizer update of the slowest rank, the FP8 weight copies' refresh included."""
+    states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                      zero=0, dp=1, layout=training.engine.state_layout)
+    per = DataParallelBytes.of(training)
+    traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
+                                             layout=training.engine.state_layout)
+    refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
+    ranks = split.ranks
+    params, expert_params = ranks.params, ranks.expert_params
+    dense = params - expert_params
     dense_shard = cfg.dp * cfg.cp if cfg.zero >= 1 else 1
     expert_shard = cfg.edp if cfg.zero >= 1 else 1
     local = dense / dense_shard + expert_params / expert_shard
@@ -547,15 +641,15 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     if cfg.offload_optimizer:
         # gradients leave as the layout keeps them, 16-bit weights come back
         step = compute.offloaded_optimizer_step_s(
-            params / shard, cluster.device, traffic_bytes_per_param=traffic,
+            params / shard, device, traffic_bytes_per_param=traffic,
             grad_bytes=per.grads, weight_bytes=per.weights)
     else:
-        step = compute.optimizer_step_s(params / shard, cluster.device,
+        step = compute.optimizer_step_s(params / shard, device,
                                         traffic_bytes_per_param=traffic,
                                         dtensor_params=ranks.dtensors)
     # the FP8 copies of the layers' weights, refreshed after the update
-    step = step + (params - ranks.outer_params) * refresh_b / cluster.device.memory_bytes_per_s
-    return dp_s, max(0.0, float(np.max(step)))
+    step = step + (params - ranks.outer_params) * refresh_b / device.memory_bytes_per_s
+    return max(0.0, float(np.max(step)))
 
 
 def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, *,
