@@ -87,7 +87,8 @@ def step_time_s(rank_times_s: Sequence[float], *, microbatches: int, schedule: s
     return step
 
 
-def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatches: int) -> float:
+def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatches: int,
+                  sends_s: Sequence[float] | None = None) -> float:
     """1F1B's step from each rank's forward and backward time of one micro-batch: the most any
     rank s must take. Rank s runs k = min(p - s, m) forwards before its first backward (the
     schedule's warm-up and one). It starts once micro-batch 0 has crossed the ranks before it,
@@ -95,18 +96,27 @@ def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatche
     sum of their F + B): before its first backward for micro-batch 0's, beyond its k - 1 further
     forwards; and, with m > k, after its last forward for the last micro-batch's, beyond its
     k - 1 backwards still due. Its last backward's gradient then crosses the ranks before it.
+    And with k in flight it starts micro-batch i + k only after micro-batch i came back: a chain
+    of ceil(m / k) round trips F_s + D_s + B_s between the same crossings.
     Equal stages give (m + p - 1) t; on unequal ones it never exceeds the event-by-event
-    simulation (planner.schedule.simulator), which can be less (tests/costmodels)."""
+    simulation (planner.schedule.simulator), which can be less (tests/costmodels).
+    ``sends_s``: one send's seconds over each cut between neighbouring ranks (p - 1 values; an
+    activation forward or its gradient back): micro-batch 0 crosses the cuts before s on its way
+    in and its gradient on its way back, and a round trip crosses every cut after s both ways."""
     p, m = len(fwd_s), microbatches
+    sends = list(sends_s) if sends_s is not None else [0.0] * (p - 1)
     step, after = 0.0, 0.0  # after: D_s, the round trip through the ranks after s
-    before_f, before_b = sum(fwd_s), sum(bwd_s)
+    before_f, before_b = sum(fwd_s) + sum(sends), sum(bwd_s) + sum(sends)
     for s in reversed(range(p)):
         f, b = fwd_s[s], bwd_s[s]
         before_f, before_b = before_f - f, before_b - b
         k = min(p - s, m)
         wait = max(0.0, after - (k - 1) * f) + (max(0.0, after - (k - 1) * b) if m > k else 0.0)
-        step = max(step, before_f + m * (f + b) + wait + before_b)
-        after += f + b
+        step = max(step, before_f + m * (f + b) + wait + before_b,
+                   before_f + -(-m // k) * (f + after + b) + before_b)
+        into = sends[s - 1] if s > 0 else 0.0  # the cut into rank s
+        before_f, before_b = before_f - into, before_b - into
+        after += f + b + 2 * into
     return step
 
 

@@ -327,7 +327,9 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_
     link), and one micro-batch's passes before and after them (under GPipe every micro-batch's
     forward crosses a cut before the first backward does: twice the sends); under 1F1B and ZB-H1,
     whose first rank holds pp micro-batches at most, every pp-th micro-batch waits for the round
-    trip of the one before, sends included. The schedule's simulation (refine.simulated), which
+    trip of the one before, sends included; and 1F1B's rank-by-rank form counts the sends in
+    each rank's waits for the round trip through the ranks after it (pipeline.one_f_one_b_s with
+    ``sends_s``). The schedule's simulation (refine.simulated), which
     times the plans the search keeps, overlaps sends with other passes' compute and queues them
     on their links, and exposes at least that much: this closed form stays at or below it where
     the sends are concerned, so that the search re-times every configuration that could beat the
@@ -378,7 +380,12 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_
             k = min(pp, m)
             trip = float(np.sum(time_s)) - held_back
             floor = max(floor, -(-m // k) * (trip + 2 * float(np.sum(cut_s))))
-        breakdown["pp_comm_s"] = max(breakdown["pp_comm_s"], floor - pipe_s)
+        if cfg.vpp == 1 and cfg.schedule == "1f1b":  # rank by rank, each wait with its sends
+            floor = max(floor, pipeline.one_f_one_b_s(
+                fwd, (rank_time - np.asarray(fwd)).tolist(), microbatches=m,
+                sends_s=cut_s.tolist()))
+        if floor - pipe_s > breakdown["pp_comm_s"] * (1 + 1e-9):  # (not by rounding alone)
+            breakdown["pp_comm_s"] = floor - pipe_s
     breakdown["straggler_s"] = excess * (breakdown["compute_s"] + opt_s)
     return pipe_s + breakdown["pp_comm_s"] + dp_s + opt_s + breakdown["straggler_s"], breakdown
 

@@ -278,3 +278,26 @@ def test_1f1b_rank_by_rank_form_is_at_or_below_its_simulation_and_close():
         assert form <= sim * (1 + 1e-9)
         under, over = max(under, 1 - form / sim), max(over, steady / sim - 1)
     assert under < 0.03 and over > 0.15
+
+
+def test_1f1b_form_with_sends_is_at_or_below_its_simulation():
+    """With sends between ranks (slow links), pipeline.one_f_one_b_s counts them in each rank's
+    waits and in its chain of round trips: never above the event-by-event 1F1B, whose links
+    carry one send at a time, and well above the form without sends plus one micro-batch's
+    sends there and back (what pricing counted before) where round trips set the pace."""
+    import random
+
+    rng = random.Random(3)
+    gain = 0.0
+    for _ in range(1500):
+        p, m = rng.choice([2, 3, 4, 6, 8]), rng.choice([1, 2, 4, 8, 16, 32, 64])
+        fwd = [rng.uniform(0.2, 1.3) for _ in range(p)]
+        bwd = [2 * f * rng.uniform(0.5, 1.5) for f in fwd]
+        sends = [rng.choice([0.0, rng.uniform(0, 0.3), rng.uniform(0, 3)]) for _ in range(p - 1)]
+        sim = simulate(build_actions("1f1b", p, m), microbatches=m, fwd_s=fwd, bwd_s=bwd,
+                       p2p_s=sends, timeline=False).step_time_s
+        form = pipeline.one_f_one_b_s(fwd, bwd, microbatches=m, sends_s=sends)
+        assert form <= sim * (1 + 1e-9)
+        gain = max(gain, form / (pipeline.one_f_one_b_s(fwd, bwd, microbatches=m)
+                                 + 2 * sum(sends)) - 1)
+    assert gain > 0.5

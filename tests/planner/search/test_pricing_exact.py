@@ -188,6 +188,11 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
                  "tp_comm_s": m * sum(st.tp_comm_s for st in mine),
                  "pp_comm_s": sum(st.p2p_s for st in stages),
                  "dp_comm_s": dp_s, "optimizer_s": opt_s}
+    if cfg.schedule == "1f1b" and cfg.vpp == 1 and cuts:  # each rank's waits with their sends
+        with_sends = pipeline.one_f_one_b_s(fwd, [t - f for t, f in zip(rank_time, fwd)],
+                                            microbatches=m, sends_s=cuts)
+        if with_sends - pipe_s > breakdown["pp_comm_s"] * (1 + 1e-9):
+            breakdown["pp_comm_s"] = with_sends - pipe_s
     if cfg.cp > 1:
         breakdown["cp_comm_s"] = m * sum(st.cp_comm_s for st in mine)
     if cfg.ep * cfg.etp > 1:
