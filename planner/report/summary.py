@@ -214,7 +214,7 @@ def _search(p: Plan) -> list[str]:
               "fixed": "configuration fixed"}.get(s["status"], s["status"])
     rejected = s.get("rejected", {})
     if s["status"] == "feasible" and rejected.get(RETIME_CAP) and not rejected.get(TIME_LIMIT):
-        status = (f"best found (re-timing cap: {RETIME_MAX} more configurations simulated; a plan "
+        status = (f"best found (re-timing cap: {RETIME_MAX} more schedules simulated; a plan "
                   "among those left might simulate faster)")
     lines = [f"  search: {s['candidates']} configurations, {s.get('evaluated', 0)} priced{timing}; "
              f"{status}"] + ([f"  set aside: {aside}"] if aside else []) + (

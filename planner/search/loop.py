@@ -48,7 +48,7 @@ from planner.search import hetero
 from planner.search.costs import ModelArrays, block_costs, capacity_bytes
 from planner.search.evaluate import placed_estimate, placements, split_of
 from planner.search.pricing import DataParallelBytes, Estimate, dp_floor_s, dp_rates
-from planner.search.refine import cpsat_budget_s, refine, simulated
+from planner.search.refine import cpsat_budget_s, pipeline_key, refine, simulated
 from planner.search.space import CostKey, Group, Space, enumerate_space
 from planner.trace.graph import BlockGraph
 
@@ -58,8 +58,9 @@ DOMINATED = "dominated (bound)"
 SLOWER = "slower than the top k"
 RETIME_CAP = "not simulated (re-timing cap)"
 RETIME_MAX = 150
-"""Configurations beyond the top k a search re-times by simulation at most (see the docstring);
-past it the status is ``feasible`` and those left in reach count as RETIME_CAP."""
+"""Simulations beyond the top k a search runs at most to re-time configurations (see the
+docstring; configurations that differ only in ZeRO stage or offload share one); past it the
+status is ``feasible`` and those left in reach count as RETIME_CAP."""
 RETIME_MARGIN = 0.01
 """The least share below its closed form a configuration's simulation is taken to reach when the
 search decides what to re-time: closed forms of neighbouring schedules (interleaved chunks, ZB-H1)
@@ -321,10 +322,12 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
     priced estimates of ``spare`` (not yet simulated) and the configurations left in ``queue``
     (dominated by the top k's closed forms) simulated while their closed form (their bound,
     before pricing), less the largest share by which a simulation came out faster than its
-    closed form so far (``faster``, from the top k on), is below the best simulated step."""
+    closed form so far (``faster``, from the top k on), is below the best simulated step.
+    RETIME_MAX counts distinct simulations (refine.pipeline_key)."""
     heapq.heapify(spare)
     best = ranked[0].step_time_s if ranked else float("inf")
     done = 0
+    runs: dict = {}
     while True:
         reach = best / (1.0 - max(0.0, min(faster, 0.5)))  # closed forms that may simulate below
         while queue and queue[0][0] < reach and (not spare or queue[0][0] < spare[0][0]):
@@ -346,8 +349,8 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
             rejected[RETIME_CAP if done >= RETIME_MAX else TIME_LIMIT] += priced + bound
             return sorted(ranked, key=lambda e: e.rank), True
         closed = heapq.heappop(spare)[2]
-        est = simulated(closed, training)
-        done += 1
+        done += pipeline_key(closed) not in runs  # (ZeRO or offload alone: simulated already)
+        est = simulated(closed, training, runs)
         faster = max(faster, 1.0 - est.step_time_s / closed.step_time_s)
         if est.peak_memory_bytes <= pricer.capacity:
             ranked.append(est)

@@ -94,8 +94,11 @@ def repriced(est: Estimate, bg: BlockGraph, cluster: Cluster, training: Training
     return simulated(price(cfg, bounds, ma, costs, cluster, training), training)
 
 
-def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
-    """``est`` with its pipeline time and activation memory taken from a simulation."""
+def simulated(est: Estimate, training: TrainingSpec, runs: dict | None = None) -> Estimate:
+    """``est`` with its pipeline time and activation memory taken from a simulation. ``runs``: a
+    dict the calls of one search share, keyed by the simulation's inputs (pipeline_key):
+    configurations that differ only in what the pipeline does not see (ZeRO stage, offload)
+    are simulated once."""
     cfg = est.config
     m = cfg.num_microbatches
     # collectives inside a chunk (tp all-reduces, cp K/V exchange, expert dispatch)
@@ -105,8 +108,14 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
     wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]
     bwd = [st.compute_s - st.fwd_s + (1 - tp_fwd) * _inside_comm_s(st) - w
            for st, w in zip(est.stages, wgrad)]
-    step_s, peaks = _simulated_step(cfg, fwd, bwd, wgrad, est.cut_p2p_s or 0.0,
-                                    [st.act_bytes for st in est.stages])
+    act = [st.act_bytes for st in est.stages]
+    sim_key = pipeline_key(est) if runs is not None else None
+    hit = runs.get(sim_key) if sim_key is not None else None
+    if hit is None:
+        hit = _simulated_step(cfg, fwd, bwd, wgrad, est.cut_p2p_s or 0.0, act)
+        if sim_key is not None:
+            runs[sim_key] = hit
+    step_s, peaks = hit
     stages = [dataclasses.replace(st) for st in est.stages]
     for r in range(cfg.pp):
         mine = [st for st in stages if st.rank == r]
@@ -128,7 +137,12 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
     bd["bubble_s"] = idle_s(step_s, m * busy[slow])
     if est.stages[0].group and est.cut_p2p_s:  # device groups, sites: sends across slow links
         # are told apart from the bubble: the same schedule simulated with free sends
-        free_s, _ = _simulated_step(cfg, fwd, bwd, wgrad, 0.0, [st.act_bytes for st in stages])
+        free = runs.get((sim_key, "free")) if sim_key is not None else None
+        if free is None:
+            free = _simulated_step(cfg, fwd, bwd, wgrad, 0.0, act)
+            if sim_key is not None:
+                runs[sim_key, "free"] = free
+        free_s = free[0]
         bd["pp_comm_s"] = min(bd["bubble_s"], max(0.0, step_s - free_s))
         bd["bubble_s"] -= bd["pp_comm_s"]
     bd["straggler_s"] = est.straggler_excess * (bd["compute_s"] + bd["optimizer_s"])
@@ -137,6 +151,15 @@ def simulated(est: Estimate, training: TrainingSpec) -> Estimate:
         step_time_s=step_s + bd["dp_comm_s"] + bd["optimizer_s"] + bd["straggler_s"],
         breakdown=bd, peak_memory_bytes=max(st.memory["total"] for st in stages),
         timing="simulated")
+
+
+def pipeline_key(est: Estimate) -> tuple:
+    """What ``simulated`` simulates of ``est``: the schedule, its shape, and per chunk the
+    passes, sends and activations (equal keys, equal simulations)."""
+    cfg = est.config
+    return (cfg.schedule, cfg.pp, cfg.vpp, cfg.num_microbatches, cfg.recompute,
+            tuple((st.fwd_s, st.compute_s, _inside_comm_s(st), weight_grad_s(st), st.act_bytes)
+                  for st in est.stages), tuple(est.cut_p2p_s or ()), bool(est.stages[0].group))
 
 
 def _inside_comm_s(st) -> float:

@@ -142,3 +142,32 @@ def test_long_steps_extrapolate_from_steps_of_their_own_remainder(monkeypatch, m
     monkeypatch.setattr(refine, "SIM_EXACT", 10_000)
     exact, _ = refine._simulated_step(cfg, *args)
     assert step == pytest.approx(exact, rel=1e-9)
+
+
+def test_configurations_alike_in_their_pipeline_are_simulated_once(tiny_llama):
+    """ZeRO stages of one layout share their pipeline: simulated once through a shared ``runs``
+    dict, with what simulating each alone gives (the optimizer and data-parallel parts still
+    their own)."""
+    from planner.options import Config
+    from planner.search.costs import ModelArrays, config_costs
+    from planner.search.evaluate import evaluate
+    from planner.search.refine import pipeline_key, simulated
+    cl = load_cluster("dgx-h100", nodes=2)
+    tr = TrainingSpec(global_batch=32, seq_len=tiny_llama.seq_len)
+    ma = ModelArrays.from_blocks(tiny_llama.blocks)
+    ests = []
+    options = SearchOptions(fix=parse_fix("placement=tp-dp-pp"))  # (the same sends)
+    for zero in (0, 1, 2):
+        cfg = Config(dp=4, tp=1, pp=4, micro_batch=1, num_microbatches=8, schedule="1f1b",
+                     recompute="none", zero=zero, placement="tp-dp-pp")
+        ests.append(evaluate(cfg, ma, config_costs(ma, cl, tr, cfg), cl, tr, options))
+    assert len({pipeline_key(e) for e in ests}) == 1
+    runs: dict = {}
+    shared = [simulated(e, tr, runs) for e in ests]
+    assert len(runs) == 1
+    alone = [simulated(e, tr) for e in ests]
+    assert [s.step_time_s for s in shared] == [a.step_time_s for a in alone]
+    assert len({a.step_time_s for a in alone}) > 1  # ZeRO still tells them apart
+    other = ests[0].config.with_(num_microbatches=4, micro_batch=2)
+    est = evaluate(other, ma, config_costs(ma, cl, tr, other), cl, tr, options)
+    assert pipeline_key(est) != pipeline_key(ests[0])
