@@ -97,12 +97,12 @@ def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatche
     forwards; and, with m > k, after its last forward for the last micro-batch's, beyond its
     k - 1 backwards still due. Its last backward's gradient then crosses the ranks before it.
     And with k in flight it starts micro-batch i + k only after micro-batch i came back: a chain
-    of ceil(m / k) round trips F_s + D_s + B_s between the same crossings. In the steady state
-    of a pair of neighbours (s, s + 1), rank s + 1 runs B(i) after F(i + k - 2) and rank s runs
-    F(i + k) after B(i), so the activation of micro-batch i + k leaves at least 2 c + F_s + B_s +
-    F_(s+1) + B_(s+1) after that of i + k - 2 (c: a send over the cut between them): a chain of
-    floor((m - k + 1) / 2) such cycles after rank s's first k - 1 forwards, which slow links
-    (sends as long as the passes) make the pace of the whole pipeline.
+    of ceil(m / k) round trips F_s + D_s + B_s between the same crossings. The same holds part
+    of the way (m >= p - s): rank s + e runs B(i) after F(i + k - e - 1), and rank s runs
+    F(i + k) after B(i), so micro-batch i + k leaves rank s at least a cycle after i + k - e - 1
+    did: F_s + B_s and the passes and sends there and back through ranks s + 1 .. s + e; a
+    chain of floor((m - k + e) / (e + 1)) cycles after rank s's first k - e forwards, which
+    slow links (sends as long as the passes) make the pace of the whole pipeline.
     Equal stages give (m + p - 1) t; on unequal ones it never exceeds the event-by-event
     simulation (planner.schedule.simulator), which can be less (tests/costmodels).
     ``sends_s``: one send's seconds over each cut between neighbouring ranks (p - 1 values; an
@@ -112,7 +112,6 @@ def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatche
     sends = list(sends_s) if sends_s is not None else [0.0] * (p - 1)
     step, after = 0.0, 0.0  # after: D_s, the round trip through the ranks after s
     before_f, before_b = sum(fwd_s) + sum(sends), sum(bwd_s) + sum(sends)
-    nxt = (0.0, 0.0)  # (F, B) of rank s + 1
     for s in reversed(range(p)):
         f, b = fwd_s[s], bwd_s[s]
         before_f, before_b = before_f - f, before_b - b
@@ -120,11 +119,15 @@ def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatche
         wait = max(0.0, after - (k - 1) * f) + (max(0.0, after - (k - 1) * b) if m > k else 0.0)
         step = max(step, before_f + m * (f + b) + wait + before_b,
                    before_f + -(-m // k) * (f + after + b) + before_b)
-        if s < p - 1 and m >= p - s:  # the pair (s, s + 1) in its steady state
-            c, (f1, b1) = sends[s], nxt
-            step = max(step, before_f + (k - 1) * f + (m - k + 1) // 2 * (2 * c + f + b + f1 + b1)
-                       + 2 * c + f1 + b1 + b + before_b)
-        nxt = (f, b)
+        if m >= p - s:  # rank s and the e ranks after it in their steady state
+            path = 0.0
+            for e in range(1, k - 1):
+                r = s + e
+                path += fwd_s[r] + bwd_s[r] + 2 * sends[r - 1]
+                cycle = f + b + path
+                start = k - e - 1  # the first micro-batch of the chain
+                step = max(step, before_f + (start + 1) * f + (m - 1 - start) // (e + 1) * cycle
+                           + cycle - f + before_b)
         into = sends[s - 1] if s > 0 else 0.0  # the cut into rank s
         before_f, before_b = before_f - into, before_b - into
         after += f + b + 2 * into

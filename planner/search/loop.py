@@ -67,8 +67,9 @@ search decides what to re-time: closed forms of neighbouring schedules (interlea
 differ from their simulations by a few tenths of a percent either way, more than the gaps between
 the best plans."""
 FLOOR_ROUNDING = 1e-8
-"""A stage split's bound (Split.floor_s) is taken this share lower: it sums in another order than
-the closed form it bounds, and ties are told apart at 9 significant digits (Estimate.rank)."""
+"""The bounds (the screen's, a stage split's: Split.floor_s) are taken this share lower: they sum
+in another order than the closed form they bound, and ties are told apart at 9 significant
+digits (Estimate.rank)."""
 OUTCOMES = (OUT_OF_MEMORY, DOMINATED, SLOWER, TIME_LIMIT, RETIME_CAP)
 """What became of configurations the search counted; every other reason is a rule of the space
 (planner.search.space) that excluded a choice of knobs before it made a configuration."""
@@ -108,7 +109,7 @@ class _Pricer:
                  options: SearchOptions):
         self.bg, self.ma, self.cluster, self.training, self.options = bg, ma, cluster, training, options
         self.capacity = self.largest_capacity()
-        self.splits: dict = {}  # stage splits found (evaluate)
+        self.splits: dict = {}  # stage splits found (evaluate.split_of)
         self.rates: dict = {}  # data-parallel rates per mesh (dp_rates)
 
     def largest_capacity(self) -> float:
@@ -243,11 +244,12 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     # configuration's stage split gives a tighter bound (Split.floor_s), with which it goes back
     # into the queue when that puts it behind the next one
     heapq.heapify(queue)
-    queued, settled = len(queue), 0  # settled: priced, or found not to fit
+    queued, settled, shown = len(queue), 0, -1  # settled: priced, or found not to fit
     while queue:
         bound, order, group, variant, split = queue[0]
-        if progress and settled % 64 == 0:
+        if progress and settled % 64 == 0 and settled != shown:
             progress(settled, queued)
+            shown = settled
         if top.full and bound > top.worst:  # (an equal time may still rank first: less memory)
             rejected[DOMINATED] += len(queue)
             break
@@ -423,7 +425,7 @@ class _Screen:
             if opt is None:
                 opt = optimizer_s[zero, offload] = (self.optimizer_bound_s(zero, offload)
                                                     + self.dp_bound_s(zero))
-            out.append(pipe + opt)
+            out.append((pipe + opt) * (1.0 - FLOOR_ROUNDING))
         return out
 
     def out_of_memory(self, zero: int, offload: bool, gpipe: bool) -> bool:
@@ -462,8 +464,8 @@ class _Screen:
         means: 1/pp of the dense and expert parameters and of the compute); 0 on device
         groups."""
         pp = self.group.pp
-        return float(dp_floor_s(zero, self.group.num_microbatches, (self.params - self.experts) / pp,
-                                self.experts / pp, self.compute_s / pp, self.dp_rates))
+        return dp_floor_s(zero, self.group.num_microbatches, (self.params - self.experts) / pp,
+                          self.experts / pp, self.compute_s / pp, self.dp_rates)
 
     def optimizer_bound_s(self, zero: int, offload: bool) -> float:
         """A lower bound of the optimizer step: the busiest rank holds at least 1/pp of the
@@ -540,7 +542,7 @@ def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, ...]:
 
 class _TopK:
     """The k fastest estimates so far (Estimate.rank: at the same time, the one with less memory;
-    then the one offered first)."""
+    then the one first in the enumeration, whatever order they are priced in)."""
 
     def __init__(self, k: int):
         self.k = k
@@ -555,10 +557,6 @@ class _TopK:
     def worst(self) -> float:
         return -self.heap[0][0]
 
-    @property
-    def worst_rank(self) -> tuple[float, float]:
-        return -self.heap[0][0], -self.heap[0][1]
-
     def offer(self, est: Estimate, order: int) -> bool:
         """Keep ``est`` if it is among the k fastest; False when the top k was full already (it
         may still have displaced a slower one)."""
@@ -568,8 +566,9 @@ class _TopK:
         if not self.full:
             heapq.heappush(self.heap, item)
             return True
-        if (step, memory) < self.worst_rank:
-            heapq.heapreplace(self.heap, item)
+        worst = self.heap[0]
+        if (step, memory, order) < (-worst[0], -worst[1], -worst[2]):  # (whatever order they
+            heapq.heapreplace(self.heap, item)                          # were priced in)
         return False
 
     def ranked(self) -> list[Estimate]:

@@ -168,7 +168,7 @@ class Split:
         ranks = self.ranks
         dp_s = dp_floor_s(cfg.zero, m, ranks.params - ranks.expert_params, ranks.expert_params,
                           self.rank_compute_s, rates)
-        return pipe_s + float(np.max(dp_s, initial=0.0)) + self.optimizer_s(device)
+        return pipe_s + dp_s + self.optimizer_s(device)
 
     def optimizer_s(self, device) -> float:
         """The optimizer step of the slowest rank on ``device`` (found once: a search prices a
@@ -579,7 +579,7 @@ def dp_rates(cfg: Config, cluster: Cluster, training: TrainingSpec, orders) -> l
     """Per placement of ``orders``: (all-gather, reduce-scatter, all-reduce) seconds per dense
     parameter over its data-parallel group, the same per routed-expert parameter over theirs,
     latencies left out (dp_floor_s); none under the pipelining schedules' FSDP2
-    (fsdp_pipelined), which reduces once, after every backward."""
+    (fsdp_pipelined), which reduces once, after the last backward (its floor is then 0)."""
     if fsdp_pipelined(cfg, training):
         return []
     per = DataParallelBytes.of(training)
@@ -595,17 +595,19 @@ def dp_rates(cfg: Config, cluster: Cluster, training: TrainingSpec, orders) -> l
     return out
 
 
-def dp_floor_s(zero: int, microbatches: int, dense, experts_, compute_s, rates: list[tuple]):
-    """At most the data-parallel traffic ``_dp_and_optimizer_s`` exposes on a pipeline rank
-    holding ``dense`` and ``experts_`` parameters with ``compute_s`` seconds of compute per
-    micro-batch (numbers, or numpy arrays over ranks), under the best of the placements whose
-    ``rates`` (dp_rates) are given: every window that hides a collective (exposed_dp_s,
-    windows_left) lies within the rank's compute, so each collective exposes at least its time
-    beyond that compute, and without its latencies each is linear in the parameters. The floor
-    is convex in (dense, experts_, compute_s), so its value at the ranks' means is at most the
-    mean of theirs: the search's screen prices it so before a split is known."""
+def dp_floor_s(zero: int, microbatches: int, dense, experts_, compute_s,
+               rates: list[tuple]) -> float:
+    """At most the data-parallel traffic ``_dp_and_optimizer_s`` exposes (that of the busiest
+    pipeline rank), with the ranks holding ``dense`` and ``experts_`` parameters and
+    ``compute_s`` seconds of compute per micro-batch (numbers, or numpy arrays over ranks), under
+    the best of the placements whose ``rates`` (dp_rates) are given: every window that hides a
+    collective (exposed_dp_s, windows_left) lies within the rank's compute, so each collective
+    exposes at least its time beyond that compute, and without its latencies each is linear in
+    the parameters. Under one placement the floor of a rank is convex in (dense, experts_,
+    compute_s), so its value at the ranks' means is at most the mean of theirs, and at most
+    their largest: the search's screen prices it so before a split is known."""
     m = microbatches
-    best = 0.0 * compute_s
+    best = 0.0
     for i, (g_d, s_d, r_d, g_e, s_e, r_e) in enumerate(rates):
         total = 0.0 * compute_s
         for params, gather, scatter, reduce in ((dense, g_d, s_d, r_d),
@@ -620,7 +622,8 @@ def dp_floor_s(zero: int, microbatches: int, dense, experts_, compute_s, rates: 
                                  + np.maximum(0.0, gather * params - compute_s))
             else:
                 total = total + np.maximum(0.0, reduce * params - compute_s)
-        best = total if i == 0 else np.minimum(best, total)
+        busiest = float(np.max(total))  # one placement for every rank
+        best = busiest if i == 0 else min(best, busiest)
     return best
 
 

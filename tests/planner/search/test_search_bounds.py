@@ -110,3 +110,24 @@ def test_pruning_finds_what_pricing_everything_finds(case, request, monkeypatch)
     assert plans(tight) == plans(loose)
     assert len(plans(tight)) == 4
     assert tight.search["evaluated"] < loose.search["evaluated"]
+
+
+@pytest.mark.parametrize("top_k", [0, 2])
+def test_ties_go_to_the_first_in_the_enumeration(tiny_llama, monkeypatch, top_k):
+    """With one micro-batch GPipe and 1F1B tie exactly (time and memory); the split's bound
+    re-queues one of them, so they are priced in another order than enumerated: the one
+    enumerated first is kept all the same, as without the bounds."""
+    from planner.options import parse_fix
+    cluster = load_cluster("dgx-h100", nodes=2)
+    training = TrainingSpec(global_batch=64, seq_len=tiny_llama.seq_len,
+                            engine=engine_from_mapping("deepspeed"))
+    options = SearchOptions(fix=parse_fix("dp=8,tp=1,pp=2,micro_batch=8,recompute=none,zero=1"),
+                            schedules=("gpipe", "1f1b"), top_k=top_k)
+
+    def plans(plan):
+        return [plan.parallel] + [alt["parallel"] for alt in plan.search["alternatives"]]
+    tight = plans(plan_prepared(tiny_llama, cluster, training, options))
+    monkeypatch.setattr(loop._Screen, "dp_bound_s", lambda self, zero: 0.0)
+    monkeypatch.setattr(loop._Pricer, "floor_s", lambda self, split: 0.0)
+    assert tight == plans(plan_prepared(tiny_llama, cluster, training, options))
+    assert tight[0]["schedule"] == "gpipe" and len(tight) == top_k + 1
