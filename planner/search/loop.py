@@ -267,7 +267,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
                 continue
             if split is not None:
                 floor = pricer.floor_s(split) * (1.0 - FLOOR_ROUNDING)
-                if queue and floor > queue[0][0]:
+                if (queue and floor > queue[0][0]) or (top.full and floor > top.worst):
                     heapq.heappush(queue, (floor, order, group, variant, split))
                     continue
         settled += 1
