@@ -223,6 +223,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     # in increasing order of the lower bound, until the next bound cannot enter the top k
     queue: list[tuple[float, int, Group, tuple, object]] = []  # (bound, order, ..., split)
     spare: list[tuple[float, int, Estimate]] = []  # every priced estimate (closed form)
+    order_of: dict[Config, int] = {}  # each priced configuration's place in the enumeration
     costs_of: dict[CostKey, object] = {}  # meshes of other pp and dp share a key's costs
     done = 0
     for group in space:
@@ -277,6 +278,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         if not top.offer(est, order):
             rejected[SLOWER] += 1
         spare.append((est.step_time_s, order, est))
+        order_of[est.config] = order
     if progress:
         progress(queued, queued)
     ranked = pricer.refine(top.ranked(), deadline)
@@ -289,8 +291,10 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
                       if r.config == c.config), default=0.0)
         faster = max(faster, RETIME_MARGIN)
         ranked, cut = _retime(ranked, spare, queue, costs_of, pricer, training, rejected, top,
-                              deadline, faster)
-        ranked = ranked[:options.top_k + 1]
+                              deadline, faster, order_of)
+    # at the same rank, the configuration enumerated first (as the top k keeps them)
+    ranked = sorted(ranked, key=lambda e: (e.rank, order_of.get(e.config, total)))
+    ranked = ranked[:options.top_k + 1]
     status, gap = ("feasible", None) if cut else ("optimal", 0.0)
     if ranked and ranked[0].split_status != "optimal" and not cut:
         status, gap = "feasible", ranked[0].split_gap
@@ -319,7 +323,7 @@ def _price_queued(group: Group, variant: tuple, costs_of: dict, pricer,
 
 def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pricer,
             training: TrainingSpec, rejected: Counter, top, deadline: float | None,
-            faster: float = 0.0) -> tuple[list[Estimate], bool]:
+            faster: float = 0.0, order_of: dict | None = None) -> tuple[list[Estimate], bool]:
     """(the re-timed estimates best first, whether RETIME_MAX or the time limit stopped it): the
     priced estimates of ``spare`` (not yet simulated) and the configurations left in ``queue``
     (dominated by the top k's closed forms) simulated while their closed form (their bound,
@@ -341,6 +345,8 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
             top.priced += 1
             rejected[SLOWER] += 1
             heapq.heappush(spare, (est.step_time_s, order, est))
+            if order_of is not None:
+                order_of[est.config] = order
         if not spare or spare[0][0] >= reach:
             return sorted(ranked, key=lambda e: e.rank), False
         if done >= RETIME_MAX or (deadline is not None and time.perf_counter() > deadline):
