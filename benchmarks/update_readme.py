@@ -127,11 +127,11 @@ SECTIONS = [
      "**Planning time** of the whole `plan solve` command on this 2-core machine "
      "(`benchmarks/planning_time.py`). The times move from run to run on this shared VM (on "
      "2026-12-03 the DeepSeek-V3 search took between 3.9 and 6.6 s over ten runs, when it "
-     "priced 1,587 of its configurations in full). Later that day the search came to bound the "
-     "data-parallel traffic no compute can hide, and bounds each configuration again on its "
-     "stage split before placing and pricing it: DeepSeek-V3 is searched in 1.7-2.3 s with 37 "
-     "configurations priced in full, Llama-3 405B at 128k in about 1 s; the plans chosen are "
-     "the same."),
+     "priced 1,587 of its configurations in full). Since later that day the search also "
+     "bounds the data-parallel traffic no compute can hide, and bounds each configuration "
+     "again on its stage split before placing and pricing it: DeepSeek-V3 is searched in "
+     "1.7-2.3 s with 37 configurations priced in full, Llama-3 405B at 128k in about 1 s; the "
+     "plans chosen are the same."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "
