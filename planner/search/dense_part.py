@@ -25,7 +25,7 @@ from planner.errors import InfeasibleError
 from planner.options import SearchOptions, TrainingSpec
 from planner.search import placement
 from planner.search.loop import search
-from planner.search.pricing import DataParallelBytes, exposed_dp_s
+from planner.search.dp_traffic import DataParallelBytes, exposed_dp_s
 from planner.trace.graph import BlockGraph
 
 ZERO_CHOICES = (0, 3)
@@ -89,7 +89,7 @@ def dense_options(blocks: BlockGraph, cluster, *, global_batch: int, dtype: str,
 
 
 def _part(est, cluster, training: TrainingSpec) -> DensePart:
-    """The estimate's numbers, and its gradient traffic before hiding (pricing.exposed_dp_s
+    """The estimate's numbers, and its gradient traffic before hiding (dp_traffic.exposed_dp_s
     without overlap) so that the tables' reduction can share the window."""
     cfg, bd = est.config, est.breakdown
     (stage,) = est.stages  # one stage, one micro-batch

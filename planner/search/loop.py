@@ -7,7 +7,7 @@ on device groups the group orders and per-device split (planner.search.hetero). 
 configuration whose weights alone cannot fit is set aside; the others are priced best-first, in
 increasing order of a lower bound (the pipeline on perfectly balanced stages, or the least any split
 gives for 1F1B, each block on its fastest device; the optimizer step; the data-parallel traffic no
-compute can hide: pricing.dp_floor_s), until the next bound cannot enter the top k: the rest are
+compute can hide: dp_traffic.dp_floor_s), until the next bound cannot enter the top k: the rest are
 dominated. A configuration's stage split, found first, gives a tighter bound (Split.floor_s: the
 schedule on its real stages, the traffic per rank); when that puts it behind the next one in the
 queue it goes back in with it, so what is priced in full is mostly what can win (on device groups,
@@ -47,7 +47,8 @@ from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import hetero
 from planner.search.costs import ModelArrays, block_costs, capacity_bytes
 from planner.search.evaluate import placed_estimate, placements, split_of
-from planner.search.pricing import DataParallelBytes, Estimate, dp_floor_s, dp_rates
+from planner.search.dp_traffic import DataParallelBytes, dp_floor_s, dp_rates
+from planner.search.pricing import Estimate
 from planner.search.refine import cpsat_budget_s, pipeline_key, refine, simulated
 from planner.search.space import CostKey, Group, Space, enumerate_space
 from planner.trace.graph import BlockGraph
@@ -142,7 +143,7 @@ class _Pricer:
                         self.splits)
 
     def dp_rates(self, cfg: Config) -> list[tuple]:
-        """pricing.dp_rates of ``cfg``'s mesh under the placements it may take, found once per
+        """dp_traffic.dp_rates of ``cfg``'s mesh under the placements it may take, found once per
         mesh."""
         key = (cfg.tp, cfg.dp, cfg.pp, cfg.cp, cfg.ep, cfg.etp, cfg.placement)
         hit = self.rates.get(key)
@@ -466,7 +467,7 @@ class _Screen:
         return total_s + (m - 1) * t
 
     def dp_bound_s(self, zero: int) -> float:
-        """A lower bound of the exposed data-parallel traffic (pricing.dp_floor_s at the ranks'
+        """A lower bound of the exposed data-parallel traffic (dp_traffic.dp_floor_s at the ranks'
         means: 1/pp of the dense and expert parameters and of the compute); 0 on device
         groups."""
         pp = self.group.pp

@@ -27,7 +27,7 @@ from costmodels import comm
 from costmodels.topology import HeteroCluster
 from planner.options import Config
 from planner.search.hetero import group_costs
-from planner.search.pricing import DataParallelBytes
+from planner.search.dp_traffic import DataParallelBytes
 
 RANDOM_SAMPLES = 20
 """Random placements averaged for the comparison."""

@@ -102,7 +102,7 @@ def test_fsdp2_layout_keeps_fp32_parameters_and_gradients_and_reduces_in_fp32():
     from costmodels.engine import engine_from_mapping
     from costmodels.memory import model_state_bytes, optimizer_traffic_bytes
     from planner.options import TrainingSpec
-    from planner.search.pricing import DataParallelBytes
+    from planner.search.dp_traffic import DataParallelBytes
 
     kw = dict(dtype="bf16", optimizer="adam", layout="fsdp2")
     three = model_state_bytes(1.0, zero=3, dp=8, **kw)

@@ -275,7 +275,7 @@ def test_fsdp_copies_move_weights_and_gradients_at_their_own_bytes():
     """FSDP2's buffer copies: parameters at the bytes they are gathered in, gradients at the bytes
     they are reduced in (torchtitan: bf16 and fp32)."""
     from planner.options import Config
-    from planner.search.pricing import DataParallelBytes, fsdp_copies_s
+    from planner.search.dp_traffic import DataParallelBytes, fsdp_copies_s
 
     device = load_cluster("dgx-h100").device
     n = 1e9
@@ -309,7 +309,7 @@ def test_fsdp2_under_pipelining_schedules_reduces_once_per_step():
     off for every micro-batch but the last: ZeRO-2 reduce-scatters once per step, not once per
     micro-batch, and ZeRO-3 gathers about once per micro-batch instead of twice."""
     from planner.options import Config
-    from planner.search.pricing import DataParallelBytes, exposed_dp_s
+    from planner.search.dp_traffic import DataParallelBytes, exposed_dp_s
     from planner.search import placement
     from costmodels import comm
 
@@ -367,7 +367,7 @@ def test_the_updated_weights_are_gathered_behind_a_forward_never_a_backward():
     them; Megatron-Core's --overlap-param-gather (and FSDP2's prefetch) run them behind the next
     step's first forward, DeepSpeed's optimizer inside its step (overlap_param_gather=false)."""
     from planner.options import Config
-    from planner.search.pricing import DataParallelBytes, exposed_dp_s
+    from planner.search.dp_traffic import DataParallelBytes, exposed_dp_s
     from planner.search import placement
     from costmodels import comm
 
@@ -393,7 +393,7 @@ def test_the_updated_weights_are_gathered_behind_a_forward_never_a_backward():
     assert exposed(cfg, long + half, long) == pytest.approx(gather - half)
     # the experts' traffic gets what the dense traffic leaves of each window: a forward the
     # dense gather overran leaves none (not less), and the backward keeps its own rest
-    from planner.search.pricing import windows_left
+    from planner.search.dp_traffic import windows_left
     assert windows_left(3.0, 2.0, (1.5, 0.5)) == (1.5, 1.5)
     assert windows_left(3.0, 2.0, (0.5, 3.0)) == (0.5, 0.0)
     left = windows_left(long + half, long, (gather, 0.0))

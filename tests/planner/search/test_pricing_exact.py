@@ -17,10 +17,10 @@ from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import placement
 from planner.search.costs import ModelArrays, capacity_bytes, config_costs, stage_memory
 from planner.search.evaluate import evaluate
-from planner.search.pricing import (DataParallelBytes, chunks, exposed_dp_s, expert_comm_s,
-                                    fsdp_copies_s, idle_s,
-                                    price, rank_max, rank_sums, rank_totals, step_flops,
-                                    window_use_s, windows_left)
+from planner.search.dp_traffic import (DataParallelBytes, exposed_dp_s, fsdp_copies_s,
+                                       window_use_s, windows_left)
+from planner.search.pricing import (chunks, expert_comm_s, idle_s, price, rank_max, rank_sums,
+                                    rank_totals, step_flops)
 from planner.solve.chain import partition
 
 TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 64,
