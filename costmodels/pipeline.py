@@ -21,7 +21,9 @@ On unequal stages the steady state runs at the slowest rank: ``sum_r t_r / v + (
 For 1F1B with each rank's forward known (``fwd_s``), the step is the largest over ranks of what
 each must take (``one_f_one_b_s``): exact on equal stages and never above the schedule's
 simulation, where the steady-state form overcounts the fill when the slowest rank is not the last
-(by up to about a fifth on splits with a heavy first stage).
+(by up to about a fifth on splits with a heavy first stage). ZB-H1 with each rank's forward and
+weight gradients known is priced the same way (``zb_h1_s``): exact on equal stages and never above
+its simulation, which the form on the slowest rank's weight gradients could exceed.
 """
 
 from __future__ import annotations
@@ -67,18 +69,30 @@ def bubble_fraction(*, stages: int, microbatches: int, vpp: int = 1) -> float:
 
 
 def step_time_s(rank_times_s: Sequence[float], *, microbatches: int, schedule: str,
-                vpp: int = 1, wgrad_s: float = 0.0,
-                fwd_s: Sequence[float] | None = None) -> float:
+                vpp: int = 1, wgrad_s: float | Sequence[float] = 0.0,
+                fwd_s: Sequence[float] | None = None,
+                sends_s: Sequence[float] | None = None) -> float:
     """Pipeline time of one step, from each rank's forward+backward time of one micro-batch
-    (summed over its ``vpp`` chunks); ``wgrad_s``: the weight-gradient part of the slowest rank's
-    backward (what ZB-H1 moves into the bubble); ``fwd_s``: each rank's forward part, which
-    prices 1F1B on unequal stages rank by rank (``one_f_one_b_s``)."""
+    (summed over its ``vpp`` chunks); ``wgrad_s``: the weight-gradient part of the backward (what
+    ZB-H1 moves into the bubble), the slowest rank's (a number) or, with ``fwd_s``, each rank's
+    (a sequence); ``fwd_s``: each rank's forward part, which prices 1F1B and ZB-H1 on unequal
+    stages rank by rank (``one_f_one_b_s``, ``zb_h1_s``), there with ``sends_s``: one send's
+    seconds over each cut between neighbouring ranks."""
     _check(schedule)
     if not rank_times_s:
         return 0.0
     if schedule == "1f1b" and fwd_s is not None:
         return one_f_one_b_s(fwd_s, [t - f for t, f in zip(rank_times_s, fwd_s)],
-                             microbatches=microbatches)
+                             microbatches=microbatches, sends_s=sends_s)
+    if schedule == "zb-h1" and fwd_s is not None:
+        if not isinstance(wgrad_s, Sequence):
+            raise SpecError("wgrad_s: ZB-H1 priced rank by rank (fwd_s given) needs each rank's "
+                            "weight-gradient seconds; pass a sequence, one per rank")
+        return zb_h1_s(fwd_s, [t - f - w for t, f, w in zip(rank_times_s, fwd_s, wgrad_s)],
+                       wgrad_s, microbatches=microbatches, sends_s=sends_s)
+    if isinstance(wgrad_s, Sequence):
+        raise SpecError("wgrad_s: without fwd_s ZB-H1 takes the slowest rank's weight-gradient "
+                        "seconds; pass a number")
     v = vpp if schedule == "interleaved-1f1b" else 1
     step = sum(rank_times_s) / v + (microbatches - 1 / v) * max(rank_times_s)
     if schedule == "zb-h1":  # the drain's weight gradients fill its bubbles
@@ -108,17 +122,29 @@ def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatche
     ``sends_s``: one send's seconds over each cut between neighbouring ranks (p - 1 values; an
     activation forward or its gradient back): micro-batch 0 crosses the cuts before s on its way
     in and its gradient on its way back, and a round trip crosses every cut after s both ways."""
-    p, m = len(fwd_s), microbatches
-    sends = list(sends_s) if sends_s is not None else [0.0] * (p - 1)
-    step, after = 0.0, 0.0  # after: D_s, the round trip through the ranks after s
-    before_f, before_b = sum(fwd_s) + sum(sends), sum(bwd_s) + sum(sends)
+    sends = list(sends_s) if sends_s is not None else [0.0] * (len(fwd_s) - 1)
+    back = 0.0  # the last gradient's way from rank s back through the ranks before it
+    step = 0.0
+    for s, end in enumerate(_last_backward_ends(fwd_s, bwd_s, microbatches, sends)):
+        step = max(step, end + back)
+        back += bwd_s[s] + (sends[s] if s < len(sends) else 0.0)
+    return step
+
+
+def _last_backward_ends(fwd_s: Sequence[float], bwd_s: Sequence[float], m: int,
+                        sends: Sequence[float]) -> list[float]:
+    """Per rank, at most the end of its last backward under 1F1B (one_f_one_b_s, which adds the
+    gradient's way back to rank 0)."""
+    p = len(fwd_s)
+    ends = [0.0] * p
+    after = 0.0  # D_s, the round trip through the ranks after s
+    before_f = sum(fwd_s) + sum(sends)
     for s in reversed(range(p)):
         f, b = fwd_s[s], bwd_s[s]
-        before_f, before_b = before_f - f, before_b - b
+        before_f -= f
         k = min(p - s, m)
         wait = max(0.0, after - (k - 1) * f) + (max(0.0, after - (k - 1) * b) if m > k else 0.0)
-        step = max(step, before_f + m * (f + b) + wait + before_b,
-                   before_f + -(-m // k) * (f + after + b) + before_b)
+        end = max(before_f + m * (f + b) + wait, before_f + -(-m // k) * (f + after + b))
         if m >= p - s:  # rank s and the e ranks after it in their steady state
             path = 0.0
             for e in range(1, k - 1):
@@ -126,11 +152,43 @@ def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatche
                 path += fwd_s[r] + bwd_s[r] + 2 * sends[r - 1]
                 cycle = f + b + path
                 start = k - e - 1  # the first micro-batch of the chain
-                step = max(step, before_f + (start + 1) * f + (m - 1 - start) // (e + 1) * cycle
-                           + cycle - f + before_b)
+                end = max(end, before_f + (start + 1) * f + (m - 1 - start) // (e + 1) * cycle
+                          + cycle - f)
+        ends[s] = end
         into = sends[s - 1] if s > 0 else 0.0  # the cut into rank s
-        before_f, before_b = before_f - into, before_b - into
+        before_f -= into
         after += f + b + 2 * into
+    return ends
+
+
+def zb_h1_s(fwd_s: Sequence[float], bwd_s: Sequence[float], wgrad_s: Sequence[float], *,
+            microbatches: int, sends_s: Sequence[float] | None = None) -> float:
+    """ZB-H1's step from each rank's forward, input-gradient backward (B) and weight-gradient (W)
+    time of one micro-batch, in the order planner.schedule.builders.zb_h1 runs them: 1F1B's
+    forwards and backwards, rank 0 running each W right after its B, rank r holding back its
+    first r. The most of three lower bounds of the simulation:
+
+    - 1F1B's rank-by-rank form (one_f_one_b_s) with rank 0's backward B + W and the other ranks'
+      W left out: leaving work out only moves passes earlier;
+    - each rank's passes, m (F + B + W), after micro-batch 0 has crossed the ranks before it;
+    - each rank r > 0's last B (at the earliest as that form has it) and the W passes still due
+      after it: 1 + min(r, m - warm-up, m - 1), the ones it held back.
+    Exact on equal stages whose W is at most F + B (Qi et al.'s (m + p - 1)(t_F + t_B) +
+    (m - p + 1) t_W with m >= p; rank 0's chain, (m + p - 1)(t_F + t_B) + t_W, with m < p); on
+    unequal ones never above the event-by-event simulation (tests/planner/schedule).
+    ``sends_s``: one send's seconds over each cut (p - 1 values), as in one_f_one_b_s."""
+    p, m = len(fwd_s), microbatches
+    sends = list(sends_s) if sends_s is not None else [0.0] * (p - 1)
+    merged = [bwd_s[0] + wgrad_s[0]] + list(bwd_s[1:])
+    step = one_f_one_b_s(fwd_s, merged, microbatches=m, sends_s=sends)
+    arrive = 0.0  # micro-batch 0 reaches rank s
+    for s in range(p):
+        step = max(step, arrive + m * (fwd_s[s] + bwd_s[s] + wgrad_s[s]))
+        arrive += fwd_s[s] + (sends[s] if s < p - 1 else 0.0)
+    for r, end in enumerate(_last_backward_ends(fwd_s, merged, m, sends)):
+        if r:
+            warmup = min(p - r - 1, m)
+            step = max(step, end + (1 + min(r, m - warmup, m - 1)) * wgrad_s[r])
     return step
 
 

@@ -14,7 +14,8 @@ queue it goes back in with it, so what is priced in full is mostly what can win 
 where the split depends on the group order, each is priced at once). The top k are then refined (exact stage assignment by CP-SAT where it applies, and
 simulation of the schedule) and re-ranked. The simulation can find a schedule slower than its
 closed form (interleaved 1F1B over chunks of unequal time waits for the slowest rank of each chunk
-position), or faster (ZB-H1's weight gradients on unequal stages); so configurations whose closed
+position), or faster (interleaved chunks again; 1F1B and ZB-H1 are priced rank by rank, and their
+pipelines, sends aside, never come out below their simulations); so configurations whose closed
 form, less the largest share by which a simulation has come out faster than its closed form (at
 least RETIME_MARGIN), is below the best simulated step are simulated too, in increasing order
 (pricing dominated ones as their bound comes below it), until the next one cannot beat it, or
@@ -64,7 +65,7 @@ docstring; configurations that differ only in ZeRO stage or offload share one); 
 status is ``feasible`` and those left in reach count as RETIME_CAP."""
 RETIME_MARGIN = 0.01
 """The least share below its closed form a configuration's simulation is taken to reach when the
-search decides what to re-time: closed forms of neighbouring schedules (interleaved chunks, ZB-H1)
+search decides what to re-time: closed forms of neighbouring schedules (interleaved chunks)
 differ from their simulations by a few tenths of a percent either way, more than the gaps between
 the best plans."""
 FLOOR_ROUNDING = 1e-8

@@ -150,20 +150,19 @@ class Split:
     def floor_s(self, device, rates: list[tuple]) -> float:
         """At most the step ``placed`` gives under any placement: the schedule's closed form on
         the chunks without what placement adds to them (sends, expert dispatch; each form grows
-        with every chunk's time, and 1F1B's with each rank's forward and backward parts), plus
-        the optimizer step, which placement leaves alone. ZB-H1 takes back at most the busiest
-        weight gradients of any rank (closed_form takes the slowest rank's). The data-parallel
-        traffic adds its floor under the best of the placements whose ``rates`` (dp_traffic.dp_rates) are
-        given (dp_floor_s)."""
+        with every chunk's time, and 1F1B's and ZB-H1's with each rank's forward, backward and
+        weight-gradient parts), plus the optimizer step, which placement leaves alone. The
+        data-parallel traffic adds its floor under the best of the placements whose ``rates``
+        (dp_traffic.dp_rates) are given (dp_floor_s)."""
         cfg = self.cfg
         pp, m = cfg.pp, cfg.num_microbatches
         time_s = rank_totals(self.compute_s + self.tp_s + self.cp_s, pp).tolist()
         fwd, wgrad = None, 0.0
-        if cfg.schedule == "1f1b":
+        if cfg.vpp == 1 and cfg.schedule in ("1f1b", "zb-h1"):
             share = pipeline.forward_comm_share(cfg.recompute)
             fwd = rank_totals(self.fwd_s + share * (self.tp_s + self.cp_s), pp).tolist()
-        elif cfg.schedule == "zb-h1":
-            wgrad = float(rank_totals(self.wgrad_s, pp).max())
+            if cfg.schedule == "zb-h1":
+                wgrad = rank_totals(self.wgrad_s, pp).tolist()
         pipe_s = pipeline.step_time_s(time_s, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp,
                                       wgrad_s=wgrad, fwd_s=fwd)
         ranks = self.ranks
@@ -343,11 +342,13 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_
     def mine(x: np.ndarray) -> float:  # over the slowest rank's chunks
         return sum(x[slow::pp].tolist())
 
-    wgrad = mine(wgrad_s)  # ZB-H1's W of the slowest rank
-    fwd = None
-    if cfg.schedule == "1f1b":  # each rank's forward as the simulation splits it (refine.simulated)
+    fwd, wgrad = None, 0.0
+    if cfg.vpp == 1 and cfg.schedule in ("1f1b", "zb-h1"):  # rank by rank, each rank's forward
+        # (and ZB-H1's weight gradients) as the simulation splits them (refine.simulated)
         share = pipeline.forward_comm_share(cfg.recompute)
         fwd = rank_totals(fwd_s + share * (tp_s + cp_s + ep_s), pp).tolist()
+        if cfg.schedule == "zb-h1":
+            wgrad = rank_totals(wgrad_s, pp).tolist()
     pipe_s = pipeline.step_time_s(rank_time.tolist(), microbatches=m, schedule=cfg.schedule,
                                   vpp=cfg.vpp, wgrad_s=wgrad, fwd_s=fwd)
     breakdown = {
@@ -381,10 +382,10 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_
             k = min(pp, m)
             trip = float(np.sum(time_s)) - held_back
             floor = max(floor, -(-m // k) * (trip + 2 * float(np.sum(cut_s))))
-        if cfg.vpp == 1 and cfg.schedule == "1f1b":  # rank by rank, each wait with its sends
-            floor = max(floor, pipeline.one_f_one_b_s(
-                fwd, (rank_time - np.asarray(fwd)).tolist(), microbatches=m,
-                sends_s=cut_s.tolist()))
+        if fwd is not None:  # rank by rank, each wait with its sends
+            floor = max(floor, pipeline.step_time_s(
+                rank_time.tolist(), microbatches=m, schedule=cfg.schedule, wgrad_s=wgrad,
+                fwd_s=fwd, sends_s=cut_s.tolist()))
         if floor - pipe_s > breakdown["pp_comm_s"] * (1 + 1e-9):  # (not by rounding alone)
             breakdown["pp_comm_s"] = floor - pipe_s
     breakdown["straggler_s"] = excess * (breakdown["compute_s"] + opt_s)

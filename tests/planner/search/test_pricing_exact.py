@@ -177,20 +177,23 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
     slow = int(np.argmax(rank_time))
     mine = [st for st in stages if st.rank == slow]
     m = cfg.num_microbatches
-    share = pipeline.forward_comm_share(cfg.recompute)  # 1F1B: rank by rank, F as simulated
+    share = pipeline.forward_comm_share(cfg.recompute)  # 1F1B, ZB-H1: rank by rank, F as simulated
+    by_rank = cfg.schedule in ("1f1b", "zb-h1")  # (vpp 1: one stage per rank)
     fwd = [st.fwd_s + share * (st.tp_comm_s + st.cp_comm_s + st.ep_comm_s) for st in stages] \
-        if cfg.schedule == "1f1b" else None
+        if by_rank else None
+    wgrad = [st.wgrad_s for st in stages] if cfg.schedule == "zb-h1" else \
+        sum(st.wgrad_s for st in mine)
     pipe_s = pipeline.step_time_s(rank_time, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp,
-                                  wgrad_s=sum(st.wgrad_s for st in mine), fwd_s=fwd)
+                                  wgrad_s=wgrad, fwd_s=fwd)
     excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
     breakdown = {"compute_s": m * sum(st.compute_s for st in mine),
                  "bubble_s": idle_s(pipe_s, m * rank_time[slow]),
                  "tp_comm_s": m * sum(st.tp_comm_s for st in mine),
                  "pp_comm_s": sum(st.p2p_s for st in stages),
                  "dp_comm_s": dp_s, "optimizer_s": opt_s}
-    if cfg.schedule == "1f1b" and cfg.vpp == 1 and cuts:  # each rank's waits with their sends
-        with_sends = pipeline.one_f_one_b_s(fwd, [t - f for t, f in zip(rank_time, fwd)],
-                                            microbatches=m, sends_s=cuts)
+    if by_rank and cuts:  # each rank's waits with their sends
+        with_sends = pipeline.step_time_s(rank_time, microbatches=m, schedule=cfg.schedule,
+                                          wgrad_s=wgrad, fwd_s=fwd, sends_s=cuts)
         if with_sends - pipe_s > breakdown["pp_comm_s"] * (1 + 1e-9):
             breakdown["pp_comm_s"] = with_sends - pipe_s
     if cfg.cp > 1:
