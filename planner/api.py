@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -21,12 +22,13 @@ from planner.emit import emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
-from planner.inputs.zoo import RECSYS
+from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import SearchOptions, TrainingSpec, idle_pins, parse_fix
 from planner import targets
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
-from planner.search.feasibility import cluster_pin_problem, explain_infeasible, pin_problem
+from planner.search.feasibility import (cluster_pin_problem, explain_infeasible,
+                                        known_model_pin_problem, pin_problem)
 from planner.search.hetero import restrict
 from planner.search.loop import rejection_lines, search
 from planner.search.space import Space
@@ -70,8 +72,14 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
         raise SpecError(f"seq_len: expected a positive integer (or None: the model's), got "
                         f"{seq_len!r}")
     folder = cache.default_dir() if cache_dir == "auto" else cache_dir
-    entry = (cache.key(model, seq_len=seq_len, dtype=dtype, method=trace_method)
-             if folder and example_inputs is None else None)
+    zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
+    keyed_len = seq_len or (zoo.seq_len if zoo else None)  # a zoo model's default: the same trace
+
+    def entry_of(length):
+        return (cache.key(model, seq_len=length, dtype=dtype, method=trace_method)
+                if folder and example_inputs is None else None)
+
+    entry = entry_of(keyed_len)
     stored = cache.load(folder, entry) if entry else None
     if stored is not None:
         prepared = Prepared.from_dict(stored)
@@ -82,6 +90,10 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
         prepared = _trace(model, example_inputs, seq_len, dtype, trace_method)
         if entry:
             cache.store(folder, entry, prepared.to_dict())
+        if entry and keyed_len is None and (model.endswith(".json") or os.path.isdir(model)):
+            # a config's default length, asked for by number next time (plan show --why, the
+            # exports' memory check), is the same trace
+            cache.store(folder, entry_of(prepared.seq_len), prepared.to_dict())
     unpriced = prepared.info.get("unpriced_ops")
     if unpriced:
         log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
@@ -171,6 +183,11 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
     else:  # pins the cluster, batch or sequence cannot take: before tracing
         problem = cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch)
+        zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
+        if zoo and not problem:  # and those its published dimensions rule out
+            problem = known_model_pin_problem(dict(options.fix), cl.num_gpus,
+                                              seq_len=seq_len or zoo.seq_len,
+                                              experts=zoo.routed_experts, options=options)
         if problem:
             raise SpecError(problem)
     prepared = prepare(model, example_inputs=example_inputs, seq_len=seq_len, dtype=dtype,

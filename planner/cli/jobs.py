@@ -75,11 +75,14 @@ def _run(args) -> int:
         result = joint.plan_jobs(spec.load_jobs(args.jobs), cluster=args.cluster,
                                  nodes=args.nodes, options=options, workers=args.workers,
                                  record_timing=args.record_timing)
-    print(summary(result.doc, result.solve_time_s))
+    # the files first: a reader closing the pipe early (`| head`) must not cost them
     if args.output is not None:
         joint.write_schedule(args.output, result.doc)
-        print(f"\nwrote {args.output}")
     if args.gantt:
         jobs_gantt(result.doc, args.gantt)
+    print(summary(result.doc, result.solve_time_s))
+    if args.output is not None:
+        print(f"\nwrote {args.output}")
+    if args.gantt:
         print(f"drew {args.gantt}")
     return 0

@@ -91,8 +91,9 @@ def run(args) -> int:
         print(summary(p), file=sys.stderr)
         p.save(STDOUT)
         return 0
+    if args.output is not None:  # written before the report: a reader closing the pipe early
+        p.save(args.output)     # (`| head`) must not cost the plan
     print(summary(p))
     if args.output is not None:
-        p.save(args.output)
         print(f"\nwrote {args.output}")
     return 0

@@ -73,14 +73,20 @@ def run(args) -> int:
                             progress=Bar(args.quiet, label="sweeping", unit=" points"))
     logging.getLogger("planner").info("swept %d points in %.1f s", len(rows),
                                       time.perf_counter() - t0)
-    print(sweep_table(rows, rate="samples/s" if api.recsys_model(args.model) else "tokens/s"))
+    table = sweep_table(rows, rate="samples/s" if api.recsys_model(args.model) else "tokens/s")
     if args.plot and not any(r["feasible"] for r in rows):  # before any file is written
+        print(table)
         raise SpecError("plot: no feasible point to draw (the table says why each failed); drop "
                         "--plot or change the grid")
+    # the files first: a reader closing the pipe early (`| head`) must not cost them
     if args.csv is not None:
         write_csv(rows, args.csv)
+    drawn, skipped = sweep_plots(rows, args.plot) if args.plot else ([], [])
+    print(table)
+    if args.csv is not None:
         print(f"\nwrote {args.csv}")
-    if args.plot:
-        for path in sweep_plots(rows, args.plot):
-            print(f"wrote {path}")
+    for path in drawn:
+        print(f"wrote {path}")
+    for note in skipped:
+        print(f"not drawn: {note}")
     return 0

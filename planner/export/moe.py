@@ -16,9 +16,6 @@ from dataclasses import dataclass
 from planner.inputs.zoo import ZOO
 from planner.planfile.document import Plan
 
-ROUTED_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-"""Hugging Face config keys of the routed-expert count (Mixtral and gpt-oss, Qwen3-MoE,
-DeepSeek-V3)."""
 EXPERT_BIAS = ("gpt_oss",)
 """Hugging Face model types whose routed experts carry biases (gpt-oss's GptOssExperts:
 gate_up_proj_bias and down_proj_bias; the trace marks them as BlockWork.expert_bias)."""
@@ -62,7 +59,7 @@ def model(plan: Plan) -> Model:
     if entry is None:
         return Model(moe=spread)
     cfg = entry.config
-    routed = next((int(cfg[k]) for k in ROUTED_KEYS if cfg.get(k)), None)
+    routed = entry.routed_experts or None
     return Model(moe=bool(routed) or spread, experts=routed,
                  top_k=int(cfg["num_experts_per_tok"]) if routed else None,
                  shared=int(cfg.get("n_shared_experts", 0) or 0), model_type=entry.model_type,

@@ -47,6 +47,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+ROUTED_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+"""Hugging Face config keys of the routed-expert count (Mixtral and gpt-oss, Qwen3-MoE,
+DeepSeek-V3)."""
+
+
 @dataclass(frozen=True)
 class ZooEntry:
     name: str
@@ -58,6 +63,11 @@ class ZooEntry:
     seq_len: int = 2048
     """Default sequence length."""
     description: str = ""
+
+    @property
+    def routed_experts(self) -> int:
+        """Routed experts per MoE layer (0: a dense model)."""
+        return next((int(self.config[k]) for k in ROUTED_KEYS if self.config.get(k)), 0)
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, desc: str, vocab: int = 51200,

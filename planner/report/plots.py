@@ -289,19 +289,25 @@ def cost(rows: list[dict], path: str):
     return fig
 
 
-def sweep_plots(rows: list[dict], path: str) -> list[str]:
+def sweep_plots(rows: list[dict], path: str) -> tuple[list[str], list[str]]:
     """The pictures a sweep supports, next to ``path`` (``out.png`` -> ``out-scaling.png``,
     ``out-pareto.png``, ``out-cost.png``): scaling when the GPU count varies, the Pareto front
-    always, cost when the rows carry prices. Returns the paths written."""
+    always, cost when the rows carry prices. Returns the paths written and, for each picture
+    left out, why."""
     stem, ext = os.path.splitext(path)
     check_path(path, "plot")
-    written = []
+    written, skipped = [], []
     if len({r["gpus"] for r in rows if r["feasible"]}) > 1:
         scaling(rows, f"{stem}-scaling{ext}")
         written.append(f"{stem}-scaling{ext}")
+    else:
+        skipped.append(f"{stem}-scaling{ext} (the feasible points share one GPU count; vary "
+                       "nodes or gpus_per_node to draw scaling)")
     pareto(rows, f"{stem}-pareto{ext}")
     written.append(f"{stem}-pareto{ext}")
     if any(r.get("cost_per_step_usd") is not None for r in rows):
         cost(rows, f"{stem}-cost{ext}")
         written.append(f"{stem}-cost{ext}")
-    return written
+    else:
+        skipped.append(f"{stem}-cost{ext} (no prices; give --price-per-gpu-hour)")
+    return written, skipped

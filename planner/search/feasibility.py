@@ -56,14 +56,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if cp > 1 and not space.heads[0]:
         return ("fix.cp: the model has no attention (context parallelism splits attention's "
                 "sequence); drop cp")
-    chunks = cp_chunks(cp, options)
-    if cp > 1 and training.seq_len % chunks:
-        fits = [c for c in divisors(n) if c > 1 and training.seq_len % cp_chunks(c, options) == 0]
-        what = (f"2 x cp = {chunks} equal chunks (causal load balancing)" if chunks == 2 * cp
-                else f"cp = {cp} equal shards")
-        return (f"fix.cp: the sequence of {training.seq_len} tokens does not split into {what}; use "
-                + (f"cp={' or '.join(map(str, fits[:4]))}, or " if fits else "")
-                + f"a sequence length divisible by {chunks}")
+    problem = sequence_pin_problem(fix, training.seq_len, n, options)
+    if problem:
+        return problem
     seq = training.seq_len
     if options is not None and options.seq_split_2cp_tp and ("tp" in fix or "cp" in fix) and \
             seq % (2 * cp * (tp or 1)):
@@ -87,10 +82,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                 "tensor parallelism sequence-parallel (as Megatron-Core requires); pin "
                 + ("sequence_parallel=true or tp=1" if sp else "tp=1 (the target runs no "
                    "sequence parallelism)"))
-    if space.experts and space.experts % ep:
-        fits = [e for e in divisors(space.experts) if n % (e * etp) == 0]  # ep x etp | the GPUs
-        return (f"fix.ep: {ep} does not divide the model's {space.experts} experts; use one of "
-                f"{_some(fits or divisors(space.experts))}")
+    problem = experts_pin_problem(fix, space.experts, n)
+    if problem:
+        return problem
     if etp > 1 and tp is not None and etp != tp:
         return f"fix.etp: {etp} must be 1 or tp ({tp}); pin etp=1, or tp={etp} too"
     etp_broken = tp_reasons(etp, space, pinned=True) if etp > 1 and tp is None else []
@@ -128,6 +122,39 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         what = f"pp={pp}" if pp_reason(pp, vpp, space) == PP_BLOCKS else f"pp x vpp = {pp * vpp}"
         return f"fix: {what} stages for a model of {space.num_blocks} blocks; pin fewer stages"
     return ""
+
+
+def sequence_pin_problem(fix: dict, seq_len: int, num_gpus: int,
+                         options: SearchOptions | None = None) -> str:
+    """'' or the line saying a pinned cp does not cut the sequence into its equal chunks."""
+    cp = fix.get("cp", 1)
+    chunks = cp_chunks(cp, options)
+    if cp > 1 and seq_len % chunks:
+        fits = [c for c in divisors(num_gpus) if c > 1 and seq_len % cp_chunks(c, options) == 0]
+        what = (f"2 x cp = {chunks} equal chunks (causal load balancing)" if chunks == 2 * cp
+                else f"cp = {cp} equal shards")
+        return (f"fix.cp: the sequence of {seq_len} tokens does not split into {what}; use "
+                + (f"cp={' or '.join(map(str, fits[:4]))}, or " if fits else "")
+                + f"a sequence length divisible by {chunks}")
+    return ""
+
+
+def experts_pin_problem(fix: dict, experts: int, num_gpus: int) -> str:
+    """'' or the line saying a pinned ep does not divide the model's ``experts`` (0: none)."""
+    ep, etp = fix.get("ep", 1), fix.get("etp", 1)
+    if experts and experts % ep:
+        fits = [e for e in divisors(experts) if num_gpus % (e * etp) == 0]  # ep x etp | the GPUs
+        return (f"fix.ep: {ep} does not divide the model's {experts} experts; use one of "
+                f"{_some(fits or divisors(experts))}")
+    return ""
+
+
+def known_model_pin_problem(fix: dict, num_gpus: int, *, seq_len: int, experts: int,
+                            options: SearchOptions | None = None) -> str:
+    """The part of pin_problem a zoo model's published dimensions (its sequence length, its
+    routed experts) decide before it is traced."""
+    return (sequence_pin_problem(fix, seq_len, num_gpus, options)
+            or experts_pin_problem(fix, experts, num_gpus))
 
 
 def cluster_pin_problem(fix: dict, num_gpus: int, batch: int) -> str:

@@ -128,3 +128,25 @@ def test_an_internal_error_is_one_line_exit_1(capsys, monkeypatch):
     code, _, err = run(capsys, "solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8")
     assert code == 1 and "internal error: the prediction breaks an invariant" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 2  # planning ... + error
+
+
+class _ClosedPipe:
+    """stdout whose reader has gone (`plan ... | head -1` after the first line)."""
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        pass
+
+
+def test_a_closed_pipe_does_not_cost_the_plan_file(monkeypatch, tmp_path, tiny_llama_config):
+    """The plan is written before the report is printed: a reader closing the pipe early ends
+    the command (exit 0, as `head` expects) with the file on disk."""
+    out_file = tmp_path / "p.json"
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    monkeypatch.setattr(sys, "stderr", open(os.devnull, "w"))  # main closes it on a broken pipe
+    code = main(["solve", tiny_llama_config, "--cluster", "dgx-a100-80g", "--global-batch", "64",
+                 "--seq-len", "128", "-o", str(out_file)])
+    assert code == 0
+    assert json.loads(out_file.read_text())["schema"] == "planner.plan/v1"

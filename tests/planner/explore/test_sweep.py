@@ -173,8 +173,13 @@ def test_csv_round_trips(two_clusters, tmp_path):
 
 
 def test_plots_are_written_and_show_the_series(two_clusters, tmp_path):
-    paths = plots.sweep_plots(two_clusters, str(tmp_path / "w.png"))
+    paths, skipped = plots.sweep_plots(two_clusters, str(tmp_path / "w.png"))
     assert [p.rsplit("-", 1)[1] for p in paths] == ["scaling.png", "pareto.png", "cost.png"]
+    assert skipped == []
+    one_size = [r for r in two_clusters if r["gpus"] == two_clusters[0]["gpus"]]
+    paths, skipped = plots.sweep_plots(one_size, str(tmp_path / "one.png"))
+    assert [p.rsplit("-", 1)[1] for p in paths] == ["pareto.png", "cost.png"]
+    assert len(skipped) == 1 and "one-scaling.png" in skipped[0] and "vary nodes" in skipped[0]
     for p in paths:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -690,3 +690,22 @@ def test_the_leanest_plan_keeps_to_the_meshes_the_target_runs(tiny_llama_config)
     assert pin_problem({"tp": 2}, space, odd, options).startswith(
         "fix.tp: the target needs the sequence length (4095) divisible by tp x 2 x cp, which an "
         "odd length never is")
+
+
+@pytest.mark.parametrize("model,fix,seq,words", [
+    ("deepseek-v3", "ep=3", None, r"^fix\.ep: 3 does not divide the model's 256 experts"),
+    ("mixtral-8x7b", "cp=2", 4001, r"^fix\.cp: the sequence of 4001 tokens does not split into "
+                                   r"2 x cp = 4 equal chunks"),
+    ("qwen3-30b-a3b", "cp=3", None, r"^fix\.cp: the sequence of 4096 tokens does not split"),
+])
+def test_a_zoo_models_pins_are_checked_before_it_is_traced(monkeypatch, model, fix, seq, words):
+    """Its published dimensions (experts, default sequence) rule a pin out at once, not after a
+    trace of half a minute (DeepSeek-V3)."""
+    from planner import api
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("traced before the pins were checked")
+
+    monkeypatch.setattr(api, "prepare", no_trace)
+    with pytest.raises(planner.SpecError, match=words):
+        planner.plan(model, cluster="dgx-h100", nodes=3, global_batch=240, seq_len=seq, fix=fix)

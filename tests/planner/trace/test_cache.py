@@ -27,6 +27,31 @@ def test_a_traced_model_is_read_back_the_same(tmp_path, tiny_llama_config, monke
         {id(b.work) for b in first.blocks.blocks})
 
 
+def test_the_default_length_asked_for_by_number_reads_the_same_entry(tmp_path, tiny_llama_config,
+                                                                    monkeypatch):
+    """A config traced at its default length (no seq_len) is read back when its length is then
+    given by number (plan show --why, the exports' memory check pass it); a zoo model's default
+    and the same length by number share one key, either way round."""
+    from planner import api
+
+    folder = str(tmp_path / "traces")
+    first = prepare(tiny_llama_config, cache_dir=folder)
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("traced again instead of reading the cache")
+
+    monkeypatch.setattr(api, "_trace", no_trace)
+    again = prepare(tiny_llama_config, seq_len=first.seq_len, cache_dir=folder)
+    assert again.to_dict() == first.to_dict()
+    with pytest.raises(AssertionError, match="traced again"):  # another length is another trace
+        prepare(tiny_llama_config, seq_len=first.seq_len // 2, cache_dir=folder)
+    calls = []
+    monkeypatch.setattr(api, "_trace", lambda *a, **k: calls.append(a[2]) or first)
+    prepare("gpt2", seq_len=api.ZOO["gpt2"].seq_len, cache_dir=folder)
+    prepare("gpt2", cache_dir=folder)
+    assert calls == [api.ZOO["gpt2"].seq_len]
+
+
 def test_a_cached_trace_names_the_file_it_was_asked_for(tmp_path, tiny_llama_config):
     """The same bytes under another path hit the cache, and the plan must name the file that
     exists now (plan run builds the model from it), not the first one."""
