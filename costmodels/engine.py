@@ -240,9 +240,9 @@ def describe(engine: EngineSpec) -> str:
     kernel = {"flash": "FlashAttention", "flash2": "FlashAttention-2 (PyTorch SDPA)",
               "materialized": "attention scores in memory"}[engine.attention]
     layers_only = engine.kernels == "fused" and engine.fused_scope == "layers"
-    words = (f"{kernel}"
-             f", {'fused' if engine.kernels == 'fused' else 'one kernel per op (eager)'} "
-             f"element-wise kernels{' in the repeated layers' if layers_only else ''}"
+    elementwise = ("fused element-wise kernels" if engine.kernels == "fused"
+                   else "eager element-wise ops (a kernel each)")
+    words = (f"{kernel}, {elementwise}{' in the repeated layers' if layers_only else ''}"
              f", gradient reduction "
              f"{'overlapped with backward' if engine.overlap_grad_reduce else 'after backward'}"
              f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}")

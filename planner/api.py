@@ -179,6 +179,11 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         precision.check_recipe(group.device, dtype, eng.fp8_recipe)
     options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
                                              time_limit_s=time_limit_s, trace=trace_method), target)
+    if not isinstance(cl, HeteroCluster) and cl.device.name == "cpu":
+        if options.fix.get("offload_optimizer"):  # the device is the host: nowhere to offload to
+            raise SpecError("fix.offload_optimizer: the cpu cluster's processes step the "
+                            "optimizer in host memory already; drop offload_optimizer")
+        options = dataclasses.replace(options, offload=(False,))
     if isinstance(cl, HeteroCluster):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
     else:  # pins the cluster, batch or sequence cannot take: before tracing
@@ -406,6 +411,11 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
         log.warning("engine.fp8_recipe: %s applies to --dtype fp8 only; this %s plan does not "
                     "use it", training.engine.fp8_recipe, training.dtype)
     if any(b.work.num_experts for b in prepared.blocks.blocks):
+        if training.engine.moe_overlap and training.engine.moe_dispatcher != "alltoall":
+            log.warning("engine.moe_overlap: the overlapped dispatch runs with the alltoall "
+                        "dispatcher only (Megatron-Core refuses it with %s); no configuration "
+                        "here overlaps it: drop moe_overlap or set moe_dispatcher=alltoall",
+                        training.engine.moe_dispatcher)
         return
     given = [f.name for f in dataclasses.fields(EngineSpec) if f.name.startswith("moe_")
              and f.name not in PRESET_MOE  # what a preset sets says what the software does

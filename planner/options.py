@@ -371,50 +371,51 @@ class ScheduleOptions:
                 raise SpecError(f"{key}: expected seconds > 0, got {value!r}")
 
 
-def parse_fix(fix) -> dict:
-    """``"tp=8,pp=4"`` or a mapping -> validated dict of pinned knobs."""
+def parse_fix(fix, where: str = "fix", example: str = "--fix tp=8,pp=4") -> dict:
+    """``"tp=8,pp=4"`` or a mapping -> validated dict of pinned knobs; errors name ``where``
+    (the option the knobs came from: fix, why, vary) and show ``example``."""
     if fix is None:
         return {}
     if isinstance(fix, str):
-        fix = parse_pairs(fix, where="fix", example="--fix tp=8,pp=4")
+        fix = parse_pairs(fix, where=where, example=example)
     if not isinstance(fix, Mapping):
-        raise SpecError(f"fix: expected a mapping or 'k=v,...', got {type(fix).__name__}")
+        raise SpecError(f"{where}: expected a mapping or 'k=v,...', got {type(fix).__name__}")
     out = {}
     for key, value in fix.items():
         if key not in FIX_KEYS:
-            raise SpecError(f"fix: unknown knob '{key}'; choose from {', '.join(FIX_KEYS)}")
-        out[key] = _fix_value(key, value)
+            raise SpecError(f"{where}: unknown knob '{key}'; choose from {', '.join(FIX_KEYS)}")
+        out[key] = _fix_value(key, value, where)
     return out
 
 
-def _fix_value(key: str, value):
+def _fix_value(key: str, value, where: str = "fix"):
     if key in ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch", "zero"):
         try:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError(value)
             v = int(value)
         except (TypeError, ValueError, OverflowError):
-            raise SpecError(f"fix.{key}: expected an integer, got {value!r}") from None
+            raise SpecError(f"{where}.{key}: expected an integer, got {value!r}") from None
         if key == "zero" and v not in ZERO_STAGES:
-            raise SpecError(f"fix.zero: expected 0, 1, 2 or 3, got {value!r}")
+            raise SpecError(f"{where}.zero: expected 0, 1, 2 or 3, got {value!r}")
         if key != "zero" and v < 1:
-            raise SpecError(f"fix.{key}: expected a positive integer, got {value!r}")
+            raise SpecError(f"{where}.{key}: expected a positive integer, got {value!r}")
         return v
     if key == "schedule":
         if str(value) not in SCHEDULES:
-            raise SpecError(f"fix.schedule: unknown schedule '{value}'; choose {', '.join(SCHEDULES)}")
+            raise SpecError(f"{where}.schedule: unknown schedule '{value}'; choose {', '.join(SCHEDULES)}")
         return str(value)
     if key == "placement":
         if str(value) not in PLACEMENTS:
-            raise SpecError(f"fix.placement: expected {' or '.join(PLACEMENTS)}, got {value!r}")
+            raise SpecError(f"{where}.placement: expected {' or '.join(PLACEMENTS)}, got {value!r}")
         return str(value)
     if key == "cp_comm":
         if str(value) not in CP_COMMS:
-            raise SpecError(f"fix.cp_comm: unknown form '{value}'; choose {', '.join(CP_COMMS)}")
+            raise SpecError(f"{where}.cp_comm: unknown form '{value}'; choose {', '.join(CP_COMMS)}")
         return str(value)
     if key == "recompute":
         if str(value) not in RECOMPUTE:
-            raise SpecError(f"fix.recompute: expected {', '.join(RECOMPUTE[:-1])} or "
+            raise SpecError(f"{where}.recompute: expected {', '.join(RECOMPUTE[:-1])} or "
                             f"{RECOMPUTE[-1]}, got {value!r}")
         return str(value)
     if isinstance(value, bool):
@@ -424,4 +425,4 @@ def _fix_value(key: str, value):
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise SpecError(f"fix.{key}: expected true or false, got {value!r}")
+    raise SpecError(f"{where}.{key}: expected true or false, got {value!r}")

@@ -34,14 +34,14 @@ def register(add) -> None:
 def run(args) -> int:
     folder = bool(args.output) and args.output != STDOUT and os.path.isdir(args.output)
     if args.output is not None and not folder:
-        check_output(args.output, "-o", inputs=(args.plan,))
+        check_output(args.output, "output", inputs=(args.plan,))
     stem = os.path.splitext(os.path.basename(args.plan))[0]  # a folder gets PLAN.<target suffix>
     text, name = export(load_plan(args.plan), args.to, args.engine_version, stem=stem)
     if not args.output or args.output == STDOUT:
         print(text, end="")
         return 0
     path = os.path.join(args.output, name) if folder else args.output
-    check_output(path, "-o", inputs=(args.plan,))
+    check_output(path, "output", inputs=(args.plan,))
     atomic_write(path, text)
     print(f"wrote {path}")
     return 0

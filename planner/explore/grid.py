@@ -60,7 +60,7 @@ def parse_vary(items: Sequence[str]) -> dict:
 def value(key: str, raw):
     """One value of ``key``, converted and checked (SpecError names key and value)."""
     if key in FIX_KEYS:
-        return parse_fix({key: raw})[key]
+        return parse_fix({key: raw}, where="vary")[key]
     if key in ("nodes", "gpus_per_node", "global_batch", "seq_len"):
         try:
             value = int(raw)

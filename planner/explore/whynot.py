@@ -57,7 +57,7 @@ def why_not(plan: Plan, pins) -> WhyNot:
     """Re-plan ``plan``'s own model, training and cluster with ``pins`` fixed (on top of what the
     plan already fixed) and return what changes, or why nothing fits."""
 
-    pins = parse_fix(pins)
+    pins = parse_fix(pins, where="why", example="--why tp=16,pp=1")
     if not pins:
         raise SpecError("why: name the knobs to try, e.g. --why tp=16 or --why pp=1,zero=3")
     prepared, cluster, training, options = replan_inputs(plan, pins)

@@ -239,14 +239,16 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                     str(etp)],
                    f"experts over ep {ep} ranks (folded over tp x cp x dp), their matrices over "
                    f"etp {etp} (Megatron's default etp is tp: written out)")]
-    if facts.experts:
+    if facts.experts and facts.top_k:
         out.append((["--num-experts", str(facts.experts), "--moe-router-topk", str(facts.top_k)],
                     f"{plan.model['name']}: {facts.experts} routed experts, {facts.top_k} per "
-                    "token (planner's zoo); the rest of the MoE model (--moe-ffn-hidden-size, "
-                    "shared experts, router) stays with your model arguments"))
+                    f"token ({facts.known_from}); the rest of the MoE model "
+                    "(--moe-ffn-hidden-size, shared experts, router) stays with your model "
+                    "arguments"))
     else:
         ledger.info("--num-experts and --moe-router-topk are not written: the plan does not "
-                    f"record {plan.model['name']}'s expert count and top-k (not a zoo model); "
+                    f"record {plan.model['name']}'s expert count and top-k (not a zoo model, "
+                    "and no config.json of it where the plan says); "
                     "add them with your model arguments (validate_args requires --num-experts, "
                     f"a multiple of ep={ep}, when ep > 1)")
     ledger.exact("moe_dispatcher", "moe_capacity_factor")

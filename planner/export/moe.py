@@ -4,16 +4,19 @@ A plan records the model by name, source and spec (``model.spec``: a zoo name, a
 ``file.py:factory``), its size, its blocks and its layer lists, not the model's configuration. So
 the expert count and the experts each token is routed to (top-k), which Megatron-LM needs on its
 command line, come from the zoo entry the plan names (planner/inputs/zoo.py, the configuration the
-plan was traced from); for a model from anywhere else they are unknown to the export and stay the
-user's model arguments. A model is a mixture of experts when its zoo entry has routed experts, when
+plan was traced from) or from the Hugging Face config.json the plan names, read again where it
+still is; for a model from anywhere else they are unknown to the export and stay the user's model
+arguments. A model is a mixture of experts when its zoo entry has routed experts, when
 the plan spreads experts (ep or etp > 1), or when its stages price expert parameters.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
-from planner.inputs.zoo import ZOO
+from planner.inputs.zoo import ROUTED_KEYS, ZOO
 from planner.planfile.document import Plan
 
 EXPERT_BIAS = ("gpt_oss",)
@@ -48,6 +51,8 @@ class Model:
     """The routed experts add a bias vector each (gpt-oss)."""
     sinks: bool = False
     """The attention has sinks (gpt-oss)."""
+    known_from: str = ""
+    """Where the expert count came from ("planner's zoo", the config file's path); "" unknown."""
 
 
 def model(plan: Plan) -> Model:
@@ -56,16 +61,37 @@ def model(plan: Plan) -> Model:
     spread = p.get("ep", 1) > 1 or p.get("etp", 1) > 1 or any(
         "expert_params" in st.get("predicted", {}) for st in plan.stages)
     entry = ZOO.get((m.get("spec") or "").lower()) if m.get("source", "zoo") == "zoo" else None
-    if entry is None:
+    if entry is not None:
+        cfg, model_type, where = entry.config, entry.model_type, "planner's zoo"
+    else:
+        cfg, where = _config_file(m)
+        model_type = str(cfg.get("model_type", ""))
+    if not cfg:
         return Model(moe=spread)
-    cfg = entry.config
-    routed = entry.routed_experts or None
+    routed = next((int(cfg[k]) for k in ROUTED_KEYS if cfg.get(k)), None)
+    top_k = cfg.get("num_experts_per_tok")
     return Model(moe=bool(routed) or spread, experts=routed,
-                 top_k=int(cfg["num_experts_per_tok"]) if routed else None,
-                 shared=int(cfg.get("n_shared_experts", 0) or 0), model_type=entry.model_type,
+                 top_k=int(top_k) if routed and top_k else None,
+                 shared=int(cfg.get("n_shared_experts", 0) or 0), model_type=model_type,
                  mla=bool(cfg.get("kv_lora_rank")), sliding_window=int(cfg.get("sliding_window")
                                                                        or 0),
-                 expert_bias=entry.model_type in EXPERT_BIAS, sinks=entry.model_type in SINKS)
+                 expert_bias=model_type in EXPERT_BIAS, sinks=model_type in SINKS,
+                 known_from=where if routed else "")
+
+
+def _config_file(m: dict) -> tuple[dict, str]:
+    """(the Hugging Face config the plan was traced from, its path) where the plan names one that
+    is still there; ({}, "") otherwise."""
+    spec = m.get("spec") or ""
+    if m.get("source") != "hf-config" or not spec:
+        return {}, ""
+    path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return {}, ""
+    return (cfg, path) if isinstance(cfg, dict) else ({}, "")
 
 
 def settings(plan: Plan) -> dict:

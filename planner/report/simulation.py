@@ -55,7 +55,8 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
         worst = max(memory[2], key=lambda o: o[1] - o[2])
         lines.append(f"does not fit: {schedule}{new_v} needs {gb(worst[1])} on pipeline rank "
                      f"{worst[0]}, more than the {gb(worst[2])} a plan may use of its GPU"
-                     + (f" (and on {len(memory[2]) - 1} more ranks)" if len(memory[2]) > 1 else "")
+                     + (f" (and on {len(memory[2]) - 1} more rank"
+                        f"{'s' if len(memory[2]) > 2 else ''})" if len(memory[2]) > 1 else "")
                      + "; fewer micro-batches in flight, recomputation or a higher ZeRO stage "
                      "would be needed (plan solve --fix schedule=... finds one that fits)")
     return "\n".join(lines)

@@ -75,7 +75,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     ep, etp = fix.get("ep", 1), fix.get("etp", 1)
     if (ep > 1 or etp > 1) and not space.experts:
         key = "ep" if ep > 1 else "etp"
-        return f"fix.{key}: the model has no routed experts; drop {key}"
+        return (f"fix.{key}: the model has no routed experts the trace recognizes (a grouped "
+                "GEMM of routed tokens by stacked [experts, in, out] weights, torch._grouped_mm "
+                f"with offs=, as transformers' MoE layers run it; README: ep); drop {key}")
     if space.experts and tp is not None and tp > 1 and fix.get("sequence_parallel") is False:
         sp = options is None or True in options.sequence_parallel  # the target can run it
         return (f"fix.sequence_parallel: false with tp={tp}, but a model with routed experts runs "

@@ -54,6 +54,11 @@ BAD = {
     "bad batch": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "0"],
                   "argument --global-batch: expected an integer >= 1, got '0'"),
     "missing plan": (["show", "/nonexistent/plan.json"], "not found"),
+    # errors name the option the user typed
+    "bad vary value": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
+                        "--vary", "tp=abc"], "vary.tp: expected an integer, got 'abc'"),
+    "bad why": (["show", os.path.join(REPO, "tests", "golden", "plans", "uneven-llama3-8b.json"),
+                 "--why", "tp"], "why: 'tp' is not key=value; write e.g. --why tp=16,pp=1"),
 }
 
 

@@ -119,7 +119,7 @@ def test_an_output_that_is_the_commands_input_is_refused(capsys, tmp_path, small
     plan.write_text(open(small_plan).read())
     before = plan.read_text()
     code, _, err = run(capsys, "export", plan, "--to", "megatron", "-o", plan)
-    one_line(code, err, BAD, "-o:", "this command's input")
+    one_line(code, err, BAD, "output:", "this command's input")
     code, _, err = run(capsys, "run", plan, "-o", plan)
     one_line(code, err, BAD, "output:", "this command's input")
     assert plan.read_text() == before

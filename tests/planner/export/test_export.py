@@ -654,6 +654,19 @@ def test_megatron_names_no_expert_count_it_does_not_know(notes):
     assert any("--num-experts and --moe-router-topk are not written" in n for n in notes)
 
 
+def test_megatron_reads_the_expert_count_from_the_config_the_plan_names(tmp_path):
+    """A plan traced from a Hugging Face config.json (not a zoo model) still names it: the
+    export reads its expert count and top-k there (OLMoE's keys: num_experts, 8 per token)."""
+    config = tmp_path / "olmoe.json"
+    config.write_text(json.dumps({"model_type": "olmoe", "num_experts": 64,
+                                  "num_experts_per_tok": 8}))
+    plan = data_plan("mixtral-8x7b-ep8-megatron")
+    mine = dataclasses.replace(plan, model={**plan.model, "spec": str(config),
+                                            "source": "hf-config"})
+    args = megatron_args(to_megatron(mine))
+    assert (option(args, "--num-experts"), option(args, "--moe-router-topk")) == ("64", "8")
+
+
 def test_torchtitan_expresses_context_and_expert_parallelism(notes):
     tomllib = pytest.importorskip("tomllib")
     par = tomllib.loads(to_torchtitan(data_plan("llama3-8b-cp4-torchtitan")))["parallelism"]
@@ -984,7 +997,7 @@ def test_cli_errors_are_one_line_with_exit_code_2(capsys, tmp_path):
     assert main(["export", str(tmp_path / "p.json"), "--to", "deepspeed",
                  "-o", str(tmp_path / "no" / "such" / "x.json")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("plan: error: -o: folder") and "does not exist" in err
+    assert err.startswith("plan: error: output: folder") and "does not exist" in err
 
 
 if __name__ == "__main__":

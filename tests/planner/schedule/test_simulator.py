@@ -262,6 +262,11 @@ def test_simulate_plan_own_and_other_schedules():
     assert simulate_plan(fake_plan(), schedule_name="gpipe", microbatches=4).microbatches == 4
     with pytest.raises(SpecError, match="vpp: interleaved-1f1b needs vpp >= 2"):
         simulate_plan(fake_plan(), schedule_name="interleaved-1f1b")
+    one = fake_plan()
+    one.stages, one.parallel["pp"] = one.stages[:1], 1
+    assert simulate_plan(one, schedule_name="gpipe").ranks == 1
+    with pytest.raises(SpecError, match="schedule: bidirectional runs two pipelines .* pp=1"):
+        simulate_plan(one, schedule_name="bidirectional")
 
 
 def test_plan_simulate_command_prints_both_and_the_difference(capsys, tmp_path):

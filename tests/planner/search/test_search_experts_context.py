@@ -145,7 +145,8 @@ def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
 def test_expert_pins_on_a_dense_model_and_uneven_sequences_are_refused(tiny_llama,
                                                                        tiny_llama_config,
                                                                        branched):
-    with pytest.raises(planner.SpecError, match="no routed experts; drop ep$"):
+    with pytest.raises(planner.SpecError, match=r"no routed experts the trace recognizes \(a "
+                                                r"grouped GEMM .*torch\._grouped_mm.*; drop ep$"):
         _plan(tiny_llama, "ep=2")
     with pytest.raises(planner.SpecError, match=r"^fix.cp: the model has no attention .*drop cp$"):
         _plan(branched, "cp=2")  # before: a count of the search's rules
@@ -311,7 +312,13 @@ def test_moe_settings_on_a_dense_model_are_named_as_unused(tiny_llama, tiny_mixt
     caplog.clear()
     with caplog.at_level("WARNING", logger="planner"):
         _plan(tiny_mixtral, "tp=1,pp=1", engine=engine)
-    assert "no routed experts" not in caplog.text
+    assert "no routed experts" not in caplog.text and "moe_overlap" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="planner"):  # an overlap no dispatch here runs
+        _plan(tiny_mixtral, "tp=1,pp=1", engine=engine_from_mapping(
+            "megatron-core,moe_dispatcher=allgather,moe_overlap=true"))
+    assert "engine.moe_overlap: the overlapped dispatch runs with the alltoall dispatcher only" \
+        in caplog.text
 
 
 @pytest.mark.parametrize("form,cp", [("a2a", 2), ("allgather", 2), ("p2p", 4)])

@@ -215,3 +215,19 @@ def _an_estimate(prepared):
     cl = load_cluster("dgx-a100-80g", nodes=1)
     tr = TrainingSpec(global_batch=32, seq_len=prepared.seq_len)
     return search(prepared.blocks, cl, tr, SearchOptions(top_k=1)).best
+
+
+def test_a_cpu_cluster_offloads_nothing(tiny_llama_config):
+    """On the cpu cluster the device is the host: the search leaves offload out (the processes
+    step the optimizer in host memory already, and `plan run` would not apply it), and a pin of
+    it is refused."""
+    import planner
+
+    p = planner.plan(tiny_llama_config, cluster="cpu", global_batch=4, seq_len=64, dtype="fp32",
+                     fix="dp=2,zero=1", top_k=3)
+    assert p.parallel["offload_optimizer"] is False
+    alternatives = p.search["alternatives"]
+    assert alternatives and not any(a["parallel"]["offload_optimizer"] for a in alternatives)
+    with pytest.raises(SpecError, match="fix.offload_optimizer: the cpu cluster's processes"):
+        planner.plan(tiny_llama_config, cluster="cpu", global_batch=4, seq_len=64, dtype="fp32",
+                     fix="offload_optimizer=true")
