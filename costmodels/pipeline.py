@@ -11,7 +11,8 @@ With ``p`` stages and ``m`` micro-batches on equal stages of forward+backward ti
 - ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR'24) splits the backward into the
   input gradient B and the weight gradient W and fills the drain with W's: its bubble is
   ``(p - 1)(t_F + t_B - t_W)`` against 1F1B's ``(p - 1)(t_F + t_B + t_W)``;
-  with fewer micro-batches than stages (m < p) the step is ``(m + p - 1)(t_F + t_B) + t_W``: every
+  with fewer micro-batches than stages (m < p) and ``t_W <= t_B`` the step is
+  ``(m + p - 1)(t_F + t_B) + t_W``: every
   W but the first stage's last one runs beside another stage's F or B (one micro-batch: the forward
   chain, the backward chain back, and stage 0's W). Its first rank holds 1F1B's p micro-batches;
   rank r holds p - r like 1F1B's plus the r whose W it holds back, each keeping its Linear
@@ -84,13 +85,14 @@ def step_time_s(rank_times_s: Sequence[float], *, microbatches: int, schedule: s
     if schedule == "1f1b" and fwd_s is not None:
         return one_f_one_b_s(fwd_s, [t - f for t, f in zip(rank_times_s, fwd_s)],
                              microbatches=microbatches, sends_s=sends_s)
+    per_rank = not isinstance(wgrad_s, (int, float))  # a sequence or an array, one per rank
     if schedule == "zb-h1" and fwd_s is not None:
-        if not isinstance(wgrad_s, Sequence):
+        if not per_rank:
             raise SpecError("wgrad_s: ZB-H1 priced rank by rank (fwd_s given) needs each rank's "
                             "weight-gradient seconds; pass a sequence, one per rank")
         return zb_h1_s(fwd_s, [t - f - w for t, f, w in zip(rank_times_s, fwd_s, wgrad_s)],
                        wgrad_s, microbatches=microbatches, sends_s=sends_s)
-    if isinstance(wgrad_s, Sequence):
+    if per_rank:
         raise SpecError("wgrad_s: without fwd_s ZB-H1 takes the slowest rank's weight-gradient "
                         "seconds; pass a number")
     v = vpp if schedule == "interleaved-1f1b" else 1
@@ -173,8 +175,9 @@ def zb_h1_s(fwd_s: Sequence[float], bwd_s: Sequence[float], wgrad_s: Sequence[fl
     - each rank's passes, m (F + B + W), after micro-batch 0 has crossed the ranks before it;
     - each rank r > 0's last B (at the earliest as that form has it) and the W passes still due
       after it: 1 + min(r, m - warm-up, m - 1), the ones it held back.
-    Exact on equal stages whose W is at most F + B (Qi et al.'s (m + p - 1)(t_F + t_B) +
-    (m - p + 1) t_W with m >= p; rank 0's chain, (m + p - 1)(t_F + t_B) + t_W, with m < p); on
+    Exact on equal stages: Qi et al.'s (m + p - 1)(t_F + t_B) + (m - p + 1) t_W with m >= p
+    (t_W at most t_F + t_B), rank 0's chain (m + p - 1)(t_F + t_B) + t_W with m < p (t_W at
+    most t_B; a heavier W, which real blocks do not have, is undercounted by a few percent); on
     unequal ones never above the event-by-event simulation (tests/planner/schedule).
     ``sends_s``: one send's seconds over each cut (p - 1 values), as in one_f_one_b_s."""
     p, m = len(fwd_s), microbatches

@@ -179,19 +179,16 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         precision.check_recipe(group.device, dtype, eng.fp8_recipe)
     options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
                                              time_limit_s=time_limit_s, trace=trace_method), target)
-    if not isinstance(cl, HeteroCluster) and cl.device.name == "cpu":
-        if options.fix.get("offload_optimizer"):  # the device is the host: nowhere to offload to
-            raise SpecError("fix.offload_optimizer: the cpu cluster's processes step the "
-                            "optimizer in host memory already; drop offload_optimizer")
-        options = dataclasses.replace(options, offload=(False,))
     if isinstance(cl, HeteroCluster):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
     else:  # pins the cluster, batch or sequence cannot take: before tracing
         problem = cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch)
         zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
-        if zoo and not problem:  # and those its published dimensions rule out
-            problem = known_model_pin_problem(dict(options.fix), cl.num_gpus,
-                                              seq_len=seq_len or zoo.seq_len,
+        length = seq_len or (zoo.seq_len if zoo else 0)
+        if zoo and not problem and length <= (zoo.learned_positions or length):
+            # and those its published dimensions rule out (a sequence longer than its learned
+            # positions is the trace's to name first)
+            problem = known_model_pin_problem(dict(options.fix), cl.num_gpus, seq_len=length,
                                               experts=zoo.routed_experts, options=options)
         if problem:
             raise SpecError(problem)

@@ -70,8 +70,9 @@ def why_not(plan: Plan, pins) -> WhyNot:
                       + _untried(plan, variant, options), over=[])
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                           training, options)
-    if problem:  # a pin the model or cluster cannot take is bad input, as in solve
-        raise SpecError(problem)
+    if problem:  # a pin the model or cluster cannot take is bad input, as in solve, named as
+        key = problem.partition(":")[0].removeprefix("fix.")  # the option that gave it
+        raise SpecError(f"why.{problem[4:]}" if key in pins else problem)
     aside, ruled = rejection_lines(result.rejected)
     ruled = f"ruled out by the rules: {ruled}" if ruled else ""
     message = (f"all {result.candidates} configurations with {pins_text(pins)} set aside ("

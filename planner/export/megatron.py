@@ -246,9 +246,9 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                     "(--moe-ffn-hidden-size, shared experts, router) stays with your model "
                     "arguments"))
     else:
-        ledger.info("--num-experts and --moe-router-topk are not written: the plan does not "
-                    f"record {plan.model['name']}'s expert count and top-k (not a zoo model, "
-                    "and no config.json of it where the plan says); "
+        ledger.info("--num-experts and --moe-router-topk are not written: the export does not "
+                    f"know {plan.model['name']}'s expert count and top-k (not a zoo model, and no "
+                    f"config.json where the plan names it that gives both and fits ep={ep}); "
                     "add them with your model arguments (validate_args requires --num-experts, "
                     f"a multiple of ep={ep}, when ep > 1)")
     ledger.exact("moe_dispatcher", "moe_capacity_factor")

@@ -66,9 +66,11 @@ def model(plan: Plan) -> Model:
     else:
         cfg, where = _config_file(m)
         model_type = str(cfg.get("model_type", ""))
+    routed = next((int(cfg[k]) for k in ROUTED_KEYS if cfg.get(k)), None) if cfg else None
+    if entry is None and routed and routed % int(p.get("ep", 1)):
+        cfg, routed = {}, None  # not the config the plan was made from (edited, or another file)
     if not cfg:
         return Model(moe=spread)
-    routed = next((int(cfg[k]) for k in ROUTED_KEYS if cfg.get(k)), None)
     top_k = cfg.get("num_experts_per_tok")
     return Model(moe=bool(routed) or spread, experts=routed,
                  top_k=int(top_k) if routed and top_k else None,
@@ -81,7 +83,8 @@ def model(plan: Plan) -> Model:
 
 def _config_file(m: dict) -> tuple[dict, str]:
     """(the Hugging Face config the plan was traced from, its path) where the plan names one that
-    is still there; ({}, "") otherwise."""
+    is still there (a relative path from the current folder, as the plan was made); ({}, "")
+    otherwise. ``model`` drops one whose expert count the plan's ep does not divide."""
     spec = m.get("spec") or ""
     if m.get("source") != "hf-config" or not spec:
         return {}, ""

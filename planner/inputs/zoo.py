@@ -44,7 +44,25 @@ EmbeddingBagCollection): dlrm-criteo-1tb, dlrm-dcnv2 and two-tower, sources besi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+
+LEARNED_POSITION_TYPES = ("bert", "roberta", "gpt2", "opt", "bart", "whisper")
+"""Hugging Face model types whose max_position_embeddings (or max_target_positions) are learned
+absolute positions, a hard limit on the sequence."""
+
+
+def learned_positions(cfg) -> int | None:
+    """The longest text a model with learned absolute positions takes, where it has them;
+    ``cfg``: a transformers config, or a mapping with its model_type."""
+    def get(key):
+        return cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, key, None)
+
+    limit = get("n_positions")
+    if limit is None and get("model_type") in LEARNED_POSITION_TYPES:
+        limit = get("max_position_embeddings") or get("max_target_positions")
+    return int(limit) if limit else None
 
 
 ROUTED_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -63,6 +81,11 @@ class ZooEntry:
     seq_len: int = 2048
     """Default sequence length."""
     description: str = ""
+
+    @property
+    def learned_positions(self) -> int | None:
+        """The longest sequence its learned absolute positions take (None: no such limit)."""
+        return learned_positions({**self.config, "model_type": self.model_type})
 
     @property
     def routed_experts(self) -> int:

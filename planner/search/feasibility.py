@@ -52,6 +52,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     problem = cluster_pin_problem(fix, n, batch)
     if problem:
         return problem
+    if fix.get("offload_optimizer") and space.host:
+        return ("fix.offload_optimizer: the cpu cluster's processes step the optimizer in host "
+                "memory already; drop offload_optimizer")
     cp = fix.get("cp", 1)
     if cp > 1 and not space.heads[0]:
         return ("fix.cp: the model has no attention (context parallelism splits attention's "

@@ -41,6 +41,7 @@ VPP_ROUNDS = "interleaved needs micro-batches divisible by pp"
 VPP_SCHEDULE = "vpp > 1 needs the interleaved-1f1b schedule"
 VPP_BLOCKS = "pp x vpp > blocks"
 OFFLOAD_ZERO = "offload needs ZeRO >= 1"
+OFFLOAD_HOST = "offload on a device that is the host (cpu)"
 ZERO_PP = "ZeRO stage not run with pipelines by the target"
 ZERO3_CP_EP = "ZeRO-3 with both cp and ep not run by the target"
 ZERO_CP = "ZeRO stage not run with cp by the target"
@@ -115,6 +116,9 @@ class Space:
     """Whether the target runs no tensor parallelism for this model: a block keeps weights inside
     a tensor-parallel region (Block.tp_inner_weights) and the target does not split such regions
     (SearchOptions.tp_inner_weights)."""
+    host: bool = False
+    """Whether the device is the host CPU (the cpu cluster): its processes step the optimizer in
+    host memory already, so there is nothing to offload it to."""
 
     @classmethod
     def of(cls, cluster, blocks, options: SearchOptions | None = None) -> "Space":
@@ -141,7 +145,8 @@ class Space:
                        num_blocks=len(blocks.blocks), tp_divisors=divs,
                        group_gpus=tuple(g.num_gpus for g in groups), **model)
         return cls(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
-                   num_blocks=len(blocks.blocks), tp_divisors=divs, **model)
+                   num_blocks=len(blocks.blocks), tp_divisors=divs,
+                   host=cluster.device.name == "cpu", **model)
 
 
 @dataclass(frozen=True)
@@ -407,7 +412,7 @@ def _group_meshes(space: Space, fix: dict, training: TrainingSpec, options: Sear
 
 def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1, ep=1, etp=1,
            seq_len=0):
-    states = _zero_offload(fix, dp * cp, pp, options, rejected)
+    states = _zero_offload(fix, dp * cp, pp, options, rejected, host=space.host)
     if not options.zero0_with_others and dp * cp > 1 and max(tp, pp, cp, ep) > 1 and states:
         kept = [(z, o) for z, o in states if z != 0]
         if not kept:
@@ -485,18 +490,23 @@ def _vpps(fix: dict, schedule: str, pp: int, m: int, options: SearchOptions,
 
 
 def _zero_offload(fix: dict, dp: int, pp: int, options: SearchOptions,
-                  rejected: Counter) -> list[tuple]:
+                  rejected: Counter, *, host: bool = False) -> list[tuple]:
     """(ZeRO stage, offload) pairs; offloading the optimizer needs its states sharded (ZeRO >= 1),
     as in DeepSpeed. Without data parallelism sharding changes nothing, so ZeRO 0 stands for
     every stage, except that ZeRO 1 with offload is the single-GPU ZeRO-Offload (Ren et al.,
     USENIX ATC'21, train 13B parameters on one V100). With a pipeline, the stages the target
-    engine runs with one."""
+    engine runs with one. On the ``host`` (the cpu cluster) nothing is offloaded."""
     allowed = [z for z in options.zero if pp == 1 or z in options.zero_with_pp]
     zeros = _choices(fix, "zero", allowed if dp > 1 else [0] + [1] * (1 in allowed))
     if pp > 1 and "zero" in fix and fix["zero"] not in options.zero_with_pp:
         rejected[ZERO_PP] += 1
         return []
     offloads = _choices(fix, "offload_optimizer", list(options.offload))
+    if host and True in offloads:
+        offloads = [o for o in offloads if not o]
+        if not offloads:
+            rejected[OFFLOAD_HOST] += 1
+            return []
     pairs = [(z, o) for z in zeros for o in offloads
              if not (o and z == 0) and not (dp == 1 and z >= 1 and not o and "zero" not in fix)]
     if not pairs:

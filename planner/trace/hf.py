@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from planner.errors import SpecError
+from planner.inputs.zoo import learned_positions
 
 AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM",
                 "AutoModelForSpeechSeq2Seq", "AutoModelForImageClassification", "AutoModel")
@@ -219,15 +220,6 @@ def _no_init(device: str):
     finally:
         for n, fn in saved.items():
             setattr(torch.nn.init, n, fn)
-
-
-def learned_positions(cfg) -> int | None:
-    """The longest text a model with learned absolute positions takes, where it has them."""
-    limit = getattr(cfg, "n_positions", None)
-    if limit is None and cfg.model_type in ("bert", "roberta", "gpt2", "opt", "bart", "whisper"):
-        limit = getattr(cfg, "max_position_embeddings", None) or getattr(
-            cfg, "max_target_positions", None)
-    return int(limit) if limit else None
 
 
 def check_seq_len(cfg, seq_len: int, name: str) -> None:

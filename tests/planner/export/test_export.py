@@ -665,6 +665,10 @@ def test_megatron_reads_the_expert_count_from_the_config_the_plan_names(tmp_path
                                             "source": "hf-config"})
     args = megatron_args(to_megatron(mine))
     assert (option(args, "--num-experts"), option(args, "--moe-router-topk")) == ("64", "8")
+    # a file that cannot be the plan's (ep 8 does not divide 6 experts): not read
+    config.write_text(json.dumps({"model_type": "olmoe", "num_experts": 6,
+                                  "num_experts_per_tok": 2}))
+    assert "--num-experts" not in megatron_args(to_megatron(mine))
 
 
 def test_torchtitan_expresses_context_and_expert_parallelism(notes):

@@ -153,7 +153,7 @@ def test_diff_shows_what_differs_and_by_how_much(capsys, tiny_llama_config, smal
 def test_why_with_a_knob_the_model_cannot_take_is_bad_input(capsys, small_plan):
     # the tiny Llama has no routed experts: as `plan solve --fix ep=2` says, not a plan at ep 1
     code, out, err = run(capsys, "show", small_plan, "--why", "ep=2")
-    assert code == 2 and "fix.ep: the model has no routed experts" in err
+    assert code == 2 and "plan: error: why.ep: the model has no routed experts" in err
     assert "If it ran" not in out
 
 

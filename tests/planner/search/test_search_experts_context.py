@@ -716,3 +716,6 @@ def test_a_zoo_models_pins_are_checked_before_it_is_traced(monkeypatch, model, f
     monkeypatch.setattr(api, "prepare", no_trace)
     with pytest.raises(planner.SpecError, match=words):
         planner.plan(model, cluster="dgx-h100", nodes=3, global_batch=240, seq_len=seq, fix=fix)
+    # a sequence beyond the model's learned positions is the trace's to name (gpt2: 1024)
+    with pytest.raises(AssertionError, match="traced before"):
+        planner.plan("gpt2", cluster="dgx-h100", global_batch=8, seq_len=1026, fix="cp=2")

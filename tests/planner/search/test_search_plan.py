@@ -231,3 +231,7 @@ def test_a_cpu_cluster_offloads_nothing(tiny_llama_config):
     with pytest.raises(SpecError, match="fix.offload_optimizer: the cpu cluster's processes"):
         planner.plan(tiny_llama_config, cluster="cpu", global_batch=4, seq_len=64, dtype="fp32",
                      fix="offload_optimizer=true")
+    rows = planner.whatif(tiny_llama_config, cluster="cpu", global_batch=4, seq_len=64,
+                          dtype="fp32", fix="dp=2", vary={"zero": [1, 2]})  # what-if, too
+    assert [r["feasible"] for r in rows] == [True, True]
+    assert not any(r["offload_optimizer"] for r in rows)
