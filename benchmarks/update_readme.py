@@ -131,7 +131,10 @@ SECTIONS = [
      "bounds the data-parallel traffic no compute can hide, and bounds each configuration "
      "again on its stage split before placing and pricing it: DeepSeek-V3 is searched in "
      "1.7-2.3 s with 37 configurations priced in full, Llama-3 405B at 128k in about 1 s; the "
-     "plans chosen are the same."),
+     "plans chosen are the same. ZB-H1 has been priced rank by rank since 2026-12-03 too (a "
+     "tighter bound of its simulation): 24 DeepSeek-V3 configurations priced in full, searched "
+     "in 2.5-2.9 s over three runs in one process, as before it (2.6-2.9 s), and in 3.3-4.1 s "
+     "by this benchmark that day."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "

@@ -125,9 +125,15 @@ def one_f_one_b_s(fwd_s: Sequence[float], bwd_s: Sequence[float], *, microbatche
     activation forward or its gradient back): micro-batch 0 crosses the cuts before s on its way
     in and its gradient on its way back, and a round trip crosses every cut after s both ways."""
     sends = list(sends_s) if sends_s is not None else [0.0] * (len(fwd_s) - 1)
+    return _back_to_rank_0(_last_backward_ends(fwd_s, bwd_s, microbatches, sends), bwd_s, sends)
+
+
+def _back_to_rank_0(ends: Sequence[float], bwd_s: Sequence[float],
+                    sends: Sequence[float]) -> float:
+    """The most of each rank's last backward end and its gradient's way back to rank 0."""
     back = 0.0  # the last gradient's way from rank s back through the ranks before it
     step = 0.0
-    for s, end in enumerate(_last_backward_ends(fwd_s, bwd_s, microbatches, sends)):
+    for s, end in enumerate(ends):
         step = max(step, end + back)
         back += bwd_s[s] + (sends[s] if s < len(sends) else 0.0)
     return step
@@ -183,12 +189,13 @@ def zb_h1_s(fwd_s: Sequence[float], bwd_s: Sequence[float], wgrad_s: Sequence[fl
     p, m = len(fwd_s), microbatches
     sends = list(sends_s) if sends_s is not None else [0.0] * (p - 1)
     merged = [bwd_s[0] + wgrad_s[0]] + list(bwd_s[1:])
-    step = one_f_one_b_s(fwd_s, merged, microbatches=m, sends_s=sends)
+    ends = _last_backward_ends(fwd_s, merged, m, sends)
+    step = _back_to_rank_0(ends, merged, sends)  # one_f_one_b_s(fwd_s, merged, ...)
     arrive = 0.0  # micro-batch 0 reaches rank s
     for s in range(p):
         step = max(step, arrive + m * (fwd_s[s] + bwd_s[s] + wgrad_s[s]))
         arrive += fwd_s[s] + (sends[s] if s < p - 1 else 0.0)
-    for r, end in enumerate(_last_backward_ends(fwd_s, merged, m, sends)):
+    for r, end in enumerate(ends):
         if r:
             warmup = min(p - r - 1, m)
             step = max(step, end + (1 + min(r, m - warmup, m - 1)) * wgrad_s[r])
