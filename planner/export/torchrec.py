@@ -117,8 +117,16 @@ def _notes(plan: Plan, tabs: dict) -> list[str]:
                      "takes no skew (CacheParams.stats can carry measured statistics)")
     if any("cache_load_factor" in t for t in tabs.values()):
         notes.append("fused_uvm_caching tables: the plan's cache ratio is CacheParams(load_factor)")
-    notes.append(f"the dense part: data-parallel (DDP, as DistributedModelParallel wraps it) with "
-                 f"{plan.training.get('optimizer', 'adam')}; the learning rates are yours")
+    optimizer = plan.training.get("optimizer", "adam")
+    if (emb.get("dense") or {}).get("zero") == 3:
+        notes.append("the dense part: the plan shards it with FSDP2 (fully_shard: weights, "
+                     "gradients and optimizer states, ZeRO-3), which DistributedModelParallel "
+                     "does not do (it wraps the dense part in DDP): apply fully_shard to the "
+                     f"dense modules yourself, with {optimizer}, or re-plan with --fix zero=0 "
+                     "for DDP; the learning rates are yours")
+    else:
+        notes.append(f"the dense part: data-parallel (DDP, as DistributedModelParallel wraps it) "
+                     f"with {optimizer}; the learning rates are yours")
     return notes
 
 

@@ -82,8 +82,9 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
     """Tables, joint schedule and baselines -> the ``planner.jobs/v1`` document."""
     if cluster is None and spec.cluster is None:
         raise SpecError("cluster: not given; pass --cluster or add 'cluster:' to the jobs file")
-    cl = load_cluster(cluster if cluster is not None else spec.cluster,
-                      nodes=nodes if nodes is not None else spec.nodes)
+    given = cluster if cluster is not None else spec.cluster
+    homogeneous(load_cluster(given))  # before resizing it: a cluster with groups has no nodes
+    cl = load_cluster(given, nodes=nodes if nodes is not None else spec.nodes)
     log.info("%d jobs on %s (%d node%s x %d GPUs)", len(spec.jobs), cl.name, cl.nodes,
              "" if cl.nodes == 1 else "s", cl.gpus_per_node)
     tables = build_tables(spec, cl, workers=workers)
@@ -95,6 +96,16 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
     doc = document(cl, list(spec.jobs), tables, result, base, plans, now_s=0.0, done=[],
                    record_timing=record_timing)
     return JobsResult(doc=doc, solve_time_s=result.time_s)
+
+
+def homogeneous(cluster) -> Cluster:
+    """``cluster``, or SpecError when it has node groups or sites: jobs share whole nodes of one
+    kind (docs/jobs.md, Limits)."""
+    if not isinstance(cluster, Cluster):
+        raise SpecError(f"cluster: {cluster.name} has node groups or sites, and plan jobs "
+                        "schedules jobs on whole nodes of one kind; give a cluster of one node "
+                        "type (a preset, or a YAML file without groups and sites)")
+    return cluster
 
 
 def replan(doc: dict, *, done: list[str], now_s: float,

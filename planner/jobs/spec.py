@@ -49,7 +49,8 @@ class JobsSpec:
 
 
 def load_jobs(path: str) -> JobsSpec:
-    """Read a jobs YAML file strictly; relative model paths are taken from the file's folder."""
+    """Read a jobs YAML file strictly; relative model and cluster paths are taken from the
+    file's folder."""
     data = read_yaml(path, what="jobs")
     return jobs_from_mapping(data, base_dir=os.path.dirname(path))
 
@@ -70,7 +71,10 @@ def jobs_from_mapping(data, *, base_dir: str = "") -> JobsSpec:
     for i, name in enumerate(names):
         if name in names[:i]:
             raise SpecError(f"jobs[{i}].name: '{name}' is used twice; job names must be unique")
-    return JobsSpec(jobs=tuple(specs), cluster=top.get("cluster"), nodes=top.get("nodes"))
+    cluster = top.get("cluster")
+    if isinstance(cluster, str) and cluster.endswith((".yaml", ".yml")):
+        cluster = _model_path(cluster, base_dir)  # a cluster file beside the jobs file, too
+    return JobsSpec(jobs=tuple(specs), cluster=cluster, nodes=top.get("nodes"))
 
 
 _CHECKS = {
@@ -114,7 +118,8 @@ def _key(where: str, key: str) -> str:
 
 
 def _model_path(model: str, base_dir: str) -> str:
-    """Resolve a relative config.json / file.py path against the jobs file's folder."""
+    """Resolve a relative config.json / file.py (or cluster YAML) path against the jobs file's
+    folder, where it is there."""
     path, sep, factory = model.partition(":") if ".py:" in model else (model, "", "")
     if base_dir and not os.path.isabs(path) and os.path.exists(os.path.join(base_dir, path)):
         return os.path.normpath(os.path.join(base_dir, path)) + sep + factory

@@ -253,6 +253,9 @@ def plan_inputs(plan, *, schedule_name: str, vpp: int = 1) -> StageTimes:
     by differences from the first stage. When ``vpp`` differs from the plan's, each rank's work
     and activations are split evenly over its ``vpp`` new chunks and every cut takes the mean
     one-way time (the activations crossing are the same hidden states)."""
+    if getattr(plan, "embeddings", None) is not None:
+        raise SpecError("schedule: a recommendation plan (sharded embedding tables, a "
+                        "data-parallel dense part) runs no pipeline schedule to simulate or draw")
     stages, pp = plan.stages, plan.parallel["pp"]
     for key in PREDICTED_KEYS:
         if any(key not in st.get("predicted", {}) for st in stages):

@@ -221,3 +221,16 @@ if __name__ == "__main__":
         make_fixture()
     regenerate()
     print(f"rewrote {EXPORT}")
+
+
+def test_an_fsdp2_dense_part_is_named_not_written_as_ddp():
+    """A plan whose dense part is sharded (FSDP2, ZeRO-3) says so: DistributedModelParallel
+    would wrap it in DDP."""
+    import dataclasses
+
+    plan = load_plan(PLAN)
+    emb = {**plan.embeddings, "dense": {**plan.embeddings["dense"], "zero": 3}}
+    text = to_torchrec(dataclasses.replace(plan, embeddings=emb))
+    assert "shards it with FSDP2" in text and "--fix zero=0" in text
+    assert "data-parallel (DDP, as DistributedModelParallel wraps it)" not in text
+    assert "data-parallel (DDP, as DistributedModelParallel wraps it)" in to_torchrec(plan)

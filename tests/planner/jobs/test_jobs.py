@@ -276,3 +276,27 @@ def test_plan_jobs_errors_are_one_line(capsys, tmp_path):
     assert "jobs[0].global_batch: missing" in capsys.readouterr().err
     assert main(["jobs", "--replan", str(tmp_path / "none.json"), "--now", "5"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_plan_jobs_refuses_a_cluster_with_groups_or_sites(capsys, tmp_path):
+    """Jobs share whole nodes of one kind: a cluster with sites or node groups is bad input
+    (exit 2, one line), also when the jobs file resizes it; a cluster file named in the jobs
+    file is found beside it."""
+    import os
+    import shutil
+
+    from planner.cli.main import main
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    shutil.copy(os.path.join(repo, "examples", "two_sites.yaml"), tmp_path / "sites.yaml")
+    jobs = tmp_path / "jobs.yaml"
+    job = "jobs:\n  - {name: a, model: gpt2, global_batch: 8, seq_len: 128, steps: 10}\n"
+    for head in ("", "cluster: sites.yaml\n", "cluster: sites.yaml\nnodes: 2\n"):
+        jobs.write_text(head + job)
+        argv = ["jobs", str(jobs)] + ([] if head else ["--cluster", str(tmp_path / "sites.yaml")])
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "plan: error: cluster: two-sites has node groups or sites" in err, err
+        assert "Traceback" not in err and "internal error" not in err
+    assert load_jobs(str(jobs)).cluster == os.path.normpath(str(tmp_path / "sites.yaml"))

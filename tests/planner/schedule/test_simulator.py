@@ -353,3 +353,11 @@ def test_1f1b_form_with_sends_is_at_or_below_its_simulation():
         gain = max(gain, form / (pipeline.one_f_one_b_s(fwd, bwd, microbatches=m)
                                  + 2 * sum(sends)) - 1)
     assert gain > 0.5
+
+
+def test_a_recommendation_plan_has_no_schedule_to_simulate(capsys):
+    """plan simulate and plan show --gantt name the reason (no pipeline), not a missing field."""
+    dlrm = os.path.join(REPO, "tests", "golden", "plans", "dlrm-criteo-1tb.json")
+    assert main(["simulate", dlrm, "--schedule", "gpipe"]) == 2
+    err = capsys.readouterr().err
+    assert "schedule: a recommendation plan" in err and "missing" not in err
