@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass, fields
 
+from costmodels.hardware import suggest
 from costmodels.topology import Cluster
 from planner.errors import InfeasibleError, SpecError
 from planner.files import atomic_write, read_json_object
 from planner.inputs.clusters import load_cluster
+from planner.inputs.zoo import RECSYS, ZOO
 from planner.jobs.spec import JobSpec, JobsSpec
 from planner.jobs.tables import TableRow, build_tables, model_tables
 from planner.options import ScheduleOptions, SearchOptions
@@ -82,6 +85,7 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
     """Tables, joint schedule and baselines -> the ``planner.jobs/v1`` document."""
     if cluster is None and spec.cluster is None:
         raise SpecError("cluster: not given; pass --cluster or add 'cluster:' to the jobs file")
+    _check_models(spec)
     given = cluster if cluster is not None else spec.cluster
     homogeneous(load_cluster(given))  # before resizing it: a cluster with groups has no nodes
     cl = load_cluster(given, nodes=nodes if nodes is not None else spec.nodes)
@@ -96,6 +100,22 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
     doc = document(cl, list(spec.jobs), tables, result, base, plans, now_s=0.0, done=[],
                    record_timing=record_timing)
     return JobsResult(doc=doc, solve_time_s=result.time_s)
+
+
+def _check_models(spec: JobsSpec) -> None:
+    """SpecError naming the job whose model cannot be found, before any job is planned: an
+    unknown zoo name, or a config.json or file.py that is not there."""
+    for i, job in enumerate(spec.jobs):
+        model = job.model
+        path = model.partition(":")[0] if ".py:" in model else model
+        if ".py:" in model or model.endswith(".json"):
+            if not os.path.exists(path):
+                raise SpecError(f"jobs[{i}].model: file '{path}' not found (relative paths are "
+                                "taken from the jobs file's folder)")
+        elif model.lower() not in ZOO and model.lower() not in RECSYS and \
+                not os.path.isdir(model) and ":" not in model:
+            raise SpecError(f"jobs[{i}].model: unknown model '{model}'{suggest(model.lower(), ZOO)}"
+                            " (or give a config.json path or file.py:factory)")
 
 
 def homogeneous(cluster) -> Cluster:

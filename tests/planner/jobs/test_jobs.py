@@ -300,3 +300,22 @@ def test_plan_jobs_refuses_a_cluster_with_groups_or_sites(capsys, tmp_path):
         assert "plan: error: cluster: two-sites has node groups or sites" in err, err
         assert "Traceback" not in err and "internal error" not in err
     assert load_jobs(str(jobs)).cluster == os.path.normpath(str(tmp_path / "sites.yaml"))
+
+
+def test_a_jobs_model_that_cannot_be_found_is_named_before_any_job_is_planned(tmp_path,
+                                                                              monkeypatch):
+    from planner.jobs import joint
+
+    def no_tables(*args, **kwargs):
+        raise AssertionError("planned jobs before checking every job's model")
+
+    monkeypatch.setattr(joint, "build_tables", no_tables)
+    for model, words in (("gpt-17b", r"jobs\[1\]\.model: unknown model 'gpt-17b'; did you mean"),
+                         ("nothere.py:build", r"jobs\[1\]\.model: file '.*nothere.py' not found")):
+        spec = jobs_from_mapping({"jobs": [{"name": "a", "model": "gpt2", "global_batch": 8,
+                                            "seq_len": 128, "steps": 10},
+                                           {"name": "b", "model": model, "global_batch": 8,
+                                            "seq_len": 128, "steps": 10}]},
+                                 base_dir=str(tmp_path))
+        with pytest.raises(SpecError, match=words):
+            joint.plan_jobs(spec, cluster="dgx-a100-80g")
