@@ -178,13 +178,22 @@ def read_table_stats(path: str) -> dict:
     doc = read_yaml(path, what="tables file")
     doc = doc if isinstance(doc, dict) else {}
     tables = doc.get("tables")
+    extra = sorted(set(doc) - {"tables"})
+    if extra:
+        raise SpecError(f"{path}: unknown key '{extra[0]}'; the file holds one 'tables:' mapping "
+                        "of table name -> {pooling, skew, features}")
     if not isinstance(tables, dict):
         raise SpecError(f"{path}: expected a 'tables:' mapping of table name -> "
                         "{pooling, skew}")
+    keys = ("pooling", "skew", "features")
     for name, stats in tables.items():
-        if not isinstance(stats, dict) or set(stats) - {"pooling", "skew", "features"}:
+        if not isinstance(stats, dict):
             raise SpecError(f"{path}: tables.{name}: expected a mapping with pooling, skew and/or "
                             "features")
+        unknown = sorted(set(stats) - set(keys))
+        if unknown:
+            raise SpecError(f"{path}: tables.{name}.{unknown[0]}: unknown key; use "
+                            f"{', '.join(keys)}")
     return tables
 
 

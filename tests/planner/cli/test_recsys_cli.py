@@ -93,3 +93,16 @@ def test_whatif_of_a_recommendation_model_counts_samples(capsys):
     assert code == 0, err
     head = out.splitlines()[0]
     assert "samples/s" in head and "tokens/s" not in head
+
+
+@pytest.mark.parametrize("text,words", [
+    ("tables:\n  t_cat_0: {poolng: 3}\n", "tables.t_cat_0.poolng: unknown key; use pooling"),
+    ("tabels:\n  t_cat_0: {pooling: 3}\n", "unknown key 'tabels'"),
+])
+def test_a_tables_file_with_a_typo_names_the_key(capsys, tmp_path, text, words):
+    tables = tmp_path / "t.yaml"
+    tables.write_text(text)
+    code, _, err = run(capsys, "solve", "two-tower", "--cluster", "dgx-a100-40g", "--nodes", "1",
+                       "--global-batch", "8192", "--tables", str(tables))
+    errors = [line for line in err.splitlines() if line.startswith("plan: error")]
+    assert code == 2 and len(errors) == 1 and words in errors[0], err
