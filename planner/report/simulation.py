@@ -23,7 +23,7 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
             ("pipeline time", f"{base.step_time_s:.4g} s", f"{other.step_time_s:.4g} s",
              f"{other.step_time_s - base.step_time_s:+.3f} s "
              f"({100 * (other.step_time_s / base.step_time_s - 1):+.1f}%)"),
-            ("bubble (of pipeline time)", f"{base.bubble_fraction:.1%}", f"{other.bubble_fraction:.1%}",
+            ("idle (of pipeline time)", f"{base.bubble_fraction:.1%}", f"{other.bubble_fraction:.1%}",
              f"{round(100 * (other.bubble_fraction - base.bubble_fraction), 1) + 0.0:+.1f} points"),
             ("peak in flight", str(max(base.peak_in_flight)), str(max(other.peak_in_flight)),
              f"{max(other.peak_in_flight) - max(base.peak_in_flight):+d}"),
@@ -38,7 +38,9 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
     lines = [f"{plan.model.get('name', 'model')}: pp={par['pp']}, per-micro-batch times from the "
              f"plan; pipeline only (no data-parallel sync or optimizer step)\n",
              listing(rows),
-             "\npeak in flight: (stage, micro-batch) activations held by the busiest rank; "
+             "\nidle: the ranks' mean time without a pass to run, the bubble and any wait for "
+             "sends over slow links (plan show counts those waits as pipeline sends, apart)",
+             "peak in flight: (stage, micro-batch) activations held by the busiest rank; "
              "with vpp > 1 each is one chunk of the rank's layers"]
     if other.microbatches != base.microbatches:
         mb = par.get("micro_batch", 1)

@@ -275,7 +275,7 @@ def test_plan_simulate_command_prints_both_and_the_difference(capsys, tmp_path):
                  "--gantt", str(out_png)])
     out, err = capsys.readouterr()
     assert code == 0, err
-    for words in ("pipeline time", "bubble", "peak in flight", "peak activations", "zb-h1",
+    for words in ("pipeline time", "idle (of pipeline time)", "the bubble and any wait", "peak in flight", "peak activations", "zb-h1",
                   "change", "16"):
         assert words in out
     assert "a different batch, so compare the time per micro-batch" in out  # 16 != the plan's
