@@ -5,5 +5,7 @@ BREAKDOWN_WORDS = {
     "pp_comm_s": "pipeline send/recv", "cp_comm_s": "context-parallel K/V exchange",
     "ep_comm_s": "expert dispatch/combine", "dp_comm_s": "data-parallel gradient sync",
     "optimizer_s": "optimizer step", "straggler_s": "waiting for the slowest process",
+    "embedding_lookup_s": "embedding lookups", "embedding_comm_s": "embedding all-to-all",
+    "host_wait_s": "waiting for the host",
 }
 """Breakdown key -> what a person reads; the keys' order is the order plans list them."""

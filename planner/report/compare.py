@@ -52,9 +52,13 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     inputs = [("model" if key == "name" else key, x, y) for sec, key, _ in HEADLINE_INPUTS
               for x, y in [(getattr(a, sec).get(key), getattr(b, sec).get(key))] if x != y]
     inputs += engine_changes(a, b)
-    knobs = ", ".join(f"{k} {knob(x)} -> {knob(y)}" for k, x, y in
-                      inputs + [c for c in config_changes(a, b) if c[0] != "num_microbatches"]
-                      ) or "same configuration"
+    changes = [f"{k} {knob(x)} -> {knob(y)}" for k, x, y in
+               inputs + [c for c in config_changes(a, b) if c[0] != "num_microbatches"]]
+    tables = [(n, x, y) for n, x, y in table_changes(a, b, short=True) if x != y]
+    changes += [f"table {n} {x} -> {y}" for n, x, y in tables[:2]]
+    if len(tables) > 2:
+        changes.append(f"{len(tables) - 2} more tables laid out differently")
+    knobs = ", ".join(changes) or "same configuration"
     moved = ", ".join(f"{BREAKDOWN_WORDS[k]} {y - x:+.3g} s" for k, x, y in
                       breakdown_changes(a, b)[:parts] if abs(y - x) > 1e-9 * max(ta, tb))
     other_work = any(k in ("model", "global_batch", "seq_len") for k, _, _ in inputs)
@@ -67,6 +71,21 @@ HEADLINE_INPUTS = (("model", "name", "text"), ("cluster", "device", "text"),
                    ("cluster", "num_gpus", "count"), ("training", "global_batch", "count"),
                    ("training", "seq_len", "count"), ("training", "dtype", "text"))
 """The inputs a headline names when they differ, before the knobs."""
+
+
+def table_changes(a: Plan, b: Plan, short: bool = False
+                  ) -> list[tuple[str, str | None, str | None]]:
+    """(table, its layout in a, in b) for every embedding table of either recommendation plan:
+    sharding type, compute kernel, ranks and pooling, or (``short``) the sharding type and
+    pooling (None where a plan lacks the table)."""
+    def layouts(p: Plan) -> dict:
+        return {t["name"]: (f"{t.get('sharding_type')}"
+                            + ("" if short else f" ({t.get('compute_kernel')}) on ranks "
+                               f"{','.join(map(str, t.get('ranks', [])))}")
+                            + f", pooling {float(t.get('pooling', 1)):g}")
+                for t in (p.embeddings or {}).get("tables", [])}
+    la, lb = layouts(a), layouts(b)
+    return [(n, la.get(n), lb.get(n)) for n in list(la) + [n for n in lb if n not in la]]
 
 
 # ---- plan diff: every difference, as data ------------------------------------------------------
@@ -114,10 +133,15 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
             for k in KNOBS]
     out += [Diff("software", k.removeprefix("engine "), x, y, "text")
             for k, x, y in engine_changes(a, b)]
-    out += [Diff("predicted", label, a.predicted.get(key), b.predicted.get(key), kind)
-            for label, key, kind in PREDICTED]
-    out += [Diff("step time by part", BREAKDOWN_WORDS[k], a.predicted["breakdown"].get(k, 0.0),
-                 b.predicted["breakdown"].get(k, 0.0), "s") for k in BREAKDOWN_WORDS]
+    recsys = a.embeddings is not None or b.embeddings is not None  # samples, not tokens
+    out += [Diff("predicted", "samples/s" if recsys and key == "tokens_per_s" else label,
+                 a.predicted.get("samples_per_s" if recsys and key == "tokens_per_s" else key),
+                 b.predicted.get("samples_per_s" if recsys and key == "tokens_per_s" else key),
+                 kind) for label, key, kind in PREDICTED]
+    ba, bb = a.predicted["breakdown"], b.predicted["breakdown"]
+    out += [Diff("step time by part", BREAKDOWN_WORDS[k], ba.get(k, 0.0), bb.get(k, 0.0), "s")
+            for k in BREAKDOWN_WORDS if k in ba or k in bb]
+    out += [Diff("embedding tables", n, x, y, "text") for n, x, y in table_changes(a, b)]
     ma, mb = peak_stage(a)["predicted"]["memory_bytes"], peak_stage(b)["predicted"]["memory_bytes"]
     out += [Diff("memory of the fullest GPU", kind, ma.get(kind, 0.0), mb.get(kind, 0.0), "bytes")
             for kind in MEMORY_KINDS if ma.get(kind) or mb.get(kind)]
@@ -162,6 +186,9 @@ PART_KNOBS = {
     "dp_comm_s": ("dp", "zero", "placement", "pp", "tp"),
     "optimizer_s": ("zero", "offload_optimizer", "dp", "tp", "pp"),
     "straggler_s": ("dp", "tp", "pp", "recompute", "micro_batch"),
+    # a recommendation plan's parts follow its tables' layout (table_changes), and the dense
+    # part's sharding
+    "embedding_lookup_s": (), "embedding_comm_s": (), "host_wait_s": ("zero",),
 }
 """The knobs each part of the step depends on (costmodels: compute, comm, pipeline, memory)."""
 

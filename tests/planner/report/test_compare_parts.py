@@ -8,3 +8,29 @@ from planner.report.compare import PART_KNOBS
 def test_every_part_of_the_step_names_known_knobs():
     assert set(PART_KNOBS) == set(BREAKDOWN_WORDS)
     assert all(k in KNOBS for knobs in PART_KNOBS.values() for k in knobs)
+
+
+def test_recommendation_plans_compare_by_their_tables_and_parts():
+    """Two DLRM plans that differ in one table's sharding: the headline and the diff name the
+    table, the embedding parts of the step are compared, and the rate is samples/s."""
+    import dataclasses
+    import os
+
+    from planner.planfile.document import load_plan
+    from planner.report import compare
+    from planner.report.diff import diff
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    a = load_plan(os.path.join(here, "..", "..", "golden", "plans", "dlrm-criteo-1tb.json"))
+    tables = [dict(t) for t in a.embeddings["tables"]]
+    tables[0]["sharding_type"] = "row_wise"
+    breakdown = {**a.predicted["breakdown"],
+                 "embedding_comm_s": 2 * a.predicted["breakdown"]["embedding_comm_s"]}
+    b = dataclasses.replace(a, embeddings={**a.embeddings, "tables": tables},
+                            predicted={**a.predicted, "breakdown": breakdown,
+                                       "step_time_s": 1.1 * a.predicted["step_time_s"]})
+    name, old = a.embeddings["tables"][0]["name"], a.embeddings["tables"][0]["sharding_type"]
+    assert f"table {name} {old}, pooling 1 -> row_wise, pooling 1" in compare.headline(a, b)
+    text = diff(a, b)
+    assert "embedding tables" in text and "embedding all-to-all" in text
+    assert "samples/s" in text and "tokens/s" not in text
