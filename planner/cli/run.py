@@ -18,7 +18,9 @@ from planner.runtime.options import DEVICES, RunOptions
 def register(add) -> None:
     r = add("run", help="execute a plan with torch.distributed on synthetic data and measure it")
     r.add_argument("plan", metavar="PLAN.json")
-    r.add_argument("--steps", type=positive_int, default=5, help="measured steps (default 5)")
+    r.add_argument("--steps", type=positive_int, default=5,
+                   help="measured steps after the warm-up (default 5; on the CPU the last one "
+                        "profiles memory and is not timed)")
     r.add_argument("--warmup", type=count, default=1, help="untimed steps first (default 1)")
     r.add_argument("--nproc", type=positive_int, help="processes per node (default: what the plan needs)")
     r.add_argument("--model", help="MODEL to build instead of the plan's (same fingerprint)")
