@@ -47,6 +47,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from costmodels.hardware import suggest
+
+
+def unknown_model(model: str) -> str:
+    """What to say of a MODEL string that is no zoo name, config.json path or factory: the
+    nearest zoo names and the other forms."""
+    return (f"unknown model '{model}'{suggest(model.lower(), ZOO)} (or give a config.json path or "
+            "file.py:factory)")
+
 
 LEARNED_POSITION_TYPES = ("bert", "roberta", "gpt2", "opt", "bart", "whisper")
 """Hugging Face model types whose max_position_embeddings (or max_target_positions) are learned

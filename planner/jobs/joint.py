@@ -17,12 +17,11 @@ import logging
 import os
 from dataclasses import asdict, dataclass, fields
 
-from costmodels.hardware import suggest
 from costmodels.topology import Cluster
 from planner.errors import InfeasibleError, SpecError
 from planner.files import atomic_write, read_json_object
 from planner.inputs.clusters import load_cluster
-from planner.inputs.zoo import RECSYS, ZOO
+from planner.inputs.zoo import RECSYS, ZOO, unknown_model
 from planner.jobs.spec import JobSpec, JobsSpec
 from planner.jobs.tables import TableRow, build_tables, model_tables
 from planner.options import ScheduleOptions, SearchOptions
@@ -114,8 +113,7 @@ def _check_models(spec: JobsSpec) -> None:
                                 "taken from the jobs file's folder)")
         elif model.lower() not in ZOO and model.lower() not in RECSYS and \
                 not os.path.isdir(model) and ":" not in model:
-            raise SpecError(f"jobs[{i}].model: unknown model '{model}'{suggest(model.lower(), ZOO)}"
-                            " (or give a config.json path or file.py:factory)")
+            raise SpecError(f"jobs[{i}].model: {unknown_model(model)}")
 
 
 def homogeneous(cluster) -> Cluster:

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from costmodels.hardware import suggest
 from planner.errors import SpecError
 from planner.files import read_json_object
-from planner.inputs.zoo import ZOO, ZooEntry
+from planner.inputs.zoo import ZOO, ZooEntry, unknown_model
 from planner.trace import hf
 from planner.trace.failures import model_frame
 
@@ -72,8 +71,7 @@ def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None) -> R
         return _from_hf_config(model, seq_len, dtype)
     if ":" in model:
         return _from_factory(model, seq_len, dtype)
-    raise SpecError(f"model: unknown model '{model}'{suggest(model.lower(), ZOO)} "
-                    "(or give a config.json path or file.py:factory)")
+    raise SpecError(f"model: {unknown_model(model)}")
 
 
 def _from_zoo(entry: ZooEntry, seq_len: int | None, dtype: str) -> ResolvedModel:
