@@ -292,7 +292,8 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     names = {f.name for f in fields(EngineSpec)}
     unknown = set(spec) - names
     if unknown:
-        raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; choose from {sorted(names)}")
+        raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; "
+                        f"choose from {', '.join(sorted(names))}")
     kw = {**base, **dict(spec)}
     for key in ("overlap_grad_reduce", "overlap_param_gather", "fsdp_copies", "fsdp_experts",
                 "pipelined_accumulation", "moe_grouped_gemm", "moe_overlap",

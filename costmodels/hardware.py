@@ -320,7 +320,8 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
     """Build a DeviceSpec from the YAML mapping form of a cluster file (README.md, "Cluster"; GB, TFLOP/s, GB/s)."""
     unknown = set(spec) - _DEVICE_KEYS
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(_DEVICE_KEYS)}")
+        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; "
+                        f"allowed: {', '.join(sorted(_DEVICE_KEYS))}")
     for key in ("name", "memory_GB", "peak_TFLOPs", "hbm_GBps"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing; a device mapping needs name, memory_GB, "

@@ -89,7 +89,8 @@ def _tier(spec, where: str, name: str) -> dict:
     allowed = {"bandwidth", "latency", "efficiency", "name", "bandwidth_GBps", "latency_us", "per"}
     bad = set(spec) - allowed
     if bad:
-        raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; allowed: {sorted(allowed)}")
+        raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; "
+                        f"allowed: {', '.join(sorted(allowed))}")
     bw, lat = _bandwidth_latency(spec, where)
     per = spec.get("per", "gpu")
     if per not in ("gpu", "node"):
@@ -121,7 +122,8 @@ def site_link(spec, where: str) -> SiteLink:
                         "latency: 30ms}")
     bad = set(spec) - _LINK_KEYS
     if bad:
-        raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; allowed: {sorted(_LINK_KEYS)}")
+        raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; "
+                        f"allowed: {', '.join(sorted(_LINK_KEYS))}")
     bw, lat = _bandwidth_latency(spec, where)
     per = spec.get("per", "site")
     if per not in SCOPES:
@@ -136,7 +138,8 @@ def sites_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
     """The sites YAML form -> a HeteroCluster whose groups are the sites, with a link per pair."""
     bad = set(spec) - _SITES_KEYS
     if bad:
-        raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; allowed: {sorted(_SITES_KEYS)}")
+        raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; "
+                        f"allowed: {', '.join(sorted(_SITES_KEYS))}")
     for key in ("name", "sites"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing (see the sites form in README.md)")
@@ -147,10 +150,11 @@ def sites_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
     for i, site in enumerate(sites):
         here = f"{where}.sites[{i}]"
         if not isinstance(site, Mapping):
-            raise SpecError(f"{here}: expected a mapping with keys {sorted(_SITE_KEYS)}")
+            raise SpecError(f"{here}: expected a mapping with keys {', '.join(sorted(_SITE_KEYS))}")
         bad = set(site) - _SITE_KEYS
         if bad:
-            raise SpecError(f"{here}.{sorted(bad)[0]}: unknown key; allowed: {sorted(_SITE_KEYS)}")
+            raise SpecError(f"{here}.{sorted(bad)[0]}: unknown key; "
+                            f"allowed: {', '.join(sorted(_SITE_KEYS))}")
         for key in ("name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"):
             if key not in site:
                 raise SpecError(f"{here}.{key}: missing")

@@ -232,10 +232,11 @@ def _check_size(num_gpus: int, where: str) -> None:
 def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
     """Strictly load the YAML form of a cluster file (README.md) (already parsed into a mapping)."""
     if not isinstance(spec, Mapping):
-        raise SpecError(f"{where}: expected a mapping with keys {sorted(_CLUSTER_KEYS)}")
+        raise SpecError(f"{where}: expected a mapping with keys {', '.join(sorted(_CLUSTER_KEYS))}")
     unknown = set(spec) - _CLUSTER_KEYS
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(_CLUSTER_KEYS)}")
+        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; "
+                        f"allowed: {', '.join(sorted(_CLUSTER_KEYS))}")
     for key in ("name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing (see the cluster YAML form in README.md)")
@@ -258,7 +259,8 @@ def link_from_mapping(spec: Mapping, where: str, default_name: str) -> LinkSpec:
         raise SpecError(f"{where}: expected a mapping like {{bandwidth_GBps: 25, latency_us: 10}}")
     unknown = set(spec) - _LINK_KEYS
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(_LINK_KEYS)}")
+        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; "
+                        f"allowed: {', '.join(sorted(_LINK_KEYS))}")
     for key in ("bandwidth_GBps", "latency_us"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing")
@@ -375,7 +377,8 @@ def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
     """The heterogeneous YAML form: ``groups`` of nodes plus the links between them."""
     unknown = set(spec) - _HETERO_KEYS
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(_HETERO_KEYS)}")
+        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; "
+                        f"allowed: {', '.join(sorted(_HETERO_KEYS))}")
     for key in ("name", "groups", "inter_node"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing (see the heterogeneous cluster form in README.md)")

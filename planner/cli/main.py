@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         text = str(exc)
-        print(f"plan: {text}" if text.startswith("no plan") else f"plan: no plan: {text}",
+        # "no plan fits: ..." / "no schedule ...": the message names what was not found
+        print(f"plan: {text}" if text.startswith("no ") else f"plan: no plan fits: {text}",
               file=sys.stderr)
         return EXIT_NO_PLAN
     except PlannerError as exc:

@@ -86,6 +86,10 @@ _CHECKS = {
     "jobs": (list, "a list of jobs"),
 }
 
+_EXAMPLES = {"name": "name: 7b-lr1", "model": "model: gpt-1.7b", "global_batch": "global_batch: 8",
+             "seq_len": "seq_len: 2048", "steps": "steps: 20000", "jobs": "jobs: [{name: ..., "
+             "model: ..., global_batch: 8, seq_len: 2048, steps: 1000}]"}
+
 
 def _checked(data, cls, where: str) -> dict:
     """The fields of ``cls`` from ``data``, type-checked; ``where`` is the key path so far."""
@@ -99,7 +103,8 @@ def _checked(data, cls, where: str) -> dict:
     for f in fields(cls):
         if data.get(f.name) is None:
             if f.default is MISSING:
-                raise SpecError(f"{_key(where, f.name)}: missing")
+                raise SpecError(f"{_key(where, f.name)}: missing; give {_CHECKS[f.name][1]}, "
+                                f"e.g. {_EXAMPLES[f.name]}")
             continue
         value, (kind, words) = data[f.name], _CHECKS[f.name]
         ok = isinstance(value, kind) and not isinstance(value, bool)

@@ -89,7 +89,8 @@ def ebc_path(module: nn.Module) -> str:
     found = [p for p, m in module.named_modules() if hasattr(m, "embedding_bag_configs")]
     if len(found) != 1:
         raise SpecError(f"model: the runtime shards one TorchRec EmbeddingBagCollection; this "
-                        f"model has {len(found)}")
+                        f"model has {len(found)} (plain nn.EmbeddingBag tables are planned and "
+                        f"exported, not run: put them in one EmbeddingBagCollection)")
     return found[0]
 
 

@@ -21,7 +21,7 @@ def run(capsys, *argv):
 
 def one_line(code, err, expected_code, *words):
     assert code == expected_code, err
-    prefix = "plan: error:" if expected_code == BAD else "plan: no plan"
+    prefix = "plan: error:" if expected_code == BAD else "plan: no plan fits: "
     lines = [ln for ln in err.splitlines() if ln.startswith("plan: ")]
     assert len(lines) == 1 and lines[0].startswith(prefix), err
     assert "Traceback" not in err

@@ -168,3 +168,16 @@ def test_a_plan_from_a_module_object_needs_model(plans, tmp_path, capsys):
     plan.save(path)
     assert main(["run", path, "--device", "cpu"]) == 2
     assert "--model" in capsys.readouterr().err
+
+
+def test_plain_embedding_bag_tables_are_refused_with_the_fix():
+    import torch.nn as nn  # the runtime shards TorchRec collections only
+
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tables = nn.ModuleList(nn.EmbeddingBag(10, 4, device="meta") for _ in range(2))
+
+    with pytest.raises(SpecError, match=r"^model: .*has 0 \(plain nn.EmbeddingBag tables are "
+                                        r"planned and exported, not run: put them in one "):
+        recsys.ebc_path(Plain())
