@@ -114,6 +114,24 @@ def fix_for(exc: BaseException) -> str:
     return _construct(exc)[1]
 
 
+def expert_loop_fix(model: torch.nn.Module, exc: BaseException) -> str:
+    """What to change when a data-dependent size stopped the trace inside an MoE layer that
+    runs its experts one by one (a ``ModuleList`` named ``*experts*``, each picking its tokens
+    with ``torch.where``/``nonzero``, as eager Mixtral-style code does), or ""."""
+    module = getattr(exc, "planner_module", "")
+    if not module or "sizes independent of values" not in fix_for(exc):
+        return ""
+    for name, child in model.named_modules():
+        inside = name.startswith(module + ".") or module == name or module.startswith(name + ".")
+        if (inside and isinstance(child, torch.nn.ModuleList) and len(child) > 1
+                and "expert" in name.rsplit(".", 1)[-1].lower()):
+            return (f"'{name}' looks like experts run one by one on the tokens each picks: stack "
+                    "their weights and run them as one torch._grouped_mm over the routed tokens "
+                    "(as transformers' grouped_mm experts do), which the planner prices, with "
+                    "expert parallelism")
+    return ""
+
+
 def _construct(exc: BaseException) -> tuple[str, str]:
     text = " ".join(str(e) for e in _chain(exc)).lower()
     for needle, construct, fix in CONSTRUCTS:

@@ -25,8 +25,8 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from planner.errors import TraceError
 from planner.options import TRACE_METHODS
 from planner.trace.aten import CallWork, price
-from planner.trace.failures import DataDependentSize, ModuleStack, describe, fix_for, \
-    stack_trace_frame
+from planner.trace.failures import DataDependentSize, ModuleStack, describe, expert_loop_fix, \
+    fix_for, stack_trace_frame
 from planner.trace import masks
 from planner.trace.graph import OpGraph, ParamInfo, RepeatInfo
 from planner.trace.records import NodeView, build_ops
@@ -112,7 +112,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
                 views, outputs = (_fx_views if how == "fx" else _export_views)(model, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - every tracer failure is reported below
                 errors.append(f"{how}: {describe(exc)}")
-                fixes.append(fix_for(exc))
+                fixes.append(expert_loop_fix(model, exc) or fix_for(exc))
                 log.debug("%s tracing failed", how, exc_info=True)
                 continue
             ops = build_ops(views, batch=batch, outputs=outputs)

@@ -134,6 +134,36 @@ def test_untraceable_model_names_the_module():
         trace(Branchy(), (torch.randn(2, 4),), {}, seq_len=4, batch=2, dtype="fp32", method="fx")
 
 
+def test_an_expert_loop_is_told_to_use_a_grouped_gemm():
+    class Loop(nn.Module):  # eager Mixtral-style: each expert picks its tokens by value
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(8, 4)
+            self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+        def forward(self, x):
+            chosen = self.gate(x).argmax(-1)
+            out = torch.zeros_like(x)
+            for e, expert in enumerate(self.experts):
+                rows = torch.where(chosen == e)[0]
+                out = out.index_add(0, rows, expert(x[rows]))
+            return out
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.moe = Loop()
+
+        def forward(self, x):
+            return self.moe(x)
+
+    with torch.device("meta"):
+        model, x = Net(), torch.randn(6, 8)
+    with pytest.raises(TraceError, match=r"'moe.experts' looks like experts run one by one.*"
+                                         r"torch._grouped_mm"):
+        trace(model, (x,), {}, seq_len=6, batch=6, dtype="fp32")
+
+
 def test_an_output_size_that_depends_on_values_is_named_with_its_source_line():
     class Picky(nn.Module):
         def __init__(self):
