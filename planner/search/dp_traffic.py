@@ -189,22 +189,26 @@ def dp_floor_s(zero: int, microbatches: int, dense, experts_, compute_s,
     compute_s), so its value at the ranks' means is at most the mean of theirs, and at most
     their largest: the search's screen prices it so before a split is known."""
     m = microbatches
+    arrays = any(isinstance(v, np.ndarray) for v in (dense, experts_, compute_s))
+    # the screen passes numbers, many thousand times a search: numpy's per-call cost there
+    # would exceed the arithmetic's
+    beyond = (lambda x: np.maximum(0.0, x)) if arrays else (lambda x: x if x > 0.0 else 0.0)
     best = 0.0
     for i, (g_d, s_d, r_d, g_e, s_e, r_e) in enumerate(rates):
         total = 0.0 * compute_s
         for params, gather, scatter, reduce in ((dense, g_d, s_d, r_d),
                                                 (experts_, g_e, s_e, r_e)):
             if zero == 3:  # gathered before every forward and backward, reduced after it
-                total = total + m * np.maximum(0.0, (2 * gather + scatter) * params - compute_s)
+                total = total + m * beyond((2 * gather + scatter) * params - compute_s)
             elif zero == 2:  # reduced after every backward, gathered after the update
-                total = total + (m * np.maximum(0.0, scatter * params - compute_s)
-                                 + np.maximum(0.0, gather * params - compute_s))
+                total = total + (m * beyond(scatter * params - compute_s)
+                                 + beyond(gather * params - compute_s))
             elif zero == 1:
-                total = total + (np.maximum(0.0, scatter * params - compute_s)
-                                 + np.maximum(0.0, gather * params - compute_s))
+                total = total + (beyond(scatter * params - compute_s)
+                                 + beyond(gather * params - compute_s))
             else:
-                total = total + np.maximum(0.0, reduce * params - compute_s)
-        busiest = float(np.max(total))  # one placement for every rank
+                total = total + beyond(reduce * params - compute_s)
+        busiest = float(np.max(total)) if arrays else float(total)  # one placement for all ranks
         best = busiest if i == 0 else min(best, busiest)
     return best
 
