@@ -224,9 +224,19 @@ def _infer_batch(args, kwargs) -> int:
 
 
 def _infer_seq(args, kwargs, seq_len) -> int:
-    if seq_len:
-        return int(seq_len)
+    """The tokens per sample: ``seq_len`` if given, else dim 1 of the first input. Given, it
+    must agree with inputs that are sequences (token ids [batch, tokens] or embeddings
+    [batch, tokens, width]): the trace prices the inputs' shapes, so another length would only
+    mislabel the plan's tokens/s."""
     t = _first_tensor(args, kwargs)
+    sequence = t is not None and (t.dim() == 2 and not t.is_floating_point()
+                                  or t.dim() == 3 and t.is_floating_point())
+    if seq_len:
+        if sequence and int(t.shape[1]) != int(seq_len):
+            raise SpecError(f"seq_len: the example inputs hold {int(t.shape[1])} tokens per sample "
+                            f"(dim 1 of the first input), not {int(seq_len)}; give inputs of that "
+                            "length (a factory may take a seq_len argument) or leave seq_len out")
+        return int(seq_len)
     return int(t.shape[1]) if t is not None and t.dim() >= 2 else 1
 
 

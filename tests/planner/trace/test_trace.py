@@ -252,6 +252,10 @@ def test_trace_failures_name_the_construct_and_the_fix():
     fx = ValueError("code: co_varnames is too small")
     assert "signature torch.fx cannot rewrite" in describe(fx)
     assert fix_for(fx).startswith("use --trace export")
+    cache = RuntimeError("Found <class 'transformers.cache_utils.DynamicCache'> in output, which "
+                         "is not a known type")
+    assert "returns its key/value cache" in describe(cache)
+    assert fix_for(cache).startswith("build it with use_cache=False")
 
 
 def test_an_image_model_says_when_seq_len_does_not_apply(tmp_path, caplog):
@@ -264,6 +268,22 @@ def test_an_image_model_says_when_seq_len_does_not_apply(tmp_path, caplog):
         rm = resolve(str(path), seq_len=1000, dtype="fp32")
     assert rm.seq_len == 16  # (64 / 16)^2 patches
     assert "--seq-len 1000 does not apply; a sample is 16 tokens" in caplog.text
+
+
+def test_a_seq_len_the_example_inputs_do_not_have_is_refused():
+    """The trace prices the inputs' shapes: another seq_len would only relabel tokens/s."""
+    from planner.errors import SpecError
+    net = nn.Embedding(100, 8)
+    ids = torch.zeros(2, 512, dtype=torch.long)
+    with pytest.raises(SpecError, match=r"^seq_len: the example inputs hold 512 tokens per "
+                                        r"sample .* not 4096"):
+        resolve(net, seq_len=4096, dtype="fp32", example_inputs=(ids,))
+    assert resolve(net, seq_len=512, dtype="fp32", example_inputs=(ids,)).seq_len == 512
+    assert resolve(net, seq_len=None, dtype="fp32", example_inputs=(ids,)).seq_len == 512
+    # not a sequence (an image batch): seq_len is the caller's word
+    conv = nn.Conv2d(3, 4, 3)
+    assert resolve(conv, seq_len=49, dtype="fp32",
+                   example_inputs=(torch.randn(2, 3, 9, 9),)).seq_len == 49
 
 
 def test_example_inputs_of_the_wrong_shape_are_a_trace_error():
