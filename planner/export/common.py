@@ -354,6 +354,17 @@ SOFTWARE_KEYS = frozenset(k for preset in PRESETS.values() for k in preset
 MoE settings, which a re-plan keeps: _kept_engine_settings)."""
 
 
+def planned_layout(plan: Plan) -> str:
+    """How the plan priced the model states in memory (costmodels.engine ``state_layout``); a
+    plan from before plans recorded it: as the engine it was made for lays them out."""
+    engine = plan.training.get("engine") or {}
+    if "state_layout" in engine:
+        return engine_from_mapping(engine).state_layout
+    target = (plan.search or {}).get("target", "any")
+    software = targets.engine(target).software if target in targets.TARGETS else None
+    return engine_from_mapping(software).state_layout
+
+
 def software_note(plan: Plan, target: str, ledger: Ledger) -> None:
     """Say so when the plan's times were priced for other software than ``target`` runs (a plan
     for --target any is priced as Megatron-Core runs it): the engine runs the layout, at its own

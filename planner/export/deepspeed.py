@@ -83,10 +83,10 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
         ledger.exact("pp", "stages")
     ledger.missing("seq_len", f"sequence length {t['seq_len']}: DeepSpeed's config has no such "
                    "setting; your data loader gives each sample's tokens")
-    if raising:
-        from planner.export import reprice  # lazy: prices with the search (and may trace)
+    from planner.export import reprice  # lazy: prices with the search (and may trace)
+    if raising or reprice.layout_differs(plan, "zero"):
         ledger.info(reprice.recheck(plan, TARGET, ", ".join(raising + lower), state_layout="zero",
-                                    **changes))
+                                    required=bool(raising), **changes))
     extra["not_expressed"] = ledger.close()
     order = ["about", "header", "not_expressed", "batch", "sequence_parallel", "experts", "offload",
              "recompute", "pipeline"]

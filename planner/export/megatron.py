@@ -410,8 +410,11 @@ def _memory(plan: Plan, ledger: common.Ledger) -> Group:
     p = plan.parallel
     ledger.exact("zero", "offload_optimizer")
     out = _recompute(p["recompute"], ledger)
-    if engine_from_mapping(plan.training.get("engine")).state_layout == "megatron-bf16-grads" \
-            and plan.training["dtype"] in ("bf16", "fp8"):
+    layout = common.planned_layout(plan)
+    if layout not in ("megatron", "megatron-bf16-grads"):  # priced for another engine's states
+        from planner.export import reprice  # lazy: prices with the search (and may trace)
+        ledger.info(reprice.recheck(plan, TARGET, "", state_layout="megatron", required=False))
+    if layout == "megatron-bf16-grads" and plan.training["dtype"] in ("bf16", "fp8"):
         out = out + [(["--grad-reduce-in-bf16"], "gradients kept and reduced in bf16, as priced")]
     if p["dp"] * p.get("cp", 1) == 1:  # states shard over dp x cp (Megatron's data-and-context
         # group); over one rank only the optimizer offload needs the distributed optimizer

@@ -101,16 +101,29 @@ STATE_LAYOUT_WORDS = {"zero": "model states as ZeRO lays them out (16-bit weight
 """How a re-check names a state layout (costmodels.memory.STATE_LAYOUTS) other than the plan's."""
 
 
+def layout_differs(plan: Plan, state_layout: str) -> bool:
+    """Whether the engine lays the model states out otherwise than the plan was priced with
+    (its memory must then be checked again, whatever else the export changes)."""
+    return common.planned_layout(plan) != state_layout
+
+
 def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = None,
-            **changes) -> str:
+            required: bool = True, **changes) -> str:
     """Price the plan with ``changes`` (described by ``change``, e.g. "ZeRO-1 instead of ZeRO-3")
     and the engine's ``state_layout``; SpecError with the numbers when a rank no longer fits,
-    else a note with them."""
-    mem = memory(plan, state_layout=state_layout, **changes)
+    else a note with them. Not ``required`` (only the state layout differs): a plan this machine
+    cannot price again (its model not found here, made from a module) gets a note saying so."""
+    parts = [change] if change else []
+    if state_layout and layout_differs(plan, state_layout):
+        parts.append(f"the {STATE_LAYOUT_WORDS.get(state_layout, state_layout)}")
+    change = " and ".join(parts) or "the plan's settings"
+    try:
+        mem = memory(plan, state_layout=state_layout, **changes)
+    except SpecError as exc:
+        if required:
+            raise
+        return f"memory not re-checked with {change}: {exc}"
     planned = plan.predicted["peak_memory_bytes"]
-    planned_layout = engine_from_mapping(plan.training.get("engine")).state_layout
-    if state_layout and planned_layout != state_layout:
-        change += f" and the {STATE_LAYOUT_WORDS.get(state_layout, state_layout)}"
     if mem.peak > mem.usable:
         raise SpecError(
             f"export {target}: with {change}, pipeline rank {mem.worst_rank} needs "

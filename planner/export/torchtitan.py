@@ -433,7 +433,14 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
     if p["recompute"] == "selective" and "op" in RECOMPUTE:
         changes["recompute"] = "op"
         words.append("per-op instead of selective recomputation")
-    if not changes and not raising:
+    from planner.export import reprice  # lazy: prices with the search (and may trace)
+    required = bool(changes or raising)  # else only the layout of the states differs
+    if not required and not reprice.layout_differs(plan, "fsdp2"):
+        return
+    if not required and p.get("offload_optimizer"):
+        ledger.info("memory not re-checked with the model states as torchtitan's FSDP2 lays them "
+                    "out: its CPU offload (above) keeps the sharded parameters and gradients on "
+                    "the host too, which the cost model does not price")
         return
     if p["dp"] > 1 and (p["zero"] == 1 or (p["zero"] == 0 and _ddp_refused(plan, version))):
         changes["zero"] = 2
@@ -444,9 +451,8 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
     for knob, (value, word) in raising.items():
         changes[knob] = value
         words.append(word)
-    from planner.export import reprice  # lazy: prices with the search (and may trace)
     ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), state_layout="fsdp2",
-                                **changes))
+                                required=required, **changes))
 
 
 def _fp8(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:

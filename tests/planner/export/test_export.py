@@ -841,13 +841,19 @@ def test_deepspeed_expresses_ulysses_and_autoep(notes):
     assert len(timing) == 1 and "--engine megatron-core (" in timing[0] and \
         "not for what deepspeed runs (--engine deepspeed)" in timing[0] and \
         timing[0].endswith("--target deepspeed` prices it as deepspeed runs it")
+    # priced with Megatron-Core's layout of the states: priced again as ZeRO lays them out
+    recheck = [n for n in notes if "memory re-checked with the model states as ZeRO lays" in n]
+    assert len(recheck) == 1 and "still within" in recheck[0]
     # priced with the weights gathered behind the next forward, which DeepSpeed's step does not
-    assert [n for n in notes if "sequence length" not in n and n not in timing] == [
+    assert [n for n in notes if "sequence length" not in n and n not in timing + recheck] == [
         "export deepspeed 0.19.8: ZeRO-2: DeepSpeed's optimizer all-gathers the updated weights "
         "inside its step, where the plan hides the gather behind the next forward: a slower step "
         "than planned, by up to the all-gather's time (plans made with --engine deepspeed price "
         "it so)"]
-    plain = variant(data_plan("mixtral-8x7b-ep8-deepspeed"), zero=0)
+    # (a variant as if priced with ZeRO's layout: ZeRO-0 of this plan needs 147 GB as ZeRO lays
+    # the states out, which the layout's re-check would refuse; the settings are what is tested)
+    plain = engine_settings(variant(data_plan("mixtral-8x7b-ep8-deepspeed"), zero=0),
+                            state_layout="zero")
     notes.clear()
     assert "overlap_comm" not in json.loads(to_deepspeed(plain))["zero_optimization"]
     assert any("ZeRO-0: DeepSpeed all-reduces the gradients after the backward" in n
@@ -1159,3 +1165,27 @@ def test_a_plan_priced_for_other_software_says_so_once_per_export(notes):
                                            "moe_probs_in_activation": True}), "0.2.2")
     to_megatron(plan)
     assert not [n for n in notes if ": timing: " in n]
+
+
+def test_an_engine_laying_the_states_out_otherwise_prices_the_memory_again(notes):
+    """A plan priced with one engine's layout of the model states is priced again with the
+    target's, even when no knob changes: refused with the numbers when a rank no longer fits;
+    noted when it does, or when the model cannot be priced again here."""
+    megatron = data_plan("llama3-70b-pp4-zero3-megatron")  # pp=4, ZeRO-3, priced for Megatron
+    with pytest.raises(SpecError, match=r"^export torchtitan: with the model states as "
+                                        r"torchtitan's FSDP2 lays them out .* needs [0-9.]+ GB "
+                                        r"per GPU, more than the 75.0 GB usable"):
+        to_torchtitan(megatron, "0.2.2")
+    to_megatron(data_plan("llama3-8b-cp4-torchtitan"))  # FSDP2's layout -> Megatron-Core's
+    assert [n for n in notes if "memory re-checked with the model states as Megatron-Core lays "
+            "them out" in n and "still within" in n]
+    notes.clear()
+    to_megatron(megatron)  # its own layout: nothing to re-check
+    assert not [n for n in notes if "re-checked" in n]
+    elsewhere = dataclasses.replace(megatron, model={**megatron.model, "spec": "my/config.json"})
+    with pytest.raises(SpecError, match="my/config.json"):  # a change the engine forces: needed
+        to_deepspeed(elsewhere)
+    cp = data_plan("llama3-8b-cp4-torchtitan")
+    to_megatron(dataclasses.replace(cp, model={**cp.model, "spec": "my/config.json"}))
+    assert [n for n in notes if "memory not re-checked with the model states as Megatron-Core"
+            in n and "my/config.json" in n]
