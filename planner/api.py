@@ -426,7 +426,9 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False) -> Plan:
     """Search and emit for an already traced model."""
-    targets.engine(options.target)  # an unknown target is refused, not ignored
+    # an unknown target is refused, and a known one narrows the search to what its engine runs
+    # (planner.plan has done so already: restricting again changes nothing)
+    options = targets.restrict(options, options.target)
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "

@@ -719,3 +719,18 @@ def test_a_zoo_models_pins_are_checked_before_it_is_traced(monkeypatch, model, f
     # a sequence beyond the model's learned positions is the trace's to name (gpt2: 1024)
     with pytest.raises(AssertionError, match="traced before"):
         planner.plan("gpt2", cluster="dgx-h100", global_batch=8, seq_len=1026, fix="cp=2")
+
+
+def test_plan_prepared_searches_what_its_target_runs(tiny_mixtral):
+    """SearchOptions(target=...) narrows the search in plan_prepared as planner.plan does: the
+    plan names the target, so its schedule must be one the engine runs."""
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len)
+    for target in ("deepspeed", "torchtitan"):
+        options = planner.SearchOptions(fix={"pp": 2}, top_k=0, target=target)
+        p = planner.plan_prepared(tiny_mixtral, cluster, training, options)
+        assert p.search["target"] == target
+        assert p.parallel["schedule"] in planner.targets.engine(target).schedules
+    with pytest.raises(planner.SpecError, match="fix.schedule: deepspeed does not run zb-h1"):
+        planner.plan_prepared(tiny_mixtral, cluster, training, planner.SearchOptions(
+            fix={"pp": 2, "schedule": "zb-h1"}, target="deepspeed"))
