@@ -260,8 +260,8 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
                 # states shard over dp x cp (context-parallel ranks hold the same weights), with the
                 # ZeRO stages the target runs there
                 zeros = [z for z in options.zero if cp == 1 or zero_runs_with_cp(options, z, ep=ep)]
-                zero = (fix.get("zero", max(zeros, default=0)) if dp * cp > 1
-                        else int(wants_offload))
+                zero = fix.get("zero", max(zeros, default=0) if dp * cp > 1
+                               else int(wants_offload))  # (one replica: ZeRO-1 to offload)
                 offload = wants_offload and zero >= 1
                 schedule = fix.get("schedule", "interleaved-1f1b" if vpp > 1 else "1f1b")
                 cfg = Config(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_microbatches=m,

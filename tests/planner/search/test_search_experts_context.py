@@ -464,6 +464,11 @@ def test_the_leanest_plan_with_cp_pinned_shards_states_over_the_cp_ranks(tiny_ll
     # a target running fewer ZeRO stages with cp than without gets the largest it runs there
     options = planner.SearchOptions(fix=parse_fix("cp=8"), top_k=0, zero_with_cp=(0, 1, 2))
     assert leanest(ma, tiny_llama.blocks, cluster, training, options)[1].zero == 2
+    # one replica (tp x pp over every GPU): a pinned ZeRO stage holds there too (ZeRO-0 with
+    # the optimizer on the GPU, not ZeRO-1 with it offloaded)
+    options = planner.SearchOptions(fix=parse_fix("dp=1,zero=0"), top_k=0)
+    _, cfg, _ = leanest(ma, tiny_llama.blocks, cluster, training, options)
+    assert (cfg.dp * cfg.cp, cfg.zero, cfg.offload_optimizer) == (1, 0, False)
 
 
 def test_megatron_keeps_no_expert_output_for_the_routing_weights(tiny_mixtral):
