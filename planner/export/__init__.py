@@ -16,6 +16,8 @@ only such a plan does: ``export`` refuses the other pairings in one line.
 
 from __future__ import annotations
 
+import os
+
 from planner.errors import SpecError
 from planner.export.common import SUPPORTED_VERSIONS, engine_version, slug
 from planner.export.deepspeed import to_deepspeed
@@ -23,7 +25,7 @@ from planner.export.megatron import to_megatron
 from planner.export.torchrec import engine_version as torchrec_version
 from planner.export.torchrec import to_torchrec, to_torchrec_json
 from planner.export.torchtitan import to_torchtitan
-from planner.planfile.document import Plan
+from planner.planfile.document import Plan, load_plan
 
 TARGETS = {
     "torchtitan": (to_torchtitan, "torchtitan.toml"),
@@ -44,11 +46,18 @@ def suffix(target: str, version: str) -> str:
     return TARGETS[target][1]
 
 
-def export(plan: Plan, target: str, version: str | None = None,
+def export(plan: Plan | str, target: str, version: str | None = None,
            stem: str | None = None) -> tuple[str, str]:
-    """(text, suggested file name) of ``plan`` exported to ``target`` ``version``; the name starts
-    with ``stem`` (the plan file's name, so that two plans of one model differ), else the model's
-    name."""
+    """(text, suggested file name) of ``plan`` (a Plan, or a plan file's path) exported to
+    ``target`` ``version``; the name starts with ``stem`` (the plan file's name, so that two plans
+    of one model differ), else the model's name."""
+    if isinstance(plan, (str, os.PathLike)):
+        path = os.fspath(plan)
+        plan = load_plan(path)
+        stem = stem or os.path.splitext(os.path.basename(path))[0]
+    elif not isinstance(plan, Plan):
+        raise SpecError(f"export: expected a Plan or a plan file's path, got "
+                        f"{type(plan).__name__}")
     if target not in TARGETS:
         raise SpecError(f"export: unknown target '{target}'; choose {', '.join(TARGETS)}")
     tables = bool(plan.embeddings)

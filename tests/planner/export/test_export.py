@@ -1189,3 +1189,14 @@ def test_an_engine_laying_the_states_out_otherwise_prices_the_memory_again(notes
     to_megatron(dataclasses.replace(cp, model={**cp.model, "spec": "my/config.json"}))
     assert [n for n in notes if "memory not re-checked with the model states as Megatron-Core"
             in n and "my/config.json" in n]
+
+
+def test_export_takes_a_plan_files_path_too(tmp_path):
+    from planner.export import export
+    path = os.path.join(ENGINE_PLANS, "llama3-8b-cp4-megatron.json")
+    text, name = export(path, "megatron")
+    assert name == "llama3-8b-cp4-megatron.megatron.sh"
+    assert text == export(data_plan("llama3-8b-cp4-megatron"), "megatron",
+                          stem="llama3-8b-cp4-megatron")[0]
+    with pytest.raises(SpecError, match="^export: expected a Plan or a plan file's path, got int"):
+        export(3, "megatron")
