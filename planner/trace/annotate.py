@@ -133,10 +133,14 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     acc["kernel_bytes"] = squares / moved if moved else 0.0
     known = [s for p, s in param_split.items() if p in graph.params]
     # per-expert biases (gpt-oss's: one row per expert), added by ops of their own: spread over
-    # the expert ranks with the experts' matrices
+    # the expert ranks with the experts' matrices (not a router's weight, one row per expert
+    # too, which a GEMM of every token reads)
+    routers = {p for n in op_names if by[n].dims.get("gemms") and not _routes_experts(by[n])
+               for p in by[n].params}
     biases = {name for name, info in graph.params.items()
               if len(info.shape) == 2 and info.shape[0] == acc["num_experts"]
-              and any(name.startswith(f"{m}.") for m in expert_modules if m)}
+              and any(name.startswith(f"{m}.") for m in expert_modules if m)
+              and name not in routers}
     acc["expert_params"] = float(sum(graph.params[p].numel for p in expert_weights | biases
                                      if p in graph.params and not param_split.get(p)))
     acc["expert_bias"] = float(bool(biases))

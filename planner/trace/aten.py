@@ -74,6 +74,11 @@ class AtenGemm:
     experts: int = 0
     """Groups of a grouped GEMM of routed tokens with one matrix per expert (a Mixture-of-Experts
     layer); 0 for every other GEMM."""
+    stacked: bool = False
+    """A batched GEMM of activations against a stacked weight, one matrix per batch entry
+    ([E, C, k] x [E, k, n]): the experts of a capacity-style Mixture-of-Experts layer (GShard's
+    expert buffers of C token slots each) when its module routes tokens (planner.trace.records
+    decides; anything else keeps it a batched GEMM)."""
 
     @property
     def flops(self) -> float:
@@ -186,8 +191,10 @@ class _Recorder(TorchDispatchMode):
             self.work.gemms.append(AtenGemm(1, a.shape[0], b.shape[1], a.shape[1], weight,
                                             a.requires_grad, b.requires_grad))
         else:
+            stacked = (self._is_weight(b) and not self._is_weight(a) and b.dim() == 3
+                       and a.shape[0] == b.shape[0] > 1)
             self.work.gemms.append(AtenGemm(a.shape[0], a.shape[1], b.shape[2], a.shape[2], weight,
-                                            a.requires_grad, b.requires_grad))
+                                            a.requires_grad, b.requires_grad, stacked=stacked))
 
     def _conv(self, args, out) -> None:
         """A convolution as ``groups`` implicit GEMMs (flop_counter's conv formula): rows are

@@ -18,6 +18,8 @@ from planner.trace.aten import AtenAttention, CallWork
 from planner.trace.graph import Op
 from planner.trace.ops import COMPUTE_BOUND, TensorRef, kind_of, saved_tensors
 
+ROUTING = {"topk", "argmax"}
+"""Ops that pick experts for tokens (a router's top-k or top-1 choice)."""
 NON_DIFFERENTIABLE = {"detach", "argmax", "argmin", "_assert_tensor_metadata", "size", "sym_size"}
 
 
@@ -75,8 +77,11 @@ def build_ops(views: list[NodeView], *, batch: int, outputs: list[str] = ()) -> 
     loss does not depend on (``outputs``: the graph's outputs) run forward only."""
     env: dict[str, _Tensor] = {}
     ops: list[Op] = []
+    routers: set[str] = set()  # modules that picked experts for tokens so far
     for v in views:
         outs = _tensors(v.value)
+        if v.short in ROUTING:
+            routers.add(v.module)
         if v.op in ("param", "buffer"):
             if outs:
                 nb = _nbytes(outs[0])
@@ -86,7 +91,7 @@ def build_ops(views: list[NodeView], *, batch: int, outputs: list[str] = ()) -> 
             continue
         if not outs:
             continue  # asserts, sizes, None outputs: no data
-        op = _make_op(v, outs, env, batch)
+        op = _make_op(v, outs, env, batch, routers)
         ops.append(op)
         env[v.name] = _Tensor(v.name, op.out_bytes, op.requires_grad, op.base,
                               env[op.base].nbytes if op.base in env and op.base != v.name
@@ -128,7 +133,16 @@ def _weight_view(op: Op, v: NodeView, env: dict[str, _Tensor]) -> str:
     return next((env[n.name].param for n in v.inputs if n.name in env and env[n.name].param), "")
 
 
-def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], batch: int) -> Op:
+def _routes(module: str, routers: set[str]) -> bool:
+    """Whether ``module`` routes tokens: it, its parent or a sibling under that parent picked
+    experts (a router beside the experts, as ``mlp.gate`` beside ``mlp.experts``) before."""
+    parent = module.rpartition(".")[0]
+    return any(r == module or (parent and (r == parent or r.startswith(parent + ".")))
+               for r in routers)
+
+
+def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], batch: int,
+             routers: set[str] = frozenset()) -> Op:
     ins = [env[n.name] for n in v.inputs if n.name in env]
     acts = [x for x in ins if not x.param and not x.buffer]
     kind = "input" if v.op == "input" else kind_of(v.short)
@@ -154,7 +168,7 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
         work = v.work_fn(lambda name: (env[name].requires_grad, bool(env[name].param))
                          if name in env else (False, False))
         flops = work.flops / batch
-        dims.update(_work_dims(work, batch))
+        dims.update(_work_dims(work, batch, routed=_routes(v.module, routers)))
         unpriced = {name: [n, nbytes / batch] for name, (n, nbytes) in work.unpriced.items()}
     refs = [TensorRef(key=x.base, nbytes=x.base_bytes, requires_grad=x.requires_grad,
                       is_param=bool(x.param) or x.buffer) for x in ins]
@@ -179,12 +193,18 @@ def _attention(acts: list[_Tensor], attrs: dict) -> AtenAttention:
                          causal=bool(attrs.get("causal")), dropout=attrs.get("dropout", 0) > 0)
 
 
-def _work_dims(work: CallWork, batch: int) -> dict:
+def _work_dims(work: CallWork, batch: int, routed: bool = False) -> dict:
     """A priced call per sample: its GEMMs as [batch, m, n, k, weight, grad_a, grad_b, experts] (the
     dimension that carries the samples divided by ``batch``), its fused attention calls, and the
-    bytes and kernels of its memory-bound ATen ops."""
+    bytes and kernels of its memory-bound ATen ops. In a module that ``routed`` tokens, a GEMM
+    against a stacked weight (AtenGemm.stacked) is capacity-style experts: one row of all the
+    experts' token slots, as a grouped GEMM's."""
     gemms = []
     for g in work.gemms:
+        if g.stacked and routed:
+            gemms.append([1, g.batch * g.m / batch, g.n, g.k, 1, int(g.grad_a), int(g.grad_b),
+                          int(g.batch)])
+            continue
         b, m = (g.batch, g.m / batch) if g.weight or g.batch == 1 else (g.batch / batch, g.m)
         gemms.append([b, m, g.n, g.k, int(g.weight), int(g.grad_a), int(g.grad_b), g.experts])
     attention = [{"batch": a.batch / batch, "heads_q": a.heads_q, "heads_kv": a.heads_kv,

@@ -1,0 +1,86 @@
+"""Capacity-style Mixture-of-Experts layers (GShard's expert buffers): a router's top-k fills E
+buffers of C token slots, and the experts run as batched GEMMs against stacked weights
+([E, C, d] x [E, d, f]). The trace takes those GEMMs as routed experts (expert parallelism
+shards them) only in a module that routes; the same batched GEMM elsewhere stays a GEMM."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import planner
+
+
+class CapacityMoE(nn.Module):
+    def __init__(self, d=64, f=128, experts=4, k=2, capacity_factor=1.25, route=True):
+        super().__init__()
+        self.gate = nn.Linear(d, experts, bias=False)
+        self.w1 = nn.Parameter(torch.randn(experts, d, f) * 0.02)
+        self.w2 = nn.Parameter(torch.randn(experts, f, d) * 0.02)
+        self.experts, self.k, self.cf, self.route = experts, k, capacity_factor, route
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = x.reshape(-1, d)
+        n, e = h.shape[0], self.experts
+        slots = int(self.cf * n * self.k / e)
+        probs = F.softmax(self.gate(h), -1)
+        if self.route:
+            _, chosen = torch.topk(probs, self.k, -1)
+            hot = F.one_hot(chosen, e).to(h.dtype).sum(1)  # n x E
+        else:  # every token to every group: the same GEMMs, nothing routed
+            hot = torch.ones_like(probs)
+        position = torch.cumsum(hot, 0) * hot - 1
+        keep = (position < slots) & (hot > 0)
+        dispatch = F.one_hot(position.clamp(min=0).long(), slots).to(h.dtype) * keep[..., None]
+        buffers = torch.einsum("nec,nd->ecd", dispatch, h)  # E x C x d
+        out = torch.bmm(F.gelu(torch.bmm(buffers, self.w1)), self.w2)
+        combine = dispatch * (probs * hot)[..., None]
+        return torch.einsum("nec,ecd->nd", combine, out).reshape(b, t, d)
+
+
+class Net(nn.Module):
+    def __init__(self, route=True, layers=2, d=64, vocab=256):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(CapacityMoE(d, route=route) for _ in range(layers))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+def _prepare(route):
+    with torch.device("meta"):
+        net, ids = Net(route=route), torch.zeros(2, 64, dtype=torch.long)
+    return planner.prepare(net, example_inputs=(ids,), dtype="fp32")
+
+
+def test_capacity_experts_are_routed_experts():
+    prepared = _prepare(route=True)
+    works = [b.work for b in prepared.blocks.blocks if b.work.num_experts]
+    assert len(works) == 2 and all(w.num_experts == 4 for w in works)
+    # each layer's token slots: E x C = 4 x int(1.25 x 128 x 2 / 4) over the 2 traced samples
+    assert all(w.routed_tokens == pytest.approx(4 * 80 / 2) for w in works)
+    assert all(w.expert_params == 2 * 4 * 64 * 128 for w in works)
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    training = planner.TrainingSpec(global_batch=16, seq_len=64, dtype="fp32")
+    plans = {ep: planner.plan_prepared(prepared, cluster, training, planner.SearchOptions(
+        fix={"ep": ep, "dp": 8, "tp": 1, "pp": 1, "zero": 0}, top_k=0)) for ep in (1, 4)}
+    weights = {ep: p.stages[0]["predicted"]["memory_bytes"]["weights"] for ep, p in plans.items()}
+    experts = 2 * 2 * 4 * 64 * 128 * 4  # bytes of the experts' fp32 weights (2 layers x w1, w2)
+    assert weights[1] - weights[4] == pytest.approx(experts * 3 / 4, rel=0.01)
+    assert plans[4].predicted["breakdown"]["ep_comm_s"] > 0
+    assert plans[1].predicted["breakdown"].get("ep_comm_s", 0.0) == 0.0
+
+
+def test_stacked_weights_without_a_router_stay_batched_gemms():
+    prepared = _prepare(route=False)
+    assert not any(b.work.num_experts for b in prepared.blocks.blocks)
+    with pytest.raises(planner.SpecError, match="ep"):
+        planner.plan_prepared(prepared, planner.load_cluster("dgx-h100", nodes=1),
+                              planner.TrainingSpec(global_batch=16, seq_len=64, dtype="fp32"),
+                              planner.SearchOptions(fix={"ep": 4}, top_k=0))
