@@ -66,7 +66,8 @@ def why_not(plan: Plan, pins) -> WhyNot:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                        result=result, cluster=cluster, training=training, options=options)
         return WhyNot(pins=pins, variant=variant, feasible=True,
-                      notes=_kept(plan, pins) + idle_pins(pins, variant.parallel.get("cp", 1))
+                      notes=_kept(plan, pins) + _lifted(plan, pins)
+                      + idle_pins(pins, variant.parallel.get("cp", 1))
                       + _untried(plan, variant, options), over=[])
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                           training, options)
@@ -96,6 +97,17 @@ def _kept(plan: Plan, pins: dict) -> list[str]:
     """A note when the plan already has every pinned value."""
     if all(plan.parallel.get(k) == v for k, v in pins.items()):
         return [f"the plan already has {pins_text(pins)}"]
+    return []
+
+
+def _lifted(plan: Plan, pins: dict) -> list[str]:
+    """A note when the answer replaces a value the plan was made with (``--fix``): its search
+    never tried the one asked about."""
+    made_with = plan.search.get("options", {}).get("fix", {})
+    lifted = {k: v for k, v in made_with.items() if k in pins and pins[k] != v}
+    if lifted:
+        return [f"the plan was made with --fix {pins_text(lifted)}, so its search did not try "
+                f"{pins_text({k: pins[k] for k in lifted})}"]
     return []
 
 

@@ -270,3 +270,12 @@ def test_clusters_read_with_their_node_counts_and_groups():
         {"name": "east", "device": "v100", "nodes": 4, "gpus_per_node": 8},
         {"name": "west", "device": "v100", "nodes": 4, "gpus_per_node": 8}]}
     assert cluster_text(sites) == ("64 GPUs (two: east 4 nodes x 8 v100, west 4 nodes x 8 v100)")
+
+
+def test_why_says_when_it_lifts_a_pin_the_plan_was_made_with(tiny_llama_config):
+    plan = planner.plan(tiny_llama_config, cluster=SMALL, global_batch=32, seq_len=128,
+                        fix={"zero": 1})
+    answer = why_not(plan, {"zero": 2})
+    assert answer.feasible and "the plan was made with --fix zero=1, so its search did not try " \
+        "zero=2" in answer.notes
+    assert not [n for n in why_not(plan, {"pp": 2}).notes if "was made with" in n]
