@@ -136,7 +136,8 @@ SECTIONS = [
      "in 2.5-2.9 s over three runs in one process, as before it (2.6-2.9 s), and in 3.3-4.1 s "
      "by this benchmark that day. Since the screen's data-parallel floor does its arithmetic on "
      "plain numbers rather than numpy's (2026-12-03), DeepSeek-V3 is searched in 2.1-2.5 s over "
-     "four runs in one process (2.6-3.2 s before), 2.8 s by this benchmark that day."),
+     "four runs in one process (2.6-3.2 s before), 2.8 and 2.2 s in two runs of this benchmark "
+     "that day (the table is the second)."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "
