@@ -192,7 +192,7 @@ class _Recorder(TorchDispatchMode):
                                             a.requires_grad, b.requires_grad))
         else:
             stacked = (self._is_weight(b) and not self._is_weight(a) and b.dim() == 3
-                       and a.shape[0] == b.shape[0] > 1)
+                       and a.shape[0] == b.shape[0] > 1 and b.stride(0) != 0)  # not expanded
             self.work.gemms.append(AtenGemm(a.shape[0], a.shape[1], b.shape[2], a.shape[2], weight,
                                             a.requires_grad, b.requires_grad, stacked=stacked))
 

@@ -19,7 +19,8 @@ from planner.trace.graph import Op
 from planner.trace.ops import COMPUTE_BOUND, TensorRef, kind_of, saved_tensors
 
 ROUTING = {"topk", "argmax"}
-"""Ops that pick experts for tokens (a router's top-k or top-1 choice)."""
+"""Ops that pick experts for tokens (a router's top-k or top-1 choice, over the last dimension:
+one score per expert)."""
 NON_DIFFERENTIABLE = {"detach", "argmax", "argmin", "_assert_tensor_metadata", "size", "sym_size"}
 
 
@@ -77,11 +78,12 @@ def build_ops(views: list[NodeView], *, batch: int, outputs: list[str] = ()) -> 
     loss does not depend on (``outputs``: the graph's outputs) run forward only."""
     env: dict[str, _Tensor] = {}
     ops: list[Op] = []
-    routers: set[str] = set()  # modules that picked experts for tokens so far
+    routers: dict[str, set[int]] = {}  # module -> how many choices its top-k / argmax took
     for v in views:
         outs = _tensors(v.value)
-        if v.short in ROUTING:
-            routers.add(v.module)
+        if v.short in ROUTING and v.inputs and v.inputs[0].name in env and env[
+                v.inputs[0].name].shape:
+            routers.setdefault(v.module, set()).add(int(env[v.inputs[0].name].shape[-1]))
         if v.op in ("param", "buffer"):
             if outs:
                 nb = _nbytes(outs[0])
@@ -133,16 +135,20 @@ def _weight_view(op: Op, v: NodeView, env: dict[str, _Tensor]) -> str:
     return next((env[n.name].param for n in v.inputs if n.name in env and env[n.name].param), "")
 
 
-def _routes(module: str, routers: set[str]) -> bool:
-    """Whether ``module`` routes tokens: it, its parent or a sibling under that parent picked
-    experts (a router beside the experts, as ``mlp.gate`` beside ``mlp.experts``) before."""
-    parent = module.rpartition(".")[0]
-    return any(r == module or (parent and (r == parent or r.startswith(parent + ".")))
-               for r in routers)
+def _routes(module: str, routers: dict[str, set[int]], experts: int) -> bool:
+    """Whether ``module`` routes tokens to ``experts`` groups: a top-k or argmax over that many
+    scores ran before in the same repeated block (the entry of a layer list it is in, as
+    ``mlp.gate`` beside ``mlp.experts`` in ``layers.3``), or, outside any layer list, in the
+    module itself or beside it under its parent."""
+    parts = module.split(".")
+    numbered = [i for i, part in enumerate(parts) if part.isdigit()]
+    scope = ".".join(parts[:numbered[-1] + 1]) if numbered else module.rpartition(".")[0]
+    return any(experts in widths and (r == module or (scope and (r == scope or r.startswith(
+        scope + ".")))) for r, widths in routers.items())
 
 
 def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], batch: int,
-             routers: set[str] = frozenset()) -> Op:
+             routers: dict[str, set[int]] | None = None) -> Op:
     ins = [env[n.name] for n in v.inputs if n.name in env]
     acts = [x for x in ins if not x.param and not x.buffer]
     kind = "input" if v.op == "input" else kind_of(v.short)
@@ -168,7 +174,8 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
         work = v.work_fn(lambda name: (env[name].requires_grad, bool(env[name].param))
                          if name in env else (False, False))
         flops = work.flops / batch
-        dims.update(_work_dims(work, batch, routed=_routes(v.module, routers)))
+        dims.update(_work_dims(work, batch, routed=lambda experts: _routes(
+            v.module, routers or {}, experts)))
         unpriced = {name: [n, nbytes / batch] for name, (n, nbytes) in work.unpriced.items()}
     refs = [TensorRef(key=x.base, nbytes=x.base_bytes, requires_grad=x.requires_grad,
                       is_param=bool(x.param) or x.buffer) for x in ins]
@@ -193,15 +200,15 @@ def _attention(acts: list[_Tensor], attrs: dict) -> AtenAttention:
                          causal=bool(attrs.get("causal")), dropout=attrs.get("dropout", 0) > 0)
 
 
-def _work_dims(work: CallWork, batch: int, routed: bool = False) -> dict:
+def _work_dims(work: CallWork, batch: int, routed=lambda experts: False) -> dict:
     """A priced call per sample: its GEMMs as [batch, m, n, k, weight, grad_a, grad_b, experts] (the
     dimension that carries the samples divided by ``batch``), its fused attention calls, and the
-    bytes and kernels of its memory-bound ATen ops. In a module that ``routed`` tokens, a GEMM
-    against a stacked weight (AtenGemm.stacked) is capacity-style experts: one row of all the
-    experts' token slots, as a grouped GEMM's."""
+    bytes and kernels of its memory-bound ATen ops. A GEMM against a stacked weight
+    (AtenGemm.stacked) of E matrices where ``routed(E)`` (a router chose among E experts: _routes)
+    is capacity-style experts: one row of all the experts' token slots, as a grouped GEMM's."""
     gemms = []
     for g in work.gemms:
-        if g.stacked and routed:
+        if g.stacked and routed(int(g.batch)):
             gemms.append([1, g.batch * g.m / batch, g.n, g.k, 1, int(g.grad_a), int(g.grad_b),
                           int(g.batch)])
             continue

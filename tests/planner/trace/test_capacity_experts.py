@@ -39,11 +39,32 @@ class CapacityMoE(nn.Module):
         return torch.einsum("nec,ecd->nd", combine, out).reshape(b, t, d)
 
 
+class PerHead(nn.Module):
+    """A dense block that keeps the top-k tokens by a score (as token-selecting attention or
+    mixture-of-depths routers do) and projects per head with a stacked [heads, d, f] weight."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.score = nn.Linear(d, 1)
+        self.w = nn.Parameter(torch.randn(heads, d // heads, d // heads) * 0.02)
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        _, keep = torch.topk(self.score(x).squeeze(-1), t // 2, -1)  # over tokens, not experts
+        h = x.reshape(b * t, self.heads, d // self.heads).transpose(0, 1)  # heads x bt x d/h
+        out = torch.bmm(h, self.w).transpose(0, 1).reshape(b, t, d)
+        return out * keep.sum().to(x.dtype) * 0
+
+
 class Net(nn.Module):
-    def __init__(self, route=True, layers=2, d=64, vocab=256):
+    def __init__(self, route=True, layers=2, d=64, vocab=256, kinds=None):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList(CapacityMoE(d, route=route) for _ in range(layers))
+        make = {"routed": lambda: CapacityMoE(d, route=True),
+                "unrouted": lambda: CapacityMoE(d, route=False), "per-head": lambda: PerHead(d)}
+        kinds = kinds or ["routed" if route else "unrouted"] * layers
+        self.layers = nn.ModuleList(make[k]() for k in kinds)
         self.head = nn.Linear(d, vocab)
 
     def forward(self, ids):
@@ -53,9 +74,9 @@ class Net(nn.Module):
         return self.head(x)
 
 
-def _prepare(route):
+def _prepare(route=True, kinds=None):
     with torch.device("meta"):
-        net, ids = Net(route=route), torch.zeros(2, 64, dtype=torch.long)
+        net, ids = Net(route=route, kinds=kinds), torch.zeros(2, 64, dtype=torch.long)
     return planner.prepare(net, example_inputs=(ids,), dtype="fp32")
 
 
@@ -84,3 +105,11 @@ def test_stacked_weights_without_a_router_stay_batched_gemms():
         planner.plan_prepared(prepared, planner.load_cluster("dgx-h100", nodes=1),
                               planner.TrainingSpec(global_batch=16, seq_len=64, dtype="fp32"),
                               planner.SearchOptions(fix={"ep": 4}, top_k=0))
+
+
+def test_a_router_counts_in_its_own_layer_only_and_over_as_many_experts():
+    """An earlier layer's router does not make a later layer's stacked GEMMs experts, nor does a
+    top-k over something else than the stacked weight's groups (tokens, here)."""
+    prepared = _prepare(kinds=["routed", "unrouted", "per-head"])
+    assert [b.work.num_experts for b in prepared.blocks.blocks
+            if b.name.startswith("layers.")] == [4, 0, 0]
