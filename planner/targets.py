@@ -14,6 +14,9 @@ from costmodels.pipeline import SCHEDULES, Schedule
 from planner.errors import SpecError
 from planner.options import CP_COMMS, ZERO_STAGES, SearchOptions
 
+DEFAULT_RECOMPUTE = SearchOptions().recompute
+"""The forms a search tries when the caller names none (a target replaces them by its own)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Engine:
@@ -231,7 +234,17 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
         raise SpecError(f"fix.placement: {target} runs tp-pp-dp with a pipeline only without "
                         "expert parallelism (its expert groups are consecutive ranks of a "
                         "stage); pin placement=tp-dp-pp or ep=1")
-    return replace(options, target=target, recompute=eng.recompute,
+    narrowed = {"schedules": tuple(s for s in options.schedules if s in eng.schedules),
+                # the engine's own forms unless the caller chose some (then those it runs)
+                "recompute": (eng.recompute if options.recompute == DEFAULT_RECOMPUTE else
+                              tuple(r for r in options.recompute if r in eng.recompute)),
+                "zero": tuple(z for z in options.zero if z in eng.zero)}
+    for name, kept in narrowed.items():
+        if not kept:
+            raise SpecError(f"{name}: {target} runs {', '.join(map(str, getattr(eng, name)))}, "
+                            f"none of the SearchOptions.{name} given "
+                            f"({', '.join(map(str, getattr(options, name)))})")
+    return replace(options, target=target, recompute=narrowed["recompute"],
                    cp_comms=tuple(c for c in options.cp_comms if c in eng.cp_comms),
                    cp_comms_windowed=tuple(c for c in options.cp_comms_windowed
                                            if c in eng.cp_comms_windowed),
@@ -258,8 +271,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    zero3_with_cp_ep=options.zero3_with_cp_ep and eng.zero3_with_cp_ep,
                    zero0_with_others=options.zero0_with_others and eng.zero0_with_others,
                    etp_with_expert_bias=options.etp_with_expert_bias and eng.etp_with_expert_bias,
-                   schedules=tuple(s for s in options.schedules if s in eng.schedules),
-                   zero=tuple(z for z in options.zero if z in eng.zero),
+                   schedules=narrowed["schedules"], zero=narrowed["zero"],
                    zero_with_pp=tuple(z for z in options.zero_with_pp if z in eng.zero_with_pp),
                    zero_with_cp=tuple(z for z in options.zero_with_cp if z in eng.zero_with_cp),
                    offload=tuple(o for o in options.offload if eng.offload or not o),

@@ -739,3 +739,17 @@ def test_plan_prepared_searches_what_its_target_runs(tiny_mixtral):
     with pytest.raises(planner.SpecError, match="fix.schedule: deepspeed does not run zb-h1"):
         planner.plan_prepared(tiny_mixtral, cluster, training, planner.SearchOptions(
             fix={"pp": 2, "schedule": "zb-h1"}, target="deepspeed"))
+
+
+def test_a_target_narrows_the_callers_search_options_without_replacing_them():
+    from planner import targets
+    mine = planner.SearchOptions(recompute=("none",))
+    assert targets.restrict(mine, "any").recompute == ("none",)
+    assert targets.restrict(mine, "torchtitan").recompute == ("none",)
+    # nothing chosen: the target's own forms (torchtitan's per-op policy), the same when restricted
+    # again (planner.plan, then plan_prepared)
+    once = targets.restrict(planner.SearchOptions(), "torchtitan")
+    assert "op" in once.recompute and targets.restrict(once, "torchtitan") == once
+    with pytest.raises(planner.SpecError, match=r"^schedules: deepspeed runs 1f1b, none of the "
+                                                 r"SearchOptions.schedules given \(gpipe\)"):
+        targets.restrict(planner.SearchOptions(schedules=("gpipe",)), "deepspeed")
