@@ -357,15 +357,32 @@ SOFTWARE_KEYS = frozenset(k for preset in PRESETS.values() for k in preset
 MoE settings, which a re-plan keeps: _kept_engine_settings)."""
 
 
-def planned_layout(plan: Plan) -> str:
-    """How the plan priced the model states in memory (costmodels.engine ``state_layout``); a
-    plan from before plans recorded it: as the engine it was made for lays them out."""
+STATE_LAYOUT_WORDS = {"zero": "model states as ZeRO lays them out (16-bit weights and gradients, "
+                               "fp32 master weights and optimizer states)",
+                      "megatron": "model states as Megatron-Core lays them out (fp32 main "
+                                  "gradients)",
+                      "megatron-bf16-grads": "model states as Megatron-Core lays them out with "
+                                             "--grad-reduce-in-bf16",
+                      "fsdp2": "model states as torchtitan's FSDP2 lays them out (fp32 "
+                               "parameters and gradients)"}
+"""How a re-check names a state layout (costmodels.memory.STATE_LAYOUTS) other than the plan's."""
+
+
+def layout_note(plan: Plan, target: str, state_layout: str, ledger: Ledger) -> None:
+    """Note, for a plan made for another target that does not record how it laid out the model
+    states, that its memory is not priced again with the engine's layout."""
+    if planned_layout(plan) is None and (plan.search or {}).get("target") != target:
+        ledger.info(f"memory not re-checked with the {STATE_LAYOUT_WORDS[state_layout]}: the "
+                    "plan does not record how it laid them out (made before plans recorded it); "
+                    f"`{resolve_hint(plan, target)}` prices it as {target} runs it")
+
+
+def planned_layout(plan: Plan) -> str | None:
+    """How the plan priced the model states in memory (costmodels.engine ``state_layout``); None
+    for a plan from before plans recorded it (2026-12-01), whose re-check would compare today's
+    prices with another model's."""
     engine = plan.training.get("engine") or {}
-    if "state_layout" in engine:
-        return engine_from_mapping(engine).state_layout
-    target = (plan.search or {}).get("target", "any")
-    software = targets.engine(target).software if target in targets.TARGETS else None
-    return engine_from_mapping(software).state_layout
+    return engine_from_mapping(engine).state_layout if "state_layout" in engine else None
 
 
 def software_note(plan: Plan, target: str, ledger: Ledger) -> None:

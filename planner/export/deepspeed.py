@@ -87,6 +87,8 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
     if raising or reprice.layout_differs(plan, "zero"):
         ledger.info(reprice.recheck(plan, TARGET, ", ".join(raising + lower), state_layout="zero",
                                     required=bool(raising), **changes))
+    else:
+        common.layout_note(plan, TARGET, "zero", ledger)
     extra["not_expressed"] = ledger.close()
     order = ["about", "header", "not_expressed", "batch", "sequence_parallel", "experts", "offload",
              "recompute", "pipeline"]

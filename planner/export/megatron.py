@@ -411,7 +411,9 @@ def _memory(plan: Plan, ledger: common.Ledger) -> Group:
     ledger.exact("zero", "offload_optimizer")
     out = _recompute(p["recompute"], ledger)
     layout = common.planned_layout(plan)
-    if layout not in ("megatron", "megatron-bf16-grads"):  # priced for another engine's states
+    if layout is None:
+        common.layout_note(plan, TARGET, "megatron", ledger)
+    elif layout not in ("megatron", "megatron-bf16-grads"):  # priced for another engine's states
         from planner.export import reprice  # lazy: prices with the search (and may trace)
         ledger.info(reprice.recheck(plan, TARGET, "", state_layout="megatron", required=False))
     if layout == "megatron-bf16-grads" and plan.training["dtype"] in ("bf16", "fp8"):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from costmodels.engine import engine_from_mapping
 from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
 from planner import api
-from planner.errors import SpecError
+from planner.errors import PlannerError, SpecError
 from planner.export import common
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec
 from planner.planfile.document import Plan
@@ -90,21 +90,17 @@ def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
                   device=cluster.device.memory_bytes)
 
 
-STATE_LAYOUT_WORDS = {"zero": "model states as ZeRO lays them out (16-bit weights and gradients, "
-                               "fp32 master weights and optimizer states)",
-                      "megatron": "model states as Megatron-Core lays them out (fp32 main "
-                                  "gradients)",
-                      "megatron-bf16-grads": "model states as Megatron-Core lays them out with "
-                                             "--grad-reduce-in-bf16",
-                      "fsdp2": "model states as torchtitan's FSDP2 lays them out (fp32 "
-                               "parameters and gradients)"}
-"""How a re-check names a state layout (costmodels.memory.STATE_LAYOUTS) other than the plan's."""
 
 
 def layout_differs(plan: Plan, state_layout: str) -> bool:
     """Whether the engine lays the model states out otherwise than the plan was priced with
-    (its memory must then be checked again, whatever else the export changes)."""
-    return common.planned_layout(plan) != state_layout
+    (its memory must then be checked again, whatever else the export changes); False for a plan
+    that does not record its layout (layout_note says so)."""
+    planned = common.planned_layout(plan)
+    return planned is not None and planned != state_layout
+
+
+
 
 
 def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = None,
@@ -114,12 +110,12 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
     else a note with them. Not ``required`` (only the state layout differs): a plan this machine
     cannot price again (its model not found here, made from a module) gets a note saying so."""
     parts = [change] if change else []
-    if state_layout and layout_differs(plan, state_layout):
-        parts.append(f"the {STATE_LAYOUT_WORDS.get(state_layout, state_layout)}")
+    if state_layout and common.planned_layout(plan) != state_layout:  # (or not recorded)
+        parts.append(f"the {common.STATE_LAYOUT_WORDS.get(state_layout, state_layout)}")
     change = " and ".join(parts) or "the plan's settings"
     try:
         mem = memory(plan, state_layout=state_layout, **changes)
-    except SpecError as exc:
+    except PlannerError as exc:  # the model not found here, or no longer traced
         if required:
             raise
         return f"memory not re-checked with {change}: {exc}"

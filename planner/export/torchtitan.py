@@ -436,6 +436,7 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
     from planner.export import reprice  # lazy: prices with the search (and may trace)
     required = bool(changes or raising)  # else only the layout of the states differs
     if not required and not reprice.layout_differs(plan, "fsdp2"):
+        common.layout_note(plan, TARGET, "fsdp2", ledger)
         return
     if not required and p.get("offload_optimizer"):
         ledger.info("memory not re-checked with the model states as torchtitan's FSDP2 lays them "

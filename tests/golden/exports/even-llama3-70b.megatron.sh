@@ -10,6 +10,10 @@
 # Not expressed exactly, or not at all (each also warned on stderr; docs/exports.md):
 # - schedule GPipe: Megatron-LM runs 1F1B, which has the same bubble and keeps fewer micro-batches
 #   in flight (less activation memory than planned)
+# - memory not re-checked with the model states as Megatron-Core lays them out (fp32 main
+#   gradients): the plan does not record how it laid them out (made before plans recorded it);
+#   `plan solve llama3-70b --cluster dgx-h100 --nodes 8 --global-batch 128 --seq-len 4096 --fix
+#   tp=8,pp=4,recompute=full --target megatron` prices it as megatron runs it
 
 # tensor parallelism: Megatron-LM's validate_args requires CUDA_DEVICE_MAX_CONNECTIONS=1 (on GPUs before Blackwell)
 export CUDA_DEVICE_MAX_CONNECTIONS=1

@@ -7,7 +7,11 @@
 # pretrain_bert.py) with your model (--hidden-size, --num-attention-heads, ...), data and
 # optimizer arguments. The tensor-parallel split of each layer is Megatron's own.
 #
-# Every knob of the plan is expressed exactly below.
+# Not expressed exactly, or not at all (each also warned on stderr; docs/exports.md):
+# - memory not re-checked with the model states as Megatron-Core lays them out (fp32 main
+#   gradients): the plan does not record how it laid them out (made before plans recorded it);
+#   `plan solve llama3-8b --cluster dgx-h100 --nodes 2 --global-batch 64 --seq-len 4096 --fix
+#   tp=2,pp=4,recompute=selective --target megatron` prices it as megatron runs it
 
 # tensor parallelism: Megatron-LM's validate_args requires CUDA_DEVICE_MAX_CONNECTIONS=1 (on GPUs before Blackwell)
 export CUDA_DEVICE_MAX_CONNECTIONS=1
