@@ -82,7 +82,8 @@ def why_not(plan: Plan, pins) -> WhyNot:
 
     limits = (capacity_bytes(cluster, options), cluster.device.memory_bytes)
     cfg, problem = pinned_config(plan, pins)
-    notes = [problem] if problem else structural_notes(cfg, cluster, prepared.blocks, options)
+    notes = _lifted(plan, pins) + ([problem] if problem else
+                                   structural_notes(cfg, cluster, prepared.blocks, options))
     variant = None if problem or any(n.startswith("cannot") for n in notes) else hypothetical(
         cfg, prepared, cluster, training, options)
     over = [] if variant is None else [

@@ -20,7 +20,7 @@ _NOT_MODEL_CODE = (_TORCH_DIR + os.sep, _PLANNER_DIR + os.sep, _STDLIB_DIR + os.
 
 # (text in the exception, the construct, what to change); first match wins
 CONSTRUCTS = (
-    ("dynamiccache", "a Hugging Face model that returns its key/value cache",
+    ("dynamiccache'> in output", "a Hugging Face model that returns its key/value cache",
      "build it with use_cache=False (in its config), as training does"),
     ("cannot be used as inputs to control flow", "Python control flow on a tensor value",
      "replace the branch with torch.where or decide it from shapes"),
@@ -124,7 +124,9 @@ def expert_loop_fix(model: torch.nn.Module, exc: BaseException) -> str:
     if not module or "sizes independent of values" not in fix_for(exc):
         return ""
     for name, child in model.named_modules():
-        inside = name.startswith(module + ".") or module == name or module.startswith(name + ".")
+        # the list is the failing module's own child, or the failing module lies inside it
+        inside = name.rpartition(".")[0] == module or module == name or module.startswith(
+            name + ".")
         if (inside and isinstance(child, torch.nn.ModuleList) and len(child) > 1
                 and "expert" in name.rsplit(".", 1)[-1].lower()):
             return (f"'{name}' looks like experts run one by one on the tokens each picks: stack "

@@ -225,17 +225,23 @@ def _infer_batch(args, kwargs) -> int:
 
 def _infer_seq(args, kwargs, seq_len) -> int:
     """The tokens per sample: ``seq_len`` if given, else dim 1 of the first input. Given, it
-    must agree with inputs that are sequences (token ids [batch, tokens] or embeddings
-    [batch, tokens, width]): the trace prices the inputs' shapes, so another length would only
-    mislabel the plan's tokens/s."""
+    must agree with the inputs' one tensor of token ids ([batch, tokens], integer) when that is
+    the first input: the trace prices the inputs' shapes, so another length would only mislabel
+    the plan's tokens/s. Other inputs (embeddings, audio frames, an encoder's and a decoder's
+    ids) only get a warning when dim 1 differs: what is a token there is the caller's word."""
     t = _first_tensor(args, kwargs)
-    sequence = t is not None and (t.dim() == 2 and not t.is_floating_point()
-                                  or t.dim() == 3 and t.is_floating_point())
+    ids = [v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor)
+           and v.dim() == 2 and not v.is_floating_point()]
     if seq_len:
-        if sequence and int(t.shape[1]) != int(seq_len):
+        if len(ids) == 1 and ids[0] is t and int(t.shape[1]) != int(seq_len):
+            # one sequence of token ids: another length would only relabel the plan's tokens/s
             raise SpecError(f"seq_len: the example inputs hold {int(t.shape[1])} tokens per sample "
-                            f"(dim 1 of the first input), not {int(seq_len)}; give inputs of that "
-                            "length (a factory may take a seq_len argument) or leave seq_len out")
+                            f"(their token ids), not {int(seq_len)}; give inputs of that length (a "
+                            "factory may take a seq_len argument) or leave seq_len out")
+        if t is not None and t.dim() >= 2 and int(t.shape[1]) != int(seq_len):
+            log.warning("seq_len %d is not dim 1 of the first example input (%s): the plan is "
+                        "priced from the inputs' shapes and reports %d tokens per sample",
+                        int(seq_len), "x".join(map(str, t.shape)), int(seq_len))
         return int(seq_len)
     return int(t.shape[1]) if t is not None and t.dim() >= 2 else 1
 

@@ -276,14 +276,20 @@ def test_a_seq_len_the_example_inputs_do_not_have_is_refused():
     net = nn.Embedding(100, 8)
     ids = torch.zeros(2, 512, dtype=torch.long)
     with pytest.raises(SpecError, match=r"^seq_len: the example inputs hold 512 tokens per "
-                                        r"sample .* not 4096"):
+                                        r"sample \(their token ids\), not 4096"):
         resolve(net, seq_len=4096, dtype="fp32", example_inputs=(ids,))
     assert resolve(net, seq_len=512, dtype="fp32", example_inputs=(ids,)).seq_len == 512
     assert resolve(net, seq_len=None, dtype="fp32", example_inputs=(ids,)).seq_len == 512
-    # not a sequence (an image batch): seq_len is the caller's word
+    # not token ids (an image batch, audio frames [batch, mels, frames]): the caller's word
     conv = nn.Conv2d(3, 4, 3)
     assert resolve(conv, seq_len=49, dtype="fp32",
                    example_inputs=(torch.randn(2, 3, 9, 9),)).seq_len == 49
+    audio = nn.Conv1d(80, 8, 3)
+    assert resolve(audio, seq_len=1500, dtype="fp32",
+                   example_inputs=(torch.randn(2, 80, 3000),)).seq_len == 1500
+    # two sequences of ids (an encoder's and a decoder's): the caller says which length
+    pair = resolve(net, seq_len=128, dtype="fp32", example_inputs=(ids, ids[:, :128]))
+    assert pair.seq_len == 128
 
 
 def test_example_inputs_of_the_wrong_shape_are_a_trace_error():
