@@ -47,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         text = str(exc)
-        # "no plan fits: ..." / "no schedule ...": the message names what was not found
-        print(f"plan: {text}" if text.startswith("no ") else f"plan: no plan fits: {text}",
+        # "no plan fits: ..." / "no schedule ...": the message names what was not found; a
+        # configuration a rule refuses (not its memory) is "no plan:"
+        fits = exc.reason in ("out of memory", "no plan", "infeasible", "job fits nowhere")
+        word = "no plan fits" if fits else "no plan"
+        print(f"plan: {text}" if text.startswith("no ") else f"plan: {word}: {text}",
               file=sys.stderr)
         return EXIT_NO_PLAN
     except PlannerError as exc:
