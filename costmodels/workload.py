@@ -214,6 +214,10 @@ class BlockWork:
     expert_flops: float = 0.0
     """Forward FLOPs of routed-expert GEMMs (part of ``mm_flops_rep``; the work the routed token
     copies do, not the experts' whole matrices)."""
+    expert_slot_flops: float = 0.0
+    """Forward FLOPs of capacity-style experts' empty token slots (GShard's buffers of C slots
+    per expert, more than the router fills): the devices compute them, the model's FLOPs (and
+    so MFU) leave them out (train_flops)."""
     num_experts: float = 0.0
     """Routed experts of the block's Mixture-of-Experts layer (0: none)."""
     routed_tokens: float = 0.0
@@ -256,8 +260,15 @@ class BlockWork:
     def train_flops(self) -> float:
         """Model FLOPs of a training step per sample: forward and backward, with attention under
         a causal mask counted half (the work a causal kernel does; Megatron-Core counts it so)
-        and under a sliding window the work inside it."""
-        return self.fwd_flops + self.bwd_flops - 3.0 * self.masked_attn_flops
+        and under a sliding window the work inside it; capacity-style experts' empty slots left
+        out (hardware FLOPs count them: padding_train_flops)."""
+        return (self.fwd_flops + self.bwd_flops - 3.0 * self.masked_attn_flops
+                - self.padding_train_flops)
+
+    @property
+    def padding_train_flops(self) -> float:
+        """Forward and backward FLOPs of capacity-style experts' empty token slots per sample."""
+        return 3.0 * self.expert_slot_flops
 
     @property
     def masked_attn_flops(self) -> float:

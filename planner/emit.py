@@ -142,8 +142,9 @@ def predicted(est: Estimate, training: TrainingSpec, cluster: Cluster) -> dict:
 def active_params(bg: BlockGraph, seq_len: int) -> float:
     """Weights that multiply each token: the forward FLOPs of the GEMMs with a weight operand per
     sample, over 2 x tokens (a mixture of experts counts its routed experts only: 2 of 8 experts
-    in Mixtral)."""
-    flops = sum(g.flops for b in bg.blocks for g in b.work.gemms if g.linear)
+    in Mixtral; capacity-style experts their filled slots only)."""
+    flops = sum(g.flops for b in bg.blocks for g in b.work.gemms if g.linear) - sum(
+        b.work.expert_slot_flops for b in bg.blocks)
     return flops / (2.0 * max(seq_len, 1))
 
 

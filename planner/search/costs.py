@@ -45,6 +45,8 @@ class ModelArrays:
     fwd_flops_per_sample: float
     train_flops_per_sample: float
     """Model FLOPs of forward + backward per sample (BlockWork.train_flops)."""
+    padding_flops_per_sample: float = 0.0
+    """FLOPs of capacity-style experts' empty slots per sample (hardware, not model, FLOPs)."""
     times_key: tuple | None = None
     times: dict = field(default_factory=dict)
     """The last block times priced (block_costs), for the knobs in ``times_key``: the
@@ -70,7 +72,9 @@ class ModelArrays:
                    checkpointed=np.array([b.recompute for b in blocks], dtype=bool),
                    cut_bytes=np.array(bg.cut_bytes(order), dtype=float), shared=shared,
                    fwd_flops_per_sample=float(np.sum(work.fwd_flops)),
-                   train_flops_per_sample=float(sum(b.work.train_flops for b in blocks)))
+                   train_flops_per_sample=float(sum(b.work.train_flops for b in blocks)),
+                   padding_flops_per_sample=float(sum(b.work.padding_train_flops
+                                                      for b in blocks)))
 
 
 @dataclass

@@ -394,12 +394,14 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_
 
 def step_flops(ma, cfg: Config, training: TrainingSpec) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) of a step: forward and backward of the global batch, and
-    those plus the forward recomputed under ``cfg.recompute``."""
+    those plus the forward recomputed under ``cfg.recompute`` and capacity-style experts' empty
+    slots."""
     model_flops = ma.train_flops_per_sample * training.global_batch
     rc_flops = ma.flops_memo.get(cfg.recompute)
     if rc_flops is None:
         rc_flops = ma.flops_memo[cfg.recompute] = _recomputed_flops(ma, cfg.recompute)
-    return model_flops, model_flops + rc_flops * training.global_batch
+    return model_flops, model_flops + (rc_flops + ma.padding_flops_per_sample) * \
+        training.global_batch
 
 
 def _recomputed_flops(ma, recompute: str) -> float:

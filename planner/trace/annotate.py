@@ -67,7 +67,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "attn_heads_kv", "attn_window_cut",
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
                          "attn_score_params", "attn_keys_wider", "act_routed_gathered",
-                         "act_routed_weighted", "expert_bias"), 0.0)
+                         "act_routed_weighted", "expert_bias", "expert_slot_flops"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
@@ -184,6 +184,8 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
                 acc["eager_attn_flops_rep"] += 0.0 if split else g.flops
             if g.experts:
                 acc["expert_flops"] += g.flops
+                if len(row) > 8:  # capacity slots: the share the router fills (records)
+                    acc["expert_slot_flops"] += g.flops * (1.0 - row[8])
                 acc["num_experts"] = max(acc["num_experts"], float(g.experts))
                 if i in returning:  # one per MoE layer
                     acc["moe_layers"] += 1

@@ -78,12 +78,16 @@ def build_ops(views: list[NodeView], *, batch: int, outputs: list[str] = ()) -> 
     loss does not depend on (``outputs``: the graph's outputs) run forward only."""
     env: dict[str, _Tensor] = {}
     ops: list[Op] = []
-    routers: dict[str, set[int]] = {}  # module -> how many choices its top-k / argmax took
+    # module -> {experts chosen among: token copies routed (top-k x tokens, traced batch)}
+    routers: dict[str, dict[int, float]] = {}
     for v in views:
         outs = _tensors(v.value)
-        if v.short in ROUTING and v.inputs and v.inputs[0].name in env and env[
+        if v.short in ROUTING and outs and v.inputs and v.inputs[0].name in env and env[
                 v.inputs[0].name].shape:
-            routers.setdefault(v.module, set()).add(int(env[v.inputs[0].name].shape[-1]))
+            shape = env[v.inputs[0].name].shape
+            chosen = int(outs[0].shape[-1]) if v.short == "topk" and outs[0].dim() else 1
+            routers.setdefault(v.module, {})[int(shape[-1])] = \
+                chosen * math.prod(shape[:-1])
         if v.op in ("param", "buffer"):
             if outs:
                 nb = _nbytes(outs[0])
@@ -135,20 +139,20 @@ def _weight_view(op: Op, v: NodeView, env: dict[str, _Tensor]) -> str:
     return next((env[n.name].param for n in v.inputs if n.name in env and env[n.name].param), "")
 
 
-def _routes(module: str, routers: dict[str, set[int]], experts: int) -> bool:
-    """Whether ``module`` routes tokens to ``experts`` groups: a top-k or argmax over that many
-    scores ran before in the same repeated block (the entry of a layer list it is in, as
-    ``mlp.gate`` beside ``mlp.experts`` in ``layers.3``), or, outside any layer list, in the
-    module itself or beside it under its parent."""
+def _routed_copies(module: str, routers: dict[str, dict[int, float]], experts: int) -> float:
+    """The token copies routed to ``experts`` groups for ``module`` (0: it routes none): a top-k
+    or argmax over that many scores ran before in the same repeated block (the entry of a layer
+    list it is in, as ``mlp.gate`` beside ``mlp.experts`` in ``layers.3``), or, outside any
+    layer list, in the module itself or beside it under its parent."""
     parts = module.split(".")
     numbered = [i for i, part in enumerate(parts) if part.isdigit()]
     scope = ".".join(parts[:numbered[-1] + 1]) if numbered else module.rpartition(".")[0]
-    return any(experts in widths and (r == module or (scope and (r == scope or r.startswith(
-        scope + ".")))) for r, widths in routers.items())
+    return next((chosen[experts] for r, chosen in routers.items() if experts in chosen and (
+        r == module or (scope and (r == scope or r.startswith(scope + "."))))), 0.0)
 
 
 def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], batch: int,
-             routers: dict[str, set[int]] | None = None) -> Op:
+             routers: dict[str, dict[int, float]] | None = None) -> Op:
     ins = [env[n.name] for n in v.inputs if n.name in env]
     acts = [x for x in ins if not x.param and not x.buffer]
     kind = "input" if v.op == "input" else kind_of(v.short)
@@ -174,7 +178,7 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
         work = v.work_fn(lambda name: (env[name].requires_grad, bool(env[name].param))
                          if name in env else (False, False))
         flops = work.flops / batch
-        dims.update(_work_dims(work, batch, routed=lambda experts: _routes(
+        dims.update(_work_dims(work, batch, routed=lambda experts: _routed_copies(
             v.module, routers or {}, experts)))
         unpriced = {name: [n, nbytes / batch] for name, (n, nbytes) in work.unpriced.items()}
     refs = [TensorRef(key=x.base, nbytes=x.base_bytes, requires_grad=x.requires_grad,
@@ -200,17 +204,20 @@ def _attention(acts: list[_Tensor], attrs: dict) -> AtenAttention:
                          causal=bool(attrs.get("causal")), dropout=attrs.get("dropout", 0) > 0)
 
 
-def _work_dims(work: CallWork, batch: int, routed=lambda experts: False) -> dict:
+def _work_dims(work: CallWork, batch: int, routed=lambda experts: 0.0) -> dict:
     """A priced call per sample: its GEMMs as [batch, m, n, k, weight, grad_a, grad_b, experts] (the
     dimension that carries the samples divided by ``batch``), its fused attention calls, and the
     bytes and kernels of its memory-bound ATen ops. A GEMM against a stacked weight
-    (AtenGemm.stacked) of E matrices where ``routed(E)`` (a router chose among E experts: _routes)
-    is capacity-style experts: one row of all the experts' token slots, as a grouped GEMM's."""
+    (AtenGemm.stacked) of E matrices where ``routed(E)`` token copies were routed among E experts
+    (_routed_copies) is capacity-style experts: one row of all the experts' token slots, as a
+    grouped GEMM's, with a ninth entry, the share of the slots those copies fill (at most 1)."""
     gemms = []
     for g in work.gemms:
-        if g.stacked and routed(int(g.batch)):
-            gemms.append([1, g.batch * g.m / batch, g.n, g.k, 1, int(g.grad_a), int(g.grad_b),
-                          int(g.batch)])
+        copies = routed(int(g.batch)) if g.stacked else 0.0
+        if copies:
+            slots = g.batch * g.m
+            gemms.append([1, slots / batch, g.n, g.k, 1, int(g.grad_a), int(g.grad_b),
+                          int(g.batch), min(1.0, copies / slots)])
             continue
         b, m = (g.batch, g.m / batch) if g.weight or g.batch == 1 else (g.batch / batch, g.m)
         gemms.append([b, m, g.n, g.k, int(g.weight), int(g.grad_a), int(g.grad_b), g.experts])

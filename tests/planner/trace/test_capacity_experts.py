@@ -113,3 +113,25 @@ def test_a_router_counts_in_its_own_layer_only_and_over_as_many_experts():
     prepared = _prepare(kinds=["routed", "unrouted", "per-head"])
     assert [b.work.num_experts for b in prepared.blocks.blocks
             if b.name.startswith("layers.")] == [4, 0, 0]
+
+
+def test_empty_capacity_slots_are_hardware_not_model_flops():
+    """The devices compute every slot; MFU counts the routed copies (top-k x tokens) only."""
+    def traced(cf):
+        with torch.device("meta"):
+            net, ids = Net(), torch.zeros(2, 64, dtype=torch.long)
+            for layer in net.layers:
+                layer.cf = cf
+        return planner.prepare(net, example_inputs=(ids,), dtype="fp32").blocks.blocks
+
+    works = {cf: [b.work for b in traced(cf)] for cf in (1.0, 2.0)}
+    assert sum(w.expert_slot_flops for w in works[1.0]) == 0.0
+    slots = sum(w.expert_flops for w in works[2.0])
+    assert sum(w.expert_slot_flops for w in works[2.0]) == pytest.approx(slots / 2)
+    # model FLOPs alike (the dispatch einsums grow with the slots too: counted, as they run)
+    experts_only = [sum(w.train_flops + w.padding_train_flops - 3 * w.expert_flops for w in
+                        works[cf]) for cf in (1.0, 2.0)]
+    routed = [sum(3 * (w.expert_flops - w.expert_slot_flops) for w in works[cf])
+              for cf in (1.0, 2.0)]
+    assert routed[0] == pytest.approx(routed[1])
+    assert experts_only[1] > experts_only[0]  # the slot-sized einsums
