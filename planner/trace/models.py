@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -131,6 +132,9 @@ def load_factory(spec: str):
     if target.endswith(".py"):
         if not os.path.exists(target):
             raise SpecError(f"model: file '{target}' not found (MODEL form path/to/file.py:factory)")
+        folder = os.path.dirname(os.path.abspath(target))
+        if folder not in sys.path:  # its own imports of modules beside it, as `python file.py`
+            sys.path.append(folder)  # (after the planner's own: no module of it is shadowed)
         mod_spec = importlib.util.spec_from_file_location(f"_planner_user_{_digest(target)}", target)
         module = importlib.util.module_from_spec(mod_spec)
         try:

@@ -1,5 +1,7 @@
 """Tracing: FLOPs, bytes, owners, repeated layers, the fx -> export fallback, and errors."""
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -306,3 +308,14 @@ def test_example_inputs_of_the_wrong_shape_are_a_trace_error():
     rm = resolve(Two(), seq_len=None, dtype="fp32", example_inputs=(torch.randn(4, 32),))
     with pytest.raises(TraceError, match=r"Linear\(64, 64\) got an input of size 32"):
         trace(rm.module, rm.args, rm.kwargs, seq_len=1, batch=4, dtype="fp32")
+
+
+def test_a_factory_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+    (tmp_path / "my_layers_beside.py").write_text(
+        "import torch.nn as nn\n\ndef block():\n    return nn.Linear(8, 8)\n")
+    (tmp_path / "model_file.py").write_text(
+        "import torch\nimport my_layers_beside\n\n"
+        "def build():\n    return my_layers_beside.block(), (torch.zeros(2, 8),)\n")
+    monkeypatch.chdir(os.path.dirname(os.path.abspath(__file__)))  # not the file's folder
+    rm = resolve(f"{tmp_path}/model_file.py:build", seq_len=None, dtype="fp32")
+    assert isinstance(rm.module, nn.Linear)
