@@ -85,7 +85,9 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         model={**{k: v for k, v in model_info.items() if k != "unpriced_ops"}, "trace": {"method": opgraph.method, "ops": len(opgraph.ops),
                                        "seq_len": opgraph.seq_len,
                                        "repeats": [r.__dict__ for r in opgraph.repeats]},
-               "blocks": blocks},
+               "blocks": blocks,
+               **({"routed_experts": experts} if (experts := int(max(
+                   (b.work.num_experts for b in bg.blocks), default=0))) else {})},
         training=training_dict(training), cluster=cluster.summary(), parallel=parallel,
         stages=stages, tensor_parallel=_tp_map(bg, cfg.tp), schedule=_schedule(cfg),
         predicted={**predicted(best, training, cluster),

@@ -220,8 +220,8 @@ def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
     if not facts.moe:
         ledger.exact("ep", "etp", *common.MOE_SETTINGS)
         return None
-    counts = (f"{facts.experts} routed experts, top-{facts.top_k}" if facts.experts else
-              "the model's experts")
+    counts = (f"{facts.experts} routed experts" + (f", top-{facts.top_k}" if facts.top_k else "")
+              if facts.experts else "the model's experts")
     drop = (f"capacity_factor={s['moe_capacity_factor']:g}" if s["moe_capacity_factor"] else
             "drop_tokens=False")
     code = (f"deepspeed.moe.layer.MoE(hidden_size, expert, num_experts="

@@ -245,6 +245,11 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                     f"token ({facts.known_from}); the rest of the MoE model "
                     "(--moe-ffn-hidden-size, shared experts, router) stays with your model "
                     "arguments"))
+    elif facts.experts:  # counted by the trace; the router's k is the model's own
+        out.append((["--num-experts", str(facts.experts)],
+                    f"{plan.model['name']}: {facts.experts} routed experts ({facts.known_from}); "
+                    "add --moe-router-topk and the rest of the MoE model with your model "
+                    "arguments"))
     else:
         ledger.info("--num-experts and --moe-router-topk are not written: the export does not "
                     f"know {plan.model['name']}'s expert count and top-k (not a zoo model, and no "

@@ -69,8 +69,10 @@ def model(plan: Plan) -> Model:
     routed = next((int(cfg[k]) for k in ROUTED_KEYS if cfg.get(k)), None) if cfg else None
     if entry is None and routed and routed % int(p.get("ep", 1)):
         cfg, routed = {}, None  # not the config the plan was made from (edited, or another file)
-    if not cfg:
-        return Model(moe=spread)
+    if not cfg:  # the expert count the trace found, where the plan records it
+        traced = int(m.get("routed_experts", 0)) or None
+        return Model(moe=spread or bool(traced), experts=traced,
+                     known_from="the trace" if traced else "")
     top_k = cfg.get("num_experts_per_tok")
     return Model(moe=bool(routed) or spread, experts=routed,
                  top_k=int(top_k) if routed and top_k else None,

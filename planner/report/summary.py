@@ -89,6 +89,9 @@ def _parallel(p: Plan) -> list[str]:
                   f"{edp} {'replica' if edp == 1 else 'replicas'} of each"]
         lines.append(f"  experts     ep={ep}  etp={etp}  edp={edp}: routed experts "
                      + ", ".join(filter(None, spread)))
+    elif p.model.get("routed_experts"):  # recognised, and kept whole on every rank
+        lines.append(f"  experts     ep=1: {p.model['routed_experts']} routed experts per MoE "
+                     "layer on every rank (--fix ep=N spreads them)")
     return lines + [
         f"  batching    micro-batch {par['micro_batch']} x {par['num_microbatches']} micro-batches, "
         f"schedule {par['schedule']}",

@@ -80,7 +80,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         key = "ep" if ep > 1 else "etp"
         return (f"fix.{key}: the model has no routed experts the trace recognizes (a grouped "
                 "GEMM of routed tokens by stacked [experts, in, out] weights, torch._grouped_mm "
-                f"with offs=, as transformers' MoE layers run it; README: ep); drop {key}")
+                "with offs=, as transformers' MoE layers run it, or a bmm of [experts, capacity, "
+                "in] token slots by such weights beside a router's topk/argmax over the experts; "
+                f"README: ep); drop {key}")
     if space.experts and tp is not None and tp > 1 and fix.get("sequence_parallel") is False:
         sp = options is None or True in options.sequence_parallel  # the target can run it
         return (f"fix.sequence_parallel: false with tp={tp}, but a model with routed experts runs "
