@@ -96,6 +96,10 @@ def test_capacity_experts_are_routed_experts():
     assert weights[1] - weights[4] == pytest.approx(experts * 3 / 4, rel=0.01)
     assert plans[4].predicted["breakdown"]["ep_comm_s"] > 0
     assert plans[1].predicted["breakdown"].get("ep_comm_s", 0.0) == 0.0
+    # the plan records the experts the trace found; at ep=1 plan show still names them
+    from planner.report.summary import summary
+    assert plans[1].model["routed_experts"] == 4
+    assert "experts     ep=1: 4 routed experts per MoE layer on every rank" in summary(plans[1])
 
 
 def test_stacked_weights_without_a_router_stay_batched_gemms():
