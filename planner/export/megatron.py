@@ -335,8 +335,9 @@ def _environment(plan: Plan, overlap: bool = False) -> list[tuple[str, str | Non
 def _batch(plan: Plan, ledger: common.Ledger) -> Group:
     p, t = plan.parallel, plan.training
     ledger.exact("micro_batch", "num_microbatches", "global_batch", "seq_len")
-    return [([], f"{p['num_microbatches']} micro-batches of {p['micro_batch']} per step and "
-                 "data-parallel rank"),
+    count = p["num_microbatches"]
+    return [([], f"{count} micro-batch{'es' if count != 1 else ''} of {p['micro_batch']} per step "
+                 "and data-parallel rank"),
             (["--micro-batch-size", str(p["micro_batch"]),
               "--global-batch-size", str(t["global_batch"]),
               "--seq-length", str(t["seq_len"])], "")]

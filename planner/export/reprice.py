@@ -122,13 +122,20 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
     planned = plan.predicted["peak_memory_bytes"]
     if mem.peak > mem.usable:
         raise SpecError(
-            f"export {target}: with {change}, pipeline rank {mem.worst_rank} needs "
+            f"export {target}: with {change}, {_rank(mem) or 'a GPU'} needs "
             f"{common.gb(mem.peak)} per GPU, more than the {common.gb(mem.usable)} usable of "
             f"{common.gb(mem.device)} (the plan: {common.gb(planned)}); re-plan for it with "
             f"`{common.resolve_hint(plan, target)}`")
-    return (f"memory re-checked with {change}: a peak of {common.gb(mem.peak)} per GPU "
-            f"(pipeline rank {mem.worst_rank}) instead of the plan's {common.gb(planned)}; still "
-            f"within the {common.gb(mem.usable)} usable")
+    where = f" ({_rank(mem)})" if _rank(mem) else ""
+    return (f"memory re-checked with {change}: a peak of {common.gb(mem.peak)} per GPU{where} "
+            f"instead of the plan's {common.gb(planned)}; still within the "
+            f"{common.gb(mem.usable)} usable")
+
+
+def _rank(mem: Memory) -> str:
+    """Which GPU the peak is on, in words: its pipeline rank where there is a pipeline, else
+    ""."""
+    return f"pipeline rank {mem.worst_rank}" if len(mem.per_rank) > 1 else ""
 
 
 def _cluster(plan: Plan, what: str):
