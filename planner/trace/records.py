@@ -18,9 +18,9 @@ from planner.trace.aten import AtenAttention, CallWork
 from planner.trace.graph import Op
 from planner.trace.ops import COMPUTE_BOUND, TensorRef, kind_of, saved_tensors
 
-ROUTING = {"topk", "argmax"}
+ROUTING = {"topk", "argmax", "max"}
 """Ops that pick experts for tokens (a router's top-k or top-1 choice, over the last dimension:
-one score per expert)."""
+one score per expert; ``max`` only along a dimension, where it returns the indices too)."""
 NON_DIFFERENTIABLE = {"detach", "argmax", "argmin", "_assert_tensor_metadata", "size", "sym_size"}
 
 
@@ -83,7 +83,7 @@ def build_ops(views: list[NodeView], *, batch: int, outputs: list[str] = ()) -> 
     for v in views:
         outs = _tensors(v.value)
         if v.short in ROUTING and outs and v.inputs and v.inputs[0].name in env and env[
-                v.inputs[0].name].shape:
+                v.inputs[0].name].shape and (v.short != "max" or len(outs) == 2):
             shape = env[v.inputs[0].name].shape
             chosen = int(outs[0].shape[-1]) if v.short == "topk" and outs[0].dim() else 1
             routers.setdefault(v.module, {})[int(shape[-1])] = \

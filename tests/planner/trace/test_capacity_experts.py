@@ -25,7 +25,10 @@ class CapacityMoE(nn.Module):
         n, e = h.shape[0], self.experts
         slots = int(self.cf * n * self.k / e)
         probs = F.softmax(self.gate(h), -1)
-        if self.route:
+        if self.route == "max":  # top-1, Switch-style
+            _, chosen = probs.max(-1)
+            hot = F.one_hot(chosen, e).to(h.dtype)
+        elif self.route:
             _, chosen = torch.topk(probs, self.k, -1)
             hot = F.one_hot(chosen, e).to(h.dtype).sum(1)  # n x E
         else:  # every token to every group: the same GEMMs, nothing routed
@@ -62,6 +65,7 @@ class Net(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         make = {"routed": lambda: CapacityMoE(d, route=True),
+                "top-1": lambda: CapacityMoE(d, k=1, route="max"),
                 "unrouted": lambda: CapacityMoE(d, route=False), "per-head": lambda: PerHead(d)}
         kinds = kinds or ["routed" if route else "unrouted"] * layers
         self.layers = nn.ModuleList(make[k]() for k in kinds)
@@ -139,3 +143,11 @@ def test_empty_capacity_slots_are_hardware_not_model_flops():
               for cf in (1.0, 2.0)]
     assert routed[0] == pytest.approx(routed[1])
     assert experts_only[1] > experts_only[0]  # the slot-sized einsums
+
+
+def test_a_top_1_router_by_max_routes_too():
+    prepared = _prepare(kinds=["top-1", "top-1"])
+    works = [b.work for b in prepared.blocks.blocks if b.name.startswith("layers.")]
+    assert [w.num_experts for w in works] == [4, 4]
+    # 128 tokens x 1 copy in 4 x 40 slots: a fifth of them empty
+    assert works[0].expert_slot_flops == pytest.approx(works[0].expert_flops * (1 - 128 / 160))
