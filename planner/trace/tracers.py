@@ -134,7 +134,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
     hint = (f"; {fix}" if fix else "; make the forward traceable on meta tensors") + (
         f", or try {other}" if other and other not in fix else "") + (
         "; example inputs that match the forward's signature help both tracers"
-        if method == "auto" else "")
+        if method == "auto" and "looks like experts" not in fix else "")
     raise TraceError(f"could not trace {name}: " + "; ".join(errors) + hint)
 
 
