@@ -377,6 +377,14 @@ def layout_note(plan: Plan, target: str, state_layout: str, ledger: Ledger) -> N
                     f"`{resolve_hint(plan, target)}` prices it as {target} runs it")
 
 
+def layout_differs(plan: Plan, state_layout: str) -> bool:
+    """Whether the engine lays the model states out otherwise than the plan was priced with
+    (its memory must then be checked again, whatever else the export changes); False for a plan
+    that does not record its layout (layout_note says so)."""
+    planned = planned_layout(plan)
+    return planned is not None and planned != state_layout
+
+
 def planned_layout(plan: Plan) -> str | None:
     """How the plan priced the model states in memory (costmodels.engine ``state_layout``); None
     for a plan from before plans recorded it (2026-12-01), whose re-check would compare today's

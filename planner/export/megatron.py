@@ -419,7 +419,8 @@ def _memory(plan: Plan, ledger: common.Ledger) -> Group:
     layout = common.planned_layout(plan)
     if layout is None:
         common.layout_note(plan, TARGET, "megatron", ledger)
-    elif layout not in ("megatron", "megatron-bf16-grads"):  # priced for another engine's states
+    elif common.layout_differs(plan, "megatron") and layout != "megatron-bf16-grads":
+        # priced for another engine's states
         from planner.export import reprice  # lazy: prices with the search (and may trace)
         ledger.info(reprice.recheck(plan, TARGET, "", state_layout="megatron", required=False))
     if layout == "megatron-bf16-grads" and plan.training["dtype"] in ("bf16", "fp8"):

@@ -92,14 +92,6 @@ def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
 
 
 
-def layout_differs(plan: Plan, state_layout: str) -> bool:
-    """Whether the engine lays the model states out otherwise than the plan was priced with
-    (its memory must then be checked again, whatever else the export changes); False for a plan
-    that does not record its layout (layout_note says so)."""
-    planned = common.planned_layout(plan)
-    return planned is not None and planned != state_layout
-
-
 
 
 

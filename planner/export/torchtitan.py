@@ -433,9 +433,8 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
     if p["recompute"] == "selective" and "op" in RECOMPUTE:
         changes["recompute"] = "op"
         words.append("per-op instead of selective recomputation")
-    from planner.export import reprice  # lazy: prices with the search (and may trace)
     required = bool(changes or raising)  # else only the layout of the states differs
-    if not required and not reprice.layout_differs(plan, "fsdp2"):
+    if not required and not common.layout_differs(plan, "fsdp2"):
         common.layout_note(plan, TARGET, "fsdp2", ledger)
         return
     if not required and p.get("offload_optimizer"):
@@ -452,6 +451,7 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
     for knob, (value, word) in raising.items():
         changes[knob] = value
         words.append(word)
+    from planner.export import reprice  # lazy: prices with the search (and may trace)
     ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), state_layout="fsdp2",
                                 required=required, **changes))
 
