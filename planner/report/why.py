@@ -19,9 +19,13 @@ def why(plan: Plan, answer) -> str:
     lines = [f"Why not {pins}? (plan: {plan.parallel_summary}, {plan.step_time_s:.4g} s per step)"]
     if answer.feasible:
         v = answer.variant
-        lines.append(f"  With {pins} the best plan on {where} is {v.parallel_summary}:")
+        kept = f"the plan already has {pins}"
+        lead = (f"The plan already has {pins}; the best plan with it" if kept in answer.notes
+                else f"With {pins} the best plan")
+        lines.append(f"  {lead} on {where} is {v.parallel_summary}:")
         lines += _what_changes(plan, v)
-        lines += [ln for n in answer.notes or [] for ln in wrap(f"  - {n}", indent="    ")]
+        lines += [ln for n in answer.notes or [] if n != kept
+                  for ln in wrap(f"  - {n}", indent="    ")]
         return "\n".join(lines)
     lines += wrap(f"  The planner finds no plan with {pins} on {where}: {answer.message}.",
                    indent="    ")

@@ -73,7 +73,8 @@ def test_why_on_a_feasible_variant_says_what_changes(capsys, small_plan):
     assert "step time" in out and "memory:" in out
     assert "the plan already has" not in out
     code, out, err = run(capsys, "show", small_plan, "--why", f"zero={plan.parallel['zero']}")
-    assert code == 0 and f"the plan already has zero={plan.parallel['zero']}" in out
+    assert code == 0 and f"The plan already has zero={plan.parallel['zero']}; the best" in out
+    assert "With zero=" not in out and "- the plan already has" not in out
     code, _, err = run(capsys, "show", small_plan, "--why", "")
     assert code == 2 and "why: name the knobs" in err
 
