@@ -24,7 +24,8 @@ from costmodels.engine import (PRESETS, EngineSpec, engine_from_mapping, engine_
                                setting_text)
 from planner.errors import SpecError
 from planner.export import moe
-from planner.options import KNOBS, experts_text, pp_inner_refused, zero_runs_with_cp
+from planner.options import (KNOBS, SearchOptions, experts_text, pp_inner_refused,
+                             zero_runs_with_cp)
 from planner.planfile.document import Plan
 from planner import targets
 from planner.units import cluster_text
@@ -339,8 +340,9 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
     if fix.get("recompute") == "selective" and "selective" not in runs["recompute"] \
             and "op" in runs["recompute"]:  # the engine's nearest: its per-op policy
         fix["recompute"] = "op"
+    kept_pins = _passing({k: v for k, v in fix.items() if k not in runs or v in runs[k]}, target)
     pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                      for k, v in fix.items() if k not in runs or v in runs[k])
+                      for k, v in kept_pins.items())
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))
                     if t.get(k, default) != default)
     kept = _kept_engine_settings(plan)
@@ -351,10 +353,31 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
             + (f" --fix {pinned}" if pinned else "") + f" --target {target}")
 
 
+def _passing(fix: dict, target: str) -> dict:
+    """``fix`` less the pins the target's own pin checks refuse (targets.restrict: the pin each
+    refusal names, in turn), such as cp beside a pipeline for an engine that runs context
+    parallelism with data parallelism only."""
+    fix = dict(fix)
+    while fix:
+        try:
+            targets.restrict(SearchOptions(fix=fix), target)
+            return fix
+        except SpecError as exc:
+            key = str(exc).partition(":")[0].removeprefix("fix.")
+            if key not in fix:
+                return fix
+            del fix[key]
+    return fix
+
+
 SOFTWARE_KEYS = frozenset(k for preset in PRESETS.values() for k in preset
                           if not k.startswith("moe_"))
 """The engine settings that say which software runs the step (what the presets set, less the
 MoE settings, which a re-plan keeps: _kept_engine_settings)."""
+MEMORY_SOFTWARE_KEYS = frozenset({"attention", "kernels", "fused_scope", "fsdp_copies",
+                                  "fsdp_experts", "cp_ring"})
+"""The software settings that change what a GPU holds (activations, buffers) besides the
+state layout, which the exports check apart (layout_differs)."""
 
 
 STATE_LAYOUT_WORDS = {"zero": "model states as ZeRO lays them out (16-bit weights and gradients, "
@@ -393,15 +416,37 @@ def planned_layout(plan: Plan) -> str | None:
     return engine_from_mapping(engine).state_layout if "state_layout" in engine else None
 
 
+def software_of(target: str) -> str:
+    """The ``--engine`` preset of the software ``target`` runs (Megatron-Core's for Megatron-LM)."""
+    return targets.engine(target).software or "megatron-core"
+
+
+def software_differs(plan: Plan, target: str, keys=SOFTWARE_KEYS) -> bool:
+    """Whether the plan was priced for other software than ``target`` runs in ``keys`` (kernels,
+    attention, state layout...): its times differ there (MEMORY_SOFTWARE_KEYS: and what a GPU
+    holds)."""
+    planned = engine_from_mapping(plan.training.get("engine"))
+    runs = engine_from_mapping(software_of(target))
+    return any(getattr(planned, k) != getattr(runs, k) for k in keys)
+
+
+def kernels_differ(plan: Plan, target: str) -> bool:
+    """Whether ``target`` runs other software than the plan was priced for in what changes a
+    GPU's memory (MEMORY_SOFTWARE_KEYS), so that its memory must be checked again; False for a
+    plan that does not record its software in full (made before plans recorded their state
+    layout: layout_note says so)."""
+    return (planned_layout(plan) is not None
+            and software_differs(plan, target, MEMORY_SOFTWARE_KEYS))
+
+
 def software_note(plan: Plan, target: str, ledger: Ledger) -> None:
     """Say so when the plan's times were priced for other software than ``target`` runs (a plan
     for --target any is priced as Megatron-Core runs it): the engine runs the layout, at its own
     speed, and the re-plan command prices it as the engine runs it."""
-    planned = engine_from_mapping(plan.training.get("engine"))
-    software = targets.engine(target).software or "megatron-core"
-    runs = engine_from_mapping(software)
-    if all(getattr(planned, k) == getattr(runs, k) for k in SOFTWARE_KEYS):
+    if not software_differs(plan, target):
         return
+    planned = engine_from_mapping(plan.training.get("engine"))
+    software = software_of(target)
     priced = engine_setting(planned)
     ledger.info(f"timing: the plan was priced for the software of --engine {priced} "
                 f"({plan.predicted['step_time_s']:.4g} s a step), not for what {target} runs "

@@ -83,7 +83,8 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
         ledger.exact("pp", "stages")
     ledger.missing("seq_len", f"sequence length {t['seq_len']}: DeepSpeed's config has no such "
                    "setting; your data loader gives each sample's tokens")
-    if raising or common.layout_differs(plan, "zero"):
+    if (raising or common.layout_differs(plan, "zero")
+            or common.kernels_differ(plan, TARGET)):
         from planner.export import reprice  # lazy: prices with the search (and may trace)
         ledger.info(reprice.recheck(plan, TARGET, ", ".join(raising + lower), state_layout="zero",
                                     required=bool(raising), **changes))

@@ -419,10 +419,12 @@ def _memory(plan: Plan, ledger: common.Ledger) -> Group:
     layout = common.planned_layout(plan)
     if layout is None:
         common.layout_note(plan, TARGET, "megatron", ledger)
-    elif common.layout_differs(plan, "megatron") and layout != "megatron-bf16-grads":
-        # priced for another engine's states
+    elif ((common.layout_differs(plan, "megatron") and layout != "megatron-bf16-grads")
+          or common.kernels_differ(plan, TARGET)):
+        # priced for another engine's states or kernels
         from planner.export import reprice  # lazy: prices with the search (and may trace)
-        ledger.info(reprice.recheck(plan, TARGET, "", state_layout="megatron", required=False))
+        kept = layout if layout == "megatron-bf16-grads" else "megatron"
+        ledger.info(reprice.recheck(plan, TARGET, "", state_layout=kept, required=False))
     if layout == "megatron-bf16-grads" and plan.training["dtype"] in ("bf16", "fp8"):
         out = out + [(["--grad-reduce-in-bf16"], "gradients kept and reduced in bf16, as priced")]
     if p["dp"] * p.get("cp", 1) == 1:  # states shard over dp x cp (Megatron's data-and-context

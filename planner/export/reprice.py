@@ -55,11 +55,14 @@ def configuration(plan: Plan, **changes) -> Config:
     return Config(**{**known, **changes})
 
 
-def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
-    """Memory per pipeline rank of the plan's configuration with ``changes``, on its split, with
-    the model states laid out as ``state_layout`` (costmodels.engine.EngineSpec) if given: the
-    target engine's, whose data parallelism is FSDP2's only under ``fsdp2`` (torchtitan, which
-    drives micro-batches with torch's pipelining schedules only with a pipeline)."""
+def memory(plan: Plan, *, state_layout: str | None = None, software: str | None = None,
+           **changes) -> Memory:
+    """Memory per pipeline rank of the plan's configuration with ``changes``, on its split, run
+    by ``software`` (an ``--engine`` preset: its kernels, attention and state layout replace the
+    plan's; the plan's MoE settings stay) if given, with the model states laid out as
+    ``state_layout`` (costmodels.engine.EngineSpec) if given: the target engine's, whose data
+    parallelism is FSDP2's only under ``fsdp2`` (torchtitan, which drives micro-batches with
+    torch's pipelining schedules only with a pipeline)."""
     spec = plan.model.get("spec")
     what = "re-check the memory of the configuration the engine runs"
     if not spec:
@@ -68,6 +71,9 @@ def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
     cluster = _cluster(plan, what)
     t = plan.training
     engine = engine_from_mapping(t.get("engine"))
+    if software is not None:
+        runs = engine_from_mapping(software)
+        engine = replace(engine, **{k: getattr(runs, k) for k in common.SOFTWARE_KEYS})
     if state_layout is not None and hasattr(engine, "state_layout"):
         engine = replace(engine, state_layout=state_layout, pipelined_accumulation=False,
                          fsdp_copies=state_layout == "fsdp2",
@@ -98,15 +104,19 @@ def memory(plan: Plan, *, state_layout: str | None = None, **changes) -> Memory:
 def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = None,
             required: bool = True, **changes) -> str:
     """Price the plan with ``changes`` (described by ``change``, e.g. "ZeRO-1 instead of ZeRO-3")
-    and the engine's ``state_layout``; SpecError with the numbers when a rank no longer fits,
-    else a note with them. Not ``required`` (only the state layout differs): a plan this machine
+    as ``target``'s software runs it (its kernels and attention) with the engine's
+    ``state_layout``; SpecError with the numbers when a rank no longer fits, else a note with
+    them. Not ``required`` (only the software or the state layout differs): a plan this machine
     cannot price again (its model not found here, made from a module) gets a note saying so."""
     parts = [change] if change else []
     if state_layout and common.planned_layout(plan) != state_layout:  # (or not recorded)
         parts.append(f"the {common.STATE_LAYOUT_WORDS.get(state_layout, state_layout)}")
+    software = common.software_of(target)
+    if common.kernels_differ(plan, target):
+        parts.append(f"the kernels {target} runs (--engine {software})")
     change = " and ".join(parts) or "the plan's settings"
     try:
-        mem = memory(plan, state_layout=state_layout, **changes)
+        mem = memory(plan, state_layout=state_layout, software=software, **changes)
     except PlannerError as exc:  # the model not found here, or no longer traced
         if required:
             raise

@@ -434,7 +434,8 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
         changes["recompute"] = "op"
         words.append("per-op instead of selective recomputation")
     required = bool(changes or raising)  # else only the layout of the states differs
-    if not required and not common.layout_differs(plan, "fsdp2"):
+    if (not required and not common.layout_differs(plan, "fsdp2")
+            and not common.kernels_differ(plan, TARGET)):
         common.layout_note(plan, TARGET, "fsdp2", ledger)
         return
     if not required and p.get("offload_optimizer"):
@@ -442,7 +443,8 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
                     "out: its CPU offload (above) keeps the sharded parameters and gradients on "
                     "the host too, which the cost model does not price")
         return
-    if p["dp"] > 1 and (p["zero"] == 1 or (p["zero"] == 0 and _ddp_refused(plan, version))):
+    sharded = p["dp"] * p.get("cp", 1) > 1  # FSDP over dp_shard x cp (ParallelDims)
+    if sharded and (p["zero"] == 1 or (p["zero"] == 0 and _ddp_refused(plan, version))):
         changes["zero"] = 2
         words.append(f"ZeRO-2 instead of ZeRO-{p['zero']}")
     if p["tp"] > 1 and not p["sequence_parallel"] and version == "0.2.2":

@@ -114,17 +114,30 @@ def edp_group(cfg: Config, cluster: Cluster) -> GroupShape:
 
 
 def _flat_group(cfg: Config, cluster: Cluster, size: int, stride: int) -> GroupShape:
-    g, inner = cluster.gpus_per_node, cfg.tp * cfg.cp
+    """The worst placed of the groups of ``size`` positions ``stride`` apart along the flattened
+    (tp, cp, dp) index, each group within ``size x stride`` consecutive positions. Counted rank by
+    rank: groups need not line up with the tp x cp blocks (ep = 6 over blocks of 4) nor with the
+    nodes (blocks of 4 ranks on 72-GPU nodes)."""
     if size <= 1:
         return GroupShape(size=1, per_node=1)
-    if stride * size <= inner:  # inside one replica's block of consecutive ranks
-        return group_shape(size, stride, g, _starts_mod(0, inner, cfg.dp * cfg.pp, g))
-    dp_stride = strides(cfg)["dp"]
-    if stride >= inner:  # whole blocks apart: a data-parallel-like group
-        return group_shape(size, dp_stride * (stride // inner), g)
-    per_block = inner // stride
-    blocks = group_shape(size // per_block, dp_stride, g)
-    return folded(group_shape(per_block, stride, g), blocks)
+    return GroupShape(size=size, per_node=_fewest_on_a_node_flat(
+        cfg.tp * cfg.cp, cfg.dp, cfg.pp, cfg.placement, cluster.gpus_per_node, size, stride))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fewest_on_a_node_flat(inner: int, dp: int, pp: int, order: str, g: int, size: int,
+                           stride: int) -> int:
+    """The fewest members a node holds of any of ``_flat_group``'s groups, at every pipeline
+    rank whose ranks sit differently on the nodes (the offsets repeat within g ranks)."""
+    s = strides(Config(dp=dp, tp=inner, pp=pp, micro_batch=1, num_microbatches=1,
+                       placement=order))
+    members = np.arange(inner * dp).reshape(-1, size, stride).transpose(0, 2, 1).reshape(-1, size)
+    ranks = members % inner + members // inner * s["dp"]
+    offsets = np.unique(np.arange(pp) * s["pp"] % g if pp > 1 else np.zeros(1, dtype=int))
+    nodes = (ranks[None] + offsets[:, None, None]) // g  # (offset, group, member)
+    group = np.arange(nodes.shape[0] * nodes.shape[1]).repeat(size)
+    _, counts = np.unique(group * (int(nodes.max()) + 1) + nodes.ravel(), return_counts=True)
+    return int(counts.min())
 
 
 def link_between(cfg: Config, cluster: Cluster, rank_a: int, rank_b: int) -> LinkSpec:

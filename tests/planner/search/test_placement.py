@@ -2,9 +2,13 @@
 its worst placed member set, and a pipeline cut crosses nodes if any replica's does."""
 
 import dataclasses
+from collections import Counter
+
+import pytest
 
 from costmodels.topology import get_cluster
 from planner.options import Config
+from planner.runtime.layout import Layout
 from planner.search import placement
 
 
@@ -31,3 +35,29 @@ def test_a_pipeline_cut_crosses_nodes_when_any_replica_does():
     assert placement.link_between(cfg, cluster, 0, 1) is cluster.inter_node
     single = cfg.with_(dp=1, pp=2)
     assert placement.link_between(single, cluster, 0, 1) is cluster.intra_node  # 0-7 | 8-15
+
+
+@pytest.mark.parametrize("gpn", [8, 72])
+@pytest.mark.parametrize("placement_order", ["tp-pp-dp", "tp-dp-pp"])
+@pytest.mark.parametrize("pp,dp,cp,tp,ep", [(1, 6, 1, 4, 6), (2, 3, 1, 4, 6), (1, 5, 1, 4, 10),
+                                            (2, 6, 3, 1, 6), (4, 32, 1, 1, 4), (3, 8, 1, 4, 8),
+                                            (1, 16, 2, 2, 8)])
+def test_expert_groups_are_priced_where_the_runtime_places_their_ranks(gpn, placement_order,
+                                                                       pp, dp, cp, tp, ep):
+    """The search's ep and edp groups hold as few members on one node as the fewest of the
+    runtime's own groups (planner.runtime.layout), also where a group straddles the tp x cp
+    blocks unevenly (ep = 6 over blocks of 4: ranks 4-9 of 8-GPU nodes, 4 and 2 per node) and
+    where blocks do not line up with 72-GPU nodes."""
+    lay = Layout(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep, placement=placement_order,
+                 stage_pp_rank=tuple(range(pp)))
+    cfg = Config(dp=dp, tp=tp, cp=cp, pp=pp, ep=ep, micro_batch=1, num_microbatches=1,
+                 placement=placement_order)
+    cluster = _cluster(gpn)
+
+    def fewest(groups):
+        return min(Counter(r // gpn for r in g).most_common()[-1][1] for g in groups)
+
+    for shape, groups in ((placement.ep_group(cfg, cluster), lay.ep_groups()),
+                          (placement.edp_group(cfg, cluster), lay.edp_groups())):
+        assert shape.size == len(groups[0])
+        assert shape.per_node == (fewest(groups) if shape.size > 1 else 1)
