@@ -137,8 +137,10 @@ ENGINES: dict[str, Engine] = {
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
     # Transformer Engine's attn_forward_func_with_cp runs a sliding window with a2a or all_gather
     # only, a learnable softmax offset (sinks) with a2a only, since v2.10, and multi-head latent
-    # attention with p2p or a2a+p2p only ("The context parallel running configs cannot support
-    # MLA") (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py)
+    # attention with p2p or a2a+p2p only before v2.16 ("Context parallelism does not support MLA
+    # with cp_comm_type=...!"; the check went with commit ee5dcec, "Add MXFP8 attention")
+    # (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py). The
+    # target keeps to what every release runs; an export of another plan notes the versions.
     # --use-tp-pp-dp-mapping with pp > 1 needs the experts' data-parallel size equal to the
     # attention's (megatron/core/parallel_state.py, initialize_model_parallel).
     # Its TransformerConfig asserts "Bias in Moe is only supported when ETP==1" (core_v0.19.0).

@@ -206,14 +206,16 @@ def _context(plan: Plan, ledger: common.Ledger) -> Group:
 def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
     """Transformer Engine's attn_forward_func_with_cp refuses some exchanges for some attention
     (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): multi-head
-    latent attention only with p2p or a2a+p2p, a sliding window only with a2a or all_gather. The
-    attention is the user's model argument, so this is a note for the zoo models that have it."""
+    latent attention only with p2p or a2a+p2p before v2.16, a sliding window only with a2a or
+    all_gather. The attention is the user's model argument, so this is a note for the zoo models
+    that have it (``--target megatron`` keeps to the forms every release runs)."""
     facts = moe.model(plan)
     if facts.mla and form in ("allgather", "a2a"):
         ledger.info(f"cp_comm {form} with {plan.model['name']}'s multi-head latent attention: "
-                    "Transformer Engine's context parallelism runs MLA only with p2p or a2a+p2p "
-                    "(it asserts \"The context parallel running configs cannot support MLA\"); "
-                    "re-plan with --fix cp_comm=p2p")
+                    "Transformer Engine before v2.16 runs MLA's context parallelism only with "
+                    "p2p or a2a+p2p (it asserts \"Context parallelism does not support MLA with "
+                    f"cp_comm_type='{CP_COMM[form]}'!\"); v2.16 and later run it; with an "
+                    "older release re-plan with --fix cp_comm=p2p")
     if facts.sliding_window and form in ("p2p", "a2a+p2p"):
         ledger.info(f"cp_comm {form} with {plan.model['name']}'s sliding-window layers: "
                     "Transformer Engine's context parallelism runs sliding-window attention only "

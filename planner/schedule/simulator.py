@@ -308,6 +308,9 @@ def simulate_plan(plan, *, schedule_name: str | None = None, microbatches: int |
     if name == "bidirectional" and pp < 2:
         raise SpecError("schedule: bidirectional runs two pipelines in opposite directions over "
                         "pp >= 2 ranks, and this plan has pp=1; simulate a plan with a pipeline")
+    if name == "interleaved-1f1b" and pp < 2:
+        raise SpecError("schedule: interleaved-1f1b interleaves virtual stages over pp >= 2 "
+                        "ranks, and this plan has pp=1; simulate a plan with a pipeline")
     if name == "interleaved-1f1b" and m % pp:
         raise SpecError(f"microbatches: interleaved-1f1b needs micro-batches in whole rounds of "
                         f"pp={pp} (as Megatron-LM requires); {m} is not a multiple of {pp}")

@@ -267,6 +267,8 @@ def test_simulate_plan_own_and_other_schedules():
     assert simulate_plan(one, schedule_name="gpipe").ranks == 1
     with pytest.raises(SpecError, match="schedule: bidirectional runs two pipelines .* pp=1"):
         simulate_plan(one, schedule_name="bidirectional")
+    with pytest.raises(SpecError, match="schedule: interleaved-1f1b interleaves .* pp=1"):
+        simulate_plan(one, schedule_name="interleaved-1f1b", vpp=2)
 
 
 def test_plan_simulate_command_prints_both_and_the_difference(capsys, tmp_path):
