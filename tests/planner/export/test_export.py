@@ -922,7 +922,8 @@ def test_megatron_notes_exchanges_transformer_engine_refuses_for_the_attention(n
     mla = dataclasses.replace(variant(plan, cp_comm="allgather"),
                               model={**plan.model, "spec": "deepseek-v3", "name": "deepseek-v3"})
     to_megatron(mla)
-    assert any("runs MLA only with p2p or a2a+p2p" in n for n in notes)
+    assert any("before v2.16 runs MLA's context parallelism only with p2p or a2a+p2p" in n
+               and "cp_comm_type='all_gather'" in n for n in notes)
     notes.clear()
     swa = dataclasses.replace(plan, model={**plan.model, "spec": "gpt-oss-120b",
                                            "name": "gpt-oss-120b"})
