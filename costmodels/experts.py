@@ -81,6 +81,21 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
     return t
 
 
+def gathered_bytes(dispatcher: str, *, dispatch_bytes, routed_tokens, seq_len: int,
+                   share: float, ep: int, etp: int, moe_layers):
+    """Per block (numpy arrays over blocks): the transient buffer the ``allgather`` dispatcher
+    fills in one MoE layer: every token of the ep x etp group's ranks (``share``: samples' worth
+    of tokens one rank holds; ``dispatch_bytes`` and ``routed_tokens`` per sample over the block's
+    ``moe_layers``). The combine reduce-scatters a buffer of the same size, after the gathered
+    input is gone. The alltoall dispatcher moves token copies, which the routed activations hold
+    (costmodels.memory): 0."""
+    if dispatcher != "allgather" or ep * etp <= 1:
+        return 0.0 * dispatch_bytes
+    layers = np.maximum(moe_layers, 1.0)
+    topk = np.where(routed_tokens > 0, routed_tokens / (seq_len * layers), 1.0)
+    return share * dispatch_bytes / topk / layers * ep * etp
+
+
 def overlap_blockers(engine: EngineSpec, *, ep: int, recompute: str, dtype: str, pp: int,
                      vpp: int) -> list[str]:
     """What keeps the overlapped dispatch (EngineSpec.moe_overlap) off a configuration, in the

@@ -279,7 +279,11 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             fused=fused, fp8=fp8, routed_load=load, etp=etp,
             probs_in_activation=weighted)), 0.0),
             vec(memory.backward_transient_bytes(w, micro_batch=share, tp=tp, sp=sp,
-                                                scores_kept=kept))) + cp_buffers,
+                                                scores_kept=kept))) + cp_buffers
+        + vec(experts.gathered_bytes(engine.moe_dispatcher, dispatch_bytes=w.dispatch_bytes,
+                                     routed_tokens=w.routed_tokens, seq_len=training.seq_len,
+                                     share=share / tp, ep=ep, etp=etp,
+                                     moe_layers=w.moe_layers)),
         params_local=local,
         accumulate_s=accumulate,
         wgrad_s=vec([t.wgrad_s for t in bt]),

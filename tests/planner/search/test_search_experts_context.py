@@ -753,3 +753,19 @@ def test_a_target_narrows_the_callers_search_options_without_replacing_them():
     with pytest.raises(planner.SpecError, match=r"^schedules: deepspeed runs 1f1b, none of the "
                                                  r"SearchOptions.schedules given \(gpipe\)"):
         targets.restrict(planner.SearchOptions(schedules=("gpipe",)), "deepspeed")
+
+
+def test_the_allgather_dispatcher_holds_the_groups_tokens_while_a_layer_runs(tiny_mixtral):
+    """MoEAllGatherTokenDispatcher gathers every token of the ep group before it keeps its
+    experts' copies: one layer's gathered hidden states (ep x the rank's tokens) are working
+    memory the alltoall dispatcher does not need."""
+    fix = "ep=4,tp=1,pp=1,zero=0,micro_batch=2,recompute=none"
+    from costmodels.engine import engine_from_mapping
+
+    a2a, gathered = (_plan(tiny_mixtral, fix, engine=engine_from_mapping(
+        f"megatron-core,moe_dispatcher={d}")) for d in ("alltoall", "allgather"))
+    layer = next(b.work for b in tiny_mixtral.blocks.blocks if b.work.num_experts)
+    tokens = 2 * 256 * layer.dispatch_bytes / layer.routed_tokens  # hidden states, bf16
+    assert tokens == 2 * 256 * 64 * 2
+    work = [p.stages[0]["predicted"]["memory_bytes"]["working"] for p in (a2a, gathered)]
+    assert work[1] - work[0] == pytest.approx(4 * tokens, rel=1e-4)  # (plans keep 6 digits)
