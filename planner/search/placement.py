@@ -129,6 +129,8 @@ def _fewest_on_a_node_flat(inner: int, dp: int, pp: int, order: str, g: int, siz
                            stride: int) -> int:
     """The fewest members a node holds of any of ``_flat_group``'s groups, at every pipeline
     rank whose ranks sit differently on the nodes (the offsets repeat within g ranks)."""
+    if (inner * dp) % (size * stride):  # groups that do not tile the ranks (a configuration
+        return 1  # the rules refuse, priced only to explain why): every member apart
     s = strides(Config(dp=dp, tp=inner, pp=pp, micro_batch=1, num_microbatches=1,
                        placement=order))
     members = np.arange(inner * dp).reshape(-1, size, stride).transpose(0, 2, 1).reshape(-1, size)

@@ -61,3 +61,10 @@ def test_expert_groups_are_priced_where_the_runtime_places_their_ranks(gpn, plac
                           (placement.edp_group(cfg, cluster), lay.edp_groups())):
         assert shape.size == len(groups[0])
         assert shape.per_node == (fewest(groups) if shape.size > 1 else 1)
+
+
+def test_expert_groups_that_do_not_tile_the_ranks_are_priced_apart_not_refused():
+    """A configuration the rules refuse (ep=8 over 4 ranks of a stage) is still priced when the
+    search explains why nothing fits: every member on its own node, no error."""
+    cfg = Config(dp=2, tp=1, cp=2, pp=16, ep=8, micro_batch=1, num_microbatches=16)
+    assert placement.ep_group(cfg, _cluster(8)) == placement.GroupShape(size=8, per_node=1)

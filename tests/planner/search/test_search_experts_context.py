@@ -133,6 +133,8 @@ def test_context_parallelism_splits_activations(tiny_llama):
                                      r"routed experts .*; pin sequence_parallel=true or tp=1$"),
     ("ep=8,pp=2", r"fix\.ep: ep x etp = 8 must fold into the tp x cp x dp = 4 GPUs of a "
                   r"pipeline stage \(8 GPUs / pp=2\); use ep=1 or 2 or 4 or fewer stages$"),
+    ("ep=8,cp=2,tp=1,dp=2", r"fix\.ep: ep x etp = 8 must fold into the tp x cp x dp = 4 GPUs "
+                            r"pinned for a pipeline stage; use ep=1 or 2 or 4, or pin a larger dp$"),
 ])
 def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
     if words is None:
