@@ -92,8 +92,15 @@ def gathered_bytes(dispatcher: str, *, dispatch_bytes, routed_tokens, seq_len: i
     if dispatcher != "allgather" or ep * etp <= 1:
         return 0.0 * dispatch_bytes
     layers = np.maximum(moe_layers, 1.0)
-    topk = np.where(routed_tokens > 0, routed_tokens / (seq_len * layers), 1.0)
-    return share * dispatch_bytes / topk / layers * ep * etp
+    return share * dispatch_bytes / copies_per_token(routed_tokens, seq_len, layers) / layers \
+        * ep * etp
+
+
+def copies_per_token(routed_tokens, seq_len: int, moe_layers):
+    """The routed copies of a token in one MoE layer (its top-k), per block: ``routed_tokens`` per
+    sample over the block's ``moe_layers`` (1 where the block routes nothing)."""
+    layers = np.maximum(moe_layers, 1.0)
+    return np.where(routed_tokens > 0, routed_tokens / (seq_len * layers), 1.0)
 
 
 def overlap_blockers(engine: EngineSpec, *, ep: int, recompute: str, dtype: str, pp: int,
@@ -139,7 +146,7 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     if engine.moe_imbalance > 1.0 and ep > 1:  # (a search prices this often: skip the even case)
         counts, index = np.unique(np.broadcast_to(num_experts, layers.shape), return_inverse=True)
         load = np.array([rank_load(engine, ep=ep, num_experts=int(e)) for e in counts])[index]
-    topk = np.where(routed_tokens > 0, routed_tokens / (seq_len * np.maximum(layers, 1.0)), 1.0)
+    topk = copies_per_token(routed_tokens, seq_len, layers)
     fwd = dispatch_s(engine.moe_dispatcher, copies_bytes=share * dispatch_bytes,
                      tokens_bytes=share * dispatch_bytes / topk, ep=ep, ep_group=ep_group,
                      etp_group=etp_group, cluster=cluster, load=load,
