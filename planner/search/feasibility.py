@@ -332,7 +332,8 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
         return over_memory  # the leanest layout breaks a rule; what the rules allow is too big
     if need <= cap:  # memory is not what stops it: the batch or the pins break the rules
         raise SpecError(f"no configuration{with_pins} is possible ({summary}); " +
-                        _rules_advice(cfg, training.global_batch, rejected, bool(pins)))
+                        _rules_advice(cfg, training.global_batch, rejected, bool(pins),
+                                      cluster.num_gpus))
     worst = max(est.stages, key=lambda st: st.memory.get("total", 0.0))
     kinds = ", ".join(f"{k} {v / 1e9:.3g}" for k, v in worst.memory.items()
                       if k != "total" and v > 0)
@@ -346,18 +347,32 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
             f">= {math.ceil(device_gb)} GB{hint}{fix_hint}")
 
 
-def _rules_advice(cfg, global_batch: int, rejected: Counter, pinned: bool) -> str:
+def _rules_advice(cfg, global_batch: int, rejected: Counter, pinned: bool,
+                  num_gpus: int) -> str:
     """What to change when configurations that would fit in memory all break a rule: the batch
-    when it does not split (naming a nearby global batch that does, for the leanest layout),
-    else the pins."""
+    when it does not split, else the pins. The batches named are near the asked one: multiples
+    of micro_batch x the GPU count, which every data-parallel degree divides (dp divides the
+    GPUs), where one lies within a quarter of it; else multiples for the leanest layout's dp."""
     relax = "relax --fix" if pinned else "see `plan solve --help` for the knobs"
     step = cfg.dp * cfg.micro_batch
     if (rejected[MICRO_BATCH] or rejected[BATCH_DP]) and global_batch % step:
-        lower = global_batch // step * step
-        near = " or ".join(f"{b:,}" for b in (lower, lower + step) if b > 0)
-        return (f"--global-batch must be a multiple of dp x micro_batch, e.g. {near} for dp="
+        every = cfg.micro_batch * num_gpus
+        near_every = [b for b in _neighbours(global_batch, every)
+                      if abs(b - global_batch) <= global_batch / 4]
+        if near_every and global_batch % every:
+            return (f"--global-batch must be a multiple of dp x micro_batch, e.g. "
+                    f"{' or '.join(f'{b:,}' for b in near_every)} (multiples of micro_batch "
+                    f"{cfg.micro_batch} x {num_gpus} GPUs, so any dp divides them); or {relax}")
+        return (f"--global-batch must be a multiple of dp x micro_batch, e.g. "
+                f"{' or '.join(f'{b:,}' for b in _neighbours(global_batch, step))} for dp="
                 f"{cfg.dp}, micro_batch={cfg.micro_batch}; or {relax}")
     return relax
+
+
+def _neighbours(value: int, step: int) -> list[int]:
+    """The positive multiples of ``step`` just below and just above ``value``."""
+    lower = value // step * step
+    return [b for b in (lower, lower + step) if b > 0]
 
 
 def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:

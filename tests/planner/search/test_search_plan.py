@@ -84,10 +84,18 @@ def test_nothing_fits_says_what_would(tiny_llama):
 
 
 def test_a_batch_that_does_not_split_is_bad_input_with_a_batch_that_does(tiny_llama):
-    # every layout would fit in memory; micro_batch=3 divides no replica's share of 32
+    # every layout would fit in memory; micro_batch=3 divides no replica's share of 32. The
+    # batch named (a multiple of 3 x the 8 GPUs) plans, whatever dp the search picks
     with pytest.raises(SpecError, match=r"--global-batch must be a multiple of dp x micro_batch, "
-                                        r"e\.g\. \d+ or \d+ for dp=\d+, micro_batch=3; or relax"):
+                                        r"e\.g\. 24 \(multiples of micro_batch 3 x 8 GPUs, so "
+                                        r"any dp divides them\); or relax") as err:
         make(tiny_llama, fix="micro_batch=3")
+    assert "48" not in str(err.value)  # 16 away from 32: not near
+    for dp in (1, 2, 8):
+        assert make(tiny_llama, gb=24, fix=f"micro_batch=3,dp={dp}").parallel["dp"] == dp
+    # far from any multiple of 3 x 8: the leanest layout's multiples
+    with pytest.raises(SpecError, match=r"e\.g\. 3 or 6 for dp=1, micro_batch=3"):
+        make(tiny_llama, gb=4, fix="micro_batch=3")
 
 
 def test_one_gpu_offloads_the_optimizer_when_that_is_what_fits(tiny_llama):
