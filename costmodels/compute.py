@@ -402,10 +402,11 @@ def ring_attention_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
 
 
 def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_batch: int,
-                   tp: int, sp: bool) -> float:
+                   tp: int, sp: bool, load: float = 1.0) -> float:
     """Forward seconds of the element-wise ops (with their kernel launches); with flash
     attention, the score traffic of eager attention cores is gone (a fused kernel never writes
-    the scores)."""
+    the scores). The routed experts' share of the traffic (BlockWork.mem_bytes_routed; taken as
+    the same share of the fused traffic) is ``load`` times the mean on the busiest expert rank."""
     sp_div = tp if sp else 1
     flash = engine.attention in FUSED_ATTENTION
     if engine.kernels == "fused":
@@ -420,6 +421,9 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
             tp_b, rep_b = tp_b - work.eager_attn_bytes_tp, rep_b - work.eager_attn_bytes_rep
             kernels -= work.eager_attn_kernels
     nbytes = max(0.0, tp_b) / tp + max(0.0, rep_b) / sp_div
+    if load != 1.0 and work.mem_bytes_routed > 0:
+        routed = work.mem_bytes_routed / (work.mem_bytes_tp + work.mem_bytes_rep)
+        nbytes *= 1.0 + routed * (load - 1.0)
     kernels = max(0.0, kernels)
     total = micro_batch * nbytes
     per_kernel = (micro_batch * work.kernel_bytes if engine.kernels == "eager" and work.kernel_bytes
@@ -455,7 +459,8 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         eager_f, eager_b = fused_attention_s(eager_flops, device, core, engine,
                                              masked=eager_masked)
         attn_f, attn_b = attn_f + eager_f, attn_b + eager_b
-    mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp)
+    mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp,
+                           load=experts.load)
     fwd_s = gemm_f + attn_f + mem_f
     bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f
     if dtype == "fp8":

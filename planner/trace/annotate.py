@@ -67,7 +67,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "attn_heads_kv", "attn_window_cut",
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
                          "attn_score_params", "attn_keys_wider", "act_routed_gathered",
-                         "act_routed_weighted", "expert_bias", "expert_slot_flops"), 0.0)
+                         "act_routed_weighted", "expert_bias", "expert_slot_flops",
+                         "mem_bytes_routed"), 0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
@@ -80,6 +81,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     widths: dict = {}  # the query width of the last eager QK^T (for scores x V's comparison)
     gathered: set[str] = set()  # the token copies the experts' first GEMMs keep
     expert_modules: set[str] = set()
+    routed_modules = {by[n].module for n in op_names if _routes_experts(by[n])}
     for name in op_names:
         op = by[name]
         split_compute, split_out = tp.split_of(name)
@@ -92,9 +94,12 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                     producer = by.get(key.split(":")[0])
                     if producer is not None and producer.shape[-1:] == [hidden]:
                         gathered.add(key)
+        moved = acc["mem_bytes_tp"] + acc["mem_bytes_rep"]
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
                      name in attn_gemms, name in scores, hidden,
                      {i for n, i in returning if n == name})
+        if _inside(op.module, routed_modules):
+            acc["mem_bytes_routed"] += acc["mem_bytes_tp"] + acc["mem_bytes_rep"] - moved
         if name in attn_gemms:
             _add_eager_heads(op, by, name in scores, acc, widths)
         if name in scores and op.params:  # sinks: parameters joined to the scores
@@ -150,6 +155,11 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                      tp_linears=sum(g.linear and g.split in (SPLIT_N, SPLIT_K) for g in gemms),
                      gemms=tuple(gemms), **fused, **acc)
     return work, sorted(p for p, s in param_split.items() if s)
+
+
+def _inside(module: str | None, modules: set) -> bool:
+    """Whether ``module`` is one of ``modules`` or a submodule of one."""
+    return bool(module) and any(module == m or module.startswith(f"{m}.") for m in modules if m)
 
 
 def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,

@@ -73,6 +73,29 @@ def test_uneven_routing_slows_expert_parallel_ranks_only(tiny_mixtral):
             assert acts[1] == pytest.approx(acts[0], rel=1e-12)
 
 
+def test_the_busiest_rank_moves_its_extra_copies_through_the_experts_element_wise_ops(
+        tiny_mixtral):
+    """The element-wise ops inside the routed experts (token gathers, the activation between
+    the expert GEMMs, the weighting and combine) run on token copies: the busiest rank moves
+    load times their mean traffic; the rest of the block's traffic does not change."""
+    from costmodels.compute import memory_bound_s
+    from costmodels.engine import engine_from_mapping
+    from costmodels.hardware import get_device
+
+    device = get_device("h100")
+    works = [b.work for b in tiny_mixtral.blocks.blocks if b.work.num_experts]
+    assert works and all(0 < w.mem_bytes_routed < w.mem_bytes_tp + w.mem_bytes_rep for w in works)
+    for kernels in ("eager", "fused"):
+        engine = engine_from_mapping(f"kernels={kernels}")
+        for w in works:
+            args = dict(micro_batch=64, tp=1, sp=False)
+            launches = memory_bound_s(w, device, engine, micro_batch=0, tp=1, sp=False)
+            mean, busiest = (memory_bound_s(w, device, engine, load=x, **args) - launches
+                             for x in (1.0, 1.5))
+            share = w.mem_bytes_routed / (w.mem_bytes_tp + w.mem_bytes_rep)
+            assert busiest == pytest.approx(mean * (1 + 0.5 * share), rel=1e-9), kernels
+
+
 def test_the_busiest_ranks_extra_copies_are_what_the_experts_save(tiny_mixtral):
     from costmodels import memory
     from costmodels.experts import rank_load
