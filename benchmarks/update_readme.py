@@ -171,7 +171,14 @@ SECTIONS = [
      "every GPU; per layer and micro-batch the time the device model misses ranges from 2 ms "
      "to 38 ms: for GPT-OSS about the device time itself (0.8-1.2x, as if its layers ran at "
      "half the modelled speed), for the others neither constant nor in step with the tokens "
-     "(2026-12-03): a cause per model and release, not one constant. Then the free search against each "
+     "(2026-12-03): a cause per model and release, not one constant. Nor is the constant host time "
+     "alone: the releases' configurations capture parts of the layer in CUDA graphs, whose ops the "
+     "host issues once per graph (Megatron-Bridge scripts/performance presets: 25.11 the router and "
+     "token preprocessing, on some GPUs attention too; 25.09 whole token-drop layers on GB200 and "
+     "B200, static shapes under drop-and-pad); pricing each row's captured ops without issue time "
+     "and fitting again (62.5 us) holds out at 24.5%, and the rows captured whole come out 64-96% "
+     "too fast: the fitted constant stands in for device time the op-level model misses in "
+     "Megatron-Core's MoE layers (2026-12-04). Then the free search against each "
      "published configuration under the planner's own model."),
     ("longcontext", "long_context_runs.py",
      "**Long sequences** (`benchmarks/long_context_runs.py`): NeMo's long-sequence table "

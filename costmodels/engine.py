@@ -134,7 +134,9 @@ class EngineSpec:
     Megatron-Core MoE runs, the other half held out (benchmarks/moe_runs.py): it is per op of the
     traced model, while Megatron-Core fuses some of those ops and runs Transformer Engine's
     Python layers around its kernels, so it is not plain PyTorch's per-op cost (host_op_s).
-    0: not modelled."""
+    Nor is it host time alone: runs whose layers were captured whole in CUDA graphs (no issue
+    time at all) are predicted 64-96% too fast without it, so it also stands for device time the
+    op-level model misses in those layers (README, the MoE runs). 0: not modelled."""
     cp_ring: str = "te"
     """Whose ring runs context parallelism's p2p exchange (costmodels.context): ``te``
     (Transformer Engine's, Megatron-Core: backward passes K/V and their gradients on around the
