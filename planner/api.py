@@ -172,6 +172,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         log.info("priced as %s runs it (--engine %s; give --engine for other software)", target,
                  engine)
     eng = engine_from_mapping(engine)
+    targets.check_engine(eng, target)
     TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
                  engine=eng)  # validate before the slow part (a dtype name before the device's)
     for group in getattr(cl, "groups", (cl,)):
@@ -429,6 +430,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     # an unknown target is refused, and a known one narrows the search to what its engine runs
     # (planner.plan has done so already: restricting again changes nothing)
     options = targets.restrict(options, options.target)
+    targets.check_engine(training.engine, options.target)
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "

@@ -88,6 +88,13 @@ class Engine:
     ep_needs_sharding: bool = False
     """Experts spread over ranks only with sharded data parallelism (SearchOptions.
     ep_needs_sharding)."""
+    moe_capacity: bool = True
+    """Its MoE can drop tokens beyond a capacity factor (EngineSpec.moe_capacity_factor)."""
+    moe_dispatchers: tuple[str, ...] = ("alltoall", "allgather")
+    """Token dispatchers of its MoE (EngineSpec.moe_dispatcher)."""
+    moe_overlap: bool = True
+    """Its expert all-to-alls overlap another micro-batch's compute (EngineSpec.moe_overlap) with
+    the schedules it offers."""
     software: str | None = None
     """The engine preset (costmodels.engine.PRESETS) a plan for it is priced with when no engine
     is given; None: the default (Megatron-Core's)."""
@@ -102,7 +109,10 @@ ENGINES: dict[str, Engine] = {
     "torch": Engine(name="torch", version="2.13",
                     schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                     offload=False, sequence_parallel=(False,), cp_comms=("p2p",),
-                    expert_tensor_parallel=False, cp_comms_windowed=(), cp_comms_sinks=()),
+                    expert_tensor_parallel=False, cp_comms_windowed=(), cp_comms_sinks=(),
+                    # its experts run every routed token (no capacity), exchanged by
+                    # point-to-point all-to-alls between the passes (planner.runtime.experts)
+                    moe_capacity=False, moe_dispatchers=("alltoall",), moe_overlap=False),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs
@@ -132,7 +142,10 @@ ENGINES: dict[str, Engine] = {
                          # torch's context_parallel takes SDPA with is_causal, not a window
                          # nor sinks; its MLA model (deepseek_v3) refuses it (export.torchtitan
                          # NO_CONTEXT_PARALLEL)
-                         cp_comms_windowed=(), cp_comms_sinks=(), cp_comms_latent=()),
+                         cp_comms_windowed=(), cp_comms_sinks=(), cp_comms_latent=(),
+                         # its MoE drops no tokens, dispatches by all-to-all, and overlaps the
+                         # all-to-alls only under DualPipeV, a schedule this table does not offer
+                         moe_capacity=False, moe_dispatchers=("alltoall",), moe_overlap=False),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
     # Transformer Engine's attn_forward_func_with_cp runs a sliding window with a2a or all_gather
@@ -164,7 +177,10 @@ ENGINES: dict[str, Engine] = {
                         recompute=("none", "full"),
                         zero_with_pp=(0, 1), sequence_parallel=(False,), cp_comms=("a2a",),
                         cp_with_tp_pp=False, expert_tensor_parallel=False,
-                        zero3_with_cp_ep=False, software="deepspeed"),
+                        zero3_with_cp_ep=False, software="deepspeed",
+                        # its MoE layer (and AutoEP) dispatch by all-to-all with no overlap
+                        # setting; its own MoE layer takes a capacity factor (AutoEP does not)
+                        moe_dispatchers=("alltoall",), moe_overlap=False),
 }
 TARGETS: tuple[str, ...] = tuple(ENGINES)
 
@@ -173,6 +189,24 @@ def engine(target: str) -> Engine:
     if target not in ENGINES:
         raise SpecError(f"target: unknown engine '{target}'; choose {', '.join(TARGETS)}")
     return ENGINES[target]
+
+
+def check_engine(engine_spec, target: str) -> None:
+    """Refuse (SpecError naming the engine setting) MoE settings ``target`` does not run: a plan
+    priced with them would promise a step its engine cannot take."""
+    eng = engine(target)
+    who = f"{target}'s MoE" if target != "torch" else "planner's runtime (plan run)"
+    if engine_spec.moe_capacity_factor and not eng.moe_capacity:
+        raise SpecError(f"engine.moe_capacity_factor: {who} drops no tokens (it has no capacity "
+                        "factor); leave moe_capacity_factor out (dropless) or use --target any")
+    if engine_spec.moe_dispatcher not in eng.moe_dispatchers:
+        raise SpecError(f"engine.moe_dispatcher: {who} dispatches tokens by "
+                        f"{' or '.join(eng.moe_dispatchers)}, not {engine_spec.moe_dispatcher}; "
+                        f"set moe_dispatcher={eng.moe_dispatchers[0]} or use --target any")
+    if engine_spec.moe_overlap and not eng.moe_overlap:
+        raise SpecError(f"engine.moe_overlap: {who} does not overlap its expert all-to-alls with "
+                        "compute in the schedules it offers; leave moe_overlap out or use "
+                        "--target any")
 
 
 def restrict(options: SearchOptions, target: str) -> SearchOptions:

@@ -766,6 +766,33 @@ def test_plan_prepared_searches_what_its_target_runs(tiny_mixtral):
             fix={"pp": 2, "schedule": "zb-h1"}, target="deepspeed"))
 
 
+def test_a_target_refuses_moe_settings_its_engine_does_not_run(tiny_mixtral):
+    """A capacity factor, the allgather dispatcher or the overlapped all-to-all under a target
+    whose MoE has none is bad input naming the setting, in plan_prepared and before tracing in
+    planner.plan; the same settings plan with Megatron-LM (it runs all three)."""
+    from costmodels.engine import engine_from_mapping
+
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    refused = {"moe_capacity_factor=1.0": {"torch", "torchtitan"},
+               "moe_dispatcher=allgather": {"torch", "torchtitan", "deepspeed"},
+               "moe_overlap=true": {"torch", "torchtitan", "deepspeed"}}
+    for setting, targets in refused.items():
+        training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len,
+                                        engine=engine_from_mapping(setting))
+        for target in ("torch", "torchtitan", "deepspeed", "megatron"):
+            options = planner.SearchOptions(fix={"ep": 2, "pp": 1}, top_k=0, target=target)
+            if target in targets:
+                key = setting.split("=")[0]
+                with pytest.raises(planner.SpecError, match=rf"^engine\.{key}: .*--target any"):
+                    planner.plan_prepared(tiny_mixtral, cluster, training, options)
+            else:
+                assert planner.plan_prepared(tiny_mixtral, cluster, training,
+                                             options).parallel["ep"] == 2
+    with pytest.raises(planner.SpecError, match="engine.moe_capacity_factor: torchtitan's MoE"):
+        planner.plan("no-such-model", cluster="dgx-h100", global_batch=64, target="torchtitan",
+                     engine="torchtitan,moe_capacity_factor=1.25")
+
+
 def test_a_target_narrows_the_callers_search_options_without_replacing_them():
     from planner import targets
     mine = planner.SearchOptions(recompute=("none",))
