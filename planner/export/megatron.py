@@ -207,8 +207,10 @@ def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
     """Transformer Engine's attn_forward_func_with_cp refuses some exchanges for some attention
     (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): multi-head
     latent attention only with p2p or a2a+p2p before v2.16, a sliding window only with a2a or
-    all_gather. The attention is the user's model argument, so this is a note for the zoo models
-    that have it (``--target megatron`` keeps to the forms every release runs)."""
+    all_gather, sinks (a learnable softmax offset) only with a2a (planner.targets, "megatron").
+    The attention is the user's model argument, so this is a note for the zoo models that have it
+    (``--target megatron`` keeps to the forms every release runs), naming a form that runs all of
+    the model's attention."""
     facts = moe.model(plan)
     if facts.mla and form in ("allgather", "a2a"):
         ledger.info(f"cp_comm {form} with {plan.model['name']}'s multi-head latent attention: "
@@ -216,10 +218,17 @@ def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
                     "p2p or a2a+p2p (it asserts \"Context parallelism does not support MLA with "
                     f"cp_comm_type='{CP_COMM[form]}'!\"); v2.16 and later run it; with an "
                     "older release re-plan with --fix cp_comm=p2p")
-    if facts.sliding_window and form in ("p2p", "a2a+p2p"):
-        ledger.info(f"cp_comm {form} with {plan.model['name']}'s sliding-window layers: "
-                    "Transformer Engine's context parallelism runs sliding-window attention only "
-                    "with a2a or all_gather; re-plan with --fix cp_comm=allgather")
+    eng = targets.engine("megatron")
+    limits = [(what, forms) for what, forms, has in (
+        ("sliding-window attention", eng.cp_comms_windowed, facts.sliding_window),
+        ("attention with sinks", eng.cp_comms_sinks, facts.sinks)) if has]
+    if any(form not in forms for _, forms in limits):
+        runs = [f for f in eng.cp_comms if all(f in forms for _, forms in limits)]
+        only = "; ".join(f"{what} only with {' or '.join(CP_COMM[f] for f in forms)}"
+                         for what, forms in limits)
+        ledger.info(f"cp_comm {form} with {plan.model['name']}'s attention: Transformer Engine's "
+                    f"context parallelism runs {only}"
+                    + (f"; re-plan with --fix cp_comm={runs[0]}" if runs else ""))
 
 
 def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bool]:
