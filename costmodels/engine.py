@@ -284,6 +284,12 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
         return spec
     base: dict = {}
     if isinstance(spec, str):
+        later = [p.strip() for p in spec.split(",")[1:] if p.strip() in PRESETS]
+        if later:
+            settings = ",".join(p.strip() for p in spec.split(",")
+                                if p.strip() and p.strip() != later[0])
+            raise SpecError(f"engine: the preset '{later[0]}' comes first, then the settings "
+                            f"it changes: write {later[0]},{settings}")
         head, _, rest = spec.partition(",")
         if "=" not in head:
             if head.strip() not in PRESETS:

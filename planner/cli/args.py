@@ -1,5 +1,6 @@
 """Argument types for numbers with a range: a value out of range is a one-line usage error that
-names the option (argparse turns the ValueError-free ArgumentTypeError into `plan: error: ...`)."""
+names the option (argparse turns the ValueError-free ArgumentTypeError into `plan: error: ...`);
+and ``Joined``, for k=v options that may be given more than once."""
 
 from __future__ import annotations
 
@@ -37,3 +38,13 @@ def positive_float(text: str) -> float:
 def non_negative_float(text: str) -> float:
     """A finite number >= 0."""
     return _number(text, float, 0.0, True, "a number >= 0")
+
+
+class Joined(argparse.Action):
+    """A ``k=v,...`` option given more than once: its values joined with commas (``--fix ep=8
+    --fix tp=2`` is ``--fix ep=8,tp=2``), so a later one adds to an earlier one instead of
+    replacing it, and a key given in both is refused as given twice."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{before},{values}" if before else values)

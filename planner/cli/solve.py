@@ -7,7 +7,7 @@ import logging
 import sys
 
 from costmodels.engine import PRESETS
-from planner.cli.args import count, positive_float, positive_int
+from planner.cli.args import Joined, count, positive_float, positive_int
 from planner.cli.progress import Bar
 from planner.files import STDOUT, check_output
 from planner.options import DTYPES, OPTIMIZERS, PIPELINES, TABLE_OPTIMIZERS, TRACE_METHODS
@@ -27,7 +27,7 @@ def register(add) -> None:
     s.add_argument("--dtype", choices=DTYPES, help="compute dtype (default bf16; fp32 for "
                    "recommendation models, as TorchRec trains them)")
     s.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    s.add_argument("--fix", help="pin knobs, e.g. tp=8,pp=4,schedule=1f1b,recompute=full,zero=1 "
+    s.add_argument("--fix", action=Joined, help="pin knobs, e.g. tp=8,pp=4,schedule=1f1b,recompute=full,zero=1 "
                    "(recommendation models: sharding=row_wise|table_wise|...)")
     s.add_argument("--tables", metavar="YAML", help="recommendation models: per-table ids per "
                    "sample and access skew (tables: {name: {pooling, skew}}); default: "
@@ -41,7 +41,7 @@ def register(add) -> None:
     s.add_argument("--calibration", help="calibration JSON from `plan profile` (measured speeds "
                    "replace data-sheet numbers)")
     presets = ", ".join(f"{n} (default)" if n == "megatron-core" else n for n in PRESETS)
-    s.add_argument("--engine", help=f"the software you train with: a preset ({presets}) and/or "
+    s.add_argument("--engine", action=Joined, help=f"the software you train with: a preset ({presets}) and/or "
                    "attention=flash|flash2|materialized, kernels=fused|eager, "
                    "fused_scope=model|layers, overlap_grad_reduce=true|false, "
                    "overlap_param_gather=true|false, overlap_scope=all|sharded, "

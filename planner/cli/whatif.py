@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from planner.cli.args import positive_float, positive_int
+from planner.cli.args import Joined, positive_float, positive_int
 from planner.cli.progress import Bar, per_plan_lines
 from planner.explore.costs import parse_prices
 from planner.explore.csv_rows import write_csv
@@ -36,8 +36,8 @@ def register(add) -> None:
     w.add_argument("--dtype", choices=DTYPES, help="compute dtype (default bf16; fp32 for "
                    "recommendation models)")
     w.add_argument("--optimizer", choices=OPTIMIZERS, help="default adam (or vary it)")
-    w.add_argument("--fix", help="knobs pinned at every point, e.g. recompute=full,zero=1")
-    w.add_argument("--engine", help="the software you train with, at every point, as for `plan "
+    w.add_argument("--fix", action=Joined, help="knobs pinned at every point, e.g. recompute=full,zero=1")
+    w.add_argument("--engine", action=Joined, help="the software you train with, at every point, as for `plan "
                    "solve --engine` (default: megatron-core), e.g. "
                    "megatron-core,moe_dispatcher=allgather")
     w.add_argument("--price-per-gpu-hour", metavar="GPU=$,...",

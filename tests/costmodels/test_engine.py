@@ -21,6 +21,13 @@ def test_unknown_presets_and_keys_are_named():
         engine_from_mapping("titan")
     with pytest.raises(SpecError, match="engine.kernel: unknown key"):
         engine_from_mapping("megatron-core,kernel=eager")
+    # a preset after settings: named, with the order that works (which then parses)
+    with pytest.raises(SpecError, match="the preset 'torchtitan' comes first, then the settings it "
+                                        "changes: write torchtitan,moe_imbalance=1.3,"
+                                        "attention=flash$") as err:
+        engine_from_mapping("moe_imbalance=1.3,torchtitan,attention=flash")
+    fixed = engine_from_mapping(str(err.value).rsplit("write ", 1)[1])
+    assert fixed.moe_imbalance == 1.3 and fixed.kernels == "eager"
 
 
 def test_a_plan_says_which_software_it_assumes():

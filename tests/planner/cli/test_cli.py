@@ -145,6 +145,22 @@ class _ClosedPipe:
         pass
 
 
+def test_fix_and_engine_given_twice_add_up(capsys, tmp_path, tiny_llama_config):
+    """--fix and --engine may be repeated: the later adds to the earlier (a key in both is
+    refused as given twice), it does not replace it."""
+    out_file = tmp_path / "p.json"
+    base = ("solve", tiny_llama_config, "--cluster", "dgx-a100-80g", "--global-batch", "64",
+            "--seq-len", "128", "-o", str(out_file))
+    code, _, err = run(capsys, *base, "--fix", "tp=2", "--fix", "pp=2", "--engine",
+                       "megatron-core", "--engine", "overlap_grad_reduce=false")
+    assert code == 0, err
+    d = json.loads(out_file.read_text())
+    assert (d["parallel"]["tp"], d["parallel"]["pp"]) == (2, 2)
+    assert d["training"]["engine"]["overlap_grad_reduce"] is False
+    code, _, err = run(capsys, *base, "--fix", "tp=2", "--fix", "tp=4")
+    assert code == 2 and "fix.tp: given twice (2 and 4)" in err
+
+
 def test_a_closed_pipe_does_not_cost_the_plan_file(monkeypatch, tmp_path, tiny_llama_config):
     """The plan is written before the report is printed: a reader closing the pipe early ends
     the command (exit 0, as `head` expects) with the file on disk."""
