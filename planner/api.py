@@ -17,6 +17,7 @@ from typing import Callable
 
 from costmodels import precision
 from costmodels.engine import EngineSpec, engine_from_mapping
+from costmodels.experts import copies_per_token
 from costmodels.topology import HeteroCluster
 from planner.emit import emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
@@ -400,6 +401,25 @@ PRESET_MOE = frozenset({"moe_probs_in_activation"})
 """MoE engine settings the presets set (costmodels.engine.PRESETS): no warning for dense models."""
 
 
+def _check_imbalance(prepared: Prepared, training: TrainingSpec) -> None:
+    """Refuse a routing imbalance the model's routing cannot reach: an expert takes at most one
+    copy of each token, so the busiest of E experts with top-k routing carries at most E / k
+    times the mean."""
+    imbalance = training.engine.moe_imbalance
+    for b in prepared.blocks.blocks:
+        w = b.work
+        if not w.num_experts or not w.routed_tokens:
+            continue
+        top_k = float(copies_per_token(w.routed_tokens, prepared.seq_len, w.moe_layers))
+        most = w.num_experts / top_k
+        if imbalance > most * (1 + 1e-9):
+            raise SpecError(f"engine.moe_imbalance: {imbalance:g} is more than "
+                            f"{prepared.info.get('name', 'the model')}'s routing allows: "
+                            f"{w.num_experts:g} experts, top-{top_k:g}, so the busiest expert "
+                            f"takes at most {most:g} x the mean (a copy of every token); give at "
+                            f"most {most:g}")
+
+
 def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
     """Say so when engine settings are given that change nothing here: MoE settings for a model
     without routed experts, an FP8 recipe for a step not in fp8 (a user comparing plans would
@@ -443,6 +463,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     for group in getattr(cluster, "groups", (cluster,)):
         precision.check_recipe(group.device, training.dtype, training.engine.fp8_recipe)
     training = _attention_the_devices_run(cluster, training)
+    _check_imbalance(prepared, training)
     _warn_unused_settings(prepared, training)
     result = search(prepared.blocks, cluster, training, options, progress=progress)
     aside, ruled = rejection_lines(result.rejected, most=4)

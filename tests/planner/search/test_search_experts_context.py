@@ -766,6 +766,17 @@ def test_plan_prepared_searches_what_its_target_runs(tiny_mixtral):
             fix={"pp": 2, "schedule": "zb-h1"}, target="deepspeed"))
 
 
+def test_an_imbalance_beyond_what_top_k_routing_reaches_is_refused(tiny_mixtral):
+    """8 experts with top-2: the busiest expert takes at most a copy of every token, 4 x the
+    mean; 4 plans, more is bad input naming the bound."""
+    from costmodels.engine import engine_from_mapping
+
+    assert _plan(tiny_mixtral, "ep=2", engine=engine_from_mapping("moe_imbalance=4")).parallel
+    with pytest.raises(planner.SpecError, match=r"^engine\.moe_imbalance: 4\.5 is more than .* "
+                                                r"8 experts, top-2, .* give at most 4$"):
+        _plan(tiny_mixtral, "ep=2", engine=engine_from_mapping("moe_imbalance=4.5"))
+
+
 def test_a_target_refuses_moe_settings_its_engine_does_not_run(tiny_mixtral):
     """A capacity factor, the allgather dispatcher or the overlapped all-to-all under a target
     whose MoE has none is bad input naming the setting, in plan_prepared and before tracing in
