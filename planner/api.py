@@ -118,7 +118,9 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
 
     t0 = time.perf_counter()
     rm = resolve(model, seq_len=seq_len, dtype=dtype, example_inputs=example_inputs)
-    log.info("model %s: %s parameters (%s)", rm.name, human_count(rm.num_params), rm.source)
+    log.info("model %s: %s parameters (%s); tracing it on the meta device at %s tokens "
+             "(seconds; a minute for the largest)", rm.name,
+             human_count(rm.num_params), rm.source, f"{rm.seq_len:,}")
     og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
                method=trace_method, name=rm.name)
     unchained = unchained_repeats(og)

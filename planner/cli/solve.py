@@ -84,7 +84,10 @@ def run(args) -> int:
                  fix=args.fix, top_k=args.top_k, time_limit_s=args.time_limit,
                  engine=args.engine, calibration=args.calibration,
                  trace_method=args.trace, record_timing=args.record_timing,
-                 progress=Bar(args.quiet), cache_dir=None if args.no_cache else "auto",
+                 # the bar counts the configurations whose memory bound fits, in pricing
+                 # order; the summary line after it counts every one enumerated
+                 progress=Bar(args.quiet, label="pricing", unit=" that may fit"),
+                 cache_dir=None if args.no_cache else "auto",
                  target=args.target, tables=args.tables,
                  table_optimizer=args.table_optimizer, pipeline=args.pipeline)
     if args.output == STDOUT:  # the plan JSON on stdout for scripts, the report on stderr
