@@ -18,9 +18,9 @@ def register(add) -> None:
     e = add("export", help="turn a plan into torchtitan, Megatron-LM or DeepSpeed settings, or a "
                            "recommendation plan into TorchRec's sharding")
     e.add_argument("plan", metavar="PLAN.json")
-    e.add_argument("--to", required=True, choices=sorted(TARGETS),
+    e.add_argument("--to", "--target", dest="to", required=True, choices=sorted(TARGETS),
                    help="target engine (torchrec: recommendation plans only; the others: dense "
-                        "plans only)")
+                        "plans only); --target, as `plan solve` names it, is the same")
     versions = "; ".join(f"{t} {', '.join(v)}" for t, v in SUPPORTED_VERSIONS.items())
     e.add_argument("--engine-version", metavar="V", default=None,
                    help=f"engine release to write for ({versions}); default: the release "

@@ -1003,6 +1003,9 @@ def test_cli_prints_or_writes_the_export(capsys, tmp_path):
     assert capsys.readouterr().out == expected
     assert main(["export", plan, "--to", "megatron", "-o", str(tmp_path / "a.sh")]) == 0
     assert (tmp_path / "a.sh").read_text() == expected
+    # --target, the word `plan solve` uses, is the same option
+    assert main(["export", plan, "--target", "megatron", "-o", str(tmp_path / "b.sh")]) == 0
+    assert (tmp_path / "b.sh").read_text() == expected
     assert main(["export", plan, "--to", "deepspeed", "-o", str(tmp_path)]) == 0
     written = tmp_path / "uneven-llama3-8b.deepspeed.json"  # named after the plan file
     assert json.loads(written.read_text())["train_batch_size"] == 64
