@@ -241,8 +241,10 @@ class SearchOptions:
     """CP-SAT's random seed (one worker: the same inputs give the same plan)."""
 
     def __post_init__(self):
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise SpecError(f"top_k: expected an integer >= 0, got {self.top_k!r}")
+        for name in ("top_k", "cp_min_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SpecError(f"{name}: expected an integer >= 0, got {value!r}")
         if self.time_limit_s is not None and not (_number(self.time_limit_s) and
                                                   self.time_limit_s > 0):
             raise SpecError(f"time_limit_s: expected a positive number, got {self.time_limit_s!r}")

@@ -169,7 +169,9 @@ def test_validation_names_the_key_and_keeps_old_file(tiny_gpt2, tmp_path):
                                       ({"schedules": ()}, "schedules"),
                                       ({"memory_reserve_fraction": 1.0}, "memory_reserve_fraction"),
                                       ({"time_limit_s": "1"}, "time_limit_s"),
-                                      ({"recompute": ()}, "recompute"), ({"vpp": (0,)}, "vpp")])
+                                      ({"recompute": ()}, "recompute"), ({"vpp": (0,)}, "vpp"),
+                                      ({"cp_min_tokens": -1}, "cp_min_tokens"),
+                                      ({"top_k": 1.5}, "top_k")])
 def test_search_options_are_checked_when_made(kw, field):
     with pytest.raises(SpecError, match=rf"^{field}"):
         SearchOptions(**kw)
