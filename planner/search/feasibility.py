@@ -15,7 +15,7 @@ from planner.options import (CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, 
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.loop import OUTCOMES, rejection_lines
 from planner.search.pricing import Estimate, price
-from planner.search.space import (BATCH_DP, CP_HEADS, CP_SHORT, MICRO_BATCH, PP_BLOCKS,
+from planner.search.space import (BATCH_DP, CP_HEADS, CP_LEVELS, CP_SHORT, MICRO_BATCH, PP_BLOCKS,
                                   TOO_MANY_MB, TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space,
                                   cp_chunks, cp_comm_reason, cp_reason, divisors, pp_reason,
                                   target_mesh_reason, tp_reasons)
@@ -123,14 +123,21 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if cp > 1 and form:
         t = 1 if tp is None else tp  # an unpinned tp can be 1, the widest heads allow
         rule = cp_comm_reason(form, t, cp, space, options)
+        if rule == CP_LEVELS and tp is None and any(  # another tp may leave both levels
+                not cp_comm_reason(form, d, cp, space, options) for d in divisors(gpn)):
+            rule = ""
         if rule:
             allowed = [c for c in (options.cp_comms if options else CP_COMMS)
                        if not cp_comm_reason(c, t, cp, space, options)]
             other = f"pin cp_comm={' or '.join(allowed)}" if allowed else "pin cp=1"
             width = (f"tp x cp = {t * cp}" if form == "a2a" else
                      f"tp x the cp ranks in a node = {t * math.gcd(cp, max(1, gpn // t))}")
+            inner = math.gcd(cp, max(1, gpn // t))
             why = (f"needs the heads ({'/'.join(str(h) for h in space.heads if h)} query/key-"
-                   f"value) divisible by {width}" if rule == CP_HEADS else rule)
+                   f"value) divisible by {width}" if rule == CP_HEADS else
+                   f"with tp={t} a node of {gpn} GPUs holds {inner} of the {cp} cp ranks, so it "
+                   f"would be {'a ring alone (p2p)' if inner == 1 else 'an all-to-all alone (a2a)'}"
+                   if rule == CP_LEVELS else rule)
             return f"fix.cp_comm: {form} with cp={cp}: {why}; {other}"
     vpp = fix.get("vpp", 1)
     if pp is not None and pp_reason(pp, vpp, space):

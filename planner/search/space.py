@@ -50,6 +50,7 @@ MB_MEMORY = "micro-batch activations alone exceed memory"
 CP_SEQ = "sequence not divisible into 2 x cp chunks (cp shards where the target does not balance)"
 CP_SHORT = "fewer tokens per cp rank than the search's minimum (cp_min_tokens)"
 CP_HEADS = "cp all-to-all needs heads divisible by tp x cp"
+CP_LEVELS = "cp a2a+p2p needs cp ranks both inside a node and across nodes"
 CP_NONE = "cp needs attention"
 CP_TARGET = "cp not run by the target"
 CP_WINDOW = "cp_comm not run by the target over sliding windows"
@@ -266,6 +267,8 @@ def cp_comm_reason(form: str, tp: int, cp: int, space: Space,
         return CP_LATENT
     if form in ("a2a", "a2a+p2p"):
         width = cp if form == "a2a" else math.gcd(cp, max(1, space.gpus_per_node // tp))
+        if form == "a2a+p2p" and width in (1, cp):  # one level only: p2p's ring, or a2a
+            return CP_LEVELS
         if any(h % (tp * width) for h in space.heads if h):
             return CP_HEADS
     return ""

@@ -144,11 +144,13 @@ def test_context_parallelism_splits_activations(tiny_llama):
     ("ep=3", "does not divide the model's 8 experts; use one of 1, 2, 4, 8"),
     ("cp=3", "does not divide the cluster's 8 GPUs; use one of 1, 2, 4, 8"),
     ("etp=3", r"fix\.etp: 3 must be 1 or tp, and tp=3 breaks a rule"),
-    # two key/value heads do not split over four ranks (nor over the four of one node that
-    # a2a+p2p would take); the other forms need no heads
+    # two key/value heads do not split over four ranks; the other forms need no heads
     ("cp=4,cp_comm=a2a", r"needs the heads \(8/2 query/key-value\) divisible by tp x cp = "
                          r"4; pin cp_comm=p2p or allgather$"),
-    ("cp=4,cp_comm=a2a+p2p", r"divisible by tp x the cp ranks in a node = 4; pin cp_comm=p2p"),
+    # one node: a2a+p2p has no ring level, whatever tp (tp=4 would take 16 GPUs)
+    ("cp=4,cp_comm=a2a+p2p", r"a2a\+p2p with cp=4: with tp=1 a node of 8 GPUs holds 4 of the 4 "
+                             r"cp ranks, so it would be an all-to-all alone \(a2a\); pin "
+                             r"cp_comm=p2p or allgather$"),
     ("etp=16", r"fix\.etp: 16 must be 1 or tp, and tp=16"),
     ("cp=8,dp=1,tp=1,pp=1", None),  # 256 tokens in 16 chunks of 16: allowed when pinned
     ("cp=1,cp_comm=a2a", r"fix\.cp_comm: a2a exchanges .* cp=1 has none; drop cp_comm or pin"),
@@ -165,6 +167,26 @@ def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
         return
     with pytest.raises(planner.SpecError, match=words):
         _plan(tiny_mixtral, fix)
+
+
+def test_the_hierarchical_exchange_needs_both_of_its_levels(tiny_mixtral):
+    """a2a+p2p runs an all-to-all over the cp ranks of a node and a ring across nodes: with one
+    level only it is p2p or a2a under another name, refused when pinned and not searched."""
+    with pytest.raises(planner.SpecError, match=r"a2a\+p2p with cp=2: with tp=2 a node of 8 GPUs "
+                                                r"holds 2 of the 2 cp ranks, so it would be an "
+                                                r"all-to-all alone \(a2a\)"):
+        _plan(tiny_mixtral, "cp=2,tp=2,cp_comm=a2a+p2p,ep=1", nodes=2)
+    pairs = planner.load_cluster("dgx-h100", nodes=4, gpus_per_node=2)
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len)
+    with pytest.raises(planner.SpecError, match=r"with tp=2 a node of 2 GPUs holds 1 of the 2 cp "
+                                                r"ranks, so it would be a ring alone \(p2p\)"):
+        planner.plan_prepared(tiny_mixtral, pairs, training, planner.SearchOptions(
+            fix=parse_fix("cp=2,tp=2,cp_comm=a2a+p2p"), top_k=0))
+    # 16 ranks, 8 a node: both levels, and the heads (2 key/value) do not split over 8
+    with pytest.raises(planner.SpecError, match=r"divisible by tp x the cp ranks in a node = 8"):
+        _plan(tiny_mixtral, "cp=16,cp_comm=a2a+p2p", nodes=2, gb=8)
+    searched = _plan(tiny_mixtral, "cp=2", nodes=2)
+    assert searched.parallel["cp_comm"] != "a2a+p2p"
 
 
 def test_expert_pins_on_a_dense_model_and_uneven_sequences_are_refused(tiny_llama,
@@ -246,8 +268,9 @@ def test_megatron_runs_latent_attention_context_parallel_by_ring_only(tmp_path, 
         options = restrict(planner.SearchOptions(fix=parse_fix(fix), top_k=0), target)
         return planner.plan_prepared(mla, cluster, planner.TrainingSpec(global_batch=8,
                                                                         seq_len=256), options)
+    # (a2a+p2p, which it also runs, needs cp ranks on more than one node)
     with pytest.raises(planner.SpecError, match=r"fix\.cp_comm: a2a with cp=2: .*latent .*"
-                                                r"pin cp_comm=p2p or a2a\+p2p"):
+                                                r"pin cp_comm=p2p$"):
         plan("cp=2,cp_comm=a2a", "megatron")
     assert plan("cp=2", "megatron").parallel["cp_comm"] in ("p2p", "a2a+p2p")
     assert plan("cp=2,cp_comm=a2a", "any").parallel["cp_comm"] == "a2a"
