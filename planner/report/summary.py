@@ -11,7 +11,7 @@ from costmodels.hardware import get_device
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
-from planner.report.text import compress_names, knob, table
+from planner.report.text import compress_names, knob, table, wrap
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
 from planner.units import GB, cluster_text, human_count, ms
 
@@ -24,8 +24,40 @@ def summary(p: Plan) -> str:
     lines += _parallel(p)
     lines += ["", *stage_table(p), ""]
     lines += _placements(p)
+    lines += _batch_factors(p)
     lines += _search(p)
     return "\n".join(lines)
+
+
+def _batch_factors(p: Plan) -> list[str]:
+    """A note when part of the GPU count shares no factor with the global batch: data
+    parallelism divides the batch, so that part goes to tp, pp or cp whatever they cost; a batch
+    that is a multiple of the GPU count frees it."""
+    gpus, batch = int(p.cluster["num_gpus"]), int(p.training["global_batch"])
+    apart, rest = 1, gpus
+    for f in range(2, gpus + 1):
+        if rest % f:
+            continue
+        power = 1
+        while rest % f == 0:
+            rest, power = rest // f, power * f
+        if batch % f:
+            apart *= power
+        if rest == 1:
+            break
+    if apart == 1:
+        return []
+    par = p.parallel
+    took = [f"{k}={par[k]}" for k in ("tp", "pp", "cp") if par.get(k, 1) > 1]
+    who = (f"{', '.join(took)} take{'s' if len(took) == 1 else ''} it" if took else
+           "the other degrees take it")
+    near = [b for b in (batch // gpus * gpus, batch // gpus * gpus + gpus)
+            if b > 0 and abs(b - batch) <= batch / 4]
+    return [*wrap(f"  batch       {gpus} GPUs = {gpus // apart} x {apart}, and the global batch "
+            f"{batch:,} shares no factor with {apart}: data parallelism, which divides the "
+            f"batch, cannot take it, so {who}"
+            + (f"; a global batch of {' or '.join(f'{b:,}' for b in near)} (a multiple of the "
+               f"GPUs) frees it" if near else ""), indent=" " * 14), ""]
 
 
 def _placements(p: Plan) -> list[str]:

@@ -280,3 +280,21 @@ def test_why_says_when_it_lifts_a_pin_the_plan_was_made_with(tiny_llama_config):
     assert answer.feasible and "the plan was made with --fix zero=1, so its search did not try " \
         "zero=2" in answer.notes
     assert not [n for n in why_not(plan, {"pp": 2}).notes if "was made with" in n]
+
+
+def test_a_gpu_factor_the_batch_lacks_is_named_with_batches_that_free_it(tiny_llama_config):
+    """6 GPUs = 2 x 3 and a batch of 32: data parallelism divides the batch, so the 3 goes to tp
+    or pp; the plan says so and names multiples of 6 near 32, with which dp takes it."""
+    from planner.report.summary import summary
+
+    six = {**ONE_GPU_NODES, "name": "six", "nodes": 6}
+    p = planner.plan(tiny_llama_config, cluster=six, global_batch=32, seq_len=128)
+    assert p.parallel["dp"] % 3
+    text = " ".join(summary(p).split())
+    assert ("batch 6 GPUs = 2 x 3, and the global batch 32 shares no factor with 3: data "
+            "parallelism, which divides the batch, cannot take it, so ") in text
+    assert "a global batch of 30 or 36 (a multiple of the GPUs) frees it" in text
+    freed = planner.plan(tiny_llama_config, cluster=six, global_batch=36, seq_len=128)
+    assert "shares no factor" not in summary(freed)
+    assert "shares no factor" not in summary(planner.plan(
+        tiny_llama_config, cluster=ONE_GPU_NODES, global_batch=32, seq_len=128))
