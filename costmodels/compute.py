@@ -405,8 +405,9 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
                    tp: int, sp: bool, load: float = 1.0) -> float:
     """Forward seconds of the element-wise ops (with their kernel launches); with flash
     attention, the score traffic of eager attention cores is gone (a fused kernel never writes
-    the scores). The routed experts' share of the traffic (BlockWork.mem_bytes_routed; taken as
-    the same share of the fused traffic) is ``load`` times the mean on the busiest expert rank."""
+    the scores). The routed experts' part of the traffic outside tensor-parallel regions
+    (BlockWork.mem_bytes_routed: its share of the one-kernel-per-op bytes that run, taken as the
+    same share of the fused bytes) is ``load`` times the mean on the busiest expert rank."""
     sp_div = tp if sp else 1
     flash = engine.attention in FUSED_ATTENTION
     if engine.kernels == "fused":
@@ -420,10 +421,10 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
         if flash:
             tp_b, rep_b = tp_b - work.eager_attn_bytes_tp, rep_b - work.eager_attn_bytes_rep
             kernels -= work.eager_attn_kernels
-    nbytes = max(0.0, tp_b) / tp + max(0.0, rep_b) / sp_div
     if load != 1.0 and work.mem_bytes_routed > 0:
-        routed = work.mem_bytes_routed / (work.mem_bytes_tp + work.mem_bytes_rep)
-        nbytes *= 1.0 + routed * (load - 1.0)
+        running = work.mem_bytes_rep - (work.eager_attn_bytes_rep if flash else 0.0)
+        rep_b *= 1.0 + min(1.0, work.mem_bytes_routed / running) * (load - 1.0)
+    nbytes = max(0.0, tp_b) / tp + max(0.0, rep_b) / sp_div
     kernels = max(0.0, kernels)
     total = micro_batch * nbytes
     per_kernel = (micro_batch * work.kernel_bytes if engine.kernels == "eager" and work.kernel_bytes

@@ -123,8 +123,8 @@ class BlockWork:
     mem_bytes_rep: float = 0.0
     """Bytes read + written by memory-bound ops outside them (split only by sequence parallel)."""
     mem_bytes_routed: float = 0.0
-    """The part of ``mem_bytes_tp`` + ``mem_bytes_rep`` that ops inside the routed experts'
-    modules move (gathering token copies, activations between expert GEMMs, weighting and
+    """The part of ``mem_bytes_rep`` that ops inside the routed experts' modules move (experts are
+    split by expert parallelism, not tp) (gathering token copies, activations between expert GEMMs, weighting and
     combining them): work on token copies, which the busiest expert-parallel rank does
     (costmodels.experts.rank_load) times more of than the mean."""
     fused_bytes_tp: float = 0.0

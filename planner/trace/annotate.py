@@ -94,12 +94,12 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                     producer = by.get(key.split(":")[0])
                     if producer is not None and producer.shape[-1:] == [hidden]:
                         gathered.add(key)
-        moved = acc["mem_bytes_tp"] + acc["mem_bytes_rep"]
+        moved = acc["mem_bytes_rep"]
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
                      name in attn_gemms, name in scores, hidden,
                      {i for n, i in returning if n == name})
         if _inside(op.module, routed_modules):
-            acc["mem_bytes_routed"] += acc["mem_bytes_tp"] + acc["mem_bytes_rep"] - moved
+            acc["mem_bytes_routed"] += acc["mem_bytes_rep"] - moved
         if name in attn_gemms:
             _add_eager_heads(op, by, name in scores, acc, widths)
         if name in scores and op.params:  # sinks: parameters joined to the scores
