@@ -284,6 +284,11 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
         return spec
     base: dict = {}
     if isinstance(spec, str):
+        parts = [p.strip() for p in spec.split(",") if p.strip()]
+        named = [p for p in parts if p in PRESETS]
+        if len(named) > 1:
+            raise SpecError(f"engine: one preset at most, got {', '.join(named)}; keep the one "
+                            "you train with and give the settings it changes after it")
         later = [p.strip() for p in spec.split(",")[1:] if p.strip() in PRESETS]
         if later:
             settings = ",".join(p.strip() for p in spec.split(",")

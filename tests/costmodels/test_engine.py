@@ -28,6 +28,10 @@ def test_unknown_presets_and_keys_are_named():
         engine_from_mapping("moe_imbalance=1.3,torchtitan,attention=flash")
     fixed = engine_from_mapping(str(err.value).rsplit("write ", 1)[1])
     assert fixed.moe_imbalance == 1.3 and fixed.kernels == "eager"
+    for two in ("megatron-core,torchtitan", "megatron-core,megatron-core",
+                "moe_imbalance=2,deepspeed,torchtitan"):
+        with pytest.raises(SpecError, match="^engine: one preset at most"):
+            engine_from_mapping(two)
 
 
 def test_a_plan_says_which_software_it_assumes():
