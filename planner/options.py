@@ -82,9 +82,11 @@ def idle_pins(fix: Mapping, cp: int) -> list[str]:
     exchange form without context parallelism (the search may leave cp at 1 when only cp_comm is
     pinned)."""
     if "cp_comm" in fix and cp == 1:
+        how = ("a cp whose ranks span nodes, more than one in each (e.g. cp=16 on nodes of 8 "
+               "GPUs with tp=1), as its two levels need" if fix["cp_comm"] == "a2a+p2p" else
+               f"e.g. cp=2,cp_comm={fix['cp_comm']}")
         return [f"fix.cp_comm={fix['cp_comm']} changes nothing: the plan has no context "
-                f"parallelism (cp=1); pin cp too (e.g. cp=2,cp_comm={fix['cp_comm']}) to make it "
-                "use one"]
+                f"parallelism (cp=1); pin cp too ({how}) to make it use one"]
     return []
 
 

@@ -124,7 +124,8 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         t = 1 if tp is None else tp  # an unpinned tp can be 1, the widest heads allow
         rule = cp_comm_reason(form, t, cp, space, options)
         if rule == CP_LEVELS and tp is None and any(  # another tp may leave both levels
-                not cp_comm_reason(form, d, cp, space, options) for d in divisors(gpn)):
+                n % (d * cp) == 0 and not tp_reasons(d, space, False)
+                and not cp_comm_reason(form, d, cp, space, options) for d in divisors(gpn)):
             rule = ""
         if rule:
             allowed = [c for c in (options.cp_comms if options else CP_COMMS)

@@ -187,8 +187,17 @@ def test_the_hierarchical_exchange_needs_both_of_its_levels(tiny_mixtral):
     # 16 ranks, 8 a node: both levels, and the heads (2 key/value) do not split over 8
     with pytest.raises(planner.SpecError, match=r"divisible by tp x the cp ranks in a node = 8"):
         _plan(tiny_mixtral, "cp=16,cp_comm=a2a+p2p", nodes=2, gb=8)
-    searched = _plan(tiny_mixtral, "cp=2", nodes=2)
-    assert searched.parallel["cp_comm"] != "a2a+p2p"
+    # the search leaves one-level a2a+p2p out by that rule; with 2 cp ranks in each of 2 nodes
+    # it has both levels and plans
+    from planner.search.space import CP_LEVELS
+
+    def pairs_plan(fix):
+        return planner.plan_prepared(tiny_mixtral, pairs, training, planner.SearchOptions(
+            fix=parse_fix(fix), top_k=0))
+    assert pairs_plan("cp=2,tp=2").search["rejected"].get(CP_LEVELS, 0) > 0
+    both = pairs_plan("cp=4,tp=1,cp_comm=a2a+p2p")
+    assert both.parallel["cp_comm"] == "a2a+p2p" and both.predicted["breakdown"]["cp_comm_s"] > 0
+    assert CP_LEVELS not in pairs_plan("cp=4,tp=1").search["rejected"]
 
 
 def test_expert_pins_on_a_dense_model_and_uneven_sequences_are_refused(tiny_llama,
@@ -493,6 +502,9 @@ def test_an_exchange_form_pinned_without_cp_is_said_to_change_nothing(tiny_mixtr
         "fix.cp_comm=a2a changes nothing: the plan has no context parallelism (cp=1); pin cp "
         "too (e.g. cp=2,cp_comm=a2a) to make it use one"]
     assert idle_pins({"cp_comm": "a2a"}, 2) == [] and p.parallel["cp"] == 1
+    # a2a+p2p at cp=2 never has both levels: the example is one that can
+    assert "cp=2" not in idle_pins({"cp_comm": "a2a+p2p"}, 1)[0]
+    assert "whose ranks span nodes, more than one in each" in idle_pins({"cp_comm": "a2a+p2p"}, 1)[0]
     counts = {f"rule {i}": 10 - i for i in range(7)}
     assert rejection_lines(counts, most=5)[1] == ("10 rule 0, 9 rule 1, 8 rule 2, 7 rule 3, "
                                                   "6 rule 4, and 2 more")
