@@ -228,7 +228,8 @@ def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
                          for what, forms in limits)
         ledger.info(f"cp_comm {form} with {plan.model['name']}'s attention: Transformer Engine's "
                     f"context parallelism runs {only}"
-                    + (f"; re-plan with --fix cp_comm={runs[0]}" if runs else ""))
+                    + (f"; re-plan with --target megatron, which keeps to cp_comm={runs[0]} "
+                       "with degrees whose heads split for it" if runs else ""))
 
 
 def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bool]:

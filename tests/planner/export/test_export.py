@@ -931,11 +931,11 @@ def test_megatron_notes_exchanges_transformer_engine_refuses_for_the_attention(n
     # the window and the sinks: the one form that runs both is named (a2a), not all_gather,
     # which --target megatron refuses over sinks
     assert any("sliding-window attention only with a2a or all_gather; attention with sinks only "
-               "with a2a; re-plan with --fix cp_comm=a2a" in n for n in notes)
+               "with a2a; re-plan with --target megatron, which keeps to cp_comm=a2a" in n for n in notes)
     notes.clear()
     to_megatron(variant(swa, cp_comm="allgather"))  # a window runs with it, sinks do not
     assert any("cp_comm allgather with gpt-oss-120b's attention" in n and
-               "--fix cp_comm=a2a" in n for n in notes)
+               "keeps to cp_comm=a2a" in n for n in notes)
     notes.clear()
     to_megatron(variant(swa, cp_comm="a2a"))
     assert not any("cp_comm" in n for n in notes)
