@@ -3,6 +3,7 @@ the search's account with its runners-up. Returns strings; printing is the CLI's
 
 from __future__ import annotations
 
+import math
 import textwrap
 
 from costmodels.engine import describe, engine_from_mapping
@@ -32,7 +33,10 @@ def summary(p: Plan) -> str:
 def _batch_factors(p: Plan) -> list[str]:
     """A note when part of the GPU count shares no factor with the global batch: data
     parallelism divides the batch, so that part goes to tp, pp or cp whatever they cost; a batch
-    that is a multiple of the GPU count frees it."""
+    that is a multiple of the GPU count frees it. Not for clusters of device groups, whose data
+    parallelism is bounded by each group's GPUs."""
+    if "groups" in p.cluster:
+        return []
     gpus, batch = int(p.cluster["num_gpus"]), int(p.training["global_batch"])
     apart, rest = 1, gpus
     for f in range(2, gpus + 1):
@@ -48,12 +52,13 @@ def _batch_factors(p: Plan) -> list[str]:
     if apart == 1:
         return []
     par = p.parallel
-    took = [f"{k}={par[k]}" for k in ("tp", "pp", "cp") if par.get(k, 1) > 1]
+    took = [f"{k}={par[k]}" for k in ("tp", "pp", "cp") if math.gcd(par.get(k, 1), apart) > 1]
     who = (f"{', '.join(took)} take{'s' if len(took) == 1 else ''} it" if took else
            "the other degrees take it")
     near = [b for b in (batch // gpus * gpus, batch // gpus * gpus + gpus)
             if b > 0 and abs(b - batch) <= batch / 4]
-    return [*wrap(f"  batch       {gpus} GPUs = {gpus // apart} x {apart}, and the global batch "
+    split = f" = {gpus // apart} x {apart}" if apart < gpus else ""
+    return [*wrap(f"  batch       {gpus} GPUs{split}, and the global batch "
             f"{batch:,} shares no factor with {apart}: data parallelism, which divides the "
             f"batch, cannot take it, so {who}"
             + (f"; a global batch of {' or '.join(f'{b:,}' for b in near)} (a multiple of the "

@@ -298,3 +298,11 @@ def test_a_gpu_factor_the_batch_lacks_is_named_with_batches_that_free_it(tiny_ll
     assert "shares no factor" not in summary(freed)
     assert "shares no factor" not in summary(planner.plan(
         tiny_llama_config, cluster=ONE_GPU_NODES, global_batch=32, seq_len=128))
+    # a prime count (the note's words only): no "1 x 7"
+    import copy
+    from planner.report.summary import _batch_factors
+
+    seven = copy.copy(p)
+    seven.cluster = {**p.cluster, "num_gpus": 7}
+    assert "batch 7 GPUs, and the global batch 32 shares no factor with 7" in " ".join(
+        " ".join(_batch_factors(seven)).split())
