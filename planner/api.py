@@ -175,7 +175,9 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         log.info("priced as %s runs it (--engine %s; give --engine for other software)", target,
                  engine)
     eng = engine_from_mapping(engine)
-    targets.check_engine(eng, target)
+    known = ZOO.get(model.lower()) if isinstance(model, str) else None
+    if known and known.routed_experts:  # (other models: once traced, in plan_prepared)
+        targets.check_engine(eng, target)
     TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
                  engine=eng)  # validate before the slow part (a dtype name before the device's)
     for group in getattr(cl, "groups", (cl,)):
@@ -452,7 +454,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     # an unknown target is refused, and a known one narrows the search to what its engine runs
     # (planner.plan has done so already: restricting again changes nothing)
     options = targets.restrict(options, options.target)
-    targets.check_engine(training.engine, options.target)
+    if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: a warning below)
+        targets.check_engine(training.engine, options.target)
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "

@@ -836,9 +836,23 @@ def test_a_target_refuses_moe_settings_its_engine_does_not_run(tiny_mixtral):
             else:
                 assert planner.plan_prepared(tiny_mixtral, cluster, training,
                                              options).parallel["ep"] == 2
+    # a zoo MoE model: refused before it is traced
     with pytest.raises(planner.SpecError, match="engine.moe_capacity_factor: torchtitan's MoE"):
-        planner.plan("no-such-model", cluster="dgx-h100", global_batch=64, target="torchtitan",
-                     engine="torchtitan,moe_capacity_factor=1.25")
+        planner.plan("mixtral-8x7b", cluster="dgx-h100", global_batch=64, target="torchtitan",
+                     engine="torchtitan,moe_capacity_factor=1.25", cache_dir=None,
+                     fix="tp=16")  # (were it traced, this pin would fail after)
+
+
+def test_moe_settings_a_target_lacks_change_nothing_for_a_dense_model(tiny_llama, caplog):
+    from costmodels.engine import engine_from_mapping
+
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_llama.seq_len,
+                                    engine=engine_from_mapping("torchtitan,moe_capacity_factor=1"))
+    with caplog.at_level("WARNING"):
+        p = planner.plan_prepared(tiny_llama, planner.load_cluster("dgx-h100"), training,
+                                  planner.SearchOptions(top_k=0, target="torchtitan"))
+    assert p.search["target"] == "torchtitan"
+    assert any("has no routed experts" in r.message for r in caplog.records)
 
 
 def test_a_target_narrows_the_callers_search_options_without_replacing_them():
