@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from costmodels.engine import engine_from_mapping
+from planner import targets
 from planner.errors import SpecError
 from planner.planfile.document import Plan
 from planner.schedule import Action, torch_actions
@@ -117,6 +119,12 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
         out.notes.append("offload_optimizer not applied: the optimizer steps on the device, so "
                          "the prediction (which offloads) is not comparable; plan with --fix "
                          "offload_optimizer=false")
+    if layout.ep > 1:
+        try:  # settings the prediction assumed that the runtime's experts do not run
+            targets.check_engine(engine_from_mapping(plan.training.get("engine")), "torch")
+        except SpecError as exc:
+            out.notes.append(f"{str(exc).split(';')[0]}, so the prediction is not comparable; "
+                             "re-plan with --target torch")
     if layout.ep > 1 and layout.edp > 1 and int(plan.parallel["zero"]) >= 1:
         out.notes.append(f"experts' optimizer states not sharded over edp={layout.edp} (their "
                          "gradients are all-reduced over it); the dense states are sharded as "
