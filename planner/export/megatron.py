@@ -198,6 +198,10 @@ def _context(plan: Plan, ledger: common.Ledger) -> Group:
         inner = math.gcd(cp, max(1, plan.cluster["gpus_per_node"] // p["tp"]))
         args += ["--hierarchical-context-parallel-sizes", str(inner), str(cp // inner)]
         words += f": {inner} cp ranks per node x {cp // inner} nodes"
+        if inner in (1, cp):  # a plan made before the planner refused one-level a2a+p2p
+            ledger.info(f"cp_comm a2a+p2p with {inner} cp rank(s) per node x {cp // inner} "
+                        f"node(s) has one level only: it runs as {'p2p' if inner == 1 else 'a2a'}"
+                        " would; re-plan for the planner's current rules")
     _attention_notes(plan, form, ledger)
     return [(args, f"context parallelism: each sample's {plan.training['seq_len']} tokens over "
                    f"{cp} ranks, {words}")]

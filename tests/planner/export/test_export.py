@@ -939,6 +939,11 @@ def test_megatron_notes_exchanges_transformer_engine_refuses_for_the_attention(n
     notes.clear()
     to_megatron(variant(swa, cp_comm="a2a"))
     assert not any("cp_comm" in n for n in notes)
+    # an older plan's one-level a2a+p2p (tp=2, cp=4: all four cp ranks in one node of 8)
+    notes.clear()
+    assert "--hierarchical-context-parallel-sizes 4 1" in to_megatron(
+        variant(plan, cp_comm="a2a+p2p"))
+    assert any("has one level only: it runs as a2a would" in n for n in notes)
 
 
 def test_summary_line_names_context_and_expert_parallelism():
