@@ -175,8 +175,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         log.info("priced as %s runs it (--engine %s; give --engine for other software)", target,
                  engine)
     eng = engine_from_mapping(engine)
-    known = ZOO.get(model.lower()) if isinstance(model, str) else None
-    if known and known.routed_experts:  # (other models: once traced, in plan_prepared)
+    zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
+    if zoo and zoo.routed_experts:  # (other models: once traced, in plan_prepared)
         targets.check_engine(eng, target)
     TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
                  engine=eng)  # validate before the slow part (a dtype name before the device's)
@@ -189,7 +189,6 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
     else:  # pins the cluster, batch or sequence cannot take: before tracing
         problem = cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch)
-        zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
         length = seq_len or (zoo.seq_len if zoo else 0)
         if zoo and not problem and length <= (zoo.learned_positions or length):
             # and those its published dimensions rule out (a sequence longer than its learned

@@ -13,6 +13,7 @@ from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
+from planner.search.feasibility import nearby_multiples
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
 from planner.units import GB, cluster_text, human_count, ms
 
@@ -55,8 +56,7 @@ def _batch_factors(p: Plan) -> list[str]:
     took = [f"{k}={par[k]}" for k in ("tp", "pp", "cp") if math.gcd(par.get(k, 1), apart) > 1]
     who = (f"{', '.join(took)} take{'s' if len(took) == 1 else ''} it" if took else
            "the other degrees take it")
-    near = [b for b in (batch // gpus * gpus, batch // gpus * gpus + gpus)
-            if b > 0 and abs(b - batch) <= batch / 4]
+    near = nearby_multiples(batch, gpus, within=batch / 4)
     split = f" = {gpus // apart} x {apart}" if apart < gpus else ""
     return [*wrap(f"  batch       {gpus} GPUs{split}, and the global batch "
             f"{batch:,} shares no factor with {apart}: data parallelism, which divides the "

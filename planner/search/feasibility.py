@@ -131,9 +131,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
             allowed = [c for c in (options.cp_comms if options else CP_COMMS)
                        if not cp_comm_reason(c, t, cp, space, options)]
             other = f"pin cp_comm={' or '.join(allowed)}" if allowed else "pin cp=1"
-            width = (f"tp x cp = {t * cp}" if form == "a2a" else
-                     f"tp x the cp ranks in a node = {t * math.gcd(cp, max(1, gpn // t))}")
             inner = math.gcd(cp, max(1, gpn // t))
+            width = (f"tp x cp = {t * cp}" if form == "a2a" else
+                     f"tp x the cp ranks in a node = {t * inner}")
             why = (f"needs the heads ({'/'.join(str(h) for h in space.heads if h)} query/key-"
                    f"value) divisible by {width}" if rule == CP_HEADS else
                    f"with tp={t} a node of {gpn} GPUs holds {inner} of the {cp} cp ranks, so it "
@@ -365,22 +365,23 @@ def _rules_advice(cfg, global_batch: int, rejected: Counter, pinned: bool,
     step = cfg.dp * cfg.micro_batch
     if (rejected[MICRO_BATCH] or rejected[BATCH_DP]) and global_batch % step:
         every = cfg.micro_batch * num_gpus
-        near_every = [b for b in _neighbours(global_batch, every)
-                      if abs(b - global_batch) <= global_batch / 4]
+        near_every = nearby_multiples(global_batch, every, within=global_batch / 4)
         if near_every and global_batch % every:
             return (f"--global-batch must be a multiple of dp x micro_batch, e.g. "
                     f"{' or '.join(f'{b:,}' for b in near_every)} (multiples of micro_batch "
                     f"{cfg.micro_batch} x {num_gpus} GPUs, so any dp divides them); or {relax}")
         return (f"--global-batch must be a multiple of dp x micro_batch, e.g. "
-                f"{' or '.join(f'{b:,}' for b in _neighbours(global_batch, step))} for dp="
+                f"{' or '.join(f'{b:,}' for b in nearby_multiples(global_batch, step))} for dp="
                 f"{cfg.dp}, micro_batch={cfg.micro_batch}; or {relax}")
     return relax
 
 
-def _neighbours(value: int, step: int) -> list[int]:
-    """The positive multiples of ``step`` just below and just above ``value``."""
+def nearby_multiples(value: int, step: int, within: float | None = None) -> list[int]:
+    """The positive multiples of ``step`` just below and just above ``value`` (those at most
+    ``within`` away from it, when given)."""
     lower = value // step * step
-    return [b for b in (lower, lower + step) if b > 0]
+    return [b for b in (lower, lower + step)
+            if b > 0 and (within is None or abs(b - value) <= within)]
 
 
 def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:
