@@ -402,12 +402,14 @@ def ring_attention_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
 
 
 def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_batch: int,
-                   tp: int, sp: bool, load: float = 1.0) -> float:
+                   tp: int, sp: bool, load: float = 1.0, etp: int = 1) -> float:
     """Forward seconds of the element-wise ops (with their kernel launches); with flash
     attention, the score traffic of eager attention cores is gone (a fused kernel never writes
     the scores). The routed experts' part of the traffic outside tensor-parallel regions
     (BlockWork.mem_bytes_routed: its share of the one-kernel-per-op bytes that run, taken as the
-    same share of the fused bytes) is ``load`` times the mean on the busiest expert rank."""
+    same share of the fused bytes) is ``load`` times the mean on the busiest expert rank; with
+    expert tensor parallelism its part at the hidden width (BlockWork.mem_bytes_routed_hidden)
+    runs on the copies of all ``etp`` ranks."""
     sp_div = tp if sp else 1
     flash = engine.attention in FUSED_ATTENTION
     if engine.kernels == "fused":
@@ -421,9 +423,11 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
         if flash:
             tp_b, rep_b = tp_b - work.eager_attn_bytes_tp, rep_b - work.eager_attn_bytes_rep
             kernels -= work.eager_attn_kernels
-    if load != 1.0 and work.mem_bytes_routed > 0:
+    if (load != 1.0 or etp > 1) and work.mem_bytes_routed > 0:
         running = work.mem_bytes_rep - (work.eager_attn_bytes_rep if flash else 0.0)
-        rep_b *= 1.0 + min(1.0, work.mem_bytes_routed / running) * (load - 1.0)
+        routed = min(1.0, work.mem_bytes_routed / running)
+        hidden = min(routed, work.mem_bytes_routed_hidden / running)
+        rep_b *= 1.0 + routed * (load - 1.0) + hidden * load * (etp - 1)
     nbytes = max(0.0, tp_b) / tp + max(0.0, rep_b) / sp_div
     kernels = max(0.0, kernels)
     total = micro_batch * nbytes
@@ -461,7 +465,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
                                              masked=eager_masked)
         attn_f, attn_b = attn_f + eager_f, attn_b + eager_b
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp,
-                           load=experts.load)
+                           load=experts.load, etp=experts.etp)
     fwd_s = gemm_f + attn_f + mem_f
     bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f
     if dtype == "fp8":

@@ -190,6 +190,8 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     if fp8:
         rep = rep - FP8_SAVED_INPUT_SHARE * work.act_linear_in_rep
         tp_part = tp_part - FP8_SAVED_INPUT_SHARE * work.act_linear_in_tp
+        routed_rep = routed_rep - FP8_SAVED_INPUT_SHARE * work.act_routed_linear_in_rep
+        routed_tp = routed_tp - FP8_SAVED_INPUT_SHARE * work.act_routed_linear_in_tp
     kept = rep / sp_div + tp_part / tp  # the fused-away parts are parts of these
     # the busiest expert-parallel rank keeps the copies of more tokens than the mean
     kept += (routed_load - 1.0) * (routed_rep / sp_div + routed_tp / tp)

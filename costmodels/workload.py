@@ -124,9 +124,13 @@ class BlockWork:
     """Bytes read + written by memory-bound ops outside them (split only by sequence parallel)."""
     mem_bytes_routed: float = 0.0
     """The part of ``mem_bytes_rep`` that ops inside the routed experts' modules move (experts are
-    split by expert parallelism, not tp) (gathering token copies, activations between expert GEMMs, weighting and
-    combining them): work on token copies, which the busiest expert-parallel rank does
-    (costmodels.experts.rank_load) times more of than the mean."""
+    split by expert parallelism, not tp) (gathering token copies, activations between expert
+    GEMMs, weighting and combining them): work on token copies, which the busiest
+    expert-parallel rank does (costmodels.experts.rank_load) times more of than the mean."""
+    mem_bytes_routed_hidden: float = 0.0
+    """The part of ``mem_bytes_routed`` made at the hidden width (gathering, weighting and
+    combining the token copies): expert tensor parallelism runs it on all its etp ranks' copies,
+    while the activations between the expert GEMMs are split over them."""
     fused_bytes_tp: float = 0.0
     """Like ``mem_bytes_tp`` when chains of memory-bound ops run as one fused kernel each."""
     fused_bytes_rep: float = 0.0
@@ -164,6 +168,11 @@ class BlockWork:
     act_routed_fused_away_tp: float = 0.0
     """The part of ``act_routed_tp`` a fused kernel does not keep (part of ``act_fused_away_tp``)."""
     act_routed_fused_away_rep: float = 0.0
+    """The same outside tensor-parallel regions."""
+    act_routed_linear_in_tp: float = 0.0
+    """The part of ``act_routed_tp`` that weight GEMMs keep as their input (part of
+    ``act_linear_in_tp``: quantized under fp8)."""
+    act_routed_linear_in_rep: float = 0.0
     """The same outside tensor-parallel regions."""
     act_routed_gathered: float = 0.0
     """The part of ``act_routed_rep`` the experts' first GEMMs keep as their input: the token
@@ -223,6 +232,11 @@ class BlockWork:
     """Forward FLOPs of capacity-style experts' empty token slots (GShard's buffers of C slots
     per expert, more than the router fills): the devices compute them, the model's FLOPs (and
     so MFU) leave them out (train_flops)."""
+    expert_capacity: float = 0.0
+    """1 when the block's routed experts compute fixed buffers of token slots (capacity-style:
+    GShard, Switch, DeepSpeed-MoE; the slots already hold the model's capacity factor): their
+    GEMMs, dispatch and saved activations are as large however unevenly the router spreads
+    tokens, so routing imbalance (EngineSpec.moe_imbalance) does not scale them; else 0."""
     num_experts: float = 0.0
     """Routed experts of the block's Mixture-of-Experts layer (0: none)."""
     routed_tokens: float = 0.0
@@ -238,6 +252,10 @@ class BlockWork:
     attn_kv_bytes: float = 0.0
     """Bytes of the keys and values entering the block's fused attention (one sample, all heads):
     what context parallelism exchanges."""
+    attn_kv_calls: float = 0.0
+    """Attention calls (fused or eager cores) whose keys and values ``attn_kv_bytes`` sums: one
+    per attention layer, each a context-parallel exchange of its own (a block a small model
+    collapses into holds several). 0 in a block traced before it was recorded: one."""
     attn_q_bytes: float = 0.0
     """Bytes of the queries (one sample, all heads)."""
     attn_out_bytes: float = 0.0

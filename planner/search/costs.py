@@ -144,7 +144,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     and etp say how the routed experts are spread."""
     w = ma.work
     engine = training.engine
-    load = experts.rank_load(engine, ep=ep, num_experts=int(np.max(w.num_experts, initial=0)))
+    load = (1.0 if np.any(w.expert_capacity) else  # fixed slots: as large however routed
+            experts.rank_load(engine, ep=ep, num_experts=int(np.max(w.num_experts, initial=0))))
     routed = compute.Experts(ep=ep, etp=etp, load=load, grouped=engine.moe_grouped_gemm)
     # blocks of equal work are priced once, and once for every recomputation policy
     shared = (id(cluster.device), training.dtype, engine, micro_batch, tp, sp, cp, routed)
@@ -182,6 +183,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     kv = micro_batch * w.attn_kv_bytes / heads_div  # the whole sequence's K/V on this tp rank
     q = micro_batch * w.attn_q_bytes / tp
     out = np.where(w.attn_out_bytes > 0, micro_batch * w.attn_out_bytes / tp, q)
+    layers = np.maximum(w.attn_kv_calls, 1.0)  # attention layers per block
     word = DTYPE_BYTES[core]
     forms = (cp_comm,) if isinstance(cp_comm, str) else tuple(cp_comm)
     # the runtime's ring returns fp32 K/V gradients to their owner; torch's passes them on in
@@ -209,35 +211,39 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                         calls[i] = compute.ring_attention_s(
                             ma.works[i], cluster.device, core, engine,
                             micro_batch=micro_batch / inner, tp=tp, cp=cp // inner)
-                    f, b = context.exchange_s(f_name, cp=cp, kv_bytes=kv[i], q_bytes=q[i],
-                                              attn_fwd_s=t.attn_fwd_s + calls[i, 0],
-                                              attn_bwd_s=t.attn_bwd_s + calls[i, 1],
+                    # each attention layer of the block exchanges its own K/V
+                    per = layers[i]
+                    f, b = context.exchange_s(f_name, cp=cp, kv_bytes=kv[i] / per,
+                                              q_bytes=q[i] / per,
+                                              attn_fwd_s=(t.attn_fwd_s + calls[i, 0]) / per,
+                                              attn_bwd_s=(t.attn_bwd_s + calls[i, 1]) / per,
                                               group=cp_group, cluster=cluster,
                                               gradients_back=back, gradients_on=on,
-                                              gathered_ring=gathered_ring, out_bytes=out[i])
+                                              gathered_ring=gathered_ring, out_bytes=out[i] / per)
                     if (f_name == "p2p" and engine.cp_ring != "te") or gathered_ring:
                         # the partial outputs merge as element-wise ops
-                        mf, mb = context.ring_merge_s(cp, q_bytes=q[i], kv_bytes=kv[i],
+                        mf, mb = context.ring_merge_s(cp, q_bytes=q[i] / per, kv_bytes=kv[i] / per,
                                                       word=word, device=cluster.device,
-                                                      out_bytes=out[i])
+                                                      out_bytes=out[i] / per)
                         f, b = f + mf, b + mb
-                    s_[i] = attn_repeats[i] * f + b
+                    s_[i] = per * (attn_repeats[i] * f + b)
             total = float(s_.sum() + attn_repeats @ calls[:, 0] + calls[:, 1].sum())
             if best is None or total < best:
                 best, form, cp_s, ring = total, f_name, s_, calls
-        # K/V held while attention runs: two chunks in flight (ring), the gathered sequence
-        # (all-gather), the head shards of q, k, v and the output (all-to-all)
+        # K/V held while one attention layer runs: two chunks in flight (ring), the gathered
+        # sequence (all-gather), the head shards of q, k, v and the output (all-to-all)
         cp_buffers = {"p2p": 2 * kv / cp, "allgather": kv,
-                      "a2a": (q + out + kv) / cp, "a2a+p2p": (q + out + 3 * kv) / cp}[form]
+                      "a2a": (q + out + kv) / cp,
+                      "a2a+p2p": (q + out + 3 * kv) / cp}[form] / layers
         if form == "allgather" and engine.cp_ring == "torch":  # its K/V gradients, in fp32,
-            cp_buffers = cp_buffers + 2 * on * kv / cp  # accumulated and one passed on
+            cp_buffers = cp_buffers + 2 * on * kv / cp / layers  # accumulated, one passed on
         if form == "p2p" and engine.cp_ring == "runtime":
             # the runtime's ring keeps every step's K/V for backward: with the attention kept,
             # as activations; recomputed (full, selective), while that layer's backward runs
             others = kv * (cp - 1) / cp
             recomputed = np.array([p in ("full", "selective") for p in policies])
             ring_kept, cp_buffers = np.where(recomputed, 0.0, others), \
-                cp_buffers + np.where(recomputed, others, 0.0)
+                cp_buffers + np.where(recomputed, others / layers, 0.0)
     under: dict[tuple, compute.BlockTime] = {}
     for i, policy in enumerate(policies):
         if (ma.same[i], policy) not in under:
@@ -262,10 +268,11 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                                           zero=0, dp=1, layout=engine.state_layout)["grads"]
         accumulate = vec([compute.accumulate_s(x * grad_b, cluster.device) for x in local.tolist()])
     compute_s = vec([t.fwd_s + t.bwd_s for t in bt])
+    bc_fwd, bc_recompute = vec([t.fwd_s for t in bt]), vec([t.recompute_s for t in bt])
     return BlockCosts(
-        fwd_s=vec([t.fwd_s for t in bt]),
+        fwd_s=bc_fwd,
         compute_s=compute_s,
-        recompute_s=vec([t.recompute_s for t in bt]),
+        recompute_s=bc_recompute,
         tp_comm_s=vec(tp_s),
         act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
@@ -291,14 +298,14 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         cp_comm_s=cp_s,
         ep_comm_s=_least_dispatch_s(ma, cluster, training, tp=tp, cp=cp, ep=ep, etp=etp,
                                     micro_batch=micro_batch, recompute=recompute,
-                                    overlap_s=compute_s),
+                                    fwd_s=bc_fwd, bwd_s=compute_s - bc_fwd + bc_recompute),
         cp_comm=form,
     )
 
 
 def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int,
                       cp: int, ep: int, etp: int, micro_batch: int, recompute: str,
-                      overlap_s: np.ndarray) -> np.ndarray | None:
+                      fwd_s: np.ndarray, bwd_s: np.ndarray) -> np.ndarray | None:
     """Per block: expert dispatch and combine with the ep (and etp) group on consecutive ranks."""
     w = ma.work
     if ep * etp <= 1 or not np.any(w.dispatch_bytes):
@@ -312,8 +319,8 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
         engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
         seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
         ep_group=placement.group_shape(ep, etp, g), etp_group=placement.group_shape(etp, 1, g),
-        cluster=cluster, recompute_full=recompute == "full", overlap_s=overlap_s,
-        num_experts=w.num_experts, moe_layers=w.moe_layers)
+        cluster=cluster, recompute_full=recompute == "full", fwd_s=fwd_s, bwd_s=bwd_s,
+        num_experts=w.num_experts, moe_layers=w.moe_layers, capacity=w.expert_capacity)
 
 
 def config_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,

@@ -293,8 +293,10 @@ def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSp
         engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
         seq_len=training.seq_len, share=cfg.micro_batch / (cfg.tp * cfg.cp), ep=cfg.ep,
         ep_group=placement.ep_group(cfg, cluster), etp_group=placement.etp_group(cfg, cluster),
-        cluster=cluster, recompute_full=cfg.recompute == "full", overlap_s=costs.compute_s,
-        num_experts=w.num_experts, moe_layers=w.moe_layers, micro_batches=cfg.num_microbatches)
+        cluster=cluster, recompute_full=cfg.recompute == "full", fwd_s=costs.fwd_s,
+        bwd_s=costs.compute_s - costs.fwd_s + costs.recompute_s, num_experts=w.num_experts,
+        moe_layers=w.moe_layers, micro_batches=cfg.num_microbatches,
+        capacity=w.expert_capacity)
 
 
 def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training: TrainingSpec,

@@ -63,12 +63,13 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "attn_scores_saved",
                          "kernels_eager", "tp_fwd_bytes", "tp_bwd_bytes", "expert_flops",
                          "num_experts", "routed_tokens", "moe_layers", "dispatch_bytes",
-                         "attn_kv_bytes", "attn_q_bytes", "attn_out_bytes", "attn_heads_q",
-                         "attn_heads_kv", "attn_window_cut",
+                         "attn_kv_bytes", "attn_kv_calls", "attn_q_bytes", "attn_out_bytes",
+                         "attn_heads_q", "attn_heads_kv", "attn_window_cut",
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
                          "attn_score_params", "attn_keys_wider", "act_routed_gathered",
                          "act_routed_weighted", "expert_bias", "expert_slot_flops",
-                         "mem_bytes_routed"), 0.0)
+                         "expert_capacity", "mem_bytes_routed", "mem_bytes_routed_hidden"),
+                        0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
     saved: dict[str, float] = {}
@@ -100,6 +101,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                      {i for n, i in returning if n == name})
         if _inside(op.module, routed_modules):
             acc["mem_bytes_routed"] += acc["mem_bytes_rep"] - moved
+            if op.shape[-1:] == [hidden]:
+                acc["mem_bytes_routed_hidden"] += acc["mem_bytes_rep"] - moved
         if name in attn_gemms:
             _add_eager_heads(op, by, name in scores, acc, widths)
         if name in scores and op.params:  # sinks: parameters joined to the scores
@@ -196,6 +199,7 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
                 acc["expert_flops"] += g.flops
                 if len(row) > 8:  # capacity slots: the share the router fills (records)
                     acc["expert_slot_flops"] += g.flops * (1.0 - row[8])
+                    acc["expert_capacity"] = 1.0
                 acc["num_experts"] = max(acc["num_experts"], float(g.experts))
                 if i in returning:  # one per MoE layer
                     acc["moe_layers"] += 1
@@ -348,6 +352,7 @@ def _add_heads(acc: dict, heads_q: float, heads_kv: float, q_bytes: float,
             acc[key] = min(acc[key], heads) if acc[key] else float(heads)
     acc["attn_q_bytes"] += q_bytes
     acc["attn_kv_bytes"] += kv_bytes
+    acc["attn_kv_calls"] += 1.0 if kv_bytes else 0.0
     acc["attn_out_bytes"] += out_bytes
 
 
@@ -438,7 +443,8 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
     each token has one copy, top-1 routing, whose rows the filter cannot tell apart)."""
     for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep",
                   "act_linear_in_tp", "act_linear_in_rep", "act_routed_tp", "act_routed_rep",
-                  "act_routed_fused_away_tp", "act_routed_fused_away_rep"):
+                  "act_routed_fused_away_tp", "act_routed_fused_away_rep",
+                  "act_routed_linear_in_tp", "act_routed_linear_in_rep"):
         acc[field] = 0.0
     acc["act_bytes_attn"] = acc.pop("attn_scores_saved")
     for key, nbytes in saved.items():
@@ -458,6 +464,8 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
             acc[f"act_routed_{where}"] += nbytes
             if key in fused_away:
                 acc[f"act_routed_fused_away_{where}"] += nbytes
+            elif key in linear_inputs:
+                acc[f"act_routed_linear_in_{where}"] += nbytes
 
 
 def _rows(shape) -> int:

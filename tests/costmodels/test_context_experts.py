@@ -168,33 +168,36 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
     per_block = experts.block_dispatch_s(
         engine, dispatch_bytes=np.array([0.0, copies]), routed_tokens=np.array([0.0, 4096 * 8]),
         seq_len=4096, share=1.0, ep=8, ep_group=NODE, etp_group=GroupShape(size=1, per_node=1),
-        cluster=CLUSTER, recompute_full=False, overlap_s=np.zeros(2))
+        cluster=CLUSTER, recompute_full=False)
     assert per_block[0] == 0.0 and per_block[1] == pytest.approx(2 * one_node)  # fwd + bwd
     # uneven routing: the all-to-all waits for the busiest of the 8 ranks (one expert each)
     uneven = experts.block_dispatch_s(
         engine_from_mapping("moe_imbalance=1.5"), dispatch_bytes=np.array([0.0, copies]),
         routed_tokens=np.array([0.0, 4096 * 8]), seq_len=4096, share=1.0, ep=8, ep_group=NODE,
         etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER, recompute_full=False,
-        overlap_s=np.zeros(2), num_experts=np.array([0.0, 8.0]))
+        num_experts=np.array([0.0, 8.0]))
     assert uneven[1] == pytest.approx(2 * experts.dispatch_s(
         "alltoall", copies_bytes=1.5 * copies, tokens_bytes=copies / 8, ep=8, ep_group=NODE,
         etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER))
-    # overlapped: each pass's all-to-alls run behind the paired micro-batch's compute
+    # overlapped: the forward's all-to-alls run behind the paired micro-batch's backward, the
+    # backward's behind its forward; a long backward lends a short forward nothing
     overlapped = engine_from_mapping("moe_overlap=true")
-    for compute_s, exposed in ((0.5 * one_node, 1.5 * one_node), (3 * one_node, 0.0)):
+    for fwd_s, bwd_s, exposed in ((0.25, 0.25, 1.5), (1.0, 2.0, 0.0), (0.5, 1.5, 0.5)):
         hidden = experts.block_dispatch_s(
             overlapped, dispatch_bytes=np.array([0.0, copies]),
             routed_tokens=np.array([0.0, 4096 * 8]), seq_len=4096, share=1.0, ep=8,
             ep_group=NODE, etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER,
-            recompute_full=False, overlap_s=np.array([1.0, compute_s]))
-        assert hidden[0] == 0.0 and hidden[1] == pytest.approx(exposed)
+            recompute_full=False, fwd_s=np.array([1.0, fwd_s * one_node]),
+            bwd_s=np.array([2.0, bwd_s * one_node]))
+        assert hidden[0] == 0.0 and hidden[1] == pytest.approx(exposed * one_node)
     # one micro-batch has no partner to run behind: all exposed; of four, one
     for micro_batches, share in ((1, 1.0), (4, 0.25)):
         alone = experts.block_dispatch_s(
             overlapped, dispatch_bytes=np.array([copies]), routed_tokens=np.array([4096 * 8]),
             seq_len=4096, share=1.0, ep=8, ep_group=NODE,
             etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER, recompute_full=False,
-            overlap_s=np.array([3 * one_node]), micro_batches=micro_batches)
+            fwd_s=np.array([one_node]), bwd_s=np.array([2 * one_node]),
+            micro_batches=micro_batches)
         assert alone[0] == pytest.approx(share * per_block[1])
 
 
@@ -210,7 +213,7 @@ def test_a_block_of_two_moe_layers_dispatches_twice_what_one_does(dispatcher):
             engine, dispatch_bytes=np.array([layers * copies]),
             routed_tokens=np.array([layers * tokens * 2]), seq_len=4096, share=1.0, ep=8,
             ep_group=NODE, etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER,
-            recompute_full=False, overlap_s=np.zeros(1), moe_layers=np.array([float(layers)]))
+            recompute_full=False, moe_layers=np.array([float(layers)]))
     assert one_block(2)[0] == pytest.approx(2 * one_block(1)[0])
 
 

@@ -96,6 +96,14 @@ def test_the_busiest_rank_moves_its_extra_copies_through_the_experts_element_wis
                 if kernels == "fused":  # the same share of the fused bytes outside tp regions
                     extra *= w.fused_bytes_rep / w.mem_bytes_rep
                 assert busiest - mean == pytest.approx(extra, rel=1e-9), (kernels, tp)
+                # etp ranks each gather, weight and combine all their copies at the hidden width;
+                # the activation between the expert GEMMs (4x wider) is split over them
+                folded = memory_bound_s(w, device, engine, load=1.5, etp=2, **args)
+                more = 64 * 1.5 * w.mem_bytes_routed_hidden / tp / device.memory_bytes_per_s
+                if kernels == "fused":
+                    more *= w.fused_bytes_rep / w.mem_bytes_rep
+                assert folded - busiest == pytest.approx(more, rel=1e-9), (kernels, tp)
+    assert all(0 < w.mem_bytes_routed_hidden < w.mem_bytes_routed for w in works)
 
 
 def test_the_busiest_ranks_extra_copies_are_what_the_experts_save(tiny_mixtral):
@@ -121,6 +129,14 @@ def test_the_busiest_ranks_extra_copies_are_what_the_experts_save(tiny_mixtral):
                      for x in (1.0, load)]
             assert again[1] - again[0] == pytest.approx(
                 2 * (load - 1) * routed if recompute == "full" else 0.0, rel=1e-9)
+    # under fp8 the extra copies the expert GEMMs read are kept quantized, as the mean's are
+    linear_in = sum(w.act_routed_linear_in_rep + w.act_routed_linear_in_tp for w in works)
+    assert 0 < linear_in < sum(w.act_routed_rep + w.act_routed_tp for w in works)
+    args = dict(micro_batch=2, tp=1, sp=False, recompute="none")
+    extra = {fp8: sum(memory.activation_bytes(w, routed_load=load, fp8=fp8, **args)
+                      - memory.activation_bytes(w, fp8=fp8, **args) for w in works)
+             for fp8 in (False, True)}
+    assert extra[False] - extra[True] == pytest.approx(2 * (load - 1) * 0.5 * linear_in, rel=1e-9)
     # expert tensor parallelism: each of two etp ranks keeps both ranks' copies of the hidden
     # states the first expert GEMM reads (512 copies of 64 bf16 values a layer), the rest split
     gathered = sum(w.act_routed_gathered for w in works)
@@ -147,11 +163,11 @@ def test_context_parallelism_splits_activations(tiny_llama):
     ("cp=3", "does not divide the cluster's 8 GPUs; use one of 1, 2, 4, 8"),
     ("etp=3", r"fix\.etp: 3 must be 1 or tp, and tp=3 breaks a rule"),
     # two key/value heads do not split over four ranks; the other forms need no heads
-    ("cp=4,cp_comm=a2a", r"needs the heads \(8/2 query/key-value\) divisible by tp x cp = "
+    ("cp=4,cp_comm=a2a", r"needs the 2 key-value heads divisible by tp x cp = "
                          r"4; pin cp_comm=p2p or allgather$"),
     # one node: a2a+p2p has no ring level, whatever tp (tp=4 would take 16 GPUs)
-    ("cp=4,cp_comm=a2a+p2p", r"a2a\+p2p with cp=4: with tp=1 a node of 8 GPUs holds 4 of the 4 "
-                             r"cp ranks, so it would be an all-to-all alone \(a2a\); pin "
+    ("cp=4,cp_comm=a2a+p2p", r"a2a\+p2p with cp=4: it needs cp ranks both inside a node and "
+                             r"across nodes, which cp=4 on nodes of 8 GPUs leaves with no tp; pin "
                              r"cp_comm=p2p or allgather$"),
     ("etp=16", r"fix\.etp: 16 must be 1 or tp, and tp=16"),
     ("cp=8,dp=1,tp=1,pp=1", None),  # 256 tokens in 16 chunks of 16: allowed when pinned
@@ -351,8 +367,8 @@ def test_eager_attention_cores_are_latent_when_their_values_are_narrower(value_w
            op("scores", (1, 4, 32, 32), ("q", "kt")), op("probs", (1, 4, 32, 32)),
            op("out", (1, 4, 32, value_width), ("probs", "v"))]
     by = {o.name: o for o in ops}
-    acc = dict.fromkeys(("attn_kv_bytes", "attn_q_bytes", "attn_out_bytes", "attn_heads_q",
-                         "attn_heads_kv", "attn_keys_wider"), 0.0)
+    acc = dict.fromkeys(("attn_kv_bytes", "attn_kv_calls", "attn_q_bytes", "attn_out_bytes",
+                         "attn_heads_q", "attn_heads_kv", "attn_keys_wider"), 0.0)
     widths: dict = {}
     _add_eager_heads(by["scores"], by, True, acc, widths)
     _add_eager_heads(by["out"], by, False, acc, widths)
@@ -446,6 +462,11 @@ def test_deepspeed_plans_no_zero3_with_both_cp_and_ep(tiny_mixtral):
                                                           seq_len=tiny_mixtral.seq_len), options)
     assert plan("any", pins + ",zero=3").parallel["zero"] == 3  # it fits: the rule rules it out
     assert plan("deepspeed", pins).parallel["zero"] in (0, 1, 2)
+    # DeepSpeed runs no sequence parallelism, which routed experts with tp > 1 need: the pin
+    # itself is named, not the rules that ruled out every configuration
+    with pytest.raises(planner.SpecError, match=r"^fix\.tp: routed experts with tp=2 need "
+                                                r"sequence parallelism .*; pin tp=1"):
+        plan("deepspeed", "ep=2,tp=2")
 
 
 def test_torchtitan_plans_context_parallelism_with_sharded_states_only(tiny_llama_config):
@@ -812,6 +833,11 @@ def test_an_imbalance_beyond_what_top_k_routing_reaches_is_refused(tiny_mixtral)
     with pytest.raises(planner.SpecError, match=r"^engine\.moe_imbalance: 4\.5 is more than .* "
                                                 r"8 experts, top-2, .* give at most 4$"):
         _plan(tiny_mixtral, "ep=2", engine=engine_from_mapping("moe_imbalance=4.5"))
+    # a zoo model's published experts and top-k: refused before it is traced
+    with pytest.raises(planner.SpecError, match=r"^engine\.moe_imbalance: 40 is more than "
+                                                r"deepseek-v3's routing allows: 256 experts, top-8"):
+        planner.plan("deepseek-v3", cluster="dgx-h100", global_batch=64, cache_dir=None,
+                     engine="moe_imbalance=40", fix="tp=3")  # (were it traced, the pin fails)
 
 
 def test_a_target_refuses_moe_settings_its_engine_does_not_run(tiny_mixtral):
@@ -883,3 +909,58 @@ def test_the_allgather_dispatcher_holds_the_groups_tokens_while_a_layer_runs(tin
     assert tokens == 2 * 256 * 64 * 2
     work = [p.stages[0]["predicted"]["memory_bytes"]["working"] for p in (a2a, gathered)]
     assert work[1] - work[0] == pytest.approx(4 * tokens, rel=1e-4)  # (plans keep 6 digits)
+
+
+@pytest.mark.parametrize("form", ["p2p", "a2a"])
+def test_each_attention_layer_of_a_block_exchanges_its_own_keys_and_values(form):
+    """A small model traced as one block of two attention layers pays each layer's exchange, its
+    latency and synchronisation included, as the same layers in two blocks do."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self, d=64, heads=8):
+            super().__init__()
+            self.qkv, self.out, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (y.view(b, t, self.heads, -1).transpose(1, 2)
+                       for y in self.qkv(x).chunk(3, -1))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return x + self.out(y.transpose(1, 2).reshape(b, t, d))
+
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Attention(), Attention()
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    class Net(nn.Module):
+        def __init__(self, together):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(256, 64), nn.Linear(64, 256)
+            self.layers = nn.ModuleList([Pair()] if together else [Attention(), Attention()])
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    training = planner.TrainingSpec(global_batch=8, seq_len=1024, dtype="bf16")
+    cp_s = {}
+    for together in (True, False):
+        with torch.device("meta"):
+            net, ids = Net(together), torch.zeros(1, 1024, dtype=torch.long)
+        prepared = planner.prepare(net, example_inputs=(ids,), dtype="bf16", cache_dir=None)
+        calls = [b.work.attn_kv_calls for b in prepared.blocks.blocks if b.work.attn_kv_bytes]
+        assert calls == ([2.0] if together else [1.0, 1.0])
+        p = planner.plan_prepared(prepared, cluster, training, planner.SearchOptions(
+            fix={"cp": 8, "cp_comm": form, "tp": 1, "pp": 1, "recompute": "none"}, top_k=0))
+        cp_s[together] = p.predicted["breakdown"]["cp_comm_s"]
+    assert cp_s[True] > 0 and cp_s[True] == pytest.approx(cp_s[False], rel=1e-6)

@@ -106,6 +106,29 @@ def test_capacity_experts_are_routed_experts():
     assert "experts     ep=1: 4 routed experts per MoE layer on every rank" in summary(plans[1])
 
 
+def test_routing_imbalance_leaves_capacity_slots_as_they_are():
+    """The slots are computed, sent and kept whole however the router spreads the tokens (an
+    uneven router fills some and drops tokens at others): moe_imbalance does not scale them."""
+    from costmodels.engine import engine_from_mapping
+
+    prepared = _prepare(route=True)
+    assert all(b.work.expert_capacity == 1.0 for b in prepared.blocks.blocks
+               if b.work.num_experts)
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+
+    def predicted(imbalance):
+        training = planner.TrainingSpec(global_batch=16, seq_len=64, dtype="fp32",
+                                        engine=engine_from_mapping(f"moe_imbalance={imbalance}"))
+        p = planner.plan_prepared(prepared, cluster, training, planner.SearchOptions(
+            fix={"ep": 4, "dp": 8, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}, top_k=0))
+        return p.predicted["breakdown"], p.stages[0]["predicted"]["memory_bytes"]
+
+    even, uneven = predicted(1.0), predicted(2.0)
+    assert uneven[0]["ep_comm_s"] == pytest.approx(even[0]["ep_comm_s"])
+    assert uneven[0]["compute_s"] == pytest.approx(even[0]["compute_s"])
+    assert uneven[1]["activations"] == pytest.approx(even[1]["activations"])
+
+
 def test_stacked_weights_without_a_router_stay_batched_gemms():
     prepared = _prepare(route=False)
     assert not any(b.work.num_experts for b in prepared.blocks.blocks)
