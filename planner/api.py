@@ -178,6 +178,11 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
     if zoo and zoo.routed_experts:  # (other models: once traced, in plan_prepared)
         targets.check_engine(eng, target)
+        if zoo.experts_per_token:
+            problem = _imbalance_problem(eng.moe_imbalance, zoo.routed_experts,
+                                         zoo.experts_per_token, zoo.name)
+            if problem:
+                raise SpecError(problem)
     TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
                  engine=eng)  # validate before the slow part (a dtype name before the device's)
     for group in getattr(cl, "groups", (cl,)):
@@ -407,20 +412,28 @@ PRESET_MOE = frozenset({"moe_probs_in_activation"})
 def _check_imbalance(prepared: Prepared, training: TrainingSpec) -> None:
     """Refuse a routing imbalance the model's routing cannot reach: an expert takes at most one
     copy of each token, so the busiest of E experts with top-k routing carries at most E / k
-    times the mean."""
+    times the mean. Capacity-style experts are left out: their slots do not follow the routing
+    (BlockWork.expert_capacity), so any imbalance prices them alike."""
     imbalance = training.engine.moe_imbalance
     for b in prepared.blocks.blocks:
         w = b.work
-        if not w.num_experts or not w.routed_tokens:
+        if not w.num_experts or not w.routed_tokens or w.expert_capacity:
             continue
         top_k = float(copies_per_token(w.routed_tokens, prepared.seq_len, w.moe_layers))
-        most = w.num_experts / top_k
-        if imbalance > most * (1 + 1e-9):
-            raise SpecError(f"engine.moe_imbalance: {imbalance:g} is more than "
-                            f"{prepared.info.get('name', 'the model')}'s routing allows: "
-                            f"{w.num_experts:g} experts, top-{top_k:g}, so the busiest expert "
-                            f"takes at most {most:g} x the mean (a copy of every token); give at "
-                            f"most {most:g}")
+        problem = _imbalance_problem(imbalance, w.num_experts, top_k,
+                                     prepared.info.get("name", "the model"))
+        if problem:
+            raise SpecError(problem)
+
+
+def _imbalance_problem(imbalance: float, experts: float, top_k: float, name: str) -> str:
+    """'' or why a routing imbalance is more than E experts with top-k routing can reach."""
+    most = experts / top_k
+    if imbalance <= most * (1 + 1e-9):
+        return ""
+    return (f"engine.moe_imbalance: {imbalance:g} is more than {name}'s routing allows: "
+            f"{experts:g} experts, top-{top_k:g}, so the busiest expert takes at most {most:g} x "
+            f"the mean (a copy of every token); give at most {most:g}")
 
 
 def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
@@ -471,9 +484,10 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     _warn_unused_settings(prepared, training)
     result = search(prepared.blocks, cluster, training, options, progress=progress)
     aside, ruled = rejection_lines(result.rejected, most=4)
-    log.info("searched %d configurations in %.2f s (%s)", result.candidates, result.time_s,
+    log.info("searched %d configuration%s in %.2f s (%s)", result.candidates,
+             "" if result.candidates == 1 else "s", result.time_s,
              "; ".join(filter(None, (aside and f"set aside: {aside}",
-                                     ruled and f"ruled out by the rules: {ruled}")))
+                                     ruled and f"others ruled out by the rules: {ruled}")))
              or "none set aside")
     if result.best is None:
         ma = ModelArrays.from_blocks(prepared.blocks)

@@ -80,6 +80,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(EXIT_BAD_INPUT, f"plan: error: {message} (see `{self.prog} --help`)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """Options no command knows point to the help of the command given, not the top's."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(ns, "command", None)
+            where = f"{self.prog} {command}" if command else self.prog
+            self.exit(EXIT_BAD_INPUT, f"plan: error: unrecognized arguments: {' '.join(extras)} "
+                                      f"(see `{where} --help`)\n")
+        return ns
+
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)

@@ -110,8 +110,9 @@ def _model(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
         raise SpecError(f"export torchtitan: torchtitan {version} runs no context parallelism "
                         f"for {plan.model['name']}: {NO_CONTEXT_PARALLEL[version, model]}; re-plan "
                         f"with `{common.resolve_hint(plan, TARGET, {'cp': 1})}`")
-    why = (f"the plan's {plan.model['name']} is torchtitan's own {model} {flavor}; the module "
-           "names below are that model's",)
+    split = plan.parallel.get("pp", 1) > 1  # module names appear in the pipeline's split only
+    names_note = "; the module names below are that model's" if split else ""
+    why = (f"the plan's {plan.model['name']} is torchtitan's own {model} {flavor}{names_note}",)
     if version == "0.2.2":
         return [Setting("model", "name", model, why), Setting("model", "flavor", flavor)]
     config = names.torchtitan_config(plan)
@@ -119,8 +120,7 @@ def _model(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
         ledger.info(f"torchtitan {version} builds {model} {flavor} (model_registry(\"{flavor}\") "
                     f"in torchtitan/models/{model}) but has no config function for it: pass "
                     f"--module {model} and --config <a config function of yours built on that "
-                    "model_registry> before these arguments; the module names below are that "
-                    "model's")
+                    f"model_registry> before these arguments{names_note}")
         return []
     return [Setting("cli", "--module", model, why), Setting("cli", "--config", config)]
 

@@ -101,6 +101,11 @@ class ZooEntry:
         """Routed experts per MoE layer (0: a dense model)."""
         return next((int(self.config[k]) for k in ROUTED_KEYS if self.config.get(k)), 0)
 
+    @property
+    def experts_per_token(self) -> int:
+        """Routed experts each token goes to (top-k; 0: a dense model)."""
+        return int(self.config.get("num_experts_per_tok", 0)) if self.routed_experts else 0
+
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, desc: str, vocab: int = 51200,
          positions: int = 2048) -> ZooEntry:

@@ -78,7 +78,8 @@ class Plan:
 
 def load_plan(path: str) -> Plan:
     """Read and validate a plan file."""
-    return Plan.from_dict(read_json_object(path, what="plan"), path)
+    return Plan.from_dict(read_json_object(path, what="plan file", missing_hint=(
+        "give the path of a plan `plan solve` wrote (plan solve MODEL ... -o plan.json)")), path)
 
 
 def clean(obj):

@@ -19,6 +19,9 @@ def _pct(x) -> str:
 
 def summary(result: dict, plan_name: str) -> str:
     m = result["measured"]
+    # each rank's coordinates; cp and ep where the plan has them
+    axes = [k for k in ("pp", "dp", "cp", "tp", "ep")
+            if k in ("pp", "dp", "tp") or any(r.get(k, 0) for r in result["ranks"])]
     lines = [
         f"Ran {plan_name} on {len(result['ranks'])} {result['device']} processes "
         f"({result['backend']}; data parallel: {result['data_parallel']}), "
@@ -36,9 +39,9 @@ def summary(result: dict, plan_name: str) -> str:
             ("process RSS peak", _mb(m["rss_peak_bytes"]), "", ""),
         ]),
         "",
-        listing([("rank", "pp", "dp", "tp", "stages", "median step", "peak memory", "states",
+        listing([("rank", *axes, "stages", "median step", "peak memory", "states",
                   "RSS peak")] + [
-            (str(r["rank"]), str(r["pp"]), str(r["dp"]), str(r["tp"]),
+            (str(r["rank"]), *(str(r.get(k, 0)) for k in axes),
              ",".join(map(str, r["stages"])), _ms(r["median_step_time_s"]),
              _mb(r["peak_memory_bytes"]), _mb(r["state_bytes"]), _mb(r["rss_peak_bytes"]))
             for r in result["ranks"]]),

@@ -79,7 +79,8 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     mdl.check_fingerprint(plan, spec, mdl.fingerprint(real.module))
     check_model(plan, real.module, layout)
     inputs = mdl.synthetic_batch(real, plan.training["global_batch"], seed=opts.seed)
-    out = Built(layout=layout, coords=layout.coords(rank), device=device)
+    out = Built(layout=layout, coords={**layout.coords(rank), "ep": layout.ep_index(rank)},
+                device=device)
     positions = _cp_positions(plan, layout, out.coords["cp"])
     units, flow, stage_cuts = cut_model(plan, real, inputs, positions)
     ties = find_ties(real.module, units)

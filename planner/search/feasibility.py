@@ -49,6 +49,10 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         if broken:
             return (f"fix.tp: {tp} must divide the {gpn} GPUs of a node, or be a multiple of "
                     "them to span whole nodes")
+        if space.experts and tp > 1 and options and True not in options.sequence_parallel:
+            return (f"fix.tp: routed experts with tp={tp} need sequence parallelism (each tp rank "
+                    "routes its 1/tp of the tokens), which the target does not run; pin tp=1 "
+                    "(ep shards the experts) or plan for another --target")
     problem = cluster_pin_problem(fix, n, batch)
     if problem:
         return problem
@@ -134,10 +138,15 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
             inner = math.gcd(cp, max(1, gpn // t))
             width = (f"tp x cp = {t * cp}" if form == "a2a" else
                      f"tp x the cp ranks in a node = {t * inner}")
-            why = (f"needs the heads ({'/'.join(str(h) for h in space.heads if h)} query/key-"
-                   f"value) divisible by {width}" if rule == CP_HEADS else
-                   f"with tp={t} a node of {gpn} GPUs holds {inner} of the {cp} cp ranks, so it "
-                   f"would be {'a ring alone (p2p)' if inner == 1 else 'an all-to-all alone (a2a)'}"
+            split = t * cp if form == "a2a" else t * inner
+            short = [f"{h} {kind} heads" for h, kind in zip(space.heads, ("query", "key-value"))
+                     if h and h % split]
+            why = (f"needs the {' and the '.join(short) or 'heads'} divisible by {width}"
+                   if rule == CP_HEADS else
+                   f"it needs cp ranks both inside a node and across nodes, which cp={cp} on "
+                   f"nodes of {gpn} GPUs leaves with no tp" if rule == CP_LEVELS and tp is None
+                   else f"with tp={t} a node of {gpn} GPUs holds {inner} of the {cp} cp ranks, so "
+                   f"it would be {'a ring alone (p2p)' if inner == 1 else 'an all-to-all alone (a2a)'}"
                    if rule == CP_LEVELS else rule)
             return f"fix.cp_comm: {form} with cp={cp}: {why}; {other}"
     vpp = fix.get("vpp", 1)

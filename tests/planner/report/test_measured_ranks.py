@@ -1,0 +1,32 @@
+"""`plan run`'s per-rank table names each rank's place on every axis the plan splits."""
+
+from planner.report.measured import summary
+
+
+def _result(ranks):
+    measured = {"warmup_steps": 1, "step_time_s": 0.1, "predicted_step_time_s": 0.1,
+                "step_time_error": 0.0, "peak_memory_bytes": 1e6,
+                "predicted_peak_memory_bytes": 1e6, "peak_memory_error": 0.0,
+                "state_bytes": 1e5, "rss_peak_bytes": 1e7}
+    rank = {"step_times_s": [0.1] * 3, "profiled_step": None, "stages": [0],
+            "median_step_time_s": 0.1, "peak_memory_bytes": 1e6, "state_bytes": 1e5,
+            "rss_peak_bytes": 1e7, "memory_method": "allocator"}
+    return {"measured": measured, "device": "cpu", "backend": "gloo", "data_parallel": "ddp",
+            "ranks": [{**rank, "rank": i, **r} for i, r in enumerate(ranks)]}
+
+
+def _header(text):
+    return next(line for line in text.splitlines() if line.startswith("rank")).split()
+
+
+def test_cp_and_ep_columns_appear_where_the_plan_splits_them():
+    plain = _result([{"pp": 0, "dp": d, "cp": 0, "tp": 0, "ep": 0} for d in range(2)])
+    assert _header(summary(plain, "p.json"))[:5] == ["rank", "pp", "dp", "tp", "stages"]
+    split = _result([{"pp": 0, "dp": 0, "cp": c, "tp": 0, "ep": c} for c in range(2)])
+    text = summary(split, "p.json")
+    assert _header(text)[:7] == ["rank", "pp", "dp", "cp", "tp", "ep", "stages"]
+    rows = [line.split() for line in text.splitlines() if line[:1].isdigit()]
+    assert [r[3] for r in rows] == ["0", "1"] and [r[5] for r in rows] == ["0", "1"]
+    # a result written before the ranks recorded ep reads as ep 0
+    old = _result([{"pp": 0, "dp": 0, "cp": c, "tp": 0} for c in range(2)])
+    assert "ep" not in _header(summary(old, "p.json"))
