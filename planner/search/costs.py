@@ -114,6 +114,11 @@ class BlockCosts:
     """The K/V exchange form these costs price (with cp > 1: the fastest of those allowed)."""
 
     @property
+    def backward_pass_s(self) -> np.ndarray:
+        """The compute of a micro-batch's backward pass: its backward and any recomputation."""
+        return self.compute_s - self.fwd_s + self.recompute_s
+
+    @property
     def time_s(self) -> np.ndarray:
         t = self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s
         return t if self.ep_comm_s is None else t + self.ep_comm_s
@@ -267,12 +272,10 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         grad_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                           zero=0, dp=1, layout=engine.state_layout)["grads"]
         accumulate = vec([compute.accumulate_s(x * grad_b, cluster.device) for x in local.tolist()])
-    compute_s = vec([t.fwd_s + t.bwd_s for t in bt])
-    bc_fwd, bc_recompute = vec([t.fwd_s for t in bt]), vec([t.recompute_s for t in bt])
-    return BlockCosts(
-        fwd_s=bc_fwd,
-        compute_s=compute_s,
-        recompute_s=bc_recompute,
+    costs = BlockCosts(
+        fwd_s=vec([t.fwd_s for t in bt]),
+        compute_s=vec([t.fwd_s + t.bwd_s for t in bt]),
+        recompute_s=vec([t.recompute_s for t in bt]),
         tp_comm_s=vec(tp_s),
         act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
@@ -296,16 +299,17 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         wgrad_s=vec([t.wgrad_s for t in bt]),
         expert_params_local=vec(w.expert_params / (ep * etp)),
         cp_comm_s=cp_s,
-        ep_comm_s=_least_dispatch_s(ma, cluster, training, tp=tp, cp=cp, ep=ep, etp=etp,
-                                    micro_batch=micro_batch, recompute=recompute,
-                                    fwd_s=bc_fwd, bwd_s=compute_s - bc_fwd + bc_recompute),
         cp_comm=form,
     )
+    costs.ep_comm_s = _least_dispatch_s(ma, cluster, training, tp=tp, cp=cp, ep=ep, etp=etp,
+                                        micro_batch=micro_batch, recompute=recompute,
+                                        costs=costs)
+    return costs
 
 
 def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int,
                       cp: int, ep: int, etp: int, micro_batch: int, recompute: str,
-                      fwd_s: np.ndarray, bwd_s: np.ndarray) -> np.ndarray | None:
+                      costs: BlockCosts) -> np.ndarray | None:
     """Per block: expert dispatch and combine with the ep (and etp) group on consecutive ranks."""
     w = ma.work
     if ep * etp <= 1 or not np.any(w.dispatch_bytes):
@@ -319,7 +323,8 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
         engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
         seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
         ep_group=placement.group_shape(ep, etp, g), etp_group=placement.group_shape(etp, 1, g),
-        cluster=cluster, recompute_full=recompute == "full", fwd_s=fwd_s, bwd_s=bwd_s,
+        cluster=cluster, recompute_full=recompute == "full", fwd_s=costs.fwd_s,
+        bwd_s=costs.backward_pass_s,
         num_experts=w.num_experts, moe_layers=w.moe_layers, capacity=w.expert_capacity)
 
 

@@ -294,7 +294,7 @@ def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSp
         seq_len=training.seq_len, share=cfg.micro_batch / (cfg.tp * cfg.cp), ep=cfg.ep,
         ep_group=placement.ep_group(cfg, cluster), etp_group=placement.etp_group(cfg, cluster),
         cluster=cluster, recompute_full=cfg.recompute == "full", fwd_s=costs.fwd_s,
-        bwd_s=costs.compute_s - costs.fwd_s + costs.recompute_s, num_experts=w.num_experts,
+        bwd_s=costs.backward_pass_s, num_experts=w.num_experts,
         moe_layers=w.moe_layers, micro_batches=cfg.num_microbatches,
         capacity=w.expert_capacity)
 
