@@ -177,13 +177,14 @@ SECTIONS = [
      "host issues once per graph (Megatron-Bridge scripts/performance presets: 25.11 the router and "
      "token preprocessing, on some GPUs attention too; 25.09 whole token-drop layers on GB200 and "
      "B200, static shapes under drop-and-pad); pricing each row's captured ops without issue time "
-     "and fitting again (62.5 us) holds out at 24.5%, and the rows captured whole come out 64-96% "
+     "and fitting again (62.5 us, measured before the fixes below) held out at 24.5%, and the rows captured whole came out 64-96% "
      "too fast: the fitted constant stands in for device time the op-level model misses in "
      "Megatron-Core's MoE layers (2026-12-04). Until 2026-12-04 the overlapped all-to-alls "
      "were priced against the partner micro-batch's forward and backward pooled; each pass's "
      "now hides behind the other pass alone (the forward's behind the partner's backward), "
-     "which exposes more of them on the overlapped rows: the constant refits from 53.5 to "
-     "50.0 us and the held-out median went from 20.2% to 15.9%. Then the free search against each "
+     "which exposes more of them on the overlapped rows; with that and the other cost-model "
+     "fixes of the day the constant refits from 53.5 to 50.0 us and the held-out median went "
+     "from 20.2% to 15.9%. Then the free search against each "
      "published configuration under the planner's own model."),
     ("longcontext", "long_context_runs.py",
      "**Long sequences** (`benchmarks/long_context_runs.py`): NeMo's long-sequence table "

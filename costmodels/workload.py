@@ -129,8 +129,11 @@ class BlockWork:
     expert-parallel rank does (costmodels.experts.rank_load) times more of than the mean."""
     mem_bytes_routed_hidden: float = 0.0
     """The part of ``mem_bytes_routed`` made at the hidden width (gathering, weighting and
-    combining the token copies): expert tensor parallelism runs it on all its etp ranks' copies,
-    while the activations between the expert GEMMs are split over them."""
+    combining the token copies): expert tensor parallelism runs it on all its etp ranks' copies
+    (as the allgather dispatcher does; the alltoall dispatcher permutes before its etp gather,
+    so this is an upper bound there), while the activations between the expert GEMMs are split
+    over them. 0 where the experts' inner width equals the hidden width (gpt-oss), which the
+    trace cannot tell apart."""
     fused_bytes_tp: float = 0.0
     """Like ``mem_bytes_tp`` when chains of memory-bound ops run as one fused kernel each."""
     fused_bytes_rep: float = 0.0

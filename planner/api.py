@@ -445,6 +445,11 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
         log.warning("engine.fp8_recipe: %s applies to --dtype fp8 only; this %s plan does not "
                     "use it", training.engine.fp8_recipe, training.dtype)
     if any(b.work.num_experts for b in prepared.blocks.blocks):
+        if training.engine.moe_imbalance != default.moe_imbalance and all(
+                b.work.expert_capacity for b in prepared.blocks.blocks if b.work.num_experts):
+            log.warning("engine.moe_imbalance: %s's experts compute fixed buffers of token slots "
+                        "(capacity-style), as large however tokens are routed; the imbalance "
+                        "changes nothing here", prepared.info.get("name", "the model"))
         if training.engine.moe_overlap and training.engine.moe_dispatcher != "alltoall":
             log.warning("engine.moe_overlap: the overlapped dispatch runs with the alltoall "
                         "dispatcher only (Megatron-Core refuses it with %s); no configuration "
@@ -487,7 +492,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     log.info("searched %d configuration%s in %.2f s (%s)", result.candidates,
              "" if result.candidates == 1 else "s", result.time_s,
              "; ".join(filter(None, (aside and f"set aside: {aside}",
-                                     ruled and f"others ruled out by the rules: {ruled}")))
+                                     ruled and f"{'others ' if result.candidates else ''}ruled "
+                                               f"out by the rules: {ruled}")))
              or "none set aside")
     if result.best is None:
         ma = ModelArrays.from_blocks(prepared.blocks)

@@ -145,6 +145,8 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                    if rule == CP_HEADS else
                    f"it needs cp ranks both inside a node and across nodes, which cp={cp} on "
                    f"nodes of {gpn} GPUs leaves with no tp" if rule == CP_LEVELS and tp is None
+                   and not any(1 < math.gcd(cp, max(1, gpn // d)) < cp for d in divisors(gpn)
+                               if n % (d * cp) == 0)
                    else f"with tp={t} a node of {gpn} GPUs holds {inner} of the {cp} cp ranks, so "
                    f"it would be {'a ring alone (p2p)' if inner == 1 else 'an all-to-all alone (a2a)'}"
                    if rule == CP_LEVELS else rule)

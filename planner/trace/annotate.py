@@ -79,6 +79,10 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     routed = [r for n in op_names for r in by[n].dims.get("gemms", []) if len(r) > 7 and r[7]]
     hidden = routed[0][3] if routed else 0  # the first expert GEMM reads the hidden states
     returning = _returning_gemms(op_names, by, hidden)
+    # the activation between the expert GEMMs is as wide as the returning GEMMs read: where that
+    # is the hidden width too (gpt-oss), widths cannot tell it apart, and none is counted
+    between = {by[n].dims["gemms"][i][3] for n, i in returning}
+    hidden_apart = bool(hidden) and hidden not in between
     widths: dict = {}  # the query width of the last eager QK^T (for scores x V's comparison)
     gathered: set[str] = set()  # the token copies the experts' first GEMMs keep
     expert_modules: set[str] = set()
@@ -101,7 +105,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                      {i for n, i in returning if n == name})
         if _inside(op.module, routed_modules):
             acc["mem_bytes_routed"] += acc["mem_bytes_rep"] - moved
-            if op.shape[-1:] == [hidden]:
+            if hidden_apart and op.shape[-1:] == [hidden]:
                 acc["mem_bytes_routed_hidden"] += acc["mem_bytes_rep"] - moved
         if name in attn_gemms:
             _add_eager_heads(op, by, name in scores, acc, widths)

@@ -53,7 +53,12 @@ BAD = {
                 "unknown knob 'tpp'"),
     "bad batch": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "0"],
                   "argument --global-batch: expected an integer >= 1, got '0'"),
-    "missing plan": (["show", "/nonexistent/plan.json"], "not found"),
+    "missing plan": (["show", "/nonexistent/plan.json"],
+                     "plan file: file '/nonexistent/plan.json' not found; give the path of a plan"),
+    # an option the command does not take points to that command's help
+    "unknown option": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
+                        "--vary", "tp=1,2", "--target", "torchtitan"],
+                       "unrecognized arguments: --target torchtitan (see `plan whatif --help`)"),
     # errors name the option the user typed
     "bad vary value": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
                         "--vary", "tp=abc"], "vary.tp: expected an integer, got 'abc'"),

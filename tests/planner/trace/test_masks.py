@@ -392,3 +392,19 @@ def test_gpt_oss_experts_output_with_its_bias_is_dropped_once(tiny_gpt_oss):
     kw = dict(micro_batch=1, tp=1, sp=False, recompute="none", fused=True)
     assert memory.activation_bytes(w, **kw, probs_in_activation=True) == \
         memory.activation_bytes(w, **kw)
+
+
+def test_routed_traffic_at_the_hidden_width_is_left_uncounted_where_widths_coincide(
+        tmp_path_factory):
+    """Expert tensor parallelism repeats the routed experts' hidden-width traffic on every etp
+    rank (BlockWork.mem_bytes_routed_hidden); the trace tells it from the activation between the
+    expert GEMMs by width, which it cannot where the experts' inner width is the hidden width."""
+    inner = GPT_OSS["intermediate_size"]
+    wide = _traced(tmp_path_factory.mktemp("gpt_oss_wide"), {**GPT_OSS,
+                                                              "hidden_size": inner // 2})
+    narrow = _traced(tmp_path_factory.mktemp("gpt_oss_same"), {**GPT_OSS, "hidden_size": inner})
+    for prepared, counted in ((wide, True), (narrow, False)):
+        works = [b.work for b in prepared.blocks.blocks if b.work.num_experts]
+        assert works and all(w.mem_bytes_routed > 0 for w in works)
+        assert all((0 < w.mem_bytes_routed_hidden < w.mem_bytes_routed) if counted
+                   else w.mem_bytes_routed_hidden == 0 for w in works)
