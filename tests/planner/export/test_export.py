@@ -1031,6 +1031,12 @@ def test_cli_errors_are_one_line_with_exit_code_2(capsys, tmp_path):
     assert err.startswith("plan: error: output: folder") and "does not exist" in err
 
 
+def test_torchtitan_speaks_of_module_names_only_where_a_pipeline_split_lists_them(notes):
+    note = "the module names below are that model's"
+    assert note not in to_torchtitan(data_plan("llama3-8b-cp4-torchtitan"))  # pp=1: none
+    assert note in to_torchtitan(data_plan("llama3-70b-pp4-torchtitan"))
+
+
 if __name__ == "__main__":
     regenerate()
     print(f"rewrote {len(PLANS) * len(DENSE_TARGETS)} golden exports under {GOLDEN}/exports")
