@@ -149,9 +149,13 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     and etp say how the routed experts are spread."""
     w = ma.work
     engine = training.engine
-    load = (1.0 if np.any(w.expert_capacity) else  # fixed slots: as large however routed
-            experts.rank_load(engine, ep=ep, num_experts=int(np.max(w.num_experts, initial=0))))
-    routed = compute.Experts(ep=ep, etp=etp, load=load, grouped=engine.moe_grouped_gemm)
+    routed = compute.Experts(ep=ep, etp=etp, grouped=engine.moe_grouped_gemm,
+                             load=experts.rank_load(engine, ep=ep, num_experts=int(
+                                 np.max(w.num_experts, initial=0))))
+    # capacity-style experts' fixed slots are as large however tokens are routed (per block, as
+    # the dispatch takes them: costmodels.experts.block_dispatch_s)
+    slots = dataclasses.replace(routed, load=1.0)
+    load = np.where(w.expert_capacity > 0, 1.0, routed.load)
     # blocks of equal work are priced once, and once for every recomputation policy
     shared = (id(cluster.device), training.dtype, engine, micro_batch, tp, sp, cp, routed)
     if ma.times_key != shared:
@@ -166,7 +170,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             times[ma.same[i]] = compute.block_time(
                 work, cluster.device, dtype=training.dtype if layer else core,
                 micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
-                engine=engine if layer else outer, cp=cp, experts=routed)
+                engine=engine if layer else outer, cp=cp,
+                experts=slots if work.expert_capacity else routed)
     n = len(ma.names)
 
     def vec(x) -> np.ndarray:  # a new array; scalars (e.g. no recomputation) broadcast
