@@ -115,6 +115,11 @@ class EngineSpec:
     moe_capacity_factor: float = 0.0
     """Tokens an expert accepts, relative to the mean (GShard, Lepikhin et al. 2020); tokens
     beyond it are dropped, so the busiest rank computes at most this much. 0: dropless."""
+    moe_pad_to_capacity: bool = False
+    """With a capacity factor, every expert's input is padded to its capacity, so every expert
+    computes, sends and keeps the capacity factor times the mean tokens however they are routed
+    (Megatron-Core's --moe-pad-expert-input-to-capacity: the router fills each expert's slots;
+    static shapes, no token counts to wait for). Needs ``moe_capacity_factor``."""
     moe_grouped_gemm: bool = True
     """The local experts run as one grouped GEMM (Megatron's --moe-grouped-gemm); False: one GEMM
     per expert, each with its own launch."""
@@ -187,6 +192,10 @@ class EngineSpec:
         if 0 < self.moe_capacity_factor < 1:
             raise SpecError("engine.moe_capacity_factor: expected 0 (dropless) or >= 1, got "
                             f"{self.moe_capacity_factor!r}")
+        if self.moe_pad_to_capacity and not self.moe_capacity_factor:
+            raise SpecError("engine.moe_pad_to_capacity: padding to capacity needs a capacity "
+                            "factor; set moe_capacity_factor (e.g. 1.25) or leave "
+                            "moe_pad_to_capacity out (dropless)")
         if self.fp8_recipe not in FP8_RECIPES:
             raise SpecError(f"engine.fp8_recipe: expected one of {', '.join(FP8_RECIPES)}, got "
                             f"{self.fp8_recipe!r}")
@@ -310,7 +319,7 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     kw = {**base, **dict(spec)}
     for key in ("overlap_grad_reduce", "overlap_param_gather", "fsdp_copies", "fsdp_experts",
                 "pipelined_accumulation", "moe_grouped_gemm", "moe_overlap",
-                "moe_probs_in_activation"):
+                "moe_probs_in_activation", "moe_pad_to_capacity"):
         if key in kw and not isinstance(kw[key], bool):
             text = str(kw[key]).lower()
             if text not in ("true", "false", "1", "0", "yes", "no"):

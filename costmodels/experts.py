@@ -41,7 +41,11 @@ def rank_load(engine: EngineSpec, *, ep: int, num_experts: int) -> float:
     rank). Against symmetric-Dirichlet loads (E 8-256, ep 2-32, 20,000 draws each) it is always
     pessimistic: +0.4% to +2% on the busiest rank for an expert imbalance below 2, +3% to +7%
     at 2.2-2.7, +8% to +16% at 3.4-6 with 8 ranks, +24% at 6 with 32 ranks (256 experts), and
-    more beyond, where the loads' spread is far from normal."""
+    more beyond, where the loads' spread is far from normal. With every expert padded to its
+    capacity (``engine.moe_pad_to_capacity``) each computes the capacity factor times the mean,
+    however the tokens are routed and whatever the expert parallelism."""
+    if engine.moe_pad_to_capacity:
+        return engine.moe_capacity_factor
     imbalance = engine.moe_imbalance
     if engine.moe_capacity_factor:
         imbalance = min(imbalance, engine.moe_capacity_factor)
@@ -148,7 +152,8 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     other warm-up and cool-down passes, also without a partner, are not counted apart."""
     layers = np.where(dispatch_bytes > 0, np.maximum(moe_layers, 1.0), 0.0)
     load = 1.0
-    if engine.moe_imbalance > 1.0 and ep > 1:  # (a search prices this often: skip the even case)
+    # (a search prices this often: skip the even case)
+    if engine.moe_pad_to_capacity or (engine.moe_imbalance > 1.0 and ep > 1):
         counts, index = np.unique(np.broadcast_to(num_experts, layers.shape), return_inverse=True)
         load = np.array([rank_load(engine, ep=ep, num_experts=int(e)) for e in counts])[index]
         load = np.where(np.asarray(capacity) > 0, 1.0, load)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import textwrap
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from costmodels.engine import (PRESETS, EngineSpec, engine_from_mapping, engine_setting,
                                setting_text)
@@ -33,7 +33,8 @@ from planner.units import cluster_text
 log = logging.getLogger("planner.export")
 NOTE_WIDTH = 96
 
-MOE_SETTINGS = ("moe_dispatcher", "moe_capacity_factor", "moe_grouped_gemm", "moe_overlap")
+MOE_SETTINGS = ("moe_dispatcher", "moe_capacity_factor", "moe_pad_to_capacity",
+                "moe_grouped_gemm", "moe_overlap")
 """The engine settings of a mixture of experts the plan was priced with (``training.engine``;
 costmodels.engine.EngineSpec). ``moe_imbalance`` is an assumption about the routing, not a setting:
 the exports state it in a comment."""
@@ -95,15 +96,22 @@ class Ledger:
         """The engine has no setting for it; ``note`` says what the user must do instead."""
         self._note(knobs, "not expressed", note)
 
-    def dropless(self, capacity_factor: float, who: str) -> None:
-        """An engine whose MoE drops no tokens: a plan's capacity factor becomes dropless."""
-        if capacity_factor:
-            self.nearest("moe_capacity_factor", f"moe_capacity_factor {capacity_factor:g}: {who} "
+    def dropless(self, settings: dict, who: str) -> None:
+        """An engine whose MoE drops no tokens and pads none: a plan's capacity factor (and its
+        padding to capacity) becomes dropless. ``settings``: planner.export.moe.settings."""
+        factor, padded = settings["moe_capacity_factor"], settings["moe_pad_to_capacity"]
+        if padded:
+            self.nearest(("moe_capacity_factor", "moe_pad_to_capacity"),
+                         f"moe_capacity_factor {factor:g} with moe_pad_to_capacity: {who} drops no "
+                         "tokens and pads none (it has no capacity factor); each expert computes "
+                         "the tokens routed to it, not its padded capacity (faster than planned, "
+                         "except a busiest expert above the capacity)")
+        elif factor:
+            self.nearest("moe_capacity_factor", f"moe_capacity_factor {factor:g}: {who} "
                          "drops no tokens (it has no capacity factor); the busiest expert rank "
                          "computes all its tokens (slower than planned when routing is less even "
                          "than the capacity)")
-        else:
-            self.exact("moe_capacity_factor")
+        self.exact("moe_capacity_factor", "moe_pad_to_capacity")
 
     def info(self, note: str) -> None:
         """A note about the export that concerns no single knob (e.g. whose module names)."""
@@ -345,7 +353,7 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
                       for k, v in kept_pins.items())
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))
                     if t.get(k, default) != default)
-    kept = _kept_engine_settings(plan)
+    kept = _kept_engine_settings(plan, target)
     if kept:  # the target's software, with the plan's MoE and FP8 assumptions over it
         extra += f" --engine {','.join([eng.software or 'megatron-core', *kept])}"
     return (f"plan solve {spec} --cluster {c['name']} --nodes {c['nodes']} --global-batch "
@@ -454,17 +462,27 @@ def software_note(plan: Plan, target: str, ledger: Ledger) -> None:
                 f"`{resolve_hint(plan, target)}` prices it as {target} runs it")
 
 
-def _kept_engine_settings(plan: Plan) -> list[str]:
-    """The plan's engine settings a re-plan for another engine keeps: its MoE settings and FP8
-    recipe where they differ from the defaults (the rest is the target's software)."""
+def _kept_engine_settings(plan: Plan, target: str) -> list[str]:
+    """The plan's engine settings a re-plan for ``target`` keeps: its MoE settings and FP8 recipe
+    where they differ from the defaults (the rest is the target's software), less those the
+    target refuses (targets.check_engine: the setting each refusal names, in turn; a capacity
+    factor takes its padding with it)."""
     engine, default = engine_from_mapping(plan.training.get("engine")), EngineSpec()
-    out = []
-    for f in fields(EngineSpec):
-        value = getattr(engine, f.name)
-        if (f.name.startswith("moe_") or f.name == "fp8_recipe") and \
-                value != getattr(default, f.name):
-            out.append(f"{f.name}={setting_text(value)}")
-    return out
+    kept = {f.name: getattr(engine, f.name) for f in fields(EngineSpec)
+            if (f.name.startswith("moe_") or f.name == "fp8_recipe")
+            and getattr(engine, f.name) != getattr(default, f.name)}
+    while kept:
+        try:
+            targets.check_engine(replace(default, **kept), target)
+            break
+        except SpecError as exc:
+            key = str(exc).partition(":")[0].removeprefix("engine.")
+            if key not in kept:
+                break
+            del kept[key]
+            if key == "moe_capacity_factor":
+                kept.pop("moe_pad_to_capacity", None)
+    return [f"{k}={setting_text(v)}" for k, v in kept.items()]
 
 
 def gb(nbytes: float) -> str:

@@ -229,10 +229,14 @@ def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
             f"{facts.experts or '<experts>'}, ep_size={ep}, k={facts.top_k or '<top-k>'}, {drop}) "
             "in your model: DeepSpeed's MoE layer takes ep_size in code, not in the config"
             + (" (and not with ZeRO-3: DeepSpeed's engine refuses its native MoE there)"
-               if p["zero"] == 3 else ""))
+               if p["zero"] == 3 else "")
+            + ("; that layer pads every expert to its capacity, which the plan priced without "
+               "(moe_pad_to_capacity=true prices it)"
+               if s["moe_capacity_factor"] and not s["moe_pad_to_capacity"] else ""))
     info = {"ep_size": ep, "experts": counts, "routing": moe.imbalance_words(plan)}
     if ep == 1:
-        ledger.exact("ep", "etp", "moe_dispatcher", "moe_capacity_factor", "moe_overlap")
+        ledger.exact("ep", "etp", "moe_dispatcher", "moe_overlap")
+        ledger.dropless(s, "the model's own MoE blocks (ep 1)")
         # with ep = 1 the model's own experts run: a Hugging Face model's experts_implementation
         # defaults to grouped_mm (transformers' get_correct_experts_implementation), the grouped
         # GEMMs the trace priced
@@ -294,7 +298,7 @@ def _autoep_settings(s: dict, ledger: common.Ledger) -> None:
                        "all-to-all (comm_backend \"comm\"); the step time differs from planned")
     else:
         ledger.exact("moe_dispatcher")
-    ledger.dropless(s["moe_capacity_factor"], "AutoEP")
+    ledger.dropless(s, "AutoEP")
     if s["moe_overlap"]:
         ledger.missing("moe_overlap", "moe_overlap: AutoEP has no setting to overlap its "
                        "all-to-alls with compute; they run exposed (a slower step than planned)")

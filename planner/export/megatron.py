@@ -272,7 +272,7 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                     f"config.json where the plan names it that gives both and fits ep={ep}); "
                     "add them with your model arguments (validate_args requires --num-experts, "
                     f"a multiple of ep={ep}, when ep > 1)")
-    ledger.exact("moe_dispatcher", "moe_capacity_factor")
+    ledger.exact("moe_dispatcher", "moe_capacity_factor", "moe_pad_to_capacity")
     out.append((["--moe-token-dispatcher-type", s["moe_dispatcher"]],
                 f"token dispatch by {s['moe_dispatcher']}; {moe.imbalance_words(plan)}"))
     if s["moe_capacity_factor"]:
@@ -281,6 +281,10 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                     f"an expert takes at most {s['moe_capacity_factor']:g} x its mean tokens; "
                     "the rest are dropped, lowest router probability first (Megatron's default "
                     "policy)"))
+    if s["moe_pad_to_capacity"]:
+        out.append((["--moe-pad-expert-input-to-capacity"],
+                    "every expert's input padded to its capacity (static shapes: the router "
+                    "fills each expert's slots, no token counts to wait for)"))
     out += _grouped_gemm(plan, version, s, ledger)
     overlap = _overlap(plan, s, ledger)
     if overlap:

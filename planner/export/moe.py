@@ -25,6 +25,7 @@ gate_up_proj_bias and down_proj_bias; the trace marks them as BlockWork.expert_b
 SINKS = ("gpt_oss",)
 """Hugging Face model types whose attention has sinks (gpt-oss's learnable softmax offset)."""
 MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_capacity_factor": 0.0,
+                "moe_pad_to_capacity": False,
                 "moe_grouped_gemm": True, "moe_overlap": False, "moe_imbalance": 1.0}
 """costmodels.engine.EngineSpec's defaults (plans from before these settings existed)."""
 

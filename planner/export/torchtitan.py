@@ -330,7 +330,7 @@ def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> N
                        f"tokens by all-to-all{backend}; the step time differs from planned")
     else:
         ledger.exact("moe_dispatcher")
-    ledger.dropless(s["moe_capacity_factor"], "torchtitan's MoE")
+    ledger.dropless(s, "torchtitan's MoE")
     if s["moe_grouped_gemm"]:
         ledger.exact("moe_grouped_gemm")  # MoEArgs.use_grouped_mm, torchtitan's default on SM90+
     else:

@@ -241,6 +241,32 @@ def test_moe_engine_settings_are_checked_and_load_follows_capacity():
         engine_from_mapping("moe_host_op_s=53.5")  # microseconds given for seconds
 
 
+def test_experts_padded_to_capacity_compute_and_send_their_capacity():
+    """Megatron-Core's --moe-pad-expert-input-to-capacity: every expert fills its slots, so every
+    rank computes and sends the capacity factor times the mean, balanced routing or not, with or
+    without expert parallelism; without padding the capacity only caps a busier expert."""
+    padded = engine_from_mapping("moe_capacity_factor=1.25,moe_pad_to_capacity=true")
+    for ep in (1, 2, 8):
+        assert experts.rank_load(padded, ep=ep, num_experts=8) == 1.25
+    skewed = engine_from_mapping("moe_imbalance=3,moe_capacity_factor=1.25,moe_pad_to_capacity=1")
+    assert experts.rank_load(skewed, ep=8, num_experts=8) == 1.25
+    plain = engine_from_mapping("moe_capacity_factor=1.25")
+    assert experts.rank_load(plain, ep=8, num_experts=8) == 1.0
+
+    def dispatched(engine):
+        return experts.block_dispatch_s(
+            engine, dispatch_bytes=np.array([4096 * 2 * 1024 * 2.0]),
+            routed_tokens=np.array([4096 * 2.0]), seq_len=4096, share=1.0, ep=8,
+            ep_group=NODE, etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER,
+            recompute_full=False, num_experts=np.array([8.0]), moe_layers=np.array([1.0]))[0]
+    sends = (dispatched(padded) - dispatched(plain)) / dispatched(plain)
+    assert 0.1 < sends <= 0.25  # the bytes grow 25%, each all-to-all's latency does not
+    with pytest.raises(SpecError, match="engine.moe_pad_to_capacity: .*set moe_capacity_factor"):
+        engine_from_mapping("moe_pad_to_capacity=true")
+    with pytest.raises(SpecError, match="engine.moe_pad_to_capacity: expected true or false"):
+        engine_from_mapping("moe_capacity_factor=1.25,moe_pad_to_capacity=maybe")
+
+
 def test_ring_never_hides_the_sync_of_a_call_between_busy_ranks():
     """Long attention hides the bytes of every ring step, not what each step's wait costs when
     the ranks compute between calls (LinkSpec.sync_s: the CPU's)."""

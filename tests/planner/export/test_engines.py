@@ -425,6 +425,9 @@ MEGATRON_PLANS = {
     "mixtral-ep4-etp2-no-sp": lambda: variant(plan_named("mixtral-8x7b-ep4-etp2-megatron"),
                                               sequence_parallel=False),
     "qwen3-allgather-capacity": lambda: plan_named("qwen3-30b-a3b-ep8-capacity-megatron"),
+    "qwen3-capacity-padded": lambda: engine_settings(
+        plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), moe_dispatcher="alltoall",
+        moe_pad_to_capacity=True),
     "qwen3-overlap": lambda: engine_settings(plan_named("qwen3-30b-a3b-ep8-capacity-megatron"),
                                              moe_dispatcher="alltoall", moe_capacity_factor=0.0,
                                              moe_overlap=True),
@@ -508,6 +511,7 @@ def megatron_experts(plan: Plan, ns, version: str) -> None:
     assert ns.moe_token_dispatcher_type == engine.get("moe_dispatcher", "alltoall")
     capacity = engine.get("moe_capacity_factor", 0.0)
     assert ns.moe_expert_capacity_factor == (capacity or None)
+    assert ns.moe_pad_expert_input_to_capacity == engine.get("moe_pad_to_capacity", False)
     assert ns.moe_grouped_gemm == engine.get("moe_grouped_gemm", True)
     overlap = engine.get("moe_overlap", False) and engine.get("moe_dispatcher") == "alltoall" \
         and p["recompute"] != "full" and (p["pp"] == 1 or p["vpp"] > 1)
@@ -565,6 +569,9 @@ def megatron_rules(ns, env: dict, version: str, world: int) -> None:
             assert ns.sequence_parallel
     if ns.moe_grouped_gemm and version == "core_v0.14.0":  # 0.14.0 validate_args [790-793]
         assert ns.bf16
+    if ns.moe_pad_expert_input_to_capacity:  # TransformerConfig.__post_init__; flex refuses it
+        assert ns.moe_expert_capacity_factor is not None
+        assert ns.moe_token_dispatcher_type != "flex"
     if ns.overlap_moe_expert_parallel_comm:  # TransformerConfig.__post_init__
         assert ep > 1 and ns.moe_token_dispatcher_type in ("alltoall", "flex")
         assert ns.recompute_granularity != "full" and ns.recompute_method is None

@@ -524,6 +524,9 @@ MOE_CP_VARIANTS = {
     "qwen3-allgather-capacity-overlap": lambda: engine_settings(
         data_plan("qwen3-30b-a3b-ep8-capacity-megatron"), moe_overlap=True,
         moe_grouped_gemm=False),
+    "qwen3-capacity-padded": lambda: engine_settings(
+        data_plan("qwen3-30b-a3b-ep8-capacity-megatron"), moe_dispatcher="alltoall",
+        moe_pad_to_capacity=True),
     "qwen3-pp2-ep8": lambda: data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan"),
     "8b-cp4": lambda: data_plan("llama3-8b-cp4-megatron"),
     "8b-cp4-allgather": lambda: variant(data_plan("llama3-8b-cp4-megatron"), cp_comm="allgather"),
@@ -1057,8 +1060,31 @@ def test_the_replan_hint_keeps_only_pins_the_target_can_run():
     assert "--engine" not in hint  # nothing but the defaults to keep
     # the plan's MoE assumptions travel, over the target's own software
     moe = engine_settings(vpp, moe_imbalance=1.5, moe_dispatcher="allgather")
-    assert " --engine deepspeed,moe_dispatcher=allgather,moe_imbalance=1.5 " in \
-        resolve_hint(moe, "deepspeed")
+    assert " --engine megatron-core,moe_dispatcher=allgather,moe_imbalance=1.5 " in \
+        resolve_hint(moe, "megatron")
+    # less the settings the target refuses (DeepSpeed dispatches by all-to-all only; torchtitan
+    # drops no tokens and pads none), which would make the suggested command fail
+    assert " --engine deepspeed,moe_imbalance=1.5 " in resolve_hint(moe, "deepspeed")
+    padded = engine_settings(vpp, moe_capacity_factor=1.25, moe_pad_to_capacity=True,
+                             moe_imbalance=1.5)
+    assert " --engine megatron-core,moe_imbalance=1.5,moe_capacity_factor=1.25," \
+           "moe_pad_to_capacity=true " in resolve_hint(padded, "megatron")
+    assert " --engine torchtitan,moe_imbalance=1.5 " in resolve_hint(padded, "torchtitan")
+
+
+def test_a_dropless_engine_says_it_pads_no_expert(notes):
+    """A plan priced with every expert padded to capacity, exported to an engine whose MoE drops
+    and pads nothing: one note names both settings; Megatron-LM pads as planned."""
+    plan = engine_settings(data_plan("mixtral-8x7b-ep8-torchtitan"), moe_capacity_factor=1.25,
+                           moe_pad_to_capacity=True)
+    export(plan, "torchtitan", "0.2.2")
+    assert [n for n in notes if "moe_pad_to_capacity" in n] == [
+        n for n in notes if "drops no tokens and pads none" in n] != []
+    notes.clear()
+    args = megatron_args(to_megatron(engine_settings(
+        data_plan("mixtral-8x7b-ep8-megatron"), moe_capacity_factor=1.25,
+        moe_pad_to_capacity=True)))
+    assert "--moe-pad-expert-input-to-capacity" in args and not notes
 
 
 def test_export_into_a_folder_names_the_file_after_the_plan(tmp_path, capsys):

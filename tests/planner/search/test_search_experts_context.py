@@ -147,6 +147,25 @@ def test_the_busiest_ranks_extra_copies_are_what_the_experts_save(tiny_mixtral):
     assert split[1] - split[0] == pytest.approx(load * 2 * gathered / 2, rel=1e-9)
 
 
+@pytest.mark.parametrize("fix", ["ep=1,tp=1,pp=1,micro_batch=2", "ep=8,tp=1,pp=1,micro_batch=2"])
+def test_experts_padded_to_capacity_cost_their_slots_with_balanced_routing(tiny_mixtral, fix):
+    """With balanced routing a capacity factor alone changes nothing; padding every expert to its
+    capacity makes every rank compute, send and keep the padded slots (with one rank too)."""
+    from costmodels.engine import engine_from_mapping
+    plans = [_plan(tiny_mixtral, fix, engine=engine_from_mapping(f"moe_host_op_s=0,{e}"))
+             for e in ("moe_capacity_factor=0", "moe_capacity_factor=1.5",
+                       "moe_capacity_factor=1.5,moe_pad_to_capacity=true")]
+    dropless, capped, padded = ((p.predicted["step_time_s"], p.predicted["peak_memory_bytes"])
+                                for p in plans)
+    assert capped == dropless
+    assert padded[0] > dropless[0] and padded[1] > dropless[1]
+    sent = [p.predicted["breakdown"].get("ep_comm_s", 0.0) for p in plans]
+    if fix.startswith("ep=8"):
+        assert sent[0] == sent[1] and sent[2] > sent[0] > 0
+    else:
+        assert sent == [0.0] * 3
+
+
 def test_context_parallelism_splits_activations(tiny_llama):
     one = _plan(tiny_llama, "cp=1,tp=1,pp=1,dp=8,micro_batch=8,recompute=none")
     two = _plan(tiny_llama, "cp=2,tp=1,pp=1,dp=4,micro_batch=16,recompute=none")
