@@ -879,8 +879,10 @@ def classify_cli(res: CliResult) -> tuple[str, str]:
             return UNEXPECTED, f"exit 2 without one 'plan: error:' last line: {last[:300]}"
         return BAD, last
     if res.code == 3:
-        if not last.startswith("plan: no plan: ") or len(ours) != 1:
-            return UNEXPECTED, f"exit 3 without one 'plan: no plan:' last line: {last[:300]}"
+        # README's exit codes: "no plan fits:" (memory), "no plan:" (a rule), "no schedule"
+        if not last.startswith(("plan: no plan fits: ", "plan: no plan: ", "plan: no schedule"))\
+                or len(ours) != 1:
+            return UNEXPECTED, f"exit 3 without one 'plan: no plan...' last line: {last[:300]}"
         return NO_PLAN, last
     return UNEXPECTED, f"exit {res.code}: {last[:300]}"
 
@@ -1294,7 +1296,10 @@ def api_case(case: Case) -> Result:
         engine = r.choice(({"attention": "materialized"}, "kernels=eager,overlap_grad_reduce=false",
                            {"fsdp_copies": True}, "attention=flash", "megatron-2021",
                            "megatron-core", "torchtitan", "torchtitan-compile",
-                           "megatron-core,attention=materialized"))
+                           "megatron-core,attention=materialized",
+                           "moe_capacity_factor=1.25,moe_pad_to_capacity=true",
+                           {"moe_imbalance": 1.5, "moe_dispatcher": "allgather"},
+                           "megatron-core,moe_overlap=true,moe_capacity_factor=2"))
     time_limit = None
     if r.random() < 0.03:
         time_limit = r.choice((0.05, 0.5, 2.0))
@@ -1574,7 +1579,10 @@ def solve_argv(case: Case) -> list[str]:
                                        "overlap_grad_reduce=no", "fsdp_copies=true",
                                        "megatron-2021", "torchtitan-compile",
                                        "megatron-core,kernels=eager", "deepspeed-9",
-                                       "attention=fast", "bogus=1", "attention"))]
+                                       "attention=fast", "bogus=1", "attention",
+                                       "moe_pad_to_capacity=true", "moe_imbalance=9",
+                                       "moe_capacity_factor=1.5,moe_pad_to_capacity=yes",
+                                       "moe_capacity_factor=0.5"))]
     if r.random() < 0.1:
         k = r.choice(("0", "1", "5", "-1", "x"))
         if k == "-1":
