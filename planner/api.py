@@ -179,8 +179,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     if zoo and zoo.routed_experts:  # (other models: once traced, in plan_prepared)
         targets.check_engine(eng, target)
         if zoo.experts_per_token:
-            problem = _imbalance_problem(eng.moe_imbalance, zoo.routed_experts,
-                                         zoo.experts_per_token, zoo.name)
+            problem = _routing_problem(eng, zoo.routed_experts, zoo.experts_per_token,
+                                       zoo.name)
             if problem:
                 raise SpecError(problem)
     TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
@@ -409,31 +409,38 @@ PRESET_MOE = frozenset({"moe_probs_in_activation"})
 """MoE engine settings the presets set (costmodels.engine.PRESETS): no warning for dense models."""
 
 
-def _check_imbalance(prepared: Prepared, training: TrainingSpec) -> None:
-    """Refuse a routing imbalance the model's routing cannot reach: an expert takes at most one
-    copy of each token, so the busiest of E experts with top-k routing carries at most E / k
-    times the mean. Capacity-style experts are left out: their slots do not follow the routing
-    (BlockWork.expert_capacity), so any imbalance prices them alike."""
-    imbalance = training.engine.moe_imbalance
+def _check_routing(prepared: Prepared, training: TrainingSpec) -> None:
+    """Refuse a routing imbalance, or a capacity every expert is padded to, beyond what the
+    model's routing reaches (_routing_problem). Capacity-style experts are left out: their slots
+    do not follow the routing (BlockWork.expert_capacity), so any imbalance prices them alike."""
     for b in prepared.blocks.blocks:
         w = b.work
         if not w.num_experts or not w.routed_tokens or w.expert_capacity:
             continue
         top_k = float(copies_per_token(w.routed_tokens, prepared.seq_len, w.moe_layers))
-        problem = _imbalance_problem(imbalance, w.num_experts, top_k,
-                                     prepared.info.get("name", "the model"))
+        problem = _routing_problem(training.engine, w.num_experts, top_k,
+                                   prepared.info.get("name", "the model"))
         if problem:
             raise SpecError(problem)
 
 
-def _imbalance_problem(imbalance: float, experts: float, top_k: float, name: str) -> str:
-    """'' or why a routing imbalance is more than E experts with top-k routing can reach."""
+def _routing_problem(engine: EngineSpec, experts: float, top_k: float, name: str) -> str:
+    """'' or why the engine's routing settings ask more than E experts with top-k routing
+    reach: an expert takes at most one copy of each token, so the busiest carries at most E / k
+    times the mean, and a capacity every expert is padded to (EngineSpec.moe_pad_to_capacity)
+    is filled up to that much (Megatron-Core gives an expert every token when its capacity is
+    larger, and its unfused permutation cannot pad beyond them)."""
     most = experts / top_k
-    if imbalance <= most * (1 + 1e-9):
-        return ""
-    return (f"engine.moe_imbalance: {imbalance:g} is more than {name}'s routing allows: "
-            f"{experts:g} experts, top-{top_k:g}, so the busiest expert takes at most {most:g} x "
-            f"the mean (a copy of every token); give at most {most:g}")
+    if engine.moe_imbalance > most * (1 + 1e-9):
+        return (f"engine.moe_imbalance: {engine.moe_imbalance:g} is more than {name}'s routing "
+                f"allows: {experts:g} experts, top-{top_k:g}, so the busiest expert takes at most "
+                f"{most:g} x the mean (a copy of every token); give at most {most:g}")
+    if engine.moe_pad_to_capacity and engine.moe_capacity_factor > most * (1 + 1e-9):
+        return (f"engine.moe_capacity_factor: {engine.moe_capacity_factor:g} with "
+                f"moe_pad_to_capacity is more than {name}'s routing fills: {experts:g} experts, "
+                f"top-{top_k:g}, so an expert gets at most {most:g} x the mean (a copy of every "
+                f"token); give at most {most:g}")
+    return ""
 
 
 def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
@@ -450,6 +457,11 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
             log.warning("engine.moe_imbalance: %s's experts compute fixed buffers of token slots "
                         "(capacity-style), as large however tokens are routed; the imbalance "
                         "changes nothing here", prepared.info.get("name", "the model"))
+        elif training.engine.moe_imbalance != default.moe_imbalance and \
+                training.engine.moe_pad_to_capacity:
+            log.warning("engine.moe_imbalance: with moe_pad_to_capacity every expert computes its "
+                        "padded capacity however tokens are routed; the imbalance changes "
+                        "nothing here")
         if training.engine.moe_overlap and training.engine.moe_dispatcher != "alltoall":
             log.warning("engine.moe_overlap: the overlapped dispatch runs with the alltoall "
                         "dispatcher only (Megatron-Core refuses it with %s); no configuration "
@@ -485,7 +497,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     for group in getattr(cluster, "groups", (cluster,)):
         precision.check_recipe(group.device, training.dtype, training.engine.fp8_recipe)
     training = _attention_the_devices_run(cluster, training)
-    _check_imbalance(prepared, training)
+    _check_routing(prepared, training)
     _warn_unused_settings(prepared, training)
     result = search(prepared.blocks, cluster, training, options, progress=progress)
     aside, ruled = rejection_lines(result.rejected, most=4)

@@ -127,7 +127,8 @@ def training_dict(training: TrainingSpec) -> dict:
 FLOPS_COUNTED = ("MFU counts model FLOPs: forward and backward of every op the model runs "
                  "(the operand gradients autograd computes; attention under a causal mask counted "
                  "half, as a causal kernel runs it); TFLOP/s per device counts hardware FLOPs: "
-                 "model FLOPs plus the forward recomputed for activation recomputation")
+                 "model FLOPs plus the forward recomputed for activation recomputation and "
+                 "experts' empty token slots (capacity buffers, inputs padded to capacity)")
 """What the plan's FLOP figures count (``predicted.flops_counted``)."""
 
 

@@ -197,8 +197,10 @@ def check_engine(engine_spec, target: str) -> None:
     eng = engine(target)
     who = f"{target}'s MoE" if target != "torch" else "planner's runtime (plan run)"
     if engine_spec.moe_capacity_factor and not eng.moe_capacity:
+        settings = ("moe_capacity_factor and moe_pad_to_capacity"
+                    if engine_spec.moe_pad_to_capacity else "moe_capacity_factor")
         raise SpecError(f"engine.moe_capacity_factor: {who} drops no tokens (it has no capacity "
-                        "factor); leave moe_capacity_factor out (dropless) or use --target any")
+                        f"factor); leave {settings} out (dropless) or use --target any")
     if engine_spec.moe_dispatcher not in eng.moe_dispatchers:
         raise SpecError(f"engine.moe_dispatcher: {who} dispatches tokens by "
                         f"{' or '.join(eng.moe_dispatchers)}, not {engine_spec.moe_dispatcher}; "

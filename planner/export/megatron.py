@@ -283,8 +283,9 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                     "policy)"))
     if s["moe_pad_to_capacity"]:
         out.append((["--moe-pad-expert-input-to-capacity"],
-                    "every expert's input padded to its capacity (static shapes: the router "
-                    "fills each expert's slots, no token counts to wait for)"))
+                    "every expert's input padded to its capacity (the router fills each expert's "
+                    "slots" + ("; static shapes, no token counts to wait for)"
+                               if s["moe_dispatcher"] == "alltoall" else ")")))
     out += _grouped_gemm(plan, version, s, ledger)
     overlap = _overlap(plan, s, ledger)
     if overlap:

@@ -108,7 +108,11 @@ def settings(plan: Plan) -> dict:
 
 def imbalance_words(plan: Plan) -> str:
     """A comment on the routing the plan assumed (a modelling assumption, not an engine setting)."""
-    load = settings(plan)["moe_imbalance"]
+    s = settings(plan)
+    load = s["moe_imbalance"]
+    if s["moe_pad_to_capacity"]:
+        return (f"every expert padded to {s['moe_capacity_factor']:g} x the mean tokens "
+                "(moe_pad_to_capacity), however the router spreads them")
     if load == 1.0:
         return ("the plan assumes balanced routing (moe_imbalance 1.0, as forced-balance "
                 "benchmarks run); real routing loads the busiest expert more")

@@ -396,14 +396,29 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_
 
 def step_flops(ma, cfg: Config, training: TrainingSpec) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) of a step: forward and backward of the global batch, and
-    those plus the forward recomputed under ``cfg.recompute`` and capacity-style experts' empty
-    slots."""
+    those plus the forward recomputed under ``cfg.recompute``, capacity-style experts' empty
+    slots and the slots an engine pads every expert's input to (_padded_slots_flops)."""
     model_flops = ma.train_flops_per_sample * training.global_batch
     rc_flops = ma.flops_memo.get(cfg.recompute)
     if rc_flops is None:
         rc_flops = ma.flops_memo[cfg.recompute] = _recomputed_flops(ma, cfg.recompute)
-    return model_flops, model_flops + (rc_flops + ma.padding_flops_per_sample) * \
+    padded = _padded_slots_flops(ma, cfg.recompute, training.engine)
+    return model_flops, model_flops + (rc_flops + ma.padding_flops_per_sample + padded) * \
         training.global_batch
+
+
+def _padded_slots_flops(ma, recompute: str, engine) -> float:
+    """FLOPs per sample of the token slots an engine pads every routed expert's input to beyond
+    the tokens routed to it (EngineSpec.moe_pad_to_capacity: the capacity factor times the
+    mean, where the routed copies average the mean), in forward, backward and the forward
+    ``recompute`` runs again; capacity-style experts' slots are traced and counted apart."""
+    if not engine.moe_pad_to_capacity:
+        return 0.0
+    w = ma.work
+    routed = np.where(w.expert_capacity > 0, 0.0, w.expert_flops)
+    again = {"full": ma.checkpointed * 1.0,
+             "op": ma.checkpointed * w.op_recompute_gemm_share}.get(recompute, 0.0)
+    return (engine.moe_capacity_factor - 1.0) * float(np.sum(routed * (3.0 + again)))
 
 
 def _recomputed_flops(ma, recompute: str) -> float:

@@ -253,14 +253,20 @@ def test_experts_padded_to_capacity_compute_and_send_their_capacity():
     plain = engine_from_mapping("moe_capacity_factor=1.25")
     assert experts.rank_load(plain, ep=8, num_experts=8) == 1.0
 
-    def dispatched(engine):
+    def dispatched(engine, ep=8, etp=1, capacity=0.0):
         return experts.block_dispatch_s(
             engine, dispatch_bytes=np.array([4096 * 2 * 1024 * 2.0]),
-            routed_tokens=np.array([4096 * 2.0]), seq_len=4096, share=1.0, ep=8,
-            ep_group=NODE, etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER,
-            recompute_full=False, num_experts=np.array([8.0]), moe_layers=np.array([1.0]))[0]
-    sends = (dispatched(padded) - dispatched(plain)) / dispatched(plain)
-    assert 0.1 < sends <= 0.25  # the bytes grow 25%, each all-to-all's latency does not
+            routed_tokens=np.array([4096 * 2.0]), seq_len=4096, share=1.0, ep=ep,
+            ep_group=GroupShape(size=ep, per_node=ep), etp_group=GroupShape(size=etp,
+                                                                            per_node=etp),
+            cluster=CLUSTER, recompute_full=False, num_experts=np.array([8.0]),
+            moe_layers=np.array([1.0]), capacity=np.array([capacity]))[0]
+    for ep, etp in ((8, 1), (1, 2)):  # the all-to-all, or the expert-tensor-parallel gather
+        sends = (dispatched(padded, ep, etp) - dispatched(plain, ep, etp)) / \
+            dispatched(plain, ep, etp)
+        assert 0.1 < sends <= 0.25  # the bytes grow 25%, each call's latency does not
+    # capacity-style experts (GShard's traced buffers) hold their capacity already
+    assert dispatched(padded, capacity=1.0) == dispatched(plain, capacity=1.0)
     with pytest.raises(SpecError, match="engine.moe_pad_to_capacity: .*set moe_capacity_factor"):
         engine_from_mapping("moe_pad_to_capacity=true")
     with pytest.raises(SpecError, match="engine.moe_pad_to_capacity: expected true or false"):

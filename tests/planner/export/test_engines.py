@@ -569,9 +569,8 @@ def megatron_rules(ns, env: dict, version: str, world: int) -> None:
             assert ns.sequence_parallel
     if ns.moe_grouped_gemm and version == "core_v0.14.0":  # 0.14.0 validate_args [790-793]
         assert ns.bf16
-    if ns.moe_pad_expert_input_to_capacity:  # TransformerConfig.__post_init__; flex refuses it
+    if ns.moe_pad_expert_input_to_capacity:  # TransformerConfig.__post_init__
         assert ns.moe_expert_capacity_factor is not None
-        assert ns.moe_token_dispatcher_type != "flex"
     if ns.overlap_moe_expert_parallel_comm:  # TransformerConfig.__post_init__
         assert ep > 1 and ns.moe_token_dispatcher_type in ("alltoall", "flex")
         assert ns.recompute_granularity != "full" and ns.recompute_method is None

@@ -827,6 +827,22 @@ def test_exports_say_which_site_runs_which_stage(notes):
             in note[0] and f"ranks {3 * per}-{4 * per - 1}" in note[0] and "eu-north" in note[0]
 
 
+def test_deepspeed_says_which_of_its_moe_paths_pads_or_drops(notes, monkeypatch):
+    """DeepSpeed's own MoE layer pads every expert to its capacity (its hint says so when the
+    plan priced no padding); with ep = 1 the model's own MoE blocks run dropless, a note."""
+    from planner.export import reprice  # noqa: PLC0415
+    monkeypatch.setattr(reprice, "recheck",  # (the ep = 1 variant is not re-priced)
+                        lambda plan, target, change, **kw: f"re-checked {change}")
+    plan = engine_settings(data_plan("mixtral-8x7b-ep8-deepspeed"), moe_capacity_factor=1.25)
+    how = json.loads(to_deepspeed(plan))["planner"]["experts"]["how"]
+    assert "capacity_factor=1.25" in how and "pads every expert to its capacity" in how
+    padded = engine_settings(plan, moe_pad_to_capacity=True)
+    assert "pads every expert" not in json.loads(to_deepspeed(padded))["planner"]["experts"]["how"]
+    notes.clear()
+    to_deepspeed(variant(plan, ep=1))
+    assert any("the model's own MoE blocks (ep 1) drops no tokens" in n for n in notes)
+
+
 def test_deepspeed_expresses_ulysses_and_autoep(notes):
     ulysses = json.loads(to_deepspeed(data_plan("llama3-8b-cp8-a2a-deepspeed")))
     assert (ulysses["sequence_parallel_size"], ulysses["data_parallel_size"]) == (8, 4)

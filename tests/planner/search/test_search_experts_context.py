@@ -164,6 +164,33 @@ def test_experts_padded_to_capacity_cost_their_slots_with_balanced_routing(tiny_
         assert sent[0] == sent[1] and sent[2] > sent[0] > 0
     else:
         assert sent == [0.0] * 3
+    # the devices compute the padded slots: hardware FLOPs grow by half the routed experts'
+    # work (forward and backward), model FLOPs do not
+    works = [b.work for b in tiny_mixtral.blocks.blocks if b.work.num_experts]
+    routed = 3 * sum(w.expert_flops for w in works) * 64  # global batch 64
+    flops = [(p.predicted["model_flops_per_step"], p.predicted["hardware_flops_per_step"])
+             for p in plans]
+    assert flops[2][0] == flops[0][0]
+    assert flops[2][1] - flops[0][1] == pytest.approx(0.5 * routed, rel=1e-3)  # (6 digits kept)
+
+
+def test_padding_beyond_what_routing_fills_is_refused(tiny_mixtral):
+    """An expert of E with top-k routing gets at most E / k x the mean, every token once: a
+    capacity padded beyond it is refused (Megatron-Core's unfused permutation cannot pad past
+    the tokens), at that bound it is taken; the dropless-only targets name both settings."""
+    from costmodels.engine import engine_from_mapping
+    from planner import targets
+    most = TINY_MIXTRAL["num_local_experts"] / TINY_MIXTRAL["num_experts_per_tok"]
+    assert _plan(tiny_mixtral, "ep=2", engine=engine_from_mapping(
+        f"moe_capacity_factor={most:g},moe_pad_to_capacity=true")).parallel["ep"] == 2
+    with pytest.raises(planner.SpecError, match=r"^engine\.moe_capacity_factor: .* with "
+                       r"moe_pad_to_capacity is more than .*give at most"):
+        _plan(tiny_mixtral, "ep=2", engine=engine_from_mapping(
+            f"moe_capacity_factor={most + 0.5:g},moe_pad_to_capacity=true"))
+    with pytest.raises(planner.SpecError, match="leave moe_capacity_factor and "
+                                                "moe_pad_to_capacity out"):
+        targets.check_engine(engine_from_mapping(
+            "moe_capacity_factor=1.25,moe_pad_to_capacity=true"), "torchtitan")
 
 
 def test_context_parallelism_splits_activations(tiny_llama):
