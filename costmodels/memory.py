@@ -168,7 +168,10 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     GEMMs are kept quantized (costmodels.precision); ``routed_load``: token copies this rank's
     experts receive relative to the mean (costmodels.experts.rank_load), which scales what the
     routed experts save (BlockWork.act_routed_*) where the block keeps its activations (no
-    recomputation, or selective); with op-level and full recomputation it is left at the mean.
+    recomputation, or selective); with op-level and full recomputation it is left at the mean:
+    full keeps the block's input only, and op-level keeps outputs of plain weight GEMMs and
+    attention (torchtitan's policy saves ``aten.mm`` and SDPA outputs), while routed experts run
+    grouped or batched GEMMs, which it recomputes.
     ``etp``: expert tensor parallelism, whose ranks each keep the token copies of all etp ranks
     at the hidden width (BlockWork.act_routed_gathered). ``probs_in_activation``: the routing
     weights multiply the experts' activation before their last GEMM, whose output is then not
