@@ -154,8 +154,10 @@ def _flops(p: Plan) -> list[str]:
     if "model_flops_per_token" not in pr:
         return []
     hardware = pr["hardware_flops_per_step"] / (t["global_batch"] * t["seq_len"])
+    padded = (t.get("engine") or {}).get("moe_pad_to_capacity")
     lines = [f"  FLOPs       {pr['model_flops_per_token']:.3g} per token for MFU (forward + backward), "
-             f"{hardware:.3g} for TFLOP/s (+ recomputation)"]
+             f"{hardware:.3g} for TFLOP/s (+ recomputation"
+             + (", experts' padded slots)" if padded else ")")]
     if pr.get("active_params_per_token"):
         lines.append(f"              {human_count(pr['active_params_per_token'])} of the "
                      f"{human_count(p.model['num_params'])} parameters multiply each token")
