@@ -184,7 +184,12 @@ SECTIONS = [
      "now hides behind the other pass alone (the forward's behind the partner's backward), "
      "which exposes more of them on the overlapped rows; with that and the other cost-model "
      "fixes of the day the constant refits from 53.5 to 50.0 us and the held-out median went "
-     "from 20.2% to 15.9%. Then the free search against each "
+     "from 20.2% to 15.9%. Two more forms were tried on 2026-12-04 and not kept: a layer's "
+     "device and host time combined as a p-norm (max is p = infinity; a pipeline that overlaps "
+     "host and device imperfectly lies between max and sum) held out at 16.6% (p = 4, 47.8 us) "
+     "and 17.6% (p = 2, 38.2 us), both worse than max; and GPT-OSS's attention priced as "
+     "materialized (had sinks kept it off fused kernels) moves its rows apart instead of "
+     "together (GB200 and GB300 -36% and -44%, B200 still +71%). Then the free search against each "
      "published configuration under the planner's own model."),
     ("longcontext", "long_context_runs.py",
      "**Long sequences** (`benchmarks/long_context_runs.py`): NeMo's long-sequence table "
