@@ -44,11 +44,13 @@ def breakdown_changes(a: Plan, b: Plan) -> list[tuple[str, float, float]]:
 
 
 def headline(a: Plan, b: Plan, parts: int = 3) -> str:
-    """'b is 12.3% faster than a: tp 8 -> 4, recompute full -> selective; compute -1.2 s, ...'."""
+    """'1.14x as fast (a 12.3% shorter step): tp 8 -> 4, recompute full -> selective; compute
+    -1.2 s, ...' (b against a)."""
     ta, tb = a.step_time_s, b.step_time_s
     rel = (ta - tb) / ta
-    verdict = (f"{100 * rel:.1f}% faster" if rel > 0 else
-               f"{-100 * rel:.1f}% slower" if rel < 0 else "as fast")
+    verdict = (f"{ta / tb:.2f}x as fast (a {100 * rel:.1f}% shorter step)" if rel > 0 else
+               f"{ta / tb:.2f}x as fast (a {-100 * rel:.1f}% longer step)" if rel < 0
+               else "as fast")
     inputs = [("model" if key == "name" else key, x, y) for sec, key, _ in HEADLINE_INPUTS
               for x, y in [(getattr(a, sec).get(key), getattr(b, sec).get(key))] if x != y]
     inputs += engine_changes(a, b)

@@ -154,10 +154,14 @@ def _flops(p: Plan) -> list[str]:
     if "model_flops_per_token" not in pr:
         return []
     hardware = pr["hardware_flops_per_step"] / (t["global_batch"] * t["seq_len"])
-    padded = (t.get("engine") or {}).get("moe_pad_to_capacity")
+    extras = [what for what, where in (
+        ("recomputation", p.parallel.get("recompute", "none") != "none"),
+        ("experts' padded slots", (t.get("engine") or {}).get("moe_pad_to_capacity"))) if where]
+    if not extras and pr["hardware_flops_per_step"] > pr["model_flops_per_step"] * (1 + 1e-6):
+        extras = ["experts' empty token slots"]  # capacity-style experts' buffers
     lines = [f"  FLOPs       {pr['model_flops_per_token']:.3g} per token for MFU (forward + backward), "
-             f"{hardware:.3g} for TFLOP/s (+ recomputation"
-             + (", experts' padded slots)" if padded else ")")]
+             f"{hardware:.3g} for TFLOP/s"
+             + (f" (+ {', '.join(extras)})" if extras else " (the same: nothing recomputed)")]
     if pr.get("active_params_per_token"):
         lines.append(f"              {human_count(pr['active_params_per_token'])} of the "
                      f"{human_count(p.model['num_params'])} parameters multiply each token")
@@ -229,7 +233,7 @@ def stage_table(p: Plan) -> list[str]:
              if any(key in st["predicted"] for st in p.stages)]
     rows = [("stage" + (" (group)" if groups else ""), "blocks", "time/mb", "compute", "tp comm",
              *(words for _, words in extra), "p2p", "memory", "weights+grads+optim",
-             "activations", "working")]
+             "activations (mb in flight)", "working")]
     for st in p.stages:
         pr = st["predicted"]
         mem = pr["memory_bytes"]
@@ -243,7 +247,8 @@ def stage_table(p: Plan) -> list[str]:
                      ms(pr.get("tp_comm_s", 0)), *(ms(pr.get(key, 0)) for key, _ in extra),
                      ms(pr.get("p2p_s", 0)),
                      f"{mem['total'] / GB:.1f} GB", f"{states / GB:.1f} GB",
-                     f"{mem.get('activations', 0) / GB:.1f} GB x{pr.get('in_flight_microbatches', 1):.3g}",
+                     f"{mem.get('activations', 0) / GB:.1f} GB "
+                     f"({pr.get('in_flight_microbatches', 1):.3g})",
                      f"{(mem['total'] - states - mem.get('activations', 0)) / GB:.1f} GB"))
     return table(rows, indent="  ")
 

@@ -377,16 +377,23 @@ def in_flight_per_rank(schedule: str, pp: int, microbatches: int, vpp: int) -> t
 def working_bytes(cfg: Config, costs: BlockCosts, training: TrainingSpec) -> np.ndarray:
     """Per block: the bytes it needs only while it runs (BlockCosts.work_bytes) and, where ZeRO-2/3
     reduce gradients as the backward makes them, its gradient whole until its reduce-scatter;
-    under ZeRO-3 also its weights gathered and the next block's prefetched (taken as large). The
-    stage split and the priced plan (pricing.Split) both take a stage's largest."""
-    if cfg.zero < 2 or deferred_sync(cfg, training):
+    under ZeRO-3 also its weights gathered and the next block's prefetched (taken as large). Only
+    parameters ZeRO shards count: the dense ones over dp x cp replicas, the routed experts' over
+    their edp replicas; with one replica (edp = 1: each expert on one rank) their gradients and
+    weights are whole in the model states already. The stage split and the priced plan
+    (pricing.Split) both take a stage's largest."""
+    if cfg.zero < 2:
         return costs.work_bytes
     per_param = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                          zero=0, dp=1,
                                          layout=training.engine.state_layout)["grads"]
     if cfg.zero == 3:
         per_param += 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)]
-    return costs.work_bytes + per_param * costs.params_local
+    dense = costs.params_local - costs.expert_params_local
+    sharded = (dense * (cfg.dp * cfg.cp > 1 and not deferred_sync(cfg, training))
+               + costs.expert_params_local * (cfg.edp > 1
+                                              and not expert_deferred_sync(cfg, training)))
+    return costs.work_bytes + per_param * sharded
 
 
 def block_state_bytes(cfg: Config, costs: BlockCosts, ma: ModelArrays,

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 import planner
@@ -172,6 +173,9 @@ def test_experts_padded_to_capacity_cost_their_slots_with_balanced_routing(tiny_
              for p in plans]
     assert flops[2][0] == flops[0][0]
     assert flops[2][1] - flops[0][1] == pytest.approx(0.5 * routed, rel=1e-3)  # (6 digits kept)
+    from planner.report.summary import summary
+    assert "for TFLOP/s (+ " in summary(plans[2]) and "padded slots)" in summary(plans[2])
+    assert "padded" not in summary(plans[0])
 
 
 def test_padding_beyond_what_routing_fills_is_refused(tiny_mixtral):
@@ -191,6 +195,35 @@ def test_padding_beyond_what_routing_fills_is_refused(tiny_mixtral):
                                                 "moe_pad_to_capacity out"):
         targets.check_engine(engine_from_mapping(
             "moe_capacity_factor=1.25,moe_pad_to_capacity=true"), "torchtitan")
+
+
+def test_zero_holds_a_whole_gradient_only_of_what_it_shards():
+    """ZeRO-2/3 keep a running block's gradient (ZeRO-3: and its gathered weights) whole until
+    its reduce-scatter; parameters with one replica are whole in the model states already: the
+    dense ones with dp x cp = 1, the routed experts' with edp = 1 (each expert on one rank)."""
+    import types
+    from planner.options import Config
+    from planner.search.costs import working_bytes
+    costs = types.SimpleNamespace(work_bytes=np.array([0.0]), params_local=np.array([100.0]),
+                                  expert_params_local=np.array([80.0]))
+    training = planner.TrainingSpec(global_batch=64, seq_len=256)
+    grads = working_bytes(Config(dp=8, tp=1, pp=1, micro_batch=1, num_microbatches=8, zero=2,
+                                 ep=4), costs, training)[0] / 100  # edp 2: all of it
+    assert grads > 0
+    for dp, ep, zero, whole in ((8, 8, 2, 20), (8, 8, 3, 20), (1, 1, 2, 0), (8, 8, 1, 0)):
+        cfg = Config(dp=dp, tp=1, pp=1, micro_batch=1, num_microbatches=8, zero=zero, ep=ep)
+        extra = 2 * 2 if zero == 3 else 0  # the bf16 weights gathered, and the next block's
+        assert working_bytes(cfg, costs, training)[0] == pytest.approx(whole * (grads + extra))
+
+
+def test_a_length_that_rules_out_sequence_splits_is_named_with_the_nearest_that_does_not():
+    from planner.api import _length_note
+    from planner.search.space import CP_SEQ, SP_SEQ
+    note = _length_note(131071, {SP_SEQ: 3, CP_SEQ: 2})
+    assert note.startswith("training.seq_len: 131,071 tokens") and "(5 choices)" in note
+    assert "(131,072)" in note and _length_note(130, {CP_SEQ: 1}).endswith(
+        "a multiple of 256 (256) splits over tp up to 8 with cp up to 16")
+    assert _length_note(131072, {SP_SEQ: 3}) == "" == _length_note(131071, {"other": 2})
 
 
 def test_context_parallelism_splits_activations(tiny_llama):

@@ -104,6 +104,8 @@ def test_capacity_experts_are_routed_experts():
     from planner.report.summary import summary
     assert plans[1].model["routed_experts"] == 4
     assert "experts     ep=1: 4 routed experts per MoE layer on every rank" in summary(plans[1])
+    assert plans[1].parallel["recompute"] == "none"  # so the hardware FLOPs add only the
+    assert "for TFLOP/s (+ experts' empty token slots)" in summary(plans[1])  # empty slots
 
 
 def test_routing_imbalance_leaves_capacity_slots_as_they_are():
