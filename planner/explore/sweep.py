@@ -119,18 +119,18 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
 
 
 def _bad_row(task: "_Task", reason: str) -> dict:
-    """The row of a point that is bad input (not an infeasible one), marked for _refuse_all_bad;
-    a knob the point varies is named as varied (vary.cp), not pinned."""
+    """The row of a point that is bad input (not an infeasible one: ``bad_input``, which
+    _refuse_all_bad reads); a knob the point varies is named as varied (vary.cp), not pinned."""
     for key, _ in task.point:
         if reason.startswith(f"fix.{key}:"):
             reason = "vary." + reason[len("fix."):]
-    return {**_row(task, None, reason), "_bad_input": True}
+    return {**_row(task, None, reason), "bad_input": True}
 
 
 def _refuse_all_bad(rows: list[dict]) -> None:
     """SpecError when no point is valid input (the sweep's settings are wrong); drops the rows'
-    marks (``_bad_input``) otherwise."""
-    bad = [r["reason"] for r in rows if r.pop("_bad_input", False)]
+    rows as they are otherwise."""
+    bad = [r["reason"] for r in rows if r.get("bad_input")]
     if rows and len(bad) == len(rows):
         raise SpecError(bad[0] + (f" (and {len(bad) - 1} other point"
                                   f"{'' if len(bad) == 2 else 's'} refused)" if len(bad) > 1 else ""))
@@ -288,7 +288,7 @@ def _row(task: _Task, plan, reason: str) -> dict:
         "dtype": tr.dtype if tr else None, "optimizer": tr.optimizer if tr else None,
         "fix": ",".join(f"{k}={knob(v)}" for k, v in task.options.fix.items())
         if task.options and task.options.fix else None,
-        "feasible": plan is not None, "reason": reason or None,
+        "feasible": plan is not None, "reason": reason or None, "bad_input": False,
         "config": plan.parallel_summary if plan else None,
     }
     row.update({k: plan.parallel.get(k) if plan else None for k in KNOBS})

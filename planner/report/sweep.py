@@ -19,9 +19,10 @@ def short_config(row: dict) -> str:
             f"mb={row['micro_batch']} {row['schedule']} rc={row['recompute']} z{row['zero']}{off}")
 
 
-def sweep_table(rows: list[dict], reason_width: int = 70, rate: str = "tokens/s") -> str:
+def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s") -> str:
     """One line per what-if row: the point, GPUs, the chosen configuration and what it gives;
-    an infeasible point shows its reason instead. ``rate``: "tokens/s", or "samples/s" for a
+    an infeasible point shows its reason instead, a point that is not valid input (a varied pin
+    the model cannot take) why not. ``rate``: "tokens/s", or "samples/s" for a
     recommendation model (a sample is not a sequence of tokens)."""
     costs = any(r.get("cost_per_step_usd") is not None for r in rows)
     run = any(r.get("run_cost_usd") is not None for r in rows)
@@ -33,8 +34,9 @@ def sweep_table(rows: list[dict], reason_width: int = 70, rate: str = "tokens/s"
     for r in rows:
         cells = [r["point"], str(r["gpus"] or "")]
         if not r["feasible"]:
-            reasons[len(out)] = "infeasible: " + (r["reason"] if len(r["reason"]) <= reason_width
-                                                  else r["reason"][:reason_width - 3] + "...")
+            word = "not valid: " if r.get("bad_input") else "infeasible: "
+            reasons[len(out)] = word + (r["reason"] if len(r["reason"]) <= reason_width
+                                        else r["reason"][:reason_width - 3] + "...")
             out.append((*cells, *[""] * (len(head) - 2)))
             continue
         cells += [short_config(r), f"{r['step_time_s']:.3g} s", f"{r[rate_key]:,.0f}",

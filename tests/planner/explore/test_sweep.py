@@ -210,7 +210,7 @@ def test_whatif_command_prints_a_table_and_writes_files(capsys, tiny_llama_confi
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].split()[:3] == ["point", "GPUs", "configuration"] and "$/step" in lines[0]
-    assert lines[1].startswith("nodes=1 tp=1") and "infeasible: " in lines[2]
+    assert lines[1].startswith("nodes=1 tp=1") and "not valid: vary.tp: 4" in lines[2]
     assert len(read_csv(csv_path)) == 4
     assert "o-scaling.png" in out and "o-pareto.png" in out and "o-cost.png" in out
     code = main(["whatif", "gpt2", "--cluster", "dgx-h100", "--vary", "nodez=1"])
@@ -228,7 +228,9 @@ def test_a_sweep_whose_every_point_is_bad_input_is_an_error(tiny_llama_config):
     bad, good = explore.whatif(tiny_llama_config, cluster="dgx-h100", vary={"tp": [3, 2]},
                                global_batch=8, seq_len=64, workers=1)
     assert not bad["feasible"] and "vary.tp: 3 does not divide" in bad["reason"]
-    assert good["feasible"] and "_bad_input" not in good and "_bad_input" not in bad
+    assert good["feasible"] and bad["bad_input"] and not good["bad_input"]
+    from planner.report.sweep import sweep_table
+    assert "not valid: vary.tp: 3 does not divide" in sweep_table([bad, good])
 
 
 def test_bandwidths_take_a_number_of_gb_per_s_or_units():
