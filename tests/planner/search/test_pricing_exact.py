@@ -106,15 +106,19 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
             states["fp8_weights"] -= memory.model_state_bytes(outer, dp=cfg.dp * cfg.cp,
                                                               **kw)["fp8_weights"]
         # the largest block's transient bytes, with ZeRO-2/3 its gradient whole until reduced,
-        # with ZeRO-3 its weights and the next block's gathered in the compute dtype
+        # with ZeRO-3 its weights and the next block's gathered in the compute dtype: of the
+        # parameters sharded over more than one replica (dense over dp x cp, experts over edp)
         per_param = 0.0
-        if cfg.zero == 3 and not deferred:
+        if cfg.zero == 3:
             per_param += 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)]
-        if cfg.zero >= 2 and not deferred:
+        if cfg.zero >= 2:
             per_param += whole["grads"]
+        dense_whole = cfg.dp * cfg.cp > 1 and not deferred
+        experts_whole = cfg.edp > 1 and not (expert_deferred if experts else deferred)
         blocks = [b for st in mine for b in range(bounds[st.index], bounds[st.index + 1])]
-        working = max(float(costs.work_bytes[b] + per_param * costs.params_local[b])
-                      for b in blocks)
+        working = max(float(costs.work_bytes[b] + per_param * (
+            dense_whole * (costs.params_local[b] - costs.expert_params_local[b])
+            + experts_whole * costs.expert_params_local[b])) for b in blocks)
         mem = {**states, "activations": in_flight * sum(st.act_bytes for st in mine),
                "working": working}
         mem["total"] = sum(mem.values())
