@@ -276,8 +276,9 @@ def _search(p: Plan) -> list[str]:
 
 
 def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
-    """'3. tp 4 -> 8, dp 32 -> 16: 18.68 s (+1.5%), 31.6 GB (-29.3)' and the parts that moved."""
-    knobs = ", ".join(f"{k.replace('_', ' ')} {knob(p.parallel.get(k))} -> {knob(v)}"
+    """'3. tp 4 -> 8, dp 32 -> 16: 18.68 s (+1.5%), 31.6 GB (-29.3)' and the parts that moved;
+    knobs named as --fix and `plan diff` name them (micro_batch)."""
+    knobs = ", ".join(f"{k} {knob(p.parallel.get(k))} -> {knob(v)}"
                       for k, v in a["parallel"].items()
                       if k != "num_microbatches" and p.parallel.get(k) != v) or "same knobs"
     rel = 100 * (a["step_time_s"] / p.step_time_s - 1)
