@@ -98,6 +98,12 @@ def _title(rows: list[dict], what: str) -> str:
             f"{r.get('seq_len')} tokens, {r.get('dtype')}")
 
 
+def _degrees(r: dict) -> str:
+    """A point's label: 'dp·tp·pp', then 'cp2' and 'ep8' where the plan uses them."""
+    extra = "".join(f"·{k}{r[k]}" for k in ("cp", "ep") if (r.get(k) or 1) > 1)
+    return f"{r['dp']}·{r['tp']}·{r['pp']}{extra}"
+
+
 def scaling(rows: list[dict], path: str):
     """Tokens/s (left, with linear scaling from each series' smallest point dashed) and MFU
     (right) against GPUs, one line per series; each MFU point names its dp/tp/pp, and infeasible
@@ -106,9 +112,11 @@ def scaling(rows: list[dict], path: str):
     feasible = [r for r in rows if r["feasible"]]
     if not feasible:
         raise SpecError("plot: no feasible point to draw")
-    top: dict = {}
+    top: dict = {}  # per GPU count: the points' MFUs, highest first (where each label goes)
     for r in feasible:
-        top[r["gpus"]] = max(top.get(r["gpus"], 0.0), r["mfu"])
+        top.setdefault(r["gpus"], []).append(r["mfu"])
+    for mfus in top.values():
+        mfus.sort(reverse=True)
     for i, (label, members) in enumerate(_series(rows)):
         colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
         ok = sorted((r for r in members if r["feasible"]), key=lambda r: r["gpus"])
@@ -118,10 +126,11 @@ def scaling(rows: list[dict], path: str):
             x0, t0 = xs[0], ok[0]["tokens_per_s"]
             ax_t.plot(xs, [t0 * x / x0 for x in xs], "--", color=colour, linewidth=0.9, alpha=0.6)
             ax_m.plot(xs, [100 * r["mfu"] for r in ok], "o-", color=colour, label=label or None)
-            for r in ok:  # above the point if its series is on top there, else below
-                above = r["mfu"] >= top.get(r["gpus"], 0.0)
-                ax_m.annotate(f"{r['dp']}·{r['tp']}·{r['pp']}", (r["gpus"], 100 * r["mfu"]),
-                              textcoords="offset points", xytext=(0, 7 if above else -13),
+            for r in ok:  # above the top point at its GPU count, the others below, stacked
+                rank = top[r["gpus"]].index(r["mfu"])
+                ax_m.annotate(_degrees(r), (r["gpus"], 100 * r["mfu"]),
+                              textcoords="offset points",
+                              xytext=(0, 7 if rank == 0 else -13 - 9 * (rank - 1)),
                               ha="center", fontsize=7, color=colour)
         bad = [r["gpus"] for r in members if not r["feasible"]]
         if bad:
@@ -135,7 +144,7 @@ def scaling(rows: list[dict], path: str):
     ax_m.set_ylabel("MFU (%)")
     ax_m.set_ylim(0, max(100 * r["mfu"] for r in feasible) * 1.25)
     ax_t.set_title("throughput (dashed: linear scaling from the smallest run)", fontsize=10)
-    ax_m.set_title("model FLOPs utilization (labels: dp·tp·pp"
+    ax_m.set_title("model FLOPs utilization (labels: dp·tp·pp, with cp/ep where used"
                    + ("; x: nothing fits)" if any(not r["feasible"] for r in rows) else ")"),
                    fontsize=10)
     if any(label for label, _ in _series(rows)):

@@ -258,3 +258,10 @@ def test_a_setting_given_and_varied_is_refused_before_any_trace(kw, message, mon
 def test_cp_1_points_of_a_sweep_over_the_exchange_form_are_listed_once():
     points = grid.expand({"cp": [1, 2], "cp_comm": ["p2p", "a2a"]})
     assert points == [(("cp", 1),), (("cp", 2), ("cp_comm", "p2p")), (("cp", 2), ("cp_comm", "a2a"))]
+
+
+def test_scaling_labels_name_context_and_expert_degrees_where_used():
+    from planner.report.plots import _degrees
+    assert _degrees({"dp": 4, "tp": 2, "pp": 2, "cp": 1, "ep": 8}) == "4·2·2·ep8"
+    assert _degrees({"dp": 2, "tp": 1, "pp": 1, "cp": 4, "ep": None}) == "2·1·1·cp4"
+    assert _degrees({"dp": 8, "tp": 1, "pp": 1}) == "8·1·1"
