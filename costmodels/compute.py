@@ -239,17 +239,17 @@ def split_gemm(g: Gemm, *, micro_batch: float, tp: int, sp: bool,
 
 def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, tp: int,
                  sp: bool, fused_attention: bool = False, experts: Experts = DENSE
-                 ) -> tuple[float, float, float, float, float, float]:
+                 ) -> tuple[float, float, float, float, float, float, float]:
     """(forward, backward, the weight-gradient GEMMs of that backward, attention-matmul forward,
-    fused-away attention FLOPs unmasked, and the work left of those under a declared mask) of a
-    block's GEMMs. The backward runs the gradient GEMMs the operands need: the input gradient
+    routed experts' forward, fused-away attention FLOPs unmasked, and the work left of those
+    under a declared mask) of a block's GEMMs. The backward runs the gradient GEMMs the operands need: the input gradient
     (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n). With ``fused_attention`` the
     GEMMs of eager attention cores are left out
     and their forward FLOPs returned instead (those under a mask their module declares as the
     work a kernel skipping masked tiles leaves, ``Gemm.masked``). Local experts run as one
     grouped GEMM (a batch of per-expert products, whose waves the experts share) or, without
     grouping, one GEMM per expert."""
-    fwd = bwd = wgrad = attn = fused = fused_masked = 0.0
+    fwd = bwd = wgrad = attn = routed = fused = fused_masked = 0.0
     for g in gemms:
         b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         if g.attention and fused_attention:
@@ -274,16 +274,19 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
         bwd += back
         if not g.linear:
             attn += f
-    return fwd, bwd, wgrad, attn, fused, fused_masked
+        if g.experts:
+            routed += f
+    return fwd, bwd, wgrad, attn, routed, fused, fused_masked
 
 
 def op_recomputed_kernel_share(work: BlockWork) -> float:
     """The share of the block's forward kernels that op-level checkpointing issues again: all
-    but the weight GEMMs it saves (every other one, BlockWork.op_saved_*) and the fused attention
-    calls (their outputs are saved)."""
+    but the weight GEMMs it saves (every other one, BlockWork.op_saved_*; routed experts' are
+    recomputed) and the fused attention calls (their outputs are saved)."""
     if work.kernels_eager <= 0:
         return 0.0
-    saved = math.ceil(sum(1 for g in work.gemms if g.linear) / 2) + work.fused_attn_calls
+    saved = math.ceil(sum(1 for g in work.gemms if g.linear and not g.experts) / 2) + \
+        work.fused_attn_calls
     return max(0.0, work.kernels_eager - saved) / work.kernels_eager
 
 
@@ -456,7 +459,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     flash = engine.attention in FUSED_ATTENTION
     core = precision.core_dtype(dtype)  # attention, norms and element-wise stay 16-bit under fp8
     micro_batch = micro_batch / cp
-    gemm_f, gemm_b, gemm_w, gemm_attn, eager_flops, eager_masked = gemms_time_s(
+    gemm_f, gemm_b, gemm_w, gemm_attn, gemm_routed, eager_flops, eager_masked = gemms_time_s(
         work.gemms, device, dtype, micro_batch=micro_batch, tp=tp, sp=sp, fused_attention=flash,
         experts=experts)
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
@@ -472,7 +475,9 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         cast_f, cast_b = fp8_cast_s(work.gemms, device, engine.fp8_recipe,
                                     micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         fwd_s, bwd_s = fwd_s + cast_f, bwd_s + cast_b
-    op_again = (gemm_f - gemm_attn) * work.op_recompute_gemm_share + mem_f
+    # op-level: its share of the dense weight GEMMs, the routed experts' whole (not saved)
+    op_again = (gemm_f - gemm_attn - gemm_routed) * work.op_recompute_gemm_share + gemm_routed \
+        + mem_f
     if work.num_experts:
         # an MoE layer runs many small kernels: the device waits whenever the host issues its
         # ops slower than the device runs them (about twice as many in backward). Dropless

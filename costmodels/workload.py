@@ -208,7 +208,8 @@ class BlockWork:
     bwd_transient_scores_rep: float = 0.0
     """The same outside them."""
     op_recompute_gemm_share: float = 0.0
-    """The share of the block's weight-GEMM FLOPs that op-level checkpointing recomputes."""
+    """The share of the block's dense weight-GEMM FLOPs that op-level checkpointing recomputes
+    (the routed experts' GEMMs, which it does not save, are recomputed whole)."""
     params_tp: float = 0.0
     """Parameters (count) split by tensor parallelism."""
     params_rep: float = 0.0

@@ -431,7 +431,7 @@ def _routing_problem(engine: EngineSpec, experts: float, top_k: float, name: str
     is filled up to that much (Megatron-Core gives an expert every token when its capacity is
     larger, and its unfused permutation cannot pad beyond them)."""
     most = experts / top_k
-    if engine.moe_imbalance > most * (1 + 1e-9):
+    if engine.moe_imbalance > most * (1 + 1e-9) and not engine.moe_pad_to_capacity:
         return (f"engine.moe_imbalance: {engine.moe_imbalance:g} is more than {name}'s routing "
                 f"allows: {experts:g} experts, top-{top_k:g}, so the busiest expert takes at most "
                 f"{most:g} x the mean (a copy of every token); give at most {most:g}")

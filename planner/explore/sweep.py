@@ -128,8 +128,8 @@ def _bad_row(task: "_Task", reason: str) -> dict:
 
 
 def _refuse_all_bad(rows: list[dict]) -> None:
-    """SpecError when no point is valid input (the sweep's settings are wrong); drops the rows'
-    rows as they are otherwise."""
+    """SpecError when no point is valid input (the sweep's settings are wrong); the rows stay as
+    they are otherwise."""
     bad = [r["reason"] for r in rows if r.get("bad_input")]
     if rows and len(bad) == len(rows):
         raise SpecError(bad[0] + (f" (and {len(bad) - 1} other point"

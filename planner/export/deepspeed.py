@@ -236,7 +236,7 @@ def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
     info = {"ep_size": ep, "experts": counts, "routing": moe.imbalance_words(plan)}
     if ep == 1:
         ledger.exact("ep", "etp", "moe_dispatcher", "moe_overlap")
-        ledger.dropless(s, "the model's own MoE blocks (ep 1)")
+        ledger.dropless(s, "the model's own MoE layer (ep 1)")
         # with ep = 1 the model's own experts run: a Hugging Face model's experts_implementation
         # defaults to grouped_mm (transformers' get_correct_experts_implementation), the grouped
         # GEMMs the trace priced

@@ -45,12 +45,12 @@ def breakdown_changes(a: Plan, b: Plan) -> list[tuple[str, float, float]]:
 
 def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     """'1.14x as fast (a 12.3% shorter step): tp 8 -> 4, recompute full -> selective; compute
-    -1.2 s, ...' (b against a)."""
+    -1.2 s, ...' (b against a; '2.85x slower (a 185.2% longer step)' the other way)."""
     ta, tb = a.step_time_s, b.step_time_s
     rel = (ta - tb) / ta
-    verdict = (f"{ta / tb:.2f}x as fast (a {100 * rel:.1f}% shorter step)" if rel > 0 else
-               f"{ta / tb:.2f}x as fast (a {-100 * rel:.1f}% longer step)" if rel < 0
-               else "as fast")
+    verdict = ("as fast" if abs(rel) < 5e-4 else
+               f"{ta / tb:.2f}x as fast (a {100 * rel:.1f}% shorter step)" if rel > 0 else
+               f"{tb / ta:.2f}x slower (a {-100 * rel:.1f}% longer step)")
     inputs = [("model" if key == "name" else key, x, y) for sec, key, _ in HEADLINE_INPUTS
               for x, y in [(getattr(a, sec).get(key), getattr(b, sec).get(key))] if x != y]
     inputs += engine_changes(a, b)

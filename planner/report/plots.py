@@ -112,11 +112,10 @@ def scaling(rows: list[dict], path: str):
     feasible = [r for r in rows if r["feasible"]]
     if not feasible:
         raise SpecError("plot: no feasible point to draw")
-    top: dict = {}  # per GPU count: the points' MFUs, highest first (where each label goes)
-    for r in feasible:
-        top.setdefault(r["gpus"], []).append(r["mfu"])
-    for mfus in top.values():
-        mfus.sort(reverse=True)
+    rank = {}  # per point: its place by MFU among the points at its GPU count (its label's)
+    for gpus in {r["gpus"] for r in feasible}:
+        here = sorted((r for r in feasible if r["gpus"] == gpus), key=lambda r: -r["mfu"])
+        rank.update({id(r): i for i, r in enumerate(here)})
     for i, (label, members) in enumerate(_series(rows)):
         colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
         ok = sorted((r for r in members if r["feasible"]), key=lambda r: r["gpus"])
@@ -127,12 +126,13 @@ def scaling(rows: list[dict], path: str):
             ax_t.plot(xs, [t0 * x / x0 for x in xs], "--", color=colour, linewidth=0.9, alpha=0.6)
             ax_m.plot(xs, [100 * r["mfu"] for r in ok], "o-", color=colour, label=label or None)
             for r in ok:  # above the top point at its GPU count, the others below, stacked
-                rank = top[r["gpus"]].index(r["mfu"])
+                place = rank[id(r)]
                 ax_m.annotate(_degrees(r), (r["gpus"], 100 * r["mfu"]),
                               textcoords="offset points",
-                              xytext=(0, 7 if rank == 0 else -13 - 9 * (rank - 1)),
+                              xytext=(0, 7 if place == 0 else -13 - 9 * (place - 1)),
                               ha="center", fontsize=7, color=colour)
-        bad = [r["gpus"] for r in members if not r["feasible"]]
+        # (a point the model cannot take, bad input, is not a configuration that does not fit)
+        bad = [r["gpus"] for r in members if not r["feasible"] and not r.get("bad_input")]
         if bad:
             ax_m.plot(bad, [0.0] * len(bad), "x", color=colour, markersize=8, clip_on=False)
     gpus = [r["gpus"] for r in rows if r["gpus"]]
@@ -145,7 +145,8 @@ def scaling(rows: list[dict], path: str):
     ax_m.set_ylim(0, max(100 * r["mfu"] for r in feasible) * 1.25)
     ax_t.set_title("throughput (dashed: linear scaling from the smallest run)", fontsize=10)
     ax_m.set_title("model FLOPs utilization (labels: dp·tp·pp, with cp/ep where used"
-                   + ("; x: nothing fits)" if any(not r["feasible"] for r in rows) else ")"),
+                   + ("; x: nothing fits)" if any(not r["feasible"] and not r.get("bad_input")
+                                                   for r in rows) else ")"),
                    fontsize=10)
     if any(label for label, _ in _series(rows)):
         ax_t.legend(fontsize=8, loc="upper left")

@@ -156,7 +156,8 @@ def _flops(p: Plan) -> list[str]:
     hardware = pr["hardware_flops_per_step"] / (t["global_batch"] * t["seq_len"])
     extras = [what for what, where in (
         ("recomputation", p.parallel.get("recompute", "none") != "none"),
-        ("experts' padded slots", (t.get("engine") or {}).get("moe_pad_to_capacity"))) if where]
+        ("experts' padded slots", (t.get("engine") or {}).get("moe_pad_to_capacity")
+         and p.model.get("routed_experts"))) if where]
     if not extras and pr["hardware_flops_per_step"] > pr["model_flops_per_step"] * (1 + 1e-6):
         extras = ["experts' empty token slots"]  # capacity-style experts' buffers
     lines = [f"  FLOPs       {pr['model_flops_per_token']:.3g} per token for MFU (forward + backward), "

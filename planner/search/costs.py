@@ -380,8 +380,10 @@ def working_bytes(cfg: Config, costs: BlockCosts, training: TrainingSpec) -> np.
     under ZeRO-3 also its weights gathered and the next block's prefetched (taken as large). Only
     parameters ZeRO shards count: the dense ones over dp x cp replicas, the routed experts' over
     their edp replicas; with one replica (edp = 1: each expert on one rank) their gradients and
-    weights are whole in the model states already. The stage split and the priced plan
-    (pricing.Split) both take a stage's largest."""
+    weights are whole in the model states already, unless an FSDP2 of their own wraps them
+    anyway (EngineSpec.fsdp_copies: torchtitan shards the experts over their own mesh, one rank
+    or more, and so gathers 16-bit copies). The stage split and the priced plan (pricing.Split)
+    both take a stage's largest."""
     if cfg.zero < 2:
         return costs.work_bytes
     per_param = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
@@ -391,7 +393,7 @@ def working_bytes(cfg: Config, costs: BlockCosts, training: TrainingSpec) -> np.
         per_param += 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)]
     dense = costs.params_local - costs.expert_params_local
     sharded = (dense * (cfg.dp * cfg.cp > 1 and not deferred_sync(cfg, training))
-               + costs.expert_params_local * (cfg.edp > 1
+               + costs.expert_params_local * ((cfg.edp > 1 or training.engine.fsdp_copies)
                                               and not expert_deferred_sync(cfg, training)))
     return costs.work_bytes + per_param * sharded
 

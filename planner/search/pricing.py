@@ -416,8 +416,9 @@ def _padded_slots_flops(ma, recompute: str, engine) -> float:
         return 0.0
     w = ma.work
     routed = np.where(w.expert_capacity > 0, 0.0, w.expert_flops)
-    again = {"full": ma.checkpointed * 1.0,
-             "op": ma.checkpointed * w.op_recompute_gemm_share}.get(recompute, 0.0)
+    # full and op-level recomputation both run the routed experts' forward again (op-level saves
+    # no grouped GEMM's output: planner.trace.annotate._op_level_checkpointing)
+    again = ma.checkpointed * 1.0 if recompute in ("full", "op") else 0.0
     return (engine.moe_capacity_factor - 1.0) * float(np.sum(routed * (3.0 + again)))
 
 
@@ -435,7 +436,8 @@ def _recomputed_flops(ma, recompute: str) -> float:
     if recompute == "op":
         weight_gemms = (w.mm_flops_tp + w.mm_flops_rep - w.fused_attn_flops_rep
                         - w.eager_attn_flops_rep)
-        return float(np.sum((weight_gemms * w.op_recompute_gemm_share)[ckpt]))
+        dense = weight_gemms - w.expert_flops  # routed experts' GEMMs: recomputed whole
+        return float(np.sum((dense * w.op_recompute_gemm_share + w.expert_flops)[ckpt]))
     raise KeyError(recompute)
 
 

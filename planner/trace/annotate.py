@@ -415,8 +415,10 @@ def _backward_transient(op_names: list[str], by: dict, tp: TPAnalysis,
 def _op_level_checkpointing(op_names: list[str], by: dict, tp: TPAnalysis) -> dict:
     """What torchtitan's op-level selective checkpointing keeps of the block and recomputes:
     the outputs of fused attention calls and of every other weight GEMM, in forward order (its
-    policy saves ``mm`` outputs except each second one, and SDPA outputs), the rest recomputed in
-    backward. Returns BlockWork fields."""
+    policy saves ``aten.mm`` outputs except each second one, and SDPA outputs), the rest
+    recomputed in backward. Routed experts run grouped or batched GEMMs (``_grouped_mm``,
+    ``bmm``), which the policy neither saves nor counts: recomputed whole (BlockWork.expert_flops),
+    outside the share. Returns BlockWork fields."""
     out = dict.fromkeys(("op_saved_tp", "op_saved_rep"), 0.0)
     linear_flops = recomputed_flops = 0.0
     count = 0
@@ -425,7 +427,7 @@ def _op_level_checkpointing(op_names: list[str], by: dict, tp: TPAnalysis) -> di
         save = False
         if op.kind == "attention":
             save = True
-        elif op.kind == "matmul" and op.params:
+        elif op.kind == "matmul" and op.params and not _routes_experts(op):
             count += 1
             flops = sum(2.0 * r[0] * r[1] * r[2] * r[3] for r in op.dims.get("gemms", []))
             linear_flops += flops

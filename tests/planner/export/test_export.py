@@ -840,7 +840,7 @@ def test_deepspeed_says_which_of_its_moe_paths_pads_or_drops(notes, monkeypatch)
     assert "pads every expert" not in json.loads(to_deepspeed(padded))["planner"]["experts"]["how"]
     notes.clear()
     to_deepspeed(variant(plan, ep=1))
-    assert any("the model's own MoE blocks (ep 1) drops no tokens" in n for n in notes)
+    assert any("the model's own MoE layer (ep 1) drops no tokens" in n for n in notes)
 
 
 def test_deepspeed_expresses_ulysses_and_autoep(notes):

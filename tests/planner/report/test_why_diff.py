@@ -131,6 +131,12 @@ def test_diff_shows_what_differs_and_by_how_much(capsys, tiny_llama_config, smal
     assert f"{delta:+.3g} s" in step and f"{100 * delta / a.step_time_s:+.1f}%" in step
     assert "same in both:" in out and "model name" in out.split("same in both:")[1]
     assert out.splitlines()[2].startswith("B is ")
+    ratio = a.step_time_s / b.step_time_s  # the headline: a ratio and the step's change
+    assert out.splitlines()[2].startswith(
+        f"B is {ratio:.2f}x as fast (a {-100 * delta / a.step_time_s:.1f}% shorter step): "
+        if ratio > 1 else f"B is {1 / ratio:.2f}x slower (a {100 * delta / a.step_time_s:.1f}% "
+        "longer step): ")
+    assert compare.headline(a, a).startswith("as fast")
     assert "num_gpus 8 -> 16" in out.splitlines()[2]  # the inputs that differ come first
     assert "the step does other work" not in out.splitlines()[2]  # same model and batch
     bigger = planner.plan(tiny_llama_config, cluster=SMALL, global_batch=64, seq_len=128)

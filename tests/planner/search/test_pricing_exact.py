@@ -114,7 +114,8 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         if cfg.zero >= 2:
             per_param += whole["grads"]
         dense_whole = cfg.dp * cfg.cp > 1 and not deferred
-        experts_whole = cfg.edp > 1 and not (expert_deferred if experts else deferred)
+        experts_whole = (cfg.edp > 1 or training.engine.fsdp_copies) and not (
+            expert_deferred if experts else deferred)
         blocks = [b for st in mine for b in range(bounds[st.index], bounds[st.index + 1])]
         working = max(float(costs.work_bytes[b] + per_param * (
             dense_whole * (costs.params_local[b] - costs.expert_params_local[b])

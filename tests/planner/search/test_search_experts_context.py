@@ -173,6 +173,11 @@ def test_experts_padded_to_capacity_cost_their_slots_with_balanced_routing(tiny_
              for p in plans]
     assert flops[2][0] == flops[0][0]
     assert flops[2][1] - flops[0][1] == pytest.approx(0.5 * routed, rel=1e-3)  # (6 digits kept)
+    # op-level recomputation runs the routed GEMMs' forward again whole, padded slots and all
+    again = [_plan(tiny_mixtral, fix + ",recompute=op", engine=engine_from_mapping(
+        f"moe_host_op_s=0,moe_capacity_factor=1.5{pad}")).predicted["hardware_flops_per_step"]
+        for pad in ("", ",moe_pad_to_capacity=true")]
+    assert again[1] - again[0] == pytest.approx(0.5 * routed * 4 / 3, rel=1e-3)
     from planner.report.summary import summary
     assert "for TFLOP/s (+ " in summary(plans[2]) and "padded slots)" in summary(plans[2])
     assert "padded" not in summary(plans[0])
