@@ -10,7 +10,13 @@ class PlannerError(Exception):
 
 
 class SpecError(PlannerError):
-    """Bad input: an unknown name, a missing or unknown key, a value out of range."""
+    """Bad input: an unknown name, a missing or unknown key, a value out of range. The message
+    names the field first, as every bad-input message does ("fix.tp: ...; the fix")."""
+
+    @property
+    def field(self) -> str:
+        """The input field the message names ("fix.tp", "engine.moe_capacity_factor")."""
+        return str(self).partition(":")[0]
 
 
 class InternalError(PlannerError):

@@ -371,7 +371,7 @@ def _passing(fix: dict, target: str) -> dict:
             targets.restrict(SearchOptions(fix=fix), target)
             return fix
         except SpecError as exc:
-            key = str(exc).partition(":")[0].removeprefix("fix.")
+            key = exc.field.removeprefix("fix.")
             if key not in fix:
                 return fix
             del fix[key]
@@ -476,7 +476,7 @@ def _kept_engine_settings(plan: Plan, target: str) -> list[str]:
             targets.check_engine(replace(default, **kept), target)
             break
         except SpecError as exc:
-            key = str(exc).partition(":")[0].removeprefix("engine.")
+            key = exc.field.removeprefix("engine.")
             if key not in kept:
                 break
             del kept[key]
