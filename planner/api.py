@@ -29,10 +29,10 @@ from planner import targets
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import (cluster_pin_problem, explain_infeasible,
-                                        known_model_pin_problem, pin_problem)
+                                        known_model_pin_problem, length_note, pin_problem)
 from planner.search.hetero import restrict
 from planner.search.loop import rejection_lines, search
-from planner.search.space import CP_SEQ, SEQ_TP_2CP, SP_SEQ, Space
+from planner.search.space import Space
 from planner.trace import cache
 from planner.trace.blocks import build_blocks, unchained_repeats
 from planner.trace.graph import BlockGraph, OpGraph
@@ -443,26 +443,6 @@ def _routing_problem(engine: EngineSpec, experts: float, top_k: float, name: str
     return ""
 
 
-SEQ_MULTIPLE = 256
-"""A sequence length that is a multiple of this splits for sequence parallelism over up to 8
-tensor-parallel ranks with context parallelism up to 16 (2 x cp chunks per sequence)."""
-
-
-def _length_note(seq_len: int, rejected) -> str:
-    """'' or a warning that the sequence length itself ruled out sequence or context parallelism
-    for some degrees (the search's SP_SEQ, CP_SEQ and SEQ_TP_2CP rules), with the nearest length
-    that does not."""
-    ruled = sum(rejected.get(rule, 0) for rule in (SP_SEQ, CP_SEQ, SEQ_TP_2CP))
-    if not ruled or seq_len % SEQ_MULTIPLE == 0:
-        return ""
-    lower = seq_len // SEQ_MULTIPLE * SEQ_MULTIPLE
-    nearest = min((n for n in (lower, lower + SEQ_MULTIPLE) if n > 0),
-                  key=lambda n: abs(n - seq_len))
-    return (f"training.seq_len: {seq_len:,} tokens do not split evenly, which ruled out sequence "
-            f"or context parallelism for some degrees ({ruled} choices); a multiple of "
-            f"{SEQ_MULTIPLE} ({nearest:,}) splits over tp up to 8 with cp up to 16")
-
-
 def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
     """Say so when engine settings are given that change nothing here: MoE settings for a model
     without routed experts, an FP8 recipe for a step not in fp8 (a user comparing plans would
@@ -529,12 +509,13 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
              or "none set aside")
     if result.best is None:
         ma = ModelArrays.from_blocks(prepared.blocks)
+        note = length_note(training.seq_len, result.rejected)
         raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
-                                                 result.rejected),
+                                                 result.rejected) + (f" ({note})" if note else ""),
                               reason="no feasible plan")
     for note in idle_pins(options.fix, result.best.config.cp):
         log.warning("%s", note)
-    note = _length_note(training.seq_len, result.rejected)
+    note = length_note(training.seq_len, result.rejected)
     if note:
         log.warning("%s", note)
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,

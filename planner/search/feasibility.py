@@ -15,8 +15,8 @@ from planner.options import (CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, 
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.loop import OUTCOMES, rejection_lines
 from planner.search.pricing import Estimate, price
-from planner.search.space import (BATCH_DP, CP_HEADS, CP_LEVELS, CP_SHORT, MICRO_BATCH, PP_BLOCKS,
-                                  TOO_MANY_MB, TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space,
+from planner.search.space import (BATCH_DP, CP_HEADS, CP_LEVELS, CP_SEQ, CP_SHORT, MICRO_BATCH,
+                                  PP_BLOCKS, SEQ_TP_2CP, SP_SEQ, TOO_MANY_MB, TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space,
                                   cp_chunks, cp_comm_reason, cp_reason, divisors, pp_reason,
                                   target_mesh_reason, tp_reasons)
 from planner.solve.chain import partition
@@ -402,3 +402,23 @@ def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:
         if lean is not None and lean[0] <= cap:
             return f", or on {bigger.nodes} nodes ({bigger.num_gpus} GPUs)"
     return ""
+
+
+SEQ_MULTIPLE = 256
+"""A sequence length that is a multiple of this splits for sequence parallelism over up to 8
+tensor-parallel ranks with context parallelism up to 16 (2 x cp chunks per sequence)."""
+
+
+def length_note(seq_len: int, rejected) -> str:
+    """'' or a warning that the sequence length itself ruled out sequence or context parallelism
+    for some degrees (the search's SP_SEQ, CP_SEQ and SEQ_TP_2CP rules), with the nearest length
+    that does not."""
+    ruled = sum(rejected.get(rule, 0) for rule in (SP_SEQ, CP_SEQ, SEQ_TP_2CP))
+    if not ruled or seq_len % SEQ_MULTIPLE == 0:
+        return ""
+    lower = seq_len // SEQ_MULTIPLE * SEQ_MULTIPLE
+    nearest = min((n for n in (lower, lower + SEQ_MULTIPLE) if n > 0),
+                  key=lambda n: abs(n - seq_len))
+    return (f"training.seq_len: {seq_len:,} tokens do not split evenly, which ruled out sequence "
+            f"or context parallelism for some degrees ({ruled} choices); a multiple of "
+            f"{SEQ_MULTIPLE} ({nearest:,}) splits over tp up to 8 with cp up to 16")

@@ -222,13 +222,13 @@ def test_zero_holds_a_whole_gradient_only_of_what_it_shards():
 
 
 def test_a_length_that_rules_out_sequence_splits_is_named_with_the_nearest_that_does_not():
-    from planner.api import _length_note
+    from planner.search.feasibility import length_note
     from planner.search.space import CP_SEQ, SP_SEQ
-    note = _length_note(131071, {SP_SEQ: 3, CP_SEQ: 2})
+    note = length_note(131071, {SP_SEQ: 3, CP_SEQ: 2})
     assert note.startswith("training.seq_len: 131,071 tokens") and "(5 choices)" in note
-    assert "(131,072)" in note and _length_note(130, {CP_SEQ: 1}).endswith(
+    assert "(131,072)" in note and length_note(130, {CP_SEQ: 1}).endswith(
         "a multiple of 256 (256) splits over tp up to 8 with cp up to 16")
-    assert _length_note(131072, {SP_SEQ: 3}) == "" == _length_note(131071, {"other": 2})
+    assert length_note(131072, {SP_SEQ: 3}) == "" == length_note(131071, {"other": 2})
 
 
 def test_context_parallelism_splits_activations(tiny_llama):
