@@ -265,7 +265,10 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
                 None) if cp > 1 else "p2p"
             if form is None:
                 continue
-            sp = fix.get("sequence_parallel", tp > 1 and True in options.sequence_parallel)
+            sp = fix.get("sequence_parallel", tp > 1 and True in options.sequence_parallel
+                         and training.seq_len % (tp * cp) == 0)  # (the SP_SEQ rule)
+            if space.experts and tp > 1 and not sp:
+                continue  # routed experts with tp > 1 need sequence parallelism (MOE_SP)
             mb = fix.get("micro_batch", 1)
             costs_by_ep: dict = {}
             for pp in ([fix["pp"]] if "pp" in fix else divisors(n // (tp * cp))):

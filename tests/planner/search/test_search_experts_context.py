@@ -832,6 +832,21 @@ def test_the_leanest_plan_splits_a_long_sequence_when_cp_is_free(tiny_llama_conf
     assert cfg.cp > 1 and free < one
 
 
+def test_the_leanest_plan_keeps_to_the_sequence_parallel_rule(tiny_llama_config):
+    """A length tp does not divide rules out sequence parallelism (the search's SP_SEQ rule), so
+    the leanest configuration 'no plan fits' reports does not use it there either."""
+    from planner.search.costs import ModelArrays
+    from planner.search.feasibility import leanest
+
+    cluster = planner.load_cluster("dgx-h100")
+    for seq, split in ((129, False), (128, True)):
+        prepared = planner.prepare(tiny_llama_config, seq_len=seq, cache_dir=None)
+        training = planner.TrainingSpec(global_batch=1, seq_len=seq)
+        _, cfg, _ = leanest(ModelArrays.from_blocks(prepared.blocks), prepared.blocks, cluster,
+                            training, planner.SearchOptions(fix=parse_fix("tp=2"), top_k=0))
+        assert cfg.tp == 2 and cfg.sequence_parallel is split
+
+
 def test_a_tp_pin_torchtitan_cannot_run_at_this_sequence_length_is_named(tiny_llama_config):
     """torchtitan asserts seq_len % (tp x 2 x cp) == 0 even with cp = 1: a pinned tp that breaks
     it is refused naming the pin and the tp that works (before: a count of the search's rules)."""
