@@ -151,7 +151,8 @@ def _parallel(p: Plan) -> list[str]:
 def _flops(p: Plan) -> list[str]:
     """What the FLOP figures count, per token (plans made before this line was added lack it)."""
     pr, t = p.predicted, p.training
-    if "model_flops_per_token" not in pr:
+    if not all(isinstance(pr.get(k), (int, float)) for k in (
+            "model_flops_per_token", "model_flops_per_step", "hardware_flops_per_step")):
         return []
     hardware = pr["hardware_flops_per_step"] / (t["global_batch"] * t["seq_len"])
     extras = [what for what, where in (
