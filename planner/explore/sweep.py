@@ -11,6 +11,7 @@ number of workers. A point where nothing fits, or whose settings contradict each
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -110,6 +111,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
              "" if len(prepared) == 1 else "s")
     rows = _run(tasks, prepared, workers, progress)
     _refuse_all_bad(rows)
+    _say_warnings(rows)
     name = next(iter(prepared.values())).info["name"] if prepared else str(model)
     for row in rows:
         row["model"] = name
@@ -262,15 +264,65 @@ def _context():
 
 
 def plan_point(task: _Task, prepared) -> dict:
-    """Plan one point; an infeasible point is a row with the reason."""
+    """Plan one point; an infeasible point is a row with the reason. The warnings planning it
+    logs are kept in the row (``warnings``), not logged: the sweep says each once
+    (_say_warnings), however many points give it."""
     training = replace(task.training, seq_len=prepared.seq_len)
+    with _collected_warnings() as said:
+        try:
+            plan = api.plan_prepared(prepared, task.cluster, training, task.options)
+        except SpecError as exc:  # bad input (a pin the model cannot take), not infeasible
+            row = _bad_row(replace(task, training=training), str(exc))
+        except PlannerError as exc:
+            row = _row(replace(task, training=training), None, str(exc))
+        else:
+            row = _row(replace(task, training=training), plan, "")
+    row["warnings"] = " | ".join(dict.fromkeys(said)) or None
+    return row
+
+
+@contextlib.contextmanager
+def _collected_warnings():
+    """The warnings the planner's loggers give inside the block, as a list of messages, taken
+    from the handlers that would show them (the planner's and the root's; without any, from
+    logging's last resort)."""
+    said: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    def shown(record) -> bool:  # a warning goes to the list instead
+        return not (logging.WARNING <= record.levelno < logging.ERROR
+                    and record.name.startswith("planner"))
+
+    planner_log = logging.getLogger("planner")
+    others = planner_log.handlers + logging.getLogger().handlers
+    collect = Collect(level=logging.WARNING)
+    collect.addFilter(lambda record: not shown(record))
+    for h in others:
+        h.addFilter(shown)
+    planner_log.addHandler(collect)
     try:
-        plan = api.plan_prepared(prepared, task.cluster, training, task.options)
-    except SpecError as exc:  # bad input (a pin the model cannot take), not an infeasible point
-        return _bad_row(replace(task, training=training), str(exc))
-    except PlannerError as exc:
-        return _row(replace(task, training=training), None, str(exc))
-    return _row(replace(task, training=training), plan, "")
+        yield said
+    finally:
+        planner_log.removeHandler(collect)
+        for h in others:
+            h.removeFilter(shown)
+
+
+def _say_warnings(rows: list[dict]) -> None:
+    """Each warning the points gave, once, with the points that gave it."""
+    points: dict[str, list[str]] = {}
+    for r in rows:
+        for text in (r.get("warnings") or "").split(" | "):
+            if text:
+                points.setdefault(text, []).append(r["point"])
+    for text, where in points.items():
+        at = ("every point" if len(where) == len(rows) else
+              f"{len(where)} of {len(rows)} points: {', '.join(where[:4])}"
+              + (", ..." if len(where) > 4 else ""))
+        log.warning("%s (%s)", text, at)
 
 
 def _row(task: _Task, plan, reason: str) -> dict:
@@ -289,6 +341,7 @@ def _row(task: _Task, plan, reason: str) -> dict:
         "fix": ",".join(f"{k}={knob(v)}" for k, v in task.options.fix.items())
         if task.options and task.options.fix else None,
         "feasible": plan is not None, "reason": reason or None, "bad_input": False,
+        "warnings": None,
         "config": plan.parallel_summary if plan else None,
     }
     row.update({k: plan.parallel.get(k) if plan else None for k in KNOBS})

@@ -423,5 +423,5 @@ def length_note(seq_len: int, rejected) -> str:
     nearest = min((n for n in (lower, lower + SEQ_MULTIPLE) if n > 0),
                   key=lambda n: abs(n - seq_len))
     return (f"training.seq_len: {seq_len:,} tokens do not split evenly, which ruled out sequence "
-            f"or context parallelism for some degrees ({ruled} choices); a multiple of "
-            f"{SEQ_MULTIPLE} ({nearest:,}) splits over tp up to 8 with cp up to 16")
+            f"or context parallelism for some degrees; a multiple of {SEQ_MULTIPLE} "
+            f"({nearest:,}) splits over tp up to 8 with cp up to 16")

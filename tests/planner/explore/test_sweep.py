@@ -265,3 +265,15 @@ def test_scaling_labels_name_context_and_expert_degrees_where_used():
     assert _degrees({"dp": 4, "tp": 2, "pp": 2, "cp": 1, "ep": 8}) == "4·2·2·ep8"
     assert _degrees({"dp": 2, "tp": 1, "pp": 1, "cp": 4, "ep": None}) == "2·1·1·cp4"
     assert _degrees({"dp": 8, "tp": 1, "pp": 1}) == "8·1·1"
+
+
+def test_a_warning_every_point_gives_is_said_once(tiny_llama_config, caplog):
+    """The points' warnings are kept in their rows and said once, with the points that gave it,
+    not once per point."""
+    with caplog.at_level(logging.WARNING, logger="planner"):
+        rows = explore.whatif(tiny_llama_config, cluster="dgx-h100", vary={"nodes": [1, 2]},
+                              global_batch=8, seq_len=64, engine="fp8_recipe=block", workers=1)
+    assert all("engine.fp8_recipe: block applies to --dtype fp8 only" in r["warnings"]
+               for r in rows)
+    said = [rec.getMessage() for rec in caplog.records if "fp8_recipe" in rec.getMessage()]
+    assert len(said) == 1 and said[0].endswith("(every point)")
