@@ -167,7 +167,15 @@ class Layout:
 
 def layout(plan: Plan) -> Layout:
     """Count the layers of each stage, and place the non-layer blocks (see the module docstring)."""
-    repeats = plan.model.get("trace", {}).get("repeats", [])
+    trace = plan.model.get("trace", {})
+    repeats = trace.get("repeats", []) if isinstance(trace, dict) else None
+    if not isinstance(repeats, list):
+        raise SpecError("model.trace.repeats: expected the list of layer stacks plan solve "
+                        "writes; re-create the plan")
+    for i, r in enumerate(repeats):
+        if not isinstance(r, dict) or not isinstance(r.get("fqn"), str):
+            raise SpecError(f"model.trace.repeats[{i}]: expected a layer stack with its 'fqn' "
+                            f"(as plan solve writes it), got {r!r:.60}; re-create the plan")
     stacks = [r["fqn"] for r in repeats]
     pattern = re.compile("|".join(rf"{re.escape(f)}\.\d+" for f in stacks)) if stacks else None
     blocks = []  # (stage position, block name, layer FQNs in it)

@@ -1103,6 +1103,16 @@ def test_a_dropless_engine_says_it_pads_no_expert(notes):
     assert "--moe-pad-expert-input-to-capacity" in args and not notes
 
 
+def test_a_plan_whose_layer_stacks_are_not_as_written_is_bad_input():
+    """A hand-edited plan file: its model.trace.repeats named in one line, not a traceback."""
+    plan = data_plan("mixtral-8x7b-ep8-megatron")
+    for repeats, field in (["1e999"], "repeats[0]"), ("layers", "repeats"):
+        bad = dataclasses.replace(plan, model={**plan.model, "trace": {
+            **plan.model["trace"], "repeats": repeats}})
+        with pytest.raises(SpecError, match=rf"^model\.trace\.{re.escape(field)}: expected"):
+            export(bad, "megatron")
+
+
 def test_export_into_a_folder_names_the_file_after_the_plan(tmp_path, capsys):
     """Two plans of one model exported into one folder do not overwrite each other."""
     import shutil
