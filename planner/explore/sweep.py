@@ -267,16 +267,16 @@ def plan_point(task: _Task, prepared) -> dict:
     """Plan one point; an infeasible point is a row with the reason. The warnings planning it
     logs are kept in the row (``warnings``), not logged: the sweep says each once
     (_say_warnings), however many points give it."""
-    training = replace(task.training, seq_len=prepared.seq_len)
+    task = replace(task, training=replace(task.training, seq_len=prepared.seq_len))
     with _collected_warnings() as said:
         try:
-            plan = api.plan_prepared(prepared, task.cluster, training, task.options)
+            plan = api.plan_prepared(prepared, task.cluster, task.training, task.options)
         except SpecError as exc:  # bad input (a pin the model cannot take), not infeasible
-            row = _bad_row(replace(task, training=training), str(exc))
+            row = _bad_row(task, str(exc))
         except PlannerError as exc:
-            row = _row(replace(task, training=training), None, str(exc))
+            row = _row(task, None, str(exc))
         else:
-            row = _row(replace(task, training=training), plan, "")
+            row = _row(task, plan, "")
     row["warnings"] = " | ".join(dict.fromkeys(said)) or None
     return row
 
@@ -288,18 +288,18 @@ def _collected_warnings():
     logging's last resort)."""
     said: list[str] = []
 
-    class Collect(logging.Handler):
-        def emit(self, record):
-            said.append(record.getMessage())
-
     def shown(record) -> bool:  # a warning goes to the list instead
         return not (logging.WARNING <= record.levelno < logging.ERROR
                     and record.name.startswith("planner"))
 
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if not shown(record):
+                said.append(record.getMessage())
+
     planner_log = logging.getLogger("planner")
     others = planner_log.handlers + logging.getLogger().handlers
     collect = Collect(level=logging.WARNING)
-    collect.addFilter(lambda record: not shown(record))
     for h in others:
         h.addFilter(shown)
     planner_log.addHandler(collect)

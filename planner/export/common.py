@@ -370,20 +370,25 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
 
 
 def _passing(fix: dict, target: str) -> dict:
-    """``fix`` less the pins the target's own pin checks refuse (targets.restrict: the pin each
-    refusal names, in turn), such as cp beside a pipeline for an engine that runs context
-    parallelism with data parallelism only."""
-    fix = dict(fix)
-    while fix:
+    """``fix`` less the pins the target's own pin checks refuse (targets.restrict), such as cp
+    beside a pipeline for an engine that runs context parallelism with data parallelism only."""
+    return _less_refused(fix, lambda f: targets.restrict(SearchOptions(fix=f), target), "fix.")
+
+
+def _less_refused(settings: dict, check, prefix: str) -> dict:
+    """``settings`` less those ``check`` refuses: the one each SpecError names (its field less
+    ``prefix``), in turn, until the check passes or names none of them."""
+    settings = dict(settings)
+    while settings:
         try:
-            targets.restrict(SearchOptions(fix=fix), target)
-            return fix
+            check(settings)
+            return settings
         except SpecError as exc:
-            key = exc.field.removeprefix("fix.")
-            if key not in fix:
-                return fix
-            del fix[key]
-    return fix
+            key = exc.field.removeprefix(prefix)
+            if key not in settings:
+                return settings
+            del settings[key]
+    return settings
 
 
 SOFTWARE_KEYS = frozenset(k for preset in PRESETS.values() for k in preset
@@ -473,23 +478,14 @@ def software_note(plan: Plan, target: str, ledger: Ledger) -> None:
 def _kept_engine_settings(plan: Plan, target: str) -> list[str]:
     """The plan's engine settings a re-plan for ``target`` keeps: its MoE settings and FP8 recipe
     where they differ from the defaults (the rest is the target's software), less those the
-    target refuses (targets.check_engine: the setting each refusal names, in turn; a capacity
-    factor takes its padding with it)."""
+    target refuses (targets.check_engine; padding to capacity without the capacity factor it
+    needs is refused by EngineSpec itself, and goes next)."""
     engine, default = engine_from_mapping(plan.training.get("engine")), EngineSpec()
     kept = {f.name: getattr(engine, f.name) for f in fields(EngineSpec)
             if (f.name.startswith("moe_") or f.name == "fp8_recipe")
             and getattr(engine, f.name) != getattr(default, f.name)}
-    while kept:
-        try:
-            targets.check_engine(replace(default, **kept), target)
-            break
-        except SpecError as exc:
-            key = exc.field.removeprefix("engine.")
-            if key not in kept:
-                break
-            del kept[key]
-            if key == "moe_capacity_factor":
-                kept.pop("moe_pad_to_capacity", None)
+    kept = _less_refused(kept, lambda s: targets.check_engine(replace(default, **s), target),
+                         "engine.")
     return [f"{k}={setting_text(v)}" for k, v in kept.items()]
 
 
