@@ -90,10 +90,21 @@ def idle_pins(fix: Mapping, cp: int) -> list[str]:
     return []
 
 
-def experts_text(ep: int, etp: int) -> str:
-    """The expert degrees in a one-line configuration: " ep=8", " ep=4 etp=2", " etp=2" (the
-    experts' matrices split without spreading them), or "" for neither."""
-    return (f" ep={ep}" if ep > 1 else "") + (f" etp={etp}" if etp > 1 else "")
+def parallel_text(p: Mapping) -> str:
+    """A configuration in one line, ``dp=8 tp=2+sp pp=4x2 cp=2(p2p) ep=4 etp=2 mb=1x16 1f1b
+    rc=none zero=3+offload``, from a mapping of its knobs (KNOBS: a Config's fields, a plan's
+    ``parallel``, a what-if row): virtual stages, cp, ep, etp and offloading only where used
+    (etp alone: the experts' matrices split without spreading them)."""
+    def used(key: str) -> int:
+        return p.get(key) or 1
+    sp = "+sp" if p.get("sequence_parallel") else ""
+    chunks = f"x{used('vpp')}" if used("vpp") > 1 else ""
+    cp = f" cp={used('cp')}({p.get('cp_comm') or 'p2p'})" if used("cp") > 1 else ""
+    ep = (f" ep={used('ep')}" if used("ep") > 1 else "") + \
+        (f" etp={used('etp')}" if used("etp") > 1 else "")
+    off = "+offload" if p.get("offload_optimizer") else ""
+    return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']}{chunks}{cp}{ep} mb={p['micro_batch']}x"
+            f"{p['num_microbatches']} {p['schedule']} rc={p['recompute']} zero={p['zero']}{off}")
 
 
 def zero_runs_with_cp(runs, zero: int, *, ep: int) -> bool:
@@ -334,13 +345,7 @@ class Config:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def short(self) -> str:
-        sp = "+sp" if self.sequence_parallel else ""
-        v = f"x{self.vpp}" if self.vpp > 1 else ""
-        off = "+offload" if self.offload_optimizer else ""
-        cp = f" cp={self.cp}({self.cp_comm})" if self.cp > 1 else ""
-        ep = experts_text(self.ep, self.etp)
-        return (f"dp={self.dp} tp={self.tp}{sp} pp={self.pp}{v}{cp}{ep} mb={self.micro_batch}x"
-                f"{self.num_microbatches} {self.schedule} rc={self.recompute} zero={self.zero}{off}")
+        return parallel_text({f.name: getattr(self, f.name) for f in fields(self)})
 
     def with_(self, **kw) -> "Config":
         return replace(self, **kw)

@@ -24,7 +24,7 @@ from costmodels.engine import (PRESETS, EngineSpec, engine_from_mapping, engine_
                                setting_text)
 from planner.errors import SpecError
 from planner.export import moe
-from planner.options import (KNOBS, SearchOptions, experts_text, pp_inner_refused,
+from planner.options import (KNOBS, SearchOptions, parallel_text, pp_inner_refused,
                              zero_runs_with_cp)
 from planner.planfile.document import Plan
 from planner import targets
@@ -204,15 +204,7 @@ def layout(plan: Plan) -> Layout:
 
 def summary(plan: Plan) -> str:
     """The plan's configuration in one line, every knob included."""
-    p = plan.parallel
-    sp = "+sp" if p["sequence_parallel"] else ""
-    chunks = f"x{p['vpp']}" if p.get("vpp", 1) > 1 else ""
-    off = "+offload" if p.get("offload_optimizer") else ""
-    cp = f" cp={p['cp']}({p.get('cp_comm', 'p2p')})" if p.get("cp", 1) > 1 else ""
-    ep = experts_text(p.get("ep", 1), p.get("etp", 1))
-    return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']}{chunks}{cp}{ep} mb={p['micro_batch']}x"
-            f"{p['num_microbatches']} {p['schedule']} rc={p['recompute']} zero={p['zero']}{off}, "
-            f"placement {placement(plan)}")
+    return f"{parallel_text(plan.parallel)}, placement {placement(plan)}"
 
 
 def header(plan: Plan, target: str, version: str) -> list[str]:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from planner.files import atomic_write, read_json_object
-from planner.options import experts_text
+from planner.options import parallel_text
 from planner.planfile.schema import SCHEMA_ID, validate
 
 SIGNIFICANT_DIGITS = 6
@@ -68,12 +68,7 @@ class Plan:
 
     @property
     def parallel_summary(self) -> str:
-        p = self.parallel
-        sp = "+sp" if p["sequence_parallel"] else ""
-        cp = f" cp={p['cp']}({p.get('cp_comm', 'p2p')})" if p.get("cp", 1) > 1 else ""
-        ep = experts_text(p.get("ep", 1), p.get("etp", 1))
-        return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']}{cp}{ep} mb={p['micro_batch']}x"
-                f"{p['num_microbatches']} {p['schedule']} rc={p['recompute']} zero={p['zero']}")
+        return parallel_text(self.parallel)
 
 
 def load_plan(path: str) -> Plan:

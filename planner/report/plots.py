@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import re
+import textwrap
 
 from planner.errors import SpecError
+from planner.options import parallel_text
 from planner.report import figure
 from planner.report.figure import check_path
-from planner.report.sweep import short_config as short_row_config
 from planner.units import GB, human_count
 
 
@@ -197,7 +198,8 @@ def pareto(rows: list[dict], path: str, *, max_listed: int = 14):
                     fontweight="bold")
     _memory_axes(ax, rows)
     ax.legend(fontsize=8, loc="upper left")
-    lines = [f"{k + 1:>2}. {r['point'] or ''}\n    {short_row_config(r)}\n"
+    lines = [f"{k + 1:>2}. {r['point'] or ''}\n"
+             f"{textwrap.fill(parallel_text(r), 56, initial_indent=' ' * 4, subsequent_indent=' ' * 6)}\n"
              f"    {r['peak_memory_bytes'] / GB:.1f} GB, {r['step_time_s']:.4g} s"
              for k, r in enumerate(front[:max_listed])]
     if len(front) > max_listed:

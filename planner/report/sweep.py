@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-from planner.options import experts_text
+from planner.options import parallel_text
 from planner.units import dollars, gb, human_count
 from planner.report.text import table
-
-
-def short_config(row: dict) -> str:
-    """``dp=8 tp=2+sp pp=4 cp=2(p2p) ep=2 mb=1 1f1b rc=none z3`` from a sweep row or a plan's
-    ``parallel`` (cp and ep where they are above 1)."""
-    sp = "+sp" if row.get("sequence_parallel") else ""
-    v = f"x{row['vpp']}" if (row.get("vpp") or 1) > 1 else ""
-    off = "+off" if row.get("offload_optimizer") else ""
-    cp = f" cp={row['cp']}({row.get('cp_comm') or 'p2p'})" if (row.get("cp") or 1) > 1 else ""
-    ep = experts_text(row.get("ep") or 1, row.get("etp") or 1)
-    return (f"dp={row['dp']} tp={row['tp']}{sp} pp={row['pp']}{v}{cp}{ep} "
-            f"mb={row['micro_batch']} {row['schedule']} rc={row['recompute']} z{row['zero']}{off}")
 
 
 def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s") -> str:
@@ -39,7 +27,7 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
                                         else r["reason"][:reason_width - 3] + "...")
             out.append((*cells, *[""] * (len(head) - 2)))
             continue
-        cells += [short_config(r), f"{r['step_time_s']:.3g} s", f"{r[rate_key]:,.0f}",
+        cells += [parallel_text(r), f"{r['step_time_s']:.3g} s", f"{r[rate_key]:,.0f}",
                   f"{100 * r['mfu']:.1f}%", gb(r["peak_memory_bytes"])]
         if costs:
             cells += [dollars(r.get("cost_per_step_usd")), dollars(r.get("cost_per_mtok_usd"))]

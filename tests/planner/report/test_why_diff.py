@@ -174,17 +174,21 @@ def test_diff_names_a_changed_intra_node_link(tiny_llama_config, small_plan):
     assert link.differs and (link.a, link.b) == (100, 25)
 
 
-def test_whatif_configuration_column_shows_context_and_expert_parallelism():
-    from planner.report.sweep import short_config
+def test_one_configuration_line_everywhere_with_context_and_expert_parallelism():
+    from planner.options import Config, parallel_text
 
-    row = {"dp": 2, "tp": 2, "sequence_parallel": True, "pp": 1, "vpp": 1, "cp": 2,
-           "cp_comm": "a2a", "ep": 2, "etp": 1, "micro_batch": 1, "schedule": "1f1b",
-           "recompute": "none", "zero": 1}
-    assert short_config(row) == "dp=2 tp=2+sp pp=1 cp=2(a2a) ep=2 mb=1 1f1b rc=none z1"
-    plain = {**row, "cp": 1, "ep": 1}
-    assert short_config(plain) == "dp=2 tp=2+sp pp=1 mb=1 1f1b rc=none z1"
+    row = {"dp": 2, "tp": 2, "sequence_parallel": True, "pp": 2, "vpp": 2, "cp": 2,
+           "cp_comm": "a2a", "ep": 2, "etp": 1, "micro_batch": 1, "num_microbatches": 8,
+           "schedule": "1f1b", "recompute": "none", "zero": 1, "offload_optimizer": False}
+    line = "dp=2 tp=2+sp pp=2x2 cp=2(a2a) ep=2 mb=1x8 1f1b rc=none zero=1"
+    assert parallel_text(row) == line
+    assert Config(**row).short() == line  # the search's messages say it the same way
+    # a what-if row keeps None where a knob does not apply
+    plain = {**row, "vpp": None, "cp": 1, "ep": None, "cp_comm": None}
+    assert parallel_text(plain) == "dp=2 tp=2+sp pp=2 mb=1x8 1f1b rc=none zero=1"
     # experts' matrices split without spreading the experts: etp shows on its own
-    assert short_config({**plain, "etp": 2}) == "dp=2 tp=2+sp pp=1 etp=2 mb=1 1f1b rc=none z1"
+    assert parallel_text({**plain, "etp": 2, "offload_optimizer": True}) == \
+        "dp=2 tp=2+sp pp=2 etp=2 mb=1x8 1f1b rc=none zero=1+offload"
 
 
 def test_whatif_prices_every_point_for_the_software_given(capsys, tiny_llama_config, tmp_path):
