@@ -1299,7 +1299,8 @@ def api_case(case: Case) -> Result:
                            "megatron-core,attention=materialized",
                            "moe_capacity_factor=1.25,moe_pad_to_capacity=true",
                            {"moe_imbalance": 1.5, "moe_dispatcher": "allgather"},
-                           "megatron-core,moe_overlap=true,moe_capacity_factor=2"))
+                           "megatron-core,moe_overlap=true,moe_capacity_factor=2",
+                           "megatron-core,moe_dispatcher=deepep,moe_overlap=true"))
     time_limit = None
     if r.random() < 0.03:
         time_limit = r.choice((0.05, 0.5, 2.0))

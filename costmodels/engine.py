@@ -21,7 +21,7 @@ FUSED_ATTENTION = ("flash", "flash2")
 """Attention settings that run one fused kernel (no score tensor in memory)."""
 KERNELS = ("fused", "eager")
 FUSED_SCOPES = ("model", "layers")
-DISPATCHERS = ("alltoall", "allgather")
+DISPATCHERS = ("alltoall", "allgather", "deepep")
 CP_RINGS = ("te", "torch", "runtime")
 OVERLAP_SCOPES = ("all", "sharded")
 HOST_OP_MAX_S = 1e-3
@@ -100,9 +100,12 @@ class EngineSpec:
 
     moe_dispatcher: str = "alltoall"
     """How routed tokens reach their experts' ranks: ``alltoall`` (each rank sends every token
-    copy to the rank of its expert, and back; Megatron-Core's default) or ``allgather`` (every rank
+    copy to the rank of its expert, and back; Megatron-Core's default), ``allgather`` (every rank
     gathers all tokens of the expert-parallel group and keeps those of its experts; the combine
-    is a reduce-scatter)."""
+    is a reduce-scatter) or ``deepep`` (DeepEP's kernels: a token crosses the network once per
+    node that holds any of its experts and the node's links once per GPU that does, instead of
+    once per copy; Megatron-Core's --moe-token-dispatcher-type flex with the deepep backend,
+    torchtitan's expert_parallel_comm_backend = "deepep"; costmodels.experts.node_sends)."""
     moe_imbalance: float = 1.0
     """Token copies routed to the busiest expert of a layer relative to the mean over its experts
     (a property of the routing, whatever the expert parallelism). The busiest expert-parallel
@@ -176,7 +179,7 @@ class EngineSpec:
             raise SpecError(f"engine.cp_ring: expected {', '.join(CP_RINGS)}, got "
                             f"{self.cp_ring!r}")
         if self.moe_dispatcher not in DISPATCHERS:
-            raise SpecError(f"engine.moe_dispatcher: expected {' or '.join(DISPATCHERS)}, got "
+            raise SpecError(f"engine.moe_dispatcher: expected {', '.join(DISPATCHERS)}, got "
                             f"{self.moe_dispatcher!r}")
         for key, low in (("moe_imbalance", 1.0), ("moe_capacity_factor", 0.0),
                          ("host_op_s", 0.0), ("moe_host_op_s", 0.0)):
@@ -192,6 +195,10 @@ class EngineSpec:
         if 0 < self.moe_capacity_factor < 1:
             raise SpecError("engine.moe_capacity_factor: expected 0 (dropless) or >= 1, got "
                             f"{self.moe_capacity_factor!r}")
+        if self.moe_pad_to_capacity and self.moe_dispatcher == "deepep":
+            raise SpecError("engine.moe_pad_to_capacity: DeepEP's dispatch does not pad experts "
+                            "to capacity (Megatron-Core refuses it with the flex dispatcher); "
+                            "leave moe_pad_to_capacity out or set moe_dispatcher=alltoall")
         if self.moe_pad_to_capacity and not self.moe_capacity_factor:
             raise SpecError("engine.moe_pad_to_capacity: padding to capacity needs a capacity "
                             "factor; set moe_capacity_factor (e.g. 1.25) or leave "

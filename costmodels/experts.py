@@ -3,13 +3,17 @@
 A Mixture-of-Experts layer routes each token to top-k experts; with expert parallelism the
 experts live on ``ep`` ranks, so each token copy travels to its expert's rank (dispatch) and its
 result travels back (combine), in forward and again, as gradients, in backward (Lepikhin et al.,
-"GShard", 2020; Fedus et al., "Switch Transformers", 2022). Two dispatchers
+"GShard", 2020; Fedus et al., "Switch Transformers", 2022). Three dispatchers
 (costmodels.engine.EngineSpec.moe_dispatcher):
 
 - ``alltoall``: each rank sends every token copy to the rank of its expert: an all-to-all of the
   rank's token copies (hidden states), dispatch and combine;
 - ``allgather``: each rank gathers the tokens of the whole expert-parallel group (once per token,
-  not per copy) and keeps those routed to its experts; the combine is a reduce-scatter.
+  not per copy) and keeps those routed to its experts; the combine is a reduce-scatter;
+- ``deepep``: DeepEP's kernels (DeepSeek-AI, github.com/deepseek-ai/DeepEP; DeepSeek-V3 technical
+  report, section 3.2.2): a token crosses the network once per node holding any of its experts,
+  to the GPU of the same index there, which forwards it over the node's links once per GPU
+  holding any of them; the combine reduces on the way back (node_sends).
 
 With expert tensor parallelism (``etp`` > 1) the token copies are also all-gathered over the etp
 group before the experts' GEMMs and reduce-scattered after. The busiest rank (``load``, the
@@ -86,6 +90,61 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
     return t
 
 
+def _missed(num_experts: int, held: float, topk: int) -> float:
+    """The chance that none of a token's ``topk`` distinct experts, drawn evenly from
+    ``num_experts``, is among ``held`` of them."""
+    p = 1.0
+    for i in range(topk):
+        p *= max(0.0, (num_experts - held - i) / (num_experts - i))
+    return p
+
+
+def node_sends(num_experts: int, topk: int, *, ep: int, etp: int,
+               group: GroupShape) -> tuple[float, float]:
+    """DeepEP's sends of one token in one direction out of one GPU, in hidden-state copies:
+    (over the node's links, over the network). ``group``: the ep x etp ranks the dispatch spans
+    (etp ranks of an expert next to each other), ``num_experts / ep`` experts on each rank, each
+    expert's matrices split over its etp ranks (every one of them gets the token).
+
+    Routing is taken as even (top-k distinct experts drawn uniformly: the balanced routing the
+    published benchmarks force). With q_r the chance that a given rank holds one of the token's
+    experts and q_n that a given node does, a token goes over the network to the (N - 1) q_n
+    other nodes it needs on average (N nodes in the group), and over the node's links to the
+    (g - 1) q_r other GPUs it needs in its own node (g of the group's ranks per node); each GPU
+    also forwards the tokens the network brings it to the (g - 1) q_r / q_n others of its node
+    that need them, so its node-link sends total (g - 1) q_r N. Without collisions (top-k
+    experts on top-k different ranks, q_r = k / (ep etp) x etp) this is the all-to-all's volume
+    over the node's links, and the network carries a token once per node rather than once per
+    copy: k (N - 1) / N copies become (N - 1) q_n."""
+    size, g = group.size, min(group.per_node, group.size)
+    if size <= 1:
+        return 0.0, 0.0
+    nodes = max(1, size // g)
+    per_rank = num_experts / ep
+    ranks_of_node = max(1, g // etp)  # expert-parallel ranks (sets of experts) on one node
+    q_rank = 1.0 - _missed(num_experts, per_rank, topk)
+    q_node = 1.0 - _missed(num_experts, min(num_experts, per_rank * ranks_of_node), topk)
+    return (g - 1) * q_rank * nodes, (nodes - 1) * q_node
+
+
+def node_sends_s(nbytes, intra_copies, inter_copies, group: GroupShape, cluster: Cluster,
+                 count=1):
+    """One direction of DeepEP's dispatch (or combine) of ``nbytes`` of tokens per GPU sent as
+    ``intra_copies`` and ``inter_copies`` (node_sends): the node's links and the network at once,
+    the slower setting the time (DeepEP overlaps the forwarding with the network sends)."""
+    if group.size <= 1:
+        return 0.0 * nbytes
+    intra = cluster.intra_node
+    t = count * (intra.sync_s + intra.latency_s) + \
+        nbytes * intra_copies / intra.effective_bytes_per_s
+    if group.per_node >= group.size:
+        return t
+    inter = cluster.inter_node
+    across = count * (inter.sync_s + inter.latency_s) + \
+        nbytes * inter_copies / inter.effective_bytes_per_s
+    return t + (across - t) * (across > t)  # the larger of the two; numpy arrays too
+
+
 def gathered_bytes(dispatcher: str, *, dispatch_bytes, routed_tokens, seq_len: int,
                    share: float, ep: int, etp: int, moe_layers):
     """Per block (numpy arrays over blocks): the transient buffer the ``allgather`` dispatcher
@@ -112,12 +171,13 @@ def overlap_blockers(engine: EngineSpec, *, ep: int, recompute: str, dtype: str,
                      vpp: int) -> list[str]:
     """What keeps the overlapped dispatch (EngineSpec.moe_overlap) off a configuration, in the
     words "needs ...": Megatron-Core's TransformerConfig refuses --overlap-moe-expert-parallel-comm
-    without expert parallelism, without the alltoall dispatcher, with full recomputation, in fp32 and, with a pipeline,
-    without virtual stages (megatron/core/transformer/transformer_config.py, core_v0.19.0); its
-    combined schedule is the overlap this cost model prices. Empty: it runs."""
+    without expert parallelism, without the alltoall or flex (deepep) dispatcher, with full
+    recomputation, in fp32 and, with a pipeline, without virtual stages
+    (megatron/core/transformer/transformer_config.py, core_v0.19.0); its combined schedule is
+    the overlap this cost model prices. Empty: it runs."""
     why = [] if ep > 1 else ["expert parallelism (ep > 1)"]
-    if engine.moe_dispatcher != "alltoall":
-        why.append("the alltoall dispatcher")
+    if engine.moe_dispatcher not in ("alltoall", "deepep"):
+        why.append("the alltoall or deepep dispatcher")
     if recompute in ("full", "op"):
         why.append("no full recomputation")
     if dtype == "fp32":
@@ -162,6 +222,16 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
                      tokens_bytes=share * dispatch_bytes / topk, ep=ep, ep_group=ep_group,
                      etp_group=etp_group, cluster=cluster, load=load,
                      layers=layers)
+    if engine.moe_dispatcher == "deepep":  # capacity-style experts' slots go as an all-to-all's
+        group = comm.folded(etp_group, ep_group)
+        pairs = np.stack(np.broadcast_arrays(num_experts, np.rint(topk))).reshape(2, -1).T
+        counts, index = np.unique(pairs, axis=0, return_inverse=True)
+        sends = np.array([node_sends(int(e), int(k), ep=ep, etp=etp_group.size, group=group)
+                          if e > 0 and k > 0 else (0.0, 0.0) for e, k in counts])
+        intra, inter = sends[index.ravel(), 0], sends[index.ravel(), 1]
+        node = 2 * node_sends_s(share * dispatch_bytes / topk * load, intra.reshape(layers.shape),
+                                inter.reshape(layers.shape), group, cluster, count=layers)
+        fwd = np.where(np.asarray(capacity) > 0, fwd, node)
     back = fwd * (2 if recompute_full else 1)  # the backward pass's (and a replayed forward's)
     total = fwd + back
     if engine.moe_overlap:

@@ -462,10 +462,11 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
             log.warning("engine.moe_imbalance: with moe_pad_to_capacity every expert computes its "
                         "padded capacity however tokens are routed; the imbalance changes "
                         "nothing here")
-        if training.engine.moe_overlap and training.engine.moe_dispatcher != "alltoall":
-            log.warning("engine.moe_overlap: the overlapped dispatch runs with the alltoall "
-                        "dispatcher only (Megatron-Core refuses it with %s); no configuration "
-                        "here overlaps it: drop moe_overlap or set moe_dispatcher=alltoall",
+        if training.engine.moe_overlap and training.engine.moe_dispatcher == "allgather":
+            log.warning("engine.moe_overlap: the overlapped dispatch runs with the alltoall and "
+                        "deepep dispatchers only (Megatron-Core refuses it with %s); no "
+                        "configuration here overlaps it: drop moe_overlap or set "
+                        "moe_dispatcher=alltoall",
                         training.engine.moe_dispatcher)
         return
     given = [f.name for f in dataclasses.fields(EngineSpec) if f.name.startswith("moe_")

@@ -90,7 +90,7 @@ class Engine:
     ep_needs_sharding)."""
     moe_capacity: bool = True
     """Its MoE can drop tokens beyond a capacity factor (EngineSpec.moe_capacity_factor)."""
-    moe_dispatchers: tuple[str, ...] = ("alltoall", "allgather")
+    moe_dispatchers: tuple[str, ...] = ("alltoall", "allgather", "deepep")
     """Token dispatchers of its MoE (EngineSpec.moe_dispatcher)."""
     moe_overlap: bool = True
     """Its expert all-to-alls overlap another micro-batch's compute (EngineSpec.moe_overlap) with
@@ -143,9 +143,12 @@ ENGINES: dict[str, Engine] = {
                          # nor sinks; its MLA model (deepseek_v3) refuses it (export.torchtitan
                          # NO_CONTEXT_PARALLEL)
                          cp_comms_windowed=(), cp_comms_sinks=(), cp_comms_latent=(),
-                         # its MoE drops no tokens, dispatches by all-to-all, and overlaps the
-                         # all-to-alls only under DualPipeV, a schedule this table does not offer
-                         moe_capacity=False, moe_dispatchers=("alltoall",), moe_overlap=False),
+                         # its MoE drops no tokens, dispatches by all-to-all (or DeepEP:
+                         # parallelism.expert_parallel_comm_backend, its deepseek_v3 and llama4
+                         # models), and overlaps the all-to-alls only under DualPipeV, a
+                         # schedule this table does not offer
+                         moe_capacity=False, moe_dispatchers=("alltoall", "deepep"),
+                         moe_overlap=False),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
     # Transformer Engine's attn_forward_func_with_cp runs a sliding window with a2a or all_gather

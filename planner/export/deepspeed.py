@@ -293,9 +293,10 @@ def _autoep_refuses(plan: Plan) -> str:
 
 
 def _autoep_settings(s: dict, ledger: common.Ledger) -> None:
-    if s["moe_dispatcher"] == "allgather":
-        ledger.nearest("moe_dispatcher", "moe_dispatcher allgather: AutoEP dispatches tokens by "
-                       "all-to-all (comm_backend \"comm\"); the step time differs from planned")
+    if s["moe_dispatcher"] != "alltoall":
+        ledger.nearest("moe_dispatcher", f"moe_dispatcher {s['moe_dispatcher']}: AutoEP "
+                       "dispatches tokens by all-to-all (comm_backend \"comm\"); the step time "
+                       "differs from planned")
     else:
         ledger.exact("moe_dispatcher")
     ledger.dropless(s, "AutoEP")

@@ -273,8 +273,7 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                     "add them with your model arguments (validate_args requires --num-experts, "
                     f"a multiple of ep={ep}, when ep > 1)")
     ledger.exact("moe_dispatcher", "moe_capacity_factor", "moe_pad_to_capacity")
-    out.append((["--moe-token-dispatcher-type", s["moe_dispatcher"]],
-                f"token dispatch by {s['moe_dispatcher']}; {moe.imbalance_words(plan)}"))
+    out.append(_dispatcher(plan, version, s))
     if s["moe_capacity_factor"]:
         out.append((["--moe-expert-capacity-factor", f"{s['moe_capacity_factor']:g}",
                      "--moe-token-drop-policy", "probs"],
@@ -292,6 +291,27 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
         out.append((["--overlap-moe-expert-parallel-comm"],
                     "dispatch and combine all-to-alls behind another micro-batch's compute"))
     return out, overlap
+
+
+def _dispatcher(plan: Plan, version: str, s: dict) -> tuple[list[str], str]:
+    """--moe-token-dispatcher-type, and for DeepEP the flex dispatcher with its backend
+    (core_v0.14.0: --moe-enable-deepep; core_v0.19.0 deprecates it for
+    --moe-flex-dispatcher-backend deepep). Megatron-Core's flex dispatcher asserts "TPxEP > 1"
+    (its tp being the experts'): with ep x etp = 1 nothing is dispatched, and alltoall is written."""
+    p = plan.parallel
+    imbalance = moe.imbalance_words(plan)
+    if s["moe_dispatcher"] != "deepep":
+        return (["--moe-token-dispatcher-type", s["moe_dispatcher"]],
+                f"token dispatch by {s['moe_dispatcher']}; {imbalance}")
+    if p.get("ep", 1) * p.get("etp", 1) == 1:
+        return (["--moe-token-dispatcher-type", "alltoall"],
+                "no expert parallelism: no token leaves its rank (the flex dispatcher that runs "
+                f"DeepEP asserts TPxEP > 1); {imbalance}")
+    backend = (["--moe-enable-deepep"] if version == "core_v0.14.0"
+               else ["--moe-flex-dispatcher-backend", "deepep"])
+    return (["--moe-token-dispatcher-type", "flex", *backend],
+            "token dispatch by DeepEP (a token crosses the network once per node holding any of "
+            f"its experts; install DeepEP next to Megatron-LM); {imbalance}")
 
 
 def _grouped_gemm(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> Group:

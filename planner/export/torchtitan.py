@@ -317,17 +317,45 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger,
                        "nearest etp 1, memory re-checked below")
     else:
         ledger.exact("etp")
-    _moe_settings(plan, version, s, ledger)
-    return out
+    return out + _moe_settings(plan, version, s, ledger)
 
 
-def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> None:
-    ep = plan.parallel.get("ep", 1)
+DEEPEP_MODELS = ("deepseek_v3", "llama4")
+"""torchtitan 0.2.2's models whose parallelize functions read
+parallelism.expert_parallel_comm_backend (models/*/infra/parallelize.py)."""
+
+
+def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> list[Setting]:
+    p = plan.parallel
+    ep = p.get("ep", 1)
+    out = []
     if s["moe_dispatcher"] == "allgather" and ep > 1:
         backend = (" (parallelism.expert_parallel_comm_backend \"standard\")"
                    if version == "0.2.2" else "")
         ledger.nearest("moe_dispatcher", "moe_dispatcher allgather: torchtitan's MoE dispatches "
                        f"tokens by all-to-all{backend}; the step time differs from planned")
+    elif s["moe_dispatcher"] == "deepep" and ep > 1:
+        known = names.torchtitan_model(plan)
+        why = None
+        if version != "0.2.2":
+            why = (f"torchtitan {version} chooses DeepEP in a model's config function "
+                   "(moe_comm_backend), not by a job option")
+        elif not known or known[0] not in DEEPEP_MODELS:
+            why = (f"torchtitan {version} runs DeepEP in its {' and '.join(DEEPEP_MODELS)} "
+                   "models only (their parallelize functions read "
+                   "parallelism.expert_parallel_comm_backend)")
+        elif p.get("etp", 1) > 1:
+            why = (f"torchtitan {version} raises NotImplementedError for DeepEP with expert "
+                   f"tensor parallelism (etp={p['etp']})")
+        if why:
+            ledger.nearest("moe_dispatcher", f"moe_dispatcher deepep: {why}; its experts "
+                           "exchange tokens by torch's all-to-all, and the step time differs "
+                           "from planned")
+        else:
+            ledger.exact("moe_dispatcher")
+            out.append(Setting("parallelism", "expert_parallel_comm_backend", "deepep",
+                               ("DeepEP's dispatch and combine (install DeepEP next to "
+                                "torchtitan)",)))
     else:
         ledger.exact("moe_dispatcher")
     ledger.dropless(s, "torchtitan's MoE")
@@ -346,6 +374,7 @@ def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> N
                        "planned)")
     else:
         ledger.exact("moe_overlap")
+    return out
 
 
 def _placement(plan: Plan, ledger: common.Ledger) -> None:

@@ -113,7 +113,8 @@ def titan_022(job: dict) -> dict:
                               "quantize.linear.float8.recipe_name",
                               "quantize.linear.mx.recipe_name",
                               "parallelism.context_parallel_rotate_method",
-                              "parallelism.expert_tensor_parallel_degree"])
+                              "parallelism.expert_tensor_parallel_degree",
+                              "parallelism.expert_parallel_comm_backend"])
     if job.get("world"):
         from torchtitan.distributed import ParallelDims  # noqa: PLC0415
         par = cfg.parallelism

@@ -122,8 +122,15 @@ CASES = {
         plan_named("mixtral-8x7b-ep8-torchtitan"), moe_dispatcher="allgather",
         moe_capacity_factor=1.25, moe_overlap=True),
     "qwen3-pp2-ep8": lambda: plan_named("qwen3-30b-a3b-pp2-ep8-torchtitan"),
+    "deepseek-ep8-deepep": lambda: engine_settings(renamed(
+        plan_named("mixtral-8x7b-ep8-torchtitan"), "deepseek-v3"), moe_dispatcher="deepep"),
 }
 """Plans every torchtitan release is checked with."""
+
+
+def renamed(plan: Plan, spec: str) -> Plan:
+    """The plan as if made for zoo model ``spec`` (a plan without a pipeline names no modules)."""
+    return dataclasses.replace(plan, model={**plan.model, "spec": spec, "name": spec})
 
 
 def engine(check: str, jobs: list[dict], tmp_path) -> list[dict]:
@@ -228,6 +235,10 @@ def test_torchtitan_parses_the_export_to_the_plan(titan, version, case):
     assert got["parallelism.expert_parallel_degree"] == ep
     if version == "0.2.2":
         assert got["parallelism.expert_tensor_parallel_degree"] == p.get("etp", 1)
+        deepep = t.get("engine", {}).get("moe_dispatcher") == "deepep" and ep > 1 and \
+            names.torchtitan_model(plan)[0] in ("deepseek_v3", "llama4")
+        assert got["parallelism.expert_parallel_comm_backend"] == \
+            ("deepep" if deepep else "standard")
         if cp > 1:  # torch's default all-gather: the option reaches only the validator
             assert got["parallelism.context_parallel_rotate_method"] == "allgather"
     meshes = got["meshes"]
@@ -428,6 +439,9 @@ MEGATRON_PLANS = {
     "qwen3-capacity-padded": lambda: engine_settings(
         plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), moe_dispatcher="alltoall",
         moe_pad_to_capacity=True),
+    "qwen3-deepep-overlap": lambda: engine_settings(
+        plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), moe_dispatcher="deepep",
+        moe_overlap=True),
     "qwen3-overlap": lambda: engine_settings(plan_named("qwen3-30b-a3b-ep8-capacity-megatron"),
                                              moe_dispatcher="alltoall", moe_capacity_factor=0.0,
                                              moe_overlap=True),
@@ -508,12 +522,16 @@ def megatron_experts(plan: Plan, ns, version: str) -> None:
     assert ns.expert_tensor_parallel_size == etp
     assert (ns.num_experts, ns.moe_router_topk) == {"mixtral": (8, 2), "qwen3": (128, 8)}[
         plan.model["name"].split("-")[0]]
-    assert ns.moe_token_dispatcher_type == engine.get("moe_dispatcher", "alltoall")
+    dispatcher = engine.get("moe_dispatcher", "alltoall")
+    assert ns.moe_token_dispatcher_type == {"deepep": "flex"}.get(dispatcher, dispatcher)
+    if dispatcher == "deepep":  # the flex dispatcher's DeepEP backend, as each release names it
+        assert bool(ns.moe_enable_deepep) == (version == "core_v0.14.0")
+        assert version == "core_v0.14.0" or ns.moe_flex_dispatcher_backend == "deepep"
     capacity = engine.get("moe_capacity_factor", 0.0)
     assert ns.moe_expert_capacity_factor == (capacity or None)
     assert ns.moe_pad_expert_input_to_capacity == engine.get("moe_pad_to_capacity", False)
     assert ns.moe_grouped_gemm == engine.get("moe_grouped_gemm", True)
-    overlap = engine.get("moe_overlap", False) and engine.get("moe_dispatcher") == "alltoall" \
+    overlap = engine.get("moe_overlap", False) and dispatcher in ("alltoall", "deepep") \
         and p["recompute"] != "full" and (p["pp"] == 1 or p["vpp"] > 1)
     assert ns.overlap_moe_expert_parallel_comm == overlap
 
@@ -571,6 +589,11 @@ def megatron_rules(ns, env: dict, version: str, world: int) -> None:
         assert ns.bf16
     if ns.moe_pad_expert_input_to_capacity:  # TransformerConfig.__post_init__
         assert ns.moe_expert_capacity_factor is not None
+        assert ns.moe_token_dispatcher_type != "flex"
+    if ns.moe_token_dispatcher_type == "flex":  # MoEFlexTokenDispatcher: "requires TPxEP > 1"
+        assert etp * ep > 1
+    if ns.moe_enable_deepep:  # TransformerConfig.__post_init__
+        assert ns.moe_token_dispatcher_type == "flex"
     if ns.overlap_moe_expert_parallel_comm:  # TransformerConfig.__post_init__
         assert ep > 1 and ns.moe_token_dispatcher_type in ("alltoall", "flex")
         assert ns.recompute_granularity != "full" and ns.recompute_method is None

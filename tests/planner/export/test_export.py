@@ -606,6 +606,45 @@ def test_megatron_expresses_experts_and_their_settings(notes):
         ("128", "8")
 
 
+def test_deepep_runs_as_each_engine_names_it(notes):
+    """Megatron-Core: the flex dispatcher with DeepEP (core_v0.14.0 --moe-enable-deepep,
+    core_v0.19.0 --moe-flex-dispatcher-backend deepep), alltoall where nothing is dispatched
+    (the flex dispatcher asserts TPxEP > 1); torchtitan 0.2.2: expert_parallel_comm_backend in
+    its deepseek_v3 and llama4 models, the nearest (torch's all-to-all) elsewhere; DeepSpeed:
+    the nearest."""
+    plan = engine_settings(data_plan("qwen3-30b-a3b-ep8-capacity-megatron"),
+                           moe_dispatcher="deepep")
+    old = megatron_args(to_megatron(plan, "core_v0.14.0"))
+    assert option(old, "--moe-token-dispatcher-type") == "flex" and "--moe-enable-deepep" in old
+    new = megatron_args(to_megatron(plan, "core_v0.19.0"))
+    assert option(new, "--moe-token-dispatcher-type") == "flex"
+    assert option(new, "--moe-flex-dispatcher-backend") == "deepep"
+    assert "--moe-enable-deepep" not in new  # deprecated there
+    alone = megatron_args(to_megatron(variant(plan, ep=1)))
+    assert option(alone, "--moe-token-dispatcher-type") == "alltoall"
+    assert not notes
+    tomllib = pytest.importorskip("tomllib")
+    titan = engine_settings(data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan"), moe_dispatcher="deepep")
+    par = tomllib.loads(to_torchtitan(titan))["parallelism"]
+    assert "expert_parallel_comm_backend" not in par
+    assert any("moe_dispatcher deepep: torchtitan 0.2.2 runs DeepEP in its deepseek_v3 and "
+               "llama4 models only" in n for n in notes)
+    notes.clear()
+    deepseek = dataclasses.replace(titan, model={**titan.model, "spec": "deepseek-v3",
+                                                 "name": "deepseek-v3"})
+    assert names.torchtitan_model(deepseek)[0] == "deepseek_v3"
+    from planner.export import moe, torchtitan  # noqa: PLC0415
+    ledger = Ledger("torchtitan", "0.2.2")
+    assert [(s.section, s.key, s.value) for s in torchtitan._moe_settings(
+        deepseek, "0.2.2", moe.settings(deepseek), ledger)] == \
+        [("parallelism", "expert_parallel_comm_backend", "deepep")]
+    assert ledger.done["moe_dispatcher"] == "exact"
+    ds = engine_settings(data_plan("mixtral-8x7b-ep8-deepspeed"), moe_dispatcher="deepep")
+    to_deepspeed(ds)
+    assert any("moe_dispatcher deepep: AutoEP dispatches tokens by all-to-all" in n
+               for n in notes)
+
+
 def test_megatron_sets_sequence_parallelism_where_it_requires_it(notes):
     """ep > 1 with tp > 1: core_v0.14.0's ModelParallelConfig raises without sequence
     parallelism, core_v0.19.0's warns."""
@@ -626,8 +665,10 @@ def test_megatron_overlaps_expert_all_to_alls_only_where_megatron_core_allows(no
     tp = to_megatron(engine_settings(data_plan("mixtral-8x7b-ep4-etp2-megatron"),
                                      moe_overlap=True))  # DDP-like ZeRO-1 with tp: connections
     assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=32\n" in tp
+    deepep = to_megatron(engine_settings(plan, moe_dispatcher="deepep"))
+    assert "--overlap-moe-expert-parallel-comm" in megatron_args(deepep)
     for refused, why in ((engine_settings(plan, moe_dispatcher="allgather"),
-                          "the alltoall dispatcher"),
+                          "the alltoall or deepep dispatcher"),
                          (variant(plan, recompute="full"), "no full recomputation")):
         notes.clear()
         assert "--overlap-moe-expert-parallel-comm" not in megatron_args(to_megatron(refused))

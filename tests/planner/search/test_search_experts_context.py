@@ -476,7 +476,8 @@ def test_moe_settings_on_a_dense_model_are_named_as_unused(tiny_llama, tiny_mixt
     with caplog.at_level("WARNING", logger="planner"):  # an overlap no dispatch here runs
         _plan(tiny_mixtral, "tp=1,pp=1", engine=engine_from_mapping(
             "megatron-core,moe_dispatcher=allgather,moe_overlap=true"))
-    assert "engine.moe_overlap: the overlapped dispatch runs with the alltoall dispatcher only" \
+    assert "engine.moe_overlap: the overlapped dispatch runs with the alltoall and deepep " \
+        "dispatchers only" \
         in caplog.text
 
 
