@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import sys
 import tempfile
 
@@ -57,15 +59,32 @@ STDOUT = "-"
 """The output path that means standard output (``-o -``)."""
 
 
+def is_stream(path: str) -> bool:
+    """Whether ``path`` (or what a link there points to) exists and is neither a regular file
+    nor a folder: a device (/dev/null) or a pipe, which takes what is written straight into it
+    (there is no file to replace)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def check_output(path: str, what: str, inputs: tuple = ()) -> None:
     """SpecError naming ``what`` (the option) unless ``path`` can be written: its folder exists and
     is writable, it is not a folder, an existing file there is writable, and it is none of the
-    command's ``inputs`` (paths; those that are not files are ignored). Called before the slow
-    part, so that no work is lost to a typo."""
+    command's ``inputs`` (paths; those that are not files are ignored). A link is checked as the
+    file it points to; a device or pipe only for being writable. Called before the slow part, so
+    that no work is lost to a typo."""
     if path == STDOUT:
         return
     if not path:
         raise SpecError(f"{what}: empty path; give a file name")
+    if is_stream(path):
+        if not os.access(path, os.W_OK):
+            raise SpecError(f"{what}: '{path}' cannot be written (permission denied)")
+        return
+    path = os.path.realpath(path) if os.path.islink(path) else path
     for given in inputs:
         if given and os.path.isfile(given) and os.path.exists(path) and \
                 os.path.samefile(path, given):
@@ -119,9 +138,12 @@ def atomic_write(path: str, text: str) -> None:
 def atomic_save(path: str, write) -> None:
     """Call ``write(tmp)`` to fill a temporary file in ``path``'s folder, then rename it onto
     ``path`` (keeping an existing file's permissions); on any failure the temporary file is
-    removed and ``path`` is untouched."""
+    removed and ``path`` is untouched. A link is kept: the file it points to is replaced. A
+    device or pipe (/dev/null) is written straight into, from the finished temporary file."""
     check_output(path, "output")
-    folder = os.path.dirname(os.path.abspath(path))
+    stream = is_stream(path)
+    shown, path = path, os.path.realpath(path) if os.path.islink(path) else path
+    folder = tempfile.gettempdir() if stream else os.path.dirname(os.path.abspath(path))
     try:
         mode = os.stat(path).st_mode & 0o777
     except FileNotFoundError:
@@ -134,13 +156,18 @@ def atomic_save(path: str, write) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
         os.close(fd)
         write(tmp)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        if stream:
+            with open(tmp, "rb") as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.unlink(tmp)
+        else:
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
     except BaseException as exc:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(exc, OSError):  # the folder refused the file after all (e.g. /sys, a full disk)
             reason = exc.strerror or type(exc).__name__
-            raise SpecError(f"output: cannot write '{path}' ({reason}); choose another path"
+            raise SpecError(f"output: cannot write '{shown}' ({reason}); choose another path"
                             ) from None
         raise

@@ -3,6 +3,7 @@
 
 import json
 import os
+import stat
 
 import pytest
 
@@ -111,6 +112,31 @@ def test_output_paths_are_checked_before_any_work(capsys, tmp_path, tiny_gpt2_co
             assert f"folder '{tmp_path / 'no'}' does not exist" in err
     if where == "read-only file":
         assert target.read_text() == "{}"
+
+
+def test_an_output_link_is_kept_and_a_pipe_is_written_into(capsys, tmp_path, tiny_gpt2_config):
+    """A link stays a link (the file it points to gets the plan, also when that file is not
+    there yet), and a pipe or device takes the bytes (found replacing /dev/null with a plan)."""
+    existing, link = tmp_path / "script.sh", tmp_path / "link.sh"
+    existing.write_text("old")
+    link.symlink_to(existing)
+    code, _, err = run(capsys, "solve", tiny_gpt2_config, *SOLVE, "-o", link)
+    assert code == 0, err
+    assert link.is_symlink() and existing.read_text().startswith("{")
+    dangling = tmp_path / "dangling.sh"
+    dangling.symlink_to(tmp_path / "new.sh")
+    assert run(capsys, "solve", tiny_gpt2_config, *SOLVE, "-o", dangling)[0] == 0
+    assert dangling.is_symlink() and (tmp_path / "new.sh").read_text().startswith("{")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the writer's open needs a reader
+    try:
+        code, _, err = run(capsys, "solve", tiny_gpt2_config, *SOLVE, "-o", fifo)
+        assert code == 0, err
+        assert os.read(reader, 1 << 16).startswith(b"{")
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
 def test_an_output_that_is_the_commands_input_is_refused(capsys, tmp_path, small_plan):
