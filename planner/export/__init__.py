@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 
 from planner.errors import SpecError
+from planner.export import moe
 from planner.export.common import SUPPORTED_VERSIONS, engine_version, slug
 from planner.export.deepspeed import to_deepspeed
 from planner.export.megatron import to_megatron
@@ -73,8 +74,19 @@ def export(plan: Plan | str, target: str, version: str | None = None,
         text = to_torchrec(plan, version)
     else:
         version = engine_version(target, version)
+        _check_experts(plan)
         text = TARGETS[target][0](plan, version)
     return text, f"{slug(stem or plan.model['name'])}.{suffix(target, version)}"
+
+
+def _check_experts(plan: Plan) -> None:
+    """SpecError where the plan's ep does not divide the routed experts the export knows of its
+    model (a plan file edited by hand: every engine refuses it)."""
+    ep, facts = plan.parallel.get("ep", 1), moe.model(plan)
+    if facts.experts and facts.experts % ep:
+        raise SpecError(f"parallel.ep: {ep} does not divide {plan.model['name']}'s "
+                        f"{facts.experts} routed experts ({facts.known_from}); re-plan with plan "
+                        f"solve (--fix ep=N with N dividing {facts.experts}, or no ep pin)")
 
 
 __all__ = ["RECSYS_TARGETS", "SUPPORTED_VERSIONS", "TARGETS", "export", "suffix", "to_deepspeed",

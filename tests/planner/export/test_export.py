@@ -606,6 +606,14 @@ def test_megatron_expresses_experts_and_their_settings(notes):
         ("128", "8")
 
 
+def test_an_edited_plan_whose_ep_does_not_divide_the_experts_is_refused():
+    plan = variant(data_plan("mixtral-8x7b-ep8-megatron"), ep=16, dp=16)
+    for target in ("megatron", "torchtitan", "deepspeed"):
+        with pytest.raises(SpecError, match=r"^parallel.ep: 16 does not divide mixtral-8x7b's 8 "
+                                            r"routed experts \(planner's zoo\); re-plan"):
+            export(plan, target)
+
+
 def test_deepep_runs_as_each_engine_names_it(notes):
     """Megatron-Core: the flex dispatcher with DeepEP (core_v0.14.0 --moe-enable-deepep,
     core_v0.19.0 --moe-flex-dispatcher-backend deepep), alltoall where nothing is dispatched
