@@ -50,6 +50,9 @@ def restrict(options: SearchOptions) -> SearchOptions:
     if fix.get("offload_optimizer"):
         raise SpecError("fix.offload_optimizer: optimizer offload is not priced on clusters with "
                         "device groups; drop it")
+    if fix.get("placement", "tp-dp-pp") != "tp-dp-pp":
+        raise SpecError(f"fix.placement: clusters with device groups place each stage's tp x dp "
+                        f"ranks together (tp-dp-pp); drop placement={fix['placement']}")
     schedules = tuple(s for s in GROUP_SCHEDULES if s in options.schedules)
     if not schedules:
         raise SpecError(f"target: {options.target} runs none of the schedules priced on clusters "

@@ -140,7 +140,8 @@ def test_a_search_cut_by_its_time_limit_says_feasible_with_an_unknown_gap(mid_gp
 @pytest.mark.parametrize("fix,words", [("schedule=interleaved-1f1b", "fix.schedule"),
                                        ("schedule=zb-h1", "fix.schedule"),
                                        ("vpp=2", "fix.vpp"),
-                                       ("offload_optimizer=true", "fix.offload_optimizer")])
+                                       ("offload_optimizer=true", "fix.offload_optimizer"),
+                                       ("placement=tp-pp-dp", "fix.placement")])
 def test_pins_the_group_pricing_cannot_honour_are_refused_before_tracing(fix, words):
     import planner
 
