@@ -189,7 +189,12 @@ SECTIONS = [
      "host and device imperfectly lies between max and sum) held out at 16.6% (p = 4, 47.8 us) "
      "and 17.6% (p = 2, 38.2 us), both worse than max; and GPT-OSS's attention priced as "
      "materialized (had sinks kept it off fused kernels) moves its rows apart instead of "
-     "together (GB200 and GB300 -36% and -44%, B200 still +71%). Then the free search against each "
+     "together (GB200 and GB300 -36% and -44%, B200 still +71%). A third, from a review of the "
+     "cost model (2026-12-04), was not kept either: the all-to-alls filling a layer's wait for "
+     "the host first (the layer taking the larger of its ops' issue time and its device time "
+     "with the all-to-alls, instead of the all-to-alls added after that larger one) refits to "
+     "61.5 us and holds out at 17.9% (all rows 15.5%); the constant also stands for device "
+     "time the model misses, in which no all-to-all can hide. Then the free search against each "
      "published configuration under the planner's own model."),
     ("longcontext", "long_context_runs.py",
      "**Long sequences** (`benchmarks/long_context_runs.py`): NeMo's long-sequence table "
