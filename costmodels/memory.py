@@ -171,7 +171,9 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     recomputation, or selective); with op-level and full recomputation it is left at the mean:
     full keeps the block's input only, and op-level keeps outputs of plain weight GEMMs and
     attention (torchtitan's policy saves ``aten.mm`` and SDPA outputs), while routed experts run
-    grouped or batched GEMMs, which it recomputes.
+    grouped or batched GEMMs, which it recomputes (the expert all-to-alls' outputs it keeps with
+    expert parallelism are planner.search.costs._op_saved_exchange's: the trace does not see
+    them).
     ``etp``: expert tensor parallelism, whose ranks each keep the token copies of all etp ranks
     at the hidden width (BlockWork.act_routed_gathered). ``probs_in_activation``: the routing
     weights multiply the experts' activation before their last GEMM, whose output is then not

@@ -320,6 +320,11 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger,
     return out + _moe_settings(plan, version, s, ledger)
 
 
+SAVES_ALL_TO_ALL = ("deepseek_v3", "gpt_oss", "llama4")
+"""torchtitan 0.2.2's models whose op-level checkpointing saves the expert all-to-alls' outputs
+(all_to_all_single in models/*/infra/parallelize.py's _op_sac_save_list), as the planner prices
+op-level recomputation (planner.search.costs._op_saved_exchange)."""
+
 DEEPEP_MODELS = ("deepseek_v3", "llama4")
 """torchtitan 0.2.2's models whose parallelize functions read
 parallelism.expert_parallel_comm_backend (models/*/infra/parallelize.py)."""
@@ -328,6 +333,7 @@ parallelism.expert_parallel_comm_backend (models/*/infra/parallelize.py)."""
 def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> list[Setting]:
     p = plan.parallel
     ep = p.get("ep", 1)
+    known = names.torchtitan_model(plan)
     out = []
     if s["moe_dispatcher"] == "allgather" and ep > 1:
         backend = (" (parallelism.expert_parallel_comm_backend \"standard\")"
@@ -335,7 +341,6 @@ def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> l
         ledger.nearest("moe_dispatcher", "moe_dispatcher allgather: torchtitan's MoE dispatches "
                        f"tokens by all-to-all{backend}; the step time differs from planned")
     elif s["moe_dispatcher"] == "deepep" and ep > 1:
-        known = names.torchtitan_model(plan)
         why = None
         if version != "0.2.2":
             why = (f"torchtitan {version} chooses DeepEP in a model's config function "
@@ -358,6 +363,13 @@ def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> l
                                 "torchtitan)",)))
     else:
         ledger.exact("moe_dispatcher")
+    if p["recompute"] == "op" and ep > 1 and version == "0.2.2" and known and \
+            known[0] not in SAVES_ALL_TO_ALL:
+        ledger.info(f"recompute op: torchtitan {version}'s {known[0]} does not save the expert "
+                    "all-to-alls' outputs under op-level checkpointing (its _op_sac_save_list "
+                    f"lacks all_to_all_single; its {', '.join(SAVES_ALL_TO_ALL)} save them, as "
+                    "the plan prices): backward replays the forward's dispatch and combine, a "
+                    "slower step and less memory than planned")
     ledger.dropless(s, "torchtitan's MoE")
     if s["moe_grouped_gemm"]:
         ledger.exact("moe_grouped_gemm")  # MoEArgs.use_grouped_mm, torchtitan's default on SM90+

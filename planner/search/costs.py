@@ -288,7 +288,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             vec(memory.activation_bytes(w, micro_batch=share, tp=tp, sp=sp, recompute="none",
                                         scores_kept=kept, fused=fused_outer, fp8=False,
                                         routed_load=load, etp=etp,
-                                        probs_in_activation=weighted))) + ring_kept,
+                                        probs_in_activation=weighted))) + ring_kept
+        + _op_saved_exchange(w, recompute, checkpointed=ma.checkpointed, share=share / tp,
+                             ep=ep, load=load),
         work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8, routed_load=load, etp=etp,
@@ -310,6 +312,19 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                                         micro_batch=micro_batch, recompute=recompute,
                                         costs=costs)
     return costs
+
+
+def _op_saved_exchange(w, recompute: str, *, checkpointed, share: float, ep: int, load):
+    """Per block: what op-level checkpointing keeps of the expert all-to-alls, which the trace
+    on one device does not see: torchtitan's op-level policy saves the outputs of
+    ``all_to_all_single`` in its deepseek_v3, gpt_oss and llama4 models (their
+    ``_op_sac_save_list``, 0.2.2), so with ep > 1 a rank keeps the token copies its experts
+    received (``load`` times the mean on the busiest rank) and those the combine returned.
+    Counted for every model (its qwen3 saves neither, replaying the forward's dispatch in
+    backward instead: the export says so)."""
+    if recompute != "op" or ep <= 1:
+        return 0.0
+    return np.where(checkpointed, share * w.dispatch_bytes * (1.0 + load), 0.0)
 
 
 def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int,

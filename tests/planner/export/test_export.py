@@ -606,6 +606,18 @@ def test_megatron_expresses_experts_and_their_settings(notes):
         ("128", "8")
 
 
+def test_torchtitan_says_where_op_level_checkpointing_replays_the_all_to_alls(notes):
+    """0.2.2's qwen3 keeps no all-to-all output under op-level checkpointing (its gpt_oss,
+    deepseek_v3 and llama4 do, as the plan prices)."""
+    plan = variant(data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan"), recompute="op")
+    to_torchtitan(plan)
+    assert any("torchtitan 0.2.2's qwen3 does not save the expert all-to-alls' outputs" in n
+               for n in notes)
+    notes.clear()
+    to_torchtitan(variant(plan, recompute="full"))
+    assert not any("all-to-alls' outputs" in n for n in notes)
+
+
 def test_an_edited_plan_whose_ep_does_not_divide_the_experts_is_refused():
     plan = variant(data_plan("mixtral-8x7b-ep8-megatron"), ep=16, dp=16)
     for target in ("megatron", "torchtitan", "deepspeed"):

@@ -54,6 +54,28 @@ def test_expert_parallelism_shards_expert_states(tiny_mixtral):
     assert "ep_comm_s" not in one.predicted["breakdown"]
 
 
+def test_op_level_checkpointing_keeps_the_all_to_alls_outputs(tiny_mixtral):
+    """torchtitan's op-level policy saves all_to_all_single outputs (gpt_oss, deepseek_v3,
+    llama4): with ep > 1 a rank keeps its experts' received copies and the combine's returned
+    ones, which the trace on one device never sees; nothing without ep or under other policies."""
+    from planner.search import costs
+
+    ma = costs.ModelArrays.from_blocks(tiny_mixtral.blocks)
+    cluster = planner.load_cluster("dgx-h100", nodes=2)
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len)
+
+    def act(recompute, ep, micro_batch=2):
+        return costs.block_costs(ma, cluster, training, tp=1, sp=False, recompute=recompute,
+                                 micro_batch=micro_batch, ep=ep).act_bytes
+    moe = ma.work.dispatch_bytes > 0
+    assert moe.any()
+    extra = act("op", 4) - act("op", 1)
+    np.testing.assert_allclose(extra[moe], 2 * 2 * ma.work.dispatch_bytes[moe])
+    assert not extra[~moe].any()
+    for other in ("none", "full"):
+        np.testing.assert_allclose(act(other, 4), act(other, 1))
+
+
 def test_uneven_routing_slows_expert_parallel_ranks_only(tiny_mixtral):
     from costmodels.engine import engine_from_mapping
 
