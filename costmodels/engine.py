@@ -337,7 +337,9 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
             try:
                 kw[key] = float(kw[key])
             except ValueError:
-                raise SpecError(f"engine.{key}: expected a number, got {kw[key]!r}") from None
+                unit = " of seconds (50 us is 5e-05)" if key.endswith("_op_s") else ""
+                raise SpecError(f"engine.{key}: expected a number{unit}, got {kw[key]!r}"
+                                ) from None
     return EngineSpec(**kw)
 
 

@@ -443,10 +443,13 @@ def _routing_problem(engine: EngineSpec, experts: float, top_k: float, name: str
     return ""
 
 
-def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
+def _warn_unused_settings(prepared: Prepared, training: TrainingSpec,
+                          fix: dict | None = None) -> None:
     """Say so when engine settings are given that change nothing here: MoE settings for a model
-    without routed experts, an FP8 recipe for a step not in fp8 (a user comparing plans would
-    otherwise not know)."""
+    without routed experts, the expert all-to-alls' settings with ep pinned to 1, a capacity
+    factor under balanced routing, an FP8 recipe for a step not in fp8 (a user comparing plans
+    would otherwise not know)."""
+    fix = fix or {}
     default = EngineSpec()
     if training.dtype != "fp8" and training.engine.fp8_recipe != default.fp8_recipe:
         log.warning("engine.fp8_recipe: %s applies to --dtype fp8 only; this %s plan does not "
@@ -462,6 +465,20 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec) -> None:
             log.warning("engine.moe_imbalance: with moe_pad_to_capacity every expert computes its "
                         "padded capacity however tokens are routed; the imbalance changes "
                         "nothing here")
+        engine = training.engine
+        if int(fix.get("ep", 0)) == 1 and engine.moe_overlap:
+            log.warning("engine.moe_overlap: with ep=1 (pinned) there is no expert all-to-all to "
+                        "overlap; moe_overlap changes nothing here")
+        if int(fix.get("ep", 0)) == 1 and int(fix.get("etp", 0)) == 1 and \
+                engine.moe_dispatcher != default.moe_dispatcher:
+            log.warning("engine.moe_dispatcher: with ep=1 and etp=1 (pinned) no token leaves its "
+                        "rank; moe_dispatcher=%s changes nothing here", engine.moe_dispatcher)
+        if engine.moe_capacity_factor and not engine.moe_pad_to_capacity and \
+                engine.moe_imbalance <= 1.0:
+            log.warning("engine.moe_capacity_factor: under balanced routing (moe_imbalance=1.0) "
+                        "no expert gets more than the mean, so a capacity factor drops nothing "
+                        "and changes nothing here; give moe_imbalance (the busiest expert's "
+                        "share) or moe_pad_to_capacity=true")
         if training.engine.moe_overlap and training.engine.moe_dispatcher == "allgather":
             log.warning("engine.moe_overlap: the overlapped dispatch runs with the alltoall and "
                         "deepep dispatchers only (Megatron-Core refuses it with %s); no "
@@ -499,7 +516,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         precision.check_recipe(group.device, training.dtype, training.engine.fp8_recipe)
     training = _attention_the_devices_run(cluster, training)
     _check_routing(prepared, training)
-    _warn_unused_settings(prepared, training)
+    _warn_unused_settings(prepared, training, dict(options.fix))
     result = search(prepared.blocks, cluster, training, options, progress=progress)
     aside, ruled = rejection_lines(result.rejected, most=4)
     log.info("searched %d configuration%s in %.2f s (%s)", result.candidates,

@@ -7,6 +7,7 @@ import re
 from functools import lru_cache
 from importlib import resources
 
+from costmodels.engine import engine_from_mapping
 from planner.errors import SpecError
 
 SCHEMA_ID = "planner.plan/v1"
@@ -71,6 +72,10 @@ def _check_consistency(d: dict, where: str) -> None:
     if (par["dp"] * par.get("cp", 1) * par["tp"]) % (par.get("ep", 1) * par.get("etp", 1)):
         raise SpecError(f"{where}: parallel ep*etp = {par.get('ep', 1) * par.get('etp', 1)} does "
                         "not divide dp*cp*tp")
+    try:  # the engine settings it was priced with, as every command reads them back
+        engine_from_mapping(d["training"].get("engine"))
+    except SpecError as exc:
+        raise SpecError(f"{where}: training.{exc}") from None
     if len(d["stages"]) != par["pp"] * par["vpp"]:
         raise SpecError(f"{where}: {len(d['stages'])} stages listed for pp={par['pp']} x "
                         f"vpp={par['vpp']}")

@@ -1,6 +1,7 @@
 """The plan file's schema and the planner's lists of choices say the same thing."""
 
 import json
+import os
 from importlib import resources
 
 import pytest
@@ -26,3 +27,15 @@ def test_wrong_schema_id_and_rounding():
         validate({"schema": "x"}, "p.json")
     assert clean({"a": 1.23456789, "b": [0.0, 3], "c": True}) == {"a": 1.23457, "b": [0.0, 3],
                                                                   "c": True}
+
+
+def test_a_plan_whose_engine_settings_no_command_reads_is_refused():
+    """Every command reads a plan's training.engine back (show, export, diff alike)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "export", "data", "plans",
+                        "mixtral-8x7b-ep8-megatron.json")
+    d = json.load(open(path))
+    validate(d, "p.json")
+    d["training"]["engine"] = {**d["training"].get("engine", {}), "moe_dispatcher": "bogus"}
+    with pytest.raises(SpecError, match=r"^p.json: training.engine.moe_dispatcher: expected "
+                                        r"alltoall, allgather, deepep, got 'bogus'$"):
+        validate(d, "p.json")

@@ -54,6 +54,25 @@ def test_expert_parallelism_shards_expert_states(tiny_mixtral):
     assert "ep_comm_s" not in one.predicted["breakdown"]
 
 
+def test_settings_the_pins_leave_unused_are_named(tiny_mixtral, caplog):
+    from costmodels.engine import engine_from_mapping
+    for pins, engine, said in (
+            ("ep=1,tp=1,pp=1", "moe_overlap=true", "engine.moe_overlap: with ep=1 (pinned)"),
+            ("ep=1,etp=1,tp=1,pp=1", "moe_dispatcher=allgather",
+             "engine.moe_dispatcher: with ep=1 and etp=1 (pinned)"),
+            ("ep=2,tp=1,pp=1", "moe_capacity_factor=1.25",
+             "engine.moe_capacity_factor: under balanced routing")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="planner"):
+            _plan(tiny_mixtral, pins, engine=engine_from_mapping(engine))
+        assert said in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="planner"):  # each used: nothing said
+        _plan(tiny_mixtral, "ep=2,tp=1,pp=1", engine=engine_from_mapping(
+            "moe_overlap=true,moe_capacity_factor=1.25,moe_imbalance=1.5"))
+    assert "changes nothing" not in caplog.text
+
+
 def test_op_level_checkpointing_keeps_the_all_to_alls_outputs(tiny_mixtral):
     """torchtitan's op-level policy saves all_to_all_single outputs (gpt_oss, deepseek_v3,
     llama4): with ep > 1 a rank keeps its experts' received copies and the combine's returned
