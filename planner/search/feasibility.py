@@ -327,13 +327,14 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                     for k, v in options.fix.items())
     with_pins = f" with {pins}" if pins else ""
+    lead = "fix: " if pins else ""  # the pins are the field to change
     priced = any(rejected[r] for r in OUTCOMES)  # some configurations passed the rules
     relax = "relax --fix" if pins else "see `plan solve --help` for the knobs"
     over_memory = (f"no plan fits: no configuration{with_pins} fits on {cluster.num_gpus} GPUs "
                    f"({summary})" + ("; relax --fix" if pins else ""))
     if isinstance(cluster, HeteroCluster):
         if not priced:  # the rules alone left nothing: bad input
-            raise SpecError(f"no configuration{with_pins} is possible on the cluster's groups "
+            raise SpecError(f"{lead}no configuration{with_pins} is possible on the cluster's groups "
                             f"({summary}); {relax}")
         return f"no plan{with_pins} fits the cluster's groups ({summary})"
     cap = capacity_bytes(cluster, options)
@@ -341,7 +342,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     if lean is None and priced:  # memory stops what the rules allow
         return over_memory
     if lean is None:  # the rules (and the pins) leave nothing, whatever the memory: bad input
-        raise SpecError(f"no configuration{with_pins} is possible on {cluster.num_gpus} GPUs "
+        raise SpecError(f"{lead}no configuration{with_pins} is possible on {cluster.num_gpus} GPUs "
                         f"({summary}); {relax}")
     need, cfg, est = lean
     if need <= cap and rejected[TOO_MANY_MB]:
@@ -353,7 +354,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     if need <= cap and priced and not (rejected[MICRO_BATCH] or rejected[BATCH_DP]):
         return over_memory  # the leanest layout breaks a rule; what the rules allow is too big
     if need <= cap:  # memory is not what stops it: the batch or the pins break the rules
-        raise SpecError(f"no configuration{with_pins} is possible ({summary}); " +
+        raise SpecError(f"{lead}no configuration{with_pins} is possible ({summary}); " +
                         _rules_advice(cfg, training.global_batch, rejected, bool(pins),
                                       cluster.num_gpus))
     worst = max(est.stages, key=lambda st: st.memory.get("total", 0.0))
