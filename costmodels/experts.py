@@ -112,10 +112,10 @@ def node_sends(num_experts: int, topk: int, *, ep: int, etp: int,
     other nodes it needs on average (N nodes in the group), and over the node's links to the
     (g - 1) q_r other GPUs it needs in its own node (g of the group's ranks per node); each GPU
     also forwards the tokens the network brings it to the (g - 1) q_r / q_n others of its node
-    that need them, so its node-link sends total (g - 1) q_r N. Without collisions (top-k
-    experts on top-k different ranks, q_r = k / (ep etp) x etp) this is the all-to-all's volume
-    over the node's links, and the network carries a token once per node rather than once per
-    copy: k (N - 1) / N copies become (N - 1) q_n."""
+    that need them, so its node-link sends total (g - 1) q_r N: N times the all-to-all's volume
+    over the node's links (without collisions), so the more of the group a node holds, the more
+    its links carry. The network carries a token once per node rather than once per copy: k (N -
+    1) / N copies become (N - 1) q_n. ``group`` is taken as N equal nodes."""
     size, g = group.size, min(group.per_node, group.size)
     if size <= 1:
         return 0.0, 0.0
@@ -222,8 +222,10 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
                      tokens_bytes=share * dispatch_bytes / topk, ep=ep, ep_group=ep_group,
                      etp_group=etp_group, cluster=cluster, load=load,
                      layers=layers)
-    if engine.moe_dispatcher == "deepep":  # capacity-style experts' slots go as an all-to-all's
-        group = comm.folded(etp_group, ep_group)
+    group = comm.folded(etp_group, ep_group)
+    # capacity-style experts' slots go as an all-to-all's; so does a group whose nodes hold
+    # unequal numbers of its ranks (DeepEP's kernels take equal ones: not priced here)
+    if engine.moe_dispatcher == "deepep" and group.size % min(group.per_node, group.size) == 0:
         pairs = np.stack(np.broadcast_arrays(num_experts, np.rint(topk))).reshape(2, -1).T
         counts, index = np.unique(pairs, axis=0, return_inverse=True)
         sends = np.array([node_sends(int(e), int(k), ep=ep, etp=etp_group.size, group=group)

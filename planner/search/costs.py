@@ -330,7 +330,12 @@ def _op_saved_exchange(w, recompute: str, *, checkpointed, share: float, ep: int
 def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int,
                       cp: int, ep: int, etp: int, micro_batch: int, recompute: str,
                       costs: BlockCosts) -> np.ndarray | None:
-    """Per block: expert dispatch and combine with the ep (and etp) group on consecutive ranks."""
+    """Per block: the least expert dispatch and combine any placement of the ep (and etp) group
+    gives: the least over every even count of its members per node, up to all on the fewest
+    nodes (consecutive ranks), and with DeepEP also the all-to-all's (what an uneven group is
+    priced as). Consecutive ranks are the cheapest where the node's links are the faster, but
+    not with DeepEP (a node's links forward what the network brings: the more of the group a
+    node holds, the more they carry) nor on a cluster whose network outruns its node links."""
     w = ma.work
     if ep * etp <= 1 or not np.any(w.dispatch_bytes):
         return None
@@ -339,13 +344,21 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
     if engine.moe_overlap and experts.overlap_blockers(engine, ep=ep, recompute=recompute,
                                                        dtype=training.dtype, pp=1, vpp=1):
         engine = dataclasses.replace(engine, moe_overlap=False)
-    return experts.block_dispatch_s(
-        engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
-        seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
-        ep_group=placement.group_shape(ep, etp, g), etp_group=placement.group_shape(etp, 1, g),
-        cluster=cluster, recompute_full=recompute == "full", fwd_s=costs.fwd_s,
-        bwd_s=costs.backward_pass_s,
-        num_experts=w.num_experts, moe_layers=w.moe_layers, capacity=w.expert_capacity)
+    least = placement.group_shape(ep, etp, g)
+
+    def dispatch(engine, ep_group):
+        return experts.block_dispatch_s(
+            engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
+            seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
+            ep_group=ep_group, etp_group=placement.group_shape(etp, 1, g),
+            cluster=cluster, recompute_full=recompute == "full", fwd_s=costs.fwd_s,
+            bwd_s=costs.backward_pass_s,
+            num_experts=w.num_experts, moe_layers=w.moe_layers, capacity=w.expert_capacity)
+    spread = [dispatch(engine, comm.GroupShape(size=ep, per_node=k))
+              for k in range(1, least.per_node + 1) if ep % k == 0 or k == least.per_node]
+    if engine.moe_dispatcher == "deepep":
+        spread.append(dispatch(dataclasses.replace(engine, moe_dispatcher="alltoall"), least))
+    return np.minimum.reduce(spread)
 
 
 def config_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
