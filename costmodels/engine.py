@@ -161,6 +161,14 @@ class EngineSpec:
     multiply the experts' outputs, which autograd keeps (Hugging Face models, torchtitan's MoE
     with scores after the experts, DeepSpeed's MoE layer). Eager engines run the model's own
     code either way."""
+    moe_etp_replicated: bool = False
+    """With the experts' matrices split over etp ranks: every etp rank routes and all-to-alls
+    all the tokens of its tensor-parallel group (gathered before the router, the outputs
+    reduce-scattered after the combine: torchtitan's ExpertTensorParallel,
+    distributed/expert_parallel.py 0.2.2, which skips its sequence-parallel reorderer when etp is
+    on), so the all-to-all moves etp times the copies; False: each rank all-to-alls its own
+    tokens' copies and the etp ranks gather the copies after it (Megatron-Core's
+    MoEAlltoAllTokenDispatcher)."""
     moe_overlap: bool = False
     """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
@@ -233,13 +241,13 @@ PRESETS: dict[str, dict] = {
     # reduce-scatter through its flat buffers, fp32 sharded states and fp32 reduction
     "torchtitan": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
                    "fsdp_copies": True, "fsdp_experts": True, "state_layout": "fsdp2",
-                   "cp_ring": "torch"},
+                   "cp_ring": "torch", "moe_etp_replicated": True},
     # torchtitan with torch.compile: element-wise chains of each transformer block fused by
     # Inductor; embedding, output projection and loss eager
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
                            "overlap_grad_reduce": True, "fsdp_copies": True,
                            "fsdp_experts": True, "state_layout": "fsdp2", "cp_ring": "torch",
-                           "moe_probs_in_activation": False},
+                           "moe_probs_in_activation": False, "moe_etp_replicated": True},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction (overlap_comm); its
     # ZeRO-1/2 optimizer gathers the updated weights inside step()
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,

@@ -62,7 +62,7 @@ def rank_load(engine: EngineSpec, *, ep: int, num_experts: int) -> float:
 
 def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep: int,
                ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
-               load: float = 1.0, layers: int = 1) -> float:
+               load: float = 1.0, layers: int = 1, etp_replicated: bool = False) -> float:
     """Seconds of one forward's dispatch and combine for ``layers`` MoE layers (backward moves
     the same bytes again). ``copies_bytes``: hidden states of the rank's token copies (tokens x
     top-k); ``tokens_bytes``: of its tokens (once each). Sizes may be numpy arrays (one entry
@@ -70,9 +70,11 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
 
     ``alltoall``: the copies to their experts' ranks over ep and back, then gathered over the
     expert tensor-parallel ranks and reduce-scattered back (Megatron-Core's
-    MoEAlltoAllTokenDispatcher); ``allgather``: every token gathered once over the whole ep x etp
-    group and reduce-scattered back (MoEAllGatherTokenDispatcher: "this allgather spans the
-    communication domain of TP*EP")."""
+    MoEAlltoAllTokenDispatcher); with ``etp_replicated`` (EngineSpec.moe_etp_replicated) the
+    tokens are gathered over the etp ranks before routing and reduce-scattered after the
+    combine, and every etp rank all-to-alls the copies of all of them; ``allgather``: every
+    token gathered once over the whole ep x etp group and reduce-scattered back
+    (MoEAllGatherTokenDispatcher: "this allgather spans the communication domain of TP*EP")."""
     if ep <= 1 and etp_group.size <= 1:
         return 0.0 * copies_bytes
     if dispatcher == "allgather":
@@ -81,6 +83,14 @@ def dispatch_s(dispatcher: str, *, copies_bytes: float, tokens_bytes: float, ep:
         return comm.allgather_s(gathered, group, cluster, count=layers) + \
             comm.reduce_scatter_s(gathered, group, cluster, count=layers)
     t = 0.0 * copies_bytes
+    if etp_replicated and etp_group.size > 1:
+        gathered = tokens_bytes * etp_group.size
+        t += comm.allgather_s(gathered, etp_group, cluster, count=layers) + \
+            comm.reduce_scatter_s(gathered, etp_group, cluster, count=layers)
+        if ep > 1:
+            t += 2 * comm.alltoall_s(copies_bytes * load * etp_group.size, ep_group, cluster,
+                                     count=layers)
+        return t
     if ep > 1:
         t += 2 * comm.alltoall_s(copies_bytes * load, ep_group, cluster, count=layers)
     if etp_group.size > 1:
@@ -221,7 +231,7 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     fwd = dispatch_s(engine.moe_dispatcher, copies_bytes=share * dispatch_bytes,
                      tokens_bytes=share * dispatch_bytes / topk, ep=ep, ep_group=ep_group,
                      etp_group=etp_group, cluster=cluster, load=load,
-                     layers=layers)
+                     layers=layers, etp_replicated=engine.moe_etp_replicated)
     group = comm.folded(etp_group, ep_group)
     # capacity-style experts' slots go as an all-to-all's; so does a group whose nodes hold
     # unequal numbers of its ranks (DeepEP's kernels take equal ones: not priced here)

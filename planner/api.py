@@ -405,7 +405,7 @@ def _attention_the_devices_run(cluster, training: TrainingSpec) -> TrainingSpec:
                                                                     attention="materialized"))
 
 
-PRESET_MOE = frozenset({"moe_probs_in_activation"})
+PRESET_MOE = frozenset({"moe_probs_in_activation", "moe_etp_replicated"})
 """MoE engine settings the presets set (costmodels.engine.PRESETS): no warning for dense models."""
 
 

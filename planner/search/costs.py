@@ -289,7 +289,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                                         scores_kept=kept, fused=fused_outer, fp8=False,
                                         routed_load=load, etp=etp,
                                         probs_in_activation=weighted))) + ring_kept
-        + _op_saved_exchange(w, recompute, checkpointed=ma.checkpointed, share=share / tp,
+        + _op_saved_exchange(w, recompute, checkpointed=ma.checkpointed,
+                             share=share / tp * (etp if engine.moe_etp_replicated else 1),
                              ep=ep, load=load),
         work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
@@ -319,7 +320,8 @@ def _op_saved_exchange(w, recompute: str, *, checkpointed, share: float, ep: int
     on one device does not see: torchtitan's op-level policy saves the outputs of
     ``all_to_all_single`` in its deepseek_v3, gpt_oss and llama4 models (their
     ``_op_sac_save_list``, 0.2.2), so with ep > 1 a rank keeps the token copies its experts
-    received (``load`` times the mean on the busiest rank) and those the combine returned.
+    received (``load`` times the mean on the busiest rank) and those the combine returned
+    (``share``: samples' worth of tokens a rank all-to-alls, EngineSpec.moe_etp_replicated).
     Counted for every model (its qwen3 saves neither, replaying the forward's dispatch in
     backward instead: the export says so)."""
     if recompute != "op" or ep <= 1:

@@ -201,6 +201,30 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
         assert alone[0] == pytest.approx(share * per_block[1])
 
 
+def test_torchtitans_expert_tensor_parallelism_all_to_alls_the_whole_groups_copies():
+    """torchtitan's ExpertTensorParallel gathers the tokens over tp before the router (no
+    sequence-parallel reorderer with etp) and every etp rank all-to-alls all their copies;
+    Megatron-Core all-to-alls a rank's own copies, then gathers the copies over etp."""
+    copies = 4096 * 8 * 2048 * 2.0
+    tokens = copies / 8
+    ep_group, etp_group = GroupShape(size=4, per_node=4), GroupShape(size=2, per_node=2)
+
+    def priced(replicated):
+        return experts.dispatch_s("alltoall", copies_bytes=copies, tokens_bytes=tokens, ep=4,
+                                  ep_group=ep_group, etp_group=etp_group, cluster=CLUSTER,
+                                  etp_replicated=replicated)
+    assert priced(True) == pytest.approx(
+        2 * comm.alltoall_s(2 * copies, ep_group, CLUSTER)
+        + comm.allgather_s(2 * tokens, etp_group, CLUSTER)
+        + comm.reduce_scatter_s(2 * tokens, etp_group, CLUSTER))
+    assert priced(False) == pytest.approx(
+        2 * comm.alltoall_s(copies, ep_group, CLUSTER)
+        + comm.allgather_s(2 * copies, etp_group, CLUSTER)
+        + comm.reduce_scatter_s(2 * copies, etp_group, CLUSTER))
+    assert engine_from_mapping("torchtitan").moe_etp_replicated
+    assert not engine_from_mapping("megatron-core").moe_etp_replicated
+
+
 @pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
 def test_a_block_of_two_moe_layers_dispatches_twice_what_one_does(dispatcher):
     """A small model traced as one block holds several MoE layers: each gathers (or exchanges)
