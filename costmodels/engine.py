@@ -258,6 +258,11 @@ PRESETS: dict[str, dict] = {
 """Engine settings of common training stacks, by name (``--engine megatron-core``); ``k=v`` pairs
 after the name override single settings."""
 
+PRESET_PROPERTIES = frozenset({"moe_probs_in_activation", "moe_etp_replicated"})
+"""Settings that say how a software runs a mixture of experts, which its preset sets: not a
+choice a user makes about the run (no warning for dense models; not carried to another
+engine's re-plan)."""
+
 
 def describe(engine: EngineSpec) -> str:
     """The software a prediction assumes, in words, and the ``--engine`` setting that gives it:

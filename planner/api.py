@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from costmodels import precision
-from costmodels.engine import EngineSpec, engine_from_mapping
+from costmodels.engine import PRESET_PROPERTIES, PRESETS, EngineSpec, engine_from_mapping
 from costmodels.experts import copies_per_token
 from costmodels.topology import HeteroCluster
 from planner.emit import emit, emit_tables
@@ -170,10 +170,12 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         if isinstance(cl, HeteroCluster):
             raise SpecError("calibration: applies to one device type; not to a cluster with groups")
         cl = apply_calibration(cl, calibration)
-    if engine is None and targets.engine(target).software:
-        engine = targets.engine(target).software
-        log.info("priced as %s runs it (--engine %s; give --engine for other software)", target,
-                 engine)
+    software = targets.engine(target).software
+    if software and not _names_software(engine):  # settings given alone go over its preset
+        engine = software if engine is None else (
+            f"{software},{engine}" if isinstance(engine, str) else {**PRESETS[software], **engine})
+        log.info("priced as %s runs it (--engine %s; name another preset in --engine for other "
+                 "software)", target, engine if isinstance(engine, str) else software)
     eng = engine_from_mapping(engine)
     zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
     if zoo and zoo.routed_experts:  # (other models: once traced, in plan_prepared)
@@ -405,10 +407,6 @@ def _attention_the_devices_run(cluster, training: TrainingSpec) -> TrainingSpec:
                                                                     attention="materialized"))
 
 
-PRESET_MOE = frozenset({"moe_probs_in_activation", "moe_etp_replicated"})
-"""MoE engine settings the presets set (costmodels.engine.PRESETS): no warning for dense models."""
-
-
 def _check_routing(prepared: Prepared, training: TrainingSpec) -> None:
     """Refuse a routing imbalance, or a capacity every expert is padded to, beyond what the
     model's routing reaches (_routing_problem). Capacity-style experts are left out: their slots
@@ -441,6 +439,16 @@ def _routing_problem(engine: EngineSpec, experts: float, top_k: float, name: str
                 f"top-{top_k:g}, so an expert gets at most {most:g} x the mean (a copy of every "
                 f"token); give at most {most:g}")
     return ""
+
+
+def _names_software(engine) -> bool:
+    """Whether an ``engine`` argument says which software it is: an EngineSpec, or a preset named
+    in its ``k=v`` text (``megatron-core,moe_dispatcher=deepep``); settings alone do not."""
+    if engine is None:
+        return False
+    if isinstance(engine, str):
+        return any(part.strip() in PRESETS for part in engine.split(","))
+    return isinstance(engine, EngineSpec)
 
 
 def _warn_unused_settings(prepared: Prepared, training: TrainingSpec,
@@ -478,7 +486,8 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec,
             log.warning("engine.moe_capacity_factor: under balanced routing (moe_imbalance=1.0) "
                         "no expert gets more than the mean, so a capacity factor drops nothing "
                         "and changes nothing here; give moe_imbalance (the busiest expert's "
-                        "share) or moe_pad_to_capacity=true")
+                        "share)" + (" or moe_pad_to_capacity=true"
+                                    if engine.moe_dispatcher != "deepep" else ""))
         if training.engine.moe_overlap and training.engine.moe_dispatcher == "allgather":
             log.warning("engine.moe_overlap: the overlapped dispatch runs with the alltoall and "
                         "deepep dispatchers only (Megatron-Core refuses it with %s); no "
@@ -487,7 +496,7 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec,
                         training.engine.moe_dispatcher)
         return
     given = [f.name for f in dataclasses.fields(EngineSpec) if f.name.startswith("moe_")
-             and f.name not in PRESET_MOE  # what a preset sets says what the software does
+             and f.name not in PRESET_PROPERTIES  # how the software runs, set by its preset
              and getattr(training.engine, f.name) != getattr(default, f.name)]
     if given:
         log.warning("engine.%s: %s has no routed experts; %s change%s nothing here", given[0],

@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 import re
 import textwrap
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
-from costmodels.engine import (PRESETS, EngineSpec, engine_from_mapping, engine_setting,
-                               setting_text)
+from costmodels.engine import (PRESET_PROPERTIES, PRESETS, EngineSpec, engine_from_mapping,
+                               engine_setting, setting_text)
 from planner.errors import SpecError
 from planner.export import moe
 from planner.options import (KNOBS, SearchOptions, parallel_text, pp_inner_refused,
@@ -473,9 +473,10 @@ def _kept_engine_settings(plan: Plan, target: str) -> list[str]:
     target refuses (targets.check_engine; padding to capacity without the capacity factor it
     needs is refused by EngineSpec itself, and goes next)."""
     engine, default = engine_from_mapping(plan.training.get("engine")), EngineSpec()
-    kept = {f.name: getattr(engine, f.name) for f in fields(EngineSpec)
-            if (f.name.startswith("moe_") or f.name == "fp8_recipe")
-            and getattr(engine, f.name) != getattr(default, f.name)}
+    # what the plan's software preset sets is that software's, not a choice to carry over
+    chosen = [part.partition("=")[0] for part in engine_setting(engine).split(",")[1:]]
+    kept = {k: getattr(engine, k) for k in chosen
+            if (k.startswith("moe_") or k == "fp8_recipe") and k not in PRESET_PROPERTIES}
     kept = _less_refused(kept, lambda s: targets.check_engine(replace(default, **s), target),
                          "engine.")
     return [f"{k}={setting_text(v)}" for k, v in kept.items()]

@@ -120,12 +120,9 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
         out.notes.append("offload_optimizer not applied: the optimizer steps on the device, so "
                          "the prediction (which offloads) is not comparable; plan with --fix "
                          "offload_optimizer=false")
-    if layout.ep > 1:
-        try:  # settings the prediction assumed that the runtime's experts do not run
-            targets.check_engine(engine_from_mapping(plan.training.get("engine")), "torch")
-        except SpecError as exc:
-            out.notes.append(f"{str(exc).split(';')[0]}, so the prediction is not comparable; "
-                             "re-plan with --target torch")
+    note = unrun_moe_settings(plan) if layout.ep > 1 else None
+    if note:
+        out.notes.append(note)
     if layout.ep > 1 and layout.edp > 1 and int(plan.parallel["zero"]) >= 1:
         out.notes.append(f"experts' optimizer states not sharded over edp={layout.edp} (their "
                          "gradients are all-reduced over it); the dense states are sharded as "
@@ -281,6 +278,20 @@ def _whole_backward(module: StageModule, flow: Dataflow, split: bool, plan: Plan
     out.notes.append(f"stage {module.cut.index}: W runs inside B ({why}; torch's split backward "
                      "cannot handle that)")
     return lambda: _no_op
+
+
+def unrun_moe_settings(plan: Plan) -> str | None:
+    """What the runtime's experts do not run of the MoE settings the prediction assumed (a
+    capacity factor, the allgather or deepep dispatcher, the overlapped all-to-alls), with the
+    re-plan that prices what it runs; None when it runs them all."""
+    try:
+        targets.check_engine(engine_from_mapping(plan.training.get("engine")), "torch")
+    except SpecError as exc:
+        said, _, fix = str(exc).partition("; ")
+        fix = fix.split(" or use --target any")[0]
+        return (f"{said}, so the prediction is not comparable; re-plan with --target torch and "
+                f"{fix}")
+    return None
 
 
 def _schedule(plan: Plan, stages: list, layout: Layout):

@@ -618,6 +618,20 @@ def test_torchtitan_says_where_op_level_checkpointing_replays_the_all_to_alls(no
     assert not any("all-to-alls' outputs" in n for n in notes)
 
 
+def test_a_re_plan_keeps_the_users_moe_choices_not_the_softwares():
+    """A torchtitan plan's re-plan for Megatron-LM carries the MoE settings chosen (deepep),
+    not how torchtitan runs its experts (moe_etp_replicated, a preset's property)."""
+    from costmodels.engine import engine_from_mapping, setting_text
+    from planner.export import common  # noqa: PLC0415
+    plan = data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan")
+    engine = engine_from_mapping("torchtitan,moe_dispatcher=deepep")
+    plan = dataclasses.replace(plan, training={**plan.training, "engine": {
+        k: setting_text(v) for k, v in dataclasses.asdict(engine).items()}})
+    hint = common.resolve_hint(plan, "megatron")
+    assert " --engine megatron-core,moe_dispatcher=deepep " in hint, hint
+    assert "etp_replicated" not in hint and "probs_in_activation" not in hint
+
+
 def test_an_edited_plan_whose_ep_does_not_divide_the_experts_is_refused():
     plan = variant(data_plan("mixtral-8x7b-ep8-megatron"), ep=16, dp=16)
     for target in ("megatron", "torchtitan", "deepspeed"):

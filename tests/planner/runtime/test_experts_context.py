@@ -131,6 +131,23 @@ def _refused(capsys, path, *words):
         assert w in lines[0], lines[0]
 
 
+def test_a_dry_run_says_which_moe_settings_the_runtime_does_not_run(capsys, make_plan, tmp_path):
+    """deepep (or allgather, a capacity factor, the overlap) was priced but the runtime's experts
+    exchange tokens by all-to-all: the dry run says so, with the whole fix."""
+    plan = load_plan(make_plan("mixtral", f"dp=2,tp=1,pp=1,ep=2,micro_batch=2,{NO_SP}",
+                               "mixtral-ep2-for-deepep"))
+    plan.training = {**plan.training, "engine": {**plan.training.get("engine", {}),
+                                                 "moe_dispatcher": "deepep"}}
+    path = str(tmp_path / "mixtral-ep2-deepep.json")
+    plan.save(path)
+    capsys.readouterr()
+    assert main(["run", path, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "# note: engine.moe_dispatcher: planner's runtime (plan run) dispatches tokens by " \
+        "alltoall, not deepep, so the prediction is not comparable; re-plan with --target " \
+        "torch and set moe_dispatcher=alltoall" in out
+
+
 def test_cp_comm_other_than_the_ring_is_refused(capsys, make_plan):
     path = make_plan("mixtral", f"dp=1,tp=1,pp=1,cp=2,cp_comm=allgather,micro_batch=2,{NO_SP}",
                      "mixtral-cp2-allgather")

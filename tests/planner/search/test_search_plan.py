@@ -199,6 +199,12 @@ def test_a_target_with_its_own_software_is_priced_with_it(tiny_llama_config):
     megatron = planner.plan(tiny_llama_config, target="megatron", **kw)
     assert engine_from_mapping(megatron.training["engine"]) == engine_from_mapping(
         "megatron-core") and "megatron-core" in PRESETS
+    # settings given alone go over the target's software (a new-user check found them priced
+    # as Megatron-Core's under --target torchtitan), in text and as a mapping
+    for given in ("overlap_grad_reduce=false", {"overlap_grad_reduce": False}):
+        over = planner.plan(tiny_llama_config, target="torchtitan", engine=given, **kw)
+        assert engine_from_mapping(over.training["engine"]) == engine_from_mapping(
+            "torchtitan,overlap_grad_reduce=false")
 
 
 def test_at_the_same_step_time_the_plan_with_less_memory_ranks_first(tiny_llama):
