@@ -129,9 +129,10 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
             f"{common.gb(mem.device)} (the plan: {common.gb(planned)}); re-plan for it with "
             f"`{common.resolve_hint(plan, target)}`")
     where = f" ({_rank(mem)})" if _rank(mem) else ""
+    versus = ("as the plan's" if common.gb(mem.peak) == common.gb(planned)
+              else f"instead of the plan's {common.gb(planned)}")
     return (f"memory re-checked with {change}: a peak of {common.gb(mem.peak)} per GPU{where} "
-            f"instead of the plan's {common.gb(planned)}; still within the "
-            f"{common.gb(mem.usable)} usable")
+            f"{versus}; still within the {common.gb(mem.usable)} usable")
 
 
 def _rank(mem: Memory) -> str:
