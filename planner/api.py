@@ -136,6 +136,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
             "num_params": rm.num_params, "fingerprint": rm.fingerprint}
     if rm.attention:
         info["attention"] = rm.attention
+    if rm.config.get("model_type"):
+        info["model_type"] = rm.config["model_type"]
     unpriced = og.unpriced_ops()
     if unpriced:
         info["unpriced_ops"] = unpriced
@@ -179,7 +181,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     eng = engine_from_mapping(engine)
     zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
     if zoo and zoo.routed_experts:  # (other models: once traced, in plan_prepared)
-        targets.check_engine(eng, target)
+        targets.check_engine(eng, target, zoo.model_type)
         if zoo.experts_per_token:
             problem = _routing_problem(eng, zoo.routed_experts, zoo.experts_per_token,
                                        zoo.name)
@@ -511,7 +513,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     # (planner.plan has done so already: restricting again changes nothing)
     options = targets.restrict(options, options.target)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: a warning below)
-        targets.check_engine(training.engine, options.target)
+        targets.check_engine(training.engine, options.target, prepared.info.get("model_type"))
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "

@@ -95,6 +95,9 @@ class Engine:
     moe_overlap: bool = True
     """Its expert all-to-alls overlap another micro-batch's compute (EngineSpec.moe_overlap) with
     the schedules it offers."""
+    deepep_models: tuple[str, ...] = ()
+    """The Hugging Face model types whose model in the engine runs DeepEP (moe_dispatcher
+    deepep); empty: any that it runs."""
     software: str | None = None
     """The engine preset (costmodels.engine.PRESETS) a plan for it is priced with when no engine
     is given; None: the default (Megatron-Core's)."""
@@ -148,7 +151,7 @@ ENGINES: dict[str, Engine] = {
                          # models), and overlaps the all-to-alls only under DualPipeV, a
                          # schedule this table does not offer
                          moe_capacity=False, moe_dispatchers=("alltoall", "deepep"),
-                         moe_overlap=False),
+                         moe_overlap=False, deepep_models=("deepseek_v3", "llama4")),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
     # Transformer Engine's attn_forward_func_with_cp runs a sliding window with a2a or all_gather
@@ -194,9 +197,10 @@ def engine(target: str) -> Engine:
     return ENGINES[target]
 
 
-def check_engine(engine_spec, target: str) -> None:
+def check_engine(engine_spec, target: str, model_type: str | None = None) -> None:
     """Refuse (SpecError naming the engine setting) MoE settings ``target`` does not run: a plan
-    priced with them would promise a step its engine cannot take."""
+    priced with them would promise a step its engine cannot take. ``model_type``: the model's
+    Hugging Face type where known (DeepEP runs in some of an engine's models only)."""
     eng = engine(target)
     who = f"{target}'s MoE" if target != "torch" else "planner's runtime (plan run)"
     if engine_spec.moe_capacity_factor and not eng.moe_capacity:
@@ -208,6 +212,11 @@ def check_engine(engine_spec, target: str) -> None:
         raise SpecError(f"engine.moe_dispatcher: {who} dispatches tokens by "
                         f"{' or '.join(eng.moe_dispatchers)}, not {engine_spec.moe_dispatcher}; "
                         f"set moe_dispatcher={eng.moe_dispatchers[0]} or use --target any")
+    if engine_spec.moe_dispatcher == "deepep" and eng.deepep_models and model_type and \
+            model_type not in eng.deepep_models:
+        raise SpecError(f"engine.moe_dispatcher: {who} runs DeepEP in its "
+                        f"{' and '.join(eng.deepep_models)} models only, not {model_type}; set "
+                        f"moe_dispatcher={eng.moe_dispatchers[0]} or use --target any")
     if engine_spec.moe_overlap and not eng.moe_overlap:
         raise SpecError(f"engine.moe_overlap: {who} does not overlap its expert all-to-alls with "
                         "compute in the schedules it offers; leave moe_overlap out or use "

@@ -477,7 +477,9 @@ def _kept_engine_settings(plan: Plan, target: str) -> list[str]:
     chosen = [part.partition("=")[0] for part in engine_setting(engine).split(",")[1:]]
     kept = {k: getattr(engine, k) for k in chosen
             if (k.startswith("moe_") or k == "fp8_recipe") and k not in PRESET_PROPERTIES}
-    kept = _less_refused(kept, lambda s: targets.check_engine(replace(default, **s), target),
+    model_type = plan.model.get("model_type") or moe.model(plan).model_type or None
+    kept = _less_refused(kept, lambda s: targets.check_engine(replace(default, **s), target,
+                                                              model_type),
                          "engine.")
     return [f"{k}={setting_text(v)}" for k, v in kept.items()]
 

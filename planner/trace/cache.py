@@ -29,7 +29,8 @@ from planner.inputs.zoo import ZOO
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "planner.trace/v1"
+SCHEMA = "planner.trace/v2"
+"""v2: the model's info carries its Hugging Face model type (what engines run DeepEP for)."""
 CODE = ("planner/trace", "planner/inputs/zoo.py", "costmodels/workload.py")
 """The planner's sources a trace depends on (hashed into every key)."""
 

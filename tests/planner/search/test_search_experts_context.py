@@ -107,6 +107,24 @@ def test_the_searchs_dispatch_bound_is_below_every_placement(tiny_mixtral, dispa
     assert c.ep_comm_s.max() > 0
 
 
+def test_torchtitan_runs_deepep_in_its_deepseek_v3_and_llama4_models_only(tiny_mixtral):
+    """A Hugging Face model's type, recorded with its trace, says whether torchtitan's model of
+    it runs DeepEP: refused before the trace for a zoo model, before the search for others."""
+    from costmodels.engine import engine_from_mapping
+    with pytest.raises(planner.SpecError, match=r"^engine.moe_dispatcher: torchtitan's MoE runs "
+                                                r"DeepEP in its deepseek_v3 and llama4 models "
+                                                r"only, not qwen3_moe; set moe_dispatcher="
+                                                r"alltoall"):
+        planner.plan("qwen3-30b-a3b", cluster="dgx-h100", global_batch=64, target="torchtitan",
+                     engine="moe_dispatcher=deepep")
+    assert tiny_mixtral.info["model_type"] == "mixtral"
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len,
+                                    engine=engine_from_mapping("torchtitan,moe_dispatcher=deepep"))
+    with pytest.raises(planner.SpecError, match="not mixtral"):
+        planner.plan_prepared(tiny_mixtral, planner.load_cluster("dgx-h100", nodes=2), training,
+                              planner.SearchOptions(top_k=0, target="torchtitan"))
+
+
 def test_op_level_checkpointing_keeps_the_all_to_alls_outputs(tiny_mixtral):
     """torchtitan's op-level policy saves all_to_all_single outputs (gpt_oss, deepseek_v3,
     llama4): with ep > 1 a rank keeps its experts' received copies and the combine's returned
