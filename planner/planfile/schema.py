@@ -72,6 +72,14 @@ def _check_consistency(d: dict, where: str) -> None:
     if (par["dp"] * par.get("cp", 1) * par["tp"]) % (par.get("ep", 1) * par.get("etp", 1)):
         raise SpecError(f"{where}: parallel ep*etp = {par.get('ep', 1) * par.get('etp', 1)} does "
                         "not divide dp*cp*tp")
+    pred = d.get("predicted", {})
+    step = pred.get("step_time_s")
+    for part, seconds in (pred.get("breakdown") or {}).items():
+        if isinstance(step, (int, float)) and isinstance(seconds, (int, float)) and \
+                not 0 <= seconds <= step * (1 + 1e-6):
+            raise SpecError(f"{where}: predicted.breakdown.{part} = {seconds:g} s is not a part "
+                            f"of the {step:g} s step; re-plan, or restore the file plan solve "
+                            "wrote")
     try:  # the engine settings it was priced with, as every command reads them back
         engine_from_mapping(d["training"].get("engine"))
     except SpecError as exc:

@@ -39,3 +39,14 @@ def test_a_plan_whose_engine_settings_no_command_reads_is_refused():
     with pytest.raises(SpecError, match=r"^p.json: training.engine.moe_dispatcher: expected "
                                         r"alltoall, allgather, deepep, got 'bogus'$"):
         validate(d, "p.json")
+
+
+def test_a_step_part_longer_than_the_step_is_refused():
+    """Fuzz seed 1303, case 405: a part of 1e30 s broke plan show's bars (an internal error)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "export", "data", "plans",
+                        "mixtral-8x7b-ep8-megatron.json")
+    d = json.load(open(path))
+    d["predicted"]["breakdown"]["bubble_s"] = 1e30
+    with pytest.raises(SpecError, match=r"^p.json: predicted.breakdown.bubble_s = 1e\+30 s is "
+                                        r"not a part of the .* s step"):
+        validate(d, "p.json")
