@@ -123,10 +123,18 @@ def alltoall_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
     n, g = group.size, min(group.per_node, group.size)
     if n <= 1:
         return 0.0 * nbytes
+    return both_tiers_s(nbytes * (g - 1) / n, nbytes * (n - g) / n, cluster,
+                        spans_nodes=g < n, count=count)
+
+
+def both_tiers_s(intra_bytes, inter_bytes, cluster: Cluster, *, spans_nodes: bool, count=1):
+    """Each GPU sending ``intra_bytes`` over the intra-node tier and ``inter_bytes`` over the
+    inter-node tier at once (``count`` calls' latency on each): the slower tier sets the time;
+    only the intra-node tier where the group does not span nodes."""
     intra = cluster.intra_node
-    t = count * (intra.sync_s + intra.latency_s) + nbytes * (g - 1) / n / intra.effective_bytes_per_s
-    if g >= n:
+    t = count * (intra.sync_s + intra.latency_s) + intra_bytes / intra.effective_bytes_per_s
+    if not spans_nodes:
         return t
     inter = cluster.inter_node
-    across = count * (inter.sync_s + inter.latency_s) + nbytes * (n - g) / n / inter.effective_bytes_per_s
+    across = count * (inter.sync_s + inter.latency_s) + inter_bytes / inter.effective_bytes_per_s
     return t + (across - t) * (across > t)  # the larger of the two; numpy arrays too

@@ -144,15 +144,8 @@ def node_sends_s(nbytes, intra_copies, inter_copies, group: GroupShape, cluster:
     the slower setting the time (DeepEP overlaps the forwarding with the network sends)."""
     if group.size <= 1:
         return 0.0 * nbytes
-    intra = cluster.intra_node
-    t = count * (intra.sync_s + intra.latency_s) + \
-        nbytes * intra_copies / intra.effective_bytes_per_s
-    if group.per_node >= group.size:
-        return t
-    inter = cluster.inter_node
-    across = count * (inter.sync_s + inter.latency_s) + \
-        nbytes * inter_copies / inter.effective_bytes_per_s
-    return t + (across - t) * (across > t)  # the larger of the two; numpy arrays too
+    return comm.both_tiers_s(nbytes * intra_copies, nbytes * inter_copies, cluster,
+                             spans_nodes=group.per_node < group.size, count=count)
 
 
 def gathered_bytes(dispatcher: str, *, dispatch_bytes, routed_tokens, seq_len: int,
