@@ -98,6 +98,8 @@ class Engine:
     deepep_models: tuple[str, ...] = ()
     """The Hugging Face model types whose model in the engine runs DeepEP (moe_dispatcher
     deepep); empty: any that it runs."""
+    deepep_with_etp: bool = True
+    """DeepEP runs with the experts' matrices split (etp > 1)."""
     software: str | None = None
     """The engine preset (costmodels.engine.PRESETS) a plan for it is priced with when no engine
     is given; None: the default (Megatron-Core's)."""
@@ -151,7 +153,9 @@ ENGINES: dict[str, Engine] = {
                          # models), and overlaps the all-to-alls only under DualPipeV, a
                          # schedule this table does not offer
                          moe_capacity=False, moe_dispatchers=("alltoall", "deepep"),
-                         moe_overlap=False, deepep_models=("deepseek_v3", "llama4")),
+                         moe_overlap=False, deepep_models=("deepseek_v3", "llama4"),
+                         # "DeepEP with Expert Tensor Parallelism (ETP) is not supported yet"
+                         deepep_with_etp=False),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
     # (optim_grads = ZeRO-2, optim_grads_params = ZeRO-3); --optimizer-cpu-offload.
     # Transformer Engine's attn_forward_func_with_cp runs a sliding window with a2a or all_gather
@@ -195,6 +199,18 @@ def engine(target: str) -> Engine:
     if target not in ENGINES:
         raise SpecError(f"target: unknown engine '{target}'; choose {', '.join(TARGETS)}")
     return ENGINES[target]
+
+
+def for_engine(options: SearchOptions, engine_spec) -> SearchOptions:
+    """``options`` narrowed to what the target runs with these engine settings: no expert tensor
+    parallelism under DeepEP where the engine refuses it (SpecError for a pinned etp > 1)."""
+    eng = engine(options.target)
+    if engine_spec.moe_dispatcher != "deepep" or eng.deepep_with_etp:
+        return options
+    if int(options.fix.get("etp", 1)) > 1:
+        raise SpecError(f"fix.etp: {options.target} runs DeepEP with whole expert matrices only; "
+                        "pin etp=1 or set moe_dispatcher=alltoall")
+    return replace(options, expert_tensor_parallel=False)
 
 
 def check_engine(engine_spec, target: str, model_type: str | None = None) -> None:

@@ -118,6 +118,16 @@ def test_torchtitan_runs_deepep_in_its_deepseek_v3_and_llama4_models_only(tiny_m
         planner.plan("qwen3-30b-a3b", cluster="dgx-h100", global_batch=64, target="torchtitan",
                      engine="moe_dispatcher=deepep")
     assert tiny_mixtral.info["model_type"] == "mixtral"
+    # its deepseek_v3 raises NotImplementedError for DeepEP with expert tensor parallelism
+    from planner import targets
+    deepep = engine_from_mapping("torchtitan,moe_dispatcher=deepep")
+    options = planner.SearchOptions(top_k=0, target="torchtitan")
+    assert not targets.for_engine(options, deepep).expert_tensor_parallel
+    assert targets.for_engine(options, engine_from_mapping("torchtitan")) == options
+    with pytest.raises(planner.SpecError, match=r"^fix.etp: torchtitan runs DeepEP with whole "
+                                                r"expert matrices only; pin etp=1"):
+        targets.for_engine(planner.SearchOptions(fix=parse_fix("etp=2"), target="torchtitan"),
+                           deepep)
     training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len,
                                     engine=engine_from_mapping("torchtitan,moe_dispatcher=deepep"))
     with pytest.raises(planner.SpecError, match="not mixtral"):
