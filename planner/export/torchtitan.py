@@ -325,15 +325,13 @@ SAVES_ALL_TO_ALL = ("deepseek_v3", "gpt_oss", "llama4")
 (all_to_all_single in models/*/infra/parallelize.py's _op_sac_save_list), as the planner prices
 op-level recomputation (planner.search.costs._op_saved_exchange)."""
 
-DEEPEP_MODELS = ("deepseek_v3", "llama4")
-"""torchtitan 0.2.2's models whose parallelize functions read
-parallelism.expert_parallel_comm_backend (models/*/infra/parallelize.py)."""
-
-
 def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> list[Setting]:
     p = plan.parallel
     ep = p.get("ep", 1)
     known = names.torchtitan_model(plan)
+    # its deepseek_v3 and llama4 read parallelism.expert_parallel_comm_backend (their names are
+    # the Hugging Face model types the target lists)
+    runs_deepep = targets.engine(TARGET)
     out = []
     if s["moe_dispatcher"] == "allgather" and ep > 1:
         backend = (" (parallelism.expert_parallel_comm_backend \"standard\")"
@@ -345,11 +343,12 @@ def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> l
         if version != "0.2.2":
             why = (f"torchtitan {version} chooses DeepEP in a model's config function "
                    "(moe_comm_backend), not by a job option")
-        elif not known or known[0] not in DEEPEP_MODELS:
-            why = (f"torchtitan {version} runs DeepEP in its {' and '.join(DEEPEP_MODELS)} "
+        elif not known or known[0] not in runs_deepep.deepep_models:
+            why = (f"torchtitan {version} runs DeepEP in its "
+                   f"{' and '.join(runs_deepep.deepep_models)} "
                    "models only (their parallelize functions read "
                    "parallelism.expert_parallel_comm_backend)")
-        elif p.get("etp", 1) > 1:
+        elif p.get("etp", 1) > 1 and not runs_deepep.deepep_with_etp:
             why = (f"torchtitan {version} raises NotImplementedError for DeepEP with expert "
                    f"tensor parallelism (etp={p['etp']})")
         if why:
