@@ -73,6 +73,10 @@ class BlockTime:
     op_recompute_s: float = 0.0
     """What op-level checkpointing recomputes: every other weight GEMM and the memory-bound ops,
     not attention; for an MoE layer at least the issue time of those ops."""
+    moe_act_recompute_s: float = 0.0
+    """What ``recompute="moe_act"`` runs again: the memory-bound ops of the routed experts'
+    activation function and of the norm before them (BlockWork.moe_act_mem_bytes); for an MoE
+    layer at least the issue time of those ops."""
     wgrad_s: float = 0.0
     """The part of ``bwd_s`` in the weight-gradient GEMMs of Linear layers: what a schedule
     that splits the backward (ZB-H1's W) can run apart from the input gradient. Attention's and
@@ -80,9 +84,10 @@ class BlockTime:
 
     def recomputing(self, recompute: str) -> "BlockTime":
         """The same block under another recomputation policy: full replays the forward,
-        selective the attention core, op-level its share (op_recompute_s)."""
+        selective the attention core, op-level its share (op_recompute_s), moe_act the experts'
+        activation function and the norm before them (moe_act_recompute_s)."""
         again = {"full": self.fwd_s, "selective": self.attn_fwd_s, "op": self.op_recompute_s,
-                 "none": 0.0}[recompute]
+                 "moe_act": self.moe_act_recompute_s, "none": 0.0}[recompute]
         return dataclasses.replace(self, recompute_s=again)
 
     @property
@@ -478,6 +483,9 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     # op-level: its share of the dense weight GEMMs, the routed experts' whole (not saved)
     op_again = (gemm_f - gemm_attn - gemm_routed) * work.op_recompute_gemm_share + gemm_routed \
         + mem_f
+    # (the moe_act ops' share of the bytes this GPU's memory-bound ops move)
+    per_gpu = work.mem_bytes_tp / tp + work.mem_bytes_rep / (tp if sp else 1)
+    act_again = mem_f * (work.moe_act_mem_bytes / (tp if sp else 1)) / per_gpu if per_gpu else 0.0
     if work.num_experts:
         # an MoE layer runs many small kernels: the device waits whenever the host issues its
         # ops slower than the device runs them (about twice as many in backward). Dropless
@@ -487,11 +495,13 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         host = (work.kernels_eager + ungrouped_launches(work, experts)) * engine.moe_host_op_s
         fwd_s, bwd_s = max(fwd_s, host), max(bwd_s, 2 * host)
         op_again = max(op_again, host * op_recomputed_kernel_share(work))
+        act_again = max(act_again, work.moe_act_kernels * engine.moe_host_op_s)
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s
     bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
-                   attn_bwd_s=attn_b, op_recompute_s=op_again, wgrad_s=gemm_w)
+                   attn_bwd_s=attn_b, op_recompute_s=op_again, moe_act_recompute_s=act_again,
+                   wgrad_s=gemm_w)
     return bt.recomputing(recompute)
 
 

@@ -22,10 +22,12 @@ from costmodels.errors import SpecError
 from costmodels.precision import FP8_SAVED_INPUT_SHARE, FP8_WEIGHT_COPY_BYTES
 from costmodels.workload import BlockWork
 
-Recompute = Literal["none", "selective", "full", "op"]
-"""Activation recomputation: none, the attention core only (``selective``, Megatron-LM's), whole
-blocks (``full``), or op-level selective checkpointing (``op``, torchtitan's: keep attention
-outputs and every other weight GEMM's output, recompute the rest)."""
+Recompute = Literal["none", "selective", "moe_act", "full", "op"]
+"""Activation recomputation: none, the attention core only (``selective``, Megatron-LM's), the
+routed experts' activation function and the norm before the experts (``moe_act``,
+Megatron-Core's ``--recompute-modules moe_act layernorm``; MoE models only), whole blocks
+(``full``), or op-level selective checkpointing (``op``, torchtitan's: keep attention outputs and
+every other weight GEMM's output, recompute the rest)."""
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 
 OPTIMIZER_STATE_BYTES = {
@@ -203,11 +205,30 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     # (the gathered copies are the experts' first GEMM input: quantized under fp8)
     kept += (etp - 1) * routed_load * work.act_routed_gathered / sp_div * (
         1.0 - FP8_SAVED_INPUT_SHARE if fp8 else 1.0)
-    if recompute == "none":
+    if recompute in ("none", "moe_act"):
         kept += work.act_bytes_attn / tp if scores_kept else 0.0
     elif recompute != "selective":
-        raise SpecError(f"recompute: expected none, selective, full or op, got {recompute!r}")
+        raise SpecError(f"recompute: expected {', '.join(RECOMPUTE[:-1])} or {RECOMPUTE[-1]}, "
+                        f"got {recompute!r}")
+    if recompute == "moe_act":
+        kept -= moe_act_freed_bytes(work, fused=fused, fp8=fp8, routed_load=routed_load) / sp_div
     return micro_batch * kept
+
+
+def moe_act_freed_bytes(work: BlockWork, *, fused: bool = False, fp8: bool = False,
+                        routed_load: float = 1.0) -> float:
+    """Bytes per sample (before sequence parallelism) that ``recompute="moe_act"`` frees of what
+    the block keeps without recomputation: the routed experts' activations (``routed_load``
+    times the mean on the busiest expert rank) and the norm before the experts, less what a
+    fused kernel would not keep anyway and, under fp8, the part a GEMM keeps quantized."""
+    def part(total: float, away: float, linear_in: float) -> float:
+        return (total - (away if fused else 0.0)
+                - (FP8_SAVED_INPUT_SHARE * linear_in if fp8 else 0.0))
+
+    return (routed_load * part(work.act_moe_act_routed, work.act_moe_act_routed_fused_away,
+                               work.act_moe_act_routed_linear_in)
+            + part(work.act_moe_act_norm, work.act_moe_act_norm_fused_away,
+                   work.act_moe_act_norm_linear_in))
 
 
 def backward_transient_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
@@ -236,6 +257,9 @@ def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: b
         return 0.0
     if recompute == "selective":
         return micro_batch * work.act_bytes_attn / tp if scores_kept else 0.0
+    if recompute == "moe_act":  # one layer's freed tensors, made again for its backward
+        return micro_batch * moe_act_freed_bytes(work, fused=fused, fp8=fp8,
+                                                 routed_load=routed_load) / (tp if sp else 1)
     full = activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
                             scores_kept=scores_kept, fused=fused, fp8=fp8,
                             routed_load=routed_load, etp=etp,

@@ -187,6 +187,27 @@ class BlockWork:
     for the weights' gradient (with a bias added first, the sum, which a fused chain of the two
     already drops: not counted here). An engine that multiplies the weights into the activation
     before that GEMM keeps none of it (EngineSpec.moe_probs_in_activation)."""
+    act_moe_act_routed: float = 0.0
+    """The part of ``act_routed_rep`` that ``recompute="moe_act"`` does not keep: what the routed
+    experts' activation function makes and saves between their GEMMs (the second GEMM's input
+    among it), recomputed in backward from the first GEMM's output (Megatron-Core's
+    ``moe_act`` recompute module; planner.trace.annotate._moe_act_ops)."""
+    act_moe_act_routed_fused_away: float = 0.0
+    """The part of ``act_moe_act_routed`` a fused kernel does not keep anyway."""
+    act_moe_act_routed_linear_in: float = 0.0
+    """The part of ``act_moe_act_routed`` kept as a weight GEMM's input (quantized under fp8)."""
+    act_moe_act_norm: float = 0.0
+    """The part of ``act_bytes_rep`` that ``recompute="moe_act"`` does not keep outside the
+    experts: what the norm before them makes and saves (its output among it), recomputed in
+    backward from its input (Megatron-Core's ``layernorm`` recompute module)."""
+    act_moe_act_norm_fused_away: float = 0.0
+    """The part of ``act_moe_act_norm`` a fused kernel does not keep anyway."""
+    act_moe_act_norm_linear_in: float = 0.0
+    """The part of ``act_moe_act_norm`` kept as a weight GEMM's input (quantized under fp8)."""
+    moe_act_mem_bytes: float = 0.0
+    """The part of ``mem_bytes_rep`` in the ops ``recompute="moe_act"`` runs again."""
+    moe_act_kernels: float = 0.0
+    """Kernels those ops launch (one per op; per micro-batch)."""
     input_bytes: float = 0.0
     """Bytes of the gradient-carrying activations entering the block (what full recompute keeps)."""
     op_saved_tp: float = 0.0

@@ -514,7 +514,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     options = targets.restrict(options, options.target)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: a warning below)
         targets.check_engine(training.engine, options.target, prepared.info.get("model_type"))
-        options = targets.for_engine(options, training.engine)
+        options = targets.for_engine(options, training.engine, training.dtype)
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "

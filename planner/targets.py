@@ -36,7 +36,7 @@ class Engine:
     sequence_parallel: tuple[bool, ...] = (False, True)
     """With tensor parallelism: whether norms and dropouts may (True) or must not (False) run
     sequence-parallel; (True,) when the engine always does."""
-    recompute: tuple[str, ...] = ("none", "selective", "full")
+    recompute: tuple[str, ...] = ("none", "selective", "moe_act", "full")
     """Activation recomputation policies the search tries (costmodels.memory.RECOMPUTE; with
     ``any`` a pin may name any of them)."""
     cp_comms: tuple[str, ...] = CP_COMMS
@@ -100,6 +100,11 @@ class Engine:
     deepep); empty: any that it runs."""
     deepep_with_etp: bool = True
     """DeepEP runs with the experts' matrices split (etp > 1)."""
+    moe_act_needs_grouped_gemm: bool = False
+    """``recompute="moe_act"`` runs only with the experts' GEMMs grouped
+    (EngineSpec.moe_grouped_gemm)."""
+    moe_act_with_delayed_fp8: bool = True
+    """``recompute="moe_act"`` runs under FP8 training with delayed scaling."""
     software: str | None = None
     """The engine preset (costmodels.engine.PRESETS) a plan for it is priced with when no engine
     is given; None: the default (Megatron-Core's)."""
@@ -114,6 +119,7 @@ ENGINES: dict[str, Engine] = {
     "torch": Engine(name="torch", version="2.13",
                     schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                     offload=False, sequence_parallel=(False,), cp_comms=("p2p",),
+                    recompute=("none", "selective", "full"),
                     expert_tensor_parallel=False, cp_comms_windowed=(), cp_comms_sinks=(),
                     # its experts run every routed token (no capacity), exchanged by
                     # point-to-point all-to-alls between the passes (planner.runtime.experts)
@@ -167,8 +173,12 @@ ENGINES: dict[str, Engine] = {
     # --use-tp-pp-dp-mapping with pp > 1 needs the experts' data-parallel size equal to the
     # attention's (megatron/core/parallel_state.py, initialize_model_parallel).
     # Its TransformerConfig asserts "Bias in Moe is only supported when ETP==1" (core_v0.19.0).
+    # Its TransformerConfig raises "moe_act in recompute_modules is only supported with
+    # moe_grouped_gemm" and "Delayed scaling does not support moe_act and layernorm recompute
+    # for fp8" (core_v0.19.0).
     "megatron": Engine(name="megatron", version="core_v0.19.0",
                        schedules=("1f1b", "interleaved-1f1b"), pp_inner_same_dp=True,
+                       moe_act_needs_grouped_gemm=True, moe_act_with_delayed_fp8=False,
                        etp_with_expert_bias=False,
                        cp_comms_windowed=("a2a", "allgather"), cp_comms_sinks=("a2a",),
                        cp_comms_latent=("p2p", "a2a+p2p")),
@@ -201,10 +211,21 @@ def engine(target: str) -> Engine:
     return ENGINES[target]
 
 
-def for_engine(options: SearchOptions, engine_spec) -> SearchOptions:
-    """``options`` narrowed to what the target runs with these engine settings: no expert tensor
-    parallelism under DeepEP where the engine refuses it (SpecError for a pinned etp > 1)."""
+def for_engine(options: SearchOptions, engine_spec, dtype: str = "bf16") -> SearchOptions:
+    """``options`` narrowed to what the target runs with these engine settings (and ``dtype``):
+    no expert tensor parallelism under DeepEP where the engine refuses it, no ``moe_act``
+    recomputation where it refuses that (SpecError for such a pin)."""
     eng = engine(options.target)
+    why = ("ungrouped expert GEMMs (moe_grouped_gemm=false)"
+           if eng.moe_act_needs_grouped_gemm and not engine_spec.moe_grouped_gemm else
+           "FP8 with delayed scaling" if not eng.moe_act_with_delayed_fp8 and dtype == "fp8"
+           and engine_spec.fp8_recipe == "delayed" else "")
+    if why and "moe_act" in options.recompute:
+        if options.fix.get("recompute") == "moe_act":
+            raise SpecError(f"fix.recompute: {options.target} does not run moe_act recomputation "
+                            f"with {why}; pin another recompute or change the engine setting")
+        options = replace(options, recompute=tuple(r for r in options.recompute
+                                                   if r != "moe_act"))
     if engine_spec.moe_dispatcher != "deepep" or eng.deepep_with_etp:
         return options
     if int(options.fix.get("etp", 1)) > 1:

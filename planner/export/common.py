@@ -345,9 +345,9 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
         runs["ep"] = (1,)  # experts spread only with sharded data parallelism
     if eng.experts_split_without_ep and facts.moe and ep == 1 and tp > 1:
         runs["etp"] = (tp,)  # the experts split over tp whatever etp says
-    if fix.get("recompute") == "selective" and "selective" not in runs["recompute"] \
-            and "op" in runs["recompute"]:  # the engine's nearest: its per-op policy
-        fix["recompute"] = "op"
+    if fix.get("recompute") in ("selective", "moe_act") and \
+            fix["recompute"] not in runs["recompute"] and "op" in runs["recompute"]:
+        fix["recompute"] = "op"  # the engine's nearest: its per-op policy
     kept_pins = _passing({k: v for k, v in fix.items() if k not in runs or v in runs[k]}, target)
     pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                       for k, v in kept_pins.items())

@@ -377,7 +377,8 @@ def _recompute(plan: Plan, ledger: common.Ledger, changes: dict, lower: list[str
     if rc not in ("none", "full"):
         changes["recompute"] = "full"
         lower.append(f"full instead of {rc} recomputation")
-        what = "attention core only" if rc == "selective" else "per op"
+        what = {"selective": "attention core only", "op": "per op",
+                "moe_act": "the experts' activation function and the norm before them"}[rc]
         ledger.nearest("recompute", f"recompute {rc} ({what}): DeepSpeed checkpoints whole "
                        "layers; nearest is checkpointing every layer (more recompute time than "
                        "planned, less memory)")

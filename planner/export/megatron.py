@@ -23,6 +23,8 @@ ARRAY = "MEGATRON_PARALLEL_ARGS"
 RECOMPUTE = {
     "none": [],
     "selective": ["--recompute-granularity", "selective"],
+    "moe_act": ["--recompute-granularity", "selective", "--recompute-modules", "moe_act",
+                "layernorm"],
     "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
              "--recompute-num-layers", "1"],
 }
@@ -48,7 +50,8 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     _check_context(plan)
     _check_expert_bias(plan, version)
     groups = [_degrees(plan, version, ledger), _context(plan, ledger), _batch(plan, ledger),
-              _pipeline(plan, lay, ledger), _memory(plan, ledger), _precision(plan, ledger)]
+              _pipeline(plan, lay, ledger), _memory(plan, version, ledger),
+              _precision(plan, ledger)]
     experts, overlap = _experts(plan, version, ledger)
     groups.append(experts)
     env = _environment(plan, overlap)
@@ -453,10 +456,10 @@ def _layout_string(counts: list[int]) -> str:
     return "|".join(parts)
 
 
-def _memory(plan: Plan, ledger: common.Ledger) -> Group:
+def _memory(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     p = plan.parallel
     ledger.exact("zero", "offload_optimizer")
-    out = _recompute(p["recompute"], ledger)
+    out = _recompute(p["recompute"], ledger, _moe_act_refused(plan, version))
     layout = common.planned_layout(plan)
     if layout is None:
         common.layout_note(plan, TARGET, "megatron", ledger)
@@ -510,14 +513,35 @@ def _overlap_dp(plan: Plan, ledger: common.Ledger) -> Group:
              "backward, as priced")]
 
 
-def _recompute(rc: str, ledger: common.Ledger) -> Group:
+def _recompute(rc: str, ledger: common.Ledger, moe_act_refused: str = "") -> Group:
+    if rc == "moe_act" and moe_act_refused:
+        ledger.nearest("recompute", f"recompute moe_act: Megatron-Core refuses --recompute-modules "
+                       f"moe_act layernorm with {moe_act_refused}; nearest full: less memory, "
+                       "more recompute time than planned")
+        return [(RECOMPUTE["full"], f"recompute {rc} -> full (see the note above)")]
     if rc in RECOMPUTE:
         ledger.exact("recompute")
-        return [(RECOMPUTE[rc], f"recompute {rc}")]
+        what = ("the routed experts' activation function and the norms before the experts "
+                "(and before attention where not fused into the next Linear: Megatron may keep "
+                "less than planned)" if rc == "moe_act" else "")
+        return [(RECOMPUTE[rc], f"recompute {rc}" + (f": {what}" if what else ""))]
     ledger.nearest("recompute", f"recompute {rc} (torchtitan's per-op selective checkpointing): "
                    "Megatron-LM recomputes the attention core (selective) or whole layers (full); "
                    "nearest full: less memory, more recompute time than planned")
     return [(RECOMPUTE["full"], f"recompute {rc} -> full (see the note above)")]
+
+
+def _moe_act_refused(plan: Plan, version: str) -> str:
+    """Why Megatron-Core would refuse the plan's ``moe_act`` recomputation ('' if it runs it):
+    its TransformerConfig needs the experts' GEMMs grouped and no delayed FP8 scaling."""
+    s = plan.training.get("engine", {})
+    dtype = plan.training["dtype"]
+    if not s.get("moe_grouped_gemm", True) or (version == "core_v0.14.0"
+                                               and dtype in ("fp16", "fp32")):
+        return "the experts' GEMMs ungrouped (it needs --moe-grouped-gemm)"
+    if dtype == "fp8" and s.get("fp8_recipe", "current") == "delayed":
+        return "FP8 delayed scaling"
+    return ""
 
 
 def _offload(plan: Plan) -> Group:

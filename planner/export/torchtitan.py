@@ -457,7 +457,9 @@ def _activation_checkpoint(plan: Plan, ledger: common.Ledger) -> list[tuple[str,
     if rc == "op":
         ledger.exact("recompute")
         return op
-    ledger.nearest("recompute", f"recompute {rc} (Megatron-style: recompute the attention core) "
+    what = ("the routed experts' activation function and the norm before them" if rc == "moe_act"
+            else "the attention core")
+    ledger.nearest("recompute", f"recompute {rc} (Megatron-style: recompute {what}) "
                    "-> torchtitan's per-op selective checkpointing, which keeps attention outputs "
                    "and every other matmul output and recomputes the rest")
     return op
@@ -470,9 +472,9 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
     K/V exchange torchtitan lacks becomes one it has, split experts become whole (``raising``)."""
     p = plan.parallel
     changes, words = {}, []
-    if p["recompute"] == "selective" and "op" in RECOMPUTE:
+    if p["recompute"] in ("selective", "moe_act") and "op" in RECOMPUTE:
         changes["recompute"] = "op"
-        words.append("per-op instead of selective recomputation")
+        words.append(f"per-op instead of {p['recompute']} recomputation")
     required = bool(changes or raising)  # else only the layout of the states differs
     if (not required and not common.layout_differs(plan, "fsdp2")
             and not common.kernels_differ(plan, TARGET)):

@@ -141,6 +141,11 @@ def check_knobs(plan: Plan) -> None:
     if etp > 1:
         raise SpecError(f"parallel.etp: the runtime does not split experts' matrices (etp={etp}); "
                         "re-plan with --fix etp=1 (or --target torch)")
+    runs = targets.engine("torch").recompute
+    if par_["recompute"] not in runs:
+        raise SpecError(f"parallel.recompute: the runtime does not run {par_['recompute']} "
+                        f"recomputation (it runs {', '.join(runs)}); re-plan with --fix "
+                        "recompute=full (or --target torch)")
 
 
 def check_model(plan: Plan, module, layout: Layout) -> None:

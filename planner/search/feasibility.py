@@ -87,6 +87,10 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                 "with offs=, as transformers' MoE layers run it, or a bmm of [experts, capacity, "
                 "in] token slots by such weights beside a router's topk/argmax over the experts; "
                 f"README: ep); drop {key}")
+    if fix.get("recompute") == "moe_act" and not space.experts:
+        return ("fix.recompute: moe_act recomputes the routed experts' activation function, and "
+                "the model has no routed experts the trace recognizes; pin none, selective or "
+                "full")
     if space.experts and tp is not None and tp > 1 and fix.get("sequence_parallel") is False:
         sp = options is None or True in options.sequence_parallel  # the target can run it
         return (f"fix.sequence_parallel: false with tp={tp}, but a model with routed experts runs "

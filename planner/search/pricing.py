@@ -424,7 +424,7 @@ def _padded_slots_flops(ma, recompute: str, engine) -> float:
 
 def _recomputed_flops(ma, recompute: str) -> float:
     """Forward FLOPs per sample that ``recompute`` runs again."""
-    if recompute == "none":
+    if recompute in ("none", "moe_act"):  # moe_act: memory-bound ops only
         return 0.0
     w, ckpt = ma.work, ma.checkpointed
     masked = float(np.sum(w.masked_attn_flops[ckpt]))  # what a masked kernel skips

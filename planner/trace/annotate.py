@@ -68,7 +68,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
                          "attn_score_params", "attn_keys_wider", "act_routed_gathered",
                          "act_routed_weighted", "expert_bias", "expert_slot_flops",
-                         "expert_capacity", "mem_bytes_routed", "mem_bytes_routed_hidden"),
+                         "expert_capacity", "mem_bytes_routed", "mem_bytes_routed_hidden",
+                         "moe_act_mem_bytes", "moe_act_kernels"),
                         0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
@@ -87,6 +88,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     gathered: set[str] = set()  # the token copies the experts' first GEMMs keep
     expert_modules: set[str] = set()
     routed_modules = {by[n].module for n in op_names if _routes_experts(by[n])}
+    recomputed = _moe_act_ops(op_names, by, graph.consumers(), routed_modules,
+                              {n for n, _ in returning})
     for name in op_names:
         op = by[name]
         split_compute, split_out = tp.split_of(name)
@@ -103,6 +106,9 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
                      name in attn_gemms, name in scores, hidden,
                      {i for n, i in returning if n == name})
+        if name in recomputed and op.kind not in FREE:
+            acc["moe_act_mem_bytes"] += acc["mem_bytes_rep"] - moved
+            acc["moe_act_kernels"] += 1
         if _inside(op.module, routed_modules):
             acc["mem_bytes_routed"] += acc["mem_bytes_rep"] - moved
             if hidden_apart and op.shape[-1:] == [hidden]:
@@ -131,7 +137,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     # (a bias added to the output and the weights' multiply are one fused chain: already away)
     acc["act_routed_weighted"] = float(sum(
         saved[k] for k in _weighted_outputs(savers, by, {n for n, _ in returning}) - fused_away))
-    _add_saved(saved, by, tp, scores, acc, fused_away, linear_inputs, expert_modules, copies)
+    _add_saved(saved, by, tp, scores, acc, fused_away, linear_inputs, expert_modules, copies,
+               recomputed)
     fused = fused_traffic(graph, tp, op_names, scores)
     acc.update(_op_level_checkpointing(op_names, by, tp))
     acc.update(_backward_transient(op_names, by, tp, scores))
@@ -162,11 +169,6 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                      tp_linears=sum(g.linear and g.split in (SPLIT_N, SPLIT_K) for g in gemms),
                      gemms=tuple(gemms), **fused, **acc)
     return work, sorted(p for p, s in param_split.items() if s)
-
-
-def _inside(module: str | None, modules: set) -> bool:
-    """Whether ``module`` is one of ``modules`` or a submodule of one."""
-    return bool(module) and any(module == m or module.startswith(f"{m}.") for m in modules if m)
 
 
 def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
@@ -441,16 +443,21 @@ def _op_level_checkpointing(op_names: list[str], by: dict, tp: TPAnalysis) -> di
 
 def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[str],
                acc: dict, fused_away: set[str], linear_inputs: set[str],
-               expert_modules: set[str] = frozenset(), copies: set[int] = frozenset()) -> None:
+               expert_modules: set[str] = frozenset(), copies: set[int] = frozenset(),
+               moe_act: set[str] = frozenset()) -> None:
     """Sort the saved tensors into BlockWork's act_* fields. ``expert_modules``: modules running
     routed experts; what is made inside them with a row per token copy (``copies`` rows in the
     traced batch: the copies, and everything computed per copy) is also counted as routed, not
     the router's or a shared expert's tensors where they run inside the same module (unless
-    each token has one copy, top-1 routing, whose rows the filter cannot tell apart)."""
+    each token has one copy, top-1 routing, whose rows the filter cannot tell apart).
+    ``moe_act``: the ops whose outputs ``recompute="moe_act"`` does not keep (_moe_act_ops)."""
     for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep",
                   "act_linear_in_tp", "act_linear_in_rep", "act_routed_tp", "act_routed_rep",
                   "act_routed_fused_away_tp", "act_routed_fused_away_rep",
-                  "act_routed_linear_in_tp", "act_routed_linear_in_rep"):
+                  "act_routed_linear_in_tp", "act_routed_linear_in_rep", "act_moe_act_routed",
+                  "act_moe_act_routed_fused_away", "act_moe_act_routed_linear_in",
+                  "act_moe_act_norm", "act_moe_act_norm_fused_away",
+                  "act_moe_act_norm_linear_in"):
         acc[field] = 0.0
     acc["act_bytes_attn"] = acc.pop("attn_scores_saved")
     for key, nbytes in saved.items():
@@ -465,13 +472,74 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
             acc[f"act_fused_away_{where}"] += nbytes
         elif key in linear_inputs:
             acc[f"act_linear_in_{where}"] += nbytes
-        if producer is not None and _inside(producer.module, expert_modules) and \
-                _rows(producer.shape) in copies:
+        routed = producer is not None and _inside(producer.module, expert_modules) and \
+            _rows(producer.shape) in copies
+        if routed:
             acc[f"act_routed_{where}"] += nbytes
             if key in fused_away:
                 acc[f"act_routed_fused_away_{where}"] += nbytes
             elif key in linear_inputs:
                 acc[f"act_routed_linear_in_{where}"] += nbytes
+        if producer is not None and producer.name in moe_act and where == "rep":
+            part = "act_moe_act_routed" if routed else "act_moe_act_norm"
+            acc[part] += nbytes
+            if key in fused_away:
+                acc[f"{part}_fused_away"] += nbytes
+            elif key in linear_inputs:
+                acc[f"{part}_linear_in"] += nbytes
+
+
+def _moe_act_ops(op_names: list[str], by: dict, cons: dict, routed_modules: set[str],
+                 returning: set[str]) -> set[str]:
+    """The ops whose outputs Megatron-Core's ``--recompute-modules moe_act layernorm`` frees
+    after forward and recomputes in backward, for an MoE block (``recompute="moe_act"``):
+
+    - the routed experts' activation function: the memory-bound ops inside the experts' modules
+      that read (through other such ops) the output of an expert GEMM that is not the last of
+      its run (the gate and up projection), up to the GEMM that brings the copies back; a bias
+      added to that GEMM's output counts as the GEMM's (what the activation is recomputed from,
+      kept);
+    - the norm before the experts: the ops of a norm module (one running a norm op or an
+      ``rsqrt``) whose output an op of an MoE module reads (the router, or a shared expert), an
+      MoE module being the parent of the experts' module that runs no attention. Megatron-Core
+      also recomputes the norm before attention where Transformer Engine does not fuse it into
+      the next Linear (multi-head latent attention): not counted here, which keeps more than it
+      does, never less.
+
+    Empty for a block without routed experts."""
+    if not routed_modules:
+        return set()
+    members = set(op_names)
+    firsts = {n for n in op_names if _routes_experts(by[n]) and n not in returning}
+    made = set(firsts)  # outputs the activation is recomputed from (kept)
+    act: set[str] = set()
+    for name in op_names:
+        op = by[name]
+        if name in made or not _inside(op.module, routed_modules) or op.kind in ("constant",
+                                                                                "input"):
+            continue
+        if op.kind in COMPUTE_BOUND or op.dims.get("gemms") or op.target in GROUPED_GEMMS:
+            continue
+        sources = {_through_views(i, by) for i in op.inputs if i in by}
+        if op.kind == "view":
+            continue
+        if op.target in ("add", "add_") and sources & firsts:
+            made.add(name)  # a bias on the GEMM's output
+        elif sources & (made | act):
+            act.add(name)
+    moe_modules = {m.rsplit(".", 1)[0] for m in routed_modules if "." in m}
+    attention = {by[n].module for n in op_names if by[n].kind == "attention"}
+    moe_modules = {m for m in moe_modules if not any(_inside(a, {m}) for a in attention)}
+    norm_modules = {by[n].module for n in op_names
+                    if by[n].kind == "norm" or by[n].target == "rsqrt"}
+    norm_ops: set[str] = set()
+    for module in norm_modules:
+        ops = [n for n in op_names if by[n].module == module]
+        readers = {c for n in ops for c in _consumers_through_views(n, by, cons)
+                   if c in members and by[c].module != module}
+        if any(_inside(by[c].module, moe_modules) for c in readers):
+            norm_ops.update(n for n in ops if by[n].kind not in FREE)
+    return act | norm_ops
 
 
 def _rows(shape) -> int:

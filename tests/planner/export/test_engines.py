@@ -447,6 +447,11 @@ MEGATRON_PLANS = {
                                              moe_overlap=True),
     "mixtral-overlap-tp": lambda: engine_settings(plan_named("mixtral-8x7b-ep4-etp2-megatron"),
                                                   moe_overlap=True),
+    "qwen3-moe-act": lambda: variant(plan_named("qwen3-30b-a3b-ep8-capacity-megatron"),
+                                     recompute="moe_act"),
+    "qwen3-moe-act-ungrouped": lambda: engine_settings(variant(
+        plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), recompute="moe_act"),
+        moe_grouped_gemm=False),
     "qwen3-overlap-full-recompute": lambda: engine_settings(variant(
         plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), recompute="full"),
         moe_dispatcher="alltoall", moe_overlap=True),
@@ -484,8 +489,12 @@ def test_megatron_parser_reads_the_export_to_the_plan(version, case, tmp_path):
                                  "block": "mxfp8"}[recipe]
     else:
         assert ns.fp8 is None
-    rc = {"none": None, "selective": "selective", "full": "full", "op": "full"}[p["recompute"]]
+    rc = {"none": None, "selective": "selective", "full": "full", "op": "full",
+          "moe_act": "selective" if ns.moe_grouped_gemm else "full"}[p["recompute"]]
     assert ns.recompute_granularity == rc
+    if rc == "selective":
+        assert ns.recompute_modules == (["moe_act", "layernorm"] if p["recompute"] == "moe_act"
+                                        else None)  # (None: Megatron's default, core_attn)
     fsdp = p["dp"] > 1 and p["zero"] >= 2
     assert ns.use_megatron_fsdp == fsdp and ns.use_distributed_optimizer == (
         p["dp"] > 1 and p["zero"] >= 1)
@@ -587,6 +596,10 @@ def megatron_rules(ns, env: dict, version: str, world: int) -> None:
             assert ns.sequence_parallel
     if ns.moe_grouped_gemm and version == "core_v0.14.0":  # 0.14.0 validate_args [790-793]
         assert ns.bf16
+    if ns.recompute_granularity == "selective" and "moe_act" in (ns.recompute_modules or []):
+        assert ns.moe_grouped_gemm  # TransformerConfig.__post_init__ raises ValueError
+        if ns.fp8:  # the same: "Delayed scaling does not support moe_act and layernorm ..."
+            assert ns.fp8_recipe != "delayed"
     if ns.moe_pad_expert_input_to_capacity:  # TransformerConfig.__post_init__
         assert ns.moe_expert_capacity_factor is not None
         assert ns.moe_token_dispatcher_type != "flex"
