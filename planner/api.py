@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from costmodels import precision
-from costmodels.engine import PRESET_PROPERTIES, PRESETS, EngineSpec, engine_from_mapping
-from costmodels.experts import copies_per_token
+from costmodels.engine import PRESET_PROPERTIES, PRESETS, EngineSpec
+from costmodels.experts import copies_per_token, overlap_blockers
 from costmodels.topology import HeteroCluster
 from planner.emit import emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
-from planner.options import SearchOptions, TrainingSpec, idle_pins, parse_fix
+from planner.options import SearchOptions, TrainingSpec, engine_spec, idle_pins, parse_fix
 from planner import targets
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
@@ -178,7 +178,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
             f"{software},{engine}" if isinstance(engine, str) else {**PRESETS[software], **engine})
         log.info("priced as %s runs it (--engine %s; name another preset in --engine for other "
                  "software)", target, engine if isinstance(engine, str) else software)
-    eng = engine_from_mapping(engine)
+    eng = engine_spec(engine)
     zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
     if zoo and zoo.routed_experts:  # (other models: once traced, in plan_prepared)
         targets.check_engine(eng, target, zoo.model_type)
@@ -279,7 +279,7 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
         cl = apply_calibration(cl, calibration)
     cl.device.peak(dtype)
     training = TrainingSpec(global_batch=global_batch, seq_len=1, dtype=dtype,
-                            optimizer=optimizer, engine=engine_from_mapping(engine))
+                            optimizer=optimizer, engine=engine_spec(engine))
     sharding, zero = _rec_fix(fix)
     if global_batch % cl.num_gpus:
         raise SpecError(f"global_batch: {global_batch} does not divide over {cl.num_gpus} GPUs; "
@@ -464,6 +464,9 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec,
     if training.dtype != "fp8" and training.engine.fp8_recipe != default.fp8_recipe:
         log.warning("engine.fp8_recipe: %s applies to --dtype fp8 only; this %s plan does not "
                     "use it", training.engine.fp8_recipe, training.dtype)
+    if training.engine.fsdp_experts and not training.engine.fsdp_copies:
+        log.warning("engine.fsdp_experts: applies with fsdp_copies=true (FSDP2's buffer copies, "
+                    "which it extends to the experts); without it, it changes nothing")
     if any(b.work.num_experts for b in prepared.blocks.blocks):
         if training.engine.moe_imbalance != default.moe_imbalance and all(
                 b.work.expert_capacity for b in prepared.blocks.blocks if b.work.num_experts):
@@ -548,6 +551,24 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     note = length_note(training.seq_len, result.rejected)
     if note:
         log.warning("%s", note)
+    _warn_overlap_off(result.best.config, training, dict(options.fix))
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,
                 record_timing=record_timing)
+
+
+def _warn_overlap_off(cfg, training: TrainingSpec, fix: dict) -> None:
+    """Warn when the engine asks for the overlapped expert all-to-all and the chosen
+    configuration cannot run it (costmodels.experts.overlap_blockers; the plan prices its
+    all-to-alls exposed), unless a warning before the search said so (ep pinned to 1, the
+    allgather dispatcher)."""
+    engine = training.engine
+    if not engine.moe_overlap or engine.moe_dispatcher == "allgather" or \
+            int(fix.get("ep", 0)) == 1:
+        return
+    why = overlap_blockers(engine, ep=cfg.ep, recompute=cfg.recompute, dtype=training.dtype,
+                           pp=cfg.pp, vpp=cfg.vpp)
+    if why:
+        log.warning("engine.moe_overlap: not run by this plan's configuration (the overlapped "
+                    "all-to-all needs %s); its all-to-alls are priced exposed: pin a "
+                    "configuration that runs it, or drop moe_overlap", " and ".join(why))

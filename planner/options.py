@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal, Mapping, get_args
 
-from costmodels.engine import EngineSpec
+from costmodels.engine import EngineSpec, engine_from_mapping
 from costmodels.memory import RECOMPUTE, Recompute
 from costmodels.pipeline import SCHEDULES, Schedule
 from costmodels.specs import parse_pairs
@@ -391,10 +391,34 @@ def parse_fix(fix, where: str = "fix", example: str = "--fix tp=8,pp=4") -> dict
         raise SpecError(f"{where}: expected a mapping or 'k=v,...', got {type(fix).__name__}")
     out = {}
     for key, value in fix.items():
+        if key in _ENGINE_KEYS:
+            raise SpecError(f"{where}: '{key}' is an engine setting, not a parallelism knob; give "
+                            f"it with --engine {key}={value}")
+        if key in _TRAINING_FLAGS:
+            raise SpecError(f"{where}: '{key}' is a training setting, not a parallelism knob; give "
+                            f"it with {_TRAINING_FLAGS[key]} {value}")
         if key not in FIX_KEYS:
             raise SpecError(f"{where}: unknown knob '{key}'; choose from {', '.join(FIX_KEYS)}")
         out[key] = _fix_value(key, value, where)
     return out
+
+
+_ENGINE_KEYS = frozenset(f.name for f in fields(EngineSpec))
+_TRAINING_FLAGS = {"seq_len": "--seq-len", "global_batch": "--global-batch", "dtype": "--dtype",
+                   "optimizer": "--optimizer", "nodes": "--nodes"}
+"""Settings of the run that people give as knobs by mistake, and the option that takes them."""
+
+
+def engine_spec(spec) -> EngineSpec:
+    """``costmodels.engine.engine_from_mapping``, with a parallelism knob given as an engine
+    setting named as such (``--engine ep=8``: give it with --fix)."""
+    pairs = dict(p.split("=", 1) for p in spec.replace(" ", "").split(",") if "=" in p) \
+        if isinstance(spec, str) else spec if isinstance(spec, Mapping) else {}
+    for key in pairs:
+        if key in FIX_KEYS and key not in _ENGINE_KEYS:
+            raise SpecError(f"engine.{key}: a parallelism knob, not an engine setting; give it "
+                            f"with --fix {key}={pairs[key]}")
+    return engine_from_mapping(spec)
 
 
 def _fix_value(key: str, value, where: str = "fix"):

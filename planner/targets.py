@@ -123,7 +123,8 @@ ENGINES: dict[str, Engine] = {
                     expert_tensor_parallel=False, cp_comms_windowed=(), cp_comms_sinks=(),
                     # its experts run every routed token (no capacity), exchanged by
                     # point-to-point all-to-alls between the passes (planner.runtime.experts)
-                    moe_capacity=False, moe_dispatchers=("alltoall",), moe_overlap=False),
+                    moe_capacity=False, moe_dispatchers=("alltoall",), moe_overlap=False,
+                    software="torch"),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs

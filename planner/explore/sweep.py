@@ -21,14 +21,13 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from costmodels.hardware import get_device
-from costmodels.engine import engine_from_mapping
 from costmodels.topology import Cluster, HeteroCluster
 from planner import api
 from planner.errors import PlannerError, SpecError
 from planner.explore.costs import add_costs, check_tokens, parse_prices, resolve_prices
 from planner.explore.grid import expand, point_cluster
 from planner.inputs.clusters import load_cluster
-from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, parse_fix
+from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.report.text import knob
 
@@ -86,7 +85,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         raise SpecError("global_batch: missing; pass global_batch= (--global-batch) or vary it")
     base = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
             "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
-            "optimizer": optimizer or "adam", "fix": fixed, "engine": engine_from_mapping(engine),
+            "optimizer": optimizer or "adam", "fix": fixed, "engine": engine_spec(engine),
             "top_k": top_k, "time_limit_s": time_limit_s}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row

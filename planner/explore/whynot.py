@@ -60,7 +60,12 @@ def why_not(plan: Plan, pins) -> WhyNot:
     pins = parse_fix(pins, where="why", example="--why tp=16,pp=1")
     if not pins:
         raise SpecError("why: name the knobs to try, e.g. --why tp=16 or --why pp=1,zero=3")
-    prepared, cluster, training, options = replan_inputs(plan, pins)
+    try:
+        prepared, cluster, training, options = replan_inputs(plan, pins)
+    except SpecError as err:  # a pin the plan's target refuses: named as the option gave it
+        key = str(err).partition(":")[0].removeprefix("fix.")
+        raise SpecError(f"why.{str(err)[4:]}" if str(err).startswith("fix.") and key in pins
+                        else str(err)) from None
     result = search(prepared.blocks, cluster, training, options)
     if result.best is not None:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,

@@ -33,7 +33,15 @@ def engine_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
     """(engine setting, value in a, value in b) for every setting of the software the plans
     assume (``training.engine``) that differs; one a plan does not record is not compared."""
     ea, eb = a.training.get("engine") or {}, b.training.get("engine") or {}
-    return [(f"engine {k}", ea[k], eb[k]) for k in ea if k in eb and ea[k] != eb[k]]
+    dense = not any(p.model.get("routed_experts") or int(p.parallel.get("ep", 1)) > 1
+                    for p in (a, b))
+    return [(f"engine {k}", ea[k], eb[k]) for k in ea if k in eb and ea[k] != eb[k]
+            and not (dense and _experts_only(k))]
+
+
+def _experts_only(setting: str) -> bool:
+    """Whether an engine setting says how routed experts run (nothing for a dense model)."""
+    return setting.startswith("moe_") or setting == "fsdp_experts"
 
 
 def breakdown_changes(a: Plan, b: Plan) -> list[tuple[str, float, float]]:

@@ -38,21 +38,21 @@ def restrict(options: SearchOptions) -> SearchOptions:
     optimizer states on the device. A knob pinned outside that is a SpecError."""
     fix = options.fix
     if "schedule" in fix and fix["schedule"] not in GROUP_SCHEDULES:
-        raise SpecError(f"fix.schedule: {fix['schedule']} is not priced on clusters with device "
-                        f"groups; use {' or '.join(GROUP_SCHEDULES)}")
+        raise SpecError(f"fix.schedule: {fix['schedule']} is not priced on clusters of device "
+                        f"groups or sites; use {' or '.join(GROUP_SCHEDULES)}")
     if fix.get("vpp", 1) > 1:
-        raise SpecError(f"fix.vpp: clusters with device groups run one stage per rank; drop "
-                        f"vpp={fix['vpp']}")
+        raise SpecError(f"fix.vpp: clusters of device groups or sites run one stage per rank; "
+                        f"drop vpp={fix['vpp']}")
     for key in ("cp", "ep", "etp"):
         if fix.get(key, 1) > 1:
             raise SpecError(f"fix.{key}: context and expert parallelism are not priced on "
-                            f"clusters with device groups; drop {key}={fix[key]}")
+                            f"clusters of device groups or sites; drop {key}={fix[key]}")
     if fix.get("offload_optimizer"):
-        raise SpecError("fix.offload_optimizer: optimizer offload is not priced on clusters with "
-                        "device groups; drop it")
+        raise SpecError("fix.offload_optimizer: optimizer offload is not priced on clusters of "
+                        "device groups or sites; drop it")
     if fix.get("placement", "tp-dp-pp") != "tp-dp-pp":
-        raise SpecError(f"fix.placement: clusters with device groups place each stage's tp x dp "
-                        f"ranks together (tp-dp-pp); drop placement={fix['placement']}")
+        raise SpecError(f"fix.placement: clusters of device groups or sites place each stage's "
+                        f"tp x dp ranks together (tp-dp-pp); drop placement={fix['placement']}")
     schedules = tuple(s for s in GROUP_SCHEDULES if s in options.schedules)
     if not schedules:
         raise SpecError(f"target: {options.target} runs none of the schedules priced on clusters "

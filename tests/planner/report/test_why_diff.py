@@ -164,6 +164,30 @@ def test_why_with_a_knob_the_model_cannot_take_is_bad_input(capsys, small_plan):
     assert "If it ran" not in out
 
 
+def test_why_names_a_pin_the_plans_target_refuses_as_why(capsys, small_plan, tmp_path):
+    import dataclasses
+
+    plan = load_plan(small_plan)
+    path = tmp_path / "titan.json"
+    dataclasses.replace(plan, search={**plan.search, "target": "torchtitan"}).save(str(path))
+    code, _, err = run(capsys, "show", str(path), "--why", "zero=1")
+    assert code == 2 and "plan: error: why.zero: torchtitan does not shard model states as " \
+        "ZeRO-1" in err
+
+
+def test_diff_leaves_out_expert_settings_for_dense_models(small_plan):
+    import dataclasses
+
+    a = load_plan(small_plan)
+    engine = {**a.training.get("engine", {}), "moe_etp_replicated": True, "fsdp_experts": True,
+              "attention": "flash2"}
+    b = dataclasses.replace(a, training={**a.training, "engine": engine})
+    changed = [k for k, _, _ in compare.engine_changes(a, b)]
+    assert changed == ["engine attention"]
+    moe = dataclasses.replace(a, model={**a.model, "routed_experts": 8})
+    assert "engine fsdp_experts" in [k for k, _, _ in compare.engine_changes(moe, b)]
+
+
 def test_diff_names_a_changed_intra_node_link(tiny_llama_config, small_plan):
     """Two clusters that differ only in their NVLink-class bandwidth: the diff shows it."""
     a = load_plan(small_plan)

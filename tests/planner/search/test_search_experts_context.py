@@ -70,7 +70,19 @@ def test_settings_the_pins_leave_unused_are_named(tiny_mixtral, caplog):
     with caplog.at_level("WARNING", logger="planner"):  # each used: nothing said
         _plan(tiny_mixtral, "ep=2,tp=1,pp=1", engine=engine_from_mapping(
             "moe_overlap=true,moe_capacity_factor=1.25,moe_imbalance=1.5"))
-    assert "changes nothing" not in caplog.text
+    assert "changes nothing" not in caplog.text and "not run by this plan" not in caplog.text
+    # the overlap asked for, and a chosen configuration that cannot run it (full recomputation)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="planner"):
+        p = _plan(tiny_mixtral, "ep=2,tp=1,pp=1,recompute=full",
+                  engine=engine_from_mapping("moe_overlap=true"))
+    assert "engine.moe_overlap: not run by this plan's configuration (the overlapped all-to-all " \
+        "needs no full recomputation)" in caplog.text
+    assert p.predicted["breakdown"]["ep_comm_s"] > 0
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="planner"):  # an engine setting without its base
+        _plan(tiny_mixtral, "ep=2,tp=1,pp=1", engine=engine_from_mapping("fsdp_experts=true"))
+    assert "engine.fsdp_experts: applies with fsdp_copies=true" in caplog.text
 
 
 @pytest.mark.parametrize("dispatcher", ["alltoall", "deepep"])

@@ -73,6 +73,17 @@ def test_bad_fix_is_a_spec_error(tiny_llama):
         parse_fix("schedule=zigzag")
     with pytest.raises(SpecError, match=r"fix.tp: given twice \(2 and 4\); give it once"):
         parse_fix("tp=2,tp=4")
+    # a setting given with the wrong option is sent to the right one
+    with pytest.raises(SpecError, match=r"^fix: 'moe_overlap' is an engine setting, not a "
+                                        r"parallelism knob; give it with --engine moe_overlap=true"):
+        parse_fix("moe_overlap=true")
+    with pytest.raises(SpecError, match=r"^fix: 'seq_len' is a training setting, .* --seq-len 8192"):
+        parse_fix("seq_len=8192")
+    from planner.options import engine_spec
+    with pytest.raises(SpecError, match=r"^engine.ep: a parallelism knob, not an engine setting; "
+                                        r"give it with --fix ep=8"):
+        engine_spec("megatron-core,ep=8")
+    assert engine_spec("megatron-core,moe_overlap=true").moe_overlap
     # a pin no configuration can honour is bad input, named with the model's sizes
     with pytest.raises(SpecError, match=r"fix.tp: 8 does not divide the model's heads .*\(2, 4,"):
         make(tiny_llama, fix="tp=8")
@@ -194,6 +205,12 @@ def test_a_target_with_its_own_software_is_priced_with_it(tiny_llama_config):
     assert engine_from_mapping(titan.training["engine"]) == engine_from_mapping("torchtitan")
     ds = planner.plan(tiny_llama_config, target="deepspeed", **kw)
     assert engine_from_mapping(ds.training["engine"]) == engine_from_mapping("deepspeed")
+    # the planner's own runtime: eager code, SDPA, FSDP2's copies, its own ring (a new-user
+    # check found --target torch priced as Megatron-Core, 16 GB leaner than plan run needs)
+    own = engine_from_mapping(planner.plan(tiny_llama_config, target="torch", **kw)
+                              .training["engine"])
+    assert own == engine_from_mapping("torch") and (own.kernels, own.cp_ring) == (
+        "eager", "runtime") and own.pipelined_accumulation
     chosen = planner.plan(tiny_llama_config, target="torchtitan", engine="torchtitan-compile", **kw)
     assert engine_from_mapping(chosen.training["engine"]).kernels == "fused"
     megatron = planner.plan(tiny_llama_config, target="megatron", **kw)
