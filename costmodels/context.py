@@ -33,8 +33,8 @@ from costmodels.topology import Cluster
 def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_s: float,
                attn_bwd_s: float, group: GroupShape, cluster: Cluster,
                gradients_back: float = 0.0, gradients_on: float = 1.0,
-               gathered_ring: bool = False, out_bytes: float | None = None
-               ) -> tuple[float, float]:
+               gathered_ring: bool = False, passes_last: bool = False,
+               out_bytes: float | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of K/V exchange one layer exposes, per micro-batch.
     ``gradients_back`` (p2p ring): gradient bytes per K/V byte that each rank sends straight back
     to the owner of those keys and values once a backward step is done, as the runtime's ring
@@ -43,8 +43,13 @@ def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_
     per K/V byte (Transformer Engine's, in the compute dtype: 1; torch's, in fp32).
     ``gathered_ring`` (allgather form): torch's templated ring with its all-gather rotater
     (torchtitan's context parallelism), which all-gathers K/V in forward and again in backward,
-    and passes the K/V gradients (``gradients_on`` bytes per K/V byte) around the whole ring, a
-    send behind each step's backward and the last one exposed, instead of one reduce-scatter.
+    each issued before the first step's attention and awaited after it (hidden behind that
+    step, 1 / cp of the rank's attention), and passes the K/V gradients (``gradients_on`` bytes
+    per K/V byte) around the whole ring, a send behind each step's backward and the last one
+    exposed, instead of one reduce-scatter. ``passes_last`` (p2p form): the ring passes the K/V
+    gradients on once more after its last step, exposed (torch's templated ring: each rank gets
+    its own K/V's gradients back that way, torch/distributed/tensor/experimental/
+    _context_parallel/_attention.py, the dK/dV rotater awaited after the loop).
     ``out_bytes``: the attention output the all-to-all forms send back (default: as large as the
     queries; smaller under latent attention, whose values are narrower)."""
     if cp <= 1 or kv_bytes <= 0:
@@ -54,12 +59,17 @@ def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_
         fwd, bwd = _ring(cp, kv_bytes / cp, attn_fwd_s, attn_bwd_s, link, gradients_on)
         if gradients_back:
             bwd = _sent_back(cp, gradients_back * kv_bytes / cp, attn_bwd_s, link)
+        elif passes_last:
+            bwd += comm.p2p_s(gradients_on * kv_bytes / cp, link)
         return fwd, bwd
     if form == "allgather":
         gather = comm.allgather_s(kv_bytes, group, cluster)
         if gathered_ring:
             link = cluster.intra_node if group.per_node >= group.size else cluster.inter_node
-            return gather, gather + _passed_on(cp, gradients_on * kv_bytes / cp, attn_bwd_s, link)
+            sync = link.sync_s
+            fwd = sync + max(0.0, gather - sync - attn_fwd_s / cp)
+            again = sync + max(0.0, gather - sync - attn_bwd_s / cp)
+            return fwd, again + _passed_on(cp, gradients_on * kv_bytes / cp, attn_bwd_s, link)
         return gather, gather + comm.reduce_scatter_s(kv_bytes, group, cluster)
     out = q_bytes if out_bytes is None else out_bytes
     moved = (q_bytes + out + kv_bytes) / cp  # q, k, v in and the output back, each a local shard

@@ -214,8 +214,10 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                     s_[i], calls[i] = s_[ma.same[i]], calls[ma.same[i]]
                 elif kv[i] > 0:
                     gathered_ring = f_name == "allgather" and engine.cp_ring == "torch"
-                    if f_name in ("p2p", "a2a+p2p") or gathered_ring:
-                        # the ring calls attention per chunk pair (torch's, gathered K/V too)
+                    if f_name in ("p2p", "a2a+p2p", "allgather"):
+                        # the ring calls attention per chunk pair (torch's, gathered K/V too);
+                        # Transformer Engine's all-gather form calls it per query chunk against
+                        # the keys before it: the same causal pairs, the rest whole
                         # (a2a+p2p: a ring of cp / inner steps, each rank on 1 / inner of heads)
                         inner = context.heads_ranks(cp_group) if f_name == "a2a+p2p" else 1
                         calls[i] = compute.ring_attention_s(
@@ -229,7 +231,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                                               attn_bwd_s=(t.attn_bwd_s + calls[i, 1]) / per,
                                               group=cp_group, cluster=cluster,
                                               gradients_back=back, gradients_on=on,
-                                              gathered_ring=gathered_ring, out_bytes=out[i] / per)
+                                              gathered_ring=gathered_ring,
+                                              passes_last=engine.cp_ring == "torch",
+                                              out_bytes=out[i] / per)
                     if (f_name == "p2p" and engine.cp_ring != "te") or gathered_ring:
                         # the partial outputs merge as element-wise ops
                         mf, mb = context.ring_merge_s(cp, q_bytes=q[i] / per, kv_bytes=kv[i] / per,
@@ -245,8 +249,14 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         cp_buffers = {"p2p": 2 * kv / cp, "allgather": kv,
                       "a2a": (q + out + kv) / cp,
                       "a2a+p2p": (q + out + 3 * kv) / cp}[form] / layers
-        if form == "allgather" and engine.cp_ring == "torch":  # its K/V gradients, in fp32,
-            cp_buffers = cp_buffers + 2 * on * kv / cp / layers  # accumulated, one passed on
+        if form in ("p2p", "allgather") and engine.cp_ring == "torch":
+            # torch's ring also holds, while a layer's forward runs, the merged output in fp32
+            # and a temporary as large; while its backward runs, the query's gradients in fp32
+            # and the K/V gradients accumulated and one passed on (in ``on``'s width)
+            # (_attention.py: _SDPAMerger, grad_query / grad_key / grad_value in accum_dtype)
+            fp32 = 4 / word
+            cp_buffers = cp_buffers + np.maximum(2 * fp32 * out, fp32 * q + 2 * on * kv) \
+                / cp / layers
         if form == "p2p" and engine.cp_ring == "runtime":
             # the runtime's ring keeps every step's K/V for backward: with the attention kept,
             # as activations; recomputed (full, selective), while that layer's backward runs
