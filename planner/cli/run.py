@@ -48,10 +48,9 @@ def run(args) -> int:
         return _run_recsys(args, opts)
     launch = check(args.plan, opts, args.nproc, dry_run=args.dry_run)
     if args.dry_run:
-        from planner.runtime.build import unrun_moe_settings  # lazy: imports torch
-        plan = load_plan(args.plan)
-        note = unrun_moe_settings(plan) if plan.parallel.get("ep", 1) > 1 else None
-        if note:
+        from planner.runtime.build import unrun_notes  # lazy: imports torch
+        from planner.runtime.layout import layout_of  # lazy: beside the runtime it describes
+        for note in unrun_notes(launch.plan, layout_of(launch.plan)):
             print(f"# note: {note}")
         where = (f"on each of the {launch.nodes} nodes, with HEAD_NODE the address of the first"
                  if launch.nodes > 1 else "on the node")

@@ -114,20 +114,28 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     out.schedule = _schedule(plan, out.stages, layout)
     out.optimizer = mdl.make_optimizer(plan, [p for m in out.modules for p in m.parameters()],
                                        opts.lr)
+    out.notes.extend(unrun_notes(plan, layout))
+    return out
+
+
+def unrun_notes(plan: Plan, layout: Layout) -> list[str]:
+    """What of the plan the runtime runs otherwise than planned (printed by a run, and before it
+    by ``plan run --dry-run``)."""
+    notes = []
     if plan.parallel.get("sequence_parallel"):
-        out.notes.append("sequence_parallel not applied (tensor parallelism runs without it)")
+        notes.append("sequence_parallel not applied (tensor parallelism runs without it)")
     if plan.parallel.get("offload_optimizer"):
-        out.notes.append("offload_optimizer not applied: the optimizer steps on the device, so "
-                         "the prediction (which offloads) is not comparable; plan with --fix "
-                         "offload_optimizer=false")
+        notes.append("offload_optimizer not applied: the optimizer steps on the device, so the "
+                     "prediction (which offloads) is not comparable; plan with --fix "
+                     "offload_optimizer=false")
     note = unrun_moe_settings(plan) if layout.ep > 1 else None
     if note:
-        out.notes.append(note)
+        notes.append(note)
     if layout.ep > 1 and layout.edp > 1 and int(plan.parallel["zero"]) >= 1:
-        out.notes.append(f"experts' optimizer states not sharded over edp={layout.edp} (their "
-                         "gradients are all-reduced over it); the dense states are sharded as "
-                         "planned")
-    return out
+        notes.append(f"experts' optimizer states not sharded over edp={layout.edp} (their "
+                     "gradients are all-reduced over it); the dense states are sharded as "
+                     "planned")
+    return notes
 
 
 def check_knobs(plan: Plan) -> None:

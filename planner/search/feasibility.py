@@ -11,7 +11,7 @@ from costmodels import pipeline
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
 from planner.options import (CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec,
-                             zero_runs_with_cp)
+                             pp_inner_refused, zero_runs_with_cp)
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.loop import OUTCOMES, rejection_lines
 from planner.search.pricing import Estimate, price
@@ -159,6 +159,16 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if pp is not None and pp_reason(pp, vpp, space):
         what = f"pp={pp}" if pp_reason(pp, vpp, space) == PP_BLOCKS else f"pp x vpp = {pp * vpp}"
         return f"fix: {what} stages for a model of {space.num_blocks} blocks; pin fewer stages"
+    if fix.get("placement") == "tp-pp-dp" and options is not None and pp is not None and \
+            tp is not None and "cp" in fix and ("ep" in fix or not space.experts) and \
+            n % (tp * cp * pp) == 0:
+        dp = n // (tp * cp * pp)
+        etps = [etp] if "etp" in fix else sorted({1, tp})
+        reasons = [pp_inner_refused(options, pp=pp, dp=dp, tp=tp, cp=cp, ep=ep, etp=e,
+                                    experts=bool(space.experts)) for e in etps]
+        if all(reasons):
+            return (f"fix.placement: tp-pp-dp with pp={pp}, tp={tp}, cp={cp}, ep={ep} (dp={dp}): "
+                    f"{reasons[0]}; pin placement=tp-dp-pp, or degrees that meet it")
     return ""
 
 

@@ -138,6 +138,7 @@ def test_a_dry_run_says_which_moe_settings_the_runtime_does_not_run(capsys, make
                                "mixtral-ep2-for-deepep"))
     plan.training = {**plan.training, "engine": {**plan.training.get("engine", {}),
                                                  "moe_dispatcher": "deepep"}}
+    plan.parallel = {**plan.parallel, "offload_optimizer": True}
     path = str(tmp_path / "mixtral-ep2-deepep.json")
     plan.save(path)
     capsys.readouterr()
@@ -146,6 +147,17 @@ def test_a_dry_run_says_which_moe_settings_the_runtime_does_not_run(capsys, make
     assert "# note: engine.moe_dispatcher: planner's runtime (plan run) dispatches tokens by " \
         "alltoall, not deepep, so the prediction is not comparable; re-plan with --target " \
         "torch and set moe_dispatcher=alltoall" in out
+    # and the rest a run would note afterwards (a new-user check missed them before the run)
+    assert "# note: offload_optimizer not applied" in out
+
+
+def test_recomputation_the_runtime_does_not_run_is_refused(capsys, make_plan, tmp_path):
+    plan = load_plan(make_plan("mixtral", f"dp=2,tp=1,pp=1,ep=2,micro_batch=2,{NO_SP}",
+                               "mixtral-ep2-for-moe-act"))
+    plan.parallel = {**plan.parallel, "recompute": "moe_act"}
+    path = str(tmp_path / "mixtral-ep2-moe-act.json")
+    plan.save(path)
+    _refused(capsys, path, "parallel.recompute", "moe_act", "recompute=full")
 
 
 def test_cp_comm_other_than_the_ring_is_refused(capsys, make_plan):

@@ -357,6 +357,51 @@ def test_context_parallelism_splits_activations(tiny_llama):
     assert ranks == list(range(8))
 
 
+def test_a_placement_the_pinned_degrees_rule_out_is_bad_input(tiny_mixtral):
+    """Megatron-Core places pipeline neighbours on adjacent ranks (tp-pp-dp) only where the
+    experts' data parallelism equals the attention's: with tp, cp, ep and pp pinned that is known
+    before the search (a new-user check got exit 3, "no plan fits", from a rule count)."""
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len)
+    cluster = planner.load_cluster("dgx-h100", nodes=2)
+    options = planner.SearchOptions(fix=parse_fix("ep=8,cp=2,tp=2,pp=2,placement=tp-pp-dp"),
+                                    target="megatron", top_k=0)
+    with pytest.raises(planner.SpecError, match=r"^fix.placement: tp-pp-dp with pp=2, tp=2, cp=2, "
+                                                r"ep=8 \(dp=2\): .*ep x etp = tp x cp.*; pin "
+                                                r"placement=tp-dp-pp"):
+        planner.plan_prepared(tiny_mixtral, cluster, training, options)
+    meets = planner.SearchOptions(fix=parse_fix("ep=4,cp=2,tp=2,pp=2,placement=tp-pp-dp"),
+                                  target="megatron", top_k=0)
+    assert planner.plan_prepared(tiny_mixtral, cluster, training, meets).parallel["ep"] == 4
+
+
+def test_every_form_that_splits_the_sequence_calls_attention_per_chunk(tiny_llama_config):
+    """Transformer Engine's all-gather form calls attention per query chunk against the keys
+    before it, the ring per chunk pair: the same causal pairs and the rest whole, so both run the
+    same attention (before 2026-12-04 the all-gather form was priced as one causal call per
+    rank); torch's ring holds more while a layer runs (fp32 merges and gradients)."""
+    from planner.search import costs
+
+    long = planner.prepare(tiny_llama_config, seq_len=8192, cache_dir=None)
+    ma = costs.ModelArrays.from_blocks(long.blocks)
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+
+    def block(form, engine="megatron-core"):
+        from costmodels.engine import engine_from_mapping
+        training = planner.TrainingSpec(global_batch=8, seq_len=long.seq_len,
+                                        engine=engine_from_mapping(engine))
+        return costs.block_costs(ma, cluster, training, tp=1, sp=False, recompute="none",
+                                 micro_batch=1, cp=4, cp_comm=form)
+    ring, gathered = block("p2p"), block("allgather")
+    attention = ma.work.fused_attn_flops > 0
+    assert attention.any()
+    np.testing.assert_allclose(gathered.compute_s, ring.compute_s)
+    heads = block("a2a")  # a rank's heads of whole causal calls: the slower kernel shape
+    assert (gathered.compute_s[attention] < heads.compute_s[attention]).all()
+    torch_ring = block("p2p", "torchtitan,cp_ring=torch")
+    te_ring = block("p2p", "torchtitan,cp_ring=te")
+    assert (torch_ring.work_bytes[attention] > te_ring.work_bytes[attention]).all()
+
+
 @pytest.mark.parametrize("fix,words", [
     ("ep=3", "does not divide the model's 8 experts; use one of 1, 2, 4, 8"),
     ("cp=3", "does not divide the cluster's 8 GPUs; use one of 1, 2, 4, 8"),
