@@ -282,7 +282,8 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
             not eng.zero3_with_cp_ep:
         raise SpecError(f"fix.zero: {target} does not run ZeRO-3 with both cp and ep (pin zero "
                         "below 3, or cp=1 or ep=1)")
-    if fix.get("zero") == 0 and not eng.zero0_with_others and int(fix.get("dp", 1)) > 1 and any(
+    sharded = int(fix.get("dp", 1)) > 1 or (eng.ep_needs_sharding and int(fix.get("ep", 1)) > 1)
+    if fix.get("zero") == 0 and not eng.zero0_with_others and sharded and any(
             int(fix.get(k, 1)) > 1 for k in ("tp", "pp", "cp", "ep")):
         raise SpecError(f"fix.zero: {target} runs ZeRO-0 (plain data parallelism) only without "
                         "tensor, pipeline, context or expert parallelism; pin zero 2 or 3")

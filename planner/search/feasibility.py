@@ -15,7 +15,8 @@ from planner.options import (CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, 
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.loop import OUTCOMES, rejection_lines
 from planner.search.pricing import Estimate, price
-from planner.search.space import (BATCH_DP, CP_HEADS, CP_LEVELS, CP_SEQ, CP_SHORT, MICRO_BATCH,
+from planner.search.space import (BATCH_DP, CP_HEADS, CP_LATENT_NONE, CP_LEVELS, CP_SEQ,
+                                  CP_SHORT, CP_SINKS_NONE, CP_WINDOW_NONE, MICRO_BATCH,
                                   PP_BLOCKS, SEQ_TP_2CP, SP_SEQ, TOO_MANY_MB, TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space,
                                   cp_chunks, cp_comm_reason, cp_reason, divisors, pp_reason,
                                   target_mesh_reason, tp_reasons)
@@ -159,6 +160,15 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if pp is not None and pp_reason(pp, vpp, space):
         what = f"pp={pp}" if pp_reason(pp, vpp, space) == PP_BLOCKS else f"pp x vpp = {pp * vpp}"
         return f"fix: {what} stages for a model of {space.num_blocks} blocks; pin fewer stages"
+    attention = {CP_WINDOW_NONE: "sliding-window attention", CP_SINKS_NONE: "attention with sinks",
+                 CP_LATENT_NONE: "latent attention (keys wider than values)"}
+    rule = cp_reason(cp, space, training, options, pinned=True) if options and cp > 1 else ""
+    if rule in attention:
+        return (f"fix.cp: {options.target} runs no context parallelism over the model's "
+                f"{attention[rule]}; drop cp (or plan for --target any)")
+    if etp > 1 and space.etp_one_only:
+        return (f"fix.etp: {options.target} does not split experts' matrices where the experts "
+                "carry biases, as this model's do; pin etp=1")
     if fix.get("placement") == "tp-pp-dp" and options is not None and pp is not None and \
             tp is not None and "cp" in fix and ("ep" in fix or not space.experts) and \
             n % (tp * cp * pp) == 0:

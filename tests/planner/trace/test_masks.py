@@ -408,3 +408,24 @@ def test_routed_traffic_at_the_hidden_width_is_left_uncounted_where_widths_coinc
         assert works and all(w.mem_bytes_routed > 0 for w in works)
         assert all((0 < w.mem_bytes_routed_hidden < w.mem_bytes_routed) if counted
                    else w.mem_bytes_routed_hidden == 0 for w in works)
+
+
+@pytest.mark.parametrize("target,fix,said", [
+    ("torch", "cp=2", r"^fix.cp: torch runs no context parallelism over the model's sliding-window "
+                      r"attention; drop cp"),
+    ("megatron", "tp=2,etp=2,ep=2", r"^fix.etp: megatron does not split experts' matrices where "
+                                    r"the experts carry biases, as this model's do; pin etp=1$"),
+    ("torchtitan", "ep=2,zero=0", r"^fix.zero: torchtitan runs ZeRO-0 .* only without"),
+])
+def test_pins_a_target_never_runs_for_this_model_are_named_before_the_search(tiny_gpt_oss, target,
+                                                                             fix, said):
+    """A new-user check got these as counts of the search's rules (with unpinned knobs' rules
+    among them) and no option to change."""
+    import planner
+    from planner.options import parse_fix
+
+    training = planner.TrainingSpec(global_batch=16, seq_len=tiny_gpt_oss.seq_len)
+    options = planner.SearchOptions(fix=parse_fix(fix), target=target, top_k=0)
+    with pytest.raises(planner.SpecError, match=said):
+        planner.plan_prepared(tiny_gpt_oss, planner.load_cluster("dgx-h100", nodes=1), training,
+                              options)
