@@ -75,8 +75,9 @@ class BlockTime:
     not attention; for an MoE layer at least the issue time of those ops."""
     moe_act_recompute_s: float = 0.0
     """What ``recompute="moe_act"`` runs again: the memory-bound ops of the routed experts'
-    activation function and of the norm before them (BlockWork.moe_act_mem_bytes); for an MoE
-    layer at least the issue time of those ops."""
+    activation function and of the norms before them (BlockWork.moe_act_mem_bytes); in an MoE
+    layer what they add to a backward pass that waits for the host or for the device, whichever
+    is slower with them."""
     wgrad_s: float = 0.0
     """The part of ``bwd_s`` in the weight-gradient GEMMs of Linear layers: what a schedule
     that splits the backward (ZB-H1's W) can run apart from the input gradient. Attention's and
@@ -483,9 +484,12 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     # op-level: its share of the dense weight GEMMs, the routed experts' whole (not saved)
     op_again = (gemm_f - gemm_attn - gemm_routed) * work.op_recompute_gemm_share + gemm_routed \
         + mem_f
-    # (the moe_act ops' share of the bytes this GPU's memory-bound ops move)
-    per_gpu = work.mem_bytes_tp / tp + work.mem_bytes_rep / (tp if sp else 1)
-    act_again = mem_f * (work.moe_act_mem_bytes / (tp if sp else 1)) / per_gpu if per_gpu else 0.0
+    # (the moe_act ops' share of the one-kernel-per-op bytes this GPU's memory-bound ops move,
+    # without eager attention's scores where a fused kernel never makes them, as mem_f)
+    per_gpu = (work.mem_bytes_tp - (work.eager_attn_bytes_tp if flash else 0.0)) / tp + \
+        (work.mem_bytes_rep - (work.eager_attn_bytes_rep if flash else 0.0)) / (tp if sp else 1)
+    act_again = mem_f * (work.moe_act_mem_bytes / (tp if sp else 1)) / per_gpu \
+        if per_gpu > 0 else 0.0
     if work.num_experts:
         # an MoE layer runs many small kernels: the device waits whenever the host issues its
         # ops slower than the device runs them (about twice as many in backward). Dropless
@@ -493,9 +497,13 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         # the host cannot run ahead across layers; a uniform stack of MoE layers is bound the
         # same way layer by layer without that wait.
         host = (work.kernels_eager + ungrouped_launches(work, experts)) * engine.moe_host_op_s
+        device_bwd = bwd_s
         fwd_s, bwd_s = max(fwd_s, host), max(bwd_s, 2 * host)
         op_again = max(op_again, host * op_recomputed_kernel_share(work))
-        act_again = max(act_again, work.moe_act_kernels * engine.moe_host_op_s)
+        # moe_act's ops run inside the backward: what they add to its device time and to its
+        # issue time, the slower of the two setting the pass (hidden where the other has room)
+        act_again = max(device_bwd + act_again,
+                        2 * host + work.moe_act_kernels * engine.moe_host_op_s) - bwd_s
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s

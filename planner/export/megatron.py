@@ -459,7 +459,12 @@ def _layout_string(counts: list[int]) -> str:
 def _memory(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     p = plan.parallel
     ledger.exact("zero", "offload_optimizer")
-    out = _recompute(p["recompute"], ledger, _moe_act_refused(plan, version))
+    refused = _moe_act_refused(plan, version)
+    out = _recompute(p["recompute"], ledger, refused)
+    if p["recompute"] == "moe_act" and not refused and plan.training["dtype"] == "fp8":
+        ledger.info("recompute moe_act under FP8: Megatron-Core runs moe_act and layernorm "
+                    "recomputation in FP8 with Transformer Engine 2.6 or later only (it raises "
+                    "otherwise)")
     layout = common.planned_layout(plan)
     if layout is None:
         common.layout_note(plan, TARGET, "megatron", ledger)
@@ -521,9 +526,8 @@ def _recompute(rc: str, ledger: common.Ledger, moe_act_refused: str = "") -> Gro
         return [(RECOMPUTE["full"], f"recompute {rc} -> full (see the note above)")]
     if rc in RECOMPUTE:
         ledger.exact("recompute")
-        what = ("the routed experts' activation function and the norms before the experts "
-                "(and before attention where not fused into the next Linear: Megatron may keep "
-                "less than planned)" if rc == "moe_act" else "")
+        what = ("the routed experts' activation function, the norms before the experts and "
+                "before multi-head latent attention" if rc == "moe_act" else "")
         return [(RECOMPUTE[rc], f"recompute {rc}" + (f": {what}" if what else ""))]
     ledger.nearest("recompute", f"recompute {rc} (torchtitan's per-op selective checkpointing): "
                    "Megatron-LM recomputes the attention core (selective) or whole layers (full); "

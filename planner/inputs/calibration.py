@@ -34,9 +34,12 @@ def load_calibration(source) -> dict:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise SpecError(f"{where}: not a calibration (schema must be '{SCHEMA}'); create it with "
                         "`plan profile -o FILE`")
+    if not isinstance(data.get("device"), Mapping):
+        raise SpecError(f"{where}: device must be a mapping of the measured figures, got "
+                        f"{type(data.get('device')).__name__}; re-run `plan profile`")
     for key in ("peak_TFLOPs", "gemm_table", "hbm_GBps", "kernel_overhead_us",
                 "attention_efficiency"):
-        if key not in data.get("device", {}):
+        if key not in data["device"]:
             raise SpecError(f"{where}: device.{key} is missing; re-run `plan profile`")
     return data
 

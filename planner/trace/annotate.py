@@ -501,13 +501,16 @@ def _moe_act_ops(op_names: list[str], by: dict, cons: dict, routed_modules: set[
       kept);
     - the norm before the experts: the ops of a norm module (one running a norm op or an
       ``rsqrt``) whose output an op of an MoE module reads (the router, or a shared expert), an
-      MoE module being the parent of the experts' module that runs no attention. Megatron-Core
-      also recomputes the norm before attention where Transformer Engine does not fuse it into
-      the next Linear (multi-head latent attention): not counted here, which keeps more than it
-      does, never less.
+      MoE module being the parent of the experts' module that runs no attention;
+    - the norm before multi-head latent attention (keys wider than values), which Transformer
+      Engine does not fuse into the next Linear there (Megatron-Core's MLA layer spec keeps
+      ``input_layernorm`` a norm of its own unless ``mla_down_proj_fusion``), in dense layers
+      too; not the norms inside the attention (its q/kv norms).
 
-    Empty for a block without routed experts."""
-    if not routed_modules:
+    Empty for a block without routed experts or latent attention."""
+    latent = {by[n].module for n in op_names if by[n].kind == "attention" and _keys_wider(by[n])
+              or any(a["head_dim"] > a["value_dim"] for a in by[n].dims.get("attention", []))}
+    if not routed_modules and not latent:
         return set()
     members = set(op_names)
     firsts = {n for n in op_names if _routes_experts(by[n]) and n not in returning}
@@ -530,14 +533,17 @@ def _moe_act_ops(op_names: list[str], by: dict, cons: dict, routed_modules: set[
     moe_modules = {m.rsplit(".", 1)[0] for m in routed_modules if "." in m}
     attention = {by[n].module for n in op_names if by[n].kind == "attention"}
     moe_modules = {m for m in moe_modules if not any(_inside(a, {m}) for a in attention)}
+    before = moe_modules | latent  # the modules whose norm in front is recomputed
     norm_modules = {by[n].module for n in op_names
                     if by[n].kind == "norm" or by[n].target == "rsqrt"}
     norm_ops: set[str] = set()
     for module in norm_modules:
+        if _inside(module, before):
+            continue  # a norm inside them (MLA's q/kv norms)
         ops = [n for n in op_names if by[n].module == module]
         readers = {c for n in ops for c in _consumers_through_views(n, by, cons)
                    if c in members and by[c].module != module}
-        if any(_inside(by[c].module, moe_modules) for c in readers):
+        if any(_inside(by[c].module, before) for c in readers):
             norm_ops.update(n for n in ops if by[n].kind not in FREE)
     return act | norm_ops
 

@@ -71,6 +71,10 @@ def test_bad_calibration_files(tmp_path):
     del bad["device"]["gemm_table"]
     with pytest.raises(SpecError, match="device.gemm_table is missing"):
         load_calibration(bad)
+    # (fuzz seed 1306, case 847: a device that is a number raised TypeError)
+    with pytest.raises(SpecError, match=r": device must be a mapping of the measured figures, got "
+                                        r"float; re-run `plan profile`$"):
+        load_calibration({**CALIB, "device": float("nan")})
 
 
 def test_profile_measures_this_cpu(monkeypatch):
