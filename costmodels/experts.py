@@ -22,6 +22,8 @@ routing imbalance) sets the time. Sizes are per micro-batch on one GPU.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from costmodels import comm
@@ -109,8 +111,32 @@ def _missed(num_experts: int, held: float, topk: int) -> float:
     return p
 
 
+def _hit(num_experts: int, held: float, topk: int, groups: int = 0,
+         group_topk: int = 0) -> float:
+    """The chance that ``held`` consecutive experts of ``num_experts`` hold one of a token's
+    ``topk``. Routing is even: ``topk`` distinct experts drawn uniformly, or, with group-limited
+    routing (``groups`` equal groups of consecutive experts, of which each token keeps the
+    ``group_topk`` best and takes its experts from those: DeepSeek-V3's node-limited routing,
+    8 groups, 4 per token), ``group_topk`` groups drawn uniformly and the experts uniformly from
+    them. Where the held experts neither are whole groups nor divide one, the groups are left out
+    (even routing over all the experts)."""
+    size = num_experts / groups if groups > 1 and 0 < group_topk < groups else 0.0
+    if not size or held >= num_experts:
+        return 1.0 - _missed(num_experts, held, topk)
+    pool = group_topk * size  # the experts of the token's groups
+    if held >= size and held % size == 0:  # whole groups: j of them among the token's
+        h = int(held // size)
+        miss = sum(math.comb(h, j) * math.comb(groups - h, group_topk - j)
+                   / math.comb(groups, group_topk) * _missed(int(pool), j * size, topk)
+                   for j in range(0, min(h, group_topk) + 1))
+        return 1.0 - miss
+    if size % held == 0:  # part of one group: taken with it
+        return group_topk / groups * (1.0 - _missed(int(pool), held, topk))
+    return 1.0 - _missed(num_experts, held, topk)
+
+
 def node_sends(num_experts: int, topk: int, *, ep: int, etp: int,
-               group: GroupShape) -> tuple[float, float]:
+               group: GroupShape, groups: int = 0, group_topk: int = 0) -> tuple[float, float]:
     """DeepEP's sends of one token in one direction out of one GPU, in hidden-state copies:
     (over the node's links, over the network). ``group``: the ep x etp ranks the dispatch spans
     (etp ranks of an expert next to each other), ``num_experts / ep`` experts on each rank, each
@@ -125,15 +151,19 @@ def node_sends(num_experts: int, topk: int, *, ep: int, etp: int,
     that need them, so its node-link sends total (g - 1) q_r N: N times the all-to-all's volume
     over the node's links (without collisions), so the more of the group a node holds, the more
     its links carry. The network carries a token once per node rather than once per copy: k (N -
-    1) / N copies become (N - 1) q_n. ``group`` is taken as N equal nodes."""
+    1) / N copies become (N - 1) q_n. ``group`` is taken as N equal nodes. ``groups`` and
+    ``group_topk``: group-limited routing (_hit), which bounds the nodes a token reaches where
+    the nodes hold whole groups (DeepSeek-V3 at ep 64 on 8 nodes: at most 4, about 3.2 other
+    nodes instead of 4.6)."""
     size, g = group.size, min(group.per_node, group.size)
     if size <= 1:
         return 0.0, 0.0
     nodes = max(1, size // g)
     per_rank = num_experts / ep
     ranks_of_node = max(1, g // etp)  # expert-parallel ranks (sets of experts) on one node
-    q_rank = 1.0 - _missed(num_experts, per_rank, topk)
-    q_node = 1.0 - _missed(num_experts, min(num_experts, per_rank * ranks_of_node), topk)
+    q_rank = _hit(num_experts, per_rank, topk, groups, group_topk)
+    q_node = _hit(num_experts, min(num_experts, per_rank * ranks_of_node), topk, groups,
+                  group_topk)
     return (g - 1) * q_rank * nodes, (nodes - 1) * q_node
 
 
@@ -193,7 +223,8 @@ def overlap_blockers(engine: EngineSpec, *, ep: int, recompute: str, dtype: str,
 def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, share: float,
                      ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
                      recompute_full: bool, fwd_s=0.0, bwd_s=0.0, num_experts=0.0,
-                     moe_layers=0.0, micro_batches: int = 0, capacity=0.0):
+                     moe_layers=0.0, micro_batches: int = 0, capacity=0.0, groups=0.0,
+                     group_topk=0.0):
     """Per block (numpy arrays over blocks): the dispatch and combine it exposes per micro-batch,
     forward and backward (full recomputation replays the forward's). ``dispatch_bytes`` and
     ``routed_tokens`` per sample, ``moe_layers`` per block (costmodels.workload.BlockWork; a
@@ -212,7 +243,9 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     lending the other its spare time. Of ``micro_batches`` micro-batches one
     has no partner (the first forward and the last backward run alone), and its all-to-alls
     are exposed whole: one micro-batch overlaps nothing (0: the steady state). A pipeline's
-    other warm-up and cool-down passes, also without a partner, are not counted apart."""
+    other warm-up and cool-down passes, also without a partner, are not counted apart.
+    ``groups``, ``group_topk``: the router's group-limited routing (BlockWork.expert_groups),
+    which DeepEP's sends follow (node_sends)."""
     layers = np.where(dispatch_bytes > 0, np.maximum(moe_layers, 1.0), 0.0)
     load = 1.0
     # (a search prices this often: skip the even case)
@@ -229,10 +262,11 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     # capacity-style experts' slots go as an all-to-all's; so does a group whose nodes hold
     # unequal numbers of its ranks (DeepEP's kernels take equal ones: not priced here)
     if engine.moe_dispatcher == "deepep" and group.size % min(group.per_node, group.size) == 0:
-        pairs = np.stack(np.broadcast_arrays(num_experts, np.rint(topk))).reshape(2, -1).T
-        counts, index = np.unique(pairs, axis=0, return_inverse=True)
-        sends = np.array([node_sends(int(e), int(k), ep=ep, etp=etp_group.size, group=group)
-                          if e > 0 and k > 0 else (0.0, 0.0) for e, k in counts])
+        rows = np.stack(np.broadcast_arrays(num_experts, np.rint(topk), groups, group_topk))
+        counts, index = np.unique(rows.reshape(4, -1).T, axis=0, return_inverse=True)
+        sends = np.array([node_sends(int(e), int(k), ep=ep, etp=etp_group.size, group=group,
+                                     groups=int(gs), group_topk=int(gk))
+                          if e > 0 and k > 0 else (0.0, 0.0) for e, k, gs, gk in counts])
         intra, inter = sends[index.ravel(), 0], sends[index.ravel(), 1]
         node = 2 * node_sends_s(share * dispatch_bytes / topk * load, intra.reshape(layers.shape),
                                 inter.reshape(layers.shape), group, cluster, count=layers)

@@ -187,6 +187,11 @@ class BlockWork:
     for the weights' gradient (with a bias added first, the sum, which a fused chain of the two
     already drops: not counted here). An engine that multiplies the weights into the activation
     before that GEMM keeps none of it (EngineSpec.moe_probs_in_activation)."""
+    expert_groups: float = 0.0
+    """Groups of consecutive experts the router limits each token to (0: no such limit):
+    DeepSeek-V3's node-limited routing, 8 groups (the router modules' ``n_group``)."""
+    expert_groups_per_token: float = 0.0
+    """Of ``expert_groups``, how many each token's experts come from (``topk_group``: 4)."""
     act_moe_act_routed: float = 0.0
     """The part of ``act_routed_rep`` that ``recompute="moe_act"`` does not keep: what the routed
     experts' activation function makes and saves between their GEMMs (the second GEMM's input

@@ -264,6 +264,12 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                     f"token ({facts.known_from}); the rest of the MoE model "
                     "(--moe-ffn-hidden-size, shared experts, router) stays with your model "
                     "arguments"))
+        if facts.groups:
+            out.append((["--moe-router-num-groups", str(facts.groups[0]),
+                         "--moe-router-group-topk", str(facts.groups[1])],
+                        f"its node-limited routing: each token's experts from its best "
+                        f"{facts.groups[1]} of {facts.groups[0]} groups, as priced (DeepEP's "
+                        "network sends follow it)"))
     elif facts.experts:  # counted by the trace; the router's k is the model's own
         out.append((["--num-experts", str(facts.experts)],
                     f"{plan.model['name']}: {facts.experts} routed experts ({facts.known_from}); "

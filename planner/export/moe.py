@@ -40,6 +40,8 @@ class Model:
     """Routed experts per MoE layer (None: not known to the export)."""
     top_k: int | None = None
     """Experts each token is routed to (None: not known)."""
+    groups: tuple[int, int] | None = None
+    """(groups, groups per token) of node-limited routing (DeepSeek-V3: 8, 4); None: none."""
     shared: int = 0
     """Shared experts every token passes through (DeepSeek-V3: 1)."""
     model_type: str = ""
@@ -75,8 +77,10 @@ def model(plan: Plan) -> Model:
         return Model(moe=spread or bool(traced), experts=traced,
                      known_from="the trace" if traced else "")
     top_k = cfg.get("num_experts_per_tok")
+    groups, kept = int(cfg.get("n_group") or 0), int(cfg.get("topk_group") or 0)
     return Model(moe=bool(routed) or spread, experts=routed,
                  top_k=int(top_k) if routed and top_k else None,
+                 groups=(groups, kept) if routed and 0 < kept < groups else None,
                  shared=int(cfg.get("n_shared_experts", 0) or 0), model_type=model_type,
                  mla=bool(cfg.get("kv_lora_rank")), sliding_window=int(cfg.get("sliding_window")
                                                                        or 0),

@@ -365,7 +365,8 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
             ep_group=ep_group, etp_group=placement.group_shape(etp, 1, g),
             cluster=cluster, recompute_full=recompute == "full", fwd_s=costs.fwd_s,
             bwd_s=costs.backward_pass_s,
-            num_experts=w.num_experts, moe_layers=w.moe_layers, capacity=w.expert_capacity)
+            num_experts=w.num_experts, moe_layers=w.moe_layers, capacity=w.expert_capacity,
+            groups=w.expert_groups, group_topk=w.expert_groups_per_token)
     spread = [dispatch(engine, comm.GroupShape(size=ep, per_node=k))
               for k in range(1, least.per_node + 1) if ep % k == 0 or k == least.per_node]
     if engine.moe_dispatcher == "deepep":

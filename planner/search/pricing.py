@@ -296,7 +296,8 @@ def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSp
         cluster=cluster, recompute_full=cfg.recompute == "full", fwd_s=costs.fwd_s,
         bwd_s=costs.backward_pass_s, num_experts=w.num_experts,
         moe_layers=w.moe_layers, micro_batches=cfg.num_microbatches,
-        capacity=w.expert_capacity)
+        capacity=w.expert_capacity, groups=w.expert_groups,
+        group_topk=w.expert_groups_per_token)
 
 
 def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training: TrainingSpec,

@@ -163,6 +163,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     acc["expert_params"] = float(sum(graph.params[p].numel for p in expert_weights | biases
                                      if p in graph.params and not param_split.get(p)))
     acc["expert_bias"] = float(bool(biases))
+    if acc["num_experts"] and graph.expert_groups:  # the router's groups (planner.trace.tracers)
+        acc["expert_groups"], acc["expert_groups_per_token"] = map(float, graph.expert_groups)
     work = BlockWork(params_tp=float(params_tp), params_rep=float(params_rep),
                      tp_collectives=collectives, param_tensors_tp=sum(known),
                      param_tensors_rep=len(known) - sum(known),

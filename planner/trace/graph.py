@@ -93,6 +93,9 @@ class OpGraph:
     repeats: list[RepeatInfo] = field(default_factory=list)
     containers: list[str] = field(default_factory=list)
     """FQNs of ModuleList / ModuleDict / Sequential modules (their children are the units)."""
+    expert_groups: list[int] = field(default_factory=list)
+    """[groups, groups per token] of a router that limits each token's experts to its best
+    groups of consecutive experts (DeepSeek-V3's node-limited routing: 8, 4); empty: none."""
 
     def __post_init__(self):
         self.by_name = {op.name: op for op in self.ops}
@@ -140,6 +143,7 @@ class OpGraph:
             dtype=d["dtype"], method=d["method"],
             repeats=[RepeatInfo(**r) for r in d.get("repeats", [])],
             containers=list(d.get("containers", [])),
+            expert_groups=list(d.get("expert_groups", [])),
         )
 
 

@@ -36,6 +36,18 @@ log = logging.getLogger(__name__)
 KEEP_LAYERS = 2
 
 
+def expert_groups(model: torch.nn.Module) -> list[int]:
+    """[groups, groups per token] of a router module that limits each token's experts to its
+    best groups (transformers' DeepSeek-V3 router: ``num_group`` (``n_group`` in its config)
+    and ``topk_group``), where it limits them (more than one group, fewer kept); else []."""
+    for module in model.modules():
+        groups = getattr(module, "num_group", getattr(module, "n_group", None))
+        kept = getattr(module, "topk_group", None)
+        if isinstance(groups, int) and isinstance(kept, int) and 0 < kept < groups:
+            return [groups, kept]
+    return []
+
+
 def find_repeats(model: torch.nn.Module) -> list[tuple[str, int]]:
     """(FQN, length) of each ModuleList/Sequential of >= 3 structurally identical children."""
     return [(fqn, n) for fqn, n, same in find_layer_lists(model) if same]
@@ -125,6 +137,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
             return OpGraph(
                 ops=ops, params=params, outputs=outputs, seq_len=seq_len, batch=batch,
                 dtype=dtype, method=how, containers=containers,
+                expert_groups=expert_groups(model),
                 repeats=[RepeatInfo(fqn=f, count=n, traced=n if f in whole else KEEP_LAYERS)
                          for f, n in layer_lists],
             )

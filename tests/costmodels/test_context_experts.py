@@ -255,20 +255,33 @@ def test_a_block_of_two_moe_layers_dispatches_twice_what_one_does(dispatcher):
     assert one_block(2)[0] == pytest.approx(2 * one_block(1)[0])
 
 
-@pytest.mark.parametrize("num_experts,topk,ep,etp,per_node", [
-    (256, 8, 64, 1, 8), (256, 8, 16, 1, 8), (128, 8, 32, 1, 4), (8, 2, 8, 1, 8), (64, 6, 8, 2, 8)])
-def test_deepep_sends_match_a_simulation_of_its_routing(num_experts, topk, ep, etp, per_node):
+@pytest.mark.parametrize("num_experts,topk,ep,etp,per_node,groups", [
+    (256, 8, 64, 1, 8, 0), (256, 8, 16, 1, 8, 0), (128, 8, 32, 1, 4, 0), (8, 2, 8, 1, 8, 0),
+    (64, 6, 8, 2, 8, 0),
+    # DeepSeek-V3's node-limited routing (8 groups, 4 per token): nodes of whole groups, of two,
+    # of half of one
+    (256, 8, 64, 1, 8, 8), (256, 8, 32, 1, 8, 8), (256, 8, 128, 1, 8, 8)])
+def test_deepep_sends_match_a_simulation_of_its_routing(num_experts, topk, ep, etp, per_node,
+                                                       groups):
     """node_sends against routing drawn at random (top-k distinct experts per token, E/ep experts
-    per rank, every etp rank of a chosen expert needing the token): each token crosses the
-    network once per other node holding any of its experts, and the node's links once per other
-    GPU of the sender's node needing it plus, forwarded, once per other GPU of each remote node
-    needing it (the GPU of the sender's index there receives it from the network)."""
+    per rank, every etp rank of a chosen expert needing the token; with ``groups``, the token's
+    experts drawn from 4 of them drawn first): each token crosses the network once per other
+    node holding any of its experts, and the node's links once per other GPU of the sender's
+    node needing it plus, forwarded, once per other GPU of each remote node needing it (the GPU
+    of the sender's index there receives it from the network)."""
     rng = np.random.default_rng(0)
     size = ep * etp
     group = GroupShape(size=size, per_node=per_node)
     nodes = size // per_node
     tokens = 20000
-    chosen = np.argsort(rng.random((tokens, num_experts)), axis=1)[:, :topk]
+    if groups:
+        kept, width = 4, num_experts // groups
+        picked = np.argsort(rng.random((tokens, groups)), axis=1)[:, :kept]
+        pool = (picked[:, :, None] * width + np.arange(width)).reshape(tokens, -1)
+        order = np.argsort(rng.random(pool.shape), axis=1)[:, :topk]
+        chosen = np.take_along_axis(pool, order, axis=1)
+    else:
+        chosen = np.argsort(rng.random((tokens, num_experts)), axis=1)[:, :topk]
     rank_of_expert = chosen // (num_experts // ep)  # expert-parallel index
     me = rng.integers(0, size, tokens)  # the sending GPU (etp ranks of an index side by side)
     node_of = np.arange(size) // per_node
@@ -284,7 +297,8 @@ def test_deepep_sends_match_a_simulation_of_its_routing(num_experts, topk, ep, e
                 inter += 1
                 forwarder = n * per_node + me[t] % per_node
                 intra += sum(node_of[r] == n and r != forwarder for r in needing)
-    want_intra, want_inter = experts.node_sends(num_experts, topk, ep=ep, etp=etp, group=group)
+    want_intra, want_inter = experts.node_sends(num_experts, topk, ep=ep, etp=etp, group=group,
+                                                groups=groups, group_topk=4 if groups else 0)
     assert intra / tokens == pytest.approx(want_intra, rel=0.03)
     assert inter / tokens == pytest.approx(want_inter, rel=0.03, abs=1e-9)
     if nodes == 1:

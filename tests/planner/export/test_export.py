@@ -812,6 +812,21 @@ def test_torchtitan_names_its_own_mixtures_of_experts():
         plan, model={**plan.model, "spec": "qwen3-235b-a22b"})) is None  # no 0.3.0 config
 
 
+def test_megatron_gets_the_node_limited_routing_the_plan_was_priced_with():
+    """DeepSeek-V3 routes each token to experts of its best 4 of 8 groups, which DeepEP's sends
+    follow (costmodels.experts.node_sends): the export writes Megatron-Core's flags for it;
+    a model without groups gets none."""
+    from planner.export import moe
+    plan = data_plan("qwen3-30b-a3b-ep8-capacity-megatron")
+    deepseek = dataclasses.replace(plan, model={**plan.model, "spec": "deepseek-v3",
+                                                "name": "deepseek-v3"})
+    assert moe.model(deepseek).groups == (8, 4) and moe.model(plan).groups is None
+    args = bash_args(to_megatron(deepseek), "MEGATRON_PARALLEL_ARGS")
+    at = args.index("--moe-router-num-groups")
+    assert args[at:at + 4] == ["--moe-router-num-groups", "8", "--moe-router-group-topk", "4"]
+    assert "--moe-router-num-groups" not in bash_args(to_megatron(plan), "MEGATRON_PARALLEL_ARGS")
+
+
 def test_torchtitan_refuses_context_parallelism_its_own_model_refuses():
     plan = data_plan("llama3-8b-cp4-torchtitan")
     gpt_oss = dataclasses.replace(plan, model={**plan.model, "spec": "gpt-oss-120b",
