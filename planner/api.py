@@ -518,6 +518,10 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: a warning below)
         targets.check_engine(training.engine, options.target, prepared.info.get("model_type"))
         options = targets.for_engine(options, training.engine, training.dtype)
+    elif "moe_act" in options.recompute and options.fix.get("recompute") != "moe_act":
+        # (a pin of it is refused below, naming the fix; unpinned it is no choice here)
+        options = dataclasses.replace(options, recompute=tuple(
+            r for r in options.recompute if r != "moe_act"))
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "
@@ -551,7 +555,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     note = length_note(training.seq_len, result.rejected)
     if note:
         log.warning("%s", note)
-    _warn_overlap_off(result.best.config, training, dict(options.fix))
+    if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)
+        _warn_overlap_off(result.best.config, training, dict(options.fix))
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,
                 record_timing=record_timing)

@@ -391,12 +391,16 @@ def parse_fix(fix, where: str = "fix", example: str = "--fix tp=8,pp=4") -> dict
         raise SpecError(f"{where}: expected a mapping or 'k=v,...', got {type(fix).__name__}")
     out = {}
     for key, value in fix.items():
+        again = " to plan solve (re-plan)" if where == "why" else ""
         if key in _ENGINE_KEYS:
-            raise SpecError(f"{where}: '{key}' is an engine setting, not a parallelism knob; give "
-                            f"it with --engine {key}={value}")
-        if key in _TRAINING_FLAGS:
-            raise SpecError(f"{where}: '{key}' is a training setting, not a parallelism knob; give "
-                            f"it with {_TRAINING_FLAGS[key]} {value}")
+            raise SpecError(f"{where}.{key}: an engine setting, not a parallelism knob; give it "
+                            f"with --engine {key}={value}{again}")
+        if key in _RUN_FLAGS:
+            raise SpecError(f"{where}.{key}: a setting of the run, not a parallelism knob; give "
+                            f"it with {_RUN_FLAGS[key]} {value}{again}")
+        if key == "num_microbatches":
+            raise SpecError(f"{where}.num_microbatches: follows from the global batch, dp and "
+                            "micro_batch; pin micro_batch (and dp) instead")
         if key not in FIX_KEYS:
             raise SpecError(f"{where}: unknown knob '{key}'; choose from {', '.join(FIX_KEYS)}")
         out[key] = _fix_value(key, value, where)
@@ -404,9 +408,11 @@ def parse_fix(fix, where: str = "fix", example: str = "--fix tp=8,pp=4") -> dict
 
 
 _ENGINE_KEYS = frozenset(f.name for f in fields(EngineSpec))
-_TRAINING_FLAGS = {"seq_len": "--seq-len", "global_batch": "--global-batch", "dtype": "--dtype",
-                   "optimizer": "--optimizer", "nodes": "--nodes"}
-"""Settings of the run that people give as knobs by mistake, and the option that takes them."""
+_RUN_FLAGS = {"seq_len": "--seq-len", "global_batch": "--global-batch", "dtype": "--dtype",
+              "optimizer": "--optimizer", "nodes": "--nodes", "gpus_per_node": "--gpus-per-node",
+              "target": "--target"}
+"""Settings of the run that people give as knobs (or engine settings) by mistake, and the option
+that takes them."""
 
 
 def engine_spec(spec) -> EngineSpec:
@@ -418,6 +424,9 @@ def engine_spec(spec) -> EngineSpec:
         if key in FIX_KEYS and key not in _ENGINE_KEYS:
             raise SpecError(f"engine.{key}: a parallelism knob, not an engine setting; give it "
                             f"with --fix {key}={pairs[key]}")
+        if key in _RUN_FLAGS and key not in _ENGINE_KEYS:
+            raise SpecError(f"engine.{key}: a setting of the run, not an engine setting; give "
+                            f"it with {_RUN_FLAGS[key]} {pairs[key]}")
     return engine_from_mapping(spec)
 
 

@@ -217,14 +217,14 @@ def for_engine(options: SearchOptions, engine_spec, dtype: str = "bf16") -> Sear
     no expert tensor parallelism under DeepEP where the engine refuses it, no ``moe_act``
     recomputation where it refuses that (SpecError for such a pin)."""
     eng = engine(options.target)
-    why = ("ungrouped expert GEMMs (moe_grouped_gemm=false)"
+    why = ("with ungrouped expert GEMMs (moe_grouped_gemm=false)"
            if eng.moe_act_needs_grouped_gemm and not engine_spec.moe_grouped_gemm else
-           "FP8 with delayed scaling" if not eng.moe_act_with_delayed_fp8 and dtype == "fp8"
+           "under FP8 delayed scaling" if not eng.moe_act_with_delayed_fp8 and dtype == "fp8"
            and engine_spec.fp8_recipe == "delayed" else "")
     if why and "moe_act" in options.recompute:
         if options.fix.get("recompute") == "moe_act":
             raise SpecError(f"fix.recompute: {options.target} does not run moe_act recomputation "
-                            f"with {why}; pin another recompute or change the engine setting")
+                            f"{why}; pin another recompute or change the engine setting")
         options = replace(options, recompute=tuple(r for r in options.recompute
                                                    if r != "moe_act"))
     if engine_spec.moe_dispatcher != "deepep" or eng.deepep_with_etp:
@@ -286,7 +286,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
     if fix.get("zero") == 0 and not eng.zero0_with_others and sharded and any(
             int(fix.get(k, 1)) > 1 for k in ("tp", "pp", "cp", "ep")):
         raise SpecError(f"fix.zero: {target} runs ZeRO-0 (plain data parallelism) only without "
-                        "tensor, pipeline, context or expert parallelism; pin zero 2 or 3")
+                        "tensor, pipeline, context or expert parallelism; pin zero=2 or zero=3")
     if fix.get("offload_optimizer") and not eng.offload:
         raise SpecError(f"fix.offload_optimizer: {target} does not offload the optimizer alone "
                         "(pin offload_optimizer=false or use another target)")

@@ -19,8 +19,9 @@ def register(add) -> None:
                            "recommendation plan into TorchRec's sharding")
     e.add_argument("plan", metavar="PLAN.json")
     e.add_argument("--to", "--target", dest="to", required=True, choices=sorted(TARGETS),
-                   help="target engine (torchrec: recommendation plans only; the others: dense "
-                        "plans only); --target, as `plan solve` names it, is the same")
+                   help="target engine (torchrec: recommendation plans only; the others: plans "
+                        "without embedding tables, mixtures of experts included); --target, as "
+                        "`plan solve` names it, is the same")
     versions = "; ".join(f"{t} {', '.join(v)}" for t, v in SUPPORTED_VERSIONS.items())
     e.add_argument("--engine-version", metavar="V", default=None,
                    help=f"engine release to write for ({versions}); default: the release "

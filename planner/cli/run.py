@@ -52,8 +52,7 @@ def run(args) -> int:
         from planner.runtime.layout import layout_of  # lazy: beside the runtime it describes
         for note in unrun_notes(launch.plan, layout_of(launch.plan)):
             print(f"# note: {note}")
-        where = (f"on each of the {launch.nodes} nodes, with HEAD_NODE the address of the first"
-                 if launch.nodes > 1 else "on the node")
+        where = _where(launch.nodes)
         print(f"# {launch.nodes} node(s) x {launch.nproc_per_node} processes ({launch.device}); "
               f"run {where}:")
         print(cluster_command(launch, opts, args.output or "measured.json"))
@@ -75,8 +74,7 @@ def _run_recsys(args, opts: RunOptions) -> int:
 
     launch = recsys.check(args.plan, opts, args.nproc, dry_run=args.dry_run)
     if args.dry_run:
-        where = (f"on each of the {launch.nodes} nodes, with HEAD_NODE the address of the first"
-                 if launch.nodes > 1 else "on the node")
+        where = _where(launch.nodes)
         print(f"# {launch.nodes} node(s) x {launch.nproc_per_node} processes ({launch.device}, "
               f"TorchRec); run {where}:")
         print(recsys.cluster_command(launch, opts, args.output or "measured.json"))
@@ -89,3 +87,9 @@ def _run_recsys(args, opts: RunOptions) -> int:
         atomic_write(args.output, json.dumps(result, indent=1) + "\n")
         print(f"\nwrote {args.output}")
     return 0
+
+
+def _where(nodes: int) -> str:
+    """Where a dry run's launch command runs."""
+    return (f"on each of the {nodes} nodes, with HEAD_NODE set to the address of the first"
+            if nodes > 1 else "on the node")

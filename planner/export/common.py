@@ -301,9 +301,13 @@ def check_schedule(plan: Plan, target: str, runs: tuple[str, ...], ledger: Ledge
                     f"it with `{resolve_hint(plan, target)}`")
 
 
-def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
+def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
+                 nearest: bool = True) -> str:
     """The `plan solve` command that makes a plan for ``target`` from the same inputs (the plan's
-    pins kept, less those the engine cannot run, and ``pins`` put over them)."""
+    pins kept, less those the engine cannot run, and ``pins`` put over them). A pinned
+    recomputation the engine does not run becomes its nearest (``nearest``: torchtitan's per-op
+    policy for Megatron's selective and moe_act), or is left to the search (where the nearest
+    did not fit)."""
     spec = plan.model.get("spec") or "MODEL"
     c, t = plan.cluster, plan.training
     eng = targets.engine(target)
@@ -346,8 +350,11 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None) -> str:
     if eng.experts_split_without_ep and facts.moe and ep == 1 and tp > 1:
         runs["etp"] = (tp,)  # the experts split over tp whatever etp says
     if fix.get("recompute") in ("selective", "moe_act") and \
-            fix["recompute"] not in runs["recompute"] and "op" in runs["recompute"]:
-        fix["recompute"] = "op"  # the engine's nearest: its per-op policy
+            fix["recompute"] not in runs["recompute"]:
+        if nearest and "op" in runs["recompute"]:
+            fix["recompute"] = "op"  # the engine's nearest: its per-op policy
+        else:
+            del fix["recompute"]  # the target's search picks its own
     kept_pins = _passing({k: v for k, v in fix.items() if k not in runs or v in runs[k]}, target)
     pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                       for k, v in kept_pins.items())

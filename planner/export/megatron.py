@@ -466,7 +466,7 @@ def _memory(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     p = plan.parallel
     ledger.exact("zero", "offload_optimizer")
     refused = _moe_act_refused(plan, version)
-    out = _recompute(p["recompute"], ledger, refused)
+    out = _recompute(p["recompute"], ledger, refused, latent=moe.model(plan).mla)
     if p["recompute"] == "moe_act" and not refused and plan.training["dtype"] == "fp8":
         ledger.info("recompute moe_act under FP8: Megatron-Core runs moe_act and layernorm "
                     "recomputation in FP8 with Transformer Engine 2.6 or later only (it raises "
@@ -524,16 +524,18 @@ def _overlap_dp(plan: Plan, ledger: common.Ledger) -> Group:
              "backward, as priced")]
 
 
-def _recompute(rc: str, ledger: common.Ledger, moe_act_refused: str = "") -> Group:
+def _recompute(rc: str, ledger: common.Ledger, moe_act_refused: str = "",
+               latent: bool = False) -> Group:
     if rc == "moe_act" and moe_act_refused:
         ledger.nearest("recompute", f"recompute moe_act: Megatron-Core refuses --recompute-modules "
-                       f"moe_act layernorm with {moe_act_refused}; nearest full: less memory, "
+                       f"moe_act layernorm {moe_act_refused}; nearest full: less memory, "
                        "more recompute time than planned")
         return [(RECOMPUTE["full"], f"recompute {rc} -> full (see the note above)")]
     if rc in RECOMPUTE:
         ledger.exact("recompute")
-        what = ("the routed experts' activation function, the norms before the experts and "
-                "before multi-head latent attention" if rc == "moe_act" else "")
+        what = ("the routed experts' activation function and the norms before the experts"
+                + (" and before multi-head latent attention" if latent else "")
+                if rc == "moe_act" else "")
         return [(RECOMPUTE[rc], f"recompute {rc}" + (f": {what}" if what else ""))]
     ledger.nearest("recompute", f"recompute {rc} (torchtitan's per-op selective checkpointing): "
                    "Megatron-LM recomputes the attention core (selective) or whole layers (full); "
@@ -548,9 +550,9 @@ def _moe_act_refused(plan: Plan, version: str) -> str:
     dtype = plan.training["dtype"]
     if not s.get("moe_grouped_gemm", True) or (version == "core_v0.14.0"
                                                and dtype in ("fp16", "fp32")):
-        return "the experts' GEMMs ungrouped (it needs --moe-grouped-gemm)"
+        return "with the experts' GEMMs ungrouped (it needs --moe-grouped-gemm)"
     if dtype == "fp8" and s.get("fp8_recipe", "current") == "delayed":
-        return "FP8 delayed scaling"
+        return "under FP8 delayed scaling"
     return ""
 
 

@@ -127,7 +127,7 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
             f"export {target}: with {change}, {_rank(mem) or 'a GPU'} needs "
             f"{common.gb(mem.peak)} per GPU, more than the {common.gb(mem.usable)} usable of "
             f"{common.gb(mem.device)} (the plan: {common.gb(planned)}); re-plan for it with "
-            f"`{common.resolve_hint(plan, target)}`")
+            f"`{common.resolve_hint(plan, target, nearest=False)}`")
     where = f" ({_rank(mem)})" if _rank(mem) else ""
     versus = ("as the plan's" if common.gb(mem.peak) == common.gb(planned)
               else f"instead of the plan's {common.gb(planned)}")

@@ -79,7 +79,8 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
 
 HEADLINE_INPUTS = (("model", "name", "text"), ("cluster", "device", "text"),
                    ("cluster", "num_gpus", "count"), ("training", "global_batch", "count"),
-                   ("training", "seq_len", "count"), ("training", "dtype", "text"))
+                   ("training", "seq_len", "count"), ("training", "dtype", "text"),
+                   ("search", "target", "text"))
 """The inputs a headline names when they differ, before the knobs."""
 
 
@@ -106,7 +107,8 @@ INPUTS = (("model", "name", "text"), ("model", "num_params", "count"),
           ("cluster", "num_gpus", "count"), ("cluster", "intra_node_GBps", "rate"),
           ("cluster", "inter_node_GBps", "rate"),
           ("training", "global_batch", "count"), ("training", "seq_len", "count"),
-          ("training", "dtype", "text"), ("training", "optimizer", "text"))
+          ("training", "dtype", "text"), ("training", "optimizer", "text"),
+          ("search", "target", "text"))
 PREDICTED = (("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "rate"),
              ("TFLOP/s per GPU", "tflops_per_device", "rate"), ("MFU", "mfu", "frac"),
              ("peak memory per GPU", "peak_memory_bytes", "bytes"))

@@ -156,14 +156,16 @@ def _flops(p: Plan) -> list[str]:
         return []
     hardware = pr["hardware_flops_per_step"] / (t["global_batch"] * t["seq_len"])
     extras = [what for what, where in (
-        ("recomputation", p.parallel.get("recompute", "none") != "none"),
+        ("recomputation", p.parallel.get("recompute", "none") not in ("none", "moe_act")),
         ("experts' padded slots", (t.get("engine") or {}).get("moe_pad_to_capacity")
          and p.model.get("routed_experts"))) if where]
     if not extras and pr["hardware_flops_per_step"] > pr["model_flops_per_step"] * (1 + 1e-6):
         extras = ["experts' empty token slots"]  # capacity-style experts' buffers
     lines = [f"  FLOPs       {pr['model_flops_per_token']:.3g} per token for MFU (forward + backward), "
              f"{hardware:.3g} for TFLOP/s"
-             + (f" (+ {', '.join(extras)})" if extras else " (the same: nothing recomputed)")]
+             + (f" (+ {', '.join(extras)})" if extras else
+                " (the same: moe_act recomputes memory-bound ops only)"
+                if p.parallel.get("recompute") == "moe_act" else " (the same: nothing recomputed)")]
     if pr.get("active_params_per_token"):
         lines.append(f"              {human_count(pr['active_params_per_token'])} of the "
                      f"{human_count(p.model['num_params'])} parameters multiply each token")

@@ -146,7 +146,12 @@ def torchrun_argv(launch: Launch, opts: RunOptions, *, result: str, node_rank: i
 def cluster_command(launch: Launch, opts: RunOptions, result: str) -> str:
     """The one shell command every node of the plan's cluster runs: torchrun with a c10d
     rendezvous at ``$HEAD_NODE:29500`` (the first node's address; torchrun assigns the node ranks),
-    keyed by the plan's input hash so that two runs do not meet."""
+    keyed by the plan's input hash so that two runs do not meet; on one node, torchrun's
+    ``--standalone`` rendezvous."""
+    if launch.nodes == 1:  # one node: torchrun's own rendezvous on it
+        return shlex.join(["torchrun", "--standalone", "--nproc-per-node",
+                           str(launch.nproc_per_node), "-m", "planner.runtime.worker",
+                           launch.plan_path, "--result", result, *opts.argv()])
     run_id = f"plan-{launch.plan.provenance.get('input_hash', 'run')}"
     argv = ["torchrun", "--nnodes", str(launch.nodes), "--nproc-per-node",
             str(launch.nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint",

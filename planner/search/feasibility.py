@@ -10,8 +10,8 @@ from dataclasses import replace
 from costmodels import pipeline
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
-from planner.options import (CP_COMMS, MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec,
-                             pp_inner_refused, zero_runs_with_cp)
+from planner.options import (CP_COMMS, MAX_MICROBATCHES, PP_INNER, Config, SearchOptions,
+                             TrainingSpec, pp_inner_refused, zero_runs_with_cp)
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.loop import OUTCOMES, rejection_lines
 from planner.search.pricing import Estimate, price
@@ -170,15 +170,18 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         return (f"fix.etp: {options.target} does not split experts' matrices where the experts "
                 "carry biases, as this model's do; pin etp=1")
     if fix.get("placement") == "tp-pp-dp" and options is not None and pp is not None and \
-            tp is not None and "cp" in fix and ("ep" in fix or not space.experts) and \
-            n % (tp * cp * pp) == 0:
+            tp is not None and "cp" in fix and n % (tp * cp * pp) == 0:
         dp = n // (tp * cp * pp)
         etps = [etp] if "etp" in fix else sorted({1, tp})
         reasons = [pp_inner_refused(options, pp=pp, dp=dp, tp=tp, cp=cp, ep=ep, etp=e,
                                     experts=bool(space.experts)) for e in etps]
-        if all(reasons):
-            return (f"fix.placement: tp-pp-dp with pp={pp}, tp={tp}, cp={cp}, ep={ep} (dp={dp}): "
-                    f"{reasons[0]}; pin placement=tp-dp-pp, or degrees that meet it")
+        # (an unpinned ep may meet a rule about the experts, not the target's own refusal)
+        if all(reasons) and ("ep" in fix or not space.experts or reasons[0] == PP_INNER):
+            degrees = f"pp={pp}, tp={tp}, cp={cp}" + (f", ep={ep}" if "ep" in fix else "")
+            rule = reasons[0].replace("the target", options.target)
+            return (f"fix.placement: tp-pp-dp with {degrees} (dp={dp}): {rule}; pin "
+                    "placement=tp-dp-pp" + ("" if reasons[0] == PP_INNER else
+                                            ", or degrees that meet it"))
     return ""
 
 

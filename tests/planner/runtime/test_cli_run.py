@@ -72,6 +72,10 @@ def test_a_multi_node_plan_is_refused_and_its_dry_run_is_one_torchrun_command(ca
     assert "--nnodes 2" in line and "--nproc-per-node 2" in line and "--node-rank" not in line
     assert "--rdzv-backend c10d" in line and "--rdzv-endpoint $HEAD_NODE:29500" in line
     assert "planner.runtime.worker" in line and path in line and "--steps 3" in line
+    one = make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=1")  # one node: no HEAD_NODE to set
+    code, out, _ = run(capsys, "run", one, "--dry-run")
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("torchrun ")]
+    assert code == 0 and "--standalone" in line and "HEAD_NODE" not in line
 
 
 @pytest.mark.slow

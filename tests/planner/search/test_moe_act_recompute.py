@@ -85,6 +85,10 @@ def test_a_dense_model_has_nothing_for_it_and_a_pin_is_refused(tiny_llama):
                               planner.SearchOptions(fix=parse_fix("recompute=moe_act")))
     free = planner.plan_prepared(tiny_llama, cluster, training, planner.SearchOptions(top_k=0))
     assert free.parallel["recompute"] != "moe_act"
+    # not a choice the search had to rule out, nor an overlap it did not run (a new-user check
+    # saw both in a dense model's report)
+    from planner.search.space import MOE_ACT_NONE
+    assert MOE_ACT_NONE not in free.search["rejected"]
 
 
 @pytest.mark.parametrize("fused,fp8,load", [(False, False, 1.0), (True, False, 1.0),
@@ -136,6 +140,17 @@ def test_it_costs_memory_bound_time_and_the_search_takes_it_where_memory_is_shor
     device = (usable + options.memory_reserve_bytes) / (1 - options.memory_reserve_fraction)
     chosen = _plan(prepared, pins, memory_gb=device / 1e9)
     assert chosen.parallel["recompute"] == "moe_act"
+    # it recomputes no FLOPs, and the report says why its TFLOP/s count equals the model's
+    from planner.report.summary import summary
+    assert chosen.predicted["hardware_flops_per_step"] == chosen.predicted["model_flops_per_step"]
+    assert "(the same: moe_act recomputes memory-bound ops only)" in summary(chosen)
+    # torchtitan does not run it: pricing the plan as torchtitan runs it takes its nearest (per-op
+    # recomputation), and a re-plan where that does not fit leaves it to the search
+    from planner.export.common import resolve_hint
+    pinned = _plan(prepared, f"{pins},recompute=moe_act", memory_gb=1000)
+    assert "recompute=op" in resolve_hint(pinned, "torchtitan")
+    hint = resolve_hint(pinned, "torchtitan", nearest=False)
+    assert "--target torchtitan" in hint and "recompute" not in hint
 
 
 def test_megatron_refuses_it_without_grouped_gemms_and_torchs_runtime_never_runs_it(mixtral):

@@ -54,7 +54,7 @@ def test_expert_parallelism_shards_expert_states(tiny_mixtral):
     assert "ep_comm_s" not in one.predicted["breakdown"]
 
 
-def test_settings_the_pins_leave_unused_are_named(tiny_mixtral, caplog):
+def test_settings_the_pins_leave_unused_are_named(tiny_mixtral, tiny_llama, caplog):
     from costmodels.engine import engine_from_mapping
     for pins, engine, said in (
             ("ep=1,tp=1,pp=1", "moe_overlap=true", "engine.moe_overlap: with ep=1 (pinned)"),
@@ -79,6 +79,11 @@ def test_settings_the_pins_leave_unused_are_named(tiny_mixtral, caplog):
     assert "engine.moe_overlap: not run by this plan's configuration (the overlapped all-to-all " \
         "needs no full recomputation)" in caplog.text
     assert p.predicted["breakdown"]["ep_comm_s"] > 0
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="planner"):  # a dense model: said once, before
+        _plan(tiny_llama, "tp=1,pp=1,recompute=full", engine=engine_from_mapping(
+            "moe_overlap=true"))
+    assert "moe_overlap" in caplog.text and "not run by this plan" not in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="planner"):  # an engine setting without its base
         _plan(tiny_mixtral, "ep=2,tp=1,pp=1", engine=engine_from_mapping("fsdp_experts=true"))

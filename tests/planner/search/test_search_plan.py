@@ -74,16 +74,23 @@ def test_bad_fix_is_a_spec_error(tiny_llama):
     with pytest.raises(SpecError, match=r"fix.tp: given twice \(2 and 4\); give it once"):
         parse_fix("tp=2,tp=4")
     # a setting given with the wrong option is sent to the right one
-    with pytest.raises(SpecError, match=r"^fix: 'moe_overlap' is an engine setting, not a "
-                                        r"parallelism knob; give it with --engine moe_overlap=true"):
+    with pytest.raises(SpecError, match=r"^fix.moe_overlap: an engine setting, not a parallelism "
+                                        r"knob; give it with --engine moe_overlap=true$"):
         parse_fix("moe_overlap=true")
-    with pytest.raises(SpecError, match=r"^fix: 'seq_len' is a training setting, .* --seq-len 8192"):
+    with pytest.raises(SpecError, match=r"^fix.seq_len: a setting of the run, .* --seq-len 8192$"):
         parse_fix("seq_len=8192")
+    with pytest.raises(SpecError, match=r"^why.moe_overlap: .* --engine moe_overlap=true to plan "
+                                        r"solve \(re-plan\)$"):
+        parse_fix("moe_overlap=true", where="why")
+    with pytest.raises(SpecError, match=r"^fix.num_microbatches: follows from the global batch"):
+        parse_fix("num_microbatches=8")
     from planner.options import engine_spec
     with pytest.raises(SpecError, match=r"^engine.ep: a parallelism knob, not an engine setting; "
                                         r"give it with --fix ep=8"):
         engine_spec("megatron-core,ep=8")
     assert engine_spec("megatron-core,moe_overlap=true").moe_overlap
+    with pytest.raises(SpecError, match=r"^engine.dtype: a setting of the run, .* --dtype fp8$"):
+        engine_spec("dtype=fp8")
     # a pin no configuration can honour is bad input, named with the model's sizes
     with pytest.raises(SpecError, match=r"fix.tp: 8 does not divide the model's heads .*\(2, 4,"):
         make(tiny_llama, fix="tp=8")
