@@ -377,6 +377,13 @@ def test_a_placement_the_pinned_degrees_rule_out_is_bad_input(tiny_mixtral):
     meets = planner.SearchOptions(fix=parse_fix("ep=4,cp=2,tp=2,pp=2,placement=tp-pp-dp"),
                                   target="megatron", top_k=0)
     assert planner.plan_prepared(tiny_mixtral, cluster, training, meets).parallel["ep"] == 4
+    # a target that never places a pipeline so: whatever ep the search would take
+    never = planner.SearchOptions(fix=parse_fix("cp=1,tp=1,pp=2,placement=tp-pp-dp"),
+                                  target="torchtitan", top_k=0)
+    with pytest.raises(planner.SpecError, match=r"^fix.placement: tp-pp-dp with pp=2, tp=1, cp=1 "
+                                                r"\(dp=8\): .* not run by torchtitan .*; pin "
+                                                r"placement=tp-dp-pp$"):
+        planner.plan_prepared(tiny_mixtral, cluster, training, never)
 
 
 def test_every_form_that_splits_the_sequence_calls_attention_per_chunk(tiny_llama_config):
