@@ -106,7 +106,7 @@ def _missed(num_experts: int, held: float, topk: int) -> float:
     """The chance that none of a token's ``topk`` distinct experts, drawn evenly from
     ``num_experts``, is among ``held`` of them."""
     p = 1.0
-    for i in range(topk):
+    for i in range(min(topk, int(num_experts))):
         p *= max(0.0, (num_experts - held - i) / (num_experts - i))
     return p
 
@@ -121,7 +121,7 @@ def _hit(num_experts: int, held: float, topk: int, groups: int = 0,
     them. Where the held experts neither are whole groups nor divide one, the groups are left out
     (even routing over all the experts)."""
     size = num_experts / groups if groups > 1 and 0 < group_topk < groups else 0.0
-    if not size or held >= num_experts:
+    if not size or held >= num_experts or group_topk * size < topk:  # (too few to keep to)
         return 1.0 - _missed(num_experts, held, topk)
     pool = group_topk * size  # the experts of the token's groups
     if held >= size and held % size == 0:  # whole groups: j of them among the token's

@@ -29,7 +29,8 @@ from planner import targets
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import (cluster_pin_problem, explain_infeasible,
-                                        known_model_pin_problem, length_note, pin_problem)
+                                        known_model_pin_problem, length_note,
+                                        moe_act_pin_problem, pin_problem)
 from planner.search.hetero import restrict
 from planner.search.loop import rejection_lines, search
 from planner.search.space import Space
@@ -509,19 +510,31 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec,
                     "s" if len(given) == 1 else "")
 
 
+def narrowed(options: SearchOptions, prepared: Prepared, training: TrainingSpec) -> SearchOptions:
+    """``options`` narrowed to what the target runs for this model and software: an unknown
+    target is refused, a known one keeps to what its engine runs (planner.plan has done so
+    already: restricting again changes nothing); MoE settings it does not run are refused; a
+    dense model has no moe_act recomputation to try (a pin of it is refused, naming the fix)."""
+    options = targets.restrict(options, options.target)
+    if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: a warning later)
+        targets.check_engine(training.engine, options.target, prepared.info.get("model_type"))
+        return targets.for_engine(options, training.engine, training.dtype)
+    problem = moe_act_pin_problem(dict(options.fix), 0)
+    if problem:
+        raise SpecError(problem)
+    if "moe_act" not in options.recompute:
+        return options
+    kept = tuple(r for r in options.recompute if r != "moe_act")
+    if not kept:
+        raise SpecError("recompute: moe_act is the only policy to try, and the model has no "
+                        "routed experts; add none, selective or full")
+    return dataclasses.replace(options, recompute=kept)
+
+
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False) -> Plan:
     """Search and emit for an already traced model."""
-    # an unknown target is refused, and a known one narrows the search to what its engine runs
-    # (planner.plan has done so already: restricting again changes nothing)
-    options = targets.restrict(options, options.target)
-    if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: a warning below)
-        targets.check_engine(training.engine, options.target, prepared.info.get("model_type"))
-        options = targets.for_engine(options, training.engine, training.dtype)
-    elif "moe_act" in options.recompute and options.fix.get("recompute") != "moe_act":
-        # (a pin of it is refused below, naming the fix; unpinned it is no choice here)
-        options = dataclasses.replace(options, recompute=tuple(
-            r for r in options.recompute if r != "moe_act"))
+    options = narrowed(options, prepared, training)
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from costmodels.engine import engine_from_mapping
 from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
-from planner import api, targets
+from planner import api
 from planner.emit import emit
 from planner.errors import SpecError
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, idle_pins, parse_fix
@@ -158,8 +158,8 @@ def replan_inputs(plan: Plan, pins: dict):
         log.warning("%s traces differently now than when the plan was made",
                                             spec)
     # re-timed as plan solve does, for the engine the plan was made for
-    return prepared, cluster, training, targets.restrict(SearchOptions(fix=fix),
-                                                          plan.search.get("target", "any"))
+    options = SearchOptions(fix=fix, target=plan.search.get("target", "any"))
+    return prepared, cluster, training, api.narrowed(options, prepared, training)
 
 
 def pinned_config(plan: Plan, pins: dict):

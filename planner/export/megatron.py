@@ -295,7 +295,7 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                     "slots" + ("; static shapes, no token counts to wait for)"
                                if s["moe_dispatcher"] == "alltoall" else ")")))
     out += _grouped_gemm(plan, version, s, ledger)
-    overlap = _overlap(plan, s, ledger)
+    overlap = _overlap(plan, s, version, ledger)
     if overlap:
         out.append((["--overlap-moe-expert-parallel-comm"],
                     "dispatch and combine all-to-alls behind another micro-batch's compute"))
@@ -337,7 +337,16 @@ def _grouped_gemm(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> G
     return [(["--moe-grouped-gemm"], "the local experts as one grouped GEMM")]
 
 
-def _overlap(plan: Plan, s: dict, ledger: common.Ledger) -> bool:
+def written_recompute(plan: Plan, version: str) -> str:
+    """The recomputation the export writes: the plan's, or full where Megatron-LM has none of
+    its kind (torchtitan's per-op policy) or refuses it (_moe_act_refused)."""
+    rc = plan.parallel["recompute"]
+    if rc not in RECOMPUTE or (rc == "moe_act" and _moe_act_refused(plan, version)):
+        return "full"
+    return rc
+
+
+def _overlap(plan: Plan, s: dict, version: str, ledger: common.Ledger) -> bool:
     """--overlap-moe-expert-parallel-comm, unless Megatron-Core's TransformerConfig refuses it for
     this plan (megatron/core/transformer/transformer_config.py: expert parallelism, the alltoall
     dispatcher, no full recomputation, bf16 or fp16, and virtual stages when pp > 1)."""
@@ -345,9 +354,10 @@ def _overlap(plan: Plan, s: dict, ledger: common.Ledger) -> bool:
     if not s["moe_overlap"] or p.get("ep", 1) == 1:
         ledger.exact("moe_overlap")
         return False
+    written = written_recompute(plan, version)
     why = overlap_blockers(engine_from_mapping({"moe_dispatcher": s["moe_dispatcher"]}),
-                           ep=p.get("ep", 1), recompute=p["recompute"], dtype=plan.training["dtype"], pp=p["pp"],
-                           vpp=p["vpp"])
+                           ep=p.get("ep", 1), recompute=written, dtype=plan.training["dtype"],
+                           pp=p["pp"], vpp=p["vpp"])
     if not why:
         ledger.exact("moe_overlap")
         return True

@@ -362,8 +362,9 @@ def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> l
                                 "torchtitan)",)))
     else:
         ledger.exact("moe_dispatcher")
-    if p["recompute"] == "op" and ep > 1 and version == "0.2.2" and known and \
-            known[0] not in SAVES_ALL_TO_ALL:
+    # (a Megatron-style policy is written as op-level checkpointing too: _activation_checkpoint)
+    if p["recompute"] in ("op", "selective", "moe_act") and ep > 1 and version == "0.2.2" and \
+            known and known[0] not in SAVES_ALL_TO_ALL:
         ledger.info(f"recompute op: torchtitan {version}'s {known[0]} does not save the expert "
                     "all-to-alls' outputs under op-level checkpointing (its _op_sac_save_list "
                     f"lacks all_to_all_single; its {', '.join(SAVES_ALL_TO_ALL)} save them, as "

@@ -88,10 +88,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                 "with offs=, as transformers' MoE layers run it, or a bmm of [experts, capacity, "
                 "in] token slots by such weights beside a router's topk/argmax over the experts; "
                 f"README: ep); drop {key}")
-    if fix.get("recompute") == "moe_act" and not space.experts:
-        return ("fix.recompute: moe_act recomputes the routed experts' activation function, and "
-                "the model has no routed experts the trace recognizes; pin none, selective or "
-                "full")
+    problem = moe_act_pin_problem(fix, space.experts)
+    if problem:
+        return problem
     if space.experts and tp is not None and tp > 1 and fix.get("sequence_parallel") is False:
         sp = options is None or True in options.sequence_parallel  # the target can run it
         return (f"fix.sequence_parallel: false with tp={tp}, but a model with routed experts runs "
@@ -200,6 +199,16 @@ def sequence_pin_problem(fix: dict, seq_len: int, num_gpus: int,
     return ""
 
 
+def moe_act_pin_problem(fix: dict, experts: int) -> str:
+    """'' or the line saying a pinned moe_act recomputation has no routed experts (``experts``:
+    the model's, 0 for none) to recompute."""
+    if fix.get("recompute") == "moe_act" and not experts:
+        return ("fix.recompute: moe_act recomputes the routed experts' activation function, and "
+                "the model has no routed experts the trace recognizes; pin none, selective or "
+                "full")
+    return ""
+
+
 def experts_pin_problem(fix: dict, experts: int, num_gpus: int) -> str:
     """'' or the line saying a pinned ep does not divide the model's ``experts`` (0: none)."""
     ep, etp = fix.get("ep", 1), fix.get("etp", 1)
@@ -270,6 +279,11 @@ def _some(values: list[int], most: int = 12) -> str:
     return ", ".join(map(str, values[:most - 2])) + ", ..., " + ", ".join(map(str, values[-2:]))
 
 
+LEANEST_FIRST = ("full", "op", "moe_act", "selective", "none")
+"""Recomputation policies from the one that keeps least to the one that keeps most, as a rule
+(with materialized attention selective can keep less than moe_act)."""
+
+
 def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: TrainingSpec,
             options: SearchOptions) -> tuple[float, Config, Estimate] | None:
     """The configuration with the smallest peak memory per GPU among those with the pinned knobs
@@ -278,7 +292,7 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
     of long sequences)."""
     fix = options.fix
     n, space = cluster.num_gpus, Space.of(cluster, bg, options)
-    rc = fix.get("recompute", "full" if "full" in options.recompute else options.recompute[-1])
+    rc = fix.get("recompute", next(r for r in LEANEST_FIRST if r in options.recompute))
     etp = fix.get("etp", 1)
     cps = ([fix["cp"]] if "cp" in fix else
            [c for c in divisors(n) if not cp_reason(c, space, training, options)])

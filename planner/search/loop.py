@@ -382,11 +382,16 @@ class _MicroBatchWall:
         if tp not in self.per_sample:
             fix = self.options.fix
             sp = fix.get("sequence_parallel", tp > 1 and True in self.options.sequence_parallel)
-            rc = fix.get("recompute", "full" if "full" in self.options.recompute
-                         else self.options.recompute[-1])
-            costs = self.pricer.costs(CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=1))
-            one = costs[0] if isinstance(costs, list) else costs
-            self.per_sample[tp] = float(one.act_bytes.sum())
+            # the leanest policy the search may take: full where it may, else the least of those
+            # it may (which keeps least depends on the attention kernel: compare them)
+            rcs = ([fix["recompute"]] if "recompute" in fix else
+                   ["full"] if "full" in self.options.recompute else self.options.recompute)
+            least = []
+            for rc in rcs:
+                costs = self.pricer.costs(CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=1))
+                one = costs[0] if isinstance(costs, list) else costs
+                least.append(float(one.act_bytes.sum()))
+            self.per_sample[tp] = min(least)
         return mb * self.per_sample[tp] / (cp * _wall_spread(pp, m)) <= self.pricer.capacity
 
 

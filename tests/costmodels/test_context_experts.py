@@ -305,6 +305,14 @@ def test_deepep_sends_match_a_simulation_of_its_routing(num_experts, topk, ep, e
         assert want_inter == 0.0
 
 
+def test_groups_too_few_to_hold_a_tokens_experts_are_left_out():
+    """A router keeping 1 group of 2 experts for a top-4 token cannot keep to its groups (a
+    review found node_sends dividing by zero): priced as routing over all experts."""
+    group = GroupShape(size=8, per_node=4)
+    assert experts.node_sends(16, 4, ep=8, etp=1, group=group, groups=8, group_topk=1) == \
+        experts.node_sends(16, 4, ep=8, etp=1, group=group)
+
+
 def test_deepep_moves_fewer_bytes_across_nodes_than_the_all_to_all():
     """DeepSeek-V3's 256 experts, top-8, on 64 ranks of 8 nodes: the all-to-all sends 7 of a
     token's 8 copies over the network, DeepEP one per other node holding any of its experts

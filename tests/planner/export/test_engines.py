@@ -452,6 +452,11 @@ MEGATRON_PLANS = {
     "qwen3-moe-act-ungrouped": lambda: engine_settings(variant(
         plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), recompute="moe_act"),
         moe_grouped_gemm=False),
+    # moe_act refused (ungrouped expert GEMMs): full is written, and so no overlap beside it
+    "qwen3-moe-act-refused-overlap": lambda: engine_settings(variant(
+        plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), recompute="moe_act"),
+        moe_grouped_gemm=False, moe_dispatcher="alltoall", moe_capacity_factor=0.0,
+        moe_overlap=True),
     "qwen3-overlap-full-recompute": lambda: engine_settings(variant(
         plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), recompute="full"),
         moe_dispatcher="alltoall", moe_overlap=True),
@@ -540,8 +545,9 @@ def megatron_experts(plan: Plan, ns, version: str) -> None:
     assert ns.moe_expert_capacity_factor == (capacity or None)
     assert ns.moe_pad_expert_input_to_capacity == engine.get("moe_pad_to_capacity", False)
     assert ns.moe_grouped_gemm == engine.get("moe_grouped_gemm", True)
+    # (the recomputation written: full where Megatron has none of the plan's kind or refuses it)
     overlap = engine.get("moe_overlap", False) and dispatcher in ("alltoall", "deepep") \
-        and p["recompute"] != "full" and (p["pp"] == 1 or p["vpp"] > 1)
+        and ns.recompute_granularity != "full" and (p["pp"] == 1 or p["vpp"] > 1)
     assert ns.overlap_moe_expert_parallel_comm == overlap
 
 

@@ -89,6 +89,15 @@ def test_a_dense_model_has_nothing_for_it_and_a_pin_is_refused(tiny_llama):
     # saw both in a dense model's report)
     from planner.search.space import MOE_ACT_NONE
     assert MOE_ACT_NONE not in free.search["rejected"]
+    # nor on a cluster of device groups, whose search takes no pin_problem check first
+    groups = planner.load_cluster("examples/hetero_a100_v100.yaml")
+    with pytest.raises(planner.SpecError, match=r"^fix.recompute: moe_act recomputes .* pin none"):
+        planner.plan_prepared(tiny_llama, groups, planner.TrainingSpec(
+            global_batch=8, seq_len=tiny_llama.seq_len, dtype="fp16"),
+            planner.SearchOptions(fix=parse_fix("recompute=moe_act")))
+    with pytest.raises(planner.SpecError, match=r"^recompute: moe_act is the only policy to try"):
+        planner.plan_prepared(tiny_llama, cluster, training,
+                              planner.SearchOptions(recompute=("moe_act",)))
 
 
 @pytest.mark.parametrize("fused,fp8,load", [(False, False, 1.0), (True, False, 1.0),
