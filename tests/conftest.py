@@ -35,6 +35,22 @@ TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
               "max_position_embeddings": 256, "tie_word_embeddings": False}
 
 
+TINY_DEEPSEEK_V3 = {"model_type": "deepseek_v3", "num_hidden_layers": 4, "hidden_size": 64,
+                    "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+                    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                    "v_head_dim": 16, "first_k_dense_replace": 1, "intermediate_size": 128,
+                    "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "n_group": 1, "topk_group": 1, "n_shared_experts": 1, "vocab_size": 256,
+                    "max_position_embeddings": 256}
+
+
+@pytest.fixture
+def tiny_deepseek_v3():
+    """A DeepSeek-V3 of 4 layers (the first dense) with latent attention, 8 routed experts of
+    which 2 per token, 1 shared; a copy, for a test to change."""
+    return dict(TINY_DEEPSEEK_V3)
+
+
 def write_config(path, cfg: dict) -> str:
     path.mkdir(parents=True, exist_ok=True)
     file = path / "config.json"

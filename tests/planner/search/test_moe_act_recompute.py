@@ -49,20 +49,13 @@ def test_the_trace_finds_the_experts_activation_and_the_norm_before_them(mixtral
     assert 0 < w.moe_act_mem_bytes < w.mem_bytes_rep and w.moe_act_kernels > 0
 
 
-def test_with_latent_attention_the_norm_before_it_is_recomputed_too(tmp_path):
+def test_with_latent_attention_the_norm_before_it_is_recomputed_too(tmp_path, tiny_deepseek_v3):
     """Megatron-Core's MLA layers keep ``input_layernorm`` a norm of its own (Transformer Engine
     fuses it into the next Linear elsewhere), which its ``layernorm`` module recomputes, in the
     dense layers too; MLA's own q/kv norms stay (a review found DeepSeek-V3's MoE layers freed
     184 MiB per sample at 4k tokens where Megatron frees 240)."""
-    config = {"model_type": "deepseek_v3", "num_hidden_layers": 4, "hidden_size": 64,
-              "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
-              "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
-              "v_head_dim": 16, "first_k_dense_replace": 1, "intermediate_size": 128,
-              "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
-              "n_group": 1, "topk_group": 1, "n_shared_experts": 1, "vocab_size": 256,
-              "max_position_embeddings": 256}
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
+    path.write_text(json.dumps(tiny_deepseek_v3))
     layers = {b.name: b.work for b in planner.prepare(str(path), seq_len=64,
                                                       cache_dir=None).blocks.blocks}
     dense, moe = layers["model.layers.0"], layers["model.layers.1"]

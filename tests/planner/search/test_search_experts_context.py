@@ -366,24 +366,22 @@ def test_a_placement_the_pinned_degrees_rule_out_is_bad_input(tiny_mixtral):
     """Megatron-Core places pipeline neighbours on adjacent ranks (tp-pp-dp) only where the
     experts' data parallelism equals the attention's: with tp, cp, ep and pp pinned that is known
     before the search (a new-user check got exit 3, "no plan fits", from a rule count)."""
-    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len)
-    cluster = planner.load_cluster("dgx-h100", nodes=2)
-    options = planner.SearchOptions(fix=parse_fix("ep=8,cp=2,tp=2,pp=2,placement=tp-pp-dp"),
-                                    target="megatron", top_k=0)
+    def plan(pins, target):
+        options = planner.SearchOptions(fix=parse_fix(f"{pins},placement=tp-pp-dp"),
+                                        target=target, top_k=0)
+        return planner.plan_prepared(
+            tiny_mixtral, planner.load_cluster("dgx-h100", nodes=2),
+            planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len), options)
     with pytest.raises(planner.SpecError, match=r"^fix.placement: tp-pp-dp with pp=2, tp=2, cp=2, "
                                                 r"ep=8 \(dp=2\): .*ep x etp = tp x cp.*; pin "
                                                 r"placement=tp-dp-pp"):
-        planner.plan_prepared(tiny_mixtral, cluster, training, options)
-    meets = planner.SearchOptions(fix=parse_fix("ep=4,cp=2,tp=2,pp=2,placement=tp-pp-dp"),
-                                  target="megatron", top_k=0)
-    assert planner.plan_prepared(tiny_mixtral, cluster, training, meets).parallel["ep"] == 4
+        plan("ep=8,cp=2,tp=2,pp=2", "megatron")
+    assert plan("ep=4,cp=2,tp=2,pp=2", "megatron").parallel["ep"] == 4
     # a target that never places a pipeline so: whatever ep the search would take
-    never = planner.SearchOptions(fix=parse_fix("cp=1,tp=1,pp=2,placement=tp-pp-dp"),
-                                  target="torchtitan", top_k=0)
     with pytest.raises(planner.SpecError, match=r"^fix.placement: tp-pp-dp with pp=2, tp=1, cp=1 "
                                                 r"\(dp=8\): .* not run by torchtitan .*; pin "
                                                 r"placement=tp-dp-pp$"):
-        planner.plan_prepared(tiny_mixtral, cluster, training, never)
+        plan("cp=1,tp=1,pp=2", "torchtitan")
 
 
 def test_every_form_that_splits_the_sequence_calls_attention_per_chunk(tiny_llama_config):

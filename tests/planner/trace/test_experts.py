@@ -141,19 +141,13 @@ def test_each_moe_layer_returns_its_token_copies_once_whatever_the_expert_width(
     assert len(returning) == 3 and all(g.k == expert_ffn for g in returning)
 
 
-def test_a_router_that_keeps_its_best_groups_of_experts_is_recorded(tmp_path):
+def test_a_router_that_keeps_its_best_groups_of_experts_is_recorded(tmp_path, tiny_deepseek_v3):
     """DeepSeek-V3's router takes each token's experts from its best 4 of 8 groups (node-limited
     routing, which DeepEP's sends follow: costmodels.experts.node_sends); a router without groups
     records none."""
     from planner.api import prepare
 
-    config = {"model_type": "deepseek_v3", "num_hidden_layers": 4, "hidden_size": 64,
-              "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
-              "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
-              "v_head_dim": 16, "first_k_dense_replace": 1, "intermediate_size": 128,
-              "moe_intermediate_size": 32, "n_routed_experts": 16, "num_experts_per_tok": 4,
-              "n_group": 4, "topk_group": 2, "n_shared_experts": 1, "vocab_size": 256,
-              "max_position_embeddings": 256}
+    config = {**tiny_deepseek_v3, "n_routed_experts": 16, "num_experts_per_tok": 4}
     for groups, kept, want in ((4, 2, (4.0, 2.0)), (1, 1, (0.0, 0.0))):
         folder = tmp_path / f"g{groups}"
         folder.mkdir()
