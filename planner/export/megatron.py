@@ -475,12 +475,7 @@ def _layout_string(counts: list[int]) -> str:
 def _memory(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     p = plan.parallel
     ledger.exact("zero", "offload_optimizer")
-    refused = _moe_act_refused(plan, version)
-    out = _recompute(p["recompute"], ledger, refused, latent=moe.model(plan).mla)
-    if p["recompute"] == "moe_act" and not refused and plan.training["dtype"] == "fp8":
-        ledger.info("recompute moe_act under FP8: Megatron-Core runs moe_act and layernorm "
-                    "recomputation in FP8 with Transformer Engine 2.6 or later only (it raises "
-                    "otherwise)")
+    out = _recompute(plan, version, ledger)
     layout = common.planned_layout(plan)
     if layout is None:
         common.layout_note(plan, TARGET, "megatron", ledger)
@@ -534,23 +529,28 @@ def _overlap_dp(plan: Plan, ledger: common.Ledger) -> Group:
              "backward, as priced")]
 
 
-def _recompute(rc: str, ledger: common.Ledger, moe_act_refused: str = "",
-               latent: bool = False) -> Group:
-    if rc == "moe_act" and moe_act_refused:
-        ledger.nearest("recompute", f"recompute moe_act: Megatron-Core refuses --recompute-modules "
-                       f"moe_act layernorm {moe_act_refused}; nearest full: less memory, "
-                       "more recompute time than planned")
-        return [(RECOMPUTE["full"], f"recompute {rc} -> full (see the note above)")]
-    if rc in RECOMPUTE:
+def _recompute(plan: Plan, version: str, ledger: common.Ledger) -> Group:
+    rc, written = plan.parallel["recompute"], written_recompute(plan, version)
+    if written == rc:
         ledger.exact("recompute")
+        if rc == "moe_act" and plan.training["dtype"] == "fp8":
+            ledger.info("recompute moe_act under FP8: Megatron-Core runs moe_act and layernorm "
+                        "recomputation in FP8 with Transformer Engine 2.6 or later only (it "
+                        "raises otherwise)")
         what = ("the routed experts' activation function and the norms before the experts"
-                + (" and before multi-head latent attention" if latent else "")
+                + (" and before multi-head latent attention" if moe.model(plan).mla else "")
                 if rc == "moe_act" else "")
         return [(RECOMPUTE[rc], f"recompute {rc}" + (f": {what}" if what else ""))]
-    ledger.nearest("recompute", f"recompute {rc} (torchtitan's per-op selective checkpointing): "
-                   "Megatron-LM recomputes the attention core (selective) or whole layers (full); "
-                   "nearest full: less memory, more recompute time than planned")
-    return [(RECOMPUTE["full"], f"recompute {rc} -> full (see the note above)")]
+    if rc == "moe_act":
+        ledger.nearest("recompute", f"recompute moe_act: Megatron-Core refuses --recompute-modules "
+                       f"moe_act layernorm {_moe_act_refused(plan, version)}; nearest full: less "
+                       "memory, more recompute time than planned")
+    else:
+        ledger.nearest("recompute", f"recompute {rc} (torchtitan's per-op selective "
+                       "checkpointing): Megatron-LM recomputes the attention core (selective) or "
+                       "whole layers (full); nearest full: less memory, more recompute time than "
+                       "planned")
+    return [(RECOMPUTE[written], f"recompute {rc} -> {written} (see the note above)")]
 
 
 def _moe_act_refused(plan: Plan, version: str) -> str:
