@@ -8,7 +8,8 @@ their tp / pp / vp / cp / ep, micro and global batch and precision.
 Each row is priced at its published configuration: every published knob pinned (tp, pp, vpp and
 the interleaved schedule when vp > 1, cp, ep, micro-batch, data parallelism from the GPU count),
 sequence parallelism with tp > 1 (Megatron-Core requires it with experts), the distributed
-optimizer (ZeRO-1); what the table does not publish (recomputation) is left to the search. The
+optimizer (ZeRO-1), and the recomputation the release's performance configuration for that model
+and GPU sets (RECOMPUTE; the table does not publish it). The
 engine is Megatron-Core's (`--engine megatron-core`) with routing balanced (moe_imbalance 1.0,
 which the source forces: "force-balanced routing, token-dropless"; gradients kept and reduced
 in bf16, as every Megatron-Bridge performance configuration sets), dropless except the rows
@@ -17,7 +18,8 @@ rows are priced as their dropless twins are); the expert all-to-alls overlapped 
 micro-batch's compute where the release's configuration for that model and GPU sets it
 (A2A_OVERLAP). Precision: BF16, FP8-CS (current scaling), FP8-MX (block
 scaling, Blackwell). Device memory is not checked here (the time of the published configuration
-is what is compared); whether the planner thinks it fits is printed.
+is what is compared); whether the planner thinks it fits is printed ("rc=...": only with
+that recomputation instead of the release's).
 
 Clusters: H100 rows on DGX H100 nodes (8 GPUs), B200 on DGX B200, GB200/GB300 on NVL72 racks of
 which each run uses 64 GPUs per NVLink domain (256 GPUs = 4 domains; 8 GPUs = one tray group).
@@ -85,12 +87,34 @@ overlapped gradient reduction (``overlap_grad_reduce = False``); its Qwen3 runs 
 not overlap."""
 
 
-def release_settings(r: dict) -> str:
-    """Engine settings (comma-led) of the row's release configuration (A2A_OVERLAP)."""
+RECOMPUTE = {"25.11": {("DeepSeekV3", "GB300"): "moe_act", ("DeepSeekV3", "GB200"): "mla_up_proj",
+                       ("DeepSeekV3", "B200"): "mla_up_proj", ("DeepSeekV3", "H100"): "mla_up_proj"},
+             "25.09": {("DeepSeekV3", "H100"): "mla_up_proj",
+                       ("DeepSeekV3", "GB200"): "mla_up_proj", ("DeepSeekV3", "B200"): "selective"}}
+"""Per release, the (model, GPU) whose Megatron-Bridge performance configuration recomputes
+something, and the planner's policy for it; the others recompute nothing. 25.11
+(scripts/performance/configs/*/..._workload_base_configs.py at 1804c076f): DeepSeek-V3 runs
+``recompute_granularity="selective"`` (deepseek_llm_pretrain.py) with ``recompute_modules``
+moe_act on GB300, mla_up_proj on GB200 and B200, mla_up_proj and mlp on H100 (mlp: the three dense
+layers' MLPs, about 1% of the FLOPs, not a policy of the planner's); GPT-OSS-120B's configurations
+list layernorm and moe_act but set no selective granularity, and Megatron-Core reads the modules
+only under it (TransformerConfig.recompute_granularity defaults to None): none; Qwen3 sets
+``recompute_granularity=None``. 25.09 (scripts/performance/run_script.py at cac49dcd7):
+DeepSeek-V3 mla_up_proj and mlp on H100, mla_up_proj, mlp and moe_act on GB200 (priced as
+mla_up_proj: the planner takes one policy), and the recipe's selective default on B200 (modules
+unset: Megatron-Core's core_attn, the planner's selective); Qwen3 none."""
+
+
+def _release(r: dict) -> str:
     releases = [name for name in A2A_OVERLAP if f"'{name} " in r["source"]]
     if len(releases) != 1:
         raise ValueError(f"row {r['index']}: source names no release of {sorted(A2A_OVERLAP)}")
-    release = releases[0]
+    return releases[0]
+
+
+def release_settings(r: dict) -> str:
+    """Engine settings (comma-led) of the row's release configuration (A2A_OVERLAP)."""
+    release = _release(r)
     if (r["model"].split(" (")[0], r["gpu"]) not in A2A_OVERLAP[release]:
         return ""
     return ",moe_overlap=true" + (",overlap_grad_reduce=false" if release == "25.09" else "")
@@ -121,13 +145,18 @@ def training_of(r: dict, moe_host_op_s: float = 0.0) -> TrainingSpec:
                         optimizer="adam", engine=engine)
 
 
-def published_fix(r: dict) -> str:
+def published_fix(r: dict, recompute: bool = True) -> str:
+    """The row's published configuration as pins; ``recompute``: with its release's
+    recomputation (RECOMPUTE), else recomputation left to the search."""
     tp, pp, cp, ep = (int(r[k] or 1) for k in ("tp", "pp", "cp", "ep"))
     vp = int(r["vp"] or 1)
     dp = int(r["gpus"]) // (tp * pp * cp)
     pins = [f"tp={tp}", f"pp={pp}", f"cp={cp}", f"ep={ep}", f"etp={int(r['etp'] or 1)}",
             f"dp={dp}", f"micro_batch={int(r['mbs'])}", "zero=1",
             f"sequence_parallel={'true' if tp > 1 else 'false'}"]
+    if recompute:
+        pins.append("recompute=" + RECOMPUTE[_release(r)].get((r["model"].split(" (")[0],
+                                                               r["gpu"]), "none"))
     if pp > 1:
         pins.append("schedule=interleaved-1f1b" if vp > 1 else "schedule=1f1b")
         pins.append(f"vpp={vp}")
@@ -160,13 +189,16 @@ def key_of(r: dict) -> tuple:
 
 
 def on_device(r: dict, prepared, moe_host_op_s: float):
-    """The published configuration as the planner fits it on the real device (recomputation its
-    choice), or None when the planner thinks it does not fit."""
-    try:
-        return predict(r, prepared, fix=published_fix(r), memory=None,
-                       moe_host_op_s=moe_host_op_s)
-    except InfeasibleError:
-        return None
+    """The published configuration on the real device (with its release's recomputation, else
+    with the one the planner needs to fit it), or None when the planner thinks it does not
+    fit."""
+    for recompute in (True, False):
+        try:
+            return predict(r, prepared, fix=published_fix(r, recompute), memory=None,
+                           moe_host_op_s=moe_host_op_s)
+        except InfeasibleError:
+            pass
+    return None
 
 
 
@@ -211,8 +243,10 @@ def main() -> int:
         err = tps / float(r["tokens_per_s_per_gpu"]) - 1
         real = on_device(r, prep, host)
         line = {"r": r, "plan": p, "tps": tps, "err": err, "real": real, "fit": r in fitted,
-                "fits": f"yes ({real.predicted['peak_memory_bytes'] / 1e9:.0f} GB)" if real
-                else "no"}
+                "fits": "no" if real is None else
+                f"yes ({real.predicted['peak_memory_bytes'] / 1e9:.0f} GB)"
+                if real.parallel["recompute"] == p.parallel["recompute"] else
+                f"rc={real.parallel['recompute']} ({real.predicted['peak_memory_bytes'] / 1e9:.0f} GB)"}
         if not args.no_search and r["index"] < MORE_INDEX:
             t1 = time.perf_counter()
             try:
@@ -257,8 +291,8 @@ def report(out: list[dict], markdown: bool) -> None:
     if not searched:
         return
     print("\nFree search vs the published configuration, both under the planner's cost model and "
-          "its memory check\n(the published configuration with the recomputation the planner "
-          "needs to fit it):\n")
+          "its memory check\n(the published configuration with its release's recomputation, or "
+          "where that does not fit with the one the planner needs):\n")
     head = ["#", "model", "gpu"] + SEARCH_HEAD
     lines = []
     for o in searched:

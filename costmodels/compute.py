@@ -78,6 +78,10 @@ class BlockTime:
     activation function and of the norms before them (BlockWork.moe_act_mem_bytes); in an MoE
     layer what they add to a backward pass that waits for the host or for the device, whichever
     is slower with them."""
+    mla_up_recompute_s: float = 0.0
+    """What ``recompute="mla_up_proj"`` runs again: multi-head latent attention's up projections
+    (Gemm.mla_up) and the memory-bound ops between them and the attention
+    (BlockWork.mla_up_mem_bytes_*); in an MoE layer taken as moe_act's ops are."""
     wgrad_s: float = 0.0
     """The part of ``bwd_s`` in the weight-gradient GEMMs of Linear layers: what a schedule
     that splits the backward (ZB-H1's W) can run apart from the input gradient. Attention's and
@@ -86,9 +90,11 @@ class BlockTime:
     def recomputing(self, recompute: str) -> "BlockTime":
         """The same block under another recomputation policy: full replays the forward,
         selective the attention core, op-level its share (op_recompute_s), moe_act the experts'
-        activation function and the norm before them (moe_act_recompute_s)."""
+        activation function and the norm before them (moe_act_recompute_s), mla_up_proj latent
+        attention's up projections (mla_up_recompute_s)."""
         again = {"full": self.fwd_s, "selective": self.attn_fwd_s, "op": self.op_recompute_s,
-                 "moe_act": self.moe_act_recompute_s, "none": 0.0}[recompute]
+                 "moe_act": self.moe_act_recompute_s, "mla_up_proj": self.mla_up_recompute_s,
+                 "none": 0.0}[recompute]
         return dataclasses.replace(self, recompute_s=again)
 
     @property
@@ -490,6 +496,9 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         (work.mem_bytes_rep - (work.eager_attn_bytes_rep if flash else 0.0)) / (tp if sp else 1)
     act_again = mem_f * (work.moe_act_mem_bytes / (tp if sp else 1)) / per_gpu \
         if per_gpu > 0 else 0.0
+    up_again = _mla_up_s(work, device, dtype, engine, micro_batch=micro_batch, tp=tp, sp=sp) + (
+        mem_f * (work.mla_up_mem_bytes_tp / tp + work.mla_up_mem_bytes_rep / (tp if sp else 1))
+        / per_gpu if per_gpu > 0 else 0.0)
     if work.num_experts:
         # an MoE layer runs many small kernels: the device waits whenever the host issues its
         # ops slower than the device runs them (about twice as many in backward). Dropless
@@ -504,13 +513,29 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         # issue time, the slower of the two setting the pass (hidden where the other has room)
         act_again = max(device_bwd + act_again,
                         2 * host + work.moe_act_kernels * engine.moe_host_op_s) - bwd_s
+        up_again = max(device_bwd + up_again,
+                       2 * host + work.mla_up_kernels * engine.moe_host_op_s) - bwd_s
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s
     bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
                    attn_bwd_s=attn_b, op_recompute_s=op_again, moe_act_recompute_s=act_again,
-                   wgrad_s=gemm_w)
+                   mla_up_recompute_s=up_again, wgrad_s=gemm_w)
     return bt.recomputing(recompute)
+
+
+def _mla_up_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
+              micro_batch: float, tp: int, sp: bool) -> float:
+    """Forward seconds of latent attention's up-projection GEMMs (Gemm.mla_up), with their fp8
+    casts: what ``recompute="mla_up_proj"`` runs again besides their memory-bound ops."""
+    up = [g for g in work.gemms if g.mla_up]
+    if not up:
+        return 0.0
+    seconds = gemms_time_s(up, device, dtype, micro_batch=micro_batch, tp=tp, sp=sp)[0]
+    if dtype == "fp8":
+        seconds += fp8_cast_s(up, device, engine.fp8_recipe, micro_batch=micro_batch, tp=tp,
+                              sp=sp)[0]
+    return seconds
 
 
 def optimizer_step_s(params: float, device: DeviceSpec, *, traffic_bytes_per_param: float,

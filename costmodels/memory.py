@@ -22,10 +22,12 @@ from costmodels.errors import SpecError
 from costmodels.precision import FP8_SAVED_INPUT_SHARE, FP8_WEIGHT_COPY_BYTES
 from costmodels.workload import BlockWork
 
-Recompute = Literal["none", "selective", "moe_act", "full", "op"]
+Recompute = Literal["none", "selective", "moe_act", "mla_up_proj", "full", "op"]
 """Activation recomputation: none, the attention core only (``selective``, Megatron-LM's), the
 routed experts' activation function and the norm before the experts (``moe_act``,
-Megatron-Core's ``--recompute-modules moe_act layernorm``; MoE models only), whole blocks
+Megatron-Core's ``--recompute-modules moe_act layernorm``; MoE models only), multi-head latent
+attention's up projections and rotary embedding (``mla_up_proj``, Megatron-Core's
+``--recompute-modules mla_up_proj``; models with latent attention only), whole blocks
 (``full``), or op-level selective checkpointing (``op``, torchtitan's: keep attention outputs and
 every other weight GEMM's output, recompute the rest)."""
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -205,14 +207,28 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     # (the gathered copies are the experts' first GEMM input: quantized under fp8)
     kept += (etp - 1) * routed_load * work.act_routed_gathered / sp_div * (
         1.0 - FP8_SAVED_INPUT_SHARE if fp8 else 1.0)
-    if recompute in ("none", "moe_act"):
+    if recompute in ("none", "moe_act", "mla_up_proj"):
         kept += work.act_bytes_attn / tp if scores_kept else 0.0
     elif recompute != "selective":
         raise SpecError(f"recompute: expected {', '.join(RECOMPUTE[:-1])} or {RECOMPUTE[-1]}, "
                         f"got {recompute!r}")
     if recompute == "moe_act":
         kept -= moe_act_freed_bytes(work, fused=fused, fp8=fp8, routed_load=routed_load) / sp_div
+    if recompute == "mla_up_proj":
+        kept -= mla_up_freed_bytes(work, tp=tp, sp=sp, fused=fused)
     return micro_batch * kept
+
+
+def mla_up_freed_bytes(work: BlockWork, *, tp: int, sp: bool, fused: bool = False) -> float:
+    """Bytes per sample on one GPU that ``recompute="mla_up_proj"`` frees of what the block keeps
+    without recomputation: what latent attention's up projections and rotary embedding make and
+    the attention saves (its queries, keys and values) or those ops save, less what a fused kernel
+    would not keep anyway. Megatron-Core runs them under a checkpoint that discards its outputs
+    once the attention has run, and again before the attention's backward."""
+    tp_part, rep = work.act_mla_up_tp, work.act_mla_up_rep
+    if fused:
+        tp_part, rep = tp_part - work.act_mla_up_fused_away_tp, rep - work.act_mla_up_fused_away_rep
+    return tp_part / tp + rep / (tp if sp else 1)
 
 
 def moe_act_freed_bytes(work: BlockWork, *, fused: bool = False, fp8: bool = False,
@@ -260,6 +276,8 @@ def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: b
     if recompute == "moe_act":  # one layer's freed tensors, made again for its backward
         return micro_batch * moe_act_freed_bytes(work, fused=fused, fp8=fp8,
                                                  routed_load=routed_load) / (tp if sp else 1)
+    if recompute == "mla_up_proj":  # the same
+        return micro_batch * mla_up_freed_bytes(work, tp=tp, sp=sp, fused=fused)
     full = activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
                             scores_kept=scores_kept, fused=fused, fp8=fp8,
                             routed_load=routed_load, etp=etp,

@@ -50,6 +50,9 @@ class Gemm:
     """For a GEMM of an eager attention core whose module declares its mask
     (planner.trace.masks): the share of its FLOPs a fused kernel skipping masked tiles does not
     do (1/2 under a causal mask, more under a sliding window); 0 otherwise."""
+    mla_up: bool = False
+    """An up projection of multi-head latent attention (the queries', and the keys' and values'
+    from their shared latent), which ``recompute="mla_up_proj"`` runs again in backward."""
 
     @property
     def flops(self) -> float:
@@ -213,6 +216,26 @@ class BlockWork:
     """The part of ``mem_bytes_rep`` in the ops ``recompute="moe_act"`` runs again."""
     moe_act_kernels: float = 0.0
     """Kernels those ops launch (one per op; per micro-batch)."""
+    act_mla_up_tp: float = 0.0
+    """The part of ``act_bytes_tp`` that ``recompute="mla_up_proj"`` does not keep: what multi-head
+    latent attention's up projections and the rotary embedding applied after them make and the
+    attention or those ops save (the queries, keys and values among it), per sample
+    (Megatron-Core's ``mla_up_proj`` recompute module; planner.trace.annotate._mla_up_ops)."""
+    act_mla_up_rep: float = 0.0
+    """The same, of ``act_bytes_rep`` (outputs tensor parallelism leaves whole)."""
+    act_mla_up_fused_away_tp: float = 0.0
+    """The part of ``act_mla_up_tp`` a fused kernel does not keep anyway."""
+    act_mla_up_fused_away_rep: float = 0.0
+    """The part of ``act_mla_up_rep`` a fused kernel does not keep anyway."""
+    mla_up_mem_bytes_tp: float = 0.0
+    """The part of ``mem_bytes_tp`` in the memory-bound ops ``recompute="mla_up_proj"`` runs
+    again (its GEMMs are those marked ``Gemm.mla_up``)."""
+    mla_up_mem_bytes_rep: float = 0.0
+    """The same, of ``mem_bytes_rep``."""
+    mla_up_kernels: float = 0.0
+    """Kernels those ops and GEMMs launch (one per op; per micro-batch)."""
+    mla_up_flops: float = 0.0
+    """Forward FLOPs per sample of the GEMMs marked ``Gemm.mla_up``."""
     input_bytes: float = 0.0
     """Bytes of the gradient-carrying activations entering the block (what full recompute keeps)."""
     op_saved_tp: float = 0.0
@@ -333,7 +356,7 @@ class BlockWork:
     def to_dict(self) -> dict:
         d = {f: getattr(self, f) for f in WORK_FIELDS}
         d["gemms"] = [[g.batch, g.m, g.n, g.k, g.split, int(g.linear), int(g.grad_a),
-                       int(g.grad_b), int(g.attention), g.experts, g.masked]
+                       int(g.grad_b), int(g.attention), g.experts, g.masked, int(g.mla_up)]
                       for g in self.gemms]
         return d
 
@@ -342,7 +365,8 @@ class BlockWork:
         gemms = tuple(Gemm(batch=b, m=m, n=n, k=k, split=int(s), linear=bool(lin),
                            grad_a=bool(ga), grad_b=bool(gb), attention=bool(at),
                            experts=int(rest[0]) if rest else 0,
-                           masked=float(rest[1]) if len(rest) > 1 else 0.0)
+                           masked=float(rest[1]) if len(rest) > 1 else 0.0,
+                           mla_up=bool(rest[2]) if len(rest) > 2 else False)
                       for b, m, n, k, s, lin, ga, gb, at, *rest in d.get("gemms", []))
         return cls(gemms=gemms, **{f: d[f] for f in WORK_FIELDS if f in d})
 

@@ -30,7 +30,7 @@ from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import (cluster_pin_problem, explain_infeasible,
                                         known_model_pin_problem, length_note,
-                                        moe_act_pin_problem, pin_problem)
+                                        pin_problem, recompute_pin_problem)
 from planner.search.hetero import restrict
 from planner.search.loop import rejection_lines, search
 from planner.search.space import Space
@@ -514,20 +514,30 @@ def narrowed(options: SearchOptions, prepared: Prepared, training: TrainingSpec)
     """``options`` narrowed to what the target runs for this model and software: an unknown
     target is refused, a known one keeps to what its engine runs (planner.plan has done so
     already: restricting again changes nothing); MoE settings it does not run are refused; a
-    dense model has no moe_act recomputation to try (a pin of it is refused, naming the fix)."""
+    dense model has no moe_act recomputation to try, a model without latent attention no
+    mla_up_proj (a pin of one is refused, naming the fix)."""
     options = targets.restrict(options, options.target)
-    if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: a warning later)
+    blocks = prepared.blocks.blocks
+    experts = any(b.work.num_experts for b in blocks)
+    latent = any(b.work.attn_keys_wider for b in blocks)
+    if experts:  # (dense: a warning later)
         targets.check_engine(training.engine, options.target, prepared.info.get("model_type"))
-        return targets.for_engine(options, training.engine, training.dtype)
-    problem = moe_act_pin_problem(dict(options.fix), 0)
+        options = targets.for_engine(options, training.engine, training.dtype)
+    problem = recompute_pin_problem(dict(options.fix), int(experts), latent)
     if problem:
         raise SpecError(problem)
-    if "moe_act" not in options.recompute:
+    unrun = {"moe_act": not experts, "mla_up_proj": not latent}
+    left_out = [r for r in options.recompute if unrun.get(r)]
+    if not left_out:
         return options
-    kept = tuple(r for r in options.recompute if r != "moe_act")
+    kept = tuple(r for r in options.recompute if not unrun.get(r))
     if not kept:
-        raise SpecError("recompute: moe_act is the only policy to try, and the model has no "
-                        "routed experts; add none, selective or full")
+        raise SpecError(f"recompute: {' and '.join(left_out)} "
+                        + ("is the only policy" if len(left_out) == 1 else "are the only policies")
+                        + " to try, and the model has nothing for them to recompute (" + ", ".join(
+                            {"moe_act": "no routed experts",
+                             "mla_up_proj": "no latent attention"}[r] for r in left_out)
+                        + "); add none, selective or full")
     return dataclasses.replace(options, recompute=kept)
 
 

@@ -36,7 +36,7 @@ class Engine:
     sequence_parallel: tuple[bool, ...] = (False, True)
     """With tensor parallelism: whether norms and dropouts may (True) or must not (False) run
     sequence-parallel; (True,) when the engine always does."""
-    recompute: tuple[str, ...] = ("none", "selective", "moe_act", "full")
+    recompute: tuple[str, ...] = ("none", "selective", "moe_act", "mla_up_proj", "full")
     """Activation recomputation policies the search tries (costmodels.memory.RECOMPUTE; with
     ``any`` a pin may name any of them)."""
     cp_comms: tuple[str, ...] = CP_COMMS

@@ -378,7 +378,8 @@ def _recompute(plan: Plan, ledger: common.Ledger, changes: dict, lower: list[str
         changes["recompute"] = "full"
         lower.append(f"full instead of {rc} recomputation")
         what = {"selective": "attention core only", "op": "per op",
-                "moe_act": "the experts' activation function and the norm before them"}[rc]
+                "moe_act": "the experts' activation function and the norm before them",
+                "mla_up_proj": "latent attention's up projections and rotary embedding"}[rc]
         ledger.nearest("recompute", f"recompute {rc} ({what}): DeepSpeed checkpoints whole "
                        "layers; nearest is checkpointing every layer (more recompute time than "
                        "planned, less memory)")

@@ -25,6 +25,7 @@ RECOMPUTE = {
     "selective": ["--recompute-granularity", "selective"],
     "moe_act": ["--recompute-granularity", "selective", "--recompute-modules", "moe_act",
                 "layernorm"],
+    "mla_up_proj": ["--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"],
     "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
              "--recompute-num-layers", "1"],
 }
@@ -537,9 +538,15 @@ def _recompute(plan: Plan, version: str, ledger: common.Ledger) -> Group:
             ledger.info("recompute moe_act under FP8: Megatron-Core runs moe_act and layernorm "
                         "recomputation in FP8 with Transformer Engine 2.6 or later only (it "
                         "raises otherwise)")
+        if rc == "mla_up_proj":
+            ledger.info("recompute mla_up_proj: Megatron-Core runs it with multi-head latent "
+                        "attention only (--multi-latent-attention among your model's arguments; "
+                        "its TransformerConfig raises otherwise)")
         what = ("the routed experts' activation function and the norms before the experts"
                 + (" and before multi-head latent attention" if moe.model(plan).mla else "")
-                if rc == "moe_act" else "")
+                if rc == "moe_act" else
+                "multi-head latent attention's up projections and rotary embedding"
+                if rc == "mla_up_proj" else "")
         return [(RECOMPUTE[rc], f"recompute {rc}" + (f": {what}" if what else ""))]
     if rc == "moe_act":
         ledger.nearest("recompute", f"recompute moe_act: Megatron-Core refuses --recompute-modules "

@@ -320,6 +320,8 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger,
     return out + _moe_settings(plan, version, s, ledger)
 
 
+MEGATRON_STYLE = ("selective", "moe_act", "mla_up_proj")
+"""Megatron-Core's recomputation policies, which torchtitan runs as its per-op policy."""
 SAVES_ALL_TO_ALL = ("deepseek_v3", "gpt_oss", "llama4")
 """torchtitan 0.2.2's models whose op-level checkpointing saves the expert all-to-alls' outputs
 (all_to_all_single in models/*/infra/parallelize.py's _op_sac_save_list), as the planner prices
@@ -363,7 +365,7 @@ def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> l
     else:
         ledger.exact("moe_dispatcher")
     # (a Megatron-style policy is written as op-level checkpointing too: _activation_checkpoint)
-    if p["recompute"] in ("op", "selective", "moe_act") and ep > 1 and version == "0.2.2" and \
+    if p["recompute"] in ("op", *MEGATRON_STYLE) and ep > 1 and version == "0.2.2" and \
             known and known[0] not in SAVES_ALL_TO_ALL:
         ledger.info(f"recompute op: torchtitan {version}'s {known[0]} does not save the expert "
                     "all-to-alls' outputs under op-level checkpointing (its _op_sac_save_list "
@@ -458,8 +460,9 @@ def _activation_checkpoint(plan: Plan, ledger: common.Ledger) -> list[tuple[str,
     if rc == "op":
         ledger.exact("recompute")
         return op
-    what = ("the routed experts' activation function and the norm before them" if rc == "moe_act"
-            else "the attention core")
+    what = {"moe_act": "the routed experts' activation function and the norm before them",
+            "mla_up_proj": "latent attention's up projections and rotary embedding"}.get(
+                rc, "the attention core")
     ledger.nearest("recompute", f"recompute {rc} (Megatron-style: recompute {what}) "
                    "-> torchtitan's per-op selective checkpointing, which keeps attention outputs "
                    "and every other matmul output and recomputes the rest")
@@ -473,7 +476,7 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
     K/V exchange torchtitan lacks becomes one it has, split experts become whole (``raising``)."""
     p = plan.parallel
     changes, words = {}, []
-    if p["recompute"] in ("selective", "moe_act") and "op" in RECOMPUTE:
+    if p["recompute"] in MEGATRON_STYLE and "op" in RECOMPUTE:
         changes["recompute"] = "op"
         words.append(f"per-op instead of {p['recompute']} recomputation")
     required = bool(changes or raising)  # else only the layout of the states differs

@@ -88,7 +88,7 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                 "with offs=, as transformers' MoE layers run it, or a bmm of [experts, capacity, "
                 "in] token slots by such weights beside a router's topk/argmax over the experts; "
                 f"README: ep); drop {key}")
-    problem = moe_act_pin_problem(fix, space.experts)
+    problem = recompute_pin_problem(fix, space.experts, space.latent)
     if problem:
         return problem
     if space.experts and tp is not None and tp > 1 and fix.get("sequence_parallel") is False:
@@ -199,13 +199,18 @@ def sequence_pin_problem(fix: dict, seq_len: int, num_gpus: int,
     return ""
 
 
-def moe_act_pin_problem(fix: dict, experts: int) -> str:
-    """'' or the line saying a pinned moe_act recomputation has no routed experts (``experts``:
-    the model's, 0 for none) to recompute."""
+def recompute_pin_problem(fix: dict, experts: int, latent: bool) -> str:
+    """'' or the line saying a pinned recomputation has nothing to recompute in the model: moe_act
+    without routed experts (``experts``: the model's, 0 for none), mla_up_proj without latent
+    attention (``latent``)."""
     if fix.get("recompute") == "moe_act" and not experts:
         return ("fix.recompute: moe_act recomputes the routed experts' activation function, and "
                 "the model has no routed experts the trace recognizes; pin none, selective or "
                 "full")
+    if fix.get("recompute") == "mla_up_proj" and not latent:
+        return ("fix.recompute: mla_up_proj recomputes multi-head latent attention's up "
+                "projections, and the model has no attention with keys wider than its values; "
+                "pin none, selective or full")
     return ""
 
 
@@ -279,7 +284,7 @@ def _some(values: list[int], most: int = 12) -> str:
     return ", ".join(map(str, values[:most - 2])) + ", ..., " + ", ".join(map(str, values[-2:]))
 
 
-LEANEST_FIRST = ("full", "op", "moe_act", "selective", "none")
+LEANEST_FIRST = ("full", "op", "mla_up_proj", "moe_act", "selective", "none")
 """Recomputation policies from the one that keeps least to the one that keeps most, as a rule
 (with materialized attention selective can keep less than moe_act)."""
 

@@ -429,6 +429,8 @@ def _recomputed_flops(ma, recompute: str) -> float:
         return 0.0
     w, ckpt = ma.work, ma.checkpointed
     masked = float(np.sum(w.masked_attn_flops[ckpt]))  # what a masked kernel skips
+    if recompute == "mla_up_proj":  # latent attention's up projections
+        return float(np.sum(w.mla_up_flops[ckpt]))
     if recompute == "selective":  # the attention cores, split by tp or not
         return float(np.sum((w.attn_flops + w.fused_attn_flops_rep + w.eager_attn_flops_rep)
                             [ckpt])) - masked

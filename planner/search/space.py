@@ -69,6 +69,7 @@ ETP_TP = "etp is neither 1 nor tp"
 ETP_BIAS = "etp > 1 over experts with biases not run by the target"
 MOE_SP = "experts with tp > 1 need sequence parallelism"
 MOE_ACT_NONE = "recompute moe_act needs routed experts"
+MLA_UP_NONE = "recompute mla_up_proj needs latent attention"
 SP_SEQ = "sequence parallel needs the tokens of a cp rank divisible by tp"
 SEQ_TP_2CP = "sequence not divisible by tp x 2 x cp, as the target requires"
 AMP_UNSHARDED = "tp or pp without sharding over dp x cp runs in fp32 in the target"
@@ -467,6 +468,9 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
             for rc in _choices(fix, "recompute", list(options.recompute)):
                 if rc == "moe_act" and not space.experts:
                     rejected[MOE_ACT_NONE] += 1
+                    continue
+                if rc == "mla_up_proj" and not space.latent:
+                    rejected[MLA_UP_NONE] += 1
                     continue
                 variants = tuple((s, v, z, o) for s in schedules
                                  for v in _vpps(fix, s, pp, m, options, rejected, space)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
@@ -69,7 +70,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "attn_score_params", "attn_keys_wider", "act_routed_gathered",
                          "act_routed_weighted", "expert_bias", "expert_slot_flops",
                          "expert_capacity", "mem_bytes_routed", "mem_bytes_routed_hidden",
-                         "moe_act_mem_bytes", "moe_act_kernels"),
+                         "moe_act_mem_bytes", "moe_act_kernels", "mla_up_mem_bytes_tp",
+                         "mla_up_mem_bytes_rep", "mla_up_kernels", "mla_up_flops"),
                         0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
@@ -90,6 +92,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     routed_modules = {by[n].module for n in op_names if _routes_experts(by[n])}
     recomputed = _moe_act_ops(op_names, by, graph.consumers(), routed_modules,
                               {n for n, _ in returning})
+    up_region, up_gemms = _mla_up_ops(op_names, by, graph.consumers())
     for name in op_names:
         op = by[name]
         split_compute, split_out = tp.split_of(name)
@@ -103,9 +106,19 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                     if producer is not None and producer.shape[-1:] == [hidden]:
                         gathered.add(key)
         moved = acc["mem_bytes_rep"]
+        moved_tp, made = acc["mem_bytes_tp"], len(gemms)
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
                      name in attn_gemms, name in scores, hidden,
                      {i for n, i in returning if n == name})
+        if name in up_gemms:
+            gemms[made:] = [dataclasses.replace(g, mla_up=True) for g in gemms[made:]]
+            acc["mla_up_flops"] += sum(g.flops for g in gemms[made:])
+        if name in up_region and op.kind not in FREE:
+            acc["mla_up_mem_bytes_tp"] += 0.0 if name in up_gemms else \
+                acc["mem_bytes_tp"] - moved_tp
+            acc["mla_up_mem_bytes_rep"] += 0.0 if name in up_gemms else \
+                acc["mem_bytes_rep"] - moved
+            acc["mla_up_kernels"] += 1
         if name in recomputed and op.kind not in FREE:
             acc["moe_act_mem_bytes"] += acc["mem_bytes_rep"] - moved
             acc["moe_act_kernels"] += 1
@@ -138,7 +151,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     acc["act_routed_weighted"] = float(sum(
         saved[k] for k in _weighted_outputs(savers, by, {n for n, _ in returning}) - fused_away))
     _add_saved(saved, by, tp, scores, acc, fused_away, linear_inputs, expert_modules, copies,
-               recomputed)
+               recomputed, up_region)
     fused = fused_traffic(graph, tp, op_names, scores)
     acc.update(_op_level_checkpointing(op_names, by, tp))
     acc.update(_backward_transient(op_names, by, tp, scores))
@@ -446,20 +459,22 @@ def _op_level_checkpointing(op_names: list[str], by: dict, tp: TPAnalysis) -> di
 def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[str],
                acc: dict, fused_away: set[str], linear_inputs: set[str],
                expert_modules: set[str] = frozenset(), copies: set[int] = frozenset(),
-               moe_act: set[str] = frozenset()) -> None:
+               moe_act: set[str] = frozenset(), mla_up: set[str] = frozenset()) -> None:
     """Sort the saved tensors into BlockWork's act_* fields. ``expert_modules``: modules running
     routed experts; what is made inside them with a row per token copy (``copies`` rows in the
     traced batch: the copies, and everything computed per copy) is also counted as routed, not
     the router's or a shared expert's tensors where they run inside the same module (unless
     each token has one copy, top-1 routing, whose rows the filter cannot tell apart).
-    ``moe_act``: the ops whose outputs ``recompute="moe_act"`` does not keep (_moe_act_ops)."""
+    ``moe_act``, ``mla_up``: the ops whose outputs ``recompute="moe_act"`` and
+    ``recompute="mla_up_proj"`` do not keep (_moe_act_ops, _mla_up_ops)."""
     for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep",
                   "act_linear_in_tp", "act_linear_in_rep", "act_routed_tp", "act_routed_rep",
                   "act_routed_fused_away_tp", "act_routed_fused_away_rep",
                   "act_routed_linear_in_tp", "act_routed_linear_in_rep", "act_moe_act_routed",
                   "act_moe_act_routed_fused_away", "act_moe_act_routed_linear_in",
                   "act_moe_act_norm", "act_moe_act_norm_fused_away",
-                  "act_moe_act_norm_linear_in"):
+                  "act_moe_act_norm_linear_in", "act_mla_up_tp", "act_mla_up_rep",
+                  "act_mla_up_fused_away_tp", "act_mla_up_fused_away_rep"):
         acc[field] = 0.0
     acc["act_bytes_attn"] = acc.pop("attn_scores_saved")
     for key, nbytes in saved.items():
@@ -489,6 +504,52 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
                 acc[f"{part}_fused_away"] += nbytes
             elif key in linear_inputs:
                 acc[f"{part}_linear_in"] += nbytes
+        if producer is not None and producer.name in mla_up:
+            acc[f"act_mla_up_{where}"] += nbytes
+            if key in fused_away:
+                acc[f"act_mla_up_fused_away_{where}"] += nbytes
+
+
+def _mla_up_ops(op_names: list[str], by: dict, cons: dict) -> tuple[set[str], set[str]]:
+    """(the ops, and among them the weight GEMMs) that Megatron-Core's ``--recompute-modules
+    mla_up_proj`` runs under a checkpoint discarding their outputs once the attention has run
+    (``recompute="mla_up_proj"``): in a module running multi-head latent attention (keys wider
+    than values), the ops before the attention call that follow one of its weight GEMMs,
+    except the norms of its own (the latents' q/kv norms) and the down projections whose
+    output such a norm reads. What remains is the up
+    projections (the queries', and the keys' and values' from the shared latent; a query
+    projection reading the hidden states where there is no query latent) and what makes the
+    attention's inputs of their outputs: head views, splits, the rotary embedding, the
+    concatenations. What they read from outside (the normed latents, the positional part of
+    the down projection, the rotary tables) is the checkpoint's input, kept.
+
+    Empty for a block without latent attention."""
+    index = {n: i for i, n in enumerate(op_names)}
+    region: set[str] = set()
+    for att in op_names:
+        if by[att].kind != "attention" or not _keys_wider(by[att]):
+            continue
+        module = by[att].module
+        norms = {by[n].module for n in op_names if (by[n].kind == "norm" or by[n].target == "rsqrt")
+                 and by[n].module != module and _inside(by[n].module, {module})}
+        downs: set[str] = set()
+        for name in op_names[:index[att]]:
+            op = by[name]
+            if not _inside(op.module, {module}) or _inside(op.module, norms) or op.kind == "input":
+                continue
+            if _weight_gemm(op):
+                if any(_inside(by[c].module, norms)
+                       for c in _consumers_through_views(name, by, cons)):
+                    downs.add(name)  # a down projection (its output normed): an input
+                else:
+                    region.add(name)
+            elif any(i in region or i in downs for i in op.inputs):
+                region.add(name)
+    return region, {n for n in region if _weight_gemm(by[n])}
+
+
+def _weight_gemm(op: Op) -> bool:
+    return bool(op.params) and (op.kind == "matmul" or bool(op.dims.get("gemms")))
 
 
 def _moe_act_ops(op_names: list[str], by: dict, cons: dict, routed_modules: set[str],

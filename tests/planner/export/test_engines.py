@@ -457,6 +457,9 @@ MEGATRON_PLANS = {
         plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), recompute="moe_act"),
         moe_grouped_gemm=False, moe_dispatcher="alltoall", moe_capacity_factor=0.0,
         moe_overlap=True),
+    "deepseek-mla-up-proj": lambda: variant(renamed(
+        plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), "deepseek-v3"),
+        recompute="mla_up_proj"),
     "qwen3-overlap-full-recompute": lambda: engine_settings(variant(
         plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), recompute="full"),
         moe_dispatcher="alltoall", moe_overlap=True),
@@ -495,11 +498,13 @@ def test_megatron_parser_reads_the_export_to_the_plan(version, case, tmp_path):
     else:
         assert ns.fp8 is None
     rc = {"none": None, "selective": "selective", "full": "full", "op": "full",
-          "moe_act": "selective" if ns.moe_grouped_gemm else "full"}[p["recompute"]]
+          "moe_act": "selective" if ns.moe_grouped_gemm else "full",
+          "mla_up_proj": "selective"}[p["recompute"]]
     assert ns.recompute_granularity == rc
     if rc == "selective":
-        assert ns.recompute_modules == (["moe_act", "layernorm"] if p["recompute"] == "moe_act"
-                                        else None)  # (None: Megatron's default, core_attn)
+        assert ns.recompute_modules == {"moe_act": ["moe_act", "layernorm"],
+                                        "mla_up_proj": ["mla_up_proj"]}.get(
+            p["recompute"])  # (None: Megatron's default, core_attn)
     fsdp = p["dp"] > 1 and p["zero"] >= 2
     assert ns.use_megatron_fsdp == fsdp and ns.use_distributed_optimizer == (
         p["dp"] > 1 and p["zero"] >= 1)
@@ -534,7 +539,8 @@ def megatron_experts(plan: Plan, ns, version: str) -> None:
         assert ns.num_experts is None and ns.expert_tensor_parallel_size is None
         return
     assert ns.expert_tensor_parallel_size == etp
-    assert (ns.num_experts, ns.moe_router_topk) == {"mixtral": (8, 2), "qwen3": (128, 8)}[
+    assert (ns.num_experts, ns.moe_router_topk) == {"mixtral": (8, 2), "qwen3": (128, 8),
+                                                    "deepseek": (256, 8)}[
         plan.model["name"].split("-")[0]]
     dispatcher = engine.get("moe_dispatcher", "alltoall")
     assert ns.moe_token_dispatcher_type == {"deepep": "flex"}.get(dispatcher, dispatcher)
