@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
 from costmodels.errors import SpecError
+from costmodels.hardware import suggest
 from costmodels.memory import STATE_LAYOUTS
 from costmodels.precision import FP8_RECIPES
 from costmodels.specs import parse_pairs
@@ -343,8 +344,8 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     names = {f.name for f in fields(EngineSpec)}
     unknown = set(spec) - names
     if unknown:
-        raise SpecError(f"engine.{sorted(unknown)[0]}: unknown key; "
-                        f"choose from {', '.join(sorted(names))}")
+        key = sorted(unknown)[0]
+        raise SpecError(f"engine.{key}: unknown key{suggest(key, names)}")
     kw = {**base, **dict(spec)}
     for key in ("overlap_grad_reduce", "overlap_param_gather", "fsdp_copies", "fsdp_experts",
                 "pipelined_accumulation", "moe_grouped_gemm", "moe_overlap",

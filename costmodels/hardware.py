@@ -325,7 +325,8 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
     for key in ("name", "memory_GB", "peak_TFLOPs", "hbm_GBps"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing; a device mapping needs name, memory_GB, "
-                            f"peak_TFLOPs {{bf16, fp16, fp32}} and hbm_GBps")
+                            f"peak_TFLOPs (per dtype it trains in, e.g. {{bf16: 989, fp32: 67}}) "
+                            f"and hbm_GBps")
     peaks = spec["peak_TFLOPs"]
     if not isinstance(peaks, Mapping) or not peaks:
         raise SpecError(f"{where}.peak_TFLOPs: expected a mapping like {{bf16: 312, fp32: 19.5}}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 from planner.cli.args import Joined, positive_float, positive_int
@@ -71,7 +72,7 @@ def run(args) -> int:
                             tokens=args.tokens, time_limit_s=args.time_limit,
                             workers=args.workers,
                             progress=Bar(args.quiet, label="sweeping", unit=" points"))
-    logging.getLogger("planner").info("swept %d points in %.1f s", len(rows),
+    logging.getLogger("planner").info("swept %d points in %.1f s, traces included", len(rows),
                                       time.perf_counter() - t0)
     table = sweep_table(rows, rate="samples/s" if api.recsys_model(args.model) else "tokens/s")
     if args.plot and not any(r["feasible"] for r in rows):  # before any file is written
@@ -89,4 +90,8 @@ def run(args) -> int:
         print(f"wrote {path}")
     for note in skipped:
         print(f"not drawn: {note}")
+    if rows and not any(r["feasible"] for r in rows):  # as a solve that finds none: exit 3
+        print(f"plan: no plan fits: none of the {len(rows)} points (the table says why each "
+              "failed)", file=sys.stderr)
+        return 3
     return 0

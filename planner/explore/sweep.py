@@ -16,6 +16,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
@@ -104,11 +105,16 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             add_costs(rows, prices, tokens)
         return [_ordered(r) for r in rows]
     keys = sorted({t.trace_key for t in tasks if not t.error}, key=str)
-    prepared = {k: api.prepare(model, example_inputs=example_inputs, seq_len=k[0], dtype=k[1])
-                for k in keys}
+    prepared = {}
+    for k in keys:  # (the API's own lines are held back in a sweep: say what takes seconds)
+        log.info("what-if: reading or tracing the model at %s tokens in %s (seconds; a minute "
+                 "for the largest)", f"{k[0]:,}" if k[0] else "its default length", k[1])
+        prepared[k] = api.prepare(model, example_inputs=example_inputs, seq_len=k[0], dtype=k[1])
     log.info("what-if: %d points, %d trace%s", len(tasks), len(prepared),
              "" if len(prepared) == 1 else "s")
+    t0 = time.perf_counter()
     rows = _run(tasks, prepared, workers, progress)
+    log.info("what-if: searched %d points in %.1f s", len(rows), time.perf_counter() - t0)
     _refuse_all_bad(rows)
     _say_warnings(rows)
     name = next(iter(prepared.values())).info["name"] if prepared else str(model)

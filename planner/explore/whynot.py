@@ -53,6 +53,12 @@ class WhyNot:
     """(usable bytes per GPU after the reserve, the device's bytes)."""
 
 
+def _for_show(message: str) -> str:
+    """A refusal worded for `plan show --why`, which re-plans for the plan's own target: the
+    other target is a new `plan solve`."""
+    return message.replace("use --target any", "re-solve with plan solve ... --target any")
+
+
 def why_not(plan: Plan, pins) -> WhyNot:
     """Re-plan ``plan``'s own model, training and cluster with ``pins`` fixed (on top of what the
     plan already fixed) and return what changes, or why nothing fits."""
@@ -63,9 +69,9 @@ def why_not(plan: Plan, pins) -> WhyNot:
     try:
         prepared, cluster, training, options = replan_inputs(plan, pins)
     except SpecError as err:  # a pin the plan's target refuses: named as the option gave it
-        key = str(err).partition(":")[0].removeprefix("fix.")
-        raise SpecError(f"why.{str(err)[4:]}" if str(err).startswith("fix.") and key in pins
-                        else str(err)) from None
+        key, text = str(err).partition(":")[0].removeprefix("fix."), _for_show(str(err))
+        raise SpecError(f"why.{text[4:]}" if text.startswith("fix.") and key in pins
+                        else text) from None
     result = search(prepared.blocks, cluster, training, options)
     if result.best is not None:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,

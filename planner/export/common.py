@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from costmodels.engine import (PRESET_PROPERTIES, PRESETS, EngineSpec, engine_from_mapping,
                                engine_setting, setting_text)
+from costmodels.topology import CLUSTERS, get_cluster
 from planner.errors import SpecError
 from planner.export import moe
 from planner.options import (KNOBS, SearchOptions, parallel_text, pp_inner_refused,
@@ -301,13 +302,33 @@ def check_schedule(plan: Plan, target: str, runs: tuple[str, ...], ledger: Ledge
                     f"it with `{resolve_hint(plan, target)}`")
 
 
+def cluster_args(cluster: dict) -> str:
+    """The `plan solve` arguments that give a plan's cluster (its ``cluster`` section) back: a
+    preset's name with the nodes and GPUs per node it was resized to, where the plan's cluster
+    is that; else CLUSTER_YAML, standing for the YAML it was read from (which the plan does not
+    name), with its size."""
+    name, nodes, per_node = cluster.get("name"), cluster["nodes"], cluster["gpus_per_node"]
+    if name in CLUSTERS and "groups" not in cluster:
+        preset = CLUSTERS[name]
+        try:
+            again = get_cluster(name, nodes=nodes, gpus_per_node=per_node).to_mapping()
+        except SpecError:
+            again = None
+        if again is not None and again == cluster.get("spec", again):
+            return f"--cluster {name} --nodes {nodes}" + (
+                f" --gpus-per-node {per_node}" if per_node != preset.gpus_per_node else "")
+    if "groups" in cluster:  # its nodes are the groups', in the YAML
+        return "--cluster CLUSTER_YAML"
+    return f"--cluster CLUSTER_YAML --nodes {nodes} --gpus-per-node {per_node}"
+
+
 def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
                  nearest: bool = True) -> str:
     """The `plan solve` command that makes a plan for ``target`` from the same inputs (the plan's
     pins kept, less those the engine cannot run, and ``pins`` put over them). A pinned
     recomputation the engine does not run becomes its nearest (``nearest``: torchtitan's per-op
-    policy for Megatron's selective and moe_act), or is left to the search (where the nearest
-    did not fit)."""
+    policy for Megatron's selective, moe_act and mla_up_proj), or is left to the search (where
+    the nearest did not fit)."""
     spec = plan.model.get("spec") or "MODEL"
     c, t = plan.cluster, plan.training
     eng = targets.engine(target)
@@ -349,7 +370,7 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
         runs["ep"] = (1,)  # experts spread only with sharded data parallelism
     if eng.experts_split_without_ep and facts.moe and ep == 1 and tp > 1:
         runs["etp"] = (tp,)  # the experts split over tp whatever etp says
-    if fix.get("recompute") in ("selective", "moe_act") and \
+    if fix.get("recompute") in ("selective", "moe_act", "mla_up_proj") and \
             fix["recompute"] not in runs["recompute"]:
         if nearest and "op" in runs["recompute"]:
             fix["recompute"] = "op"  # the engine's nearest: its per-op policy
@@ -363,7 +384,7 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
     kept = _kept_engine_settings(plan, target)
     if kept:  # the target's software, with the plan's MoE and FP8 assumptions over it
         extra += f" --engine {','.join([eng.software or 'megatron-core', *kept])}"
-    return (f"plan solve {spec} --cluster {c['name']} --nodes {c['nodes']} --global-batch "
+    return (f"plan solve {spec} {cluster_args(c)} --global-batch "
             f"{t['global_batch']} --seq-len {t['seq_len']}{extra}"
             + (f" --fix {pinned}" if pinned else "") + f" --target {target}")
 

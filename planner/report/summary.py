@@ -10,6 +10,8 @@ from costmodels.engine import describe, engine_from_mapping
 from costmodels.errors import PlannerError
 from costmodels.hardware import get_device
 from planner.planfile.breakdown import BREAKDOWN_WORDS
+from planner import targets
+from planner.options import FIX_KEYS, SearchOptions
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
@@ -27,8 +29,34 @@ def summary(p: Plan) -> str:
     lines += ["", *stage_table(p), ""]
     lines += _placements(p)
     lines += _batch_factors(p)
+    lines += _engines(p)
     lines += _search(p)
     return "\n".join(lines)
+
+
+ENGINE_TARGETS = ("megatron", "torchtitan", "deepspeed", "torch")
+"""The engines a plan made with ``--target any`` is checked against (plan run is torch's)."""
+
+
+def _engines(p: Plan) -> list[str]:
+    """For a plan made with ``--target any``: the engines whose rules its knobs keep to
+    (planner.targets.restrict: schedule, ZeRO stage, offload, sequence parallelism,
+    recomputation) and the first knob each other one refuses; an export checks the rest."""
+    if p.search.get("target", "any") != "any" or "groups" in p.cluster:
+        return []
+    fix = {k: p.parallel[k] for k in FIX_KEYS if k in p.parallel}
+    runs, refused = [], []
+    for target in ENGINE_TARGETS:
+        try:
+            targets.restrict(SearchOptions(fix=fix), target)
+            runs.append(target + (" (plan run)" if target == "torch" else ""))
+        except PlannerError as err:
+            refused.append(f"{target} ({str(err).partition(':')[0].removeprefix('fix.')})")
+    if not refused:
+        return []
+    return wrap(f"  engines: planned with --target any; as planned it keeps to the rules of "
+                f"{', '.join(runs) or 'no engine'}, not {', '.join(refused)}; `plan solve "
+                f"--target NAME` plans within one engine's", indent="    ") + [""]
 
 
 def _batch_factors(p: Plan) -> list[str]:
@@ -127,8 +155,11 @@ def _parallel(p: Plan) -> list[str]:
         lines.append(f"  experts     ep={ep}  etp={etp}  edp={edp}: routed experts "
                      + ", ".join(filter(None, spread)))
     elif p.model.get("routed_experts"):  # recognised, and kept whole on every rank
+        grouped = "groups" in p.cluster  # device groups price no expert parallelism
         lines.append(f"  experts     ep=1: {p.model['routed_experts']} routed experts per MoE "
-                     "layer on every rank (--fix ep=N spreads them)")
+                     "layer on every rank " + ("(expert parallelism is not priced on clusters "
+                                               "of device groups)" if grouped else
+                                               "(--fix ep=N spreads them)"))
     return lines + [
         f"  batching    micro-batch {par['micro_batch']} x {par['num_microbatches']} micro-batches, "
         f"schedule {par['schedule']}",

@@ -311,6 +311,10 @@ def simulate_plan(plan, *, schedule_name: str | None = None, microbatches: int |
     if name == "interleaved-1f1b" and pp < 2:
         raise SpecError("schedule: interleaved-1f1b interleaves virtual stages over pp >= 2 "
                         "ranks, and this plan has pp=1; simulate a plan with a pipeline")
+    if pp < 2 and name != par["schedule"]:
+        raise SpecError(f"schedule: this plan has pp=1, no pipeline: {name} runs its micro-batches "
+                        "one after another as the plan's schedule does (the same step); simulate "
+                        "a plan with a pipeline")
     if name == "interleaved-1f1b" and m % pp:
         raise SpecError(f"microbatches: interleaved-1f1b needs micro-batches in whole rounds of "
                         f"pp={pp} (as Megatron-LM requires); {m} is not a multiple of {pp}")

@@ -219,6 +219,24 @@ def test_whatif_command_prints_a_table_and_writes_files(capsys, tiny_llama_confi
     assert code == 2 and "unknown key 'nodez'" in err
 
 
+def test_a_sweep_where_no_point_fits_prints_its_table_and_exits_3(capsys, tiny_llama_config,
+                                                                  tmp_path):
+    """As a solve that finds no plan (a new-user check got exit 0 and a table of infeasible rows);
+    the trace is announced first (the API's lines are held back in a sweep)."""
+    yaml = tmp_path / "small.yaml"
+    yaml.write_text("name: small\nnodes: 1\ngpus_per_node: 2\n"
+                    "device: {name: small, memory_GB: 0.01, peak_TFLOPs: {bf16: 100, fp32: 10}, "
+                    "hbm_GBps: 1000}\nintra_node: {bandwidth_GBps: 100, latency_us: 5}\n"
+                    "inter_node: {bandwidth_GBps: 10, latency_us: 10}\n")
+    code = main(["whatif", tiny_llama_config, "--cluster", str(yaml), "--vary", "zero=0,3",
+                 "--global-batch", "8", "--seq-len", "64"])
+    out, err = capsys.readouterr()
+    logging.getLogger("planner").handlers[:] = []
+    assert code == 3 and "infeasible" in out and "zero=3" in out
+    assert "plan: no plan fits: none of the 2 points" in err
+    assert err.index("what-if: reading or tracing the model at 64 tokens") < err.index("searched")
+
+
 def test_a_sweep_whose_every_point_is_bad_input_is_an_error(tiny_llama_config):
     """A pin no point can take is bad input (exit 2 from the CLI), not a table of infeasible
     rows; with one valid point the others stay rows with their reason."""

@@ -1178,6 +1178,25 @@ def test_the_replan_hint_keeps_only_pins_the_target_can_run():
     assert " --engine torchtitan,moe_imbalance=1.5 " in resolve_hint(padded, "torchtitan")
 
 
+def test_the_replan_hint_gives_the_cluster_back():
+    """A resized preset keeps its resize; a cluster read from a YAML file (which the plan does not
+    name) is CLUSTER_YAML, not its name, which `plan solve --cluster` would refuse (a new-user
+    check ran the hint and got "unknown cluster 'my-h100'")."""
+    from costmodels.topology import get_cluster
+    from planner.export.common import cluster_args
+
+    resized = get_cluster("dgx-h100", nodes=4, gpus_per_node=4).summary()
+    assert cluster_args(resized) == "--cluster dgx-h100 --nodes 4 --gpus-per-node 4"
+    assert cluster_args(get_cluster("dgx-h100", nodes=2).summary()) == \
+        "--cluster dgx-h100 --nodes 2"
+    own = {**resized, "name": "my-h100", "spec": {**resized["spec"], "name": "my-h100"}}
+    assert cluster_args(own) == "--cluster CLUSTER_YAML --nodes 4 --gpus-per-node 4"
+    # a preset's name over other links is the user's file too
+    slower = {**resized, "spec": {**resized["spec"], "inter_node": {
+        **resized["spec"]["inter_node"], "bandwidth_GBps": 12.5}}}
+    assert cluster_args(slower).startswith("--cluster CLUSTER_YAML")
+
+
 def test_a_dropless_engine_says_it_pads_no_expert(notes):
     """A plan priced with every expert padded to capacity, exported to an engine whose MoE drops
     and pads nothing: one note names both settings; Megatron-LM pads as planned."""

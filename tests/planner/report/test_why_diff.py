@@ -173,6 +173,11 @@ def test_why_names_a_pin_the_plans_target_refuses_as_why(capsys, small_plan, tmp
     code, _, err = run(capsys, "show", str(path), "--why", "zero=1")
     assert code == 2 and "plan: error: why.zero: torchtitan does not shard model states as " \
         "ZeRO-1" in err
+    # plan show has no --target: another target is a new solve (a new-user check tried
+    # `plan show --why ... --target any`, as the refusal said)
+    code, _, err = run(capsys, "show", str(path), "--why", "pp=2,schedule=zb-h1")
+    assert code == 2 and "why.schedule: torchtitan does not run zb-h1" in err
+    assert "(or re-solve with plan solve ... --target any)" in err
 
 
 def test_diff_leaves_out_expert_settings_for_dense_models(small_plan):
@@ -340,3 +345,25 @@ def test_a_gpu_factor_the_batch_lacks_is_named_with_batches_that_free_it(tiny_ll
     seven.cluster = {**p.cluster, "num_gpus": 7}
     assert "batch 7 GPUs, and the global batch 32 shares no factor with 7" in " ".join(
         " ".join(_batch_factors(seven)).split())
+
+
+def test_a_plan_for_any_target_says_which_engines_run_it_as_planned(small_plan):
+    """A plan made with --target any may take what one engine does not run (a new-user check
+    exported the default plan and got three refusals): plan show names the engines whose rules
+    its knobs keep to, the knob each other one refuses, and how to plan for one."""
+    import dataclasses
+
+    from planner.report.summary import summary
+
+    plan = load_plan(small_plan)
+    zb = dataclasses.replace(plan, parallel={**plan.parallel, "pp": 2, "schedule": "zb-h1",
+                                             "zero": 1, "offload_optimizer": False})
+    text = " ".join(summary(zb).split())
+    assert "as planned it keeps to the rules of torch (plan run), not megatron (schedule), " \
+        "torchtitan (schedule), deepspeed (schedule); `plan solve --target NAME`" in text
+    # nothing to say where every engine runs it, or where the plan was made for one
+    ddp = dataclasses.replace(plan, parallel={**plan.parallel, "pp": 1, "schedule": "1f1b",
+                                              "zero": 0, "tp": 1, "offload_optimizer": False})
+    assert "engines:" not in summary(ddp)
+    mega = dataclasses.replace(zb, search={**zb.search, "target": "megatron"})
+    assert "engines:" not in summary(mega)

@@ -3,6 +3,7 @@ buffers of C token slots, and the experts run as batched GEMMs against stacked w
 ([E, C, d] x [E, d, f]). The trace takes those GEMMs as routed experts (expert parallelism
 shards them) only in a module that routes; the same batched GEMM elsewhere stays a GEMM."""
 
+import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
@@ -103,7 +104,12 @@ def test_capacity_experts_are_routed_experts():
     # the plan records the experts the trace found; at ep=1 plan show still names them
     from planner.report.summary import summary
     assert plans[1].model["routed_experts"] == 4
-    assert "experts     ep=1: 4 routed experts per MoE layer on every rank" in summary(plans[1])
+    assert "experts     ep=1: 4 routed experts per MoE layer on every rank (--fix ep=N " \
+        "spreads them)" in summary(plans[1])
+    # on device groups, which price no expert parallelism, the hint would be refused
+    grouped = dataclasses.replace(plans[1], cluster={**plans[1].cluster, "groups": []})
+    assert "every rank (expert parallelism is not priced on clusters of device groups)" in \
+        summary(grouped)
     assert plans[1].parallel["recompute"] == "none"  # so the hardware FLOPs add only the
     assert "for TFLOP/s (+ experts' empty token slots)" in summary(plans[1])  # empty slots
 
