@@ -137,7 +137,10 @@ SECTIONS = [
      "by this benchmark that day. Since the screen's data-parallel floor does its arithmetic on "
      "plain numbers rather than numpy's (2026-12-03), DeepSeek-V3 is searched in 2.1-2.5 s over "
      "four runs in one process (2.6-3.2 s before), 2.8 and 2.2 s in two runs of this benchmark "
-     "that day (the table is the second)."),
+     "that day. With the mla_up_proj recomputation among the policies (2026-12-04, evening) "
+     "DeepSeek-V3's space holds 377,335 configurations (226,401 before) and is searched in "
+     "2.8-3.1 s over three runs of this benchmark, choosing mla_up_proj with zb-h1 (the table is "
+     "the last)."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "
