@@ -90,7 +90,8 @@ not overlap."""
 RECOMPUTE = {"25.11": {("DeepSeekV3", "GB300"): "moe_act", ("DeepSeekV3", "GB200"): "mla_up_proj",
                        ("DeepSeekV3", "B200"): "mla_up_proj", ("DeepSeekV3", "H100"): "mla_up_proj"},
              "25.09": {("DeepSeekV3", "H100"): "mla_up_proj",
-                       ("DeepSeekV3", "GB200"): "mla_up_proj", ("DeepSeekV3", "B200"): "selective"}}
+                       ("DeepSeekV3", "GB200"): "mla_up_proj+moe_act",
+                       ("DeepSeekV3", "B200"): "selective"}}
 """Per release, the (model, GPU) whose Megatron-Bridge performance configuration recomputes
 something, and the planner's policy for it; the others recompute nothing. 25.11
 (scripts/performance/configs/*/..._workload_base_configs.py at 1804c076f): DeepSeek-V3 runs
@@ -100,8 +101,8 @@ layers' MLPs, about 1% of the FLOPs, not a policy of the planner's); GPT-OSS-120
 list layernorm and moe_act but set no selective granularity, and Megatron-Core reads the modules
 only under it (TransformerConfig.recompute_granularity defaults to None): none; Qwen3 sets
 ``recompute_granularity=None``. 25.09 (scripts/performance/run_script.py at cac49dcd7):
-DeepSeek-V3 mla_up_proj and mlp on H100, mla_up_proj, mlp and moe_act on GB200 (priced as
-mla_up_proj: the planner takes one policy), and the recipe's selective default on B200 (modules
+DeepSeek-V3 mla_up_proj and mlp on H100, mla_up_proj, mlp and moe_act on GB200, and the
+recipe's selective default on B200 (modules
 unset: Megatron-Core's core_attn, the planner's selective); Qwen3 none."""
 
 

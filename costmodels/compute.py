@@ -82,6 +82,9 @@ class BlockTime:
     """What ``recompute="mla_up_proj"`` runs again: multi-head latent attention's up projections
     (Gemm.mla_up) and the memory-bound ops between them and the attention
     (BlockWork.mla_up_mem_bytes_*); in an MoE layer taken as moe_act's ops are."""
+    both_recompute_s: float = 0.0
+    """What ``recompute="mla_up_proj+moe_act"`` runs again: both of the above, taken together in
+    an MoE layer's backward (one wait for the host or the device, not two)."""
     wgrad_s: float = 0.0
     """The part of ``bwd_s`` in the weight-gradient GEMMs of Linear layers: what a schedule
     that splits the backward (ZB-H1's W) can run apart from the input gradient. Attention's and
@@ -91,10 +94,11 @@ class BlockTime:
         """The same block under another recomputation policy: full replays the forward,
         selective the attention core, op-level its share (op_recompute_s), moe_act the experts'
         activation function and the norm before them (moe_act_recompute_s), mla_up_proj latent
-        attention's up projections (mla_up_recompute_s)."""
+        attention's up projections (mla_up_recompute_s), mla_up_proj+moe_act both
+        (both_recompute_s)."""
         again = {"full": self.fwd_s, "selective": self.attn_fwd_s, "op": self.op_recompute_s,
                  "moe_act": self.moe_act_recompute_s, "mla_up_proj": self.mla_up_recompute_s,
-                 "none": 0.0}[recompute]
+                 "mla_up_proj+moe_act": self.both_recompute_s, "none": 0.0}[recompute]
         return dataclasses.replace(self, recompute_s=again)
 
     @property
@@ -511,16 +515,21 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         op_again = max(op_again, host * op_recomputed_kernel_share(work))
         # moe_act's ops run inside the backward: what they add to its device time and to its
         # issue time, the slower of the two setting the pass (hidden where the other has room)
-        act_again = max(device_bwd + act_again,
-                        2 * host + work.moe_act_kernels * engine.moe_host_op_s) - bwd_s
-        up_again = max(device_bwd + up_again,
-                       2 * host + work.mla_up_kernels * engine.moe_host_op_s) - bwd_s
+
+        def again(device_s: float, kernels: float) -> float:
+            return max(device_bwd + device_s, 2 * host + kernels * engine.moe_host_op_s) - bwd_s
+
+        act_again, up_again, both_again = (
+            again(act_again, work.moe_act_kernels), again(up_again, work.mla_up_kernels),
+            again(act_again + up_again, work.moe_act_kernels + work.mla_up_kernels))
+    else:
+        both_again = act_again + up_again
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s
     bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
                    attn_bwd_s=attn_b, op_recompute_s=op_again, moe_act_recompute_s=act_again,
-                   mla_up_recompute_s=up_again, wgrad_s=gemm_w)
+                   mla_up_recompute_s=up_again, both_recompute_s=both_again, wgrad_s=gemm_w)
     return bt.recomputing(recompute)
 
 

@@ -22,15 +22,27 @@ from costmodels.errors import SpecError
 from costmodels.precision import FP8_SAVED_INPUT_SHARE, FP8_WEIGHT_COPY_BYTES
 from costmodels.workload import BlockWork
 
-Recompute = Literal["none", "selective", "moe_act", "mla_up_proj", "full", "op"]
+Recompute = Literal["none", "selective", "moe_act", "mla_up_proj", "mla_up_proj+moe_act", "full",
+                    "op"]
 """Activation recomputation: none, the attention core only (``selective``, Megatron-LM's), the
 routed experts' activation function and the norm before the experts (``moe_act``,
 Megatron-Core's ``--recompute-modules moe_act layernorm``; MoE models only), multi-head latent
 attention's up projections and rotary embedding (``mla_up_proj``, Megatron-Core's
-``--recompute-modules mla_up_proj``; models with latent attention only), whole blocks
+``--recompute-modules mla_up_proj``; models with latent attention only), both
+(``mla_up_proj+moe_act``: ``--recompute-modules mla_up_proj moe_act layernorm``, which
+Megatron-Core's MoE guide gives for DeepSeek-V3), whole blocks
 (``full``), or op-level selective checkpointing (``op``, torchtitan's: keep attention outputs and
 every other weight GEMM's output, recompute the rest)."""
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
+MODULES: dict[str, tuple[str, ...]] = {"moe_act": ("moe_act",), "mla_up_proj": ("mla_up_proj",),
+                                       "mla_up_proj+moe_act": ("mla_up_proj", "moe_act")}
+"""The policies that recompute Megatron-Core recompute modules, and the modules each runs (moe_act
+with its layernorm); every other policy keeps or drops whole attention cores or blocks."""
+
+
+def modules_of(recompute: str) -> tuple[str, ...]:
+    """The Megatron-Core recompute modules ``recompute`` runs (MODULES; empty for the others)."""
+    return MODULES.get(recompute, ())
 
 OPTIMIZER_STATE_BYTES = {
     # bytes of optimizer state per parameter, by optimizer and compute dtype
@@ -207,14 +219,15 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     # (the gathered copies are the experts' first GEMM input: quantized under fp8)
     kept += (etp - 1) * routed_load * work.act_routed_gathered / sp_div * (
         1.0 - FP8_SAVED_INPUT_SHARE if fp8 else 1.0)
-    if recompute in ("none", "moe_act", "mla_up_proj"):
+    modules = modules_of(recompute)
+    if recompute == "none" or modules:
         kept += work.act_bytes_attn / tp if scores_kept else 0.0
     elif recompute != "selective":
         raise SpecError(f"recompute: expected {', '.join(RECOMPUTE[:-1])} or {RECOMPUTE[-1]}, "
                         f"got {recompute!r}")
-    if recompute == "moe_act":
+    if "moe_act" in modules:
         kept -= moe_act_freed_bytes(work, fused=fused, fp8=fp8, routed_load=routed_load) / sp_div
-    if recompute == "mla_up_proj":
+    if "mla_up_proj" in modules:
         kept -= mla_up_freed_bytes(work, tp=tp, sp=sp, fused=fused)
     return micro_batch * kept
 
@@ -273,11 +286,14 @@ def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: b
         return 0.0
     if recompute == "selective":
         return micro_batch * work.act_bytes_attn / tp if scores_kept else 0.0
-    if recompute == "moe_act":  # one layer's freed tensors, made again for its backward
-        return micro_batch * moe_act_freed_bytes(work, fused=fused, fp8=fp8,
-                                                 routed_load=routed_load) / (tp if sp else 1)
-    if recompute == "mla_up_proj":  # the same
-        return micro_batch * mla_up_freed_bytes(work, tp=tp, sp=sp, fused=fused)
+    modules = modules_of(recompute)
+    if modules:  # one layer's freed tensors of a module, made again for its backward (the
+        # attention's and the experts' are made again at different points of it: the larger)
+        act = moe_act_freed_bytes(work, fused=fused, fp8=fp8, routed_load=routed_load) / (
+            tp if sp else 1) if "moe_act" in modules else 0.0
+        up = mla_up_freed_bytes(work, tp=tp, sp=sp, fused=fused) if "mla_up_proj" in modules \
+            else 0.0
+        return micro_batch * (act + up + abs(act - up)) / 2
     full = activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
                             scores_kept=scores_kept, fused=fused, fp8=fp8,
                             routed_load=routed_load, etp=etp,

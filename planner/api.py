@@ -18,6 +18,7 @@ from typing import Callable
 from costmodels import precision
 from costmodels.engine import PRESET_PROPERTIES, PRESETS, EngineSpec
 from costmodels.experts import copies_per_token, overlap_blockers
+from costmodels.memory import modules_of
 from costmodels.topology import HeteroCluster
 from planner.emit import emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
@@ -526,18 +527,18 @@ def narrowed(options: SearchOptions, prepared: Prepared, training: TrainingSpec)
     problem = recompute_pin_problem(dict(options.fix), int(experts), latent)
     if problem:
         raise SpecError(problem)
-    unrun = {"moe_act": not experts, "mla_up_proj": not latent}
-    left_out = [r for r in options.recompute if unrun.get(r)]
+    lacks = {"moe_act": "" if experts else "no routed experts",
+             "mla_up_proj": "" if latent else "no latent attention"}
+    left_out = [r for r in options.recompute if any(lacks[m] for m in modules_of(r))]
     if not left_out:
         return options
-    kept = tuple(r for r in options.recompute if not unrun.get(r))
+    kept = tuple(r for r in options.recompute if r not in left_out)
     if not kept:
+        missing = dict.fromkeys(lacks[m] for r in left_out for m in modules_of(r) if lacks[m])
         raise SpecError(f"recompute: {' and '.join(left_out)} "
                         + ("is the only policy" if len(left_out) == 1 else "are the only policies")
-                        + " to try, and the model has nothing for them to recompute (" + ", ".join(
-                            {"moe_act": "no routed experts",
-                             "mla_up_proj": "no latent attention"}[r] for r in left_out)
-                        + "); add none, selective or full")
+                        + " to try, and the model has nothing for them to recompute ("
+                        + ", ".join(missing) + "); add none, selective or full")
     return dataclasses.replace(options, recompute=kept)
 
 

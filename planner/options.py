@@ -157,10 +157,12 @@ class SearchOptions:
     """Pipeline schedules to consider."""
     vpp: tuple[int, ...] = (2, 3, 4, 6, 8)
     """Model chunks per rank tried with interleaved 1F1B."""
-    recompute: tuple[Recompute, ...] = ("none", "selective", "moe_act", "mla_up_proj", "full")
+    recompute: tuple[Recompute, ...] = ("none", "selective", "moe_act", "mla_up_proj",
+                                        "mla_up_proj+moe_act", "full")
     """Activation recomputation policies to consider (``moe_act`` for models with routed experts
-    only, ``mla_up_proj`` for models with multi-head latent attention only; ``op``, torchtitan's
-    op-level policy, when pinned or for --target torchtitan)."""
+    only, ``mla_up_proj`` for models with multi-head latent attention only, both together for
+    models with both; ``op``, torchtitan's op-level policy, when pinned or for --target
+    torchtitan)."""
     zero: tuple[ZeroStage, ...] = ZERO_STAGES
     """ZeRO stages to consider (3 = fully sharded, FSDP)."""
     zero_with_pp: tuple[ZeroStage, ...] = ZERO_STAGES

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from costmodels.memory import modules_of
 from costmodels.pipeline import SCHEDULES, Schedule
 from planner.errors import SpecError
 from planner.options import CP_COMMS, ZERO_STAGES, SearchOptions
@@ -36,7 +37,8 @@ class Engine:
     sequence_parallel: tuple[bool, ...] = (False, True)
     """With tensor parallelism: whether norms and dropouts may (True) or must not (False) run
     sequence-parallel; (True,) when the engine always does."""
-    recompute: tuple[str, ...] = ("none", "selective", "moe_act", "mla_up_proj", "full")
+    recompute: tuple[str, ...] = ("none", "selective", "moe_act", "mla_up_proj",
+                                  "mla_up_proj+moe_act", "full")
     """Activation recomputation policies the search tries (costmodels.memory.RECOMPUTE; with
     ``any`` a pin may name any of them)."""
     cp_comms: tuple[str, ...] = CP_COMMS
@@ -221,12 +223,14 @@ def for_engine(options: SearchOptions, engine_spec, dtype: str = "bf16") -> Sear
            if eng.moe_act_needs_grouped_gemm and not engine_spec.moe_grouped_gemm else
            "under FP8 delayed scaling" if not eng.moe_act_with_delayed_fp8 and dtype == "fp8"
            and engine_spec.fp8_recipe == "delayed" else "")
-    if why and "moe_act" in options.recompute:
-        if options.fix.get("recompute") == "moe_act":
+    with_act = tuple(r for r in options.recompute if "moe_act" in modules_of(r))
+    if why and with_act:
+        pinned = options.fix.get("recompute")
+        if pinned in with_act:
             raise SpecError(f"fix.recompute: {options.target} does not run moe_act recomputation "
                             f"{why}; pin another recompute or change the engine setting")
         options = replace(options, recompute=tuple(r for r in options.recompute
-                                                   if r != "moe_act"))
+                                                   if r not in with_act))
     if engine_spec.moe_dispatcher != "deepep" or eng.deepep_with_etp:
         return options
     if int(options.fix.get("etp", 1)) > 1:

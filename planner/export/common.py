@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from costmodels.engine import (PRESET_PROPERTIES, PRESETS, EngineSpec, engine_from_mapping,
                                engine_setting, setting_text)
+from costmodels.memory import MODULES
 from costmodels.topology import CLUSTERS, get_cluster
 from planner.errors import SpecError
 from planner.export import moe
@@ -370,8 +371,7 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
         runs["ep"] = (1,)  # experts spread only with sharded data parallelism
     if eng.experts_split_without_ep and facts.moe and ep == 1 and tp > 1:
         runs["etp"] = (tp,)  # the experts split over tp whatever etp says
-    if fix.get("recompute") in ("selective", "moe_act", "mla_up_proj") and \
-            fix["recompute"] not in runs["recompute"]:
+    if fix.get("recompute") in ("selective", *MODULES) and fix["recompute"] not in runs["recompute"]:
         if nearest and "op" in runs["recompute"]:
             fix["recompute"] = "op"  # the engine's nearest: its per-op policy
         else:

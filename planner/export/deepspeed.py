@@ -379,7 +379,9 @@ def _recompute(plan: Plan, ledger: common.Ledger, changes: dict, lower: list[str
         lower.append(f"full instead of {rc} recomputation")
         what = {"selective": "attention core only", "op": "per op",
                 "moe_act": "the experts' activation function and the norm before them",
-                "mla_up_proj": "latent attention's up projections and rotary embedding"}[rc]
+                "mla_up_proj": "latent attention's up projections and rotary embedding",
+                "mla_up_proj+moe_act": "latent attention's up projections and the experts' "
+                                       "activation function"}[rc]
         ledger.nearest("recompute", f"recompute {rc} ({what}): DeepSpeed checkpoints whole "
                        "layers; nearest is checkpointing every layer (more recompute time than "
                        "planned, less memory)")

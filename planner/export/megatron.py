@@ -11,6 +11,7 @@ import math
 
 from costmodels.engine import engine_from_mapping
 from costmodels.experts import overlap_blockers
+from costmodels.memory import modules_of
 from planner.errors import SpecError
 from planner.options import same_data_parallelism
 from planner.export import common, moe
@@ -26,6 +27,8 @@ RECOMPUTE = {
     "moe_act": ["--recompute-granularity", "selective", "--recompute-modules", "moe_act",
                 "layernorm"],
     "mla_up_proj": ["--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"],
+    "mla_up_proj+moe_act": ["--recompute-granularity", "selective", "--recompute-modules",
+                            "mla_up_proj", "moe_act", "layernorm"],
     "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
              "--recompute-num-layers", "1"],
 }
@@ -342,7 +345,7 @@ def written_recompute(plan: Plan, version: str) -> str:
     """The recomputation the export writes: the plan's, or full where Megatron-LM has none of
     its kind (torchtitan's per-op policy) or refuses it (_moe_act_refused)."""
     rc = plan.parallel["recompute"]
-    if rc not in RECOMPUTE or (rc == "moe_act" and _moe_act_refused(plan, version)):
+    if rc not in RECOMPUTE or ("moe_act" in modules_of(rc) and _moe_act_refused(plan, version)):
         return "full"
     return rc
 
@@ -534,22 +537,23 @@ def _recompute(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     rc, written = plan.parallel["recompute"], written_recompute(plan, version)
     if written == rc:
         ledger.exact("recompute")
-        if rc == "moe_act" and plan.training["dtype"] == "fp8":
-            ledger.info("recompute moe_act under FP8: Megatron-Core runs moe_act and layernorm "
+        modules = modules_of(rc)
+        if "moe_act" in modules and plan.training["dtype"] == "fp8":
+            ledger.info(f"recompute {rc} under FP8: Megatron-Core runs moe_act and layernorm "
                         "recomputation in FP8 with Transformer Engine 2.6 or later only (it "
                         "raises otherwise)")
-        if rc == "mla_up_proj":
-            ledger.info("recompute mla_up_proj: Megatron-Core runs it with multi-head latent "
+        if "mla_up_proj" in modules:
+            ledger.info(f"recompute {rc}: Megatron-Core runs mla_up_proj with multi-head latent "
                         "attention only (--multi-latent-attention among your model's arguments; "
                         "its TransformerConfig raises otherwise)")
-        what = ("the routed experts' activation function and the norms before the experts"
-                + (" and before multi-head latent attention" if moe.model(plan).mla else "")
-                if rc == "moe_act" else
-                "multi-head latent attention's up projections and rotary embedding"
-                if rc == "mla_up_proj" else "")
-        return [(RECOMPUTE[rc], f"recompute {rc}" + (f": {what}" if what else ""))]
-    if rc == "moe_act":
-        ledger.nearest("recompute", f"recompute moe_act: Megatron-Core refuses --recompute-modules "
+        what = [{"mla_up_proj": "multi-head latent attention's up projections and rotary "
+                                "embedding",
+                 "moe_act": "the routed experts' activation function and the norms before the "
+                            "experts" + (" and before multi-head latent attention"
+                                         if moe.model(plan).mla else "")}[m] for m in modules]
+        return [(RECOMPUTE[rc], f"recompute {rc}" + (f": {'; '.join(what)}" if what else ""))]
+    if "moe_act" in modules_of(rc):
+        ledger.nearest("recompute", f"recompute {rc}: Megatron-Core refuses --recompute-modules "
                        f"moe_act layernorm {_moe_act_refused(plan, version)}; nearest full: less "
                        "memory, more recompute time than planned")
     else:

@@ -320,7 +320,7 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger,
     return out + _moe_settings(plan, version, s, ledger)
 
 
-MEGATRON_STYLE = ("selective", "moe_act", "mla_up_proj")
+MEGATRON_STYLE = ("selective", "moe_act", "mla_up_proj", "mla_up_proj+moe_act")
 """Megatron-Core's recomputation policies, which torchtitan runs as its per-op policy."""
 SAVES_ALL_TO_ALL = ("deepseek_v3", "gpt_oss", "llama4")
 """torchtitan 0.2.2's models whose op-level checkpointing saves the expert all-to-alls' outputs
@@ -461,8 +461,10 @@ def _activation_checkpoint(plan: Plan, ledger: common.Ledger) -> list[tuple[str,
         ledger.exact("recompute")
         return op
     what = {"moe_act": "the routed experts' activation function and the norm before them",
-            "mla_up_proj": "latent attention's up projections and rotary embedding"}.get(
-                rc, "the attention core")
+            "mla_up_proj": "latent attention's up projections and rotary embedding",
+            "mla_up_proj+moe_act": "latent attention's up projections and rotary embedding, and "
+                                   "the routed experts' activation function and the norm before "
+                                   "them"}.get(rc, "the attention core")
     ledger.nearest("recompute", f"recompute {rc} (Megatron-style: recompute {what}) "
                    "-> torchtitan's per-op selective checkpointing, which keeps attention outputs "
                    "and every other matmul output and recomputes the rest")

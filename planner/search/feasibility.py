@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import replace
 
 from costmodels import pipeline
+from costmodels.memory import modules_of
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
 from planner.options import (CP_COMMS, MAX_MICROBATCHES, PP_INNER, Config, SearchOptions,
@@ -203,14 +204,15 @@ def recompute_pin_problem(fix: dict, experts: int, latent: bool) -> str:
     """'' or the line saying a pinned recomputation has nothing to recompute in the model: moe_act
     without routed experts (``experts``: the model's, 0 for none), mla_up_proj without latent
     attention (``latent``)."""
-    if fix.get("recompute") == "moe_act" and not experts:
-        return ("fix.recompute: moe_act recomputes the routed experts' activation function, and "
+    rc = fix.get("recompute", "none")
+    if "moe_act" in modules_of(rc) and not experts:
+        return (f"fix.recompute: {rc} recomputes the routed experts' activation function, and "
                 "the model has no routed experts the trace recognizes; pin none, selective or "
-                "full")
-    if fix.get("recompute") == "mla_up_proj" and not latent:
-        return ("fix.recompute: mla_up_proj recomputes multi-head latent attention's up "
+                "full" + (", or mla_up_proj" if latent else ""))
+    if "mla_up_proj" in modules_of(rc) and not latent:
+        return (f"fix.recompute: {rc} recomputes multi-head latent attention's up "
                 "projections, and the model has no attention with keys wider than its values; "
-                "pin none, selective or full")
+                "pin none, selective or full" + (", or moe_act" if experts else ""))
     return ""
 
 
@@ -284,7 +286,8 @@ def _some(values: list[int], most: int = 12) -> str:
     return ", ".join(map(str, values[:most - 2])) + ", ..., " + ", ".join(map(str, values[-2:]))
 
 
-LEANEST_FIRST = ("full", "op", "mla_up_proj", "moe_act", "selective", "none")
+LEANEST_FIRST = ("full", "op", "mla_up_proj+moe_act", "mla_up_proj", "moe_act", "selective",
+                 "none")
 """Recomputation policies from the one that keeps least to the one that keeps most, as a rule
 (with materialized attention selective can keep less than moe_act)."""
 

@@ -425,12 +425,12 @@ def _padded_slots_flops(ma, recompute: str, engine) -> float:
 
 def _recomputed_flops(ma, recompute: str) -> float:
     """Forward FLOPs per sample that ``recompute`` runs again."""
-    if recompute in ("none", "moe_act"):  # moe_act: memory-bound ops only
-        return 0.0
+    modules = memory.modules_of(recompute)
+    if recompute == "none" or modules:  # moe_act: memory-bound ops only
+        return float(np.sum(ma.work.mla_up_flops[ma.checkpointed])) \
+            if "mla_up_proj" in modules else 0.0  # latent attention's up projections
     w, ckpt = ma.work, ma.checkpointed
     masked = float(np.sum(w.masked_attn_flops[ckpt]))  # what a masked kernel skips
-    if recompute == "mla_up_proj":  # latent attention's up projections
-        return float(np.sum(w.mla_up_flops[ckpt]))
     if recompute == "selective":  # the attention cores, split by tp or not
         return float(np.sum((w.attn_flops + w.fused_attn_flops_rep + w.eager_attn_flops_rep)
                             [ckpt])) - masked

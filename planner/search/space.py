@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from costmodels.memory import modules_of
 from planner.errors import SpecError
 from planner.options import (MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec,
                              zero_runs_with_cp)
@@ -466,10 +467,10 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
                 rejected[MOE_SP] += 1
                 continue
             for rc in _choices(fix, "recompute", list(options.recompute)):
-                if rc == "moe_act" and not space.experts:
+                if "moe_act" in modules_of(rc) and not space.experts:
                     rejected[MOE_ACT_NONE] += 1
                     continue
-                if rc == "mla_up_proj" and not space.latent:
+                if "mla_up_proj" in modules_of(rc) and not space.latent:
                     rejected[MLA_UP_NONE] += 1
                     continue
                 variants = tuple((s, v, z, o) for s in schedules

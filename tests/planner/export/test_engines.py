@@ -460,6 +460,9 @@ MEGATRON_PLANS = {
     "deepseek-mla-up-proj": lambda: variant(renamed(
         plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), "deepseek-v3"),
         recompute="mla_up_proj"),
+    "deepseek-mla-up-proj-moe-act": lambda: variant(renamed(
+        plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), "deepseek-v3"),
+        recompute="mla_up_proj+moe_act"),
     "qwen3-overlap-full-recompute": lambda: engine_settings(variant(
         plan_named("qwen3-30b-a3b-ep8-capacity-megatron"), recompute="full"),
         moe_dispatcher="alltoall", moe_overlap=True),
@@ -499,11 +502,13 @@ def test_megatron_parser_reads_the_export_to_the_plan(version, case, tmp_path):
         assert ns.fp8 is None
     rc = {"none": None, "selective": "selective", "full": "full", "op": "full",
           "moe_act": "selective" if ns.moe_grouped_gemm else "full",
-          "mla_up_proj": "selective"}[p["recompute"]]
+          "mla_up_proj": "selective", "mla_up_proj+moe_act": "selective"}[p["recompute"]]
     assert ns.recompute_granularity == rc
     if rc == "selective":
         assert ns.recompute_modules == {"moe_act": ["moe_act", "layernorm"],
-                                        "mla_up_proj": ["mla_up_proj"]}.get(
+                                        "mla_up_proj": ["mla_up_proj"],
+                                        "mla_up_proj+moe_act": ["mla_up_proj", "moe_act",
+                                                                "layernorm"]}.get(
             p["recompute"])  # (None: Megatron's default, core_attn)
     fsdp = p["dp"] > 1 and p["zero"] >= 2
     assert ns.use_megatron_fsdp == fsdp and ns.use_distributed_optimizer == (

@@ -131,3 +131,40 @@ def test_the_search_takes_it_where_memory_is_short_and_exports_say_how_engines_r
                 fix=parse_fix("recompute=mla_up_proj"), target=target))
     text = export(plan, "megatron", "core_v0.19.0")[0]
     assert "--recompute-modules mla_up_proj" in text and "--multi-latent-attention" in text
+
+
+def test_both_modules_free_what_each_frees_and_cost_what_each_costs(deepseek):
+    """``mla_up_proj+moe_act`` (``--recompute-modules mla_up_proj moe_act layernorm``, what
+    Megatron-Core's MoE guide gives for DeepSeek-V3): the two modules' frees add up; while a
+    layer's backward runs, the larger of the two is made again (at different points of it)."""
+    prepared, _ = deepseek
+    w = [b.work for b in prepared.blocks.blocks if b.work.num_experts][0]
+    kw = dict(micro_batch=2, tp=2, sp=True, fused=True, routed_load=1.3)
+    bytes_of = {rc: memory.activation_bytes(w, recompute=rc, **kw)
+                for rc in ("none", "moe_act", "mla_up_proj", "mla_up_proj+moe_act")}
+    freed = {rc: bytes_of["none"] - b for rc, b in bytes_of.items()}
+    assert freed["moe_act"] > 0 and freed["mla_up_proj"] > 0
+    assert freed["mla_up_proj+moe_act"] == pytest.approx(freed["moe_act"] + freed["mla_up_proj"])
+    assert memory.recompute_working_bytes(w, recompute="mla_up_proj+moe_act", **kw) == \
+        pytest.approx(max(freed["moe_act"], freed["mla_up_proj"]))
+    # time: both modules' work, once (the same on a device the host keeps waiting or not)
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    training = planner.TrainingSpec(global_batch=64, seq_len=prepared.seq_len)
+    pins = "tp=1,pp=1,dp=8,ep=8,micro_batch=8,zero=1"
+    plans = {rc: planner.plan_prepared(prepared, cluster, training, planner.SearchOptions(
+        fix=parse_fix(f"{pins},recompute={rc}"), top_k=0))
+        for rc in ("none", "moe_act", "mla_up_proj", "mla_up_proj+moe_act")}
+    step = {rc: p.predicted["step_time_s"] for rc, p in plans.items()}
+    both = step["mla_up_proj+moe_act"] - step["none"]
+    assert max(step["moe_act"], step["mla_up_proj"]) - step["none"] < both
+    assert both <= 1.001 * (step["moe_act"] + step["mla_up_proj"] - 2 * step["none"])
+    assert plans["mla_up_proj+moe_act"].predicted["peak_memory_bytes"] < min(
+        plans[rc].predicted["peak_memory_bytes"] for rc in ("moe_act", "mla_up_proj"))
+    # a model with experts but no latent attention (or the reverse) has no use for it
+    with pytest.raises(planner.SpecError, match=r"^fix.recompute: mla_up_proj\+moe_act recomputes "
+                                                r"multi-head latent attention's .* or moe_act$"):
+        planner.plan_prepared(planner.prepare("qwen3-30b-a3b", seq_len=256), cluster,
+                              planner.TrainingSpec(global_batch=64, seq_len=256),
+                              planner.SearchOptions(fix=parse_fix("recompute=mla_up_proj+moe_act")))
+    text = export(plans["mla_up_proj+moe_act"], "megatron", "core_v0.19.0")[0]
+    assert "--recompute-modules mla_up_proj moe_act layernorm" in text
