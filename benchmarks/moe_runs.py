@@ -8,7 +8,7 @@ their tp / pp / vp / cp / ep, micro and global batch and precision.
 Each row is priced at its published configuration: every published knob pinned (tp, pp, vpp and
 the interleaved schedule when vp > 1, cp, ep, micro-batch, data parallelism from the GPU count),
 sequence parallelism with tp > 1 (Megatron-Core requires it with experts), the distributed
-optimizer (ZeRO-1), and the recomputation the release's performance configuration for that model
+optimizer (ZeRO-1) on the GPUs (no optimizer offload), and the recomputation the release's performance configuration for that model
 and GPU sets (RECOMPUTE; the table does not publish it). The
 engine is Megatron-Core's (`--engine megatron-core`) with routing balanced (moe_imbalance 1.0,
 which the source forces: "force-balanced routing, token-dropless"; gradients kept and reduced
@@ -103,7 +103,15 @@ only under it (TransformerConfig.recompute_granularity defaults to None): none; 
 ``recompute_granularity=None``. 25.09 (scripts/performance/run_script.py at cac49dcd7):
 DeepSeek-V3 mla_up_proj and mlp on H100, mla_up_proj, mlp and moe_act on GB200, and the
 recipe's selective default on B200 (modules
-unset: Megatron-Core's core_attn, the planner's selective); Qwen3 none."""
+unset: Megatron-Core's core_attn, the planner's selective); Qwen3 none.
+
+Assumed, not read off a run: a configuration's layout sometimes differs from its published row's
+(25.11 GB300 pp 4 / ep 64 against the row's pp 2 / ep 32, GB200 FP8-MX pp 4 / ep 64 against pp 8
+/ ep 32; 25.09 GB200 vp 8 against vp 4, B200 tp 2 against tp 1), and its recomputation is taken
+all the same; the 25.09 B200 FP8 rows also set CUDA graphs, which Megatron-Core 0.14's
+TransformerConfig refuses beside any recomputation, so which of the two those runs had is not
+known (priced selective, as the recipe sets); 25.11 GB300 lists moe_act without layernorm, which
+the planner's moe_act recomputes too (the norms' share: a few MiB per sample and layer)."""
 
 
 def _release(r: dict) -> str:
@@ -153,7 +161,7 @@ def published_fix(r: dict, recompute: bool = True) -> str:
     vp = int(r["vp"] or 1)
     dp = int(r["gpus"]) // (tp * pp * cp)
     pins = [f"tp={tp}", f"pp={pp}", f"cp={cp}", f"ep={ep}", f"etp={int(r['etp'] or 1)}",
-            f"dp={dp}", f"micro_batch={int(r['mbs'])}", "zero=1",
+            f"dp={dp}", f"micro_batch={int(r['mbs'])}", "zero=1", "offload_optimizer=false",
             f"sequence_parallel={'true' if tp > 1 else 'false'}"]
     if recompute:
         pins.append("recompute=" + RECOMPUTE[_release(r)].get((r["model"].split(" (")[0],

@@ -11,7 +11,6 @@ from planner.cli.progress import Bar, per_plan_lines
 from planner.explore.costs import parse_prices
 from planner.explore.csv_rows import write_csv
 from planner.explore.grid import VARY_KEYS, parse_vary
-from planner.errors import SpecError
 from planner.options import DTYPES, OPTIMIZERS
 from planner.files import check_output
 from planner.report.figure import check_path
@@ -75,14 +74,13 @@ def run(args) -> int:
     logging.getLogger("planner").info("swept %d points in %.1f s, traces included", len(rows),
                                       time.perf_counter() - t0)
     table = sweep_table(rows, rate="samples/s" if api.recsys_model(args.model) else "tokens/s")
-    if args.plot and not any(r["feasible"] for r in rows):  # before any file is written
-        print(table)
-        raise SpecError("plot: no feasible point to draw (the table says why each failed); drop "
-                        "--plot or change the grid")
+    none_fit = bool(rows) and not any(r["feasible"] for r in rows)
     # the files first: a reader closing the pipe early (`| head`) must not cost them
     if args.csv is not None:
         write_csv(rows, args.csv)
-    drawn, skipped = sweep_plots(rows, args.plot) if args.plot else ([], [])
+    drawn, skipped = sweep_plots(rows, args.plot) if args.plot and not none_fit else ([], [])
+    if args.plot and none_fit:
+        skipped = ["no feasible point to draw (the table says why each failed)"]
     print(table)
     if args.csv is not None:
         print(f"\nwrote {args.csv}")
@@ -90,7 +88,7 @@ def run(args) -> int:
         print(f"wrote {path}")
     for note in skipped:
         print(f"not drawn: {note}")
-    if rows and not any(r["feasible"] for r in rows):  # as a solve that finds none: exit 3
+    if none_fit:  # as a solve that finds none: exit 3
         print(f"plan: no plan fits: none of the {len(rows)} points (the table says why each "
               "failed)", file=sys.stderr)
         return 3

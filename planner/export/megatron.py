@@ -542,6 +542,12 @@ def _recompute(plan: Plan, version: str, ledger: common.Ledger) -> Group:
             ledger.info(f"recompute {rc} under FP8: Megatron-Core runs moe_act and layernorm "
                         "recomputation in FP8 with Transformer Engine 2.6 or later only (it "
                         "raises otherwise)")
+        if modules and version == "core_v0.14.0":
+            ledger.info(f"recompute {rc} with {version}: its output-discarding checkpoint "
+                        "(CheckpointWithoutOutput._recompute) copies the recomputed tensors into "
+                        "the freed storage and keeps its own copy too, so while a layer's "
+                        "backward runs it holds the freed tensors twice, where the plan prices "
+                        "once (later releases share the storage)")
         if "mla_up_proj" in modules:
             ledger.info(f"recompute {rc}: Megatron-Core runs mla_up_proj with multi-head latent "
                         "attention only (--multi-latent-attention among your model's arguments; "

@@ -311,10 +311,11 @@ def simulate_plan(plan, *, schedule_name: str | None = None, microbatches: int |
     if name == "interleaved-1f1b" and pp < 2:
         raise SpecError("schedule: interleaved-1f1b interleaves virtual stages over pp >= 2 "
                         "ranks, and this plan has pp=1; simulate a plan with a pipeline")
-    if pp < 2 and name != par["schedule"]:
-        raise SpecError(f"schedule: this plan has pp=1, no pipeline: {name} runs its micro-batches "
-                        "one after another as the plan's schedule does (the same step); simulate "
-                        "a plan with a pipeline")
+    if pp < 2 and name != par["schedule"] and {name, par["schedule"]} <= {"1f1b", "zb-h1"}:
+        raise SpecError(f"schedule: this plan has pp=1, no pipeline: {name} runs each "
+                        f"micro-batch's forward and backward one after another as its "
+                        f"{par['schedule']} does (the same step, the same memory); simulate a plan "
+                        "with a pipeline, or gpipe to see all micro-batches in flight")
     if name == "interleaved-1f1b" and m % pp:
         raise SpecError(f"microbatches: interleaved-1f1b needs micro-batches in whole rounds of "
                         f"pp={pp} (as Megatron-LM requires); {m} is not a multiple of {pp}")

@@ -151,7 +151,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     acc["act_routed_weighted"] = float(sum(
         saved[k] for k in _weighted_outputs(savers, by, {n for n, _ in returning}) - fused_away))
     _add_saved(saved, by, tp, scores, acc, fused_away, linear_inputs, expert_modules, copies,
-               recomputed, up_region)
+               recomputed, up_region, _attention_view_excess(by, savers, saved))
     fused = fused_traffic(graph, tp, op_names, scores)
     acc.update(_op_level_checkpointing(op_names, by, tp))
     acc.update(_backward_transient(op_names, by, tp, scores))
@@ -459,14 +459,18 @@ def _op_level_checkpointing(op_names: list[str], by: dict, tp: TPAnalysis) -> di
 def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[str],
                acc: dict, fused_away: set[str], linear_inputs: set[str],
                expert_modules: set[str] = frozenset(), copies: set[int] = frozenset(),
-               moe_act: set[str] = frozenset(), mla_up: set[str] = frozenset()) -> None:
+               moe_act: set[str] = frozenset(), mla_up: set[str] = frozenset(),
+               partly_away: dict[str, float] | None = None) -> None:
     """Sort the saved tensors into BlockWork's act_* fields. ``expert_modules``: modules running
     routed experts; what is made inside them with a row per token copy (``copies`` rows in the
     traced batch: the copies, and everything computed per copy) is also counted as routed, not
     the router's or a shared expert's tensors where they run inside the same module (unless
     each token has one copy, top-1 routing, whose rows the filter cannot tell apart).
     ``moe_act``, ``mla_up``: the ops whose outputs ``recompute="moe_act"`` and
-    ``recompute="mla_up_proj"`` do not keep (_moe_act_ops, _mla_up_ops)."""
+    ``recompute="mla_up_proj"`` do not keep (_moe_act_ops, _mla_up_ops). ``partly_away``: bytes
+    of saved tensors a fused stack does not keep though eager code does
+    (_attention_view_excess)."""
+    partly_away = partly_away or {}
     for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep",
                   "act_linear_in_tp", "act_linear_in_rep", "act_routed_tp", "act_routed_rep",
                   "act_routed_fused_away_tp", "act_routed_fused_away_rep",
@@ -489,6 +493,8 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
             acc[f"act_fused_away_{where}"] += nbytes
         elif key in linear_inputs:
             acc[f"act_linear_in_{where}"] += nbytes
+        elif key in partly_away:
+            acc[f"act_fused_away_{where}"] += partly_away[key]
         routed = producer is not None and _inside(producer.module, expert_modules) and \
             _rows(producer.shape) in copies
         if routed:
@@ -508,6 +514,28 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
             acc[f"act_mla_up_{where}"] += nbytes
             if key in fused_away:
                 acc[f"act_mla_up_fused_away_{where}"] += nbytes
+            elif key in partly_away and key not in linear_inputs:
+                acc[f"act_mla_up_fused_away_{where}"] += partly_away[key]
+
+
+def _attention_view_excess(by: dict, savers: dict[str, list[str]],
+                           saved: dict[str, float]) -> dict[str, float]:
+    """Bytes of saved tensors that only attention calls keep, and only because they read views of
+    them: what the views do not cover. Eager code's views keep the whole tensor alive (DeepSeek-V3's
+    values, a slice of the key-value up projection's output, keep all of it, twice their size);
+    a fused stack hands the attention contiguous inputs of their own (Megatron-Core's MLA:
+    ``value.contiguous()``). Views of one tensor that together cover it (GPT-2's q, k and v of
+    one projection) leave nothing."""
+    out = {}
+    for key, ops in savers.items():
+        if key not in by or not ops or any(by[o].kind != "attention" for o in ops):
+            continue
+        views = {i for o in ops for i in by[o].inputs
+                 if i in by and by[i].kind == "view" and _through_views(i, by) == key}
+        excess = saved[key] - sum(by[v].out_bytes for v in views)
+        if views and excess > 0:
+            out[key] = excess
+    return out
 
 
 def _mla_up_ops(op_names: list[str], by: dict, cons: dict) -> tuple[set[str], set[str]]:

@@ -228,12 +228,17 @@ def test_a_sweep_where_no_point_fits_prints_its_table_and_exits_3(capsys, tiny_l
                     "device: {name: small, memory_GB: 0.01, peak_TFLOPs: {bf16: 100, fp32: 10}, "
                     "hbm_GBps: 1000}\nintra_node: {bandwidth_GBps: 100, latency_us: 5}\n"
                     "inter_node: {bandwidth_GBps: 10, latency_us: 10}\n")
+    csv_path, png = tmp_path / "o.csv", tmp_path / "o.png"
     code = main(["whatif", tiny_llama_config, "--cluster", str(yaml), "--vary", "zero=0,3",
-                 "--global-batch", "8", "--seq-len", "64"])
+                 "--global-batch", "8", "--seq-len", "64", "--csv", str(csv_path),
+                 "--plot", str(png)])
     out, err = capsys.readouterr()
     logging.getLogger("planner").handlers[:] = []
     assert code == 3 and "infeasible" in out and "zero=3" in out
     assert "plan: no plan fits: none of the 2 points" in err
+    # the table's rows are written; no plot to draw (the same exit with --plot as without)
+    assert len(read_csv(str(csv_path))) == 2 and not png.exists()
+    assert "not drawn: no feasible point to draw" in out
     assert err.index("what-if: reading or tracing the model at 64 tokens") < err.index("searched")
 
 

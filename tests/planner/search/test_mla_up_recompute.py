@@ -33,6 +33,11 @@ def test_the_trace_finds_the_up_projections_and_what_the_attention_keeps_of_them
         # (nope + value wide per head); all of it made under the checkpoint
         freed = tokens * heads * (2 * q_dim + cfg["qk_nope_head_dim"] + cfg["v_head_dim"]) * word
         assert w.act_mla_up_tp + w.act_mla_up_rep == pytest.approx(freed)
+        # a fused stack hands the attention values of their own (Megatron-Core:
+        # value.contiguous()), so the rest of the up projection's output is not kept there
+        # (a review found the baseline 25% too high under Megatron-Core)
+        assert w.act_mla_up_fused_away_tp + w.act_mla_up_fused_away_rep == pytest.approx(
+            tokens * heads * cfg["qk_nope_head_dim"] * word)
         # the two up projections (from the query latent and from the key-value latent), not
         # the down projections nor the output projection
         up = [g for g in w.gemms if g.mla_up]
@@ -89,13 +94,15 @@ def _deepseek_v3_plan(prepared, recompute, memory_gb=1000.0):
 
 def test_deepseek_v3_frees_more_than_half_a_gigabyte_per_sample_and_layer_for_a_few_percent():
     """DeepSeek-V3 at 4k tokens: the queries and keys (128 heads x 192) and the key-value up
-    projection's output (128 x 256) per token, 640 MiB per sample and layer (Megatron-Core keeps
-    the values as a copy of their own, 128 x 128: 512 MiB); recomputing costs the two up
+    projection's output (128 x 256) per token, 640 MiB per sample and layer in eager code, whose
+    values are a view of that output; 512 MiB with fused kernels, where the values are a copy of
+    their own (128 x 128, as Megatron-Core keeps them); recomputing costs the two up
     projections' forward (109 MFLOP per token and layer, about 5% of the layer's forward) and
     the rotary embedding."""
     prepared = planner.prepare("deepseek-v3", seq_len=4096)
     w = [b.work for b in prepared.blocks.blocks if b.work.num_experts][0]
     assert (w.act_mla_up_tp + w.act_mla_up_rep) / 2**20 == pytest.approx(640)
+    assert memory.mla_up_freed_bytes(w, tp=1, sp=False, fused=True) / 2**20 == pytest.approx(512)
     assert w.mla_up_flops / 4096 == pytest.approx(2 * (1536 * 128 * 192 + 512 * 128 * 256))
     plans = {rc: _deepseek_v3_plan(prepared, rc) for rc in ("none", "mla_up_proj", "full")}
     step = {rc: p.predicted["step_time_s"] for rc, p in plans.items()}
@@ -168,3 +175,6 @@ def test_both_modules_free_what_each_frees_and_cost_what_each_costs(deepseek):
                               planner.SearchOptions(fix=parse_fix("recompute=mla_up_proj+moe_act")))
     text = export(plans["mla_up_proj+moe_act"], "megatron", "core_v0.19.0")[0]
     assert "--recompute-modules mla_up_proj moe_act layernorm" in text
+    assert "holds the freed tensors twice" not in text  # core_v0.19.0 shares the storage
+    older = " ".join(export(plans["mla_up_proj+moe_act"], "megatron", "core_v0.14.0")[0].split())
+    assert "holds the freed tensors twice" in older.replace("# ", "")
