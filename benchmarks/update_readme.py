@@ -206,7 +206,9 @@ SECTIONS = [
      "granularity, which Megatron-Core needs to read them, so none; Qwen3 none. The DeepSeek-V3 "
      "rows move 3-5% slower, the constant refits from 50.0 to 49.25 us, and the held-out median "
      "goes from 15.9% to 17.0% (all rows 15.0% to 15.9%; the rows outside the data 30.6% to "
-     "28.8%). Then the free search against each "
+     "28.8%). The fits column keeps the optimizer on the GPUs, as the published runs do (until "
+     "that evening it let the search offload it: DeepSeek-V3's 25.09 H100 layout 'fitted' at "
+     "61 GB only so). Then the free search against each "
      "published configuration under the planner's own model (the published configuration with "
      "its release's recomputation, or where the planner thinks that does not fit, with the one "
      "it needs)."),
