@@ -105,21 +105,35 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     return prepared
 
 
+def spec_of(model) -> str | None:
+    """The MODEL spec a plan records, from which ``plan run`` and the exports' memory check build
+    the model again, wherever they run: a zoo name as given, a file (config.json, its folder, or
+    file.py:factory) by its absolute path; None for a module object."""
+    if not isinstance(model, str):
+        return None
+    if model.lower() in ZOO:
+        return model
+    path, colon, factory = model.rpartition(":") if ".py:" in model else (model, "", "")
+    return os.path.abspath(path) + colon + factory if os.path.exists(path) else model
+
+
 def _rename(info: dict, model) -> None:
     """A cached trace keyed by a file's bytes names the file it was traced from; make it name
     this call's (the plan records it, and ``plan run`` builds the model from it)."""
-    old = info.get("spec")
-    if isinstance(model, str) and old and old != model:
-        info["spec"] = model
-        info["source"] = str(info.get("source", "")).replace(old, model)
+    old, new = info.get("spec"), spec_of(model)
+    if new and old and old != new:
+        info["spec"] = new
+        info["source"] = str(info.get("source", "")).replace(old, new)
 
 
-def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str) -> Prepared:
+def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str,
+           per_sample: bool = False) -> Prepared:
     from planner.trace.models import resolve  # lazy: loads torch and transformers (seconds)
     from planner.trace.tracers import trace  # lazy: loads torch, as above
 
     t0 = time.perf_counter()
-    rm = resolve(model, seq_len=seq_len, dtype=dtype, example_inputs=example_inputs)
+    rm = resolve(model, seq_len=seq_len, dtype=dtype, example_inputs=example_inputs,
+                 per_sample=per_sample)
     log.info("model %s: %s parameters (%s); tracing it on the meta device at %s tokens "
              "(seconds; a minute for the largest)", rm.name,
              human_count(rm.num_params), rm.source, f"{rm.seq_len:,}")
@@ -133,8 +147,7 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     bg = build_blocks(og, analyze(og))
     log.info("traced with %s: %d ops -> %d blocks in %.1f s", og.method, len(og.ops),
              len(bg.blocks), time.perf_counter() - t0)
-    info = {"name": rm.name, "source": rm.source,
-            "spec": model if isinstance(model, str) else None,
+    info = {"name": rm.name, "source": rm.source, "spec": spec_of(model),
             "num_params": rm.num_params, "fingerprint": rm.fingerprint}
     if rm.attention:
         info["attention"] = rm.attention
@@ -325,14 +338,14 @@ def prepare_recsys(model, tables=None, dtype: str = "fp32") -> PreparedRec:
     fingerprint = hashlib.sha256(json.dumps(rec.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
     info = {"name": rec.name, "source": "zoo" if entry else ("factory" if isinstance(model, str)
                                                              else "module"),
-            "spec": model if isinstance(model, str) else None,
+            "spec": spec_of(model),
             "num_params": int(rec.dense_params + sum(t.rows * t.dim for t in rec.tables)),
             "fingerprint": fingerprint}
     arch = recsys.dense_arch(recsys.build(entry) if entry else module)
     dense = None
     if arch is not None:
         log.info("%s: tracing its dense part (DenseArch) apart from the tables", rec.name)
-        dense = _trace(arch[0], arch[1], 1, dtype, "auto")
+        dense = _trace(arch[0], arch[1], None, dtype, "auto", per_sample=True)
     return PreparedRec(rec, info, dense)
 
 

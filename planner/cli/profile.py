@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from planner.cli.args import positive_int
+from planner.errors import SpecError
 from planner.files import atomic_write, check_output
 from planner.profile import DEVICES
 
@@ -25,8 +26,13 @@ def register(add) -> None:
 
 def run(args) -> int:
     from planner.profile.device import profile  # lazy: imports torch and measures for minutes
+    from planner.runtime.launch import MAX_CPU_PROCESSES  # lazy: imports torch
 
     check_output(args.output, "output")  # before minutes of measuring
+    if args.device == "cpu" and args.processes > MAX_CPU_PROCESSES:
+        raise SpecError(f"processes: {args.processes} CPU processes, but plan run starts at most "
+                        f"{MAX_CPU_PROCESSES} on a CPU machine (more make the measurement crawl); "
+                        f"use --processes {MAX_CPU_PROCESSES} or fewer")
     calib = profile(args.device, threads=args.threads, processes=args.processes)
     atomic_write(args.output, json.dumps(calib, indent=1) + "\n")
     dev = calib["device"]

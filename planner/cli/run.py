@@ -11,8 +11,11 @@ import logging
 from planner.cli.args import count, positive_float, positive_int
 from planner.files import atomic_write, check_output
 from planner.planfile.document import load_plan
-from planner.report.measured import summary
+from planner.report.measured import off_hints, summary
 from planner.runtime.options import DEVICES, RunOptions
+
+HOST_NOTE_BYTES = 64e9
+"""A dry run says how much host memory a node's processes take above this."""
 
 
 def register(add) -> None:
@@ -38,7 +41,8 @@ def register(add) -> None:
 
 
 def run(args) -> int:
-    from planner.runtime.launch import check, cluster_command, run_local  # lazy: imports torch
+    from planner.runtime.launch import (check, cluster_command, host_bytes,  # lazy: imports
+                                        run_local)  # torch
 
     if args.output is not None:
         check_output(args.output, "output", inputs=(args.plan,))
@@ -52,6 +56,10 @@ def run(args) -> int:
         from planner.runtime.layout import layout_of  # lazy: beside the runtime it describes
         for note in unrun_notes(launch.plan, layout_of(launch.plan)):
             print(f"# note: {note}")
+        host = host_bytes(launch.plan, launch.nproc_per_node, launch.device == "cuda")
+        if host > HOST_NOTE_BYTES:  # (checked against this host's memory when run here)
+            print(f"# note: each process builds the whole model on its host before keeping its "
+                  f"stages: a node needs about {host / 1e9:,.0f} GB of host memory")
         where = _where(launch.nodes)
         print(f"# {launch.nodes} node(s) x {launch.nproc_per_node} processes ({launch.device}); "
               f"run {where}:")
@@ -62,6 +70,8 @@ def run(args) -> int:
     result = run_local(launch, opts)
     result = {"plan": args.plan, **result}
     print(summary(result, args.plan))
+    for hint in off_hints(result, launch.plan, opts.threads):
+        print(f"hint: {hint}")
     if args.output is not None:
         atomic_write(args.output, json.dumps(result, indent=1) + "\n")
         print(f"\nwrote {args.output}")

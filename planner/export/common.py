@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 
 from costmodels.engine import (PRESET_PROPERTIES, PRESETS, EngineSpec, engine_from_mapping,
                                engine_setting, setting_text)
+from costmodels.hardware import get_device
 from costmodels.memory import MODULES
 from costmodels.topology import CLUSTERS, get_cluster
-from planner.errors import SpecError
+from planner.errors import PlannerError, SpecError
 from planner.export import moe
 from planner.options import (KNOBS, SearchOptions, parallel_text, pp_inner_refused,
                              zero_runs_with_cp)
@@ -457,9 +458,36 @@ def planned_layout(plan: Plan) -> str | None:
     return engine_from_mapping(engine).state_layout if "state_layout" in engine else None
 
 
-def software_of(target: str) -> str:
-    """The ``--engine`` preset of the software ``target`` runs (Megatron-Core's for Megatron-LM)."""
-    return targets.engine(target).software or "megatron-core"
+def software_of(target: str, plan: Plan | None = None) -> str:
+    """The ``--engine`` preset of the software ``target`` runs (Megatron-Core's for Megatron-LM),
+    with attention's scores in memory where a device of the ``plan``'s cluster has no
+    FlashAttention kernel (as the planner priced it there: V100s)."""
+    preset = targets.engine(target).software or "megatron-core"
+    return preset + (",attention=materialized" if plan is not None and not _flash(plan) else "")
+
+
+def devices_without(plan: Plan, dtype: str) -> list[str]:
+    """The plan's cluster's devices (known to this planner) with no ``dtype`` arithmetic."""
+    out = []
+    for name in str(plan.cluster.get("device", "")).split("+"):
+        try:
+            if dtype not in get_device(name).peak_flops:
+                out.append(name)
+        except PlannerError:
+            pass
+    return out
+
+
+def _flash(plan: Plan) -> bool:
+    """Whether every device of the plan's cluster runs FlashAttention (DeviceSpec.flash_attention;
+    a device this planner does not know: taken as running it)."""
+    for name in str(plan.cluster.get("device", "")).split("+"):
+        try:
+            if not get_device(name).flash_attention:
+                return False
+        except PlannerError:
+            pass
+    return True
 
 
 def software_differs(plan: Plan, target: str, keys=SOFTWARE_KEYS) -> bool:
@@ -467,7 +495,7 @@ def software_differs(plan: Plan, target: str, keys=SOFTWARE_KEYS) -> bool:
     attention, state layout...): its times differ there (MEMORY_SOFTWARE_KEYS: and what a GPU
     holds)."""
     planned = engine_from_mapping(plan.training.get("engine"))
-    runs = engine_from_mapping(software_of(target))
+    runs = engine_from_mapping(software_of(target, plan))
     return any(getattr(planned, k) != getattr(runs, k) for k in keys)
 
 
@@ -487,7 +515,7 @@ def software_note(plan: Plan, target: str, ledger: Ledger) -> None:
     if not software_differs(plan, target):
         return
     planned = engine_from_mapping(plan.training.get("engine"))
-    software = software_of(target)
+    software = software_of(target, plan)
     priced = engine_setting(planned)
     ledger.info(f"timing: the plan was priced for the software of --engine {priced} "
                 f"({plan.predicted['step_time_s']:.4g} s a step), not for what {target} runs "

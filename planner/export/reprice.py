@@ -56,7 +56,7 @@ def configuration(plan: Plan, **changes) -> Config:
 
 
 def memory(plan: Plan, *, state_layout: str | None = None, software: str | None = None,
-           **changes) -> Memory:
+           target: str = "<engine>", **changes) -> Memory:
     """Memory per pipeline rank of the plan's configuration with ``changes``, on its split, run
     by ``software`` (an ``--engine`` preset: its kernels, attention and state layout replace the
     plan's; the plan's MoE settings stay) if given, with the model states laid out as
@@ -67,8 +67,8 @@ def memory(plan: Plan, *, state_layout: str | None = None, software: str | None 
     what = "re-check the memory of the configuration the engine runs"
     if not spec:
         raise SpecError(f"export: cannot {what}: the plan was made from a Python module, not a "
-                        "model spec; re-plan with planner.plan(..., target=<engine>)")
-    cluster = _cluster(plan, what)
+                        f"model spec; re-plan with planner.plan(..., target='{target}')")
+    cluster = _cluster(plan, what, target)
     t = plan.training
     engine = engine_from_mapping(t.get("engine"))
     if software is not None:
@@ -111,12 +111,13 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
     parts = [change] if change else []
     if state_layout and common.planned_layout(plan) != state_layout:  # (or not recorded)
         parts.append(f"the {common.STATE_LAYOUT_WORDS.get(state_layout, state_layout)}")
-    software = common.software_of(target)
+    software = common.software_of(target, plan)
     if common.kernels_differ(plan, target):
         parts.append(f"the kernels {target} runs (--engine {software})")
     change = " and ".join(parts) or "the plan's settings"
     try:
-        mem = memory(plan, state_layout=state_layout, software=software, **changes)
+        mem = memory(plan, state_layout=state_layout, software=software, target=target,
+                     **changes)
     except PlannerError as exc:  # the model not found here, or no longer traced
         if required:
             raise
@@ -141,11 +142,11 @@ def _rank(mem: Memory) -> str:
     return f"pipeline rank {mem.worst_rank}" if len(mem.per_rank) > 1 else ""
 
 
-def _cluster(plan: Plan, what: str):
+def _cluster(plan: Plan, what: str, target: str):
     c = plan.cluster
     if "groups" in c:
         raise SpecError(f"export: cannot {what} on a cluster with node groups; re-plan with "
-                        "--target <engine>")
+                        f"--target {target}")
     if "spec" in c:
         return cluster_from_mapping(c["spec"], where="plan.cluster.spec")
     if c["name"] in CLUSTERS:

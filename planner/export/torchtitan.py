@@ -554,6 +554,13 @@ def _training(plan: Plan, ledger: common.Ledger) -> list[Setting]:
         dtype = "bfloat16"  # the weights and what is not an FP8 GEMM stay bf16 (see _fp8)
         ledger.exact("dtype")
     elif dtype is None:
+        lacking = common.devices_without(plan, "bf16")
+        if lacking:
+            verb = "has" if len(lacking) == 1 else "have"
+            raise SpecError(f"export {TARGET}: dtype {t['dtype']}, but torchtitan's mixed "
+                            "precision offers bfloat16 or float32 parameters only, and "
+                            f"{' and '.join(lacking)} {verb} no bfloat16; re-plan with --dtype "
+                            "fp32, or export to megatron or deepspeed, which train in fp16")
         dtype = "bfloat16"
         ledger.nearest("dtype", f"dtype {t['dtype']}: torchtitan's mixed precision offers "
                        "bfloat16 or float32 parameters only; nearest bfloat16 (same bytes, wider "
@@ -599,7 +606,8 @@ def _cli(plan: Plan, version: str, settings: list[Setting], ac, notes: list[str]
            f'torchrun --nnodes {plan.cluster["nodes"]} --nproc_per_node '
            f'{plan.cluster["gpus_per_node"]} -m torchtitan.train "${{{ARRAY}[@]}}"',
            "(tokenizer and hf_assets_path, optimizer, data and checkpointing stay yours; add",
-           "their overrides after these)."]
+           "their overrides among these, before the closing activation-checkpoint subcommand,",
+           "which torchtitan's parser needs last)."]
     if not model:
         how.append("Put your model's --module <module> --config <config function> first.")
     groups = []

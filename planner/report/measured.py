@@ -25,16 +25,17 @@ def summary(result: dict, plan_name: str) -> str:
     lines = [
         f"Ran {plan_name} on {len(result['ranks'])} {result['device']} processes "
         f"({result['backend']}; data parallel: {result['data_parallel']}), "
-        f"{len(result['ranks'][0]['step_times_s'])} steps, the first {m['warmup_steps']} not timed"
-        + (" nor the last (memory profile)" if result["ranks"][0]["profiled_step"] is not None
-           else ""),
+        f"{len(result['ranks'][0]['step_times_s'])} steps, "
+        + (f"the first {m['warmup_steps']} not timed" if m["warmup_steps"] else "all timed")
+        + ((" nor the last (memory profile)" if m["warmup_steps"] else " but the last (memory "
+            "profile)") if result["ranks"][0]["profiled_step"] is not None else ""),
         "",
         listing([
             ("", "measured", "predicted", "error (predicted / measured - 1)"),
             ("step time", _ms(m["step_time_s"]), _ms(m["predicted_step_time_s"]),
              _pct(m["step_time_error"])),
-            ("peak memory", _mb(m["peak_memory_bytes"]), _mb(m["predicted_peak_memory_bytes"]),
-             _pct(m["peak_memory_error"])),
+            (_peak_label(m, len(result.get("ranks", []))), _mb(m["peak_memory_bytes"]),
+             _mb(m["predicted_peak_memory_bytes"]), _pct(m["peak_memory_error"])),
             ("model states", _mb(m["state_bytes"]), "", ""),
             ("process RSS peak", _mb(m["rss_peak_bytes"]), "", ""),
         ]),
@@ -63,3 +64,40 @@ def summary(result: dict, plan_name: str) -> str:
         lines.append("loss per step: " + ", ".join(f"{x:.4f}" for x in result["loss_per_step"]))
     lines += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)
+
+
+def _peak_label(m: dict, ranks: int) -> str:
+    """'peak memory', with how many ranks it covers where some could not be measured."""
+    measured = m.get("peak_memory_ranks")
+    if measured is None or not ranks or measured >= ranks:
+        return "peak memory"
+    return f"peak memory ({measured} of {ranks} ranks)"
+
+
+def off_hints(result: dict, plan, threads: int | None) -> list[str]:
+    """Where a run's step time is far from the prediction (beyond OFF), what may explain it: a plan
+    priced for another machine than this one (the cpu preset, not a measured calibration), or
+    for other software than the runtime's (torch's eager code), and threads that vary on a
+    loaded machine."""
+    err = result["measured"].get("step_time_error")
+    if err is None or abs(err) <= OFF or result.get("device") != "cpu":
+        return []
+    device = str(plan.cluster.get("device", ""))
+    out = []
+    if device.startswith("cpu") and "calibrated" not in device:
+        out.append("the plan was priced for the cpu preset, not this machine: `plan profile -o "
+                   "calib.json` measures it, and `plan solve ... --calibration calib.json` "
+                   "prices for it")
+    engine = (plan.training.get("engine") or {})
+    if engine.get("kernels", "eager") != "eager" or engine.get("attention") == "flash":
+        out.append("the plan was priced for other software than the runtime's eager PyTorch "
+                   "(its engine settings); `plan solve ... --target torch` prices it as plan "
+                   "run runs it")
+    if threads != 1:
+        out.append("with several threads a process, CPU steps vary with the machine's load: "
+                   "--threads 1 steadies them")
+    return out
+
+
+OFF = 0.3
+"""A step time this far from the prediction (predicted / measured - 1) gets off_hints."""

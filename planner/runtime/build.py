@@ -139,8 +139,15 @@ def unrun_notes(plan: Plan, layout: Layout) -> list[str]:
 
 
 def check_knobs(plan: Plan) -> None:
-    """Refuse (SpecError naming the knob) the parallelisms the runtime does not run yet."""
+    """Refuse (SpecError naming the knob) the parallelisms the runtime does not run yet, and a
+    batch the plan's knobs do not make up (a hand-edited plan), before any process starts."""
     par_ = plan.parallel
+    batch, dp, mb, m = (int(x) for x in (plan.training["global_batch"], par_["dp"],
+                                        par_["micro_batch"], par_["num_microbatches"]))
+    if batch != dp * mb * m:
+        raise SpecError(f"parallel.micro_batch: dp {dp} x micro_batch {mb} x num_microbatches {m} "
+                        f"= {dp * mb * m} samples, but training.global_batch is {batch}; make "
+                        "them agree, or re-plan with plan solve")
     cp, ep, etp = (int(par_.get(k, 1)) for k in ("cp", "ep", "etp"))
     comm = par_.get("cp_comm", "p2p")
     if cp > 1 and comm != "p2p":

@@ -102,12 +102,18 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
                   device="cuda" if cuda else "cpu")
 
 
-def _check_memory(plan: Plan, nproc: int, cuda: bool) -> None:
-    """Each process builds the whole model on the CPU before keeping its stages; on GPUs the
-    predicted peak must also fit each device."""
+def host_bytes(plan: Plan, nproc: int, cuda: bool) -> float:
+    """Host memory ``nproc`` processes of one node take: each builds the whole model on the CPU
+    before keeping its stages (and, on CPU, then trains there: the predicted peak)."""
     weight_bytes = plan.model["num_params"] * TORCH_DTYPES[plan.training["dtype"]].itemsize
+    return nproc * (weight_bytes + (0 if cuda else plan.predicted["peak_memory_bytes"]))
+
+
+def _check_memory(plan: Plan, nproc: int, cuda: bool) -> None:
+    """The processes' host memory (host_bytes) must fit this machine; on GPUs the predicted
+    peak must also fit each device."""
     peak = plan.predicted["peak_memory_bytes"]
-    need = nproc * (weight_bytes + (0 if cuda else peak))
+    need = host_bytes(plan, nproc, cuda)
     have = _available_bytes()
     if have and need > MEMORY_USE_FRACTION * have:
         raise SpecError(f"model: {plan.model['name']} needs about {need / 1e9:.1f} GB over "
@@ -148,15 +154,22 @@ def cluster_command(launch: Launch, opts: RunOptions, result: str) -> str:
     rendezvous at ``$HEAD_NODE:29500`` (the first node's address; torchrun assigns the node ranks),
     keyed by the plan's input hash so that two runs do not meet; on one node, torchrun's
     ``--standalone`` rendezvous."""
-    if launch.nodes == 1:  # one node: torchrun's own rendezvous on it
-        return shlex.join(["torchrun", "--standalone", "--nproc-per-node",
-                           str(launch.nproc_per_node), "-m", "planner.runtime.worker",
-                           launch.plan_path, "--result", result, *opts.argv()])
-    run_id = f"plan-{launch.plan.provenance.get('input_hash', 'run')}"
-    argv = ["torchrun", "--nnodes", str(launch.nodes), "--nproc-per-node",
-            str(launch.nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-            "HEAD_NODE:29500", "--rdzv-id", run_id, "-m", "planner.runtime.worker",
-            launch.plan_path, "--result", result, *opts.argv()]
+    return torchrun_command(launch.nodes, launch.nproc_per_node,
+                            f"plan-{launch.plan.provenance.get('input_hash', 'run')}",
+                            ["-m", "planner.runtime.worker", launch.plan_path, "--result", result,
+                             *opts.argv()])
+
+
+def torchrun_command(nodes: int, nproc_per_node: int, run_id: str, worker: list[str]) -> str:
+    """torchrun running ``worker`` (its -m module and arguments) on every node: on one node its
+    ``--standalone`` rendezvous, else a c10d rendezvous at ``$HEAD_NODE:29500`` keyed by
+    ``run_id``, so that two runs do not meet."""
+    if nodes == 1:
+        return shlex.join(["torchrun", "--standalone", "--nproc-per-node", str(nproc_per_node),
+                           *worker])
+    argv = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(nproc_per_node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "HEAD_NODE:29500", "--rdzv-id", run_id,
+            *worker]
     return shlex.join(argv).replace("HEAD_NODE:29500", "$HEAD_NODE:29500")
 
 

@@ -57,8 +57,10 @@ class Memory:
             self.profiled_peak = int(max(sum(row) for row in sizes)) if sizes else None
         except Exception as exc:  # noqa: BLE001 - a private API; without it the RSS figure remains
             self.profiled_peak = None
-            self.failure = (f"no CPU tensor peak: torch.profiler's memory timeline failed "
-                            f"({type(exc).__name__}: {str(exc)[:120]})")
+            # (the same words on every rank that fails, so that the run says it once)
+            self.failure = (f"no CPU tensor peak on some ranks: torch.profiler's memory timeline "
+                            f"failed there ({type(exc).__name__}); the peak memory line covers the "
+                            "ranks it measured, the RSS peak all of them")
         return result
 
     def peak(self) -> int | None:
@@ -133,6 +135,7 @@ def summarize(records: list[dict], plan, *, warmup: int) -> dict:
     return {
         "step_time_s": step,
         "peak_memory_bytes": max(peaks) if peaks else None,
+        "peak_memory_ranks": len(peaks),
         "rss_peak_bytes": max(r["rss_peak_bytes"] for r in records) if records else None,
         "state_bytes": max(r["state_bytes"] for r in records) if records else None,
         "predicted_step_time_s": pred_t,

@@ -44,7 +44,13 @@ def model_spec(plan: Plan, override: str | None) -> str:
 def resolve_meta(plan: Plan, spec: str) -> ResolvedModel:
     """The planner's view of the model (meta device), at the plan's sequence length and dtype."""
     tr = plan.training
-    return resolve(spec, seq_len=tr["seq_len"], dtype=tr["dtype"])
+    try:
+        return resolve(spec, seq_len=tr["seq_len"], dtype=tr["dtype"])
+    except SpecError as err:
+        if spec != plan.model.get("spec") or "not found" not in str(err):
+            raise
+        raise SpecError(f"{err} (the plan names the model '{spec}'; pass --model PATH where it "
+                        "lies now)") from None
 
 
 def check_fingerprint(plan: Plan, spec: str, fingerprint: str) -> None:

@@ -45,7 +45,7 @@ from planner.errors import SpecError
 from planner.planfile.document import Plan, load_plan
 from planner.runtime import measure, worker
 from planner.runtime.launch import (MAX_CPU_PROCESSES, MEMORY_USE_FRACTION, _available_bytes,
-                                    _failure, _free_port)
+                                    _failure, _free_port, torchrun_command)
 from planner.runtime.options import RunOptions
 from planner.runtime.table_sharding import (cpu_sharder, kernel_on, shard_ranks, sharding_plan,
                                             tables_of)
@@ -596,12 +596,11 @@ def worker_argv(launch: Launch, opts: RunOptions, result: str, *, reference: boo
 
 
 def cluster_command(launch: Launch, opts: RunOptions, result: str) -> str:
-    """The torchrun command every node of the plan's cluster runs (c10d rendezvous at
-    ``$HEAD_NODE:29500``)."""
-    argv = ["torchrun", "--nnodes", str(launch.nodes), "--nproc-per-node",
-            str(launch.nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-            "HEAD_NODE:29500", "--rdzv-id", "plan-recsys", *worker_argv(launch, opts, result)]
-    return shlex.join(argv).replace("HEAD_NODE:29500", "$HEAD_NODE:29500")
+    """The torchrun command every node of the plan's cluster runs (launch.torchrun_command),
+    its rendezvous keyed by the first plan's input hash."""
+    first = load_plan(launch.plan_paths[0]).provenance.get("input_hash", "recsys")
+    return torchrun_command(launch.nodes, launch.nproc_per_node, f"plan-{first}",
+                            worker_argv(launch, opts, result))
 
 
 def run_local(launch: Launch, opts: RunOptions, *, reference: bool = False) -> list[dict]:

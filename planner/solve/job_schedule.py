@@ -290,7 +290,10 @@ def _answer(requests, secs, solution, gpus_per_node, options, verdict, unit_s, t
 
 
 def _infeasible_reason(requests) -> str:
-    due = [f"{r.name} by {r.deadline_s:g} s" for r in requests if r.deadline_s is not None]
+    due = [f"{r.name} by {r.deadline_s:g} s" + (
+        f", at best {min(r.durations_s.values()):.4g} s on {min(r.durations_s, key=r.durations_s.get)}"
+        f" GPUs alone" if r.durations_s else "")
+        for r in requests if r.deadline_s is not None]
     if due:
         return (f"no schedule meets every deadline ({', '.join(due)}); relax a deadline, drop a "
                 "job or add nodes")

@@ -53,15 +53,19 @@ class ResolvedModel:
     """The attention implementation a Hugging Face model was built with (sdpa or eager)."""
 
 
-def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None) -> ResolvedModel:
-    """Any MODEL form -> ResolvedModel (module on the meta device)."""
+def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None,
+            per_sample: bool = False) -> ResolvedModel:
+    """Any MODEL form -> ResolvedModel (module on the meta device). ``per_sample``: a module whose
+    inputs are not token sequences (a recommendation model's dense features): one "token" per
+    sample, whatever the inputs' dim 1 holds."""
     if isinstance(model, torch.nn.Module):
         args, kwargs = _split_inputs(example_inputs, "example_inputs")
         model = _meta_twin(model, dtype)
         args = tuple(_cast(a, dtype, meta=True) for a in args)
         kwargs = {k: _cast(v, dtype, meta=True) for k, v in kwargs.items()}
         return _finish(ResolvedModel(name=type(model).__name__, module=model, args=args,
-                                     kwargs=kwargs, seq_len=_infer_seq(args, kwargs, seq_len),
+                                     kwargs=kwargs, seq_len=1 if per_sample else
+                                     _infer_seq(args, kwargs, seq_len),
                                      batch=_infer_batch(args, kwargs), source="module"))
     if not isinstance(model, str) or not model:
         raise SpecError("model: expected a zoo name, a config.json path, file.py:factory or an "

@@ -176,3 +176,30 @@ def test_a_closed_pipe_does_not_cost_the_plan_file(monkeypatch, tmp_path, tiny_l
                  "--seq-len", "128", "-o", str(out_file)])
     assert code == 0
     assert json.loads(out_file.read_text())["schema"] == "planner.plan/v1"
+
+
+def test_a_plan_names_its_model_file_wherever_it_is_run(capsys, tmp_path, monkeypatch,
+                                                         tiny_llama_config):
+    """A config given by a relative path is recorded by its absolute path, so that `plan run`
+    and the exports' memory check find it from another folder (a new-user check's run from
+    /tmp could not: "file 'tiny-llama.json' not found")."""
+    import shutil
+
+    made = tmp_path / "made"
+    made.mkdir()
+    shutil.copy(tiny_llama_config, made / "tiny.json")
+    monkeypatch.chdir(made)
+    code, _, err = run(capsys, "solve", "tiny.json", "--cluster", "dgx-a100-80g", "--nodes", "1",
+                       "--global-batch", "8", "--seq-len", "64", "-o", "p.json")
+    assert code == 0, err
+    assert json.loads((made / "p.json").read_text())["model"]["spec"] == str(made / "tiny.json")
+    from planner.api import spec_of
+    assert spec_of("llama3-8b") == "llama3-8b" and spec_of("no/such.json") == "no/such.json"
+    assert spec_of("tiny.json:build") == "tiny.json:build"  # not a factory file: as given
+
+
+def test_profile_refuses_more_cpu_processes_than_plan_run_starts(capsys, tmp_path):
+    """A new-user check's --processes 64 on a 2-core machine ran on for minutes."""
+    code, _, err = run(capsys, "profile", "--processes", "64", "-o", str(tmp_path / "c.json"))
+    assert code == 2 and "plan: error: processes: 64 CPU processes" in err
+    assert not (tmp_path / "c.json").exists()

@@ -1402,3 +1402,19 @@ def test_a_plan_that_does_not_record_its_layout_says_its_memory_is_not_checked_a
     notes.clear()
     to_megatron(old)  # made for it: nothing to say
     assert not [n for n in notes if "re-checked" in n]
+
+
+def test_a_v100_plan_is_exported_as_its_engine_runs_there(tiny_llama_config, tmp_path):
+    """V100s have no FlashAttention and no bf16 (a new-user check): a plan made for Megatron-LM
+    there is priced with attention's scores in memory, as the export's engine runs it, so the
+    export neither says it was priced for other software nor re-checks its memory with
+    FlashAttention; torchtitan, which trains in bf16 or fp32 only, refuses an fp16 plan."""
+    import planner
+
+    plan = planner.plan(tiny_llama_config, cluster="dgx1-v100", nodes=1, global_batch=16,
+                        seq_len=64, dtype="fp16", target="megatron")
+    text, _ = export(plan, "megatron")
+    assert "timing: the plan was priced" not in text and "memory re-checked" not in text
+    with pytest.raises(SpecError, match=r"^export torchtitan: dtype fp16, .* v100 has no "
+                                        r"bfloat16; re-plan with --dtype fp32"):
+        export(plan, "torchtitan")

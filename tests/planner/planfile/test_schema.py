@@ -7,6 +7,7 @@ from importlib import resources
 import pytest
 
 from planner.errors import SpecError
+from costmodels.pipeline import SCHEDULES
 from planner.options import DTYPES, OPTIMIZERS, RECOMPUTE, ZERO_STAGES
 from planner.planfile.document import clean
 from planner.planfile.schema import schema, validate
@@ -19,6 +20,8 @@ def test_schema_enums_are_the_options_lists():
     assert tuple(props["training"]["properties"]["optimizer"]["enum"]) == OPTIMIZERS
     assert tuple(props["parallel"]["properties"]["recompute"]["enum"]) == RECOMPUTE
     assert tuple(props["parallel"]["properties"]["zero"]["enum"]) == ZERO_STAGES
+    # (a hand-edited "zigzag" ran as a plan before: a new-user check)
+    assert tuple(props["parallel"]["properties"]["schedule"]["enum"]) == SCHEDULES
     assert schema()["properties"] == props
 
 

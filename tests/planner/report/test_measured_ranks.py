@@ -30,3 +30,33 @@ def test_cp_and_ep_columns_appear_where_the_plan_splits_them():
     # a result written before the ranks recorded ep reads as ep 0
     old = _result([{"pp": 0, "dp": 0, "cp": c, "tp": 0} for c in range(2)])
     assert "ep" not in _header(summary(old, "p.json"))
+
+
+def test_the_peak_says_how_many_ranks_it_covers_and_warmup_0_reads_plainly():
+    """A new-user check: one rank's memory profile failed and the peak shown was the other's,
+    unsaid; --warmup 0 printed "the first 0 not timed"."""
+    result = _result([{"pp": 0, "dp": d, "cp": 0, "tp": 0, "ep": 0} for d in range(2)])
+    assert "peak memory (" not in summary(result, "p.json")
+    result["measured"]["peak_memory_ranks"] = 1
+    assert "peak memory (1 of 2 ranks)" in summary(result, "p.json")
+    result["measured"]["warmup_steps"] = 0
+    assert "3 steps, all timed" in summary(result, "p.json")
+
+
+def test_a_step_far_from_its_prediction_gets_hints_on_why():
+    """A new-user check saw -73% and -79% with no word on the uncalibrated preset, the software
+    the plan was priced for, or the threads."""
+    from types import SimpleNamespace
+
+    from planner.report.measured import off_hints
+
+    result = _result([{"pp": 0, "dp": 0, "cp": 0, "tp": 0, "ep": 0}])
+    plan = SimpleNamespace(cluster={"device": "cpu"},
+                           training={"engine": {"kernels": "fused", "attention": "flash"}})
+    assert off_hints(result, plan, None) == []  # on time: nothing to say
+    result["measured"]["step_time_error"] = -0.79
+    hints = " ".join(off_hints(result, plan, None))
+    assert "plan profile" in hints and "--target torch" in hints and "--threads 1" in hints
+    plan = SimpleNamespace(cluster={"device": "cpu-calibrated"},
+                           training={"engine": {"kernels": "eager", "attention": "flash2"}})
+    assert off_hints(result, plan, 1) == []

@@ -56,6 +56,17 @@ def test_model_too_large_for_this_machine_is_refused(capsys, tmp_path):
     _one_line_refusal(code, err, "model:", "GB", "8 processes", "smaller")
 
 
+def test_a_hand_edited_batch_is_refused_before_any_process_starts(capsys, make_plan, tmp_path):
+    """A new-user check saw "running ... with 2 processes" and then the batch error inside them."""
+    plan = load_plan(make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=2"))
+    plan.parallel["micro_batch"] = 3
+    edited = str(tmp_path / "edited.json")
+    plan.save(edited)
+    code, out, err = run(capsys, "run", edited)
+    _one_line_refusal(code, err, "parallel.micro_batch", "training.global_batch", "agree")
+    assert "running" not in out + err.replace("plan: error:", "")
+
+
 def test_nproc_that_does_not_match_the_plan_is_refused(capsys, make_plan):
     path = make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=2")
     code, _, err = run(capsys, "run", path, "--nproc", "3")
@@ -76,6 +87,23 @@ def test_a_multi_node_plan_is_refused_and_its_dry_run_is_one_torchrun_command(ca
     code, out, _ = run(capsys, "run", one, "--dry-run")
     (line,) = [ln for ln in out.splitlines() if ln.startswith("torchrun ")]
     assert code == 0 and "--standalone" in line and "HEAD_NODE" not in line
+    assert "host memory" not in out  # a small model: nothing to say
+
+
+def test_a_dry_run_says_how_much_host_memory_a_node_needs(capsys, make_plan, monkeypatch):
+    """Each process builds the whole model on its host (a new-user check's Llama-3 70B dry run
+    printed a command for 8 processes a node without saying they need about 1.1 TB)."""
+    import planner.cli.run as cli_run
+    from planner.runtime.launch import host_bytes
+
+    path = make_plan("branched", "pp=2,tp=1,dp=2,micro_batch=1", nodes=2)
+    plan = load_plan(path)
+    monkeypatch.setattr(cli_run, "HOST_NOTE_BYTES", 0.0)
+    code, out, _ = run(capsys, "run", path, "--dry-run", "--device", "cuda")
+    assert code == 0
+    need = host_bytes(plan, 2, True)
+    assert need == 2 * plan.model["num_params"] * 4  # fp32 weights, one copy per process
+    assert f"a node needs about {need / 1e9:,.0f} GB of host memory" in out
 
 
 @pytest.mark.slow

@@ -159,6 +159,14 @@ def test_a_plan_too_large_for_this_machine_is_refused_before_any_process(tmp_pat
     out = capsys.readouterr().out
     (cmd,) = [ln for ln in out.splitlines() if ln.startswith("torchrun ")]
     assert "--nproc-per-node 8" in cmd and "planner.runtime.recsys" in cmd and path in cmd
+    # one node: torchrun's own rendezvous (a fixed rendezvous id could join two jobs)
+    assert cmd.startswith("torchrun --standalone ") and "--rdzv-id" not in cmd
+    two = str(tmp_path / "dlrm2.json")
+    planner.plan("dlrm-criteo-1tb", cluster="dgx-a100-40g", nodes=2, global_batch=65536,
+                 optimizer="sgd").save(two)
+    assert main(["run", two, "--dry-run"]) == 0
+    (cmd,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("torchrun ")]
+    assert f"--rdzv-id plan-{load_plan(two).provenance['input_hash']}" in cmd
 
 
 def test_a_plan_from_a_module_object_needs_model(plans, tmp_path, capsys):
