@@ -138,9 +138,10 @@ SECTIONS = [
      "plain numbers rather than numpy's (2026-12-03), DeepSeek-V3 is searched in 2.1-2.5 s over "
      "four runs in one process (2.6-3.2 s before), 2.8 and 2.2 s in two runs of this benchmark "
      "that day. With the mla_up_proj recomputation among the policies (2026-12-04, evening) "
-     "DeepSeek-V3's space holds 377,335 configurations (226,401 before) and is searched in "
-     "2.8-3.1 s over three runs of this benchmark, choosing mla_up_proj with zb-h1 (the table is "
-     "the last)."),
+     "DeepSeek-V3's space held 377,335 configurations (226,401 before), searched in 2.8-3.1 s "
+     "over three runs of this benchmark; with mla_up_proj+moe_act too, 452,802, searched in "
+     "3.05 s and then in the run of the table; it chooses zb-h1 with moe_act (mla_up_proj before "
+     "the fused-kernel value accounting of that evening)."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "
