@@ -27,7 +27,27 @@ def summary(doc: dict, solve_time_s: float) -> str:
         word = "shorter" if b["improvement"] >= 0 else "longer"
         lines.append(f"  {name:<13} {duration(b['makespan_s'])}  ({b['description']}): joint "
                      f"schedule is {100 * abs(b['improvement']):.1f}% {word}")
+    if doc["objective"] == "weighted":  # what the solve minimized, next to the makespans
+        lines += _weighted(doc)
     return "\n".join(lines)
+
+
+def _weighted(doc: dict) -> list[str]:
+    """The weighted completion time (the sum of each job's priority x its end) of the joint
+    schedule and of each baseline."""
+    priority = {j["name"]: j.get("priority", 1) for j in doc["jobs"]}
+
+    def total(jobs) -> float:
+        return sum(priority.get(j["name"], 1) * j["end_s"] for j in jobs)
+
+    joint = total(doc["jobs"])
+    lines = [f"  weighted completion (sum of priority x end): {duration(joint)} joint"]
+    for name, b in doc["baselines"].items():
+        other = total(b["jobs"])
+        rel = (other - joint) / other if other > 0 else 0.0
+        lines.append(f"  {'':<13} {duration(other)} {name}: joint schedule's is "
+                     f"{100 * abs(rel):.1f}% {'lower' if rel >= 0 else 'higher'}")
+    return lines
 
 
 def _ranges(ids) -> str:

@@ -137,8 +137,10 @@ def _check(requests, nodes, gpus_per_node):
     allowed = set(candidate_counts(nodes, gpus_per_node))
     for r in requests:
         if not r.durations_s and r.pinned is None:
-            raise InfeasibleError(f"job {r.name}: no GPU count fits it on this cluster; give it "
-                                  "a smaller batch or a larger cluster", reason="job fits nowhere")
+            raise InfeasibleError(f"job {r.name}: no GPU count fits it on this cluster (the "
+                                  "warning before this says what it needs on the most GPUs); "
+                                  "give it a smaller batch where activations fill the GPUs, or a "
+                                  "cluster with more or larger GPUs", reason="job fits nowhere")
         bad = sorted(set(r.durations_s) - allowed)
         if bad:
             raise SpecError(f"job {r.name}: {bad[0]} GPUs is neither part of a node nor whole "

@@ -319,3 +319,24 @@ def test_a_jobs_model_that_cannot_be_found_is_named_before_any_job_is_planned(tm
                                  base_dir=str(tmp_path))
         with pytest.raises(SpecError, match=words):
             joint.plan_jobs(spec, cluster="dgx-a100-80g")
+
+
+def test_a_weighted_schedule_prints_what_it_minimized():
+    """A new-user check: --objective weighted printed only makespans."""
+    from planner.report.jobs import summary
+
+    job = {"name": "a", "model": "gpt2", "gpus": 8, "nodes": [0], "gpu_ids": list(range(8)),
+           "start_s": 0.0, "end_s": 100.0, "state": "scheduled", "parallel": "dp=8",
+           "priority": 3}
+    doc = {"cluster": {"name": "c", "device": "h100", "nodes": 1, "gpus_per_node": 8,
+                       "num_gpus": 8},
+           "now_s": 0.0, "done": [], "objective": "weighted", "makespan_s": 100.0,
+           "solve": {"status": "optimal", "gap": 0.0, "time_unit_s": 1.0},
+           "jobs": [job],
+           "baselines": {"sequential": {"description": "one after another", "makespan_s": 200.0,
+                                        "improvement": 0.5,
+                                        "jobs": [{"name": "a", "end_s": 200.0}]}}}
+    text = summary(doc, 0.1)
+    assert "weighted completion (sum of priority x end): 5.0 min joint" in text
+    assert "10.0 min sequential: joint schedule's is 50.0% lower" in text
+    assert "weighted completion" not in summary({**doc, "objective": "makespan"}, 0.1)
