@@ -21,12 +21,10 @@ import dataclasses
 import math
 
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
-from planner.trace.graph import Op, OpGraph
-from planner.trace.ops import COMPUTE_BOUND, GROUPED_GEMMS
+from planner.trace.fusion import fused_away_keys, fused_traffic
+from planner.trace.graph import Op, OpGraph, consumers_through_views, through_views
+from planner.trace.ops import COMPUTE_BOUND, FREE, GROUPED_GEMMS
 from planner.trace.tp_roles import TPAnalysis
-
-FREE = ("view", "constant", "input")
-
 
 MEMORY_KINDS = ("elementwise", "softmax", "dropout", "norm", "other")
 
@@ -146,7 +144,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     # token copies of an MoE layer in the traced batch (a GEMM row counts them per sample)
     copies = {int(r[0] * r[1] * graph.batch) for r in routed}
     acc["act_routed_gathered"] = float(sum(saved[k] for k in gathered if k in saved))
-    fused_away = _fused_away(graph, op_names, savers)
+    fused_away = fused_away_keys(graph, op_names, savers)
     # (a bias added to the output and the weights' multiply are one fused chain: already away)
     acc["act_routed_weighted"] = float(sum(
         saved[k] for k in _weighted_outputs(savers, by, {n for n, _ in returning}) - fused_away))
@@ -312,9 +310,9 @@ def _weighted_outputs(savers: dict[str, list[str]], by: dict, returning: set[str
         if ":" in key or key not in by or not all(
                 by[o].kind == "elementwise" and str(by[o].target) == "mul" for o in ops):
             continue
-        node = by[_through_views(key, by)]
+        node = by[through_views(key, by)]
         if node.kind == "elementwise" and str(node.target) in ("add", "add_") and node.inputs:
-            node = by[_through_views(node.inputs[0], by)]  # the experts' bias on the output
+            node = by[through_views(node.inputs[0], by)]  # the experts' bias on the output
         if node.name in returning:
             out.add(key)
     return out
@@ -531,7 +529,7 @@ def _attention_view_excess(by: dict, savers: dict[str, list[str]],
         if key not in by or not ops or any(by[o].kind != "attention" for o in ops):
             continue
         views = {i for o in ops for i in by[o].inputs
-                 if i in by and by[i].kind == "view" and _through_views(i, by) == key}
+                 if i in by and by[i].kind == "view" and through_views(i, by) == key}
         excess = saved[key] - sum(by[v].out_bytes for v in views)
         if views and excess > 0:
             out[key] = excess
@@ -567,7 +565,7 @@ def _mla_up_ops(op_names: list[str], by: dict, cons: dict) -> tuple[set[str], se
                 continue
             if _weight_gemm(op):
                 if any(_inside(by[c].module, norms)
-                       for c in _consumers_through_views(name, by, cons)):
+                       for c in consumers_through_views(name, by, cons)):
                     downs.add(name)  # a down projection (its output normed): an input
                 else:
                     region.add(name)
@@ -614,7 +612,7 @@ def _moe_act_ops(op_names: list[str], by: dict, cons: dict, routed_modules: set[
             continue
         if op.kind in COMPUTE_BOUND or op.dims.get("gemms") or op.target in GROUPED_GEMMS:
             continue
-        sources = {_through_views(i, by) for i in op.inputs if i in by}
+        sources = {through_views(i, by) for i in op.inputs if i in by}
         if op.kind == "view":
             continue
         if op.target in ("add", "add_") and sources & firsts:
@@ -632,7 +630,7 @@ def _moe_act_ops(op_names: list[str], by: dict, cons: dict, routed_modules: set[
         if _inside(module, before):
             continue  # a norm inside them (MLA's q/kv norms)
         ops = [n for n in op_names if by[n].module == module]
-        readers = {c for n in ops for c in _consumers_through_views(n, by, cons)
+        readers = {c for n in ops for c in consumers_through_views(n, by, cons)
                    if c in members and by[c].module != module}
         if any(_inside(by[c].module, before) for c in readers):
             norm_ops.update(n for n in ops if by[n].kind not in FREE)
@@ -652,112 +650,3 @@ def _inside(module: str, parents: set[str]) -> bool:
 def _word(dtype: str) -> float:
     """Bytes per element of a traced dtype name (16-bit unless it says otherwise)."""
     return 4.0 if "32" in dtype else 8.0 if "64" in dtype else 1.0 if "8" in dtype else 2.0
-
-
-LAYOUT_COPIES = frozenset({"contiguous", "clone"})
-"""Ops that copy a tensor into another memory layout (eager code's transpose + contiguous before
-a projection); fused stacks read the layout they need, keeping one copy."""
-
-
-def _fused_away(graph: OpGraph, op_names: list[str], savers: dict[str, list[str]]) -> set[str]:
-    """Saved tensors a fused kernel does not keep: made inside a chain of memory-bound ops
-    (planner.trace.annotate._regions) and saved only by element-wise ops of that same chain.
-    Dropout masks stay (the backward needs the same random mask), and so do the inputs a norm
-    keeps (fused norm kernels keep them too: Korthikanti et al. count 2sbh per LayerNorm)."""
-    by = graph.by_name
-    region_of = _regions(_memory_bound(op_names, by), op_names, by, graph.consumers())
-    away = set()
-    for key, ops in savers.items():
-        if key.endswith(":mask") or key.split(":")[0] not in by:
-            continue
-        producer = _through_views(key.split(":")[0], by)
-        copied = by[producer]
-        if copied.target in LAYOUT_COPIES and copied.inputs and \
-                _through_views(copied.inputs[0], by) in savers:
-            away.add(key)  # a copy into another layout of a tensor kept anyway: kept once
-            continue
-        home = region_of.get(producer)
-        if home is not None and all(region_of.get(o) == home and by[o].kind == "elementwise"
-                                    for o in ops):
-            away.add(key)
-    return away
-
-
-def _memory_bound(op_names: list[str], by) -> set[str]:
-    """Ops that fused kernels merge: memory-bound, not a node priced from its own GEMMs."""
-    return {n for n in op_names if by[n].kind not in FREE and by[n].kind not in COMPUTE_BOUND
-            and not ("gemms" in by[n].dims or "attention" in by[n].dims)}
-
-
-def fused_traffic(graph: OpGraph, tp: TPAnalysis, op_names: list[str],
-                  scores: set[str] = frozenset()) -> dict:
-    """The block's memory traffic when each connected chain of memory-bound ops is one kernel: it
-    reads each tensor entering the chain once and writes each tensor another kernel reads once.
-    Chains over the scores of an eager attention core are also counted apart (a fused attention
-    kernel replaces them). Returns BlockWork fields."""
-    by = graph.by_name
-    cons = graph.consumers()
-    region_of = _regions(_memory_bound(op_names, by), op_names, by, cons)
-    groups: dict[int, list[str]] = {}
-    for n in op_names:
-        if n in region_of:
-            groups.setdefault(region_of[n], []).append(n)
-    out = dict.fromkeys(("fused_bytes_tp", "fused_bytes_rep", "eager_attn_fused_tp",
-                         "eager_attn_fused_rep", "eager_attn_kernels_fused"), 0.0)
-    for ops in groups.values():
-        inside = set(ops)
-        where = "tp" if all(tp.split_of(n)[0] for n in ops) else "rep"
-        entering = {_through_views(i, by) for n in ops for i in by[n].inputs}
-        entering = {i for i in entering if i not in inside and by[i].kind != "constant"}
-        leaving = {n for n in ops if any(_leaves(c, inside, by, cons) for c in cons[n])}
-        nbytes = sum(by[i].out_bytes for i in entering) + sum(by[n].out_bytes for n in leaving)
-        out[f"fused_bytes_{where}"] += nbytes
-        if inside & scores:
-            out[f"eager_attn_fused_{where}"] += nbytes
-            out["eager_attn_kernels_fused"] += 1
-    out["kernels_fused"] = float(len(groups))
-    return out
-
-
-def _regions(bound: set[str], op_names: list[str], by, cons) -> dict[str, int]:
-    """Connected components of memory-bound ops (views between them do not separate them)."""
-    region: dict[str, int] = {}
-    next_id = 0
-    for start in op_names:
-        if start not in bound or start in region:
-            continue
-        stack = [start]
-        region[start] = next_id
-        while stack:
-            n = stack.pop()
-            neighbours = [_through_views(i, by) for i in by[n].inputs] + _consumers_through_views(n, by, cons)
-            for m in neighbours:
-                if m in bound and m not in region:
-                    region[m] = next_id
-                    stack.append(m)
-        next_id += 1
-    return region
-
-
-def _through_views(name: str, by) -> str:
-    op = by[name]
-    while op.kind == "view" and op.inputs:
-        op = by[op.inputs[0]]
-    return op.name
-
-
-def _consumers_through_views(name: str, by, cons) -> list[str]:
-    out, stack = [], list(cons[name])
-    while stack:
-        c = stack.pop()
-        if by[c].kind == "view":
-            stack.extend(cons[c])
-        else:
-            out.append(c)
-    return out
-
-
-def _leaves(consumer: str, inside: set[str], by, cons) -> bool:
-    if by[consumer].kind == "view":
-        return any(_leaves(c, inside, by, cons) for c in cons[consumer])
-    return consumer not in inside

@@ -258,3 +258,23 @@ class BlockGraph:
             run += diff[i]
             cuts.append(run)
         return cuts
+
+
+def through_views(name: str, by) -> str:
+    """The op whose output ``name`` is, through views of views (``by``: ops by name)."""
+    op = by[name]
+    while op.kind == "view" and op.inputs:
+        op = by[op.inputs[0]]
+    return op.name
+
+
+def consumers_through_views(name: str, by, cons) -> list[str]:
+    """The ops reading ``name``'s output, through views of it (``cons``: OpGraph.consumers())."""
+    out, stack = [], list(cons[name])
+    while stack:
+        c = stack.pop()
+        if by[c].kind == "view":
+            stack.extend(cons[c])
+        else:
+            out.append(c)
+    return out

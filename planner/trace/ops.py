@@ -85,6 +85,8 @@ def kind_of(name: str) -> str:
 
 
 COMPUTE_BOUND = frozenset({"matmul", "attention", "fused"})
+FREE = ("view", "constant", "input")
+"""Op kinds that do no work of their own (views, constants, the block's inputs)."""
 MEMORY_BOUND = frozenset({"embedding", "norm", "softmax", "dropout", "loss", "elementwise", "other"})
 
 
