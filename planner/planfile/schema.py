@@ -25,6 +25,9 @@ def validate(d: dict, where: str = "plan") -> None:
     """Raise SpecError naming the first failing key path."""
     import jsonschema  # lazy: a heavy dependency that only checking a plan file needs
 
+    if d.get("schema") is None and ("model_type" in d or "architectures" in d):
+        raise SpecError(f"{where}: this is a model's config.json, not a plan; make a plan of it "
+                        "first with `plan solve CONFIG.json --cluster ... -o PLAN.json`")
     if d.get("schema") != SCHEMA_ID:
         raise SpecError(f"{where}: schema is {d.get('schema')!r}, expected '{SCHEMA_ID}'; "
                         "re-create the plan with this planner version")

@@ -85,6 +85,9 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
     cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
     if cuda:
         visible = torch.cuda.device_count()
+        if visible == 0:
+            raise SpecError("device: cuda, but this machine shows no GPU; run with --device cpu "
+                            "(or auto)")
         if per_node > visible:
             raise SpecError(f"nproc: the plan needs {per_node} processes per node but "
                             f"{visible} GPUs are visible; run it on a machine with {per_node}")

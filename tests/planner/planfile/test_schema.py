@@ -28,6 +28,10 @@ def test_schema_enums_are_the_options_lists():
 def test_wrong_schema_id_and_rounding():
     with pytest.raises(SpecError, match="schema is 'x'"):
         validate({"schema": "x"}, "p.json")
+    # a model's config given where a plan goes (a new-user check: `plan run config.json`)
+    with pytest.raises(SpecError, match=r"^c.json: this is a model's config.json, not a plan; "
+                                        r"make a plan of it first with `plan solve"):
+        validate({"model_type": "llama", "hidden_size": 64}, "c.json")
     assert clean({"a": 1.23456789, "b": [0.0, 3], "c": True}) == {"a": 1.23457, "b": [0.0, 3],
                                                                   "c": True}
 

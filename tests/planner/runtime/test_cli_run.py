@@ -141,3 +141,14 @@ def test_a_gpu_plan_run_on_cpu_says_its_predictions_are_the_gpus(make_plan, tmp_
         launch = check(path, RunOptions(steps=2, device="cpu"), None)
     assert launch.device == "cpu"
     assert "made for a100-80g GPUs, run here on CPU processes" in caplog.text
+
+
+def test_cuda_on_a_machine_without_gpus_is_refused_as_a_device(capsys, make_plan):
+    """A new-user check got the refusal under the field nproc."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs")
+    path = make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=2")
+    code, _, err = run(capsys, "run", path, "--device", "cuda")
+    _one_line_refusal(code, err, "device: cuda", "--device cpu")
