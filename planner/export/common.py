@@ -466,28 +466,26 @@ def software_of(target: str, plan: Plan | None = None) -> str:
     return preset + (",attention=materialized" if plan is not None and not _flash(plan) else "")
 
 
-def devices_without(plan: Plan, dtype: str) -> list[str]:
-    """The plan's cluster's devices (known to this planner) with no ``dtype`` arithmetic."""
-    out = []
+def _known_devices(plan: Plan) -> dict:
+    """Name -> DeviceSpec of the plan's cluster's devices this planner knows by name."""
+    out = {}
     for name in str(plan.cluster.get("device", "")).split("+"):
         try:
-            if dtype not in get_device(name).peak_flops:
-                out.append(name)
+            out[name] = get_device(name)
         except PlannerError:
             pass
     return out
 
 
+def devices_without(plan: Plan, dtype: str) -> list[str]:
+    """The plan's cluster's devices (known to this planner) with no ``dtype`` arithmetic."""
+    return [n for n, d in _known_devices(plan).items() if dtype not in d.peak_flops]
+
+
 def _flash(plan: Plan) -> bool:
     """Whether every device of the plan's cluster runs FlashAttention (DeviceSpec.flash_attention;
     a device this planner does not know: taken as running it)."""
-    for name in str(plan.cluster.get("device", "")).split("+"):
-        try:
-            if not get_device(name).flash_attention:
-                return False
-        except PlannerError:
-            pass
-    return True
+    return all(d.flash_attention for d in _known_devices(plan).values())
 
 
 def software_differs(plan: Plan, target: str, keys=SOFTWARE_KEYS) -> bool:
