@@ -96,9 +96,16 @@ def check_output(path: str, what: str, inputs: tuple = ()) -> None:
                         "first")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
+        above = folder
+        while above and not os.path.exists(above) and os.path.dirname(above) != above:
+            above = os.path.dirname(above)
+        if os.path.exists(above) and not os.path.isdir(above):
+            raise SpecError(f"{what}: '{above}' is a file, not a folder; write to a path in a "
+                            "folder")
         raise SpecError(f"{what}: folder '{folder}' does not exist; create it first")
     if not os.access(folder, os.W_OK):
-        raise SpecError(f"{what}: cannot write in folder '{folder}' (permission denied)")
+        raise SpecError(f"{what}: cannot write in folder '{folder}' (permission denied); choose "
+                        "another folder")
     try:
         os.stat(path)
     except FileNotFoundError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal, Mapping, get_args
 
@@ -405,9 +406,38 @@ def parse_fix(fix, where: str = "fix", example: str = "--fix tp=8,pp=4") -> dict
             raise SpecError(f"{where}.num_microbatches: follows from the global batch, dp and "
                             "micro_batch; pin micro_batch (and dp) instead")
         if key not in FIX_KEYS:
-            raise SpecError(f"{where}: unknown knob '{key}'; choose from {', '.join(FIX_KEYS)}")
+            raise SpecError(_unknown_knob(key, value, where))
         out[key] = _fix_value(key, value, where)
     return out
+
+
+_KNOB_NAMES = {"data_parallel": "dp", "tensor_parallel": "tp", "pipeline_parallel": "pp",
+               "virtual_pipeline": "vpp", "context_parallel": "cp", "expert_parallel": "ep",
+               "expert_model_parallel": "ep", "expert_tensor_parallel": "etp", "mbs": "micro_batch",
+               "microbatch": "micro_batch", "micro_batch_size": "micro_batch",
+               "sp": "sequence_parallel", "zero_stage": "zero", "activation_checkpointing":
+               "recompute", "pp_schedule": "schedule", "cp_comm_type": "cp_comm"}
+"""What people call the knobs elsewhere (Megatron's and torchtitan's flag names, shorthands),
+for the hint after an unknown one (matched on the lowercased name, any '-size' / '_size' dropped)."""
+
+
+def _unknown_knob(key: str, value, where: str) -> str:
+    """The one-line error for a knob not in FIX_KEYS: the knob or engine setting meant, where one
+    is close, else the list."""
+    plain = str(key).lower().replace("-", "_").removesuffix("_size").removesuffix("_degree")
+    again = " to plan solve (re-plan)" if where == "why" else ""
+    meant = plain if plain in FIX_KEYS else _KNOB_NAMES.get(plain)
+    if meant:
+        return f"{where}: unknown knob '{key}'; did you mean {meant}={value}?"
+    close = difflib.get_close_matches(plain, FIX_KEYS, n=2, cutoff=0.75)
+    if close:
+        return f"{where}: unknown knob '{key}'; did you mean {' or '.join(close)}?"
+    engine = [name for name in _ENGINE_KEYS if plain in name.split("_")] or \
+        difflib.get_close_matches(plain, sorted(_ENGINE_KEYS), n=1, cutoff=0.75)
+    if len(engine) == 1:
+        return (f"{where}: unknown knob '{key}'; the engine setting {engine[0]} is given with "
+                f"--engine {engine[0]}={value}{again}")
+    return f"{where}: unknown knob '{key}'; choose from {', '.join(FIX_KEYS)}"
 
 
 _ENGINE_KEYS = frozenset(f.name for f in fields(EngineSpec))
@@ -440,7 +470,8 @@ def _fix_value(key: str, value, where: str = "fix"):
                 raise ValueError(value)
             v = int(value)
         except (TypeError, ValueError, OverflowError):
-            raise SpecError(f"{where}.{key}: expected an integer, got {value!r}") from None
+            raise SpecError(f"{where}.{key}: expected an integer, got {value!r}; write it in "
+                            f"digits, e.g. {key}={2 if key != 'zero' else 1}") from None
         if key == "zero" and v not in ZERO_STAGES:
             raise SpecError(f"{where}.zero: expected 0, 1, 2 or 3, got {value!r}")
         if key != "zero" and v < 1:

@@ -265,6 +265,12 @@ def check_engine(engine_spec, target: str, model_type: str | None = None) -> Non
                         "--target any")
 
 
+_RECOMPUTE_NEEDS = {"moe_act": " (models with experts)", "mla_up_proj": " (latent attention)",
+                    "mla_up_proj+moe_act": " (both)"}
+"""What a model needs for each recomputation policy that not every model can take, for the
+list of a target's policies in an error."""
+
+
 def restrict(options: SearchOptions, target: str) -> SearchOptions:
     """``options`` narrowed to what ``target`` runs; a pin it cannot run is an error naming both."""
     eng = engine(target)
@@ -300,8 +306,9 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                         f"{'with' if eng.sequence_parallel == (True,) else 'without'} sequence "
                         "parallelism")
     if target != "any" and "recompute" in fix and fix["recompute"] not in eng.recompute:
+        offered = ", ".join(r + _RECOMPUTE_NEEDS.get(r, "") for r in eng.recompute)
         raise SpecError(f"fix.recompute: {target} does not offer {fix['recompute']} "
-                        f"recomputation; it offers {', '.join(eng.recompute)}")
+                        f"recomputation; it offers {offered}")
     if int(fix.get("cp", 1)) > 1 and not eng.cp_comms:
         raise SpecError(f"fix.cp: {target} runs no context parallelism")
     if "cp_comm" in fix and int(fix.get("cp", 2)) > 1 and fix["cp_comm"] not in eng.cp_comms:

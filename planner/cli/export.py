@@ -7,11 +7,17 @@ What the engine cannot express exactly is a comment in the text and a warning on
 
 from __future__ import annotations
 
+import logging
 import os
 
 from planner.export import SUPPORTED_VERSIONS, TARGETS, export
 from planner.files import STDOUT, atomic_write, check_output
 from planner.planfile.document import load_plan
+
+log = logging.getLogger(__name__)
+
+_FORMATS = {".sh": "a command line", ".toml": "TOML", ".json": "JSON", ".py": "Python code"}
+"""What each export suffix holds, in words, for the warning when -o names another."""
 
 
 def register(add) -> None:
@@ -43,6 +49,10 @@ def run(args) -> int:
         return 0
     path = os.path.join(args.output, name) if folder else args.output
     check_output(path, "output", inputs=(args.plan,))
+    given, written = os.path.splitext(path)[1], os.path.splitext(name)[1]
+    if given and given != written:  # e.g. torchtitan 0.3.0's command line into a .toml file
+        log.warning("export %s: the export is %s (%s), written to '%s' as asked, whose name "
+                    "ends in %s", args.to, _FORMATS.get(written, "text"), written, path, given)
     atomic_write(path, text)
     print(f"wrote {path}")
     return 0

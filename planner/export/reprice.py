@@ -6,7 +6,7 @@ configuration on the plan's own stage split, with the model states laid out as t
 them, with the search's own cost model (``planner.search.pricing.price``, activations from a
 simulation of the schedule as the search's refinement does), from the plan's model spec, cluster
 and training (the model is read from the trace cache when it was traced before), and compares
-each pipeline rank's memory with what a GPU may use. ``recheck`` raises SpecError with the
+each pipeline rank's memory with what a GPU may use. ``recheck`` raises InfeasibleError with the
 numbers when the changed configuration no longer fits, and otherwise returns a note with them.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from costmodels.engine import engine_from_mapping
 from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
 from planner import api
-from planner.errors import PlannerError, SpecError
+from planner.errors import InfeasibleError, PlannerError, SpecError
 from planner.export import common
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec
 from planner.planfile.document import Plan
@@ -105,7 +105,7 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
             required: bool = True, **changes) -> str:
     """Price the plan with ``changes`` (described by ``change``, e.g. "ZeRO-1 instead of ZeRO-3")
     as ``target``'s software runs it (its kernels and attention) with the engine's
-    ``state_layout``; SpecError with the numbers when a rank no longer fits, else a note with
+    ``state_layout``; InfeasibleError with the numbers when a rank no longer fits, else a note with
     them. Not ``required`` (only the software or the state layout differs): a plan this machine
     cannot price again (its model not found here, made from a module) gets a note saying so."""
     parts = [change] if change else []
@@ -123,12 +123,12 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
             raise
         return f"memory not re-checked with {change}: {exc}"
     planned = plan.predicted["peak_memory_bytes"]
-    if mem.peak > mem.usable:
-        raise SpecError(
+    if mem.peak > mem.usable:  # valid inputs, no room: exit 3 (no plan fits), as a search's
+        raise InfeasibleError(
             f"export {target}: with {change}, {_rank(mem) or 'a GPU'} needs "
             f"{common.gb(mem.peak)} per GPU, more than the {common.gb(mem.usable)} usable of "
             f"{common.gb(mem.device)} (the plan: {common.gb(planned)}); re-plan for it with "
-            f"`{common.resolve_hint(plan, target, nearest=False)}`")
+            f"`{common.resolve_hint(plan, target, nearest=False)}`", reason="out of memory")
     where = f" ({_rank(mem)})" if _rank(mem) else ""
     versus = ("as the plan's" if common.gb(mem.peak) == common.gb(planned)
               else f"instead of the plan's {common.gb(planned)}")

@@ -318,7 +318,8 @@ def simulate_plan(plan, *, schedule_name: str | None = None, microbatches: int |
                         "with a pipeline, or gpipe to see all micro-batches in flight")
     if name == "interleaved-1f1b" and m % pp:
         raise SpecError(f"microbatches: interleaved-1f1b needs micro-batches in whole rounds of "
-                        f"pp={pp} (as Megatron-LM requires); {m} is not a multiple of {pp}")
+                        f"pp={pp} (as Megatron-LM requires); {m} is not a multiple of {pp}: use "
+                        + " or ".join(str(k) for k in ((m // pp) * pp, (m // pp + 1) * pp) if k))
     blocks = len(plan.model.get("blocks", [])) or pp * v
     if pp * v > blocks:
         raise SpecError(f"vpp: pp x vpp = {pp * v} stages for {blocks} blocks; use a smaller --vpp")

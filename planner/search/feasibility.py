@@ -98,6 +98,10 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                 "tensor parallelism sequence-parallel (as Megatron-Core requires); pin "
                 + ("sequence_parallel=true or tp=1" if sp else "tp=1 (the target runs no "
                    "sequence parallelism)"))
+    if space.experts and tp is None and etp > 1 and fix.get("sequence_parallel") is False:
+        return (f"fix.sequence_parallel: false with etp={etp}, which needs tp={etp} (etp is 1 or "
+                "tp), and a model with routed experts runs tensor parallelism sequence-parallel "
+                "(as Megatron-Core requires); pin sequence_parallel=true or etp=1")
     problem = experts_pin_problem(fix, space.experts, n)
     if problem:
         return problem

@@ -159,7 +159,35 @@ def test_counts_a_command_cannot_use_are_refused(capsys, small_plan):
     # interleaved needs whole rounds of pp micro-batches, as the search requires
     code, _, err = run(capsys, "simulate", small_plan, "--schedule", "interleaved-1f1b",
                        "--vpp", "2", "--microbatches", "3")
-    one_line(code, err, BAD, "microbatches", "pp=2")
+    one_line(code, err, BAD, "microbatches", "pp=2", "use 2 or 4")
+
+
+def test_an_output_under_a_file_is_named_a_file_not_a_missing_folder(capsys, tmp_path,
+                                                                     small_plan):
+    """-o a.json/p.json where a.json is a file: 'create the folder' could not be followed."""
+    blocker = tmp_path / "a.json"
+    blocker.write_text("kept")
+    code, _, err = run(capsys, "export", small_plan, "--to", "megatron", "-o",
+                       blocker / "sub" / "m.sh")
+    one_line(code, err, BAD, "output:", f"'{blocker}' is a file, not a folder")
+    assert blocker.read_text() == "kept"
+
+
+def test_an_export_named_for_another_format_is_written_with_a_warning(capsys, tmp_path,
+                                                                      tiny_gpt2_config):
+    """torchtitan 0.3.0 reads a command line: written to the .toml path asked for, and said so."""
+    small_plan, path = tmp_path / "p.json", tmp_path / "t.toml"
+    assert main(["solve", tiny_gpt2_config, "--cluster", "dgx-a100-80g", "--nodes", "1",
+                 "--global-batch", "16", "--seq-len", "64", "--target", "torchtitan", "-q",
+                 "-o", str(small_plan)]) == 0
+    code, _, err = run(capsys, "export", small_plan, "--to", "torchtitan", "--engine-version",
+                       "0.3.0", "-o", path)
+    assert code == 0, err
+    assert path.read_text().startswith("#") and "--parallelism." in path.read_text()
+    assert "the export is a command line (.sh)" in err and "ends in .toml" in err
+    code, _, err = run(capsys, "export", small_plan, "--to", "torchtitan", "-o", path)
+    assert code == 0 and path.read_text().startswith("#") and "[parallelism]" in path.read_text()
+    assert "as asked" not in err  # 0.2.2 writes TOML: no warning
 
 
 def test_a_plan_for_more_nodes_than_this_host_is_refused(capsys, tmp_path):

@@ -50,7 +50,7 @@ import sys
 import pytest
 
 from planner import targets
-from planner.errors import SpecError
+from planner.errors import InfeasibleError, SpecError
 from planner.export import export, names, reprice
 from planner.export.common import layout
 from planner.planfile.document import Plan, load_plan
@@ -683,7 +683,7 @@ def test_deepspeed_refuses_a_zero_downgrade_that_no_longer_fits():
     """ZeRO-3 with pp=4 (made for Megatron-LM): DeepSpeed's pipeline engine runs ZeRO-1, which
     needs more memory than an H100 has; the refusal gives the numbers and the way out."""
     plan = plan_named("llama3-70b-pp4-zero3-megatron")
-    with pytest.raises(SpecError) as err:
+    with pytest.raises(InfeasibleError) as err:
         export(plan, "deepspeed")
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("export deepspeed: with ZeRO-1 instead of the plan's "

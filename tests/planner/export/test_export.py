@@ -35,7 +35,7 @@ import pytest
 from costmodels.engine import engine_from_mapping
 from planner import targets
 from planner.cli.main import main
-from planner.errors import SpecError
+from planner.errors import InfeasibleError, SpecError
 from planner.export import (RECSYS_TARGETS, SUPPORTED_VERSIONS, TARGETS, export, names,
                             to_deepspeed, to_megatron, to_torchtitan)
 from planner.export.common import ACCOUNTED, Ledger, layout
@@ -1363,7 +1363,7 @@ def test_an_engine_laying_the_states_out_otherwise_prices_the_memory_again(notes
     noted when it does, or when the model cannot be priced again here."""
     # pp=4, ZeRO-3, priced for Megatron (the file predates recorded layouts: say it so)
     megatron = engine_settings(data_plan("llama3-70b-pp4-zero3-megatron"), state_layout="megatron")
-    with pytest.raises(SpecError, match=r"^export torchtitan: with the model states as "
+    with pytest.raises(InfeasibleError, match=r"^export torchtitan: with the model states as "
                                         r"torchtitan's FSDP2 lays them out .* needs [0-9.]+ GB "
                                         r"per GPU, more than the 75.0 GB usable"):
         to_torchtitan(megatron, "0.2.2")

@@ -428,6 +428,9 @@ def test_every_form_that_splits_the_sequence_calls_attention_per_chunk(tiny_llam
     ("cp=1,cp_comm=a2a", r"fix\.cp_comm: a2a exchanges .* cp=1 has none; drop cp_comm or pin"),
     ("tp=2,sequence_parallel=false", r"fix\.sequence_parallel: false with tp=2, but a model with "
                                      r"routed experts .*; pin sequence_parallel=true or tp=1$"),
+    # etp > 1 takes tp = etp, which sequence_parallel=false refuses: named, not a summary
+    ("ep=2,etp=2,sequence_parallel=false", r"^fix\.sequence_parallel: false with etp=2, which "
+                                           r"needs tp=2 .*; pin sequence_parallel=true or etp=1$"),
     ("ep=8,pp=2", r"fix\.ep: ep x etp = 8 must fold into the tp x cp x dp = 4 GPUs of a "
                   r"pipeline stage \(8 GPUs / pp=2\); use ep=1 or 2 or 4 or fewer stages$"),
     ("ep=8,cp=2,tp=1,dp=2", r"fix\.ep: ep x etp = 8 must fold into the tp x cp x dp = 4 GPUs "

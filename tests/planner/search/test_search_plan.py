@@ -69,6 +69,18 @@ def test_tp_map_names_megatron_roles(tiny_llama):
 def test_bad_fix_is_a_spec_error(tiny_llama):
     with pytest.raises(SpecError, match="unknown knob 'tensor'"):
         parse_fix("tensor=2")
+    # names from elsewhere (Megatron's flags, capitals) point to the knob or the engine setting
+    with pytest.raises(SpecError, match=r"^fix: unknown knob 'expert_model_parallel_size'; did "
+                                        r"you mean ep=8\?$"):
+        parse_fix("expert_model_parallel_size=8")
+    with pytest.raises(SpecError, match=r"did you mean ep=8\?$"):
+        parse_fix("EP=8")
+    with pytest.raises(SpecError, match=r"^fix: unknown knob 'dispatcher'; the engine setting "
+                                        r"moe_dispatcher is given with --engine "
+                                        r"moe_dispatcher=deepep$"):
+        parse_fix("dispatcher=deepep")
+    with pytest.raises(SpecError, match=r"unknown knob 'foo'; choose from dp, tp"):
+        parse_fix("foo=1")
     with pytest.raises(SpecError, match="fix.schedule"):
         parse_fix("schedule=zigzag")
     with pytest.raises(SpecError, match=r"fix.tp: given twice \(2 and 4\); give it once"):
