@@ -220,11 +220,26 @@ def overlap_blockers(engine: EngineSpec, *, ep: int, recompute: str, dtype: str,
     return why
 
 
+def unpaired_share(micro_batches: int, pp: int = 1, vpp: int = 1) -> float:
+    """Of a pipeline rank's forward (and backward) chunk passes, the share that runs with no pass
+    of another micro-batch beside it under the overlapped dispatch: the first rank's warm-up
+    forwards (and as many cool-down backwards), 2 (pp - 1) + (vpp - 1) pp of its micro-batches x
+    vpp chunks under interleaved 1F1B (Megatron-Core's schedules.py: the warm-up of pipeline rank
+    0), at least the first one (pp = 1: one forward alone, then each forward beside the previous
+    micro-batch's backward). The first rank has the most and sets the step. 0 micro-batches: 0
+    (the steady state)."""
+    if not micro_batches:
+        return 0.0
+    passes = micro_batches * vpp
+    warmup = 2 * (pp - 1) + (vpp - 1) * pp if pp > 1 else 1
+    return min(passes, max(1, warmup)) / passes
+
+
 def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, share: float,
                      ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
                      recompute_full: bool, fwd_s=0.0, bwd_s=0.0, num_experts=0.0,
-                     moe_layers=0.0, micro_batches: int = 0, capacity=0.0, groups=0.0,
-                     group_topk=0.0):
+                     moe_layers=0.0, micro_batches: int = 0, pp: int = 1, vpp: int = 1,
+                     capacity=0.0, groups=0.0, group_topk=0.0):
     """Per block (numpy arrays over blocks): the dispatch and combine it exposes per micro-batch,
     forward and backward (full recomputation replays the forward's). ``dispatch_bytes`` and
     ``routed_tokens`` per sample, ``moe_layers`` per block (costmodels.workload.BlockWork; a
@@ -240,10 +255,10 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     microbatches"; DeepSeek-V3's DualPipe pairs chunks the same way), so the forward's
     all-to-alls run behind the partner's backward compute and the backward's (with a replayed
     forward's) behind the partner's forward: only what exceeds each is exposed, neither pass
-    lending the other its spare time. Of ``micro_batches`` micro-batches one
-    has no partner (the first forward and the last backward run alone), and its all-to-alls
-    are exposed whole: one micro-batch overlaps nothing (0: the steady state). A pipeline's
-    other warm-up and cool-down passes, also without a partner, are not counted apart.
+    lending the other its spare time. The passes with no partner expose their all-to-alls
+    whole (unpaired_share: the warm-up's forwards and the cool-down's backwards of the first
+    pipeline rank, of ``micro_batches`` micro-batches over ``pp`` ranks of ``vpp`` chunks each;
+    0 micro-batches: the steady state).
     ``groups``, ``group_topk``: the router's group-limited routing (BlockWork.expert_groups),
     which DeepEP's sends follow (node_sends)."""
     layers = np.where(dispatch_bytes > 0, np.maximum(moe_layers, 1.0), 0.0)
@@ -274,7 +289,7 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     back = fwd * (2 if recompute_full else 1)  # the backward pass's (and a replayed forward's)
     total = fwd + back
     if engine.moe_overlap:
-        paired = (micro_batches - 1) / micro_batches if micro_batches else 1.0
+        paired = 1.0 - unpaired_share(micro_batches, pp, vpp)
         exposed = np.maximum(0.0, fwd - bwd_s) + np.maximum(0.0, back - fwd_s)
         total = (1 - paired) * total + paired * exposed
     return np.where(layers > 0, total, 0.0)
