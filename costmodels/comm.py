@@ -49,6 +49,17 @@ def folded(inner: GroupShape, outer: GroupShape) -> GroupShape:
     return GroupShape(size=inner.size * outer.size, per_node=inner.size * outer.per_node)
 
 
+def beside_compute_s(comm_s, window_s, slowdown: float):
+    """Seconds that ``comm_s`` of communication, run beside ``window_s`` of compute, adds to that
+    compute, when compute runs ``slowdown`` slower while both run (DeviceSpec.overlap_slowdown):
+    what outlasts the stretched compute, else the stretch itself, the share
+    slowdown / (1 + slowdown) of the communication's time (compute done at 1 / (1 + slowdown)
+    of its speed for ``comm_s``, then the rest at full speed). numpy arrays too."""
+    stretch = comm_s * (slowdown / (1.0 + slowdown))
+    beyond = comm_s - window_s
+    return _larger(_larger(0.0 * beyond, beyond), stretch)
+
+
 def p2p_s(nbytes: float, link: LinkSpec) -> float:
     """One message of ``nbytes`` over ``link``."""
     if nbytes <= 0:

@@ -54,11 +54,12 @@ def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_
     queries; smaller under latent attention, whose values are narrower)."""
     if cp <= 1 or kv_bytes <= 0:
         return 0.0, 0.0
+    slow = cluster.device.overlap_slowdown  # what a send hidden behind attention costs it
     if form == "p2p":
         link = cluster.intra_node if group.per_node >= group.size else cluster.inter_node
-        fwd, bwd = _ring(cp, kv_bytes / cp, attn_fwd_s, attn_bwd_s, link, gradients_on)
+        fwd, bwd = _ring(cp, kv_bytes / cp, attn_fwd_s, attn_bwd_s, link, slow, gradients_on)
         if gradients_back:
-            bwd = _sent_back(cp, gradients_back * kv_bytes / cp, attn_bwd_s, link)
+            bwd = _sent_back(cp, gradients_back * kv_bytes / cp, attn_bwd_s, link, slow)
         elif passes_last:
             bwd += comm.p2p_s(gradients_on * kv_bytes / cp, link)
         return fwd, bwd
@@ -67,9 +68,10 @@ def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_
         if gathered_ring:
             link = cluster.intra_node if group.per_node >= group.size else cluster.inter_node
             sync = link.sync_s
-            fwd = sync + max(0.0, gather - sync - attn_fwd_s / cp)
-            again = sync + max(0.0, gather - sync - attn_bwd_s / cp)
-            return fwd, again + _passed_on(cp, gradients_on * kv_bytes / cp, attn_bwd_s, link)
+            fwd = sync + comm.beside_compute_s(gather - sync, attn_fwd_s / cp, slow)
+            again = sync + comm.beside_compute_s(gather - sync, attn_bwd_s / cp, slow)
+            return fwd, again + _passed_on(cp, gradients_on * kv_bytes / cp, attn_bwd_s, link,
+                                           slow)
         return gather, gather + comm.reduce_scatter_s(kv_bytes, group, cluster)
     out = q_bytes if out_bytes is None else out_bytes
     moved = (q_bytes + out + kv_bytes) / cp  # q, k, v in and the output back, each a local shard
@@ -80,7 +82,7 @@ def exchange_s(form: str, *, cp: int, kv_bytes: float, q_bytes: float, attn_fwd_
     inner = heads_ranks(group)
     outer = cp // inner
     heads = comm.alltoall_s(moved, GroupShape(size=inner, per_node=inner), cluster, count=4)
-    f, b = _ring(outer, kv_bytes / cp, attn_fwd_s, attn_bwd_s, cluster.inter_node)
+    f, b = _ring(outer, kv_bytes / cp, attn_fwd_s, attn_bwd_s, cluster.inter_node, slow)
     return heads + f, heads + b
 
 
@@ -91,32 +93,33 @@ def heads_ranks(group: GroupShape) -> int:
 
 
 def _ring(steps: int, chunk_bytes: float, attn_fwd_s: float, attn_bwd_s: float,
-          link, gradients_on: float = 1.0) -> tuple[float, float]:
+          link, slow: float, gradients_on: float = 1.0) -> tuple[float, float]:
     """A ring of ``steps`` ranks: steps - 1 sends of one K/V chunk in forward (in backward the
     chunk and its gradients, ``gradients_on`` bytes per K/V byte), each behind one step's share
     of the attention compute; what a synchronizing call costs between busy ranks
-    (``LinkSpec.sync_s``) is not hidden."""
+    (``LinkSpec.sync_s``) is not hidden; a hidden send slows that compute by ``slow``
+    (comm.beside_compute_s)."""
     if steps <= 1:
         return 0.0, 0.0
     sync = link.sync_s
     send_f = comm.p2p_s(chunk_bytes, link) - sync
     send_b = comm.p2p_s((1 + gradients_on) * chunk_bytes, link) - sync
-    return ((steps - 1) * (sync + max(0.0, send_f - attn_fwd_s / steps)),
-            (steps - 1) * (sync + max(0.0, send_b - attn_bwd_s / steps)))
+    return ((steps - 1) * (sync + comm.beside_compute_s(send_f, attn_fwd_s / steps, slow)),
+            (steps - 1) * (sync + comm.beside_compute_s(send_b, attn_bwd_s / steps, slow)))
 
 
-def _passed_on(steps: int, grad_bytes: float, attn_bwd_s: float, link) -> float:
+def _passed_on(steps: int, grad_bytes: float, attn_bwd_s: float, link, slow: float) -> float:
     """Backward of a ring that passes each rank's running key/value gradients (``grad_bytes``) to
     the next rank after every step, ``steps`` sends in all (torch's templated ring, whose last
     send brings each rank its own): each behind the next step's compute, the last one exposed."""
     if steps <= 1:
         return 0.0
     send = comm.p2p_s(grad_bytes, link)
-    hidden = max(0.0, send - link.sync_s - attn_bwd_s / steps)
+    hidden = comm.beside_compute_s(send - link.sync_s, attn_bwd_s / steps, slow)
     return (steps - 1) * (link.sync_s + hidden) + send
 
 
-def _sent_back(steps: int, grad_bytes: float, attn_bwd_s: float, link) -> float:
+def _sent_back(steps: int, grad_bytes: float, attn_bwd_s: float, link, slow: float) -> float:
     """Backward of a ring whose ranks send each step's key/value gradients (``grad_bytes``) to
     their owner as soon as the step is done: steps - 1 sends queue on the link behind the
     compute of the steps after theirs, so the last one is exposed whole; each call's
@@ -126,7 +129,7 @@ def _sent_back(steps: int, grad_bytes: float, attn_bwd_s: float, link) -> float:
     sync = link.sync_s
     send = comm.p2p_s(grad_bytes, link) - sync
     later = (steps - 2) * attn_bwd_s / steps  # compute after the first send, before the last
-    return (steps - 1) * sync + max(send, (steps - 1) * send - later)
+    return (steps - 1) * sync + send + comm.beside_compute_s((steps - 2) * send, later, slow)
 
 
 def ring_merge_s(cp: int, *, q_bytes: float, kv_bytes: float, word: int,

@@ -290,6 +290,7 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     total = fwd + back
     if engine.moe_overlap:
         paired = 1.0 - unpaired_share(micro_batches, pp, vpp)
-        exposed = np.maximum(0.0, fwd - bwd_s) + np.maximum(0.0, back - fwd_s)
+        slow = cluster.device.overlap_slowdown  # the partner's compute, slowed beside them
+        exposed = comm.beside_compute_s(fwd, bwd_s, slow) + comm.beside_compute_s(back, fwd_s, slow)
         total = (1 - paired) * total + paired * exposed
     return np.where(layers > 0, total, 0.0)

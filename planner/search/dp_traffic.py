@@ -128,13 +128,19 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
       are reduced once, after all the backward passes, so nothing hides the reduction (ZeRO-2
       then moves what ZeRO-1 does), and ZeRO-3 gathers about once per micro-batch
       (zero3_calls), behind compute.
-    Without overlap every byte is exposed. Gradients travel at ``per.grads`` bytes per parameter,
+    Hidden traffic still slows the compute it runs beside (comm.beside_compute_s, the device's
+    overlap_slowdown). Without overlap every byte is exposed. Gradients travel at ``per.grads`` bytes per parameter,
     gathered weights at ``per.weights``. ``params``, ``compute_s`` and ``backward_s`` may be
     numpy arrays (one entry per pipeline rank)."""
     m = cfg.num_microbatches
+    slow = cluster.device.overlap_slowdown
+
+    def beside(comm_s, window_s):  # hidden behind compute, at the cost of slowing it
+        return comm.beside_compute_s(comm_s, window_s, slow)
+
     scatter = comm.reduce_scatter_s(params * per.grads, group, cluster)
     gather = comm.allgather_s(params * per.weights, group, cluster)
-    weights = (np.maximum(0.0, gather - (compute_s - backward_s)) if overlap and gather_overlap
+    weights = (beside(gather, compute_s - backward_s) if overlap and gather_overlap
                else gather)  # ZeRO-1/2's all-gather of the updated weights
     if pipelined:
         if cfg.zero <= 1:
@@ -143,18 +149,17 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
         if cfg.zero == 2:
             return gather + scatter
         gathers = zero3_calls(m, True)[0] * gather
-        return scatter + (np.maximum(0.0, gathers - m * compute_s) if overlap else gathers)
+        return scatter + (beside(gathers, m * compute_s) if overlap else gathers)
     if cfg.zero <= 1:  # ZeRO-1 runs the two halves as separate calls (backend speeds may differ)
         if cfg.zero == 0:
             sync = comm.allreduce_s(params * per.grads, group, cluster)
-            return np.maximum(0.0, sync - backward_s) if overlap else sync
-        return weights + (np.maximum(0.0, scatter - backward_s) if overlap else scatter)
+            return beside(sync, backward_s) if overlap else sync
+        return weights + (beside(scatter, backward_s) if overlap else scatter)
     if cfg.zero == 2:
-        return weights + (np.maximum(0.0, m * scatter - m * backward_s) if overlap
-                          else m * scatter)
+        return weights + (beside(m * scatter, m * backward_s) if overlap else m * scatter)
     gathers, scatters = zero3_calls(m, False)
     total = gathers * gather + scatters * scatter
-    return np.maximum(0.0, total - m * compute_s) if overlap else total
+    return beside(total, m * compute_s) if overlap else total
 
 
 def dp_rates(cfg: Config, cluster: Cluster, training: TrainingSpec, orders) -> list[tuple]:

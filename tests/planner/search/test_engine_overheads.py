@@ -304,6 +304,13 @@ def test_fsdp_copies_move_weights_and_gradients_at_their_own_bytes():
         assert fsdp_copies_s(c, n, per, device, pipelined=piped) == pytest.approx(once)
 
 
+def _hiding_free(cluster):
+    """``cluster`` with communication hidden behind compute priced free (overlap_slowdown 0):
+    what hides where, apart from what hiding costs the compute."""
+    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device,
+                                                                   overlap_slowdown=0.0))
+
+
 def test_fsdp2_under_pipelining_schedules_reduces_once_per_step():
     """torch.distributed.pipelining turns FSDP2's gradient sync (and its reshard after backward)
     off for every micro-batch but the last: ZeRO-2 reduce-scatters once per step, not once per
@@ -313,7 +320,7 @@ def test_fsdp2_under_pipelining_schedules_reduces_once_per_step():
     from planner.search import placement
     from costmodels import comm
 
-    cluster = load_cluster("dgx-h100", nodes=2)
+    cluster = _hiding_free(load_cluster("dgx-h100", nodes=2))
     per = DataParallelBytes(grads=4, weights=2)
     n, m = 1e9, 8
     cfg = Config(dp=16, tp=1, pp=1, micro_batch=1, num_microbatches=m, schedule="1f1b",
@@ -341,6 +348,11 @@ def test_fsdp2_under_pipelining_schedules_reduces_once_per_step():
     assert hidden(cfg, False) == pytest.approx(gather)
     assert hidden(cfg, True) == pytest.approx(gather + scatter)
     assert hidden(z3, True) == pytest.approx(scatter)  # the gathers run behind compute
+    # ... and slow it, on a GPU, by the device's overlap_slowdown while they run
+    gpu = load_cluster("dgx-h100", nodes=2)
+    slow = gpu.device.overlap_slowdown
+    assert float(exposed_dp_s(z3, n, per, group, gpu, 100.0, 100.0, True, pipelined=True)) == \
+        pytest.approx(scatter + (m + 1) * gather * slow / (1 + slow))
 
 
 def test_fsdp2_with_deferred_sync_keeps_gradients_unsharded_and_zero3_weights_gathered():
@@ -371,7 +383,7 @@ def test_the_updated_weights_are_gathered_behind_a_forward_never_a_backward():
     from planner.search import placement
     from costmodels import comm
 
-    cluster = load_cluster("dgx-h100", nodes=2)
+    cluster = _hiding_free(load_cluster("dgx-h100", nodes=2))
     per = DataParallelBytes(grads=4, weights=2)
     n = 1e9
     cfg = Config(dp=16, tp=1, pp=1, micro_batch=1, num_microbatches=4, schedule="1f1b",
