@@ -121,11 +121,21 @@ def _release(r: dict) -> str:
     return releases[0]
 
 
+SHARED_OVERLAP = ("DeepSeekV3",)
+"""Models whose shared expert Megatron-Bridge runs beside the dispatch
+(moe_shared_expert_overlap) wherever the all-to-all overlap is off: 25.11's DeepSeek provider
+defaults it to True (src/megatron/bridge/models/deepseek/deepseek_provider.py at 1804c076f) and
+its overlap override sets it False; 25.09's run_script.py sets it True without A2A_1F1B. Qwen3
+and GPT-OSS have no shared expert."""
+
+
 def release_settings(r: dict) -> str:
-    """Engine settings (comma-led) of the row's release configuration (A2A_OVERLAP)."""
+    """Engine settings (comma-led) of the row's release configuration (A2A_OVERLAP,
+    SHARED_OVERLAP)."""
     release = _release(r)
-    if (r["model"].split(" (")[0], r["gpu"]) not in A2A_OVERLAP[release]:
-        return ""
+    model = r["model"].split(" (")[0]
+    if (model, r["gpu"]) not in A2A_OVERLAP[release]:
+        return ",moe_shared_overlap=true" if model in SHARED_OVERLAP else ""
     return ",moe_overlap=true" + (",overlap_grad_reduce=false" if release == "25.09" else "")
 
 

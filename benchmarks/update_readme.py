@@ -216,7 +216,7 @@ SECTIONS = [
      "collective across nodes takes the slower of its intra-node and inter-node phases, not "
      "their sum (NCCL pipelines them); the overlapped dispatch exposes the first pipeline rank's "
      "warm-up and cool-down passes (before: one micro-batch's); and communication hidden behind "
-     "compute slows that compute by 18.9% while both run (the mean Agarwal et al., arXiv "
+     "compute slows that compute by 18.9% while both run (the mean Lee et al., arXiv "
      "2507.03114, measured on A100, H100 and MI250/MI210), which also moved the dense FP8 fit "
      "from 0.52 to 0.51. The constant refits from 49.25 to 49.75 us and the held-out median goes "
      "from 17.0% to 14.9% (all rows 15.9% to 13.8%; outside the data 28.8% to 28.6%). Then the "

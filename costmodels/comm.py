@@ -102,8 +102,11 @@ def allreduce_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
 
     NCCL cuts a collective into chunks that flow through every link of its rings together, so
     the intra-node and inter-node traffic overlap rather than run one after the other; its
-    multi-node bus bandwidth on DGX H100 (8 x 400 Gb/s NICs) is reported near the NICs' 400 GB/s
-    per node, which the sum of the two phases would halve."""
+    multi-node bus bandwidth on DGX H100 (8 x 400 Gb/s NICs) is reported at 400-450 GB/s (on
+    A100 with 8 x HDR, 250-300), about the NICs' line rate per node, which the sum of the two
+    phases would halve. The inter-node volume is the hierarchical one (each GPU's 1/g share
+    over the ring of nodes): a flat ring over all ranks would put up to a third more through
+    each NIC, and stay below the line rate those reports exceed."""
     n, g = group.size, min(group.per_node, group.size)
     if n <= 1:
         return 0.0 * nbytes
@@ -112,7 +115,15 @@ def allreduce_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
     # the all-reduce's own phases, not the backend's separate reduce-scatter/all-gather calls
     intra = 2 * _ring_half_s(nbytes, g, cluster.intra_node, count)
     inter = ring_allreduce_s(nbytes / g, group.nodes, cluster.inter_node, count)
-    return _larger(intra, inter)
+    return _tiers_s(intra, 2 * _ring_half_s(0.0 * nbytes, g, cluster.intra_node, count),
+                    inter, ring_allreduce_s(0.0 * nbytes, group.nodes, cluster.inter_node, count))
+
+
+def _tiers_s(intra, intra_latency, inter, inter_latency):
+    """A collective's intra-node and inter-node phases at once (each with its latency part):
+    the slower tier's transfer sets the time, and both latencies are paid, as every chunk
+    crosses both tiers."""
+    return _larger(intra - intra_latency, inter - inter_latency) + intra_latency + inter_latency
 
 
 def _larger(a, b):
@@ -138,7 +149,8 @@ def _half_collective_s(ring, nbytes, group: GroupShape, cluster: Cluster, count=
         return ring(nbytes, n, cluster.intra_node, count)
     inter = ring(nbytes / g, group.nodes, cluster.inter_node, count)
     intra = ring(nbytes, g, cluster.intra_node, count)
-    return _larger(intra, inter)  # both tiers at once, as allreduce_s
+    return _tiers_s(intra, ring(0.0 * nbytes, g, cluster.intra_node, count),  # as allreduce_s
+                    inter, ring(0.0 * nbytes, group.nodes, cluster.inter_node, count))
 
 
 def alltoall_s(nbytes, group: GroupShape, cluster: Cluster, count=1):

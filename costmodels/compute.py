@@ -89,6 +89,11 @@ class BlockTime:
     """The part of ``bwd_s`` in the weight-gradient GEMMs of Linear layers: what a schedule
     that splits the backward (ZB-H1's W) can run apart from the input gradient. Attention's and
     the element-wise backward are input-gradient work."""
+    shared_fwd_s: float = 0.0
+    """The part of ``fwd_s`` in the shared expert's GEMMs (Gemm.shared_expert): what
+    Megatron-Core's --moe-shared-expert-overlap runs beside the token dispatch and combine."""
+    shared_bwd_s: float = 0.0
+    """... and of ``bwd_s``."""
 
     def recomputing(self, recompute: str) -> "BlockTime":
         """The same block under another recomputation policy: full replays the forward,
@@ -527,9 +532,13 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     if tp > 1:  # host-side DTensor work per sharded Linear (non-zero where measured: CPUs)
         fwd_s += work.tp_linears * device.dtensor_linear_fwd_s
         bwd_s += work.tp_linears * device.dtensor_linear_bwd_s
+    shared = [g for g in work.gemms if g.shared_expert]
+    shared_f, shared_b = gemms_time_s(shared, device, dtype, micro_batch=micro_batch, tp=tp,
+                                      sp=sp)[:2] if shared else (0.0, 0.0)
     bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
                    attn_bwd_s=attn_b, op_recompute_s=op_again, moe_act_recompute_s=act_again,
-                   mla_up_recompute_s=up_again, both_recompute_s=both_again, wgrad_s=gemm_w)
+                   mla_up_recompute_s=up_again, both_recompute_s=both_again, wgrad_s=gemm_w,
+                   shared_fwd_s=shared_f, shared_bwd_s=shared_b)
     return bt.recomputing(recompute)
 
 

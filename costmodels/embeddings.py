@@ -316,16 +316,18 @@ def comm_s(send_intra: float, send_inter: float, recv_bytes: float, env: RecEnv,
 
 
 def allreduce_s(nbytes: float, env: RecEnv) -> float:
-    """Ring all-reduce over all ranks (hierarchical across nodes), seconds."""
+    """Ring all-reduce over all ranks (hierarchical across nodes, both tiers at once as
+    costmodels.comm.allreduce_s: the slower tier's transfer and both latencies), seconds."""
     w, g = env.world, min(env.gpus_per_node, env.world)
     if w <= 1 or nbytes <= 0:
         return 0.0
-    intra = 2 * (g - 1) / g * nbytes / env.intra_bytes_per_s + 2 * (g - 1) * env.intra_latency_s
+    intra = 2 * (g - 1) / g * nbytes / env.intra_bytes_per_s
+    intra_latency = 2 * (g - 1) * env.intra_latency_s
     if w <= g:
-        return intra
+        return intra + intra_latency
     n = w // g
-    inter = 2 * (n - 1) / n * nbytes / g / env.inter_bytes_per_s + 2 * (n - 1) * env.inter_latency_s
-    return intra + inter
+    inter = 2 * (n - 1) / n * nbytes / g / env.inter_bytes_per_s
+    return max(intra, inter) + intra_latency + 2 * (n - 1) * env.inter_latency_s
 
 
 def input_dist_bytes(tables, env: RecEnv) -> float:

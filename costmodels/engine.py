@@ -173,6 +173,13 @@ class EngineSpec:
     moe_overlap: bool = False
     """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
+    moe_shared_overlap: bool = False
+    """The shared expert's GEMMs run on a stream of their own beside the token dispatch (its
+    first GEMM and activation) and combine (its second), forward and backward, so they hide that
+    much of the all-to-alls (Megatron-Core's --moe-shared-expert-overlap; Megatron-Bridge sets it
+    for DeepSeek-V3 wherever the all-to-all overlap is off). Only with the alltoall or deepep
+    dispatcher and not with ``moe_overlap``, as Megatron-Core requires; no effect on a model
+    without shared experts."""
 
     def overlaps_reduction(self, *, zero: int, pp: int) -> bool:
         """Whether data-parallel gradient reduction hides behind the backward for a configuration
@@ -204,6 +211,14 @@ class EngineSpec:
         if 0 < self.moe_capacity_factor < 1:
             raise SpecError("engine.moe_capacity_factor: expected 0 (dropless) or >= 1, got "
                             f"{self.moe_capacity_factor!r}")
+        if self.moe_shared_overlap and self.moe_overlap:
+            raise SpecError("engine.moe_shared_overlap: Megatron-Core runs the shared expert "
+                            "beside the dispatch or overlaps the dispatch with another "
+                            "micro-batch (moe_overlap), not both; drop one of the two")
+        if self.moe_shared_overlap and self.moe_dispatcher not in ("alltoall", "deepep"):
+            raise SpecError("engine.moe_shared_overlap: Megatron-Core overlaps the shared expert "
+                            "with the alltoall or deepep (flex) dispatcher only; set "
+                            "moe_dispatcher=alltoall or drop moe_shared_overlap")
         if self.moe_pad_to_capacity and self.moe_dispatcher == "deepep":
             raise SpecError("engine.moe_pad_to_capacity: DeepEP's dispatch does not pad experts "
                             "to capacity (Megatron-Core refuses it with the flex dispatcher); "
@@ -349,7 +364,7 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     kw = {**base, **dict(spec)}
     for key in ("overlap_grad_reduce", "overlap_param_gather", "fsdp_copies", "fsdp_experts",
                 "pipelined_accumulation", "moe_grouped_gemm", "moe_overlap",
-                "moe_probs_in_activation", "moe_pad_to_capacity"):
+                "moe_shared_overlap", "moe_probs_in_activation", "moe_pad_to_capacity"):
         if key in kw and not isinstance(kw[key], bool):
             text = str(kw[key]).lower()
             if text not in ("true", "false", "1", "0", "yes", "no"):

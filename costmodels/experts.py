@@ -223,15 +223,16 @@ def overlap_blockers(engine: EngineSpec, *, ep: int, recompute: str, dtype: str,
 def unpaired_share(micro_batches: int, pp: int = 1, vpp: int = 1) -> float:
     """Of a pipeline rank's forward (and backward) chunk passes, the share that runs with no pass
     of another micro-batch beside it under the overlapped dispatch: the first rank's warm-up
-    forwards (and as many cool-down backwards), 2 (pp - 1) + (vpp - 1) pp of its micro-batches x
-    vpp chunks under interleaved 1F1B (Megatron-Core's schedules.py: the warm-up of pipeline rank
-    0), at least the first one (pp = 1: one forward alone, then each forward beside the previous
-    micro-batch's backward). The first rank has the most and sets the step. 0 micro-batches: 0
-    (the steady state)."""
+    forwards (and as many cool-down backwards), 2 (pp - 1) + (vpp - 1) pp + 1 of its
+    micro-batches x vpp chunks under interleaved 1F1B (Megatron-Core's get_pp_rank_microbatches,
+    core_v0.19.0 schedules.py: the warm-up of pipeline rank 0, one more with the overlap, so that
+    every 1F1B step pairs independent passes), at least the first one (pp = 1: one forward
+    alone, then each forward beside the previous micro-batch's backward). The first rank has the
+    most and sets the step. 0 micro-batches: 0 (the steady state)."""
     if not micro_batches:
         return 0.0
     passes = micro_batches * vpp
-    warmup = 2 * (pp - 1) + (vpp - 1) * pp if pp > 1 else 1
+    warmup = 2 * (pp - 1) + (vpp - 1) * pp + 1 if pp > 1 else 1
     return min(passes, max(1, warmup)) / passes
 
 
@@ -239,7 +240,8 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
                      ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
                      recompute_full: bool, fwd_s=0.0, bwd_s=0.0, num_experts=0.0,
                      moe_layers=0.0, micro_batches: int = 0, pp: int = 1, vpp: int = 1,
-                     capacity=0.0, groups=0.0, group_topk=0.0):
+                     capacity=0.0, groups=0.0, group_topk=0.0, shared_fwd_s=None,
+                     shared_bwd_s=None):
     """Per block (numpy arrays over blocks): the dispatch and combine it exposes per micro-batch,
     forward and backward (full recomputation replays the forward's). ``dispatch_bytes`` and
     ``routed_tokens`` per sample, ``moe_layers`` per block (costmodels.workload.BlockWork; a
@@ -260,7 +262,9 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     pipeline rank, of ``micro_batches`` micro-batches over ``pp`` ranks of ``vpp`` chunks each;
     0 micro-batches: the steady state).
     ``groups``, ``group_topk``: the router's group-limited routing (BlockWork.expert_groups),
-    which DeepEP's sends follow (node_sends)."""
+    which DeepEP's sends follow (node_sends). ``shared_fwd_s``, ``shared_bwd_s``: per block, the
+    shared expert's GEMMs in each pass (BlockTime.shared_fwd_s), which
+    EngineSpec.moe_shared_overlap runs beside that pass's all-to-alls."""
     layers = np.where(dispatch_bytes > 0, np.maximum(moe_layers, 1.0), 0.0)
     load = 1.0
     # (a search prices this often: skip the even case)
@@ -287,6 +291,15 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
                                 inter.reshape(layers.shape), group, cluster, count=layers)
         fwd = np.where(np.asarray(capacity) > 0, fwd, node)
     back = fwd * (2 if recompute_full else 1)  # the backward pass's (and a replayed forward's)
+    if engine.moe_shared_overlap and not engine.moe_overlap and shared_fwd_s is not None \
+            and ep > 1:  # (the two are exclusive: EngineSpec refuses both)
+        # the shared expert's GEMMs beside the all-to-alls, on a stream of their own: each pass's
+        # hide behind that pass's shared-expert compute (a replayed forward's behind its own)
+        slow = cluster.device.overlap_slowdown
+        fwd_alone = fwd
+        fwd = comm.beside_compute_s(fwd, shared_fwd_s, slow)
+        back = comm.beside_compute_s(fwd_alone, shared_bwd_s, slow) + (
+            fwd if recompute_full else 0.0)
     total = fwd + back
     if engine.moe_overlap:
         paired = 1.0 - unpaired_share(micro_batches, pp, vpp)

@@ -95,9 +95,11 @@ in the GEMM epilogue), the range of the end-to-end FP8 speedups published for de
 OVERLAP_SLOWDOWN = 0.189
 """How much slower compute kernels run while a collective runs beside them, every GPU: 18.9% is the
 mean slowdown measured over GPT and Llama training kernels overlapped with NCCL/RCCL collectives
-on A100, H100, MI250 and MI210 (maximum 40%; Agarwal et al., "Characterizing Compute-
+on A100, H100, MI250 and MI210 (maximum 40%; Lee et al., "Characterizing Compute-
 Communication Overlap in GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114, 2025).
-The communication kernels take SMs (NCCL runs a block per channel) and memory bandwidth."""
+The communication kernels take SMs (NCCL runs a block per channel) and memory bandwidth. Measured
+on 4 GPUs of one node; applied here to collectives across nodes and to the context-parallel
+ring's point-to-point sends too, which is an extrapolation (fewer SMs drive a send)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -53,6 +53,10 @@ class Gemm:
     mla_up: bool = False
     """An up projection of multi-head latent attention (the queries', and the keys' and values'
     from their shared latent), which ``recompute="mla_up_proj"`` runs again in backward."""
+    shared_expert: bool = False
+    """A GEMM of an MoE layer's shared expert (DeepSeek's, Qwen2-MoE's: every token, beside the
+    routed experts), which Megatron-Core's --moe-shared-expert-overlap runs beside the token
+    dispatch and combine (EngineSpec.moe_shared_overlap)."""
 
     @property
     def flops(self) -> float:
@@ -356,7 +360,8 @@ class BlockWork:
     def to_dict(self) -> dict:
         d = {f: getattr(self, f) for f in WORK_FIELDS}
         d["gemms"] = [[g.batch, g.m, g.n, g.k, g.split, int(g.linear), int(g.grad_a),
-                       int(g.grad_b), int(g.attention), g.experts, g.masked, int(g.mla_up)]
+                       int(g.grad_b), int(g.attention), g.experts, g.masked, int(g.mla_up),
+                       int(g.shared_expert)]
                       for g in self.gemms]
         return d
 
@@ -366,7 +371,8 @@ class BlockWork:
                            grad_a=bool(ga), grad_b=bool(gb), attention=bool(at),
                            experts=int(rest[0]) if rest else 0,
                            masked=float(rest[1]) if len(rest) > 1 else 0.0,
-                           mla_up=bool(rest[2]) if len(rest) > 2 else False)
+                           mla_up=bool(rest[2]) if len(rest) > 2 else False,
+                           shared_expert=bool(rest[3]) if len(rest) > 3 else False)
                       for b, m, n, k, s, lin, ga, gb, at, *rest in d.get("gemms", []))
         return cls(gemms=gemms, **{f: d[f] for f in WORK_FIELDS if f in d})
 

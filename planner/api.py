@@ -508,6 +508,12 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec,
                         "and changes nothing here; give moe_imbalance (the busiest expert's "
                         "share)" + (" or moe_pad_to_capacity=true"
                                     if engine.moe_dispatcher != "deepep" else ""))
+        if engine.moe_shared_overlap and not any(
+                g.shared_expert for b in prepared.blocks.blocks for g in b.work.gemms):
+            log.warning("engine.moe_shared_overlap: %s has no shared expert (a GEMM of every "
+                        "token beside the routed experts, inside their layer); "
+                        "moe_shared_overlap changes nothing here",
+                        prepared.info.get("name", "the model"))
         if training.engine.moe_overlap and training.engine.moe_dispatcher == "allgather":
             log.warning("engine.moe_overlap: the overlapped dispatch runs with the alltoall and "
                         "deepep dispatchers only (Megatron-Core refuses it with %s); no "

@@ -416,7 +416,10 @@ _KNOB_NAMES = {"data_parallel": "dp", "tensor_parallel": "tp", "pipeline_paralle
                "expert_model_parallel": "ep", "expert_tensor_parallel": "etp", "mbs": "micro_batch",
                "microbatch": "micro_batch", "micro_batch_size": "micro_batch",
                "sp": "sequence_parallel", "zero_stage": "zero", "activation_checkpointing":
-               "recompute", "pp_schedule": "schedule", "cp_comm_type": "cp_comm"}
+               "recompute", "pp_schedule": "schedule", "cp_comm_type": "cp_comm",
+               "tensor_model_parallel": "tp", "pipeline_model_parallel": "pp",
+               "virtual_pipeline_model_parallel": "vpp", "data_parallel_shard": "dp",
+               "data_parallel_replicate": "dp"}
 """What people call the knobs elsewhere (Megatron's and torchtitan's flag names, shorthands),
 for the hint after an unknown one (matched on the lowercased name, any '-size' / '_size' dropped)."""
 
@@ -429,9 +432,13 @@ def _unknown_knob(key: str, value, where: str) -> str:
     meant = plain if plain in FIX_KEYS else _KNOB_NAMES.get(plain)
     if meant:
         return f"{where}: unknown knob '{key}'; did you mean {meant}={value}?"
+    if plain in _RUN_FLAGS:  # global_batch_size: a setting of the run
+        return (f"{where}: unknown knob '{key}'; a setting of the run, given with "
+                f"{_RUN_FLAGS[plain]} {value}{again}")
     close = difflib.get_close_matches(plain, FIX_KEYS, n=2, cutoff=0.75)
     if close:
-        return f"{where}: unknown knob '{key}'; did you mean {' or '.join(close)}?"
+        return f"{where}: unknown knob '{key}'; did you mean " + (
+            f"{close[0]}={value}?" if len(close) == 1 else f"{' or '.join(close)}?")
     engine = [name for name in _ENGINE_KEYS if plain in name.split("_")] or \
         difflib.get_close_matches(plain, sorted(_ENGINE_KEYS), n=1, cutoff=0.75)
     if len(engine) == 1:
@@ -470,8 +477,8 @@ def _fix_value(key: str, value, where: str = "fix"):
                 raise ValueError(value)
             v = int(value)
         except (TypeError, ValueError, OverflowError):
-            raise SpecError(f"{where}.{key}: expected an integer, got {value!r}; write it in "
-                            f"digits, e.g. {key}={2 if key != 'zero' else 1}") from None
+            raise SpecError(f"{where}.{key}: expected a whole number, got {value!r}; e.g. "
+                            f"{key}={2 if key != 'zero' else 1}") from None
         if key == "zero" and v not in ZERO_STAGES:
             raise SpecError(f"{where}.zero: expected 0, 1, 2 or 3, got {value!r}")
         if key != "zero" and v < 1:

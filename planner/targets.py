@@ -97,6 +97,8 @@ class Engine:
     moe_overlap: bool = True
     """Its expert all-to-alls overlap another micro-batch's compute (EngineSpec.moe_overlap) with
     the schedules it offers."""
+    moe_shared_overlap: bool = True
+    """It runs a shared expert beside the dispatch and combine (EngineSpec.moe_shared_overlap)."""
     deepep_models: tuple[str, ...] = ()
     """The Hugging Face model types whose model in the engine runs DeepEP (moe_dispatcher
     deepep); empty: any that it runs."""
@@ -126,7 +128,7 @@ ENGINES: dict[str, Engine] = {
                     # its experts run every routed token (no capacity), exchanged by
                     # point-to-point all-to-alls between the passes (planner.runtime.experts)
                     moe_capacity=False, moe_dispatchers=("alltoall",), moe_overlap=False,
-                    software="torch"),
+                    moe_shared_overlap=False, software="torch"),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs
@@ -162,7 +164,8 @@ ENGINES: dict[str, Engine] = {
                          # models), and overlaps the all-to-alls only under DualPipeV, a
                          # schedule this table does not offer
                          moe_capacity=False, moe_dispatchers=("alltoall", "deepep"),
-                         moe_overlap=False, deepep_models=("deepseek_v3", "llama4"),
+                         moe_overlap=False, moe_shared_overlap=False,
+                         deepep_models=("deepseek_v3", "llama4"),
                          # "DeepEP with Expert Tensor Parallelism (ETP) is not supported yet"
                          deepep_with_etp=False),
     # Megatron-LM: 1F1B and interleaved 1F1B; the distributed optimizer (ZeRO-1), Megatron FSDP
@@ -203,7 +206,8 @@ ENGINES: dict[str, Engine] = {
                         zero3_with_cp_ep=False, software="deepspeed",
                         # its MoE layer (and AutoEP) dispatch by all-to-all with no overlap
                         # setting; its own MoE layer takes a capacity factor (AutoEP does not)
-                        moe_dispatchers=("alltoall",), moe_overlap=False),
+                        moe_dispatchers=("alltoall",), moe_overlap=False,
+                        moe_shared_overlap=False),
 }
 TARGETS: tuple[str, ...] = tuple(ENGINES)
 
@@ -259,6 +263,10 @@ def check_engine(engine_spec, target: str, model_type: str | None = None) -> Non
         raise SpecError(f"engine.moe_dispatcher: {who} runs DeepEP in its "
                         f"{' and '.join(eng.deepep_models)} models only, not {model_type}; set "
                         f"moe_dispatcher={eng.moe_dispatchers[0]} or use --target any")
+    if engine_spec.moe_shared_overlap and not eng.moe_shared_overlap:
+        raise SpecError(f"engine.moe_shared_overlap: {who} runs a shared expert before or after "
+                        "the dispatch, not beside it; leave moe_shared_overlap out or use "
+                        "--target any")
     if engine_spec.moe_overlap and not eng.moe_overlap:
         raise SpecError(f"engine.moe_overlap: {who} does not overlap its expert all-to-alls with "
                         "compute in the schedules it offers; leave moe_overlap out or use "

@@ -6,8 +6,8 @@ for a recommendation model's tables.
 writes for one release of its engine (``version``; default: ``planner.targets``' release of that
 engine) and names it in the text. Every knob of the plan is either expressed or listed as not
 expressed exactly, in the text and as one logged warning each (planner.export.common.Ledger); a
-plan the engine cannot run at all (a schedule it lacks, a model it cannot describe, a nearby
-configuration that no longer fits memory) raises SpecError. Mapping tables: docs/exports.md.
+plan the engine cannot run at all (a schedule it lacks, a model it cannot describe) raises
+SpecError; a nearby configuration that no longer fits memory, InfeasibleError. Mapping tables: docs/exports.md.
 
 A recommendation-model plan (one with an ``embeddings`` section) exports to ``torchrec`` only
 (``to_torchrec``: a Python file building TorchRec's ShardingPlan and ParameterConstraints), and

@@ -37,7 +37,7 @@ log = logging.getLogger("planner.export")
 NOTE_WIDTH = 96
 
 MOE_SETTINGS = ("moe_dispatcher", "moe_capacity_factor", "moe_pad_to_capacity",
-                "moe_grouped_gemm", "moe_overlap")
+                "moe_grouped_gemm", "moe_overlap", "moe_shared_overlap")
 """The engine settings of a mixture of experts the plan was priced with (``training.engine``;
 costmodels.engine.EngineSpec). ``moe_imbalance`` is an assumption about the routing, not a setting:
 the exports state it in a comment."""

@@ -235,7 +235,7 @@ def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
                if s["moe_capacity_factor"] and not s["moe_pad_to_capacity"] else ""))
     info = {"ep_size": ep, "experts": counts, "routing": moe.imbalance_words(plan)}
     if ep == 1:
-        ledger.exact("ep", "etp", "moe_dispatcher", "moe_overlap")
+        ledger.exact("ep", "etp", "moe_dispatcher", "moe_overlap", "moe_shared_overlap")
         ledger.dropless(s, "the model's own MoE layer (ep 1)")
         # with ep = 1 the model's own experts run: a Hugging Face model's experts_implementation
         # defaults to grouped_mm (transformers' get_correct_experts_implementation), the grouped
@@ -305,6 +305,12 @@ def _autoep_settings(s: dict, ledger: common.Ledger) -> None:
                        "all-to-alls with compute; they run exposed (a slower step than planned)")
     else:
         ledger.exact("moe_overlap")
+    if s["moe_shared_overlap"]:
+        ledger.missing("moe_shared_overlap", "moe_shared_overlap: DeepSpeed runs a shared expert "
+                       "apart from the dispatch; the all-to-alls it hid run exposed (a slower "
+                       "step than planned)")
+    else:
+        ledger.exact("moe_shared_overlap")
 
 
 def _zero_stage(plan: Plan, ledger: common.Ledger, changes: dict, raising: list[str]) -> int:

@@ -303,6 +303,11 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
     if overlap:
         out.append((["--overlap-moe-expert-parallel-comm"],
                     "dispatch and combine all-to-alls behind another micro-batch's compute"))
+    ledger.exact("moe_shared_overlap")
+    if s["moe_shared_overlap"] and plan.parallel.get("ep", 1) > 1:
+        out.append((["--moe-shared-expert-overlap"],
+                    "the shared expert beside the dispatch and combine (with your model's "
+                    "--moe-shared-expert-intermediate-size)"))
     return out, overlap
 
 

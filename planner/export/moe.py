@@ -26,7 +26,8 @@ SINKS = ("gpt_oss",)
 """Hugging Face model types whose attention has sinks (gpt-oss's learnable softmax offset)."""
 MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_capacity_factor": 0.0,
                 "moe_pad_to_capacity": False,
-                "moe_grouped_gemm": True, "moe_overlap": False, "moe_imbalance": 1.0}
+                "moe_grouped_gemm": True, "moe_overlap": False, "moe_shared_overlap": False,
+                "moe_imbalance": 1.0}
 """costmodels.engine.EngineSpec's defaults (plans from before these settings existed)."""
 
 

@@ -388,6 +388,12 @@ def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> l
                        "planned)")
     else:
         ledger.exact("moe_overlap")
+    if s["moe_shared_overlap"]:
+        ledger.missing("moe_shared_overlap", f"moe_shared_overlap: torchtitan {version} runs the "
+                       "shared expert apart from the dispatch; the all-to-alls it hid run exposed "
+                       "(a slower step than planned)")
+    else:
+        ledger.exact("moe_shared_overlap")
     return out
 
 

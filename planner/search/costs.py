@@ -112,6 +112,11 @@ class BlockCosts:
     stage split; the pricing replaces it by the placement's own (pricing.expert_comm_s)."""
     cp_comm: str = "p2p"
     """The K/V exchange form these costs price (with cp > 1: the fastest of those allowed)."""
+    shared_fwd_s: np.ndarray | None = None
+    """The shared expert's GEMMs in each block's forward (BlockTime.shared_fwd_s): what
+    EngineSpec.moe_shared_overlap hides the forward's dispatch and combine behind."""
+    shared_bwd_s: np.ndarray | None = None
+    """... and in its backward."""
 
     @property
     def backward_pass_s(self) -> np.ndarray:
@@ -315,6 +320,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         params_local=local,
         accumulate_s=accumulate,
         wgrad_s=vec([t.wgrad_s for t in bt]),
+        shared_fwd_s=vec([t.shared_fwd_s for t in bt]),
+        shared_bwd_s=vec([t.shared_bwd_s for t in bt]),
         expert_params_local=vec(w.expert_params / (ep * etp)),
         cp_comm_s=cp_s,
         cp_comm=form,
@@ -364,7 +371,8 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
             seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
             ep_group=ep_group, etp_group=placement.group_shape(etp, 1, g),
             cluster=cluster, recompute_full=recompute == "full", fwd_s=costs.fwd_s,
-            bwd_s=costs.backward_pass_s,
+            bwd_s=costs.backward_pass_s, shared_fwd_s=costs.shared_fwd_s,
+            shared_bwd_s=costs.shared_bwd_s,
             num_experts=w.num_experts, moe_layers=w.moe_layers, capacity=w.expert_capacity,
             groups=w.expert_groups, group_topk=w.expert_groups_per_token)
     spread = [dispatch(engine, comm.GroupShape(size=ep, per_node=k))

@@ -95,7 +95,18 @@ def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
     last micro-batch's backward for ZeRO-0/1, in each micro-batch's for ZeRO-2, and with
     ``gather_overlap`` the ZeRO-1/2 weights' all-gather in the first forward; ZeRO-3's gathers
     and reduction in every forward and backward; ``pipelined``: only ZeRO-3's gathers use them
-    (the reduction waits for every backward)."""
+    (the reduction waits for every backward). Compute beside the traffic runs slowed
+    (DeviceSpec.overlap_slowdown), so M seconds of traffic use M / (1 + s) of the compute: what
+    is left for the next traffic, which windows_left subtracts (the stretch is exposed_dp_s's)."""
+    used = _window_traffic_s(cfg, params, per, group, cluster, pipelined=pipelined,
+                             gather_overlap=gather_overlap)
+    slow = cluster.device.overlap_slowdown
+    return used[0] / (1.0 + slow), used[1] / (1.0 + slow)
+
+
+def _window_traffic_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, *,
+                      pipelined: bool, gather_overlap: bool):
+    """(forward, backward) seconds of the traffic window_use_s places in each window."""
     if pipelined:
         gathers = zero3_calls(cfg.num_microbatches, True)[0] if cfg.zero == 3 else 0
         return 0.0, gathers * comm.allgather_s(params * per.weights, group, cluster) / \

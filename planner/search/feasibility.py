@@ -99,9 +99,12 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                 + ("sequence_parallel=true or tp=1" if sp else "tp=1 (the target runs no "
                    "sequence parallelism)"))
     if space.experts and tp is None and etp > 1 and fix.get("sequence_parallel") is False:
+        sp = options is None or True in options.sequence_parallel  # the target can run it
         return (f"fix.sequence_parallel: false with etp={etp}, which needs tp={etp} (etp is 1 or "
                 "tp), and a model with routed experts runs tensor parallelism sequence-parallel "
-                "(as Megatron-Core requires); pin sequence_parallel=true or etp=1")
+                "(as Megatron-Core requires); pin "
+                + ("sequence_parallel=true or etp=1" if sp else "etp=1 (the target runs no "
+                   "sequence parallelism)"))
     problem = experts_pin_problem(fix, space.experts, n)
     if problem:
         return problem

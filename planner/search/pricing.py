@@ -295,6 +295,7 @@ def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSp
         ep_group=placement.ep_group(cfg, cluster), etp_group=placement.etp_group(cfg, cluster),
         cluster=cluster, recompute_full=cfg.recompute == "full", fwd_s=costs.fwd_s,
         bwd_s=costs.backward_pass_s, num_experts=w.num_experts,
+        shared_fwd_s=costs.shared_fwd_s, shared_bwd_s=costs.shared_bwd_s,
         moe_layers=w.moe_layers, micro_batches=cfg.num_microbatches, pp=cfg.pp, vpp=cfg.vpp,
         capacity=w.expert_capacity, groups=w.expert_groups,
         group_topk=w.expert_groups_per_token)

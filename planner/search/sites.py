@@ -125,14 +125,16 @@ def step_s(hc: HeteroCluster, cfg: Config, slots: dict, stage_compute: list[list
     sends = out_s
     grads = max(dp_s) if dp_s else 0.0
     bwd = min(stage_compute[s][slots[s, 0].site] for s in range(pp)) * cfg.num_microbatches * 2 / 3
-    exposed = max(0.0, grads - bwd) if overlap else grads
+    slow = max(group.device.overlap_slowdown for group in hc.groups)  # compute beside it
+    exposed = comm.beside_compute_s(grads, bwd, slow) if overlap else grads
     return {"step_s": (cfg.num_microbatches + pp - 1) * slot_s + exposed + optimizer_s,
             "slot_s": slot_s, "send_s": max(sends) if sends else 0.0, "grad_sync_s": grads}
 
 
 def _allreduce_s(hc: HeteroCluster, cfg: Config, members: list[Slot], nbytes: float) -> float:
     """Ring all-reduce of ``nbytes`` per GPU over the replicas of one stage (each tp shard in
-    parallel): inside a site on its slowest tier; across sites hierarchically."""
+    parallel): inside a site on its slowest tier; across sites hierarchically, the two at once
+    (the slower sets the time, as comm.allreduce_s has it)."""
     if len(members) <= 1 or nbytes <= 0:
         return 0.0
     by_site: dict = {}
@@ -152,7 +154,7 @@ def _allreduce_s(hc: HeteroCluster, cfg: Config, members: list[Slot], nbytes: fl
         h = sites[(i + 1) % len(sites)]
         link = hc.site_link(g, h).per_gpu(k * cfg.tp, max(1, k * cfg.tp // hc.groups[g].gpus_per_node))
         across = max(across, comm.ring_allreduce_s(nbytes / k, len(sites), link))
-    return inside + across
+    return max(inside, across)
 
 
 def compare(hc: HeteroCluster, cfg: Config, chosen: list[int], stage_compute, cut_bytes,

@@ -25,6 +25,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from costmodels import comm as collectives
 from costmodels import embeddings as emb
 from costmodels.embeddings import Layout, RecEnv, RecModel, Shard, Table
 from costmodels.engine import EngineSpec
@@ -250,7 +251,8 @@ def dense_times(model: RecModel, cluster: Cluster, env: RecEnv, dtype: str,
     bwd = 2 * fwd
     grad_bytes = model.dense_params * 4
     ar = emb.allreduce_s(grad_bytes, env)
-    exposed = max(0.0, ar - bwd) if engine.overlap_grad_reduce else ar
+    exposed = collectives.beside_compute_s(ar, bwd, dev.overlap_slowdown) \
+        if engine.overlap_grad_reduce else ar
     return {"fwd_s": fwd, "bwd_s": bwd, "allreduce_s": ar, "allreduce_exposed_s": exposed}
 
 
@@ -408,21 +410,25 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
                          "tables": sum(1 for lay in chosen if r in lay.ranks)})
     sparse = max(p["sparse_s"] for p in per_rank)
     dp_tables = emb.allreduce_s(dp_bytes, env)
+    slow = cluster.device.overlap_slowdown  # compute beside a hidden reduction
     optimizer = 0.0
     if part is None:
         dense = dense_times(model, cluster, env, dtype, engine)
         grads = dense["allreduce_s"] + dp_tables
-        exposed = max(0.0, grads - dense["bwd_s"]) if engine.overlap_grad_reduce else grads
+        exposed = collectives.beside_compute_s(grads, dense["bwd_s"], slow) \
+            if engine.overlap_grad_reduce else grads
         compute = dense["fwd_s"] + dense["bwd_s"]
     else:  # the dense search's part, its reduction sharing the backward with the tables'
         compute = part.compute_s
         grads = part.reduce_s + dp_tables
         if part.zero == 0:  # one DDP over the dense part and the data-parallel tables
-            exposed = (max(0.0, grads - part.backward_s) if engine.overlap_grad_reduce
-                       else grads)
+            exposed = (collectives.beside_compute_s(grads, part.backward_s, slow)
+                       if engine.overlap_grad_reduce else grads)
         else:  # FSDP2's traffic as the search priced it; the tables' all-reduce in what is left
-            left = max(0.0, part.backward_s - part.reduce_s) if engine.overlap_grad_reduce else 0.0
-            exposed = part.exposed_s + max(0.0, dp_tables - left)
+            # (the dense reduction used reduce_s / (1 + s) of the backward: dp_traffic.window_use_s)
+            left = max(0.0, part.backward_s - part.reduce_s / (1 + slow)) \
+                if engine.overlap_grad_reduce else 0.0
+            exposed = part.exposed_s + collectives.beside_compute_s(dp_tables, left, slow)
         optimizer = part.optimizer_s
     ids = emb.input_dist_bytes(model.tables, env)
     input_s = (emb.comm_s(ids * share, ids * (1 - share), ids, env) / 2) if W > 1 else 0.0

@@ -91,6 +91,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     recomputed = _moe_act_ops(op_names, by, graph.consumers(), routed_modules,
                               {n for n, _ in returning})
     up_region, up_gemms = _mla_up_ops(op_names, by, graph.consumers())
+    shared = _shared_expert_ops(op_names, by, routed_modules)
     for name in op_names:
         op = by[name]
         split_compute, split_out = tp.split_of(name)
@@ -108,6 +109,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
         _add_compute(op, split_compute, split_out, graph.seq_len, acc, gemms,
                      name in attn_gemms, name in scores, hidden,
                      {i for n, i in returning if n == name})
+        if name in shared:
+            gemms[made:] = [dataclasses.replace(g, shared_expert=True) for g in gemms[made:]]
         if name in up_gemms:
             gemms[made:] = [dataclasses.replace(g, mla_up=True) for g in gemms[made:]]
             acc["mla_up_flops"] += sum(g.flops for g in gemms[made:])
@@ -572,6 +575,19 @@ def _mla_up_ops(op_names: list[str], by: dict, cons: dict) -> tuple[set[str], se
             elif any(i in region or i in downs for i in op.inputs):
                 region.add(name)
     return region, {n for n in region if _weight_gemm(by[n])}
+
+
+def _shared_expert_ops(op_names: list[str], by: dict, routed_modules: set[str]) -> set[str]:
+    """The weight GEMMs of an MoE layer's shared expert: inside the module that holds the routed
+    experts, not theirs, and not the router's (whose output has a column per routed expert;
+    Qwen2-MoE's one-column shared-expert gate counts with the shared expert)."""
+    layers = {m.rsplit(".", 1)[0] for m in routed_modules if "." in m}
+    experts = {int(r[7]) for n in op_names if _routes_experts(by[n])
+               for r in by[n].dims.get("gemms", []) if len(r) > 7 and r[7]}
+    return {n for n in op_names
+            if _weight_gemm(by[n]) and not _routes_experts(by[n])
+            and _inside(by[n].module, layers) and not _inside(by[n].module, routed_modules)
+            and not any(r[2] in experts for r in by[n].dims.get("gemms", []))}
 
 
 def _weight_gemm(op: Op) -> bool:

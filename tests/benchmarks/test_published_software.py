@@ -31,7 +31,9 @@ def test_moe_rows_take_their_release_configuration():
         ",moe_overlap=true,overlap_grad_reduce=false"  # 25.09's run_script
     assert settings["Qwen3_235B_a22B", "H100"] == ",moe_overlap=true"  # 25.11's configs
     assert settings["Qwen3_235B_a22B (tokendrop)", "H100"] == ""  # 25.09 drops tokens
-    assert settings["DeepSeekV3 (w/o MTP)", "GB200"] == ""
+    # DeepSeek-V3's shared expert beside the dispatch wherever the all-to-all overlap is off
+    assert settings["DeepSeekV3 (w/o MTP)", "GB200"] == ",moe_shared_overlap=true"
+    assert settings["GPT OSS 120B", "GB200"] == ""  # no shared expert
     with pytest.raises(ValueError, match="names no release"):
         moe_runs.release_settings({**rows[0], "source": "a table of 2027"})
 
@@ -40,7 +42,9 @@ def test_rows_outside_the_reference_data_are_numbered_apart_and_never_fitted():
     more = moe_runs.load_rows(moe_runs.MORE, moe_runs.MORE_INDEX)
     assert more and min(r["index"] for r in more) == moe_runs.MORE_INDEX
     assert all("tokendrop" in r["variant"] for r in more)  # the 25.09 token-drop runs
-    assert {moe_runs.release_settings(r) for r in more} == {""}  # GB200 / B200: no overlap
+    assert {moe_runs.release_settings(r) for r in more if "DeepSeek" not in r["model"]} == {""}
+    assert {moe_runs.release_settings(r) for r in more if "DeepSeek" in r["model"]} == \
+        {",moe_shared_overlap=true"}  # GB200 / B200: no all-to-all overlap
     for r in more:  # every row's published layout holds together: ep within tp x dp
         pp, ep = int(r["pp"]), int(r["ep"])
         assert (int(r["gpus"]) // pp) % ep == 0, r["index"]

@@ -45,10 +45,15 @@ def test_hierarchical_allreduce_inside_and_across_nodes():
     inside = allreduce_s(1e9, GroupShape(size=8, per_node=8), c)
     assert inside == pytest.approx(ring_allreduce_s(1e9, 8, c.intra_node))
     across = allreduce_s(1e9, GroupShape(size=32, per_node=8), c)
-    # the two tiers at once (NCCL's chunks flow through both): the slower sets the time
+    # the two tiers at once (NCCL's chunks flow through both): the slower tier's transfer sets
+    # the time, and a chunk pays both tiers' latencies
     intra, inter = 2 * ring_allgather_s(1e9, 8, c.intra_node), ring_allreduce_s(1e9 / 8, 4,
                                                                                  c.inter_node)
-    assert across == pytest.approx(max(intra, inter)) and inter > intra
+    lat_intra, lat_inter = 2 * ring_allgather_s(0.0, 8, c.intra_node), ring_allreduce_s(
+        0.0, 4, c.inter_node)
+    assert across == pytest.approx(inter + lat_intra) and inter - lat_inter > intra - lat_intra
+    tiny = allreduce_s(1e3, GroupShape(size=32, per_node=8), c)  # latency-bound: both tiers'
+    assert tiny >= lat_intra + lat_inter
     # so the bus bandwidth across nodes is the NICs' (8 per node, one per GPU), not less
     busbw = 2 * 31 / 32 * 1e9 / across
     assert 8 * c.inter_node.effective_bytes_per_s < busbw < 8 * c.inter_node.bandwidth_bytes_per_s * 1.5
@@ -62,7 +67,8 @@ def test_allgather_hierarchical_and_p2p():
     # two nodes of DGX H100: each GPU's NIC carries half of its 1/8 share while NVLink gathers
     # the node's 7/8, both at once; NVLink's part is the larger, so the time is the node's
     inside = allgather_s(1e9, GroupShape(size=8, per_node=8), c)
-    assert allgather_s(1e9, GroupShape(size=16, per_node=8), c) == pytest.approx(inside)
+    assert allgather_s(1e9, GroupShape(size=16, per_node=8), c) == pytest.approx(
+        inside + ring_allgather_s(0.0, 2, c.inter_node))  # and the NICs' latency
     assert allgather_s(1e9, GroupShape(size=64, per_node=8), c) > inside  # 7/8 across: the NICs
     link = c.inter_node
     assert p2p_s(1e6, link) == pytest.approx(link.latency_s + 1e6 / link.effective_bytes_per_s)

@@ -61,7 +61,7 @@ BAD = {
                        "unrecognized arguments: --target torchtitan (see `plan whatif --help`)"),
     # errors name the option the user typed
     "bad vary value": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
-                        "--vary", "tp=abc"], "vary.tp: expected an integer, got 'abc'"),
+                        "--vary", "tp=abc"], "vary.tp: expected a whole number, got 'abc'"),
     "bad why": (["show", os.path.join(REPO, "tests", "golden", "plans", "uneven-llama3-8b.json"),
                  "--why", "tp"], "why: 'tp' is not key=value; write e.g. --why tp=16,pp=1"),
 }

@@ -103,7 +103,7 @@ def test_points_change_the_cluster_as_asked():
     ({"nodes": [0]}, "vary.nodes: expected a positive integer"),
     ({"nodes": "8,16"}, "vary.nodes: expected a non-empty list"),
     ({"device": ["h1000"]}, "did you mean h100"),
-    ({"tp": ["x"]}, "vary.tp: expected an integer"),
+    ({"tp": ["x"]}, "vary.tp: expected a whole number"),
     ({"inter_node_bandwidth": [-1]}, "vary.inter_node_bandwidth: expected a positive bandwidth"),
     ({"inter_node_bandwidth": ["fast"]}, "vary.inter_node_bandwidth: expected a bandwidth like"),
     ({"dtype": ["fp4"]}, "vary.dtype: unknown dtype"),

@@ -81,6 +81,13 @@ def test_bad_fix_is_a_spec_error(tiny_llama):
         parse_fix("dispatcher=deepep")
     with pytest.raises(SpecError, match=r"unknown knob 'foo'; choose from dp, tp"):
         parse_fix("foo=1")
+    with pytest.raises(SpecError, match=r"did you mean pp=4\?$"):
+        parse_fix("pipeline_model_parallel_size=4")
+    with pytest.raises(SpecError, match=r"'global_batch_size'; a setting of the run, given with "
+                                        r"--global-batch 512$"):
+        parse_fix("global_batch_size=512")
+    with pytest.raises(SpecError, match=r"^fix\.tp: expected a whole number, got '2\.5'"):
+        parse_fix("tp=2.5")
     with pytest.raises(SpecError, match="fix.schedule"):
         parse_fix("schedule=zigzag")
     with pytest.raises(SpecError, match=r"fix.tp: given twice \(2 and 4\); give it once"):
