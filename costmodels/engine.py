@@ -134,7 +134,7 @@ class EngineSpec:
     Megatron-Core MoE runs under an earlier model of their host time (every MoE layer exposing
     its ops' issue time in full); the TorchRec runs, not fitted on, are predicted with it
     (benchmarks/recsys_runs.py). 0: not modelled."""
-    moe_host_op_s: float = 50.0e-6
+    moe_host_op_s: float = 51.0e-6
     """Host seconds per op (as traced) of an MoE layer: the layer's forward takes at least its
     ops times this, its backward twice that, however fast the device runs them. MoE layers run
     many small kernels, and dropless dispatch has the host wait for the device's token counts

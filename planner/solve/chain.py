@@ -1,12 +1,21 @@
 """Split a chain of blocks into contiguous pipeline stages: minimize the slowest stage, fit memory.
 
 Feasibility for a bound T is decided greedily: each stage takes the longest run of blocks whose time
-stays within T and whose memory fits that stage (the memory limit may differ per stage, since early
-1F1B stages hold more micro-batches in flight). Both limits only tighten as a run grows, so by the
-usual exchange argument the greedy reaches at least as far as any feasible split after every stage;
-it is therefore exact. The optimal bottleneck is the time of some run of consecutive blocks, so a
-binary search over those values finds it (Bokhari 1988; Pinar & Aykanat, "Fast optimal load
-balancing algorithms for 1D partitioning", JPDC 2004).
+stays within T and whose memory fits that stage. Both limits only tighten as a run grows. The
+memory limit differs per stage (early 1F1B stages hold more micro-batches in flight), and the
+greedy fills from the end whose stages are loosest: from the last stage back when the micro-batches
+in flight fall along the pipeline (1F1B, interleaved, ZB-H1), from the first when they do not
+grow (GPipe). Filling from the other end is not exact: a first stage that takes all it can may
+leave the next (tighter) stage a block only a later one can hold (found by a property test against
+brute force, 2026-12-05). From the loose end the exchange argument holds: after every stage the
+greedy has covered at least what any feasible split's stages there cover, and where it has
+covered more, the blocks left to each tighter stage are a subset of that split's stage or single
+blocks that split put on a tighter stage still. Where the limits follow neither order (the chunks
+of an interleaved schedule, whose in-flight counts fall over each round of ranks and rise again at
+the next), the better of the two fills is taken: not proven exact there (``partition_staged``'s
+dynamic program is, at about a hundred times the cost). The optimal bottleneck is the time of some run of
+consecutive blocks, so a binary search over those values finds it (Bokhari 1988; Pinar & Aykanat,
+"Fast optimal load balancing algorithms for 1D partitioning", JPDC 2004).
 
 ``brute_force`` enumerates every split; tests use it as the oracle.
 """
@@ -36,6 +45,14 @@ class StageMemory:
     """Bytes available on each GPU."""
     shared: list[tuple[int, int, float]] = field(default_factory=list)
     """(block i, block j, bytes) held once when i and j share a stage (tied weights)."""
+
+    def flipped(self) -> "StageMemory":
+        """The same stages and blocks in reverse order (the last stage first)."""
+        n = len(self.static)
+        return StageMemory(static=list(self.static)[::-1], act=list(self.act)[::-1],
+                           work=list(self.work)[::-1], in_flight=list(self.in_flight)[::-1],
+                           capacity=self.capacity,
+                           shared=[(n - 1 - c, n - 1 - a, b) for a, c, b in self.shared])
 
     def of(self, stage: int, i: int, j: int) -> float:
         """Memory of blocks [i, j) on stage ``stage``."""
@@ -116,6 +133,31 @@ def partition(times: Sequence[float], stages: int, mem: StageMemory | None = Non
     if mem is not None and sum(mem.static) + max(mem.in_flight) * sum(mem.act) + \
             max(mem.work, default=0.0) <= mem.capacity:
         mem = None  # every stage fits even holding all blocks: memory never binds
+    if mem is not None:
+        flights = list(mem.in_flight)[:stages]
+        falls = any(b < a for a, b in zip(flights, flights[1:]))
+        if falls:  # later stages are looser: fill from the last one back
+            mine = StageMemory(static=mem.static, act=mem.act, work=mem.work,
+                               in_flight=flights, capacity=mem.capacity, shared=mem.shared)
+            back = _forward_partition(list(times)[::-1], stages, mine.flipped(), rel_tol,
+                                      off[::-1])
+            if back is not None:
+                back = Partition(bounds := [n - b for b in reversed(back.bounds)],
+                                 _times_of(times, bounds, off))
+            if not any(b > a for a, b in zip(flights, flights[1:])):
+                return back
+            # limits in neither order (the chunks of an interleaved schedule): the better of
+            # the two fills, neither proven exact here
+            ahead = _forward_partition(times, stages, mem, rel_tol, off)
+            return min((p for p in (back, ahead) if p is not None), default=None,
+                       key=lambda p: p.bottleneck)
+    return _forward_partition(times, stages, mem, rel_tol, off)
+
+
+def _forward_partition(times: Sequence[float], stages: int, mem: StageMemory | None,
+                       rel_tol: float, off: list[float]) -> Partition | None:
+    """``partition`` filling each stage from the first on (exact where no later stage's memory
+    limit is tighter than an earlier one's)."""
     total = float(sum(times))
     hi_bounds = _greedy(times, stages, float("inf"), mem, off)
     if hi_bounds is None:

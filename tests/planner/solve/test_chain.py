@@ -50,6 +50,25 @@ def test_memory_constrained_split_equals_brute_force(data):
             assert mem.of(s, a, b) <= cap + 1e-9
 
 
+def test_a_block_only_a_later_stage_can_hold_is_left_to_it():
+    """Found by the property test above (2026-12-05): filling from the first stage, stage 0 took
+    blocks 0 and 1 and left block 2, whose activations fit only on stages with at most two
+    micro-batches in flight, to stage 1 (three in flight): no split, where [0] [1] [2] [3, 4]
+    fits. Filled from the last (loosest) stage back, the split is found."""
+    mem = StageMemory(static=[0.0] * 5, act=[0.0, 0.0, 2.0, 0.0, 0.0], work=[0.0] * 5,
+                      in_flight=[4, 3, 2, 1], capacity=5.0)
+    got = partition([1.0] * 5, 4, mem)
+    want = brute_force([1.0] * 5, 4, mem)
+    assert want is not None and got is not None and got.bottleneck == want.bottleneck == 2.0
+    assert got.bounds[2] == 2 and all(mem.of(s, a, b) <= 5.0 for s, (a, b) in
+                                      enumerate(zip(got.bounds, got.bounds[1:])))
+    # limits in neither order (a schedule whose second stage holds the most): the better of the
+    # two fills, here the best split
+    odd = StageMemory(static=[0.0] * 5, act=[0.0, 0.0, 2.0, 0.0, 0.0], work=[0.0] * 5,
+                      in_flight=[1, 3, 1, 1], capacity=5.0)
+    assert partition([1.0] * 5, 4, odd).bottleneck == brute_force([1.0] * 5, 4, odd).bottleneck
+
+
 def test_shared_weights_counted_once_per_stage():
     mem = StageMemory(static=[5, 1, 5], act=[0, 0, 0], work=[0, 0, 0], in_flight=[1],
                       capacity=6.5, shared=[(0, 2, 5)])
