@@ -51,6 +51,15 @@ def tiny_deepseek_v3():
     return dict(TINY_DEEPSEEK_V3)
 
 
+@pytest.fixture
+def tiny_deepseek_v3_prepared(tmp_path, tiny_deepseek_v3):
+    """TINY_DEEPSEEK_V3 traced at 64 tokens (not cached), with its config."""
+    import planner  # noqa: PLC0415  (the planner's import, for the tests that trace)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(tiny_deepseek_v3))
+    return planner.prepare(str(path), seq_len=64, cache_dir=None), tiny_deepseek_v3
+
+
 def write_config(path, cfg: dict) -> str:
     path.mkdir(parents=True, exist_ok=True)
     file = path / "config.json"

@@ -4,7 +4,6 @@ checkpoint that discards their outputs (the attention's queries, keys and values
 the attention has run, and again before its backward."""
 
 import dataclasses
-import json
 
 import pytest
 
@@ -14,15 +13,8 @@ from planner.export import export
 from planner.options import parse_fix
 
 
-@pytest.fixture
-def deepseek(tmp_path, tiny_deepseek_v3):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(tiny_deepseek_v3))
-    return planner.prepare(str(path), seq_len=64, cache_dir=None), tiny_deepseek_v3
-
-
-def test_the_trace_finds_the_up_projections_and_what_the_attention_keeps_of_them(deepseek):
-    prepared, cfg = deepseek
+def test_the_trace_finds_the_up_projections_and_what_the_attention_keeps_of_them(tiny_deepseek_v3_prepared):
+    prepared, cfg = tiny_deepseek_v3_prepared
     layers = [b.work for b in prepared.blocks.blocks if b.name.startswith("model.layers.")]
     assert len(layers) == cfg["num_hidden_layers"]
     tokens, heads, word = 64, cfg["num_attention_heads"], 2
@@ -68,8 +60,8 @@ def test_a_model_without_latent_attention_has_nothing_for_it_and_a_pin_is_refuse
 
 
 @pytest.mark.parametrize("tp,sp,fused", [(1, False, False), (2, True, True)])
-def test_it_frees_what_it_recomputes_and_nothing_else(deepseek, tp, sp, fused):
-    w = [b.work for b in deepseek[0].blocks.blocks if b.work.num_experts][0]
+def test_it_frees_what_it_recomputes_and_nothing_else(tiny_deepseek_v3_prepared, tp, sp, fused):
+    w = [b.work for b in tiny_deepseek_v3_prepared[0].blocks.blocks if b.work.num_experts][0]
     kw = dict(micro_batch=2, tp=tp, sp=sp, fused=fused)
     none = memory.activation_bytes(w, recompute="none", **kw)
     up = memory.activation_bytes(w, recompute="mla_up_proj", **kw)
@@ -115,8 +107,8 @@ def test_deepseek_v3_frees_more_than_half_a_gigabyte_per_sample_and_layer_for_a_
     assert hw["none"] < hw["mla_up_proj"] < hw["full"]
 
 
-def test_the_search_takes_it_where_memory_is_short_and_exports_say_how_engines_run_it(deepseek):
-    prepared, _ = deepseek
+def test_the_search_takes_it_where_memory_is_short_and_exports_say_how_engines_run_it(tiny_deepseek_v3_prepared):
+    prepared, _ = tiny_deepseek_v3_prepared
     cluster = planner.load_cluster("dgx-h100", nodes=1)
     training = planner.TrainingSpec(global_batch=64, seq_len=prepared.seq_len)
     pins = "tp=1,pp=1,dp=8,ep=8,micro_batch=8,zero=1"
@@ -140,11 +132,11 @@ def test_the_search_takes_it_where_memory_is_short_and_exports_say_how_engines_r
     assert "--recompute-modules mla_up_proj" in text and "--multi-latent-attention" in text
 
 
-def test_both_modules_free_what_each_frees_and_cost_what_each_costs(deepseek):
+def test_both_modules_free_what_each_frees_and_cost_what_each_costs(tiny_deepseek_v3_prepared):
     """``mla_up_proj+moe_act`` (``--recompute-modules mla_up_proj moe_act layernorm``, what
     Megatron-Core's MoE guide gives for DeepSeek-V3): the two modules' frees add up; while a
     layer's backward runs, the larger of the two is made again (at different points of it)."""
-    prepared, _ = deepseek
+    prepared, _ = tiny_deepseek_v3_prepared
     w = [b.work for b in prepared.blocks.blocks if b.work.num_experts][0]
     kw = dict(micro_batch=2, tp=2, sp=True, fused=True, routed_load=1.3)
     bytes_of = {rc: memory.activation_bytes(w, recompute=rc, **kw)

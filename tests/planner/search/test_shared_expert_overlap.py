@@ -17,15 +17,8 @@ TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 
                 "max_position_embeddings": 256}
 
 
-@pytest.fixture
-def deepseek(tmp_path, tiny_deepseek_v3):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(tiny_deepseek_v3))
-    return planner.prepare(str(path), seq_len=64, cache_dir=None), tiny_deepseek_v3
-
-
-def test_the_trace_marks_the_shared_experts_gemms_not_the_routers_nor_the_routed(deepseek):
-    prepared, cfg = deepseek
+def test_the_trace_marks_the_shared_experts_gemms_not_the_routers_nor_the_routed(tiny_deepseek_v3_prepared):
+    prepared, cfg = tiny_deepseek_v3_prepared
     hidden, shared_ffn = cfg["hidden_size"], cfg["moe_intermediate_size"] * cfg["n_shared_experts"]
     for b in prepared.blocks.blocks:
         shared = [g for g in b.work.gemms if g.shared_expert]
@@ -54,8 +47,8 @@ def test_a_model_without_a_shared_expert_has_none_and_the_setting_is_said_to_cha
                in r.getMessage() for r in caplog.records)
 
 
-def test_the_shared_expert_hides_the_dispatch_of_its_pass(deepseek):
-    prepared, _ = deepseek
+def test_the_shared_expert_hides_the_dispatch_of_its_pass(tiny_deepseek_v3_prepared):
+    prepared, _ = tiny_deepseek_v3_prepared
     cluster = planner.load_cluster("dgx-h100", nodes=2)
 
     def plan(engine):
@@ -82,9 +75,9 @@ def test_megatron_refuses_it_beside_the_overlapped_dispatch_or_the_allgather_dis
         engine_from_mapping("moe_shared_overlap=true,moe_dispatcher=allgather")
 
 
-def test_exports_write_it_for_megatron_and_list_it_elsewhere(deepseek, tmp_path,
+def test_exports_write_it_for_megatron_and_list_it_elsewhere(tiny_deepseek_v3_prepared, tmp_path,
                                                            tiny_deepseek_v3):
-    prepared, _ = deepseek
+    prepared, _ = tiny_deepseek_v3_prepared
     prepared_path = str(tmp_path / "config.json")
     with open(prepared_path, "w") as f:
         json.dump(tiny_deepseek_v3, f)
