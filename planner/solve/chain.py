@@ -4,7 +4,7 @@ Feasibility for a bound T is decided greedily: each stage takes the longest run 
 stays within T and whose memory fits that stage. Both limits only tighten as a run grows. The
 memory limit differs per stage (early 1F1B stages hold more micro-batches in flight), and the
 greedy fills from the end whose stages are loosest: from the last stage back when the micro-batches
-in flight fall along the pipeline (1F1B, interleaved, ZB-H1), from the first when they do not
+in flight fall along the pipeline (1F1B, ZB-H1), from the first when they do not
 grow (GPipe). Filling from the other end is not exact: a first stage that takes all it can may
 leave the next (tighter) stage a block only a later one can hold (found by a property test against
 brute force, 2026-12-05). From the loose end the exchange argument holds: after every stage the
@@ -22,6 +22,7 @@ consecutive blocks, so a binary search over those values finds it (Bokhari 1988;
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -137,8 +138,7 @@ def partition(times: Sequence[float], stages: int, mem: StageMemory | None = Non
         flights = list(mem.in_flight)[:stages]
         falls = any(b < a for a, b in zip(flights, flights[1:]))
         if falls:  # later stages are looser: fill from the last one back
-            mine = StageMemory(static=mem.static, act=mem.act, work=mem.work,
-                               in_flight=flights, capacity=mem.capacity, shared=mem.shared)
+            mine = dataclasses.replace(mem, in_flight=flights)
             back = _forward_partition(list(times)[::-1], stages, mine.flipped(), rel_tol,
                                       off[::-1])
             if back is not None:
