@@ -203,6 +203,13 @@ def fit(rows: list[dict], prepared: dict) -> float:
     return min((max(0.0, coarse - 2e-6 + 0.25e-6 * i) for i in range(17)), key=cost)
 
 
+def fit_rows(rows: list[dict], mode: str) -> list[dict]:
+    """The rows the host constant is fitted on: ``mode`` even (the even-numbered rows of the
+    reference data), all (all of them) or none; never a row from MORE."""
+    return [r for r in rows if r["index"] < MORE_INDEX and (
+        mode == "all" or (mode == "even" and r["index"] % 2 == 0))]
+
+
 def key_of(r: dict) -> tuple:
     return (r["zoo"], int(r["seq_len"]), PRECISION[r["precision"]][0])
 
@@ -247,8 +254,7 @@ def main() -> int:
     for r in rows:
         if key_of(r) not in prepared:
             prepared[key_of(r)] = prepare(r["zoo"], seq_len=key_of(r)[1], dtype=key_of(r)[2])
-    fitted = [r for r in rows if r["index"] < MORE_INDEX and (
-        args.fit_rows == "all" or (args.fit_rows == "even" and r["index"] % 2 == 0))]
+    fitted = fit_rows(rows, args.fit_rows)
     host = fit(fitted, prepared) if fitted else 0.0
     why = " among --rows" if args.rows and args.fit_rows != "none" else ""
     print(f"host time per op of an MoE layer: {host * 1e6:.2f} us"

@@ -11,6 +11,9 @@ Cases (issue goals in brackets, on a 2-core machine):
 5. Llama-3 405B at 131,072 tokens per sequence on 16,384 H100, global batch 128 (16.8 M tokens),
    context parallelism in the search [search < 5 s].
 
+And one what-if sweep: `plan whatif` of Llama-3 8B over 50 points (nodes 1-16 x tp 1-16 x two
+recomputations on DGX H100) [the whole command < 60 s cold], the model traced once.
+
 Each case runs the real CLI in a fresh process (so imports, tracing and output are included), twice:
 cold (an empty trace cache: the model is traced) and warm (the trace read back from the cache, as
 when re-planning a model the planner has seen). It reports both wall times, the peak resident
@@ -81,6 +84,28 @@ sys.exit(code)
 """
 
 
+SWEEP = ["llama3-8b", "--cluster", "dgx-h100", "--global-batch", "512", "--seq-len", "8192",
+         "--vary", "nodes=1,2,4,8,16", "--vary", "tp=1,2,4,8,16", "--vary", "recompute=none,full"]
+"""The what-if sweep timed after the cases: 5 x 5 x 2 = 50 points."""
+
+
+def run_sweep(cache_home: str) -> dict:
+    """One run of ``plan whatif SWEEP`` with its trace cache under ``cache_home``: wall seconds
+    and the rows of its CSV."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "sweep.csv")
+        cmd = [sys.executable, "-m", "planner.cli", "-q", "whatif", *SWEEP, "--csv", out]
+        env = {**os.environ, "XDG_CACHE_HOME": cache_home}
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr}")
+        with open(out) as f:
+            points = sum(1 for _ in f) - 1
+    return {"wall_s": wall, "points": points}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true")
@@ -102,6 +127,10 @@ def main() -> int:
                      f"{r['wall_s']:.1f}", f"{warm['wall_s']:.1f}", f"{r['peak_mb']:.0f}",
                      p["search"]["status"], chosen])
     print_table(head, rows, args.markdown)
+    with tempfile.TemporaryDirectory() as cache_home:
+        cold, warm = run_sweep(cache_home), run_sweep(cache_home)
+    print(f"\nwhat-if sweep (`plan whatif {' '.join(SWEEP)}`): {cold['points']} points in "
+          f"{cold['wall_s']:.1f} s cold (the model traced once), {warm['wall_s']:.1f} s warm")
     return 0
 
 

