@@ -22,8 +22,8 @@ def register(add) -> None:
                     help="why not these knobs? re-plan the plan's own inputs with them pinned "
                          "(e.g. tp=16 or pp=1,zero=3) and say what changes or what does not fit")
     sh.add_argument("--json", action="store_true",
-                    help="print the summary as JSON for scripts (configuration, predictions, "
-                         "stages, search status)")
+                    help="print the summary as JSON for scripts (keys model, cluster, "
+                         "training, parallel, predicted, stages, search)")
     sh.set_defaults(func=run)
 
 

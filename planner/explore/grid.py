@@ -4,9 +4,10 @@ points (the cartesian product, first key outermost) and the cluster of one point
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Mapping, Sequence
 
+from costmodels.engine import EngineSpec, engine_from_mapping
 from costmodels.hardware import GB, get_device
 from costmodels.sites import parse_bandwidth, with_site_bandwidth
 from costmodels.topology import Cluster, HeteroCluster
@@ -19,7 +20,10 @@ CLUSTER_KEYS = ("cluster", "nodes", "gpus_per_node", "device", "inter_node_bandw
 """Keys that change the cluster (node bandwidths in GB/s per GPU and direction; the bandwidth of
 every link between sites with a unit, 10Gbps or 1.25GB/s, in each link's own scope)."""
 TRAINING_KEYS = ("global_batch", "seq_len", "dtype", "optimizer")
-VARY_KEYS = CLUSTER_KEYS + TRAINING_KEYS + FIX_KEYS
+ENGINE_KEYS = tuple(f.name for f in fields(EngineSpec))
+"""Engine settings (``--engine`` keys: moe_imbalance, moe_dispatcher, attention, ...): each point
+runs the sweep's engine with its value."""
+VARY_KEYS = CLUSTER_KEYS + TRAINING_KEYS + FIX_KEYS + ENGINE_KEYS
 
 
 def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
@@ -61,6 +65,14 @@ def value(key: str, raw):
     """One value of ``key``, converted and checked (SpecError names key and value)."""
     if key in FIX_KEYS:
         return parse_fix({key: raw}, where="vary")[key]
+    if key in ENGINE_KEYS:  # a bad value is refused here; what depends on other settings
+        text = str(raw).strip()  # (moe_pad_to_capacity needs a capacity factor) is the point's
+        try:
+            engine_from_mapping({key: text})
+        except SpecError as exc:
+            if str(exc).startswith(f"engine.{key}: expected"):
+                raise SpecError(f"vary.{str(exc)[len('engine.'):]}") from None
+        return text
     if key in ("nodes", "gpus_per_node", "global_batch", "seq_len"):
         try:
             value = int(raw)
@@ -85,6 +97,16 @@ def value(key: str, raw):
     if key == "cluster":
         load_cluster(raw)  # fails early on an unknown preset or a bad file
     return raw
+
+
+def point_engine(engine: EngineSpec, point: Sequence[tuple]) -> EngineSpec:
+    """``engine`` with the point's engine settings (ENGINE_KEYS) in place (SpecError when the
+    combination is refused)."""
+    changes = {k: v for k, v in point if k in ENGINE_KEYS}
+    if not changes:
+        return engine
+    return engine_from_mapping({**{f.name: getattr(engine, f.name) for f in fields(EngineSpec)},
+                                **changes})
 
 
 def point_cluster(s: Mapping) -> Cluster | HeteroCluster:

@@ -26,7 +26,7 @@ from costmodels.topology import Cluster, HeteroCluster
 from planner import api
 from planner.errors import PlannerError, SpecError
 from planner.explore.costs import add_costs, check_tokens, parse_prices, resolve_prices
-from planner.explore.grid import expand, point_cluster
+from planner.explore.grid import ENGINE_KEYS, expand, point_cluster, point_engine
 from planner.inputs.clusters import load_cluster
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix
 from planner.planfile.breakdown import BREAKDOWN_WORDS
@@ -77,6 +77,10 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             where = "fix" if key in fixed else "--" + key.replace("_", "-")
             raise SpecError(f"vary.{key}: also given as {key}={given} ({where}); give it in one "
                             "place")
+    for key, given in _engine_settings(engine).items():
+        if key in vary:
+            raise SpecError(f"vary.{key}: also given as {key}={given} (engine); give it in one "
+                            "place")
     recsys = api.recsys_model(model)
     dtype = ("fp32" if recsys else "bf16") if dtype is None else dtype
     if cluster is None and "cluster" not in vary:
@@ -107,8 +111,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     keys = sorted({t.trace_key for t in tasks if not t.error}, key=str)
     prepared = {}
     for k in keys:  # (the API's own lines are held back in a sweep: say what takes seconds)
-        log.info("what-if: reading or tracing the model at %s tokens in %s (seconds; a minute "
-                 "for the largest)", f"{k[0]:,}" if k[0] else "its default length", k[1])
+        log.info("what-if: reading or tracing the model at %s in %s (seconds; a minute for the "
+                 "largest)", f"{k[0]:,} tokens" if k[0] else "its default length", k[1])
         prepared[k] = api.prepare(model, example_inputs=example_inputs, seq_len=k[0], dtype=k[1])
     log.info("what-if: %d points, %d trace%s", len(tasks), len(prepared),
              "" if len(prepared) == 1 else "s")
@@ -183,9 +187,18 @@ def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
     return rows
 
 
+def _engine_settings(engine) -> dict:
+    """The settings an ``engine`` argument names itself (``k=v`` pairs of a string, a mapping's
+    keys), not those its preset or an EngineSpec carries."""
+    if isinstance(engine, str):
+        pairs = (p.partition("=") for p in engine.split(","))
+        return {k.strip(): v.strip() for k, sep, v in pairs if sep}
+    return dict(engine) if isinstance(engine, Mapping) else {}
+
+
 def _task(index: int, point: tuple, base: dict) -> _Task:
     """Resolve one point's cluster, training and options from the shared settings."""
-    s = {**base, **{k: v for k, v in point if k not in FIX_KEYS}}
+    s = {**base, **{k: v for k, v in point if k not in FIX_KEYS and k not in ENGINE_KEYS}}
     fix = {**base["fix"], **{k: v for k, v in point if k in FIX_KEYS}}
     if fix.get("cp") == 1:  # a cp=1 point of a sweep over cp and cp_comm: no exchange to pick
         fix.pop("cp_comm", None)
@@ -196,7 +209,8 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
         for group in getattr(cl, "groups", (cl,)):
             group.device.peak(s["dtype"])
         training = TrainingSpec(global_batch=s["global_batch"], seq_len=s["seq_len"] or 1,
-                                dtype=s["dtype"], optimizer=s["optimizer"], engine=s["engine"])
+                                dtype=s["dtype"], optimizer=s["optimizer"],
+                                engine=point_engine(s["engine"], point))
         options = SearchOptions(fix=fix, top_k=s["top_k"], time_limit_s=s["time_limit_s"])
     except SpecError as exc:
         return _Task(index, point, cl, None, None, trace_key, error=str(exc))

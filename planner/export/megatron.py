@@ -303,6 +303,17 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
     if overlap:
         out.append((["--overlap-moe-expert-parallel-comm"],
                     "dispatch and combine all-to-alls behind another micro-batch's compute"))
+    if s["moe_shared_overlap"] and plan.parallel.get("ep", 1) > 1 and \
+            version == "core_v0.14.0" and _dispatcher(plan, version, s)[0][1] != "alltoall":
+        # (core_v0.14.0's TransformerConfig: "moe_shared_expert_overlap only works with alltoall
+        # token dispatcher"; core_v0.19.0 takes the flex dispatcher too)
+        ledger.missing("moe_shared_overlap", f"Megatron-Core {version} runs the shared expert "
+                       "beside the dispatch with the alltoall dispatcher only (its "
+                       "TransformerConfig raises with DeepEP's flex dispatcher); left off, the "
+                       "shared expert runs after the routed experts, slower than planned by up to "
+                       "its GEMMs' time per MoE layer; export for core_v0.19.0 or plan with "
+                       "moe_shared_overlap=false")
+        return out, overlap
     ledger.exact("moe_shared_overlap")
     if s["moe_shared_overlap"] and plan.parallel.get("ep", 1) > 1:
         out.append((["--moe-shared-expert-overlap"],

@@ -71,10 +71,14 @@ def _check_consistency(d: dict, where: str) -> None:
     gpus = par["dp"] * par.get("cp", 1) * par["tp"] * par["pp"]
     if gpus != d["cluster"]["num_gpus"]:
         raise SpecError(f"{where}: parallel dp*cp*tp*pp = {gpus} but the cluster has "
-                        f"{d['cluster']['num_gpus']} GPUs")
+                        f"{d['cluster']['num_gpus']} GPUs; re-plan with plan solve (a plan file's "
+                        "degrees are not edited by hand), or restore the file plan solve wrote")
     if (par["dp"] * par.get("cp", 1) * par["tp"]) % (par.get("ep", 1) * par.get("etp", 1)):
-        raise SpecError(f"{where}: parallel ep*etp = {par.get('ep', 1) * par.get('etp', 1)} does "
-                        "not divide dp*cp*tp")
+        ep_etp = par.get('ep', 1) * par.get('etp', 1)
+        raise SpecError(f"{where}: parallel ep*etp = {ep_etp} does not divide dp*cp*tp = "
+                        f"{par['dp'] * par.get('cp', 1) * par['tp']}, the ranks the experts are "
+                        "spread over; re-plan with plan solve --fix ep=N (a plan file's degrees "
+                        "are not edited by hand), or restore the file plan solve wrote")
     pred = d.get("predicted", {})
     step = pred.get("step_time_s")
     for part, seconds in (pred.get("breakdown") or {}).items():

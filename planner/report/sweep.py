@@ -18,13 +18,15 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
     rate_key = {"tokens/s": "tokens_per_s", "samples/s": "samples_per_s"}[rate]
     head += ["$/step", "$/M tokens"] if costs else []
     head += [f"days ({human_count(rows[0]['tokens'])} tok)", "$ run"] if run else []
-    out, reasons = [tuple(head)], {}
+    out, reasons, cut = [tuple(head)], {}, []
     for r in rows:
         cells = [r["point"], str(r["gpus"] or "")]
         if not r["feasible"]:
             word = "not valid: " if r.get("bad_input") else "infeasible: "
             reasons[len(out)] = word + (r["reason"] if len(r["reason"]) <= reason_width
                                         else r["reason"][:reason_width - 3] + "...")
+            if len(r["reason"]) > reason_width:
+                cut.append(f"  {r['point']}: {r['reason']}")
             out.append((*cells, *[""] * (len(head) - 2)))
             continue
         cells += [parallel_text(r), f"{r['step_time_s']:.3g} s", f"{r[rate_key]:,.0f}",
@@ -39,4 +41,6 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
     lines = table(out)
     for i, reason in reasons.items():  # reasons run across the columns, not widening one
         lines[i] = lines[i].rstrip().ljust(len(lines[0].split("configuration")[0])) + reason
+    if cut:
+        lines += ["", "reasons cut short above, in full:", *cut]
     return "\n".join(lines)

@@ -218,7 +218,8 @@ def recompute_pin_problem(fix: dict, experts: int, latent: bool) -> str:
                 "full" + (", or mla_up_proj" if latent else ""))
     if "mla_up_proj" in modules_of(rc) and not latent:
         return (f"fix.recompute: {rc} recomputes multi-head latent attention's up "
-                "projections, and the model has no attention with keys wider than its values; "
+                "projections, and the model has no latent attention (no attention whose keys are wider "
+                "than its values, as DeepSeek's are); "
                 "pin none, selective or full" + (", or moe_act" if experts else ""))
     return ""
 

@@ -13,6 +13,10 @@ from planner.explore import sweep as explore
 from planner.report import plots
 from planner.cli.main import main
 from planner.errors import SpecError
+from planner.options import parse_fix
+from costmodels.engine import engine_from_mapping
+from conftest import write_config
+import planner
 
 
 @pytest.fixture
@@ -102,6 +106,8 @@ def test_points_change_the_cluster_as_asked():
     ({"inter_node_bandwidth": [-1]}, "vary.inter_node_bandwidth: expected a positive bandwidth"),
     ({"inter_node_bandwidth": ["fast"]}, "vary.inter_node_bandwidth: expected a bandwidth like"),
     ({"dtype": ["fp4"]}, "vary.dtype: unknown dtype"),
+    ({"moe_dispatcher": ["foo"]}, r"^vary.moe_dispatcher: expected alltoall, allgather, deepep"),
+    ({"moe_imbalance": ["0.5"]}, r"^vary.moe_imbalance: expected a number >= 1, got 0.5"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_key(vary, message):
     with pytest.raises(SpecError, match=message):
@@ -249,6 +255,11 @@ def test_a_sweep_whose_every_point_is_bad_input_is_an_error(tiny_llama_config):
     assert good["feasible"] and bad["bad_input"] and not good["bad_input"]
     from planner.report.sweep import sweep_table
     assert "not valid: vary.tp: 3 does not divide" in sweep_table([bad, good])
+    # a reason too long for the line is cut there and given in full under the table
+    text = sweep_table([bad, good], reason_width=20)
+    assert "not valid: " + bad["reason"][:17] + "...\n" in text
+    assert text.endswith(f"reasons cut short above, in full:\n  tp=3: {bad['reason']}")
+    assert "reasons cut short" not in sweep_table([bad, good])
 
 
 def test_bandwidths_take_a_number_of_gb_per_s_or_units():
@@ -264,6 +275,8 @@ def test_bandwidths_take_a_number_of_gb_per_s_or_units():
     ({"nodes": 2, "vary": {"nodes": [1, 2]}}, r"vary.nodes: also given as nodes=2 \(--nodes\)"),
     ({"global_batch": 8, "vary": {"global_batch": [8, 16]}}, "vary.global_batch: also given"),
     ({"optimizer": "sgd", "vary": {"optimizer": ["adam"]}}, "vary.optimizer: also given"),
+    ({"engine": "megatron-core,moe_imbalance=2", "vary": {"moe_imbalance": [1, 2]}},
+     r"vary.moe_imbalance: also given as moe_imbalance=2 \(engine\)"),
 ])
 def test_a_setting_given_and_varied_is_refused_before_any_trace(kw, message, monkeypatch):
     """One would silently override the other (before, --vary won over --fix)."""
@@ -271,6 +284,35 @@ def test_a_setting_given_and_varied_is_refused_before_any_trace(kw, message, mon
     kw = {"cluster": "dgx-h100", "global_batch": 8, **kw}
     with pytest.raises(SpecError, match=message):
         explore.whatif("gpt2", **kw)
+
+
+def test_engine_settings_vary_per_point_on_the_sweeps_engine(tmp_path):
+    """Each point runs --engine with its value: a busier expert slows the plan as plan solve
+    prices it; a combination the engine refuses is that point's row."""
+    config = write_config(tmp_path, {
+        "model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "vocab_size": 256, "max_position_embeddings": 512, "num_local_experts": 8,
+        "num_experts_per_tok": 2})
+    cluster, fix = planner.load_cluster("dgx-h100", nodes=1), "ep=2,tp=1,pp=1,dp=8"
+    rows = explore.whatif(config, cluster="dgx-h100", nodes=1, global_batch=64, seq_len=64,
+                          fix=fix, engine="megatron-core,moe_dispatcher=alltoall",
+                          vary={"moe_imbalance": ["1", "2"],
+                                "moe_pad_to_capacity": ["false", "true"]})
+    assert [r["point"] for r in rows] == [
+        "moe_imbalance=1 moe_pad_to_capacity=false", "moe_imbalance=1 moe_pad_to_capacity=true",
+        "moe_imbalance=2 moe_pad_to_capacity=false", "moe_imbalance=2 moe_pad_to_capacity=true"]
+    even, busy = rows[0], rows[2]
+    assert even["feasible"] and busy["feasible"] and busy["step_time_s"] > even["step_time_s"]
+    assert not rows[1]["feasible"] and "moe_pad_to_capacity: padding to capacity needs a " \
+        "capacity factor" in rows[1]["reason"]
+    prepared = planner.prepare(config, seq_len=64, cache_dir=None)
+    for row, imbalance in ((even, 1.0), (busy, 2.0)):
+        training = planner.TrainingSpec(global_batch=64, seq_len=64, engine=engine_from_mapping(
+            f"megatron-core,moe_dispatcher=alltoall,moe_imbalance={imbalance}"))
+        solved = planner.plan_prepared(prepared, cluster, training, planner.SearchOptions(
+            fix=parse_fix(fix)))
+        assert row["step_time_s"] == pytest.approx(solved.predicted["step_time_s"], rel=1e-9)
 
 
 def test_cp_1_points_of_a_sweep_over_the_exchange_form_are_listed_once():

@@ -76,7 +76,7 @@ def test_megatron_refuses_it_beside_the_overlapped_dispatch_or_the_allgather_dis
 
 
 def test_exports_write_it_for_megatron_and_list_it_elsewhere(tiny_deepseek_v3_prepared, tmp_path,
-                                                           tiny_deepseek_v3):
+                                                           tiny_deepseek_v3, caplog):
     prepared, _ = tiny_deepseek_v3_prepared
     prepared_path = str(tmp_path / "config.json")
     with open(prepared_path, "w") as f:
@@ -90,6 +90,19 @@ def test_exports_write_it_for_megatron_and_list_it_elsewhere(tiny_deepseek_v3_pr
     plan.save(str(path))
     text, _ = export(str(path), "megatron")
     assert "--moe-shared-expert-overlap" in text
+    # with DeepEP's flex dispatcher core_v0.19.0 takes it and core_v0.14.0 raises: left off there
+    training = planner.TrainingSpec(global_batch=16, seq_len=64, engine=engine_from_mapping(
+        "megatron-core,moe_shared_overlap=true,moe_dispatcher=deepep"))
+    deepep = planner.plan_prepared(prepared, cluster, training, planner.SearchOptions(
+        fix=planner.options.parse_fix("ep=8,tp=1,pp=1,dp=16,micro_batch=1,zero=1")))
+    deepep.save(str(path))
+    new, _ = export(str(path), "megatron")
+    assert "--moe-shared-expert-overlap" in new and "--moe-token-dispatcher-type flex" in new
+    with caplog.at_level("WARNING", logger="planner.export"):
+        old, _ = export(str(path), "megatron", version="core_v0.14.0")
+    assert "--moe-shared-expert-overlap" not in old and "--moe-enable-deepep" in old
+    assert "Megatron-Core core_v0.14.0 runs the shared expert beside the dispatch with the " \
+           "alltoall dispatcher only" in caplog.text
     titan, _ = export(str(path), "torchtitan")
     assert "moe_shared_overlap: torchtitan" in titan and "run exposed" in titan
     # a target that does not run it refuses it when planning
