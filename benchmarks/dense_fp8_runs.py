@@ -16,8 +16,10 @@ on the NeMo 24.07 rows FlashAttention-2's kernels, as that release's launcher di
 attention (NVTE_FUSED_ATTN=0). Recomputation, which the tables do not give, is the search's choice. Device
 memory is not checked (the time of the published configuration is compared).
 
-One constant is fitted here, on the even-numbered rows (the odd rows are held out and their error
-printed apart): ``DeviceSpec.fp8_matmul_efficiency``, the share of the FP8 peak that FP8 GEMMs
+One constant is fitted here, on half of the rows (the others are held out and their error printed
+apart; published.split_by_configuration: configurations alternate between the halves, and a
+row's near twins, the same model, GPU, layout and micro-batch under the other FP8 recipe, go with
+it): ``DeviceSpec.fp8_matmul_efficiency``, the share of the FP8 peak that FP8 GEMMs
 sustain in training, shared by every device (costmodels.hardware.FP8_MATMUL_EFFICIENCY holds the
 value this benchmark printed). Isolated FP8 GEMMs reach about 70% of the FP8 peak, as bf16 ones
 do of theirs; whole training steps do not, and this figure says how far, with what it includes
@@ -46,7 +48,8 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from costmodels.hardware import FP8_MATMUL_EFFICIENCY  # noqa: E402
 from planner import SearchOptions, TrainingSpec, plan_prepared, prepare  # noqa: E402
 from planner.options import parse_fix  # noqa: E402
-from published import BIG, nvidia_cluster, read_rows, software  # noqa: E402
+from published import (BIG, nvidia_cluster, read_rows, software,  # noqa: E402
+                       split_by_configuration)
 from tables import print_errors, print_table  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "dense_fp8_runs.csv")
@@ -137,9 +140,10 @@ def main() -> int:
             if key not in prepared:
                 prepared[key] = prepare(model_of(r, folder), seq_len=int(r["seq_len"]),
                                         dtype="fp8", cache_dir=None)
-    fit_rows = [r for r in rows if r["index"] % 2 == 0]
+    half = split_by_configuration(rows)
+    fit_rows = [r for r in rows if r["index"] in half]
     efficiency = args.efficiency if args.efficiency is not None else fit(fit_rows, prepared)
-    how = "given" if args.efficiency is not None else "fitted on the even rows"
+    how = "given" if args.efficiency is not None else f"fitted on rows {sorted(half)}"
     print(f"FP8 GEMM efficiency: {efficiency:.2f} of the FP8 peak ({how}; the cost model's "
           f"default is {FP8_MATMUL_EFFICIENCY:.2f})\n")
     lines, errors = [], {}
@@ -147,7 +151,7 @@ def main() -> int:
         p = predict(r, prepared[r["model"], r["seq_len"]], efficiency)
         tok = p.predicted["tokens_per_s"] / int(r["gpus"])
         err = tok / float(r["tokens_per_s_per_gpu"]) - 1
-        label = "held out" if r["index"] % 2 else "fit"
+        label = "fit" if r["index"] in half else "held out"
         errors.setdefault((label, GENERATION[r["gpu"]]), []).append(err)
         bd = p.predicted["breakdown"]
         part = max(bd, key=bd.get)

@@ -24,8 +24,10 @@ that recomputation instead of the release's).
 Clusters: H100 rows on DGX H100 nodes (8 GPUs), B200 on DGX B200, GB200/GB300 on NVL72 racks of
 which each run uses 64 GPUs per NVLink domain (256 GPUs = 4 domains; 8 GPUs = one tray group).
 
-One constant is fitted, on the even-numbered rows only (the odd rows are held out and their error
-printed apart): the engine's host time per op of an MoE layer (EngineSpec.moe_host_op_s): a
+One constant is fitted, on half of the rows (the others are held out and their error printed
+apart; published.split_by_configuration: configurations alternate between the halves, and a
+row's near twins, the same model, GPU, layout and micro-batch in another precision or release, go
+with it): the engine's host time per op of an MoE layer (EngineSpec.moe_host_op_s): a
 layer takes at least its ops' issue time, and dropless dispatch keeps the host from running ahead
 across layers (it waits for the device's token counts in every layer). Every other constant is
 the cost model's (data sheets, documented efficiencies; the share of the FP8 peak that FP8 GEMMs
@@ -60,7 +62,8 @@ from costmodels.engine import engine_from_mapping  # noqa: E402
 from planner import (InfeasibleError, SearchOptions, TrainingSpec, plan_prepared,  # noqa: E402
                      prepare)
 from planner.options import parse_fix  # noqa: E402
-from published import BIG, nvidia_cluster, read_rows, software  # noqa: E402
+from published import (BIG, nvidia_cluster, read_rows, software,  # noqa: E402
+                       split_by_configuration)
 from tables import SEARCH_HEAD, print_errors, print_table, search_cells  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "moe_runs.csv")
@@ -204,10 +207,12 @@ def fit(rows: list[dict], prepared: dict) -> float:
 
 
 def fit_rows(rows: list[dict], mode: str) -> list[dict]:
-    """The rows the host constant is fitted on: ``mode`` even (the even-numbered rows of the
-    reference data), all (all of them) or none; never a row from MORE."""
+    """Those of ``rows`` the host constant is fitted on: ``mode`` split (the reference data's
+    half that published.split_by_configuration picks), all (all of them) or none; never a row
+    from MORE."""
+    half = split_by_configuration(load_rows())
     return [r for r in rows if r["index"] < MORE_INDEX and (
-        mode == "all" or (mode == "even" and r["index"] % 2 == 0))]
+        mode == "all" or (mode == "split" and r["index"] in half))]
 
 
 def key_of(r: dict) -> tuple:
@@ -232,7 +237,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", help="comma-separated row numbers (default: all)")
     ap.add_argument("--no-search", action="store_true", help="skip the free search per row")
-    ap.add_argument("--fit-rows", choices=["even", "all", "none"], default="even",
+    ap.add_argument("--fit-rows", choices=["split", "all", "none"], default="split",
                     help="rows the host time per op is fitted on (none: 0, not modelled)")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()

@@ -35,6 +35,31 @@ def read_rows(path: str) -> list[dict]:
     return rows
 
 
+CONFIGURATION = ("gpu", "tp", "pp", "vp", "cp", "ep", "mbs")
+"""Columns that, with the model, make a row's configuration (split_by_configuration); a column a
+table lacks counts as empty."""
+
+
+def base_model(r: dict) -> str:
+    """The model a row names, without its variant in brackets ("Qwen3_30B_a3B (tokendrop)" ->
+    "Qwen3_30B_a3B")."""
+    return r["model"].split(" (")[0]
+
+
+def split_by_configuration(rows: list[dict]) -> set[int]:
+    """Indices of the rows to fit on: the configurations (model, GPU, layout and micro-batch:
+    CONFIGURATION) in the order they first appear go to fitting and holding out by turns, and
+    every row of a configuration goes where its first row went. Rows that differ only in what a
+    configuration leaves out (FP8 recipe, precision, release, GPU count) are near twins: one held
+    out while its twin is fitted would check little."""
+    side: dict[tuple, bool] = {}
+    for r in rows:
+        key = (base_model(r), *(r.get(c, "") for c in CONFIGURATION))
+        side.setdefault(key, len(side) % 2 == 0)
+    return {r["index"] for r in rows
+            if side[(base_model(r), *(r.get(c, "") for c in CONFIGURATION))]}
+
+
 def software(source: str) -> str:
     """Engine settings (``k=v`` pairs, comma-led, or empty) a published row's software implies
     beyond its preset, from the ``source`` it names: Megatron-Bridge runs keep gradients in bf16

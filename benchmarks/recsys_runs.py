@@ -23,8 +23,10 @@ as Adam's update: the dense search's optimizers are SGD and Adam; the dense part
 parameters). The dense part is planned and priced by the dense search (DDP; op by op from its
 traced graph: planner.search.dense_part).
 
-Nothing is fitted per row: every constant is the cost model's (data sheets, documented
-efficiencies; costmodels/embeddings.py, planner/search/tables.py).
+Nothing is fitted here: every constant is the cost model's (data sheets, documented
+efficiencies; costmodels/embeddings.py, planner/search/tables.py). One of them, the host time per
+op of eager PyTorch (EngineSpec.host_op_s, 23.75 us), was fitted once on other data (MoE runs,
+under an earlier model of theirs) and is not refitted: these rows are a held-out check of it.
 
 Usage:  python benchmarks/recsys_runs.py [--rows N,M,...] [--markdown] [--time-limit S]
 """

@@ -194,6 +194,23 @@ def label(row: dict) -> list[str]:
             row["techniques"]]
 
 
+SUMMARIES = {
+    "fit (Table 1)": "the three rows the rate is fitted on",
+    "held out, Table 3": "Table 1's three settings on 128 GPUs",
+    "held out, Table 2": "context parallelism, 32k-262k tokens",
+    "held out, H100": "Tables 2 and 3 together",
+    "H200": "priced at the H200 data sheet: the fitted rate takes no part",
+}
+"""The groups whose errors are summarized apart, with what each is."""
+
+
+def summary_of(group: str, r: dict) -> str:
+    """The summary (SUMMARIES) a row of ``group`` (fit or held out) counts in."""
+    if r["gpu"] == "H200":
+        return "H200"
+    return "fit (Table 1)" if group == "fit" else f"held out, {r['table']}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true")
@@ -210,7 +227,8 @@ def main() -> int:
     head = ["set", "table", "GPU", "GPUs", "dp x cp", "local batch", "checkpointing",
             "techniques", "measured tok/s/GPU", "predicted", "measured GiB", "predicted GiB",
             "data-sheet 500 W tok/s"]
-    table, errors = [], {"fit": [], "held out": []}
+    table = []
+    errors = {name: [] for name in SUMMARIES}
     for group, rows in (("fit", fit_rows), ("held out", held)):
         for r in rows:
             r.setdefault("dp", r["gpus"])
@@ -222,14 +240,17 @@ def main() -> int:
                 ds, _ = predicted(predict(None, r, *sheet), r)
                 base = f"{ds:,.0f} ({100 * (ds / float(r['tokens_per_s_per_gpu']) - 1):+.1f}%)"
             row_cells, e_tps, e_gib = cells(r, plan)
-            errors[group].append((e_tps, e_gib))
-            table.append([group, *label(r), *row_cells, base])
+            errors[summary_of(group, r)].append((e_tps, e_gib))
+            if group == "held out" and r["gpu"] != "H200":
+                errors["held out, H100"].append((e_tps, e_gib))
+            table.append(["data sheet" if r["gpu"] == "H200" else group, *label(r),
+                          *row_cells, base])
     print_table(head, table, args.markdown)
     print()
     for group, errs in errors.items():
         tps = [abs(e) for e, _ in errs]
         gib = [abs(e) for _, e in errs]
-        print(f"{'- ' if args.markdown else ''}{group:>8} rows: throughput median |error| "
+        print(f"{'- ' if args.markdown else ''}{group} ({SUMMARIES[group]}): throughput median |error| "
               f"{100 * statistics.median(tps):.1f}%, max {100 * max(tps):.1f}%; memory median "
               f"{100 * statistics.median(gib):.1f}%, max {100 * max(gib):.1f}% (n={len(errs)})")
     return 0

@@ -44,7 +44,10 @@ from costmodels.hardware import DTYPE_BYTES, DeviceSpec
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
 
 MEMORY_BACKWARD_FACTOR = 2.0
-"""Backward traffic of element-wise ops relative to their forward."""
+"""Backward traffic of element-wise ops relative to their forward: a count, not a measurement. A
+unary op's forward reads its input and writes its output (2 tensors); its backward reads the
+output's gradient and what it saved and writes the input's gradient, and a binary op's writes two
+gradients (3-4 tensors): about twice."""
 FLASH_BACKWARD_FACTOR = 2.5
 """FlashAttention backward FLOPs relative to forward (it recomputes the scores)."""
 CAUSAL_SKIP = 0.5

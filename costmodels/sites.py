@@ -29,8 +29,9 @@ from typing import Mapping
 
 from costmodels.errors import SpecError
 from costmodels.hardware import GB
-from costmodels.topology import (LARGEST, SCOPES, Cluster, HeteroCluster, LinkSpec, SiteLink, US,
-                                 cluster_from_mapping, _check_size)
+from costmodels.topology import (DEFAULT_LINK_EFFICIENCY, LARGEST, SCOPES, US, WAN_EFFICIENCY,
+                                 Cluster, HeteroCluster, LinkSpec, SiteLink, cluster_from_mapping,
+                                 _check_size)
 
 _NUMBER = re.compile(r"^\s*[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*$")
 _BW = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]?)(bps|b/s|B/s|Bps)\s*$")
@@ -42,8 +43,6 @@ _SITES_KEYS = {"name", "sites", "links", "default_link", "description"}
 _SITE_KEYS = {"name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"}
 _LINK_KEYS = {"between", "bandwidth", "latency", "per", "efficiency", "bandwidth_GBps",
               "latency_us"}
-WAN_EFFICIENCY = 0.8
-"""Fraction of a WAN link's rate that bulk transfers reach (TCP, many streams)."""
 
 
 def parse_bandwidth(value, where: str) -> float:
@@ -96,7 +95,8 @@ def _tier(spec, where: str, name: str) -> dict:
     if per not in ("gpu", "node"):
         raise SpecError(f"{where}.per: expected gpu or node inside a site, got {per!r}")
     return {"bandwidth_GBps": bw / GB, "latency_us": lat / US,
-            "efficiency": spec.get("efficiency", 0.8), "name": spec.get("name", name),
+            "efficiency": spec.get("efficiency", DEFAULT_LINK_EFFICIENCY),
+            "name": spec.get("name", name),
             "_per": per}
 
 

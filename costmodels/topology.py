@@ -39,10 +39,14 @@ the same conventions for every tier.
   Inter-node: one 400 Gb/s NIC per GPU (AMD ROCm docs, "vLLM distributed inference with MoRI",
   2026: 8 x ConnectX-7 per MI300X node, 1:1 with the GPUs; Azure ND MI300X v5: 8 x 400 Gb/s NDR
   InfiniBand) -> 50 GB/s.
-- PCIe 4.0 x16: 32 GB/s each way. GeForce cards have no peer-to-peer, so traffic is staged through
-  host memory, which halves it again (efficiency 0.4).
-- V100 DGX-1: NVLink 2 hybrid cube mesh, 6 links x 25 GB/s each way per GPU; 4 x 100 Gb/s EDR per
-  node (6.25 GB/s per GPU).
+- PCIe 4.0 x16: 32 GB/s each way, efficiency 0.75 assumed (with peer-to-peer). GeForce cards have
+  no peer-to-peer, so traffic is staged through host memory, which halves it again (efficiency
+  0.4, assumed).
+- V100 DGX-1: NVLink 2 hybrid cube mesh, 6 links x 25 GB/s each way per GPU (efficiency 0.80,
+  assumed); 4 x 100 Gb/s EDR per node (6.25 GB/s per GPU).
+- 10 Gb/s Ethernet: 1.25 GB/s, 50 us, efficiency 0.80 assumed. The ``cpu`` preset's loopback
+  (2 GB/s, 50 us, 0.80) is a guess for gloo between processes of one host, which ``plan profile``
+  replaces by measurement.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ from costmodels.hardware import (DEVICES, GB, LARGEST, DeviceSpec, _fraction, _p
                                  device_mapping, get_device, suggest)
 
 US = 1e-6
+DEFAULT_LINK_EFFICIENCY = 0.8
+"""Share of the line rate collectives reach on a link whose cluster file gives no
+``efficiency``: assumed, between NVLink's measured 0.77-0.82 and InfiniBand's 0.90 (above)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +72,7 @@ class LinkSpec:
     """Line rate in bytes/s, per GPU, one direction."""
     latency_s: float
     """Per-message latency in seconds (the alpha of the alpha-beta model)."""
-    efficiency: float = 0.8
+    efficiency: float = DEFAULT_LINK_EFFICIENCY
     """Fraction of the line rate collectives reach (NCCL bus bandwidth / line rate)."""
     name: str = ""
     """Tier name for explanations (``nvlink``, ``ib``, ``pcie``, ``loopback``)."""
@@ -273,7 +280,8 @@ def link_from_mapping(spec: Mapping, where: str, default_name: str) -> LinkSpec:
         name=str(spec.get("name", default_name)),
         bandwidth_bytes_per_s=_positive(spec["bandwidth_GBps"], f"{where}.bandwidth_GBps") * GB,
         latency_s=float(latency) * US,
-        efficiency=_fraction(spec.get("efficiency", 0.8), f"{where}.efficiency"),
+        efficiency=_fraction(spec.get("efficiency", DEFAULT_LINK_EFFICIENCY),
+                             f"{where}.efficiency"),
     )
 
 
@@ -287,6 +295,11 @@ SCOPES = ("gpu", "node", "site")
 """Who shares a link figure between sites: each GPU has it, each node, or the whole site."""
 
 
+WAN_EFFICIENCY = 0.8
+"""Fraction of a WAN link's rate that bulk transfers reach (TCP, many streams): assumed, not
+measured (a link's own ``efficiency`` in the sites YAML replaces it)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class SiteLink:
     """The link between two sites (regions), one direction."""
@@ -295,7 +308,7 @@ class SiteLink:
     latency_s: float
     per: str = "site"
     """Whether the bandwidth is each GPU's, each node's or the whole site's (SCOPES)."""
-    efficiency: float = 0.8
+    efficiency: float = WAN_EFFICIENCY
     """Fraction of the line rate transfers reach (TCP over a WAN)."""
 
     def transfer_s(self, nbytes: float, gpus: int, nodes: int, messages: int = 1) -> float:

@@ -90,7 +90,8 @@ def test_deepseek_v3_frees_more_than_half_a_gigabyte_per_sample_and_layer_for_a_
     values are a view of that output; 512 MiB with fused kernels, where the values are a copy of
     their own (128 x 128, as Megatron-Core keeps them); recomputing costs the two up
     projections' forward (109 MFLOP per token and layer, about 5% of the layer's forward) and
-    the rotary embedding."""
+    the rotary embedding; the layer being bound by its ops' issue time (moe_host_op_s), what the
+    step pays is the issue time of that region's ops again, about 5% of the step."""
     prepared = planner.prepare("deepseek-v3", seq_len=4096)
     w = [b.work for b in prepared.blocks.blocks if b.work.num_experts][0]
     assert (w.act_mla_up_tp + w.act_mla_up_rep) / 2**20 == pytest.approx(640)
@@ -100,7 +101,7 @@ def test_deepseek_v3_frees_more_than_half_a_gigabyte_per_sample_and_layer_for_a_
     step = {rc: p.predicted["step_time_s"] for rc, p in plans.items()}
     peak = {rc: p.predicted["peak_memory_bytes"] for rc, p in plans.items()}
     assert peak["full"] < peak["mla_up_proj"] < peak["none"] - 10e9
-    assert step["none"] < step["mla_up_proj"] < 1.05 * step["none"]
+    assert step["none"] < step["mla_up_proj"] < 1.06 * step["none"]
     assert step["mla_up_proj"] < step["full"] - 0.1 * step["none"]
     # hardware FLOPs count the up projections run again
     hw = {rc: p.predicted["hardware_flops_per_step"] for rc, p in plans.items()}
