@@ -54,6 +54,18 @@ CASES = [
 ]
 
 
+def timed(cmd: list[str], cache_home: str) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``cmd`` from the repository with its trace cache under ``cache_home``: the finished
+    process and its wall seconds (a failure stops the benchmark with its error)."""
+    env = {**os.environ, "XDG_CACHE_HOME": cache_home}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr}")
+    return proc, wall
+
+
 def run_case(argv: list[str], time_limit: float | None, cache_home: str) -> dict:
     """One run of ``plan solve`` with its trace cache under ``cache_home``."""
     with tempfile.TemporaryDirectory() as d:
@@ -61,13 +73,7 @@ def run_case(argv: list[str], time_limit: float | None, cache_home: str) -> dict
         cli = ["-q", "solve", *argv, "--record-timing", "-o", out]
         if time_limit:
             cli += ["--time-limit", str(time_limit)]
-        cmd = [sys.executable, "-c", WRAPPER, json.dumps(cli)]
-        env = {**os.environ, "XDG_CACHE_HOME": cache_home}
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise SystemExit(f"failed: plan {' '.join(cli)}\n{proc.stderr}")
+        proc, wall = timed([sys.executable, "-c", WRAPPER, json.dumps(cli)], cache_home)
         peak_kb = int(proc.stderr.strip().splitlines()[-1].split()[-1])
         with open(out) as f:
             plan = json.load(f)
@@ -94,13 +100,8 @@ def run_sweep(cache_home: str) -> dict:
     and the rows of its CSV."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "sweep.csv")
-        cmd = [sys.executable, "-m", "planner.cli", "-q", "whatif", *SWEEP, "--csv", out]
-        env = {**os.environ, "XDG_CACHE_HOME": cache_home}
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr}")
+        _, wall = timed([sys.executable, "-m", "planner.cli", "-q", "whatif", *SWEEP,
+                         "--csv", out], cache_home)
         with open(out) as f:
             points = sum(1 for _ in f) - 1
     return {"wall_s": wall, "points": points}

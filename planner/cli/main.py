@@ -106,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name, **kw):
+        if "help" in kw:  # `plan NAME --help` opens with what the command does, as `plan --help`
+            kw.setdefault("description", kw["help"][0].upper() + kw["help"][1:] + ".")
         return sub.add_parser(name, parents=[common], allow_abbrev=False, **kw)
 
     for name in COMMANDS:
