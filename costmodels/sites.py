@@ -109,6 +109,14 @@ def _bandwidth_latency(spec: Mapping, where: str) -> tuple:
         raise SpecError(f"{where}.bandwidth: missing (e.g. bandwidth: 10Gbps)")
     if "latency" not in spec and "latency_us" not in spec:
         raise SpecError(f"{where}.latency: missing (e.g. latency: 30ms)")
+    # the unit keys take a unit: a bare number there is ambiguous (Gb/s or GB/s? ms or us?)
+    for key, example, plain in (("bandwidth", "10Gbps or 1.25GB/s", "bandwidth_GBps"),
+                                ("latency", "30ms or 5us", "latency_us")):
+        value = spec.get(key)
+        if value is not None and not isinstance(value, bool) and (
+                isinstance(value, (int, float)) or _NUMBER.match(str(value))):
+            raise SpecError(f"{where}.{key}: {value!r} has no unit; write it with one, like "
+                            f"{example}, or give {plain}: {value} for a plain number")
     bw = (parse_bandwidth(spec["bandwidth"], f"{where}.bandwidth") if "bandwidth" in spec
           else parse_bandwidth(spec["bandwidth_GBps"], f"{where}.bandwidth_GBps"))
     lat = (parse_latency(spec["latency"], f"{where}.latency") if "latency" in spec

@@ -392,12 +392,14 @@ def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
     if unknown:
         raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; "
                         f"allowed: {', '.join(sorted(_HETERO_KEYS))}")
+    groups = spec.get("groups")
+    if groups is not None and (not isinstance(groups, list) or len(groups) < 2):
+        raise SpecError(f"{where}.groups: expected a list of at least two node groups (one kind "
+                        "of node needs no groups: give name, device, nodes, intra_node and "
+                        "inter_node)")
     for key in ("name", "groups", "inter_node"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing (see the heterogeneous cluster form in README.md)")
-    groups = spec["groups"]
-    if not isinstance(groups, list) or len(groups) < 2:
-        raise SpecError(f"{where}.groups: expected a list of at least two node groups")
     inter_node = link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter")
     built = []
     for i, g in enumerate(groups):
@@ -409,6 +411,9 @@ def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
             raise SpecError(f"{here}.{sorted(bad)[0]}: unknown key; allowed: {sorted(_GROUP_KEYS)}")
         full = {"inter_node": spec["inter_node"], **g}
         full.setdefault("name", f"group{i}")
+        if any(b.name == str(full["name"]) for b in built):
+            raise SpecError(f"{here}.name: {full['name']!r} names an earlier group too; give each "
+                            "group its own name (plans and reports tell them apart by it)")
         built.append(cluster_from_mapping(full, here))
     inter_group = (link_from_mapping(spec["inter_group"], f"{where}.inter_group", "inter-group")
                    if "inter_group" in spec else inter_node)

@@ -134,9 +134,9 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     t0 = time.perf_counter()
     rm = resolve(model, seq_len=seq_len, dtype=dtype, example_inputs=example_inputs,
                  per_sample=per_sample)
-    log.info("model %s: %s parameters (%s); tracing it on the meta device at %s tokens "
-             "(seconds; a minute for the largest)", rm.name,
-             human_count(rm.num_params), rm.source, f"{rm.seq_len:,}")
+    log.info("model %s: %s parameters (%s); tracing it on the meta device %s (seconds; a minute "
+             "for the largest)", rm.name, human_count(rm.num_params), rm.source,
+             "for one sample" if per_sample else f"at {rm.seq_len:,} tokens")
     og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
                method=trace_method, name=rm.name)
     unchained = unchained_repeats(og)
@@ -172,15 +172,25 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     sharded; ``tables`` (a YAML path or a mapping), ``table_optimizer`` and ``pipeline`` apply to
     those only."""
     if recsys_model(model):
+        if seq_len is not None:
+            raise SpecError(f"seq_len: {seq_len} given, but a recommendation model's samples are "
+                            "rows of features, not token sequences; leave seq_len (--seq-len) out")
+        if target != "any":
+            raise SpecError(f"target: {target} given, but recommendation models are planned for "
+                            "TorchRec's engine (tables sharded, dense part data-parallel); leave "
+                            "target (--target) out")
         return plan_recsys(model, cluster=cluster, nodes=nodes, gpus_per_node=gpus_per_node,
                            global_batch=global_batch, dtype="fp32" if dtype is None else dtype,
                            optimizer=optimizer,
                            fix=fix, time_limit_s=time_limit_s, calibration=calibration,
                            engine=engine, record_timing=record_timing, tables=tables,
                            table_optimizer=table_optimizer, pipeline=pipeline)
-    if tables is not None or table_optimizer is not None or pipeline != "sparse-dist":
-        raise SpecError("tables, table_optimizer and pipeline apply to recommendation models "
-                        "(models with embedding tables) only")
+    given = [name for name, is_given in (("tables", tables is not None),
+                                         ("table_optimizer", table_optimizer is not None),
+                                         ("pipeline", pipeline != "sparse-dist")) if is_given]
+    if given:
+        raise SpecError(f"{given[0]}: applies to recommendation models (models with embedding "
+                        "tables) only; leave it out for this model")
     dtype = "bf16" if dtype is None else dtype
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
     if calibration is not None:
@@ -288,8 +298,9 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
     data-parallel; see README.md, "Recommendation models"."""
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
     if isinstance(cl, HeteroCluster):
-        raise SpecError("cluster: recommendation models plan on one device type; give a cluster "
-                        "without groups")
+        raise SpecError(f"cluster: {len(cl.groups)} node groups (sites or device types), but "
+                        "recommendation models are planned on one group of one device type; "
+                        "give a cluster file without groups or sites")
     if calibration is not None:
         cl = apply_calibration(cl, calibration)
     cl.device.peak(dtype)
@@ -536,7 +547,7 @@ def narrowed(options: SearchOptions, prepared: Prepared, training: TrainingSpec)
     already: restricting again changes nothing); MoE settings it does not run are refused; a
     dense model has no moe_act recomputation to try, a model without latent attention no
     mla_up_proj (a pin of one is refused, naming the fix)."""
-    options = targets.restrict(options, options.target)
+    options = targets.for_optimizer(targets.restrict(options, options.target), training.optimizer)
     blocks = prepared.blocks.blocks
     experts = any(b.work.num_experts for b in blocks)
     latent = any(b.work.attn_keys_wider for b in blocks)

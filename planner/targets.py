@@ -34,6 +34,8 @@ class Engine:
     """The stages it runs together with pipeline parallelism."""
     offload: bool = True
     """Optimizer states and step in host memory (ZeRO-Offload)."""
+    offload_optimizers: tuple[str, ...] = ("adam", "adamw", "sgd")
+    """The training optimizers it offloads."""
     sequence_parallel: tuple[bool, ...] = (False, True)
     """With tensor parallelism: whether norms and dropouts may (True) or must not (False) run
     sequence-parallel; (True,) when the engine always does."""
@@ -179,11 +181,15 @@ ENGINES: dict[str, Engine] = {
     # --use-tp-pp-dp-mapping with pp > 1 needs the experts' data-parallel size equal to the
     # attention's (megatron/core/parallel_state.py, initialize_model_parallel).
     # Its TransformerConfig asserts "Bias in Moe is only supported when ETP==1" (core_v0.19.0).
+    # Megatron-FSDP (ZeRO-2/3) lays the world out as data x expert x tensor parallel ranks
+    # (mcore_fsdp_adapter.py, _get_dp_tp_mesh): not beside a pipeline. Optimizer offload needs its
+    # precision-aware optimizer, which asserts "only supported with adam" (OptimizerConfig).
     # Its TransformerConfig raises "moe_act in recompute_modules is only supported with
     # moe_grouped_gemm" and "Delayed scaling does not support moe_act and layernorm recompute
     # for fp8" (core_v0.19.0).
     "megatron": Engine(name="megatron", version="core_v0.19.0",
                        schedules=("1f1b", "interleaved-1f1b"), pp_inner_same_dp=True,
+                       zero_with_pp=(0, 1), offload_optimizers=("adam", "adamw"),
                        moe_act_needs_grouped_gemm=True, moe_act_with_delayed_fp8=False,
                        etp_with_expert_bias=False,
                        cp_comms_windowed=("a2a", "allgather"), cp_comms_sinks=("a2a",),
@@ -241,6 +247,19 @@ def for_engine(options: SearchOptions, engine_spec, dtype: str = "bf16") -> Sear
         raise SpecError(f"fix.etp: {options.target} runs DeepEP with whole expert matrices only; "
                         "pin etp=1 or set moe_dispatcher=alltoall")
     return replace(options, expert_tensor_parallel=False)
+
+
+def for_optimizer(options: SearchOptions, optimizer: str) -> SearchOptions:
+    """``options`` without optimizer offload where the target does not offload ``optimizer``
+    (SpecError for a pin of it)."""
+    eng = engine(options.target)
+    if optimizer in eng.offload_optimizers:
+        return options
+    if options.fix.get("offload_optimizer"):
+        raise SpecError(f"fix.offload_optimizer: {options.target} offloads "
+                        f"{' and '.join(eng.offload_optimizers)} only, not {optimizer}; pin "
+                        "offload_optimizer=false or train with adam")
+    return replace(options, offload=tuple(o for o in options.offload if not o))
 
 
 def check_engine(engine_spec, target: str, model_type: str | None = None) -> None:

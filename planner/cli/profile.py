@@ -12,7 +12,8 @@ from planner.profile import DEVICES
 
 def register(add) -> None:
     p = add("profile", help="measure this machine (GEMMs, bandwidth, collectives) for --calibration")
-    p.add_argument("--device", default="cpu", choices=DEVICES)
+    p.add_argument("--device", default="cpu", choices=DEVICES,
+                   help="what to measure: this host's CPU (default) or its CUDA GPU")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="CPU threads per process (a CPU 'device' is one process; default 1)")
     p.add_argument("--processes", type=positive_int, default=2,

@@ -31,6 +31,9 @@ def run(args) -> int:
     if args.gantt is not None:
         check_path(args.gantt, "gantt")
     plan = load_plan(args.plan)
+    if args.gantt is not None and getattr(plan, "embeddings", None) is not None:
+        raise SpecError("gantt: a recommendation plan (sharded embedding tables, a data-parallel "
+                        "dense part) runs no pipeline schedule to draw; drop --gantt")
     if args.json:
         if args.why is not None or args.gantt is not None:
             raise SpecError("json: prints the plan's summary only; drop --why and --gantt")

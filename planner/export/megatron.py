@@ -492,7 +492,40 @@ def _layout_string(counts: list[int]) -> str:
     return "|".join(parts)
 
 
+def _check_states(plan: Plan, version: str) -> None:
+    """Refuse what Megatron-LM ``version`` refuses of the plan's state sharding and precision:
+    core_v0.14.0's validate_args asserts "Expert parallelism is not supported with fp16
+    training", and its Megatron-FSDP has no expert groups (megatron_fsdp.py calls a
+    get_expert_dp_group its DistIndex lacks; utils.py: "Expert parallel is not supported in
+    Megatron-FSDP"); Megatron-FSDP lays every rank of the world out as data x expert x tensor
+    parallel ranks, so not beside a pipeline (mcore_fsdp_adapter.py _get_dp_tp_mesh, both
+    releases); the precision-aware optimizer that optimizer offload needs takes adam only
+    (OptimizerConfig, both releases)."""
+    p, dtype = plan.parallel, plan.training["dtype"]
+    ep = p.get("ep", 1)
+    if p["zero"] >= 2 and p["pp"] > 1 and p["dp"] * p.get("cp", 1) > 1:
+        raise SpecError(f"export megatron: ZeRO-{p['zero']} with a pipeline "
+                        f"(pp={p['pp']}) runs Megatron-FSDP, whose device mesh spans the data, "
+                        "expert and tensor parallel ranks only (mcore_fsdp_adapter.py: every "
+                        "rank of the world in one stage); re-plan with --target megatron, or "
+                        "--fix zero=1")
+    if version == "core_v0.14.0" and ep > 1 and dtype == "fp16":
+        raise SpecError(f"export megatron: expert parallelism (ep={ep}) in fp16, which "
+                        f"{version}'s validate_args refuses; export for core_v0.19.0, or re-plan with "
+                        "--dtype bf16")
+    if version == "core_v0.14.0" and ep > 1 and p["zero"] >= 2 and p["dp"] * p.get("cp", 1) > 1:
+        raise SpecError(f"export megatron: ZeRO-{p['zero']} with expert parallelism "
+                        f"(ep={ep}) runs Megatron-FSDP, which has no expert groups in {version}; "
+                        "export for core_v0.19.0, or re-plan with --fix zero=1")
+    if p.get("offload_optimizer") and plan.training.get("optimizer") not in ("adam", "adamw"):
+        raise SpecError("export megatron: optimizer offload runs Megatron's "
+                        "precision-aware optimizer, which takes adam only, and the plan's "
+                        f"optimizer is {plan.training.get('optimizer')}; re-plan with --fix "
+                        "offload_optimizer=false or --optimizer adam")
+
+
 def _memory(plan: Plan, version: str, ledger: common.Ledger) -> Group:
+    _check_states(plan, version)
     p = plan.parallel
     ledger.exact("zero", "offload_optimizer")
     out = _recompute(plan, version, ledger)
@@ -537,6 +570,10 @@ def _overlap_dp(plan: Plan, ledger: common.Ledger) -> Group:
                         "gradient reduction (and, with optim_grads_params, its weight gathers: "
                         "megatron_fsdp.py), which the plan prices exposed (engine "
                         "overlap_grad_reduce=false): a faster step than planned")
+            # (core_v0.14.0's MegatronFSDP asserts the flag with optim_grads; later releases
+            # set it themselves)
+            return [(["--overlap-grad-reduce"], "Megatron-FSDP reduces gradients behind "
+                     "compute whatever the flag (core_v0.14.0 asserts it for ZeRO-2)")]
         return []
     if plan.parallel["zero"] == 3:
         return [(["--overlap-grad-reduce", "--overlap-param-gather"],

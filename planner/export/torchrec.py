@@ -112,11 +112,16 @@ def _notes(plan: Plan, tabs: dict) -> list[str]:
     elif emb.get("pipeline"):
         notes.append(f"pipeline {emb['pipeline']}: the plan was priced with this train pipeline; "
                      "choose TorchRec's matching one in your loop")
-    if any(float(t.get("skew", 0.0)) for t in emb["tables"]):
-        notes.append("access skew: the plan priced cache hits from each table's skew; TorchRec "
-                     "takes no skew (CacheParams.stats can carry measured statistics)")
+    cached = {n for n, t in tabs.items() if "cache_load_factor" in t}
+    if any(float(t.get("skew", 0.0)) for t in emb["tables"] if t.get("name") in cached):
+        notes.append("access skew: the plan priced cache hits from each cached table's skew; "
+                     "TorchRec takes no skew (CacheParams.stats can carry measured statistics)")
     if any("cache_load_factor" in t for t in tabs.values()):
         notes.append("fused_uvm_caching tables: the plan's cache ratio is CacheParams(load_factor)")
+    if plan.model.get("source") != "zoo":
+        notes.append(f"MODULE_PATH is {DEFAULT_MODULE_PATH!r}, where the zoo's models keep their "
+                     "tables: set it to your model's EmbeddingBagCollection (TorchRec shards "
+                     "EmbeddingBagCollections; plain nn.EmbeddingBag tables go into one first)")
     optimizer = plan.training.get("optimizer", "adam")
     if (emb.get("dense") or {}).get("zero") == 3:
         notes.append("the dense part: the plan shards it with FSDP2 (fully_shard: weights, "

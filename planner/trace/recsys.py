@@ -217,8 +217,9 @@ def rec_model(model, *, batch: int = 1024, stats: dict | None = None,
     known = {t[0] for t in found}
     unknown = sorted(set(stats) - known)
     if unknown:
-        raise SpecError(f"tables: {', '.join(unknown[:3])} not in the model (its tables: "
-                        f"{', '.join(sorted(known)[:6])}{', ...' if len(known) > 6 else ''})")
+        raise SpecError(f"tables.{unknown[0]}: not a table of the model (its tables: "
+                        f"{', '.join(sorted(known)[:6])}{', ...' if len(known) > 6 else ''}); "
+                        "name the tables file's entries after the model's tables")
     tables = []
     for i, (tname, rows, dim, feats, pooled) in enumerate(found):
         s = stats.get(tname, {})

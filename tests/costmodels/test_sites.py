@@ -60,6 +60,11 @@ def test_scope_shares_the_link():
     ({"sites": [site("a")]}, "at least two sites"),
     ({"sites": [site("a"), site("a")]}, "listed twice"),
     ({"colour": "red"}, "unknown key"),
+    ({"links": [{"between": ["a", "b"], "bandwidth": 1.2, "latency": "1ms"}]},
+     r"links\[0\]\.bandwidth: 1\.2 has no unit; write it with one, like 10Gbps or 1\.25GB/s, "
+     r"or give bandwidth_GBps: 1\.2 for a plain number"),
+    ({"links": [{"between": ["a", "b"], "bandwidth": "1Gbps", "latency": "10"}]},
+     r"links\[0\]\.latency: '10' has no unit; .* latency_us: 10 for a plain number"),
 ])
 def test_bad_forms_are_one_line_errors(change, words):
     with pytest.raises(SpecError, match=words):

@@ -1,10 +1,14 @@
 """Recommendation models through `plan solve` / `plan show`, and their one-line errors."""
 
 import json
+import os
 
 import pytest
 
 from planner.cli.main import main
+
+SITES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples",
+                     "two_sites.yaml")
 
 FACTORY = '''
 import torch
@@ -67,22 +71,38 @@ def test_module_with_embedding_bags_and_a_tables_yaml(capsys, tmp_path):
     (["--fix", "sharding=diagonal"], "sharding: expected one of"),
     (["--tables", "/nonexistent.yaml"], "not found"),
     (["--global-batch", "1001"], "global_batch"),
+    (["--seq-len", "2048"], "seq_len: 2048 given, but a recommendation model's samples are rows"),
+    (["--target", "megatron"], "target: megatron given, but recommendation models are planned "
+                               "for TorchRec's engine"),
+    (["--cluster", SITES], "cluster: 2 node groups (sites or device types)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, words):
     argv = ["solve", "two-tower", "--cluster", "dgx-a100-40g", "--nodes", "1",
             "--global-batch", "8192"]
     if "--global-batch" in extra:
         argv = argv[:-2]
+    if "--cluster" in extra:  # a sites file: no --nodes
+        argv = ["solve", "two-tower", "--global-batch", "8192"]
     code, out, err = run(capsys, *argv, *extra)
     assert code == 2
     errors = [line for line in err.splitlines() if line.startswith("plan: error")]
     assert len(errors) == 1 and words in errors[0]
 
 
+def test_a_gantt_of_a_recommendation_plan_is_refused_before_the_report(capsys, tmp_path):
+    path = tmp_path / "p.json"
+    assert run(capsys, "solve", "two-tower", "--cluster", "dgx-a100-40g", "--nodes", "1",
+               "--global-batch", "8192", "-o", str(path))[0] == 0
+    code, out, err = run(capsys, "show", str(path), "--gantt", str(tmp_path / "g.png"))
+    assert code == 2 and out == "" and "gantt: a recommendation plan" in err
+    assert not (tmp_path / "g.png").exists()
+
+
 def test_recsys_options_on_a_dense_model_are_refused(capsys):
     code, out, err = run(capsys, "solve", "gpt2", "--cluster", "dgx-a100-40g", "--nodes", "1",
                          "--global-batch", "8", "--pipeline", "nested")
-    assert code == 2 and "recommendation models" in err
+    assert code == 2 and "plan: error: pipeline: applies to recommendation models (models with " \
+        "embedding tables) only; leave it out for this model" in err
 
 
 def test_whatif_of_a_recommendation_model_counts_samples(capsys):
@@ -98,6 +118,7 @@ def test_whatif_of_a_recommendation_model_counts_samples(capsys):
 @pytest.mark.parametrize("text,words", [
     ("tables:\n  t_cat_0: {poolng: 3}\n", "tables.t_cat_0.poolng: unknown key; use pooling"),
     ("tabels:\n  t_cat_0: {pooling: 3}\n", "unknown key 'tabels'"),
+    ("tables:\n  usr: {pooling: 3}\n", "tables.usr: not a table of the model (its tables: t_cat_0"),
 ])
 def test_a_tables_file_with_a_typo_names_the_key(capsys, tmp_path, text, words):
     tables = tmp_path / "t.yaml"

@@ -290,7 +290,8 @@ def test_torchtitan_maps_zero_to_replicate_or_shard(version, zero, replicate, sh
     (0, []), (1, ["--use-distributed-optimizer"]),
     (3, ["--use-megatron-fsdp", "--use-distributed-optimizer"])])
 def test_megatron_maps_zero(zero, flags):
-    args = megatron_args(to_megatron(variant(plan_of("uneven-llama3-8b"), zero=zero)))
+    # (Megatron-FSDP, ZeRO-2/3, runs without a pipeline: a pp=1 plan)
+    args = megatron_args(to_megatron(variant(data_plan("llama3-8b-cp4-megatron"), zero=zero)))
     assert all(f in args for f in flags) and ("--use-distributed-optimizer" in args) == (zero > 0)
     if zero == 3:
         assert option(args, "--data-parallel-sharding-strategy") == "optim_grads_params"
@@ -299,14 +300,44 @@ def test_megatron_maps_zero(zero, flags):
 
 
 def test_megatron_writes_no_overlap_for_a_plan_priced_without_it(notes):
-    serial = engine_settings(variant(plan_of("uneven-llama3-8b"), zero=1),
+    serial = engine_settings(variant(data_plan("llama3-8b-cp4-megatron"), zero=1),
                              overlap_grad_reduce=False)
     args = megatron_args(to_megatron(serial))
     assert "--overlap-grad-reduce" not in args and "--overlap-param-gather" not in args
     assert not any("Megatron-FSDP always overlaps" in n for n in notes)
-    to_megatron(variant(serial, zero=3))  # Megatron-FSDP overlaps whatever it is told
-    assert any("Megatron-FSDP always overlaps" in n and "faster step than planned" in n
-               for n in notes)
+    for zero in (2, 3):  # Megatron-FSDP overlaps whatever it is told (core_v0.14.0 asserts the
+        notes.clear()    # flag with ZeRO-2): written, and noted
+        for version in ("core_v0.14.0", "core_v0.19.0"):
+            fsdp = megatron_args(to_megatron(variant(serial, zero=zero), version))
+            assert "--overlap-grad-reduce" in fsdp and "--use-megatron-fsdp" in fsdp
+        assert any("Megatron-FSDP always overlaps" in n and "faster step than planned" in n
+                   for n in notes)
+
+
+def test_megatron_refuses_what_its_releases_refuse_of_the_states():
+    """Megatron-FSDP lays the world out as data x expert x tensor parallel ranks (no pipeline);
+    core_v0.14.0 has no expert groups in it and refuses expert parallelism in fp16; offloading
+    the optimizer takes its precision-aware optimizer, adam only."""
+    with pytest.raises(SpecError, match=r"^export megatron: ZeRO-3 with a pipeline \(pp=4\) runs "
+                                        r"Megatron-FSDP, .* re-plan with --target megatron, or "
+                                        r"--fix zero=1$"):
+        to_megatron(variant(plan_of("uneven-llama3-8b"), zero=3))
+    moe = data_plan("qwen3-30b-a3b-ep8-capacity-megatron")  # zero=3, ep=8, pp=1
+    to_megatron(moe, "core_v0.19.0")
+    with pytest.raises(SpecError, match=r"^export megatron: ZeRO-3 with expert parallelism "
+                                        r"\(ep=8\) runs Megatron-FSDP, which has no expert groups "
+                                        r"in core_v0\.14\.0"):
+        to_megatron(moe, "core_v0.14.0")
+    half = dataclasses.replace(variant(moe, zero=1), training={**moe.training, "dtype": "fp16"})
+    to_megatron(half, "core_v0.19.0")
+    with pytest.raises(SpecError, match=r"^export megatron: expert parallelism \(ep=8\) in fp16, "
+                                        r"which core_v0\.14\.0's validate_args refuses"):
+        to_megatron(half, "core_v0.14.0")
+    sgd = dataclasses.replace(variant(moe, zero=1, offload_optimizer=True),
+                              training={**moe.training, "optimizer": "sgd"})
+    with pytest.raises(SpecError, match=r"^export megatron: optimizer offload runs Megatron's "
+                                        r"precision-aware optimizer, which takes adam only"):
+        to_megatron(sgd)
 
 
 @pytest.mark.parametrize("zero,flag", [(1, "--use-distributed-optimizer"),
@@ -492,7 +523,12 @@ def test_every_knob_is_expressed_or_listed_in_the_file_and_on_stderr(changes, no
     for target, versions in SUPPORTED_VERSIONS.items():
         for version in versions:
             notes.clear()
-            text = export(plan, target, version)[0]
+            try:
+                text = export(plan, target, version)[0]
+            except SpecError as err:  # (Megatron-FSDP with this plan's pipeline)
+                assert "\n" not in str(err) and str(err).startswith(f"export {target}: ")
+                assert target == "megatron" and changes.get("zero", 0) >= 2, err
+                continue
             assert all(n.startswith(f"export {target} {version}: ") for n in notes)
             body = " ".join(re.sub(r"^ *# ?(- )?", "", line) for line in text.splitlines())
             body = " ".join(body.split())
@@ -646,8 +682,8 @@ def test_deepep_runs_as_each_engine_names_it(notes):
     (the flex dispatcher asserts TPxEP > 1); torchtitan 0.2.2: expert_parallel_comm_backend in
     its deepseek_v3 and llama4 models, the nearest (torch's all-to-all) elsewhere; DeepSpeed:
     the nearest."""
-    plan = engine_settings(data_plan("qwen3-30b-a3b-ep8-capacity-megatron"),
-                           moe_dispatcher="deepep")
+    plan = engine_settings(variant(data_plan("qwen3-30b-a3b-ep8-capacity-megatron"), zero=1),
+                           moe_dispatcher="deepep")  # (core_v0.14.0's FSDP has no expert groups)
     old = megatron_args(to_megatron(plan, "core_v0.14.0"))
     assert option(old, "--moe-token-dispatcher-type") == "flex" and "--moe-enable-deepep" in old
     new = megatron_args(to_megatron(plan, "core_v0.19.0"))
@@ -1089,7 +1125,7 @@ def test_offload_is_expressed_by_every_engine(notes):
 def test_megatron_sets_cuda_device_max_connections_as_validate_args_asks():
     tp = to_megatron(plan_of("uneven-llama3-8b"))
     assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in tp
-    fsdp = to_megatron(variant(plan_of("uneven-llama3-8b"), zero=3))
+    fsdp = to_megatron(variant(data_plan("llama3-8b-cp4-megatron"), zero=3))
     assert "\nunset CUDA_DEVICE_MAX_CONNECTIONS\n" in fsdp
     assert "CUDA_DEVICE_MAX_CONNECTIONS=1" not in fsdp
     single = to_megatron(variant(plan_of("uneven-llama3-8b"), tp=1))
@@ -1372,7 +1408,7 @@ def test_an_engine_laying_the_states_out_otherwise_prices_the_memory_again(notes
     assert [n for n in notes if "memory re-checked with the model states as Megatron-Core lays "
             "them out" in n and "still within" in n]
     notes.clear()
-    to_megatron(megatron)  # its own layout: nothing to re-check
+    to_megatron(data_plan("llama3-8b-cp4-megatron"))  # its own layout: nothing to re-check
     assert not [n for n in notes if "re-checked" in n]
     elsewhere = dataclasses.replace(megatron, model={**megatron.model, "spec": "my/config.json"})
     with pytest.raises(SpecError, match="my/config.json"):  # a change the engine forces: needed
@@ -1400,9 +1436,9 @@ def test_a_plan_that_does_not_record_its_layout_says_its_memory_is_not_checked_a
     assert [n for n in notes if "memory not re-checked with the model states as torchtitan's "
             "FSDP2 lays them out" in n and "the plan does not record how it laid them out" in n
             and "--target torchtitan` prices it" in n]
-    notes.clear()
-    to_megatron(old)  # made for it: nothing to say
-    assert not [n for n in notes if "re-checked" in n]
+    # made for Megatron-LM before the target knew Megatron-FSDP runs without a pipeline
+    with pytest.raises(SpecError, match=r"^export megatron: ZeRO-3 with a pipeline \(pp=4\)"):
+        to_megatron(old)
 
 
 def test_a_v100_plan_is_exported_as_its_engine_runs_there(tiny_llama_config, tmp_path):

@@ -99,6 +99,19 @@ def test_export_matches_golden_file_byte_for_byte():
     assert name == "dlrm-criteo-1tb.torchrec.py" and TARGETS["torchrec"][1] == "torchrec.py"
 
 
+def test_a_model_not_from_the_zoo_is_told_to_set_its_module_path(caplog):
+    """MODULE_PATH is where the zoo's models keep their EmbeddingBagCollection; another model's
+    tables (plain nn.EmbeddingBag among them) are elsewhere."""
+    plan = load_plan(PLAN)
+    assert "MODULE_PATH is 'sparse'" not in to_torchrec(plan)
+    plan.model["source"] = "factory"
+    with caplog.at_level("WARNING", logger="planner.export"):
+        text = to_torchrec(plan)
+    assert "MODULE_PATH is 'sparse', where the zoo's models keep their tables: set it to" in \
+        caplog.text
+    assert "# - MODULE_PATH is 'sparse', where the zoo's models keep their tables" in text
+
+
 def test_the_export_begins_with_the_source_plan():
     plan = load_plan(PLAN)
     text = to_torchrec(plan)

@@ -32,6 +32,15 @@ def test_loading_is_strict_and_overrides_are_refused():
         load_cluster(bad)
     with pytest.raises(SpecError, match="do not apply"):
         load_cluster(MIXED, nodes=2)
+    # one group, or none, is named as such before anything else is missing
+    for groups in ([], [MIXED["groups"][0]]):
+        with pytest.raises(SpecError, match=r"^cluster\.groups: expected a list of at least two "
+                                            r"node groups \(one kind of node needs no groups"):
+            load_cluster({"name": "x", "groups": groups})
+    twice = {**MIXED, "groups": [MIXED["groups"][0], {**MIXED["groups"][1], "name": "a100"}]}
+    with pytest.raises(SpecError, match=r"^cluster\.groups\[1\]\.name: 'a100' names an earlier "
+                                        r"group too"):
+        load_cluster(twice)
 
 
 @pytest.fixture(scope="module")

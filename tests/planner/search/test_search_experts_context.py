@@ -1101,6 +1101,30 @@ def test_plan_prepared_searches_what_its_target_runs(tiny_mixtral):
             fix={"pp": 2, "schedule": "zb-h1"}, target="deepspeed"))
 
 
+def test_megatron_plans_megatron_fsdp_without_a_pipeline_and_offloads_adam_only(tiny_mixtral):
+    """Megatron-FSDP (ZeRO-2/3) lays the world out without pipeline stages, and optimizer
+    offload needs its precision-aware optimizer, adam only: the target searches neither, and
+    refuses a pin of either naming the fix."""
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    for optimizer in ("adam", "sgd"):
+        training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len,
+                                        optimizer=optimizer)
+        p = planner.plan_prepared(tiny_mixtral, cluster, training, planner.SearchOptions(
+            fix={"pp": 2}, top_k=30, target="megatron"))
+        found = [p.parallel] + [a["parallel"] for a in p.search["alternatives"]]
+        assert len(found) > 10 and all(c["zero"] <= 1 for c in found)
+        if optimizer == "sgd":
+            assert not any(c.get("offload_optimizer") for c in found)
+            with pytest.raises(planner.SpecError, match=r"^fix.offload_optimizer: megatron "
+                                                        r"offloads adam and adamw only, not sgd"):
+                planner.plan_prepared(tiny_mixtral, cluster, training, planner.SearchOptions(
+                    fix={"offload_optimizer": True}, target="megatron"))
+    with pytest.raises(planner.SpecError, match=r"^fix.zero: megatron does not run ZeRO-3 with a "
+                                                r"pipeline; it offers 0, 1 there"):
+        planner.plan_prepared(tiny_mixtral, cluster, training, planner.SearchOptions(
+            fix={"pp": 2, "zero": 3}, target="megatron"))
+
+
 def test_an_imbalance_beyond_what_top_k_routing_reaches_is_refused(tiny_mixtral):
     """8 experts with top-2: the busiest expert takes at most a copy of every token, 4 x the
     mean; 4 plans, more is bad input naming the bound."""
