@@ -331,6 +331,10 @@ def setting_text(value) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
+BOOL_SETTINGS = tuple(f.name for f in fields(EngineSpec) if f.type in ("bool", bool))
+"""The engine settings that are true or false (text true/false, 1/0, yes/no is read as such)."""
+
+
 def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     """``{"attention": "materialized"}``, ``"attention=materialized,kernels=eager"``, or a preset
     name (PRESETS) optionally followed by ``,k=v`` overrides: ``"megatron-core,attention=
@@ -365,9 +369,7 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
         key = sorted(unknown)[0]
         raise SpecError(f"engine.{key}: unknown key{suggest(key, names)}")
     kw = {**base, **dict(spec)}
-    for key in ("overlap_grad_reduce", "overlap_param_gather", "fsdp_copies", "fsdp_experts",
-                "pipelined_accumulation", "moe_grouped_gemm", "moe_overlap",
-                "moe_shared_overlap", "moe_probs_in_activation", "moe_pad_to_capacity"):
+    for key in BOOL_SETTINGS:
         if key in kw and not isinstance(kw[key], bool):
             text = str(kw[key]).lower()
             if text not in ("true", "false", "1", "0", "yes", "no"):

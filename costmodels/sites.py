@@ -13,9 +13,9 @@ The form (README.md, "Training across sites")::
       - {between: [east, west], bandwidth: 1.2Gbps, latency: 30ms, per: site}
     default_link: {bandwidth: 1Gbps, latency: 50ms, per: site}   # pairs not listed
 
-Bandwidths take units (``10Gbps``, ``100 Mbps``, ``1.25GB/s``, ``25 Gb/s``; a bare number is GB/s),
-latencies too (``30ms``, ``5us``, ``0.5s``; a bare number is microseconds, as ``latency_us`` is
-elsewhere). ``per`` says who owns the figure: each ``gpu``, each ``node`` (its NICs shared by its
+Bandwidths take units (``10Gbps``, ``100 Mbps``, ``1.25GB/s``, ``25 Gb/s``), latencies too
+(``30ms``, ``5us``, ``0.5s``): a bare number is refused there (Gb/s or GB/s? ms or us?), and
+``bandwidth_GBps`` / ``latency_us`` take plain numbers, as in the single-site form. ``per`` says who owns the figure: each ``gpu``, each ``node`` (its NICs shared by its
 GPUs), or the whole ``site`` (one WAN pipe shared by every transfer leaving the site; the default
 for links between sites). Inside a site, ``inter_node`` figures are per node by default when
 ``per: node`` is given and per GPU otherwise, as in the single-site form.

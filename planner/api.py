@@ -544,8 +544,9 @@ def _warn_unused_settings(prepared: Prepared, training: TrainingSpec,
 def narrowed(options: SearchOptions, prepared: Prepared, training: TrainingSpec) -> SearchOptions:
     """``options`` narrowed to what the target runs for this model and software: an unknown
     target is refused, a known one keeps to what its engine runs (planner.plan has done so
-    already: restricting again changes nothing); MoE settings it does not run are refused; a
-    dense model has no moe_act recomputation to try, a model without latent attention no
+    already: restricting again changes nothing), without optimizer offload where it does not
+    offload the training's optimizer (targets.for_optimizer; a pin of it is refused); MoE
+    settings it does not run are refused; a dense model has no moe_act recomputation to try, a model without latent attention no
     mla_up_proj (a pin of one is refused, naming the fix)."""
     options = targets.for_optimizer(targets.restrict(options, options.target), training.optimizer)
     blocks = prepared.blocks.blocks

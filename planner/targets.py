@@ -309,7 +309,8 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
     if "zero" in fix and fix["zero"] not in eng.zero:
         raise SpecError(f"fix.zero: {target} does not shard model states as ZeRO-{fix['zero']}; "
                         f"it offers {', '.join(map(str, eng.zero))}")
-    if "zero" in fix and int(fix.get("pp", 1)) > 1 and fix["zero"] not in eng.zero_with_pp:
+    if "zero" in fix and int(fix.get("pp", 1)) > 1 and fix["zero"] not in eng.zero_with_pp and \
+            int(fix.get("dp", 2)) * int(fix.get("cp", 1)) > 1:  # (over one rank ZeRO shards nothing)
         raise SpecError(f"fix.zero: {target} does not run ZeRO-{fix['zero']} with a pipeline; it "
                         f"offers {', '.join(map(str, eng.zero_with_pp))} there (or pin pp=1)")
     if "zero" in fix and int(fix.get("cp", 1)) > 1 and fix["zero"] not in eng.zero_with_cp:

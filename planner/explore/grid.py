@@ -18,7 +18,8 @@ from planner.options import DTYPES, FIX_KEYS, OPTIMIZERS, parse_fix
 CLUSTER_KEYS = ("cluster", "nodes", "gpus_per_node", "device", "inter_node_bandwidth",
                 "intra_node_bandwidth", "inter_region_bandwidth")
 """Keys that change the cluster (node bandwidths in GB/s per GPU and direction; the bandwidth of
-every link between sites with a unit, 10Gbps or 1.25GB/s, in each link's own scope)."""
+every link between sites, 10Gbps or 1.25GB/s, or a plain number of GB/s, in each link's own
+scope)."""
 TRAINING_KEYS = ("global_batch", "seq_len", "dtype", "optimizer")
 ENGINE_KEYS = tuple(f.name for f in fields(EngineSpec))
 """Engine settings (``--engine`` keys: moe_imbalance, moe_dispatcher, attention, ...): each point
@@ -65,8 +66,8 @@ def value(key: str, raw):
     """One value of ``key``, converted and checked (SpecError names key and value)."""
     if key in FIX_KEYS:
         return parse_fix({key: raw}, where="vary")[key]
-    if key in ENGINE_KEYS:  # a bad value is refused here; what depends on other settings
-        text = str(raw).strip()  # (moe_pad_to_capacity needs a capacity factor) is the point's
+    if key in ENGINE_KEYS:  # a value of the wrong kind is refused here; what is out of range or
+        text = str(raw).strip()  # depends on other settings is that point's row (with the reason)
         try:
             engine_from_mapping({key: text})
         except SpecError as exc:

@@ -83,6 +83,10 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
                             "place")
     recsys = api.recsys_model(model)
     dtype = ("fp32" if recsys else "bf16") if dtype is None else dtype
+    if recsys and (seq_len is not None or "seq_len" in vary):  # (as planner.plan refuses it)
+        where = "vary.seq_len" if "seq_len" in vary else "seq_len"
+        raise SpecError(f"{where}: a recommendation model's samples are rows of features, not "
+                        "token sequences; leave seq_len (--seq-len) out")
     if cluster is None and "cluster" not in vary:
         raise SpecError("cluster: missing; pass cluster= (--cluster) or vary it "
                         "(--vary cluster=A,B)")
@@ -133,8 +137,9 @@ def _bad_row(task: "_Task", reason: str) -> dict:
     """The row of a point that is bad input (not an infeasible one: ``bad_input``, which
     _refuse_all_bad reads); a knob the point varies is named as varied (vary.cp), not pinned."""
     for key, _ in task.point:
-        if reason.startswith(f"fix.{key}:"):
-            reason = "vary." + reason[len("fix."):]
+        for where in ("fix", "engine"):
+            if reason.startswith(f"{where}.{key}:"):
+                reason = "vary." + reason[len(where) + 1:]
     return {**_row(task, None, reason), "bad_input": True}
 
 

@@ -309,9 +309,9 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
         # token dispatcher"; core_v0.19.0 takes the flex dispatcher too)
         ledger.missing("moe_shared_overlap", f"Megatron-Core {version} runs the shared expert "
                        "beside the dispatch with the alltoall dispatcher only (its "
-                       "TransformerConfig raises with DeepEP's flex dispatcher); left off, the "
-                       "shared expert runs after the routed experts, slower than planned by up to "
-                       "its GEMMs' time per MoE layer; export for core_v0.19.0 or plan with "
+                       "TransformerConfig raises with DeepEP's flex dispatcher); left off: a "
+                       "shared expert, where the model has one, runs after the routed experts, "
+                       "slower than planned by up to its GEMMs' time per MoE layer; export for core_v0.19.0 or plan with "
                        "moe_shared_overlap=false")
         return out, overlap
     ledger.exact("moe_shared_overlap")

@@ -118,7 +118,7 @@ def _notes(plan: Plan, tabs: dict) -> list[str]:
                      "TorchRec takes no skew (CacheParams.stats can carry measured statistics)")
     if any("cache_load_factor" in t for t in tabs.values()):
         notes.append("fused_uvm_caching tables: the plan's cache ratio is CacheParams(load_factor)")
-    if plan.model.get("source") != "zoo":
+    if plan.model.get("source", "zoo") != "zoo":
         notes.append(f"MODULE_PATH is {DEFAULT_MODULE_PATH!r}, where the zoo's models keep their "
                      "tables: set it to your model's EmbeddingBagCollection (TorchRec shards "
                      "EmbeddingBagCollections; plain nn.EmbeddingBag tables go into one first)")

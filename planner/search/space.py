@@ -511,7 +511,7 @@ def _zero_offload(fix: dict, dp: int, pp: int, options: SearchOptions,
     engine runs with one. On the ``host`` (the cpu cluster) nothing is offloaded."""
     allowed = [z for z in options.zero if pp == 1 or z in options.zero_with_pp]
     zeros = _choices(fix, "zero", allowed if dp > 1 else [0] + [1] * (1 in allowed))
-    if pp > 1 and "zero" in fix and fix["zero"] not in options.zero_with_pp:
+    if pp > 1 and dp > 1 and "zero" in fix and fix["zero"] not in options.zero_with_pp:
         rejected[ZERO_PP] += 1
         return []
     offloads = _choices(fix, "offload_optimizer", list(options.offload))

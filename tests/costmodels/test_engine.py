@@ -2,7 +2,7 @@
 
 import pytest
 
-from costmodels.engine import PRESETS, EngineSpec, describe, engine_from_mapping
+from costmodels.engine import BOOL_SETTINGS, PRESETS, EngineSpec, describe, engine_from_mapping
 from costmodels.errors import SpecError
 
 
@@ -32,6 +32,23 @@ def test_unknown_presets_and_keys_are_named():
                 "moe_imbalance=2,deepspeed,torchtitan"):
         with pytest.raises(SpecError, match="^engine: one preset at most"):
             engine_from_mapping(two)
+
+
+def test_every_true_or_false_setting_reads_its_text():
+    """'false' from --engine or --vary is False, not a non-empty string (moe_etp_replicated was
+    once missed); other text is refused naming the setting."""
+    assert "moe_etp_replicated" in BOOL_SETTINGS and "moe_overlap" in BOOL_SETTINGS
+    for key in BOOL_SETTINGS:
+        for text, want in (("false", False), ("0", False), ("no", False), ("true", True),
+                           ("1", True)):
+            try:
+                got = getattr(engine_from_mapping({key: text}), key)
+            except SpecError as err:  # a setting that needs another (pad to capacity)
+                assert want and not str(err).startswith(f"engine.{key}: expected"), err
+                continue
+            assert got is want, (key, text)
+        with pytest.raises(SpecError, match=f"^engine.{key}: expected true or false, got 'maybe'"):
+            engine_from_mapping({key: "maybe"})
 
 
 def test_a_plan_says_which_software_it_assumes():

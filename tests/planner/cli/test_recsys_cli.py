@@ -113,6 +113,10 @@ def test_whatif_of_a_recommendation_model_counts_samples(capsys):
     assert code == 0, err
     head = out.splitlines()[0]
     assert "samples/s" in head and "tokens/s" not in head
+    for extra in (["--seq-len", "2048"], ["--vary", "seq_len=1024,2048"]):
+        code, out, err = run(capsys, "whatif", "two-tower", "--cluster", "dgx-a100-40g",
+                             "--global-batch", "8192", "--vary", "nodes=1", *extra)
+        assert code == 2 and "a recommendation model's samples are rows of features" in err
 
 
 @pytest.mark.parametrize("text,words", [

@@ -304,8 +304,12 @@ def test_engine_settings_vary_per_point_on_the_sweeps_engine(tmp_path):
         "moe_imbalance=2 moe_pad_to_capacity=false", "moe_imbalance=2 moe_pad_to_capacity=true"]
     even, busy = rows[0], rows[2]
     assert even["feasible"] and busy["feasible"] and busy["step_time_s"] > even["step_time_s"]
-    assert not rows[1]["feasible"] and "moe_pad_to_capacity: padding to capacity needs a " \
-        "capacity factor" in rows[1]["reason"]
+    assert not rows[1]["feasible"] and rows[1]["reason"].startswith(
+        "vary.moe_pad_to_capacity: padding to capacity needs a capacity factor")
+    # a value out of its range is its point's row too, named as varied
+    bad, ok = explore.whatif(config, cluster="dgx-h100", nodes=1, global_batch=64, seq_len=64,
+                             fix=fix, vary={"host_op_s": ["1", "1e-5"]})
+    assert bad["reason"].startswith("vary.host_op_s: 1.0 seconds per op") and ok["feasible"]
     prepared = planner.prepare(config, seq_len=64, cache_dir=None)
     for row, imbalance in ((even, 1.0), (busy, 2.0)):
         training = planner.TrainingSpec(global_batch=64, seq_len=64, engine=engine_from_mapping(

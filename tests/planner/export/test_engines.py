@@ -19,7 +19,8 @@ dgx-h100 --nodes 8 --global-batch 256 --seq-len 4096 --fix pp=4 --target <target
 llama3-70b-offload-<target>.json with ``plan solve llama3-70b --cluster dgx-h100 --nodes 1
 --global-batch 16 --seq-len 2048 --target <target>`` (Llama 3 70B on 8 H100 fits only with the
 optimizer on the host); llama3-70b-pp4-zero3-megatron.json with ``--fix pp=4,schedule=1f1b,zero=3
---target megatron``. Expert and context parallelism (all on dgx-h100, with ``--target <target>``):
+--target megatron`` before that target knew Megatron-FSDP runs without a pipeline (the pin is
+refused now, and the plan's Megatron export too: it stays for the other engines' exports). Expert and context parallelism (all on dgx-h100, with ``--target <target>``):
 
 - mixtral-8x7b-ep8-<target>.json: ``plan solve mixtral-8x7b --nodes 8 --global-batch 256
   --seq-len 4096 --fix ep=8``; mixtral-8x7b-ep4-etp2-megatron.json the same with
