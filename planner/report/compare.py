@@ -65,7 +65,7 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     changes = [f"{k} {knob(x)} -> {knob(y)}" for k, x, y in
                inputs + [c for c in config_changes(a, b) if c[0] != "num_microbatches"]]
     tables = [(n, x, y) for n, x, y in table_changes(a, b, short=True) if x != y]
-    changes += [f"table {n} {x} -> {y}" for n, x, y in tables[:2]]
+    changes += [f"table {n} {_shorter(x, y)}" for n, x, y in tables[:2]]
     if len(tables) > 2:
         changes.append(f"{len(tables) - 2} more tables laid out differently")
     knobs = ", ".join(changes) or "same configuration"
@@ -75,6 +75,14 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     return (f"{verdict}: {knobs}" + (f"; {moved}" if moved else "") +
             ("; the step does other work (model or batch differ): compare tokens/s"
              if other_work else ""))
+
+
+def _shorter(x: str | None, y: str | None) -> str:
+    """'data_parallel -> table_wise' for two short layouts ('<sharding>, pooling <p>') whose
+    pooling is the same; both in full otherwise."""
+    if x and y and x.split(", ")[1:] == y.split(", ")[1:]:
+        return f"{x.split(', ')[0]} -> {y.split(', ')[0]}"
+    return f"{x} -> {y}"
 
 
 HEADLINE_INPUTS = (("model", "name", "text"), ("cluster", "device", "text"),

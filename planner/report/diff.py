@@ -21,6 +21,8 @@ def diff(a: Plan, b: Plan, names: tuple[str, str] = ("A", "B"), max_stage_rows: 
             if d.section in ("inputs", "configuration") and d.a is not None:
                 same.append(f"{d.label} {_value(d.a, d.kind)}")
             continue
+        if d.section == "step time by part" and not d.a and not d.b:
+            continue  # a part neither plan has (a pipeline bubble without pipelines)
         if d.section == "stages" and d.label != "stages":
             stage_rows += 1
             if stage_rows > max_stage_rows:

@@ -30,7 +30,12 @@ def test_recommendation_plans_compare_by_their_tables_and_parts():
                             predicted={**a.predicted, "breakdown": breakdown,
                                        "step_time_s": 1.1 * a.predicted["step_time_s"]})
     name, old = a.embeddings["tables"][0]["name"], a.embeddings["tables"][0]["sharding_type"]
-    assert f"table {name} {old}, pooling 1 -> row_wise, pooling 1" in compare.headline(a, b)
+    assert f"table {name} {old} -> row_wise" in compare.headline(a, b)  # the pooling is the same
+    tables[0]["pooling"] = 3.0
+    c = dataclasses.replace(b, embeddings={**a.embeddings, "tables": tables})
+    assert f"table {name} {old}, pooling 1 -> row_wise, pooling 3" in compare.headline(a, c)
     text = diff(a, b)
     assert "embedding tables" in text and "embedding all-to-all" in text
+    # parts neither plan has (no pipeline: no bubble) are left out
+    assert "pipeline bubble" not in text and "tensor-parallel all-reduce" not in text
     assert "samples/s" in text and "tokens/s" not in text
