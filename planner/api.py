@@ -255,9 +255,9 @@ def recsys_model(model) -> bool:
     return recsys.is_recsys(model) and recsys.has_table_collections(model)
 
 
-TABLE_WORDS = ("EmbeddingBag", "EmbeddingCollection", "torchrec")
+TABLE_WORDS = ("EmbeddingBag", "EmbeddingCollection", "torchrec", "RecNet")
 """Words in a factory's source without which it builds no recommendation model (so that a dense
-model's factory is not called twice)."""
+model's factory is not called twice); RecNet: the planner's own (planner.trace.recsys)."""
 
 
 def _mentions_tables(spec: str) -> bool:

@@ -28,7 +28,10 @@ def read_json_object(path: str, *, what: str, missing_hint: str = "") -> dict:
     except (OSError, json.JSONDecodeError) as exc:
         raise SpecError(f"{what}: cannot read '{path}' as JSON ({exc}); fix the file") from None
     if not isinstance(data, dict):
-        raise SpecError(f"{what}: '{path}' must hold a JSON object")
+        kind = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}.get(
+            type(data), "a number")
+        raise SpecError(f"{what}: '{path}' holds {kind}, not a JSON object ({{...}}); give the "
+                        "file this command takes")
     return data
 
 

@@ -60,6 +60,12 @@ def run(args) -> int:
         if host > HOST_NOTE_BYTES:  # (checked against this host's memory when run here)
             print(f"# note: each process builds the whole model on its host before keeping its "
                   f"stages: a node needs about {host / 1e9:,.0f} GB of host memory")
+        from planner.runtime.launch import MAX_CPU_PROCESSES  # lazy: beside the runtime
+        if launch.device == "cpu" and launch.nproc_per_node > MAX_CPU_PROCESSES:
+            print(f"# note: the runtime starts at most {MAX_CPU_PROCESSES} CPU processes per "
+                  f"node, and this plan needs {launch.nproc_per_node}: the command runs on GPUs "
+                  "(--device cuda), or re-plan with dp*cp*tp*pp <= "
+                  f"{MAX_CPU_PROCESSES} per node")
         where = _where(launch.nodes)
         print(f"# {launch.nodes} node(s) x {launch.nproc_per_node} processes ({launch.device}); "
               f"run {where}:")
@@ -70,7 +76,9 @@ def run(args) -> int:
     result = run_local(launch, opts)
     result = {"plan": args.plan, **result}
     print(summary(result, args.plan))
-    for hint in off_hints(result, launch.plan, opts.threads):
+    from planner.runtime.measure import threads_per_process  # lazy: imports torch (run it has)
+    ran = opts.threads or threads_per_process(launch.nproc_per_node)
+    for hint in off_hints(result, launch.plan, ran):
         print(f"hint: {hint}")
     if args.output is not None:
         atomic_write(args.output, json.dumps(result, indent=1) + "\n")

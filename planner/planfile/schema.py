@@ -28,6 +28,9 @@ def validate(d: dict, where: str = "plan") -> None:
     if d.get("schema") is None and ("model_type" in d or "architectures" in d):
         raise SpecError(f"{where}: this is a model's config.json, not a plan; make a plan of it "
                         "first with `plan solve CONFIG.json --cluster ... -o PLAN.json`")
+    if d.get("schema") is None:
+        raise SpecError(f"{where}: not a plan file (no 'schema': '{SCHEMA_ID}' in it); give a "
+                        "file `plan solve ... -o PLAN.json` wrote")
     if d.get("schema") != SCHEMA_ID:
         raise SpecError(f"{where}: schema is {d.get('schema')!r}, expected '{SCHEMA_ID}'; "
                         "re-create the plan with this planner version")

@@ -75,7 +75,8 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
         raise SpecError(f"nproc: {per_node} processes per node x {nodes} nodes != dp*cp*tp*pp = "
                         f"{layout.world} that the plan needs; pass --nproc {layout.world // nodes}")
     if dry_run:
-        cuda = opts.device == "cuda" or (opts.device == "auto" and plan.cluster.get("device") != "cpu")
+        cuda = opts.device == "cuda" or (opts.device == "auto" and
+                                         not str(plan.cluster.get("device", "")).startswith("cpu"))
         return Launch(plan_path=plan_path, plan=plan, nodes=nodes, nproc_per_node=per_node,
                       device="cuda" if cuda else "cpu")
     if nodes > 1:

@@ -58,7 +58,7 @@ class Memory:
         except Exception as exc:  # noqa: BLE001 - a private API; without it the RSS figure remains
             self.profiled_peak = None
             # (the same words on every rank that fails, so that the run says it once)
-            self.failure = (f"no CPU tensor peak on some ranks: torch.profiler's memory timeline "
+            self.failure = (f"no CPU tensor peak on one or more ranks: torch.profiler's memory timeline "
                             f"failed there ({type(exc).__name__}); the peak memory line covers the "
                             "ranks it measured, the RSS peak all of them")
         return result

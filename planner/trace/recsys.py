@@ -41,8 +41,10 @@ def torchrec_available() -> bool:
 
 def _ebc(entry: RecEntry, device):
     """A TorchRec EmbeddingBagCollection with one table per feature (``t_<feature>``)."""
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig  # lazy: optional library
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection  # lazy: as above
+    with torch.device("cpu"):  # its first import runs tensor code (tensordict), which fails on
+        # the meta device a factory is called under (planner.trace.models)
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig  # lazy: optional library
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection  # lazy: as above
 
     configs = [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=entry.dim, num_embeddings=rows,
                                   feature_names=[f])

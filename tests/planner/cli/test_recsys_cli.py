@@ -98,6 +98,19 @@ def test_a_gantt_of_a_recommendation_plan_is_refused_before_the_report(capsys, t
     assert not (tmp_path / "g.png").exists()
 
 
+def test_a_factory_of_the_planners_recnet_plans_from_the_command_line(capsys, tmp_path):
+    """A factory building planner.trace.recsys.RecNet (TorchRec imported lazily, under the meta
+    device the factory runs on) is a recommendation model to `plan solve`."""
+    pytest.importorskip("torchrec")
+    tiny = os.path.join(os.path.dirname(SITES), "..", "tests", "planner", "runtime",
+                        "recsys_tiny.py")
+    code, out, err = run(capsys, "solve", f"{tiny}:model", "--cluster", "cpu", "--global-batch",
+                         "64", "-o", str(tmp_path / "p.json"))
+    assert code == 0, err
+    assert "embedding" in out.lower() and json.loads((tmp_path / "p.json").read_text())[
+        "embeddings"]["tables"]
+
+
 def test_recsys_options_on_a_dense_model_are_refused(capsys):
     code, out, err = run(capsys, "solve", "gpt2", "--cluster", "dgx-a100-40g", "--nodes", "1",
                          "--global-batch", "8", "--pipeline", "nested")
