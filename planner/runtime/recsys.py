@@ -269,6 +269,17 @@ class Sharded:
     path: str
 
 
+def check_cpu_optimizer(plan: Plan) -> None:
+    """Refuse a plan whose sharded tables take an optimizer fbgemm's CPU kernels do not fuse
+    into the backward (CPU_FUSED_OPTIMIZERS)."""
+    opt_name = plan.embeddings.get("table_optimizer", "sgd")
+    fused = [t for t in tables_of(plan) if t["sharding_type"] != "data_parallel"]
+    if fused and opt_name not in CPU_FUSED_OPTIMIZERS:
+        raise SpecError(f"plan: table optimizer {opt_name}: fbgemm's CPU kernels fuse only "
+                        f"{', '.join(CPU_FUSED_OPTIMIZERS)} into the backward; plan with "
+                        "--table-optimizer adagrad (or rowwise_adagrad), or run on GPUs")
+
+
 def shard(plan: Plan, module: nn.Module, opts: RunOptions, device: torch.device) -> tuple:
     """(Sharded, notes): ``module`` wrapped in DistributedModelParallel with the plan's tables."""
     from torchrec.distributed.model_parallel import DistributedModelParallel  # lazy: optional
@@ -279,12 +290,8 @@ def shard(plan: Plan, module: nn.Module, opts: RunOptions, device: torch.device)
         raise SpecError(f"nproc: the plan shards its tables over {plan.embeddings['world_size']} "
                         f"ranks, this run has {world} processes")
     notes = []
-    opt_name = plan.embeddings.get("table_optimizer", "sgd")
-    fused = [t for t in tables_of(plan) if t["sharding_type"] != "data_parallel"]
-    if device.type == "cpu" and fused and opt_name not in CPU_FUSED_OPTIMIZERS:
-        raise SpecError(f"plan: table optimizer {opt_name}: fbgemm's CPU kernels fuse only "
-                        f"{', '.join(CPU_FUSED_OPTIMIZERS)} into the backward; plan with "
-                        "--table-optimizer adagrad (or rowwise_adagrad), or run on GPUs")
+    if device.type == "cpu":
+        check_cpu_optimizer(plan)
     path = ebc_path(module)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     splan = sharding_plan(plan, device_type=device.type, local_world=local, module_path=path)
@@ -563,7 +570,8 @@ def check(plan_paths, opts: RunOptions, nproc: int | None = None, *,
         raise SpecError(f"nproc: {per_node} processes per node x {nodes} nodes != the {world} "
                         f"ranks the plan shards its tables over; pass --nproc {world // nodes}")
     cuda = opts.device == "cuda" or (opts.device == "auto" and (
-        plans[0].cluster.get("device") != "cpu" if dry_run else torch.cuda.is_available()))
+        not str(plans[0].cluster.get("device", "")).startswith("cpu") if dry_run
+        else torch.cuda.is_available()))
     launch = Launch(plan_paths=paths, nodes=nodes, nproc_per_node=per_node,
                     device="cuda" if cuda else "cpu")
     if dry_run:
@@ -578,6 +586,9 @@ def check(plan_paths, opts: RunOptions, nproc: int | None = None, *,
     if not cuda and per_node > MAX_CPU_PROCESSES:
         raise SpecError(f"nproc: the plan needs {per_node} processes; on CPU the runtime starts "
                         f"at most {MAX_CPU_PROCESSES}")
+    if not cuda:  # (before any process starts; shard() checks again where it runs)
+        for pl in plans:
+            check_cpu_optimizer(pl)
     if not cuda:
         need = max(sum(r.get("hbm_bytes", 0) + r.get("host_bytes", 0)
                        for r in pl.embeddings.get("ranks", [])) for pl in plans)

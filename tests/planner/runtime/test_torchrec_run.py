@@ -169,6 +169,19 @@ def test_a_plan_too_large_for_this_machine_is_refused_before_any_process(tmp_pat
     assert f"--rdzv-id plan-{load_plan(two).provenance['input_hash']}" in cmd
 
 
+def test_a_table_optimizer_the_cpu_kernels_do_not_fuse_is_refused_before_any_process(
+        tmp_path, capsys):
+    """fbgemm's CPU kernels fuse SGD and (row-wise) Adagrad only: an Adam plan on the CPU is
+    refused by the check, before `plan run` says it is running anything."""
+    path = make_plan(str(tmp_path / "adam.json"), sharding="row_wise", table_optimizer="adam")
+    with pytest.raises(SpecError, match=r"^plan: table optimizer adam: fbgemm's CPU kernels "
+                                        r"fuse only .* --table-optimizer adagrad"):
+        recsys.check([path], RunOptions(device="cpu"))
+    assert main(["run", path, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "running" not in err and "plan: error: plan: table optimizer adam" in err
+
+
 def test_a_plan_from_a_module_object_needs_model(plans, tmp_path, capsys):
     plan = load_plan(plans["table_wise"])
     plan.model["spec"] = None
