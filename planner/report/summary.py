@@ -112,8 +112,10 @@ def _placements(p: Plan) -> list[str]:
 
 def summary_dict(p: Plan) -> dict:
     """The same explanation for scripts (``plan show --json``): what was planned, the
-    configuration, the predictions, each stage, and the search's status."""
-    return {
+    configuration, the predictions, each stage, and the search's status; for a recommendation
+    plan also each embedding table's layout (``embeddings``; its samples are rows of features,
+    so its tokens are its samples)."""
+    out = {
         "model": {k: p.model.get(k) for k in ("name", "num_params", "fingerprint")},
         "cluster": {k: p.cluster.get(k) for k in ("name", "device", "nodes", "gpus_per_node",
                                                    "num_gpus")},
@@ -127,6 +129,13 @@ def summary_dict(p: Plan) -> dict:
         "search": {k: p.search.get(k) for k in ("status", "gap", "candidates", "evaluated",
                                                  "target")},
     }
+    if p.embeddings:
+        emb = p.embeddings
+        out["embeddings"] = {
+            **{k: emb.get(k) for k in ("world_size", "table_optimizer", "pipeline")},
+            "tables": [{k: t.get(k) for k in ("name", "sharding_type", "compute_kernel", "ranks",
+                                               "rows", "dim")} for t in emb.get("tables", [])]}
+    return out
 
 
 def _header(p: Plan) -> str:

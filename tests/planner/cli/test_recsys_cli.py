@@ -50,6 +50,10 @@ def test_zoo_model_plans_and_shows(capsys, tmp_path):
     assert code == 0, err
     for word in ("tables", "imbalance", "rank", "CP-SAT", "samples/s", "software", "TorchRec"):
         assert word in out
+    code, out, err = run(capsys, "show", str(path), "--json")  # the tables' layouts for scripts
+    tables = json.loads(out)["embeddings"]["tables"]
+    assert code == 0 and [(t["name"], t["sharding_type"], t["ranks"]) for t in tables] == [
+        (t["name"], t["sharding_type"], t["ranks"]) for t in e["tables"]]
 
 
 def test_module_with_embedding_bags_and_a_tables_yaml(capsys, tmp_path):
