@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from costmodels.hardware import get_device
+from costmodels.specs import parse_pairs
 from costmodels.topology import Cluster, HeteroCluster
 from planner import api
 from planner.errors import PlannerError, SpecError
@@ -195,9 +196,9 @@ def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
 def _engine_settings(engine) -> dict:
     """The settings an ``engine`` argument names itself (``k=v`` pairs of a string, a mapping's
     keys), not those its preset or an EngineSpec carries."""
-    if isinstance(engine, str):
-        pairs = (p.partition("=") for p in engine.split(","))
-        return {k.strip(): v.strip() for k, sep, v in pairs if sep}
+    if isinstance(engine, str):  # (the preset name, the one part without '=', left out)
+        return parse_pairs(",".join(p for p in engine.split(",") if "=" in p), where="engine",
+                           example="--engine moe_imbalance=1.2")
     return dict(engine) if isinstance(engine, Mapping) else {}
 
 
