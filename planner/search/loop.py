@@ -227,28 +227,38 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     spare: list[tuple[float, int, Estimate]] = []  # every priced estimate (closed form)
     order_of: dict[Config, int] = {}  # each priced configuration's place in the enumeration
     costs_of: dict[CostKey, object] = {}  # meshes of other pp and dp share a key's costs
+    unscreened = iter(space)
     done = 0
-    for group in space:
-        if deadline is not None and queue and time.perf_counter() > deadline:
-            rejected[TIME_LIMIT] += total - done
-            break
-        key = group.key
-        costs = costs_of.get(key)
-        if costs is None:
-            costs = costs_of[key] = pricer.costs(key)
-        bounds = _Screen(group, costs, pricer, training).bounds()
-        queue.extend((bound, done + i, group, variant, None)
-                     for i, (variant, bound) in enumerate(zip(group.variants, bounds), 1)
-                     if bound is not None)
-        done += len(bounds)
-        if None in bounds:
-            rejected[OUT_OF_MEMORY] += bounds.count(None)
+
+    def screen() -> None:
+        """Screen the groups not yet screened into the queue, stopping past the deadline once
+        the queue holds a configuration (which may still not fit: pricing asks for more)."""
+        nonlocal done
+        for group in unscreened:
+            key = group.key
+            costs = costs_of.get(key)
+            if costs is None:
+                costs = costs_of[key] = pricer.costs(key)
+            bounds = _Screen(group, costs, pricer, training).bounds()
+            for i, (variant, bound) in enumerate(zip(group.variants, bounds), 1):
+                if bound is not None:
+                    heapq.heappush(queue, (bound, done + i, group, variant, None))
+            done += len(bounds)
+            if None in bounds:
+                rejected[OUT_OF_MEMORY] += bounds.count(None)
+            if deadline is not None and queue and time.perf_counter() > deadline:
+                return
+
     # the queue in increasing (bound, enumeration order): popped as far as it is priced; a
     # configuration's stage split gives a tighter bound (Split.floor_s), with which it goes back
     # into the queue when that puts it behind the next one
-    heapq.heapify(queue)
+    screen()
     queued, settled, shown = len(queue), 0, -1  # settled: priced, or found not to fit
-    while queue:
+    while queue or (not top.priced and done < total):
+        if not queue:  # a deadline cut the screening before anything that fits was priced
+            screen()
+            queued = settled + len(queue)
+            continue
         bound, order, group, variant, split = queue[0]
         if progress and settled % 64 == 0 and settled != shown:
             progress(settled, queued)
@@ -281,6 +291,8 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
             rejected[SLOWER] += 1
         spare.append((est.step_time_s, order, est))
         order_of[est.config] = order
+    if done < total:
+        rejected[TIME_LIMIT] += total - done
     if progress:
         progress(queued, queued)
     ranked = pricer.refine(top.ranked(), deadline)

@@ -146,6 +146,27 @@ def test_a_search_cut_by_its_time_limit_says_feasible_with_an_unknown_gap(mid_gp
     assert full.step_time_s <= cut.step_time_s
 
 
+def test_a_time_limit_never_turns_a_model_that_fits_into_no_plan(mid_gpt2, monkeypatch):
+    """The deadline stops the screening once something is queued; when everything queued then
+    turns out not to fit, the screening goes on until a configuration that fits is priced (it
+    said "no plan fits" for DeepSeek-V3 on 256 H100 with a 0.01 s limit)."""
+    from costmodels.errors import InfeasibleError
+    from planner.search import loop
+    cluster = load_cluster("dgx-a100-80g", gpus_per_node=4)
+    tr = TrainingSpec(global_batch=16, seq_len=mid_gpt2.seq_len, dtype="fp16")
+    split, first = loop._Pricer.split, []
+
+    def split_failing_first_tp(self, cfg, costs):  # the first group screened does not fit
+        first.append(first[0] if first else cfg.tp)
+        if cfg.tp == first[0]:
+            raise InfeasibleError("too big", reason="out of memory")
+        return split(self, cfg, costs)
+    monkeypatch.setattr(loop._Pricer, "split", split_failing_first_tp)
+    cut = plan_prepared(mid_gpt2, cluster, tr, SearchOptions(top_k=1, time_limit_s=1e-9))
+    assert cut.parallel["tp"] != first[0] and cut.search["status"] == "feasible"
+    assert cut.search["rejected"]["out of memory"] >= 1
+
+
 @pytest.mark.parametrize("fix,words", [("schedule=interleaved-1f1b", "fix.schedule"),
                                        ("schedule=zb-h1", "fix.schedule"),
                                        ("vpp=2", "fix.vpp"),
