@@ -32,8 +32,8 @@ limit).
 Software per row (costmodels.engine presets): eager -> ``torchtitan`` (SDPA's flash backend, one
 kernel per element-wise op, FSDP2 buffer copies), torch.compile -> ``torchtitan-compile``
 (element-wise chains of each block fused), Float8 -> the same with ``--dtype fp8`` and current
-(tensor-wise dynamic) scaling, the output layer in bf16 (torchtitan's Float8 converter skips
-``output``). Recomputation as published: torchtitan's op-level selective checkpointing
+(tensor-wise dynamic) scaling, the output layer in bf16 (torchtitan's llama3 configs leave
+``output`` out of the Float8 converter: filter_fqns). Recomputation as published: torchtitan's op-level selective checkpointing
 (``recompute=op``) or full; ZeRO-3 (FSDP2 resharding after forward) over the data-parallel and
 context-parallel ranks; context parallelism with torchtitan's default all-gather of K/V.
 

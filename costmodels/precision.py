@@ -11,8 +11,8 @@ Deep Learning", 2022; Transformer Engine user guide, "Using FP8 with Transformer
   element-wise ops stay in bf16, and so do the stored weights, activations and gradients. The
   blocks outside the layers (embedding, final norm, output projection) stay in bf16 altogether:
   Megatron-Core's output layer is a plain tensor-parallel Linear, not a Transformer Engine module
-  that fp8_autocast converts, and torchtitan's Float8 converter skips ``output``
-  (``filter_fqns``); a model without repeated layers runs all of its GEMMs in FP8;
+  that fp8_autocast converts, and torchtitan's configs leave ``output`` out of its Float8
+  converter (``filter_fqns``, whose default is empty: the torchtitan export writes it); a model without repeated layers runs all of its GEMMs in FP8;
 - every FP8 GEMM input is quantized. Transformer Engine fuses the cast into the kernel that makes
   the tensor (LayerNormLinear, the activation before the second MLP Linear), so what is counted is
   the FP8 write and the scaling work: ``delayed`` scaling takes the scale from an amax history (one

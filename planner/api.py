@@ -22,6 +22,7 @@ from costmodels.memory import modules_of
 from costmodels.topology import HeteroCluster
 from planner.emit import emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
+from planner.files import fspath_or_same
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
@@ -70,6 +71,7 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     """Resolve and trace a model once (the slow, torch-touching part). A MODEL spec traced before
     with the same settings is read from the trace cache in ``cache_dir`` ("auto": the user's
     cache folder; None: no cache)."""
+    model = fspath_or_same(model)
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)
                                 or seq_len < 1):
         raise SpecError(f"seq_len: expected a positive integer (or None: the model's), got "
@@ -171,6 +173,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     A recommendation model (embedding tables: README.md, "Recommendation models") gets its tables
     sharded; ``tables`` (a YAML path or a mapping), ``table_optimizer`` and ``pipeline`` apply to
     those only."""
+    model, cluster = fspath_or_same(model), fspath_or_same(cluster)
+    tables, calibration = fspath_or_same(tables), fspath_or_same(calibration)
     if recsys_model(model):
         if seq_len is not None:
             raise SpecError(f"seq_len: {seq_len} given, but a recommendation model's samples are "
@@ -333,6 +337,7 @@ def prepare_recsys(model, tables=None, dtype: str = "fp32") -> PreparedRec:
     and traced on the meta device (in ``dtype``, the dense part's training dtype)."""
     from planner.trace import recsys  # lazy: loads torch (seconds)
 
+    model, tables = fspath_or_same(model), fspath_or_same(tables)
     entry = RECSYS.get(model.lower()) if isinstance(model, str) else None
     stats = tables
     if isinstance(tables, str):
@@ -575,12 +580,25 @@ def narrowed(options: SearchOptions, prepared: Prepared, training: TrainingSpec)
 
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False) -> Plan:
-    """Search and emit for an already traced model."""
-    options = narrowed(options, prepared, training)
+    """Search and emit for an already traced model, priced with ``training.engine`` (planner.plan
+    takes a target's software for it; here a warning says when a target with software of its
+    own, torchtitan, deepspeed or torch, is searched with the default engine's kernels)."""
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "
                         f"seq_len={training.seq_len}")
+    traced, trained = (precision.operand_bytes(precision.core_dtype(d))
+                       for d in (prepared.dtype, training.dtype))
+    if traced != trained:  # its activation and weight bytes are the traced dtype's
+        raise SpecError(f"training.dtype: {training.dtype}, but the model was traced in "
+                        f"{prepared.dtype}; prepare it again with dtype={training.dtype!r}")
+    software = targets.engine(options.target).software if options.target in targets.TARGETS \
+        else None
+    if software and training.engine == EngineSpec():
+        log.warning("engine: target %s runs its own kernels, but the search prices the default "
+                    "engine (megatron-core's); pass TrainingSpec(..., engine=%r) to price %s's",
+                    options.target, software, software)
+    options = narrowed(options, prepared, training)
     if not isinstance(cluster, HeteroCluster):  # a pin no configuration honours: named before
         problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                               training, options)  # the search, not after it

@@ -12,9 +12,27 @@ import tempfile
 from planner.errors import SpecError
 
 
+def as_path(value, what: str) -> str:
+    """A path argument as text: a str, or an os.PathLike (pathlib.Path); SpecError naming ``what``
+    for anything else (Python's open takes an int as a file descriptor, and would close it)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):
+        return os.fspath(value)
+    raise SpecError(f"{what}: expected a file path (a str or pathlib.Path), got "
+                    f"{type(value).__name__} {value!r}")
+
+
+def fspath_or_same(value):
+    """``value`` as text where it is an os.PathLike (pathlib.Path), else as given: for arguments
+    that take a path or something else (a zoo name, a mapping, a module)."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 def read_json_object(path: str, *, what: str, missing_hint: str = "") -> dict:
     """The JSON object in ``path``; SpecError naming ``what`` (the field) when the file is missing,
     unreadable, not JSON, or not an object."""
+    path = as_path(path, what)
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -40,6 +58,7 @@ def read_yaml(path: str, *, what: str):
     or unreadable, and the file and line when it is not YAML."""
     import yaml  # lazy: only reading a YAML file needs it
 
+    path = as_path(path, what)
     try:
         with open(path, encoding="utf-8") as f:
             return yaml.safe_load(f)
@@ -131,6 +150,7 @@ def atomic_write(path: str, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same folder and an atomic rename;
     an existing file keeps its permissions and is never left half-written. ``-`` writes to
     standard output."""
+    path = as_path(path, "output")
     if path == STDOUT:
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -64,9 +64,16 @@ class TrainingSpec:
     optimizer: Optimizer = "adam"
     """adam / adamw (two fp32 moments) or sgd (one)."""
     engine: EngineSpec = field(default_factory=EngineSpec)
-    """The software's kernels and overlap (costmodels.engine)."""
+    """The software's kernels and overlap (costmodels.engine): an EngineSpec, or what
+    ``--engine`` takes (a preset name such as ``"torchtitan"``, ``k=v`` settings after it, or a
+    mapping of settings)."""
 
     def __post_init__(self):
+        if isinstance(self.engine, (str, Mapping)):
+            object.__setattr__(self, "engine", engine_spec(self.engine))
+        elif not isinstance(self.engine, EngineSpec):
+            raise SpecError(f"engine: expected an EngineSpec, a preset name or a mapping of "
+                            f"settings, got {type(self.engine).__name__}")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
             raise SpecError(f"global_batch: expected a positive integer, got {self.global_batch!r}")
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
@@ -201,6 +208,8 @@ class SearchOptions:
     """Whether routed experts may be spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True
     """Whether the experts' matrices may be split over the tp ranks (etp = tp > 1)."""
+    ep_with_tp: bool = True
+    """Whether expert parallelism (ep > 1) may run beside tensor parallelism (tp > 1)."""
     tp_inner_weights: bool = True
     """Whether tensor parallelism may split regions that hold weights of their own (per-head
     norms, attention sinks; planner.trace.graph.Block.tp_inner_weights)."""

@@ -106,6 +106,8 @@ class Engine:
     deepep); empty: any that it runs."""
     deepep_with_etp: bool = True
     """DeepEP runs with the experts' matrices split (etp > 1)."""
+    deepep_with_tp: bool = True
+    """DeepEP runs beside tensor parallelism (tp > 1 with ep > 1)."""
     moe_act_needs_grouped_gemm: bool = False
     """``recompute="moe_act"`` runs only with the experts' GEMMs grouped
     (EngineSpec.moe_grouped_gemm)."""
@@ -211,9 +213,12 @@ ENGINES: dict[str, Engine] = {
                         cp_with_tp_pp=False, expert_tensor_parallel=False,
                         zero3_with_cp_ep=False, software="deepspeed",
                         # its MoE layer (and AutoEP) dispatch by all-to-all with no overlap
-                        # setting; its own MoE layer takes a capacity factor (AutoEP does not)
-                        moe_dispatchers=("alltoall",), moe_overlap=False,
-                        moe_shared_overlap=False),
+                        # setting, AutoEP also by DeepEP (comm_backend "deepep", not with
+                        # folded tensor parallelism: auto_ep_layer.py); its own MoE layer takes
+                        # a capacity factor (AutoEP does not)
+                        moe_dispatchers=("alltoall", "deepep"), moe_overlap=False,
+                        moe_shared_overlap=False, deepep_with_etp=False,
+                        deepep_with_tp=False),
 }
 TARGETS: tuple[str, ...] = tuple(ENGINES)
 
@@ -241,9 +246,17 @@ def for_engine(options: SearchOptions, engine_spec, dtype: str = "bf16") -> Sear
                             f"{why}; pin another recompute or change the engine setting")
         options = replace(options, recompute=tuple(r for r in options.recompute
                                                    if r not in with_act))
-    if engine_spec.moe_dispatcher != "deepep" or eng.deepep_with_etp:
+    if engine_spec.moe_dispatcher != "deepep":
         return options
-    if int(options.fix.get("etp", 1)) > 1:
+    fix = options.fix
+    if not eng.deepep_with_tp and int(fix.get("tp", 1)) > 1 and int(fix.get("ep", 2)) > 1:
+        raise SpecError(f"fix.tp: {options.target} runs DeepEP without tensor parallelism (its "
+                        "folded tp); pin tp=1, or ep=1, or set moe_dispatcher=alltoall")
+    if not eng.deepep_with_tp:
+        options = replace(options, ep_with_tp=False)
+    if eng.deepep_with_etp:
+        return options
+    if int(fix.get("etp", 1)) > 1:
         raise SpecError(f"fix.etp: {options.target} runs DeepEP with whole expert matrices only; "
                         "pin etp=1 or set moe_dispatcher=alltoall")
     return replace(options, expert_tensor_parallel=False)

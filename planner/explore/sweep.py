@@ -26,9 +26,11 @@ from costmodels.specs import parse_pairs
 from costmodels.topology import Cluster, HeteroCluster
 from planner import api
 from planner.errors import PlannerError, SpecError
+from planner.files import fspath_or_same
 from planner.explore.costs import add_costs, check_tokens, parse_prices, resolve_prices
 from planner.explore.grid import ENGINE_KEYS, expand, point_cluster, point_engine
 from planner.inputs.clusters import load_cluster
+from planner.search.feasibility import cluster_pin_problem
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.report.text import knob
@@ -68,6 +70,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     default adam), and one given there and varied too is refused (SpecError). ``prices``
     maps device names (or unique prefixes, ``a100``) to dollars per GPU-hour and adds cost
     columns; ``tokens`` adds the hours and dollars to train on that many tokens."""
+    model, cluster = fspath_or_same(model), fspath_or_same(cluster)
     grid = expand(vary)
     fixed = parse_fix(fix)
     for key, given in [(k, knob(v)) for k, v in fixed.items()] + [
@@ -103,9 +106,9 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         for value in vary["device"]:
             get_device(value, "vary.device")
     tasks = [_task(i, point, base) for i, point in enumerate(grid)]
-    failed = [t.error for t in tasks if t.error]
-    if failed and len(failed) == len(tasks) and len(set(failed)) == 1:
-        raise SpecError(failed[0])  # the shared settings are wrong, not one point
+    failed = [_as_varied(t.point, t.error) for t in tasks if t.error]
+    if failed and len(failed) == len(tasks):  # the shared settings are wrong: before any trace
+        _refuse(failed)
     _check_prices(tasks, prices, tokens)  # before the traces and searches
     if recsys:
         rows = _run_recsys(model, tasks, progress)
@@ -136,12 +139,17 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
 
 def _bad_row(task: "_Task", reason: str) -> dict:
     """The row of a point that is bad input (not an infeasible one: ``bad_input``, which
-    _refuse_all_bad reads); a knob the point varies is named as varied (vary.cp), not pinned."""
-    for key, _ in task.point:
+    _refuse_all_bad reads)."""
+    return {**_row(task, None, _as_varied(task.point, reason)), "bad_input": True}
+
+
+def _as_varied(point: tuple, reason: str) -> str:
+    """``reason`` naming a knob the point varies as varied (vary.cp), not pinned (fix.cp)."""
+    for key, _ in point:
         for where in ("fix", "engine"):
             if reason.startswith(f"{where}.{key}:"):
                 reason = "vary." + reason[len(where) + 1:]
-    return {**_row(task, None, reason), "bad_input": True}
+    return reason
 
 
 def _refuse_all_bad(rows: list[dict]) -> None:
@@ -149,8 +157,14 @@ def _refuse_all_bad(rows: list[dict]) -> None:
     they are otherwise."""
     bad = [r["reason"] for r in rows if r.get("bad_input")]
     if rows and len(bad) == len(rows):
-        raise SpecError(bad[0] + (f" (and {len(bad) - 1} other point"
-                                  f"{'' if len(bad) == 2 else 's'} refused)" if len(bad) > 1 else ""))
+        _refuse(bad)
+
+
+def _refuse(reasons: list[str]) -> None:
+    """SpecError with the first point's reason, counting the others (one message: the same)."""
+    others = len(reasons) - 1 if len(set(reasons)) > 1 else 0
+    raise SpecError(reasons[0] + (f" (and {others} other point{'' if others == 1 else 's'} "
+                                  "refused)" if others else ""))
 
 
 def _check_prices(tasks: list, prices, tokens) -> None:
@@ -218,6 +232,10 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
                                 dtype=s["dtype"], optimizer=s["optimizer"],
                                 engine=point_engine(s["engine"], point))
         options = SearchOptions(fix=fix, top_k=s["top_k"], time_limit_s=s["time_limit_s"])
+        problem = "" if isinstance(cl, HeteroCluster) else cluster_pin_problem(
+            dict(fix), cl.num_gpus, s["global_batch"])  # (before any trace, as planner.plan)
+        if problem:
+            raise SpecError(problem)
     except SpecError as exc:
         return _Task(index, point, cl, None, None, trace_key, error=str(exc))
     return _Task(index, point, cl, training, options, trace_key)

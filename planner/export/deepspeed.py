@@ -274,7 +274,7 @@ def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
                     f"{code}")
     section["use_grouped_mm"] = bool(s["moe_grouped_gemm"])
     ledger.exact("moe_grouped_gemm")
-    _autoep_settings(s, ledger)
+    section.update(_autoep_settings(plan, s, ledger))
     info["how"] = ("AutoEP (the expert_parallel section) replaces the model's Hugging Face MoE "
                    f"blocks at deepspeed.initialize; with experts of your own use {code}")
     return section, info
@@ -292,11 +292,23 @@ def _autoep_refuses(plan: Plan) -> str:
     return ""
 
 
-def _autoep_settings(s: dict, ledger: common.Ledger) -> None:
-    if s["moe_dispatcher"] != "alltoall":
+def _autoep_settings(plan: Plan, s: dict, ledger: common.Ledger) -> dict:
+    """The expert_parallel settings of the dispatch (auto_ep_config.py): DeepEP's buffer holds
+    the tokens one rank routes, the micro-batch's share of the sequence on it."""
+    out = {}
+    p = plan.parallel
+    if s["moe_dispatcher"] == "deepep" and p["tp"] > 1:
+        ledger.nearest("moe_dispatcher", f"moe_dispatcher deepep with tp={p['tp']}: AutoEP "
+                       "runs DeepEP without folded tensor parallelism (auto_ep_layer.py); nearest "
+                       "all-to-all (comm_backend \"comm\"), the step time differs from planned")
+    elif s["moe_dispatcher"] == "deepep":
+        tokens = p["micro_batch"] * -(-plan.training["seq_len"] // p.get("cp", 1))
+        out = {"comm_backend": "deepep", "comm_max_tokens_per_rank": tokens}
+        ledger.exact("moe_dispatcher")
+    elif s["moe_dispatcher"] != "alltoall":
         ledger.nearest("moe_dispatcher", f"moe_dispatcher {s['moe_dispatcher']}: AutoEP "
-                       "dispatches tokens by all-to-all (comm_backend \"comm\"); the step time "
-                       "differs from planned")
+                       "dispatches tokens by all-to-all (comm_backend \"comm\") or DeepEP; "
+                       "nearest all-to-all, the step time differs from planned")
     else:
         ledger.exact("moe_dispatcher")
     ledger.dropless(s, "AutoEP")
@@ -311,6 +323,7 @@ def _autoep_settings(s: dict, ledger: common.Ledger) -> None:
                        "step than planned)")
     else:
         ledger.exact("moe_shared_overlap")
+    return out
 
 
 def _zero_stage(plan: Plan, ledger: common.Ledger, changes: dict, raising: list[str]) -> int:

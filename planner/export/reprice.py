@@ -56,13 +56,14 @@ def configuration(plan: Plan, **changes) -> Config:
 
 
 def memory(plan: Plan, *, state_layout: str | None = None, software: str | None = None,
-           target: str = "<engine>", **changes) -> Memory:
+           target: str = "<engine>", dtype: str | None = None, **changes) -> Memory:
     """Memory per pipeline rank of the plan's configuration with ``changes``, on its split, run
     by ``software`` (an ``--engine`` preset: its kernels, attention and state layout replace the
     plan's; the plan's MoE settings stay) if given, with the model states laid out as
     ``state_layout`` (costmodels.engine.EngineSpec) if given: the target engine's, whose data
     parallelism is FSDP2's only under ``fsdp2`` (torchtitan, which drives micro-batches with
-    torch's pipelining schedules only with a pipeline)."""
+    torch's pipelining schedules only with a pipeline), in ``dtype`` if given (an engine that
+    trains in another precision than planned)."""
     spec = plan.model.get("spec")
     what = "re-check the memory of the configuration the engine runs"
     if not spec:
@@ -79,10 +80,11 @@ def memory(plan: Plan, *, state_layout: str | None = None, software: str | None 
                          fsdp_copies=state_layout == "fsdp2",
                          fsdp_experts=state_layout == "fsdp2",
                          cp_ring="torch" if state_layout == "fsdp2" else "te")
-    training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=t["dtype"],
+    dtype = dtype or t["dtype"]
+    training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=dtype,
                             optimizer=t["optimizer"], engine=engine)
-    prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=t["dtype"])
-    if prepared.info["fingerprint"] != plan.model["fingerprint"]:
+    prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=dtype)
+    if dtype == t["dtype"] and prepared.info["fingerprint"] != plan.model["fingerprint"]:
         log.warning("%s traces differently now than when the plan was made; the memory re-check "
                     "uses the model as it traces now", spec)
     ma = ModelArrays.from_blocks(prepared.blocks)
@@ -102,7 +104,7 @@ def memory(plan: Plan, *, state_layout: str | None = None, software: str | None 
 
 
 def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = None,
-            required: bool = True, **changes) -> str:
+            required: bool = True, dtype: str | None = None, **changes) -> str:
     """Price the plan with ``changes`` (described by ``change``, e.g. "ZeRO-1 instead of ZeRO-3")
     as ``target``'s software runs it (its kernels and attention) with the engine's
     ``state_layout``; InfeasibleError with the numbers when a rank no longer fits, else a note with
@@ -117,7 +119,7 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
     change = " and ".join(parts) or "the plan's settings"
     try:
         mem = memory(plan, state_layout=state_layout, software=software, target=target,
-                     **changes)
+                     dtype=dtype, **changes)
     except PlannerError as exc:  # the model not found here, or no longer traced
         if required:
             raise

@@ -86,6 +86,14 @@ def _check_mesh(plan: Plan, version: str) -> None:
         raise SpecError(f"export torchtitan: torchtitan requires the sequence length ({seq}) to "
                         f"be a multiple of tp x 2 x cp = {divisor} (ParallelDims.seq_len_divisor); "
                         f"train on a sequence length divisible by {divisor}{again}")
+    if p.get("offload_optimizer") and not _fsdp_on(plan, version):
+        raise SpecError("export torchtitan: optimizer offload becomes torchtitan's "
+                        "training.enable_cpu_offload, which builds the model on the CPU and moves "
+                        "it back only through FSDP2's offload policy, and this plan runs no FSDP "
+                        f"(dp x cp = {p['dp'] * p.get('cp', 1)}"
+                        + (", ZeRO-0 replicas" if p["dp"] * p.get("cp", 1) > 1 else "")
+                        + "): the model would train on the CPU; re-plan with "
+                        f"`{common.resolve_hint(plan, TARGET)}`")
     known = names.torchtitan_model(plan)
     if version == "0.2.2" and known and known[0] in ("deepseek_v3", "gpt_oss") and \
             p.get("ep", 1) > 1 and p["dp"] * p.get("cp", 1) == 1:
@@ -180,6 +188,14 @@ def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Sett
     return [Setting("parallelism", "data_parallel_replicate_degree", 1, (why,)),
             Setting("parallelism", "data_parallel_shard_degree", dp),
             Setting("parallelism", "fsdp_reshard_after_forward", reshard)] + out
+
+
+def _fsdp_on(plan: Plan, version: str) -> bool:
+    """Whether the export turns FSDP on (ParallelDims.fsdp_enabled: dp_shard > 1 or cp > 1): with
+    context parallelism, or data parallelism that is sharded or cannot be replicated."""
+    p = plan.parallel
+    return p.get("cp", 1) > 1 or (p["dp"] > 1 and (p["zero"] > 0 or bool(_ddp_refused(plan,
+                                                                                     version))))
 
 
 def _ddp_refused(plan: Plan, version: str) -> str:
@@ -487,7 +503,11 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
     if p["recompute"] in MEGATRON_STYLE and "op" in RECOMPUTE:
         changes["recompute"] = "op"
         words.append(f"per-op instead of {p['recompute']} recomputation")
-    required = bool(changes or raising)  # else only the layout of the states differs
+    dtype = None
+    if _amp_off(plan):  # (said in _training's note)
+        dtype = "fp32"
+        words.append("float32 parameters and activations (no mixed precision without FSDP)")
+    required = bool(changes or raising or dtype)  # else only the layout of the states differs
     if (not required and not common.layout_differs(plan, "fsdp2")
             and not common.kernels_differ(plan, TARGET)):
         common.layout_note(plan, TARGET, "fsdp2", ledger)
@@ -509,7 +529,7 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
         words.append(word)
     from planner.export import reprice  # lazy: prices with the search (and may trace)
     ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), state_layout="fsdp2",
-                                required=required, **changes))
+                                required=required, dtype=dtype, **changes))
 
 
 def _fp8(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
@@ -541,7 +561,19 @@ def _fp8(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
     return [Setting("model", "converters", [section],
                     (f"dtype fp8 ({recipe} scaling): the {section.rsplit('.', 1)[1]} converter "
                      "(needs torchao)",)),
-            Setting(section, "recipe_name", name)]
+            Setting(section, "recipe_name", name),
+            Setting(section, "filter_fqns", ["output"],
+                    ("the output layer stays bf16, as planned (the float8 converter's default "
+                     "list is empty)",))]
+
+
+def _amp_off(plan: Plan) -> bool:
+    """Whether torchtitan trains the plan in float32 though it asks for less: without FSDP (dp x
+    cp = 1) and with tensor or pipeline parallelism, maybe_enable_amp turns mixed precision off
+    (distributed/utils.py)."""
+    p = plan.parallel
+    return plan.training["dtype"] != "fp32" and p["dp"] * p.get("cp", 1) == 1 and (
+        p["tp"] > 1 or p["pp"] > 1)
 
 
 def _training(plan: Plan, ledger: common.Ledger) -> list[Setting]:
@@ -573,7 +605,7 @@ def _training(plan: Plan, ledger: common.Ledger) -> list[Setting]:
                        "range)")
     else:
         ledger.exact("dtype")
-    if t["dtype"] != "fp32" and p["dp"] * p.get("cp", 1) == 1 and (p["tp"] > 1 or p["pp"] > 1):
+    if _amp_off(plan):
         ledger.nearest("dtype", f"dtype {t['dtype']} with tp={p['tp']} pp={p['pp']} and no data "
                        "parallelism: torchtitan turns mixed precision off without FSDP when tensor "
                        "or pipeline parallelism is on (maybe_enable_amp, distributed/utils.py), so "

@@ -9,13 +9,16 @@ from costmodels.topology import (CLUSTERS, Cluster, HeteroCluster, cluster_from_
                                  get_cluster, hetero_from_mapping, with_overrides)
 from costmodels.sites import sites_from_mapping
 from planner.errors import SpecError
-from planner.files import read_yaml
+from planner.files import as_path, read_yaml
 
 
 def load_cluster(spec, *, nodes: int | None = None,
                  gpus_per_node: int | None = None) -> Cluster | HeteroCluster:
     """Preset name, path to a YAML file, mapping or Cluster -> Cluster (with overrides); a YAML
     file or mapping with ``groups`` or ``sites`` gives a HeteroCluster."""
+    path_given = isinstance(spec, os.PathLike)  # (a pathlib.Path is a file, whatever its name)
+    if path_given:
+        spec = as_path(spec, "cluster")
     if isinstance(spec, HeteroCluster):
         return _no_overrides(spec, nodes, gpus_per_node)
     if isinstance(spec, Cluster):
@@ -26,7 +29,8 @@ def load_cluster(spec, *, nodes: int | None = None,
         if "groups" in spec:
             return _no_overrides(hetero_from_mapping(spec), nodes, gpus_per_node)
         cluster = cluster_from_mapping(spec)
-    elif isinstance(spec, str) and (spec.endswith((".yaml", ".yml")) or os.path.sep in spec):
+    elif isinstance(spec, str) and (path_given or spec.endswith((".yaml", ".yml"))
+                                    or os.path.sep in spec):
         data = _read_yaml(spec)
         if "sites" in data:
             return _no_overrides(sites_from_mapping(data, where=os.path.basename(spec)), nodes,
@@ -38,8 +42,8 @@ def load_cluster(spec, *, nodes: int | None = None,
     elif isinstance(spec, str):
         return get_cluster(spec, nodes=nodes, gpus_per_node=gpus_per_node)
     else:
-        raise SpecError(f"cluster: expected a preset name ({', '.join(CLUSTERS)}), a YAML path or "
-                        f"a mapping, got {type(spec).__name__}")
+        raise SpecError(f"cluster: expected a preset name ({', '.join(CLUSTERS)}), a YAML path (a "
+                        f"str or pathlib.Path) or a mapping, got {type(spec).__name__}")
     return with_overrides(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
 
 

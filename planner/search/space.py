@@ -76,6 +76,7 @@ SEQ_TP_2CP = "sequence not divisible by tp x 2 x cp, as the target requires"
 AMP_UNSHARDED = "tp or pp without sharding over dp x cp runs in fp32 in the target"
 ETP_NO_EP = "etp 1 with ep = 1 and tp > 1 not run by the target (it splits experts over tp)"
 EP_UNSHARDED = "ep > 1 without sharding over dp x cp not run by the target"
+EP_TP = "ep > 1 with tp > 1 not run by the target with these engine settings (DeepEP)"
 TOO_MANY_MB = f"more than {MAX_MICROBATCHES:,} micro-batches per step"
 
 
@@ -388,6 +389,8 @@ def _experts(fix: dict, tp: int, cp: int, dp: int, space: Space, options: Search
                 reasons.append(ETP_NO_EP)
             if options.ep_needs_sharding and ep > 1 and dp * cp == 1:
                 reasons.append(EP_UNSHARDED)
+            if not options.ep_with_tp and ep > 1 and tp > 1:
+                reasons.append(EP_TP)
             if reasons:
                 rejected[reasons[0]] += 1
                 continue

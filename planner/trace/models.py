@@ -53,6 +53,14 @@ class ResolvedModel:
     """The attention implementation a Hugging Face model was built with (sdpa or eager)."""
 
 
+def _forward_params(module: torch.nn.Module) -> tuple:
+    """The names ``module``'s forward takes (none where its signature cannot be read)."""
+    try:
+        return tuple(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
 def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None,
             per_sample: bool = False) -> ResolvedModel:
     """Any MODEL form -> ResolvedModel (module on the meta device). ``per_sample``: a module whose
@@ -63,6 +71,8 @@ def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None,
         model = _meta_twin(model, dtype)
         args = tuple(_cast(a, dtype, meta=True) for a in args)
         kwargs = {k: _cast(v, dtype, meta=True) for k, v in kwargs.items()}
+        if "use_cache" not in kwargs and "use_cache" in _forward_params(model):
+            kwargs["use_cache"] = False  # as training runs it (a returned cache stops the trace)
         return _finish(ResolvedModel(name=type(model).__name__, module=model, args=args,
                                      kwargs=kwargs, seq_len=1 if per_sample else
                                      _infer_seq(args, kwargs, seq_len),

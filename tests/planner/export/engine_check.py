@@ -256,7 +256,8 @@ def autoep_checks(cfg, job: dict, raw: dict) -> dict:
                             mpu=StandInMpu(*job["mpu"]) if job.get("mpu") else None)
     return {"autoep_size": ep.autoep_size, "etp": ep.expert_tensor_parallel_size,
             "preset_model": ep.preset_model, "use_grouped_mm": ep.use_grouped_mm,
-            "edp": spec.edp_size}
+            "edp": spec.edp_size, "comm_backend": ep.comm_backend,
+            "comm_max_tokens_per_rank": ep.comm_max_tokens_per_rank}
 
 
 def titan_split(job: dict) -> dict:

@@ -318,7 +318,8 @@ def test_deepspeed_config_accepts_the_exports(tmp_path):
     (cp_comm a2a, tp 1) builds the (data_parallel, sequence_parallel) mesh deepspeed.initialize
     builds, and DeepSpeed counts the data-parallel ranks only; context parallelism DeepSpeed
     cannot express leaves the batch size to DeepSpeed, as AutoTP does. Expert parallelism goes
-    through AutoEP's own checks."""
+    through AutoEP's own checks, DeepEP (comm_backend "deepep") with its buffer sized to the
+    tokens a rank routes, which AutoEP requires."""
     jobs, plans = [], []
     for stem, plan in (("70b-pp4", plan_named("llama3-70b-pp4-deepspeed")),
                        ("70b-gpipe", plan_named("even-llama3-70b")),
@@ -329,6 +330,8 @@ def test_deepspeed_config_accepts_the_exports(tmp_path):
                        ("mixtral-ep8-allgather", engine_settings(
                            plan_named("mixtral-8x7b-ep8-deepspeed"), moe_dispatcher="allgather",
                            moe_grouped_gemm=False)),
+                       ("mixtral-ep8-deepep", engine_settings(
+                           plan_named("mixtral-8x7b-ep8-deepspeed"), moe_dispatcher="deepep")),
                        ("8b-cp8-ulysses", plan_named("llama3-8b-cp8-a2a-deepspeed")),
                        ("8b-cp8-ring", variant(plan_named("llama3-8b-cp8-a2a-deepspeed"),
                                                cp_comm="p2p")),
@@ -368,9 +371,13 @@ def test_deepspeed_config_accepts_the_exports(tmp_path):
                                else None)
         if ep > 1:
             engine_ = plan.training.get("engine", {})
+            deepep = engine_.get("moe_dispatcher") == "deepep"
             assert got["autoep"] == {"autoep_size": ep, "etp": 1, "preset_model": "mixtral",
                                      "use_grouped_mm": engine_.get("moe_grouped_gemm", True),
-                                     "edp": plan.cluster["num_gpus"] // p["pp"] // ep}
+                                     "edp": plan.cluster["num_gpus"] // p["pp"] // ep,
+                                     "comm_backend": "deepep" if deepep else "comm",
+                                     "comm_max_tokens_per_rank": p["micro_batch"] *
+                                     plan.training["seq_len"] if deepep else 0}
         else:
             assert got["autoep"] is None
     assert "train_batch_size is not equal to micro_batch_per_gpu" in answers[-1]["error"]

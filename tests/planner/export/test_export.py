@@ -33,7 +33,7 @@ from unittest import mock
 import pytest
 
 from costmodels.engine import engine_from_mapping
-from planner import targets
+from planner import plan as plan_model, targets
 from planner.cli.main import main
 from planner.errors import InfeasibleError, SpecError
 from planner.export import (RECSYS_TARGETS, SUPPORTED_VERSIONS, TARGETS, export, names,
@@ -680,8 +680,9 @@ def test_deepep_runs_as_each_engine_names_it(notes):
     """Megatron-Core: the flex dispatcher with DeepEP (core_v0.14.0 --moe-enable-deepep,
     core_v0.19.0 --moe-flex-dispatcher-backend deepep), alltoall where nothing is dispatched
     (the flex dispatcher asserts TPxEP > 1); torchtitan 0.2.2: expert_parallel_comm_backend in
-    its deepseek_v3 and llama4 models, the nearest (torch's all-to-all) elsewhere; DeepSpeed:
-    the nearest."""
+    its deepseek_v3 and llama4 models, the nearest (torch's all-to-all) elsewhere; DeepSpeed
+    0.19.8: AutoEP's comm_backend deepep, the nearest (all-to-all) with AutoTP's folded tp, which
+    its DeepEP route refuses (auto_ep_layer.py)."""
     plan = engine_settings(variant(data_plan("qwen3-30b-a3b-ep8-capacity-megatron"), zero=1),
                            moe_dispatcher="deepep")  # (core_v0.14.0's FSDP has no expert groups)
     old = megatron_args(to_megatron(plan, "core_v0.14.0"))
@@ -710,9 +711,16 @@ def test_deepep_runs_as_each_engine_names_it(notes):
         [("parallelism", "expert_parallel_comm_backend", "deepep")]
     assert ledger.done["moe_dispatcher"] == "exact"
     ds = engine_settings(data_plan("mixtral-8x7b-ep8-deepspeed"), moe_dispatcher="deepep")
-    to_deepspeed(ds)
-    assert any("moe_dispatcher deepep: AutoEP dispatches tokens by all-to-all" in n
-               for n in notes)
+    section = json.loads(to_deepspeed(ds))["expert_parallel"]
+    assert ds.parallel["tp"] == 1 and section["comm_backend"] == "deepep"
+    assert section["comm_max_tokens_per_rank"] == ds.parallel["micro_batch"] * \
+        ds.training["seq_len"]
+    assert not any("moe_dispatcher deepep" in n for n in notes)
+    folded = json.loads(to_deepspeed(variant(ds, tp=2, dp=ds.parallel["dp"] // 2,
+                                             sequence_parallel=False)))["expert_parallel"]
+    assert "comm_backend" not in folded
+    assert any("moe_dispatcher deepep with tp=2: AutoEP runs DeepEP without folded tensor "
+               "parallelism" in n for n in notes)
 
 
 def test_megatron_sets_sequence_parallelism_where_it_requires_it(notes):
@@ -897,13 +905,46 @@ def test_torchtitan_refuses_meshes_its_parallelize_functions_refuse():
 
 
 def test_torchtitan_notes_fp32_training_without_fsdp(notes):
-    """Without FSDP and with tp or pp, torchtitan's maybe_enable_amp leaves mixed precision off."""
+    """Without FSDP and with tp or pp, torchtitan's maybe_enable_amp leaves mixed precision off:
+    the export says so and re-checks the memory in float32 (it priced bf16 and passed a plan that
+    needs twice the bytes)."""
     plan = data_plan("llama3-70b-pp4-torchtitan")
     to_torchtitan(plan, "0.2.2")
     assert not [n for n in notes if "float32" in n]
     notes.clear()
-    to_torchtitan(dataclasses.replace(plan, parallel={**plan.parallel, "dp": 1}), "0.2.2")
+    with pytest.raises(InfeasibleError, match=r"^export torchtitan: with float32 parameters and "
+                       r"activations \(no mixed precision without FSDP\).* needs 3\d\d\.\d GB"):
+        to_torchtitan(dataclasses.replace(plan, parallel={**plan.parallel, "dp": 1}), "0.2.2")
+    small = plan_model("gpt2", cluster="dgx-h100", gpus_per_node=2, global_batch=8,
+                       seq_len=1024, fix="tp=2,dp=1", top_k=0)
+    to_torchtitan(small, "0.2.2")
     assert [n for n in notes if "so it trains in float32" in n and "--target torchtitan" in n]
+    checked = [n for n in notes if "memory re-checked with float32" in n]
+    assert checked and "instead of the plan's" in checked[0]
+
+
+def test_torchtitan_fp8_keeps_the_output_layer_in_bf16_as_planned():
+    """The float8 converter's filter_fqns default is empty in 0.2.2 (job_config.py), so without
+    it the output projection would run in FP8, which the plan prices in bf16."""
+    tomllib = pytest.importorskip("tomllib")
+    dense = data_plan("llama3-70b-pp4-torchtitan")
+    for recipe, section in (("current", "float8"), ("block", "mx")):
+        fp8 = dataclasses.replace(dense, training={
+            **dense.training, "dtype": "fp8",
+            "engine": {**dense.training.get("engine", {}), "fp8_recipe": recipe}})
+        got = tomllib.loads(to_torchtitan(fp8, "0.2.2"))["quantize"]["linear"][section]
+        assert got["filter_fqns"] == ["output"]
+
+
+def test_torchtitan_refuses_optimizer_offload_without_fsdp():
+    """enable_cpu_offload builds the model on the CPU; only FSDP2's offload policy moves it back
+    (parallelize.py, under fsdp_enabled: dp_shard > 1 or cp > 1)."""
+    plan = data_plan("llama3-70b-pp4-torchtitan")
+    offload = variant(plan, offload_optimizer=True)
+    assert "enable_cpu_offload = true" in to_torchtitan(offload, "0.2.2")
+    with pytest.raises(SpecError, match=r"^export torchtitan: optimizer offload .* this plan "
+                                        r"runs no FSDP \(dp x cp = 1\).*--target torchtitan"):
+        to_torchtitan(variant(offload, dp=1), "0.2.2")
 
 
 def test_torchtitan_says_the_experts_stay_bf16_under_fp8(notes):

@@ -880,7 +880,7 @@ def test_deepspeed_keeps_stages_on_consecutive_ranks_with_experts(tiny_mixtral):
                 ).parallel["placement"] == "tp-pp-dp"  # no expert groups: no rule
 
 
-def test_torchtitan_mesh_rules(tiny_llama, tiny_mixtral):
+def test_torchtitan_mesh_rules(tiny_llama, tiny_mixtral, tiny_llama_config, tmp_path):
     """torchtitan 0.2.2: pp outermost only; with ep = 1 its experts split over tp (etp = tp);
     without FSDP (dp x cp = 1) and with tp or pp it trains fp32, so a bf16 plan shards; the
     sequence divides by tp x 2 x cp."""
@@ -908,10 +908,13 @@ def test_torchtitan_mesh_rules(tiny_llama, tiny_mixtral):
     two = planner.load_cluster("dgx-h100", nodes=1, gpus_per_node=2)
     with pytest.raises(planner.SpecError, match=AMP_UNSHARDED):
         search(tiny_llama, "tp=2,dp=1", where=two)  # bf16 with tp and no FSDP
-    assert search(tiny_llama, "tp=2,dp=1", where=two, dtype="fp32").parallel["tp"] == 2
+    llama32 = planner.prepare(tiny_llama_config, seq_len=tiny_llama.seq_len, dtype="fp32")
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MIXTRAL))
+    mixtral32 = planner.prepare(str(tmp_path / "config.json"), seq_len=256, dtype="fp32")
+    assert search(llama32, "tp=2,dp=1", where=two, dtype="fp32").parallel["tp"] == 2
     assert search(tiny_llama, "tp=2,dp=1", where=two, target="any").parallel["tp"] == 2
     with pytest.raises(planner.SpecError, match=EP_UNSHARDED):  # no FSDP mesh for the experts
-        search(tiny_mixtral, "tp=2,dp=1,ep=2", where=two, dtype="fp32")
+        search(mixtral32, "tp=2,dp=1,ep=2", where=two, dtype="fp32")
     options = targets.restrict(planner.SearchOptions(fix=parse_fix("tp=2,cp=1"), top_k=0),
                                "torchtitan")
     rejected = Counter()
@@ -1268,3 +1271,25 @@ def test_each_attention_layer_of_a_block_exchanges_its_own_keys_and_values(form)
             fix={"cp": 8, "cp_comm": form, "tp": 1, "pp": 1, "recompute": "none"}, top_k=0))
         cp_s[together] = p.predicted["breakdown"]["cp_comm_s"]
     assert cp_s[True] > 0 and cp_s[True] == pytest.approx(cp_s[False], rel=1e-6)
+
+
+def test_deepspeed_runs_deepep_without_tensor_parallelism(tiny_mixtral):
+    """DeepSpeed 0.19.8's AutoEP takes comm_backend deepep, but not with AutoTP's folded tensor
+    parallelism (auto_ep_layer.py): the target pairs ep > 1 with tp 1 only under DeepEP."""
+    from planner import targets
+    from planner.search.space import EP_TP
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+
+    def search(fix, dispatcher):
+        training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len,
+                                        engine=f"deepspeed,moe_dispatcher={dispatcher}")
+        options = targets.restrict(planner.SearchOptions(fix=parse_fix(fix), top_k=0),
+                                   "deepspeed")
+        return planner.plan_prepared(tiny_mixtral, cluster, training, options)
+    with pytest.raises(planner.SpecError, match=r"^fix.tp: deepspeed runs DeepEP without tensor "
+                                                r"parallelism"):
+        search("tp=2,ep=2", "deepep")
+    plan = search("ep=2,pp=1", "deepep")
+    assert plan.parallel["tp"] == 1 and plan.parallel["ep"] == 2
+    assert plan.search["rejected"].get(EP_TP, 0) > 0
+    assert EP_TP not in search("ep=2,pp=1", "alltoall").search["rejected"]

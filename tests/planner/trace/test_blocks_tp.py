@@ -113,7 +113,7 @@ def test_per_head_norms_stay_inside_qwen3s_tensor_parallel_attention(tmp_path):
            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 20000,
            "max_position_embeddings": 256, "tie_word_embeddings": False}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    prepared = prepare(str(tmp_path / "config.json"), seq_len=64, cache_dir=None)
+    prepared = prepare(str(tmp_path / "config.json"), seq_len=64, dtype="fp32", cache_dir=None)
     roles = prepared.blocks.tp_roles
     layer = "model.layers.1.self_attn."
     assert {k[len(layer):]: v for k, v in roles.items() if k.startswith(layer)} == {

@@ -31,12 +31,12 @@ GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
            "max_position_embeddings": 256, "tie_word_embeddings": False}
 
 
-def _traced(folder, config: dict):
+def _traced(folder, config: dict, dtype: str = "bf16"):
     """The model of a Hugging Face ``config`` traced at 64 tokens (config.json in ``folder``)."""
     from planner.api import prepare
 
     (folder / "config.json").write_text(json.dumps(config))
-    return prepare(str(folder / "config.json"), seq_len=64, cache_dir=None)
+    return prepare(str(folder / "config.json"), seq_len=64, dtype=dtype, cache_dir=None)
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,7 @@ def test_selective_recomputation_counts_the_eager_cores_outside_tp_regions():
     assert _recomputed_flops(Arrays, "op") == pytest.approx(0.5 * (10 - 6))
 
 
-def test_a_target_without_tp_through_inner_weights_keeps_tp_off(tiny_gpt_oss):
+def test_a_target_without_tp_through_inner_weights_keeps_tp_off(tmp_path):
     """gpt-oss's sinks (as Qwen3's per-head norms) sit inside the split attention; every target
     shards them with the heads (planner's runtime too: planner.runtime.inner_weights), but a
     target that could not (SearchOptions.tp_inner_weights=False) would never get tp > 1 for
@@ -240,6 +240,7 @@ def test_a_target_without_tp_through_inner_weights_keeps_tp_off(tiny_gpt_oss):
     from planner.options import parse_fix
     from planner.targets import restrict
 
+    tiny_gpt_oss = _traced(tmp_path, GPT_OSS, dtype="fp32")  # (the CPU trains in fp32)
     assert any(b.tp_inner_weights for b in tiny_gpt_oss.blocks.blocks)
     cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=4)
     training = TrainingSpec(global_batch=8, seq_len=64, dtype="fp32", optimizer="sgd")

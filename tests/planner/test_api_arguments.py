@@ -1,0 +1,97 @@
+"""The Python API's arguments as a new user passes them (a new-user check of the API): paths as
+pathlib.Path, a preset name for TrainingSpec's engine, a prepared model planned in another dtype,
+a file argument that is not a path, and a Hugging Face module built with its default config."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+import planner
+from planner.errors import SpecError
+
+
+def test_paths_may_be_pathlib_paths(tiny_llama_config, tmp_path):
+    """MODEL, cluster YAML and plan files given as pathlib.Path are read as the same str paths
+    (Plan.save said 'PosixPath' object has no attribute 'endswith'; a cluster Path was refused)."""
+    cluster = tmp_path / "cluster"  # (no .yaml suffix: a Path is a file whatever its name)
+    cluster.write_text("name: two-a100\ndevice: a100-80g\ngpus_per_node: 2\nnodes: 1\n"
+                       "intra_node: {bandwidth_GBps: 300, latency_us: 2}\n"
+                       "inter_node: {bandwidth_GBps: 25, latency_us: 5}\n")
+    p = planner.plan(pathlib.Path(tiny_llama_config), cluster=cluster, global_batch=8,
+                     seq_len=128, top_k=0)
+    q = planner.plan(str(tiny_llama_config), cluster=str(cluster), global_batch=8, seq_len=128,
+                     top_k=0)
+    assert p.cluster["num_gpus"] == 2 and p.to_dict()["parallel"] == q.to_dict()["parallel"]
+    p.save(tmp_path / "p.json")
+    assert planner.load_plan(tmp_path / "p.json").to_dict() == p.to_dict()
+
+
+@pytest.mark.parametrize("value", [1, True, 0])
+@pytest.mark.parametrize("where", ["load_plan", "calibration"])
+def test_a_number_given_for_a_file_is_refused_not_opened(where, value, capsys):
+    """open(1) reads standard output as a file and closes it; open(0) waits on standard input."""
+    with pytest.raises(SpecError, match=r"expected a file path \(a str or pathlib.Path\), got"):
+        if where == "load_plan":
+            planner.load_plan(value)
+        else:
+            planner.plan("gpt2", cluster="dgx-a100-80g", global_batch=8, seq_len=128,
+                         calibration=value)
+    print("stdout still open")
+    assert "stdout still open" in capsys.readouterr().out
+
+
+def test_training_spec_takes_an_engine_preset_name_or_settings(tiny_llama, tiny_llama_config):
+    """TrainingSpec(engine="torchtitan") prices as planner.plan(target="torchtitan") does (it
+    raised AttributeError: 'str' object has no attribute 'fp8_recipe'); anything else is named."""
+    cluster = planner.load_cluster("dgx-h100")
+    named = planner.TrainingSpec(global_batch=16, seq_len=128, engine="torchtitan")
+    mapped = planner.TrainingSpec(global_batch=16, seq_len=128, engine={"attention": "flash2"})
+    assert named.engine.attention == "flash2" and mapped.engine.attention == "flash2"
+    prepared = planner.plan_prepared(tiny_llama, cluster, named,
+                                     planner.SearchOptions(target="torchtitan", top_k=0))
+    direct = planner.plan(tiny_llama_config, cluster="dgx-h100", global_batch=16,
+                          seq_len=128, target="torchtitan", top_k=0)
+    assert prepared.step_time_s == pytest.approx(direct.step_time_s, rel=1e-9)
+    with pytest.raises(SpecError, match="^engine: expected an EngineSpec"):
+        planner.TrainingSpec(global_batch=16, seq_len=128, engine=3)
+
+
+def test_a_target_searched_with_the_default_engine_is_warned_about(tiny_llama, caplog):
+    training = planner.TrainingSpec(global_batch=16, seq_len=128)
+    planner.plan_prepared(tiny_llama, planner.load_cluster("dgx-h100"), training,
+                          planner.SearchOptions(target="torchtitan", top_k=0))
+    assert "engine='torchtitan'" in caplog.text
+
+
+def test_a_prepared_model_planned_in_another_word_size_is_refused(tiny_llama):
+    """Traced in bf16 (2-byte activations), planned in fp32: refused like a seq_len mismatch;
+    fp8 (bf16 storage) is the bf16 trace's."""
+    cluster = planner.load_cluster("dgx-h100")
+    with pytest.raises(SpecError, match=r"^training.dtype: fp32, but the model was traced in "
+                                        r"bf16; prepare it again with dtype='fp32'"):
+        planner.plan_prepared(tiny_llama, cluster,
+                              planner.TrainingSpec(global_batch=8, seq_len=128, dtype="fp32"),
+                              planner.SearchOptions(top_k=0))
+    fp8 = planner.plan_prepared(tiny_llama, cluster,
+                                planner.TrainingSpec(global_batch=8, seq_len=128, dtype="fp8"),
+                                planner.SearchOptions(top_k=0))
+    assert fp8.training["dtype"] == "fp8"
+
+
+def test_a_hugging_face_module_with_its_default_config_traces():
+    """use_cache defaults to True in a Hugging Face config; training calls the model without a
+    cache, and so does the trace (a returned cache stopped it)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128,
+                        bos_token_id=0, eos_token_id=0)
+    assert config.use_cache
+    module = GPT2LMHeadModel(config)
+    ids = torch.randint(0, 1000, (1, 64))
+    p = planner.plan(module, example_inputs=(ids,), cluster="dgx-a100-80g", global_batch=8,
+                     top_k=0)
+    assert p.training["seq_len"] == 64 and p.step_time_s > 0
+    assert config.use_cache  # the user's module and config are left as they were
