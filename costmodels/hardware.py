@@ -75,6 +75,7 @@ from costmodels.errors import SpecError
 
 GB = 1e9
 TERA = 1e12
+US = 1e-6
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 """Bytes of one stored value (weights, activations, gradients) when training in this dtype. FP8

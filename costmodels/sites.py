@@ -1,5 +1,5 @@
-"""Clusters spread over sites (regions) joined by slow links: the YAML form, link units, and the
-arithmetic of moving bytes between sites.
+"""Clusters spread over sites (regions) joined by slow links: the YAML form and the arithmetic of
+moving bytes between sites (link figures with units: costmodels.linkunits).
 
 The form (README.md, "Training across sites")::
 
@@ -23,62 +23,20 @@ for links between sites). Inside a site, ``inter_node`` figures are per node by 
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import Mapping
 
 from costmodels.errors import SpecError
-from costmodels.hardware import GB
-from costmodels.topology import (DEFAULT_LINK_EFFICIENCY, LARGEST, SCOPES, US, WAN_EFFICIENCY,
+from costmodels.hardware import GB, US
+from costmodels.linkunits import link_figures
+from costmodels.topology import (DEFAULT_LINK_EFFICIENCY, SCOPES, WAN_EFFICIENCY,
                                  Cluster, HeteroCluster, LinkSpec, SiteLink, cluster_from_mapping,
                                  _check_size)
-
-_NUMBER = re.compile(r"^\s*[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*$")
-_BW = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]?)(bps|b/s|B/s|Bps)\s*$")
-_LAT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s)\s*$")
-_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-_TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 
 _SITES_KEYS = {"name", "sites", "links", "default_link", "description"}
 _SITE_KEYS = {"name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"}
 _LINK_KEYS = {"between", "bandwidth", "latency", "per", "efficiency", "bandwidth_GBps",
               "latency_us"}
-
-
-def parse_bandwidth(value, where: str) -> float:
-    """``"10Gbps"`` / ``"1.25GB/s"`` / a number (or its text) of GB/s -> bytes per second."""
-    if isinstance(value, bool):
-        raise SpecError(f"{where}: expected a bandwidth like 10Gbps or 1.25GB/s, got {value!r}")
-    if isinstance(value, (int, float)) or _NUMBER.match(str(value)):
-        bps = float(value) * GB
-    else:
-        m = _BW.match(str(value))
-        if not m:
-            raise SpecError(f"{where}: expected a bandwidth like 10Gbps, 100Mbps or 1.25GB/s, got "
-                            f"{value!r}")
-        bps = float(m.group(1)) * _SCALE[m.group(2)]
-        if m.group(3) in ("bps", "b/s"):
-            bps /= 8
-    if not 0 < bps <= LARGEST * GB:
-        raise SpecError(f"{where}: expected a positive bandwidth up to {LARGEST:g} GB/s, got "
-                        f"{value!r}")
-    return bps
-
-
-def parse_latency(value, where: str) -> float:
-    """``"30ms"`` / ``"5us"`` / a number of microseconds -> seconds."""
-    if isinstance(value, bool):
-        raise SpecError(f"{where}: expected a latency like 30ms or 5us, got {value!r}")
-    if isinstance(value, (int, float)):
-        s = float(value) * US
-    else:
-        m = _LAT.match(str(value))
-        if not m:
-            raise SpecError(f"{where}: expected a latency like 30ms, 5us or 0.2s, got {value!r}")
-        s = float(m.group(1)) * _TIME[m.group(2)]
-    if not 0 <= s <= 60:
-        raise SpecError(f"{where}: expected a latency from 0 to 60 s, got {value!r}")
-    return s
 
 
 def _tier(spec, where: str, name: str) -> dict:
@@ -90,7 +48,7 @@ def _tier(spec, where: str, name: str) -> dict:
     if bad:
         raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; "
                         f"allowed: {', '.join(sorted(allowed))}")
-    bw, lat = _bandwidth_latency(spec, where)
+    bw, lat = link_figures(spec, where)
     per = spec.get("per", "gpu")
     if per not in ("gpu", "node"):
         raise SpecError(f"{where}.per: expected gpu or node inside a site, got {per!r}")
@@ -98,30 +56,6 @@ def _tier(spec, where: str, name: str) -> dict:
             "efficiency": spec.get("efficiency", DEFAULT_LINK_EFFICIENCY),
             "name": spec.get("name", name),
             "_per": per}
-
-
-def _bandwidth_latency(spec: Mapping, where: str) -> tuple:
-    if "bandwidth" in spec and "bandwidth_GBps" in spec:
-        raise SpecError(f"{where}: give bandwidth or bandwidth_GBps, not both")
-    if "latency" in spec and "latency_us" in spec:
-        raise SpecError(f"{where}: give latency or latency_us, not both")
-    if "bandwidth" not in spec and "bandwidth_GBps" not in spec:
-        raise SpecError(f"{where}.bandwidth: missing (e.g. bandwidth: 10Gbps)")
-    if "latency" not in spec and "latency_us" not in spec:
-        raise SpecError(f"{where}.latency: missing (e.g. latency: 30ms)")
-    # the unit keys take a unit: a bare number there is ambiguous (Gb/s or GB/s? ms or us?)
-    for key, example, plain in (("bandwidth", "10Gbps or 1.25GB/s", "bandwidth_GBps"),
-                                ("latency", "30ms or 5us", "latency_us")):
-        value = spec.get(key)
-        if value is not None and not isinstance(value, bool) and (
-                isinstance(value, (int, float)) or _NUMBER.match(str(value))):
-            raise SpecError(f"{where}.{key}: {value!r} has no unit; write it with one, like "
-                            f"{example}, or give {plain}: {value} for a plain number")
-    bw = (parse_bandwidth(spec["bandwidth"], f"{where}.bandwidth") if "bandwidth" in spec
-          else parse_bandwidth(spec["bandwidth_GBps"], f"{where}.bandwidth_GBps"))
-    lat = (parse_latency(spec["latency"], f"{where}.latency") if "latency" in spec
-           else parse_latency(spec["latency_us"], f"{where}.latency_us"))
-    return bw, lat
 
 
 def site_link(spec, where: str) -> SiteLink:
@@ -132,7 +66,7 @@ def site_link(spec, where: str) -> SiteLink:
     if bad:
         raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; "
                         f"allowed: {', '.join(sorted(_LINK_KEYS))}")
-    bw, lat = _bandwidth_latency(spec, where)
+    bw, lat = link_figures(spec, where)
     per = spec.get("per", "site")
     if per not in SCOPES:
         raise SpecError(f"{where}.per: expected one of {', '.join(SCOPES)}, got {per!r}")

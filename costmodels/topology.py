@@ -55,10 +55,9 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from costmodels.errors import SpecError
-from costmodels.hardware import (DEVICES, GB, LARGEST, DeviceSpec, _fraction, _positive,
-                                 device_mapping, get_device, suggest)
-
-US = 1e-6
+from costmodels.hardware import (DEVICES, GB, US, DeviceSpec, _fraction, device_mapping,
+                                 get_device, suggest)
+from costmodels.linkunits import link_figures
 DEFAULT_LINK_EFFICIENCY = 0.8
 """Share of the line rate collectives reach on a link whose cluster file gives no
 ``efficiency``: assumed, between NVLink's measured 0.77-0.82 and InfiniBand's 0.90 (above)."""
@@ -199,7 +198,7 @@ CLUSTERS: dict[str, Cluster] = {
 }
 
 _CLUSTER_KEYS = {"name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node", "description"}
-_LINK_KEYS = {"bandwidth_GBps", "latency_us", "efficiency", "name"}
+_LINK_KEYS = {"bandwidth", "latency", "bandwidth_GBps", "latency_us", "efficiency", "name"}
 
 
 def get_cluster(name: str, *, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
@@ -261,25 +260,19 @@ def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
 
 
 def link_from_mapping(spec: Mapping, where: str, default_name: str) -> LinkSpec:
-    """``{bandwidth_GBps, latency_us[, efficiency, name]}`` -> LinkSpec."""
+    """``{bandwidth_GBps, latency_us[, efficiency, name]}`` (or ``bandwidth``, ``latency`` with
+    units: costmodels.linkunits) -> LinkSpec."""
     if not isinstance(spec, Mapping):
         raise SpecError(f"{where}: expected a mapping like {{bandwidth_GBps: 25, latency_us: 10}}")
     unknown = set(spec) - _LINK_KEYS
     if unknown:
         raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; "
                         f"allowed: {', '.join(sorted(_LINK_KEYS))}")
-    for key in ("bandwidth_GBps", "latency_us"):
-        if key not in spec:
-            raise SpecError(f"{where}.{key}: missing")
-    latency = spec["latency_us"]
-    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or \
-            not 0 <= latency <= LARGEST:
-        raise SpecError(f"{where}.latency_us: expected a number from 0 to {LARGEST:g}, got "
-                        f"{latency!r}")
+    bandwidth, latency = link_figures(spec, where)
     return LinkSpec(
         name=str(spec.get("name", default_name)),
-        bandwidth_bytes_per_s=_positive(spec["bandwidth_GBps"], f"{where}.bandwidth_GBps") * GB,
-        latency_s=float(latency) * US,
+        bandwidth_bytes_per_s=bandwidth,
+        latency_s=latency,
         efficiency=_fraction(spec.get("efficiency", DEFAULT_LINK_EFFICIENCY),
                              f"{where}.efficiency"),
     )

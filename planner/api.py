@@ -623,7 +623,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
                                                  result.rejected) + (f" ({note})" if note else ""),
                               reason="no feasible plan")
-    for note in idle_pins(options.fix, result.best.config.cp):
+    for note in idle_pins(options.fix, result.best.config.cp, result.best.config.pp):
         log.warning("%s", note)
     note = length_note(training.seq_len, result.rejected)
     if note:

@@ -85,17 +85,24 @@ class TrainingSpec:
                             f"{', '.join(OPTIMIZERS)}")
 
 
-def idle_pins(fix: Mapping, cp: int) -> list[str]:
-    """Pins that change nothing in a configuration with context-parallel degree ``cp``: the
-    exchange form without context parallelism (the search may leave cp at 1 when only cp_comm is
-    pinned)."""
+def idle_pins(fix: Mapping, cp: int, pp: int = 0) -> list[str]:
+    """Pins that change nothing in a configuration with context-parallel degree ``cp`` and
+    pipeline degree ``pp`` (0: not known): the exchange form without context parallelism, a
+    pipeline schedule without a pipeline (the search may leave cp or pp at 1 when only the form
+    is pinned)."""
+    notes = []
     if "cp_comm" in fix and cp == 1:
         how = ("a cp whose ranks span nodes, more than one in each (e.g. cp=16 on nodes of 8 "
                "GPUs with tp=1), as its two levels need" if fix["cp_comm"] == "a2a+p2p" else
                f"e.g. cp=2,cp_comm={fix['cp_comm']}")
-        return [f"fix.cp_comm={fix['cp_comm']} changes nothing: the plan has no context "
-                f"parallelism (cp=1); pin cp too ({how}) to make it use one"]
-    return []
+        notes.append(f"fix.cp_comm={fix['cp_comm']} changes nothing: the plan has no context "
+                     f"parallelism (cp=1); pin cp too ({how}) to make it use one")
+    if fix.get("schedule", "1f1b") != "1f1b" and pp == 1:
+        how = ("leave the schedule out, or pin pp > 1" if "pp" in fix else
+               f"pin pp too (e.g. pp=2,schedule={fix['schedule']}) to make it use one")
+        notes.append(f"fix.schedule={fix['schedule']} changes nothing: the plan has no pipeline "
+                     f"(pp=1); {how}")
+    return notes
 
 
 def parallel_text(p: Mapping) -> str:

@@ -9,7 +9,8 @@ from typing import Mapping, Sequence
 
 from costmodels.engine import EngineSpec, engine_from_mapping
 from costmodels.hardware import GB, get_device
-from costmodels.sites import parse_bandwidth, with_site_bandwidth
+from costmodels.linkunits import parse_bandwidth
+from costmodels.sites import with_site_bandwidth
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
 from planner.inputs.clusters import load_cluster
@@ -39,6 +40,10 @@ def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
             raise SpecError(f"vary.{key}: expected a non-empty list of values, got {values!r}")
         axes.append([(key, value(key, v)) for v in values])
+        seen = [v for _, v in axes[-1]]
+        twice = next((v for i, v in enumerate(seen) if v in seen[:i]), None)
+        if twice is not None:
+            raise SpecError(f"vary.{key}: {twice} given twice; list each value once")
     points = []
     for point in itertools.product(*axes):
         if ("cp", 1) in point:
@@ -58,7 +63,10 @@ def parse_vary(items: Sequence[str]) -> dict:
             raise SpecError(f"vary: '{item}' is not KEY=V1,V2,...; e.g. --vary nodes=8,16,32")
         if key in out:
             raise SpecError(f"vary.{key}: given twice; list all its values in one --vary")
-        out[key] = [v.strip() for v in values.split(",") if v.strip()]
+        out[key] = [v.strip() for v in values.split(",")]
+        if "" in out[key]:
+            raise SpecError(f"vary.{key}: an empty value in '{values}'; list the values with one "
+                            "comma between each, e.g. --vary nodes=8,16,32")
     return out
 
 

@@ -78,7 +78,7 @@ def why_not(plan: Plan, pins) -> WhyNot:
                        result=result, cluster=cluster, training=training, options=options)
         return WhyNot(pins=pins, variant=variant, feasible=True,
                       notes=_kept(plan, pins) + _lifted(plan, pins)
-                      + idle_pins(pins, variant.parallel.get("cp", 1))
+                      + idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
                       + _untried(plan, variant, options), over=[])
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                           training, options)

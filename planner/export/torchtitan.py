@@ -35,6 +35,9 @@ NO_CONTEXT_PARALLEL = {
                               "attention\" (models/deepseek_v3/model/args.py)",
 }
 """(release, torchtitan model) -> why torchtitan refuses context parallelism for that model."""
+FLEX_ATTENTION = {("0.2.2", "deepseek_v3")}
+"""(release, torchtitan model) whose flavors run FlexAttention with a block-causal mask
+(models/deepseek_v3/__init__.py: attn_type "flex", attn_mask_type "block_causal")."""
 FP8 = {"current": ("quantize.linear.float8", "tensorwise"),
        "delayed": ("quantize.linear.float8", "tensorwise"),
        "block": ("quantize.linear.mx", "mxfp8_cublas")}
@@ -121,6 +124,11 @@ def _model(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
     split = plan.parallel.get("pp", 1) > 1  # module names appear in the pipeline's split only
     names_note = "; the module names below are that model's" if split else ""
     why = (f"the plan's {plan.model['name']} is torchtitan's own {model} {flavor}{names_note}",)
+    if (version, model) in FLEX_ATTENTION:
+        ledger.info(f"timing: torchtitan {version}'s {model} {flavor} runs FlexAttention with a "
+                    "block-causal mask (attention within each document of a packed sample), "
+                    "which the plan priced as fused attention under a causal mask over the whole "
+                    "sample: its attention time differs from planned")
     if version == "0.2.2":
         return [Setting("model", "name", model, why), Setting("model", "flavor", flavor)]
     config = names.torchtitan_config(plan)

@@ -78,16 +78,18 @@ OUTCOMES = (OUT_OF_MEMORY, DOMINATED, SLOWER, TIME_LIMIT, RETIME_CAP)
 
 
 def rejection_lines(rejected, most: int = 5) -> tuple[str, str]:
-    """('n reason, ...' of counted configurations set aside, the same of choices the rules
+    """('n reason, ...' of counted configurations set aside, 'rule: n; ...' of choices the rules
     excluded), each with its ``most`` largest counts: the first adds up to at most the
-    configurations counted, the second counts choices of knobs at the level each rule applies."""
+    configurations counted, the second counts choices of knobs at the level each rule applies
+    (after the rule: "10 micro batch does not divide ..." read as a micro-batch of 10)."""
     pairs = sorted(rejected.items(), key=lambda kv: -kv[1])
 
-    def text(keep) -> str:
+    def text(keep, form, sep) -> str:
         kept = [kv for kv in pairs if keep(kv[0])]
-        more = f", and {len(kept) - most} more" if len(kept) > most else ""
-        return ", ".join(f"{n} {r}" for r, n in kept[:most]) + more
-    return text(lambda r: r in OUTCOMES), text(lambda r: r not in OUTCOMES)
+        more = f"{sep}and {len(kept) - most} more" if len(kept) > most else ""
+        return sep.join(form(r, n) for r, n in kept[:most]) + more
+    return (text(lambda r: r in OUTCOMES, lambda r, n: f"{n} {r}", ", "),
+            text(lambda r: r not in OUTCOMES, lambda r, n: f"{r}: {n}", "; "))
 
 
 @dataclass

@@ -3,7 +3,8 @@
 import pytest
 
 from costmodels.errors import SpecError
-from costmodels.sites import parse_bandwidth, parse_latency, sites_from_mapping, with_site_bandwidth
+from costmodels.linkunits import parse_bandwidth, parse_latency
+from costmodels.sites import sites_from_mapping, with_site_bandwidth
 
 
 def site(name, nodes=2, gpn=8):

@@ -48,6 +48,21 @@ def test_yaml_form_loads_and_is_strict():
         cluster_from_mapping({**GOOD, "intra_node": {"bandwidth_GBps": -1, "latency_us": 3}})
 
 
+def test_a_cluster_files_links_take_units_as_a_sites_file_does():
+    """bandwidth/latency with units, as in the sites form; a bare number there is refused."""
+    plain = cluster_from_mapping(GOOD)
+    units = cluster_from_mapping({**GOOD, "inter_node": {"bandwidth": "200Gbps",
+                                                         "latency": "10us"}})
+    assert units.inter_node == plain.inter_node
+    with pytest.raises(SpecError, match=r"inter_node\.bandwidth: 200 has no unit"):
+        cluster_from_mapping({**GOOD, "inter_node": {"bandwidth": 200, "latency": "10us"}})
+    with pytest.raises(SpecError, match=r"inter_node: give bandwidth or bandwidth_GBps, not both"):
+        cluster_from_mapping({**GOOD, "inter_node": {"bandwidth": "200Gbps", "bandwidth_GBps": 25,
+                                                     "latency_us": 10}})
+    with pytest.raises(SpecError, match=r"inter_node\.latency: missing"):
+        cluster_from_mapping({**GOOD, "inter_node": {"bandwidth_GBps": 25}})
+
+
 def test_device_mapping_in_yaml():
     spec = {**GOOD, "device": {"name": "x1", "memory_GB": 64, "hbm_GBps": 2000,
                                 "peak_TFLOPs": {"bf16": 400, "fp32": 50}}}

@@ -341,3 +341,22 @@ def test_a_warning_every_point_gives_is_said_once(tiny_llama_config, caplog):
                for r in rows)
     said = [rec.getMessage() for rec in caplog.records if "fp8_recipe" in rec.getMessage()]
     assert len(said) == 1 and said[0].endswith("(every point)")
+
+
+def test_odd_sweep_values_and_idle_schedules_are_named():
+    """An empty value (--vary nodes=1,,2) or one given twice is refused, not dropped or merged;
+    a schedule pinned where the plan has no pipeline is said to change nothing."""
+    from planner.explore.grid import expand, parse_vary
+    from planner.options import idle_pins
+    with pytest.raises(SpecError, match=r"^vary.nodes: an empty value in '1,,2'"):
+        parse_vary(["nodes=1,,2"])
+    with pytest.raises(SpecError, match=r"^vary.nodes: 1 given twice"):
+        expand({"nodes": [1, 1]})
+    with pytest.raises(SpecError, match=r"^vary.tp: 2 given twice"):
+        expand({"tp": ["2", 2]})
+    assert len(expand({"nodes": [1, 2], "tp": [1, 2]})) == 4
+    assert idle_pins({"schedule": "zb-h1", "pp": 1}, 1, 1) == [
+        "fix.schedule=zb-h1 changes nothing: the plan has no pipeline (pp=1); leave the schedule "
+        "out, or pin pp > 1"]
+    assert "pin pp too (e.g. pp=2,schedule=gpipe)" in idle_pins({"schedule": "gpipe"}, 1, 1)[0]
+    assert idle_pins({"schedule": "zb-h1"}, 1, 2) == [] == idle_pins({"schedule": "1f1b"}, 1, 1)

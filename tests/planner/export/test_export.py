@@ -1496,3 +1496,16 @@ def test_a_v100_plan_is_exported_as_its_engine_runs_there(tiny_llama_config, tmp
     with pytest.raises(SpecError, match=r"^export torchtitan: dtype fp16, .* v100 has no "
                                         r"bfloat16; re-plan with --dtype fp32"):
         export(plan, "torchtitan")
+
+
+def test_torchtitan_says_its_deepseek_v3_runs_flex_attention(notes):
+    """torchtitan 0.2.2's deepseek_v3 flavors set attn_type "flex" with a block-causal mask; the
+    plan priced fused causal attention, so the export says the attention time differs."""
+    plan = data_plan("mixtral-8x7b-ep8-torchtitan")
+    deepseek = dataclasses.replace(plan, model={**plan.model, "spec": "deepseek-v3",
+                                                "name": "deepseek-v3"})
+    to_torchtitan(deepseek, "0.2.2")
+    assert [n for n in notes if "FlexAttention with a block-causal mask" in n]
+    notes.clear()
+    to_torchtitan(plan, "0.2.2")
+    assert not [n for n in notes if "FlexAttention" in n]

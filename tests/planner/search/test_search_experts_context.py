@@ -787,8 +787,9 @@ def test_an_exchange_form_pinned_without_cp_is_said_to_change_nothing(tiny_mixtr
     assert "cp=2" not in idle_pins({"cp_comm": "a2a+p2p"}, 1)[0]
     assert "whose ranks span nodes, more than one in each" in idle_pins({"cp_comm": "a2a+p2p"}, 1)[0]
     counts = {f"rule {i}": 10 - i for i in range(7)}
-    assert rejection_lines(counts, most=5)[1] == ("10 rule 0, 9 rule 1, 8 rule 2, 7 rule 3, "
-                                                  "6 rule 4, and 2 more")
+    assert rejection_lines(counts, most=5)[1] == ("rule 0: 10; rule 1: 9; rule 2: 8; rule 3: 7; "
+                                                  "rule 4: 6; and 2 more")
+    assert rejection_lines({"out of memory": 42}) == ("42 out of memory", "")
 
 
 def test_the_leanest_plan_with_cp_pinned_shards_states_over_the_cp_ranks(tiny_llama):
