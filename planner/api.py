@@ -22,7 +22,7 @@ from costmodels.memory import modules_of
 from costmodels.topology import HeteroCluster
 from planner.emit import emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
-from planner.files import fspath_or_same
+from planner.files import fspath_or_same, import_from_working_folder
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
@@ -270,6 +270,7 @@ def _mentions_tables(spec: str) -> bool:
     if not target.endswith(".py"):
         import importlib.util  # lazy: only package.module:factory specs need it
 
+        import_from_working_folder()
         try:
             found = importlib.util.find_spec(target)
         except (ImportError, ValueError):

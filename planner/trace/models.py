@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from planner.errors import SpecError
-from planner.files import read_json_object
+from planner.files import import_from_working_folder, read_json_object
 from planner.inputs.zoo import ZOO, ZooEntry, unknown_model
 from planner.trace import hf
 from planner.trace.failures import model_frame
@@ -158,6 +158,7 @@ def load_factory(spec: str):
                             f"{(str(exc).splitlines() or [''])[0][:160]}; --debug shows the "
                             "traceback") from exc
     else:
+        import_from_working_folder()
         try:
             module = importlib.import_module(target)
         except ImportError as exc:

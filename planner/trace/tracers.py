@@ -153,15 +153,19 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
 
 @contextlib.contextmanager
 def _quiet_fakes():
-    """Keep torch's fake-tensor logger from printing a failed op's traceback to stderr: a trace
-    failure is reported once, in one line (the traceback is in the debug log)."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    """Keep torch's fake-tensor logger from printing a failed op's traceback to stderr, and its
+    symbolic-shapes logger its warnings about a data-dependent size: a trace failure is reported
+    once, in one line (the traceback is in the debug log)."""
+    loggers = [logging.getLogger(name) for name in ("torch._subclasses.fake_tensor",
+                                                    "torch.fx.experimental.symbolic_shapes")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -116,6 +116,38 @@ def test_untraceable_factory_model(capsys, tmp_path):
     assert "def forward" not in err, "torch.export's partial graph stays out of the message"
 
 
+def test_module_factories_import_from_the_working_folder_and_fail_in_one_line(tmp_path):
+    """``module:factory`` imports a module of the working folder, as Python does there (the `plan`
+    script's path did not hold it); a data-dependent branch fails in one stderr line, torch's
+    symbolic-shapes warning kept out."""
+    import shutil
+    shutil.copy(os.path.join(REPO, "examples", "branched.py"), tmp_path / "cwd_model.py")
+    (tmp_path / "cwd_branchy.py").write_text(
+        "import torch\n"
+        "class B(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.fc = torch.nn.Linear(16, 16)\n"
+        "    def forward(self, h):\n"
+        "        if h.sum() > 0:\n"
+        "            return self.fc(h)\n"
+        "        return h\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(B(), B()), (torch.randn(2, 8, 16),)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    plan = [sys.executable, os.path.join(os.path.dirname(sys.executable), "plan")]
+    plan = plan[1:] if os.access(plan[1], os.X_OK) else [sys.executable, "-m", "planner.cli"]
+    ok = subprocess.run(plan + ["solve", "cwd_model:build", "--cluster", "cpu", "--global-batch",
+                                "8", "-o", "p.json"], capture_output=True, text=True, env=env,
+                        cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run(plan + ["solve", "cwd_branchy:build", "--cluster", "cpu",
+                                 "--global-batch", "8", "-q"], capture_output=True, text=True,
+                         env=env, cwd=tmp_path)
+    lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+    assert bad.returncode == 2 and len(lines) == 1, bad.stderr
+    assert lines[0].startswith("plan: error: could not trace cwd_branchy:build")
+
+
 def test_console_script_exit_code_and_debug(tmp_path):
     env = {**os.environ, "PYTHONPATH": REPO}
     cmd = [sys.executable, "-m", "planner.cli", "solve", "nope", "--cluster", "dgx-h100",
