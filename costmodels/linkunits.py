@@ -69,7 +69,14 @@ def link_figures(spec: Mapping, where: str) -> tuple[float, float]:
         raise SpecError(f"{where}.bandwidth: missing (e.g. bandwidth: 10Gbps)")
     if "latency" not in spec and "latency_us" not in spec:
         raise SpecError(f"{where}.latency: missing (e.g. latency: 30ms)")
-    # the unit keys take a unit: a bare number there is ambiguous (Gb/s or GB/s? ms or us?)
+    # the plain keys take plain numbers, the unit keys a unit: a bare number there is ambiguous
+    # (Gb/s or GB/s? ms or us?)
+    for plain, unit, example in (("bandwidth_GBps", "bandwidth", "200Gbps"),
+                                 ("latency_us", "latency", "10us")):
+        value = spec.get(plain)
+        if isinstance(value, str) and not _NUMBER.match(value):
+            raise SpecError(f"{where}.{plain}: {value!r} has a unit; give {unit}: {value} (like "
+                            f"{example}), or a plain number for {plain}")
     for key, example, plain in (("bandwidth", "10Gbps or 1.25GB/s", "bandwidth_GBps"),
                                 ("latency", "30ms or 5us", "latency_us")):
         value = spec.get(key)

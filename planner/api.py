@@ -22,8 +22,9 @@ from costmodels.memory import modules_of
 from costmodels.topology import HeteroCluster
 from planner.emit import emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
-from planner.files import fspath_or_same, import_from_working_folder
+from planner.files import fspath_or_same
 from planner.inputs.calibration import apply_calibration
+from planner.inputs.modules import import_from_working_folder
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import SearchOptions, TrainingSpec, engine_spec, idle_pins, parse_fix
@@ -173,8 +174,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     A recommendation model (embedding tables: README.md, "Recommendation models") gets its tables
     sharded; ``tables`` (a YAML path or a mapping), ``table_optimizer`` and ``pipeline`` apply to
     those only."""
-    model, cluster = fspath_or_same(model), fspath_or_same(cluster)
-    tables, calibration = fspath_or_same(tables), fspath_or_same(calibration)
+    model, tables = fspath_or_same(model), fspath_or_same(tables)  # (a cluster Path: load_cluster)
     if recsys_model(model):
         if seq_len is not None:
             raise SpecError(f"seq_len: {seq_len} given, but a recommendation model's samples are "
@@ -240,7 +240,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     training = TrainingSpec(global_batch=global_batch, seq_len=prepared.seq_len, dtype=dtype,
                             optimizer=optimizer, engine=eng)
     return plan_prepared(prepared, cl, training, options, progress=progress,
-                         record_timing=record_timing)
+                         record_timing=record_timing, warn_default_engine=False)
 
 
 def recsys_model(model) -> bool:
@@ -580,10 +580,13 @@ def narrowed(options: SearchOptions, prepared: Prepared, training: TrainingSpec)
 
 
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
-                  progress=None, record_timing: bool = False) -> Plan:
+                  progress=None, record_timing: bool = False,
+                  warn_default_engine: bool = True) -> Plan:
     """Search and emit for an already traced model, priced with ``training.engine`` (planner.plan
     takes a target's software for it; here a warning says when a target with software of its
-    own, torchtitan, deepspeed or torch, is searched with the default engine's kernels)."""
+    own, torchtitan, deepspeed or torch, is searched with the default engine's kernels, unless
+    ``warn_default_engine`` is False: planner.plan's engine was chosen, by the target or by
+    --engine)."""
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "
@@ -595,10 +598,10 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
                         f"{prepared.dtype}; prepare it again with dtype={training.dtype!r}")
     software = targets.engine(options.target).software if options.target in targets.TARGETS \
         else None
-    if software and training.engine == EngineSpec():
+    if warn_default_engine and software and training.engine == EngineSpec():
         log.warning("engine: target %s runs its own kernels, but the search prices the default "
-                    "engine (megatron-core's); pass TrainingSpec(..., engine=%r) to price %s's",
-                    options.target, software, software)
+                    "engine (megatron-core's); pass TrainingSpec(..., engine=%r) (--engine %s) "
+                    "to price %s's", options.target, software, software, software)
     options = narrowed(options, prepared, training)
     if not isinstance(cluster, HeteroCluster):  # a pin no configuration honours: named before
         problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),

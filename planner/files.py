@@ -29,15 +29,6 @@ def fspath_or_same(value):
     return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
-def import_from_working_folder() -> None:
-    """Let ``package.module:factory`` specs import modules of the working folder, as ``python -c
-    'import m'`` does there (the ``plan`` script's path holds its own folder, not this one); put
-    after the planner's own, so that no module of it is shadowed."""
-    here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.append(here)
-
-
 def read_json_object(path: str, *, what: str, missing_hint: str = "") -> dict:
     """The JSON object in ``path``; SpecError naming ``what`` (the field) when the file is missing,
     unreadable, not JSON, or not an object."""

@@ -87,9 +87,9 @@ class TrainingSpec:
 
 def idle_pins(fix: Mapping, cp: int, pp: int = 0) -> list[str]:
     """Pins that change nothing in a configuration with context-parallel degree ``cp`` and
-    pipeline degree ``pp`` (0: not known): the exchange form without context parallelism, a
-    pipeline schedule without a pipeline (the search may leave cp or pp at 1 when only the form
-    is pinned)."""
+    pipeline degree ``pp`` (0: not known): the exchange form without context parallelism, ZB-H1
+    without a pipeline (priced as 1F1B there; the search may leave cp or pp at 1 when only the
+    form is pinned)."""
     notes = []
     if "cp_comm" in fix and cp == 1:
         how = ("a cp whose ranks span nodes, more than one in each (e.g. cp=16 on nodes of 8 "
@@ -97,7 +97,8 @@ def idle_pins(fix: Mapping, cp: int, pp: int = 0) -> list[str]:
                f"e.g. cp=2,cp_comm={fix['cp_comm']}")
         notes.append(f"fix.cp_comm={fix['cp_comm']} changes nothing: the plan has no context "
                      f"parallelism (cp=1); pin cp too ({how}) to make it use one")
-    if fix.get("schedule", "1f1b") != "1f1b" and pp == 1:
+    if fix.get("schedule") == "zb-h1" and pp == 1:  # (GPipe holds every micro-batch's
+        # activations even without a pipeline; interleaving needs one)
         how = ("leave the schedule out, or pin pp > 1" if "pp" in fix else
                f"pin pp too (e.g. pp=2,schedule={fix['schedule']}) to make it use one")
         notes.append(f"fix.schedule={fix['schedule']} changes nothing: the plan has no pipeline "
@@ -167,7 +168,8 @@ class SearchOptions:
     top_k: int = 3
     """Alternatives kept besides the best plan."""
     time_limit_s: float | None = None
-    """Stop the search after this many seconds and return the best plan found so far."""
+    """Stop the search after this many seconds and return the best plan found so far (it goes on
+    past the limit until a configuration that fits has been priced)."""
     schedules: tuple[Schedule, ...] = SCHEDULES
     """Pipeline schedules to consider."""
     vpp: tuple[int, ...] = (2, 3, 4, 6, 8)

@@ -108,6 +108,8 @@ class Engine:
     """DeepEP runs with the experts' matrices split (etp > 1)."""
     deepep_with_tp: bool = True
     """DeepEP runs beside tensor parallelism (tp > 1 with ep > 1)."""
+    deepep_dtypes: tuple[str, ...] = ()
+    """The training dtypes whose tokens its DeepEP dispatches; empty: any."""
     moe_act_needs_grouped_gemm: bool = False
     """``recompute="moe_act"`` runs only with the experts' GEMMs grouped
     (EngineSpec.moe_grouped_gemm)."""
@@ -218,7 +220,10 @@ ENGINES: dict[str, Engine] = {
                         # a capacity factor (AutoEP does not)
                         moe_dispatchers=("alltoall", "deepep"), moe_overlap=False,
                         moe_shared_overlap=False, deepep_with_etp=False,
-                        deepep_with_tp=False),
+                        deepep_with_tp=False,
+                        # AutoEP's DeepEP route dispatches bfloat16 rows only (auto_ep_comm.py
+                        # assert_dtype_supported); fp8 training keeps bf16 activations
+                        deepep_dtypes=("bf16", "fp8")),
 }
 TARGETS: tuple[str, ...] = tuple(ENGINES)
 
@@ -249,9 +254,14 @@ def for_engine(options: SearchOptions, engine_spec, dtype: str = "bf16") -> Sear
     if engine_spec.moe_dispatcher != "deepep":
         return options
     fix = options.fix
-    if not eng.deepep_with_tp and int(fix.get("tp", 1)) > 1 and int(fix.get("ep", 2)) > 1:
+    if eng.deepep_dtypes and dtype not in eng.deepep_dtypes:
+        raise SpecError(f"engine.moe_dispatcher: {options.target} runs DeepEP in "
+                        f"{' or '.join(eng.deepep_dtypes)} only, not {dtype}; set "
+                        "moe_dispatcher=alltoall or train in bf16")
+    if not eng.deepep_with_tp and int(fix.get("tp", 1)) > 1 and int(fix.get("ep", 1)) > 1:
         raise SpecError(f"fix.tp: {options.target} runs DeepEP without tensor parallelism (its "
-                        "folded tp); pin tp=1, or ep=1, or set moe_dispatcher=alltoall")
+                        "folded tp) beside expert parallelism; pin tp=1 or ep=1, or set "
+                        "moe_dispatcher=alltoall")
     if not eng.deepep_with_tp:
         options = replace(options, ep_with_tp=False)
     if eng.deepep_with_etp:

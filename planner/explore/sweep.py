@@ -70,7 +70,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     default adam), and one given there and varied too is refused (SpecError). ``prices``
     maps device names (or unique prefixes, ``a100``) to dollars per GPU-hour and adds cost
     columns; ``tokens`` adds the hours and dollars to train on that many tokens."""
-    model, cluster = fspath_or_same(model), fspath_or_same(cluster)
+    model = fspath_or_same(model)  # (a cluster Path stays one: load_cluster reads it as a file)
     grid = expand(vary)
     fixed = parse_fix(fix)
     for key, given in [(k, knob(v)) for k, v in fixed.items()] + [

@@ -297,10 +297,15 @@ def _autoep_settings(plan: Plan, s: dict, ledger: common.Ledger) -> dict:
     the tokens one rank routes, the micro-batch's share of the sequence on it."""
     out = {}
     p = plan.parallel
+    dtype = plan.training["dtype"]
     if s["moe_dispatcher"] == "deepep" and p["tp"] > 1:
         ledger.nearest("moe_dispatcher", f"moe_dispatcher deepep with tp={p['tp']}: AutoEP "
                        "runs DeepEP without folded tensor parallelism (auto_ep_layer.py); nearest "
                        "all-to-all (comm_backend \"comm\"), the step time differs from planned")
+    elif s["moe_dispatcher"] == "deepep" and dtype not in ("bf16", "fp8"):
+        ledger.nearest("moe_dispatcher", f"moe_dispatcher deepep in {dtype}: AutoEP's DeepEP "
+                       "dispatches bfloat16 only (auto_ep_comm.py); nearest all-to-all "
+                       "(comm_backend \"comm\"), the step time differs from planned")
     elif s["moe_dispatcher"] == "deepep":
         tokens = p["micro_batch"] * -(-plan.training["seq_len"] // p.get("cp", 1))
         out = {"comm_backend": "deepep", "comm_max_tokens_per_rank": tokens}

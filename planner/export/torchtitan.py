@@ -90,8 +90,8 @@ def _check_mesh(plan: Plan, version: str) -> None:
                         f"be a multiple of tp x 2 x cp = {divisor} (ParallelDims.seq_len_divisor); "
                         f"train on a sequence length divisible by {divisor}{again}")
     if p.get("offload_optimizer") and not _fsdp_on(plan, version):
-        raise SpecError("export torchtitan: optimizer offload becomes torchtitan's "
-                        "training.enable_cpu_offload, which builds the model on the CPU and moves "
+        raise SpecError("export torchtitan: parallel.offload_optimizer: optimizer offload "
+                        "becomes torchtitan's training.enable_cpu_offload, which builds the model on the CPU and moves "
                         "it back only through FSDP2's offload policy, and this plan runs no FSDP "
                         f"(dp x cp = {p['dp'] * p.get('cp', 1)}"
                         + (", ZeRO-0 replicas" if p["dp"] * p.get("cp", 1) > 1 else "")
@@ -571,8 +571,9 @@ def _fp8(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
                      "(needs torchao)",)),
             Setting(section, "recipe_name", name),
             Setting(section, "filter_fqns", ["output"],
-                    ("the output layer stays bf16, as planned (the float8 converter's default "
-                     "list is empty)",))]
+                    ("the output layer stays bf16, as planned" + (
+                        " (the float8 converter's default list is empty)"
+                        if section.endswith("float8") else ""),))]
 
 
 def _amp_off(plan: Plan) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from typing import Mapping
 
 from costmodels.hardware import ATTENTION_KINDS, GB, TERA
@@ -27,6 +28,9 @@ def load_calibration(source) -> dict:
     if isinstance(source, Mapping):
         data = dict(source)
         where = "calibration"
+    elif not isinstance(source, (str, os.PathLike)):
+        raise SpecError(f"calibration: expected a calibration file path (a str or pathlib.Path) "
+                        f"or a mapping, got {type(source).__name__} {source!r}")
     else:
         where = str(source)
         data = read_json_object(source, what="calibration",

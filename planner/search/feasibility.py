@@ -380,7 +380,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
         raise SpecError(problem)
     if "cp" not in options.fix:  # the search's own choice to skip short cp, not a rule that binds
         rejected = Counter({r: n for r, n in rejected.items() if r != CP_SHORT})
-    summary = ", ".join(filter(None, rejection_lines(rejected, most=6))) or "no candidates"
+    summary = "; ".join(filter(None, rejection_lines(rejected, most=6))) or "no candidates"
     pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                     for k, v in options.fix.items())
     with_pins = f" with {pins}" if pins else ""

@@ -256,6 +256,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     # into the queue when that puts it behind the next one
     screen()
     queued, settled, shown = len(queue), 0, -1  # settled: priced, or found not to fit
+    queued_as = DOMINATED  # what the configurations left in the queue are counted as
     while queue or (not top.priced and done < total):
         if not queue:  # a deadline cut the screening before anything that fits was priced
             screen()
@@ -267,9 +268,11 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
             shown = settled
         if top.full and bound > top.worst:  # (an equal time may still rank first: less memory)
             rejected[DOMINATED] += len(queue)
+            queued_as = DOMINATED
             break
         if deadline is not None and top.priced and time.perf_counter() > deadline:
             rejected[TIME_LIMIT] += len(queue)
+            queued_as = TIME_LIMIT
             break
         heapq.heappop(queue)
         if split is None:
@@ -299,15 +302,17 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         progress(queued, queued)
     ranked = pricer.refine(top.ranked(), deadline)
     cut = bool(rejected[TIME_LIMIT])
-    if not cut:  # (also when the simulation put every kept plan over memory: the next ones)
+    if not cut or not ranked:  # (also when the simulation put every kept plan over memory: the
+        # next ones, past the time limit too, until one fits)
         closed = top.ranked()
         kept = {id(e) for e in closed}
         spare = [s for s in spare if id(s[2]) not in kept]
         faster = max((1.0 - r.step_time_s / c.step_time_s for c in closed for r in ranked
                       if r.config == c.config), default=0.0)
         faster = max(faster, RETIME_MARGIN)
-        ranked, cut = _retime(ranked, spare, queue, costs_of, pricer, training, rejected, top,
-                              deadline, faster, order_of)
+        ranked, stopped = _retime(ranked, spare, queue, costs_of, pricer, training, rejected,
+                                  top, deadline, faster, order_of, queued_as)
+        cut = cut or stopped
     # at the same rank, the configuration enumerated first (as the top k keeps them)
     ranked = sorted(ranked, key=lambda e: (e.rank, order_of.get(e.config, total)))
     ranked = ranked[:options.top_k + 1]
@@ -339,13 +344,16 @@ def _price_queued(group: Group, variant: tuple, costs_of: dict, pricer,
 
 def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pricer,
             training: TrainingSpec, rejected: Counter, top, deadline: float | None,
-            faster: float = 0.0, order_of: dict | None = None) -> tuple[list[Estimate], bool]:
+            faster: float = 0.0, order_of: dict | None = None,
+            queued_as: str = DOMINATED) -> tuple[list[Estimate], bool]:
     """(the re-timed estimates best first, whether RETIME_MAX or the time limit stopped it): the
     priced estimates of ``spare`` (not yet simulated) and the configurations left in ``queue``
-    (dominated by the top k's closed forms) simulated while their closed form (their bound,
+    (dominated by the top k's closed forms, or left by the time limit: counted as ``queued_as``)
+    simulated while their closed form (their bound,
     before pricing), less the largest share by which a simulation came out faster than its
     closed form so far (``faster``, from the top k on), is below the best simulated step.
-    RETIME_MAX counts distinct simulations (refine.pipeline_key)."""
+    RETIME_MAX counts distinct simulations (refine.pipeline_key); neither it nor the time limit
+    stops the search while no simulated plan fits."""
     heapq.heapify(spare)
     best = ranked[0].step_time_s if ranked else float("inf")
     done = 0
@@ -354,7 +362,7 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
         reach = best / (1.0 - max(0.0, min(faster, 0.5)))  # closed forms that may simulate below
         while queue and queue[0][0] < reach and (not spare or queue[0][0] < spare[0][0]):
             _, order, group, variant, split = heapq.heappop(queue)
-            rejected[DOMINATED] -= 1
+            rejected[queued_as] -= 1
             est = _price_queued(group, variant, costs_of, pricer, rejected, split)
             if est is None:
                 continue
@@ -365,11 +373,12 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
                 order_of[est.config] = order
         if not spare or spare[0][0] >= reach:
             return sorted(ranked, key=lambda e: e.rank), False
-        if done >= RETIME_MAX or (deadline is not None and time.perf_counter() > deadline):
+        if ranked and (done >= RETIME_MAX or (deadline is not None and
+                                              time.perf_counter() > deadline)):
             priced = sum(1 for s in spare if s[0] < reach)  # counted as slower so far
             bound = sum(1 for q in queue if q[0] < reach)  # counted as dominated so far
             rejected[SLOWER] -= priced
-            rejected[DOMINATED] -= bound
+            rejected[queued_as] -= bound
             rejected[RETIME_CAP if done >= RETIME_MAX else TIME_LIMIT] += priced + bound
             return sorted(ranked, key=lambda e: e.rank), True
         closed = heapq.heappop(spare)[2]

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from planner.errors import SpecError
-from planner.files import import_from_working_folder, read_json_object
+from planner.files import read_json_object
+from planner.inputs.modules import import_from_working_folder
 from planner.inputs.zoo import ZOO, ZooEntry, unknown_model
 from planner.trace import hf
 from planner.trace.failures import model_frame

@@ -61,6 +61,12 @@ def test_a_cluster_files_links_take_units_as_a_sites_file_does():
                                                      "latency_us": 10}})
     with pytest.raises(SpecError, match=r"inter_node\.latency: missing"):
         cluster_from_mapping({**GOOD, "inter_node": {"bandwidth_GBps": 25}})
+    with pytest.raises(SpecError, match=r"inter_node\.bandwidth_GBps: '200Gbps' has a unit; give "
+                                        r"bandwidth: 200Gbps"):
+        cluster_from_mapping({**GOOD, "inter_node": {"bandwidth_GBps": "200Gbps",
+                                                     "latency_us": 10}})
+    with pytest.raises(SpecError, match=r"inter_node\.latency_us: '10ms' has a unit"):
+        cluster_from_mapping({**GOOD, "inter_node": {"bandwidth_GBps": 25, "latency_us": "10ms"}})
 
 
 def test_device_mapping_in_yaml():

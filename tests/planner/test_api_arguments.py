@@ -12,6 +12,25 @@ import planner
 from planner.errors import SpecError
 
 
+def test_a_relative_path_cluster_is_a_file_whatever_its_name(tiny_llama_config, tmp_path,
+                                                             monkeypatch):
+    """Path("mycluster") (no suffix, no folder) is the file, not a preset of that name, in
+    plan and whatif as in load_cluster."""
+    (tmp_path / "mycluster").write_text(
+        "name: two-a100\ndevice: a100-80g\ngpus_per_node: 2\nnodes: 1\n"
+        "intra_node: {bandwidth_GBps: 300, latency_us: 2}\n"
+        "inter_node: {bandwidth_GBps: 25, latency_us: 5}\n")
+    monkeypatch.chdir(tmp_path)
+    assert planner.load_cluster(pathlib.Path("mycluster")).num_gpus == 2
+    p = planner.plan(tiny_llama_config, cluster=pathlib.Path("mycluster"), global_batch=8,
+                     seq_len=128, top_k=0)
+    rows = planner.whatif(tiny_llama_config, cluster=pathlib.Path("mycluster"),
+                          vary={"global_batch": [8, 16]}, seq_len=128, workers=1)
+    assert p.cluster["num_gpus"] == 2 and [r["gpus"] for r in rows] == [2, 2]
+    with pytest.raises(SpecError, match="unknown cluster 'mycluster'"):
+        planner.load_cluster("mycluster")  # a str without suffix or folder: a preset name
+
+
 def test_paths_may_be_pathlib_paths(tiny_llama_config, tmp_path):
     """MODEL, cluster YAML and plan files given as pathlib.Path are read as the same str paths
     (Plan.save said 'PosixPath' object has no attribute 'endswith'; a cluster Path was refused)."""
@@ -32,7 +51,8 @@ def test_paths_may_be_pathlib_paths(tiny_llama_config, tmp_path):
 @pytest.mark.parametrize("where", ["load_plan", "calibration"])
 def test_a_number_given_for_a_file_is_refused_not_opened(where, value, capsys):
     """open(1) reads standard output as a file and closes it; open(0) waits on standard input."""
-    with pytest.raises(SpecError, match=r"expected a file path \(a str or pathlib.Path\), got"):
+    with pytest.raises(SpecError, match=r"expected a (calibration )?file path \(a str or "
+                                        r"pathlib.Path\)( or a mapping)?, got"):
         if where == "load_plan":
             planner.load_plan(value)
         else:

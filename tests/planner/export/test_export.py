@@ -721,6 +721,10 @@ def test_deepep_runs_as_each_engine_names_it(notes):
     assert "comm_backend" not in folded
     assert any("moe_dispatcher deepep with tp=2: AutoEP runs DeepEP without folded tensor "
                "parallelism" in n for n in notes)
+    half = dataclasses.replace(ds, training={**ds.training, "dtype": "fp16"})
+    assert "comm_backend" not in json.loads(to_deepspeed(half))["expert_parallel"]
+    assert any("moe_dispatcher deepep in fp16: AutoEP's DeepEP dispatches bfloat16 only" in n
+               for n in notes)
 
 
 def test_megatron_sets_sequence_parallelism_where_it_requires_it(notes):
@@ -942,7 +946,7 @@ def test_torchtitan_refuses_optimizer_offload_without_fsdp():
     plan = data_plan("llama3-70b-pp4-torchtitan")
     offload = variant(plan, offload_optimizer=True)
     assert "enable_cpu_offload = true" in to_torchtitan(offload, "0.2.2")
-    with pytest.raises(SpecError, match=r"^export torchtitan: optimizer offload .* this plan "
+    with pytest.raises(SpecError, match=r"^export torchtitan: parallel.offload_optimizer: .* this plan "
                                         r"runs no FSDP \(dp x cp = 1\).*--target torchtitan"):
         to_torchtitan(variant(offload, dp=1), "0.2.2")
 

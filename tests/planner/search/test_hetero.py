@@ -167,6 +167,21 @@ def test_a_time_limit_never_turns_a_model_that_fits_into_no_plan(mid_gpt2, monke
     assert cut.search["rejected"]["out of memory"] >= 1
 
 
+def test_a_time_limit_never_ends_without_a_plan_when_the_kept_ones_simulate_over_memory(
+        mid_gpt2, monkeypatch):
+    """When the simulation puts every kept plan over memory (here: refine keeps none), the next
+    ones are simulated past the time limit too until one fits, and nothing is counted twice."""
+    from planner.search import loop
+    cluster = load_cluster("dgx-a100-80g", gpus_per_node=4)
+    tr = TrainingSpec(global_batch=16, seq_len=mid_gpt2.seq_len, dtype="fp16")
+    monkeypatch.setattr(loop._Pricer, "refine", lambda self, ranked, deadline: [])
+    for limit in (1e-9, None):
+        plan = plan_prepared(mid_gpt2, cluster, tr, SearchOptions(top_k=1, time_limit_s=limit))
+        s = plan.search
+        assert plan.step_time_s > 0 and all(n >= 0 for n in s["rejected"].values())
+        assert limit is None or (s["status"] == "feasible" and s["gap"] is None)
+
+
 @pytest.mark.parametrize("fix,words", [("schedule=interleaved-1f1b", "fix.schedule"),
                                        ("schedule=zb-h1", "fix.schedule"),
                                        ("vpp=2", "fix.vpp"),

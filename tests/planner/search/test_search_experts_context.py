@@ -1294,3 +1294,10 @@ def test_deepspeed_runs_deepep_without_tensor_parallelism(tiny_mixtral):
     assert plan.parallel["tp"] == 1 and plan.parallel["ep"] == 2
     assert plan.search["rejected"].get(EP_TP, 0) > 0
     assert EP_TP not in search("ep=2,pp=1", "alltoall").search["rejected"]
+    # AutoEP's DeepEP dispatches bfloat16 rows only
+    fp16 = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len, dtype="fp16",
+                                engine="deepspeed,moe_dispatcher=deepep")
+    with pytest.raises(planner.SpecError, match=r"^engine.moe_dispatcher: deepspeed runs DeepEP "
+                                                r"in bf16 or fp8 only, not fp16"):
+        planner.plan_prepared(tiny_mixtral, cluster, fp16, targets.restrict(
+            planner.SearchOptions(top_k=0), "deepspeed"))
