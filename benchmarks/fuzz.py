@@ -1355,14 +1355,17 @@ def call_prepared(case: Case, model: str, kw: dict):
         from planner.inputs.calibration import apply_calibration
 
         cl = apply_calibration(cl, kw["calibration"])
+    from planner.api import target_engine
+
     training = planner.TrainingSpec(global_batch=kw["global_batch"],
                                     seq_len=prep.seq_len if prep else 1, dtype=kw["dtype"],
-                                    optimizer=kw["optimizer"])
+                                    optimizer=kw["optimizer"],
+                                    engine=target_engine(kw.get("engine"), kw["target"]))
     options = restrict(planner.SearchOptions(fix=parse_fix(kw["fix"]), top_k=kw["top_k"],
                                              time_limit_s=kw.get("time_limit_s")), kw["target"])
     if prep is None:
         raise AssertionError("unreachable: TrainingSpec accepts the dtype")
-    return planner.plan_prepared(prep, cl, training, options)
+    return planner.plan_prepared(prep, cl, training, options, warn_default_engine=False)
 
 
 def api_cluster(case: Case):

@@ -201,13 +201,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         if isinstance(cl, HeteroCluster):
             raise SpecError("calibration: applies to one device type; not to a cluster with groups")
         cl = apply_calibration(cl, calibration)
-    software = targets.engine(target).software
-    if software and not _names_software(engine):  # settings given alone go over its preset
-        engine = software if engine is None else (
-            f"{software},{engine}" if isinstance(engine, str) else {**PRESETS[software], **engine})
-        log.info("priced as %s runs it (--engine %s; name another preset in --engine for other "
-                 "software)", target, engine if isinstance(engine, str) else software)
-    eng = engine_spec(engine)
+    eng = target_engine(engine, target)
     zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
     if zoo and zoo.routed_experts:  # (other models: once traced, in plan_prepared)
         targets.check_engine(eng, target, zoo.model_type)
@@ -473,6 +467,18 @@ def _routing_problem(engine: EngineSpec, experts: float, top_k: float, name: str
                 f"top-{top_k:g}, so an expert gets at most {most:g} x the mean (a copy of every "
                 f"token); give at most {most:g}")
     return ""
+
+
+def target_engine(engine, target: str) -> EngineSpec:
+    """The engine planner.plan prices with: ``engine`` (what --engine takes) over the preset of
+    ``target``'s software when it names no preset itself (settings given alone go over it)."""
+    software = targets.engine(target).software
+    if software and not _names_software(engine):
+        engine = software if engine is None else (
+            f"{software},{engine}" if isinstance(engine, str) else {**PRESETS[software], **engine})
+        log.info("priced as %s runs it (--engine %s; name another preset in --engine for other "
+                 "software)", target, engine if isinstance(engine, str) else software)
+    return engine_spec(engine)
 
 
 def _names_software(engine) -> bool:
