@@ -127,6 +127,14 @@ def _rename(info: dict, model) -> None:
     if new and old and old != new:
         info["spec"] = new
         info["source"] = str(info.get("source", "")).replace(old, new)
+        if ":" in new and info.get("name") == _factory_name(old):  # (a factory's name is its file's)
+            info["name"] = _factory_name(new)
+
+
+def _factory_name(spec: str) -> str:
+    """The name a ``file.py:factory`` or ``module:factory`` spec's model takes (as traced)."""
+    target, _, attr = spec.rpartition(":")
+    return os.path.basename(target).removesuffix(".py") + ":" + attr
 
 
 def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str,

@@ -92,6 +92,25 @@ def is_stream(path: str) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def check_output_folder(path: str, what: str) -> None:
+    """SpecError naming ``what`` (the option) unless ``path`` is a folder that can be written in,
+    or one that can be made (its parent exists and is writable): before the slow part."""
+    if not path:
+        raise SpecError(f"{what}: empty path; give a folder")
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise SpecError(f"{what}: '{path}' is a file, not a folder; give a folder (made if "
+                            "missing)")
+        if not os.access(path, os.W_OK):
+            raise SpecError(f"{what}: cannot write in folder '{path}' (permission denied)")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise SpecError(f"{what}: folder '{parent}' does not exist; create it first")
+    if not os.access(parent, os.W_OK):
+        raise SpecError(f"{what}: cannot make '{path}' in folder '{parent}' (permission denied)")
+
+
 def check_output(path: str, what: str, inputs: tuple = ()) -> None:
     """SpecError naming ``what`` (the option) unless ``path`` can be written: its folder exists and
     is writable, it is not a folder, an existing file there is writable, and it is none of the

@@ -20,6 +20,13 @@ def gb(nbytes: float) -> str:
     return f"{x:,.0f} GB" if abs(x) >= 100 else f"{x:.3g} GB"
 
 
+def gb1(nbytes: float) -> str:
+    """Bytes as GB with one decimal, or as MB below 0.1 GB (a small model's 21 MB is not 0.0 GB)."""
+    if 0 < abs(nbytes) < 0.1 * GB:
+        return f"{nbytes / 1e6:.1f} MB"
+    return f"{nbytes / GB:.1f} GB"
+
+
 def ms(seconds: float) -> str:
     """Seconds as milliseconds with one decimal: 0.0123 -> '12.3 ms'."""
     return f"{seconds * 1e3:.1f} ms"

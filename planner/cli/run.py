@@ -9,7 +9,7 @@ import json
 import logging
 
 from planner.cli.args import count, positive_float, positive_int
-from planner.files import atomic_write, check_output
+from planner.files import atomic_write, check_output, check_output_folder
 from planner.planfile.document import load_plan
 from planner.report.measured import off_hints, summary
 from planner.runtime.options import DEVICES, RunOptions
@@ -46,6 +46,8 @@ def run(args) -> int:
 
     if args.output is not None:
         check_output(args.output, "output", inputs=(args.plan,))
+    if args.dump is not None:
+        check_output_folder(args.dump, "--dump")
     opts = RunOptions(steps=args.steps, warmup=args.warmup, model=args.model, seed=args.seed,
                       lr=args.lr, device=args.device, dump_dir=args.dump, threads=args.threads)
     if load_plan(args.plan).embeddings:

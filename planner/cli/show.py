@@ -39,14 +39,20 @@ def run(args) -> int:
             raise SpecError("json: prints the plan's summary only; drop --why and --gantt")
         print(json.dumps(summary_dict(plan), indent=1))
         return 0
+    drawn, code = plan, 0
     if args.why is not None:
         from planner.explore.whynot import why_not  # lazy: re-planning imports torch
 
-        print(why(plan, why_not(plan, args.why)))
+        answer = why_not(plan, args.why)
+        print(why(plan, answer))
+        if answer.feasible and answer.variant is not None:
+            drawn = answer.variant  # (--gantt draws the plan --why found)
+        code = 0 if answer.feasible else 3  # the pins leave no plan that fits
     else:
         print(summary(plan))
     if args.gantt is not None:
-        gantt(simulate_plan(plan), args.gantt,
-              title=f"{plan.model['name']}: {plan.parallel_summary}")
+        gantt(simulate_plan(drawn), args.gantt,
+              title=f"{drawn.model['name']}: {drawn.parallel_summary}"
+              + (f" (--why {args.why})" if drawn is not plan else ""))
         print(f"\nwrote {args.gantt}")
-    return 0
+    return code

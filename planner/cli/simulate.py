@@ -13,7 +13,7 @@ from planner.cli.args import positive_int
 from planner.planfile.document import load_plan
 from planner.report.figure import check_path
 from planner.report.gantt import gantt
-from planner.report.simulation import comparison
+from planner.report.simulation import comparison, rank_memory
 from planner.schedule.builders import BUILDERS
 from planner.schedule.simulator import simulate_plan
 
@@ -41,9 +41,10 @@ def run(args) -> int:
     other = simulate_plan(plan, schedule_name=args.schedule, microbatches=args.microbatches,
                           vpp=args.vpp)
     print(comparison(plan, base, other, args.schedule, args.vpp))
+    memory = rank_memory(plan, base, other, twice=args.schedule == "bidirectional")
     if args.gantt is not None:
         new_v = f" x{args.vpp}" if args.vpp and args.vpp > 1 else ""
         gantt(other, args.gantt, title=f"{plan.model.get('name', 'model')}: "
               f"{args.schedule}{new_v}, pp={plan.parallel['pp']}")
         print(f"\nwrote {args.gantt}")
-    return 0
+    return 3 if memory is not None and memory[2] else 0  # the schedule asked for does not fit

@@ -59,6 +59,17 @@ def _for_show(message: str) -> str:
     return message.replace("use --target any", "re-solve with plan solve ... --target any")
 
 
+def _as_why(message: str, pins: dict) -> str:
+    """A refusal of pins named as --why gave them: ``fix.tp: ...`` -> ``why.tp: ...`` for a knob
+    of ``pins``, ``fix: ...`` (the pins together) -> ``why: ...``."""
+    field, sep, rest = message.partition(":")
+    if field == "fix":
+        return "why" + sep + rest
+    if field.startswith("fix.") and field.removeprefix("fix.") in pins:
+        return "why." + message[4:]
+    return message
+
+
 def why_not(plan: Plan, pins) -> WhyNot:
     """Re-plan ``plan``'s own model, training and cluster with ``pins`` fixed (on top of what the
     plan already fixed) and return what changes, or why nothing fits."""
@@ -69,9 +80,7 @@ def why_not(plan: Plan, pins) -> WhyNot:
     try:
         prepared, cluster, training, options = replan_inputs(plan, pins)
     except SpecError as err:  # a pin the plan's target refuses: named as the option gave it
-        key, text = str(err).partition(":")[0].removeprefix("fix."), _for_show(str(err))
-        raise SpecError(f"why.{text[4:]}" if text.startswith("fix.") and key in pins
-                        else text) from None
+        raise SpecError(_as_why(_for_show(str(err)), pins)) from None
     result = search(prepared.blocks, cluster, training, options)
     if result.best is not None:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
@@ -83,8 +92,7 @@ def why_not(plan: Plan, pins) -> WhyNot:
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                           training, options)
     if problem:  # a pin the model or cluster cannot take is bad input, as in solve, named as
-        key = problem.partition(":")[0].removeprefix("fix.")  # the option that gave it
-        raise SpecError(f"why.{problem[4:]}" if key in pins else problem)
+        raise SpecError(_as_why(problem, pins))  # the option that gave it
     aside, ruled = rejection_lines(result.rejected)
     ruled = f"ruled out by the rules: {ruled}" if ruled else ""
     message = (f"all {result.candidates} configurations with {pins_text(pins)} set aside ("

@@ -32,6 +32,11 @@ def validate(d: dict, where: str = "plan") -> None:
         raise SpecError(f"{where}: not a plan file (no 'schema': '{SCHEMA_ID}' in it); give a "
                         "file `plan solve ... -o PLAN.json` wrote")
     if d.get("schema") != SCHEMA_ID:
+        kind = str(d.get("schema")).partition("/")[0]
+        if kind.startswith("planner.") and kind != "planner.plan":  # another file of the planner's
+            raise SpecError(f"{where}: a {kind.removeprefix('planner.')} file (schema "
+                            f"{d.get('schema')!r}), not a plan; give a file `plan solve ... -o "
+                            "PLAN.json` wrote")
         raise SpecError(f"{where}: schema is {d.get('schema')!r}, expected '{SCHEMA_ID}'; "
                         "re-create the plan with this planner version")
     validator = jsonschema.Draft202012Validator(schema())

@@ -64,9 +64,13 @@ def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
 
     ranks, step = sim.ranks, sim.step_time_s
     width_in = width_in or _width_in(sim, dpi)
-    fig = Figure(figsize=(width_in, 1.6 + 0.42 * ranks), dpi=dpi)
+    # fixed inches above the rows (the two-line title) and below them (the time axis, the
+    # legend), so that a plan of two ranks keeps both in the picture
+    rows_in, top_in, bottom_in = 0.42 * max(ranks, 2), 0.75, 0.85
+    height_in = rows_in + top_in + bottom_in
+    fig = Figure(figsize=(width_in, height_in), dpi=dpi)
     FigureCanvasAgg(fig)
-    ax = fig.add_axes((0.07, 0.2 if ranks < 6 else 0.14, AXES_WIDTH, 0.7 if ranks < 6 else 0.76))
+    ax = fig.add_axes((0.07, bottom_in / height_in, AXES_WIDTH, rows_in / height_in))
     ax.set_xlim(0, step * 1.002 or 1.0)
     ax.set_ylim(ranks - 0.5, -0.5)
     px_per_s = width_in * AXES_WIDTH * dpi / (step or 1.0)
@@ -94,8 +98,8 @@ def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
     handles = [Patch(color=COLOURS[k], label=WORDS[k]) for k in kinds]
     if chunks:
         handles.append(Patch(color=_shade("#666666", 1), label="lighter: rank's next stage"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1 if ranks >= 6
-              else -0.25), ncol=len(handles), fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.05 / height_in),
+               ncol=len(handles), fontsize=8, frameon=False)
     figure.save(fig, path)
     return fig
 

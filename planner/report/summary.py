@@ -17,7 +17,7 @@ from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
 from planner.search.feasibility import nearby_multiples
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
-from planner.units import GB, cluster_text, human_count, ms
+from planner.units import GB, cluster_text, gb1, human_count, ms
 
 
 def summary(p: Plan) -> str:
@@ -177,11 +177,11 @@ def _parallel(p: Plan) -> list[str]:
         f"  software    {p.training['dtype']}; {describe(engine_from_mapping(p.training.get('engine')))}"
         f"{_without_flash(p)}",
         *breakdown(p),
-        f"  throughput  {pr['samples_per_s']:.4g} samples/s, {pr['tokens_per_s']:,.0f} tokens/s, "
-        f"{pr['tflops_per_device']:.1f} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
+        f"  throughput  {_samples(pr['samples_per_s'])} samples/s, {pr['tokens_per_s']:,.0f} "
+        f"tokens/s, {_tflops(pr['tflops_per_device'])} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
         *_flops(p),
         *_fp8(p),
-        f"  peak memory {pr['peak_memory_bytes'] / GB:.1f} GB per GPU"
+        f"  peak memory {gb1(pr['peak_memory_bytes'])} per GPU"
         + (f" of {dev_mem / GB:.0f} GB" if dev_mem and "groups" not in p.cluster else "")
         + ("" if "groups" not in p.cluster else " (device memory: " + ", ".join(
             f"{g['name']} {g['device_memory_bytes'] / GB:.0f} GB" for g in p.cluster["groups"]) + ")"),
@@ -252,9 +252,9 @@ def _fp8(p: Plan) -> list[str]:
         f"{RECIPE_WORDS[f['recipe']]}; attention, norms, element-wise ops"
         + (", embedding and output layer" if f.get("outer_blocks_bf16", True) else "")
         + " in bf16; MFU is against the fp8 peak",
-        f"              {f['weight_copy_bytes'] / GB:.1f} GB of fp8 weight copies per GPU; in bf16 "
+        f"              {gb1(f['weight_copy_bytes'])} of fp8 weight copies per GPU; in bf16 "
         f"this plan would take {f['bf16_step_time_s']:.4g} s ({f['bf16_step_time_s'] / step:.2f}x) "
-        f"and {f['bf16_peak_memory_bytes'] / GB:.1f} GB"
+        f"and {gb1(f['bf16_peak_memory_bytes'])}"
         + (" (more than the GPU holds)" if f["bf16_peak_memory_bytes"]
            > p.cluster.get("device_memory_bytes", float("inf")) else ""),
     ]
@@ -290,11 +290,21 @@ def stage_table(p: Plan) -> list[str]:
                      ms(pr["time_per_microbatch_s"]), ms(pr.get("compute_s", 0)),
                      ms(pr.get("tp_comm_s", 0)), *(ms(pr.get(key, 0)) for key, _ in extra),
                      ms(pr.get("p2p_s", 0)),
-                     f"{mem['total'] / GB:.1f} GB", f"{states / GB:.1f} GB",
-                     f"{mem.get('activations', 0) / GB:.1f} GB "
+                     gb1(mem['total']), gb1(states),
+                     f"{gb1(mem.get('activations', 0))} "
                      f"({pr.get('in_flight_microbatches', 1):.3g})",
-                     f"{(mem['total'] - states - mem.get('activations', 0)) / GB:.1f} GB"))
+                     gb1(mem['total'] - states - mem.get('activations', 0))))
     return table(rows, indent="  ")
+
+
+def _samples(x: float) -> str:
+    """Samples per second: four significant digits, whole and grouped from 1,000 (not 4.894e+04)."""
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.4g}"
+
+
+def _tflops(x: float) -> str:
+    """TFLOP/s with one decimal, or three significant digits below 1 (a small model's 0.0289)."""
+    return f"{x:,.1f}" if x >= 1 or x == 0 else f"{x:.3g}"
 
 
 def _search(p: Plan) -> list[str]:
@@ -329,6 +339,6 @@ def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
     mem = (a["peak_memory_bytes"] - p.predicted["peak_memory_bytes"]) / GB
     parts = a["why"].split(": ", 1)[1] if ": " in a["why"] else "no part of the step moved"
     head = textwrap.wrap(f"{i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%), "
-                         f"{a['peak_memory_bytes'] / GB:.1f} GB per GPU ({mem:+.1f})",
+                         f"{gb1(a['peak_memory_bytes'])} per GPU ({mem:+.1f})",
                          width=96, subsequent_indent="   ", break_on_hyphens=False)
     return [f"    {line}" for line in head] + [f"       {parts}"]

@@ -115,3 +115,20 @@ def test_a_hugging_face_module_with_its_default_config_traces():
                      top_k=0)
     assert p.training["seq_len"] == 64 and p.step_time_s > 0
     assert config.use_cache  # the user's module and config are left as they were
+
+
+def test_a_factory_read_from_the_trace_cache_takes_its_own_files_name(tmp_path):
+    """Two factory files of the same bytes share a cached trace; the plan of the second names the
+    second ('bbb:build'), not the one traced first."""
+    import os
+    import shutil
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for name in ("aaa", "bbb"):
+        shutil.copy(os.path.join(root, "examples", "branched.py"), tmp_path / f"{name}.py")
+    cache = str(tmp_path / "cache")
+    first = planner.plan(f"{tmp_path / 'aaa.py'}:build", cluster="cpu", global_batch=8, top_k=0,
+                         cache_dir=cache)
+    second = planner.plan(f"{tmp_path / 'bbb.py'}:build", cluster="cpu", global_batch=8, top_k=0,
+                          cache_dir=cache)
+    assert first.model["name"] == "aaa:build" and second.model["name"] == "bbb:build"
+    assert second.model["spec"].endswith("bbb.py:build")

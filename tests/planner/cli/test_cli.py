@@ -235,3 +235,29 @@ def test_profile_refuses_more_cpu_processes_than_plan_run_starts(capsys, tmp_pat
     code, _, err = run(capsys, "profile", "--processes", "64", "-o", str(tmp_path / "c.json"))
     assert code == 2 and "plan: error: processes: 64 CPU processes" in err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_a_review_of_show_simulate_diff_and_run(capsys, tmp_path):
+    """From a new user's check: a schedule that does not fit exits 3 after its comparison; --why
+    refusals name --why (why:, not fix:); a calibration given as a plan is named as one; small
+    memory reads in MB, not 0.0 GB; run --dump is checked before the run."""
+    code, _, err = run(capsys, "solve", "gpt2", "--cluster", "cpu", "--global-batch", "8",
+                       "--seq-len", "1024", "--dtype", "fp32", "--fix", "pp=2", "-o",
+                       str(tmp_path / "p.json"))
+    assert code == 0, err
+    plan = str(tmp_path / "p.json")
+    code, out, _ = run(capsys, "simulate", plan, "--schedule", "gpipe", "--microbatches", "256")
+    assert code == 3 and "does not fit: gpipe" in out
+    assert run(capsys, "simulate", plan, "--schedule", "1f1b")[0] == 0
+    code, _, err = run(capsys, "show", plan, "--why", "dp=1,tp=1,pp=1")
+    assert code == 2 and "plan: error: why: dp x cp x tp x pp = 1" in err
+    (tmp_path / "c.json").write_text('{"schema": "planner.calibration/v1", "device": {}}')
+    code, _, err = run(capsys, "diff", str(tmp_path / "c.json"), plan)
+    assert code == 2 and "a calibration file (schema 'planner.calibration/v1'), not a plan" in err
+    code, out, _ = run(capsys, "show", plan)
+    assert code == 0 and " MB" in out and "0.0 GB" not in out
+    (tmp_path / "taken").write_text("x")
+    code, _, err = run(capsys, "run", plan, "--dump", str(tmp_path / "taken"))
+    assert code == 2 and "--dump: " in err and "is a file, not a folder" in err
+    code, _, err = run(capsys, "run", plan, "--dump", str(tmp_path / "no" / "such"))
+    assert code == 2 and "does not exist; create it first" in err

@@ -311,7 +311,7 @@ def test_plan_simulate_says_when_the_other_schedule_does_not_fit(capsys):
               for r in range(own.ranks)]
     assert rank_memory(plan, own, own, twice=True)[1] == pytest.approx(
         max(mem[r]["total"] + states[own.ranks - 1 - r] for r in range(own.ranks)))
-    assert main(["simulate", GOLDEN, "--schedule", "gpipe"]) == 0
+    assert main(["simulate", GOLDEN, "--schedule", "gpipe"]) == 3  # (no plan fits: exit 3)
     assert "does not fit: gpipe needs" in capsys.readouterr().out
 
 
