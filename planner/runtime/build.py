@@ -164,7 +164,10 @@ def check_knobs(plan: Plan) -> None:
 
 
 def check_model(plan: Plan, module, layout: Layout) -> None:
-    """Refuse (SpecError naming cp or ep) a model the runtime cannot run with the plan's cp/ep."""
+    """Refuse (SpecError naming cp, ep or the tensor-parallel module) a model the runtime cannot
+    run with the plan's cp/ep/tp, before any process starts."""
+    if layout.tp > 1:
+        par.check_modules(plan.tensor_parallel, dict(module.named_modules()))
     if layout.cp > 1:
         ctxp.check_model(module, int(plan.training["seq_len"]), layout.cp)
     if layout.ep > 1:

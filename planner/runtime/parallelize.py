@@ -24,6 +24,23 @@ log = logging.getLogger(__name__)
 TP_ROLES = ("colwise", "rowwise", "vocab")
 
 
+def check_modules(roles: dict[str, str], modules: dict) -> None:
+    """Refuse (SpecError naming the module) a tensor-parallel role on a module the runtime cannot
+    shard: 'vocab' on anything but nn.Embedding, the Linear roles on anything but nn.Linear (a
+    Hugging Face GPT-2's Conv1D)."""
+    for name, role in roles.items():
+        mod = modules.get(name)
+        if role not in TP_ROLES or mod is None:
+            continue
+        if role == "vocab" and not isinstance(mod, nn.Embedding):
+            raise SpecError(f"tensor_parallel.{name}: 'vocab' needs an nn.Embedding, found "
+                            f"{type(mod).__name__}")
+        if role != "vocab" and not isinstance(mod, nn.Linear):
+            raise SpecError(f"tensor_parallel.{name}: the runtime shards nn.Linear and "
+                            f"nn.Embedding only, this is {type(mod).__name__}; plan with "
+                            "--fix tp=1")
+
+
 def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],
               modules: dict[str, nn.Module], tp: int) -> tuple[dict, list[str]]:
     """DTensor styles for the plan's ``tensor_parallel`` map, restricted to ``present`` modules.
@@ -39,19 +56,13 @@ def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],
         if role not in TP_ROLES or name not in present:
             continue
         mod = modules[name]
+        check_modules({name: role}, modules)
         if role == "vocab":
-            if not isinstance(mod, nn.Embedding):
-                raise SpecError(f"tensor_parallel.{name}: 'vocab' needs an nn.Embedding, found "
-                                f"{type(mod).__name__}")
             if mod.num_embeddings % tp:
                 notes.append(f"{name} replicated: {mod.num_embeddings} rows do not divide tp={tp}")
                 continue
             styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
             continue
-        if not isinstance(mod, nn.Linear):
-            raise SpecError(f"tensor_parallel.{name}: the runtime shards nn.Linear and "
-                            f"nn.Embedding only, this is {type(mod).__name__}; plan with "
-                            "--fix tp=1")
         size = mod.out_features if role == "colwise" else mod.in_features
         if size % tp:
             raise SpecError(f"tensor_parallel.{name}: {size} features do not divide tp={tp}; plan "

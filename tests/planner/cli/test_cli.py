@@ -261,3 +261,18 @@ def test_a_review_of_show_simulate_diff_and_run(capsys, tmp_path):
     assert code == 2 and "--dump: " in err and "is a file, not a folder" in err
     code, _, err = run(capsys, "run", plan, "--dump", str(tmp_path / "no" / "such"))
     assert code == 2 and "does not exist; create it first" in err
+
+
+def test_run_refuses_tensor_parallel_conv1d_before_any_process(capsys, tmp_path):
+    """GPT-2's Conv1D layers take no tensor parallelism in the runtime: refused by the checks
+    before any process starts (it failed in the processes, seconds later), dry runs too."""
+    config = tmp_path / "gpt2.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4,
+                                  "vocab_size": 1000, "n_positions": 128}))
+    out = str(tmp_path / "p.json")
+    assert run(capsys, "solve", str(config), "--cluster", "cpu", "--gpus-per-node", "2",
+               "--global-batch", "8", "--seq-len", "128", "--dtype", "fp32", "--target",
+               "torch", "--fix", "tp=2", "-o", out)[0] == 0
+    code, _, err = run(capsys, "run", out, "--dry-run")
+    assert code == 2 and "the runtime shards nn.Linear and nn.Embedding only, this is Conv1D" \
+        in err
