@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 from planner.cli.args import count, positive_float, positive_int
 from planner.files import atomic_write, check_output, check_output_folder
@@ -38,6 +39,21 @@ def register(add) -> None:
                    help="print the launch command for the plan's own cluster (one torchrun "
                         "command every node runs, with a c10d rendezvous) instead of running")
     r.set_defaults(func=run)
+
+
+def _warn_oversubscribed(device: str, processes: int, threads: int | None) -> None:
+    """Warn when CPU processes (times their threads) outnumber this machine's cores: they take
+    turns on the cores, so the measured step is slower than any prediction."""
+    if device != "cpu":
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    wanted = processes * (threads or 1)
+    if cores and wanted > cores:
+        logging.getLogger("planner").warning(
+            "run: %d processes x %d thread%s on %d core%s: they take turns, so the step measured "
+            "here is slower than predicted; run plans of at most %d processes here", processes,
+            threads or 1, "" if (threads or 1) == 1 else "s", cores, "" if cores == 1 else "s",
+            cores)
 
 
 def run(args) -> int:
@@ -75,6 +91,7 @@ def run(args) -> int:
         return 0
     logging.getLogger("planner").info("running %s with %d processes ...", args.plan,
                                       launch.nproc_per_node)
+    _warn_oversubscribed(launch.device, launch.nproc_per_node, args.threads)
     result = run_local(launch, opts)
     result = {"plan": args.plan, **result}
     print(summary(result, args.plan))

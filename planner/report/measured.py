@@ -26,8 +26,9 @@ def summary(result: dict, plan_name: str) -> str:
         f"Ran {plan_name} on {len(result['ranks'])} {result['device']} processes "
         f"({result['backend']}; data parallel: {result['data_parallel']}), "
         f"{len(result['ranks'][0]['step_times_s'])} steps, "
-        + (f"the first {m['warmup_steps']} not timed" if m["warmup_steps"] else "all timed")
-        + ((" nor the last (memory profile)" if m["warmup_steps"] else " but the last (memory "
+        + (("the first" if m["warmup_steps"] == 1 else f"the first {m['warmup_steps']}")
+           + " not timed" if m["warmup_steps"] else "all timed")
+        + ((", nor the last (memory profile)" if m["warmup_steps"] else " but the last (memory "
             "profile)") if result["ranks"][0]["profiled_step"] is not None else ""),
         "",
         listing([

@@ -8,7 +8,7 @@ from planner.options import SearchOptions
 from planner.planfile.document import Plan
 from planner.report.text import listing
 from planner.schedule.simulator import SimResult
-from planner.units import gb
+from planner.units import counted, gb
 
 
 def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
@@ -46,8 +46,10 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
         mb = par.get("micro_batch", 1)
         per = (f"{base.step_time_s / base.microbatches:.4g} s -> "
                f"{other.step_time_s / other.microbatches:.4g} s")
-        lines.append(f"note: {other.microbatches} micro-batches of {mb} is "
-                     f"{other.microbatches * mb:,} samples per replica a step, not the plan's "
+        n = other.microbatches
+        lines.append(f"note: {n:,} micro-batch{'' if n == 1 else 'es'} of {mb} "
+                     f"{'is' if other.microbatches == 1 else 'are'} "
+                     f"{counted(other.microbatches * mb, 'sample')} per replica a step, not the plan's "
                      f"{base.microbatches * mb:,}: a different batch, so compare the time per "
                      f"micro-batch ({per}), not the step")
     if schedule == "bidirectional":
