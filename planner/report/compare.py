@@ -5,7 +5,11 @@ moved, and which knobs and links are behind each move. Reads plan files only (no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
+from costmodels.hardware import device_mapping, get_device
+
+from planner.errors import PlannerError
 from planner.options import KNOBS, Config
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
@@ -117,6 +121,29 @@ INPUTS = (("model", "name", "text"), ("model", "num_params", "count"),
           ("training", "global_batch", "count"), ("training", "seq_len", "count"),
           ("training", "dtype", "text"), ("training", "optimizer", "text"),
           ("search", "target", "text"))
+DEVICE_FIGURES = (("device peak TFLOP/s", "peak_TFLOPs"), ("device memory GB/s", "hbm_GBps"))
+"""The device's own figures a plan's cluster records (its preset's, or a calibration's measured
+ones): two plans on devices of one name may differ there."""
+
+
+def device_figure(p: Plan, key: str) -> float | None:
+    """The plan's device figure ``key`` (DEVICE_FIGURES; the peak in the training's GEMM dtype),
+    from its cluster's spec (a mapping: a calibration's or a file's device; or a preset name) or,
+    in a plan without one, its device's name; None where neither says (device groups)."""
+    device = (p.cluster.get("spec") or {}).get("device") or p.cluster.get("device")
+    if isinstance(device, str):
+        try:
+            device = device_mapping(get_device(device))
+        except PlannerError:
+            return None
+    if not isinstance(device, Mapping):
+        return None
+    value = device.get(key)
+    if isinstance(value, Mapping):  # peaks per dtype
+        value = value.get(p.training.get("dtype")) or value.get("bf16")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 PREDICTED = (("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "rate"),
              ("TFLOP/s per GPU", "tflops_per_device", "rate"), ("MFU", "mfu", "frac"),
              ("peak memory per GPU", "peak_memory_bytes", "bytes"))
@@ -147,6 +174,8 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     """Inputs, configuration, predictions, step parts, peak-rank memory and stages of two plans."""
     out = [Diff("inputs", f"{part} {key}".replace("_", " "), getattr(a, part).get(key),
                 getattr(b, part).get(key), kind) for part, key, kind in INPUTS]
+    out += [Diff("inputs", label, device_figure(a, key), device_figure(b, key), "rate")
+            for label, key in DEVICE_FIGURES]
     out += [Diff("configuration", k, knob_value(a, k), knob_value(b, k),
                  "text" if k in ("schedule", "recompute", "placement", "cp_comm", "zero",
                                  "sequence_parallel", "offload_optimizer") else "count")

@@ -39,3 +39,31 @@ def test_recommendation_plans_compare_by_their_tables_and_parts():
     # parts neither plan has (no pipeline: no bubble) are left out
     assert "pipeline bubble" not in text and "tensor-parallel all-reduce" not in text
     assert "samples/s" in text and "tokens/s" not in text
+
+
+def test_plans_on_devices_of_one_name_with_other_figures_differ_in_the_diff():
+    """Two calibrations of the same machine give devices of one name: the diff names their
+    measured peak and memory rate (it listed the device under 'same in both')."""
+    import copy
+    import dataclasses
+    import os
+
+    from planner.planfile.document import load_plan
+    from planner.report.compare import device_figure
+    from planner.report.diff import diff
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    golden = os.path.join(here, "..", "..", "golden", "plans")
+    a = load_plan(os.path.join(golden, sorted(f for f in os.listdir(golden)
+                                                if f.endswith(".json") and "dlrm" not in f)[0]))
+    spec = copy.deepcopy(a.cluster.get("spec") or {})
+    device = spec.get("device") or a.cluster["device"]
+    assert device is not None and device_figure(a, "hbm_GBps") > 0
+    from costmodels.hardware import device_mapping, get_device
+    mapping = device if isinstance(device, dict) else device_mapping(get_device(device))
+    measured = {**mapping, "hbm_GBps": mapping["hbm_GBps"] / 2}
+    b = dataclasses.replace(a, cluster={**a.cluster, "spec": {**spec, "device": measured}})
+    text = diff(a, b)
+    assert "device memory GB/s" in text and "-50.0%" in text
+    same = text.split("same in both:", 1)[1]
+    assert "device peak TFLOP/s" in " ".join(same.split()) and text.count("device peak") == 1
