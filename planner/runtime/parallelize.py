@@ -52,11 +52,11 @@ def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],
     styles, notes = {}, []
     shared = SharedInput()
     partners = {c for r, src in feeds.items() if roles.get(r) == "rowwise" for c in src}
+    check_modules({n: r for n, r in roles.items() if n in present}, modules)
     for name, role in roles.items():
         if role not in TP_ROLES or name not in present:
             continue
         mod = modules[name]
-        check_modules({name: role}, modules)
         if role == "vocab":
             if mod.num_embeddings % tp:
                 notes.append(f"{name} replicated: {mod.num_embeddings} rows do not divide tp={tp}")

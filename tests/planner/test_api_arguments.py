@@ -34,7 +34,7 @@ def test_a_relative_path_cluster_is_a_file_whatever_its_name(tiny_llama_config, 
 def test_paths_may_be_pathlib_paths(tiny_llama_config, tmp_path):
     """MODEL, cluster YAML and plan files given as pathlib.Path are read as the same str paths
     (Plan.save said 'PosixPath' object has no attribute 'endswith'; a cluster Path was refused)."""
-    cluster = tmp_path / "cluster"  # (no .yaml suffix: a Path is a file whatever its name)
+    cluster = tmp_path / "cluster"  # (no .yaml suffix; the relative case is the test above)
     cluster.write_text("name: two-a100\ndevice: a100-80g\ngpus_per_node: 2\nnodes: 1\n"
                        "intra_node: {bandwidth_GBps: 300, latency_us: 2}\n"
                        "inter_node: {bandwidth_GBps: 25, latency_us: 5}\n")
