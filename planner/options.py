@@ -222,6 +222,9 @@ class SearchOptions:
     tp_inner_weights: bool = True
     """Whether tensor parallelism may split regions that hold weights of their own (per-head
     norms, attention sinks; planner.trace.graph.Block.tp_inner_weights)."""
+    tp_other_modules: bool = True
+    """Whether tensor parallelism may split modules other than torch.nn.Linear and
+    torch.nn.Embedding (GPT-2's Conv1D; planner.trace.graph.BlockGraph.tp_other_modules)."""
     etp_with_expert_bias: bool = True
     """Whether experts with biases (gpt-oss) may split their matrices (etp > 1); Megatron-Core
     asserts "Bias in Moe is only supported when ETP==1"."""

@@ -64,6 +64,11 @@ class Engine:
     tp_inner_weights: bool = True
     """Tensor parallelism through a region with weights of its own (Qwen3's per-head norms,
     gpt-oss's attention sinks), which it must shard with the heads or keep in step."""
+    tp_other_modules: bool = True
+    """Tensor parallelism over the model's modules that are not torch.nn.Linear or
+    torch.nn.Embedding (GPT-2's Conv1D). The engines the exports target build their own model
+    from its dimensions; the planner's runtime shards the given modules with DTensor's styles,
+    which take those two classes only."""
     zero_with_cp: tuple[int, ...] = ZERO_STAGES
     """The stages it runs together with context parallelism."""
     etp_with_expert_bias: bool = True
@@ -134,7 +139,7 @@ ENGINES: dict[str, Engine] = {
                     # its experts run every routed token (no capacity), exchanged by
                     # point-to-point all-to-alls between the passes (planner.runtime.experts)
                     moe_capacity=False, moe_dispatchers=("alltoall",), moe_overlap=False,
-                    moe_shared_overlap=False, software="torch"),
+                    moe_shared_overlap=False, software="torch", tp_other_modules=False),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs
@@ -410,6 +415,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    expert_tensor_parallel=(options.expert_tensor_parallel
                                            and eng.expert_tensor_parallel),
                    tp_inner_weights=options.tp_inner_weights and eng.tp_inner_weights,
+                   tp_other_modules=options.tp_other_modules and eng.tp_other_modules,
                    pp_inner_same_dp=options.pp_inner_same_dp or eng.pp_inner_same_dp,
                    pp_inner=options.pp_inner and eng.pp_inner,
                    pp_inner_with_experts=options.pp_inner_with_experts and eng.pp_inner_with_experts,

@@ -24,7 +24,7 @@ from planner.search.feasibility import pin_problem
 from planner.search.loop import SearchResult, rejection_lines, search
 from planner.search.pricing import price
 from planner.search.refine import simulated
-from planner.search.space import TP_INNER, TP_MODEL, Space, pp_reason, tp_reasons
+from planner.search.space import TP_CLASS, TP_INNER, TP_MODEL, Space, pp_reason, tp_reasons
 from planner.solve.chain import partition
 
 log = logging.getLogger(__name__)
@@ -226,6 +226,9 @@ def structural_notes(cfg, cluster, bg, options: SearchOptions | None = None) -> 
     if TP_INNER in broken:
         notes.append(f"tp={cfg.tp} splits attention that keeps weights of its own (per-head "
                      "norms or attention sinks), which the plan's target does not run")
+    if TP_CLASS in broken:
+        notes.append(f"tp={cfg.tp} splits {space.tp_unsplit}, and the plan's target splits "
+                     "nn.Linear and nn.Embedding only")
     if pp_reason(cfg.pp, cfg.vpp, space):
         notes.append(f"cannot cut {len(bg.blocks)} blocks into pp={cfg.pp} x vpp={cfg.vpp} stages")
     return notes

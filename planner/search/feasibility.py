@@ -18,7 +18,8 @@ from planner.search.loop import OUTCOMES, rejection_lines
 from planner.search.pricing import Estimate, price
 from planner.search.space import (BATCH_DP, CP_HEADS, CP_LATENT_NONE, CP_LEVELS, CP_SEQ,
                                   CP_SHORT, CP_SINKS_NONE, CP_WINDOW_NONE, MICRO_BATCH,
-                                  PP_BLOCKS, SEQ_TP_2CP, SP_SEQ, TOO_MANY_MB, TP_GPUS, TP_INNER, TP_MODEL, TP_NODE, Space,
+                                  PP_BLOCKS, SEQ_TP_2CP, SP_SEQ, TOO_MANY_MB, TP_CLASS, TP_GPUS,
+                                  TP_INNER, TP_MODEL, TP_NODE, Space,
                                   cp_chunks, cp_comm_reason, cp_reason, divisors, pp_reason,
                                   target_mesh_reason, tp_reasons)
 from planner.solve.chain import partition
@@ -45,6 +46,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
             return (f"fix.tp: {tp} would split attention that keeps weights of its own (per-head "
                     "norms or attention sinks), which the target does not run; pin tp=1 or "
                     "plan for another --target")
+        if TP_CLASS in broken:
+            return (f"fix.tp: {tp} would split {space.tp_unsplit}, and the target splits "
+                    "nn.Linear and nn.Embedding only; pin tp=1 or plan for another --target")
         if TP_NODE in broken:
             return (f"fix.tp: {tp} spans nodes of {gpn} GPUs; across device groups tensor "
                     "parallelism stays inside a node")

@@ -31,6 +31,7 @@ TP_NODE = "tp > gpus per node"
 TP_NODE_SPLIT = "tp does not divide gpus per node (or, across nodes, is no multiple of them)"
 TP_MODEL = "tp does not divide heads or hidden sizes"
 TP_INNER = "tp through per-head weights not run by the target"
+TP_CLASS = "tp over modules other than nn.Linear and nn.Embedding not run by the target"
 MESH = "dp x cp x tp x pp != gpus"
 GROUP_WIDTH = "tp x dp does not divide every group's GPUs"
 PP_BLOCKS = "pp > blocks"
@@ -122,6 +123,10 @@ class Space:
     """Whether the target runs no tensor parallelism for this model: a block keeps weights inside
     a tensor-parallel region (Block.tp_inner_weights) and the target does not split such regions
     (SearchOptions.tp_inner_weights)."""
+    tp_unsplit: str = ""
+    """A module the target cannot split by tensor parallelism, as ``fqn (Class)``, where it
+    splits torch.nn.Linear and torch.nn.Embedding only (SearchOptions.tp_other_modules) and the
+    model's split modules include others (BlockGraph.tp_other_modules); '' otherwise."""
     host: bool = False
     """Whether the device is the host CPU (the cpu cluster): its processes step the optimizer in
     host memory already, so there is nothing to offload it to."""
@@ -141,6 +146,9 @@ class Space:
                                    and any(b.work.expert_bias for b in blocks.blocks)),
                      tp_one_only=(options is not None and not options.tp_inner_weights
                                   and any(b.tp_inner_weights for b in blocks.blocks)),
+                     tp_unsplit=next((f"{m} ({c})" for m, c in blocks.tp_other_modules.items()
+                                      if options is not None and not options.tp_other_modules),
+                                     ""),
                      heads=tuple(min((int(getattr(b.work, f)) for b in blocks.blocks
                                       if getattr(b.work, f)), default=0)
                                  for f in ("attn_heads_q", "attn_heads_kv")))
@@ -223,6 +231,8 @@ def tp_reasons(tp: int, space: Space, pinned: bool = False) -> list[str]:
         out.append(TP_MODEL)
     if tp > 1 and space.tp_one_only:
         out.append(TP_INNER)
+    if tp > 1 and space.tp_unsplit:
+        out.append(TP_CLASS)
     return out
 
 

@@ -62,8 +62,18 @@ def build_blocks(graph: OpGraph, tp: TPAnalysis) -> BlockGraph:
             b.recompute = _is_layer(b.name, graph)
     edges = _edges(graph, keys)
     bg = BlockGraph(blocks=blocks, edges=edges, tp_roles=dict(tp.roles),
+                    tp_other_modules=_other_modules(tp.roles, graph.module_kinds),
                     shared=_shared_params(blocks, graph))
     return _replicate(bg, graph) if any(r.traced < r.count for r in graph.repeats) else bg
+
+
+def _other_modules(roles: dict[str, str], kinds: dict[str, str]) -> dict[str, str]:
+    """BlockGraph.tp_other_modules: the split modules whose class is not the one their role
+    needs (a Linear role on anything but torch.nn.Linear, ``vocab`` on anything but
+    torch.nn.Embedding); modules the trace did not classify are left out."""
+    needs = {"colwise": "linear", "rowwise": "linear", "vocab": "embedding"}
+    return {m: kinds[m] for m, role in roles.items()
+            if role in needs and m in kinds and kinds[m] != needs[role]}
 
 
 def _shared_params(blocks: list[Block], graph: OpGraph) -> list[list]:
@@ -299,7 +309,7 @@ def _replicate(bg: BlockGraph, graph: OpGraph) -> BlockGraph:
                                            tensor=tensor))
         edges = new_edges
     return BlockGraph(blocks=blocks, edges=edges, tp_roles=_expand_roles(bg.tp_roles, graph),
-                      shared=bg.shared)
+                      tp_other_modules=bg.tp_other_modules, shared=bg.shared)
 
 
 def _copy_block(template: Block, fqn: str, k: int) -> Block:

@@ -96,6 +96,10 @@ class OpGraph:
     expert_groups: list[int] = field(default_factory=list)
     """[groups, groups per token] of a router that limits each token's experts to its best
     groups of consecutive experts (DeepSeek-V3's node-limited routing: 8, 4); empty: none."""
+    module_kinds: dict[str, str] = field(default_factory=dict)
+    """Module FQN -> ``linear`` (a torch.nn.Linear), ``embedding`` (a torch.nn.Embedding) or the
+    class name, for modules holding parameters of their own: which of them an engine that shards
+    those two classes only can split (BlockGraph.tp_other_modules)."""
 
     def __post_init__(self):
         self.by_name = {op.name: op for op in self.ops}
@@ -144,6 +148,7 @@ class OpGraph:
             repeats=[RepeatInfo(**r) for r in d.get("repeats", [])],
             containers=list(d.get("containers", [])),
             expert_groups=list(d.get("expert_groups", [])),
+            module_kinds=dict(d.get("module_kinds", {})),
         )
 
 
@@ -196,6 +201,11 @@ class BlockGraph:
     edges: list[BlockEdge]
     tp_roles: dict[str, str] = field(default_factory=dict)
     """Module FQN -> colwise / rowwise / vocab / replicate, for modules holding parameters."""
+    tp_other_modules: dict[str, str] = field(default_factory=dict)
+    """Module FQN -> class name of the traced modules ``tp_roles`` splits that are not of the
+    class the role needs in an engine sharding torch.nn.Linear and torch.nn.Embedding only
+    (planner's runtime: planner.runtime.parallelize.check_modules): a Hugging Face GPT-2's
+    Conv1D (a Linear with its weight transposed). Layers traced once stand for their copies."""
     shared: list[list] = field(default_factory=list)
     """[first block, other block, numel, tp-split] for each parameter two blocks read (tied
     weights): a stage holding both keeps one copy."""
@@ -213,14 +223,17 @@ class BlockGraph:
         blocks = [{**{k: v for k, v in asdict(b).items() if k != "work"}, "work": slot[id(b.work)]}
                   for b in self.blocks]
         return {"works": works, "blocks": blocks, "edges": [asdict(e) for e in self.edges],
-                "tp_roles": dict(self.tp_roles), "shared": [list(x) for x in self.shared]}
+                "tp_roles": dict(self.tp_roles), "tp_other_modules": dict(self.tp_other_modules),
+                "shared": [list(x) for x in self.shared]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "BlockGraph":
         works = [BlockWork.from_dict(w) for w in d["works"]]
         blocks = [Block(**{**b, "work": works[b["work"]]}) for b in d["blocks"]]
         return cls(blocks=blocks, edges=[BlockEdge(**e) for e in d["edges"]],
-                   tp_roles=dict(d["tp_roles"]), shared=[list(x) for x in d["shared"]])
+                   tp_roles=dict(d["tp_roles"]),
+                   tp_other_modules=dict(d.get("tp_other_modules", {})),
+                   shared=[list(x) for x in d["shared"]])
 
     def to_nx(self) -> nx.DiGraph:
         g = nx.DiGraph()

@@ -136,7 +136,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
                 m, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential))]
             return OpGraph(
                 ops=ops, params=params, outputs=outputs, seq_len=seq_len, batch=batch,
-                dtype=dtype, method=how, containers=containers,
+                dtype=dtype, method=how, containers=containers, module_kinds=_kinds(model),
                 expert_groups=expert_groups(model),
                 repeats=[RepeatInfo(fqn=f, count=n, traced=n if f in whole else KEEP_LAYERS)
                          for f, n in layer_lists],
@@ -149,6 +149,14 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
         "; example inputs that match the forward's signature help both tracers"
         if method == "auto" and "looks like experts" not in fix else "")
     raise TraceError(f"could not trace {name}: " + "; ".join(errors) + hint)
+
+
+def _kinds(model: torch.nn.Module) -> dict[str, str]:
+    """OpGraph.module_kinds of ``model``'s modules that hold parameters of their own."""
+    return {name: "linear" if isinstance(m, torch.nn.Linear) else
+            "embedding" if isinstance(m, torch.nn.Embedding) else type(m).__name__
+            for name, m in model.named_modules()
+            if name and next(m.parameters(recurse=False), None) is not None}
 
 
 @contextlib.contextmanager

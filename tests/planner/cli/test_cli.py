@@ -264,15 +264,23 @@ def test_a_review_of_show_simulate_diff_and_run(capsys, tmp_path):
 
 
 def test_run_refuses_tensor_parallel_conv1d_before_any_process(capsys, tmp_path):
-    """GPT-2's Conv1D layers take no tensor parallelism in the runtime: refused by the checks
-    before any process starts (it failed in the processes, seconds later), dry runs too."""
+    """GPT-2's Conv1D layers take no tensor parallelism in the runtime: the torch target never
+    plans it (a pin of it is refused, naming a module), and a plan for any engine that has it
+    is refused by `plan run`'s checks before any process starts (it failed in the processes,
+    seconds later), dry runs too."""
     config = tmp_path / "gpt2.json"
     config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4,
                                   "vocab_size": 1000, "n_positions": 128}))
     out = str(tmp_path / "p.json")
-    assert run(capsys, "solve", str(config), "--cluster", "cpu", "--gpus-per-node", "2",
-               "--global-batch", "8", "--seq-len", "128", "--dtype", "fp32", "--target",
-               "torch", "--fix", "tp=2", "-o", out)[0] == 0
+    args = ("solve", str(config), "--cluster", "cpu", "--gpus-per-node", "2", "--global-batch",
+            "8", "--seq-len", "128", "--dtype", "fp32", "-o", out)
+    code, _, err = run(capsys, *args, "--target", "torch", "--fix", "tp=2")
+    assert code == 2 and "fix.tp: 2 would split transformer.h.0." in err and "(Conv1D), and " \
+        "the target splits nn.Linear and nn.Embedding only; pin tp=1" in err
+    assert not os.path.exists(out)
+    assert run(capsys, *args, "--target", "torch")[0] == 0
+    assert json.load(open(out))["parallel"]["tp"] == 1
+    assert run(capsys, *args, "--target", "any", "--fix", "tp=2")[0] == 0
     code, _, err = run(capsys, "run", out, "--dry-run")
     assert code == 2 and "the runtime shards nn.Linear and nn.Embedding only, this is Conv1D" \
         in err
