@@ -225,6 +225,9 @@ class SearchOptions:
     tp_other_modules: bool = True
     """Whether tensor parallelism may split modules other than torch.nn.Linear and
     torch.nn.Embedding (GPT-2's Conv1D; planner.trace.graph.BlockGraph.tp_other_modules)."""
+    zb_with_recompute: bool = True
+    """Whether zb-h1 may run with activation recomputation (its W actions computing the weight
+    gradients of recomputed blocks apart from B)."""
     etp_with_expert_bias: bool = True
     """Whether experts with biases (gpt-oss) may split their matrices (etp > 1); Megatron-Core
     asserts "Bias in Moe is only supported when ETP==1"."""

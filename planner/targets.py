@@ -64,6 +64,11 @@ class Engine:
     tp_inner_weights: bool = True
     """Tensor parallelism through a region with weights of its own (Qwen3's per-head norms,
     gpt-oss's attention sinks), which it must shard with the heads or keep in step."""
+    zb_with_recompute: bool = True
+    """zb-h1's weight-gradient pass (W) apart from B in recomputed blocks. torch's split backward
+    cannot replay torch.utils.checkpoint's recomputation in its W pass, so the planner's runtime
+    computes such a stage's weight gradients inside B (planner.runtime.build._whole_backward):
+    the schedule runs, its zero-bubble saving does not."""
     tp_other_modules: bool = True
     """Tensor parallelism over the model's modules that are not torch.nn.Linear or
     torch.nn.Embedding (GPT-2's Conv1D). The engines the exports target build their own model
@@ -139,7 +144,8 @@ ENGINES: dict[str, Engine] = {
                     # its experts run every routed token (no capacity), exchanged by
                     # point-to-point all-to-alls between the passes (planner.runtime.experts)
                     moe_capacity=False, moe_dispatchers=("alltoall",), moe_overlap=False,
-                    moe_shared_overlap=False, software="torch", tp_other_modules=False),
+                    moe_shared_overlap=False, software="torch", tp_other_modules=False,
+                    zb_with_recompute=False),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs
@@ -334,6 +340,11 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
     if pinned_sched is not None and int(fix.get("pp", 2)) > 1 and pinned_sched not in eng.schedules:
         raise SpecError(f"fix.schedule: {target} does not run {pinned_sched}; it runs "
                         f"{', '.join(eng.schedules)} (or use --target any)")
+    if pinned_sched == "zb-h1" and fix.get("recompute", "none") != "none" and \
+            int(fix.get("pp", 2)) > 1 and not eng.zb_with_recompute:
+        raise SpecError(f"fix.schedule: {target} computes zb-h1's weight gradients inside B "
+                        f"where blocks are recomputed (recompute={fix['recompute']}), so the "
+                        "schedule saves nothing; pin recompute=none or another schedule")
     if "zero" in fix and fix["zero"] not in eng.zero:
         raise SpecError(f"fix.zero: {target} does not shard model states as ZeRO-{fix['zero']}; "
                         f"it offers {', '.join(map(str, eng.zero))}")
@@ -416,6 +427,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                                            and eng.expert_tensor_parallel),
                    tp_inner_weights=options.tp_inner_weights and eng.tp_inner_weights,
                    tp_other_modules=options.tp_other_modules and eng.tp_other_modules,
+                   zb_with_recompute=options.zb_with_recompute and eng.zb_with_recompute,
                    pp_inner_same_dp=options.pp_inner_same_dp or eng.pp_inner_same_dp,
                    pp_inner=options.pp_inner and eng.pp_inner,
                    pp_inner_with_experts=options.pp_inner_with_experts and eng.pp_inner_with_experts,

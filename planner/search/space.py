@@ -41,6 +41,7 @@ SP_TP = "sequence parallel needs tp > 1"
 VPP_SHAPE = "interleaved needs pp > 1 and vpp > 1"
 VPP_ROUNDS = "interleaved needs micro-batches divisible by pp"
 VPP_SCHEDULE = "vpp > 1 needs the interleaved-1f1b schedule"
+ZB_RECOMPUTE = "zb-h1 with recomputation not run by the target (W inside B)"
 VPP_BLOCKS = "pp x vpp > blocks"
 OFFLOAD_ZERO = "offload needs ZeRO >= 1"
 OFFLOAD_HOST = "offload on a device that is the host (cpu)"
@@ -486,7 +487,11 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
                 if "mla_up_proj" in modules_of(rc) and not space.latent:
                     rejected[MLA_UP_NONE] += 1
                     continue
-                variants = tuple((s, v, z, o) for s in schedules
+                runs = schedules
+                if rc != "none" and not options.zb_with_recompute and "zb-h1" in schedules:
+                    rejected[ZB_RECOMPUTE] += 1
+                    runs = [s for s in schedules if s != "zb-h1"]
+                variants = tuple((s, v, z, o) for s in runs
                                  for v in _vpps(fix, s, pp, m, options, rejected, space)
                                  for z, o in states)
                 if variants:

@@ -220,6 +220,27 @@ def test_an_unknown_target_is_refused_by_plan_prepared(tiny_llama):
         plan_prepared(tiny_llama, load_cluster("dgx-a100-80g"), tr, SearchOptions(target="jax"))
 
 
+def test_the_torch_target_runs_zb_h1_only_without_recomputation(tiny_llama):
+    """The planner's runtime computes zb-h1's weight gradients inside B in recomputed blocks
+    (torch's split backward cannot replay checkpointing): the torch target keeps zb-h1 to
+    recompute none, a pin of both is refused; another target still pairs them."""
+    from planner.search.space import ZB_RECOMPUTE
+
+    cl = load_cluster("dgx-a100-80g")
+    tr = TrainingSpec(global_batch=32, seq_len=tiny_llama.seq_len)
+    with pytest.raises(SpecError, match=r"^fix.schedule: torch computes zb-h1's weight "
+                                        r"gradients inside B .*recompute=full"):
+        plan_prepared(tiny_llama, cl, tr, SearchOptions(
+            fix=parse_fix("pp=2,schedule=zb-h1,recompute=full"), target="torch"))
+    p = plan_prepared(tiny_llama, cl, tr, SearchOptions(fix=parse_fix("pp=2,schedule=zb-h1"),
+                                                        target="torch", top_k=0))
+    assert p.parallel["recompute"] == "none"
+    assert p.search["rejected"].get(ZB_RECOMPUTE, 0) > 0
+    p = plan_prepared(tiny_llama, cl, tr, SearchOptions(
+        fix=parse_fix("pp=2,schedule=zb-h1,recompute=full"), top_k=0))
+    assert p.parallel["schedule"] == "zb-h1" and p.parallel["recompute"] == "full"
+
+
 def test_a_target_with_its_own_software_is_priced_with_it(tiny_llama_config):
     """`--target torchtitan` without --engine prices torchtitan's software (eager kernels,
     SDPA's FlashAttention-2, FSDP2's copies), not Megatron-Core's; an engine given wins."""
