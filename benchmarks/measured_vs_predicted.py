@@ -195,7 +195,7 @@ def routing_imbalance(prepared, folder: str) -> float:
     micro-batch each)."""
     plan = planner.load_plan(make_plan(prepared, MOE_RUNS["1 proc, mb 4 x 2"], None, folder,
                                        "routing probe"))
-    spec = mdl.model_spec(plan, None)
+    spec = plan.model_spec()
     real = mdl.build_real(plan, spec, mdl.resolve_meta(plan, spec), seed=0)
     calls = moe.routed_experts(real.module, *mdl.synthetic_batch(real, GLOBAL_BATCH, seed=0),
                                **real.kwargs)

@@ -21,6 +21,9 @@ def register(add) -> None:
     sh.add_argument("--why", metavar="KNOB=V,...",
                     help="why not these knobs? re-plan the plan's own inputs with them pinned "
                          "(e.g. tp=16 or pp=1,zero=3) and say what changes or what does not fit")
+    sh.add_argument("--model", help="with --why: the MODEL to trace instead of the plan's (the "
+                                    "same model, where its file moved or the plan was made from "
+                                    "a Python object)")
     sh.add_argument("--json", action="store_true",
                     help="print the summary as JSON for scripts (keys model, cluster, "
                          "training, parallel, predicted, stages, search)")
@@ -34,6 +37,9 @@ def run(args) -> int:
     if args.gantt is not None and getattr(plan, "embeddings", None) is not None:
         raise SpecError("gantt: a recommendation plan (sharded embedding tables, a data-parallel "
                         "dense part) runs no pipeline schedule to draw; drop --gantt")
+    if args.model is not None and args.why is None:
+        raise SpecError("model: --model names the model --why re-plans; add --why KNOB=V or drop "
+                        "--model")
     if args.json:
         if args.why is not None or args.gantt is not None:
             raise SpecError("json: prints the plan's summary only; drop --why and --gantt")
@@ -43,7 +49,7 @@ def run(args) -> int:
     if args.why is not None:
         from planner.explore.whynot import why_not  # lazy: re-planning imports torch
 
-        answer = why_not(plan, args.why)
+        answer = why_not(plan, args.why, args.model)
         print(why(plan, answer))
         if answer.feasible and answer.variant is not None:
             drawn = answer.variant  # (--gantt draws the plan --why found)

@@ -70,15 +70,16 @@ def _as_why(message: str, pins: dict) -> str:
     return message
 
 
-def why_not(plan: Plan, pins) -> WhyNot:
-    """Re-plan ``plan``'s own model, training and cluster with ``pins`` fixed (on top of what the
-    plan already fixed) and return what changes, or why nothing fits."""
+def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
+    """Re-plan ``plan``'s own model (or ``model``, a MODEL where the plan's is not found or was
+    a Python object), training and cluster with ``pins`` fixed (on top of what the plan already
+    fixed) and return what changes, or why nothing fits."""
 
     pins = parse_fix(pins, where="why", example="--why tp=16,pp=1")
     if not pins:
         raise SpecError("why: name the knobs to try, e.g. --why tp=16 or --why pp=1,zero=3")
     try:
-        prepared, cluster, training, options = replan_inputs(plan, pins)
+        prepared, cluster, training, options = replan_inputs(plan, pins, model)
     except SpecError as err:  # a pin the plan's target refuses: named as the option gave it
         raise SpecError(_as_why(_for_show(str(err)), pins)) from None
     result = search(prepared.blocks, cluster, training, options)
@@ -145,15 +146,14 @@ def _untried(plan: Plan, variant: Plan, options: SearchOptions) -> list[str]:
     return []
 
 
-def replan_inputs(plan: Plan, pins: dict):
-    """(prepared model, cluster, training, options) of the plan, with ``pins`` added to its fix."""
-    spec, c = plan.model.get("spec"), plan.cluster
+def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
+    """(prepared model, cluster, training, options) of the plan, with ``pins`` added to its fix;
+    ``model``: the MODEL to trace instead of the plan's."""
+    c = plan.cluster
     if plan.embeddings:
         raise SpecError("why: not available for recommendation plans (sharded embedding tables); "
                         "re-plan with plan solve ... --fix")
-    if not spec:
-        raise SpecError("why: the plan was made from a Python module, not a model spec; re-plan "
-                        "with planner.plan(..., fix=...) instead")
+    spec = plan.model_spec(model)
     if "groups" in c:
         raise SpecError("why: not available for clusters with node groups; re-plan with --fix")
     if "spec" in c:
@@ -167,10 +167,16 @@ def replan_inputs(plan: Plan, pins: dict):
     training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=t["dtype"],
                             optimizer=t["optimizer"], engine=engine_from_mapping(t.get("engine")))
     fix = {**plan.search.get("options", {}).get("fix", {}), **pins}
-    prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=t["dtype"])
+    try:
+        prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=t["dtype"])
+    except SpecError as err:
+        raise plan.moved_model(err, spec) from None
     if prepared.info["fingerprint"] != plan.model["fingerprint"]:
-        log.warning("%s traces differently now than when the plan was made",
-                                            spec)
+        if model:  # another model than the one planned, as plan run refuses it
+            raise SpecError(f"model: '{spec}' is not the planned model (fingerprint "
+                            f"{prepared.info['fingerprint']}, the plan's "
+                            f"{plan.model['fingerprint']}); pass the planned model with --model")
+        log.warning("%s traces differently now than when the plan was made", spec)
     # re-timed as plan solve does, for the engine the plan was made for
     options = SearchOptions(fix=fix, target=plan.search.get("target", "any"))
     return prepared, cluster, training, api.narrowed(options, prepared, training)

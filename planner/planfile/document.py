@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field, fields
 
+from planner.errors import SpecError
 from planner.files import atomic_write, read_json_object
 from planner.options import parallel_text
 from planner.planfile.schema import SCHEMA_ID, validate
@@ -69,6 +70,24 @@ class Plan:
     @property
     def parallel_summary(self) -> str:
         return parallel_text(self.parallel)
+
+    def model_spec(self, override: str | None = None) -> str:
+        """The MODEL to build for this plan: ``override`` (--model), else the one the plan was
+        made from."""
+        spec = override or self.model.get("spec")
+        if not spec:
+            raise SpecError("model.spec: the plan was made from a Python object and names no "
+                            "MODEL; pass --model MODEL (a zoo name, config.json or "
+                            "file.py:factory)")
+        return spec
+
+    def moved_model(self, err: SpecError, spec: str) -> SpecError:
+        """``err`` (building ``spec``), saying how to point at the plan's own MODEL where its
+        file is not found any more."""
+        if spec != self.model.get("spec") or "not found" not in str(err):
+            return err
+        return SpecError(f"{err} (the plan names the model '{spec}'; pass --model PATH where it "
+                         "lies now)")
 
 
 def load_plan(path: str) -> Plan:

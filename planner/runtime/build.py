@@ -73,7 +73,7 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     check_knobs(plan)
     mesh = DeviceMesh(device.type, torch.tensor(layout.mesh()),
                       mesh_dim_names=("pp", "dp", "cp", "tp"))
-    spec = mdl.model_spec(plan, opts.model)
+    spec = plan.model_spec(opts.model)
     meta = mdl.resolve_meta(plan, spec)
     real = mdl.build_real(plan, spec, meta, seed=opts.seed)
     mdl.check_fingerprint(plan, spec, mdl.fingerprint(real.module))

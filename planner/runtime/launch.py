@@ -64,7 +64,7 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
                         "--dtype bf16 to run it here")
     layout = layout_of(plan)
     check_knobs(plan)
-    spec = mdl.model_spec(plan, opts.model)
+    spec = plan.model_spec(opts.model)
     meta = mdl.resolve_meta(plan, spec)
     mdl.check_fingerprint(plan, spec, meta.fingerprint)
     units_of(meta.module, [st["modules"] for st in plan.stages])  # refuses what cannot be cut

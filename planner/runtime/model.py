@@ -33,24 +33,13 @@ class RealModel:
     """Token range for integer inputs of Hugging Face models."""
 
 
-def model_spec(plan: Plan, override: str | None) -> str:
-    spec = override or plan.model.get("spec")
-    if not spec:
-        raise SpecError("model.spec: the plan was made from a Python object and names no MODEL; "
-                        "pass --model MODEL (a zoo name, config.json or file.py:factory)")
-    return spec
-
-
 def resolve_meta(plan: Plan, spec: str) -> ResolvedModel:
     """The planner's view of the model (meta device), at the plan's sequence length and dtype."""
     tr = plan.training
     try:
         return resolve(spec, seq_len=tr["seq_len"], dtype=tr["dtype"])
     except SpecError as err:
-        if spec != plan.model.get("spec") or "not found" not in str(err):
-            raise
-        raise SpecError(f"{err} (the plan names the model '{spec}'; pass --model PATH where it "
-                        "lies now)") from None
+        raise plan.moved_model(err, spec) from None
 
 
 def check_fingerprint(plan: Plan, spec: str, fingerprint: str) -> None:

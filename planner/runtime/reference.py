@@ -17,7 +17,7 @@ from planner.runtime.options import RunOptions
 def single_process(plan: Plan, opts: RunOptions) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Loss of every step and the parameters after the last one, under every name the model
     gives them (a tied parameter appears under each)."""
-    spec = mdl.model_spec(plan, opts.model)
+    spec = plan.model_spec(opts.model)
     meta = mdl.resolve_meta(plan, spec)
     real = mdl.build_real(plan, spec, meta, seed=opts.seed)
     batch = plan.training["global_batch"]

@@ -230,6 +230,37 @@ def test_a_plan_names_its_model_file_wherever_it_is_run(capsys, tmp_path, monkey
     assert spec_of("tiny.json:build") == "tiny.json:build"  # not a factory file: as given
 
 
+def test_show_why_takes_the_model_where_its_file_lies_now(capsys, tmp_path):
+    """`plan show --why` re-traces the plan's model: where its factory file moved, the error
+    says to pass --model, and --model takes it (another model is refused, as by plan run)."""
+    f = tmp_path / "m.py"
+    f.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layers = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(4))\n"
+        "    def forward(self, x):\n"
+        "        for lay in self.layers:\n"
+        "            x = x + lay(x).relu()\n"
+        "        return x.pow(2).mean()\n"
+        "def build():\n"
+        "    return M(), (torch.randn(2, 16, 64),)\n")
+    plan = str(tmp_path / "p.json")
+    assert run(capsys, "solve", f"{f}:build", "--cluster", "dgx-h100", "--global-batch", "16",
+               "-o", plan)[0] == 0
+    f.rename(tmp_path / "moved.py")
+    code, _, err = run(capsys, "show", plan, "--why", "pp=2")
+    assert code == 2 and "not found" in err and "pass --model PATH where it lies now" in err
+    code, out, _ = run(capsys, "show", plan, "--why", "pp=2", "--model",
+                       f"{tmp_path / 'moved.py'}:build")
+    assert code == 0 and "pp 1 -> 2" in out
+    code, _, err = run(capsys, "show", plan, "--why", "pp=2", "--model", "gpt2")
+    assert code == 2 and "'gpt2' is not the planned model" in err
+    code, _, err = run(capsys, "show", plan, "--model", "gpt2")
+    assert code == 2 and "add --why KNOB=V or drop --model" in err
+
+
 def test_profile_refuses_more_cpu_processes_than_plan_run_starts(capsys, tmp_path):
     """A new-user check's --processes 64 on a 2-core machine ran on for minutes."""
     code, _, err = run(capsys, "profile", "--processes", "64", "-o", str(tmp_path / "c.json"))

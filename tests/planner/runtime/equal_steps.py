@@ -21,7 +21,7 @@ def assert_equals_single_process(plan, result: dict, dump: str, *, lr: float, to
     for f in sorted(os.listdir(dump)):
         got.update(torch.load(os.path.join(dump, f)))
     assert set(got) == set(ref_params)
-    spec = mdl.model_spec(plan, None)
+    spec = plan.model_spec()
     initial = mdl.build_real(plan, spec, mdl.resolve_meta(plan, spec), seed=0).module
     for name, p0 in initial.named_parameters(remove_duplicate=False):
         moved = (ref_params[name] - p0).abs().max().item()

@@ -92,7 +92,7 @@ def test_expert_parallel_run_reports_the_routing_of_its_step(runs):
     run's routing figures equal those of the same tokens routed in one process."""
     path, result, _ = runs["ep2"]
     plan = load_plan(path)
-    spec = mdl.model_spec(plan, None)
+    spec = plan.model_spec()
     real = mdl.build_real(plan, spec, mdl.resolve_meta(plan, spec), seed=0)
     batch, mb = plan.training["global_batch"], plan.parallel["micro_batch"]
     inputs = mdl.synthetic_batch(real, batch, seed=0)

@@ -17,7 +17,7 @@ from planner.runtime.stages import StageModule
 
 def _setup(plan_path):
     plan = load_plan(plan_path)
-    spec = mdl.model_spec(plan, None)
+    spec = plan.model_spec()
     real = mdl.build_real(plan, spec, mdl.resolve_meta(plan, spec), seed=0)
     inputs = mdl.synthetic_batch(real, plan.training["global_batch"], seed=0)
     units, flow, cuts = cut_model(plan, real, inputs)
