@@ -12,6 +12,7 @@ import logging
 import math
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -290,7 +291,17 @@ def jitter(segments: list[list[float]]) -> float:
     return excess / expected_max_normal(n)
 
 
-def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue, barrier) -> None:
+def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue, barrier,
+                   level: int) -> None:
+    """One of the concurrent measurers; the first reports its progress on stderr at the
+    parent's log ``level`` (a spawned process starts with no logging set up)."""
+    if rank == 0:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root = logging.getLogger("planner")
+        root.handlers[:] = [handler]
+        root.setLevel(level)
+        root.propagate = False
     queue.put((rank, device_speeds(Timer(device, barrier), threads, dtypes)))
 
 
@@ -302,9 +313,11 @@ def _concurrently(n: int, device: str, threads: int, dtypes) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     barrier = ctx.Barrier(n, timeout=600)
-    procs = mp.start_processes(_speeds_worker, args=(device, threads, dtypes, queue, barrier),
-                               nprocs=n,
-                               join=False, start_method="spawn")
+    log.info("  (the first of the %d processes reports)", n)
+    procs = mp.start_processes(_speeds_worker, args=(device, threads, dtypes, queue, barrier,
+                                                     logging.getLogger("planner")
+                                                     .getEffectiveLevel()),
+                               nprocs=n, join=False, start_method="spawn")
     results = [queue.get()[1] for _ in range(n)]  # read before join: the pipe must not fill
     procs.join()
     return {"gemm": {dt: _mean_table([r["gemm"][dt] for r in results]) for dt in dtypes},
