@@ -138,6 +138,8 @@ class Space:
         the target of ``options`` (None: any)."""
         divs = tuple(sorted({d for b in blocks.blocks for d in b.tp_divisors}))
         experts = {int(b.work.num_experts) for b in blocks.blocks if b.work.num_experts}
+        unsplit = blocks.tp_other_modules if options is not None and \
+            not options.tp_other_modules else {}
         model = dict(experts=math.gcd(*experts) if experts else 0,
                      sinks=any(b.work.attn_score_params for b in blocks.blocks),
                      latent=any(b.work.attn_keys_wider for b in blocks.blocks),
@@ -147,9 +149,7 @@ class Space:
                                    and any(b.work.expert_bias for b in blocks.blocks)),
                      tp_one_only=(options is not None and not options.tp_inner_weights
                                   and any(b.tp_inner_weights for b in blocks.blocks)),
-                     tp_unsplit=next((f"{m} ({c})" for m, c in blocks.tp_other_modules.items()
-                                      if options is not None and not options.tp_other_modules),
-                                     ""),
+                     tp_unsplit=next((f"{m} ({c})" for m, c in unsplit.items()), ""),
                      heads=tuple(min((int(getattr(b.work, f)) for b in blocks.blocks
                                       if getattr(b.work, f)), default=0)
                                  for f in ("attn_heads_q", "attn_heads_kv")))
