@@ -332,6 +332,20 @@ _RECOMPUTE_NEEDS = {"moe_act": " (models with experts)", "mla_up_proj": " (laten
 list of a target's policies in an error."""
 
 
+def schedule_unrun(target: str, schedule: str, recompute: str) -> str:
+    """'' where ``target`` runs ``schedule`` as priced with ``recompute``, else why not (for a
+    what-if on a plan made for that target: `plan simulate`)."""
+    if target not in ENGINES:  # any
+        return ""
+    eng = ENGINES[target]
+    if schedule not in eng.schedules:
+        return f"{target} runs {', '.join(eng.schedules)}, not {schedule}"
+    if schedule == "zb-h1" and recompute != "none" and not eng.zb_with_recompute:
+        return (f"{target} computes zb-h1's weight gradients inside B where blocks are "
+                f"recomputed (recompute={recompute}): it runs without the saving simulated here")
+    return ""
+
+
 def restrict(options: SearchOptions, target: str) -> SearchOptions:
     """``options`` narrowed to what ``target`` runs; a pin it cannot run is an error naming both."""
     eng = engine(target)

@@ -9,6 +9,7 @@ the other schedule's (planner.report.simulation.rank_memory); a schedule that do
 
 from __future__ import annotations
 
+from planner import targets
 from planner.cli.args import positive_int
 from planner.planfile.document import load_plan
 from planner.report.figure import check_path
@@ -41,6 +42,10 @@ def run(args) -> int:
     other = simulate_plan(plan, schedule_name=args.schedule, microbatches=args.microbatches,
                           vpp=args.vpp)
     print(comparison(plan, base, other, args.schedule, args.vpp))
+    unrun = targets.schedule_unrun(plan.search.get("target", "any"), args.schedule,
+                                   plan.parallel["recompute"])
+    if unrun:
+        print(f"note: the plan was made for --target {plan.search['target']}, and {unrun}")
     memory = rank_memory(plan, base, other, twice=args.schedule == "bidirectional")
     if args.gantt is not None:
         new_v = f" x{args.vpp}" if args.vpp and args.vpp > 1 else ""

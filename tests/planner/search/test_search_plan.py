@@ -239,6 +239,11 @@ def test_the_torch_target_runs_zb_h1_only_without_recomputation(tiny_llama):
     p = plan_prepared(tiny_llama, cl, tr, SearchOptions(
         fix=parse_fix("pp=2,schedule=zb-h1,recompute=full"), top_k=0))
     assert p.parallel["schedule"] == "zb-h1" and p.parallel["recompute"] == "full"
+    # a what-if on a torch plan (plan simulate) says so where the target would not run it
+    from planner.targets import schedule_unrun
+    assert "inside B where blocks are recomputed" in schedule_unrun("torch", "zb-h1", "full")
+    assert schedule_unrun("torch", "zb-h1", "none") == schedule_unrun("any", "zb-h1", "full") == ""
+    assert "not bidirectional" in schedule_unrun("torch", "bidirectional", "none")
 
 
 def test_a_target_with_its_own_software_is_priced_with_it(tiny_llama_config):
