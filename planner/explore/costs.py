@@ -1,16 +1,45 @@
 """What a sweep's plans cost in dollars: per step, per million tokens, and for a whole run.
 
 Prices are dollars per GPU-hour by device name (or a prefix naming one device of the sweep,
-``a100`` for ``a100-80g``); a row is priced from its GPUs, step time and tokens per second.
+``a100`` for ``a100-80g``); a row is priced from its GPUs of each device (a cluster of node
+groups or sites mixes them), step time and tokens per second.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping, Sequence
 
 from planner.errors import SpecError
 
 HOUR_S = 3600.0
+log = logging.getLogger(__name__)
+
+
+def gpus_by_device(summary: Mapping) -> str:
+    """A cluster summary's GPUs per device as a row's text, ``a100-80g:16,v100:16`` (one device:
+    ``h100:64``)."""
+    counts: dict[str, int] = {}
+    for part in summary.get("groups") or [summary]:
+        counts[part["device"]] = counts.get(part["device"], 0) + int(part["num_gpus"])
+    return ",".join(f"{d}:{n}" for d, n in counts.items())
+
+
+def _counts(row: Mapping) -> dict[str, int]:
+    """Device -> GPUs of a row (its ``gpus_by_device``; rows read from a CSV written before that
+    column: its one ``device``)."""
+    text = row.get("gpus_by_device")
+    if not text:
+        return {row["device"]: row["gpus"]} if row.get("device") else {}
+    return {d: int(n) for d, _, n in (p.rpartition(":") for p in str(text).split(","))}
+
+
+def sweep_devices(rows_or_counts) -> list[str]:
+    """The devices (one name each) of rows or of ``gpus_by_device`` texts."""
+    out = set()
+    for item in rows_or_counts:
+        out |= set(_counts(item if isinstance(item, Mapping) else {"gpus_by_device": item}))
+    return sorted(out)
 
 
 def parse_prices(text: str | Mapping | None) -> dict:
@@ -41,9 +70,15 @@ def add_costs(rows: list[dict], prices, tokens: float | None = None) -> None:
     with ``tokens`` run_hours and run_cost_usd, to every row whose device has a price."""
     prices = parse_prices(prices)
     check_tokens(tokens)
-    by_device = resolve_prices(prices, sorted({r["device"] for r in rows if r["device"]}))
+    by_device = resolve_prices(prices, sweep_devices(rows))
+    unpriced: set[str] = set()
     for r in rows:
-        price = by_device.get(r["device"])
+        counts = _counts(r)
+        missing = {d for d in counts if d not in by_device}
+        unpriced |= missing
+        # (a mixed cluster's price per GPU-hour is the mean over its GPUs)
+        price = None if missing or not counts else \
+            sum(n * by_device[d] for d, n in counts.items()) / sum(counts.values())
         cost = {"price_per_gpu_hour": price, "cost_per_step_usd": None, "cost_per_mtok_usd": None}
         if tokens is not None:
             cost.update({"tokens": float(tokens), "run_hours": None, "run_cost_usd": None})
@@ -55,6 +90,10 @@ def add_costs(rows: list[dict], prices, tokens: float | None = None) -> None:
                 hours = float(tokens) / r["tokens_per_s"] / HOUR_S
                 cost.update({"run_hours": hours, "run_cost_usd": hours * r["gpus"] * price})
         r.update(cost)
+    if unpriced:
+        log.warning("price_per_gpu_hour: no price for %s, so the rows with %s have no costs; "
+                    "add %s", ", ".join(sorted(unpriced)), "it" if len(unpriced) == 1 else "them",
+                    ",".join(f"{d}=DOLLARS" for d in sorted(unpriced)))
 
 
 def check_tokens(tokens) -> None:

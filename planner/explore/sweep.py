@@ -27,7 +27,8 @@ from costmodels.topology import Cluster, HeteroCluster
 from planner import api
 from planner.errors import PlannerError, SpecError
 from planner.files import fspath_or_same
-from planner.explore.costs import add_costs, check_tokens, parse_prices, resolve_prices
+from planner.explore.costs import (add_costs, check_tokens, gpus_by_device, parse_prices,
+                                    resolve_prices, sweep_devices)
 from planner.explore.grid import ENGINE_KEYS, expand, point_cluster, point_engine
 from planner.inputs.clusters import load_cluster
 from planner.search.feasibility import cluster_pin_problem
@@ -174,8 +175,8 @@ def _check_prices(tasks: list, prices, tokens) -> None:
                         "hour h100=4.0 on the command line, prices={'h100': 4.0} in Python)")
     check_tokens(tokens)
     if prices:
-        resolve_prices(parse_prices(prices), sorted({
-            t.cluster.summary()["device"] for t in tasks if t.cluster is not None}))
+        resolve_prices(parse_prices(prices), sweep_devices(
+            gpus_by_device(t.cluster.summary()) for t in tasks if t.cluster is not None))
 
 
 def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
@@ -377,7 +378,9 @@ def _row(task: _Task, plan, reason: str) -> dict:
         "point": " ".join(f"{k}={knob(v)}" for k, v in task.point),
         "cluster": summary.get("name"), "device": summary.get("device"),
         "nodes": summary.get("nodes"), "gpus_per_node": summary.get("gpus_per_node"),
-        "gpus": summary.get("num_gpus"), "intra_node_GBps": summary.get("intra_node_GBps"),
+        "gpus": summary.get("num_gpus"),
+        "gpus_by_device": gpus_by_device(summary) if summary else None,
+        "intra_node_GBps": summary.get("intra_node_GBps"),
         "inter_node_GBps": summary.get("inter_node_GBps"),
         "global_batch": tr.global_batch if tr else None, "seq_len": tr.seq_len if tr else None,
         "dtype": tr.dtype if tr else None, "optimizer": tr.optimizer if tr else None,

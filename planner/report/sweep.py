@@ -11,13 +11,14 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
     """One line per what-if row: the point, GPUs, the chosen configuration and what it gives;
     an infeasible point shows its reason instead, a point that is not valid input (a varied pin
     the model cannot take) why not. ``rate``: "tokens/s", or "samples/s" for a
-    recommendation model (a sample is not a sequence of tokens)."""
+    recommendation model (a sample is not a sequence of tokens: its costs are per sample too)."""
     costs = any(r.get("cost_per_step_usd") is not None for r in rows)
     run = any(r.get("run_cost_usd") is not None for r in rows)
     head = ["point", "GPUs", "configuration", "step", rate, "MFU", "memory/GPU"]
     rate_key = {"tokens/s": "tokens_per_s", "samples/s": "samples_per_s"}[rate]
-    head += ["$/step", "$/M tokens"] if costs else []
-    head += [f"days ({human_count(rows[0]['tokens'])} tok)", "$ run"] if run else []
+    unit = "tokens" if rate == "tokens/s" else "samples"
+    head += ["$/step", f"$/M {unit}"] if costs else []
+    head += [f"days ({human_count(rows[0]['tokens'])} {unit})", "$ run"] if run else []
     out, reasons, cut = [tuple(head)], {}, []
     for r in rows:
         cells = [r["point"], str(r["gpus"] or "")]
@@ -35,7 +36,8 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
             cells += [dollars(r.get("cost_per_step_usd")), dollars(r.get("cost_per_mtok_usd"))]
         if run:
             hours = r.get("run_hours")
-            cells += ["" if hours is None else f"{hours / 24:,.1f}",
+            cells += ["" if hours is None else f"{hours / 24:,.1f}" if hours >= 24 else
+                      f"{hours / 24:.2g}",
                       dollars(r.get("run_cost_usd"))]
         out.append(tuple(cells))
     lines = table(out)

@@ -127,6 +127,28 @@ def test_parse_vary_and_prices():
         costs.resolve_prices({"a100": 2}, ["a100-80g", "a100-40g"])
 
 
+def test_a_mixed_cluster_is_priced_per_device(caplog):
+    """Node groups of two devices are priced at each one's rate (a new-user check found all 32
+    GPUs of an A100 + V100 cluster charged the A100's price, and v100=1 refused as matching no
+    device of 'a100-80g+v100'); a device without a price leaves its rows unpriced, said once."""
+    mixed = {"device": "a100-80g+v100", "gpus": 32, "feasible": True, "step_time_s": 2.0,
+             "tokens_per_s": 1000.0, "gpus_by_device": "a100-80g:16,v100:16"}
+    alone = {"device": "h100", "gpus": 8, "feasible": True, "step_time_s": 1.0,
+             "tokens_per_s": 500.0, "gpus_by_device": "h100:8"}
+    costs.add_costs([mixed], {"a100": 2, "v100": 1})
+    assert mixed["price_per_gpu_hour"] == 1.5
+    assert mixed["cost_per_step_usd"] == pytest.approx((16 * 2 + 16 * 1) * 2.0 / 3600)
+    old = {k: v for k, v in alone.items() if k != "gpus_by_device"}  # a CSV from before
+    with caplog.at_level("WARNING"):
+        costs.add_costs([mixed, alone, old], {"a100": 2, "h100": 4})
+    assert mixed["cost_per_step_usd"] is None and alone["price_per_gpu_hour"] == 4
+    assert old["cost_per_step_usd"] == pytest.approx(8 * 4 / 3600)
+    assert "no price for v100" in caplog.text and "add v100=DOLLARS" in caplog.text
+    assert costs.gpus_by_device({"device": "a+b", "num_gpus": 24, "groups": [
+        {"device": "a", "num_gpus": 8}, {"device": "b", "num_gpus": 8},
+        {"device": "a", "num_gpus": 8}]}) == "a:16,b:8"
+
+
 def test_infeasible_points_are_rows(tiny_llama_config):
     rows = explore.whatif(tiny_llama_config, cluster="dgx-h100",
                           vary={"device": ["v100", "h100"]}, global_batch=8, seq_len=64)
