@@ -58,7 +58,7 @@ def _warn_oversubscribed(device: str, processes: int, threads: int | None) -> No
 
 def run(args) -> int:
     from planner.runtime.launch import (check, cluster_command, host_bytes,  # lazy: imports
-                                        run_local)  # torch
+                                        node_groups, run_local)  # torch
 
     if args.output is not None:
         check_output(args.output, "output", inputs=(args.plan,))
@@ -84,7 +84,10 @@ def run(args) -> int:
                   f"node, and this plan needs {launch.nproc_per_node}: the command runs on GPUs "
                   "(--device cuda), or re-plan with dp*cp*tp*pp <= "
                   f"{MAX_CPU_PROCESSES} per node")
-        where = _where(launch.nodes)
+        groups = node_groups(launch.plan)
+        where = _where(launch.nodes) if not groups else (
+            f"on each of the {launch.nodes} nodes, with HEAD_NODE set to the address of node 0 "
+            f"and NODE_RANK to the node's number ({'; '.join(groups)})")
         print(f"# {launch.nodes} node(s) x {launch.nproc_per_node} processes ({launch.device}); "
               f"run {where}:")
         print(cluster_command(launch, opts, args.output or "measured.json"))

@@ -70,6 +70,11 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
     units_of(meta.module, [st["modules"] for st in plan.stages])  # refuses what cannot be cut
     check_model(plan, meta.module, layout)
     nodes = int(plan.cluster["nodes"])
+    widths = sorted({int(g["gpus_per_node"]) for g in plan.cluster.get("groups") or []})
+    if len(widths) > 1:
+        raise SpecError(f"cluster.groups: nodes of {' and '.join(map(str, widths))} GPUs; "
+                        "torchrun starts as many processes on every node, so plan run cannot "
+                        "launch this plan (plan export turns it into an engine's settings)")
     per_node = nproc or -(-layout.world // nodes)
     if per_node * nodes != layout.world:
         raise SpecError(f"nproc: {per_node} processes per node x {nodes} nodes != dp*cp*tp*pp = "
@@ -157,20 +162,42 @@ def cluster_command(launch: Launch, opts: RunOptions, result: str) -> str:
     """The one shell command every node of the plan's cluster runs: torchrun with a c10d
     rendezvous at ``$HEAD_NODE:29500`` (the first node's address; torchrun assigns the node ranks),
     keyed by the plan's input hash so that two runs do not meet; on one node, torchrun's
-    ``--standalone`` rendezvous."""
+    ``--standalone`` rendezvous. On a cluster of node groups or sites a node's rank decides which
+    stages its devices run, so each node is given its own (``$NODE_RANK``: node_groups)."""
     return torchrun_command(launch.nodes, launch.nproc_per_node,
                             f"plan-{launch.plan.provenance.get('input_hash', 'run')}",
                             ["-m", "planner.runtime.worker", launch.plan_path, "--result", result,
-                             *opts.argv()])
+                             *opts.argv()], fixed_node_ranks=bool(node_groups(launch.plan)))
 
 
-def torchrun_command(nodes: int, nproc_per_node: int, run_id: str, worker: list[str]) -> str:
+def node_groups(plan: Plan) -> list[str]:
+    """Which node ranks belong to which group of the plan's cluster (ranks are numbered group by
+    group, in the order the cluster lists them), as ``nodes 0-1: a100 (a100-80g)``; empty for
+    a cluster of one group."""
+    out, first = [], 0
+    for g in plan.cluster.get("groups") or []:
+        last = first + int(g["nodes"]) - 1
+        out.append(f"node{'s' if last > first else ''} {first}"
+                   + (f"-{last}" if last > first else "") + f": {g['name']} ({g['device']})")
+        first = last + 1
+    return out
+
+
+def torchrun_command(nodes: int, nproc_per_node: int, run_id: str, worker: list[str], *,
+                     fixed_node_ranks: bool = False) -> str:
     """torchrun running ``worker`` (its -m module and arguments) on every node: on one node its
     ``--standalone`` rendezvous, else a c10d rendezvous at ``$HEAD_NODE:29500`` keyed by
-    ``run_id``, so that two runs do not meet."""
+    ``run_id``, so that two runs do not meet; with ``fixed_node_ranks`` a static rendezvous at
+    ``$HEAD_NODE:29500`` where each node passes its own ``$NODE_RANK``."""
     if nodes == 1:
         return shlex.join(["torchrun", "--standalone", "--nproc-per-node", str(nproc_per_node),
                            *worker])
+    if fixed_node_ranks:
+        argv = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(nproc_per_node),
+                "--node-rank", "NODE_RANK", "--master-addr", "HEAD_NODE", "--master-port",
+                "29500", *worker]
+        return shlex.join(argv).replace("NODE_RANK", "$NODE_RANK", 1).replace(
+            "HEAD_NODE", "$HEAD_NODE", 1)
     argv = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", "HEAD_NODE:29500", "--rdzv-id", run_id,
             *worker]

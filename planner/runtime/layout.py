@@ -5,7 +5,10 @@ Plain data, no torch: the launcher uses it to check a plan before any process st
 to build its DeviceMesh and process groups. Ranks follow ``parallel.placement`` exactly as
 planner.search.placement lays them out (tensor parallelism innermost, context parallelism next;
 ``tp-pp-dp`` puts pipeline neighbours next, ``tp-dp-pp`` data-parallel peers next), and every
-stage's ``ranks`` list must agree with that mesh. Expert parallelism folds over the flattened
+stage's ``ranks`` list must agree with that mesh, up to the order of the pipeline ranks: a plan for
+node groups or sites may run its first stage on the ranks the mesh counts as a later pipeline
+rank (the slower group first), and the pipeline then follows the plan's ``pipeline_rank`` numbers
+(``Layout.pp_order``). Expert parallelism folds over the flattened
 (tp, cp, dp) index of a pipeline rank (Megatron-Core's "parallel folding"): an expert-parallel
 group is ``ep`` positions ``etp`` apart, the expert-data-parallel group (which reduces the experts'
 gradients) the ``tp*cp*dp / (ep*etp)`` positions ``ep*etp`` apart that hold the same experts.
@@ -40,6 +43,9 @@ class Layout:
     """Expert-parallel degree (folded over the flattened (tp, cp, dp) index)."""
     etp: int = 1
     """Expert tensor parallelism (the runtime runs 1 only)."""
+    pp_order: tuple[int, ...] = ()
+    """Where each pipeline rank (the plan's ``pipeline_rank``) sits on the placement's mesh: its
+    position along the mesh's pipeline dimension (empty: the same, the usual case)."""
 
     @property
     def world(self) -> int:
@@ -62,13 +68,17 @@ class Layout:
 
     def rank_of(self, *, pp: int, dp: int, tp: int, cp: int = 0) -> int:
         s = self.strides()
-        return tp * s["tp"] + cp * s["cp"] + pp * s["pp"] + dp * s["dp"]
+        at = self.pp_order[pp] if self.pp_order else pp
+        return tp * s["tp"] + cp * s["cp"] + at * s["pp"] + dp * s["dp"]
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Global rank -> its (pp, dp, cp, tp) coordinates."""
+        """Global rank -> its (pp, dp, cp, tp) coordinates (pp: its pipeline rank)."""
         s = self.strides()
         size = {"tp": self.tp, "cp": self.cp, "pp": self.pp, "dp": self.dp}
-        return {k: rank // s[k] % size[k] for k in ("pp", "dp", "cp", "tp")}
+        out = {k: rank // s[k] % size[k] for k in ("pp", "dp", "cp", "tp")}
+        if self.pp_order:
+            out["pp"] = self.pp_order.index(out["pp"])
+        return out
 
     def mesh(self) -> list:
         """Global ranks indexed [pp][dp][cp][tp]: the array of a DeviceMesh with dims
@@ -136,7 +146,7 @@ def layout_of(plan: Plan) -> Layout:
                   stage_pp_rank=())
     mesh = f"the {placement} mesh (pp={pp}, dp={dp}" + (f", cp={cp}" if cp > 1 else "") + \
         f", tp={tp})"
-    owners = []
+    owners, order = [], {}
     for i, st in enumerate(plan.stages):
         if st["index"] != i:
             raise SpecError(f"stages[{i}].index: is {st['index']}, expected {i}; stages must be "
@@ -145,17 +155,21 @@ def layout_of(plan: Plan) -> Layout:
         if len(pps) != 1:
             raise SpecError(f"stages[{i}].ranks: {st['ranks']} do not lie on one pipeline rank of "
                             f"{mesh}; re-create the plan")
-        owner = pps.pop()
-        if st.get("pipeline_rank", owner) != owner:
-            raise SpecError(f"stages[{i}].pipeline_rank: {st['pipeline_rank']} but its ranks "
-                            f"{st['ranks']} are pipeline rank {owner}; re-create the plan")
-        expected = base.pp_ranks(owner)
+        at = pps.pop()  # its place along the mesh's pipeline dimension
+        expected = base.pp_ranks(at)
         if sorted(st["ranks"]) != expected:
             raise SpecError(f"stages[{i}].ranks: {st['ranks']} but {mesh} puts "
-                            f"pipeline rank {owner} on {expected}; re-create the plan")
+                            f"pipeline rank {at} on {expected}; re-create the plan")
+        owner = int(st.get("pipeline_rank", at))
+        if order.setdefault(owner, at) != at:
+            raise SpecError(f"stages[{i}].pipeline_rank: {owner} on ranks {st['ranks']}, but "
+                            f"another stage puts pipeline rank {owner} on "
+                            f"{base.pp_ranks(order[owner])}; re-create the plan")
         owners.append(owner)
-    if sorted(set(owners)) != list(range(pp)):
-        raise SpecError(f"stages: they occupy pipeline ranks {sorted(set(owners))}, expected every "
-                        f"one of 0..{pp - 1}")
+    if sorted(order) != list(range(pp)) or len(set(order.values())) != pp:
+        raise SpecError(f"stages: they occupy pipeline ranks {sorted(order)}, expected every "
+                        f"one of 0..{pp - 1} on ranks of its own")
+    pp_order = tuple(order[p] for p in range(pp))
     return Layout(pp=pp, dp=dp, tp=tp, cp=cp, ep=ep, etp=etp, placement=placement,
-                  stage_pp_rank=tuple(owners))
+                  stage_pp_rank=tuple(owners),
+                  pp_order=() if pp_order == tuple(range(pp)) else pp_order)

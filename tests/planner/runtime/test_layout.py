@@ -43,6 +43,52 @@ def test_plan_whose_stage_ranks_disagree_with_the_mesh_is_refused(make_plan):
         layout_of(plan)
 
 
+def test_a_pipeline_in_another_order_than_the_mesh_follows_the_plans_pipeline_ranks(make_plan):
+    """A plan for node groups may put its first stage on the ranks the placement's mesh counts as
+    a later pipeline rank (the planner put gpt2's first stage on the V100 group, ranks 16-31 of
+    32): the runtime's pipeline follows the plan's pipeline_rank (a new-user check found `plan
+    run --dry-run` refusing such a plan, 'stages[0].pipeline_rank: 0 but its ranks ... are
+    pipeline rank 1; re-create the plan', which re-creating could not mend)."""
+    from planner.runtime.launch import node_groups, torchrun_command
+
+    plan = load_plan(make_plan("branched", "pp=2,tp=1,dp=2,micro_batch=1,placement=tp-dp-pp"))
+    first, second = plan.stages[0]["ranks"], plan.stages[1]["ranks"]
+    assert (first, second) == ([0, 1], [2, 3])
+    plan.stages[0]["ranks"], plan.stages[1]["ranks"] = second, first
+    lay = layout_of(plan)
+    assert lay.pp_order == (1, 0) and lay.stage_pp_rank == (0, 1)
+    assert [lay.coords(r)["pp"] for r in range(4)] == [1, 1, 0, 0]
+    assert lay.pipeline_ranks(0) == [2, 3] and lay.local_stages(2) == [0]
+    assert lay.mesh() == [[[[2]], [[3]]], [[[0]], [[1]]]]  # the pp group's rank 0: stage 0
+    assert all(lay.rank_of(**lay.coords(r)) == r for r in range(4))
+    plan.stages[1]["pipeline_rank"] = 0  # two pipeline ranks 0 on ranks of their own
+    with pytest.raises(SpecError, match=r"stages\[1\]\.pipeline_rank: 0 on ranks \[0, 1\], "
+                                        r"but another stage puts pipeline rank 0 on \[2, 3\]"):
+        layout_of(plan)
+    # its launch: each node its own rank, which the groups' order decides
+    plan.cluster["groups"] = [{"name": "fast", "device": "h100", "nodes": 2},
+                              {"name": "slow", "device": "v100", "nodes": 1}]
+    assert node_groups(plan) == ["nodes 0-1: fast (h100)", "node 2: slow (v100)"]
+    command = torchrun_command(3, 8, "x", ["-m", "w"], fixed_node_ranks=True)
+    assert "--node-rank $NODE_RANK --master-addr $HEAD_NODE --master-port 29500" in command
+    assert "rdzv" not in command
+
+
+def test_groups_of_unequal_nodes_are_not_launched(make_plan, tmp_path):
+    """torchrun starts as many processes on every node: groups of 8-GPU and 4-GPU nodes cannot
+    be launched, said before anything else is checked about the processes."""
+    from planner.runtime.launch import check
+    from planner.runtime.options import RunOptions
+
+    plan = load_plan(make_plan("branched", "pp=2,tp=1,dp=2,micro_batch=1"))
+    plan.cluster["groups"] = [{"name": "a", "device": "h100", "nodes": 1, "gpus_per_node": 8},
+                              {"name": "b", "device": "v100", "nodes": 1, "gpus_per_node": 4}]
+    path = str(tmp_path / "p.json")
+    plan.save(path)
+    with pytest.raises(SpecError, match=r"^cluster\.groups: nodes of 4 and 8 GPUs; torchrun "):
+        check(path, RunOptions(), None, dry_run=True)
+
+
 @pytest.mark.parametrize("placement", ["tp-pp-dp", "tp-dp-pp"])
 @pytest.mark.parametrize("pp,dp,cp,tp", [(1, 1, 2, 1), (2, 1, 2, 1), (1, 2, 2, 2), (2, 2, 2, 1),
                                          (2, 1, 2, 2), (1, 2, 4, 1)])
