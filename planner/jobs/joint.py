@@ -103,16 +103,20 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
 
 def _check_models(spec: JobsSpec) -> None:
     """SpecError naming the job whose model cannot be found, before any job is planned: an
-    unknown zoo name, or a config.json or file.py that is not there."""
+    unknown zoo name, or a config.json or file.py that is not there; or a recommendation model
+    of the zoo (sharded tables), which the jobs' tables do not plan."""
     for i, job in enumerate(spec.jobs):
         model = job.model
+        if model.lower() in RECSYS:
+            raise SpecError(f"jobs[{i}].model: {model} is a recommendation model (sharded "
+                            "embedding tables), which plan jobs does not schedule; plan it alone "
+                            "with plan solve")
         path = model.partition(":")[0] if ".py:" in model else model
         if ".py:" in model or model.endswith(".json"):
             if not os.path.exists(path):
                 raise SpecError(f"jobs[{i}].model: file '{path}' not found (relative paths are "
                                 "taken from the jobs file's folder)")
-        elif model.lower() not in ZOO and model.lower() not in RECSYS and \
-                not os.path.isdir(model) and ":" not in model:
+        elif model.lower() not in ZOO and not os.path.isdir(model) and ":" not in model:
             raise SpecError(f"jobs[{i}].model: {unknown_model(model)}")
 
 
