@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from planner.errors import SpecError
 from planner.planfile.document import load_plan
@@ -54,6 +55,9 @@ def run(args) -> int:
         if answer.feasible and answer.variant is not None:
             drawn = answer.variant  # (--gantt draws the plan --why found)
         code = 0 if answer.feasible else 3  # the pins leave no plan that fits
+        if code:
+            print(f"plan: no plan fits: with {args.why} (the explanation above says why)",
+                  file=sys.stderr)
     else:
         print(summary(plan))
     if args.gantt is not None:

@@ -9,6 +9,8 @@ the other schedule's (planner.report.simulation.rank_memory); a schedule that do
 
 from __future__ import annotations
 
+import sys
+
 from planner import targets
 from planner.cli.args import positive_int
 from planner.planfile.document import load_plan
@@ -52,4 +54,9 @@ def run(args) -> int:
         gantt(other, args.gantt, title=f"{plan.model.get('name', 'model')}: "
               f"{args.schedule}{new_v}, pp={plan.parallel['pp']}")
         print(f"\nwrote {args.gantt}")
-    return 3 if memory is not None and memory[2] else 0  # the schedule asked for does not fit
+    if memory is not None and memory[2]:  # the schedule asked for does not fit: as solve, exit 3
+        print(f"plan: no plan fits: {args.schedule} on {len(memory[2])} of the plan's "
+              f"{plan.parallel['pp']} pipeline ranks (the comparison above says by how much)",
+              file=sys.stderr)
+        return 3
+    return 0

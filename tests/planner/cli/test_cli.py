@@ -277,8 +277,9 @@ def test_a_review_of_show_simulate_diff_and_run(capsys, tmp_path):
                        str(tmp_path / "p.json"))
     assert code == 0, err
     plan = str(tmp_path / "p.json")
-    code, out, _ = run(capsys, "simulate", plan, "--schedule", "gpipe", "--microbatches", "256")
+    code, out, err = run(capsys, "simulate", plan, "--schedule", "gpipe", "--microbatches", "256")
     assert code == 3 and "does not fit: gpipe" in out
+    assert err.startswith("plan: no plan fits: gpipe on ")  # README's exit-code table
     assert run(capsys, "simulate", plan, "--schedule", "1f1b")[0] == 0
     code, _, err = run(capsys, "show", plan, "--why", "dp=1,tp=1,pp=1")
     assert code == 2 and "plan: error: why: dp x cp x tp x pp = 1" in err

@@ -45,6 +45,8 @@ def test_why_on_an_infeasible_variant_names_the_stage_and_the_memory_it_needs(ca
     assert plan.parallel["tp"] * plan.parallel["pp"] > 1 or plan.parallel["zero"] > 0
     code, out, err = run(capsys, "show", small_plan, "--why", "tp=1,pp=1,zero=0")
     assert code == 3, err  # no plan fits, after the explanation (as solve's exit code says)
+    assert err.strip().endswith("plan: no plan fits: with tp=1,pp=1,zero=0 (the explanation "
+                                "above says why)")
     assert "finds no plan with tp=1,pp=1,zero=0" in out and "out of memory" in out
     flat = " ".join(out.split())  # lines are wrapped at 100 columns
     m = re.search(r"stage 0 \(([^)]*)\) would need ([\d.]+) GB per GPU \(.*?\), but each small "
