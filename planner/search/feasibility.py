@@ -276,6 +276,9 @@ def cluster_pin_problem(fix: dict, num_gpus: int, batch: int) -> str:
         if dp is not None and (batch // dp) % mb:
             return (f"fix.micro_batch: {mb} does not divide the {batch // dp} samples of each of "
                     f"the {dp} replicas")
+        if batch % mb:  # (a replica's share of the batch divides it)
+            return (f"fix.micro_batch: {mb} does not divide the global batch {batch}, so no "
+                    f"replica's share of it; pin one of {_some(divisors(batch))}")
     if fix.get("sequence_parallel") and tp == 1:
         return "fix.sequence_parallel: needs tp > 1; pin tp > 1 or drop sequence_parallel"
     if "cp_comm" in fix and fix.get("cp") == 1:

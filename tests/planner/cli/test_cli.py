@@ -51,6 +51,11 @@ BAD = {
                         "unknown cluster 'dgx-h1000'; did you mean dgx-h100"),
     "bad fix": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8", "--fix", "tpp=2"],
                 "unknown knob 'tpp'"),
+    # (a new-user check read the count of refused configurations, 10, as a batch size)
+    "micro-batch of no share": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
+                                 "--fix", "micro_batch=3"],
+                                "fix.micro_batch: 3 does not divide the global batch 8, so no "
+                                "replica's share of it; pin one of 1, 2, 4, 8"),
     "bad batch": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "0"],
                   "argument --global-batch: expected an integer >= 1, got '0'"),
     "missing plan": (["show", "/nonexistent/plan.json"],
