@@ -118,11 +118,20 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             add_costs(rows, prices, tokens)
         return [_ordered(r) for r in rows]
     keys = sorted({t.trace_key for t in tasks if not t.error}, key=str)
-    prepared = {}
+    prepared, untraced = {}, {}
     for k in keys:  # (the API's own lines are held back in a sweep: say what takes seconds)
         log.info("what-if: reading or tracing the model at %s in %s (seconds; a minute for the "
                  "largest)", f"{k[0]:,} tokens" if k[0] else "its default length", k[1])
-        prepared[k] = api.prepare(model, example_inputs=example_inputs, seq_len=k[0], dtype=k[1])
+        try:
+            prepared[k] = api.prepare(model, example_inputs=example_inputs, seq_len=k[0],
+                                      dtype=k[1])
+        except SpecError as exc:  # the model cannot take this point's length: its row says so
+            untraced[k] = str(exc)
+    if untraced:
+        tasks = [replace(t, error=untraced[t.trace_key])
+                 if not t.error and t.trace_key in untraced else t for t in tasks]
+        if all(t.error for t in tasks):
+            _refuse([_as_varied(t.point, t.error) for t in tasks])
     log.info("what-if: %d points, %d trace%s", len(tasks), len(prepared),
              "" if len(prepared) == 1 else "s")
     t0 = time.perf_counter()
@@ -145,11 +154,15 @@ def _bad_row(task: "_Task", reason: str) -> dict:
 
 
 def _as_varied(point: tuple, reason: str) -> str:
-    """``reason`` naming a knob the point varies as varied (vary.cp), not pinned (fix.cp)."""
+    """``reason`` naming a knob the point varies as varied (vary.cp), not pinned (fix.cp), or a
+    setting it varies (seq_len: ... use --seq-len 1024 or less -> vary.seq_len: ... use 1024 or
+    less)."""
     for key, _ in point:
         for where in ("fix", "engine"):
             if reason.startswith(f"{where}.{key}:"):
                 reason = "vary." + reason[len(where) + 1:]
+        if reason.startswith(f"{key}:"):
+            reason = "vary." + reason.replace(f"--{key.replace('_', '-')} ", "")
     return reason
 
 

@@ -149,6 +149,20 @@ def test_a_mixed_cluster_is_priced_per_device(caplog):
         {"device": "a", "num_gpus": 8}]}) == "a:16,b:8"
 
 
+def test_a_length_the_model_cannot_take_is_a_row_not_the_sweeps_end():
+    """A new-user check: --vary seq_len past GPT-2's learned positions ended the whole sweep with
+    'seq_len: ... use --seq-len 1024 or less'; that point is a row now, worded as varied."""
+    rows = explore.whatif("gpt2", cluster="dgx-h100", vary={"seq_len": [256, 2048]},
+                          global_batch=8)
+    ok, bad = rows
+    assert ok["feasible"] and not bad["feasible"] and bad["bad_input"]
+    assert bad["reason"] == ("vary.seq_len: 2048 exceeds gpt2's learned positions (1024); use "
+                             "1024 or less")
+    with pytest.raises(SpecError, match=r"^vary.seq_len: 2048 exceeds .* \(and 1 other point"):
+        explore.whatif("gpt2", cluster="dgx-h100", vary={"seq_len": [2048, 4096]},
+                       global_batch=8)
+
+
 def test_infeasible_points_are_rows(tiny_llama_config):
     rows = explore.whatif(tiny_llama_config, cluster="dgx-h100",
                           vary={"device": ["v100", "h100"]}, global_batch=8, seq_len=64)
