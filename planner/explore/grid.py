@@ -7,6 +7,7 @@ import itertools
 from dataclasses import fields, replace
 from typing import Mapping, Sequence
 
+from costmodels.embeddings import SHARDING_TYPES
 from costmodels.engine import EngineSpec, engine_from_mapping
 from costmodels.hardware import GB, get_device
 from costmodels.linkunits import parse_bandwidth
@@ -25,7 +26,10 @@ TRAINING_KEYS = ("global_batch", "seq_len", "dtype", "optimizer")
 ENGINE_KEYS = tuple(f.name for f in fields(EngineSpec))
 """Engine settings (``--engine`` keys: moe_imbalance, moe_dispatcher, attention, ...): each point
 runs the sweep's engine with its value."""
-VARY_KEYS = CLUSTER_KEYS + TRAINING_KEYS + FIX_KEYS + ENGINE_KEYS
+TABLE_KEYS = ("sharding",)
+"""A recommendation model's tables: the sharding type every table takes (as ``--fix
+sharding=<type>`` pins it in plan solve)."""
+VARY_KEYS = CLUSTER_KEYS + TRAINING_KEYS + FIX_KEYS + ENGINE_KEYS + TABLE_KEYS
 
 
 def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
@@ -98,6 +102,11 @@ def value(key: str, raw):
     if key == "device":
         get_device(str(raw), "vary.device")
         return str(raw)
+    if key == "sharding":
+        if str(raw).strip() not in SHARDING_TYPES:
+            raise SpecError(f"vary.sharding: expected one of {', '.join(SHARDING_TYPES)}, got "
+                            f"{raw!r}")
+        return str(raw).strip()
     if key == "dtype" and raw not in DTYPES:
         raise SpecError(f"vary.dtype: unknown dtype {raw!r}; use one of {', '.join(DTYPES)}")
     if key == "optimizer" and raw not in OPTIMIZERS:

@@ -18,9 +18,10 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
+from costmodels.embeddings import SHARDING_TYPES
 from costmodels.hardware import get_device
 from costmodels.specs import parse_pairs
 from costmodels.topology import Cluster, HeteroCluster
@@ -29,7 +30,7 @@ from planner.errors import PlannerError, SpecError
 from planner.files import fspath_or_same
 from planner.explore.costs import (add_costs, check_tokens, gpus_by_device, parse_prices,
                                     resolve_prices, sweep_devices)
-from planner.explore.grid import ENGINE_KEYS, expand, point_cluster, point_engine
+from planner.explore.grid import ENGINE_KEYS, TABLE_KEYS, expand, point_cluster, point_engine
 from planner.inputs.clusters import load_cluster
 from planner.search.feasibility import cluster_pin_problem
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix
@@ -54,6 +55,24 @@ class _Task:
     trace_key: tuple
     error: str = ""
     """Why the point cannot be planned at all (contradictory settings)."""
+    tables: dict = field(default_factory=dict)
+    """A recommendation model's table pins (``sharding``: the type of every table)."""
+
+
+def _split_fix(fix, recsys: bool) -> tuple[dict, dict]:
+    """(pinned knobs, table pins) of ``fix``: ``sharding=<type>`` shards a recommendation
+    model's tables (as plan solve --fix pins it), every other key is a parallelism knob."""
+    items = parse_pairs(fix, where="fix", example="--fix tp=8") if isinstance(fix, str) else \
+        dict(fix or {})
+    tables = {k: str(items.pop(k)).strip() for k in TABLE_KEYS if k in items}
+    if tables and not recsys:
+        raise SpecError("fix.sharding: shards a recommendation model's embedding tables, and "
+                        "this model has none; drop it")
+    for key, text in tables.items():
+        if text not in SHARDING_TYPES:
+            raise SpecError(f"fix.{key}: expected one of {', '.join(SHARDING_TYPES)}, got "
+                            f"{text!r}")
+    return parse_fix(items), tables
 
 
 def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: int | None = None,
@@ -73,7 +92,11 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     columns; ``tokens`` adds the hours and dollars to train on that many tokens."""
     model = fspath_or_same(model)  # (a cluster Path stays one: load_cluster reads it as a file)
     grid = expand(vary)
-    fixed = parse_fix(fix)
+    recsys = api.recsys_model(model)
+    fixed, tables = _split_fix(fix, recsys)
+    if "sharding" in vary and not recsys:
+        raise SpecError("vary.sharding: shards a recommendation model's embedding tables, and "
+                        "this model has none; vary its parallelism knobs (tp, pp, ...) instead")
     for key, given in [(k, knob(v)) for k, v in fixed.items()] + [
             ("cluster", cluster), ("nodes", nodes), ("gpus_per_node", gpus_per_node),
             ("global_batch", global_batch), ("seq_len", seq_len), ("dtype", dtype),
@@ -86,7 +109,10 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         if key in vary:
             raise SpecError(f"vary.{key}: also given as {key}={given} (engine); give it in one "
                             "place")
-    recsys = api.recsys_model(model)
+    for key, given in tables.items():
+        if key in vary:
+            raise SpecError(f"vary.{key}: also given as {key}={given} (fix); give it in one "
+                            "place")
     dtype = ("fp32" if recsys else "bf16") if dtype is None else dtype
     if recsys and (seq_len is not None or "seq_len" in vary):  # (as planner.plan refuses it)
         where = "vary.seq_len" if "seq_len" in vary else "seq_len"
@@ -99,7 +125,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         raise SpecError("global_batch: missing; pass global_batch= (--global-batch) or vary it")
     base = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
             "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
-            "optimizer": optimizer or "adam", "fix": fixed, "engine": engine_spec(engine),
+            "optimizer": optimizer or "adam", "fix": fixed, "tables": tables,
+            "engine": engine_spec(engine),
             "top_k": top_k, "time_limit_s": time_limit_s}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row
@@ -201,13 +228,16 @@ def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
     for i, t in enumerate(tasks):
         if t.error:
             rows.append(_bad_row(t, t.error))
-        elif t.options.fix and set(t.options.fix) - {"sharding", "zero"}:
-            rows.append(_bad_row(t, "recommendation models take only sharding=<type> and "
-                                    "zero=0|3 as pinned knobs"))
+        elif t.options.fix and set(t.options.fix) - {"zero"}:
+            key = sorted(set(t.options.fix) - {"zero"})[0]
+            where = "vary" if key in dict(t.point) else "fix"
+            rows.append(_bad_row(t, f"{where}.{key}: a recommendation model takes sharding="
+                                    "<type> (its tables) and zero=0|3 (its dense part) as knobs, "
+                                    f"not {key}"))
         else:
             try:
                 plan = api.plan_rec_prepared(prepared, t.cluster, t.training,
-                                             sharding=t.options.fix.get("sharding"),
+                                             sharding=t.tables.get("sharding"),
                                              zero=t.options.fix.get("zero"),
                                              time_limit_s=t.options.time_limit_s)
                 rows.append(_row(t, plan, ""))
@@ -234,6 +264,7 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
     """Resolve one point's cluster, training and options from the shared settings."""
     s = {**base, **{k: v for k, v in point if k not in FIX_KEYS and k not in ENGINE_KEYS}}
     fix = {**base["fix"], **{k: v for k, v in point if k in FIX_KEYS}}
+    tables = {**base["tables"], **{k: v for k, v in point if k in TABLE_KEYS}}
     if fix.get("cp") == 1:  # a cp=1 point of a sweep over cp and cp_comm: no exchange to pick
         fix.pop("cp_comm", None)
     trace_key = (s["seq_len"], s["dtype"])
@@ -251,8 +282,8 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
         if problem:
             raise SpecError(problem)
     except SpecError as exc:
-        return _Task(index, point, cl, None, None, trace_key, error=str(exc))
-    return _Task(index, point, cl, training, options, trace_key)
+        return _Task(index, point, cl, None, None, trace_key, error=str(exc), tables=tables)
+    return _Task(index, point, cl, training, options, trace_key, tables=tables)
 
 
 def _run(tasks: list[_Task], prepared: dict, workers: int | None, progress) -> list[dict]:
@@ -402,6 +433,7 @@ def _row(task: _Task, plan, reason: str) -> dict:
         "feasible": plan is not None, "reason": reason or None, "bad_input": False,
         "warnings": None,
         "config": plan.parallel_summary if plan else None,
+        "tables": _table_layout(plan) if plan is not None and plan.embeddings else None,
     }
     row.update({k: plan.parallel.get(k) if plan else None for k in KNOBS})
     row.update({k: plan.predicted[k] if plan else None for k in METRIC_KEYS})
@@ -409,6 +441,15 @@ def _row(task: _Task, plan, reason: str) -> dict:
     row.update({k: plan.predicted["breakdown"].get(k, 0.0) if plan else None
                 for k in BREAKDOWN_WORDS})
     return row
+
+
+def _table_layout(plan) -> str:
+    """How a recommendation plan shards its tables, by sharding type: ``table_wise 24,
+    row_wise 2``."""
+    kinds: dict[str, int] = {}
+    for t in plan.embeddings["tables"]:
+        kinds[t["sharding_type"]] = kinds.get(t["sharding_type"], 0) + 1
+    return ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
 def _ordered(row: dict) -> dict:

@@ -75,6 +75,10 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
     a Python object), training and cluster with ``pins`` fixed (on top of what the plan already
     fixed) and return what changes, or why nothing fits."""
 
+    if plan.embeddings:  # (before its knobs: sharding is none of the dense knobs --why takes)
+        raise SpecError("why: not available for recommendation plans (sharded embedding tables); "
+                        "re-plan with plan solve ... --fix, or compare layouts with plan whatif "
+                        "--vary sharding=...")
     pins = parse_fix(pins, where="why", example="--why tp=16,pp=1")
     if not pins:
         raise SpecError("why: name the knobs to try, e.g. --why tp=16 or --why pp=1,zero=3")
@@ -150,9 +154,6 @@ def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
     """(prepared model, cluster, training, options) of the plan, with ``pins`` added to its fix;
     ``model``: the MODEL to trace instead of the plan's."""
     c = plan.cluster
-    if plan.embeddings:
-        raise SpecError("why: not available for recommendation plans (sharded embedding tables); "
-                        "re-plan with plan solve ... --fix")
     spec = plan.model_spec(model)
     if "groups" in c:
         raise SpecError("why: not available for clusters with node groups; re-plan with --fix")

@@ -30,7 +30,8 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
                 cut.append(f"  {r['point']}: {r['reason']}")
             out.append((*cells, *[""] * (len(head) - 2)))
             continue
-        cells += [parallel_text(r), f"{r['step_time_s']:.3g} s", f"{r[rate_key]:,.0f}",
+        layout = parallel_text(r) + (f"; tables {r['tables']}" if r.get("tables") else "")
+        cells += [layout, f"{r['step_time_s']:.3g} s", f"{r[rate_key]:,.0f}",
                   f"{100 * r['mfu']:.1f}%", gb(r["peak_memory_bytes"])]
         if costs:
             cells += [dollars(r.get("cost_per_step_usd")), dollars(r.get("cost_per_mtok_usd"))]

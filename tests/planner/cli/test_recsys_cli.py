@@ -136,6 +136,40 @@ def test_whatif_of_a_recommendation_model_counts_samples(capsys):
         assert code == 2 and "a recommendation model's samples are rows of features" in err
 
 
+def test_whatif_of_a_recommendation_model_varies_and_pins_its_sharding(capsys, tmp_path):
+    """A new-user check found --fix sharding= and --vary sharding= refused ('unknown knob'), and
+    a varied tp answered with a hint naming the knob whatif refused. Tables sharded one way per
+    point now, the layout in the configuration column; the dense knobs named as not taken."""
+    base = ["whatif", "two-tower", "--cluster", "dgx-a100-40g", "--global-batch", "8192"]
+    code, out, err = run(capsys, *base, "--vary", "sharding=table_wise,row_wise",
+                         "--price-per-gpu-hour", "a100=2")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "$/M samples" in lines[0]
+    assert "; tables table_wise 2" in lines[1] and "; tables row_wise 2" in lines[2]
+    code, out, err = run(capsys, *base, "--vary", "nodes=1,2", "--fix", "sharding=column_wise")
+    assert code == 0 and out.count("; tables column_wise 2") == 2, err
+    for argv, words in ((["--vary", "tp=1,2"], "vary.tp: a recommendation model takes sharding="
+                                               "<type> (its tables) and zero=0|3 (its dense "
+                                               "part) as knobs, not tp"),
+                        (["--vary", "sharding=rows"], "vary.sharding: expected one of "),
+                        (["--vary", "nodes=1", "--fix", "sharding=rows"], "fix.sharding: expected"),
+                        (["--vary", "sharding=row_wise", "--fix", "sharding=row_wise"],
+                         "vary.sharding: also given as sharding=row_wise (fix)")):
+        code, _, err = run(capsys, *base, *argv)
+        assert code == 2 and words in err, err
+    code, _, err = run(capsys, "whatif", "gpt2", "--cluster", "dgx-a100-40g", "--global-batch",
+                       "8", "--vary", "sharding=row_wise")
+    assert code == 2 and "vary.sharding: shards a recommendation model's embedding tables, and " \
+        "this model has none" in err
+    plan = str(tmp_path / "tt.json")
+    assert run(capsys, "solve", "two-tower", "--cluster", "dgx-a100-40g", "--nodes", "1",
+               "--global-batch", "8192", "-o", plan)[0] == 0
+    code, _, err = run(capsys, "show", plan, "--why", "sharding=row_wise")
+    assert code == 2 and "why: not available for recommendation plans" in err \
+        and "plan whatif --vary sharding=" in err
+
+
 @pytest.mark.parametrize("text,words", [
     ("tables:\n  t_cat_0: {poolng: 3}\n", "tables.t_cat_0.poolng: unknown key; use pooling"),
     ("tabels:\n  t_cat_0: {pooling: 3}\n", "unknown key 'tabels'"),
