@@ -393,6 +393,8 @@ def plan_rec_prepared(prepared: PreparedRec, cluster, training: TrainingSpec, *,
     elif zero is not None:
         raise SpecError("fix: zero= needs a model whose dense part runs apart from its tables "
                         "(dense_forward and dense_inputs, as the zoo's models have)")
+    log.info("sharding %d tables over %d GPUs (CP-SAT, up to %g s) ...", len(rec.tables),
+             cluster.num_gpus, opts.time_limit_s)
     tp = plan_tables(rec, cluster, global_batch=training.global_batch, dtype=training.dtype,
                      engine=training.engine, opts=opts, dense=dense)
     log.info("sharded %d tables over %d GPUs in %.2f s (%s)", len(rec.tables), cluster.num_gpus,

@@ -67,8 +67,10 @@ def refine_dag(est: Estimate, bg: BlockGraph, ma: ModelArrays, costs: BlockCosts
     t0 = time.perf_counter()
     res = solve_dag(costs.split_s(cfg.num_microbatches), edges, cfg.pp, mem, time_limit_s=budget_s,
                     seed=options.cpsat_seed, hint=hint)
-    log.info("CP-SAT stage assignment for %s: %s in %.2f s", cfg.short(),
-             res.status if res else "no solution", time.perf_counter() - t0)
+    took = time.perf_counter() - t0  # (said where it took a while: a what-if asks it per point)
+    log.log(logging.INFO if took >= 1.0 else logging.DEBUG,
+            "CP-SAT stage assignment for %s: %s in %.2f s", cfg.short(),
+            res.status if res else "no solution", took)
     if res is None:
         return dataclasses.replace(est, split_status="feasible", split_gap=None)
     chain_bottleneck = max(st.compute_s + st.tp_comm_s for st in est.stages)

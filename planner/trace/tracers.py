@@ -131,7 +131,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
             masks.mark(ops, model)
             for op in ops:
                 op.params = list(dict.fromkeys(aliases.get(p, p) for p in op.params))
-            log.info("traced %s with %s: %d ops", name, how, len(ops))
+            log.debug("traced %s with %s: %d ops", name, how, len(ops))  # (api says it once)
             containers = [n for n, m in model.named_modules() if n and isinstance(
                 m, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential))]
             return OpGraph(
