@@ -71,6 +71,9 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "target": options.target,
         "alternatives": [alternative(best, alt, training, cluster) for alt in result.alternatives],
     }
+    if isinstance(cluster, HeteroCluster) and best.stages[0].group:
+        # CP-SAT's joint model of the stages, their groups and sizes, on the best plan
+        search["groups_check"] = {"status": best.split_status, "gap": best.split_gap}
     if isinstance(cluster, HeteroCluster) and cluster.is_sites and best.stages[0].group:
         search["placements"] = placement_report(best, ModelArrays.from_blocks(bg), cluster,
                                                 training)

@@ -317,6 +317,11 @@ def _search(p: Plan) -> list[str]:
     if s["status"] == "feasible" and rejected.get(RETIME_CAP) and not rejected.get(TIME_LIMIT):
         status = (f"best found (re-timing cap: {RETIME_MAX} more schedules simulated; a plan "
                   "among those left might simulate faster)")
+    check = s.get("groups_check")
+    if check:  # (planner.search.hetero.refine_groups)
+        status += ("; CP-SAT's check of the stages' groups and sizes: " + (
+            "no answer in its time" if check["gap"] is None and check["status"] != "optimal" else
+            check["status"] + (f" (gap {100 * check['gap']:.1f}%)" if check["gap"] else "")))
     lines = [f"  search: {s['candidates']} configurations, {s.get('evaluated', 0)} priced{timing}; "
              f"{status}"] + ([f"  set aside: {aside}"] if aside else []) + (
         [f"  ruled out before pricing (choices of knobs, not configurations): {ruled}"]

@@ -144,6 +144,13 @@ def test_a_search_cut_by_its_time_limit_says_feasible_with_an_unknown_gap(mid_gp
     assert full.search["status"] == "optimal" and full.search["gap"] == 0.0
     assert "not evaluated (time limit)" not in full.search["rejected"]
     assert full.step_time_s <= cut.step_time_s
+    # CP-SAT's re-check of the stages' groups, recorded and shown (README: sites and groups)
+    if mixed:
+        from planner.report.summary import summary
+        assert full.search["groups_check"] == {"status": "optimal", "gap": 0.0}
+        assert "CP-SAT's check of the stages' groups and sizes: optimal" in summary(full)
+    else:
+        assert "groups_check" not in full.search
 
 
 def test_a_time_limit_never_turns_a_model_that_fits_into_no_plan(mid_gpt2, monkeypatch):
