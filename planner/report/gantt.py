@@ -110,18 +110,30 @@ GANTT_CLIP = 2.5
 """The time axis ends at this many joint makespans at most (longer baselines are cut off)."""
 
 
+def _time_unit(seconds: float) -> tuple[float, str, str]:
+    """(seconds per unit, its name, its symbol) for an axis spanning ``seconds``: hours, or
+    minutes or seconds for a short schedule (a 19 s one read 'makespan 0.01 h')."""
+    if seconds >= 2 * 3600:
+        return 3600.0, "hours", "h"
+    if seconds >= 120:
+        return 60.0, "minutes", "min"
+    return 1.0, "seconds", "s"
+
+
 def jobs_gantt(doc: dict, path: str) -> None:
-    """The cluster over time, one row per GPU: the joint schedule of ``doc`` (a planner.jobs/v1
-    document) above the two baselines. Writes ``path`` (.png or .svg)."""
+    """The cluster over time, one row per GPU (labelled by node): the joint schedule of ``doc``
+    (a planner.jobs/v1 document) above the two baselines, in hours, or minutes or seconds for a
+    short one. Writes ``path`` (.png or .svg)."""
     from matplotlib import colormaps  # lazy: matplotlib only for pictures
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only for pictures
     from matplotlib.figure import Figure  # lazy: matplotlib only for pictures
     from matplotlib.patches import Patch  # lazy: matplotlib only for pictures
 
     check_path(path, "gantt")
-    c, joint = doc["cluster"], doc["makespan_s"] / 3600
+    unit, name, sym = _time_unit(doc["makespan_s"])
+    c, joint = doc["cluster"], doc["makespan_s"] / unit
     panels = [("joint schedule (CP-SAT)", doc["jobs"], joint)]
-    panels += [(b["description"], b["jobs"], b["makespan_s"] / 3600)
+    panels += [(b["description"], b["jobs"], b["makespan_s"] / unit)
                for b in doc["baselines"].values()]
     span = min(max(p[2] for p in panels), GANTT_CLIP * joint)  # a slow baseline runs off
     cmap = colormaps["tab10" if len(doc["jobs"]) <= 10 else "tab20"]
@@ -132,25 +144,25 @@ def jobs_gantt(doc: dict, path: str) -> None:
     axes = fig.subplots(len(panels), 1, sharex=True)
     for ax, (title, placed, makespan) in zip(axes, panels):
         for j in placed:
-            _bars(ax, j, colors[j["name"]], span)
+            _bars(ax, j, colors[j["name"]], span, unit)
         ax.axvline(makespan, color="black", linestyle="--", linewidth=1)
         if makespan > span:
-            ax.annotate(f"ends at {makespan:.1f} h", xy=(span, 0.5),
+            ax.annotate(f"ends at {makespan:.1f} {sym}", xy=(span, 0.5),
                         xycoords=("data", "axes fraction"),
                         ha="right", va="center", fontsize=9,
                         bbox={"boxstyle": "rarrow", "fc": "white", "ec": "black"})
         if placed is doc["jobs"]:
-            title += f": makespan {makespan:.2f} h (dashed)"
+            title += f": makespan {makespan:.3g} {sym} (dashed)"
         else:
             ax.axvline(joint, color="black", linestyle=":", linewidth=1)
-            title += (f": makespan {makespan:.2f} h, joint schedule (dotted) {joint:.2f} h is "
-                      f"{100 * (makespan - joint) / makespan:.0f}% shorter")
+            title += (f": makespan {makespan:.3g} {sym}, joint schedule (dotted) {joint:.3g} "
+                      f"{sym} is {100 * (makespan - joint) / makespan:.0f}% shorter")
         if doc["now_s"]:
-            ax.axvline(doc["now_s"] / 3600, color="red", linewidth=1.2)
+            ax.axvline(doc["now_s"] / unit, color="red", linewidth=1.2)
         ax.set_title(title, fontsize=10, loc="left")
         _node_axis(ax, c["nodes"], c["gpus_per_node"])
     axes[-1].set_xlim(0, span * 1.02)
-    axes[-1].set_xlabel("hours" + (" (red: re-planned at this time)" if doc["now_s"] else ""))
+    axes[-1].set_xlabel(name + (" (red: re-planned at this time)" if doc["now_s"] else ""))
     handles = [Patch(color=colors[j["name"]], label=f"{j['name']}: {model_name(j['model'])}")
                for j in doc["jobs"]]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5),
@@ -159,9 +171,10 @@ def jobs_gantt(doc: dict, path: str) -> None:
     figure.save(fig, path, dpi=110)
 
 
-def _bars(ax, job: dict, color, span_h: float) -> None:
-    """One bar per run of consecutive GPU ids, labelled with the job and its GPU count."""
-    x, w = job["start_s"] / 3600, (job["end_s"] - job["start_s"]) / 3600
+def _bars(ax, job: dict, color, span_h: float, unit: float) -> None:
+    """One bar per run of consecutive GPU ids, labelled with the job and its GPU count (times in
+    ``unit`` seconds, as ``span_h``)."""
+    x, w = job["start_s"] / unit, (job["end_s"] - job["start_s"]) / unit
     seen = max(0.0, min(x + w, span_h) - x)  # the part left of the cut
     for lo, hi in runs(job["gpu_ids"]):
         ax.broken_barh([(x, w)], (lo, hi - lo + 1), facecolors=color, edgecolors="white",

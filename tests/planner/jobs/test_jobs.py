@@ -345,3 +345,13 @@ def test_a_weighted_schedule_prints_what_it_minimized():
     assert "weighted completion (sum of priority x end): 5.0 min joint" in text
     assert "10.0 min sequential: joint schedule's is 50.0% lower" in text
     assert "weighted completion" not in summary({**doc, "objective": "makespan"}, 0.1)
+
+
+@pytest.mark.parametrize("seconds,unit", [(19.0, "seconds"), (600.0, "minutes"),
+                                          (5 * 3600.0, "hours")])
+def test_the_jobs_gantt_reads_short_schedules_in_their_own_unit(seconds, unit):
+    """A new-user check's 19 s schedule was titled 'makespan 0.01 h'."""
+    from planner.report.gantt import _time_unit
+
+    per, name, _ = _time_unit(seconds)
+    assert name == unit and 1 <= seconds / per < 120
