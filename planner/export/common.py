@@ -254,7 +254,7 @@ def placement(plan: Plan) -> str:
 
 
 def site_stages(plan: Plan, ledger: Ledger) -> None:
-    """On a cluster of device groups (sites), which nodes run which pipeline stage: the engines
+    """On a cluster of device groups or sites, which nodes run which pipeline stage: the engines
     number their ranks stage by stage (pipeline outermost), so the launch must put each stage's
     ranks on its site's nodes; no engine setting says it (the launcher's node ranks do)."""
     groups = {st["pipeline_rank"]: st["group"] for st in plan.stages if st.get("group")}
@@ -275,10 +275,12 @@ def site_stages(plan: Plan, ledger: Ledger) -> None:
         else:
             node = None  # stages share nodes: ranks only
         spans.append(f"ranks {first}-{last}{nodes} on {groups[k]}")
-    ledger.missing("placement", "sites: the engine numbers its ranks pipeline stage by stage, so "
-                   "launch with the nodes ordered as the plan chains the sites: "
-                   + ", ".join(spans) + "; another order is what `plan show` prices as the naive "
-                   "or a random placement")
+    word = "sites" if plan.cluster.get("links") else "groups"  # (a sites YAML lists its links)
+    ledger.missing("placement", f"{word}: the engine numbers its ranks pipeline stage by stage, "
+                   f"so launch with the nodes ordered as the plan chains the {word}: "
+                   + ", ".join(spans) + ("; another order is what `plan show` prices as the "
+                                         "naive or a random placement" if word == "sites" else
+                                         ""))
 
 
 def schedule_words(name: str) -> str:

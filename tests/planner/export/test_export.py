@@ -987,8 +987,9 @@ def test_exports_say_which_site_runs_which_stage(notes):
                          (to_torchtitan, "llama3-70b-pp4-torchtitan"),
                          (to_deepspeed, "llama3-70b-pp4-deepspeed")):
         plan = data_plan(stem)
-        staged = dataclasses.replace(plan, stages=[{**st, "group": sites[st["pipeline_rank"]]}
-                                                   for st in plan.stages])
+        staged = dataclasses.replace(
+            plan, stages=[{**st, "group": sites[st["pipeline_rank"]]} for st in plan.stages],
+            cluster={**plan.cluster, "links": [{"between": sites[:2], "bandwidth": "10Gbps"}]})
         per, gpn = plan.cluster["num_gpus"] // 4, plan.cluster["gpus_per_node"]
         notes.clear()
         write(plan)
@@ -1406,7 +1407,8 @@ def test_a_replan_hint_drops_an_exchange_the_target_does_not_run_over_the_attent
 
 
 def test_site_node_ranks_count_each_sites_own_nodes(notes):
-    """Sites whose nodes hold different numbers of GPUs: node ranks follow each site's nodes."""
+    """Groups whose nodes hold different numbers of GPUs: node ranks follow each group's nodes
+    (named groups: a cluster of node groups, not sites, lists no links between sites)."""
     plan = data_plan("llama3-70b-pp4-megatron")  # 64 GPUs, 16 per stage
     sites = ["big", "big", "small", "small"]
     groups = [{"name": "big", "gpus_per_node": 8, "nodes": 4, "device": "h100"},
@@ -1415,7 +1417,8 @@ def test_site_node_ranks_count_each_sites_own_nodes(notes):
                                  stages=[{**st, "group": sites[st["pipeline_rank"]]}
                                          for st in plan.stages])
     to_megatron(staged)
-    note = next(n for n in notes if "sites:" in n)
+    note = next(n for n in notes if "groups:" in n)
+    assert "as the plan chains the groups" in note and "naive" not in note
     assert "ranks 0-15 (node ranks 0-1) on big, ranks 16-31 (node ranks 2-3) on big, " \
            "ranks 32-47 (node ranks 4-7) on small, ranks 48-63 (node ranks 8-11) on small" in note
 
