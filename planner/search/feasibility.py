@@ -276,9 +276,7 @@ def cluster_pin_problem(fix: dict, num_gpus: int, batch: int) -> str:
         if dp is not None and (batch // dp) % mb:
             return (f"fix.micro_batch: {mb} does not divide the {batch // dp} samples of each of "
                     f"the {dp} replicas")
-        if batch % mb:  # (a replica's share of the batch divides it)
-            return (f"fix.micro_batch: {mb} does not divide the global batch {batch}, so no "
-                    f"replica's share of it; pin one of {_some(divisors(batch))}")
+
     if fix.get("sequence_parallel") and tp == 1:
         return "fix.sequence_parallel: needs tp > 1; pin tp > 1 or drop sequence_parallel"
     if "cp_comm" in fix and fix.get("cp") == 1:
@@ -388,6 +386,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     if "cp" not in options.fix:  # the search's own choice to skip short cp, not a rule that binds
         rejected = Counter({r: n for r, n in rejected.items() if r != CP_SHORT})
     summary = "; ".join(filter(None, rejection_lines(rejected, most=6))) or "no candidates"
+    counted = f"configurations each rule refused: {summary}" if rejected else summary
     pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                     for k, v in options.fix.items())
     with_pins = f" with {pins}" if pins else ""
@@ -399,7 +398,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     if isinstance(cluster, HeteroCluster):
         if not priced:  # the rules alone left nothing: bad input
             raise SpecError(f"{lead}no configuration{with_pins} is possible on the cluster's groups "
-                            f"({summary}); {relax}")
+                            f"({counted}); {relax}")
         return f"no plan{with_pins} fits the cluster's groups ({summary})"
     cap = capacity_bytes(cluster, options)
     lean = leanest(ma, bg, cluster, training, options)
@@ -407,7 +406,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
         return over_memory
     if lean is None:  # the rules (and the pins) leave nothing, whatever the memory: bad input
         raise SpecError(f"{lead}no configuration{with_pins} is possible on {cluster.num_gpus} GPUs "
-                        f"({summary}); {relax}")
+                        f"({counted}); {relax}")
     need, cfg, est = lean
     if need <= cap and rejected[TOO_MANY_MB]:
         least = -(-training.global_batch // (cluster.num_gpus * MAX_MICROBATCHES))
@@ -418,7 +417,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     if need <= cap and priced and not (rejected[MICRO_BATCH] or rejected[BATCH_DP]):
         return over_memory  # the leanest layout breaks a rule; what the rules allow is too big
     if need <= cap:  # memory is not what stops it: the batch or the pins break the rules
-        raise SpecError(f"{lead}no configuration{with_pins} is possible ({summary}); " +
+        raise SpecError(f"{lead}no configuration{with_pins} is possible ({counted}); " +
                         _rules_advice(cfg, training.global_batch, rejected, bool(pins),
                                       cluster.num_gpus))
     worst = max(est.stages, key=lambda st: st.memory.get("total", 0.0))

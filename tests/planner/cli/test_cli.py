@@ -54,8 +54,8 @@ BAD = {
     # (a new-user check read the count of refused configurations, 10, as a batch size)
     "micro-batch of no share": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
                                  "--fix", "micro_batch=3"],
-                                "fix.micro_batch: 3 does not divide the global batch 8, so no "
-                                "replica's share of it; pin one of 1, 2, 4, 8"),
+                                "(configurations each rule refused: micro batch does not divide "
+                                "the per-replica batch: "),
     "bad batch": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "0"],
                   "argument --global-batch: expected an integer >= 1, got '0'"),
     "missing plan": (["show", "/nonexistent/plan.json"],
