@@ -334,8 +334,9 @@ def _schedule(plan: Plan, stages: list, layout: Layout):
                                 f"rank {r}, but the stages place it elsewhere")
     sched = _PipelineScheduleRuntime(stages, plan.parallel["num_microbatches"],
                                      loss_fn=mdl.loss_fn, scale_grads=True)
-    sched._prepare_schedule_with_comms(
-        {r: [_Action.from_str(a) for a in acts] for r, acts in enumerate(torch_actions(actions))})
+    sched._prepare_schedule_with_comms(  # (torch reads the stages' places from these keys)
+        {layout.pp_group_rank(r): [_Action.from_str(a) for a in acts]
+         for r, acts in enumerate(torch_actions(actions))})
     return sched
 
 

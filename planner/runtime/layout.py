@@ -86,6 +86,12 @@ class Layout:
         return [[[[self.rank_of(pp=p, dp=d, cp=c, tp=t) for t in range(self.tp)]
                   for c in range(self.cp)] for d in range(self.dp)] for p in range(self.pp)]
 
+    def pp_group_rank(self, p: int) -> int:
+        """Pipeline rank ``p``'s rank in its torch pipeline process group: torch numbers a
+        group's members by global rank, which follows the mesh's pipeline dimension
+        (``pp_order``), not the plan's pipeline ranks."""
+        return self.pp_order[p] if self.pp_order else p
+
     def local_stages(self, rank: int) -> list[int]:
         """Stage ids this rank runs, in increasing order."""
         me = self.coords(rank)["pp"]

@@ -30,6 +30,8 @@ TWO = {
     "pp2-interleaved": "pp=2,tp=1,dp=1,schedule=interleaved-1f1b,vpp=2,micro_batch=2,"
                        "recompute=none,zero=0",
     "pp2-zb-h1": "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2,recompute=none,zero=0",
+    # the first stage on the second rank, as a plan for node groups may put it (Layout.pp_order)
+    "pp2-1f1b-swapped": "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2,recompute=none,zero=0",
     # checkpointed blocks: torch's split weight pass cannot replay them, so W runs inside B
     "pp2-zb-h1-selective": "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2,recompute=selective,"
                            "zero=0",
@@ -59,6 +61,11 @@ def _make(make_plan, model: str, case: str) -> str:
         plan.schedule = {**plan.schedule, "name": "zb-h1",
                          "actions": as_text(build("zb-h1", par["pp"], par["num_microbatches"]))}
         plan.parallel = {**par, "schedule": "zb-h1"}
+        plan.save(path)
+    if case.endswith("-swapped"):
+        plan = load_plan(path)
+        plan.stages[0]["ranks"], plan.stages[1]["ranks"] = (plan.stages[1]["ranks"],
+                                                            plan.stages[0]["ranks"])
         plan.save(path)
     return path
 

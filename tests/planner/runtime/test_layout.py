@@ -59,7 +59,9 @@ def test_a_pipeline_in_another_order_than_the_mesh_follows_the_plans_pipeline_ra
     assert lay.pp_order == (1, 0) and lay.stage_pp_rank == (0, 1)
     assert [lay.coords(r)["pp"] for r in range(4)] == [1, 1, 0, 0]
     assert lay.pipeline_ranks(0) == [2, 3] and lay.local_stages(2) == [0]
-    assert lay.mesh() == [[[[2]], [[3]]], [[[0]], [[1]]]]  # the pp group's rank 0: stage 0
+    assert lay.mesh() == [[[[2]], [[3]]], [[[0]], [[1]]]]
+    # torch numbers the pp group by global rank: stage 0's ranks are its rank 1
+    assert [lay.pp_group_rank(p) for p in range(2)] == [1, 0]
     assert all(lay.rank_of(**lay.coords(r)) == r for r in range(4))
     plan.stages[1]["pipeline_rank"] = 0  # two pipeline ranks 0 on ranks of their own
     with pytest.raises(SpecError, match=r"stages\[1\]\.pipeline_rank: 0 on ranks \[0, 1\], "
