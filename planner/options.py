@@ -130,6 +130,13 @@ def zero_runs_with_cp(runs, zero: int, *, ep: int) -> bool:
     return zero in runs.zero_with_cp and not (zero == 3 and ep > 1 and not runs.zero3_with_cp_ep)
 
 
+def zb_split_lost(runs, schedule: str, recompute: str, pp: int) -> bool:
+    """Whether ``runs`` (SearchOptions, or a target's planner.targets.Engine: both carry
+    ``zb_with_recompute``) computes zb-h1's weight gradients inside B: with a pipeline, in
+    recomputed blocks, where its split backward cannot replay the recomputation."""
+    return schedule == "zb-h1" and pp > 1 and recompute != "none" and not runs.zb_with_recompute
+
+
 def same_data_parallelism(tp: int, cp: int, ep: int, etp: int, *, experts: bool) -> bool:
     """Whether the experts' data-parallel degree equals the attention's: ep x etp = tp x cp
     (Megatron-Core takes etp = tp in a model without experts; SearchOptions.pp_inner_same_dp)."""

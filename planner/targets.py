@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from costmodels.memory import modules_of
 from costmodels.pipeline import SCHEDULES, Schedule
 from planner.errors import SpecError
-from planner.options import CP_COMMS, ZERO_STAGES, SearchOptions
+from planner.options import CP_COMMS, ZERO_STAGES, SearchOptions, zb_split_lost
 
 DEFAULT_RECOMPUTE = SearchOptions().recompute
 """The forms a search tries when the caller names none (a target replaces them by its own)."""
@@ -332,15 +332,15 @@ _RECOMPUTE_NEEDS = {"moe_act": " (models with experts)", "mla_up_proj": " (laten
 list of a target's policies in an error."""
 
 
-def schedule_unrun(target: str, schedule: str, recompute: str) -> str:
-    """'' where ``target`` runs ``schedule`` as priced with ``recompute``, else why not (for a
-    what-if on a plan made for that target: `plan simulate`)."""
+def schedule_unrun(target: str, schedule: str, recompute: str, pp: int) -> str:
+    """'' where ``target`` runs ``schedule`` as priced with ``recompute`` on ``pp`` pipeline
+    ranks, else why not (for a what-if on a plan made for that target: `plan simulate`)."""
     if target not in ENGINES:  # any
         return ""
     eng = ENGINES[target]
     if schedule not in eng.schedules:
         return f"{target} runs {', '.join(eng.schedules)}, not {schedule}"
-    if schedule == "zb-h1" and recompute != "none" and not eng.zb_with_recompute:
+    if zb_split_lost(eng, schedule, recompute, pp):
         return (f"{target} computes zb-h1's weight gradients inside B where blocks are "
                 f"recomputed (recompute={recompute}): it runs without the saving simulated here")
     return ""
@@ -354,8 +354,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
     if pinned_sched is not None and int(fix.get("pp", 2)) > 1 and pinned_sched not in eng.schedules:
         raise SpecError(f"fix.schedule: {target} does not run {pinned_sched}; it runs "
                         f"{', '.join(eng.schedules)} (or use --target any)")
-    if pinned_sched == "zb-h1" and fix.get("recompute", "none") != "none" and \
-            int(fix.get("pp", 2)) > 1 and not eng.zb_with_recompute:
+    if zb_split_lost(eng, pinned_sched, fix.get("recompute", "none"), int(fix.get("pp", 2))):
         raise SpecError(f"fix.schedule: {target} computes zb-h1's weight gradients inside B "
                         f"where blocks are recomputed (recompute={fix['recompute']}), so the "
                         "schedule saves nothing; pin recompute=none or another schedule")

@@ -45,7 +45,7 @@ def run(args) -> int:
                           vpp=args.vpp)
     print(comparison(plan, base, other, args.schedule, args.vpp))
     unrun = targets.schedule_unrun(plan.search.get("target", "any"), args.schedule,
-                                   plan.parallel["recompute"])
+                                   plan.parallel["recompute"], plan.parallel["pp"])
     if unrun:
         print(f"note: the plan was made for --target {plan.search['target']}, and {unrun}")
     memory = rank_memory(plan, base, other, twice=args.schedule == "bidirectional")

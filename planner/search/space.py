@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 from costmodels.memory import modules_of
 from planner.errors import SpecError
 from planner.options import (MAX_MICROBATCHES, Config, SearchOptions, TrainingSpec,
-                             zero_runs_with_cp)
+                             zb_split_lost, zero_runs_with_cp)
 
 TP_GPUS = "tp does not divide gpus"
 TP_NODE = "tp > gpus per node"
@@ -487,10 +487,9 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
                 if "mla_up_proj" in modules_of(rc) and not space.latent:
                     rejected[MLA_UP_NONE] += 1
                     continue
-                runs = schedules
-                if rc != "none" and not options.zb_with_recompute and "zb-h1" in schedules:
+                runs = [s for s in schedules if not zb_split_lost(options, s, rc, pp)]
+                if len(runs) < len(schedules):
                     rejected[ZB_RECOMPUTE] += 1
-                    runs = [s for s in schedules if s != "zb-h1"]
                 variants = tuple((s, v, z, o) for s in runs
                                  for v in _vpps(fix, s, pp, m, options, rejected, space)
                                  for z, o in states)

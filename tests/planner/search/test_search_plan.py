@@ -241,9 +241,14 @@ def test_the_torch_target_runs_zb_h1_only_without_recomputation(tiny_llama):
     assert p.parallel["schedule"] == "zb-h1" and p.parallel["recompute"] == "full"
     # a what-if on a torch plan (plan simulate) says so where the target would not run it
     from planner.targets import schedule_unrun
-    assert "inside B where blocks are recomputed" in schedule_unrun("torch", "zb-h1", "full")
-    assert schedule_unrun("torch", "zb-h1", "none") == schedule_unrun("any", "zb-h1", "full") == ""
-    assert "not bidirectional" in schedule_unrun("torch", "bidirectional", "none")
+    assert "inside B where blocks are recomputed" in schedule_unrun("torch", "zb-h1", "full", 2)
+    assert schedule_unrun("torch", "zb-h1", "none", 2) == schedule_unrun("any", "zb-h1", "full", 2) \
+        == schedule_unrun("torch", "zb-h1", "full", 1) == ""
+    assert "not bidirectional" in schedule_unrun("torch", "bidirectional", "none", 2)
+    # without a pipeline there is no W to split: pp=1 with recomputation plans as before
+    p = plan_prepared(tiny_llama, cl, tr, SearchOptions(
+        fix=parse_fix("pp=1,schedule=zb-h1,recompute=full"), target="torch", top_k=0))
+    assert p.parallel["recompute"] == "full" and ZB_RECOMPUTE not in p.search["rejected"]
 
 
 def test_a_target_with_its_own_software_is_priced_with_it(tiny_llama_config):
