@@ -29,8 +29,9 @@ def _counts(row: Mapping) -> dict[str, int]:
     """Device -> GPUs of a row (its ``gpus_by_device``; rows read from a CSV written before that
     column: its one ``device``)."""
     text = row.get("gpus_by_device")
-    if not text:
-        return {row["device"]: row["gpus"]} if row.get("device") else {}
+    if not text:  # (a mixed cluster's 'a100-80g+v100' names no one device: left unpriced)
+        device = row.get("device")
+        return {device: row["gpus"]} if device and "+" not in str(device) else {}
     return {d: int(n) for d, _, n in (p.rpartition(":") for p in str(text).split(","))}
 
 
@@ -38,7 +39,8 @@ def sweep_devices(rows_or_counts) -> list[str]:
     """The devices (one name each) of rows or of ``gpus_by_device`` texts."""
     out = set()
     for item in rows_or_counts:
-        out |= set(_counts(item if isinstance(item, Mapping) else {"gpus_by_device": item}))
+        row = item if isinstance(item, Mapping) else {"gpus_by_device": item}
+        out |= set(_counts(row)) or set(str(row.get("device") or "").split("+")) - {""}
     return sorted(out)
 
 
@@ -72,8 +74,11 @@ def add_costs(rows: list[dict], prices, tokens: float | None = None) -> None:
     check_tokens(tokens)
     by_device = resolve_prices(prices, sweep_devices(rows))
     unpriced: set[str] = set()
+    stale: set[str] = set()
     for r in rows:
         counts = _counts(r)
+        if not counts and r.get("device"):
+            stale.add(str(r["device"]))
         missing = {d for d in counts if d not in by_device}
         unpriced |= missing
         # (a mixed cluster's price per GPU-hour is the mean over its GPUs)
@@ -90,6 +95,10 @@ def add_costs(rows: list[dict], prices, tokens: float | None = None) -> None:
                 hours = float(tokens) / r["tokens_per_s"] / HOUR_S
                 cost.update({"run_hours": hours, "run_cost_usd": hours * r["gpus"] * price})
         r.update(cost)
+    if stale:
+        log.warning("price_per_gpu_hour: rows of %s (clusters of several devices) have no costs: "
+                    "their CSV predates GPUs per device (gpus_by_device); sweep them again",
+                    ", ".join(sorted(stale)))
     if unpriced:
         log.warning("price_per_gpu_hour: no price for %s, so the rows with %s have no costs; "
                     "add %s", ", ".join(sorted(unpriced)), "it" if len(unpriced) == 1 else "them",

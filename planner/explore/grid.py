@@ -57,6 +57,15 @@ def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
     return points
 
 
+def sharding_type(raw, where: str) -> str:
+    """A TorchRec sharding type (a table pin of a recommendation model); SpecError at ``where``
+    for anything else."""
+    text = str(raw).strip()
+    if text not in SHARDING_TYPES:
+        raise SpecError(f"{where}: expected one of {', '.join(SHARDING_TYPES)}, got {raw!r}")
+    return text
+
+
 def parse_vary(items: Sequence[str]) -> dict:
     """``["nodes=8,16", "tp=4,8"]`` -> ``{"nodes": ["8", "16"], "tp": ["4", "8"]}``."""
     out: dict = {}
@@ -103,10 +112,7 @@ def value(key: str, raw):
         get_device(str(raw), "vary.device")
         return str(raw)
     if key == "sharding":
-        if str(raw).strip() not in SHARDING_TYPES:
-            raise SpecError(f"vary.sharding: expected one of {', '.join(SHARDING_TYPES)}, got "
-                            f"{raw!r}")
-        return str(raw).strip()
+        return sharding_type(raw, "vary.sharding")
     if key == "dtype" and raw not in DTYPES:
         raise SpecError(f"vary.dtype: unknown dtype {raw!r}; use one of {', '.join(DTYPES)}")
     if key == "optimizer" and raw not in OPTIMIZERS:

@@ -21,7 +21,6 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
-from costmodels.embeddings import SHARDING_TYPES
 from costmodels.hardware import get_device
 from costmodels.specs import parse_pairs
 from costmodels.topology import Cluster, HeteroCluster
@@ -30,7 +29,8 @@ from planner.errors import PlannerError, SpecError
 from planner.files import fspath_or_same
 from planner.explore.costs import (add_costs, check_tokens, gpus_by_device, parse_prices,
                                     resolve_prices, sweep_devices)
-from planner.explore.grid import ENGINE_KEYS, TABLE_KEYS, expand, point_cluster, point_engine
+from planner.explore.grid import (ENGINE_KEYS, TABLE_KEYS, expand, point_cluster, point_engine,
+                                  sharding_type)
 from planner.inputs.clusters import load_cluster
 from planner.search.feasibility import cluster_pin_problem
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix
@@ -64,15 +64,11 @@ def _split_fix(fix, recsys: bool) -> tuple[dict, dict]:
     model's tables (as plan solve --fix pins it), every other key is a parallelism knob."""
     items = parse_pairs(fix, where="fix", example="--fix tp=8") if isinstance(fix, str) else \
         dict(fix or {})
-    tables = {k: str(items.pop(k)).strip() for k in TABLE_KEYS if k in items}
+    tables = {k: items.pop(k) for k in TABLE_KEYS if k in items}
     if tables and not recsys:
         raise SpecError("fix.sharding: shards a recommendation model's embedding tables, and "
                         "this model has none; drop it")
-    for key, text in tables.items():
-        if text not in SHARDING_TYPES:
-            raise SpecError(f"fix.{key}: expected one of {', '.join(SHARDING_TYPES)}, got "
-                            f"{text!r}")
-    return parse_fix(items), tables
+    return parse_fix(items), {k: sharding_type(v, f"fix.{k}") for k, v in tables.items()}
 
 
 def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: int | None = None,
@@ -433,7 +429,8 @@ def _row(task: _Task, plan, reason: str) -> dict:
         "feasible": plan is not None, "reason": reason or None, "bad_input": False,
         "warnings": None,
         "config": plan.parallel_summary if plan else None,
-        "tables": _table_layout(plan) if plan is not None and plan.embeddings else None,
+        "tables": ", ".join(f"{k} {n}" for k, n in plan.sharding_counts().items())
+        if plan is not None and plan.embeddings else None,
     }
     row.update({k: plan.parallel.get(k) if plan else None for k in KNOBS})
     row.update({k: plan.predicted[k] if plan else None for k in METRIC_KEYS})
@@ -441,15 +438,6 @@ def _row(task: _Task, plan, reason: str) -> dict:
     row.update({k: plan.predicted["breakdown"].get(k, 0.0) if plan else None
                 for k in BREAKDOWN_WORDS})
     return row
-
-
-def _table_layout(plan) -> str:
-    """How a recommendation plan shards its tables, by sharding type: ``table_wise 24,
-    row_wise 2``."""
-    kinds: dict[str, int] = {}
-    for t in plan.embeddings["tables"]:
-        kinds[t["sharding_type"]] = kinds.get(t["sharding_type"], 0) + 1
-    return ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
 def _ordered(row: dict) -> dict:

@@ -154,9 +154,9 @@ def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
     """(prepared model, cluster, training, options) of the plan, with ``pins`` added to its fix;
     ``model``: the MODEL to trace instead of the plan's."""
     c = plan.cluster
-    spec = plan.model_spec(model)
     if "groups" in c:
         raise SpecError("why: not available for clusters with node groups; re-plan with --fix")
+    spec = plan.model_spec(model)
     if "spec" in c:
         cluster = cluster_from_mapping(c["spec"], where="plan.cluster.spec")
     elif c["name"] in CLUSTERS:
@@ -172,11 +172,10 @@ def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
         prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=t["dtype"])
     except SpecError as err:
         raise plan.moved_model(err, spec) from None
-    if prepared.info["fingerprint"] != plan.model["fingerprint"]:
-        if model:  # another model than the one planned, as plan run refuses it
-            raise SpecError(f"model: '{spec}' is not the planned model (fingerprint "
-                            f"{prepared.info['fingerprint']}, the plan's "
-                            f"{plan.model['fingerprint']}); pass the planned model with --model")
+    problem = plan.fingerprint_problem(spec, prepared.info["fingerprint"])
+    if problem and model:  # another model than the one planned, as plan run refuses it
+        raise SpecError(problem)
+    if problem:
         log.warning("%s traces differently now than when the plan was made", spec)
     # re-timed as plan solve does, for the engine the plan was made for
     options = SearchOptions(fix=fix, target=plan.search.get("target", "any"))

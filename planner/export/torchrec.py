@@ -137,10 +137,7 @@ def _notes(plan: Plan, tabs: dict) -> list[str]:
 
 def _header(plan: Plan, version: str, tabs: dict) -> list[str]:
     m, c, prov, emb = plan.model, plan.cluster, plan.provenance, plan.embeddings
-    kinds: dict = {}
-    for t in tabs.values():
-        kinds[t["sharding_type"]] = kinds.get(t["sharding_type"], 0) + 1
-    counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(plan.sharding_counts().items()))
     return [
         f"{TARGET} {version} sharding exported by planner from a plan ({plan.schema}).",
         f"model {m['name']}  fingerprint {m['fingerprint']}  input_hash {prov['input_hash']}  "

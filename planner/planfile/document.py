@@ -71,6 +71,14 @@ class Plan:
     def parallel_summary(self) -> str:
         return parallel_text(self.parallel)
 
+    def sharding_counts(self) -> dict[str, int]:
+        """A recommendation plan's tables per TorchRec sharding type, most first (empty for a
+        plan without tables)."""
+        kinds: dict[str, int] = {}
+        for t in (self.embeddings or {}).get("tables", []):
+            kinds[t["sharding_type"]] = kinds.get(t["sharding_type"], 0) + 1
+        return dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+
     def model_spec(self, override: str | None = None) -> str:
         """The MODEL to build for this plan: ``override`` (--model), else the one the plan was
         made from."""
@@ -88,6 +96,15 @@ class Plan:
             return err
         return SpecError(f"{err} (the plan names the model '{spec}'; pass --model PATH where it "
                          "lies now)")
+
+    def fingerprint_problem(self, spec: str, fingerprint: str) -> str:
+        """'' when ``spec`` built with ``fingerprint`` is the planned model, else why not."""
+        want = self.model["fingerprint"]
+        if fingerprint == want:
+            return ""
+        return (f"model.fingerprint: '{spec}' has fingerprint {fingerprint} but the plan was made "
+                f"for {want} (another architecture, size or dtype); re-plan it with `plan "
+                "solve`, or pass the planned model with --model")
 
 
 def load_plan(path: str) -> Plan:

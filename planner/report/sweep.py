@@ -38,7 +38,7 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
         if run:
             hours = r.get("run_hours")
             cells += ["" if hours is None else f"{hours / 24:,.1f}" if hours >= 24 else
-                      f"{hours / 24:.2g}",
+                      f"{hours / 24:.2f}" if hours >= 0.24 else "<0.01",
                       dollars(r.get("run_cost_usd"))]
         out.append(tuple(cells))
     lines = table(out)

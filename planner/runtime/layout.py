@@ -165,7 +165,8 @@ def layout_of(plan: Plan) -> Layout:
         expected = base.pp_ranks(at)
         if sorted(st["ranks"]) != expected:
             raise SpecError(f"stages[{i}].ranks: {st['ranks']} but {mesh} puts "
-                            f"pipeline rank {at} on {expected}; re-create the plan")
+                            f"position {at} of its pipeline dimension on {expected}; re-create "
+                            "the plan")
         owner = int(st.get("pipeline_rank", at))
         if order.setdefault(owner, at) != at:
             raise SpecError(f"stages[{i}].pipeline_rank: {owner} on ranks {st['ranks']}, but "

@@ -43,11 +43,9 @@ def resolve_meta(plan: Plan, spec: str) -> ResolvedModel:
 
 
 def check_fingerprint(plan: Plan, spec: str, fingerprint: str) -> None:
-    want = plan.model["fingerprint"]
-    if fingerprint != want:
-        raise SpecError(f"model.fingerprint: '{spec}' has fingerprint {fingerprint} but the plan "
-                        f"was made for {want} (another architecture, size or dtype); re-plan it "
-                        "with `plan solve`, or pass the planned model with --model")
+    problem = plan.fingerprint_problem(spec, fingerprint)
+    if problem:
+        raise SpecError(problem)
 
 
 def fingerprint(module: torch.nn.Module) -> str:

@@ -18,10 +18,12 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from planner.errors import SpecError
+from planner.trace.tp_roles import ROLE_KINDS
+from planner.trace.tracers import module_kind
 
 log = logging.getLogger(__name__)
 
-TP_ROLES = ("colwise", "rowwise", "vocab")
+TP_ROLES = tuple(ROLE_KINDS)
 
 
 def check_modules(roles: dict[str, str], modules: dict) -> None:
@@ -32,13 +34,13 @@ def check_modules(roles: dict[str, str], modules: dict) -> None:
         mod = modules.get(name)
         if role not in TP_ROLES or mod is None:
             continue
-        if role == "vocab" and not isinstance(mod, nn.Embedding):
+        if module_kind(mod) == ROLE_KINDS[role]:
+            continue
+        if role == "vocab":
             raise SpecError(f"tensor_parallel.{name}: 'vocab' needs an nn.Embedding, found "
                             f"{type(mod).__name__}")
-        if role != "vocab" and not isinstance(mod, nn.Linear):
-            raise SpecError(f"tensor_parallel.{name}: the runtime shards nn.Linear and "
-                            f"nn.Embedding only, this is {type(mod).__name__}; plan with "
-                            "--fix tp=1")
+        raise SpecError(f"tensor_parallel.{name}: the runtime shards nn.Linear and nn.Embedding "
+                        f"only, this is {type(mod).__name__}; plan with --fix tp=1")
 
 
 def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],

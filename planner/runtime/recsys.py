@@ -451,7 +451,7 @@ def execute(plan: Plan, module: nn.Module, opts: RunOptions, device: torch.devic
         "loss_per_step": [sum(r["losses"][i] for r in records) / world for i in range(total)],
         "ranks": records, "device": device.type, "backend": dist.get_backend(),
         "engine": "torchrec DistributedModelParallel", "world_size": world,
-        "local_batch": local_batch, "sharding": _sharding_counts(emb["tables"]),
+        "local_batch": local_batch, "sharding": plan.sharding_counts(),
         "dense_engine": ("FSDP2" if any(isinstance(p, DTensor) for p in s.dmp.parameters())
                          else "DDP"),
         "predicted_breakdown": emb.get("breakdown", {}), "notes": notes}
@@ -473,13 +473,6 @@ def _local_table_bytes(dmp: nn.Module) -> int:
             total += sum(sh.tensor.numel() * sh.tensor.element_size()
                          for sh in value.local_shards())
     return total
-
-
-def _sharding_counts(tables: list[dict]) -> dict:
-    out: dict = {}
-    for t in tables:
-        out[t["sharding_type"]] = out.get(t["sharding_type"], 0) + 1
-    return out
 
 
 def compare(plan: Plan, s: Sharded, ref: nn.Module, batches: list, start: dict,

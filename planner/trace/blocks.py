@@ -20,7 +20,7 @@ import networkx as nx
 
 from planner.trace.annotate import block_work
 from planner.trace.graph import Block, BlockEdge, BlockGraph, OpGraph
-from planner.trace.tp_roles import TPAnalysis
+from planner.trace.tp_roles import ROLE_KINDS, TPAnalysis
 
 
 def unchained_repeats(graph: OpGraph) -> set[str]:
@@ -71,9 +71,8 @@ def _other_modules(roles: dict[str, str], kinds: dict[str, str]) -> dict[str, st
     """BlockGraph.tp_other_modules: the split modules whose class is not the one their role
     needs (a Linear role on anything but torch.nn.Linear, ``vocab`` on anything but
     torch.nn.Embedding); modules the trace did not classify are left out."""
-    needs = {"colwise": "linear", "rowwise": "linear", "vocab": "embedding"}
     return {m: kinds[m] for m, role in roles.items()
-            if role in needs and m in kinds and kinds[m] != needs[role]}
+            if role in ROLE_KINDS and m in kinds and kinds[m] != ROLE_KINDS[role]}
 
 
 def _shared_params(blocks: list[Block], graph: OpGraph) -> list[list]:

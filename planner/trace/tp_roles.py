@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 
 from planner.trace.graph import Op, OpGraph
 
+ROLE_KINDS = {"colwise": "linear", "rowwise": "linear", "vocab": "embedding"}
+"""The module kind (graph.OpGraph.module_kinds) each split role needs in an engine that shards
+torch.nn.Linear and torch.nn.Embedding only (planner's runtime, DTensor's styles)."""
 WALKABLE = {"view", "elementwise", "softmax", "dropout", "attention", "matmul"}
 VOCAB_ROWS = 16384
 """An embedding or output Linear with at least this many rows is treated as a vocabulary."""

@@ -151,11 +151,16 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
     raise TraceError(f"could not trace {name}: " + "; ".join(errors) + hint)
 
 
+def module_kind(module: torch.nn.Module) -> str:
+    """``linear`` (a torch.nn.Linear), ``embedding`` (a torch.nn.Embedding) or the class name."""
+    return "linear" if isinstance(module, torch.nn.Linear) else \
+        "embedding" if isinstance(module, torch.nn.Embedding) else type(module).__name__
+
+
 def _kinds(model: torch.nn.Module) -> dict[str, str]:
-    """OpGraph.module_kinds of ``model``'s modules that hold parameters of their own."""
-    return {name: "linear" if isinstance(m, torch.nn.Linear) else
-            "embedding" if isinstance(m, torch.nn.Embedding) else type(m).__name__
-            for name, m in model.named_modules()
+    """OpGraph.module_kinds of ``model``'s modules that hold parameters of their own, under
+    every name a module is registered by."""
+    return {name: module_kind(m) for name, m in model.named_modules(remove_duplicate=False)
             if name and next(m.parameters(recurse=False), None) is not None}
 
 

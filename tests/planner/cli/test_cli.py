@@ -261,7 +261,7 @@ def test_show_why_takes_the_model_where_its_file_lies_now(capsys, tmp_path):
                        f"{tmp_path / 'moved.py'}:build")
     assert code == 0 and "pp 1 -> 2" in out
     code, _, err = run(capsys, "show", plan, "--why", "pp=2", "--model", "gpt2")
-    assert code == 2 and "'gpt2' is not the planned model" in err
+    assert code == 2 and "model.fingerprint: 'gpt2' has fingerprint " in err
     code, _, err = run(capsys, "show", plan, "--model", "gpt2")
     assert code == 2 and "add --why KNOB=V or drop --model" in err
 
