@@ -93,21 +93,15 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     if "sharding" in vary and not recsys:
         raise SpecError("vary.sharding: shards a recommendation model's embedding tables, and "
                         "this model has none; vary its parallelism knobs (tp, pp, ...) instead")
-    for key, given in [(k, knob(v)) for k, v in fixed.items()] + [
-            ("cluster", cluster), ("nodes", nodes), ("gpus_per_node", gpus_per_node),
-            ("global_batch", global_batch), ("seq_len", seq_len), ("dtype", dtype),
-            ("optimizer", optimizer)]:
+    settings = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
+                "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
+                "optimizer": optimizer}
+    for key, given, where in (
+            [(k, knob(v), "fix") for k, v in {**fixed, **tables}.items()]
+            + [(k, v, "--" + k.replace("_", "-")) for k, v in settings.items()]
+            + [(k, v, "engine") for k, v in _engine_settings(engine).items()]):
         if given is not None and key in vary:  # one would silently override the other
-            where = "fix" if key in fixed else "--" + key.replace("_", "-")
             raise SpecError(f"vary.{key}: also given as {key}={given} ({where}); give it in one "
-                            "place")
-    for key, given in _engine_settings(engine).items():
-        if key in vary:
-            raise SpecError(f"vary.{key}: also given as {key}={given} (engine); give it in one "
-                            "place")
-    for key, given in tables.items():
-        if key in vary:
-            raise SpecError(f"vary.{key}: also given as {key}={given} (fix); give it in one "
                             "place")
     dtype = ("fp32" if recsys else "bf16") if dtype is None else dtype
     if recsys and (seq_len is not None or "seq_len" in vary):  # (as planner.plan refuses it)
