@@ -220,6 +220,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
                 raise SpecError(problem)
     TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
                  engine=eng)  # validate before the slow part (a dtype name before the device's)
+    targets.check_dtype(target, dtype)
     for group in getattr(cl, "groups", (cl,)):
         group.device.peak(dtype)  # fail early on a dtype a device lacks
         precision.check_recipe(group.device, dtype, eng.fp8_recipe)
@@ -571,6 +572,7 @@ def narrowed(options: SearchOptions, prepared: Prepared, training: TrainingSpec)
     settings it does not run are refused; a dense model has no moe_act recomputation to try, a model without latent attention no
     mla_up_proj (a pin of one is refused, naming the fix)."""
     options = targets.for_optimizer(targets.restrict(options, options.target), training.optimizer)
+    targets.check_dtype(options.target, training.dtype)
     blocks = prepared.blocks.blocks
     experts = any(b.work.num_experts for b in blocks)
     latent = any(b.work.attn_keys_wider for b in blocks)

@@ -64,6 +64,8 @@ class Engine:
     tp_inner_weights: bool = True
     """Tensor parallelism through a region with weights of its own (Qwen3's per-head norms,
     gpt-oss's attention sinks), which it must shard with the heads or keep in step."""
+    dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
+    """The training dtypes it runs (fp8: its GEMMs on FP8 tensor cores)."""
     zb_with_recompute: bool = True
     """zb-h1's weight-gradient pass (W) apart from B in recomputed blocks. torch's split backward
     cannot replay torch.utils.checkpoint's recomputation in its W pass, so the planner's runtime
@@ -145,7 +147,10 @@ ENGINES: dict[str, Engine] = {
                     # point-to-point all-to-alls between the passes (planner.runtime.experts)
                     moe_capacity=False, moe_dispatchers=("alltoall",), moe_overlap=False,
                     moe_shared_overlap=False, software="torch", tp_other_modules=False,
-                    zb_with_recompute=False),
+                    zb_with_recompute=False,
+                    # the model is built and trained in the plan's dtype: no FP8 GEMMs
+                    # (Transformer Engine's, torchao's) in plan run
+                    dtypes=("fp32", "bf16", "fp16")),
     # torchtitan: FSDP2 (reshard after forward = ZeRO-3, or not = ZeRO-2) or DDP; its tensor
     # parallelism always shards norms over the sequence; CPU offload moves parameters too, not
     # only the optimizer; activation checkpointing none, full or op-level selective. 0.2.2 runs
@@ -330,6 +335,15 @@ _RECOMPUTE_NEEDS = {"moe_act": " (models with experts)", "mla_up_proj": " (laten
                     "mla_up_proj+moe_act": " (both)"}
 """What a model needs for each recomputation policy that not every model can take, for the
 list of a target's policies in an error."""
+
+
+def check_dtype(target: str, dtype: str) -> None:
+    """SpecError where ``target`` does not train in ``dtype``."""
+    eng = engine(target) if target != "any" else None
+    if eng is not None and dtype not in eng.dtypes:
+        who = "the planner's runtime (plan run)" if target == "torch" else target
+        raise SpecError(f"training.dtype: {who} trains in {', '.join(eng.dtypes)}, not {dtype}; "
+                        f"re-plan with --dtype bf16, or for another --target")
 
 
 def schedule_unrun(target: str, schedule: str, recompute: str, pp: int) -> str:

@@ -217,11 +217,11 @@ def _context(plan: Plan, ledger: common.Ledger) -> Group:
 def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
     """Transformer Engine's attn_forward_func_with_cp refuses some exchanges for some attention
     (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): multi-head
-    latent attention only with p2p or a2a+p2p before v2.16, a sliding window only with a2a or
-    all_gather, sinks (a learnable softmax offset) only with a2a (planner.targets, "megatron").
-    The attention is the user's model argument, so this is a note for the zoo models that have it
-    (``--target megatron`` keeps to the forms every release runs), naming a form that runs all of
-    the model's attention."""
+    latent attention only with p2p or a2a+p2p before v2.16 (a note: later releases run it), a
+    sliding window only with a2a or all_gather, sinks (a learnable softmax offset) only with a2a
+    (planner.targets, "megatron"): a SpecError for those, naming a form that runs all of the
+    model's attention and the re-plan (``--target megatron`` keeps to the forms every release
+    runs)."""
     facts = moe.model(plan)
     if facts.mla and form in ("allgather", "a2a"):
         ledger.info(f"cp_comm {form} with {plan.model['name']}'s multi-head latent attention: "
@@ -237,10 +237,11 @@ def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
         runs = [f for f in eng.cp_comms if all(f in forms for _, forms in limits)]
         only = "; ".join(f"{what} only with {' or '.join(CP_COMM[f] for f in forms)}"
                          for what, forms in limits)
-        ledger.info(f"cp_comm {form} with {plan.model['name']}'s attention: Transformer Engine's "
-                    f"context parallelism runs {only}"
-                    + (f"; re-plan with --target megatron, which keeps to cp_comm={runs[0]} "
-                       "with degrees whose heads split for it" if runs else ""))
+        raise SpecError(f"export megatron: cp_comm {form} with {plan.model['name']}'s attention: "
+                        f"Transformer Engine's context parallelism runs {only}"
+                        + (f"; re-plan with `{common.resolve_hint(plan, TARGET)}`, which keeps "
+                           f"to cp_comm={runs[0]} with degrees whose heads split for it"
+                           if runs else ""))
 
 
 def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bool]:

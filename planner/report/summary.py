@@ -49,14 +49,16 @@ def _engines(p: Plan) -> list[str]:
     for target in ENGINE_TARGETS:
         try:
             targets.restrict(SearchOptions(fix=fix), target)
+            targets.check_dtype(target, p.training["dtype"])
             runs.append(target + (" (plan run)" if target == "torch" else ""))
         except PlannerError as err:
             refused.append(f"{target} ({str(err).partition(':')[0].removeprefix('fix.')})")
     if not refused:
         return []
-    return wrap(f"  engines: planned with --target any; as planned it keeps to the rules of "
-                f"{', '.join(runs) or 'no engine'}, not {', '.join(refused)}; `plan solve "
-                f"--target NAME` plans within one engine's", indent="    ") + [""]
+    return wrap(f"  engines: planned with --target any; its knobs and dtype keep to the rules of "
+                f"{', '.join(runs) or 'no engine'}, not {', '.join(refused)} (an export checks "
+                f"the model's own); `plan solve --target NAME` plans within one engine's",
+                indent="    ") + [""]
 
 
 def _batch_factors(p: Plan) -> list[str]:

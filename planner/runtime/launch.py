@@ -59,9 +59,9 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
     (the launch command for the plan's own cluster) skips what only this host must offer."""
     plan = load_plan(plan_path)
     if plan.training.get("dtype") == "fp8":
-        raise SpecError("plan: an fp8 plan runs on Transformer Engine (Megatron-Core, torchtitan's "
-                        "Float8); plan run executes bf16, fp16 and fp32 plans: re-plan with "
-                        "--dtype bf16 to run it here")
+        raise SpecError("training.dtype: an fp8 plan runs on Transformer Engine (Megatron-Core, "
+                        "torchtitan's Float8); plan run executes bf16, fp16 and fp32 plans: "
+                        "re-plan with --dtype bf16 to run it here")
     layout = layout_of(plan)
     check_knobs(plan)
     spec = plan.model_spec(opts.model)

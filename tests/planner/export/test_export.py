@@ -1109,7 +1109,9 @@ def test_the_experts_come_from_the_zoo_model_the_plan_names():
     assert unknown.moe and unknown.experts is None  # ep > 1: experts, their count unknown
 
 
-def test_megatron_notes_exchanges_transformer_engine_refuses_for_the_attention(notes):
+def test_megatron_refuses_exchanges_transformer_engine_refuses_for_the_attention(notes):
+    """MLA's (older releases only) is a note; a window's and sinks' are refused, exit 2 (a
+    new-user check found gpt-oss's p2p plan exported with a warning, exit 0)."""
     plan = data_plan("llama3-8b-cp4-megatron")
     mla = dataclasses.replace(variant(plan, cp_comm="allgather"),
                               model={**plan.model, "spec": "deepseek-v3", "name": "deepseek-v3"})
@@ -1119,15 +1121,17 @@ def test_megatron_notes_exchanges_transformer_engine_refuses_for_the_attention(n
     notes.clear()
     swa = dataclasses.replace(plan, model={**plan.model, "spec": "gpt-oss-120b",
                                            "name": "gpt-oss-120b"})
-    to_megatron(swa)
     # the window and the sinks: the one form that runs both is named (a2a), not all_gather,
     # which --target megatron refuses over sinks
-    assert any("sliding-window attention only with a2a or all_gather; attention with sinks only "
-               "with a2a; re-plan with --target megatron, which keeps to cp_comm=a2a" in n for n in notes)
-    notes.clear()
-    to_megatron(variant(swa, cp_comm="allgather"))  # a window runs with it, sinks do not
-    assert any("cp_comm allgather with gpt-oss-120b's attention" in n and
-               "keeps to cp_comm=a2a" in n for n in notes)
+    with pytest.raises(SpecError, match=r"^export megatron: cp_comm p2p with gpt-oss-120b's "
+                                        r"attention: .*sliding-window attention only with a2a or "
+                                        r"all_gather; attention with sinks only with a2a; re-plan "
+                                        r"with `plan solve gpt-oss-120b .*--target megatron`, "
+                                        r"which keeps to cp_comm=a2a"):
+        to_megatron(swa)
+    with pytest.raises(SpecError, match=r"cp_comm allgather with gpt-oss-120b's attention.*"
+                                        r"keeps to cp_comm=a2a"):
+        to_megatron(variant(swa, cp_comm="allgather"))  # a window runs with it, sinks do not
     notes.clear()
     to_megatron(variant(swa, cp_comm="a2a"))
     assert not any("cp_comm" in n for n in notes)

@@ -361,8 +361,13 @@ def test_a_plan_for_any_target_says_which_engines_run_it_as_planned(small_plan):
     zb = dataclasses.replace(plan, parallel={**plan.parallel, "pp": 2, "schedule": "zb-h1",
                                              "zero": 1, "offload_optimizer": False})
     text = " ".join(summary(zb).split())
-    assert "as planned it keeps to the rules of torch (plan run), not megatron (schedule), " \
-        "torchtitan (schedule), deepspeed (schedule); `plan solve --target NAME`" in text
+    assert "its knobs and dtype keep to the rules of torch (plan run), not megatron (schedule), " \
+        "torchtitan (schedule), deepspeed (schedule) (an export checks the model's own); " \
+        "`plan solve --target NAME`" in text
+    # fp8: not what plan run trains in (a new-user check: the line named torch (plan run))
+    fp8 = dataclasses.replace(zb, training={**zb.training, "dtype": "fp8"})
+    assert "not megatron (schedule), torchtitan (schedule), deepspeed (schedule), torch " \
+        "(training.dtype)" in " ".join(summary(fp8).split())
     # nothing to say where every engine runs it, or where the plan was made for one
     ddp = dataclasses.replace(plan, parallel={**plan.parallel, "pp": 1, "schedule": "1f1b",
                                               "zero": 0, "tp": 1, "offload_optimizer": False})

@@ -251,6 +251,23 @@ def test_the_torch_target_runs_zb_h1_only_without_recomputation(tiny_llama):
     assert p.parallel["recompute"] == "full" and ZB_RECOMPUTE not in p.search["rejected"]
 
 
+def test_the_torch_target_trains_in_no_fp8(tiny_llama_config, tiny_llama, monkeypatch):
+    """plan run builds the model in the plan's dtype (no FP8 GEMMs): --target torch with fp8 is
+    refused before tracing, and by plan_prepared (a new-user check got an fp8 plan that plan run
+    then refused)."""
+    import planner
+    from planner import api
+
+    monkeypatch.setattr(api, "_trace", lambda *a, **k: pytest.fail("traced before the check"))
+    with pytest.raises(SpecError, match=r"^training.dtype: the planner's runtime \(plan run\) "
+                                        r"trains in fp32, bf16, fp16, not fp8"):
+        planner.plan(tiny_llama_config, cluster="dgx-h100", global_batch=8, seq_len=128,
+                     dtype="fp8", target="torch")
+    tr = TrainingSpec(global_batch=8, seq_len=tiny_llama.seq_len, dtype="fp8")
+    with pytest.raises(SpecError, match=r"^training.dtype: "):
+        plan_prepared(tiny_llama, load_cluster("dgx-h100"), tr, SearchOptions(target="torch"))
+
+
 def test_a_target_with_its_own_software_is_priced_with_it(tiny_llama_config):
     """`--target torchtitan` without --engine prices torchtitan's software (eager kernels,
     SDPA's FlashAttention-2, FSDP2's copies), not Megatron-Core's; an engine given wins."""
