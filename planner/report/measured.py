@@ -59,8 +59,11 @@ def summary(result: dict, plan_name: str) -> str:
             f"routing (timed steps, up to {rt['calls_per_rank']} MoE layer calls per rank, "
             "recomputed forwards included): the busiest "
             f"expert got {rt['busiest_expert']:.2f} x the mean token copies, {ranks}; the plan "
-            f"assumed moe_imbalance {rt['planned_moe_imbalance']:g} (plan with --engine "
-            f"moe_imbalance={rt['busiest_expert']:.2f} to price this routing)")
+            f"assumed moe_imbalance {rt['planned_moe_imbalance']:g} "
+            + (f"(plan with --engine moe_imbalance={rt['busiest_expert']:.2f} to price this "
+               "routing)" if rt.get("expert_parallel", True) else
+               "(without expert parallelism a rank computes every expert's copies, so how they "
+               "spread over the experts does not change its step)"))
     if result.get("loss_per_step"):
         lines.append("loss per step: " + ", ".join(f"{x:.4f}" for x in result["loss_per_step"]))
     lines += [f"note: {n}" for n in result.get("notes", [])]
@@ -90,7 +93,8 @@ def off_hints(result: dict, plan, threads: int | None) -> list[str]:
                    "calib.json` measures it, and `plan solve ... --calibration calib.json` "
                    "prices for it")
     engine = (plan.training.get("engine") or {})
-    if engine.get("kernels", "eager") != "eager" or engine.get("attention") == "flash":
+    if plan.search.get("target") != "torch" and (  # (its own engine settings chosen with it)
+            engine.get("kernels", "eager") != "eager" or engine.get("attention") == "flash"):
         out.append("the plan was priced for other software than the runtime's eager PyTorch "
                    "(its engine settings); `plan solve ... --target torch` prices it as plan "
                    "run runs it")

@@ -51,12 +51,30 @@ def test_a_step_far_from_its_prediction_gets_hints_on_why():
     from planner.report.measured import off_hints
 
     result = _result([{"pp": 0, "dp": 0, "cp": 0, "tp": 0, "ep": 0}])
-    plan = SimpleNamespace(cluster={"device": "cpu"},
+    plan = SimpleNamespace(cluster={"device": "cpu"}, search={"target": "any"},
                            training={"engine": {"kernels": "fused", "attention": "flash"}})
     assert off_hints(result, plan, None) == []  # on time: nothing to say
     result["measured"]["step_time_error"] = -0.79
     hints = " ".join(off_hints(result, plan, None))
     assert "plan profile" in hints and "--target torch" in hints and "--threads 1" in hints
-    plan = SimpleNamespace(cluster={"device": "cpu-calibrated"},
+    plan = SimpleNamespace(cluster={"device": "cpu-calibrated"}, search={"target": "any"},
                            training={"engine": {"kernels": "eager", "attention": "flash2"}})
     assert off_hints(result, plan, 1) == []
+    # made for the runtime with attention=flash chosen (docs/runtime.md's recipe): no hint to
+    # plan for the runtime (a new-user check got one)
+    plan = SimpleNamespace(cluster={"device": "cpu-calibrated"}, search={"target": "torch"},
+                           training={"engine": {"kernels": "eager", "attention": "flash"}})
+    assert off_hints(result, plan, 1) == []
+
+
+def test_the_measured_routing_is_offered_as_an_imbalance_only_where_it_prices_anything():
+    """At ep = 1 a rank computes every expert's copies: moe_imbalance changes nothing there,
+    so it is not offered (a new-user check re-planned with it and got the same prediction)."""
+    routing = {"calls_per_rank": 4, "busiest_expert": 2.15, "busiest_rank": 1.3,
+               "planned_moe_imbalance": 1.0}
+    for parallel, offered in ((True, True), (False, False)):
+        result = _result([{"pp": 0, "dp": d, "cp": 0, "tp": 0, "ep": 0} for d in range(2)])
+        result["measured"]["routing"] = {**routing, "expert_parallel": parallel}
+        text = summary(result, "p.json")
+        assert ("--engine moe_imbalance=2.15" in text) == offered
+        assert ("does not change its step" in text) == (not offered)
