@@ -293,10 +293,14 @@ def _crosses(p: Plan, part: str) -> bool | None:
 
 def memory_change(a: Plan, b: Plan, min_share: float = 0.05):
     """(peak of a, peak of b, [(kind, change)]) for the kinds of memory on the fullest GPU that
-    moved by at least ``min_share`` of a's peak, largest first."""
+    moved by at least ``min_share`` of a's peak, largest first, and the rest together as
+    ``other kinds`` where they add up to that much too (so the changes add up to the peaks')."""
     ma, mb = peak_stage(a)["predicted"]["memory_bytes"], peak_stage(b)["predicted"]["memory_bytes"]
     pa = a.predicted["peak_memory_bytes"]
     moved = sorted(((k, mb.get(k, 0.0) - ma.get(k, 0.0)) for k in MEMORY_KINDS),
                    key=lambda kd: -abs(kd[1]))
-    return pa, b.predicted["peak_memory_bytes"], [(k, d) for k, d in moved
-                                                  if abs(d) >= min_share * pa]
+    big = [(k, d) for k, d in moved if abs(d) >= min_share * pa]
+    rest = sum(d for k, d in moved if abs(d) < min_share * pa)
+    if big and abs(rest) >= min_share * pa:
+        big.append(("other kinds", rest))
+    return pa, b.predicted["peak_memory_bytes"], big

@@ -1,5 +1,7 @@
 """Every part of the step has the knobs behind it (planner.report.compare.PART_KNOBS)."""
 
+import pytest
+
 from planner.options import KNOBS
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.report.compare import PART_KNOBS
@@ -67,3 +69,25 @@ def test_plans_on_devices_of_one_name_with_other_figures_differ_in_the_diff():
     assert "device memory GB/s" in text and "-50.0%" in text
     same = text.split("same in both:", 1)[1]
     assert "device peak TFLOP/s" in " ".join(same.split()) and text.count("device peak") == 1
+
+
+def test_the_memory_kinds_named_add_up_to_the_peaks_change():
+    """A new-user check read '73.1 GB -> 69 GB (activations -12.9 GB, optimizer +4.32 GB)': the
+    kinds below the share shown (weights +1.5, grads +3) are summed as other kinds."""
+    from types import SimpleNamespace
+
+    from planner.report.compare import memory_change
+
+    def plan(**kinds):
+        total = sum(kinds.values())
+        return SimpleNamespace(predicted={"peak_memory_bytes": total}, stages=[
+            {"predicted": {"memory_bytes": {**kinds, "total": total}}}])
+
+    a = plan(weights=10e9, grads=20e9, optimizer=13.1e9, activations=30e9)
+    b = plan(weights=11.5e9, grads=23e9, optimizer=17.42e9, activations=17.1e9)
+    pa, pb, moved = memory_change(a, b)
+    assert dict(moved) == pytest.approx({"activations": -12.9e9, "optimizer": 4.32e9,
+                                         "other kinds": 4.5e9})
+    assert sum(d for _, d in moved) == pytest.approx(pb - pa)
+    small = plan(weights=10e9, grads=20e9, optimizer=13.1e9, activations=31e9)
+    assert [k for k, _ in memory_change(a, small)[2]] == []  # nothing moved by 5% or more
