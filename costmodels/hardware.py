@@ -425,8 +425,11 @@ def get_device(name_or_mapping, where: str = "device") -> DeviceSpec:
 
 
 def suggest(name: str, choices) -> str:
-    """'; did you mean X?' for the closest names, or the list of choices."""
+    """'; did you mean X?' for the closest names (the closest alone where it is one slip away:
+    a letter left out, added, swapped or changed), or the list of choices."""
     close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    if close and difflib.SequenceMatcher(None, name, close[0]).ratio() >= 0.9:
+        close = close[:1]
     if close:
         return "; did you mean " + " or ".join(close) + "?"
     return "; choose one of " + ", ".join(sorted(choices))

@@ -17,7 +17,7 @@ from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
 from planner.search.feasibility import nearby_multiples
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
-from planner.units import GB, cluster_text, gb1, human_count, ms
+from planner.units import GB, cluster_text, counted, gb1, human_count, ms
 
 
 def summary(p: Plan) -> str:
@@ -324,7 +324,8 @@ def _search(p: Plan) -> list[str]:
         status += ("; CP-SAT's check of the stages' groups and sizes: " + (
             "no answer in its time" if check["gap"] is None and check["status"] != "optimal" else
             check["status"] + (f" (gap {100 * check['gap']:.1f}%)" if check["gap"] else "")))
-    lines = [f"  search: {s['candidates']} configurations, {s.get('evaluated', 0)} priced{timing}; "
+    lines = [f"  search: {counted(s['candidates'], 'configuration')}, "
+             f"{s.get('evaluated', 0):,} priced{timing}; "
              f"{status}"] + ([f"  set aside: {aside}"] if aside else []) + (
         [f"  ruled out before pricing (choices of knobs, not configurations): {ruled}"]
         if ruled else [])

@@ -56,6 +56,10 @@ BAD = {
                                  "--fix", "micro_batch=3"],
                                 "(configurations each rule refused: micro batch does not divide "
                                 "the per-replica batch: "),
+    # one slip away: that name alone (it listed moe_imbalance and moe_shared_overlap too)
+    "engine typo": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8", "--engine",
+                     "moe_dispacher=deepep"],
+                    "engine.moe_dispacher: unknown key; did you mean moe_dispatcher?"),
     "bad batch": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "0"],
                   "argument --global-batch: expected an integer >= 1, got '0'"),
     "missing plan": (["show", "/nonexistent/plan.json"],
