@@ -39,8 +39,16 @@ def engine_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
     ea, eb = a.training.get("engine") or {}, b.training.get("engine") or {}
     dense = not any(p.model.get("routed_experts") or int(p.parallel.get("ep", 1)) > 1
                     for p in (a, b))
+    idle = {k for k, knob in IDLE_UNLESS.items()
+            if all(int(p.parallel.get(knob, 1)) <= 1 for p in (a, b))}
     return [(f"engine {k}", ea[k], eb[k]) for k in ea if k in eb and ea[k] != eb[k]
-            and not (dense and _experts_only(k))]
+            and not (dense and _experts_only(k)) and k not in idle]
+
+
+IDLE_UNLESS = {"cp_ring": "cp", "moe_etp_replicated": "etp"}
+"""Engine settings that price nothing unless a degree is above 1 in one of the plans: whose
+ring runs context parallelism (cp), how experts' activations are kept under expert tensor
+parallelism (etp)."""
 
 
 def _experts_only(setting: str) -> bool:
@@ -57,7 +65,9 @@ def breakdown_changes(a: Plan, b: Plan) -> list[tuple[str, float, float]]:
 
 def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     """'1.14x as fast (a 12.3% shorter step): tp 8 -> 4, recompute full -> selective; compute
-    -1.2 s, ...' (b against a; '2.85x slower (a 185.2% longer step)' the other way)."""
+    -1.2 s, ...' (b against a; '2.85x slower (a 185.2% longer step)' the other way). Where the
+    steps do other work (another model, batch or length) it leads with the throughput:
+    'at 0.30x the tokens/s (a step 6.73x as long): ...'."""
     ta, tb = a.step_time_s, b.step_time_s
     rel = (ta - tb) / ta
     verdict = ("as fast" if abs(rel) < 5e-4 else
@@ -65,6 +75,10 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
                f"{tb / ta:.2f}x slower (a {-100 * rel:.1f}% longer step)")
     inputs = [("model" if key == "name" else key, x, y) for sec, key, _ in HEADLINE_INPUTS
               for x, y in [(getattr(a, sec).get(key), getattr(b, sec).get(key))] if x != y]
+    if any(k in ("model", "global_batch", "seq_len") for k, _, _ in inputs):
+        rate = "samples" if a.embeddings is not None else "tokens"
+        ra, rb = (p.predicted[f"{rate}_per_s"] for p in (a, b))
+        verdict = f"at {rb / ra:.2f}x the {rate}/s (a step {tb / ta:.3g}x as long)"
     inputs += engine_changes(a, b)
     changes = [f"{k} {knob(x)} -> {knob(y)}" for k, x, y in
                inputs + [c for c in config_changes(a, b) if c[0] != "num_microbatches"]]
@@ -77,7 +91,7 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
                       breakdown_changes(a, b)[:parts] if abs(y - x) > 1e-9 * max(ta, tb))
     other_work = any(k in ("model", "global_batch", "seq_len") for k, _, _ in inputs)
     return (f"{verdict}: {knobs}" + (f"; {moved}" if moved else "") +
-            ("; the step does other work (model or batch differ): compare tokens/s"
+            ("; the step does other work (model or batch differ): the rate compares them"
              if other_work else ""))
 
 

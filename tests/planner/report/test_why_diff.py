@@ -143,8 +143,12 @@ def test_diff_shows_what_differs_and_by_how_much(capsys, tiny_llama_config, smal
     assert "the step does other work" not in out.splitlines()[2]  # same model and batch
     bigger = planner.plan(tiny_llama_config, cluster=SMALL, global_batch=64, seq_len=128)
     assert "global_batch 32 -> 64" in compare.headline(a, bigger)
+    rate = bigger.predicted["tokens_per_s"] / a.predicted["tokens_per_s"]
+    # leading with the rate (a new-user check read '6.73x slower' first for another model)
+    assert compare.headline(a, bigger).startswith(
+        f"at {rate:.2f}x the tokens/s (a step {bigger.step_time_s / a.step_time_s:.3g}x as long)")
     assert compare.headline(a, bigger).endswith("the step does other work (model or batch "
-                                                "differ): compare tokens/s")
+                                                "differ): the rate compares them")
     code, out, _ = run(capsys, "diff", small_plan, small_plan)
     assert code == 0 and "B takes as long as A" in out
     # the same knobs priced for other software: the settings that differ are named
@@ -193,6 +197,14 @@ def test_diff_leaves_out_expert_settings_for_dense_models(small_plan):
     assert changed == ["engine attention"]
     moe = dataclasses.replace(a, model={**a.model, "routed_experts": 8})
     assert "engine fsdp_experts" in [k for k, _, _ in compare.engine_changes(moe, b)]
+    # settings of degrees neither plan has (a new-user check saw cp_ring te -> torch and
+    # moe_etp_replicated off -> on listed for two plans at cp = etp = 1)
+    assert "engine moe_etp_replicated" not in [k for k, _, _ in compare.engine_changes(moe, b)]
+    ring = dataclasses.replace(a, training={**a.training, "engine": {
+        **a.training.get("engine", {}), "cp_ring": "torch"}})
+    assert a.parallel.get("cp", 1) == 1 and compare.engine_changes(a, ring) == []
+    split = dataclasses.replace(ring, parallel={**ring.parallel, "cp": 2})
+    assert [k for k, _, _ in compare.engine_changes(a, split)] == ["engine cp_ring"]
 
 
 def test_diff_names_a_changed_intra_node_link(tiny_llama_config, small_plan):
