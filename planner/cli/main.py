@@ -74,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+OUTPUT_OPTIONS = {"whatif": "plan whatif writes --csv OUT.csv and --plot OUT.png; ",
+                  "show": "plan show writes --gantt OUT.png or --json to stdout; ",
+                  "diff": "plan diff prints; ",
+                  "simulate": "plan simulate prints, and draws --gantt OUT.png; "}
+"""What a command writes instead of -o, said where -o is given to it."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the planner's error contract: one line on stderr, exit 2."""
 
@@ -86,8 +93,9 @@ class _Parser(argparse.ArgumentParser):
         if extras:
             command = getattr(ns, "command", None)
             where = f"{self.prog} {command}" if command else self.prog
+            hint = OUTPUT_OPTIONS.get(command, "") if {"-o", "--output"} & set(extras) else ""
             self.exit(EXIT_BAD_INPUT, f"plan: error: unrecognized arguments: {' '.join(extras)} "
-                                      f"(see `{where} --help`)\n")
+                                      f"({hint}see `{where} --help`)\n")
         return ns
 
 

@@ -68,6 +68,11 @@ BAD = {
     "unknown option": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
                         "--vary", "tp=1,2", "--target", "torchtitan"],
                        "unrecognized arguments: --target torchtitan (see `plan whatif --help`)"),
+    # -o where the command writes something else (a new-user check)
+    "output of whatif": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
+                          "--vary", "tp=1,2", "-o", "wi"],
+                         "unrecognized arguments: -o wi (plan whatif writes --csv OUT.csv and "
+                         "--plot OUT.png; see `plan whatif --help`)"),
     # errors name the option the user typed
     "bad vary value": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
                         "--vary", "tp=abc"], "vary.tp: expected a whole number, got 'abc'"),
