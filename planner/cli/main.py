@@ -16,6 +16,7 @@ import logging
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from planner import logs
 from planner.errors import InfeasibleError, InternalError, PlannerError
 
 EXIT_INTERNAL = 1
@@ -131,13 +132,7 @@ def _version() -> str:
 
 
 def _setup_logging(verbose: bool, quiet: bool) -> None:
-    level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    root = logging.getLogger("planner")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
+    logs.to_stderr(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
     for noisy in ("transformers", "torch"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 

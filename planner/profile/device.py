@@ -12,13 +12,13 @@ import logging
 import math
 import platform
 import statistics
-import sys
 import time
 
 import torch
 
 from costmodels.compute import expected_max_normal
 from costmodels.hardware import ATTENTION_KINDS
+from planner import logs
 from planner.errors import SpecError
 from planner.profile import DEVICES
 from planner.profile.collectives import collectives
@@ -296,12 +296,7 @@ def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue, barrier,
     """One of the concurrent measurers; the first reports its progress on stderr at the
     parent's log ``level`` (a spawned process starts with no logging set up)."""
     if rank == 0:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        root = logging.getLogger("planner")
-        root.handlers[:] = [handler]
-        root.setLevel(level)
-        root.propagate = False
+        logs.to_stderr(level)
     queue.put((rank, device_speeds(Timer(device, barrier), threads, dtypes)))
 
 
