@@ -331,22 +331,30 @@ def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp
     return fwd / rate, bwd / rate
 
 
-def fused_attention_efficiency(device: DeviceSpec, engine: EngineSpec) -> tuple[float, float]:
+def fused_attention_efficiency(device: DeviceSpec, engine: EngineSpec,
+                               head_dim: float = 0.0) -> tuple[float, float]:
     """(forward, backward) shares of peak the engine's fused attention kernel reaches on
-    ``device``."""
+    ``device``, at ``head_dim`` (0: unknown, as 128; DeviceSpec.attention_d64_share)."""
     if engine.attention == "flash2" and device.flash2_efficiency is not None:
         fwd = device.flash2_efficiency
-        return fwd, device.flash2_bwd_efficiency or fwd
-    fwd = device.attention_efficiency
-    return fwd, device.attention_bwd_efficiency or fwd
+        bwd = device.flash2_bwd_efficiency or fwd
+        d64 = (device.flash2_d64_share, device.flash2_bwd_d64_share)
+    else:
+        fwd = device.attention_efficiency
+        bwd = device.attention_bwd_efficiency or fwd
+        d64 = (device.attention_d64_share, device.attention_bwd_d64_share)
+    if 0 < head_dim < 128:  # linear in log2(head dim) from its share at 64 to 1 at 128
+        at = max(0.0, math.log2(head_dim / 64))
+        fwd, bwd = (eff * (share + (1.0 - share) * at) for eff, share in zip((fwd, bwd), d64))
+    return fwd, bwd
 
 
 def fused_attention_s(flops: float, device: DeviceSpec, dtype: str, engine: EngineSpec,
-                      masked: float = 0.0) -> tuple[float, float]:
+                      masked: float = 0.0, head_dim: float = 0.0) -> tuple[float, float]:
     """(forward, backward) seconds of fused attention doing ``flops`` of forward work unmasked
     and ``masked`` more in calls under a causal mask (the work left after the skip); its
     backward does FLASH_BACKWARD_FACTOR times as much, each pass at its own share of peak."""
-    f_eff, b_eff = fused_attention_efficiency(device, engine)
+    f_eff, b_eff = fused_attention_efficiency(device, engine, head_dim)
     work = flops + masked / device.causal_attention_ratio
     peak = device.peak(dtype)
     return work / (peak * f_eff), FLASH_BACKWARD_FACTOR * work / (peak * b_eff)
@@ -366,7 +374,7 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
             return measured_attention_s(flops, causal, flops / max(work.fused_attn_calls, 1.0),
                                         device.attention_table[dtype])
         return fused_attention_s(flops - causal, device, dtype, engine,
-                                 masked=(1.0 - CAUSAL_SKIP) * causal)
+                                 masked=(1.0 - CAUSAL_SKIP) * causal, head_dim=work.attn_head_dim)
     rate = device.peak(dtype) * device.matmul_efficiency
     word = DTYPE_BYTES[dtype]
     scores = share * work.attn_scores
@@ -422,7 +430,8 @@ def ring_attention_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
             whole + masked, masked, square / max(work.fused_attn_calls, 1.0) / pairs, table)
     else:
         ring_f, ring_b = fused_attention_s(whole, device, dtype, engine,
-                                           masked=(1.0 - CAUSAL_SKIP) * masked)
+                                           masked=(1.0 - CAUSAL_SKIP) * masked,
+                                           head_dim=work.attn_head_dim)
     own_f, own_b = attention_time_s(work, device, dtype, engine, micro_batch=micro_batch / cp,
                                     tp=tp)
     return ring_f - own_f, ring_b - own_b
@@ -489,7 +498,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
     if eager_flops or eager_masked:  # eager attention cores, run as fused kernels
         eager_f, eager_b = fused_attention_s(eager_flops, device, core, engine,
-                                             masked=eager_masked)
+                                             masked=eager_masked, head_dim=work.attn_head_dim)
         attn_f, attn_b = attn_f + eager_f, attn_b + eager_b
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp,
                            load=experts.load, etp=experts.etp)

@@ -151,6 +151,18 @@ class DeviceSpec:
     (FlashAttention-2 is the best kernel there, or its share was not published)."""
     flash2_bwd_efficiency: float | None = None
     """... and of their backward (None: as their forward)."""
+    attention_d64_share: float = 1.0
+    """The best fused attention kernel's forward speed at head dimension 64, as a share of its
+    speed at 128 (the head dimension its efficiency was read at): narrower heads give each tile
+    less work per load. Between 64 and 128 the share is taken linearly in log2 of the head
+    dimension; at 64 and below it is this, at 128 and above 1 (1.0: not published for the
+    device). Hopper: HOPPER_HEAD_DIM."""
+    attention_bwd_d64_share: float = 1.0
+    """... of its backward pass."""
+    flash2_d64_share: float = 1.0
+    """The same for FlashAttention-2's kernels (engine attention ``flash2``), forward ..."""
+    flash2_bwd_d64_share: float = 1.0
+    """... and backward."""
     flash_attention: bool = True
     """The device runs FlashAttention-style fused attention (Transformer Engine's, FlashAttention-2
     and -3 need sm80 or newer). False on V100 (sm70), where Megatron-LM keeps the attention scores
@@ -288,10 +300,22 @@ as the work the kernel does (same paper, Fig. 5, with and without the causal mas
 against 595-600 TFLOP/s (0.89), FlashAttention-2 333-335 against 370 (0.90), FlashAttention-3
 602-616 against 646-648 (0.94; not what Transformer Engine runs). The paper publishes the backward
 without the mask only; it is taken at the forward's ratio."""
+HOPPER_HEAD_DIM = ((0.69, 0.84), (0.87, 0.90))
+"""((forward, backward) of cuDNN's kernels, (forward, backward) of FlashAttention-2's): their
+speed at head dimension 64 as a share of it at 128 on H100, 8k-16k tokens without a causal mask
+(Shah et al., "FlashAttention-3", 2024, Figs. 5 and 6): cuDNN forward 412-413 against 595-600
+TFLOP/s, backward 432-433 against 516-518; FlashAttention-2 forward 322-324 against 370,
+backward 287-291 against 318-322. At head dimension 256 its forward figures are within 3% of
+128's (cuDNN 580-581, FlashAttention-2 324-326 against 370: 0.88, taken as 1 as no backward was
+published there)."""
 HOPPER_KERNELS = dict(attention_efficiency=HOPPER_ATTENTION[0],
                       attention_bwd_efficiency=HOPPER_ATTENTION[1],
                       causal_attention_ratio=HOPPER_CAUSAL,
-                      flash2_efficiency=HOPPER_FLASH2[0], flash2_bwd_efficiency=HOPPER_FLASH2[1])
+                      flash2_efficiency=HOPPER_FLASH2[0], flash2_bwd_efficiency=HOPPER_FLASH2[1],
+                      attention_d64_share=HOPPER_HEAD_DIM[0][0],
+                      attention_bwd_d64_share=HOPPER_HEAD_DIM[0][1],
+                      flash2_d64_share=HOPPER_HEAD_DIM[1][0],
+                      flash2_bwd_d64_share=HOPPER_HEAD_DIM[1][1])
 BLACKWELL_KERNELS = dict(attention_efficiency=BLACKWELL_ATTENTION[0],
                          attention_bwd_efficiency=BLACKWELL_ATTENTION[1], fp8_block_scaling=True)
 PCIE5_HOST_BYTES_PER_S = 50e9
@@ -340,7 +364,8 @@ DEVICES: dict[str, DeviceSpec] = {
 
 _SHARE_KEYS = ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency",
                "attention_efficiency", "attention_bwd_efficiency", "flash2_efficiency",
-               "flash2_bwd_efficiency", "causal_attention_ratio")
+               "flash2_bwd_efficiency", "causal_attention_ratio", "attention_d64_share",
+               "attention_bwd_d64_share", "flash2_d64_share", "flash2_bwd_d64_share")
 """DeviceSpec fields a cluster file may set as fractions in (0, 1]."""
 _DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "sm_count", "description",
                 "flash_attention", "fp8_block_scaling", "overlap_slowdown", *_SHARE_KEYS}

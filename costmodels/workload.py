@@ -325,6 +325,10 @@ class BlockWork:
     attn_keys_wider: float = 0.0
     """1 when some attention call of the block reads queries and keys wider than its values
     (multi-head latent attention), else 0."""
+    attn_head_dim: float = 0.0
+    """Head dimension of the block's attention (fused calls and eager cores), weighted by their
+    FLOPs: fused kernels run narrower heads slower (DeviceSpec.attention_d64_share). 0: no
+    attention, or a block traced before it was recorded (priced as head dim 128)."""
     gemms: tuple = ()
     """The forward GEMMs (``Gemm``), for shape-dependent efficiency."""
 

@@ -69,7 +69,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "act_routed_weighted", "expert_bias", "expert_slot_flops",
                          "expert_capacity", "mem_bytes_routed", "mem_bytes_routed_hidden",
                          "moe_act_mem_bytes", "moe_act_kernels", "mla_up_mem_bytes_tp",
-                         "mla_up_mem_bytes_rep", "mla_up_kernels", "mla_up_flops"),
+                         "mla_up_mem_bytes_rep", "mla_up_kernels", "mla_up_flops",
+                         "head_dim_flops", "head_dim_weight"),
                         0.0)
     collectives = 0
     param_split: dict[str, bool] = {}
@@ -162,6 +163,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     params_tp = sum(graph.params[p].numel for p, s in param_split.items() if s and p in graph.params)
     params_rep = sum(graph.params[p].numel for p, s in param_split.items() if not s and p in graph.params)
     moved = acc["mem_bytes_tp"] + acc["mem_bytes_rep"]
+    weight, weighted = acc.pop("head_dim_weight"), acc.pop("head_dim_flops")
+    acc["attn_head_dim"] = weighted / weight if weight else 0.0
     squares = acc.pop("kernel_bytes_sq")
     acc["kernel_bytes"] = squares / moved if moved else 0.0
     known = [s for p, s in param_split.items() if p in graph.params]
@@ -198,6 +201,7 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
     acc["kernels_eager"] += 1
     word = _word(op.dtype)
     if op.kind == "attention":
+        _add_head_dim(acc, op.flops, op.dims.get("head_dim", 0))
         _add_attention(op.flops, op.dims.get("scores", 0), bool(op.dims.get("causal")),
                        bool(op.dims.get("dropout")), split, acc, op.requires_grad, word,
                        op.dims.get("keep", 1.0))
@@ -215,6 +219,8 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
                 "mm_flops_tp" if split else "mm_flops_rep"] += g.flops
             acc["bwd_flops"] += g.bwd_flops
             if g.attention:  # an eager attention core (its mask declared or not)
+                # (QK^T's reduction, or scores x V's output width: the smaller side either way)
+                _add_head_dim(acc, g.flops, min(g.n, g.k))
                 acc["eager_attn_masked_flops"] += g.masked * g.flops
                 acc["eager_attn_flops_rep"] += 0.0 if split else g.flops
             if g.experts:
@@ -232,6 +238,7 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
                 acc["attn_keys_wider"] = 1.0
             scores = a["batch"] * a["heads_q"] * a["q_len"] * a["kv_len"]
             flops = 2.0 * scores * (a["head_dim"] + a["value_dim"])
+            _add_head_dim(acc, flops, a["head_dim"])
             _add_attention(flops, scores, bool(a["causal"]), bool(a["dropout"]), split, acc,
                            op.requires_grad, word)
             _add_heads(acc, a["heads_q"], a["heads_kv"],
@@ -363,6 +370,14 @@ def _unrepeated_bytes(op: Op, by: dict) -> float:
         op = by[op.inputs[0]]
         least = min(least, op.out_bytes)
     return least
+
+
+def _add_head_dim(acc: dict, flops: float, head_dim: float) -> None:
+    """An attention call's head dimension, weighted by its FLOPs (BlockWork.attn_head_dim);
+    a call whose head dimension is not known is left out."""
+    if head_dim > 0 and flops > 0:
+        acc["head_dim_flops"] += flops * head_dim
+        acc["head_dim_weight"] += flops
 
 
 def _add_heads(acc: dict, heads_q: float, heads_kv: float, q_bytes: float,

@@ -248,7 +248,7 @@ def _dims(kind: str, acts: list[_Tensor], ins: list[_Tensor], outs, module_param
     if kind == "attention" and len(acts) >= 2 and len(acts[0].shape) == 4:
         q, k = acts[0].shape, acts[1].shape
         v = acts[2].shape if len(acts) > 2 else k
-        return {"heads_q": int(q[1]), "heads_kv": int(k[1]),
+        return {"heads_q": int(q[1]), "heads_kv": int(k[1]), "head_dim": int(q[3]),
                 "causal": int(bool(attrs.get("causal"))), "dropout": int(attrs.get("dropout", 0) > 0),
                 "scores": int(q[1]) * int(q[2]) * int(k[2]),
                 "q_elems": int(q[1]) * int(q[2]) * int(q[3]),

@@ -151,3 +151,43 @@ def test_causal_calls_run_below_unmasked_ones_and_a_ring_mostly_unmasked():
     assert device_from_mapping(device_mapping(old)) == old
     with pytest.raises(SpecError, match="device.flash_attention: expected true or false"):
         device_from_mapping({**spec, "flash_attention": "no"})
+
+
+def test_fused_attention_runs_narrower_heads_slower_where_that_was_published():
+    """Head dimension 64 on H100 (FlashAttention-3 paper, Figs. 5-6): cuDNN 0.69 of its forward
+    speed at 128 and 0.84 of its backward, FlashAttention-2 0.87 and 0.90; linear in log2 of the
+    head dimension between 64 and 128; 128 and wider, or unknown (0), as read; devices without
+    published figures (A100) unchanged."""
+    from costmodels.compute import fused_attention_efficiency
+    from costmodels.hardware import DEVICES, device_from_mapping, device_mapping
+
+    h100, a100 = DEVICES["h100"], DEVICES["a100-80g"]
+    best, fa2 = EngineSpec(attention="flash"), EngineSpec(attention="flash2")
+    full = fused_attention_efficiency(h100, best)
+    assert fused_attention_efficiency(h100, best, 0.0) == full
+    assert fused_attention_efficiency(h100, best, 192.0) == full
+    assert fused_attention_efficiency(h100, best, 64.0) == pytest.approx(
+        (full[0] * 0.69, full[1] * 0.84))
+    assert fused_attention_efficiency(h100, best, 32.0) == fused_attention_efficiency(
+        h100, best, 64.0)
+    mid = fused_attention_efficiency(h100, best, 64 * 2 ** 0.5)  # halfway in log2
+    assert mid == pytest.approx((full[0] * (0.69 + 0.31 / 2), full[1] * (0.84 + 0.16 / 2)))
+    two = fused_attention_efficiency(h100, fa2)
+    assert fused_attention_efficiency(h100, fa2, 64.0) == pytest.approx(
+        (two[0] * 0.87, two[1] * 0.90))
+    assert fused_attention_efficiency(a100, best, 64.0) == fused_attention_efficiency(a100, best)
+    # a cluster file's device keeps the shares (and may set them)
+    assert device_from_mapping(device_mapping(h100)).attention_d64_share == 0.69
+
+
+def test_blocks_carry_their_attention_head_dimension(tiny_gpt2, tiny_gpt2_config):
+    """The FLOP-weighted head dimension of a block's attention (BlockWork.attn_head_dim): the
+    hidden size over the heads in every layer, 0 in blocks without attention."""
+    import json
+
+    config = json.load(open(tiny_gpt2_config))
+    width = config["n_embd"] // config["n_head"]
+    layers = [b for b in tiny_gpt2.blocks.blocks if b.work.attn_heads_q]
+    assert layers and {b.work.attn_head_dim for b in layers} == {width}
+    assert all(b.work.attn_head_dim == 0 for b in tiny_gpt2.blocks.blocks
+               if not b.work.attn_heads_q)
