@@ -68,8 +68,7 @@ class Layout:
 
     def rank_of(self, *, pp: int, dp: int, tp: int, cp: int = 0) -> int:
         s = self.strides()
-        at = self.pp_order[pp] if self.pp_order else pp
-        return tp * s["tp"] + cp * s["cp"] + at * s["pp"] + dp * s["dp"]
+        return tp * s["tp"] + cp * s["cp"] + self.pp_group_rank(pp) * s["pp"] + dp * s["dp"]
 
     def coords(self, rank: int) -> dict[str, int]:
         """Global rank -> its (pp, dp, cp, tp) coordinates (pp: its pipeline rank)."""
