@@ -25,6 +25,11 @@ FUSED_SCOPES = ("model", "layers")
 DISPATCHERS = ("alltoall", "allgather", "deepep")
 CP_RINGS = ("te", "torch", "runtime")
 OVERLAP_SCOPES = ("all", "sharded")
+CHOICES = {"attention": ATTENTION, "kernels": KERNELS, "fused_scope": FUSED_SCOPES,
+           "moe_dispatcher": DISPATCHERS, "cp_ring": CP_RINGS, "overlap_scope": OVERLAP_SCOPES,
+           "fp8_recipe": FP8_RECIPES, "state_layout": STATE_LAYOUTS}
+"""Settings that take one of a few names (all lower case; a setting given in other case is read
+in lower case)."""
 HOST_OP_MAX_S = 1e-3
 """Seconds per op above which a host time is taken for a unit slip (eager PyTorch issues an op in
 tens of microseconds)."""
@@ -191,15 +196,10 @@ class EngineSpec:
                                              or (zero >= 1 and pp == 1))
 
     def __post_init__(self):
-        if self.overlap_scope not in OVERLAP_SCOPES:
-            raise SpecError(f"engine.overlap_scope: expected {' or '.join(OVERLAP_SCOPES)}, got "
-                            f"{self.overlap_scope!r}")
-        if self.cp_ring not in CP_RINGS:
-            raise SpecError(f"engine.cp_ring: expected {', '.join(CP_RINGS)}, got "
-                            f"{self.cp_ring!r}")
-        if self.moe_dispatcher not in DISPATCHERS:
-            raise SpecError(f"engine.moe_dispatcher: expected {', '.join(DISPATCHERS)}, got "
-                            f"{self.moe_dispatcher!r}")
+        for key, names in CHOICES.items():
+            if getattr(self, key) not in names:
+                raise SpecError(f"engine.{key}: expected one of {', '.join(names)}, got "
+                                f"{getattr(self, key)!r}")
         for key, low in (("moe_imbalance", 1.0), ("moe_capacity_factor", 0.0),
                          ("host_op_s", 0.0), ("moe_host_op_s", 0.0)):
             value = getattr(self, key)
@@ -230,20 +230,6 @@ class EngineSpec:
             raise SpecError("engine.moe_pad_to_capacity: padding to capacity needs a capacity "
                             "factor; set moe_capacity_factor (e.g. 1.25) or leave "
                             "moe_pad_to_capacity out (dropless)")
-        if self.fp8_recipe not in FP8_RECIPES:
-            raise SpecError(f"engine.fp8_recipe: expected one of {', '.join(FP8_RECIPES)}, got "
-                            f"{self.fp8_recipe!r}")
-        if self.state_layout not in STATE_LAYOUTS:
-            raise SpecError(f"engine.state_layout: expected one of {', '.join(STATE_LAYOUTS)}, "
-                            f"got {self.state_layout!r}")
-        if self.attention not in ATTENTION:
-            raise SpecError(f"engine.attention: expected flash, flash2 or materialized, got "
-                            f"{self.attention!r}")
-        if self.fused_scope not in FUSED_SCOPES:
-            raise SpecError(f"engine.fused_scope: expected model or layers, got "
-                            f"{self.fused_scope!r}")
-        if self.kernels not in KERNELS:
-            raise SpecError(f"engine.kernels: expected fused or eager, got {self.kernels!r}")
 
 
 PRESETS: dict[str, dict] = {
@@ -369,6 +355,9 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
         key = sorted(unknown)[0]
         raise SpecError(f"engine.{key}: unknown key{suggest(key, names)}")
     kw = {**base, **dict(spec)}
+    for key in CHOICES:
+        if isinstance(kw.get(key), str):
+            kw[key] = kw[key].strip().lower()
     for key in BOOL_SETTINGS:
         if key in kw and not isinstance(kw[key], bool):
             text = str(kw[key]).lower()

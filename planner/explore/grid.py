@@ -8,7 +8,7 @@ from dataclasses import fields, replace
 from typing import Mapping, Sequence
 
 from costmodels.embeddings import SHARDING_TYPES
-from costmodels.engine import EngineSpec, engine_from_mapping
+from costmodels.engine import CHOICES, EngineSpec, engine_from_mapping
 from costmodels.hardware import GB, get_device
 from costmodels.linkunits import parse_bandwidth
 from costmodels.sites import with_site_bandwidth
@@ -94,7 +94,7 @@ def value(key: str, raw):
         except SpecError as exc:
             if str(exc).startswith(f"engine.{key}: expected"):
                 raise SpecError(f"vary.{str(exc)[len('engine.'):]}") from None
-        return text
+        return text.lower() if key in CHOICES else text
     if key in ("nodes", "gpus_per_node", "global_batch", "seq_len"):
         try:
             value = int(raw)

@@ -106,7 +106,7 @@ def test_points_change_the_cluster_as_asked():
     ({"inter_node_bandwidth": [-1]}, "vary.inter_node_bandwidth: expected a positive bandwidth"),
     ({"inter_node_bandwidth": ["fast"]}, "vary.inter_node_bandwidth: expected a bandwidth like"),
     ({"dtype": ["fp4"]}, "vary.dtype: unknown dtype"),
-    ({"moe_dispatcher": ["foo"]}, r"^vary.moe_dispatcher: expected alltoall, allgather, deepep"),
+    ({"moe_dispatcher": ["foo"]}, r"^vary.moe_dispatcher: expected one of alltoall, allgather, deepep"),
     ({"moe_imbalance": ["0.5"]}, r"^vary.moe_imbalance: expected a number >= 1, got 0.5"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_key(vary, message):

@@ -267,7 +267,7 @@ def test_fusion_scoped_to_layers_prices_embedding_and_loss_eagerly(tiny_llama):
     megatron = dataclasses.replace(training, engine=engine_from_mapping("megatron-core"))
     assert not config_costs(ma, cluster, megatron, two).accumulate_s.any()
     assert "in the repeated layers" in describe(engine_from_mapping("torchtitan-compile"))
-    with pytest.raises(SpecError, match="engine.fused_scope: expected model or layers"):
+    with pytest.raises(SpecError, match="engine.fused_scope: expected one of model, layers"):
         engine_from_mapping("fused_scope=blocks")
 
 
@@ -431,5 +431,15 @@ def test_deepspeed_hides_the_reduction_only_with_zero_and_without_a_pipeline(fp3
         if not hidden:  # the backward would have hidden some of it
             assert priced > _plan(fp32_llama, f"{fix},zero={zero}",
                                   everywhere).predicted["breakdown"]["dp_comm_s"]
-    with pytest.raises(SpecError, match="engine.overlap_scope: expected all or sharded"):
+    with pytest.raises(SpecError, match="engine.overlap_scope: expected one of all, sharded"):
         engine_from_mapping("overlap_scope=some")
+
+
+def test_engine_names_read_in_any_case():
+    """A setting that takes one of a few names is read in lower case (DeepEP as deepep); a name
+    that is not one of them is still refused, naming the choices."""
+    engine = engine_from_mapping("megatron-core,moe_dispatcher=DeepEP,attention=Flash")
+    assert (engine.moe_dispatcher, engine.attention) == ("deepep", "flash")
+    with pytest.raises(SpecError, match="engine.moe_dispatcher: expected one of alltoall, "
+                                        "allgather, deepep, got 'nccl'"):
+        engine_from_mapping("moe_dispatcher=NCCL")
