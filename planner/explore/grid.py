@@ -22,6 +22,8 @@ CLUSTER_KEYS = ("cluster", "nodes", "gpus_per_node", "device", "inter_node_bandw
 """Keys that change the cluster (node bandwidths in GB/s per GPU and direction; the bandwidth of
 every link between sites, 10Gbps or 1.25GB/s, or a plain number of GB/s, in each link's own
 scope)."""
+UNITS = {"inter_node_bandwidth": "GB/s", "intra_node_bandwidth": "GB/s"}
+"""The unit a point's value is in, where it was given in another (400Gbps reads as 50GB/s)."""
 TRAINING_KEYS = ("global_batch", "seq_len", "dtype", "optimizer")
 ENGINE_KEYS = tuple(f.name for f in fields(EngineSpec))
 """Engine settings (``--engine`` keys: moe_imbalance, moe_dispatcher, attention, ...): each point

@@ -29,8 +29,8 @@ from planner.errors import PlannerError, SpecError
 from planner.files import fspath_or_same
 from planner.explore.costs import (add_costs, check_tokens, gpus_by_device, parse_prices,
                                     resolve_prices, sweep_devices)
-from planner.explore.grid import (ENGINE_KEYS, TABLE_KEYS, expand, point_cluster, point_engine,
-                                  sharding_type)
+from planner.explore.grid import (ENGINE_KEYS, TABLE_KEYS, UNITS, expand, point_cluster,
+                                  point_engine, sharding_type)
 from planner.inputs.clusters import load_cluster
 from planner.search.feasibility import cluster_pin_problem
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix
@@ -409,7 +409,7 @@ def _row(task: _Task, plan, reason: str) -> dict:
     summary = task.cluster.summary() if task.cluster is not None else {}
     tr = task.training
     row = {
-        "point": " ".join(f"{k}={knob(v)}" for k, v in task.point),
+        "point": " ".join(f"{k}={knob(v)}{UNITS.get(k, '')}" for k, v in task.point),
         "cluster": summary.get("name"), "device": summary.get("device"),
         "nodes": summary.get("nodes"), "gpus_per_node": summary.get("gpus_per_node"),
         "gpus": summary.get("num_gpus"),

@@ -97,6 +97,18 @@ def test_points_change_the_cluster_as_asked():
     assert c.num_gpus == 4 and c.intra_node.bandwidth_bytes_per_s == 100e9
 
 
+def test_a_point_shows_bandwidth_in_the_unit_it_is_priced_in(tiny_llama_config):
+    """Bandwidths given in other units (400Gbps) are shown in GB/s, with the unit, and a name
+    given in capitals reads as the engine's name."""
+    rows = explore.whatif(tiny_llama_config, cluster="dgx-h100", nodes=2, global_batch=16,
+                          seq_len=64, fix="tp=1,pp=1,dp=16", vary={
+                              "inter_node_bandwidth": ["400Gbps", "12.5"],
+                              "attention": ["Flash"]})
+    assert [r["point"] for r in rows] == ["inter_node_bandwidth=50GB/s attention=flash",
+                                          "inter_node_bandwidth=12.5GB/s attention=flash"]
+    assert [r["inter_node_GBps"] for r in rows] == [50, 12.5]
+
+
 @pytest.mark.parametrize("vary,message", [
     ({"nodez": [1]}, "vary: unknown key 'nodez'"),
     ({"nodes": [0]}, "vary.nodes: expected a positive integer"),
