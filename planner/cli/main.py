@@ -11,6 +11,7 @@ other exception; --debug shows the traceback).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import sys
@@ -90,6 +91,8 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         """Options no command knows point to the help of the command given, not the top's."""
+        args = list(sys.argv[1:] if args is None else args)
+        self._refuse_misspelled(args)
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
             command = getattr(ns, "command", None)
@@ -98,6 +101,24 @@ class _Parser(argparse.ArgumentParser):
             self.exit(EXIT_BAD_INPUT, f"plan: error: unrecognized arguments: {' '.join(extras)} "
                                       f"({hint}see `{where} --help`)\n")
         return ns
+
+    def _refuse_misspelled(self, args: list[str]) -> None:
+        """A long option the command does not know, named with the closest it does, before
+        argparse would report the required option it stands for as missing instead."""
+        commands = self._subparsers._group_actions[0].choices if self._subparsers else {}
+        command = next((a for a in args if a in commands), None)
+        if command is None:
+            return
+        known = commands[command]._option_string_actions
+        after = args[args.index(command) + 1:]
+        for arg in after[:after.index("--")] if "--" in after else after:
+            name = arg.split("=", 1)[0]
+            if name.startswith("--") and name not in known:
+                close = difflib.get_close_matches(name, [k for k in known if k.startswith("--")],
+                                                  n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                self.exit(EXIT_BAD_INPUT, f"plan: error: unrecognized argument {name}{hint} (see "
+                                          f"`{self.prog} {command} --help`)\n")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -67,7 +67,11 @@ BAD = {
     # an option the command does not take points to that command's help
     "unknown option": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
                         "--vary", "tp=1,2", "--target", "torchtitan"],
-                       "unrecognized arguments: --target torchtitan (see `plan whatif --help`)"),
+                       "unrecognized argument --target (see `plan whatif --help`)"),
+    # a misspelled required option is named as misspelled, with the closest (not "required")
+    "misspelled option": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-btach", "8"],
+                          "unrecognized argument --global-btach; did you mean --global-batch? "
+                          "(see `plan solve --help`)"),
     # -o where the command writes something else (a new-user check)
     "output of whatif": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
                           "--vary", "tp=1,2", "-o", "wi"],
