@@ -500,16 +500,11 @@ def _check_states(plan: Plan, version: str) -> None:
     get_expert_dp_group its DistIndex lacks; utils.py: "Expert parallel is not supported in
     Megatron-FSDP"); Megatron-FSDP lays every rank of the world out as data x expert x tensor
     parallel ranks, so not beside a pipeline (mcore_fsdp_adapter.py _get_dp_tp_mesh, both
-    releases); the precision-aware optimizer that optimizer offload needs takes adam only
+    releases: ZeRO-2 and -3 with a pipeline export as ZeRO-1, _zero_stage); the precision-aware
+    optimizer that optimizer offload needs takes adam only
     (OptimizerConfig, both releases)."""
     p, dtype = plan.parallel, plan.training["dtype"]
     ep = p.get("ep", 1)
-    if p["zero"] >= 2 and p["pp"] > 1 and p["dp"] * p.get("cp", 1) > 1:
-        raise SpecError(f"export megatron: ZeRO-{p['zero']} with a pipeline "
-                        f"(pp={p['pp']}) runs Megatron-FSDP, whose device mesh spans the data, "
-                        "expert and tensor parallel ranks only (mcore_fsdp_adapter.py: every "
-                        "rank of the world in one stage); re-plan with --target megatron, or "
-                        "--fix zero=1")
     if version == "core_v0.14.0" and ep > 1 and dtype == "fp16":
         raise SpecError(f"export megatron: expert parallelism (ep={ep}) in fp16, which "
                         f"{version}'s validate_args refuses; export for core_v0.19.0, or re-plan with "
@@ -528,17 +523,22 @@ def _check_states(plan: Plan, version: str) -> None:
 def _memory(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     _check_states(plan, version)
     p = plan.parallel
-    ledger.exact("zero", "offload_optimizer")
+    ledger.exact("offload_optimizer")
+    zero = _zero_stage(plan, ledger)
     out = _recompute(plan, version, ledger)
     layout = common.planned_layout(plan)
-    if layout is None:
-        common.layout_note(plan, TARGET, "megatron", ledger)
-    elif ((common.layout_differs(plan, "megatron") and layout != "megatron-bf16-grads")
-          or common.kernels_differ(plan, TARGET)):
-        # priced for another engine's states or kernels
+    if zero != p["zero"] or (layout is not None and (
+            (common.layout_differs(plan, "megatron") and layout != "megatron-bf16-grads")
+            or common.kernels_differ(plan, TARGET))):
+        # another ZeRO stage, or priced for another engine's states or kernels
         from planner.export import reprice  # lazy: prices with the search (and may trace)
         kept = layout if layout == "megatron-bf16-grads" else "megatron"
-        ledger.info(reprice.recheck(plan, TARGET, "", state_layout=kept, required=False))
+        changed = zero != p["zero"]
+        ledger.info(reprice.recheck(
+            plan, TARGET, f"ZeRO-{zero} instead of the plan's ZeRO-{p['zero']}" if changed else "",
+            state_layout=kept, required=changed, **({"zero": zero} if changed else {})))
+    elif layout is None:
+        common.layout_note(plan, TARGET, "megatron", ledger)
     if layout == "megatron-bf16-grads" and plan.training["dtype"] in ("bf16", "fp8"):
         out = out + [(["--grad-reduce-in-bf16"], "gradients kept and reduced in bf16, as priced")]
     if p["dp"] * p.get("cp", 1) == 1:  # states shard over dp x cp (Megatron's data-and-context
@@ -546,7 +546,6 @@ def _memory(plan: Plan, version: str, ledger: common.Ledger) -> Group:
         dist = [(["--use-distributed-optimizer"], "the distributed optimizer, over one rank: the "
                  "optimizer offload needs it")] if p.get("offload_optimizer") else []
         return out + dist + _offload(plan)
-    zero = p["zero"]
     if zero == 0:
         return out + [([], "ZeRO-0: plain data parallelism (Megatron's DDP)")] + \
             _overlap_dp(plan, ledger) + _offload(plan)
@@ -557,6 +556,23 @@ def _memory(plan: Plan, version: str, ledger: common.Ledger) -> Group:
                     "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
                     "--ckpt-format", "fsdp_dtensor"],
                    f"ZeRO-{zero}: Megatron-FSDP")] + _overlap_dp(plan, ledger) + _offload(plan)
+
+
+def _zero_stage(plan: Plan, ledger: common.Ledger) -> int:
+    """The ZeRO stage Megatron-LM runs for the plan's: ZeRO-2 and -3 run Megatron-FSDP, whose
+    device mesh spans the data, expert and tensor parallel ranks only (mcore_fsdp_adapter.py:
+    every rank of the world in one stage), so beside a pipeline the nearest is ZeRO-1, the
+    distributed optimizer (gradients not sharded: more memory, re-checked)."""
+    p = plan.parallel
+    zero = p["zero"]
+    if zero >= 2 and p["pp"] > 1 and p["dp"] * p.get("cp", 1) > 1:
+        ledger.nearest("zero", f"ZeRO-{zero} with pp={p['pp']}: Megatron-LM runs it as "
+                       "Megatron-FSDP, whose device mesh holds no pipeline (mcore_fsdp_adapter.py); "
+                       "nearest ZeRO-1, the distributed optimizer: gradients not sharded, more "
+                       "memory than planned (re-checked below)")
+        return 1
+    ledger.exact("zero")
+    return zero
 
 
 def _overlap_dp(plan: Plan, ledger: common.Ledger) -> Group:

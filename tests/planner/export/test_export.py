@@ -314,14 +314,17 @@ def test_megatron_writes_no_overlap_for_a_plan_priced_without_it(notes):
                    for n in notes)
 
 
-def test_megatron_refuses_what_its_releases_refuse_of_the_states():
-    """Megatron-FSDP lays the world out as data x expert x tensor parallel ranks (no pipeline);
+def test_megatron_refuses_what_its_releases_refuse_of_the_states(notes):
+    """Megatron-FSDP lays the world out as data x expert x tensor parallel ranks (no pipeline):
+    ZeRO-3 beside a pipeline exports as the nearest, ZeRO-1, its memory re-checked;
     core_v0.14.0 has no expert groups in it and refuses expert parallelism in fp16; offloading
     the optimizer takes its precision-aware optimizer, adam only."""
-    with pytest.raises(SpecError, match=r"^export megatron: ZeRO-3 with a pipeline \(pp=4\) runs "
-                                        r"Megatron-FSDP, .* re-plan with --target megatron, or "
-                                        r"--fix zero=1$"):
-        to_megatron(variant(plan_of("uneven-llama3-8b"), zero=3))
+    args = megatron_args(to_megatron(variant(plan_of("uneven-llama3-8b"), zero=3)))
+    assert "--use-distributed-optimizer" in args and "--use-megatron-fsdp" not in args
+    assert any("ZeRO-3 with pp=4: Megatron-LM runs it as Megatron-FSDP" in n and
+               "nearest ZeRO-1" in n for n in notes)
+    assert any("memory re-checked with ZeRO-1 instead of the plan's ZeRO-3" in n
+               for n in notes)
     moe = data_plan("qwen3-30b-a3b-ep8-capacity-megatron")  # zero=3, ep=8, pp=1
     to_megatron(moe, "core_v0.19.0")
     with pytest.raises(SpecError, match=r"^export megatron: ZeRO-3 with expert parallelism "
@@ -1488,8 +1491,10 @@ def test_a_plan_that_does_not_record_its_layout_says_its_memory_is_not_checked_a
     assert [n for n in notes if "memory not re-checked with the model states as torchtitan's "
             "FSDP2 lays them out" in n and "the plan does not record how it laid them out" in n
             and "--target torchtitan` prices it" in n]
-    # made for Megatron-LM before the target knew Megatron-FSDP runs without a pipeline
-    with pytest.raises(SpecError, match=r"^export megatron: ZeRO-3 with a pipeline \(pp=4\)"):
+    # made for Megatron-LM before the target knew Megatron-FSDP runs without a pipeline: its
+    # nearest, ZeRO-1, does not fit (exit 3, with the command that plans for Megatron-LM)
+    with pytest.raises(InfeasibleError, match=r"^export megatron: with ZeRO-1 instead of the "
+                                              r"plan's ZeRO-3 .* --target megatron`$"):
         to_megatron(old)
 
 
