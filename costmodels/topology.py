@@ -245,7 +245,11 @@ def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
                         f"allowed: {', '.join(sorted(_CLUSTER_KEYS))}")
     for key in ("name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"):
         if key not in spec:
-            raise SpecError(f"{where}.{key}: missing (see the cluster YAML form in README.md)")
+            need = (" (a one-node cluster uses it only when --nodes or a what-if grows it: give "
+                    "the network its nodes would have, e.g. {bandwidth: 400Gbps, latency: 5us})"
+                    if key == "inter_node" and spec.get("nodes") == 1 else "")
+            raise SpecError(f"{where}.{key}: missing{need} (see the cluster YAML form in "
+                            "README.md)")
     cluster = Cluster(
         name=str(spec["name"]),
         device=get_device(spec["device"], f"{where}.device"),
