@@ -46,10 +46,14 @@ def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
             raise SpecError(f"vary.{key}: expected a non-empty list of values, got {values!r}")
         axes.append([(key, value(key, v)) for v in values])
-        seen = [v for _, v in axes[-1]]
-        twice = next((v for i, v in enumerate(seen) if v in seen[:i]), None)
+        seen = [parse_bandwidth(v, f"vary.{key}") if key == "inter_region_bandwidth" else v
+                for _, v in axes[-1]]
+        twice = next(((seen.index(v), i) for i, v in enumerate(seen) if v in seen[:i]), None)
         if twice is not None:
-            raise SpecError(f"vary.{key}: {twice} given twice; list each value once")
+            first, again = (str(values[i]).strip() for i in twice)
+            same = (f"{first} given twice" if first == again else
+                    f"{first} and {again} are the same value")
+            raise SpecError(f"vary.{key}: {same}; list each value once")
     points = []
     for point in itertools.product(*axes):
         if ("cp", 1) in point:

@@ -405,6 +405,13 @@ def test_odd_sweep_values_and_idle_schedules_are_named():
         expand({"nodes": [1, 1]})
     with pytest.raises(SpecError, match=r"^vary.tp: 2 given twice"):
         expand({"tp": ["2", 2]})
+    # the same bandwidth in two spellings, either link (a new-user check)
+    with pytest.raises(SpecError, match=r"^vary.inter_node_bandwidth: 400Gb/s and 50GB/s are the "
+                                        r"same value; list each value once$"):
+        expand({"inter_node_bandwidth": ["400Gb/s", "50GB/s"]})
+    with pytest.raises(SpecError, match=r"^vary.inter_region_bandwidth: 10Gbps and 1.25GB/s are "
+                                        r"the same value"):
+        expand({"inter_region_bandwidth": ["10Gbps", "1.25GB/s"]})
     assert len(expand({"nodes": [1, 2], "tp": [1, 2]})) == 4
     assert idle_pins({"schedule": "zb-h1", "pp": 1}, 1, 1) == [
         "fix.schedule=zb-h1 changes nothing: the plan has no pipeline (pp=1); leave the schedule "
