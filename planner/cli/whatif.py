@@ -45,7 +45,7 @@ def register(add) -> None:
     w.add_argument("--price-per-gpu-hour", metavar="GPU=$,...",
                    help="dollars per GPU-hour by device, e.g. h100=4,a100-80g=2 (adds cost)")
     w.add_argument("--tokens", type=positive_float,
-                   help="with prices: the cost and days to train on this many tokens, e.g. 1e12")
+                   help="the days to train on this many tokens (with prices, the cost too), e.g. 1e12")
     w.add_argument("--time-limit", type=positive_float, help="seconds of search per point")
     w.add_argument("--workers", type=positive_int, help="processes (default: one per core)")
     w.add_argument("--csv", metavar="OUT.csv", help="write every row, every column")

@@ -69,7 +69,8 @@ def parse_prices(text: str | Mapping | None) -> dict:
 
 def add_costs(rows: list[dict], prices, tokens: float | None = None) -> None:
     """Add price_per_gpu_hour, cost_per_step_usd and cost_per_mtok_usd (per million tokens), and
-    with ``tokens`` run_hours and run_cost_usd, to every row whose device has a price."""
+    with ``tokens`` run_cost_usd, to every row whose device has a price; with ``tokens`` also
+    run_hours (the time to train on them) to every feasible row, priced or not."""
     prices = parse_prices(prices)
     check_tokens(tokens)
     by_device = resolve_prices(prices, sweep_devices(rows))
@@ -87,19 +88,20 @@ def add_costs(rows: list[dict], prices, tokens: float | None = None) -> None:
         cost = {"price_per_gpu_hour": price, "cost_per_step_usd": None, "cost_per_mtok_usd": None}
         if tokens is not None:
             cost.update({"tokens": float(tokens), "run_hours": None, "run_cost_usd": None})
+        if tokens is not None and r["feasible"]:
+            cost["run_hours"] = float(tokens) / r["tokens_per_s"] / HOUR_S
         if price is not None and r["feasible"]:
             dollars_per_s = r["gpus"] * price / HOUR_S
             cost["cost_per_step_usd"] = dollars_per_s * r["step_time_s"]
             cost["cost_per_mtok_usd"] = dollars_per_s / r["tokens_per_s"] * 1e6
             if tokens is not None:
-                hours = float(tokens) / r["tokens_per_s"] / HOUR_S
-                cost.update({"run_hours": hours, "run_cost_usd": hours * r["gpus"] * price})
+                cost["run_cost_usd"] = cost["run_hours"] * r["gpus"] * price
         r.update(cost)
     if stale:
         log.warning("price_per_gpu_hour: rows of %s (clusters of several devices) have no costs: "
                     "their CSV predates GPUs per device (gpus_by_device); sweep them again",
                     ", ".join(sorted(stale)))
-    if unpriced:
+    if unpriced and prices:
         log.warning("price_per_gpu_hour: no price for %s, so the rows with %s have no costs; "
                     "add %s", ", ".join(sorted(unpriced)), "it" if len(unpriced) == 1 else "them",
                     ",".join(f"{d}=DOLLARS" for d in sorted(unpriced)))

@@ -85,7 +85,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     the other arguments are the settings every point shares (as for planner.plan; optimizer
     default adam), and one given there and varied too is refused (SpecError). ``prices``
     maps device names (or unique prefixes, ``a100``) to dollars per GPU-hour and adds cost
-    columns; ``tokens`` adds the hours and dollars to train on that many tokens."""
+    columns; ``tokens`` adds the hours to train on that many tokens (and with prices, the
+    dollars)."""
     model = fspath_or_same(model)  # (a cluster Path stays one: load_cluster reads it as a file)
     grid = expand(vary)
     recsys = api.recsys_model(model)
@@ -131,7 +132,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     if recsys:
         rows = _run_recsys(model, tasks, progress)
         _refuse_all_bad(rows)
-        if prices:
+        if prices or tokens is not None:
             add_costs(rows, prices, tokens)
         return [_ordered(r) for r in rows]
     keys = sorted({t.trace_key for t in tasks if not t.error}, key=str)
@@ -159,7 +160,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     name = next(iter(prepared.values())).info["name"] if prepared else str(model)
     for row in rows:
         row["model"] = name
-    if prices:
+    if prices or tokens is not None:
         add_costs(rows, prices, tokens)
     return [_ordered(r) for r in rows]
 
@@ -199,10 +200,7 @@ def _refuse(reasons: list[str]) -> None:
 
 
 def _check_prices(tasks: list, prices, tokens) -> None:
-    """SpecError for prices that name no device of the sweep, or tokens without prices."""
-    if tokens is not None and not prices:
-        raise SpecError("tokens: the cost of a run needs GPU prices; give them (--price-per-gpu-"
-                        "hour h100=4.0 on the command line, prices={'h100': 4.0} in Python)")
+    """SpecError for prices that name no device of the sweep, or a token count that is not one."""
     check_tokens(tokens)
     if prices:
         resolve_prices(parse_prices(prices), sweep_devices(

@@ -13,12 +13,14 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
     the model cannot take) why not. ``rate``: "tokens/s", or "samples/s" for a
     recommendation model (a sample is not a sequence of tokens: its costs are per sample too)."""
     costs = any(r.get("cost_per_step_usd") is not None for r in rows)
+    days = any(r.get("run_hours") is not None for r in rows)
     run = any(r.get("run_cost_usd") is not None for r in rows)
     head = ["point", "GPUs", "configuration", "step", rate, "MFU", "memory/GPU"]
     rate_key = {"tokens/s": "tokens_per_s", "samples/s": "samples_per_s"}[rate]
     unit = "tokens" if rate == "tokens/s" else "samples"
     head += ["$/step", f"$/M {unit}"] if costs else []
-    head += [f"days ({human_count(rows[0]['tokens'])} {unit})", "$ run"] if run else []
+    head += [f"days ({human_count(rows[0]['tokens'])} {unit})"] if days else []
+    head += ["$ run"] if run else []
     out, reasons, cut = [tuple(head)], {}, []
     for r in rows:
         cells = [r["point"], str(r["gpus"] or "")]
@@ -35,11 +37,12 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
                   f"{100 * r['mfu']:.1f}%", gb(r["peak_memory_bytes"])]
         if costs:
             cells += [dollars(r.get("cost_per_step_usd")), dollars(r.get("cost_per_mtok_usd"))]
-        if run:
+        if days:
             hours = r.get("run_hours")
             cells += ["" if hours is None else f"{hours / 24:,.1f}" if hours >= 24 else
-                      f"{hours / 24:.2f}" if hours >= 0.24 else "<0.01",
-                      dollars(r.get("run_cost_usd"))]
+                      f"{hours / 24:.2f}" if hours >= 0.24 else "<0.01"]
+        if run:
+            cells += [dollars(r.get("run_cost_usd"))]
         out.append(tuple(cells))
     lines = table(out)
     for i, reason in reasons.items():  # reasons run across the columns, not widening one

@@ -188,18 +188,36 @@ def test_infeasible_points_are_rows(tiny_llama_config):
 
 
 def test_prices_and_tokens_are_checked_before_any_trace(monkeypatch):
-    """Tokens without prices, or a price for no device of the sweep, fail before the slow part."""
+    """A token count that is none, or a price for no device of the sweep, fail before the slow
+    part."""
     def no_trace(*a, **kw):
         raise AssertionError("traced before the prices were checked")
     monkeypatch.setattr(api, "prepare", no_trace)
-    with pytest.raises(SpecError, match="tokens: the cost of a run needs GPU prices.*"
-                                        "--price-per-gpu-hour"):
+    with pytest.raises(SpecError, match="tokens: expected a positive number of training tokens"):
         explore.whatif("gpt2", cluster="dgx-h100", vary={"nodes": [1, 2]}, global_batch=8,
-                       tokens=1e9)
+                       tokens=-1)
     with pytest.raises(SpecError, match=r"price_per_gpu_hour.a100: matches no device of the "
                                         r"sweep \(h100\)"):
         explore.whatif("gpt2", cluster="dgx-h100", vary={"nodes": [1, 2]}, global_batch=8,
                        prices={"a100": 2.0})
+
+
+def test_days_need_no_prices(tiny_llama_config):
+    """Days to train on a token count follow from the throughput alone: without prices, and on
+    a device no price names, the row has them and no dollars (a new-user check)."""
+    from planner.report.sweep import sweep_table
+    rows = explore.whatif(tiny_llama_config, cluster="dgx-h100", global_batch=8, seq_len=64,
+                          vary={"device": ["h100", "a100-80g"]}, tokens=1e9)
+    for r in rows:
+        assert r["run_hours"] == pytest.approx(1e9 / r["tokens_per_s"] / 3600)
+        assert r["run_cost_usd"] is None and r["cost_per_step_usd"] is None
+    head = sweep_table(rows).splitlines()[0]
+    assert "days (1 B tokens)" in head and "$ run" not in head and "$/step" not in head
+    priced = explore.whatif(tiny_llama_config, cluster="dgx-h100", global_batch=8, seq_len=64,
+                            vary={"device": ["h100", "a100-80g"]}, tokens=1e9,
+                            prices={"h100": 4.0})
+    assert [r["run_hours"] for r in priced] == pytest.approx([r["run_hours"] for r in rows])
+    assert priced[0]["run_cost_usd"] > 0 and priced[1]["run_cost_usd"] is None
 
 
 def test_costs_follow_from_price_time_and_gpus(two_clusters):
