@@ -150,9 +150,12 @@ def point_cluster(s: Mapping) -> Cluster | HeteroCluster:
         cl = with_site_bandwidth(cl, parse_bandwidth(s["inter_region_bandwidth"],
                                                      "vary.inter_region_bandwidth"))
     if isinstance(cl, HeteroCluster):
-        if s["nodes"] or s["gpus_per_node"] or changes:
-            raise SpecError("vary: a cluster with node groups cannot be resized or modified here; "
-                            "vary its YAML file instead (--vary cluster=a.yaml,b.yaml)")
+        given = [f"{k}={s[k]}" for k in ("nodes", "gpus_per_node") if s[k]] + changes
+        if given:
+            raise SpecError(f"cluster {s['cluster']}: has node groups, which {', '.join(given)} "
+                            "cannot resize or change (each group sets its own); give its groups "
+                            "in the YAML file, and for other sizes vary files "
+                            "(--vary cluster=a.yaml,b.yaml)")
         return cl
     cl = load_cluster(cl, nodes=s["nodes"], gpus_per_node=s["gpus_per_node"])
     if "device" in s:

@@ -203,8 +203,16 @@ def _check_prices(tasks: list, prices, tokens) -> None:
     """SpecError for prices that name no device of the sweep, or a token count that is not one."""
     check_tokens(tokens)
     if prices:
-        resolve_prices(parse_prices(prices), sweep_devices(
-            gpus_by_device(t.cluster.summary()) for t in tasks if t.cluster is not None))
+        try:
+            resolve_prices(parse_prices(prices), sweep_devices(
+                gpus_by_device(t.cluster.summary()) for t in tasks if t.cluster is not None))
+        except SpecError as exc:
+            failed = [t for t in tasks if t.cluster is None and t.error]
+            if not failed:
+                raise
+            # a point whose cluster could not be built has no devices to price: say why
+            raise SpecError(f"{exc} (not counted: {_as_varied(failed[0].point, failed[0].error)}"
+                            ")") from None
 
 
 def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:

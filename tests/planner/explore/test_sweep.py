@@ -97,6 +97,21 @@ def test_points_change_the_cluster_as_asked():
     assert c.num_gpus == 4 and c.intra_node.bandwidth_bytes_per_s == 100e9
 
 
+def test_a_cluster_of_node_groups_is_not_resized_and_says_by_what(tmp_path):
+    """--nodes beside a file of node groups: the point names the size it was given, and a price
+    for that file's devices says why the point was not counted (a new-user check)."""
+    import os
+    hetero = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples",
+                          "hetero_a100_v100.yaml")
+    with pytest.raises(SpecError, match=r"has node groups, which nodes=4 cannot resize"):
+        grid.point_cluster({"cluster": hetero, "nodes": 4, "gpus_per_node": None})
+    with pytest.raises(SpecError, match=r"^price_per_gpu_hour.v100: matches no device of the "
+                                        r"sweep \(a100-80g\); name one of them \(not counted: "
+                                        r"cluster .*nodes=4 cannot resize"):
+        explore.whatif("gpt2", vary={"cluster": [hetero, "dgx-a100-80g"]}, nodes=4,
+                       global_batch=512, dtype="fp16", prices={"a100": 2, "v100": 0.5})
+
+
 def test_a_point_shows_bandwidth_in_the_unit_it_is_priced_in(tiny_llama_config):
     """Bandwidths given in other units (400Gbps) are shown in GB/s, with the unit, and a name
     given in capitals reads as the engine's name."""
