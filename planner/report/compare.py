@@ -305,16 +305,21 @@ def _crosses(p: Plan, part: str) -> bool | None:
     return placement.group_shape(size, stride, gpn).nodes > 1
 
 
+REST_SHARE = 0.01
+"""The share of a plan's peak below which the kinds too small to list apart go unsaid together."""
+
+
 def memory_change(a: Plan, b: Plan, min_share: float = 0.05):
     """(peak of a, peak of b, [(kind, change)]) for the kinds of memory on the fullest GPU that
     moved by at least ``min_share`` of a's peak, largest first, and the rest together as
-    ``other kinds`` where they add up to that much too (so the changes add up to the peaks')."""
+    ``other kinds`` where they add up to REST_SHARE of it (so the changes add up to the peaks'
+    to within that)."""
     ma, mb = peak_stage(a)["predicted"]["memory_bytes"], peak_stage(b)["predicted"]["memory_bytes"]
     pa = a.predicted["peak_memory_bytes"]
     moved = sorted(((k, mb.get(k, 0.0) - ma.get(k, 0.0)) for k in MEMORY_KINDS),
                    key=lambda kd: -abs(kd[1]))
     big = [(k, d) for k, d in moved if abs(d) >= min_share * pa]
     rest = sum(d for k, d in moved if abs(d) < min_share * pa)
-    if big and abs(rest) >= min_share * pa:
+    if big and abs(rest) >= REST_SHARE * pa:
         big.append(("other kinds", rest))
     return pa, b.predicted["peak_memory_bytes"], big
