@@ -209,9 +209,10 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     out += [Diff("memory of the fullest GPU", kind, ma.get(kind, 0.0), mb.get(kind, 0.0), "bytes")
             for kind in MEMORY_KINDS if ma.get(kind) or mb.get(kind)]
     out.append(Diff("stages", "stages", len(a.stages), len(b.stages), "count"))
-    for i in range(max(len(a.stages), len(b.stages))):
-        sa = a.stages[i] if i < len(a.stages) else None
-        sb = b.stages[i] if i < len(b.stages) else None
+    if len(a.stages) != len(b.stages):  # other splits: no stage of one is a stage of the other
+        slowest = [max(_stage(st, "time") for st in p.stages) for p in (a, b)]
+        return out + [Diff("stages", "slowest stage's time per micro-batch", *slowest, "s")]
+    for i, (sa, sb) in enumerate(zip(a.stages, b.stages)):
         out.append(Diff("stages", f"stage {i} blocks", stage_blocks(sa), stage_blocks(sb), "text"))
         out.append(Diff("stages", f"stage {i} time per micro-batch", _stage(sa, "time"),
                         _stage(sb, "time"), "s"))
@@ -225,14 +226,12 @@ def peak_stage(p: Plan) -> dict:
     return max(p.stages, key=lambda st: st["predicted"]["memory_bytes"]["total"])
 
 
-def stage_blocks(st: dict | None):
-    """A stage's blocks, compressed (``h.0-9, ln_f``); None for no stage."""
-    return None if st is None else compress_names(st["blocks"])
+def stage_blocks(st: dict):
+    """A stage's blocks, compressed (``h.0-9, ln_f``)."""
+    return compress_names(st["blocks"])
 
 
-def _stage(st: dict | None, what: str):
-    if st is None:
-        return None
+def _stage(st: dict, what: str):
     pr = st["predicted"]
     return pr["time_per_microbatch_s"] if what == "time" else pr["memory_bytes"]["total"]
 

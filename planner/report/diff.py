@@ -64,7 +64,9 @@ def _change(a, b, kind: str) -> str:
     if isinstance(a, bool) or isinstance(b, bool):
         return ""
     d = b - a
-    pct = f" ({100 * d / a:+.1f}%)" if a else ""
+    ratio = b / a if a else None  # ten times or a tenth and beyond reads as a factor
+    pct = ("" if ratio is None else f" (x{ratio:.3g})" if ratio >= 10 else
+           f" (/{1 / ratio:.3g})" if 0 < ratio <= 0.1 else f" ({100 * d / a:+.1f}%)")
     if kind == "s":
         return f"{d:+.3g} s{pct}"
     if kind == "bytes":

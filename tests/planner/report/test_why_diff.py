@@ -161,6 +161,25 @@ def test_diff_shows_what_differs_and_by_how_much(capsys, tiny_llama_config, smal
     from planner.report.diff import _change  # noqa: PLC0415
     zero = next(d for d in compare.compare(a, b) if d.label == "zero")
     assert zero.kind == "text" and _change(1, 3, zero.kind) == ""
+    # ten times and beyond reads as a factor, not +12528.0% (a new-user check)
+    assert _change(0.001, 0.12628, "s") == "+0.125 s (x126)"
+    assert _change(2.0, 0.1, "s") == "-1.9 s (/20)" and _change(2.0, 1.0, "s") == "-1 s (-50.0%)"
+
+
+def test_diff_compares_stages_one_by_one_only_for_the_same_split(tiny_llama_config):
+    """Plans with other stage counts have no stage in common: the slowest stage is compared, not
+    A's stage 0 against B's (a new-user check read -58.5% for 19 layers against 5)."""
+    a = planner.plan(tiny_llama_config, cluster="dgx-h100", global_batch=32, seq_len=128,
+                     fix={"pp": 2, "tp": 1})
+    b = planner.plan(tiny_llama_config, cluster="dgx-h100", global_batch=32, seq_len=128,
+                     fix={"pp": 1, "tp": 1})
+    labels = [d.label for d in compare.compare(a, b) if d.section == "stages"]
+    assert labels == ["stages", "slowest stage's time per micro-batch"]
+    slowest = next(d for d in compare.compare(a, b) if d.label.startswith("slowest"))
+    assert slowest.a == max(s["predicted"]["time_per_microbatch_s"] for s in a.stages)
+    same = [d.label for d in compare.compare(a, a) if d.section == "stages"]
+    assert same[1:] == ["stage 0 blocks", "stage 0 time per micro-batch", "stage 0 memory",
+                        "stage 1 blocks", "stage 1 time per micro-batch", "stage 1 memory"]
 
 
 def test_why_with_a_knob_the_model_cannot_take_is_bad_input(capsys, small_plan):
