@@ -1,5 +1,6 @@
 """What a command reports while it works: a one-line progress bar on stderr, redrawn on a
-terminal and silent otherwise, and the per-plan log lines a many-plan command holds back."""
+terminal and a line now and then otherwise (a log, CI), and the per-plan log lines a many-plan
+command holds back."""
 
 from __future__ import annotations
 
@@ -24,16 +25,29 @@ def per_plan_lines(verbose: bool):
 
 
 class Bar:
-    """``<label> [#####.....] 12/50<unit>``; call it with (done, total)."""
+    """``<label> [#####.....] 12/50<unit>``; call it with (done, total). Off a terminal:
+    ``<label>: 12/50<unit> (31 s)`` once every LINE_EVERY_S seconds of work."""
+
+    LINE_EVERY_S = 10.0
 
     def __init__(self, quiet: bool, label: str = "searching", unit: str = ""):
-        self.show = not quiet and sys.stderr.isatty()
+        self.show = not quiet
+        self.tty = sys.stderr.isatty()
         self.label, self.unit = label, unit
-        self.last = 0.0
+        self.start = self.last = time.monotonic()
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
-        if not self.show or total == 0 or (done < total and now - self.last < 0.1):
+        if not self.show or total == 0:
+            return
+        if not self.tty:
+            if now - self.last >= self.LINE_EVERY_S:
+                self.last = now
+                sys.stderr.write(f"{self.label}: {done}/{total}{self.unit} "
+                                 f"({now - self.start:.0f} s)\n")
+                sys.stderr.flush()
+            return
+        if done < total and now - self.last < 0.1:
             return
         self.last = now
         filled = int(30 * done / total)

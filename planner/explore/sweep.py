@@ -143,6 +143,9 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         try:
             prepared[k] = api.prepare(model, example_inputs=example_inputs, seq_len=k[0],
                                       dtype=k[1])
+            if not k[0]:
+                log.info("what-if: its default length is %s tokens (--seq-len sets another)",
+                         f"{prepared[k].seq_len:,}")
         except SpecError as exc:  # the model cannot take this point's length: its row says so
             untraced[k] = str(exc)
     if untraced:

@@ -38,6 +38,11 @@ class TableRow:
     """The plan (planner.plan/v1 dict); None where only the table row was kept."""
 
 
+def _named(args: tuple) -> str:
+    """A (model, seq_len, ...) group of jobs as the progress lines name it."""
+    return f"{args[0]} at {args[1]:,} tokens"
+
+
 def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
                  search: SearchOptions = SearchOptions(top_k=0)) -> dict[str, list[TableRow]]:
     """For every job the best plan per candidate GPU count (counts where nothing fits are absent).
@@ -58,15 +63,16 @@ def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         with ProcessPoolExecutor(max_workers=min(workers, len(args)), mp_context=ctx) as pool:
-            futures = {pool.submit(model_tables, *a): a[0] for a in args}
+            futures = {pool.submit(model_tables, *a): a for a in args}
             for k, fut in enumerate(as_completed(futures), 1):
                 results.update(fut.result())
-                log.info("tables: %s done [%d/%d] %.1f s", futures[fut], k, len(args),
+                log.info("tables: %s done [%d/%d] %.1f s", _named(futures[fut]), k, len(args),
                          time.perf_counter() - t0)
     else:
         for k, a in enumerate(args, 1):
             results.update(model_tables(*a))
-            log.info("tables: %s done [%d/%d] %.1f s", a[0], k, len(args), time.perf_counter() - t0)
+            log.info("tables: %s done [%d/%d] %.1f s", _named(a), k, len(args),
+                     time.perf_counter() - t0)
     return {job.name: results[job.name] for job in spec.jobs}
 
 

@@ -107,6 +107,8 @@ def _model(requests, grid, nodes, gpus_per_node, greedy, objective: str):
 
 def _solve(model, v, requests, grid, greedy, options, num_gpus):
     """-> ((status, objective, bound), per job (start, count, nodes)) on the grid."""
+    log.info("scheduling %d jobs with CP-SAT (objective %s, at most %g s) ...", len(requests),
+             options.objective, options.time_limit_s)
     res = cpsat.solve(model, time_limit_s=options.time_limit_s, seed=options.seed,
                       workers=options.workers)
     log.info("CP-SAT %s in %.2f s (%d jobs, grid %g s)", res.status.upper(), res.wall_s,

@@ -334,3 +334,21 @@ def test_run_refuses_tensor_parallel_conv1d_before_any_process(capsys, tmp_path)
     code, _, err = run(capsys, "run", out, "--dry-run")
     assert code == 2 and "the runtime shards nn.Linear and nn.Embedding only, this is Conv1D" \
         in err
+
+
+def test_progress_off_a_terminal_is_a_line_now_and_then(monkeypatch, capsys):
+    """A long sweep or search piped to a log says how far it got every LINE_EVERY_S seconds
+    (it was silent off a terminal: a new-user check waited 30 s with no word); -q silences it."""
+    from planner.cli import progress
+
+    clock = iter([0.0, 1.0, 10.5, 12.0, 21.0, 30.0, 31.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: False, raising=False)
+    bar = progress.Bar(False, label="sweeping", unit=" points")  # starts at 0 s
+    for done in (1, 2, 3, 4):  # at 1, 10.5, 12 and 21 s
+        bar(done, 4)
+    assert capsys.readouterr().err.splitlines() == ["sweeping: 2/4 points (10 s)",
+                                                    "sweeping: 4/4 points (21 s)"]
+    quiet = progress.Bar(True)
+    quiet(1, 2)
+    assert capsys.readouterr().err == ""
