@@ -232,8 +232,10 @@ ENGINES: dict[str, Engine] = {
                         zero3_with_cp_ep=False, software="deepspeed",
                         # its MoE layer (and AutoEP) dispatch by all-to-all with no overlap
                         # setting, AutoEP also by DeepEP (comm_backend "deepep", not with
-                        # folded tensor parallelism: auto_ep_layer.py); its own MoE layer takes
-                        # a capacity factor (AutoEP does not)
+                        # folded tensor parallelism: auto_ep_layer.py). The experts its config
+                        # sets up (AutoEP) drop no tokens: a capacity factor needs its own MoE
+                        # layer built in the model's code, which --target any plans
+                        moe_capacity=False,
                         moe_dispatchers=("alltoall", "deepep"), moe_overlap=False,
                         moe_shared_overlap=False, deepep_with_etp=False,
                         deepep_with_tp=False,

@@ -1155,7 +1155,7 @@ def test_a_target_refuses_moe_settings_its_engine_does_not_run(tiny_mixtral):
     from costmodels.engine import engine_from_mapping
 
     cluster = planner.load_cluster("dgx-h100", nodes=1)
-    refused = {"moe_capacity_factor=1.0": {"torch", "torchtitan"},
+    refused = {"moe_capacity_factor=1.0": {"torch", "torchtitan", "deepspeed"},
                "moe_dispatcher=allgather": {"torch", "torchtitan", "deepspeed"},
                "moe_overlap=true": {"torch", "torchtitan", "deepspeed"}}
     for setting, targets in refused.items():
