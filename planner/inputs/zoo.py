@@ -44,6 +44,8 @@ EmbeddingBagCollection): dlrm-criteo-1tb, dlrm-dcnv2 and two-tower, sources besi
 
 from __future__ import annotations
 
+import ast
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -52,7 +54,17 @@ from costmodels.hardware import suggest
 
 def unknown_model(model: str) -> str:
     """What to say of a MODEL string that is no zoo name, config.json path or factory: the
-    nearest zoo names and the other forms."""
+    nearest zoo names and the other forms; a Python file given without its factory, the
+    functions it defines."""
+    if model.endswith(".py") and os.path.isfile(model):
+        try:
+            with open(model, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            defined = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+        except (OSError, SyntaxError, ValueError):
+            defined = []
+        return (f"'{model}' is a Python file: name the function in it that builds the model, "
+                f"{model}:FUNCTION" + (f" (it defines {', '.join(defined)})" if defined else ""))
     return (f"unknown model '{model}'{suggest(model.lower(), ZOO)} (or give a config.json path or "
             "file.py:factory)")
 

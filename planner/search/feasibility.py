@@ -448,9 +448,11 @@ def _rules_advice(cfg, global_batch: int, rejected: Counter, pinned: bool,
             return (f"--global-batch must be a multiple of dp x micro_batch, e.g. "
                     f"{' or '.join(f'{b:,}' for b in near_every)} (multiples of micro_batch "
                     f"{cfg.micro_batch} x {num_gpus} GPUs, so any dp divides them); or {relax}")
+        fewer = (f"; or fewer GPUs (--nodes): the leanest layout on {num_gpus:,} needs dp="
+                 f"{cfg.dp:,} replicas of at least one sample" if global_batch < step else "")
         return (f"--global-batch must be a multiple of dp x micro_batch, e.g. "
                 f"{' or '.join(f'{b:,}' for b in nearby_multiples(global_batch, step))} for dp="
-                f"{cfg.dp}, micro_batch={cfg.micro_batch}; or {relax}")
+                f"{cfg.dp}, micro_batch={cfg.micro_batch}{fewer}; or {relax}")
     return relax
 
 

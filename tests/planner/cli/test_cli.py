@@ -68,6 +68,16 @@ BAD = {
     "unknown option": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
                         "--vary", "tp=1,2", "--target", "torchtitan"],
                        "unrecognized argument --target (see `plan whatif --help`)"),
+    # a Python file without its factory: the functions it defines (a new-user check)
+    "file without factory": (["solve", os.path.join(REPO, "examples", "branched.py"), "--cluster",
+                              "dgx-h100", "--global-batch", "8"],
+                             "branched.py' is a Python file: name the function in it that builds "
+                             "the model, "),
+    # a batch smaller than the GPUs' replicas: fewer GPUs is the other way out
+    "batch below the replicas": (["solve", "gpt2", "--cluster", "dgx-h100", "--nodes", "100000",
+                                  "--global-batch", "8"],
+                                 "or fewer GPUs (--nodes): the leanest layout on 800,000 needs "
+                                 "dp=100,000 replicas"),
     # a misspelled required option is named as misspelled, with the closest (not "required")
     "misspelled option": (["solve", "gpt2", "--cluster", "dgx-h100", "--global-btach", "8"],
                           "unrecognized argument --global-btach; did you mean --global-batch? "
