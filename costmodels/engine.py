@@ -15,7 +15,7 @@ from costmodels.errors import SpecError
 from costmodels.hardware import suggest
 from costmodels.memory import STATE_LAYOUTS
 from costmodels.precision import FP8_RECIPES
-from costmodels.specs import parse_pairs
+from costmodels.specs import parse_pairs, read_bool
 
 ATTENTION = ("flash", "flash2", "materialized")
 FUSED_ATTENTION = ("flash", "flash2")
@@ -318,7 +318,8 @@ def setting_text(value) -> str:
 
 
 BOOL_SETTINGS = tuple(f.name for f in fields(EngineSpec) if f.type in ("bool", bool))
-"""The engine settings that are true or false (text true/false, 1/0, yes/no is read as such)."""
+"""The engine settings that are true or false (text such as true/false or on/off is read as such:
+specs.read_bool)."""
 
 
 def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
@@ -359,11 +360,8 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
         if isinstance(kw.get(key), str):
             kw[key] = kw[key].strip().lower()
     for key in BOOL_SETTINGS:
-        if key in kw and not isinstance(kw[key], bool):
-            text = str(kw[key]).lower()
-            if text not in ("true", "false", "1", "0", "yes", "no"):
-                raise SpecError(f"engine.{key}: expected true or false, got {text!r}")
-            kw[key] = text in ("true", "1", "yes")
+        if key in kw:
+            kw[key] = read_bool(kw[key], f"engine.{key}")
     for key in ("moe_imbalance", "moe_capacity_factor", "host_op_s", "moe_host_op_s"):
         if key in kw and isinstance(kw[key], str):
             try:

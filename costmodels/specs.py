@@ -1,4 +1,5 @@
-"""Reading ``key=value,key=value`` text, as the CLI's --fix and --engine take it."""
+"""Reading ``key=value,key=value`` text, as the CLI's --fix and --engine take it, and the
+true-or-false settings among it."""
 
 from __future__ import annotations
 
@@ -17,3 +18,18 @@ def parse_pairs(text: str, *, where: str, example: str) -> dict[str, str]:
             raise SpecError(f"{where}.{key}: given twice ({items[key]} and {value}); give it once")
         items[key] = value
     return items
+
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def read_bool(value, where: str) -> bool:
+    """A setting that is true or false: a bool, or true/false, yes/no, on/off, 1/0 in any case
+    (SpecError naming ``where`` otherwise)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in TRUE_WORDS or text in FALSE_WORDS:
+        return text in TRUE_WORDS
+    raise SpecError(f"{where}: expected true or false (or on/off, yes/no, 1/0), got {value!r}")

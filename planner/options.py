@@ -9,7 +9,7 @@ from typing import Literal, Mapping, get_args
 from costmodels.engine import EngineSpec, engine_from_mapping
 from costmodels.memory import RECOMPUTE, Recompute
 from costmodels.pipeline import SCHEDULES, Schedule
-from costmodels.specs import parse_pairs
+from costmodels.specs import parse_pairs, read_bool
 from planner.errors import SpecError
 
 # The sets of choices, each listed once. Schedules and recomputation policies are the ones the cost
@@ -532,11 +532,4 @@ def _fix_value(key: str, value, where: str = "fix"):
             raise SpecError(f"{where}.recompute: expected {', '.join(RECOMPUTE[:-1])} or "
                             f"{RECOMPUTE[-1]}, got {value!r}")
         return str(value)
-    if isinstance(value, bool):
-        return value
-    text = str(value).lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise SpecError(f"{where}.{key}: expected true or false, got {value!r}")
+    return read_bool(value, f"{where}.{key}")

@@ -39,15 +39,16 @@ def test_every_true_or_false_setting_reads_its_text():
     once missed); other text is refused naming the setting."""
     assert "moe_etp_replicated" in BOOL_SETTINGS and "moe_overlap" in BOOL_SETTINGS
     for key in BOOL_SETTINGS:
-        for text, want in (("false", False), ("0", False), ("no", False), ("true", True),
-                           ("1", True)):
+        for text, want in (("false", False), ("0", False), ("no", False), ("Off", False),
+                           ("true", True), ("1", True), ("on", True)):
             try:
                 got = getattr(engine_from_mapping({key: text}), key)
             except SpecError as err:  # a setting that needs another (pad to capacity)
                 assert want and not str(err).startswith(f"engine.{key}: expected"), err
                 continue
             assert got is want, (key, text)
-        with pytest.raises(SpecError, match=f"^engine.{key}: expected true or false, got 'maybe'"):
+        with pytest.raises(SpecError, match=f"^engine.{key}: expected true or false \\(or "
+                                            "on/off, yes/no, 1/0\\), got 'maybe'"):
             engine_from_mapping({key: "maybe"})
 
 
