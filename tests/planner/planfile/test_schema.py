@@ -43,7 +43,7 @@ def test_a_plan_whose_engine_settings_no_command_reads_is_refused():
     d = json.load(open(path))
     validate(d, "p.json")
     d["training"]["engine"] = {**d["training"].get("engine", {}), "moe_dispatcher": "bogus"}
-    with pytest.raises(SpecError, match=r"^p.json: training.engine.moe_dispatcher: expected "
+    with pytest.raises(SpecError, match=r"^p.json: training.engine.moe_dispatcher: expected one of "
                                         r"alltoall, allgather, deepep, got 'bogus'$"):
         validate(d, "p.json")
 
