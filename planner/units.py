@@ -27,6 +27,12 @@ def gb1(nbytes: float) -> str:
     return f"{nbytes / GB:.1f} GB"
 
 
+def seconds(x: float, digits: int = 4) -> str:
+    """Seconds to ``digits`` significant digits, whole and grouped from 10^digits on (1,230 s,
+    not 1.23e+03 s)."""
+    return f"{x:,.0f} s" if abs(x) >= 10 ** digits else f"{x:.{digits}g} s"
+
+
 def ms(seconds: float) -> str:
     """Seconds as milliseconds with one decimal: 0.0123 -> '12.3 ms'."""
     return f"{seconds * 1e3:.1f} ms"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.planfile.document import Plan
 from planner.report import compare
 from planner.report.text import knob, table, wrap
-from planner.units import GB, gb, human_count
+from planner.units import GB, gb, human_count, seconds
 
 
 ALWAYS = ("predicted", "step time by part")
@@ -46,7 +46,7 @@ def _value(v, kind: str) -> str:
     if v is None:
         return "-"
     if kind == "s":
-        return f"{v:.4g} s"
+        return seconds(v)
     if kind == "bytes":
         return gb(v)
     if kind == "frac":

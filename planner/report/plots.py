@@ -197,7 +197,7 @@ def pareto(rows: list[dict], path: str, *, max_listed: int = 14):
         ax.annotate(str(k + 1), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8,
                     fontweight="bold")
     _memory_axes(ax, rows)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="best")  # (the front starts at the upper left)
     lines = [f"{k + 1:>2}. {r['point'] or ''}\n"
              f"{textwrap.fill(parallel_text(r), 56, initial_indent=' ' * 4, subsequent_indent=' ' * 6)}\n"
              f"    {r['peak_memory_bytes'] / GB:.1f} GB, {r['step_time_s']:.4g} s"

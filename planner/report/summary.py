@@ -17,7 +17,7 @@ from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
 from planner.search.feasibility import nearby_multiples
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
-from planner.units import GB, cluster_text, counted, gb1, human_count, ms
+from planner.units import GB, cluster_text, counted, gb1, human_count, ms, seconds
 
 
 def summary(p: Plan) -> str:
@@ -266,7 +266,7 @@ def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
     """The step time and its parts, largest first, each with its share and a bar."""
     step = p.predicted["step_time_s"]
     parts = sorted(((v, k) for k, v in p.predicted["breakdown"].items() if v > 0), reverse=True)
-    rows = [(f"    {BREAKDOWN_WORDS.get(k, k)}", f"{v:.3g} s", f"{100 * v / step:.1f}%",
+    rows = [(f"    {BREAKDOWN_WORDS.get(k, k)}", seconds(v, 3), f"{100 * v / step:.1f}%",
              "#" * round(bar_width * v / step)) for v, k in parts]
     return [f"  step time   {step:.4g} s, made of:", *table(rows, indent="  ")]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.options import parallel_text
-from planner.units import dollars, gb, human_count
+from planner.units import dollars, gb, human_count, seconds
 from planner.report.text import table
 
 
@@ -33,7 +33,7 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
             out.append((*cells, *[""] * (len(head) - 2)))
             continue
         layout = parallel_text(r) + (f"; tables {r['tables']}" if r.get("tables") else "")
-        cells += [layout, f"{r['step_time_s']:.3g} s", f"{r[rate_key]:,.0f}",
+        cells += [layout, seconds(r["step_time_s"], 3), f"{r[rate_key]:,.0f}",
                   f"{100 * r['mfu']:.1f}%", gb(r["peak_memory_bytes"])]
         if costs:
             cells += [dollars(r.get("cost_per_step_usd")), dollars(r.get("cost_per_mtok_usd"))]

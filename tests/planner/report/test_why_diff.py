@@ -405,3 +405,10 @@ def test_a_plan_for_any_target_says_which_engines_run_it_as_planned(small_plan):
     assert "engines:" not in summary(ddp)
     mega = dataclasses.replace(zb, search={**zb.search, "target": "megatron"})
     assert "engines:" not in summary(mega)
+
+
+def test_seconds_read_without_exponents():
+    """A step of a thousand seconds and more reads whole (a what-if row read '1.23e+03 s')."""
+    from planner.units import seconds
+    assert [seconds(1234.5, 3), seconds(12.345, 3), seconds(0.00959, 3), seconds(98765.4)] == [
+        "1,234 s", "12.3 s", "0.00959 s", "98,765 s"]
