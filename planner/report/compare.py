@@ -164,6 +164,8 @@ PREDICTED = (("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "ra
 MEMORY_KINDS = ("weights", "fp8_weights", "grads", "optimizer", "activations", "working")
 """The parts of a GPU's memory a plan records (stages[].predicted.memory_bytes, less the total);
 fp8_weights: the FP8 copies of the weights an fp8 plan keeps."""
+MEMORY_WORDS = {"fp8_weights": "fp8 weight copies"}
+"""How a kind of MEMORY_KINDS reads where it is not its own name."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,8 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
             for k in BREAKDOWN_WORDS if k in ba or k in bb]
     out += [Diff("embedding tables", n, x, y, "text") for n, x, y in table_changes(a, b)]
     ma, mb = peak_stage(a)["predicted"]["memory_bytes"], peak_stage(b)["predicted"]["memory_bytes"]
-    out += [Diff("memory of the fullest GPU", kind, ma.get(kind, 0.0), mb.get(kind, 0.0), "bytes")
+    out += [Diff("memory of the fullest GPU", MEMORY_WORDS.get(kind, kind), ma.get(kind, 0.0),
+                 mb.get(kind, 0.0), "bytes")
             for kind in MEMORY_KINDS if ma.get(kind) or mb.get(kind)]
     out.append(Diff("stages", "stages", len(a.stages), len(b.stages), "count"))
     if len(a.stages) != len(b.stages):  # other splits: no stage of one is a stage of the other
@@ -315,7 +318,8 @@ def memory_change(a: Plan, b: Plan, min_share: float = 0.05):
     to within that)."""
     ma, mb = peak_stage(a)["predicted"]["memory_bytes"], peak_stage(b)["predicted"]["memory_bytes"]
     pa = a.predicted["peak_memory_bytes"]
-    moved = sorted(((k, mb.get(k, 0.0) - ma.get(k, 0.0)) for k in MEMORY_KINDS),
+    moved = sorted(((MEMORY_WORDS.get(k, k), mb.get(k, 0.0) - ma.get(k, 0.0))
+                    for k in MEMORY_KINDS),
                    key=lambda kd: -abs(kd[1]))
     big = [(k, d) for k, d in moved if abs(d) >= min_share * pa]
     rest = sum(d for k, d in moved if abs(d) < min_share * pa)

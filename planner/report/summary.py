@@ -338,7 +338,7 @@ def _search(p: Plan) -> list[str]:
 
 
 def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
-    """'3. tp 4 -> 8, dp 32 -> 16: 18.68 s (+1.5%), 31.6 GB (-29.3)' and the parts that moved;
+    """'3. tp 4 -> 8, dp 32 -> 16: 18.68 s (+1.5%), 31.6 GB (-29.3 GB)' and the parts that moved;
     knobs named as --fix and `plan diff` name them (micro_batch)."""
     knobs = ", ".join(f"{k} {knob(p.parallel.get(k))} -> {knob(v)}"
                       for k, v in a["parallel"].items()
@@ -347,6 +347,6 @@ def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
     mem = (a["peak_memory_bytes"] - p.predicted["peak_memory_bytes"]) / GB
     parts = a["why"].split(": ", 1)[1] if ": " in a["why"] else "no part of the step moved"
     head = textwrap.wrap(f"{i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%), "
-                         f"{gb1(a['peak_memory_bytes'])} per GPU ({mem:+.1f})",
+                         f"{gb1(a['peak_memory_bytes'])} per GPU ({mem:+.1f} GB)",
                          width=96, subsequent_indent="   ", break_on_hyphens=False)
     return [f"    {line}" for line in head] + [f"       {parts}"]

@@ -328,7 +328,7 @@ def test_diff_counts_the_fp8_weight_copies_in_memory(tiny_llama_config):
           "fix": "tp=1,pp=1,zero=0"}
     bf16, fp8 = (planner.plan(tiny_llama_config, dtype=d, **kw) for d in ("bf16", "fp8"))
     rows = {d.label: d for d in compare.compare(bf16, fp8) if d.section.startswith("memory")}
-    copies = rows["fp8_weights"]
+    copies = rows["fp8 weight copies"]
     assert copies.a == 0 and copies.b > 0
     peak = compare.peak_stage(fp8)["predicted"]["memory_bytes"]
     assert sum(d.b for d in rows.values()) == pytest.approx(peak["total"], rel=1e-4)  # 6 digits
