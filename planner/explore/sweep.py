@@ -174,6 +174,18 @@ def _bad_row(task: "_Task", reason: str) -> dict:
     return {**_row(task, None, _as_varied(task.point, reason)), "bad_input": True}
 
 
+def _relax_varied(task: _Task, reason: str) -> str:
+    """An infeasible point's reason, its advice to relax --fix naming the point's own pins where
+    they are varied, not given with --fix (a new-user check read "relax --fix" of pins only
+    --vary had set)."""
+    varied = [f"{k}={knob(v)}" for k, v in task.point if k in FIX_KEYS]
+    if not varied or not reason.endswith("relax --fix"):
+        return reason
+    given = set(task.options.fix) - {k for k, _ in task.point}
+    return reason[:-len("relax --fix")] + (f"relax this point's {' '.join(varied)}"
+                                           + (" or --fix" if given else ""))
+
+
 def _as_varied(point: tuple, reason: str) -> str:
     """``reason`` naming a knob the point varies as varied (vary.cp), not pinned (fix.cp), or a
     setting it varies (seq_len: ... use --seq-len 1024 or less -> vary.seq_len: ... use 1024 or
@@ -361,7 +373,7 @@ def plan_point(task: _Task, prepared) -> dict:
         except SpecError as exc:  # bad input (a pin the model cannot take), not infeasible
             row = _bad_row(task, str(exc))
         except PlannerError as exc:
-            row = _row(task, None, str(exc))
+            row = _row(task, None, _relax_varied(task, str(exc)))
         else:
             row = _row(task, plan, "")
     row["warnings"] = " | ".join(dict.fromkeys(said)) or None

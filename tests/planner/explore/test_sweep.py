@@ -453,3 +453,16 @@ def test_odd_sweep_values_and_idle_schedules_are_named():
     assert idle_pins({"schedule": "zb-h1"}, 1, 2) == [] == idle_pins({"schedule": "1f1b"}, 1, 1)
     # GPipe holds every micro-batch's activations even without a pipeline: it changes memory
     assert idle_pins({"schedule": "gpipe"}, 1, 1) == []
+
+
+def test_an_infeasible_point_names_its_varied_pins_to_relax():
+    """'relax --fix' of a point whose pins came from --vary names them (a new-user check)."""
+    from types import SimpleNamespace
+    task = SimpleNamespace(point=(("tp", 8), ("nodes", 2)), options=SimpleNamespace(
+        fix={"tp": 8, "pp": 1}))
+    assert explore._relax_varied(task, "no plan fits: ...; relax --fix") == \
+        "no plan fits: ...; relax this point's tp=8 or --fix"
+    alone = SimpleNamespace(point=(("tp", 8),), options=SimpleNamespace(fix={"tp": 8}))
+    assert explore._relax_varied(alone, "x; relax --fix") == "x; relax this point's tp=8"
+    unvaried = SimpleNamespace(point=(("nodes", 2),), options=SimpleNamespace(fix={"tp": 8}))
+    assert explore._relax_varied(unvaried, "x; relax --fix") == "x; relax --fix"
