@@ -159,8 +159,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                      if h and h % split]
             why = (f"needs the {' and the '.join(short) or 'heads'} divisible by {width}"
                    if rule == CP_HEADS else
-                   f"it needs cp ranks both inside a node and across nodes, which cp={cp} on "
-                   f"nodes of {gpn} GPUs leaves with no tp" if rule == CP_LEVELS and tp is None
+                   f"it needs cp ranks both inside a node (its all-to-all) and across nodes (its "
+                   f"ring), and no tp splits cp={cp} so on nodes of {gpn} GPUs"
+                   if rule == CP_LEVELS and tp is None
                    and not any(1 < math.gcd(cp, max(1, gpn // d)) < cp for d in divisors(gpn)
                                if n % (d * cp) == 0)
                    else f"with tp={t} a node of {gpn} GPUs holds {inner} of the {cp} cp ranks, so "

@@ -422,9 +422,9 @@ def test_every_form_that_splits_the_sequence_calls_attention_per_chunk(tiny_llam
     ("cp=4,cp_comm=a2a", r"needs the 2 key-value heads divisible by tp x cp = "
                          r"4; pin cp_comm=p2p or allgather$"),
     # one node: a2a+p2p has no ring level, whatever tp (tp=4 would take 16 GPUs)
-    ("cp=4,cp_comm=a2a+p2p", r"a2a\+p2p with cp=4: it needs cp ranks both inside a node and "
-                             r"across nodes, which cp=4 on nodes of 8 GPUs leaves with no tp; pin "
-                             r"cp_comm=p2p or allgather$"),
+    ("cp=4,cp_comm=a2a+p2p", r"a2a\+p2p with cp=4: it needs cp ranks both inside a node \(its "
+                             r"all-to-all\) and across nodes \(its ring\), and no tp splits cp=4 "
+                             r"so on nodes of 8 GPUs; pin cp_comm=p2p or allgather$"),
     ("etp=16", r"fix\.etp: 16 must be 1 or tp, and tp=16"),
     ("cp=8,dp=1,tp=1,pp=1", None),  # 256 tokens in 16 chunks of 16: allowed when pinned
     ("cp=1,cp_comm=a2a", r"fix\.cp_comm: a2a exchanges .* cp=1 has none; drop cp_comm or pin"),
