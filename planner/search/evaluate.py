@@ -64,7 +64,11 @@ def placed_estimate(split: Split, cluster: Cluster, options: SearchOptions) -> E
 
 def placements(cfg: Config, ma: ModelArrays, options: SearchOptions) -> tuple[str, ...]:
     """The placements (rank orders) ``cfg`` may take: both with pipeline and data parallelism,
-    unless pinned or refused (planner.options.pp_inner_refused)."""
+    unless pinned or refused (planner.options.pp_inner_refused). Without one of the two they
+    are the same ranks, named as the target names its own where it places stages outermost
+    only (torchtitan: tp-dp-pp)."""
+    if "placement" not in options.fix and (cfg.pp == 1 or cfg.dp == 1):
+        return (cfg.placement if options.pp_inner else "tp-dp-pp",)
     orders = (PLACEMENTS if cfg.pp > 1 and cfg.dp > 1 and "placement" not in options.fix
               else (options.fix.get("placement", cfg.placement),))
     if _refused(cfg, ma, options):

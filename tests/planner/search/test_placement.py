@@ -68,3 +68,16 @@ def test_expert_groups_that_do_not_tile_the_ranks_are_priced_apart_not_refused()
     search explains why nothing fits: every member on its own node, no error."""
     cfg = Config(dp=2, tp=1, cp=2, pp=16, ep=8, micro_batch=1, num_microbatches=16)
     assert placement.ep_group(cfg, _cluster(8)) == placement.GroupShape(size=8, per_node=1)
+
+
+def test_a_plan_without_a_pipeline_names_its_placement_as_its_target_does(tiny_llama_config):
+    """Without a pipeline (or without data parallelism) both orders are the same ranks: a
+    torchtitan plan reads tp-dp-pp, the only order its target plans (a new-user check read
+    tp-pp-dp in a --target torchtitan plan); another target keeps the default."""
+    import planner
+    kw = {"cluster": "dgx-h100", "nodes": 1, "global_batch": 16, "seq_len": 64,
+          "fix": {"pp": 1}, "cache_dir": None}
+    assert planner.plan(tiny_llama_config, target="torchtitan", **kw).parallel["placement"] == \
+        "tp-dp-pp"
+    assert planner.plan(tiny_llama_config, target="megatron", **kw).parallel["placement"] == \
+        "tp-pp-dp"
