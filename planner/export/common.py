@@ -306,6 +306,18 @@ def check_schedule(plan: Plan, target: str, runs: tuple[str, ...], ledger: Ledge
                     f"it with `{resolve_hint(plan, target)}`")
 
 
+def exported_zero(plan: Plan, target: str, *, one_rank_any: bool = False) -> int:
+    """The ZeRO stage ``target`` runs for the plan's: the plan's, or beside a pipeline where the
+    engine does not run it there (targets.Engine.zero_with_pp) the nearest lower stage it runs;
+    ``one_rank_any``: the engine takes any stage where the states shard over one rank (dp x cp =
+    1: Megatron-LM, whose flags are then none of ZeRO's)."""
+    p, zero = plan.parallel, plan.parallel["zero"]
+    runs = targets.engine(target).zero_with_pp
+    if p["pp"] == 1 or zero in runs or (one_rank_any and p["dp"] * p.get("cp", 1) == 1):
+        return zero
+    return max(z for z in runs if z < zero)
+
+
 def cluster_args(cluster: dict) -> str:
     """The `plan solve` arguments that give a plan's cluster (its ``cluster`` section) back: a
     preset's name with the nodes and GPUs per node it was resized to, where the plan's cluster

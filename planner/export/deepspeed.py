@@ -333,10 +333,9 @@ def _autoep_settings(plan: Plan, s: dict, ledger: common.Ledger) -> dict:
 
 def _zero_stage(plan: Plan, ledger: common.Ledger, changes: dict, raising: list[str]) -> int:
     p = plan.parallel
-    zero = p["zero"]
-    runs = targets.engine(TARGET).zero_with_pp
-    if p["pp"] > 1 and zero not in runs:
-        nearest = max(z for z in runs if z < zero)
+    zero, runs = p["zero"], targets.engine(TARGET).zero_with_pp
+    nearest = common.exported_zero(plan, TARGET)
+    if nearest != zero:
         changes["zero"] = nearest
         raising.append(f"ZeRO-{nearest} instead of the plan's ZeRO-{zero}")
         ledger.nearest("zero", f"ZeRO-{zero} with pp={p['pp']}: DeepSpeed's pipeline engine runs "

@@ -58,7 +58,7 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
               _precision(plan, ledger)]
     experts, overlap = _experts(plan, version, ledger)
     groups.append(experts)
-    env = _environment(plan, overlap)
+    env = _environment(plan, common.exported_zero(plan, TARGET, one_rank_any=True), overlap)
     notes = ledger.close()
     intro = common.header(plan, TARGET, version) + [
         f'Use: source this file, then pass "${{{ARRAY}[@]}}" to pretrain_gpt.py (or',
@@ -390,13 +390,15 @@ def _overlap(plan: Plan, s: dict, version: str, ledger: common.Ledger) -> bool:
     return False
 
 
-def _environment(plan: Plan, overlap: bool = False) -> list[tuple[str, str | None, str]]:
+def _environment(plan: Plan, zero: int, overlap: bool = False
+                 ) -> list[tuple[str, str | None, str]]:
     """CUDA_DEVICE_MAX_CONNECTIONS: Megatron-LM's validate_args asserts it is 1 with tensor or
     context parallelism on GPUs before Blackwell, unless Megatron-FSDP (ZeRO-2/3, which asserts it
     is not 1) or the EP all-to-all overlap (which needs it > 1: megatron/core/transformer/moe/
-    README.md; validate_args then only warns about tp or cp) is on."""
+    README.md; validate_args then only warns about tp or cp) is on. ``zero``: the stage
+    exported (common.exported_zero)."""
     p = plan.parallel
-    if p["dp"] * p.get("cp", 1) > 1 and p["zero"] >= 2:
+    if p["dp"] * p.get("cp", 1) > 1 and zero >= 2:
         return [("CUDA_DEVICE_MAX_CONNECTIONS", None,
                  "Megatron-FSDP: Megatron-LM's validate_args requires CUDA_DEVICE_MAX_CONNECTIONS "
                  "unset or > 1")]
@@ -493,24 +495,24 @@ def _layout_string(counts: list[int]) -> str:
     return "|".join(parts)
 
 
-def _check_states(plan: Plan, version: str) -> None:
+def _check_states(plan: Plan, version: str, zero: int) -> None:
     """Refuse what Megatron-LM ``version`` refuses of the plan's state sharding and precision:
     core_v0.14.0's validate_args asserts "Expert parallelism is not supported with fp16
     training", and its Megatron-FSDP has no expert groups (megatron_fsdp.py calls a
     get_expert_dp_group its DistIndex lacks; utils.py: "Expert parallel is not supported in
     Megatron-FSDP"); Megatron-FSDP lays every rank of the world out as data x expert x tensor
     parallel ranks, so not beside a pipeline (mcore_fsdp_adapter.py _get_dp_tp_mesh, both
-    releases: ZeRO-2 and -3 with a pipeline export as ZeRO-1, _zero_stage); the precision-aware
-    optimizer that optimizer offload needs takes adam only
-    (OptimizerConfig, both releases)."""
+    releases: ZeRO-2 and -3 with a pipeline export as ZeRO-1, ``zero``, the stage exported:
+    common.exported_zero); the precision-aware optimizer that optimizer offload needs takes adam
+    only (OptimizerConfig, both releases)."""
     p, dtype = plan.parallel, plan.training["dtype"]
     ep = p.get("ep", 1)
     if version == "core_v0.14.0" and ep > 1 and dtype == "fp16":
         raise SpecError(f"export megatron: expert parallelism (ep={ep}) in fp16, which "
                         f"{version}'s validate_args refuses; export for core_v0.19.0, or re-plan with "
                         "--dtype bf16")
-    if version == "core_v0.14.0" and ep > 1 and p["zero"] >= 2 and p["dp"] * p.get("cp", 1) > 1:
-        raise SpecError(f"export megatron: ZeRO-{p['zero']} with expert parallelism "
+    if version == "core_v0.14.0" and ep > 1 and zero >= 2 and p["dp"] * p.get("cp", 1) > 1:
+        raise SpecError(f"export megatron: ZeRO-{zero} with expert parallelism "
                         f"(ep={ep}) runs Megatron-FSDP, which has no expert groups in {version}; "
                         "export for core_v0.19.0, or re-plan with --fix zero=1")
     if p.get("offload_optimizer") and plan.training.get("optimizer") not in ("adam", "adamw"):
@@ -521,10 +523,11 @@ def _check_states(plan: Plan, version: str) -> None:
 
 
 def _memory(plan: Plan, version: str, ledger: common.Ledger) -> Group:
-    _check_states(plan, version)
     p = plan.parallel
+    zero = common.exported_zero(plan, TARGET, one_rank_any=True)
+    _check_states(plan, version, zero)
     ledger.exact("offload_optimizer")
-    zero = _zero_stage(plan, ledger)
+    _zero_note(plan, zero, ledger)
     out = _recompute(plan, version, ledger)
     layout = common.planned_layout(plan)
     if zero != p["zero"] or (layout is not None and (
@@ -548,42 +551,42 @@ def _memory(plan: Plan, version: str, ledger: common.Ledger) -> Group:
         return out + dist + _offload(plan)
     if zero == 0:
         return out + [([], "ZeRO-0: plain data parallelism (Megatron's DDP)")] + \
-            _overlap_dp(plan, ledger) + _offload(plan)
+            _overlap_dp(plan, zero, ledger) + _offload(plan)
     if zero == 1:
         return out + [(["--use-distributed-optimizer"], "ZeRO-1: the distributed optimizer")] + \
-            _overlap_dp(plan, ledger) + _offload(plan)
+            _overlap_dp(plan, zero, ledger) + _offload(plan)
     return out + [(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_STRATEGY[zero],
                     "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
                     "--ckpt-format", "fsdp_dtensor"],
-                   f"ZeRO-{zero}: Megatron-FSDP")] + _overlap_dp(plan, ledger) + _offload(plan)
+                   f"ZeRO-{zero}: Megatron-FSDP")] + _overlap_dp(plan, zero, ledger) + \
+        _offload(plan)
 
 
-def _zero_stage(plan: Plan, ledger: common.Ledger) -> int:
-    """The ZeRO stage Megatron-LM runs for the plan's: ZeRO-2 and -3 run Megatron-FSDP, whose
-    device mesh spans the data, expert and tensor parallel ranks only (mcore_fsdp_adapter.py:
-    every rank of the world in one stage), so beside a pipeline the nearest is ZeRO-1, the
-    distributed optimizer (gradients not sharded: more memory, re-checked)."""
+def _zero_note(plan: Plan, zero: int, ledger: common.Ledger) -> None:
+    """What the export did with the plan's ZeRO stage: ``zero`` (common.exported_zero) is the
+    plan's, or beside a pipeline ZeRO-1 for ZeRO-2 and -3, which run Megatron-FSDP, whose device
+    mesh spans the data, expert and tensor parallel ranks only (mcore_fsdp_adapter.py: every
+    rank of the world in one stage): the distributed optimizer, gradients not sharded (more
+    memory, re-checked)."""
     p = plan.parallel
-    zero = p["zero"]
-    if zero >= 2 and p["pp"] > 1 and p["dp"] * p.get("cp", 1) > 1:
-        ledger.nearest("zero", f"ZeRO-{zero} with pp={p['pp']}: Megatron-LM runs it as "
-                       "Megatron-FSDP, whose device mesh holds no pipeline (mcore_fsdp_adapter.py); "
-                       "nearest ZeRO-1, the distributed optimizer: gradients not sharded, more "
-                       "memory than planned (re-checked below)")
-        return 1
-    ledger.exact("zero")
-    return zero
+    if zero == p["zero"]:
+        ledger.exact("zero")
+        return
+    ledger.nearest("zero", f"ZeRO-{p['zero']} with pp={p['pp']}: Megatron-LM runs it as "
+                   "Megatron-FSDP, whose device mesh holds no pipeline (mcore_fsdp_adapter.py); "
+                   f"nearest ZeRO-{zero}, the distributed optimizer: gradients not sharded, more "
+                   "memory than planned (re-checked below)")
 
 
-def _overlap_dp(plan: Plan, ledger: common.Ledger) -> Group:
+def _overlap_dp(plan: Plan, zero: int, ledger: common.Ledger) -> Group:
     """The data-parallel overlap the plan was priced with (EngineSpec.overlap_grad_reduce and
     overlap_param_gather), which Megatron-LM leaves off by default; --overlap-param-gather needs
     the distributed optimizer or Megatron-FSDP (ZeRO >= 1) and --overlap-grad-reduce
-    (validate_args)."""
+    (validate_args). ``zero``: the stage exported (common.exported_zero)."""
     engine = engine_from_mapping(plan.training.get("engine"))
     if not engine.overlap_grad_reduce:
-        if plan.parallel["zero"] >= 2:
-            ledger.info(f"ZeRO-{plan.parallel['zero']}: Megatron-FSDP always overlaps its "
+        if zero >= 2:
+            ledger.info(f"ZeRO-{zero}: Megatron-FSDP always overlaps its "
                         "gradient reduction (and, with optim_grads_params, its weight gathers: "
                         "megatron_fsdp.py), which the plan prices exposed (engine "
                         "overlap_grad_reduce=false): a faster step than planned")
@@ -592,10 +595,10 @@ def _overlap_dp(plan: Plan, ledger: common.Ledger) -> Group:
             return [(["--overlap-grad-reduce"], "Megatron-FSDP reduces gradients behind "
                      "compute whatever the flag (core_v0.14.0 asserts it for ZeRO-2)")]
         return []
-    if plan.parallel["zero"] == 3:
+    if zero == 3:
         return [(["--overlap-grad-reduce", "--overlap-param-gather"],
                  "gradients reduced and weights gathered behind compute, as priced")]
-    if plan.parallel["zero"] >= 1 and engine.overlap_param_gather:
+    if zero >= 1 and engine.overlap_param_gather:
         return [(["--overlap-grad-reduce", "--overlap-param-gather"],
                  "gradients reduced behind the last micro-batch's backward, the updated weights "
                  "gathered behind the next step's first forward, as priced")]

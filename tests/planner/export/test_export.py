@@ -319,12 +319,27 @@ def test_megatron_refuses_what_its_releases_refuse_of_the_states(notes):
     ZeRO-3 beside a pipeline exports as the nearest, ZeRO-1, its memory re-checked;
     core_v0.14.0 has no expert groups in it and refuses expert parallelism in fp16; offloading
     the optimizer takes its precision-aware optimizer, adam only."""
-    args = megatron_args(to_megatron(variant(plan_of("uneven-llama3-8b"), zero=3)))
+    text = to_megatron(variant(plan_of("uneven-llama3-8b"), zero=3))  # tp=2, pp=4
+    args = megatron_args(text)
     assert "--use-distributed-optimizer" in args and "--use-megatron-fsdp" not in args
+    # the rest of the file is written for the stage exported (a review found FSDP's environment)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text and "Megatron-FSDP:" not in text
+    # core_v0.14.0's Megatron-FSDP has no expert groups, but beside a pipeline ZeRO-1 runs
+    # instead: re-checked (here it does not fit), not refused for the groups
+    moe_pp = data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan")
+    assert moe_pp.parallel["zero"] == 2 and moe_pp.parallel["pp"] > 1
+    with pytest.raises(InfeasibleError, match=r"^export megatron: with ZeRO-1 instead of the "
+                                              r"plan's ZeRO-2 "):
+        to_megatron(moe_pp, "core_v0.14.0")
     assert any("ZeRO-3 with pp=4: Megatron-LM runs it as Megatron-FSDP" in n and
                "nearest ZeRO-1" in n for n in notes)
     assert any("memory re-checked with ZeRO-1 instead of the plan's ZeRO-3" in n
                for n in notes)
+    serial = engine_settings(variant(plan_of("uneven-llama3-8b"), zero=2),
+                             overlap_grad_reduce=False)
+    notes.clear()
+    assert "--overlap-grad-reduce" not in megatron_args(to_megatron(serial))
+    assert not any("Megatron-FSDP always overlaps" in n for n in notes)
     moe = data_plan("qwen3-30b-a3b-ep8-capacity-megatron")  # zero=3, ep=8, pp=1
     to_megatron(moe, "core_v0.19.0")
     with pytest.raises(SpecError, match=r"^export megatron: ZeRO-3 with expert parallelism "
