@@ -103,22 +103,34 @@ class _Parser(argparse.ArgumentParser):
         return ns
 
     def _refuse_misspelled(self, args: list[str]) -> None:
-        """A long option the command does not know, named with the closest it does, before
-        argparse would report the required option it stands for as missing instead."""
+        """A long option the command (or, before it, `plan` itself) does not know, named with
+        the closest it does, before argparse would report the required option it stands for as
+        missing instead."""
         commands = self._subparsers._group_actions[0].choices if self._subparsers else {}
         command = next((a for a in args if a in commands), None)
         if command is None:
             return
-        known = commands[command]._option_string_actions
-        after = args[args.index(command) + 1:]
+        at = args.index(command)
+        after = args[at + 1:]
+        for arg in args[:at]:
+            self._refuse_unknown(arg, self._option_string_actions, self.prog)
         for arg in after[:after.index("--")] if "--" in after else after:
-            name = arg.split("=", 1)[0]
-            if name.startswith("--") and name not in known:
-                close = difflib.get_close_matches(name, [k for k in known if k.startswith("--")],
-                                                  n=1, cutoff=0.6)
-                hint = f"; did you mean {close[0]}?" if close else ""
-                self.exit(EXIT_BAD_INPUT, f"plan: error: unrecognized argument {name}{hint} (see "
-                                          f"`{self.prog} {command} --help`)\n")
+            self._refuse_unknown(arg, commands[command]._option_string_actions,
+                                 f"{self.prog} {command}", command)
+
+    def _refuse_unknown(self, arg: str, known, where: str, command: str | None = None) -> None:
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or name in known:
+            return
+        if command and name in self._option_string_actions:  # `plan`'s own (--version)
+            self.exit(EXIT_BAD_INPUT, f"plan: error: {name} goes before the command: "
+                                      f"{self.prog} {name}\n")
+        close = difflib.get_close_matches(name, [k for k in known if k.startswith("--")], n=1,
+                                          cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        output = OUTPUT_OPTIONS.get(command, "") if name == "--output" else ""
+        self.exit(EXIT_BAD_INPUT, f"plan: error: unrecognized argument {name}{hint} "
+                                  f"({output}see `{where} --help`)\n")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -68,6 +68,16 @@ BAD = {
     "unknown option": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
                         "--vary", "tp=1,2", "--target", "torchtitan"],
                        "unrecognized argument --target (see `plan whatif --help`)"),
+    # the same before the command, plan's own option after it, and --output's hint (a review)
+    "misspelled before the command": (["--verbsoe", "solve", "gpt2"],
+                                      "unrecognized argument --verbsoe; did you mean --verbose? "
+                                      "(see `plan --help`)"),
+    "version after the command": (["solve", "--version"],
+                                  "--version goes before the command: plan --version"),
+    "output of whatif, long": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
+                                "--vary", "tp=1,2", "--output", "wi"],
+                               "unrecognized argument --output (plan whatif writes --csv OUT.csv "
+                               "and --plot OUT.png; see `plan whatif --help`)"),
     # a Python file without its factory: the functions it defines (a new-user check)
     "file without factory": (["solve", os.path.join(REPO, "examples", "branched.py"), "--cluster",
                               "dgx-h100", "--global-batch", "8"],
