@@ -344,9 +344,11 @@ def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
                       for k, v in a["parallel"].items()
                       if k != "num_microbatches" and p.parallel.get(k) != v) or "same knobs"
     rel = 100 * (a["step_time_s"] / p.step_time_s - 1)
-    mem = (a["peak_memory_bytes"] - p.predicted["peak_memory_bytes"]) / GB
+    mem = a["peak_memory_bytes"] - p.predicted["peak_memory_bytes"]
     parts = a["why"].split(": ", 1)[1] if ": " in a["why"] else "no part of the step moved"
     head = textwrap.wrap(f"{i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%), "
-                         f"{gb1(a['peak_memory_bytes'])} per GPU ({mem:+.1f} GB)",
+                         f"{gb1(a['peak_memory_bytes'])} per GPU "
+                         + (f"({'-' if mem < 0 else '+'}{gb1(abs(mem))})" if abs(mem) >= 1e6
+                            else "(the same)"),
                          width=96, subsequent_indent="   ", break_on_hyphens=False)
     return [f"    {line}" for line in head] + [f"       {parts}"]
