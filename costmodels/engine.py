@@ -318,6 +318,8 @@ def setting_text(value) -> str:
 
 
 BOOL_SETTINGS = tuple(f.name for f in fields(EngineSpec) if f.type in ("bool", bool))
+NUMBER_SETTINGS = ("moe_imbalance", "moe_capacity_factor", "host_op_s", "moe_host_op_s")
+"""The engine settings that are numbers (text is read as one)."""
 """The engine settings that are true or false (text such as true/false or on/off is read as such:
 specs.read_bool)."""
 
@@ -362,7 +364,7 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     for key in BOOL_SETTINGS:
         if key in kw:
             kw[key] = read_bool(kw[key], f"engine.{key}")
-    for key in ("moe_imbalance", "moe_capacity_factor", "host_op_s", "moe_host_op_s"):
+    for key in NUMBER_SETTINGS:
         if key in kw and isinstance(kw[key], str):
             try:
                 kw[key] = float(kw[key])

@@ -312,8 +312,11 @@ def check_engine(engine_spec, target: str, model_type: str | None = None) -> Non
     if engine_spec.moe_capacity_factor and not eng.moe_capacity:
         settings = ("moe_capacity_factor and moe_pad_to_capacity"
                     if engine_spec.moe_pad_to_capacity else "moe_capacity_factor")
-        raise SpecError(f"engine.moe_capacity_factor: {who} drops no tokens (it has no capacity "
-                        f"factor); leave {settings} out (dropless) or use --target any")
+        what = ("the experts deepspeed's config sets up (AutoEP) drop no tokens (its own MoE "
+                "layer's capacity factor is code in your model)" if target == "deepspeed" else
+                f"{who} drops no tokens (it has no capacity factor)")
+        raise SpecError(f"engine.moe_capacity_factor: {what}; leave {settings} out (dropless) or "
+                        "use --target any")
     if engine_spec.moe_dispatcher not in eng.moe_dispatchers:
         raise SpecError(f"engine.moe_dispatcher: {who} dispatches tokens by "
                         f"{' or '.join(eng.moe_dispatchers)}, not {engine_spec.moe_dispatcher}; "

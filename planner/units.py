@@ -30,7 +30,8 @@ def gb1(nbytes: float) -> str:
 def seconds(x: float, digits: int = 4) -> str:
     """Seconds to ``digits`` significant digits, whole and grouped from 10^digits on (1,230 s,
     not 1.23e+03 s)."""
-    return f"{x:,.0f} s" if abs(x) >= 10 ** digits else f"{x:.{digits}g} s"
+    rounded = float(f"{x:.{digits}g}")  # (999.95 at 3 digits is 1,000)
+    return f"{x:,.0f} s" if abs(rounded) >= 10 ** digits else f"{x:.{digits}g} s"
 
 
 def ms(seconds: float) -> str:

@@ -226,8 +226,8 @@ def _check_prices(tasks: list, prices, tokens) -> None:
             if not failed:
                 raise
             # a point whose cluster could not be built has no devices to price: say why
-            raise SpecError(f"{exc} (not counted: {_as_varied(failed[0].point, failed[0].error)}"
-                            ")") from None
+            raise SpecError(f"{exc} (the devices of a point that could not be built are not "
+                            f"known: {_as_varied(failed[0].point, failed[0].error)})") from None
 
 
 def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
@@ -371,7 +371,7 @@ def plan_point(task: _Task, prepared) -> dict:
         try:
             plan = api.plan_prepared(prepared, task.cluster, task.training, task.options)
         except SpecError as exc:  # bad input (a pin the model cannot take), not infeasible
-            row = _bad_row(task, str(exc))
+            row = _bad_row(task, _relax_varied(task, str(exc)))
         except PlannerError as exc:
             row = _row(task, None, _relax_varied(task, str(exc)))
         else:

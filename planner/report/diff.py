@@ -58,6 +58,11 @@ def _value(v, kind: str) -> str:
     return knob(v)
 
 
+def _factor(r: float) -> str:
+    """A ratio of ten and more: three digits, whole from a thousand on (x126, x12,528)."""
+    return f"{r:,.0f}" if float(f"{r:.3g}") >= 1000 else f"{r:.3g}"
+
+
 def _change(a, b, kind: str) -> str:
     if a is None or b is None or kind == "text" or a == b:
         return ""
@@ -65,10 +70,10 @@ def _change(a, b, kind: str) -> str:
         return ""
     d = b - a
     ratio = b / a if a else None  # ten times or a tenth and beyond reads as a factor
-    pct = ("" if ratio is None else f" (x{ratio:.3g})" if ratio >= 10 else
-           f" (/{1 / ratio:.3g})" if 0 < ratio <= 0.1 else f" ({100 * d / a:+.1f}%)")
+    pct = ("" if ratio is None else f" (x{_factor(ratio)})" if ratio >= 10 else
+           f" (/{_factor(1 / ratio)})" if 0 < ratio <= 0.1 else f" ({100 * d / a:+.1f}%)")
     if kind == "s":
-        return f"{d:+.3g} s{pct}"
+        return f"{'-' if d < 0 else '+'}{seconds(abs(d), 3)}{pct}"
     if kind == "bytes":
         return f"{d / GB:+.3g} GB{pct}"
     if kind == "frac":

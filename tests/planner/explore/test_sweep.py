@@ -106,7 +106,8 @@ def test_a_cluster_of_node_groups_is_not_resized_and_says_by_what(tmp_path):
     with pytest.raises(SpecError, match=r"has node groups, which nodes=4 cannot resize"):
         grid.point_cluster({"cluster": hetero, "nodes": 4, "gpus_per_node": None})
     with pytest.raises(SpecError, match=r"^price_per_gpu_hour.v100: matches no device of the "
-                                        r"sweep \(a100-80g\); name one of them \(not counted: "
+                                        r"sweep \(a100-80g\); name one of them \(the devices of a point that "
+                                        r"could not be built are not known: "
                                         r"cluster .*nodes=4 cannot resize"):
         explore.whatif("gpt2", vary={"cluster": [hetero, "dgx-a100-80g"]}, nodes=4,
                        global_batch=512, dtype="fp16", prices={"a100": 2, "v100": 0.5})
@@ -383,9 +384,9 @@ def test_engine_settings_vary_per_point_on_the_sweeps_engine(tmp_path):
                           fix=fix, engine="megatron-core,moe_dispatcher=alltoall",
                           vary={"moe_imbalance": ["1", "2"],
                                 "moe_pad_to_capacity": ["false", "true"]})
-    assert [r["point"] for r in rows] == [
-        "moe_imbalance=1 moe_pad_to_capacity=false", "moe_imbalance=1 moe_pad_to_capacity=true",
-        "moe_imbalance=2 moe_pad_to_capacity=false", "moe_imbalance=2 moe_pad_to_capacity=true"]
+    assert [r["point"] for r in rows] == [  # (true/false read as the engine reads them: on/off)
+        "moe_imbalance=1 moe_pad_to_capacity=off", "moe_imbalance=1 moe_pad_to_capacity=on",
+        "moe_imbalance=2 moe_pad_to_capacity=off", "moe_imbalance=2 moe_pad_to_capacity=on"]
     even, busy = rows[0], rows[2]
     assert even["feasible"] and busy["feasible"] and busy["step_time_s"] > even["step_time_s"]
     assert not rows[1]["feasible"] and rows[1]["reason"].startswith(
@@ -445,6 +446,12 @@ def test_odd_sweep_values_and_idle_schedules_are_named():
     with pytest.raises(SpecError, match=r"^vary.inter_region_bandwidth: 10Gbps and 1.25GB/s are "
                                         r"the same value"):
         expand({"inter_region_bandwidth": ["10Gbps", "1.25GB/s"]})
+    # engine settings read as the engine reads them (a review: true and on swept twice)
+    for key, values in (("moe_overlap", ["true", "on"]), ("moe_capacity_factor", ["1.25", "1.250"]),
+                        ("moe_dispatcher", ["DeepEP", "deepep"])):
+        with pytest.raises(SpecError, match=rf"^vary.{key}: {values[0]} and {values[1]} are the "
+                                            "same value"):
+            expand({key: values})
     assert len(expand({"nodes": [1, 2], "tp": [1, 2]})) == 4
     assert idle_pins({"schedule": "zb-h1", "pp": 1}, 1, 1) == [
         "fix.schedule=zb-h1 changes nothing: the plan has no pipeline (pp=1); leave the schedule "

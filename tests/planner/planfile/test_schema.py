@@ -57,3 +57,14 @@ def test_a_step_part_longer_than_the_step_is_refused():
     with pytest.raises(SpecError, match=r"^p.json: predicted.breakdown.bubble_s = 1e\+30 s is "
                                         r"not a part of the .* s step"):
         validate(d, "p.json")
+
+
+def test_engine_names_in_a_plan_file_read_in_the_case_commands_compare():
+    """A hand-edited plan's "DeepEP" is the deepep every reader (exports) compares against (a
+    review: validated in any case, exported as if not set)."""
+    import planner.planfile.document as document
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "golden", "plans",
+                        "uneven-llama3-8b.json")
+    d = json.load(open(path))
+    d["training"]["engine"] = {**d["training"].get("engine", {}), "moe_dispatcher": "DeepEP"}
+    assert document.Plan.from_dict(d).training["engine"]["moe_dispatcher"] == "deepep"
