@@ -13,10 +13,12 @@ import json
 import logging
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -208,21 +210,66 @@ def run_local(launch: Launch, opts: RunOptions) -> dict:
     """Start every process on this machine, wait, and return rank 0's results."""
     with tempfile.TemporaryDirectory(prefix="plan-run-") as tmp:
         result = os.path.join(tmp, "result.json")
-        logfile = os.path.join(tmp, "processes.log")
         argv = torchrun_argv(launch, opts, result=result, master_port=_free_port())
         log.debug("starting %d processes: %s", launch.nproc_per_node, shlex.join(argv))
-        with open(logfile, "w") as out:
-            code = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)
-        with open(logfile) as f:
-            text = f.read()
-        log.debug("%s", text)
-        if code != 0 or not os.path.exists(result):
-            fd, kept = tempfile.mkstemp(prefix="plan-run-", suffix=".log")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            raise _failure(code, text, kept)
-        with open(result) as f:
-            return json.load(f)
+        return run_processes(argv, tmp, result)
+
+
+def run_processes(argv: list[str], tmp: str, result: str) -> dict:
+    """Run torchrun's ``argv`` (its output in ``tmp``) and return the JSON rank 0 wrote to
+    ``result``; a failure raises the first process's reason, its output kept in a log file."""
+    logfile = os.path.join(tmp, "processes.log")
+    with open(logfile, "w") as out:
+        code = run_group(argv, out)
+    with open(logfile) as f:
+        text = f.read()
+    log.debug("%s", text)
+    if code != 0 or not os.path.exists(result):
+        fd, kept = tempfile.mkstemp(prefix="plan-run-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        raise _failure(code, text, kept)
+    with open(result) as f:
+        return json.load(f)
+
+
+STOP_WAIT_S = 10.0
+"""Seconds the processes of an interrupted run get to stop after SIGTERM, before SIGKILL."""
+
+
+def run_group(argv: list[str], out) -> int:
+    """Run ``argv`` (torchrun) in a process group of its own and return its exit code; when this
+    process is interrupted (Ctrl-C, or SIGTERM to it alone) the whole group stops, torchrun and
+    the workers it started, not torchrun alone (its workers would go on under init)."""
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupted) if main else None
+    try:
+        return proc.wait()
+    except BaseException:
+        _stop_group(proc)
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to ``proc``'s process group, then SIGKILL to what is left of it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=STOP_WAIT_S)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:  # (workers that outlive torchrun are still in its group)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _failure(code: int, text: str, log_path: str = "") -> PlannerError:

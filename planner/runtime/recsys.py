@@ -27,11 +27,9 @@ the unsharded model on the mean over the global batch.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -45,7 +43,7 @@ from planner.errors import SpecError
 from planner.planfile.document import Plan, load_plan
 from planner.runtime import measure, worker
 from planner.runtime.launch import (MAX_CPU_PROCESSES, MEMORY_USE_FRACTION, _available_bytes,
-                                    _failure, _free_port, torchrun_command)
+                                    _free_port, run_processes, torchrun_command)
 from planner.runtime.options import RunOptions
 from planner.runtime.table_sharding import (cpu_sharder, kernel_on, shard_ranks, sharding_plan,
                                             tables_of)
@@ -616,16 +614,7 @@ def run_local(launch: Launch, opts: RunOptions, *, reference: bool = False) -> l
                 "--master-port", str(_free_port()),
                 *worker_argv(launch, opts, result, reference=reference)]
         log.debug("starting %d processes: %s", launch.nproc_per_node, shlex.join(argv))
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              check=False)
-        log.debug("%s", proc.stdout)
-        if proc.returncode != 0 or not os.path.exists(result):
-            fd, kept = tempfile.mkstemp(prefix="plan-run-", suffix=".log")
-            with os.fdopen(fd, "w") as f:
-                f.write(proc.stdout)
-            raise _failure(proc.returncode, proc.stdout, kept)
-        with open(result) as f:
-            return json.load(f)["runs"]
+        return run_processes(argv, tmp, result)["runs"]
 
 
 # ---- text ------------------------------------------------------------------------------------

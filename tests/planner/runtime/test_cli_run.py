@@ -152,3 +152,40 @@ def test_cuda_on_a_machine_without_gpus_is_refused_as_a_device(capsys, make_plan
     path = make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=2")
     code, _, err = run(capsys, "run", path, "--device", "cuda")
     _one_line_refusal(code, err, "device: cuda", "--device cpu")
+
+
+def test_an_interrupted_run_stops_the_processes_it_started(tmp_path):
+    """SIGTERM to the planner alone stops torchrun's whole process group, not torchrun alone (a
+    new-user check found its workers running on under init, and the temporary folder left)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pids = tmp_path / "pids"
+    script = (
+        "import sys\n"
+        "from planner.runtime.launch import run_group\n"
+        f"argv = ['bash', '-c', 'sleep 60 & echo $! > {pids}; wait']\n"
+        "try:\n"
+        "    run_group(argv, sys.stdout)\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    for _ in range(200):  # the grandchild is up once its pid is written
+        if pids.exists() and pids.read_text().strip():
+            break
+        time.sleep(0.05)
+    grandchild = int(pids.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 130
+    for _ in range(100):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(grandchild, signal.SIGKILL)
+        raise AssertionError("the worker outlived the run")
