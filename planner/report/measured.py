@@ -64,6 +64,11 @@ def summary(result: dict, plan_name: str) -> str:
                "routing)" if rt.get("expert_parallel", True) else
                "(without expert parallelism a rank computes every expert's copies, so how they "
                "spread over the experts does not change its step)"))
+    warming = m.get("still_warming")
+    if warming:
+        lines.append(f"note: the timed steps were still getting faster ({_ms(warming[0])} first, "
+                     f"{_ms(warming[1])} last): the median times a warming process; a longer "
+                     f"warm-up (--warmup {m['warmup_steps'] + 2}) gives a steadier figure")
     if result.get("loss_per_step"):
         lines.append("loss per step: " + ", ".join(f"{x:.4f}" for x in result["loss_per_step"]))
     lines += [f"note: {n}" for n in result.get("notes", [])]

@@ -145,8 +145,27 @@ def summarize(records: list[dict], plan, *, warmup: int) -> dict:
         "step_time_error": pred_t / step - 1 if step else None,
         "peak_memory_error": pred_m / max(peaks) - 1 if peaks and max(peaks) else None,
         "warmup_steps": warmup,
+        "still_warming": still_warming(records, warmup),
         "routing": routing(records, plan),
     }
+
+
+WARMING_RATIO = 1.25
+"""A run whose first timed step took this much longer than its last was still warming up."""
+
+
+def still_warming(records: list[dict], warmup: int) -> list[float] | None:
+    """[first, last] timed step of the slowest rank where the first took WARMING_RATIO times the
+    last or more, three timed steps at least (the median then times a process still warming
+    up: allocator, caches, thread pools); else None."""
+    timed = [r["step_times_s"][warmup:r["profiled_step"]] for r in records
+             if r["median_step_time_s"] is not None]
+    if not timed:
+        return None
+    slowest = max(timed, key=median)
+    if len(slowest) >= 3 and slowest[0] >= WARMING_RATIO * slowest[-1]:
+        return [slowest[0], slowest[-1]]
+    return None
 
 
 def routing(records: list[dict], plan) -> dict | None:

@@ -189,3 +189,19 @@ def test_an_interrupted_run_stops_the_processes_it_started(tmp_path):
     else:
         os.kill(grandchild, signal.SIGKILL)
         raise AssertionError("the worker outlived the run")
+
+
+def test_a_run_still_warming_up_is_said():
+    """Timed steps that keep getting faster (a new-user check: 687, 407, 326, 273, 228 ms with
+    one untimed step) are named, with the warm-up that gives a steadier median."""
+    from planner.runtime.measure import still_warming
+
+    def rank(times, profiled=None):
+        return {"step_times_s": times, "profiled_step": profiled,
+                "median_step_time_s": sorted(times)[len(times) // 2]}
+
+    warming = rank([0.9, 0.687, 0.407, 0.326, 0.273, 0.228], profiled=5)
+    steady = rank([0.9, 0.25, 0.24, 0.26, 0.25])
+    assert still_warming([warming, steady], 1) == [0.687, 0.273]
+    assert still_warming([steady], 1) is None
+    assert still_warming([rank([0.9, 0.5, 0.2])], 1) is None  # two timed steps: too few to say
