@@ -121,6 +121,7 @@ def _run_recsys(args, opts: RunOptions) -> int:
         return 0
     logging.getLogger("planner").info("running %s with %d processes (TorchRec) ...", args.plan,
                                       launch.nproc_per_node)
+    _warn_oversubscribed(launch.device, launch.nproc_per_node, args.threads)
     result = {**recsys.run_local(launch, opts)[0], "plan": args.plan}
     print(recsys.summary(result, args.plan))
     if args.output is not None:

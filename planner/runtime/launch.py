@@ -103,11 +103,7 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
         raise SpecError(f"nproc: the plan needs {per_node} processes per node; on CPU the runtime "
                         f"starts at most {MAX_CPU_PROCESSES} (plan with dp*cp*tp*pp <= "
                         f"{MAX_CPU_PROCESSES}, or use GPUs)")
-    made_for = str(plan.cluster.get("device", "cpu"))
-    if not cuda and not made_for.startswith("cpu"):
-        log.warning("plan: made for %s GPUs, run here on CPU processes: it runs the same "
-                    "parallelism, but its predicted times and memory are %s's, not this host's "
-                    "(plan with --cluster cpu to compare)", made_for, made_for)
+    warn_device(plan, cuda)
     _check_memory(plan, per_node, cuda)
     return Launch(plan_path=plan_path, plan=plan, nodes=nodes, nproc_per_node=per_node,
                   device="cuda" if cuda else "cpu")
@@ -231,6 +227,16 @@ def run_processes(argv: list[str], tmp: str, result: str) -> dict:
         raise _failure(code, text, kept)
     with open(result) as f:
         return json.load(f)
+
+
+def warn_device(plan: Plan, cuda: bool) -> None:
+    """Warn when a plan made for GPUs runs on CPU processes: its predictions are not this
+    host's."""
+    made_for = str(plan.cluster.get("device", "cpu"))
+    if not cuda and not made_for.startswith("cpu"):
+        log.warning("plan: made for %s GPUs, run here on CPU processes: it runs the same "
+                    "parallelism, but its predicted times and memory are %s's, not this host's "
+                    "(plan with --cluster cpu to compare)", made_for, made_for)
 
 
 STOP_WAIT_S = 10.0

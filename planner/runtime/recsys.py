@@ -43,7 +43,7 @@ from planner.errors import SpecError
 from planner.planfile.document import Plan, load_plan
 from planner.runtime import measure, worker
 from planner.runtime.launch import (MAX_CPU_PROCESSES, MEMORY_USE_FRACTION, _available_bytes,
-                                    _free_port, run_processes, torchrun_command)
+                                    _free_port, run_processes, torchrun_command, warn_device)
 from planner.runtime.options import RunOptions
 from planner.runtime.table_sharding import (cpu_sharder, kernel_on, shard_ranks, sharding_plan,
                                             tables_of)
@@ -589,6 +589,7 @@ def check(plan_paths, opts: RunOptions, nproc: int | None = None, *,
                             f"activations need about {need / 1e9:.1f} GB over {per_node} "
                             f"processes but this machine has {have / 1e9:.1f} GB free; the CPU "
                             "runtime is for small models, run a smaller one")
+    warn_device(plans[0], cuda)
     return launch
 
 

@@ -202,3 +202,15 @@ def test_plain_embedding_bag_tables_are_refused_with_the_fix():
     with pytest.raises(SpecError, match=r"^model: .*has 0 \(plain nn.EmbeddingBag tables are "
                                         r"planned and exported, not run: put them in one "):
         recsys.ebc_path(Plain())
+
+
+def test_a_gpu_recommendation_plan_run_on_cpu_says_its_predictions_are_the_gpus(plans, tmp_path,
+                                                                                caplog):
+    """As a dense plan does (a new-user check ran an A100 plan on CPU without a word)."""
+    plan = load_plan(plans["table_wise"])
+    plan.cluster = {**plan.cluster, "device": "a100-40g"}
+    path = str(tmp_path / "gpu.json")
+    plan.save(path)
+    with caplog.at_level("WARNING", logger="planner"):
+        recsys.check([path], RunOptions(device="cpu"))
+    assert "made for a100-40g GPUs, run here on CPU processes" in caplog.text
