@@ -57,6 +57,8 @@ class Memory:
             self.profiled_peak = int(max(sum(row) for row in sizes)) if sizes else None
         except Exception as exc:  # noqa: BLE001 - a private API; without it the RSS figure remains
             self.profiled_peak = None
+            self.method = ("not measured on this rank: torch.profiler's memory timeline failed "
+                           f"({type(exc).__name__})")
             # (the same words on every rank that fails, so that the run says it once)
             self.failure = (f"no CPU tensor peak on one or more ranks: torch.profiler's memory timeline "
                             f"failed there ({type(exc).__name__}); the peak memory line covers the "
