@@ -17,6 +17,13 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x * 100:+.0f}%"
 
 
+def _method(ranks: list[dict]) -> str:
+    """How peak memory was measured: as a rank that measured it says (one whose profile failed
+    says it was not measured)."""
+    return next((r["memory_method"] for r in ranks if r["peak_memory_bytes"] is not None),
+                ranks[0]["memory_method"])
+
+
 def summary(result: dict, plan_name: str) -> str:
     m = result["measured"]
     # each rank's coordinates; cp and ep where the plan has them
@@ -48,8 +55,8 @@ def summary(result: dict, plan_name: str) -> str:
              _mb(r["peak_memory_bytes"]), _mb(r["state_bytes"]), _mb(r["rss_peak_bytes"]))
             for r in result["ranks"]]),
         "",
-        f"peak memory: {result['ranks'][0]['memory_method']}; states: parameters and optimizer "
-        "states the rank holds after the run",
+        f"peak memory: {_method(result['ranks'])}; states: parameters and optimizer states the "
+        "rank holds after the run",
     ]
     rt = m.get("routing")
     if rt:
