@@ -105,6 +105,8 @@ def run(args) -> int:
     if args.output is not None:
         atomic_write(args.output, json.dumps(result, indent=1) + "\n")
         print(f"\nwrote {args.output}")
+    if args.dump is not None:
+        print(f"wrote each stage's parameters to {args.dump}")
     return 0
 
 
@@ -127,6 +129,8 @@ def _run_recsys(args, opts: RunOptions) -> int:
     if args.output is not None:
         atomic_write(args.output, json.dumps(result, indent=1) + "\n")
         print(f"\nwrote {args.output}")
+    if args.dump is not None:
+        print(f"wrote the model's parameters to {args.dump}")
     return 0
 
 

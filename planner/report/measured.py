@@ -66,10 +66,12 @@ def summary(result: dict, plan_name: str) -> str:
             f"routing (timed steps, up to {rt['calls_per_rank']} MoE layer calls per rank, "
             "recomputed forwards included): the busiest "
             f"expert got {rt['busiest_expert']:.2f} x the mean token copies, {ranks}; the plan "
-            f"assumed moe_imbalance {rt['planned_moe_imbalance']:g} "
-            + (f"(plan with --engine moe_imbalance={rt['busiest_expert']:.2f} to price this "
+            f"assumed moe_imbalance {rt['planned_moe_imbalance']:g}"
+            + ("" if abs(rt["busiest_expert"] - rt["planned_moe_imbalance"])
+               <= 0.05 * rt["planned_moe_imbalance"] else
+               f" (plan with --engine moe_imbalance={rt['busiest_expert']:.2f} to price this "
                "routing)" if rt.get("expert_parallel", True) else
-               "(without expert parallelism a rank computes every expert's copies, so how they "
+               " (without expert parallelism a rank computes every expert's copies, so how they "
                "spread over the experts does not change its step)"))
     warming = m.get("still_warming")
     if warming:

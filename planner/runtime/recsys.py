@@ -644,7 +644,9 @@ def summary(result: dict, plan_name: str) -> str:
     bd = result.get("predicted_breakdown") or {}
     lines = [f"Ran {plan_name} on {result['world_size']} {result['device']} processes "
              f"({result['backend']}; {result['engine']}; tables: {kinds}), {steps} steps of "
-             f"{result['local_batch']} samples per rank, the first {m['warmup_steps']} not timed",
+             f"{result['local_batch']} samples per rank, "
+             + (f"the first {m['warmup_steps']} not timed" if m["warmup_steps"] > 1 else
+                "the first not timed" if m["warmup_steps"] else "all timed"),
              ""]
     lines += _table([("", "measured", "predicted", "error (predicted / measured - 1)"),
                      ("step time", _ms(m["step_time_s"]), _ms(m["predicted_step_time_s"]),

@@ -101,7 +101,7 @@ def _step(built: Built) -> list[float] | None:
     moe.sync_grads(built.experts)
     built.optimizer.step()
     built.optimizer.zero_grad(set_to_none=True)
-    return [float(x) for x in losses] if losses else None
+    return [float(x.detach()) for x in losses] if losses else None
 
 
 def _global_losses(records: list[dict]) -> list[float | None]:
