@@ -15,7 +15,7 @@ def why(plan: Plan, answer) -> str:
     fit (each stage over the device's memory, with what it would need)."""
     pins = pins_text(answer.pins)
     c = plan.cluster
-    where = f"{c['num_gpus']} x {c['device']}"
+    where = f"{c['num_gpus']:,} x {c['device']}"
     lines = [f"Why not {pins}? (plan: {plan.parallel_summary}, {plan.step_time_s:.4g} s per step)"]
     if answer.feasible:
         v = answer.variant
