@@ -103,8 +103,11 @@ def auto_class(cfg):
 
 
 def inputs(module: torch.nn.Module, cfg, seq_len: int, device: str) -> tuple[tuple, dict, int]:
-    """(args, kwargs, tokens per sample) that make ``module`` return its training loss."""
+    """(args, kwargs, tokens per sample) that make ``module`` return its training loss; images
+    and audio features in the dtype of the module's weights (a convolution refuses others)."""
     params = inspect.signature(module.forward).parameters
+    weights = next((p.dtype for p in module.parameters() if p.is_floating_point()),
+                   torch.float32)
     kwargs: dict = {}
     tokens = seq_len
     vocab = int(getattr(_text_config(cfg), "vocab_size", 2) or 2)
@@ -112,7 +115,8 @@ def inputs(module: torch.nn.Module, cfg, seq_len: int, device: str) -> tuple[tup
         vision = getattr(cfg, "vision_config", None) or cfg
         size = _image_size(vision)
         channels = int(getattr(vision, "num_channels", 3) or 3)
-        kwargs["pixel_values"] = torch.randn(1, channels, size, size, device=device)
+        kwargs["pixel_values"] = torch.randn(1, channels, size, size, device=device,
+                                             dtype=weights)
         patch = getattr(vision, "patch_size", None)
         if "input_ids" in params:  # two towers: images and their captions
             kwargs["input_ids"] = _ids(seq_len, vocab, device)
@@ -125,7 +129,8 @@ def inputs(module: torch.nn.Module, cfg, seq_len: int, device: str) -> tuple[tup
                 kwargs["labels"] = torch.randint(0, labels, (1,), device=device)
     elif "input_features" in params:  # speech: log-mel frames of the encoder's full window
         frames = 2 * int(getattr(cfg, "max_source_positions", 1500))
-        kwargs["input_features"] = torch.randn(1, int(cfg.num_mel_bins), frames, device=device)
+        kwargs["input_features"] = torch.randn(1, int(cfg.num_mel_bins), frames, device=device,
+                                               dtype=weights)
         kwargs["labels"] = _ids(seq_len, vocab, device)
     else:
         kwargs["input_ids"] = _ids(seq_len, vocab, device)

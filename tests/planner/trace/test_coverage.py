@@ -30,3 +30,16 @@ def test_traced_flops_match_a_real_forward_and_backward(name):
     assert not row.error, row.error
     assert row.measured > 0 and abs(row.deviation) < 0.02, (
         f"{name}: planned {row.planned:.4g} FLOPs, measured {row.measured:.4g}")
+
+
+@pytest.mark.parametrize("name", ["whisper", "vit", "convnext"])
+def test_speech_and_image_models_trace_in_bf16(name, tmp_path):
+    """Their made-up features and pixels come in the weights' dtype (a new-user check: Whisper's
+    first convolution refused fp32 features under bf16 weights)."""
+    import json
+
+    import planner
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(coverage.CORPUS[name]))
+    prepared = planner.prepare(str(config), dtype="bf16", cache_dir=None)
+    assert prepared.info["num_params"] > 0
