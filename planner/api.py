@@ -51,7 +51,8 @@ class Prepared:
     """A traced and coarsened model: reusable across clusters, batches and pinned knobs."""
 
     info: dict
-    """name, source, num_params, fingerprint (and attention, unpriced_ops where they apply)."""
+    """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params where
+    they apply)."""
     seq_len: int
     dtype: str
     opgraph: OpGraph
@@ -105,6 +106,13 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
         log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
                     prepared.info["name"], len(unpriced),
                     ", ".join(f"{u['op']} x{u['count']}" for u in unpriced[:5]))
+    frozen = prepared.info.get("frozen_params")
+    if frozen:
+        log.warning("%s: %s of its %s parameters are frozen (requires_grad=False), but plans "
+                    "price every parameter as trained: their gradients, optimizer states and "
+                    "gradient traffic are counted, so memory and step time come out high",
+                    prepared.info["name"], human_count(frozen),
+                    human_count(prepared.info["num_params"]))
     return prepared
 
 
@@ -145,6 +153,9 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     t0 = time.perf_counter()
     rm = resolve(model, seq_len=seq_len, dtype=dtype, example_inputs=example_inputs,
                  per_sample=per_sample)
+    if not rm.num_params:
+        raise SpecError(f"model: {rm.name} has no parameters, so there is no training to plan; "
+                        "give the model whose weights you train")
     log.info("model %s: %s parameters (%s); tracing it on the meta device %s (seconds; a minute "
              "for the largest)", rm.name, human_count(rm.num_params), rm.source,
              "for one sample" if per_sample else f"at {rm.seq_len:,} tokens")
@@ -167,6 +178,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     unpriced = og.unpriced_ops()
     if unpriced:
         info["unpriced_ops"] = unpriced
+    if rm.frozen_params:
+        info["frozen_params"] = int(rm.frozen_params)
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 

@@ -48,6 +48,8 @@ class ResolvedModel:
     source: str
     """zoo, hf-config, factory or module."""
     num_params: int = 0
+    frozen_params: int = 0
+    """Of ``num_params``, those the model does not train (requires_grad=False)."""
     fingerprint: str = ""
     config: dict = field(default_factory=dict)
     attention: str = ""
@@ -286,4 +288,5 @@ def fingerprint(module: torch.nn.Module) -> tuple[str, int]:
 
 def _finish(rm: ResolvedModel) -> ResolvedModel:
     rm.fingerprint, rm.num_params = fingerprint(rm.module)
+    rm.frozen_params = sum(p.numel() for p in rm.module.parameters() if not p.requires_grad)
     return rm
