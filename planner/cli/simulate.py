@@ -13,12 +13,14 @@ import sys
 
 from planner import targets
 from planner.cli.args import positive_int
+from planner.errors import SpecError
 from planner.planfile.document import load_plan
 from planner.report.figure import check_path
 from planner.report.gantt import gantt
 from planner.report.simulation import comparison, rank_memory
 from planner.schedule.builders import BUILDERS
 from planner.schedule.simulator import simulate_plan
+from planner.search.hetero import GROUP_SCHEDULES
 
 
 def register(add) -> None:
@@ -40,6 +42,12 @@ def run(args) -> int:
     if args.gantt is not None:
         check_path(args.gantt, "gantt")
     plan = load_plan(args.plan)
+    if plan.cluster.get("groups") and (args.schedule not in GROUP_SCHEDULES
+                                       or (args.vpp or 1) > 1):
+        # (its stages' times hold for one stage per rank: more chunks cross the slow links more)
+        raise SpecError(f"schedule: {args.schedule}{f' with vpp={args.vpp}' if args.vpp else ''} "
+                        "is not priced on clusters of device groups or sites, whose stages keep "
+                        f"one per rank; simulate {' or '.join(GROUP_SCHEDULES)}")
     base = simulate_plan(plan)
     other = simulate_plan(plan, schedule_name=args.schedule, microbatches=args.microbatches,
                           vpp=args.vpp)

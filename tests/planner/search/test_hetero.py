@@ -222,3 +222,18 @@ def test_a_device_without_flashattention_prices_attention_with_its_scores(mid_gp
         plain = plan_prepared(mid_gpt2, a100, tr, SearchOptions(top_k=0))
     assert plain.training["engine"]["attention"] == "flash" and "FlashAttention" not in caplog.text
     assert "no FlashAttention" not in summary(plain)
+
+
+def test_simulate_refuses_the_schedules_group_clusters_are_not_priced_for(mid_gpt2, tmp_path,
+                                                                           capsys):
+    """plan simulate on a plan of device groups: interleaving (or zb-h1) would be priced with one
+    stage per rank's times, as plan solve refuses it (a new-user check read -17.4%)."""
+    from planner.cli.main import main
+
+    path = str(tmp_path / "mixed.json")
+    _plan(mid_gpt2, "pp=2,tp=1,dp=2,micro_batch=1,recompute=none").save(path)
+    assert main(["simulate", path, "--schedule", "interleaved-1f1b", "--vpp", "2"]) == 2
+    assert "plan: error: schedule: interleaved-1f1b with vpp=2 is not priced on clusters of " \
+        "device groups or sites" in capsys.readouterr().err
+    assert main(["simulate", path, "--schedule", "zb-h1"]) == 2
+    assert main(["simulate", path, "--schedule", "gpipe"]) in (0, 3)
