@@ -208,7 +208,10 @@ def _flops(p: Plan) -> list[str]:
              + (f" (+ {', '.join(extras)})" if extras else
                 " (the same: moe_act recomputes memory-bound ops only)"
                 if p.parallel.get("recompute") == "moe_act" else " (the same: nothing recomputed)")]
-    if pr.get("active_params_per_token"):
+    # (a convolution's weights, or an encoder's read by every decoder token, multiply a token
+    # more than once: a count above the model's says nothing)
+    if pr.get("active_params_per_token") and \
+            pr["active_params_per_token"] <= p.model["num_params"] * (1 + 1e-9):
         lines.append(f"              {human_count(pr['active_params_per_token'])} of the "
                      f"{human_count(p.model['num_params'])} parameters multiply each token")
     return lines

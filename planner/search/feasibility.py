@@ -482,9 +482,10 @@ tensor-parallel ranks with context parallelism up to 16 (2 x cp chunks per seque
 def length_note(seq_len: int, rejected) -> str:
     """'' or a warning that the sequence length itself ruled out sequence or context parallelism
     for some degrees (the search's SP_SEQ, CP_SEQ and SEQ_TP_2CP rules), with the nearest length
-    that does not."""
+    that does not; none for one token per sample (an image, a recommendation sample), which has
+    no sequence to split."""
     ruled = sum(rejected.get(rule, 0) for rule in (SP_SEQ, CP_SEQ, SEQ_TP_2CP))
-    if not ruled or seq_len % SEQ_MULTIPLE == 0:
+    if not ruled or seq_len % SEQ_MULTIPLE == 0 or seq_len == 1:
         return ""
     lower = seq_len // SEQ_MULTIPLE * SEQ_MULTIPLE
     nearest = min((n for n in (lower, lower + SEQ_MULTIPLE) if n > 0),

@@ -246,7 +246,8 @@ def _infer_batch(args, kwargs) -> int:
 
 
 def _infer_seq(args, kwargs, seq_len) -> int:
-    """The tokens per sample: ``seq_len`` if given, else dim 1 of the first input. Given, it
+    """The tokens per sample: ``seq_len`` if given, else dim 1 of the first input (one for an
+    image's [batch, channels, height, width], whose dim 1 holds channels). Given, it
     must agree with the inputs' one tensor of token ids ([batch, tokens], integer) when that is
     the first input: the trace prices the inputs' shapes, so another length would only mislabel
     the plan's tokens/s. Other inputs (embeddings, audio frames, an encoder's and a decoder's
@@ -265,6 +266,10 @@ def _infer_seq(args, kwargs, seq_len) -> int:
                         "priced from the inputs' shapes and reports %d tokens per sample",
                         int(seq_len), "x".join(map(str, t.shape)), int(seq_len))
         return int(seq_len)
+    if t is not None and t.dim() >= 4 and t.is_floating_point():  # images: [batch, channels, ...]
+        log.info("the first example input is %s, an image's shape: the plan counts one token per "
+                 "sample (give seq_len to count patches)", "x".join(map(str, t.shape)))
+        return 1
     return int(t.shape[1]) if t is not None and t.dim() >= 2 else 1
 
 

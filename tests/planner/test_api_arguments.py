@@ -153,3 +153,23 @@ def test_a_model_without_trainable_weights_is_named(tmp_path, caplog):
         prepared = planner.prepare(f"{tmp_path}/models.py:frozen", cache_dir=None)
     assert prepared.info["frozen_params"] == 20 and prepared.info["num_params"] == 40
     assert "20 of its 40 parameters are frozen (requires_grad=False)" in caplog.text
+
+
+def test_an_image_input_counts_one_token_per_sample(tmp_path, caplog):
+    """dim 1 of [batch, channels, height, width] is channels, not tokens (a new-user check
+    planned a ViT at 3 tokens per sample); a convolution's weights multiply many positions, so
+    no 'X of Y parameters multiply each token' above Y."""
+    from planner.report.summary import summary
+    (tmp_path / "cnn.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "def build():\n"
+        "    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(10))\n"
+        "    x = torch.randn(2, 3, 16, 16)\n"
+        "    m(x)\n"
+        "    return m, (x,)\n")
+    with caplog.at_level("INFO", logger="planner"):
+        plan = planner.plan(f"{tmp_path}/cnn.py:build", cluster="dgx-h100", nodes=1,
+                            global_batch=16, cache_dir=None)
+    assert plan.training["seq_len"] == 1 and "an image's shape" in caplog.text
+    assert "multiply each token" not in summary(plan)
