@@ -358,21 +358,24 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
         key = sorted(unknown)[0]
         raise SpecError(f"engine.{key}: unknown key{suggest(key, names)}")
     kw = {**base, **dict(spec)}
-    for key in CHOICES:
-        if isinstance(kw.get(key), str):
-            kw[key] = kw[key].strip().lower()
-    for key in BOOL_SETTINGS:
-        if key in kw:
-            kw[key] = read_bool(kw[key], f"engine.{key}")
-    for key in NUMBER_SETTINGS:
-        if key in kw and isinstance(kw[key], str):
-            try:
-                kw[key] = float(kw[key])
-            except ValueError:
-                unit = " of seconds (50 us is 5e-05)" if key.endswith("_op_s") else ""
-                raise SpecError(f"engine.{key}: expected a number{unit}, got {kw[key]!r}"
-                                ) from None
-    return EngineSpec(**kw)
+    return EngineSpec(**{key: read_setting(key, value) for key, value in kw.items()})
+
+
+def read_setting(key: str, value):
+    """One engine setting's value as the engine reads it: a name in lower case (CHOICES),
+    true or false (BOOL_SETTINGS, specs.read_bool), a number from text (NUMBER_SETTINGS);
+    SpecError naming the setting where it is none of these."""
+    if key in CHOICES and isinstance(value, str):
+        return value.strip().lower()
+    if key in BOOL_SETTINGS:
+        return read_bool(value, f"engine.{key}")
+    if key in NUMBER_SETTINGS and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            unit = " of seconds (50 us is 5e-05)" if key.endswith("_op_s") else ""
+            raise SpecError(f"engine.{key}: expected a number{unit}, got {value!r}") from None
+    return value
 
 
 def outside_layers(engine: EngineSpec) -> EngineSpec:

@@ -8,12 +8,10 @@ from dataclasses import fields, replace
 from typing import Mapping, Sequence
 
 from costmodels.embeddings import SHARDING_TYPES
-from costmodels.engine import (BOOL_SETTINGS, CHOICES, NUMBER_SETTINGS, EngineSpec,
-                               engine_from_mapping)
+from costmodels.engine import EngineSpec, engine_from_mapping, read_setting
 from costmodels.hardware import GB, get_device
 from costmodels.linkunits import parse_bandwidth
 from costmodels.sites import with_site_bandwidth
-from costmodels.specs import read_bool
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
 from planner.inputs.clusters import load_cluster
@@ -102,10 +100,7 @@ def value(key: str, raw):
         except SpecError as exc:
             if str(exc).startswith(f"engine.{key}: expected"):
                 raise SpecError(f"vary.{str(exc)[len('engine.'):]}") from None
-        # one spelling per value (on and true, 1.25 and 1.250 are one point, read alike)
-        return (text.lower() if key in CHOICES else
-                read_bool(text, f"vary.{key}") if key in BOOL_SETTINGS else
-                float(text) if key in NUMBER_SETTINGS else text)
+        return read_setting(key, text)  # one spelling per value: on and true are one point
     if key in ("nodes", "gpus_per_node", "global_batch", "seq_len"):
         try:
             value = int(raw)

@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field, fields
 
-from costmodels.engine import CHOICES
+from costmodels.engine import read_setting
 from planner.errors import SpecError
 from planner.files import atomic_write, read_json_object
 from planner.options import parallel_text
@@ -56,10 +56,9 @@ class Plan:
     def from_dict(cls, d: dict, where: str = "plan") -> "Plan":
         validate(d, where)
         engine = d["training"].get("engine")
-        if isinstance(engine, dict):  # names in the case every reader compares them in
+        if isinstance(engine, dict):  # as every reader compares them (names in lower case)
             d = {**d, "training": {**d["training"], "engine": {
-                k: v.strip().lower() if k in CHOICES and isinstance(v, str) else v
-                for k, v in engine.items()}}}
+                k: read_setting(k, v) for k, v in engine.items()}}}
         names = {f.name for f in fields(cls)} - {"extra", "embeddings"}
         return cls(**{k: d[k] for k in names}, embeddings=d.get("embeddings"))
 
