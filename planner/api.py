@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from costmodels import precision
-from costmodels.engine import PRESET_PROPERTIES, PRESETS, EngineSpec
+from costmodels.engine import FUSED_ATTENTION, PRESET_PROPERTIES, PRESETS, EngineSpec
 from costmodels.experts import copies_per_token, overlap_blockers
 from costmodels.memory import modules_of
 from costmodels.topology import HeteroCluster
@@ -444,6 +444,20 @@ def _dense_zero(value) -> int:
     return int(value)
 
 
+def _note_written_attention(prepared: Prepared, training: TrainingSpec) -> None:
+    """Warn where a model of the user's own code computes attention with its own matmul and
+    softmax while the engine prices a fused kernel: not what the code writes (a new-user check
+    found 22.7 GB priced where the scores in memory take 40.7 GB)."""
+    if prepared.info.get("source") not in ("factory", "module") or \
+            training.engine.attention not in FUSED_ATTENTION:
+        return
+    if any(g.attention for b in prepared.blocks.blocks for g in b.work.gemms):  # (eager cores)
+        log.warning("%s computes attention with its own matmul and softmax: priced as one fused "
+                    "kernel (engine attention=%s); where training runs this code as written, "
+                    "--engine attention=materialized prices its scores in memory",
+                    prepared.info["name"], training.engine.attention)
+
+
 def _attention_the_devices_run(cluster, training: TrainingSpec) -> TrainingSpec:
     """``training`` with FlashAttention replaced by attention with its scores in memory where a
     device of ``cluster`` has no FlashAttention kernel (DeviceSpec.flash_attention), with a
@@ -642,6 +656,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     for group in getattr(cluster, "groups", (cluster,)):
         precision.check_recipe(group.device, training.dtype, training.engine.fp8_recipe)
     training = _attention_the_devices_run(cluster, training)
+    _note_written_attention(prepared, training)
     _check_routing(prepared, training)
     _warn_unused_settings(prepared, training, dict(options.fix))
     result = search(prepared.blocks, cluster, training, options, progress=progress)

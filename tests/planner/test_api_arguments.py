@@ -173,3 +173,42 @@ def test_an_image_input_counts_one_token_per_sample(tmp_path, caplog):
                             global_batch=16, cache_dir=None)
     assert plan.training["seq_len"] == 1 and "an image's shape" in caplog.text
     assert "multiply each token" not in summary(plan)
+
+
+def test_attention_written_by_hand_is_said_to_be_priced_fused(tmp_path, caplog):
+    """A factory's own QK^T and softmax is priced as a fused kernel under the default engine:
+    said, with the setting that prices it as written (a new-user check)."""
+    (tmp_path / "attn.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "class Attn(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.q, self.k, self.v = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)\n"
+        "    def forward(self, x):\n"
+        "        q, k, v = (f(x).view(2, 16, 4, 8).transpose(1, 2) for f in (self.q, self.k,\n"
+        "                                                                   self.v))\n"
+        "        p = (q @ k.transpose(-1, -2)).softmax(-1)\n"
+        "        return x + (p @ v).transpose(1, 2).reshape(2, 16, 32)\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.emb = nn.Embedding(64, 32)\n"
+        "        self.layers = nn.ModuleList(Attn() for _ in range(2))\n"
+        "        self.head = nn.Linear(32, 64)\n"
+        "    def forward(self, ids):\n"
+        "        x = self.emb(ids)\n"
+        "        for layer in self.layers:\n"
+        "            x = layer(x)\n"
+        "        return self.head(x).float().logsumexp(-1).mean()\n"
+        "def build():\n"
+        "    return Net(), (torch.randint(0, 64, (2, 16)),)\n")
+    with caplog.at_level("WARNING", logger="planner"):
+        planner.plan(f"{tmp_path}/attn.py:build", cluster="dgx-h100", nodes=1, global_batch=8,
+                     cache_dir=None)
+    assert "computes attention with its own matmul and softmax" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="planner"):
+        planner.plan(f"{tmp_path}/attn.py:build", cluster="dgx-h100", nodes=1, global_batch=8,
+                     engine="attention=materialized", cache_dir=None)
+    assert "own matmul" not in caplog.text
