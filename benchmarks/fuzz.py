@@ -1355,7 +1355,7 @@ def call_prepared(case: Case, model: str, kw: dict):
         from planner.inputs.calibration import apply_calibration
 
         cl = apply_calibration(cl, kw["calibration"])
-    from planner.api import target_engine
+    from planner.settings import target_engine
 
     training = planner.TrainingSpec(global_batch=kw["global_batch"],
                                     seq_len=prep.seq_len if prep else 1, dtype=kw["dtype"],

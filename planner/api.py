@@ -6,7 +6,6 @@ is read back from the trace cache (planner.trace.cache) without loading either.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -16,9 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from costmodels import precision
-from costmodels.engine import FUSED_ATTENTION, PRESET_PROPERTIES, PRESETS, EngineSpec
-from costmodels.experts import copies_per_token, overlap_blockers
-from costmodels.memory import modules_of
+from costmodels.engine import EngineSpec
 from costmodels.topology import HeteroCluster
 from planner.emit import emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
@@ -28,12 +25,11 @@ from planner.inputs.modules import import_from_working_folder
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import SearchOptions, TrainingSpec, engine_spec, idle_pins, parse_fix
-from planner import targets
+from planner import settings, targets
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import (cluster_pin_problem, explain_infeasible,
-                                        known_model_pin_problem, length_note,
-                                        pin_problem, recompute_pin_problem)
+                                        known_model_pin_problem, length_note, pin_problem)
 from planner.search.hetero import restrict
 from planner.search.loop import rejection_lines, search
 from planner.search.space import Space
@@ -222,13 +218,13 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         if isinstance(cl, HeteroCluster):
             raise SpecError("calibration: applies to one device type; not to a cluster with groups")
         cl = apply_calibration(cl, calibration)
-    eng = target_engine(engine, target)
+    eng = settings.target_engine(engine, target)
     zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
     if zoo and zoo.routed_experts:  # (other models: once traced, in plan_prepared)
         targets.check_engine(eng, target, zoo.model_type)
         if zoo.experts_per_token:
-            problem = _routing_problem(eng, zoo.routed_experts, zoo.experts_per_token,
-                                       zoo.name)
+            problem = settings.routing_problem(eng, zoo.routed_experts,
+                                               zoo.experts_per_token, zoo.name)
             if problem:
                 raise SpecError(problem)
     TrainingSpec(global_batch=global_batch, seq_len=seq_len or 1, dtype=dtype, optimizer=optimizer,
@@ -444,186 +440,6 @@ def _dense_zero(value) -> int:
     return int(value)
 
 
-def _note_written_attention(prepared: Prepared, training: TrainingSpec) -> None:
-    """Warn where a model of the user's own code computes attention with its own matmul and
-    softmax while the engine prices a fused kernel: not what the code writes (a new-user check
-    found 22.7 GB priced where the scores in memory take 40.7 GB)."""
-    if prepared.info.get("source") not in ("factory", "module") or \
-            training.engine.attention not in FUSED_ATTENTION:
-        return
-    if any(g.attention for b in prepared.blocks.blocks for g in b.work.gemms):  # (eager cores)
-        log.warning("%s computes attention with its own matmul and softmax: priced as one fused "
-                    "kernel (engine attention=%s); where training runs this code as written, "
-                    "--engine attention=materialized prices its scores in memory",
-                    prepared.info["name"], training.engine.attention)
-
-
-def _attention_the_devices_run(cluster, training: TrainingSpec) -> TrainingSpec:
-    """``training`` with FlashAttention replaced by attention with its scores in memory where a
-    device of ``cluster`` has no FlashAttention kernel (DeviceSpec.flash_attention), with a
-    warning."""
-    devices = [g.device for g in getattr(cluster, "groups", (cluster,))]
-    without = sorted({d.name for d in devices if not d.flash_attention})
-    if training.engine.attention != "flash" or not without:
-        return training
-    log.warning("%s has no FlashAttention kernel (it needs sm80 or newer): attention is priced "
-                "with its scores in memory, as Megatron-LM runs it there (engine "
-                "attention=materialized)", " and ".join(without))
-    return dataclasses.replace(training, engine=dataclasses.replace(training.engine,
-                                                                    attention="materialized"))
-
-
-def _check_routing(prepared: Prepared, training: TrainingSpec) -> None:
-    """Refuse a routing imbalance, or a capacity every expert is padded to, beyond what the
-    model's routing reaches (_routing_problem). Capacity-style experts are left out: their slots
-    do not follow the routing (BlockWork.expert_capacity), so any imbalance prices them alike."""
-    for b in prepared.blocks.blocks:
-        w = b.work
-        if not w.num_experts or not w.routed_tokens or w.expert_capacity:
-            continue
-        top_k = float(copies_per_token(w.routed_tokens, prepared.seq_len, w.moe_layers))
-        problem = _routing_problem(training.engine, w.num_experts, top_k,
-                                   prepared.info.get("name", "the model"))
-        if problem:
-            raise SpecError(problem)
-
-
-def _routing_problem(engine: EngineSpec, experts: float, top_k: float, name: str) -> str:
-    """'' or why the engine's routing settings ask more than E experts with top-k routing
-    reach: an expert takes at most one copy of each token, so the busiest carries at most E / k
-    times the mean, and a capacity every expert is padded to (EngineSpec.moe_pad_to_capacity)
-    is filled up to that much (Megatron-Core gives an expert every token when its capacity is
-    larger, and its unfused permutation cannot pad beyond them)."""
-    most = experts / top_k
-    if engine.moe_imbalance > most * (1 + 1e-9) and not engine.moe_pad_to_capacity:
-        return (f"engine.moe_imbalance: {engine.moe_imbalance:g} is more than {name}'s routing "
-                f"allows: {experts:g} experts, top-{top_k:g}, so the busiest expert takes at most "
-                f"{most:g} x the mean (a copy of every token); give at most {most:g}")
-    if engine.moe_pad_to_capacity and engine.moe_capacity_factor > most * (1 + 1e-9):
-        return (f"engine.moe_capacity_factor: {engine.moe_capacity_factor:g} with "
-                f"moe_pad_to_capacity is more than {name}'s routing fills: {experts:g} experts, "
-                f"top-{top_k:g}, so an expert gets at most {most:g} x the mean (a copy of every "
-                f"token); give at most {most:g}")
-    return ""
-
-
-def target_engine(engine, target: str) -> EngineSpec:
-    """The engine planner.plan prices with: ``engine`` (what --engine takes) over the preset of
-    ``target``'s software when it names no preset itself (settings given alone go over it)."""
-    software = targets.engine(target).software
-    if software and not _names_software(engine):
-        engine = software if engine is None else (
-            f"{software},{engine}" if isinstance(engine, str) else {**PRESETS[software], **engine})
-        log.info("priced as %s runs it (--engine %s; name another preset in --engine for other "
-                 "software)", target, engine if isinstance(engine, str) else software)
-    return engine_spec(engine)
-
-
-def _names_software(engine) -> bool:
-    """Whether an ``engine`` argument says which software it is: an EngineSpec, or a preset named
-    in its ``k=v`` text (``megatron-core,moe_dispatcher=deepep``); settings alone do not."""
-    if engine is None:
-        return False
-    if isinstance(engine, str):
-        return any(part.strip() in PRESETS for part in engine.split(","))
-    return isinstance(engine, EngineSpec)
-
-
-def _warn_unused_settings(prepared: Prepared, training: TrainingSpec,
-                          fix: dict | None = None) -> None:
-    """Say so when engine settings are given that change nothing here: MoE settings for a model
-    without routed experts, the expert all-to-alls' settings with ep pinned to 1, a capacity
-    factor under balanced routing, an FP8 recipe for a step not in fp8 (a user comparing plans
-    would otherwise not know)."""
-    fix = fix or {}
-    default = EngineSpec()
-    if training.dtype != "fp8" and training.engine.fp8_recipe != default.fp8_recipe:
-        log.warning("engine.fp8_recipe: %s applies to --dtype fp8 only; this %s plan does not "
-                    "use it", training.engine.fp8_recipe, training.dtype)
-    if training.engine.fsdp_experts and not training.engine.fsdp_copies:
-        log.warning("engine.fsdp_experts: applies with fsdp_copies=true (FSDP2's buffer copies, "
-                    "which it extends to the experts); without it, it changes nothing")
-    if any(b.work.num_experts for b in prepared.blocks.blocks):
-        if training.engine.moe_imbalance != default.moe_imbalance and all(
-                b.work.expert_capacity for b in prepared.blocks.blocks if b.work.num_experts):
-            log.warning("engine.moe_imbalance: %s's experts compute fixed buffers of token slots "
-                        "(capacity-style), as large however tokens are routed; the imbalance "
-                        "changes nothing here", prepared.info.get("name", "the model"))
-        elif training.engine.moe_imbalance != default.moe_imbalance and \
-                training.engine.moe_pad_to_capacity:
-            log.warning("engine.moe_imbalance: with moe_pad_to_capacity every expert computes its "
-                        "padded capacity however tokens are routed; the imbalance changes "
-                        "nothing here")
-        engine = training.engine
-        if int(fix.get("ep", 0)) == 1 and engine.moe_overlap:
-            log.warning("engine.moe_overlap: with ep=1 (pinned) there is no expert all-to-all to "
-                        "overlap; moe_overlap changes nothing here")
-        if int(fix.get("ep", 0)) == 1 and int(fix.get("etp", 0)) == 1 and \
-                engine.moe_dispatcher != default.moe_dispatcher:
-            log.warning("engine.moe_dispatcher: with ep=1 and etp=1 (pinned) no token leaves its "
-                        "rank; moe_dispatcher=%s changes nothing here", engine.moe_dispatcher)
-        if engine.moe_capacity_factor and not engine.moe_pad_to_capacity and \
-                engine.moe_imbalance <= 1.0:
-            log.warning("engine.moe_capacity_factor: under balanced routing (moe_imbalance=1.0) "
-                        "no expert gets more than the mean, so a capacity factor drops nothing "
-                        "and changes nothing here; give moe_imbalance (the busiest expert's "
-                        "share)" + (" or moe_pad_to_capacity=true"
-                                    if engine.moe_dispatcher != "deepep" else ""))
-        if engine.moe_shared_overlap and not any(
-                g.shared_expert for b in prepared.blocks.blocks for g in b.work.gemms):
-            log.warning("engine.moe_shared_overlap: %s has no shared expert (a GEMM of every "
-                        "token beside the routed experts, inside their layer); "
-                        "moe_shared_overlap changes nothing here",
-                        prepared.info.get("name", "the model"))
-        if training.engine.moe_overlap and training.engine.moe_dispatcher == "allgather":
-            log.warning("engine.moe_overlap: the overlapped dispatch runs with the alltoall and "
-                        "deepep dispatchers only (Megatron-Core refuses it with %s); no "
-                        "configuration here overlaps it: drop moe_overlap or set "
-                        "moe_dispatcher=alltoall",
-                        training.engine.moe_dispatcher)
-        return
-    given = [f.name for f in dataclasses.fields(EngineSpec) if f.name.startswith("moe_")
-             and f.name not in PRESET_PROPERTIES  # how the software runs, set by its preset
-             and getattr(training.engine, f.name) != getattr(default, f.name)]
-    if given:
-        log.warning("engine.%s: %s has no routed experts; %s change%s nothing here", given[0],
-                    prepared.info.get("name", "the model"), ", ".join(given),
-                    "s" if len(given) == 1 else "")
-
-
-def narrowed(options: SearchOptions, prepared: Prepared, training: TrainingSpec) -> SearchOptions:
-    """``options`` narrowed to what the target runs for this model and software: an unknown
-    target is refused, a known one keeps to what its engine runs (planner.plan has done so
-    already: restricting again changes nothing), without optimizer offload where it does not
-    offload the training's optimizer (targets.for_optimizer; a pin of it is refused); MoE
-    settings it does not run are refused; a dense model has no moe_act recomputation to try, a model without latent attention no
-    mla_up_proj (a pin of one is refused, naming the fix)."""
-    options = targets.for_optimizer(targets.restrict(options, options.target), training.optimizer)
-    targets.check_dtype(options.target, training.dtype)
-    blocks = prepared.blocks.blocks
-    experts = any(b.work.num_experts for b in blocks)
-    latent = any(b.work.attn_keys_wider for b in blocks)
-    if experts:  # (dense: a warning later)
-        targets.check_engine(training.engine, options.target, prepared.info.get("model_type"))
-        options = targets.for_engine(options, training.engine, training.dtype)
-    problem = recompute_pin_problem(dict(options.fix), int(experts), latent)
-    if problem:
-        raise SpecError(problem)
-    lacks = {"moe_act": "" if experts else "no routed experts",
-             "mla_up_proj": "" if latent else "no latent attention"}
-    left_out = [r for r in options.recompute if any(lacks[m] for m in modules_of(r))]
-    if not left_out:
-        return options
-    kept = tuple(r for r in options.recompute if r not in left_out)
-    if not kept:
-        missing = dict.fromkeys(lacks[m] for r in left_out for m in modules_of(r) if lacks[m])
-        raise SpecError(f"recompute: {' and '.join(left_out)} "
-                        + ("is the only policy" if len(left_out) == 1 else "are the only policies")
-                        + " to try, and the model has nothing for them to recompute ("
-                        + ", ".join(missing) + "); add none, selective or full")
-    return dataclasses.replace(options, recompute=kept)
-
-
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False,
                   warn_default_engine: bool = True) -> Plan:
@@ -647,7 +463,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         log.warning("engine: target %s runs its own kernels, but the search prices the default "
                     "engine (megatron-core's); pass TrainingSpec(..., engine=%r) (--engine %s) "
                     "to price %s's", options.target, software, software, software)
-    options = narrowed(options, prepared, training)
+    options = settings.narrowed(options, prepared, training)
     if not isinstance(cluster, HeteroCluster):  # a pin no configuration honours: named before
         problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                               training, options)  # the search, not after it
@@ -655,10 +471,10 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
             raise SpecError(problem)
     for group in getattr(cluster, "groups", (cluster,)):
         precision.check_recipe(group.device, training.dtype, training.engine.fp8_recipe)
-    training = _attention_the_devices_run(cluster, training)
-    _note_written_attention(prepared, training)
-    _check_routing(prepared, training)
-    _warn_unused_settings(prepared, training, dict(options.fix))
+    training = settings.attention_the_devices_run(cluster, training)
+    settings.note_written_attention(prepared, training)
+    settings.check_routing(prepared, training)
+    settings.warn_unused_settings(prepared, training, dict(options.fix))
     result = search(prepared.blocks, cluster, training, options, progress=progress)
     aside, ruled = rejection_lines(result.rejected, most=4)
     log.info("searched %d configuration%s in %.2f s (%s)", result.candidates,
@@ -679,24 +495,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     if note:
         log.warning("%s", note)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)
-        _warn_overlap_off(result.best.config, training, dict(options.fix))
+        settings.warn_overlap_off(result.best.config, training, dict(options.fix))
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,
                 record_timing=record_timing)
-
-
-def _warn_overlap_off(cfg, training: TrainingSpec, fix: dict) -> None:
-    """Warn when the engine asks for the overlapped expert all-to-all and the chosen
-    configuration cannot run it (costmodels.experts.overlap_blockers; the plan prices its
-    all-to-alls exposed), unless a warning before the search said so (ep pinned to 1, the
-    allgather dispatcher)."""
-    engine = training.engine
-    if not engine.moe_overlap or engine.moe_dispatcher == "allgather" or \
-            int(fix.get("ep", 0)) == 1:
-        return
-    why = overlap_blockers(engine, ep=cfg.ep, recompute=cfg.recompute, dtype=training.dtype,
-                           pp=cfg.pp, vpp=cfg.vpp)
-    if why:
-        log.warning("engine.moe_overlap: not run by this plan's configuration (the overlapped "
-                    "all-to-all needs %s); its all-to-alls are priced exposed: pin a "
-                    "configuration that runs it, or drop moe_overlap", " and ".join(why))

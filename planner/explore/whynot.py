@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from costmodels.engine import engine_from_mapping
 from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
-from planner import api
+from planner import api, settings
 from planner.emit import emit
 from planner.errors import SpecError
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, idle_pins, parse_fix
@@ -179,7 +179,7 @@ def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
         log.warning("%s traces differently now than when the plan was made", spec)
     # re-timed as plan solve does, for the engine the plan was made for
     options = SearchOptions(fix=fix, target=plan.search.get("target", "any"))
-    return prepared, cluster, training, api.narrowed(options, prepared, training)
+    return prepared, cluster, training, settings.narrowed(options, prepared, training)
 
 
 def pinned_config(plan: Plan, pins: dict):
