@@ -3,9 +3,9 @@
 - GEMMs (every GEMM-like ATen op a node runs, planner.trace.aten) are kept with their shapes, how
   tensor parallelism splits them, and which operand gradients backward computes; their FLOPs also
   go to ``mm_flops_tp`` / ``mm_flops_rep`` and the gradients' to ``bwd_flops``. Activation-
-  activation matmuls over an s x s tensor (eager attention), and fused attention, count as
-  attention (``attn_flops``); the memory-bound ops on an eager attention's scores are counted
-  apart too, since a fused kernel never runs them.
+  activation matmuls whose product goes through a softmax (eager attention), and fused
+  attention, count as attention (``attn_flops``); the memory-bound ops on an eager attention's
+  scores are counted apart too, since a fused kernel never runs them.
 - Memory-bound ops contribute the bytes they move, twice over: one kernel per op (eager PyTorch),
   and fused, where each connected chain of memory-bound ops reads what enters it and writes what
   leaves it once, as a fusing compiler or hand-written kernels do (values only kept for backward
@@ -33,20 +33,26 @@ def eager_attention(graph: OpGraph) -> tuple[set[str], set[str]]:
     """(the GEMM nodes, the score nodes) of attention cores traced from eager code: a matmul of
     two activations that carries gradients and reads no scores produces scores (QK^T); views and
     memory-bound ops of them are scores too (scale, mask, softmax, dropout, casts); a matmul
-    reading scores consumes them (scores x V)."""
+    reading scores consumes them (scores x V). A core counts only where a softmax is among its
+    scores: the products of activations in a state-space scan (Mamba2's chunked SSD) or other
+    einsum code are GEMMs of their own, not attention that context parallelism could split."""
     by = graph.by_name
-    gemms: set[str] = set()
-    scores: set[str] = set()
+    gemms: dict[str, set[str]] = {}  # a GEMM -> the QK^T matmuls whose scores it makes or reads
+    root: dict[str, set[str]] = {}  # a score node -> the QK^T matmuls it comes from
+    softmaxed: set[str] = set()  # QK^T matmuls whose scores reach a softmax
     for op in graph.ops:
-        reads = any(i in scores for i in op.inputs)
+        roots = set().union(*(root.get(i, ()) for i in op.inputs))
         if op.kind == "matmul" and not op.params and op.requires_grad and len(op.inputs) >= 2 \
                 and not op.dims.get("linear") and all(not by[i].params for i in op.inputs):
-            gemms.add(op.name)
-            if not reads:
-                scores.add(op.name)
-        elif reads and op.requires_grad and (op.kind == "view" or op.kind in MEMORY_KINDS):
-            scores.add(op.name)
-    return gemms, scores
+            gemms[op.name] = roots or {op.name}
+            if not roots:
+                root[op.name] = {op.name}
+        elif roots and op.requires_grad and (op.kind == "view" or op.kind in MEMORY_KINDS):
+            root[op.name] = roots
+            if op.kind == "softmax":
+                softmaxed |= roots
+    return ({g for g, roots in gemms.items() if roots & softmaxed},
+            {s for s, roots in root.items() if roots & softmaxed})
 
 
 def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[BlockWork, list[str]]:

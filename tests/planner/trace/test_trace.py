@@ -319,3 +319,41 @@ def test_a_factory_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
     monkeypatch.chdir(os.path.dirname(os.path.abspath(__file__)))  # not the file's folder
     rm = resolve(f"{tmp_path}/model_file.py:build", seq_len=None, dtype="fp32")
     assert isinstance(rm.module, nn.Linear)
+
+
+class Mixer(nn.Module):
+    """Products of two activations, made into attention by a softmax or into a decayed scan (the
+    shape of Mamba2's chunked SSD) by an exponent."""
+
+    def __init__(self, softmax: bool, d=32):
+        super().__init__()
+        self.softmax = softmax
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (f(x).view(b, s, 4, d // 4).transpose(1, 2) for f in (self.q, self.k, self.v))
+        scores = q @ k.transpose(-1, -2)
+        mixed = scores.softmax(-1) if self.softmax else scores * torch.exp(-scores.abs())
+        return x + (mixed @ v).transpose(1, 2).reshape(b, s, d)
+
+
+@pytest.mark.parametrize("softmax", [True, False])
+def test_only_products_whose_scores_reach_a_softmax_are_eager_attention(softmax):
+    """A product of activations is an attention core where its scores go through a softmax; a
+    scan's products (Mamba2's SSD, linear mixers) are GEMMs of their own: no scores priced as
+    attention's and no key/value exchange for context parallelism (a new-user check found cp
+    planned for Mamba2)."""
+    from planner.trace.annotate import block_work, eager_attention
+    from planner.trace.tp_roles import analyze
+
+    g = trace(Mixer(softmax), (torch.randn(2, 16, 32),), {}, seq_len=16, batch=2, dtype="fp32",
+              method="fx")
+    gemms, scores = eager_attention(g)
+    products = [op.name for op in g.ops if op.kind == "matmul" and not op.params]
+    assert len(products) == 2
+    assert gemms == (set(products) if softmax else set())
+    assert bool(scores) == softmax
+    work, _ = block_work(g, analyze(g), [op.name for op in g.ops])
+    assert (work.attn_kv_bytes > 0) == softmax
+    assert any(gemm.attention for gemm in work.gemms) == softmax
