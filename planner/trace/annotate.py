@@ -347,10 +347,12 @@ def _add_eager_heads(op: Op, by: dict, makes_scores: bool, acc: dict,
     value heads before the GEMM (an expand under views); the bytes before it are what a rank
     holds and sends, and their share of the repeated tensor gives the key/value heads.
     ``widths`` carries the query width from QK^T to the scores x V that follows it: values
-    narrower than the queries are latent attention (BlockWork.attn_keys_wider)."""
-    if len(op.inputs) < 2 or len(op.shape) < 4:
+    narrower than the queries are latent attention (BlockWork.attn_keys_wider). Cores on
+    three-dimensional tensors (heads folded into the batch, as BLOOM's ``baddbmm`` of its ALiBi
+    bias, q and k^T) give their bytes but no head count."""
+    if len(op.inputs) < 2 or len(op.shape) < 3:
         return
-    first, second = by[op.inputs[0]], by[op.inputs[1]]
+    first, second = by[op.inputs[-2]], by[op.inputs[-1]]  # baddbmm(bias, q, k^T): the last two
     held = _unrepeated_bytes(second, by)
     widths = {} if widths is None else widths
     if not makes_scores:  # scores x V: the values, op.shape[-1] wide, and the output
@@ -363,8 +365,9 @@ def _add_eager_heads(op: Op, by: dict, makes_scores: bool, acc: dict,
         widths["query"] = first.shape[-1]  # (..., heads, queries, width)
     if not second.out_bytes:
         return
-    heads = op.shape[-3]  # the scores: (..., heads, queries, keys), however q and k are laid out
-    kv_heads = max(1, round(heads * held / second.out_bytes))
+    # the scores: (..., heads, queries, keys), however q and k are laid out
+    heads = op.shape[-3] if len(op.shape) >= 4 else 0
+    kv_heads = max(1, round(heads * held / second.out_bytes)) if heads else 0
     _add_heads(acc, heads, kv_heads, first.out_bytes, held)
 
 

@@ -357,3 +357,37 @@ def test_only_products_whose_scores_reach_a_softmax_are_eager_attention(softmax)
     work, _ = block_work(g, analyze(g), [op.name for op in g.ops])
     assert (work.attn_kv_bytes > 0) == softmax
     assert any(gemm.attention for gemm in work.gemms) == softmax
+
+
+class FoldedHeads(nn.Module):
+    """Attention on (batch x heads, tokens, width) tensors with an additive bias, as BLOOM's
+    ``baddbmm(alibi, q, k^T)`` computes it."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (f(x).view(b, s, self.heads, d // self.heads).transpose(1, 2)
+                   .reshape(b * self.heads, s, d // self.heads) for f in (self.q, self.k, self.v))
+        bias = torch.zeros_like(q[:, :1, :1]).expand(-1, 1, s)
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2)).softmax(-1)
+        return x + torch.bmm(scores, v).view(b, self.heads, s, d // self.heads) \
+            .transpose(1, 2).reshape(b, s, d)
+
+
+def test_attention_with_heads_folded_into_the_batch_gives_its_key_value_bytes():
+    """Context parallelism exchanges keys and values: a core on three-dimensional tensors counts
+    them too (BLOOM's came out with none, so cp priced no exchange for it)."""
+    from planner.trace.annotate import block_work
+    from planner.trace.tp_roles import analyze
+
+    g = trace(FoldedHeads(), (torch.randn(2, 16, 32),), {}, seq_len=16, batch=2, dtype="fp32",
+              method="export")
+    work, _ = block_work(g, analyze(g), [op.name for op in g.ops])
+    width = 16 * 32 * 4  # keys, then values: tokens x width per sample, fp32
+    assert work.attn_kv_bytes == pytest.approx(2 * width)
+    assert work.attn_q_bytes == pytest.approx(width)
+    assert work.attn_heads_q == 0  # not read off a folded shape
