@@ -214,6 +214,24 @@ def _flops(p: Plan) -> list[str]:
             pr["active_params_per_token"] <= p.model["num_params"] * (1 + 1e-9):
         lines.append(f"              {human_count(pr['active_params_per_token'])} of the "
                      f"{human_count(p.model['num_params'])} parameters multiply each token")
+    return lines + _caveats(p)
+
+
+def _caveats(p: Plan) -> list[str]:
+    """What the trace could not price (ops without a FLOP formula) or priced as it is not
+    trained (frozen parameters), as plan solve warned when it made the plan."""
+    lines = []
+    unpriced = (p.provenance or {}).get("unpriced_ops") or []
+    if unpriced:
+        lines.append(f"  not priced  {len(unpriced)} kind(s) of op without a FLOP formula, costed "
+                     "by the bytes they move only: " + ", ".join(
+                         f"{u['op']} x{u['count']}" for u in unpriced[:4])
+                     + (", ..." if len(unpriced) > 4 else ""))
+    frozen = p.model.get("frozen_params")
+    if frozen:
+        lines.append(f"  frozen      {human_count(frozen)} of the {human_count(p.model['num_params'])}"
+                     " parameters do not train, but are priced as trained (their gradients, "
+                     "optimizer states and gradient traffic counted)")
     return lines
 
 

@@ -200,15 +200,20 @@ class _Spectral(torch.nn.Module):
 
 def test_an_op_no_formula_prices_is_listed_in_the_plan_and_warned(caplog):
     import planner
+    from planner.report.summary import summary
 
     p = planner.plan(_Spectral(), example_inputs=(torch.randn(2, 16, 64),),  # no bf16 FFT
                      cluster="dgx-a100-80g", nodes=1, global_batch=8, dtype="fp32")
     (row,) = p.provenance["unpriced_ops"]
     assert row["op"] == "aten._fft_r2c" and row["count"] == 1 and 0 < row["bytes_share"] < 1
     assert "aten._fft_r2c x1" in caplog.text and "costed by their bytes only" in caplog.text
-    clean = planner.plan(torch.nn.Linear(64, 64), example_inputs=(torch.randn(2, 16, 64),),
+    assert "not priced  1 kind(s) of op without a FLOP formula" in summary(p)  # plan show's
+    frozen = torch.nn.Linear(64, 64)
+    frozen.bias.requires_grad_(False)
+    clean = planner.plan(frozen, example_inputs=(torch.randn(2, 16, 64),),
                          cluster="dgx-a100-80g", nodes=1, global_batch=8)
-    assert clean.provenance["unpriced_ops"] == []
+    assert clean.provenance["unpriced_ops"] == [] and "not priced" not in summary(clean)
+    assert "frozen      64 of the 4.16 K parameters do not train" in summary(clean)
 
 
 def test_leaf_modules_are_priced_from_their_aten_ops():
