@@ -41,6 +41,11 @@ def run(args) -> int:
     print(f"device {calib['device_name']} ({args.device}, {args.threads} thread(s)): GEMM peak "
           f"{peaks}; memory {dev['hbm_GBps']:.3g} GB/s; per-op overhead "
           f"{dev['kernel_overhead_us']:.3g} us")
+    spread = dev.get("repeat_spread")
+    if spread:
+        print(f"repeats of a measurement spread by {100 * spread['median']:.0f}% (interquartile "
+              f"range over the median; {100 * spread['max']:.0f}% at the noisiest): a second "
+              "profile may move the rates about as much")
     link = calib.get("intra_node")
     if link:
         print(f"all-reduce among {link['processes']} {link['backend']} processes: "

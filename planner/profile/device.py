@@ -223,6 +223,10 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
         log.info("profiling all-reduce among %d %s processes", world, backend)
         link = collectives(world, backend)
     calibration = _calibration(device, threads, speeds, link)
+    spreads = speeds["spreads"]
+    if spreads:
+        calibration["device"]["repeat_spread"] = {"median": statistics.median(spreads),
+                                                  "max": max(spreads)}
     calibration["processes"] = busy  # device speeds measured with this many at work
     if link and "dtensor" in link:  # host cost of the runtime's engine, a device property
         calibration["device"]["dtensor"] = link.pop("dtensor")
@@ -246,7 +250,8 @@ def device_speeds(timer: Timer, threads: int, dtypes) -> dict:
                 "attention_table": {dt: attention_table(timer, dt) for dt in dtypes},
                 "grouped": {dt: grouped_gemm_ratio(timer, dt) for dt in dtypes},
                 "adamw": optimizer_rate(timer),
-                "segments": segment_times(timer) if timer.barrier is not None else []}
+                "segments": segment_times(timer) if timer.barrier is not None else [],
+                "spreads": list(timer.spreads)}
     finally:
         torch.set_num_threads(previous)
 
@@ -329,7 +334,8 @@ def _concurrently(n: int, device: str, threads: int, dtypes) -> dict:
             "grouped": {dt: statistics.fmean(r["grouped"][dt] for r in results)
                         for dt in dtypes},
             "adamw": statistics.fmean(r["adamw"] for r in results),
-            "jitter": jitter([r["segments"] for r in results])}
+            "jitter": jitter([r["segments"] for r in results]),
+            "spreads": [s for r in results for s in r["spreads"]]}
 
 
 def _mean_table(tables: list[list[list[float]]]) -> list[list[float]]:

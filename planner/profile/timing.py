@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +19,8 @@ class Timer:
     device: str
     barrier: object | None = None
     """A multiprocessing Barrier, or None for a process measuring alone."""
+    spreads: list = field(default_factory=list, compare=False)
+    """Each measurement's spread over its repeats (spread_of), in the order taken."""
 
     def sync(self) -> None:
         """Wait for the device's queued work (CUDA kernels run asynchronously)."""
@@ -43,4 +45,14 @@ class Timer:
             samples.append(time.perf_counter() - t0)
             if len(samples) > 2000:
                 break
+        self.spreads.append(spread_of(samples))
         return statistics.median(samples)
+
+
+def spread_of(samples: list[float]) -> float:
+    """The interquartile range of a measurement's repeats over their median: how far a second
+    measurement of the same work may land."""
+    if len(samples) < 4:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4)
+    return (q3 - q1) / statistics.median(samples)

@@ -97,6 +97,9 @@ def test_profile_measures_this_cpu(monkeypatch):
     assert all(b <= f for (_, f), (_, b) in zip(attn["full_fwd"], attn["full_bwd"]))
     assert calib["intra_node"] is None
     assert calib["processes"] == 1 and dev["jitter"] == 0.0  # one process: nobody to wait for
+    # how far a second profile may land: each measurement's repeats, summarized
+    spread = dev["repeat_spread"]
+    assert 0 <= spread["median"] <= spread["max"] < 10
     c = apply_calibration(load_cluster("cpu"), calib)
     assert c.device.peak("fp32") == pytest.approx(max(r for _, r in dev["gemm_table"]["fp32"]))
 
@@ -146,3 +149,13 @@ def test_attention_priced_at_the_rate_of_its_call_size():
     del bad["device"]["attention_table"]["fp32"]["full_bwd"]
     with pytest.raises(SpecError, match="attention_table.fp32: full_bwd is missing"):
         apply_calibration(load_cluster("cpu"), bad)
+
+
+def test_a_measurements_spread_is_its_interquartile_range_over_its_median():
+    from planner.profile.timing import spread_of
+
+    assert spread_of([1.0, 1.0, 1.0, 1.0]) == 0.0
+    assert spread_of([1.0, 2.0]) == 0.0  # too few repeats to say
+    # quartiles (exclusive method) of 1..8: 2.25 and 6.75; median 4.5
+    assert spread_of([float(x) for x in range(1, 9)]) == pytest.approx(4.5 / 4.5)
+    assert spread_of([10.0, 10.0, 10.0, 10.0, 30.0]) == pytest.approx(10.0 / 10.0)
