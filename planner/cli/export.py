@@ -11,7 +11,7 @@ import logging
 import os
 
 from planner.export import SUPPORTED_VERSIONS, TARGETS, export
-from planner.files import STDOUT, atomic_write, check_output
+from planner.files import STDOUT, atomic_write, check_output, check_output_folder
 from planner.planfile.document import load_plan
 
 log = logging.getLogger(__name__)
@@ -33,20 +33,25 @@ def register(add) -> None:
                    help=f"engine release to write for ({versions}); default: the release "
                         "planner.targets describes")
     e.add_argument("-o", "--output", metavar="FILE",
-                   help="write here (a folder: the plan file's name with the target's suffix; "
-                        "-: stdout) instead of printing")
+                   help="write here (a folder, made if its name ends in / : the plan file's "
+                        "name with the target's suffix; -: stdout) instead of printing")
     e.set_defaults(func=run)
 
 
 def run(args) -> int:
-    folder = bool(args.output) and args.output != STDOUT and os.path.isdir(args.output)
-    if args.output is not None and not folder:
+    folder = bool(args.output) and args.output != STDOUT and (
+        os.path.isdir(args.output) or args.output.endswith(("/", os.sep)))
+    if folder:
+        check_output_folder(args.output, "output")  # a missing one is made (as plan run does)
+    elif args.output is not None:
         check_output(args.output, "output", inputs=(args.plan,))
     stem = os.path.splitext(os.path.basename(args.plan))[0]  # a folder gets PLAN.<target suffix>
     text, name = export(load_plan(args.plan), args.to, args.engine_version, stem=stem)
     if not args.output or args.output == STDOUT:
         print(text, end="")
         return 0
+    if folder:
+        os.makedirs(args.output, exist_ok=True)
     path = os.path.join(args.output, name) if folder else args.output
     check_output(path, "output", inputs=(args.plan,))
     given, written = os.path.splitext(path)[1], os.path.splitext(name)[1]

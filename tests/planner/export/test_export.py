@@ -1340,6 +1340,13 @@ def test_export_into_a_folder_names_the_file_after_the_plan(tmp_path, capsys):
     capsys.readouterr()
     names = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".json"))
     assert len(names) == 2 and names[0].startswith("a.") and names[1].startswith("b.")
+    # a folder named with a trailing slash is made, as docs/exports.md's `-o out/` writes it
+    assert main(["export", str(tmp_path / "a.json"), "--to", "megatron", "-o",
+                 f"{tmp_path / 'out'}/"]) == 0
+    assert os.listdir(tmp_path / "out") == [names[0]]
+    assert main(["export", str(tmp_path / "a.json"), "--to", "megatron", "-o",
+                 f"{tmp_path / 'no' / 'out'}/"]) == 2  # only the last folder is made
+    assert "folder" in capsys.readouterr().err and not (tmp_path / "no").exists()
 
 
 def test_bf16_gradient_reduction_exports_as_megatrons_flag():
