@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ortools.sat.python import cp_model
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
-STATUS_WORDS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
-                cp_model.INFEASIBLE: "infeasible"}
+STATUS_WORDS = {"OPTIMAL": "optimal", "FEASIBLE": "feasible", "INFEASIBLE": "infeasible"}
 """CP-SAT's answers in the planner's words; anything else (out of time before a first solution,
 an invalid model) is ``unknown``."""
 
@@ -38,12 +39,14 @@ def solve(model: cp_model.CpModel, *, time_limit_s: float, seed: int = 0,
           workers: int = 1) -> Solved:
     """Solve ``model``. One worker (the default) keeps results deterministic: the same inputs give
     the same plan."""
+    from ortools.sat.python import cp_model  # lazy: 0.2 s that plan show and diff need not wait
+
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
     solver.parameters.random_seed = seed
     solver.parameters.num_workers = workers
     code = solver.solve(model)
-    status = STATUS_WORDS.get(code, "unknown")
+    status = STATUS_WORDS.get(solver.status_name(code), "unknown")
     if status not in ("optimal", "feasible"):
         return Solved(solver, status, None, None, None, solver.wall_time)
     objective, bound = solver.objective_value, solver.best_objective_bound

@@ -23,7 +23,6 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
-from ortools.sat.python import cp_model
 
 from planner.solve import cpsat
 from planner.solve.chain import StageMemory
@@ -60,6 +59,8 @@ def solve_dag(times: Sequence[float], edges: Sequence[tuple[int, int]], stages: 
     # --- data --------------------------------------------------------------------------------
     t_unit = max(sum(times), 1e-30) / RESOLUTION
     t = [int(round(x / t_unit)) for x in times]
+    from ortools.sat.python import cp_model  # lazy: 0.2 s that plan show and diff need not wait
+
     model = cp_model.CpModel()
     # --- variables ---------------------------------------------------------------------------
     x = {(b, s): model.new_bool_var(f"x_{b}_{s}") for b in range(n) for s in range(stages)}

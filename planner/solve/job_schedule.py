@@ -33,7 +33,6 @@ import math
 import time
 from dataclasses import dataclass
 
-from ortools.sat.python import cp_model
 
 from planner.errors import InfeasibleError, SpecError
 from planner.options import ScheduleOptions
@@ -88,6 +87,8 @@ def solve_jobs(requests: list[JobRequest], nodes: int, gpus_per_node: int,
 
 
 def _model(requests, grid, nodes, gpus_per_node, greedy, objective: str):
+    from ortools.sat.python import cp_model  # lazy: 0.2 s that plan show and diff need not wait
+
     model = cp_model.CpModel()
     # Variables
     v = _variables(model, grid, nodes)

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ortools.sat.python import cp_model
 
 from planner.solve import cpsat
 from planner.solve.chain import StageMemory
@@ -57,6 +56,8 @@ def solve_hetero(times: Sequence[Sequence[float]], slots: Sequence[int],
     # --- data ---------------------------------------------------------------------------------
     unit = max(max(sum(t) for t in times), 1e-30) / RESOLUTION
     t = [[int(round(v / unit)) for v in row] for row in times]
+    from ortools.sat.python import cp_model  # lazy: 0.2 s that plan show and diff need not wait
+
     model = cp_model.CpModel()
     # --- variables ----------------------------------------------------------------------------
     x = {(b, s): model.new_bool_var(f"x_{b}_{s}") for b in range(n) for s in range(stages)}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ortools.sat.python import cp_model
 
 from planner.solve.cpsat import solve
 
@@ -253,6 +252,8 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
                for o in opts)
     if size > MAX_MODEL_TERMS and hint is not None:
         return Placement(hint[0], hint[1], greedy_s, "greedy", None, None, 0.0, greedy_s)
+    from ortools.sat.python import cp_model  # lazy: 0.2 s that plan show and diff need not wait
+
     m = cp_model.CpModel()
     W, g = problem.world, problem.gpus_per_node
     x = [[m.new_bool_var(f"x{t}_{o}") for o in range(len(opts))]
