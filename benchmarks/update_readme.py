@@ -112,9 +112,9 @@ SECTIONS = [
      "launching every plan once (this VM's speed drifts over minutes); the error is the median "
      "over the rounds (predicted / measured - 1), and the spread shows how much the launches "
      "move. The VM's speed also differs from day to day: on 2026-12-01, with steps of 0.45-0.80 "
-     "s, this benchmark gave median 3.8%, max 6.0%; in the table below (2026-12-02, steps of "
-     "0.28-0.42 s) every plan comes out too fast, by 5-15% with one process (most with four "
-     "micro-batches) and 16-20% with two, with gradient accumulation (a pass over the gradients after every micro-batch but "
+     "s, this benchmark gave median 3.8%, max 6.0%; on the day of the table below (2026-12-03) "
+     "the errors reach about 20% either way, one process predicted slower than measured and two "
+     "faster, with gradient accumulation (a pass over the gradients after every micro-batch but "
      "the first) and attention at the rate of its call's size priced: not explained yet."),
     ("runtime-moe", "measured_vs_predicted.py --model mixtral --repeats 5",
      "**Executed expert and context parallelism.** A small Mixtral (4 layers, hidden 256, 8 "
