@@ -123,10 +123,18 @@ def _check_memory(plan: Plan, nproc: int, cuda: bool) -> None:
     need = host_bytes(plan, nproc, cuda)
     have = _available_bytes()
     if have and need > MEMORY_USE_FRACTION * have:
+        training = 0.0 if cuda else nproc * peak
+        weights = need - training
+        parts = f"each builds all {plan.model['num_params']:,} parameters: {weights / 1e9:.1f} GB"
+        if training:
+            parts += (f"; and trains here at the plan's predicted peak of {peak / 1e9:.2g} GB a "
+                      f"process: {training / 1e9:.1f} GB")
+        fix = ("re-plan for this machine (--cluster cpu) with a smaller batch or sequence, whose "
+               "peak is smaller" if training > weights else
+               "the runtime is for small models, run a smaller one")
         raise SpecError(f"model: {plan.model['name']} needs about {need / 1e9:.1f} GB over "
-                        f"{nproc} processes (each builds all {plan.model['num_params']:,} "
-                        f"parameters) but this machine has {have / 1e9:.1f} GB free; the runtime "
-                        "is for small models, run a smaller one")
+                        f"{nproc} processes ({parts}) but this machine has {have / 1e9:.1f} GB "
+                        f"free; {fix}")
     if cuda:
         device_bytes = torch.cuda.get_device_properties(0).total_memory
         if peak > device_bytes:

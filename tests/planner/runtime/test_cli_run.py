@@ -1,5 +1,6 @@
 """`plan run` through the CLI: refusals are one line with exit code 2; a real run writes JSON."""
 
+import dataclasses
 import json
 
 import pytest
@@ -205,3 +206,23 @@ def test_a_run_still_warming_up_is_said():
     assert still_warming([warming, steady], 1) == [0.687, 0.273]
     assert still_warming([steady], 1) is None
     assert still_warming([rank([0.9, 0.5, 0.2])], 1) is None  # two timed steps: too few to say
+
+
+def test_a_run_too_large_for_its_training_memory_asks_for_a_smaller_batch(capsys, make_plan,
+                                                                           monkeypatch):
+    """Where the plan's training peak, not the parameters, is what does not fit this machine's
+    memory, the advice is a smaller batch or sequence, not a smaller model (a new-user check: a
+    20.8 M-parameter MoE planned on H100s was told to run a smaller model)."""
+    from planner.runtime import launch
+
+    path = make_plan("llama", "pp=1,tp=1,dp=2,micro_batch=1")
+    plan = load_plan(path)
+    weights = plan.model["num_params"] * 4  # fp32, built by each of the two processes
+    monkeypatch.setattr(launch, "_available_bytes", lambda: int(3 * weights))
+    big = dict(plan.predicted, peak_memory_bytes=20 * weights)
+    with pytest.raises(launch.SpecError, match="re-plan for this machine .* smaller batch"):
+        launch._check_memory(dataclasses.replace(plan, predicted=big), 2, cuda=False)
+    small = dict(plan.predicted, peak_memory_bytes=weights // 10)
+    monkeypatch.setattr(launch, "_available_bytes", lambda: int(weights))
+    with pytest.raises(launch.SpecError, match="run a smaller one"):  # the weights do not fit
+        launch._check_memory(dataclasses.replace(plan, predicted=small), 2, cuda=False)
