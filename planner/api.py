@@ -102,6 +102,13 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
         log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
                     prepared.info["name"], len(unpriced),
                     ", ".join(f"{u['op']} x{u['count']}" for u in unpriced[:5]))
+    positions = prepared.info.get("max_position_embeddings")
+    if positions:
+        log.warning("%s: %s tokens per sequence, longer than the config's max_position_embeddings "
+                    "(%s): planned as asked (training from scratch, set max_position_embeddings "
+                    "to the length; a checkpoint trained at %s needs RoPE scaling for longer "
+                    "sequences)", prepared.info["name"], f"{prepared.seq_len:,}",
+                    f"{positions:,}", f"{positions:,}")
     frozen = prepared.info.get("frozen_params")
     if frozen:
         log.warning("%s: %s of its %s parameters are frozen (requires_grad=False), but plans "
@@ -176,6 +183,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
         info["unpriced_ops"] = unpriced
     if rm.frozen_params:
         info["frozen_params"] = int(rm.frozen_params)
+    if rm.positions and rm.source == "hf-config":  # (a zoo name is a shape at any length)
+        info["max_position_embeddings"] = rm.positions
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 

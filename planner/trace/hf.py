@@ -227,6 +227,15 @@ def _no_init(device: str):
             setattr(torch.nn.init, n, fn)
 
 
+def positions_exceeded(cfg, seq_len: int) -> int:
+    """The text config's max_position_embeddings where ``seq_len`` exceeds it and the positions
+    are not learned ones (check_seq_len refuses those), else 0."""
+    limit = getattr(_text_config(cfg), "max_position_embeddings", 0)
+    if learned_positions(cfg) or not isinstance(limit, int) or not 0 < limit < seq_len:
+        return 0
+    return limit
+
+
 def check_seq_len(cfg, seq_len: int, name: str) -> None:
     """SpecError when ``seq_len`` is longer than the model's learned positions."""
     limit = learned_positions(cfg)

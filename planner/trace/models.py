@@ -54,6 +54,9 @@ class ResolvedModel:
     config: dict = field(default_factory=dict)
     attention: str = ""
     """The attention implementation a Hugging Face model was built with (sdpa or eager)."""
+    positions: int = 0
+    """A Hugging Face config's max_position_embeddings where the traced length exceeds it and its
+    positions are not learned (rotary or relative: they extend, as learned ones do not); else 0."""
 
 
 def _forward_params(module: torch.nn.Module) -> tuple:
@@ -138,7 +141,8 @@ def _build_hf(name: str | None, cfg, architecture: str, seq_len: int, dtype: str
                     name or cfg.model_type, asked, built.seq_len)
     rm = _finish(ResolvedModel(name=name or "", module=built.module, args=built.args,
                                kwargs=built.kwargs, seq_len=built.seq_len, batch=1, source=source,
-                               config=cfg.to_diff_dict(), attention=built.attention))
+                               config=cfg.to_diff_dict(), attention=built.attention,
+                               positions=hf.positions_exceeded(cfg, built.seq_len)))
     rm.name = name or hf.name_of(cfg, rm.num_params)
     return rm
 

@@ -212,3 +212,31 @@ def test_attention_written_by_hand_is_said_to_be_priced_fused(tmp_path, caplog):
         planner.plan(f"{tmp_path}/attn.py:build", cluster="dgx-h100", nodes=1, global_batch=8,
                      engine="attention=materialized", cache_dir=None)
     assert "own matmul" not in caplog.text
+
+
+def test_a_config_planned_longer_than_its_positions_is_warned(tmp_path, caplog):
+    """Rotary positions extend past max_position_embeddings (learned ones are refused): planned
+    as asked, with a warning on every plan, the trace cached or not (a new-user check: 8,192
+    tokens on a config of 4,096 passed silently)."""
+    import json
+
+    import planner
+
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 256, "max_position_embeddings": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cache = str(tmp_path / "cache")
+    for _ in range(2):  # traced, then read from the trace cache
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="planner"):
+            prepared = planner.prepare(str(tmp_path / "config.json"), seq_len=256,
+                                       cache_dir=cache)
+        assert prepared.seq_len == 256
+        assert "256 tokens per sequence, longer than the config's max_position_embeddings " \
+               "(128)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="planner"):
+        planner.prepare(str(tmp_path / "config.json"), seq_len=128, cache_dir=cache)
+        planner.prepare("llama3-8b", seq_len=262144, cache_dir=None)  # the zoo: any length
+    assert "max_position_embeddings" not in caplog.text
