@@ -148,14 +148,20 @@ def _header(p: Plan) -> str:
             f"  global batch {batch}, {t['dtype']}, {t['optimizer']}")
 
 
+CP_COMM_WORDS = {"p2p": "K/V by p2p ring", "allgather": "K/V by all-gather",
+                 "a2a": "heads by all-to-all of q, k, v and output",
+                 "a2a+p2p": "a2a+p2p: all-to-all in a node, K/V ring across"}
+"""How a plan's context parallelism exchanges its data (options.CpComm), in words."""
+
+
 def _parallel(p: Plan) -> list[str]:
     par, pr = p.parallel, p.predicted
     sp = " (+sequence parallel)" if par["sequence_parallel"] else ""
     dev_mem = p.cluster.get("device_memory_bytes", 0)
     vpp = f" x {par['vpp']} chunks per rank" if par.get("vpp", 1) > 1 else ""
     offload = ", optimizer states offloaded to host" if par.get("offload_optimizer") else ""
-    cp = (f"  cp={par['cp']} (K/V by {par.get('cp_comm', 'p2p')})" if par.get("cp", 1) > 1
-          else "")
+    cp = (f"  cp={par['cp']} ({CP_COMM_WORDS.get(par.get('cp_comm', 'p2p'), par.get('cp_comm'))})"
+          if par.get("cp", 1) > 1 else "")
     lines = [f"  parallel    dp={par['dp']}  tp={par['tp']}{sp}  pp={par['pp']}{vpp}{cp}"]
     if par.get("ep", 1) * par.get("etp", 1) > 1:
         ep, etp = par["ep"], par.get("etp", 1)

@@ -2,6 +2,7 @@
 `plan diff`, on a tiny Llama and clusters given as YAML-style mappings (so the plan must carry its
 cluster in full for --why to re-plan it)."""
 
+import dataclasses
 import logging
 import re
 
@@ -412,3 +413,19 @@ def test_seconds_read_without_exponents():
     from planner.units import seconds
     assert [seconds(1234.5, 3), seconds(12.345, 3), seconds(0.00959, 3), seconds(98765.4)] == [
         "1,234 s", "12.3 s", "0.00959 s", "98,765 s"]
+
+
+def test_plan_show_says_what_each_context_parallel_form_exchanges():
+    """Ulysses exchanges heads (q, k, v and the output) by all-to-all, not K/V alone (a new-user
+    check read 'K/V by a2a')."""
+    import os
+
+    from planner.planfile.document import load_plan
+    from planner.report.summary import summary
+
+    here = os.path.dirname(os.path.dirname(__file__))
+    plan = load_plan(os.path.join(here, "export", "data", "plans",
+                                  "llama3-8b-cp8-a2a-deepspeed.json"))
+    assert "cp=8 (heads by all-to-all of q, k, v and output)" in summary(plan)
+    ring = dataclasses.replace(plan, parallel={**plan.parallel, "cp_comm": "p2p"})
+    assert "cp=8 (K/V by p2p ring)" in summary(ring)
