@@ -26,7 +26,8 @@ def per_plan_lines(verbose: bool):
 
 class Bar:
     """``<label> [#####.....] 12/50<unit>``; call it with (done, total). Off a terminal:
-    ``<label>: 12/50<unit> (31 s)`` once every LINE_EVERY_S seconds of work."""
+    ``<label>: 12/50<unit> (31 s)`` once every LINE_EVERY_S seconds of work, counted from the
+    first call (a bar made before a model is traced does not count the trace)."""
 
     LINE_EVERY_S = 10.0
 
@@ -34,12 +35,14 @@ class Bar:
         self.show = not quiet
         self.tty = sys.stderr.isatty()
         self.label, self.unit = label, unit
-        self.start = self.last = time.monotonic()
+        self.start = self.last = None
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
         if not self.show or total == 0:
             return
+        if self.start is None:
+            self.start = self.last = now
         if not self.tty:
             if now - self.last >= self.LINE_EVERY_S:
                 self.last = now

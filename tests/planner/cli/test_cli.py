@@ -361,11 +361,13 @@ def test_progress_off_a_terminal_is_a_line_now_and_then(monkeypatch, capsys):
     (it was silent off a terminal: a new-user check waited 30 s with no word); -q silences it."""
     from planner.cli import progress
 
-    clock = iter([0.0, 1.0, 10.5, 12.0, 21.0, 30.0, 31.0])
+    # the bar is made before the model is traced (26 s here); its seconds count from its first
+    # call (a new-user check read 'pricing: 0/36639 (26 s)' as pricing stalled)
+    clock = iter([26.0, 27.0, 36.5, 38.0, 47.0, 56.0])
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: False, raising=False)
-    bar = progress.Bar(False, label="sweeping", unit=" points")  # starts at 0 s
-    for done in (1, 2, 3, 4):  # at 1, 10.5, 12 and 21 s
+    bar = progress.Bar(False, label="sweeping", unit=" points")
+    for done in (0, 1, 2, 3, 4):  # at 26, 27, 36.5, 38 and 47 s
         bar(done, 4)
     assert capsys.readouterr().err.splitlines() == ["sweeping: 2/4 points (10 s)",
                                                     "sweeping: 4/4 points (21 s)"]
