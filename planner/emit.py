@@ -95,7 +95,8 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         stages=stages, tensor_parallel=_tp_map(bg, cfg.tp), schedule=_schedule(cfg),
         predicted={**predicted(best, training, cluster),
                    "active_params_per_token": active_params(bg, opgraph.seq_len),
-                   **_fp8_account(best, bg, cluster, training)},
+                   **_fp8_account(best, bg, cluster, training),
+                   **_host_account(best, bg, cluster, training)},
         search=search, provenance=provenance,
     )
     return Plan.from_dict(plan.to_dict())  # validated, and rounded exactly as the file will be
@@ -119,6 +120,20 @@ def _fp8_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec
         "bf16_step_time_s": bf16.step_time_s,
         "bf16_peak_memory_bytes": bf16.peak_memory_bytes,
     }}
+
+
+def _host_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec) -> dict:
+    """For a plan whose MoE layers are priced as waiting for the host to issue their ops
+    (engine moe_host_op_s), the seconds of the step that wait costs: the step less the same
+    configuration and split priced without it (``moe_host_wait_s``; plan show says so, since it
+    is counted in the compute part)."""
+    if not training.engine.moe_host_op_s or not isinstance(cluster, Cluster) or \
+            not any(b.work.num_experts for b in bg.blocks):
+        return {}
+    free = repriced(best, bg, cluster, dataclasses.replace(
+        training, engine=dataclasses.replace(training.engine, moe_host_op_s=0.0)))
+    wait = best.step_time_s - free.step_time_s
+    return {"moe_host_wait_s": wait} if wait > 1e-6 * best.step_time_s else {}
 
 
 def training_dict(training: TrainingSpec) -> dict:

@@ -295,7 +295,18 @@ def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
     parts = sorted(((v, k) for k, v in p.predicted["breakdown"].items() if v > 0), reverse=True)
     rows = [(f"    {BREAKDOWN_WORDS.get(k, k)}", seconds(v, 3), f"{100 * v / step:.1f}%",
              "#" * round(bar_width * v / step)) for v, k in parts]
-    return [f"  step time   {step:.4g} s, made of:", *table(rows, indent="  ")]
+    wait = p.predicted.get("moe_host_wait_s")
+    host = textwrap.wrap(
+        f"MoE layers waiting for the host to issue their many small ops make {seconds(wait, 3)} of "
+        f"the step ({100 * wait / step:.0f}%, counted in compute; engine moe_host_op_s: "
+        f"{1e6 * _engine_value(p, 'moe_host_op_s'):.4g} us per op, fitted on published runs; "
+        "README, MoE engine settings)", 100, initial_indent="      ",
+        subsequent_indent="        ") if wait else []
+    return [f"  step time   {step:.4g} s, made of:", *table(rows, indent="  "), *host]
+
+
+def _engine_value(p: Plan, key: str) -> float:
+    return float(getattr(engine_from_mapping(p.training.get("engine")), key))
 
 
 def stage_table(p: Plan) -> list[str]:

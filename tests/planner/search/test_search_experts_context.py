@@ -1301,3 +1301,21 @@ def test_deepspeed_runs_deepep_without_tensor_parallelism(tiny_mixtral):
                                                 r"in bf16 or fp8 only, not fp16"):
         planner.plan_prepared(tiny_mixtral, cluster, fp16, targets.restrict(
             planner.SearchOptions(top_k=0), "deepspeed"))
+
+
+def test_the_moe_layers_wait_for_the_host_is_told_apart_from_compute(tiny_mixtral):
+    """The MoE layers' host issue time is priced inside compute; the plan says how much of the
+    step it makes (a new-user check found 60% of a step labelled compute), and a plan priced
+    without it says nothing."""
+    from costmodels.engine import engine_from_mapping
+    from planner.report.summary import summary
+
+    fix = "ep=4,tp=1,pp=1,zero=1,micro_batch=1"
+    plan = _plan(tiny_mixtral, fix)
+    free = _plan(tiny_mixtral, fix, engine=engine_from_mapping("megatron-core,moe_host_op_s=0"))
+    wait = plan.predicted["moe_host_wait_s"]
+    assert wait == pytest.approx(plan.predicted["step_time_s"] - free.predicted["step_time_s"],
+                                 rel=1e-4)  # (plans keep six significant digits)
+    assert 0 < wait < plan.predicted["breakdown"]["compute_s"]
+    assert "MoE layers waiting for the host to issue their many small ops make" in summary(plan)
+    assert "moe_host_wait_s" not in free.predicted and "waiting for the host" not in summary(free)
