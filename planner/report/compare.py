@@ -267,9 +267,15 @@ class PartChange:
     """The knob changes behind it, and the link a collective moved to."""
 
 
+SPLIT_PARTS = ("compute_s", "cp_comm_s", "ep_comm_s", "bubble_s", "tp_comm_s", "pp_comm_s",
+               "straggler_s")
+"""Parts priced per pipeline stage, which a move of the stage split changes by itself."""
+
+
 def part_changes(a: Plan, b: Plan, min_share: float = 0.002) -> list[PartChange]:
     """Parts of the step that moved by at least ``min_share`` of a's step, largest first."""
     knobs = {k: (x, y) for k, x, y in config_changes(a, b)}
+    split = split_note(a, b)
     out = []
     for part, x, y in breakdown_changes(a, b):
         if abs(y - x) < min_share * a.step_time_s:
@@ -277,8 +283,24 @@ def part_changes(a: Plan, b: Plan, min_share: float = 0.002) -> list[PartChange]
         why = [f"{k} {knob(knobs[k][0])} -> {knob(knobs[k][1])}" for k in PART_KNOBS[part]
                if k in knobs]
         link = _link_note(a, b, part)
-        out.append(PartChange(part, y - x, "; ".join(filter(None, [link, ", ".join(why)]))))
+        moved = split if part in SPLIT_PARTS else ""
+        out.append(PartChange(part, y - x, "; ".join(filter(None, [link, ", ".join(why),
+                                                                   moved]))))
     return out
+
+
+def split_note(a: Plan, b: Plan) -> str:
+    """'the stage split moved (the slowest stage: 9 -> 10 blocks)' where the plans have as many
+    stages but split the blocks differently; else ''."""
+    if len(a.stages) != len(b.stages) or not a.stages or \
+            [st["blocks"] for st in a.stages] == [st["blocks"] for st in b.stages]:
+        return ""
+
+    def slowest(p: Plan) -> dict:
+        return max(p.stages, key=lambda st: st["predicted"]["time_per_microbatch_s"])
+
+    return (f"the stage split moved (the slowest stage: {len(slowest(a)['blocks'])} -> "
+            f"{len(slowest(b)['blocks'])} blocks)")
 
 
 def _link_note(a: Plan, b: Plan, part: str) -> str:

@@ -62,6 +62,9 @@ def _what_changes(a: Plan, b: Plan) -> list[str]:
                        + (f": {ch.because}" if ch.because else ""), indent="      ")
     pa, pb, moved = compare.memory_change(a, b)
     kinds = ", ".join(f"{k} {d / GB:+.3g} GB" for k, d in moved)
+    fullest = [p.stages.index(compare.peak_stage(p)) for p in (a, b)]
+    where = ("the fullest GPU" if fullest[0] == fullest[1] else
+             f"the fullest GPUs: stage {fullest[0]}'s, then stage {fullest[1]}'s")
     lines += wrap(f"    memory: {gb(pa)} -> {gb(pb)} per GPU at the peak"
-                   + (f" ({kinds} on the fullest GPU)" if kinds else ""), indent="      ")
+                   + (f" ({kinds} on {where})" if kinds else ""), indent="      ")
     return lines

@@ -429,3 +429,27 @@ def test_plan_show_says_what_each_context_parallel_form_exchanges():
     assert "cp=8 (heads by all-to-all of q, k, v and output)" in summary(plan)
     ring = dataclasses.replace(plan, parallel={**plan.parallel, "cp_comm": "p2p"})
     assert "cp=8 (K/V by p2p ring)" in summary(ring)
+
+
+def test_a_part_moved_by_the_stage_split_says_so():
+    """A pin that changes no knob of a part can still move the split, and with it the slowest
+    stage's compute: the reason is named (a new-user check read 'compute +2.21 s' with none)."""
+    import os
+
+    from planner.planfile.document import load_plan
+    from planner.report import compare
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    a = load_plan(os.path.join(here, "golden", "plans", "uneven-llama3-8b.json"))
+    assert compare.split_note(a, a) == ""
+    stages = [dict(st) for st in a.stages]
+    stages[1] = {**stages[1], "blocks": stages[1]["blocks"] + stages[2]["blocks"][:1]}
+    stages[2] = {**stages[2], "blocks": stages[2]["blocks"][1:],
+                 "predicted": {**stages[2]["predicted"], "time_per_microbatch_s": 0.01}}
+    b = dataclasses.replace(a, stages=stages, predicted={
+        **a.predicted, "breakdown": {**a.predicted["breakdown"],
+                                     "compute_s": 1.1 * a.predicted["breakdown"]["compute_s"]}})
+    note = "the stage split moved (the slowest stage: 9 -> 10 blocks)"
+    assert compare.split_note(a, b) == note
+    (change,) = [c for c in compare.part_changes(a, b) if c.part == "compute_s"]
+    assert change.because == note
