@@ -205,10 +205,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         if seq_len is not None:
             raise SpecError(f"seq_len: {seq_len} given, but a recommendation model's samples are "
                             "rows of features, not token sequences; leave seq_len (--seq-len) out")
-        if target != "any":
-            raise SpecError(f"target: {target} given, but recommendation models are planned for "
-                            "TorchRec's engine (tables sharded, dense part data-parallel); leave "
-                            "target (--target) out")
+        targets.check_recsys(target)
         return plan_recsys(model, cluster=cluster, nodes=nodes, gpus_per_node=gpus_per_node,
                            global_batch=global_batch, dtype="fp32" if dtype is None else dtype,
                            optimizer=optimizer,

@@ -342,6 +342,14 @@ _RECOMPUTE_NEEDS = {"moe_act": " (models with experts)", "mla_up_proj": " (laten
 list of a target's policies in an error."""
 
 
+def check_recsys(target: str) -> None:
+    """SpecError where a recommendation model is given a target: it is planned for TorchRec."""
+    if target != "any":
+        raise SpecError(f"target: {target} given, but recommendation models are planned for "
+                        "TorchRec's engine (tables sharded, dense part data-parallel); leave "
+                        "target (--target) out")
+
+
 def check_dtype(target: str, dtype: str) -> None:
     """SpecError where ``target`` does not train in ``dtype``."""
     eng = engine(target) if target != "any" else None

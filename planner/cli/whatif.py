@@ -17,6 +17,7 @@ from planner.report.figure import check_path
 from planner.report.plots import sweep_plots
 from planner import api
 from planner.report.sweep import sweep_table
+from planner.targets import TARGETS
 
 
 def register(add) -> None:
@@ -47,6 +48,9 @@ def register(add) -> None:
     w.add_argument("--tokens", type=positive_float,
                    help="the days to train on this many tokens (with prices, the cost too), e.g. 1e12")
     w.add_argument("--time-limit", type=positive_float, help="seconds of search per point")
+    w.add_argument("--target", default="any", choices=TARGETS,
+                   help="the engine every point is planned for, as for `plan solve --target` "
+                        "(default any)")
     w.add_argument("--workers", type=positive_int, help="processes (default: one per core)")
     w.add_argument("--csv", metavar="OUT.csv", help="write every row, every column")
     w.add_argument("--plot", metavar="OUT.png",
@@ -71,7 +75,7 @@ def run(args) -> int:
                             engine=args.engine,
                             prices=parse_prices(args.price_per_gpu_hour) or None,
                             tokens=args.tokens, time_limit_s=args.time_limit,
-                            workers=args.workers,
+                            workers=args.workers, target=args.target,
                             progress=Bar(args.quiet, label="sweeping", unit=" points"))
     logging.getLogger("planner").info("swept %d points in %.1f s, traces included", len(rows),
                                       time.perf_counter() - t0)

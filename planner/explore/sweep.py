@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 from costmodels.hardware import get_device
 from costmodels.specs import parse_pairs
 from costmodels.topology import Cluster, HeteroCluster
-from planner import api
+from planner import api, targets
 from planner.errors import PlannerError, SpecError
 from planner.files import fspath_or_same
 from planner.explore.costs import (add_costs, check_tokens, gpus_by_device, parse_prices,
@@ -35,6 +35,7 @@ from planner.inputs.clusters import load_cluster
 from planner.search.feasibility import cluster_pin_problem
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix
 from planner.planfile.breakdown import BREAKDOWN_WORDS
+from planner.settings import target_engine
 from planner.report.text import knob
 
 log = logging.getLogger(__name__)
@@ -78,12 +79,14 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
            tokens: float | None = None, top_k: int = SearchOptions().top_k,
            time_limit_s: float | None = None,
            engine=None, example_inputs=None, workers: int | None = None,
+           target: str = "any",
            progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Plan ``model`` at every point of the grid ``vary`` spans; one row per point, in grid order.
 
     ``vary`` maps keys of planner.explore.grid.VARY_KEYS to lists of values (``{"nodes": [8, 16], "tp": [4, 8]}``);
     the other arguments are the settings every point shares (as for planner.plan; optimizer
-    default adam), and one given there and varied too is refused (SpecError). ``prices``
+    default adam; ``target``: every point planned for that engine, as planner.plan's), and one
+    given there and varied too is refused (SpecError). ``prices``
     maps device names (or unique prefixes, ``a100``) to dollars per GPU-hour and adds cost
     columns; ``tokens`` adds the hours to train on that many tokens (and with prices, the
     dollars)."""
@@ -105,6 +108,9 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             raise SpecError(f"vary.{key}: also given as {key}={given} ({where}); give it in one "
                             "place")
     dtype = ("fp32" if recsys else "bf16") if dtype is None else dtype
+    targets.engine(target)  # an unknown one is bad input
+    if recsys:
+        targets.check_recsys(target)
     if recsys and (seq_len is not None or "seq_len" in vary):  # (as planner.plan refuses it)
         where = "vary.seq_len" if "seq_len" in vary else "seq_len"
         raise SpecError(f"{where}: a recommendation model's samples are rows of features, not "
@@ -117,8 +123,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     base = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
             "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
             "optimizer": optimizer or "adam", "fix": fixed, "tables": tables,
-            "engine": engine_spec(engine),
-            "top_k": top_k, "time_limit_s": time_limit_s}
+            "engine": target_engine(engine, target) if not recsys else engine_spec(engine),
+            "top_k": top_k, "time_limit_s": time_limit_s, "target": target}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row
     if "device" in vary:
@@ -287,7 +293,9 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
         training = TrainingSpec(global_batch=s["global_batch"], seq_len=s["seq_len"] or 1,
                                 dtype=s["dtype"], optimizer=s["optimizer"],
                                 engine=point_engine(s["engine"], point))
-        options = SearchOptions(fix=fix, top_k=s["top_k"], time_limit_s=s["time_limit_s"])
+        targets.check_dtype(s["target"], s["dtype"])
+        options = targets.restrict(SearchOptions(fix=fix, top_k=s["top_k"],
+                                                 time_limit_s=s["time_limit_s"]), s["target"])
         problem = "" if isinstance(cl, HeteroCluster) else cluster_pin_problem(
             dict(fix), cl.num_gpus, s["global_batch"])  # (before any trace, as planner.plan)
         if problem:

@@ -86,6 +86,24 @@ def test_a_row_is_the_plan_solve_gives_at_that_point():
     assert row["schedule"] == p.parallel["schedule"]
 
 
+def test_a_sweep_for_a_target_plans_each_point_as_plan_solve_does_for_it():
+    """--target: each point keeps to the engine's rules and software, as `plan solve --target`
+    (a new-user check compared a what-if's ZeRO-3 with a pipeline, which Megatron-LM does not run,
+    against a Megatron plan)."""
+    import planner
+    kw = dict(global_batch=64, seq_len=8192, fix="cp_comm=a2a")
+    rows = explore.whatif("llama3-8b", cluster="dgx-h100", nodes=4, vary={"cp": [4, 8]},
+                          workers=1, target="megatron", **kw)
+    for row in rows:
+        p = planner.plan("llama3-8b", cluster="dgx-h100", nodes=4, target="megatron",
+                         **{**kw, "fix": f"{kw['fix']},cp={row['cp']}"})
+        assert row["step_time_s"] == pytest.approx(p.step_time_s, rel=1e-9)
+        assert row["zero"] == p.parallel["zero"] and not (row["zero"] >= 2 and row["pp"] > 1)
+    with pytest.raises(SpecError, match="target: unknown engine 'megatorn'"):
+        explore.whatif("llama3-8b", cluster="dgx-h100", vary={"nodes": [1]}, global_batch=8,
+                       target="megatorn")
+
+
 def test_points_change_the_cluster_as_asked():
     base = {"cluster": "dgx-h100", "nodes": None, "gpus_per_node": None}
     c = grid.point_cluster({**base, "nodes": 3, "device": "a100-80g",
