@@ -238,6 +238,10 @@ class SearchOptions:
     etp_with_expert_bias: bool = True
     """Whether experts with biases (gpt-oss) may split their matrices (etp > 1); Megatron-Core
     asserts "Bias in Moe is only supported when ETP==1"."""
+    op_recompute_with_ep: bool = True
+    """Whether op-level recomputation may go with ep > 1: False where the target's op-level
+    checkpointing of this model replays the expert all-to-alls (targets.Engine.op_saves_all_to_all),
+    which the pricing does not (it keeps their outputs)."""
     zero_with_cp: tuple[ZeroStage, ...] = ZERO_STAGES
     """ZeRO stages to consider together with context parallelism (torchtitan shards whenever cp
     > 1: 2 and 3 only)."""

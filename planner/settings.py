@@ -181,8 +181,13 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
     experts = any(b.work.num_experts for b in blocks)
     latent = any(b.work.attn_keys_wider for b in blocks)
     if experts:  # (dense: a warning later)
-        targets.check_engine(training.engine, options.target, prepared.info.get("model_type"))
+        model_type = prepared.info.get("model_type")
+        targets.check_engine(training.engine, options.target, model_type)
         options = targets.for_engine(options, training.engine, training.dtype)
+        saving = targets.engine(options.target).op_saves_all_to_all \
+            if options.target in targets.TARGETS else None
+        if saving is not None and model_type not in saving:
+            options = dataclasses.replace(options, op_recompute_with_ep=False)
     problem = recompute_pin_problem(dict(options.fix), int(experts), latent)
     if problem:
         raise SpecError(problem)

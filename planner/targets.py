@@ -80,6 +80,11 @@ class Engine:
     """The stages it runs together with context parallelism."""
     etp_with_expert_bias: bool = True
     """Experts' matrices split (etp > 1) where the experts carry biases (gpt-oss)."""
+    op_saves_all_to_all: tuple[str, ...] | None = None
+    """The model types (Hugging Face's) whose op-level checkpointing keeps the expert
+    all-to-alls' outputs, as the planner prices recompute=op with ep > 1
+    (planner.search.costs._op_saved_exchange); None: every model's. Others replay the dispatch
+    and combine in backward, which the search does not price: it leaves op with ep > 1 out."""
     zero3_with_cp_ep: bool = True
     """ZeRO-3 together with both context and expert parallelism."""
     zero0_with_others: bool = True
@@ -177,6 +182,9 @@ ENGINES: dict[str, Engine] = {
                          # all-gathers K/V (torch's default rotate method; 0.2.2's
                          # context_parallel_rotate_method reaches only its validator)
                          cp_comms=("allgather",), software="torchtitan",
+                         # all_to_all_single in models/*/infra/parallelize.py's
+                         # _op_sac_save_list of these models only
+                         op_saves_all_to_all=("deepseek_v3", "gpt_oss", "llama4"),
                          # torch's context_parallel takes SDPA with is_causal, not a window
                          # nor sinks; its MLA model (deepseek_v3) refuses it (export.torchtitan
                          # NO_CONTEXT_PARALLEL)

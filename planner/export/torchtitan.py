@@ -346,10 +346,9 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger,
 
 MEGATRON_STYLE = ("selective", "moe_act", "mla_up_proj", "mla_up_proj+moe_act")
 """Megatron-Core's recomputation policies, which torchtitan runs as its per-op policy."""
-SAVES_ALL_TO_ALL = ("deepseek_v3", "gpt_oss", "llama4")
-"""torchtitan 0.2.2's models whose op-level checkpointing saves the expert all-to-alls' outputs
-(all_to_all_single in models/*/infra/parallelize.py's _op_sac_save_list), as the planner prices
-op-level recomputation (planner.search.costs._op_saved_exchange)."""
+SAVES_ALL_TO_ALL = targets.engine(TARGET).op_saves_all_to_all
+"""torchtitan 0.2.2's models whose op-level checkpointing saves the expert all-to-alls' outputs,
+as the planner prices op-level recomputation (targets.Engine.op_saves_all_to_all)."""
 
 def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> list[Setting]:
     p = plan.parallel

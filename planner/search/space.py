@@ -73,6 +73,8 @@ ETP_BIAS = "etp > 1 over experts with biases not run by the target"
 MOE_SP = "experts with tp > 1 need sequence parallelism"
 MOE_ACT_NONE = "recompute moe_act needs routed experts"
 MLA_UP_NONE = "recompute mla_up_proj needs latent attention"
+OP_EP = ("recompute op with ep > 1 replays the all-to-alls in the target's model "
+         "(not priced)")
 SP_SEQ = "sequence parallel needs the tokens of a cp rank divisible by tp"
 SEQ_TP_2CP = "sequence not divisible by tp x 2 x cp, as the target requires"
 AMP_UNSHARDED = "tp or pp without sharding over dp x cp runs in fp32 in the target"
@@ -486,6 +488,9 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
                     continue
                 if "mla_up_proj" in modules_of(rc) and not space.latent:
                     rejected[MLA_UP_NONE] += 1
+                    continue
+                if rc == "op" and ep > 1 and not options.op_recompute_with_ep:
+                    rejected[OP_EP] += 1
                     continue
                 runs = [s for s in schedules if not zb_split_lost(options, s, rc, pp)]
                 if len(runs) < len(schedules):

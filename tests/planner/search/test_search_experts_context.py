@@ -1319,3 +1319,27 @@ def test_the_moe_layers_wait_for_the_host_is_told_apart_from_compute(tiny_mixtra
     assert 0 < wait < plan.predicted["breakdown"]["compute_s"]
     assert "MoE layers waiting for the host to issue their many small ops make" in summary(plan)
     assert "moe_host_wait_s" not in free.predicted and "waiting for the host" not in summary(free)
+
+
+def test_torchtitan_op_checkpointing_with_ep_only_where_its_model_saves_the_all_to_alls(
+        tiny_mixtral):
+    """torchtitan's op-level checkpointing keeps the all-to-alls' outputs in its deepseek_v3,
+    gpt_oss and llama4 only; elsewhere backward replays them, which the pricing does not, so the
+    search leaves op with ep > 1 out for its other models (a new-user check: a Qwen3 plan for
+    torchtitan picked it, and its export said it would run slower than planned)."""
+    from planner import targets
+
+    assert tiny_mixtral.info["model_type"] not in targets.engine("torchtitan").op_saves_all_to_all
+    from costmodels.engine import engine_from_mapping
+    eng = engine_from_mapping("torchtitan")
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len, engine=eng)
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+
+    def plan(fix, target="torchtitan"):
+        return planner.plan_prepared(tiny_mixtral, cluster, training, planner.SearchOptions(
+            fix=parse_fix(fix), top_k=0, target=target), warn_default_engine=False)
+
+    with pytest.raises(planner.SpecError, match="recompute op with ep > 1 replays"):
+        plan("recompute=op,ep=2")
+    assert plan("recompute=op,ep=1").parallel["recompute"] == "op"
+    assert plan("recompute=op,ep=2", target="any").parallel["ep"] == 2  # priced as it saves them
