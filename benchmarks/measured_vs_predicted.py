@@ -172,9 +172,7 @@ def _notes(runs: list[dict]) -> list[str]:
         for note in dict.fromkeys(r["notes"]):
             key = note.split(" (")[0]
             kinds[key] = kinds.get(key, 0) + 1
-    return [f"{k} ({n} times over {len(runs)} launches; the peak shown is from the ranks "
-            "where it worked)" if k.startswith("no CPU tensor peak") else
-            f"{k} ({n} times over {len(runs)} launches)" for k, n in kinds.items()]
+    return [f"{k} ({n} times over {len(runs)} launches)" for k, n in kinds.items()]
 
 
 def _launch(path: str, opts: RunOptions, name: str) -> dict:
