@@ -66,8 +66,8 @@ BAD = {
                      "plan file: file '/nonexistent/plan.json' not found; give the path of a plan"),
     # an option the command does not take points to that command's help
     "unknown option": (["whatif", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8",
-                        "--vary", "tp=1,2", "--target", "torchtitan"],
-                       "unrecognized argument --target (see `plan whatif --help`)"),
+                        "--vary", "tp=1,2", "--record-timing"],
+                       "unrecognized argument --record-timing (see `plan whatif --help`)"),
     # the same before the command, plan's own option after it, and --output's hint (a review)
     "misspelled before the command": (["--verbsoe", "solve", "gpt2"],
                                       "unrecognized argument --verbsoe; did you mean --verbose? "
