@@ -6,8 +6,9 @@ torch.profiler with ``profile_memory`` and the peak of its memory timeline (live
 tensors made before the step included once they are used) is the tensor peak; that step is left out
 of the timing. That timeline is a private torch API that now and then fails on a rank (a version
 check of its data-flow graph); there the peak is the tensors Python held before the step plus the
-running sum of the profiler's allocation events, which matched the timeline to within 0.01% where
-both ran. The process's resident-set high-water mark (``VmHWM``, reset before the measured
+running sum of the profiler's allocation events: an upper bound (tensors the step does not use
+count too, frees of tensors made before it are not reported), equal to the timeline's where both
+were compared (docs/runtime.md). The process's resident-set high-water mark (``VmHWM``, reset before the measured
 steps with Linux ``clear_refs``) is reported too: it adds the interpreter, torch's libraries and
 allocator slack. ``state_bytes`` (parameters and optimizer states held by the rank at the end of the
 run, gradients freed, summed from the tensors themselves) is the exactly comparable part.
@@ -56,19 +57,25 @@ class Memory:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                      with_stack=True) as prof:
             result = fn()
-        raw = before + allocation_peak(prof)
         try:
             _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
             self.profiled_peak = int(max(sum(row) for row in sizes)) if sizes else None
         except Exception as exc:  # noqa: BLE001 - a private API, which fails now and then
-            self.profiled_peak = raw
+            failed = type(exc).__name__
+            try:
+                self.profiled_peak = before + allocation_peak(prof)
+            except Exception:  # noqa: BLE001 - the events are a private API too
+                self.profiled_peak = None
             self.method = ("tensor bytes over the last step from torch.profiler's allocation "
-                           f"events (its memory timeline failed: {type(exc).__name__})")
+                           f"events (its memory timeline failed: {failed})"
+                           if self.profiled_peak is not None else
+                           f"not measured on this rank: torch.profiler failed ({failed})")
             # (the same words on every rank that fails, so that the run says it once)
             self.failure = (f"torch.profiler's memory timeline failed on one or more ranks "
-                            f"({type(exc).__name__}); their peak is the tensors held before the "
-                            "step plus the running sum of the profiler's allocation events, which "
-                            "matched the timeline to within 0.01% where both ran")
+                            f"({failed}); their peak is the tensors held before the step plus "
+                            "the running sum of the profiler's allocation events: an upper bound "
+                            "(tensors the step does not use count too), equal to the timeline's "
+                            "on the runs compared (docs/runtime.md)")
         return result
 
     def peak(self) -> int | None:
@@ -87,15 +94,22 @@ def live_tensor_bytes() -> int:
     """Bytes of the CPU tensors Python holds now (parameters, gradients, optimizer states,
     buffers), each storage once."""
     import gc  # lazy: only the profiled step counts tensors
+    import warnings  # lazy: as gc
 
+    gc.collect()
     storages: dict[int, int] = {}
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            try:
-                storage = obj.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # wrappers (DTensor): their local one
+    with warnings.catch_warnings():  # (isinstance on every object wakes deprecated modules)
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            if not isinstance(obj, torch.Tensor):
                 continue
-            storages[storage.data_ptr()] = storage.nbytes()
+            try:
+                if obj.device.type != "cpu":
+                    continue
+                storage = obj.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # wrappers (DTensor: its local tensor
+                continue                                   # counts), sparse tensors
     return sum(storages.values())
 
 
