@@ -128,6 +128,12 @@ def test_run_measures_each_rank_next_to_the_prediction(capsys, make_plan, tmp_pa
     # the project's sign everywhere: predicted / measured - 1, negative when too fast
     assert m["step_time_error"] == pytest.approx(m["predicted_step_time_s"] / m["step_time_s"] - 1)
     assert len(res["loss_per_step"]) == 3 and res["loss_per_step"][2] < res["loss_per_step"][0]
+    # data parallelism holds DTensors (replicate), whose count of held tensors crashed once
+    dp = make_plan("branched", "pp=1,tp=1,dp=2,zero=0,micro_batch=2")
+    code, out, err = run(capsys, "run", dp, "--steps", "2", "-o", str(out_file))
+    assert code == 0, err
+    assert all(r["peak_memory_bytes"] > r["state_bytes"] > 0
+               for r in json.loads(out_file.read_text())["ranks"])
 
 
 def test_a_gpu_plan_run_on_cpu_says_its_predictions_are_the_gpus(make_plan, tmp_path, caplog):
