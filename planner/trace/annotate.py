@@ -135,7 +135,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
             if hidden_apart and op.shape[-1:] == [hidden]:
                 acc["mem_bytes_routed_hidden"] += acc["mem_bytes_rep"] - moved
         if name in attn_gemms:
-            _add_eager_heads(op, by, name in scores, acc, widths)
+            _add_eager_heads(op, by, name in scores, acc, widths, batch=graph.batch)
         if name in scores and op.params:  # sinks: parameters joined to the scores
             acc["attn_score_params"] += sum(graph.params[p].numel for p in op.params
                                             if p in graph.params)
@@ -340,7 +340,7 @@ def _routes_experts(op: Op) -> bool:
 
 
 def _add_eager_heads(op: Op, by: dict, makes_scores: bool, acc: dict,
-                     widths: dict | None = None) -> None:
+                     widths: dict | None = None, batch: int = 1) -> None:
     """The heads and the query and key/value bytes of an eager attention core, as ``_add_heads``
     takes them from a fused call (what context parallelism exchanges and divides): QK^T reads
     the queries and the keys, scores x V the values. Grouped-query attention repeats the key and
@@ -348,8 +348,8 @@ def _add_eager_heads(op: Op, by: dict, makes_scores: bool, acc: dict,
     holds and sends, and their share of the repeated tensor gives the key/value heads.
     ``widths`` carries the query width from QK^T to the scores x V that follows it: values
     narrower than the queries are latent attention (BlockWork.attn_keys_wider). Cores on
-    three-dimensional tensors (heads folded into the batch, as BLOOM's ``baddbmm`` of its ALiBi
-    bias, q and k^T) give their bytes but no head count."""
+    three-dimensional tensors have the heads folded into the traced ``batch`` (BLOOM's
+    ``baddbmm`` of its ALiBi bias, q and k^T: batch x heads, queries, keys)."""
     if len(op.inputs) < 2 or len(op.shape) < 3:
         return
     first, second = by[op.inputs[-2]], by[op.inputs[-1]]  # baddbmm(bias, q, k^T): the last two
@@ -366,7 +366,8 @@ def _add_eager_heads(op: Op, by: dict, makes_scores: bool, acc: dict,
     if not second.out_bytes:
         return
     # the scores: (..., heads, queries, keys), however q and k are laid out
-    heads = op.shape[-3] if len(op.shape) >= 4 else 0
+    folded = op.shape[0] // batch if op.shape[0] % batch == 0 else 0
+    heads = op.shape[-3] if len(op.shape) >= 4 else folded
     kv_heads = max(1, round(heads * held / second.out_bytes)) if heads else 0
     _add_heads(acc, heads, kv_heads, first.out_bytes, held)
 

@@ -384,8 +384,9 @@ class FoldedHeads(nn.Module):
 
 
 def test_attention_with_heads_folded_into_the_batch_gives_its_key_value_bytes():
-    """Context parallelism exchanges keys and values: a core on three-dimensional tensors counts
-    them too (BLOOM's came out with none, so cp priced no exchange for it)."""
+    """Context parallelism exchanges keys and values and splits heads: a core on
+    three-dimensional tensors counts its bytes and its heads, folded into the batch (BLOOM's came
+    out with neither, and cp was refused as if it had no attention)."""
     from planner.trace.annotate import block_work
     from planner.trace.tp_roles import analyze
 
@@ -395,4 +396,4 @@ def test_attention_with_heads_folded_into_the_batch_gives_its_key_value_bytes():
     width = 16 * 32 * 4  # keys, then values: tokens x width per sample, fp32
     assert work.attn_kv_bytes == pytest.approx(2 * width)
     assert work.attn_q_bytes == pytest.approx(width)
-    assert work.attn_heads_q == 0  # not read off a folded shape
+    assert work.attn_heads_q == 4 and work.attn_heads_kv == 4  # batch x heads over the batch
