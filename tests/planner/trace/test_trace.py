@@ -330,30 +330,42 @@ class Mixer(nn.Module):
     """Products of two activations, made into attention by a softmax or into a decayed scan (the
     shape of Mamba2's chunked SSD) by an exponent."""
 
-    def __init__(self, softmax: bool, d=32):
+    def __init__(self, mix: str, d=32):
         super().__init__()
-        self.softmax = softmax
+        self.mix = mix
         self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
 
     def forward(self, x):
         b, s, d = x.shape
         q, k, v = (f(x).view(b, s, 4, d // 4).transpose(1, 2) for f in (self.q, self.k, self.v))
         scores = q @ k.transpose(-1, -2)
-        mixed = scores.softmax(-1) if self.softmax else scores * torch.exp(-scores.abs())
+        if self.mix == "softmax":
+            mixed = scores.softmax(-1)
+        elif self.mix == "by hand":  # a softmax written out
+            e = torch.exp(scores - scores.amax(-1, keepdim=True))
+            mixed = e / e.sum(-1, keepdim=True)
+        elif self.mix == "log-softmax":  # log-probabilities, as a contrastive loss takes them
+            mixed = scores.log_softmax(-1)
+        else:  # a decayed scan
+            mixed = scores * torch.exp(-scores.abs())
         return x + (mixed @ v).transpose(1, 2).reshape(b, s, d)
 
 
-@pytest.mark.parametrize("softmax", [True, False])
-def test_only_products_whose_scores_reach_a_softmax_are_eager_attention(softmax):
-    """A product of activations is an attention core where its scores go through a softmax; a
-    scan's products (Mamba2's SSD, linear mixers) are GEMMs of their own: no scores priced as
-    attention's and no key/value exchange for context parallelism (a new-user check found cp
-    planned for Mamba2)."""
+@pytest.mark.parametrize("mix,method", [("softmax", "fx"), ("by hand", "fx"),
+                                        ("by hand", "export"), ("log-softmax", "fx"),
+                                        ("scan", "fx")])
+def test_only_products_whose_scores_reach_a_softmax_are_eager_attention(mix, method):
+    """A product of activations is an attention core where its scores are normalized as a
+    softmax does (written out too: an exp over its sum); a scan's products (Mamba2's SSD, linear
+    mixers) and log-probabilities are not: no scores priced as attention's and no key/value
+    exchange for context parallelism (a new-user check found cp planned for Mamba2; a review,
+    a hand-written softmax missed)."""
     from planner.trace.annotate import block_work, eager_attention
     from planner.trace.tp_roles import analyze
 
-    g = trace(Mixer(softmax), (torch.randn(2, 16, 32),), {}, seq_len=16, batch=2, dtype="fp32",
-              method="fx")
+    softmax = mix in ("softmax", "by hand")
+    g = trace(Mixer(mix), (torch.randn(2, 16, 32),), {}, seq_len=16, batch=2, dtype="fp32",
+              method=method)
     gemms, scores = eager_attention(g)
     products = [op.name for op in g.ops if op.kind == "matmul" and not op.params]
     assert len(products) == 2
