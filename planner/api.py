@@ -102,6 +102,14 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
         log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
                     prepared.info["name"], len(unpriced),
                     ", ".join(f"{u['op']} x{u['count']}" for u in unpriced[:5]))
+    if seq_len is not None and prepared.seq_len != seq_len:  # an image model: its patches
+        log.warning("%s: --seq-len %d does not apply; a sample is %s tokens (the image's "
+                    "patches, from image_size and patch_size in the config)",
+                    prepared.info["name"], seq_len, f"{prepared.seq_len:,}")
+    if prepared.info.get("image_input"):
+        log.info("%s: its first input is %s, an image's shape: the plan counts one token per "
+                 "sample (give seq_len to count patches)", prepared.info["name"],
+                 prepared.info["image_input"])
     positions = prepared.info.get("max_position_embeddings")
     if positions:
         log.warning("%s: %s tokens per sequence, longer than the config's max_position_embeddings "
@@ -150,7 +158,8 @@ def _factory_name(spec: str) -> str:
 
 def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str,
            per_sample: bool = False) -> Prepared:
-    from planner.trace.models import resolve  # lazy: loads torch and transformers (seconds)
+    # lazy: loads torch and transformers (seconds)
+    from planner.trace.models import image_shape, resolve  # lazy: as said above
     from planner.trace.tracers import trace  # lazy: loads torch, as above
 
     t0 = time.perf_counter()
@@ -185,6 +194,9 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
         info["frozen_params"] = int(rm.frozen_params)
     if rm.positions and rm.source == "hf-config":  # (a zoo name is a shape at any length)
         info["max_position_embeddings"] = rm.positions
+    image = image_shape(rm.args, rm.kwargs)
+    if image and rm.seq_len == 1:
+        info["image_input"] = image
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 

@@ -22,6 +22,9 @@ _NOT_MODEL_CODE = (_TORCH_DIR + os.sep, _PLANNER_DIR + os.sep, _STDLIB_DIR + os.
 CONSTRUCTS = (
     ("dynamiccache'> in output", "a Hugging Face model that returns its key/value cache",
      "build it with use_cache=False (in its config), as training does"),
+    ("encoderdecodercache'> in output",
+     "a Hugging Face encoder-decoder that returns its key/value caches",
+     "build it with use_cache=False (in its config), as training does"),
     ("cannot be used as inputs to control flow", "Python control flow on a tensor value",
      "replace the branch with torch.where or decide it from shapes"),
     ("could not guard on data-dependent", "a branch or size that depends on tensor values",

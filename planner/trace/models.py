@@ -135,10 +135,6 @@ def _build_hf(name: str | None, cfg, architecture: str, seq_len: int, dtype: str
     config; ``asked``: the sequence length the user gave, if any."""
     hf.check_seq_len(cfg, seq_len, name or cfg.model_type)
     built = hf.build(cfg, architecture, seq_len, TORCH_DTYPES[dtype], "meta")
-    if asked and built.seq_len != asked:  # an image model: its patches set the sequence
-        log.warning("%s: --seq-len %d does not apply; a sample is %d tokens (the image's "
-                    "patches, from image_size and patch_size in the config)",
-                    name or cfg.model_type, asked, built.seq_len)
     rm = _finish(ResolvedModel(name=name or "", module=built.module, args=built.args,
                                kwargs=built.kwargs, seq_len=built.seq_len, batch=1, source=source,
                                config=cfg.to_diff_dict(), attention=built.attention,
@@ -260,21 +256,31 @@ def _infer_seq(args, kwargs, seq_len) -> int:
     ids = [v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor)
            and v.dim() == 2 and not v.is_floating_point()]
     if seq_len:
-        if len(ids) == 1 and ids[0] is t and int(t.shape[1]) != int(seq_len):
-            # one sequence of token ids: another length would only relabel the plan's tokens/s
+        if ids and ids[0] is t and int(t.shape[1]) != int(seq_len) and \
+                all(v.shape == t.shape for v in ids):
+            # one sequence of token ids (its labels alike): another length would only relabel
+            # the plan's tokens/s
             raise SpecError(f"seq_len: the example inputs hold {int(t.shape[1])} tokens per sample "
                             f"(their token ids), not {int(seq_len)}; give inputs of that length (a "
                             "factory may take a seq_len argument) or leave seq_len out")
-        if t is not None and t.dim() >= 2 and int(t.shape[1]) != int(seq_len):
+        if t is not None and t.dim() >= 2 and int(t.shape[1]) != int(seq_len) and \
+                not image_shape(args, kwargs):  # (an image's tokens are the caller's count)
             log.warning("seq_len %d is not dim 1 of the first example input (%s): the plan is "
                         "priced from the inputs' shapes and reports %d tokens per sample",
                         int(seq_len), "x".join(map(str, t.shape)), int(seq_len))
         return int(seq_len)
-    if t is not None and t.dim() >= 4 and t.is_floating_point():  # images: [batch, channels, ...]
-        log.info("the first example input is %s, an image's shape: the plan counts one token per "
-                 "sample (give seq_len to count patches)", "x".join(map(str, t.shape)))
+    if image_shape(args, kwargs):  # images: [batch, channels, ...]: one token per sample
         return 1
     return int(t.shape[1]) if t is not None and t.dim() >= 2 else 1
+
+
+def image_shape(args, kwargs) -> str:
+    """The first example input's shape (``2x3x128x128``) where it is an image's (floating,
+    [batch, channels, height, width] or more dimensions), else ''."""
+    t = _first_tensor(args, kwargs)
+    if t is None or t.dim() < 4 or not t.is_floating_point():
+        return ""
+    return "x".join(map(str, t.shape))
 
 
 def _digest(text: str) -> str:

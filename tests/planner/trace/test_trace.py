@@ -263,18 +263,75 @@ def test_trace_failures_name_the_construct_and_the_fix():
                          "is not a known type")
     assert "returns its key/value cache" in describe(cache)
     assert fix_for(cache).startswith("build it with use_cache=False")
+    both = RuntimeError("Found <class 'transformers.cache_utils.EncoderDecoderCache'> in output, "
+                        "which is not a known type")  # T5 built by a factory (a new-user check)
+    assert "encoder-decoder that returns its key/value caches" in describe(both)
+    assert fix_for(both).startswith("build it with use_cache=False")
 
 
 def test_an_image_model_says_when_seq_len_does_not_apply(tmp_path, caplog):
+    """Said on every plan, the trace cached or not (a new-user check: silent on a cache hit)."""
     import json
+
+    import planner
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "vit", "hidden_size": 64, "num_attention_heads": 4,
                                 "num_hidden_layers": 2, "intermediate_size": 128,
                                 "image_size": 64, "patch_size": 16, "num_channels": 3}))
-    with caplog.at_level("WARNING", logger="planner"):
-        rm = resolve(str(path), seq_len=1000, dtype="fp32")
-    assert rm.seq_len == 16  # (64 / 16)^2 patches
-    assert "--seq-len 1000 does not apply; a sample is 16 tokens" in caplog.text
+    for _ in range(2):  # traced, then read from the cache
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="planner"):
+            prepared = planner.prepare(str(path), seq_len=1000, dtype="fp32",
+                                       cache_dir=str(tmp_path / "cache"))
+        assert prepared.seq_len == 16  # (64 / 16)^2 patches
+        assert "--seq-len 1000 does not apply; a sample is 16 tokens" in caplog.text
+
+
+class _Images(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x, target):
+        return (self.conv(x).mean((2, 3)) - target).square().mean()
+
+
+def test_an_image_input_counts_one_token_a_sample_and_says_so_on_every_plan(caplog):
+    """An image's dim 1 is its channels: no 'not dim 1' warning for the tokens given, and the
+    note that one token per sample is counted on every plan (a new-user check: lost on a cache
+    hit, and contradicted by a warning once seq_len was given as it advised)."""
+    import planner
+
+    inputs = (torch.randn(2, 3, 16, 16), torch.randn(2, 8))
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="planner"):
+            p = planner.prepare(_Images(), example_inputs=inputs, cache_dir=None)
+        assert p.seq_len == 1 and "the plan counts one token per sample" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="planner"):
+        p = planner.prepare(_Images(), example_inputs=inputs, seq_len=196, cache_dir=None)
+    assert p.seq_len == 196 and "not dim 1" not in caplog.text and "one token" not in caplog.text
+
+
+def test_labels_beside_the_token_ids_do_not_let_another_seq_len_through():
+    """(ids, labels) of one shape are one sequence: a seq_len that differs only relabels the
+    tokens/s (a new-user check: 1,024 given on inputs of 512 doubled the throughput)."""
+    from planner.errors import SpecError
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(64, 16), nn.Linear(16, 64)
+
+        def forward(self, ids, labels):
+            return nn.functional.cross_entropy(self.head(self.emb(ids)).flatten(0, 1),
+                                               labels.flatten())
+
+    ids = torch.randint(0, 64, (2, 32))
+    with pytest.raises(SpecError, match="hold 32 tokens per sample"):
+        resolve(LM(), example_inputs=(ids, ids.clone()), seq_len=64, dtype="fp32")
+    assert resolve(LM(), example_inputs=(ids, ids.clone()), seq_len=32, dtype="fp32").seq_len == 32
 
 
 def test_a_seq_len_the_example_inputs_do_not_have_is_refused():
