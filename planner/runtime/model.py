@@ -104,6 +104,11 @@ def synthetic_batch(real: RealModel, batch: int, *, seed: int) -> tuple[torch.Te
 
 def synthetic_targets(logits_shape: tuple[int, ...], batch: int, *, seed: int) -> torch.Tensor:
     """Class indices for a cross-entropy loss over the last dimension of the model's output."""
+    if len(logits_shape) < 2:  # a loss, or a score per sample: nothing to take classes from
+        raise SpecError(f"model: its forward returns a tensor of shape {list(logits_shape)}, but "
+                        "plan run trains on logits [batch, ..., classes] with its own cross "
+                        "entropy (docs/runtime.md); return the logits (leave the loss to the "
+                        "runtime), or train the plan with your own loop")
     gen = torch.Generator().manual_seed(seed + 1)
     classes = logits_shape[-1]
     return torch.randint(0, classes, (batch, *logits_shape[1:-1]), generator=gen)

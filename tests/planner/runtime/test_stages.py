@@ -89,3 +89,14 @@ def test_every_stage_of_an_interleaved_dag_passes_what_later_stages_read(make_pl
     assert set(cuts[1].carry_out) == {("embed", 0), ("tower_a", 0)}
     assert set(cuts[2].carry_out) == {("tower_a", 0), ("tower_b", 0)}
     assert cuts[3].carry_out == ()
+
+
+def test_a_model_returning_its_loss_is_told_the_runtime_wants_logits():
+    """plan run trains on logits with its own loss: a factory whose forward returns a loss is
+    told so in one line (a new-user check got an IndexError)."""
+    from planner.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"returns a tensor of shape \[\], but plan run trains on "
+                                        r"logits"):
+        mdl.synthetic_targets((), 4, seed=0)
+    assert mdl.synthetic_targets((4, 16, 10), 4, seed=0).shape == (4, 16)
