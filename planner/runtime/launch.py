@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from planner.errors import PlannerError, SpecError
+from planner.errors import InternalError, PlannerError, SpecError
 from planner.planfile.document import Plan, load_plan
 from planner.runtime import model as mdl
 from planner.runtime.build import check_knobs, check_model
@@ -69,6 +69,7 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
     spec = plan.model_spec(opts.model)
     meta = mdl.resolve_meta(plan, spec)
     mdl.check_fingerprint(plan, spec, meta.fingerprint)
+    mdl.check_runnable(meta)
     units_of(meta.module, [st["modules"] for st in plan.stages])  # refuses what cannot be cut
     check_model(plan, meta.module, layout)
     nodes = int(plan.cluster["nodes"])
@@ -297,7 +298,7 @@ def _failure(code: int, text: str, log_path: str = "") -> PlannerError:
                 reason = line.split(marker, 1)[1].strip()
                 if cls is SpecError:
                     return SpecError(reason)
-                return PlannerError(f"run: a process failed: {reason[:300]}; {where}")
+                return InternalError(f"run: a process failed: {reason[:300]}; {where}")
     # torchrun's failure summary: the root cause (first failed rank) with its exit code and signal
     root = next((i for i, ln in enumerate(lines) if "Root Cause" in ln), 0)
     summary = [ln.strip() for ln in lines[root:]

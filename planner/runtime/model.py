@@ -42,6 +42,29 @@ def resolve_meta(plan: Plan, spec: str) -> ResolvedModel:
         raise plan.moved_model(err, spec) from None
 
 
+def check_runnable(meta: ResolvedModel) -> None:
+    """SpecError for a Hugging Face model the runtime cannot feed: it trains models that read
+    token ids alone (decoder-only language models) on synthetic ids; images, audio features and
+    an encoder-decoder's two sequences are not supported (a new-user check saw them crash in the
+    processes)."""
+    if meta.source not in ("zoo", "hf-config"):
+        return
+    first = meta.args[0] if meta.args else None
+    feeds = [k for k, v in meta.kwargs.items() if isinstance(v, torch.Tensor) and k != "labels"]
+    if getattr(meta.module.config, "is_encoder_decoder", False):
+        what = "an encoder's and a decoder's sequences (an encoder-decoder)"
+    elif isinstance(first, torch.Tensor) and first.is_floating_point():
+        what = "images" if first.dim() >= 4 else "audio or other features"
+    elif feeds:
+        what = " and ".join(["token ids", *feeds])
+    else:
+        return
+    raise SpecError(f"model: plan run trains Hugging Face models that read token ids alone "
+                    f"(decoder-only language models); {meta.name} reads {what}, which it does not "
+                    "feed yet (docs/runtime.md, Not supported); export the plan (plan export) or "
+                    "give a file.py:factory of the model with its example inputs")
+
+
 def check_fingerprint(plan: Plan, spec: str, fingerprint: str) -> None:
     problem = plan.fingerprint_problem(spec, fingerprint)
     if problem:

@@ -285,3 +285,39 @@ dist.destroy_process_group()
     timeline, events = map(int, out.stdout.split())
     # an upper bound: the held DTensor's local tensor, which the step never reads, counts too
     assert events - timeline == pytest.approx(1024 * 256 * 4, abs=64)
+
+
+@pytest.mark.parametrize("config,reads", [
+    ({"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "intermediate_size": 64, "image_size": 32, "patch_size": 16}, "reads images"),
+    ({"model_type": "t5", "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
+      "vocab_size": 128, "decoder_start_token_id": 0, "pad_token_id": 0}, "an encoder-decoder"),
+    ({"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "vocab_size": 128}, None)])
+def test_models_the_runtime_cannot_feed_are_refused_before_any_process(tmp_path, config, reads):
+    """Vision and encoder-decoder configs crashed inside the processes (a new-user check); they
+    are refused in one line before any starts, and decoder-only models pass."""
+    from planner.errors import SpecError
+    from planner.runtime import model as mdl
+    from planner.trace.models import resolve
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    meta = resolve(str(tmp_path / "config.json"), seq_len=16, dtype="fp32")
+    if reads is None:
+        mdl.check_runnable(meta)
+        return
+    with pytest.raises(SpecError, match=f"plan run trains Hugging Face models that read token "
+                                        f"ids alone .*{reads}"):
+        mdl.check_runnable(meta)
+
+
+def test_a_crash_in_the_processes_is_an_internal_error_and_a_refusal_bad_input():
+    """Exit 1 for a process's crash (a bug, of the runtime or the model's code), 2 for its
+    refusal (a new-user check saw crashes reported as bad input)."""
+    from planner.errors import InternalError, SpecError
+    from planner.runtime import launch
+
+    crash = launch._failure(1, f"rank 0 {launch.CRASH_MARK} RuntimeError: boom")
+    assert isinstance(crash, InternalError) and "a process failed: RuntimeError: boom" in str(crash)
+    refusal = launch._failure(1, f"rank 0 {launch.ERROR_MARK} model: no such thing; fix it")
+    assert type(refusal) is SpecError and str(refusal) == "model: no such thing; fix it"
