@@ -177,6 +177,13 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
     mla_up_proj (a pin of one is refused, naming the fix)."""
     options = targets.for_optimizer(targets.restrict(options, options.target), training.optimizer)
     targets.check_dtype(options.target, training.dtype)
+    stacks = [r.fqn for r in prepared.opgraph.repeats]
+    if options.target == "megatron" and len(stacks) != 1:  # (export megatron's first check)
+        has = (f"{len(stacks)} lists of layers ({', '.join(stacks)})" if stacks else
+               "no list of repeated layers")
+        raise SpecError(f"target: megatron trains one transformer stack, and "
+                        f"{prepared.info['name']} has {has}; plan with --target torchtitan, "
+                        "deepspeed or any")
     blocks = prepared.blocks.blocks
     experts = any(b.work.num_experts for b in blocks)
     latent = any(b.work.attn_keys_wider for b in blocks)

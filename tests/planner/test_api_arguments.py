@@ -240,3 +240,23 @@ def test_a_config_planned_longer_than_its_positions_is_warned(tmp_path, caplog):
         planner.prepare(str(tmp_path / "config.json"), seq_len=128, cache_dir=cache)
         planner.prepare("llama3-8b", seq_len=262144, cache_dir=None)  # the zoo: any length
     assert "max_position_embeddings" not in caplog.text
+
+
+def test_target_megatron_refuses_a_model_of_two_layer_lists_as_its_export_would(tmp_path):
+    """--target megatron keeps to plans its export takes: an encoder-decoder's two lists of
+    layers are refused before the search (a new-user check got a plan, then the export's
+    refusal)."""
+    import json
+
+    import planner
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "bart", "d_model": 32, "encoder_layers": 3, "decoder_layers": 3,
+        "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64, "vocab_size": 128, "max_position_embeddings": 64}))
+    with pytest.raises(planner.SpecError, match=r"target: megatron trains one transformer stack, "
+                                                r"and .* has 2 lists of layers \(.*encoder.layers"):
+        planner.plan(str(tmp_path / "config.json"), cluster="dgx-h100", nodes=1, global_batch=8,
+                     seq_len=32, target="megatron", cache_dir=None)
+    assert planner.plan(str(tmp_path / "config.json"), cluster="dgx-h100", nodes=1,
+                        global_batch=8, seq_len=32, target="torchtitan", cache_dir=None)

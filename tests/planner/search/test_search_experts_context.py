@@ -529,7 +529,8 @@ def test_pipelined_accumulation_keeps_one_more_gradient_under_fsdp2(tiny_mixtral
         4 * (params - experts) + 4 * experts / 2, rel=1e-5)
 
 
-TINY_DEEPSEEK = {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 2,
+# (three layers: one dense and two with experts make one list of layers, as Megatron-LM's stack)
+TINY_DEEPSEEK = {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 3,
                  "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
                  "vocab_size": 256, "max_position_embeddings": 512, "q_lora_rank": 32,
                  "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
