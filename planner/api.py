@@ -35,7 +35,7 @@ from planner.search.loop import rejection_lines, search
 from planner.search.space import Space
 from planner.trace import cache
 from planner.trace.blocks import build_blocks, unchained_repeats
-from planner.trace.graph import BlockGraph, OpGraph
+from planner.trace.graph import BlockGraph, OpGraph, frozen_words, unpriced_words
 from planner.trace.tp_roles import analyze
 from planner.units import human_count
 
@@ -100,8 +100,7 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     unpriced = prepared.info.get("unpriced_ops")
     if unpriced:
         log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
-                    prepared.info["name"], len(unpriced),
-                    ", ".join(f"{u['op']} x{u['count']}" for u in unpriced[:5]))
+                    prepared.info["name"], len(unpriced), unpriced_words(unpriced))
     if seq_len is not None and prepared.seq_len != seq_len:  # an image model: its patches
         log.warning("%s: --seq-len %d does not apply; a sample is %s tokens (the image's "
                     "patches, from image_size and patch_size in the config)",
@@ -119,11 +118,10 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
                     f"{positions:,}", f"{positions:,}")
     frozen = prepared.info.get("frozen_params")
     if frozen:
-        log.warning("%s: %s of its %s parameters are frozen (requires_grad=False), but plans "
-                    "price every parameter as trained: their gradients, optimizer states and "
-                    "gradient traffic are counted, so memory and step time come out high",
-                    prepared.info["name"], human_count(frozen),
-                    human_count(prepared.info["num_params"]))
+        log.warning("%s: %s, but plans price every parameter as trained: their gradients, "
+                    "optimizer states and gradient traffic are counted, so memory and step time "
+                    "come out high", prepared.info["name"],
+                    frozen_words(frozen, prepared.info["num_params"]))
     return prepared
 
 

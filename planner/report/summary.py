@@ -17,6 +17,7 @@ from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
 from planner.search.feasibility import nearby_multiples
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
+from planner.trace.graph import frozen_words, unpriced_words
 from planner.units import GB, cluster_text, counted, gb1, human_count, ms, seconds
 
 
@@ -230,14 +231,12 @@ def _caveats(p: Plan) -> list[str]:
     unpriced = (p.provenance or {}).get("unpriced_ops") or []
     if unpriced:
         lines.append(f"  not priced  {len(unpriced)} kind(s) of op without a FLOP formula, costed "
-                     "by the bytes they move only: " + ", ".join(
-                         f"{u['op']} x{u['count']}" for u in unpriced[:4])
-                     + (", ..." if len(unpriced) > 4 else ""))
+                     f"by the bytes they move only: {unpriced_words(unpriced)}")
     frozen = p.model.get("frozen_params")
     if frozen:
-        lines.append(f"  frozen      {human_count(frozen)} of the {human_count(p.model['num_params'])}"
-                     " parameters do not train, but are priced as trained (their gradients, "
-                     "optimizer states and gradient traffic counted)")
+        lines += wrap(f"  frozen      {frozen_words(frozen, p.model['num_params'])}, but all are "
+                      "priced as trained (their gradients, optimizer states and gradient "
+                      "traffic counted)", indent="              ")
     return lines
 
 

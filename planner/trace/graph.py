@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 import networkx as nx
 
 from costmodels.workload import BlockWork
+from planner.units import human_count
 
 
 @dataclass
@@ -291,3 +292,19 @@ def consumers_through_views(name: str, by, cons) -> list[str]:
         else:
             out.append(c)
     return out
+
+
+def unpriced_words(rows: list[dict], most: int = 4) -> str:
+    """``aten._fft_r2c x1, ...``: the first ``most`` of OpGraph.unpriced_ops' rows (a plan's
+    ``provenance.unpriced_ops``), as plan solve warns and plan show lists them."""
+    return ", ".join(f"{u['op']} x{u['count']}" for u in rows[:most]) + (
+        ", ..." if len(rows) > most else "")
+
+
+def frozen_words(frozen: int, total: int) -> str:
+    """``589,824 of its 267 M parameters train (0.22%); the other 267 M are frozen``: the
+    trained count exact, since a rounded one reads as nothing trained (a new-user check)."""
+    trained = total - frozen
+    return (f"{trained:,} of its {human_count(total)} parameters train "
+            f"({100 * trained / total:.3g}%); the other {human_count(frozen)} are frozen "
+            "(requires_grad=False)")

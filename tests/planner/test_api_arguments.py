@@ -152,7 +152,8 @@ def test_a_model_without_trainable_weights_is_named(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="planner"):
         prepared = planner.prepare(f"{tmp_path}/models.py:frozen", cache_dir=None)
     assert prepared.info["frozen_params"] == 20 and prepared.info["num_params"] == 40
-    assert "20 of its 40 parameters are frozen (requires_grad=False)" in caplog.text
+    assert "20 of its 40 parameters train (50%); the other 20 are frozen (requires_grad=False)" \
+        in caplog.text
 
 
 def test_an_image_input_counts_one_token_per_sample(tmp_path, caplog):

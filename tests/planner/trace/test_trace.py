@@ -213,7 +213,8 @@ def test_an_op_no_formula_prices_is_listed_in_the_plan_and_warned(caplog):
     clean = planner.plan(frozen, example_inputs=(torch.randn(2, 16, 64),),
                          cluster="dgx-a100-80g", nodes=1, global_batch=8)
     assert clean.provenance["unpriced_ops"] == [] and "not priced" not in summary(clean)
-    assert "frozen      64 of the 4.16 K parameters do not train" in summary(clean)
+    assert "frozen      4,096 of its 4.16 K parameters train (98.5%); the other 64 are frozen" \
+        in summary(clean)
 
 
 def test_leaf_modules_are_priced_from_their_aten_ops():
