@@ -113,8 +113,9 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     if positions:
         log.warning("%s: %s tokens per sequence, longer than the config's max_position_embeddings "
                     "(%s): planned as asked (training from scratch, set max_position_embeddings "
-                    "to the length; a checkpoint trained at %s needs RoPE scaling for longer "
-                    "sequences)", prepared.info["name"], f"{prepared.seq_len:,}",
+                    "to the length; a checkpoint trained at %s needs its positions extended, "
+                    "RoPE scaling for rotary ones, for longer sequences)", prepared.info["name"],
+                    f"{prepared.seq_len:,}",
                     f"{positions:,}", f"{positions:,}")
     frozen = prepared.info.get("frozen_params")
     if frozen:

@@ -97,6 +97,7 @@ def check_output_folder(path: str, what: str) -> None:
     or one that can be made (its parent exists and is writable): before the slow part."""
     if not path:
         raise SpecError(f"{what}: empty path; give a folder")
+    path = path.rstrip("/" + os.sep) or path  # ('out/' names the folder out; a file there is not one)
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise SpecError(f"{what}: '{path}' is a file, not a folder; give a folder (made if "

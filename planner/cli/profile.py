@@ -44,8 +44,9 @@ def run(args) -> int:
     spread = dev.get("repeat_spread")
     if spread:
         print(f"repeats of a measurement spread by {100 * spread['median']:.0f}% (interquartile "
-              f"range over the median; {100 * spread['max']:.0f}% at the noisiest): a second "
-              "profile may move the rates about as much")
+              f"range over the median; {100 * spread['max']:.0f}% at the noisiest): how noisy "
+              "this machine was while measuring; the rates are the repeats' medians, and a "
+              "busier machine moves them further")
     link = calib.get("intra_node")
     if link:
         print(f"all-reduce among {link['processes']} {link['backend']} processes: "

@@ -296,11 +296,14 @@ def split_note(a: Plan, b: Plan) -> str:
             [st["blocks"] for st in a.stages] == [st["blocks"] for st in b.stages]:
         return ""
 
-    def slowest(p: Plan) -> dict:
-        return max(p.stages, key=lambda st: st["predicted"]["time_per_microbatch_s"])
+    def slowest(p: Plan) -> tuple[int, int]:
+        i, st = max(enumerate(p.stages),
+                    key=lambda ist: ist[1]["predicted"]["time_per_microbatch_s"])
+        return i, len(st["blocks"])
 
-    return (f"the stage split moved (the slowest stage: {len(slowest(a)['blocks'])} -> "
-            f"{len(slowest(b)['blocks'])} blocks)")
+    (i, n), (j, m) = slowest(a), slowest(b)
+    which = f"stage {i}" if i == j else f"stage {i}, then stage {j}"
+    return f"the stage split moved (the slowest, {which}: {n} -> {m} blocks)"
 
 
 def _link_note(a: Plan, b: Plan, part: str) -> str:

@@ -295,9 +295,10 @@ def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
     rows = [(f"    {BREAKDOWN_WORDS.get(k, k)}", seconds(v, 3), f"{100 * v / step:.1f}%",
              "#" * round(bar_width * v / step)) for v, k in parts]
     wait = p.predicted.get("moe_host_wait_s")
+    where = "compute and the pipeline bubble" if p.parallel.get("pp", 1) > 1 else "compute"
     host = textwrap.wrap(
         f"MoE layers waiting for the host to issue their many small ops make {seconds(wait, 3)} of "
-        f"the step ({100 * wait / step:.0f}%, counted in compute; engine moe_host_op_s: "
+        f"the step ({100 * wait / step:.0f}%, counted in {where}; engine moe_host_op_s: "
         f"{1e6 * _engine_value(p, 'moe_host_op_s'):.4g} us per op, fitted on published runs; "
         "README, MoE engine settings)", 100, initial_indent="      ",
         subsequent_indent="        ") if wait else []

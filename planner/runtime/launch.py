@@ -31,6 +31,7 @@ from planner.runtime.layout import layout_of
 from planner.runtime.options import RunOptions
 from planner.runtime.stages import units_of
 from planner.trace.models import TORCH_DTYPES
+from planner.units import gb
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +127,11 @@ def _check_memory(plan: Plan, nproc: int, cuda: bool) -> None:
     if have and need > MEMORY_USE_FRACTION * have:
         training = 0.0 if cuda else nproc * peak
         weights = need - training
-        parts = f"each builds all {plan.model['num_params']:,} parameters: {weights / 1e9:.1f} GB"
+        parts = (f"each builds all {plan.model['num_params']:,} parameters: {weights / 1e9:.1f} GB "
+                 "together")
         if training:
-            parts += (f"; and trains here at the plan's predicted peak of {peak / 1e9:.2g} GB a "
-                      f"process: {training / 1e9:.1f} GB")
+            parts += (f"; and trains here at the plan's predicted peak of {gb(peak)} a process: "
+                      f"{training / 1e9:.1f} GB together")
         fix = ("re-plan for this machine (--cluster cpu) with a smaller batch or sequence, whose "
                "peak is smaller" if training > weights else
                "the runtime is for small models, run a smaller one")

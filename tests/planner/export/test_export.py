@@ -1347,6 +1347,9 @@ def test_export_into_a_folder_names_the_file_after_the_plan(tmp_path, capsys):
     assert main(["export", str(tmp_path / "a.json"), "--to", "megatron", "-o",
                  f"{tmp_path / 'no' / 'out'}/"]) == 2  # only the last folder is made
     assert "folder" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    assert main(["export", str(tmp_path / "a.json"), "--to", "megatron", "-o",
+                 f"{tmp_path / 'a.json'}/"]) == 2  # a file named as a folder (a review)
+    assert "is a file, not a folder" in capsys.readouterr().err
 
 
 def test_bf16_gradient_reduction_exports_as_megatrons_flag():

@@ -449,7 +449,7 @@ def test_a_part_moved_by_the_stage_split_says_so():
     b = dataclasses.replace(a, stages=stages, predicted={
         **a.predicted, "breakdown": {**a.predicted["breakdown"],
                                      "compute_s": 1.1 * a.predicted["breakdown"]["compute_s"]}})
-    note = "the stage split moved (the slowest stage: 9 -> 10 blocks)"
+    note = "the stage split moved (the slowest, stage 1: 9 -> 10 blocks)"
     assert compare.split_note(a, b) == note
     (change,) = [c for c in compare.part_changes(a, b) if c.part == "compute_s"]
     assert change.because == note
