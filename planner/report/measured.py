@@ -30,7 +30,8 @@ def summary(result: dict, plan_name: str) -> str:
     axes = [k for k in ("pp", "dp", "cp", "tp", "ep")
             if k in ("pp", "dp", "tp") or any(r.get(k, 0) for r in result["ranks"])]
     lines = [
-        f"Ran {plan_name} on {len(result['ranks'])} {result['device']} processes "
+        f"Ran {plan_name} on {len(result['ranks'])} {result['device']} "
+        f"{'process' if len(result['ranks']) == 1 else 'processes'} "
         f"({result['backend']}; data parallel: {result['data_parallel']}), "
         f"{len(result['ranks'][0]['step_times_s'])} steps, "
         + (("the first" if m["warmup_steps"] == 1 else f"the first {m['warmup_steps']}")

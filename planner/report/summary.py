@@ -119,7 +119,8 @@ def summary_dict(p: Plan) -> dict:
     plan also each embedding table's layout (``embeddings``; its samples are rows of features,
     so its tokens are its samples)."""
     out = {
-        "model": {k: p.model.get(k) for k in ("name", "num_params", "fingerprint")},
+        "model": {k: p.model.get(k) for k in ("name", "num_params", "fingerprint",
+                                               "frozen_params") if k in p.model},
         "cluster": {k: p.cluster.get(k) for k in ("name", "device", "nodes", "gpus_per_node",
                                                    "num_gpus")},
         "training": p.training,
@@ -144,7 +145,7 @@ def summary_dict(p: Plan) -> dict:
 def _header(p: Plan) -> str:
     c, m, t = p.cluster, p.model, p.training
     batch = (f"{t['global_batch']} samples" if p.embeddings else
-             f"{t['global_batch']} x {t['seq_len']} tokens")
+             f"{t['global_batch']} x {counted(t['seq_len'], 'token')}")
     return (f"Plan for {m['name']} ({human_count(m['num_params'])} params) on {cluster_text(c)}\n"
             f"  global batch {batch}, {t['dtype']}, {t['optimizer']}")
 
