@@ -123,7 +123,7 @@ def inputs(module: torch.nn.Module, cfg, seq_len: int, device: str) -> tuple[tup
             if "return_loss" in params:
                 kwargs["return_loss"] = True
         else:
-            tokens = (size // _first(patch)) ** 2 if patch else 1
+            tokens = (size // _first(patch)) ** 2 + _extra_tokens(module) if patch else 1
             if "labels" in params:
                 labels = int(getattr(cfg, "num_labels", 2) or 2)
                 kwargs["labels"] = torch.randint(0, labels, (1,), device=device)
@@ -141,6 +141,21 @@ def inputs(module: torch.nn.Module, cfg, seq_len: int, device: str) -> tuple[tup
     first = next(iter(params), None)  # the main input positionally, as a runtime passes it
     args = (kwargs.pop(first),) if first in kwargs else ()
     return args, kwargs, tokens
+
+
+EXTRA_TOKENS = ("cls_token", "distillation_token", "register_tokens", "class_embedding")
+"""Parameters a vision transformer prepends to its patches as tokens of their own (ViT's class
+token, DeiT's distillation token, DINOv2's registers, CLIP's class embedding)."""
+
+
+def _extra_tokens(module: torch.nn.Module) -> int:
+    """The tokens a vision transformer adds to its patches (EXTRA_TOKENS: [1, n, d] each gives n,
+    a lone vector one): ViT-B/16 attends over 197 tokens, not its 196 patches."""
+    n = 0
+    for name, p in module.named_parameters():
+        if name.rsplit(".", 1)[-1] in EXTRA_TOKENS:
+            n += int(p.shape[1]) if p.dim() == 3 else 1
+    return n
 
 
 def _ids(seq_len: int, vocab: int, device: str) -> torch.Tensor:

@@ -284,8 +284,8 @@ def test_an_image_model_says_when_seq_len_does_not_apply(tmp_path, caplog):
         with caplog.at_level("WARNING", logger="planner"):
             prepared = planner.prepare(str(path), seq_len=1000, dtype="fp32",
                                        cache_dir=str(tmp_path / "cache"))
-        assert prepared.seq_len == 16  # (64 / 16)^2 patches
-        assert "--seq-len 1000 does not apply; a sample is 16 tokens" in caplog.text
+        assert prepared.seq_len == 17  # (64 / 16)^2 patches and the class token
+        assert "--seq-len 1000 does not apply; a sample is 17 tokens" in caplog.text
 
 
 class _Images(nn.Module):
