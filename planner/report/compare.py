@@ -76,7 +76,10 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     inputs = [("model" if key == "name" else key, x, y) for sec, key, _ in HEADLINE_INPUTS
               for x, y in [(getattr(a, sec).get(key), getattr(b, sec).get(key))] if x != y]
     if any(k in ("model", "global_batch", "seq_len") for k, _, _ in inputs):
-        rate = "samples" if a.embeddings is not None else "tokens"
+        # samples where a sample is not a sequence of the same tokens in both (recommendation
+        # models; models of other lengths, an image model's patches against one token a sample)
+        same_tokens = a.training.get("seq_len") == b.training.get("seq_len")
+        rate = "samples" if a.embeddings is not None or not same_tokens else "tokens"
         ra, rb = (p.predicted[f"{rate}_per_s"] for p in (a, b))
         verdict = f"at {rb / ra:.2f}x the {rate}/s (a step {tb / ta:.3g}x as long)"
     inputs += engine_changes(a, b)

@@ -150,6 +150,11 @@ def test_diff_shows_what_differs_and_by_how_much(capsys, tiny_llama_config, smal
         f"at {rate:.2f}x the tokens/s (a step {bigger.step_time_s / a.step_time_s:.3g}x as long)")
     assert compare.headline(a, bigger).endswith("the step does other work (model or batch "
                                                 "differ): the rate compares them")
+    # samples of other lengths (an image model's patches against one token a sample) compare
+    # by samples/s (a new-user check read a ViT against a CNN in tokens/s)
+    longer = planner.plan(tiny_llama_config, cluster=SMALL, global_batch=32, seq_len=64)
+    samples = longer.predicted["samples_per_s"] / a.predicted["samples_per_s"]
+    assert compare.headline(a, longer).startswith(f"at {samples:.2f}x the samples/s")
     code, out, _ = run(capsys, "diff", small_plan, small_plan)
     assert code == 0 and "B takes as long as A" in out
     # the same knobs priced for other software: the settings that differ are named
