@@ -37,7 +37,7 @@ from planner.trace import cache
 from planner.trace.blocks import build_blocks, unchained_repeats
 from planner.trace.graph import BlockGraph, OpGraph, frozen_words, unpriced_words
 from planner.trace.tp_roles import analyze
-from planner.units import human_count
+from planner.units import counted, human_count
 
 log = logging.getLogger("planner.api")
 
@@ -102,9 +102,10 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
         log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
                     prepared.info["name"], len(unpriced), unpriced_words(unpriced))
     if seq_len is not None and prepared.seq_len != seq_len:  # an image model: its patches
-        log.warning("%s: --seq-len %d does not apply; a sample is %s tokens (the image's "
-                    "patches, from image_size and patch_size in the config)",
-                    prepared.info["name"], seq_len, f"{prepared.seq_len:,}")
+        log.warning("%s: --seq-len %d does not apply; a sample is %s (an image's patches and "
+                    "the tokens its model prepends, from image_size and patch_size in the "
+                    "config; one for an image model without patches)", prepared.info["name"],
+                    seq_len, counted(prepared.seq_len, "token"))
     if prepared.info.get("image_input"):
         log.info("%s: its first input is %s, an image's shape: the plan counts one token per "
                  "sample (give seq_len to count patches)", prepared.info["name"],
@@ -169,7 +170,7 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
                         "give the model whose weights you train")
     log.info("model %s: %s parameters (%s); tracing it on the meta device %s (seconds; a minute "
              "for the largest)", rm.name, human_count(rm.num_params), rm.source,
-             "for one sample" if per_sample else f"at {rm.seq_len:,} tokens")
+             "for one sample" if per_sample else f"at {counted(rm.seq_len, 'token')}")
     og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
                method=trace_method, name=rm.name)
     unchained = unchained_repeats(og)
@@ -194,7 +195,7 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     if rm.positions and rm.source == "hf-config":  # (a zoo name is a shape at any length)
         info["max_position_embeddings"] = rm.positions
     image = image_shape(rm.args, rm.kwargs)
-    if image and rm.seq_len == 1:
+    if image and rm.seq_len == 1 and rm.source in ("factory", "module"):  # (a config: patches)
         info["image_input"] = image
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 

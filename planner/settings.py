@@ -180,7 +180,7 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
     stacks = [r.fqn for r in prepared.opgraph.repeats]
     if options.target == "megatron" and len(stacks) != 1:  # (export megatron's first check)
         has = (f"{len(stacks)} lists of layers ({', '.join(stacks)})" if stacks else
-               "no list of repeated layers")
+               "no list of repeated layers (3 or more of one class)")
         raise SpecError(f"target: megatron trains one transformer stack, and "
                         f"{prepared.info['name']} has {has}; plan with --target torchtitan, "
                         "deepspeed or any")

@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     except InternalError as exc:
         if args.debug:
             raise
-        print(f"plan: internal error: {exc} (a bug in the planner: please report it with the "
-              "command line; --debug shows where)", file=sys.stderr)
+        hint = getattr(exc, "hint", "a bug in the planner: please report it with the command "
+                                    "line; --debug shows where")
+        print(f"plan: internal error: {exc} ({hint})", file=sys.stderr)
         return EXIT_INTERNAL
     except InfeasibleError as exc:
         if args.debug:

@@ -76,10 +76,13 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     inputs = [("model" if key == "name" else key, x, y) for sec, key, _ in HEADLINE_INPUTS
               for x, y in [(getattr(a, sec).get(key), getattr(b, sec).get(key))] if x != y]
     if any(k in ("model", "global_batch", "seq_len") for k, _, _ in inputs):
-        # samples where a sample is not a sequence of the same tokens in both (recommendation
-        # models; models of other lengths, an image model's patches against one token a sample)
-        same_tokens = a.training.get("seq_len") == b.training.get("seq_len")
-        rate = "samples" if a.embeddings is not None or not same_tokens else "tokens"
+        # samples where tokens do not compare: recommendation models (their samples are rows),
+        # and other models of other lengths (an image model's patches against one token a
+        # sample); the same model at another length compares by tokens/s
+        other_tokens = a.model.get("name") != b.model.get("name") and \
+            a.training.get("seq_len") != b.training.get("seq_len")
+        rate = ("samples" if a.embeddings is not None or b.embeddings is not None or other_tokens
+                else "tokens")
         ra, rb = (p.predicted[f"{rate}_per_s"] for p in (a, b))
         verdict = f"at {rb / ra:.2f}x the {rate}/s (a step {tb / ta:.3g}x as long)"
     inputs += engine_changes(a, b)
@@ -293,8 +296,8 @@ def part_changes(a: Plan, b: Plan, min_share: float = 0.002) -> list[PartChange]
 
 
 def split_note(a: Plan, b: Plan) -> str:
-    """'the stage split moved (the slowest stage: 9 -> 10 blocks)' where the plans have as many
-    stages but split the blocks differently; else ''."""
+    """'the stage split moved (the slowest, stage 1: 9 -> 10 blocks)' where the plans have as
+    many stages but split the blocks differently; else ''."""
     if len(a.stages) != len(b.stages) or not a.stages or \
             [st["blocks"] for st in a.stages] == [st["blocks"] for st in b.stages]:
         return ""
@@ -305,7 +308,7 @@ def split_note(a: Plan, b: Plan) -> str:
         return i, len(st["blocks"])
 
     (i, n), (j, m) = slowest(a), slowest(b)
-    which = f"stage {i}" if i == j else f"stage {i}, then stage {j}"
+    which = f"stage {i}" if i == j else f"stage {i} in A, stage {j} in B"
     return f"the stage split moved (the slowest, {which}: {n} -> {m} blocks)"
 
 

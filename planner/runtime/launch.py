@@ -294,13 +294,16 @@ def _failure(code: int, text: str, log_path: str = "") -> PlannerError:
     lines = text.splitlines()
     where = (f"their output is in {log_path}" if log_path else
              "rerun with -v to see their output")
-    for marker, cls in ((ERROR_MARK, SpecError), (CRASH_MARK, PlannerError)):
+    for marker in (ERROR_MARK, CRASH_MARK):
         for line in lines:
             if marker in line:
                 reason = line.split(marker, 1)[1].strip()
-                if cls is SpecError:
+                if marker == ERROR_MARK:
                     return SpecError(reason)
-                return InternalError(f"run: a process failed: {reason[:300]}; {where}")
+                crash = InternalError(f"run: a process crashed: {reason[:300]}; {where}")
+                crash.hint = ("in the planner's runtime or in the model's own code, as the "
+                              "traceback shows; please report the former with the command line")
+                return crash
     # torchrun's failure summary: the root cause (first failed rank) with its exit code and signal
     root = next((i for i, ln in enumerate(lines) if "Root Cause" in ln), 0)
     summary = [ln.strip() for ln in lines[root:]

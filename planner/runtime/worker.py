@@ -16,7 +16,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from planner.errors import PlannerError, SpecError
+from planner.errors import InternalError, PlannerError, SpecError
 from planner.files import atomic_write
 from planner.planfile.document import load_plan
 from planner.runtime import experts as moe
@@ -170,19 +170,26 @@ def guarded(a, body) -> int:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         result = body(opts, device)
     except PlannerError as exc:
+        if isinstance(exc, InternalError):  # a broken invariant: a crash, not bad input
+            return _crashed(exc)
         print(f"{ERROR_MARK}{exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:
-        traceback.print_exc()
-        print(f"{CRASH_MARK}{type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}",
-              file=sys.stderr)
-        return 1
+        return _crashed(exc)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
         atomic_write(a.result, json.dumps(result, indent=1) + "\n")
     return 0
+
+
+def _crashed(exc: Exception) -> int:
+    """Print the traceback and the one line the launcher reports (CRASH_MARK); exit 1."""
+    traceback.print_exc()
+    last = (str(exc).strip().splitlines() or [""])[-1]
+    print(f"{CRASH_MARK}{type(exc).__name__}: {last}", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -302,7 +302,7 @@ def unpriced_words(rows: list[dict], most: int = 4) -> str:
 
 
 def frozen_words(frozen: int, total: int) -> str:
-    """``589,824 of its 267 M parameters train (0.22%); the other 267 M are frozen``: the
+    """``589,824 of its 267 M parameters train (0.221%); the other 266 M are frozen``: the
     trained count exact, since a rounded one reads as nothing trained (a new-user check)."""
     trained = total - frozen
     return (f"{trained:,} of its {human_count(total)} parameters train "

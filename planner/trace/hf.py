@@ -153,7 +153,9 @@ def _extra_tokens(module: torch.nn.Module) -> int:
     a lone vector one): ViT-B/16 attends over 197 tokens, not its 196 patches."""
     n = 0
     for name, p in module.named_parameters():
-        if name.rsplit(".", 1)[-1] in EXTRA_TOKENS:
+        owner, _, leaf = name.rpartition(".")
+        # (in the embeddings only: a pooling head's query named cls_token, as AIMv2's, is none)
+        if leaf in EXTRA_TOKENS and owner.rsplit(".", 1)[-1] == "embeddings":
             n += int(p.shape[1]) if p.dim() == 3 else 1
     return n
 

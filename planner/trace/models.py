@@ -248,10 +248,12 @@ def _infer_batch(args, kwargs) -> int:
 def _infer_seq(args, kwargs, seq_len) -> int:
     """The tokens per sample: ``seq_len`` if given, else dim 1 of the first input (one for an
     image's [batch, channels, height, width], whose dim 1 holds channels). Given, it
-    must agree with the inputs' one tensor of token ids ([batch, tokens], integer) when that is
-    the first input: the trace prices the inputs' shapes, so another length would only mislabel
-    the plan's tokens/s. Other inputs (embeddings, audio frames, an encoder's and a decoder's
-    ids) only get a warning when dim 1 differs: what is a token there is the caller's word."""
+    must agree with the inputs' token ids ([batch, tokens], integer) when they are the first
+    input and every integer input of that rank has their shape (labels, a mask, same-length
+    encoder and decoder ids): the trace prices the inputs' shapes, so another length would only
+    mislabel the plan's tokens/s. Other inputs (embeddings, audio frames, an encoder's and a
+    decoder's ids of two lengths) only get a warning when dim 1 differs: what is a token there
+    is the caller's word; an image's count is the caller's too."""
     t = _first_tensor(args, kwargs)
     ids = [v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor)
            and v.dim() == 2 and not v.is_floating_point()]

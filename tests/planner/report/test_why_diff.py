@@ -150,11 +150,15 @@ def test_diff_shows_what_differs_and_by_how_much(capsys, tiny_llama_config, smal
         f"at {rate:.2f}x the tokens/s (a step {bigger.step_time_s / a.step_time_s:.3g}x as long)")
     assert compare.headline(a, bigger).endswith("the step does other work (model or batch "
                                                 "differ): the rate compares them")
-    # samples of other lengths (an image model's patches against one token a sample) compare
-    # by samples/s (a new-user check read a ViT against a CNN in tokens/s)
-    longer = planner.plan(tiny_llama_config, cluster=SMALL, global_batch=32, seq_len=64)
-    samples = longer.predicted["samples_per_s"] / a.predicted["samples_per_s"]
-    assert compare.headline(a, longer).startswith(f"at {samples:.2f}x the samples/s")
+    # another model of another length (an image model's patches against one token a sample)
+    # compares by samples/s (a new-user check read a ViT against a CNN in tokens/s); the same
+    # model at another length by tokens/s
+    shorter = planner.plan(tiny_llama_config, cluster=SMALL, global_batch=32, seq_len=64)
+    tokens = shorter.predicted["tokens_per_s"] / a.predicted["tokens_per_s"]
+    assert compare.headline(a, shorter).startswith(f"at {tokens:.2f}x the tokens/s")
+    other = dataclasses.replace(shorter, model={**shorter.model, "name": "another"})
+    samples = other.predicted["samples_per_s"] / a.predicted["samples_per_s"]
+    assert compare.headline(a, other).startswith(f"at {samples:.2f}x the samples/s")
     code, out, _ = run(capsys, "diff", small_plan, small_plan)
     assert code == 0 and "B takes as long as A" in out
     # the same knobs priced for other software: the settings that differ are named

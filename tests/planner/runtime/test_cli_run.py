@@ -311,13 +311,31 @@ def test_models_the_runtime_cannot_feed_are_refused_before_any_process(tmp_path,
         mdl.check_runnable(meta)
 
 
-def test_a_crash_in_the_processes_is_an_internal_error_and_a_refusal_bad_input():
+def test_a_crash_in_the_processes_is_an_internal_error_and_a_refusal_bad_input(capfd,
+                                                                               monkeypatch):
     """Exit 1 for a process's crash (a bug, of the runtime or the model's code), 2 for its
     refusal (a new-user check saw crashes reported as bad input)."""
     from planner.errors import InternalError, SpecError
     from planner.runtime import launch
 
-    crash = launch._failure(1, f"rank 0 {launch.CRASH_MARK} RuntimeError: boom")
-    assert isinstance(crash, InternalError) and "a process failed: RuntimeError: boom" in str(crash)
+    from planner.runtime import worker
+
+    def boom(opts, device):
+        raise RuntimeError("first line\nboom")
+
+    import torch
+
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29537"), ("RANK", "0"),
+                       ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
+        monkeypatch.setenv(key, value)
+    args = worker.parser("x").parse_args(["--result", "/dev/null", "--device", "cpu"])
+    threads = torch.get_num_threads()
+    try:
+        assert worker.guarded(args, boom) == 1  # a crash, with the worker's own line for it
+    finally:
+        torch.set_num_threads(threads)
+    crash = launch._failure(1, capfd.readouterr().err)
+    assert isinstance(crash, InternalError) and "a process crashed: RuntimeError: boom;" in str(crash)
+    assert "in the planner's runtime or in the model's own code" in crash.hint
     refusal = launch._failure(1, f"rank 0 {launch.ERROR_MARK} model: no such thing; fix it")
     assert type(refusal) is SpecError and str(refusal) == "model: no such thing; fix it"

@@ -467,3 +467,23 @@ def test_attention_with_heads_folded_into_the_batch_gives_its_key_value_bytes():
     assert work.attn_kv_bytes == pytest.approx(2 * width)
     assert work.attn_q_bytes == pytest.approx(width)
     assert work.attn_heads_q == 4 and work.attn_heads_kv == 4  # batch x heads over the batch
+
+
+@pytest.mark.parametrize("model_type,extra,added", [
+    ("vit", {}, 1), ("deit", {}, 2), ("dinov2", {}, 1),
+    ("dinov2_with_registers", {"num_register_tokens": 4}, 5),
+    ("siglip_vision_model", {}, 0), ("clip_vision_model", {}, 1),
+    ("aimv2_vision_model", {"use_head": True}, 0)])
+def test_a_vision_transformer_counts_the_tokens_its_embeddings_prepend(model_type, extra, added):
+    """Class, distillation and register tokens join the patches in attention; a pooling head's
+    query named like one (AIMv2's cls_token) does not (a review)."""
+    from transformers import AutoConfig, AutoModel
+
+    from planner.trace.hf import _extra_tokens
+
+    cfg = AutoConfig.for_model(model_type, hidden_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, intermediate_size=64, image_size=32,
+                               patch_size=16, **extra)
+    with torch.device("meta"):
+        module = AutoModel.from_config(cfg)
+    assert _extra_tokens(module) == added
