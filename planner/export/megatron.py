@@ -50,6 +50,12 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     version = common.engine_version(TARGET, version)
     ledger = common.Ledger(TARGET, version)
     common.software_note(plan, TARGET, ledger)
+    if plan.model.get("source", "zoo") != "zoo":
+        kind = plan.model.get("model_type") or "a model of your own code"
+        ledger.info(f"{plan.model['name']} ({kind}) is not one of the planner's zoo models: these "
+                    "arguments lay out Megatron-LM's own transformer (pretrain_gpt.py builds a "
+                    "decoder from --hidden-size, --num-attention-heads, ...); check that "
+                    "Megatron-Core defines this architecture before training it there")
     lay = _checked_layout(plan)
     _check_context(plan)
     _check_expert_bias(plan, version)

@@ -1550,3 +1550,16 @@ def test_torchtitan_says_its_deepseek_v3_runs_flex_attention(notes):
     notes.clear()
     to_torchtitan(plan, "0.2.2")
     assert not [n for n in notes if "FlexAttention" in n]
+
+
+def test_megatron_export_of_a_model_outside_the_zoo_says_to_check_megatron_builds_it(notes):
+    """Megatron-LM builds its own transformer from the arguments: a model given as a config or
+    a factory (a ViT in a new-user check) is said not to be one the export knows it builds."""
+    plan = data_plan("llama3-8b-cp4-megatron")
+    to_megatron(plan)
+    assert not any("is not one of the planner's zoo models" in n for n in notes)
+    vit = dataclasses.replace(plan, model={**plan.model, "source": "hf-config",
+                                           "model_type": "vit", "name": "vit-86.6M"})
+    text = to_megatron(vit)
+    assert any("vit-86.6M (vit) is not one of the planner's zoo models" in n for n in notes)
+    assert "check that Megatron-Core defines this architecture" in text
