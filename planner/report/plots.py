@@ -114,6 +114,7 @@ def scaling(rows: list[dict], path: str):
     if not feasible:
         raise SpecError("plot: no feasible point to draw")
     rank = {}  # per point: its place by MFU among the points at its GPU count (its label's)
+    ends = (min(r["gpus"] for r in feasible), max(r["gpus"] for r in feasible))
     for gpus in {r["gpus"] for r in feasible}:
         here = sorted((r for r in feasible if r["gpus"] == gpus), key=lambda r: -r["mfu"])
         rank.update({id(r): i for i, r in enumerate(here)})
@@ -128,10 +129,14 @@ def scaling(rows: list[dict], path: str):
             ax_m.plot(xs, [100 * r["mfu"] for r in ok], "o-", color=colour, label=label or None)
             for r in ok:  # above the top point at its GPU count, the others below, stacked
                 place = rank[id(r)]
+                # (the first and last GPU counts' labels lean inward: centred, they were cut
+                # at the axes' edge)
+                ha = ("center" if ends[0] == ends[1] else "left" if r["gpus"] == ends[0] else
+                      "right" if r["gpus"] == ends[1] else "center")
                 ax_m.annotate(_degrees(r), (r["gpus"], 100 * r["mfu"]),
                               textcoords="offset points",
                               xytext=(0, 7 if place == 0 else -13 - 9 * (place - 1)),
-                              ha="center", fontsize=7, color=colour)
+                              ha=ha, fontsize=7, color=colour)
         # (a point the model cannot take, bad input, is not a configuration that does not fit)
         bad = [r["gpus"] for r in members if not r["feasible"] and not r.get("bad_input")]
         if bad:

@@ -293,6 +293,10 @@ def test_plots_are_written_and_show_the_series(two_clusters, tmp_path):
                                                                            "dgx-a100-80g"]
     solid = [ln for ln in tokens_ax.get_lines() if ln.get_linestyle() == "-"]
     assert [list(ln.get_xdata()) for ln in solid] == [[8, 16, 32]] * 2
+    # the labels at the first and last GPU counts lean inward, not cut at the axes' edge
+    lean = {(t.xy[0], t.get_ha()) for t in mfu_ax.texts}
+    assert {ha for x, ha in lean if x == 8} == {"left"} and {ha for x, ha in lean if x == 32} \
+        == {"right"} and {ha for x, ha in lean if x == 16} == {"center"}
     fig = plots.cost(two_clusters, str(tmp_path / "c.png"))
     assert len(fig.axes) == 3  # $ per step, $ for the run, days for the run
     front = plots.pareto_front(two_clusters)
