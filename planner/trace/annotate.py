@@ -3,9 +3,10 @@
 - GEMMs (every GEMM-like ATen op a node runs, planner.trace.aten) are kept with their shapes, how
   tensor parallelism splits them, and which operand gradients backward computes; their FLOPs also
   go to ``mm_flops_tp`` / ``mm_flops_rep`` and the gradients' to ``bwd_flops``. Activation-
-  activation matmuls whose product goes through a softmax (eager attention), and fused
-  attention, count as attention (``attn_flops``); the memory-bound ops on an eager attention's
-  scores are counted apart too, since a fused kernel never runs them.
+  activation matmuls whose product goes through a softmax (eager attention, found by
+  planner.trace.eager_attention), and fused attention, count as attention (``attn_flops``); the
+  memory-bound ops on an eager attention's scores are counted apart too, since a fused kernel
+  never runs them.
 - Memory-bound ops contribute the bytes they move, twice over: one kernel per op (eager PyTorch),
   and fused, where each connected chain of memory-bound ops reads what enters it and writes what
   leaves it once, as a fusing compiler or hand-written kernels do (values only kept for backward
@@ -21,49 +22,11 @@ import dataclasses
 import math
 
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
+from planner.trace.eager_attention import eager_attention
 from planner.trace.fusion import fused_away_keys, fused_traffic
 from planner.trace.graph import Op, OpGraph, consumers_through_views, through_views
 from planner.trace.ops import COMPUTE_BOUND, FREE, GROUPED_GEMMS
 from planner.trace.tp_roles import TPAnalysis
-
-MEMORY_KINDS = ("elementwise", "softmax", "dropout", "norm", "other")
-LOG_SOFTMAX = ("log_softmax", "_log_softmax", "LogSoftmax")
-"""Softmax-kind targets that give log-probabilities (a loss or a contrastive similarity's), not
-attention weights."""
-
-
-def eager_attention(graph: OpGraph) -> tuple[set[str], set[str]]:
-    """(the GEMM nodes, the score nodes) of attention cores traced from eager code: a matmul of
-    two activations that carries gradients and reads no scores produces scores (QK^T); views and
-    memory-bound ops of them are scores too (scale, mask, softmax, dropout, casts); a matmul
-    reading scores consumes them (scores x V). A core counts only where its scores are normalized
-    as a softmax is (a softmax, or a hand-written one: an exp divided by what comes of it, its
-    sum): the products of activations in a state-space scan (Mamba2's chunked SSD), a
-    log-softmax's contrastive similarity or other einsum code are GEMMs of their own, not
-    attention that context parallelism could split."""
-    by = graph.by_name
-    gemms: dict[str, set[str]] = {}  # a GEMM -> the QK^T matmuls whose scores it makes or reads
-    root: dict[str, set[str]] = {}  # a score node -> the QK^T matmuls it comes from
-    softmaxed: set[str] = set()  # QK^T matmuls whose scores reach a softmax
-    exps: set[str] = set()  # exps of scores (a hand-written softmax divides one by its sum)
-    for op in graph.ops:
-        roots = set().union(*(root.get(i, ()) for i in op.inputs))
-        if op.kind == "matmul" and not op.params and op.requires_grad and len(op.inputs) >= 2 \
-                and not op.dims.get("linear") and all(not by[i].params for i in op.inputs):
-            gemms[op.name] = roots or {op.name}
-            if not roots:
-                root[op.name] = {op.name}
-        elif roots and op.requires_grad and (op.kind == "view" or op.kind in MEMORY_KINDS):
-            root[op.name] = roots
-            normalizes = op.target in ("div", "div_", "truediv") and \
-                any(i in exps for i in op.inputs)
-            if op.kind == "softmax" and op.target not in LOG_SOFTMAX or normalizes:
-                softmaxed |= roots
-            if op.target in ("exp", "exp_"):
-                exps.add(op.name)
-    return ({g for g, roots in gemms.items() if roots & softmaxed},
-            {s for s, roots in root.items() if roots & softmaxed})
-
 
 def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[BlockWork, list[str]]:
     """The block's BlockWork, and the parameters tensor parallelism splits."""

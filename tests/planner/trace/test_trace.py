@@ -418,7 +418,8 @@ def test_only_products_whose_scores_reach_a_softmax_are_eager_attention(mix, met
     mixers) and log-probabilities are not: no scores priced as attention's and no key/value
     exchange for context parallelism (a new-user check found cp planned for Mamba2; a review,
     a hand-written softmax missed)."""
-    from planner.trace.annotate import block_work, eager_attention
+    from planner.trace.annotate import block_work
+    from planner.trace.eager_attention import eager_attention
     from planner.trace.tp_roles import analyze
 
     softmax = mix in ("softmax", "by hand")
