@@ -158,8 +158,7 @@ def _factory_name(spec: str) -> str:
 
 def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str,
            per_sample: bool = False) -> Prepared:
-    # lazy: loads torch and transformers (seconds)
-    from planner.trace.models import image_shape, resolve  # lazy: as said above
+    from planner.trace.models import image_shape, resolve  # lazy: torch, transformers (seconds)
     from planner.trace.tracers import trace  # lazy: loads torch, as above
 
     t0 = time.perf_counter()

@@ -178,10 +178,11 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
     options = targets.for_optimizer(targets.restrict(options, options.target), training.optimizer)
     targets.check_dtype(options.target, training.dtype)
     stacks = [r.fqn for r in prepared.opgraph.repeats]
-    if options.target == "megatron" and len(stacks) != 1:  # (export megatron's first check)
+    engine = targets.engine(options.target) if options.target in targets.TARGETS else None
+    if engine is not None and engine.one_layer_stack and len(stacks) != 1:
         has = (f"{len(stacks)} lists of layers ({', '.join(stacks)})" if stacks else
                "no list of repeated layers (3 or more of one class)")
-        raise SpecError(f"target: megatron trains one transformer stack, and "
+        raise SpecError(f"target: {options.target} trains one transformer stack, and "
                         f"{prepared.info['name']} has {has}; plan with --target torchtitan, "
                         "deepspeed or any")
     blocks = prepared.blocks.blocks
@@ -191,8 +192,7 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
         model_type = prepared.info.get("model_type")
         targets.check_engine(training.engine, options.target, model_type)
         options = targets.for_engine(options, training.engine, training.dtype)
-        saving = targets.engine(options.target).op_saves_all_to_all \
-            if options.target in targets.TARGETS else None
+        saving = engine.op_saves_all_to_all if engine is not None else None
         if saving is not None and model_type not in saving:
             options = dataclasses.replace(options, op_recompute_with_ep=False)
     problem = recompute_pin_problem(dict(options.fix), int(experts), latent)

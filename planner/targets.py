@@ -80,6 +80,9 @@ class Engine:
     """The stages it runs together with context parallelism."""
     etp_with_expert_bias: bool = True
     """Experts' matrices split (etp > 1) where the experts carry biases (gpt-oss)."""
+    one_layer_stack: bool = False
+    """It trains one stack of transformer layers of its own (Megatron-LM): a model without
+    exactly one list of repeated layers is refused, as its export refuses it."""
     op_saves_all_to_all: tuple[str, ...] | None = None
     """The model types (Hugging Face's) whose op-level checkpointing keeps the expert
     all-to-alls' outputs, as the planner prices recompute=op with ep > 1
@@ -219,7 +222,7 @@ ENGINES: dict[str, Engine] = {
                        schedules=("1f1b", "interleaved-1f1b"), pp_inner_same_dp=True,
                        zero_with_pp=(0, 1), offload_optimizers=("adam", "adamw"),
                        moe_act_needs_grouped_gemm=True, moe_act_with_delayed_fp8=False,
-                       etp_with_expert_bias=False,
+                       etp_with_expert_bias=False, one_layer_stack=True,
                        cp_comms_windowed=("a2a", "allgather"), cp_comms_sinks=("a2a",),
                        cp_comms_latent=("p2p", "a2a+p2p")),
     # DeepSpeed: its pipeline engine runs one 1F1B-like schedule and only ZeRO 0-1 with it;

@@ -300,14 +300,12 @@ def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
     host = textwrap.wrap(
         f"MoE layers waiting for the host to issue their many small ops make {seconds(wait, 3)} of "
         f"the step ({100 * wait / step:.0f}%, counted in {where}; engine moe_host_op_s: "
-        f"{1e6 * _engine_value(p, 'moe_host_op_s'):.4g} us per op, fitted on published runs; "
+        f"{1e6 * engine_from_mapping(p.training.get('engine')).moe_host_op_s:.4g} us per op, "
+        "fitted on published runs; "
         "README, MoE engine settings)", 100, initial_indent="      ",
         subsequent_indent="        ") if wait else []
     return [f"  step time   {step:.4g} s, made of:", *table(rows, indent="  "), *host]
 
-
-def _engine_value(p: Plan, key: str) -> float:
-    return float(getattr(engine_from_mapping(p.training.get("engine")), key))
 
 
 def stage_table(p: Plan) -> list[str]:
