@@ -76,8 +76,10 @@ stay too, and DDP (ZeRO-0) keeps the fp32 parameters whole."""
 
 def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int,
                       offload: bool = False, layout: str = "zero",
-                      deferred: int = 0) -> dict:
-    """Bytes per GPU of weights, gradients and optimizer states for ``params`` local parameters.
+                      deferred: int = 0, frozen: float = 0.0) -> dict:
+    """Bytes per GPU of weights, gradients and optimizer states for ``params`` local parameters,
+    ``frozen`` of them not trained (requires_grad=False): those keep their weights (and FP8
+    copies), sharded as the weights are, but no gradients and no optimizer states.
 
     ``params`` is the count this GPU holds before ZeRO sharding (after tensor/pipeline splits).
     With ``offload`` the optimizer states live in host memory (ZeRO-Offload, Ren et al., USENIX
@@ -90,16 +92,21 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
     replicate (ZeRO-0) holds one more whole gradient while it accumulates over several
     micro-batches (measured on `plan run`, docs/runtime.md).
     """
-    per = _state_bytes(dtype=dtype, optimizer=optimizer, zero=zero, dp=dp, offload=offload,
-                       layout=layout, deferred=deferred)
-    return {kind: params * b for kind, b in per}
+    kw = dict(dtype=dtype, optimizer=optimizer, zero=zero, dp=dp, offload=offload, layout=layout,
+              deferred=deferred)
+    per = _state_bytes(**kw)
+    if isinstance(frozen, (int, float)) and not frozen:
+        return {kind: params * b for kind, b in per}
+    held = dict(_state_bytes(**kw, trainable=False))
+    return {kind: (params - frozen) * b + frozen * held[kind] for kind, b in per}
 
 
 @functools.lru_cache(maxsize=4096)
 def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: bool,
-                 layout: str, deferred: int = 0) -> tuple[tuple[str, float], ...]:
+                 layout: str, deferred: int = 0,
+                 trainable: bool = True) -> tuple[tuple[str, float], ...]:
     """(kind, bytes per local parameter) of model_state_bytes (a search asks for the same
-    settings over and over)."""
+    settings over and over); ``trainable=False``: of a frozen parameter."""
     params = 1.0
     opt = optimizer.lower()
     if opt == "adamw":
@@ -136,6 +143,8 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
         if zero >= 3:
             weights += params * weight_b
     optim = 0.0 if offload else params * opt_b / (dp if zero >= 1 else 1)
+    if not trainable:
+        grads = optim = 0.0
     out = {"weights": weights, "grads": grads, "optimizer": optim}
     if dtype == "fp8":  # the cached FP8 copies of the weights, sharded like the weights
         out["fp8_weights"] = params * FP8_WEIGHT_COPY_BYTES / (dp if zero >= 3 else 1)
@@ -145,11 +154,12 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
 @functools.lru_cache(maxsize=4096)
 def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int,
                           offload: bool = False, layout: str = "zero",
-                          deferred: int = 0) -> float:
-    """Model-state bytes per local parameter (weights + grads + optimizer) after ZeRO sharding."""
+                          deferred: int = 0, trainable: bool = True) -> float:
+    """Model-state bytes per local parameter (weights + grads + optimizer) after ZeRO sharding;
+    ``trainable=False``: of a frozen one (model_state_bytes)."""
     return sum(model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=zero, dp=dp,
-                                 offload=offload, layout=layout,
-                                 deferred=deferred).values())
+                                 offload=offload, layout=layout, deferred=deferred,
+                                 frozen=0.0 if trainable else 1.0).values())
 
 
 def optimizer_traffic_bytes(*, dtype: str, optimizer: str, layout: str = "zero") -> float:

@@ -267,6 +267,13 @@ class BlockWork:
     """Parameters (count) split by tensor parallelism."""
     params_rep: float = 0.0
     """Parameters (count) repeated on every tensor-parallel rank."""
+    frozen_params_tp: float = 0.0
+    """The part of ``params_tp`` not trained (requires_grad=False): weights without gradients
+    or optimizer states (costmodels.memory.model_state_bytes)."""
+    frozen_params_rep: float = 0.0
+    """The part of ``params_rep`` not trained."""
+    frozen_expert_params: float = 0.0
+    """The part of ``expert_params`` not trained (part of ``frozen_params_rep``)."""
     tp_fwd_bytes: float = 0.0
     """Bytes all-reduced across the tensor-parallel group in forward (row-parallel outputs)."""
     tp_bwd_bytes: float = 0.0

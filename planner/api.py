@@ -35,7 +35,8 @@ from planner.search.loop import rejection_lines, search
 from planner.search.space import Space
 from planner.trace import cache
 from planner.trace.blocks import build_blocks, unchained_repeats
-from planner.trace.graph import BlockGraph, OpGraph, frozen_words, unpriced_words
+from planner.trace.graph import (FROZEN_PRICING, BlockGraph, OpGraph, frozen_words,
+                                 unpriced_words)
 from planner.trace.tp_roles import analyze
 from planner.units import counted, human_count
 
@@ -120,10 +121,8 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
                     f"{positions:,}", f"{positions:,}")
     frozen = prepared.info.get("frozen_params")
     if frozen:
-        log.warning("%s: %s, but plans price every parameter as trained: their gradients, "
-                    "optimizer states and gradient traffic are counted, so memory and step time "
-                    "come out high", prepared.info["name"],
-                    frozen_words(frozen, prepared.info["num_params"]))
+        log.info("%s: %s: %s", prepared.info["name"],
+                 frozen_words(frozen, prepared.info["num_params"]), FROZEN_PRICING)
     return prepared
 
 
@@ -167,6 +166,10 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     if not rm.num_params:
         raise SpecError(f"model: {rm.name} has no parameters, so there is no training to plan; "
                         "give the model whose weights you train")
+    if rm.frozen_params >= rm.num_params:
+        raise SpecError(f"model: {rm.name} trains none of its {human_count(rm.num_params)} "
+                        "parameters (all have requires_grad=False), so there is no training to "
+                        "plan; set requires_grad=True on those you train")
     log.info("model %s: %s parameters (%s); tracing it on the meta device %s (seconds; a minute "
              "for the largest)", rm.name, human_count(rm.num_params), rm.source,
              "for one sample" if per_sample else f"at {counted(rm.seq_len, 'token')}")

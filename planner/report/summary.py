@@ -17,7 +17,7 @@ from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
 from planner.search.feasibility import nearby_multiples
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
-from planner.trace.graph import frozen_words, unpriced_words
+from planner.trace.graph import FROZEN_PRICING, frozen_words, unpriced_words
 from planner.units import GB, cluster_text, counted, gb1, human_count, ms, seconds
 
 
@@ -226,8 +226,8 @@ def _flops(p: Plan) -> list[str]:
 
 
 def _caveats(p: Plan) -> list[str]:
-    """What the trace could not price (ops without a FLOP formula) or priced as it is not
-    trained (frozen parameters), as plan solve warned when it made the plan."""
+    """What the trace could not price (ops without a FLOP formula), as plan solve warned when it
+    made the plan, and how it priced frozen parameters."""
     lines = []
     unpriced = (p.provenance or {}).get("unpriced_ops") or []
     if unpriced:
@@ -235,9 +235,8 @@ def _caveats(p: Plan) -> list[str]:
                      f"by the bytes they move only: {unpriced_words(unpriced)}")
     frozen = p.model.get("frozen_params")
     if frozen:
-        lines += wrap(f"  frozen      {frozen_words(frozen, p.model['num_params'])}, but all are "
-                      "priced as trained (their gradients, optimizer states and gradient "
-                      "traffic counted)", indent="              ")
+        lines += wrap(f"  frozen      {frozen_words(frozen, p.model['num_params'])}: "
+                      f"{FROZEN_PRICING}", indent="              ")
     return lines
 
 

@@ -41,7 +41,9 @@ class ModelArrays:
     work: BlockWork
     """A BlockWork whose numeric fields are numpy arrays over blocks."""
     cut_bytes: np.ndarray
-    shared: list[tuple[int, int, float, bool]]
+    shared: list[tuple[int, int, float, bool, bool]]
+    """(first block, other block, parameters, tp-split, frozen) of each tied weight
+    (BlockGraph.shared)."""
     fwd_flops_per_sample: float
     train_flops_per_sample: float
     """Model FLOPs of forward + backward per sample (BlockWork.train_flops)."""
@@ -63,7 +65,7 @@ class ModelArrays:
         blocks = [bg.blocks[i] for i in order]
         cols = {f: np.array([getattr(b.work, f) for b in blocks], dtype=float) for f in WORK_FIELDS}
         idx = {b.name: i for i, b in enumerate(blocks)}
-        shared = [(idx[a], idx[b], float(n), bool(s)) for a, b, n, s in bg.shared]
+        shared = [(idx[a], idx[b], float(n), bool(s), bool(f)) for a, b, n, s, f in bg.shared]
         work = BlockWork(**cols)
         first: dict[tuple[BlockWork, bool], int] = {}
         same = [first.setdefault((b.work, b.recompute), i) for i, b in enumerate(blocks)]
@@ -91,6 +93,10 @@ class BlockCosts:
     params_local: np.ndarray
     expert_params_local: np.ndarray
     """The part of ``params_local`` in routed experts (sharded by ep x etp, reduced over edp)."""
+    frozen_local: np.ndarray
+    """The part of ``params_local`` not trained (BlockWork.frozen_params_tp and _rep)."""
+    frozen_expert_local: np.ndarray
+    """The part of ``frozen_local`` in routed experts."""
     accumulate_s: np.ndarray
     """Adding one micro-batch's weight gradients into the accumulated ones, where that is a pass
     of its own (eager kernels, and torch.compile per block, EngineSpec.fused_scope "layers":
@@ -285,13 +291,16 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     count = w.tp_collectives * (2 if sp else 1)  # sp: reduce-scatter + all-gather per all-reduce
     tp_s = comm.allreduce_s(tp_bytes, group, cluster, count=count)
     local = vec(w.params_tp / tp + w.params_rep - w.expert_params + w.expert_params / (ep * etp))
+    frozen = vec(w.frozen_params_tp / tp + w.frozen_params_rep - w.frozen_expert_params
+                 + w.frozen_expert_params / (ep * etp))
     accumulate = np.zeros(n)
     # Megatron's fused kernels fold accumulation into the wgrad GEMM; eager kernels do not,
     # nor does torch.compile per block (autograd adds each compiled backward's gradients)
     if engine.kernels == "eager" or engine.fused_scope == "layers":
         grad_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                           zero=0, dp=1, layout=engine.state_layout)["grads"]
-        accumulate = vec([compute.accumulate_s(x * grad_b, cluster.device) for x in local.tolist()])
+        accumulate = vec([compute.accumulate_s(x * grad_b, cluster.device)
+                          for x in (local - frozen).tolist()])  # (frozen weights: no gradient)
     costs = BlockCosts(
         fwd_s=vec([t.fwd_s for t in bt]),
         compute_s=vec([t.fwd_s + t.bwd_s for t in bt]),
@@ -323,6 +332,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         shared_fwd_s=vec([t.shared_fwd_s for t in bt]),
         shared_bwd_s=vec([t.shared_bwd_s for t in bt]),
         expert_params_local=vec(w.expert_params / (ep * etp)),
+        frozen_local=frozen,
+        frozen_expert_local=vec(w.frozen_expert_params / (ep * etp)),
         cp_comm_s=cp_s,
         cp_comm=form,
     )
@@ -402,13 +413,14 @@ def stage_memory(cfg: Config, costs: BlockCosts, ma: ModelArrays, training: Trai
     per stage (chunk, with interleaving) the micro-batches in flight on its rank, and the bytes a
     stage may use: ``capacity`` per GPU, of which a chunk may take 1/vpp (exact for vpp = 1).
     Tied weights read by two blocks are held once when both share a stage."""
-    bpp, _ = state_bytes_per_param(cfg, training)
+    bpp = (state_bytes_per_param(cfg, training)[0],
+           state_bytes_per_param(cfg, training, trainable=False)[0])  # (trained, frozen)
     copy = fp8_copy_bytes_per_param(cfg, training)
     rank_in_flight = in_flight_per_rank(cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.vpp)
     layer = ma.checkpointed
     # a tied weight held once keeps an FP8 copy where a layer reads it
-    shared = [(a, b, (bpp if layer[a] and layer[b] else bpp - copy) * (n / cfg.tp if split else n))
-              for a, b, n, split in ma.shared]
+    shared = [(a, b, (bpp[frozen] - (0.0 if layer[a] and layer[b] else copy))
+               * (n / cfg.tp if split else n)) for a, b, n, split, frozen in ma.shared]
     static = block_state_bytes(cfg, costs, ma, training)
     return StageMemory(static=static.tolist(), act=costs.act_bytes.tolist(),
                        work=working_bytes(cfg, costs, training).tolist(),
@@ -435,16 +447,18 @@ def working_bytes(cfg: Config, costs: BlockCosts, training: TrainingSpec) -> np.
     both take a stage's largest."""
     if cfg.zero < 2:
         return costs.work_bytes
-    per_param = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                         zero=0, dp=1,
-                                         layout=training.engine.state_layout)["grads"]
-    if cfg.zero == 3:
-        per_param += 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)]
+    grad_b = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                      zero=0, dp=1, layout=training.engine.state_layout)["grads"]
+    gathered_b = 2 * DTYPE_BYTES[precision.core_dtype(training.dtype)] if cfg.zero == 3 else 0.0
+    dense_on = cfg.dp * cfg.cp > 1 and not deferred_sync(cfg, training)
+    experts_on = ((cfg.edp > 1 or training.engine.fsdp_copies)
+                  and not expert_deferred_sync(cfg, training))
     dense = costs.params_local - costs.expert_params_local
-    sharded = (dense * (cfg.dp * cfg.cp > 1 and not deferred_sync(cfg, training))
-               + costs.expert_params_local * ((cfg.edp > 1 or training.engine.fsdp_copies)
-                                              and not expert_deferred_sync(cfg, training)))
-    return costs.work_bytes + per_param * sharded
+    frozen_dense = costs.frozen_local - costs.frozen_expert_local
+    trained = ((dense - frozen_dense) * dense_on
+               + (costs.expert_params_local - costs.frozen_expert_local) * experts_on)
+    held = dense * dense_on + costs.expert_params_local * experts_on  # frozen weights gathered too
+    return costs.work_bytes + grad_b * trained + gathered_b * held
 
 
 def block_state_bytes(cfg: Config, costs: BlockCosts, ma: ModelArrays,
@@ -453,8 +467,12 @@ def block_state_bytes(cfg: Config, costs: BlockCosts, ma: ModelArrays,
     the dense parameters of blocks outside the repeated layers keep no FP8 weight copies, since
     their GEMMs stay 16-bit (costmodels.precision)."""
     bpp, expert_bpp = state_bytes_per_param(cfg, training)
+    frozen_bpp, frozen_expert_bpp = state_bytes_per_param(cfg, training, trainable=False)
     dense = costs.params_local - costs.expert_params_local
-    static = dense * bpp + costs.expert_params_local * expert_bpp
+    frozen_dense = costs.frozen_local - costs.frozen_expert_local
+    static = ((dense - frozen_dense) * bpp + frozen_dense * frozen_bpp
+              + (costs.expert_params_local - costs.frozen_expert_local) * expert_bpp
+              + costs.frozen_expert_local * frozen_expert_bpp)
     copy = fp8_copy_bytes_per_param(cfg, training)
     return static - np.where(ma.checkpointed, 0.0, dense) * copy if copy else static
 
@@ -470,12 +488,14 @@ def fp8_copy_bytes_per_param(cfg: Config, training: TrainingSpec) -> float:
         layout=training.engine.state_layout).get("fp8_weights", 0.0)
 
 
-def state_bytes_per_param(cfg: Config, training: TrainingSpec) -> tuple[float, float]:
+def state_bytes_per_param(cfg: Config, training: TrainingSpec,
+                          trainable: bool = True) -> tuple[float, float]:
     """Model-state bytes per local parameter after ZeRO sharding: (dense parameters, whose states
     ZeRO shards over the dp x cp ranks holding them; routed experts', sharded over their edp
-    replicas)."""
+    replicas); ``trainable=False``: of frozen ones (weights only)."""
     kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
-              offload=cfg.offload_optimizer, layout=training.engine.state_layout)
+              offload=cfg.offload_optimizer, layout=training.engine.state_layout,
+              trainable=trainable)
     return (memory.state_bytes_per_param(dp=cfg.dp * cfg.cp, **kw,
                                          deferred=deferred_sync(cfg, training)),
             memory.state_bytes_per_param(dp=cfg.edp, **kw,

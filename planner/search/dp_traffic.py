@@ -18,7 +18,8 @@ from planner.search.costs import fsdp_pipelined
 
 
 def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, *,
-                  pipelined: bool = False, replicas: int | None = None) -> float:
+                  pipelined: bool = False, replicas: int | None = None,
+                  frozen: float = 0.0) -> float:
     """Buffer copies of FSDP2-style data parallelism per step (EngineSpec.fsdp_copies), for
     ``params`` parameters on the rank, each copy of their weights or gradients at the bytes data
     parallelism moves them in (``per``):
@@ -32,7 +33,8 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, 
       counts, and one reduce-scatter (ZeRO-2 too).
 
     ``replicas``: the ranks holding copies of these parameters (default dp x cp: context-parallel
-    ranks reduce their gradients the same way; the experts' edp)."""
+    ranks reduce their gradients the same way; the experts' edp). ``frozen`` of the ``params``
+    have no gradients (nor, below ZeRO-3, updated weights to gather): frozen_traffic."""
     if replicas is None:
         replicas = cfg.dp * cfg.cp
     if replicas <= 1:
@@ -46,8 +48,23 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, 
     else:
         gathers, scatters = zero3_calls(cfg.num_microbatches, pipelined)
         weights, grads = gathers * (1.0 + shard), scatters * (1.0 + shard)
-    return (weights * compute.copy_s(params * per.weights, device)
-            + grads * compute.copy_s(params * per.grads, device))
+    reduced, gathered = frozen_traffic(cfg.zero, params, frozen)
+    return (weights * compute.copy_s(gathered * per.weights, device)
+            + grads * compute.copy_s(reduced * per.grads, device))
+
+
+def _moved(collective, nbytes, group, cluster: Cluster):
+    """``collective``'s seconds for ``nbytes`` (a number or numpy array), none where there is
+    nothing to move (a rank whose parameters are all frozen issues no gradient collective)."""
+    return collective(nbytes, group, cluster) * (nbytes > 0)
+
+
+def frozen_traffic(zero: int, params, frozen):
+    """(parameters whose gradients are reduced, parameters whose weights are all-gathered) of
+    ``params`` with ``frozen`` of them not trained: a frozen weight has no gradient and, never
+    updated, is gathered only where ZeRO-3 shards the weights themselves."""
+    trained = params - frozen
+    return trained, (params if zero == 3 else trained)
 
 
 @dataclass(frozen=True)
@@ -89,7 +106,7 @@ def windows_left(compute_s, backward_s, used: tuple) -> tuple:
 
 
 def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, *,
-                 pipelined: bool = False, gather_overlap: bool = False):
+                 pipelined: bool = False, gather_overlap: bool = False, frozen=0.0):
     """Seconds of the windows that hide data-parallel traffic (``exposed_dp_s``) that ``params``
     parameters' traffic occupies, per micro-batch, as (forward, backward): the reduction in the
     last micro-batch's backward for ZeRO-0/1, in each micro-batch's for ZeRO-2, and with
@@ -99,22 +116,23 @@ def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
     (DeviceSpec.overlap_slowdown), so M seconds of traffic use M / (1 + s) of the compute: what
     is left for the next traffic, which windows_left subtracts (the stretch is exposed_dp_s's)."""
     used = _window_traffic_s(cfg, params, per, group, cluster, pipelined=pipelined,
-                             gather_overlap=gather_overlap)
+                             gather_overlap=gather_overlap, frozen=frozen)
     slow = cluster.device.overlap_slowdown
     return used[0] / (1.0 + slow), used[1] / (1.0 + slow)
 
 
 def _window_traffic_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, *,
-                      pipelined: bool, gather_overlap: bool):
+                      pipelined: bool, gather_overlap: bool, frozen=0.0):
     """(forward, backward) seconds of the traffic window_use_s places in each window."""
+    reduced, gathered = frozen_traffic(cfg.zero, params, frozen)
     if pipelined:
         gathers = zero3_calls(cfg.num_microbatches, True)[0] if cfg.zero == 3 else 0
-        return 0.0, gathers * comm.allgather_s(params * per.weights, group, cluster) / \
-            cfg.num_microbatches
+        gather = _moved(comm.allgather_s, gathered * per.weights, group, cluster)
+        return 0.0, gathers * gather / cfg.num_microbatches
     if cfg.zero == 0:
-        return 0.0, comm.allreduce_s(params * per.grads, group, cluster)
-    scatter = comm.reduce_scatter_s(params * per.grads, group, cluster)
-    gather = comm.allgather_s(params * per.weights, group, cluster)
+        return 0.0, _moved(comm.allreduce_s, reduced * per.grads, group, cluster)
+    scatter = _moved(comm.reduce_scatter_s, reduced * per.grads, group, cluster)
+    gather = _moved(comm.allgather_s, gathered * per.weights, group, cluster)
     if cfg.zero <= 2:
         return (gather if gather_overlap else 0.0), scatter
     return gather, gather + scatter
@@ -122,7 +140,7 @@ def _window_traffic_s(cfg: Config, params, per: DataParallelBytes, group, cluste
 
 def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, compute_s,
                  backward_s, overlap: bool, *, pipelined: bool = False,
-                 gather_overlap: bool = False):
+                 gather_overlap: bool = False, frozen=0.0):
     """Data-parallel traffic of one step that compute does not hide (Rajbhandari et al. 2020, §7):
 
     - ZeRO-0/1: gradients accumulate locally; one all-reduce (ZeRO-1: a reduce-scatter, the same
@@ -141,29 +159,32 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
       (zero3_calls), behind compute.
     Hidden traffic still slows the compute it runs beside (comm.beside_compute_s, the device's
     overlap_slowdown). Without overlap every byte is exposed. Gradients travel at ``per.grads`` bytes per parameter,
-    gathered weights at ``per.weights``. ``params``, ``compute_s`` and ``backward_s`` may be
-    numpy arrays (one entry per pipeline rank)."""
+    gathered weights at ``per.weights``; ``frozen`` of the ``params`` move no gradient and, below
+    ZeRO-3, no weights (frozen_traffic). ``params``, ``frozen``, ``compute_s`` and ``backward_s``
+    may be numpy arrays (one entry per pipeline rank)."""
     m = cfg.num_microbatches
     slow = cluster.device.overlap_slowdown
 
     def beside(comm_s, window_s):  # hidden behind compute, at the cost of slowing it
         return comm.beside_compute_s(comm_s, window_s, slow)
 
-    scatter = comm.reduce_scatter_s(params * per.grads, group, cluster)
-    gather = comm.allgather_s(params * per.weights, group, cluster)
+    reduced, gathered = frozen_traffic(cfg.zero, params, frozen)
+    scatter = _moved(comm.reduce_scatter_s, reduced * per.grads, group, cluster)
+    gather = _moved(comm.allgather_s, gathered * per.weights, group, cluster)
     weights = (beside(gather, compute_s - backward_s) if overlap and gather_overlap
                else gather)  # ZeRO-1/2's all-gather of the updated weights
     if pipelined:
         if cfg.zero <= 1:
-            return comm.allreduce_s(params * per.grads, group, cluster) if cfg.zero == 0 \
-                else scatter + gather
+            if cfg.zero == 0:
+                return _moved(comm.allreduce_s, reduced * per.grads, group, cluster)
+            return scatter + gather
         if cfg.zero == 2:
             return gather + scatter
         gathers = zero3_calls(m, True)[0] * gather
         return scatter + (beside(gathers, m * compute_s) if overlap else gathers)
     if cfg.zero <= 1:  # ZeRO-1 runs the two halves as separate calls (backend speeds may differ)
         if cfg.zero == 0:
-            sync = comm.allreduce_s(params * per.grads, group, cluster)
+            sync = _moved(comm.allreduce_s, reduced * per.grads, group, cluster)
             return beside(sync, backward_s) if overlap else sync
         return weights + (beside(scatter, backward_s) if overlap else scatter)
     if cfg.zero == 2:

@@ -278,9 +278,11 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
                                       training.engine.overlaps_reduction(zero=cfg.zero,
                                                                          pp=cfg.pp),
                                       pipelined=fsdp_pipelined(cfg, training),
-                                      gather_overlap=training.engine.overlap_param_gather))
+                                      gather_overlap=training.engine.overlap_param_gather,
+                                      frozen=st.frozen_params))
         shard = cfg.dp if cfg.zero >= 1 else 1
-        opt_s = max(opt_s, compute.optimizer_step_s(st.params / shard, group.device,
+        opt_s = max(opt_s, compute.optimizer_step_s((st.params - st.frozen_params) / shard,
+                                                    group.device,
                                                     traffic_bytes_per_param=traffic))
     est = assemble(lay, stages, ranks, dp_s, opt_s, ma, training, cuts)  # as laid out
     offsets = list(itertools.accumulate([0] + [g.num_gpus for g in hc.groups]))

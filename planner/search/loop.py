@@ -129,11 +129,14 @@ class _Pricer:
         """Per block: the seconds of one micro-batch on the fastest device holding it."""
         return costs.time_s
 
-    def params(self, costs, tp: int) -> float:
-        """Parameters one tensor-parallel rank holds over the whole model, each tied weight
-        once."""
-        tied = sum(n / tp if split else n for _, _, n, split in self.ma.shared)
-        return float(self.one(costs).params_local.sum()) - tied
+    def params(self, costs, tp: int) -> tuple[float, float]:
+        """(parameters, frozen parameters) one tensor-parallel rank holds over the whole model,
+        each tied weight once."""
+        tied = [n / tp if split else n for _, _, n, split, _ in self.ma.shared]
+        frozen = sum(n for n, (*_, f) in zip(tied, self.ma.shared) if f)
+        one = self.one(costs)
+        return (float(one.params_local.sum()) - sum(tied),
+                float(one.frozen_local.sum()) - frozen)
 
     def one(self, costs):
         """Device-independent figures (parameters, activation bytes) from ``costs``."""
@@ -433,8 +436,8 @@ class _Screen:
 
     def __init__(self, group: Group, costs, pricer: _Pricer, training: TrainingSpec):
         self.group, self.pricer, self.training = group, pricer, training
-        (self.params, self.acts, self.total_s, self.slowest_s, self.fwd_s, self.experts,
-         self.compute_s) = _totals(pricer, costs, group.key.tp)
+        (self.params, self.frozen, self.acts, self.total_s, self.slowest_s, self.fwd_s,
+         self.experts, self.frozen_experts, self.compute_s) = _totals(pricer, costs, group.key.tp)
         base = group.config(group.variants[0])
         self.replicas, self.edp = base.dp * base.cp, base.edp
         self.dp_rates = [] if isinstance(pricer, _GroupPricer) else pricer.dp_rates(base)
@@ -471,9 +474,11 @@ class _Screen:
         GPipe), any split of the blocks leaves some rank with at least
         (A + S / max c) / sum(1 / c_i): the average of the ranks' memory weighted by 1 / c_i."""
         t = self.training
-        bpp = _least_state_bytes(zero, offload, self.replicas, self.edp, t.dtype, t.optimizer,
-                                 t.engine.state_layout)  # experts' states may shard further
-        states = self.params * bpp
+        kw = dict(zero=zero, offload=offload, replicas=self.replicas, edp=self.edp,
+                  dtype=t.dtype, optimizer=t.optimizer, layout=t.engine.state_layout)
+        # (experts' states may shard further; frozen parameters keep their weights only)
+        states = ((self.params - self.frozen) * _least_state_bytes(**kw)
+                  + self.frozen * _least_state_bytes(**kw, trainable=False))
         pp = self.group.pp
         most, spread = _in_flight_spread(pp, self.group.num_microbatches, gpipe)
         need = (self.acts + states / most) / spread
@@ -497,20 +502,21 @@ class _Screen:
 
     def dp_bound_s(self, zero: int) -> float:
         """A lower bound of the exposed data-parallel traffic (dp_traffic.dp_floor_s at the ranks'
-        means: 1/pp of the dense and expert parameters and of the compute); 0 on device
-        groups."""
+        means: 1/pp of the dense and expert parameters and of the compute; of the trained ones,
+        frozen weights' ZeRO-3 gathers left out); 0 on device groups."""
         pp = self.group.pp
-        return dp_floor_s(zero, self.group.num_microbatches, (self.params - self.experts) / pp,
-                          self.experts / pp, self.compute_s / pp, self.dp_rates)
+        trained, experts_ = self.params - self.frozen, self.experts - self.frozen_experts
+        return dp_floor_s(zero, self.group.num_microbatches, (trained - experts_) / pp,
+                          experts_ / pp, self.compute_s / pp, self.dp_rates)
 
     def optimizer_bound_s(self, zero: int, offload: bool) -> float:
         """A lower bound of the optimizer step: the busiest rank holds at least 1/pp of the
-        parameters, sharded at most over max(dp x cp, edp) ranks (ZeRO >= 1); 0 on device
-        groups."""
+        trained parameters, sharded at most over max(dp x cp, edp) ranks (ZeRO >= 1); 0 on
+        device groups."""
         if isinstance(self.pricer, _GroupPricer):
             return 0.0
         shard = max(self.replicas, self.edp) if zero >= 1 else 1
-        per_rank = self.params / self.group.pp / shard
+        per_rank = (self.params - self.frozen) / self.group.pp / shard
         device, t = self.pricer.cluster.device, self.training
         traffic = memory.optimizer_traffic_bytes(dtype=t.dtype, optimizer=t.optimizer,
                                                  layout=t.engine.state_layout)
@@ -524,13 +530,15 @@ class _Screen:
 
 
 @functools.lru_cache(maxsize=4096)
-def _least_state_bytes(zero: int, offload: bool, replicas: int, edp: int, dtype: str,
-                       optimizer: str, layout: str) -> float:
+def _least_state_bytes(*, zero: int, offload: bool, replicas: int, edp: int, dtype: str,
+                       optimizer: str, layout: str, trainable: bool = True) -> float:
     """The fewer model-state bytes per parameter of the dense parameters (sharded over
     ``replicas``) and the experts' (over ``edp``): costs.state_bytes_per_param, without FP8
     weight copies (the blocks outside the layers keep none) and without what a deferred FSDP2
-    gradient sync adds (costs.deferred_sync): a lower bound."""
-    kw = dict(dtype=dtype, optimizer=optimizer, zero=zero, offload=offload, layout=layout)
+    gradient sync adds (costs.deferred_sync): a lower bound. ``trainable=False``: of frozen
+    parameters (weights only)."""
+    kw = dict(dtype=dtype, optimizer=optimizer, zero=zero, offload=offload, layout=layout,
+              frozen=0.0 if trainable else 1.0)
 
     def without_copies(dp: int) -> float:
         states = memory.model_state_bytes(1.0, dp=dp, **kw)
@@ -553,10 +561,10 @@ _TOTALS: dict = {}
 
 
 def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, ...]:
-    """(parameters held per tp rank, one micro-batch's activation bytes over the model, the
-    blocks' seconds on their fastest devices: in all and the slowest block's, and the forward
-    seconds of the fastest device's blocks, the routed experts' parameters per tp rank, and the
-    compute of one micro-batch through every block with its gradient accumulation (at least
+    """(parameters held per tp rank and the frozen ones of them, one micro-batch's activation
+    bytes over the model, the blocks' seconds on their fastest devices: in all and the slowest
+    block's, and the forward seconds of the fastest device's blocks, the routed experts'
+    parameters per tp rank and the frozen ones of them, and the compute of one micro-batch through every block with its gradient accumulation (at least
     what Split.rank_compute_s adds up): these three 0 on device groups) of ``costs``, computed
     once per costs object (the last few kept)."""
     key = id(costs)
@@ -568,11 +576,12 @@ def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, ...]:
         one_type = not isinstance(pricer, _GroupPricer)
         forward = float(costs.fwd_s.sum()) if one_type else 0.0
         experts_ = float(costs.expert_params_local.sum()) if one_type else 0.0
+        frozen_experts = float(costs.frozen_expert_local.sum()) if one_type else 0.0
         compute_s = float(np.sum(costs.compute_s + costs.recompute_s + costs.accumulate_s)
                           ) if one_type else 0.0
-        hit = _TOTALS[key] = (costs, pricer.params(costs, tp),
+        hit = _TOTALS[key] = (costs, *pricer.params(costs, tp),
                               float(pricer.one(costs).act_bytes.sum()), float(fastest.sum()),
-                              float(fastest.max()), forward, experts_, compute_s)
+                              float(fastest.max()), forward, experts_, frozen_experts, compute_s)
     return hit[1:]
 
 

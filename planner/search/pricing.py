@@ -49,6 +49,9 @@ class StageEstimate:
     expert_params: float = 0.0
     """The part of ``params`` in routed experts (their states sharded over edp, their gradients
     reduced over it)."""
+    frozen_params: float = 0.0
+    """The part of ``params`` not trained (weights only: no gradients, optimizer states,
+    gradient traffic or update)."""
     dtensor_params: float = 0.0
     """Parameter tensors of the rank that the runtime makes DTensors (tensor-parallel ones; all
     of them under data parallelism, which FSDP2 wraps)."""
@@ -166,8 +169,9 @@ class Split:
         pipe_s = pipeline.step_time_s(time_s, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp,
                                       wgrad_s=wgrad, fwd_s=fwd)
         ranks = self.ranks
-        dp_s = dp_floor_s(cfg.zero, m, ranks.params - ranks.expert_params, ranks.expert_params,
-                          self.rank_compute_s, rates)
+        dp_s = dp_floor_s(cfg.zero, m, ranks.params - ranks.expert_params
+                          - (ranks.frozen - ranks.frozen_experts),
+                          ranks.expert_params - ranks.frozen_experts, self.rank_compute_s, rates)
         return pipe_s + dp_s + self.optimizer_s(device)
 
     def optimizer_s(self, device) -> float:
@@ -196,6 +200,7 @@ class Split:
         memories = ranks.dicts()
         params, experts_, dtensors = (ranks.params.tolist(), ranks.expert_params.tolist(),
                                       ranks.dtensors.tolist())
+        frozen = ranks.frozen.tolist()
         compute_s, tp_s, p2p_s = self.compute_s.tolist(), self.tp_s.tolist(), placed.p2p_s.tolist()
         fwd_s, rc_s, act = self.fwd_s.tolist(), self.rc_s.tolist(), self.act.tolist()
         cp_s, ep_s, names = self.cp_s.tolist(), placed.ep_s.tolist(), self.ma.names
@@ -205,7 +210,8 @@ class Split:
                                 in_flight=ranks.in_flight[c % pp], memory=memories[c % pp],
                                 fwd_s=fwd_s[c], recompute_s=rc_s[c], act_bytes=act[c],
                                 cp_comm_s=cp_s[c], ep_comm_s=ep_s[c], wgrad_s=wgrad_s[c],
-                                expert_params=experts_[c % pp], dtensor_params=dtensors[c % pp])
+                                expert_params=experts_[c % pp], dtensor_params=dtensors[c % pp],
+                                frozen_params=frozen[c % pp])
                   for c, (a, b) in enumerate(zip(self.bounds, self.bounds[1:]))]
         model_flops, hardware_flops = step_flops(self.ma, cfg, self.training)
         return Estimate(config=cfg, stages=stages, step_time_s=placed.step_time_s,
@@ -489,6 +495,8 @@ class RankMemory:
         # per chunk (one pass over the blocks each): sums and maxima the ranks add up below
         chunk_params = np.add.reduceat(costs.params_local, starts)
         chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
+        chunk_frozen = np.add.reduceat(costs.frozen_local, starts)
+        chunk_frozen_experts = np.add.reduceat(costs.frozen_expert_local, starts)
         chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local
                                                - costs.expert_params_local), starts)
         chunk_work = np.maximum.reduceat(working_bytes(cfg, costs, training), starts)
@@ -497,17 +505,23 @@ class RankMemory:
         kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
                   offload=cfg.offload_optimizer, layout=training.engine.state_layout)
         # tied weights read by two blocks on one rank are held once
-        tied, tied_outer = [0.0] * pp, [0.0] * pp
+        tied, tied_outer, tied_frozen = [0.0] * pp, [0.0] * pp, [0.0] * pp
         if ma.shared:
             owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % pp
-            for i, j, n, split in ma.shared:
+            for i, j, n, split, frozen in ma.shared:
                 if owner[i] == owner[j]:
                     tied[owner[i]] += n / cfg.tp if split else n
+                    if frozen:
+                        tied_frozen[owner[i]] += n / cfg.tp if split else n
                     # held once, with an FP8 copy only where layers alone read it
                     if not (ma.checkpointed[i] and ma.checkpointed[j]):
                         tied_outer[owner[i]] += n / cfg.tp if split else n
         self.params = rank_sums(chunk_params, pp) - np.array(tied)
         self.expert_params = rank_sums(chunk_experts, pp)
+        self.frozen = rank_sums(chunk_frozen, pp) - np.array(tied_frozen)
+        """Of ``params``, those not trained (weights only: no gradient, traffic or update)."""
+        self.frozen_experts = rank_sums(chunk_frozen_experts, pp)
+        """Of ``expert_params``, those not trained."""
         self.outer_params = np.maximum(0.0, rank_sums(chunk_outer, pp) - np.array(tied_outer))
         """Dense parameters outside the repeated layers (embedding, output projection) that no
         layer reads: under fp8 their GEMMs stay 16-bit (costmodels.precision), so they keep no
@@ -516,11 +530,13 @@ class RankMemory:
         """Per rank, as costmodels.pipeline.in_flight gives it (an int or a float)."""
         deferred = deferred_sync(cfg, training)
         states = memory.model_state_bytes(self.params - self.expert_params, dp=cfg.dp * cfg.cp,
-                                          **kw, deferred=deferred)
+                                          **kw, deferred=deferred,
+                                          frozen=self.frozen - self.frozen_experts)
         has_experts = self.expert_params != 0
         if has_experts.any():  # the experts' states, sharded over their own replicas
             expert_states = memory.model_state_bytes(
-                self.expert_params, dp=cfg.edp, **kw, deferred=expert_deferred_sync(cfg, training))
+                self.expert_params, dp=cfg.edp, **kw, deferred=expert_deferred_sync(cfg, training),
+                frozen=self.frozen_experts)
             states = {k: np.where(has_experts, v + expert_states[k], v) for k, v in states.items()}
         if "fp8_weights" in states:
             states["fp8_weights"] = states["fp8_weights"] - \
@@ -544,13 +560,15 @@ class RankMemory:
         return [{k: v[r] for k, v in columns.items()} for r in range(len(self.in_flight))]
 
     def fill(self, stages, dicts: list[dict]) -> None:
-        """Each chunk's params, in_flight, memory, expert_params, dtensor_params from its rank."""
+        """Each chunk's params, in_flight, memory, expert_params, frozen_params, dtensor_params
+        from its rank."""
         params, experts_ = self.params.tolist(), self.expert_params.tolist()
-        dtensors = self.dtensors.tolist()
+        dtensors, frozen = self.dtensors.tolist(), self.frozen.tolist()
         for st in stages:
             r = st.rank
             st.params, st.in_flight, st.memory = params[r], self.in_flight[r], dicts[r]
             st.expert_params, st.dtensor_params = experts_[r], dtensors[r]
+            st.frozen_params = frozen[r]
 
 
 def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) -> list[dict]:
@@ -570,35 +588,39 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     per = DataParallelBytes.of(training)
     ranks = split.ranks
     params, expert_params = ranks.params, ranks.expert_params
+    frozen, frozen_experts = ranks.frozen, ranks.frozen_experts
     compute_s, backward_s = split.rank_compute_s, split.rank_backward_s
     overlap = training.engine.overlaps_reduction(zero=cfg.zero, pp=cfg.pp)
     gathers = training.engine.overlap_param_gather
     pipelined = fsdp_pipelined(cfg, training)
-    dense = params - expert_params
+    dense, frozen_dense = params - expert_params, frozen - frozen_experts
     exposed = exposed_dp_s(cfg, dense, per, group, cluster, compute_s, backward_s, overlap,
-                           pipelined=pipelined, gather_overlap=gathers)
+                           pipelined=pipelined, gather_overlap=gathers, frozen=frozen_dense)
     has_experts = expert_params != 0
     if has_experts.any():
         # the experts' gradients, over their own replicas, after the dense ones on the same links:
         # they get what the dense traffic leaves of the windows that hide it
         left_compute, left_backward = windows_left(compute_s, backward_s, window_use_s(
-            cfg, dense, per, group, cluster, pipelined=pipelined, gather_overlap=gathers))
+            cfg, dense, per, group, cluster, pipelined=pipelined, gather_overlap=gathers,
+            frozen=frozen_dense))
         exposed = exposed + np.where(has_experts, exposed_dp_s(
             cfg, expert_params, per, expert_group, cluster, left_compute, left_backward,
-            overlap, pipelined=pipelined, gather_overlap=gathers),
+            overlap, pipelined=pipelined, gather_overlap=gathers, frozen=frozen_experts),
             0.0)
     if training.engine.fsdp_copies:
         # FSDP2 copies what it wraps: the dense parameters, and the experts too without expert
         # parallelism; with ep > 1 the experts over edp in an FSDP2 of their own
         # (EngineSpec.fsdp_experts), or not at all (reduced apart, in place)
-        wrapped = dense if cfg.ep > 1 else params
+        wrapped, held = (dense, frozen_dense) if cfg.ep > 1 else (params, frozen)
         exposed = exposed + np.array([fsdp_copies_s(cfg, n, per, cluster.device,
-                                                    pipelined=pipelined)
-                                      for n in wrapped.tolist()])
+                                                    pipelined=pipelined, frozen=f)
+                                      for n, f in zip(wrapped.tolist(), held.tolist())])
         if cfg.ep > 1 and training.engine.fsdp_experts:
             exposed = exposed + np.array([fsdp_copies_s(cfg, n, per, cluster.device,
-                                                        pipelined=pipelined, replicas=cfg.edp)
-                                          for n in expert_params.tolist()])
+                                                        pipelined=pipelined, replicas=cfg.edp,
+                                                        frozen=f)
+                                          for n, f in zip(expert_params.tolist(),
+                                                          frozen_experts.tolist())])
     return max(0.0, float(np.max(exposed))), split.optimizer_s(cluster.device)
 
 
@@ -611,7 +633,9 @@ def _optimizer_s(cfg: Config, split: Split, device, training: TrainingSpec) -> f
                                              layout=training.engine.state_layout)
     refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
     ranks = split.ranks
-    params, expert_params = ranks.params, ranks.expert_params
+    # frozen parameters are not updated (nor, under fp8, their FP8 copies refreshed)
+    params = ranks.params - ranks.frozen
+    expert_params = ranks.expert_params - ranks.frozen_experts
     dense = params - expert_params
     dense_shard = cfg.dp * cfg.cp if cfg.zero >= 1 else 1
     expert_shard = cfg.edp if cfg.zero >= 1 else 1
@@ -628,5 +652,6 @@ def _optimizer_s(cfg: Config, split: Split, device, training: TrainingSpec) -> f
                                         traffic_bytes_per_param=traffic,
                                         dtensor_params=ranks.dtensors)
     # the FP8 copies of the layers' weights, refreshed after the update
-    step = step + (params - ranks.outer_params) * refresh_b / device.memory_bytes_per_s
+    step = step + np.maximum(0.0, params - ranks.outer_params) * refresh_b \
+        / device.memory_bytes_per_s
     return max(0.0, float(np.max(step)))

@@ -186,7 +186,7 @@ def placement_report(est, ma, hc: HeteroCluster, training) -> dict:
     cut = [float(ma.cut_bytes[bounds[s + 1] - 1]) * cfg.micro_batch
            if s + 1 < len(est.stages) else 0.0 for s in range(len(est.stages))]
     per = DataParallelBytes.of(training)  # the all-reduce moves gradients as kept
-    grads = [st.params * per.grads for st in est.stages]
+    grads = [(st.params - st.frozen_params) * per.grads for st in est.stages]
     chosen = [names[st.group] for st in est.stages]
     out = compare(hc, cfg, chosen, stage_compute, cut, grads,
                   training.engine.overlaps_reduction(zero=cfg.zero, pp=cfg.pp),

@@ -13,7 +13,8 @@
   are recomputed there from the chain's inputs, as torch.compile's min-cut partitioner does).
 - A saved activation counts once per block (by storage), as split when the op producing it runs
   split; the scores of an eager attention core are the attention core's (``act_bytes_attn``).
-- ``input_bytes``: gradient-carrying tensors made outside the block and read inside it.
+- ``input_bytes``: activations made outside the block and read inside it (none for a block that
+  trains nothing: it keeps nothing for a backward).
 """
 
 from __future__ import annotations
@@ -136,11 +137,17 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     fused = fused_traffic(graph, tp, op_names, scores)
     acc.update(_op_level_checkpointing(op_names, by, tp))
     acc.update(_backward_transient(op_names, by, tp, scores))
+    # (a block with nothing to train keeps nothing for a backward, its input neither)
     acc["input_bytes"] = sum(by[i].out_bytes for i in {
         src for n in op_names for src in by[n].inputs
-        if src not in members and by[src].requires_grad})
+        if src not in members and by[src].differentiable}) \
+        if any(by[n].requires_grad for n in op_names) else 0.0
     params_tp = sum(graph.params[p].numel for p, s in param_split.items() if s and p in graph.params)
     params_rep = sum(graph.params[p].numel for p, s in param_split.items() if not s and p in graph.params)
+    frozen = {p for p in param_split if p in graph.params and not graph.params[p].trainable}
+    acc["frozen_params_tp"] = float(sum(graph.params[p].numel for p in frozen if param_split[p]))
+    acc["frozen_params_rep"] = float(sum(graph.params[p].numel for p in frozen
+                                         if not param_split[p]))
     moved = acc["mem_bytes_tp"] + acc["mem_bytes_rep"]
     weight, weighted = acc.pop("head_dim_weight"), acc.pop("head_dim_flops")
     acc["attn_head_dim"] = weighted / weight if weight else 0.0
@@ -158,6 +165,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
               and name not in routers}
     acc["expert_params"] = float(sum(graph.params[p].numel for p in expert_weights | biases
                                      if p in graph.params and not param_split.get(p)))
+    acc["frozen_expert_params"] = float(sum(graph.params[p].numel for p in expert_weights | biases
+                                            if p in frozen and not param_split.get(p)))
     acc["expert_bias"] = float(bool(biases))
     if acc["num_experts"] and graph.expert_groups:  # the router's groups (planner.trace.tracers)
         acc["expert_groups"], acc["expert_groups_per_token"] = map(float, graph.expert_groups)

@@ -39,7 +39,7 @@ def unchained_repeats(graph: OpGraph) -> set[str]:
             bad.add(rep.fqn)
             continue
         feeds = any(keys.get(i) == first for op in graph.ops if keys.get(op.name) == second
-                    for i in op.inputs if by[i].requires_grad)
+                    for i in op.inputs if by[i].differentiable)
         if not feeds:
             bad.add(rep.fqn)
     return bad
@@ -81,7 +81,8 @@ def _shared_params(blocks: list[Block], graph: OpGraph) -> list[list]:
     for b in blocks:
         for p in b.params:
             if p in first:
-                out.append([first[p], b.name, graph.params[p].numel, p in b.split_params])
+                out.append([first[p], b.name, graph.params[p].numel, p in b.split_params,
+                            not graph.params[p].trainable])
             else:
                 first[p] = b.name
     return out
@@ -138,7 +139,7 @@ def _assign(graph: OpGraph) -> dict[str, str]:
     last_traced = {f"{r.fqn}.{r.traced - 1}" for r in graph.repeats if r.traced < r.count}
     for op in glue:  # forward: gradient-carrying glue with one producer block joins it
         producers = {keys[i] for i in op.inputs if i in keys}
-        if op.requires_grad and len(producers) == 1 and not producers & last_traced:
+        if op.differentiable and len(producers) == 1 and not producers & last_traced:
             keys[op.name] = producers.pop()
     for op in reversed(glue):  # backward: joins and constants go to their first consumer
         if op.name not in keys:
@@ -183,7 +184,7 @@ def _first_indices(graph: OpGraph, keys: dict[str, str]) -> dict[str, int]:
     for i, op in enumerate(graph.ops):
         if op.name in keys:
             any_op.setdefault(keys[op.name], i)
-            if op.requires_grad or op.params:
+            if op.differentiable or op.params:
                 first.setdefault(keys[op.name], i)
     return {k: first.get(k, i) for k, i in any_op.items()}
 
@@ -196,7 +197,7 @@ def _merge_constant_blocks(graph: OpGraph, keys: dict[str, str]) -> dict[str, st
     for name, key in keys.items():
         groups.setdefault(key, []).append(name)
     for key, names in groups.items():
-        if any(by[n].requires_grad or by[n].params for n in names):
+        if any(by[n].differentiable or by[n].params for n in names):
             continue
         users = [keys[c] for n in names for c in cons[n] if keys.get(c) not in (None, key)]
         if users:
@@ -268,7 +269,7 @@ def _edges(graph: OpGraph, keys: dict[str, str]) -> list[BlockEdge]:
         if op.name not in keys:
             continue
         for src in op.inputs:
-            if src not in keys or keys[src] == keys[op.name] or not by[src].requires_grad:
+            if src not in keys or keys[src] == keys[op.name] or not by[src].differentiable:
                 continue
             key = (src, keys[op.name])
             if key not in seen:

@@ -31,12 +31,12 @@ def eager_attention(graph: OpGraph) -> tuple[set[str], set[str]]:
     exps: set[str] = set()  # exps of scores (a hand-written softmax divides one by its sum)
     for op in graph.ops:
         roots = set().union(*(root.get(i, ()) for i in op.inputs))
-        if op.kind == "matmul" and not op.params and op.requires_grad and len(op.inputs) >= 2 \
+        if op.kind == "matmul" and not op.params and op.differentiable and len(op.inputs) >= 2 \
                 and not op.dims.get("linear") and all(not by[i].params for i in op.inputs):
             gemms[op.name] = roots or {op.name}
             if not roots:
                 root[op.name] = {op.name}
-        elif roots and op.requires_grad and (op.kind == "view" or op.kind in SCORE_KINDS):
+        elif roots and op.differentiable and (op.kind == "view" or op.kind in SCORE_KINDS):
             root[op.name] = roots
             normalizes = op.target in ("div", "div_", "truediv") and \
                 any(i in exps for i in op.inputs)

@@ -43,6 +43,10 @@ class Op:
     """Dtype of the (first) output."""
     requires_grad: bool = False
     """Whether a gradient flows through its output."""
+    differentiable: bool = False
+    """Whether one would were every parameter trained: what tells the model's activations from
+    its constants (masks, positions) whatever is frozen, for the blocks and the tensor-parallel
+    regions (``requires_grad`` prices the backward)."""
     base: str = ""
     """Op owning the storage its output aliases (itself unless a view)."""
     saves: list[list] = field(default_factory=list)
@@ -64,6 +68,9 @@ class ParamInfo:
     shape: list[int]
     numel: int
     nbytes: int
+    trainable: bool = True
+    """Whether training updates it (requires_grad): a frozen parameter keeps its weights but has
+    no gradient, no optimizer states and no weight-gradient GEMMs."""
 
 
 @dataclass
@@ -208,8 +215,8 @@ class BlockGraph:
     (planner's runtime: planner.runtime.parallelize.check_modules): a Hugging Face GPT-2's
     Conv1D (a Linear with its weight transposed). Layers traced once stand for their copies."""
     shared: list[list] = field(default_factory=list)
-    """[first block, other block, numel, tp-split] for each parameter two blocks read (tied
-    weights): a stage holding both keeps one copy."""
+    """[first block, other block, numel, tp-split, frozen] for each parameter two blocks read
+    (tied weights): a stage holding both keeps one copy."""
 
     def index(self) -> dict[str, int]:
         return {b.name: i for i, b in enumerate(self.blocks)}
@@ -299,6 +306,12 @@ def unpriced_words(rows: list[dict], most: int = 4) -> str:
     ``provenance.unpriced_ops``), as plan solve warns and plan show lists them."""
     return ", ".join(f"{u['op']} x{u['count']}" for u in rows[:most]) + (
         ", ..." if len(rows) > most else "")
+
+
+FROZEN_PRICING = ("priced with their weights only (no gradients, optimizer states, gradient "
+                  "traffic or update) and without their weight gradients; the backward stops "
+                  "where nothing before it trains")
+"""How plans price frozen parameters (plan solve says it, plan show repeats it)."""
 
 
 def frozen_words(frozen: int, total: int) -> str:

@@ -290,13 +290,15 @@ def _digest(text: str) -> str:
 
 
 def fingerprint(module: torch.nn.Module) -> tuple[str, int]:
-    """(fingerprint, parameter count) of an architecture: its class, parameter names, shapes and
-    dtypes, hashed; the same on the meta device and with real weights."""
+    """(fingerprint, parameter count) of an architecture: its class, parameter names, shapes,
+    dtypes and which are frozen, hashed; the same on the meta device and with real weights."""
     h = hashlib.sha256(type(module).__qualname__.encode())
     seen = set()
     total = 0
     for n, p in module.named_parameters():
-        h.update(f"{n}:{tuple(p.shape)}:{p.dtype};".encode())
+        # frozen parameters change what a step computes; trained ones keep older fingerprints
+        h.update(f"{n}:{tuple(p.shape)}:{p.dtype}{'' if p.requires_grad else ':frozen'};"
+                 .encode())
         if id(p) not in seen:
             seen.add(id(p))
             total += p.numel()

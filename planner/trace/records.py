@@ -56,6 +56,8 @@ class _Tensor:
     param: str = ""
     buffer: bool = False
     shape: tuple = ()
+    differentiable: bool = False
+    """Op.differentiable: carries a gradient were every parameter trained."""
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -73,9 +75,12 @@ def _nbytes(t: torch.Tensor) -> float:
     return float(t.numel() * t.element_size())
 
 
-def build_ops(views: list[NodeView], *, batch: int, outputs: list[str] = ()) -> list[Op]:
+def build_ops(views: list[NodeView], *, batch: int, outputs: list[str] = (),
+              frozen: frozenset[str] = frozenset()) -> list[Op]:
     """Ops with per-sample figures (activation sizes and FLOPs divided by ``batch``). Ops the
-    loss does not depend on (``outputs``: the graph's outputs) run forward only."""
+    loss does not depend on (``outputs``: the graph's outputs) run forward only. Parameters named
+    in ``frozen`` (requires_grad=False) carry no gradient: what reads only them and activations
+    without one computes no gradient either, as autograd skips it."""
     env: dict[str, _Tensor] = {}
     ops: list[Op] = []
     # module -> {experts chosen among: token copies routed (top-k x tokens, traced batch)}
@@ -91,27 +96,30 @@ def build_ops(views: list[NodeView], *, batch: int, outputs: list[str] = ()) -> 
         if v.op in ("param", "buffer"):
             if outs:
                 nb = _nbytes(outs[0])
-                env[v.name] = _Tensor(v.name, nb, v.op == "param", v.name, nb,
+                env[v.name] = _Tensor(v.name, nb, v.op == "param" and v.short not in frozen,
+                                      v.name, nb,
                                       param=v.short if v.op == "param" else "",
-                                      buffer=v.op == "buffer", shape=tuple(outs[0].shape))
+                                      buffer=v.op == "buffer", shape=tuple(outs[0].shape),
+                                      differentiable=v.op == "param")
             continue
         if not outs:
             continue  # asserts, sizes, None outputs: no data
-        op = _make_op(v, outs, env, batch, routers)
+        op = _make_op(v, outs, env, batch, routers, frozen)
         ops.append(op)
         env[v.name] = _Tensor(v.name, op.out_bytes, op.requires_grad, op.base,
                               env[op.base].nbytes if op.base in env and op.base != v.name
                               else op.out_bytes, shape=tuple(outs[0].shape),
-                              param=_weight_view(op, v, env))
+                              param=_weight_view(op, v, env), differentiable=op.differentiable)
     return _forward_only(ops, outputs)
 
 
 def _forward_only(ops: list[Op], outputs) -> list[Op]:
     """Ops whose results never reach the loss (a pooling head whose output a classifier ignores)
     get no gradient: no backward GEMMs, nothing saved. The loss is the first scalar output that
-    carries a gradient; without one, every output that carries a gradient is differentiated."""
+    carries a gradient (Op.differentiable); without one, every output that carries a gradient
+    is differentiated."""
     by = {op.name: op for op in ops}
-    carried = [by[o] for o in outputs if o in by and by[o].requires_grad]
+    carried = [by[o] for o in outputs if o in by and by[o].differentiable]
     if not carried:
         return ops
     scalars = [op for op in carried if math.prod(op.shape) == 1]
@@ -123,8 +131,8 @@ def _forward_only(ops: list[Op], outputs) -> list[Op]:
         live.add(name)
         stack.extend(by[name].inputs)
     for op in ops:
-        if op.requires_grad and op.name not in live:
-            op.requires_grad = False
+        if op.differentiable and op.name not in live:
+            op.requires_grad = op.differentiable = False
             op.saves = []
             for row in op.dims.get("gemms", []):
                 row[5] = row[6] = 0
@@ -152,14 +160,18 @@ def _routed_copies(module: str, routers: dict[str, dict[int, float]], experts: i
 
 
 def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], batch: int,
-             routers: dict[str, dict[int, float]] | None = None) -> Op:
+             routers: dict[str, dict[int, float]] | None = None,
+             frozen: frozenset[str] = frozenset()) -> Op:
     ins = [env[n.name] for n in v.inputs if n.name in env]
     acts = [x for x in ins if not x.param and not x.buffer]
     kind = "input" if v.op == "input" else kind_of(v.short)
     floating = any(t.is_floating_point() for t in outs)
     reads_params = [x.param for x in ins if x.param] + list(v.params)
-    requires_grad = (floating and kind not in ("constant", "input") and v.short not in NON_DIFFERENTIABLE
-                     and (any(x.requires_grad for x in ins) or bool(v.params)))
+    can_differentiate = floating and kind not in ("constant", "input") and \
+        v.short not in NON_DIFFERENTIABLE
+    requires_grad = can_differentiate and (any(x.requires_grad for x in ins)
+                                           or any(p not in frozen for p in v.params))
+    differentiable = can_differentiate and (any(x.differentiable for x in ins) or bool(v.params))
     out_bytes = sum(_nbytes(t) for t in outs) / batch
     base = v.name
     if kind == "view" and acts:
@@ -190,7 +202,8 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
         name=v.name, kind=kind, target=v.short, module=v.module,
         inputs=list(dict.fromkeys(x.op_name for x in acts)), params=list(dict.fromkeys(reads_params)),
         flops=flops, out_bytes=out_bytes, io_bytes=io_bytes, shape=list(outs[0].shape),
-        dtype=str(outs[0].dtype).replace("torch.", ""), requires_grad=requires_grad, base=base,
+        dtype=str(outs[0].dtype).replace("torch.", ""), requires_grad=requires_grad,
+        differentiable=differentiable, base=base,
         saves=[[k, b] for k, b in saves], dims=dims, unpriced=unpriced,
     )
 

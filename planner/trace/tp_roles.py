@@ -102,7 +102,7 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
     per_head = per_head or {}
     region: set[str] = set()
     cols: set[str] = set()
-    stack = [i for i in row.inputs if by[i].requires_grad]
+    stack = [i for i in row.inputs if by[i].differentiable]
     while stack:
         if len(region) > MAX_WALK:
             return
@@ -110,7 +110,7 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
         if name in region or name in cols:
             continue
         op = by[name]
-        if not op.requires_grad:
+        if not op.differentiable:
             continue
         if name in linear_names:
             if res.split.get(name, (False, False))[0]:
@@ -136,7 +136,7 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
         return  # one module on both sides (nn.MultiheadAttention): no role per module fits it
     inside = region | cols | {row.name}
     for name in region | cols:
-        if any(by[c].requires_grad and c not in inside for c in cons[name]):
+        if any(by[c].differentiable and c not in inside for c in cons[name]):
             return  # a split tensor escapes the pair: it would need a gather
     for name in region | cols:
         res.split[name] = (True, True)
@@ -202,7 +202,7 @@ def _try_vocab_head(lin: Op, by, cons, batch: int, vocab_params: set[str], res: 
         name = stack.pop()
         for c in cons[name]:
             op = by[c]
-            if c in region or not op.requires_grad:
+            if c in region or not op.differentiable:
                 continue
             if op.kind == "loss":
                 reaches_loss = True

@@ -55,8 +55,8 @@ def find_repeats(model: torch.nn.Module) -> list[tuple[str, int]]:
 
 def find_layer_lists(model: torch.nn.Module) -> list[tuple[str, int, bool]]:
     """(FQN, length, identical) of each ModuleList/Sequential of >= 3 children of one class:
-    the layers of a stack. ``identical`` ones (same parameter shapes, submodules and declared
-    attention masks) can be traced with two layers and copied; the others (T5's first block
+    the layers of a stack. ``identical`` ones (same parameter shapes, frozen ones, submodules and
+    declared attention masks) can be traced with two layers and copied; the others (T5's first block
     carries the relative position bias; gpt-oss alternates sliding-window and full attention)
     are traced whole, each layer still a block."""
     found: list[tuple[str, int, bool]] = []
@@ -72,7 +72,8 @@ def find_layer_lists(model: torch.nn.Module) -> list[tuple[str, int, bool]]:
 
 
 def _signature(module: torch.nn.Module) -> tuple:
-    params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
+    params = tuple((n, tuple(p.shape), str(p.dtype), p.requires_grad)
+                   for n, p in module.named_parameters())
     subs = tuple((n, type(m).__qualname__) for n, m in module.named_modules())
     return type(module).__qualname__, params, subs, masks.signature(module)
 
@@ -116,8 +117,10 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
     methods = ("export", "fx") if method == "auto" else (method,)
     with truncated(model, repeats), _grouped_query_attention(), _masks_as_eager(), _quiet_fakes():
         params = {n: ParamInfo(shape=list(p.shape), numel=p.numel(),
-                               nbytes=p.numel() * p.element_size())
+                               nbytes=p.numel() * p.element_size(), trainable=p.requires_grad)
                   for n, p in model.named_parameters()}
+        frozen = frozenset(n for n, p in model.named_parameters(remove_duplicate=False)
+                           if not p.requires_grad)
         aliases = _param_aliases(model)
         for how in methods:
             try:
@@ -127,7 +130,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
                 fixes.append(expert_loop_fix(model, exc) or fix_for(exc))
                 log.debug("%s tracing failed", how, exc_info=True)
                 continue
-            ops = build_ops(views, batch=batch, outputs=outputs)
+            ops = build_ops(views, batch=batch, outputs=outputs, frozen=frozen)
             masks.mark(ops, model)
             for op in ops:
                 op.params = list(dict.fromkeys(aliases.get(p, p) for p in op.params))

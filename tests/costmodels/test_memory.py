@@ -119,3 +119,25 @@ def test_fsdp2_layout_keeps_fp32_parameters_and_gradients_and_reduces_in_fp32():
     per = DataParallelBytes.of(TrainingSpec(global_batch=8, seq_len=128, dtype="bf16",
                                             engine=engine_from_mapping("torchtitan")))
     assert (per.grads, per.weights) == (4, 2)
+
+
+@pytest.mark.parametrize("layout,dtype,zero,weights", [
+    ("zero", "bf16", 0, 2), ("zero", "bf16", 3, 2 / 8), ("megatron", "bf16", 1, 2),
+    ("fsdp2", "bf16", 3, 4 / 8), ("fsdp2", "bf16", 0, 4), ("zero", "fp32", 1, 4)])
+def test_a_frozen_parameter_keeps_its_weights_only(layout, dtype, zero, weights):
+    """requires_grad=False: the weights, sharded as a trained parameter's are (fp32 under FSDP2,
+    which keeps the parameters in fp32), and no gradient or optimizer state."""
+    kw = dict(dtype=dtype, optimizer="adam", zero=zero, dp=8, layout=layout)
+    held = model_state_bytes(1e9, frozen=1e9, **kw)
+    assert held == {"weights": pytest.approx(weights * 1e9), "grads": 0.0, "optimizer": 0.0}
+    assert state_bytes_per_param(trainable=False, **kw) == pytest.approx(weights)
+    trained = model_state_bytes(1e9, **kw)
+    assert held["weights"] == trained["weights"]
+    part = model_state_bytes(1e9, frozen=2.5e8, **kw)  # a quarter frozen
+    assert part == {k: pytest.approx(0.75 * trained[k] + 0.25 * held[k]) for k in trained}
+
+
+def test_frozen_fp8_weights_keep_their_fp8_copies():
+    held = model_state_bytes(1e9, frozen=1e9, dtype="fp8", optimizer="adam", zero=1, dp=8)
+    trained = model_state_bytes(1e9, dtype="fp8", optimizer="adam", zero=1, dp=8)
+    assert held["fp8_weights"] == trained["fp8_weights"] > 0 and held["optimizer"] == 0.0

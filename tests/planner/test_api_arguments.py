@@ -135,8 +135,8 @@ def test_a_factory_read_from_the_trace_cache_takes_its_own_files_name(tmp_path):
 
 
 def test_a_model_without_trainable_weights_is_named(tmp_path, caplog):
-    """No parameters: bad input (it crashed on an invariant); frozen ones: a warning that plans
-    price them as trained (new-user checks)."""
+    """No parameters, or none trained: bad input (it crashed on an invariant); frozen ones:
+    said, with how plans price them (new-user checks)."""
     (tmp_path / "models.py").write_text(
         "import torch\n"
         "from torch import nn\n"
@@ -145,15 +145,21 @@ def test_a_model_without_trainable_weights_is_named(tmp_path, caplog):
         "def frozen():\n"
         "    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))\n"
         "    m[0].requires_grad_(False)\n"
+        "    return m, (torch.randn(2, 8, 4),)\n"
+        "def ice():\n"
+        "    m = nn.Linear(4, 4).requires_grad_(False)\n"
         "    return m, (torch.randn(2, 8, 4),)\n")
     with pytest.raises(SpecError, match=r"^model: .*none has no parameters, so there is no "
                                         r"training to plan"):
         planner.prepare(f"{tmp_path}/models.py:none", cache_dir=None)
-    with caplog.at_level("WARNING", logger="planner"):
+    with pytest.raises(SpecError, match=r"^model: .*ice trains none of its 20 parameters \(all "
+                                        r"have requires_grad=False\)"):
+        planner.prepare(f"{tmp_path}/models.py:ice", cache_dir=None)
+    with caplog.at_level("INFO", logger="planner"):
         prepared = planner.prepare(f"{tmp_path}/models.py:frozen", cache_dir=None)
     assert prepared.info["frozen_params"] == 20 and prepared.info["num_params"] == 40
-    assert "20 of its 40 parameters train (50%); the other 20 are frozen (requires_grad=False)" \
-        in caplog.text
+    assert "20 of its 40 parameters train (50%); the other 20 are frozen (requires_grad=False): " \
+        "priced with their weights only" in caplog.text
 
 
 def test_an_image_input_counts_one_token_per_sample(tmp_path, caplog):

@@ -52,7 +52,7 @@ def test_the_stage_split_counts_the_memory_the_pricing_reports(tiny_gpt2, pp):
     cfg = Config(dp=8 // pp, tp=1, pp=pp, micro_batch=1, num_microbatches=4, zero=1)
     ma, cluster, training, costs = _costs(tiny_gpt2, "fp8", cfg)
     assert ma.shared and not any(ma.checkpointed[i] or ma.checkpointed[j]
-                                 for i, j, _, _ in ma.shared)
+                                 for i, j, *_ in ma.shared)
     mem = stage_memory(cfg, costs, ma, training, float("inf"))
     part = partition(costs.time_s.tolist(), pp, mem)
     est = price(cfg, part.bounds, ma, costs, cluster, training)
@@ -72,7 +72,7 @@ def test_a_weight_tied_between_layers_keeps_one_fp8_copy(tiny_llama):
     ma, cluster, training, costs = _costs(tiny_llama, "fp8", cfg)
     layers = np.flatnonzero(ma.checkpointed)
     n = 1000.0
-    tied = dataclasses.replace(ma, shared=[(int(layers[0]), int(layers[1]), n, False)])
+    tied = dataclasses.replace(ma, shared=[(int(layers[0]), int(layers[1]), n, False, False)])
     part = partition(costs.time_s.tolist(), 1, None)
     base = price(cfg, part.bounds, ma, costs, cluster, training).stages[0].memory
     after = price(cfg, part.bounds, tied, costs, cluster, training).stages[0].memory

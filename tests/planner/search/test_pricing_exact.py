@@ -74,7 +74,7 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
                                      zero=0, dp=1, layout=training.engine.state_layout)
     owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % cfg.pp
     tied, tied_outer = [0.0] * cfg.pp, [0.0] * cfg.pp
-    for i, j, n, split in ma.shared:
+    for i, j, n, split, _ in ma.shared:
         if owner[i] == owner[j]:
             tied[owner[i]] += n / cfg.tp if split else n
             if not (ma.checkpointed[i] and ma.checkpointed[j]):

@@ -330,7 +330,8 @@ def test_zero_holds_a_whole_gradient_only_of_what_it_shards():
     from planner.options import Config
     from planner.search.costs import working_bytes
     costs = types.SimpleNamespace(work_bytes=np.array([0.0]), params_local=np.array([100.0]),
-                                  expert_params_local=np.array([80.0]))
+                                  expert_params_local=np.array([80.0]),
+                                  frozen_local=np.array([0.0]), frozen_expert_local=np.array([0.0]))
     training = planner.TrainingSpec(global_batch=64, seq_len=256)
     grads = working_bytes(Config(dp=8, tp=1, pp=1, micro_batch=1, num_microbatches=8, zero=2,
                                  ep=4), costs, training)[0] / 100  # edp 2: all of it

@@ -1,0 +1,87 @@
+"""Frozen parameters (requires_grad=False) in the search: weights without gradients, optimizer
+states, gradient traffic or update, in the priced plan and in the search's bounds alike."""
+
+import pytest
+import torch
+from torch import nn
+
+import planner
+from costmodels import comm
+from planner.errors import InfeasibleError
+from planner.options import Config
+from planner.search import placement
+from planner.search.dp_traffic import DataParallelBytes, exposed_dp_s, frozen_traffic
+
+
+class Stack(nn.Module):
+    def __init__(self, width: int, layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                                  nn.Linear(4 * width, width))
+                                    for _ in range(layers))
+        self.head = nn.Linear(width, width)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+def _plan(width, layers, *, frozen: bool, gpus: int, fix="offload_optimizer=false"):
+    with torch.device("meta"):
+        model = Stack(width, layers)
+    if frozen:
+        model.layers.requires_grad_(False)  # the head alone trains
+    return planner.plan(model, example_inputs=(torch.randn(2, 16, width, device="meta"),),
+                        cluster="dgx-h100", nodes=1, gpus_per_node=gpus, global_batch=16,
+                        fix=fix, cache_dir=None)
+
+
+def test_frozen_parameters_are_priced_with_their_weights_only():
+    """One configuration, the model trained whole and with its layers frozen: the same weights,
+    gradients and optimizer states of the trained share only, less gradient traffic and a
+    shorter update."""
+    fix = "dp=8,tp=1,pp=1,zero=1,micro_batch=2,recompute=none,offload_optimizer=false"
+    whole = _plan(512, 6, frozen=False, gpus=8, fix=fix)
+    part = _plan(512, 6, frozen=True, gpus=8, fix=fix)
+    total, frozen = part.model["num_params"], part.model["frozen_params"]
+    trained = (total - frozen) / total
+    assert 0 < trained < 0.1
+    (a,), (b,) = whole.stages, part.stages
+    ma, mb = a["predicted"]["memory_bytes"], b["predicted"]["memory_bytes"]
+    assert mb["weights"] == pytest.approx(ma["weights"])  # (plans keep 6 significant digits)
+    assert mb["grads"] == pytest.approx(trained * ma["grads"], rel=1e-5)
+    assert mb["optimizer"] == pytest.approx(trained * ma["optimizer"], rel=1e-5)
+    da, db = whole.predicted["breakdown"], part.predicted["breakdown"]
+    assert db["dp_comm_s"] < 0.5 * da["dp_comm_s"]
+    assert db["optimizer_s"] == pytest.approx(trained * da["optimizer_s"], rel=0.05)
+    assert db["compute_s"] < da["compute_s"]  # the layers' weight gradients are not computed
+
+
+def test_a_model_that_fits_only_because_it_is_frozen_is_planned():
+    """6.3 B parameters on one 80 GB GPU: trained whole they need ~100 GB of model states (the
+    search's memory bound rules every configuration out); with only the head trained, 13 GB of
+    weights, and the search must not rule it out on the states it would have trained (the
+    optimizer states kept on the GPU: offloaded, the whole model fits too)."""
+    with pytest.raises(InfeasibleError):
+        _plan(8192, 12, frozen=False, gpus=1)
+    p = _plan(8192, 12, frozen=True, gpus=1)
+    assert p.predicted["peak_memory_bytes"] < 80e9
+    assert p.stages[0]["predicted"]["memory_bytes"]["weights"] > 12e9
+
+
+def test_frozen_weights_move_only_under_zero_3():
+    """No gradient to reduce; the weights, never updated, gathered only where ZeRO-3 shards
+    them (before every forward and backward), as for trained ones."""
+    assert frozen_traffic(1, 100.0, 30.0) == (70.0, 70.0)
+    assert frozen_traffic(3, 100.0, 30.0) == (70.0, 100.0)
+    cluster = planner.load_cluster("dgx-h100")
+    training = planner.TrainingSpec(global_batch=64, seq_len=1024)
+    per = DataParallelBytes.of(training)
+    for zero in (0, 1, 2, 3):
+        cfg = Config(dp=8, tp=1, pp=1, micro_batch=1, num_microbatches=8, zero=zero)
+        group = placement.dp_group(cfg, cluster)
+        exposed = exposed_dp_s(cfg, 1e9, per, group, cluster, 1.0, 0.5, overlap=False,
+                               frozen=1e9)
+        gathers = 2 * 8 * comm.allgather_s(1e9 * per.weights, group, cluster)
+        assert exposed == (pytest.approx(gathers) if zero == 3 else 0.0)
