@@ -10,6 +10,10 @@
    after warm-up is the measured step time.
 4. Print predicted vs measured, the error, and whether the predicted order matches the measured one.
 
+One configuration fine-tunes the upper half: the embeddings and the first two of the four blocks
+frozen (requires_grad=False), planned from the model so frozen (weights held, no gradients,
+optimizer states or weight-gradient GEMMs for them, no backward below the first trained block).
+
 Usage:  python benchmarks/cpu_measured.py [--calibration calib.json] [--steps 8] [--markdown]
 Run it on an otherwise idle machine: other processes on the two cores distort both steps.
 """
@@ -47,14 +51,30 @@ SEQ = 256
 # and no overlap of the gradient all-reduce with backward, since gloo reduces on the same core.
 ENGINE = EngineSpec(attention="materialized", kernels="eager",
                                     overlap_grad_reduce=False)
-# name: (processes, micro-batch, micro-batches per step, recompute)
+# name: (processes, micro-batch, micro-batches per step, recompute, lower half frozen)
 RUNS = {
-    "1 proc, mb 2": (1, 2, 1, "none"),
-    "1 proc, mb 4": (1, 4, 1, "none"),
-    "1 proc, mb 4, full recompute": (1, 4, 1, "full"),
-    "1 proc, mb 4 x 2 accumulated": (1, 4, 2, "none"),
-    "2 procs DP, mb 6 each": (2, 6, 1, "none"),
+    "1 proc, mb 2": (1, 2, 1, "none", False),
+    "1 proc, mb 4": (1, 4, 1, "none", False),
+    "1 proc, mb 4, full recompute": (1, 4, 1, "full", False),
+    "1 proc, mb 4 x 2 accumulated": (1, 4, 2, "none", False),
+    "2 procs DP, mb 6 each": (2, 6, 1, "none", False),
+    "1 proc, mb 4, lower half frozen": (1, 4, 1, "none", True),
 }
+FROZEN = ("transformer.wte", "transformer.wpe", "transformer.h.0", "transformer.h.1")
+"""Modules the fine-tuning configuration freezes."""
+
+
+def gpt2(frozen: bool):
+    """The GPT-2 of CONFIG (on the current device), its lower half frozen if ``frozen``."""
+    from transformers import AutoConfig, GPT2LMHeadModel
+
+    cfg = dict(CONFIG)
+    model_type = cfg.pop("model_type")
+    cfg.pop("architectures")
+    model = GPT2LMHeadModel(AutoConfig.for_model(model_type, **cfg)).train()
+    for name in FROZEN if frozen else ():
+        model.get_submodule(name).requires_grad_(False)
+    return model
 
 
 def predict(prepared, calibration, procs, mb, m, rc) -> float:
@@ -68,23 +88,19 @@ def predict(prepared, calibration, procs, mb, m, rc) -> float:
     return plan.step_time_s
 
 
-def _worker(rank, world, port, mb, m, rc, steps, out_path):
+def _worker(rank, world, port, mb, m, rc, frozen, steps, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from planner.runtime.host_memory import keep_freed_memory
 
     keep_freed_memory()  # as `plan run` and `plan profile` do (no page faults per large tensor)
     import torch.distributed as dist
-    from transformers import AutoConfig, GPT2LMHeadModel
 
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
     torch.manual_seed(0)
-    cfg = dict(CONFIG)
-    model_type = cfg.pop("model_type")
-    cfg.pop("architectures")
-    model = GPT2LMHeadModel(AutoConfig.for_model(model_type, **cfg)).train()
+    model = gpt2(frozen)
     if rc == "full":
         model.gradient_checkpointing_enable()
     net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
@@ -117,7 +133,7 @@ class _null:
         return False
 
 
-def measure(procs, mb, m, rc, steps) -> float:
+def measure(procs, mb, m, rc, frozen, steps) -> float:
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -125,8 +141,8 @@ def measure(procs, mb, m, rc, steps) -> float:
         port = s.getsockname()[1]
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    ctx = mp.start_processes(_worker, args=(procs, port, mb, m, rc, steps, out), nprocs=procs,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(_worker, args=(procs, port, mb, m, rc, frozen, steps, out),
+                             nprocs=procs, join=False, start_method="spawn")
     deadline = time.monotonic() + 600
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:
@@ -151,11 +167,15 @@ def main() -> int:
         path = os.path.join(d, "config.json")
         with open(path, "w") as f:
             json.dump(CONFIG, f)
-        prepared = planner.prepare(path, seq_len=SEQ, dtype="fp32")
+        prepared = {False: planner.prepare(path, seq_len=SEQ, dtype="fp32")}
+    with torch.device("meta"):
+        ids = torch.randint(0, CONFIG["vocab_size"], (1, SEQ))
+        prepared[True] = planner.prepare(gpt2(frozen=True), dtype="fp32",
+                                         example_inputs={"input_ids": ids, "labels": ids})
     rows = []
-    for name, (procs, mb, m, rc) in RUNS.items():
-        pred = predict(prepared, calibration, procs, mb, m, rc)
-        meas = measure(procs, mb, m, rc, args.steps)
+    for name, (procs, mb, m, rc, frozen) in RUNS.items():
+        pred = predict(prepared[frozen], calibration, procs, mb, m, rc)
+        meas = measure(procs, mb, m, rc, frozen, args.steps)
         rows.append((name, pred, meas))
     report(rows, args.markdown)
     return 0

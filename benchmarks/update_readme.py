@@ -95,7 +95,11 @@ SECTIONS = [
      "calibration taken first (`benchmarks/cpu_measured.py`). This VM is noisy: across runs "
      "during development the median error ranged from 2% to 26% as the measured speeds moved "
      "(the table is one run; the previous one, 3.6% median, was taken on a day this VM ran these "
-     "steps 1.6-1.8x slower, and the code since then predicts the same under one calibration)."),
+     "steps 1.6-1.8x slower, and the code since then predicts the same under one calibration). "
+     "The last row fine-tunes the upper half (embeddings and the first two blocks frozen, "
+     "requires_grad=False): the same work as the 'mb 4' row priced as trained, it is priced "
+     "with the frozen weights held only, no weight gradients for them and no backward below "
+     "the first trained block."),
     ("threeways", "three_ways_measured.py",
      "**Any module, priced from its ops.** One transformer written three ways "
      "(`examples/three_ways.py`: Linear + `scaled_dot_product_attention`, "

@@ -10,7 +10,7 @@ import pytest
 
 import planner
 from planner.options import parse_fix
-from runtime_models import MULTITOWER_SPEC
+from runtime_models import FINETUNE_SPEC, MULTITOWER_SPEC
 from runtime_models import SPEC as BRANCHED_SPEC
 
 GLOBAL_BATCH = 8
@@ -20,8 +20,9 @@ SEQ_LEN = 16
 class PlanMaker:
     """make(model, fix, name) -> path of a saved plan; models: "llama" (tiny Llama from a Hugging
     Face config), "branched" (examples/branched.py's TwoTower, small), "gpt2" (tiny GPT-2,
-    tied embeddings), "multitower" (examples/multitower.py, small: a wide DAG) and "mixtral"
-    (tiny Mixtral: routed experts, grouped-query attention, rotary positions)."""
+    tied embeddings), "multitower" (examples/multitower.py, small: a wide DAG), "finetune"
+    (examples/finetune.py's tiny: frozen weights, trained adapters) and "mixtral" (tiny Mixtral:
+    routed experts, grouped-query attention, rotary positions)."""
 
     def __init__(self, folder, specs: dict):
         self.folder = folder
@@ -77,7 +78,7 @@ def make_plan(tmp_path_factory, tiny_llama_config):
     gpt2 = folder / "tied-gpt2.json"
     gpt2.write_text(json.dumps(TIED_GPT2))
     specs = {"llama": tiny_llama_config, "branched": BRANCHED_SPEC, "gpt2": str(gpt2),
-             "multitower": MULTITOWER_SPEC}
+             "multitower": MULTITOWER_SPEC, "finetune": FINETUNE_SPEC}
     for name, config in (("mixtral", TINY_MIXTRAL), ("qwen3", TINY_QWEN3),
                          ("gptoss", TINY_GPT_OSS)):
         path = folder / f"tiny-{name}.json"

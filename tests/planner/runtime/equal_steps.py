@@ -13,7 +13,8 @@ from planner.runtime.reference import single_process
 
 def assert_equals_single_process(plan, result: dict, dump: str, *, lr: float, tol: float) -> None:
     """``result`` and the parameters dumped under ``dump`` (job.py) against one process; every
-    parameter must also move by more than 10 x ``tol``, or the comparison would be blind."""
+    trained parameter must also move by more than 10 x ``tol``, or the comparison would be
+    blind, and every frozen one (requires_grad=False) must not move at all."""
     ref_losses, ref_params = single_process(plan, RunOptions(steps=1, warmup=0, lr=lr,
                                                              device="cpu"))
     assert result["loss_per_step"] == pytest.approx(ref_losses, abs=tol)
@@ -24,6 +25,9 @@ def assert_equals_single_process(plan, result: dict, dump: str, *, lr: float, to
     spec = plan.model_spec()
     initial = mdl.build_real(plan, spec, mdl.resolve_meta(plan, spec), seed=0).module
     for name, p0 in initial.named_parameters(remove_duplicate=False):
+        if not p0.requires_grad:
+            assert torch.equal(got[name], p0.detach()), f"{name} is frozen but moved"
+            continue
         moved = (ref_params[name] - p0).abs().max().item()
         assert moved > 10 * tol, f"{name} barely moves ({moved:.3g}): the test would be blind"
         diff = (got[name] - ref_params[name]).abs().max().item()

@@ -36,5 +36,8 @@ def small_multitower(seq_len: int = 16, batch: int = 4):
 
 
 MULTITOWER_SPEC = os.path.join(REPO, "tests", "planner", "runtime", "runtime_models.py") + ":small_multitower"
+FINETUNE_SPEC = os.path.join(REPO, "examples", "finetune.py") + ":tiny"
+"""MODEL string of examples/finetune.py at toy size: a frozen Llama with trained low-rank adapters
+on its query and value projections."""
 """MODEL string of a small examples/multitower.py: five towers of different depths read one
 embedding and are concatenated (a wide DAG whose stages the planner assigns with CP-SAT)."""

@@ -3,8 +3,9 @@
 For a tiny Llama (Hugging Face config) and examples/branched.py's DAG, fp32, SGD: pipeline (GPipe,
 1F1B, interleaved 1F1B, ZB-H1), tensor, data (replicate and FSDP2) parallelism and their
 combinations, with and without recomputation; a tiny GPT-2, whose tied embeddings sit on the
-first and the last stage; and a small examples/multitower.py (a wide DAG) in four stages. All plans of one process count run in one torchrun
-job (tests/planner/runtime/job.py), so processes start twice in all.
+first and the last stage; a small examples/multitower.py (a wide DAG) in four stages; and
+examples/finetune.py's tiny, whose frozen weights must not move. All plans of one process count
+run in one torchrun job (tests/planner/runtime/job.py), so processes start twice in all.
 """
 
 
@@ -44,10 +45,13 @@ FOUR = {
 }
 MODELS = ("llama", "branched")
 MORE = {"gpt2": ("pp2-1f1b-full", "pp2xdp2-gpipe-fsdp", "dp2-fsdp"),
-        "multitower": ("pp2-interleaved",)}
+        "multitower": ("pp2-interleaved",),
+        "finetune": ("pp2-1f1b-full", "pp2xdp2-gpipe-fsdp")}
 """GPT-2's tied wte / lm_head land on the first and last stage (their gradients are summed), or
 on one stage sharded by FSDP (one group must own the shared weight);
-multitower's five towers all read the embedding, which four stages pass along."""
+multitower's five towers all read the embedding, which four stages pass along; finetune's
+frozen weights (the first stage's embedding runs no backward) stay as they were, under FSDP2
+too."""
 CASES = [(m, c) for m in MODELS for c in list(TWO) + list(FOUR)] + [
     (m, c) for m, cs in MORE.items() for c in cs]
 

@@ -1,6 +1,8 @@
 """Frozen parameters (requires_grad=False) in the search: weights without gradients, optimizer
 states, gradient traffic or update, in the priced plan and in the search's bounds alike."""
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -8,7 +10,7 @@ from torch import nn
 import planner
 from costmodels import comm
 from planner.errors import InfeasibleError
-from planner.options import Config
+from planner.options import Config, parse_fix
 from planner.search import placement
 from planner.search.dp_traffic import DataParallelBytes, exposed_dp_s, frozen_traffic
 
@@ -85,3 +87,26 @@ def test_frozen_weights_move_only_under_zero_3():
                                frozen=1e9)
         gathers = 2 * 8 * comm.allgather_s(1e9 * per.weights, group, cluster)
         assert exposed == (pytest.approx(gathers) if zero == 3 else 0.0)
+
+
+def test_the_fine_tuning_example_trains_its_adapters_only():
+    """examples/finetune.py:build (README, MODEL): rank-16 adapters beside the query (4096 ->
+    4096) and value (4096 -> 1024) projections of 32 layers train, nothing else; its states on
+    one rank are the frozen weights and the adapters' full states."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    prepared = planner.prepare(os.path.join(repo, "examples", "finetune.py") + ":build",
+                               cache_dir=None)
+    trained = 32 * 16 * ((4096 + 4096) + (4096 + 1024))
+    total = prepared.info["num_params"]
+    assert total - prepared.info["frozen_params"] == trained == 6_815_744
+    p = planner.plan_prepared(prepared, planner.load_cluster("dgx-h100", nodes=1),
+                              planner.TrainingSpec(global_batch=64, seq_len=4096),
+                              planner.SearchOptions(fix=parse_fix(
+                                  "dp=8,tp=1,pp=1,zero=0,micro_batch=4,recompute=none,"
+                                  "offload_optimizer=false"), top_k=0))
+    memory = p.stages[0]["predicted"]["memory_bytes"]
+    # bf16 weights of all, Megatron-Core's fp32 main gradients and 12 bytes of Adam per trained
+    assert memory["weights"] == pytest.approx(2 * total, rel=1e-5)
+    assert memory["grads"] == pytest.approx(4 * trained, rel=1e-5)
+    assert memory["optimizer"] == pytest.approx(12 * trained, rel=1e-5)
