@@ -31,6 +31,7 @@ from planner.options import (KNOBS, SearchOptions, parallel_text, pp_inner_refus
                              zero_runs_with_cp)
 from planner.planfile.document import Plan
 from planner import targets
+from planner.trace.graph import frozen_words
 from planner.units import cluster_text
 
 log = logging.getLogger("planner.export")
@@ -518,6 +519,17 @@ def kernels_differ(plan: Plan, target: str) -> bool:
     layout: layout_note says so)."""
     return (planned_layout(plan) is not None
             and software_differs(plan, target, MEMORY_SOFTWARE_KEYS))
+
+
+def frozen_note(plan: Plan, target: str, ledger: Ledger) -> None:
+    """Say so when the plan priced frozen parameters (model.frozen_params): the export carries
+    the layout, not which parameters train."""
+    frozen = plan.model.get("frozen_params")
+    if frozen:
+        ledger.info(f"frozen parameters: {frozen_words(frozen, plan.model['num_params'])}, and "
+                    f"the plan priced them so; {target} trains what the model it builds leaves "
+                    "trainable: freeze the same parameters there (its fine-tuning or LoRA "
+                    "setup), or the step takes more memory and time than planned")
 
 
 def software_note(plan: Plan, target: str, ledger: Ledger) -> None:

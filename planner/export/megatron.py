@@ -50,6 +50,7 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     version = common.engine_version(TARGET, version)
     ledger = common.Ledger(TARGET, version)
     common.software_note(plan, TARGET, ledger)
+    common.frozen_note(plan, TARGET, ledger)
     if plan.model.get("source", "zoo") != "zoo":
         kind = plan.model.get("model_type") or "a model of your own code"
         ledger.info(f"{plan.model['name']} ({kind}) is not one of the planner's zoo models: these "
