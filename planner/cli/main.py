@@ -4,8 +4,9 @@ Each subcommand lives in its own module of this package, which defines ``registe
 ``add(name, help=...)`` returns an argparse subparser (it already has --debug/-v/-q); the module
 adds its arguments and ``set_defaults(func=...)``, where ``func(args) -> int`` calls the API and
 prints. What ``func`` raises becomes one line on stderr and an exit code: 2 bad input (SpecError,
-TraceError), 3 no plan fits (InfeasibleError), 1 a bug of the planner's own (InternalError or any
-other exception; --debug shows the traceback).
+TraceError), 3 no plan fits (InfeasibleError), 4 a plan run whose processes failed (RunError),
+1 a bug of the planner's own (InternalError or any other exception; --debug shows the
+traceback).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from planner import logs
-from planner.errors import InfeasibleError, InternalError, PlannerError
+from planner.errors import InfeasibleError, InternalError, PlannerError, RunError
 
 EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_PLAN = 3
+EXIT_RUN_FAILED = 4
 COMMANDS = ("solve", "show", "models", "clusters", "profile", "simulate", "export", "run", "jobs",
             "whatif", "diff")
 """Modules of planner.cli, one per subcommand, in the order `plan --help` lists them."""
@@ -57,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plan: {text}" if text.startswith("no ") else f"plan: {word}: {text}",
               file=sys.stderr)
         return EXIT_NO_PLAN
+    except RunError as exc:
+        if args.debug:
+            raise
+        print(f"plan: run failed: {exc} ({exc.hint})", file=sys.stderr)
+        return EXIT_RUN_FAILED
     except PlannerError as exc:
         if args.debug:
             raise

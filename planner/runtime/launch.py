@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from planner.errors import InternalError, PlannerError, SpecError
+from planner.errors import PlannerError, RunError, SpecError
 from planner.planfile.document import Plan, load_plan
 from planner.runtime import model as mdl
 from planner.runtime.build import check_knobs, check_model
@@ -300,17 +301,25 @@ def _failure(code: int, text: str, log_path: str = "") -> PlannerError:
                 reason = line.split(marker, 1)[1].strip()
                 if marker == ERROR_MARK:
                     return SpecError(reason)
-                crash = InternalError(f"run: a process crashed: {reason[:300]}; {where}")
-                crash.hint = ("in the planner's runtime or in the model's own code, as the "
-                              "traceback shows; please report the former with the command line")
-                return crash
+                return RunError(f"run: a process crashed: {reason[:300]}; {where}",
+                                "in the planner's runtime or in the model's own code, as the "
+                                "traceback shows; please report the former with the command line")
     # torchrun's failure summary: the root cause (first failed rank) with its exit code and signal
     root = next((i for i, ln in enumerate(lines) if "Root Cause" in ln), 0)
     summary = [ln.strip() for ln in lines[root:]
                if ln.strip().startswith(("exitcode", "traceback", "rank"))][:3]
     tail = summary or [ln.strip() for ln in lines if ln.strip() and set(ln.strip()) != {"="}][-1:]
     reason = ", ".join(tail) or "no output"
-    return PlannerError(f"run: the processes failed (exit {code}): {reason[:300]}; {where}")
+    signal_name = re.search(r"Signal \d+ \((SIG\w+)\)", text)
+    if signal_name and signal_name.group(1) == "SIGKILL":
+        hint = ("a process was killed (SIGKILL): most often the kernel's out-of-memory killer "
+                "when the processes need more host memory than the machine has (`dmesg` says); "
+                "fewer processes or a smaller model fit it")
+    elif signal_name:
+        hint = f"a process was stopped by {signal_name.group(1)} from outside the run"
+    else:
+        hint = "the processes' output says why"
+    return RunError(f"run: the processes failed (exit {code}): {reason[:300]}; {where}", hint)
 
 
 def _free_port() -> int:

@@ -1568,16 +1568,16 @@ def test_megatron_export_of_a_model_outside_the_zoo_says_to_check_megatron_build
 def test_every_engine_export_says_which_parameters_the_plan_priced_frozen(notes):
     """The exports carry the layout, not which parameters train: a plan of a model with frozen
     parameters says so, with the counts, in each engine's text."""
-    for export, name in ((to_megatron, "megatron"), (to_torchtitan, "torchtitan"),
-                         (to_deepspeed, "deepspeed")):
+    for to_engine, name in ((to_megatron, "megatron"), (to_torchtitan, "torchtitan"),
+                            (to_deepspeed, "deepspeed")):
         plan = data_plan(f"llama3-70b-pp4-{name}")
         notes.clear()
-        export(plan)
+        to_engine(plan)
         assert not any("frozen" in n for n in notes)
         frozen = dataclasses.replace(plan, model={**plan.model,
                                                   "frozen_params": plan.model["num_params"] - 1000})
         notes.clear()
-        text = export(frozen)
+        text = to_engine(frozen)
         (note,) = [n for n in notes if "frozen parameters" in n]
         assert "frozen parameters: 1,000 of its " in note and f"; {name} trains" in note
         assert "1,000 of its" in text

@@ -311,11 +311,10 @@ def test_models_the_runtime_cannot_feed_are_refused_before_any_process(tmp_path,
         mdl.check_runnable(meta)
 
 
-def test_a_crash_in_the_processes_is_an_internal_error_and_a_refusal_bad_input(capfd,
-                                                                               monkeypatch):
-    """Exit 1 for a process's crash (a bug, of the runtime or the model's code), 2 for its
-    refusal (a new-user check saw crashes reported as bad input)."""
-    from planner.errors import InternalError, SpecError
+def test_a_crash_in_the_processes_is_a_failed_run_and_a_refusal_bad_input(capfd, monkeypatch):
+    """A process's crash (of the runtime or the model's code) is a failed run (exit 4), its
+    refusal bad input (exit 2) (a new-user check saw crashes reported as bad input)."""
+    from planner.errors import RunError, SpecError
     from planner.runtime import launch
 
     from planner.runtime import worker
@@ -335,7 +334,34 @@ def test_a_crash_in_the_processes_is_an_internal_error_and_a_refusal_bad_input(c
     finally:
         torch.set_num_threads(threads)
     crash = launch._failure(1, capfd.readouterr().err)
-    assert isinstance(crash, InternalError) and "a process crashed: RuntimeError: boom;" in str(crash)
+    assert isinstance(crash, RunError) and "a process crashed: RuntimeError: boom;" in str(crash)
     assert "in the planner's runtime or in the model's own code" in crash.hint
     refusal = launch._failure(1, f"rank 0 {launch.ERROR_MARK} model: no such thing; fix it")
     assert type(refusal) is SpecError and str(refusal) == "model: no such thing; fix it"
+
+
+def test_a_process_killed_by_a_signal_is_a_failed_run_that_names_the_likely_cause(
+        capsys, monkeypatch, make_plan):
+    """torchrun's summary of a worker the kernel killed (SIGKILL: out of host memory, most
+    often) is a failed run, exit 4, with where to look; not bad input (exit 2), as it was."""
+    from planner.errors import RunError
+    from planner.runtime import launch
+    summary = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-05_14:40:00\n"
+               "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 4242)\n"
+               "  error_file: <N/A>\n  traceback : Signal 9 (SIGKILL) received by PID 4242\n")
+    killed = launch._failure(1, summary, "/tmp/run.log")
+    assert isinstance(killed, RunError)
+    assert "run: the processes failed (exit 1): rank      : 1 (local_rank: 1), exitcode  : -9" \
+        in str(killed) and "/tmp/run.log" in str(killed)
+    assert "out-of-memory killer" in killed.hint
+    stopped = launch._failure(1, summary.replace("9 (SIGKILL)", "15 (SIGTERM)"))
+    assert stopped.hint == "a process was stopped by SIGTERM from outside the run"
+
+    def fail(*args, **kwargs):
+        raise killed
+
+    monkeypatch.setattr(launch, "check", fail)
+    code = main(["run", make_plan("llama", "pp=1,tp=1,dp=1,micro_batch=2,recompute=none,zero=0")])
+    err = capsys.readouterr().err
+    assert code == 4 and err.startswith("plan: run failed: run: the processes failed"), err
+    assert "out-of-memory killer" in err and len(err.strip().splitlines()) == 1
