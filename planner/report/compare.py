@@ -134,6 +134,7 @@ def table_changes(a: Plan, b: Plan, short: bool = False
 # ---- plan diff: every difference, as data ------------------------------------------------------
 
 INPUTS = (("model", "name", "text"), ("model", "num_params", "count"),
+          ("model", "frozen_params", "count"),
           ("cluster", "name", "text"), ("cluster", "device", "text"),
           ("cluster", "nodes", "count"), ("cluster", "gpus_per_node", "count"),
           ("cluster", "num_gpus", "count"), ("cluster", "intra_node_GBps", "rate"),

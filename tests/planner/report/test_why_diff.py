@@ -246,6 +246,17 @@ def test_diff_names_a_changed_intra_node_link(tiny_llama_config, small_plan):
     assert link.differs and (link.a, link.b) == (100, 25)
 
 
+def test_diff_names_the_frozen_parameters_of_either_plan(small_plan):
+    """A plan of the model with frozen parameters against one of it trained whole: the inputs
+    say how many are frozen (none where neither plan has any)."""
+    a = load_plan(small_plan)
+    same = {d.label: d for d in compare.compare(a, a)}["model frozen params"]
+    assert same.a is None and not same.differs
+    b = dataclasses.replace(a, model={**a.model, "frozen_params": 1000})
+    frozen = {d.label: d for d in compare.compare(a, b)}["model frozen params"]
+    assert frozen.differs and (frozen.a, frozen.b) == (None, 1000)
+
+
 def test_one_configuration_line_everywhere_with_context_and_expert_parallelism():
     from planner.options import Config, parallel_text
 
