@@ -207,6 +207,9 @@ def module_dims(r):
         dims["heads"] = heads
     if kind == "conv":
         dims["image"] = r.choice((4, 8, 16))
+    frozen = r.choice(("", "", "lower", "most"))  # fine-tuning: part of the weights frozen
+    if frozen:
+        dims["frozen"] = frozen
     return kind, dims, r.choice((1, 8, 16, 32, 64))
 
 

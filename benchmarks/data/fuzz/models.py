@@ -105,8 +105,19 @@ class ConvNet(nn.Module):
 
 
 def build(kind: str, *, seq_len: int = 16, batch: int = 2, vocab: int = 64, width: int = 16,
-          depth: int = 2, ffn: int = 32, heads: int = 2, image: int = 8):
-    """``(model, example_inputs)`` of ``kind`` (see the module docstring)."""
+          depth: int = 2, ffn: int = 32, heads: int = 2, image: int = 8, frozen: str = ""):
+    """``(model, example_inputs)`` of ``kind`` (see the module docstring); ``frozen``: "lower"
+    freezes the first half of its parameter tensors, "most" all but the last (fine-tuning)."""
+    model, inputs = _build(kind, seq_len=seq_len, batch=batch, vocab=vocab, width=width,
+                           depth=depth, ffn=ffn, heads=heads, image=image)
+    params = list(model.parameters())
+    for p in params[:len(params) // 2 if frozen == "lower" else -1] if frozen else ():
+        p.requires_grad_(False)
+    return model, inputs
+
+
+def _build(kind: str, *, seq_len: int, batch: int, vocab: int, width: int, depth: int, ffn: int,
+           heads: int, image: int):
     tokens = torch.zeros(batch, seq_len, dtype=torch.long)
     if kind == "mlp":
         return MLPStack(vocab, width, depth, ffn), (tokens,)

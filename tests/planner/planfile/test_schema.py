@@ -59,6 +59,25 @@ def test_a_step_part_longer_than_the_step_is_refused():
         validate(d, "p.json")
 
 
+@pytest.mark.parametrize("where,value,words", [
+    (("search", "rejected", "slower than the top k"), "10", "'10' is not of type 'integer'"),
+    (("model", "frozen_params"), -5, "-5 is less than the minimum of 0")])
+def test_counts_a_command_reads_back_are_checked(where, value, words):
+    """Fuzz seed 1700, case 16: a count written as text (search.rejected) broke plan show's
+    search lines (an internal error); the frozen parameters' count is read the same way."""
+    path = os.path.join(os.path.dirname(__file__), "..", "export", "data", "plans",
+                        "mixtral-8x7b-ep8-megatron.json")
+    d = json.load(open(path))
+    *parents, key = where
+    node = d
+    for k in parents:
+        node = node[k]
+    node[key] = value
+    with pytest.raises(SpecError, match=r"^p.json: invalid plan at " + r"\.".join(where)) as info:
+        validate(d, "p.json")
+    assert words in str(info.value)
+
+
 def test_engine_names_in_a_plan_file_read_in_the_case_commands_compare():
     """A hand-edited plan's "DeepEP" is the deepep every reader (exports) compares against (a
     review: validated in any case, exported as if not set)."""
