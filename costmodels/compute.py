@@ -97,6 +97,9 @@ class BlockTime:
     Megatron-Core's --moe-shared-expert-overlap runs beside the token dispatch and combine."""
     shared_bwd_s: float = 0.0
     """... and of ``bwd_s``."""
+    backward: bool = True
+    """Whether a backward runs through the block (BlockWork.runs_backward): without one nothing
+    is recomputed."""
 
     def recomputing(self, recompute: str) -> "BlockTime":
         """The same block under another recomputation policy: full replays the forward,
@@ -107,7 +110,7 @@ class BlockTime:
         again = {"full": self.fwd_s, "selective": self.attn_fwd_s, "op": self.op_recompute_s,
                  "moe_act": self.moe_act_recompute_s, "mla_up_proj": self.mla_up_recompute_s,
                  "mla_up_proj+moe_act": self.both_recompute_s, "none": 0.0}[recompute]
-        return dataclasses.replace(self, recompute_s=again)
+        return dataclasses.replace(self, recompute_s=again if self.backward else 0.0)
 
     @property
     def total_s(self) -> float:
@@ -547,6 +550,9 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     shared = [g for g in work.gemms if g.shared_expert]
     shared_f, shared_b = gemms_time_s(shared, device, dtype, micro_batch=micro_batch, tp=tp,
                                       sp=sp)[:2] if shared else (0.0, 0.0)
+    if not work.runs_backward:  # forward only (frozen, with nothing trained before it)
+        return BlockTime(fwd_s=fwd_s, bwd_s=0.0, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
+                         shared_fwd_s=shared_f, backward=False)
     bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
                    attn_bwd_s=attn_b, op_recompute_s=op_again, moe_act_recompute_s=act_again,
                    mla_up_recompute_s=up_again, both_recompute_s=both_again, wgrad_s=gemm_w,

@@ -267,6 +267,10 @@ class BlockWork:
     """Parameters (count) split by tensor parallelism."""
     params_rep: float = 0.0
     """Parameters (count) repeated on every tensor-parallel rank."""
+    runs_backward: float = 1.0
+    """1 where a backward runs through the block (an op of it carries a gradient: it trains, or
+    something before it does); 0 where it runs forward only (every parameter in and before it
+    frozen, or nothing of it reaches the loss): no backward, so no recomputation either."""
     frozen_params_tp: float = 0.0
     """The part of ``params_tp`` not trained (requires_grad=False): weights without gradients
     or optimizer states (costmodels.memory.model_state_bytes)."""

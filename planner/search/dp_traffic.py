@@ -34,7 +34,8 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, 
 
     ``replicas``: the ranks holding copies of these parameters (default dp x cp: context-parallel
     ranks reduce their gradients the same way; the experts' edp). ``frozen`` of the ``params``
-    have no gradients (nor, below ZeRO-3, updated weights to gather): frozen_traffic."""
+    have no gradients (nor weights to gather where the engine keeps them whole):
+    frozen_traffic."""
     if replicas is None:
         replicas = cfg.dp * cfg.cp
     if replicas <= 1:
@@ -48,7 +49,7 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, 
     else:
         gathers, scatters = zero3_calls(cfg.num_microbatches, pipelined)
         weights, grads = gathers * (1.0 + shard), scatters * (1.0 + shard)
-    reduced, gathered = frozen_traffic(cfg.zero, params, frozen)
+    reduced, gathered = frozen_traffic(cfg.zero, params, frozen, per)
     return (weights * compute.copy_s(gathered * per.weights, device)
             + grads * compute.copy_s(reduced * per.grads, device))
 
@@ -59,12 +60,13 @@ def _moved(collective, nbytes, group, cluster: Cluster):
     return collective(nbytes, group, cluster) * (nbytes > 0)
 
 
-def frozen_traffic(zero: int, params, frozen):
+def frozen_traffic(zero: int, params, frozen, per: "DataParallelBytes"):
     """(parameters whose gradients are reduced, parameters whose weights are all-gathered) of
     ``params`` with ``frozen`` of them not trained: a frozen weight has no gradient and, never
-    updated, is gathered only where ZeRO-3 shards the weights themselves."""
+    updated, is gathered only where the weights themselves are kept sharded
+    (DataParallelBytes.frozen_gathered_from)."""
     trained = params - frozen
-    return trained, (params if zero == 3 else trained)
+    return trained, (params if zero >= per.frozen_gathered_from else trained)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,12 @@ class DataParallelBytes:
 
     grads: float
     weights: float
+    frozen_gathered_from: int = 3
+    """The ZeRO stage from which frozen weights are sharded, and so all-gathered: 3 where an
+    engine shards the weights only then (Megatron-Core's distributed optimizer and DeepSpeed's
+    ZeRO-1/2 shard optimizer states and gradients, which frozen weights have none of); 1 under
+    FSDP2 (EngineSpec.fsdp_copies), whose ZeRO-1/2 is fully_shard without resharding after
+    forward: every parameter sharded, frozen ones too, and gathered for the forward."""
 
     @classmethod
     def of(cls, training: TrainingSpec) -> "DataParallelBytes":
@@ -84,7 +92,8 @@ class DataParallelBytes:
         its bf16 weights)."""
         grads = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                          zero=0, dp=1, layout=training.engine.state_layout)["grads"]
-        return cls(grads=grads, weights=DTYPE_BYTES[precision.core_dtype(training.dtype)])
+        return cls(grads=grads, weights=DTYPE_BYTES[precision.core_dtype(training.dtype)],
+                   frozen_gathered_from=1 if training.engine.fsdp_copies else 3)
 
 
 def zero3_calls(m: int, pipelined: bool) -> tuple[int, int]:
@@ -124,7 +133,7 @@ def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
 def _window_traffic_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, *,
                       pipelined: bool, gather_overlap: bool, frozen=0.0):
     """(forward, backward) seconds of the traffic window_use_s places in each window."""
-    reduced, gathered = frozen_traffic(cfg.zero, params, frozen)
+    reduced, gathered = frozen_traffic(cfg.zero, params, frozen, per)
     if pipelined:
         gathers = zero3_calls(cfg.num_microbatches, True)[0] if cfg.zero == 3 else 0
         gather = _moved(comm.allgather_s, gathered * per.weights, group, cluster)
@@ -158,17 +167,18 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
       then moves what ZeRO-1 does), and ZeRO-3 gathers about once per micro-batch
       (zero3_calls), behind compute.
     Hidden traffic still slows the compute it runs beside (comm.beside_compute_s, the device's
-    overlap_slowdown). Without overlap every byte is exposed. Gradients travel at ``per.grads`` bytes per parameter,
-    gathered weights at ``per.weights``; ``frozen`` of the ``params`` move no gradient and, below
-    ZeRO-3, no weights (frozen_traffic). ``params``, ``frozen``, ``compute_s`` and ``backward_s``
-    may be numpy arrays (one entry per pipeline rank)."""
+    overlap_slowdown). Without overlap every byte is exposed. Gradients travel at ``per.grads``
+    bytes per parameter, gathered weights at ``per.weights``; ``frozen`` of the ``params`` move
+    no gradient, and no weights where the engine keeps them whole (frozen_traffic). ``params``,
+    ``frozen``, ``compute_s`` and ``backward_s`` may be numpy arrays (one entry per pipeline
+    rank)."""
     m = cfg.num_microbatches
     slow = cluster.device.overlap_slowdown
 
     def beside(comm_s, window_s):  # hidden behind compute, at the cost of slowing it
         return comm.beside_compute_s(comm_s, window_s, slow)
 
-    reduced, gathered = frozen_traffic(cfg.zero, params, frozen)
+    reduced, gathered = frozen_traffic(cfg.zero, params, frozen, per)
     scatter = _moved(comm.reduce_scatter_s, reduced * per.grads, group, cluster)
     gather = _moved(comm.allgather_s, gathered * per.weights, group, cluster)
     weights = (beside(gather, compute_s - backward_s) if overlap and gather_overlap

@@ -499,13 +499,15 @@ class RankMemory:
         chunk_frozen_experts = np.add.reduceat(costs.frozen_expert_local, starts)
         chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local
                                                - costs.expert_params_local), starts)
+        chunk_outer_frozen = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.frozen_local
+                                                      - costs.frozen_expert_local), starts)
         chunk_work = np.maximum.reduceat(working_bytes(cfg, costs, training), starts)
         chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
         chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
         kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
                   offload=cfg.offload_optimizer, layout=training.engine.state_layout)
         # tied weights read by two blocks on one rank are held once
-        tied, tied_outer, tied_frozen = [0.0] * pp, [0.0] * pp, [0.0] * pp
+        tied, tied_outer, tied_frozen, tied_outer_frozen = ([0.0] * pp for _ in range(4))
         if ma.shared:
             owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % pp
             for i, j, n, split, frozen in ma.shared:
@@ -516,6 +518,8 @@ class RankMemory:
                     # held once, with an FP8 copy only where layers alone read it
                     if not (ma.checkpointed[i] and ma.checkpointed[j]):
                         tied_outer[owner[i]] += n / cfg.tp if split else n
+                        if frozen:
+                            tied_outer_frozen[owner[i]] += n / cfg.tp if split else n
         self.params = rank_sums(chunk_params, pp) - np.array(tied)
         self.expert_params = rank_sums(chunk_experts, pp)
         self.frozen = rank_sums(chunk_frozen, pp) - np.array(tied_frozen)
@@ -526,6 +530,9 @@ class RankMemory:
         """Dense parameters outside the repeated layers (embedding, output projection) that no
         layer reads: under fp8 their GEMMs stay 16-bit (costmodels.precision), so they keep no
         FP8 copies (costs.block_state_bytes, for the stage split)."""
+        self.outer_frozen = np.maximum(0.0, rank_sums(chunk_outer_frozen, pp)
+                                       - np.array(tied_outer_frozen))
+        """Of ``outer_params``, those not trained."""
         self.in_flight = in_flight_per_rank(cfg.schedule, pp, cfg.num_microbatches, cfg.vpp)
         """Per rank, as costmodels.pipeline.in_flight gives it (an int or a float)."""
         deferred = deferred_sync(cfg, training)
@@ -651,7 +658,7 @@ def _optimizer_s(cfg: Config, split: Split, device, training: TrainingSpec) -> f
         step = compute.optimizer_step_s(params / shard, device,
                                         traffic_bytes_per_param=traffic,
                                         dtensor_params=ranks.dtensors)
-    # the FP8 copies of the layers' weights, refreshed after the update
-    step = step + np.maximum(0.0, params - ranks.outer_params) * refresh_b \
-        / device.memory_bytes_per_s
+    # the FP8 copies of the layers' trained weights, refreshed after the update
+    layers = (ranks.params - ranks.outer_params) - (ranks.frozen - ranks.outer_frozen)
+    step = step + np.maximum(0.0, layers) * refresh_b / device.memory_bytes_per_s
     return max(0.0, float(np.max(step)))

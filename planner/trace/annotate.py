@@ -144,6 +144,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
         if any(by[n].requires_grad for n in op_names) else 0.0
     params_tp = sum(graph.params[p].numel for p, s in param_split.items() if s and p in graph.params)
     params_rep = sum(graph.params[p].numel for p, s in param_split.items() if not s and p in graph.params)
+    acc["runs_backward"] = float(any(by[n].requires_grad for n in op_names))
     frozen = {p for p in param_split if p in graph.params and not graph.params[p].trainable}
     acc["frozen_params_tp"] = float(sum(graph.params[p].numel for p in frozen if param_split[p]))
     acc["frozen_params_rep"] = float(sum(graph.params[p].numel for p in frozen

@@ -9,6 +9,7 @@ from torch import nn
 
 import planner
 from costmodels import comm
+from costmodels.engine import engine_from_mapping
 from planner.errors import InfeasibleError
 from planner.options import Config, parse_fix
 from planner.search import placement
@@ -72,21 +73,26 @@ def test_a_model_that_fits_only_because_it_is_frozen_is_planned():
     assert p.stages[0]["predicted"]["memory_bytes"]["weights"] > 12e9
 
 
-def test_frozen_weights_move_only_under_zero_3():
-    """No gradient to reduce; the weights, never updated, gathered only where ZeRO-3 shards
-    them (before every forward and backward), as for trained ones."""
-    assert frozen_traffic(1, 100.0, 30.0) == (70.0, 70.0)
-    assert frozen_traffic(3, 100.0, 30.0) == (70.0, 100.0)
+def test_frozen_weights_move_only_where_the_engine_shards_the_weights():
+    """No gradient to reduce; the weights, never updated, gathered only where the engine keeps
+    them sharded: under ZeRO-3 (before every forward and backward), and under FSDP2's ZeRO-1/2
+    too (fully_shard without resharding: gathered once for the forward), as for trained ones."""
+    megatron = planner.TrainingSpec(global_batch=64, seq_len=1024)
+    fsdp = planner.TrainingSpec(global_batch=64, seq_len=1024,
+                                engine=engine_from_mapping("torchtitan"))
     cluster = planner.load_cluster("dgx-h100")
-    training = planner.TrainingSpec(global_batch=64, seq_len=1024)
-    per = DataParallelBytes.of(training)
-    for zero in (0, 1, 2, 3):
-        cfg = Config(dp=8, tp=1, pp=1, micro_batch=1, num_microbatches=8, zero=zero)
-        group = placement.dp_group(cfg, cluster)
-        exposed = exposed_dp_s(cfg, 1e9, per, group, cluster, 1.0, 0.5, overlap=False,
-                               frozen=1e9)
-        gathers = 2 * 8 * comm.allgather_s(1e9 * per.weights, group, cluster)
-        assert exposed == (pytest.approx(gathers) if zero == 3 else 0.0)
+    for training, gathered_from in ((megatron, 3), (fsdp, 1)):
+        per = DataParallelBytes.of(training)
+        assert frozen_traffic(1, 100.0, 30.0, per) == (70.0, 100.0 if gathered_from == 1 else 70.0)
+        assert frozen_traffic(3, 100.0, 30.0, per) == (70.0, 100.0)
+        for zero in (0, 1, 2, 3):
+            cfg = Config(dp=8, tp=1, pp=1, micro_batch=1, num_microbatches=8, zero=zero)
+            group = placement.dp_group(cfg, cluster)
+            exposed = exposed_dp_s(cfg, 1e9, per, group, cluster, 1.0, 0.5, overlap=False,
+                                   frozen=1e9)
+            gather = comm.allgather_s(1e9 * per.weights, group, cluster)
+            expected = 2 * 8 * gather if zero == 3 else gather if zero >= gathered_from else 0.0
+            assert exposed == pytest.approx(expected)
 
 
 def test_the_fine_tuning_example_trains_its_adapters_only():

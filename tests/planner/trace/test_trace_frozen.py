@@ -5,6 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+from costmodels.compute import block_time
+from costmodels.hardware import get_device
 from planner import prepare
 from planner.trace.models import fingerprint
 
@@ -65,6 +67,16 @@ def test_a_frozen_prefix_runs_forward_only(whole):
     assert b["layers.1.0"].work.bwd_flops == pytest.approx(a["layers.1.0"].work.bwd_flops - skipped)
     for name in ("layers.1.1", "layers.1.2", "head"):
         assert b[name].work == a[name].work
+    # priced forward only: no backward, and nothing recomputed under full recomputation (a
+    # review found the memory-bound ops' backward and the recomputation still priced)
+    h100 = get_device("h100")
+    for name in b:
+        runs = not (name == "embed" or name.startswith("layers.0."))
+        assert b[name].work.runs_backward == float(runs)
+        t = block_time(b[name].work, h100, dtype="bf16", micro_batch=4, tp=1, sp=False,
+                       recompute="full")
+        assert (t.bwd_s > 0 and t.recompute_s == t.fwd_s) if runs else \
+            (t.bwd_s == t.recompute_s == 0 and t.fwd_s > 0)
     model = Stack(2)
     assert frozen.info["frozen_params"] == sum(
         p.numel() for m in (model.embed, model.layers[0]) for p in m.parameters())
