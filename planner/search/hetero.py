@@ -263,7 +263,7 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
                                                                                 0, 1)
         one_way = comm.p2p_s(ma.cut_bytes[bounds[s + 1] - 1] * cfg.micro_batch / cfg.tp, link)
         sends[s] += one_way
-        sends[s + 1] += one_way
+        sends[s + 1] += one_way * ma.work.runs_backward[bounds[s + 1] - 1]  # (its gradient)
         cuts.append(one_way)
     stages = chunks(cfg, bounds, ma, stitched, sends)
     ranks = rank_memory(cfg, bounds, stages, ma, stitched, training)

@@ -466,9 +466,9 @@ def weight_grad_s(st: StageEstimate) -> float:
 def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> tuple[np.ndarray,
                                                                              np.ndarray]:
     """(per chunk: seconds per micro-batch spent sending (its output forward, its input's
-    gradient back), per cut: one send). With tensor parallelism each rank sends 1/t of the
-    activation and the receivers all-gather it inside the node (Megatron-LM's scatter-gather
-    optimization)."""
+    gradient back, none after a block that runs forward only: BlockWork.runs_backward), per
+    cut: one send). With tensor parallelism each rank sends 1/t of the activation and the
+    receivers all-gather it inside the node (Megatron-LM's scatter-gather optimization)."""
     n = len(bounds) - 1
     sends = np.zeros(n)
     if n < 2:
@@ -480,7 +480,7 @@ def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> tuple[np
     nbytes = ma.cut_bytes[np.asarray(bounds[1:-1]) - 1] * cfg.micro_batch / (cfg.tp * cfg.cp)
     one_way = np.where(nbytes > 0, latency + nbytes / speed, 0.0)  # comm.p2p_s
     sends[:-1] += one_way  # activations forward
-    sends[1:] += one_way  # gradients back
+    sends[1:] += one_way * ma.work.runs_backward[np.asarray(bounds[1:-1]) - 1]  # gradients back
     return sends, one_way
 
 

@@ -116,3 +116,25 @@ def test_the_fine_tuning_example_trains_its_adapters_only():
     assert memory["weights"] == pytest.approx(2 * total, rel=1e-5)
     assert memory["grads"] == pytest.approx(4 * trained, rel=1e-5)
     assert memory["optimizer"] == pytest.approx(12 * trained, rel=1e-5)
+
+
+def test_a_stage_that_runs_forward_only_sends_no_gradient_back():
+    """Two stages, the first wholly frozen (nothing before it trains): the second stage sends
+    nothing back to it; with the model trained whole, it sends the gradient of what it got."""
+    fix = ("dp=1,tp=1,pp=2,zero=0,micro_batch=2,recompute=none,offload_optimizer=false,"
+           "schedule=1f1b,vpp=1")
+    sends = {}
+    for frozen in (0, 5):
+        with torch.device("meta"):
+            model = Stack(512, 6)
+        for layer in model.layers[:frozen]:
+            layer.requires_grad_(False)
+        p = planner.plan(model, example_inputs=(torch.randn(2, 16, 512, device="meta"),),
+                         cluster="dgx-h100", nodes=1, gpus_per_node=2, global_batch=16, fix=fix,
+                         cache_dir=None)
+        first, second = p.stages
+        if frozen:
+            assert all(int(b.split(".")[1]) < frozen for b in first["blocks"])
+        sends[frozen] = (first["predicted"]["p2p_s"], second["predicted"]["p2p_s"])
+    assert sends[0][0] == pytest.approx(sends[0][1]) and sends[0][0] > 0
+    assert sends[5][0] == pytest.approx(sends[0][0], rel=0.1) and sends[5][1] == 0.0

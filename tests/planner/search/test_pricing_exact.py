@@ -57,7 +57,7 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         one_way = comm.p2p_s(ma.cut_bytes[bounds[c + 1] - 1] * cfg.micro_batch
                              / (cfg.tp * cfg.cp), link)
         sends[c] += one_way
-        sends[c + 1] += one_way
+        sends[c + 1] += one_way * ma.work.runs_backward[bounds[c + 1] - 1]
         cuts.append(one_way)
     stages = chunks(cfg, bounds, ma, costs, sends, expert_comm_s(cfg, ma, costs, cluster,
                                                                 training))
