@@ -96,7 +96,8 @@ def _part(est, cluster, training: TrainingSpec) -> DensePart:
     backward = stage.compute_s - stage.fwd_s - stage.recompute_s
     reduce = float(exposed_dp_s(cfg, stage.params, DataParallelBytes.of(training),
                                 placement.dp_group(cfg, cluster), cluster, stage.compute_s,
-                                backward, overlap=False, frozen=stage.frozen_params))
+                                backward, overlap=False, frozen=stage.frozen_params,
+                                forward_only=stage.forward_only_params))
     return DensePart(zero=cfg.zero, compute_s=bd["compute_s"], backward_s=backward,
                      reduce_s=reduce, exposed_s=bd["dp_comm_s"],
                      optimizer_s=bd["optimizer_s"] + bd.get("straggler_s", 0.0),

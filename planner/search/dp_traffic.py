@@ -19,7 +19,7 @@ from planner.search.costs import fsdp_pipelined
 
 def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, *,
                   pipelined: bool = False, replicas: int | None = None,
-                  frozen: float = 0.0) -> float:
+                  frozen: float = 0.0, forward_only: float = 0.0) -> float:
     """Buffer copies of FSDP2-style data parallelism per step (EngineSpec.fsdp_copies), for
     ``params`` parameters on the rank, each copy of their weights or gradients at the bytes data
     parallelism moves them in (``per``):
@@ -35,7 +35,8 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, 
     ``replicas``: the ranks holding copies of these parameters (default dp x cp: context-parallel
     ranks reduce their gradients the same way; the experts' edp). ``frozen`` of the ``params``
     have no gradients (nor weights to gather where the engine keeps them whole):
-    frozen_traffic."""
+    frozen_traffic; ``forward_only`` of those sit in blocks that run no backward, which ZeRO-3
+    gathers before the forward only."""
     if replicas is None:
         replicas = cfg.dp * cfg.cp
     if replicas <= 1:
@@ -50,8 +51,10 @@ def fsdp_copies_s(cfg: Config, params: float, per: "DataParallelBytes", device, 
         gathers, scatters = zero3_calls(cfg.num_microbatches, pipelined)
         weights, grads = gathers * (1.0 + shard), scatters * (1.0 + shard)
     reduced, gathered = frozen_traffic(cfg.zero, params, frozen, per)
-    return (weights * compute.copy_s(gathered * per.weights, device)
-            + grads * compute.copy_s(reduced * per.grads, device))
+    copies = weights * compute.copy_s(gathered * per.weights, device)
+    if cfg.zero == 3 and not pipelined and forward_only:  # half of them before the backwards
+        copies -= weights / 2 * compute.copy_s(forward_only * per.weights, device)
+    return copies + grads * compute.copy_s(reduced * per.grads, device)
 
 
 def _moved(collective, nbytes, group, cluster: Cluster):
@@ -115,7 +118,8 @@ def windows_left(compute_s, backward_s, used: tuple) -> tuple:
 
 
 def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, *,
-                 pipelined: bool = False, gather_overlap: bool = False, frozen=0.0):
+                 pipelined: bool = False, gather_overlap: bool = False, frozen=0.0,
+                 forward_only=0.0):
     """Seconds of the windows that hide data-parallel traffic (``exposed_dp_s``) that ``params``
     parameters' traffic occupies, per micro-batch, as (forward, backward): the reduction in the
     last micro-batch's backward for ZeRO-0/1, in each micro-batch's for ZeRO-2, and with
@@ -125,13 +129,14 @@ def window_use_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
     (DeviceSpec.overlap_slowdown), so M seconds of traffic use M / (1 + s) of the compute: what
     is left for the next traffic, which windows_left subtracts (the stretch is exposed_dp_s's)."""
     used = _window_traffic_s(cfg, params, per, group, cluster, pipelined=pipelined,
-                             gather_overlap=gather_overlap, frozen=frozen)
+                             gather_overlap=gather_overlap, frozen=frozen,
+                             forward_only=forward_only)
     slow = cluster.device.overlap_slowdown
     return used[0] / (1.0 + slow), used[1] / (1.0 + slow)
 
 
 def _window_traffic_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, *,
-                      pipelined: bool, gather_overlap: bool, frozen=0.0):
+                      pipelined: bool, gather_overlap: bool, frozen=0.0, forward_only=0.0):
     """(forward, backward) seconds of the traffic window_use_s places in each window."""
     reduced, gathered = frozen_traffic(cfg.zero, params, frozen, per)
     if pipelined:
@@ -144,12 +149,13 @@ def _window_traffic_s(cfg: Config, params, per: DataParallelBytes, group, cluste
     gather = _moved(comm.allgather_s, gathered * per.weights, group, cluster)
     if cfg.zero <= 2:
         return (gather if gather_overlap else 0.0), scatter
-    return gather, gather + scatter
+    back = _moved(comm.allgather_s, (gathered - forward_only) * per.weights, group, cluster)
+    return gather, back + scatter
 
 
 def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cluster, compute_s,
                  backward_s, overlap: bool, *, pipelined: bool = False,
-                 gather_overlap: bool = False, frozen=0.0):
+                 gather_overlap: bool = False, frozen=0.0, forward_only=0.0):
     """Data-parallel traffic of one step that compute does not hide (Rajbhandari et al. 2020, §7):
 
     - ZeRO-0/1: gradients accumulate locally; one all-reduce (ZeRO-1: a reduce-scatter, the same
@@ -169,9 +175,10 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
     Hidden traffic still slows the compute it runs beside (comm.beside_compute_s, the device's
     overlap_slowdown). Without overlap every byte is exposed. Gradients travel at ``per.grads``
     bytes per parameter, gathered weights at ``per.weights``; ``frozen`` of the ``params`` move
-    no gradient, and no weights where the engine keeps them whole (frozen_traffic). ``params``,
-    ``frozen``, ``compute_s`` and ``backward_s`` may be numpy arrays (one entry per pipeline
-    rank)."""
+    no gradient, and no weights where the engine keeps them whole (frozen_traffic); those of
+    them in blocks that run no backward (``forward_only``) are gathered by ZeRO-3 before the
+    forward only. ``params``, ``frozen``, ``forward_only``, ``compute_s`` and ``backward_s`` may
+    be numpy arrays (one entry per pipeline rank)."""
     m = cfg.num_microbatches
     slow = cluster.device.overlap_slowdown
 
@@ -199,8 +206,9 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
         return weights + (beside(scatter, backward_s) if overlap else scatter)
     if cfg.zero == 2:
         return weights + (beside(m * scatter, m * backward_s) if overlap else m * scatter)
-    gathers, scatters = zero3_calls(m, False)
-    total = gathers * gather + scatters * scatter
+    gathers, scatters = zero3_calls(m, False)  # half before the forwards, half the backwards
+    back = _moved(comm.allgather_s, (gathered - forward_only) * per.weights, group, cluster)
+    total = gathers / 2 * (gather + back) + scatters * scatter
     return beside(total, m * compute_s) if overlap else total
 
 

@@ -279,7 +279,8 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
                                                                          pp=cfg.pp),
                                       pipelined=fsdp_pipelined(cfg, training),
                                       gather_overlap=training.engine.overlap_param_gather,
-                                      frozen=st.frozen_params))
+                                      frozen=st.frozen_params,
+                                      forward_only=st.forward_only_params))
         shard = cfg.dp if cfg.zero >= 1 else 1
         opt_s = max(opt_s, compute.optimizer_step_s((st.params - st.frozen_params) / shard,
                                                     group.device,

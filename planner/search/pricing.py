@@ -52,6 +52,9 @@ class StageEstimate:
     frozen_params: float = 0.0
     """The part of ``params`` not trained (weights only: no gradients, optimizer states,
     gradient traffic or update)."""
+    forward_only_params: float = 0.0
+    """The part of ``params`` in blocks that run no backward (BlockWork.runs_backward): ZeRO-3
+    gathers them before the forward only."""
     dtensor_params: float = 0.0
     """Parameter tensors of the rank that the runtime makes DTensors (tensor-parallel ones; all
     of them under data parallelism, which FSDP2 wraps)."""
@@ -200,7 +203,7 @@ class Split:
         memories = ranks.dicts()
         params, experts_, dtensors = (ranks.params.tolist(), ranks.expert_params.tolist(),
                                       ranks.dtensors.tolist())
-        frozen = ranks.frozen.tolist()
+        frozen, forward_only = ranks.frozen.tolist(), ranks.forward_only.tolist()
         compute_s, tp_s, p2p_s = self.compute_s.tolist(), self.tp_s.tolist(), placed.p2p_s.tolist()
         fwd_s, rc_s, act = self.fwd_s.tolist(), self.rc_s.tolist(), self.act.tolist()
         cp_s, ep_s, names = self.cp_s.tolist(), placed.ep_s.tolist(), self.ma.names
@@ -211,7 +214,8 @@ class Split:
                                 fwd_s=fwd_s[c], recompute_s=rc_s[c], act_bytes=act[c],
                                 cp_comm_s=cp_s[c], ep_comm_s=ep_s[c], wgrad_s=wgrad_s[c],
                                 expert_params=experts_[c % pp], dtensor_params=dtensors[c % pp],
-                                frozen_params=frozen[c % pp])
+                                frozen_params=frozen[c % pp],
+                                forward_only_params=forward_only[c % pp])
                   for c, (a, b) in enumerate(zip(self.bounds, self.bounds[1:]))]
         model_flops, hardware_flops = step_flops(self.ma, cfg, self.training)
         return Estimate(config=cfg, stages=stages, step_time_s=placed.step_time_s,
@@ -497,6 +501,9 @@ class RankMemory:
         chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
         chunk_frozen = np.add.reduceat(costs.frozen_local, starts)
         chunk_frozen_experts = np.add.reduceat(costs.frozen_expert_local, starts)
+        idle = 1.0 - ma.work.runs_backward  # blocks that run forward only
+        chunk_fwd_only = np.add.reduceat(costs.params_local * idle, starts)
+        chunk_fwd_only_experts = np.add.reduceat(costs.expert_params_local * idle, starts)
         chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local
                                                - costs.expert_params_local), starts)
         chunk_outer_frozen = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.frozen_local
@@ -507,7 +514,8 @@ class RankMemory:
         kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
                   offload=cfg.offload_optimizer, layout=training.engine.state_layout)
         # tied weights read by two blocks on one rank are held once
-        tied, tied_outer, tied_frozen, tied_outer_frozen = ([0.0] * pp for _ in range(4))
+        tied, tied_outer, tied_frozen, tied_outer_frozen, tied_fwd_only = (
+            [0.0] * pp for _ in range(5))
         if ma.shared:
             owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % pp
             for i, j, n, split, frozen in ma.shared:
@@ -515,6 +523,9 @@ class RankMemory:
                     tied[owner[i]] += n / cfg.tp if split else n
                     if frozen:
                         tied_frozen[owner[i]] += n / cfg.tp if split else n
+                    if not (ma.work.runs_backward[i] and ma.work.runs_backward[j]):
+                        # gathered for a backward if either reader runs one; held once
+                        tied_fwd_only[owner[i]] += n / cfg.tp if split else n
                     # held once, with an FP8 copy only where layers alone read it
                     if not (ma.checkpointed[i] and ma.checkpointed[j]):
                         tied_outer[owner[i]] += n / cfg.tp if split else n
@@ -526,6 +537,12 @@ class RankMemory:
         """Of ``params``, those not trained (weights only: no gradient, traffic or update)."""
         self.frozen_experts = rank_sums(chunk_frozen_experts, pp)
         """Of ``expert_params``, those not trained."""
+        self.forward_only = np.maximum(0.0, rank_sums(chunk_fwd_only, pp)
+                                       - np.array(tied_fwd_only))
+        """Of ``params``, those in blocks that run forward only (frozen with nothing trained
+        before them: ZeRO-3 gathers them before the forward only)."""
+        self.forward_only_experts = rank_sums(chunk_fwd_only_experts, pp)
+        """Of ``expert_params``, those in blocks that run forward only."""
         self.outer_params = np.maximum(0.0, rank_sums(chunk_outer, pp) - np.array(tied_outer))
         """Dense parameters outside the repeated layers (embedding, output projection) that no
         layer reads: under fp8 their GEMMs stay 16-bit (costmodels.precision), so they keep no
@@ -571,11 +588,12 @@ class RankMemory:
         from its rank."""
         params, experts_ = self.params.tolist(), self.expert_params.tolist()
         dtensors, frozen = self.dtensors.tolist(), self.frozen.tolist()
+        forward_only = self.forward_only.tolist()
         for st in stages:
             r = st.rank
             st.params, st.in_flight, st.memory = params[r], self.in_flight[r], dicts[r]
             st.expert_params, st.dtensor_params = experts_[r], dtensors[r]
-            st.frozen_params = frozen[r]
+            st.frozen_params, st.forward_only_params = frozen[r], forward_only[r]
 
 
 def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) -> list[dict]:
@@ -596,38 +614,45 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     ranks = split.ranks
     params, expert_params = ranks.params, ranks.expert_params
     frozen, frozen_experts = ranks.frozen, ranks.frozen_experts
+    idle = ranks.forward_only - ranks.forward_only_experts  # dense ones in forward-only blocks
+    idle_experts = ranks.forward_only_experts
     compute_s, backward_s = split.rank_compute_s, split.rank_backward_s
     overlap = training.engine.overlaps_reduction(zero=cfg.zero, pp=cfg.pp)
     gathers = training.engine.overlap_param_gather
     pipelined = fsdp_pipelined(cfg, training)
     dense, frozen_dense = params - expert_params, frozen - frozen_experts
     exposed = exposed_dp_s(cfg, dense, per, group, cluster, compute_s, backward_s, overlap,
-                           pipelined=pipelined, gather_overlap=gathers, frozen=frozen_dense)
+                           pipelined=pipelined, gather_overlap=gathers, frozen=frozen_dense,
+                           forward_only=idle)
     has_experts = expert_params != 0
     if has_experts.any():
         # the experts' gradients, over their own replicas, after the dense ones on the same links:
         # they get what the dense traffic leaves of the windows that hide it
         left_compute, left_backward = windows_left(compute_s, backward_s, window_use_s(
             cfg, dense, per, group, cluster, pipelined=pipelined, gather_overlap=gathers,
-            frozen=frozen_dense))
+            frozen=frozen_dense, forward_only=idle))
         exposed = exposed + np.where(has_experts, exposed_dp_s(
             cfg, expert_params, per, expert_group, cluster, left_compute, left_backward,
-            overlap, pipelined=pipelined, gather_overlap=gathers, frozen=frozen_experts),
+            overlap, pipelined=pipelined, gather_overlap=gathers, frozen=frozen_experts,
+            forward_only=idle_experts),
             0.0)
     if training.engine.fsdp_copies:
         # FSDP2 copies what it wraps: the dense parameters, and the experts too without expert
         # parallelism; with ep > 1 the experts over edp in an FSDP2 of their own
         # (EngineSpec.fsdp_experts), or not at all (reduced apart, in place)
-        wrapped, held = (dense, frozen_dense) if cfg.ep > 1 else (params, frozen)
+        wrapped, held, idle_held = ((dense, frozen_dense, idle) if cfg.ep > 1
+                                    else (params, frozen, ranks.forward_only))
         exposed = exposed + np.array([fsdp_copies_s(cfg, n, per, cluster.device,
-                                                    pipelined=pipelined, frozen=f)
-                                      for n, f in zip(wrapped.tolist(), held.tolist())])
+                                                    pipelined=pipelined, frozen=f, forward_only=o)
+                                      for n, f, o in zip(wrapped.tolist(), held.tolist(),
+                                                         idle_held.tolist())])
         if cfg.ep > 1 and training.engine.fsdp_experts:
             exposed = exposed + np.array([fsdp_copies_s(cfg, n, per, cluster.device,
                                                         pipelined=pipelined, replicas=cfg.edp,
-                                                        frozen=f)
-                                          for n, f in zip(expert_params.tolist(),
-                                                          frozen_experts.tolist())])
+                                                        frozen=f, forward_only=o)
+                                          for n, f, o in zip(expert_params.tolist(),
+                                                             frozen_experts.tolist(),
+                                                             idle_experts.tolist())])
     return max(0.0, float(np.max(exposed))), split.optimizer_s(cluster.device)
 
 

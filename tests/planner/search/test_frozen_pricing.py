@@ -93,6 +93,10 @@ def test_frozen_weights_move_only_where_the_engine_shards_the_weights():
             gather = comm.allgather_s(1e9 * per.weights, group, cluster)
             expected = 2 * 8 * gather if zero == 3 else gather if zero >= gathered_from else 0.0
             assert exposed == pytest.approx(expected)
+            # in blocks that run no backward: gathered before each forward only
+            idle = exposed_dp_s(cfg, 1e9, per, group, cluster, 1.0, 0.5, overlap=False,
+                                frozen=1e9, forward_only=1e9)
+            assert idle == pytest.approx(expected / 2 if zero == 3 else expected)
 
 
 def test_the_fine_tuning_example_trains_its_adapters_only():
