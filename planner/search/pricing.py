@@ -497,58 +497,49 @@ class RankMemory:
         pp = cfg.pp
         starts = np.asarray(bounds[:-1])
         # per chunk (one pass over the blocks each): sums and maxima the ranks add up below
-        chunk_params = np.add.reduceat(costs.params_local, starts)
-        chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
-        chunk_frozen = np.add.reduceat(costs.frozen_local, starts)
-        chunk_frozen_experts = np.add.reduceat(costs.frozen_expert_local, starts)
-        idle = 1.0 - ma.work.runs_backward  # blocks that run forward only
-        chunk_fwd_only = np.add.reduceat(costs.params_local * idle, starts)
-        chunk_fwd_only_experts = np.add.reduceat(costs.expert_params_local * idle, starts)
-        chunk_outer = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.params_local
-                                               - costs.expert_params_local), starts)
-        chunk_outer_frozen = np.add.reduceat(np.where(ma.checkpointed, 0.0, costs.frozen_local
-                                                      - costs.frozen_expert_local), starts)
         chunk_work = np.maximum.reduceat(working_bytes(cfg, costs, training), starts)
         chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
         chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
         kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
                   offload=cfg.offload_optimizer, layout=training.engine.state_layout)
-        # tied weights read by two blocks on one rank are held once
-        tied, tied_outer, tied_frozen, tied_outer_frozen, tied_fwd_only = (
-            [0.0] * pp for _ in range(5))
-        if ma.shared:
-            owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % pp
+        owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % pp
+        layer, backward = ma.checkpointed, ma.work.runs_backward
+
+        def held(per_block, tie=lambda i, j, frozen: True) -> np.ndarray:
+            """Per rank: ``per_block`` summed over its blocks, each tied weight both of whose
+            readers are on the rank held once where ``tie`` (first reader, other, frozen)
+            says it counts in ``per_block``."""
+            tied = np.zeros(pp)
             for i, j, n, split, frozen in ma.shared:
-                if owner[i] == owner[j]:
+                if owner[i] == owner[j] and tie(i, j, frozen):
                     tied[owner[i]] += n / cfg.tp if split else n
-                    if frozen:
-                        tied_frozen[owner[i]] += n / cfg.tp if split else n
-                    if not (ma.work.runs_backward[i] and ma.work.runs_backward[j]):
-                        # gathered for a backward if either reader runs one; held once
-                        tied_fwd_only[owner[i]] += n / cfg.tp if split else n
-                    # held once, with an FP8 copy only where layers alone read it
-                    if not (ma.checkpointed[i] and ma.checkpointed[j]):
-                        tied_outer[owner[i]] += n / cfg.tp if split else n
-                        if frozen:
-                            tied_outer_frozen[owner[i]] += n / cfg.tp if split else n
-        self.params = rank_sums(chunk_params, pp) - np.array(tied)
-        self.expert_params = rank_sums(chunk_experts, pp)
-        self.frozen = rank_sums(chunk_frozen, pp) - np.array(tied_frozen)
+            return rank_sums(np.add.reduceat(per_block, starts), pp) - tied
+
+        idle = 1.0 - backward  # blocks that run forward only
+        outer = np.where(layer, 0.0, costs.params_local - costs.expert_params_local)
+        self.params = held(costs.params_local)
+        self.expert_params = rank_sums(np.add.reduceat(costs.expert_params_local, starts), pp)
+        self.frozen = held(costs.frozen_local, lambda i, j, frozen: frozen)
         """Of ``params``, those not trained (weights only: no gradient, traffic or update)."""
-        self.frozen_experts = rank_sums(chunk_frozen_experts, pp)
+        self.frozen_experts = rank_sums(np.add.reduceat(costs.frozen_expert_local, starts), pp)
         """Of ``expert_params``, those not trained."""
-        self.forward_only = np.maximum(0.0, rank_sums(chunk_fwd_only, pp)
-                                       - np.array(tied_fwd_only))
+        # (a tie is gathered for a backward if either reader runs one)
+        self.forward_only = np.maximum(0.0, held(costs.params_local * idle, lambda i, j, _: not (
+            backward[i] and backward[j])))
         """Of ``params``, those in blocks that run forward only (frozen with nothing trained
         before them: ZeRO-3 gathers them before the forward only)."""
-        self.forward_only_experts = rank_sums(chunk_fwd_only_experts, pp)
+        self.forward_only_experts = rank_sums(
+            np.add.reduceat(costs.expert_params_local * idle, starts), pp)
         """Of ``expert_params``, those in blocks that run forward only."""
-        self.outer_params = np.maximum(0.0, rank_sums(chunk_outer, pp) - np.array(tied_outer))
+        # (a tie held once keeps an FP8 copy only where layers alone read it)
+        self.outer_params = np.maximum(0.0, held(outer, lambda i, j, _: not (layer[i] and
+                                                                             layer[j])))
         """Dense parameters outside the repeated layers (embedding, output projection) that no
         layer reads: under fp8 their GEMMs stay 16-bit (costmodels.precision), so they keep no
         FP8 copies (costs.block_state_bytes, for the stage split)."""
-        self.outer_frozen = np.maximum(0.0, rank_sums(chunk_outer_frozen, pp)
-                                       - np.array(tied_outer_frozen))
+        self.outer_frozen = np.maximum(0.0, held(
+            np.where(layer, 0.0, costs.frozen_local - costs.frozen_expert_local),
+            lambda i, j, frozen: frozen and not (layer[i] and layer[j])))
         """Of ``outer_params``, those not trained."""
         self.in_flight = in_flight_per_rank(cfg.schedule, pp, cfg.num_microbatches, cfg.vpp)
         """Per rank, as costmodels.pipeline.in_flight gives it (an int or a float)."""
