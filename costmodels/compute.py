@@ -525,19 +525,23 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         / per_gpu if per_gpu > 0 else 0.0)
     if work.num_experts:
         # an MoE layer runs many small kernels: the device waits whenever the host issues its
-        # ops slower than the device runs them (about twice as many in backward). Dropless
+        # ops slower than the device runs them (about twice as many in backward: the input
+        # gradients' and the weight gradients', fewer where weights are frozen). Dropless
         # dispatch also has the host wait for the device's token counts in every MoE layer, so
         # the host cannot run ahead across layers; a uniform stack of MoE layers is bound the
         # same way layer by layer without that wait.
         host = (work.kernels_eager + ungrouped_launches(work, experts)) * engine.moe_host_op_s
+        weights = [g for g in work.gemms if g.linear]
+        host_bwd = host * (1.0 + (sum(g.grad_b for g in weights) / len(weights)
+                                  if weights else 1.0))
         device_bwd = bwd_s
-        fwd_s, bwd_s = max(fwd_s, host), max(bwd_s, 2 * host)
+        fwd_s, bwd_s = max(fwd_s, host), max(bwd_s, host_bwd)
         op_again = max(op_again, host * op_recomputed_kernel_share(work))
         # moe_act's ops run inside the backward: what they add to its device time and to its
         # issue time, the slower of the two setting the pass (hidden where the other has room)
 
         def again(device_s: float, kernels: float) -> float:
-            return max(device_bwd + device_s, 2 * host + kernels * engine.moe_host_op_s) - bwd_s
+            return max(device_bwd + device_s, host_bwd + kernels * engine.moe_host_op_s) - bwd_s
 
         act_again, up_again, both_again = (
             again(act_again, work.moe_act_kernels), again(up_again, work.mla_up_kernels),

@@ -251,7 +251,8 @@ class BlockWork:
     bwd_transient_tp: float = 0.0
     """Bytes the block's backward holds transiently beyond what was saved: twice its largest
     gradient-carrying output inside tensor-parallel regions (an output gradient and the input
-    gradient written from it)."""
+    gradient written from it); for a block that runs forward only (``runs_backward`` 0), what
+    its forward holds instead: twice its largest output (an op's input and output)."""
     bwd_transient_rep: float = 0.0
     """The same outside them."""
     bwd_transient_scores_tp: float = 0.0

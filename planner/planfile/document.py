@@ -108,7 +108,8 @@ class Plan:
         if fingerprint == want:
             return ""
         return (f"model.fingerprint: '{spec}' has fingerprint {fingerprint} but the plan was made "
-                f"for {want} (another architecture, size or dtype); re-plan it with `plan "
+                f"for {want} (another architecture, size or dtype, or other parameters frozen); "
+                "re-plan it with `plan "
                 "solve`, or pass the planned model with --model")
 
 

@@ -424,14 +424,17 @@ def _backward_transient(op_names: list[str], by: dict, tp: TPAnalysis,
                         scores: set[str] = frozenset()) -> dict:
     """The largest gradient pair the block's backward holds at once: an op's output gradient and
     the input gradient it writes, about twice its largest gradient-carrying output (the fp32
-    log-softmax of a large vocabulary dominates a language model's head). The score tensors of
-    eager attention cores (``scores``) are apart: a fused kernel never makes them. Returns
-    BlockWork fields, split or not by tensor parallelism."""
+    log-softmax of a large vocabulary dominates a language model's head). A block that runs
+    forward only (frozen, nothing trained before it) keeps nothing, and what it holds while it
+    runs is its forward's largest op's input and output instead: about twice its largest
+    output. The score tensors of eager attention cores (``scores``) are apart: a fused kernel
+    never makes them. Returns BlockWork fields, split or not by tensor parallelism."""
     out = dict.fromkeys(("bwd_transient_tp", "bwd_transient_rep", "bwd_transient_scores_tp",
                          "bwd_transient_scores_rep"), 0.0)
+    backward = any(by[n].requires_grad for n in op_names)
     for name in op_names:
         op = by[name]
-        if op.requires_grad and op.kind not in FREE:
+        if (op.requires_grad if backward else op.differentiable) and op.kind not in FREE:
             key = ("bwd_transient_scores" if name in scores else "bwd_transient") + (
                 "_tp" if tp.split_of(name)[1] else "_rep")
             out[key] = max(out[key], 2.0 * op.out_bytes)

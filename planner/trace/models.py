@@ -109,6 +109,11 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     raw = read_json_object(file, what="model",
                            missing_hint="give the path to a Hugging Face config.json")
+    if str(raw.get("schema", "")).startswith("planner.plan/"):
+        planned = (raw.get("model") or {}).get("spec") if isinstance(raw.get("model"), dict) \
+            else None
+        raise SpecError(f"model: {file} is a plan file, not a model; give the model it was made "
+                        f"for{f' ({planned})' if planned else ''} (`plan show {file}` names it)")
     if "model_type" not in raw:
         raise SpecError(f"{file}: key 'model_type' is missing; add the transformers model type "
                         "(e.g. \"llama\", \"gpt2\")")

@@ -243,3 +243,15 @@ def test_version_and_json_summary(capsys, small_plan):
     code, out, _ = run(capsys, "show", small_plan, "--json")
     summary = json.loads(out)
     assert code == 0 and summary["parallel"]["pp"] == 2 and len(summary["stages"]) == 2
+
+
+def test_a_plan_file_given_as_the_model_is_named_with_its_model(capsys, small_plan,
+                                                                tiny_gpt2_config):
+    """`plan whatif plan.json ...` (a new-user check): a plan file read as a Hugging Face
+    config asked for its model_type; it is named as a plan, with the model it was made for."""
+    for argv in (("solve", small_plan, "--cluster", "dgx-h100", "--global-batch", "16"),
+                 ("whatif", small_plan, "--cluster", "dgx-h100", "--global-batch", "16",
+                  "--vary", "nodes=1,2")):
+        code, _, err = run(capsys, *argv)
+        one_line(code, err, BAD, f"model: {small_plan} is a plan file, not a model; give the "
+                                 f"model it was made for ({tiny_gpt2_config})")

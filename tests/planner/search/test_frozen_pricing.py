@@ -142,3 +142,37 @@ def test_a_stage_that_runs_forward_only_sends_no_gradient_back():
         sends[frozen] = (first["predicted"]["p2p_s"], second["predicted"]["p2p_s"])
     assert sends[0][0] == pytest.approx(sends[0][1]) and sends[0][0] > 0
     assert sends[5][0] == pytest.approx(sends[0][0], rel=0.1) and sends[5][1] == 0.0
+
+
+def test_frozen_experts_issue_no_weight_gradient_kernels():
+    """An MoE layer bound by the host's issue time (EngineSpec.moe_host_op_s): its backward
+    issues the input gradients' kernels and, for trained weights only, the weight gradients'
+    (a new-user check saw a Mixtral with frozen experts take as long as one trained whole)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from costmodels.compute import block_time
+    from costmodels.engine import EngineSpec
+    from costmodels.hardware import get_device
+
+    config = MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                           num_experts_per_tok=2, vocab_size=256, use_cache=False)
+    times = {}
+    for frozen in (False, True):
+        with torch.device("meta"):
+            model = MixtralForCausalLM(config)
+        if frozen:
+            for layer in model.model.layers:
+                layer.mlp.experts.requires_grad_(False)
+        prepared = planner.prepare(model, example_inputs=(torch.zeros(1, 16, dtype=torch.long),),
+                                   cache_dir=None)
+        moe = next(b.work for b in prepared.blocks.blocks if b.work.num_experts)
+        weights = [g for g in moe.gemms if g.linear]
+        share = sum(g.grad_b for g in weights) / len(weights)
+        t = block_time(moe, get_device("h100"), dtype="bf16", micro_batch=1, tp=1, sp=False,
+                       recompute="none", engine=EngineSpec(moe_host_op_s=1e-3))
+        times[frozen] = (t.fwd_s, t.bwd_s, share)
+    (fwd, bwd, share), (fwd_f, bwd_f, share_f) = times[False], times[True]
+    assert share == 1.0 and 0 < share_f < 1.0
+    assert bwd == pytest.approx(2 * fwd) and fwd_f == pytest.approx(fwd)  # host-bound
+    assert bwd_f == pytest.approx((1 + share_f) * fwd_f)

@@ -60,6 +60,11 @@ def test_a_frozen_prefix_runs_forward_only(whole):
         w = b[name].work
         assert w.bwd_flops == 0 and w.act_bytes_tp + w.act_bytes_rep == 0 and w.input_bytes == 0
         assert w.fwd_flops == a[name].work.fwd_flops
+        # what its forward holds while it runs (an op's input and output), as large as the
+        # trained block's backward pair here (a new-user check found it left out: a frozen
+        # tower planned at a micro-batch whose forward alone could not fit)
+        held = w.bwd_transient_tp + w.bwd_transient_rep
+        assert held > 0 and held == a[name].work.bwd_transient_tp + a[name].work.bwd_transient_rep
     assert a["layers.0.0"].work.bwd_flops > 0
     # the input gradient of layers.1's first GEMM is the one product it skips (16 tokens per
     # sample, WIDTH -> 4 x WIDTH)
