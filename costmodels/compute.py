@@ -531,9 +531,13 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         # the host cannot run ahead across layers; a uniform stack of MoE layers is bound the
         # same way layer by layer without that wait.
         host = (work.kernels_eager + ungrouped_launches(work, experts)) * engine.moe_host_op_s
-        weights = [g for g in work.gemms if g.linear]
-        host_bwd = host * (1.0 + (sum(g.grad_b for g in weights) / len(weights)
-                                  if weights else 1.0))
+        # (each weight GEMM weighted by its launches: one per local expert where ungrouped)
+        launches = [(1.0 + (max(0.0, g.experts / experts.ep - 1.0)
+                            if g.experts and not experts.grouped else 0.0), g.grad_b)
+                    for g in work.gemms if g.linear]
+        total = sum(n for n, _ in launches)
+        host_bwd = host * (1.0 + (sum(n for n, grad in launches if grad) / total
+                                  if total else 1.0))
         device_bwd = bwd_s
         fwd_s, bwd_s = max(fwd_s, host), max(bwd_s, host_bwd)
         op_again = max(op_again, host * op_recomputed_kernel_share(work))

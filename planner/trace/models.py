@@ -110,8 +110,7 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
     raw = read_json_object(file, what="model",
                            missing_hint="give the path to a Hugging Face config.json")
     if str(raw.get("schema", "")).startswith("planner.plan/"):
-        planned = (raw.get("model") or {}).get("spec") if isinstance(raw.get("model"), dict) \
-            else None
+        planned = raw["model"].get("spec") if isinstance(raw.get("model"), dict) else None
         raise SpecError(f"model: {file} is a plan file, not a model; give the model it was made "
                         f"for{f' ({planned})' if planned else ''} (`plan show {file}` names it)")
     if "model_type" not in raw:
