@@ -137,14 +137,14 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     fused = fused_traffic(graph, tp, op_names, scores)
     acc.update(_op_level_checkpointing(op_names, by, tp))
     acc.update(_backward_transient(op_names, by, tp, scores))
+    backward = any(by[n].requires_grad for n in op_names)
+    acc["runs_backward"] = float(backward)
     # (a block with nothing to train keeps nothing for a backward, its input neither)
     acc["input_bytes"] = sum(by[i].out_bytes for i in {
         src for n in op_names for src in by[n].inputs
-        if src not in members and by[src].differentiable}) \
-        if any(by[n].requires_grad for n in op_names) else 0.0
+        if src not in members and by[src].differentiable}) if backward else 0.0
     params_tp = sum(graph.params[p].numel for p, s in param_split.items() if s and p in graph.params)
     params_rep = sum(graph.params[p].numel for p, s in param_split.items() if not s and p in graph.params)
-    acc["runs_backward"] = float(any(by[n].requires_grad for n in op_names))
     frozen = {p for p in param_split if p in graph.params and not graph.params[p].trainable}
     acc["frozen_params_tp"] = float(sum(graph.params[p].numel for p in frozen if param_split[p]))
     acc["frozen_params_rep"] = float(sum(graph.params[p].numel for p in frozen
