@@ -278,16 +278,16 @@ choice a user makes about the run (no warning for dense models; not carried to a
 engine's re-plan)."""
 
 
-def describe(engine: EngineSpec) -> str:
+def describe(engine: EngineSpec, attention: bool = True) -> str:
     """The software a prediction assumes, in words, and the ``--engine`` setting that gives it:
     the preset closest to it with the settings that differ (``engine_from_mapping`` reads it
-    back to the same engine)."""
-    kernel = {"flash": "FlashAttention", "flash2": "FlashAttention-2 (PyTorch SDPA)",
-              "materialized": "attention scores in memory"}[engine.attention]
+    back to the same engine). ``attention``: the model has attention, whose kernel is named."""
+    kernel = {"flash": "FlashAttention, ", "flash2": "FlashAttention-2 (PyTorch SDPA), ",
+              "materialized": "attention scores in memory, "}[engine.attention] if attention else ""
     layers_only = engine.kernels == "fused" and engine.fused_scope == "layers"
     elementwise = ("fused element-wise kernels" if engine.kernels == "fused"
                    else "eager element-wise ops (a kernel each)")
-    words = (f"{kernel}, {elementwise}{' in the repeated layers' if layers_only else ''}"
+    words = (f"{kernel}{elementwise}{' in the repeated layers' if layers_only else ''}"
              f", gradient reduction "
              f"{'overlapped with backward' if engine.overlap_grad_reduce else 'after backward'}"
              f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}")

@@ -90,7 +90,8 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
                                        "repeats": [r.__dict__ for r in opgraph.repeats]},
                "blocks": blocks,
                **({"routed_experts": experts} if (experts := int(max(
-                   (b.work.num_experts for b in bg.blocks), default=0))) else {})},
+                   (b.work.num_experts for b in bg.blocks), default=0))) else {}),
+               **({} if has_attention(bg) else {"no_attention": True})},
         training=training_dict(training), cluster=cluster.summary(), parallel=parallel,
         stages=stages, tensor_parallel=_tp_map(bg, cfg.tp), schedule=_schedule(cfg),
         predicted={**predicted(best, training, cluster),
@@ -160,13 +161,27 @@ def predicted(est: Estimate, training: TrainingSpec, cluster: Cluster) -> dict:
             "flops_counted": FLOPS_COUNTED}
 
 
+def has_attention(bg: BlockGraph) -> bool:
+    """Whether the model runs an attention core (fused, or QK^T and scores x V written out)."""
+    return any(b.work.attn_flops > 0 or any(g.attention for g in b.work.gemms)
+               for b in bg.blocks)
+
+
 def active_params(bg: BlockGraph, seq_len: int) -> float:
     """Weights that multiply each token: the forward FLOPs of the GEMMs with a weight operand per
     sample, over 2 x tokens (a mixture of experts counts its routed experts only: 2 of 8 experts
-    in Mixtral; capacity-style experts their filled slots only)."""
-    flops = sum(g.flops for b in bg.blocks for g in b.work.gemms if g.linear) - sum(
-        b.work.expert_slot_flops for b in bg.blocks)
-    return flops / (2.0 * max(seq_len, 1))
+    in Mixtral; capacity-style experts their filled slots only). A weight that one GEMM applies
+    at many positions of a token (a convolution's kernel over an image counted as one token)
+    counts once."""
+    tokens = max(seq_len, 1)
+    total = 0.0
+    for b in bg.blocks:
+        for g in b.work.gemms:
+            if g.linear:
+                per_token = g.flops / (2.0 * tokens)
+                total += per_token if g.experts else min(per_token, g.batch * g.n * g.k)
+        total -= b.work.expert_slot_flops / (2.0 * tokens)
+    return total
 
 
 def check_predictions(est: Estimate, training: TrainingSpec, cluster: Cluster) -> None:

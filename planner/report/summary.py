@@ -184,7 +184,8 @@ def _parallel(p: Plan) -> list[str]:
         f"schedule {par['schedule']}",
         f"  memory      recompute {par['recompute']}, ZeRO-{par['zero']}{offload}, placement "
         f"{par.get('placement', 'tp-pp-dp')}",
-        f"  software    {p.training['dtype']}; {describe(engine_from_mapping(p.training.get('engine')))}"
+        f"  software    {p.training['dtype']}; "
+        f"{describe(engine_from_mapping(p.training.get('engine')), not p.model.get('no_attention'))}"
         f"{_without_flash(p)}",
         *breakdown(p),
         f"  throughput  {_samples(pr['samples_per_s'])} samples/s, {pr['tokens_per_s']:,.0f} "

@@ -164,8 +164,10 @@ def test_a_model_without_trainable_weights_is_named(tmp_path, caplog):
 
 def test_an_image_input_counts_one_token_per_sample(tmp_path, caplog):
     """dim 1 of [batch, channels, height, width] is channels, not tokens (a new-user check
-    planned a ViT at 3 tokens per sample); a convolution's weights multiply many positions, so
-    no 'X of Y parameters multiply each token' above Y."""
+    planned a ViT at 3 tokens per sample); a convolution's kernel, applied at every position of
+    the image, counts once among the parameters that multiply each token (a new-user check read
+    more of them than the model has), and a model without attention names no attention kernel
+    (it read FlashAttention)."""
     from planner.report.summary import summary
     (tmp_path / "cnn.py").write_text(
         "import torch\n"
@@ -179,7 +181,11 @@ def test_an_image_input_counts_one_token_per_sample(tmp_path, caplog):
         plan = planner.plan(f"{tmp_path}/cnn.py:build", cluster="dgx-h100", nodes=1,
                             global_batch=16, cache_dir=None)
     assert plan.training["seq_len"] == 1 and "an image's shape" in caplog.text
-    assert "multiply each token" not in summary(plan)
+    weights = 3 * 8 * 3 * 3 + 8 * 14 * 14 * 10  # biases multiply nothing
+    assert plan.predicted["active_params_per_token"] == weights
+    text = summary(plan)
+    assert "15.9 K of the 15.9 K parameters multiply each token" in text
+    assert plan.model["no_attention"] is True and "Attention" not in text
 
 
 def test_attention_written_by_hand_is_said_to_be_priced_fused(tmp_path, caplog):
