@@ -30,7 +30,9 @@ class RealModel:
     kwargs: dict
     """Constant keyword inputs (e.g. ``use_cache=False``); tensors here are not supported."""
     vocab: int | None
-    """Token range for integer inputs of Hugging Face models."""
+    """Token range for integer inputs of Hugging Face models (whose example inputs are meta
+    tensors: a batch draws tokens in this range, and floating inputs, pixel values, from a
+    standard normal); None for a factory's, whose own inputs are repeated."""
 
 
 def resolve_meta(plan: Plan, spec: str) -> ResolvedModel:
@@ -44,23 +46,24 @@ def resolve_meta(plan: Plan, spec: str) -> ResolvedModel:
 
 def check_runnable(meta: ResolvedModel) -> None:
     """SpecError for a Hugging Face model the runtime cannot feed: it trains models that read
-    token ids alone (decoder-only language models) on synthetic ids; images, audio features and
-    an encoder-decoder's two sequences are not supported (a new-user check saw them crash in the
-    processes)."""
+    token ids alone (decoder-only language models) on synthetic ids, and image models that read
+    pixel values alone (ViT) on synthetic images; audio features and an encoder-decoder's two
+    sequences are not supported (a new-user check saw them crash in the processes)."""
     if meta.source not in ("zoo", "hf-config"):
         return
     first = meta.args[0] if meta.args else None
     feeds = [k for k, v in meta.kwargs.items() if isinstance(v, torch.Tensor) and k != "labels"]
     if getattr(meta.module.config, "is_encoder_decoder", False):
         what = "an encoder's and a decoder's sequences (an encoder-decoder)"
-    elif isinstance(first, torch.Tensor) and first.is_floating_point():
-        what = "images" if first.dim() >= 4 else "audio or other features"
+    elif isinstance(first, torch.Tensor) and first.is_floating_point() and first.dim() < 4:
+        what = "audio or other features"
     elif feeds:
         what = " and ".join(["token ids", *feeds])
     else:
         return
-    raise SpecError(f"model: plan run trains Hugging Face models that read token ids alone "
-                    f"(decoder-only language models); {meta.name} reads {what}, which it does not "
+    raise SpecError(f"model: plan run trains Hugging Face models that read token ids or pixel "
+                    f"values alone (decoder-only language models, image models); {meta.name} "
+                    f"reads {what}, which it does not "
                     "feed yet (docs/runtime.md, Not supported); export the plan (plan export) or "
                     "give a file.py:factory of the model with its example inputs")
 
@@ -84,7 +87,7 @@ def build_real(plan: Plan, spec: str, meta: ResolvedModel, *, seed: int) -> Real
         module = hf.build(meta.module.config, type(meta.module).__name__, meta.seq_len, dtype,
                           "cpu").module
         kwargs = {k: v for k, v in meta.kwargs.items() if k != "labels"}
-        vocab = int(getattr(meta.module.config, "vocab_size", 0) or 0) or None
+        vocab = int(getattr(meta.module.config, "vocab_size", 0) or 0)  # 0: an image model
         args = meta.args
     else:
         module, inputs = _call_factory(spec, plan.training["seq_len"])
@@ -110,15 +113,18 @@ def _call_factory(spec: str, seq_len: int):
 
 
 def synthetic_batch(real: RealModel, batch: int, *, seed: int) -> tuple[torch.Tensor, ...]:
-    """``batch`` samples shaped like the example inputs: random tokens for Hugging Face models,
-    the factory's own example inputs repeated along the batch dimension otherwise."""
+    """``batch`` samples shaped like the example inputs: random tokens (and normalized pixel
+    values) for Hugging Face models, the factory's own example inputs repeated along the batch
+    dimension otherwise."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for a in real.args:
         if not isinstance(a, torch.Tensor) or a.dim() == 0:
             raise SpecError("model: example inputs must be tensors with a batch dimension first")
-        if real.vocab is not None and not a.is_floating_point():
-            out.append(torch.randint(0, real.vocab, (batch, *a.shape[1:]), generator=gen))
+        if real.vocab is not None:
+            shape = (batch, *a.shape[1:])
+            out.append(torch.randn(shape, generator=gen, dtype=a.dtype) if a.is_floating_point()
+                       else torch.randint(0, real.vocab, shape, generator=gen))
             continue
         reps = -(-batch // a.shape[0])
         out.append(a.repeat(reps, *([1] * (a.dim() - 1)))[:batch].clone())

@@ -12,6 +12,7 @@ that does not read it. Pipelining sees a plain module: ``forward(*carry_in) -> c
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -100,15 +101,34 @@ class _StageDone(Exception):
 
 
 class StandIn(nn.Module):
-    """Takes the place of another stage's unit: returns the values its stage set."""
+    """Takes the place of another stage's unit: returns the values its stage set. Attributes it
+    lacks are read off a copy of the unit on the meta device, outside the module tree (no
+    parameters, no memory): the model's glue may read a unit's weight's dtype or shape (Hugging
+    Face's ViT reads its patch projection's dtype before the embeddings run)."""
 
-    def __init__(self, name: str, owner: "StageModule"):
+    def __init__(self, name: str, owner: "StageModule", unit: nn.Module):
         super().__init__()
         self.unit_name = name
         self.__dict__["owner"] = owner  # not a submodule: avoids a reference cycle in the tree
+        self.__dict__["shadow"] = _on_meta(unit)
 
     def forward(self, *args, **kwargs):
         return self.owner.stand_in_value(self.unit_name)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["shadow"], name)
+
+
+def _on_meta(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters and buffers are meta tensors of the same shapes and
+    dtypes (nothing copied: the copy is made with each tensor already mapped to its meta twin)."""
+    memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+            for p in module.parameters()}
+    memo.update({id(b): torch.empty_like(b, device="meta") for b in module.buffers()})
+    return copy.deepcopy(module, memo)
 
 
 class StageModule(nn.Module):
@@ -127,7 +147,7 @@ class StageModule(nn.Module):
             if name not in cut.units:
                 parent, _, child = name.rpartition(".")
                 setattr(model.get_submodule(parent) if parent else model, child,
-                        StandIn(name, self))
+                        StandIn(name, self, model.get_submodule(name)))
         self._values: dict[Key, torch.Tensor] = {}
         self._done: set[str] = set()
         self._active = False

@@ -21,8 +21,9 @@ class PlanMaker:
     """make(model, fix, name) -> path of a saved plan; models: "llama" (tiny Llama from a Hugging
     Face config), "branched" (examples/branched.py's TwoTower, small), "gpt2" (tiny GPT-2,
     tied embeddings), "multitower" (examples/multitower.py, small: a wide DAG), "finetune"
-    (examples/finetune.py's tiny: frozen weights, trained adapters) and "mixtral" (tiny Mixtral:
-    routed experts, grouped-query attention, rotary positions)."""
+    (examples/finetune.py's tiny: frozen weights, trained adapters), "mixtral" (tiny Mixtral:
+    routed experts, grouped-query attention, rotary positions) and "vit" (tiny ViT: pixel
+    values)."""
 
     def __init__(self, folder, specs: dict):
         self.folder = folder
@@ -37,8 +38,9 @@ class PlanMaker:
         pinned = parse_fix(fix)
         gpus = pinned["dp"] * pinned.get("cp", 1) * pinned["tp"] * pinned["pp"] // nodes
         cluster = planner.load_cluster("cpu", nodes=nodes, gpus_per_node=gpus)
-        training = planner.TrainingSpec(global_batch=global_batch, seq_len=SEQ_LEN, dtype="fp32",
-                                        optimizer="sgd")
+        training = planner.TrainingSpec(global_batch=global_batch,
+                                        seq_len=self.prepared[model].opgraph.seq_len,
+                                        dtype="fp32", optimizer="sgd")
         plan = planner.plan_prepared(self.prepared[model], cluster, training,
                                      planner.SearchOptions(fix=pinned, top_k=0))
         path = os.path.join(self.folder, f"{name or model + '-' + fix.replace(',', '-')}.json")
@@ -70,6 +72,12 @@ TINY_GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
                 "max_position_embeddings": 64, "tie_word_embeddings": False}
 """gpt-oss's attention sinks (one learned logit per head) inside its split attention, a sliding
 window on every other layer, routed experts with biases."""
+TINY_VIT = {"model_type": "vit", "architectures": ["ViTForImageClassification"],
+            "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "intermediate_size": 64, "image_size": 32, "patch_size": 8, "num_channels": 3,
+            "num_labels": 10, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+"""An image model: pixel values in, 16 patches and a class token per sample (17 tokens, whatever
+SEQ_LEN says), whose embeddings' glue reads the patch projection's dtype on every stage."""
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +88,7 @@ def make_plan(tmp_path_factory, tiny_llama_config):
     specs = {"llama": tiny_llama_config, "branched": BRANCHED_SPEC, "gpt2": str(gpt2),
              "multitower": MULTITOWER_SPEC, "finetune": FINETUNE_SPEC}
     for name, config in (("mixtral", TINY_MIXTRAL), ("qwen3", TINY_QWEN3),
-                         ("gptoss", TINY_GPT_OSS)):
+                         ("gptoss", TINY_GPT_OSS), ("vit", TINY_VIT)):
         path = folder / f"tiny-{name}.json"
         path.write_text(json.dumps(config))
         specs[name] = str(path)
