@@ -48,8 +48,8 @@ class Prepared:
     """A traced and coarsened model: reusable across clusters, batches and pinned knobs."""
 
     info: dict
-    """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params where
-    they apply)."""
+    """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params,
+    image_tokens where they apply)."""
     seq_len: int
     dtype: str
     opgraph: OpGraph
@@ -189,6 +189,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
         info["attention"] = rm.attention
     if rm.config.get("model_type"):
         info["model_type"] = rm.config["model_type"]
+    if rm.image_tokens:
+        info["image_tokens"] = True
     unpriced = og.unpriced_ops()
     if unpriced:
         info["unpriced_ops"] = unpriced
@@ -505,13 +507,13 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
              or "none set aside")
     if result.best is None:
         ma = ModelArrays.from_blocks(prepared.blocks)
-        note = length_note(training.seq_len, result.rejected)
+        note = length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"))
         raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
                                                  result.rejected) + (f" ({note})" if note else ""),
                               reason="no feasible plan")
     for note in idle_pins(options.fix, result.best.config.cp, result.best.config.pp):
         log.warning("%s", note)
-    note = length_note(training.seq_len, result.rejected)
+    note = length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"))
     if note:
         log.warning("%s", note)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)

@@ -479,14 +479,19 @@ SEQ_MULTIPLE = 256
 tensor-parallel ranks with context parallelism up to 16 (2 x cp chunks per sequence)."""
 
 
-def length_note(seq_len: int, rejected) -> str:
+def length_note(seq_len: int, rejected, image: bool = False) -> str:
     """'' or a warning that the sequence length itself ruled out sequence or context parallelism
     for some degrees (the search's SP_SEQ, CP_SEQ and SEQ_TP_2CP rules), with the nearest length
-    that does not; none for one token per sample (an image, a recommendation sample), which has
-    no sequence to split."""
+    that does not, or for an image model (``image``: its sequence is its patches) where its
+    length comes from; none for one token per sample (an image, a recommendation sample), which
+    has no sequence to split."""
     ruled = sum(rejected.get(rule, 0) for rule in (SP_SEQ, CP_SEQ, SEQ_TP_2CP))
     if not ruled or seq_len % SEQ_MULTIPLE == 0 or seq_len == 1:
         return ""
+    if image:
+        return (f"training.seq_len: an image's {seq_len:,} tokens (its patches and prepended "
+                "tokens, from image_size and patch_size in the config) do not split evenly, "
+                "which ruled out sequence or context parallelism for some degrees")
     lower = seq_len // SEQ_MULTIPLE * SEQ_MULTIPLE
     nearest = min((n for n in (lower, lower + SEQ_MULTIPLE) if n > 0),
                   key=lambda n: abs(n - seq_len))

@@ -58,6 +58,15 @@ class ResolvedModel:
     """A Hugging Face config's max_position_embeddings where the traced length exceeds it and its
     positions are not learned (rotary or relative: they extend, as learned ones do not); else 0."""
 
+    @property
+    def image_tokens(self) -> bool:
+        """A Hugging Face image model reading pixel values alone: its sequence is the image's
+        patches (and prepended tokens), which its config sets."""
+        first = self.args[0] if self.args else None
+        return (self.source in ("zoo", "hf-config") and isinstance(first, torch.Tensor)
+                and first.is_floating_point() and first.dim() >= 4
+                and "input_ids" not in self.kwargs)
+
 
 def _forward_params(module: torch.nn.Module) -> tuple:
     """The names ``module``'s forward takes (none where its signature cannot be read)."""

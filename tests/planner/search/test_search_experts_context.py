@@ -350,6 +350,22 @@ def test_a_length_that_rules_out_sequence_splits_is_named_with_the_nearest_that_
     assert "(131,072)" in note and length_note(130, {CP_SEQ: 1}).endswith(
         "a multiple of 256 (256) splits over tp up to 8 with cp up to 16")
     assert length_note(131072, {SP_SEQ: 3}) == "" == length_note(131071, {"other": 2})
+    # an image model's length is its patches (ViT-L/16 at 224: 197): no length to pick
+    image = length_note(197, {SP_SEQ: 3}, image=True)
+    assert "an image's 197 tokens" in image and "image_size and patch_size" in image
+    assert "multiple" not in image
+
+
+def test_an_image_model_of_a_config_is_known_by_its_pixel_input(tmp_path):
+    from planner.trace.models import resolve
+    (tmp_path / "vit.json").write_text(json.dumps(
+        {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "intermediate_size": 64, "image_size": 32, "patch_size": 16}))
+    (tmp_path / "llama.json").write_text(json.dumps(
+        {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128}))
+    assert resolve(str(tmp_path / "vit.json"), seq_len=None, dtype="fp32").image_tokens
+    assert not resolve(str(tmp_path / "llama.json"), seq_len=16, dtype="fp32").image_tokens
 
 
 def test_context_parallelism_splits_activations(tiny_llama):
