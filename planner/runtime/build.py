@@ -94,9 +94,11 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
         ctxp.set_ring(ring)
         kwargs["position_ids"] = positions.unsqueeze(0).to(device)
     dp_mesh = _dp_mesh(mesh, layout)
+    id_ranges = {i: (int(x.min()), int(x.max())) for i, x in enumerate(inputs)
+                 if not x.is_floating_point() and x.numel()}
     for s in layout.local_stages(rank):
         module = StageModule(copy.deepcopy(real.module), stage_cuts[s], flow, units, kwargs,
-                             mdl.output_logits)
+                             mdl.output_logits, id_ranges)
         out.modules.append(_parallelize(module, plan, flow, mesh, dp_mesh, layout, device, out))
     del real
     split = any("W" in a for acts in plan.schedule["actions"] for a in acts)
@@ -168,6 +170,11 @@ def check_model(plan: Plan, module, layout: Layout) -> None:
     run with the plan's cp/ep/tp, before any process starts."""
     if layout.tp > 1:
         par.check_modules(plan.tensor_parallel, dict(module.named_modules()))
+        if getattr(getattr(module, "config", None), "relative_attention_num_buckets", None):
+            raise SpecError(f"parallel.tp: {type(module).__name__} adds a relative position bias "
+                            "of every head to its attention scores (an embedding of [buckets, "
+                            "heads]: relative_attention_bias), which the runtime does not split "
+                            "over tensor-parallel ranks; plan with --fix tp=1")
     if layout.cp > 1:
         ctxp.check_model(module, int(plan.training["seq_len"]), layout.cp)
     if layout.ep > 1:
@@ -285,15 +292,21 @@ def _pipeline_stage(module: StageModule, s: int, layout: Layout, mesh, device, d
 
 def _whole_backward(module: StageModule, flow: Dataflow, split: bool, plan: Plan, out: Built):
     """torch's split backward (B = input gradients, W = weight gradients) fails on a module that
-    runs twice in one stage (pytorch/pytorch#180952) and on activation checkpointing (its weight
-    pass cannot replay torch.utils.checkpoint's recomputation); such a stage computes the weight
-    gradients during B and runs W as a no-op (same numbers, no deferred weight work)."""
+    runs twice in one stage (pytorch/pytorch#180952), on activation checkpointing (its weight
+    pass cannot replay torch.utils.checkpoint's recomputation) and on a later stage that reads
+    integer model inputs beside the activations it receives (an encoder-decoder's decoder, which
+    embeds its own token ids: W then runs into parts of the graph another weight's pass freed);
+    such a stage computes the weight gradients during B and runs W as a no-op (same numbers, no
+    deferred weight work)."""
     if not split:
         return None
     units = module.cut.units
     reused = sorted(m for m in flow.reused if any(m == u or m.startswith(u + ".") for u in units))
+    ids = [k[1] for k in module.cut.carry_in if k[0] == "input" and k[1] in module.id_ranges]
     if reused:
         why = f"{reused[0]} runs twice per forward"
+    elif ids:
+        why = f"it reads integer model input {ids[0]} (token ids) beside the activations it receives"
     elif plan.parallel["recompute"] != "none" and _checkpointed(plan, units):
         why = f"its blocks are recomputed, recompute={plan.parallel['recompute']}"
     else:

@@ -53,6 +53,8 @@ def check_runnable(meta: ResolvedModel) -> None:
         return
     first = meta.args[0] if meta.args else None
     feeds = [k for k, v in meta.kwargs.items() if isinstance(v, torch.Tensor) and k != "labels"]
+    if _encoder_decoder(meta):
+        return
     if getattr(meta.module.config, "is_encoder_decoder", False):
         what = "an encoder's and a decoder's sequences (an encoder-decoder)"
     elif isinstance(first, torch.Tensor) and first.is_floating_point() and first.dim() < 4:
@@ -66,6 +68,22 @@ def check_runnable(meta: ResolvedModel) -> None:
                     f"reads {what}, which it does not "
                     "feed yet (docs/runtime.md, Not supported); export the plan (plan export) or "
                     "give a file.py:factory of the model with its example inputs")
+
+
+def _encoder_decoder(meta: ResolvedModel) -> bool:
+    return bool(getattr(meta.module.config, "is_encoder_decoder", False)) and isinstance(
+        meta.kwargs.get("labels"), torch.Tensor)
+
+
+def _decoder_ids(n: int):
+    """A forward pre-hook that passes the positional input after the first ``n`` as the
+    decoder's token ids (``decoder_input_ids``): the runtime feeds, splits and pipelines
+    positional tensors only, and the model then returns its logits without a loss of its own."""
+    def hook(module, args, kwargs):
+        if len(args) > n:
+            return tuple(args[:n]), {**kwargs, "decoder_input_ids": args[n]}
+        return None
+    return hook
 
 
 def check_fingerprint(plan: Plan, spec: str, fingerprint: str) -> None:
@@ -89,6 +107,9 @@ def build_real(plan: Plan, spec: str, meta: ResolvedModel, *, seed: int) -> Real
         kwargs = {k: v for k, v in meta.kwargs.items() if k != "labels"}
         vocab = int(getattr(meta.module.config, "vocab_size", 0) or 0)  # 0: an image model
         args = meta.args
+        if _encoder_decoder(meta):  # the decoder's ids, shaped as the labels the trace gave
+            module.register_forward_pre_hook(_decoder_ids(len(args)), with_kwargs=True)
+            args = (*args, meta.kwargs["labels"])
     else:
         module, inputs = _call_factory(spec, plan.training["seq_len"])
         module = module.to(dtype)

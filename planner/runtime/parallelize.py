@@ -116,9 +116,28 @@ def _shared_prepare(shared: SharedInput, input_layouts, desired_input_layouts, m
     return shared.dtensor
 
 
+HEAD_COUNTS = ("num_heads", "n_heads", "num_key_value_heads")
+"""Attributes in which an attention module keeps its head counts (Whisper's and BART's
+``num_heads``, T5's ``n_heads``), which its forward reads to shape its tensors."""
+
+
 def apply_tp(model: nn.Module, mesh, styles: dict) -> None:
-    if styles:
-        parallelize_module(model, mesh, styles)
+    """Apply the DTensor ``styles``; a module whose column-parallel Linears now compute its
+    heads' share on each rank has its head counts (HEAD_COUNTS) divided by tp to match (a view
+    to ``[batch, tokens, num_heads, head_dim]`` would otherwise fold the missing heads into the
+    tokens)."""
+    if not styles:
+        return
+    parallelize_module(model, mesh, styles)
+    tp = mesh.size()
+    holders = {name.rpartition(".")[0] for name, style in styles.items()
+               if isinstance(style, ColwiseParallel)}
+    for name in holders:
+        mod = model.get_submodule(name)
+        for attr in HEAD_COUNTS:
+            count = getattr(mod, attr, None)
+            if isinstance(count, int) and not isinstance(count, bool) and count % tp == 0:
+                setattr(mod, attr, count // tp)
 
 
 def apply_recompute(model: nn.Module, units: tuple[str, ...], policy: str) -> None:
@@ -158,8 +177,9 @@ def apply_dp(stage: nn.Module, units: tuple[str, ...], mesh, zero: int,
     ZeRO 1 and 2: ``fully_shard(reshard_after_forward=False)``: parameters stay gathered from
     forward to backward, gradients are reduce-scattered and optimizer states sharded. That is
     ZeRO-2; FSDP2 has no ZeRO-1 (it never keeps full gradients), so ZeRO-1 runs as ZeRO-2.
-    ZeRO 3: ``fully_shard(reshard_after_forward=True)`` per unit (units that share a weight stay
-    in the stage's group, which FSDP2 needs of a parameter). ``mesh`` is the dp (x cp)
+    ZeRO 3: ``fully_shard(reshard_after_forward=True)`` per unit (units that share a weight with
+    another unit or with a module outside the units stay in the stage's group, which FSDP2 needs
+    of a parameter). ``mesh`` is the dp (x cp)
     group; ``ignored`` parameters (routed experts, reduced over their own group) are left alone."""
     if mesh is None:
         return "none"
@@ -176,7 +196,10 @@ def apply_dp(stage: nn.Module, units: tuple[str, ...], mesh, zero: int,
     for name in units:
         for p in stage.model.get_submodule(name).parameters():
             owners.setdefault(id(p), set()).add(name)
-    tied = {u for us in owners.values() if len(us) > 1 for u in us}
+    for name, p in stage.model.named_parameters(remove_duplicate=False):
+        if id(p) in owners and not any(name.startswith(u + ".") for u in units):
+            owners[id(p)].add("")  # also reached outside the units (T5's ``shared`` embedding)
+    tied = {u for us in owners.values() if len(us) > 1 for u in us if u}
     for name in units:
         if name in tied:  # a weight shared with another unit (tied embedding and output head):
             continue      # one FSDP group must own it, the stage's own below

@@ -132,13 +132,18 @@ def _on_meta(module: nn.Module) -> nn.Module:
 
 
 class StageModule(nn.Module):
-    """One pipeline stage of ``model``: ``forward(*carry_in)`` -> carry_out, or the logits."""
+    """One pipeline stage of ``model``: ``forward(*carry_in)`` -> carry_out, or the logits.
+    ``id_ranges``: (lowest, highest) value of each integer model input (by position), which a
+    later stage clamps the inputs it receives to: torch's pipelining infers a stage's shapes by
+    running it once on uninitialized tensors, which as token ids (an encoder-decoder's decoder
+    ids, read by a later stage) index outside the embedding; real ids are left as they are."""
 
     def __init__(self, model: nn.Module, cut: Cut, flow: Dataflow, units: list[list[str]],
-                 kwargs: dict, logits_of):
+                 kwargs: dict, logits_of, id_ranges: dict[int, tuple[int, int]] | None = None):
         super().__init__()
         self.model = model
         self.cut, self.flow = cut, flow
+        self.id_ranges = {} if cut.index == 0 else dict(id_ranges or {})
         self.is_last = cut.index == len(units) - 1
         self.const_kwargs = dict(kwargs)
         self.__dict__["logits_of"] = logits_of
@@ -184,6 +189,9 @@ class StageModule(nn.Module):
     def forward(self, *carry):
         self._device = carry[0].device if carry else torch.device("cpu")
         carry = tuple(_ContiguousGrad.apply(x) if x.requires_grad else x for x in carry)
+        if self.id_ranges:
+            carry = tuple(x.clamp(*self.id_ranges[k[1]]) if k[0] == "input" and
+                          k[1] in self.id_ranges else x for k, x in zip(self.cut.carry_in, carry))
         self._values = dict(zip(self.cut.carry_in, carry))
         self._done = set()
         leaves = [self._value(("input", i), leaf) for i, leaf in enumerate(self.flow.inputs)]

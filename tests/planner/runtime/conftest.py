@@ -22,8 +22,9 @@ class PlanMaker:
     Face config), "branched" (examples/branched.py's TwoTower, small), "gpt2" (tiny GPT-2,
     tied embeddings), "multitower" (examples/multitower.py, small: a wide DAG), "finetune"
     (examples/finetune.py's tiny: frozen weights, trained adapters), "mixtral" (tiny Mixtral:
-    routed experts, grouped-query attention, rotary positions) and "vit" (tiny ViT: pixel
-    values)."""
+    routed experts, grouped-query attention, rotary positions), "vit" (tiny ViT: pixel
+    values), "t5" (tiny T5: an encoder-decoder) and "whisper" (tiny Whisper: audio features
+    and token ids)."""
 
     def __init__(self, folder, specs: dict):
         self.folder = folder
@@ -78,6 +79,21 @@ TINY_VIT = {"model_type": "vit", "architectures": ["ViTForImageClassification"],
             "num_labels": 10, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 """An image model: pixel values in, 16 patches and a class token per sample (17 tokens, whatever
 SEQ_LEN says), whose embeddings' glue reads the patch projection's dtype on every stage."""
+TINY_T5 = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 32,
+           "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
+           "vocab_size": 128, "decoder_start_token_id": 0, "pad_token_id": 0, "dropout_rate": 0.0}
+"""An encoder-decoder: token ids for the encoder and the decoder (the second stage embeds its own,
+sent down the pipeline), one embedding tied across the two stacks and the output layer, the
+decoder's cross-attention reading the encoder's output."""
+TINY_WHISPER = {"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"],
+                "d_model": 32, "encoder_layers": 2, "decoder_layers": 2,
+                "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+                "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "num_mel_bins": 8,
+                "max_source_positions": 16, "max_target_positions": 32, "vocab_size": 128,
+                "decoder_start_token_id": 1, "pad_token_id": 0, "dropout": 0.0,
+                "attention_dropout": 0.0, "activation_dropout": 0.0, "init_std": 0.2}
+"""A speech encoder-decoder: audio features (32 frames of 8 mel bins) for the encoder, token ids
+for the decoder; its attention shapes keys and values by its own head count (num_heads)."""
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +104,8 @@ def make_plan(tmp_path_factory, tiny_llama_config):
     specs = {"llama": tiny_llama_config, "branched": BRANCHED_SPEC, "gpt2": str(gpt2),
              "multitower": MULTITOWER_SPEC, "finetune": FINETUNE_SPEC}
     for name, config in (("mixtral", TINY_MIXTRAL), ("qwen3", TINY_QWEN3),
-                         ("gptoss", TINY_GPT_OSS), ("vit", TINY_VIT)):
+                         ("gptoss", TINY_GPT_OSS), ("vit", TINY_VIT), ("t5", TINY_T5),
+                         ("whisper", TINY_WHISPER)):
         path = folder / f"tiny-{name}.json"
         path.write_text(json.dumps(config))
         specs[name] = str(path)

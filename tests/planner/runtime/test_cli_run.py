@@ -291,13 +291,20 @@ dist.destroy_process_group()
     ({"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
       "intermediate_size": 64, "image_size": 32, "patch_size": 16}, None),
     ({"model_type": "t5", "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
-      "vocab_size": 128, "decoder_start_token_id": 0, "pad_token_id": 0}, "an encoder-decoder"),
+      "vocab_size": 128, "decoder_start_token_id": 0, "pad_token_id": 0}, None),
+    ({"model_type": "clip", "projection_dim": 16,
+      "text_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                      "num_attention_heads": 2, "vocab_size": 128, "max_position_embeddings": 32},
+      "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                        "num_attention_heads": 2, "image_size": 32, "patch_size": 16}},
+     "token ids and pixel_values"),
     ({"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
       "num_attention_heads": 4, "vocab_size": 128}, None)])
 def test_models_the_runtime_cannot_feed_are_refused_before_any_process(tmp_path, config, reads):
-    """Encoder-decoder configs crashed inside the processes (a new-user check); they are refused
-    in one line before any starts, and decoder-only and image models (fed synthetic pixel
-    values: tests/planner/runtime/test_equivalence.py) pass."""
+    """Models the runtime cannot feed (two towers reading images and captions) are refused in one
+    line before any process starts (a new-user check saw them crash inside the processes);
+    decoder-only, image and encoder-decoder models (fed synthetic pixel values and decoder ids:
+    tests/planner/runtime/test_equivalence.py) pass."""
     from planner.errors import SpecError
     from planner.runtime import model as mdl
     from planner.trace.models import resolve
