@@ -170,11 +170,6 @@ def check_model(plan: Plan, module, layout: Layout) -> None:
     run with the plan's cp/ep/tp, before any process starts."""
     if layout.tp > 1:
         par.check_modules(plan.tensor_parallel, dict(module.named_modules()))
-        if getattr(getattr(module, "config", None), "relative_attention_num_buckets", None):
-            raise SpecError(f"parallel.tp: {type(module).__name__} adds a relative position bias "
-                            "of every head to its attention scores (an embedding of [buckets, "
-                            "heads]: relative_attention_bias), which the runtime does not split "
-                            "over tensor-parallel ranks; plan with --fix tp=1")
     if layout.cp > 1:
         ctxp.check_model(module, int(plan.training["seq_len"]), layout.cp)
     if layout.ep > 1:
