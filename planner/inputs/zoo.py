@@ -76,10 +76,14 @@ absolute positions, a hard limit on the sequence."""
 
 def learned_positions(cfg) -> int | None:
     """The longest text a model with learned absolute positions takes, where it has them;
-    ``cfg``: a transformers config, or a mapping with its model_type."""
+    ``cfg``: a transformers config, or a mapping with its model_type. A model with relative
+    position buckets (T5 and its kin) has none, whatever ``n_positions`` its config carries
+    (t5-large's says 512: the length it was pre-trained at)."""
     def get(key):
         return cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, key, None)
 
+    if get("relative_attention_num_buckets"):
+        return None
     limit = get("n_positions")
     if limit is None and get("model_type") in LEARNED_POSITION_TYPES:
         limit = get("max_position_embeddings") or get("max_target_positions")

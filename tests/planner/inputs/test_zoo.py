@@ -62,3 +62,12 @@ def test_qwen3_30b_a3b_traces_to_its_published_30_5b_parameters():
     p = prepare("qwen3-30b-a3b", seq_len=256, cache_dir=None)  # parameters do not depend on it
     assert p.info["num_params"] == pytest.approx(30.5e9, rel=0.01)
     assert len(p.blocks.blocks) == 48 + 2  # a stage boundary may fall after any layer
+
+
+def test_relative_position_buckets_set_no_length_limit():
+    """t5-large's config.json carries n_positions 512, but T5's positions are relative buckets:
+    a new-user check saw --seq-len 4096 refused as past its 'learned positions'."""
+    from planner.inputs.zoo import learned_positions
+    assert learned_positions({"model_type": "gpt2", "n_positions": 1024}) == 1024
+    assert learned_positions({"model_type": "t5", "n_positions": 512,
+                              "relative_attention_num_buckets": 32}) is None
