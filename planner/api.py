@@ -28,7 +28,7 @@ from planner.options import SearchOptions, TrainingSpec, engine_spec, idle_pins,
 from planner import settings, targets
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays
-from planner.search.feasibility import (cluster_pin_problem, explain_infeasible,
+from planner.search.feasibility import (batch_note, cluster_pin_problem, explain_infeasible,
                                         known_model_pin_problem, length_note, pin_problem)
 from planner.search.hetero import restrict
 from planner.search.loop import rejection_lines, search
@@ -513,9 +513,11 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
                               reason="no feasible plan")
     for note in idle_pins(options.fix, result.best.config.cp, result.best.config.pp):
         log.warning("%s", note)
-    note = length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"))
-    if note:
-        log.warning("%s", note)
+    best = result.best.config
+    for note in (length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens")),
+                 batch_note(training.global_batch, cluster.num_gpus, best, result.rejected)):
+        if note:
+            log.warning("%s", note)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)
         settings.warn_overlap_off(result.best.config, training, dict(options.fix))
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,

@@ -474,6 +474,28 @@ def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:
     return ""
 
 
+def batch_note(global_batch: int, num_gpus: int, cfg, rejected) -> str:
+    """'' or a warning that the global batch's size ruled out data-parallel degrees above that
+    of the plan's configuration ``cfg`` (the search's BATCH_DP rule), with the nearest batches
+    that do not (a new-user check saw a batch of 100 on 8 GPUs planned as dp 2 x pp 4 with only
+    a count in the ruled-out list to say why)."""
+    if not rejected.get(BATCH_DP):
+        return ""
+    dp = cfg.dp
+    ruled = [d for d in range(dp + 1, num_gpus + 1) if num_gpus % d == 0 and global_batch % d]
+    if not ruled:
+        return ""
+    top = ruled[-1]
+    lower = global_batch // top * top
+    batches = " or ".join(f"{n:,}" for n in (lower, lower + top) if n > 0)
+    also = f" (nor {', '.join(f'dp={d}' for d in ruled[:-1])})" if len(ruled) > 1 else ""
+    others = " x ".join(f"{k}={v}" for k, v in (("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp))
+                        if v > 1)
+    return (f"training.global_batch: {global_batch:,} samples do not split over dp={top}{also}, "
+            f"which ruled {'them' if also else 'it'} out: the plan uses dp={dp}{f' with {others}' if others else ''}; a "
+            f"multiple of {top} ({batches}) splits")
+
+
 SEQ_MULTIPLE = 256
 """A sequence length that is a multiple of this splits for sequence parallelism over up to 8
 tensor-parallel ranks with context parallelism up to 16 (2 x cp chunks per sequence)."""

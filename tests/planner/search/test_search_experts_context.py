@@ -356,6 +356,17 @@ def test_a_length_that_rules_out_sequence_splits_is_named_with_the_nearest_that_
     assert "multiple" not in image
 
 
+def test_a_batch_that_rules_out_data_parallel_degrees_is_named_with_the_nearest_that_do_not():
+    from planner.search.feasibility import batch_note
+    from planner.search.space import BATCH_DP, Config
+    cfg = Config(dp=2, tp=1, pp=4, micro_batch=1, num_microbatches=50)
+    note = batch_note(100, 8, cfg, {BATCH_DP: 3})
+    assert note == ("training.global_batch: 100 samples do not split over dp=8, which ruled it "
+                    "out: the plan uses dp=2 with pp=4; a multiple of 8 (96 or 104) splits")
+    assert "(nor dp=8, dp=16)" in batch_note(100, 32, dataclasses.replace(cfg, dp=4), {BATCH_DP: 1})
+    assert batch_note(96, 8, cfg, {BATCH_DP: 1}) == "" == batch_note(100, 8, cfg, {})
+
+
 def test_an_image_model_of_a_config_is_known_by_its_pixel_input(tmp_path):
     from planner.trace.models import resolve
     (tmp_path / "vit.json").write_text(json.dumps(
