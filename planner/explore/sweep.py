@@ -149,10 +149,17 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         try:
             prepared[k] = api.prepare(model, example_inputs=example_inputs, seq_len=k[0],
                                       dtype=k[1])
+            image = prepared[k].info.get("image_tokens")
+            if image and k[0] and prepared[k].seq_len != k[0]:
+                raise SpecError(f"seq_len: {k[0]:,} does not apply; a sample is the image's "
+                                f"{prepared[k].seq_len:,} tokens (image_size and patch_size in "
+                                "the config set them)")
             if not k[0]:
-                log.info("what-if: its default length is %s tokens (--seq-len sets another)",
-                         f"{prepared[k].seq_len:,}")
+                log.info("what-if: its length is %s tokens (%s)", f"{prepared[k].seq_len:,}",
+                         "an image's patches and prepended tokens, which image_size and "
+                         "patch_size in the config set" if image else "--seq-len sets another")
         except SpecError as exc:  # the model cannot take this point's length: its row says so
+            prepared.pop(k, None)
             untraced[k] = str(exc)
     if untraced:
         tasks = [replace(t, error=untraced[t.trace_key])

@@ -2,6 +2,7 @@
 values checked, clusters modified as asked, costs, CSV, plots and the `plan whatif` command."""
 
 import itertools
+import json
 import logging
 
 import pytest
@@ -210,6 +211,20 @@ def test_a_length_the_model_cannot_take_is_a_row_not_the_sweeps_end():
     with pytest.raises(SpecError, match=r"^vary.seq_len: 2048 exceeds .* \(and 1 other point"):
         explore.whatif("gpt2", cluster="dgx-h100", vary={"seq_len": [2048, 4096]},
                        global_batch=8)
+
+
+def test_an_image_models_length_is_not_varied(tmp_path):
+    """A new-user check: --vary seq_len=197,256 on a ViT gave a 'seq_len=256' row with the 197
+    tokens' numbers; the image sets the length, so that point is bad input."""
+    (tmp_path / "vit.json").write_text(json.dumps(
+        {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "intermediate_size": 64, "image_size": 32, "patch_size": 16}))
+    ok, bad = explore.whatif(str(tmp_path / "vit.json"), cluster="dgx-h100",
+                             vary={"seq_len": [5, 256]}, global_batch=8)
+    assert ok["feasible"] and ok["seq_len"] == 5
+    assert bad["bad_input"] and bad["reason"] == (
+        "vary.seq_len: 256 does not apply; a sample is the image's 5 tokens (image_size and "
+        "patch_size in the config set them)")
 
 
 def test_infeasible_points_are_rows(tiny_llama_config):
