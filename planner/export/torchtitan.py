@@ -62,6 +62,7 @@ def to_torchtitan(plan: Plan, version: str | None = None) -> str:
     ledger = common.Ledger(TARGET, version)
     common.software_note(plan, TARGET, ledger)
     common.frozen_note(plan, TARGET, ledger)
+    _length_note(plan, ledger)
     raising: dict[str, tuple[object, str]] = {}  # knob -> (what torchtitan runs, words)
     settings = (_model(plan, version, ledger) + _data_parallel(plan, version, ledger)
                 + _model_parallel(plan, version, ledger)
@@ -79,12 +80,14 @@ def to_torchtitan(plan: Plan, version: str | None = None) -> str:
 
 def _check_mesh(plan: Plan, version: str) -> None:
     """SpecError for a mesh torchtitan's parallelize functions refuse: a sequence not divisible
-    by tp x 2 x cp (their assert on ParallelDims.seq_len_divisor, cp = 1 included), and in 0.2.2
+    by tp x 2 x cp (their assert on ParallelDims.seq_len_divisor, cp = 1 included; for a model
+    torchtitan does not define, whose parallelize function is the user's, a note: _length_note),
+    and in 0.2.2
     experts spread over ranks without an FSDP mesh (dp x cp = 1) in its deepseek_v3 and gpt_oss
     models, which fetch that mesh whenever ep > 1 (get_mesh(["fsdp"]) raises for a size-1 mesh)."""
     p, seq = plan.parallel, plan.training["seq_len"]
     divisor = p["tp"] * 2 * p.get("cp", 1)
-    if seq % divisor:
+    if seq % divisor and names.torchtitan_model(plan) is not None:
         again = (f", or re-plan with `{common.resolve_hint(plan, TARGET)}`" if seq % 2 == 0
                  else "")  # an odd length splits for no tp
         raise SpecError(f"export torchtitan: torchtitan requires the sequence length ({seq}) to "
@@ -105,6 +108,17 @@ def _check_mesh(plan: Plan, version: str) -> None:
                         f"(dp x cp > 1) with ep={p['ep']} (its parallelize function fetches it "
                         f"whenever experts are spread, and a mesh of size 1 does not exist); "
                         f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
+
+
+def _length_note(plan: Plan, ledger: common.Ledger) -> None:
+    """For a model torchtitan does not define: its models' parallelize functions assert a
+    sequence divisible by tp x 2 x cp, which one of the user's copying theirs would too."""
+    p, seq = plan.parallel, plan.training["seq_len"]
+    divisor = p["tp"] * 2 * p.get("cp", 1)
+    if seq % divisor and names.torchtitan_model(plan) is None:
+        ledger.info(f"sequence length {seq}: torchtitan's own models assert a multiple of tp x 2 "
+                    f"x cp = {divisor} in their parallelize functions "
+                    "(ParallelDims.seq_len_divisor); drop that assert from yours")
 
 
 # ---- the settings --------------------------------------------------------------------------------

@@ -910,6 +910,12 @@ def test_torchtitan_refuses_meshes_its_parallelize_functions_refuse():
     with pytest.raises(SpecError, match=r"multiple of tp x 2 x cp = 2 .*seq_len_divisor.*"
                                         r"divisible by 2$"):
         to_torchtitan(odd, "0.2.2")  # an odd length splits for no tp: no re-plan offered
+    # a model torchtitan does not define (a ViT's 197 tokens): the assert is in the user's
+    # parallelize function, so a note (a new-user check saw the export refused)
+    own = dataclasses.replace(odd, model={**odd.model, "spec": "vit.json", "name": "vit-304M"},
+                              parallel={**odd.parallel, "ep": 1})
+    assert "(ParallelDims.seq_len_divisor); drop that assert from yours" in to_torchtitan(own,
+                                                                                       "0.2.2")
     # an even one that tp = 2 does not split: the re-plan drops the pin it cannot run
     pinned = dataclasses.replace(plan, training={**plan.training, "seq_len": 4098},
                                  parallel={**plan.parallel, "tp": 2},
