@@ -44,6 +44,12 @@ attn_forward_func_with_cp accepts "p2p", "all_gather", "a2a" and "a2a+p2p" and r
 communication type" otherwise; the help text's "allgather" is not one of them."""
 
 
+SCRIPTS = {"core_v0.14.0": "pretrain_gpt.py (or pretrain_bert.py)",
+           "core_v0.19.0": "pretrain_gpt.py"}
+"""The training scripts of each release the arguments suit (core_v0.19.0 ships no
+pretrain_bert.py: pretrain_gpt.py, pretrain_mamba.py, pretrain_hybrid.py, pretrain_vlm.py)."""
+
+
 def to_megatron(plan: Plan, version: str | None = None) -> str:
     """The plan as Megatron-LM arguments for ``version`` (default: planner.targets' release);
     SpecError when the model is not one layer stack or the engine cannot run the plan."""
@@ -51,6 +57,10 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     ledger = common.Ledger(TARGET, version)
     common.software_note(plan, TARGET, ledger)
     common.frozen_note(plan, TARGET, ledger)
+    if plan.model.get("image_tokens"):
+        raise SpecError(f"export megatron: {plan.model['name']} is an image model; this export "
+                        "writes arguments for token sequences (pretrain_gpt.py's), not vision "
+                        "models' layouts; export to torchtitan or deepspeed instead")
     if plan.model.get("source", "zoo") != "zoo":
         kind = plan.model.get("model_type") or "a model of your own code"
         ledger.info(f"{plan.model['name']} ({kind}) is not one of the planner's zoo models: these "
@@ -68,9 +78,9 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     env = _environment(plan, common.exported_zero(plan, TARGET, one_rank_any=True), overlap)
     notes = ledger.close()
     intro = common.header(plan, TARGET, version) + [
-        f'Use: source this file, then pass "${{{ARRAY}[@]}}" to pretrain_gpt.py (or',
-        "pretrain_bert.py) with your model (--hidden-size, --num-attention-heads, ...), data and",
-        "optimizer arguments. The tensor-parallel split of each layer is Megatron's own.", ""]
+        f'Use: source this file, then pass "${{{ARRAY}[@]}}" to {SCRIPTS[version]} with your',
+        "model (--hidden-size, --num-attention-heads, ...), data and optimizer arguments. The",
+        "tensor-parallel split of each layer is Megatron's own.", ""]
     return bash_file(common.comment_block(intro + common.notes_block(notes)), env, ARRAY,
                      [line for group in groups for line in group])
 
@@ -86,7 +96,8 @@ def _checked_layout(plan: Plan) -> common.Layout:
                         f"transformer stacks; {other}")
     if len(lay.stacks) > 1:
         raise SpecError(f"export megatron: model '{name}' has {len(lay.stacks)} layer lists "
-                        f"({', '.join(lay.stacks)}) but a Megatron-LM layout describes one stack; "
+                        f"({', '.join(lay.stacks)}); this export writes one stack's arguments "
+                        "(pretrain_gpt.py's), not encoder-decoder layouts; "
                         f"{other}")
     if lay.interior:
         raise SpecError(f"export megatron: block '{lay.interior[0]}' sits between transformer "

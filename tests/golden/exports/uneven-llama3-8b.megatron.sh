@@ -3,9 +3,9 @@
 # plan (made for target any): dp=2 tp=2+sp pp=4 mb=1x32 1f1b rc=selective zero=1, placement tp-dp-pp
 # on 16 x h100 (dgx-h100: 2 nodes x 8); global batch 64 x 4096 tokens, bf16, adam
 # Written for megatron core_v0.19.0 (the default release for megatron; plan export --engine-version for another).
-# Use: source this file, then pass "${MEGATRON_PARALLEL_ARGS[@]}" to pretrain_gpt.py (or
-# pretrain_bert.py) with your model (--hidden-size, --num-attention-heads, ...), data and
-# optimizer arguments. The tensor-parallel split of each layer is Megatron's own.
+# Use: source this file, then pass "${MEGATRON_PARALLEL_ARGS[@]}" to pretrain_gpt.py with your
+# model (--hidden-size, --num-attention-heads, ...), data and optimizer arguments. The
+# tensor-parallel split of each layer is Megatron's own.
 #
 # Not expressed exactly, or not at all (each also warned on stderr; docs/exports.md):
 # - memory not re-checked with the model states as Megatron-Core lays them out (fp32 main

@@ -475,6 +475,16 @@ def test_megatron_refuses_a_model_that_is_not_one_layer_stack(repeats, message):
     assert "\n" not in str(err.value) and str(err.value).startswith("export megatron: ")
 
 
+def test_megatron_refuses_an_image_model():
+    """A new-user check saw a ViT's plan written as pretrain_gpt.py arguments (--seq-length 197)
+    while T5's was refused; core_v0.19.0 ships no vision script."""
+    plan = plan_of("uneven-llama3-8b")
+    vit = dataclasses.replace(plan, model={**plan.model, "name": "vit-304M", "image_tokens": True})
+    with pytest.raises(SpecError, match=r"^export megatron: vit-304M is an image model; .*"
+                                        r"export to torchtitan or deepspeed instead$"):
+        to_megatron(vit)
+
+
 def test_megatron_refuses_a_block_between_layers():
     plan = plan_of("uneven-llama3-8b")
     blocks = [dict(b, modules=["model.adapter"]) if b["name"] == "model.layers.12" else b
