@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
+from planner.cli.progress import per_plan_lines
 from planner.export import SUPPORTED_VERSIONS, TARGETS, export
 from planner.files import STDOUT, atomic_write, check_output, check_output_folder
 from planner.planfile.document import load_plan
@@ -46,7 +47,8 @@ def run(args) -> int:
     elif args.output is not None:
         check_output(args.output, "output", inputs=(args.plan,))
     stem = os.path.splitext(os.path.basename(args.plan))[0]  # a folder gets PLAN.<target suffix>
-    text, name = export(load_plan(args.plan), args.to, args.engine_version, stem=stem)
+    with per_plan_lines(args.verbose):  # the memory re-check's trace: the plan said it already
+        text, name = export(load_plan(args.plan), args.to, args.engine_version, stem=stem)
     if not args.output or args.output == STDOUT:
         print(text, end="")
         return 0

@@ -523,9 +523,15 @@ def kernels_differ(plan: Plan, target: str) -> bool:
 
 def frozen_note(plan: Plan, target: str, ledger: Ledger) -> None:
     """Say so when the plan priced frozen parameters (model.frozen_params): the export carries
-    the layout, not which parameters train."""
+    the layout, not which parameters train. A model built from its configuration (a zoo name, a
+    config.json) froze them itself: transformers builds Whisper's sinusoidal positions frozen."""
     frozen = plan.model.get("frozen_params")
-    if frozen:
+    if frozen and plan.model.get("source") in ("zoo", "hf-config"):
+        ledger.info(f"frozen parameters: {frozen_words(frozen, plan.model['num_params'])}, as "
+                    "transformers builds the model (fixed tables such as sinusoidal positions), "
+                    f"and the plan priced them so; {target}'s model of it must keep them frozen "
+                    "too")
+    elif frozen:
         ledger.info(f"frozen parameters: {frozen_words(frozen, plan.model['num_params'])}, and "
                     f"the plan priced them so; {target} trains what the model it builds leaves "
                     "trainable: freeze the same parameters there (its fine-tuning or LoRA "

@@ -1590,10 +1590,16 @@ def test_every_engine_export_says_which_parameters_the_plan_priced_frozen(notes)
         notes.clear()
         to_engine(plan)
         assert not any("frozen" in n for n in notes)
-        frozen = dataclasses.replace(plan, model={**plan.model,
+        frozen = dataclasses.replace(plan, model={**plan.model, "source": "factory",
                                                   "frozen_params": plan.model["num_params"] - 1000})
         notes.clear()
         text = to_engine(frozen)
         (note,) = [n for n in notes if "frozen parameters" in n]
         assert "frozen parameters: 1,000 of its " in note and f"; {name} trains" in note
         assert "1,000 of its" in text
+        # a model built from its configuration froze them itself (Whisper's positions): no
+        # fine-tuning setup to repeat (a new-user check)
+        notes.clear()
+        to_engine(dataclasses.replace(frozen, model={**frozen.model, "source": "hf-config"}))
+        (note,) = [n for n in notes if "frozen parameters" in n]
+        assert "as transformers builds the model" in note and "LoRA" not in note
