@@ -49,7 +49,7 @@ class Prepared:
 
     info: dict
     """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params,
-    image_tokens where they apply)."""
+    image_tokens, encoder_tokens where they apply)."""
     seq_len: int
     dtype: str
     opgraph: OpGraph
@@ -191,6 +191,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
         info["model_type"] = rm.config["model_type"]
     if rm.image_tokens:
         info["image_tokens"] = True
+    if rm.encoder_tokens:
+        info["encoder_tokens"] = rm.encoder_tokens
     unpriced = og.unpriced_ops()
     if unpriced:
         info["unpriced_ops"] = unpriced

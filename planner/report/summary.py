@@ -146,6 +146,9 @@ def _header(p: Plan) -> str:
     c, m, t = p.cluster, p.model, p.training
     batch = (f"{t['global_batch']} samples" if p.embeddings else
              f"{t['global_batch']} x {counted(t['seq_len'], 'token')}")
+    if m.get("encoder_tokens"):  # the tokens counted (per second, per token) are the decoder's
+        batch += (f" (the decoder's, which tokens/s counts; the encoder reads "
+                  f"{m['encoder_tokens']:,} per sample)")
     return (f"Plan for {m['name']} ({human_count(m['num_params'])} params) on {cluster_text(c)}\n"
             f"  global batch {batch}, {t['dtype']}, {t['optimizer']}")
 

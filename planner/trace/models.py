@@ -59,6 +59,20 @@ class ResolvedModel:
     positions are not learned (rotary or relative: they extend, as learned ones do not); else 0."""
 
     @property
+    def encoder_tokens(self) -> int:
+        """For a Hugging Face encoder-decoder, the positions its encoder reads per sample (T5's
+        input ids; Whisper's audio frames after its stride-2 convolution: max_source_positions),
+        while ``seq_len`` counts the decoder's; 0 for other models."""
+        cfg = getattr(self.module, "config", None)
+        first = self.args[0] if self.args else None
+        if self.source not in ("zoo", "hf-config") or not getattr(cfg, "is_encoder_decoder",
+                                                                  False) or first is None:
+            return 0
+        if first.is_floating_point():  # audio features [batch, mel bins, frames]
+            return int(getattr(cfg, "max_source_positions", 0) or first.shape[-1])
+        return int(first.shape[1])
+
+    @property
     def image_tokens(self) -> bool:
         """A Hugging Face image model reading pixel values alone: its sequence is the image's
         patches (and prepended tokens), which its config sets."""

@@ -379,6 +379,28 @@ def test_an_image_model_of_a_config_is_known_by_its_pixel_input(tmp_path):
     assert not resolve(str(tmp_path / "llama.json"), seq_len=16, dtype="fp32").image_tokens
 
 
+def test_an_encoder_decoders_encoder_length_is_known_and_shown(tmp_path):
+    """A new-user check: Whisper's 1,500 encoder positions appeared nowhere; tokens/s counts the
+    decoder's tokens, which the plan's header now says."""
+    from planner.report.summary import summary
+    from planner.trace.models import resolve
+    (tmp_path / "whisper.json").write_text(json.dumps(
+        {"model_type": "whisper", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+         "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
+         "decoder_ffn_dim": 64, "num_mel_bins": 8, "max_source_positions": 24,
+         "max_target_positions": 32, "vocab_size": 128, "pad_token_id": 0}))
+    (tmp_path / "t5.json").write_text(json.dumps(
+        {"model_type": "t5", "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 1,
+         "num_heads": 4, "vocab_size": 128, "decoder_start_token_id": 0, "pad_token_id": 0}))
+    assert resolve(str(tmp_path / "whisper.json"), seq_len=16, dtype="fp32").encoder_tokens == 24
+    assert resolve(str(tmp_path / "t5.json"), seq_len=16, dtype="fp32").encoder_tokens == 16
+    plan = planner.plan(str(tmp_path / "whisper.json"), cluster="dgx-h100", nodes=1,
+                        global_batch=16, seq_len=16, cache_dir=None)
+    assert plan.model["encoder_tokens"] == 24
+    assert "16 x 16 tokens (the decoder's, which tokens/s counts; the encoder reads 24 per " \
+        "sample)" in summary(plan)
+
+
 def test_context_parallelism_splits_activations(tiny_llama):
     one = _plan(tiny_llama, "cp=1,tp=1,pp=1,dp=8,micro_batch=8,recompute=none")
     two = _plan(tiny_llama, "cp=2,tp=1,pp=1,dp=4,micro_batch=16,recompute=none")
