@@ -49,7 +49,7 @@ class Prepared:
 
     info: dict
     """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params,
-    image_tokens, encoder_tokens where they apply)."""
+    image_tokens, encoder_tokens, defaulted where they apply)."""
     seq_len: int
     dtype: str
     opgraph: OpGraph
@@ -119,6 +119,12 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
                     "RoPE scaling for rotary ones, for longer sequences)", prepared.info["name"],
                     f"{prepared.seq_len:,}",
                     f"{positions:,}", f"{positions:,}")
+    defaulted = prepared.info.get("defaulted")
+    if defaulted:
+        log.warning("%s: its config gives no %s; transformers' defaults for the model type are "
+                    "used (%s): add them to the config if the model has other sizes",
+                    prepared.info["name"], ", ".join(defaulted),
+                    ", ".join(f"{k}={v:,}" for k, v in defaulted.items()))
     frozen = prepared.info.get("frozen_params")
     if frozen:
         log.info("%s: %s: %s", prepared.info["name"],
@@ -193,6 +199,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
         info["image_tokens"] = True
     if rm.encoder_tokens:
         info["encoder_tokens"] = rm.encoder_tokens
+    if rm.defaulted:
+        info["defaulted"] = dict(rm.defaulted)
     unpriced = og.unpriced_ops()
     if unpriced:
         info["unpriced_ops"] = unpriced

@@ -278,3 +278,25 @@ def check_counts(raw: dict, where: str) -> None:
         if value < 0 or (sized and value == 0):
             raise SpecError(f"{where}.{key}: expected {'a positive' if sized else 'a non-negative'}"
                             f" integer, got {value}; fix the config")
+
+
+DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "vocab_size")
+"""Sizes a config should give (by transformers' common names; a model type may name them
+otherwise, as T5's d_model and num_layers, which its config's attribute_map says)."""
+
+
+def defaulted_dimensions(raw: dict, cfg) -> dict[str, int]:
+    """The model's dimensions (DIMENSIONS, as its config names them) that the config.json does
+    not give, with the values transformers' defaults fill in: a config missing them builds a
+    model of another size without a word (a new-user check planned a T5 without d_model and
+    vocab_size at the defaults' 369 M parameters)."""
+    names = getattr(cfg, "attribute_map", {}) or {}
+    out = {}
+    for key in DIMENSIONS:
+        real = names.get(key, key)
+        value = getattr(cfg, real, None)
+        if key in raw or real in raw or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        out[real] = value
+    return out

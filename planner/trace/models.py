@@ -57,6 +57,9 @@ class ResolvedModel:
     positions: int = 0
     """A Hugging Face config's max_position_embeddings where the traced length exceeds it and its
     positions are not learned (rotary or relative: they extend, as learned ones do not); else 0."""
+    defaulted: dict = field(default_factory=dict)
+    """Dimensions a config.json does not give, with the values transformers' defaults filled in
+    (planner.trace.hf.defaulted_dimensions)."""
 
     @property
     def encoder_tokens(self) -> int:
@@ -152,8 +155,10 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
         raise SpecError(f"{file}: transformers rejects the config: {text[:200]}; fix the config"
                         ) from None
     archs = raw.get("architectures") or []
-    return _build_hf(None, cfg, archs[0] if archs else "", seq_len or hf.default_seq_len(cfg),
-                     dtype, "hf-config", asked=seq_len)
+    rm = _build_hf(None, cfg, archs[0] if archs else "", seq_len or hf.default_seq_len(cfg),
+                   dtype, "hf-config", asked=seq_len)
+    rm.defaulted = hf.defaulted_dimensions(raw, cfg)
+    return rm
 
 
 def _build_hf(name: str | None, cfg, architecture: str, seq_len: int, dtype: str,

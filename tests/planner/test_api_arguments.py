@@ -4,6 +4,7 @@ a file argument that is not a path, and a Hugging Face module built with its def
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import pytest
@@ -273,3 +274,15 @@ def test_target_megatron_refuses_a_model_of_two_layer_lists_as_its_export_would(
                      seq_len=32, target="megatron", cache_dir=None)
     assert planner.plan(str(tmp_path / "config.json"), cluster="dgx-h100", nodes=1,
                         global_batch=8, seq_len=32, target="torchtitan", cache_dir=None)
+
+
+def test_a_config_missing_its_dimensions_is_warned_about(tmp_path, caplog):
+    """A new-user check planned a T5 config without d_model and vocab_size at transformers'
+    defaults (a model of another size) without a word."""
+    (tmp_path / "t5.json").write_text(json.dumps(
+        {"model_type": "t5", "num_layers": 1, "d_ff": 64, "d_kv": 8, "num_heads": 2,
+         "decoder_start_token_id": 0, "pad_token_id": 0}))
+    with caplog.at_level("WARNING", logger="planner"):
+        planner.prepare(str(tmp_path / "t5.json"), seq_len=16, cache_dir=None)
+    assert "its config gives no d_model, vocab_size; transformers' defaults for the model type " \
+        "are used (d_model=512, vocab_size=32,128)" in caplog.text
