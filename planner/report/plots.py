@@ -94,9 +94,25 @@ def _gpu_axis(ax, gpus: list[int]) -> None:
 
 
 def _title(rows: list[dict], what: str) -> str:
-    r = rows[0]
-    return (f"{r.get('model', 'model')}: {what}\nglobal batch {r.get('global_batch')} x "
-            f"{r.get('seq_len')} tokens, {r.get('dtype')}")
+    """The model and what the chart shows, over the batch, length and dtype of the rows (each
+    value swept, where they differ)."""
+    def values(key: str) -> str:
+        seen = sorted({r.get(key) for r in rows if r.get(key) is not None}, key=str)
+        return " or ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in seen) or "?"
+    return (f"{rows[0].get('model', 'model')}: {what}\nglobal batch {values('global_batch')} x "
+            f"{values('seq_len')} tokens, {values('dtype')}")
+
+
+def _per_token(rows: list[dict]) -> bool:
+    """Whether the rows' steps hold different numbers of tokens (a swept batch or length), so
+    their step times compare only per token."""
+    return len({(r.get("global_batch"), r.get("seq_len")) for r in rows if r["feasible"]}) > 1
+
+
+def _time(r: dict, per_token: bool) -> float:
+    """A row's step time, or with ``per_token`` its seconds per million tokens."""
+    return r["step_time_s"] / (r["global_batch"] * r["seq_len"]) * 1e6 if per_token else \
+        r["step_time_s"]
 
 
 def _degrees(r: dict) -> str:
@@ -162,14 +178,16 @@ def scaling(rows: list[dict], path: str):
 
 
 def pareto_front(rows: list[dict]) -> list[dict]:
-    """Feasible rows that no other row beats on both step time and memory per GPU, by memory."""
+    """Feasible rows that no other row beats on both step time and memory per GPU, by memory;
+    time per token where the rows' steps hold different numbers of tokens (_per_token)."""
+    per_token = _per_token(rows)
     ok = sorted((r for r in rows if r["feasible"]),
-                key=lambda r: (r["peak_memory_bytes"], r["step_time_s"]))
+                key=lambda r: (r["peak_memory_bytes"], _time(r, per_token)))
     front, best = [], float("inf")
     for r in ok:
-        if r["step_time_s"] < best:
+        if _time(r, per_token) < best:
             front.append(r)
-            best = r["step_time_s"]
+            best = _time(r, per_token)
     return front
 
 
@@ -186,32 +204,35 @@ def pareto(rows: list[dict], path: str, *, max_listed: int = 14):
     front = pareto_front(rows)
     if not front:
         raise SpecError("plot: no feasible point to draw")
+    per_token = _per_token(rows)
     fig = Figure(figsize=(11.0, 5.6), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0.07, 0.11, 0.55, 0.74))
     groups = _colour_groups(rows)
     for i, (label, members) in enumerate(groups):
         ok = [r for r in members if r["feasible"]]
-        ax.scatter([r["peak_memory_bytes"] / GB for r in ok], [r["step_time_s"] for r in ok],
+        ax.scatter([r["peak_memory_bytes"] / GB for r in ok], [_time(r, per_token) for r in ok],
                    s=22, color=SERIES_COLOURS[i % len(SERIES_COLOURS)] if len(groups) > 1
                    else "#999999", label=label or None, zorder=2)
-    xs, ys = [r["peak_memory_bytes"] / GB for r in front], [r["step_time_s"] for r in front]
+    xs, ys = [r["peak_memory_bytes"] / GB for r in front], [_time(r, per_token) for r in front]
     ax.step(xs, ys, where="post", color="#000000", linewidth=1.2, zorder=3, label="Pareto front")
     ax.scatter(xs, ys, s=40, facecolors="none", edgecolors="#000000", zorder=4)
     for k, (x, y) in enumerate(zip(xs, ys)):
         ax.annotate(str(k + 1), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8,
                     fontweight="bold")
-    _memory_axes(ax, rows)
+    _memory_axes(ax, rows, per_token)
     ax.legend(fontsize=8, loc="best")  # (the front starts at the upper left)
     lines = [f"{k + 1:>2}. {r['point'] or ''}\n"
              f"{textwrap.fill(parallel_text(r), 56, initial_indent=' ' * 4, subsequent_indent=' ' * 6)}\n"
              f"    {r['peak_memory_bytes'] / GB:.1f} GB, {r['step_time_s']:.4g} s"
+             + (f" ({_time(r, True):.4g} s per M tokens)" if per_token else "")
              for k, r in enumerate(front[:max_listed])]
     if len(front) > max_listed:
         lines.append(f"... {len(front) - max_listed} more on the front")
     fig.text(0.65, 0.85, "Pareto front (no point is both faster and smaller):\n\n"
              + "\n".join(lines), va="top", ha="left", fontsize=7.5, family="monospace")
-    fig.suptitle(_title(rows, f"step time against memory per GPU ({len(front)} of "
+    what = "time per million tokens" if per_token else "step time"
+    fig.suptitle(_title(rows, f"{what} against memory per GPU ({len(front)} of "
                               f"{sum(r['feasible'] for r in rows)} feasible points on the front)"),
                  fontsize=11)
     figure.save(fig, path)
@@ -237,9 +258,10 @@ def _colour_groups(rows: list[dict]) -> list[tuple[str, list[dict]]]:
     return list(groups.items())
 
 
-def _memory_axes(ax, rows: list[dict]) -> None:
-    """Memory on x (from a little below the smallest point to the device's memory), step time on
-    y (log when it spans more than 8x), and a dotted line at each device's memory."""
+def _memory_axes(ax, rows: list[dict], per_token: bool = False) -> None:
+    """Memory on x (from a little below the smallest point to the device's memory), step time
+    (``per_token``: seconds per million tokens) on y (log when it spans more than 8x), and a
+    dotted line at each device's memory."""
     ok = [r for r in rows if r["feasible"]]
     caps = sorted({r["device_memory_bytes"] for r in rows if r.get("device_memory_bytes")})
     mems = [r["peak_memory_bytes"] / GB for r in ok]
@@ -251,8 +273,8 @@ def _memory_axes(ax, rows: list[dict]) -> None:
                 va="center", ha="right", rotation=90, transform=ax.get_xaxis_transform())
     ax.set_xlim(left, right)
     ax.set_xlabel("peak memory per GPU (GB)")
-    ax.set_ylabel("step time (s)")
-    times = [r["step_time_s"] for r in ok]
+    ax.set_ylabel("seconds per million tokens" if per_token else "step time (s)")
+    times = [_time(r, per_token) for r in ok]
     if max(times) > 8 * min(times):
         ax.set_yscale("log")
         _log_axis(ax.yaxis, " s")
@@ -271,8 +293,12 @@ def cost(rows: list[dict], path: str):
     run = priced[0].get("run_cost_usd") is not None
     fig, axes = _figure(3 if run else 2, path, width_in=4.6)
     if run:
+        top = max(r["run_cost_usd"] for r in priced)
+        unit, scale = next((u, s) for u, s in (("$M", 1e-6), ("$k", 1e-3), ("$", 1.0))
+                           if top * s >= 1 or u == "$")
         panels = [("cost_per_step_usd", 1.0, "$ per step"),
-                  ("run_cost_usd", 1e-6, f"$M for {human_count(priced[0]['tokens'])} tokens"),
+                  ("run_cost_usd", scale, f"{unit} for {human_count(priced[0]['tokens'])} "
+                                          "tokens"),
                   ("run_hours", 1 / 24,
                    f"days for {human_count(priced[0]['tokens'])} tokens (log)")]
     else:

@@ -16,6 +16,7 @@ from planner.cli.main import main
 from planner.errors import SpecError
 from planner.options import parse_fix
 from costmodels.engine import engine_from_mapping
+from costmodels.hardware import GB
 from conftest import write_config
 import planner
 
@@ -321,6 +322,28 @@ def test_plots_are_written_and_show_the_series(two_clusters, tmp_path):
                         r["peak_memory_bytes"] < f["peak_memory_bytes"])
     with pytest.raises(SpecError, match="must end in"):
         plots.scaling(two_clusters, str(tmp_path / "s.jpg"))
+
+
+def test_plots_of_swept_batches_compare_time_per_token_and_say_the_batches(two_clusters,
+                                                                          tmp_path):
+    """A new-user check: with --vary global_batch=1024,4096 the titles read 'global batch 1024'
+    and the Pareto front set a 4096-sample step against a 1024-sample one (its front was the
+    smallest batch alone); the run's cost read '$M' over labels like 0.000112."""
+    real = next(r for r in two_clusters if r["feasible"])
+
+    def row(batch, step, mem):
+        return {**real, "global_batch": batch, "seq_len": 100, "step_time_s": step,
+                "peak_memory_bytes": mem * GB, "point": f"global_batch={batch}",
+                "run_cost_usd": 112.0, "tokens": 10e9}
+    small, large = row(1024, 1.0, 10), row(4096, 3.0, 20)  # the large one: faster per token
+    assert plots.pareto_front([small, large]) == [small, large]
+    assert plots.pareto_front([small, row(1024, 0.5, 20)]) == [small, row(1024, 0.5, 20)]
+    fig = plots.pareto([small, large], str(tmp_path / "p.png"))
+    title = fig._suptitle.get_text()  # (Figure.get_suptitle: matplotlib 3.8 on)
+    assert "global batch 1,024 or 4,096 x 100 tokens" in title
+    assert "time per million tokens against memory" in title
+    fig = plots.cost([small, large], str(tmp_path / "c.png"))
+    assert fig.axes[1].get_title() == "$ for 10 B tokens"
 
 
 def test_whatif_command_prints_a_table_and_writes_files(capsys, tiny_llama_config, tmp_path):
