@@ -35,7 +35,9 @@ def knob(v) -> str:
 
 
 def compress_names(names: list[str]) -> str:
-    """``['h.0', 'h.1', 'h.2', 'ln_f..lm_head']`` -> ``'h.0-2, ln_f..lm_head'``."""
+    """``['h.0', 'h.1', 'h.2', 'ln_f..lm_head']`` -> ``'h.0-2, ln_f..lm_head'``; past NAMES_WIDTH
+    characters, the first and last groups whole with a count of those between (a name cut in
+    the middle hid what a stage holds: a new-user check)."""
     out: list[str] = []
     run_prefix, run_start, run_end = None, None, None
 
@@ -56,7 +58,13 @@ def compress_names(names: list[str]) -> str:
             out.append(name)
     flush()
     text = ", ".join(out)
-    return text if len(text) <= 60 else text[:57] + "..."
+    if len(text) <= NAMES_WIDTH or len(out) <= 2:
+        return text
+    return f"{out[0]}, +{len(out) - 2} more, {out[-1]}"
+
+
+NAMES_WIDTH = 72
+"""compress_names' longest list before it elides the groups between the first and the last."""
 
 
 def pins_text(pins: dict) -> str:

@@ -99,3 +99,14 @@ def test_the_memory_kinds_named_add_up_to_the_peaks_change():
     assert dict(moved)["other kinds"] == pytest.approx(-1.8e9)
     assert sum(d for _, d in moved) == pytest.approx(b.predicted["peak_memory_bytes"]
                                                     - a.predicted["peak_memory_bytes"])
+
+
+def test_stage_block_lists_keep_whole_names():
+    """Runs of numbered blocks compress; a long list keeps its first and last groups whole with
+    a count between (a new-user check saw T5's first stage cut to 'encoder.block...')."""
+    from planner.report.text import compress_names
+    assert compress_names(["h.0", "h.1", "h.2", "ln_f..lm_head"]) == "h.0-2, ln_f..lm_head"
+    t5 = ["decoder.embed_tokens..encoder.embed_tokens", "encoder.block.0", "encoder.block.1",
+          "encoder.final_layer_norm", "decoder.block.0", "decoder.block.1"]
+    assert compress_names(t5) == ("decoder.embed_tokens..encoder.embed_tokens, +2 more, "
+                                  "decoder.block.0-1")
