@@ -103,14 +103,15 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
 
 def _check_models(spec: JobsSpec) -> None:
     """SpecError naming the job whose model cannot be found, before any job is planned: an
-    unknown zoo name, or a config.json or file.py that is not there; or a recommendation model
-    of the zoo (sharded tables), which the jobs' tables do not plan."""
+    unknown zoo name, or a config.json or file.py that is not there; or a sequence length for
+    a recommendation model of the zoo (its samples are not token sequences)."""
     for i, job in enumerate(spec.jobs):
         model = job.model
         if model.lower() in RECSYS:
-            raise SpecError(f"jobs[{i}].model: {model} is a recommendation model (sharded "
-                            "embedding tables), which plan jobs does not schedule; plan it alone "
-                            "with plan solve")
+            if job.seq_len is not None:
+                raise SpecError(f"jobs[{i}].seq_len: {model} is a recommendation model, whose "
+                                "samples are not token sequences; leave seq_len out")
+            continue
         path = model.partition(":")[0] if ".py:" in model else model
         if ".py:" in model or model.endswith(".json"):
             if not os.path.exists(path):

@@ -26,10 +26,11 @@ class JobSpec:
     """MODEL: zoo name, config.json path or file.py:factory (paths relative to the jobs file)."""
     global_batch: int
     """Samples per optimizer step."""
-    seq_len: int
-    """Tokens per sample."""
     steps: int
     """Optimizer steps the job runs."""
+    seq_len: int | None = None
+    """Tokens per sample; None: the model's default length (as plan solve takes it). A
+    recommendation model's samples are not token sequences: it takes none."""
     priority: int = 1
     """Weight of its completion time in the weighted objective (integer >= 1)."""
     deadline_s: float | None = None
@@ -61,7 +62,7 @@ def jobs_from_mapping(data, *, base_dir: str = "") -> JobsSpec:
     jobs = top.get("jobs")
     if not isinstance(jobs, list) or not jobs:
         raise SpecError("jobs: expected a non-empty list of jobs (name, model, global_batch, "
-                        "seq_len, steps)")
+                        "steps[, seq_len])")
     specs = []
     for i, item in enumerate(jobs):
         kw = _checked(item, JobSpec, f"jobs[{i}]")

@@ -14,8 +14,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from costmodels.topology import Cluster, with_overrides
-from planner.api import plan_prepared, prepare
-from planner.errors import PlannerError
+from planner.api import (plan_prepared, plan_rec_prepared, prepare, prepare_recsys,
+                         recsys_model)
+from planner.errors import PlannerError, SpecError
 from planner.jobs.spec import JobSpec, JobsSpec
 from planner.options import SearchOptions, TrainingSpec
 from planner.solve.job_schedule import candidate_counts
@@ -40,7 +41,7 @@ class TableRow:
 
 def _named(args: tuple) -> str:
     """A (model, seq_len, ...) group of jobs as the progress lines name it."""
-    return f"{args[0]} at {args[1]:,} tokens"
+    return f"{args[0]} at {args[1]:,} tokens" if args[1] else str(args[0])
 
 
 def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
@@ -76,18 +77,26 @@ def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
     return {job.name: results[job.name] for job in spec.jobs}
 
 
-def model_tables(model: str, seq_len: int, jobs: list[JobSpec], cluster: Cluster,
+def model_tables(model: str, seq_len: int | None, jobs: list[JobSpec], cluster: Cluster,
                  counts: list[int], search: SearchOptions) -> dict[str, list[TableRow]]:
-    """Trace ``model`` once, then plan each job on each GPU count."""
-    prepared = prepare(model, seq_len=seq_len)
+    """Trace ``model`` once, then plan each job on each GPU count (a recommendation model: its
+    tables measured once, then sharded for each count its global batch divides over, its dense
+    part in fp32 with Adam, as plan solve plans it by default)."""
+    rec = recsys_model(model)
+    prepared = prepare_recsys(model) if rec else prepare(model, seq_len=seq_len)
     out = {}
     for job in jobs:
-        training = TrainingSpec(global_batch=job.global_batch, seq_len=prepared.seq_len)
+        training = TrainingSpec(global_batch=job.global_batch, seq_len=prepared.seq_len) \
+            if not rec else TrainingSpec(global_batch=job.global_batch, seq_len=1, dtype="fp32")
         rows, why = [], ""
         for g in counts:
             sized = resized(cluster, g)
             try:
-                p = plan_prepared(prepared, sized, training, search)
+                if rec and job.global_batch % g:
+                    raise SpecError(f"global batch {job.global_batch} does not divide over {g} "
+                                    "GPUs")
+                p = (plan_rec_prepared(prepared, sized, training) if rec else
+                     plan_prepared(prepared, sized, training, search))
             except PlannerError as exc:
                 log.debug("%s on %d GPUs: %s", job.name, g, exc)
                 why = f"on {g} GPUs: {str(exc).splitlines()[0]}"

@@ -13,6 +13,7 @@ from planner.jobs.joint import baselines, replan
 from planner.jobs.spec import jobs_from_mapping, load_jobs
 from planner.solve.job_grid import JobRequest, Placement, nodes_needed
 from planner.options import ScheduleOptions
+from planner.planfile.document import Plan
 from planner.solve.job_schedule import candidate_counts, solve_jobs
 
 EXACT = ScheduleOptions(time_unit_s=1.0, time_limit_s=20.0)
@@ -314,9 +315,9 @@ def test_a_jobs_model_that_cannot_be_found_is_named_before_any_job_is_planned(tm
                          ("nothere.py:build", r"jobs\[1\]\.model: file '.*nothere.py' not found"),
                          # (a new-user check found it refused as unknown after the first
                          # job's tables)
-                         ("two-tower", r"jobs\[1\]\.model: two-tower is a recommendation model "
-                                       r"\(sharded embedding tables\), which plan jobs does not "
-                                       r"schedule; plan it alone with plan solve")):
+                         ("two-tower", r"jobs\[1\]\.seq_len: two-tower is a recommendation "
+                                       r"model, whose samples are not token sequences; leave "
+                                       r"seq_len out")):
         spec = jobs_from_mapping({"jobs": [{"name": "a", "model": "gpt2", "global_batch": 8,
                                             "seq_len": 128, "steps": 10},
                                            {"name": "b", "model": model, "global_batch": 8,
@@ -324,6 +325,25 @@ def test_a_jobs_model_that_cannot_be_found_is_named_before_any_job_is_planned(tm
                                  base_dir=str(tmp_path))
         with pytest.raises(SpecError, match=words):
             joint.plan_jobs(spec, cluster="dgx-a100-80g")
+
+
+def test_a_recommendation_model_is_scheduled_beside_a_language_model():
+    """Its tables are sharded for each GPU count its batch divides over (plan jobs refused
+    recommendation models before); a dense job without seq_len takes the model's default."""
+    from planner.jobs import joint
+
+    spec = jobs_from_mapping({"jobs": [
+        {"name": "towers", "model": "two-tower", "global_batch": 8192, "steps": 1000},
+        {"name": "lm", "model": "gpt2", "global_batch": 16, "steps": 100}]})
+    assert spec.jobs[1].seq_len is None
+    doc = joint.plan_jobs(spec, cluster="dgx-a100-80g", nodes=1).doc
+    jobs = {j["name"]: j for j in doc["jobs"]}
+    towers = Plan.from_dict(jobs["towers"]["plan"])
+    assert towers.embeddings["tables"] and 8192 % jobs["towers"]["gpus"] == 0
+    assert towers.predicted["step_time_s"] * 1000 == pytest.approx(
+        jobs["towers"]["end_s"] - jobs["towers"]["start_s"], rel=0.05)
+    lm = Plan.from_dict(jobs["lm"]["plan"])
+    assert lm.training["seq_len"] == 1024  # gpt2's default
 
 
 def test_a_weighted_schedule_prints_what_it_minimized():
