@@ -525,7 +525,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         log.warning("%s", note)
     best = result.best.config
     for note in (length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens")),
-                 batch_note(training.global_batch, cluster.num_gpus, best, result.rejected)):
+                 batch_note(training.global_batch, cluster.num_gpus, best, result.rejected,
+                            dict(options.fix))):
         if note:
             log.warning("%s", note)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)

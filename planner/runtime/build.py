@@ -95,7 +95,7 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
         kwargs["position_ids"] = positions.unsqueeze(0).to(device)
     dp_mesh = _dp_mesh(mesh, layout)
     id_ranges = {i: (int(x.min()), int(x.max())) for i, x in enumerate(inputs)
-                 if not x.is_floating_point() and x.numel()}
+                 if not x.is_floating_point() and x.dtype != torch.bool and x.numel()}
     for s in layout.local_stages(rank):
         module = StageModule(copy.deepcopy(real.module), stage_cuts[s], flow, units, kwargs,
                              mdl.output_logits, id_ranges)
@@ -248,11 +248,13 @@ def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, dp_mesh,
         present = {n for n in named if any(n == u or n.startswith(u + ".") for u in units)}
         styles, notes = par.tp_styles(plan.tensor_parallel, flow.feeds, present, named, layout.tp)
         out.notes.extend(notes)
-        par.apply_tp(module.model, mesh["tp"], styles)
         out.inner.tp, out.inner.tp_index = layout.tp, out.coords["tp"]
         out.inner.group = mesh["tp"].get_group()
+        # (before apply_tp divides the modules' head counts, by which split_inner knows a
+        # per-head weight)
         split_inner(module.model, inside_modules(plan.tensor_parallel, flow.feeds, present, named),
                     out.inner)
+        par.apply_tp(module.model, mesh["tp"], styles)
     ignored = set()
     if out.experts is not None:
         names = moe.shard_experts(module.model, out.experts)
@@ -288,20 +290,27 @@ def _pipeline_stage(module: StageModule, s: int, layout: Layout, mesh, device, d
 def _whole_backward(module: StageModule, flow: Dataflow, split: bool, plan: Plan, out: Built):
     """torch's split backward (B = input gradients, W = weight gradients) fails on a module that
     runs twice in one stage (pytorch/pytorch#180952), on activation checkpointing (its weight
-    pass cannot replay torch.utils.checkpoint's recomputation) and on a later stage that reads
-    integer model inputs beside the activations it receives (an encoder-decoder's decoder, which
-    embeds its own token ids: W then runs into parts of the graph another weight's pass freed);
-    such a stage computes the weight gradients during B and runs W as a no-op (same numbers, no
-    deferred weight work)."""
+    pass cannot replay torch.utils.checkpoint's recomputation) and on a later stage with a trained
+    weight applied to what no received activation feeds: integer model inputs it receives (an
+    encoder-decoder's decoder embedding its own token ids) or constants (T5's relative position
+    bias, an embedding of bucket indices); W then runs into parts of the graph another weight's
+    pass freed. Such a stage computes the weight gradients during B and runs W as a no-op (same
+    numbers, no deferred weight work)."""
     if not split:
         return None
     units = module.cut.units
     reused = sorted(m for m in flow.reused if any(m == u or m.startswith(u + ".") for u in units))
     ids = [k[1] for k in module.cut.carry_in if k[0] == "input" and k[1] in module.id_ranges]
+    consts = [] if module.cut.index == 0 else sorted(
+        m for m, fed in flow.feeds.items() if not fed and any(
+            m == u or m.startswith(u + ".") for u in units) and any(
+            p.requires_grad for p in module.model.get_submodule(m).parameters(recurse=False)))
     if reused:
         why = f"{reused[0]} runs twice per forward"
     elif ids:
         why = f"it reads integer model input {ids[0]} (token ids) beside the activations it receives"
+    elif consts:
+        why = f"{consts[0]}'s weight is applied to constants, not to what the stage receives"
     elif plan.parallel["recompute"] != "none" and _checkpointed(plan, units):
         why = f"its blocks are recomputed, recompute={plan.parallel['recompute']}"
     else:

@@ -136,8 +136,12 @@ def apply_tp(model: nn.Module, mesh, styles: dict) -> None:
         mod = model.get_submodule(name)
         for attr in HEAD_COUNTS:
             count = getattr(mod, attr, None)
-            if isinstance(count, int) and not isinstance(count, bool) and count % tp == 0:
-                setattr(mod, attr, count // tp)
+            if not isinstance(count, int) or isinstance(count, bool):
+                continue
+            if count % tp:
+                raise SpecError(f"tensor_parallel.{name}: its {attr} = {count} does not divide "
+                                f"over tp={tp}, as its split Linears' heads must; plan another tp")
+            setattr(mod, attr, count // tp)
 
 
 def apply_recompute(model: nn.Module, units: tuple[str, ...], policy: str) -> None:

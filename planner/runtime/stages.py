@@ -133,7 +133,8 @@ def _on_meta(module: nn.Module) -> nn.Module:
 
 class StageModule(nn.Module):
     """One pipeline stage of ``model``: ``forward(*carry_in)`` -> carry_out, or the logits.
-    ``id_ranges``: (lowest, highest) value of each integer model input (by position), which a
+    ``id_ranges``: (lowest, highest) value of each integer model input (by position; booleans
+    are masks, not ids, and left out), which a
     later stage clamps the inputs it receives to: torch's pipelining infers a stage's shapes by
     running it once on uninitialized tensors, which as token ids (an encoder-decoder's decoder
     ids, read by a later stage) index outside the embedding; real ids are left as they are."""
@@ -209,7 +210,8 @@ class StageModule(nn.Module):
         missing = [k for k in self.cut.carry_out if k not in self._values]
         if missing:
             raise SpecError(f"stages[{self.cut.index}]: the forward never produced {missing[0]}")
-        out = tuple(self._values[k] for k in self.cut.carry_out)
+        # (contiguous: point-to-point sends refuse a strided tensor, as T5's position bias is)
+        out = tuple(self._values[k].contiguous() for k in self.cut.carry_out)
         self._values = {}  # pipelining keeps what backward needs; hold nothing between calls
         return out
 

@@ -474,15 +474,18 @@ def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:
     return ""
 
 
-def batch_note(global_batch: int, num_gpus: int, cfg, rejected) -> str:
+def batch_note(global_batch: int, num_gpus: int, cfg, rejected, fix=None) -> str:
     """'' or a warning that the global batch's size ruled out data-parallel degrees above that
-    of the plan's configuration ``cfg`` (the search's BATCH_DP rule), with the nearest batches
-    that do not (a new-user check saw a batch of 100 on 8 GPUs planned as dp 2 x pp 4 with only
-    a count in the ruled-out list to say why)."""
+    of the plan's configuration ``cfg`` (the search's BATCH_DP rule) and within what the pinned
+    degrees (``fix``) leave, with the nearest batches that do not (a new-user check saw a batch
+    of 100 on 8 GPUs planned as dp 2 x pp 4 with only a count in the ruled-out list to say
+    why)."""
     if not rejected.get(BATCH_DP):
         return ""
+    fix = fix or {}
     dp = cfg.dp
-    ruled = [d for d in range(dp + 1, num_gpus + 1) if num_gpus % d == 0 and global_batch % d]
+    most = num_gpus // (fix.get("tp", 1) * fix.get("pp", 1) * fix.get("cp", 1))
+    ruled = [d for d in range(dp + 1, most + 1) if num_gpus % d == 0 and global_batch % d]
     if not ruled:
         return ""
     top = ruled[-1]

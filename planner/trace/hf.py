@@ -290,13 +290,20 @@ def defaulted_dimensions(raw: dict, cfg) -> dict[str, int]:
     """The model's dimensions (DIMENSIONS, as its config names them) that the config.json does
     not give, with the values transformers' defaults fill in: a config missing them builds a
     model of another size without a word (a new-user check planned a T5 without d_model and
-    vocab_size at the defaults' 369 M parameters)."""
+    vocab_size at the defaults' 369 M parameters). A value the config class derives from keys
+    the file does give (BLOOM's hidden_size from n_embed, Mamba's intermediate_size from
+    expand) differs from the bare class's default, and is not reported."""
     names = getattr(cfg, "attribute_map", {}) or {}
+    try:
+        bare = type(cfg)()
+    except Exception:  # noqa: BLE001 - a config class that needs arguments: nothing to compare
+        return {}
     out = {}
     for key in DIMENSIONS:
         real = names.get(key, key)
         value = getattr(cfg, real, None)
         if key in raw or real in raw or isinstance(value, bool) or not isinstance(value, int):
             continue
-        out[real] = value
+        if value == getattr(bare, real, None):
+            out[real] = value
     return out

@@ -286,3 +286,9 @@ def test_a_config_missing_its_dimensions_is_warned_about(tmp_path, caplog):
         planner.prepare(str(tmp_path / "t5.json"), seq_len=16, cache_dir=None)
     assert "its config gives no d_model, vocab_size; transformers' defaults for the model type " \
         "are used (d_model=512, vocab_size=32,128)" in caplog.text
+    # a size the config class derives from another key the file gives is not a default (a
+    # review: BLOOM's hidden_size from n_embed)
+    from transformers import AutoConfig
+    from planner.trace.hf import defaulted_dimensions
+    raw = {"n_embed": 128, "n_layer": 2, "num_attention_heads": 4, "vocab_size": 128}
+    assert defaulted_dimensions(raw, AutoConfig.for_model("bloom", **raw)) == {}

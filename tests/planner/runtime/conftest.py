@@ -10,7 +10,7 @@ import pytest
 
 import planner
 from planner.options import parse_fix
-from runtime_models import FINETUNE_SPEC, MULTITOWER_SPEC
+from runtime_models import FINETUNE_SPEC, MASKED_SPEC, MULTITOWER_SPEC, SINKS_SPEC
 from runtime_models import SPEC as BRANCHED_SPEC
 
 GLOBAL_BATCH = 8
@@ -23,8 +23,9 @@ class PlanMaker:
     tied embeddings), "multitower" (examples/multitower.py, small: a wide DAG), "finetune"
     (examples/finetune.py's tiny: frozen weights, trained adapters), "mixtral" (tiny Mixtral:
     routed experts, grouped-query attention, rotary positions), "vit" (tiny ViT: pixel
-    values), "t5" (tiny T5: an encoder-decoder) and "whisper" (tiny Whisper: audio features
-    and token ids)."""
+    values), "t5" (tiny T5: an encoder-decoder), "whisper" (tiny Whisper: audio features
+    and token ids), "masked" (token ids and a boolean mask) and "sinks" (attention with its
+    head count in num_heads and a sink per head)."""
 
     def __init__(self, folder, specs: dict):
         self.folder = folder
@@ -80,11 +81,12 @@ TINY_VIT = {"model_type": "vit", "architectures": ["ViTForImageClassification"],
 """An image model: pixel values in, 16 patches and a class token per sample (17 tokens, whatever
 SEQ_LEN says), whose embeddings' glue reads the patch projection's dtype on every stage."""
 TINY_T5 = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 32,
-           "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
+           "d_kv": 8, "d_ff": 64, "num_layers": 3, "num_decoder_layers": 3, "num_heads": 4,
            "vocab_size": 128, "decoder_start_token_id": 0, "pad_token_id": 0, "dropout_rate": 0.0}
 """An encoder-decoder: token ids for the encoder and the decoder (the second stage embeds its own,
 sent down the pipeline), one embedding tied across the two stacks and the output layer, the
-decoder's cross-attention reading the encoder's output."""
+decoder's cross-attention reading the encoder's output; three layers a stack, so that the trace
+finds them repeated and stages may cut inside a stack."""
 TINY_WHISPER = {"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"],
                 "d_model": 32, "encoder_layers": 2, "decoder_layers": 2,
                 "encoder_attention_heads": 4, "decoder_attention_heads": 4,
@@ -102,7 +104,8 @@ def make_plan(tmp_path_factory, tiny_llama_config):
     gpt2 = folder / "tied-gpt2.json"
     gpt2.write_text(json.dumps(TIED_GPT2))
     specs = {"llama": tiny_llama_config, "branched": BRANCHED_SPEC, "gpt2": str(gpt2),
-             "multitower": MULTITOWER_SPEC, "finetune": FINETUNE_SPEC}
+             "multitower": MULTITOWER_SPEC, "finetune": FINETUNE_SPEC, "masked": MASKED_SPEC,
+             "sinks": SINKS_SPEC}
     for name, config in (("mixtral", TINY_MIXTRAL), ("qwen3", TINY_QWEN3),
                          ("gptoss", TINY_GPT_OSS), ("vit", TINY_VIT), ("t5", TINY_T5),
                          ("whisper", TINY_WHISPER)):

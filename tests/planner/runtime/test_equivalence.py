@@ -48,8 +48,9 @@ MORE = {"gpt2": ("pp2-1f1b-full", "pp2xdp2-gpipe-fsdp", "dp2-fsdp"),
         "multitower": ("pp2-interleaved",),
         "finetune": ("pp2-1f1b-full", "pp2xdp2-gpipe-fsdp", "tp2-selective"),
         "vit": ("pp2-1f1b-full", "pp2xdp2-gpipe-fsdp", "tp2-selective"),
-        "t5": ("pp2-zb-h1", "pp2xdp2-gpipe-fsdp", "tp2-selective"),
-        "whisper": ("pp2-1f1b-full", "tp2-selective")}
+        "t5": ("pp2-zb-h1", "pp2xdp2-gpipe-fsdp", "tp2-selective", "pp2-interleaved"),
+        "whisper": ("pp2-1f1b-full", "tp2-selective"),
+        "masked": ("pp2-gpipe",), "sinks": ("tp2-selective",)}
 """GPT-2's tied wte / lm_head land on the first and last stage (their gradients are summed), or
 on one stage sharded by FSDP (one group must own the shared weight);
 multitower's five towers all read the embedding, which four stages pass along; finetune's
@@ -58,7 +59,9 @@ too, and its adapters split with the projections they sit beside under tensor pa
 Hugging Face ViT reads synthetic pixel values, and its glue reads a weight of another stage; a
 T5's decoder ids go down the pipeline to the stage that embeds them, which runs W inside B;
 Whisper's and T5's cross-attention read their head count, which tensor parallelism divides
-(T5's self-attention, whose relative position bias joins every head's scores, stays whole)."""
+(T5's self-attention, whose relative position bias joins every head's scores, stays whole), and
+cut inside T5's stacks its strided position bias goes down the pipeline; a boolean mask reaches
+the last stage as booleans; per-head sinks are cut before the head count is divided."""
 CASES = [(m, c) for m in MODELS for c in list(TWO) + list(FOUR)] + [
     (m, c) for m, cs in MORE.items() for c in cs]
 

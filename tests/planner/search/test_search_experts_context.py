@@ -365,6 +365,9 @@ def test_a_batch_that_rules_out_data_parallel_degrees_is_named_with_the_nearest_
                     "out: the plan uses dp=2 with pp=4; a multiple of 8 (96 or 104) splits")
     assert "(nor dp=8, dp=16)" in batch_note(100, 32, dataclasses.replace(cfg, dp=4), {BATCH_DP: 1})
     assert batch_note(96, 8, cfg, {BATCH_DP: 1}) == "" == batch_note(100, 8, cfg, {})
+    # with tp=2 pinned on 8 GPUs dp is at most 4: 52 splits (a review saw 48 or 56 offered)
+    pinned = batch_note(50, 8, dataclasses.replace(cfg, tp=2, pp=1), {BATCH_DP: 1}, {"tp": 2})
+    assert "over dp=4, which" in pinned and "a multiple of 4 (48 or 52)" in pinned
 
 
 def test_an_image_model_of_a_config_is_known_by_its_pixel_input(tmp_path):
