@@ -234,7 +234,7 @@ def structural_notes(cfg, cluster, bg, options: SearchOptions | None = None) -> 
                      "norms or attention sinks), which the plan's target does not run")
     if TP_CLASS in broken:
         notes.append(f"tp={cfg.tp} splits {space.tp_unsplit}, and the plan's target splits "
-                     "nn.Linear and nn.Embedding only")
+                     "unfused nn.Linear and nn.Embedding only")
     if pp_reason(cfg.pp, cfg.vpp, space):
         notes.append(f"cannot cut {len(bg.blocks)} blocks into pp={cfg.pp} x vpp={cfg.vpp} stages")
     return notes

@@ -246,6 +246,12 @@ def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, dp_mesh,
     if layout.tp > 1:
         named = dict(module.model.named_modules())
         present = {n for n in named if any(n == u or n.startswith(u + ".") for u in units)}
+        fused = sorted(m for m in flow.cut if m in present
+                       and plan.tensor_parallel.get(m) == "colwise")
+        if fused:  # (a plan for --target torch has none: planner.trace.tp_roles finds them too)
+            raise SpecError(f"tensor_parallel.{fused[0]}: its output is cut into parts (a fused "
+                            "projection), which DTensor's column-parallel split of its rows would "
+                            "mix up across ranks; re-plan with --target torch, or --fix tp=1")
         styles, notes = par.tp_styles(plan.tensor_parallel, flow.feeds, present, named, layout.tp)
         out.notes.extend(notes)
         out.inner.tp, out.inner.tp_index = layout.tp, out.coords["tp"]

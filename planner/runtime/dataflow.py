@@ -51,6 +51,15 @@ class Dataflow:
     """Tensor-parallel module -> other tensor-parallel modules whose outputs reach its input."""
     reused: set[str] = field(default_factory=set)
     """Modules with parameters of their own that run more than once per forward."""
+    cut: set[str] = field(default_factory=set)
+    """Modules (units and tensor-parallel ones) whose output is cut into parts along its last
+    dimension (a fused q/k/v or gate/up projection sliced or chunked apart)."""
+
+
+CUTS = {torch.Tensor.__getitem__, torch.Tensor.split, torch.split, torch.Tensor.chunk,
+        torch.chunk, torch.Tensor.narrow, torch.narrow, torch.Tensor.tensor_split,
+        torch.tensor_split, torch.Tensor.split_with_sizes}
+"""Calls that take parts of a tensor (Dataflow.cut)."""
 
 
 class _Tags(TorchFunctionMode):
@@ -59,6 +68,9 @@ class _Tags(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.tags: dict[int, tuple[torch.Tensor, frozenset]] = {}
+        self.cut: set[str] = set()
+        self.direct: dict[int, tuple[torch.Tensor, str]] = {}
+        """id -> (tensor, module) of the tensors a watched module returned, as returned."""
 
     def of(self, tree) -> frozenset:
         leaves, _ = tree_flatten(tree)
@@ -67,6 +79,17 @@ class _Tags(TorchFunctionMode):
             if isinstance(t, torch.Tensor) and id(t) in self.tags:
                 out |= self.tags[id(t)][1]
         return out
+
+    def _note_cut(self, source: torch.Tensor, out) -> None:
+        """A module's output, as it returned it (not a view or product of it: RoPE halves the
+        heads' last dimension), cut into parts along its last dimension."""
+        entry = self.direct.get(id(source))
+        if entry is None or source.dim() == 0:
+            return
+        parts = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if any(t.dim() == source.dim() and 0 < t.shape[-1] < source.shape[-1] and
+               t.shape[:-1] == source.shape[:-1] for t in parts):
+            self.cut.add(entry[1])
 
     def set(self, tree, tags: frozenset, *, merge: bool) -> None:
         leaves, _ = tree_flatten(tree)
@@ -78,6 +101,8 @@ class _Tags(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func in CUTS and args and isinstance(args[0], torch.Tensor):
+            self._note_cut(args[0], out)
         tags = self.of((args, kwargs))
         if tags:
             self.set(out, tags, merge=True)
@@ -113,6 +138,7 @@ def probe(model: torch.nn.Module, args: tuple, kwargs: dict, units: list[str],
             logits = logits_of(model(*args, **kwargs))
             flow.needs["<loss>"] = set(mode.of(logits))
             flow.logits = Leaf(tuple(logits.shape), logits.dtype)
+        flow.cut = set(mode.cut)
     finally:
         for h in handles:
             h.remove()
@@ -138,6 +164,7 @@ def _post(name: str, mode: _Tags, flow: Dataflow, units: set):
         for i, x in enumerate(leaves):
             if isinstance(x, torch.Tensor):
                 mode.tags[id(x)] = (x, frozenset({(name, i)}))
+                mode.direct[id(x)] = (x, name)
         if name in units:
             flow.outputs[name] = (spec, [Leaf(tuple(x.shape), x.dtype)
                                          if isinstance(x, torch.Tensor) else x for x in leaves])

@@ -48,7 +48,8 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                     "plan for another --target")
         if TP_CLASS in broken:
             return (f"fix.tp: {tp} would split {space.tp_unsplit}, and the target splits "
-                    "nn.Linear and nn.Embedding only; pin tp=1 or plan for another --target")
+                    "unfused nn.Linear and nn.Embedding only; pin tp=1 or plan for another "
+                    "--target")
         if TP_NODE in broken:
             return (f"fix.tp: {tp} spans nodes of {gpn} GPUs; across device groups tensor "
                     "parallelism stays inside a node")

@@ -62,17 +62,21 @@ def build_blocks(graph: OpGraph, tp: TPAnalysis) -> BlockGraph:
             b.recompute = _is_layer(b.name, graph)
     edges = _edges(graph, keys)
     bg = BlockGraph(blocks=blocks, edges=edges, tp_roles=dict(tp.roles),
-                    tp_other_modules=_other_modules(tp.roles, graph.module_kinds),
+                    tp_other_modules=_other_modules(tp.roles, graph.module_kinds, tp.fused),
                     shared=_shared_params(blocks, graph))
     return _replicate(bg, graph) if any(r.traced < r.count for r in graph.repeats) else bg
 
 
-def _other_modules(roles: dict[str, str], kinds: dict[str, str]) -> dict[str, str]:
+def _other_modules(roles: dict[str, str], kinds: dict[str, str],
+                   fused: set[str]) -> dict[str, str]:
     """BlockGraph.tp_other_modules: the split modules whose class is not the one their role
     needs (a Linear role on anything but torch.nn.Linear, ``vocab`` on anything but
-    torch.nn.Embedding); modules the trace did not classify are left out."""
-    return {m: kinds[m] for m, role in roles.items()
-            if role in ROLE_KINDS and m in kinds and kinds[m] != ROLE_KINDS[role]}
+    torch.nn.Embedding), and column-parallel Linears whose output is cut apart (``fused``:
+    TPAnalysis.fused); modules the trace did not classify are left out."""
+    other = {m: kinds[m] for m, role in roles.items()
+             if role in ROLE_KINDS and m in kinds and kinds[m] != ROLE_KINDS[role]}
+    return {**other, **{m: "Linear, its output cut into parts: fused" for m in sorted(fused)
+                        if m not in other}}
 
 
 def _shared_params(blocks: list[Block], graph: OpGraph) -> list[list]:

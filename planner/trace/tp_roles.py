@@ -49,6 +49,11 @@ class TPAnalysis:
     inner_weights: set[str] = field(default_factory=set)
     """Names of ops inside a split region that read weights of their own (per-head norms and
     scores): each tp rank holds or updates them for its own heads only."""
+    fused: set[str] = field(default_factory=set)
+    """Module FQNs of column-parallel Linears whose output is cut apart along its features (a
+    fused q/k/v or gate/up projection, Phi-3's qkv_proj): an engine splitting the weight in
+    contiguous rows gives each rank parts of the wrong pieces unless it lays the fused weight
+    out per piece (Megatron-Core does; DTensor's ColwiseParallel does not)."""
 
     def split_of(self, name: str) -> tuple[bool, bool]:
         return self.split.get(name, (False, False))
@@ -144,6 +149,8 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
     res.roles[row.module] = "rowwise"
     for name in cols:
         res.roles[by[name].module] = "colwise"
+        if any(_cuts_features(by[c], by[name]) for c in cons[name]):
+            res.fused.add(by[name].module)
     for name in inner:
         res.roles[by[name].module] = "replicate"
     res.inner_weights |= inner
@@ -160,6 +167,17 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
     for name in region:
         divs.add(_heads_of_view(by[name], by, head_dims))
     res.divisors[row.name] = sorted(d for d in divs if d > 0)
+
+
+FEATURE_CUTS = {"slice", "split", "split_with_sizes", "chunk", "narrow", "tensor_split"}
+"""View ops that cut a tensor into parts (torch.fx targets, as the trace records them)."""
+
+
+def _cuts_features(op: Op, linear: Op) -> bool:
+    """Whether ``op`` takes a part of ``linear``'s output features (its last dimension): Phi-3
+    slices its qkv_proj's output into q, k and v, and chunks its gate_up_proj's in two."""
+    return (op.kind == "view" and op.target in FEATURE_CUTS and len(op.shape) == len(linear.shape)
+            and bool(op.shape) and 0 < op.shape[-1] < linear.shape[-1])
 
 
 def _heads_of_view(op: Op, by, head_dims: set[int]) -> int:

@@ -346,7 +346,7 @@ def test_run_refuses_tensor_parallel_conv1d_before_any_process(capsys, tmp_path)
             "8", "--seq-len", "128", "--dtype", "fp32", "-o", out)
     code, _, err = run(capsys, *args, "--target", "torch", "--fix", "tp=2")
     assert code == 2 and "fix.tp: 2 would split transformer.h.0." in err and "(Conv1D), and " \
-        "the target splits nn.Linear and nn.Embedding only; pin tp=1" in err
+        "the target splits unfused nn.Linear and nn.Embedding only; pin tp=1" in err
     assert not os.path.exists(out)
     assert run(capsys, *args, "--target", "torch")[0] == 0
     assert json.load(open(out))["parallel"]["tp"] == 1
@@ -354,6 +354,39 @@ def test_run_refuses_tensor_parallel_conv1d_before_any_process(capsys, tmp_path)
     code, _, err = run(capsys, "run", out, "--dry-run")
     assert code == 2 and "the runtime shards nn.Linear and nn.Embedding only, this is Conv1D" \
         in err
+
+
+def test_fused_projections_take_no_tensor_parallelism_in_the_runtime(capsys, tmp_path):
+    """Phi-3 slices its qkv_proj's output into q, k and v and chunks its gate_up_proj's: a
+    contiguous split of their rows mixes the pieces up across ranks, which crashed the runtime in
+    DTensor's sharding propagation (a review). The torch target plans no tp for them; a plan for
+    any engine (Megatron-Core lays fused weights out per piece) is refused by plan run."""
+    import torch
+    from planner.runtime.dataflow import probe
+    from planner.trace import hf
+    from planner.trace.models import resolve
+    config = tmp_path / "phi3.json"
+    config.write_text(json.dumps({"model_type": "phi3", "hidden_size": 32,
+                                  "intermediate_size": 64, "num_hidden_layers": 2,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": 128, "max_position_embeddings": 64,
+                                  "pad_token_id": 0}))
+    out = str(tmp_path / "p.json")
+    args = ("solve", str(config), "--cluster", "cpu", "--gpus-per-node", "2", "--global-batch",
+            "8", "--seq-len", "16", "--dtype", "fp32", "-o", out)
+    code, _, err = run(capsys, *args, "--target", "torch", "--fix", "tp=2")
+    assert code == 2 and "(Linear, its output cut into parts: fused), and the target splits "         "unfused nn.Linear and nn.Embedding only" in err
+    assert run(capsys, *args, "--target", "any", "--fix", "tp=2")[0] == 0
+    # the runtime's probe sees the cuts (the processes refuse the plan with them)
+    meta = resolve(str(config), seq_len=16, dtype="fp32")
+    module = hf.build(meta.module.config, type(meta.module).__name__, 16, torch.float32,
+                      "cpu").module
+    mods = ["model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
+            "model.layers.0.mlp.gate_up_proj", "model.layers.0.mlp.down_proj"]
+    with torch.no_grad():
+        flow = probe(module, (torch.randint(0, 128, (1, 16)),), {"use_cache": False},
+                     ["model.layers.0"], mods, lambda o: o.logits)
+    assert flow.cut == {"model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.gate_up_proj"}
 
 
 def test_progress_off_a_terminal_is_a_line_now_and_then(monkeypatch, capsys):
