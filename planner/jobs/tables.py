@@ -34,7 +34,8 @@ class TableRow:
     """step_time_s x steps."""
     peak_memory_bytes: float
     parallel: str
-    """Short form of the plan's parallel degrees."""
+    """Short form of the plan's parallel degrees (and of a recommendation plan's table
+    shardings)."""
     plan: dict | None = None
     """The plan (planner.plan/v1 dict); None where only the table row was kept."""
 
@@ -101,10 +102,12 @@ def model_tables(model: str, seq_len: int | None, jobs: list[JobSpec], cluster: 
                 log.debug("%s on %d GPUs: %s", job.name, g, exc)
                 why = f"on {g} GPUs: {str(exc).splitlines()[0]}"
                 continue
+            tables = ", ".join(f"{k} {n}" for k, n in p.sharding_counts().items())
             rows.append(TableRow(gpus=g, step_time_s=p.step_time_s,
                                  job_time_s=p.step_time_s * job.steps,
                                  peak_memory_bytes=p.predicted["peak_memory_bytes"],
-                                 parallel=p.parallel_summary, plan=p.to_dict()))
+                                 parallel=p.parallel_summary + (f"; tables {tables}" if tables
+                                                                else ""), plan=p.to_dict()))
         if not rows:  # say why on the most GPUs the job could have had
             log.warning("job %s fits on no GPU count of %s (%s)", job.name, cluster.name,
                         why or "no counts")

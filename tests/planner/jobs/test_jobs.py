@@ -340,6 +340,7 @@ def test_a_recommendation_model_is_scheduled_beside_a_language_model():
     jobs = {j["name"]: j for j in doc["jobs"]}
     towers = Plan.from_dict(jobs["towers"]["plan"])
     assert towers.embeddings["tables"] and 8192 % jobs["towers"]["gpus"] == 0
+    assert "; tables " in jobs["towers"]["parallel"] and "; tables" not in jobs["lm"]["parallel"]
     assert towers.predicted["step_time_s"] * 1000 == pytest.approx(
         jobs["towers"]["end_s"] - jobs["towers"]["start_s"], rel=0.05)
     lm = Plan.from_dict(jobs["lm"]["plan"])
