@@ -168,6 +168,24 @@ def warn_unused_settings(prepared, training: TrainingSpec,
                     "s" if len(given) == 1 else "")
 
 
+def _for_runtime_encoder_decoder(options: SearchOptions, name: str) -> SearchOptions:
+    """What plan run runs of an encoder-decoder: no context parallelism (its ring feeds each
+    rank its positions, which T5, BART and Whisper do not take), and no zb-h1 (a later stage
+    embeds the decoder's ids and computes its weight gradients inside B: the bubble zb-h1 prices
+    as filled stays idle); a pin of either is refused (a new-user check saw both planned), and
+    the search keeps cp at 1 as a pin would."""
+    fix = dict(options.fix)
+    if fix.get("cp", 1) > 1:
+        raise SpecError(f"fix.cp: plan run runs context parallelism on decoder-only models, and "
+                        f"{name} is an encoder-decoder; pin cp=1 or plan for another --target")
+    if fix.get("schedule") == "zb-h1":
+        raise SpecError(f"fix.schedule: plan run computes an encoder-decoder's weight gradients "
+                        f"inside B where a stage embeds the decoder's ids ({name}), so zb-h1 "
+                        "fills no bubble; pin 1f1b or plan for another --target")
+    return dataclasses.replace(options, fix={**fix, "cp": 1},
+                               schedules=tuple(s for s in options.schedules if s != "zb-h1"))
+
+
 def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> SearchOptions:
     """``options`` narrowed to what the target runs for this model and software: an unknown
     target is refused, a known one keeps to what its engine runs (planner.plan has done so
@@ -185,6 +203,8 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
         raise SpecError(f"target: {options.target} trains one transformer stack, and "
                         f"{prepared.info['name']} has {has}; plan with --target torchtitan, "
                         "deepspeed or any")
+    if options.target == "torch" and prepared.info.get("encoder_tokens"):
+        options = _for_runtime_encoder_decoder(options, prepared.info["name"])
     blocks = prepared.blocks.blocks
     experts = any(b.work.num_experts for b in blocks)
     latent = any(b.work.attn_keys_wider for b in blocks)

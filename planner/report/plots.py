@@ -97,7 +97,9 @@ def _title(rows: list[dict], what: str) -> str:
     """The model and what the chart shows, over the batch, length and dtype of the rows (each
     value swept, where they differ)."""
     def values(key: str) -> str:
-        seen = sorted({r.get(key) for r in rows if r.get(key) is not None}, key=str)
+        seen = sorted({r.get(key) for r in rows if r.get(key) is not None},
+                      key=lambda v: (isinstance(v, str), v if not isinstance(v, str) else 0,
+                                     str(v)))
         return " or ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in seen) or "?"
     return (f"{rows[0].get('model', 'model')}: {what}\nglobal batch {values('global_batch')} x "
             f"{values('seq_len')} tokens, {values('dtype')}")

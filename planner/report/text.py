@@ -63,7 +63,7 @@ def compress_names(names: list[str]) -> str:
     return f"{out[0]}, +{len(out) - 2} more, {out[-1]}"
 
 
-NAMES_WIDTH = 72
+NAMES_WIDTH = 100
 """compress_names' longest list before it elides the groups between the first and the last."""
 
 

@@ -81,6 +81,9 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     inputs = mdl.synthetic_batch(real, plan.training["global_batch"], seed=opts.seed)
     out = Built(layout=layout, coords={**layout.coords(rank), "ep": layout.ep_index(rank)},
                 device=device)
+    dropout = dropout_note(real.module)
+    if dropout:
+        out.notes.append(dropout)
     positions = _cp_positions(plan, layout, out.coords["cp"])
     units, flow, stage_cuts = cut_model(plan, real, inputs, positions)
     ties = find_ties(real.module, units)
@@ -163,6 +166,26 @@ def check_knobs(plan: Plan) -> None:
         raise SpecError(f"parallel.recompute: the runtime does not run {par_['recompute']} "
                         f"recomputation (it runs {', '.join(runs)}); re-plan with --fix "
                         "recompute=full (or --target torch)")
+
+
+DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+"""Config keys of the dropout Hugging Face attention applies as a function (no module)."""
+
+
+def dropout_note(module) -> str:
+    """'' or a note that the model drops activations at random in training: every layout draws
+    other masks, so its losses differ from another layout's, or the single process's (a
+    new-user check compared T5 and BART layouts and found them apart, with no word why)."""
+    rates = sorted({round(m.p, 4) for m in module.modules()
+                    if isinstance(m, torch.nn.Dropout) and m.p > 0})
+    config = getattr(module, "config", None)
+    rates += sorted({getattr(config, k) for k in DROPOUT_KEYS
+                     if isinstance(getattr(config, k, None), float) and getattr(config, k) > 0})
+    if not rates:
+        return ""
+    return (f"the model has dropout (p = {', '.join(f'{r:g}' for r in sorted(set(rates)))}): "
+            "each layout draws other random masks, so its losses differ from another layout's; "
+            "set the model's dropout to 0 to compare layouts")
 
 
 def check_model(plan: Plan, module, layout: Layout) -> None:

@@ -64,7 +64,8 @@ def check_runnable(meta: ResolvedModel) -> None:
     else:
         return
     raise SpecError(f"model: plan run trains Hugging Face models that read token ids or pixel "
-                    f"values alone (decoder-only language models, image models); {meta.name} "
+                    f"values alone (decoder-only language models, image models), or an "
+                    f"encoder's input and the decoder's ids (encoder-decoders); {meta.name} "
                     f"reads {what}, which it does not "
                     "feed yet (docs/runtime.md, Not supported); export the plan (plan export) or "
                     "give a file.py:factory of the model with its example inputs")

@@ -292,3 +292,27 @@ def test_a_config_missing_its_dimensions_is_warned_about(tmp_path, caplog):
     from planner.trace.hf import defaulted_dimensions
     raw = {"n_embed": 128, "n_layer": 2, "num_attention_heads": 4, "vocab_size": 128}
     assert defaulted_dimensions(raw, AutoConfig.for_model("bloom", **raw)) == {}
+
+
+def test_the_torch_target_plans_what_plan_run_runs_of_an_encoder_decoder(tmp_path):
+    """A new-user check: --target torch planned cp=2 for a T5, which plan run refuses, and chose
+    zb-h1, whose weight pass the runtime runs inside B for the stage embedding the decoder's
+    ids (no bubble filled); pins of either are refused, the search keeps cp at 1 without zb-h1."""
+    (tmp_path / "t5.json").write_text(json.dumps(
+        {"model_type": "t5", "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 3,
+         "num_heads": 4, "vocab_size": 128, "decoder_start_token_id": 0, "pad_token_id": 0}))
+    prepared = planner.prepare(str(tmp_path / "t5.json"), seq_len=16, dtype="fp32",
+                               cache_dir=None)
+    cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=2)
+    training = planner.TrainingSpec(global_batch=8, seq_len=16, dtype="fp32")
+    for pin, words in (({"cp": 2}, "fix.cp: plan run runs context parallelism on decoder-only"),
+                       ({"schedule": "zb-h1", "pp": 2}, "fix.schedule: plan run computes an "
+                                                        "encoder-decoder's weight gradients")):
+        with pytest.raises(SpecError, match=words):
+            planner.plan_prepared(prepared, cluster, training,
+                                  planner.SearchOptions(fix=pin, target="torch"))
+    plan = planner.plan_prepared(prepared, cluster, training,
+                                 planner.SearchOptions(fix={"pp": 2}, target="torch"))
+    assert plan.parallel["cp"] == 1 and plan.parallel["schedule"] != "zb-h1"
+    assert planner.plan_prepared(prepared, cluster, training, planner.SearchOptions(
+        fix={"cp": 2}, target="any")).parallel["cp"] == 2
