@@ -49,11 +49,12 @@ def _warn_oversubscribed(device: str, processes: int, threads: int | None) -> No
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     wanted = processes * (threads or 1)
     if cores and wanted > cores:
+        fix = (f"give --threads {max(1, cores // processes)}" if processes <= cores else
+               f"run plans of at most {cores} processes here")
         logging.getLogger("planner").warning(
             "run: %d processes x %d thread%s on %d core%s: they take turns, so the step measured "
-            "here is slower than predicted; run plans of at most %d processes here", processes,
-            threads or 1, "" if (threads or 1) == 1 else "s", cores, "" if cores == 1 else "s",
-            cores)
+            "here is slower than predicted; %s", processes, threads or 1,
+            "" if (threads or 1) == 1 else "s", cores, "" if cores == 1 else "s", fix)
 
 
 def run(args) -> int:

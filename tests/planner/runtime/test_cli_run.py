@@ -384,3 +384,19 @@ def test_a_model_with_dropout_is_said_to_differ_between_layouts():
     assert dropout_note(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0))) == ""
     note = dropout_note(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1), nn.Dropout(0.25)))
     assert note.startswith("the model has dropout (p = 0.1, 0.25): each layout draws other")
+
+
+def test_oversubscribed_cpu_runs_name_the_fix_that_applies(caplog, monkeypatch):
+    """A new-user check ran 2 processes x 4 threads on 2 cores and was told to run plans of at
+    most 2 processes, which it did: the fix was fewer threads."""
+    import os
+
+    from planner.cli.run import _warn_oversubscribed
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    with caplog.at_level("WARNING", logger="planner"):
+        _warn_oversubscribed("cpu", 2, 4)
+        _warn_oversubscribed("cpu", 4, None)
+        _warn_oversubscribed("cpu", 2, 1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and lines[0].endswith("give --threads 1")
+    assert lines[1].endswith("run plans of at most 2 processes here")
