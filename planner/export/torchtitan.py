@@ -58,11 +58,10 @@ class Setting:
 def to_torchtitan(plan: Plan, version: str | None = None) -> str:
     """The plan as torchtitan settings for ``version`` (default: planner.targets' release)."""
     version = common.engine_version(TARGET, version)
-    _check_mesh(plan, version)
     ledger = common.Ledger(TARGET, version)
+    _check_mesh(plan, version, ledger)
     common.software_note(plan, TARGET, ledger)
     common.frozen_note(plan, TARGET, ledger)
-    _length_note(plan, ledger)
     raising: dict[str, tuple[object, str]] = {}  # knob -> (what torchtitan runs, words)
     settings = (_model(plan, version, ledger) + _data_parallel(plan, version, ledger)
                 + _model_parallel(plan, version, ledger)
@@ -78,16 +77,19 @@ def to_torchtitan(plan: Plan, version: str | None = None) -> str:
     return _cli(plan, version, settings, ac, notes)
 
 
-def _check_mesh(plan: Plan, version: str) -> None:
+def _check_mesh(plan: Plan, version: str, ledger: common.Ledger) -> None:
     """SpecError for a mesh torchtitan's parallelize functions refuse: a sequence not divisible
     by tp x 2 x cp (their assert on ParallelDims.seq_len_divisor, cp = 1 included; for a model
-    torchtitan does not define, whose parallelize function is the user's, a note: _length_note),
-    and in 0.2.2
+    torchtitan does not define, whose parallelize function is the user's, a note), and in 0.2.2
     experts spread over ranks without an FSDP mesh (dp x cp = 1) in its deepseek_v3 and gpt_oss
     models, which fetch that mesh whenever ep > 1 (get_mesh(["fsdp"]) raises for a size-1 mesh)."""
     p, seq = plan.parallel, plan.training["seq_len"]
     divisor = p["tp"] * 2 * p.get("cp", 1)
-    if seq % divisor and names.torchtitan_model(plan) is not None:
+    if seq % divisor and names.torchtitan_model(plan) is None:
+        ledger.info(f"sequence length {seq}: torchtitan's own models assert a multiple of tp x 2 "
+                    f"x cp = {divisor} in their parallelize functions "
+                    "(ParallelDims.seq_len_divisor); drop that assert from yours")
+    elif seq % divisor:
         again = (f", or re-plan with `{common.resolve_hint(plan, TARGET)}`" if seq % 2 == 0
                  else "")  # an odd length splits for no tp
         raise SpecError(f"export torchtitan: torchtitan requires the sequence length ({seq}) to "
@@ -108,17 +110,6 @@ def _check_mesh(plan: Plan, version: str) -> None:
                         f"(dp x cp > 1) with ep={p['ep']} (its parallelize function fetches it "
                         f"whenever experts are spread, and a mesh of size 1 does not exist); "
                         f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
-
-
-def _length_note(plan: Plan, ledger: common.Ledger) -> None:
-    """For a model torchtitan does not define: its models' parallelize functions assert a
-    sequence divisible by tp x 2 x cp, which one of the user's copying theirs would too."""
-    p, seq = plan.parallel, plan.training["seq_len"]
-    divisor = p["tp"] * 2 * p.get("cp", 1)
-    if seq % divisor and names.torchtitan_model(plan) is None:
-        ledger.info(f"sequence length {seq}: torchtitan's own models assert a multiple of tp x 2 "
-                    f"x cp = {divisor} in their parallelize functions "
-                    "(ParallelDims.seq_len_divisor); drop that assert from yours")
 
 
 # ---- the settings --------------------------------------------------------------------------------
