@@ -46,9 +46,11 @@ def resolve_meta(plan: Plan, spec: str) -> ResolvedModel:
 
 def check_runnable(meta: ResolvedModel) -> None:
     """SpecError for a Hugging Face model the runtime cannot feed: it trains models that read
-    token ids alone (decoder-only language models) on synthetic ids, and image models that read
-    pixel values alone (ViT) on synthetic images; audio features and an encoder-decoder's two
-    sequences are not supported (a new-user check saw them crash in the processes)."""
+    token ids alone (decoder-only language models) on synthetic ids, image models that read
+    pixel values alone (ViT) on synthetic images, and encoder-decoders (token ids or audio
+    features for the encoder, and the decoder's ids: _decoder_ids); audio features without a
+    decoder and two towers (images and captions) are not supported (a new-user check saw them
+    crash in the processes)."""
     if meta.source not in ("zoo", "hf-config"):
         return
     first = meta.args[0] if meta.args else None
