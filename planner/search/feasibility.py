@@ -490,8 +490,7 @@ def batch_note(global_batch: int, num_gpus: int, cfg, rejected, fix=None) -> str
     if not ruled:
         return ""
     top = ruled[-1]
-    lower = global_batch // top * top
-    batches = " or ".join(f"{n:,}" for n in (lower, lower + top) if n > 0)
+    batches = " or ".join(f"{n:,}" for n in nearby_multiples(global_batch, top))
     also = f" (nor {', '.join(f'dp={d}' for d in ruled[:-1])})" if len(ruled) > 1 else ""
     others = " x ".join(f"{k}={v}" for k, v in (("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp))
                         if v > 1)
