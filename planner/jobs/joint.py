@@ -220,7 +220,8 @@ def document(cluster: Cluster, jobs: list[JobSpec], tables: dict, result: JobSch
         "cluster": {**cluster.summary(), "spec": cluster.to_mapping()},
         "now_s": now_s, "done": done, "objective": result.objective,
         "solve": {"status": result.status, "objective": result.objective_value,
-                  "bound": result.bound, "gap": result.gap, "time_unit_s": result.time_unit_s,
+                  "bound": result.bound, "gap": result.gap, "tie_break": result.tie_break,
+                  "time_unit_s": result.time_unit_s,
                   "time_s": result.time_s if record_timing else None},
         "makespan_s": result.makespan_s,
         "baselines": {name: _baseline(name, placements, result.makespan_s)

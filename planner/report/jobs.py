@@ -4,6 +4,7 @@ job, then the makespan and the baselines."""
 from __future__ import annotations
 
 from planner.report.text import model_name, runs, table
+from planner.solve.job_schedule import TIE_BREAK
 from planner.units import cluster_text, duration
 
 
@@ -23,6 +24,9 @@ def summary(doc: dict, solve_time_s: float) -> str:
     lines += ["", f"  makespan      {duration(doc['makespan_s'])}  (CP-SAT {s['status']}, "
                   f"gap {100 * s['gap']:.1f}%, objective {doc['objective']}, solved in "
                   f"{solve_time_s:.1f} s, grid {s['time_unit_s']:g} s)"]
+    if s.get("tie_break", "not run") != "not run":
+        lines.append(f"  {'':<13} ties broken by {TIE_BREAK[doc['objective']]} "
+                     f"(CP-SAT {s['tie_break']})")
     for name, b in doc["baselines"].items():
         word = "shorter" if b["improvement"] >= 0 else "longer"
         lines.append(f"  {name:<13} {duration(b['makespan_s'])}  ({b['description']}): joint "

@@ -18,8 +18,13 @@ Model (laid out like the OR-Tools scheduling samples):
   which gives CP-SAT the area lower bound; node and identical-job symmetries are broken;
 - running jobs (re-planning) keep their count, nodes, start and end; deadlines bound the ends;
 - objective: makespan, or sum of priority x completion time. A greedy list schedule is the hint,
-  and the answer if the time limit ends before CP-SAT finds one. Afterwards every job is shifted as
-  early as its nodes allow (the makespan objective leaves non-critical jobs anywhere before it).
+  and the answer if the time limit ends before CP-SAT finds one;
+- ties: once CP-SAT has proved the objective optimal, a second solve in the time left keeps it at
+  that value and breaks ties (TIE_BREAK): the makespan's by the jobs' ends and the GPU time they
+  hold, the weighted objective's by GPU time alone. Without it, schedules of the same objective
+  are told apart by nothing: a job whose time does not shrink on more GPUs may hold 4 where 1 runs
+  as fast, and jobs may end later than they could. Afterwards every job is shifted as early as its
+  nodes allow.
 
 Here: the answer, the CP-SAT model and solve_jobs (its options are planner.options.ScheduleOptions). The requests, placements and time
 grid are planner.solve.job_grid; the list schedules, the left shift and GPU ids
@@ -60,6 +65,16 @@ class JobSchedule:
     """(objective - bound) / objective."""
     time_s: float
     time_unit_s: float
+    tie_break: str = "not run"
+    """The second solve's status: optimal, feasible (the time limit ended it; its schedule is
+    no worse than the first's), or not run (the first was not proved optimal in time)."""
+
+
+TIE_BREAK = {"makespan": "the jobs' ends and GPU time: sum of priority x end + GPU-seconds / GPUs",
+             "weighted": "GPU time: sum of GPUs x seconds"}
+"""What the second solve minimizes, per objective, with the objective held at its optimum. For
+the makespan: sum(priority x end) + sum(GPUs x duration) / GPUs in the cluster, both in seconds:
+a job's GPU time counts as the time it would hold the whole cluster."""
 
 
 def candidate_counts(nodes: int, gpus_per_node: int) -> list[int]:
@@ -80,10 +95,13 @@ def solve_jobs(requests: list[JobRequest], nodes: int, gpus_per_node: int,
     model, v = _model(requests, grid, nodes, gpus_per_node, greedy, options.objective)
     # Solve
     verdict, solution = _solve(model, v, requests, grid, greedy, options, nodes * gpus_per_node)
+    solution, tie = _tie_break(model, v, requests, grid, options, verdict, solution,
+                               nodes * gpus_per_node, time.perf_counter() - t0)
     secs = in_seconds(requests, now_s)  # exact durations: starts move earlier, never later
     solution = left_shift(requests, secs, [(s * grid.unit_s, g, on) for s, g, on in solution],
                           nodes, gpus_per_node)
-    return _answer(requests, secs, solution, gpus_per_node, options, verdict, grid.unit_s, t0)
+    return _answer(requests, secs, solution, gpus_per_node, options, verdict, grid.unit_s, t0,
+                   tie)
 
 
 def _model(requests, grid, nodes, gpus_per_node, greedy, objective: str):
@@ -127,6 +145,33 @@ def _solve(model, v, requests, grid, greedy, options, num_gpus):
     bound = max(res.solver.best_objective_bound,
                 simple_bound(requests, grid, num_gpus, options.objective))
     return ("feasible", value, min(value, bound)), greedy
+
+
+def _tie_break(model, v, requests, grid, options, verdict, solution, num_gpus: int,
+               spent_s: float):
+    """The schedule among those of the optimal objective that TIE_BREAK prefers, solved in the
+    time left; -> (per job (start, count, nodes), the second solve's status)."""
+    left = options.time_limit_s - spent_s
+    if verdict[0] != "optimal" or left < 0.05:
+        return solution, "not run"
+    ends = sum(r.priority * e for r, e, f in zip(requests, v["end"], grid.fixed) if f is None)
+    area = sum(g * d * present[g] for durs, present, f in zip(grid.durations, v["present"],
+                                                               grid.fixed) if f is None
+               for g, d in durs.items())
+    if options.objective == "makespan":
+        model.Add(v["makespan"] <= round(verdict[1]))
+        model.Minimize(num_gpus * ends + area)
+    else:
+        model.Add(sum(r.priority * e for r, e in zip(requests, v["end"])) <= round(verdict[1]))
+        model.Minimize(area)
+    model.ClearHints()
+    _hint(model, v, solution)
+    res = cpsat.solve(model, time_limit_s=left, seed=options.seed, workers=options.workers)
+    log.info("ties broken by %s: CP-SAT %s in %.2f s", TIE_BREAK[options.objective],
+             res.status.upper(), res.wall_s)
+    if not res.found:
+        return solution, "not run"
+    return _read(res.solver, v), res.status
 
 
 # Data ----------------------------------------------------------------------------------------
@@ -280,7 +325,8 @@ def simple_bound(requests, grid: Grid, num_gpus: int, objective: str) -> float:
     return float(max(max(ends, default=0), grid.release + math.ceil(work / num_gpus)))
 
 
-def _answer(requests, secs, solution, gpus_per_node, options, verdict, unit_s, t0) -> JobSchedule:
+def _answer(requests, secs, solution, gpus_per_node, options, verdict, unit_s, t0,
+            tie: str) -> JobSchedule:
     ids = assign_gpu_ids(requests, secs, solution, gpus_per_node)
     placements = [r.pinned or Placement(name=r.name, gpus=g, nodes=on_nodes, gpu_ids=gpu_ids,
                                         start_s=start, end_s=start + r.durations_s[g])
@@ -291,7 +337,7 @@ def _answer(requests, secs, solution, gpus_per_node, options, verdict, unit_s, t
                        objective=options.objective, status=status,
                        objective_value=value * unit_s, bound=bound * unit_s,
                        gap=max(0.0, (value - bound) / value) if value > 0 else 0.0,
-                       time_s=time.perf_counter() - t0, time_unit_s=unit_s)
+                       time_s=time.perf_counter() - t0, time_unit_s=unit_s, tie_break=tie)
 
 
 def _infeasible_reason(requests) -> str:

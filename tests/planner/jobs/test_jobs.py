@@ -40,9 +40,19 @@ def check_valid(requests, sched, nodes, gpn, now=0.0):
         assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:]))
 
 
+def tie_value(requests, ends, gpus, durations, num_gpus, objective):
+    """What the second solve minimizes (job_schedule.TIE_BREAK)."""
+    area = sum(g * d for g, d in zip(gpus, durations))
+    if objective == "weighted":
+        return area
+    return num_gpus * sum(r.priority * e for r, e in zip(requests, ends)) + area
+
+
 def brute_force(requests, nodes, gpn, objective):
-    """Serial schedule generation over every (count, node set) per job and every order: each job
-    at its earliest fit on a unit time grid. Active schedules contain an optimal one."""
+    """-> (objective, tie-break value), the least in that order: serial schedule generation over
+    every (count, node set) per job and every order, each job at its earliest fit on a unit time
+    grid. Active schedules contain an optimal one for any objective that never decreases when a
+    job ends later, the two-level one included."""
     modes = []
     for r in requests:
         m = []
@@ -52,7 +62,7 @@ def brute_force(requests, nodes, gpn, objective):
                 m.append((g, int(d), node_set))
         modes.append(m)
     horizon = sum(max(int(d) for d in r.durations_s.values()) for r in requests)
-    best = float("inf")
+    best = (float("inf"), float("inf"))
     for choice in itertools.product(*modes):
         for order in itertools.permutations(range(len(requests))):
             used = [[0] * (horizon + 1) for _ in range(nodes)]
@@ -71,7 +81,9 @@ def brute_force(requests, nodes, gpn, objective):
                 continue
             value = max(ends) if objective == "makespan" else sum(
                 r.priority * e for r, e in zip(requests, ends))
-            best = min(best, value)
+            tie = tie_value(requests, ends, [c[0] for c in choice], [c[1] for c in choice],
+                            nodes * gpn, objective)
+            best = min(best, (value, tie))
     return best
 
 
@@ -98,8 +110,27 @@ def test_joint_schedule_matches_brute_force(seed, objective):
     ends = [p.end_s for p in sched.placements]
     got = max(ends) if objective == "makespan" else sum(
         r.priority * e for r, e in zip(requests, ends))
-    assert got == brute_force(requests, 2, 4, objective)
+    best, best_tie = brute_force(requests, 2, 4, objective)
+    assert got == best
     assert sched.objective_value == got
+    # among the schedules of that objective, the one the tie-break prefers
+    assert sched.tie_break == "optimal"
+    assert tie_value(requests, ends, [p.gpus for p in sched.placements],
+                     [p.end_s - p.start_s for p in sched.placements], 8, objective) == best_tie
+
+
+def test_ties_go_to_fewer_gpus_and_earlier_ends():
+    """A job that runs as fast on 1 GPU as on 8 takes 1; the makespan's ties end jobs early."""
+    requests = [JobRequest(name="big", durations_s={8: 1000.0, 16: 520.0}),
+                JobRequest(name="host-bound", durations_s={g: 300.0 for g in (1, 2, 4, 8)}),
+                JobRequest(name="mid", durations_s={4: 400.0, 8: 210.0, 16: 110.0}),
+                JobRequest(name="small", durations_s={1: 100.0, 2: 55.0, 4: 30.0})]
+    for objective in ("makespan", "weighted"):
+        sched = solve_jobs(requests, 2, 8, replace(EXACT, objective=objective))
+        check_valid(requests, sched, 2, 8)
+        by_name = {p.name: p for p in sched.placements}
+        assert sched.tie_break == "optimal" and by_name["host-bound"].gpus == 1, objective
+    assert sched.makespan_s == 820.0 and by_name["small"].end_s == 30.0
 
 
 def test_deadlines_are_constraints_and_brute_force_agrees():
@@ -109,7 +140,7 @@ def test_deadlines_are_constraints_and_brute_force_agrees():
     sched = solve_jobs(tight, 2, 4, EXACT)
     check_valid(tight, sched, 2, 4)
     assert sched.placements[2].end_s <= fastest
-    assert sched.makespan_s == brute_force(tight, 2, 4, "makespan")
+    assert sched.makespan_s == brute_force(tight, 2, 4, "makespan")[0]
     impossible = [JobRequest(name="x", durations_s={8: 10.0}, deadline_s=5.0)]
     with pytest.raises(InfeasibleError, match=r"x by 5 s, at best 10 s on 8 GPUs alone"):
         solve_jobs(impossible, 2, 4, EXACT)
