@@ -104,12 +104,32 @@ def check_output_folder(path: str, what: str) -> None:
                             "missing)")
         if not os.access(path, os.W_OK):
             raise SpecError(f"{what}: cannot write in folder '{path}' (permission denied)")
+        refused = _refuses_new_files(path)
+        if refused:
+            raise SpecError(f"{what}: folder '{path}' refuses new files ({refused}); give "
+                            "another folder")
         return
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise SpecError(f"{what}: folder '{parent}' does not exist; create it first")
     if not os.access(parent, os.W_OK):
         raise SpecError(f"{what}: cannot make '{path}' in folder '{parent}' (permission denied)")
+    refused = _refuses_new_files(parent)
+    if refused:
+        raise SpecError(f"{what}: cannot make '{path}': folder '{parent}' refuses new files "
+                        f"({refused}); give another folder")
+
+
+def _refuses_new_files(folder: str) -> str | None:
+    """Why ``folder`` refuses a new file, or None: access() trusts the mode bits, and some folders
+    (/proc, /sys, read-only mounts) still refuse files, so one is made and removed."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
 
 
 def check_output(path: str, what: str, inputs: tuple = ()) -> None:
@@ -155,13 +175,10 @@ def check_output(path: str, what: str, inputs: tuple = ()) -> None:
     except OSError as exc:  # a name too long, a loop of links
         raise SpecError(f"{what}: cannot use '{path[:80]}{'...' if len(path) > 80 else ''}' "
                         f"({exc.strerror or type(exc).__name__}); choose another name") from None
-    try:  # access() trusts the mode bits; some folders (/sys, read-only mounts) still refuse files
-        fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
+    refused = _refuses_new_files(folder)
+    if refused:
         raise SpecError(f"{what}: cannot write '{path}': folder '{folder}' refuses new files "
-                        f"({exc.strerror or type(exc).__name__})") from None
+                        f"({refused})")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise SpecError(f"{what}: '{path}' is read-only")
 

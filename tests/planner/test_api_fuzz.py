@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, Phase, event, given, note, settings
 from hypothesis import strategies as st
 
 import planner
+from planner.files import check_output_folder
 from planner.options import parse_fix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -383,6 +384,16 @@ def test_fuzz_found_unwritable_output_is_bad_input(plan_file):
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("plan: error: ") and "/sys/fuzz-export.sh" in last, err
     assert not [f for f in os.listdir("/sys") if f.startswith(".tmp")]
+
+
+@pytest.mark.skipif(not (os.path.isdir("/sys/kernel") and os.access("/sys/kernel", os.W_OK)),
+                    reason="needs a folder that access() calls writable but that refuses new files "
+                           "(/sys, as root)")
+@pytest.mark.parametrize("folder", ["/sys/kernel", "/sys/kernel/fuzz-dump"])
+def test_fuzz_found_an_output_folder_that_refuses_files_is_bad_input(folder):
+    """plan run --dump and plan export's folders: an existing one, and one to be made in it."""
+    with pytest.raises(planner.SpecError, match=r"^--dump: .*refuses new files.*another folder"):
+        check_output_folder(folder, "--dump")
 
 
 @pytest.mark.parametrize("where", ["intra_node.bandwidth_GBps", "intra_node.latency_us",
