@@ -19,9 +19,9 @@ Model (laid out like the OR-Tools scheduling samples):
 - running jobs (re-planning) keep their count, nodes, start and end; deadlines bound the ends;
 - objective: makespan, or sum of priority x completion time. A greedy list schedule is the hint,
   and the answer if the time limit ends before CP-SAT finds one;
-- ties: once CP-SAT has proved the objective optimal, a second solve in the time left keeps it at
-  that value and breaks ties (TIE_BREAK): the makespan's by the jobs' ends and the GPU time they
-  hold, the weighted objective's by GPU time alone. Without it, schedules of the same objective
+- ties: once CP-SAT has proved the objective optimal, a second solve (at most a quarter of the
+  time limit, within it) keeps it at that value and breaks ties (TIE_BREAK): the makespan's by the
+  jobs' ends and the GPU time they hold, the weighted objective's by GPU time alone. Without it, schedules of the same objective
   are told apart by nothing: a job whose time does not shrink on more GPUs may hold 4 where 1 runs
   as fast, and jobs may end later than they could. Afterwards every job is shifted as early as its
   nodes allow.
@@ -75,6 +75,9 @@ TIE_BREAK = {"makespan": "the jobs' ends and GPU time: sum of priority x end + G
 """What the second solve minimizes, per objective, with the objective held at its optimum. For
 the makespan: sum(priority x end) + sum(GPUs x duration) / GPUs in the cluster, both in seconds:
 a job's GPU time counts as the time it would hold the whole cluster."""
+TIE_BREAK_SHARE = 0.25
+"""The second solve runs at most this share of the time limit (and never past it): proving its
+optimum can take far longer than the first's, and a schedule of the optimal objective is in hand."""
 
 
 def candidate_counts(nodes: int, gpus_per_node: int) -> list[int]:
@@ -151,7 +154,7 @@ def _tie_break(model, v, requests, grid, options, verdict, solution, num_gpus: i
                spent_s: float):
     """The schedule among those of the optimal objective that TIE_BREAK prefers, solved in the
     time left; -> (per job (start, count, nodes), the second solve's status)."""
-    left = options.time_limit_s - spent_s
+    left = min(options.time_limit_s - spent_s, TIE_BREAK_SHARE * options.time_limit_s)
     if verdict[0] != "optimal" or left < 0.05:
         return solution, "not run"
     ends = sum(r.priority * e for r, e, f in zip(requests, v["end"], grid.fixed) if f is None)
