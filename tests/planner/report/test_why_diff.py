@@ -473,3 +473,14 @@ def test_a_part_moved_by_the_stage_split_says_so():
     assert compare.split_note(a, b) == note
     (change,) = [c for c in compare.part_changes(a, b) if c.part == "compute_s"]
     assert change.because == note
+
+
+def test_an_moe_plan_says_how_far_its_step_time_can_be_trusted(small_plan):
+    """The MoE runs' held-out error is stated under the step time of a plan with routed experts,
+    and only there."""
+    from planner.report.summary import breakdown
+
+    moe = "\n".join(breakdown(load_plan(
+        "tests/planner/export/data/plans/mixtral-8x7b-ep4-etp2-megatron.json")))
+    assert "accuracy: step times of mixtures of experts" in moe and "median error" in moe
+    assert "accuracy:" not in "\n".join(breakdown(load_plan(small_plan)))
