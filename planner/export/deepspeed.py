@@ -72,6 +72,10 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
                    f"UlyssesSPAttentionHF.register_with_transformers(..., sequence_parallel_size="
                    f"{p['cp']}, ...) and pass the mpu it returns; each rank reads 1/{p['cp']} of "
                    "every sample's tokens"}
+        ledger.info(f"context parallelism cp={p['cp']} (Ulysses): the config sets "
+                    "sequence_parallel_size; your script wraps the attention "
+                    "(planner.sequence_parallel.how), or each rank attends over its own tokens "
+                    "only")
     experts = _experts(plan, ledger, changes, raising)
     if experts:
         config["expert_parallel"], extra["experts"] = experts
@@ -198,16 +202,27 @@ def _ulysses(plan: Plan, ledger: common.Ledger) -> bool:
         ledger.missing(("cp", "cp_comm"), f"context parallelism cp={cp} with K/V exchange {form}: "
                        "DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads, "
                        "cp_comm a2a) only; your model must split the sequence itself (a ring or "
-                       "all-gather attention, and an mpu whose data-parallel size is "
-                       f"{p['dp']}); train_batch_size is left for DeepSpeed to derive (see batch)")
+                       f"all-gather attention, and {_sequence_mpu(p)}); train_batch_size is left "
+                       "for DeepSpeed to derive (see batch)")
     else:
         ledger.missing(("cp", "cp_comm"), f"context parallelism cp={cp} (Ulysses) with "
                        f"tp={p['tp']}: DeepSpeed's AutoTP builds its own data x tensor mesh over "
                        "every rank (utils/groups.py _init_tp_mesh_device) and does not combine "
                        "with the Ulysses sequence-parallel mesh; your model must split the "
-                       "sequence itself; train_batch_size is left for DeepSpeed to derive (see "
-                       "batch)")
+                       f"sequence itself (and {_sequence_mpu(p)}); train_batch_size is left for "
+                       "DeepSpeed to derive (see batch)")
     return False
+
+
+def _sequence_mpu(p: dict) -> str:
+    """What an mpu must give DeepSpeed for context parallelism it does not run itself: the
+    engine reduces gradients and shards ZeRO states over the mpu's sequence-data-parallel group
+    where it has one, else over its data-parallel group (utils/groups.py
+    _get_sequence_data_parallel_group), which the batch check counts too."""
+    return (f"an mpu whose data-parallel group is the {p['dp']} ranks holding other samples and "
+            f"whose get_sequence_data_parallel_group spans the {p['dp'] * p['cp']} dp x cp ranks: "
+            "DeepSpeed reduces gradients and shards ZeRO states over that group, and without it "
+            "over the data-parallel group only, leaving the cp ranks' gradients unreduced")
 
 
 def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
@@ -408,7 +423,13 @@ def _recompute(plan: Plan, ledger: common.Ledger, changes: dict, lower: list[str
                                        "activation function"}[rc]
         ledger.nearest("recompute", f"recompute {rc} ({what}): DeepSpeed checkpoints whole "
                        "layers; nearest is checkpointing every layer (more recompute time than "
-                       "planned, less memory)")
+                       "planned, less memory)" + ("" if plan.parallel["pp"] > 1 else
+                                                  ", which without a pipeline the model does "
+                                                  "itself (planner.recompute.how)"))
+    elif rc == "full" and plan.parallel["pp"] == 1:
+        ledger.missing("recompute", "recompute full: DeepSpeed's config cannot turn it on without "
+                       "a pipeline; checkpoint each layer in the model (planner.recompute.how), "
+                       "or activations take more memory than planned")
     else:
         ledger.exact("recompute")
     interval = 0 if rc == "none" else 1

@@ -1098,11 +1098,33 @@ def test_deepspeed_lists_context_parallelism_it_has_no_form_for(notes):
     assert any(n.startswith("context parallelism cp=8 with K/V exchange p2p: DeepSpeed's "
                             "sequence parallelism is Ulysses") for n in
                ring["planner"]["not_expressed"])
+    # DeepSpeed reduces gradients over the mpu's sequence-data-parallel group where it has one,
+    # else over its data-parallel group: the mpu must give the dp x cp group
+    assert any("get_sequence_data_parallel_group spans the 32 dp x cp ranks" in n
+               for n in ring["planner"]["not_expressed"])
     tp = json.loads(to_deepspeed(data_plan("llama3-8b-cp4-deepspeed")))  # Ulysses with AutoTP
     assert "sequence_parallel_size" not in tp
+    assert any("get_sequence_data_parallel_group spans the 16 dp x cp ranks" in n
+               for n in tp["planner"]["not_expressed"])
     with pytest.raises(SpecError, match="has no axis for sequence shards") as err:
         to_deepspeed(variant(data_plan("llama3-8b-cp4-deepspeed"), pp=2))
     assert "--fix " in str(err.value) and "cp=1" in str(err.value)
+
+
+def test_deepspeed_lists_what_the_script_must_do_beside_its_config():
+    """Ulysses' attention wrapper and recomputation without a pipeline are code, not config."""
+    ulysses = json.loads(to_deepspeed(data_plan("llama3-8b-cp8-a2a-deepspeed")))
+    assert any(n.startswith("context parallelism cp=8 (Ulysses): the config sets "
+                            "sequence_parallel_size; your script wraps the attention")
+               for n in ulysses["planner"]["not_expressed"])
+    full = json.loads(to_deepspeed(variant(data_plan("llama3-8b-cp8-a2a-deepspeed"),
+                                           recompute="full")))
+    assert any(n.startswith("recompute full: DeepSpeed's config cannot turn it on")
+               for n in full["planner"]["not_expressed"])
+    assert full["planner"]["recompute"]["activation_checkpoint_interval"] == 1
+    piped = json.loads(to_deepspeed(variant(data_plan("llama3-70b-pp4-deepspeed"),
+                                            recompute="full")))
+    assert not any(n.startswith("recompute") for n in piped["planner"]["not_expressed"])
 
 
 def test_deepspeed_refuses_zero3_with_ulysses_and_autoep_as_its_engine_does():
