@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
-from costmodels.errors import SpecError
-from costmodels.hardware import suggest
+from costmodels.errors import SpecError, unknown_key
 from costmodels.memory import STATE_LAYOUTS
 from costmodels.precision import FP8_RECIPES
 from costmodels.specs import parse_pairs, read_bool
@@ -355,8 +354,7 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
     names = {f.name for f in fields(EngineSpec)}
     unknown = set(spec) - names
     if unknown:
-        key = sorted(unknown)[0]
-        raise SpecError(f"engine.{key}: unknown key{suggest(key, names)}")
+        raise unknown_key("engine", unknown, names)
     kw = {**base, **dict(spec)}
     return EngineSpec(**{key: read_setting(key, value) for key, value in kw.items()})
 

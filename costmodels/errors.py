@@ -1,8 +1,11 @@
 """Error types shared by the cost models and the planner.
 
 They live here (the bottom of the dependency graph) so that costmodels can raise them without
-importing the planner; ``planner.errors`` re-exports them.
+importing the planner; ``planner.errors`` re-exports them. Beside them, the wording every
+unknown name and key shares (suggest, unknown_key).
 """
+
+import difflib
 
 
 class PlannerError(Exception):
@@ -34,3 +37,21 @@ class InfeasibleError(PlannerError):
     def __init__(self, message: str, *, reason: str = "infeasible"):
         super().__init__(message)
         self.reason = reason
+
+
+def suggest(name: str, choices) -> str:
+    """'; did you mean X?' for the closest names (the closest alone where it is one slip away:
+    a letter left out, added, swapped or changed), or the list of choices."""
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    if close and difflib.SequenceMatcher(None, name, close[0]).ratio() >= 0.9:
+        close = close[:1]
+    if close:
+        return "; did you mean " + " or ".join(close) + "?"
+    return "; choose one of " + ", ".join(sorted(choices))
+
+
+def unknown_key(where: str, unknown, allowed) -> SpecError:
+    """The error for the first of ``unknown`` keys of the mapping at ``where``: the closest
+    allowed key where one is near, else every allowed key."""
+    key = sorted(unknown)[0]
+    return SpecError(f"{where}.{key}: unknown key{suggest(key, allowed)}")

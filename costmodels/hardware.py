@@ -67,11 +67,10 @@ measured, for the Blackwell and MI300X presets.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from costmodels.errors import SpecError
+from costmodels.errors import SpecError, suggest, unknown_key
 
 GB = 1e9
 TERA = 1e12
@@ -375,8 +374,7 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
     """Build a DeviceSpec from the YAML mapping form of a cluster file (README.md, "Cluster"; GB, TFLOP/s, GB/s)."""
     unknown = set(spec) - _DEVICE_KEYS
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; "
-                        f"allowed: {', '.join(sorted(_DEVICE_KEYS))}")
+        raise unknown_key(where, unknown, _DEVICE_KEYS)
     for key in ("name", "memory_GB", "peak_TFLOPs", "hbm_GBps"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing; a device mapping needs name, memory_GB, "
@@ -447,17 +445,6 @@ def get_device(name_or_mapping, where: str = "device") -> DeviceSpec:
     if name not in DEVICES:
         raise SpecError(f"{where}: unknown device '{name_or_mapping}'{suggest(name, DEVICES)}")
     return DEVICES[name]
-
-
-def suggest(name: str, choices) -> str:
-    """'; did you mean X?' for the closest names (the closest alone where it is one slip away:
-    a letter left out, added, swapped or changed), or the list of choices."""
-    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
-    if close and difflib.SequenceMatcher(None, name, close[0]).ratio() >= 0.9:
-        close = close[:1]
-    if close:
-        return "; did you mean " + " or ".join(close) + "?"
-    return "; choose one of " + ", ".join(sorted(choices))
 
 
 LARGEST = 1e9

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
-from costmodels.errors import SpecError
+from costmodels.errors import SpecError, unknown_key
 from costmodels.hardware import GB, US
 from costmodels.linkunits import link_figures
 from costmodels.topology import (DEFAULT_LINK_EFFICIENCY, SCOPES, WAN_EFFICIENCY,
@@ -46,8 +46,7 @@ def _tier(spec, where: str, name: str) -> dict:
     allowed = {"bandwidth", "latency", "efficiency", "name", "bandwidth_GBps", "latency_us", "per"}
     bad = set(spec) - allowed
     if bad:
-        raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; "
-                        f"allowed: {', '.join(sorted(allowed))}")
+        raise unknown_key(where, bad, allowed)
     bw, lat = link_figures(spec, where)
     per = spec.get("per", "gpu")
     if per not in ("gpu", "node"):
@@ -64,8 +63,7 @@ def site_link(spec, where: str) -> SiteLink:
                         "latency: 30ms}")
     bad = set(spec) - _LINK_KEYS
     if bad:
-        raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; "
-                        f"allowed: {', '.join(sorted(_LINK_KEYS))}")
+        raise unknown_key(where, bad, _LINK_KEYS)
     bw, lat = link_figures(spec, where)
     per = spec.get("per", "site")
     if per not in SCOPES:
@@ -80,8 +78,7 @@ def sites_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
     """The sites YAML form -> a HeteroCluster whose groups are the sites, with a link per pair."""
     bad = set(spec) - _SITES_KEYS
     if bad:
-        raise SpecError(f"{where}.{sorted(bad)[0]}: unknown key; "
-                        f"allowed: {', '.join(sorted(_SITES_KEYS))}")
+        raise unknown_key(where, bad, _SITES_KEYS)
     for key in ("name", "sites"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing (see the sites form in README.md)")
@@ -95,8 +92,7 @@ def sites_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
             raise SpecError(f"{here}: expected a mapping with keys {', '.join(sorted(_SITE_KEYS))}")
         bad = set(site) - _SITE_KEYS
         if bad:
-            raise SpecError(f"{here}.{sorted(bad)[0]}: unknown key; "
-                            f"allowed: {', '.join(sorted(_SITE_KEYS))}")
+            raise unknown_key(here, bad, _SITE_KEYS)
         for key in ("name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"):
             if key not in site:
                 raise SpecError(f"{here}.{key}: missing")

@@ -54,9 +54,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from costmodels.errors import SpecError
+from costmodels.errors import SpecError, suggest, unknown_key
 from costmodels.hardware import (DEVICES, GB, US, DeviceSpec, _fraction, device_mapping,
-                                 get_device, suggest)
+                                 get_device)
 from costmodels.linkunits import link_figures
 DEFAULT_LINK_EFFICIENCY = 0.8
 """Share of the line rate collectives reach on a link whose cluster file gives no
@@ -241,8 +241,7 @@ def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
         raise SpecError(f"{where}: expected a mapping with keys {', '.join(sorted(_CLUSTER_KEYS))}")
     unknown = set(spec) - _CLUSTER_KEYS
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; "
-                        f"allowed: {', '.join(sorted(_CLUSTER_KEYS))}")
+        raise unknown_key(where, unknown, _CLUSTER_KEYS)
     for key in ("name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"):
         if key not in spec:
             need = (" (a one-node cluster uses it only when --nodes or a what-if grows it: give "
@@ -270,8 +269,7 @@ def link_from_mapping(spec: Mapping, where: str, default_name: str) -> LinkSpec:
         raise SpecError(f"{where}: expected a mapping like {{bandwidth_GBps: 25, latency_us: 10}}")
     unknown = set(spec) - _LINK_KEYS
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; "
-                        f"allowed: {', '.join(sorted(_LINK_KEYS))}")
+        raise unknown_key(where, unknown, _LINK_KEYS)
     bandwidth, latency = link_figures(spec, where)
     return LinkSpec(
         name=str(spec.get("name", default_name)),
@@ -387,8 +385,7 @@ def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
     """The heterogeneous YAML form: ``groups`` of nodes plus the links between them."""
     unknown = set(spec) - _HETERO_KEYS
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}: unknown key; "
-                        f"allowed: {', '.join(sorted(_HETERO_KEYS))}")
+        raise unknown_key(where, unknown, _HETERO_KEYS)
     groups = spec.get("groups")
     if groups is not None and (not isinstance(groups, list) or len(groups) < 2):
         raise SpecError(f"{where}.groups: expected a list of at least two node groups (one kind "
@@ -405,7 +402,7 @@ def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
             raise SpecError(f"{here}: expected a mapping with keys {sorted(_GROUP_KEYS)}")
         bad = set(g) - _GROUP_KEYS
         if bad:
-            raise SpecError(f"{here}.{sorted(bad)[0]}: unknown key; allowed: {sorted(_GROUP_KEYS)}")
+            raise unknown_key(here, bad, _GROUP_KEYS)
         full = {"inter_node": spec["inter_node"], **g}
         full.setdefault("name", f"group{i}")
         if any(b.name == str(full["name"]) for b in built):

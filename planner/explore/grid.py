@@ -8,6 +8,7 @@ from dataclasses import fields, replace
 from typing import Mapping, Sequence
 
 from costmodels.embeddings import SHARDING_TYPES
+from costmodels.errors import suggest
 from costmodels.engine import EngineSpec, engine_from_mapping, read_setting
 from costmodels.hardware import GB, get_device
 from costmodels.linkunits import parse_bandwidth
@@ -42,7 +43,7 @@ def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
     axes = []
     for key, values in vary.items():
         if key not in VARY_KEYS:
-            raise SpecError(f"vary: unknown key '{key}'; choose from {', '.join(VARY_KEYS)}")
+            raise SpecError(f"vary: unknown key '{key}'{suggest(key, VARY_KEYS)}")
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
             raise SpecError(f"vary.{key}: expected a non-empty list of values, got {values!r}")
         axes.append([(key, value(key, v)) for v in values])

@@ -49,7 +49,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from costmodels.hardware import suggest
+from costmodels.errors import suggest
 
 
 def unknown_model(model: str) -> str:

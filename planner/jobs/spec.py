@@ -12,6 +12,7 @@ import os
 from dataclasses import MISSING, dataclass, fields
 from typing import Mapping
 
+from costmodels.errors import suggest
 from planner.errors import SpecError
 from planner.files import read_yaml
 
@@ -99,7 +100,7 @@ def _checked(data, cls, where: str) -> dict:
         raise SpecError(f"{where or 'jobs file'}: expected a mapping with keys {', '.join(names)}")
     for key in data:
         if key not in names:
-            raise SpecError(f"{_key(where, key)}: unknown key; allowed: {', '.join(names)}")
+            raise SpecError(f"{_key(where, key)}: unknown key{suggest(key, names)}")
     out = {}
     for f in fields(cls):
         if data.get(f.name) is None:

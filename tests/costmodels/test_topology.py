@@ -38,8 +38,15 @@ def test_overrides_and_unknown_names_suggest():
 def test_yaml_form_loads_and_is_strict():
     c = cluster_from_mapping(GOOD)
     assert c.num_gpus == 128 and c.inter_node.bandwidth_bytes_per_s == 25e9
-    with pytest.raises(SpecError, match=r"cluster\.gpus_per_nod: unknown key"):
+    with pytest.raises(SpecError, match=r"cluster\.gpus_per_nod: unknown key; did you mean "
+                                        r"gpus_per_node\?$"):
         cluster_from_mapping({**GOOD, "gpus_per_nod": 8})
+    # a slip in a nested key is named with its closest key; a key near none lists them all
+    with pytest.raises(SpecError, match=r"cluster\.intra_node\.bandwith_GBps: unknown key; did "
+                                        r"you mean bandwidth_GBps\?$"):
+        cluster_from_mapping({**GOOD, "intra_node": {"bandwith_GBps": 300, "latency_us": 3}})
+    with pytest.raises(SpecError, match=r"cluster\.colour: unknown key; choose one of description, device, "):
+        cluster_from_mapping({**GOOD, "colour": "red"})
     bad = dict(GOOD)
     del bad["inter_node"]
     with pytest.raises(SpecError, match=r"cluster\.inter_node: missing"):

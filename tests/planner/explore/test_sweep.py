@@ -146,7 +146,7 @@ def test_a_point_shows_bandwidth_in_the_unit_it_is_priced_in(tiny_llama_config):
 
 
 @pytest.mark.parametrize("vary,message", [
-    ({"nodez": [1]}, "vary: unknown key 'nodez'"),
+    ({"nodez": [1]}, "vary: unknown key 'nodez'; did you mean nodes?"),
     ({"nodes": [0]}, "vary.nodes: expected a positive integer"),
     ({"nodes": "8,16"}, "vary.nodes: expected a non-empty list"),
     ({"device": ["h1000"]}, "did you mean h100"),

@@ -216,7 +216,7 @@ def _with(path, value):
     (("jobs", 0, "steps"), "ten", "jobs[0].steps: expected a positive integer"),
     (("jobs", 1, "deadline_s"), -1, "jobs[1].deadline_s: expected seconds > 0"),
     (("jobs", 1, "name"), "a", "jobs[1].name: 'a' is used twice"),
-    (("jobz",), [], "jobz: unknown key; allowed: jobs, cluster, nodes"),
+    (("jobz",), [], "jobz: unknown key; did you mean jobs?"),
     (("jobs",), [], "jobs: expected a non-empty list"),
     (("jobs", 0), "gpt2", "jobs[0]: expected a mapping"),
 ])
