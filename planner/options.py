@@ -146,6 +146,9 @@ def same_data_parallelism(tp: int, cp: int, ep: int, etp: int, *, experts: bool)
 PP_INNER = "placement tp-pp-dp with a pipeline not run by the target (its mesh puts pp outermost)"
 PP_INNER_SAME_DP = ("placement tp-pp-dp with a pipeline needs as many expert as attention "
                     "data-parallel ranks (ep x etp = tp x cp) in Megatron-Core")
+PP_INNER_DENSE_CP = ("placement tp-pp-dp with a pipeline needs cp = 1 in Megatron-Core (it lays "
+                     "out expert groups for a model without experts too, of etp = tp ranks, and "
+                     "their data-parallel ranks must match the attention's tp x cp)")
 PP_INNER_EXPERTS = ("placement tp-pp-dp with a pipeline and ep > 1 not run by the target (its "
                     "expert groups take a stage's ranks to be consecutive)")
 
@@ -160,7 +163,7 @@ def pp_inner_refused(runs, *, pp: int, dp: int, tp: int, cp: int, ep: int, etp: 
     if not runs.pp_inner:
         return PP_INNER
     if runs.pp_inner_same_dp and not same_data_parallelism(tp, cp, ep, etp, experts=experts):
-        return PP_INNER_SAME_DP
+        return PP_INNER_SAME_DP if experts else PP_INNER_DENSE_CP
     if not runs.pp_inner_with_experts and ep > 1:
         return PP_INNER_EXPERTS
     return ""

@@ -81,3 +81,19 @@ def test_a_plan_without_a_pipeline_names_its_placement_as_its_target_does(tiny_l
         "tp-dp-pp"
     assert planner.plan(tiny_llama_config, target="megatron", **kw).parallel["placement"] == \
         "tp-pp-dp"
+
+
+def test_megatron_pipeline_inner_placement_says_why_for_dense_and_moe_models():
+    """tp-pp-dp with a pipeline: Megatron-Core wants the experts' data-parallel ranks to match the
+    attention's; a dense model meets it only at cp = 1 (its expert groups take etp = tp), which the
+    refusal says in those words rather than in ep and etp."""
+    from planner import targets
+    from planner.options import PP_INNER_DENSE_CP, PP_INNER_SAME_DP, pp_inner_refused
+
+    mcore = targets.engine("megatron")
+    dims = dict(pp=2, dp=2, tp=2, ep=1, etp=1)
+    assert pp_inner_refused(mcore, cp=2, experts=False, **dims) == PP_INNER_DENSE_CP
+    assert "needs cp = 1" in PP_INNER_DENSE_CP
+    assert pp_inner_refused(mcore, cp=1, experts=False, **dims) == ""
+    assert pp_inner_refused(mcore, cp=2, experts=True, **dims) == PP_INNER_SAME_DP
+    assert pp_inner_refused(mcore, cp=2, experts=True, **{**dims, "ep": 4}) == ""
