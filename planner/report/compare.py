@@ -206,7 +206,12 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     out += [Diff("software", k.removeprefix("engine "), x, y, "text")
             for k, x, y in engine_changes(a, b)]
     recsys = a.embeddings is not None or b.embeddings is not None  # samples, not tokens
-    out += [Diff("predicted", "samples/s" if recsys and key == "tokens_per_s" else label,
+    # MFU is against each plan's own peak (its dtype's, its device's): where those differ, the
+    # MFU points do not compare the plans' speed, TFLOP/s per GPU does
+    peaks = [device_figure(p, "peak_TFLOPs") for p in (a, b)]
+    own = " (each against its own peak)" if peaks[0] != peaks[1] else ""
+    out += [Diff("predicted", "samples/s" if recsys and key == "tokens_per_s" else
+                 label + (own if key == "mfu" else ""),
                  a.predicted.get("samples_per_s" if recsys and key == "tokens_per_s" else key),
                  b.predicted.get("samples_per_s" if recsys and key == "tokens_per_s" else key),
                  kind) for label, key, kind in PREDICTED]

@@ -15,7 +15,11 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
     costs = any(r.get("cost_per_step_usd") is not None for r in rows)
     days = any(r.get("run_hours") is not None for r in rows)
     run = any(r.get("run_cost_usd") is not None for r in rows)
-    head = ["point", "GPUs", "configuration", "step", rate, "MFU", "memory/GPU"]
+    # MFU is against each point's own peak (its dtype's on its device): where points differ
+    # there, MFU does not rank them and the header says so
+    peaks = {(str(r.get("device")), r.get("dtype")) for r in rows if r["feasible"]}
+    head = ["point", "GPUs", "configuration", "step", rate,
+            "MFU (own peak)" if len(peaks) > 1 else "MFU", "memory/GPU"]
     rate_key = {"tokens/s": "tokens_per_s", "samples/s": "samples_per_s"}[rate]
     unit = "tokens" if rate == "tokens/s" else "samples"
     head += ["$/step", f"$/M {unit}"] if costs else []

@@ -263,6 +263,9 @@ def test_days_need_no_prices(tiny_llama_config):
         assert r["run_cost_usd"] is None and r["cost_per_step_usd"] is None
     head = sweep_table(rows).splitlines()[0]
     assert "days (1 B tokens)" in head and "$ run" not in head and "$/step" not in head
+    assert "MFU (own peak)" in head  # two devices, two peaks: MFU does not rank the points
+    one = sweep_table(rows[:1]).splitlines()[0]
+    assert "MFU" in one and "own peak" not in one
     priced = explore.whatif(tiny_llama_config, cluster="dgx-h100", global_batch=8, seq_len=64,
                             vary={"device": ["h100", "a100-80g"]}, tokens=1e9,
                             prices={"h100": 4.0})

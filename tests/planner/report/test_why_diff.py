@@ -353,6 +353,10 @@ def test_diff_counts_the_fp8_weight_copies_in_memory(tiny_llama_config):
     assert copies.a == 0 and copies.b > 0
     peak = compare.peak_stage(fp8)["predicted"]["memory_bytes"]
     assert sum(d.b for d in rows.values()) == pytest.approx(peak["total"], rel=1e-4)  # 6 digits
+    # MFU counts against each plan's own peak, twice as high in fp8: the row says so
+    labels = [d.label for d in compare.compare(bf16, fp8) if d.section == "predicted"]
+    assert "MFU (each against its own peak)" in labels
+    assert "MFU" in [d.label for d in compare.compare(bf16, bf16) if d.section == "predicted"]
 
 
 def test_clusters_read_with_their_node_counts_and_groups():
