@@ -27,10 +27,10 @@ def summary(p: Plan) -> str:
     if p.embeddings is not None:
         return "\n".join(lines + embeddings_summary(p))
     lines += _parallel(p)
-    lines += ["", *stage_table(p), ""]
+    lines += ["", *_engines(p)]  # before the stages: whether an engine runs it as planned
+    lines += [*stage_table(p), ""]
     lines += _placements(p)
     lines += _batch_factors(p)
-    lines += _engines(p)
     lines += _search(p)
     return "\n".join(lines)
 
