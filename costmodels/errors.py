@@ -42,16 +42,17 @@ class InfeasibleError(PlannerError):
 def suggest(name: str, choices) -> str:
     """'; did you mean X?' for the closest names (the closest alone where it is one slip away:
     a letter left out, added, swapped or changed), or the list of choices."""
-    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    name, choices = str(name), sorted(str(c) for c in choices)  # (YAML keys: on, 1, ~ too)
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
     if close and difflib.SequenceMatcher(None, name, close[0]).ratio() >= 0.9:
         close = close[:1]
     if close:
         return "; did you mean " + " or ".join(close) + "?"
-    return "; choose one of " + ", ".join(sorted(choices))
+    return "; choose one of " + ", ".join(choices)
 
 
 def unknown_key(where: str, unknown, allowed) -> SpecError:
     """The error for the first of ``unknown`` keys of the mapping at ``where``: the closest
     allowed key where one is near, else every allowed key."""
-    key = sorted(unknown)[0]
+    key = sorted(unknown, key=str)[0]
     return SpecError(f"{where}.{key}: unknown key{suggest(key, allowed)}")

@@ -125,10 +125,13 @@ def _refuses_new_files(folder: str) -> str | None:
     (/proc, /sys, read-only mounts) still refuse files, so one is made and removed."""
     try:
         fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
     except OSError as exc:
         return exc.strerror or type(exc).__name__
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError:  # made but not removable (a sticky or append-only folder): writable all the
+        pass         # same, and the probe's name says what it was
     return None
 
 

@@ -24,9 +24,13 @@ def summary(doc: dict, solve_time_s: float) -> str:
     lines += ["", f"  makespan      {duration(doc['makespan_s'])}  (CP-SAT {s['status']}, "
                   f"gap {100 * s['gap']:.1f}%, objective {doc['objective']}, solved in "
                   f"{solve_time_s:.1f} s, grid {s['time_unit_s']:g} s)"]
-    if s.get("tie_break", "not run") != "not run":
-        lines.append(f"  {'':<13} ties broken by {TIE_BREAK[doc['objective']]} "
-                     f"(CP-SAT {s['tie_break']})")
+    tie = s.get("tie_break", "not run")
+    if tie in ("optimal", "feasible"):
+        lines.append(f"  {'':<13} ties broken by {TIE_BREAK[doc['objective']]} (CP-SAT {tie})")
+    elif tie in ("none found", "discarded"):
+        lines.append(f"  {'':<13} ties not broken: " + (
+            "the second solve found no schedule within its limit" if tie == "none found" else
+            "the tie-broken schedule came out worse in exact seconds; the first one is kept"))
     for name, b in doc["baselines"].items():
         word = "shorter" if b["improvement"] >= 0 else "longer"
         lines.append(f"  {name:<13} {duration(b['makespan_s'])}  ({b['description']}): joint "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from costmodels.errors import PlannerError
+from costmodels.hardware import get_device
 from planner.options import parallel_text
 from planner.units import dollars, gb, human_count, seconds
 from planner.report.text import table
@@ -17,7 +19,7 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
     run = any(r.get("run_cost_usd") is not None for r in rows)
     # MFU is against each point's own peak (its dtype's on its device): where points differ
     # there, MFU does not rank them and the header says so
-    peaks = {(str(r.get("device")), r.get("dtype")) for r in rows if r["feasible"]}
+    peaks = {_peak(r) for r in rows if r["feasible"]}
     head = ["point", "GPUs", "configuration", "step", rate,
             "MFU (own peak)" if len(peaks) > 1 else "MFU", "memory/GPU"]
     rate_key = {"tokens/s": "tokens_per_s", "samples/s": "samples_per_s"}[rate]
@@ -54,3 +56,12 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
     if cut:
         lines += ["", "reasons cut short above, in full:", *cut]
     return "\n".join(lines)
+
+
+def _peak(row: dict):
+    """The peak FLOP/s a row's MFU counts against: its dtype's on its device (a preset), or the
+    pair of names where the device is none."""
+    try:
+        return get_device(str(row.get("device"))).peak(row.get("dtype"))
+    except PlannerError:
+        return str(row.get("device")), row.get("dtype")

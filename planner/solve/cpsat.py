@@ -36,13 +36,16 @@ class Solved:
 
 
 def solve(model: cp_model.CpModel, *, time_limit_s: float, seed: int = 0,
-          workers: int = 1) -> Solved:
+          workers: int = 1, deterministic_s: float | None = None) -> Solved:
     """Solve ``model``. One worker (the default) keeps results deterministic: the same inputs give
-    the same plan."""
+    the same plan where the search ends by itself, or by ``deterministic_s`` (CP-SAT's
+    deterministic time, which counts work, not seconds) before ``time_limit_s`` (wall clock)."""
     from ortools.sat.python import cp_model  # lazy: 0.2 s that plan show and diff need not wait
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+    if deterministic_s is not None:
+        solver.parameters.max_deterministic_time = max(0.01, deterministic_s)
     solver.parameters.random_seed = seed
     solver.parameters.num_workers = workers
     code = solver.solve(model)

@@ -20,8 +20,9 @@ Model (laid out like the OR-Tools scheduling samples):
 - objective: makespan, or sum of priority x completion time. A greedy list schedule is the hint,
   and the answer if the time limit ends before CP-SAT finds one;
 - ties: once CP-SAT has proved the objective optimal, a second solve (at most a quarter of the
-  time limit, within it) keeps it at that value and breaks ties (TIE_BREAK): the makespan's by the
-  jobs' ends and the GPU time they hold, the weighted objective's by GPU time alone. Without it, schedules of the same objective
+  time limit, within it) keeps it at that value on the grid and breaks ties (TIE_BREAK): the
+  makespan's by the jobs' ends and the GPU time they hold, the weighted objective's by GPU time
+  alone; its schedule is taken unless, in exact seconds, its objective is worse than the first's. Without it, schedules of the same objective
   are told apart by nothing: a job whose time does not shrink on more GPUs may hold 4 where 1 runs
   as fast, and jobs may end later than they could. Afterwards every job is shifted as early as its
   nodes allow.
@@ -66,8 +67,9 @@ class JobSchedule:
     time_s: float
     time_unit_s: float
     tie_break: str = "not run"
-    """The second solve's status: optimal, feasible (the time limit ended it; its schedule is
-    no worse than the first's), or not run (the first was not proved optimal in time)."""
+    """The second solve's status: optimal or feasible (its limit ended it), its schedule taken;
+    none found (its limit ended it first); discarded (equal on the grid, worse in exact seconds:
+    the first's kept); not run (the first was not proved optimal within the time limit)."""
 
 
 TIE_BREAK = {"makespan": "the jobs' ends and GPU time: sum of priority x end + GPU-seconds / GPUs",
@@ -76,8 +78,9 @@ TIE_BREAK = {"makespan": "the jobs' ends and GPU time: sum of priority x end + G
 the makespan: sum(priority x end) + sum(GPUs x duration) / GPUs in the cluster, both in seconds:
 a job's GPU time counts as the time it would hold the whole cluster."""
 TIE_BREAK_SHARE = 0.25
-"""The second solve runs at most this share of the time limit (and never past it): proving its
-optimum can take far longer than the first's, and a schedule of the optimal objective is in hand."""
+"""The second solve runs at most this share of the time limit in CP-SAT's deterministic time (and
+never past the time limit): proving its optimum can take far longer than the first's, and a
+schedule of the optimal objective is in hand."""
 
 
 def candidate_counts(nodes: int, gpus_per_node: int) -> list[int]:
@@ -97,12 +100,23 @@ def solve_jobs(requests: list[JobRequest], nodes: int, gpus_per_node: int,
     # Variables, constraints, objective
     model, v = _model(requests, grid, nodes, gpus_per_node, greedy, options.objective)
     # Solve
-    verdict, solution = _solve(model, v, requests, grid, greedy, options, nodes * gpus_per_node)
-    solution, tie = _tie_break(model, v, requests, grid, options, verdict, solution,
-                               nodes * gpus_per_node, time.perf_counter() - t0)
+    verdict, first = _solve(model, v, requests, grid, greedy, options, nodes * gpus_per_node)
     secs = in_seconds(requests, now_s)  # exact durations: starts move earlier, never later
-    solution = left_shift(requests, secs, [(s * grid.unit_s, g, on) for s, g, on in solution],
+
+    def exact(sol):
+        return left_shift(requests, secs, [(s * grid.unit_s, g, on) for s, g, on in sol],
                           nodes, gpus_per_node)
+
+    solution = exact(first)
+    second, tie = _tie_break(model, v, requests, grid, options, verdict, first,
+                             nodes * gpus_per_node, time.perf_counter() - t0)
+    if second is not None:  # equal on the grid; in exact seconds it may come out worse
+        shifted = exact(second)
+        if objective_value(shifted, requests, secs, options.objective) <= \
+                objective_value(solution, requests, secs, options.objective) + 1e-6:
+            solution = shifted
+        else:
+            tie = "discarded"
     return _answer(requests, secs, solution, gpus_per_node, options, verdict, grid.unit_s, t0,
                    tie)
 
@@ -152,11 +166,13 @@ def _solve(model, v, requests, grid, greedy, options, num_gpus):
 
 def _tie_break(model, v, requests, grid, options, verdict, solution, num_gpus: int,
                spent_s: float):
-    """The schedule among those of the optimal objective that TIE_BREAK prefers, solved in the
-    time left; -> (per job (start, count, nodes), the second solve's status)."""
-    left = min(options.time_limit_s - spent_s, TIE_BREAK_SHARE * options.time_limit_s)
+    """The schedule among those of the optimal objective (on the grid) that TIE_BREAK prefers;
+    -> (per job (start, count, nodes) or None, the second solve's status). Its limit is CP-SAT's
+    deterministic time (TIE_BREAK_SHARE of the time limit), so that the same inputs give the same
+    schedule however busy the machine, and the wall-clock time left as a cap."""
+    left = options.time_limit_s - spent_s
     if verdict[0] != "optimal" or left < 0.05:
-        return solution, "not run"
+        return None, "not run"
     ends = sum(r.priority * e for r, e, f in zip(requests, v["end"], grid.fixed) if f is None)
     area = sum(g * d * present[g] for durs, present, f in zip(grid.durations, v["present"],
                                                                grid.fixed) if f is None
@@ -169,11 +185,12 @@ def _tie_break(model, v, requests, grid, options, verdict, solution, num_gpus: i
         model.Minimize(area)
     model.ClearHints()
     _hint(model, v, solution)
-    res = cpsat.solve(model, time_limit_s=left, seed=options.seed, workers=options.workers)
+    res = cpsat.solve(model, time_limit_s=left, seed=options.seed, workers=options.workers,
+                      deterministic_s=TIE_BREAK_SHARE * options.time_limit_s)
     log.info("ties broken by %s: CP-SAT %s in %.2f s", TIE_BREAK[options.objective],
              res.status.upper(), res.wall_s)
     if not res.found:
-        return solution, "not run"
+        return None, "none found"
     return _read(res.solver, v), res.status
 
 

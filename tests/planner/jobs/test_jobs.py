@@ -11,7 +11,9 @@ import pytest
 from planner.errors import InfeasibleError, SpecError
 from planner.jobs.joint import baselines, replan
 from planner.jobs.spec import jobs_from_mapping, load_jobs
-from planner.solve.job_grid import JobRequest, Placement, nodes_needed
+from planner.solve import job_schedule
+from planner.solve.job_grid import JobRequest, Placement, nodes_needed, on_grid
+from planner.solve.job_queue import greedy_schedule
 from planner.options import ScheduleOptions
 from planner.planfile.document import Plan
 from planner.solve.job_schedule import candidate_counts, solve_jobs
@@ -130,7 +132,31 @@ def test_ties_go_to_fewer_gpus_and_earlier_ends():
         check_valid(requests, sched, 2, 8)
         by_name = {p.name: p for p in sched.placements}
         assert sched.tie_break == "optimal" and by_name["host-bound"].gpus == 1, objective
-    assert sched.makespan_s == 820.0 and by_name["small"].end_s == 30.0
+        assert sched.makespan_s == 820.0 and by_name["small"].end_s == 30.0, objective
+        assert by_name["mid"].end_s == 210.0, objective  # node 1 from 0 s, 8 GPUs
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("objective", ["makespan", "weighted"])
+def test_the_tie_break_finds_the_best_tie_from_a_poor_start(seed, objective):
+    """The second solve alone, started from the greedy list schedule (which need not be optimal
+    in either sense), reaches the brute force's best tie at the optimal objective."""
+    requests = random_instance(100 + seed)
+    best, best_tie = brute_force(requests, 2, 4, objective)
+    grid = on_grid(requests, 0.0, 1.0)
+    greedy = greedy_schedule(requests, grid, 2, 4)
+    model, v = job_schedule._model(requests, grid, 2, 4, greedy, objective)
+    options = replace(EXACT, objective=objective)
+    second, status = job_schedule._tie_break(model, v, requests, grid, options,
+                                             ("optimal", best, best), greedy, 8, 0.0)
+    assert status == "optimal"
+    ends = [s + grid.durations[j][g] for j, (s, g, _) in enumerate(second)]
+    got = max(ends) if objective == "makespan" else sum(
+        r.priority * e for r, e in zip(requests, ends))
+    assert got == best
+    assert tie_value(requests, ends, [g for _, g, _ in second],
+                     [grid.durations[j][g] for j, (_, g, _) in enumerate(second)], 8,
+                     objective) == best_tie
 
 
 def test_deadlines_are_constraints_and_brute_force_agrees():
