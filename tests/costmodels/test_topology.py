@@ -45,8 +45,13 @@ def test_yaml_form_loads_and_is_strict():
     with pytest.raises(SpecError, match=r"cluster\.intra_node\.bandwith_GBps: unknown key; did "
                                         r"you mean bandwidth_GBps\?$"):
         cluster_from_mapping({**GOOD, "intra_node": {"bandwith_GBps": 300, "latency_us": 3}})
-    with pytest.raises(SpecError, match=r"cluster\.colour: unknown key; choose one of description, device, "):
+    with pytest.raises(SpecError, match=r"cluster\.colour: unknown key; choose one of "
+                                        r"description, device, "):
         cluster_from_mapping({**GOOD, "colour": "red"})
+    # YAML reads on:, yes:, 1: and ~: as keys that are not text: still a one-line error
+    for key in (True, 1, None):
+        with pytest.raises(SpecError, match=rf"^cluster\.{key}: unknown key; "):
+            cluster_from_mapping({**GOOD, key: 3})
     bad = dict(GOOD)
     del bad["inter_node"]
     with pytest.raises(SpecError, match=r"cluster\.inter_node: missing"):
