@@ -7,7 +7,8 @@
 
 The per-job tables (planner.jobs.tables) give each job's time on each GPU count; the joint
 schedule is the CP-SAT model of planner.solve.job_schedule; two baselines use the same tables:
-every job on the whole cluster one after another, and an equal split of the GPUs (a FIFO queue).
+every job on the whole cluster one after another, and an equal split of the GPUs (a queue), in
+file order, or under the weighted objective highest priority per hour first.
 """
 
 from __future__ import annotations
@@ -33,20 +34,29 @@ from planner.solve.job_schedule import JobSchedule, solve_jobs
 log = logging.getLogger(__name__)
 
 SCHEMA_ID = "planner.jobs/v1"
-BASELINES = {"sequential": "every job on the whole cluster, one after another",
-             "equal_split": "equal split of the GPUs, FIFO queue"}
 
 
 # Baselines -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """A reference schedule on the same tables, and how it was made (one line)."""
+
+    description: str
+    placements: list[Placement]
+
+
 def baselines(requests: list[JobRequest], nodes: int, gpus_per_node: int, *,
-              now_s: float = 0.0) -> dict[str, list[Placement]]:
+              now_s: float = 0.0, objective: str = "makespan") -> dict[str, Baseline]:
     """The two reference schedules on the same tables (running jobs stay pinned).
 
     sequential: each job on the whole cluster (or its largest count that fits, still holding the
     whole cluster), one after another. equal_split: each job on N/J GPUs (the largest count of its
-    table not above that, else its smallest), queued first in, first out.
+    table not above that, else its smallest), queued, never starting before the job ahead. The
+    queue is the file's order, or for the weighted objective the highest priority per hour of its
+    duration first (Smith's rule, the best order of one queue for that objective): a queue in
+    file order would flatter the joint schedule.
     """
     whole = nodes * gpus_per_node
     share = whole / max(1, sum(1 for r in requests if r.pinned is None))
@@ -61,8 +71,25 @@ def baselines(requests: list[JobRequest], nodes: int, gpus_per_node: int, *,
         seq_counts.append(whole)
         fits = [g for g in r.durations_s if g <= share]
         equal_counts.append(max(fits) if fits else min(r.durations_s))
-    return {"sequential": list_schedule(seq, seq_counts, nodes, gpus_per_node, now_s=now_s),
-            "equal_split": list_schedule(requests, equal_counts, nodes, gpus_per_node, now_s=now_s)}
+    weighted = objective == "weighted"
+    queue = ", highest priority per hour first" if weighted else ""
+
+    def order(jobs, counts):
+        if not weighted:
+            return None
+        return sorted(range(len(jobs)), key=lambda j: (
+            -jobs[j].priority / max(jobs[j].durations_s[counts[j]], 1e-9), j))
+
+    return {"sequential": Baseline(
+                f"every job on the whole cluster, one after another{queue}",
+                list_schedule(seq, seq_counts, nodes, gpus_per_node, now_s=now_s,
+                              order=order(requests, [max(r.durations_s) if r.pinned is None
+                                                     else r.pinned.gpus for r in requests]))),
+            "equal_split": Baseline(
+                f"equal split of the GPUs ({share:.3g} per job), "
+                + ("queued highest priority per hour first" if weighted else "FIFO queue"),
+                list_schedule(requests, equal_counts, nodes, gpus_per_node, now_s=now_s,
+                              order=order(requests, equal_counts)))}
 
 
 # The schedule ------------------------------------------------------------------------------
@@ -94,7 +121,7 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
     requests = [JobRequest(name=j.name, durations_s={r.gpus: r.job_time_s for r in tables[j.name]},
                            priority=j.priority, deadline_s=j.deadline_s) for j in spec.jobs]
     result = solve_jobs(requests, cl.nodes, cl.gpus_per_node, options)
-    base = baselines(requests, cl.nodes, cl.gpus_per_node)
+    base = baselines(requests, cl.nodes, cl.gpus_per_node, objective=options.objective)
     plans = [_row(tables[j.name], p.gpus).plan for j, p in zip(spec.jobs, result.placements)]
     doc = document(cl, list(spec.jobs), tables, result, base, plans, now_s=0.0, done=[],
                    record_timing=record_timing)
@@ -159,7 +186,8 @@ def replan(doc: dict, *, done: list[str], now_s: float,
     tables = {rec["name"]: [TableRow(**row) for row in rec["table"]] for rec in keep}
     requests = [_request(rec, now_s) for rec in keep]
     result = solve_jobs(requests, cl.nodes, cl.gpus_per_node, options, now_s=now_s)
-    base = baselines(requests, cl.nodes, cl.gpus_per_node, now_s=now_s)
+    base = baselines(requests, cl.nodes, cl.gpus_per_node, now_s=now_s,
+                     objective=options.objective)
     plans = _plans_for(keep, jobs, result.placements, cl)
     new = document(cl, jobs, tables, result, base, plans, now_s=now_s,
                    done=list(doc.get("done", [])) + list(done) + ended, record_timing=record_timing)
@@ -224,8 +252,7 @@ def document(cluster: Cluster, jobs: list[JobSpec], tables: dict, result: JobSch
                   "time_unit_s": result.time_unit_s,
                   "time_s": result.time_s if record_timing else None},
         "makespan_s": result.makespan_s,
-        "baselines": {name: _baseline(name, placements, result.makespan_s)
-                      for name, placements in base.items()},
+        "baselines": {name: _baseline(b, result.makespan_s, jobs) for name, b in base.items()},
         "jobs": records,
     })
 
@@ -235,11 +262,16 @@ def _placed(p: Placement) -> dict:
             "start_s": p.start_s, "end_s": p.end_s}
 
 
-def _baseline(name: str, placements: list[Placement], joint_s: float) -> dict:
-    makespan = max((p.end_s for p in placements), default=0.0)
-    return {"description": BASELINES[name], "makespan_s": makespan,
+def _baseline(b: Baseline, joint_s: float, jobs: list[JobSpec]) -> dict:
+    """A baseline as plain data, with the jobs it ends after their deadlines (``late``)."""
+    makespan = max((p.end_s for p in b.placements), default=0.0)
+    deadline = {j.name: j.deadline_s for j in jobs}
+    late = [p.name for p in b.placements
+            if deadline.get(p.name) is not None and p.end_s > deadline[p.name] + 1e-6]
+    return {"description": b.description, "makespan_s": makespan,
             "improvement": (makespan - joint_s) / makespan if makespan > 0 else 0.0,
-            "jobs": [{"name": p.name, **_placed(p)} for p in placements]}
+            **({"late": late} if late else {}),
+            "jobs": [{"name": p.name, **_placed(p)} for p in b.placements]}
 
 
 def write_schedule(path: str, doc: dict) -> None:

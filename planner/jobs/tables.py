@@ -7,6 +7,7 @@ with several workers, distinct models are done in parallel processes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import time
@@ -84,7 +85,8 @@ def model_tables(model: str, seq_len: int | None, jobs: list[JobSpec], cluster: 
     tables measured once, then sharded for each count its global batch divides over, its dense
     part in fp32 with Adam, as plan solve plans it by default)."""
     rec = recsys_model(model)
-    prepared = prepare_recsys(model) if rec else prepare(model, seq_len=seq_len)
+    with warnings_named(f"job{'s' if len(jobs) > 1 else ''} {', '.join(j.name for j in jobs)}"):
+        prepared = prepare_recsys(model) if rec else prepare(model, seq_len=seq_len)
     out = {}
     for job in jobs:
         training = TrainingSpec(global_batch=job.global_batch, seq_len=prepared.seq_len) \
@@ -96,8 +98,9 @@ def model_tables(model: str, seq_len: int | None, jobs: list[JobSpec], cluster: 
                 if rec and job.global_batch % g:
                     raise SpecError(f"global batch {job.global_batch} does not divide over {g} "
                                     "GPUs")
-                p = (plan_rec_prepared(prepared, sized, training) if rec else
-                     plan_prepared(prepared, sized, training, search))
+                with warnings_named(f"job {job.name} on {g} GPUs"):
+                    p = (plan_rec_prepared(prepared, sized, training) if rec else
+                         plan_prepared(prepared, sized, training, search))
             except PlannerError as exc:
                 log.debug("%s on %d GPUs: %s", job.name, g, exc)
                 why = f"on {g} GPUs: {str(exc).splitlines()[0]}"
@@ -113,6 +116,25 @@ def model_tables(model: str, seq_len: int | None, jobs: list[JobSpec], cluster: 
                         why or "no counts")
         out[job.name] = rows
     return out
+
+
+@contextlib.contextmanager
+def warnings_named(who: str):
+    """Warnings the planner logs inside (about a model's inputs or a plan) begin with ``who``:
+    among many jobs and GPU counts, a bare warning would not say whose it is."""
+    make = logging.getLogRecordFactory()
+
+    def named(*args, **kwargs):
+        record = make(*args, **kwargs)
+        if record.levelno >= logging.WARNING and record.name.startswith("planner"):
+            record.msg, record.args = f"{who}: {record.getMessage()}", None
+        return record
+
+    logging.setLogRecordFactory(named)
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(make)
 
 
 def resized(cluster: Cluster, gpus: int) -> Cluster:

@@ -34,7 +34,9 @@ def summary(doc: dict, solve_time_s: float) -> str:
     for name, b in doc["baselines"].items():
         word = "shorter" if b["improvement"] >= 0 else "longer"
         lines.append(f"  {name:<13} {duration(b['makespan_s'])}  ({b['description']}): joint "
-                     f"schedule is {100 * abs(b['improvement']):.1f}% {word}")
+                     f"schedule is {100 * abs(b['improvement']):.1f}% {word}"
+                     + (f"; it misses the deadline of {', '.join(b['late'])}"
+                        if b.get("late") else ""))
     if doc["objective"] == "weighted":  # what the solve minimized, next to the makespans
         lines += _weighted(doc)
     return "\n".join(lines)

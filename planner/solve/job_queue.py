@@ -64,11 +64,13 @@ def list_place(requests, grid: Grid, counts, order, nodes, gpus_per_node, *, fif
 
 
 def list_schedule(requests: list[JobRequest], counts: list[int], nodes: int, gpus_per_node: int,
-                  *, now_s: float = 0.0) -> list[Placement]:
-    """A first-in first-out queue, in seconds: each job in turn on ``counts[j]`` GPUs at its
-    earliest fit, never before the job ahead of it starts (running jobs stay)."""
+                  *, now_s: float = 0.0, order=None) -> list[Placement]:
+    """A first-in first-out queue, in seconds: each job in turn (``order``, default the given
+    one) on ``counts[j]`` GPUs at its earliest fit, never before the job ahead of it starts
+    (running jobs stay)."""
     grid = in_seconds(requests, now_s)
-    sol = list_place(requests, grid, counts, range(len(requests)), nodes, gpus_per_node, fifo=True)
+    sol = list_place(requests, grid, counts, range(len(requests)) if order is None else order,
+                     nodes, gpus_per_node, fifo=True)
     ids = assign_gpu_ids(requests, grid, sol, gpus_per_node)
     return [r.pinned or Placement(name=r.name, gpus=g, nodes=on, gpu_ids=i, start_s=s,
                                   end_s=s + grid.durations[j][g])

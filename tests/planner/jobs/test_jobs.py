@@ -3,6 +3,7 @@ the strict jobs file, baselines, and `plan jobs` end to end on tiny models."""
 
 import itertools
 import json
+import logging
 import random
 from dataclasses import replace
 
@@ -179,7 +180,7 @@ def test_a_tiny_time_limit_still_returns_a_valid_schedule():
     assert 0 <= sched.gap < 1 and sched.bound <= sched.objective_value + 1e-6
     check_valid(requests, sched, 4, 8)
     base = baselines(requests, 4, 8)  # never worse than the queue that hints it
-    assert sched.makespan_s <= max(p.end_s for p in base["sequential"]) * 1.01
+    assert sched.makespan_s <= max(p.end_s for p in base["sequential"].placements) * 1.01
 
 
 def test_replan_keeps_running_jobs_and_starts_the_rest_at_now():
@@ -199,13 +200,31 @@ def test_replan_keeps_running_jobs_and_starts_the_rest_at_now():
 
 def test_baselines_use_the_same_tables():
     requests = [JobRequest(name=n, durations_s={2: 40.0, 4: 22.0, 8: 12.0}) for n in "abc"]
-    base = baselines(requests, 2, 4)
+    base = {name: b.placements for name, b in baselines(requests, 2, 4).items()}
     assert [p.gpus for p in base["sequential"]] == [8, 8, 8]
     assert max(p.end_s for p in base["sequential"]) == 36.0  # one after another
     assert [p.gpus for p in base["equal_split"]] == [2, 2, 2]  # 8 GPUs / 3 jobs -> 2 each
     assert max(p.end_s for p in base["equal_split"]) == 40.0  # all at once
     sched = solve_jobs(requests, 2, 4, EXACT)
     assert sched.makespan_s <= 36.0
+
+
+def test_weighted_baselines_queue_by_priority_per_hour():
+    """Under the weighted objective a queue in file order would flatter the joint schedule: the
+    baselines run the highest priority per hour first (Smith's rule), the best single queue."""
+    requests = [JobRequest(name="long-low", durations_s={8: 100.0}, priority=1),
+                JobRequest(name="short-high", durations_s={8: 10.0}, priority=3)]
+    file_order = baselines(requests, 1, 8)["sequential"]
+    smith = baselines(requests, 1, 8, objective="weighted")["sequential"]
+    assert [p.name for p in sorted(file_order.placements, key=lambda p: p.start_s)] == \
+        ["long-low", "short-high"]
+    assert [p.name for p in sorted(smith.placements, key=lambda p: p.start_s)] == \
+        ["short-high", "long-low"]
+    assert "highest priority per hour first" in smith.description
+    weighted = {p.name: p.end_s for p in smith.placements}
+    assert 3 * weighted["short-high"] + weighted["long-low"] == 3 * 10 + 110
+    sched = solve_jobs(requests, 1, 8, replace(EXACT, objective="weighted"))
+    assert sched.objective_value == 140.0  # the joint schedule can do no better here
 
 
 def test_same_inputs_same_schedule():
@@ -433,3 +452,39 @@ def test_the_jobs_gantt_reads_short_schedules_in_their_own_unit(seconds, unit):
 
     per, name, _ = _time_unit(seconds)
     assert name == unit and 1 <= seconds / per < 120
+
+
+def test_a_baseline_that_misses_a_deadline_says_so():
+    from planner.jobs.joint import Baseline, _baseline
+    from planner.jobs.spec import JobSpec
+    from planner.report.jobs import summary
+
+    jobs = [JobSpec(name="a", model="gpt2", global_batch=8, steps=10, deadline_s=50.0),
+            JobSpec(name="b", model="gpt2", global_batch=8, steps=10)]
+    placements = [Placement(name="b", gpus=8, nodes=(0,), gpu_ids=tuple(range(8)), start_s=0.0,
+                            end_s=40.0),
+                  Placement(name="a", gpus=8, nodes=(0,), gpu_ids=tuple(range(8)), start_s=40.0,
+                            end_s=80.0)]
+    base = _baseline(Baseline("one after another", placements), 60.0, jobs)
+    assert base["late"] == ["a"] and base["makespan_s"] == 80.0
+    on_time = _baseline(Baseline("one after another", placements[:1]), 60.0, jobs)
+    assert "late" not in on_time
+    doc = {"cluster": {"name": "c", "device": "h100", "nodes": 1, "gpus_per_node": 8,
+                       "num_gpus": 8}, "now_s": 0.0, "done": [], "objective": "makespan",
+           "makespan_s": 60.0, "solve": {"status": "optimal", "gap": 0.0, "time_unit_s": 1.0},
+           "jobs": [], "baselines": {"sequential": base}}
+    assert "joint schedule is 25.0% shorter; it misses the deadline of a" in summary(doc, 0.1)
+
+
+def test_warnings_while_planning_a_job_name_it(caplog):
+    from planner.jobs.tables import warnings_named
+
+    log = logging.getLogger("planner.settings")
+    with caplog.at_level(logging.INFO, logger="planner"):
+        with warnings_named("job a on 8 GPUs"):
+            log.warning("training.global_batch: %d samples do not split", 4)
+            log.info("a progress line")
+        log.warning("after")
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["job a on 8 GPUs: training.global_batch: 4 samples do not split",
+                        "a progress line", "after"]
