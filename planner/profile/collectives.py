@@ -128,8 +128,7 @@ def collectives(world: int, backend: str) -> dict:
     steps = 2 * (world - 1)
     wire = [2 * (world - 1) / world * b for b, _ in points]
     slope, intercept = _least_squares(wire, [t for _, t in points])
-    bandwidth = 1 / slope if slope > 0 else float("inf")
-    latency = max(0.0, intercept / steps)
+    bandwidth, latency = fitted_link(points, slope, intercept, steps)
     for b, t in points:
         log.info("  all-reduce %8d B on %d ranks: %.3g ms", b, world, 1e3 * t)
     link = {"bandwidth_GBps": bandwidth / 1e9, "latency_us": latency * 1e6, "processes": world,
@@ -153,6 +152,30 @@ def collectives(world: int, backend: str) -> dict:
                  d["param_step_us"])
         link["dtensor"] = d
     return link
+
+
+def fitted_link(points, slope: float, intercept: float, steps: int) -> tuple[float, float]:
+    """(bytes/s, seconds per ring step) of the all-reduce fit; where noise left the line no
+    intercept (or no slope), the smallest message's time stands for the latency (it bounds it:
+    a small all-reduce is mostly latency) and the largest's for the bandwidth, with a warning,
+    instead of 0 us or an infinite rate."""
+    latency = intercept / steps
+    if latency <= 0:
+        small = min(points)
+        latency = small[1] / steps
+        log.warning("all-reduce latency: the timings gave the fit no intercept (noisy: another "
+                    "load on this machine?); taken from the smallest message instead, %.0f us "
+                    "per ring step; profile again on a quiet machine for a better figure",
+                    latency * 1e6)
+    if slope > 0:
+        return 1 / slope, latency
+    big = max(points)
+    bandwidth = (2 * (steps // 2) / (steps // 2 + 1)) * big[0] / max(big[1] - steps * latency,
+                                                                       1e-9)
+    log.warning("all-reduce bandwidth: the timings gave the fit no slope (noisy); taken from "
+                "the largest message instead, %.3g GB/s; profile again on a quiet machine",
+                bandwidth / 1e9)
+    return bandwidth, latency
 
 
 def _least_squares(xs, ys) -> tuple[float, float]:

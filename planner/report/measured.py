@@ -74,6 +74,13 @@ def summary(result: dict, plan_name: str) -> str:
                "routing)" if rt.get("expert_parallel", True) else
                " (without expert parallelism a rank computes every expert's copies, so how they "
                "spread over the experts does not change its step)"))
+    spread = m.get("step_spread")
+    if spread:
+        lines.append(f"timed steps of the slowest rank: {spread['steps']}, from "
+                     f"{_ms(spread['min_s'])} to {_ms(spread['max_s'])} "
+                     f"({100 * spread['range_over_median']:.0f}% of the median apart)"
+                     + (": a step time error within that says little about the cost model"
+                        if spread["range_over_median"] > NOISY else ""))
     warming = m.get("still_warming")
     if warming:
         lines.append(f"note: the timed steps were still getting faster ({_ms(warming[0])} first, "
@@ -83,6 +90,10 @@ def summary(result: dict, plan_name: str) -> str:
         lines.append("loss per step: " + ", ".join(f"{x:.4f}" for x in result["loss_per_step"]))
     lines += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)
+
+
+NOISY = 0.2
+"""Timed steps this far apart (range over median) are noise a step time error can hide in."""
 
 
 def _peak_label(m: dict, ranks: int) -> str:

@@ -197,6 +197,7 @@ def summarize(records: list[dict], plan, *, warmup: int) -> dict:
         "peak_memory_error": pred_m / max(peaks) - 1 if peaks and max(peaks) else None,
         "warmup_steps": warmup,
         "still_warming": still_warming(records, warmup),
+        "step_spread": step_spread(records, warmup),
         "routing": routing(records, plan),
     }
 
@@ -205,18 +206,34 @@ WARMING_RATIO = 1.25
 """A run whose first timed step took this much longer than its last was still warming up."""
 
 
+def _slowest_timed(records: list[dict], warmup: int) -> list[float]:
+    """The timed steps (after the warm-up, before a profiled step) of the rank whose median is
+    the step's; [] where no rank timed any."""
+    timed = [r["step_times_s"][warmup:r["profiled_step"]] for r in records
+             if r["median_step_time_s"] is not None]
+    return max(timed, key=median) if timed else []
+
+
 def still_warming(records: list[dict], warmup: int) -> list[float] | None:
     """[first, last] timed step of the slowest rank where the first took WARMING_RATIO times the
     last or more, three timed steps at least (the median then times a process still warming
     up: allocator, caches, thread pools); else None."""
-    timed = [r["step_times_s"][warmup:r["profiled_step"]] for r in records
-             if r["median_step_time_s"] is not None]
-    if not timed:
-        return None
-    slowest = max(timed, key=median)
+    slowest = _slowest_timed(records, warmup)
     if len(slowest) >= 3 and slowest[0] >= WARMING_RATIO * slowest[-1]:
         return [slowest[0], slowest[-1]]
     return None
+
+
+def step_spread(records: list[dict], warmup: int) -> dict | None:
+    """How much the slowest rank's timed steps vary (three at least): their fastest, slowest, and
+    (slowest - fastest) / median, the noise an error against the prediction should be read
+    beside (a busy machine's steps spread widely); None with fewer steps."""
+    slowest = _slowest_timed(records, warmup)
+    if len(slowest) < 3:
+        return None
+    mid = median(slowest)
+    return {"steps": len(slowest), "min_s": min(slowest), "max_s": max(slowest),
+            "range_over_median": (max(slowest) - min(slowest)) / mid if mid else 0.0}
 
 
 def routing(records: list[dict], plan) -> dict | None:

@@ -35,3 +35,22 @@ def test_the_first_concurrent_measurer_reports_progress_the_others_do_not(monkey
         assert queue.items == [(1, {"done": True}), (0, {"done": True}), (0, {"done": True})]
     finally:
         root.handlers[:], root.level, root.propagate = saved[0], saved[1], saved[2]
+
+
+def test_a_noisy_all_reduce_fit_falls_back_on_the_messages_themselves(caplog):
+    """A new-user check saw `plan profile` write 0 us of all-reduce latency (a negative intercept
+    clamped) into the calibration on a busy machine."""
+    from planner.profile.collectives import _least_squares, fitted_link
+
+    steps = 2  # two processes
+    points = [(1_000, 20e-6), (1_000_000, 200e-6), (4_000_000, 2.0e-3)]  # the large one slow
+    wire = [b / 1 for b, _ in points]  # 2 (n - 1) / n = 1 for two ranks
+    slope, intercept = _least_squares(wire, [t for _, t in points])
+    assert intercept < 0 < slope
+    with caplog.at_level(logging.WARNING, logger="planner"):
+        bandwidth, latency = fitted_link(points, slope, intercept, steps)
+    assert latency == 20e-6 / steps and bandwidth == 1 / slope
+    assert any("taken from the smallest message" in r.getMessage() for r in caplog.records)
+    clean = [(1_000, 100e-6), (1_000_000, 600e-6), (4_000_000, 2.1e-3)]
+    slope, intercept = _least_squares([b for b, _ in clean], [t for _, t in clean])
+    assert fitted_link(clean, slope, intercept, steps)[1] == intercept / steps > 0
