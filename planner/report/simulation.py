@@ -18,11 +18,17 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
     par = plan.parallel
     new_v = f" x{vpp}" if vpp and vpp > 1 else ""
     own_v = f" x{par.get('vpp', 1)}" if par.get("vpp", 1) > 1 else ""
+    same_batch = other.microbatches == base.microbatches
+    per = [r.step_time_s / r.microbatches for r in (base, other)]
     rows = [("", f"plan: {par['schedule']}{own_v}", f"{schedule}{new_v}", "change"),
             ("micro-batches", str(base.microbatches), str(other.microbatches), ""),
             ("pipeline time", f"{base.step_time_s:.4g} s", f"{other.step_time_s:.4g} s",
-             f"{other.step_time_s - base.step_time_s:+.3f} s "
-             f"({100 * (other.step_time_s / base.step_time_s - 1):+.1f}%)"),
+             f"{other.step_time_s - base.step_time_s:+.3f} s " + (
+                 f"({100 * (other.step_time_s / base.step_time_s - 1):+.1f}%)" if same_batch
+                 else "(another batch)")),
+            *([] if same_batch else [
+                ("per micro-batch", f"{per[0]:.4g} s", f"{per[1]:.4g} s",
+                 f"{100 * (per[1] / per[0] - 1):+.1f}%")]),
             ("idle (of pipeline time)", f"{base.bubble_fraction:.1%}", f"{other.bubble_fraction:.1%}",
              f"{round(100 * (other.bubble_fraction - base.bubble_fraction), 1) + 0.0:+.1f} points"),
             ("peak in flight", str(max(base.peak_in_flight)), str(max(other.peak_in_flight)),

@@ -288,6 +288,11 @@ def test_plan_simulate_command_prints_both_and_the_difference(capsys, tmp_path):
                   "change", "16"):
         assert words in out
     assert "a different batch, so compare the time per micro-batch" in out  # 16 != the plan's
+    # the step's change is not a speed-up or slow-down; the row per micro-batch is
+    pipeline = next(line for line in out.splitlines() if line.startswith("pipeline time"))
+    assert pipeline.endswith("(another batch)") and "%" not in pipeline
+    assert any(line.startswith("per micro-batch") and line.rstrip().endswith("%")
+               for line in out.splitlines())
     assert "peak memory per GPU" in out and "does not fit" not in out
     assert out_png.stat().st_size > 10_000
     code = main(["simulate", GOLDEN, "--schedule", "interleaved-1f1b"])
