@@ -22,10 +22,10 @@ Model (laid out like the OR-Tools scheduling samples):
 - ties: once CP-SAT has proved the objective optimal, a second solve (at most a quarter of the
   time limit, within it) keeps it at that value on the grid and breaks ties (TIE_BREAK): the
   makespan's by the jobs' ends and the GPU time they hold, the weighted objective's by GPU time
-  alone; its schedule is taken unless, in exact seconds, its objective is worse than the first's. Without it, schedules of the same objective
-  are told apart by nothing: a job whose time does not shrink on more GPUs may hold 4 where 1 runs
-  as fast, and jobs may end later than they could. Afterwards every job is shifted as early as its
-  nodes allow.
+  alone; its schedule is taken unless, in exact seconds, its objective is worse than the first's.
+  Without it, schedules of the same objective are told apart by nothing: a job whose time does not
+  shrink on more GPUs may hold 4 where 1 runs as fast, and jobs may end later than they could.
+  Afterwards every job is shifted as early as its nodes allow.
 
 Here: the answer, the CP-SAT model and solve_jobs (its options are planner.options.ScheduleOptions). The requests, placements and time
 grid are planner.solve.job_grid; the list schedules, the left shift and GPU ids
@@ -136,9 +136,13 @@ def _model(requests, grid, nodes, gpus_per_node, greedy, objective: str):
     if greedy is not None:
         _hint(model, v, greedy)
     # Objective
-    model.Minimize(v["makespan"] if objective == "makespan" else
-                   sum(r.priority * e for r, e in zip(requests, v["end"])))
+    model.Minimize(v["makespan"] if objective == "makespan" else _weighted(requests, v["end"]))
     return model, v
+
+
+def _weighted(requests, ends):
+    """The weighted objective: sum of priority x end."""
+    return sum(r.priority * e for r, e in zip(requests, ends))
 
 
 def _solve(model, v, requests, grid, greedy, options, num_gpus):
@@ -181,7 +185,7 @@ def _tie_break(model, v, requests, grid, options, verdict, solution, num_gpus: i
         model.Add(v["makespan"] <= round(verdict[1]))
         model.Minimize(num_gpus * ends + area)
     else:
-        model.Add(sum(r.priority * e for r, e in zip(requests, v["end"])) <= round(verdict[1]))
+        model.Add(_weighted(requests, v["end"]) <= round(verdict[1]))
         model.Minimize(area)
     model.ClearHints()
     _hint(model, v, solution)
