@@ -27,6 +27,7 @@ from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import SearchOptions, TrainingSpec, engine_spec, idle_pins, parse_fix
 from planner import settings, targets
 from planner.planfile.document import Plan
+from planner.search.alone import MARGIN as ALONE_MARGIN, groups_alone
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import (batch_note, cluster_pin_problem, explain_infeasible,
                                         known_model_pin_problem, length_note, pin_problem)
@@ -474,12 +475,14 @@ def _dense_zero(value) -> int:
 
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False,
-                  warn_default_engine: bool = True) -> Plan:
+                  warn_default_engine: bool = True, compare_groups: bool = True) -> Plan:
     """Search and emit for an already traced model, priced with ``training.engine`` (planner.plan
     takes a target's software for it; here a warning says when a target with software of its
     own, torchtitan, deepspeed or torch, is searched with the default engine's kernels, unless
     ``warn_default_engine`` is False: planner.plan's engine was chosen, by the target or by
-    --engine)."""
+    --engine). On a cluster of groups or sites each group is also searched alone
+    (planner.search.alone; the plan's search.groups_alone) unless ``compare_groups`` is False (a
+    what-if sweep, whose table has no room for it)."""
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "
@@ -531,6 +534,20 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
             log.warning("%s", note)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)
         settings.warn_overlap_off(result.best.config, training, dict(options.fix))
+    alone = None
+    if compare_groups and isinstance(cluster, HeteroCluster):  # is one group alone faster?
+        alone = groups_alone(prepared.blocks, cluster, training, options)
+        faster = [a for a in alone if a.get("step_time_s", float("inf"))
+                  < (1 - ALONE_MARGIN) * result.best.step_time_s]
+        if faster:
+            a = min(faster, key=lambda a: a["step_time_s"])
+            word = "site" if cluster.is_sites else "group"
+            log.warning("cluster: %s alone (%d GPUs) runs a step in %.4g s, %.2fx faster than "
+                        "this plan over every %s (%.4g s): the links between %ss or the slower "
+                        "devices cost more than the extra GPUs give; plan on that %s alone (a "
+                        "cluster file of it only)", a["group"], a["gpus"], a["step_time_s"],
+                        result.best.step_time_s / a["step_time_s"], word,
+                        result.best.step_time_s, word, word)
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,
-                record_timing=record_timing)
+                record_timing=record_timing, groups_alone=alone)

@@ -27,7 +27,7 @@ from planner.trace.graph import BlockGraph, OpGraph
 
 def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchResult,
          cluster: Cluster, training: TrainingSpec, options: SearchOptions,
-         record_timing: bool = False) -> Plan:
+         record_timing: bool = False, groups_alone: list[dict] | None = None) -> Plan:
     best = result.best
     cfg = best.config
     check_predictions(best, training, cluster)
@@ -77,6 +77,8 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
     if isinstance(cluster, HeteroCluster) and cluster.is_sites and best.stages[0].group:
         search["placements"] = placement_report(best, ModelArrays.from_blocks(bg), cluster,
                                                 training)
+    if groups_alone is not None:  # each group searched alone (planner.search.alone)
+        search["groups_alone"] = groups_alone
     provenance = {
         "planner": _version("planner"), "torch": _version("torch"),
         "transformers": _version("transformers"), "python": platform.python_version(),

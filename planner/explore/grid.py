@@ -110,9 +110,14 @@ def value(key: str, raw):
         if isinstance(raw, bool) or value < 1 or (isinstance(raw, float) and raw != value):
             raise SpecError(f"vary.{key}: expected a positive integer, got {raw!r}")
         return value
-    if key == "inter_region_bandwidth":
-        parse_bandwidth(raw, f"vary.{key}")
-        return str(raw).strip()
+    if key == "inter_region_bandwidth":  # units required, as in the sites form of a cluster file:
+        try:                            # links between sites are quoted in Gb/s, nodes' in GB/s
+            float(str(raw))
+        except ValueError:
+            parse_bandwidth(raw, f"vary.{key}")
+            return str(raw).strip()
+        raise SpecError(f"vary.{key}: {raw!r} has no unit (Gb/s or GB/s?); write it as "
+                        f"{raw}Gbps or {raw}GB/s")
     if key.endswith("_bandwidth"):  # GB/s per GPU: a number, or with units (100Gbps)
         return parse_bandwidth(raw, f"vary.{key}") / GB
     if key == "device":

@@ -384,7 +384,8 @@ def plan_point(task: _Task, prepared) -> dict:
     task = replace(task, training=replace(task.training, seq_len=prepared.seq_len))
     with _collected_warnings() as said:
         try:
-            plan = api.plan_prepared(prepared, task.cluster, task.training, task.options)
+            plan = api.plan_prepared(prepared, task.cluster, task.training, task.options,
+                                     compare_groups=False)
         except SpecError as exc:  # bad input (a pin the model cannot take), not infeasible
             row = _bad_row(task, _relax_varied(task, str(exc)))
         except PlannerError as exc:

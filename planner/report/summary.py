@@ -15,6 +15,7 @@ from planner.options import FIX_KEYS, SearchOptions
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
+from planner.search.alone import MARGIN as ALONE_MARGIN
 from planner.search.feasibility import nearby_multiples
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
 from planner.trace.graph import FROZEN_PRICING, frozen_words, unpriced_words
@@ -29,6 +30,7 @@ def summary(p: Plan) -> str:
     lines += _parallel(p)
     lines += ["", *_engines(p)]  # before the stages: whether an engine runs it as planned
     lines += [*stage_table(p), ""]
+    lines += _alone(p)
     lines += _placements(p)
     lines += _batch_factors(p)
     lines += _search(p)
@@ -94,6 +96,34 @@ def _batch_factors(p: Plan) -> list[str]:
             f"batch, cannot take it, so {who}"
             + (f"; a global batch of {' or '.join(f'{b:,}' for b in near)} (a multiple of the "
                f"GPUs) frees it" if near else ""), indent=" " * 14), ""]
+
+
+def _alone(p: Plan) -> list[str]:
+    """For a cluster of groups or sites: each group searched alone (planner.search.alone), and
+    whether one runs the step faster than this plan over all of them."""
+    alone = p.search.get("groups_alone")
+    if not alone:
+        return []
+    word = "site" if p.cluster.get("links") else "group"
+    step = p.predicted["step_time_s"]
+    timed = [a for a in alone if "step_time_s" in a]
+    best = min(timed, key=lambda a: a["step_time_s"], default=None)
+    each = "; ".join(f"{a['group']} ({a['gpus']} GPUs) " + (
+        f"{a['step_time_s']:.4g} s" if "step_time_s" in a else "does not fit the job")
+        for a in alone)
+    if best is not None and best["step_time_s"] < (1 - ALONE_MARGIN) * step:
+        text = (f"  alone       one {word} alone is faster: {each} a step, against {step:.4g} s "
+                f"over every {word} ({step / best['step_time_s']:.2f}x slower): the links between "
+                f"{word}s or the slower devices cost more than the extra GPUs give; plan on "
+                f"{best['group']} alone (a cluster file of that {word} only, as "
+                "examples/site_a_alone.yaml)")
+    elif best is not None and best["step_time_s"] <= (1 + ALONE_MARGIN) * step:
+        text = (f"  alone       one {word} alone is about as fast: {each} a step, against "
+                f"{step:.4g} s over every {word}: the other {word}s add little")
+    else:
+        text = (f"  alone       each {word} alone is slower: {each} a step, against "
+                f"{step:.4g} s over every {word}")
+    return [*wrap(text, indent=" " * 14), ""]
 
 
 def _placements(p: Plan) -> list[str]:

@@ -411,11 +411,16 @@ def test_a_sweep_whose_every_point_is_bad_input_is_an_error(tiny_llama_config):
 
 
 def test_bandwidths_take_a_number_of_gb_per_s_or_units():
-    """Every *_bandwidth key reads a plain number as GB/s per GPU, and units too."""
+    """The node bandwidths read a plain number as GB/s per GPU, and units too; the links between
+    sites need a unit, as the sites form of a cluster file does (a new-user check swept
+    "1,10" meaning Gb/s and got 8x the bandwidth, unsaid)."""
     from planner.explore.grid import value
     assert value("inter_node_bandwidth", "50GB/s") == value("inter_node_bandwidth", "50") == 50.0
     assert value("intra_node_bandwidth", "800Gbps") == pytest.approx(100.0)
-    assert value("inter_region_bandwidth", "0.125") == "0.125"  # 1 Gbit/s, parsed at the point
+    assert value("inter_region_bandwidth", "1Gbps") == "1Gbps"  # parsed at the point
+    with pytest.raises(SpecError, match=r"^vary.inter_region_bandwidth: '10' has no unit \(Gb/s "
+                                        r"or GB/s\?\); write it as 10Gbps or 10GB/s$"):
+        value("inter_region_bandwidth", "10")
 
 
 @pytest.mark.parametrize("kw,message", [

@@ -55,3 +55,24 @@ def test_more_bandwidth_never_prices_slower(prepared):
     steps = [plan_prepared(prepared, with_site_bandwidth(base, bw), training, options).step_time_s
              for bw in (0.125e9, 1.25e9, 12.5e9)]
     assert steps[0] >= steps[1] >= steps[2]
+
+
+def test_each_site_is_also_planned_alone_and_a_faster_one_named(prepared):
+    """A new-user check planned an 8B model over two sites joined by 10 Gb/s at 19.5 s a step,
+    where one site alone takes 2.7 s, and nothing said so."""
+    from planner.report.summary import summary
+
+    def two(bandwidth, latency):
+        return sites_from_mapping({"name": "two", "sites": [site("a", nodes=2), site("b", 2)],
+                                   "links": [{"between": ["a", "b"], "bandwidth": bandwidth,
+                                              "latency": latency}]})
+
+    training = TrainingSpec(global_batch=1024, seq_len=256)
+    slow = plan_prepared(prepared, two("100Mbps", "20ms"), training, SearchOptions(top_k=0))
+    alone = slow.search["groups_alone"]
+    assert [a["group"] for a in alone] == ["a"]  # b is a's twin: searched once
+    assert alone[0]["gpus"] == 8 and alone[0]["step_time_s"] < slow.step_time_s
+    assert "one site alone is faster: a (8 GPUs)" in summary(slow)
+    fast = plan_prepared(prepared, two("3200Gbps", "3us"), training, SearchOptions(top_k=0))
+    assert fast.search["groups_alone"][0]["step_time_s"] > fast.step_time_s
+    assert "each site alone is slower: a (8 GPUs)" in summary(fast)
