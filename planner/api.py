@@ -542,12 +542,14 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         if faster:
             a = min(faster, key=lambda a: a["step_time_s"])
             word = "site" if cluster.is_sites else "group"
+            slower = " or the slower devices" if len({g.device.name for g in cluster.groups}) > 1 \
+                else ""
             log.warning("cluster: %s alone (%d GPUs) runs a step in %.4g s, %.2fx faster than "
-                        "this plan over every %s (%.4g s): the links between %ss or the slower "
-                        "devices cost more than the extra GPUs give; plan on that %s alone (a "
-                        "cluster file of it only)", a["group"], a["gpus"], a["step_time_s"],
+                        "this plan over every %s (%.4g s): the links between %ss%s cost more "
+                        "than the extra GPUs give; plan on that %s alone (a cluster file of it "
+                        "only)", a["group"], a["gpus"], a["step_time_s"],
                         result.best.step_time_s / a["step_time_s"], word,
-                        result.best.step_time_s, word, word)
+                        result.best.step_time_s, word, slower, word)
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,
                 record_timing=record_timing, groups_alone=alone)

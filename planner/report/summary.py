@@ -112,11 +112,12 @@ def _alone(p: Plan) -> list[str]:
         f"{a['step_time_s']:.4g} s" if "step_time_s" in a else "does not fit the job")
         for a in alone)
     if best is not None and best["step_time_s"] < (1 - ALONE_MARGIN) * step:
+        kinds = len(set(str(p.cluster.get("device", "")).split("+")))
         text = (f"  alone       one {word} alone is faster: {each} a step, against {step:.4g} s "
                 f"over every {word} ({step / best['step_time_s']:.2f}x slower): the links between "
-                f"{word}s or the slower devices cost more than the extra GPUs give; plan on "
-                f"{best['group']} alone (a cluster file of that {word} only, as "
-                "examples/site_a_alone.yaml)")
+                f"{word}s{' or the slower devices' if kinds > 1 else ''} cost more than the "
+                f"extra GPUs give; plan on {best['group']} alone (a cluster file of that {word} "
+                "only, as examples/site_a_alone.yaml)")
     elif best is not None and best["step_time_s"] <= (1 + ALONE_MARGIN) * step:
         text = (f"  alone       one {word} alone is about as fast: {each} a step, against "
                 f"{step:.4g} s over every {word}: the other {word}s add little")
