@@ -16,7 +16,7 @@ from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
 from planner.schedule import as_text
 from planner.schedule.builders import build
-from planner.search import placement
+from planner.search import hetero, placement
 from planner.search.loop import SearchResult
 from planner.search.pricing import Estimate
 from planner.search.costs import ModelArrays
@@ -107,22 +107,40 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
 
 def _fp8_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec) -> dict:
     """For an fp8 plan: what FP8 changed, against the same configuration and split in bf16
-    (``outer_blocks_bf16``: the model has blocks outside its repeated layers, which stay bf16)."""
-    if training.dtype != "fp8" or not isinstance(cluster, Cluster):
+    (``outer_blocks_bf16``: the model has blocks outside its repeated layers, which stay bf16).
+    On a cluster of groups the same stages and groups are priced again, and each group's device
+    figures are listed (``groups``) in place of the one device's."""
+    if training.dtype != "fp8":
         return {}
-    bf16 = repriced(best, bg, cluster, dataclasses.replace(training, dtype="bf16"))
+    in_bf16 = dataclasses.replace(training, dtype="bf16")
+    if isinstance(cluster, HeteroCluster):
+        bf16 = hetero.repriced(best, ModelArrays.from_blocks(bg), cluster, in_bf16)
+        figures = {"groups": [{"group": g.name, **_fp8_figures(g.device)}
+                              for g in cluster.groups]}
+        holds = {g.name: g.device.memory_bytes for g in cluster.groups}
+        fits = all(st.memory["total"] <= holds[st.group] for st in bf16.stages)
+    else:
+        bf16 = repriced(best, bg, cluster, in_bf16)
+        figures = _fp8_figures(cluster.device)
+        fits = bf16.peak_memory_bytes <= cluster.device.memory_bytes
     copies = max(st.memory.get("fp8_weights", 0.0) for st in best.stages)
     return {"fp8": {
         "recipe": training.engine.fp8_recipe,
-        "gemm_peak_tflops": cluster.device.peak("fp8") / 1e12,
-        "gemm_efficiency": cluster.device.gemm_efficiency("fp8"),
-        "bf16_peak_tflops": cluster.device.peak("bf16") / 1e12,
-        "bf16_gemm_efficiency": cluster.device.gemm_efficiency("bf16"),
+        **figures,
         "weight_copy_bytes": copies,
         "outer_blocks_bf16": not all(b.recompute for b in bg.blocks),
         "bf16_step_time_s": bf16.step_time_s,
         "bf16_peak_memory_bytes": bf16.peak_memory_bytes,
+        "bf16_fits": fits,
     }}
+
+
+def _fp8_figures(device) -> dict:
+    """A device's fp8 and bf16 GEMM peaks (TFLOP/s) and the shares of them GEMMs sustain."""
+    return {"gemm_peak_tflops": device.peak("fp8") / 1e12,
+            "gemm_efficiency": device.gemm_efficiency("fp8"),
+            "bf16_peak_tflops": device.peak("bf16") / 1e12,
+            "bf16_gemm_efficiency": device.gemm_efficiency("bf16")}
 
 
 def _host_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec) -> dict:

@@ -308,18 +308,24 @@ def _fp8(p: Plan) -> list[str]:
     if not f:
         return []
     step = p.predicted["step_time_s"]
+
+    def peaks(d: dict) -> str:
+        return (f"{d['gemm_peak_tflops']:,.0f} TFLOP/s peak" + _sustained(d, "gemm_efficiency")
+                + f"; bf16 {d['bf16_peak_tflops']:,.0f}" + _sustained(d, "bf16_gemm_efficiency"))
+
+    rates = ("; ".join(f"{g['group']}: {peaks(g)}" for g in f["groups"]) if "groups" in f
+             else peaks(f))
     return [
-        f"  fp8         weight GEMMs on fp8 tensor cores ({f['gemm_peak_tflops']:,.0f} TFLOP/s peak"
-        + _sustained(f, "gemm_efficiency") + f"; bf16 {f['bf16_peak_tflops']:,.0f}"
-        + _sustained(f, "bf16_gemm_efficiency") + f"), inputs quantized with "
-        f"{RECIPE_WORDS[f['recipe']]}; attention, norms, element-wise ops"
-        + (", embedding and output layer" if f.get("outer_blocks_bf16", True) else "")
-        + " in bf16; MFU is against the fp8 peak",
+        *wrap(f"  fp8         weight GEMMs on fp8 tensor cores ({rates}), inputs quantized with "
+              f"{RECIPE_WORDS[f['recipe']]}; attention, norms, element-wise ops"
+              + (", embedding and output layer" if f.get("outer_blocks_bf16", True) else "")
+              + " in bf16; MFU is against the fp8 peak", indent=" " * 14),
         f"              {gb1(f['weight_copy_bytes'])} of fp8 weight copies per GPU; in bf16 "
         f"this plan would take {f['bf16_step_time_s']:.4g} s ({f['bf16_step_time_s'] / step:.2f}x) "
         f"and {gb1(f['bf16_peak_memory_bytes'])}"
-        + (" (more than the GPU holds)" if f["bf16_peak_memory_bytes"]
-           > p.cluster.get("device_memory_bytes", float("inf")) else ""),
+        + (" (more than the GPU holds)" if not f.get("bf16_fits", f["bf16_peak_memory_bytes"]
+                                                      <= p.cluster.get("device_memory_bytes",
+                                                                       float("inf"))) else ""),
     ]
 
 

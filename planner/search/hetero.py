@@ -296,6 +296,21 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
     return est
 
 
+def repriced(est: Estimate, ma: ModelArrays, hc: HeteroCluster,
+             training: TrainingSpec) -> Estimate:
+    """``est``'s configuration, stage split and stage groups priced under ``training`` (another
+    dtype) and its schedule simulated: what the same plan costs with that software (the groups'
+    counterpart of planner.search.refine.repriced)."""
+    from planner.search.refine import simulated  # lazy: refine is the phase after this one
+
+    cfg = est.config
+    names = {g.name: i for i, g in enumerate(hc.groups)}
+    bounds = [0] + list(itertools.accumulate(len(st.blocks) for st in est.stages))
+    priced = price_hetero(cfg, bounds, [names[st.group] for st in est.stages], ma,
+                          _costs_of(cfg, ma, hc, training), hc, training)
+    return simulated(priced, training)
+
+
 def refine_groups(est: Estimate, ma: ModelArrays, hc: HeteroCluster, training: TrainingSpec,
                   options: SearchOptions, budget_s: float) -> Estimate:
     """Let CP-SAT choose every stage's group and size; keep the DP's answer unless it is beaten."""

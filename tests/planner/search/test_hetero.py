@@ -237,3 +237,41 @@ def test_simulate_refuses_the_schedules_group_clusters_are_not_priced_for(mid_gp
         "device groups or sites" in capsys.readouterr().err
     assert main(["simulate", path, "--schedule", "zb-h1"]) == 2
     assert main(["simulate", path, "--schedule", "gpipe"]) in (0, 3)
+
+
+FP8_MIXED = {
+    "name": "fp8-mixed",
+    "groups": [
+        {"name": "b200", "device": "b200", "nodes": 1, "gpus_per_node": 2,
+         "intra_node": {"bandwidth_GBps": 900, "latency_us": 3}},
+        {"name": "h100", "device": "h100", "nodes": 1, "gpus_per_node": 2,
+         "intra_node": {"bandwidth_GBps": 450, "latency_us": 3}},
+    ],
+    "inter_node": {"bandwidth_GBps": 50, "latency_us": 10},
+}
+
+
+def test_an_fp8_plan_over_groups_says_what_fp8_changed_per_group(mid_gpt2):
+    """A new-user check saw an fp8 plan on B200 + H100 lose the fp8 line a plan on one device
+    kind has (its rates, and the same plan in bf16)."""
+    from costmodels.hardware import get_device
+    from planner.report.summary import summary
+    from planner.search import hetero
+    from planner.search.loop import search
+
+    hc = load_cluster(FP8_MIXED)
+    tr = TrainingSpec(global_batch=16, seq_len=mid_gpt2.seq_len, dtype="fp8")
+    options = SearchOptions(fix=parse_fix("pp=2,tp=1,dp=2,micro_batch=1,recompute=none"),
+                            top_k=0)
+    p = plan_prepared(mid_gpt2, hc, tr, options)
+    f = p.predicted["fp8"]
+    assert [g["group"] for g in f["groups"]] == ["b200", "h100"]
+    assert f["groups"][0]["gemm_peak_tflops"] == get_device("b200").peak("fp8") / 1e12
+    assert f["groups"][1]["bf16_peak_tflops"] == get_device("h100").peak("bf16") / 1e12
+    assert f["bf16_fits"] and f["bf16_step_time_s"] > 0
+    assert "b200: 4,500 TFLOP/s peak" in summary(p) and "in bf16 this plan would take" in summary(p)
+    # the re-pricing rebuilds the plan's own stages and groups: in fp8 it gives the plan's time
+    best = search(mid_gpt2.blocks, hc, tr, hetero.restrict(options)).best
+    again = hetero.repriced(best, ModelArrays.from_blocks(mid_gpt2.blocks), hc, tr)
+    assert again.step_time_s == pytest.approx(best.step_time_s, rel=1e-9)
+    assert [st.group for st in again.stages] == [st.group for st in best.stages]
