@@ -180,8 +180,9 @@ def _header(p: Plan) -> str:
     if m.get("encoder_tokens"):  # the tokens counted (per second, per token) are the decoder's
         batch += (f" (the decoder's, which tokens/s counts; the encoder reads "
                   f"{m['encoder_tokens']:,} per sample)")
+    optimizer = t["optimizer"] + (" for the dense part" if p.embeddings else "")
     return (f"Plan for {m['name']} ({human_count(m['num_params'])} params) on {cluster_text(c)}\n"
-            f"  global batch {batch}, {t['dtype']}, {t['optimizer']}")
+            f"  global batch {batch}, {t['dtype']}, {optimizer}")
 
 
 CP_COMM_WORDS = {"p2p": "K/V by p2p ring", "allgather": "K/V by all-gather",

@@ -50,6 +50,8 @@ def test_zoo_model_plans_and_shows(capsys, tmp_path):
     assert code == 0, err
     for word in ("tables", "imbalance", "rank", "CP-SAT", "samples/s", "software", "TorchRec"):
         assert word in out
+    # the header's optimizer is the dense part's; the tables' own is on the tables line
+    assert "fp32, adam for the dense part" in out and "fused in the backward" in out
     code, out, err = run(capsys, "show", str(path), "--json")  # the tables' layouts for scripts
     tables = json.loads(out)["embeddings"]["tables"]
     assert code == 0 and [(t["name"], t["sharding_type"], t["ranks"]) for t in tables] == [
