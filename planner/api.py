@@ -264,7 +264,13 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
                  engine=eng)  # validate before the slow part (a dtype name before the device's)
     targets.check_dtype(target, dtype)
     for group in getattr(cl, "groups", (cl,)):
-        group.device.peak(dtype)  # fail early on a dtype a device lacks
+        try:
+            group.device.peak(dtype)  # fail early on a dtype a device lacks
+        except SpecError as exc:
+            if not isinstance(cl, HeteroCluster):
+                raise
+            raise SpecError(f"{exc} (group {group.name}: every group of {cl.name} runs the one "
+                            "dtype)") from None
         precision.check_recipe(group.device, dtype, eng.fp8_recipe)
     options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
                                              time_limit_s=time_limit_s, trace=trace_method), target)

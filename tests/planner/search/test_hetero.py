@@ -275,3 +275,11 @@ def test_an_fp8_plan_over_groups_says_what_fp8_changed_per_group(mid_gpt2):
     again = hetero.repriced(best, ModelArrays.from_blocks(mid_gpt2.blocks), hc, tr)
     assert again.step_time_s == pytest.approx(best.step_time_s, rel=1e-9)
     assert [st.group for st in again.stages] == [st.group for st in best.stages]
+
+
+def test_a_dtype_one_group_lacks_names_the_group():
+    import planner
+
+    with pytest.raises(SpecError, match=r"^dtype: device v100 has no bf16 support .*\(group v100: "
+                                        r"every group of mixed runs the one dtype\)$"):
+        planner.plan("gpt2", cluster=MIXED, global_batch=8, dtype="bf16")
