@@ -21,8 +21,8 @@ from planner.options import DTYPES, FIX_KEYS, OPTIMIZERS, parse_fix
 CLUSTER_KEYS = ("cluster", "nodes", "gpus_per_node", "device", "inter_node_bandwidth",
                 "intra_node_bandwidth", "inter_region_bandwidth")
 """Keys that change the cluster (node bandwidths in GB/s per GPU and direction; the bandwidth of
-every link between sites, 10Gbps or 1.25GB/s, or a plain number of GB/s, in each link's own
-scope)."""
+every link between sites, or of a cluster of device groups' inter_group link, with its unit:
+10Gbps or 1.25GB/s, in each link's own scope)."""
 UNITS = {"inter_node_bandwidth": "GB/s", "intra_node_bandwidth": "GB/s"}
 """The unit a point's value is in, where it was given in another (400Gbps reads as 50GB/s)."""
 TRAINING_KEYS = ("global_batch", "seq_len", "dtype", "optimizer")
@@ -149,10 +149,11 @@ def point_cluster(s: Mapping) -> Cluster | HeteroCluster:
     """The cluster of one point: the preset or file, resized, with its device or links swapped."""
     changes = [k for k in ("device", "inter_node_bandwidth", "intra_node_bandwidth") if k in s]
     cl = load_cluster(s["cluster"])
-    if "inter_region_bandwidth" in s:
-        if not (isinstance(cl, HeteroCluster) and cl.is_sites):
-            raise SpecError("vary.inter_region_bandwidth: applies to a cluster of sites (the "
-                            "sites YAML form); this cluster has none")
+    if "inter_region_bandwidth" in s:  # every link between sites, or the groups' inter_group
+        if not isinstance(cl, HeteroCluster):
+            raise SpecError("vary.inter_region_bandwidth: applies to a cluster of sites or of "
+                            "device groups (the link between them); this cluster has one kind of "
+                            "node; vary inter_node_bandwidth for the link between its nodes")
         cl = with_site_bandwidth(cl, parse_bandwidth(s["inter_region_bandwidth"],
                                                      "vary.inter_region_bandwidth"))
     if isinstance(cl, HeteroCluster):

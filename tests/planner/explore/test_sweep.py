@@ -541,3 +541,16 @@ def test_an_infeasible_point_names_its_varied_pins_to_relax():
     assert explore._relax_varied(alone, "x; relax --fix") == "x; relax this point's tp=8"
     unvaried = SimpleNamespace(point=(("nodes", 2),), options=SimpleNamespace(fix={"tp": 8}))
     assert explore._relax_varied(unvaried, "x; relax --fix") == "x; relax --fix"
+
+
+def test_the_link_between_device_groups_can_be_varied_and_a_plain_cluster_says_what_to_vary():
+    groups = {"name": "mixed", "inter_node": {"bandwidth_GBps": 12.5, "latency_us": 10},
+              "groups": [{"name": n, "device": d, "nodes": 1, "gpus_per_node": 2,
+                          "intra_node": {"bandwidth_GBps": 300, "latency_us": 3}}
+                         for n, d in (("a", "a100-80g"), ("b", "v100"))]}
+    point = {"cluster": groups, "nodes": None, "gpus_per_node": None,
+             "inter_region_bandwidth": "100Gbps"}
+    assert grid.point_cluster(point).inter_group.bandwidth_bytes_per_s == 12.5e9
+    with pytest.raises(SpecError, match=r"^vary.inter_region_bandwidth: applies to a cluster of "
+                                        r"sites or of device groups .* vary inter_node_bandwidth"):
+        grid.point_cluster({**point, "cluster": "dgx-h100"})
