@@ -134,8 +134,9 @@ def main(argv=None) -> int:
                           "the paper's own runtime"])
             continue
         try:
-            plan = plan_prepared(prepared[layers], cluster, training,
-                                 SearchOptions(fix=parse_fix(fix), top_k=0))
+            plan = plan_prepared(prepared[layers], cluster, training,  # (a measured layout:
+                                 SearchOptions(fix=parse_fix(fix), top_k=0),  # no site alone)
+                                 compare_groups=False)
         except PlannerError as exc:
             table.append([case, name, str(layers), str(batch), f"{measured:.2f}", "-", "-",
                           f"not priced: {str(exc).splitlines()[0][:70]}"])

@@ -542,7 +542,9 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         settings.warn_overlap_off(result.best.config, training, dict(options.fix))
     alone = None
     if compare_groups and isinstance(cluster, HeteroCluster):  # is one group alone faster?
-        alone = groups_alone(prepared.blocks, cluster, training, options)
+        alone = groups_alone(prepared.blocks, cluster, training, options,
+                             None if options.time_limit_s is None else
+                             options.time_limit_s - result.time_s)
         faster = [a for a in alone if a.get("step_time_s", float("inf"))
                   < (1 - ALONE_MARGIN) * result.best.step_time_s]
         if faster:

@@ -8,6 +8,8 @@ with several workers, distinct models are done in parallel processes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import logging
 import multiprocessing
 import time
@@ -118,23 +120,39 @@ def model_tables(model: str, seq_len: int | None, jobs: list[JobSpec], cluster: 
     return out
 
 
+_WHO: contextvars.ContextVar[str | None] = contextvars.ContextVar("planner_jobs_who",
+                                                                  default=None)
+"""Whose planning is under way in this thread or task (warnings_named)."""
+
+
 @contextlib.contextmanager
 def warnings_named(who: str):
-    """Warnings the planner logs inside (about a model's inputs or a plan) begin with ``who``:
-    among many jobs and GPU counts, a bare warning would not say whose it is."""
+    """Warnings the planner and its cost models log inside (about a model's inputs or a plan)
+    begin with ``who``: among many jobs and GPU counts, a bare warning would not say whose it is.
+    Per thread and task (a context variable) and nestable; the record factory that reads it is
+    installed once."""
+    _install_factory()
+    token = _WHO.set(who)
+    try:
+        yield
+    finally:
+        _WHO.reset(token)
+
+
+@functools.cache
+def _install_factory() -> None:
     make = logging.getLogRecordFactory()
 
     def named(*args, **kwargs):
         record = make(*args, **kwargs)
-        if record.levelno >= logging.WARNING and record.name.startswith("planner"):
-            record.msg, record.args = f"{who}: {record.getMessage()}", None
+        who = _WHO.get()
+        if who and record.levelno >= logging.WARNING and isinstance(record.msg, str) and \
+                record.name.startswith(("planner", "costmodels")):
+            # (formatted later, as logging does: a %-sign in the name is not an argument)
+            record.msg = (who.replace("%", "%%") if record.args else who) + ": " + record.msg
         return record
 
     logging.setLogRecordFactory(named)
-    try:
-        yield
-    finally:
-        logging.setLogRecordFactory(make)
 
 
 def resized(cluster: Cluster, gpus: int) -> Cluster:

@@ -156,9 +156,10 @@ def collectives(world: int, backend: str) -> dict:
 
 def fitted_link(points, slope: float, intercept: float, steps: int) -> tuple[float, float]:
     """(bytes/s, seconds per ring step) of the all-reduce fit; where noise left the line no
-    intercept (or no slope), the smallest message's time stands for the latency (it bounds it:
-    a small all-reduce is mostly latency) and the largest's for the bandwidth, with a warning,
-    instead of 0 us or an infinite rate."""
+    intercept, the smallest message's time stands for the latency (it bounds it: a small
+    all-reduce is mostly latency), and where it left no slope, the largest message's wire bytes
+    over its whole time for the bandwidth (a lower bound), each with a warning, instead of 0 us
+    or an infinite rate."""
     latency = intercept / steps
     if latency <= 0:
         small = min(points)
@@ -170,8 +171,7 @@ def fitted_link(points, slope: float, intercept: float, steps: int) -> tuple[flo
     if slope > 0:
         return 1 / slope, latency
     big = max(points)
-    bandwidth = (2 * (steps // 2) / (steps // 2 + 1)) * big[0] / max(big[1] - steps * latency,
-                                                                       1e-9)
+    bandwidth = (2 * (steps // 2) / (steps // 2 + 1)) * big[0] / big[1]  # 2 (n - 1) / n x size
     log.warning("all-reduce bandwidth: the timings gave the fit no slope (noisy); taken from "
                 "the largest message instead, %.3g GB/s; profile again on a quiet machine",
                 bandwidth / 1e9)

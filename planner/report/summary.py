@@ -108,22 +108,27 @@ def _alone(p: Plan) -> list[str]:
     step = p.predicted["step_time_s"]
     timed = [a for a in alone if "step_time_s" in a]
     best = min(timed, key=lambda a: a["step_time_s"], default=None)
-    each = "; ".join(f"{a['group']} ({a['gpus']} GPUs) " + (
-        f"{a['step_time_s']:.4g} s" if "step_time_s" in a else "does not fit the job")
-        for a in alone)
-    if best is not None and best["step_time_s"] < (1 - ALONE_MARGIN) * step:
-        kinds = len(set(str(p.cluster.get("device", "")).split("+")))
-        text = (f"  alone       one {word} alone is faster: {each} a step, against {step:.4g} s "
-                f"over every {word} ({step / best['step_time_s']:.2f}x slower): the links between "
-                f"{word}s{' or the slower devices' if kinds > 1 else ''} cost more than the "
-                f"extra GPUs give; plan on {best['group']} alone (a cluster file of that {word} "
-                "only, as examples/site_a_alone.yaml)")
-    elif best is not None and best["step_time_s"] <= (1 + ALONE_MARGIN) * step:
-        text = (f"  alone       one {word} alone is about as fast: {each} a step, against "
-                f"{step:.4g} s over every {word}: the other {word}s add little")
+    each = "; ".join(f"{a['group']} ({a['gpus']} GPUs) {a['step_time_s']:.4g} s" for a in timed)
+    each += " a step" if timed else ""
+    unfit = "; ".join(f"{a['group']} ({a['gpus']} GPUs): {a['reason']}" for a in alone
+                      if "step_time_s" not in a)
+    if best is None:
+        text = f"  alone       no {word} alone runs the job: {unfit}"
     else:
-        text = (f"  alone       each {word} alone is slower: {each} a step, against "
-                f"{step:.4g} s over every {word}")
+        if best["step_time_s"] < (1 - ALONE_MARGIN) * step:
+            kinds = len(set(str(p.cluster.get("device", "")).split("+")))
+            text = (f"  alone       one {word} alone is faster: {each}, against {step:.4g} s over "
+                    f"every {word} ({step / best['step_time_s']:.2f}x slower): the links between "
+                    f"{word}s{' or the slower devices' if kinds > 1 else ''} cost more than the "
+                    f"extra GPUs give; plan on {best['group']} alone (a cluster file of that "
+                    f"{word} only, as examples/site_a_alone.yaml)")
+        elif best["step_time_s"] <= (1 + ALONE_MARGIN) * step:
+            text = (f"  alone       one {word} alone is about as fast: {each}, against "
+                    f"{step:.4g} s over every {word}: the other {word}s add little")
+        else:
+            text = (f"  alone       each {word} alone {'that runs the job ' if unfit else ''}is "
+                    f"slower: {each}, against {step:.4g} s over every {word}")
+        text += f"; nothing fits {unfit}" if unfit else ""
     return [*wrap(text, indent=" " * 14), ""]
 
 

@@ -4,19 +4,22 @@ against.
 A plan over sites joined by slow links (or over two GPU generations) can be slower than the same
 job on one of its groups alone: the sends between sites, or the slower devices, cost more than the
 extra GPUs give. The search only spreads the job over every group, so each distinct group is
-searched alone as well (the same model, batch and pins, but for dp, which follows the GPU
-count), and the plan says so where one is faster (planner.report.summary).
+searched alone as well: the same model, batch, and the pins that mean the same on fewer GPUs
+(not dp or pp, which the GPU count sizes), under the same rules as the search over groups
+(planner.search.hetero.restrict: GPipe and 1F1B, one stage per rank), so that the two differ in
+the GPUs only; the plan says so where one is faster (planner.report.summary).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
+import time
 
 from costmodels.errors import PlannerError
-from costmodels.topology import HeteroCluster
+from costmodels.topology import Cluster, HeteroCluster
 from planner.options import SearchOptions, TrainingSpec
+from planner.search import hetero
 from planner.search.loop import search
 from planner.trace.graph import BlockGraph
 
@@ -25,22 +28,27 @@ log = logging.getLogger(__name__)
 MARGIN = 0.02
 """A group alone is said to be faster (or slower) than the plan over every group only beyond this
 share of the plan's step: within it they are about as fast (the extra groups add little)."""
+SIZED_BY_GPUS = ("dp", "pp", "vpp")
+"""Pins a GPU count sizes: left out when a group is searched alone."""
+MIN_TIME_S = 1.0
+"""Seconds each group's search gets at least when the planning has a time limit."""
 
 
 def groups_alone(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpec,
-                 options: SearchOptions) -> list[dict]:
-    """Per distinct group (same device, size and links as another: searched once, named by the
-    first), its best step time alone: {group, gpus, step_time_s, parallel}, or with ``reason``
-    where nothing fits it. The global batch is the plan's, so step times compare directly."""
-    fix = {k: v for k, v in options.fix.items() if k != "dp"}
-    alone = dataclasses.replace(options, fix=fix, top_k=0)
-    seen: dict[str, str] = {}
-    out = []
+                 options: SearchOptions, time_left_s: float | None = None) -> list[dict]:
+    """Per distinct group (same device, size and link figures as another: searched once, named by
+    the first), its best step time alone: {group, gpus, step_time_s, parallel}, or {group, gpus,
+    reason} where nothing fits it. The global batch is the plan's, so step times compare
+    directly. ``time_left_s``: what is left of the planning's time limit, shared by the groups."""
+    fix = {k: v for k, v in options.fix.items() if k not in SIZED_BY_GPUS}
+    distinct: dict[str, Cluster] = {}
     for group in cluster.groups:
-        key = json.dumps({**group.to_mapping(), "name": ""}, sort_keys=True, default=str)
-        if key in seen:
-            continue
-        seen[key] = group.name
+        distinct.setdefault(_figures(group), group)
+    limit = None if time_left_s is None else max(MIN_TIME_S, time_left_s / len(distinct))
+    alone = hetero.restrict(dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit))
+    out = []
+    for group in distinct.values():
+        t0 = time.perf_counter()
         row = {"group": group.name, "gpus": group.num_gpus}
         try:
             best = search(bg, group, training, alone).best
@@ -50,7 +58,17 @@ def groups_alone(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpec,
             row.setdefault("reason", "no configuration fits")
         else:
             row.update(step_time_s=best.step_time_s, parallel=best.config.short())
-        log.info("%s alone (%d GPUs): %s", group.name, group.num_gpus,
-                 f"{row['step_time_s']:.4g} s a step" if "step_time_s" in row else row["reason"])
+        log.info("%s alone (%d GPUs): %s (%.1f s)", group.name, group.num_gpus,
+                 f"{row['step_time_s']:.4g} s a step" if "step_time_s" in row else row["reason"],
+                 time.perf_counter() - t0)
         out.append(row)
     return out
+
+
+def _figures(group: Cluster) -> str:
+    """What prices a group: its device and size and its links' figures (not names or text)."""
+    def link(spec) -> str:
+        return repr(dataclasses.replace(spec, name=""))
+
+    return repr((repr(group.device), group.nodes, group.gpus_per_node, link(group.intra_node),
+                 link(group.inter_node)))

@@ -488,3 +488,17 @@ def test_warnings_while_planning_a_job_name_it(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert messages == ["job a on 8 GPUs: training.global_batch: 4 samples do not split",
                         "a progress line", "after"]
+
+
+def test_job_names_on_warnings_nest_and_end_with_their_block(caplog):
+    from planner.jobs.tables import warnings_named
+
+    log = logging.getLogger("costmodels.engine")
+    with caplog.at_level(logging.WARNING):
+        with warnings_named("job a"):
+            with warnings_named("job a on 8 GPUs"):
+                log.warning("inner %s", "x")
+            log.warning("outer 100%")  # no arguments: a %-sign stays as it is
+        log.warning("after")
+    assert [r.getMessage() for r in caplog.records] == ["job a on 8 GPUs: inner x",
+                                                        "job a: outer 100%", "after"]

@@ -54,3 +54,16 @@ def test_a_noisy_all_reduce_fit_falls_back_on_the_messages_themselves(caplog):
     clean = [(1_000, 100e-6), (1_000_000, 600e-6), (4_000_000, 2.1e-3)]
     slope, intercept = _least_squares([b for b, _ in clean], [t for _, t in clean])
     assert fitted_link(clean, slope, intercept, steps)[1] == intercept / steps > 0
+
+
+def test_an_all_reduce_fit_without_slope_takes_the_largest_message_as_a_bound(caplog):
+    """A review: flat timings (no slope) gave a bandwidth of millions of GB/s."""
+    from planner.profile.collectives import _least_squares, fitted_link
+
+    points = [(1_000, 500e-6), (1_000_000, 480e-6), (4_000_000, 470e-6)]  # flat, noisy
+    slope, intercept = _least_squares([b for b, _ in points], [t for _, t in points])
+    assert slope <= 0 < intercept
+    with caplog.at_level(logging.WARNING, logger="planner"):
+        bandwidth, latency = fitted_link(points, slope, intercept, 2)
+    assert bandwidth == 4_000_000 / 470e-6 and latency == intercept / 2  # two ranks: wire = size
+    assert any("taken from the largest message" in r.getMessage() for r in caplog.records)

@@ -76,3 +76,19 @@ def test_each_site_is_also_planned_alone_and_a_faster_one_named(prepared):
     fast = plan_prepared(prepared, two("3200Gbps", "3us"), training, SearchOptions(top_k=0))
     assert fast.search["groups_alone"][0]["step_time_s"] > fast.step_time_s
     assert "each site alone is slower: a (8 GPUs)" in summary(fast)
+
+
+def test_a_site_alone_drops_the_pins_the_gpu_count_sizes_and_keeps_the_groups_rules(prepared):
+    """A review: a pp pinned for every site (more stages than one site has GPUs) left each site
+    alone with nothing that fits, and the report called it slower; and alone it could win by a
+    schedule (zb-h1) the search over sites does not price, blaming the links."""
+    from planner.report.summary import summary
+    from planner.search.hetero import GROUP_SCHEDULES
+
+    plan = plan_prepared(prepared, regions([]), TrainingSpec(global_batch=1024, seq_len=256),
+                         SearchOptions(fix=parse_fix("pp=8,tp=1"), top_k=0))
+    (alone,) = plan.search["groups_alone"]  # four sites of 4 GPUs alike: searched once
+    assert alone["gpus"] == 4 and "step_time_s" in alone
+    assert alone["parallel"].split()[1] == "tp=1"  # the pins that fit one site stay
+    assert set(alone["parallel"].split()) & set(GROUP_SCHEDULES)  # the sites search's rules
+    assert "one site alone is faster: a (4 GPUs)" in summary(plan)
