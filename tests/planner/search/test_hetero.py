@@ -239,16 +239,10 @@ def test_simulate_refuses_the_schedules_group_clusters_are_not_priced_for(mid_gp
     assert main(["simulate", path, "--schedule", "gpipe"]) in (0, 3)
 
 
-FP8_MIXED = {
-    "name": "fp8-mixed",
-    "groups": [
-        {"name": "b200", "device": "b200", "nodes": 1, "gpus_per_node": 2,
-         "intra_node": {"bandwidth_GBps": 900, "latency_us": 3}},
-        {"name": "h100", "device": "h100", "nodes": 1, "gpus_per_node": 2,
-         "intra_node": {"bandwidth_GBps": 450, "latency_us": 3}},
-    ],
-    "inter_node": {"bandwidth_GBps": 50, "latency_us": 10},
-}
+FP8_MIXED = {**MIXED, "name": "fp8-mixed",
+             "groups": [{**g, "name": d, "device": d} for g, d in zip(MIXED["groups"],
+                                                                       ("b200", "h100"))]}
+"""MIXED's layout with two kinds of GPU that both run fp8."""
 
 
 def test_an_fp8_plan_over_groups_says_what_fp8_changed_per_group(mid_gpt2):
