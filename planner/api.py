@@ -27,7 +27,7 @@ from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import SearchOptions, TrainingSpec, engine_spec, idle_pins, parse_fix
 from planner import settings, targets
 from planner.planfile.document import Plan
-from planner.search.alone import MARGIN as ALONE_MARGIN, groups_alone
+from planner.search import alone
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import (batch_note, cluster_pin_problem, explain_infeasible,
                                         known_model_pin_problem, length_note, pin_problem)
@@ -540,24 +540,15 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
             log.warning("%s", note)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)
         settings.warn_overlap_off(result.best.config, training, dict(options.fix))
-    alone = None
+    rows = None
     if compare_groups and isinstance(cluster, HeteroCluster):  # is one group alone faster?
-        alone = groups_alone(prepared.blocks, cluster, training, options,
-                             None if options.time_limit_s is None else
-                             options.time_limit_s - result.time_s)
-        faster = [a for a in alone if a.get("step_time_s", float("inf"))
-                  < (1 - ALONE_MARGIN) * result.best.step_time_s]
-        if faster:
-            a = min(faster, key=lambda a: a["step_time_s"])
-            word = "site" if cluster.is_sites else "group"
-            slower = " or the slower devices" if len({g.device.name for g in cluster.groups}) > 1 \
-                else ""
-            log.warning("cluster: %s alone (%d GPUs) runs a step in %.4g s, %.2fx faster than "
-                        "this plan over every %s (%.4g s): the links between %ss%s cost more "
-                        "than the extra GPUs give; plan on that %s alone (a cluster file of it "
-                        "only)", a["group"], a["gpus"], a["step_time_s"],
-                        result.best.step_time_s / a["step_time_s"], word,
-                        result.best.step_time_s, word, slower, word)
+        rows = alone.groups_alone(prepared.blocks, cluster, training, options,
+                                  None if options.time_limit_s is None else
+                                  options.time_limit_s - result.time_s)
+        kind, text = alone.verdict(rows, result.best.step_time_s, sites=cluster.is_sites,
+                                   kinds=len({g.device.name for g in cluster.groups}))
+        if kind == "faster":
+            log.warning("cluster: %s", text)
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,
-                record_timing=record_timing, groups_alone=alone)
+                record_timing=record_timing, groups_alone=rows)

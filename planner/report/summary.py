@@ -15,7 +15,7 @@ from planner.options import FIX_KEYS, SearchOptions
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
-from planner.search.alone import MARGIN as ALONE_MARGIN
+from planner.search import alone
 from planner.search.feasibility import nearby_multiples
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
 from planner.trace.graph import FROZEN_PRICING, frozen_words, unpriced_words
@@ -101,35 +101,12 @@ def _batch_factors(p: Plan) -> list[str]:
 def _alone(p: Plan) -> list[str]:
     """For a cluster of groups or sites: each group searched alone (planner.search.alone), and
     whether one runs the step faster than this plan over all of them."""
-    alone = p.search.get("groups_alone")
-    if not alone:
+    rows = p.search.get("groups_alone")
+    if not rows:
         return []
-    word = "site" if p.cluster.get("links") else "group"
-    step = p.predicted["step_time_s"]
-    timed = [a for a in alone if "step_time_s" in a]
-    best = min(timed, key=lambda a: a["step_time_s"], default=None)
-    each = "; ".join(f"{a['group']} ({a['gpus']} GPUs) {a['step_time_s']:.4g} s" for a in timed)
-    each += " a step" if timed else ""
-    unfit = "; ".join(f"{a['group']} ({a['gpus']} GPUs): {a['reason']}" for a in alone
-                      if "step_time_s" not in a)
-    if best is None:
-        text = f"  alone       no {word} alone runs the job: {unfit}"
-    else:
-        if best["step_time_s"] < (1 - ALONE_MARGIN) * step:
-            kinds = len(set(str(p.cluster.get("device", "")).split("+")))
-            text = (f"  alone       one {word} alone is faster: {each}, against {step:.4g} s over "
-                    f"every {word} ({step / best['step_time_s']:.2f}x slower): the links between "
-                    f"{word}s{' or the slower devices' if kinds > 1 else ''} cost more than the "
-                    f"extra GPUs give; plan on {best['group']} alone (a cluster file of that "
-                    f"{word} only, as examples/site_a_alone.yaml)")
-        elif best["step_time_s"] <= (1 + ALONE_MARGIN) * step:
-            text = (f"  alone       one {word} alone is about as fast: {each}, against "
-                    f"{step:.4g} s over every {word}: the other {word}s add little")
-        else:
-            text = (f"  alone       each {word} alone {'that runs the job ' if unfit else ''}is "
-                    f"slower: {each}, against {step:.4g} s over every {word}")
-        text += f"; nothing fits {unfit}" if unfit else ""
-    return [*wrap(text, indent=" " * 14), ""]
+    _, text = alone.verdict(rows, p.predicted["step_time_s"], sites=bool(p.cluster.get("links")),
+                            kinds=len(set(str(p.cluster.get("device", "")).split("+"))))
+    return [*wrap(f"  alone       {text}", indent=" " * 14), ""]
 
 
 def _placements(p: Plan) -> list[str]:

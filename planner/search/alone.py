@@ -72,3 +72,32 @@ def _figures(group: Cluster) -> str:
 
     return repr((repr(group.device), group.nodes, group.gpus_per_node, link(group.intra_node),
                  link(group.inter_node)))
+
+
+def verdict(rows: list[dict], step_s: float, *, sites: bool, kinds: int) -> tuple[str, str]:
+    """(faster, about, slower or unfit; the sentence) comparing the plan's step (``step_s``, over
+    every group) with each group alone (``rows``: groups_alone's); ``kinds``: how many device
+    kinds the cluster has (the slower devices are blamed only where there are two or more)."""
+    word = "site" if sites else "group"
+    timed = [a for a in rows if "step_time_s" in a]
+    unfit = "; ".join(f"{a['group']} ({a['gpus']} GPUs): {a['reason']}" for a in rows
+                      if "step_time_s" not in a)
+    if not timed:
+        return "unfit", f"no {word} alone runs the job: {unfit}"
+    best = min(timed, key=lambda a: a["step_time_s"])
+    each = "; ".join(f"{a['group']} ({a['gpus']} GPUs) {a['step_time_s']:.4g} s" for a in timed)
+    if best["step_time_s"] < (1 - MARGIN) * step_s:
+        kind, text = "faster", (
+            f"one {word} alone is faster: {each} a step, against {step_s:.4g} s over every {word} "
+            f"({step_s / best['step_time_s']:.2f}x slower): the links between {word}s"
+            f"{' or the slower devices' if kinds > 1 else ''} cost more than the extra GPUs "
+            f"give; plan on {best['group']} alone (a cluster file of that {word} only, as "
+            "examples/site_a_alone.yaml)")
+    elif best["step_time_s"] <= (1 + MARGIN) * step_s:
+        kind, text = "about", (f"one {word} alone is about as fast: {each} a step, against "
+                               f"{step_s:.4g} s over every {word}: the other {word}s add little")
+    else:
+        kind, text = "slower", (f"each {word} alone {'that runs the job ' if unfit else ''}is "
+                                f"slower: {each} a step, against {step_s:.4g} s over every "
+                                f"{word}")
+    return kind, text + (f"; nothing fits {unfit}" if unfit else "")
