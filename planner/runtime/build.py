@@ -140,6 +140,13 @@ def unrun_notes(plan: Plan, layout: Layout) -> list[str]:
         notes.append(f"experts' optimizer states not sharded over edp={layout.edp} (their "
                      "gradients are all-reduced over it); the dense states are sharded as "
                      "planned")
+    dtype = plan.training["dtype"]
+    layout_name = (plan.training.get("engine") or {}).get("state_layout", "megatron")
+    if dtype in ("bf16", "fp16"):  # (every STATE_LAYOUTS keeps fp32 master weights)
+        notes.append(f"the model trains in {dtype} throughout: parameters, gradients and "
+                     f"optimizer states in {dtype}, no fp32 master copy, where the plan prices "
+                     f"the {layout_name} layout, with fp32 master weights: model states and "
+                     "peak memory come out lower than predicted")
     return notes
 
 

@@ -150,6 +150,18 @@ def state_bytes(modules, optimizer) -> int:
     return total
 
 
+STATE_KINDS = ("weights", "grads", "optimizer", "fp8_weights")
+"""The plan's memory kinds that state_bytes measures (parameters, gradients, optimizer states)."""
+
+
+def predicted_state_bytes(plan) -> float | None:
+    """The fullest stage's predicted parameters, gradients and optimizer states (what
+    state_bytes measures on its rank); None for a plan without stages (a recommendation plan)."""
+    totals = [sum(st["predicted"]["memory_bytes"].get(k, 0.0) for k in STATE_KINDS)
+              for st in plan.stages or []]
+    return max(totals) if totals else None
+
+
 def _local_bytes(t: torch.Tensor) -> int:
     local = t.to_local() if hasattr(t, "to_local") else t
     return local.numel() * local.element_size()
@@ -189,6 +201,7 @@ def summarize(records: list[dict], plan, *, warmup: int) -> dict:
         "peak_memory_ranks": len(peaks),
         "rss_peak_bytes": max(r["rss_peak_bytes"] for r in records) if records else None,
         "state_bytes": max(r["state_bytes"] for r in records) if records else None,
+        "predicted_state_bytes": predicted_state_bytes(plan),
         "predicted_step_time_s": pred_t,
         "predicted_peak_memory_bytes": pred_m,
         # errors as the project states them everywhere: predicted / measured - 1 (negative: the

@@ -98,3 +98,21 @@ def test_the_timed_steps_spread_is_said_and_a_wide_one_flagged():
     result["measured"]["step_spread"] = {**spread, "max_s": 0.2, "range_over_median": 0.9}
     assert "says little about the cost model" in summary(result, "p.json")
     assert step_spread(records, warmup=3) is None  # one timed step: no spread
+
+
+def test_model_states_are_compared_with_the_plans_fullest_stage():
+    from types import SimpleNamespace
+
+    from planner.runtime.measure import predicted_state_bytes
+
+    stages = [{"predicted": {"memory_bytes": {"weights": 2e6, "grads": 4e6, "optimizer": 12e6,
+                                              "activations": 9e9, "total": 9e9}}},
+              {"predicted": {"memory_bytes": {"weights": 1e6, "grads": 2e6, "optimizer": 6e6,
+                                              "fp8_weights": 1e6, "total": 1e9}}}]
+    assert predicted_state_bytes(SimpleNamespace(stages=stages)) == 18e6  # no activations
+    assert predicted_state_bytes(SimpleNamespace(stages=None)) is None  # recommendation plans
+    result = _result([{"pp": 0, "dp": 0, "cp": 0, "tp": 0, "ep": 0}])
+    result["measured"]["predicted_state_bytes"] = 1.5e5  # measured 1e5
+    row = next(line for line in summary(result, "p.json").splitlines()
+               if line.startswith("model states"))
+    assert row.rstrip().endswith("+50%")

@@ -149,3 +149,21 @@ def test_tp_styles_shard_the_linears_and_leave_inner_weights_alone():
     feeds = {"o_proj": {"q_proj"}, "input_norm": {"o_proj"}, "q_norm": {"q_proj"}}
     styles, notes = tp_styles(roles, feeds, set(modules), modules, 2)
     assert set(styles) == {"q_proj", "o_proj"} and notes == []
+
+
+def test_a_16_bit_plan_notes_that_the_runtime_keeps_no_fp32_master_copy():
+    """plan run trains a bf16 plan in bf16 throughout, where every state layout the planner
+    prices keeps fp32 master weights: a run's model states came out 3x below the prediction."""
+    import dataclasses
+    import os
+
+    from planner.runtime.build import unrun_notes
+
+    golden = os.path.join(os.path.dirname(__file__), "..", "..", "golden", "plans",
+                          "uneven-llama3-8b.json")
+    plan = load_plan(golden)
+    assert plan.training["dtype"] == "bf16"
+    assert any(n.startswith("the model trains in bf16 throughout") and "fp32 master" in n
+               for n in unrun_notes(plan, layout_of(plan)))
+    fp32 = dataclasses.replace(plan, training={**plan.training, "dtype": "fp32"})
+    assert not any("throughout" in n for n in unrun_notes(fp32, layout_of(fp32)))
