@@ -462,6 +462,7 @@ def _row(task: _Task, plan, reason: str) -> dict:
         "config": plan.parallel_summary if plan else None,
         "tables": ", ".join(f"{k} {n}" for k, n in plan.sharding_counts().items())
         if plan is not None and plan.embeddings else None,
+        "routed_experts": plan.model.get("routed_experts") if plan else None,
     }
     row.update({k: plan.parallel.get(k) if plan else None for k in KNOBS})
     row.update({k: plan.predicted[k] if plan else None for k in METRIC_KEYS})

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from costmodels.errors import PlannerError
 from costmodels.hardware import get_device
 from planner.options import parallel_text
+from planner.report.summary import MOE_ACCURACY
 from planner.units import dollars, gb, human_count, seconds
 from planner.report.text import table
 
@@ -55,6 +58,8 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
         lines[i] = lines[i].rstrip().ljust(len(lines[0].split("configuration")[0])) + reason
     if cut:
         lines += ["", "reasons cut short above, in full:", *cut]
+    if any(r.get("routed_experts") for r in rows):  # as plan show says under an MoE step time
+        lines += ["", *textwrap.wrap(MOE_ACCURACY, 100, subsequent_indent="  ")]
     return "\n".join(lines)
 
 

@@ -266,6 +266,10 @@ def test_days_need_no_prices(tiny_llama_config):
     assert "MFU (own peak)" in head  # two devices, two peaks: MFU does not rank the points
     one = sweep_table(rows[:1]).splitlines()[0]
     assert "MFU" in one and "own peak" not in one
+    # a model with routed experts: the MoE runs' held-out error under the table, as plan show
+    assert "accuracy: step times of mixtures" not in sweep_table(rows)
+    assert "accuracy: step times of mixtures" in sweep_table([{**r, "routed_experts": 8}
+                                                              for r in rows])
     priced = explore.whatif(tiny_llama_config, cluster="dgx-h100", global_batch=8, seq_len=64,
                             vary={"device": ["h100", "a100-80g"]}, tokens=1e9,
                             prices={"h100": 4.0})
