@@ -17,7 +17,7 @@ import itertools
 import numpy as np
 
 from costmodels import comm, compute, memory
-from costmodels.errors import InfeasibleError
+from costmodels.errors import InfeasibleError, InternalError
 from costmodels.topology import HeteroCluster
 from planner.errors import SpecError
 from planner.options import Config, SearchOptions, TrainingSpec
@@ -306,6 +306,10 @@ def repriced(est: Estimate, ma: ModelArrays, hc: HeteroCluster,
     cfg = est.config
     names = {g.name: i for i, g in enumerate(hc.groups)}
     bounds = [0] + list(itertools.accumulate(len(st.blocks) for st in est.stages))
+    if [list(st.blocks) for st in est.stages] != [list(ma.names[a:b])
+                                                   for a, b in zip(bounds, bounds[1:])]:
+        raise InternalError("hetero.repriced: the stages' blocks are not consecutive in the "
+                            "model's order, which pricing on device groups keeps")
     priced = price_hetero(cfg, bounds, [names[st.group] for st in est.stages], ma,
                           _costs_of(cfg, ma, hc, training), hc, training)
     return simulated(priced, training)
