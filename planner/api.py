@@ -6,6 +6,7 @@ is read back from the trace cache (planner.trace.cache) without loading either.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -291,7 +292,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     training = TrainingSpec(global_batch=global_batch, seq_len=prepared.seq_len, dtype=dtype,
                             optimizer=optimizer, engine=eng)
     return plan_prepared(prepared, cl, training, options, progress=progress,
-                         record_timing=record_timing, warn_default_engine=False)
+                         record_timing=record_timing, warn_default_engine=False,
+                         nearest_engine=True)
 
 
 def recsys_model(model) -> bool:
@@ -481,14 +483,17 @@ def _dense_zero(value) -> int:
 
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
                   progress=None, record_timing: bool = False,
-                  warn_default_engine: bool = True, compare_groups: bool = True) -> Plan:
+                  warn_default_engine: bool = True, compare_groups: bool = True,
+                  nearest_engine: bool = False) -> Plan:
     """Search and emit for an already traced model, priced with ``training.engine`` (planner.plan
     takes a target's software for it; here a warning says when a target with software of its
     own, torchtitan, deepspeed or torch, is searched with the default engine's kernels, unless
     ``warn_default_engine`` is False: planner.plan's engine was chosen, by the target or by
     --engine). On a cluster of groups or sites each group is also searched alone
     (planner.search.alone; the plan's search.groups_alone) unless ``compare_groups`` is False (a
-    what-if sweep, whose table has no room for it)."""
+    what-if sweep, whose table has no room for it). With ``nearest_engine`` (plan solve's), a plan
+    for --target any that no exported engine runs as planned is searched again within
+    Megatron-LM's rules, with the same software (the plan's search.nearest_engine)."""
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "
@@ -549,6 +554,38 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
                                    kinds=len({g.device.name for g in cluster.groups}))
         if kind == "faster":
             log.warning("cluster: %s", text)
+    near = _nearest_engine(prepared, cluster, training, options, result) \
+        if nearest_engine else None
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,
-                record_timing=record_timing, groups_alone=rows)
+                record_timing=record_timing, groups_alone=rows, nearest_engine=near)
+
+
+NEAREST_ENGINE = "megatron"
+"""The engine a --target any plan that no exported engine runs is searched again for: the one
+whose software (Megatron-Core) the default pricing describes, so that only the rules differ."""
+
+
+def _nearest_engine(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions,
+                    result) -> dict | None:
+    """For a plan made for any target on one kind of node that none of targets.EXPORTED runs:
+    the best configuration within NEAREST_ENGINE's rules ({target, step_time_s, parallel,
+    peak_memory_bytes}, or {target, reason}); None where an exported engine runs it, or the
+    user's pins already break that engine's rules."""
+    if options.target != "any" or isinstance(cluster, HeteroCluster):
+        return None
+    parallel = result.best.config.to_dict()
+    if any(targets.refusal(parallel, training.dtype, t) is None for t in targets.EXPORTED):
+        return None
+    try:
+        within = targets.restrict(dataclasses.replace(options, top_k=0), NEAREST_ENGINE)
+        targets.check_dtype(NEAREST_ENGINE, training.dtype)
+    except SpecError:
+        return None
+    log.info("no exported engine runs this plan as planned: searching within %s's rules ...",
+             NEAREST_ENGINE)
+    best = search(prepared.blocks, cluster, training, within).best
+    if best is None:
+        return {"target": NEAREST_ENGINE, "reason": "no configuration fits"}
+    return {"target": NEAREST_ENGINE, "step_time_s": best.step_time_s,
+            "parallel": best.config.short(), "peak_memory_bytes": best.peak_memory_bytes}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from costmodels.memory import modules_of
 from costmodels.pipeline import SCHEDULES, Schedule
 from planner.errors import SpecError
-from planner.options import CP_COMMS, ZERO_STAGES, SearchOptions, zb_split_lost
+from planner.options import CP_COMMS, FIX_KEYS, ZERO_STAGES, SearchOptions, zb_split_lost
 
 DEFAULT_RECOMPUTE = SearchOptions().recompute
 """The forms a search tries when the caller names none (a target replaces them by its own)."""
@@ -255,6 +255,23 @@ ENGINES: dict[str, Engine] = {
                         deepep_dtypes=("bf16", "fp8")),
 }
 TARGETS: tuple[str, ...] = tuple(ENGINES)
+
+
+EXPORTED = ("megatron", "torchtitan", "deepspeed")
+"""The engines a plan is exported to (``torch`` is the planner's own runtime, plan run)."""
+
+
+def refusal(parallel: dict, dtype: str, target: str) -> str | None:
+    """Why ``target`` does not run a plan's knobs (``parallel``, as Config.to_dict or a plan's
+    parallel section gives them) and dtype as planned, in restrict's words: the first refused
+    setting; None where it runs them (an export checks the model's own rules besides)."""
+    fix = {k: parallel[k] for k in FIX_KEYS if k in parallel}
+    try:
+        restrict(SearchOptions(fix=fix), target)
+        check_dtype(target, dtype)
+    except SpecError as err:
+        return str(err)
+    return None
 
 
 def engine(target: str) -> Engine:

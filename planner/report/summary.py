@@ -47,20 +47,30 @@ def _engines(p: Plan) -> list[str]:
     recomputation) and the first knob each other one refuses; an export checks the rest."""
     if p.search.get("target", "any") != "any" or "groups" in p.cluster:
         return []
-    fix = {k: p.parallel[k] for k in FIX_KEYS if k in p.parallel}
     runs, refused = [], []
     for target in ENGINE_TARGETS:
-        try:
-            targets.restrict(SearchOptions(fix=fix), target)
-            targets.check_dtype(target, p.training["dtype"])
+        why = targets.refusal(p.parallel, p.training["dtype"], target)
+        if why is None:
             runs.append(target + (" (plan run)" if target == "torch" else ""))
-        except PlannerError as err:
-            refused.append(f"{target} ({str(err).partition(':')[0].removeprefix('fix.')})")
+        else:
+            refused.append(f"{target} ({why.partition(':')[0].removeprefix('fix.')})")
     if not refused:
         return []
+    near = p.search.get("nearest_engine")
+    if near and "step_time_s" in near:
+        step = p.predicted["step_time_s"]
+        change = 100 * (near["step_time_s"] / step - 1)
+        near_text = (f"; within {near['target']}'s rules the search's best is "
+                     f"{near['parallel']}, {near['step_time_s']:.4g} s a step ({change:+.1f}%, "
+                     f"{gb1(near['peak_memory_bytes'])} per GPU): `plan solve --target "
+                     f"{near['target']}` plans it")
+    elif near:
+        near_text = f"; within {near['target']}'s rules nothing fits ({near['reason']})"
+    else:
+        near_text = "; `plan solve --target NAME` plans within one engine's"
     return wrap(f"  engines: planned with --target any; its knobs and dtype keep to the rules of "
                 f"{', '.join(runs) or 'no engine'}, not {', '.join(refused)} (an export checks "
-                f"the model's own); `plan solve --target NAME` plans within one engine's",
+                f"the model's own){near_text}",
                 indent="    ") + [""]
 
 

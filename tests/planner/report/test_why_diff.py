@@ -488,3 +488,26 @@ def test_an_moe_plan_says_how_far_its_step_time_can_be_trusted(small_plan):
         "tests/planner/export/data/plans/mixtral-8x7b-ep4-etp2-megatron.json")))
     assert "accuracy: step times of mixtures of experts" in moe and "median error" in moe
     assert "accuracy:" not in "\n".join(breakdown(load_plan(small_plan)))
+
+
+def test_a_plan_no_exported_engine_runs_names_the_best_within_megatrons_rules(
+        tiny_llama_config, monkeypatch):
+    """A new-user check's first MoE plan (ZeRO-3 with a pipeline, moe_act) was refused by every
+    export, with no word of what a runnable plan costs."""
+    from planner import targets
+    from planner.report.summary import summary
+
+    kw = dict(cluster=SMALL, global_batch=32, seq_len=128)
+    runnable = planner.plan(tiny_llama_config, **kw)
+    assert targets.refusal(runnable.parallel, "bf16", "megatron") is None
+    assert "nearest_engine" not in runnable.search  # an exported engine runs it: no search
+    real = targets.refusal
+    monkeypatch.setattr(targets, "refusal", lambda parallel, dtype, target: "fix.zero: refused"
+                        if target in targets.EXPORTED else real(parallel, dtype, target))
+    p = planner.plan(tiny_llama_config, **kw)
+    near = p.search["nearest_engine"]
+    megatron = planner.plan(tiny_llama_config, target="megatron", **kw)
+    assert near["target"] == "megatron" and near["parallel"] == megatron.parallel_summary
+    assert near["step_time_s"] == pytest.approx(megatron.step_time_s, rel=1e-6)
+    assert "within megatron's rules the search's best is " + megatron.parallel_summary in \
+        " ".join(summary(p).split())
