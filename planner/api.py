@@ -578,7 +578,10 @@ def _nearest_engine(prepared: Prepared, cluster, training: TrainingSpec, options
     if any(targets.refusal(parallel, training.dtype, t) is None for t in targets.EXPORTED):
         return None
     try:
-        within = targets.restrict(dataclasses.replace(options, top_k=0), NEAREST_ENGINE)
+        left = None if options.time_limit_s is None else \
+            max(alone.MIN_TIME_S, options.time_limit_s - result.time_s)  # (the limit is shared)
+        within = targets.restrict(dataclasses.replace(options, top_k=0, time_limit_s=left),
+                                  NEAREST_ENGINE)
         targets.check_dtype(NEAREST_ENGINE, training.dtype)
     except SpecError:
         return None
