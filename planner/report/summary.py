@@ -11,7 +11,6 @@ from costmodels.errors import PlannerError
 from costmodels.hardware import get_device
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner import targets
-from planner.options import FIX_KEYS, SearchOptions
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
