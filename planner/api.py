@@ -580,9 +580,10 @@ def _nearest_engine(prepared: Prepared, cluster, training: TrainingSpec, options
     try:
         left = None if options.time_limit_s is None else \
             max(alone.MIN_TIME_S, options.time_limit_s - result.time_s)  # (the limit is shared)
-        within = targets.restrict(dataclasses.replace(options, top_k=0, time_limit_s=left),
-                                  NEAREST_ENGINE)
-        targets.check_dtype(NEAREST_ENGINE, training.dtype)
+        # narrowed as plan solve --target NEAREST_ENGINE narrows it: its rules for this model,
+        # optimizer and software (one layer stack, offload, MoE settings)
+        within = settings.narrowed(dataclasses.replace(options, target=NEAREST_ENGINE,
+                                                       time_limit_s=left), prepared, training)
     except SpecError:
         return None
     log.info("no exported engine runs this plan as planned: searching within %s's rules ...",
