@@ -67,7 +67,8 @@ def baselines(requests: list[JobRequest], nodes: int, gpus_per_node: int, *,
             seq_counts.append(r.pinned.gpus)
             equal_counts.append(r.pinned.gpus)
             continue
-        seq.append(JobRequest(name=r.name, durations_s={whole: r.durations_s[max(r.durations_s)]}))
+        seq.append(JobRequest(name=r.name, durations_s={whole: r.durations_s[max(r.durations_s)]},
+                              priority=r.priority))
         seq_counts.append(whole)
         fits = [g for g in r.durations_s if g <= share]
         equal_counts.append(max(fits) if fits else min(r.durations_s))
@@ -83,8 +84,7 @@ def baselines(requests: list[JobRequest], nodes: int, gpus_per_node: int, *,
     return {"sequential": Baseline(
                 f"every job on the whole cluster, one after another{queue}",
                 list_schedule(seq, seq_counts, nodes, gpus_per_node, now_s=now_s,
-                              order=order(requests, [max(r.durations_s) if r.pinned is None
-                                                     else r.pinned.gpus for r in requests]))),
+                              order=order(seq, seq_counts))),
             "equal_split": Baseline(
                 f"equal split of the GPUs ({share:.3g} per job), "
                 + ("queued highest priority per hour first" if weighted else "FIFO queue"),
