@@ -23,8 +23,9 @@ for links between sites). Inside a site, ``inter_node`` figures are per node by 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from costmodels.errors import SpecError, unknown_key
 from costmodels.hardware import GB, US
@@ -155,3 +156,34 @@ def with_site_bandwidth(hc: HeteroCluster, bytes_per_s: float) -> HeteroCluster:
 def group_nodes(cluster: Cluster, gpus: int) -> int:
     """Nodes that ``gpus`` consecutive GPUs of ``cluster`` occupy."""
     return max(1, -(-gpus // cluster.gpus_per_node))
+
+
+RING_ORDERS_UP_TO = 8
+"""Sites up to which every ring order is tried (7!/2 orders at 8); beyond, the listed order."""
+
+
+def replicas_allreduce_s(nbytes: float, hc: HeteroCluster,
+                         members: Sequence[int]) -> tuple[float, tuple[int, ...]]:
+    """(seconds, ring order) to all-reduce ``nbytes`` (one replica's gradients) across the sites
+    ``members``, each site holding one replica set whose GPUs all hold a share: the hierarchical
+    all-reduce of HSDP and of Megatron-LM's partial distributed optimizer (reduce-scattered inside
+    each site, the shards all-reduced across the sites in a ring, all-gathered inside again; the
+    parts inside a site are its own data-parallel traffic, priced with its plan). In the ring each
+    site sends 2 (k - 1) / k of the bytes to the next, every GPU its share at once, on the link
+    between the two as its scope (``per``) shares it, with 2 (k - 1) latencies; the ring takes its
+    slowest link's time, and the order whose slowest link is fastest is taken."""
+    k = len(members)
+    if k < 2 or nbytes <= 0:
+        return 0.0, tuple(members)
+    sent = 2.0 * (k - 1) / k * nbytes
+
+    def edge_s(g: int, h: int) -> float:
+        site = hc.groups[g]
+        return hc.site_link(g, h).transfer_s(sent, site.num_gpus, site.nodes,
+                                             messages=2 * (k - 1))
+
+    first, rest = members[0], list(members[1:])
+    orders = [(first, *p) for p in itertools.permutations(rest)] if k <= RING_ORDERS_UP_TO \
+        else [tuple(members)]
+    best = min(orders, key=lambda o: max(edge_s(o[i], o[(i + 1) % k]) for i in range(k)))
+    return max(edge_s(best[i], best[(i + 1) % k]) for i in range(k)), best

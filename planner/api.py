@@ -28,7 +28,7 @@ from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import SearchOptions, TrainingSpec, engine_spec, idle_pins, parse_fix
 from planner import settings, targets
 from planner.planfile.document import Plan
-from planner.search import alone
+from planner.search import alone, replicas
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import (batch_note, cluster_pin_problem, explain_infeasible,
                                         known_model_pin_problem, length_note, pin_problem)
@@ -490,8 +490,9 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     own, torchtitan, deepspeed or torch, is searched with the default engine's kernels, unless
     ``warn_default_engine`` is False: planner.plan's engine was chosen, by the target or by
     --engine). On a cluster of groups or sites each group is also searched alone
-    (planner.search.alone; the plan's search.groups_alone) unless ``compare_groups`` is False (a
-    what-if sweep, whose table has no room for it). With ``nearest_engine`` (plan solve's), a plan
+    (planner.search.alone; the plan's search.groups_alone), and on sites each kind of site with
+    two or more as data-parallel replicas (planner.search.replicas; search.sites_replicas),
+    unless ``compare_groups`` is False (a what-if sweep, whose table has no room for them). With ``nearest_engine`` (plan solve's), a plan
     for --target any that no exported engine runs as planned is searched again within
     Megatron-LM's rules, with the same software (the plan's search.nearest_engine)."""
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
@@ -545,8 +546,9 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
             log.warning("%s", note)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)
         settings.warn_overlap_off(result.best.config, training, dict(options.fix))
-    rows = None
+    rows = replica_rows = None
     if compare_groups and isinstance(cluster, HeteroCluster):  # is one group alone faster?
+        t0 = time.perf_counter()
         rows = alone.groups_alone(prepared.blocks, cluster, training, options,
                                   None if options.time_limit_s is None else
                                   options.time_limit_s - result.time_s)
@@ -554,11 +556,20 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
                                    kinds=len({g.device.name for g in cluster.groups}))
         if kind == "faster":
             log.warning("cluster: %s", text)
+        if cluster.is_sites:  # or one site's plan on each alike site, data parallel across them?
+            replica_rows = replicas.sites_replicas(
+                prepared.blocks, cluster, training, options,
+                None if options.time_limit_s is None else
+                options.time_limit_s - result.time_s - (time.perf_counter() - t0))
+            for kind, text in replicas.verdicts(replica_rows, result.best.step_time_s):
+                if kind == "faster":
+                    log.warning("cluster: %s; %s", text, replicas.HOW)
     near = _nearest_engine(prepared, cluster, training, options, result) \
         if nearest_engine else None
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,
-                record_timing=record_timing, groups_alone=rows, nearest_engine=near)
+                record_timing=record_timing, groups_alone=rows, nearest_engine=near,
+                sites_replicas=replica_rows)
 
 
 NEAREST_ENGINE = "megatron"

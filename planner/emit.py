@@ -28,7 +28,7 @@ from planner.trace.graph import BlockGraph, OpGraph
 def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchResult,
          cluster: Cluster, training: TrainingSpec, options: SearchOptions,
          record_timing: bool = False, groups_alone: list[dict] | None = None,
-         nearest_engine: dict | None = None) -> Plan:
+         nearest_engine: dict | None = None, sites_replicas: list[dict] | None = None) -> Plan:
     best = result.best
     cfg = best.config
     check_predictions(best, training, cluster)
@@ -80,6 +80,8 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
                                                 training)
     if groups_alone is not None:  # each group searched alone (planner.search.alone)
         search["groups_alone"] = groups_alone
+    if sites_replicas:  # data parallel across alike sites (planner.search.replicas)
+        search["sites_replicas"] = sites_replicas
     if nearest_engine is not None:  # within an exported engine's rules (api._nearest_engine)
         search["nearest_engine"] = nearest_engine
     provenance = {

@@ -14,7 +14,7 @@ from planner import targets
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
-from planner.search import alone
+from planner.search import alone, replicas
 from planner.search.feasibility import nearby_multiples
 from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
 from planner.trace.graph import FROZEN_PRICING, frozen_words, unpriced_words
@@ -115,7 +115,13 @@ def _alone(p: Plan) -> list[str]:
         return []
     _, text = alone.verdict(rows, p.predicted["step_time_s"], sites=bool(p.cluster.get("links")),
                             kinds=len(set(str(p.cluster.get("device", "")).split("+"))))
-    return [*wrap(f"  alone       {text}", indent=" " * 14), ""]
+    lines = wrap(f"  alone       {text}", indent=" " * 14)
+    verdicts = replicas.verdicts(p.search.get("sites_replicas") or [], p.predicted["step_time_s"])
+    for _, line in verdicts:
+        lines += wrap(f"  replicas    {line}", indent=" " * 14)
+    if any(kind != "unfit" for kind, _ in verdicts):
+        lines += wrap(f"              ({replicas.HOW})", indent=" " * 15)
+    return [*lines, ""]
 
 
 def _placements(p: Plan) -> list[str]:

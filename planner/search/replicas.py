@@ -1,0 +1,119 @@
+"""Data parallelism across alike sites: what the plan over sites is also measured against.
+
+The search over sites chains pipeline stages through them, so only activations cross the slow
+links. The other way to use several sites of one kind is to run one site's plan on each, every
+site on its share of the global batch, and to all-reduce the gradients across the sites once a
+step (hierarchically: reduce-scattered inside each site, the shards all-reduced across the sites,
+all-gathered inside again; HSDP's replicate groups, Megatron-LM's
+--num-distributed-optimizer-instances). With a large batch and a fast enough link that wins,
+since the gradients cross once a step whatever the batch while the pipeline's sends grow with it.
+
+For each kind of site with two or more sites, its plan is searched on one site for the share of
+the batch (the same model, pins but those the GPU count sizes, and rules as a plan on that site
+alone), and the all-reduce across the sites is priced on their links (costmodels.sites.
+replicas_allreduce_s), exposed: the engines overlap the gradient reduction with the last
+micro-batch's backward only, far shorter than a reduction over these links. The planner does not
+emit that plan (README, Limits); the plan's ``search.sites_replicas`` and `plan show` say what
+it would take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from costmodels.errors import PlannerError
+from costmodels.sites import replicas_allreduce_s
+from costmodels.topology import HeteroCluster
+from planner.options import SearchOptions, TrainingSpec
+from planner.search import alone, hetero
+from planner.search.dp_traffic import DataParallelBytes
+from planner.search.loop import search
+from planner.trace.graph import BlockGraph
+
+log = logging.getLogger(__name__)
+
+
+def trained_params(bg: BlockGraph) -> float:
+    """Parameters with gradients in one replica (a weight two blocks share counted once)."""
+    blocks = sum(b.work.params - b.work.frozen_params_tp - b.work.frozen_params_rep
+                 for b in bg.blocks)
+    return blocks - sum(float(n) for _, _, n, _, frozen in bg.shared if not frozen)
+
+
+def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpec,
+                   options: SearchOptions, time_left_s: float | None = None) -> list[dict]:
+    """Per kind of site with two or more sites: {sites, gpus, step_time_s, site_step_s,
+    allreduce_s, gradient_bytes, parallel, global_batch} (the step with one replica set per site,
+    and its parts), or {sites, gpus, reason} where it cannot run. ``time_left_s``: what is left of
+    the planning's time limit, shared by the kinds."""
+    members: dict[int, list[int]] = {}
+    for g, kind in enumerate(hetero.kinds(cluster)):
+        members.setdefault(kind, []).append(g)
+    sets = [m for m in members.values() if len(m) >= 2]
+    if not sets:
+        return []
+    fix = {k: v for k, v in options.fix.items() if k not in alone.SIZED_BY_GPUS}
+    limit = None if time_left_s is None else max(alone.MIN_TIME_S, time_left_s / len(sets))
+    site_options = dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit)
+    grad_bytes = trained_params(bg) * DataParallelBytes.of(training).grads
+    out = []
+    for group in sets:
+        site, k = cluster.groups[group[0]], len(group)
+        row: dict = {"sites": [cluster.groups[g].name for g in group], "gpus": k * site.num_gpus}
+        t0 = time.perf_counter()
+        if training.global_batch % k:
+            row["reason"] = (f"the global batch ({training.global_batch:,}) does not split into "
+                             f"{k} equal shares")
+        else:
+            share = dataclasses.replace(training, global_batch=training.global_batch // k)
+            try:
+                best = search(bg, site, share, site_options).best
+            except PlannerError as exc:
+                best, row["reason"] = None, str(exc).splitlines()[0]
+            if best is None:
+                row.setdefault("reason", f"no configuration fits {site.name} at "
+                                         f"{share.global_batch:,} samples a step")
+            else:
+                across, order = replicas_allreduce_s(grad_bytes, cluster, group)
+                row.update(step_time_s=best.step_time_s + across, site_step_s=best.step_time_s,
+                           allreduce_s=across, gradient_bytes=grad_bytes,
+                           ring=[cluster.groups[g].name for g in order],
+                           parallel=best.config.short(), global_batch=share.global_batch)
+        log.info("data parallel across %s (%d GPUs): %s (%.1f s)", ", ".join(row["sites"]),
+                 row["gpus"], f"{row['step_time_s']:.4g} s a step" if "step_time_s" in row
+                 else row["reason"], time.perf_counter() - t0)
+        out.append(row)
+    return out
+
+
+def verdicts(rows: list[dict], step_s: float) -> list[tuple[str, str]]:
+    """Per row (sites_replicas'): (faster, about, slower or unfit: against the plan's step over
+    every site, ``step_s``, with alone.MARGIN; the sentence)."""
+    out = []
+    for r in rows:
+        names = " and ".join([", ".join(r["sites"][:-1]), r["sites"][-1]])
+        if "step_time_s" not in r:
+            out.append(("unfit", f"data parallel across {names}: {r['reason']}"))
+            continue
+        k, t = len(r["sites"]), r["step_time_s"]
+        if t < (1 - alone.MARGIN) * step_s:
+            kind, how = "faster", f"{step_s / t:.2f}x faster than"
+        elif t <= (1 + alone.MARGIN) * step_s:
+            kind, how = "about", "about as fast as"
+        else:
+            kind, how = "slower", f"{t / step_s:.2f}x slower than"
+        out.append((kind, f"data parallel across {names} ({r['gpus']} GPUs): {t:.4g} s a step "
+                    f"({how} this plan): {r['sites'][0]}'s plan ({r['parallel']}) on each "
+                    f"site for {r['global_batch']:,} of the samples, {r['site_step_s']:.4g} s, "
+                    f"then {r['gradient_bytes'] / 1e9:.3g} GB of gradients all-reduced across "
+                    f"the {k} sites in {r['allreduce_s']:.4g} s"))
+    return out
+
+
+HOW = ("the planner does not emit plans of data parallelism across sites: plan one site with its share of the global batch and "
+       "replicate it over the sites with a hierarchical gradient reduction (HSDP's replicate "
+       "degree, Megatron-LM's --num-distributed-optimizer-instances: the number of sites); the "
+       "all-reduce across sites is priced in a ring over their links, not hidden behind compute")
+"""What a row of sites_replicas takes to run, said once under the rows."""

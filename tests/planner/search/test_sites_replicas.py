@@ -1,0 +1,104 @@
+"""Data parallelism across alike sites (planner.search.replicas): one site's plan on each site for
+its share of the batch, the gradients all-reduced across the sites once a step."""
+
+import logging
+
+import pytest
+
+from tests.conftest import TINY_LLAMA, write_config
+
+from costmodels.sites import replicas_allreduce_s, sites_from_mapping
+from planner.api import plan_prepared, prepare
+from planner.options import SearchOptions, TrainingSpec
+from planner.report.summary import summary
+from planner.search.dp_traffic import DataParallelBytes
+from planner.search.loop import search
+from planner.search.replicas import trained_params
+
+
+def site(name, nodes=1):
+    return {"name": name, "device": "a100-80g", "nodes": nodes, "gpus_per_node": 4,
+            "intra_node": {"bandwidth": "300GB/s", "latency": "3us"},
+            "inter_node": {"bandwidth": "25GB/s", "latency": "10us"}}
+
+
+def sites(names, links, default=None):
+    spec = {"name": "r", "sites": [site(n) for n in names], "links": links}
+    if default:
+        spec["default_link"] = default
+    return sites_from_mapping(spec)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    cfg = {**TINY_LLAMA, "num_hidden_layers": 12}
+    return prepare(write_config(tmp_path_factory.mktemp("llama12"), cfg), seq_len=256,
+                   dtype="bf16", cache_dir=None)
+
+
+def test_two_sites_send_the_whole_gradient_each_way_on_their_link():
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "8Gbps", "latency": "10ms",
+                       "efficiency": 0.5}])
+    seconds, ring = replicas_allreduce_s(4e9, hc, [0, 1])
+    # ring of two: half the bytes each way to reduce, half again to gather; one shared pipe
+    assert seconds == pytest.approx(2 * 10e-3 + 4e9 / (1e9 * 0.5))
+    assert ring == (0, 1)
+
+
+def test_a_link_per_gpu_is_every_gpus_own():
+    link = {"between": ["a", "b"], "bandwidth": "8Gbps", "latency": "0s", "efficiency": 1.0}
+    pipe, _ = replicas_allreduce_s(4e9, sites("ab", [{**link, "per": "site"}]), [0, 1])
+    own, _ = replicas_allreduce_s(4e9, sites("ab", [{**link, "per": "gpu"}]), [0, 1])
+    assert own == pytest.approx(pipe / 4)  # four GPUs a site, each sending its share at once
+
+
+def test_the_ring_takes_the_order_whose_slowest_link_is_fastest():
+    fast = {"bandwidth": "100Gbps", "latency": "1ms"}
+    hc = sites("abcd", [{"between": p, **fast} for p in (["a", "c"], ["c", "b"], ["b", "d"],
+                                                          ["d", "a"])],
+               default={"bandwidth": "1Gbps", "latency": "1ms"})
+    seconds, ring = replicas_allreduce_s(1e9, hc, [0, 1, 2, 3])
+    assert ring in ((0, 2, 1, 3), (0, 3, 1, 2))  # a-c-b-d-a either way: no slow link
+    listed = max(hc.site_link(g, h).transfer_s(1.5e9, 4, 1, messages=6)
+                 for g, h in ((0, 1), (1, 2), (2, 3), (3, 0)))
+    assert seconds < listed / 10
+
+
+def test_a_plan_over_sites_prices_one_site_replicated_across_them(prepared, caplog):
+    training = TrainingSpec(global_batch=256, seq_len=256)
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "100Gbps", "latency": "5ms"}])
+    with caplog.at_level(logging.WARNING):
+        plan = plan_prepared(prepared, hc, training, SearchOptions(top_k=0))
+    (row,) = plan.search["sites_replicas"]
+    assert row["sites"] == ["a", "b"] and row["gpus"] == 8 and row["global_batch"] == 128
+    half = search(prepared.blocks, hc.groups[0], TrainingSpec(global_batch=128, seq_len=256),
+                  SearchOptions(top_k=0)).best
+    assert row["site_step_s"] == pytest.approx(half.step_time_s, rel=1e-5)
+    grads = trained_params(prepared.blocks) * DataParallelBytes.of(training).grads
+    assert row["gradient_bytes"] == pytest.approx(grads, rel=1e-5)  # (the plan keeps 6 digits)
+    assert row["allreduce_s"] == pytest.approx(replicas_allreduce_s(grads, hc, [0, 1])[0], rel=1e-5)
+    assert row["step_time_s"] == pytest.approx(row["site_step_s"] + row["allreduce_s"], rel=1e-5)
+    text = summary(plan)
+    assert "replicas    data parallel across a and b (8 GPUs)" in text
+    faster = row["step_time_s"] < 0.98 * plan.step_time_s
+    assert faster == any("data parallel across a and b" in r.getMessage()
+                         for r in caplog.records)
+
+
+def test_a_batch_the_sites_cannot_share_is_said(prepared):
+    hc = sites("abc", [], default={"bandwidth": "10Gbps", "latency": "5ms"})
+    plan = plan_prepared(prepared, hc, TrainingSpec(global_batch=64, seq_len=256),
+                         SearchOptions(top_k=0))
+    (row,) = plan.search["sites_replicas"]
+    assert "step_time_s" not in row and "does not split into 3 equal shares" in row["reason"]
+    assert "data parallel across a, b and c: the global batch (64)" in summary(plan)
+
+
+def test_tied_weights_are_reduced_once(tmp_path):
+    sizes = {}
+    for tied in (False, True):
+        cfg = {**TINY_LLAMA, "tie_word_embeddings": tied}
+        bg = prepare(write_config(tmp_path / str(tied), cfg), seq_len=64, dtype="bf16",
+                     cache_dir=None).blocks
+        sizes[tied] = trained_params(bg)
+    assert sizes[False] - sizes[True] == TINY_LLAMA["vocab_size"] * TINY_LLAMA["hidden_size"]
