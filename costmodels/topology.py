@@ -374,7 +374,23 @@ class HeteroCluster:
             **({"links": [{"between": [self.groups[i].name, self.groups[j].name],
                            **link.to_mapping()} for (i, j), link in self.links]}
                if self.links else {}),
+            "spec": self.to_mapping(),
         }
+
+    def to_mapping(self) -> dict:
+        """The YAML form that reads back into this cluster: the sites form
+        (costmodels.sites.sites_from_mapping; every pair's link listed) where it has links per
+        pair, else the groups form (hetero_from_mapping)."""
+        members = [{k: v for k, v in g.to_mapping().items() if k != "description"}
+                   for g in self.groups]
+        text = {"description": self.description} if self.description else {}
+        if self.links:
+            return {"name": self.name, "sites": members, **text,
+                    "links": [{"between": [self.groups[i].name, self.groups[j].name],
+                               **link.to_mapping()} for (i, j), link in self.links]}
+        return {"name": self.name, "groups": members, **text,
+                "inter_node": members[0]["inter_node"],  # (each group gives its own)
+                "inter_group": _link_mapping(self.inter_group)}
 
 
 _HETERO_KEYS = {"name", "groups", "inter_node", "inter_group", "description"}

@@ -11,10 +11,11 @@ import math
 from dataclasses import dataclass
 
 from costmodels.engine import engine_from_mapping
-from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
+from costmodels.topology import CLUSTERS, HeteroCluster, cluster_from_mapping, get_cluster
 from planner import api, settings
 from planner.emit import emit
 from planner.errors import SpecError
+from planner.inputs.clusters import load_cluster
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, idle_pins, parse_fix
 from planner.planfile.document import Plan
 from planner.report.compare import stage_blocks
@@ -94,8 +95,9 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
                       notes=_kept(plan, pins) + _lifted(plan, pins)
                       + idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
                       + _untried(plan, variant, options), over=[])
-    problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
-                          training, options)
+    grouped = isinstance(cluster, HeteroCluster)
+    problem = None if grouped else pin_problem(
+        dict(options.fix), Space.of(cluster, prepared.blocks, options), training, options)
     if problem:  # a pin the model or cluster cannot take is bad input, as in solve, named as
         raise SpecError(_as_why(problem, pins))  # the option that gave it
     aside, ruled = rejection_lines(result.rejected)
@@ -103,6 +105,9 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
     message = (f"all {result.candidates} configurations with {pins_text(pins)} set aside ("
                + "; ".join(filter(None, (aside, ruled))) + ")" if result.candidates
                else f"no configuration has {pins_text(pins)} ({ruled or 'none counted'})")
+    if grouped:  # (what the pinned configuration would need is priced on one kind of node)
+        return WhyNot(pins=pins, variant=None, feasible=False, message=message,
+                      notes=_lifted(plan, pins), over=[])
 
     limits = (capacity_bytes(cluster, options), cluster.device.memory_bytes)
     cfg, problem = pinned_config(plan, pins)
@@ -154,10 +159,13 @@ def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
     """(prepared model, cluster, training, options) of the plan, with ``pins`` added to its fix;
     ``model``: the MODEL to trace instead of the plan's."""
     c = plan.cluster
-    if "groups" in c:
-        raise SpecError("why: not available for clusters with node groups; re-plan with --fix")
     spec = plan.model_spec(model)
-    if "spec" in c:
+    if "groups" in c and "spec" in c:  # node groups or sites: the form its file had
+        cluster = load_cluster(c["spec"])
+    elif "groups" in c:
+        raise SpecError(f"why: the plan does not record the groups of cluster '{c['name']}' in "
+                        "full; re-create it with this planner version")
+    elif "spec" in c:
         cluster = cluster_from_mapping(c["spec"], where="plan.cluster.spec")
     elif c["name"] in CLUSTERS:
         cluster = get_cluster(c["name"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"])

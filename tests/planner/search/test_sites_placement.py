@@ -92,3 +92,29 @@ def test_a_site_alone_drops_the_pins_the_gpu_count_sizes_and_keeps_the_groups_ru
     assert alone["parallel"].split()[1] == "tp=1"  # the pins that fit one site stay
     assert set(alone["parallel"].split()) & set(GROUP_SCHEDULES)  # the sites search's rules
     assert "one site alone is faster: a (4 GPUs)" in summary(plan)
+
+
+def test_why_not_re_plans_a_plan_over_sites_from_its_file(prepared, tmp_path):
+    """plan show --why was refused on every cluster of groups or sites: the plan did not keep
+    the cluster in full. It keeps the form its file had, and the why re-plans over the sites."""
+    from planner.explore.whynot import why_not
+    from planner.planfile.document import load_plan
+    from planner.report.why import why
+
+    hc = regions([{"between": ["a", "b"], "bandwidth": "10Gbps", "latency": "5ms"}])
+    training = TrainingSpec(global_batch=64, seq_len=256)
+    plan = plan_prepared(prepared, hc, training, SearchOptions(top_k=0))
+    back = sites_from_mapping(plan.cluster["spec"])  # reads back into the same cluster
+    assert back.groups == hc.groups and [p for p, _ in back.links] == [p for p, _ in hc.links]
+    assert all(a.bandwidth_bytes_per_s == b.bandwidth_bytes_per_s and a.per == b.per and
+               a.latency_s == pytest.approx(b.latency_s) for (_, a), (_, b) in
+               zip(back.links, hc.links))
+    plan.save(tmp_path / "p.json")
+    plan = load_plan(tmp_path / "p.json")
+    answer = why_not(plan, {"zero": 0 if plan.parallel["zero"] else 1})
+    assert answer.feasible and answer.variant.parallel["zero"] != plan.parallel["zero"]
+    assert [st["group"] for st in answer.variant.stages]  # planned over the sites again
+    same = why_not(plan, {"zero": plan.parallel["zero"]})
+    assert same.variant.step_time_s == pytest.approx(plan.step_time_s, rel=1e-5)
+    refused = why_not(plan, {"tp": 8})  # more than a site holds
+    assert not refused.feasible and "ruled out by the rules: tp does not divide" in why(plan, refused)
