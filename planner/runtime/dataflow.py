@@ -53,13 +53,52 @@ class Dataflow:
     """Modules with parameters of their own that run more than once per forward."""
     cut: set[str] = field(default_factory=set)
     """Modules (units and tensor-parallel ones) whose output is cut into parts along its last
-    dimension (a fused q/k/v or gate/up projection sliced or chunked apart)."""
+    dimension (a fused q/k/v or gate/up projection sliced or chunked apart), or reshaped into
+    pieces ahead of its heads and taken apart along them (timm's qkv: _Tags.packed)."""
 
 
 CUTS = {torch.Tensor.__getitem__, torch.Tensor.split, torch.split, torch.Tensor.chunk,
         torch.chunk, torch.Tensor.narrow, torch.narrow, torch.Tensor.tensor_split,
         torch.tensor_split, torch.Tensor.split_with_sizes}
 """Calls that take parts of a tensor (Dataflow.cut)."""
+RESHAPES = {torch.Tensor.reshape, torch.Tensor.view, torch.reshape, torch.Tensor.unflatten,
+            torch.unflatten}
+"""Calls that can split a tensor's last dimension into several (_Tags.packed)."""
+PERMUTES = {torch.Tensor.permute, torch.permute}
+TRANSPOSES = {torch.Tensor.transpose, torch.transpose, torch.Tensor.swapaxes, torch.swapaxes}
+PIECE_CUTS = CUTS | {torch.Tensor.unbind, torch.unbind, torch.Tensor.select, torch.select,
+                     torch.Tensor.__iter__}
+"""Calls that take parts of a tensor along one dimension (_Tags.packed)."""
+
+
+def _dim(value, ndim: int) -> int:
+    return value + ndim if value < 0 else value
+
+
+def _cut_dim(func, args, kwargs) -> int | None:
+    """The dimension a PIECE_CUTS call takes parts along, or None where it cannot say."""
+    x = args[0]
+    if func is torch.Tensor.__getitem__:
+        index = args[1] if len(args) > 1 else None
+        if isinstance(index, int):
+            return 0
+        if isinstance(index, tuple):
+            for i, item in enumerate(index):
+                if isinstance(item, int):
+                    return i
+                if item is Ellipsis or item is None or not (
+                        isinstance(item, slice) and item == slice(None)):
+                    return None
+        return None
+    if func is torch.Tensor.__iter__:
+        return 0
+    if func in (torch.Tensor.narrow, torch.narrow, torch.Tensor.select, torch.select):
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    elif func in (torch.Tensor.unbind, torch.unbind):
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    else:  # split, chunk, tensor_split, split_with_sizes: (tensor, sizes or parts, dim=0)
+        dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+    return _dim(dim, x.dim()) if isinstance(dim, int) else None
 
 
 class _Tags(TorchFunctionMode):
@@ -71,6 +110,11 @@ class _Tags(TorchFunctionMode):
         self.cut: set[str] = set()
         self.direct: dict[int, tuple[torch.Tensor, str]] = {}
         """id -> (tensor, module) of the tensors a watched module returned, as returned."""
+        self.packed: dict[int, tuple[torch.Tensor, str, int]] = {}
+        """id -> (tensor, module, axis) of views of such an output whose last dimension was split
+        into several, ``axis`` holding the first of them (and kept through permutes): pieces
+        packed ahead of the heads (a fused q/k/v reshaped to (..., 3, heads, head_dim), as timm's
+        ViT does) are taken apart along it; (heads, 3 x head_dim), GPT-NeoX's, is not."""
 
     def of(self, tree) -> frozenset:
         leaves, _ = tree_flatten(tree)
@@ -91,6 +135,34 @@ class _Tags(TorchFunctionMode):
                t.shape[:-1] == source.shape[:-1] for t in parts):
             self.cut.add(entry[1])
 
+    def _follow_pieces(self, func, args, kwargs, out) -> None:
+        """Track reshapes of a watched module's output into pieces (``packed``) through permutes
+        and transposes, and note the module where they are taken apart along the first piece
+        dimension (Dataflow.cut)."""
+        src = args[0]
+        entry = self.direct.get(id(src))
+        if entry is not None and func in RESHAPES and isinstance(out, torch.Tensor):
+            k = src.dim()
+            if k and out.dim() > k and tuple(out.shape[:k - 1]) == tuple(src.shape[:-1]) \
+                    and out.shape[k - 1] > 1:
+                self.packed[id(out)] = (out, entry[1], k - 1)
+            return
+        packed = self.packed.get(id(src))
+        if packed is None:
+            return
+        _, module, axis = packed
+        if func in PERMUTES and isinstance(out, torch.Tensor):
+            dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) \
+                else args[1:] or kwargs.get("dims", ())
+            dims = [_dim(d, src.dim()) for d in dims]
+            if axis in dims:
+                self.packed[id(out)] = (out, module, dims.index(axis))
+        elif func in TRANSPOSES and isinstance(out, torch.Tensor) and len(args) >= 3:
+            a, b = _dim(args[1], src.dim()), _dim(args[2], src.dim())
+            self.packed[id(out)] = (out, module, b if axis == a else a if axis == b else axis)
+        elif func in PIECE_CUTS and _cut_dim(func, args, kwargs) == axis:
+            self.cut.add(module)
+
     def set(self, tree, tags: frozenset, *, merge: bool) -> None:
         leaves, _ = tree_flatten(tree)
         for t in leaves:
@@ -103,6 +175,8 @@ class _Tags(TorchFunctionMode):
         out = func(*args, **kwargs)
         if func in CUTS and args and isinstance(args[0], torch.Tensor):
             self._note_cut(args[0], out)
+        if args and isinstance(args[0], torch.Tensor) and (func in RESHAPES or self.packed):
+            self._follow_pieces(func, args, kwargs, out)
         tags = self.of((args, kwargs))
         if tags:
             self.set(out, tags, merge=True)

@@ -147,9 +147,12 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
         res.split[name] = (True, True)
     res.split[row.name] = (True, False)
     res.roles[row.module] = "rowwise"
+    heads = score_heads | {by[n].dims.get("heads_kv", 0) for n in region
+                           if by[n].kind == "attention"}
     for name in cols:
         res.roles[by[name].module] = "colwise"
-        if any(_cuts_features(by[c], by[name]) for c in cons[name]):
+        if any(_cuts_features(by[c], by[name]) or _packs_pieces(by[c], by[name], heads)
+               for c in cons[name]):
             res.fused.add(by[name].module)
     for name in inner:
         res.roles[by[name].module] = "replicate"
@@ -178,6 +181,27 @@ def _cuts_features(op: Op, linear: Op) -> bool:
     slices its qkv_proj's output into q, k and v, and chunks its gate_up_proj's in two."""
     return (op.kind == "view" and op.target in FEATURE_CUTS and len(op.shape) == len(linear.shape)
             and bool(op.shape) and 0 < op.shape[-1] < linear.shape[-1])
+
+
+def _packs_pieces(op: Op, linear: Op, heads: set[int]) -> bool:
+    """Whether ``op`` reshapes ``linear``'s output features into pieces ahead of the heads: timm's
+    and many a ViT's ``qkv(x).reshape(B, N, 3, heads, head_dim)``, whose q, k and v are then taken
+    along the 3. A contiguous split of the features by rank would cut across the pieces; one into
+    (heads, ...) first (GPT-NeoX's (heads, 3 x head_dim)) keeps whole heads on each rank."""
+    src = linear.shape
+    if op.kind != "view" or op.target not in PACKING_VIEWS or len(op.shape) <= len(src) or not src:
+        return False
+    if list(op.shape[:len(src) - 1]) != list(src[:-1]):
+        return False
+    trailing = op.shape[len(src) - 1:]
+    size = 1
+    for n in trailing:
+        size *= n
+    return size == src[-1] and len(trailing) >= 2 and trailing[0] > 1 and trailing[0] not in heads
+
+
+PACKING_VIEWS = {"reshape", "view", "unflatten", "_unsafe_view"}
+"""View ops that can split a tensor's last dimension into several (torch.fx targets)."""
 
 
 def _heads_of_view(op: Op, by, head_dims: set[int]) -> int:
