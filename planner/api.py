@@ -305,10 +305,10 @@ def recsys_model(model) -> bool:
         if ":" not in model or model.endswith(".json") or not _mentions_tables(model):
             return False
     from planner.trace import recsys  # lazy: loads torch (seconds)
-    from planner.trace.models import load_factory  # lazy: as above
+    from planner.trace.models import call_factory, load_factory  # lazy: as above
 
     if isinstance(model, str):
-        model = _factory_module(load_factory(model), model)
+        model = _factory_module(call_factory(load_factory(model), model, meta=False), model)
     return recsys.is_recsys(model) and recsys.has_table_collections(model)
 
 
@@ -337,9 +337,9 @@ def _mentions_tables(spec: str) -> bool:
     return any(w in text for w in TABLE_WORDS)
 
 
-def _factory_module(factory, spec: str):
-    """The module a ``file.py:factory`` returns (alone or first of ``(model, example_inputs)``)."""
-    out = factory()
+def _factory_module(out, spec: str):
+    """The module in what a ``file.py:factory`` returned, ``out`` (alone or first of ``(model,
+    example_inputs)``)."""
     module = out[0] if isinstance(out, (tuple, list)) and out else out
     if not hasattr(module, "named_modules"):
         raise SpecError(f"model: {spec} must return (nn.Module, example_inputs), got "
@@ -401,9 +401,9 @@ def prepare_recsys(model, tables=None, dtype: str = "fp32") -> PreparedRec:
         stats = recsys.read_table_stats(beside) if beside else None
     module = model
     if isinstance(model, str) and entry is None:
-        from planner.trace.models import load_factory  # lazy: loads torch
+        from planner.trace.models import call_factory, load_factory  # lazy: loads torch
 
-        module = _factory_module(load_factory(model), model)
+        module = _factory_module(call_factory(load_factory(model), model, meta=False), model)
     rec = recsys.rec_model(entry.name if entry else module, stats=stats)
     fingerprint = hashlib.sha256(json.dumps(rec.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
     info = {"name": rec.name, "source": "zoo" if entry else ("factory" if isinstance(model, str)

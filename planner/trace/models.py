@@ -7,6 +7,7 @@ or an ``nn.Module`` passed to the API. Nothing is downloaded and no weights are 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib
@@ -205,19 +206,36 @@ def load_factory(spec: str):
     return factory
 
 
-def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:
-    factory = load_factory(spec)
-    target, _, attr = spec.rpartition(":")
-    kw = {"seq_len": seq_len} if seq_len and "seq_len" in inspect.signature(factory).parameters else {}
+def call_factory(factory, spec: str, seq_len: int | None = None, *, meta: bool = True):
+    """What ``factory`` (of the MODEL form ``file.py:factory``) returns, called (on the meta
+    device where ``meta``) with ``seq_len`` where it takes one and nothing else; its errors as
+    one line naming it."""
     try:
-        with torch.device("meta"):
-            result = factory(**kw)
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # (a builtin or C callable: called as it is)
+        params = {}
+    required = [n for n, p in params.items() if p.default is p.empty and n != "seq_len"
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if required:
+        raise SpecError(f"model: {spec} takes {', '.join(required)} without a default; the "
+                        "factory is called with no arguments (seq_len only, where it has that "
+                        "parameter): give them defaults, or wrap it in a factory that does")
+    kw = {"seq_len": seq_len} if seq_len and "seq_len" in params else {}
+    try:
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            return factory(**kw)
     except Exception as exc:  # the user's code: one line naming it; --debug shows the traceback
         where = model_frame(exc)
         raise SpecError(f"model: {spec} raised {type(exc).__name__}: "
                         f"{(str(exc).splitlines() or [''])[0][:160]}"
                         f"{f' at {where}' if where else ''}; fix the factory (--debug shows the "
                         "traceback)") from exc
+
+
+def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:
+    factory = load_factory(spec)
+    target, _, attr = spec.rpartition(":")
+    result = call_factory(factory, spec, seq_len)
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
         raise SpecError(f"model: {spec} must return (nn.Module, example_inputs), got "
                         f"{type(result).__name__}")

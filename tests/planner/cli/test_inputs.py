@@ -61,6 +61,20 @@ def test_a_factory_that_raises_is_named_with_its_line(capsys, tmp_path):
     one_line(code, err, BAD, f"{f}:build", "ValueError: no such size", "bad_factory.py:2")
 
 
+def test_a_factory_beside_embedding_tables_that_raises_or_needs_arguments(capsys, tmp_path):
+    """A new-user check: a file whose source names EmbeddingBag (so the planner first asks whether
+    it builds a recommendation model) had its factory's error reported as an internal error
+    (exit 1), and a factory with a required argument too."""
+    f = tmp_path / "odd.py"
+    f.write_text("import torch\nBAG = torch.nn.EmbeddingBag\n"
+                 "def boom():\n    raise ValueError('missing checkpoint path')\n"
+                 "def sized(width):\n    return torch.nn.Linear(width, width), torch.ones(2, width)\n")
+    code, _, err = run(capsys, "solve", f"{f}:boom", *SOLVE)
+    one_line(code, err, BAD, f"{f}:boom", "ValueError: missing checkpoint path", "odd.py:4")
+    code, _, err = run(capsys, "solve", f"{f}:sized", *SOLVE)
+    one_line(code, err, BAD, f"{f}:sized", "takes width without a default", "give them defaults")
+
+
 def test_impossible_counts_and_sizes_are_refused(capsys, tmp_path, tiny_gpt2_config):
     cfg = tmp_path / "neg.json"
     cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": -2, "hidden_size": 64,
