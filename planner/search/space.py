@@ -32,6 +32,7 @@ TP_NODE_SPLIT = "tp does not divide gpus per node (or, across nodes, is no multi
 TP_MODEL = "tp does not divide heads or hidden sizes"
 TP_INNER = "tp through per-head weights not run by the target"
 TP_CLASS = "tp over modules other than unfused nn.Linear and nn.Embedding not run by the target"
+TP_NOTHING = "tp splits no module of this model (searched only where pinned)"
 MESH = "dp x cp x tp x pp != gpus"
 GROUP_WIDTH = "tp x dp does not divide every group's GPUs"
 PP_BLOCKS = "pp > blocks"
@@ -130,6 +131,10 @@ class Space:
     """A module the target cannot split by tensor parallelism, as ``fqn (Class)``, where it
     splits torch.nn.Linear and torch.nn.Embedding only (SearchOptions.tp_other_modules) and the
     model's split modules include others (BlockGraph.tp_other_modules); '' otherwise."""
+    tp_nothing: bool = False
+    """Whether tensor parallelism splits no module of the model (BlockGraph.tp_roles has no
+    column, row or vocabulary split: convolutions, recurrent layers): tp > 1 would only
+    replicate the work, so the search tries it only where a pin asks."""
     host: bool = False
     """Whether the device is the host CPU (the cpu cluster): its processes step the optimizer in
     host memory already, so there is nothing to offload it to."""
@@ -152,6 +157,8 @@ class Space:
                      tp_one_only=(options is not None and not options.tp_inner_weights
                                   and any(b.tp_inner_weights for b in blocks.blocks)),
                      tp_unsplit=next((f"{m} ({c})" for m, c in unsplit.items()), ""),
+                     tp_nothing=not any(r in ("colwise", "rowwise", "vocab")
+                                        for r in blocks.tp_roles.values()),
                      heads=tuple(min((int(getattr(b.work, f)) for b in blocks.blocks
                                       if getattr(b.work, f)), default=0)
                                  for f in ("attn_heads_q", "attn_heads_kv")))
@@ -236,6 +243,8 @@ def tp_reasons(tp: int, space: Space, pinned: bool = False) -> list[str]:
         out.append(TP_INNER)
     if tp > 1 and space.tp_unsplit:
         out.append(TP_CLASS)
+    if tp > 1 and space.tp_nothing and not pinned:
+        out.append(TP_NOTHING)
     return out
 
 
