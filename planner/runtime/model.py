@@ -50,7 +50,16 @@ def check_runnable(meta: ResolvedModel) -> None:
     pixel values alone (ViT) on synthetic images, and encoder-decoders (token ids or audio
     features for the encoder, and the decoder's ids: _decoder_ids); audio features without a
     decoder and two towers (images and captions) are not supported (a new-user check saw them
-    crash in the processes)."""
+    crash in the processes). A factory's model must take its example inputs as positional
+    tensors (the runtime cuts them into micro-batches along dim 0)."""
+    if meta.source == "factory":
+        inner = [type(a).__name__ for a in meta.args if not isinstance(a, torch.Tensor)]
+        if inner or meta.kwargs:
+            raise SpecError(f"model: {meta.name}'s example inputs hold "
+                            f"{'a ' + inner[0] if inner else 'keyword inputs'}; plan run feeds "
+                            "positional tensors only (each cut into micro-batches along its "
+                            "first dimension): return a tuple of tensors from the factory, and "
+                            "take them as forward's arguments")
     if meta.source not in ("zoo", "hf-config"):
         return
     first = meta.args[0] if meta.args else None

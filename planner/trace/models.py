@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from planner.errors import SpecError
 from planner.files import read_json_object
@@ -283,11 +284,15 @@ def _split_inputs(inputs, where: str) -> tuple[tuple, dict]:
     raise SpecError(f"{where}: expected a tensor, tuple or dict, got {type(inputs).__name__}")
 
 
+def _tensors(args, kwargs) -> list:
+    """The example inputs' tensors in order, inside dicts, lists and tuples too (a forward that
+    takes one ``batch`` dict of ids and labels)."""
+    return [v for v in tree_flatten((list(args), dict(kwargs)))[0] if isinstance(v, torch.Tensor)]
+
+
 def _first_tensor(args, kwargs):
-    for v in list(args) + list(kwargs.values()):
-        if isinstance(v, torch.Tensor):
-            return v
-    return None
+    tensors = _tensors(args, kwargs)
+    return tensors[0] if tensors else None
 
 
 def _infer_batch(args, kwargs) -> int:
@@ -305,8 +310,7 @@ def _infer_seq(args, kwargs, seq_len) -> int:
     decoder's ids of two lengths) only get a warning when dim 1 differs: what is a token there
     is the caller's word; an image's count is the caller's too."""
     t = _first_tensor(args, kwargs)
-    ids = [v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor)
-           and v.dim() == 2 and not v.is_floating_point()]
+    ids = [v for v in _tensors(args, kwargs) if v.dim() == 2 and not v.is_floating_point()]
     if seq_len:
         if ids and ids[0] is t and int(t.shape[1]) != int(seq_len) and \
                 all(v.shape == t.shape for v in ids):
