@@ -52,6 +52,12 @@ def units_of(model: nn.Module, stage_modules: list[list[str]]) -> list[list[str]
                 owned |= params
         out.append(keep)
     for n, p in model.named_parameters():
+        if id(p) not in owned and "." not in n:  # (timm's ViT keeps cls_token and pos_embed so)
+            raise SpecError(f"stages: parameter '{n}' belongs to the model's top module itself, "
+                            "and the runtime cuts a model by its submodules (at pp=1 too): move it "
+                            "into the submodule that reads it (the patch embedding's, for a class "
+                            "token or position embedding), or run the plan on an engine (plan "
+                            "export)")
         if id(p) not in owned:
             raise SpecError(f"stages: parameter '{n}' lies outside every stage module; the runtime "
                             "needs each parameter inside a module that a stage lists")

@@ -1,4 +1,4 @@
-"""A forward that takes one dict of inputs: its batch and tokens are found inside it (a new-user
+"""Factory models plan run cannot cut as they are. A forward that takes one dict of inputs: its batch and tokens are found inside it (a new-user
 check: read as batch 1 and 1 token, every per-sample cost came out 8x too high), and plan run
 refuses it in one line before any process starts (it crashed in the processes)."""
 
@@ -33,3 +33,22 @@ def test_batch_and_tokens_are_found_inside_a_dict_and_plan_run_refuses_it(tmp_pa
     assert (meta.batch, meta.seq_len) == (8, 32)
     with pytest.raises(SpecError, match="example inputs hold a dict; plan run feeds positional"):
         check_runnable(meta)
+
+
+def test_a_parameter_of_the_top_module_is_named_with_the_fix():
+    """timm's ViT keeps its class token on the top module: plan run refused even a plan of one
+    stage, naming no fix (a new-user check)."""
+    import torch
+    from torch import nn
+
+    from planner.runtime.stages import units_of
+
+    class ViTLike(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cls = nn.Parameter(torch.zeros(1, 1, 8))
+            self.body = nn.Linear(8, 8)
+
+    with pytest.raises(SpecError, match="'cls' belongs to the model's top module itself.*move it"):
+        units_of(ViTLike(), [["body"]])
+    assert units_of(nn.Sequential(nn.Linear(2, 2)), [["0"]]) == [["0"]]
