@@ -1,6 +1,7 @@
-"""Factory models plan run cannot cut as they are. A forward that takes one dict of inputs: its batch and tokens are found inside it (a new-user
-check: read as batch 1 and 1 token, every per-sample cost came out 8x too high), and plan run
-refuses it in one line before any process starts (it crashed in the processes)."""
+"""Factory models plan run cannot cut as they are. A forward that takes one dict of inputs:
+its batch and tokens are found inside it (a new-user check: read as batch 1 and 1 token, every
+per-sample cost came out 8x too high), and plan run refuses it in one line before any process
+starts (it crashed in the processes)."""
 
 import pytest
 
