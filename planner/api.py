@@ -213,6 +213,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     image = image_shape(rm.args, rm.kwargs)
     if image and rm.seq_len == 1 and rm.source in ("factory", "module"):  # (a config: patches)
         info["image_input"] = image
+    elif image and rm.source in ("factory", "module"):  # the caller counts the patches
+        info["image_tokens"] = True
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 

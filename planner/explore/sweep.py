@@ -36,6 +36,7 @@ from planner.search.feasibility import cluster_pin_problem
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.settings import target_engine
+from planner.units import counted
 from planner.report.text import knob
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
                                 f"{prepared[k].seq_len:,} tokens (image_size and patch_size in "
                                 "the config set them)")
             if not k[0]:
-                log.info("what-if: its length is %s tokens (%s)", f"{prepared[k].seq_len:,}",
+                log.info("what-if: its length is %s (%s)", counted(prepared[k].seq_len, "token"),
                          "an image's patches and prepended tokens, which image_size and "
                          "patch_size in the config set" if image else "--seq-len sets another")
         except SpecError as exc:  # the model cannot take this point's length: its row says so

@@ -57,7 +57,7 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     ledger = common.Ledger(TARGET, version)
     common.software_note(plan, TARGET, ledger)
     common.frozen_note(plan, TARGET, ledger)
-    if plan.model.get("image_tokens"):
+    if plan.model.get("image_tokens") or plan.model.get("image_input"):
         raise SpecError(f"export megatron: {plan.model['name']} is an image model; this export "
                         "writes arguments for token sequences (pretrain_gpt.py's), not vision "
                         "models' layouts; export to torchtitan or deepspeed instead")

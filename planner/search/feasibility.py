@@ -515,7 +515,7 @@ def length_note(seq_len: int, rejected, image: bool = False) -> str:
         return ""
     if image:
         return (f"training.seq_len: an image's {seq_len:,} tokens (its patches and prepended "
-                "tokens, from image_size and patch_size in the config) do not split evenly, "
+                "tokens, which the model's image and patch sizes set) do not split evenly, "
                 "which ruled out sequence or context parallelism for some degrees")
     lower = seq_len // SEQ_MULTIPLE * SEQ_MULTIPLE
     nearest = min((n for n in (lower, lower + SEQ_MULTIPLE) if n > 0),

@@ -1,0 +1,30 @@
+"""A factory's image model: given --seq-len, its tokens are the caller's count of patches, which
+it cannot change (the length note says so instead of proposing a multiple of 256), and exports
+that write token sequences refuse it (a new-user check)."""
+
+import torch
+from torch import nn
+
+from planner.api import prepare
+from planner.search.feasibility import length_note
+from planner.search.space import SP_SEQ
+
+
+class Patches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(3, 16, 8, 8)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.patch(x).flatten(2).transpose(1, 2)).mean(1)
+
+
+def test_an_image_factory_with_a_length_counts_its_patches():
+    image = (torch.randn(2, 3, 32, 32),)
+    counted = prepare(Patches(), example_inputs=image, seq_len=17, cache_dir=None).info
+    assert counted.get("image_tokens") and "image_input" not in counted
+    one = prepare(Patches(), example_inputs=image, cache_dir=None).info
+    assert one.get("image_input") and not one.get("image_tokens")
+    note = length_note(197, {SP_SEQ: 1}, counted["image_tokens"])
+    assert "an image's 197 tokens" in note and "multiple of" not in note
