@@ -515,8 +515,9 @@ def length_note(seq_len: int, rejected, image: bool = False) -> str:
         return ""
     if image:
         return (f"training.seq_len: an image's {seq_len:,} tokens (its patches and prepended "
-                "tokens, which the model's image and patch sizes set) do not split evenly, "
-                "which ruled out sequence or context parallelism for some degrees")
+                "tokens, which its image and patch sizes set: image_size and patch_size in a config) "
+                "do not split evenly, which ruled out sequence or context parallelism for some "
+                "degrees")
     lower = seq_len // SEQ_MULTIPLE * SEQ_MULTIPLE
     nearest = min((n for n in (lower, lower + SEQ_MULTIPLE) if n > 0),
                   key=lambda n: abs(n - seq_len))

@@ -147,11 +147,9 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
         res.split[name] = (True, True)
     res.split[row.name] = (True, False)
     res.roles[row.module] = "rowwise"
-    heads = score_heads | {by[n].dims.get("heads_kv", 0) for n in region
-                           if by[n].kind == "attention"}
     for name in cols:
         res.roles[by[name].module] = "colwise"
-        if any(_cuts_features(by[c], by[name]) or _packs_pieces(by[c], by[name], heads)
+        if any(_cuts_features(by[c], by[name]) or _packs_pieces(by[c], by[name], by, cons)
                for c in cons[name]):
             res.fused.add(by[name].module)
     for name in inner:
@@ -183,11 +181,17 @@ def _cuts_features(op: Op, linear: Op) -> bool:
             and bool(op.shape) and 0 < op.shape[-1] < linear.shape[-1])
 
 
-def _packs_pieces(op: Op, linear: Op, heads: set[int]) -> bool:
-    """Whether ``op`` reshapes ``linear``'s output features into pieces ahead of the heads: timm's
-    and many a ViT's ``qkv(x).reshape(B, N, 3, heads, head_dim)``, whose q, k and v are then taken
-    along the 3. A contiguous split of the features by rank would cut across the pieces; one into
-    (heads, ...) first (GPT-NeoX's (heads, 3 x head_dim)) keeps whole heads on each rank."""
+def _packs_pieces(op: Op, linear: Op, by, cons) -> bool:
+    """Whether ``op`` reshapes ``linear``'s output features into pieces that are then taken apart
+    along the first of the new dimensions: timm's and many a ViT's ``qkv(x).reshape(B, N, 3,
+    heads, head_dim).permute(2, 0, 3, 1, 4)`` unbound into q, k and v along the 3. A contiguous
+    split of the features by rank would cut across the pieces. A reshape into (heads, ...) whose
+    parts are taken along a later dimension (GPT-NeoX's and BLOOM's (heads, 3, head_dim)) keeps
+    whole heads on each rank, and (heads, head_dim) alone (grouped keys and values, repeated
+    later) is never taken apart along the heads. The piece dimension is followed through views
+    that permute the shape where its size tells it apart (the trace keeps shapes, not the
+    permutation); where it does not, the module is not marked (plan run's probe,
+    planner.runtime.dataflow, follows the real permutation)."""
     src = linear.shape
     if op.kind != "view" or op.target not in PACKING_VIEWS or len(op.shape) <= len(src) or not src:
         return False
@@ -197,11 +201,37 @@ def _packs_pieces(op: Op, linear: Op, heads: set[int]) -> bool:
     size = 1
     for n in trailing:
         size *= n
-    return size == src[-1] and len(trailing) >= 2 and trailing[0] > 1 and trailing[0] not in heads
+    if size != src[-1] or len(trailing) < 2 or trailing[0] < 2:
+        return False
+    pieces = trailing[0]
+    frontier, seen = [(op, len(src) - 1)], 0
+    while frontier and seen < MAX_WALK:
+        here, axis = frontier.pop()
+        shape = list(here.shape)
+        for name in cons.get(here.name, ()):
+            seen += 1
+            nxt = by[name]
+            out = list(nxt.shape)
+            if nxt.kind != "view":
+                continue
+            if nxt.target in PERMUTING_VIEWS and sorted(out) == sorted(shape):
+                at = [i for i, n in enumerate(out) if n == pieces]
+                if len(at) == 1:
+                    frontier.append((nxt, at[0]))
+            elif nxt.target in PIECE_TAKERS and (
+                    out == shape[:axis] + shape[axis + 1:]  # one piece: unbind, select, index
+                    or (len(out) == len(shape) and 0 < out[axis] < shape[axis]
+                        and out[:axis] + out[axis + 1:] == shape[:axis] + shape[axis + 1:])):
+                return True
+    return False
 
 
 PACKING_VIEWS = {"reshape", "view", "unflatten", "_unsafe_view"}
 """View ops that can split a tensor's last dimension into several (torch.fx targets)."""
+PERMUTING_VIEWS = {"permute", "transpose", "swapaxes", "movedim", "t"}
+"""View ops that reorder a tensor's dimensions (torch.fx targets)."""
+PIECE_TAKERS = FEATURE_CUTS | {"unbind", "select", "getitem", "index_select"}
+"""View ops that take parts of a tensor along one dimension (torch.fx targets)."""
 
 
 def _heads_of_view(op: Op, by, head_dims: set[int]) -> int:

@@ -286,7 +286,7 @@ def test_show_why_takes_the_model_where_its_file_lies_now(capsys, tmp_path):
         "    return M(), (torch.randn(2, 16, 64),)\n")
     plan = str(tmp_path / "p.json")
     assert run(capsys, "solve", f"{f}:build", "--cluster", "dgx-h100", "--global-batch", "16",
-               "-o", plan)[0] == 0
+               "--fix", "pp=1", "-o", plan)[0] == 0
     f.rename(tmp_path / "moved.py")
     code, _, err = run(capsys, "show", plan, "--why", "pp=2")
     assert code == 2 and "not found" in err and "pass --model PATH where it lies now" in err

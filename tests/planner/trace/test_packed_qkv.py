@@ -19,6 +19,8 @@ class Attention(nn.Module):
         self.layout = layout
         if layout == "separate":
             self.q, self.k, self.v = nn.Linear(D, D), nn.Linear(D, D), nn.Linear(D, D)
+        elif layout == "grouped":  # two key/value heads, repeated before the attention
+            self.q, self.k, self.v = nn.Linear(D, D), nn.Linear(D, D // 2), nn.Linear(D, D // 2)
         else:
             self.qkv = nn.Linear(D, 3 * D)
         self.proj = nn.Linear(D, D)
@@ -28,6 +30,14 @@ class Attention(nn.Module):
         hd = D // H
         if self.layout == "separate":
             q, k, v = (m(x).view(b, n, H, hd).transpose(1, 2) for m in (self.q, self.k, self.v))
+        elif self.layout == "grouped":  # torchtitan's repeat_kv, then SDPA
+            q = self.q(x).view(b, n, H, hd).transpose(1, 2)
+            k, v = (m(x).view(b, n, H // 2, hd).transpose(1, 2) for m in (self.k, self.v))
+            k, v = (t[:, :, None].expand(b, H // 2, 2, n, hd).reshape(b, H, n, hd)
+                    for t in (k, v))
+        elif self.layout == "bloom":  # (heads, 3, head_dim), taken apart along the 3
+            qkv = self.qkv(x).view(b, n, H, 3, hd)
+            q, k, v = (qkv[..., i, :].transpose(1, 2) for i in range(3))
         elif self.layout == "pieces-first":  # timm: (3, heads, head_dim)
             q, k, v = self.qkv(x).reshape(b, n, 3, H, hd).permute(2, 0, 3, 1, 4)
         elif self.layout == "pieces-indexed":
@@ -49,7 +59,8 @@ class Model(nn.Module):
         return self.head(self.attn(x))
 
 
-LAYOUTS = {"separate": False, "pieces-first": True, "pieces-indexed": True, "heads-first": False}
+LAYOUTS = {"separate": False, "pieces-first": True, "pieces-indexed": True, "heads-first": False,
+           "grouped": False, "bloom": False}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -65,6 +76,13 @@ def test_the_runtime_probe_finds_them_too(layout):
     with torch.device("meta"):
         model = Model(layout)
         x = torch.randn(2, 8, D)
-    tp = ["attn.qkv"] if layout != "separate" else ["attn.q", "attn.k", "attn.v"]
+    tp = ["attn.q", "attn.k", "attn.v"] if layout in ("separate", "grouped") else ["attn.qkv"]
     flow = probe(model, (x,), {}, ["attn", "head"], tp + ["attn.proj"], lambda out: out)
     assert ("attn.qkv" in flow.cut) == LAYOUTS[layout]
+
+
+def test_no_zoo_model_with_grouped_or_eager_attention_is_fused():
+    """From a review: grouped key/value views repeated before an eager attention (gpt-oss) were
+    marked fused by a first version of the rule, refusing tensor parallelism for the torch target."""
+    bg = prepare("gpt-oss-120b", seq_len=256, dtype="bf16").blocks
+    assert not [m for m, text in bg.tp_other_modules.items() if text.endswith("fused")]
