@@ -55,8 +55,9 @@ def check_runnable(meta: ResolvedModel) -> None:
     if meta.source == "factory":
         inner = [type(a).__name__ for a in meta.args if not isinstance(a, torch.Tensor)]
         if inner or meta.kwargs:
-            raise SpecError(f"model: {meta.name}'s example inputs hold "
-                            f"{'a ' + inner[0] if inner else 'keyword inputs'}; plan run feeds "
+            what = ("keyword inputs" if not inner else f"a {inner[0]}"
+                    if inner[0] in ("dict", "list", "tuple") else f"{inner[0]} values")
+            raise SpecError(f"model: {meta.name}'s example inputs hold {what}; plan run feeds "
                             "positional tensors only (each cut into micro-batches along its "
                             "first dimension): return a tuple of tensors from the factory, and "
                             "take them as forward's arguments")

@@ -21,7 +21,7 @@ from planner.search.space import (BATCH_DP, CP_HEADS, CP_LATENT_NONE, CP_LEVELS,
                                   PP_BLOCKS, SEQ_TP_2CP, SP_SEQ, TOO_MANY_MB, TP_CLASS, TP_GPUS,
                                   TP_INNER, TP_MODEL, TP_NODE, Space,
                                   cp_chunks, cp_comm_reason, cp_reason, divisors, pp_reason,
-                                  target_mesh_reason, tp_reasons)
+                                  target_mesh_reason, tp_pinned, tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb
@@ -322,7 +322,8 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
     best = None
     for cp in cps:
         for tp in ([fix["tp"]] if "tp" in fix else divisors(n // cp)):
-            if n % (tp * cp) or tp_reasons(tp, space, pinned="tp" in fix) or etp not in (1, tp):
+            if n % (tp * cp) or tp_reasons(tp, space, pinned=tp_pinned(tp, fix)) or \
+                    etp not in (1, tp):
                 continue
             form = fix.get("cp_comm") or next(
                 (f for f in options.cp_comms if not cp_comm_reason(f, tp, cp, space, options)),

@@ -248,6 +248,12 @@ def tp_reasons(tp: int, space: Space, pinned: bool = False) -> list[str]:
     return out
 
 
+def tp_pinned(tp: int, fix: dict) -> bool:
+    """Whether ``fix`` asks for tensor-parallel degree ``tp``: pinned, or as the experts' (etp,
+    which is 1 or tp)."""
+    return "tp" in fix or (tp > 1 and fix.get("etp") == tp)
+
+
 def tp_reason(tp: int, space: Space, pinned: bool = False) -> str:
     """The first rule ``tp`` breaks, or '' when it is legal."""
     reasons = tp_reasons(tp, space, pinned)
@@ -358,7 +364,7 @@ def _meshes(space: Space, fix: dict, training: TrainingSpec, options: SearchOpti
     """(tp, cp, pp, dp) with dp x cp x tp x pp = the cluster's GPUs."""
     n, gb = space.num_gpus, training.global_batch
     for tp in _choices(fix, "tp", divisors(n)):
-        reason = tp_reason(tp, space, pinned="tp" in fix)
+        reason = tp_reason(tp, space, pinned=tp_pinned(tp, fix))
         if reason:
             rejected[reason] += 1
             continue

@@ -217,6 +217,10 @@ def call_factory(factory, spec: str, seq_len: int | None = None, *, meta: bool =
         params = {}
     required = [n for n, p in params.items() if p.default is p.empty and n != "seq_len"
                 and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if "seq_len" in params and params["seq_len"].default is params["seq_len"].empty \
+            and not seq_len:
+        raise SpecError(f"model: {spec} takes seq_len without a default; pass --seq-len "
+                        "(seq_len= from Python), or give it a default")
     if required:
         raise SpecError(f"model: {spec} takes {', '.join(required)} without a default; the "
                         "factory is called with no arguments (seq_len only, where it has that "

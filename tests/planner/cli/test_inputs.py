@@ -269,3 +269,11 @@ def test_a_plan_file_given_as_the_model_is_named_with_its_model(capsys, small_pl
         code, _, err = run(capsys, *argv)
         one_line(code, err, BAD, f"model: {small_plan} is a plan file, not a model; give the "
                                  f"model it was made for ({tiny_gpt2_config})")
+
+
+def test_a_factory_whose_seq_len_has_no_default_asks_for_it(capsys, tmp_path):
+    f = tmp_path / "seq.py"
+    f.write_text("import torch\ndef build(seq_len):\n"
+                 "    return torch.nn.Linear(8, 8), torch.ones(2, seq_len, 8)\n")
+    code, _, err = run(capsys, "solve", f"{f}:build", *SOLVE[:-2])  # (no --seq-len)
+    one_line(code, err, BAD, "takes seq_len without a default", "pass --seq-len")

@@ -35,3 +35,12 @@ def test_tp_is_searched_only_where_pinned():
     assert plan_prepared(prepared, cluster, training, SearchOptions(top_k=0)).parallel["tp"] == 1
     pinned = plan_prepared(prepared, cluster, training, SearchOptions(fix=parse_fix("tp=2")))
     assert pinned.parallel["tp"] == 2
+
+
+def test_a_pinned_expert_tensor_parallelism_pins_its_tp():
+    """From a review: etp is 1 or tp, so a pin of etp=2 asks for tp=2 as a tp pin does (the rule
+    above must not drop it)."""
+    from planner.search.space import tp_pinned
+
+    assert tp_pinned(2, {"etp": 2}) and tp_pinned(4, {"tp": 4})
+    assert not tp_pinned(2, {}) and not tp_pinned(2, {"etp": 1}) and not tp_pinned(4, {"etp": 2})
