@@ -233,6 +233,33 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
     return dataclasses.replace(options, recompute=kept)
 
 
+OVERLAP_HINT_SHARE = 0.10
+"""Share of the step the exposed expert all-to-alls take above which a plan that could overlap
+them says so (hint_overlap)."""
+
+
+def hint_overlap(best, training: TrainingSpec, options: SearchOptions) -> None:
+    """Warn when the engine leaves the expert all-to-alls exposed (moe_overlap off: Megatron-Core's
+    default), they take OVERLAP_HINT_SHARE of the best plan's step or more, and its
+    configuration could run them behind another micro-batch's compute on a target that offers
+    it (a new-user check priced NVIDIA's DeepSeek-V3 layout 31% slower than published, its
+    all-to-alls half the step, and nothing said what its release sets)."""
+    engine, cfg = training.engine, best.config
+    if engine.moe_overlap or cfg.ep <= 1 or (options.target in targets.TARGETS and
+                                             not targets.engine(options.target).moe_overlap):
+        return
+    share = best.breakdown.get("ep_comm_s", 0.0) / best.step_time_s if best.step_time_s else 0.0
+    if share < OVERLAP_HINT_SHARE or overlap_blockers(
+            engine, ep=cfg.ep, recompute=cfg.recompute, dtype=training.dtype, pp=cfg.pp,
+            vpp=cfg.vpp):
+        return
+    log.warning("engine.moe_overlap: off, and this plan's expert all-to-alls take %.0f%% of its "
+                "step exposed; its configuration could run them behind another micro-batch's "
+                "compute (Megatron-Core's --overlap-moe-expert-parallel-comm, which Megatron-"
+                "Bridge's DeepSeek-V3 and Qwen3 configurations set on H100): plan with --engine "
+                "moe_overlap=true to price that", 100 * share)
+
+
 def warn_overlap_off(cfg, training: TrainingSpec, fix: dict) -> None:
     """Warn when the engine asks for the overlapped expert all-to-all and the chosen
     configuration cannot run it (costmodels.experts.overlap_blockers; the plan prices its
