@@ -159,11 +159,12 @@ def group_nodes(cluster: Cluster, gpus: int) -> int:
 
 
 RING_ORDERS_UP_TO = 8
-"""Sites up to which every ring order is tried (7!/2 orders at 8); beyond, the listed order."""
+"""Sites up to which every ring order is tried (7! at 8, each ring in both directions); beyond,
+the listed order."""
 
 
-def replicas_allreduce_s(nbytes: float, hc: HeteroCluster,
-                         members: Sequence[int]) -> tuple[float, tuple[int, ...]]:
+def replicas_allreduce_s(nbytes: float, hc: HeteroCluster, members: Sequence[int],
+                         calls: int = 1) -> tuple[float, tuple[int, ...]]:
     """(seconds, ring order) to all-reduce ``nbytes`` (one replica's gradients) across the sites
     ``members``, each site holding one replica set whose GPUs all hold a share: the hierarchical
     all-reduce of HSDP and of Megatron-LM's partial distributed optimizer (reduce-scattered inside
@@ -171,7 +172,9 @@ def replicas_allreduce_s(nbytes: float, hc: HeteroCluster,
     parts inside a site are its own data-parallel traffic, priced with its plan). In the ring each
     site sends 2 (k - 1) / k of the bytes to the next, every GPU its share at once, on the link
     between the two as its scope (``per``) shares it, with 2 (k - 1) latencies; the ring takes its
-    slowest link's time, and the order whose slowest link is fastest is taken."""
+    slowest link's time, and the order whose slowest link is fastest is taken. ``calls``: the
+    all-reduces the bytes are sent in (an engine's gradient buckets), run one after the other on
+    one communicator, so each pays the ring's latencies."""
     k = len(members)
     if k < 2 or nbytes <= 0:
         return 0.0, tuple(members)
@@ -180,7 +183,7 @@ def replicas_allreduce_s(nbytes: float, hc: HeteroCluster,
     def edge_s(g: int, h: int) -> float:
         site = hc.groups[g]
         return hc.site_link(g, h).transfer_s(sent, site.num_gpus, site.nodes,
-                                             messages=2 * (k - 1))
+                                             messages=2 * (k - 1) * max(1, calls))
 
     first, rest = members[0], list(members[1:])
     orders = [(first, *p) for p in itertools.permutations(rest)] if k <= RING_ORDERS_UP_TO \

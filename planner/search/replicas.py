@@ -10,9 +10,11 @@ since the gradients cross once a step whatever the batch while the pipeline's se
 
 For each kind of site with two or more sites, its plan is searched on one site for the share of
 the batch (the same model, pins but those the GPU count sizes, and rules as a plan on that site
-alone), and the all-reduce across the sites is priced on their links (costmodels.sites.
-replicas_allreduce_s), exposed: the engines overlap the gradient reduction with the last
-micro-batch's backward only, far shorter than a reduction over these links. The planner does not
+alone; ZeRO-1 at least unless zero is pinned, since the reduction shards the gradients inside a
+site), and the all-reduce across the sites is priced on their links (costmodels.sites.
+replicas_allreduce_s), one call per gradient bucket (BUCKET_PARAMS), exposed: the engines
+overlap the gradient reduction with the last micro-batch's backward only, far shorter than a
+reduction over these links. The planner does not
 emit that plan (README, Limits); the plan's ``search.sites_replicas`` and `plan show` say what
 it would take.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 
 from costmodels.errors import PlannerError
@@ -33,6 +36,16 @@ from planner.search.loop import search
 from planner.trace.graph import BlockGraph
 
 log = logging.getLogger(__name__)
+
+BUCKET_PARAMS = 40e6
+"""Parameters per gradient bucket, each reduced by one all-reduce: Megatron-Core's default,
+max(40M, 1M x dp) (megatron/core/distributed/distributed_data_parallel.py, core_v0.15.0;
+--ddp-bucket-size sets another). Across sites every bucket pays the ring's latencies."""
+
+
+def buckets(params: float, dp: int) -> int:
+    """Gradient all-reduces per step for ``params`` over ``dp`` replicas (BUCKET_PARAMS)."""
+    return max(1, math.ceil(params / max(BUCKET_PARAMS, 1e6 * dp)))
 
 
 def trained_params(bg: BlockGraph) -> float:
@@ -57,7 +70,8 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
     fix = {k: v for k, v in options.fix.items() if k not in alone.SIZED_BY_GPUS}
     limit = None if time_left_s is None else max(alone.MIN_TIME_S, time_left_s / len(sets))
     site_options = dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit)
-    grad_bytes = trained_params(bg) * DataParallelBytes.of(training).grads
+    params = trained_params(bg)
+    grad_bytes = params * DataParallelBytes.of(training).grads
     out = []
     for group in sets:
         site, k = cluster.groups[group[0]], len(group)
@@ -70,15 +84,21 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
             share = dataclasses.replace(training, global_batch=training.global_batch // k)
             try:
                 best = search(bg, site, share, site_options).best
+                if best is not None and best.config.zero == 0 and "zero" not in fix:
+                    # the hierarchical reduction shards inside a site (a distributed optimizer
+                    # or FSDP): ZeRO-1 at least
+                    best = search(bg, site, share, dataclasses.replace(
+                        site_options, fix={**fix, "zero": 1})).best or best
             except PlannerError as exc:
                 best, row["reason"] = None, str(exc).splitlines()[0]
             if best is None:
                 row.setdefault("reason", f"no configuration fits {site.name} at "
                                          f"{share.global_batch:,} samples a step")
             else:
-                across, order = replicas_allreduce_s(grad_bytes, cluster, group)
+                calls = buckets(params, k * best.config.dp)
+                across, order = replicas_allreduce_s(grad_bytes, cluster, group, calls)
                 row.update(step_time_s=best.step_time_s + across, site_step_s=best.step_time_s,
-                           allreduce_s=across, gradient_bytes=grad_bytes,
+                           allreduce_s=across, gradient_bytes=grad_bytes, buckets=calls,
                            ring=[cluster.groups[g].name for g in order],
                            parallel=best.config.short(), global_batch=share.global_batch)
         log.info("data parallel across %s (%d GPUs): %s (%.1f s)", ", ".join(row["sites"]),
@@ -108,7 +128,9 @@ def verdicts(rows: list[dict], step_s: float) -> list[tuple[str, str]]:
                     f"({how} this plan): {r['sites'][0]}'s plan ({r['parallel']}) on each "
                     f"site for {r['global_batch']:,} of the samples, {r['site_step_s']:.4g} s, "
                     f"then {r['gradient_bytes'] / 1e9:.3g} GB of gradients all-reduced across "
-                    f"the {k} sites in {r['allreduce_s']:.4g} s"))
+                    f"the {k} sites in {r['allreduce_s']:.4g} s"
+                    + (f" ({r['buckets']} buckets, each paying the links' latency)"
+                       if r.get("buckets", 1) > 1 else "")))
     return out
 
 

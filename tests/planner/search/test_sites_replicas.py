@@ -13,7 +13,7 @@ from planner.options import SearchOptions, TrainingSpec
 from planner.report.summary import summary
 from planner.search.dp_traffic import DataParallelBytes
 from planner.search.loop import search
-from planner.search.replicas import trained_params
+from planner.search.replicas import buckets, trained_params
 
 
 def site(name, nodes=1):
@@ -45,6 +45,17 @@ def test_two_sites_send_the_whole_gradient_each_way_on_their_link():
     assert ring == (0, 1)
 
 
+def test_every_gradient_bucket_pays_the_rings_latencies():
+    """From a review: an engine reduces its gradients bucket by bucket, one all-reduce after the
+    other on one communicator (Megatron-Core: 40M parameters a bucket, more with many replicas)."""
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "8Gbps", "latency": "10ms",
+                       "efficiency": 0.5}])
+    one, _ = replicas_allreduce_s(4e9, hc, [0, 1])
+    many, _ = replicas_allreduce_s(4e9, hc, [0, 1], calls=200)
+    assert many - one == pytest.approx(199 * 2 * 10e-3)
+    assert buckets(8e9, 16) == 200 and buckets(8e9, 128) == 63 and buckets(1e6, 2) == 1
+
+
 def test_a_link_per_gpu_is_every_gpus_own():
     link = {"between": ["a", "b"], "bandwidth": "8Gbps", "latency": "0s", "efficiency": 1.0}
     pipe, _ = replicas_allreduce_s(4e9, sites("ab", [{**link, "per": "site"}]), [0, 1])
@@ -71,6 +82,7 @@ def test_a_plan_over_sites_prices_one_site_replicated_across_them(prepared, capl
         plan = plan_prepared(prepared, hc, training, SearchOptions(top_k=0))
     (row,) = plan.search["sites_replicas"]
     assert row["sites"] == ["a", "b"] and row["gpus"] == 8 and row["global_batch"] == 128
+    assert row["buckets"] == 1 and " zero=0" not in row["parallel"]  # (shards inside a site)
     half = search(prepared.blocks, hc.groups[0], TrainingSpec(global_batch=128, seq_len=256),
                   SearchOptions(top_k=0)).best
     assert row["site_step_s"] == pytest.approx(half.step_time_s, rel=1e-5)
