@@ -216,6 +216,8 @@ class Experts:
     etp: int = 1
     load: float = 1.0
     grouped: bool = True
+    fp8: bool = True
+    """Under fp8, whether their GEMMs run in FP8 (EngineSpec.fp8_experts)."""
 
 
 DENSE = Experts()
@@ -285,7 +287,7 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
             else:
                 fused += 2.0 * b * m * n * k
             continue
-        gd = precision.gemm_dtype(dtype, g.linear)
+        gd = precision.gemm_dtype(dtype, g.linear and (experts.fp8 or not g.experts))
         calls, b1 = (b, 1.0) if g.experts and not experts.grouped else (1.0, b)
         slow = calls / (device.grouped_gemm_efficiency if g.experts and experts.grouped else 1.0)
         f = slow * gemm_time_s(b1, m, n, k, device, gd)
@@ -324,7 +326,7 @@ def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp
     per_element = precision.cast_bytes(recipe)
     fwd = bwd = 0.0
     for g in gemms:
-        if not g.linear:
+        if not g.linear or (g.experts and not experts.fp8):  # (16-bit experts: no casts)
             continue
         b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         fwd += b * m * k * per_element

@@ -98,6 +98,12 @@ class EngineSpec:
     gradients kept and reduced in bf16), ``zero`` (the ZeRO paper's 16 bytes per parameter;
     DeepSpeed) or ``fsdp2`` (torchtitan's FSDP2: fp32 sharded parameters, gradients and moments,
     16 bytes too, with gradients reduced in fp32)."""
+    fp8_experts: bool = True
+    """Under fp8, whether the routed experts' GEMMs run in FP8 as the dense layers' do
+    (Transformer Engine's grouped linear layers: Megatron-Core); False: they stay bf16, with no
+    FP8 weight copies or quantized inputs of theirs (torchtitan's float8 and mx converters swap
+    nn.Linear modules only; its grouped-GEMM converter is a prototype: planner.export.
+    torchtitan)."""
     fp8_recipe: str = "current"
     """How FP8 GEMM inputs are scaled when training in fp8 (costmodels.precision): ``delayed``
     (amax history), ``current`` (the tensor's own amax, an extra read: Megatron-Core's FP8-CS) or
@@ -245,13 +251,14 @@ PRESETS: dict[str, dict] = {
     # reduce-scatter through its flat buffers, fp32 sharded states and fp32 reduction
     "torchtitan": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
                    "fsdp_copies": True, "fsdp_experts": True, "state_layout": "fsdp2",
-                   "cp_ring": "torch", "moe_etp_replicated": True},
+                   "cp_ring": "torch", "moe_etp_replicated": True, "fp8_experts": False},
     # torchtitan with torch.compile: element-wise chains of each transformer block fused by
     # Inductor; embedding, output projection and loss eager
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
                            "overlap_grad_reduce": True, "fsdp_copies": True,
                            "fsdp_experts": True, "state_layout": "fsdp2", "cp_ring": "torch",
-                           "moe_probs_in_activation": False, "moe_etp_replicated": True},
+                           "moe_probs_in_activation": False, "moe_etp_replicated": True,
+                           "fp8_experts": False},
     # the planner's own runtime (`plan run`, --target torch): the model's own eager code with SDPA
     # (its flash backend: FlashAttention-2 kernels), replicate / fully_shard (FSDP2's buffer
     # copies; experts outside them), micro-batches always under torch.distributed.pipelining's
@@ -271,7 +278,7 @@ PRESETS: dict[str, dict] = {
 """Engine settings of common training stacks, by name (``--engine megatron-core``); ``k=v`` pairs
 after the name override single settings."""
 
-PRESET_PROPERTIES = frozenset({"moe_probs_in_activation", "moe_etp_replicated"})
+PRESET_PROPERTIES = frozenset({"moe_probs_in_activation", "moe_etp_replicated", "fp8_experts"})
 """Settings that say how a software runs a mixture of experts, which its preset sets: not a
 choice a user makes about the run (no warning for dense models; not carried to another
 engine's re-plan)."""

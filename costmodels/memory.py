@@ -186,7 +186,7 @@ def usable_bytes(device_memory_bytes: float, *, reserve_fraction: float, reserve
 def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, recompute: str,
                      scores_kept: bool = True, fused: bool = False, fp8: bool = False,
                      routed_load: float = 1.0, etp: int = 1,
-                     probs_in_activation: bool = False) -> float:
+                     probs_in_activation: bool = False, fp8_experts: bool = True) -> float:
     """Bytes one micro-batch leaves saved in one block until its backward runs. ``scores_kept``:
     attention score tensors traced from eager code are saved (False with flash attention, whose
     fused kernel saves none); ``fused``: chains of element-wise ops run as one kernel each, which
@@ -203,7 +203,8 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     ``etp``: expert tensor parallelism, whose ranks each keep the token copies of all etp ranks
     at the hidden width (BlockWork.act_routed_gathered). ``probs_in_activation``: the routing
     weights multiply the experts' activation before their last GEMM, whose output is then not
-    kept (BlockWork.act_routed_weighted; Megatron-Core)."""
+    kept (BlockWork.act_routed_weighted; Megatron-Core). ``fp8_experts`` False: under fp8 the
+    routed experts' GEMMs stay 16-bit (EngineSpec.fp8_experts), and so do their kept inputs."""
     sp_div = tp if sp else 1
     if recompute == "full":
         return micro_batch * work.input_bytes / sp_div
@@ -219,16 +220,20 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
     if probs_in_activation:
         rep, routed_rep = rep - work.act_routed_weighted, routed_rep - work.act_routed_weighted
     if fp8:
-        rep = rep - FP8_SAVED_INPUT_SHARE * work.act_linear_in_rep
-        tp_part = tp_part - FP8_SAVED_INPUT_SHARE * work.act_linear_in_tp
-        routed_rep = routed_rep - FP8_SAVED_INPUT_SHARE * work.act_routed_linear_in_rep
-        routed_tp = routed_tp - FP8_SAVED_INPUT_SHARE * work.act_routed_linear_in_tp
+        bf16_in = 0.0 if fp8_experts else 1.0  # (routed inputs, part of the linear inputs)
+        rep = rep - FP8_SAVED_INPUT_SHARE * (work.act_linear_in_rep
+                                             - bf16_in * work.act_routed_linear_in_rep)
+        tp_part = tp_part - FP8_SAVED_INPUT_SHARE * (work.act_linear_in_tp
+                                                     - bf16_in * work.act_routed_linear_in_tp)
+        if fp8_experts:
+            routed_rep = routed_rep - FP8_SAVED_INPUT_SHARE * work.act_routed_linear_in_rep
+            routed_tp = routed_tp - FP8_SAVED_INPUT_SHARE * work.act_routed_linear_in_tp
     kept = rep / sp_div + tp_part / tp  # the fused-away parts are parts of these
     # the busiest expert-parallel rank keeps the copies of more tokens than the mean
     kept += (routed_load - 1.0) * (routed_rep / sp_div + routed_tp / tp)
     # (the gathered copies are the experts' first GEMM input: quantized under fp8)
     kept += (etp - 1) * routed_load * work.act_routed_gathered / sp_div * (
-        1.0 - FP8_SAVED_INPUT_SHARE if fp8 else 1.0)
+        1.0 - FP8_SAVED_INPUT_SHARE if fp8 and fp8_experts else 1.0)
     modules = modules_of(recompute)
     if recompute == "none" or modules:
         kept += work.act_bytes_attn / tp if scores_kept else 0.0
@@ -236,7 +241,8 @@ def activation_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool, re
         raise SpecError(f"recompute: expected {', '.join(RECOMPUTE[:-1])} or {RECOMPUTE[-1]}, "
                         f"got {recompute!r}")
     if "moe_act" in modules:
-        kept -= moe_act_freed_bytes(work, fused=fused, fp8=fp8, routed_load=routed_load) / sp_div
+        kept -= moe_act_freed_bytes(work, fused=fused, fp8=fp8, routed_load=routed_load,
+                                    fp8_experts=fp8_experts) / sp_div
     if "mla_up_proj" in modules:
         kept -= mla_up_freed_bytes(work, tp=tp, sp=sp, fused=fused)
     return micro_batch * kept
@@ -255,19 +261,19 @@ def mla_up_freed_bytes(work: BlockWork, *, tp: int, sp: bool, fused: bool = Fals
 
 
 def moe_act_freed_bytes(work: BlockWork, *, fused: bool = False, fp8: bool = False,
-                        routed_load: float = 1.0) -> float:
+                        routed_load: float = 1.0, fp8_experts: bool = True) -> float:
     """Bytes per sample (before sequence parallelism) that ``recompute="moe_act"`` frees of what
     the block keeps without recomputation: the routed experts' activations (``routed_load``
     times the mean on the busiest expert rank) and the norm before the experts, less what a
     fused kernel would not keep anyway and, under fp8, the part a GEMM keeps quantized."""
-    def part(total: float, away: float, linear_in: float) -> float:
+    def part(total: float, away: float, linear_in: float, quantized: bool) -> float:
         return (total - (away if fused else 0.0)
-                - (FP8_SAVED_INPUT_SHARE * linear_in if fp8 else 0.0))
+                - (FP8_SAVED_INPUT_SHARE * linear_in if quantized else 0.0))
 
     return (routed_load * part(work.act_moe_act_routed, work.act_moe_act_routed_fused_away,
-                               work.act_moe_act_routed_linear_in)
+                               work.act_moe_act_routed_linear_in, fp8 and fp8_experts)
             + part(work.act_moe_act_norm, work.act_moe_act_norm_fused_away,
-                   work.act_moe_act_norm_linear_in))
+                   work.act_moe_act_norm_linear_in, fp8))
 
 
 def backward_transient_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
@@ -289,7 +295,7 @@ def backward_transient_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: 
 def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: bool,
                             recompute: str, scores_kept: bool = True, fused: bool = False,
                             fp8: bool = False, routed_load: float = 1.0, etp: int = 1,
-                            probs_in_activation: bool = False) -> float:
+                            probs_in_activation: bool = False, fp8_experts: bool = True) -> float:
     """Extra bytes alive while one block's forward is recomputed during backward (on the busiest
     expert-parallel rank with ``routed_load``, as activation_bytes)."""
     if recompute == "none":
@@ -299,7 +305,8 @@ def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: b
     modules = modules_of(recompute)
     if modules:  # one layer's freed tensors of a module, made again for its backward (the
         # attention's and the experts' are made again at different points of it: the larger)
-        act = moe_act_freed_bytes(work, fused=fused, fp8=fp8, routed_load=routed_load) / (
+        act = moe_act_freed_bytes(work, fused=fused, fp8=fp8, routed_load=routed_load,
+                                  fp8_experts=fp8_experts) / (
             tp if sp else 1) if "moe_act" in modules else 0.0
         up = mla_up_freed_bytes(work, tp=tp, sp=sp, fused=fused) if "mla_up_proj" in modules \
             else 0.0
@@ -307,7 +314,7 @@ def recompute_working_bytes(work: BlockWork, *, micro_batch: int, tp: int, sp: b
     full = activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp, recompute="none",
                             scores_kept=scores_kept, fused=fused, fp8=fp8,
                             routed_load=routed_load, etp=etp,
-                            probs_in_activation=probs_in_activation)
+                            probs_in_activation=probs_in_activation, fp8_experts=fp8_experts)
     if recompute == "op":  # the recomputed rest, next to what was kept
         rest = full - activation_bytes(work, micro_batch=micro_batch, tp=tp, sp=sp,
                                        recompute="op")

@@ -134,6 +134,8 @@ def _fp8_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec
         **figures,
         "weight_copy_bytes": copies,
         "outer_blocks_bf16": not all(b.recompute for b in bg.blocks),
+        **({"experts_bf16": True} if not training.engine.fp8_experts and any(
+            b.work.num_experts for b in bg.blocks) else {}),
         "bf16_step_time_s": bf16.step_time_s,
         "bf16_peak_memory_bytes": bf16.peak_memory_bytes,
         "bf16_fits": fits,

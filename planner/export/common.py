@@ -432,7 +432,7 @@ SOFTWARE_KEYS = frozenset(k for preset in PRESETS.values() for k in preset
 """The engine settings that say which software runs the step (what the presets set, less the
 MoE settings, which a re-plan keeps: _kept_engine_settings)."""
 MEMORY_SOFTWARE_KEYS = frozenset({"attention", "kernels", "fused_scope", "fsdp_copies",
-                                  "fsdp_experts", "cp_ring"})
+                                  "fsdp_experts", "cp_ring", "fp8_experts"})
 """The software settings that change what a GPU holds (activations, buffers) besides the
 state layout, which the exports check apart (layout_differs)."""
 
@@ -509,6 +509,8 @@ def software_differs(plan: Plan, target: str, keys=SOFTWARE_KEYS) -> bool:
     holds)."""
     planned = engine_from_mapping(plan.training.get("engine"))
     runs = engine_from_mapping(software_of(target, plan))
+    if plan.training.get("dtype") != "fp8":  # (which GEMMs run in FP8 matters under fp8 only)
+        keys = keys - {"fp8_experts"}
     return any(getattr(planned, k) != getattr(runs, k) for k in keys)
 
 

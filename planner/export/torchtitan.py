@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodels.engine import engine_from_mapping
 from costmodels.memory import RECOMPUTE
 from planner.errors import SpecError
 from planner.export import common, moe, names
@@ -562,11 +563,12 @@ def _fp8(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
         ledger.nearest("dtype", "fp8 with delayed scaling: torchao's float8 training (torchtitan's "
                        "converter) scales from the current amax (tensorwise); an amax read more "
                        "per cast than planned")
-    if moe.model(plan).moe:
+    if moe.model(plan).moe and engine_from_mapping(plan.training.get("engine")).fp8_experts:
         grouped = "float8" if recipe != "block" else "mx"
         ledger.nearest("dtype", f"fp8 for the routed experts: the {section.rsplit('.', 1)[1]} "
                        "converter swaps nn.Linear modules only, so the experts' grouped GEMMs run "
-                       "in bf16 (the plan priced them in fp8); 0.2.2's grouped-GEMM converter "
+                       "in bf16 (the plan priced them in fp8: plan with --target torchtitan, whose "
+                       "software keeps them bf16); 0.2.2's grouped-GEMM converter "
                        f"(model.converters += quantize.grouped_mm.{grouped}, with "
                        f"--quantize.grouped_mm.{grouped}.fqns=experts) is a prototype that needs "
                        "torchao's nightly build and compile, and refuses pipeline and context "

@@ -317,6 +317,8 @@ def _fp8(p: Plan) -> list[str]:
         *wrap(f"  fp8         weight GEMMs on fp8 tensor cores ({rates}), inputs quantized with "
               f"{RECIPE_WORDS[f['recipe']]}; attention, norms, element-wise ops"
               + (", embedding and output layer" if f.get("outer_blocks_bf16", True) else "")
+              + (", routed experts (their grouped GEMMs: the engine's fp8 converts plain Linear "
+                 "layers only)" if f.get("experts_bf16") else "")
               + " in bf16; MFU is against the fp8 peak", indent=" " * 14),
         f"              {gb1(f['weight_copy_bytes'])} of fp8 weight copies per GPU; in bf16 "
         f"this plan would take {f['bf16_step_time_s']:.4g} s ({f['bf16_step_time_s'] / step:.2f}x) "

@@ -161,6 +161,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     w = ma.work
     engine = training.engine
     routed = compute.Experts(ep=ep, etp=etp, grouped=engine.moe_grouped_gemm,
+                             fp8=engine.fp8_experts,
                              load=experts.rank_load(engine, ep=ep, num_experts=int(
                                  np.max(w.num_experts, initial=0))))
     # capacity-style experts' fixed slots are as large however tokens are routed (per block, as
@@ -308,7 +309,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         tp_comm_s=vec(tp_s),
         act_bytes=np.where(ma.checkpointed, vec(memory.activation_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
-            fused=fused, fp8=fp8, routed_load=load, etp=etp, probs_in_activation=weighted)),
+            fused=fused, fp8=fp8, routed_load=load, etp=etp, probs_in_activation=weighted,
+            fp8_experts=engine.fp8_experts)),
             vec(memory.activation_bytes(w, micro_batch=share, tp=tp, sp=sp, recompute="none",
                                         scores_kept=kept, fused=fused_outer, fp8=False,
                                         routed_load=load, etp=etp,
@@ -319,7 +321,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         work_bytes=np.maximum(np.where(ma.checkpointed, vec(memory.recompute_working_bytes(
             w, micro_batch=share, tp=tp, sp=sp, recompute=recompute, scores_kept=kept,
             fused=fused, fp8=fp8, routed_load=load, etp=etp,
-            probs_in_activation=weighted)), 0.0),
+            probs_in_activation=weighted, fp8_experts=engine.fp8_experts)), 0.0),
             vec(memory.backward_transient_bytes(w, micro_batch=share, tp=tp, sp=sp,
                                                 scores_kept=kept))) + cp_buffers
         + vec(experts.gathered_bytes(engine.moe_dispatcher, dispatch_bytes=w.dispatch_bytes,
@@ -498,8 +500,15 @@ def state_bytes_per_param(cfg: Config, training: TrainingSpec,
               trainable=trainable)
     return (memory.state_bytes_per_param(dp=cfg.dp * cfg.cp, **kw,
                                          deferred=deferred_sync(cfg, training)),
-            memory.state_bytes_per_param(dp=cfg.edp, **kw,
+            memory.state_bytes_per_param(dp=cfg.edp, **{**kw, "dtype": experts_dtype(training)},
                                          deferred=expert_deferred_sync(cfg, training)))
+
+
+def experts_dtype(training: TrainingSpec) -> str:
+    """The dtype the routed experts' weights train in: bf16 where the engine keeps their GEMMs
+    16-bit under fp8 (EngineSpec.fp8_experts: no FP8 weight copies of theirs), else the plan's."""
+    return "bf16" if training.dtype == "fp8" and not training.engine.fp8_experts \
+        else training.dtype
 
 
 def fsdp_pipelined(cfg: Config, training: TrainingSpec) -> bool:

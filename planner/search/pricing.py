@@ -10,7 +10,8 @@ from costmodels import compute, experts, memory, pipeline, precision
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
 from planner.search import placement
-from planner.search.costs import (deferred_sync, expert_deferred_sync, fp8_copy_bytes_per_param,
+from planner.search.costs import (deferred_sync, expert_deferred_sync, experts_dtype,
+                                  fp8_copy_bytes_per_param,
                                   fsdp_pipelined, in_flight_per_rank, working_bytes)
 from planner.search.dp_traffic import (DataParallelBytes, dp_floor_s, exposed_dp_s, fsdp_copies_s,
                                        window_use_s, windows_left)
@@ -550,9 +551,10 @@ class RankMemory:
         has_experts = self.expert_params != 0
         if has_experts.any():  # the experts' states, sharded over their own replicas
             expert_states = memory.model_state_bytes(
-                self.expert_params, dp=cfg.edp, **kw, deferred=expert_deferred_sync(cfg, training),
-                frozen=self.frozen_experts)
-            states = {k: np.where(has_experts, v + expert_states[k], v) for k, v in states.items()}
+                self.expert_params, dp=cfg.edp, **{**kw, "dtype": experts_dtype(training)},
+                deferred=expert_deferred_sync(cfg, training), frozen=self.frozen_experts)
+            states = {k: np.where(has_experts, v + expert_states.get(k, 0.0), v)
+                      for k, v in states.items()}
         if "fp8_weights" in states:
             states["fp8_weights"] = states["fp8_weights"] - \
                 self.outer_params * fp8_copy_bytes_per_param(cfg, training)
@@ -674,7 +676,10 @@ def _optimizer_s(cfg: Config, split: Split, device, training: TrainingSpec) -> f
         step = compute.optimizer_step_s(params / shard, device,
                                         traffic_bytes_per_param=traffic,
                                         dtensor_params=ranks.dtensors)
-    # the FP8 copies of the layers' trained weights, refreshed after the update
+    # the FP8 copies of the layers' trained weights, refreshed after the update (none of the
+    # routed experts' where they stay 16-bit: EngineSpec.fp8_experts)
     layers = (ranks.params - ranks.outer_params) - (ranks.frozen - ranks.outer_frozen)
+    if not training.engine.fp8_experts:
+        layers = layers - expert_params
     step = step + np.maximum(0.0, layers) * refresh_b / device.memory_bytes_per_s
     return max(0.0, float(np.max(step)))

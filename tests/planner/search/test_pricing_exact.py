@@ -99,8 +99,11 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
             # accumulating gradient at ZeRO-0)
             expert_deferred = deferred if cfg.ep == 1 else (
                 cfg.num_microbatches if piped and cfg.edp > 1 and cfg.zero > 0 else 0)
-            states = {k: v + memory.model_state_bytes(experts, dp=cfg.edp, **kw,
-                                                      deferred=expert_deferred)[k]
+            # (16-bit where the engine keeps them so under fp8: no FP8 copies of theirs)
+            own = {**kw, "dtype": "bf16"} if not training.engine.fp8_experts and \
+                training.dtype == "fp8" else kw
+            states = {k: v + memory.model_state_bytes(experts, dp=cfg.edp, **own,
+                                                      deferred=expert_deferred).get(k, 0.0)
                       for k, v in states.items()}
         if "fp8_weights" in states:
             states["fp8_weights"] -= memory.model_state_bytes(outer, dp=cfg.dp * cfg.cp,
@@ -175,7 +178,8 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
             step = compute.optimizer_step_s(params / shard, cluster.device,
                                             traffic_bytes_per_param=traffic,
                                             dtensor_params=dtensors)
-        opt_s = max(opt_s, step + (params - outer) * refresh_b / cluster.device.memory_bytes_per_s)
+        copied = params - outer - (0.0 if training.engine.fp8_experts else experts)
+        opt_s = max(opt_s, step + copied * refresh_b / cluster.device.memory_bytes_per_s)
     # the sends count once, in the pipeline's fill and drain
     rank_time = [sum(st.time_s - st.p2p_s for st in stages if st.rank == r)
                  for r in range(cfg.pp)]
