@@ -639,7 +639,7 @@ def _recompute(plan: Plan, version: str, ledger: common.Ledger) -> Group:
                         "the freed storage and keeps its own copy too, so while a layer's "
                         "backward runs it holds the freed tensors twice, where the plan prices "
                         "once (later releases share the storage)")
-        if "mla_up_proj" in modules:
+        if "mla_up_proj" in modules and not moe.model(plan).mla:  # (a latent model has it)
             ledger.info(f"recompute {rc}: Megatron-Core runs mla_up_proj with multi-head latent "
                         "attention only (--multi-latent-attention among your model's arguments; "
                         "its TransformerConfig raises otherwise)")
