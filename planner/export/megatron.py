@@ -639,12 +639,10 @@ def _recompute(plan: Plan, version: str, ledger: common.Ledger) -> Group:
                         "the freed storage and keeps its own copy too, so while a layer's "
                         "backward runs it holds the freed tensors twice, where the plan prices "
                         "once (later releases share the storage)")
-        if "mla_up_proj" in modules and not moe.model(plan).mla:  # (a latent model has it)
-            ledger.info(f"recompute {rc}: Megatron-Core runs mla_up_proj with multi-head latent "
-                        "attention only (--multi-latent-attention among your model's arguments; "
-                        "its TransformerConfig raises otherwise)")
         what = [{"mla_up_proj": "multi-head latent attention's up projections and rotary "
-                                "embedding",
+                                "embedding (with --multi-latent-attention among the model's "
+                                "arguments only: Megatron-Core's TransformerConfig raises "
+                                "otherwise)",
                  "moe_act": "the routed experts' activation function and the norms before the "
                             "experts" + (" and before multi-head latent attention"
                                          if moe.model(plan).mla else "")}[m] for m in modules]
