@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from costmodels.engine import FUSED_ATTENTION, PRESET_PROPERTIES, PRESETS, EngineSpec
+from costmodels.engine import (FUSED_ATTENTION, PRESET_PROPERTIES, PRESETS, EngineSpec,
+                                engine_setting)
 from costmodels.experts import copies_per_token, overlap_blockers
 from costmodels.memory import modules_of
 from planner import targets
@@ -244,20 +245,27 @@ def hint_overlap(best, training: TrainingSpec, options: SearchOptions) -> None:
     configuration could run them behind another micro-batch's compute on a target that offers
     it (a new-user check priced NVIDIA's DeepSeek-V3 layout 31% slower than published, its
     all-to-alls half the step, and nothing said what its release sets)."""
-    engine, cfg = training.engine, best.config
+    engine, cfg, fix = training.engine, best.config, dict(options.fix)
+    software = engine_setting(engine).split(",")[0]  # (the preset it is closest to)
+    no_overlap = {targets.engine(t).software for t in targets.TARGETS
+                  if targets.engine(t).software and not targets.engine(t).moe_overlap}
     if engine.moe_overlap or cfg.ep <= 1 or (options.target in targets.TARGETS and
-                                             not targets.engine(options.target).moe_overlap):
+                                             not targets.engine(options.target).moe_overlap) \
+            or software.split("-")[0] in no_overlap:  # (software that does not run it)
         return
     share = best.breakdown.get("ep_comm_s", 0.0) / best.step_time_s if best.step_time_s else 0.0
+    # what the search chose beside the all-to-alls (recomputation, virtual stages) it may choose
+    # otherwise with the overlap: only pins block it
+    pinned_vpp = "vpp" in fix or "schedule" in fix
     if share < OVERLAP_HINT_SHARE or overlap_blockers(
-            engine, ep=cfg.ep, recompute=cfg.recompute, dtype=training.dtype, pp=cfg.pp,
-            vpp=cfg.vpp):
+            engine, ep=cfg.ep, recompute=cfg.recompute if "recompute" in fix else "none",
+            dtype=training.dtype, pp=cfg.pp, vpp=cfg.vpp if pinned_vpp else 2):
         return
     log.warning("engine.moe_overlap: off, and this plan's expert all-to-alls take %.0f%% of its "
-                "step exposed; its configuration could run them behind another micro-batch's "
-                "compute (Megatron-Core's --overlap-moe-expert-parallel-comm, which Megatron-"
-                "Bridge's DeepSeek-V3 and Qwen3 configurations set on H100): plan with --engine "
-                "moe_overlap=true to price that", 100 * share)
+                "step exposed; Megatron-Core can run them behind another micro-batch's compute "
+                "(--overlap-moe-expert-parallel-comm, which Megatron-Bridge's performance "
+                "configurations set for DeepSeek-V3 and Qwen3-235B-A22B on H100): plan with "
+                "--engine %s,moe_overlap=true to price that", 100 * share, engine_setting(engine))
 
 
 def warn_overlap_off(cfg, training: TrainingSpec, fix: dict) -> None:

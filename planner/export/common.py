@@ -509,8 +509,8 @@ def software_differs(plan: Plan, target: str, keys=SOFTWARE_KEYS) -> bool:
     holds)."""
     planned = engine_from_mapping(plan.training.get("engine"))
     runs = engine_from_mapping(software_of(target, plan))
-    if plan.training.get("dtype") != "fp8":  # (which GEMMs run in FP8 matters under fp8 only)
-        keys = keys - {"fp8_experts"}
+    if plan.training.get("dtype") != "fp8" or not moe.model(plan).moe:
+        keys = keys - {"fp8_experts"}  # (which experts' GEMMs run in FP8: fp8 MoE plans only)
     return any(getattr(planned, k) != getattr(runs, k) for k in keys)
 
 

@@ -41,6 +41,8 @@ def engine_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
                     for p in (a, b))
     idle = {k for k, knob in IDLE_UNLESS.items()
             if all(int(p.parallel.get(knob, 1)) <= 1 for p in (a, b))}
+    if all(p.training.get("dtype") != "fp8" for p in (a, b)):
+        idle.add("fp8_experts")  # (which GEMMs run in FP8: nothing without fp8)
     return [(f"engine {k}", ea[k], eb[k]) for k in ea if k in eb and ea[k] != eb[k]
             and not (dense and _experts_only(k)) and k not in idle]
 
@@ -53,7 +55,7 @@ parallelism (etp)."""
 
 def _experts_only(setting: str) -> bool:
     """Whether an engine setting says how routed experts run (nothing for a dense model)."""
-    return setting.startswith("moe_") or setting == "fsdp_experts"
+    return setting.startswith("moe_") or setting in ("fsdp_experts", "fp8_experts")
 
 
 def breakdown_changes(a: Plan, b: Plan) -> list[tuple[str, float, float]]:
