@@ -43,9 +43,27 @@ max(40M, 1M x dp) (megatron/core/distributed/distributed_data_parallel.py, core_
 --ddp-bucket-size sets another). Across sites every bucket pays the ring's latencies."""
 
 
-def buckets(params: float, dp: int) -> int:
-    """Gradient all-reduces per step for ``params`` over ``dp`` replicas (BUCKET_PARAMS)."""
-    return max(1, math.ceil(params / max(BUCKET_PARAMS, 1e6 * dp)))
+def buckets(params: float, dp: int, chunks: int = 1) -> int:
+    """Gradient all-reduces per step of a rank holding ``params`` in ``chunks`` model chunks
+    (virtual stages, bucketed apart) over ``dp`` data- and context-parallel replicas
+    (BUCKET_PARAMS)."""
+    chunks = max(1, chunks)
+    return chunks * max(1, math.ceil(params / chunks / max(BUCKET_PARAMS, 1e6 * dp)))
+
+
+def reductions(params: float, layers: int, cfg, sites: int, engine) -> int:
+    """All-reduces a rank runs one after the other each step for its gradients, when one site's
+    configuration ``cfg`` runs on each of ``sites`` sites: every tensor- and pipeline-parallel
+    rank reduces its own share with its own replicas (the groups at once, on their shares of the
+    links), in Megatron-Core's buckets (buckets: the data-parallel size over every site), one per
+    model chunk where the reduction is not overlapped (Megatron-Core then makes one bucket), or
+    one per wrapped layer under FSDP2 (EngineSpec.fsdp_copies: torchtitan's HSDP)."""
+    chunks = cfg.vpp if cfg.pp > 1 else 1
+    if engine.fsdp_copies:
+        return max(1, math.ceil(layers / cfg.pp))
+    if not engine.overlap_grad_reduce:
+        return chunks
+    return buckets(params / (cfg.tp * cfg.pp), sites * cfg.dp * cfg.cp, chunks)
 
 
 def trained_params(bg: BlockGraph) -> float:
@@ -71,6 +89,7 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
     limit = None if time_left_s is None else max(alone.MIN_TIME_S, time_left_s / len(sets))
     site_options = dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit)
     params = trained_params(bg)
+    layers = sum(1 for b in bg.blocks if b.recompute) or len(bg.blocks)
     grad_bytes = params * DataParallelBytes.of(training).grads
     out = []
     for group in sets:
@@ -95,7 +114,7 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
                 row.setdefault("reason", f"no configuration fits {site.name} at "
                                          f"{share.global_batch:,} samples a step")
             else:
-                calls = buckets(params, k * best.config.dp)
+                calls = reductions(params, layers, best.config, k, training.engine)
                 across, order = replicas_allreduce_s(grad_bytes, cluster, group, calls)
                 row.update(step_time_s=best.step_time_s + across, site_step_s=best.step_time_s,
                            allreduce_s=across, gradient_bytes=grad_bytes, buckets=calls,

@@ -54,6 +54,24 @@ def test_every_gradient_bucket_pays_the_rings_latencies():
     many, _ = replicas_allreduce_s(4e9, hc, [0, 1], calls=200)
     assert many - one == pytest.approx(199 * 2 * 10e-3)
     assert buckets(8e9, 16) == 200 and buckets(8e9, 128) == 63 and buckets(1e6, 2) == 1
+    assert buckets(8e9, 16, chunks=4) == 200 and buckets(1e6, 2, chunks=4) == 4
+
+
+def test_each_rank_reduces_its_own_share_in_its_own_buckets():
+    """From a review: the tensor- and pipeline-parallel ranks each reduce their share of the
+    gradients with their own replicas, at once; FSDP2 reduces per wrapped layer, Megatron-Core
+    in one bucket per chunk when the reduction is not overlapped."""
+    from types import SimpleNamespace
+
+    from costmodels.engine import engine_from_mapping
+    from planner.search.replicas import reductions
+
+    cfg = SimpleNamespace(tp=2, pp=4, vpp=2, dp=8, cp=1)
+    core = engine_from_mapping("megatron-core")
+    assert reductions(8e9, 32, cfg, 2, core) == buckets(1e9, 16, chunks=2) == 26
+    assert reductions(8e9, 32, cfg, 2, engine_from_mapping("torchtitan")) == 8  # layers / pp
+    assert reductions(8e9, 32, cfg, 2, engine_from_mapping(
+        "megatron-core,overlap_grad_reduce=false")) == 2
 
 
 def test_a_link_per_gpu_is_every_gpus_own():
