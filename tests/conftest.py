@@ -35,6 +35,14 @@ TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
               "max_position_embeddings": 256, "tie_word_embeddings": False}
 
 
+TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 64,
+                "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2,
+                "vocab_size": 256, "max_position_embeddings": 512, "num_local_experts": 8,
+                "num_experts_per_tok": 2}
+"""A Mixtral of 4 layers, 8 routed experts of which 2 per token (a copy for other sizes:
+{**TINY_MIXTRAL, "num_hidden_layers": 3})."""
+
+
 TINY_DEEPSEEK_V3 = {"model_type": "deepseek_v3", "num_hidden_layers": 4, "hidden_size": 64,
                     "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
                     "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,

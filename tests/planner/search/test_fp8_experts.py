@@ -13,11 +13,9 @@ from costmodels import compute, memory
 from costmodels.engine import engine_from_mapping
 from planner.inputs.clusters import load_cluster
 from planner.options import SearchOptions, TrainingSpec, parse_fix
+from tests.conftest import TINY_MIXTRAL
 
-MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 256,
-           "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
-           "vocab_size": 256, "max_position_embeddings": 512, "num_local_experts": 8,
-           "num_experts_per_tok": 2}
+MIXTRAL = {**TINY_MIXTRAL, "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512}
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,9 @@ import planner
 from costmodels import memory
 from costmodels.precision import FP8_SAVED_INPUT_SHARE
 from planner.options import parse_fix
+from tests.conftest import TINY_MIXTRAL
 
-MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 3, "hidden_size": 64,
-           "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2,
-           "vocab_size": 256, "max_position_embeddings": 512, "num_local_experts": 8,
-           "num_experts_per_tok": 2}
+MIXTRAL = {**TINY_MIXTRAL, "num_hidden_layers": 3}
 SEQ = 256
 
 

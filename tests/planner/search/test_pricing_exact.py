@@ -22,11 +22,8 @@ from planner.search.dp_traffic import (DataParallelBytes, exposed_dp_s, fsdp_cop
 from planner.search.pricing import (chunks, expert_comm_s, idle_s, price, rank_max, rank_sums,
                                     rank_totals, step_flops)
 from planner.solve.chain import partition
+from tests.conftest import TINY_MIXTRAL
 
-TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 64,
-                "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2,
-                "vocab_size": 256, "max_position_embeddings": 512, "num_local_experts": 8,
-                "num_experts_per_tok": 2}
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,8 @@ from planner import SearchOptions, TrainingSpec, load_cluster, plan_prepared
 from planner.search import loop
 from planner.search.costs import ModelArrays
 from planner.search.space import Space, enumerate_space
+from tests.conftest import TINY_MIXTRAL
 
-TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 64,
-                "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2,
-                "vocab_size": 256, "max_position_embeddings": 512, "num_local_experts": 8,
-                "num_experts_per_tok": 2}
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,15 @@ import pytest
 
 import planner
 from planner.options import parse_fix
+from tests.conftest import TINY_MIXTRAL
 
-TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 3, "hidden_size": 64,
-                "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2,
-                "vocab_size": 256, "max_position_embeddings": 512, "num_local_experts": 8,
-                "num_experts_per_tok": 2}
+MIXTRAL = {**TINY_MIXTRAL, "num_hidden_layers": 3}
 
 
 @pytest.fixture(scope="module")
 def tiny_mixtral(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-mixtral") / "config.json"
-    path.write_text(json.dumps(TINY_MIXTRAL))
+    path.write_text(json.dumps(MIXTRAL))
     return planner.prepare(str(path), seq_len=256)
 
 
@@ -309,7 +307,7 @@ def test_padding_beyond_what_routing_fills_is_refused(tiny_mixtral):
     the tokens), at that bound it is taken; the dropless-only targets name both settings."""
     from costmodels.engine import engine_from_mapping
     from planner import targets
-    most = TINY_MIXTRAL["num_local_experts"] / TINY_MIXTRAL["num_experts_per_tok"]
+    most = MIXTRAL["num_local_experts"] / MIXTRAL["num_experts_per_tok"]
     assert _plan(tiny_mixtral, "ep=2", engine=engine_from_mapping(
         f"moe_capacity_factor={most:g},moe_pad_to_capacity=true")).parallel["ep"] == 2
     with pytest.raises(planner.SpecError, match=r"^engine\.moe_capacity_factor: .* with "
@@ -964,7 +962,7 @@ def test_torchtitan_mesh_rules(tiny_llama, tiny_mixtral, tiny_llama_config, tmp_
     with pytest.raises(planner.SpecError, match=AMP_UNSHARDED):
         search(tiny_llama, "tp=2,dp=1", where=two)  # bf16 with tp and no FSDP
     llama32 = planner.prepare(tiny_llama_config, seq_len=tiny_llama.seq_len, dtype="fp32")
-    (tmp_path / "config.json").write_text(json.dumps(TINY_MIXTRAL))
+    (tmp_path / "config.json").write_text(json.dumps(MIXTRAL))
     mixtral32 = planner.prepare(str(tmp_path / "config.json"), seq_len=256, dtype="fp32")
     assert search(llama32, "tp=2,dp=1", where=two, dtype="fp32").parallel["tp"] == 2
     assert search(tiny_llama, "tp=2,dp=1", where=two, target="any").parallel["tp"] == 2
