@@ -564,7 +564,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
                 prepared.blocks, cluster, training, options,
                 None if options.time_limit_s is None else
                 options.time_limit_s - result.time_s - (time.perf_counter() - t0))
-            for kind, text in replicas.verdicts(replica_rows, result.best.step_time_s):
+            for kind, text in replicas.verdicts(replica_rows, result.best.step_time_s, rows):
                 if kind == "faster":
                     log.warning("cluster: %s; %s", text, replicas.HOW)
     near = _nearest_engine(prepared, cluster, training, options, result) \

@@ -116,7 +116,8 @@ def _alone(p: Plan) -> list[str]:
     _, text = alone.verdict(rows, p.predicted["step_time_s"], sites=bool(p.cluster.get("links")),
                             kinds=len(set(str(p.cluster.get("device", "")).split("+"))))
     lines = wrap(f"  alone       {text}", indent=" " * 14)
-    verdicts = replicas.verdicts(p.search.get("sites_replicas") or [], p.predicted["step_time_s"])
+    verdicts = replicas.verdicts(p.search.get("sites_replicas") or [], p.predicted["step_time_s"],
+                                 rows)
     for _, line in verdicts:
         lines += wrap(f"  replicas    {line}", indent=" " * 14)
     if any(kind != "unfit" for kind, _ in verdicts):
@@ -161,6 +162,9 @@ def summary_dict(p: Plan) -> dict:
         "search": {k: p.search.get(k) for k in ("status", "gap", "candidates", "evaluated",
                                                  "target")},
     }
+    for k in ("groups_alone", "sites_replicas", "placements", "nearest_engine"):
+        if p.search.get(k):  # (what the plan is measured against, where it has it)
+            out["search"][k] = p.search[k]
     if p.embeddings:
         emb = p.embeddings
         out["embeddings"] = {

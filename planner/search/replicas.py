@@ -12,9 +12,9 @@ For each kind of site with two or more sites, its plan is searched on one site f
 the batch (the same model, pins but those the GPU count sizes, and rules as a plan on that site
 alone; ZeRO-1 at least unless zero is pinned, since the reduction shards the gradients inside a
 site), and the all-reduce across the sites is priced on their links (costmodels.sites.
-replicas_allreduce_s), one call per gradient bucket (BUCKET_PARAMS), exposed: the engines
-overlap the gradient reduction with the last micro-batch's backward only, far shorter than a
-reduction over these links. The planner does not
+replicas_allreduce_s), one call per gradient bucket (BUCKET_PARAMS), beside the last
+micro-batch's backward (the engines reduce each bucket as it fills; the rest is exposed,
+last_backward_s). The planner does not
 emit that plan (README, Limits); the plan's ``search.sites_replicas`` and `plan show` say what
 it would take.
 """
@@ -26,6 +26,7 @@ import logging
 import math
 import time
 
+from costmodels import comm
 from costmodels.errors import PlannerError
 from costmodels.sites import replicas_allreduce_s
 from costmodels.topology import HeteroCluster
@@ -51,19 +52,39 @@ def buckets(params: float, dp: int, chunks: int = 1) -> int:
     return chunks * max(1, math.ceil(params / chunks / max(BUCKET_PARAMS, 1e6 * dp)))
 
 
-def reductions(params: float, layers: int, cfg, sites: int, engine) -> int:
+def reductions(params: float, layers: int, cfg, sites: int, engine, experts: float = 0.0) -> int:
     """All-reduces a rank runs one after the other each step for its gradients, when one site's
     configuration ``cfg`` runs on each of ``sites`` sites: every tensor- and pipeline-parallel
     rank reduces its own share with its own replicas (the groups at once, on their shares of the
     links), in Megatron-Core's buckets (buckets: the data-parallel size over every site), one per
     model chunk where the reduction is not overlapped (Megatron-Core then makes one bucket), or
-    one per wrapped layer under FSDP2 (EngineSpec.fsdp_copies: torchtitan's HSDP)."""
+    one per wrapped layer under FSDP2 (EngineSpec.fsdp_copies: torchtitan's HSDP). ``experts``
+    of the ``params`` are routed experts' (ep x etp ranks share them), in buffers of their own
+    reduced over the expert-data-parallel ranks."""
     chunks = cfg.vpp if cfg.pp > 1 else 1
     if engine.fsdp_copies:
         return max(1, math.ceil(layers / cfg.pp))
     if not engine.overlap_grad_reduce:
-        return chunks
-    return buckets(params / (cfg.tp * cfg.pp), sites * cfg.dp * cfg.cp, chunks)
+        return chunks * (2 if experts else 1)
+    dense = buckets((params - experts) / (cfg.tp * cfg.pp), sites * cfg.dp * cfg.cp, chunks)
+    if not experts:
+        return dense
+    return dense + buckets(experts / (cfg.ep * cfg.etp * cfg.pp), sites * cfg.edp, chunks)
+
+
+BACKWARD_SHARE = 2.0 / 3.0
+"""The backward's share of a micro-batch's compute (twice the forward's FLOPs)."""
+
+
+def last_backward_s(best, training: TrainingSpec) -> float:
+    """Seconds of compute the reduction across sites can run beside: the last micro-batch's
+    backward, whose buckets go out as they fill (Megatron-Core's overlapped reduction, FSDP2's
+    per-layer reduce-scatter); none where the engine reduces after the backward
+    (EngineSpec.overlap_grad_reduce false)."""
+    if not training.engine.overlap_grad_reduce:
+        return 0.0
+    m = max(1, best.config.num_microbatches)
+    return best.breakdown.get("compute_s", 0.0) / m * BACKWARD_SHARE
 
 
 def trained_params(bg: BlockGraph) -> float:
@@ -89,6 +110,7 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
     limit = None if time_left_s is None else max(alone.MIN_TIME_S, time_left_s / len(sets))
     site_options = dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit)
     params = trained_params(bg)
+    experts = sum(b.work.expert_params - b.work.frozen_expert_params for b in bg.blocks)
     layers = sum(1 for b in bg.blocks if b.recompute) or len(bg.blocks)
     grad_bytes = params * DataParallelBytes.of(training).grads
     out = []
@@ -114,10 +136,13 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
                 row.setdefault("reason", f"no configuration fits {site.name} at "
                                          f"{share.global_batch:,} samples a step")
             else:
-                calls = reductions(params, layers, best.config, k, training.engine)
+                calls = reductions(params, layers, best.config, k, training.engine, experts)
                 across, order = replicas_allreduce_s(grad_bytes, cluster, group, calls)
-                row.update(step_time_s=best.step_time_s + across, site_step_s=best.step_time_s,
-                           allreduce_s=across, gradient_bytes=grad_bytes, buckets=calls,
+                exposed = comm.beside_compute_s(across, last_backward_s(best, training),
+                                                site.device.overlap_slowdown)
+                row.update(step_time_s=best.step_time_s + exposed, site_step_s=best.step_time_s,
+                           allreduce_s=across, exposed_s=exposed, gradient_bytes=grad_bytes,
+                           buckets=calls,
                            ring=[cluster.groups[g].name for g in order],
                            parallel=best.config.short(), global_batch=share.global_batch)
         log.info("data parallel across %s (%d GPUs): %s (%.1f s)", ", ".join(row["sites"]),
@@ -127,9 +152,13 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
     return out
 
 
-def verdicts(rows: list[dict], step_s: float) -> list[tuple[str, str]]:
+def verdicts(rows: list[dict], step_s: float,
+             alone_rows: list[dict] | None = None) -> list[tuple[str, str]]:
     """Per row (sites_replicas'): (faster, about, slower or unfit: against the plan's step over
-    every site, ``step_s``, with alone.MARGIN; the sentence)."""
+    every site, ``step_s``, with alone.MARGIN; the sentence, which says where one site alone
+    (``alone_rows``: alone.groups_alone's) is faster still)."""
+    alone_best = min((a for a in alone_rows or [] if "step_time_s" in a),
+                     key=lambda a: a["step_time_s"], default=None)
     out = []
     for r in rows:
         names = " and ".join([", ".join(r["sites"][:-1]), r["sites"][-1]])
@@ -149,12 +178,20 @@ def verdicts(rows: list[dict], step_s: float) -> list[tuple[str, str]]:
                     f"then {r['gradient_bytes'] / 1e9:.3g} GB of gradients all-reduced across "
                     f"the {k} sites in {r['allreduce_s']:.4g} s"
                     + (f" ({r['buckets']} buckets, each paying the links' latency)"
-                       if r.get("buckets", 1) > 1 else "")))
+                       if r.get("buckets", 1) > 1 else "")
+                    + (f", {r['exposed_s']:.4g} s of it past the last micro-batch's backward"
+                       if "exposed_s" in r else "")
+                    + (f"; {alone_best['group']} alone is faster still "
+                       f"({alone_best['step_time_s']:.4g} s)" if alone_best and
+                       alone_best["step_time_s"] < (1 - alone.MARGIN) * t else "")))
     return out
 
 
-HOW = ("the planner does not emit plans of data parallelism across sites: plan one site with its share of the global batch and "
-       "replicate it over the sites with a hierarchical gradient reduction (HSDP's replicate "
-       "degree, Megatron-LM's --num-distributed-optimizer-instances: the number of sites); the "
-       "all-reduce across sites is priced in a ring over their links, not hidden behind compute")
+HOW = ("the planner does not emit plans of data parallelism across sites: plan one site with "
+       "its share of the global batch and replicate it over the sites with a hierarchical "
+       "gradient reduction (HSDP's replicate degree, Megatron-LM's "
+       "--num-distributed-optimizer-instances: the number of sites), each site holding whole "
+       "replicas (with a pipeline, number the ranks so that the replicas, not the stages, span "
+       "the sites); the all-reduce across sites is priced in a ring over their links, beside "
+       "the last micro-batch's backward")
 """What a row of sites_replicas takes to run, said once under the rows."""

@@ -7,6 +7,7 @@ import pytest
 
 from tests.conftest import TINY_LLAMA, write_config
 
+from costmodels import comm
 from costmodels.sites import replicas_allreduce_s, sites_from_mapping
 from planner.api import plan_prepared, prepare
 from planner.options import SearchOptions, TrainingSpec
@@ -72,6 +73,10 @@ def test_each_rank_reduces_its_own_share_in_its_own_buckets():
     assert reductions(8e9, 32, cfg, 2, engine_from_mapping("torchtitan")) == 8  # layers / pp
     assert reductions(8e9, 32, cfg, 2, engine_from_mapping(
         "megatron-core,overlap_grad_reduce=false")) == 2
+    # routed experts in buffers of their own, shared by ep x etp ranks, over edp replicas
+    moe = SimpleNamespace(tp=1, pp=1, vpp=1, dp=16, cp=1, ep=8, etp=1, edp=2)
+    assert reductions(8e9, 32, moe, 2, core, experts=7e9) == buckets(1e9, 32) + buckets(
+        7e9 / 8, 4) == 25 + 22
 
 
 def test_a_link_per_gpu_is_every_gpus_own():
@@ -107,9 +112,17 @@ def test_a_plan_over_sites_prices_one_site_replicated_across_them(prepared, capl
     grads = trained_params(prepared.blocks) * DataParallelBytes.of(training).grads
     assert row["gradient_bytes"] == pytest.approx(grads, rel=1e-5)  # (the plan keeps 6 digits)
     assert row["allreduce_s"] == pytest.approx(replicas_allreduce_s(grads, hc, [0, 1])[0], rel=1e-5)
-    assert row["step_time_s"] == pytest.approx(row["site_step_s"] + row["allreduce_s"], rel=1e-5)
+    # beside the last micro-batch's backward (two thirds of its compute), the rest exposed
+    window = half.breakdown["compute_s"] / half.config.num_microbatches * 2 / 3
+    exposed = comm.beside_compute_s(row["allreduce_s"], window, hc.groups[0].device.overlap_slowdown)
+    assert 0 < row["exposed_s"] == pytest.approx(exposed, rel=1e-5)
+    assert row["exposed_s"] < row["allreduce_s"]
+    assert row["step_time_s"] == pytest.approx(row["site_step_s"] + row["exposed_s"], rel=1e-5)
     text = summary(plan)
     assert "replicas    data parallel across a and b (8 GPUs)" in text
+    alone_s = plan.search["groups_alone"][0]["step_time_s"]
+    assert (f"a alone is faster still ({alone_s:.4g} s)" in " ".join(text.split())) == (
+        alone_s < 0.98 * row["step_time_s"])
     faster = row["step_time_s"] < 0.98 * plan.step_time_s
     assert faster == any("data parallel across a and b" in r.getMessage()
                          for r in caplog.records)
