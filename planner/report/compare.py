@@ -88,6 +88,9 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
         ra, rb = (p.predicted[f"{rate}_per_s"] for p in (a, b))
         verdict = f"at {rb / ra:.2f}x the {rate}/s (a step {tb / ta:.3g}x as long)"
     inputs += engine_changes(a, b)
+    la, lb = link_figures(a), link_figures(b)  # (links between sites or groups, by GB/s)
+    inputs += [(k.split(" GB/s")[0], f"{la[k]:.4g} GB/s", f"{lb[k]:.4g} GB/s") for k in la
+               if "GB/s" in k and k in lb and la[k] != lb[k]]
     changes = [f"{k} {knob(x)} -> {knob(y)}" for k, x, y in
                inputs + [c for c in config_changes(a, b) if c[0] != "num_microbatches"]]
     tables = [(n, x, y) for n, x, y in table_changes(a, b, short=True) if x != y]
@@ -149,6 +152,19 @@ DEVICE_FIGURES = (("device peak TFLOP/s", "peak_TFLOPs"), ("device memory GB/s",
 ones): two plans on devices of one name may differ there."""
 
 
+def link_figures(p: Plan) -> dict:
+    """The links between a plan's sites (each pair's bandwidth and latency) or device groups
+    (their inter-group link, per GPU), by label: what a cluster over sites differs in most."""
+    c, out = p.cluster, {}
+    for ln in c.get("links") or []:
+        pair = " - ".join(map(str, ln.get("between", [])))
+        out[f"link {pair} GB/s ({ln.get('per', 'site')})"] = ln.get("bandwidth_GBps")
+        out[f"link {pair} latency us"] = ln.get("latency_us")
+    if "inter_group_GBps" in c and not c.get("links"):
+        out["inter-group link GB/s (per GPU)"] = c["inter_group_GBps"]
+    return out
+
+
 def device_figure(p: Plan, key: str) -> float | None:
     """The plan's device figure ``key`` (DEVICE_FIGURES; the peak in the training's GEMM dtype),
     from its cluster's spec (a mapping: a calibration's or a file's device; or a preset name) or,
@@ -201,6 +217,9 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
                 getattr(b, part).get(key), kind) for part, key, kind in INPUTS]
     out += [Diff("inputs", label, device_figure(a, key), device_figure(b, key), "rate")
             for label, key in DEVICE_FIGURES]
+    la, lb = link_figures(a), link_figures(b)
+    out += [Diff("inputs", k, la.get(k), lb.get(k), "rate")
+            for k in list(la) + [k for k in lb if k not in la]]
     out += [Diff("configuration", k, knob_value(a, k), knob_value(b, k),
                  "text" if k in ("schedule", "recompute", "placement", "cp_comm", "zero",
                                  "sequence_parallel", "offload_optimizer") else "count")

@@ -118,3 +118,18 @@ def test_why_not_re_plans_a_plan_over_sites_from_its_file(prepared, tmp_path):
     assert same.variant.step_time_s == pytest.approx(plan.step_time_s, rel=1e-5)
     refused = why_not(plan, {"tp": 8})  # more than a site holds
     assert not refused.feasible and "ruled out by the rules: tp does not divide" in why(plan, refused)
+
+
+def test_plan_diff_names_a_change_of_the_links_between_sites(prepared):
+    """A new-user check: two plans over sites joined at 10 and at 100 Gb/s, and plan diff
+    blamed the knobs; the link is the input that changed."""
+    from planner.report.compare import compare, headline
+
+    training = TrainingSpec(global_batch=64, seq_len=256)
+    plans = [plan_prepared(prepared, regions([{"between": ["a", "b"], "bandwidth": bw,
+                                                "latency": "5ms"}]), training,
+                           SearchOptions(top_k=0)) for bw in ("10Gbps", "100Gbps")]
+    changed = [d for d in compare(*plans) if d.section == "inputs" and d.differs]
+    assert [d.label for d in changed] == ["link a - b GB/s (site)"]
+    assert (changed[0].a, changed[0].b) == (1.25, 12.5)
+    assert "link a - b 1.25 GB/s -> 12.5 GB/s" in headline(*plans)
