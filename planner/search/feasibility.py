@@ -32,11 +32,12 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     """'' or one line naming a pinned knob no configuration can honour, the rule, the numbers
     and the fix; ``options`` (the target's) adds the exchange forms the target runs."""
     n, gpn, batch = space.num_gpus, space.gpus_per_node, training.global_batch
+    whose = gpus_words(space)
     tp, pp = fix.get("tp"), fix.get("pp")
     if tp is not None:
         broken = tp_reasons(tp, space, pinned=True)
         if TP_GPUS in broken:
-            return f"fix.tp: {tp} does not divide the cluster's {n} GPUs; use one of " \
+            return f"fix.tp: {tp} does not divide {whose.format(n=n)}; use one of " \
                    f"{_some(divisors(n))}"
         if TP_MODEL in broken:
             fits = [d for d in divisors(n) if not any(x % d for x in space.tp_divisors)]
@@ -60,7 +61,7 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
             return (f"fix.tp: routed experts with tp={tp} need sequence parallelism (each tp rank "
                     "routes its 1/tp of the tokens), which the target does not run; pin tp=1 "
                     "(ep shards the experts) or plan for another --target")
-    problem = cluster_pin_problem(fix, n, batch)
+    problem = cluster_pin_problem(fix, n, batch, whose)
     if problem:
         return problem
     if fix.get("offload_optimizer") and space.host:
@@ -248,14 +249,23 @@ def known_model_pin_problem(fix: dict, num_gpus: int, *, seq_len: int, experts: 
             or experts_pin_problem(fix, experts, num_gpus))
 
 
-def cluster_pin_problem(fix: dict, num_gpus: int, batch: int) -> str:
+def gpus_words(space: Space) -> str:
+    """The GPUs a pinned degree must divide, in words ('the cluster's {n} GPUs' to format with
+    Space.num_gpus): on a cluster of device groups or sites, those every group's count shares,
+    inside which each pipeline stage's tp x dp ranks stay."""
+    return ("the {n} GPUs of each group or site, inside which every pipeline stage's tp x dp "
+            "ranks stay" if space.group_gpus else "the cluster's {n} GPUs")
+
+
+def cluster_pin_problem(fix: dict, num_gpus: int, batch: int,
+                        whose: str = "the cluster's {n} GPUs") -> str:
     """The part of pin_problem that needs no model (checked before tracing it): the pins against
-    the cluster's GPUs, the batch and each other (not the sequence: a model may set its own,
-    as image models do from their patches)."""
+    the cluster's GPUs (``whose``: gpus_words), the batch and each other (not the sequence: a
+    model may set its own, as image models do from their patches)."""
     n, tp, pp, dp, cp = num_gpus, fix.get("tp"), fix.get("pp"), fix.get("dp"), fix.get("cp", 1)
     for key, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
         if value is not None and n % value:
-            return (f"fix.{key}: {value} does not divide the cluster's {n} GPUs; use one of "
+            return (f"fix.{key}: {value} does not divide {whose.format(n=n)}; use one of "
                     f"{_some(divisors(n))}")
     if None not in (tp, pp, dp) and tp * pp * dp * cp != n:
         return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs; "
@@ -265,7 +275,7 @@ def cluster_pin_problem(fix: dict, num_gpus: int, batch: int) -> str:
     product = math.prod(v for _, v in pinned)
     if len(pinned) > 1 and n % product:
         names = " x ".join(k for k, _ in pinned)
-        return (f"fix: {names} = {product} does not divide the cluster's {n} GPUs; pin smaller "
+        return (f"fix: {names} = {product} does not divide {whose.format(n=n)}; pin smaller "
                 "degrees")
     vpp = fix.get("vpp", 1)
     if dp is not None and batch % dp:

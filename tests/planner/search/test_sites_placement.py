@@ -133,3 +133,13 @@ def test_plan_diff_names_a_change_of_the_links_between_sites(prepared):
     assert [d.label for d in changed] == ["link a - b GB/s (site)"]
     assert (changed[0].a, changed[0].b) == (1.25, 12.5)
     assert "link a - b 1.25 GB/s -> 12.5 GB/s" in headline(*plans)
+
+
+def test_a_dp_pin_wider_than_a_site_names_the_sites_gpus(prepared):
+    """A new-user check: --fix dp=128 over two sites of 64 GPUs was told the cluster has 64."""
+    from planner.errors import PlannerError
+
+    hc = regions([{"between": ["a", "b"], "bandwidth": "10Gbps", "latency": "5ms"}])
+    with pytest.raises(PlannerError, match="does not divide the 4 GPUs of each group or site"):
+        plan_prepared(prepared, hc, TrainingSpec(global_batch=64, seq_len=256),
+                      SearchOptions(fix=parse_fix("dp=8"), top_k=0))
