@@ -87,8 +87,7 @@ def sites_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
     if not isinstance(sites, list) or len(sites) < 2:
         raise SpecError(f"{where}.sites: expected a list of at least two sites; one site is a "
                         "plain cluster: its keys (device, nodes, gpus_per_node, intra_node, "
-                        "inter_node) at the top of the file, without sites and links (and a "
-                        "link's per: node written as each GPU's share of it)")
+                        "inter_node) at the top of the file, without sites and links")
     built, names = [], {}
     for i, site in enumerate(sites):
         here = f"{where}.sites[{i}]"

@@ -198,7 +198,8 @@ CLUSTERS: dict[str, Cluster] = {
 }
 
 _CLUSTER_KEYS = {"name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node", "description"}
-_LINK_KEYS = {"bandwidth", "latency", "bandwidth_GBps", "latency_us", "efficiency", "name"}
+_LINK_KEYS = {"bandwidth", "latency", "bandwidth_GBps", "latency_us", "efficiency", "name",
+              "per"}
 
 
 def get_cluster(name: str, *, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
@@ -249,28 +250,37 @@ def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
                     if key == "inter_node" and spec.get("nodes") == 1 else "")
             raise SpecError(f"{where}.{key}: missing{need} (see the cluster YAML form in "
                             "README.md)")
+    gpn = _positive_int(spec["gpus_per_node"], f"{where}.gpus_per_node")
     cluster = Cluster(
         name=str(spec["name"]),
         device=get_device(spec["device"], f"{where}.device"),
         nodes=_positive_int(spec["nodes"], f"{where}.nodes"),
-        gpus_per_node=_positive_int(spec["gpus_per_node"], f"{where}.gpus_per_node"),
-        intra_node=link_from_mapping(spec["intra_node"], f"{where}.intra_node", "intra"),
-        inter_node=link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter"),
+        gpus_per_node=gpn,
+        intra_node=link_from_mapping(spec["intra_node"], f"{where}.intra_node", "intra", gpn),
+        inter_node=link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter", gpn),
         description=str(spec.get("description", "")),
     )
     _check_size(cluster.num_gpus, f"{where}.nodes")
     return cluster
 
 
-def link_from_mapping(spec: Mapping, where: str, default_name: str) -> LinkSpec:
-    """``{bandwidth_GBps, latency_us[, efficiency, name]}`` (or ``bandwidth``, ``latency`` with
-    units: costmodels.linkunits) -> LinkSpec."""
+def link_from_mapping(spec: Mapping, where: str, default_name: str,
+                      gpus_per_node: int | None = None) -> LinkSpec:
+    """``{bandwidth_GBps, latency_us[, efficiency, name, per]}`` (or ``bandwidth``, ``latency``
+    with units: costmodels.linkunits) -> LinkSpec, per GPU: ``per: node`` gives the node's
+    figure (its NICs together), shared by its ``gpus_per_node`` GPUs, as the sites form reads it."""
     if not isinstance(spec, Mapping):
         raise SpecError(f"{where}: expected a mapping like {{bandwidth_GBps: 25, latency_us: 10}}")
     unknown = set(spec) - _LINK_KEYS
     if unknown:
         raise unknown_key(where, unknown, _LINK_KEYS)
     bandwidth, latency = link_figures(spec, where)
+    per = spec.get("per", "gpu")
+    if per not in ("gpu", "node") or (per == "node" and not gpus_per_node):
+        raise SpecError(f"{where}.per: expected gpu or node (a node's figure, shared by its "
+                        f"GPUs), got {per!r}")
+    if per == "node":
+        bandwidth /= gpus_per_node
     return LinkSpec(
         name=str(spec.get("name", default_name)),
         bandwidth_bytes_per_s=bandwidth,
@@ -410,7 +420,9 @@ def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
     for key in ("name", "groups", "inter_node"):
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing (see the heterogeneous cluster form in README.md)")
-    inter_node = link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter")
+    widths = {g.get("gpus_per_node") for g in groups if isinstance(g, Mapping)}
+    inter_node = link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter",
+                                   widths.pop() if len(widths) == 1 else None)
     built = []
     for i, g in enumerate(groups):
         here = f"{where}.groups[{i}]"

@@ -79,3 +79,16 @@ def test_default_link_fills_missing_pairs():
     hc = sites_from_mapping(spec)
     assert hc.site_link(0, 2).latency_s == pytest.approx(0.08)
     assert hc.site_link(2, 1).bandwidth_bytes_per_s == pytest.approx(0.125e9)
+
+
+def test_a_plain_cluster_reads_a_nodes_link_figure_as_the_sites_form_does():
+    """A new-user check: trimming a sites file to one site (as the alone line advises) kept
+    `per: node`, which the plain form refused."""
+    from costmodels.topology import cluster_from_mapping
+
+    spec = {"name": "one", "device": "h100", "nodes": 4, "gpus_per_node": 8,
+            "intra_node": {"bandwidth": "900GB/s", "latency": "3us"},
+            "inter_node": {"bandwidth": "3200Gbps", "latency": "10us", "per": "node"}}
+    assert cluster_from_mapping(spec).inter_node.bandwidth_bytes_per_s == 50e9
+    with pytest.raises(SpecError, match=r"inter_node\.per: expected gpu or node"):
+        cluster_from_mapping({**spec, "inter_node": {**spec["inter_node"], "per": "rack"}})
