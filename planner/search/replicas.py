@@ -97,9 +97,11 @@ def trained_params(bg: BlockGraph) -> float:
 def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpec,
                    options: SearchOptions, time_left_s: float | None = None) -> list[dict]:
     """Per kind of site with two or more sites: {sites, gpus, step_time_s, site_step_s,
-    allreduce_s, gradient_bytes, parallel, global_batch} (the step with one replica set per site,
-    and its parts), or {sites, gpus, reason} where it cannot run. ``time_left_s``: what is left of
-    the planning's time limit, shared by the kinds."""
+    allreduce_s, exposed_s, gradient_bytes, buckets, ring, parallel, global_batch} (the step with
+    one replica set per site, and its parts: the site plan's step, the all-reduce across sites
+    and the part of it past the last backward, its bytes, calls and ring order), or {sites, gpus,
+    reason} where it cannot run. ``time_left_s``: what is left of the planning's time limit,
+    shared by the kinds."""
     members: dict[int, list[int]] = {}
     for g, kind in enumerate(hetero.kinds(cluster)):
         members.setdefault(kind, []).append(g)
