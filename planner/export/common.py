@@ -397,12 +397,15 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
                       for k, v in kept_pins.items())
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))
                     if t.get(k, default) != default)
-    kept = _kept_engine_settings(plan, target)
+    kept, dropped = _kept_engine_settings(plan, target)
     if kept:  # the target's software, with the plan's MoE and FP8 assumptions over it
         extra += f" --engine {','.join([eng.software or 'megatron-core', *kept])}"
     return (f"plan solve {spec} {cluster_args(c)} --global-batch "
             f"{t['global_batch']} --seq-len {t['seq_len']}{extra}"
-            + (f" --fix {pinned}" if pinned else "") + f" --target {target}")
+            + (f" --fix {pinned}" if pinned else "") + f" --target {target}"
+            # (a shell comment: the command stays one to paste)
+            + (f"  # without {', '.join(dropped)}, which {target} does not run" if dropped
+               else ""))
 
 
 def _passing(fix: dict, target: str) -> dict:
@@ -555,21 +558,24 @@ def software_note(plan: Plan, target: str, ledger: Ledger) -> None:
                 f"`{resolve_hint(plan, target)}` prices it as {target} runs it")
 
 
-def _kept_engine_settings(plan: Plan, target: str) -> list[str]:
-    """The plan's engine settings a re-plan for ``target`` keeps: its MoE settings and FP8 recipe
-    where they differ from the defaults (the rest is the target's software), less those the
-    target refuses (targets.check_engine; padding to capacity without the capacity factor it
-    needs is refused by EngineSpec itself, and goes next)."""
+def _kept_engine_settings(plan: Plan, target: str) -> tuple[list[str], list[str]]:
+    """(kept, dropped): the plan's engine settings a re-plan for ``target`` keeps, as ``k=v``: its
+    MoE settings and FP8 recipe where they differ from the defaults (the rest is the target's
+    software), less those the target refuses (targets.check_engine; padding to capacity without
+    the capacity factor it needs is refused by EngineSpec itself, and goes next), which are the
+    dropped."""
     engine, default = engine_from_mapping(plan.training.get("engine")), EngineSpec()
     # what the plan's software preset sets is that software's, not a choice to carry over
     chosen = [part.partition("=")[0] for part in engine_setting(engine).split(",")[1:]]
     kept = {k: getattr(engine, k) for k in chosen
             if (k.startswith("moe_") or k == "fp8_recipe") and k not in PRESET_PROPERTIES}
     model_type = plan.model.get("model_type") or moe.model(plan).model_type or None
+    wanted = dict(kept)
     kept = _less_refused(kept, lambda s: targets.check_engine(replace(default, **s), target,
                                                               model_type),
                          "engine.")
-    return [f"{k}={setting_text(v)}" for k, v in kept.items()]
+    return ([f"{k}={setting_text(v)}" for k, v in kept.items()],
+            [f"{k}={setting_text(v)}" for k, v in wanted.items() if k not in kept])
 
 
 def gb(nbytes: float) -> str:

@@ -38,7 +38,7 @@ from planner.cli.main import main
 from planner.errors import InfeasibleError, SpecError
 from planner.export import (RECSYS_TARGETS, SUPPORTED_VERSIONS, TARGETS, export, names,
                             to_deepspeed, to_megatron, to_torchtitan)
-from planner.export.common import ACCOUNTED, Ledger, layout
+from planner.export.common import ACCOUNTED, Ledger, layout, resolve_hint
 from planner.planfile.document import Plan, load_plan
 
 DENSE_TARGETS = {t: v for t, v in TARGETS.items() if t not in RECSYS_TARGETS}
@@ -1353,6 +1353,11 @@ def test_a_dropless_engine_says_it_pads_no_expert(notes):
         data_plan("mixtral-8x7b-ep8-megatron"), moe_capacity_factor=1.25,
         moe_pad_to_capacity=True)))
     assert "--moe-pad-expert-input-to-capacity" in args and not notes
+    # the re-plan command for torchtitan says what it leaves out (a new-user check ran it and
+    # got a dropless plan with nothing said)
+    hint = resolve_hint(plan, "torchtitan")
+    assert hint.endswith("--target torchtitan  # without moe_capacity_factor=1.25, "
+                         "moe_pad_to_capacity=true, which torchtitan does not run")
 
 
 def test_a_plan_whose_layer_stacks_are_not_as_written_is_bad_input():
