@@ -74,6 +74,13 @@ def _figures(group: Cluster) -> str:
                  link(group.inter_node)))
 
 
+def standing(t: float, step_s: float) -> str:
+    """faster, about or slower: a step of ``t`` seconds against ``step_s``, alike within
+    MARGIN."""
+    return "faster" if t < (1 - MARGIN) * step_s else "about" if t <= (1 + MARGIN) * step_s \
+        else "slower"
+
+
 def verdict(rows: list[dict], step_s: float, *, sites: bool, kinds: int) -> tuple[str, str]:
     """(faster, about, slower or unfit; the sentence) comparing the plan's step (``step_s``, over
     every group) with each group alone (``rows``: groups_alone's); ``kinds``: how many device
@@ -86,18 +93,19 @@ def verdict(rows: list[dict], step_s: float, *, sites: bool, kinds: int) -> tupl
         return "unfit", f"no {word} alone runs the job: {unfit}"
     best = min(timed, key=lambda a: a["step_time_s"])
     each = "; ".join(f"{a['group']} ({a['gpus']} GPUs) {a['step_time_s']:.4g} s" for a in timed)
-    if best["step_time_s"] < (1 - MARGIN) * step_s:
-        kind, text = "faster", (
+    kind = standing(best["step_time_s"], step_s)
+    if kind == "faster":
+        text = (
             f"one {word} alone is faster: {each} a step, against {step_s:.4g} s over every {word} "
             f"({step_s / best['step_time_s']:.2f}x slower): the links between {word}s"
             f"{' or the slower devices' if kinds > 1 else ''} cost more than the extra GPUs "
             f"give; plan on {best['group']} alone (a cluster file of that {word} only, as "
             "examples/site_a_alone.yaml)")
-    elif best["step_time_s"] <= (1 + MARGIN) * step_s:
-        kind, text = "about", (f"one {word} alone is about as fast: {each} a step, against "
+    elif kind == "about":
+        text = (f"one {word} alone is about as fast: {each} a step, against "
                                f"{step_s:.4g} s over every {word}: the other {word}s add little")
     else:
-        kind, text = "slower", (f"each {word} alone {'that runs the job ' if unfit else ''}is "
+        text = (f"each {word} alone {'that runs the job ' if unfit else ''}is "
                                 f"slower: {each} a step, against {step_s:.4g} s over every "
                                 f"{word}")
     return kind, text + (f"; nothing fits {unfit}" if unfit else "")

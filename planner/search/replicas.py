@@ -157,7 +157,7 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
 def verdicts(rows: list[dict], step_s: float,
              alone_rows: list[dict] | None = None) -> list[tuple[str, str]]:
     """Per row (sites_replicas'): (faster, about, slower or unfit: against the plan's step over
-    every site, ``step_s``, with alone.MARGIN; the sentence, which says where one site alone
+    every site, ``step_s``: alone.standing; the sentence, which says where one site alone
     (``alone_rows``: alone.groups_alone's) is faster still)."""
     alone_best = min((a for a in alone_rows or [] if "step_time_s" in a),
                      key=lambda a: a["step_time_s"], default=None)
@@ -168,12 +168,9 @@ def verdicts(rows: list[dict], step_s: float,
             out.append(("unfit", f"data parallel across {names}: {r['reason']}"))
             continue
         k, t = len(r["sites"]), r["step_time_s"]
-        if t < (1 - alone.MARGIN) * step_s:
-            kind, how = "faster", f"{step_s / t:.2f}x faster than"
-        elif t <= (1 + alone.MARGIN) * step_s:
-            kind, how = "about", "about as fast as"
-        else:
-            kind, how = "slower", f"{t / step_s:.2f}x slower than"
+        kind = alone.standing(t, step_s)
+        how = {"faster": f"{step_s / t:.2f}x faster than", "about": "about as fast as",
+               "slower": f"{t / step_s:.2f}x slower than"}[kind]
         out.append((kind, f"data parallel across {names} ({r['gpus']} GPUs): {t:.4g} s a step "
                     f"({how} this plan): {r['sites'][0]}'s plan ({r['parallel']}) on each "
                     f"site for {r['global_batch']:,} of the samples, {r['site_step_s']:.4g} s, "
@@ -185,7 +182,7 @@ def verdicts(rows: list[dict], step_s: float,
                        if "exposed_s" in r else "")
                     + (f"; {alone_best['group']} alone is faster still "
                        f"({alone_best['step_time_s']:.4g} s)" if alone_best and
-                       alone_best["step_time_s"] < (1 - alone.MARGIN) * t else "")))
+                       alone.standing(alone_best["step_time_s"], t) == "faster" else "")))
     return out
 
 
