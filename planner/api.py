@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Callable
 from costmodels import precision
 from costmodels.engine import EngineSpec
 from costmodels.topology import HeteroCluster
-from planner.emit import emit, emit_tables
+from planner.emit import across_sites, emit, emit_tables
 from planner.errors import InfeasibleError, SpecError
 from planner.files import fspath_or_same
 from planner.inputs.calibration import apply_calibration
@@ -225,7 +226,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          trace_method: str = "auto", record_timing: bool = False,
          progress: Callable[[int, int], None] | None = None, cache_dir: str | None = "auto",
          target: str = "any", tables=None, table_optimizer: str | None = None,
-         pipeline: str = "sparse-dist") -> Plan:
+         pipeline: str = "sparse-dist", across_sites: str = "auto") -> Plan:
     """Plan how to train ``model`` on ``cluster``; see README.md ("Python API") for every argument.
     A recommendation model (embedding tables: README.md, "Recommendation models") gets its tables
     sharded; ``tables`` (a YAML path or a mapping), ``table_optimizer`` and ``pipeline`` apply to
@@ -276,7 +277,11 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
                             "dtype)") from None
         precision.check_recipe(group.device, dtype, eng.fp8_recipe)
     options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
-                                             time_limit_s=time_limit_s, trace=trace_method), target)
+                                             time_limit_s=time_limit_s, trace=trace_method,
+                                             across_sites=across_sites), target)
+    if across_sites != "auto" and not getattr(cl, "is_sites", False):
+        raise SpecError(f"across_sites: {across_sites} applies to a cluster of sites (the sites "
+                        "form of a cluster file); leave it out for this cluster")
     if isinstance(cl, HeteroCluster):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
     else:  # pins the cluster, batch or sequence cannot take: before tracing
@@ -492,9 +497,11 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     own, torchtitan, deepspeed or torch, is searched with the default engine's kernels, unless
     ``warn_default_engine`` is False: planner.plan's engine was chosen, by the target or by
     --engine). On a cluster of groups or sites each group is also searched alone
-    (planner.search.alone; the plan's search.groups_alone), and on sites each kind of site with
-    two or more as data-parallel replicas (planner.search.replicas; search.sites_replicas),
-    unless ``compare_groups`` is False (a what-if sweep, whose table has no room for them). With ``nearest_engine`` (plan solve's), a plan
+    (planner.search.alone; the plan's search.groups_alone), unless ``compare_groups`` is False
+    (a what-if sweep, whose table has no room for them); on sites each kind of site with two or
+    more is also searched as data-parallel replicas (planner.search.replicas;
+    search.sites_replicas), and where that is faster (SearchOptions.across_sites) it is the plan
+    (planner.emit.across_sites). With ``nearest_engine`` (plan solve's), a plan
     for --target any that no exported engine runs as planned is searched again within
     Megatron-LM's rules, with the same software (the plan's search.nearest_engine)."""
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
@@ -524,6 +531,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     settings.note_written_attention(prepared, training)
     settings.check_routing(prepared, training)
     settings.warn_unused_settings(prepared, training, dict(options.fix))
+    if options.across_sites == "replicas":
+        return _replicas_only(prepared, cluster, training, options, record_timing)
     result = search(prepared.blocks, cluster, training, options, progress=progress)
     aside, ruled = rejection_lines(result.rejected, most=4)
     log.info("searched %d configuration%s in %.2f s (%s)", result.candidates,
@@ -549,9 +558,9 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)
         settings.warn_overlap_off(result.best.config, training, dict(options.fix))
         settings.hint_overlap(result.best, training, options)
-    rows = replica_rows = None
+    rows = replica_rows = pick = None
+    t0 = time.perf_counter()
     if compare_groups and isinstance(cluster, HeteroCluster):  # is one group alone faster?
-        t0 = time.perf_counter()
         rows = alone.groups_alone(prepared.blocks, cluster, training, options,
                                   None if options.time_limit_s is None else
                                   options.time_limit_s - result.time_s)
@@ -559,20 +568,67 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
                                    kinds=len({g.device.name for g in cluster.groups}))
         if kind == "faster":
             log.warning("cluster: %s", text)
-        if cluster.is_sites:  # or one site's plan on each alike site, data parallel across them?
-            replica_rows = replicas.sites_replicas(
-                prepared.blocks, cluster, training, options,
-                None if options.time_limit_s is None else
-                options.time_limit_s - result.time_s - (time.perf_counter() - t0))
-            for kind, text in replicas.verdicts(replica_rows, result.best.step_time_s, rows):
-                if kind == "faster":
-                    log.warning("cluster: %s; %s", text, replicas.HOW)
+    if getattr(cluster, "is_sites", False) and (compare_groups or
+                                                options.across_sites == "auto"):
+        # or one site's plan on each alike site, data parallel across them? (a what-if sweep,
+        # without the rows, still takes it where it is faster, as plan solve does)
+        reps = replicas.sites_replicas(
+            prepared.blocks, cluster, training, options,
+            None if options.time_limit_s is None else
+            options.time_limit_s - result.time_s - (time.perf_counter() - t0))
+        replica_rows = [r.row for r in reps]
+        pick = replicas.chosen(reps, result.best.step_time_s, options.across_sites,
+                               cluster.num_gpus)
+        for kind, text in replicas.verdicts(replica_rows, result.best.step_time_s, rows):
+            if kind == "faster" and pick is None and compare_groups:
+                log.warning("cluster: %s; %s", text, replicas.HOW)
     near = _nearest_engine(prepared, cluster, training, options, result) \
         if nearest_engine else None
-    return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
+    over = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                 result=result, cluster=cluster, training=training, options=options,
                 record_timing=record_timing, groups_alone=rows, nearest_engine=near,
                 sites_replicas=replica_rows)
+    if pick is None:
+        return over
+    log.info("plan: data parallel across %s (%s on each site), %.4g s a step against %.4g s "
+             "for the pipeline over the sites", ", ".join(pick.row["sites"]),
+             pick.row["parallel"], pick.row["step_time_s"], over.step_time_s)
+    return _replicas_plan(prepared, pick, cluster, training, options, over=over,
+                          rows=replica_rows, alone_rows=rows, record_timing=record_timing)
+
+
+def _replicas_plan(prepared: Prepared, pick, cluster, training: TrainingSpec,
+                   options: SearchOptions, *, over: Plan | None, rows: list[dict],
+                   alone_rows: list[dict] | None, record_timing: bool) -> Plan:
+    """The plan of data parallelism across alike sites for ``pick`` (planner.search.replicas:
+    one site's search), beside ``over`` (the pipeline over the sites, or None)."""
+    site_plan = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
+                     result=pick.result, cluster=pick.site, training=pick.training,
+                     options=pick.options, record_timing=record_timing)
+    return across_sites(site_plan, pick.row, cluster=cluster, training=training, options=options,
+                        over=over, rows=rows, groups_alone=alone_rows)
+
+
+def _replicas_only(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions,
+                   record_timing: bool) -> Plan:
+    """across_sites=replicas: each site alone and each kind's replicas searched, the replicas
+    emitted (a SpecError naming why where none runs on every GPU); no pipeline over the sites
+    is searched (its pins, a dp over every site, need not fit one)."""
+    if not getattr(cluster, "is_sites", False):
+        raise SpecError("across_sites: replicas applies to a cluster of sites (the sites form "
+                        "of a cluster file); leave it out for this cluster")
+    t0 = time.perf_counter()
+    alone_rows = alone.groups_alone(prepared.blocks, cluster, training, options,
+                                    options.time_limit_s)
+    left = None if options.time_limit_s is None else \
+        options.time_limit_s - (time.perf_counter() - t0)
+    reps = replicas.sites_replicas(prepared.blocks, cluster, training, options, left)
+    pick = replicas.chosen(reps, math.inf, "replicas", cluster.num_gpus)
+    log.info("plan: data parallel across %s (%s on each site), %.4g s a step",
+             ", ".join(pick.row["sites"]), pick.row["parallel"], pick.row["step_time_s"])
+    return _replicas_plan(prepared, pick, cluster, training, options, over=None,
+                          rows=[r.row for r in reps], alone_rows=alone_rows,
+                          record_timing=record_timing)
 
 
 NEAREST_ENGINE = "megatron"

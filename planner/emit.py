@@ -11,7 +11,7 @@ from importlib import metadata
 
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import InternalError
-from planner.options import SearchOptions, TrainingSpec
+from planner.options import KNOBS, Config, SearchOptions, TrainingSpec
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
 from planner.schedule import as_text
@@ -108,6 +108,60 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         search=search, provenance=provenance,
     )
     return Plan.from_dict(plan.to_dict())  # validated, and rounded exactly as the file will be
+
+
+def across_sites(site_plan: Plan, row: dict, *, cluster: HeteroCluster, training: TrainingSpec,
+                 options: SearchOptions, over: Plan | None = None, rows: list[dict],
+                 groups_alone: list[dict] | None = None) -> Plan:
+    """The plan of data parallelism across alike sites (planner.search.replicas, whose ``row``
+    it is): ``site_plan``, one site's plan for its share of the batch, run on each of the row's
+    sites. Its data-parallel degree is the site's times the number of sites, ``dp_replicate``
+    that number (HSDP's replicate groups: the gradients reduced inside each site, the shards
+    all-reduced across the sites), the ranks numbered site after site (with a pipeline, the
+    replicas outermost: tp-pp-dp); its step is the site's plus the part of the all-reduce across
+    the sites past the last micro-batch's backward (breakdown ``sites_dp_s``). ``cluster``,
+    ``training`` (the whole batch's) and ``options`` are the planning's; ``over``, the pipeline
+    over every site as emitted (None where it was not searched), is kept as the runner-up;
+    ``rows`` and ``groups_alone`` are every kind's replicas and each site alone
+    (search.sites_replicas, search.groups_alone)."""
+    k = len(row["sites"])
+    par = site_plan.parallel
+    cfg = Config(**{key: par[key] for key in KNOBS if key in par})
+    whole = cfg.with_(dp=cfg.dp * k, **({"placement": "tp-pp-dp"} if cfg.pp > 1 else {}))
+    stages = [{**st, "ranks": placement.stage_ranks(whole, st["pipeline_rank"])}
+              for st in site_plan.stages]
+    site = site_plan.predicted
+    step = site["step_time_s"] + row["exposed_s"]
+    scale = site["step_time_s"] / step  # the same FLOPs per GPU in a longer step
+    predicted_d = {
+        **site, "step_time_s": step,
+        "samples_per_s": training.global_batch / step,
+        "tokens_per_s": training.global_batch * training.seq_len / step,
+        "tflops_per_device": site["tflops_per_device"] * scale, "mfu": site["mfu"] * scale,
+        "breakdown": {**site["breakdown"], "sites_dp_s": row["exposed_s"]},
+        "model_flops_per_step": site["model_flops_per_step"] * k,
+        "hardware_flops_per_step": site["hardware_flops_per_step"] * k,
+    }
+    if "fp8" in site:  # its bf16 step waits for the same reduction across the sites
+        predicted_d["fp8"] = {**site["fp8"], "bf16_step_time_s":
+                              site["fp8"]["bf16_step_time_s"] + row["exposed_s"]}
+    runner_up = [] if over is None else [{
+        "parallel": over.parallel, "step_time_s": over.step_time_s,
+        "peak_memory_bytes": over.predicted["peak_memory_bytes"],
+        "why": f"{100 * (over.step_time_s / step - 1):+.1f}% step time: the pipeline over the "
+               f"sites ({over.parallel_summary}), its sends crossing them"}]
+    search = {**site_plan.search, "alternatives": runner_up, "target": options.target,
+              "options": {**site_plan.search["options"], "fix": dict(options.fix)},
+              "sites_replicas": [{**r, "chosen": True} if r["sites"] == row["sites"] else r
+                                 for r in rows],
+              **({"groups_alone": groups_alone} if groups_alone is not None else {})}
+    provenance = {**site_plan.provenance,
+                  "input_hash": input_hash(site_plan.model, training, cluster, options)}
+    plan = Plan(model=site_plan.model, training=training_dict(training), cluster=cluster.summary(),
+                parallel={**whole.to_dict(), "dp_replicate": k}, stages=stages,
+                tensor_parallel=site_plan.tensor_parallel, schedule=site_plan.schedule,
+                predicted=predicted_d, search=search, provenance=provenance)
+    return Plan.from_dict(plan.to_dict())
 
 
 def _fp8_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec) -> dict:

@@ -37,6 +37,8 @@ CP_COMMS: tuple[str, ...] = get_args(CpComm)
 TraceMethod = Literal["auto", "fx", "export"]
 """auto: torch.export (the ATen graph), then torch.fx."""
 TRACE_METHODS: tuple[str, ...] = get_args(TraceMethod)
+AcrossSites = Literal["auto", "pipeline", "replicas"]
+ACROSS_SITES: tuple[str, ...] = get_args(AcrossSites)
 FIX_KEYS = ("dp", "tp", "pp", "vpp", "cp", "cp_comm", "ep", "etp", "micro_batch", "schedule",
             "recompute", "zero", "sequence_parallel", "offload_optimizer", "placement")
 """Knobs a person may pin (--fix)."""
@@ -110,7 +112,8 @@ def parallel_text(p: Mapping) -> str:
     """A configuration in one line, ``dp=8 tp=2+sp pp=4x2 cp=2(p2p) ep=4 etp=2 mb=1x16 1f1b
     rc=none zero=3+offload``, from a mapping of its knobs (KNOBS: a Config's fields, a plan's
     ``parallel``, a what-if row): virtual stages, cp, ep, etp and offloading only where used
-    (etp alone: the experts' matrices split without spreading them)."""
+    (etp alone: the experts' matrices split without spreading them); a plan's replicate groups
+    across sites as ``dp=8(2 sites)``."""
     def used(key: str) -> int:
         return p.get(key) or 1
     sp = "+sp" if p.get("sequence_parallel") else ""
@@ -119,7 +122,8 @@ def parallel_text(p: Mapping) -> str:
     ep = (f" ep={used('ep')}" if used("ep") > 1 else "") + \
         (f" etp={used('etp')}" if used("etp") > 1 else "")
     off = "+offload" if p.get("offload_optimizer") else ""
-    return (f"dp={p['dp']} tp={p['tp']}{sp} pp={p['pp']}{chunks}{cp}{ep} mb={p['micro_batch']}x"
+    sites = f"({used('dp_replicate')} sites)" if used("dp_replicate") > 1 else ""
+    return (f"dp={p['dp']}{sites} tp={p['tp']}{sp} pp={p['pp']}{chunks}{cp}{ep} mb={p['micro_batch']}x"
             f"{p['num_microbatches']} {p['schedule']} rc={p['recompute']} zero={p['zero']}{off}")
 
 
@@ -289,6 +293,9 @@ class SearchOptions:
     """Bytes kept free for the CUDA context, NCCL buffers and library workspaces."""
     trace: TraceMethod = "auto"
     """Tracer: auto (torch.export, then torch.fx), fx or export."""
+    across_sites: AcrossSites = "auto"
+    """On sites of one kind: the pipeline over the sites (``pipeline``), one site's plan on each,
+    data parallel across them (``replicas``: planner.search.replicas), or the faster (``auto``)."""
     cpsat_time_limit_s: float = 10.0
     """Seconds CP-SAT may spend on one candidate's stage split (DAG stage assignment, device
     groups) when the search has no time limit; with one, the time left is shared instead."""
@@ -322,6 +329,9 @@ class SearchOptions:
                         allowed[0], bool) for v in values):
                 raise SpecError(f"{name}: expected a non-empty tuple of "
                                 f"{', '.join(map(str, allowed))}; got {values!r}")
+        if self.across_sites not in ACROSS_SITES:
+            raise SpecError(f"across_sites: expected one of {', '.join(ACROSS_SITES)}, got "
+                            f"{self.across_sites!r}")
         for name in ("cp_comms_windowed", "cp_comms_sinks"):  # may be empty: no cp for those
             forms = getattr(self, name)
             if not isinstance(forms, (tuple, list)) or any(v not in CP_COMMS for v in forms):

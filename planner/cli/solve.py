@@ -10,7 +10,8 @@ from costmodels.engine import PRESETS
 from planner.cli.args import Joined, count, positive_float, positive_int
 from planner.cli.progress import Bar
 from planner.files import STDOUT, check_output
-from planner.options import DTYPES, OPTIMIZERS, PIPELINES, TABLE_OPTIMIZERS, TRACE_METHODS
+from planner.options import (ACROSS_SITES, DTYPES, OPTIMIZERS, PIPELINES, TABLE_OPTIMIZERS,
+                             TRACE_METHODS)
 from planner.report.summary import summary
 from planner.targets import TARGETS
 
@@ -70,6 +71,10 @@ def register(add) -> None:
                         "stages, offload and sequence parallelism it runs, priced with its "
                         "--engine preset unless --engine is given (default any: every "
                         "configuration the cost model prices)")
+    s.add_argument("--across-sites", default="auto", choices=ACROSS_SITES,
+                   help="on sites of one kind: a pipeline over the sites, one site's plan on "
+                        "each site with data parallelism across them (replicas), or the faster "
+                        "of the two (default auto)")
     s.add_argument("-o", "--output", help="write the plan JSON here (- : to stdout, the report "
                                           "then goes to stderr)")
     s.set_defaults(func=run)
@@ -92,7 +97,8 @@ def run(args) -> int:
                  progress=Bar(args.quiet, label="pricing", unit=" that may fit"),
                  cache_dir=None if args.no_cache else "auto",
                  target=args.target, tables=args.tables,
-                 table_optimizer=args.table_optimizer, pipeline=args.pipeline)
+                 table_optimizer=args.table_optimizer, pipeline=args.pipeline,
+                 across_sites=args.across_sites)
     if args.output == STDOUT:  # the plan JSON on stdout for scripts, the report on stderr
         print(summary(p), file=sys.stderr)
         p.save(STDOUT)

@@ -42,10 +42,11 @@ MOE_SETTINGS = ("moe_dispatcher", "moe_capacity_factor", "moe_pad_to_capacity",
 """The engine settings of a mixture of experts the plan was priced with (``training.engine``;
 costmodels.engine.EngineSpec). ``moe_imbalance`` is an assumption about the routing, not a setting:
 the exports state it in a comment."""
-ACCOUNTED = KNOBS + ("stages", "dtype", "global_batch", "seq_len") + MOE_SETTINGS
+ACCOUNTED = KNOBS + ("dp_replicate", "stages", "dtype", "global_batch", "seq_len") + MOE_SETTINGS
 """What an export must express or list as not expressed: every knob of a configuration (with
-context and expert parallelism: cp, cp_comm, ep, etp), the stage split (module names or layer
-counts), the precision, the batch, the sequence length and the mixture-of-experts settings."""
+context and expert parallelism: cp, cp_comm, ep, etp), the replicate groups of data parallelism
+across sites, the stage split (module names or layer counts), the precision, the batch, the
+sequence length and the mixture-of-experts settings."""
 
 SUPPORTED_VERSIONS: dict[str, tuple[str, ...]] = {
     "torchtitan": ("0.2.2", "0.3.0"),
@@ -282,6 +283,27 @@ def site_stages(plan: Plan, ledger: Ledger) -> None:
                    + ", ".join(spans) + ("; another order is what `plan show` prices as the "
                                          "naive or a random placement" if word == "sites" else
                                          ""))
+
+
+def replica_sites(plan: Plan, ledger: Ledger) -> int:
+    """For a plan of data parallelism across sites (``dp_replicate`` > 1): the note that the
+    launch numbers the ranks site after site, so that each site holds its replicas (the engines
+    form their replicate groups from consecutive ranks of the data-parallel group); the number
+    of sites (1 for any other plan, which this leaves alone)."""
+    k = plan.parallel.get("dp_replicate", 1)
+    if k == 1:
+        ledger.exact("dp_replicate")
+        return 1
+    spans, first, node = [], 0, 0
+    for g in plan.cluster["groups"]:
+        n, gpus = g["nodes"], g["num_gpus"]
+        spans.append(f"ranks {first}-{first + gpus - 1} (node ranks {node}-{node + n - 1}) on "
+                     f"{g['name']}")
+        first, node = first + gpus, node + n
+    ledger.info(f"data parallel across {k} sites: launch with the nodes numbered site after site, "
+                f"{', '.join(spans)}, so that each site holds {plan.parallel['dp'] // k} of the "
+                f"{plan.parallel['dp']} replicas whole")
+    return k
 
 
 def schedule_words(name: str) -> str:

@@ -109,6 +109,13 @@ def _batch(plan: Plan, ledger: common.Ledger, extra: dict, ulysses: bool) -> dic
     p, t = plan.parallel, plan.training
     ledger.exact("micro_batch", "num_microbatches", "global_batch", "dp", "placement")
     common.site_stages(plan, ledger)
+    if common.replica_sites(plan, ledger) > 1:
+        ledger.nearest("dp_replicate", "data parallel across sites: DeepSpeed's ZeRO reduces the "
+                       "gradients over every data-parallel rank at once (its hierarchical "
+                       "partitioning, ZeRO++'s zero_hpz_partition_size, applies to ZeRO-3 weights "
+                       "only), not inside each site first: more bytes cross the sites than "
+                       "planned; megatron (--num-distributed-optimizer-instances) or torchtitan "
+                       "(HSDP) reduce as priced")
     config = {"train_batch_size": t["global_batch"],
               "train_micro_batch_size_per_gpu": p["micro_batch"],
               "gradient_accumulation_steps": p["num_microbatches"]}

@@ -151,6 +151,19 @@ def _degrees(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     out += _sequence_parallel(plan, version, ledger)
     out += _placement(plan, ledger)
     common.site_stages(plan, ledger)
+    k = common.replica_sites(plan, ledger)
+    if k > 1 and p["zero"] >= 1:
+        ledger.exact("dp_replicate")
+        out.append((["--num-distributed-optimizer-instances", str(k)],
+                    f"data parallel across {k} sites: one distributed-optimizer instance per "
+                    f"site, the gradients reduced inside its {p['dp'] // k} replicas, the shards "
+                    "all-reduced across the sites"))
+    elif k > 1:
+        ledger.nearest("dp_replicate", f"data parallel across {k} sites with ZeRO-0: Megatron-LM "
+                       "forms replicate groups (--num-distributed-optimizer-instances) only with "
+                       "its distributed optimizer, so the gradients are all-reduced over every "
+                       "replica at once, not inside each site first (more bytes across the "
+                       "sites than planned)")
     return out
 
 

@@ -63,7 +63,8 @@ def memory(plan: Plan, *, state_layout: str | None = None, software: str | None 
     ``state_layout`` (costmodels.engine.EngineSpec) if given: the target engine's, whose data
     parallelism is FSDP2's only under ``fsdp2`` (torchtitan, which drives micro-batches with
     torch's pipelining schedules only with a pipeline), in ``dtype`` if given (an engine that
-    trains in another precision than planned)."""
+    trains in another precision than planned). A plan of data parallelism across sites
+    (``dp_replicate``) is priced on one site, for its share of the batch, as it was planned."""
     spec = plan.model.get("spec")
     what = "re-check the memory of the configuration the engine runs"
     if not spec:
@@ -81,14 +82,16 @@ def memory(plan: Plan, *, state_layout: str | None = None, software: str | None 
                          fsdp_experts=state_layout == "fsdp2",
                          cp_ring="torch" if state_layout == "fsdp2" else "te")
     dtype = dtype or t["dtype"]
-    training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=dtype,
-                            optimizer=t["optimizer"], engine=engine)
+    sites = plan.parallel.get("dp_replicate", 1)  # each site runs dp / sites of the replicas
+    training = TrainingSpec(global_batch=t["global_batch"] // sites, seq_len=t["seq_len"],
+                            dtype=dtype, optimizer=t["optimizer"], engine=engine)
     prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=dtype)
     if dtype == t["dtype"] and prepared.info["fingerprint"] != plan.model["fingerprint"]:
         log.warning("%s traces differently now than when the plan was made; the memory re-check "
                     "uses the model as it traces now", spec)
     ma = ModelArrays.from_blocks(prepared.blocks)
     cfg = configuration(plan, **changes)
+    cfg = cfg.with_(dp=cfg.dp // sites)
     costs = config_costs(ma, cluster, training, cfg)
     est = simulated(price(cfg, _bounds(plan, ma.names), ma, costs, cluster, training), training)
     per_rank = [0.0] * cfg.pp
@@ -146,6 +149,8 @@ def _rank(mem: Memory) -> str:
 
 def _cluster(plan: Plan, what: str, target: str):
     c = plan.cluster
+    if plan.parallel.get("dp_replicate", 1) > 1 and "spec" in c["groups"][0]:
+        return cluster_from_mapping(c["groups"][0]["spec"], where="plan.cluster.groups[0].spec")
     if "groups" in c:
         raise SpecError(f"export: cannot {what} on a cluster with node groups; re-plan with "
                         f"--target {target}")

@@ -160,6 +160,10 @@ def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Sett
     ddp_refused = _ddp_refused(plan, version)
     if zero == 0 and not ddp_refused:
         ledger.exact("dp", "zero")
+        if p.get("dp_replicate", 1) > 1:
+            ledger.nearest("dp_replicate", "data parallel across sites with ZeRO-0: torchtitan's "
+                           "DDP all-reduces over every replica at once, not inside each site "
+                           "first (more bytes across the sites than planned)")
         return [Setting("parallelism", "data_parallel_replicate_degree", dp,
                         (f"ZeRO-0: plain data parallelism over dp = {dp} replicas, no sharding",)),
                 Setting("parallelism", "data_parallel_shard_degree", 1)] + out
@@ -200,8 +204,13 @@ def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Sett
            1: "ZeRO-1 -> nearest FSDP2 setting (see the note above)",
            2: "ZeRO-2 -> FSDP2 without resharding after forward (FSDP1's SHARD_GRAD_OP)",
            3: "ZeRO-3 -> FSDP2, weights resharded after every forward"}[zero]
-    return [Setting("parallelism", "data_parallel_replicate_degree", 1, (why,)),
-            Setting("parallelism", "data_parallel_shard_degree", dp),
+    k = p.get("dp_replicate", 1)
+    if k > 1:  # HSDP: sharded inside each site, replicated across the sites
+        ledger.exact("dp_replicate")
+        why = (f"{why}; HSDP: sharded over the {dp // k} replicas of each site, replicated "
+               f"across the {k} sites (data parallel across sites)")
+    return [Setting("parallelism", "data_parallel_replicate_degree", k, (why,)),
+            Setting("parallelism", "data_parallel_shard_degree", dp // k),
             Setting("parallelism", "fsdp_reshard_after_forward", reshard)] + out
 
 
@@ -279,6 +288,11 @@ def _model_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Set
         ledger.exact("stages", "schedule", "vpp")
     _placement(plan, ledger)
     common.site_stages(plan, ledger)
+    if common.replica_sites(plan, ledger) > 1 and p["pp"] > 1:
+        raise SpecError(f"export {TARGET}: data parallel across sites with a pipeline (pp="
+                        f"{p['pp']}): torchtitan orders its device mesh pp outermost, so the "
+                        "ranks of one site would hold pipeline stages, not whole replicas; "
+                        f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
     return out
 
 

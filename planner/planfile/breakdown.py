@@ -7,5 +7,6 @@ BREAKDOWN_WORDS = {
     "optimizer_s": "optimizer step", "straggler_s": "waiting for the slowest process",
     "embedding_lookup_s": "embedding lookups", "embedding_comm_s": "embedding all-to-all",
     "host_wait_s": "waiting for the host",
+    "sites_dp_s": "gradient all-reduce across sites",
 }
 """Breakdown key -> what a person reads; the keys' order is the order plans list them."""

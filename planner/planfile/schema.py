@@ -87,6 +87,13 @@ def _check_consistency(d: dict, where: str) -> None:
                         f"{par['dp'] * par.get('cp', 1) * par['tp']}, the ranks the experts are "
                         "spread over; re-plan with plan solve --fix ep=N (a plan file's degrees "
                         "are not edited by hand), or restore the file plan solve wrote")
+    replicate = par.get("dp_replicate", 1)
+    sites = d["cluster"].get("groups") or []
+    if replicate > 1 and (par["dp"] % replicate or len(sites) != replicate or
+                          len({g["num_gpus"] for g in sites}) != 1):
+        raise SpecError(f"{where}: parallel dp_replicate = {replicate} needs as many sites of "
+                        f"equal size, each holding dp/{replicate} of the {par['dp']} replicas; "
+                        "re-plan with plan solve, or restore the file plan solve wrote")
     pred = d.get("predicted", {})
     step = pred.get("step_time_s")
     for part, seconds in (pred.get("breakdown") or {}).items():

@@ -17,11 +17,18 @@ from planner.report.text import compress_names, knob
 from planner.search import placement
 
 
+COMPARED = (*KNOBS, "dp_replicate")
+"""What two plans' configurations are compared by: every knob, and the replicate groups of data
+parallelism across sites (1 where a plan has none)."""
+
+
 def config_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
     """(knob, value in a, value in b) for every knob that differs (a knob one plan does not
     record, being older than the knob, is not compared; nor the K/V exchange where one plan has
-    no context parallelism: the change of cp says it)."""
-    return [(k, x, y) for k in KNOBS if k in a.parallel and k in b.parallel
+    no context parallelism: the change of cp says it); and the replicate groups of data
+    parallelism across sites (``dp_replicate``, 1 where a plan has none)."""
+    keys = [k for k in COMPARED if k == "dp_replicate" or k in a.parallel and k in b.parallel]
+    return [(k, x, y) for k in keys
             for x, y in [(knob_value(a, k), knob_value(b, k))] if x != y and None not in (x, y)]
 
 
@@ -30,6 +37,8 @@ def knob_value(plan: Plan, k: str):
     parallelism (cp = 1), which has none."""
     if k == "cp_comm" and plan.parallel.get("cp", 1) == 1:
         return None
+    if k == "dp_replicate":
+        return plan.parallel.get(k, 1)
     return plan.parallel.get(k)
 
 
@@ -223,7 +232,7 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     out += [Diff("configuration", k, knob_value(a, k), knob_value(b, k),
                  "text" if k in ("schedule", "recompute", "placement", "cp_comm", "zero",
                                  "sequence_parallel", "offload_optimizer") else "count")
-            for k in KNOBS]
+            for k in COMPARED]
     out += [Diff("software", k.removeprefix("engine "), x, y, "text")
             for k, x, y in engine_changes(a, b)]
     recsys = a.embeddings is not None or b.embeddings is not None  # samples, not tokens
@@ -249,6 +258,9 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
         slowest = [max(_stage(st, "time") for st in p.stages) for p in (a, b)]
         return out + [Diff("stages", "slowest stage's time per micro-batch", *slowest, "s")]
     for i, (sa, sb) in enumerate(zip(a.stages, b.stages)):
+        if sa.get("group") or sb.get("group"):  # which device group or site runs it
+            out.append(Diff("stages", f"stage {i} group", sa.get("group", "every"),
+                            sb.get("group", "every"), "text"))
         out.append(Diff("stages", f"stage {i} blocks", stage_blocks(sa), stage_blocks(sb), "text"))
         out.append(Diff("stages", f"stage {i} time per micro-batch", _stage(sa, "time"),
                         _stage(sb, "time"), "s"))
@@ -284,6 +296,8 @@ PART_KNOBS = {
     "dp_comm_s": ("dp", "zero", "placement", "pp", "tp"),
     "optimizer_s": ("zero", "offload_optimizer", "dp", "tp", "pp"),
     "straggler_s": ("dp", "tp", "pp", "recompute", "micro_batch"),
+    # data parallelism across sites: the gradient buckets and the last backward it runs beside
+    "sites_dp_s": ("dp_replicate", "dp", "tp", "pp", "zero", "micro_batch"),
     # a recommendation plan's parts follow its tables' layout (table_changes), and the dense
     # part's sharding
     "embedding_lookup_s": (), "embedding_comm_s": (), "host_wait_s": ("zero",),

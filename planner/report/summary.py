@@ -120,7 +120,7 @@ def _alone(p: Plan) -> list[str]:
                                  rows)
     for _, line in verdicts:
         lines += wrap(f"  replicas    {line}", indent=" " * 14)
-    if any(kind != "unfit" for kind, _ in verdicts):
+    if any(kind not in ("unfit", "chosen") for kind, _ in verdicts):
         lines += wrap(f"              ({replicas.HOW})", indent=" " * 15)
     return [*lines, ""]
 
@@ -200,7 +200,11 @@ def _parallel(p: Plan) -> list[str]:
     offload = ", optimizer states offloaded to host" if par.get("offload_optimizer") else ""
     cp = (f"  cp={par['cp']} ({CP_COMM_WORDS.get(par.get('cp_comm', 'p2p'), par.get('cp_comm'))})"
           if par.get("cp", 1) > 1 else "")
-    lines = [f"  parallel    dp={par['dp']}  tp={par['tp']}{sp}  pp={par['pp']}{vpp}{cp}"]
+    k = par.get("dp_replicate", 1)
+    sites = (f" ({k} sites x {par['dp'] // k}: data parallel across "
+             f"{', '.join(g['name'] for g in p.cluster.get('groups', []))}, gradients reduced "
+             f"inside each site, then all-reduced across them)" if k > 1 else "")
+    lines = [f"  parallel    dp={par['dp']}{sites}  tp={par['tp']}{sp}  pp={par['pp']}{vpp}{cp}"]
     if par.get("ep", 1) * par.get("etp", 1) > 1:
         ep, etp = par["ep"], par.get("etp", 1)
         edp = par["dp"] * par.get("cp", 1) * par["tp"] // (ep * etp)

@@ -71,8 +71,7 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
         raise SpecError(f"parallel: the plan needs {layout.world} processes, "
                         f"{dist.get_world_size()} were started")
     check_knobs(plan)
-    mesh = DeviceMesh(device.type, torch.tensor(layout.mesh()),
-                      mesh_dim_names=("pp", "dp", "cp", "tp"))
+    mesh = _device_mesh(layout, device)
     spec = plan.model_spec(opts.model)
     meta = mdl.resolve_meta(plan, spec)
     real = mdl.build_real(plan, spec, meta, seed=opts.seed)
@@ -96,7 +95,7 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
         ctxp.register()
         ctxp.set_ring(ring)
         kwargs["position_ids"] = positions.unsqueeze(0).to(device)
-    dp_mesh = _dp_mesh(mesh, layout)
+    dp_mesh = _dp_mesh(mesh, layout, int(plan.parallel["zero"]))
     id_ranges = {i: (int(x.min()), int(x.max())) for i, x in enumerate(inputs)
                  if not x.is_floating_point() and x.dtype != torch.bool and x.numel()}
     for s in layout.local_stages(rank):
@@ -304,15 +303,39 @@ def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, dp_mesh,
     return module
 
 
-def _dp_mesh(mesh, layout: Layout):
+def _device_mesh(layout: Layout, device: torch.device) -> DeviceMesh:
+    """The DeviceMesh with dims (pp, dp, cp, tp); with replicate groups (data parallelism across
+    sites) built as (pp, dp_replicate, dp_shard, cp, tp) and its dp dimension the flattened
+    (dp_replicate, dp_shard), which numbers the replicas alike."""
+    ranks = torch.tensor(layout.mesh())
+    if layout.replicate == 1:
+        return DeviceMesh(device.type, ranks, mesh_dim_names=("pp", "dp", "cp", "tp"))
+    k = layout.replicate
+    mesh = DeviceMesh(device.type, ranks.reshape(layout.pp, k, layout.dp // k, layout.cp,
+                                                 layout.tp),
+                      mesh_dim_names=("pp", "dp_replicate", "dp_shard", "cp", "tp"))
+    mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    return mesh
+
+
+def _dp_mesh(mesh, layout: Layout, zero: int = 0):
     """The ranks that average the dense gradients: dp x cp (the cp ranks hold the same weights
-    and different tokens); None when that is one rank."""
+    and different tokens); None when that is one rank. With replicate groups and sharded states
+    (ZeRO >= 1), the 2-D mesh FSDP2 runs as HSDP: sharded over a group's dp_shard (x cp) ranks,
+    replicated across the groups."""
     if layout.dp * layout.cp == 1:
         return None
+    if layout.replicate > 1 and zero >= 1:
+        if layout.cp == 1:
+            return mesh["dp_replicate", "dp_shard"]
+        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        return mesh["dp_replicate", "dp_shard_cp"]
     if layout.cp == 1:
         return mesh["dp"]
     if layout.dp == 1:
         return mesh["cp"]
+    if layout.replicate > 1:  # (the flattened dp joins no other dimension)
+        return mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
     return mesh["dp", "cp"]._flatten("dp_cp")
 
 

@@ -43,6 +43,10 @@ class Layout:
     """Expert-parallel degree (folded over the flattened (tp, cp, dp) index)."""
     etp: int = 1
     """Expert tensor parallelism (the runtime runs 1 only)."""
+    replicate: int = 1
+    """Groups of the data-parallel replicas (``dp_replicate``: one per site, data parallelism
+    across sites): the dp index is replicate-major, so each group is dp / replicate consecutive
+    replicas, sharded among themselves and replicated across the groups (HSDP)."""
     pp_order: tuple[int, ...] = ()
     """Where each pipeline rank (the plan's ``pipeline_rank``) sits on the placement's mesh: its
     position along the mesh's pipeline dimension (empty: the same, the usual case)."""
@@ -141,6 +145,11 @@ def layout_of(plan: Plan) -> Layout:
     pp, dp, tp = (int(par[k]) for k in ("pp", "dp", "tp"))
     cp, ep, etp = (int(par.get(k, 1)) for k in ("cp", "ep", "etp"))
     placement = par.get("placement", "tp-pp-dp")
+    replicate = int(par.get("dp_replicate", 1))
+    if dp % replicate or (replicate > 1 and pp > 1 and placement != "tp-pp-dp"):
+        raise SpecError(f"parallel.dp_replicate: {replicate} groups of the {dp} replicas, one per "
+                        "site, need dp divisible by it and, with a pipeline, placement tp-pp-dp "
+                        "(whole replicas on each site); re-create the plan")
     if placement not in PLACEMENTS:
         raise SpecError(f"parallel.placement: unknown placement '{placement}'; the runtime knows "
                         f"{', '.join(PLACEMENTS)}")
@@ -177,5 +186,5 @@ def layout_of(plan: Plan) -> Layout:
                         f"one of 0..{pp - 1} on ranks of its own")
     pp_order = tuple(order[p] for p in range(pp))
     return Layout(pp=pp, dp=dp, tp=tp, cp=cp, ep=ep, etp=etp, placement=placement,
-                  stage_pp_rank=tuple(owners),
+                  stage_pp_rank=tuple(owners), replicate=replicate,
                   pp_order=() if pp_order == tuple(range(pp)) else pp_order)

@@ -184,7 +184,8 @@ def apply_dp(stage: nn.Module, units: tuple[str, ...], mesh, zero: int,
     ZeRO 3: ``fully_shard(reshard_after_forward=True)`` per unit (units that share a weight with
     another unit or with a module outside the units stay in the stage's group, which FSDP2 needs
     of a parameter). ``mesh`` is the dp (x cp)
-    group; ``ignored`` parameters (routed experts, reduced over their own group) are left alone."""
+    group, or its 2-D (replicate, shard) form for data parallelism across sites (HSDP);
+    ``ignored`` parameters (routed experts, reduced over their own group) are left alone."""
     if mesh is None:
         return "none"
     ignored = ignored or None
@@ -210,4 +211,6 @@ def apply_dp(stage: nn.Module, units: tuple[str, ...], mesh, zero: int,
         fully_shard(stage.model.get_submodule(name), mesh=mesh, reshard_after_forward=reshard,
                     ignored_params=ignored)
     fully_shard(stage, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored)
-    return "fully_shard (ZeRO-3)" if reshard else "fully_shard (ZeRO-2)"
+    hybrid = (f", HSDP: {mesh.size(1)} shards x {mesh.size(0)} replicas"
+              if mesh.ndim == 2 else "")  # sharded inside a site, replicated across the sites
+    return f"fully_shard (ZeRO-{3 if reshard else 2}{hybrid})"

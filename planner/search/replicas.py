@@ -9,14 +9,15 @@ all-gathered inside again; HSDP's replicate groups, Megatron-LM's
 since the gradients cross once a step whatever the batch while the pipeline's sends grow with it.
 
 For each kind of site with two or more sites, its plan is searched on one site for the share of
-the batch (the same model, pins but those the GPU count sizes, and rules as a plan on that site
-alone; ZeRO-1 at least unless zero is pinned, since the reduction shards the gradients inside a
-site), and the all-reduce across the sites is priced on their links (costmodels.sites.
+the batch (the same model, pins and rules; a pinned dp counts the replicas over every site, so
+each site takes its share of them; ZeRO-1 at least unless zero is pinned, since the reduction
+shards the gradients inside a site), and the all-reduce across the sites is priced on their links (costmodels.sites.
 replicas_allreduce_s), one call per gradient bucket (BUCKET_PARAMS), beside the last
 micro-batch's backward (the engines reduce each bucket as it fills; the rest is exposed,
-last_backward_s). The planner does not
-emit that plan (README, Limits); the plan's ``search.sites_replicas`` and `plan show` say what
-it would take.
+last_backward_s). Where that is faster than the pipeline over the sites, it is the plan
+planner.api emits (planner.emit.across_sites: the site's plan with ``dp_replicate`` = the number
+of sites, ranks numbered site after site); the plan's ``search.sites_replicas`` keeps every kind's
+row either way.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import math
 import time
 
 from costmodels import comm
-from costmodels.errors import PlannerError
+from costmodels.errors import PlannerError, SpecError
 from costmodels.sites import replicas_allreduce_s
 from costmodels.topology import HeteroCluster
 from planner.options import SearchOptions, TrainingSpec
 from planner.search import alone, hetero
 from planner.search.dp_traffic import DataParallelBytes
-from planner.search.loop import search
+from planner.search.loop import SearchResult, search
 from planner.trace.graph import BlockGraph
 
 log = logging.getLogger(__name__)
@@ -94,23 +95,37 @@ def trained_params(bg: BlockGraph) -> float:
     return blocks - sum(float(n) for _, _, n, _, frozen in bg.shared if not frozen)
 
 
+@dataclasses.dataclass
+class Replicas:
+    """One kind of site's data parallelism across its sites: the plan file's row, and what the
+    row was found with (the site's search result, the site, the share of the batch, the options),
+    from which planner.emit.across_sites writes the plan."""
+
+    row: dict
+    result: SearchResult | None
+    site: object
+    training: TrainingSpec
+    options: SearchOptions
+
+
 def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpec,
-                   options: SearchOptions, time_left_s: float | None = None) -> list[dict]:
-    """Per kind of site with two or more sites: {sites, gpus, step_time_s, site_step_s,
-    allreduce_s, exposed_s, gradient_bytes, buckets, ring, parallel, global_batch} (the step with
-    one replica set per site, and its parts: the site plan's step, the all-reduce across sites
-    and the part of it past the last backward, its bytes, calls and ring order), or {sites, gpus,
-    reason} where it cannot run. ``time_left_s``: what is left of the planning's time limit,
-    shared by the kinds."""
+                   options: SearchOptions, time_left_s: float | None = None) -> list[Replicas]:
+    """Per kind of site with two or more sites, a Replicas whose row is {sites, gpus,
+    step_time_s, site_step_s, allreduce_s, exposed_s, gradient_bytes, buckets, ring, parallel,
+    global_batch} (the step with one replica set per site, and its parts: the site plan's step,
+    the all-reduce across sites and the part of it past the last backward, its bytes, calls and
+    ring order), or {sites, gpus, reason} where it cannot run. ``time_left_s``: what is left of
+    the planning's time limit, shared by the kinds. The site's ranks are laid out with the
+    pipeline inside the data-parallel replicas (placement tp-pp-dp) unless placement is pinned
+    or the target refuses it, so that numbering the ranks site after site puts whole replicas
+    on each site (whole_replicas)."""
     members: dict[int, list[int]] = {}
     for g, kind in enumerate(hetero.kinds(cluster)):
         members.setdefault(kind, []).append(g)
     sets = [m for m in members.values() if len(m) >= 2]
     if not sets:
         return []
-    fix = {k: v for k, v in options.fix.items() if k not in alone.SIZED_BY_GPUS}
     limit = None if time_left_s is None else max(alone.MIN_TIME_S, time_left_s / len(sets))
-    site_options = dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit)
     params = trained_params(bg)
     experts = sum(b.work.expert_params - b.work.frozen_expert_params for b in bg.blocks)
     layers = sum(1 for b in bg.blocks if b.recompute) or len(bg.blocks)
@@ -120,20 +135,32 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
         site, k = cluster.groups[group[0]], len(group)
         row: dict = {"sites": [cluster.groups[g].name for g in group], "gpus": k * site.num_gpus}
         t0 = time.perf_counter()
+        share, result = training, None
+        fix = {**({"placement": REPLICA_PLACEMENT} if options.pp_inner else {}),
+               **{key: v for key, v in options.fix.items() if key != "dp"}}
+        if "dp" in options.fix and int(options.fix["dp"]) % k == 0:  # the pinned replicas, over
+            fix["dp"] = int(options.fix["dp"]) // k                  # every site: a share each
+        site_options = dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit)
         if training.global_batch % k:
             row["reason"] = (f"the global batch ({training.global_batch:,}) does not split into "
                              f"{k} equal shares")
+        elif int(options.fix.get("dp", k)) % k:
+            row["reason"] = (f"the pinned dp={options.fix['dp']} does not split into {k} equal "
+                             "shares, one per site")
         else:
             share = dataclasses.replace(training, global_batch=training.global_batch // k)
             try:
-                best = search(bg, site, share, site_options).best
-                if best is not None and best.config.zero == 0 and "zero" not in fix:
+                result = search(bg, site, share, site_options)
+                if result.best is not None and result.best.config.zero == 0 and \
+                        "zero" not in options.fix:
                     # the hierarchical reduction shards inside a site (a distributed optimizer
                     # or FSDP): ZeRO-1 at least
-                    best = search(bg, site, share, dataclasses.replace(
-                        site_options, fix={**fix, "zero": 1})).best or best
+                    sharded = search(bg, site, share, dataclasses.replace(
+                        site_options, fix={**fix, "zero": 1}))
+                    result = sharded if sharded.best is not None else result
             except PlannerError as exc:
-                best, row["reason"] = None, str(exc).splitlines()[0]
+                result, row["reason"] = None, str(exc).splitlines()[0]
+            best = result.best if result is not None else None
             if best is None:
                 row.setdefault("reason", f"no configuration fits {site.name} at "
                                          f"{share.global_batch:,} samples a step")
@@ -150,15 +177,56 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
         log.info("data parallel across %s (%d GPUs): %s (%.1f s)", ", ".join(row["sites"]),
                  row["gpus"], f"{row['step_time_s']:.4g} s a step" if "step_time_s" in row
                  else row["reason"], time.perf_counter() - t0)
-        out.append(row)
+        out.append(Replicas(row, result if "step_time_s" in row else None, site, share,
+                            site_options))
     return out
+
+
+REPLICA_PLACEMENT = "tp-pp-dp"
+"""The site plan's rank order (unless pinned): data-parallel replicas outermost, so the ranks of
+one site, numbered together, hold whole replicas (pipelines included)."""
+
+
+def whole_replicas(cfg, options: SearchOptions) -> bool:
+    """Whether ``cfg`` on each site, as one plan over the sites with its ranks numbered site
+    after site, puts whole replicas on each site: without a pipeline, or with the replicas
+    outermost (tp-pp-dp, which the plan over the sites then takes: its data parallelism spans
+    the sites) where the target places ranks so."""
+    return cfg.pp == 1 or (options.pp_inner and (cfg.dp == 1 or
+                                                 cfg.placement == REPLICA_PLACEMENT))
+
+
+def chosen(reps: list[Replicas], step_s: float, across: str, gpus: int) -> Replicas | None:
+    """The replicas to emit in place of the pipeline over every site (``step_s``), on a cluster
+    of ``gpus``: the fastest row that runs on every GPU (one kind of site) with whole replicas on
+    each site (whole_replicas), where it is faster (alone.standing) and ``across`` is "auto", or
+    wherever ``across`` is "replicas" (a SpecError naming why where none runs); None for
+    "pipeline" or where none is faster."""
+    if across == "pipeline":
+        return None
+    runs = [r for r in reps if r.result is not None and "step_time_s" in r.row]
+    fits = [r for r in runs if r.row["gpus"] == gpus and whole_replicas(r.result.best.config,
+                                                                        r.options)]
+    best = min(fits, key=lambda r: r.row["step_time_s"], default=None)
+    if across == "replicas" and best is None:
+        why = ("the sites are not all of one kind and size (one site's plan runs on each)"
+               if not any(r.row["gpus"] == gpus for r in reps) else
+               next((r.row["reason"] for r in reps if "reason" in r.row), None) or
+               "the site's plan keeps a pipeline with the replicas inside it (placement "
+               "tp-dp-pp), which the target or a pin asks for")
+        raise SpecError(f"across_sites: replicas cannot run here: {why}; leave --across-sites "
+                        "out to plan a pipeline over the sites")
+    if best is not None and (across == "replicas" or
+                             alone.standing(best.row["step_time_s"], step_s) == "faster"):
+        return best
+    return None
 
 
 def verdicts(rows: list[dict], step_s: float,
              alone_rows: list[dict] | None = None) -> list[tuple[str, str]]:
     """Per row (sites_replicas'): (faster, about, slower or unfit: against the plan's step over
-    every site, ``step_s``: alone.standing; the sentence, which says where one site alone
-    (``alone_rows``: alone.groups_alone's) is faster still)."""
+    every site, ``step_s``: alone.standing; or chosen: the row is the plan; the sentence, which
+    says where one site alone (``alone_rows``: alone.groups_alone's) is faster still)."""
     alone_best = min((a for a in alone_rows or [] if "step_time_s" in a),
                      key=lambda a: a["step_time_s"], default=None)
     out = []
@@ -168,11 +236,12 @@ def verdicts(rows: list[dict], step_s: float,
             out.append(("unfit", f"data parallel across {names}: {r['reason']}"))
             continue
         k, t = len(r["sites"]), r["step_time_s"]
-        kind = alone.standing(t, step_s)
-        how = {"faster": f"{step_s / t:.2f}x faster than", "about": "about as fast as",
-               "slower": f"{t / step_s:.2f}x slower than"}[kind]
+        kind = "chosen" if r.get("chosen") else alone.standing(t, step_s)
+        how = {"faster": f"{step_s / t:.2f}x faster than this plan",
+               "about": "about as fast as this plan", "chosen": "this plan",
+               "slower": f"{t / step_s:.2f}x slower than this plan"}[kind]
         out.append((kind, f"data parallel across {names} ({r['gpus']} GPUs): {t:.4g} s a step "
-                    f"({how} this plan): {r['sites'][0]}'s plan ({r['parallel']}) on each "
+                    f"({how}): {r['sites'][0]}'s plan ({r['parallel']}) on each "
                     f"site for {r['global_batch']:,} of the samples, {r['site_step_s']:.4g} s, "
                     f"then {r['gradient_bytes'] / 1e9:.3g} GB of gradients all-reduced across "
                     f"the {k} sites in {r['allreduce_s']:.4g} s"
@@ -186,11 +255,11 @@ def verdicts(rows: list[dict], step_s: float,
     return out
 
 
-HOW = ("the planner does not emit plans of data parallelism across sites: plan one site with "
-       "its share of the global batch and replicate it over the sites with a hierarchical "
-       "gradient reduction (HSDP's replicate degree, Megatron-LM's "
-       "--num-distributed-optimizer-instances: the number of sites), each site holding whole "
-       "replicas (with a pipeline, number the ranks so that the replicas, not the stages, span "
-       "the sites); the all-reduce across sites is priced in a ring over their links, beside "
-       "the last micro-batch's backward")
-"""What a row of sites_replicas takes to run, said once under the rows."""
+HOW = ("plan solve --across-sites replicas emits it where it runs on every GPU of the cluster "
+       "(sites of one kind) with whole replicas on each site: one site's plan on each site, "
+       "data-parallel degree times the number of sites, the gradients reduced inside each site "
+       "and all-reduced across them (HSDP's replicate degree, Megatron-LM's "
+       "--num-distributed-optimizer-instances), the ranks numbered site after site; the "
+       "all-reduce across sites is priced in a ring over their links, beside the last "
+       "micro-batch's backward")
+"""What a row of sites_replicas that was not emitted takes to run, said once under the rows."""

@@ -1630,3 +1630,36 @@ def test_every_engine_export_says_which_parameters_the_plan_priced_frozen(notes)
         to_engine(dataclasses.replace(frozen, model={**frozen.model, "source": "hf-config"}))
         (note,) = [n for n in notes if "frozen parameters" in n]
         assert "as transformers builds the model" in note and "LoRA" not in note
+
+
+def test_data_parallel_across_sites_exports_its_replicate_groups(tmp_path, notes):
+    """A plan of data parallelism across two sites (dp_replicate = 2): Megatron-LM one
+    distributed-optimizer instance per site, torchtitan HSDP (replicate x shard), DeepSpeed a
+    flat reduction, noted; every export says to number the nodes site after site."""
+    from costmodels.sites import sites_from_mapping  # noqa: PLC0415
+    from planner.api import plan_prepared, prepare  # noqa: PLC0415
+    from planner.options import SearchOptions, TrainingSpec  # noqa: PLC0415
+    from tests.conftest import TINY_LLAMA, write_config  # noqa: PLC0415
+
+    site = {"device": "a100-80g", "nodes": 2, "gpus_per_node": 2,
+            "intra_node": {"bandwidth": "300GB/s", "latency": "3us"},
+            "inter_node": {"bandwidth": "25GB/s", "latency": "10us"}}
+    hc = sites_from_mapping({"name": "two", "sites": [{**site, "name": "a"}, {**site, "name": "b"}],
+                             "links": [{"between": ["a", "b"], "bandwidth": "10Gbps",
+                                        "latency": "5ms"}]})
+    prepared = prepare(write_config(tmp_path, TINY_LLAMA), seq_len=256, dtype="bf16",
+                       cache_dir=None)
+    plan = plan_prepared(prepared, hc, TrainingSpec(global_batch=64, seq_len=256), SearchOptions(
+        top_k=0, across_sites="replicas", fix={"dp": 8, "zero": 1}))
+    assert plan.parallel["dp_replicate"] == 2 and plan.parallel["dp"] == 8
+    megatron = to_megatron(plan)
+    assert "--num-distributed-optimizer-instances 2" in megatron
+    assert "launch with the nodes numbered site after site, ranks 0-3 (node ranks 0-1) on a, " \
+           "ranks 4-7 (node ranks 2-3) on b" in " ".join(megatron.replace("#", "").split())
+    titan = to_torchtitan(plan)
+    assert "data_parallel_replicate_degree = 2" in titan and \
+        "data_parallel_shard_degree = 4" in titan
+    notes.clear()
+    to_deepspeed(plan)
+    assert [n for n in notes if "DeepSpeed's ZeRO reduces the gradients over every" in n]
+    assert [n for n in notes if "numbered site after site" in n]

@@ -2,14 +2,13 @@
 
 import pytest
 
-from planner.options import KNOBS
 from planner.planfile.breakdown import BREAKDOWN_WORDS
-from planner.report.compare import PART_KNOBS
+from planner.report.compare import COMPARED, PART_KNOBS
 
 
 def test_every_part_of_the_step_names_known_knobs():
     assert set(PART_KNOBS) == set(BREAKDOWN_WORDS)
-    assert all(k in KNOBS for knobs in PART_KNOBS.values() for k in knobs)
+    assert all(k in COMPARED for knobs in PART_KNOBS.values() for k in knobs)
 
 
 def test_recommendation_plans_compare_by_their_tables_and_parts():

@@ -190,6 +190,15 @@ def test_diff_compares_stages_one_by_one_only_for_the_same_split(tiny_llama_conf
     same = [d.label for d in compare.compare(a, a) if d.section == "stages"]
     assert same[1:] == ["stage 0 blocks", "stage 0 time per micro-batch", "stage 0 memory",
                         "stage 1 blocks", "stage 1 time per micro-batch", "stage 1 memory"]
+    # on device groups, which group runs each stage (a new-user check: stages swapped from the
+    # H100 to the A100 group, and the diff did not say)
+    import dataclasses
+    h, g = (dataclasses.replace(a, stages=[{**st, "group": name} for st, name in
+                                           zip(a.stages, names)])
+            for names in (("h100s", "a100s"), ("a100s", "h100s")))
+    moved = [(d.label, d.a, d.b) for d in compare.compare(h, g)
+             if d.section == "stages" and d.label.endswith("group")]
+    assert moved == [("stage 0 group", "h100s", "a100s"), ("stage 1 group", "a100s", "h100s")]
 
 
 def test_why_with_a_knob_the_model_cannot_take_is_bad_input(capsys, small_plan):

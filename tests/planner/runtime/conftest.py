@@ -9,6 +9,7 @@ import os
 import pytest
 
 import planner
+from costmodels.sites import sites_from_mapping
 from planner.options import parse_fix
 from runtime_models import FINETUNE_SPEC, MASKED_SPEC, MULTITOWER_SPEC, SINKS_SPEC
 from runtime_models import SPEC as BRANCHED_SPEC
@@ -33,18 +34,27 @@ class PlanMaker:
         self.prepared = {}
 
     def __call__(self, model: str, fix: str, name: str | None = None, *, nodes: int = 1,
-                 global_batch: int = GLOBAL_BATCH) -> str:
+                 global_batch: int = GLOBAL_BATCH, sites: int = 1) -> str:
+        """``sites`` > 1: on that many sites of the ``cpu`` device, one site's plan on each,
+        data parallel across them (the pinned dp counts every site's replicas)."""
         if model not in self.prepared:
             self.prepared[model] = planner.prepare(self.specs[model], seq_len=SEQ_LEN,
                                                    dtype="fp32")
         pinned = parse_fix(fix)
         gpus = pinned["dp"] * pinned.get("cp", 1) * pinned["tp"] * pinned["pp"] // nodes
         cluster = planner.load_cluster("cpu", nodes=nodes, gpus_per_node=gpus)
+        if sites > 1:
+            cluster = sites_from_mapping({"name": "cpu-sites", "default_link": {
+                "bandwidth": "1Gbps", "latency": "1ms"}, "sites": [
+                    {**{k: v for k, v in cluster.to_mapping().items() if k != "description"},
+                     "name": f"site{i}", "gpus_per_node": gpus // sites}
+                    for i in range(sites)]})
         training = planner.TrainingSpec(global_batch=global_batch,
                                         seq_len=self.prepared[model].opgraph.seq_len,
                                         dtype="fp32", optimizer="sgd")
         plan = planner.plan_prepared(self.prepared[model], cluster, training,
-                                     planner.SearchOptions(fix=pinned, top_k=0))
+                                     planner.SearchOptions(fix=pinned, top_k=0, across_sites=(
+                                         "replicas" if sites > 1 else "auto")))
         path = os.path.join(self.folder, f"{name or model + '-' + fix.replace(',', '-')}.json")
         plan.save(path)
         return path

@@ -42,6 +42,8 @@ FOUR = {
     "pp2xdp2-1f1b-replicate": "pp=2,tp=1,dp=2,schedule=1f1b,micro_batch=1,recompute=none,zero=0",
     "pp2xtp2-gpipe": "pp=2,tp=2,dp=1,schedule=gpipe,micro_batch=2,recompute=none,zero=0",
     "pp2xtp2-1f1b-full": "pp=2,tp=2,dp=1,schedule=1f1b,micro_batch=2,recompute=full,zero=0",
+    # data parallel across two sites: FSDP2 as HSDP, sharded inside a site, replicated across
+    "dp4-sites-hsdp": "pp=1,tp=1,dp=4,schedule=gpipe,micro_batch=1,recompute=none,zero=1",
 }
 MODELS = ("llama", "branched")
 MORE = {"gpt2": ("pp2-1f1b-full", "pp2xdp2-gpipe-fsdp", "dp2-fsdp"),
@@ -68,7 +70,7 @@ CASES = [(m, c) for m in MODELS for c in list(TWO) + list(FOUR)] + [
 
 def _make(make_plan, model: str, case: str) -> str:
     fix = {**TWO, **FOUR}[case]
-    path = make_plan(model, fix, f"{model}-{case}")
+    path = make_plan(model, fix, f"{model}-{case}", sites=2 if "-sites" in case else 1)
     if case.startswith("pp2-zb-h1"):  # zb-h1 on a pinned split: swap the schedule in
         plan = load_plan(path)
         par = plan.parallel
@@ -98,3 +100,6 @@ def test_one_step_equals_single_process(runs, model, case):
     path, result, dump = runs[f"{model}-{case}"]
     plan = load_plan(path)
     assert_equals_single_process(plan, result, dump, lr=LR, tol=TOL)
+    if "-sites" in case:  # one site's replicas sharded, replicated across the two sites
+        assert plan.parallel["dp_replicate"] == 2
+        assert result["data_parallel"] == "fully_shard (ZeRO-2, HSDP: 2 shards x 2 replicas)"

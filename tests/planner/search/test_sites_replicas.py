@@ -10,6 +10,7 @@ from tests.conftest import TINY_LLAMA, write_config
 from costmodels import comm
 from costmodels.sites import replicas_allreduce_s, sites_from_mapping
 from planner.api import plan_prepared, prepare
+from planner.errors import SpecError
 from planner.options import SearchOptions, TrainingSpec
 from planner.report.summary import summary
 from planner.search.dp_traffic import DataParallelBytes
@@ -102,7 +103,8 @@ def test_a_plan_over_sites_prices_one_site_replicated_across_them(prepared, capl
     training = TrainingSpec(global_batch=256, seq_len=256)
     hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "100Gbps", "latency": "5ms"}])
     with caplog.at_level(logging.WARNING):
-        plan = plan_prepared(prepared, hc, training, SearchOptions(top_k=0))
+        plan = plan_prepared(prepared, hc, training,
+                             SearchOptions(top_k=0, across_sites="pipeline"))
     (row,) = plan.search["sites_replicas"]
     assert row["sites"] == ["a", "b"] and row["gpus"] == 8 and row["global_batch"] == 128
     assert row["buckets"] == 1 and " zero=0" not in row["parallel"]  # (shards inside a site)
@@ -126,6 +128,59 @@ def test_a_plan_over_sites_prices_one_site_replicated_across_them(prepared, capl
     faster = row["step_time_s"] < 0.98 * plan.step_time_s
     assert faster == any("data parallel across a and b" in r.getMessage()
                          for r in caplog.records)
+
+
+def test_where_replicas_are_faster_they_are_the_plan(prepared, tmp_path):
+    """One site's plan on each site, its data parallelism times the sites with dp_replicate =
+    the sites (HSDP), ranks numbered site after site; the pipeline over the sites the runner-up;
+    --across-sites pipeline keeps the pipeline."""
+    training = TrainingSpec(global_batch=256, seq_len=256)
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "100Gbps", "latency": "5ms"}])
+    pipeline = plan_prepared(prepared, hc, training, SearchOptions(top_k=0,
+                                                                   across_sites="pipeline"))
+    plan = plan_prepared(prepared, hc, training, SearchOptions(top_k=0))
+    (row,) = plan.search["sites_replicas"]
+    assert row["chosen"] and row["step_time_s"] < 0.98 * pipeline.step_time_s  # (the case)
+    assert "dp_replicate" not in pipeline.parallel
+    par = plan.parallel
+    assert par["dp_replicate"] == 2 and par["dp"] == 2 * int(row["parallel"].split()[0][3:])
+    assert par["dp"] * par["tp"] * par["pp"] * par["cp"] == 8
+    assert plan.step_time_s == pytest.approx(row["step_time_s"], rel=1e-5)
+    assert plan.predicted["breakdown"]["sites_dp_s"] == pytest.approx(row["exposed_s"], rel=1e-5)
+    assert plan.predicted["samples_per_s"] == pytest.approx(256 / plan.step_time_s, rel=1e-5)
+    (alt,) = plan.search["alternatives"]
+    assert alt["step_time_s"] == pytest.approx(pipeline.step_time_s, rel=1e-5)
+    # ranks numbered site after site: each site's four ranks hold whole replicas
+    per_site = 4
+    for st in plan.stages:
+        for s in range(2):
+            mine = [r for r in st["ranks"] if s * per_site <= r < (s + 1) * per_site]
+            assert len(mine) == len(st["ranks"]) // 2
+    plan.save(tmp_path / "p.json")  # valid, and read back alike
+    from planner.planfile.document import load_plan
+    assert load_plan(tmp_path / "p.json").parallel == par
+    text = summary(plan)
+    assert "dp=8 (2 sites x 4: data parallel across a, b" in text
+    assert "(this plan): a's plan" in " ".join(text.split())
+    assert "gradient all-reduce across sites" in text
+
+
+def test_replicas_can_be_asked_for_and_refused_with_the_reason(prepared):
+    training = TrainingSpec(global_batch=256, seq_len=256)
+    slow = sites("ab", [{"between": ["a", "b"], "bandwidth": "100Mbps", "latency": "5ms"}])
+    plan = plan_prepared(prepared, slow, training, SearchOptions(top_k=0,
+                                                                 across_sites="replicas"))
+    assert plan.parallel["dp_replicate"] == 2 and plan.search["alternatives"] == []
+    # a pinned dp counts the replicas over every site
+    pinned = plan_prepared(prepared, slow, training, SearchOptions(
+        top_k=0, across_sites="replicas", fix={"dp": 4, "tp": 1}))
+    assert pinned.parallel["dp"] == 4 and pinned.parallel["pp"] == 2
+    with pytest.raises(SpecError, match="does not split into 2 equal shares"):
+        plan_prepared(prepared, slow, TrainingSpec(global_batch=255, seq_len=256),
+                      SearchOptions(top_k=0, across_sites="replicas"))
+    with pytest.raises(SpecError, match="across_sites: replicas applies to a cluster of sites"):
+        plan_prepared(prepared, slow.groups[0], training,
+                      SearchOptions(top_k=0, across_sites="replicas"))
 
 
 def test_a_batch_the_sites_cannot_share_is_said(prepared):
