@@ -26,8 +26,9 @@ def register(add) -> None:
     j.add_argument("--gantt", metavar="PNG", help="draw the cluster over time here")
     j.add_argument("--time-limit", type=positive_float, default=30.0,
                    help="seconds for the solver; the best schedule found by then (default 30)")
-    j.add_argument("--objective", default="makespan", choices=OBJECTIVES,
-                   help="makespan, or completion time weighted by priority")
+    j.add_argument("--objective", choices=OBJECTIVES,
+                   help="makespan, or completion time weighted by priority (default makespan; "
+                        "with --replan, the schedule's own)")
     j.add_argument("--time-unit", type=positive_float,
                    help="schedule grid in seconds (default: about 1/10000 of the horizon)")
     j.add_argument("--seed", type=count, default=0, help="solver random seed (default 0)")
@@ -55,14 +56,16 @@ def _run(args) -> int:
         check_path(args.gantt, "gantt")
     if args.output is not None:
         check_output(args.output, "output", inputs=(args.jobs,))
-    options = ScheduleOptions(objective=args.objective, time_limit_s=args.time_limit,
-                              time_unit_s=args.time_unit, seed=args.seed)
+    schedule = joint.load_schedule(args.replan) if args.replan else {}
+    options = ScheduleOptions(objective=args.objective or schedule.get("objective", "makespan"),
+                              time_limit_s=args.time_limit, time_unit_s=args.time_unit,
+                              seed=args.seed)
     if args.replan:
         if args.jobs or args.now is None or args.cluster or args.nodes:
             raise SpecError("replan: give --replan SCHEDULE.json --now SECONDS [--done JOB], "
                             "without a jobs file or --cluster/--nodes (the schedule holds them)")
         done = [n.strip() for item in args.done for n in item.split(",") if n.strip()]
-        result = joint.replan(joint.load_schedule(args.replan), done=done, now_s=args.now,
+        result = joint.replan(schedule, done=done, now_s=args.now,
                               options=options, record_timing=args.record_timing)
     else:
         if not args.jobs:

@@ -7,6 +7,7 @@ import json
 from planner.cli.args import positive_int
 from planner.errors import SpecError
 from planner.files import atomic_write, check_output
+from planner.options import DTYPES
 from planner.profile import DEVICES
 
 
@@ -51,5 +52,9 @@ def run(args) -> int:
     if link:
         print(f"all-reduce among {link['processes']} {link['backend']} processes: "
               f"{link['bandwidth_GBps']:.3g} GB/s, {link['latency_us']:.3g} us latency")
-    print(f"wrote {args.output}; use it with `plan solve ... --calibration {args.output}`")
+    # the dtype the planner defaults to (bf16) where it was measured, else one that was
+    measured = [k for k in dev["peak_TFLOPs"] if k in DTYPES]
+    dtype = "" if "bf16" in measured or not measured else f" --dtype {measured[0]}"
+    print(f"wrote {args.output}; use it with `plan solve ... --calibration {args.output}{dtype}` "
+          "(plan solve only: what-if sweeps and plan jobs price the data sheet's figures)")
     return 0

@@ -22,7 +22,7 @@ from planner.report.compare import stage_blocks
 from planner.report.text import pins_text
 from planner.search.costs import ModelArrays, capacity_bytes, config_costs
 from planner.search.feasibility import pin_problem
-from planner.search.loop import SearchResult, rejection_lines, search
+from planner.search.loop import OUTCOMES, SearchResult, rejection_lines, search
 from planner.search.pricing import price
 from planner.search.refine import simulated
 from planner.search.space import TP_CLASS, TP_INNER, TP_MODEL, Space, pp_reason, tp_reasons
@@ -96,10 +96,14 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
                       + idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
                       + _untried(plan, variant, options), over=[])
     grouped = isinstance(cluster, HeteroCluster)
-    problem = None if grouped else pin_problem(
-        dict(options.fix), Space.of(cluster, prepared.blocks, options), training, options)
+    problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
+                          training, options)
     if problem:  # a pin the model or cluster cannot take is bad input, as in solve, named as
         raise SpecError(_as_why(problem, pins))  # the option that gave it
+    if grouped and not any(result.rejected[r] for r in OUTCOMES):  # the rules alone: bad input
+        rules = "; ".join(filter(None, rejection_lines(result.rejected)))
+        raise SpecError(f"why: no configuration with {pins_text(pins)} is possible on the "
+                        f"cluster's groups ({rules}); try other knobs")
     aside, ruled = rejection_lines(result.rejected)
     ruled = f"ruled out by the rules: {ruled}" if ruled else ""
     message = (f"all {result.candidates} configurations with {pins_text(pins)} set aside ("

@@ -56,10 +56,13 @@ def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
     in parallel processes. The result does not depend on ``workers``.
     """
     groups: dict[tuple, list[JobSpec]] = {}
-    for job in spec.jobs:
+    first: dict[tuple, int] = {}  # the jobs file's index of each group's first job
+    for i, job in enumerate(spec.jobs):
         groups.setdefault((job.model, job.seq_len), []).append(job)
+        first.setdefault((job.model, job.seq_len), i)
     counts = candidate_counts(cluster.nodes, cluster.gpus_per_node)
-    args = [(model, seq, jobs, cluster, counts, search) for (model, seq), jobs in groups.items()]
+    args = [(model, seq, jobs, cluster, counts, search, f"jobs[{first[model, seq]}]")
+            for (model, seq), jobs in groups.items()]
     t0, results = time.perf_counter(), {}
     if workers > 1 and len(args) > 1:
         # fork: the children start with torch imported (spawn re-imports it, about 5 s each);
@@ -82,13 +85,19 @@ def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
 
 
 def model_tables(model: str, seq_len: int | None, jobs: list[JobSpec], cluster: Cluster,
-                 counts: list[int], search: SearchOptions) -> dict[str, list[TableRow]]:
+                 counts: list[int], search: SearchOptions,
+                 where: str = "jobs") -> dict[str, list[TableRow]]:
     """Trace ``model`` once, then plan each job on each GPU count (a recommendation model: its
     tables measured once, then sharded for each count its global batch divides over, its dense
-    part in fp32 with Adam, as plan solve plans it by default)."""
-    rec = recsys_model(model)
-    with warnings_named(f"job{'s' if len(jobs) > 1 else ''} {', '.join(j.name for j in jobs)}"):
-        prepared = prepare_recsys(model) if rec else prepare(model, seq_len=seq_len)
+    part in fp32 with Adam, as plan solve plans it by default). A model that cannot be built or
+    traced is a SpecError naming ``where`` (the first of the jobs in the jobs file)."""
+    try:
+        rec = recsys_model(model)
+        with warnings_named(f"job{'s' if len(jobs) > 1 else ''} "
+                            f"{', '.join(j.name for j in jobs)}"):
+            prepared = prepare_recsys(model) if rec else prepare(model, seq_len=seq_len)
+    except SpecError as exc:  # "seq_len: ..." -> "jobs[2].seq_len: ...", in the file's words
+        raise SpecError(f"{where}.{str(exc).replace('--seq-len ', 'seq_len: ')}") from None
     out = {}
     for job in jobs:
         training = TrainingSpec(global_batch=job.global_batch, seq_len=prepared.seq_len) \

@@ -84,7 +84,8 @@ def runs(ids: list[int]) -> list[tuple[int, int]]:
 
 
 def model_name(model: str) -> str:
-    """A short name for a MODEL: the zoo name, a config's folder, or the factory."""
-    if model.endswith("config.json"):
+    """A short name for a MODEL: the zoo name, the folder of a Hugging Face ``config.json``, the
+    name of any other config file (``gpt3_xl_config.json``), or the factory."""
+    if os.path.basename(model) == "config.json":
         return os.path.basename(os.path.dirname(os.path.abspath(model))) or model
     return os.path.basename(model)

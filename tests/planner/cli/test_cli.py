@@ -306,6 +306,22 @@ def test_profile_refuses_more_cpu_processes_than_plan_run_starts(capsys, tmp_pat
     assert not (tmp_path / "c.json").exists()
 
 
+def test_profile_names_the_dtype_it_measured_in_the_command_it_suggests(capsys, tmp_path,
+                                                                         monkeypatch):
+    """A new-user check ran the suggested `plan solve ... --calibration calib.json` on a CPU
+    profile: bf16, which the calibrated CPU was not measured in, refused (exit 2)."""
+    from planner.profile import device
+
+    calib = {"device_name": "cpu", "device": {"peak_TFLOPs": {"fp32": 0.2},
+                                              "hbm_GBps": 20.0, "kernel_overhead_us": 5.0}}
+    monkeypatch.setattr(device, "profile", lambda *a, **k: calib)
+    code, out, _ = run(capsys, "profile", "--processes", "1", "-o", str(tmp_path / "c.json"))
+    assert code == 0 and f"--calibration {tmp_path / 'c.json'} --dtype fp32`" in out
+    calib["device"]["peak_TFLOPs"]["bf16"] = 0.1
+    code, out, _ = run(capsys, "profile", "--processes", "1", "-o", str(tmp_path / "c.json"))
+    assert code == 0 and f"--calibration {tmp_path / 'c.json'}`" in out
+
+
 def test_a_review_of_show_simulate_diff_and_run(capsys, tmp_path):
     """From a new user's check: a schedule that does not fit exits 3 after its comparison; --why
     refusals name --why (why:, not fix:); a calibration given as a plan is named as one; small

@@ -342,6 +342,17 @@ def test_plan_jobs_command_then_replan(tmp_path, capsys, tiny_gpt2_config, tiny_
         assert after[j["name"]]["state"] == "running"
     assert all(j["start_s"] >= now for j in doc2["jobs"] if j["state"] == "scheduled")
     assert all(j["plan"]["cluster"]["num_gpus"] == j["gpus"] for j in doc2["jobs"])
+    # the objective is the schedule's own unless --objective says another (a new-user check:
+    # a weighted schedule re-planned by makespan, nothing said)
+    weighted = json.loads(out.read_text())
+    weighted["objective"] = "weighted"
+    out.write_text(json.dumps(weighted))
+    assert main(["jobs", "--replan", str(out), "--done", first["name"], "--now", str(now),
+                 "-o", str(out2)]) == 0
+    assert json.loads(out2.read_text())["objective"] == "weighted"
+    assert main(["jobs", "--replan", str(out), "--done", first["name"], "--now", str(now),
+                 "--objective", "makespan", "-o", str(out2)]) == 0
+    assert json.loads(out2.read_text())["objective"] == "makespan"
 
 
 def test_plan_jobs_errors_are_one_line(capsys, tmp_path):
@@ -353,6 +364,13 @@ def test_plan_jobs_errors_are_one_line(capsys, tmp_path):
     assert "jobs[0].global_batch: missing" in capsys.readouterr().err
     assert main(["jobs", "--replan", str(tmp_path / "none.json"), "--now", "5"]) == 2
     assert "not found" in capsys.readouterr().err
+    # a job's model that cannot take its seq_len: named by the job, in the file's words
+    jobs.write_text("jobs:\n  - {name: a, model: gpt2, global_batch: 8, seq_len: 128, steps: 10}"
+                    "\n  - {name: b, model: gpt2, global_batch: 8, seq_len: 99999, steps: 10}\n")
+    assert main(["jobs", str(jobs), "--cluster", "dgx-a100-80g", "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "plan: error: jobs[1].seq_len: 99999 exceeds gpt2's learned positions" in err, err
+    assert "--seq-len" not in err and "use seq_len: 1024 or less" in err
 
 
 def test_plan_jobs_refuses_a_cluster_with_groups_or_sites(capsys, tmp_path):

@@ -97,9 +97,9 @@ def test_a_site_alone_drops_the_pins_the_gpu_count_sizes_and_keeps_the_groups_ru
 def test_why_not_re_plans_a_plan_over_sites_from_its_file(prepared, tmp_path):
     """plan show --why was refused on every cluster of groups or sites: the plan did not keep
     the cluster in full. It keeps the form its file had, and the why re-plans over the sites."""
+    from planner.errors import SpecError
     from planner.explore.whynot import why_not
     from planner.planfile.document import load_plan
-    from planner.report.why import why
 
     hc = regions([{"between": ["a", "b"], "bandwidth": "10Gbps", "latency": "5ms"}])
     training = TrainingSpec(global_batch=64, seq_len=256)
@@ -116,8 +116,10 @@ def test_why_not_re_plans_a_plan_over_sites_from_its_file(prepared, tmp_path):
     assert [st["group"] for st in answer.variant.stages]  # planned over the sites again
     same = why_not(plan, {"zero": plan.parallel["zero"]})
     assert same.variant.step_time_s == pytest.approx(plan.step_time_s, rel=1e-5)
-    refused = why_not(plan, {"tp": 8})  # more than a site holds
-    assert not refused.feasible and "ruled out by the rules: tp does not divide" in why(plan, refused)
+    # more than a site holds: bad input, named as --why gave it (exit 2), as plan solve --fix
+    # names it (a new-user check: it read "no plan fits", exit 3)
+    with pytest.raises(SpecError, match="why.tp: 8 does not divide the 4 GPUs of each group"):
+        why_not(plan, {"tp": 8})
 
 
 def test_plan_diff_names_a_change_of_the_links_between_sites(prepared):
