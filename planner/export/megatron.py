@@ -347,7 +347,11 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                        "moe_shared_overlap=false")
         return out, overlap
     ledger.exact("moe_shared_overlap")
-    if s["moe_shared_overlap"] and plan.parallel.get("ep", 1) > 1:
+    facts = moe.model(plan)
+    if s["moe_shared_overlap"] and facts.known_from and not facts.shared:
+        ledger.info(f"moe_shared_overlap: {plan.model['name']} has no shared expert, so the "
+                    "export leaves --moe-shared-expert-overlap out (it changes nothing)")
+    elif s["moe_shared_overlap"] and plan.parallel.get("ep", 1) > 1:
         out.append((["--moe-shared-expert-overlap"],
                     "the shared expert beside the dispatch and combine (with your model's "
                     "--moe-shared-expert-intermediate-size)"))
@@ -384,6 +388,13 @@ def _grouped_gemm(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> G
         ledger.nearest("moe_grouped_gemm", f"grouped GEMM of the experts with dtype {dtype}: "
                        "core_v0.14.0's validate_args allows --moe-grouped-gemm with --bf16 only; "
                        "the local experts run one GEMM each (more launches than planned)")
+        return []
+    if version == "core_v0.14.0" and moe.model(plan).expert_bias:
+        ledger.nearest("moe_grouped_gemm", f"grouped GEMM of {plan.model['name']}'s experts, "
+                       "which have biases: core_v0.14.0's GroupedMLP and TEGroupedMLP assert "
+                       "add_bias_linear is off (moe/experts.py), so the export leaves "
+                       "--moe-grouped-gemm out and the local experts run one GEMM each "
+                       "(SequentialMLP: more launches than planned)")
         return []
     ledger.exact("moe_grouped_gemm")
     return [(["--moe-grouped-gemm"], "the local experts as one grouped GEMM")]

@@ -82,7 +82,8 @@ def model(plan: Plan) -> Model:
     return Model(moe=bool(routed) or spread, experts=routed,
                  top_k=int(top_k) if routed and top_k else None,
                  groups=(groups, kept) if routed and 0 < kept < groups else None,
-                 shared=int(cfg.get("n_shared_experts", 0) or 0), model_type=model_type,
+                 shared=int(cfg.get("n_shared_experts", 0) or 0) or  # (Qwen2-MoE: one, sized)
+                 int(bool(cfg.get("shared_expert_intermediate_size"))), model_type=model_type,
                  mla=bool(cfg.get("kv_lora_rank")), sliding_window=int(cfg.get("sliding_window")
                                                                        or 0),
                  expert_bias=model_type in EXPERT_BIAS, sinks=model_type in SINKS,

@@ -45,6 +45,11 @@ FP8 = {"current": ("quantize.linear.float8", "tensorwise"),
 """Plan FP8 recipe -> torchtitan 0.2.2 converter and its recipe_name (torchao's float8 training
 scales tensorwise from the current amax and has no delayed scaling; MXFP8 is its mx converter)."""
 
+CONFIG_FP8 = {"llama3_405b": "rowwise"}
+"""torchtitan 0.3.0 config functions that convert the model's Linears to FP8 themselves (all but
+lm_head; Float8LinearConverter, whose recipe defaults to rowwise scaling): torchtitan/models/
+llama3/config_registry.py and components/quantization/float8.py of the 0.3.0 wheel."""
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -345,6 +350,10 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger,
     out = [Setting("parallelism", "expert_parallel_degree", ep,
                    (f"{words} over ep {ep} ranks (folded over dp_shard x cp x tp); "
                     f"{moe.imbalance_words(plan)}",))]
+    if version != "0.2.2" and ep > 1 and p["pp"] == 1:  # (with a pipeline: _pipeline's)
+        out.append(Setting("training", "disable_cuda_graphs", True, (
+            "torchtitan 0.3.0 refuses CUDA graphs with its all-to-all expert dispatch "
+            "(TrainerConfig._validate_cuda_graphs)",)))
     if version == "0.2.2" and ep == 1 and p["tp"] > 1 and etp != p["tp"]:
         raising["etp"] = (p["tp"], f"experts' matrices split over tp={p['tp']}")
         ledger.nearest("etp", f"etp={etp} with ep=1: torchtitan {version} splits the experts' "
@@ -563,9 +572,22 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
 def _fp8(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
     """FP8 GEMMs: 0.2.2 converts the Linears with a model converter; 0.3.0 sets converters in the
     Python config function (its model spec is not a command-line option)."""
+    config = names.torchtitan_config(plan) if version != "0.2.2" else None
+    if config in CONFIG_FP8 and plan.training["dtype"] != "fp8":
+        ledger.nearest("dtype", f"dtype {plan.training['dtype']}: torchtitan {version}'s {config} "
+                       "config function converts every Linear but lm_head to FP8 "
+                       f"(Float8LinearConverter, {CONFIG_FP8[config]} scaling): these settings "
+                       "train in FP8 where the plan is not (faster GEMMs than planned, other "
+                       "numerics); give a config function of your own without the converter to "
+                       "train as planned")
     if plan.training["dtype"] != "fp8":
         return []
     recipe = plan.training.get("engine", {}).get("fp8_recipe", "current")
+    if config in CONFIG_FP8:
+        ledger.nearest("dtype", f"dtype fp8 ({recipe} scaling): torchtitan {version}'s {config} "
+                       "config function converts every Linear but lm_head to FP8 itself, with "
+                       f"{CONFIG_FP8[config]} scaling (Float8LinearConverter's default recipe)")
+        return []
     if version != "0.2.2":
         ledger.missing("dtype", "dtype fp8: torchtitan 0.3.0 converts Linears to FP8 in the "
                        "config function (model_registry(..., converters=[Float8LinearConverter."

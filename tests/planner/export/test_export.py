@@ -839,6 +839,36 @@ def test_torchtitan_expresses_context_and_expert_parallelism(notes):
                               "0.3.0")
     assert settings["parallelism.expert_parallel_degree"] == 8
     assert "parallelism.expert_tensor_parallel_degree" not in settings  # 0.3.0 has none
+    # 0.3.0's trainer refuses CUDA graphs with its all-to-all dispatch, pipeline or not (a
+    # check of the exports with torchtitan's own parser)
+    assert settings["training.disable_cuda_graphs"] is True
+
+
+def test_engine_checks_of_the_exports_outside_the_default_releases(notes):
+    """A check of the exports with the engines' own parsers: torchtitan 0.3.0's llama3_405b
+    config function converts the Linears to FP8 itself (a bf16 plan trained in FP8, nothing
+    said); core_v0.14.0 asserts no grouped GEMM for experts with biases (gpt-oss); a shared
+    expert overlap for a model without shared experts is left out."""
+    p405 = dataclasses.replace(data_plan("llama3-70b-pp4-torchtitan"),
+                               model={**data_plan("llama3-70b-pp4-torchtitan").model,
+                                      "spec": "llama3-405b"})
+    notes.clear()
+    to_torchtitan(p405, "0.3.0")
+    assert [n for n in notes if "llama3_405b config function converts every Linear" in n]
+    notes.clear()
+    to_torchtitan(p405)  # (0.2.2 picks the model by name and flavor: no converter of its own)
+    assert not [n for n in notes if "converts every Linear" in n]
+    oss = dataclasses.replace(data_plan("mixtral-8x7b-ep8-megatron"),
+                              model={**data_plan("mixtral-8x7b-ep8-megatron").model,
+                                     "spec": "gpt-oss-120b"})
+    old = to_megatron(oss, "core_v0.14.0")
+    assert "--moe-grouped-gemm" not in bash_args(old, "MEGATRON_PARALLEL_ARGS")
+    assert "--moe-grouped-gemm" in bash_args(to_megatron(oss), "MEGATRON_PARALLEL_ARGS")
+    qwen = engine_settings(data_plan("qwen3-30b-a3b-ep8-capacity-megatron"),
+                           moe_shared_overlap=True, moe_dispatcher="alltoall")
+    assert "--moe-shared-expert-overlap" not in bash_args(to_megatron(qwen),
+                                                          "MEGATRON_PARALLEL_ARGS")
+    assert [n for n in notes if "has no shared expert" in n]
 
 
 def test_torchtitan_runs_a_nearby_exchange_and_re_checks_the_memory(notes, monkeypatch):
