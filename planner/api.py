@@ -581,7 +581,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
                                cluster.num_gpus)
         for kind, text in replicas.verdicts(replica_rows, result.best.step_time_s, rows):
             if kind == "faster" and pick is None and compare_groups:
-                log.warning("cluster: %s; %s", text, replicas.HOW)
+                log.warning("cluster: %s; %s", text, replicas.how(replica_rows, cluster.num_gpus))
     near = _nearest_engine(prepared, cluster, training, options, result) \
         if nearest_engine else None
     over = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,

@@ -121,7 +121,8 @@ def _alone(p: Plan) -> list[str]:
     for _, line in verdicts:
         lines += wrap(f"  replicas    {line}", indent=" " * 14)
     if any(kind not in ("unfit", "chosen") for kind, _ in verdicts):
-        lines += wrap(f"              ({replicas.HOW})", indent=" " * 15)
+        how = replicas.how(p.search["sites_replicas"], p.cluster["num_gpus"])
+        lines += wrap(f"              ({how})", indent=" " * 15)
     return [*lines, ""]
 
 

@@ -255,11 +255,17 @@ def verdicts(rows: list[dict], step_s: float,
     return out
 
 
-HOW = ("plan solve --across-sites replicas emits it where it runs on every GPU of the cluster "
-       "(sites of one kind) with whole replicas on each site: one site's plan on each site, "
-       "data-parallel degree times the number of sites, the gradients reduced inside each site "
-       "and all-reduced across them (HSDP's replicate degree, Megatron-LM's "
-       "--num-distributed-optimizer-instances), the ranks numbered site after site; the "
-       "all-reduce across sites is priced in a ring over their links, beside the last "
-       "micro-batch's backward")
-"""What a row of sites_replicas that was not emitted takes to run, said once under the rows."""
+def how(rows: list[dict], gpus: int) -> str:
+    """What a row of sites_replicas that was not emitted takes to run, said once under the rows
+    (``gpus``: the cluster's)."""
+    priced = ("the all-reduce across sites is priced in a ring over their links, beside the last "
+              "micro-batch's backward")
+    if not any(r["gpus"] == gpus for r in rows):
+        return ("not planned: these sites are some of the cluster's, and data parallelism across "
+                "sites of different kinds, or across some sites while the others idle, is not "
+                f"planned; {priced}")
+    return ("plan solve --across-sites replicas emits it: one site's plan on each site, its "
+            "data-parallel degree times the number of sites, the gradients reduced inside each "
+            "site and all-reduced across them (HSDP's replicate degree, Megatron-LM's "
+            "--num-distributed-optimizer-instances), the ranks numbered site after site; "
+            + priced)
