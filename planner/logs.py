@@ -3,6 +3,7 @@ the message alone (the ``plan`` command, and the processes it starts that report
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
@@ -16,3 +17,33 @@ def to_stderr(level: int) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+@contextlib.contextmanager
+def collected_warnings():
+    """The warnings the planner's loggers give inside the block, as a list of messages, taken
+    from the handlers that would show them (the planner's and the root's; without any, from
+    logging's last resort)."""
+    said: list[str] = []
+
+    def shown(record) -> bool:  # a warning goes to the list instead
+        return not (logging.WARNING <= record.levelno < logging.ERROR
+                    and record.name.startswith("planner"))
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if not shown(record):
+                said.append(record.getMessage())
+
+    planner_log = logging.getLogger("planner")
+    others = planner_log.handlers + logging.getLogger().handlers
+    collect = Collect(level=logging.WARNING)
+    for h in others:
+        h.addFilter(shown)
+    planner_log.addHandler(collect)
+    try:
+        yield said
+    finally:
+        planner_log.removeHandler(collect)
+        for h in others:
+            h.removeFilter(shown)

@@ -11,7 +11,6 @@ number of workers. A point where nothing fits, or whose settings contradict each
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
 import os
@@ -32,6 +31,7 @@ from planner.explore.costs import (add_costs, check_tokens, gpus_by_device, pars
 from planner.explore.grid import (ENGINE_KEYS, TABLE_KEYS, UNITS, expand, point_cluster,
                                   point_engine, sharding_type)
 from planner.inputs.clusters import load_cluster
+from planner.logs import collected_warnings
 from planner.search.feasibility import cluster_pin_problem
 from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix
 from planner.planfile.breakdown import BREAKDOWN_WORDS
@@ -383,7 +383,7 @@ def plan_point(task: _Task, prepared) -> dict:
     logs are kept in the row (``warnings``), not logged: the sweep says each once
     (_say_warnings), however many points give it."""
     task = replace(task, training=replace(task.training, seq_len=prepared.seq_len))
-    with _collected_warnings() as said:
+    with collected_warnings() as said:
         try:
             plan = api.plan_prepared(prepared, task.cluster, task.training, task.options,
                                      compare_groups=False)
@@ -395,36 +395,6 @@ def plan_point(task: _Task, prepared) -> dict:
             row = _row(task, plan, "")
     row["warnings"] = " | ".join(dict.fromkeys(said)) or None
     return row
-
-
-@contextlib.contextmanager
-def _collected_warnings():
-    """The warnings the planner's loggers give inside the block, as a list of messages, taken
-    from the handlers that would show them (the planner's and the root's; without any, from
-    logging's last resort)."""
-    said: list[str] = []
-
-    def shown(record) -> bool:  # a warning goes to the list instead
-        return not (logging.WARNING <= record.levelno < logging.ERROR
-                    and record.name.startswith("planner"))
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            if not shown(record):
-                said.append(record.getMessage())
-
-    planner_log = logging.getLogger("planner")
-    others = planner_log.handlers + logging.getLogger().handlers
-    collect = Collect(level=logging.WARNING)
-    for h in others:
-        h.addFilter(shown)
-    planner_log.addHandler(collect)
-    try:
-        yield said
-    finally:
-        planner_log.removeHandler(collect)
-        for h in others:
-            h.removeFilter(shown)
 
 
 def _say_warnings(rows: list[dict]) -> None:
@@ -466,6 +436,7 @@ def _row(task: _Task, plan, reason: str) -> dict:
         "routed_experts": plan.model.get("routed_experts") if plan else None,
     }
     row.update({k: plan.parallel.get(k) if plan else None for k in KNOBS})
+    row["dp_replicate"] = plan.parallel.get("dp_replicate", 1) if plan else None  # (across sites)
     row.update({k: plan.predicted[k] if plan else None for k in METRIC_KEYS})
     row["device_memory_bytes"] = summary.get("device_memory_bytes")
     row.update({k: plan.predicted["breakdown"].get(k, 0.0) if plan else None

@@ -20,6 +20,7 @@ from costmodels.topology import Cluster, with_overrides
 from planner.api import (plan_prepared, plan_rec_prepared, prepare, prepare_recsys,
                          recsys_model)
 from planner.errors import PlannerError, SpecError
+from planner.logs import collected_warnings
 from planner.jobs.spec import JobSpec, JobsSpec
 from planner.options import SearchOptions, TrainingSpec
 from planner.solve.job_schedule import candidate_counts
@@ -102,14 +103,14 @@ def model_tables(model: str, seq_len: int | None, jobs: list[JobSpec], cluster: 
     for job in jobs:
         training = TrainingSpec(global_batch=job.global_batch, seq_len=prepared.seq_len) \
             if not rec else TrainingSpec(global_batch=job.global_batch, seq_len=1, dtype="fp32")
-        rows, why = [], ""
+        rows, why, said = [], "", {}
         for g in counts:
             sized = resized(cluster, g)
             try:
                 if rec and job.global_batch % g:
                     raise SpecError(f"global batch {job.global_batch} does not divide over {g} "
                                     "GPUs")
-                with warnings_named(f"job {job.name} on {g} GPUs"):
+                with collected_warnings() as said[g]:
                     p = (plan_rec_prepared(prepared, sized, training) if rec else
                          plan_prepared(prepared, sized, training, search))
             except PlannerError as exc:
@@ -125,8 +126,24 @@ def model_tables(model: str, seq_len: int | None, jobs: list[JobSpec], cluster: 
         if not rows:  # say why on the most GPUs the job could have had
             log.warning("job %s fits on no GPU count of %s (%s)", job.name, cluster.name,
                         why or "no counts")
+        _say_once(job.name, said)
         out[job.name] = rows
     return out
+
+
+def _say_once(job: str, said: dict[int, list[str]]) -> None:
+    """The warnings planning ``job`` gave on each GPU count (``said``), one per field they name
+    (a batch that does not split over dp on 8, 16 and 32 GPUs is one warning): the most GPUs'
+    words, and the other counts that gave it."""
+    by_field: dict[str, list[tuple[int, str]]] = {}
+    for g, texts in said.items():
+        for text in dict.fromkeys(texts):
+            by_field.setdefault(text.partition(":")[0], []).append((g, text))
+    for seen in by_field.values():
+        g, text = max(seen)
+        others = sorted(c for c, _ in seen if c != g)
+        log.warning("job %s on %d GPUs: %s%s", job, g, text,
+                    f" (and alike on {', '.join(map(str, others))} GPUs)" if others else "")
 
 
 _WHO: contextvars.ContextVar[str | None] = contextvars.ContextVar("planner_jobs_who",

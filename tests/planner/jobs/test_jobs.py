@@ -520,3 +520,18 @@ def test_job_names_on_warnings_nest_and_end_with_their_block(caplog):
         log.warning("after")
     assert [r.getMessage() for r in caplog.records] == ["job a on 8 GPUs: inner x",
                                                         "job a: outer 100%", "after"]
+
+
+def test_a_jobs_warnings_on_many_gpu_counts_are_said_once_per_field(caplog):
+    """A new-user check: examples/jobs.yaml printed 21 warnings that a batch does not split over
+    dp, one per job and GPU count; now one per job and field, with the other counts named."""
+    from planner.jobs.tables import _say_once
+
+    with caplog.at_level(logging.WARNING, logger="planner"):
+        _say_once("a", {8: ["training.global_batch: 8 samples do not split over dp=16 (8)"],
+                        16: ["training.global_batch: 8 samples do not split over dp=16 (16)",
+                             "engine.moe_overlap: changes nothing"],
+                        32: ["training.global_batch: 8 samples do not split over dp=32"]})
+    assert [r.getMessage() for r in caplog.records] == [
+        "job a on 32 GPUs: training.global_batch: 8 samples do not split over dp=32 (and alike "
+        "on 8, 16 GPUs)", "job a on 16 GPUs: engine.moe_overlap: changes nothing"]
