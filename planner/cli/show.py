@@ -8,7 +8,7 @@ import sys
 from planner.errors import SpecError
 from planner.planfile.document import load_plan
 from planner.report.figure import check_path
-from planner.report.gantt import gantt
+from planner.report.gantt import gantt, rank_labels
 from planner.report.summary import summary, summary_dict
 from planner.report.why import why
 from planner.schedule.simulator import simulate_plan
@@ -63,6 +63,7 @@ def run(args) -> int:
     if args.gantt is not None:
         gantt(simulate_plan(drawn), args.gantt,
               title=f"{drawn.model['name']}: {drawn.parallel_summary}"
-              + (f" (--why {args.why})" if drawn is not plan else ""))
+              + (f" (--why {args.why})" if drawn is not plan else ""),
+              labels=rank_labels(drawn))
         print(f"\nwrote {args.gantt}")
     return code

@@ -16,7 +16,7 @@ from planner.cli.args import positive_int
 from planner.errors import SpecError
 from planner.planfile.document import load_plan
 from planner.report.figure import check_path
-from planner.report.gantt import gantt
+from planner.report.gantt import gantt, rank_labels
 from planner.report.simulation import comparison, rank_memory
 from planner.schedule.builders import BUILDERS
 from planner.schedule.simulator import simulate_plan
@@ -60,7 +60,7 @@ def run(args) -> int:
     if args.gantt is not None:
         new_v = f" x{args.vpp}" if args.vpp and args.vpp > 1 else ""
         gantt(other, args.gantt, title=f"{plan.model.get('name', 'model')}: "
-              f"{args.schedule}{new_v}, pp={plan.parallel['pp']}")
+              f"{args.schedule}{new_v}, pp={plan.parallel['pp']}", labels=rank_labels(plan))
         print(f"\nwrote {args.gantt}")
     if memory is not None and memory[2]:  # the schedule asked for does not fit: as solve, exit 3
         print(f"plan: no plan fits: {args.schedule} on {len(memory[2])} of the plan's "

@@ -48,15 +48,27 @@ def _width_in(sim: SimResult, dpi: int) -> float:
     return min(40.0, max(10.0, axes_px / dpi / AXES_WIDTH))
 
 
+def rank_labels(plan) -> list[str] | None:
+    """Row labels naming each pipeline rank's device group or site (``rank 0 (h100s)``) for a
+    plan over groups or sites; None for any other plan (``rank r``)."""
+    groups = {st.get("pipeline_rank", st["index"] % plan.parallel["pp"]): st["group"]
+              for st in plan.stages if st.get("group")}
+    if not groups:
+        return None
+    return [f"rank {r} ({groups[r]})" if r in groups else f"rank {r}"
+            for r in range(plan.parallel["pp"])]
+
+
 def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
-          width_in: float | None = None, dpi: int = 150):
+          width_in: float | None = None, dpi: int = 150, labels: list[str] | None = None):
     """Draw ``sim`` as a Gantt chart and write it to ``path`` (``.png`` or ``.svg``).
 
     One row per rank (rank 0 on top), one block per action coloured by kind (F/B/W), blank where
     the rank idles; a block shows its micro-batch number when wide enough to read. A rank's later
     virtual stages (interleaved) or its up-pipeline stage (bidirectional) are drawn lighter. The
     right margin gives each rank's idle share; the x axis is in seconds. Returns the matplotlib
-    Figure (one axes: time in data x, rank in data y)."""
+    Figure (one axes: time in data x, rank in data y). ``labels``: the rows' names (rank_labels)
+    in place of ``rank r``."""
     check_path(path, "gantt")
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only for pictures
     from matplotlib.figure import Figure  # lazy: matplotlib only for pictures
@@ -88,7 +100,8 @@ def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
     for r in range(ranks):
         ax.text(1.005, r, f"idle {sim.idle_s[r] / step:.0%}" if step else "", va="center",
                 fontsize=8, transform=ax.get_yaxis_transform())
-    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
+    ax.set_yticks(range(ranks), labels if labels and len(labels) == ranks else
+                  [f"rank {r}" for r in range(ranks)])
     ax.set_xlabel("time (s)")
     ax.grid(axis="x", color="#dddddd", linewidth=0.5)
     ax.set_axisbelow(True)

@@ -63,10 +63,13 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
                      "optimizer state (counted in its peak memory)")
     if memory is not None and memory[2]:
         worst = max(memory[2], key=lambda o: o[1] - o[2])
+        rest = [o for o in memory[2] if o is not worst]  # each against its own GPU (groups)
         lines.append(f"does not fit: {schedule}{new_v} needs {gb(worst[1])} on pipeline rank "
                      f"{worst[0]}, more than the {gb(worst[2])} a plan may use of its GPU"
-                     + (f" (and on {len(memory[2]) - 1} more rank"
-                        f"{'s' if len(memory[2]) > 2 else ''})" if len(memory[2]) > 1 else "")
+                     + (f" (and pipeline rank{'s' if len(rest) > 1 else ''} "
+                        + ", ".join(f"{r}: {gb(need)} of {gb(cap)}" for r, need, cap in rest[:4])
+                        + (f" and {len(rest) - 4} more" if len(rest) > 4 else "") + ")"
+                        if rest else "")
                      + "; fewer micro-batches in flight, recomputation or a higher ZeRO stage "
                      "would be needed (plan solve --fix schedule=... finds one that fits)")
     return "\n".join(lines)

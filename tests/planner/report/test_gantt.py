@@ -67,3 +67,18 @@ def test_default_width_leaves_room_for_the_widest_micro_batch_number(name, p, m)
     px = shortest / sim.step_time_s * width * plots.AXES_WIDTH * dpi
     assert px >= plots._label_px(str(m - 1), dpi)
     assert 10 <= width <= 40
+
+
+def test_rows_name_each_ranks_group_on_a_plan_over_groups(tmp_path):
+    """A new-user check: a plan over an H100 and an A100 group drew rows `rank 0`, `rank 1`."""
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(parallel={"pp": 2}, stages=[
+        {"index": 0, "pipeline_rank": 0, "group": "h100s"},
+        {"index": 1, "pipeline_rank": 1, "group": "a100s"}])
+    labels = plots.rank_labels(plan)
+    assert labels == ["rank 0 (h100s)", "rank 1 (a100s)"]
+    fig = plots.gantt(sim_of("1f1b", p=2, m=4), str(tmp_path / "g.png"), labels=labels)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == labels
+    plain = SimpleNamespace(parallel={"pp": 2}, stages=[{"index": 0}, {"index": 1}])
+    assert plots.rank_labels(plain) is None

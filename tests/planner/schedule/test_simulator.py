@@ -13,6 +13,7 @@ from planner.planfile.document import load_plan
 from planner.report.simulation import rank_memory
 from planner.schedule import as_text
 from planner.schedule.builders import build as build_actions
+from planner.units import gb
 from planner.schedule.simulator import plan_inputs, simulate, simulate_plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -317,7 +318,14 @@ def test_plan_simulate_says_when_the_other_schedule_does_not_fit(capsys):
     assert rank_memory(plan, own, own, twice=True)[1] == pytest.approx(
         max(mem[r]["total"] + states[own.ranks - 1 - r] for r in range(own.ranks)))
     assert main(["simulate", GOLDEN, "--schedule", "gpipe"]) == 3  # (no plan fits: exit 3)
-    assert "does not fit: gpipe needs" in capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
+    assert "does not fit: gpipe needs" in out
+    # the other ranks over their GPU, each against its own (a new-user check read "(and on 1
+    # more rank)" as over the first rank's 75 GB, where the other was a 40 GB A100)
+    worst = max(over, key=lambda o: o[1] - o[2])
+    rest = [o for o in over if o is not worst]
+    r, need, cap = rest[0]  # (the golden plan: four ranks over)
+    assert f"pipeline ranks {r}: {gb(need)} of {gb(cap)}" in out
 
 
 def test_1f1b_rank_by_rank_form_is_at_or_below_its_simulation_and_close():
