@@ -48,6 +48,8 @@ def register(add) -> None:
     w.add_argument("--tokens", type=positive_float,
                    help="the days to train on this many tokens (with prices, the cost too), e.g. 1e12")
     w.add_argument("--time-limit", type=positive_float, help="seconds of search per point")
+    w.add_argument("--calibration", help="calibration JSON from `plan profile`: every point "
+                                         "priced with the measured speeds (one device type)")
     w.add_argument("--target", default="any", choices=TARGETS,
                    help="the engine every point is planned for, as for `plan solve --target` "
                         "(default any)")
@@ -76,6 +78,7 @@ def run(args) -> int:
                             prices=parse_prices(args.price_per_gpu_hour) or None,
                             tokens=args.tokens, time_limit_s=args.time_limit,
                             workers=args.workers, target=args.target,
+                            calibration=args.calibration,
                             progress=Bar(args.quiet, label="sweeping", unit=" points"))
     logging.getLogger("planner").info("swept %d points in %.1f s, traces included", len(rows),
                                       time.perf_counter() - t0)

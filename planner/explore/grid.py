@@ -15,6 +15,7 @@ from costmodels.linkunits import parse_bandwidth
 from costmodels.sites import with_site_bandwidth
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
+from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
 from planner.options import DTYPES, FIX_KEYS, OPTIMIZERS, parse_fix
 
@@ -156,6 +157,8 @@ def point_cluster(s: Mapping) -> Cluster | HeteroCluster:
                             "node; vary inter_node_bandwidth for the link between its nodes")
         cl = with_site_bandwidth(cl, parse_bandwidth(s["inter_region_bandwidth"],
                                                      "vary.inter_region_bandwidth"))
+    if isinstance(cl, HeteroCluster) and s.get("calibration") is not None:
+        raise SpecError("calibration: applies to one device type; not to a cluster with groups")
     if isinstance(cl, HeteroCluster):
         given = [f"{k}={s[k]}" for k in ("nodes", "gpus_per_node") if s[k]] + changes
         if given:
@@ -165,6 +168,11 @@ def point_cluster(s: Mapping) -> Cluster | HeteroCluster:
                             "(--vary cluster=a.yaml,b.yaml)")
         return cl
     cl = load_cluster(cl, nodes=s["nodes"], gpus_per_node=s["gpus_per_node"])
+    if s.get("calibration") is not None:  # measured figures, before a varied link replaces one
+        if "device" in s:
+            raise SpecError("vary.device: a calibration measures one device; vary the device "
+                            "without --calibration, or leave device out of --vary")
+        cl = apply_calibration(cl, s["calibration"])
     if "device" in s:
         cl = replace(cl, device=get_device(s["device"], "vary.device"))
     for key, tier in (("inter_node_bandwidth", "inter_node"),

@@ -80,7 +80,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
            tokens: float | None = None, top_k: int = SearchOptions().top_k,
            time_limit_s: float | None = None,
            engine=None, example_inputs=None, workers: int | None = None,
-           target: str = "any",
+           target: str = "any", calibration=None,
            progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Plan ``model`` at every point of the grid ``vary`` spans; one row per point, in grid order.
 
@@ -90,7 +90,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     given there and varied too is refused (SpecError). ``prices``
     maps device names (or unique prefixes, ``a100``) to dollars per GPU-hour and adds cost
     columns; ``tokens`` adds the hours to train on that many tokens (and with prices, the
-    dollars)."""
+    dollars); ``calibration`` (plan profile's file or mapping) replaces every point's device
+    figures with the measured ones, as planner.plan's does."""
     model = fspath_or_same(model)  # (a cluster Path stays one: load_cluster reads it as a file)
     grid = expand(vary)
     recsys = api.recsys_model(model)
@@ -125,7 +126,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
             "optimizer": optimizer or "adam", "fix": fixed, "tables": tables,
             "engine": target_engine(engine, target) if not recsys else engine_spec(engine),
-            "top_k": top_k, "time_limit_s": time_limit_s, "target": target}
+            "top_k": top_k, "time_limit_s": time_limit_s, "target": target,
+            "calibration": fspath_or_same(calibration)}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row
     if "device" in vary:

@@ -88,6 +88,28 @@ def test_a_row_is_the_plan_solve_gives_at_that_point():
     assert row["schedule"] == p.parallel["schedule"]
 
 
+def test_a_sweep_with_a_calibration_prices_each_point_as_plan_solve_does(tiny_llama_config):
+    """A new-user check: plan profile's calibration went into plan solve only (whatif had no
+    --calibration): each point's device is the measured one, refused with a varied device."""
+    calib = {"schema": "planner.calibration/v1", "device_kind": "cpu", "device_name": "test",
+             "threads": 1,
+             "device": {"peak_TFLOPs": {"fp32": 0.1}, "hbm_GBps": 10.0, "kernel_overhead_us": 5.0,
+                        "attention_efficiency": {"fp32": 0.5},
+                        "gemm_table": {"fp32": [[1e6, 2e10], [1e9, 1e11]]}}}
+    kw = dict(global_batch=8, seq_len=64, dtype="fp32")
+    rows = explore.whatif(tiny_llama_config, cluster="cpu", vary={"gpus_per_node": [1, 2]},
+                          calibration=calib, workers=1, **kw)
+    for row in rows:
+        p = planner.plan(tiny_llama_config, cluster="cpu", gpus_per_node=row["gpus"],
+                         calibration=calib, **kw)
+        plain = planner.plan(tiny_llama_config, cluster="cpu", gpus_per_node=row["gpus"], **kw)
+        assert row["step_time_s"] == pytest.approx(p.step_time_s, rel=1e-9)
+        assert row["step_time_s"] != pytest.approx(plain.step_time_s, rel=1e-3)
+    with pytest.raises(SpecError, match="vary.device: a calibration measures one device"):
+        explore.whatif(tiny_llama_config, cluster="cpu", vary={"device": ["cpu", "a100-80g"]},
+                       calibration=calib, workers=1, **kw)
+
+
 def test_a_sweep_for_a_target_plans_each_point_as_plan_solve_does_for_it():
     """--target: each point keeps to the engine's rules and software, as `plan solve --target`
     (a new-user check compared a what-if's ZeRO-3 with a pipeline, which Megatron-LM does not run,
