@@ -25,7 +25,7 @@ from planner.search import placement
 from planner.search.costs import (BlockCosts, ModelArrays, block_costs, capacity_bytes,
                                   fsdp_pipelined, stage_memory)
 from planner.search.dp_traffic import DataParallelBytes, exposed_dp_s
-from planner.search.pricing import Estimate, assemble, chunks, rank_memory
+from planner.search.pricing import Estimate, assemble, chunks, fp8_refresh_s, rank_memory
 from planner.solve.chain import partition, partition_staged
 from planner.solve.stage_groups import solve_hetero
 
@@ -266,7 +266,7 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
         sends[s + 1] += one_way * ma.work.runs_backward[bounds[s + 1] - 1]  # (its gradient)
         cuts.append(one_way)
     stages = chunks(cfg, bounds, ma, stitched, sends)
-    ranks = rank_memory(cfg, bounds, stages, ma, stitched, training)
+    ranks, held = rank_memory(cfg, bounds, stages, ma, stitched, training)
     dp_s = opt_s = 0.0
     traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
                                              layout=training.engine.state_layout)
@@ -282,9 +282,10 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
                                       frozen=st.frozen_params,
                                       forward_only=st.forward_only_params))
         shard = cfg.dp if cfg.zero >= 1 else 1
+        refresh = fp8_refresh_s(held, training, group.device)[st.rank]  # (one stage a rank)
         opt_s = max(opt_s, compute.optimizer_step_s((st.params - st.frozen_params) / shard,
                                                     group.device,
-                                                    traffic_bytes_per_param=traffic))
+                                                    traffic_bytes_per_param=traffic) + refresh)
     est = assemble(lay, stages, ranks, dp_s, opt_s, ma, training, cuts)  # as laid out
     offsets = list(itertools.accumulate([0] + [g.num_gpus for g in hc.groups]))
     width = cfg.tp * cfg.dp

@@ -589,13 +589,15 @@ class RankMemory:
             st.frozen_params, st.forward_only_params = frozen[r], forward_only[r]
 
 
-def rank_memory(cfg: Config, bounds, stages, ma, costs, training: TrainingSpec) -> list[dict]:
-    """Per pipeline rank: memory by kind; also fills each chunk's params, in_flight, memory."""
+def rank_memory(cfg: Config, bounds, stages, ma, costs,
+                training: TrainingSpec) -> tuple[list[dict], RankMemory]:
+    """Per pipeline rank: memory by kind, and the RankMemory it came from; also fills each
+    chunk's params, in_flight, memory."""
     ranks = RankMemory(cfg, bounds, np.array([st.act_bytes for st in stages], dtype=float), ma,
                        costs, training)
     out = ranks.dicts()
     ranks.fill(stages, out)
-    return out
+    return out, ranks
 
 
 def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: TrainingSpec):
@@ -651,12 +653,9 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
 
 def _optimizer_s(cfg: Config, split: Split, device, training: TrainingSpec) -> float:
     """The optimizer update of the slowest rank, the FP8 weight copies' refresh included."""
-    states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                      zero=0, dp=1, layout=training.engine.state_layout)
     per = DataParallelBytes.of(training)
     traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
                                              layout=training.engine.state_layout)
-    refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in states else 0.0
     ranks = split.ranks
     # frozen parameters are not updated (nor, under fp8, their FP8 copies refreshed)
     params = ranks.params - ranks.frozen
@@ -676,10 +675,19 @@ def _optimizer_s(cfg: Config, split: Split, device, training: TrainingSpec) -> f
         step = compute.optimizer_step_s(params / shard, device,
                                         traffic_bytes_per_param=traffic,
                                         dtensor_params=ranks.dtensors)
-    # the FP8 copies of the layers' trained weights, refreshed after the update (none of the
-    # routed experts' where they stay 16-bit: EngineSpec.fp8_experts)
+    step = step + fp8_refresh_s(ranks, training, device)
+    return max(0.0, float(np.max(step)))
+
+
+def fp8_refresh_s(ranks: RankMemory, training: TrainingSpec, device) -> np.ndarray:
+    """Per pipeline rank: refreshing the FP8 copies of the layers' trained weights from the
+    16-bit ones after the optimizer update (none of the routed experts' where they stay 16-bit:
+    EngineSpec.fp8_experts), at ``device``'s memory bandwidth; zeros without FP8 copies."""
+    states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
+                                      zero=0, dp=1, layout=training.engine.state_layout)
+    if "fp8_weights" not in states:
+        return np.zeros_like(ranks.params)
     layers = (ranks.params - ranks.outer_params) - (ranks.frozen - ranks.outer_frozen)
     if not training.engine.fp8_experts:
-        layers = layers - expert_params
-    step = step + np.maximum(0.0, layers) * refresh_b / device.memory_bytes_per_s
-    return max(0.0, float(np.max(step)))
+        layers = layers - (ranks.expert_params - ranks.frozen_experts)
+    return np.maximum(0.0, layers) * precision.FP8_WEIGHT_REFRESH_BYTES / device.memory_bytes_per_s
