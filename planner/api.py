@@ -20,7 +20,7 @@ from costmodels import precision
 from costmodels.engine import EngineSpec
 from costmodels.topology import HeteroCluster
 from planner.emit import across_sites, emit, emit_tables
-from planner.errors import InfeasibleError, SpecError
+from planner.errors import InfeasibleError, PlannerError, SpecError
 from planner.files import fspath_or_same
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.modules import import_from_working_folder
@@ -282,8 +282,10 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     if across_sites != "auto" and not getattr(cl, "is_sites", False):
         raise SpecError(f"across_sites: {across_sites} applies to a cluster of sites (the sites "
                         "form of a cluster file); leave it out for this cluster")
-    if isinstance(cl, HeteroCluster):
+    if isinstance(cl, HeteroCluster) and (not cl.is_sites or across_sites == "pipeline"):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
+        # (on sites the replicas may honour them: plan_prepared tries those where the pipeline
+        # over the sites cannot)
     else:  # pins the cluster, batch or sequence cannot take: before tracing
         problem = cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch)
         length = seq_len or (zoo.seq_len if zoo else 0)
@@ -533,20 +535,29 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     settings.warn_unused_settings(prepared, training, dict(options.fix))
     if options.across_sites == "replicas":
         return _replicas_only(prepared, cluster, training, options, record_timing)
-    result = search(prepared.blocks, cluster, training, options, progress=progress)
-    aside, ruled = rejection_lines(result.rejected, most=4)
-    log.info("searched %d configuration%s in %.2f s (%s)", result.candidates,
-             "" if result.candidates == 1 else "s", result.time_s,
-             "; ".join(filter(None, (aside and f"set aside: {aside}",
-                                     ruled and f"{'others ' if result.candidates else ''}ruled "
-                                               f"out by the rules: {ruled}")))
-             or "none set aside")
-    if result.best is None:
-        ma = ModelArrays.from_blocks(prepared.blocks)
-        note = length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"))
-        raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
-                                                 result.rejected) + (f" ({note})" if note else ""),
-                              reason="no feasible plan")
+    try:
+        result = search(prepared.blocks, cluster, training, options, progress=progress)
+        aside, ruled = rejection_lines(result.rejected, most=4)
+        log.info("searched %d configuration%s in %.2f s (%s)", result.candidates,
+                 "" if result.candidates == 1 else "s", result.time_s,
+                 "; ".join(filter(None, (aside and f"set aside: {aside}",
+                                         ruled and f"{'others ' if result.candidates else ''}"
+                                                   f"ruled out by the rules: {ruled}")))
+                 or "none set aside")
+        if result.best is None:
+            _raise_infeasible(prepared, cluster, training, options, result)
+    except PlannerError as exc:
+        if not (getattr(cluster, "is_sites", False) and options.across_sites == "auto"):
+            raise
+        # a pin (or the memory) the pipeline over the sites cannot take: one site's plan on
+        # each, data parallel across them, may (a pinned dp counts every site's replicas)
+        try:
+            plan = _replicas_only(prepared, cluster, training, options, record_timing)
+        except PlannerError:
+            raise exc from None
+        log.warning("cluster: no pipeline over the sites (%s); data parallel across them "
+                    "instead", str(exc).splitlines()[0])
+        return plan
     for note in idle_pins(options.fix, result.best.config.cp, result.best.config.pp):
         log.warning("%s", note)
     best = result.best.config
@@ -564,10 +575,6 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         rows = alone.groups_alone(prepared.blocks, cluster, training, options,
                                   None if options.time_limit_s is None else
                                   options.time_limit_s - result.time_s)
-        kind, text = alone.verdict(rows, result.best.step_time_s, sites=cluster.is_sites,
-                                   kinds=len({g.device.name for g in cluster.groups}))
-        if kind == "faster":
-            log.warning("cluster: %s", text)
     if getattr(cluster, "is_sites", False) and (compare_groups or
                                                 options.across_sites == "auto"):
         # or one site's plan on each alike site, data parallel across them? (a what-if sweep,
@@ -582,6 +589,12 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         for kind, text in replicas.verdicts(replica_rows, result.best.step_time_s, rows):
             if kind == "faster" and pick is None and compare_groups:
                 log.warning("cluster: %s; %s", text, replicas.how(replica_rows, cluster.num_gpus))
+    if rows is not None:  # is one group alone faster than the plan emitted?
+        step = pick.row["step_time_s"] if pick is not None else result.best.step_time_s
+        kind, text = alone.verdict(rows, step, sites=cluster.is_sites,
+                                   kinds=len({g.device.name for g in cluster.groups}))
+        if kind == "faster":
+            log.warning("cluster: %s", text)
     near = _nearest_engine(prepared, cluster, training, options, result) \
         if nearest_engine else None
     over = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
@@ -595,6 +608,17 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
              pick.row["parallel"], pick.row["step_time_s"], over.step_time_s)
     return _replicas_plan(prepared, pick, cluster, training, options, over=over,
                           rows=replica_rows, alone_rows=rows, record_timing=record_timing)
+
+
+def _raise_infeasible(prepared: Prepared, cluster, training: TrainingSpec,
+                      options: SearchOptions, result) -> None:
+    """InfeasibleError (or SpecError, for pins no configuration honours) naming what the leanest
+    plan needs, for a search that found no plan."""
+    ma = ModelArrays.from_blocks(prepared.blocks)
+    note = length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"))
+    raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
+                                             result.rejected) + (f" ({note})" if note else ""),
+                          reason="no feasible plan")
 
 
 def _replicas_plan(prepared: Prepared, pick, cluster, training: TrainingSpec,
@@ -626,6 +650,10 @@ def _replicas_only(prepared: Prepared, cluster, training: TrainingSpec, options:
     pick = replicas.chosen(reps, math.inf, "replicas", cluster.num_gpus)
     log.info("plan: data parallel across %s (%s on each site), %.4g s a step",
              ", ".join(pick.row["sites"]), pick.row["parallel"], pick.row["step_time_s"])
+    kind, text = alone.verdict(alone_rows, pick.row["step_time_s"], sites=True,
+                               kinds=len({g.device.name for g in cluster.groups}))
+    if kind == "faster":
+        log.warning("cluster: %s", text)
     return _replicas_plan(prepared, pick, cluster, training, options, over=None,
                           rows=[r.row for r in reps], alone_rows=alone_rows,
                           record_timing=record_timing)

@@ -42,9 +42,10 @@ def run(args) -> int:
     if args.gantt is not None:
         check_path(args.gantt, "gantt")
     plan = load_plan(args.plan)
-    if plan.cluster.get("groups") and (args.schedule not in GROUP_SCHEDULES
-                                       or (args.vpp or 1) > 1):
-        # (its stages' times hold for one stage per rank: more chunks cross the slow links more)
+    if plan.cluster.get("groups") and plan.parallel.get("dp_replicate", 1) == 1 and (
+            args.schedule not in GROUP_SCHEDULES or (args.vpp or 1) > 1):
+        # (its stages' times hold for one stage per rank: more chunks cross the slow links more;
+        # data parallelism across sites keeps each pipeline inside a site, priced as one kind)
         raise SpecError(f"schedule: {args.schedule}{f' with vpp={args.vpp}' if args.vpp else ''} "
                         "is not priced on clusters of device groups or sites, whose stages keep "
                         f"one per rank; simulate {' or '.join(GROUP_SCHEDULES)}")

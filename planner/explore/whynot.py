@@ -14,7 +14,7 @@ from costmodels.engine import engine_from_mapping
 from costmodels.topology import CLUSTERS, HeteroCluster, cluster_from_mapping, get_cluster
 from planner import api, settings
 from planner.emit import emit
-from planner.errors import SpecError
+from planner.errors import PlannerError, SpecError
 from planner.inputs.clusters import load_cluster
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, idle_pins, parse_fix
 from planner.planfile.document import Plan
@@ -87,6 +87,8 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
         prepared, cluster, training, options = replan_inputs(plan, pins, model)
     except SpecError as err:  # a pin the plan's target refuses: named as the option gave it
         raise SpecError(_as_why(_for_show(str(err)), pins)) from None
+    if getattr(cluster, "is_sites", False):  # the pipeline over the sites, or data parallelism
+        return _over_sites(plan, pins, prepared, cluster, training, options)  # across them
     result = search(prepared.blocks, cluster, training, options)
     if result.best is not None:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
@@ -125,6 +127,25 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
         if st["predicted"]["memory_bytes"]["total"] > limits[0]]
     return WhyNot(pins=pins, variant=variant, feasible=False, message=message, notes=notes,
                   over=over, limits=limits)
+
+
+def _over_sites(plan: Plan, pins: dict, prepared, cluster, training: TrainingSpec,
+                options: SearchOptions) -> WhyNot:
+    """--why on a plan over sites: re-planned as plan solve plans sites (planner.api.plan_prepared:
+    the pipeline over the sites, or data parallelism across them where faster or where only it
+    takes the pins), with ``pins`` fixed."""
+    try:
+        variant = api.plan_prepared(prepared, cluster, training, options, compare_groups=False,
+                                    warn_default_engine=False)
+    except SpecError as err:  # a pin the rules refuse: bad input, named as --why gave it
+        raise SpecError(_as_why(_for_show(str(err)), pins)) from None
+    except PlannerError as err:  # nothing fits with the pins
+        return WhyNot(pins=pins, variant=None, feasible=False,
+                      message=str(err).splitlines()[0], notes=_lifted(plan, pins), over=[])
+    return WhyNot(pins=pins, variant=variant, feasible=True,
+                  notes=_kept(plan, pins) + _lifted(plan, pins)
+                  + idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
+                  + _untried(plan, variant, options), over=[])
 
 
 def _kept(plan: Plan, pins: dict) -> list[str]:

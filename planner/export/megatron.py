@@ -152,6 +152,13 @@ def _degrees(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     out += _placement(plan, ledger)
     common.site_stages(plan, ledger)
     k = common.replica_sites(plan, ledger)
+    if k > 1 and p["pp"] > 1 and not same_data_parallelism(
+            p["tp"], p.get("cp", 1), p.get("ep", 1), p.get("etp", 1), experts=moe.model(plan).moe):
+        raise SpecError(f"export {TARGET}: data parallel across {k} sites with a pipeline (pp="
+                        f"{p['pp']}) needs the replicas outermost (--use-tp-pp-dp-mapping), which "
+                        "Megatron-Core refuses unless ep x etp = tp x cp; its default order would "
+                        "put each pipeline across the sites; re-plan with "
+                        f"`{common.resolve_hint(plan, TARGET)}`")
     if k > 1 and p["zero"] >= 1:
         ledger.exact("dp_replicate")
         out.append((["--num-distributed-optimizer-instances", str(k)],

@@ -136,12 +136,22 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
         row: dict = {"sites": [cluster.groups[g].name for g in group], "gpus": k * site.num_gpus}
         t0 = time.perf_counter()
         share, result = training, None
-        fix = {**({"placement": REPLICA_PLACEMENT} if options.pp_inner else {}),
+        # a pipeline inside each site needs the replicas outermost (tp-pp-dp): where the target
+        # or a pin places them otherwise, each site runs without one
+        pipelined = options.pp_inner and options.fix.get("placement",
+                                                         REPLICA_PLACEMENT) == REPLICA_PLACEMENT
+        fix = {**({"placement": REPLICA_PLACEMENT} if pipelined else {"pp": 1}),
                **{key: v for key, v in options.fix.items() if key != "dp"}}
         if "dp" in options.fix and int(options.fix["dp"]) % k == 0:  # the pinned replicas, over
             fix["dp"] = int(options.fix["dp"]) // k                  # every site: a share each
         site_options = dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit)
-        if training.global_batch % k:
+        if int(fix["pp"] if "pp" in fix else 1) > 1 and not pipelined:
+            row["reason"] = (f"pp={fix['pp']} on each site needs its replicas outermost "
+                             "(placement tp-pp-dp), so that each site holds whole pipelines; "
+                             + ("the target orders its ranks pipeline outermost"
+                                if not options.pp_inner else
+                                f"the pinned placement={options.fix['placement']} does not"))
+        elif training.global_batch % k:
             row["reason"] = (f"the global batch ({training.global_batch:,}) does not split into "
                              f"{k} equal shares")
         elif int(options.fix.get("dp", k)) % k:
@@ -188,12 +198,13 @@ one site, numbered together, hold whole replicas (pipelines included)."""
 
 
 def whole_replicas(cfg, options: SearchOptions) -> bool:
-    """Whether ``cfg`` on each site, as one plan over the sites with its ranks numbered site
-    after site, puts whole replicas on each site: without a pipeline, or with the replicas
-    outermost (tp-pp-dp, which the plan over the sites then takes: its data parallelism spans
-    the sites) where the target places ranks so."""
-    return cfg.pp == 1 or (options.pp_inner and (cfg.dp == 1 or
-                                                 cfg.placement == REPLICA_PLACEMENT))
+    """Whether ``cfg`` on each site (searched with ``options``, sites_replicas'), as one plan over
+    the sites with its ranks numbered site after site, puts whole replicas on each site: without
+    a pipeline, or with the replicas outermost (tp-pp-dp, which the plan over the sites then
+    takes: its data parallelism spans the sites) where the target and the pins place ranks so
+    (sites_replicas then keeps each site to pp = 1 otherwise, so every row it prices is)."""
+    return cfg.pp == 1 or (options.pp_inner and
+                           options.fix.get("placement") == REPLICA_PLACEMENT)
 
 
 def chosen(reps: list[Replicas], step_s: float, across: str, gpus: int) -> Replicas | None:
@@ -212,8 +223,7 @@ def chosen(reps: list[Replicas], step_s: float, across: str, gpus: int) -> Repli
         why = ("the sites are not all of one kind and size (one site's plan runs on each)"
                if not any(r.row["gpus"] == gpus for r in reps) else
                next((r.row["reason"] for r in reps if "reason" in r.row), None) or
-               "the site's plan keeps a pipeline with the replicas inside it (placement "
-               "tp-dp-pp), which the target or a pin asks for")
+               "no site plan puts whole replicas on each site")
         raise SpecError(f"across_sites: replicas cannot run here: {why}; leave --across-sites "
                         "out to plan a pipeline over the sites")
     if best is not None and (across == "replicas" or

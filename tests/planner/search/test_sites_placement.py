@@ -142,6 +142,11 @@ def test_a_dp_pin_wider_than_a_site_names_the_sites_gpus(prepared):
     from planner.errors import PlannerError
 
     hc = regions([{"between": ["a", "b"], "bandwidth": "10Gbps", "latency": "5ms"}])
+    training = TrainingSpec(global_batch=64, seq_len=256)
     with pytest.raises(PlannerError, match="does not divide the 4 GPUs of each group or site"):
-        plan_prepared(prepared, hc, TrainingSpec(global_batch=64, seq_len=256),
-                      SearchOptions(fix=parse_fix("dp=8"), top_k=0))
+        plan_prepared(prepared, hc, training,
+                      SearchOptions(fix=parse_fix("dp=8"), top_k=0, across_sites="pipeline"))
+    # by default the pin is the replicas over every site, which data parallelism across the
+    # sites takes where the pipeline over them cannot (a review: refused before it was tried)
+    plan = plan_prepared(prepared, hc, training, SearchOptions(fix=parse_fix("dp=8"), top_k=0))
+    assert plan.parallel["dp"] == 8 and plan.parallel["dp_replicate"] == 4

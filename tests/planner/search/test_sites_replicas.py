@@ -1,6 +1,7 @@
 """Data parallelism across alike sites (planner.search.replicas): one site's plan on each site for
 its share of the batch, the gradients all-reduced across the sites once a step."""
 
+import dataclasses
 import logging
 
 import pytest
@@ -12,6 +13,8 @@ from costmodels.sites import replicas_allreduce_s, sites_from_mapping
 from planner.api import plan_prepared, prepare
 from planner.errors import SpecError
 from planner.options import SearchOptions, TrainingSpec
+from planner.planfile.document import load_plan
+from planner.search import replicas
 from planner.report.summary import summary
 from planner.search.dp_traffic import DataParallelBytes
 from planner.search.loop import search
@@ -200,3 +203,83 @@ def test_tied_weights_are_reduced_once(tmp_path):
                      cache_dir=None).blocks
         sizes[tied] = trained_params(bg)
     assert sizes[False] - sizes[True] == TINY_LLAMA["vocab_size"] * TINY_LLAMA["hidden_size"]
+
+
+def test_replicas_keep_each_site_to_what_the_launch_can_place(prepared):
+    """A review: where the target orders ranks pipeline outermost (torchtitan) or a pin asks for
+    tp-dp-pp, a pipeline inside each site would span the sites once the ranks are numbered site
+    after site: each site then runs without one (or the row says why), and the row can be
+    emitted as its advice says."""
+    from planner import targets
+
+    training = TrainingSpec(global_batch=256, seq_len=256)
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "100Mbps", "latency": "5ms"}])
+    titan = targets.restrict(SearchOptions(top_k=0), "torchtitan")
+    assert not titan.pp_inner
+    (rep,) = replicas.sites_replicas(prepared.blocks, hc, training, titan)
+    assert rep.result.best.config.pp == 1 and replicas.whole_replicas(rep.result.best.config,
+                                                                      rep.options)
+    pinned = dataclasses.replace(titan, fix={"pp": 2})
+    (rep,) = replicas.sites_replicas(prepared.blocks, hc, training, pinned)
+    assert rep.result is None and "target orders its ranks pipeline outermost" in rep.row["reason"]
+    tp_dp_pp = SearchOptions(top_k=0, fix={"pp": 2, "placement": "tp-dp-pp"})
+    (rep,) = replicas.sites_replicas(prepared.blocks, hc, training, tp_dp_pp)
+    assert rep.result is None and "pinned placement=tp-dp-pp does not" in rep.row["reason"]
+    with pytest.raises(SpecError, match="pinned placement=tp-dp-pp does not"):
+        plan_prepared(prepared, hc, training, dataclasses.replace(tp_dp_pp,
+                                                                  across_sites="replicas"))
+
+
+def test_a_plan_over_sites_is_compared_with_each_site_alone_as_emitted(prepared, caplog):
+    """A review: plan solve's "one site alone is faster" warning measured the pipeline over the
+    sites where the plan emitted was data parallel across them."""
+    training = TrainingSpec(global_batch=256, seq_len=256)
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "100Gbps", "latency": "5ms"}])
+    with caplog.at_level(logging.WARNING):
+        plan = plan_prepared(prepared, hc, training, SearchOptions(top_k=0))
+    assert plan.parallel.get("dp_replicate") == 2  # (the case)
+    said = [r.getMessage() for r in caplog.records if "one site alone is faster" in r.getMessage()]
+    alone_s = plan.search["groups_alone"][0]["step_time_s"]
+    assert bool(said) == (alone_s < 0.98 * plan.step_time_s)
+    assert all(f"against {plan.step_time_s:.4g} s" in s for s in said)
+
+
+def test_why_on_a_plan_over_sites_re_plans_as_plan_solve_does(prepared, tmp_path):
+    """A review: --why on a replicas plan re-planned the pipeline over the sites only."""
+    from planner.explore.whynot import why_not
+
+    training = TrainingSpec(global_batch=256, seq_len=256)
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "100Gbps", "latency": "5ms"}])
+    plan = plan_prepared(prepared, hc, training, SearchOptions(top_k=0))
+    assert plan.parallel.get("dp_replicate") == 2
+    plan.save(tmp_path / "p.json")
+    zero = 3 if plan.parallel["zero"] != 3 else 1
+    answer = why_not(load_plan(tmp_path / "p.json"), {"zero": zero})
+    again = plan_prepared(prepared, hc, training, SearchOptions(top_k=0, fix={"zero": zero}))
+    assert answer.feasible and answer.variant.parallel == again.parallel
+    assert answer.variant.step_time_s == pytest.approx(again.step_time_s, rel=1e-5)
+
+
+def test_megatron_export_refuses_replicas_it_would_lay_across_the_sites(prepared, tmp_path,
+                                                                         capsys):
+    """A review: with a pipeline and experts folded unlike the attention, Megatron-Core refuses
+    --use-tp-pp-dp-mapping, and its default order puts each pipeline across the sites."""
+    from planner.export.megatron import to_megatron
+
+    training = TrainingSpec(global_batch=256, seq_len=256)
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "100Gbps", "latency": "5ms"}])
+    plan = plan_prepared(prepared, hc, training, SearchOptions(
+        top_k=0, across_sites="replicas", fix={"pp": 2, "tp": 1, "schedule": "1f1b"}))
+    assert plan.parallel["pp"] == 2 and plan.parallel["placement"] == "tp-pp-dp"
+    assert "--use-tp-pp-dp-mapping" in to_megatron(plan)  # dense: Megatron lays it out so
+    # each pipeline inside a site: simulated under other schedules as on one kind of GPU (a
+    # review: refused as a plan over sites, one stage a rank)
+    from planner.cli.main import main
+
+    plan.save(tmp_path / "p.json")
+    code = main(["simulate", str(tmp_path / "p.json"), "--schedule", "interleaved-1f1b",
+                 "--vpp", "2"])
+    assert code in (0, 3) and "not priced on clusters" not in capsys.readouterr().err
+    moe = dataclasses.replace(plan, parallel={**plan.parallel, "ep": 2})  # (as if folded)
+    with pytest.raises(SpecError, match="would put each pipeline across the sites"):
+        to_megatron(moe)
