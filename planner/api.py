@@ -590,11 +590,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
             if kind == "faster" and pick is None and compare_groups:
                 log.warning("cluster: %s; %s", text, replicas.how(replica_rows, cluster.num_gpus))
     if rows is not None:  # is one group alone faster than the plan emitted?
-        step = pick.row["step_time_s"] if pick is not None else result.best.step_time_s
-        kind, text = alone.verdict(rows, step, sites=cluster.is_sites,
-                                   kinds=len({g.device.name for g in cluster.groups}))
-        if kind == "faster":
-            log.warning("cluster: %s", text)
+        _warn_alone(rows, pick.row["step_time_s"] if pick is not None else
+                    result.best.step_time_s, cluster)
     near = _nearest_engine(prepared, cluster, training, options, result) \
         if nearest_engine else None
     over = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
@@ -608,6 +605,15 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
              pick.row["parallel"], pick.row["step_time_s"], over.step_time_s)
     return _replicas_plan(prepared, pick, cluster, training, options, over=over,
                           rows=replica_rows, alone_rows=rows, record_timing=record_timing)
+
+
+def _warn_alone(rows: list[dict], step_s: float, cluster) -> None:
+    """Warn where one group or site alone (``rows``: alone.groups_alone's) runs the step faster
+    than the plan emitted, of ``step_s``."""
+    kind, text = alone.verdict(rows, step_s, sites=cluster.is_sites,
+                               kinds=len({g.device.name for g in cluster.groups}))
+    if kind == "faster":
+        log.warning("cluster: %s", text)
 
 
 def _raise_infeasible(prepared: Prepared, cluster, training: TrainingSpec,
@@ -650,10 +656,7 @@ def _replicas_only(prepared: Prepared, cluster, training: TrainingSpec, options:
     pick = replicas.chosen(reps, math.inf, "replicas", cluster.num_gpus)
     log.info("plan: data parallel across %s (%s on each site), %.4g s a step",
              ", ".join(pick.row["sites"]), pick.row["parallel"], pick.row["step_time_s"])
-    kind, text = alone.verdict(alone_rows, pick.row["step_time_s"], sites=True,
-                               kinds=len({g.device.name for g in cluster.groups}))
-    if kind == "faster":
-        log.warning("cluster: %s", text)
+    _warn_alone(alone_rows, pick.row["step_time_s"], cluster)
     return _replicas_plan(prepared, pick, cluster, training, options, over=None,
                           rows=[r.row for r in reps], alone_rows=alone_rows,
                           record_timing=record_timing)
