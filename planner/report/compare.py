@@ -249,6 +249,9 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     out += [Diff("step time by part", BREAKDOWN_WORDS[k], ba.get(k, 0.0), bb.get(k, 0.0), "s")
             for k in BREAKDOWN_WORDS if k in ba or k in bb]
     out += [Diff("embedding tables", n, x, y, "text") for n, x, y in table_changes(a, b)]
+    wa, wb = other_ways(a), other_ways(b)
+    out += [Diff("other ways to use the cluster (step time)", k, wa.get(k), wb.get(k), "s")
+            for k in list(wa) + [k for k in wb if k not in wa]]
     ma, mb = peak_stage(a)["predicted"]["memory_bytes"], peak_stage(b)["predicted"]["memory_bytes"]
     out += [Diff("memory of the fullest GPU", MEMORY_WORDS.get(kind, kind), ma.get(kind, 0.0),
                  mb.get(kind, 0.0), "bytes")
@@ -266,6 +269,18 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
                         _stage(sb, "time"), "s"))
         out.append(Diff("stages", f"stage {i} memory", _stage(sa, "memory"), _stage(sb, "memory"),
                         "bytes"))
+    return out
+
+
+def other_ways(p: Plan) -> dict[str, float | None]:
+    """A plan over groups or sites: the step of each group alone (search.groups_alone) and of
+    data parallelism across each kind of alike sites (search.sites_replicas), by label; None
+    where one cannot run. Empty for any other plan."""
+    out: dict[str, float | None] = {}
+    for r in p.search.get("groups_alone") or []:
+        out[f"{r['group']} alone"] = r.get("step_time_s")
+    for r in p.search.get("sites_replicas") or []:
+        out[f"data parallel across {', '.join(r['sites'])}"] = r.get("step_time_s")
     return out
 
 

@@ -135,6 +135,13 @@ def test_plan_diff_names_a_change_of_the_links_between_sites(prepared):
     assert [d.label for d in changed] == ["link a - b GB/s (site)"]
     assert (changed[0].a, changed[0].b) == (1.25, 12.5)
     assert "link a - b 1.25 GB/s -> 12.5 GB/s" in headline(*plans)
+    # and the other ways to use the sites, each planned beside the plan: each site alone, and
+    # data parallelism across the alike sites, whose ring's slowest link (the 1 Gb/s default
+    # between the other pairs) did not change
+    ways = {d.label: (d.a, d.b) for d in compare(*plans)
+            if d.section.startswith("other ways to use the cluster")}
+    assert set(ways) == {"a alone", "data parallel across a, b, c, d"}
+    assert all(0 < x == y for x, y in ways.values())
 
 
 def test_a_dp_pin_wider_than_a_site_names_the_sites_gpus(prepared):
