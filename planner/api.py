@@ -33,7 +33,7 @@ from planner.search import alone, replicas
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import (batch_note, cluster_pin_problem, explain_infeasible,
                                         known_model_pin_problem, length_note, pin_problem)
-from planner.search.hetero import restrict
+from planner.search.hetero import kinds as hetero_kinds, restrict
 from planner.search.loop import rejection_lines, search
 from planner.search.space import Space
 from planner.trace import cache
@@ -282,6 +282,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     if across_sites != "auto" and not getattr(cl, "is_sites", False):
         raise SpecError(f"across_sites: {across_sites} applies to a cluster of sites (the sites "
                         "form of a cluster file); leave it out for this cluster")
+    if across_sites == "replicas" and len(set(hetero_kinds(cl))) > 1:  # before tracing
+        raise replicas.cannot_run(replicas.NOT_ONE_KIND)
     if isinstance(cl, HeteroCluster) and (not cl.is_sites or across_sites == "pipeline"):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
         # (on sites the replicas may honour them: plan_prepared tries those where the pipeline

@@ -67,8 +67,7 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "evaluated": result.evaluated,
         "rejected": dict(sorted(result.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
         "time_s": result.time_s if record_timing else None,
-        "options": {"fix": dict(options.fix), "top_k": options.top_k,
-                    "time_limit_s": options.time_limit_s},
+        "options": _options_record(options),
         "target": options.target,
         "alternatives": [alternative(best, alt, training, cluster) for alt in result.alternatives],
     }
@@ -108,6 +107,13 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         search=search, provenance=provenance,
     )
     return Plan.from_dict(plan.to_dict())  # validated, and rounded exactly as the file will be
+
+
+def _options_record(options: SearchOptions) -> dict:
+    """The plan's ``search.options``: what --why and the exports re-plan with (the pins, the
+    runners-up kept, the time limit, and --across-sites where not auto)."""
+    return {"fix": dict(options.fix), "top_k": options.top_k, "time_limit_s": options.time_limit_s,
+            **({"across_sites": options.across_sites} if options.across_sites != "auto" else {})}
 
 
 def across_sites(site_plan: Plan, row: dict, *, cluster: HeteroCluster, training: TrainingSpec,
@@ -151,7 +157,7 @@ def across_sites(site_plan: Plan, row: dict, *, cluster: HeteroCluster, training
         "why": f"{100 * (over.step_time_s / step - 1):+.1f}% step time: the pipeline over the "
                f"sites ({over.parallel_summary}), its sends crossing them"}]
     search = {**site_plan.search, "alternatives": runner_up, "target": options.target,
-              "options": {**site_plan.search["options"], "fix": dict(options.fix)},
+              "options": _options_record(options),
               "sites_replicas": [{**r, "chosen": True} if r["sites"] == row["sites"] else r
                                  for r in rows],
               **({"groups_alone": groups_alone} if groups_alone is not None else {})}

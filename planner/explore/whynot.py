@@ -211,7 +211,9 @@ def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
     if problem:
         log.warning("%s traces differently now than when the plan was made", spec)
     # re-timed as plan solve does, for the engine the plan was made for
-    options = SearchOptions(fix=fix, target=plan.search.get("target", "any"))
+    options = SearchOptions(fix=fix, target=plan.search.get("target", "any"),
+                            across_sites=plan.search.get("options", {}).get("across_sites",
+                                                                             "auto"))
     return prepared, cluster, training, settings.narrowed(options, prepared, training)
 
 

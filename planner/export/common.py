@@ -422,6 +422,9 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
     kept, dropped = _kept_engine_settings(plan, target)
     if kept:  # the target's software, with the plan's MoE and FP8 assumptions over it
         extra += f" --engine {','.join([eng.software or 'megatron-core', *kept])}"
+    across = plan.search.get("options", {}).get("across_sites")
+    if across:  # (a plan over sites made with --across-sites pipeline or replicas)
+        extra += f" --across-sites {across}"
     return (f"plan solve {spec} {cluster_args(c)} --global-batch "
             f"{t['global_batch']} --seq-len {t['seq_len']}{extra}"
             + (f" --fix {pinned}" if pinned else "") + f" --target {target}"

@@ -5,9 +5,11 @@ A plan over sites joined by slow links (or over two GPU generations) can be slow
 job on one of its groups alone: the sends between sites, or the slower devices, cost more than the
 extra GPUs give. The search only spreads the job over every group, so each distinct group is
 searched alone as well: the same model, batch, and the pins that mean the same on fewer GPUs
-(not dp or pp, which the GPU count sizes), under the same rules as the search over groups
-(planner.search.hetero.restrict: GPipe and 1F1B, one stage per rank), so that the two differ in
-the GPUs only; the plan says so where one is faster (planner.report.summary).
+(not dp or pp, which the GPU count sizes), as `plan solve` plans that group alone (every
+schedule, offloading, context and expert parallelism: the line's advice is to plan it so; until
+2026-12-05 under the search over groups' rules, GPipe or 1F1B and one stage per rank, and a
+new-user check read "no site alone runs the job" of a site that plans with its optimizer
+offloaded); the plan says so where one is faster (planner.report.summary).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import time
 from costmodels.errors import PlannerError
 from costmodels.topology import Cluster, HeteroCluster
 from planner.options import SearchOptions, TrainingSpec
-from planner.search import hetero
 from planner.search.loop import search
 from planner.trace.graph import BlockGraph
 
@@ -39,13 +40,15 @@ def groups_alone(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpec,
     """Per distinct group (same device, size and link figures as another: searched once, named by
     the first), its best step time alone: {group, gpus, step_time_s, parallel}, or {group, gpus,
     reason} where nothing fits it. The global batch is the plan's, so step times compare
-    directly. ``time_left_s``: what is left of the planning's time limit, shared by the groups."""
+    directly, and each group is searched as a plan on it alone would be (every schedule,
+    offloading, context and expert parallelism: the advice is to plan it so). ``time_left_s``:
+    what is left of the planning's time limit, shared by the groups."""
     fix = {k: v for k, v in options.fix.items() if k not in SIZED_BY_GPUS}
     distinct: dict[str, Cluster] = {}
     for group in cluster.groups:
         distinct.setdefault(_figures(group), group)
     limit = None if time_left_s is None else max(MIN_TIME_S, time_left_s / len(distinct))
-    alone = hetero.restrict(dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit))
+    alone = dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit)
     out = []
     for group in distinct.values():
         t0 = time.perf_counter()
@@ -92,7 +95,8 @@ def verdict(rows: list[dict], step_s: float, *, sites: bool, kinds: int) -> tupl
     if not timed:
         return "unfit", f"no {word} alone runs the job: {unfit}"
     best = min(timed, key=lambda a: a["step_time_s"])
-    each = "; ".join(f"{a['group']} ({a['gpus']} GPUs) {a['step_time_s']:.4g} s" for a in timed)
+    each = "; ".join(f"{a['group']} ({a['gpus']} GPUs) {a['step_time_s']:.4g} s"  # (fastest
+                     for a in sorted(timed, key=lambda a: a["step_time_s"]))    # first)
     kind = standing(best["step_time_s"], step_s)
     if kind == "faster":
         text = (

@@ -144,7 +144,8 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
                **{key: v for key, v in options.fix.items() if key != "dp"}}
         if "dp" in options.fix and int(options.fix["dp"]) % k == 0:  # the pinned replicas, over
             fix["dp"] = int(options.fix["dp"]) // k                  # every site: a share each
-        site_options = dataclasses.replace(options, fix=fix, top_k=0, time_limit_s=limit)
+        site_options = dataclasses.replace(options, fix=fix, top_k=CANDIDATES,
+                                           time_limit_s=limit)
         if int(fix["pp"] if "pp" in fix else 1) > 1 and not pipelined:
             row["reason"] = (f"pp={fix['pp']} on each site needs its replicas outermost "
                              "(placement tp-pp-dp), so that each site holds whole pipelines; "
@@ -175,10 +176,18 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
                 row.setdefault("reason", f"no configuration fits {site.name} at "
                                          f"{share.global_batch:,} samples a step")
             else:
-                calls = reductions(params, layers, best.config, k, training.engine, experts)
-                across, order = replicas_allreduce_s(grad_bytes, cluster, group, calls)
-                exposed = comm.beside_compute_s(across, last_backward_s(best, training),
-                                                site.device.overlap_slowdown)
+                def across_sites(est):  # (calls, seconds, ring order, exposed) of ``est``
+                    calls = reductions(params, layers, est.config, k, training.engine, experts)
+                    seconds, ring = replicas_allreduce_s(grad_bytes, cluster, group, calls)
+                    return calls, seconds, ring, comm.beside_compute_s(
+                        seconds, last_backward_s(est, training), site.device.overlap_slowdown)
+                # the site plan whose step with the reduction across the sites is shortest,
+                # among the site's fastest (a review: the fastest alone with tp=1 paid 46 s
+                # where tp=4, slower alone, paid 28 s: fewer, larger buckets)
+                priced = [(est, across_sites(est)) for est in [best, *result.alternatives]]
+                best, (calls, across, order, exposed) = min(
+                    priced, key=lambda p: p[0].step_time_s + p[1][3])
+                result = dataclasses.replace(result, best=best, alternatives=[])
                 row.update(step_time_s=best.step_time_s + exposed, site_step_s=best.step_time_s,
                            allreduce_s=across, exposed_s=exposed, gradient_bytes=grad_bytes,
                            buckets=calls,
@@ -192,9 +201,22 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
     return out
 
 
+CANDIDATES = 8
+"""Site plans (the fastest and its runners-up) each kind's replicas are priced with, the
+reduction across the sites added: the fastest on a site need not be the fastest across them."""
+
 REPLICA_PLACEMENT = "tp-pp-dp"
 """The site plan's rank order (unless pinned): data-parallel replicas outermost, so the ranks of
 one site, numbered together, hold whole replicas (pipelines included)."""
+
+
+NOT_ONE_KIND = "the sites are not all of one kind and size (one site's plan runs on each)"
+
+
+def cannot_run(why: str) -> SpecError:
+    """The error for --across-sites replicas where they cannot run, saying ``why``."""
+    return SpecError(f"across_sites: replicas cannot run here: {why}; leave --across-sites out "
+                     "to plan a pipeline over the sites")
 
 
 def whole_replicas(cfg, options: SearchOptions) -> bool:
@@ -220,12 +242,10 @@ def chosen(reps: list[Replicas], step_s: float, across: str, gpus: int) -> Repli
                                                                         r.options)]
     best = min(fits, key=lambda r: r.row["step_time_s"], default=None)
     if across == "replicas" and best is None:
-        why = ("the sites are not all of one kind and size (one site's plan runs on each)"
-               if not any(r.row["gpus"] == gpus for r in reps) else
+        why = (NOT_ONE_KIND if not any(r.row["gpus"] == gpus for r in reps) else
                next((r.row["reason"] for r in reps if "reason" in r.row), None) or
                "no site plan puts whole replicas on each site")
-        raise SpecError(f"across_sites: replicas cannot run here: {why}; leave --across-sites "
-                        "out to plan a pipeline over the sites")
+        raise cannot_run(why)
     if best is not None and (across == "replicas" or
                              alone.standing(best.row["step_time_s"], step_s) == "faster"):
         return best
@@ -261,7 +281,8 @@ def verdicts(rows: list[dict], step_s: float,
                        if "exposed_s" in r else "")
                     + (f"; {alone_best['group']} alone is faster still "
                        f"({alone_best['step_time_s']:.4g} s)" if alone_best and
-                       alone.standing(alone_best["step_time_s"], t) == "faster" else "")))
+                       alone.standing(alone_best["step_time_s"], min(t, step_s)) == "faster"
+                       else "")))
     return out
 
 

@@ -278,8 +278,66 @@ def test_megatron_export_refuses_replicas_it_would_lay_across_the_sites(prepared
 
     plan.save(tmp_path / "p.json")
     code = main(["simulate", str(tmp_path / "p.json"), "--schedule", "interleaved-1f1b",
-                 "--vpp", "2"])
+                 "--vpp", "2", "--microbatches", "4"])
     assert code in (0, 3) and "not priced on clusters" not in capsys.readouterr().err
     moe = dataclasses.replace(plan, parallel={**plan.parallel, "ep": 2})  # (as if folded)
     with pytest.raises(SpecError, match="would put each pipeline across the sites"):
         to_megatron(moe)
+
+
+def test_the_replicas_take_the_site_plan_fastest_with_the_reduction_across(prepared):
+    """A review: the site's fastest plan alone was taken, whose reduction across the sites (more
+    buckets, a shorter last backward) made the step slower than a runner-up's."""
+    training = TrainingSpec(global_batch=256, seq_len=256)
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "1Gbps", "latency": "20ms"}])
+    (rep,) = replicas.sites_replicas(prepared.blocks, hc, training, SearchOptions(top_k=0))
+    fastest = search(prepared.blocks, hc.groups[0], dataclasses.replace(training, global_batch=128),
+                     dataclasses.replace(rep.options, top_k=replicas.CANDIDATES))
+    for est in [fastest.best, *fastest.alternatives]:  # none of the candidates does better
+        calls = replicas.reductions(trained_params(prepared.blocks), 12, est.config, 2,
+                                    training.engine)
+        seconds, _ = replicas_allreduce_s(rep.row["gradient_bytes"], hc, [0, 1], calls)
+        exposed = comm.beside_compute_s(seconds, replicas.last_backward_s(est, training),
+                                        hc.groups[0].device.overlap_slowdown)
+        assert rep.row["step_time_s"] <= est.step_time_s + exposed + 1e-9
+
+
+def test_the_choice_across_sites_is_kept_for_why_and_the_exports(prepared, tmp_path):
+    """--across-sites replicas is recorded (search.options.across_sites): --why re-planned a
+    forced replicas plan as auto, and the exports' re-plan commands dropped it."""
+    from planner.export.common import resolve_hint
+
+    training = TrainingSpec(global_batch=256, seq_len=256)
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "100Mbps", "latency": "5ms"}])
+    plan = plan_prepared(prepared, hc, training, SearchOptions(top_k=0, across_sites="replicas"))
+    assert plan.search["options"]["across_sites"] == "replicas"
+    assert "--across-sites replicas" in resolve_hint(plan, "megatron")
+    auto = plan_prepared(prepared, hc, training, SearchOptions(top_k=0))
+    assert "across_sites" not in auto.search["options"]  # (auto: the plan files as before)
+    from planner.explore.whynot import why_not
+
+    plan.save(tmp_path / "p.json")
+    answer = why_not(load_plan(tmp_path / "p.json"), {"zero": 3})
+    assert answer.feasible and answer.variant.parallel["dp_replicate"] == 2
+
+
+def test_replicas_on_sites_of_two_kinds_are_refused_before_tracing(tmp_path):
+    import planner
+
+    mixed = {"name": "m", "sites": [site("a"), {**site("b"), "device": "h100"}],
+             "links": [{"between": ["a", "b"], "bandwidth": "10Gbps", "latency": "5ms"}]}
+    with pytest.raises(SpecError, match="not all of one kind and size"):
+        planner.plan("/nonexistent/config.json", cluster=mixed, global_batch=8, seq_len=64,
+                     across_sites="replicas")
+
+
+def test_each_site_alone_is_planned_as_plan_solve_plans_it(prepared):
+    """A new-user check: the alone line read "no site alone runs the job" of a site that plans
+    with its optimizer offloaded, and a cp pin failed there (the search over sites' rules)."""
+    from planner.search import alone
+
+    training = TrainingSpec(global_batch=256, seq_len=256)
+    hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "10Gbps", "latency": "5ms"}])
+    (row,) = alone.groups_alone(prepared.blocks, hc, training, SearchOptions(fix={"cp": 2}))
+    own = search(prepared.blocks, hc.groups[0], training, SearchOptions(fix={"cp": 2}, top_k=0))
+    assert row["step_time_s"] == pytest.approx(own.best.step_time_s, rel=1e-9)
