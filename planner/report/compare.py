@@ -378,8 +378,11 @@ def _link_note(a: Plan, b: Plan, part: str) -> str:
     if cb is None or ca == cb:  # no such group in b, or it sits where it did
         return ""
     c = b.cluster
-    link = (c.get("spec") or {}).get("inter_node", {}).get("name", "inter-node")
-    where = f"the inter-node link ({link}, {c.get('inter_node_GBps', 0):g} GB/s per GPU)"
+    if "inter_node_GBps" not in c:  # groups or sites: each its own link between its nodes
+        where = "the links between nodes"
+    else:
+        link = (c.get("spec") or {}).get("inter_node", {}).get("name", "inter-node")
+        where = f"the inter-node link ({link}, {c['inter_node_GBps']:g} GB/s per GPU)"
     return (f"{group} crosses nodes: all-reduce on {where}" if cb else
             f"{group} stays inside a node: no traffic on {where}")
 

@@ -94,6 +94,13 @@ def test_why_tensor_parallel_across_nodes_prices_the_inter_node_all_reduce(tiny_
     assert "tensor parallel crosses nodes" in tp_change[0].because
     text = " ".join(why(plan, answer).split())
     assert "tensor parallel crosses nodes: all-reduce on the inter-node link" in text
+    # a cluster of groups or sites has a link between nodes per group: named so, not as 0 GB/s
+    # (a new-user check read "(inter-node, 0 GB/s per GPU)" on sites)
+    import dataclasses
+    grouped = dataclasses.replace(v, cluster={k: x for k, x in v.cluster.items()
+                                              if k != "inter_node_GBps"})
+    moved = [c for c in compare.part_changes(plan, grouped) if c.part == "tp_comm_s"]
+    assert "all-reduce on the links between nodes" in moved[0].because
 
 
 def test_why_rejects_unknown_knobs_with_exit_2(capsys, small_plan):
