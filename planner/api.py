@@ -286,8 +286,12 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         raise replicas.cannot_run(replicas.NOT_ONE_KIND)
     if isinstance(cl, HeteroCluster) and (not cl.is_sites or across_sites == "pipeline"):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
-        # (on sites the replicas may honour them: plan_prepared tries those where the pipeline
-        # over the sites cannot)
+    elif isinstance(cl, HeteroCluster):  # (sites: the replicas may honour pins the pipeline
+        # over them cannot, which plan_prepared tries; asked for, they are checked here)
+        problem = across_sites == "replicas" and replicas.pin_problem(dict(options.fix), cl,
+                                                                      global_batch)
+        if problem:
+            raise SpecError(problem)
     else:  # pins the cluster, batch or sequence cannot take: before tracing
         problem = cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch)
         length = seq_len or (zoo.seq_len if zoo else 0)

@@ -34,6 +34,8 @@ from costmodels.topology import HeteroCluster
 from planner.options import SearchOptions, TrainingSpec
 from planner.search import alone, hetero
 from planner.search.dp_traffic import DataParallelBytes
+from planner.search.feasibility import cluster_pin_problem
+from planner.search.space import divisors
 from planner.search.loop import SearchResult, search
 from planner.trace.graph import BlockGraph
 
@@ -208,6 +210,25 @@ reduction across the sites added: the fastest on a site need not be the fastest 
 REPLICA_PLACEMENT = "tp-pp-dp"
 """The site plan's rank order (unless pinned): data-parallel replicas outermost, so the ranks of
 one site, numbered together, hold whole replicas (pipelines included)."""
+
+
+def pin_problem(fix: dict, cluster: HeteroCluster, batch: int) -> str:
+    """'' or why ``fix`` cannot run as one site's plan on each of ``cluster``'s sites (of one
+    kind), checked before tracing: a pinned dp counts the replicas over every site, the other
+    degrees are each site's."""
+    k, site = len(cluster.groups), cluster.groups[0]
+    n, dp = site.num_gpus, fix.get("dp")
+    per_site = dict(fix)
+    if dp is not None:
+        fits = [k * d for d in divisors(n)]
+        if dp % k or n % (dp // k):
+            return (f"fix.dp: {dp} replicas over {k} sites of {n} GPUs: each site holds dp / {k}, "
+                    f"which must divide its GPUs; use one of {', '.join(map(str, fits))}")
+        per_site["dp"] = dp // k
+    if batch % k:
+        return ""  # (sites_replicas says the batch does not split)
+    per = f" (dp counted per site: {dp // k})" if dp else ""
+    return cluster_pin_problem(per_site, n, batch // k, whose="the {n} GPUs of each site" + per)
 
 
 NOT_ONE_KIND = "the sites are not all of one kind and size (one site's plan runs on each)"

@@ -341,3 +341,20 @@ def test_each_site_alone_is_planned_as_plan_solve_plans_it(prepared):
     (row,) = alone.groups_alone(prepared.blocks, hc, training, SearchOptions(fix={"cp": 2}))
     own = search(prepared.blocks, hc.groups[0], training, SearchOptions(fix={"cp": 2}, top_k=0))
     assert row["step_time_s"] == pytest.approx(own.best.step_time_s, rel=1e-9)
+
+
+def test_pins_for_replicas_are_checked_per_site_before_tracing():
+    """A new-user check: --across-sites replicas --fix dp=5 on three sites of 16 suggested
+    divisors of all 48 GPUs, and pp=6 read as "no configuration fits" (memory)."""
+    hc = sites_from_mapping({"name": "r", "sites": [{**site(n), "nodes": 4} for n in "abc"],
+                             "links": [], "default_link": {"bandwidth": "10Gbps",
+                                                           "latency": "5ms"}})
+    assert "use one of 3, 6, 12, 24, 48" in replicas.pin_problem({"dp": 5}, hc, 384)
+    assert replicas.pin_problem({"dp": 6}, hc, 384) == ""
+    assert "fix.pp: 6 does not divide the 16 GPUs of each site" in replicas.pin_problem(
+        {"pp": 6}, hc, 384)
+    import planner
+
+    with pytest.raises(SpecError, match="fix.pp: 6 does not divide the 16 GPUs of each site"):
+        planner.plan("/nonexistent/config.json", cluster=hc.to_mapping(), global_batch=384,
+                     seq_len=64, fix="pp=6", across_sites="replicas")
