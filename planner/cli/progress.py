@@ -13,15 +13,23 @@ import time
 @contextlib.contextmanager
 def per_plan_lines(verbose: bool):
     """Hold back the API's lines for every plan (one per job and GPU count, or per what-if
-    point) unless ``verbose``; the level is restored after, for later commands in the process."""
-    api_log = logging.getLogger("planner.api")
-    level = api_log.level
+    point), and those of the searches beside a plan over groups or sites (each group alone, the
+    replicas across sites), unless ``verbose``; the levels are restored after, for later
+    commands in the process."""
+    logs = [logging.getLogger(name) for name in PER_PLAN_LOGGERS]
+    levels = [log.level for log in logs]
     if not verbose:
-        api_log.setLevel(logging.WARNING)
+        for log in logs:
+            log.setLevel(logging.WARNING)
     try:
         yield
     finally:
-        api_log.setLevel(level)
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
+
+
+PER_PLAN_LOGGERS = ("planner.api", "planner.search.alone", "planner.search.replicas")
+"""Loggers whose lines come once per plan (per_plan_lines holds them back)."""
 
 
 class Bar:

@@ -423,3 +423,18 @@ def test_progress_off_a_terminal_is_a_line_now_and_then(monkeypatch, capsys):
     quiet = progress.Bar(True)
     quiet(1, 2)
     assert capsys.readouterr().err == ""
+
+
+def test_per_plan_lines_hold_back_the_searches_beside_a_plan_over_sites():
+    """A new-user check: a what-if sweep over a cluster of sites printed each point's replicas
+    line, unnamed and out of order."""
+    import logging
+
+    from planner.cli.progress import per_plan_lines
+
+    replicas_log = logging.getLogger("planner.search.replicas")
+    before = replicas_log.level
+    with per_plan_lines(False):
+        assert not replicas_log.isEnabledFor(logging.INFO)
+        assert not logging.getLogger("planner.search.alone").isEnabledFor(logging.INFO)
+    assert replicas_log.level == before
