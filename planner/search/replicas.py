@@ -213,9 +213,9 @@ one site, numbered together, hold whole replicas (pipelines included)."""
 
 
 def pin_problem(fix: dict, cluster: HeteroCluster, batch: int) -> str:
-    """'' or why ``fix`` cannot run as one site's plan on each of ``cluster``'s sites (of one
-    kind), checked before tracing: a pinned dp counts the replicas over every site, the other
-    degrees are each site's."""
+    """'' or why ``fix`` (or the global ``batch``) cannot run as one site's plan on each of
+    ``cluster``'s sites (of one kind), checked before tracing: a pinned dp counts the replicas
+    over every site, the other degrees are each site's."""
     k, site = len(cluster.groups), cluster.groups[0]
     n, dp = site.num_gpus, fix.get("dp")
     per_site = dict(fix)
@@ -226,7 +226,8 @@ def pin_problem(fix: dict, cluster: HeteroCluster, batch: int) -> str:
                     f"which must divide its GPUs; use one of {', '.join(map(str, fits))}")
         per_site["dp"] = dp // k
     if batch % k:
-        return ""  # (sites_replicas says the batch does not split)
+        return (f"training.global_batch: {batch:,} samples do not split into {k} equal shares, "
+                f"one per site; use a multiple of {k}")
     per = f" (dp counted per site: {dp // k})" if dp else ""
     return cluster_pin_problem(per_site, n, batch // k, whose="the {n} GPUs of each site" + per)
 

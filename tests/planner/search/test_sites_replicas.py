@@ -351,6 +351,7 @@ def test_pins_for_replicas_are_checked_per_site_before_tracing():
                                                            "latency": "5ms"}})
     assert "use one of 3, 6, 12, 24, 48" in replicas.pin_problem({"dp": 5}, hc, 384)
     assert replicas.pin_problem({"dp": 6}, hc, 384) == ""
+    assert "do not split into 3 equal shares" in replicas.pin_problem({}, hc, 385)
     assert "fix.pp: 6 does not divide the 16 GPUs of each site" in replicas.pin_problem(
         {"pp": 6}, hc, 384)
     import planner
