@@ -38,7 +38,15 @@ none; one extra layer of 61, about +2% of the work), noted in its row.
 
 Rows from 100 on (benchmarks/data/moe_more_runs.csv: the 25.09 table's GB200 and B200 token-drop
 runs) are not in the project's reference data; they are priced the same way, never fitted on, and
-summarized apart ("not in data").
+summarized apart ("not in data"). Rows from 200 on (benchmarks/data/moe_newer_runs.csv: the same
+summary's later releases, 26.04.01, 26.06 and 26.08) are not in it either and never fitted on
+("newer"): each priced with its release's configuration as the others are (RECOMPUTE, A2A_OVERLAP,
+FLEX), and where that configuration captures the whole forward and backward in one CUDA graph
+(FULL_ITERATION) with no host time per op, since a graph's replay issues none of its kernels from
+the host. Those releases change the software on the same layouts (Qwen3-30B on 8 GB200, MXFP8,
+four samples per micro-batch: 26,112 tokens/s per GPU in 26.04.01, 40,706 in 26.06, once the whole
+iteration runs as one graph); the one constant fitted on 25.09 and 25.11 is checked on releases it
+was not fitted on, and the graph's effect is priced, not fitted.
 
 Also: the free search (same model, cluster, batch, precision; nothing pinned) against the published
 configuration under the planner's own model, with the knobs that changed.
@@ -72,29 +80,74 @@ MORE = os.path.join(HERE, "data", "moe_more_runs.csv")
 the 25.09 table's GB200 and B200 token-drop runs (benchmarks/data/README.md)."""
 MORE_INDEX = 100
 """Row numbers of MORE start here."""
+NEWER = os.path.join(HERE, "data", "moe_newer_runs.csv")
+"""Published rows of later releases (26.04.01, 26.06, 26.08), not in the project's reference data,
+priced the same way and never fitted on (benchmarks/data/README.md)."""
+NEWER_INDEX = 200
+"""Row numbers of NEWER start here."""
 MODELS = {"DeepSeekV3": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b",
           "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b"}
 PRECISION = {"BF16": ("bf16", "current"), "FP8-CS": ("fp8", "current"),
              "FP8-MX": ("fp8", "block"), "FP8 (per-tensor current scaling)": ("fp8", "current"),
-             "FP8": ("fp8", "current")}
+             "FP8": ("fp8", "current"), "MXFP8": ("fp8", "block")}
 """Precision column -> (dtype, FP8 recipe)."""
 A2A_OVERLAP = {"25.11": {("Qwen3_30B_a3B", "H100"), ("Qwen3_235B_a22B", "H100"),
                          ("Qwen3_235B_a22B", "B200"), ("DeepSeekV3", "H100")},
-               "25.09": {("DeepSeekV3", "H100")}}
+               "25.09": {("DeepSeekV3", "H100")},
+               "26.04.01": {("DeepSeekV3", "B200"), ("GPT OSS 120B", "GB200"),
+                            ("Qwen3_235B_a22B", "H100")},
+               "26.06": {("Qwen3_30B_a3B", "B300")},
+               "26.08": {(m, g) for m in ("DeepSeekV3", "GPT OSS 120B", "Qwen3_30B_a3B",
+                                          "Qwen3_235B_a22B") for g in ("GB200", "GB300")}}
 """Per release, the (model, GPU) whose Megatron-Bridge performance configuration runs the expert
 all-to-alls behind another micro-batch's compute (overlap_moe_expert_parallel_comm). 25.11:
 ``moe_a2a_overlap=True`` in scripts/performance/configs/{qwen,deepseek}/*_workload_base_configs.py
 at the table's revision (1804c076f, 2025-12-09); 25.09: scripts/performance/run_script.py at
 cac49dcd7 (2025-09-27) sets it for DeepSeek-V3 on H100 only, and there also turns off the
 overlapped gradient reduction (``overlap_grad_reduce = False``); its Qwen3 runs drop tokens and do
-not overlap."""
+not overlap. 26.04.01: scripts/performance/configs/*/*_workload_base_configs.py at 17a381f95
+(2026-05-16), moe_a2a_overlap in the presets the table's rows use (DeepSeek-V3 on B200 and
+Qwen3-235B on H100) and GPT-OSS-120B's GB200 function (a CommOverlapConfig with the overlap);
+26.06 (63b08b397, and 8f341b04f for the B300 rows): Qwen3-30B on B300 (set_full_iter_cg_configs);
+26.08 (src/megatron/bridge/perf_recipes at 4ab94dfad, 2026-08-11): every row (the full-iteration
+helpers of each model family set overlap_moe_expert_parallel_comm)."""
+
+FLEX = {"26.04.01": {("DeepSeekV3", g) for g in ("GB300", "GB200", "B300", "B200")}
+        | {("Qwen3_30B_a3B", g) for g in ("GB300", "GB200", "B300", "B200", "H100")}
+        | {("Qwen3_235B_a22B", g) for g in ("GB300", "GB200", "B300")}
+        | {("GPT OSS 120B", "B300")},
+        "26.06": {("DeepSeekV3", "B300"), ("GPT OSS 120B", "B300"), ("Qwen3_30B_a3B", "B300"),
+                  ("Qwen3_30B_a3B", "H100")},
+        "26.08": A2A_OVERLAP["26.08"]}
+"""Per release, the (model, GPU) whose configuration dispatches tokens with Megatron-Core's flex
+dispatcher (HybridEP, or DeepEP for DeepSeek-V3 on B200 in 26.04.01), priced as the planner's
+``deepep`` dispatcher: a token crosses between nodes once per node it goes to, not once per copy
+(HybridEP's intra-domain NVLink and inter-domain RDMA stages do the same deduplication); the
+others run the alltoall dispatcher. Read where A2A_OVERLAP was; 25.09 and 25.11 rows all run
+alltoall."""
+
+FULL_ITERATION = {"26.06": {("Qwen3_30B_a3B", "B300")}, "26.08": A2A_OVERLAP["26.08"]}
+"""Per release, the (model, GPU) whose configuration captures the whole forward and backward in one
+CUDA graph (``cuda_graph_impl="full_iteration"``; dropless routing kept sync-free by a fixed
+per-rank token budget, moe_expert_rank_capacity_factor 1.5, with paged stashing, which balanced
+routing never overflows): no host time per op (moe_host_op_s 0), since replaying a graph issues
+none of its kernels from the host. The rows of other releases and the others of these releases
+capture at most parts of a layer (Transformer Engine graphs of attention, router and token
+preprocessing), priced with the fitted host time as every 25.09 and 25.11 row is. The same
+configurations also run fused grouped expert MLPs (CuTeDSL) and, on some rows, FP8 attention, which
+the planner does not price apart."""
 
 
 RECOMPUTE = {"25.11": {("DeepSeekV3", "GB300"): "moe_act", ("DeepSeekV3", "GB200"): "mla_up_proj",
                        ("DeepSeekV3", "B200"): "mla_up_proj", ("DeepSeekV3", "H100"): "mla_up_proj"},
              "25.09": {("DeepSeekV3", "H100"): "mla_up_proj",
                        ("DeepSeekV3", "GB200"): "mla_up_proj+moe_act",
-                       ("DeepSeekV3", "B200"): "selective"}}
+                       ("DeepSeekV3", "B200"): "selective"},
+             "26.04.01": {("DeepSeekV3", "GB300"): "mla_up_proj", ("DeepSeekV3", "B200"): "mla_up_proj",
+                          ("DeepSeekV3", "B300"): "mla_up_proj", ("GPT OSS 120B", "GB200"): "moe_act",
+                          ("GPT OSS 120B", "B200"): "moe_act", ("GPT OSS 120B", "H100"): "moe_act"},
+             "26.06": {("DeepSeekV3", "B300"): "mla_up_proj"},
+             "26.08": {("DeepSeekV3", "GB200"): "mla_up_proj"}}
 """Per release, the (model, GPU) whose Megatron-Bridge performance configuration recomputes
 something, and the planner's policy for it; the others recompute nothing. 25.11
 (scripts/performance/configs/*/..._workload_base_configs.py at 1804c076f): DeepSeek-V3 runs
@@ -114,7 +167,13 @@ Assumed, not read off a run: a configuration's layout sometimes differs from its
 all the same; the 25.09 B200 FP8 rows also set CUDA graphs, which Megatron-Core 0.14's
 TransformerConfig refuses beside any recomputation, so which of the two those runs had is not
 known (priced selective, as the recipe sets); 25.11 GB300 lists moe_act without layernorm, which
-the planner's moe_act recomputes too (the norms' share: a few MiB per sample and layer)."""
+the planner's moe_act recomputes too (the norms' share: a few MiB per sample and layer).
+26.04.01 (17a381f95): DeepSeek-V3 selective mla_up_proj on GB300 and B300, mla_up_proj and mlp on
+B200, mlp alone on GB200 (its three dense layers: none here); GPT-OSS-120B layernorm and moe_act
+under selective on GB200, B200 and H100 (moe_act here), none on GB300 and B300; Qwen3 none (its
+common settings clear the recipe's full recomputation). 26.06 (8f341b04f): DeepSeek-V3 on B300
+mla_up_proj, the others none. 26.08 (4ab94dfad): DeepSeek-V3 on GB200 mla_up_proj; GPT-OSS-120B's
+GB200 recipe lists layernorm and moe_act and then empties the list; the others none."""
 
 
 def _release(r: dict) -> str:
@@ -128,18 +187,32 @@ SHARED_OVERLAP = ("DeepSeekV3",)
 """Models whose shared expert Megatron-Bridge runs beside the dispatch
 (moe_shared_expert_overlap) wherever the all-to-all overlap is off: 25.11's DeepSeek provider
 defaults it to True (src/megatron/bridge/models/deepseek/deepseek_provider.py at 1804c076f) and
-its overlap override sets it False; 25.09's run_script.py sets it True without A2A_1F1B. Qwen3
-and GPT-OSS have no shared expert."""
+its overlap override sets it False; 25.09's run_script.py sets it True without A2A_1F1B. Later
+releases dispatch DeepSeek-V3's tokens with the flex dispatcher (FLEX), under which
+Megatron-Bridge sets it False. Qwen3 and GPT-OSS have no shared expert."""
+
+
+def _model_gpu(r: dict) -> tuple[str, str]:
+    return r["model"].split(" (")[0], r["gpu"]
 
 
 def release_settings(r: dict) -> str:
-    """Engine settings (comma-led) of the row's release configuration (A2A_OVERLAP,
+    """Engine settings (comma-led) of the row's release configuration (FLEX, A2A_OVERLAP,
     SHARED_OVERLAP)."""
     release = _release(r)
-    model = r["model"].split(" (")[0]
-    if (model, r["gpu"]) not in A2A_OVERLAP[release]:
-        return ",moe_shared_overlap=true" if model in SHARED_OVERLAP else ""
-    return ",moe_overlap=true" + (",overlap_grad_reduce=false" if release == "25.09" else "")
+    flex = _model_gpu(r) in FLEX.get(release, ())
+    dispatch = ",moe_dispatcher=" + ("deepep" if flex else "alltoall")
+    if _model_gpu(r) not in A2A_OVERLAP[release]:
+        return dispatch + (",moe_shared_overlap=true"
+                           if _model_gpu(r)[0] in SHARED_OVERLAP and not flex else "")
+    return dispatch + ",moe_overlap=true" + (",overlap_grad_reduce=false"
+                                             if release == "25.09" else "")
+
+
+def host_op_s(r: dict, fitted: float) -> float:
+    """The host time per op of the row's MoE layers: ``fitted``, or 0 where its release's
+    configuration replays the whole iteration as one CUDA graph (FULL_ITERATION)."""
+    return 0.0 if _model_gpu(r) in FULL_ITERATION.get(_release(r), ()) else fitted
 
 
 def load_rows(path: str = DATA, first: int = 0) -> list[dict]:
@@ -160,9 +233,9 @@ def training_of(r: dict, moe_host_op_s: float = 0.0) -> TrainingSpec:
     dtype, recipe = PRECISION[r["precision"]]
     capacity = "1.0" if "tokendrop" in r["variant"] else "0"
     engine = engine_from_mapping(f"megatron-core,fp8_recipe={recipe},moe_imbalance=1.0,"
-                                 f"moe_capacity_factor={capacity},moe_dispatcher=alltoall,"
-                                 f"moe_host_op_s={moe_host_op_s}{software(r['source'])}"
-                                 f"{release_settings(r)}")
+                                 f"moe_capacity_factor={capacity},"
+                                 f"moe_host_op_s={host_op_s(r, moe_host_op_s)}"
+                                 f"{software(r['source'])}{release_settings(r)}")
     return TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype=dtype,
                         optimizer="adam", engine=engine)
 
@@ -177,8 +250,7 @@ def published_fix(r: dict, recompute: bool = True) -> str:
             f"dp={dp}", f"micro_batch={int(r['mbs'])}", "zero=1", "offload_optimizer=false",
             f"sequence_parallel={'true' if tp > 1 else 'false'}"]
     if recompute:
-        pins.append("recompute=" + RECOMPUTE[_release(r)].get((r["model"].split(" (")[0],
-                                                               r["gpu"]), "none"))
+        pins.append("recompute=" + RECOMPUTE[_release(r)].get(_model_gpu(r), "none"))
     if pp > 1:
         pins.append("schedule=interleaved-1f1b" if vp > 1 else "schedule=1f1b")
         pins.append(f"vpp={vp}")
@@ -253,7 +325,7 @@ def main() -> int:
                                                            "engine.moe_overlap: not run by",
                                                            "engine.moe_overlap: off, and")))
     t0 = time.perf_counter()
-    rows = load_rows() + load_rows(MORE, MORE_INDEX)
+    rows = load_rows() + load_rows(MORE, MORE_INDEX) + load_rows(NEWER, NEWER_INDEX)
     if args.rows:
         keep = {int(x) for x in args.rows.split(",")}
         rows = [r for r in rows if r["index"] in keep]
@@ -292,6 +364,13 @@ def main() -> int:
     return 0
 
 
+def _set_of(o: dict) -> str:
+    """The row's set: fit or held out (the reference data), not in data (MORE) or newer (NEWER)."""
+    index = o["r"]["index"]
+    return ("fit" if o["fit"] else "held out") if index < MORE_INDEX else \
+        "not in data" if index < NEWER_INDEX else "newer"
+
+
 def report(out: list[dict], markdown: bool) -> None:
     head = ["#", "model", "gpu", "gpus", "prec", "tp/pp/vp/cp/ep", "mbs/gbs", "published tok/s/GPU",
             "predicted", "error", "set", "fits", "largest part"]
@@ -303,22 +382,31 @@ def report(out: list[dict], markdown: bool) -> None:
         lines.append([str(r["index"]), r["model"], r["gpu"], r["gpus"], r["precision"][:6],
                       f"{r['tp']}/{r['pp']}/{r['vp']}/{r['cp']}/{r['ep']}", f"{r['mbs']}/{r['gbs']}",
                       r["tokens_per_s_per_gpu"], f"{o['tps']:.0f}", f"{100 * o['err']:+.1f}%",
-                      "fit" if o["fit"] else "held out" if o["r"]["index"] < MORE_INDEX
-                      else "not in data", o["fits"],
+                      _set_of(o), o["fits"],
                       f"{part} {100 * bd[part] / p.step_time_s:.0f}%"])
     print_table(head, lines, markdown)
     print()
     ours = [o for o in out if o["r"]["index"] < MORE_INDEX]
-    more = [o for o in out if o["r"]["index"] >= MORE_INDEX]
+    more = [o for o in out if MORE_INDEX <= o["r"]["index"] < NEWER_INDEX]
+    newer = [o for o in out if o["r"]["index"] >= NEWER_INDEX]
     for label, chosen in (("held-out rows", [o for o in ours if not o["fit"]]),
                           ("fit rows", [o for o in ours if o["fit"]]), ("all rows", ours),
-                          ("not in data", more)):
+                          ("not in data", more), ("newer", newer)):
         if not chosen:
             continue
         by_gen: dict[str, list[float]] = {}
         for o in chosen:
             by_gen.setdefault(o["r"]["gpu"], []).append(o["err"])
         print_errors(by_gen, markdown, f"{label:>13}")
+    if newer:  # by release (with or without host time per op) and by model
+        by_release: dict[str, list[float]] = {}
+        by_model: dict[str, list[float]] = {}
+        for o in newer:
+            graph = "one graph" if host_op_s(o["r"], 1.0) == 0.0 else "host ops"
+            by_release.setdefault(f"{_release(o['r'])} ({graph})", []).append(o["err"])
+            by_model.setdefault(o["r"]["zoo"], []).append(o["err"])
+        print_errors(by_release, markdown, f"{'newer':>13}")
+        print_errors(by_model, markdown, f"{'newer':>13}")
     searched = [o for o in out if "search" in o]
     if not searched:
         return

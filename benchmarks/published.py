@@ -20,7 +20,7 @@ sets NVTE_FUSED_ATTN=0 for every run in launcher_scripts/conf/config.yaml ("Disa
 we've tested it more"; added 2024-02-13, removed 2024-08-29 for the 24.09 release): Transformer
 Engine then runs the flash-attn package's FlashAttention-2 kernels instead of cuDNN's, on Hopper
 too. NeMo's own pre-training scripts set the same until 2024-10-11 (NVIDIA/NeMo e1e8b107bc)."""
-NVIDIA_SYSTEMS = {"H100": ("dgx-h100", 8), "B200": ("dgx-b200", 8),
+NVIDIA_SYSTEMS = {"H100": ("dgx-h100", 8), "B200": ("dgx-b200", 8), "B300": ("dgx-b300", 8),
                   "GB200": ("gb200-nvl72", 64), "GB300": ("gb300-nvl72", 64)}
 """GPU column of NVIDIA's performance summaries -> (cluster preset, GPUs per NVLink domain the
 runs use: 8 on DGX nodes; 64 of an NVL72 rack, so 256 GPUs are 4 domains and 8 one tray group)."""

@@ -158,7 +158,10 @@ class EngineSpec:
     Python layers around its kernels, so it is not plain PyTorch's per-op cost (host_op_s).
     Nor is it host time alone: runs whose layers were captured whole in CUDA graphs (no issue
     time at all) are predicted 64-96% too fast without it, so it also stands for device time the
-    op-level model misses in those layers (README, the MoE runs). 0: not modelled."""
+    op-level model misses in those layers (README, the MoE runs). 0: not modelled, as for a run
+    replaying its whole iteration as one CUDA graph (Megatron-Core's full_iteration graphs),
+    whose published runs that prices 26% too fast on median (benchmarks/moe_runs.py, release
+    26.08)."""
     cp_ring: str = "te"
     """Whose ring runs context parallelism's p2p exchange (costmodels.context): ``te``
     (Transformer Engine's, Megatron-Core: backward passes K/V and their gradients on around the

@@ -27,13 +27,14 @@ def test_sources_name_the_attention_kernel_and_gradient_layout():
 def test_moe_rows_take_their_release_configuration():
     rows = moe_runs.load_rows()
     settings = {(r["model"], r["gpu"]): moe_runs.release_settings(r) for r in rows}
+    a2a = ",moe_dispatcher=alltoall"  # every 25.09 and 25.11 row
     assert settings["DeepSeekV3 (dropless)", "H100"] == \
-        ",moe_overlap=true,overlap_grad_reduce=false"  # 25.09's run_script
-    assert settings["Qwen3_235B_a22B", "H100"] == ",moe_overlap=true"  # 25.11's configs
-    assert settings["Qwen3_235B_a22B (tokendrop)", "H100"] == ""  # 25.09 drops tokens
+        a2a + ",moe_overlap=true,overlap_grad_reduce=false"  # 25.09's run_script
+    assert settings["Qwen3_235B_a22B", "H100"] == a2a + ",moe_overlap=true"  # 25.11's configs
+    assert settings["Qwen3_235B_a22B (tokendrop)", "H100"] == a2a  # 25.09 drops tokens
     # DeepSeek-V3's shared expert beside the dispatch wherever the all-to-all overlap is off
-    assert settings["DeepSeekV3 (w/o MTP)", "GB200"] == ",moe_shared_overlap=true"
-    assert settings["GPT OSS 120B", "GB200"] == ""  # no shared expert
+    assert settings["DeepSeekV3 (w/o MTP)", "GB200"] == a2a + ",moe_shared_overlap=true"
+    assert settings["GPT OSS 120B", "GB200"] == a2a  # no shared expert
     with pytest.raises(ValueError, match="names no release"):
         moe_runs.release_settings({**rows[0], "source": "a table of 2027"})
 
@@ -42,9 +43,10 @@ def test_rows_outside_the_reference_data_are_numbered_apart_and_never_fitted():
     more = moe_runs.load_rows(moe_runs.MORE, moe_runs.MORE_INDEX)
     assert more and min(r["index"] for r in more) == moe_runs.MORE_INDEX
     assert all("tokendrop" in r["variant"] for r in more)  # the 25.09 token-drop runs
-    assert {moe_runs.release_settings(r) for r in more if "DeepSeek" not in r["model"]} == {""}
+    a2a = ",moe_dispatcher=alltoall"
+    assert {moe_runs.release_settings(r) for r in more if "DeepSeek" not in r["model"]} == {a2a}
     assert {moe_runs.release_settings(r) for r in more if "DeepSeek" in r["model"]} == \
-        {",moe_shared_overlap=true"}  # GB200 / B200: no all-to-all overlap
+        {a2a + ",moe_shared_overlap=true"}  # GB200 / B200: no all-to-all overlap
     rows = moe_runs.load_rows()
     for mode in ("split", "all"):
         fitted = moe_runs.fit_rows(rows + more, mode)
@@ -58,3 +60,32 @@ def test_rows_outside_the_reference_data_are_numbered_apart_and_never_fitted():
     for r in more:  # every row's published layout holds together: ep within tp x dp
         pp, ep = int(r["pp"]), int(r["ep"])
         assert (int(r["gpus"]) // pp) % ep == 0, r["index"]
+
+
+def test_newer_releases_take_their_configuration_and_are_never_fitted():
+    newer = moe_runs.load_rows(moe_runs.NEWER, moe_runs.NEWER_INDEX)
+    assert newer and min(r["index"] for r in newer) == moe_runs.NEWER_INDEX
+    by = {(moe_runs._release(r), r["model"], r["gpu"]): r for r in newer}
+    assert {release for release, _, _ in by} == {"26.04.01", "26.06", "26.08"}
+    # 26.08: every row one full-iteration CUDA graph, HybridEP, the all-to-all overlapped
+    for (release, model, gpu), r in by.items():
+        graph = moe_runs.host_op_s(r, 50e-6) == 0.0
+        assert graph == (release == "26.08" or (release, model, gpu) ==
+                         ("26.06", "Qwen3_30B_a3B", "B300")), (release, model, gpu)
+    assert moe_runs.release_settings(by["26.08", "Qwen3_30B_a3B", "GB200"]) == \
+        ",moe_dispatcher=deepep,moe_overlap=true"
+    # 26.04.01: Qwen3-235B on B200 and H100 still on the alltoall dispatcher, H100 overlapped;
+    # DeepSeek-V3 on the flex dispatcher, so no shared-expert overlap (Megatron-Bridge clears it)
+    assert moe_runs.release_settings(by["26.04.01", "Qwen3_235B_a22B", "B200"]) == \
+        ",moe_dispatcher=alltoall"
+    assert moe_runs.release_settings(by["26.04.01", "Qwen3_235B_a22B", "H100"]) == \
+        ",moe_dispatcher=alltoall,moe_overlap=true"
+    assert moe_runs.release_settings(by["26.04.01", "DeepSeekV3", "GB200"]) == \
+        ",moe_dispatcher=deepep"
+    assert "recompute=mla_up_proj" in moe_runs.published_fix(by["26.08", "DeepSeekV3", "GB200"])
+    assert "recompute=moe_act" in moe_runs.published_fix(by["26.04.01", "GPT OSS 120B", "H100"])
+    rows = moe_runs.load_rows()
+    for mode in ("split", "all"):
+        assert all(r["index"] < moe_runs.MORE_INDEX for r in moe_runs.fit_rows(rows + newer, mode))
+    for r in newer:  # every published layout holds together: ep within the GPUs of a stage
+        assert (int(r["gpus"]) // int(r["pp"])) % int(r["ep"]) == 0, r["index"]
