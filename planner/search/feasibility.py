@@ -20,7 +20,7 @@ from planner.search.space import (BATCH_DP, CP_HEADS, CP_LATENT_NONE, CP_LEVELS,
                                   CP_SHORT, CP_SINKS_NONE, CP_WINDOW_NONE, MICRO_BATCH,
                                   PP_BLOCKS, SEQ_TP_2CP, SP_SEQ, TOO_MANY_MB, TP_CLASS, TP_GPUS,
                                   TP_INNER, TP_MODEL, TP_NODE, Space,
-                                  cp_chunks, cp_comm_reason, cp_reason, divisors, pp_reason,
+                                  cp_chunks, cp_comm_reason, cp_reason, divisors, ep_reasons, pp_reason,
                                   target_mesh_reason, tp_pinned, tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
@@ -357,6 +357,8 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
                 # the experts spread as far as the pins allow: the fewest expert states per GPU
                 ep = fix.get("ep", max((e for e in divisors(dp * cp * tp // etp)
                                         if space.experts and space.experts % e == 0), default=1))
+                if ep_reasons(ep, etp, tp, cp, dp, space):
+                    continue  # a pinned ep that this stage's GPUs cannot hold (EP_GROUP, ...)
                 if ep not in costs_by_ep:  # the block costs depend on ep, not on pp
                     costs_by_ep[ep] = block_costs(ma, cluster, training, tp=tp, sp=sp, recompute=rc,
                                                   micro_batch=mb, cp=cp, cp_comm=form, ep=ep,

@@ -1395,3 +1395,21 @@ def test_torchtitan_op_checkpointing_with_ep_only_where_its_model_saves_the_all_
         plan("recompute=op,ep=2")
     assert plan("recompute=op,ep=1").parallel["recompute"] == "op"
     assert plan("recompute=op,ep=2", target="any").parallel["ep"] == 2  # priced as it saves them
+
+
+def test_the_leanest_plan_with_ep_pinned_folds_the_experts_into_a_stage(tiny_mixtral):
+    """A pinned ep the leanest configuration names must fold into its stages' tp x cp x dp GPUs:
+    a deep pipeline that leaves each stage fewer GPUs than ep is skipped (before, 'no plan fits'
+    named dp=1 pp=8 ep=8 on 8 GPUs, which the search refuses, and priced its experts as split
+    over 8 ranks)."""
+    from planner.search.costs import ModelArrays
+    from planner.search.feasibility import leanest
+
+    cluster = planner.load_cluster("dgx-h100", nodes=1)
+    training = planner.TrainingSpec(global_batch=8, seq_len=tiny_mixtral.seq_len)
+    ma = ModelArrays.from_blocks(tiny_mixtral.blocks)
+    for pins in ("ep=4", "ep=2,etp=2"):
+        options = planner.SearchOptions(fix=parse_fix(pins), top_k=0)
+        _, cfg, _ = leanest(ma, tiny_mixtral.blocks, cluster, training, options)
+        assert (cfg.tp * cfg.cp * cfg.dp) % (cfg.ep * cfg.etp) == 0, cfg.short()
+        assert cfg.ep == options.fix["ep"]
