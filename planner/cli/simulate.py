@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 
+from costmodels import experts
+from costmodels.engine import engine_from_mapping
 from planner import targets
 from planner.cli.args import positive_int
 from planner.errors import SpecError
@@ -38,6 +40,28 @@ def register(add) -> None:
     s.set_defaults(func=run)
 
 
+def _overlap_lost(plan, schedule: str, vpp: int | None) -> str:
+    """Why the plan's overlapped expert all-to-alls (engine moe_overlap) would not run under
+    ``schedule``, whose stage times still hide them as the plan's own schedule does: '' when
+    they run there, or the plan does not overlap them."""
+    engine = engine_from_mapping(plan.training.get("engine"))
+    p = plan.parallel
+    if not engine.moe_overlap:
+        return ""
+    new_vpp = (vpp or p.get("vpp", 1)) if schedule == "interleaved-1f1b" else 1
+    if not experts.overlap_blockers(engine, ep=p.get("ep", 1), recompute=p["recompute"],
+                                    dtype=plan.training.get("dtype", "bf16"), pp=p["pp"],
+                                    vpp=p.get("vpp", 1)) and experts.overlap_blockers(
+            engine, ep=p.get("ep", 1), recompute=p["recompute"],
+            dtype=plan.training.get("dtype", "bf16"), pp=p["pp"], vpp=new_vpp):
+        return (f"the plan overlaps the expert all-to-alls with another micro-batch's compute "
+                f"(engine moe_overlap), which {schedule} does not run (it needs virtual pipeline "
+                f"stages when pp > 1); its stage times keep them hidden, so {schedule} reads "
+                "faster than it would run: plan solve --fix "
+                f"schedule={schedule},pp={p['pp']} prices them exposed")
+    return ""
+
+
 def run(args) -> int:
     if args.gantt is not None:
         check_path(args.gantt, "gantt")
@@ -57,6 +81,9 @@ def run(args) -> int:
                                    plan.parallel["recompute"], plan.parallel["pp"])
     if unrun:
         print(f"note: the plan was made for --target {plan.search['target']}, and {unrun}")
+    overlap = _overlap_lost(plan, args.schedule, args.vpp)
+    if overlap:
+        print(f"note: {overlap}")
     memory = rank_memory(plan, base, other, twice=args.schedule == "bidirectional")
     if args.gantt is not None:
         new_v = f" x{args.vpp}" if args.vpp and args.vpp > 1 else ""
