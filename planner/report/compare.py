@@ -74,6 +74,11 @@ def breakdown_changes(a: Plan, b: Plan) -> list[tuple[str, float, float]]:
     return sorted(parts, key=lambda p: -abs(p[2] - p[1]))
 
 
+def _ratio(r: float) -> str:
+    """A ratio with two decimals, or three significant digits below 0.1 (0.00087, not 0.00)."""
+    return f"{r:.2f}" if r >= 0.1 else f"{r:.3g}"
+
+
 def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     """'1.14x as fast (a 12.3% shorter step): tp 8 -> 4, recompute full -> selective; compute
     -1.2 s, ...' (b against a; '2.85x slower (a 185.2% longer step)' the other way). Where the
@@ -95,7 +100,7 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
         rate = ("samples" if a.embeddings is not None or b.embeddings is not None or other_tokens
                 else "tokens")
         ra, rb = (p.predicted[f"{rate}_per_s"] for p in (a, b))
-        verdict = f"at {rb / ra:.2f}x the {rate}/s (a step {tb / ta:.3g}x as long)"
+        verdict = f"at {_ratio(rb / ra)}x the {rate}/s (a step {tb / ta:.3g}x as long)"
     inputs += engine_changes(a, b)
     la, lb = link_figures(a), link_figures(b)  # (links between sites or groups, by GB/s)
     inputs += [(k.split(" GB/s")[0], f"{la[k]:.4g} GB/s", f"{lb[k]:.4g} GB/s") for k in la
