@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -400,17 +401,26 @@ def plan_point(task: _Task, prepared) -> dict:
 
 
 def _say_warnings(rows: list[dict]) -> None:
-    """Each warning the points gave, once, with the points that gave it."""
-    points: dict[str, list[str]] = {}
+    """Each warning the points gave, once, with the points that gave it; warnings alike but for
+    their figures (a share of the step per point) are one, in the first point's words."""
+    points: dict[str, tuple[str, list[str], set[str]]] = {}
     for r in rows:
         for text in (r.get("warnings") or "").split(" | "):
             if text:
-                points.setdefault(text, []).append(r["point"])
-    for text, where in points.items():
+                first, where, texts = points.setdefault(_FIGURES.sub("#", text), (text, [], set()))
+                where.append(r["point"])
+                texts.add(text)
+    for first, where, texts in points.values():
         at = ("every point" if len(where) == len(rows) else
               f"{len(where)} of {len(rows)} points: {', '.join(where[:4])}"
               + (", ..." if len(where) > 4 else ""))
-        log.warning("%s (%s)", text, at)
+        log.warning("%s (%s%s)", first, at,
+                    f"; in the words of {where[0]}, the figures differ by point"
+                    if len(texts) > 1 else "")
+
+
+_FIGURES = re.compile(r"\d+(?:[.,]\d+)*")
+"""Numbers in a warning's text (what _say_warnings sets aside to tell warnings alike)."""
 
 
 def _row(task: _Task, plan, reason: str) -> dict:

@@ -580,3 +580,20 @@ def test_the_link_between_device_groups_can_be_varied_and_a_plain_cluster_says_w
     with pytest.raises(SpecError, match=r"^vary.inter_region_bandwidth: applies to a cluster of "
                                         r"sites or of device groups .* vary inter_node_bandwidth"):
         grid.point_cluster({**point, "cluster": "dgx-h100"})
+
+
+def test_warnings_alike_but_for_their_figures_are_said_once(caplog):
+    """A warning that names a share of the step per point (the overlap's hint in an ep sweep) is
+    one warning, in the first point's words, not one per point (a new-user check read seven)."""
+    from planner.explore.sweep import _say_warnings
+
+    rows = [{"point": f"ep={e}", "warnings": f"engine.moe_overlap: off; it would hide {s}% of "
+             "the step | plain warning"} for e, s in ((2, 3.5), (4, 7.25), (8, 12))]
+    rows.append({"point": "ep=16", "warnings": None})
+    with caplog.at_level(logging.WARNING, logger="planner"):
+        _say_warnings(rows)
+    said = [rec.getMessage() for rec in caplog.records]
+    assert said == [
+        "engine.moe_overlap: off; it would hide 3.5% of the step (3 of 4 points: ep=2, ep=4, "
+        "ep=8; in the words of ep=2, the figures differ by point)",
+        "plain warning (3 of 4 points: ep=2, ep=4, ep=8)"]
