@@ -101,6 +101,17 @@ def ep_group(cfg: Config, cluster: Cluster) -> GroupShape:
     return _flat_group(cfg, cluster, cfg.ep, cfg.etp)
 
 
+def ep_groups(cfg: Config, cluster: Cluster) -> tuple[GroupShape, ...]:
+    """Per pipeline rank: the worst placed of its expert-parallel groups (ep_group's, among the
+    ranks of that pipeline rank alone). They differ where stages do not line up with the nodes
+    (32-GPU stages on 72-GPU racks: two stages inside a rack, the next across two)."""
+    if cfg.ep * cfg.etp <= 1 or cfg.ep <= 1:
+        return (GroupShape(size=cfg.ep, per_node=1),) * cfg.pp
+    per_rank = _fewest_on_a_node_by_rank(cfg.tp * cfg.cp, cfg.dp, cfg.pp, cfg.placement,
+                                         cluster.gpus_per_node, cfg.ep, cfg.etp)
+    return tuple(GroupShape(size=cfg.ep, per_node=n) for n in per_rank)
+
+
 def etp_group(cfg: Config, cluster: Cluster) -> GroupShape:
     """The expert tensor-parallel group: etp consecutive positions of the same index."""
     return _flat_group(cfg, cluster, cfg.etp, 1)
@@ -128,18 +139,30 @@ def _flat_group(cfg: Config, cluster: Cluster, size: int, stride: int) -> GroupS
 def _fewest_on_a_node_flat(inner: int, dp: int, pp: int, order: str, g: int, size: int,
                            stride: int) -> int:
     """The fewest members a node holds of any of ``_flat_group``'s groups, at every pipeline
-    rank whose ranks sit differently on the nodes (the offsets repeat within g ranks)."""
+    rank (_fewest_on_a_node_by_rank's least)."""
+    return min(_fewest_on_a_node_by_rank(inner, dp, pp, order, g, size, stride))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fewest_on_a_node_by_rank(inner: int, dp: int, pp: int, order: str, g: int, size: int,
+                              stride: int) -> tuple[int, ...]:
+    """Per pipeline rank: the fewest members a node holds of any of ``_flat_group``'s groups
+    among that rank's ranks (ranks whose offsets on the nodes agree, modulo g, agree)."""
     if (inner * dp) % (size * stride):  # groups that do not tile the ranks (a configuration
-        return 1  # the rules refuse, priced only to explain why): every member apart
+        return (1,) * pp  # the rules refuse, priced only to explain why): every member apart
     s = strides(Config(dp=dp, tp=inner, pp=pp, micro_batch=1, num_microbatches=1,
                        placement=order))
     members = np.arange(inner * dp).reshape(-1, size, stride).transpose(0, 2, 1).reshape(-1, size)
     ranks = members % inner + members // inner * s["dp"]
-    offsets = np.unique(np.arange(pp) * s["pp"] % g if pp > 1 else np.zeros(1, dtype=int))
+    rank_offsets = np.arange(pp) * s["pp"] % g if pp > 1 else np.zeros(1, dtype=int)
+    offsets, which = np.unique(rank_offsets, return_inverse=True)
     nodes = (ranks[None] + offsets[:, None, None]) // g  # (offset, group, member)
-    group = np.arange(nodes.shape[0] * nodes.shape[1]).repeat(size)
-    _, counts = np.unique(group * (int(nodes.max()) + 1) + nodes.ravel(), return_counts=True)
-    return int(counts.min())
+    groups = nodes.shape[1]
+    group = np.arange(nodes.shape[0] * groups).repeat(size)
+    keys, counts = np.unique(group * (int(nodes.max()) + 1) + nodes.ravel(), return_counts=True)
+    fewest = np.full(len(offsets), size)
+    np.minimum.at(fewest, keys // (int(nodes.max()) + 1) // groups, counts)
+    return tuple(int(fewest[i]) for i in np.ravel(which))
 
 
 def link_between(cfg: Config, cluster: Cluster, rank_a: int, rank_b: int) -> LinkSpec:

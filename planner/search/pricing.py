@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from costmodels import compute, experts, memory, pipeline, precision
+from costmodels.comm import GroupShape
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
 from planner.search import placement
@@ -150,6 +151,20 @@ class Split:
         """Sums of a per-block array over each chunk's blocks."""
         return np.add.reduceat(x, self.starts)
 
+    def _expert_comm_s(self, cfg: Config, cluster: Cluster) -> np.ndarray:
+        """Per chunk: the expert dispatch and combine it exposes (expert_comm_s), with its
+        pipeline rank's own expert-parallel groups (placement.ep_groups)."""
+        shapes = placement.ep_groups(cfg, cluster)
+        by_shape: dict = {}
+        out = np.empty(len(self.starts))
+        for c in range(len(self.starts)):
+            shape = shapes[c % cfg.pp]
+            if shape not in by_shape:
+                by_shape[shape] = self.per_chunk(expert_comm_s(cfg, self.ma, self.costs, cluster,
+                                                               self.training, ep_group=shape))
+            out[c] = by_shape[shape][c]
+        return out
+
     @property
     def peak_memory_bytes(self) -> float:
         return self.ranks.peak
@@ -189,7 +204,7 @@ class Split:
         """The step under ``cfg``'s placement (``cfg`` is this split's, placement aside)."""
         training = self.training
         p2p_s, cut_s = _p2p_sends(cfg, self.bounds, self.ma, cluster)
-        ep_s = self.per_chunk(expert_comm_s(cfg, self.ma, self.costs, cluster, training))
+        ep_s = self._expert_comm_s(cfg, cluster)
         dp_s, opt_s = _dp_and_optimizer_s(cfg, self, cluster, training)
         excess = compute.straggler_excess(cluster.device, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
         time_s = self.compute_s + self.tp_s + p2p_s + self.cp_s + ep_s  # StageEstimate.time_s
@@ -289,9 +304,11 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float],
             for c, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
-def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSpec) -> np.ndarray:
+def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSpec, *,
+                  ep_group: GroupShape | None = None) -> np.ndarray:
     """Per block: seconds of the routed tokens' dispatch and combine it exposes per micro-batch
-    on this configuration's placement (costmodels.experts.block_dispatch_s)."""
+    on this configuration's placement (costmodels.experts.block_dispatch_s), with ``ep_group``
+    (default: the worst placed anywhere, placement.ep_group)."""
     if cfg.ep * cfg.etp <= 1 or not np.any(ma.work.dispatch_bytes):
         return np.zeros(len(ma.names))
     w = ma.work
@@ -303,7 +320,8 @@ def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSp
     return experts.block_dispatch_s(
         engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
         seq_len=training.seq_len, share=cfg.micro_batch / (cfg.tp * cfg.cp), ep=cfg.ep,
-        ep_group=placement.ep_group(cfg, cluster), etp_group=placement.etp_group(cfg, cluster),
+        ep_group=ep_group or placement.ep_group(cfg, cluster),
+        etp_group=placement.etp_group(cfg, cluster),
         cluster=cluster, recompute_full=cfg.recompute == "full", fwd_s=costs.fwd_s,
         bwd_s=costs.backward_pass_s, num_experts=w.num_experts,
         shared_fwd_s=costs.shared_fwd_s, shared_bwd_s=costs.shared_bwd_s,

@@ -97,3 +97,24 @@ def test_megatron_pipeline_inner_placement_says_why_for_dense_and_moe_models():
     assert pp_inner_refused(mcore, cp=1, experts=False, **dims) == ""
     assert pp_inner_refused(mcore, cp=2, experts=True, **dims) == PP_INNER_SAME_DP
     assert pp_inner_refused(mcore, cp=2, experts=True, **{**dims, "ep": 4}) == ""
+
+
+def test_each_pipeline_rank_prices_its_own_expert_groups_on_racks_stages_straddle():
+    """32-GPU stages on 72-GPU racks: stages 0, 1, 3, 5, 7 and 8 sit inside a rack, 2 and 6 put 8
+    of their ranks in one rack and 24 in the next, 4 splits 16 + 16. Each pipeline rank's expert
+    groups are its own (before, every stage was priced with the worst, 8 to a rack), and their
+    least is the worst anywhere (ep_group)."""
+    nvl = get_cluster("gb200-nvl72", nodes=4)
+    cfg = Config(dp=32, tp=1, pp=9, ep=32, micro_batch=1, num_microbatches=128,
+                 placement="tp-dp-pp")
+    assert [g.per_node for g in placement.ep_groups(cfg, nvl)] == [32, 32, 8, 32, 16, 32, 8, 32,
+                                                                    32]
+    assert placement.ep_group(cfg, nvl).per_node == 8
+    # stages spread over the racks (tp-pp-dp): every rank's groups span all four
+    spread = dataclasses.replace(cfg, placement="tp-pp-dp")
+    assert {g.per_node for g in placement.ep_groups(spread, nvl)} == \
+        {placement.ep_group(spread, nvl).per_node}
+    # 8-GPU nodes that the stages tile: the same groups on every rank
+    h100 = get_cluster("dgx-h100", nodes=36)
+    assert len(set(placement.ep_groups(cfg, h100))) == 1
+    assert placement.ep_groups(dataclasses.replace(cfg, ep=1), nvl)[0].size == 1

@@ -56,8 +56,11 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
         sends[c] += one_way
         sends[c + 1] += one_way * ma.work.runs_backward[bounds[c + 1] - 1]
         cuts.append(one_way)
-    stages = chunks(cfg, bounds, ma, costs, sends, expert_comm_s(cfg, ma, costs, cluster,
-                                                                training))
+    stages = chunks(cfg, bounds, ma, costs, sends)
+    groups = placement.ep_groups(cfg, cluster)  # each pipeline rank's own expert groups
+    stages = [dataclasses.replace(st, ep_comm_s=float(expert_comm_s(
+        cfg, ma, costs, cluster, training, ep_group=groups[c % cfg.pp])[a:b].sum()))
+        for c, (st, a, b) in enumerate(zip(stages, bounds, bounds[1:]))]
     starts = np.asarray(bounds[:-1])
     chunk_params = np.add.reduceat(costs.params_local, starts)
     chunk_experts = np.add.reduceat(costs.expert_params_local, starts)
