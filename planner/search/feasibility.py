@@ -432,9 +432,10 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     if need <= cap and priced and not (rejected[MICRO_BATCH] or rejected[BATCH_DP]):
         return over_memory  # the leanest layout breaks a rule; what the rules allow is too big
     if need <= cap:  # memory is not what stops it: the batch or the pins break the rules
-        raise SpecError(f"{lead}no configuration{with_pins} is possible ({counted}); " +
-                        _rules_advice(cfg, training.global_batch, rejected, bool(pins),
-                                      cluster.num_gpus))
+        advice = _rules_advice(cfg, training.global_batch, rejected, bool(pins), cluster.num_gpus)
+        if not pins and advice.startswith("--global-batch"):  # the batch is the field to change
+            lead = "training.global_batch: "
+        raise SpecError(f"{lead}no configuration{with_pins} is possible ({counted}); {advice}")
     worst = max(est.stages, key=lambda st: st.memory.get("total", 0.0))
     kinds = ", ".join(f"{k} {v / 1e9:.3g}" for k, v in worst.memory.items()
                       if k != "total" and v > 0)

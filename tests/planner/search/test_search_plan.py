@@ -133,6 +133,10 @@ def test_a_batch_that_does_not_split_is_bad_input_with_a_batch_that_does(tiny_ll
     # far from any multiple of 3 x 8: the leanest layout's multiples
     with pytest.raises(SpecError, match=r"e\.g\. 3 or 6 for dp=1, micro_batch=3"):
         make(tiny_llama, gb=4, fix="micro_batch=3")
+    # nothing pinned: the batch is the field the error names (a new-user check saw none)
+    with pytest.raises(SpecError, match=r"^training\.global_batch: no configuration is possible "
+                                        r"\(.*\); --global-batch must be a multiple"):
+        make(tiny_llama, nodes=8, gb=31)  # 64 GPUs: no dp divides 31 but 1, too few to split
 
 
 def test_one_gpu_offloads_the_optimizer_when_that_is_what_fits(tiny_llama):
