@@ -36,10 +36,13 @@ def search_cells(published, free, seconds: float, why: str = "") -> list[str]:
             f"{seconds:.1f} s", knobs or "none"]
 
 
-def print_errors(errors: dict[str, list[float]], markdown: bool, label: str = "") -> None:
-    """One line per group of relative errors (and one for all of them): median and max |error|."""
+def print_errors(errors: dict[str, list[float]], markdown: bool, label: str = "",
+                 total: bool = True) -> None:
+    """One line per group of relative errors (and, with ``total``, one for all of them): median
+    and max |error|."""
     everything = [e for errs in errors.values() for e in errs]
-    for group, errs in sorted(errors.items()) + ([("all", everything)] if everything else []):
+    for group, errs in sorted(errors.items()) + ([("all", everything)] if everything and total
+                                                 else []):
         errs = [abs(e) for e in errs]
         print(f"{'- ' if markdown else ''}{label + ' ' if label else ''}{group:>5}: median |error| "
               f"{100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}% (n={len(errs)})")

@@ -16,6 +16,7 @@ from costmodels.engine import engine_from_mapping
 from planner import targets
 from planner.cli.args import positive_int
 from planner.errors import SpecError
+from planner.options import SCHEDULES
 from planner.planfile.document import load_plan
 from planner.report.figure import check_path
 from planner.report.gantt import gantt, rank_labels
@@ -41,25 +42,31 @@ def register(add) -> None:
 
 
 def _overlap_lost(plan, schedule: str, vpp: int | None) -> str:
-    """Why the plan's overlapped expert all-to-alls (engine moe_overlap) would not run under
-    ``schedule``, whose stage times still hide them as the plan's own schedule does: '' when
-    they run there, or the plan does not overlap them."""
+    """Where the engine's overlapped expert all-to-alls (moe_overlap) run under one of the plan's
+    schedule and ``schedule`` and not the other (Megatron-Core needs virtual stages with a
+    pipeline): the stage times keep the plan's own exposure, so ``schedule`` reads faster or
+    slower than it would run. '' where both agree, or the engine does not overlap them."""
     engine = engine_from_mapping(plan.training.get("engine"))
     p = plan.parallel
     if not engine.moe_overlap:
         return ""
     new_vpp = (vpp or p.get("vpp", 1)) if schedule == "interleaved-1f1b" else 1
-    if not experts.overlap_blockers(engine, ep=p.get("ep", 1), recompute=p["recompute"],
-                                    dtype=plan.training.get("dtype", "bf16"), pp=p["pp"],
-                                    vpp=p.get("vpp", 1)) and experts.overlap_blockers(
-            engine, ep=p.get("ep", 1), recompute=p["recompute"],
-            dtype=plan.training.get("dtype", "bf16"), pp=p["pp"], vpp=new_vpp):
+    own, new = (not experts.overlap_blockers(engine, ep=p.get("ep", 1), recompute=p["recompute"],
+                                             dtype=plan.training.get("dtype", "bf16"),
+                                             pp=p["pp"], vpp=v) for v in (p.get("vpp", 1), new_vpp))
+    if own == new:
+        return ""
+    pins = f"schedule={schedule},pp={p['pp']}" + (f",vpp={new_vpp}" if new_vpp > 1 else "")
+    again = (f": plan solve --fix {pins} prices them {'exposed' if own else 'overlapped'}"
+             if schedule in SCHEDULES else "")
+    if own:
         return (f"the plan overlaps the expert all-to-alls with another micro-batch's compute "
                 f"(engine moe_overlap), which {schedule} does not run (it needs virtual pipeline "
                 f"stages when pp > 1); its stage times keep them hidden, so {schedule} reads "
-                "faster than it would run: plan solve --fix "
-                f"schedule={schedule},pp={p['pp']} prices them exposed")
-    return ""
+                f"faster than it would run{again}")
+    return (f"{schedule} would run the engine's overlapped expert all-to-alls (moe_overlap), "
+            f"which the plan's own schedule does not; its stage times keep them exposed, so "
+            f"{schedule} reads slower than it would run{again}")
 
 
 def run(args) -> int:

@@ -408,14 +408,15 @@ def _say_warnings(rows: list[dict]) -> None:
         for text in (r.get("warnings") or "").split(" | "):
             if text:
                 first, where, texts = points.setdefault(_FIGURES.sub("#", text), (text, [], set()))
-                where.append(r["point"])
+                if r["point"] not in where:
+                    where.append(r["point"])
                 texts.add(text)
     for first, where, texts in points.values():
         at = ("every point" if len(where) == len(rows) else
               f"{len(where)} of {len(rows)} points: {', '.join(where[:4])}"
               + (", ..." if len(where) > 4 else ""))
         log.warning("%s (%s%s)", first, at,
-                    f"; in the words of {where[0]}, the figures differ by point"
+                    f"; in the words of {where[0]}, other figures elsewhere"
                     if len(texts) > 1 else "")
 
 

@@ -4,6 +4,7 @@ moved, and which knobs and links are behind each move. Reads plan files only (no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -75,8 +76,11 @@ def breakdown_changes(a: Plan, b: Plan) -> list[tuple[str, float, float]]:
 
 
 def _ratio(r: float) -> str:
-    """A ratio with two decimals, or three significant digits below 0.1 (0.00087, not 0.00)."""
-    return f"{r:.2f}" if r >= 0.1 else f"{r:.3g}"
+    """A ratio with two decimals, or three significant digits below 0.1 (0.00087, not 0.00),
+    never in exponent notation."""
+    if r >= 0.1 or r <= 0:
+        return f"{r:.2f}"
+    return f"{r:.{2 - math.floor(math.log10(r))}f}"
 
 
 def headline(a: Plan, b: Plan, parts: int = 3) -> str:

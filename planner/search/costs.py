@@ -363,9 +363,9 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
                       cp: int, ep: int, etp: int, micro_batch: int, recompute: str,
                       costs: BlockCosts) -> np.ndarray | None:
     """Per block: the least expert dispatch and combine any placement of the ep (and etp) group
-    gives: the least over every even count of its members per node, up to all on the fewest
-    nodes (consecutive ranks), and with DeepEP also the all-to-all's (what an uneven group is
-    priced as). Consecutive ranks are the cheapest where the node's links are the faster, but
+    gives: the least over every even count of its members per node, up to the most the node
+    holding fewest can have (all on the fewest nodes, split as evenly as they allow), and with
+    DeepEP also the all-to-all's (what an uneven group is priced as). Consecutive ranks are the cheapest where the node's links are the faster, but
     not with DeepEP (a node's links forward what the network brings: the more of the group a
     node holds, the more they carry) nor on a cluster whose network outruns its node links."""
     w = ma.work
@@ -388,8 +388,13 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
             shared_bwd_s=costs.shared_bwd_s,
             num_experts=w.num_experts, moe_layers=w.moe_layers, capacity=w.expert_capacity,
             groups=w.expert_groups, group_topk=w.expert_groups_per_token)
+    # the most members the node holding fewest can have: consecutive ranks fill whole nodes and
+    # leave a remainder (72 + 56 of 128 on 72-GPU nodes), while a rank whose groups start
+    # elsewhere may split them evenly (64 + 64: placement.ep_groups prices each rank's own)
+    per = g // etp if g % etp == 0 else 1
+    top = max(least.per_node, ep // -(-ep // per)) if per > 1 else least.per_node
     spread = [dispatch(engine, comm.GroupShape(size=ep, per_node=k))
-              for k in range(1, least.per_node + 1) if ep % k == 0 or k == least.per_node]
+              for k in range(1, top + 1) if ep % k == 0 or k in (least.per_node, top)]
     if engine.moe_dispatcher == "deepep":
         spread.append(dispatch(dataclasses.replace(engine, moe_dispatcher="alltoall"), least))
     return np.minimum.reduce(spread)

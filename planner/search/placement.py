@@ -94,18 +94,13 @@ def dp_group(cfg: Config, cluster: Cluster) -> GroupShape:
     return folded(cp_group(cfg, cluster), replicas)
 
 
-def ep_group(cfg: Config, cluster: Cluster) -> GroupShape:
-    """The worst placed expert-parallel group: ep members etp apart along the flattened
-    (tp, cp, dp) index, which runs over consecutive ranks for tp x cp positions, then jumps by
-    the data-parallel stride."""
-    return _flat_group(cfg, cluster, cfg.ep, cfg.etp)
-
-
 def ep_groups(cfg: Config, cluster: Cluster) -> tuple[GroupShape, ...]:
-    """Per pipeline rank: the worst placed of its expert-parallel groups (ep_group's, among the
-    ranks of that pipeline rank alone). They differ where stages do not line up with the nodes
-    (32-GPU stages on 72-GPU racks: two stages inside a rack, the next across two)."""
-    if cfg.ep * cfg.etp <= 1 or cfg.ep <= 1:
+    """Per pipeline rank: the worst placed of its expert-parallel groups, ep members etp apart
+    along the flattened (tp, cp, dp) index, which runs over consecutive ranks for tp x cp
+    positions, then jumps by the data-parallel stride. They differ where stages do not line up
+    with the nodes (32-GPU stages on 72-GPU racks: two stages inside a rack, the next across
+    two)."""
+    if cfg.ep <= 1:
         return (GroupShape(size=cfg.ep, per_node=1),) * cfg.pp
     per_rank = _fewest_on_a_node_by_rank(cfg.tp * cfg.cp, cfg.dp, cfg.pp, cfg.placement,
                                          cluster.gpus_per_node, cfg.ep, cfg.etp)

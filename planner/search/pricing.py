@@ -280,10 +280,9 @@ def rank_max(x: np.ndarray, pp: int) -> np.ndarray:
     return x.reshape(-1, pp).max(axis=0)
 
 
-def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float],
-           ep_s: np.ndarray | None = None) -> list[StageEstimate]:
-    """One StageEstimate per chunk, from per-block costs (memory filled in by rank_memory);
-    ``ep_s``: per block, the expert-parallel communication it exposes (expert_comm_s)."""
+def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float]) -> list[StageEstimate]:
+    """One StageEstimate per chunk, from per-block costs (memory filled in by rank_memory), with
+    no expert dispatch (Split prices it per pipeline rank: Split._expert_comm_s)."""
     starts = np.asarray(bounds[:-1])
     assert all(b > a for a, b in zip(bounds, bounds[1:])), f"an empty chunk in {bounds}"
 
@@ -296,19 +295,18 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float],
         costs.recompute_s)
     act, cp_s = per_chunk(costs.act_bytes), per_chunk(costs.cp_comm_s)
     wgrad_s = per_chunk(costs.weight_grad_s(m))
-    ep = per_chunk(ep_s) if ep_s is not None else [0.0] * len(starts)
     return [StageEstimate(index=c, rank=c % cfg.pp, blocks=ma.names[a:b], compute_s=compute_s[c],
                           tp_comm_s=tp_s[c], p2p_s=p2p_out[c], params=0.0, in_flight=0.0,
                           fwd_s=fwd_s[c], recompute_s=rc_s[c], act_bytes=act[c],
-                          cp_comm_s=cp_s[c], ep_comm_s=ep[c], wgrad_s=wgrad_s[c])
+                          cp_comm_s=cp_s[c], ep_comm_s=0.0, wgrad_s=wgrad_s[c])
             for c, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSpec, *,
-                  ep_group: GroupShape | None = None) -> np.ndarray:
+                  ep_group: GroupShape) -> np.ndarray:
     """Per block: seconds of the routed tokens' dispatch and combine it exposes per micro-batch
-    on this configuration's placement (costmodels.experts.block_dispatch_s), with ``ep_group``
-    (default: the worst placed anywhere, placement.ep_group)."""
+    with the expert-parallel group ``ep_group`` (one pipeline rank's: placement.ep_groups) on
+    this configuration's placement (costmodels.experts.block_dispatch_s)."""
     if cfg.ep * cfg.etp <= 1 or not np.any(ma.work.dispatch_bytes):
         return np.zeros(len(ma.names))
     w = ma.work
@@ -320,7 +318,7 @@ def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSp
     return experts.block_dispatch_s(
         engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
         seq_len=training.seq_len, share=cfg.micro_batch / (cfg.tp * cfg.cp), ep=cfg.ep,
-        ep_group=ep_group or placement.ep_group(cfg, cluster),
+        ep_group=ep_group,
         etp_group=placement.etp_group(cfg, cluster),
         cluster=cluster, recompute_full=cfg.recompute == "full", fwd_s=costs.fwd_s,
         bwd_s=costs.backward_pass_s, num_experts=w.num_experts,

@@ -595,5 +595,11 @@ def test_warnings_alike_but_for_their_figures_are_said_once(caplog):
     said = [rec.getMessage() for rec in caplog.records]
     assert said == [
         "engine.moe_overlap: off; it would hide 3.5% of the step (3 of 4 points: ep=2, ep=4, "
-        "ep=8; in the words of ep=2, the figures differ by point)",
+        "ep=8; in the words of ep=2, other figures elsewhere)",
         "plain warning (3 of 4 points: ep=2, ep=4, ep=8)"]
+    caplog.clear()  # one point giving it twice with other figures counts once
+    with caplog.at_level(logging.WARNING, logger="planner"):
+        _say_warnings([{"point": "a", "warnings": "w on stage 1 | w on stage 2"},
+                       {"point": "b", "warnings": None}])
+    assert [rec.getMessage() for rec in caplog.records] == [
+        "w on stage 1 (1 of 2 points: a; in the words of a, other figures elsewhere)"]

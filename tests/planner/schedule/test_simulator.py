@@ -402,8 +402,13 @@ def test_simulate_says_when_the_schedule_loses_the_plans_expert_overlap(tmp_path
     with open(path, "w") as f:
         json.dump(doc, f)
     main(["simulate", path, "--schedule", "1f1b"])
-    assert "which 1f1b does not run (it needs virtual pipeline stages when pp > 1)" in \
-        capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "which 1f1b does not run (it needs virtual pipeline stages when pp > 1)" in out
+    assert "plan solve --fix schedule=1f1b,pp=2 prices them exposed" in out
+    # a schedule plan solve does not take: said, with no command that would fail
+    main(["simulate", path, "--schedule", "bidirectional"])
+    note = next(line for line in capsys.readouterr().out.splitlines() if "moe_overlap" in line)
+    assert "which bidirectional does not run" in note and "plan solve" not in note
     main(["simulate", path, "--schedule", "interleaved-1f1b", "--vpp", "4"])
     assert "moe_overlap" not in capsys.readouterr().out
     doc["training"]["engine"]["moe_overlap"] = False

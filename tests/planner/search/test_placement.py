@@ -57,17 +57,21 @@ def test_expert_groups_are_priced_where_the_runtime_places_their_ranks(gpn, plac
     def fewest(groups):
         return min(Counter(r // gpn for r in g).most_common()[-1][1] for g in groups)
 
-    for shape, groups in ((placement.ep_group(cfg, cluster), lay.ep_groups()),
-                          (placement.edp_group(cfg, cluster), lay.edp_groups())):
-        assert shape.size == len(groups[0])
-        assert shape.per_node == (fewest(groups) if shape.size > 1 else 1)
+    shape, groups = placement.edp_group(cfg, cluster), lay.edp_groups()
+    assert shape.size == len(groups[0])
+    assert shape.per_node == (fewest(groups) if shape.size > 1 else 1)
+    # the ep groups pipeline rank by rank (placement.ep_groups): each rank's own fewest
+    for p, shape in enumerate(placement.ep_groups(cfg, cluster)):
+        mine = [g for g in lay.ep_groups() if lay.coords(g[0])["pp"] == p]
+        assert shape.size == len(mine[0])
+        assert shape.per_node == (fewest(mine) if shape.size > 1 else 1), p
 
 
 def test_expert_groups_that_do_not_tile_the_ranks_are_priced_apart_not_refused():
     """A configuration the rules refuse (ep=8 over 4 ranks of a stage) is still priced when the
     search explains why nothing fits: every member on its own node, no error."""
     cfg = Config(dp=2, tp=1, cp=2, pp=16, ep=8, micro_batch=1, num_microbatches=16)
-    assert placement.ep_group(cfg, _cluster(8)) == placement.GroupShape(size=8, per_node=1)
+    assert set(placement.ep_groups(cfg, _cluster(8))) == {placement.GroupShape(size=8, per_node=1)}
 
 
 def test_a_plan_without_a_pipeline_names_its_placement_as_its_target_does(tiny_llama_config):
@@ -109,11 +113,9 @@ def test_each_pipeline_rank_prices_its_own_expert_groups_on_racks_stages_straddl
                  placement="tp-dp-pp")
     assert [g.per_node for g in placement.ep_groups(cfg, nvl)] == [32, 32, 8, 32, 16, 32, 8, 32,
                                                                     32]
-    assert placement.ep_group(cfg, nvl).per_node == 8
-    # stages spread over the racks (tp-pp-dp): every rank's groups span all four
+    # stages spread over the racks (tp-pp-dp): every rank's groups span all four, 8 to a rack
     spread = dataclasses.replace(cfg, placement="tp-pp-dp")
-    assert {g.per_node for g in placement.ep_groups(spread, nvl)} == \
-        {placement.ep_group(spread, nvl).per_node}
+    assert {g.per_node for g in placement.ep_groups(spread, nvl)} == {8}
     # 8-GPU nodes that the stages tile: the same groups on every rank
     h100 = get_cluster("dgx-h100", nodes=36)
     assert len(set(placement.ep_groups(cfg, h100))) == 1

@@ -367,3 +367,55 @@ def test_closed_form_waits_for_the_busiest_link():
     step, _ = closed_form(inter, four, four, four / 3, zero4, zero4, np.full(4, 0.2), zero4,
                           zero4, 0.0, 0.0, 0.0, cut_s=np.array([0.1, 0.05, 0.1]))
     assert step >= 8 * (0.1 + 0.1)  # cuts 0 and 2 both leave rank 0
+
+
+def test_a_stage_straddling_two_nodes_pays_for_its_own_expert_groups_only(request):
+    """Stages of 4 GPUs on 6-GPU nodes (tp-dp-pp): the first and last sit inside a node, the
+    middle one puts 2 of its ranks on each; only that stage's dispatch crosses nodes (before,
+    every stage was priced with the straddling one's groups). The step still adds up stage by
+    stage."""
+    from costmodels.comm import GroupShape
+
+    prepared = request.getfixturevalue("tiny_mixtral")
+    h100 = load_cluster("dgx-h100", nodes=1)
+    cluster = dataclasses.replace(h100, nodes=2, gpus_per_node=6)
+    training = TrainingSpec(global_batch=64, seq_len=prepared.seq_len)
+    ma = ModelArrays.from_blocks(prepared.blocks)
+    cfg = Config(dp=4, tp=1, pp=3, ep=4, micro_batch=1, num_microbatches=16, schedule="1f1b",
+                 placement="tp-dp-pp")
+    costs = config_costs(ma, cluster, training, cfg)
+    part = partition(costs.time_s.tolist(), cfg.pp, stage_memory(cfg, costs, ma, training,
+                                                                 float("inf")))
+    est = price(cfg, part.bounds, ma, costs, cluster, training)
+    bounds = part.bounds
+    for st, a, b, per_node in zip(est.stages, bounds, bounds[1:], (4, 2, 4)):
+        own = expert_comm_s(cfg, ma, costs, cluster, training,
+                            ep_group=GroupShape(size=4, per_node=per_node))[a:b].sum()
+        assert st.ep_comm_s == pytest.approx(own, rel=1e-12) and own > 0, st.index
+    apart = expert_comm_s(cfg, ma, costs, cluster, training,
+                          ep_group=GroupShape(size=4, per_node=2))[bounds[0]:bounds[1]].sum()
+    assert est.stages[0].ep_comm_s < apart  # inside a node: cheaper than across two
+    assert est.step_time_s == _reference(cfg, bounds, ma, costs, cluster, training)[0]
+
+
+def test_the_least_dispatch_bounds_every_pipeline_ranks_own(request):
+    """The per-block dispatch the search bounds with (BlockCosts.ep_comm_s, the least any
+    placement gives) stays at or below each pipeline rank's own where a rank's groups split
+    evenly over two nodes (64 + 64 of ep=128 on 72-GPU racks) while consecutive ranks leave a
+    node with 56 (a review found 11% under the bound before)."""
+    from planner.search import placement
+
+    prepared = request.getfixturevalue("tiny_mixtral")
+    training = TrainingSpec(global_batch=1152, seq_len=prepared.seq_len)
+    ma = ModelArrays.from_blocks(prepared.blocks)
+    cluster = load_cluster("gb200-nvl72", nodes=16)
+    cfg = Config(dp=128, tp=1, pp=9, ep=8, micro_batch=1, num_microbatches=9, schedule="1f1b",
+                 placement="tp-dp-pp")
+    for ep in (8, 128):  # (tiny_mixtral's 8 experts: ep=128 is priced, not planned)
+        cfg = dataclasses.replace(cfg, ep=ep)
+        costs = config_costs(ma, cluster, training, cfg)
+        shapes = set(placement.ep_groups(cfg, cluster))
+        for shape in shapes:
+            own = expert_comm_s(cfg, ma, costs, cluster, training, ep_group=shape)
+            assert np.all(costs.ep_comm_s <= own * (1 + 1e-12)), (ep, shape)
+    assert {s.per_node for s in shapes} >= {64, 56}
