@@ -113,9 +113,9 @@ class BlockCosts:
     (costmodels.context.ring_merge_s). What the ring's per-chunk-pair attention calls change
     (costmodels.compute.ring_attention_s) is in the compute times."""
     ep_comm_s: np.ndarray | None = None
-    """Expert dispatch and combine with the ep group on the fewest nodes it can occupy (its
-    members next to each other): the least it costs under any placement, for the bounds and the
-    stage split; the pricing replaces it by the placement's own (pricing.expert_comm_s)."""
+    """Expert dispatch and combine at the least any placement of the ep group gives
+    (_least_dispatch_s), for the bounds and the stage split; the pricing replaces it by each pipeline rank's own under the placement
+    (pricing.Split._expert_comm_s)."""
     cp_comm: str = "p2p"
     """The K/V exchange form these costs price (with cp > 1: the fastest of those allowed)."""
     shared_fwd_s: np.ndarray | None = None
