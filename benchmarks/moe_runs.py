@@ -144,8 +144,10 @@ RECOMPUTE = {"25.11": {("DeepSeekV3", "GB300"): "moe_act", ("DeepSeekV3", "GB200
              "25.09": {("DeepSeekV3", "H100"): "mla_up_proj",
                        ("DeepSeekV3", "GB200"): "mla_up_proj+moe_act",
                        ("DeepSeekV3", "B200"): "selective"},
-             "26.04.01": {("DeepSeekV3", "GB300"): "mla_up_proj", ("DeepSeekV3", "B200"): "mla_up_proj",
-                          ("DeepSeekV3", "B300"): "mla_up_proj", ("GPT OSS 120B", "GB200"): "moe_act",
+             "26.04.01": {("DeepSeekV3", "GB300"): "mla_up_proj",
+                          ("DeepSeekV3", "B200"): "mla_up_proj",
+                          ("DeepSeekV3", "B300"): "mla_up_proj",
+                          ("GPT OSS 120B", "GB200"): "moe_act",
                           ("GPT OSS 120B", "B200"): "moe_act", ("GPT OSS 120B", "H100"): "moe_act"},
              "26.06": {("DeepSeekV3", "B300"): "mla_up_proj"},
              "26.08": {("DeepSeekV3", "GB200"): "mla_up_proj"}}

@@ -264,8 +264,8 @@ SECTIONS = [
      "(median 59.6%; without its rows the newer median is 17.3%); NVIDIA's note on 26.06.01 "
      "(a GPT-OSS regression from a cuDNN attention issue, cudnn-frontend issue 256, that cost "
      "its GB300 row 39%) suggests that its attention with learnable sinks takes a large share of "
-     "its time, larger than the kernel model here gives a 64-wide head with masks; not modelled. Then the "
-     "free search against each "
+     "its time, larger than the kernel model here gives a 64-wide head with masks; not "
+     "modelled. Then the free search against each "
      "published configuration under the planner's own model (the published configuration with "
      "its release's recomputation, or where the planner thinks that does not fit, with the one "
      "it needs)."),

@@ -114,8 +114,8 @@ class BlockCosts:
     (costmodels.compute.ring_attention_s) is in the compute times."""
     ep_comm_s: np.ndarray | None = None
     """Expert dispatch and combine at the least any placement of the ep group gives
-    (_least_dispatch_s), for the bounds and the stage split; the pricing replaces it by each pipeline rank's own under the placement
-    (pricing.Split._expert_comm_s)."""
+    (_least_dispatch_s), for the bounds and the stage split; the pricing replaces it by each
+    pipeline rank's own under the placement (pricing.Split._expert_comm_s)."""
     cp_comm: str = "p2p"
     """The K/V exchange form these costs price (with cp > 1: the fastest of those allowed)."""
     shared_fwd_s: np.ndarray | None = None
@@ -365,9 +365,10 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
     """Per block: the least expert dispatch and combine any placement of the ep (and etp) group
     gives: the least over every even count of its members per node, up to the most the node
     holding fewest can have (all on the fewest nodes, split as evenly as they allow), and with
-    DeepEP also the all-to-all's (what an uneven group is priced as). Consecutive ranks are the cheapest where the node's links are the faster, but
-    not with DeepEP (a node's links forward what the network brings: the more of the group a
-    node holds, the more they carry) nor on a cluster whose network outruns its node links."""
+    DeepEP also the all-to-all's (what an uneven group is priced as). Consecutive ranks are the
+    cheapest where the node's links are the faster, but not with DeepEP (a node's links forward
+    what the network brings: the more of the group a node holds, the more they carry) nor on a
+    cluster whose network outruns its node links."""
     w = ma.work
     if ep * etp <= 1 or not np.any(w.dispatch_bytes):
         return None

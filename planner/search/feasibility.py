@@ -20,8 +20,8 @@ from planner.search.space import (BATCH_DP, CP_HEADS, CP_LATENT_NONE, CP_LEVELS,
                                   CP_SHORT, CP_SINKS_NONE, CP_WINDOW_NONE, MICRO_BATCH,
                                   PP_BLOCKS, SEQ_TP_2CP, SP_SEQ, TOO_MANY_MB, TP_CLASS, TP_GPUS,
                                   TP_INNER, TP_MODEL, TP_NODE, Space,
-                                  cp_chunks, cp_comm_reason, cp_reason, divisors, ep_reasons, pp_reason,
-                                  target_mesh_reason, tp_pinned, tp_reasons)
+                                  cp_chunks, cp_comm_reason, cp_reason, divisors, ep_reasons,
+                                  pp_reason, target_mesh_reason, tp_pinned, tp_reasons)
 from planner.solve.chain import partition
 from planner.trace.graph import BlockGraph
 from planner.units import gb

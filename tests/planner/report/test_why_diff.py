@@ -531,7 +531,8 @@ def test_a_plan_no_exported_engine_runs_names_the_best_within_megatrons_rules(
 
 def test_a_small_rate_ratio_keeps_its_digits():
     """Plans of very different models compare at a tiny ratio: three significant digits, not
-    '0.00x' nor 1e-05x (a new-user check diffed Qwen3-30B at 4k tokens against Llama 3 8B at 128k)."""
+    '0.00x' nor 1e-05x (a new-user check diffed Qwen3-30B at 4k tokens against Llama 3 8B at
+    128k)."""
     assert compare._ratio(0.00087) == "0.000870" and compare._ratio(0.0912) == "0.0912"
     assert compare._ratio(0.3) == "0.30" and compare._ratio(6.734) == "6.73"
     assert compare._ratio(1.234e-5) == "0.0000123"
