@@ -26,7 +26,8 @@ from planner.inputs.calibration import apply_calibration
 from planner.inputs.modules import import_from_working_folder
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
-from planner.options import SearchOptions, TrainingSpec, engine_spec, idle_pins, parse_fix
+from planner.options import (TRACE_METHODS, SearchOptions, TrainingSpec, engine_spec, idle_pins,
+                             parse_fix)
 from planner import settings, targets
 from planner.planfile.document import Plan
 from planner.search import alone, replicas
@@ -74,6 +75,9 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     with the same settings is read from the trace cache in ``cache_dir`` ("auto": the user's
     cache folder; None: no cache)."""
     model = fspath_or_same(model)
+    if trace_method not in TRACE_METHODS:
+        raise SpecError(f"trace_method: unknown method {trace_method!r}; choose "
+                        f"{', '.join(TRACE_METHODS)}")
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)
                                 or seq_len < 1):
         raise SpecError(f"seq_len: expected a positive integer (or None: the model's), got "
@@ -512,6 +516,9 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     (planner.emit.across_sites). With ``nearest_engine`` (plan solve's), a plan
     for --target any that no exported engine runs as planned is searched again within
     Megatron-LM's rules, with the same software (the plan's search.nearest_engine)."""
+    if progress is not None and not callable(progress):
+        raise SpecError(f"progress: expected a callable taking (done, total), or None; got "
+                        f"{progress!r}")
     if training.seq_len != prepared.seq_len:  # its FLOPs and activations are per traced token
         raise SpecError(f"training.seq_len: {training.seq_len:,} tokens, but the model was traced "
                         f"at {prepared.seq_len:,}; prepare it again with "

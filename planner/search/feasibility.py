@@ -37,8 +37,8 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if tp is not None:
         broken = tp_reasons(tp, space, pinned=True)
         if TP_GPUS in broken:
-            return f"fix.tp: {tp} does not divide {whose.format(n=n)}; use one of " \
-                   f"{_some(divisors(n))}"
+            how = "is more than" if tp > n else "does not divide"
+            return f"fix.tp: {tp} {how} {whose.format(n=n)}; use one of {_some(divisors(n))}"
         if TP_MODEL in broken:
             fits = [d for d in divisors(n) if not any(x % d for x in space.tp_divisors)]
             return (f"fix.tp: {tp} does not divide the model's heads and split sizes "
@@ -265,7 +265,8 @@ def cluster_pin_problem(fix: dict, num_gpus: int, batch: int,
     n, tp, pp, dp, cp = num_gpus, fix.get("tp"), fix.get("pp"), fix.get("dp"), fix.get("cp", 1)
     for key, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
         if value is not None and n % value:
-            return (f"fix.{key}: {value} does not divide {whose.format(n=n)}; use one of "
+            how = "is more than" if value > n else "does not divide"
+            return (f"fix.{key}: {value} {how} {whose.format(n=n)}; use one of "
                     f"{_some(divisors(n))}")
     if None not in (tp, pp, dp) and tp * pp * dp * cp != n:
         return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs; "

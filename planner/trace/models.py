@@ -114,6 +114,10 @@ def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None,
     if not isinstance(model, str) or not model:
         raise SpecError("model: expected a zoo name, a config.json path, file.py:factory or an "
                         f"nn.Module, got {model!r}")
+    if example_inputs is not None:  # a named model builds its own inputs
+        raise SpecError(f"example_inputs: given with the model {model!r}, which builds its own "
+                        "inputs (a file.py:factory returns them); they go with an nn.Module "
+                        "only: drop them, and give seq_len for another length")
     if model.lower() in ZOO:
         return _from_zoo(ZOO[model.lower()], seq_len, dtype)
     if model.endswith(".json") or os.path.isdir(model):

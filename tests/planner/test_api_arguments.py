@@ -316,3 +316,26 @@ def test_the_torch_target_plans_what_plan_run_runs_of_an_encoder_decoder(tmp_pat
     assert plan.parallel["cp"] == 1 and plan.parallel["schedule"] != "zb-h1"
     assert planner.plan_prepared(prepared, cluster, training, planner.SearchOptions(
         fix={"cp": 2}, target="any")).parallel["cp"] == 2
+
+
+def test_arguments_the_api_cannot_use_are_refused_naming_them(tiny_llama_config, tiny_llama):
+    """Example inputs beside a named model (a zoo name or config builds its own), an unknown
+    tracer and a progress that is not callable: SpecError naming the argument (a new-user check
+    saw the inputs dropped silently, a TraceError and a bare TypeError from inside the search)."""
+    import torch
+
+    with pytest.raises(SpecError, match=r"^example_inputs: given with the model .* nn\.Module "
+                                        r"only: drop them"):
+        planner.prepare(tiny_llama_config, example_inputs=(torch.zeros(2, 16, dtype=torch.long),),
+                        cache_dir=None)
+    with pytest.raises(SpecError, match=r"^trace_method: unknown method 'jit'; choose auto, fx, "
+                                        r"export"):
+        planner.prepare(tiny_llama_config, trace_method="jit", cache_dir=None)
+    training = planner.TrainingSpec(global_batch=8, seq_len=tiny_llama.seq_len)
+    with pytest.raises(SpecError, match=r"^progress: expected a callable taking \(done, total\)"):
+        planner.plan_prepared(tiny_llama, planner.load_cluster("dgx-h100", nodes=1), training,
+                              planner.SearchOptions(), progress=5)
+    with pytest.raises(SpecError, match=r"^fix\.tp: 16 is more than the cluster's 8 GPUs; use "
+                                        r"one of 1, 2, 4, 8$"):
+        planner.plan_prepared(tiny_llama, planner.load_cluster("dgx-h100", nodes=1), training,
+                              planner.SearchOptions(fix={"tp": 16}))
