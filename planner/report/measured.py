@@ -58,8 +58,10 @@ def summary(result: dict, plan_name: str) -> str:
              _mb(r["peak_memory_bytes"]), _mb(r["state_bytes"]), _mb(r["rss_peak_bytes"]))
             for r in result["ranks"]]),
         "",
-        f"peak memory: {_method(result['ranks'])}; states: parameters and optimizer states the "
-        "rank holds after the run",
+        f"peak memory: {_method(result['ranks'])}; states: the parameters, gradients still held "
+        "and optimizer states the rank holds after the run, against the plan's fullest stage's "
+        "at their peak (with ZeRO-3 / FSDP that counts the gathered parameters and the unsharded "
+        "gradients before their reduce-scatter, which a rank at rest no longer holds)",
     ]
     rt = m.get("routing")
     if rt:
