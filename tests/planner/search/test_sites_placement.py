@@ -118,7 +118,7 @@ def test_why_not_re_plans_a_plan_over_sites_from_its_file(prepared, tmp_path):
     assert same.variant.step_time_s == pytest.approx(plan.step_time_s, rel=1e-5)
     # more than a site holds: bad input, named as --why gave it (exit 2), as plan solve --fix
     # names it (a new-user check: it read "no plan fits", exit 3)
-    with pytest.raises(SpecError, match="why.tp: 8 does not divide the 4 GPUs of each group"):
+    with pytest.raises(SpecError, match="why.tp: 8 is more than the 4 GPUs of each group"):
         why_not(plan, {"tp": 8})
 
 
@@ -150,7 +150,7 @@ def test_a_dp_pin_wider_than_a_site_names_the_sites_gpus(prepared):
 
     hc = regions([{"between": ["a", "b"], "bandwidth": "10Gbps", "latency": "5ms"}])
     training = TrainingSpec(global_batch=64, seq_len=256)
-    with pytest.raises(PlannerError, match="does not divide the 4 GPUs of each group or site"):
+    with pytest.raises(PlannerError, match="dp: 8 is more than the 4 GPUs of each group or site"):
         plan_prepared(prepared, hc, training,
                       SearchOptions(fix=parse_fix("dp=8"), top_k=0, across_sites="pipeline"))
     # by default the pin is the replicas over every site, which data parallelism across the
