@@ -89,6 +89,21 @@ SECTIONS = [
      "that release's launcher (NVIDIA/NeMo-Framework-Launcher, tag 24.07, "
      "launcher_scripts/conf/config.yaml) sets NVTE_FUSED_ATTN=0 and so disables cuDNN's "
      "attention (with cuDNN's: fit 0.50, held out 8.0%)."),
+    ("gemm", "gemm_shapes.py",
+     "**GEMMs by shape.** A calibration (`plan profile`) measures GEMMs by FLOPs (square) and by "
+     "shape (every m, k and n of 8, 32, 128, 512 and 2,048 on a CPU); the cost model prices a "
+     "GEMM at the rate interpolated for its shape. Checked on shapes the grid does not hold: "
+     "30 drawn log-uniformly between its ends (seed 0) and six that the executed Mixtral below "
+     "runs for its experts, each measured on one CPU thread with its operands read from memory "
+     "(`benchmarks/gemm_shapes.py`; nothing fitted). Priced by FLOPs alone a GEMM with a short m "
+     "or n (few tokens per expert, a narrow weight) comes out up to 4x too fast; until "
+     "2026-12-06 a calibration had long-shaped tables instead of the grid (one dimension 32x the "
+     "other two), which on 18 such shapes read median 9.2% and max 84% (an expert GEMM of 9 "
+     "tokens), the grid 5.0% and 19%. Inside a training step GEMMs run slower than alone: the "
+     "GEMMs of the one-process Mixtral below took 295 ms a step under torch.profiler where the "
+     "grid prices the same shapes at 266 ms (-10%; its output head 16.1 ms against 12.9 ms "
+     "alone; no page faults in the step, 2026-12-06), part of what the executed plans below "
+     "miss."),
     ("cpu", "cpu_measured.py",
      "**Measured here.** Small GPT configurations run with plain torch on this machine's CPU "
      "(one process per core; two processes with DDP over gloo), predicted from a `plan profile` "

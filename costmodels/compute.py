@@ -33,8 +33,10 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -149,7 +151,9 @@ def _gemm_time_s(batch: float, m: float, n: float, k: float, device: DeviceSpec,
     memory_s = traffic / device.memory_bytes_per_s
     table = device.gemm_table.get(dtype)
     if table:
-        return max(flops / shaped_rate(device, dtype, flops, m, n, k), memory_s)
+        # a batch of GEMMs at the rate of one GEMM of all its rows (a grouped GEMM of experts:
+        # device.grouped_gemm_efficiency is measured against that GEMM)
+        return max(flops / shaped_rate(device, dtype, flops, batch * m, n, k), memory_s)
     tile = device.gemm_tile
     tiles = math.ceil(batch) * math.ceil(m / tile) * math.ceil(n / tile)
     best = math.inf
@@ -189,21 +193,26 @@ def measured_rate(table, size: float) -> float:
 
 def shaped_rate(device: DeviceSpec, dtype: str, flops: float, m: float, n: float,
                 k: float) -> float:
-    """Measured FLOP/s of an m x k by k x n GEMM: the square table's rate at these FLOPs, moved
-    towards the long-shaped table of the longest dimension by log(aspect) / log(measured aspect),
-    aspect being that dimension over the geometric mean of the other two."""
-    square = measured_rate(device.gemm_table[dtype], flops)
-    skew = device.gemm_skew.get(dtype)
-    if not skew:
-        return square
-    dims = {"m": m, "n": n, "k": k}
-    long = max(dims, key=dims.get)
-    others = [v for d, v in dims.items() if d != long]
-    aspect = dims[long] / math.sqrt(max(others[0] * others[1], 1e-9))
-    if aspect <= 1.0 or long not in skew:
-        return square
-    w = min(1.0, math.log(aspect) / math.log(device.gemm_skew_aspect))
-    return math.exp((1 - w) * math.log(square) + w * math.log(measured_rate(skew[long], flops)))
+    """Measured FLOP/s of an m x k by k x n GEMM: interpolated in the measured shapes
+    (``gemm_grid``) where there are some, linearly in log(rate) over log(m), log(k) and log(n)
+    between the eight measured shapes around it (each dimension held at the grid's ends beyond
+    them); else the square table's rate at these FLOPs."""
+    grid = device.gemm_grid.get(dtype)
+    if not grid:
+        return measured_rate(device.gemm_table[dtype], flops)
+    logs = [math.log(s) for s in device.gemm_grid_sizes]
+    corners = []
+    for x in (m, k, n):
+        lx = min(max(math.log(max(x, 1e-9)), logs[0]), logs[-1])
+        i = min(len(logs) - 2, max(0, bisect.bisect_right(logs, lx) - 1))
+        corners.append((i, (lx - logs[i]) / (logs[i + 1] - logs[i])))
+    (i, u), (j, v), (q, w) = corners
+    log_rate = 0.0
+    for di, dj, dq in itertools.product((0, 1), repeat=3):
+        weight = (u if di else 1 - u) * (v if dj else 1 - v) * (w if dq else 1 - w)
+        if weight:
+            log_rate += weight * math.log(grid[i + di][j + dj][q + dq])
+    return math.exp(log_rate)
 
 
 @dataclass(frozen=True, kw_only=True)

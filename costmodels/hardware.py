@@ -210,13 +210,13 @@ class DeviceSpec:
     gemm_table: Mapping[str, tuple] = field(default_factory=dict)
     """Measured GEMM speed per dtype: ((FLOPs of one call, FLOP/s achieved), ...) sorted by FLOPs,
     from ``plan profile``; when present it replaces peak x efficiency for that dtype."""
-    gemm_skew: Mapping[str, Mapping[str, tuple]] = field(default_factory=dict)
-    """Measured long-shaped GEMMs per dtype: {"m" | "n" | "k": ((FLOPs, FLOP/s), ...)}, one
-    dimension ``gemm_skew_aspect`` times the other two (``plan profile``); a GEMM's rate moves from
-    the square table towards these as its shape stretches."""
-    gemm_skew_aspect: float = 32.0
-    """Aspect of the long-shaped GEMMs in ``gemm_skew``: the long dimension over the geometric
-    mean of the other two (the shapes ``plan profile`` measures)."""
+    gemm_grid: Mapping[str, tuple] = field(default_factory=dict)
+    """Measured GEMM speed by shape per dtype: FLOP/s of (m x k) @ (k x n) nested [m][k][n] over
+    ``gemm_grid_sizes`` in each dimension (``plan profile``); when present a GEMM's rate is
+    interpolated in it by shape (costmodels.compute.shaped_rate) instead of read from
+    ``gemm_table`` by FLOPs alone."""
+    gemm_grid_sizes: tuple = ()
+    """The sizes of m, k and n that ``gemm_grid`` measured, increasing."""
     attention_table: Mapping[str, Mapping[str, tuple]] = field(default_factory=dict)
     """Measured fused attention by call size per dtype (``plan profile``): {kind in
     ATTENTION_KINDS: ((square FLOPs of one call, square FLOPs per second), ...)}, square FLOPs

@@ -84,8 +84,7 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
 
     attn = _mapping(dev["attention_efficiency"], f"{where}: device.attention_efficiency")
     host = _mapping(dev.get("dtensor") or {}, f"{where}: device.dtensor")
-    skew = _mapping(dev.get("gemm_skew") or {}, f"{where}: device.gemm_skew")
-    skew_tables = _mapping(skew.get("tables", {}), f"{where}: device.gemm_skew.tables")
+    sizes, grids = _gemm_grid(dev, where)
     device = dataclasses.replace(
         cluster.device,
         name=f"{cluster.device.name} (calibrated)",
@@ -95,11 +94,7 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
         gemm_table={dt: _table(table, f"{where}: device.gemm_table.{dt}")
                     for dt, table in _mapping(dev["gemm_table"],
                                               f"{where}: device.gemm_table").items()},
-        gemm_skew={dt: {dim: _table(table, f"{where}: device.gemm_skew.tables.{dt}.{dim}")
-                        for dim, table in _mapping(dims, f"{where}: device.gemm_skew.tables.{dt}"
-                                                   ).items()}
-                   for dt, dims in skew_tables.items()},
-        gemm_skew_aspect=num(skew, "aspect", 32.0, positive=True, at="device.gemm_skew"),
+        gemm_grid=grids, gemm_grid_sizes=sizes,
         attention_table=_attention_tables(dev.get("attention_table") or {},
                                           f"{where}: device.attention_table"),
         hbm_bytes_per_s=num(dev, "hbm_GBps", positive=True) * GB,
@@ -156,6 +151,43 @@ def _mapping(value, where: str) -> dict:
     if not isinstance(value, dict):
         raise SpecError(f"{where}: expected a mapping, got {value!r:.60}; {FIX}")
     return value
+
+
+def _gemm_grid(dev: dict, where: str) -> tuple[tuple, dict]:
+    """``device.gemm_grid``: the sizes measured and, per dtype, the nested [m][k][n] FLOP/s;
+    ((), {}) where the calibration has none (GEMMs then priced by FLOPs alone). A calibration
+    written before 2026-12-06 has long-shaped tables instead (``gemm_skew``), which this version
+    no longer reads: said once."""
+    if "gemm_skew" in dev and "gemm_grid" not in dev:
+        log.warning("%s: measured GEMMs of a few long shapes only (device.gemm_skew, before "
+                    "2026-12-06), which this version does not read: GEMMs are priced by their "
+                    "FLOPs alone; re-run `plan profile` to measure them by shape", where)
+    if "gemm_grid" not in dev:
+        return (), {}
+    at = f"{where}: device.gemm_grid"
+    grid = _mapping(dev["gemm_grid"], at)
+    sizes = grid.get("sizes")
+    if not isinstance(sizes, list) or len(sizes) < 2:
+        raise SpecError(f"{at}.sizes: expected a list of at least two sizes, got {sizes!r:.60}; "
+                        f"{FIX}")
+    sizes = tuple(_number(s, f"{at}.sizes[{i}]", positive=True) for i, s in enumerate(sizes))
+    if any(b <= a for a, b in zip(sizes, sizes[1:])):
+        raise SpecError(f"{at}.sizes: expected increasing sizes, got {list(sizes)}; {FIX}")
+    out = {}
+    for dt, rates in _mapping(grid.get("tables", {}), f"{at}.tables").items():
+        out[dt] = _cube(rates, len(sizes), f"{at}.tables.{dt}")
+    return sizes, out
+
+
+def _cube(rates, n: int, where: str, depth: int = 3):
+    """A nested list ``depth`` deep with ``n`` entries at each level and positive numbers at the
+    bottom, as nested tuples."""
+    if depth == 0:
+        return _number(rates, where, positive=True)
+    if not isinstance(rates, list) or len(rates) != n:
+        raise SpecError(f"{where}: expected a list of {n} entries (one per measured size), got "
+                        f"{rates!r:.60}; {FIX}")
+    return tuple(_cube(r, n, f"{where}[{i}]", depth - 1) for i, r in enumerate(rates))
 
 
 def _attention_tables(data, where: str) -> dict:

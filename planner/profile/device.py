@@ -42,36 +42,36 @@ def gemm_table(timer: Timer, dtype: str) -> list[list[float]]:
     saved in forward, weights last touched a step ago) and a fresh output per call."""
     out = []
     for n in GEMM_SIZES:
-        rate = _cold_mm_rate(n, n, n, timer, dtype)
+        rate = cold_mm_rate(n, n, n, timer, dtype)
         out.append([2.0 * n ** 3, rate])
         log.info("  gemm %s %5d^3: %.3g GFLOP/s", dtype, n, rate / 1e9)
     return out
 
 
-SKEW = 32
-"""Aspect of the long-shaped GEMMs measured: one dimension 32x the other two (an output head:
-tokens x hidden x vocabulary)."""
-SKEW_SIZES = (64, 128, 256, 512)
-"""Short dimensions of the long-shaped GEMMs (FLOPs 2 x 32 x s^3: 17 MFLOP to 8.6 GFLOP; the
-largest has a 32 MB fp32 output, as large as a last-level cache, like an output head's logits)."""
+GRID_SIZES = {"cpu": (8, 32, 128, 512, 2048), "cuda": (32, 128, 512, 2048, 8192)}
+"""Each of m, k and n of the GEMM shapes measured (every combination: 125 shapes), four times
+apart: from a few routed tokens per expert to an output head's width. A GEMM's rate depends on its
+shape as well as its FLOPs: one with a short m or n reuses its large operand little and streams
+it from memory (on one CPU core [32 x 2048] @ [2048 x 2048] runs at about 60 GFLOP/s, the square
+GEMM of equal FLOPs at about 150), one with a short k does not."""
+GRID_MIN_S = 0.1
+"""Seconds each grid shape is repeated for (the square table's 0.4 s is for its finer sizes)."""
 
 
-def gemm_skew_tables(timer: Timer, dtype: str) -> dict[str, list[list[float]]]:
-    """Long-shaped GEMMs, one table per long dimension: ``m`` (output rows), ``n`` (output
-    columns) or ``k`` (the reduction); same layout as gemm_table. Libraries block and pack
-    differently for these, and they run slower than a square GEMM of equal FLOPs."""
-    out: dict[str, list[list[float]]] = {"m": [], "n": [], "k": []}
-    for s in SKEW_SIZES:
-        for dim in out:
-            m, k, n = (SKEW * s if d == dim else s for d in ("m", "k", "n"))
-            out[dim].append([2.0 * m * k * n, _cold_mm_rate(m, k, n, timer, dtype)])
-    for dim, table in out.items():
-        log.info("  gemm %s long %s: %s GFLOP/s", dtype, dim,
-                 ", ".join(f"{r / 1e9:.3g}" for _, r in table))
-    return out
+def gemm_grid(timer: Timer, dtype: str) -> list:
+    """FLOP/s of (m x k) @ (k x n) GEMMs for every m, k, n in GRID_SIZES of this device, nested
+    [m][k][n], operands read from memory as in gemm_table."""
+    sizes = GRID_SIZES[timer.device]
+    grid = [[[cold_mm_rate(m, k, n, timer, dtype, min_s=GRID_MIN_S) for n in sizes]
+             for k in sizes] for m in sizes]
+    log.info("  gemm %s shapes (m, k, n in %s): %.3g to %.3g GFLOP/s", dtype,
+             "/".join(map(str, sizes)), min(r for a in grid for b in a for r in b) / 1e9,
+             max(r for a in grid for b in a for r in b) / 1e9)
+    return grid
 
 
-def _cold_mm_rate(m: int, k: int, n: int, timer: Timer, dtype: str) -> float:
+def cold_mm_rate(m: int, k: int, n: int, timer: Timer, dtype: str,
+                  min_s: float = 0.4) -> float:
     """FLOP/s of an (m x k) @ (k x n) GEMM with operands cycled through COLD_BYTES."""
     device = timer.device
     size = DTYPES[dtype].itemsize * (m * k + k * n)
@@ -84,7 +84,7 @@ def _cold_mm_rate(m: int, k: int, n: int, timer: Timer, dtype: str) -> float:
         i = turn[0] = (turn[0] + 1) % ring
         torch.mm(a[i], b[i])
 
-    return 2.0 * m * k * n / timer.median_s(call)
+    return 2.0 * m * k * n / timer.median_s(call, min_s=min_s)
 
 
 MEMORY_SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
@@ -234,7 +234,7 @@ def profile(device: str = "cpu", *, threads: int = 1, processes: int = 2,
 
 
 def device_speeds(timer: Timer, threads: int, dtypes) -> dict:
-    """GEMM tables (square and long-shaped) by dtype, element-wise table, per-op overhead,
+    """GEMM tables (square, and by shape) by dtype, element-wise table, per-op overhead,
     attention FLOP/s and attention by call size per dtype, AdamW seconds per parameter, and
     (concurrent CPU processes) the times of a fixed segment of work, each started together
     (``segment_times``)."""
@@ -244,7 +244,7 @@ def device_speeds(timer: Timer, threads: int, dtypes) -> dict:
         keep_freed_memory()  # as the runtime does: large tensors reuse the heap's pages
     try:
         return {"gemm": {dt: gemm_table(timer, dt) for dt in dtypes},
-                "skew": {dt: gemm_skew_tables(timer, dt) for dt in dtypes},
+                "grid": {dt: gemm_grid(timer, dt) for dt in dtypes},
                 "memory": memory_table(timer), "overhead": op_overhead(timer),
                 "attention": {dt: attention_rate(timer, dt) for dt in dtypes},
                 "attention_table": {dt: attention_table(timer, dt) for dt in dtypes},
@@ -321,8 +321,7 @@ def _concurrently(n: int, device: str, threads: int, dtypes) -> dict:
     results = [queue.get()[1] for _ in range(n)]  # read before join: the pipe must not fill
     procs.join()
     return {"gemm": {dt: _mean_table([r["gemm"][dt] for r in results]) for dt in dtypes},
-            "skew": {dt: {dim: _mean_table([r["skew"][dt][dim] for r in results])
-                          for dim in results[0]["skew"][dt]} for dt in dtypes},
+            "grid": {dt: _mean_grid([r["grid"][dt] for r in results]) for dt in dtypes},
             "memory": _mean_table([r["memory"] for r in results]),
             "overhead": statistics.fmean(r["overhead"] for r in results),
             "attention": {dt: statistics.fmean(r["attention"][dt] for r in results)
@@ -342,6 +341,12 @@ def _mean_table(tables: list[list[list[float]]]) -> list[list[float]]:
     return [[rows[0][0], statistics.fmean(r[1] for r in rows)] for rows in zip(*tables)]
 
 
+def _mean_grid(grids: list) -> list:
+    """The processes' gemm_grid, averaged shape by shape."""
+    return [[[statistics.fmean(rates) for rates in zip(*ns)] for ns in zip(*ks)]
+            for ks in zip(*grids)]
+
+
 def _calibration(device, threads, speeds: dict, link) -> dict:
     tables, mem, attn = speeds["gemm"], speeds["memory"], speeds["attention"]
     peaks = {dt: max(r for _, r in table) for dt, table in tables.items()}
@@ -355,7 +360,7 @@ def _calibration(device, threads, speeds: dict, link) -> dict:
         "device": {
             "peak_TFLOPs": {dt: p / 1e12 for dt, p in peaks.items()},
             "gemm_table": tables,
-            "gemm_skew": {"aspect": SKEW, "tables": speeds["skew"]},
+            "gemm_grid": {"sizes": list(GRID_SIZES[device]), "tables": speeds["grid"]},
             "hbm_GBps": mem[-1][1] / 1e9,
             "memory_table": mem,
             "adamw_s_per_param": speeds["adamw"],

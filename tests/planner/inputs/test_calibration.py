@@ -80,13 +80,16 @@ def test_bad_calibration_files(tmp_path):
 def test_profile_measures_this_cpu(monkeypatch):
     monkeypatch.setattr(prof, "GEMM_SIZES", (32, 64, 128))
     monkeypatch.setattr(prof, "MEMORY_SIZES", (1 << 12, 1 << 14))
-    monkeypatch.setattr(prof, "SKEW_SIZES", (32, 64))
+    monkeypatch.setattr(prof, "GRID_SIZES", {"cpu": (8, 64)})
     monkeypatch.setattr(prof, "ATTENTION_SIZES", {"cpu": ((4, 32), (4, 64))})
     calib = prof.profile("cpu", threads=1, processes=1)
     load_calibration(calib)  # the profiler's output is a valid calibration
     dev = calib["device"]
     assert len(dev["gemm_table"]["fp32"]) == 3
     assert all(rate > 1e8 for _, rate in dev["gemm_table"]["fp32"])  # > 0.1 GFLOP/s
+    grid = dev["gemm_grid"]
+    assert grid["sizes"] == [8, 64] and len(grid["tables"]["fp32"]) == 2
+    assert all(rate > 1e6 for a in grid["tables"]["fp32"] for b in a for rate in b)
     assert dev["hbm_GBps"] > 0.1 and 0 < dev["kernel_overhead_us"] < 1e4
     assert [b for b, _ in dev["memory_table"]] == sorted(b for b, _ in dev["memory_table"])
     assert all(rate > 1e8 for _, rate in dev["memory_table"])

@@ -137,23 +137,54 @@ def test_zero1_prices_reduce_scatter_plus_all_gather(fp32_llama):
     assert z1o == pytest.approx(z0o, rel=1e-6)  # same ring volume and steps
 
 
-def test_long_gemms_move_from_the_square_table_to_the_long_shaped_one():
-    from costmodels.compute import shaped_rate
+def _grid(rate) -> dict:
+    """A gemm_grid over sizes 8, 64, 512 whose rate is ``rate(m, k, n)``."""
+    sizes = [8, 64, 512]
+    return {"sizes": sizes, "tables": {"fp32": [[[rate(m, k, n) for n in sizes] for k in sizes]
+                                                for m in sizes]}}
 
-    skewed = json.loads(json.dumps(CALIB))
-    skewed["device"]["gemm_skew"] = {"aspect": 32, "tables": {"fp32": {
-        "m": [[1e6, 1e10], [1e9, 5e10]], "n": [[1e6, 1e10], [1e9, 4e10]],
-        "k": [[1e6, 1e10], [1e9, 3e10]]}}}
-    dev = apply_calibration(load_cluster("cpu"), skewed).device
-    flops = 1e9
-    square = 1e11  # the square table at 1e9 FLOPs
-    assert shaped_rate(dev, "fp32", flops, 256, 256, 256) == pytest.approx(square)
-    assert shaped_rate(dev, "fp32", flops, 256, 256 * 32, 256) == pytest.approx(4e10)  # long n
-    assert shaped_rate(dev, "fp32", flops, 256, 256, 256 * 32) == pytest.approx(3e10)  # long k
-    half = shaped_rate(dev, "fp32", flops, 256 * 32 ** 0.5, 256, 256)  # half-way in log aspect
-    assert half == pytest.approx((square * 5e10) ** 0.5)
-    plain = apply_calibration(load_cluster("cpu"), CALIB).device  # no long-shaped tables
-    assert shaped_rate(plain, "fp32", flops, 256, 8192, 256) == pytest.approx(square)
+
+def test_gemms_are_priced_at_the_rate_measured_for_their_shape(caplog):
+    from costmodels.compute import gemm_time_s, shaped_rate
+
+    shaped = json.loads(json.dumps(CALIB))
+    # a rate falling with a short m or n (the large operand streamed), not with a short k
+    shaped["device"]["gemm_grid"] = _grid(lambda m, k, n: 1e9 * min(m, n) ** 0.5)
+    dev = apply_calibration(load_cluster("cpu"), shaped).device
+    assert shaped_rate(dev, "fp32", 0.0, 64, 512, 8) == pytest.approx(8e9)  # measured shapes
+    assert shaped_rate(dev, "fp32", 0.0, 512, 512, 512) == pytest.approx(1e9 * 512 ** 0.5)
+    assert shaped_rate(dev, "fp32", 0.0, 64, 64, 8) == pytest.approx(8e9)  # k short: no cost
+    # between measured shapes linear in log(rate) over log(size) (exact for this power law)
+    m = (8 * 64) ** 0.5
+    assert shaped_rate(dev, "fp32", 0.0, m, 512, 512) == pytest.approx(1e9 * m ** 0.5)
+    # beyond the grid held at its ends; the FLOPs play no part
+    assert shaped_rate(dev, "fp32", 1.0, 4096, 512, 2) == pytest.approx(1e9 * 512 ** 0.5)
+    # a batch of GEMMs (grouped experts) at the rate of one GEMM of all their rows
+    assert gemm_time_s(8, 64, 512, 512, dev, "fp32") == pytest.approx(
+        gemm_time_s(1, 512, 512, 512, dev, "fp32"))
+    plain = apply_calibration(load_cluster("cpu"), CALIB).device  # no grid: by FLOPs alone
+    assert shaped_rate(plain, "fp32", 1e9, 256, 8192, 256) == pytest.approx(1e11)
+    old = json.loads(json.dumps(CALIB))
+    old["device"]["gemm_skew"] = {"aspect": 32, "tables": {}}
+    with caplog.at_level("WARNING", logger="planner.inputs.calibration"):
+        dev = apply_calibration(load_cluster("cpu"), old).device
+    assert "re-run `plan profile` to measure them by shape" in caplog.text
+    assert not dev.gemm_grid
+
+
+@pytest.mark.parametrize("grid,match", [
+    ({"sizes": [8], "tables": {}}, r"gemm_grid.sizes: expected a list of at least two sizes"),
+    ({"sizes": [64, 8], "tables": {}}, r"gemm_grid.sizes: expected increasing sizes"),
+    ({"sizes": [8, 64], "tables": {"fp32": [[[1.0, 1.0]] * 2]}},
+     r"gemm_grid.tables.fp32: expected a list of 2 entries"),
+    ({"sizes": [8, 64], "tables": {"fp32": [[[1.0, 1.0]] * 2, [[1.0, 0.0]] * 2]}},
+     r"gemm_grid.tables.fp32\[1\]\[0\]\[1\]: expected a positive number, got 0.0"),
+])
+def test_a_malformed_gemm_grid_is_named(grid, match):
+    bad = json.loads(json.dumps(CALIB))
+    bad["device"]["gemm_grid"] = grid
+    with pytest.raises(SpecError, match=match):
+        apply_calibration(load_cluster("cpu"), bad)
 
 
 def test_eager_gradient_accumulation_is_paid_after_every_micro_batch_but_the_first(
