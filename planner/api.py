@@ -223,6 +223,14 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 
+def _gb_bytes(gb) -> float:
+    """``memory_reserve_gb`` in bytes; SpecError unless a finite number >= 0."""
+    if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not math.isfinite(gb) or gb < 0:
+        raise SpecError(f"memory_reserve_gb: expected a number of GB >= 0 (1 by default: the "
+                        f"CUDA context, NCCL buffers and library workspaces), got {gb!r}")
+    return float(gb) * 1e9
+
+
 def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          gpus_per_node: int | None = None, global_batch: int, seq_len: int | None = None,
          dtype: str | None = None, optimizer: str = "adam", fix=None, top_k: int = 3,
@@ -230,13 +238,22 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          trace_method: str = "auto", record_timing: bool = False,
          progress: Callable[[int, int], None] | None = None, cache_dir: str | None = "auto",
          target: str = "any", tables=None, table_optimizer: str | None = None,
-         pipeline: str = "sparse-dist", across_sites: str = "auto") -> Plan:
+         pipeline: str = "sparse-dist", across_sites: str = "auto",
+         memory_reserve_fraction: float | None = None,
+         memory_reserve_gb: float | None = None) -> Plan:
     """Plan how to train ``model`` on ``cluster``; see README.md ("Python API") for every argument.
     A recommendation model (embedding tables: README.md, "Recommendation models") gets its tables
     sharded; ``tables`` (a YAML path or a mapping), ``table_optimizer`` and ``pipeline`` apply to
     those only."""
     model, tables = fspath_or_same(model), fspath_or_same(tables)  # (a cluster Path: load_cluster)
+    reserve = {k: v for k, v in (("memory_reserve_fraction", memory_reserve_fraction),
+                                 ("memory_reserve_bytes", None if memory_reserve_gb is None
+                                  else _gb_bytes(memory_reserve_gb))) if v is not None}
     if recsys_model(model):
+        if reserve:
+            raise SpecError(f"{next(iter(reserve)).replace('_bytes', '_gb')}: applies to the "
+                            "search of dense models, not to a recommendation model's table "
+                            "sharding; leave it out")
         if seq_len is not None:
             raise SpecError(f"seq_len: {seq_len} given, but a recommendation model's samples are "
                             "rows of features, not token sequences; leave seq_len (--seq-len) out")
@@ -282,7 +299,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         precision.check_recipe(group.device, dtype, eng.fp8_recipe)
     options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
                                              time_limit_s=time_limit_s, trace=trace_method,
-                                             across_sites=across_sites), target)
+                                             across_sites=across_sites, **reserve), target)
     if across_sites != "auto" and not getattr(cl, "is_sites", False):
         raise SpecError(f"across_sites: {across_sites} applies to a cluster of sites (the sites "
                         "form of a cluster file); leave it out for this cluster")

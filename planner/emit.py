@@ -113,7 +113,17 @@ def _options_record(options: SearchOptions) -> dict:
     """The plan's ``search.options``: what --why and the exports re-plan with (the pins, the
     runners-up kept, the time limit, and --across-sites where not auto)."""
     return {"fix": dict(options.fix), "top_k": options.top_k, "time_limit_s": options.time_limit_s,
-            **({"across_sites": options.across_sites} if options.across_sites != "auto" else {})}
+            **({"across_sites": options.across_sites} if options.across_sites != "auto" else {}),
+            **({"memory_reserve": reserve} if (reserve := _reserve_record(options)) else {})}
+
+
+def _reserve_record(options: SearchOptions) -> dict:
+    """The memory kept free on each device where it is not the default (--memory-reserve-*)."""
+    default = SearchOptions()
+    if (options.memory_reserve_fraction, options.memory_reserve_bytes) == (
+            default.memory_reserve_fraction, default.memory_reserve_bytes):
+        return {}
+    return {"fraction": options.memory_reserve_fraction, "bytes": options.memory_reserve_bytes}
 
 
 def across_sites(site_plan: Plan, row: dict, *, cluster: HeteroCluster, training: TrainingSpec,
@@ -332,7 +342,7 @@ def input_hash(model_info: dict, training: TrainingSpec, cluster: Cluster,
     payload = {"model": model_info.get("fingerprint"), "name": model_info.get("name"),
                "training": training_dict(training), "cluster": repr(cluster),
                "fix": dict(options.fix), "top_k": options.top_k,
-               "planner": _version("planner")}
+               "planner": _version("planner"), **_reserve_record(options)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -35,6 +35,15 @@ def positive_float(text: str) -> float:
     return _number(text, float, 0.0, False, "a number > 0")
 
 
+def fraction(text: str) -> float:
+    """A number >= 0 and < 1."""
+    value = _number(text, float, 0.0, True, "a number from 0 up to (not including) 1")
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 up to (not including) 1, "
+                                         f"got {text!r}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """A finite number >= 0."""
     return _number(text, float, 0.0, True, "a number >= 0")

@@ -213,7 +213,8 @@ def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
     # re-timed as plan solve does, for the engine the plan was made for
     options = SearchOptions(fix=fix, target=plan.search.get("target", "any"),
                             across_sites=plan.search.get("options", {}).get("across_sites",
-                                                                             "auto"))
+                                                                             "auto"),
+                            **plan.memory_reserve())
     return prepared, cluster, training, settings.narrowed(options, prepared, training)
 
 

@@ -361,6 +361,16 @@ def cluster_args(cluster: dict) -> str:
     return f"--cluster CLUSTER_YAML --nodes {nodes} --gpus-per-node {per_node}"
 
 
+def reserve_args(plan: Plan) -> str:
+    """The `plan solve` flags of the memory the plan kept free on each device, where it is not
+    the default ('' where it is)."""
+    kept = plan.search.get("options", {}).get("memory_reserve")
+    if not kept:
+        return ""
+    return (f" --memory-reserve-fraction {kept['fraction']:g}"
+            f" --memory-reserve-gb {kept['bytes'] / 1e9:g}")
+
+
 def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
                  nearest: bool = True) -> str:
     """The `plan solve` command that makes a plan for ``target`` from the same inputs (the plan's
@@ -425,6 +435,7 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
     across = plan.search.get("options", {}).get("across_sites")
     if across:  # (a plan over sites made with --across-sites pipeline or replicas)
         extra += f" --across-sites {across}"
+    extra += reserve_args(plan)
     return (f"plan solve {spec} {cluster_args(c)} --global-batch "
             f"{t['global_batch']} --seq-len {t['seq_len']}{extra}"
             + (f" --fix {pinned}" if pinned else "") + f" --target {target}"

@@ -97,8 +97,8 @@ def memory(plan: Plan, *, state_layout: str | None = None, software: str | None 
     per_rank = [0.0] * cfg.pp
     for st in est.stages:
         per_rank[st.rank] = st.memory["total"]
-    return Memory(per_rank=per_rank, usable=capacity_bytes(cluster, SearchOptions()),
-                  device=cluster.device.memory_bytes)
+    usable = capacity_bytes(cluster, SearchOptions(**plan.memory_reserve()))
+    return Memory(per_rank=per_rank, usable=usable, device=cluster.device.memory_bytes)
 
 
 

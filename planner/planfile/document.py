@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from costmodels.engine import read_setting
 from planner.errors import SpecError
 from planner.files import atomic_write, read_json_object
-from planner.options import parallel_text
+from planner.options import SearchOptions, parallel_text
 from planner.planfile.schema import SCHEMA_ID, validate
 
 SIGNIFICANT_DIGITS = 6
@@ -83,6 +83,15 @@ class Plan:
         for t in (self.embeddings or {}).get("tables", []):
             kinds[t["sharding_type"]] = kinds.get(t["sharding_type"], 0) + 1
         return dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def memory_reserve(self) -> dict:
+        """The device memory the plan's search kept free (``memory_reserve_fraction`` and
+        ``memory_reserve_bytes`` of SearchOptions) as its ``search.options`` record it, the
+        defaults where they do not (a plan made with the defaults, or before 2026-12-06)."""
+        kept = self.search.get("options", {}).get("memory_reserve", {})
+        return {"memory_reserve_fraction": kept.get("fraction",
+                                                    SearchOptions.memory_reserve_fraction),
+                "memory_reserve_bytes": kept.get("bytes", SearchOptions.memory_reserve_bytes)}
 
     def model_spec(self, override: str | None = None) -> str:
         """The MODEL to build for this plan: ``override`` (--model), else the one the plan was

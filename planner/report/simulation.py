@@ -94,7 +94,7 @@ def rank_memory(plan: Plan, base: SimResult, other: SimResult, *, twice: bool = 
     if sorted(mem) != list(range(other.ranks)):
         return None
     caps = {g["name"]: g["device_memory_bytes"] for g in plan.cluster.get("groups", [])}
-    reserve = SearchOptions()
+    reserve = SearchOptions(**plan.memory_reserve())
     own_peak, new_peak, over = 0.0, 0.0, []
     for r, (m, group) in sorted(mem.items()):
         new = m["total"] + other.peak_activation_bytes[r] - base.peak_activation_bytes[r]

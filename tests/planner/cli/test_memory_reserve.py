@@ -1,0 +1,88 @@
+"""--memory-reserve-fraction / --memory-reserve-gb (and the API's memory_reserve_*): the memory
+kept free on each device bounds the plans the search takes, is recorded in the plan and is kept
+by what re-plans from it."""
+
+import json
+
+import pytest
+
+import planner
+from planner.cli.main import main
+from planner.errors import SpecError
+from planner.export.common import resolve_hint
+from planner.options import SearchOptions
+
+A100 = 80e9  # dgx-a100-80g's device memory
+
+
+def _solve(capsys, config, path, *extra):
+    code = main(["solve", config, "--cluster", "dgx-a100-80g", "--nodes", "1", "--global-batch",
+                 "64", "--seq-len", "128", "-o", str(path), *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_larger_reserve_bounds_the_plan_and_the_plan_keeps_it(capsys, tmp_path,
+                                                                 tiny_llama_config):
+    code, _, err = _solve(capsys, tiny_llama_config, tmp_path / "default.json")
+    assert code == 0, err
+    default = planner.load_plan(str(tmp_path / "default.json"))
+    assert "memory_reserve" not in default.search["options"]  # the defaults are not recorded
+    assert default.memory_reserve() == {
+        "memory_reserve_fraction": SearchOptions.memory_reserve_fraction,
+        "memory_reserve_bytes": SearchOptions.memory_reserve_bytes}
+    peak = default.predicted["peak_memory_bytes"]
+    # keep free all but half of what the default plan needs at its peak
+    usable = peak / 2
+    gb = (A100 * (1 - 0.1) - usable) / 1e9
+    code, _, err = _solve(capsys, tiny_llama_config, tmp_path / "lean.json",
+                          "--memory-reserve-fraction", "0.1", "--memory-reserve-gb", f"{gb:.6f}")
+    assert code == 0, err
+    lean = planner.load_plan(str(tmp_path / "lean.json"))
+    assert lean.predicted["peak_memory_bytes"] <= usable * 1.0001
+    assert lean.parallel != default.parallel
+    assert lean.search["options"]["memory_reserve"] == {"fraction": 0.1,
+                                                        "bytes": pytest.approx(gb * 1e9)}
+    assert lean.memory_reserve()["memory_reserve_fraction"] == 0.1
+    # the command that re-plans it for an engine keeps the reserve
+    hint = resolve_hint(lean, "megatron")
+    assert "--memory-reserve-fraction 0.1 --memory-reserve-gb " in hint
+    assert "--memory-reserve" not in resolve_hint(default, "megatron")
+    # a reserve leaving less than any plan needs: no plan, exit 2
+    code, _, err = _solve(capsys, tiny_llama_config, tmp_path / "none.json",
+                          "--memory-reserve-gb", f"{A100 * 0.95 / 1e9 - 1e-6:.6f}")
+    assert code == 3 and "no plan fits" in err.lower(), err  # (exit 3: valid input, no room)
+    assert not (tmp_path / "none.json").exists()
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--memory-reserve-fraction", "1", "expected a number from 0 up to (not including) 1, got '1'"),
+    ("--memory-reserve-fraction", "-0.1", "expected a number from 0 up to (not including) 1"),
+    ("--memory-reserve-gb", "-1", "expected a number >= 0, got '-1'"),
+    ("--memory-reserve-gb", "lots", "expected a number >= 0, got 'lots'"),
+])
+def test_a_bad_reserve_is_one_line_naming_the_flag(capsys, flag, value, message):
+    code = main(["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8", flag, value])
+    _, err = capsys.readouterr()
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if ln.startswith("plan: error")]
+    assert len(lines) == 1 and flag in lines[0] and message in lines[0], err
+
+
+def test_the_api_checks_the_reserve_before_tracing():
+    with pytest.raises(SpecError, match=r"^memory_reserve_gb: expected a number of GB >= 0"):
+        planner.plan("gpt2", cluster="dgx-h100", global_batch=8, memory_reserve_gb="2")
+    with pytest.raises(SpecError, match=r"^memory_reserve_fraction: expected a number in \[0, 1\)"):
+        planner.plan("gpt2", cluster="dgx-h100", global_batch=8, memory_reserve_fraction=1.5)
+    with pytest.raises(SpecError, match=r"^memory_reserve_gb: applies to the search of dense "
+                                        r"models"):
+        planner.plan("dlrm-criteo-1tb", cluster="dgx-a100-40g", nodes=1, global_batch=65536,
+                     memory_reserve_gb=2)
+
+
+def test_the_plan_file_records_the_reserve_as_numbers(capsys, tmp_path, tiny_llama_config):
+    code, _, err = _solve(capsys, tiny_llama_config, tmp_path / "p.json",
+                          "--memory-reserve-gb", "2")
+    assert code == 0, err
+    kept = json.loads((tmp_path / "p.json").read_text())["search"]["options"]["memory_reserve"]
+    assert kept == {"fraction": 0.05, "bytes": 2e9}
