@@ -131,10 +131,14 @@ SECTIONS = [
      "launching every plan once (this VM's speed drifts over minutes); the error is the median "
      "over the rounds (predicted / measured - 1), and the spread shows how much the launches "
      "move. The VM's speed also differs from day to day: on 2026-12-01, with steps of 0.45-0.80 "
-     "s, this benchmark gave median 3.8%, max 6.0%; on the day of the table below (2026-12-03) "
-     "the errors reach about 20% either way, one process predicted slower than measured and two "
-     "faster, with gradient accumulation (a pass over the gradients after every micro-batch but "
-     "the first) and attention at the rate of its call's size priced: not explained yet."),
+     "s, this benchmark gave median 3.8%, max 6.0%; on 2026-12-03 median 8.5%, max 21.5%, "
+     "errors about 20% either way. The table below is the run of 2026-12-06, with calibrations "
+     "that measure GEMMs by shape (above): every two-process plan is predicted too fast, by 12% "
+     "(data parallelism) to 20% (the pipelines), and so is the one-process plan of two "
+     "micro-batches (-12%), the other two within 1%. Two rounds just before on the same VM read "
+     "median 13.5%, max 17.7% with the long-shaped GEMM tables of the day before, and 13.4%, "
+     "23.6% with the shape grid (its predictions 2-3% faster): the grid prices GEMMs alone more "
+     "closely, but inside a step they run slower than alone (above), which these plans show."),
     ("runtime-moe", "measured_vs_predicted.py --model mixtral --repeats 5",
      "**Executed expert and context parallelism.** A small Mixtral (4 layers, hidden 256, 8 "
      "experts, top-2, 17.8 M parameters of which 12.6 M in experts; sequence 128, batch 8, fp32, "
@@ -148,13 +152,16 @@ SECTIONS = [
      "(`moe_imbalance`, measured before planning; until 2026-12-02 they assumed balanced "
      "routing, and the EP row read -18%, predicted too fast). The error is predicted / "
      "measured - 1: negative is a prediction that is too fast. The table below is the run of "
-     "2026-12-06, on a VM that ran every configuration about 30% faster than the one of "
-     "2026-12-05, where the same benchmark read -3.9%, -8.4%, -4.3% and -10.3% (median 6.3%): "
-     "here every row is predicted too fast, the one-process row by 11%, so the calibration "
-     "(`plan profile`) misses part of this machine's step, and context parallelism adds its "
-     "own; the context-parallel row is outside the issue's 20% (two runs just before read "
-     "-12.5%, -12.8%, -17.9%, -24.3% over two rounds and -12.2%, -12.7%, -18.3%, -20.8% over "
-     "five)."),
+     "2026-12-06 (a later run), with calibrations that measure GEMMs by shape (above). On the VM "
+     "of 2026-12-05 the same benchmark read -3.9%, -8.4%, -4.3% and -10.3% (median 6.3%); "
+     "earlier on 2026-12-06, with long-shaped GEMM tables and a VM about 15% faster, "
+     "-11.2%, -11.7%, -16.9% and -21.1%. Every row is predicted too fast, and the "
+     "context-parallel row is outside the issue's 20% in every run of 2026-12-06: measured, "
+     "it takes as long as one process (two ranks, each with half of every sequence), where the "
+     "model expects it 15% faster. A profile of one context-parallel rank against a "
+     "data-parallel one (torch.profiler, 2026-12-06) puts the 114 ms between them in the ring's "
+     "sends, receives and waits (+49 ms; the model prices 30 ms), its copies, concatenations "
+     "and accumulations (+41 ms) and thinner GEMMs (+24 ms; the model +11 ms)."),
     ("time", "planning_time.py",
      "**Planning time** of the whole `plan solve` command on this 2-core machine "
      "(`benchmarks/planning_time.py`). The times move from run to run on this shared VM (on "
