@@ -64,7 +64,7 @@ def p2p_s(nbytes: float, link: LinkSpec) -> float:
     """One message of ``nbytes`` over ``link``."""
     if nbytes <= 0:
         return 0.0
-    return link.sync_s + link.latency_s + nbytes / link.effective_bytes_per_s
+    return link.sync_s + link.message_latency_s + nbytes / link.message_bytes_per_s
 
 
 def ring_allreduce_s(nbytes, n: int, link: LinkSpec, count=1):

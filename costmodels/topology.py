@@ -88,11 +88,27 @@ class LinkSpec:
     0.8-1.4 ms on this project's 2-core VM against 0.2-0.7 ms for the same call between idle
     ranks). Paid once per call and never hidden behind compute. 0 where not measured (GPUs:
     NCCL's kernels queue on the device behind the compute)."""
+    p2p_latency_s: float | None = None
+    """Measured latency of one point-to-point message (``plan profile``: every rank sending to
+    the next and receiving from the previous at once, as a pipeline's or a ring's sends run);
+    None: ``latency_s``, the all-reduce fit's per step."""
+    p2p_bytes_per_s: float | None = None
+    """Measured bandwidth of those messages; None: ``effective_bytes_per_s``."""
 
     @property
     def effective_bytes_per_s(self) -> float:
         """Achievable bandwidth in bytes/s."""
         return self.bandwidth_bytes_per_s * self.efficiency
+
+    @property
+    def message_latency_s(self) -> float:
+        """Latency of one point-to-point message: measured, else the all-reduce fit's."""
+        return self.latency_s if self.p2p_latency_s is None else self.p2p_latency_s
+
+    @property
+    def message_bytes_per_s(self) -> float:
+        """Bandwidth of point-to-point messages: measured, else the collectives'."""
+        return self.effective_bytes_per_s if self.p2p_bytes_per_s is None else self.p2p_bytes_per_s
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -129,7 +129,12 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
                                                    positive=True, at="intra_node"),
                          allgather_factor=num(link, "all_gather_factor", 1.0, positive=True,
                                               at="intra_node"),
-                         sync_s=num(link, "sync_us", 0.0, at="intra_node") * 1e-6)
+                         sync_s=num(link, "sync_us", 0.0, at="intra_node") * 1e-6,
+                         p2p_latency_s=(num(link, "p2p_latency_us", at="intra_node") * 1e-6
+                                        if "p2p_latency_us" in link else None),
+                         p2p_bytes_per_s=(num(link, "p2p_bandwidth_GBps", positive=True,
+                                              at="intra_node") * GB
+                                          if "p2p_bandwidth_GBps" in link else None))
     return dataclasses.replace(cluster, device=device, intra_node=intra,
                                name=f"{cluster.name}+calibration")
 
@@ -153,12 +158,18 @@ def _mapping(value, where: str) -> dict:
     return value
 
 
+_OLD_SAID: set[str] = set()
+"""Calibrations whose long-shaped tables were already said to be ignored (a sweep applies one
+calibration at every point)."""
+
+
 def _gemm_grid(dev: dict, where: str) -> tuple[tuple, dict]:
     """``device.gemm_grid``: the sizes measured and, per dtype, the nested [m][k][n] FLOP/s;
     ((), {}) where the calibration has none (GEMMs then priced by FLOPs alone). A calibration
     written before 2026-12-06 has long-shaped tables instead (``gemm_skew``), which this version
     no longer reads: said once."""
-    if "gemm_skew" in dev and "gemm_grid" not in dev:
+    if "gemm_skew" in dev and "gemm_grid" not in dev and where not in _OLD_SAID:
+        _OLD_SAID.add(where)
         log.warning("%s: measured GEMMs of a few long shapes only (device.gemm_skew, before "
                     "2026-12-06), which this version does not read: GEMMs are priced by their "
                     "FLOPs alone; re-run `plan profile` to measure them by shape", where)
@@ -173,8 +184,10 @@ def _gemm_grid(dev: dict, where: str) -> tuple[tuple, dict]:
     sizes = tuple(_number(s, f"{at}.sizes[{i}]", positive=True) for i, s in enumerate(sizes))
     if any(b <= a for a, b in zip(sizes, sizes[1:])):
         raise SpecError(f"{at}.sizes: expected increasing sizes, got {list(sizes)}; {FIX}")
+    if "tables" not in grid:
+        raise SpecError(f"{at}.tables is missing; {FIX}")
     out = {}
-    for dt, rates in _mapping(grid.get("tables", {}), f"{at}.tables").items():
+    for dt, rates in _mapping(grid["tables"], f"{at}.tables").items():
         out[dt] = _cube(rates, len(sizes), f"{at}.tables.{dt}")
     return sizes, out
 

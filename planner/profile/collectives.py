@@ -40,7 +40,7 @@ def _collective_worker(rank: int, world: int, port: int, backend: str, queue) ->
     timer = Timer(device)
     if device == "cuda":
         torch.cuda.set_device(rank)
-    results = {"all_reduce": [], "reduce_scatter": [], "all_gather": []}
+    results = {"all_reduce": [], "reduce_scatter": [], "all_gather": [], "p2p": []}
     # (output, input) either way; the *_single names replace the *_tensor ones in newer torch
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -61,6 +61,7 @@ def _collective_worker(rank: int, world: int, port: int, backend: str, queue) ->
                 timer.sync()
                 samples.append(time.perf_counter() - t0)
             results[name].append([nbytes, statistics.median(samples)])
+        results["p2p"].append([nbytes, _exchange_s(dist, timer, nbytes, rank, world, reps)])
     if device == "cpu":
         from planner.profile.dtensor import dtensor_overheads  # lazy: loads torch.distributed.tensor, which only this worker needs
 
@@ -70,6 +71,34 @@ def _collective_worker(rank: int, world: int, port: int, backend: str, queue) ->
         queue.put(results)
     dist.barrier()
     dist.destroy_process_group()
+
+
+P2P_REPS = 20
+"""Exchanges timed per message size (at least; more than the collectives' few: small messages
+are the noisiest and the fit's intercept rests on them)."""
+
+
+def _exchange_s(dist, timer: Timer, nbytes: int, rank: int, world: int, reps: int) -> float:
+    """Median seconds of every rank sending ``nbytes`` to the next and receiving as many from the
+    previous at once (batched isend/irecv, as a pipeline's or a context-parallel ring's sends)."""
+    out = torch.ones(nbytes // 4, device=timer.device)
+    into = torch.empty(nbytes // 4, device=timer.device)
+
+    def exchange():
+        ops = [dist.P2POp(dist.isend, out, (rank + 1) % world),
+               dist.P2POp(dist.irecv, into, (rank - 1) % world)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        timer.sync()
+
+    exchange()  # warm-up
+    dist.barrier()
+    samples = []
+    for _ in range(max(reps, P2P_REPS)):
+        t0 = time.perf_counter()
+        exchange()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
 
 
 SYNC_ROUNDS = 5
@@ -140,6 +169,13 @@ def collectives(world: int, backend: str) -> dict:
         link[f"{name}_factor"] = statistics.median(ratios) if ratios else 1.0
         link[f"{name}_points"] = results[name]
         log.info("  %s: %.2fx the ring model", name.replace("_", "-"), link[f"{name}_factor"])
+    p2p = results["p2p"]
+    slope, intercept = _least_squares([b for b, _ in p2p], [t for _, t in p2p])
+    p2p_bandwidth, p2p_latency = fitted_link(p2p, slope, intercept, 1, what="point-to-point")
+    link.update(p2p_bandwidth_GBps=p2p_bandwidth / 1e9, p2p_latency_us=p2p_latency * 1e6,
+                p2p_points=p2p)
+    log.info("  point-to-point (each rank sending and receiving at once): %.3g GB/s, %.0f us "
+             "latency", p2p_bandwidth / 1e9, p2p_latency * 1e6)
     if "sync" in results:
         model = steps * latency + 2 * (world - 1) / world * SYNC_BYTES / bandwidth
         link["sync_us"] = max(0.0, results["sync"] - model) * 1e6
@@ -154,26 +190,29 @@ def collectives(world: int, backend: str) -> dict:
     return link
 
 
-def fitted_link(points, slope: float, intercept: float, steps: int) -> tuple[float, float]:
-    """(bytes/s, seconds per ring step) of the all-reduce fit; where noise left the line no
-    intercept, the smallest message's time stands for the latency (it bounds it: a small
-    all-reduce is mostly latency), and where it left no slope, the largest message's wire bytes
-    over its whole time for the bandwidth (a lower bound), each with a warning, instead of 0 us
-    or an infinite rate."""
+def fitted_link(points, slope: float, intercept: float, steps: int,
+                what: str = "all-reduce") -> tuple[float, float]:
+    """(bytes/s, seconds per ring step) of the all-reduce fit (``steps`` = 2 (n - 1); of a
+    point-to-point fit with ``steps`` = 1, its points' bytes being what each message carries);
+    where noise left the line no intercept, the smallest message's time stands for the latency
+    (it bounds it: a small message is mostly latency), and where it left no slope, the largest
+    message's wire bytes over its whole time for the bandwidth (a lower bound), each with a
+    warning, instead of 0 us or an infinite rate."""
     latency = intercept / steps
     if latency <= 0:
         small = min(points)
         latency = small[1] / steps
-        log.warning("all-reduce latency: the timings gave the fit no intercept (noisy: another "
-                    "load on this machine?); taken from the smallest message instead, %.0f us "
-                    "per ring step; profile again on a quiet machine for a better figure",
+        log.warning("%s latency: the timings gave the fit no intercept (noisy: another load on "
+                    "this machine?); taken from the smallest message instead, %.0f us per "
+                    "step; profile again on a quiet machine for a better figure", what,
                     latency * 1e6)
     if slope > 0:
         return 1 / slope, latency
     big = max(points)
-    bandwidth = (2 * (steps // 2) / (steps // 2 + 1)) * big[0] / big[1]  # 2 (n - 1) / n x size
-    log.warning("all-reduce bandwidth: the timings gave the fit no slope (noisy); taken from "
-                "the largest message instead, %.3g GB/s; profile again on a quiet machine",
+    wire = (2 * (steps // 2) / (steps // 2 + 1)) if steps > 1 else 1.0  # 2 (n - 1) / n x size
+    bandwidth = wire * big[0] / big[1]
+    log.warning("%s bandwidth: the timings gave the fit no slope (noisy); taken from the "
+                "largest message instead, %.3g GB/s; profile again on a quiet machine", what,
                 bandwidth / 1e9)
     return bandwidth, latency
 

@@ -33,6 +33,23 @@ def test_apply_replaces_device_and_link():
     assert synced.intra_node.sync_s == pytest.approx(9e-4)
 
 
+def test_measured_point_to_point_messages_price_sends():
+    from costmodels.comm import p2p_s
+
+    plain = apply_calibration(load_cluster("cpu"), CALIB).intra_node
+    assert plain.p2p_latency_s is None  # not measured: the all-reduce fit's figures
+    assert p2p_s(1e6, plain) == pytest.approx(3e-4 + 1e6 / 5e8)
+    link = apply_calibration(load_cluster("cpu"), {**CALIB, "intra_node": {
+        **CALIB["intra_node"], "sync_us": 100.0, "p2p_latency_us": 50.0,
+        "p2p_bandwidth_GBps": 2.0}}).intra_node
+    assert (link.p2p_latency_s, link.p2p_bytes_per_s) == (pytest.approx(5e-5), pytest.approx(2e9))
+    assert p2p_s(1e6, link) == pytest.approx(1e-4 + 5e-5 + 1e6 / 2e9)  # busy sync still paid
+    with pytest.raises(SpecError, match=r"intra_node.p2p_bandwidth_GBps: expected a positive "
+                                        r"number, got 0"):
+        apply_calibration(load_cluster("cpu"), {**CALIB, "intra_node": {
+            **CALIB["intra_node"], "p2p_latency_us": 50.0, "p2p_bandwidth_GBps": 0}})
+
+
 def test_a_calibration_prices_only_the_kind_of_device_it_was_measured_on(caplog):
     with pytest.raises(SpecError, match=r"measured on a CPU \(test\), but the cluster's device "
                                         r"is h100; run `plan profile` on that device"):
