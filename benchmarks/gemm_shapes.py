@@ -65,6 +65,9 @@ def main() -> int:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA GPU here; measure on a machine with one, or "
+                 "leave --device out (cpu)")
     torch.set_num_threads(args.threads)
     if args.device == "cpu":
         keep_freed_memory()
@@ -75,7 +78,7 @@ def main() -> int:
     square = prof.gemm_table(timer, dtype)
     grid = prof.gemm_grid(timer, dtype)
     sizes = prof.GRID_SIZES[args.device]
-    base = load_cluster("cpu" if args.device == "cpu" else "h100").device
+    base = load_cluster("cpu" if args.device == "cpu" else "dgx-h100").device
     huge = dataclasses.replace(base, hbm_bytes_per_s=1e18)  # the tables' own rates, unbounded
     by_flops = dataclasses.replace(huge, name="by FLOPs", gemm_table={dtype: tuple(
         tuple(r) for r in square)})

@@ -195,14 +195,19 @@ def shaped_rate(device: DeviceSpec, dtype: str, flops: float, m: float, n: float
                 k: float) -> float:
     """Measured FLOP/s of an m x k by k x n GEMM: interpolated in the measured shapes
     (``gemm_grid``) where there are some, linearly in log(rate) over log(m), log(k) and log(n)
-    between the eight measured shapes around it (each dimension held at the grid's ends beyond
-    them); else the square table's rate at these FLOPs."""
+    between the eight measured shapes around it; beyond the grid's largest size a dimension
+    keeps that size's rate, below its smallest that size's time (a GEMM smaller than any
+    measured costs what the smallest did: launch and setup, not FLOPs, set its time); else the
+    square table's rate at these FLOPs."""
     grid = device.gemm_grid.get(dtype)
     if not grid:
         return measured_rate(device.gemm_table[dtype], flops)
     logs = [math.log(s) for s in device.gemm_grid_sizes]
+    smallest = device.gemm_grid_sizes[0]
+    below = 1.0  # the rate scaled down where a dimension is below the grid: its time held
     corners = []
     for x in (m, k, n):
+        below *= min(1.0, max(x, 1e-9) / smallest)
         lx = min(max(math.log(max(x, 1e-9)), logs[0]), logs[-1])
         i = min(len(logs) - 2, max(0, bisect.bisect_right(logs, lx) - 1))
         corners.append((i, (lx - logs[i]) / (logs[i + 1] - logs[i])))
@@ -212,7 +217,7 @@ def shaped_rate(device: DeviceSpec, dtype: str, flops: float, m: float, n: float
         weight = (u if di else 1 - u) * (v if dj else 1 - v) * (w if dq else 1 - w)
         if weight:
             log_rate += weight * math.log(grid[i + di][j + dj][q + dq])
-    return math.exp(log_rate)
+    return math.exp(log_rate) * below
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,7 +31,7 @@ from planner.options import (TRACE_METHODS, SearchOptions, TrainingSpec, engine_
 from planner import settings, targets
 from planner.planfile.document import Plan
 from planner.search import alone, replicas
-from planner.search.costs import ModelArrays
+from planner.search.costs import ModelArrays, capacity_bytes
 from planner.search.feasibility import (batch_note, cluster_pin_problem, explain_infeasible,
                                         known_model_pin_problem, length_note, pin_problem)
 from planner.search.hetero import kinds as hetero_kinds, restrict
@@ -224,11 +224,24 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
 
 
 def _gb_bytes(gb) -> float:
-    """``memory_reserve_gb`` in bytes; SpecError unless a finite number >= 0."""
+    """``memory_reserve_gb`` in bytes, to the plan file's precision (the search keeps free what
+    the plan records); SpecError unless a finite number >= 0."""
     if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not math.isfinite(gb) or gb < 0:
         raise SpecError(f"memory_reserve_gb: expected a number of GB >= 0 (1 by default: the "
                         f"CUDA context, NCCL buffers and library workspaces), got {gb!r}")
-    return float(gb) * 1e9
+    return float(f"{float(gb) * 1e9:.6g}")
+
+
+def _reserve_problem(cluster, options: SearchOptions) -> str:
+    """Why the memory kept free leaves a device of ``cluster`` nothing ('' where it does not)."""
+    for group in getattr(cluster, "groups", (cluster,)):
+        device = group.device
+        if capacity_bytes(group, options) <= 0:
+            return (f"memory_reserve_gb (--memory-reserve-gb), memory_reserve_fraction "
+                    f"(--memory-reserve-fraction): keeping {options.memory_reserve_fraction:g} of "
+                    f"each device and {options.memory_reserve_bytes / 1e9:.3g} GB besides leaves "
+                    f"nothing of {device.name}'s {device.memory_bytes / 1e9:.3g} GB; lower them")
+    return ""
 
 
 def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
@@ -246,14 +259,17 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     sharded; ``tables`` (a YAML path or a mapping), ``table_optimizer`` and ``pipeline`` apply to
     those only."""
     model, tables = fspath_or_same(model), fspath_or_same(tables)  # (a cluster Path: load_cluster)
+    if isinstance(memory_reserve_fraction, float) and math.isfinite(memory_reserve_fraction):
+        memory_reserve_fraction = float(f"{memory_reserve_fraction:.6g}")  # as the plan keeps it
     reserve = {k: v for k, v in (("memory_reserve_fraction", memory_reserve_fraction),
                                  ("memory_reserve_bytes", None if memory_reserve_gb is None
                                   else _gb_bytes(memory_reserve_gb))) if v is not None}
     if recsys_model(model):
         if reserve:
-            raise SpecError(f"{next(iter(reserve)).replace('_bytes', '_gb')}: applies to the "
-                            "search of dense models, not to a recommendation model's table "
-                            "sharding; leave it out")
+            name = next(iter(reserve)).replace("_bytes", "_gb")
+            raise SpecError(f"{name} (--{name.replace('_', '-')}): applies to the search of "
+                            "dense models, not to a recommendation model's table sharding; "
+                            "leave it out")
         if seq_len is not None:
             raise SpecError(f"seq_len: {seq_len} given, but a recommendation model's samples are "
                             "rows of features, not token sequences; leave seq_len (--seq-len) out")
@@ -300,6 +316,9 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
                                              time_limit_s=time_limit_s, trace=trace_method,
                                              across_sites=across_sites, **reserve), target)
+    problem = _reserve_problem(cl, options)
+    if problem:
+        raise SpecError(problem)
     if across_sites != "auto" and not getattr(cl, "is_sites", False):
         raise SpecError(f"across_sites: {across_sites} applies to a cluster of sites (the sites "
                         "form of a cluster file); leave it out for this cluster")

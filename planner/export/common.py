@@ -364,11 +364,11 @@ def cluster_args(cluster: dict) -> str:
 def reserve_args(plan: Plan) -> str:
     """The `plan solve` flags of the memory the plan kept free on each device, where it is not
     the default ('' where it is)."""
-    kept = plan.search.get("options", {}).get("memory_reserve")
-    if not kept:
+    if not plan.search.get("options", {}).get("memory_reserve"):
         return ""
-    return (f" --memory-reserve-fraction {kept['fraction']:g}"
-            f" --memory-reserve-gb {kept['bytes'] / 1e9:g}")
+    kept = plan.memory_reserve()
+    return (f" --memory-reserve-fraction {kept['memory_reserve_fraction']:.6g}"
+            f" --memory-reserve-gb {kept['memory_reserve_bytes'] / 1e9:.6g}")
 
 
 def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,

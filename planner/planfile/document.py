@@ -89,9 +89,18 @@ class Plan:
         ``memory_reserve_bytes`` of SearchOptions) as its ``search.options`` record it, the
         defaults where they do not (a plan made with the defaults, or before 2026-12-06)."""
         kept = self.search.get("options", {}).get("memory_reserve", {})
-        return {"memory_reserve_fraction": kept.get("fraction",
-                                                    SearchOptions.memory_reserve_fraction),
-                "memory_reserve_bytes": kept.get("bytes", SearchOptions.memory_reserve_bytes)}
+        where = "search.options.memory_reserve"
+        if not isinstance(kept, dict):
+            raise SpecError(f"{where}: expected a mapping with fraction and bytes, got "
+                            f"{kept!r:.60}; re-create the plan with `plan solve`")
+        out = {"memory_reserve_fraction": kept.get("fraction",
+                                                   SearchOptions.memory_reserve_fraction),
+               "memory_reserve_bytes": kept.get("bytes", SearchOptions.memory_reserve_bytes)}
+        try:
+            SearchOptions(**out)  # its checks, named after the plan's field
+        except SpecError as err:
+            raise SpecError(f"{where}: {err}; re-create the plan with `plan solve`") from None
+        return out
 
     def model_spec(self, override: str | None = None) -> str:
         """The MODEL to build for this plan: ``override`` (--model), else the one the plan was

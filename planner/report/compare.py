@@ -238,6 +238,11 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     la, lb = link_figures(a), link_figures(b)
     out += [Diff("inputs", k, la.get(k), lb.get(k), "rate")
             for k in list(la) + [k for k in lb if k not in la]]
+    ra, rb = a.memory_reserve(), b.memory_reserve()  # each device's memory the search kept free
+    out += [Diff("inputs", "memory reserve fraction", ra["memory_reserve_fraction"],
+                 rb["memory_reserve_fraction"], "rate"),
+            Diff("inputs", "memory reserve GB", ra["memory_reserve_bytes"] / 1e9,
+                 rb["memory_reserve_bytes"] / 1e9, "rate")]
     out += [Diff("configuration", k, knob_value(a, k), knob_value(b, k),
                  "text" if k in ("schedule", "recompute", "placement", "cp_comm", "zero",
                                  "sequence_parallel", "offload_optimizer") else "count")

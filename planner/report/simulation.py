@@ -83,8 +83,8 @@ def rank_memory(plan: Plan, base: SimResult, other: SimResult, *, twice: bool = 
     every chunk on it) less its simulated peak of activations under the plan's schedule, plus
     that peak under the other; ``twice``: the weights, gradients and optimizer state of the
     stage it runs in the other direction too (bidirectional pipelines: rank r holds stages r and
-    pp - 1 - r). Capacity is what a plan may use of its GPU (SearchOptions' default reserve, as
-    ``plan solve`` checks it)."""
+    pp - 1 - r). Capacity is what a plan may use of its GPU (less the reserve the plan was
+    searched with, Plan.memory_reserve, as ``plan solve`` checks it)."""
     mem = {}
     for st in plan.stages:
         m = st.get("predicted", {}).get("memory_bytes")

@@ -236,8 +236,18 @@ def _parallel(p: Plan) -> list[str]:
         f"  peak memory {gb1(pr['peak_memory_bytes'])} per GPU"
         + (f" of {dev_mem / GB:.0f} GB" if dev_mem and "groups" not in p.cluster else "")
         + ("" if "groups" not in p.cluster else " (device memory: " + ", ".join(
-            f"{g['name']} {g['device_memory_bytes'] / GB:.0f} GB" for g in p.cluster["groups"]) + ")"),
+            f"{g['name']} {g['device_memory_bytes'] / GB:.0f} GB" for g in p.cluster["groups"])
+           + ")") + _reserve(p),
     ]
+
+
+def _reserve(p: Plan) -> str:
+    """The memory the search kept free on each device, where not the default."""
+    if not p.search.get("options", {}).get("memory_reserve"):
+        return ""
+    r = p.memory_reserve()
+    return (f" ({100 * r['memory_reserve_fraction']:.3g}% and {r['memory_reserve_bytes'] / GB:.3g} "
+            "GB of each kept free: --memory-reserve-*)")
 
 
 def _flops(p: Plan) -> list[str]:

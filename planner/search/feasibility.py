@@ -445,6 +445,12 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     hint = "" if pins else _more_nodes_hint(ma, bg, cluster, training, options, cap)
     device_gb = (need + options.memory_reserve_bytes) / (1 - options.memory_reserve_fraction) / 1e9
     fix_hint = "; relax --fix" if pins else ""
+    default = SearchOptions()
+    if (options.memory_reserve_fraction, options.memory_reserve_bytes) != (
+            default.memory_reserve_fraction, default.memory_reserve_bytes):
+        fix_hint += (f"; or keep less of each device free (--memory-reserve-fraction "
+                     f"{options.memory_reserve_fraction:g}, --memory-reserve-gb "
+                     f"{options.memory_reserve_bytes / 1e9:.3g} now)")
     return (f"no plan fits: {where} needs {gb(need)} per GPU ({kinds} GB) but each "
             f"{cluster.device.name} leaves {gb(cap)} usable; it would fit on a device with "
             f">= {math.ceil(device_gb)} GB{hint}{fix_hint}")

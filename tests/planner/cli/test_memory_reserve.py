@@ -3,6 +3,7 @@ kept free on each device bounds the plans the search takes, is recorded in the p
 by what re-plans from it."""
 
 import json
+import os
 
 import pytest
 
@@ -13,6 +14,8 @@ from planner.export.common import resolve_hint
 from planner.options import SearchOptions
 
 A100 = 80e9  # dgx-a100-80g's device memory
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "golden", "plans",
+                      "uneven-llama3-8b.json")
 
 
 def _solve(capsys, config, path, *extra):
@@ -44,15 +47,32 @@ def test_a_larger_reserve_bounds_the_plan_and_the_plan_keeps_it(capsys, tmp_path
     assert lean.search["options"]["memory_reserve"] == {"fraction": 0.1,
                                                         "bytes": pytest.approx(gb * 1e9)}
     assert lean.memory_reserve()["memory_reserve_fraction"] == 0.1
+    assert main(["show", str(tmp_path / "lean.json")]) == 0
+    shown = capsys.readouterr().out
+    assert "(10% and " in shown and " GB of each kept free: --memory-reserve-*)" in shown
     # the command that re-plans it for an engine keeps the reserve
     hint = resolve_hint(lean, "megatron")
     assert "--memory-reserve-fraction 0.1 --memory-reserve-gb " in hint
     assert "--memory-reserve" not in resolve_hint(default, "megatron")
     # a reserve leaving less than any plan needs: no plan, exit 2
     code, _, err = _solve(capsys, tiny_llama_config, tmp_path / "none.json",
-                          "--memory-reserve-gb", f"{A100 * 0.95 / 1e9 - 1e-6:.6f}")
+                          "--memory-reserve-gb", "75.999")  # 1 MB left
     assert code == 3 and "no plan fits" in err.lower(), err  # (exit 3: valid input, no room)
+    assert "or keep less of each device free (--memory-reserve-fraction 0.05, " \
+           "--memory-reserve-gb 76 now)" in err, err
     assert not (tmp_path / "none.json").exists()
+
+
+@pytest.mark.parametrize("extra", [["--memory-reserve-gb", "76"],
+                                   ["--memory-reserve-gb", "1e300"],
+                                   ["--memory-reserve-fraction", "0.99",
+                                    "--memory-reserve-gb", "1"]])
+def test_a_reserve_leaving_nothing_is_bad_input(capsys, extra):
+    code = main(["solve", "gpt2", "--cluster", "dgx-a100-80g", "--global-batch", "8", *extra])
+    _, err = capsys.readouterr()
+    assert code == 2, err
+    assert "leaves nothing of a100-80g's 80 GB; lower them" in err
+    assert "memory_reserve_gb (--memory-reserve-gb)" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("flag,value,message", [
@@ -74,15 +94,33 @@ def test_the_api_checks_the_reserve_before_tracing():
         planner.plan("gpt2", cluster="dgx-h100", global_batch=8, memory_reserve_gb="2")
     with pytest.raises(SpecError, match=r"^memory_reserve_fraction: expected a number in \[0, 1\)"):
         planner.plan("gpt2", cluster="dgx-h100", global_batch=8, memory_reserve_fraction=1.5)
-    with pytest.raises(SpecError, match=r"^memory_reserve_gb: applies to the search of dense "
-                                        r"models"):
+    with pytest.raises(SpecError, match=r"^memory_reserve_gb \(--memory-reserve-gb\): applies "
+                                        r"to the search of dense models"):
         planner.plan("dlrm-criteo-1tb", cluster="dgx-a100-40g", nodes=1, global_batch=65536,
                      memory_reserve_gb=2)
 
 
-def test_the_plan_file_records_the_reserve_as_numbers(capsys, tmp_path, tiny_llama_config):
+def test_the_plan_file_records_the_reserve_the_search_kept(capsys, tmp_path, tiny_llama_config):
     code, _, err = _solve(capsys, tiny_llama_config, tmp_path / "p.json",
-                          "--memory-reserve-gb", "2")
+                          "--memory-reserve-gb", "3.3333333333")
     assert code == 0, err
     kept = json.loads((tmp_path / "p.json").read_text())["search"]["options"]["memory_reserve"]
-    assert kept == {"fraction": 0.05, "bytes": 2e9}
+    assert kept == {"fraction": 0.05, "bytes": 3.33333e9}  # the plan file's precision, searched
+    plan = planner.load_plan(str(tmp_path / "p.json"))
+    assert "--memory-reserve-gb 3.33333 " in resolve_hint(plan, "megatron")
+
+
+@pytest.mark.parametrize("kept,message", [
+    (0.5, "search.options.memory_reserve: expected a mapping with fraction and bytes, got 0.5"),
+    ({"fraction": 1.5}, "search.options.memory_reserve: memory_reserve_fraction: expected a "
+                        "number in [0, 1), got 1.5"),
+])
+def test_a_hand_edited_reserve_is_named(tmp_path, kept, message):
+    d = json.loads(open(GOLDEN).read())
+    d["search"]["options"]["memory_reserve"] = kept
+    plan = planner.Plan.from_dict(d)
+    with pytest.raises(SpecError) as err:
+        plan.memory_reserve()
+    assert str(err.value).startswith(message) and "re-create the plan" in str(err.value)
+    with pytest.raises(SpecError):
+        resolve_hint(plan, "megatron")

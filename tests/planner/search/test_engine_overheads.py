@@ -157,8 +157,12 @@ def test_gemms_are_priced_at_the_rate_measured_for_their_shape(caplog):
     # between measured shapes linear in log(rate) over log(size) (exact for this power law)
     m = (8 * 64) ** 0.5
     assert shaped_rate(dev, "fp32", 0.0, m, 512, 512) == pytest.approx(1e9 * m ** 0.5)
-    # beyond the grid held at its ends; the FLOPs play no part
-    assert shaped_rate(dev, "fp32", 1.0, 4096, 512, 2) == pytest.approx(1e9 * 512 ** 0.5)
+    # beyond the grid's largest size the rate held; the FLOPs play no part
+    assert shaped_rate(dev, "fp32", 1.0, 4096, 512, 8) == pytest.approx(1e9 * 512 ** 0.5)
+    # below its smallest the time held: a GEMM smaller than any measured costs as much
+    assert shaped_rate(dev, "fp32", 1.0, 4096, 512, 2) == pytest.approx(1e9 * 512 ** 0.5 / 4)
+    assert gemm_time_s(1, 2, 2, 1, dev, "fp32") == pytest.approx(gemm_time_s(1, 8, 8, 8, dev,
+                                                                             "fp32"))
     # a batch of GEMMs (grouped experts) at the rate of one GEMM of all their rows
     assert gemm_time_s(8, 64, 512, 512, dev, "fp32") == pytest.approx(
         gemm_time_s(1, 512, 512, 512, dev, "fp32"))
