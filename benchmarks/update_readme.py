@@ -162,7 +162,8 @@ SECTIONS = [
      "were measured -3.1%, -11.8%, -15.2% and -21.9%. Every row is predicted too fast; the "
      "context-parallel row is within the issue's 20% in this run (-18.6%) and was just outside "
      "in the two before it: measured, it takes as long as one process (two ranks, each with "
-     "half of every sequence), where the model expects it 12% faster. A profile of one context-parallel rank against a "
+     "half of every sequence), where the model expects it 12% faster. A profile of one "
+     "context-parallel rank against a "
      "data-parallel one (torch.profiler, 2026-12-06) puts the 114 ms between them in the ring's "
      "sends, receives and waits (+49 ms; the model prices 30 ms), its copies, concatenations "
      "and accumulations (+41 ms) and thinner GEMMs (+24 ms; the model +11 ms)."),
