@@ -119,9 +119,7 @@ def _options_record(options: SearchOptions) -> dict:
 
 def _reserve_record(options: SearchOptions) -> dict:
     """The memory kept free on each device where it is not the default (--memory-reserve-*)."""
-    default = SearchOptions()
-    if (options.memory_reserve_fraction, options.memory_reserve_bytes) == (
-            default.memory_reserve_fraction, default.memory_reserve_bytes):
+    if not options.reserve_changed:
         return {}
     return {"fraction": options.memory_reserve_fraction, "bytes": options.memory_reserve_bytes}
 

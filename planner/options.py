@@ -302,6 +302,12 @@ class SearchOptions:
     cpsat_seed: int = 0
     """CP-SAT's random seed (one worker: the same inputs give the same plan)."""
 
+    @property
+    def reserve_changed(self) -> bool:
+        """Whether the memory kept free per device is not the default (--memory-reserve-*)."""
+        return (self.memory_reserve_fraction, self.memory_reserve_bytes) != (
+            SearchOptions.memory_reserve_fraction, SearchOptions.memory_reserve_bytes)
+
     def __post_init__(self):
         for name in ("top_k", "cp_min_tokens"):
             value = getattr(self, name)

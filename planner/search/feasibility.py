@@ -445,9 +445,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
     hint = "" if pins else _more_nodes_hint(ma, bg, cluster, training, options, cap)
     device_gb = (need + options.memory_reserve_bytes) / (1 - options.memory_reserve_fraction) / 1e9
     fix_hint = "; relax --fix" if pins else ""
-    default = SearchOptions()
-    if (options.memory_reserve_fraction, options.memory_reserve_bytes) != (
-            default.memory_reserve_fraction, default.memory_reserve_bytes):
+    if options.reserve_changed:
         fix_hint += (f"; or keep less of each device free (--memory-reserve-fraction "
                      f"{options.memory_reserve_fraction:g}, --memory-reserve-gb "
                      f"{options.memory_reserve_bytes / 1e9:.3g} now)")
