@@ -31,9 +31,10 @@ from planner.options import (TRACE_METHODS, SearchOptions, TrainingSpec, engine_
 from planner import settings, targets
 from planner.planfile.document import Plan
 from planner.search import alone, replicas
-from planner.search.costs import ModelArrays, capacity_bytes
+from planner.search.costs import ModelArrays
 from planner.search.feasibility import (batch_note, cluster_pin_problem, explain_infeasible,
-                                        known_model_pin_problem, length_note, pin_problem)
+                                        known_model_pin_problem, length_note, pin_problem,
+                                        reserve_problem)
 from planner.search.hetero import kinds as hetero_kinds, restrict
 from planner.search.loop import rejection_lines, search
 from planner.search.space import Space
@@ -232,18 +233,6 @@ def _gb_bytes(gb) -> float:
     return float(f"{float(gb) * 1e9:.6g}")
 
 
-def _reserve_problem(cluster, options: SearchOptions) -> str:
-    """Why the memory kept free leaves a device of ``cluster`` nothing ('' where it does not)."""
-    for group in getattr(cluster, "groups", (cluster,)):
-        device = group.device
-        if capacity_bytes(group, options) <= 0:
-            return (f"memory_reserve_gb (--memory-reserve-gb), memory_reserve_fraction "
-                    f"(--memory-reserve-fraction): keeping {options.memory_reserve_fraction:g} of "
-                    f"each device and {options.memory_reserve_bytes / 1e9:.3g} GB besides leaves "
-                    f"nothing of {device.name}'s {device.memory_bytes / 1e9:.3g} GB; lower them")
-    return ""
-
-
 def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          gpus_per_node: int | None = None, global_batch: int, seq_len: int | None = None,
          dtype: str | None = None, optimizer: str = "adam", fix=None, top_k: int = 3,
@@ -316,7 +305,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
                                              time_limit_s=time_limit_s, trace=trace_method,
                                              across_sites=across_sites, **reserve), target)
-    problem = _reserve_problem(cl, options)
+    problem = reserve_problem(cl, options)
     if problem:
         raise SpecError(problem)
     if across_sites != "auto" and not getattr(cl, "is_sites", False):

@@ -392,6 +392,18 @@ def leanest(ma: ModelArrays, bg: BlockGraph, cluster: Cluster, training: Trainin
     return best
 
 
+def reserve_problem(cluster, options: SearchOptions) -> str:
+    """Why the memory kept free leaves a device of ``cluster`` nothing ('' where it does not)."""
+    for group in getattr(cluster, "groups", (cluster,)):
+        device = group.device
+        if capacity_bytes(group, options) <= 0:
+            return (f"memory_reserve_gb (--memory-reserve-gb), memory_reserve_fraction "
+                    f"(--memory-reserve-fraction): keeping {options.memory_reserve_fraction:g} of "
+                    f"each device and {options.memory_reserve_bytes / 1e9:.3g} GB besides leaves "
+                    f"nothing of {device.name}'s {device.memory_bytes / 1e9:.3g} GB; lower them")
+    return ""
+
+
 def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: TrainingSpec,
                        options: SearchOptions, rejected: Counter) -> str:
     """One line: what the leanest plan (with the user's pins) needs, what the device offers, and
