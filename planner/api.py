@@ -27,7 +27,7 @@ from planner.inputs.modules import import_from_working_folder
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import (TRACE_METHODS, SearchOptions, TrainingSpec, engine_spec, idle_pins,
-                             parse_fix)
+                             parse_fix, reserve_options)
 from planner import settings, targets
 from planner.planfile.document import Plan
 from planner.search import alone, replicas
@@ -224,15 +224,6 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 
-def _gb_bytes(gb) -> float:
-    """``memory_reserve_gb`` in bytes, to the plan file's precision (the search keeps free what
-    the plan records); SpecError unless a finite number >= 0."""
-    if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not math.isfinite(gb) or gb < 0:
-        raise SpecError(f"memory_reserve_gb: expected a number of GB >= 0 (1 by default: the "
-                        f"CUDA context, NCCL buffers and library workspaces), got {gb!r}")
-    return float(f"{float(gb) * 1e9:.6g}")
-
-
 def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          gpus_per_node: int | None = None, global_batch: int, seq_len: int | None = None,
          dtype: str | None = None, optimizer: str = "adam", fix=None, top_k: int = 3,
@@ -248,17 +239,9 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     sharded; ``tables`` (a YAML path or a mapping), ``table_optimizer`` and ``pipeline`` apply to
     those only."""
     model, tables = fspath_or_same(model), fspath_or_same(tables)  # (a cluster Path: load_cluster)
-    if isinstance(memory_reserve_fraction, float) and math.isfinite(memory_reserve_fraction):
-        memory_reserve_fraction = float(f"{memory_reserve_fraction:.6g}")  # as the plan keeps it
-    reserve = {k: v for k, v in (("memory_reserve_fraction", memory_reserve_fraction),
-                                 ("memory_reserve_bytes", None if memory_reserve_gb is None
-                                  else _gb_bytes(memory_reserve_gb))) if v is not None}
+    reserve = reserve_options(memory_reserve_fraction, memory_reserve_gb,
+                              recsys=recsys_model(model))
     if recsys_model(model):
-        if reserve:
-            name = next(iter(reserve)).replace("_bytes", "_gb")
-            raise SpecError(f"{name} (--{name.replace('_', '-')}): applies to the search of "
-                            "dense models, not to a recommendation model's table sharding; "
-                            "leave it out")
         if seq_len is not None:
             raise SpecError(f"seq_len: {seq_len} given, but a recommendation model's samples are "
                             "rows of features, not token sequences; leave seq_len (--seq-len) out")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal, Mapping, get_args
 
@@ -352,6 +353,32 @@ class SearchOptions:
 
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+
+
+def reserve_options(fraction: float | None = None, gb: float | None = None, *,
+                    recsys: bool = False) -> dict:
+    """SearchOptions fields for the memory kept free per device, from the API's and CLI's units
+    (``fraction`` of the memory, ``gb`` GB besides; None: the default), each to the plan file's
+    precision (6 significant digits), so that the search keeps free what the plan records.
+    SpecError for a GB figure that is not a finite number >= 0 (SearchOptions checks the
+    fraction), and for either given for a recommendation model (``recsys``), whose table
+    sharding has no such search."""
+    out = {}
+    if fraction is not None:
+        if isinstance(fraction, float) and math.isfinite(fraction):
+            fraction = float(f"{fraction:.6g}")
+        out["memory_reserve_fraction"] = fraction
+    if gb is not None:
+        if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not math.isfinite(gb) \
+                or gb < 0:
+            raise SpecError(f"memory_reserve_gb: expected a number of GB >= 0 (1 by default: "
+                            f"the CUDA context, NCCL buffers and library workspaces), got {gb!r}")
+        out["memory_reserve_bytes"] = float(f"{float(gb) * 1e9:.6g}")
+    if out and recsys:
+        name = next(iter(out)).replace("_bytes", "_gb")
+        raise SpecError(f"{name} (--{name.replace('_', '-')}): applies to the search of dense "
+                        "models, not to a recommendation model's table sharding; leave it out")
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)

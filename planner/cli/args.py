@@ -49,6 +49,16 @@ def non_negative_float(text: str) -> float:
     return _number(text, float, 0.0, True, "a number >= 0")
 
 
+def add_reserve_flags(parser) -> None:
+    """--memory-reserve-fraction and --memory-reserve-gb (plan solve, plan whatif)."""
+    parser.add_argument("--memory-reserve-fraction", type=fraction, metavar="F",
+                        help="share of each device's memory kept free for the allocator's "
+                             "fragmentation (default 0.05)")
+    parser.add_argument("--memory-reserve-gb", type=non_negative_float, metavar="GB",
+                        help="GB of each device's memory kept free besides, for the CUDA "
+                             "context, NCCL buffers and library workspaces (default 1)")
+
+
 class Joined(argparse.Action):
     """A ``k=v,...`` option given more than once: its values joined with commas (``--fix ep=8
     --fix tp=2`` is ``--fix ep=8,tp=2``), so a later one adds to an earlier one instead of

@@ -7,8 +7,7 @@ import logging
 import sys
 
 from costmodels.engine import PRESETS
-from planner.cli.args import (Joined, count, fraction, non_negative_float, positive_float,
-                              positive_int)
+from planner.cli.args import Joined, add_reserve_flags, count, positive_float, positive_int
 from planner.cli.progress import Bar
 from planner.files import STDOUT, check_output
 from planner.options import (ACROSS_SITES, DTYPES, OPTIMIZERS, PIPELINES, TABLE_OPTIMIZERS,
@@ -76,12 +75,7 @@ def register(add) -> None:
                    help="on sites of one kind: a pipeline over the sites, one site's plan on "
                         "each site with data parallelism across them (replicas), or the faster "
                         "of the two (default auto)")
-    s.add_argument("--memory-reserve-fraction", type=fraction, metavar="F",
-                   help="share of each device's memory kept free for the allocator's "
-                        "fragmentation (default 0.05)")
-    s.add_argument("--memory-reserve-gb", type=non_negative_float, metavar="GB",
-                   help="GB of each device's memory kept free besides, for the CUDA context, "
-                        "NCCL buffers and library workspaces (default 1)")
+    add_reserve_flags(s)
     s.add_argument("-o", "--output", help="write the plan JSON here (- : to stdout, the report "
                                           "then goes to stderr)")
     s.set_defaults(func=run)

@@ -33,8 +33,9 @@ from planner.explore.grid import (ENGINE_KEYS, TABLE_KEYS, UNITS, expand, point_
                                   point_engine, sharding_type)
 from planner.inputs.clusters import load_cluster
 from planner.logs import collected_warnings
-from planner.search.feasibility import cluster_pin_problem
-from planner.options import FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix
+from planner.search.feasibility import cluster_pin_problem, reserve_problem
+from planner.options import (FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix,
+                             reserve_options)
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.settings import target_engine
 from planner.units import counted
@@ -82,6 +83,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
            time_limit_s: float | None = None,
            engine=None, example_inputs=None, workers: int | None = None,
            target: str = "any", calibration=None,
+           memory_reserve_fraction: float | None = None, memory_reserve_gb: float | None = None,
            progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Plan ``model`` at every point of the grid ``vary`` spans; one row per point, in grid order.
 
@@ -92,11 +94,14 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     maps device names (or unique prefixes, ``a100``) to dollars per GPU-hour and adds cost
     columns; ``tokens`` adds the hours to train on that many tokens (and with prices, the
     dollars); ``calibration`` (plan profile's file or mapping) replaces every point's device
-    figures with the measured ones, as planner.plan's does."""
+    figures with the measured ones, as planner.plan's does; ``memory_reserve_fraction`` and
+    ``memory_reserve_gb``: the memory every point keeps free per device, as planner.plan's."""
     model = fspath_or_same(model)  # (a cluster Path stays one: load_cluster reads it as a file)
     grid = expand(vary)
     recsys = api.recsys_model(model)
     fixed, tables = _split_fix(fix, recsys)
+    reserve = reserve_options(memory_reserve_fraction, memory_reserve_gb, recsys=recsys)
+    SearchOptions(**reserve)  # a fraction out of range is bad input before anything is traced
     if "sharding" in vary and not recsys:
         raise SpecError("vary.sharding: shards a recommendation model's embedding tables, and "
                         "this model has none; vary its parallelism knobs (tp, pp, ...) instead")
@@ -127,7 +132,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
             "optimizer": optimizer or "adam", "fix": fixed, "tables": tables,
             "engine": target_engine(engine, target) if not recsys else engine_spec(engine),
-            "top_k": top_k, "time_limit_s": time_limit_s, "target": target,
+            "top_k": top_k, "time_limit_s": time_limit_s, "target": target, "reserve": reserve,
             "calibration": fspath_or_same(calibration)}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row
@@ -306,9 +311,12 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
                                 engine=point_engine(s["engine"], point))
         targets.check_dtype(s["target"], s["dtype"])
         options = targets.restrict(SearchOptions(fix=fix, top_k=s["top_k"],
-                                                 time_limit_s=s["time_limit_s"]), s["target"])
-        problem = "" if isinstance(cl, HeteroCluster) else cluster_pin_problem(
-            dict(fix), cl.num_gpus, s["global_batch"])  # (before any trace, as planner.plan)
+                                                 time_limit_s=s["time_limit_s"],
+                                                 **s["reserve"]), s["target"])
+        problem = reserve_problem(cl, options) or ("" if isinstance(cl, HeteroCluster) else
+                                                   cluster_pin_problem(dict(fix), cl.num_gpus,
+                                                                       s["global_batch"]))
+        # (before any trace, as planner.plan)
         if problem:
             raise SpecError(problem)
     except SpecError as exc:

@@ -81,8 +81,9 @@ def test_a_reserve_leaving_nothing_is_bad_input(capsys, extra):
     ("--memory-reserve-gb", "-1", "expected a number >= 0, got '-1'"),
     ("--memory-reserve-gb", "lots", "expected a number >= 0, got 'lots'"),
 ])
-def test_a_bad_reserve_is_one_line_naming_the_flag(capsys, flag, value, message):
-    code = main(["solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", "8", flag, value])
+@pytest.mark.parametrize("command", [["solve"], ["whatif", "--vary", "nodes=1,2"]])
+def test_a_bad_reserve_is_one_line_naming_the_flag(capsys, command, flag, value, message):
+    code = main([*command, "gpt2", "--cluster", "dgx-h100", "--global-batch", "8", flag, value])
     _, err = capsys.readouterr()
     assert code == 2
     lines = [ln for ln in err.splitlines() if ln.startswith("plan: error")]
@@ -124,3 +125,30 @@ def test_a_hand_edited_reserve_is_named(tmp_path, kept, message):
     assert str(err.value).startswith(message) and "re-create the plan" in str(err.value)
     with pytest.raises(SpecError):
         resolve_hint(plan, "megatron")
+
+
+def test_whatif_keeps_the_reserve_at_every_point(tiny_llama_config):
+    from planner.explore.sweep import whatif
+    common = dict(cluster="dgx-a100-80g", global_batch=64, seq_len=128, vary={"nodes": [1, 2]},
+                  workers=1)
+    default = whatif(tiny_llama_config, **common)
+    usable = min(r["peak_memory_bytes"] for r in default) / 2
+    gb = (A100 * (1 - 0.1) - usable) / 1e9
+    lean = whatif(tiny_llama_config, memory_reserve_fraction=0.1, memory_reserve_gb=gb, **common)
+    assert all(r["feasible"] for r in lean)
+    assert all(r["peak_memory_bytes"] <= usable * 1.0001 for r in lean)
+    assert [r["config"] for r in lean] != [r["config"] for r in default]
+    with pytest.raises(SpecError, match=r"leaves nothing of a100-80g's 80 GB; lower them"):
+        whatif(tiny_llama_config, memory_reserve_gb=76, **common)
+    with pytest.raises(SpecError, match=r"^memory_reserve_fraction \(--memory-reserve-fraction\): "
+                                        r"applies to the search of dense models"):
+        whatif("dlrm-criteo-1tb", cluster="dgx-a100-40g", global_batch=65536,
+               vary={"nodes": [1, 2]}, memory_reserve_fraction=0.2)
+
+
+def test_whatif_refuses_a_reserve_leaving_nothing_with_exit_2(capsys):
+    code = main(["whatif", "gpt2", "--cluster", "dgx-a100-80g", "--global-batch", "8", "--vary",
+                 "nodes=1,2", "--memory-reserve-gb", "300"])
+    _, err = capsys.readouterr()
+    assert code == 2, err
+    assert "leaves nothing of a100-80g's 80 GB; lower them" in err and "Traceback" not in err

@@ -397,10 +397,11 @@ def test_whatif_command_prints_a_table_and_writes_files(capsys, tiny_llama_confi
 def test_a_sweep_where_no_point_fits_prints_its_table_and_exits_3(capsys, tiny_llama_config,
                                                                   tmp_path):
     """As a solve that finds no plan (a new-user check got exit 0 and a table of infeasible rows);
-    the trace is announced first (the API's lines are held back in a sweep)."""
+    the trace is announced first (the API's lines are held back in a sweep). 1.06 GB: the default
+    reserve (5% and 1 GB) leaves about 7 MB; a device smaller than the reserve is bad input."""
     yaml = tmp_path / "small.yaml"
     yaml.write_text("name: small\nnodes: 1\ngpus_per_node: 2\n"
-                    "device: {name: small, memory_GB: 0.01, peak_TFLOPs: {bf16: 100, fp32: 10}, "
+                    "device: {name: small, memory_GB: 1.06, peak_TFLOPs: {bf16: 100, fp32: 10}, "
                     "hbm_GBps: 1000}\nintra_node: {bandwidth_GBps: 100, latency_us: 5}\n"
                     "inter_node: {bandwidth_GBps: 10, latency_us: 10}\n")
     csv_path, png = tmp_path / "o.csv", tmp_path / "o.png"
