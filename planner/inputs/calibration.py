@@ -85,6 +85,10 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
     attn = _mapping(dev["attention_efficiency"], f"{where}: device.attention_efficiency")
     host = _mapping(dev.get("dtensor") or {}, f"{where}: device.dtensor")
     sizes, grids = _gemm_grid(dev, where)
+    stray = sorted(set(grids) - set(_mapping(dev["gemm_table"], f"{where}: device.gemm_table")))
+    if stray:  # (shapes refine a dtype's measured rates; without those they are never read)
+        raise SpecError(f"{where}: device.gemm_grid.tables.{stray[0]}: no device.gemm_table."
+                        f"{stray[0]} beside it (a dtype's shapes refine its measured rates); {FIX}")
     device = dataclasses.replace(
         cluster.device,
         name=f"{cluster.device.name} (calibrated)",

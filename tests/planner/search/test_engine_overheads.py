@@ -183,6 +183,8 @@ def test_gemms_are_priced_at_the_rate_measured_for_their_shape(caplog):
      r"gemm_grid.tables.fp32: expected a list of 2 entries"),
     ({"sizes": [8, 64], "tables": {"fp32": [[[1.0, 1.0]] * 2, [[1.0, 0.0]] * 2]}},
      r"gemm_grid.tables.fp32\[1\]\[0\]\[1\]: expected a positive number, got 0.0"),
+    ({"sizes": [8, 64], "tables": {"bf-16": [[[1.0, 1.0]] * 2] * 2}},
+     r"gemm_grid.tables.bf-16: no device.gemm_table.bf-16 beside it"),
 ])
 def test_a_malformed_gemm_grid_is_named(grid, match):
     bad = json.loads(json.dumps(CALIB))
