@@ -7,6 +7,7 @@ is read back from the trace cache (planner.trace.cache) without loading either.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -32,10 +33,12 @@ from planner import settings, targets
 from planner.planfile.document import Plan
 from planner.search import alone, replicas
 from planner.search.costs import ModelArrays
-from planner.search.feasibility import (batch_note, cluster_pin_problem, explain_infeasible,
+from planner.search.feasibility import (batch_note, cluster_pin_problem, dp_fits,
+                                        explain_infeasible,
                                         known_model_pin_problem, length_note, pin_problem,
                                         reserve_problem)
 from planner.search.hetero import kinds as hetero_kinds, restrict
+from planner.search.space import attention_forms
 from planner.search.loop import rejection_lines, search
 from planner.search.space import Space
 from planner.trace import cache
@@ -584,11 +587,14 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     best = result.best.config
     for note in (length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens")),
                  batch_note(training.global_batch, cluster.num_gpus, best, result.rejected,
-                            dict(options.fix))):
+                            dict(options.fix), fits=None if isinstance(cluster, HeteroCluster)
+                            else functools.partial(dp_fits, prepared.blocks, cluster, training,
+                                                   options))):
         if note:
             log.warning("%s", note)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)
         settings.warn_overlap_off(result.best.config, training, dict(options.fix))
+        settings.warn_etp_replicated_unused(result.best.config, training)
         settings.hint_overlap(result.best, training, options)
     rows = replica_rows = pick = None
     t0 = time.perf_counter()
@@ -697,7 +703,8 @@ def _nearest_engine(prepared: Prepared, cluster, training: TrainingSpec, options
     if options.target != "any" or isinstance(cluster, HeteroCluster):
         return None
     parallel = result.best.config.to_dict()
-    if any(targets.refusal(parallel, training.dtype, t) is None for t in targets.EXPORTED):
+    forms = attention_forms(prepared.blocks)
+    if any(targets.refusal(parallel, training.dtype, t, forms) is None for t in targets.EXPORTED):
         return None
     try:
         left = None if options.time_limit_s is None else \
@@ -708,6 +715,8 @@ def _nearest_engine(prepared: Prepared, cluster, training: TrainingSpec, options
                                                        time_limit_s=left), prepared, training)
     except SpecError:
         return None
+    if targets.exchange_refusal(dict(options.fix), NEAREST_ENGINE, forms) is not None:
+        return None  # (an exchange pinned over attention the engine runs it not over)
     log.info("no exported engine runs this plan as planned: searching within %s's rules ...",
              NEAREST_ENGINE)
     best = search(prepared.blocks, cluster, training, within).best

@@ -261,16 +261,56 @@ EXPORTED = ("megatron", "torchtitan", "deepspeed")
 """The engines a plan is exported to (``torch`` is the planner's own runtime, plan run)."""
 
 
-def refusal(parallel: dict, dtype: str, target: str) -> str | None:
+ATTENTION_FORMS = {"latent": "latent attention (keys wider than values)",
+                   "sinks": "attention with sinks", "sliding_window": "sliding-window attention"}
+"""The forms of attention (planner.search.space.attention_forms, a plan's model.attention_forms)
+over which an engine runs only some context-parallel exchanges, in words."""
+
+
+def refusal(parallel: dict, dtype: str, target: str, forms=()) -> str | None:
     """Why ``target`` does not run a plan's knobs (``parallel``, as Config.to_dict or a plan's
     parallel section gives them) and dtype as planned, in restrict's words: the first refused
-    setting; None where it runs them (an export checks the model's own rules besides)."""
+    setting; None where it runs them. ``forms``: the model's forms of attention
+    (ATTENTION_FORMS), whose context-parallel exchanges the engine may not run (an export checks
+    the model's other rules besides)."""
     fix = {k: parallel[k] for k in FIX_KEYS if k in parallel}
     try:
         restrict(SearchOptions(fix=fix), target)
         check_dtype(target, dtype)
     except SpecError as err:
         return str(err)
+    return exchange_refusal(parallel, target, forms)
+
+
+def _fewer_exchanges(eng: Engine) -> str:
+    """`` (fewer over ...)``: the forms of attention over which ``eng`` runs fewer exchanges than
+    it offers, so that a refusal of one exchange does not send the user to another the model's
+    attention rules out."""
+    fewer: dict[tuple, list[str]] = {}  # the exchanges run -> the forms they are run over
+    for form, runs in (("sliding_window", eng.cp_comms_windowed), ("sinks", eng.cp_comms_sinks),
+                       ("latent", eng.cp_comms_latent)):
+        runs = tuple(c for c in runs if c in eng.cp_comms)
+        if runs != eng.cp_comms:
+            fewer.setdefault(runs, []).append(ATTENTION_FORMS[form])
+    parts = [f"{', '.join(runs) or 'none'} over "
+             f"{', '.join(forms[:-1]) + ' or ' + forms[-1] if len(forms) > 1 else forms[0]}"
+             for runs, forms in fewer.items()]
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def exchange_refusal(parallel: dict, target: str, forms) -> str | None:
+    """Why ``target`` does not run the context-parallel exchange of ``parallel`` (cp > 1 with a
+    cp_comm) over the model's ``forms`` of attention (ATTENTION_FORMS); None where it does."""
+    if int(parallel.get("cp", 1)) > 1 and "cp_comm" in parallel:
+        eng = engine(target)
+        for form in forms:
+            runs = {"latent": eng.cp_comms_latent, "sinks": eng.cp_comms_sinks,
+                    "sliding_window": eng.cp_comms_windowed}.get(form)
+            if runs is not None and parallel["cp_comm"] not in runs:
+                offers = f"it offers {', '.join(runs)} there" if runs else \
+                    "it runs no context parallelism there"
+                return (f"fix.cp_comm: {target} does not exchange K/V by {parallel['cp_comm']} "
+                        f"over {ATTENTION_FORMS[form]}; {offers}")
     return None
 
 
@@ -448,7 +488,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
         raise SpecError(f"fix.cp: {target} runs no context parallelism")
     if "cp_comm" in fix and int(fix.get("cp", 2)) > 1 and fix["cp_comm"] not in eng.cp_comms:
         raise SpecError(f"fix.cp_comm: {target} does not exchange K/V by {fix['cp_comm']}; it "
-                        f"offers {', '.join(eng.cp_comms)}")
+                        f"offers {', '.join(eng.cp_comms)}{_fewer_exchanges(eng)}")
     if int(fix.get("cp", 1)) > 1 and not eng.cp_with_tp_pp and (
             int(fix.get("tp", 1)) > 1 or int(fix.get("pp", 1)) > 1):
         raise SpecError(f"fix.cp: {target} runs context parallelism with data parallelism only "

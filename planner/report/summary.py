@@ -48,7 +48,8 @@ def _engines(p: Plan) -> list[str]:
         return []
     runs, refused = [], []
     for target in ENGINE_TARGETS:
-        why = targets.refusal(p.parallel, p.training["dtype"], target)
+        why = targets.refusal(p.parallel, p.training["dtype"], target,
+                              p.model.get("attention_forms", ()))
         if why is None:
             runs.append(target + (" (plan run)" if target == "torch" else ""))
         else:

@@ -91,6 +91,17 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
+def attention_forms(blocks) -> tuple[str, ...]:
+    """The forms of attention in ``blocks`` (a BlockGraph) that decide which context-parallel
+    exchanges an engine runs over them: ``latent`` (keys wider than values: multi-head latent
+    attention), ``sinks`` (weights inside the scores: gpt-oss's sinks), ``sliding_window``."""
+    found = (("latent", any(b.work.attn_keys_wider for b in blocks.blocks)),
+             ("sinks", any(b.work.attn_score_params for b in blocks.blocks)),
+             ("sliding_window", any(b.work.attn_window_cut > 0 or any(
+                 g.masked > 0.5 for g in b.work.gemms) for b in blocks.blocks)))
+    return tuple(name for name, has in found if has)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Space:
     """What the rules need to know about the cluster and the model."""
@@ -147,11 +158,10 @@ class Space:
         experts = {int(b.work.num_experts) for b in blocks.blocks if b.work.num_experts}
         unsplit = blocks.tp_other_modules if options is not None and \
             not options.tp_other_modules else {}
+        forms = attention_forms(blocks)
         model = dict(experts=math.gcd(*experts) if experts else 0,
-                     sinks=any(b.work.attn_score_params for b in blocks.blocks),
-                     latent=any(b.work.attn_keys_wider for b in blocks.blocks),
-                     windowed=any(b.work.attn_window_cut > 0 or any(
-                         g.masked > 0.5 for g in b.work.gemms) for b in blocks.blocks),
+                     sinks="sinks" in forms, latent="latent" in forms,
+                     windowed="sliding_window" in forms,
                      etp_one_only=(options is not None and not options.etp_with_expert_bias
                                    and any(b.work.expert_bias for b in blocks.blocks)),
                      tp_one_only=(options is not None and not options.tp_inner_weights

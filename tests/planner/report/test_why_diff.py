@@ -518,8 +518,9 @@ def test_a_plan_no_exported_engine_runs_names_the_best_within_megatrons_rules(
     assert targets.refusal(runnable.parallel, "bf16", "megatron") is None
     assert "nearest_engine" not in runnable.search  # an exported engine runs it: no search
     real = targets.refusal
-    monkeypatch.setattr(targets, "refusal", lambda parallel, dtype, target: "fix.zero: refused"
-                        if target in targets.EXPORTED else real(parallel, dtype, target))
+    monkeypatch.setattr(targets, "refusal", lambda parallel, dtype, target, forms=():
+                        "fix.zero: refused" if target in targets.EXPORTED
+                        else real(parallel, dtype, target, forms))
     p = planner.plan(tiny_llama_config, **kw)
     near = p.search["nearest_engine"]
     megatron = planner.plan(tiny_llama_config, target="megatron", **kw)
@@ -527,6 +528,47 @@ def test_a_plan_no_exported_engine_runs_names_the_best_within_megatrons_rules(
     assert near["step_time_s"] == pytest.approx(megatron.step_time_s, rel=1e-6)
     assert "within megatron's rules the search's best is " + megatron.parallel_summary in \
         " ".join(summary(p).split())
+
+
+TINY_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+            "num_hidden_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 32,
+            "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256,
+            "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+def test_the_engines_line_keeps_to_the_exchanges_an_engine_runs_over_the_models_attention(
+        tmp_path):
+    """A new-user check's gpt-oss plan at 64k tokens (cp over a p2p ring) said Megatron-LM and
+    plan run kept to its rules; both refuse a ring over sliding windows and sinks."""
+    import json
+
+    from planner import targets
+    from planner.report.summary import summary
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_OSS))
+    p = planner.plan(str(config), cluster="dgx-h100", global_batch=8, seq_len=128,
+                     fix="cp=2,cp_comm=p2p,dp=4,tp=1,pp=1")
+    assert p.model["attention_forms"] == ["sinks", "sliding_window"]
+    why = targets.refusal(p.parallel, "bf16", "megatron", p.model["attention_forms"])
+    assert why == ("fix.cp_comm: megatron does not exchange K/V by p2p over attention with "
+                   "sinks; it offers a2a there")
+    assert targets.refusal(p.parallel, "bf16", "megatron") is None  # the knobs alone: runs
+    text = " ".join(summary(p).split())
+    assert "keep to the rules of no engine, not megatron (cp_comm)" in text, text
+    # the pins break Megatron-LM's rules themselves: no search within them
+    assert "nearest_engine" not in p.search
+    # cp pinned, the exchange left to the search: Megatron-LM's best exchanges by all-to-all
+    free = planner.plan(str(config), cluster="dgx-h100", global_batch=8, seq_len=128, fix="cp=2")
+    assert free.parallel["cp_comm"] == "p2p", free.parallel_summary  # (the cost model's best)
+    near = free.search["nearest_engine"]
+    assert near["target"] == "megatron" and "cp=2(a2a)" in near["parallel"], near
+    unpinned = planner.plan(str(config), cluster="dgx-h100", global_batch=8, seq_len=128)
+    assert "attention_forms" in unpinned.model
+    assert planner.plan("gpt2", cluster="dgx-h100", global_batch=8).model.get(
+        "attention_forms") is None
 
 
 def test_a_small_rate_ratio_keeps_its_digits():
