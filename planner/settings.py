@@ -115,6 +115,9 @@ def warn_unused_settings(prepared, training: TrainingSpec,
     would otherwise not know)."""
     fix = fix or {}
     default = EngineSpec()
+    if training.dtype != "fp8" and _given(training.engine, "fp8_experts"):
+        log.warning("engine.fp8_experts: applies to --dtype fp8 only (whether the experts' GEMMs "
+                    "run in FP8); this %s plan does not use it", training.dtype)
     if training.dtype != "fp8" and training.engine.fp8_recipe != default.fp8_recipe:
         log.warning("engine.fp8_recipe: %s applies to --dtype fp8 only; this %s plan does not "
                     "use it", training.engine.fp8_recipe, training.dtype)
@@ -261,11 +264,33 @@ def hint_overlap(best, training: TrainingSpec, options: SearchOptions) -> None:
             engine, ep=cfg.ep, recompute=cfg.recompute if "recompute" in fix else "none",
             dtype=training.dtype, pp=cfg.pp, vpp=cfg.vpp if pinned_vpp else 2):
         return
+    # (the shared expert's overlap and this one exclude each other: the re-plan drops it)
+    setting = engine_setting(dataclasses.replace(engine, moe_shared_overlap=False))
+    # what this configuration itself lacks for it (the search chose it without the overlap)
+    lacks = overlap_blockers(engine, ep=cfg.ep, recompute=cfg.recompute, dtype=training.dtype,
+                             pp=cfg.pp, vpp=cfg.vpp)
     log.warning("engine.moe_overlap: off, and this plan's expert all-to-alls take %.0f%% of its "
                 "step exposed; Megatron-Core can run them behind another micro-batch's compute "
                 "(--overlap-moe-expert-parallel-comm, which Megatron-Bridge's performance "
                 "configurations set for DeepSeek-V3 and Qwen3-235B-A22B on H100): plan with "
-                "--engine %s,moe_overlap=true to price that", 100 * share, engine_setting(engine))
+                "--engine %s,moe_overlap=true to price that%s", 100 * share, setting,
+                f" (this configuration cannot run it, as the overlap needs {' and '.join(lacks)}; "
+                "the search takes the overlap only where a configuration running it fits)"
+                if lacks else "")
+
+
+def _given(engine: EngineSpec, name: str) -> bool:
+    """Whether ``engine`` sets ``name`` otherwise than the preset nearest to it does (a setting the
+    user gave, not one the software's preset carries)."""
+    return any(part.startswith(name + "=") for part in engine_setting(engine).split(",")[1:])
+
+
+def warn_etp_replicated_unused(cfg, training: TrainingSpec) -> None:
+    """Warn when moe_etp_replicated is set against its preset and the plan splits no expert
+    matrices (etp = 1): the setting says how an etp group dispatches, and there is none."""
+    if cfg.etp == 1 and _given(training.engine, "moe_etp_replicated"):
+        log.warning("engine.moe_etp_replicated: says how the ranks of an expert-tensor-parallel "
+                    "group dispatch, and this plan has etp=1; it changes nothing here")
 
 
 def warn_overlap_off(cfg, training: TrainingSpec, fix: dict) -> None:

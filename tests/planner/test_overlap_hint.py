@@ -39,3 +39,16 @@ def test_the_hint_names_overlap_only_where_it_runs_and_matters(caplog):
     caplog.clear()
     assert hinted(caplog, best(), engine="megatron-core,moe_dispatcher=deepep")
     assert "--engine megatron-core,moe_dispatcher=deepep,moe_overlap=true" in caplog.text
+
+
+def test_the_hint_gives_a_command_that_runs_and_says_what_the_plan_lacks(caplog):
+    """A new-user check ran the command a hint gave with the shared expert's overlap kept (which
+    excludes this one: refused), and got an unchanged plan from a hint on a configuration with
+    full recomputation."""
+    assert hinted(caplog, best(), engine="megatron-core,moe_shared_overlap=true")
+    assert "--engine megatron-core,moe_overlap=true to price that" in caplog.text
+    assert "moe_shared_overlap" not in caplog.text.split("plan with")[1]
+    assert hinted(caplog, best(recompute="full"))
+    assert "this configuration cannot run it, as the overlap needs no full recomputation" in \
+        caplog.text
+    assert hinted(caplog, best()) and "cannot run it" not in caplog.text
