@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import replace
+from typing import Callable
 
 from costmodels import pipeline
 from costmodels.memory import modules_of
@@ -161,8 +162,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                      if h and h % split]
             why = (f"needs the {' and the '.join(short) or 'heads'} divisible by {width}"
                    if rule == CP_HEADS else
-                   f"it needs cp ranks both inside a node (its all-to-all) and across nodes (its "
-                   f"ring), and no tp splits cp={cp} so on nodes of {gpn} GPUs"
+                   f"it needs more than one but not all of the {cp} cp ranks in each node (an "
+                   f"all-to-all inside a node, a ring across nodes), which no tp gives here with "
+                   f"nodes of {gpn} GPUs"
                    if rule == CP_LEVELS and tp is None
                    and not any(1 < math.gcd(cp, max(1, gpn // d)) < cp for d in divisors(gpn)
                                if n % (d * cp) == 0)
@@ -497,6 +499,15 @@ def nearby_multiples(value: int, step: int, within: float | None = None) -> list
             if b > 0 and (within is None or abs(b - value) <= within)]
 
 
+def dp_fits(bg: BlockGraph, cluster: Cluster, training: TrainingSpec, options: SearchOptions,
+            dp: int) -> bool:
+    """Whether the leanest layout with ``dp`` data-parallel replicas (and the other pins) fits
+    each device's usable memory (batch divisibility aside)."""
+    lean = leanest(ModelArrays.from_blocks(bg), bg, cluster, training,
+                   replace(options, fix={**options.fix, "dp": dp}))
+    return lean is not None and lean[0] <= capacity_bytes(cluster, options)
+
+
 def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:
     for factor in (2 ** k for k in range(1, 13)):
         bigger = replace(cluster, nodes=cluster.nodes * factor)
@@ -506,18 +517,24 @@ def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:
     return ""
 
 
-def batch_note(global_batch: int, num_gpus: int, cfg, rejected, fix=None) -> str:
+def batch_note(global_batch: int, num_gpus: int, cfg, rejected, fix=None,
+               fits: Callable[[int], bool] | None = None) -> str:
     """'' or a warning that the global batch's size ruled out data-parallel degrees above that
     of the plan's configuration ``cfg`` (the search's BATCH_DP rule) and within what the pinned
     degrees (``fix``) leave, with the nearest batches that do not (a new-user check saw a batch
     of 100 on 8 GPUs planned as dp 2 x pp 4 with only a count in the ruled-out list to say
-    why)."""
+    why). ``fits(dp)``: whether some layout with that data-parallel degree fits in memory
+    (dp_fits); the degrees none fits at are left out, as a larger batch would not make them
+    plans (a new-user check was told to raise a 262k-token run's batch for dp=32, which needs
+    480 GB per GPU)."""
     if not rejected.get(BATCH_DP):
         return ""
     fix = fix or {}
     dp = cfg.dp
     most = num_gpus // (fix.get("tp", 1) * fix.get("pp", 1) * fix.get("cp", 1))
     ruled = [d for d in range(dp + 1, most + 1) if num_gpus % d == 0 and global_batch % d]
+    if fits is not None:
+        ruled = [d for d in ruled if fits(d)]
     if not ruled:
         return ""
     top = ruled[-1]

@@ -366,6 +366,31 @@ def test_a_batch_that_rules_out_data_parallel_degrees_is_named_with_the_nearest_
     # with tp=2 pinned on 8 GPUs dp is at most 4: 52 splits (a review saw 48 or 56 offered)
     pinned = batch_note(50, 8, dataclasses.replace(cfg, tp=2, pp=1), {BATCH_DP: 1}, {"tp": 2})
     assert "over dp=4, which" in pinned and "a multiple of 4 (48 or 52)" in pinned
+    # degrees no layout fits at are not worth a larger batch: left out (a new-user check was told
+    # to raise a 262k-token run's batch for dp=32, which needs 480 GB per GPU)
+    wide = dataclasses.replace(cfg, dp=4)
+    assert batch_note(100, 32, wide, {BATCH_DP: 1}, fits=lambda dp: dp <= 8) == (
+        "training.global_batch: 100 samples do not split over dp=8, which ruled it out: the plan "
+        "uses dp=4 with pp=4; a multiple of 8 (96 or 104) splits")
+    assert batch_note(100, 32, wide, {BATCH_DP: 1}, fits=lambda dp: False) == ""
+
+
+def test_the_batch_note_leaves_out_data_parallel_degrees_that_do_not_fit(caplog):
+    """dp_fits over a real model: at 262k tokens llama3-8b fits no dp of 16 or 32 on 32 B200s."""
+    from planner.inputs.clusters import load_cluster
+    from planner.search.feasibility import dp_fits
+    from planner.settings import target_engine
+
+    prepared = planner.prepare("llama3-8b", seq_len=262144, dtype="fp8")
+    cluster = load_cluster("dgx-b200", nodes=4)
+    training = planner.TrainingSpec(global_batch=8, seq_len=262144, dtype="fp8",
+                                    engine=target_engine(None, "any"))
+    assert not dp_fits(prepared.blocks, cluster, training, planner.SearchOptions(), 32)
+    assert dp_fits(prepared.blocks, cluster, training, planner.SearchOptions(), 4)
+    with caplog.at_level("WARNING", logger="planner"):
+        planner.plan("llama3-8b", cluster="dgx-b200", nodes=4, global_batch=8, seq_len=262144,
+                     dtype="fp8")
+    assert "do not split over" not in caplog.text
 
 
 def test_an_image_model_of_a_config_is_known_by_its_pixel_input(tmp_path):
@@ -473,9 +498,10 @@ def test_every_form_that_splits_the_sequence_calls_attention_per_chunk(tiny_llam
     ("cp=4,cp_comm=a2a", r"needs the 2 key-value heads divisible by tp x cp = "
                          r"4; pin cp_comm=p2p or allgather$"),
     # one node: a2a+p2p has no ring level, whatever tp (tp=4 would take 16 GPUs)
-    ("cp=4,cp_comm=a2a+p2p", r"a2a\+p2p with cp=4: it needs cp ranks both inside a node \(its "
-                             r"all-to-all\) and across nodes \(its ring\), and no tp splits cp=4 "
-                             r"so on nodes of 8 GPUs; pin cp_comm=p2p or allgather$"),
+    ("cp=4,cp_comm=a2a+p2p", r"a2a\+p2p with cp=4: it needs more than one but not all of the 4 "
+                             r"cp ranks in each node \(an all-to-all inside a node, a ring across "
+                             r"nodes\), which no tp gives here with nodes of 8 GPUs; pin "
+                             r"cp_comm=p2p or allgather$"),
     ("etp=16", r"fix\.etp: 16 must be 1 or tp, and tp=16"),
     ("cp=8,dp=1,tp=1,pp=1", None),  # 256 tokens in 16 chunks of 16: allowed when pinned
     ("cp=1,cp_comm=a2a", r"fix\.cp_comm: a2a exchanges .* cp=1 has none; drop cp_comm or pin"),
@@ -1047,6 +1073,27 @@ def test_an_fp8_recipe_for_a_bf16_step_is_named_as_unused(tiny_llama, caplog):
     with caplog.at_level("WARNING", logger="planner"):
         _plan(tiny_llama, "tp=1,pp=1", engine=engine_from_mapping("megatron-core"))
     assert "fp8_recipe" not in caplog.text
+
+
+def test_expert_settings_a_plan_does_not_use_are_named(tiny_mixtral, caplog):
+    """A new-user check set moe_etp_replicated on a plan with etp=1 and fp8_experts=false under
+    bf16, and neither was said to change nothing; a preset carrying them says nothing."""
+    from costmodels.engine import engine_from_mapping
+
+    for engine, said in (("megatron-core,moe_etp_replicated=true", "engine.moe_etp_replicated"),
+                         ("megatron-core,fp8_experts=false", "engine.fp8_experts: applies to "
+                                                             "--dtype fp8 only")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="planner"):
+            p = _plan(tiny_mixtral, "tp=1,pp=1,ep=2", engine=engine_from_mapping(engine))
+        assert p.parallel.get("etp", 1) == 1
+        assert said in caplog.text, (engine, caplog.text)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="planner"):
+        _plan(tiny_mixtral, "tp=2,pp=1,ep=2,etp=2",
+              engine=engine_from_mapping("megatron-core,moe_etp_replicated=true"))
+        _plan(tiny_mixtral, "tp=1,pp=1,ep=2", engine=engine_from_mapping("torchtitan"))
+    assert "moe_etp_replicated" not in caplog.text and "fp8_experts" not in caplog.text
 
 
 def test_the_leanest_plan_splits_a_long_sequence_when_cp_is_free(tiny_llama_config):
