@@ -11,7 +11,8 @@ command's light subcommands (``show``, ``diff``, ``--help``) do not pay for torc
 import importlib
 
 _PUBLIC = {
-    "Cluster": "costmodels.topology", "Prepared": "planner.api", "plan": "planner.api",
+    "Cluster": "costmodels.topology", "EngineSpec": "costmodels.engine",
+    "Prepared": "planner.api", "plan": "planner.api",
     "plan_prepared": "planner.api", "prepare": "planner.api", "InfeasibleError": "planner.errors",
     "PlannerError": "planner.errors", "SpecError": "planner.errors", "TraceError": "planner.errors",
     "InternalError": "planner.errors", "whatif": "planner.explore.sweep",

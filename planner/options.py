@@ -355,6 +355,13 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
 
 
+def _policy_order(text: str) -> str:
+    """A recompute policy of several modules in whatever order they are named
+    (``moe_act+mla_up_proj``) as RECOMPUTE spells it (``mla_up_proj+moe_act``); else ``text``."""
+    parts = sorted(text.split("+"))
+    return next((r for r in RECOMPUTE if sorted(r.split("+")) == parts), text)
+
+
 def reserve_options(fraction: float | None = None, gb: float | None = None, *,
                     recsys: bool = False) -> dict:
     """SearchOptions fields for the memory kept free per device, from the API's and CLI's units
@@ -578,7 +585,8 @@ def _fix_value(key: str, value, where: str = "fix"):
             raise SpecError(f"{where}.cp_comm: unknown form '{value}'; choose {', '.join(CP_COMMS)}")
         return str(value)
     if key == "recompute":
-        if str(value) not in RECOMPUTE:
+        value = _policy_order(str(value))
+        if value not in RECOMPUTE:
             raise SpecError(f"{where}.recompute: expected {', '.join(RECOMPUTE[:-1])} or "
                             f"{RECOMPUTE[-1]}, got {value!r}")
         return str(value)

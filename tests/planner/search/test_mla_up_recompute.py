@@ -171,3 +171,12 @@ def test_both_modules_free_what_each_frees_and_cost_what_each_costs(tiny_deepsee
     assert "holds the freed tensors twice" not in text  # core_v0.19.0 shares the storage
     older = " ".join(export(plans["mla_up_proj+moe_act"], "megatron", "core_v0.14.0")[0].split())
     assert "holds the freed tensors twice" in older.replace("# ", "")
+
+
+def test_the_two_modules_may_be_named_in_either_order():
+    """A new-user check wrote recompute=moe_act+mla_up_proj and was refused (only the order the
+    policy list spells was read)."""
+    assert parse_fix("recompute=moe_act+mla_up_proj") == {"recompute": "mla_up_proj+moe_act"}
+    assert parse_fix("recompute=mla_up_proj+moe_act") == {"recompute": "mla_up_proj+moe_act"}
+    with pytest.raises(planner.SpecError, match=r"fix\.recompute: expected none, selective"):
+        parse_fix("recompute=moe_act+full")
