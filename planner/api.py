@@ -38,9 +38,8 @@ from planner.search.feasibility import (batch_note, cluster_pin_problem, dp_fits
                                         known_model_pin_problem, length_note, pin_problem,
                                         reserve_problem)
 from planner.search.hetero import kinds as hetero_kinds, restrict
-from planner.search.space import attention_forms
 from planner.search.loop import rejection_lines, search
-from planner.search.space import Space
+from planner.search.space import Space, attention_forms
 from planner.trace import cache
 from planner.trace.blocks import build_blocks, unchained_repeats
 from planner.trace.graph import (FROZEN_PRICING, BlockGraph, OpGraph, frozen_words,
@@ -716,11 +715,17 @@ def _nearest_engine(prepared: Prepared, cluster, training: TrainingSpec, options
     except SpecError:
         return None
     if targets.exchange_refusal(dict(options.fix), NEAREST_ENGINE, forms) is not None:
-        return None  # (an exchange pinned over attention the engine runs it not over)
+        return None  # the pins break its rules for this model (an exchange it does not run)
     log.info("no exported engine runs this plan as planned: searching within %s's rules ...",
              NEAREST_ENGINE)
-    best = search(prepared.blocks, cluster, training, within).best
+    found = search(prepared.blocks, cluster, training, within)
+    best = found.best
     if best is None:
+        try:  # the pins may leave its rules nothing for this model (no exchange at a pinned cp)
+            explain_infeasible(ModelArrays.from_blocks(prepared.blocks), prepared.blocks, cluster,
+                               training, within, found.rejected)
+        except SpecError:
+            return None
         return {"target": NEAREST_ENGINE, "reason": "no configuration fits"}
     return {"target": NEAREST_ENGINE, "step_time_s": best.step_time_s,
             "parallel": best.config.short(), "peak_memory_bytes": best.peak_memory_bytes}

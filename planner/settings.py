@@ -273,7 +273,9 @@ def hint_overlap(best, training: TrainingSpec, options: SearchOptions) -> None:
                 "step exposed; Megatron-Core can run them behind another micro-batch's compute "
                 "(--overlap-moe-expert-parallel-comm, which Megatron-Bridge's performance "
                 "configurations set for DeepSeek-V3 and Qwen3-235B-A22B on H100): plan with "
-                "--engine %s,moe_overlap=true to price that%s", 100 * share, setting,
+                "--engine %s,moe_overlap=true to price that%s%s", 100 * share, setting,
+                " (without moe_shared_overlap, which Megatron-Core runs only without this "
+                "overlap)" if engine.moe_shared_overlap else "",
                 f" (this configuration cannot run it, as the overlap needs {' and '.join(lacks)}; "
                 "the search takes the overlap only where a configuration running it fits)"
                 if lacks else "")

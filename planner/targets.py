@@ -261,7 +261,7 @@ EXPORTED = ("megatron", "torchtitan", "deepspeed")
 """The engines a plan is exported to (``torch`` is the planner's own runtime, plan run)."""
 
 
-ATTENTION_FORMS = {"latent": "latent attention (keys wider than values)",
+ATTENTION_FORMS = {"latent": "multi-head latent attention",
                    "sinks": "attention with sinks", "sliding_window": "sliding-window attention"}
 """The forms of attention (planner.search.space.attention_forms, a plan's model.attention_forms)
 over which an engine runs only some context-parallel exchanges, in words."""
@@ -309,7 +309,7 @@ def exchange_refusal(parallel: dict, target: str, forms) -> str | None:
             if runs is not None and parallel["cp_comm"] not in runs:
                 offers = f"it offers {', '.join(runs)} there" if runs else \
                     "it runs no context parallelism there"
-                return (f"fix.cp_comm: {target} does not exchange K/V by {parallel['cp_comm']} "
+                return (f"fix.cp_comm: {target} does not run the {parallel['cp_comm']} exchange "
                         f"over {ATTENTION_FORMS[form]}; {offers}")
     return None
 

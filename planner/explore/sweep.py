@@ -133,6 +133,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             "optimizer": optimizer or "adam", "fix": fixed, "tables": tables,
             "engine": target_engine(engine, target) if not recsys else engine_spec(engine),
             "top_k": top_k, "time_limit_s": time_limit_s, "target": target, "reserve": reserve,
+            "recsys": recsys,
             "calibration": fspath_or_same(calibration)}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row
@@ -313,7 +314,9 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
         options = targets.restrict(SearchOptions(fix=fix, top_k=s["top_k"],
                                                  time_limit_s=s["time_limit_s"],
                                                  **s["reserve"]), s["target"])
-        problem = reserve_problem(cl, options) or ("" if isinstance(cl, HeteroCluster) else
+        # (a recommendation model's table sharding keeps no reserve: planner.plan's check)
+        problem = (not s["recsys"] and reserve_problem(cl, options)) or (
+            "" if isinstance(cl, HeteroCluster) else
                                                    cluster_pin_problem(dict(fix), cl.num_gpus,
                                                                        s["global_batch"]))
         # (before any trace, as planner.plan)

@@ -47,7 +47,10 @@ def test_the_hint_gives_a_command_that_runs_and_says_what_the_plan_lacks(caplog)
     full recomputation."""
     assert hinted(caplog, best(), engine="megatron-core,moe_shared_overlap=true")
     assert "--engine megatron-core,moe_overlap=true to price that" in caplog.text
-    assert "moe_shared_overlap" not in caplog.text.split("plan with")[1]
+    command = caplog.text.split("plan with")[1].split(" to price that")[0]
+    assert "moe_shared_overlap" not in command and "cannot run it" not in caplog.text
+    assert "(without moe_shared_overlap, which Megatron-Core runs only without this overlap)" \
+        in caplog.text
     assert hinted(caplog, best(recompute="full"))
     assert "this configuration cannot run it, as the overlap needs no full recomputation" in \
         caplog.text

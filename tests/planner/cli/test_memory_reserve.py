@@ -152,3 +152,21 @@ def test_whatif_refuses_a_reserve_leaving_nothing_with_exit_2(capsys):
     _, err = capsys.readouterr()
     assert code == 2, err
     assert "leaves nothing of a100-80g's 80 GB; lower them" in err and "Traceback" not in err
+
+
+def test_whatif_over_a_recommendation_model_keeps_no_reserve(tmp_path):
+    """A review saw a sweep of two-tower on 1 GB devices refused for the default reserve, which
+    the advice then offered to lower with flags refused for such models; plan solve checks no
+    reserve there (its table sharding keeps none): each point's row says why it does not fit."""
+    from planner.explore.sweep import whatif
+    small = tmp_path / "small.yaml"
+    small.write_text("name: small\nnodes: 1\ngpus_per_node: 8\ndevice: {name: small, memory_GB: "
+                     "1.0, peak_TFLOPs: {bf16: 100, fp32: 10}, hbm_GBps: 1000}\nintra_node: "
+                     "{bandwidth_GBps: 100, latency_us: 5}\ninter_node: {bandwidth_GBps: 10, "
+                     "latency_us: 10}\n")
+    try:
+        rows = whatif("two-tower", cluster=str(small), global_batch=64, vary={"nodes": [1, 2]})
+    except planner.InfeasibleError as err:  # nothing fits at any point: the rows' reasons
+        assert "memory_reserve" not in str(err)
+    else:
+        assert all("memory_reserve" not in (r.get("reason") or "") for r in rows)

@@ -553,7 +553,7 @@ def test_the_engines_line_keeps_to_the_exchanges_an_engine_runs_over_the_models_
                      fix="cp=2,cp_comm=p2p,dp=4,tp=1,pp=1")
     assert p.model["attention_forms"] == ["sinks", "sliding_window"]
     why = targets.refusal(p.parallel, "bf16", "megatron", p.model["attention_forms"])
-    assert why == ("fix.cp_comm: megatron does not exchange K/V by p2p over attention with "
+    assert why == ("fix.cp_comm: megatron does not run the p2p exchange over attention with "
                    "sinks; it offers a2a there")
     assert targets.refusal(p.parallel, "bf16", "megatron") is None  # the knobs alone: runs
     text = " ".join(summary(p).split())
@@ -565,6 +565,10 @@ def test_the_engines_line_keeps_to_the_exchanges_an_engine_runs_over_the_models_
     assert free.parallel["cp_comm"] == "p2p", free.parallel_summary  # (the cost model's best)
     near = free.search["nearest_engine"]
     assert near["target"] == "megatron" and "cp=2(a2a)" in near["parallel"], near
+    # cp=4 pinned: the 2 key-value heads leave Megatron-LM no exchange over sinks at cp=4 (a2a
+    # splits heads): the pins break its rules, not its memory; no search within them
+    four = planner.plan(str(config), cluster="dgx-h100", global_batch=8, seq_len=128, fix="cp=4")
+    assert "nearest_engine" not in four.search, four.search.get("nearest_engine")
     unpinned = planner.plan(str(config), cluster="dgx-h100", global_batch=8, seq_len=128)
     assert "attention_forms" in unpinned.model
     assert planner.plan("gpt2", cluster="dgx-h100", global_batch=8).model.get(
