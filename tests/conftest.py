@@ -43,6 +43,16 @@ TINY_MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 
 {**TINY_MIXTRAL, "num_hidden_layers": 3})."""
 
 
+TINY_GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+                "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 20000,
+                "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"] * 2,
+                "max_position_embeddings": 256, "tie_word_embeddings": False}
+"""A gpt-oss of 4 layers: attention sinks, a sliding window on every other layer, 2 key-value
+heads, routed experts with biases."""
+
+
 TINY_DEEPSEEK_V3 = {"model_type": "deepseek_v3", "num_hidden_layers": 4, "hidden_size": 64,
                     "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
                     "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,

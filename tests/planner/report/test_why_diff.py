@@ -14,6 +14,7 @@ from planner.report import compare
 from planner.report.why import why
 from planner.cli.main import main
 from planner.planfile.document import load_plan
+from tests.conftest import TINY_GPT_OSS
 
 SMALL = {"name": "small", "device": {"name": "small", "memory_GB": 1.09,
                                      "peak_TFLOPs": {"bf16": 100, "fp32": 10}, "hbm_GBps": 1000},
@@ -530,14 +531,6 @@ def test_a_plan_no_exported_engine_runs_names_the_best_within_megatrons_rules(
         " ".join(summary(p).split())
 
 
-TINY_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
-            "num_hidden_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 32,
-            "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256,
-            "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"] * 2,
-            "max_position_embeddings": 256, "tie_word_embeddings": False}
-
-
 def test_the_engines_line_keeps_to_the_exchanges_an_engine_runs_over_the_models_attention(
         tmp_path):
     """A new-user check's gpt-oss plan at 64k tokens (cp over a p2p ring) said Megatron-LM and
@@ -548,7 +541,7 @@ def test_the_engines_line_keeps_to_the_exchanges_an_engine_runs_over_the_models_
     from planner.report.summary import summary
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(TINY_OSS))
+    config.write_text(json.dumps(TINY_GPT_OSS))
     p = planner.plan(str(config), cluster="dgx-h100", global_batch=8, seq_len=128,
                      fix="cp=2,cp_comm=p2p,dp=4,tp=1,pp=1")
     assert p.model["attention_forms"] == ["sinks", "sliding_window"]

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from planner.trace.masks import window_keep
+from tests.conftest import TINY_GPT_OSS
 
 
 def _pairs(length: int, window: int) -> int:
@@ -23,14 +24,6 @@ def test_a_window_as_long_as_the_sequence_keeps_the_causal_call():
     assert window_keep(64, 64) == window_keep(64, 1000) == window_keep(64, 0) == 1.0
 
 
-GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
-           "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64,
-           "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 20000,
-           "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"] * 2,
-           "max_position_embeddings": 256, "tie_word_embeddings": False}
-
-
 def _traced(folder, config: dict, dtype: str = "bf16"):
     """The model of a Hugging Face ``config`` traced at 64 tokens (config.json in ``folder``)."""
     from planner.api import prepare
@@ -41,7 +34,7 @@ def _traced(folder, config: dict, dtype: str = "bf16"):
 
 @pytest.fixture(scope="module")
 def tiny_gpt_oss(tmp_path_factory):
-    return _traced(tmp_path_factory.mktemp("gpt_oss"), GPT_OSS)
+    return _traced(tmp_path_factory.mktemp("gpt_oss"), TINY_GPT_OSS)
 
 
 def _layer(prepared, i):
@@ -240,7 +233,7 @@ def test_a_target_without_tp_through_inner_weights_keeps_tp_off(tmp_path):
     from planner.options import parse_fix
     from planner.targets import restrict
 
-    tiny_gpt_oss = _traced(tmp_path, GPT_OSS, dtype="fp32")  # (the CPU trains in fp32)
+    tiny_gpt_oss = _traced(tmp_path, TINY_GPT_OSS, dtype="fp32")  # (the CPU trains in fp32)
     assert any(b.tp_inner_weights for b in tiny_gpt_oss.blocks.blocks)
     cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=4)
     training = TrainingSpec(global_batch=8, seq_len=64, dtype="fp32", optimizer="sgd")
@@ -402,10 +395,10 @@ def test_routed_traffic_at_the_hidden_width_is_left_uncounted_where_widths_coinc
     """Expert tensor parallelism repeats the routed experts' hidden-width traffic on every etp
     rank (BlockWork.mem_bytes_routed_hidden); the trace tells it from the activation between the
     expert GEMMs by width, which it cannot where the experts' inner width is the hidden width."""
-    inner = GPT_OSS["intermediate_size"]
-    wide = _traced(tmp_path_factory.mktemp("gpt_oss_wide"), {**GPT_OSS,
+    inner = TINY_GPT_OSS["intermediate_size"]
+    wide = _traced(tmp_path_factory.mktemp("gpt_oss_wide"), {**TINY_GPT_OSS,
                                                               "hidden_size": inner // 2})
-    narrow = _traced(tmp_path_factory.mktemp("gpt_oss_same"), {**GPT_OSS, "hidden_size": inner})
+    narrow = _traced(tmp_path_factory.mktemp("gpt_oss_same"), {**TINY_GPT_OSS, "hidden_size": inner})
     for prepared, counted in ((wide, True), (narrow, False)):
         works = [b.work for b in prepared.blocks.blocks if b.work.num_experts]
         assert works and all(w.mem_bytes_routed > 0 for w in works)
