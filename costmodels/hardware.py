@@ -237,6 +237,12 @@ class DeviceSpec:
     """One line for ``plan clusters``."""
 
     @property
+    def is_host(self) -> bool:
+        """Whether this is the ``cpu`` preset (the processes' own host CPU), measured or not (a
+        calibration names its device "cpu (calibrated)")."""
+        return self.name.split(" (")[0] == "cpu"
+
+    @property
     def memory_bytes_per_s(self) -> float:
         """Memory bandwidth kernels reach: the data-sheet figure times ``memory_efficiency``."""
         return self.hbm_bytes_per_s * self.memory_efficiency

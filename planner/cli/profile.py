@@ -56,5 +56,5 @@ def run(args) -> int:
     measured = [k for k in dev["peak_TFLOPs"] if k in DTYPES]
     dtype = "" if "bf16" in measured or not measured else f" --dtype {measured[0]}"
     print(f"wrote {args.output}; use it with `plan solve ... --calibration {args.output}{dtype}` "
-          "(plan solve only: what-if sweeps and plan jobs price the data sheet's figures)")
+          "(or `plan whatif ... --calibration`; plan jobs prices the data sheet's figures)")
     return 0

@@ -53,6 +53,9 @@ def _check_device(data: dict, cluster: Cluster, where: str) -> None:
     measured on another GPU model than the cluster's is used with a warning (a custom device may
     carry any name)."""
     kind, measured = data.get("device_kind"), str(data.get("device_name", "?"))
+    if kind not in ("cpu", "cuda", None):
+        raise SpecError(f"{where}: device_kind: expected cpu or cuda (what `plan profile` "
+                        f"measures), got {kind!r}; {FIX}")
     target = cluster.device.name
     on_cpu = target.split()[0].startswith("cpu")
     if kind in ("cpu", "cuda") and (kind == "cpu") != on_cpu:

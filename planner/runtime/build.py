@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from costmodels.engine import engine_from_mapping
 from planner import targets
 from planner.errors import SpecError
+from planner.options import KNOBS
 from planner.planfile.document import Plan
 from planner.schedule import Action, torch_actions
 from planner.runtime import context as ctxp
@@ -159,6 +160,7 @@ def check_knobs(plan: Plan) -> None:
         raise SpecError(f"parallel.micro_batch: dp {dp} x micro_batch {mb} x num_microbatches {m} "
                         f"= {dp * mb * m} samples, but training.global_batch is {batch}; make "
                         "them agree, or re-plan with plan solve")
+    _check_edits(plan)
     cp, ep, etp = (int(par_.get(k, 1)) for k in ("cp", "ep", "etp"))
     comm = par_.get("cp_comm", "p2p")
     if cp > 1 and comm != "p2p":
@@ -172,6 +174,72 @@ def check_knobs(plan: Plan) -> None:
         raise SpecError(f"parallel.recompute: the runtime does not run {par_['recompute']} "
                         f"recomputation (it runs {', '.join(runs)}); re-plan with --fix "
                         "recompute=full (or --target torch)")
+
+
+PARALLEL_KEYS = (*KNOBS, "dp_replicate")
+"""The keys a plan's ``parallel`` section holds (emit)."""
+
+
+def _check_edits(plan: Plan) -> None:
+    """Refuse (SpecError naming the field) a hand edit that leaves the plan's parts disagreeing,
+    before any process starts (a new-user check saw an edited sequence run 10x longer than its
+    memory check assumed, an edited micro-batch count crash inside torch's schedule, and tp=2
+    with a map that splits nothing run as two copies of the whole model)."""
+    par_ = plan.parallel
+    unknown = sorted(set(par_) - set(PARALLEL_KEYS))
+    if unknown:
+        raise SpecError(f"parallel.{unknown[0]}: not a knob of a plan (they are "
+                        f"{', '.join(PARALLEL_KEYS)}); remove it or re-plan with plan solve")
+    traced = int(plan.model.get("trace", {}).get("seq_len") or 0)
+    if traced and int(plan.training["seq_len"]) != traced:
+        raise SpecError(f"training.seq_len: {plan.training['seq_len']}, but the plan was traced and "
+                        f"priced at {traced} tokens (model.trace.seq_len); re-plan with --seq-len "
+                        f"{plan.training['seq_len']}")
+    if int(par_["tp"]) > 1 and not any(role in ("colwise", "rowwise", "vocab")
+                                       for role in (plan.tensor_parallel or {}).values()):
+        raise SpecError(f"parallel.tp: {par_['tp']}, but tensor_parallel splits no module (every "
+                        "role replicate): each rank would run the whole model; re-plan with "
+                        "plan solve")
+    schedule = plan.schedule or {}
+    if schedule.get("name", par_["schedule"]) != par_["schedule"]:
+        raise SpecError(f"schedule.name: {schedule['name']}, but parallel.schedule is "
+                        f"{par_['schedule']}; make them agree, or re-plan with plan solve")
+    actions = schedule.get("actions")
+    # (one stage runs its micro-batches in a loop; a bidirectional schedule is refused later)
+    if actions and int(par_["pp"]) > 1 and schedule.get("name") != "bidirectional":
+        _check_actions(actions, plan, int(par_["num_microbatches"]))
+
+
+def _check_actions(actions, plan: Plan, m: int) -> None:
+    """Each pipeline rank's actions run a forward and a backward of every micro-batch (and a
+    weight-gradient pass, where the schedule splits them) for each stage it holds, once."""
+    ranks = {int(st.get("pipeline_rank", i)) for i, st in enumerate(plan.stages)}
+    if len(actions) != len(ranks):
+        raise SpecError(f"schedule.actions: {len(actions)} lists, one per pipeline rank, but the "
+                        f"stages occupy {len(ranks)}; re-plan with plan solve")
+    for r, acts in enumerate(actions):
+        held = sorted(i for i, st in enumerate(plan.stages)
+                      if int(st.get("pipeline_rank", i)) == r)
+        seen: dict[tuple, list] = {}
+        for a in acts:
+            act = Action.parse(a)
+            seen.setdefault((act.stage, act.kind), []).append(act.microbatch)
+        kinds = ["F", "B"] + (["W"] if any(k == "W" for _, k in seen) else [])
+        for stage in held:
+            for kind in kinds:
+                if sorted(seen.get((stage, kind), [])) != list(range(m)):
+                    raise SpecError(f"schedule.actions[{r}]: stage {stage}'s {kind} actions do not "
+                                    f"cover micro-batches 0..{m - 1} once each "
+                                    f"(parallel.num_microbatches is {m}); re-plan with plan solve")
+        stray = sorted({s for s, _ in seen} - set(held))
+        if stray:
+            raise SpecError(f"schedule.actions[{r}]: actions of stage {stray[0]}, which pipeline "
+                            f"rank {r} does not hold; re-plan with plan solve")
+    if plan.parallel["schedule"] != "zb-h1" and any("W" in str(a) for acts in actions
+                                                    for a in acts):
+        raise SpecError(f"schedule.actions: weight-gradient (W) actions belong to zb-h1, but "
+                        f"parallel.schedule is {plan.parallel['schedule']}; re-plan with plan "
+                        "solve")
 
 
 DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")

@@ -180,7 +180,7 @@ class Space:
                        group_gpus=tuple(g.num_gpus for g in groups), **model)
         return cls(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
                    num_blocks=len(blocks.blocks), tp_divisors=divs,
-                   host=cluster.device.name == "cpu", **model)
+                   host=cluster.device.is_host, **model)
 
 
 @dataclass(frozen=True)

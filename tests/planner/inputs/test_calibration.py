@@ -33,6 +33,26 @@ def test_apply_replaces_device_and_link():
     assert synced.intra_node.sync_s == pytest.approx(9e-4)
 
 
+def test_a_calibrated_cpu_is_still_the_host(tiny_llama_config):
+    """A new-user check saw --calibration bring back optimizer offload on the cpu preset (its
+    processes step the optimizer in host memory already), priced as if it moved states away."""
+    import planner
+
+    c = apply_calibration(load_cluster("cpu", gpus_per_node=2), CALIB)
+    assert c.device.is_host and load_cluster("cpu").device.is_host
+    assert not load_cluster("dgx-h100").device.is_host
+    with pytest.raises(SpecError, match=r"fix\.offload_optimizer: the cpu cluster's processes "
+                                        r"step the optimizer in host memory already"):
+        planner.plan(tiny_llama_config, cluster="cpu", gpus_per_node=2, global_batch=8,
+                     seq_len=64, dtype="fp32", calibration=CALIB, fix="offload_optimizer=true")
+    p = planner.plan(tiny_llama_config, cluster="cpu", gpus_per_node=2, global_batch=8,
+                     seq_len=64, dtype="fp32", calibration=CALIB)
+    assert not p.parallel["offload_optimizer"]
+    with pytest.raises(SpecError, match=r"device_kind: expected cpu or cuda \(what `plan "
+                                        r"profile` measures\), got 'tpu'"):
+        apply_calibration(load_cluster("cpu"), {**CALIB, "device_kind": "tpu"})
+
+
 def test_measured_point_to_point_messages_price_sends():
     from costmodels.comm import p2p_s
 

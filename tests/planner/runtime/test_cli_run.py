@@ -68,6 +68,38 @@ def test_a_hand_edited_batch_is_refused_before_any_process_starts(capsys, make_p
     assert "running" not in out + err.replace("plan: error:", "")
 
 
+@pytest.mark.parametrize("edit,words", [
+    (lambda d: d["training"].update(seq_len=1024),
+     ("training.seq_len: 1024, but the plan was traced and priced at", "--seq-len 1024")),
+    (lambda d: (d["parallel"].update(num_microbatches=2), d["training"].update(global_batch=4)),
+     ("schedule.actions[0]: stage 0's F actions do not cover micro-batches 0..1",)),
+    (lambda d: d["schedule"]["actions"][0].pop(), ("schedule.actions[0]",)),
+    (lambda d: d["parallel"].update(foo=1), ("parallel.foo: not a knob of a plan",)),
+    (lambda d: d["parallel"].update(schedule="gpipe"),
+     ("schedule.name: 1f1b, but parallel.schedule is gpipe",)),
+])
+def test_a_hand_edit_the_plan_disagrees_with_is_refused_before_launch(capsys, make_plan,
+                                                                       tmp_path, edit, words):
+    """A new-user check saw an edited sequence run with the old memory check, an edited
+    micro-batch count crash inside torch's schedule (exit 4), an unknown knob accepted."""
+    d = json.loads(open(make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=2,schedule=1f1b"))
+                   .read())
+    edit(d)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(d))
+    code, out, err = run(capsys, "run", str(edited), "--dry-run")
+    _one_line_refusal(code, err, *words)
+
+
+def test_tp_with_a_map_that_splits_nothing_is_refused(capsys, make_plan, tmp_path):
+    d = json.loads(open(make_plan("llama", "tp=2,pp=1,dp=1,micro_batch=2")).read())
+    d["tensor_parallel"] = {k: "replicate" for k in d["tensor_parallel"]}
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(d))
+    code, out, err = run(capsys, "run", str(edited), "--dry-run")
+    _one_line_refusal(code, err, "parallel.tp: 2, but tensor_parallel splits no module")
+
+
 def test_nproc_that_does_not_match_the_plan_is_refused(capsys, make_plan):
     path = make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=2")
     code, _, err = run(capsys, "run", path, "--nproc", "3")
