@@ -27,6 +27,7 @@ from costmodels.memory import MODULES
 from costmodels.topology import CLUSTERS, get_cluster
 from planner.errors import PlannerError, SpecError
 from planner.export import moe
+from planner.inputs.calibration import CALIBRATED
 from planner.options import (KNOBS, SearchOptions, parallel_text, pp_inner_refused,
                              zero_runs_with_cp)
 from planner.planfile.document import Plan
@@ -344,9 +345,15 @@ def exported_zero(plan: Plan, target: str, *, one_rank_any: bool = False) -> int
 def cluster_args(cluster: dict) -> str:
     """The `plan solve` arguments that give a plan's cluster (its ``cluster`` section) back: a
     preset's name with the nodes and GPUs per node it was resized to, where the plan's cluster
-    is that; else CLUSTER_YAML, standing for the YAML it was read from (which the plan does not
-    name), with its size."""
+    is that (with ``--calibration CALIBRATION_JSON`` where a calibration priced it: the plan
+    names the preset, not the file); else CLUSTER_YAML, standing for the YAML it was read from
+    (which the plan does not name), with its size."""
     name, nodes, per_node = cluster.get("name"), cluster["nodes"], cluster["gpus_per_node"]
+    base = str(name).removesuffix(CALIBRATED)
+    if base != name and base in CLUSTERS and "groups" not in cluster:
+        return (f"--cluster {base} --nodes {nodes}"
+                + (f" --gpus-per-node {per_node}" if per_node != CLUSTERS[base].gpus_per_node
+                   else "") + " --calibration CALIBRATION_JSON")
     if name in CLUSTERS and "groups" not in cluster:
         preset = CLUSTERS[name]
         try:

@@ -143,10 +143,12 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
                                               at="intra_node") * GB
                                           if "p2p_bandwidth_GBps" in link else None))
     return dataclasses.replace(cluster, device=device, intra_node=intra,
-                               name=f"{cluster.name}+calibration")
+                               name=f"{cluster.name}{CALIBRATED}")
 
 
 FIX = "re-run `plan profile`"
+CALIBRATED = "+calibration"
+"""What a calibrated cluster's name adds to its preset's (``cpu+calibration``)."""
 
 
 def _number(value, where: str, *, positive: bool = False) -> float:

@@ -106,6 +106,9 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
         ra, rb = (p.predicted[f"{rate}_per_s"] for p in (a, b))
         verdict = f"at {_ratio(rb / ra)}x the {rate}/s (a step {tb / ta:.3g}x as long)"
     inputs += engine_changes(a, b)
+    ra, rb = (_reserve_text(p.memory_reserve()) for p in (a, b))  # (memory kept free per device)
+    if ra != rb:
+        inputs.append(("memory reserve", ra, rb))
     la, lb = link_figures(a), link_figures(b)  # (links between sites or groups, by GB/s)
     inputs += [(k.split(" GB/s")[0], f"{la[k]:.4g} GB/s", f"{lb[k]:.4g} GB/s") for k in la
                if "GB/s" in k and k in lb and la[k] != lb[k]]
@@ -122,6 +125,12 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     return (f"{verdict}: {knobs}" + (f"; {moved}" if moved else "") +
             ("; the step does other work (model or batch differ): the rate compares them"
              if other_work else ""))
+
+
+def _reserve_text(kept: dict) -> str:
+    """'5% + 1 GB': the memory a plan kept free on each device (Plan.memory_reserve)."""
+    return (f"{100 * kept['memory_reserve_fraction']:.3g}% + "
+            f"{kept['memory_reserve_bytes'] / 1e9:.3g} GB")
 
 
 def _shorter(x: str | None, y: str | None) -> str:

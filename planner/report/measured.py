@@ -32,7 +32,9 @@ def summary(result: dict, plan_name: str) -> str:
     lines = [
         f"Ran {plan_name} on {len(result['ranks'])} {result['device']} "
         f"{'process' if len(result['ranks']) == 1 else 'processes'} "
-        f"({result['backend']}; data parallel: {result['data_parallel']}), "
+        f"({result['backend']}; "
+        f"{'data parallel over dp x cp' if 'cp' in axes else 'data parallel'}: "
+        f"{result['data_parallel']}), "
         f"{len(result['ranks'][0]['step_times_s'])} steps, "
         + (("the first" if m["warmup_steps"] == 1 else f"the first {m['warmup_steps']}")
            + " not timed" if m["warmup_steps"] else "all timed")

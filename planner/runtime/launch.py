@@ -100,12 +100,13 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
             raise SpecError("device: cuda, but this machine shows no GPU; run with --device cpu "
                             "(or auto)")
         if per_node > visible:
-            raise SpecError(f"nproc: the plan needs {per_node} processes per node but "
-                            f"{visible} GPUs are visible; run it on a machine with {per_node}")
+            raise SpecError(f"cluster.gpus_per_node: the plan needs {per_node} processes per "
+                            f"node but {visible} GPUs are visible; run it on a machine with "
+                            f"{per_node}")
     elif per_node > MAX_CPU_PROCESSES:
-        raise SpecError(f"nproc: the plan needs {per_node} processes per node; on CPU the runtime "
-                        f"starts at most {MAX_CPU_PROCESSES} (plan with dp*cp*tp*pp <= "
-                        f"{MAX_CPU_PROCESSES}, or use GPUs)")
+        raise SpecError(f"cluster.gpus_per_node: the plan needs {per_node} processes per node; "
+                        f"on CPU the runtime starts at most {MAX_CPU_PROCESSES} (plan with "
+                        f"dp*cp*tp*pp <= {MAX_CPU_PROCESSES}, or use GPUs)")
     warn_device(plan, cuda)
     _check_memory(plan, per_node, cuda)
     return Launch(plan_path=plan_path, plan=plan, nodes=nodes, nproc_per_node=per_node,

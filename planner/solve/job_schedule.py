@@ -364,10 +364,16 @@ def _answer(requests, secs, solution, gpus_per_node, options, verdict, unit_s, t
                        time_s=time.perf_counter() - t0, time_unit_s=unit_s, tie_break=tie)
 
 
+def _span(s: float) -> str:
+    """Seconds in the unit the schedule's report uses for them (h, min or s)."""
+    return next(f"{s / unit:.3g} {name}" for unit, name in ((3600, "h"), (60, "min"), (1, "s"))
+                if abs(s) >= unit or unit == 1)
+
+
 def _infeasible_reason(requests) -> str:
-    due = [f"{r.name} by {r.deadline_s:g} s" + (
-        f", at best {min(r.durations_s.values()):.4g} s on {min(r.durations_s, key=r.durations_s.get)}"
-        f" GPUs alone" if r.durations_s else "")
+    due = [f"{r.name} by {_span(r.deadline_s)}" + (
+        f", at best {_span(min(r.durations_s.values()))} on "
+        f"{min(r.durations_s, key=r.durations_s.get)} GPUs alone" if r.durations_s else "")
         for r in requests if r.deadline_s is not None]
     if due:
         return (f"no schedule meets every deadline ({', '.join(due)}); relax a deadline, drop a "

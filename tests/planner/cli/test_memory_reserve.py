@@ -47,6 +47,9 @@ def test_a_larger_reserve_bounds_the_plan_and_the_plan_keeps_it(capsys, tmp_path
     assert lean.search["options"]["memory_reserve"] == {"fraction": 0.1,
                                                         "bytes": pytest.approx(gb * 1e9)}
     assert lean.memory_reserve()["memory_reserve_fraction"] == 0.1
+    from planner.report.compare import headline
+    assert f"memory reserve 5% + 1 GB -> 10% + {gb:.3g} GB" in headline(default, lean)
+    assert "memory reserve" not in headline(default, default)
     assert main(["show", str(tmp_path / "lean.json")]) == 0
     shown = capsys.readouterr().out
     assert "(10% and " in shown and " GB of each kept free: --memory-reserve-*)" in shown

@@ -1368,6 +1368,9 @@ def test_the_replan_hint_gives_the_cluster_back():
     slower = {**resized, "spec": {**resized["spec"], "inter_node": {
         **resized["spec"]["inter_node"], "bandwidth_GBps": 12.5}}}
     assert cluster_args(slower).startswith("--cluster CLUSTER_YAML")
+    # a calibrated preset is that preset and a calibration, not a YAML (a new-user check)
+    calibrated = {**get_cluster("cpu").summary(), "name": "cpu+calibration"}
+    assert cluster_args(calibrated) == "--cluster cpu --nodes 1 --calibration CALIBRATION_JSON"
 
 
 def test_a_dropless_engine_says_it_pads_no_expert(notes):

@@ -171,6 +171,10 @@ def test_deadlines_are_constraints_and_brute_force_agrees():
     impossible = [JobRequest(name="x", durations_s={8: 10.0}, deadline_s=5.0)]
     with pytest.raises(InfeasibleError, match=r"x by 5 s, at best 10 s on 8 GPUs alone"):
         solve_jobs(impossible, 2, 4, EXACT)
+    # in the units the rest of the report uses (a new-user check read "at best 1.252e+04 s")
+    long = [JobRequest(name="y", durations_s={8: 12520.0}, deadline_s=7200.0)]
+    with pytest.raises(InfeasibleError, match=r"y by 2 h, at best 3.48 h on 8 GPUs alone"):
+        solve_jobs(long, 2, 4, EXACT)
 
 
 def test_a_tiny_time_limit_still_returns_a_valid_schedule():

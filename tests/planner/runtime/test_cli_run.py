@@ -43,7 +43,7 @@ def test_model_override_with_other_architecture_is_refused(capsys, make_plan, ti
 def test_plan_needing_more_processes_than_the_machine_runs_is_refused(capsys, make_plan):
     path = make_plan("branched", "pp=1,tp=1,dp=16,micro_batch=1", global_batch=16)
     code, _, err = run(capsys, "run", path, "--device", "cpu")
-    _one_line_refusal(code, err, "16 processes", "at most 8")
+    _one_line_refusal(code, err, "cluster.gpus_per_node: the plan needs 16 processes", "at most 8")
 
 
 def test_model_too_large_for_this_machine_is_refused(capsys, tmp_path):
