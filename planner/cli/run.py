@@ -25,7 +25,9 @@ def register(add) -> None:
     r.add_argument("--steps", type=positive_int, default=5,
                    help="measured steps after the warm-up (default 5; on the CPU the last one "
                         "profiles memory and is not timed)")
-    r.add_argument("--warmup", type=count, default=1, help="untimed steps first (default 1)")
+    r.add_argument("--warmup", type=count, default=2,
+                   help="untimed steps first (default 2: on a CPU a first timed step after one "
+                        "still runs slower)")
     r.add_argument("--nproc", type=positive_int, help="processes per node (default: what the plan needs)")
     r.add_argument("--model", help="MODEL to build instead of the plan's (same fingerprint)")
     r.add_argument("--seed", type=count, default=0, help="seed of weights and data (default 0)")

@@ -47,7 +47,9 @@ def summary(result: dict, plan_name: str) -> str:
              _pct(m["step_time_error"])),
             (_peak_label(m, len(result.get("ranks", []))), _mb(m["peak_memory_bytes"]),
              _mb(m["predicted_peak_memory_bytes"]), _pct(m["peak_memory_error"])),
-            ("model states", _mb(m["state_bytes"]), _mb(m.get("predicted_state_bytes")),
+            ("model states" if m.get("state_grads", True) else
+             "model states (gradients freed)", _mb(m["state_bytes"]),
+             _mb(m.get("predicted_state_bytes")),
              _pct(m["predicted_state_bytes"] / m["state_bytes"] - 1)
              if m.get("predicted_state_bytes") and m.get("state_bytes") else ""),
             ("process RSS peak", _mb(m["rss_peak_bytes"]), "", ""),

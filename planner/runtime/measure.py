@@ -154,10 +154,18 @@ STATE_KINDS = ("weights", "grads", "optimizer", "fp8_weights")
 """The plan's memory kinds that state_bytes measures (parameters, gradients, optimizer states)."""
 
 
-def predicted_state_bytes(plan) -> float | None:
-    """The fullest stage's predicted parameters, gradients and optimizer states (what
-    state_bytes measures on its rank); None for a plan without stages (a recommendation plan)."""
-    totals = [sum(st["predicted"]["memory_bytes"].get(k, 0.0) for k in STATE_KINDS)
+def grads_held(modules) -> bool:
+    """Whether this rank's parameters hold gradients now (after a step the optimizer has zeroed
+    them to None: state_bytes then counts none)."""
+    return any(p.grad is not None for m in modules for p in m.parameters())
+
+
+def predicted_state_bytes(plan, grads: bool = True) -> float | None:
+    """The fullest stage's predicted parameters, gradients (``grads``: where the measurement
+    held them) and optimizer states (what state_bytes measures on its rank); None for a plan
+    without stages (a recommendation plan)."""
+    kinds = [k for k in STATE_KINDS if grads or k != "grads"]
+    totals = [sum(st["predicted"]["memory_bytes"].get(k, 0.0) for k in kinds)
               for st in plan.stages or []]
     return max(totals) if totals else None
 
@@ -195,13 +203,16 @@ def summarize(records: list[dict], plan, *, warmup: int) -> dict:
     step = max(medians) if medians else None
     pred_t = plan.predicted["step_time_s"]
     pred_m = plan.predicted["peak_memory_bytes"]
+    # the states are measured after a step, the gradients freed: compared without theirs
+    grads = any(r.get("state_grads", True) for r in records)
     return {
         "step_time_s": step,
         "peak_memory_bytes": max(peaks) if peaks else None,
         "peak_memory_ranks": len(peaks),
         "rss_peak_bytes": max(r["rss_peak_bytes"] for r in records) if records else None,
         "state_bytes": max(r["state_bytes"] for r in records) if records else None,
-        "predicted_state_bytes": predicted_state_bytes(plan),
+        "state_grads": grads,
+        "predicted_state_bytes": predicted_state_bytes(plan, grads),
         "predicted_step_time_s": pred_t,
         "predicted_peak_memory_bytes": pred_m,
         # errors as the project states them everywhere: predicted / measured - 1 (negative: the

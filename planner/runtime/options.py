@@ -15,7 +15,7 @@ class RunOptions:
 
     steps: int = 5
     """Measured optimizer steps (after the warm-up steps)."""
-    warmup: int = 1
+    warmup: int = 2
     """Optimizer steps run first and left out of the timing (the first one also infers the
     pipeline's tensor shapes)."""
     model: str | None = None

@@ -77,6 +77,7 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
         "peak_memory_bytes": mem.peak(), "rss_peak_bytes": mem.rss_peak(),
         "rss_baseline_bytes": mem.baseline, "memory_method": mem.method,
         "state_bytes": measure.state_bytes(built.modules, built.optimizer),
+        "state_grads": measure.grads_held(built.modules),
         "expert_params": sum(p.numel() for p in built.experts.params) if built.experts else 0,
         "routing": moe.routing_summary(built.experts or built.routing),
         "losses": step_losses, "notes": built.notes + ([mem.failure] if mem.failure else []),
@@ -146,7 +147,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--result", required=True, help="rank 0 writes the results JSON here")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--device", default="auto")

@@ -143,7 +143,8 @@ def test_a_dry_run_says_how_much_host_memory_a_node_needs(capsys, make_plan, mon
 def test_run_measures_each_rank_next_to_the_prediction(capsys, make_plan, tmp_path):
     path = make_plan("branched", "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2")
     out_file = tmp_path / "measured.json"
-    code, out, err = run(capsys, "run", path, "--steps", "2", "-o", str(out_file))
+    code, out, err = run(capsys, "run", path, "--steps", "2", "--warmup", "1", "-o",
+                         str(out_file))
     assert code == 0, err
     assert "step time" in out and "peak memory" in out
     res = json.loads(out_file.read_text())
