@@ -429,7 +429,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
         if not priced:  # the rules alone left nothing: bad input
             raise SpecError(f"{lead}no configuration{with_pins} is possible on the cluster's groups "
                             f"({counted}); {relax}")
-        return f"no plan{with_pins} fits the cluster's groups ({summary})"
+        return f"no plan fits: no configuration{with_pins} fits the cluster's groups ({summary})"
     cap = capacity_bytes(cluster, options)
     lean = leanest(ma, bg, cluster, training, options)
     if lean is None and priced:  # memory stops what the rules allow

@@ -300,3 +300,18 @@ def test_a_dtype_one_group_lacks_names_the_group():
     with pytest.raises(SpecError, match=r"^dtype: device v100 has no bf16 support .*\(group v100: "
                                         r"every group of mixed runs the one dtype\)$"):
         planner.plan("gpt2", cluster=MIXED, global_batch=8, dtype="bf16")
+
+
+def test_nothing_fitting_a_cluster_of_groups_says_no_plan_fits(mid_gpt2):
+    """Exit 3's line is 'no plan fits: ...' for a cluster of groups too (the fuzz benchmark,
+    seed 3100, read 'no plan fits the cluster's groups (...)' against the README's contract)."""
+    from planner.errors import InfeasibleError
+
+    tiny = {**MIXED, "groups": [{**g, "device": {"name": f"small-{g['name']}", "memory_GB": 1.4,
+                                                  "peak_TFLOPs": {"fp16": 100, "fp32": 10},
+                                                  "hbm_GBps": 1000}}
+                                for g in MIXED["groups"]]}
+    tr = TrainingSpec(global_batch=16, seq_len=mid_gpt2.seq_len, dtype="fp16")
+    with pytest.raises(InfeasibleError) as err:
+        plan_prepared(mid_gpt2, load_cluster(tiny), tr, SearchOptions(top_k=1))
+    assert str(err.value).startswith("no plan fits: no configuration fits the cluster's groups (")
