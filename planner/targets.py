@@ -139,6 +139,12 @@ class Engine:
     """The engine preset (costmodels.engine.PRESETS) a plan for it is priced with when no engine
     is given; None: the default (Megatron-Core's)."""
 
+    def exchanges_over(self, form: str) -> tuple[str, ...]:
+        """The context-parallel exchanges it runs over attention of ``form`` (ATTENTION_FORMS:
+        latent, sinks, sliding_window)."""
+        return {"latent": self.cp_comms_latent, "sinks": self.cp_comms_sinks,
+                "sliding_window": self.cp_comms_windowed}[form]
+
 
 ENGINES: dict[str, Engine] = {
     "any": Engine(name="any", version=""),
@@ -287,9 +293,8 @@ def _fewer_exchanges(eng: Engine) -> str:
     it offers, so that a refusal of one exchange does not send the user to another the model's
     attention rules out."""
     fewer: dict[tuple, list[str]] = {}  # the exchanges run -> the forms they are run over
-    for form, runs in (("sliding_window", eng.cp_comms_windowed), ("sinks", eng.cp_comms_sinks),
-                       ("latent", eng.cp_comms_latent)):
-        runs = tuple(c for c in runs if c in eng.cp_comms)
+    for form in ("sliding_window", "sinks", "latent"):
+        runs = tuple(c for c in eng.exchanges_over(form) if c in eng.cp_comms)
         if runs != eng.cp_comms:
             fewer.setdefault(runs, []).append(ATTENTION_FORMS[form])
     parts = [f"{', '.join(runs) or 'none'} over "
@@ -304,9 +309,8 @@ def exchange_refusal(parallel: dict, target: str, forms) -> str | None:
     if int(parallel.get("cp", 1)) > 1 and "cp_comm" in parallel:
         eng = engine(target)
         for form in forms:
-            runs = {"latent": eng.cp_comms_latent, "sinks": eng.cp_comms_sinks,
-                    "sliding_window": eng.cp_comms_windowed}.get(form)
-            if runs is not None and parallel["cp_comm"] not in runs:
+            runs = eng.exchanges_over(form)
+            if parallel["cp_comm"] not in runs:
                 offers = f"it offers {', '.join(runs)} there" if runs else \
                     "it runs no context parallelism there"
                 return (f"fix.cp_comm: {target} does not run the {parallel['cp_comm']} exchange "

@@ -404,10 +404,10 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
         runs["tp"] = (1,)  # experts with tp > 1 need sequence parallelism (planner.search.space)
     facts = moe.model(plan)
     # the exchanges it runs over this model's attention (latent, windowed, with sinks)
+    forms = [f for f, has in (("latent", facts.mla), ("sliding_window", facts.sliding_window),
+                              ("sinks", facts.sinks)) if has]
     runs["cp_comm"] = tuple(c for c in eng.cp_comms
-                            if (not facts.mla or c in eng.cp_comms_latent)
-                            and (not facts.sliding_window or c in eng.cp_comms_windowed)
-                            and (not facts.sinks or c in eng.cp_comms_sinks))
+                            if all(c in eng.exchanges_over(f) for f in forms))
     cp, ep = int(fix.get("cp", 1)), int(fix.get("ep", 1))
     if cp > 1:  # the stages it shards with context parallelism (and with experts too)
         runs["zero"] = tuple(z for z in runs["zero"] if zero_runs_with_cp(eng, z, ep=ep))
