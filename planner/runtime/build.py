@@ -468,14 +468,7 @@ def _schedule(plan: Plan, stages: list, layout: Layout):
     if plan.schedule["name"] == "bidirectional":
         raise SpecError("schedule.name: bidirectional schedules keep two weight copies per stage; "
                         "the runtime does not run them yet, plan with another schedule")
-    if len(actions) != layout.pp:
-        raise SpecError(f"schedule.actions: {len(actions)} action lists for pp={layout.pp}")
-    for r, acts in enumerate(actions):
-        for a in acts:
-            stage = Action.parse(a)[0]
-            if stage >= layout.num_stages or layout.stage_pp_rank[stage] != r:
-                raise SpecError(f"schedule.actions[{r}]: '{a}' runs stage {stage} on pipeline "
-                                f"rank {r}, but the stages place it elsewhere")
+    # (check_knobs checked the actions against the stages and micro-batches: _check_actions)
     sched = _PipelineScheduleRuntime(stages, plan.parallel["num_microbatches"],
                                      loss_fn=mdl.loss_fn, scale_grads=True)
     sched._prepare_schedule_with_comms(  # (torch reads the stages' places from these keys)
