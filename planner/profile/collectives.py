@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from planner.errors import SpecError
 from planner.profile.timing import Timer
+from planner.profile.workers import gather
 
 log = logging.getLogger(__name__)
 
@@ -135,24 +135,12 @@ def busy_sync_s(dist) -> float:
 
 def collectives(world: int, backend: str) -> dict:
     """Measure the collectives; fit all-reduce time = 2 (n-1) alpha + 2 (n-1)/n B / beta."""
-    import torch.multiprocessing as mp  # lazy: only to start the workers
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = mp.start_processes(_collective_worker, args=(world, port, backend, queue),
-                               nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
-    while not procs.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in procs.processes:
-                p.kill()
-            raise SpecError(f"processes: the collective measurement among {world} {backend} "
-                            f"processes did not finish in {COLLECTIVE_TIMEOUT_S} s; retry, or "
-                            "pass --processes 1 to skip it")
-    results = queue.get()
+    [results] = gather(_collective_worker, world, (world, port, backend), reports=1,
+                       what=f"the collective measurement among {world} {backend} processes",
+                       timeout_s=COLLECTIVE_TIMEOUT_S)
     points = results["all_reduce"]
     steps = 2 * (world - 1)
     wire = [2 * (world - 1) / world * b for b, _ in points]

@@ -23,6 +23,7 @@ from planner.errors import SpecError
 from planner.profile import DEVICES
 from planner.profile.collectives import collectives
 from planner.profile.timing import Timer
+from planner.profile.workers import gather
 from planner.runtime.host_memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -296,8 +297,14 @@ def jitter(segments: list[list[float]]) -> float:
     return excess / expected_max_normal(n)
 
 
-def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue, barrier,
-                   level: int) -> None:
+SPEEDS_TIMEOUT_S = 3600
+"""How long concurrent device measurers may take in all (a CPU's shape grid takes minutes)."""
+BARRIER_TIMEOUT_S = 600
+"""How long one measurer waits for the others at a segment's start."""
+
+
+def _speeds_worker(rank: int, device: str, threads: int, dtypes, barrier, level: int,
+                   queue) -> None:
     """One of the concurrent measurers; the first reports its progress on stderr at the
     parent's log ``level`` (a spawned process starts with no logging set up)."""
     if rank == 0:
@@ -308,18 +315,14 @@ def _speeds_worker(rank: int, device: str, threads: int, dtypes, queue, barrier,
 def _concurrently(n: int, device: str, threads: int, dtypes) -> dict:
     """device_speeds measured in ``n`` processes at once; rates averaged over the processes,
     the jitter from their segment times."""
-    import torch.multiprocessing as mp  # lazy: only to start concurrent workers
+    import torch.multiprocessing as mp  # lazy: only for the workers' barrier
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    barrier = ctx.Barrier(n, timeout=600)
+    barrier = mp.get_context("spawn").Barrier(n, timeout=BARRIER_TIMEOUT_S)
     log.info("  (the first of the %d processes reports)", n)
-    procs = mp.start_processes(_speeds_worker, args=(device, threads, dtypes, queue, barrier,
-                                                     logging.getLogger("planner")
-                                                     .getEffectiveLevel()),
-                               nprocs=n, join=False, start_method="spawn")
-    results = [queue.get()[1] for _ in range(n)]  # read before join: the pipe must not fill
-    procs.join()
+    level = logging.getLogger("planner").getEffectiveLevel()
+    results = [r for _, r in gather(_speeds_worker, n, (device, threads, dtypes, barrier, level),
+                                    reports=n, what=f"the device measurement in {n} processes",
+                                    timeout_s=SPEEDS_TIMEOUT_S)]
     return {"gemm": {dt: _mean_table([r["gemm"][dt] for r in results]) for dt in dtypes},
             "grid": {dt: _mean_grid([r["grid"][dt] for r in results]) for dt in dtypes},
             "memory": _mean_table([r["memory"] for r in results]),

@@ -26,11 +26,11 @@ def test_the_first_concurrent_measurer_reports_progress_the_others_do_not(monkey
     try:
         root.handlers[:] = []  # as in a freshly spawned process
         queue = _Queue()
-        device._speeds_worker(1, "cpu", 1, ("fp32",), queue, None, logging.INFO)
+        device._speeds_worker(1, "cpu", 1, ("fp32",), None, logging.INFO, queue)
         assert "gemm fp32" not in capfd.readouterr().err
-        device._speeds_worker(0, "cpu", 1, ("fp32",), queue, None, logging.INFO)
+        device._speeds_worker(0, "cpu", 1, ("fp32",), None, logging.INFO, queue)
         assert "  gemm fp32 64^3: 1 GFLOP/s" in capfd.readouterr().err
-        device._speeds_worker(0, "cpu", 1, ("fp32",), queue, None, logging.WARNING)  # -q
+        device._speeds_worker(0, "cpu", 1, ("fp32",), None, logging.WARNING, queue)  # -q
         assert "gemm fp32" not in capfd.readouterr().err
         assert queue.items == [(1, {"done": True}), (0, {"done": True}), (0, {"done": True})]
     finally:
