@@ -46,6 +46,8 @@ class Built:
     modules: list = field(default_factory=list)
     """Their StageModules (for parameters)."""
     schedule: object = None
+    microbatches: int = 1
+    """Micro-batches per step (the schedule divides each one's loss by their number)."""
     optimizer: object = None
     inputs: tuple = ()
     """This data-parallel replica's share of the synthetic batch."""
@@ -117,6 +119,7 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
         moe.record_routing_outside(st, out.experts or out.routing)
     out.ties = tie_sync(ties, layout, rank, dict(zip(local, out.modules)))
     out.schedule = _schedule(plan, out.stages, layout)
+    out.microbatches = int(plan.parallel["num_microbatches"])
     out.optimizer = mdl.make_optimizer(plan, [p for m in out.modules for p in m.parameters()],
                                        opts.lr)
     out.notes.extend(unrun_notes(plan, layout))
@@ -470,7 +473,8 @@ def _schedule(plan: Plan, stages: list, layout: Layout):
                         "the runtime does not run them yet, plan with another schedule")
     # (check_knobs checked the actions against the stages and micro-batches: _check_actions)
     sched = _PipelineScheduleRuntime(stages, plan.parallel["num_microbatches"],
-                                     loss_fn=mdl.loss_fn, scale_grads=True)
+                                     loss_fn=mdl.micro_batch_loss(plan.parallel[
+                                         "num_microbatches"]), scale_grads=False)
     sched._prepare_schedule_with_comms(  # (torch reads the stages' places from these keys)
         {layout.pp_group_rank(r): [_Action.from_str(a) for a in acts]
          for r, acts in enumerate(torch_actions(actions))})

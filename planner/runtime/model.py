@@ -182,6 +182,17 @@ def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1))
 
 
+def micro_batch_loss(n: int):
+    """loss_fn for one of ``n`` micro-batches, divided by n before its backward: the gradients
+    the micro-batches add up are then those of the mean loss. (torch's schedules can instead
+    divide every gradient by n after the last backward, ``scale_grads=True``: one more pass over
+    all of them each step, which the cost model does not price; torchtitan scales the loss too.)
+    The schedule reports these scaled losses; the worker multiplies them back."""
+    if n == 1:
+        return loss_fn
+    return lambda output, target: loss_fn(output, target) / n
+
+
 def output_logits(out) -> torch.Tensor:
     """The tensor the loss reads: a tensor output, ``.logits`` of a ModelOutput, or the first
     tensor of a tuple."""

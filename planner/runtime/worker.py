@@ -97,12 +97,13 @@ def _step(built: Built) -> list[float] | None:
     """One optimizer step; the micro-batch losses when this rank holds the last stage."""
     losses: list = []
     built.schedule.step(*built.inputs, target=built.targets, losses=losses, return_outputs=False)
+    scale = built.microbatches  # (each loss was divided by their number: mdl.micro_batch_loss)
     sync_grads(built.ties)
     inner_weights.sync_grads(built.inner)
     moe.sync_grads(built.experts)
     built.optimizer.step()
     built.optimizer.zero_grad(set_to_none=True)
-    return [float(x.detach()) for x in losses] if losses else None
+    return [float(x.detach()) * scale for x in losses] if losses else None
 
 
 def _global_losses(records: list[dict]) -> list[float | None]:
