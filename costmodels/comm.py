@@ -21,6 +21,7 @@ collectives the bytes are spread over, for the latency term) may be numpy arrays
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from costmodels.topology import Cluster, LinkSpec
@@ -54,8 +55,9 @@ def beside_compute_s(comm_s, window_s, slowdown: float):
     compute, when compute runs ``slowdown`` slower while both run (DeviceSpec.overlap_slowdown):
     what outlasts the stretched compute, else the stretch itself, the share
     slowdown / (1 + slowdown) of the communication's time (compute done at 1 / (1 + slowdown)
-    of its speed for ``comm_s``, then the rest at full speed). numpy arrays too."""
-    stretch = comm_s * (slowdown / (1.0 + slowdown))
+    of its speed for ``comm_s``, then the rest at full speed; an infinite slowdown hides
+    nothing). numpy arrays too."""
+    stretch = comm_s * (1.0 if math.isinf(slowdown) else slowdown / (1.0 + slowdown))
     beyond = comm_s - window_s
     return _larger(_larger(0.0 * beyond, beyond), stretch)
 

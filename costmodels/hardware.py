@@ -67,6 +67,7 @@ measured, for the Blackwell and MI300X presets.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -102,6 +103,16 @@ Communication Overlap in GPU-Accelerated Distributed Deep Learning", arXiv 2507.
 The communication kernels take SMs (NCCL runs a block per channel) and memory bandwidth. Measured
 on 4 GPUs of one node; applied here to collectives across nodes and to the context-parallel
 ring's point-to-point sends too, which is an extrapolation (fewer SMs drive a send)."""
+
+HIDES_NOTHING = "inf"
+"""What a device mapping (cluster YAML, a plan's cluster) says for an infinite overlap_slowdown."""
+
+HOST_OVERLAP_SLOWDOWN = math.inf
+"""The ``cpu`` preset's: nothing is hidden behind compute. Its processes are its cores, each busy
+with a rank's compute thread, and gloo's transfers are work for those cores (copies into socket
+buffers, the loopback's TCP processing), so compute stops while they run. Measured on the 2-core
+VM (2026-12-06): an exchange of 64 KB to 1 MB posted by both of two ranks before 2-10 ms of GEMMs
+and awaited after them added 0.6-1.4x (about 1x) its time alone to the GEMMs'."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,7 +243,8 @@ class DeviceSpec:
     overlap_slowdown: float = OVERLAP_SLOWDOWN
     """How much slower compute runs while a collective runs beside it (its kernels hold SMs and
     memory bandwidth): what hiding communication behind compute costs (costmodels.comm.
-    beside_compute_s). 0: not measured (the CPU preset: gloo's threads, not kernels)."""
+    beside_compute_s). 0: not modelled (everything hidden for free); infinite: nothing hidden
+    (the CPU preset, HOST_OVERLAP_SLOWDOWN)."""
     description: str = ""
     """One line for ``plan clusters``."""
 
@@ -363,7 +375,7 @@ DEVICES: dict[str, DeviceSpec] = {
              fp8=2614.9, sm_count=304, host_link_bytes_per_s=PCIE5_HOST_BYTES_PER_S),
         _gpu("cpu", 24, 0.19, 0.19, 0.19, 20, "a 2-core x86-64 host (estimate; run `plan profile`)",
              matmul_efficiency=0.6, memory_efficiency=0.6, attention_efficiency=0.3, sm_count=1,
-             gemm_tile=1, kernel_overhead_s=2e-5, overlap_slowdown=0.0),
+             gemm_tile=1, kernel_overhead_s=2e-5, overlap_slowdown=HOST_OVERLAP_SLOWDOWN),
     )
 }
 
@@ -399,9 +411,12 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
             kw[key] = _fraction(spec[key], f"{where}.{key}")
     if "overlap_slowdown" in spec:  # 0 (not modelled) allowed, unlike the shares
         slow = spec["overlap_slowdown"]
-        if isinstance(slow, bool) or not isinstance(slow, (int, float)) or not 0 <= slow <= 1:
+        if slow == HIDES_NOTHING or (isinstance(slow, float) and slow == math.inf):
+            slow = math.inf
+        elif isinstance(slow, bool) or not isinstance(slow, (int, float)) or not 0 <= slow <= 1:
             raise SpecError(f"{where}.overlap_slowdown: expected a number from 0 to 1 (0.189: "
-                            f"compute 18.9% slower beside a collective), got {slow!r}")
+                            f"compute 18.9% slower beside a collective) or \"{HIDES_NOTHING}\" "
+                            f"(compute stops while it runs, as on a CPU), got {slow!r}")
         kw["overlap_slowdown"] = float(slow)
     if "sm_count" in spec:
         sms = _positive(spec["sm_count"], f"{where}.sm_count")
@@ -434,8 +449,9 @@ def device_mapping(d: DeviceSpec) -> dict:
         out["flash_attention"] = False
     if d.fp8_block_scaling:
         out["fp8_block_scaling"] = True
-    if d.overlap_slowdown != OVERLAP_SLOWDOWN:
-        out["overlap_slowdown"] = d.overlap_slowdown
+    if d.overlap_slowdown != OVERLAP_SLOWDOWN:  # (JSON has no infinity: the word)
+        out["overlap_slowdown"] = HIDES_NOTHING if math.isinf(d.overlap_slowdown) \
+            else d.overlap_slowdown
     for key in (*_SHARE_KEYS, "description"):
         value = getattr(d, key)
         if value is not None and value != "":

@@ -5,8 +5,8 @@ work is then the same on every rank: Megatron-LM's and torchtitan's load balanci
 follow the chunks (the model gets them as ``position_ids``, so rotary embeddings see the true
 positions), and so do the targets.
 
-Attention is a ring over the cp group (``cp_comm`` "p2p"): keys and values travel to the next
-rank by point-to-point sends, cp - 1 times, while each rank attends to the block it holds; partial
+Attention is a ring over the cp group (``cp_comm`` "p2p"): keys and values, stacked into one
+message, travel to the next rank by point-to-point sends, cp - 1 times, while each rank attends to the block it holds; partial
 results merge by their log-sum-exp (online softmax). Causal masking is per chunk pair: a query
 chunk sees earlier key chunks whole, its own chunk under a causal mask, later chunks not at all.
 Each block is one call of the CPU flash-attention kernel
@@ -14,8 +14,8 @@ Each block is one call of the CPU flash-attention kernel
 needs; grouped-query heads are expanded per block, after the exchange, so the ring carries the
 compact keys and values). The backward is explicit (a
 custom autograd.Function): each block's gradients come from the kernel's backward given the
-merged output and log-sum-exp, and each rank sends its share of the key/value gradients straight
-back to the rank that owns those keys and values (one point-to-point round per layer instead of
+merged output and log-sum-exp, and each rank sends its share of the key/value gradients (one
+message) straight back to the rank that owns those keys and values (one point-to-point round per layer instead of
 cp rounds around the ring: on gloo every round is a synchronisation of the ranks, which costs
 more than the bytes).
 
@@ -131,20 +131,21 @@ def _expand(x: torch.Tensor, rep: int) -> torch.Tensor:
 
 
 def _fold(x: torch.Tensor, rep: int) -> torch.Tensor:
-    """Gradients of expanded key/value heads summed back to [B, Hkv, S, D]."""
+    """Gradients of expanded key/value heads summed back ([..., Hkv*rep, S, D] -> [..., Hkv, S,
+    D])."""
     if rep == 1:
         return x
-    b, h, s, d = x.shape
-    return x.view(b, h // rep, rep, s, d).sum(2)
+    return x.unflatten(-3, (x.shape[-3] // rep, rep)).sum(-3)
 
 
-def _exchange(ring: Ring, tensors: list[torch.Tensor]):
-    """Send ``tensors`` to the next rank and receive as many from the previous one (async)."""
-    tensors = [t.contiguous() for t in tensors]
-    recv = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
-    ops = [dist.P2POp(dist.isend, t, ring.next_rank, ring.group) for t in tensors]
-    ops += [dist.P2POp(dist.irecv, r, ring.prev_rank, ring.group) for r in recv]
-    return recv, dist.batch_isend_irecv(ops)
+def _exchange(ring: Ring, kv: torch.Tensor):
+    """Send ``kv`` (keys and values stacked: one message, where a gloo send costs its caller
+    about what the transfer does) to the next rank and receive as much from the previous one
+    (async)."""
+    recv = torch.empty_like(kv)
+    return recv, dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, ring.next_rank, ring.group),
+                                         dist.P2POp(dist.irecv, recv, ring.prev_rank,
+                                                    ring.group)])
 
 
 def _wait(works) -> None:
@@ -201,7 +202,7 @@ class RingAttention(torch.autograd.Function):
         q_chunks = _chunks(q)
         out: list = [None, None]
         lse: list = [None, None]
-        held = [k.contiguous(), v.contiguous()]
+        held = torch.stack([k, v])  # [2, B, Hkv, S, D]
         saved = []
         for step in range(ring.size):
             src = (ring.rank - step) % ring.size
@@ -226,49 +227,44 @@ class RingAttention(torch.autograd.Function):
                 held = incoming
         result = torch.cat(out, dim=2).to(q.dtype)
         ctx.scale, ctx.ring, ctx.rep = scale, ring, rep
-        ctx.save_for_backward(q, result, torch.cat(lse, dim=2), *[t for kv in saved for t in kv])
+        ctx.save_for_backward(q, result, torch.cat(lse, dim=2), *saved)
         return result
 
     @staticmethod
     def backward(ctx, grad_out):
         ring, scale, rep = ctx.ring, ctx.scale, ctx.rep
-        q, out, lse, *flat = ctx.saved_tensors
-        saved = [flat[i:i + 2] for i in range(0, len(flat), 2)]
+        q, out, lse, *saved = ctx.saved_tensors  # saved: each step's stacked keys and values
         q_chunks, do_chunks, out_chunks = _chunks(q), _chunks(grad_out), _chunks(out)
         lse_chunks = [c.contiguous() for c in lse.chunk(2, dim=2)]
         dq = [torch.zeros(c.shape, dtype=torch.float32, device=c.device) for c in q_chunks]
-        kv_shape = saved[0][0].shape
         others = [p for p in range(ring.size) if p != ring.rank]
-        incoming = {p: [torch.empty(kv_shape, dtype=torch.float32, device=q.device)
-                        for _ in range(2)] for p in others}
-        works = [dist.irecv(t, ring.ranks[p], ring.group) for p in others for t in incoming[p]]
+        incoming = {p: torch.empty(saved[0].shape, dtype=torch.float32, device=q.device)
+                    for p in others}
+        works = [dist.irecv(incoming[p], ring.ranks[p], ring.group) for p in others]
         own = None
         for step in range(ring.size):
             src = (ring.rank - step) % ring.size
-            k, v = saved[step]
-            kc = [_expand(c, rep) for c in _chunks(k)]
-            vc = [_expand(c, rep) for c in _chunks(v)]
-            dk: list = [None, None]
-            dv: list = [None, None]
+            kc = [_expand(c, rep) for c in _chunks(saved[step][0])]
+            vc = [_expand(c, rep) for c in _chunks(saved[step][1])]
+            b, h, c, d = kc[0].shape
+            grads = torch.zeros((2, b, h, 2 * c, d), dtype=torch.float32, device=q.device)
+            dk, dv = grads[0].chunk(2, dim=2), grads[1].chunk(2, dim=2)
             for i, j, causal in _blocks(ring.rank, src, ring.size):
                 gq, gk, gv = _block_backward(do_chunks[i], q_chunks[i], kc[j], vc[j],
                                              out_chunks[i], lse_chunks[i], causal, scale)
                 dq[i] += gq
-                dk[j] = gk.float() if dk[j] is None else dk[j] + gk
-                dv[j] = gv.float() if dv[j] is None else dv[j] + gv
-            grads = [_fold(torch.cat([g if g is not None else torch.zeros(c.shape, device=c.device)
-                                      for g, c in zip(d, kc)], dim=2), rep).contiguous()
-                     for d in (dk, dv)]
+                dk[j].add_(gk)
+                dv[j].add_(gv)
+            grads = _fold(grads, rep).contiguous()  # one message: keys' and values' gradients
             if src == ring.rank:
                 own = grads
             else:  # straight back to the owner of these keys and values
-                works += [dist.isend(t, ring.ranks[src], ring.group) for t in grads]
+                works.append(dist.isend(grads, ring.ranks[src], ring.group))
         _wait(works)
-        dk_t, dv_t = own
         for p in others:  # every rank's share, in rank order
-            dk_t, dv_t = dk_t + incoming[p][0], dv_t + incoming[p][1]
-        k = saved[0][0]
-        return (torch.cat(dq, dim=2).to(q.dtype), dk_t.to(k.dtype), dv_t.to(k.dtype), None,
+            own = own + incoming[p]
+        dtype = saved[0].dtype
+        return (torch.cat(dq, dim=2).to(q.dtype), own[0].to(dtype), own[1].to(dtype), None,
                 None)
 
 

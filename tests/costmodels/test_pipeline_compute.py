@@ -171,15 +171,21 @@ def test_mxfp8_needs_block_scaled_tensor_cores():
 
 
 def test_a_cluster_file_sets_what_hiding_communication_costs_its_device():
-    """overlap_slowdown: the GPUs' published mean by default, 0 on the CPU preset (gloo's threads,
-    not kernels); a cluster file may set it from 0 to 1, and it travels with the plan's cluster."""
+    """overlap_slowdown: the GPUs' published mean by default, infinite on the CPU preset (its
+    cores run the transfers: nothing hidden), written "inf" (JSON has no infinity); a cluster
+    file may set it from 0 to 1 or "inf", and it travels with the plan's cluster."""
+    import json
+    import math
+
     from costmodels.hardware import OVERLAP_SLOWDOWN, device_from_mapping, device_mapping
 
     assert DEVICES["h100"].overlap_slowdown == OVERLAP_SLOWDOWN == 0.189
-    assert DEVICES["cpu"].overlap_slowdown == 0.0
+    assert DEVICES["cpu"].overlap_slowdown == math.inf
     assert "overlap_slowdown" not in device_mapping(DEVICES["h100"])  # the default: not written
     cpu = device_mapping(DEVICES["cpu"])
-    assert device_from_mapping(cpu).overlap_slowdown == 0.0
+    assert json.loads(json.dumps(cpu, allow_nan=False))["overlap_slowdown"] == "inf"
+    assert device_from_mapping(cpu).overlap_slowdown == math.inf
+    assert device_from_mapping({**cpu, "overlap_slowdown": 0.0}).overlap_slowdown == 0.0
     assert device_from_mapping({**cpu, "overlap_slowdown": 0.3}).overlap_slowdown == 0.3
     for bad in (-0.1, 1.5, "high", True):
         with pytest.raises(SpecError, match=r"^device\.overlap_slowdown: expected a number from "
