@@ -2,8 +2,8 @@
 InternalError, RunError.
 
 Each carries one line that names the field, the value and the fix; the CLI prints it and exits 2
-(an InternalError, a bug of the planner's own, exits 1; a RunError, a plan run whose processes
-failed, 4).
+(an InternalError, a bug of the planner's own, exits 1; a RunError, a plan run or a measurement
+whose processes failed, 4).
 """
 
 from costmodels.errors import InfeasibleError, InternalError, PlannerError, SpecError
@@ -14,13 +14,15 @@ class TraceError(PlannerError):
 
 
 class RunError(PlannerError):
-    """A plan run (`plan run`) whose processes failed after the checks passed: a crash (in the
-    runtime or the model's own code) or a kill (a signal: out of host memory, a stop from
-    outside). ``hint`` says where to look."""
+    """Processes that failed after the checks passed: a plan run's (`plan run`) or a
+    measurement's (`plan profile`, ``kind`` "measurement"): a crash (in the runtime or the
+    model's own code) or a kill (a signal: out of host memory, a stop from outside). ``hint``
+    says where to look."""
 
-    def __init__(self, message: str, hint: str):
+    def __init__(self, message: str, hint: str, kind: str = "run"):
         super().__init__(message)
         self.hint = hint
+        self.kind = kind
 
 
 __all__ = ["PlannerError", "SpecError", "TraceError", "InfeasibleError", "InternalError",

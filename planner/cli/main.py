@@ -4,7 +4,8 @@ Each subcommand lives in its own module of this package, which defines ``registe
 ``add(name, help=...)`` returns an argparse subparser (it already has --debug/-v/-q); the module
 adds its arguments and ``set_defaults(func=...)``, where ``func(args) -> int`` calls the API and
 prints. What ``func`` raises becomes one line on stderr and an exit code: 2 bad input (SpecError,
-TraceError), 3 no plan fits (InfeasibleError), 4 a plan run whose processes failed (RunError),
+TraceError), 3 no plan fits (InfeasibleError), 4 processes of a plan run or a measurement failed
+(RunError),
 1 a bug of the planner's own (InternalError or any other exception; --debug shows the
 traceback).
 """
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as exc:
         if args.debug:
             raise
-        print(f"plan: run failed: {exc} ({exc.hint})", file=sys.stderr)
+        print(f"plan: {exc.kind} failed: {exc} ({exc.hint})", file=sys.stderr)
         return EXIT_RUN_FAILED
     except PlannerError as exc:
         if args.debug:

@@ -6,18 +6,18 @@ follow the chunks (the model gets them as ``position_ids``, so rotary embeddings
 positions), and so do the targets.
 
 Attention is a ring over the cp group (``cp_comm`` "p2p"): keys and values, stacked into one
-message, travel to the next rank by point-to-point sends, cp - 1 times, while each rank attends to the block it holds; partial
-results merge by their log-sum-exp (online softmax). Causal masking is per chunk pair: a query
-chunk sees earlier key chunks whole, its own chunk under a causal mask, later chunks not at all.
-Each block is one call of the CPU flash-attention kernel
+message, travel to the next rank by point-to-point sends, cp - 1 times, while each rank attends
+to the block it holds; partial results merge by their log-sum-exp (online softmax). Causal
+masking is per chunk pair: a query chunk sees earlier key chunks whole, its own chunk under a
+causal mask, later chunks not at all. Each block is one call of the CPU flash-attention kernel
 (``aten._scaled_dot_product_flash_attention_for_cpu``, which returns the log-sum-exp the merge
 needs; grouped-query heads are expanded per block, after the exchange, so the ring carries the
-compact keys and values). The backward is explicit (a
-custom autograd.Function): each block's gradients come from the kernel's backward given the
-merged output and log-sum-exp, and each rank sends its share of the key/value gradients (one
-message) straight back to the rank that owns those keys and values (one point-to-point round per layer instead of
-cp rounds around the ring: on gloo every round is a synchronisation of the ranks, which costs
-more than the bytes).
+compact keys and values). The backward is explicit (a custom autograd.Function): each block's
+gradients come from the kernel's backward given the merged output and log-sum-exp, and each
+rank sends its share of the key/value gradients (one message) straight back to the rank that
+owns those keys and values (one point-to-point round per layer instead of cp rounds around the
+ring: on gloo every round is a synchronisation of the ranks, which costs more than the
+bytes).
 
 torch's own ``torch.distributed.tensor.experimental.context_parallel`` does not run here: in
 torch 2.13 it dispatches only the CUDA attention kernels (flash, efficient, cuDNN); on the CPU
@@ -280,6 +280,11 @@ def check_model(module, seq_len: int, cp: int) -> None:
     if "position_ids" not in inspect.signature(module.forward).parameters:
         raise SpecError(f"parallel.cp: {type(module).__name__} takes no position_ids, which "
                         "context parallelism must pass; plan with --fix cp=1")
+    v_dim, qk_dim = getattr(config, "v_head_dim", None), getattr(config, "qk_head_dim", None)
+    if v_dim and qk_dim and v_dim != qk_dim:
+        raise SpecError(f"parallel.cp: the ring attention needs values as wide as keys (this "
+                        f"model's are {v_dim} and {qk_dim} wide: latent attention); plan with "
+                        "--fix cp=1")
     window = getattr(config, "sliding_window", None)
     if window and window < seq_len:
         raise SpecError(f"parallel.cp: the ring attention has no sliding window ({window} < "

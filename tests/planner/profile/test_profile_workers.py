@@ -12,6 +12,15 @@ def _report(rank: int, fail_rank: int, queue) -> None:
     queue.put((rank, rank * 10))
 
 
+def _killed(rank: int, queue) -> None:
+    if rank == 1:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    queue.put((rank, 0))
+
+
 def test_results_of_every_worker_are_gathered():
     got = sorted(gather(_report, 2, (-1,), reports=2, what="test", timeout_s=120))
     assert got == [(0, 0), (1, 10)]
@@ -21,7 +30,13 @@ def test_a_worker_that_fails_ends_the_wait_with_its_error():
     with pytest.raises(RunError, match=r"test: measuring process 1 failed \(ValueError: "
                                        r"measurement broke\)") as info:
         gather(_report, 2, (1,), reports=2, what="test", timeout_s=120)
-    assert "--processes 1" in info.value.hint
+    assert "--processes 1" in info.value.hint and info.value.kind == "measurement"
+
+
+def test_a_killed_worker_is_named_killed():
+    with pytest.raises(RunError, match=r"test: measuring process 1 failed \(.*SIGKILL") as info:
+        gather(_killed, 2, (), reports=2, what="test", timeout_s=120)
+    assert info.value.hint.startswith("it was killed (SIGKILL): out of host memory")
 
 
 def test_an_unguarded_script_is_told_to_guard_its_main(tmp_path):

@@ -211,6 +211,24 @@ def test_context_parallelism_over_attention_sinks_is_refused_before_launch():
         check_model(model, seq_len=16, cp=2)
 
 
+def test_context_parallelism_over_latent_attention_is_refused_before_launch():
+    """DeepSeek-V3's values are narrower than its queries and keys (128 against 192): the ring
+    stacks keys with values and the CPU kernel takes one head size; refused by name, not by a
+    shape error inside the first step."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from planner.errors import SpecError
+    from planner.runtime.context import check_model
+    from tests.conftest import TINY_DEEPSEEK_V3
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY_DEEPSEEK_V3))
+    with pytest.raises(SpecError, match=r"parallel.cp: the ring attention needs values as wide "
+                                        r"as keys \(this model's are 16 and 24 wide"):
+        check_model(model, seq_len=16, cp=2)
+
+
 def test_routing_of_a_rank_holding_every_expert_is_counted_by_hooks():
     """Without expert parallelism the runtime counts each MoE call's routing with a forward
     pre-hook: the figures equal the router's choices seen by routed_experts, and recording
