@@ -143,9 +143,10 @@ def collectives(world: int, backend: str) -> dict:
                        timeout_s=COLLECTIVE_TIMEOUT_S)
     points = results["all_reduce"]
     steps = 2 * (world - 1)
-    wire = [2 * (world - 1) / world * b for b, _ in points]
-    slope, intercept = _least_squares(wire, [t for _, t in points])
-    bandwidth, latency = fitted_link(points, slope, intercept, steps)
+    fit = monotone(points, "all-reduce")
+    wire = [2 * (world - 1) / world * b for b, _ in fit]
+    slope, intercept = _least_squares(wire, [t for _, t in fit])
+    bandwidth, latency = fitted_link(fit, slope, intercept, steps)
     for b, t in points:
         log.info("  all-reduce %8d B on %d ranks: %.3g ms", b, world, 1e3 * t)
     link = {"bandwidth_GBps": bandwidth / 1e9, "latency_us": latency * 1e6, "processes": world,
@@ -158,8 +159,9 @@ def collectives(world: int, backend: str) -> dict:
         link[f"{name}_points"] = results[name]
         log.info("  %s: %.2fx the ring model", name.replace("_", "-"), link[f"{name}_factor"])
     p2p = results["p2p"]
-    slope, intercept = _least_squares([b for b, _ in p2p], [t for _, t in p2p])
-    p2p_bandwidth, p2p_latency = fitted_link(p2p, slope, intercept, 1, what="point-to-point")
+    fit = monotone(p2p, "point-to-point")
+    slope, intercept = _least_squares([b for b, _ in fit], [t for _, t in fit])
+    p2p_bandwidth, p2p_latency = fitted_link(fit, slope, intercept, 1, what="point-to-point")
     link.update(p2p_bandwidth_GBps=p2p_bandwidth / 1e9, p2p_latency_us=p2p_latency * 1e6,
                 p2p_points=p2p)
     log.info("  point-to-point (each rank sending and receiving at once): %.3g GB/s, %.0f us "
@@ -176,6 +178,25 @@ def collectives(world: int, backend: str) -> dict:
                  d["param_step_us"])
         link["dtensor"] = d
     return link
+
+
+def monotone(points, what: str) -> list:
+    """``points`` ([bytes, seconds]) by size, each time at most any larger message's: fewer bytes
+    cannot take longer to move, so a message measured slower than a larger one was held up by
+    something else (another load on the machine), and its time is taken as the larger one's
+    (with a warning) before the fit, where one such point would make the latency (least
+    squares' intercept) many times too large. The measured points are kept as they were."""
+    out = sorted([b, t] for b, t in points)
+    lowered = []
+    for i in range(len(out) - 2, -1, -1):
+        if out[i][1] > out[i + 1][1]:
+            lowered.append(f"{out[i][0]} B ({1e3 * out[i][1]:.3g} ms)")
+            out[i][1] = out[i + 1][1]
+    if lowered:
+        log.warning("%s: %s took longer than a larger message (noise: another load on this "
+                    "machine?); fitted at the larger one's time; profile again on a quiet "
+                    "machine for a better figure", what, ", ".join(reversed(lowered)))
+    return out
 
 
 def fitted_link(points, slope: float, intercept: float, steps: int,

@@ -67,3 +67,24 @@ def test_an_all_reduce_fit_without_slope_takes_the_largest_message_as_a_bound(ca
         bandwidth, latency = fitted_link(points, slope, intercept, 2)
     assert bandwidth == 4_000_000 / 470e-6 and latency == intercept / 2  # two ranks: wire = size
     assert any("taken from the largest message" in r.getMessage() for r in caplog.records)
+
+
+def test_a_small_message_held_up_by_noise_does_not_make_the_latency(caplog):
+    """A calibration of 2026-12-06 measured a 64 KB exchange at 3.8 ms (another load ran) between
+    a 4 KB one at 0.13 ms and a 1 MB one at 0.70 ms: least squares put the point-to-point
+    latency at 1.06 ms. No message can take longer than a larger one; it is fitted at the
+    larger one's time, with a warning."""
+    from planner.profile.collectives import _least_squares, fitted_link, monotone
+
+    points = [[4096, 1.28e-4], [65536, 3.76e-3], [1048576, 7.03e-4], [4194304, 2.71e-3],
+              [16777216, 1.197e-2]]
+    raw = fitted_link(points, *_least_squares([b for b, _ in points],
+                                              [t for _, t in points]), 1)
+    with caplog.at_level("WARNING", logger="planner.profile.collectives"):
+        fit = monotone(points, "point-to-point")
+    assert "65536 B (3.76 ms) took longer than a larger message" in caplog.text
+    assert fit[1] == [65536, 7.03e-4] and points[1] == [65536, 3.76e-3]  # the measured kept
+    bandwidth, latency = fitted_link(fit, *_least_squares([b for b, _ in fit],
+                                                          [t for _, t in fit]), 1)
+    assert raw[1] > 1e-3 and latency < 0.5 * raw[1]
+    assert monotone([[1, 1.0], [2, 2.0]], "x") == [[1, 1.0], [2, 2.0]]  # nothing to lower
