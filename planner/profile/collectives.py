@@ -143,10 +143,7 @@ def collectives(world: int, backend: str) -> dict:
                        timeout_s=COLLECTIVE_TIMEOUT_S)
     points = results["all_reduce"]
     steps = 2 * (world - 1)
-    fit = monotone(points, "all-reduce")
-    wire = [2 * (world - 1) / world * b for b, _ in fit]
-    slope, intercept = _least_squares(wire, [t for _, t in fit])
-    bandwidth, latency = fitted_link(fit, slope, intercept, steps)
+    bandwidth, latency = _fit(points, 2 * (world - 1) / world, steps, "all-reduce")
     for b, t in points:
         log.info("  all-reduce %8d B on %d ranks: %.3g ms", b, world, 1e3 * t)
     link = {"bandwidth_GBps": bandwidth / 1e9, "latency_us": latency * 1e6, "processes": world,
@@ -159,9 +156,7 @@ def collectives(world: int, backend: str) -> dict:
         link[f"{name}_points"] = results[name]
         log.info("  %s: %.2fx the ring model", name.replace("_", "-"), link[f"{name}_factor"])
     p2p = results["p2p"]
-    fit = monotone(p2p, "point-to-point")
-    slope, intercept = _least_squares([b for b, _ in fit], [t for _, t in fit])
-    p2p_bandwidth, p2p_latency = fitted_link(fit, slope, intercept, 1, what="point-to-point")
+    p2p_bandwidth, p2p_latency = _fit(p2p, 1.0, 1, "point-to-point")
     link.update(p2p_bandwidth_GBps=p2p_bandwidth / 1e9, p2p_latency_us=p2p_latency * 1e6,
                 p2p_points=p2p)
     log.info("  point-to-point (each rank sending and receiving at once): %.3g GB/s, %.0f us "
@@ -178,6 +173,14 @@ def collectives(world: int, backend: str) -> dict:
                  d["param_step_us"])
         link["dtensor"] = d
     return link
+
+
+def _fit(points, wire_per_byte: float, steps: int, what: str) -> tuple[float, float]:
+    """(bytes/s, seconds per step) of ``points`` ([bytes, seconds]) made monotone, then fitted by
+    least squares against the bytes each rank puts on the wire (``wire_per_byte`` per byte)."""
+    fit = monotone(points, what)
+    slope, intercept = _least_squares([wire_per_byte * b for b, _ in fit], [t for _, t in fit])
+    return fitted_link(fit, slope, intercept, steps, what=what)
 
 
 def monotone(points, what: str) -> list:
