@@ -63,10 +63,10 @@ def beside_compute_s(comm_s, window_s, slowdown: float):
 
 
 def p2p_s(nbytes: float, link: LinkSpec) -> float:
-    """One message of ``nbytes`` over ``link``."""
+    """One message of ``nbytes`` over ``link`` (a send/receive pair: LinkSpec.message_sync_s)."""
     if nbytes <= 0:
         return 0.0
-    return link.sync_s + link.message_latency_s + nbytes / link.message_bytes_per_s
+    return link.message_sync_s + link.message_latency_s + nbytes / link.message_bytes_per_s
 
 
 def ring_allreduce_s(nbytes, n: int, link: LinkSpec, count=1):
@@ -169,11 +169,16 @@ def alltoall_s(nbytes, group: GroupShape, cluster: Cluster, count=1):
 def both_tiers_s(intra_bytes, inter_bytes, cluster: Cluster, *, spans_nodes: bool, count=1):
     """Each GPU sending ``intra_bytes`` over the intra-node tier and ``inter_bytes`` over the
     inter-node tier at once (``count`` calls' latency on each): the slower tier sets the time;
-    only the intra-node tier where the group does not span nodes."""
+    only the intra-node tier where the group does not span nodes. The calls are sends and
+    receives (NCCL's all-to-all is grouped send/receive pairs, the runtime's batched
+    point-to-point sends): each pays a send/receive pair's cost between busy ranks
+    (LinkSpec.message_sync_s)."""
     intra = cluster.intra_node
-    t = count * (intra.sync_s + intra.latency_s) + intra_bytes / intra.effective_bytes_per_s
+    t = count * (intra.message_sync_s + intra.latency_s) + \
+        intra_bytes / intra.effective_bytes_per_s
     if not spans_nodes:
         return t
     inter = cluster.inter_node
-    across = count * (inter.sync_s + inter.latency_s) + inter_bytes / inter.effective_bytes_per_s
+    across = count * (inter.message_sync_s + inter.latency_s) + \
+        inter_bytes / inter.effective_bytes_per_s
     return _larger(t, across)

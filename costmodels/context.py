@@ -96,12 +96,12 @@ def _ring(steps: int, chunk_bytes: float, attn_fwd_s: float, attn_bwd_s: float,
           link, slow: float, gradients_on: float = 1.0) -> tuple[float, float]:
     """A ring of ``steps`` ranks: steps - 1 sends of one K/V chunk in forward (in backward the
     chunk and its gradients, ``gradients_on`` bytes per K/V byte), each behind one step's share
-    of the attention compute; what a synchronizing call costs between busy ranks
-    (``LinkSpec.sync_s``) is not hidden; a hidden send slows that compute by ``slow``
+    of the attention compute; what a send/receive pair costs between busy ranks
+    (``LinkSpec.message_sync_s``) is not hidden; a hidden send slows that compute by ``slow``
     (comm.beside_compute_s)."""
     if steps <= 1:
         return 0.0, 0.0
-    sync = link.sync_s
+    sync = link.message_sync_s
     send_f = comm.p2p_s(chunk_bytes, link) - sync
     send_b = comm.p2p_s((1 + gradients_on) * chunk_bytes, link) - sync
     return ((steps - 1) * (sync + comm.beside_compute_s(send_f, attn_fwd_s / steps, slow)),
@@ -115,18 +115,18 @@ def _passed_on(steps: int, grad_bytes: float, attn_bwd_s: float, link, slow: flo
     if steps <= 1:
         return 0.0
     send = comm.p2p_s(grad_bytes, link)
-    hidden = comm.beside_compute_s(send - link.sync_s, attn_bwd_s / steps, slow)
-    return (steps - 1) * (link.sync_s + hidden) + send
+    hidden = comm.beside_compute_s(send - link.message_sync_s, attn_bwd_s / steps, slow)
+    return (steps - 1) * (link.message_sync_s + hidden) + send
 
 
 def _sent_back(steps: int, grad_bytes: float, attn_bwd_s: float, link, slow: float) -> float:
     """Backward of a ring whose ranks send each step's key/value gradients (``grad_bytes``) to
     their owner as soon as the step is done: steps - 1 sends queue on the link behind the
     compute of the steps after theirs, so the last one is exposed whole; each call's
-    synchronisation between busy ranks (``LinkSpec.sync_s``) is never hidden."""
+    synchronisation between busy ranks (``LinkSpec.message_sync_s``) is never hidden."""
     if steps <= 1:
         return 0.0
-    sync = link.sync_s
+    sync = link.message_sync_s
     send = comm.p2p_s(grad_bytes, link) - sync
     later = (steps - 2) * attn_bwd_s / steps  # compute after the first send, before the last
     return (steps - 1) * sync + send + comm.beside_compute_s((steps - 2) * send, later, slow)

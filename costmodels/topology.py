@@ -94,6 +94,11 @@ class LinkSpec:
     None: ``latency_s``, the all-reduce fit's per step."""
     p2p_bytes_per_s: float | None = None
     """Measured bandwidth of those messages; None: ``effective_bytes_per_s``."""
+    p2p_sync_s: float | None = None
+    """What one send/receive pair costs on top of the point-to-point fit when the ranks compute
+    between calls, as ``sync_s`` for a collective (``plan profile`` on CPUs:
+    planner.profile.collectives.busy_exchange_s; about 0.5-1 ms more than a collective's on this
+    project's 2-core VM); None: ``sync_s``."""
 
     @property
     def effective_bytes_per_s(self) -> float:
@@ -104,6 +109,11 @@ class LinkSpec:
     def message_latency_s(self) -> float:
         """Latency of one point-to-point message: measured, else the all-reduce fit's."""
         return self.latency_s if self.p2p_latency_s is None else self.p2p_latency_s
+
+    @property
+    def message_sync_s(self) -> float:
+        """What a send/receive pair costs more between busy ranks: measured, else ``sync_s``."""
+        return self.sync_s if self.p2p_sync_s is None else self.p2p_sync_s
 
     @property
     def message_bytes_per_s(self) -> float:

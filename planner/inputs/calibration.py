@@ -137,6 +137,8 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
                          allgather_factor=num(link, "all_gather_factor", 1.0, positive=True,
                                               at="intra_node"),
                          sync_s=num(link, "sync_us", 0.0, at="intra_node") * 1e-6,
+                         p2p_sync_s=(num(link, "p2p_sync_us", at="intra_node") * 1e-6
+                                     if "p2p_sync_us" in link else None),
                          p2p_latency_s=(num(link, "p2p_latency_us", at="intra_node") * 1e-6
                                         if "p2p_latency_us" in link else None),
                          p2p_bytes_per_s=(num(link, "p2p_bandwidth_GBps", positive=True,

@@ -4,7 +4,8 @@ bandwidth); the other two are kept as factors over the ring model with that fit,
 differ (gloo has no native reduce-scatter and runs it as an all-reduce plus a copy, about twice the
 ring's time). On CPUs the same processes then measure the host cost of the runtime's DTensor path
 (planner.profile.dtensor), which needs a process group, and what a call costs more when the
-ranks compute between calls (``busy_sync_s``).
+ranks compute between calls: a collective (``busy_sync_s``) and a send/receive pair
+(``busy_exchange_s``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def _collective_worker(rank: int, world: int, port: int, backend: str, queue) ->
         from planner.profile.dtensor import dtensor_overheads  # lazy: loads torch.distributed.tensor, which only this worker needs
 
         results["sync"] = busy_sync_s(dist)
+        results["p2p_sync"] = busy_exchange_s(dist, rank, world)
         results["dtensor"] = dtensor_overheads(world)
     if rank == 0:
         queue.put(results)
@@ -109,21 +111,45 @@ SYNC_BYTES = 1024
 def busy_sync_s(dist) -> float:
     """What one small all-reduce (``SYNC_BYTES``) takes between ranks that compute between calls
     (on a CPU every core runs a rank's compute thread, so the backend's threads wait for a core,
-    and the ranks' skew shows at every call). Each round times a loop of a few ms of GEMMs alone
-    and the same loop with the all-reduce after each; the medians over rounds give the
-    difference. ``collectives`` keeps what the alpha-beta fit does not explain of it as
-    ``LinkSpec.sync_s``."""
-    a, b, small = torch.randn(256, 512), torch.randn(512, 512), torch.ones(SYNC_BYTES // 4)
+    and the ranks' skew shows at every call). ``collectives`` keeps what the alpha-beta fit does
+    not explain of it as ``LinkSpec.sync_s``."""
+    small = torch.ones(SYNC_BYTES // 4)
+    return busy_call_s(dist, lambda: dist.all_reduce(small))
 
-    def loop(compute: bool, call: bool) -> float:
+
+def busy_exchange_s(dist, rank: int, world: int) -> float:
+    """The same for a send/receive pair of ``SYNC_BYTES``: every rank sending to the next and
+    receiving from the previous at once (batched isend/irecv, as a pipeline's, a
+    context-parallel ring's and the runtime's all-to-all's sends run). Between busy ranks it
+    costs more than the all-reduce above (on this project's 2-core VM 1.4-3.2 ms against about
+    1.5 ms, 2026-12-06); ``collectives`` keeps what the point-to-point fit does not explain of
+    it as ``LinkSpec.p2p_sync_s``."""
+    out, into = torch.ones(SYNC_BYTES // 4), torch.empty(SYNC_BYTES // 4)
+
+    def exchange():
+        ops = [dist.P2POp(dist.isend, out, (rank + 1) % world),
+               dist.P2POp(dist.irecv, into, (rank - 1) % world)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    return busy_call_s(dist, exchange)
+
+
+def busy_call_s(dist, call) -> float:
+    """Seconds ``call`` (the same on every rank) adds to a loop of a few ms of GEMMs: each round
+    times the loop alone and with the call after each pass; the medians over rounds give the
+    difference."""
+    a, b = torch.randn(256, 512), torch.randn(512, 512)
+
+    def loop(compute: bool, with_call: bool) -> float:
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(SYNC_ITERS):
             if compute:
                 for _ in range(6):
                     torch.mm(a, b)
-            if call:
-                dist.all_reduce(small)
+            if with_call:
+                call()
         return (time.perf_counter() - t0) / SYNC_ITERS
 
     alone, busy = [], []
@@ -166,6 +192,11 @@ def collectives(world: int, backend: str) -> dict:
         link["sync_us"] = max(0.0, results["sync"] - model) * 1e6
         log.info("  a %d-byte all-reduce between ranks busy computing: %.0f us, %.0f us more "
                  "than the fit", SYNC_BYTES, results["sync"] * 1e6, link["sync_us"])
+    if "p2p_sync" in results:
+        model = p2p_latency + SYNC_BYTES / p2p_bandwidth
+        link["p2p_sync_us"] = max(0.0, results["p2p_sync"] - model) * 1e6
+        log.info("  a %d-byte exchange between ranks busy computing: %.0f us, %.0f us more than "
+                 "the fit", SYNC_BYTES, results["p2p_sync"] * 1e6, link["p2p_sync_us"])
     if "dtensor" in results:
         d = results["dtensor"]
         log.info("  DTensor host cost: %.0f us forward and %.0f us backward per parallel Linear, "

@@ -496,8 +496,8 @@ def _p2p_sends(cfg: Config, bounds: list[int], ma, cluster: Cluster) -> tuple[np
         return sends, np.zeros(0)
     crosses = placement.next_rank_crosses(cfg, cluster)[np.arange(n - 1) % cfg.pp]
     inter, intra = cluster.inter_node, cluster.intra_node
-    latency = np.where(crosses, inter.sync_s + inter.message_latency_s,
-                       intra.sync_s + intra.message_latency_s)
+    latency = np.where(crosses, inter.message_sync_s + inter.message_latency_s,
+                       intra.message_sync_s + intra.message_latency_s)
     speed = np.where(crosses, inter.message_bytes_per_s, intra.message_bytes_per_s)
     nbytes = ma.cut_bytes[np.asarray(bounds[1:-1]) - 1] * cfg.micro_batch / (cfg.tp * cfg.cp)
     one_way = np.where(nbytes > 0, latency + nbytes / speed, 0.0)  # comm.p2p_s

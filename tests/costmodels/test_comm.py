@@ -1,12 +1,13 @@
 """Alpha-beta collectives against their closed forms."""
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from costmodels.comm import (GroupShape, allgather_s, allreduce_s, p2p_s, ring_allgather_s,
-                             ring_allreduce_s)
+from costmodels.comm import (GroupShape, allgather_s, allreduce_s, alltoall_s, p2p_s,
+                             ring_allgather_s, ring_allreduce_s)
 from costmodels.topology import LinkSpec, get_cluster
 
 LINK = LinkSpec(bandwidth_bytes_per_s=100e9, latency_s=0.0, efficiency=1.0)
@@ -85,3 +86,19 @@ def test_sync_cost_is_paid_once_per_call():
     assert ring_allgather_s(1.0, 8, link) == pytest.approx(1e-3 + 7 * 1e-5)
     assert p2p_s(1.0, link) == pytest.approx(1e-3 + 1e-5)
     assert p2p_s(0.0, link) == 0.0  # no message, no call
+
+
+def test_a_send_receive_pair_pays_its_own_busy_cost_where_measured():
+    """LinkSpec.p2p_sync_s (a send/receive pair between busy ranks) prices point-to-point messages
+    and all-to-alls (grouped sends); collectives keep sync_s."""
+    link = LinkSpec(bandwidth_bytes_per_s=1e30, latency_s=1e-5, efficiency=1.0, sync_s=1e-3,
+                    p2p_sync_s=2.5e-3)
+    assert link.message_sync_s == 2.5e-3
+    assert p2p_s(1.0, link) == pytest.approx(2.5e-3 + 1e-5)
+    assert ring_allreduce_s(1.0, 8, link) == pytest.approx(1e-3 + 2 * 7 * 1e-5)
+    cluster = dataclasses.replace(get_cluster("cpu", nodes=1, gpus_per_node=2), intra_node=link)
+    assert alltoall_s(1.0, GroupShape(size=2, per_node=2), cluster) == \
+        pytest.approx(2.5e-3 + 1e-5)
+    unmeasured = dataclasses.replace(link, p2p_sync_s=None)
+    assert unmeasured.message_sync_s == 1e-3 and p2p_s(1.0, unmeasured) == \
+        pytest.approx(1e-3 + 1e-5)

@@ -64,6 +64,16 @@ def test_measured_point_to_point_messages_price_sends():
         "p2p_bandwidth_GBps": 2.0}}).intra_node
     assert (link.p2p_latency_s, link.p2p_bytes_per_s) == (pytest.approx(5e-5), pytest.approx(2e9))
     assert p2p_s(1e6, link) == pytest.approx(1e-4 + 5e-5 + 1e6 / 2e9)  # busy sync still paid
+    assert link.p2p_sync_s is None  # not measured: a send pays the collectives' sync_us
+    paired = apply_calibration(load_cluster("cpu"), {**CALIB, "intra_node": {
+        **CALIB["intra_node"], "sync_us": 100.0, "p2p_latency_us": 50.0,
+        "p2p_bandwidth_GBps": 2.0, "p2p_sync_us": 700.0}}).intra_node
+    assert (paired.sync_s, paired.p2p_sync_s) == (pytest.approx(1e-4), pytest.approx(7e-4))
+    assert p2p_s(1e6, paired) == pytest.approx(7e-4 + 5e-5 + 1e6 / 2e9)
+    with pytest.raises(SpecError, match=r"intra_node.p2p_sync_us: expected a non-negative "
+                                        r"number, got -1"):
+        apply_calibration(load_cluster("cpu"), {**CALIB, "intra_node": {
+            **CALIB["intra_node"], "p2p_sync_us": -1}})
     with pytest.raises(SpecError, match=r"intra_node.p2p_bandwidth_GBps: expected a positive "
                                         r"number, got 0"):
         apply_calibration(load_cluster("cpu"), {**CALIB, "intra_node": {

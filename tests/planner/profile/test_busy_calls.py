@@ -1,0 +1,45 @@
+"""What a call costs more between ranks busy computing (`plan profile` on CPUs): the measuring
+loop, and how a collective's and a send/receive pair's figures reach the calibration."""
+
+import time
+
+import pytest
+
+from planner.profile import collectives
+
+
+class _NoGroup:
+    """Stands for torch.distributed in one process: the barrier has no one to wait for."""
+
+    def barrier(self):
+        pass
+
+
+def test_busy_call_measures_what_the_call_adds_to_compute(monkeypatch):
+    monkeypatch.setattr(collectives, "SYNC_ITERS", 5)
+    monkeypatch.setattr(collectives, "SYNC_ROUNDS", 3)
+    added = collectives.busy_call_s(_NoGroup(), lambda: time.sleep(0.004))
+    assert 0.0035 < added < 0.02  # the sleep, not the GEMMs around it
+    assert collectives.busy_call_s(_NoGroup(), lambda: None) < 0.002
+
+
+def _results(sync_s, p2p_sync_s):
+    ar = [[b, 1e-4 + b / 1e9] for b in collectives.COLLECTIVE_BYTES]
+    p2p = [[b, 5e-5 + b / 2e9] for b in collectives.COLLECTIVE_BYTES]
+    return {"all_reduce": ar, "reduce_scatter": ar, "all_gather": ar, "p2p": p2p,
+            "sync": sync_s, "p2p_sync": p2p_sync_s}
+
+
+def test_the_busy_exchange_is_kept_beyond_the_point_to_point_fit(monkeypatch):
+    """2 ranks: the exchange's fit says 50 us + 1 KB / 2 GB/s; measured 2.05 ms between busy
+    ranks, the calibration keeps the rest (about 2 ms) as p2p_sync_us, apart from sync_us (the
+    all-reduce's)."""
+    monkeypatch.setattr(collectives, "gather", lambda *a, **k: [_results(1.2e-3, 2.05e-3)])
+    link = collectives.collectives(2, "gloo")
+    fit = link["p2p_latency_us"] + collectives.SYNC_BYTES / (link["p2p_bandwidth_GBps"] * 1e3)
+    assert link["p2p_sync_us"] == pytest.approx(2050 - fit, rel=1e-6)
+    assert 1900 < link["p2p_sync_us"] < 2000
+    assert 1000 < link["sync_us"] < 1200
+    # an exchange no slower than the fit adds nothing (never a negative cost)
+    monkeypatch.setattr(collectives, "gather", lambda *a, **k: [_results(1.2e-3, 1e-5)])
+    assert collectives.collectives(2, "gloo")["p2p_sync_us"] == 0.0
