@@ -81,8 +81,8 @@ class LinkSpec:
     allgather_factor: float = 1.0
     """Measured all-gather time over the ring model."""
     sync_s: float = 0.0
-    """What one synchronizing call (a collective, a send/receive pair) costs on top of the
-    alpha-beta model when the ranks compute between calls: measured by ``plan profile`` on CPUs,
+    """What one synchronizing call (a collective; a send/receive pair too where ``p2p_sync_s`` is
+    not measured) costs on top of the alpha-beta model when the ranks compute between calls: measured by ``plan profile`` on CPUs,
     where every core runs a rank's compute thread, so the backend's own threads must wait for a
     core, and the ranks' skew shows at every call (planner.profile.collectives.busy_sync_s:
     0.8-1.4 ms on this project's 2-core VM against 0.2-0.7 ms for the same call between idle
@@ -97,8 +97,8 @@ class LinkSpec:
     p2p_sync_s: float | None = None
     """What one send/receive pair costs on top of the point-to-point fit when the ranks compute
     between calls, as ``sync_s`` for a collective (``plan profile`` on CPUs:
-    planner.profile.collectives.busy_exchange_s; about 0.5-1 ms more than a collective's on this
-    project's 2-core VM); None: ``sync_s``."""
+    planner.profile.collectives.busy_exchange_s; 1.8-2.0 ms on this project's 2-core VM where
+    ``sync_s`` read 0.8-1.7 ms, 2026-12-06); None: ``sync_s``."""
 
     @property
     def effective_bytes_per_s(self) -> float:
