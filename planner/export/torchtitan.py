@@ -347,8 +347,11 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger,
         return []
     ledger.exact("ep")
     words = f"{facts.experts} routed experts" if facts.experts else "the routed experts"
+    # (ParallelDims: with etp = tp the ep ranks come from dp_shard x cp, with etp = 1 from
+    # dp_shard x cp x tp)
+    over = "dp_shard x cp" if etp == p["tp"] else "dp_shard x cp x tp"
     out = [Setting("parallelism", "expert_parallel_degree", ep,
-                   (f"{words} over ep {ep} ranks (folded over dp_shard x cp x tp); "
+                   (f"{words} over ep {ep} ranks (folded over {over}); "
                     f"{moe.imbalance_words(plan)}",))]
     if version != "0.2.2" and ep > 1 and p["pp"] == 1:  # (with a pipeline: _pipeline's)
         out.append(Setting("training", "disable_cuda_graphs", True, (

@@ -128,16 +128,16 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if stage is not None and stage % (ep * etp) and n % (ep * etp) == 0:
         fits = [e for e in divisors(space.experts or 1) if stage % (e * etp) == 0]
         return (f"fix.ep: ep x etp = {ep * etp} must fold into the tp x cp x dp = {stage} GPUs of "
-                f"a pipeline stage ({n} GPUs / pp={pp}); use ep={' or '.join(map(str, fits[-3:]))}"
-                " or fewer stages")
+                f"a pipeline stage ({n} GPUs / pp={pp}); use one of ep = {_some(fits)}, "
+                "or fewer stages")
     inner = [fix.get(k) for k in ("tp", "cp", "dp")]
     if stage is None and None not in inner and (ep * etp) > 1 and \
             math.prod(inner) % (ep * etp) and n % (ep * etp) == 0:
         stage = math.prod(inner)
         fits = [e for e in divisors(space.experts or 1) if stage % (e * etp) == 0]
         return (f"fix.ep: ep x etp = {ep * etp} must fold into the tp x cp x dp = {stage} GPUs "
-                f"pinned for a pipeline stage; use ep={' or '.join(map(str, fits[-3:]))}, or "
-                "pin a larger dp")
+                f"pinned for a pipeline stage; use one of ep = {_some(fits)}, or pin a "
+                "larger dp")
     if n % (ep * etp) and n % etp == 0:  # the experts spread over ranks of the tp x cp x dp
         fits = [e for e in divisors(space.experts or 1) if n % (e * etp) == 0]
         return (f"fix.ep: ep x etp = {ep * etp} does not divide the cluster's {n} GPUs; use one "

@@ -832,9 +832,15 @@ def test_torchtitan_expresses_context_and_expert_parallelism(notes):
     # validator, so it is not written
     assert par["context_parallel_degree"] == 4 and "context_parallel_rotate_method" not in par
     assert "expert_parallel_degree" not in par
-    par = tomllib.loads(to_torchtitan(data_plan("mixtral-8x7b-ep8-torchtitan")))["parallelism"]
+    plan = data_plan("mixtral-8x7b-ep8-torchtitan")  # tp 2, etp 1
+    par = tomllib.loads(to_torchtitan(plan))["parallelism"]
     assert (par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]) == (8, 1)
     assert "context_parallel_degree" not in par
+    # where its ep ranks come from (torchtitan's ParallelDims): with etp 1 the tp ranks too,
+    # with etp = tp not
+    assert "ranks (folded over dp_shard x cp x tp)" in to_torchtitan(plan)
+    folded = dataclasses.replace(plan, parallel={**plan.parallel, "etp": 2})
+    assert "ranks (folded over dp_shard x cp);" in to_torchtitan(folded)
     settings = titan_settings(to_torchtitan(data_plan("mixtral-8x7b-ep8-torchtitan"), "0.3.0"),
                               "0.3.0")
     assert settings["parallelism.expert_parallel_degree"] == 8

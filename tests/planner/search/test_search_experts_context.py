@@ -511,9 +511,9 @@ def test_every_form_that_splits_the_sequence_calls_attention_per_chunk(tiny_llam
     ("ep=2,etp=2,sequence_parallel=false", r"^fix\.sequence_parallel: false with etp=2, which "
                                            r"needs tp=2 .*; pin sequence_parallel=true or etp=1$"),
     ("ep=8,pp=2", r"fix\.ep: ep x etp = 8 must fold into the tp x cp x dp = 4 GPUs of a "
-                  r"pipeline stage \(8 GPUs / pp=2\); use ep=1 or 2 or 4 or fewer stages$"),
+                  r"pipeline stage \(8 GPUs / pp=2\); use one of ep = 1, 2, 4, or fewer stages$"),
     ("ep=8,cp=2,tp=1,dp=2", r"fix\.ep: ep x etp = 8 must fold into the tp x cp x dp = 4 GPUs "
-                            r"pinned for a pipeline stage; use ep=1 or 2 or 4, or pin a larger dp$"),
+                            r"pinned for a pipeline stage; use one of ep = 1, 2, 4, or pin a larger dp$"),
 ])
 def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
     if words is None:
