@@ -171,14 +171,15 @@ def both_tiers_s(intra_bytes, inter_bytes, cluster: Cluster, *, spans_nodes: boo
     inter-node tier at once (``count`` calls' latency on each): the slower tier sets the time;
     only the intra-node tier where the group does not span nodes. The calls are sends and
     receives (NCCL's all-to-all is grouped send/receive pairs, the runtime's batched
-    point-to-point sends): each pays a send/receive pair's cost between busy ranks
-    (LinkSpec.message_sync_s)."""
+    point-to-point sends): each pays a send/receive pair's latency and its cost between busy
+    ranks (LinkSpec.message_latency_s, message_sync_s: measured for such pairs where profiled,
+    else the collectives'); the bytes move at the collectives' bandwidth."""
     intra = cluster.intra_node
-    t = count * (intra.message_sync_s + intra.latency_s) + \
+    t = count * (intra.message_sync_s + intra.message_latency_s) + \
         intra_bytes / intra.effective_bytes_per_s
     if not spans_nodes:
         return t
     inter = cluster.inter_node
-    across = count * (inter.message_sync_s + inter.latency_s) + \
+    across = count * (inter.message_sync_s + inter.message_latency_s) + \
         inter_bytes / inter.effective_bytes_per_s
     return _larger(t, across)

@@ -33,6 +33,10 @@ from costmodels.engine import EngineSpec
 from costmodels.topology import Cluster
 
 
+COUNT_BYTES = 8
+"""Bytes of one expert's token count in the count exchange before a dispatch (int64)."""
+
+
 def rank_load(engine: EngineSpec, *, ep: int, num_experts: int) -> float:
     """Token copies the busiest of ``ep`` expert-parallel ranks computes, relative to the mean,
     each rank holding ``num_experts / ep`` experts of a layer.
@@ -306,4 +310,13 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
         slow = cluster.device.overlap_slowdown  # the partner's compute, slowed beside them
         exposed = comm.beside_compute_s(fwd, bwd_s, slow) + comm.beside_compute_s(back, fwd_s, slow)
         total = (1 - paired) * total + paired * exposed
+    if engine.moe_dispatcher != "allgather" and ep > 1:
+        # before its dispatch each rank learns how many copies it will receive: an exchange of
+        # the per-expert token counts in every MoE layer's forward (a replayed forward's too;
+        # Megatron-Core's alltoall dispatcher gathers them over the ep group in its preprocess,
+        # DeepEP's dispatch notifies them before it sends, the runtime all-to-alls them), which
+        # the dispatch waits for: never hidden. (The allgather dispatcher's sizes are fixed.)
+        counts = comm.alltoall_s(COUNT_BYTES * np.asarray(num_experts, dtype=float), ep_group,
+                                 cluster, count=layers)
+        total = total + counts * (2 if recompute_full else 1)
     return np.where(layers > 0, total, 0.0)

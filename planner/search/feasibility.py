@@ -127,6 +127,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     stage = n // pp if pp is not None and n % pp == 0 else None  # tp x cp x dp of one stage
     if stage is not None and stage % (ep * etp) and n % (ep * etp) == 0:
         fits = [e for e in divisors(space.experts or 1) if stage % (e * etp) == 0]
+        if not fits:
+            return (f"fix.etp: {etp} does not divide the tp x cp x dp = {stage} GPUs of a "
+                    f"pipeline stage ({n} GPUs / pp={pp}); pin etp=1 or fewer stages")
         return (f"fix.ep: ep x etp = {ep * etp} must fold into the tp x cp x dp = {stage} GPUs of "
                 f"a pipeline stage ({n} GPUs / pp={pp}); use one of ep = {_some(fits)}, "
                 "or fewer stages")
@@ -135,6 +138,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
             math.prod(inner) % (ep * etp) and n % (ep * etp) == 0:
         stage = math.prod(inner)
         fits = [e for e in divisors(space.experts or 1) if stage % (e * etp) == 0]
+        if not fits:
+            return (f"fix.etp: {etp} does not divide the tp x cp x dp = {stage} GPUs pinned for "
+                    "a pipeline stage; pin etp=1 or a larger dp")
         return (f"fix.ep: ep x etp = {ep * etp} must fold into the tp x cp x dp = {stage} GPUs "
                 f"pinned for a pipeline stage; use one of ep = {_some(fits)}, or pin a "
                 "larger dp")

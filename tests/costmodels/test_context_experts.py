@@ -205,7 +205,8 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
         engine, dispatch_bytes=np.array([0.0, copies]), routed_tokens=np.array([0.0, 4096 * 8]),
         seq_len=4096, share=1.0, ep=8, ep_group=NODE, etp_group=GroupShape(size=1, per_node=1),
         cluster=CLUSTER, recompute_full=False)
-    assert per_block[0] == 0.0 and per_block[1] == pytest.approx(2 * one_node)  # fwd + bwd
+    counts = comm.alltoall_s(0.0, NODE, CLUSTER)  # the forward's exchange of token counts
+    assert per_block[0] == 0.0 and per_block[1] == pytest.approx(2 * one_node + counts)
     # uneven routing: the all-to-all waits for the busiest of the 8 ranks (one expert each)
     uneven = experts.block_dispatch_s(
         engine_from_mapping("moe_imbalance=1.5"), dispatch_bytes=np.array([0.0, copies]),
@@ -214,7 +215,8 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
         num_experts=np.array([0.0, 8.0]))
     assert uneven[1] == pytest.approx(2 * experts.dispatch_s(
         "alltoall", copies_bytes=1.5 * copies, tokens_bytes=copies / 8, ep=8, ep_group=NODE,
-        etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER))
+        etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER)
+        + comm.alltoall_s(8 * 8.0, NODE, CLUSTER))
     # overlapped: the forward's all-to-alls run behind the paired micro-batch's backward, the
     # backward's behind its forward; a long backward lends a short forward nothing
     overlapped = engine_from_mapping("moe_overlap=true")
@@ -225,7 +227,7 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
             ep_group=NODE, etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER,
             recompute_full=False, fwd_s=np.array([1.0, fwd_s * one_node]),
             bwd_s=np.array([2.0, bwd_s * one_node]))
-        assert hidden[0] == 0.0 and hidden[1] == pytest.approx(exposed * one_node)
+        assert hidden[0] == 0.0 and hidden[1] == pytest.approx(exposed * one_node + counts)
     # one micro-batch has no partner to run behind: all exposed; of four, one
     for micro_batches, share in ((1, 1.0), (4, 0.25)):
         alone = experts.block_dispatch_s(
@@ -234,7 +236,7 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
             etp_group=GroupShape(size=1, per_node=1), cluster=CLUSTER, recompute_full=False,
             fwd_s=np.array([one_node]), bwd_s=np.array([2 * one_node]),
             micro_batches=micro_batches)
-        assert alone[0] == pytest.approx(share * per_block[1])
+        assert alone[0] == pytest.approx(share * (per_block[1] - counts) + counts)
     # with a pipeline the first rank's warm-up forwards and cool-down backwards run alone:
     # interleaved 1F1B over pp=8 ranks of 4 chunks, 128 micro-batches: 2 x 7 + 3 x 8 + 1 = 39
     # of its 512 chunk passes each way (Megatron-Core's warm-up of pipeline rank 0, one more
@@ -247,7 +249,34 @@ def test_dispatch_grows_with_the_nodes_it_spans_and_is_zero_without_ep():
         seq_len=4096, share=1.0, ep=8, ep_group=NODE, etp_group=GroupShape(size=1, per_node=1),
         cluster=CLUSTER, recompute_full=False, fwd_s=np.array([one_node]),
         bwd_s=np.array([2 * one_node]), micro_batches=128, pp=8, vpp=4)
-    assert piped[0] == pytest.approx(39 / 512 * per_block[1])
+    assert piped[0] == pytest.approx(39 / 512 * (per_block[1] - counts) + counts)
+
+
+def test_each_moe_forward_exchanges_its_token_counts_before_the_dispatch():
+    """Before each MoE layer's dispatch the ranks exchange their per-expert token counts (twice
+    with a replayed forward): a call each, at a send/receive pair's cost between busy ranks where
+    measured; not with the allgather dispatcher (fixed sizes) or without expert parallelism."""
+    busy = dataclasses.replace(CLUSTER, intra_node=dataclasses.replace(
+        CLUSTER.intra_node, sync_s=1e-3, p2p_sync_s=2e-3))
+
+    def priced(dispatcher="alltoall", ep=8, recompute_full=False, layers=3.0):
+        return experts.block_dispatch_s(
+            engine_from_mapping(f"moe_dispatcher={dispatcher}"), dispatch_bytes=np.array([1.0]),
+            routed_tokens=np.array([8.0]), seq_len=1, share=1.0, ep=ep,
+            ep_group=GroupShape(size=ep, per_node=8), etp_group=GroupShape(size=1, per_node=1),
+            cluster=busy, recompute_full=recompute_full, num_experts=np.array([64.0]),
+            moe_layers=np.array([layers]))[0]
+
+    counts = comm.alltoall_s(8 * 64.0, GroupShape(size=8, per_node=8), busy, count=3.0)
+    assert counts > 3 * 2e-3  # each layer's exchange pays the busy send/receive pair
+    moved = priced() - counts  # dispatch and combine, forward and backward
+    assert moved > 0
+    # a replayed forward moves the forward's tokens again and exchanges its counts again
+    assert priced(recompute_full=True) == pytest.approx(1.5 * moved + 2 * counts)
+    assert priced(ep=1) == 0.0
+    gathered = priced("allgather")  # every token gathered: no counts to wait for
+    assert gathered > 0 and priced("allgather", recompute_full=True) == \
+        pytest.approx(1.5 * gathered)
 
 
 def test_torchtitans_expert_tensor_parallelism_all_to_alls_the_whole_groups_copies():
@@ -519,3 +548,20 @@ def test_an_moe_layer_takes_at_least_its_ops_issue_time():
                            recompute="none", engine=engine_from_mapping(
                                f"moe_host_op_s={slow}"), experts=Experts(grouped=False))
     assert ungrouped.fwd_s == pytest.approx((200 + 63) * slow)
+
+
+def test_a_ring_exposes_each_send_receive_pairs_busy_cost():
+    """Behind long attention a ring hides its transfers but not what each send/receive pair
+    costs between busy ranks: LinkSpec.p2p_sync_s where measured (2 ms here), else sync_s."""
+    link = dataclasses.replace(CLUSTER.intra_node, sync_s=1e-3, p2p_sync_s=2e-3)
+    free = dataclasses.replace(CLUSTER.device, overlap_slowdown=0.0)  # hiding costs nothing
+    busy = dataclasses.replace(CLUSTER, device=free, intra_node=link)
+    kw = dict(cp=4, kv_bytes=1e6, q_bytes=1e6, attn_fwd_s=10.0, attn_bwd_s=10.0, group=NODE,
+              cluster=busy)
+    assert context.exchange_s("p2p", **kw) == (pytest.approx(3 * 2e-3), pytest.approx(3 * 2e-3))
+    unpaired = dataclasses.replace(busy, intra_node=dataclasses.replace(link, p2p_sync_s=None))
+    assert context.exchange_s("p2p", **{**kw, "cluster": unpaired}) == \
+        (pytest.approx(3 * 1e-3), pytest.approx(3 * 1e-3))
+    # the runtime's ring returns the gradients: each of its sends pays the pair too
+    _, back = context.exchange_s("p2p", gradients_back=2.0, **kw)
+    assert back > 3 * 2e-3

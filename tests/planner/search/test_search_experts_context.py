@@ -490,6 +490,15 @@ def test_every_form_that_splits_the_sequence_calls_attention_per_chunk(tiny_llam
     assert (torch_ring.work_bytes[attention] > te_ring.work_bytes[attention]).all()
 
 
+def test_an_etp_that_fits_no_stage_is_named(tiny_mixtral):
+    """3 nodes of 4 GPUs over 4 stages: 3 GPUs a stage, which etp=2 does not divide (no ep to
+    offer: a review saw "use one of ep = , ...")."""
+    with pytest.raises(planner.SpecError, match=r"^fix\.etp: 2 does not divide the tp x cp x dp = 3 GPUs "
+                                        r"of a pipeline stage \(12 GPUs / pp=4\); pin etp=1 or "
+                                        r"fewer stages$"):
+        _plan(tiny_mixtral, "ep=2,etp=2,pp=4", nodes=3, cluster="pcie-4090", gb=12)
+
+
 @pytest.mark.parametrize("fix,words", [
     ("ep=3", "does not divide the model's 8 experts; use one of 1, 2, 4, 8"),
     ("cp=3", "does not divide the cluster's 8 GPUs; use one of 1, 2, 4, 8"),
