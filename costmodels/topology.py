@@ -82,12 +82,12 @@ class LinkSpec:
     """Measured all-gather time over the ring model."""
     sync_s: float = 0.0
     """What one synchronizing call (a collective; a send/receive pair too where ``p2p_sync_s`` is
-    not measured) costs on top of the alpha-beta model when the ranks compute between calls: measured by ``plan profile`` on CPUs,
-    where every core runs a rank's compute thread, so the backend's own threads must wait for a
-    core, and the ranks' skew shows at every call (planner.profile.collectives.busy_sync_s:
-    0.8-1.4 ms on this project's 2-core VM against 0.2-0.7 ms for the same call between idle
-    ranks). Paid once per call and never hidden behind compute. 0 where not measured (GPUs:
-    NCCL's kernels queue on the device behind the compute)."""
+    not measured) costs on top of the alpha-beta model when the ranks compute between calls:
+    measured by ``plan profile`` on CPUs, where every core runs a rank's compute thread, so the
+    backend's own threads must wait for a core, and the ranks' skew shows at every call
+    (planner.profile.collectives.busy_sync_s: 0.8-1.4 ms on this project's 2-core VM against
+    0.2-0.7 ms for the same call between idle ranks). Paid once per call and never hidden behind
+    compute. 0 where not measured (GPUs: NCCL's kernels queue on the device behind the compute)."""
     p2p_latency_s: float | None = None
     """Measured latency of one point-to-point message (``plan profile``: every rank sending to
     the next and receiving from the previous at once, as a pipeline's or a ring's sends run);

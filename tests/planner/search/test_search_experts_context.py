@@ -493,9 +493,9 @@ def test_every_form_that_splits_the_sequence_calls_attention_per_chunk(tiny_llam
 def test_an_etp_that_fits_no_stage_is_named(tiny_mixtral):
     """3 nodes of 4 GPUs over 4 stages: 3 GPUs a stage, which etp=2 does not divide (no ep to
     offer: a review saw "use one of ep = , ...")."""
-    with pytest.raises(planner.SpecError, match=r"^fix\.etp: 2 does not divide the tp x cp x dp = 3 GPUs "
-                                        r"of a pipeline stage \(12 GPUs / pp=4\); pin etp=1 or "
-                                        r"fewer stages$"):
+    with pytest.raises(planner.SpecError, match=r"^fix\.etp: 2 does not divide the tp x cp x "
+                                                r"dp = 3 GPUs of a pipeline stage \(12 GPUs / "
+                                                r"pp=4\); pin etp=1 or fewer stages$"):
         _plan(tiny_mixtral, "ep=2,etp=2,pp=4", nodes=3, cluster="pcie-4090", gb=12)
 
 
@@ -522,7 +522,8 @@ def test_an_etp_that_fits_no_stage_is_named(tiny_mixtral):
     ("ep=8,pp=2", r"fix\.ep: ep x etp = 8 must fold into the tp x cp x dp = 4 GPUs of a "
                   r"pipeline stage \(8 GPUs / pp=2\); use one of ep = 1, 2, 4, or fewer stages$"),
     ("ep=8,cp=2,tp=1,dp=2", r"fix\.ep: ep x etp = 8 must fold into the tp x cp x dp = 4 GPUs "
-                            r"pinned for a pipeline stage; use one of ep = 1, 2, 4, or pin a larger dp$"),
+                            r"pinned for a pipeline stage; use one of ep = 1, 2, 4, or pin a "
+                            r"larger dp$"),
 ])
 def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
     if words is None:
