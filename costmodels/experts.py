@@ -268,7 +268,9 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
     ``groups``, ``group_topk``: the router's group-limited routing (BlockWork.expert_groups),
     which DeepEP's sends follow (node_sends). ``shared_fwd_s``, ``shared_bwd_s``: per block, the
     shared expert's GEMMs in each pass (BlockTime.shared_fwd_s), which
-    EngineSpec.moe_shared_overlap runs beside that pass's all-to-alls."""
+    EngineSpec.moe_shared_overlap runs beside that pass's all-to-alls. With the alltoall and
+    deepep dispatchers each forward (and a replayed one) first exchanges the per-expert token
+    counts over the ep group (COUNT_BYTES each), which nothing hides."""
     layers = np.where(dispatch_bytes > 0, np.maximum(moe_layers, 1.0), 0.0)
     load = 1.0
     # (a search prices this often: skip the even case)
