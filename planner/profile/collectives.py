@@ -87,10 +87,7 @@ def _exchange_s(dist, timer: Timer, nbytes: int, rank: int, world: int, reps: in
     into = torch.empty(nbytes // 4, device=timer.device)
 
     def exchange():
-        ops = [dist.P2POp(dist.isend, out, (rank + 1) % world),
-               dist.P2POp(dist.irecv, into, (rank - 1) % world)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        _ring_exchange(dist, out, into, rank, world)
         timer.sync()
 
     exchange()  # warm-up
@@ -125,14 +122,16 @@ def busy_exchange_s(dist, rank: int, world: int) -> float:
     1.5 ms, 2026-12-06); ``collectives`` keeps what the point-to-point fit does not explain of
     it as ``LinkSpec.p2p_sync_s``."""
     out, into = torch.ones(SYNC_BYTES // 4), torch.empty(SYNC_BYTES // 4)
+    return busy_call_s(dist, lambda: _ring_exchange(dist, out, into, rank, world))
 
-    def exchange():
-        ops = [dist.P2POp(dist.isend, out, (rank + 1) % world),
-               dist.P2POp(dist.irecv, into, (rank - 1) % world)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
 
-    return busy_call_s(dist, exchange)
+def _ring_exchange(dist, out, into, rank: int, world: int) -> None:
+    """Send ``out`` to the next rank and receive ``into`` from the previous one at once (batched
+    isend/irecv), and wait for both."""
+    ops = [dist.P2POp(dist.isend, out, (rank + 1) % world),
+           dist.P2POp(dist.irecv, into, (rank - 1) % world)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
 
 
 def busy_call_s(dist, call) -> float:
