@@ -56,7 +56,7 @@ class Prepared:
 
     info: dict
     """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params,
-    image_tokens, encoder_tokens, defaulted where they apply)."""
+    image_tokens, encoder_tokens, defaulted, mtp_layers_left_out where they apply)."""
     seq_len: int
     dtype: str
     opgraph: OpGraph
@@ -135,6 +135,15 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
                     "used (%s): add them to the config if the model has other sizes",
                     prepared.info["name"], ", ".join(defaulted),
                     ", ".join(f"{k}={v:,}" for k, v in defaulted.items()))
+    mtp = prepared.info.get("mtp_layers_left_out")
+    if mtp:
+        (key, layers), = mtp.items()
+        log.warning("%s: its config declares %d multi-token-prediction layer%s (%s), which the "
+                    "model transformers builds does not run in training: the plan prices the "
+                    "main model only (each MTP depth adds a decoder layer, a projection and an "
+                    "output-head pass to the last stage; Megatron-LM trains them with "
+                    "--mtp-num-layers)", prepared.info["name"], layers, "" if layers == 1 else "s",
+                    key)
     frozen = prepared.info.get("frozen_params")
     if frozen:
         log.info("%s: %s: %s", prepared.info["name"],
@@ -211,6 +220,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
         info["encoder_tokens"] = rm.encoder_tokens
     if rm.defaulted:
         info["defaulted"] = dict(rm.defaulted)
+    if rm.mtp_layers:
+        info["mtp_layers_left_out"] = dict(rm.mtp_layers)
     unpriced = og.unpriced_ops()
     if unpriced:
         info["unpriced_ops"] = unpriced

@@ -286,6 +286,26 @@ DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "interm
 otherwise, as T5's d_model and num_layers, which its config's attribute_map says)."""
 
 
+MTP_KEYS = ("num_nextn_predict_layers", "num_mtp_layers", "mtp_num_hidden_layers")
+"""Config keys that declare multi-token-prediction (MTP) layers: DeepSeek-V3's and GLM-4.5's
+``num_nextn_predict_layers`` (transformers maps its ``num_mtp_layers`` to it), Qwen3-Next's
+``mtp_num_hidden_layers``."""
+
+
+def mtp_layers(raw: dict) -> dict[str, int]:
+    """The multi-token-prediction layers a config.json declares, by the key that declares them
+    (MTP_KEYS; empty for none). The model
+    transformers builds from it never runs them in its training forward (5.x keeps them for
+    speculative decoding, a model of its own), so the trace, and every price, leaves them out:
+    DeepSeek-V3's one MTP depth adds a decoder layer, a projection of two hidden widths to one and
+    another pass of the output head (its technical report, section 2.2)."""
+    for key in MTP_KEYS:
+        value = raw.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return {key: value}
+    return {}
+
+
 def defaulted_dimensions(raw: dict, cfg) -> dict[str, int]:
     """The model's dimensions (DIMENSIONS, as its config names them) that the config.json does
     not give, with the values transformers' defaults fill in: a config missing them builds a

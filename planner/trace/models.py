@@ -62,6 +62,9 @@ class ResolvedModel:
     defaulted: dict = field(default_factory=dict)
     """Dimensions a config.json does not give, with the values transformers' defaults filled in
     (planner.trace.hf.defaulted_dimensions)."""
+    mtp_layers: dict = field(default_factory=dict)
+    """Multi-token-prediction layers a config.json declares, by its key, which the traced model
+    does not run (planner.trace.hf.mtp_layers)."""
 
     @property
     def encoder_tokens(self) -> int:
@@ -164,6 +167,7 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
     rm = _build_hf(None, cfg, archs[0] if archs else "", seq_len or hf.default_seq_len(cfg),
                    dtype, "hf-config", asked=seq_len)
     rm.defaulted = hf.defaulted_dimensions(raw, cfg)
+    rm.mtp_layers = hf.mtp_layers(raw)
     return rm
 
 

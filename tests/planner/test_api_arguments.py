@@ -339,3 +339,34 @@ def test_arguments_the_api_cannot_use_are_refused_naming_them(tiny_llama_config,
                                         r"one of 1, 2, 4, 8$"):
         planner.plan_prepared(tiny_llama, planner.load_cluster("dgx-h100", nodes=1), training,
                               planner.SearchOptions(fix={"tp": 16}))
+
+
+TINY_DEEPSEEK = {"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64,
+                 "num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 32,
+                 "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                 "v_head_dim": 16, "first_k_dense_replace": 1, "intermediate_size": 128,
+                 "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+                 "moe_intermediate_size": 32, "n_shared_experts": 1, "vocab_size": 128,
+                 "max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("layers", [0, 1])
+def test_multi_token_prediction_layers_a_config_declares_are_named_as_left_out(tmp_path, caplog,
+                                                                                layers):
+    """DeepSeek-V3's config.json declares one MTP layer, which the model transformers builds
+    never runs in training: the plan would price the main model alone without a word."""
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**TINY_DEEPSEEK, "num_nextn_predict_layers": layers}))
+    with caplog.at_level("WARNING", logger="planner"):
+        prepared = planner.prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
+    if layers:
+        assert prepared.info["mtp_layers_left_out"] == {"num_nextn_predict_layers": 1}
+        assert "its config declares 1 multi-token-prediction layer (num_nextn_predict_layers), " \
+            "which the model transformers builds does not run in training" in caplog.text
+    else:
+        assert "mtp_layers_left_out" not in prepared.info
+        assert "multi-token-prediction" not in caplog.text
+    # what the warning says: the key changes nothing the trace sees
+    (tmp_path / "bare.json").write_text(json.dumps(TINY_DEEPSEEK | {"num_nextn_predict_layers": 0}))
+    bare = planner.prepare(str(tmp_path / "bare.json"), seq_len=16, cache_dir=None)
+    assert prepared.info["num_params"] == bare.info["num_params"]
