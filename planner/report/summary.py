@@ -373,10 +373,13 @@ def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
 MOE_ACCURACY = ("accuracy: step times of mixtures of experts are this cost model's least certain: "
                 "on the published Megatron-Core MoE runs its held-out median error is 16%, and "
                 "some rows come out up to 2.4x too fast (Qwen3-30B-A3B dropless on H100, "
-                "GPT-OSS-120B on B200 and H100; README, Mixtures of experts)")
-"""Said under an MoE plan's step time: the figures of benchmarks/moe_runs.py --no-search
-(2026-12-05: held out 15.8%; Qwen3-30B-A3B dropless on 16 H100 +143%, GPT-OSS-120B on B200
-+128%); rerun it and update these with the cost model."""
+                "GPT-OSS-120B on B200 and H100; README, Mixtures of experts); where its MoE "
+                "layers wait for the host, a faster precision or GPU gains less here than the "
+                "published runs did (DeepSeek-V3 on GB300: FP8 13% faster than BF16, here equal)")
+"""Said under an MoE plan's step time and under a what-if of one: the figures of
+benchmarks/moe_runs.py --no-search (2026-12-05: held out 15.8%; Qwen3-30B-A3B dropless on 16 H100
++143%, GPT-OSS-120B on B200 +128%; 2026-12-06: its rows 0 and 1, published 3,848 and 4,357
+tokens/s per GPU, predicted 3,477 and 3,478); rerun it and update these with the cost model."""
 
 
 
