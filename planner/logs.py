@@ -10,9 +10,23 @@ import sys
 
 def to_stderr(level: int) -> None:
     """Send the ``planner`` logger's records at ``level`` and above to stderr, one message a
-    line, and nowhere else (the root logger's handlers are not involved)."""
+    line, and nowhere else (the root logger's handlers are not involved). A warning already shown
+    is not shown again: a command that traces or prices a model more than once (a what-if's
+    points, an export's re-pricing) would repeat what the model's reading said."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
+    shown: set[str] = set()
+
+    def first_time(record) -> bool:
+        if not logging.WARNING <= record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage()
+        if text in shown:
+            return False
+        shown.add(text)
+        return True
+
+    handler.addFilter(first_time)
     root = logging.getLogger("planner")
     root.handlers[:] = [handler]
     root.setLevel(level)
