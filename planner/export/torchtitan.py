@@ -314,6 +314,12 @@ def _context(plan: Plan, version: str, ledger: common.Ledger,
     if cp == 1:
         ledger.exact("cp", "cp_comm")
         return []
+    none = [targets.ATTENTION_FORMS[f] for f in plan.model.get("attention_forms", ())
+            if f in targets.ATTENTION_FORMS and not targets.engine(TARGET).exchanges_over(f)]
+    if none:  # (before the memory re-check below, which would blame the memory)
+        raise SpecError(f"export torchtitan: torchtitan {version} runs no context parallelism "
+                        f"over {' or '.join(none)}, which {plan.model['name']} has; re-plan "
+                        f"with `{common.resolve_hint(plan, TARGET, {'cp': 1})}`")
     ledger.exact("cp")
     why = (f"context parallelism: each sample's {plan.training['seq_len']} tokens over {cp} ranks "
            "(two chunks each, torchtitan's headtail load balancer)",)

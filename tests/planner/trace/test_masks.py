@@ -305,7 +305,15 @@ def test_targets_keep_to_the_exchanges_they_run_over_sliding_windows(tiny_gpt_os
         with pytest.raises(SpecError, match=f"^fix.cp: {target} runs no context parallelism over "
                                             "the model's sliding-window attention"):
             plan("cp=2,tp=1,pp=1", target)
-    assert plan("cp=2,tp=1,pp=1,cp_comm=p2p", "any").parallel["cp_comm"] == "p2p"
+    anywhere = plan("cp=2,tp=1,pp=1,cp_comm=p2p", "any")
+    assert anywhere.parallel["cp_comm"] == "p2p"
+    # exported to torchtitan, such a plan is refused for its attention (a new-user check: the
+    # export blamed the memory of the nearest exchange and advised a re-plan that fails)
+    from planner.export.torchtitan import to_torchtitan
+    with pytest.raises(SpecError, match=r"^export torchtitan: torchtitan 0\.2\.2 runs no context "
+                                        r"parallelism over attention with sinks or sliding-window "
+                                        r"attention, which .* has; re-plan with `.*--fix cp=1"):
+        to_torchtitan(anywhere)
 
 
 
