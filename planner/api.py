@@ -604,7 +604,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
             log.warning("%s", note)
     if any(b.work.num_experts for b in prepared.blocks.blocks):  # (dense: said before the search)
         settings.warn_overlap_off(result.best.config, training, dict(options.fix))
-        settings.warn_etp_replicated_unused(result.best.config, training)
+        settings.warn_dispatch_unused(result.best.config, training, dict(options.fix))
         settings.hint_overlap(result.best, training, options)
     rows = replica_rows = pick = None
     t0 = time.perf_counter()

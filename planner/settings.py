@@ -287,10 +287,18 @@ def _given(engine: EngineSpec, name: str) -> bool:
     return any(part.startswith(name + "=") for part in engine_setting(engine).split(",")[1:])
 
 
-def warn_etp_replicated_unused(cfg, training: TrainingSpec) -> None:
-    """Warn when moe_etp_replicated is set against its preset and the plan splits no expert
-    matrices (etp = 1): the setting says how an etp group dispatches, and there is none."""
-    if cfg.etp == 1 and _given(training.engine, "moe_etp_replicated"):
+def warn_dispatch_unused(cfg, training: TrainingSpec, fix: dict) -> None:
+    """Warn when the plan the search chose dispatches no token, or splits no expert matrices,
+    while a setting of that dispatch was given: moe_dispatcher with ep = etp = 1 (unless both
+    were pinned, which warn_unused_settings names before the search), moe_etp_replicated with
+    etp = 1 (set against its preset)."""
+    engine = training.engine
+    if cfg.ep * cfg.etp == 1 and engine.moe_dispatcher != EngineSpec().moe_dispatcher and \
+            not (int(fix.get("ep", 0)) == 1 and int(fix.get("etp", 0)) == 1):
+        log.warning("engine.moe_dispatcher: the chosen plan has ep=1 and etp=1, so no token "
+                    "leaves its rank; moe_dispatcher=%s changes nothing in it (pin ep to "
+                    "compare dispatchers)", engine.moe_dispatcher)
+    if cfg.etp == 1 and _given(engine, "moe_etp_replicated"):
         log.warning("engine.moe_etp_replicated: says how the ranks of an expert-tensor-parallel "
                     "group dispatch, and this plan has etp=1; it changes nothing here")
 

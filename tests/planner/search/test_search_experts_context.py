@@ -1103,7 +1103,22 @@ def test_expert_settings_a_plan_does_not_use_are_named(tiny_mixtral, caplog):
         _plan(tiny_mixtral, "tp=2,pp=1,ep=2,etp=2",
               engine=engine_from_mapping("megatron-core,moe_etp_replicated=true"))
         _plan(tiny_mixtral, "tp=1,pp=1,ep=2", engine=engine_from_mapping("torchtitan"))
+        _plan(tiny_mixtral, "tp=1,pp=1,ep=2",
+              engine=engine_from_mapping("megatron-core,moe_dispatcher=allgather"))
     assert "moe_etp_replicated" not in caplog.text and "fp8_experts" not in caplog.text
+    assert "moe_dispatcher" not in caplog.text
+    # a dispatcher given where the search chose no expert parallelism (a new-user check:
+    # moe_dispatcher=deepep said nothing on a plan with ep=1), not said twice where ep=etp=1 pinned
+    one = planner.load_cluster("dgx-h100", nodes=1, gpus_per_node=1)
+    for pins, times in (("", 1), ("ep=1,etp=1", 1)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="planner"):
+            p = planner.plan_prepared(tiny_mixtral, one, planner.TrainingSpec(
+                global_batch=8, seq_len=tiny_mixtral.seq_len,
+                engine=engine_from_mapping("megatron-core,moe_dispatcher=deepep")),
+                planner.SearchOptions(fix=parse_fix(pins) if pins else {}, top_k=0))
+        assert p.parallel.get("ep", 1) * p.parallel.get("etp", 1) == 1
+        assert caplog.text.count("engine.moe_dispatcher:") == times, caplog.text
 
 
 def test_the_leanest_plan_splits_a_long_sequence_when_cp_is_free(tiny_llama_config):
