@@ -28,6 +28,7 @@ import torch
 
 from planner.errors import SpecError
 from planner.inputs.zoo import learned_positions
+from planner.trace import dense_experts
 
 AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM",
                 "AutoModelForSpeechSeq2Seq", "AutoModelForImageClassification", "AutoModel")
@@ -72,6 +73,7 @@ def build(cfg, architecture: str, seq_len: int, dtype: torch.dtype, device: str)
         raise SpecError(f"model: transformers cannot build {cls.__name__} from this config "
                         f"({_where(refusals[-1])}); check its sizes and counts")
     attention = attention or str(getattr(module.config, "_attn_implementation", "default"))
+    dense_experts.route(module)  # every expert on every token, as written: routed instead
     args, kwargs, tokens = inputs(module, cfg, seq_len, device)
     return Built(module=module, args=args, kwargs=kwargs, seq_len=tokens, attention=attention)
 
