@@ -294,6 +294,23 @@ MTP_KEYS = ("num_nextn_predict_layers", "num_mtp_layers", "mtp_num_hidden_layers
 ``mtp_num_hidden_layers``."""
 
 
+def type_of_architectures(architectures) -> str:
+    """What to say of a config whose model_type transformers does not know: where its
+    ``architectures`` name a class transformers has (a hub model with its own code, such as
+    Kimi K2's ``kimi_k2`` built as DeepseekV3ForCausalLM), the model type of that class to set;
+    else the config forms transformers takes."""
+    import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
+
+    for name in architectures if isinstance(architectures, list) else []:
+        config = getattr(getattr(transformers, str(name), None), "config_class", None)
+        kind = getattr(config, "model_type", "")
+        if kind:
+            return (f"; its architectures name {name}, a transformers class of model type "
+                    f"'{kind}': set \"model_type\": \"{kind}\" to plan it as that")
+    return ("; give the model_type of a transformers model (as in its config classes, e.g. "
+            "\"llama\", \"qwen3_moe\", \"deepseek_v3\"), or a file.py:factory that builds it")
+
+
 def mtp_layers(raw: dict) -> dict[str, int]:
     """The multi-token-prediction layers a config.json declares, by the key that declares them
     (MTP_KEYS; empty for none). The model

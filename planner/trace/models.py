@@ -159,8 +159,8 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
     except Exception as exc:  # noqa: BLE001 - transformers' validation errors have no common base
         text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         if isinstance(exc, ValueError) and text.startswith("Unrecognized model"):
-            raise SpecError(f"{file}: model_type '{model_type}' is not a transformers model type "
-                            f"({text[:120]})") from None
+            raise SpecError(f"{file}: model_type '{model_type}' is not a transformers model type"
+                            f"{hf.type_of_architectures(raw.get('architectures'))}") from None
         raise SpecError(f"{file}: transformers rejects the config: {text[:200]}; fix the config"
                         ) from None
     archs = raw.get("architectures") or []

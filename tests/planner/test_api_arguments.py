@@ -370,3 +370,22 @@ def test_multi_token_prediction_layers_a_config_declares_are_named_as_left_out(t
     (tmp_path / "bare.json").write_text(json.dumps(TINY_DEEPSEEK | {"num_nextn_predict_layers": 0}))
     bare = planner.prepare(str(tmp_path / "bare.json"), seq_len=16, cache_dir=None)
     assert prepared.info["num_params"] == bare.info["num_params"]
+
+
+def test_an_unknown_model_type_is_answered_with_the_type_its_architectures_name(tmp_path):
+    """A new-user check gave Kimi K2's config.json (model_type kimi_k2, hub code built as
+    DeepseekV3ForCausalLM): the error listed transformers' known types cut mid-word, no way on."""
+    raw = {**TINY_DEEPSEEK, "model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(SpecError, match=r"model_type 'kimi_k2' is not a transformers model type; "
+                                        r"its architectures name DeepseekV3ForCausalLM, a "
+                                        r"transformers class of model type 'deepseek_v3': set "
+                                        r"\"model_type\": \"deepseek_v3\""):
+        planner.prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "architectures": ["KimiK2Model"]}))
+    with pytest.raises(SpecError, match=r"is not a transformers model type; give the model_type "
+                                        r"of a transformers model"):
+        planner.prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
+    # what the error advises plans it
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "model_type": "deepseek_v3"}))
+    assert planner.prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
