@@ -259,9 +259,11 @@ def predicted(est: Estimate, training: TrainingSpec, cluster: Cluster) -> dict:
 
 
 def has_attention(bg: BlockGraph) -> bool:
-    """Whether the model runs an attention core (fused, or QK^T and scores x V written out)."""
-    return any(b.work.attn_flops > 0 or any(g.attention for g in b.work.gemms)
-               for b in bg.blocks)
+    """Whether the model runs an attention core (fused, or QK^T and scores x V written out),
+    whether or not tensor parallelism splits it (attn_flops counts only the split ones: a
+    new-user check found Qwen3-Next's gated attention, outside any split region, called none)."""
+    return any(b.work.attn_flops > 0 or b.work.fused_attn_flops > 0 or b.work.fused_attn_calls
+               or any(g.attention for g in b.work.gemms) for b in bg.blocks)
 
 
 def active_params(bg: BlockGraph, seq_len: int) -> float:

@@ -93,3 +93,31 @@ def test_a_model_without_repeated_layers_runs_every_gemm_in_fp8(branched):
                                  planner.SearchOptions(top_k=0))
     assert plan.predicted["fp8"]["outer_blocks_bf16"] is False
     assert "output layer in bf16" not in summary(plan)
+
+
+def test_attention_outside_tensor_parallel_regions_is_attention(tmp_path):
+    """Qwen3-Next's gated attention (every fourth layer, beside linear attention) runs fused but
+    outside any region tensor parallelism splits: the plan called the model attention-free and
+    its software line dropped the kernel (a new-user check)."""
+    import json
+
+    import planner
+    from planner.report.summary import summary
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+        "num_hidden_layers": 4, "full_attention_interval": 4, "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32, "vocab_size": 256,
+        "max_position_embeddings": 256}))
+    prepared = planner.prepare(str(tmp_path / "config.json"), seq_len=64, cache_dir=None)
+    fused = [b for b in prepared.blocks.blocks if b.work.fused_attn_calls]
+    assert [b.name for b in fused] == ["model.layers.3"]
+    plan = planner.plan_prepared(prepared, load_cluster("dgx-h100", nodes=1),
+                                 TrainingSpec(global_batch=8, seq_len=64),
+                                 SearchOptions(top_k=0))
+    assert "no_attention" not in plan.model
+    assert "FlashAttention" in summary(plan)
