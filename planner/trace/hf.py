@@ -282,6 +282,37 @@ def check_counts(raw: dict, where: str) -> None:
                             f" integer, got {value}; fix the config")
 
 
+EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+"""Config keys that count a mixture's routed experts (Mixtral and gpt-oss, Qwen MoE, DeepSeek,
+ERNIE)."""
+
+
+def check_ratios(raw: dict, where: str) -> None:
+    """SpecError naming the key when two counts of a config (nested configs included) cannot go
+    together: more experts per token than routed experts, key/value heads that do not divide the
+    attention heads. transformers builds such a model and the trace then fails with the kernel's
+    words (a new-user check got "k not in range" and advice to make the forward traceable)."""
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            check_ratios(value, f"{where}.{key}")
+
+    def count(key: str) -> int | None:
+        value = raw.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+            else None
+
+    top_k = count("num_experts_per_tok")
+    experts = next(((k, count(k)) for k in EXPERT_COUNTS if count(k)), None)
+    if top_k and experts and top_k > experts[1]:
+        raise SpecError(f"{where}.num_experts_per_tok: {top_k} experts per token, more than the "
+                        f"{experts[1]} routed experts ({experts[0]}); fix the config")
+    heads, kv = count("num_attention_heads"), count("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise SpecError(f"{where}.num_key_value_heads: {kv} key/value heads do not divide the "
+                        f"{heads} attention heads (num_attention_heads), as grouped-query "
+                        "attention needs; fix the config")
+
+
 DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
               "vocab_size")
 """Sizes a config should give (by transformers' common names; a model type may name them

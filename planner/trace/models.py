@@ -152,6 +152,7 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
         raise SpecError(f"{file}: key 'model_type' is missing; add the transformers model type "
                         "(e.g. \"llama\", \"gpt2\")")
     hf.check_counts(raw, os.path.basename(file))
+    hf.check_ratios(raw, os.path.basename(file))
     raw = dict(raw)
     model_type = raw.pop("model_type")
     try:

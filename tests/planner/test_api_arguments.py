@@ -389,3 +389,20 @@ def test_an_unknown_model_type_is_answered_with_the_type_its_architectures_name(
     # what the error advises plans it
     (tmp_path / "config.json").write_text(json.dumps({**raw, "model_type": "deepseek_v3"}))
     assert planner.prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"num_experts_per_tok": 9}, r"config\.json\.num_experts_per_tok: 9 experts per token, more "
+                                 r"than the 8 routed experts \(num_local_experts\)"),
+    ({"num_attention_heads": 6, "num_key_value_heads": 4},
+     r"config\.json\.num_key_value_heads: 4 key/value heads do not divide the 6 attention heads")])
+def test_counts_that_cannot_go_together_are_named_before_the_trace(tmp_path, change, words):
+    """A new-user check set more experts per token than experts, and heads that the key/value
+    heads do not divide: the trace failed with the kernel's words ("k not in range") and advice
+    to make the forward traceable."""
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 48,
+         "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 128, "num_local_experts": 8, "num_experts_per_tok": 2, **change}))
+    with pytest.raises(SpecError, match=words):
+        planner.prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
