@@ -14,7 +14,7 @@ from costmodels.experts import overlap_blockers
 from costmodels.memory import modules_of
 from planner.errors import SpecError
 from planner.options import same_data_parallelism
-from planner.export import common, moe
+from planner.export import common, moe, names
 from planner.export.shell import Group, bash_file
 from planner.planfile.document import Plan
 from planner import targets
@@ -61,7 +61,7 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
         raise SpecError(f"export megatron: {plan.model['name']} is an image model; this export "
                         "writes arguments for token sequences (pretrain_gpt.py's), not vision "
                         "models' layouts; export to torchtitan or deepspeed instead")
-    if plan.model.get("source", "zoo") != "zoo":
+    if names.zoo_model(plan) is None and plan.model.get("source", "zoo") != "zoo":
         kind = plan.model.get("model_type") or "a model of your own code"
         ledger.info(f"{plan.model['name']} ({kind}) is not one of the planner's zoo models: these "
                     "arguments lay out Megatron-LM's own transformer (pretrain_gpt.py builds a "

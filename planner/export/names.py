@@ -36,6 +36,35 @@ TORCHTITAN_MODELS = {
 function of ``torchtitan/models/<model>/config_registry.py``: 0.3.0 builds Qwen3-235B-A22B
 (``model_registry("235B-A22B")``) but has no config function for it."""
 
+ZOO_SHAPES = {
+    ("llama", 8_030_261_248): "llama3-8b",
+    ("llama", 70_553_706_496): "llama3-70b",
+    ("llama", 405_853_388_800): "llama3-405b",
+    ("mixtral", 46_702_792_704): "mixtral-8x7b",
+    ("mixtral", 140_630_071_296): "mixtral-8x22b",
+    ("qwen3_moe", 30_532_122_624): "qwen3-30b-a3b",
+    ("qwen3_moe", 235_093_634_560): "qwen3-235b-a22b",
+    ("deepseek_v3", 671_026_404_352): "deepseek-v3",
+    ("gpt_oss", 116_829_156_672): "gpt-oss-120b",
+}
+"""(Hugging Face model type, parameters) -> the zoo model of that architecture: a plan of a
+config.json (Meta-Llama-3.1-8B's, Qwen3-30B-A3B's, ...) builds the same model as the zoo name, so
+the engines' own definitions of it apply (tests/planner/export/test_engines.py checks the counts
+against the zoo's models built on the meta device)."""
+
+
+def zoo_model(plan: Plan) -> str | None:
+    """The zoo model the plan is of: its zoo name, or the zoo model a Hugging Face config of
+    the same type and parameter count builds (ZOO_SHAPES); None for other models."""
+    m = plan.model
+    source = m.get("source", "zoo")
+    if source == "zoo":
+        return m.get("spec") or None
+    if source == "hf-config":
+        return ZOO_SHAPES.get((m.get("model_type"), m.get("num_params")))
+    return None
+
+
 _HF_TOP = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm"}
 _HF_HEAD = {"0.2.2": "output", "0.3.0": "lm_head"}
 _HF_DROPPED = {"model.rotary_emb"}
@@ -43,19 +72,16 @@ _HF_LAYER = re.compile(r"model\.layers\.(\d+)")
 
 
 def torchtitan_model(plan: Plan) -> tuple[str, str] | None:
-    """(torchtitan model, flavor) when the plan is of a zoo model torchtitan defines, else None."""
-    m = plan.model
-    known = TORCHTITAN_MODELS.get(m.get("spec") or "")
-    if known is None or m.get("source", "zoo") != "zoo":
-        return None
-    return known[0], known[1]
+    """(torchtitan model, flavor) when the plan is of a zoo model torchtitan defines (by name or
+    by its config: zoo_model), else None."""
+    known = TORCHTITAN_MODELS.get(zoo_model(plan) or "")
+    return None if known is None else (known[0], known[1])
 
 
 def torchtitan_config(plan: Plan) -> str | None:
     """torchtitan 0.3.0's config function for the plan's model (``--config``), or None."""
-    m = plan.model
-    known = TORCHTITAN_MODELS.get(m.get("spec") or "")
-    return known[2] if known is not None and m.get("source", "zoo") == "zoo" else None
+    known = TORCHTITAN_MODELS.get(zoo_model(plan) or "")
+    return None if known is None else known[2]
 
 
 def torchtitan_names(plan: Plan, version: str) -> list[list[str]] | None:

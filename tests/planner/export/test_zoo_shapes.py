@@ -1,0 +1,64 @@
+"""A plan of a Hugging Face config that builds a zoo model is exported as that model
+(planner.export.names.zoo_model)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from planner.export import names
+from planner.export.megatron import to_megatron
+from planner.export.torchtitan import to_torchtitan
+from planner.planfile.document import load_plan
+
+PLANS = os.path.join(os.path.dirname(__file__), "data", "plans")
+
+
+def test_the_shapes_are_the_zoo_models_parameter_counts():
+    """Each (model type, parameters) is what the zoo's configuration builds on the meta device."""
+    from transformers import AutoConfig
+
+    from planner.inputs.zoo import ZOO
+    from planner.trace import hf
+
+    for (model_type, count), name in names.ZOO_SHAPES.items():
+        entry = ZOO[name]
+        cfg = AutoConfig.for_model(entry.model_type, **entry.config)
+        built = hf.build(cfg, entry.architecture, 128, torch.bfloat16, "meta").module
+        assert (entry.model_type, sum(p.numel() for p in built.parameters())) == \
+            (model_type, count), name
+
+
+def _from_config(plan, **model):
+    return dataclasses.replace(plan, parallel={**plan.parallel, "recompute": "full"}, model={
+        **plan.model, "source": "hf-config", "spec": "Qwen3-30B-A3B/config.json", **model})
+
+
+def test_a_config_of_a_zoo_model_is_exported_as_it():
+    """A new-user check exported Qwen3-30B-A3B's config.json (the zoo model's very shapes)
+    without torchtitan's [model] section, and Megatron's export asked to check that Megatron-Core
+    defines DeepSeek-V3 and Mixtral."""
+    qwen = load_plan(os.path.join(PLANS, "qwen3-30b-a3b-pp2-ep8-torchtitan.json"))
+    config = _from_config(qwen, model_type="qwen3_moe")
+    assert names.zoo_model(config) == "qwen3-30b-a3b"
+    assert names.torchtitan_model(config) == ("qwen3", "30B-A3B")
+    assert 'name = "qwen3"' in to_torchtitan(config)
+    for other in (_from_config(qwen, model_type="qwen3_moe", num_params=30_532_122_625),
+                  _from_config(qwen, model_type="mixtral"), _from_config(qwen)):
+        assert names.zoo_model(other) is None and names.torchtitan_model(other) is None
+    mixtral = load_plan(os.path.join(PLANS, "mixtral-8x7b-ep8-megatron.json"))
+    text = to_megatron(_from_config(mixtral, model_type="mixtral"))
+    assert "is not one of the planner's zoo models" not in text
+    assert "is not one of the planner's zoo models" in to_megatron(
+        _from_config(mixtral, model_type="mixtral", num_params=1))
+
+
+@pytest.mark.parametrize("source", ["zoo", "factory", "module"])
+def test_other_sources_keep_their_names(source):
+    qwen = load_plan(os.path.join(PLANS, "qwen3-30b-a3b-pp2-ep8-torchtitan.json"))
+    plan = dataclasses.replace(qwen, model={**qwen.model, "source": source, "model_type":
+                                            "qwen3_moe"})
+    assert names.zoo_model(plan) == ("qwen3-30b-a3b" if source == "zoo" else None)
