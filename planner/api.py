@@ -201,10 +201,14 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
                method=trace_method, name=rm.name)
     unchained = unchained_repeats(og)
-    if unchained:  # lists of identical modules that are not a chain of layers: trace them whole
+    if unchained:  # lists of identical modules that are not a chain of layers are no layer
+        # stack; a list with a pattern that is not a chain is traced whole, each layer a block
         log.debug("tracing %s whole: not a chain of layers", ", ".join(sorted(unchained)))
+        uniform = {r.fqn for r in og.repeats if r.fqn in unchained and r.traced == 2 and
+                   r.period == 1}
         og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
-                   method=og.method, name=rm.name, not_layers=frozenset(unchained))
+                   method=og.method, name=rm.name, not_layers=frozenset(uniform),
+                   whole=frozenset(unchained - uniform))
     bg = build_blocks(og, analyze(og))
     log.info("traced with %s: %d ops -> %d blocks in %.1f s", og.method, len(og.ops),
              len(bg.blocks), time.perf_counter() - t0)

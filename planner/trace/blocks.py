@@ -24,9 +24,9 @@ from planner.trace.tp_roles import ROLE_KINDS, TPAnalysis
 
 
 def unchained_repeats(graph: OpGraph) -> set[str]:
-    """Repeated lists whose traced layers do not form a chain (layer 1 right after layer 0 and
-    reading its output): copying layer 1 would then misdescribe the model, so they must be traced
-    whole."""
+    """Repeated lists whose traced layers do not form a chain (each right after the one before
+    and reading its output): copying the last traced ones would then misdescribe the model, so
+    they must be traced whole."""
     keys = _merge_constant_blocks(graph, _assign(graph))
     order = _block_order(graph, keys)
     by = graph.by_name
@@ -34,14 +34,14 @@ def unchained_repeats(graph: OpGraph) -> set[str]:
     for rep in graph.repeats:
         if rep.count < 2 or rep.traced >= rep.count:  # traced whole: nothing is copied
             continue
-        first, second = f"{rep.fqn}.0", f"{rep.fqn}.1"
-        if first not in order or second not in order or order.index(second) != order.index(first) + 1:
-            bad.add(rep.fqn)
-            continue
-        feeds = any(keys.get(i) == first for op in graph.ops if keys.get(op.name) == second
-                    for i in op.inputs if by[i].differentiable)
-        if not feeds:
-            bad.add(rep.fqn)
+        for i in range(rep.traced - 1):
+            first, second = f"{rep.fqn}.{i}", f"{rep.fqn}.{i + 1}"
+            if first not in order or second not in order or \
+                    order.index(second) != order.index(first) + 1 or not any(
+                        keys.get(x) == first for op in graph.ops if keys.get(op.name) == second
+                        for x in op.inputs if by[x].differentiable):
+                bad.add(rep.fqn)
+                break
     return bad
 
 
@@ -289,26 +289,29 @@ def _replicate(bg: BlockGraph, graph: OpGraph) -> BlockGraph:
     for rep in graph.repeats:
         if rep.traced >= rep.count:
             continue
-        first, second = f"{rep.fqn}.0", f"{rep.fqn}.1"
+        traced = [f"{rep.fqn}.{i}" for i in range(rep.traced)]
         names = [b.name for b in blocks]
-        if first not in names or second not in names:
+        if any(t not in names for t in traced):
             continue
-        template = blocks[names.index(second)]
-        copies = [_copy_block(template, rep.fqn, k) for k in range(2, rep.count)]
-        pos = names.index(second) + 1
+        copies = [_copy_block(blocks[names.index(traced[rep.template(k)])], rep.fqn,
+                              rep.template(k), k) for k in range(rep.traced, rep.count)]
+        pos = names.index(traced[-1]) + 1
         blocks[pos:pos] = copies
         last = f"{rep.fqn}.{rep.count - 1}"
         new_edges = []
-        for e in edges:
-            if e.src == second and e.dst != first:
+        for e in edges:  # what the last traced layer sends out of the stack, the last layer does
+            if e.src == traced[-1] and e.dst not in traced:
                 new_edges.append(BlockEdge(src=last, dst=e.dst, nbytes=e.nbytes, tensor=e.tensor))
             else:
                 new_edges.append(e)
-        into = [e for e in edges if e.dst == second]
-        for k in range(2, rep.count):
-            for e in into:
-                src = f"{rep.fqn}.{k - 1}" if e.src == first else e.src
-                tensor = f"{e.tensor}@{k - 1}" if e.src == first else e.tensor
+        for k in range(rep.traced, rep.count):  # a copy reads what its template reads
+            j = rep.template(k)
+            before = f"{rep.fqn}.{j - 1}"
+            for e in edges:
+                if e.dst != traced[j]:
+                    continue
+                src = f"{rep.fqn}.{k - 1}" if e.src == before else e.src
+                tensor = f"{e.tensor}@{k - 1}" if e.src == before else e.tensor
                 new_edges.append(BlockEdge(src=src, dst=f"{rep.fqn}.{k}", nbytes=e.nbytes,
                                            tensor=tensor))
         edges = new_edges
@@ -316,8 +319,8 @@ def _replicate(bg: BlockGraph, graph: OpGraph) -> BlockGraph:
                       tp_other_modules=bg.tp_other_modules, shared=bg.shared)
 
 
-def _copy_block(template: Block, fqn: str, k: int) -> Block:
-    old, new = f"{fqn}.1", f"{fqn}.{k}"
+def _copy_block(template: Block, fqn: str, j: int, k: int) -> Block:
+    old, new = f"{fqn}.{j}", f"{fqn}.{k}"
 
     def rename(s: str) -> str:
         return new + s[len(old):] if s == old or s.startswith(old + ".") else s
@@ -334,10 +337,10 @@ def _expand_roles(roles: dict[str, str], graph: OpGraph) -> dict[str, str]:
     for rep in graph.repeats:
         if rep.traced >= rep.count:
             continue
-        old = f"{rep.fqn}.1."
-        for mod, role in roles.items():
-            if mod.startswith(old):
-                for k in range(2, rep.count):
+        for k in range(rep.traced, rep.count):
+            old = f"{rep.fqn}.{rep.template(k)}."
+            for mod, role in roles.items():
+                if mod.startswith(old):
                     out[f"{rep.fqn}.{k}." + mod[len(old):]] = role
     return dict(sorted(out.items(), key=lambda kv: _natural(kv[0])))
 

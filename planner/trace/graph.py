@@ -75,8 +75,9 @@ class ParamInfo:
 
 @dataclass
 class RepeatInfo:
-    """A ModuleList (or Sequential) of identical layers; the first ``traced`` are in the trace
-    (all of them when ``traced == count``)."""
+    """A ModuleList (or Sequential) of layers; the first ``traced`` are in the trace (all of them
+    when ``traced == count``), and each layer after them is a copy of the last traced period's
+    layer of its phase (planner.trace.tracers.layer_pattern)."""
 
     fqn: str
     """FQN of the list (``model.layers``)."""
@@ -84,6 +85,14 @@ class RepeatInfo:
     """Layers in the real model."""
     traced: int
     """Layers present in the trace (the first ones)."""
+    period: int = 1
+    """Layers after which the stack repeats itself (1: identical layers; 2: gpt-oss's sliding-
+    window and full attention in turn)."""
+
+    def template(self, k: int) -> int:
+        """The traced layer that layer ``k`` (not traced) is a copy of: the same phase in the
+        last traced period."""
+        return self.traced - self.period + (k - self.traced) % self.period
 
 
 @dataclass

@@ -33,8 +33,6 @@ from planner.trace.records import NodeView, build_ops
 
 log = logging.getLogger(__name__)
 
-KEEP_LAYERS = 2
-
 
 def expert_groups(model: torch.nn.Module) -> list[int]:
     """[groups, groups per token] of a router module that limits each token's experts to its
@@ -50,16 +48,18 @@ def expert_groups(model: torch.nn.Module) -> list[int]:
 
 def find_repeats(model: torch.nn.Module) -> list[tuple[str, int]]:
     """(FQN, length) of each ModuleList/Sequential of >= 3 structurally identical children."""
-    return [(fqn, n) for fqn, n, same in find_layer_lists(model) if same]
+    return [(fqn, n) for fqn, n, pattern in find_layer_lists(model) if pattern == (0, 1)]
 
 
-def find_layer_lists(model: torch.nn.Module) -> list[tuple[str, int, bool]]:
-    """(FQN, length, identical) of each ModuleList/Sequential of >= 3 children of one class:
-    the layers of a stack. ``identical`` ones (same parameter shapes, frozen ones, submodules and
-    declared attention masks) can be traced with two layers and copied; the others (T5's first block
-    carries the relative position bias; gpt-oss alternates sliding-window and full attention)
-    are traced whole, each layer still a block."""
-    found: list[tuple[str, int, bool]] = []
+def find_layer_lists(model: torch.nn.Module) -> list[tuple[str, int, tuple[int, int] | None]]:
+    """(FQN, length, pattern) of each ModuleList/Sequential of >= 3 children of one class: the
+    layers of a stack, and how they repeat (layer_pattern over their signatures: same parameter
+    shapes, frozen ones, submodules and declared attention masks). Identical layers, (0, 1), are
+    traced two and copied; a list that repeats a pattern after a prefix (DeepSeek-V3's three
+    dense layers before its MoE layers; gpt-oss alternating sliding-window and full attention;
+    T5's first block, which carries the relative position bias) traces its prefix and two
+    periods; a list with no such pattern (None) is traced whole, each layer still a block."""
+    found: list[tuple[str, int, tuple[int, int] | None]] = []
     for fqn, mod in model.named_modules():
         if not isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)) or len(mod) < 3:
             continue
@@ -67,8 +67,23 @@ def find_layer_lists(model: torch.nn.Module) -> list[tuple[str, int, bool]]:
             continue
         if len({type(child) for child in mod}) != 1:
             continue
-        found.append((fqn, len(mod), len({_signature(child) for child in mod}) == 1))
+        found.append((fqn, len(mod), layer_pattern([_signature(child) for child in mod])))
     return found
+
+
+def layer_pattern(signatures: list) -> tuple[int, int] | None:
+    """(prefix, period) that traces the fewest layers (prefix + 2 x period, fewer than all) such
+    that from the prefix on every layer is the one ``period`` before it, which a copy of the last
+    traced period's layer of the same phase then stands for; None where no pattern saves a layer."""
+    n, best = len(signatures), None
+    for period in range(1, n // 2 + 1):
+        i = n - period - 1
+        while i >= 0 and signatures[i] == signatures[i + period]:
+            i -= 1
+        traced = i + 1 + 2 * period
+        if traced < n and (best is None or traced < best[0] + 2 * best[1]):
+            best = (i + 1, period)
+    return best
 
 
 def _signature(module: torch.nn.Module) -> tuple:
@@ -79,16 +94,16 @@ def _signature(module: torch.nn.Module) -> tuple:
 
 
 @contextlib.contextmanager
-def truncated(model: torch.nn.Module, repeats: list[tuple[str, int]]):
-    """Temporarily keep only the first KEEP_LAYERS children of each repeated list."""
+def truncated(model: torch.nn.Module, keep: dict[str, int]):
+    """Temporarily keep only the first ``keep[fqn]`` children of each repeated list."""
     saved = []
     try:
-        for fqn, _ in repeats:
+        for fqn, kept in keep.items():
             parent_name, _, attr = fqn.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             original = getattr(parent, attr)
-            short = type(original)(*list(original)[:KEEP_LAYERS]) if isinstance(
-                original, torch.nn.Sequential) else torch.nn.ModuleList(list(original)[:KEEP_LAYERS])
+            short = type(original)(*list(original)[:kept]) if isinstance(
+                original, torch.nn.Sequential) else torch.nn.ModuleList(list(original)[:kept])
             setattr(parent, attr, short)
             saved.append((parent, attr, original))
         yield
@@ -102,20 +117,23 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
           whole: frozenset[str] = frozenset(), not_layers: frozenset[str] = frozenset()) -> OpGraph:
     """Trace ``model(*args, **kwargs)`` into an OpGraph (per-sample figures: divided by ``batch``).
 
-    Lists of identical layers are traced with their first two layers, except those in ``whole``
-    (and lists of layers of one class that differ, traced whole); lists in ``not_layers`` are not
-    treated as layer stacks at all."""
+    Lists of identical layers are traced with their first two layers, lists that repeat a pattern
+    with their prefix and two periods (find_layer_lists), except those in ``whole`` (and lists with
+    no pattern, traced whole); lists in ``not_layers`` are not treated as layer stacks at all."""
     if method not in TRACE_METHODS:
         raise TraceError(f"trace: unknown method '{method}'; choose auto, fx or export")
     model.train()
-    lists = [(f, n, same) for f, n, same in find_layer_lists(model) if f not in not_layers]
-    whole = whole | {f for f, _, same in lists if not same}
+    lists = [(f, n, pattern) for f, n, pattern in find_layer_lists(model) if f not in not_layers]
+    whole = whole | {f for f, _, pattern in lists if pattern is None}
     layer_lists = [(f, n) for f, n, _ in lists]
-    repeats = [(f, n) for f, n in layer_lists if f not in whole]
+    # fqn -> (layers traced, period): the prefix and two periods
+    keep = {f: (pattern[0] + 2 * pattern[1], pattern[1]) for f, _, pattern in lists
+            if f not in whole}
     errors: list[str] = []
     fixes: list[str] = []
     methods = ("export", "fx") if method == "auto" else (method,)
-    with truncated(model, repeats), _grouped_query_attention(), _masks_as_eager(), _quiet_fakes():
+    kept = {f: k for f, (k, _) in keep.items()}
+    with truncated(model, kept), _grouped_query_attention(), _masks_as_eager(), _quiet_fakes():
         params = {n: ParamInfo(shape=list(p.shape), numel=p.numel(),
                                nbytes=p.numel() * p.element_size(), trainable=p.requires_grad)
                   for n, p in model.named_parameters()}
@@ -141,7 +159,8 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, ba
                 ops=ops, params=params, outputs=outputs, seq_len=seq_len, batch=batch,
                 dtype=dtype, method=how, containers=containers, module_kinds=_kinds(model),
                 expert_groups=expert_groups(model),
-                repeats=[RepeatInfo(fqn=f, count=n, traced=n if f in whole else KEEP_LAYERS)
+                repeats=[RepeatInfo(fqn=f, count=n, traced=keep[f][0], period=keep[f][1])
+                         if f in keep else RepeatInfo(fqn=f, count=n, traced=n)
                          for f, n in layer_lists],
             )
     fix = next((f for f in fixes if f and not ("export" in methods and "--trace export" in f)),

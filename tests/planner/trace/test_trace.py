@@ -488,3 +488,79 @@ def test_a_vision_transformer_counts_the_tokens_its_embeddings_prepend(model_typ
     with torch.device("meta"):
         module = AutoModel.from_config(cfg)
     assert _extra_tokens(module) == added
+
+
+def _blocks_both_ways(config: dict, tmp_path, seq_len: int = 64):
+    """The model of ``config`` traced as the planner does (a layer stack with a pattern: its
+    prefix and two periods) and traced whole: (repeat info, blocks, blocks traced whole)."""
+    import json
+
+    from planner.trace.blocks import build_blocks
+    from planner.trace.models import resolve
+    from planner.trace.tp_roles import analyze
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    rm = resolve(str(tmp_path / "config.json"), seq_len=seq_len, dtype="bf16")
+    out = []
+    for whole in (frozenset(), frozenset({"model.layers"})):
+        og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch,
+                   dtype="bf16", whole=whole)
+        out.append((og.repeats, build_blocks(og, analyze(og))))
+    return out[0][0], out[0][1], out[1][1]
+
+
+def _same_blocks(copied, whole):
+    assert [b.name for b in copied.blocks] == [b.name for b in whole.blocks]
+    for a, b in zip(copied.blocks, whole.blocks):
+        assert (a.work, a.params, a.split_params, a.modules, a.recompute) == \
+            (b.work, b.params, b.split_params, b.modules, b.recompute), a.name
+    assert {(e.src, e.dst, e.nbytes) for e in copied.edges} == \
+        {(e.src, e.dst, e.nbytes) for e in whole.edges}
+    assert copied.tp_roles == whole.tp_roles
+
+
+def test_a_stack_that_alternates_layers_traces_two_periods_and_copies_by_phase(tmp_path):
+    """gpt-oss alternates sliding-window and full attention: four of its eight layers are
+    traced, each later one copied from the traced layer of its phase, and the blocks are those of
+    the stack traced whole (it was traced whole until 2026-12-06: 36 layers of gpt-oss-120b)."""
+    from conftest import TINY_GPT_OSS
+
+    repeats, copied, whole = _blocks_both_ways(
+        {**TINY_GPT_OSS, "num_hidden_layers": 8, "layer_types": None}, tmp_path)
+    (rep,) = repeats
+    assert (rep.count, rep.traced, rep.period) == (8, 4, 2)
+    assert [rep.template(k) for k in range(4, 8)] == [2, 3, 2, 3]
+    _same_blocks(copied, whole)
+    layers = {b.name: b.work for b in copied.blocks}
+    assert layers["model.layers.6"].eager_attn_masked_flops != \
+        layers["model.layers.7"].eager_attn_masked_flops  # (sliding, then full)
+
+
+def test_a_stack_with_other_first_layers_traces_them_and_copies_the_rest(tmp_path):
+    """DeepSeek-V3 opens with dense layers before its MoE layers: the dense one and two MoE
+    layers are traced, the rest copied from the second MoE layer (all 61 were traced before)."""
+    repeats, copied, whole = _blocks_both_ways({
+        "model_type": "deepseek_v3", "num_hidden_layers": 5, "hidden_size": 64,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 32,
+        "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "first_k_dense_replace": 1, "intermediate_size": 128, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "moe_intermediate_size": 32,
+        "n_shared_experts": 1, "vocab_size": 128, "max_position_embeddings": 64,
+        "num_nextn_predict_layers": 0}, tmp_path)
+    (rep,) = repeats
+    assert (rep.count, rep.traced, rep.period) == (5, 3, 1)
+    _same_blocks(copied, whole)
+    layers = {b.name: b.work for b in copied.blocks}
+    assert not layers["model.layers.0"].num_experts and layers["model.layers.4"].num_experts == 4
+
+
+def test_layer_patterns_trace_the_fewest_layers():
+    from planner.trace.tracers import layer_pattern
+
+    assert layer_pattern(list("aaaaaa")) == (0, 1)
+    assert layer_pattern(list("dddmmmmmmm")) == (3, 1)
+    assert layer_pattern(list("sfsfsfsf")) == (0, 2)
+    assert layer_pattern(list("lllflllflllf")) == (0, 4)
+    assert layer_pattern(list("sfsf")) is None  # (two periods are the whole stack)
+    assert layer_pattern(list("abcde")) is None
+    assert layer_pattern(list("xaaaa")) == (1, 1)
