@@ -23,6 +23,25 @@ def as_path(value, what: str) -> str:
                     f"{type(value).__name__} {value!r}")
 
 
+def refuse_plan_file(model) -> None:
+    """SpecError when a MODEL given as a path names a plan file (a plan given where its model
+    belongs: `plan whatif plan.json` asked for a cluster first, a new-user check found)."""
+    if not isinstance(model, str):
+        return
+    file = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    if not file.endswith(".json") or not os.path.isfile(file):
+        return
+    try:
+        with open(file, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):  # (reading it as a model says what is wrong)
+        return
+    if isinstance(raw, dict) and str(raw.get("schema", "")).startswith("planner.plan/"):
+        planned = raw["model"].get("spec") if isinstance(raw.get("model"), dict) else None
+        raise SpecError(f"model: {file} is a plan file, not a model; give the model it was made "
+                        f"for{f' ({planned})' if planned else ''} (`plan show {file}` names it)")
+
+
 def fspath_or_same(value):
     """``value`` as text where it is an os.PathLike (pathlib.Path), else as given: for arguments
     that take a path or something else (a zoo name, a mapping, a module)."""

@@ -26,7 +26,7 @@ from costmodels.specs import parse_pairs
 from costmodels.topology import Cluster, HeteroCluster
 from planner import api, targets
 from planner.errors import PlannerError, SpecError
-from planner.files import fspath_or_same
+from planner.files import fspath_or_same, refuse_plan_file
 from planner.explore.costs import (add_costs, check_tokens, gpus_by_device, parse_prices,
                                     resolve_prices, sweep_devices)
 from planner.explore.grid import (ENGINE_KEYS, TABLE_KEYS, UNITS, expand, point_cluster,
@@ -97,6 +97,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     figures with the measured ones, as planner.plan's does; ``memory_reserve_fraction`` and
     ``memory_reserve_gb``: the memory every point keeps free per device, as planner.plan's."""
     model = fspath_or_same(model)  # (a cluster Path stays one: load_cluster reads it as a file)
+    refuse_plan_file(model)  # (before the arguments a model's what-if needs)
     grid = expand(vary)
     recsys = api.recsys_model(model)
     fixed, tables = _split_fix(fix, recsys)

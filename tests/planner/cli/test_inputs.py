@@ -265,7 +265,9 @@ def test_a_plan_file_given_as_the_model_is_named_with_its_model(capsys, small_pl
     config asked for its model_type; it is named as a plan, with the model it was made for."""
     for argv in (("solve", small_plan, "--cluster", "dgx-h100", "--global-batch", "16"),
                  ("whatif", small_plan, "--cluster", "dgx-h100", "--global-batch", "16",
-                  "--vary", "nodes=1,2")):
+                  "--vary", "nodes=1,2"),
+                 # (before the cluster and batch a what-if asks for: a later new-user check)
+                 ("whatif", small_plan, "--vary", "dtype=bf16,fp8")):
         code, _, err = run(capsys, *argv)
         one_line(code, err, BAD, f"model: {small_plan} is a plan file, not a model; give the "
                                  f"model it was made for ({tiny_gpt2_config})")
