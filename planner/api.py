@@ -56,7 +56,8 @@ class Prepared:
 
     info: dict
     """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params,
-    image_tokens, encoder_tokens, defaulted, mtp_layers_left_out where they apply)."""
+    image_tokens, encoder_tokens, defaulted, mtp_layers_left_out, checkpoint_quantization where
+    they apply)."""
     seq_len: int
     dtype: str
     opgraph: OpGraph
@@ -135,6 +136,11 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
                     "used (%s): add them to the config if the model has other sizes",
                     prepared.info["name"], ", ".join(defaulted),
                     ", ".join(f"{k}={v:,}" for k, v in defaulted.items()))
+    stored = prepared.info.get("checkpoint_quantization")
+    if stored:
+        log.info("%s: its config's quantization_config (%s) says how the checkpoint is stored; "
+                 "training is planned in %s (--dtype fp8 prices FP8 GEMMs)",
+                 prepared.info["name"], stored, prepared.dtype)
     mtp = prepared.info.get("mtp_layers_left_out")
     if mtp:
         (key, layers), = mtp.items()
@@ -226,6 +232,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
         info["defaulted"] = dict(rm.defaulted)
     if rm.mtp_layers:
         info["mtp_layers_left_out"] = dict(rm.mtp_layers)
+    if rm.quantization:
+        info["checkpoint_quantization"] = rm.quantization
     unpriced = og.unpriced_ops()
     if unpriced:
         info["unpriced_ops"] = unpriced

@@ -342,6 +342,19 @@ def type_of_architectures(architectures) -> str:
             "\"llama\", \"qwen3_moe\", \"deepseek_v3\"), or a file.py:factory that builds it")
 
 
+def quantization(raw: dict) -> str:
+    """How a config.json says its checkpoint's weights are stored (``quantization_config``:
+    DeepSeek-V3's ``fp8``, gpt-oss's ``mxfp4``), in words; "" where it says nothing. Training
+    runs in the plan's dtype whatever the checkpoint holds."""
+    q = raw.get("quantization_config")
+    if not isinstance(q, dict):
+        return ""
+    method = str(q.get("quant_method") or q.get("quant_type") or "quantized")
+    block = q.get("weight_block_size")
+    return method + (f", weight blocks {'x'.join(str(b) for b in block)}"
+                     if isinstance(block, list) and block else "")
+
+
 def mtp_layers(raw: dict) -> dict[str, int]:
     """The multi-token-prediction layers a config.json declares, by the key that declares them
     (MTP_KEYS; empty for none). The model

@@ -62,6 +62,8 @@ class ResolvedModel:
     defaulted: dict = field(default_factory=dict)
     """Dimensions a config.json does not give, with the values transformers' defaults filled in
     (planner.trace.hf.defaulted_dimensions)."""
+    quantization: str = ""
+    """How a config.json says its checkpoint is stored (planner.trace.hf.quantization)."""
     mtp_layers: dict = field(default_factory=dict)
     """Multi-token-prediction layers a config.json declares, by its key, which the traced model
     does not run (planner.trace.hf.mtp_layers)."""
@@ -166,6 +168,7 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
                    dtype, "hf-config", asked=seq_len)
     rm.defaulted = hf.defaulted_dimensions(raw, cfg)
     rm.mtp_layers = hf.mtp_layers(raw)
+    rm.quantization = hf.quantization(raw)
     return rm
 
 

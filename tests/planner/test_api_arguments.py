@@ -406,3 +406,17 @@ def test_counts_that_cannot_go_together_are_named_before_the_trace(tmp_path, cha
          "vocab_size": 128, "num_local_experts": 8, "num_experts_per_tok": 2, **change}))
     with pytest.raises(SpecError, match=words):
         planner.prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
+
+
+def test_a_checkpoint_quantization_is_said_and_the_training_dtype_kept(tmp_path, caplog):
+    """DeepSeek-V3's config.json carries quantization_config (fp8 weights in 128 x 128 blocks):
+    the checkpoint's storage, not the training precision; a new-user check found it ignored
+    without a word."""
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**TINY_DEEPSEEK, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                                  "weight_block_size": [128, 128]}}))
+    with caplog.at_level("INFO", logger="planner"):
+        prepared = planner.prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
+    assert prepared.info["checkpoint_quantization"] == "fp8, weight blocks 128x128"
+    assert "quantization_config (fp8, weight blocks 128x128) says how the checkpoint is " \
+        "stored; training is planned in bf16" in caplog.text
