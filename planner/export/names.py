@@ -18,8 +18,11 @@ the plan says.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 
+from planner.inputs.zoo import ZOO
 from planner.planfile.document import Plan
 
 TORCHTITAN_MODELS = {
@@ -49,20 +52,39 @@ ZOO_SHAPES = {
 }
 """(Hugging Face model type, parameters) -> the zoo model of that architecture: a plan of a
 config.json (Meta-Llama-3.1-8B's, Qwen3-30B-A3B's, ...) builds the same model as the zoo name, so
-the engines' own definitions of it apply (tests/planner/export/test_engines.py checks the counts
-against the zoo's models built on the meta device)."""
+the engines' own definitions of it apply, where the config also sets what changes the work and
+not the parameters as the zoo model does (WORK_KEYS; tests/planner/export/test_zoo_shapes.py
+checks the counts against the zoo's models built on the meta device)."""
+
+WORK_KEYS = ("num_experts_per_tok", "n_group", "topk_group", "sliding_window", "layer_types",
+             "use_sliding_window")
+"""Config keys that change a model's work per token and not its parameters: the experts each
+token runs, the router's groups, attention windows."""
 
 
 def zoo_model(plan: Plan) -> str | None:
     """The zoo model the plan is of: its zoo name, or the zoo model a Hugging Face config of
-    the same type and parameter count builds (ZOO_SHAPES); None for other models."""
+    the same type and parameter count builds (ZOO_SHAPES), read again to check that it sets
+    WORK_KEYS as the zoo model does (a review: a Qwen3-30B-A3B config at top-2 was exported as
+    torchtitan's top-8 flavor); None for other models, or a config no longer where the plan says."""
     m = plan.model
     source = m.get("source", "zoo")
     if source == "zoo":
         return m.get("spec") or None
-    if source == "hf-config":
-        return ZOO_SHAPES.get((m.get("model_type"), m.get("num_params")))
-    return None
+    name = ZOO_SHAPES.get((m.get("model_type"), m.get("num_params")))
+    if source != "hf-config" or name is None:
+        return None
+    path = str(m.get("spec") or "")
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        with open(file, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    zoo = ZOO[name].config
+    same = isinstance(raw, dict) and all(raw[k] == zoo[k] for k in WORK_KEYS
+                                         if k in raw and k in zoo)
+    return name if same else None
 
 
 _HF_TOP = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm"}

@@ -42,6 +42,14 @@ def unchained_repeats(graph: OpGraph) -> set[str]:
                         for x in op.inputs if by[x].differentiable):
                 bad.add(rep.fqn)
                 break
+        # a copy reads the layer before it and what its template reads outside the repeating
+        # part; a layer of that part that reads another one of it but the one before (k - 2)
+        # could not be copied so: traced whole (a review)
+        prefix = rep.traced - 2 * rep.period
+        layer = {f"{rep.fqn}.{i}": i for i in range(rep.traced)}
+        if any(prefix <= layer.get(keys.get(x), -1) < layer[keys[op.name]] - 1
+               for op in graph.ops if keys.get(op.name) in layer for x in op.inputs):
+            bad.add(rep.fqn)
     return bad
 
 

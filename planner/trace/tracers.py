@@ -67,7 +67,9 @@ def find_layer_lists(model: torch.nn.Module) -> list[tuple[str, int, tuple[int, 
             continue
         if len({type(child) for child in mod}) != 1:
             continue
-        found.append((fqn, len(mod), layer_pattern([_signature(child) for child in mod])))
+        switches = _without_counters([_switches(child) for child in mod])
+        found.append((fqn, len(mod), layer_pattern([
+            (_signature(child), s) for child, s in zip(mod, switches)])))
     return found
 
 
@@ -91,6 +93,27 @@ def _signature(module: torch.nn.Module) -> tuple:
                    for n, p in module.named_parameters())
     subs = tuple((n, type(m).__qualname__) for n, m in module.named_modules())
     return type(module).__qualname__, params, subs, masks.signature(module)
+
+
+def _switches(module: torch.nn.Module) -> dict:
+    """The plain settings a layer's modules hold (bools, ints, strings: Llama 4's ``use_rope``,
+    0 on every fourth layer, or an ``attention_type``), by (module, attribute): layers that differ
+    only there run differently (a review: Maverick's rotary layers were copied from one
+    without)."""
+    return {(name, key): value for name, m in module.named_modules()
+            for key, value in vars(m).items()
+            if not key.startswith("_") and key != "training"
+            and isinstance(value, (bool, int, str))}
+
+
+def _without_counters(switches: list[dict]) -> list[tuple]:
+    """Each layer's switches less those that count the layers (a layer's own index, or its
+    index plus one: the same step as the position in the list), as sorted tuples."""
+    counters = {k for k in set().union(*switches)
+                if all(isinstance(s.get(k), int) and not isinstance(s.get(k), bool)
+                       for s in switches)
+                and len({s[k] - i for i, s in enumerate(switches)}) == 1}
+    return [tuple(sorted((k, v) for k, v in s.items() if k not in counters)) for s in switches]
 
 
 @contextlib.contextmanager

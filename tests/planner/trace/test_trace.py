@@ -564,3 +564,68 @@ def test_layer_patterns_trace_the_fewest_layers():
     assert layer_pattern(list("sfsf")) is None  # (two periods are the whole stack)
     assert layer_pattern(list("abcde")) is None
     assert layer_pattern(list("xaaaa")) == (1, 1)
+
+
+def test_layers_that_differ_only_in_a_plain_setting_are_told_apart(tmp_path):
+    """Llama 4 Maverick's layers alternate dense and MoE feed-forwards, and every fourth one skips
+    rotary positions through a plain attribute (use_rope = 0), which no parameter shows: a review
+    found its rotary layers copied from one without. The pattern is four layers long, and the
+    copies are the whole trace's (their tensor-parallel roles included; the works equal but for
+    the bytes left after fusion, within 5%: a cast the traced layers share fuses otherwise when
+    fewer layers read it)."""
+    import dataclasses
+
+    repeats, copied, whole = _blocks_both_ways({
+        "model_type": "llama4_text", "num_hidden_layers": 12, "hidden_size": 64,
+        "intermediate_size": 32, "intermediate_size_mlp": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+        "num_experts_per_tok": 1, "vocab_size": 256, "max_position_embeddings": 256,
+        "interleave_moe_layer_step": 2, "use_qk_norm": False}, tmp_path)
+    (rep,) = repeats
+    assert (rep.traced, rep.period) == (8, 4) and rep.template(11) == 7
+    assert copied.tp_roles == whole.tp_roles
+    assert [b.name for b in copied.blocks] == [b.name for b in whole.blocks]
+    for a, b in zip(copied.blocks, whole.blocks):
+        assert (a.params, a.split_params) == (b.params, b.split_params), a.name
+        assert a.work.gemms == b.work.gemms, a.name
+        for key, value in dataclasses.asdict(a.work).items():
+            if key != "gemms":
+                assert getattr(b.work, key) == pytest.approx(
+                    value, rel=5e-2 if key.startswith("fused_") else 1e-9), (a.name, key)
+
+
+def test_a_periodic_stack_whose_layers_read_two_back_is_traced_whole():
+    """A copy reads the layer before it; a layer that also reads the one two back (a review) could
+    not be copied so, and the stack is traced whole."""
+    from planner.trace.blocks import unchained_repeats
+
+    class Layer(torch.nn.Module):
+        def __init__(self, kind):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+            if kind:
+                self.extra = torch.nn.Linear(16, 16)
+
+        def forward(self, x, skip):
+            h = x + self.fc(x)
+            return (h + self.extra(h) if hasattr(self, "extra") else h) + skip
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(32, 16)
+            self.layers = torch.nn.ModuleList(Layer(i % 2) for i in range(8))
+            self.head = torch.nn.Linear(16, 32)
+
+        def forward(self, ids):
+            before = x = self.emb(ids)
+            for layer in self.layers:
+                before, x = x, layer(x, before)
+            return self.head(x)
+
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    with torch.device("meta"):
+        model = Model()
+    og = trace(model, (ids.to("meta"),), {}, seq_len=8, batch=2, dtype="fp32")
+    assert [(r.traced, r.period) for r in og.repeats] == [(4, 2)]
+    assert unchained_repeats(og) == {"layers"}
