@@ -51,7 +51,8 @@ VIEW = {"view", "_unsafe_view", "reshape", "transpose", "permute", "unsqueeze", 
         "expand", "expand_as", "slice", "select", "alias", "t", "split", "split_with_sizes",
         "unbind", "chunk", "narrow", "getitem", "detach", "as_strided", "view_as", "flatten",
         "unflatten", "movedim", "_assert_tensor_metadata", "size", "dim", "_assert_async",
-        "lift_fresh_copy", "Flatten", "Unflatten", "Identity", "sym_size", "type_as"}
+        "lift_fresh_copy", "Flatten", "Unflatten", "Identity", "sym_size", "type_as",
+        "view_as_complex", "view_as_real"}
 CONSTANT = {"arange", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
             "empty_like", "rand", "randn", "randint", "scalar_tensor", "tensor", "new_ones",
             "new_zeros", "new_full", "new_empty", "triu", "tril", "eye"}

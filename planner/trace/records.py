@@ -165,7 +165,8 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
     ins = [env[n.name] for n in v.inputs if n.name in env]
     acts = [x for x in ins if not x.param and not x.buffer]
     kind = "input" if v.op == "input" else kind_of(v.short)
-    floating = any(t.is_floating_point() for t in outs)
+    # (complex results carry gradients too: rotary embeddings as complex products, Llama 4's)
+    floating = any(t.is_floating_point() or t.is_complex() for t in outs)
     reads_params = [x.param for x in ins if x.param] + list(v.params)
     can_differentiate = floating and kind not in ("constant", "input") and \
         v.short not in NON_DIFFERENTIABLE

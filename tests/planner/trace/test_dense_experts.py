@@ -67,3 +67,19 @@ def test_llama4_experts_are_traced_and_priced_as_routed_copies(tmp_path):
                                  planner.SearchOptions(fix={"recompute": "none"}, top_k=0))
     assert plan.predicted["hardware_flops_per_step"] == pytest.approx(
         plan.predicted["model_flops_per_step"], rel=1e-3)
+
+
+def test_llama4_attention_splits_over_tensor_parallel_ranks(tmp_path):
+    """Llama 4 applies rotary positions as complex products (view_as_complex, view_as_real): the
+    trace called them non-differentiable and their path from q_proj and k_proj cut, so the
+    attention was never split by tensor parallelism (a review)."""
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA4))
+    prepared = planner.prepare(str(tmp_path / "config.json"), seq_len=32, dtype="bf16",
+                               cache_dir=None)
+    roles = prepared.blocks.tp_roles
+    for layer in (0, 1):
+        attn = f"model.layers.{layer}.self_attn"
+        assert [roles[f"{attn}.{p}"] for p in ("q_proj", "k_proj", "v_proj", "o_proj")] == \
+            ["colwise", "colwise", "colwise", "rowwise"], layer
+    complex_ops = [op for op in prepared.opgraph.ops if op.target == "view_as_complex"]
+    assert complex_ops and all(op.differentiable for op in complex_ops)
