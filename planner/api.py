@@ -29,7 +29,7 @@ from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import (TRACE_METHODS, SearchOptions, TrainingSpec, engine_spec, idle_pins,
                              parse_fix, reserve_options)
-from planner import settings, targets
+from planner import model_notes, settings, targets
 from planner.planfile.document import Plan
 from planner.search import alone, replicas
 from planner.search.costs import ModelArrays
@@ -42,8 +42,7 @@ from planner.search.loop import rejection_lines, search
 from planner.search.space import Space, attention_forms
 from planner.trace import cache
 from planner.trace.blocks import build_blocks, unchained_repeats
-from planner.trace.graph import (FROZEN_PRICING, BlockGraph, OpGraph, frozen_words,
-                                 unpriced_words)
+from planner.trace.graph import BlockGraph, OpGraph
 from planner.trace.tp_roles import analyze
 from planner.units import counted, human_count
 
@@ -109,51 +108,7 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
             # a config's default length, asked for by number next time (plan show --why, the
             # exports' memory check), is the same trace
             cache.store(folder, entry_of(prepared.seq_len), prepared.to_dict())
-    unpriced = prepared.info.get("unpriced_ops")
-    if unpriced:
-        log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
-                    prepared.info["name"], len(unpriced), unpriced_words(unpriced))
-    if seq_len is not None and prepared.seq_len != seq_len:  # an image model: its patches
-        log.warning("%s: --seq-len %d does not apply; a sample is %s (an image's patches and "
-                    "the tokens its model prepends, from image_size and patch_size in the "
-                    "config; one for an image model without patches)", prepared.info["name"],
-                    seq_len, counted(prepared.seq_len, "token"))
-    if prepared.info.get("image_input"):
-        log.info("%s: its first input is %s, an image's shape: the plan counts one token per "
-                 "sample (give seq_len to count patches)", prepared.info["name"],
-                 prepared.info["image_input"])
-    positions = prepared.info.get("max_position_embeddings")
-    if positions:
-        log.warning("%s: %s tokens per sequence, longer than the config's max_position_embeddings "
-                    "(%s): planned as asked (training from scratch, set max_position_embeddings "
-                    "to the length; a checkpoint trained at %s needs its positions extended, "
-                    "RoPE scaling for rotary ones, for longer sequences)", prepared.info["name"],
-                    f"{prepared.seq_len:,}",
-                    f"{positions:,}", f"{positions:,}")
-    defaulted = prepared.info.get("defaulted")
-    if defaulted:
-        log.warning("%s: its config gives no %s; transformers' defaults for the model type are "
-                    "used (%s): add them to the config if the model has other sizes",
-                    prepared.info["name"], ", ".join(defaulted),
-                    ", ".join(f"{k}={v:,}" for k, v in defaulted.items()))
-    stored = prepared.info.get("checkpoint_quantization")
-    if stored:
-        log.info("%s: its config's quantization_config (%s) says how the checkpoint is stored; "
-                 "training is planned in %s (--dtype fp8 prices FP8 GEMMs)",
-                 prepared.info["name"], stored, prepared.dtype)
-    mtp = prepared.info.get("mtp_layers_left_out")
-    if mtp:
-        (key, layers), = mtp.items()
-        log.warning("%s: its config declares %d multi-token-prediction layer%s (%s), which the "
-                    "model transformers builds does not run in training: the plan prices the "
-                    "main model only (each MTP depth adds a decoder layer, a projection and an "
-                    "output-head pass to the last stage; Megatron-LM trains them with "
-                    "--mtp-num-layers)", prepared.info["name"], layers, "" if layers == 1 else "s",
-                    key)
-    frozen = prepared.info.get("frozen_params")
-    if frozen:
-        log.info("%s: %s: %s", prepared.info["name"],
-                 frozen_words(frozen, prepared.info["num_params"]), FROZEN_PRICING)
+    model_notes.say(prepared, seq_len)
     return prepared
 
 

@@ -1,0 +1,62 @@
+"""What reading and tracing a model found that the user should hear of, said once it is prepared
+(planner.api.prepare): ops no formula prices, a sequence length that does not apply, positions
+beyond the config's, dimensions left to transformers' defaults, a checkpoint's quantization,
+multi-token-prediction layers left out, frozen parameters."""
+
+from __future__ import annotations
+
+import logging
+
+from planner.trace.graph import FROZEN_PRICING, frozen_words, unpriced_words
+from planner.units import counted
+
+log = logging.getLogger("planner.api")  # the API's lines, which a sweep holds back together
+
+
+def say(prepared, seq_len: int | None) -> None:
+    """Log what ``prepared`` (a planner.api.Prepared) found; ``seq_len``: the length asked for."""
+    unpriced = prepared.info.get("unpriced_ops")
+    if unpriced:
+        log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",
+                    prepared.info["name"], len(unpriced), unpriced_words(unpriced))
+    if seq_len is not None and prepared.seq_len != seq_len:  # an image model: its patches
+        log.warning("%s: --seq-len %d does not apply; a sample is %s (an image's patches and "
+                    "the tokens its model prepends, from image_size and patch_size in the "
+                    "config; one for an image model without patches)", prepared.info["name"],
+                    seq_len, counted(prepared.seq_len, "token"))
+    if prepared.info.get("image_input"):
+        log.info("%s: its first input is %s, an image's shape: the plan counts one token per "
+                 "sample (give seq_len to count patches)", prepared.info["name"],
+                 prepared.info["image_input"])
+    positions = prepared.info.get("max_position_embeddings")
+    if positions:
+        log.warning("%s: %s tokens per sequence, longer than the config's max_position_embeddings "
+                    "(%s): planned as asked (training from scratch, set max_position_embeddings "
+                    "to the length; a checkpoint trained at %s needs its positions extended, "
+                    "RoPE scaling for rotary ones, for longer sequences)", prepared.info["name"],
+                    f"{prepared.seq_len:,}",
+                    f"{positions:,}", f"{positions:,}")
+    defaulted = prepared.info.get("defaulted")
+    if defaulted:
+        log.warning("%s: its config gives no %s; transformers' defaults for the model type are "
+                    "used (%s): add them to the config if the model has other sizes",
+                    prepared.info["name"], ", ".join(defaulted),
+                    ", ".join(f"{k}={v:,}" for k, v in defaulted.items()))
+    stored = prepared.info.get("checkpoint_quantization")
+    if stored:
+        log.info("%s: its config's quantization_config (%s) says how the checkpoint is stored; "
+                 "training is planned in %s (--dtype fp8 prices FP8 GEMMs)",
+                 prepared.info["name"], stored, prepared.dtype)
+    mtp = prepared.info.get("mtp_layers_left_out")
+    if mtp:
+        (key, layers), = mtp.items()
+        log.warning("%s: its config declares %d multi-token-prediction layer%s (%s), which the "
+                    "model transformers builds does not run in training: the plan prices the "
+                    "main model only (each MTP depth adds a decoder layer, a projection and an "
+                    "output-head pass to the last stage; Megatron-LM trains them with "
+                    "--mtp-num-layers)", prepared.info["name"], layers, "" if layers == 1 else "s",
+                    key)
+    frozen = prepared.info.get("frozen_params")
+    if frozen:
+        log.info("%s: %s: %s", prepared.info["name"],
+                 frozen_words(frozen, prepared.info["num_params"]), FROZEN_PRICING)
