@@ -183,6 +183,10 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
         info["image_tokens"] = True
     if rm.encoder_tokens:
         info["encoder_tokens"] = rm.encoder_tokens
+    if any(b.work.num_experts for b in bg.blocks):
+        from planner.trace.hf import experts_modules  # lazy: loads torch, as above
+        if not experts_modules(rm.module):  # (plan run spreads transformers' experts only)
+            info["experts_own_code"] = True
     if rm.defaulted:
         info["defaulted"] = dict(rm.defaulted)
     if rm.mtp_layers:

@@ -190,6 +190,18 @@ def _for_runtime_encoder_decoder(options: SearchOptions, name: str) -> SearchOpt
                                schedules=tuple(s for s in options.schedules if s != "zb-h1"))
 
 
+def _for_runtime_experts(options: SearchOptions, name: str) -> SearchOptions:
+    """What plan run runs of a mixture of experts whose MoE layers are not transformers' experts
+    interface (Llama 4's, a model of your own code): every rank holds every expert (ep = 1); a
+    pin of more is refused (a review: planned, then refused by plan run)."""
+    fix = dict(options.fix)
+    if int(fix.get("ep", 1)) > 1:
+        raise SpecError(f"fix.ep: plan run spreads over expert-parallel ranks the experts of "
+                        f"transformers' MoE layers only, and {name}'s are its own code; pin ep=1 "
+                        "or plan for another --target")
+    return dataclasses.replace(options, fix={**fix, "ep": 1})
+
+
 def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> SearchOptions:
     """``options`` narrowed to what the target runs for this model and software: an unknown
     target is refused, a known one keeps to what its engine runs (planner.plan has done so
@@ -211,6 +223,8 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
         options = _for_runtime_encoder_decoder(options, prepared.info["name"])
     blocks = prepared.blocks.blocks
     experts = any(b.work.num_experts for b in blocks)
+    if options.target == "torch" and experts and prepared.info.get("experts_own_code"):
+        options = _for_runtime_experts(options, prepared.info["name"])
     latent = any(b.work.attn_keys_wider for b in blocks)
     if experts:  # (dense: a warning later)
         model_type = prepared.info.get("model_type")

@@ -43,20 +43,13 @@ import torch.distributed as dist
 from torch import nn
 
 from planner.errors import SpecError
+from planner.trace.hf import experts_modules
 
 
 def find_experts(model: nn.Module) -> dict[str, nn.Module]:
-    """FQN -> routed-experts module (transformers' experts interface: ``num_experts`` and the
-    decorated forward; every parameter ``[num_experts, ...]``)."""
-    out = {}
-    for name, mod in model.named_modules():
-        n = getattr(mod, "num_experts", None)
-        if not isinstance(n, int) or not hasattr(mod, "_is_expert_parallel"):
-            continue
-        params = list(mod.parameters(recurse=False))
-        if params and all(p.dim() >= 2 and p.shape[0] == n for p in params):
-            out[name] = mod
-    return out
+    """FQN -> routed-experts module the runtime spreads over ep ranks
+    (planner.trace.hf.experts_modules)."""
+    return experts_modules(model)
 
 
 def check_model(module: nn.Module, ep: int, etp: int) -> None:

@@ -267,6 +267,22 @@ _COUNT = re.compile(r"(^|_)(num|n)_|_(layers|heads|size|dim|experts|positions)$|
 """Config keys that count or size something (layers, heads, hidden size, experts, vocabulary)."""
 
 
+def experts_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """FQN -> routed-experts module of transformers' experts interface (``num_experts`` and the
+    decorated forward taking the tokens, their experts and their weights; every parameter
+    ``[num_experts, ...]``): what ``plan run`` spreads over expert-parallel ranks. Other MoE
+    layers (Llama 4's, built routed by planner.trace.dense_experts) have none."""
+    out = {}
+    for name, mod in model.named_modules():
+        n = getattr(mod, "num_experts", None)
+        if not isinstance(n, int) or not hasattr(mod, "_is_expert_parallel"):
+            continue
+        params = list(mod.parameters(recurse=False))
+        if params and all(p.dim() >= 2 and p.shape[0] == n for p in params):
+            out[name] = mod
+    return out
+
+
 def check_counts(raw: dict, where: str) -> None:
     """SpecError naming the key when a count or size in a config (nested configs included) is
     negative, or a size is zero: transformers would build an empty or broken model silently."""

@@ -83,3 +83,26 @@ def test_llama4_attention_splits_over_tensor_parallel_ranks(tmp_path):
             ["colwise", "colwise", "colwise", "rowwise"], layer
     complex_ops = [op for op in prepared.opgraph.ops if op.target == "view_as_complex"]
     assert complex_ops and all(op.differentiable for op in complex_ops)
+
+
+def test_plan_run_is_planned_without_expert_parallelism_for_llama4(tmp_path):
+    """plan run spreads transformers' experts modules over ep ranks; Llama 4's MoE layer is not
+    one, so a --target torch plan keeps ep at 1 and a pin of more is refused (a review: planned,
+    then refused by plan run); other targets keep ep free."""
+    from planner.errors import SpecError
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA4))
+    prepared = planner.prepare(str(tmp_path / "config.json"), seq_len=32, dtype="fp32",
+                               cache_dir=None)
+    assert prepared.info["experts_own_code"] is True
+    cluster = planner.load_cluster("cpu", nodes=1, gpus_per_node=2)
+    training = planner.TrainingSpec(global_batch=4, seq_len=32, dtype="fp32")
+    plan = planner.plan_prepared(prepared, cluster, training,
+                                 planner.SearchOptions(target="torch", top_k=0))
+    assert plan.parallel.get("ep", 1) == 1
+    with pytest.raises(SpecError, match=r"^fix\.ep: plan run spreads over expert-parallel ranks "
+                                        r"the experts of transformers' MoE layers only"):
+        planner.plan_prepared(prepared, cluster, training,
+                              planner.SearchOptions(target="torch", fix={"ep": 2}, top_k=0))
+    assert planner.plan_prepared(prepared, cluster, training, planner.SearchOptions(
+        target="any", fix={"ep": 2, "tp": 1}, top_k=0)).parallel["ep"] == 2
