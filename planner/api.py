@@ -55,8 +55,8 @@ class Prepared:
 
     info: dict
     """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params,
-    image_tokens, encoder_tokens, defaulted, mtp_layers_left_out, checkpoint_quantization where
-    they apply)."""
+    image_tokens, encoder_tokens, defaulted, mtp_layers_left_out, checkpoint_quantization,
+    experts_own_code where they apply)."""
     seq_len: int
     dtype: str
     opgraph: OpGraph
