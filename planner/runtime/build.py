@@ -25,6 +25,7 @@ from planner.runtime import experts as moe
 from planner.runtime import model as mdl
 from planner.runtime import parallelize as par
 from planner.runtime.dataflow import Dataflow, probe
+from planner.trace.hf import experts_modules
 from planner.runtime.inner_weights import InnerWeights, inside_modules, split_inner
 from planner.runtime.layout import Layout, layout_of
 from planner.runtime.options import RunOptions
@@ -111,7 +112,7 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     out.stages = [_pipeline_stage(m, s, layout, mesh, device,
                                   _whole_backward(m, flow, split, plan, out))
                   for m, s in zip(out.modules, local)]
-    if out.experts is None and any(moe.find_experts(m.model) for m in out.modules):
+    if out.experts is None and any(experts_modules(m.model) for m in out.modules):
         out.routing = moe.RoutingRecord()
         for m in out.modules:
             moe.record_routing(m.model, out.routing)

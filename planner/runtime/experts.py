@@ -46,18 +46,12 @@ from planner.errors import SpecError
 from planner.trace.hf import experts_modules
 
 
-def find_experts(model: nn.Module) -> dict[str, nn.Module]:
-    """FQN -> routed-experts module the runtime spreads over ep ranks
-    (planner.trace.hf.experts_modules)."""
-    return experts_modules(model)
-
-
 def check_model(module: nn.Module, ep: int, etp: int) -> None:
     """Refuse (SpecError naming ep) what the runtime cannot spread over ep ranks."""
     if etp > 1:
         raise SpecError(f"parallel.etp: the runtime does not split experts' matrices (etp={etp}); "
                         "re-plan with --fix etp=1 (or --target torch)")
-    found = find_experts(module)
+    found = experts_modules(module)
     if not found:
         raise SpecError(f"parallel.ep: ep={ep} but {type(module).__name__} has no routed-experts "
                         "module the runtime knows (transformers' experts with [E, ...] "
@@ -172,7 +166,7 @@ def shard_experts(model: nn.Module, groups: ExpertGroups) -> list[str]:
     """Keep this rank's E/ep experts of every routed-experts module and route tokens over the
     group. Returns the FQNs of the expert parameters (names unchanged)."""
     names = []
-    for fqn, mod in find_experts(model).items():
+    for fqn, mod in experts_modules(model).items():
         total = mod.num_experts
         local = total // groups.ep
         lo = groups.ep_index * local
@@ -243,7 +237,7 @@ class RoutingRecord:
 def record_routing(model: nn.Module, record: RoutingRecord) -> None:
     """Count, on every call of ``model``'s routed-experts modules, the token copies each expert
     gets (one bincount of the router's choices; read after the timed steps: routing_summary)."""
-    for mod in find_experts(model).values():
+    for mod in experts_modules(model).values():
         mod.register_forward_pre_hook(functools.partial(_count_routing, record, mod.num_experts))
 
 
@@ -274,11 +268,11 @@ def record_routing_outside(stage, groups: ExpertGroups | RoutingRecord | None) -
 @torch.no_grad()
 def routed_experts(module: nn.Module, *args, **kwargs) -> list[torch.Tensor]:
     """One forward of ``module`` in this process: per call of a routed-experts module
-    (find_experts), in call order, the experts each token copy goes to ([tokens, top-k], tokens
-    in batch order)."""
+    (planner.trace.hf.experts_modules), in call order, the experts each token copy goes to
+    ([tokens, top-k], tokens in batch order)."""
     seen: list[torch.Tensor] = []
     hooks = [mod.register_forward_pre_hook(lambda _m, a: seen.append(a[1].detach().clone()))
-             for mod in find_experts(module).values()]
+             for mod in experts_modules(module).values()]
     try:
         module(*args, **kwargs)
     finally:
