@@ -36,7 +36,13 @@ def refuse_plan_file(model) -> None:
             raw = json.load(f)
     except (OSError, UnicodeDecodeError, ValueError):  # (reading it as a model says what is wrong)
         return
-    if isinstance(raw, dict) and str(raw.get("schema", "")).startswith("planner.plan/"):
+    if isinstance(raw, dict):
+        refuse_plan(raw, file)
+
+
+def refuse_plan(raw: dict, file: str) -> None:
+    """SpecError when ``raw``, the JSON object read from ``file`` as a model, is a plan."""
+    if str(raw.get("schema", "")).startswith("planner.plan/"):
         planned = raw["model"].get("spec") if isinstance(raw.get("model"), dict) else None
         raise SpecError(f"model: {file} is a plan file, not a model; give the model it was made "
                         f"for{f' ({planned})' if planned else ''} (`plan show {file}` names it)")

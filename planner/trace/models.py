@@ -22,7 +22,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from planner.errors import SpecError
-from planner.files import read_json_object, refuse_plan_file
+from planner.files import read_json_object, refuse_plan
 from planner.inputs.modules import import_from_working_folder
 from planner.inputs.zoo import ZOO, ZooEntry, unknown_model
 from planner.trace import hf
@@ -146,7 +146,7 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     raw = read_json_object(file, what="model",
                            missing_hint="give the path to a Hugging Face config.json")
-    refuse_plan_file(file)
+    refuse_plan(raw, file)  # (the object just read, not the file again)
     if "model_type" not in raw:
         raise SpecError(f"{file}: key 'model_type' is missing; add the transformers model type "
                         "(e.g. \"llama\", \"gpt2\")")
