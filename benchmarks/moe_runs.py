@@ -33,8 +33,11 @@ across layers (it waits for the device's token counts in every layer). Every oth
 the cost model's (data sheets, documented efficiencies; the share of the FP8 peak that FP8 GEMMs
 sustain was fitted on dense runs, benchmarks/dense_fp8_runs.py, so these rows are held out for
 it).
-The "(w/ MTP)" row is priced without the multi-token-prediction layer (the zoo's DeepSeek-V3 has
-none; one extra layer of 61, about +2% of the work), noted in its row.
+DeepSeek-V3 rows are priced with the multi-token-prediction depth its recipes train by default
+(zoo model deepseek-v3-mtp: one more MoE layer, a projection and a second pass of the output
+head, on the last stage with the loss), except the rows published "w/o MTP" (deepseek-v3), and on
+the pipeline layout their configuration pins where it is known (LAYOUTS), else on the search's
+balanced split.
 
 Rows from 100 on (benchmarks/data/moe_more_runs.csv: the 25.09 table's GB200 and B200 token-drop
 runs) are not in the project's reference data; they are priced the same way, never fitted on, and
@@ -179,6 +182,32 @@ mla_up_proj, the others none. 26.08 (4ab94dfad): DeepSeek-V3 on GB200 mla_up_pro
 GB200 recipe lists layernorm and moe_act and then empties the list; the others none."""
 
 
+DSV3_16 = "Et*4|(t*4|)*14tmL"
+"""DeepSeek-V3's layout on 16 stages in Megatron-Bridge's recipes (its pipeline-layout map for pp x
+vp = 16 x 1, 8 x 2, 4 x 4, also written out in the performance configurations)."""
+LAYOUTS = {"25.09": {("DeepSeekV3", "H100"): "Et|(tt|)*30mL"},
+           "25.11": {("DeepSeekV3", "B200"): DSV3_16},
+           "26.04.01": {("DeepSeekV3", "GB300"): DSV3_16, ("DeepSeekV3", "GB200"): DSV3_16,
+                        ("DeepSeekV3", "B200"): DSV3_16,
+                        ("DeepSeekV3", "B300"): "Et*8|(t*8|)*6t*5mL"},
+           "26.06": {("DeepSeekV3", "B300"): "Et*8|(t*8|)*6t*5mL"},
+           "26.08": {("DeepSeekV3", "GB300"): DSV3_16, ("DeepSeekV3", "GB200"): DSV3_16}}
+"""Per release, the (model, GPU) whose configuration pins the pipeline layout (Megatron's
+notation, SearchOptions.layout), each with the MTP depth (m) the DeepSeek-V3 recipe trains by
+default (``mtp_num_layers = 1``): 25.09's run_script.py passes ``Et|(tt|)*30mL`` (32 stages: the
+H100 row's pp 8 x vp 4; its GB200 and B200 rows' 16 stages do not match it, so how those ran is
+not known: searched split); 25.11's recipe maps B200's pp 16 (the "w/ MTP" row) to DSV3_16 (the
+"w/o MTP" rows' layouts are not published: searched split); 26.04.01 (17a381f95) writes
+DSV3_16 for GB300 and B200 and maps GB200's pp 4 x vp 4 to it, and B300's pp 8 to
+``Et*8|(t*8|)*6t*5mL``, as 26.06 (8f341b04f); 26.08 (perf_recipes at 4ab94dfad) DSV3_16 for
+GB300 and, by the map, GB200. Every other row is split by the search (its exact, balanced
+cut)."""
+
+
+def layout_of(r: dict) -> str | None:
+    return LAYOUTS.get(_release(r), {}).get(_model_gpu(r))
+
+
 def _release(r: dict) -> str:
     releases = [name for name in A2A_OVERLAP if f"'{name} " in r["source"]]
     if len(releases) != 1:
@@ -224,6 +253,8 @@ def load_rows(path: str = DATA, first: int = 0) -> list[dict]:
         r["index"] += first
         base = r["model"].split(" (")[0]
         r["zoo"] = MODELS[base]
+        if base == "DeepSeekV3" and "w/o MTP" not in r["model"]:
+            r["zoo"] = "deepseek-v3-mtp"  # the recipes' default (MTP): every row not marked w/o
         r["variant"] = r["model"][len(base):].strip(" ()")
     return rows
 
@@ -262,7 +293,8 @@ def published_fix(r: dict, recompute: bool = True) -> str:
 
 def predict(r: dict, prepared, *, fix: str | None, memory: float | None = BIG,
             moe_host_op_s: float = 0.0):
-    options = SearchOptions(fix=parse_fix(fix) if fix else {}, top_k=0)
+    options = SearchOptions(fix=parse_fix(fix) if fix else {}, top_k=0,
+                            layout=layout_of(r) if fix else None)
     return plan_prepared(prepared, cluster_of(r, memory), training_of(r, moe_host_op_s), options)
 
 

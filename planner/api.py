@@ -55,8 +55,8 @@ class Prepared:
 
     info: dict
     """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params,
-    image_tokens, encoder_tokens, defaulted, mtp_layers_left_out, checkpoint_quantization,
-    experts_own_code where they apply)."""
+    image_tokens, encoder_tokens, defaulted, mtp_layers_left_out, mtp_depths,
+    checkpoint_quantization, experts_own_code where they apply)."""
     seq_len: int
     dtype: str
     opgraph: OpGraph
@@ -191,6 +191,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
         info["defaulted"] = dict(rm.defaulted)
     if rm.mtp_layers:
         info["mtp_layers_left_out"] = dict(rm.mtp_layers)
+    if rm.mtp_depths:
+        info["mtp_depths"] = rm.mtp_depths
     if rm.quantization:
         info["checkpoint_quantization"] = rm.quantization
     unpriced = og.unpriced_ops()
@@ -217,7 +219,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
          target: str = "any", tables=None, table_optimizer: str | None = None,
          pipeline: str = "sparse-dist", across_sites: str = "auto",
          memory_reserve_fraction: float | None = None,
-         memory_reserve_gb: float | None = None) -> Plan:
+         memory_reserve_gb: float | None = None, layout: str | None = None) -> Plan:
     """Plan how to train ``model`` on ``cluster``; see README.md ("Python API") for every argument.
     A recommendation model (embedding tables: README.md, "Recommendation models") gets its tables
     sharded; ``tables`` (a YAML path or a mapping), ``table_optimizer`` and ``pipeline`` apply to
@@ -229,6 +231,9 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         if seq_len is not None:
             raise SpecError(f"seq_len: {seq_len} given, but a recommendation model's samples are "
                             "rows of features, not token sequences; leave seq_len (--seq-len) out")
+        if layout is not None:
+            raise SpecError("layout: pins the pipeline stages of a layer stack; a recommendation "
+                            "model's tables are sharded, not pipelined: leave it out")
         targets.check_recsys(target)
         return plan_recsys(model, cluster=cluster, nodes=nodes, gpus_per_node=gpus_per_node,
                            global_batch=global_batch, dtype="fp32" if dtype is None else dtype,
@@ -271,7 +276,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         precision.check_recipe(group.device, dtype, eng.fp8_recipe)
     options = targets.restrict(SearchOptions(fix=parse_fix(fix), top_k=top_k,
                                              time_limit_s=time_limit_s, trace=trace_method,
-                                             across_sites=across_sites, **reserve), target)
+                                             across_sites=across_sites, layout=layout,
+                                             **reserve), target)
     problem = reserve_problem(cl, options)
     if problem:
         raise SpecError(problem)
@@ -526,7 +532,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
         log.warning("engine: target %s runs its own kernels, but the search prices the default "
                     "engine (megatron-core's); pass TrainingSpec(..., engine=%r) (--engine %s) "
                     "to price %s's", options.target, software, software, software)
-    options = settings.narrowed(options, prepared, training)
+    options = settings.with_layout(settings.narrowed(options, prepared, training), prepared,
+                                   hetero=isinstance(cluster, HeteroCluster))
     if not isinstance(cluster, HeteroCluster):  # a pin no configuration honours: named before
         problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                               training, options)  # the search, not after it

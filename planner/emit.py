@@ -116,6 +116,7 @@ def _options_record(options: SearchOptions) -> dict:
     runners-up kept, the time limit, and --across-sites where not auto)."""
     return {"fix": dict(options.fix), "top_k": options.top_k, "time_limit_s": options.time_limit_s,
             **({"across_sites": options.across_sites} if options.across_sites != "auto" else {}),
+            **({"layout": options.layout} if options.layout is not None else {}),
             **({"memory_reserve": reserve} if (reserve := _reserve_record(options)) else {})}
 
 

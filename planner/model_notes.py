@@ -56,6 +56,13 @@ def say(prepared, seq_len: int | None) -> None:
                     "output-head pass to the last stage; Megatron-LM trains them with "
                     "--mtp-num-layers)", prepared.info["name"], layers, "" if layers == 1 else "s",
                     key)
+    depths = prepared.info.get("mtp_depths")
+    if depths:
+        log.info("%s: its %d multi-token-prediction depth%s priced as Megatron-LM trains them "
+                 "(--mtp-num-layers %d): a decoder layer, a projection and an output-head pass "
+                 "each, with the head on the last stage; num_nextn_predict_layers: 0 in the "
+                 "config plans the main model alone", prepared.info["name"], depths,
+                 " is" if depths == 1 else "s are", depths)
     frozen = prepared.info.get("frozen_params")
     if frozen:
         log.info("%s: %s: %s", prepared.info["name"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal, Mapping, get_args
 
@@ -302,6 +303,11 @@ class SearchOptions:
     groups) when the search has no time limit; with one, the time left is shared instead."""
     cpsat_seed: int = 0
     """CP-SAT's random seed (one worker: the same inputs give the same plan)."""
+    layout: str | None = None
+    """The pipeline's stages pinned in Megatron-LM's notation (--pipeline-model-parallel-layout,
+    parse_layout): ``Et*4|(t*4|)*14tmL`` is 16 stages (pp x vpp), the embedding and 4 layers on
+    the first, 4 layers on each of the next 14, a layer, the MTP depth and the head on the last;
+    None: the search splits the blocks itself."""
 
     @property
     def reserve_changed(self) -> bool:
@@ -349,6 +355,8 @@ class SearchOptions:
             raise SpecError(f"vpp: expected a non-empty tuple of positive integers, got "
                             f"{self.vpp!r}")
         object.__setattr__(self, "fix", parse_fix(self.fix))  # checked: knob names and values
+        if self.layout is not None:
+            parse_layout(self.layout)
 
 
 def _number(x) -> bool:
@@ -470,6 +478,47 @@ class ScheduleOptions:
             value = getattr(self, key)
             if value is not None and not value > 0:
                 raise SpecError(f"{key}: expected seconds > 0, got {value!r}")
+
+
+LAYOUT_EXAMPLE = "Et*4|(t*4|)*14tmL"
+"""A pipeline layout in Megatron-LM's notation (DeepSeek-V3's on 16 stages)."""
+
+
+def parse_layout(text) -> tuple[str, ...]:
+    """Megatron-LM's pipeline layout notation -> one string per stage over ``E`` (the embedding
+    side), ``t`` (a layer), ``m`` (an MTP depth) and ``L`` (the head side, with the loss):
+    ``|`` ends a stage, ``x*n`` and ``(...)*n`` repeat. The embedding opens the first stage and
+    the head closes the last; MTP depths sit right before the head (they run with it here).
+    SpecError naming the fix otherwise."""
+    def bad(why: str) -> SpecError:
+        return SpecError(f"layout: {why}; e.g. {LAYOUT_EXAMPLE} (E embedding, t layer, m MTP "
+                         "depth, L head and loss, | stage boundary, *n repeats)")
+
+    if not isinstance(text, str) or not text.strip():
+        raise bad(f"expected a layout string, got {text!r}")
+    s = text.replace(" ", "")
+    group = re.compile(r"\(([^()]*)\)\*(\d+)")
+    while "(" in s or ")" in s:
+        expanded = group.sub(lambda m: m.group(1) * int(m.group(2)), s)
+        if expanded == s:
+            raise bad(f"unbalanced or unrepeated parentheses in {text!r}")
+        s = expanded
+    s = re.sub(r"([EtmL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    if not re.fullmatch(r"[EtmL|]*", s):
+        raise bad(f"unknown symbols in {text!r}")
+    stages = tuple(s.split("|"))
+    if stages[-1] == "" and len(stages) > 1:  # a trailing '|' closes the last stage
+        stages = stages[:-1]
+    if any(not st for st in stages):
+        raise bad(f"an empty stage in {text!r}")
+    if s.count("E") != 1 or not stages[0].startswith("E"):
+        raise bad("the embedding (E) opens the first stage, once")
+    if s.count("L") != 1 or not stages[-1].endswith("L"):
+        raise bad("the head and loss (L) close the last stage, once")
+    if "m" in s and not re.fullmatch(r"[Et]*m+L", stages[-1]) or "m" in "".join(stages[:-1]):
+        raise bad("MTP depths (m) run with the output head: put them right before L in the "
+                  "last stage")
+    return stages
 
 
 def parse_fix(fix, where: str = "fix", example: str = "--fix tp=8,pp=4") -> dict:

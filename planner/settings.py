@@ -16,8 +16,9 @@ from costmodels.experts import copies_per_token, overlap_blockers
 from costmodels.memory import modules_of
 from planner import targets
 from planner.errors import SpecError
-from planner.options import SearchOptions, TrainingSpec, engine_spec
+from planner.options import SearchOptions, TrainingSpec, engine_spec, parse_layout
 from planner.search.feasibility import recompute_pin_problem
+from planner.search.layout import layout_problem
 
 log = logging.getLogger("planner.api")  # the API's lines, which a sweep holds back together
 
@@ -200,6 +201,24 @@ def _for_runtime_experts(options: SearchOptions, name: str) -> SearchOptions:
                         f"transformers' MoE layers only, and {name}'s are its own code; pin ep=1 "
                         "or plan for another --target")
     return dataclasses.replace(options, fix={**fix, "ep": 1})
+
+
+def with_layout(options: SearchOptions, prepared, hetero: bool = False) -> SearchOptions:
+    """``options`` with a pinned pipeline layout (SearchOptions.layout) checked against the
+    model's blocks and pp, and vpp pinned to the stages it makes; SpecError naming the fix."""
+    if options.layout is None:
+        return options
+    if hetero:
+        raise SpecError("layout: a pinned layout splits the stages for one kind of GPU; on a "
+                        "cluster of several kinds leave the split to the search")
+    fix = dict(options.fix)
+    problem = layout_problem(options.layout, [b.recompute for b in prepared.blocks.blocks],
+                             int(prepared.info.get("mtp_depths", 0) or 0), fix.get("pp"),
+                             fix.get("vpp"))
+    if problem:
+        raise SpecError(problem)
+    fix["vpp"] = len(parse_layout(options.layout)) // fix["pp"]
+    return dataclasses.replace(options, fix=fix)
 
 
 def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> SearchOptions:

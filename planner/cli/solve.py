@@ -75,6 +75,10 @@ def register(add) -> None:
                    help="on sites of one kind: a pipeline over the sites, one site's plan on "
                         "each site with data parallelism across them (replicas), or the faster "
                         "of the two (default auto)")
+    s.add_argument("--layout", help="pin the pipeline stages in Megatron-LM's notation, e.g. "
+                                    "'Et*4|(t*4|)*14tmL' (E embedding, t layer, m MTP depth, L "
+                                    "head, | stage boundary, *n repeats); with --fix pp=N, the "
+                                    "stages are pp x vpp (default: the search splits)")
     add_reserve_flags(s)
     s.add_argument("-o", "--output", help="write the plan JSON here (- : to stdout, the report "
                                           "then goes to stderr)")
@@ -101,7 +105,7 @@ def run(args) -> int:
                  table_optimizer=args.table_optimizer, pipeline=args.pipeline,
                  across_sites=args.across_sites,
                  memory_reserve_fraction=args.memory_reserve_fraction,
-                 memory_reserve_gb=args.memory_reserve_gb)
+                 memory_reserve_gb=args.memory_reserve_gb, layout=args.layout)
     if args.output == STDOUT:  # the plan JSON on stdout for scripts, the report on stderr
         print(summary(p), file=sys.stderr)
         p.save(STDOUT)

@@ -214,6 +214,7 @@ def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
     options = SearchOptions(fix=fix, target=plan.search.get("target", "any"),
                             across_sites=plan.search.get("options", {}).get("across_sites",
                                                                              "auto"),
+                            layout=plan.search.get("options", {}).get("layout"),
                             **plan.memory_reserve())
     return prepared, cluster, training, settings.narrowed(options, prepared, training)
 

@@ -442,6 +442,9 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
     across = plan.search.get("options", {}).get("across_sites")
     if across:  # (a plan over sites made with --across-sites pipeline or replicas)
         extra += f" --across-sites {across}"
+    layout = plan.search.get("options", {}).get("layout")
+    if layout:  # (a plan whose stages were pinned with --layout)
+        extra += f" --layout '{layout}'"
     extra += reserve_args(plan)
     return (f"plan solve {spec} {cluster_args(c)} --global-batch "
             f"{t['global_batch']} --seq-len {t['seq_len']}{extra}"
@@ -567,6 +570,17 @@ def kernels_differ(plan: Plan, target: str) -> bool:
     layout: layout_note says so)."""
     return (planned_layout(plan) is not None
             and software_differs(plan, target, MEMORY_SOFTWARE_KEYS))
+
+
+def mtp_note(plan: Plan, target: str, ledger: Ledger) -> None:
+    """For a target without multi-token prediction (torchtitan, DeepSpeed): the plan priced the
+    model's MTP depths (model.mtp_depths) on its last stage, which the target does not train."""
+    depths = int(plan.model.get("mtp_depths", 0) or 0)
+    if depths:
+        ledger.missing("mtp_depths", f"{depths} multi-token-prediction depth(s): the plan prices "
+                       f"them on the last stage, and {target} does not train them (its model is "
+                       "the main one): that stage runs faster than planned; plan the config with "
+                       "num_nextn_predict_layers: 0 for a split without them")
 
 
 def frozen_note(plan: Plan, target: str, ledger: Ledger) -> None:

@@ -40,6 +40,7 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
     ledger = common.Ledger(TARGET, version)
     common.software_note(plan, TARGET, ledger)
     common.frozen_note(plan, TARGET, ledger)
+    common.mtp_note(plan, TARGET, ledger)
     p, t = plan.parallel, plan.training
     changes: dict = {}
     raising: list[str] = []  # changes that may need more memory than planned

@@ -74,7 +74,7 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
               _pipeline(plan, lay, ledger), _memory(plan, version, ledger),
               _precision(plan, ledger)]
     experts, overlap = _experts(plan, version, ledger)
-    groups.append(experts)
+    groups += [experts, _mtp(plan)]
     env = _environment(plan, common.exported_zero(plan, TARGET, one_rank_any=True), overlap)
     notes = ledger.close()
     intro = common.header(plan, TARGET, version) + [
@@ -280,6 +280,17 @@ def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
                         + (f"; re-plan with `{common.resolve_hint(plan, TARGET)}`, which keeps "
                            f"to cp_comm={runs[0]} with degrees whose heads split for it"
                            if runs else ""))
+
+
+def _mtp(plan: Plan) -> Group:
+    """--mtp-num-layers for a model whose multi-token-prediction depths the plan prices
+    (planner.trace.mtp): Megatron-Core places them on the last stage with the loss, as priced."""
+    depths = int(plan.model.get("mtp_depths", 0) or 0)
+    if not depths:
+        return []
+    return [(["--mtp-num-layers", str(depths)],
+             f"{plan.model['name']}: {depths} multi-token-prediction depth(s), priced on the last "
+             "stage with the output head (Megatron-Core's default place)")]
 
 
 def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bool]:
@@ -503,8 +514,10 @@ def _pipeline(plan: Plan, lay: common.Layout, ledger: common.Ledger) -> Group:
     edges = _first_last(counts) if p["vpp"] == 1 else None
     if edges is not None:
         return out + [(edges, f"{words} (uneven: first/last stage sizes, the rest even)")]
-    return out + [(["--pipeline-model-parallel-layout", _layout_string(counts)],
-                   f"{words} (E embedding, t layer, L head, | stage boundary)")]
+    mtp = int(plan.model.get("mtp_depths", 0) or 0)
+    return out + [(["--pipeline-model-parallel-layout", _layout_string(counts, mtp)],
+                   f"{words} (E embedding, t layer, {'m MTP depth, ' if mtp else ''}L head, | "
+                   "stage boundary)")]
 
 
 def _side_notes(plan: Plan, lay: common.Layout, ledger: common.Ledger) -> None:
@@ -535,12 +548,14 @@ def _first_last(counts: list[int]) -> list[str] | None:
     return None
 
 
-def _layout_string(counts: list[int]) -> str:
-    """``Et*8|t*9|t*9|t*6L``: Megatron-LM's --pipeline-model-parallel-layout, one part per stage."""
+def _layout_string(counts: list[int], mtp: int = 0) -> str:
+    """``Et*8|t*9|t*9|t*6L``: Megatron-LM's --pipeline-model-parallel-layout, one part per stage;
+    ``mtp`` MTP depths (``m``) before the head on the last stage, where the plan prices them."""
     parts = []
     for i, n in enumerate(counts):
         layers = "" if n == 0 else "t" if n == 1 else f"t*{n}"
-        parts.append(("E" if i == 0 else "") + layers + ("L" if i == len(counts) - 1 else ""))
+        last = "m" * mtp + "L" if i == len(counts) - 1 else ""
+        parts.append(("E" if i == 0 else "") + layers + last)
     return "|".join(parts)
 
 

@@ -32,12 +32,15 @@ TORCHTITAN_MODELS = {
     "qwen3-30b-a3b": ("qwen3", "30B-A3B", "qwen3_30b_a3b"),
     "qwen3-235b-a22b": ("qwen3", "235B-A22B", None),
     "deepseek-v3": ("deepseek_v3", "671B", "deepseek_v3_671b"),
+    "deepseek-v3-mtp": ("deepseek_v3", "671B", "deepseek_v3_671b"),
     "gpt-oss-120b": ("gpt_oss", "120b", "gpt_oss_120b"),
 }
 """Zoo model -> (torchtitan model, flavor of the same shapes, 0.3.0 config function or None).
 0.2.2 picks a model by ``[model] name`` and ``flavor``; 0.3.0 by ``--module`` and ``--config``, a
 function of ``torchtitan/models/<model>/config_registry.py``: 0.3.0 builds Qwen3-235B-A22B
-(``model_registry("235B-A22B")``) but has no config function for it."""
+(``model_registry("235B-A22B")``) but has no config function for it. torchtitan's DeepSeek-V3 has
+no multi-token prediction: deepseek-v3-mtp exports as its main model, with a note
+(planner.export.common.mtp_note)."""
 
 ZOO_SHAPES = {
     ("llama", 8_030_261_248): "llama3-8b",
@@ -48,6 +51,7 @@ ZOO_SHAPES = {
     ("qwen3_moe", 30_532_122_624): "qwen3-30b-a3b",
     ("qwen3_moe", 235_093_634_560): "qwen3-235b-a22b",
     ("deepseek_v3", 671_026_404_352): "deepseek-v3",
+    ("deepseek_v3", 682_636_472_320): "deepseek-v3-mtp",
     ("gpt_oss", 116_829_156_672): "gpt-oss-120b",
 }
 """(Hugging Face model type, parameters) -> the zoo model of that architecture: a plan of a

@@ -68,6 +68,7 @@ def to_torchtitan(plan: Plan, version: str | None = None) -> str:
     _check_mesh(plan, version, ledger)
     common.software_note(plan, TARGET, ledger)
     common.frozen_note(plan, TARGET, ledger)
+    common.mtp_note(plan, TARGET, ledger)
     raising: dict[str, tuple[object, str]] = {}  # knob -> (what torchtitan runs, words)
     settings = (_model(plan, version, ledger) + _data_parallel(plan, version, ledger)
                 + _model_parallel(plan, version, ledger)

@@ -29,7 +29,9 @@ within 0.3%):
   then 256 routed experts of 2048, 8 per token in 8 groups of which 4, plus 1 shared expert of 2048;
   vocabulary 129,280); DeepSeek-V3 technical report (arXiv 2412.19437), section 4.2. Multi-token
   prediction is OFF (``num_nextn_predict_layers: 0``): the entry is the 671B main model that the
-  repository's README counts, not the 685B checkpoint that adds the 14B MTP module.
+  repository's README counts, not the 685B checkpoint that adds the 14B MTP module;
+  deepseek-v3-mtp is that checkpoint's model (one MTP depth, planner.trace.mtp), as
+  Megatron-Bridge's DeepSeek-V3 recipes train it (``mtp_num_layers`` 1 by default).
 - gpt-oss-120b: the ``openai/gpt-oss-120b`` config.json and the reference ``ModelConfig`` of
   openai/gpt-oss (gpt_oss/torch/model.py): 36 layers, hidden 2880, 64 heads of 64, 8 key/value
   heads, attention biases and sinks, 128 experts of 2880 (biased, clamped SwiGLU), 4 per token,
@@ -154,6 +156,21 @@ def _qwen3_moe(name: str, layers: int, hidden: int, ffn: int, expert_ffn: int, h
                     seq_len=4096, description=desc)
 
 
+def _deepseek_v3(name: str, mtp: int, desc: str) -> ZooEntry:
+    """DeepSeek-V3 with ``mtp`` multi-token-prediction depths (planner.trace.mtp)."""
+    return ZooEntry(name, "deepseek_v3", "DeepseekV3ForCausalLM",
+                    {"num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128,
+                     "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                     "first_k_dense_replace": 3, "intermediate_size": 18432,
+                     "n_routed_experts": 256, "num_experts_per_tok": 8, "n_group": 8,
+                     "topk_group": 4, "moe_intermediate_size": 2048, "n_shared_experts": 1,
+                     "routed_scaling_factor": 2.5, "norm_topk_prob": True, "vocab_size": 129280,
+                     "max_position_embeddings": 163840, "rope_theta": 10000.0,
+                     "tie_word_embeddings": False, "num_nextn_predict_layers": mtp},
+                    seq_len=4096, description=desc)
+
+
 # The ten GPT models of Narayanan et al. (SC'21), Table 1: (name, heads, hidden, layers).
 MEGATRON_GPT = [
     ("gpt-1.7b", 24, 2304, 24), ("gpt-3.6b", 32, 3072, 30), ("gpt-7.5b", 32, 4096, 36),
@@ -189,18 +206,10 @@ ZOO: dict[str, ZooEntry] = {
                    "experts per token, 3.3B active)"),
         _qwen3_moe("qwen3-235b-a22b", 94, 4096, 12288, 1536, 64, "Qwen3-235B-A22B, 235B (8 of 128 "
                    "experts per token, 22B active)"),
-        ZooEntry("deepseek-v3", "deepseek_v3", "DeepseekV3ForCausalLM",
-                 {"num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128,
-                  "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
-                  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-                  "first_k_dense_replace": 3, "intermediate_size": 18432,
-                  "n_routed_experts": 256, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
-                  "moe_intermediate_size": 2048, "n_shared_experts": 1,
-                  "routed_scaling_factor": 2.5, "norm_topk_prob": True, "vocab_size": 129280,
-                  "max_position_embeddings": 163840, "rope_theta": 10000.0,
-                  "tie_word_embeddings": False, "num_nextn_predict_layers": 0},
-                 seq_len=4096, description="DeepSeek-V3, 671B, no multi-token prediction (8 of 256 "
-                 "experts + 1 shared per token, 37B active)"),
+        _deepseek_v3("deepseek-v3", 0, "DeepSeek-V3, 671B, no multi-token prediction (8 of 256 "
+                     "experts + 1 shared per token, 37B active)"),
+        _deepseek_v3("deepseek-v3-mtp", 1, "DeepSeek-V3 with its multi-token-prediction depth, "
+                     "685B, as Megatron-Bridge trains it"),
         ZooEntry("gpt-oss-120b", "gpt_oss", "GptOssForCausalLM",
                  {"num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
                   "num_key_value_heads": 8, "head_dim": 64, "attention_bias": True,

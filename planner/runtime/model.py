@@ -63,6 +63,11 @@ def check_runnable(meta: ResolvedModel) -> None:
                             "take them as forward's arguments")
     if meta.source not in ("zoo", "hf-config"):
         return
+    if meta.mtp_depths:
+        raise SpecError(f"model: {meta.name} trains {meta.mtp_depths} multi-token-prediction "
+                        "depth(s) (planner.trace.mtp), whose loss plan run does not compute yet; "
+                        "set num_nextn_predict_layers: 0 in its config to run the main model, or "
+                        "export the plan (plan export megatron writes --mtp-num-layers)")
     first = meta.args[0] if meta.args else None
     feeds = [k for k, v in meta.kwargs.items() if isinstance(v, torch.Tensor) and k != "labels"]
     if _encoder_decoder(meta):
@@ -116,7 +121,7 @@ def build_real(plan: Plan, spec: str, meta: ResolvedModel, *, seed: int) -> Real
     torch.manual_seed(seed)
     if meta.source in ("zoo", "hf-config"):
         module = hf.build(meta.module.config, type(meta.module).__name__, meta.seq_len, dtype,
-                          "cpu").module
+                          "cpu", meta.mtp_depths).module
         kwargs = {k: v for k, v in meta.kwargs.items() if k != "labels"}
         vocab = int(getattr(meta.module.config, "vocab_size", 0) or 0)  # 0: an image model
         args = meta.args

@@ -14,6 +14,7 @@ from costmodels.errors import InfeasibleError
 from costmodels.topology import Cluster
 from planner.options import PLACEMENTS, Config, SearchOptions, TrainingSpec, pp_inner_refused
 from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, stage_memory
+from planner.search.layout import layout_bounds
 from planner.search.pricing import Estimate, Split
 from planner.solve.chain import StageMemory, partition
 
@@ -34,6 +35,12 @@ def split_of(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
     """The first half of ``evaluate``: the stage split that fits, before its ranks are placed
     (Split.floor_s bounds what any placement gives); raises InfeasibleError."""
     capacity = capacity_bytes(cluster, options)
+    if options.layout is not None:  # the stages pinned: priced on that cut, if it fits
+        bounds = layout_bounds(options.layout, ma.checkpointed)
+        if len(bounds) - 1 != cfg.pp * cfg.vpp:
+            raise InfeasibleError(f"{cfg.short()}: the pinned layout has {len(bounds) - 1} "
+                                  "stages", reason="pinned layout")
+        return _fitting(Split(cfg, bounds, ma, costs, training), capacity, ma, options)
     mem = stage_memory(cfg, costs, ma, training, capacity)
     part = _partition(cfg, costs, mem, splits)
     if part is None and cfg.vpp > 1 and _ranks_may_fit(mem, cfg.pp, capacity):
@@ -42,11 +49,17 @@ def split_of(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
         part = _partition(cfg, costs, dataclasses.replace(mem, capacity=capacity), splits)
     if part is None:
         raise InfeasibleError(_oom_message(cfg, mem), reason="out of memory")
+    # Memory does not depend on placement: a split that does not fit is not priced at all.
+    return _fitting(Split(cfg, part.bounds, ma, costs, training), capacity, ma, options)
+
+
+def _fitting(split: Split, capacity: float, ma: ModelArrays, options: SearchOptions) -> Split:
+    """``split`` where its ranks fit ``capacity`` and its placement is allowed; raises
+    InfeasibleError otherwise."""
+    cfg = split.cfg
     if not placements(cfg, ma, options):  # tp-pp-dp pinned and refused
         refused = _refused(cfg, ma, options)
         raise InfeasibleError(f"{cfg.short()}: {refused}", reason=refused)
-    # Memory does not depend on placement: a split that does not fit is not priced at all.
-    split = Split(cfg, part.bounds, ma, costs, training)
     if split.peak_memory_bytes > capacity:
         raise InfeasibleError(f"{cfg.short()}: a rank needs {split.peak_memory_bytes / 1e9:.3g} GB",
                               reason="out of memory")

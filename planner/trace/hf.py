@@ -28,7 +28,7 @@ import torch
 
 from planner.errors import SpecError
 from planner.inputs.zoo import learned_positions
-from planner.trace import dense_experts
+from planner.trace import dense_experts, mtp
 
 AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM",
                 "AutoModelForSpeechSeq2Seq", "AutoModelForImageClassification", "AutoModel")
@@ -48,8 +48,11 @@ class Built:
     """sdpa or eager."""
 
 
-def build(cfg, architecture: str, seq_len: int, dtype: torch.dtype, device: str) -> Built:
-    """The model of ``cfg`` on ``device`` with example inputs of ``seq_len`` tokens."""
+def build(cfg, architecture: str, seq_len: int, dtype: torch.dtype, device: str,
+          mtp_depths: int = 0) -> Built:
+    """The model of ``cfg`` on ``device`` with example inputs of ``seq_len`` tokens, and the
+    ``mtp_depths`` multi-token-prediction depths its config declares where planner.trace.mtp
+    builds them."""
     import transformers  # lazy: transformers takes seconds to import; only Hugging Face models need it
 
     transformers.logging.set_verbosity_error()
@@ -74,6 +77,7 @@ def build(cfg, architecture: str, seq_len: int, dtype: torch.dtype, device: str)
                         f"({_where(refusals[-1])}); check its sizes and counts")
     attention = attention or str(getattr(module.config, "_attn_implementation", "default"))
     dense_experts.route(module)  # every expert on every token, as written: routed instead
+    mtp.build(module, mtp_depths)
     args, kwargs, tokens = inputs(module, cfg, seq_len, device)
     return Built(module=module, args=args, kwargs=kwargs, seq_len=tokens, attention=attention)
 
@@ -373,11 +377,10 @@ def quantization(raw: dict) -> str:
 
 def mtp_layers(raw: dict) -> dict[str, int]:
     """The multi-token-prediction layers a config.json declares, by the key that declares them
-    (MTP_KEYS; empty for none). The model
-    transformers builds from it never runs them in its training forward (5.x keeps them for
-    speculative decoding, a model of its own), so the trace, and every price, leaves them out:
-    DeepSeek-V3's one MTP depth adds a decoder layer, a projection of two hidden widths to one and
-    another pass of the output head (its technical report, section 2.2)."""
+    (MTP_KEYS; empty for none). The model transformers builds from it never runs them in its
+    training forward (5.x keeps them for speculative decoding, a model of its own): those of the
+    model types planner.trace.mtp builds onto the model are priced, the others (Qwen3-Next's)
+    are left out, and this names them."""
     for key in MTP_KEYS:
         value = raw.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

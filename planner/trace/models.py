@@ -25,7 +25,7 @@ from planner.errors import SpecError
 from planner.files import read_json_object, refuse_plan
 from planner.inputs.modules import import_from_working_folder
 from planner.inputs.zoo import ZOO, ZooEntry, unknown_model
-from planner.trace import hf
+from planner.trace import hf, mtp
 from planner.trace.failures import model_frame
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ class ResolvedModel:
     mtp_layers: dict = field(default_factory=dict)
     """Multi-token-prediction layers a config.json declares, by its key, which the traced model
     does not run (planner.trace.hf.mtp_layers)."""
+    mtp_depths: int = 0
+    """Multi-token-prediction depths the traced model runs (planner.trace.mtp), priced."""
 
     @property
     def encoder_tokens(self) -> int:
@@ -137,7 +139,7 @@ def _from_zoo(entry: ZooEntry, seq_len: int | None, dtype: str) -> ResolvedModel
 
     cfg = AutoConfig.for_model(entry.model_type, **entry.config)
     return _build_hf(entry.name, cfg, entry.architecture, seq_len or entry.seq_len, dtype, "zoo",
-                     asked=seq_len)
+                     asked=seq_len, mtp_depths=_declared_depths(entry.config))
 
 
 def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel:
@@ -165,24 +167,33 @@ def _from_hf_config(path: str, seq_len: int | None, dtype: str) -> ResolvedModel
                         ) from None
     archs = raw.get("architectures") or []
     rm = _build_hf(None, cfg, archs[0] if archs else "", seq_len or hf.default_seq_len(cfg),
-                   dtype, "hf-config", asked=seq_len)
+                   dtype, "hf-config", asked=seq_len, mtp_depths=_declared_depths(raw))
     rm.defaulted = hf.defaulted_dimensions(raw, cfg)
-    rm.mtp_layers = hf.mtp_layers(raw)
+    rm.mtp_layers = {} if rm.mtp_depths else hf.mtp_layers(raw)
     rm.quantization = hf.quantization(raw)
     return rm
 
 
+def _declared_depths(raw: dict) -> int:
+    """The MTP depths a config dict declares by DeepSeek-V3's key (planner.trace.mtp builds
+    them): a config without the key gets none, whatever transformers' default for it."""
+    declared = hf.mtp_layers(raw)  # (transformers reads num_mtp_layers as the same key)
+    return int(declared.get("num_nextn_predict_layers") or declared.get("num_mtp_layers") or 0)
+
+
 def _build_hf(name: str | None, cfg, architecture: str, seq_len: int, dtype: str,
-              source: str, asked: int | None = None) -> ResolvedModel:
+              source: str, asked: int | None = None, mtp_depths: int = 0) -> ResolvedModel:
     """A Hugging Face model on the meta device (planner.trace.hf), named ``name`` or from its
-    config; ``asked``: the sequence length the user gave, if any."""
+    config; ``asked``: the sequence length the user gave, if any; ``mtp_depths``: the
+    multi-token-prediction depths its config declares (built where planner.trace.mtp can)."""
     hf.check_seq_len(cfg, seq_len, name or cfg.model_type)
-    built = hf.build(cfg, architecture, seq_len, TORCH_DTYPES[dtype], "meta")
+    built = hf.build(cfg, architecture, seq_len, TORCH_DTYPES[dtype], "meta", mtp_depths)
     rm = _finish(ResolvedModel(name=name or "", module=built.module, args=built.args,
                                kwargs=built.kwargs, seq_len=built.seq_len, batch=1, source=source,
                                config=cfg.to_diff_dict(), attention=built.attention,
                                positions=hf.positions_exceeded(cfg, built.seq_len)))
     rm.name = name or hf.name_of(cfg, rm.num_params)
+    rm.mtp_depths = len(built.module.mtp) if mtp.has_mtp(built.module) else 0
     return rm
 
 

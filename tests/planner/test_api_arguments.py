@@ -351,23 +351,36 @@ TINY_DEEPSEEK = {"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_si
 
 
 @pytest.mark.parametrize("layers", [0, 1])
-def test_multi_token_prediction_layers_a_config_declares_are_named_as_left_out(tmp_path, caplog,
-                                                                                layers):
-    """DeepSeek-V3's config.json declares one MTP layer, which the model transformers builds
-    never runs in training: the plan would price the main model alone without a word."""
+def test_multi_token_prediction_layers_a_config_declares_are_priced_and_said(tmp_path, caplog,
+                                                                              layers):
+    """DeepSeek-V3's config.json declares one MTP depth, which the model transformers builds
+    never runs in training: the planner builds it (planner.trace.mtp) and says so."""
     (tmp_path / "config.json").write_text(json.dumps(
         {**TINY_DEEPSEEK, "num_nextn_predict_layers": layers}))
+    with caplog.at_level("INFO", logger="planner"):
+        prepared = planner.prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
+    assert "mtp_layers_left_out" not in prepared.info
+    if layers:
+        assert prepared.info["mtp_depths"] == 1
+        assert "its 1 multi-token-prediction depth is priced as Megatron-LM trains them " \
+            "(--mtp-num-layers 1)" in caplog.text
+    else:
+        assert "mtp_depths" not in prepared.info and "multi-token-prediction" not in caplog.text
+
+
+def test_multi_token_prediction_layers_of_other_models_are_named_as_left_out(tmp_path, caplog):
+    """A model type whose MTP form the planner does not build (Qwen3-Next's, say) keeps them
+    out of the price, with a warning: here a Llama config that declares one."""
+    raw = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "num_nextn_predict_layers": 1}))
+    (tmp_path / "bare.json").write_text(json.dumps(raw))
     with caplog.at_level("WARNING", logger="planner"):
         prepared = planner.prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
-    if layers:
-        assert prepared.info["mtp_layers_left_out"] == {"num_nextn_predict_layers": 1}
-        assert "its config declares 1 multi-token-prediction layer (num_nextn_predict_layers), " \
-            "which the model transformers builds does not run in training" in caplog.text
-    else:
-        assert "mtp_layers_left_out" not in prepared.info
-        assert "multi-token-prediction" not in caplog.text
+    assert prepared.info["mtp_layers_left_out"] == {"num_nextn_predict_layers": 1}
+    assert "its config declares 1 multi-token-prediction layer (num_nextn_predict_layers), " \
+        "which the model transformers builds does not run in training" in caplog.text
     # what the warning says: the key changes nothing the trace sees
-    (tmp_path / "bare.json").write_text(json.dumps(TINY_DEEPSEEK | {"num_nextn_predict_layers": 0}))
     bare = planner.prepare(str(tmp_path / "bare.json"), seq_len=16, cache_dir=None)
     assert prepared.info["num_params"] == bare.info["num_params"]
 

@@ -28,7 +28,8 @@ def test_the_shapes_are_the_zoo_models_parameter_counts():
     for (model_type, count), name in names.ZOO_SHAPES.items():
         entry = ZOO[name]
         cfg = AutoConfig.for_model(entry.model_type, **entry.config)
-        built = hf.build(cfg, entry.architecture, 128, torch.bfloat16, "meta").module
+        depths = int(entry.config.get("num_nextn_predict_layers", 0))  # (DeepSeek-V3's MTP)
+        built = hf.build(cfg, entry.architecture, 128, torch.bfloat16, "meta", depths).module
         assert (entry.model_type, sum(p.numel() for p in built.parameters())) == \
             (model_type, count), name
 

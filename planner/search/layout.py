@@ -1,0 +1,59 @@
+"""A pinned pipeline layout (SearchOptions.layout, Megatron-LM's notation) as a stage split.
+
+The search cuts the blocks into stages itself (planner.solve.chain); an engine's configuration
+may instead fix the cut, as Megatron-Bridge's DeepSeek-V3 recipes do
+(``Et*4|(t*4|)*14tmL``). Pinned, the plan is priced on that cut: the embedding side's blocks
+(those before the first layer) go with ``E``, each ``t`` is the next layer block, and the head
+side's blocks (after the last layer: the final norm, the head, the loss and any MTP depths,
+planner.trace.mtp) go with ``L``.
+"""
+
+from __future__ import annotations
+
+from planner.errors import SpecError
+from planner.options import parse_layout
+
+
+def layout_problem(layout: str, checkpointed: list[bool], mtp_depths: int, pp: int | None,
+                   vpp: int | None) -> str:
+    """'' or one line saying why ``layout`` does not describe the model's blocks (per block:
+    whether it is a repeated layer, ``checkpointed``) or the pinned pp / vpp."""
+    stages = parse_layout(layout)
+    layers = [i for i, c in enumerate(checkpointed) if c]
+    if not layers or len(layers) == len(checkpointed):
+        return ("layout: the model has no stack of layers with an embedding and a head side "
+                "apart (its blocks are all layers, or none is); leave the split to the search")
+    if layers != list(range(layers[0], layers[-1] + 1)):
+        return ("layout: the model has blocks between its layers (more than one stack), which "
+                "the notation cannot place; leave the split to the search")
+    count = sum(st.count("t") for st in stages)
+    if count != len(layers):
+        return (f"layout: {count} layers (t) given, the model has {len(layers)}; give each of "
+                "them a place")
+    mtp = sum(st.count("m") for st in stages)
+    if mtp != mtp_depths:
+        return (f"layout: {mtp} MTP depths (m) given, the model runs {mtp_depths}; "
+                + ("write them before L" if mtp_depths else "leave m out"))
+    if pp is None:
+        return (f"layout: its {len(stages)} stages are pp x vpp: pin pp too (e.g. --fix "
+                f"pp={len(stages)})")
+    if len(stages) % pp or (vpp is not None and pp * vpp != len(stages)):
+        return (f"layout: {len(stages)} stages, and pp={pp}" + (f" x vpp={vpp}" if vpp else "")
+                + f" does not make them; pin pp (and vpp) with pp x vpp = {len(stages)}")
+    return ""
+
+
+def layout_bounds(layout: str, checkpointed) -> list[int]:
+    """Chunk bounds (planner.search.pricing.Split) of ``layout`` over the blocks (layout_problem
+    has passed)."""
+    flags = [bool(c) for c in checkpointed]
+    first = flags.index(True)
+    last = len(flags) - 1 - flags[::-1].index(True)
+    bounds, at = [0], 0
+    for stage in parse_layout(layout):
+        at += (first if "E" in stage else 0) + stage.count("t") + (
+            len(flags) - 1 - last if "L" in stage else 0)
+        if at == bounds[-1]:
+            raise SpecError(f"layout: stage {len(bounds) - 1} holds no block of this model")
+        bounds.append(at)
+    return bounds

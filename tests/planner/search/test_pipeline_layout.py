@@ -1,0 +1,90 @@
+"""A pinned pipeline layout in Megatron-LM's notation (SearchOptions.layout, plan solve --layout):
+parsed, checked against the model, priced on that cut, recorded and exported."""
+
+import pytest
+
+import planner
+from planner.errors import SpecError
+from planner.export.megatron import to_megatron
+from planner.export.torchtitan import to_torchtitan
+from planner.options import parse_fix, parse_layout
+from tests.conftest import TINY_DEEPSEEK_V3, write_config
+from tests.planner.export.test_export import megatron_args, option
+
+
+def test_the_notation_expands_repeats_and_groups():
+    stages = parse_layout("Et*4|(t*4|)*14tmL")  # DeepSeek-V3's 16 stages in Megatron-Bridge
+    assert len(stages) == 16 and stages[0] == "Etttt" and stages[-1] == "tmL"
+    assert set(stages[1:-1]) == {"tttt"} and sum(s.count("t") for s in stages) == 61
+    assert parse_layout("Et|(tt|)*30mL")[-1] == "mL"
+    assert parse_layout("E|t*2|L") == ("E", "tt", "L")
+
+
+@pytest.mark.parametrize("text, why", [
+    ("Et*4|tt", r"the head and loss \(L\) close the last stage"),
+    ("tE|L", r"the embedding \(E\) opens the first stage"),
+    ("Et|m|L", r"MTP depths \(m\) run with the output head"),
+    ("E(t|L", r"unbalanced or unrepeated parentheses"),
+    ("Etx|L", r"unknown symbols"),
+    ("Et||tL", r"an empty stage"),
+])
+def test_a_wrong_layout_is_named_with_the_fix(text, why):
+    with pytest.raises(SpecError, match=rf"^layout: {why}.*; e\.g\. Et\*4\|\(t\*4\|\)\*14tmL"):
+        planner.SearchOptions(layout=text)
+
+
+@pytest.fixture(scope="module")
+def tiny_mtp(tmp_path_factory):
+    """TINY_DEEPSEEK_V3 (4 layers) with one MTP depth."""
+    path = write_config(tmp_path_factory.mktemp("mtp"),
+                        {**TINY_DEEPSEEK_V3, "num_nextn_predict_layers": 1})
+    return planner.prepare(path, seq_len=64, cache_dir=None)
+
+
+def _plan(prepared, layout, fix="pp=2"):
+    cluster = planner.load_cluster("dgx-h100")
+    options = planner.SearchOptions(fix=parse_fix(fix), top_k=0, layout=layout)
+    return planner.plan_prepared(prepared, cluster, planner.TrainingSpec(global_batch=16,
+                                                                         seq_len=64), options)
+
+
+def test_the_plan_is_cut_where_the_layout_says_and_records_it(tiny_mtp):
+    """The search's balanced cut puts the heavy head (the head, the MTP layer, the head again)
+    alone with fewer layers; the pinned one is priced as given, and slower."""
+    free = _plan(tiny_mtp, None)
+    pinned = _plan(tiny_mtp, "Et*3|tmL")
+    blocks = [s["blocks"] for s in pinned.to_dict()["stages"]]
+    assert blocks[0] == ["model.embed_tokens"] + [f"model.layers.{i}" for i in range(3)]
+    assert blocks[1] == ["model.layers.3", "model.norm..lm_head"]
+    assert pinned.search["options"]["layout"] == "Et*3|tmL"
+    assert "layout" not in free.search["options"]
+    assert pinned.predicted["step_time_s"] >= free.predicted["step_time_s"]
+    interleaved = _plan(tiny_mtp, "Et|t|t|tmL")  # 4 stages on pp=2: vpp 2 follows
+    assert interleaved.parallel["vpp"] == 2 and len(interleaved.stages) == 4
+
+
+@pytest.mark.parametrize("layout, fix, why", [
+    ("Et*2|tmL", "pp=2", r"3 layers \(t\) given, the model has 4"),
+    ("Et*3|tL", "pp=2", r"0 MTP depths \(m\) given, the model runs 1; write them before L"),
+    ("Et*3|tmL", "tp=1", r"its 2 stages are pp x vpp: pin pp too"),
+    ("Et|t|t|tmL", "pp=3", r"4 stages, and pp=3 does not make them"),
+])
+def test_a_layout_that_does_not_fit_the_model_or_pins_is_refused(tiny_mtp, layout, fix, why):
+    with pytest.raises(SpecError, match=rf"^layout: {why}"):
+        _plan(tiny_mtp, layout, fix)
+
+
+def test_exports_carry_the_mtp_depth_or_say_they_cannot(tiny_mtp):
+    """Megatron-LM trains the depth with --mtp-num-layers on the last stage (with the head, as
+    priced); torchtitan's model has none, which the export says."""
+    with pytest.raises(SpecError, match=r"--layout 'Et\*2\|t\*2mL' --fix pp=2,vpp=1 "
+                                         r"--target megatron`$"):  # (a schedule it does not run)
+        to_megatron(_plan(tiny_mtp, "Et*2|t*2mL", "pp=2,schedule=zb-h1"))
+    plan = _plan(tiny_mtp, "Et*2|t*2mL", "pp=2,schedule=1f1b")
+    args = megatron_args(to_megatron(plan))
+    assert option(args, "--mtp-num-layers") == "1"
+    uneven = megatron_args(to_megatron(_plan(tiny_mtp, "Et|t|t|tmL")))
+    assert option(uneven, "--mtp-num-layers") == "1"
+    notes = " ".join(line.lstrip("# ").strip() for line in to_torchtitan(plan).splitlines())
+    assert "multi-token-prediction depth(s): the plan prices them on the last stage, and " \
+        "torchtitan does not train them" in notes
