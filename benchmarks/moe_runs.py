@@ -204,7 +204,34 @@ GB300 and, by the map, GB200. Every other row is split by the search (its exact,
 cut)."""
 
 
+ACCOUNTED = {"Qwen3_235B_a22B": 94}
+"""Models (with their layer count) whose recipe splits the pipeline with the embedding and the
+loss each counted as a layer (``account_for_embedding_in_pipeline_split`` and
+``account_for_loss_in_pipeline_split`` True: Megatron-Bridge's Qwen3-235B-A22B pre-training
+recipe in every release here, recipes/qwen/qwen3_moe.py at 1804c076f, 17a381f95, 8f341b04f,
+recipes/qwen/qwen3_235b_a22b.py at cac49dcd7, recipes/qwen/h100/qwen3_moe.py at 4ab94dfad): its
+94 layers and those two fill pp x vp stages evenly (accounted_layout)."""
+
+
+def accounted_layout(layers: int, stages: int) -> str | None:
+    """Megatron-LM's even split of ``layers`` over ``stages`` with the embedding and the loss
+    counted as a layer each, in its layout notation; None where they do not divide evenly (its
+    checks refuse that) or with one stage."""
+    per, rest = divmod(layers + 2, stages)
+    if rest or stages < 2 or per < 1:
+        return None
+    def part(n: int) -> str:
+        return "" if n == 0 else "t" if n == 1 else f"t*{n}"
+    middle = f"({part(per)}|)*{stages - 2}" if stages > 2 else ""
+    return f"E{part(per - 1)}|{middle}{part(per - 1)}L"
+
+
 def layout_of(r: dict) -> str | None:
+    """The row's pinned pipeline layout (LAYOUTS, ACCOUNTED), or None: the search's split."""
+    model = _model_gpu(r)[0]
+    stages = int(r["pp"] or 1) * int(r["vp"] or 1)
+    if model in ACCOUNTED and int(r["pp"] or 1) > 1:
+        return accounted_layout(ACCOUNTED[model], stages)
     return LAYOUTS.get(_release(r), {}).get(_model_gpu(r))
 
 
