@@ -35,9 +35,10 @@ sustain was fitted on dense runs, benchmarks/dense_fp8_runs.py, so these rows ar
 it).
 DeepSeek-V3 rows are priced with the multi-token-prediction depth its recipes train by default
 (zoo model deepseek-v3-mtp: one more MoE layer, a projection and a second pass of the output
-head, on the last stage with the loss), except the rows published "w/o MTP" (deepseek-v3), and on
-the pipeline layout their configuration pins where it is known (LAYOUTS), else on the search's
-balanced split.
+head, on the last stage with the loss), except the rows published "w/o MTP" (deepseek-v3). A row
+runs on the pipeline layout its configuration pins where it is known (LAYOUTS: DeepSeek-V3's), or
+that its recipe's split rule makes (ACCOUNTED: Qwen3-235B-A22B's layers split evenly with the
+embedding and the loss counted as one each), else on the search's balanced split.
 
 Rows from 100 on (benchmarks/data/moe_more_runs.csv: the 25.09 table's GB200 and B200 token-drop
 runs) are not in the project's reference data; they are priced the same way, never fitted on, and
