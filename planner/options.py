@@ -482,33 +482,47 @@ class ScheduleOptions:
 
 LAYOUT_EXAMPLE = "Et*4|(t*4|)*14tmL"
 """A pipeline layout in Megatron-LM's notation (DeepSeek-V3's on 16 stages)."""
+LAYOUT_MAX = 100_000
+"""Most symbols a layout may expand to (stages and layers of any real model are far fewer)."""
 
 
 def parse_layout(text) -> tuple[str, ...]:
     """Megatron-LM's pipeline layout notation -> one string per stage over ``E`` (the embedding
     side), ``t`` (a layer), ``m`` (an MTP depth) and ``L`` (the head side, with the loss):
-    ``|`` ends a stage, ``x*n`` and ``(...)*n`` repeat. The embedding opens the first stage and
-    the head closes the last; MTP depths sit right before the head (they run with it here).
-    SpecError naming the fix otherwise."""
+    ``|`` ends a stage, ``x*n`` and ``(...)*n`` repeat, commas and spaces are cosmetic (as in
+    Megatron-LM). The embedding opens the first stage and the head closes the last; MTP depths
+    sit right before the head (the planner prices them in the head's block, so Megatron's
+    ``m|L``, a stage of their own, is refused). SpecError naming the fix otherwise."""
     def bad(why: str) -> SpecError:
         return SpecError(f"layout: {why}; e.g. {LAYOUT_EXAMPLE} (E embedding, t layer, m MTP "
                          "depth, L head and loss, | stage boundary, *n repeats)")
 
     if not isinstance(text, str) or not text.strip():
         raise bad(f"expected a layout string, got {text!r}")
-    s = text.replace(" ", "")
-    group = re.compile(r"\(([^()]*)\)\*(\d+)")
+    s = re.sub(r"[\s,]", "", text)
+    odd = sorted(set(re.sub(r"[EtmL|()*0-9]", "", s)))
+    if odd:
+        raise bad(f"unknown symbols {' '.join(map(repr, odd))} in {text!r}")
+
+    def repeated(m: re.Match) -> str:
+        if len(m.group(1)) * int(m.group(2)) > LAYOUT_MAX:
+            raise bad(f"{m.group(0)!r} repeats past {LAYOUT_MAX:,} symbols")
+        return m.group(1) * int(m.group(2))
+
+    group = re.compile(r"\(([^()]*)\)\*([0-9]+)")
     while "(" in s or ")" in s:
-        expanded = group.sub(lambda m: m.group(1) * int(m.group(2)), s)
+        expanded = group.sub(repeated, s)
         if expanded == s:
             raise bad(f"unbalanced or unrepeated parentheses in {text!r}")
         s = expanded
-    s = re.sub(r"([EtmL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
-    if not re.fullmatch(r"[EtmL|]*", s):
-        raise bad(f"unknown symbols in {text!r}")
-    stages = tuple(s.split("|"))
-    if stages[-1] == "" and len(stages) > 1:  # a trailing '|' closes the last stage
-        stages = stages[:-1]
+        if len(s) > LAYOUT_MAX:
+            raise bad(f"it expands past {LAYOUT_MAX:,} symbols")
+    s = re.sub(r"([EtmL])\*([0-9]+)", repeated, s)
+    if len(s) > LAYOUT_MAX:
+        raise bad(f"it expands past {LAYOUT_MAX:,} symbols")
+    if "*" in s:
+        raise bad(f"a repeat (*n) follows no symbol or group in {text!r}")
+    stages = tuple(s.split("|"))  # (a trailing '|' opens an empty last stage, as in Megatron)
     if any(not st for st in stages):
         raise bad(f"an empty stage in {text!r}")
     if s.count("E") != 1 or not stages[0].startswith("E"):

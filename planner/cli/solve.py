@@ -76,8 +76,9 @@ def register(add) -> None:
                         "each site with data parallelism across them (replicas), or the faster "
                         "of the two (default auto)")
     s.add_argument("--layout", help="pin the pipeline stages in Megatron-LM's notation, e.g. "
-                                    "'Et*4|(t*4|)*14tmL' (E embedding, t layer, m MTP depth, L "
-                                    "head, | stage boundary, *n repeats); with --fix pp=N, the "
+                                    "'Et*4|(t*4|)*14tmL' (E embedding, t layer, m MTP depth, "
+                                    "right before L, the head, | stage boundary, *n repeats); "
+                                    "with --fix pp=N, the "
                                     "stages are pp x vpp (default: the search splits)")
     add_reserve_flags(s)
     s.add_argument("-o", "--output", help="write the plan JSON here (- : to stdout, the report "

@@ -200,7 +200,11 @@ def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
     t = plan.training
     training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=t["dtype"],
                             optimizer=t["optimizer"], engine=engine_from_mapping(t.get("engine")))
-    fix = {**plan.search.get("options", {}).get("fix", {}), **pins}
+    recorded = dict(plan.search.get("options", {}).get("fix", {}))
+    layout = plan.search.get("options", {}).get("layout")
+    if layout and "vpp" not in pins:
+        recorded.pop("vpp", None)  # (the layout's stages over pp make it: with_layout again)
+    fix = {**recorded, **pins}
     try:
         prepared = api.prepare(spec, seq_len=t["seq_len"], dtype=t["dtype"])
     except SpecError as err:
@@ -214,9 +218,10 @@ def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
     options = SearchOptions(fix=fix, target=plan.search.get("target", "any"),
                             across_sites=plan.search.get("options", {}).get("across_sites",
                                                                              "auto"),
-                            layout=plan.search.get("options", {}).get("layout"),
-                            **plan.memory_reserve())
-    return prepared, cluster, training, settings.narrowed(options, prepared, training)
+                            layout=layout, **plan.memory_reserve())
+    return prepared, cluster, training, settings.with_layout(
+        settings.narrowed(options, prepared, training), prepared,
+        hetero=isinstance(cluster, HeteroCluster))
 
 
 def pinned_config(plan: Plan, pins: dict):

@@ -127,6 +127,8 @@ def torchtitan_names(plan: Plan, version: str) -> list[list[str]] | None:
                 names.append(_HF_TOP[fqn])
             elif fqn == "lm_head":
                 names.append(head)
+            elif fqn == "mtp" or fqn.startswith("mtp."):
+                continue  # MTP depths: torchtitan's model has none (common.mtp_note says so)
             elif fqn not in _HF_DROPPED:
                 return None  # a module this mapping does not know: not the zoo model as expected
         parts.append(names)

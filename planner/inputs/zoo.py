@@ -209,7 +209,7 @@ ZOO: dict[str, ZooEntry] = {
         _deepseek_v3("deepseek-v3", 0, "DeepSeek-V3, 671B, no multi-token prediction (8 of 256 "
                      "experts + 1 shared per token, 37B active)"),
         _deepseek_v3("deepseek-v3-mtp", 1, "DeepSeek-V3 with its multi-token-prediction depth, "
-                     "685B, as Megatron-Bridge trains it"),
+                     "683B (its embedding and head shared), as Megatron-Bridge trains it"),
         ZooEntry("gpt-oss-120b", "gpt_oss", "GptOssForCausalLM",
                  {"num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
                   "num_key_value_heads": 8, "head_dim": 64, "attention_bias": True,

@@ -436,9 +436,13 @@ def _search(p: Plan) -> list[str]:
         status += ("; CP-SAT's check of the stages' groups and sizes: " + (
             "no answer in its time" if check["gap"] is None and check["status"] != "optimal" else
             check["status"] + (f" (gap {100 * check['gap']:.1f}%)" if check["gap"] else "")))
+    layout = s.get("options", {}).get("layout")
+    depths = p.model.get("mtp_depths")
     lines = [f"  search: {counted(s['candidates'], 'configuration')}, "
              f"{s.get('evaluated', 0):,} priced{timing}; "
-             f"{status}"] + ([f"  set aside: {aside}"] if aside else []) + (
+             f"{status}"] + ([f"  stages pinned: --layout '{layout}'"] if layout else []) + (
+        [f"  multi-token prediction: {depths} depth(s) priced with the head on the last stage"]
+        if depths else []) + ([f"  set aside: {aside}"] if aside else []) + (
         [f"  ruled out before pricing (choices of knobs, not configurations): {ruled}"]
         if ruled else [])
     alts = s.get("alternatives", [])

@@ -33,7 +33,9 @@ def layout_problem(layout: str, checkpointed: list[bool], mtp_depths: int, pp: i
     mtp = sum(st.count("m") for st in stages)
     if mtp != mtp_depths:
         return (f"layout: {mtp} MTP depths (m) given, the model runs {mtp_depths}; "
-                + ("write them before L" if mtp_depths else "leave m out"))
+                + ("write them before L" if mtp_depths else "leave m out (or plan a model "
+                                                             "that declares them, such as "
+                                                             "deepseek-v3-mtp)"))
     if pp is None:
         return (f"layout: its {len(stages)} stages are pp x vpp: pin pp too (e.g. --fix "
                 f"pp={len(stages)})")

@@ -88,3 +88,49 @@ def test_exports_carry_the_mtp_depth_or_say_they_cannot(tiny_mtp):
     notes = " ".join(line.lstrip("# ").strip() for line in to_torchtitan(plan).splitlines())
     assert "multi-token-prediction depth(s): the plan prices them on the last stage, and " \
         "torchtitan does not train them" in notes
+
+
+@pytest.mark.parametrize("text, why", [
+    ("Et*3|(tt|)*29,m|L", r"MTP depths \(m\) run with the output head"),  # Megatron's own
+    ("EtL|", r"an empty stage"),  # a trailing '|' opens an empty stage, as in Megatron
+    ("et*4|tL", r"unknown symbols 'e'"),
+    ("Et*99999999999999L", r"'t\*99999999999999' repeats past 100,000 symbols"),
+    ("E(t*1000|)*1000tL", r"it expands past 100,000 symbols"),
+    ("Et|*2tL", r"a repeat \(\*n\) follows no symbol or group"),
+])
+def test_a_layout_megatron_reads_otherwise_or_too_long_is_named(text, why):
+    """A review: Megatron's commas are cosmetic; a repeat count did not stop at any size."""
+    with pytest.raises(SpecError, match=rf"^layout: {why}"):
+        parse_layout(text)
+    assert parse_layout("Et*3,|(tt|)*29,tmL") == parse_layout("Et*3|(tt|)*29tmL")
+
+
+def test_why_not_on_a_layout_plan_keeps_the_layout_and_says_where_pp_breaks_it(tiny_mtp):
+    """A review: --why pp=... re-planned without the layout (its ruled-out count said "pinned
+    layout" and the explanation used a balanced split). The layout is pinned again, with vpp
+    following the new pp; a pp that does not divide its stages is named."""
+    from planner.explore.whynot import why_not  # noqa: PLC0415
+    from planner.report.summary import summary  # noqa: PLC0415
+
+    plan = _plan(tiny_mtp, "Et|t|t|tmL", "pp=2,schedule=interleaved-1f1b")
+    assert "stages pinned: --layout 'Et|t|t|tmL'" in summary(plan)
+    assert "multi-token prediction: 1 depth(s) priced" in summary(plan)
+    answer = why_not(plan, "pp=4,schedule=1f1b")
+    assert answer.feasible and answer.variant.parallel["vpp"] == 1
+    assert [s["blocks"][-1] for s in answer.variant.to_dict()["stages"]] == [
+        "model.layers.0", "model.layers.1", "model.layers.2", "model.norm..lm_head"]
+    with pytest.raises(SpecError, match=r"layout: 4 stages, and pp=3 does not make them"):
+        why_not(plan, "pp=3")
+
+
+def test_torchtitan_names_leave_the_mtp_depth_out(tiny_mtp):
+    """A review: the stage holding mtp.0 lost torchtitan's names for the whole model."""
+    from planner.export import names  # noqa: PLC0415
+
+    plan = _plan(tiny_mtp, "Et*2|t*2mL", "pp=2,schedule=1f1b")
+    plan = type(plan).from_dict({**plan.to_dict(), "model": {**plan.model,
+                                                             "spec": "deepseek-v3-mtp",
+                                                             "source": "zoo"}})
+    parts = names.torchtitan_names(plan, "0.2.2")
+    assert parts is not None and parts[-1][-2:] == ["norm", "output"]
+    assert not any("mtp" in n for part in parts for n in part)
