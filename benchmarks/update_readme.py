@@ -343,7 +343,12 @@ SECTIONS = [
      "25.5%: B300's pp 8 rows from +36.6% and +33.3% to +25.5% and +22.4%), all newer rows' "
      "from 28.1% to 22.4%; the held-out half is unchanged at 15.9% (its B200 \"w/ MTP\" row "
      "+39.8% to +39.3%: there the last stage, a layer with the depth and the head, is not the "
-     "slowest), and so is the fitted constant (52.25 us). Then the free search against each "
+     "slowest), and so is the fitted constant (52.25 us). Qwen3-235B-A22B's rows with a "
+     "pipeline run on the split its recipe makes (its layers, the embedding and the loss, each "
+     "of these two counted as a layer, spread evenly over the stages, Megatron-LM's "
+     "account-for-embedding and account-for-loss split): four rows move by 1-10 points "
+     "(GB200 26.08 +34.2% to +24.2%, GB300 26.08 +12.6% to +8.3%, GB300 25.11 -3.7% to -4.7%, "
+     "B300 26.04.01 +1.2% to -2.1%), no median changes. Then the free search against each "
      "published configuration under the planner's own model (the published configuration with "
      "its release's recomputation, or where the planner thinks that does not fit, with the one "
      "it needs)."),
