@@ -42,6 +42,10 @@ def layout_problem(layout: str, checkpointed: list[bool], mtp_depths: int, pp: i
     if len(stages) % pp or (vpp is not None and pp * vpp != len(stages)):
         return (f"layout: {len(stages)} stages, and pp={pp}" + (f" x vpp={vpp}" if vpp else "")
                 + f" does not make them; pin pp (and vpp) with pp x vpp = {len(stages)}")
+    try:
+        layout_bounds(layout, checkpointed)
+    except SpecError as err:  # a stage of E or L alone where the model has no such side
+        return str(err)
     return ""
 
 
@@ -56,6 +60,8 @@ def layout_bounds(layout: str, checkpointed) -> list[int]:
         at += (first if "E" in stage else 0) + stage.count("t") + (
             len(flags) - 1 - last if "L" in stage else 0)
         if at == bounds[-1]:
-            raise SpecError(f"layout: stage {len(bounds) - 1} holds no block of this model")
+            raise SpecError(f"layout: stage {len(bounds) - 1} ({stage}) holds no block of this "
+                            "model (it has nothing before its first layer, or after its last); "
+                            "give that stage a layer")
         bounds.append(at)
     return bounds

@@ -27,6 +27,14 @@ def test_the_notation_expands_repeats_and_groups():
     ("E(t|L", r"unbalanced or unrepeated parentheses"),
     ("Etx|L", r"unknown symbols"),
     ("Et||tL", r"an empty stage"),
+    # from a review: Megatron's own example (its commas are cosmetic, its m|L not priced here),
+    # a trailing '|' (an empty stage in Megatron too), and repeats without bound
+    ("Et*3|(tt|)*29,m|L", r"MTP depths \(m\) run with the output head"),
+    ("EtL|", r"an empty stage"),
+    ("et*4|tL", r"unknown symbols 'e'"),
+    ("Et*99999999999999L", r"'t\*99999999999999' repeats past 100,000 symbols"),
+    ("E(t*1000|)*1000tL", r"it expands past 100,000 symbols"),
+    ("Et|*2tL", r"a repeat \(\*n\) follows no symbol or group"),
 ])
 def test_a_wrong_layout_is_named_with_the_fix(text, why):
     with pytest.raises(SpecError, match=rf"^layout: {why}.*; e\.g\. Et\*4\|\(t\*4\|\)\*14tmL"):
@@ -90,18 +98,7 @@ def test_exports_carry_the_mtp_depth_or_say_they_cannot(tiny_mtp):
         "torchtitan does not train them" in notes
 
 
-@pytest.mark.parametrize("text, why", [
-    ("Et*3|(tt|)*29,m|L", r"MTP depths \(m\) run with the output head"),  # Megatron's own
-    ("EtL|", r"an empty stage"),  # a trailing '|' opens an empty stage, as in Megatron
-    ("et*4|tL", r"unknown symbols 'e'"),
-    ("Et*99999999999999L", r"'t\*99999999999999' repeats past 100,000 symbols"),
-    ("E(t*1000|)*1000tL", r"it expands past 100,000 symbols"),
-    ("Et|*2tL", r"a repeat \(\*n\) follows no symbol or group"),
-])
-def test_a_layout_megatron_reads_otherwise_or_too_long_is_named(text, why):
-    """A review: Megatron's commas are cosmetic; a repeat count did not stop at any size."""
-    with pytest.raises(SpecError, match=rf"^layout: {why}"):
-        parse_layout(text)
+def test_commas_are_cosmetic_as_in_megatron():
     assert parse_layout("Et*3,|(tt|)*29,tmL") == parse_layout("Et*3|(tt|)*29tmL")
 
 
@@ -134,3 +131,13 @@ def test_torchtitan_names_leave_the_mtp_depth_out(tiny_mtp):
     parts = names.torchtitan_names(plan, "0.2.2")
     assert parts is not None and parts[-1][-2:] == ["norm", "output"]
     assert not any("mtp" in n for part in parts for n in part)
+
+
+def test_a_stage_of_the_embedding_alone_needs_an_embedding_side():
+    """E alone on its stage holds no block where the model has nothing before its layers."""
+    from planner.search.layout import layout_bounds, layout_problem  # noqa: PLC0415
+
+    assert layout_problem("E|t*2|L", [False, True, True, False], 0, 3, None) == ""
+    assert layout_bounds("E|t*2|L", [False, True, True, False]) == [0, 1, 3, 4]
+    assert layout_problem("E|t*2|L", [True, True, False], 0, 3, None).startswith(
+        "layout: stage 0 (E) holds no block of this model")
