@@ -73,6 +73,7 @@ def build(module: torch.nn.Module, depths: int) -> int:
     store: dict = {}  # (not an attribute: torch.export warns of tensors set on modules)
     for layer in module.model.layers:
         layer.register_forward_pre_hook(_capture(store), with_kwargs=True)
+
     def forward(input_ids: torch.Tensor, labels: torch.Tensor | None = None, **kwargs):
         return _forward(module, store, input_ids, labels, **kwargs)
 
