@@ -572,10 +572,15 @@ def kernels_differ(plan: Plan, target: str) -> bool:
             and software_differs(plan, target, MEMORY_SOFTWARE_KEYS))
 
 
+def mtp_depths(plan: Plan) -> int:
+    """The multi-token-prediction depths the plan prices (model.mtp_depths; planner.trace.mtp)."""
+    return int(plan.model.get("mtp_depths", 0) or 0)
+
+
 def mtp_note(plan: Plan, target: str, ledger: Ledger) -> None:
     """For a target without multi-token prediction (torchtitan, DeepSpeed): the plan priced the
     model's MTP depths (model.mtp_depths) on its last stage, which the target does not train."""
-    depths = int(plan.model.get("mtp_depths", 0) or 0)
+    depths = mtp_depths(plan)
     if depths:
         ledger.missing("mtp_depths", f"{depths} multi-token-prediction depth(s): the plan prices "
                        f"them on the last stage, and {target} does not train them (its model is "

@@ -285,7 +285,7 @@ def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
 def _mtp(plan: Plan) -> Group:
     """--mtp-num-layers for a model whose multi-token-prediction depths the plan prices
     (planner.trace.mtp): Megatron-Core places them on the last stage with the loss, as priced."""
-    depths = int(plan.model.get("mtp_depths", 0) or 0)
+    depths = common.mtp_depths(plan)
     if not depths:
         return []
     return [(["--mtp-num-layers", str(depths)],
@@ -514,7 +514,7 @@ def _pipeline(plan: Plan, lay: common.Layout, ledger: common.Ledger) -> Group:
     edges = _first_last(counts) if p["vpp"] == 1 else None
     if edges is not None:
         return out + [(edges, f"{words} (uneven: first/last stage sizes, the rest even)")]
-    mtp = int(plan.model.get("mtp_depths", 0) or 0)
+    mtp = common.mtp_depths(plan)
     return out + [(["--pipeline-model-parallel-layout", _layout_string(counts, mtp)],
                    f"{words} (E embedding, t layer, {'m MTP depth, ' if mtp else ''}L head, | "
                    "stage boundary)")]
