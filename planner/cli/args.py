@@ -59,6 +59,16 @@ def add_reserve_flags(parser) -> None:
                              "context, NCCL buffers and library workspaces (default 1)")
 
 
+def add_layout_flag(parser, every_point: bool = False) -> None:
+    """--layout (plan solve, plan whatif: ``every_point``)."""
+    parser.add_argument("--layout", help="pin the pipeline stages in Megatron-LM's notation"
+                        + (" at every point" if every_point else "") + ", e.g. "
+                        "'Et*4|(t*4|)*14tmL' (E embedding, t layer, m MTP depth, right before L, "
+                        "the head, | stage boundary, *n repeats); with pp pinned"
+                        + (" or varied" if every_point else " (--fix pp=N)") + ", the stages "
+                        "are pp x vpp (default: the search splits)")
+
+
 class Joined(argparse.Action):
     """A ``k=v,...`` option given more than once: its values joined with commas (``--fix ep=8
     --fix tp=2`` is ``--fix ep=8,tp=2``), so a later one adds to an earlier one instead of

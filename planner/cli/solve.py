@@ -7,7 +7,8 @@ import logging
 import sys
 
 from costmodels.engine import PRESETS
-from planner.cli.args import Joined, add_reserve_flags, count, positive_float, positive_int
+from planner.cli.args import (Joined, add_layout_flag, add_reserve_flags, count, positive_float,
+                              positive_int)
 from planner.cli.progress import Bar
 from planner.files import STDOUT, check_output
 from planner.options import (ACROSS_SITES, DTYPES, OPTIMIZERS, PIPELINES, TABLE_OPTIMIZERS,
@@ -75,11 +76,7 @@ def register(add) -> None:
                    help="on sites of one kind: a pipeline over the sites, one site's plan on "
                         "each site with data parallelism across them (replicas), or the faster "
                         "of the two (default auto)")
-    s.add_argument("--layout", help="pin the pipeline stages in Megatron-LM's notation, e.g. "
-                                    "'Et*4|(t*4|)*14tmL' (E embedding, t layer, m MTP depth, "
-                                    "right before L, the head, | stage boundary, *n repeats); "
-                                    "with --fix pp=N, the "
-                                    "stages are pp x vpp (default: the search splits)")
+    add_layout_flag(s)
     add_reserve_flags(s)
     s.add_argument("-o", "--output", help="write the plan JSON here (- : to stdout, the report "
                                           "then goes to stderr)")

@@ -6,7 +6,8 @@ import logging
 import sys
 import time
 
-from planner.cli.args import Joined, add_reserve_flags, positive_float, positive_int
+from planner.cli.args import (Joined, add_layout_flag, add_reserve_flags, positive_float,
+                              positive_int)
 from planner.cli.progress import Bar, per_plan_lines
 from planner.explore.costs import parse_prices
 from planner.explore.csv_rows import write_csv
@@ -53,6 +54,7 @@ def register(add) -> None:
     w.add_argument("--target", default="any", choices=TARGETS,
                    help="the engine every point is planned for, as for `plan solve --target` "
                         "(default any)")
+    add_layout_flag(w, every_point=True)
     add_reserve_flags(w)
     w.add_argument("--workers", type=positive_int, help="processes (default: one per core)")
     w.add_argument("--csv", metavar="OUT.csv", help="write every row, every column")
@@ -81,7 +83,7 @@ def run(args) -> int:
                             workers=args.workers, target=args.target,
                             calibration=args.calibration,
                             memory_reserve_fraction=args.memory_reserve_fraction,
-                            memory_reserve_gb=args.memory_reserve_gb,
+                            memory_reserve_gb=args.memory_reserve_gb, layout=args.layout,
                             progress=Bar(args.quiet, label="sweeping", unit=" points"))
     logging.getLogger("planner").info("swept %d points in %.1f s, traces included", len(rows),
                                       time.perf_counter() - t0)

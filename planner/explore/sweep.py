@@ -84,6 +84,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
            engine=None, example_inputs=None, workers: int | None = None,
            target: str = "any", calibration=None,
            memory_reserve_fraction: float | None = None, memory_reserve_gb: float | None = None,
+           layout: str | None = None,
            progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Plan ``model`` at every point of the grid ``vary`` spans; one row per point, in grid order.
 
@@ -95,14 +96,17 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     columns; ``tokens`` adds the hours to train on that many tokens (and with prices, the
     dollars); ``calibration`` (plan profile's file or mapping) replaces every point's device
     figures with the measured ones, as planner.plan's does; ``memory_reserve_fraction`` and
-    ``memory_reserve_gb``: the memory every point keeps free per device, as planner.plan's."""
+    ``memory_reserve_gb``: the memory every point keeps free per device, as planner.plan's;
+    ``layout``: every point's pipeline stages pinned in Megatron-LM's notation, as
+    planner.plan's (a point whose pp does not divide its stages is a row saying so)."""
     model = fspath_or_same(model)  # (a cluster Path stays one: load_cluster reads it as a file)
     refuse_plan_file(model)  # (before the arguments a model's what-if needs)
     grid = expand(vary)
     recsys = api.recsys_model(model)
     fixed, tables = _split_fix(fix, recsys)
     reserve = reserve_options(memory_reserve_fraction, memory_reserve_gb, recsys=recsys)
-    SearchOptions(**reserve)  # a fraction out of range is bad input before anything is traced
+    # a fraction out of range, or a layout that does not parse, is bad input before any trace
+    SearchOptions(**reserve, layout=layout)
     if "sharding" in vary and not recsys:
         raise SpecError("vary.sharding: shards a recommendation model's embedding tables, and "
                         "this model has none; vary its parallelism knobs (tp, pp, ...) instead")
@@ -134,7 +138,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             "optimizer": optimizer or "adam", "fix": fixed, "tables": tables,
             "engine": target_engine(engine, target) if not recsys else engine_spec(engine),
             "top_k": top_k, "time_limit_s": time_limit_s, "target": target, "reserve": reserve,
-            "recsys": recsys,
+            "recsys": recsys, "layout": layout,
             "calibration": fspath_or_same(calibration)}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row
@@ -314,7 +318,8 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
         targets.check_dtype(s["target"], s["dtype"])
         options = targets.restrict(SearchOptions(fix=fix, top_k=s["top_k"],
                                                  time_limit_s=s["time_limit_s"],
-                                                 **s["reserve"]), s["target"])
+                                                 layout=s["layout"], **s["reserve"]),
+                                   s["target"])
         # (a recommendation model's table sharding keeps no reserve: planner.plan's check)
         problem = (not s["recsys"] and reserve_problem(cl, options)) or (
             "" if isinstance(cl, HeteroCluster) else

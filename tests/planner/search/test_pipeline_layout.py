@@ -141,3 +141,22 @@ def test_a_stage_of_the_embedding_alone_needs_an_embedding_side():
     assert layout_bounds("E|t*2|L", [False, True, True, False]) == [0, 1, 3, 4]
     assert layout_problem("E|t*2|L", [True, True, False], 0, 3, None).startswith(
         "layout: stage 0 (E) holds no block of this model")
+
+
+def test_a_sweep_pins_the_layout_at_every_point(tiny_mtp, tmp_path):
+    """plan whatif --layout: each point is cut as the layout says (vpp following its pp); a pp
+    that does not make its stages is that point's row; one that does not parse is refused
+    before any trace."""
+    from planner.explore.sweep import whatif  # noqa: PLC0415
+
+    path = write_config(tmp_path, {**TINY_DEEPSEEK_V3, "num_nextn_predict_layers": 1})
+    rows = whatif(path, cluster="dgx-h100", vary={"pp": [2, 4, 8]}, global_batch=16, seq_len=64,
+                  layout="Et|t|t|tmL", workers=1)
+    by_pp = {r["point"]: r for r in rows}
+    assert by_pp["pp=2"]["feasible"] and by_pp["pp=2"]["vpp"] == 2
+    assert by_pp["pp=4"]["feasible"] and by_pp["pp=4"]["vpp"] == 1
+    assert not by_pp["pp=8"]["feasible"]
+    assert "layout: 4 stages, and pp=8 does not make them" in by_pp["pp=8"]["reason"]
+    with pytest.raises(SpecError, match=r"^layout: unknown symbols 'x'"):
+        whatif("no-such-model", cluster="dgx-h100", vary={"pp": [2]}, global_batch=16,
+               layout="Et|x")
