@@ -489,17 +489,21 @@ LAYOUT_MAX = 100_000
 def parse_layout(text) -> tuple[str, ...]:
     """Megatron-LM's pipeline layout notation -> one string per stage over ``E`` (the embedding
     side), ``t`` (a layer), ``m`` (an MTP depth) and ``L`` (the head side, with the loss):
-    ``|`` ends a stage, ``x*n`` and ``(...)*n`` repeat, commas and spaces are cosmetic (as in
-    Megatron-LM). The embedding opens the first stage and the head closes the last; MTP depths
-    sit right before the head (the planner prices them in the head's block, so Megatron's
-    ``m|L``, a stage of their own, is refused). SpecError naming the fix otherwise."""
+    ``|`` ends a stage, ``x*n`` and ``(...)*n`` repeat, commas are cosmetic (as in Megatron-LM,
+    which refuses spaces, as this does: ``t*1 6`` is no repeat count). The embedding opens the
+    first stage and the head closes the last; MTP depths sit right before the head (the planner
+    prices them in the head's block, so Megatron's ``m|L``, a stage of their own, is refused),
+    and no stage is empty (Megatron-LM runs one). SpecError naming the fix otherwise."""
     def bad(why: str) -> SpecError:
         return SpecError(f"layout: {why}; e.g. {LAYOUT_EXAMPLE} (E embedding, t layer, m MTP "
                          "depth, L head and loss, | stage boundary, *n repeats)")
 
     if not isinstance(text, str) or not text.strip():
         raise bad(f"expected a layout string, got {text!r}")
-    s = re.sub(r"[\s,]", "", text)
+    s = text.strip().replace(",", "")
+    if re.search(r"\s", s):
+        raise bad(f"spaces are not part of the notation (Megatron-LM refuses them too): remove "
+                  f"them from {text!r}")
     odd = sorted(set(re.sub(r"[EtmL|()*0-9]", "", s)))
     if odd:
         raise bad(f"unknown symbols {' '.join(map(repr, odd))} in {text!r}")
@@ -524,7 +528,8 @@ def parse_layout(text) -> tuple[str, ...]:
         raise bad(f"a repeat (*n) follows no symbol or group in {text!r}")
     stages = tuple(s.split("|"))  # (a trailing '|' opens an empty last stage, as in Megatron)
     if any(not st for st in stages):
-        raise bad(f"an empty stage in {text!r}")
+        raise bad(f"an empty stage in {text!r} (Megatron-LM runs one with no layers; the "
+                  "planner's stages hold at least one block)")
     if s.count("E") != 1 or not stages[0].startswith("E"):
         raise bad("the embedding (E) opens the first stage, once")
     if s.count("L") != 1 or not stages[-1].endswith("L"):

@@ -217,7 +217,12 @@ def with_layout(options: SearchOptions, prepared, hetero: bool = False) -> Searc
                              fix.get("vpp"))
     if problem:
         raise SpecError(problem)
-    fix["vpp"] = len(parse_layout(options.layout)) // fix["pp"]
+    stages = len(parse_layout(options.layout))
+    fix["vpp"] = stages // fix["pp"]
+    if fix["vpp"] > 1 and "interleaved-1f1b" not in targets.engine(options.target).schedules:
+        raise SpecError(f"layout: {stages} stages on pp={fix['pp']} are {fix['vpp']} chunks per "
+                        f"pipeline rank, an interleaved schedule, which {options.target} does "
+                        f"not run; use pp={stages} (one stage per rank) or another --target")
     return dataclasses.replace(options, fix=fix)
 
 

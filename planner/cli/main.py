@@ -136,8 +136,9 @@ class _Parser(argparse.ArgumentParser):
                                       f"{self.prog} {name}\n")
         close = difflib.get_close_matches(name, [k for k in known if k.startswith("--")], n=1,
                                           cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else ""
         output = OUTPUT_OPTIONS.get(command, "") if name == "--output" else ""
+        # (where the command writes elsewhere, that is the hint: not --output's look-alike)
+        hint = f"; did you mean {close[0]}?" if close and not output else ""
         self.exit(EXIT_BAD_INPUT, f"plan: error: unrecognized argument {name}{hint} "
                                   f"({output}see `{where} --help`)\n")
 

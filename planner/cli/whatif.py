@@ -95,6 +95,8 @@ def run(args) -> int:
     drawn, skipped = sweep_plots(rows, args.plot) if args.plot and not none_fit else ([], [])
     if args.plot and none_fit:
         skipped = ["no feasible point to draw (the table says why each failed)"]
+    if args.layout:
+        print(f"stages pinned at every point: --layout '{args.layout}'")
     print(table)
     if args.csv is not None:
         print(f"\nwrote {args.csv}")

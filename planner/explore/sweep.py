@@ -458,6 +458,7 @@ def _row(task: _Task, plan, reason: str) -> dict:
         "dtype": tr.dtype if tr else None, "optimizer": tr.optimizer if tr else None,
         "fix": ",".join(f"{k}={knob(v)}" for k, v in task.options.fix.items())
         if task.options and task.options.fix else None,
+        "layout": task.options.layout if task.options else None,
         "feasible": plan is not None, "reason": reason or None, "bad_input": False,
         "warnings": None,
         "config": plan.parallel_summary if plan else None,

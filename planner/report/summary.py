@@ -151,7 +151,7 @@ def summary_dict(p: Plan) -> dict:
     so its tokens are its samples)."""
     out = {
         "model": {k: p.model.get(k) for k in ("name", "num_params", "fingerprint",
-                                               "frozen_params") if k in p.model},
+                                               "frozen_params", "mtp_depths") if k in p.model},
         "cluster": {k: p.cluster.get(k) for k in ("name", "device", "nodes", "gpus_per_node",
                                                    "num_gpus")},
         "training": p.training,
@@ -167,6 +167,8 @@ def summary_dict(p: Plan) -> dict:
     for k in ("groups_alone", "sites_replicas", "placements", "nearest_engine"):
         if p.search.get(k):  # (what the plan is measured against, where it has it)
             out["search"][k] = p.search[k]
+    if (p.search.get("options") or {}).get("layout"):  # (the stages pinned: plan solve --layout)
+        out["search"]["layout"] = p.search["options"]["layout"]
     if p.embeddings:
         emb = p.embeddings
         out["embeddings"] = {

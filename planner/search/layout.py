@@ -39,9 +39,13 @@ def layout_problem(layout: str, checkpointed: list[bool], mtp_depths: int, pp: i
     if pp is None:
         return (f"layout: its {len(stages)} stages are pp x vpp: pin pp too (e.g. --fix "
                 f"pp={len(stages)})")
-    if len(stages) % pp or (vpp is not None and pp * vpp != len(stages)):
+    if len(stages) % pp or (vpp is not None and pp * vpp != len(stages)) or (
+            pp == 1 and len(stages) > 1):
+        fits = [d for d in range(2, len(stages) + 1) if len(stages) % d == 0] or [1]
         return (f"layout: {len(stages)} stages, and pp={pp}" + (f" x vpp={vpp}" if vpp else "")
-                + f" does not make them; pin pp (and vpp) with pp x vpp = {len(stages)}")
+                + " does not make them; use pp " + (f"= {fits[0]}" if len(fits) == 1 else
+                                                   f"one of {', '.join(map(str, fits))}")
+                + f" (vpp follows: pp x vpp = {len(stages)})")
     try:
         layout_bounds(layout, checkpointed)
     except SpecError as err:  # a stage of E or L alone where the model has no such side

@@ -35,6 +35,8 @@ def test_the_notation_expands_repeats_and_groups():
     ("Et*99999999999999L", r"'t\*99999999999999' repeats past 100,000 symbols"),
     ("E(t*1000|)*1000tL", r"it expands past 100,000 symbols"),
     ("Et|*2tL", r"a repeat \(\*n\) follows no symbol or group"),
+    # from a new-user check: 't*1 6' was read as t*16
+    ("Et*1 6|t*16L", r"spaces are not part of the notation \(Megatron-LM refuses them too\)"),
 ])
 def test_a_wrong_layout_is_named_with_the_fix(text, why):
     with pytest.raises(SpecError, match=rf"^layout: {why}.*; e\.g\. Et\*4\|\(t\*4\|\)\*14tmL"):
@@ -75,7 +77,10 @@ def test_the_plan_is_cut_where_the_layout_says_and_records_it(tiny_mtp):
     ("Et*2|tmL", "pp=2", r"3 layers \(t\) given, the model has 4"),
     ("Et*3|tL", "pp=2", r"0 MTP depths \(m\) given, the model runs 1; write them before L"),
     ("Et*3|tmL", "tp=1", r"its 2 stages are pp x vpp: pin pp too"),
-    ("Et|t|t|tmL", "pp=3", r"4 stages, and pp=3 does not make them"),
+    ("Et|t|t|tmL", "pp=3", r"4 stages, and pp=3 does not make them; use pp one of 2, 4 "
+                           r"\(vpp follows: pp x vpp = 4\)"),
+    # (a new-user check: pp=1 pinned vpp=4, refused as a vpp the user never gave)
+    ("Et|t|t|tmL", "pp=1", r"4 stages, and pp=1 does not make them; use pp one of 2, 4"),
 ])
 def test_a_layout_that_does_not_fit_the_model_or_pins_is_refused(tiny_mtp, layout, fix, why):
     with pytest.raises(SpecError, match=rf"^layout: {why}"):
@@ -154,9 +159,31 @@ def test_a_sweep_pins_the_layout_at_every_point(tiny_mtp, tmp_path):
                   layout="Et|t|t|tmL", workers=1)
     by_pp = {r["point"]: r for r in rows}
     assert by_pp["pp=2"]["feasible"] and by_pp["pp=2"]["vpp"] == 2
+    assert {r["layout"] for r in rows} == {"Et|t|t|tmL"}  # (a CSV column: the stages pinned)
     assert by_pp["pp=4"]["feasible"] and by_pp["pp=4"]["vpp"] == 1
     assert not by_pp["pp=8"]["feasible"]
     assert "layout: 4 stages, and pp=8 does not make them" in by_pp["pp=8"]["reason"]
     with pytest.raises(SpecError, match=r"^layout: unknown symbols 'x'"):
         whatif("no-such-model", cluster="dgx-h100", vary={"pp": [2]}, global_batch=16,
                layout="Et|x")
+
+
+def test_a_layout_needing_chunks_names_a_target_without_interleaving(tiny_mtp):
+    """A new-user check: --target deepspeed with 4 stages on pp=2 was refused as "fix: no
+    configuration with pp=2,vpp=2", a vpp the user never pinned."""
+    cluster = planner.load_cluster("dgx-h100")
+    training = planner.TrainingSpec(global_batch=16, seq_len=64)
+    options = planner.SearchOptions(fix=parse_fix("pp=2"), top_k=0, layout="Et|t|t|tmL",
+                                    target="deepspeed")
+    with pytest.raises(SpecError, match=r"^layout: 4 stages on pp=2 are 2 chunks per pipeline "
+                                        r"rank, an interleaved schedule, which deepspeed does "
+                                        r"not run; use pp=4"):
+        planner.plan_prepared(tiny_mtp, cluster, training, options)
+
+
+def test_show_json_says_the_layout_and_the_mtp_depths(tiny_mtp):
+    from planner.report.summary import summary_dict  # noqa: PLC0415
+
+    out = summary_dict(_plan(tiny_mtp, "Et*3|tmL"))
+    assert out["search"]["layout"] == "Et*3|tmL" and out["model"]["mtp_depths"] == 1
+    assert "layout" not in summary_dict(_plan(tiny_mtp, None))["search"]
