@@ -27,8 +27,8 @@ from planner.inputs.calibration import apply_calibration
 from planner.inputs.modules import import_from_working_folder
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
-from planner.options import (TRACE_METHODS, SearchOptions, TrainingSpec, engine_spec, idle_pins,
-                             parse_fix, reserve_options)
+from planner.options import (LAYOUT_FOR_RECSYS, TRACE_METHODS, SearchOptions, TrainingSpec,
+                             engine_spec, idle_pins, parse_fix, reserve_options)
 from planner import model_notes, settings, targets
 from planner.planfile.document import Plan
 from planner.search import alone, replicas
@@ -232,8 +232,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
             raise SpecError(f"seq_len: {seq_len} given, but a recommendation model's samples are "
                             "rows of features, not token sequences; leave seq_len (--seq-len) out")
         if layout is not None:
-            raise SpecError("layout: pins the pipeline stages of a layer stack; a recommendation "
-                            "model's tables are sharded, not pipelined: leave it out")
+            raise SpecError(LAYOUT_FOR_RECSYS)
         targets.check_recsys(target)
         return plan_recsys(model, cluster=cluster, nodes=nodes, gpus_per_node=gpus_per_node,
                            global_batch=global_batch, dtype="fp32" if dtype is None else dtype,

@@ -482,6 +482,9 @@ class ScheduleOptions:
 
 LAYOUT_EXAMPLE = "Et*4|(t*4|)*14tmL"
 """A pipeline layout in Megatron-LM's notation (DeepSeek-V3's on 16 stages)."""
+LAYOUT_FOR_RECSYS = ("layout: pins the pipeline stages of a layer stack; a recommendation model's "
+                     "tables are sharded, not pipelined: leave it out")
+"""Why a recommendation model takes no layout (planner.plan, planner.whatif)."""
 LAYOUT_MAX = 100_000
 """Most symbols a layout may expand to (stages and layers of any real model are far fewer)."""
 

@@ -34,8 +34,8 @@ from planner.explore.grid import (ENGINE_KEYS, TABLE_KEYS, UNITS, expand, point_
 from planner.inputs.clusters import load_cluster
 from planner.logs import collected_warnings
 from planner.search.feasibility import cluster_pin_problem, reserve_problem
-from planner.options import (FIX_KEYS, KNOBS, SearchOptions, TrainingSpec, engine_spec, parse_fix,
-                             reserve_options)
+from planner.options import (FIX_KEYS, KNOBS, LAYOUT_FOR_RECSYS, SearchOptions, TrainingSpec,
+                             engine_spec, parse_fix, reserve_options)
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.settings import target_engine
 from planner.units import counted
@@ -107,6 +107,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     reserve = reserve_options(memory_reserve_fraction, memory_reserve_gb, recsys=recsys)
     # a fraction out of range, or a layout that does not parse, is bad input before any trace
     SearchOptions(**reserve, layout=layout)
+    if recsys and layout is not None:
+        raise SpecError(LAYOUT_FOR_RECSYS)
     if "sharding" in vary and not recsys:
         raise SpecError("vary.sharding: shards a recommendation model's embedding tables, and "
                         "this model has none; vary its parallelism knobs (tp, pp, ...) instead")

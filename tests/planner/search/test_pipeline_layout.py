@@ -187,3 +187,13 @@ def test_show_json_says_the_layout_and_the_mtp_depths(tiny_mtp):
     out = summary_dict(_plan(tiny_mtp, "Et*3|tmL"))
     assert out["search"]["layout"] == "Et*3|tmL" and out["model"]["mtp_depths"] == 1
     assert "layout" not in summary_dict(_plan(tiny_mtp, None))["search"]
+
+
+def test_a_recommendation_sweep_refuses_a_layout():
+    """Its tables are sharded, not pipelined: planner.plan refused the layout, and a sweep let
+    it pass unused."""
+    from planner.explore.sweep import whatif  # noqa: PLC0415
+
+    with pytest.raises(SpecError, match=r"^layout: pins the pipeline stages of a layer stack"):
+        whatif("two-tower", cluster="dgx-a100-40g", vary={"nodes": [1]}, global_batch=8192,
+               layout="Et|tL")
