@@ -208,20 +208,29 @@ class EngineSpec:
             if getattr(self, key) not in names:
                 raise SpecError(f"engine.{key}: expected one of {', '.join(names)}, got "
                                 f"{getattr(self, key)!r}")
-        for key, low in (("moe_imbalance", 1.0), ("moe_capacity_factor", 0.0),
-                         ("host_op_s", 0.0), ("moe_host_op_s", 0.0)):
+        for key, low, fix in (
+                ("moe_imbalance", 1.0, "1.0 is balanced routing, 2 sends the busiest expert "
+                                       "twice the mean token copies"),
+                ("moe_capacity_factor", 0.0, "0 is dropless, 1.25 lets an expert take 1.25 x "
+                                             "the mean tokens"),
+                ("host_op_s", 0.0, "seconds per op, e.g. 20e-6"),
+                ("moe_host_op_s", 0.0, "seconds per op, e.g. 50e-6")):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not value >= low or value == float("inf"):
-                raise SpecError(f"engine.{key}: expected a number >= {low:g}, got {value!r}")
+                what = "0 (dropless) or a number >= 1" if key == "moe_capacity_factor" else \
+                    f"a number >= {low:g}"
+                raise SpecError(f"engine.{key}: expected {what}, got {value!r}; {fix}")
         for key in ("host_op_s", "moe_host_op_s"):
             if getattr(self, key) > HOST_OP_MAX_S:
                 raise SpecError(f"engine.{key}: {getattr(self, key)!r} seconds per op is not a "
                                 f"host's issue time; give seconds below {HOST_OP_MAX_S:g} "
                                 "(50 us is 50e-6)")
         if 0 < self.moe_capacity_factor < 1:
-            raise SpecError("engine.moe_capacity_factor: expected 0 (dropless) or >= 1, got "
-                            f"{self.moe_capacity_factor!r}")
+            raise SpecError("engine.moe_capacity_factor: expected 0 (dropless) or a number >= 1, "
+                            f"got {self.moe_capacity_factor!r}; below 1 even balanced routing "
+                            "would drop tokens: give 1 or more (1.25 lets an expert take 1.25 x "
+                            "the mean tokens)")
         if self.moe_shared_overlap and self.moe_overlap:
             raise SpecError("engine.moe_shared_overlap: Megatron-Core runs the shared expert "
                             "beside the dispatch or overlaps the dispatch with another "

@@ -38,6 +38,7 @@ from planner.search.feasibility import (batch_note, cluster_pin_problem, dp_fits
                                         known_model_pin_problem, length_note, pin_problem,
                                         reserve_problem)
 from planner.search.hetero import kinds as hetero_kinds, restrict
+from planner.search.layout import layout_pp_problem
 from planner.search.loop import rejection_lines, search
 from planner.search.space import Space, attention_forms
 from planner.trace import cache
@@ -293,8 +294,11 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
                                                                       global_batch)
         if problem:
             raise SpecError(problem)
-    else:  # pins the cluster, batch or sequence cannot take: before tracing
-        problem = cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch)
+    else:  # pins the cluster, batch or sequence cannot take: before tracing (a pp the pinned
+        # layout rules out named as the layout's first)
+        problem = (options.layout and layout_pp_problem(options.layout, options.fix.get("pp"),
+                                                        options.fix.get("vpp"))) \
+            or cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch)
         length = seq_len or (zoo.seq_len if zoo else 0)
         if zoo and not problem and length <= (zoo.learned_positions or length):
             # and those its published dimensions rule out (a sequence longer than its learned

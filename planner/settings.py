@@ -151,6 +151,15 @@ def warn_unused_settings(prepared, training: TrainingSpec,
                         "and changes nothing here; give moe_imbalance (the busiest expert's "
                         "share)" + (" or moe_pad_to_capacity=true"
                                     if engine.moe_dispatcher != "deepep" else ""))
+        elif engine.moe_capacity_factor and engine.moe_imbalance > engine.moe_capacity_factor:
+            dropped = 1.0 - engine.moe_capacity_factor / engine.moe_imbalance
+            log.warning("engine.moe_capacity_factor: %g with moe_imbalance %g drops tokens: the "
+                        "busiest expert is routed %g x the mean and keeps %g x, so %.0f%% of its "
+                        "token copies are dropped (not computed; the plan prices the kept ones and "
+                        "does not say what dropping does to the model's quality); a capacity "
+                        "factor of at least %g drops none", engine.moe_capacity_factor,
+                        engine.moe_imbalance, engine.moe_imbalance, engine.moe_capacity_factor,
+                        100 * dropped, engine.moe_imbalance)
         if engine.moe_shared_overlap and not any(
                 g.shared_expert for b in prepared.blocks.blocks for g in b.work.gemms):
             log.warning("engine.moe_shared_overlap: %s has no shared expert (a GEMM of every "
@@ -354,5 +363,7 @@ def warn_overlap_off(cfg, training: TrainingSpec, fix: dict) -> None:
                            pp=cfg.pp, vpp=cfg.vpp)
     if why:
         log.warning("engine.moe_overlap: not run by this plan's configuration (the overlapped "
-                    "all-to-all needs %s); its all-to-alls are priced exposed: pin a "
-                    "configuration that runs it, or drop moe_overlap", " and ".join(why))
+                    "all-to-all needs %s; the search chose ep=%d, recompute=%s, pp=%d x vpp=%d); "
+                    "its all-to-alls are priced exposed: pin a configuration that runs it (--fix), "
+                    "or drop moe_overlap", " and ".join(why),
+                    cfg.ep, cfg.recompute, cfg.pp, cfg.vpp)

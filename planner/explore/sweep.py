@@ -34,6 +34,7 @@ from planner.explore.grid import (ENGINE_KEYS, TABLE_KEYS, UNITS, expand, point_
 from planner.inputs.clusters import load_cluster
 from planner.logs import collected_warnings
 from planner.search.feasibility import cluster_pin_problem, reserve_problem
+from planner.search.layout import layout_pp_problem
 from planner.options import (FIX_KEYS, KNOBS, LAYOUT_FOR_RECSYS, SearchOptions, TrainingSpec,
                              engine_spec, parse_fix, reserve_options)
 from planner.planfile.breakdown import BREAKDOWN_WORDS
@@ -61,6 +62,8 @@ class _Task:
     """Why the point cannot be planned at all (contradictory settings)."""
     tables: dict = field(default_factory=dict)
     """A recommendation model's table pins (``sharding``: the type of every table)."""
+    layout: str | None = None
+    """The pipeline layout pinned at every point (its row says it, planned or not)."""
 
 
 def _split_fix(fix, recsys: bool) -> tuple[dict, dict]:
@@ -325,14 +328,16 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
         # (a recommendation model's table sharding keeps no reserve: planner.plan's check)
         problem = (not s["recsys"] and reserve_problem(cl, options)) or (
             "" if isinstance(cl, HeteroCluster) else
-                                                   cluster_pin_problem(dict(fix), cl.num_gpus,
-                                                                       s["global_batch"]))
+            (s["layout"] and layout_pp_problem(s["layout"], fix.get("pp"), fix.get("vpp")))
+            or cluster_pin_problem(dict(fix), cl.num_gpus, s["global_batch"]))
         # (before any trace, as planner.plan)
         if problem:
             raise SpecError(problem)
     except SpecError as exc:
-        return _Task(index, point, cl, None, None, trace_key, error=str(exc), tables=tables)
-    return _Task(index, point, cl, training, options, trace_key, tables=tables)
+        return _Task(index, point, cl, None, None, trace_key, error=str(exc), tables=tables,
+                     layout=s["layout"])
+    return _Task(index, point, cl, training, options, trace_key, tables=tables,
+                 layout=s["layout"])
 
 
 def _run(tasks: list[_Task], prepared: dict, workers: int | None, progress) -> list[dict]:
@@ -460,13 +465,14 @@ def _row(task: _Task, plan, reason: str) -> dict:
         "dtype": tr.dtype if tr else None, "optimizer": tr.optimizer if tr else None,
         "fix": ",".join(f"{k}={knob(v)}" for k, v in task.options.fix.items())
         if task.options and task.options.fix else None,
-        "layout": task.options.layout if task.options else None,
+        "layout": task.layout,
         "feasible": plan is not None, "reason": reason or None, "bad_input": False,
         "warnings": None,
         "config": plan.parallel_summary if plan else None,
         "tables": ", ".join(f"{k} {n}" for k, n in plan.sharding_counts().items())
         if plan is not None and plan.embeddings else None,
         "routed_experts": plan.model.get("routed_experts") if plan else None,
+        "moe_host_wait_s": plan.predicted.get("moe_host_wait_s", 0.0) if plan else None,
     }
     row.update({k: plan.parallel.get(k) if plan else None for k in KNOBS})
     row["dp_replicate"] = plan.parallel.get("dp_replicate", 1) if plan else None  # (across sites)

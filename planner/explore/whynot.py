@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass
 
 from costmodels.engine import engine_from_mapping
@@ -60,15 +61,27 @@ def _for_show(message: str) -> str:
     return message.replace("use --target any", "re-solve with plan solve ... --target any")
 
 
-def _as_why(message: str, pins: dict) -> str:
+def _as_why(message: str, pins: dict, fixed: dict | None = None) -> str:
     """A refusal of pins named as --why gave them: ``fix.tp: ...`` -> ``why.tp: ...`` for a knob
-    of ``pins``, ``fix: ...`` (the pins together) -> ``why: ...``."""
+    of ``pins``, ``fix: ...`` (the pins together) -> ``why: ...``. A refusal of a knob the plan
+    itself fixed (``fixed``) that names a pin too (``fix.ep: ep x etp = 32 ...`` for --why
+    etp=2) is the pins' with that value kept, and says so."""
     field, sep, rest = message.partition(":")
     if field == "fix":
         return "why" + sep + rest
-    if field.startswith("fix.") and field.removeprefix("fix.") in pins:
+    knob = field.removeprefix("fix.")
+    if field.startswith("fix.") and knob in pins:
         return "why." + message[4:]
+    if field.startswith("fix.") and knob in (fixed or {}) and any(
+            re.search(rf"\b{re.escape(k)}\b", rest) for k in pins):
+        return (f"why{sep}{rest} (with the plan's own {knob}={fixed[knob]} kept; give "
+                f"{knob} in --why too to change it)")
     return message
+
+
+def _fixed(plan: Plan) -> dict:
+    """The knobs the plan was made with pinned (its ``--fix``)."""
+    return dict(plan.search.get("options", {}).get("fix", {}))
 
 
 def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
@@ -86,7 +99,7 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
     try:
         prepared, cluster, training, options = replan_inputs(plan, pins, model)
     except SpecError as err:  # a pin the plan's target refuses: named as the option gave it
-        raise SpecError(_as_why(_for_show(str(err)), pins)) from None
+        raise SpecError(_as_why(_for_show(str(err)), pins, _fixed(plan))) from None
     if getattr(cluster, "is_sites", False):  # the pipeline over the sites, or data parallelism
         return _over_sites(plan, pins, prepared, cluster, training, options)  # across them
     result = search(prepared.blocks, cluster, training, options)
@@ -101,7 +114,7 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
                           training, options)
     if problem:  # a pin the model or cluster cannot take is bad input, as in solve, named as
-        raise SpecError(_as_why(problem, pins))  # the option that gave it
+        raise SpecError(_as_why(problem, pins, _fixed(plan)))  # the option that gave it
     if grouped and not any(result.rejected[r] for r in OUTCOMES):  # the rules alone: bad input
         rules = "; ".join(filter(None, rejection_lines(result.rejected)))
         raise SpecError(f"why: no configuration with {pins_text(pins)} is possible on the "
@@ -138,7 +151,7 @@ def _over_sites(plan: Plan, pins: dict, prepared, cluster, training: TrainingSpe
         variant = api.plan_prepared(prepared, cluster, training, options, compare_groups=False,
                                     warn_default_engine=False)
     except SpecError as err:  # a pin the rules refuse: bad input, named as --why gave it
-        raise SpecError(_as_why(_for_show(str(err)), pins)) from None
+        raise SpecError(_as_why(_for_show(str(err)), pins, _fixed(plan))) from None
     except PlannerError as err:  # nothing fits with the pins
         return WhyNot(pins=pins, variant=None, feasible=False,
                       message=str(err).splitlines()[0], notes=_lifted(plan, pins), over=[])

@@ -432,11 +432,14 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
         else:
             del fix["recompute"]  # the target's search picks its own
     kept_pins = _passing({k: v for k, v in fix.items() if k not in runs or v in runs[k]}, target)
+    kept, dropped = _kept_engine_settings(plan, target)
+    software = engine_from_mapping(",".join([eng.software or "megatron-core", *kept]))
+    if not _engine_runs(kept_pins, target, software, t.get("dtype", "bf16")):
+        dropped = [*dropped, f"recompute={kept_pins.pop('recompute')}"]
     pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                       for k, v in kept_pins.items())
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))
                     if t.get(k, default) != default)
-    kept, dropped = _kept_engine_settings(plan, target)
     if kept:  # the target's software, with the plan's MoE and FP8 assumptions over it
         extra += f" --engine {','.join([eng.software or 'megatron-core', *kept])}"
     across = plan.search.get("options", {}).get("across_sites")
@@ -452,6 +455,21 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
             # (a shell comment: the command stays one to paste)
             + (f"  # without {', '.join(dropped)}, which {target} does not run" if dropped
                else ""))
+
+
+def _engine_runs(fix: dict, target: str, software: EngineSpec, dtype: str) -> bool:
+    """Whether ``target``, with these engine settings (``software``) and ``dtype``, runs the
+    recomputation ``fix`` pins (targets.for_engine: Megatron-Core runs no moe_act under FP8
+    delayed scaling or with ungrouped expert GEMMs); True where none is pinned."""
+    rc = fix.get("recompute")
+    if not rc:
+        return True
+    try:
+        targets.for_engine(SearchOptions(fix={"recompute": rc}, recompute=(rc,), target=target),
+                           software, dtype)
+    except SpecError:
+        return False
+    return True
 
 
 def _passing(fix: dict, target: str) -> dict:
@@ -528,6 +546,16 @@ def software_of(target: str, plan: Plan | None = None) -> str:
     FlashAttention kernel (as the planner priced it there: V100s)."""
     preset = targets.engine(target).software or "megatron-core"
     return preset + (",attention=materialized" if plan is not None and not _flash(plan) else "")
+
+
+def blackwell_or_newer(plan: Plan) -> bool:
+    """Whether every GPU of the plan's cluster is sm100 or newer (Blackwell: the devices whose
+    tensor cores take block-scaled FP8, DeviceSpec.fp8_block_scaling); False where one is not
+    known by name."""
+    names = [n for n in str(plan.cluster.get("device", "")).split("+") if n]
+    known = _known_devices(plan)
+    return bool(names) and len(known) == len(names) and all(
+        d.fp8_block_scaling for d in known.values())
 
 
 def _known_devices(plan: Plan) -> dict:

@@ -190,8 +190,10 @@ def _placement(plan: Plan, ledger: common.Ledger) -> Group:
     ledger.nearest("placement", "placement tp-pp-dp: Megatron-Core's initialize_model_parallel "
                    "refuses it with a pipeline unless ep x etp = tp x cp (the experts' and the "
                    "attention's data parallelism alike); its default order tp-dp-pp instead, "
-                   "whose pipeline sends may cross nodes where the plan kept them inside; "
-                   f"`{common.resolve_hint(plan, TARGET)}` plans for it")
+                   "whose pipeline sends may cross nodes where the plan kept them inside"
+                   + (", and whose expert-parallel groups (the all-to-alls) span other ranks "
+                      "than planned" if p.get("ep", 1) > 1 else "")
+                   + f" (not priced here); `{common.resolve_hint(plan, TARGET)}` plans for it")
     return []
 
 
@@ -453,7 +455,8 @@ def _overlap(plan: Plan, s: dict, version: str, ledger: common.Ledger) -> bool:
 def _environment(plan: Plan, zero: int, overlap: bool = False
                  ) -> list[tuple[str, str | None, str]]:
     """CUDA_DEVICE_MAX_CONNECTIONS: Megatron-LM's validate_args asserts it is 1 with tensor or
-    context parallelism on GPUs before Blackwell, unless Megatron-FSDP (ZeRO-2/3, which asserts it
+    context parallelism on GPUs before Blackwell (get_device_arch_version() < 10; none on
+    Blackwell's, common.blackwell_or_newer), unless Megatron-FSDP (ZeRO-2/3, which asserts it
     is not 1) or the EP all-to-all overlap (which needs it > 1: megatron/core/transformer/moe/
     README.md; validate_args then only warns about tp or cp) is on. ``zero``: the stage
     exported (common.exported_zero)."""
@@ -466,8 +469,8 @@ def _environment(plan: Plan, zero: int, overlap: bool = False
         return [("CUDA_DEVICE_MAX_CONNECTIONS", "32",
                  "the EP all-to-all overlap needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (Megatron-Core's "
                  "MoE README); validate_args then only warns about tp or cp")]
-    if p["tp"] == 1 and p.get("cp", 1) == 1:
-        return []
+    if p["tp"] == 1 and p.get("cp", 1) == 1 or common.blackwell_or_newer(plan):
+        return []  # (validate_args asks for it below sm100 only)
     what = "tensor parallelism" if p.get("cp", 1) == 1 else (
         "context parallelism" if p["tp"] == 1 else "tensor and context parallelism")
     return [("CUDA_DEVICE_MAX_CONNECTIONS", "1",

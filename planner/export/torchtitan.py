@@ -174,35 +174,31 @@ def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Sett
                         (f"ZeRO-0: plain data parallelism over dp = {dp} replicas, no sharding",)),
                 Setting("parallelism", "data_parallel_shard_degree", 1)] + out
     ledger.exact("dp")
+    states = "less memory for the states it shards"
+    zero2 = ("nearest is FSDP without resharding after forward (ZeRO-2: gradients and optimizer "
+             f"states sharded too, {states}, a reduce-scatter and an all-gather per step instead "
+             "of one all-reduce)")
     if zero == 0 and ddp_refused == "cp":
         ledger.nearest("zero", f"ZeRO-0 with cp={p['cp']}: torchtitan shards the model states "
                        "whenever context parallelism is on (ParallelDims.fsdp_enabled: dp_shard "
-                       "or cp), over dp_shard x cp ranks; nearest is FSDP without resharding "
-                       "after forward (ZeRO-2: gradients and optimizer states sharded too, less "
-                       "memory than planned, a reduce-scatter and an all-gather per step instead "
-                       "of one all-reduce)")
+                       f"or cp), over dp_shard x cp ranks; {zero2}")
     elif zero == 0 and ddp_refused == "experts":
         ep, etp = p.get("ep", 1), _expert_tp(plan, version)
         ledger.nearest("zero", f"ZeRO-0 with ep={p['ep']}: torchtitan folds the experts over "
                        f"dp_shard x cp x tp ranks (efsdp = dp_shard x cp x tp / (ep x etp) in its "
                        f"ParallelDims), and cp x tp = {p.get('cp', 1) * p['tp']} ranks cannot hold "
                        f"ep x etp = {ep * etp} expert ranks without sharded data parallelism; "
-                       "nearest is FSDP "
-                       "without resharding after forward (ZeRO-2: gradients and optimizer states "
-                       "sharded too, less memory than planned, a reduce-scatter and an all-gather "
-                       "per step instead of one all-reduce)")
+                       f"{zero2}")
     elif zero == 0:
         ledger.nearest("zero", f"ZeRO-0 with tp={p['tp']} pp={p['pp']}: torchtitan 0.2.2 runs "
                        "DDP only without tensor or pipeline parallelism (its llama3 "
                        "parallelize_llama raises 'DDP has not supported > 1D parallelism'); "
-                       "nearest is FSDP without resharding after forward (ZeRO-2: gradients and "
-                       "optimizer states sharded too, less memory than planned, a reduce-scatter "
-                       "and an all-gather per step instead of one all-reduce)")
+                       f"{zero2}")
     elif zero == 1:
         ledger.nearest("zero", "ZeRO-1 (optimizer states sharded, gradients and weights "
                        "replicated): FSDP2 always shards gradients and weights too; nearest is "
                        "FSDP without resharding after forward (ZeRO-2: the same traffic per step, "
-                       "less memory than planned)")
+                       f"{states})")
     else:
         ledger.exact("zero")
     reshard = "always" if zero == 3 else "never"

@@ -8,6 +8,7 @@ import textwrap
 
 from costmodels.engine import describe, engine_from_mapping
 from costmodels.errors import PlannerError
+from costmodels.experts import overlap_blockers
 from costmodels.hardware import get_device
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner import targets
@@ -230,7 +231,7 @@ def _parallel(p: Plan) -> list[str]:
         f"{par.get('placement', 'tp-pp-dp')}",
         f"  software    {p.training['dtype']}; "
         f"{describe(engine_from_mapping(p.training.get('engine')), not p.model.get('no_attention'))}"
-        f"{_without_flash(p)}",
+        f"{_without_flash(p)}{_overlap_off(p)}",
         *breakdown(p),
         f"  throughput  {_samples(pr['samples_per_s'])} samples/s, {pr['tokens_per_s']:,.0f} "
         f"tokens/s, {_tflops(pr['tflops_per_device'])} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
@@ -366,22 +367,43 @@ def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
         "fitted on published runs; "
         "README, MoE engine settings)", 100, initial_indent="      ",
         subsequent_indent="        ") if wait else []
-    accuracy = textwrap.wrap(MOE_ACCURACY, 100, initial_indent="      ",
+    accuracy = textwrap.wrap(moe_accuracy(bool(wait)), 100, initial_indent="      ",
                              subsequent_indent="        ") if p.model.get("routed_experts") or \
         p.parallel.get("ep", 1) * p.parallel.get("etp", 1) > 1 else []
     return [f"  step time   {step:.4g} s, made of:", *table(rows, indent="  "), *host, *accuracy]
 
 
+def _overlap_off(p: Plan) -> str:
+    """Where the engine asks for the overlapped expert all-to-all and the plan's configuration
+    cannot run it (costmodels.experts.overlap_blockers), what it lacks: the software line names
+    the setting, and the plan prices its all-to-alls exposed."""
+    engine, par = engine_from_mapping(p.training.get("engine")), p.parallel
+    if not engine.moe_overlap:
+        return ""
+    why = overlap_blockers(engine, ep=par.get("ep", 1), recompute=par["recompute"],
+                           dtype=p.training["dtype"], pp=par["pp"], vpp=par.get("vpp", 1))
+    return f"; moe_overlap not run here (it needs {' and '.join(why)})" if why else ""
+
+
 MOE_ACCURACY = ("accuracy: step times of mixtures of experts are this cost model's least certain: "
                 "on the published Megatron-Core MoE runs its held-out median error is 16%, and "
                 "some rows come out up to 2.4x too fast (Qwen3-30B-A3B dropless on H100, "
-                "GPT-OSS-120B on B200 and H100; README, Mixtures of experts); where its MoE "
-                "layers wait for the host, a faster precision or GPU gains less here than the "
-                "published runs did (DeepSeek-V3 on GB300: FP8 13% faster than BF16, here equal)")
+                "GPT-OSS-120B on B200 and H100; docs/moe-accuracy.md)")
 """Said under an MoE plan's step time and under a what-if of one: the figures of
 benchmarks/moe_runs.py --no-search (2026-12-05: held out 15.8%; Qwen3-30B-A3B dropless on 16 H100
-+143%, GPT-OSS-120B on B200 +128%; 2026-12-06: its rows 0 and 1, published 3,848 and 4,357
-tokens/s per GPU, predicted 3,477 and 3,478); rerun it and update these with the cost model."""
++143%, GPT-OSS-120B on B200 +128%); rerun it and update these with the cost model."""
+
+MOE_HOST_CAVEAT = ("; where MoE layers wait for the host, as here, a faster precision or GPU "
+                   "gains less than the published runs did (DeepSeek-V3 on 256 GB300 at its "
+                   "published layout: FP8 13% faster than BF16, predicted equal)")
+"""Added where the plan's (or a what-if point's) MoE layers wait for the host
+(``moe_host_wait_s``): benchmarks/moe_runs.py rows 0 and 1 (2026-12-06), published 3,848 and 4,357
+tokens/s per GPU, predicted 3,477 and 3,478."""
+
+
+def moe_accuracy(host_bound: bool) -> str:
+    """MOE_ACCURACY, with MOE_HOST_CAVEAT where the MoE layers wait for the host."""
+    return MOE_ACCURACY + (MOE_HOST_CAVEAT if host_bound else "")
 
 
 

@@ -7,7 +7,7 @@ import textwrap
 from costmodels.errors import PlannerError
 from costmodels.hardware import get_device
 from planner.options import parallel_text
-from planner.report.summary import MOE_ACCURACY
+from planner.report.summary import moe_accuracy
 from planner.units import dollars, gb, human_count, seconds
 from planner.report.text import table
 
@@ -59,7 +59,9 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
     if cut:
         lines += ["", "reasons cut short above, in full:", *cut]
     if any(r.get("routed_experts") for r in rows):  # as plan show says under an MoE step time
-        lines += ["", *textwrap.wrap(MOE_ACCURACY, 100, subsequent_indent="  ")]
+        waits = any(r.get("moe_host_wait_s") for r in rows)
+        lines += ["", *textwrap.wrap(moe_accuracy(waits).replace("as here", "as at some points"),
+                                     100, subsequent_indent="  ")]
     return "\n".join(lines)
 
 

@@ -157,8 +157,11 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                 and not cp_comm_reason(form, d, cp, space, options) for d in divisors(gpn)):
             rule = ""
         if rule:
+            # (with tp unpinned, a form another tp runs: a2a+p2p's two levels need tp > 1)
+            tps = [t] if tp is not None else [d for d in divisors(gpn) if n % (d * cp) == 0
+                                              and not tp_reasons(d, space, False)] or [t]
             allowed = [c for c in (options.cp_comms if options else CP_COMMS)
-                       if not cp_comm_reason(c, t, cp, space, options)]
+                       if any(not cp_comm_reason(c, d, cp, space, options) for d in tps)]
             other = f"pin cp_comm={' or '.join(allowed)}" if allowed else "pin cp=1"
             inner = math.gcd(cp, max(1, gpn // t))
             width = (f"tp x cp = {t * cp}" if form == "a2a" else

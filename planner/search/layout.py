@@ -39,17 +39,29 @@ def layout_problem(layout: str, checkpointed: list[bool], mtp_depths: int, pp: i
     if pp is None:
         return (f"layout: its {len(stages)} stages are pp x vpp: pin pp too (e.g. --fix "
                 f"pp={len(stages)})")
-    if len(stages) % pp or (vpp is not None and pp * vpp != len(stages)) or (
-            pp == 1 and len(stages) > 1):
-        fits = [d for d in range(2, len(stages) + 1) if len(stages) % d == 0] or [1]
-        return (f"layout: {len(stages)} stages, and pp={pp}" + (f" x vpp={vpp}" if vpp else "")
-                + " does not make them; use pp " + (f"= {fits[0]}" if len(fits) == 1 else
-                                                   f"one of {', '.join(map(str, fits))}")
-                + f" (vpp follows: pp x vpp = {len(stages)})")
+    problem = layout_pp_problem(layout, pp, vpp)
+    if problem:
+        return problem
     try:
         layout_bounds(layout, checkpointed)
     except SpecError as err:  # a stage of E or L alone where the model has no such side
         return str(err)
+    return ""
+
+
+def layout_pp_problem(layout: str, pp: int | None, vpp: int | None) -> str:
+    """'' or one line saying why a pinned ``pp`` (and ``vpp``) does not make ``layout``'s stages
+    (pp x vpp of them); '' where pp is not pinned. Needs no model: checked before the trace, and
+    before the pins are checked against the cluster (a pp the layout rules out is named so)."""
+    if pp is None:
+        return ""
+    stages = len(parse_layout(layout))
+    if stages % pp or (vpp is not None and pp * vpp != stages) or (pp == 1 and stages > 1):
+        fits = [d for d in range(2, stages + 1) if stages % d == 0] or [1]
+        return (f"layout: {stages} stages, and pp={pp}" + (f" x vpp={vpp}" if vpp else "")
+                + " does not make them; use pp " + (f"= {fits[0]}" if len(fits) == 1 else
+                                                   f"one of {', '.join(map(str, fits))}")
+                + f" (vpp follows: pp x vpp = {stages})")
     return ""
 
 

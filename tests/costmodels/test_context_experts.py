@@ -565,3 +565,18 @@ def test_a_ring_exposes_each_send_receive_pairs_busy_cost():
     # the runtime's ring returns the gradients: each of its sends pays the pair too
     _, back = context.exchange_s("p2p", gradients_back=2.0, **kw)
     assert back > 3 * 2e-3
+
+
+@pytest.mark.parametrize("setting, said", [
+    ("moe_capacity_factor=-1", r"^engine.moe_capacity_factor: expected 0 \(dropless\) or a number "
+                               r">= 1, got -1.0; 0 is dropless"),
+    ("moe_capacity_factor=0.5", r"^engine.moe_capacity_factor: expected 0 \(dropless\) or a "
+                                r"number >= 1, got 0.5; below 1 even balanced routing"),
+    ("moe_imbalance=0.5", r"^engine.moe_imbalance: expected a number >= 1, got 0.5; 1.0 is "
+                          r"balanced routing"),
+])
+def test_moe_numbers_out_of_range_are_refused_alike_with_the_fix(setting, said):
+    """A new-user check: -1 and 0.5 of a capacity factor were refused in two wordings, and
+    neither, nor the imbalance's, said what to give."""
+    with pytest.raises(SpecError, match=said):
+        engine_from_mapping(setting)

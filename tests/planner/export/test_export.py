@@ -696,6 +696,26 @@ def test_a_re_plan_keeps_the_users_moe_choices_not_the_softwares():
     assert "etp_replicated" not in hint and "probs_in_activation" not in hint
 
 
+def test_a_re_plan_leaves_out_a_recomputation_its_engine_refuses_with_the_plans_settings():
+    """A plan with moe_act pinned under FP8 delayed scaling (which torch runs): its re-plan for
+    Megatron-LM, which refuses moe_act there, leaves the pin out and says so (a new-user check:
+    the suggested command was refused); in bf16 the pin is kept."""
+    from costmodels.engine import engine_from_mapping, setting_text
+    from planner.export import common  # noqa: PLC0415
+    plan = data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan")
+    search = {**plan.search, "options": {**plan.search.get("options", {}),
+                                         "fix": {"recompute": "moe_act"}}}
+    engine = engine_from_mapping("torchtitan,fp8_recipe=delayed")
+    fp8 = dataclasses.replace(plan, search=search, training={
+        **plan.training, "dtype": "fp8",
+        "engine": {k: setting_text(v) for k, v in dataclasses.asdict(engine).items()}})
+    hint = common.resolve_hint(fp8, "megatron")
+    assert "fp8_recipe=delayed" in hint and "recompute=moe_act" not in hint.split("#")[0], hint
+    assert hint.endswith("# without recompute=moe_act, which megatron does not run"), hint
+    bf16 = dataclasses.replace(plan, search=search)
+    assert "--fix recompute=moe_act" in common.resolve_hint(bf16, "megatron")
+
+
 def test_an_edited_plan_whose_ep_does_not_divide_the_experts_is_refused():
     plan = variant(data_plan("mixtral-8x7b-ep8-megatron"), ep=16, dp=16)
     for target in ("megatron", "torchtitan", "deepspeed"):
@@ -1272,6 +1292,11 @@ def test_megatron_sets_cuda_device_max_connections_as_validate_args_asks():
     assert "CUDA_DEVICE_MAX_CONNECTIONS=1" not in fsdp
     single = to_megatron(variant(plan_of("uneven-llama3-8b"), tp=1))
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in single
+    # on Blackwell validate_args asks nothing (get_device_arch_version() >= 10; a new-user check
+    # read the "before Blackwell" comment over the export of a B200 plan)
+    plan = plan_of("uneven-llama3-8b")
+    b200 = dataclasses.replace(plan, cluster={**plan.cluster, "device": "b200"})
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in to_megatron(b200)
 
 
 def test_torchtitan_module_names_of_a_model_torchtitan_does_not_define_are_the_users(notes):
@@ -1458,6 +1483,9 @@ def test_megatron_maps_ranks_tp_pp_dp_only_where_experts_and_attention_share_dp(
     apart = variant(plan, tp=1, ep=8, etp=1, dp=32)
     assert "--use-tp-pp-dp-mapping" not in megatron_args(to_megatron(apart))
     assert any("ep x etp = tp x cp" in n for n in notes)
+    # (the expert groups move with the order too: said, as a new-user check asked)
+    assert any("whose expert-parallel groups (the all-to-alls) span other ranks than planned "
+               "(not priced here)" in n for n in notes)
 
 
 def test_torchtitan_shards_whenever_context_parallelism_is_on(notes):

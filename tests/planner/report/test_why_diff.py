@@ -501,12 +501,19 @@ def test_an_moe_plan_says_how_far_its_step_time_can_be_trusted(small_plan):
     and only there."""
     from planner.report.summary import breakdown
 
-    moe = "\n".join(breakdown(load_plan(
-        "tests/planner/export/data/plans/mixtral-8x7b-ep4-etp2-megatron.json")))
+    plan = load_plan("tests/planner/export/data/plans/mixtral-8x7b-ep4-etp2-megatron.json")
+    waits = {**plan.predicted, "moe_host_wait_s": 0.1 * plan.predicted["step_time_s"]}
+    waits = dataclasses.replace(plan, predicted=waits)
+    none = dataclasses.replace(plan, predicted={k: v for k, v in plan.predicted.items()
+                                                if k != "moe_host_wait_s"})
+    moe = " ".join("\n".join(breakdown(waits)).split())
     assert "accuracy: step times of mixtures of experts" in moe and "median error" in moe
-    # (and that precision and GPU what-ifs understate the gain where layers wait for the host)
-    assert "a faster precision or GPU gains less here than the published runs did" in \
-        " ".join(moe.split())
+    # (and, where its layers wait for the host, that precision and GPU what-ifs understate the
+    # gain; a new-user check read it as a general claim under every MoE plan)
+    caveat = "where MoE layers wait for the host, as here, a faster precision or GPU gains less"
+    assert caveat in moe
+    alone = " ".join("\n".join(breakdown(none)).split())
+    assert "accuracy: step times of mixtures of experts" in alone and caveat not in alone
     assert "accuracy:" not in "\n".join(breakdown(load_plan(small_plan)))
 
 
@@ -578,3 +585,17 @@ def test_a_small_rate_ratio_keeps_its_digits():
     assert compare._ratio(0.00087) == "0.000870" and compare._ratio(0.0912) == "0.0912"
     assert compare._ratio(0.3) == "0.30" and compare._ratio(6.734) == "6.73"
     assert compare._ratio(1.234e-5) == "0.0000123"
+
+
+def test_a_refusal_of_the_plans_own_pin_that_the_why_pins_cause_is_named_as_why():
+    """--why etp=2 on a plan made with --fix ep=16: the product ep x etp is refused; named as
+    --why's, with the plan's ep kept (a new-user check read 'fix.ep', which nobody gave)."""
+    from planner.explore.whynot import _as_why  # noqa: PLC0415
+    message = ("fix.ep: ep x etp = 32 does not divide the cluster's 16 GPUs; use one of 1, 2, 4, "
+               "8")
+    said = _as_why(message, {"etp": 2}, {"ep": 16})
+    assert said.startswith("why: ep x etp = 32 does not divide the cluster's 16 GPUs") and \
+        said.endswith("(with the plan's own ep=16 kept; give ep in --why too to change it)"), said
+    assert _as_why(message, {"ep": 32}, {"ep": 16}).startswith("why.ep: ep x etp = 32")
+    other = "fix.pp: 3 does not divide the cluster's 16 GPUs"  # names no --why pin: as it was
+    assert _as_why(other, {"etp": 2}, {"pp": 3}) == other

@@ -87,6 +87,17 @@ def test_a_layout_that_does_not_fit_the_model_or_pins_is_refused(tiny_mtp, layou
         _plan(tiny_mtp, layout, fix)
 
 
+def test_a_pp_the_layout_rules_out_is_named_so_before_the_cluster_check(tmp_path):
+    """pp=3 neither makes 4 stages nor divides a node's 8 GPUs: the layout's reason is given,
+    before any trace (a new-user check read 'does not divide the cluster's GPUs' first)."""
+    path = write_config(tmp_path, {**TINY_DEEPSEEK_V3, "num_nextn_predict_layers": 1})
+    with pytest.raises(SpecError, match=r"^layout: 4 stages, and pp=3 does not make them"):
+        planner.plan(path, cluster="dgx-h100", global_batch=16, seq_len=64, fix="pp=3",
+                     layout="Et|t|t|tmL")
+    with pytest.raises(SpecError, match=r"^fix.pp: 3 does not divide the cluster's 8 GPUs"):
+        planner.plan(path, cluster="dgx-h100", global_batch=16, seq_len=64, fix="pp=3")
+
+
 def test_exports_carry_the_mtp_depth_or_say_they_cannot(tiny_mtp):
     """Megatron-LM trains the depth with --mtp-num-layers on the last stage (with the head, as
     priced); torchtitan's model has none, which the export says."""

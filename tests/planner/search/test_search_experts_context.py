@@ -69,14 +69,20 @@ def test_settings_the_pins_leave_unused_are_named(tiny_mixtral, tiny_llama, capl
         _plan(tiny_mixtral, "ep=2,tp=1,pp=1", engine=engine_from_mapping(
             "moe_overlap=true,moe_capacity_factor=1.25,moe_imbalance=1.5"))
     assert "changes nothing" not in caplog.text and "not run by this plan" not in caplog.text
+    # (a capacity below the busiest expert's share drops tokens: said, with the share)
+    assert "engine.moe_capacity_factor: 1.25 with moe_imbalance 1.5 drops tokens" in caplog.text
+    assert "17% of its token copies are dropped" in caplog.text
     # the overlap asked for, and a chosen configuration that cannot run it (full recomputation)
     caplog.clear()
     with caplog.at_level("WARNING", logger="planner"):
         p = _plan(tiny_mixtral, "ep=2,tp=1,pp=1,recompute=full",
                   engine=engine_from_mapping("moe_overlap=true"))
     assert "engine.moe_overlap: not run by this plan's configuration (the overlapped all-to-all " \
-        "needs no full recomputation)" in caplog.text
+        "needs no full recomputation; the search chose" in caplog.text
     assert p.predicted["breakdown"]["ep_comm_s"] > 0
+    from planner.report.summary import summary  # noqa: PLC0415
+    assert "moe_overlap=true); moe_overlap not run here (it needs no full recomputation)" in \
+        summary(p)
     caplog.clear()
     with caplog.at_level("WARNING", logger="planner"):  # a dense model: said once, before
         _plan(tiny_llama, "tp=1,pp=1,recompute=full", engine=engine_from_mapping(
