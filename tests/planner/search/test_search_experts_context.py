@@ -652,6 +652,17 @@ def test_megatron_runs_latent_attention_context_parallel_by_ring_only(tmp_path, 
     with pytest.raises(planner.SpecError, match=r"fix\.cp_comm: a2a with cp=2: .*latent .*"
                                                 r"pin cp_comm=p2p$"):
         plan("cp=2,cp_comm=a2a", "megatron")
+    # (16 heads on two nodes, cp=4 and tp left open: tp=4 leaves a2a+p2p two levels, so both
+    # are named)
+    path.write_text(json.dumps({**TINY_DEEPSEEK, "num_attention_heads": 16,
+                                "num_key_value_heads": 16}))
+    wide = planner.prepare(str(path), seq_len=256)
+    with pytest.raises(planner.SpecError, match=r"fix\.cp_comm: a2a with cp=4: .*latent .*"
+                                                r"pin cp_comm=p2p or a2a\+p2p$"):
+        planner.plan_prepared(wide, planner.load_cluster("dgx-h100", nodes=2),
+                              planner.TrainingSpec(global_batch=8, seq_len=256),
+                              restrict(planner.SearchOptions(fix=parse_fix("cp=4,cp_comm=a2a"),
+                                                             top_k=0), "megatron"))
     assert plan("cp=2", "megatron").parallel["cp_comm"] in ("p2p", "a2a+p2p")
     assert plan("cp=2,cp_comm=a2a", "any").parallel["cp_comm"] == "a2a"
 
