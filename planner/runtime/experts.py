@@ -248,21 +248,28 @@ def _count_routing(record: RoutingRecord, total: int, _module, args) -> None:
 
 
 def record_routing_outside(stage, groups: ExpertGroups | RoutingRecord | None) -> None:
-    """Leave the forward that torch's pipelining runs once to infer a stage's shapes
-    (``PipelineStage._forward_metadata_inference``, torch 2.13; absent: nothing to leave) out of
-    the routing record."""
-    infer = getattr(stage, "_forward_metadata_inference", None)
-    if groups is None or infer is None:
+    """Leave the forward and backward that torch's pipelining runs once to infer a stage's shapes
+    (``PipelineStage._forward_metadata_inference`` and ``_backward_metadata_inference``, torch
+    2.13; absent: nothing to leave) out of the routing record. Both: the backward recomputes a
+    checkpointed layer's forward, and the recording's ops must run there as in the forward it
+    recomputes (selective recomputation finds every op of the forward again, in order: a count
+    made in the recompute only was refused as 'not found in storage', a new-user check)."""
+    if groups is None:
         return
+    for name in ("_forward_metadata_inference", "_backward_metadata_inference"):
+        infer = getattr(stage, name, None)
+        if infer is not None:
+            setattr(stage, name, _unrecorded(infer, groups))
 
+
+def _unrecorded(infer, groups: ExpertGroups | RoutingRecord):
     def quiet(*args, **kwargs):
         groups.recording = False
         try:
             return infer(*args, **kwargs)
         finally:
             groups.recording = True
-
-    stage._forward_metadata_inference = quiet
+    return quiet
 
 
 @torch.no_grad()

@@ -40,7 +40,10 @@ TWO = {
                     "recompute=full,zero=0",
 }
 FOUR = {
-    "ep2xpp2": f"dp=2,tp=1,pp=2,ep=2,micro_batch=2,schedule=1f1b,{NO_SP}",
+    # (with selective recomputation: torch's pipelining recomputes a layer in its shape
+    # inference, which the routing record must leave alone; a new-user check saw it crash)
+    "ep2xpp2": "dp=2,tp=1,pp=2,ep=2,micro_batch=2,schedule=1f1b,sequence_parallel=false,"
+               "recompute=selective,zero=0",
     "llama-cp2xtp2": f"dp=1,tp=2,pp=1,cp=2,micro_batch=2,{NO_SP}",
     "dp2xcp2-ep4-fsdp": "dp=2,tp=1,pp=1,cp=2,ep=4,micro_batch=2,sequence_parallel=false,"
                         "recompute=none,zero=1",
