@@ -188,6 +188,10 @@ class DeviceSpec:
     kernel, forward and backward (1.0: not published for the device)."""
     sm_count: int = 108
     """Streaming multiprocessors (tiles of one GEMM wave); 1 for a CPU."""
+    threads: int = 0
+    """CPU threads per process the speeds were measured with (a ``plan profile`` calibration of a
+    CPU): plan run takes it as its default, so that a run computes as the calibration did. 0: not
+    a CPU calibration."""
     gemm_tile: int = 128
     """Edge of the output tile one SM computes: 128 x 128, among the tile shapes cuBLAS picks for
     large tensor-core GEMMs (NVIDIA, "Matrix Multiplication Background User's Guide", tile
@@ -385,7 +389,8 @@ _SHARE_KEYS = ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency"
                "attention_bwd_d64_share", "flash2_d64_share", "flash2_bwd_d64_share")
 """DeviceSpec fields a cluster file may set as fractions in (0, 1]."""
 _DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "sm_count", "description",
-                "flash_attention", "fp8_block_scaling", "overlap_slowdown", *_SHARE_KEYS}
+                "flash_attention", "fp8_block_scaling", "overlap_slowdown", "threads",
+                *_SHARE_KEYS}
 
 
 def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
@@ -424,6 +429,12 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
             raise SpecError(f"{where}.sm_count: expected a whole number of SMs, got "
                             f"{spec['sm_count']!r}")
         kw["sm_count"] = int(sms)
+    if "threads" in spec:
+        threads = _positive(spec["threads"], f"{where}.threads")
+        if threads != int(threads):
+            raise SpecError(f"{where}.threads: expected a whole number of CPU threads per "
+                            f"process, got {spec['threads']!r}")
+        kw["threads"] = int(threads)
     for key in ("flash_attention", "fp8_block_scaling"):
         if key in spec:
             if not isinstance(spec[key], bool):
@@ -449,6 +460,8 @@ def device_mapping(d: DeviceSpec) -> dict:
         out["flash_attention"] = False
     if d.fp8_block_scaling:
         out["fp8_block_scaling"] = True
+    if d.threads:
+        out["threads"] = d.threads
     if d.overlap_slowdown != OVERLAP_SLOWDOWN:  # (JSON has no infinity: the word)
         out["overlap_slowdown"] = HIDES_NOTHING if math.isinf(d.overlap_slowdown) \
             else d.overlap_slowdown

@@ -71,6 +71,7 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "options": _options_record(options),
         "target": options.target,
         "alternatives": [alternative(best, alt, training, cluster) for alt in result.alternatives],
+        "priced": dict(parallel),
     }
     if isinstance(cluster, HeteroCluster) and best.stages[0].group:
         # CP-SAT's joint model of the stages, their groups and sizes, on the best plan
@@ -169,6 +170,7 @@ def across_sites(site_plan: Plan, row: dict, *, cluster: HeteroCluster, training
                f"sites ({over.parallel_summary}), its sends crossing them"}]
     search = {**site_plan.search, "alternatives": runner_up, "target": options.target,
               "options": _options_record(options),
+              "priced": {**whole.to_dict(), "dp_replicate": k},
               "sites_replicas": [{**r, "chosen": True} if r["sites"] == row["sites"] else r
                                  for r in rows],
               **({"groups_alone": groups_alone} if groups_alone is not None else {})}

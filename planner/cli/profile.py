@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from planner.cli.args import positive_int
 from planner.errors import SpecError
 from planner.files import atomic_write, check_output
+from planner.inputs.calibration import noisy_calibration
 from planner.options import DTYPES
 from planner.profile import DEVICES
 
@@ -48,6 +50,9 @@ def run(args) -> int:
               f"range over the median; {100 * spread['max']:.0f}% at the noisiest): how noisy "
               "this machine was while measuring; the rates are the repeats' medians, and a "
               "busier machine moves them further")
+        noisy = noisy_calibration(calib)
+        if noisy:
+            logging.getLogger("planner").warning("%s", noisy)
     link = calib.get("intra_node")
     if link:
         print(f"all-reduce among {link['processes']} {link['backend']} processes: "

@@ -5,6 +5,7 @@ A plan with an ``embeddings`` section (a recommendation model) runs with TorchRe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -34,7 +35,8 @@ def register(add) -> None:
     r.add_argument("--lr", type=positive_float, default=1e-3, help="learning rate (default 1e-3)")
     r.add_argument("--device", default="auto", choices=DEVICES)
     r.add_argument("--threads", type=positive_int,
-                   help="CPU threads per process (default: cores / processes)")
+                   help="CPU threads per process (default: those the plan's CPU calibration "
+                        "measured with, else cores / processes)")
     r.add_argument("--dump", metavar="DIR", help="write each stage's parameters after the run")
     r.add_argument("-o", "--output", help="write the measurements as JSON here")
     r.add_argument("--dry-run", action="store_true",
@@ -59,6 +61,24 @@ def _warn_oversubscribed(device: str, processes: int, threads: int | None) -> No
             "" if (threads or 1) == 1 else "s", cores, "" if cores == 1 else "s", fix)
 
 
+def _processes(n: int) -> str:
+    return f"{n} process" + ("" if n == 1 else "es")
+
+
+def _calibrated_threads(launch, opts: RunOptions) -> RunOptions:
+    """``opts`` with, where --threads was not given and the plan's CPU speeds come from a
+    calibration, the threads per process that calibration measured with (a new-user check ran a
+    1-thread calibration's plan on 2 threads and read +70% as the cost model's error)."""
+    spec = launch.plan.cluster.get("spec")
+    device = spec.get("device") if isinstance(spec, dict) else None
+    threads = device.get("threads") if isinstance(device, dict) else None
+    if opts.threads is not None or launch.device != "cpu" or not threads:
+        return opts
+    logging.getLogger("planner").info("threads: %d per process, as the plan's calibration "
+                                      "measured (--threads sets another)", threads)
+    return dataclasses.replace(opts, threads=int(threads))
+
+
 def run(args) -> int:
     from planner.runtime.launch import (check, cluster_command, host_bytes,  # lazy: imports
                                         node_groups, run_local)  # torch
@@ -72,6 +92,7 @@ def run(args) -> int:
     if load_plan(args.plan).embeddings:
         return _run_recsys(args, opts)
     launch = check(args.plan, opts, args.nproc, dry_run=args.dry_run)
+    opts = _calibrated_threads(launch, opts)
     if args.dry_run:
         from planner.runtime.build import unrun_notes  # lazy: imports torch
         from planner.runtime.layout import layout_of  # lazy: beside the runtime it describes
@@ -91,13 +112,13 @@ def run(args) -> int:
         where = _where(launch.nodes) if not groups else (
             f"on each of the {launch.nodes} nodes, with HEAD_NODE set to the address of node 0 "
             f"and NODE_RANK to the node's number ({'; '.join(groups)})")
-        print(f"# {launch.nodes} node(s) x {launch.nproc_per_node} processes ({launch.device}); "
+        print(f"# {launch.nodes} node(s) x {_processes(launch.nproc_per_node)} ({launch.device}); "
               f"run {where}:")
         print(cluster_command(launch, opts, args.output or "measured.json"))
         return 0
-    logging.getLogger("planner").info("running %s with %d processes ...", args.plan,
-                                      launch.nproc_per_node)
-    _warn_oversubscribed(launch.device, launch.nproc_per_node, args.threads)
+    logging.getLogger("planner").info("running %s with %s ...", args.plan,
+                                      _processes(launch.nproc_per_node))
+    _warn_oversubscribed(launch.device, launch.nproc_per_node, opts.threads)
     result = run_local(launch, opts)
     result = {"plan": args.plan, **result}
     print(summary(result, args.plan))
@@ -120,12 +141,12 @@ def _run_recsys(args, opts: RunOptions) -> int:
     launch = recsys.check(args.plan, opts, args.nproc, dry_run=args.dry_run)
     if args.dry_run:
         where = _where(launch.nodes)
-        print(f"# {launch.nodes} node(s) x {launch.nproc_per_node} processes ({launch.device}, "
+        print(f"# {launch.nodes} node(s) x {_processes(launch.nproc_per_node)} ({launch.device}, "
               f"TorchRec); run {where}:")
         print(recsys.cluster_command(launch, opts, args.output or "measured.json"))
         return 0
-    logging.getLogger("planner").info("running %s with %d processes (TorchRec) ...", args.plan,
-                                      launch.nproc_per_node)
+    logging.getLogger("planner").info("running %s with %s (TorchRec) ...", args.plan,
+                                      _processes(launch.nproc_per_node))
     _warn_oversubscribed(launch.device, launch.nproc_per_node, args.threads)
     result = {**recsys.run_local(launch, opts)[0], "plan": args.plan}
     print(recsys.summary(result, args.plan))

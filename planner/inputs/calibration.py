@@ -68,10 +68,31 @@ def _check_device(data: dict, cluster: Cluster, where: str) -> None:
                     "used as if they were that device's", measured, target)
 
 
+NOISY_SPREAD = 0.10
+"""Median spread of a calibration's repeated measurements (interquartile range over the median)
+above which it is called noisy: a machine busy with other work while it measured (a new-user
+check's calibration at 12% read its plans 14-44% too slow; one taken minutes later, with the
+machine idle, read them as the README does)."""
+
+
+def noisy_calibration(data: Mapping) -> str:
+    """'' or a warning that ``data`` (a calibration) was measured on a busy machine."""
+    spread = ((data.get("device") or {}).get("repeat_spread") or {}).get("median")
+    if not isinstance(spread, (int, float)) or spread <= NOISY_SPREAD:
+        return ""
+    return (f"calibration: its repeated measurements spread by {100 * spread:.0f}% on median "
+            f"(more than {100 * NOISY_SPREAD:.0f}%): the machine was busy while it measured, and "
+            "predictions from it can be off by as much or more; re-run `plan profile` on an idle "
+            "machine")
+
+
 def apply_calibration(cluster: Cluster, calibration) -> Cluster:
     """The cluster with its device (and intra-node link, if measured) replaced by measurements."""
     data = load_calibration(calibration)
     where = "calibration" if isinstance(calibration, Mapping) else str(calibration)
+    noisy = noisy_calibration(data)
+    if noisy:
+        log.warning("%s (%s)", noisy, where)
     dev = _mapping(data["device"], f"{where}: device")
     _check_device(data, cluster, where)
     busy = data.get("processes")
@@ -123,6 +144,8 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
         flash2_efficiency=None,  # the measured rate is SDPA's default kernel's, whatever it is
         flash2_bwd_efficiency=None,
         causal_attention_ratio=1.0,  # measured tables price causal calls at their own rate
+        threads=int(num(data, "threads", 0, at="calibration")) if data.get("device_kind") == "cpu"
+        else 0,
     )
     link = data.get("intra_node")
     intra = cluster.intra_node

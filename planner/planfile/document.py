@@ -127,8 +127,8 @@ class Plan:
             return ""
         return (f"model.fingerprint: '{spec}' has fingerprint {fingerprint} but the plan was made "
                 f"for {want} (another architecture, size or dtype, or other parameters frozen); "
-                "re-plan it with `plan "
-                "solve`, or pass the planned model with --model")
+                f"re-plan '{spec}' with `plan solve`, or pass the model the plan was made for "
+                f"({self.model.get('spec') or self.model.get('name', 'its MODEL')}) with --model")
 
 
 def load_plan(path: str) -> Plan:

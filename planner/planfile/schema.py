@@ -45,7 +45,8 @@ def validate(d: dict, where: str = "plan") -> None:
     if errors:
         err = errors[0]
         path = ".".join(str(p) for p in err.absolute_path) or "(top level)"
-        raise SpecError(f"{where}: invalid plan at {path}: {err.message[:200]}")
+        raise SpecError(f"{where}: invalid plan at {path}: {err.message[:200]}; put back the "
+                        "value plan solve wrote, or re-plan with plan solve")
     _check_actions(actions, where)
     _check_consistency(d, where)
 
@@ -108,7 +109,7 @@ def _check_consistency(d: dict, where: str) -> None:
         raise SpecError(f"{where}: training.{exc}") from None
     if len(d["stages"]) != par["pp"] * par["vpp"]:
         raise SpecError(f"{where}: {len(d['stages'])} stages listed for pp={par['pp']} x "
-                        f"vpp={par['vpp']}")
+                        f"vpp={par['vpp']}; edit them to agree, or re-plan with plan solve")
     listed = [b for st in d["stages"] for b in st["blocks"]]
     names = [b["name"] for b in d["model"]["blocks"]]
     if listed != names:

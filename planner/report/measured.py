@@ -72,8 +72,9 @@ def summary(result: dict, plan_name: str) -> str:
         ranks = (f"the busiest expert-parallel rank {rt['busiest_rank']:.2f} x"
                  if rt.get("expert_parallel", True) else "each rank holds every expert")
         lines.append(
-            f"routing (timed steps, up to {rt['calls_per_rank']} MoE layer calls per rank, "
-            "recomputed forwards included): the busiest "
+            f"routing (timed steps, up to {rt['calls_per_rank']} MoE layer calls per rank"
+            + (", recomputed forwards included" if rt.get("recomputed", True) else "")
+            + "): the busiest "
             f"expert got {rt['busiest_expert']:.2f} x the mean token copies, {ranks}; the plan "
             f"assumed moe_imbalance {rt['planned_moe_imbalance']:g}"
             + ("" if abs(rt["busiest_expert"] - rt["planned_moe_imbalance"])

@@ -90,9 +90,9 @@ def check(plan_path: str, opts: RunOptions, nproc: int | None, *, dry_run: bool 
         return Launch(plan_path=plan_path, plan=plan, nodes=nodes, nproc_per_node=per_node,
                       device="cuda" if cuda else "cpu")
     if nodes > 1:
-        raise SpecError(f"plan: it spans {nodes} nodes x {per_node} processes; this host starts "
-                        "the processes of one node. Print the launch command for the cluster with "
-                        "`plan run --dry-run`")
+        raise SpecError(f"cluster.nodes: the plan spans {nodes} nodes x {per_node} processes; this "
+                        "host starts the processes of one node. Print the launch command for the "
+                        "cluster with `plan run --dry-run`")
     cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
     if cuda:
         visible = torch.cuda.device_count()

@@ -273,6 +273,7 @@ def routing(records: list[dict], plan) -> dict | None:
             for key in ("busiest_expert", "busiest_rank")} | {
         "calls_per_rank": max(x["calls"] for x in seen),
         "expert_parallel": int(plan.parallel.get("ep", 1)) > 1,
+        "recomputed": plan.parallel.get("recompute", "none") != "none",
         "planned_moe_imbalance": float(engine.get("moe_imbalance", 1.0))}
 
 

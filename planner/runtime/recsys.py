@@ -568,9 +568,9 @@ def check(plan_paths, opts: RunOptions, nproc: int | None = None, *,
     if dry_run:
         return launch
     if nodes > 1:
-        raise SpecError(f"plan: it spans {nodes} nodes x {per_node} processes; this host starts "
-                        "the processes of one node. Print the launch command for the cluster "
-                        "with `plan run --dry-run`")
+        raise SpecError(f"cluster.nodes: the plan spans {nodes} nodes x {per_node} processes; this "
+                        "host starts the processes of one node. Print the launch command for the "
+                        "cluster with `plan run --dry-run`")
     if cuda and per_node > torch.cuda.device_count():
         raise SpecError(f"nproc: the plan needs {per_node} processes but "
                         f"{torch.cuda.device_count()} GPUs are visible")

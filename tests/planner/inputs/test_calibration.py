@@ -209,3 +209,29 @@ def test_a_measurements_spread_is_its_interquartile_range_over_its_median():
     # quartiles (exclusive method) of 1..8: 2.25 and 6.75; median 4.5
     assert spread_of([float(x) for x in range(1, 9)]) == pytest.approx(4.5 / 4.5)
     assert spread_of([10.0, 10.0, 10.0, 10.0, 30.0]) == pytest.approx(10.0 / 10.0)
+
+
+def test_a_cpu_calibration_keeps_its_threads_and_a_noisy_one_is_said(caplog):
+    """The threads it measured with travel with the device (plan run's default, so that a run
+    computes as the calibration did); a calibration whose repeats spread by more than 10% on
+    median was taken on a busy machine, and planning with it says so (a new-user check planned
+    with one at 12% and read its plans 14-44% off)."""
+    from costmodels.hardware import device_from_mapping, device_mapping
+    c = apply_calibration(load_cluster("cpu"), {**CALIB, "threads": 2})
+    assert c.device.threads == 2 and device_mapping(c.device)["threads"] == 2
+    assert device_from_mapping(device_mapping(c.device)).threads == 2
+    assert load_cluster("cpu").device.threads == 0 and "threads" not in device_mapping(
+        load_cluster("cpu").device)
+    with pytest.raises(SpecError, match=r"^device.threads: expected a whole number"):
+        device_from_mapping({**device_mapping(c.device), "threads": 1.5})
+    quiet = {**CALIB, "device": {**CALIB["device"], "repeat_spread": {"median": 0.04,
+                                                                       "max": 3.0}}}
+    noisy = {**CALIB, "device": {**CALIB["device"], "repeat_spread": {"median": 0.12,
+                                                                       "max": 69.3}}}
+    with caplog.at_level("WARNING", logger="planner.inputs.calibration"):
+        apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=2), quiet)
+    assert "busy" not in caplog.text
+    with caplog.at_level("WARNING", logger="planner.inputs.calibration"):
+        apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=2), noisy)
+    assert "calibration: its repeated measurements spread by 12% on median (more than 10%): " \
+        "the machine was busy while it measured" in caplog.text

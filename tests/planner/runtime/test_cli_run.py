@@ -91,6 +91,42 @@ def test_a_hand_edit_the_plan_disagrees_with_is_refused_before_launch(capsys, ma
     _one_line_refusal(code, err, *words)
 
 
+def test_a_hand_edit_of_a_priced_knob_is_said_before_and_with_the_run(capsys, make_plan,
+                                                                       tmp_path):
+    """A plan records what its predictions were priced with (search.priced); an edit the other
+    checks let run (zero, recompute) is named with the fix, as a new-user check asked, not left
+    to read as the cost model's error."""
+    plan = load_plan(make_plan("branched", "pp=1,tp=1,dp=2,micro_batch=2,zero=0"))
+    assert plan.search["priced"] == plan.parallel
+    code, out, _ = run(capsys, "run", make_plan("branched", "pp=1,tp=1,dp=2,micro_batch=2,zero=0"),
+                       "--dry-run")
+    assert code == 0 and "edited" not in out
+    plan.parallel = {**plan.parallel, "zero": 3, "recompute": "full"}
+    edited = str(tmp_path / "edited.json")
+    plan.save(edited)
+    code, out, _ = run(capsys, "run", edited, "--dry-run")
+    assert code == 0 and "# note: parallel edited after planning (recompute none -> full, zero 0 " \
+        "-> 3)" in out and "--fix recompute=full,zero=3 for a prediction of this one" in out
+
+
+def test_a_run_takes_the_threads_its_calibration_measured_with(capsys, make_plan, tmp_path):
+    """A plan priced from a CPU calibration runs its processes on the threads that calibration
+    measured with, unless --threads says otherwise (a new-user check ran a 1-thread
+    calibration's plan on 2 threads and read +70%)."""
+    from costmodels.hardware import device_mapping, get_device
+    plan = load_plan(make_plan("branched", "pp=1,tp=1,dp=2,micro_batch=2"))
+    spec = plan.cluster["spec"]  # (a calibrated device travels as its mapping)
+    device = spec["device"] if isinstance(spec["device"], dict) else device_mapping(
+        get_device(spec["device"]))
+    plan.cluster = {**plan.cluster, "spec": {**spec, "device": {**device, "threads": 1}}}
+    path = str(tmp_path / "calibrated.json")
+    plan.save(path)
+    code, out, _ = run(capsys, "run", path, "--dry-run")
+    assert code == 0 and out.rstrip().endswith("--threads 1"), out
+    code, out, _ = run(capsys, "run", path, "--dry-run", "--threads", "2")
+    assert code == 0 and out.rstrip().endswith("--threads 2"), out
+
+
 def test_tp_with_a_map_that_splits_nothing_is_refused(capsys, make_plan, tmp_path):
     d = json.loads(open(make_plan("llama", "tp=2,pp=1,dp=1,micro_batch=2")).read())
     d["tensor_parallel"] = {k: "replicate" for k in d["tensor_parallel"]}
@@ -433,3 +469,20 @@ def test_oversubscribed_cpu_runs_name_the_fix_that_applies(caplog, monkeypatch):
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and lines[0].endswith("give --threads 1")
     assert lines[1].endswith("run plans of at most 2 processes here")
+
+
+def test_sgd_keeps_the_momentum_buffer_the_plan_prices(make_plan):
+    """costmodels.memory counts 4 bytes of fp32 momentum per parameter for SGD; the runtime's
+    SGD keeps that buffer (a new-user check read plain SGD's states as +100%)."""
+    import torch
+
+    from planner.runtime import model as mdl
+    plan = load_plan(make_plan("branched", "pp=1,tp=1,dp=2,micro_batch=2"))
+    plan.training = {**plan.training, "optimizer": "sgd"}
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = mdl.make_optimizer(plan, [w], lr=1.0)
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == mdl.SGD_MOMENTUM > 0
+    w.grad = torch.ones(3)
+    opt.step()  # (the first step is plain SGD's: the buffer starts as the gradient)
+    assert torch.equal(w.detach(), torch.zeros(3))
+    assert torch.equal(opt.state[w]["momentum_buffer"], torch.ones(3))
