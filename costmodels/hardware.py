@@ -423,18 +423,9 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
                             f"compute 18.9% slower beside a collective) or \"{HIDES_NOTHING}\" "
                             f"(compute stops while it runs, as on a CPU), got {slow!r}")
         kw["overlap_slowdown"] = float(slow)
-    if "sm_count" in spec:
-        sms = _positive(spec["sm_count"], f"{where}.sm_count")
-        if sms != int(sms):
-            raise SpecError(f"{where}.sm_count: expected a whole number of SMs, got "
-                            f"{spec['sm_count']!r}")
-        kw["sm_count"] = int(sms)
-    if "threads" in spec:
-        threads = _positive(spec["threads"], f"{where}.threads")
-        if threads != int(threads):
-            raise SpecError(f"{where}.threads: expected a whole number of CPU threads per "
-                            f"process, got {spec['threads']!r}")
-        kw["threads"] = int(threads)
+    for key, what in (("sm_count", "SMs"), ("threads", "CPU threads per process")):
+        if key in spec:
+            kw[key] = _whole(spec[key], f"{where}.{key}", what)
     for key in ("flash_attention", "fp8_block_scaling"):
         if key in spec:
             if not isinstance(spec[key], bool):
@@ -485,6 +476,14 @@ def get_device(name_or_mapping, where: str = "device") -> DeviceSpec:
 LARGEST = 1e9
 """The largest number a device or link figure may take in its unit (GB, TFLOP/s, GB/s, us):
 far beyond any hardware, and small enough that every product the cost model forms stays finite."""
+
+
+def _whole(value, where: str, what: str) -> int:
+    """A positive whole number (``what`` names its unit in the error)."""
+    x = _positive(value, where)
+    if x != int(x):
+        raise SpecError(f"{where}: expected a whole number of {what}, got {value!r}")
+    return int(x)
 
 
 def _positive(value, where: str) -> float:
