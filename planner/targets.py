@@ -324,15 +324,22 @@ def engine(target: str) -> Engine:
     return ENGINES[target]
 
 
+def moe_act_refusal(target: str, engine_spec, dtype: str = "bf16") -> str:
+    """Why ``target`` runs no ``moe_act`` recomputation with these engine settings and ``dtype``
+    (words to follow "does not run moe_act recomputation"); '' where it runs it."""
+    eng = engine(target)
+    return ("with ungrouped expert GEMMs (moe_grouped_gemm=false)"
+            if eng.moe_act_needs_grouped_gemm and not engine_spec.moe_grouped_gemm else
+            "under FP8 delayed scaling" if not eng.moe_act_with_delayed_fp8 and dtype == "fp8"
+            and engine_spec.fp8_recipe == "delayed" else "")
+
+
 def for_engine(options: SearchOptions, engine_spec, dtype: str = "bf16") -> SearchOptions:
     """``options`` narrowed to what the target runs with these engine settings (and ``dtype``):
     no expert tensor parallelism under DeepEP where the engine refuses it, no ``moe_act``
-    recomputation where it refuses that (SpecError for such a pin)."""
+    recomputation where it refuses that (moe_act_refusal; SpecError for such a pin)."""
     eng = engine(options.target)
-    why = ("with ungrouped expert GEMMs (moe_grouped_gemm=false)"
-           if eng.moe_act_needs_grouped_gemm and not engine_spec.moe_grouped_gemm else
-           "under FP8 delayed scaling" if not eng.moe_act_with_delayed_fp8 and dtype == "fp8"
-           and engine_spec.fp8_recipe == "delayed" else "")
+    why = moe_act_refusal(options.target, engine_spec, dtype)
     with_act = tuple(r for r in options.recompute if "moe_act" in modules_of(r))
     if why and with_act:
         pinned = options.fix.get("recompute")

@@ -65,14 +65,14 @@ def _processes(n: int) -> str:
     return f"{n} process" + ("" if n == 1 else "es")
 
 
-def _calibrated_threads(launch, opts: RunOptions) -> RunOptions:
+def _calibrated_threads(plan, device: str, opts: RunOptions) -> RunOptions:
     """``opts`` with, where --threads was not given and the plan's CPU speeds come from a
     calibration, the threads per process that calibration measured with (a new-user check ran a
     1-thread calibration's plan on 2 threads and read +70% as the cost model's error)."""
-    spec = launch.plan.cluster.get("spec")
-    device = spec.get("device") if isinstance(spec, dict) else None
-    threads = device.get("threads") if isinstance(device, dict) else None
-    if opts.threads is not None or launch.device != "cpu" or not threads:
+    spec = plan.cluster.get("spec")
+    own = spec.get("device") if isinstance(spec, dict) else None
+    threads = own.get("threads") if isinstance(own, dict) else None
+    if opts.threads is not None or device != "cpu" or not threads:
         return opts
     logging.getLogger("planner").info("threads: %d per process, as the plan's calibration "
                                       "measured (--threads sets another)", threads)
@@ -92,7 +92,7 @@ def run(args) -> int:
     if load_plan(args.plan).embeddings:
         return _run_recsys(args, opts)
     launch = check(args.plan, opts, args.nproc, dry_run=args.dry_run)
-    opts = _calibrated_threads(launch, opts)
+    opts = _calibrated_threads(launch.plan, launch.device, opts)
     if args.dry_run:
         from planner.runtime.build import unrun_notes  # lazy: imports torch
         from planner.runtime.layout import layout_of  # lazy: beside the runtime it describes
@@ -139,6 +139,7 @@ def _run_recsys(args, opts: RunOptions) -> int:
     from planner.runtime import recsys  # lazy: imports torch and TorchRec
 
     launch = recsys.check(args.plan, opts, args.nproc, dry_run=args.dry_run)
+    opts = _calibrated_threads(load_plan(args.plan), launch.device, opts)
     if args.dry_run:
         where = _where(launch.nodes)
         print(f"# {launch.nodes} node(s) x {_processes(launch.nproc_per_node)} ({launch.device}, "
@@ -147,7 +148,7 @@ def _run_recsys(args, opts: RunOptions) -> int:
         return 0
     logging.getLogger("planner").info("running %s with %s (TorchRec) ...", args.plan,
                                       _processes(launch.nproc_per_node))
-    _warn_oversubscribed(launch.device, launch.nproc_per_node, args.threads)
+    _warn_oversubscribed(launch.device, launch.nproc_per_node, opts.threads)
     result = {**recsys.run_local(launch, opts)[0], "plan": args.plan}
     print(recsys.summary(result, args.plan))
     if args.output is not None:

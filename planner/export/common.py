@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from costmodels.engine import (PRESET_PROPERTIES, PRESETS, EngineSpec, engine_from_mapping,
                                engine_setting, setting_text)
 from costmodels.hardware import get_device
-from costmodels.memory import MODULES
+from costmodels.memory import MODULES, modules_of
 from costmodels.topology import CLUSTERS, get_cluster
 from planner.errors import PlannerError, SpecError
 from planner.export import moe
@@ -434,8 +434,16 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
     kept_pins = _passing({k: v for k, v in fix.items() if k not in runs or v in runs[k]}, target)
     kept, dropped = _kept_engine_settings(plan, target)
     software = engine_from_mapping(",".join([eng.software or "megatron-core", *kept]))
-    if not _engine_runs(kept_pins, target, software, t.get("dtype", "bf16")):
-        dropped = [*dropped, f"recompute={kept_pins.pop('recompute')}"]
+    rc = kept_pins.get("recompute", "")
+    why = "moe_act" in modules_of(rc) and targets.moe_act_refusal(target, software,
+                                                                  t.get("dtype", "bf16"))
+    if why:  # (the rest of a policy of several modules kept: mla_up_proj+moe_act -> mla_up_proj)
+        rest = "+".join(m for m in modules_of(rc) if m != "moe_act")
+        if rest:
+            kept_pins["recompute"] = rest
+        else:
+            del kept_pins["recompute"]
+        dropped = [*dropped, f"recompute moe_act {why}"]
     pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                       for k, v in kept_pins.items())
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))
@@ -455,21 +463,6 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
             # (a shell comment: the command stays one to paste)
             + (f"  # without {', '.join(dropped)}, which {target} does not run" if dropped
                else ""))
-
-
-def _engine_runs(fix: dict, target: str, software: EngineSpec, dtype: str) -> bool:
-    """Whether ``target``, with these engine settings (``software``) and ``dtype``, runs the
-    recomputation ``fix`` pins (targets.for_engine: Megatron-Core runs no moe_act under FP8
-    delayed scaling or with ungrouped expert GEMMs); True where none is pinned."""
-    rc = fix.get("recompute")
-    if not rc:
-        return True
-    try:
-        targets.for_engine(SearchOptions(fix={"recompute": rc}, recompute=(rc,), target=target),
-                           software, dtype)
-    except SpecError:
-        return False
-    return True
 
 
 def _passing(fix: dict, target: str) -> dict:
@@ -550,12 +543,16 @@ def software_of(target: str, plan: Plan | None = None) -> str:
 
 def blackwell_or_newer(plan: Plan) -> bool:
     """Whether every GPU of the plan's cluster is sm100 or newer (Blackwell: the devices whose
-    tensor cores take block-scaled FP8, DeviceSpec.fp8_block_scaling); False where one is not
-    known by name."""
-    names = [n for n in str(plan.cluster.get("device", "")).split("+") if n]
+    tensor cores take block-scaled FP8, DeviceSpec.fp8_block_scaling), by name or, for a device
+    of the cluster's own mapping (a calibrated one), by that mapping; False where one is neither."""
+    names = {n for n in str(plan.cluster.get("device", "")).split("+") if n}
     known = _known_devices(plan)
-    return bool(names) and len(known) == len(names) and all(
-        d.fp8_block_scaling for d in known.values())
+    spec = plan.cluster.get("spec")
+    own = spec.get("device") if isinstance(spec, dict) else None
+    own = own if isinstance(own, dict) else {}
+    return bool(names) and all(
+        known[n].fp8_block_scaling if n in known else
+        own.get("name") == n and own.get("fp8_block_scaling") is True for n in names)
 
 
 def _known_devices(plan: Plan) -> dict:

@@ -77,8 +77,10 @@ machine idle, read them as the README does)."""
 
 def noisy_calibration(data: Mapping) -> str:
     """'' or a warning that ``data`` (a calibration) was measured on a busy machine."""
-    spread = ((data.get("device") or {}).get("repeat_spread") or {}).get("median")
-    if not isinstance(spread, (int, float)) or spread <= NOISY_SPREAD:
+    device = data.get("device")
+    spread = device.get("repeat_spread") if isinstance(device, Mapping) else None
+    spread = spread.get("median") if isinstance(spread, Mapping) else None
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or spread <= NOISY_SPREAD:
         return ""
     return (f"calibration: its repeated measurements spread by {100 * spread:.0f}% on median "
             f"(more than {100 * NOISY_SPREAD:.0f}%): the machine was busy while it measured, and "
@@ -90,11 +92,11 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
     """The cluster with its device (and intra-node link, if measured) replaced by measurements."""
     data = load_calibration(calibration)
     where = "calibration" if isinstance(calibration, Mapping) else str(calibration)
+    dev = _mapping(data["device"], f"{where}: device")
+    _check_device(data, cluster, where)
     noisy = noisy_calibration(data)
     if noisy:
         log.warning("%s (%s)", noisy, where)
-    dev = _mapping(data["device"], f"{where}: device")
-    _check_device(data, cluster, where)
     busy = data.get("processes")
     if data.get("device_kind") == "cpu" and busy and busy != cluster.gpus_per_node:
         log.warning("calibration: measured with %s processes at work, the cluster runs %d per "
@@ -144,8 +146,7 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
         flash2_efficiency=None,  # the measured rate is SDPA's default kernel's, whatever it is
         flash2_bwd_efficiency=None,
         causal_attention_ratio=1.0,  # measured tables price causal calls at their own rate
-        threads=int(num(data, "threads", 0, at="calibration")) if data.get("device_kind") == "cpu"
-        else 0,
+        threads=_threads(data, where),
     )
     link = data.get("intra_node")
     intra = cluster.intra_node
@@ -174,6 +175,17 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
 FIX = "re-run `plan profile`"
 CALIBRATED = "+calibration"
 """What a calibrated cluster's name adds to its preset's (``cpu+calibration``)."""
+
+
+def _threads(data: Mapping, where: str) -> int:
+    """The threads per process a CPU calibration measured with (0: a GPU's, or not recorded)."""
+    if data.get("device_kind") != "cpu" or data.get("threads") is None:
+        return 0
+    threads = _number(data["threads"], f"{where}: threads", positive=True)
+    if threads != int(threads):
+        raise SpecError(f"{where}: threads: expected a whole number of CPU threads per process, "
+                        f"got {data['threads']!r}; {FIX}")
+    return int(threads)
 
 
 def _number(value, where: str, *, positive: bool = False) -> float:

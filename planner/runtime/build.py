@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from costmodels.engine import engine_from_mapping
 from planner import targets
 from planner.errors import SpecError
-from planner.options import KNOBS
+from planner.options import FIX_KEYS, KNOBS
 from planner.planfile.document import Plan
 from planner.schedule import Action, torch_actions
 from planner.runtime import context as ctxp
@@ -141,12 +141,15 @@ def unrun_notes(plan: Plan, layout: Layout) -> list[str]:
     by ``plan run --dry-run``)."""
     notes = []
     edited = edited_knobs(plan)
-    if edited:
+    if edited:  # (every knob a person pins, so that the re-plan prices this configuration; the
+        # micro-batch count follows from the batch, dp and micro_batch)
+        pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                        for k, v in plan.parallel.items() if k in FIX_KEYS)
         notes.append("parallel edited after planning (" + ", ".join(
             f"{k} {old} -> {new}" for k, (old, new) in edited.items()) + "): the predictions "
             "are the planned configuration's, so measured vs predicted compares two "
-            "configurations; re-plan with plan solve ... --fix " + ",".join(
-                f"{k}={new}" for k, (_, new) in edited.items()) + " for a prediction of this one")
+            f"configurations; re-plan with plan solve ... --fix {pins} for a prediction of this "
+            "one")
     if plan.parallel.get("sequence_parallel"):
         notes.append("sequence_parallel not applied (tensor parallelism runs without it)")
     if plan.parallel.get("offload_optimizer"):

@@ -264,11 +264,11 @@ def record_routing_outside(stage, groups: ExpertGroups | RoutingRecord | None) -
 
 def _unrecorded(infer, groups: ExpertGroups | RoutingRecord):
     def quiet(*args, **kwargs):
-        groups.recording = False
+        was, groups.recording = groups.recording, False
         try:
             return infer(*args, **kwargs)
         finally:
-            groups.recording = True
+            groups.recording = was
     return quiet
 
 

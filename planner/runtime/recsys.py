@@ -44,6 +44,7 @@ from planner.planfile.document import Plan, load_plan
 from planner.runtime import measure, worker
 from planner.runtime.launch import (MAX_CPU_PROCESSES, MEMORY_USE_FRACTION, _available_bytes,
                                     _free_port, run_processes, torchrun_command, warn_device)
+from planner.runtime.model import SGD_MOMENTUM
 from planner.runtime.options import RunOptions
 from planner.runtime.table_sharding import (cpu_sharder, kernel_on, shard_ranks, sharding_plan,
                                             tables_of)
@@ -199,8 +200,10 @@ def table_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
 
 
 def dense_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    """The dense part's optimizer: SGD with the momentum the dense search prices (its
+    costmodels.memory states; planner.runtime.model.SGD_MOMENTUM), AdamW or Adam."""
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
+        return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr)
     return torch.optim.Adam(params, lr=lr)

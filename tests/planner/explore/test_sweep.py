@@ -290,8 +290,12 @@ def test_days_need_no_prices(tiny_llama_config):
     assert "MFU" in one and "own peak" not in one
     # a model with routed experts: the MoE runs' held-out error under the table, as plan show
     assert "accuracy: step times of mixtures" not in sweep_table(rows)
-    assert "accuracy: step times of mixtures" in sweep_table([{**r, "routed_experts": 8}
-                                                              for r in rows])
+    moe = " ".join(sweep_table([{**r, "routed_experts": 8} for r in rows]).split())
+    assert "accuracy: step times of mixtures" in moe and "wait for the host" not in moe
+    # (the host caveat where a point's MoE layers wait for the host, and only there)
+    waits = " ".join(sweep_table([{**r, "routed_experts": 8, "moe_host_wait_s": 0.1}
+                                  for r in rows]).split())
+    assert "where MoE layers wait for the host, as at some points, a faster precision" in waits
     priced = explore.whatif(tiny_llama_config, cluster="dgx-h100", global_batch=8, seq_len=64,
                             vary={"device": ["h100", "a100-80g"]}, tokens=1e9,
                             prices={"h100": 4.0})

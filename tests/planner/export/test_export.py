@@ -711,9 +711,21 @@ def test_a_re_plan_leaves_out_a_recomputation_its_engine_refuses_with_the_plans_
         "engine": {k: setting_text(v) for k, v in dataclasses.asdict(engine).items()}})
     hint = common.resolve_hint(fp8, "megatron")
     assert "fp8_recipe=delayed" in hint and "recompute=moe_act" not in hint.split("#")[0], hint
-    assert hint.endswith("# without recompute=moe_act, which megatron does not run"), hint
+    assert hint.endswith("# without recompute moe_act under FP8 delayed scaling, which megatron "
+                         "does not run"), hint
     bf16 = dataclasses.replace(plan, search=search)
     assert "--fix recompute=moe_act" in common.resolve_hint(bf16, "megatron")
+    # (of a policy of several modules only moe_act goes; a review saw the whole pin dropped)
+    both = {**search, "options": {**search["options"], "fix": {"recompute": "mla_up_proj+moe_act"}}}
+    hint = common.resolve_hint(dataclasses.replace(fp8, search=both), "megatron")
+    assert "--fix recompute=mla_up_proj --target megatron" in hint, hint
+    # (a refusal of another setting, DeepEP in fp16, is not read as the recomputation's)
+    deepep = engine_from_mapping("torchtitan,moe_dispatcher=deepep")
+    fp16 = dataclasses.replace(plan, search={**search, "options": {
+        **search["options"], "fix": {"recompute": "full"}}}, training={
+        **plan.training, "dtype": "fp16",
+        "engine": {k: setting_text(v) for k, v in dataclasses.asdict(deepep).items()}})
+    assert "recompute=full" in common.resolve_hint(fp16, "deepspeed").split("#")[0]
 
 
 def test_an_edited_plan_whose_ep_does_not_divide_the_experts_is_refused():
@@ -1297,6 +1309,14 @@ def test_megatron_sets_cuda_device_max_connections_as_validate_args_asks():
     plan = plan_of("uneven-llama3-8b")
     b200 = dataclasses.replace(plan, cluster={**plan.cluster, "device": "b200"})
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in to_megatron(b200)
+    from planner.export.common import blackwell_or_newer  # noqa: PLC0415
+    sites = dataclasses.replace(plan, cluster={**plan.cluster, "device": "b200+b200"})
+    mixed = dataclasses.replace(plan, cluster={**plan.cluster, "device": "b200+h100"})
+    own = {"name": "b200 (calibrated)", "fp8_block_scaling": True}  # (a device of its own)
+    calibrated = dataclasses.replace(plan, cluster={**plan.cluster, "device": own["name"],
+                                                    "spec": {"device": own}})
+    assert blackwell_or_newer(sites) and blackwell_or_newer(calibrated)
+    assert not blackwell_or_newer(mixed) and not blackwell_or_newer(plan)
 
 
 def test_torchtitan_module_names_of_a_model_torchtitan_does_not_define_are_the_users(notes):
