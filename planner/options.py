@@ -543,6 +543,13 @@ def parse_layout(text) -> tuple[str, ...]:
     return stages
 
 
+def fix_text(pins: Mapping) -> str:
+    """Pinned knobs as a --fix argument that parse_fix reads back: ``tp=8,sequence_parallel=true``
+    (booleans in lower case)."""
+    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in pins.items())
+
+
 def parse_fix(fix, where: str = "fix", example: str = "--fix tp=8,pp=4") -> dict:
     """``"tp=8,pp=4"`` or a mapping -> validated dict of pinned knobs; errors name ``where``
     (the option the knobs came from: fix, why, vary) and show ``example``."""

@@ -28,7 +28,7 @@ from costmodels.topology import CLUSTERS, get_cluster
 from planner.errors import PlannerError, SpecError
 from planner.export import moe
 from planner.inputs.calibration import CALIBRATED
-from planner.options import (KNOBS, SearchOptions, parallel_text, pp_inner_refused,
+from planner.options import (KNOBS, SearchOptions, fix_text, parallel_text, pp_inner_refused,
                              zero_runs_with_cp)
 from planner.planfile.document import Plan
 from planner import targets
@@ -444,8 +444,7 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
         else:
             del kept_pins["recompute"]
         dropped = [*dropped, f"recompute moe_act {why}"]
-    pinned = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                      for k, v in kept_pins.items())
+    pinned = fix_text(kept_pins)
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))
                     if t.get(k, default) != default)
     if kept:  # the target's software, with the plan's MoE and FP8 assumptions over it

@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from costmodels.engine import engine_from_mapping
 from planner import targets
 from planner.errors import SpecError
-from planner.options import FIX_KEYS, KNOBS
+from planner.options import FIX_KEYS, KNOBS, fix_text
 from planner.planfile.document import Plan
 from planner.schedule import Action, torch_actions
 from planner.runtime import context as ctxp
@@ -143,8 +143,7 @@ def unrun_notes(plan: Plan, layout: Layout) -> list[str]:
     edited = edited_knobs(plan)
     if edited:  # (every knob a person pins, so that the re-plan prices this configuration; the
         # micro-batch count follows from the batch, dp and micro_batch)
-        pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                        for k, v in plan.parallel.items() if k in FIX_KEYS)
+        pins = fix_text({k: v for k, v in plan.parallel.items() if k in FIX_KEYS})
         notes.append("parallel edited after planning (" + ", ".join(
             f"{k} {old} -> {new}" for k, (old, new) in edited.items()) + "): the predictions "
             "are the planned configuration's, so measured vs predicted compares two "

@@ -13,7 +13,7 @@ from costmodels.memory import modules_of
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
 from planner.options import (CP_COMMS, MAX_MICROBATCHES, PP_INNER, Config, SearchOptions,
-                             TrainingSpec, pp_inner_refused, zero_runs_with_cp)
+                             TrainingSpec, fix_text, pp_inner_refused, zero_runs_with_cp)
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
 from planner.search.loop import OUTCOMES, rejection_lines
 from planner.search.pricing import Estimate, price
@@ -426,8 +426,7 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
         rejected = Counter({r: n for r, n in rejected.items() if r != CP_SHORT})
     summary = "; ".join(filter(None, rejection_lines(rejected, most=6))) or "no candidates"
     counted = f"configurations each rule refused: {summary}" if rejected else summary
-    pins = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                    for k, v in options.fix.items())
+    pins = fix_text(options.fix)
     with_pins = f" with {pins}" if pins else ""
     lead = "fix: " if pins else ""  # the pins are the field to change
     priced = any(rejected[r] for r in OUTCOMES)  # some configurations passed the rules
