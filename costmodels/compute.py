@@ -491,6 +491,32 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
     return elementwise_s(total, kernels, device, per_kernel)
 
 
+REGROUP_PASSES = 2
+"""Copies of the received token copies the alltoall dispatcher makes per pass when a rank holds
+several experts: the all-to-all delivers them grouped by source rank, and the experts' grouped
+GEMM needs them grouped by expert, so they are sorted by local expert after the dispatch and
+back before the combine (Megatron-Core's MoEAlltoAllTokenDispatcher: sort_chunks_by_idxs in
+dispatch_postprocess and combine_preprocess, or a transpose when padded to capacity; torchtitan's
+expert parallelism permutes after its all-to-all and unpermutes before the return; this
+project's runtime has the model's own expert code sort them). The backward moves their gradients
+the same way. DeepEP's and the allgather dispatcher's receivers expand tokens into expert order
+once, which the traced model's own gather already prices."""
+
+
+def regroup_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_batch: float,
+              tp: int, experts: Experts) -> tuple[float, float]:
+    """(seconds, kernels) of one forward's regrouping of the routed copies by local expert
+    (REGROUP_PASSES), each pass reading and writing every copy this rank's experts receive (the
+    busiest rank's, gathered over etp); (0, 0) without expert parallelism, with one local expert
+    or another dispatcher."""
+    if engine.moe_dispatcher != "alltoall" or experts.ep <= 1 or \
+            work.num_experts <= experts.ep or work.dispatch_bytes <= 0:
+        return 0.0, 0.0
+    copies = micro_batch * work.dispatch_bytes / tp * experts.load * experts.etp
+    kernels = float(REGROUP_PASSES) * max(work.moe_layers, 1.0)
+    return elementwise_s(2.0 * REGROUP_PASSES * copies, kernels, device), kernels
+
+
 def elementwise_s(nbytes: float, kernels: float, device: DeviceSpec,
                   per_kernel: float | None = None) -> float:
     """``kernels`` element-wise kernels moving ``nbytes`` in all: with a measured table (``plan
@@ -521,8 +547,11 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         attn_f, attn_b = attn_f + eager_f, attn_b + eager_b
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp,
                            load=experts.load, etp=experts.etp)
-    fwd_s = gemm_f + attn_f + mem_f
-    bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f
+    # the alltoall dispatcher's regrouping by local expert, forward and backward alike
+    regroup, regroup_kernels = regroup_s(work, device, engine, micro_batch=micro_batch, tp=tp,
+                                         experts=experts)
+    fwd_s = gemm_f + attn_f + mem_f + regroup
+    bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f + regroup
     if dtype == "fp8":
         cast_f, cast_b = fp8_cast_s(work.gemms, device, engine.fp8_recipe,
                                     micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
@@ -546,7 +575,8 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         # dispatch also has the host wait for the device's token counts in every MoE layer, so
         # the host cannot run ahead across layers; a uniform stack of MoE layers is bound the
         # same way layer by layer without that wait.
-        host = (work.kernels_eager + ungrouped_launches(work, experts)) * engine.moe_host_op_s
+        host = (work.kernels_eager + ungrouped_launches(work, experts) + regroup_kernels) * \
+            engine.moe_host_op_s
         # (each weight GEMM weighted by its launches: one per local expert where ungrouped)
         launches = [(1.0 + (max(0.0, g.experts / experts.ep - 1.0)
                             if g.experts and not experts.grouped else 0.0), g.grad_b)

@@ -147,8 +147,9 @@ class EngineSpec:
     fitted on, are a held-out check of it (benchmarks/recsys_runs.py). It lies within the 5-25
     us per op that eager PyTorch spends on the host for a GPU op (Python binding, autograd
     bookkeeping, the dispatcher, the launch). 0: not modelled."""
-    moe_host_op_s: float = 52.25e-6
-    """Host seconds per op (as traced) of an MoE layer: the layer's forward takes at least its
+    moe_host_op_s: float = 51.25e-6
+    """Host seconds per op (as traced, with the alltoall dispatcher's regrouping:
+    costmodels.compute.regroup_s) of an MoE layer: the layer's forward takes at least its
     ops times this, its backward twice that, however fast the device runs them. MoE layers run
     many small kernels, and dropless dispatch has the host wait for the device's token counts
     in every layer (the all-to-all is sized from them: Megatron-Core's alltoall and allgather
@@ -160,7 +161,7 @@ class EngineSpec:
     time at all) are predicted 64-96% too fast without it, so it also stands for device time the
     op-level model misses in those layers (README, the MoE runs). 0: not modelled, as for a run
     replaying its whole iteration as one CUDA graph (Megatron-Core's full_iteration graphs),
-    whose published runs that prices 26% too fast on median (benchmarks/moe_runs.py, release
+    whose published runs that prices 21% too fast on median (benchmarks/moe_runs.py, release
     26.08)."""
     cp_ring: str = "te"
     """Whose ring runs context parallelism's p2p exchange (costmodels.context): ``te``

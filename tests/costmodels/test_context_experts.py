@@ -580,3 +580,56 @@ def test_moe_numbers_out_of_range_are_refused_alike_with_the_fix(setting, said):
     neither, nor the imbalance's, said what to give."""
     with pytest.raises(SpecError, match=said):
         engine_from_mapping(setting)
+
+
+def test_the_alltoall_dispatcher_regroups_the_copies_by_local_expert_and_back():
+    """After an all-to-all the copies arrive grouped by source rank: with several local experts
+    the alltoall dispatcher sorts them by expert and back (two passes, each reading and writing
+    every copy the rank receives, forward and backward alike); one local expert, DeepEP and the
+    allgather dispatcher (whose receivers expand tokens in expert order once, as the traced
+    model's gather) and a rank without expert parallelism add nothing."""
+    from costmodels.compute import block_time, regroup_s
+    from costmodels.hardware import DEVICES
+    from costmodels.workload import BlockWork
+
+    up = Gemm(batch=1, m=4096 * 8, n=2 * 1408, k=2048, split=SPLIT_N, experts=64)
+    copies = 4096 * 8 * 2048 * 2  # one sample's copies at the hidden width, bf16
+    work = BlockWork(gemms=(up,), num_experts=64, kernels_eager=200.0, kernels_fused=50.0,
+                     mem_bytes_rep=1e8, fused_bytes_rep=5e7, dispatch_bytes=copies,
+                     moe_layers=1.0)
+    b200 = DEVICES["b200"]
+    alltoall = engine_from_mapping("moe_host_op_s=0")
+
+    def priced(engine, ep, *, tp=1, micro_batch=2, etp=1, load=1.0):
+        return regroup_s(work, b200, engine, micro_batch=micro_batch, tp=tp,
+                         experts=Experts(ep=ep, etp=etp, load=load))
+
+    seconds, kernels = priced(alltoall, 8)
+    held = 2 * copies  # two samples' copies: this rank receives as many as it sends
+    assert kernels == 2
+    assert seconds == pytest.approx(2 * 2 * held / b200.memory_bytes_per_s
+                                    + 2 * b200.kernel_overhead_s)
+    # the busiest rank's copies, gathered over etp; a tp rank holds 1/tp of the tokens
+    assert priced(alltoall, 8, etp=2, load=1.5)[0] > priced(alltoall, 8)[0]
+    assert priced(alltoall, 8, tp=2)[0] < seconds
+    for engine, ep in ((alltoall, 1), (alltoall, 64),
+                       (engine_from_mapping("moe_dispatcher=deepep"), 8),
+                       (engine_from_mapping("moe_dispatcher=allgather"), 8)):
+        assert priced(engine, ep) == (0.0, 0.0)
+
+    def times(engine, ep):
+        t = block_time(work, b200, dtype="bf16", micro_batch=2, tp=1, sp=False,
+                       recompute="none", engine=engine, experts=Experts(ep=ep))
+        return t.fwd_s, t.bwd_s
+
+    deepep = engine_from_mapping("moe_dispatcher=deepep,moe_host_op_s=0")
+    with_f, with_b = times(alltoall, 8)
+    without_f, without_b = times(deepep, 8)
+    assert with_f - without_f == pytest.approx(seconds)
+    assert with_b - without_b == pytest.approx(seconds)
+    # their launches join the layer's issue time where the host binds
+    slow = 1e-3
+    bound = block_time(work, b200, dtype="bf16", micro_batch=2, tp=1, sp=False,
+                       recompute="none", engine=engine_from_mapping(f"moe_host_op_s={slow}"),
+                       experts=Experts(ep=8))
+    assert bound.fwd_s == pytest.approx((200 + 2) * slow)
