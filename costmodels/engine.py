@@ -371,6 +371,9 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
                                 f"{', '.join(PRESETS)} or give k=v settings")
             base, spec = dict(PRESETS[head.strip()]), rest
         spec = parse_pairs(spec, where="engine", example="--engine attention=flash") if spec else {}
+    elif not isinstance(spec, Mapping):
+        raise SpecError(f"engine: expected a preset name, 'k=v,...' settings, a mapping or an "
+                        f"EngineSpec, got a {type(spec).__name__}")
     names = {f.name for f in fields(EngineSpec)}
     unknown = set(spec) - names
     if unknown:

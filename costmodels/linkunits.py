@@ -65,10 +65,13 @@ def link_figures(spec: Mapping, where: str) -> tuple[float, float]:
         raise SpecError(f"{where}: give bandwidth or bandwidth_GBps, not both")
     if "latency" in spec and "latency_us" in spec:
         raise SpecError(f"{where}: give latency or latency_us, not both")
+    plain = "bandwidth_GBps" in spec or "latency_us" in spec  # (the example in the form used)
     if "bandwidth" not in spec and "bandwidth_GBps" not in spec:
-        raise SpecError(f"{where}.bandwidth: missing (e.g. bandwidth: 10Gbps)")
+        raise SpecError(f"{where}.bandwidth: missing (e.g. " + (
+            "bandwidth_GBps: 50)" if plain else "bandwidth: 400Gbps)"))
     if "latency" not in spec and "latency_us" not in spec:
-        raise SpecError(f"{where}.latency: missing (e.g. latency: 30ms)")
+        raise SpecError(f"{where}.latency: missing (e.g. " + (
+            "latency_us: 5" if plain else "latency: 5us") + "; a link between sites: tens of ms)")
     # the plain keys take plain numbers, the unit keys a unit: a bare number there is ambiguous
     # (Gb/s or GB/s? ms or us?)
     for plain, unit, example in (("bandwidth_GBps", "bandwidth", "200Gbps"),

@@ -1,9 +1,19 @@
-"""Reading ``key=value,key=value`` text, as the CLI's --fix and --engine take it, and the
-true-or-false settings among it."""
+"""Reading ``key=value,key=value`` text, as the CLI's --fix and --engine take it, the
+true-or-false settings among it, and whole numbers given from Python."""
 
 from __future__ import annotations
 
+import numbers
+
 from costmodels.errors import SpecError
+
+
+def positive_int(value, where: str) -> int:
+    """A count given as any integer type (numpy's too: a sweep over np.arange), as an int;
+    SpecError naming ``where`` for a bool, a non-integer or one below 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise SpecError(f"{where}: expected a positive integer, got {value!r}")
+    return int(value)
 
 
 def parse_pairs(text: str, *, where: str, example: str) -> dict[str, str]:

@@ -58,6 +58,8 @@ from costmodels.errors import SpecError, suggest, unknown_key
 from costmodels.hardware import (DEVICES, GB, US, DeviceSpec, _fraction, device_mapping,
                                  get_device)
 from costmodels.linkunits import link_figures
+from costmodels.specs import positive_int
+
 DEFAULT_LINK_EFFICIENCY = 0.8
 """Share of the line rate collectives reach on a link whose cluster file gives no
 ``efficiency``: assumed, between NVLink's measured 0.77-0.82 and InfiniBand's 0.90 (above)."""
@@ -242,9 +244,9 @@ def with_overrides(cluster: Cluster, *, nodes: int | None = None,
     """The cluster resized; values must be positive integers."""
     changes = {}
     if nodes is not None:
-        changes["nodes"] = _positive_int(nodes, "nodes")
+        changes["nodes"] = positive_int(nodes, "nodes")
     if gpus_per_node is not None:
-        changes["gpus_per_node"] = _positive_int(gpus_per_node, "gpus_per_node")
+        changes["gpus_per_node"] = positive_int(gpus_per_node, "gpus_per_node")
     resized = replace(cluster, **changes) if changes else cluster
     _check_size(resized.num_gpus, "nodes")
     return resized
@@ -276,11 +278,11 @@ def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
                     if key == "inter_node" and spec.get("nodes") == 1 else "")
             raise SpecError(f"{where}.{key}: missing{need} (see the cluster YAML form in "
                             "README.md)")
-    gpn = _positive_int(spec["gpus_per_node"], f"{where}.gpus_per_node")
+    gpn = positive_int(spec["gpus_per_node"], f"{where}.gpus_per_node")
     cluster = Cluster(
         name=str(spec["name"]),
         device=get_device(spec["device"], f"{where}.device"),
-        nodes=_positive_int(spec["nodes"], f"{where}.nodes"),
+        nodes=positive_int(spec["nodes"], f"{where}.nodes"),
         gpus_per_node=gpn,
         intra_node=link_from_mapping(spec["intra_node"], f"{where}.intra_node", "intra", gpn),
         inter_node=link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter", gpn),
@@ -316,10 +318,6 @@ def link_from_mapping(spec: Mapping, where: str, default_name: str,
     )
 
 
-def _positive_int(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(f"{where}: expected a positive integer, got {value!r}")
-    return value
 
 
 SCOPES = ("gpu", "node", "site")

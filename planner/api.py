@@ -19,6 +19,7 @@ from typing import Callable
 
 from costmodels import precision
 from costmodels.engine import EngineSpec
+from costmodels.specs import positive_int
 from costmodels.topology import HeteroCluster
 from planner.emit import across_sites, emit, emit_tables
 from planner.errors import InfeasibleError, PlannerError, SpecError
@@ -28,7 +29,7 @@ from planner.inputs.modules import import_from_working_folder
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import (LAYOUT_FOR_RECSYS, TRACE_METHODS, SearchOptions, TrainingSpec,
-                             engine_spec, idle_pins, parse_fix, reserve_options)
+                             check_dtype, engine_spec, idle_pins, parse_fix, reserve_options)
 from planner import model_notes, settings, targets
 from planner.planfile.document import Plan
 from planner.search import alone, replicas
@@ -82,10 +83,17 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     if trace_method not in TRACE_METHODS:
         raise SpecError(f"trace_method: unknown method {trace_method!r}; choose "
                         f"{', '.join(TRACE_METHODS)}")
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)
-                                or seq_len < 1):
-        raise SpecError(f"seq_len: expected a positive integer (or None: the model's), got "
-                        f"{seq_len!r}")
+    check_dtype(dtype)
+    if isinstance(model, str) and model.lower() in RECSYS:
+        raise SpecError(f"model: {model} is a recommendation model (embedding tables): "
+                        "planner.prepare and plan_prepared take dense models; plan it with "
+                        "planner.plan")
+    if seq_len is not None:
+        try:
+            seq_len = positive_int(seq_len, "seq_len")
+        except SpecError:
+            raise SpecError(f"seq_len: expected a positive integer (or None: the model's), got "
+                            f"{seq_len!r}") from None
     folder = cache.default_dir() if cache_dir == "auto" else cache_dir
     zoo = ZOO.get(model.lower()) if isinstance(model, str) else None
     keyed_len = seq_len or (zoo.seq_len if zoo else None)  # a zoo model's default: the same trace
@@ -226,6 +234,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     sharded; ``tables`` (a YAML path or a mapping), ``table_optimizer`` and ``pipeline`` apply to
     those only."""
     model, tables = fspath_or_same(model), fspath_or_same(tables)  # (a cluster Path: load_cluster)
+    global_batch = positive_int(global_batch, "global_batch")  # (numpy's integers as ints)
     reserve = reserve_options(memory_reserve_fraction, memory_reserve_gb,
                               recsys=recsys_model(model))
     if recsys_model(model):
@@ -501,8 +510,9 @@ def _dense_zero(value) -> int:
     return int(value)
 
 
-def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: SearchOptions, *,
-                  progress=None, record_timing: bool = False,
+def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec,
+                  options: SearchOptions | None = None, *, progress=None,
+                  record_timing: bool = False,
                   warn_default_engine: bool = True, compare_groups: bool = True,
                   nearest_engine: bool = False) -> Plan:
     """Search and emit for an already traced model, priced with ``training.engine`` (planner.plan
@@ -516,7 +526,11 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
     search.sites_replicas), and where that is faster (SearchOptions.across_sites) it is the plan
     (planner.emit.across_sites). With ``nearest_engine`` (plan solve's), a plan
     for --target any that no exported engine runs as planned is searched again within
-    Megatron-LM's rules, with the same software (the plan's search.nearest_engine)."""
+    Megatron-LM's rules, with the same software (the plan's search.nearest_engine). ``cluster``
+    may be a preset name or a cluster file (as planner.plan takes it); ``options`` None: the
+    defaults."""
+    prepared, cluster, training, options = _prepared_arguments(prepared, cluster, training,
+                                                               options)
     if progress is not None and not callable(progress):
         raise SpecError(f"progress: expected a callable taking (done, total), or None; got "
                         f"{progress!r}")
@@ -623,6 +637,29 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec, options: 
              pick.row["parallel"], pick.row["step_time_s"], over.step_time_s)
     return _replicas_plan(prepared, pick, cluster, training, options, over=over,
                           rows=replica_rows, alone_rows=rows, record_timing=record_timing)
+
+
+def _prepared_arguments(prepared, cluster, training, options) -> tuple:
+    """plan_prepared's positional arguments checked by type (a wrong object failed deep in the
+    search), a cluster named or given as a file loaded, options defaulted."""
+    if not isinstance(prepared, Prepared):
+        raise SpecError(f"prepared: expected what planner.prepare returns, got a "
+                        f"{type(prepared).__name__}; call planner.prepare(model) first (or "
+                        "planner.plan, which does both)")
+    if isinstance(cluster, (str, os.PathLike)):
+        cluster = load_cluster(cluster)
+    elif not hasattr(cluster, "num_gpus") or not hasattr(cluster, "name"):
+        raise SpecError(f"cluster: expected a preset name, a cluster file or what "
+                        f"planner.load_cluster returns, got a {type(cluster).__name__}")
+    if not isinstance(training, TrainingSpec):
+        raise SpecError(f"training: expected a planner.TrainingSpec(global_batch=..., "
+                        f"seq_len=...), got a {type(training).__name__}")
+    if options is None:
+        options = SearchOptions()
+    elif not isinstance(options, SearchOptions):
+        raise SpecError(f"options: expected a planner.SearchOptions(...) or None, got a "
+                        f"{type(options).__name__}")
+    return prepared, cluster, training, options
 
 
 def _warn_alone(rows: list[dict], step_s: float, cluster) -> None:

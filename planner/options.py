@@ -11,7 +11,7 @@ from typing import Literal, Mapping, get_args
 from costmodels.engine import EngineSpec, engine_from_mapping
 from costmodels.memory import RECOMPUTE, Recompute
 from costmodels.pipeline import SCHEDULES, Schedule
-from costmodels.specs import parse_pairs, read_bool
+from costmodels.specs import parse_pairs, positive_int, read_bool
 from planner.errors import SpecError
 
 # The sets of choices, each listed once. Schedules and recomputation policies are the ones the cost
@@ -78,12 +78,9 @@ class TrainingSpec:
         elif not isinstance(self.engine, EngineSpec):
             raise SpecError(f"engine: expected an EngineSpec, a preset name or a mapping of "
                             f"settings, got {type(self.engine).__name__}")
-        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
-            raise SpecError(f"global_batch: expected a positive integer, got {self.global_batch!r}")
-        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
-            raise SpecError(f"seq_len: expected a positive integer, got {self.seq_len!r}")
-        if self.dtype not in DTYPES:
-            raise SpecError(f"dtype: unknown dtype '{self.dtype}'; use one of {', '.join(DTYPES)}")
+        for name in ("global_batch", "seq_len"):  # (numpy's integers too, as plain ints)
+            object.__setattr__(self, name, positive_int(getattr(self, name), name))
+        check_dtype(self.dtype)
         if self.optimizer not in OPTIMIZERS:
             raise SpecError(f"optimizer: unknown optimizer '{self.optimizer}'; use one of "
                             f"{', '.join(OPTIMIZERS)}")
@@ -345,7 +342,10 @@ class SearchOptions:
         if self.across_sites not in ACROSS_SITES:
             raise SpecError(f"across_sites: expected one of {', '.join(ACROSS_SITES)}, got "
                             f"{self.across_sites!r}")
-        for name in ("cp_comms_windowed", "cp_comms_sinks"):  # may be empty: no cp for those
+        if self.trace not in TRACE_METHODS:
+            raise SpecError(f"trace: unknown method {self.trace!r}; choose "
+                            f"{', '.join(TRACE_METHODS)}")
+        for name in ("cp_comms_windowed", "cp_comms_sinks", "cp_comms_latent"):  # may be empty
             forms = getattr(self, name)
             if not isinstance(forms, (tuple, list)) or any(v not in CP_COMMS for v in forms):
                 raise SpecError(f"{name}: expected a tuple of {', '.join(CP_COMMS)}; got "
@@ -357,6 +357,12 @@ class SearchOptions:
         object.__setattr__(self, "fix", parse_fix(self.fix))  # checked: knob names and values
         if self.layout is not None:
             parse_layout(self.layout)
+
+
+def check_dtype(dtype) -> None:
+    """SpecError unless ``dtype`` is one of DTYPES."""
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise SpecError(f"dtype: unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
 
 
 def _number(x) -> bool:
@@ -590,12 +596,19 @@ _KNOB_NAMES = {"data_parallel": "dp", "tensor_parallel": "tp", "pipeline_paralle
 for the hint after an unknown one (matched on the lowercased name, any '-size' / '_size' dropped)."""
 
 
+def knob_meant(key) -> str | None:
+    """The knob (FIX_KEYS) another name stands for: Megatron's and torchtitan's flag names and
+    shorthands (``tensor_parallel``, ``mbs``), in any case, with '-size' or '-degree'; None."""
+    plain = str(key).lower().replace("-", "_").removesuffix("_size").removesuffix("_degree")
+    return plain if plain in FIX_KEYS else _KNOB_NAMES.get(plain)
+
+
 def _unknown_knob(key: str, value, where: str) -> str:
     """The one-line error for a knob not in FIX_KEYS: the knob or engine setting meant, where one
     is close, else the list."""
     plain = str(key).lower().replace("-", "_").removesuffix("_size").removesuffix("_degree")
     again = " to plan solve (re-plan)" if where == "why" else ""
-    meant = plain if plain in FIX_KEYS else _KNOB_NAMES.get(plain)
+    meant = knob_meant(key)
     if meant:
         return f"{where}: unknown knob '{key}'; did you mean {meant}={value}?"
     if plain in _RUN_FLAGS:  # global_batch_size: a setting of the run

@@ -17,7 +17,7 @@ from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
-from planner.options import DTYPES, FIX_KEYS, OPTIMIZERS, parse_fix
+from planner.options import DTYPES, FIX_KEYS, OPTIMIZERS, knob_meant, parse_fix
 
 CLUSTER_KEYS = ("cluster", "nodes", "gpus_per_node", "device", "inter_node_bandwidth",
                 "intra_node_bandwidth", "inter_region_bandwidth")
@@ -44,7 +44,9 @@ def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
     axes = []
     for key, values in vary.items():
         if key not in VARY_KEYS:
-            raise SpecError(f"vary: unknown key '{key}'{suggest(key, VARY_KEYS)}")
+            meant = knob_meant(key)
+            raise SpecError(f"vary: unknown key '{key}'" + (
+                f"; did you mean {meant}?" if meant else suggest(key, VARY_KEYS)))
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
             raise SpecError(f"vary.{key}: expected a non-empty list of values, got {values!r}")
         axes.append([(key, value(key, v)) for v in values])

@@ -36,7 +36,7 @@ from planner.logs import collected_warnings
 from planner.search.feasibility import cluster_pin_problem, reserve_problem
 from planner.search.layout import layout_pp_problem
 from planner.options import (FIX_KEYS, KNOBS, LAYOUT_FOR_RECSYS, SearchOptions, TrainingSpec,
-                             engine_spec, parse_fix, reserve_options)
+                             check_dtype, engine_spec, parse_fix, reserve_options)
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.settings import target_engine
 from planner.units import counted
@@ -126,6 +126,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             raise SpecError(f"vary.{key}: also given as {key}={given} ({where}); give it in one "
                             "place")
     dtype = ("fp32" if recsys else "bf16") if dtype is None else dtype
+    check_dtype(dtype)  # (a name no device has, said as such, before the devices' own check)
     targets.engine(target)  # an unknown one is bad input
     if recsys:
         targets.check_recsys(target)

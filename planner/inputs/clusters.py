@@ -30,7 +30,8 @@ def load_cluster(spec, *, nodes: int | None = None,
             return _no_overrides(hetero_from_mapping(spec), nodes, gpus_per_node)
         cluster = cluster_from_mapping(spec)
     elif isinstance(spec, str) and (path_given or spec.endswith((".yaml", ".yml"))
-                                    or os.path.sep in spec):
+                                    or os.path.sep in spec or (os.path.splitext(spec)[1] != ""
+                                                               and os.path.isfile(spec))):
         data = _read_yaml(spec)
         if "sites" in data:
             return _no_overrides(sites_from_mapping(data, where=os.path.basename(spec)), nodes,

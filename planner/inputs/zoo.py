@@ -67,8 +67,8 @@ def unknown_model(model: str) -> str:
             defined = []
         return (f"'{model}' is a Python file: name the function in it that builds the model, "
                 f"{model}:FUNCTION" + (f" (it defines {', '.join(defined)})" if defined else ""))
-    return (f"unknown model '{model}'{suggest(model.lower(), ZOO)} (or give a config.json path or "
-            "file.py:factory)")
+    return (f"unknown model '{model}'{suggest(model.lower(), [*ZOO, *RECSYS])} (or give a "
+            "config.json path or file.py:factory)")
 
 
 LEARNED_POSITION_TYPES = ("bert", "roberta", "gpt2", "opt", "bart", "whisper")

@@ -256,6 +256,10 @@ def known_model_pin_problem(fix: dict, num_gpus: int, *, seq_len: int, experts: 
                             options: SearchOptions | None = None) -> str:
     """The part of pin_problem a zoo model's published dimensions (its sequence length, its
     routed experts) decide before it is traced."""
+    ep, etp = fix.get("ep", 1), fix.get("etp", 1)
+    if not experts and (ep > 1 or etp > 1):  # (a traced model's line says what the trace seeks)
+        key = "ep" if ep > 1 else "etp"
+        return f"fix.{key}: the model is dense (no routed experts to spread); drop {key}"
     return (sequence_pin_problem(fix, seq_len, num_gpus, options)
             or experts_pin_problem(fix, experts, num_gpus))
 
@@ -303,7 +307,8 @@ def cluster_pin_problem(fix: dict, num_gpus: int, batch: int,
 
     if fix.get("sequence_parallel") and tp == 1:
         return "fix.sequence_parallel: needs tp > 1; pin tp > 1 or drop sequence_parallel"
-    if "cp_comm" in fix and fix.get("cp") == 1:
+    if "cp_comm" in fix and fix.get("cp") == 1 and fix["cp_comm"] != "p2p":
+        # (p2p at cp=1 is what every plan file records: its parallel given back as pins)
         return (f"fix.cp_comm: {fix['cp_comm']} exchanges keys and values between context-"
                 "parallel ranks and cp=1 has none; drop cp_comm or pin cp > 1")
     if fix.get("offload_optimizer") and fix.get("zero") == 0:

@@ -6,8 +6,10 @@ under the user's cache folder (``$XDG_CACHE_HOME/planner/traces``, else ``~/.cac
 hashes what the trace depends on:
 
 - the model: a zoo entry's configuration, the bytes of a ``config.json``, or the bytes of a
-  ``file.py`` and the factory's name (the modules that file imports are not hashed: edit one and
-  pass ``--no-cache``); a module object has no key and is never cached;
+  ``file.py``, of the modules it imports from its own folder (``from defs import TinyGPT`` next
+  to it, and what those import from there in turn: local_sources) and the factory's name; a
+  ``package.module:factory`` (an installed package, not hashed: after editing it pass
+  ``--no-cache``, or ``cache_dir=None``) and a module object have no key and are never cached;
 - the sequence length, dtype and tracer asked for;
 - the versions of torch, transformers and the planner, and the source of the planner's own
   tracing and pricing code, so that any change to them misses.
@@ -18,6 +20,7 @@ bytes), and one that does not read back as a trace of this schema is ignored and
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
@@ -93,8 +96,56 @@ def _identity(model: str):
     target, sep, name = model.rpartition(":")
     if sep and target.endswith(".py"):
         found = _file(target, "factory")
-        return None if found is None else [*found, name]
+        if found is None:
+            return None
+        imported = [_file(p, "import") for p in local_sources(target)[1:]]
+        return [*found, name, *[h for item in imported if item for h in item]]
     return None  # package.module:factory: the installed package is not hashed
+
+
+LOCAL_SOURCES_MAX = 200
+"""At most this many files hashed for one factory (a folder of many modules keys on these)."""
+
+
+def local_sources(path: str) -> list[str]:
+    """``path`` and the Python files it imports from its own folder, transitively (a module
+    ``defs`` as defs.py or a package defs/ with every .py file in it), found by reading the
+    import statements (nothing is run), in a fixed order."""
+    folder = os.path.dirname(os.path.abspath(path))
+    seen, queue = [os.path.abspath(path)], [os.path.abspath(path)]
+    while queue and len(seen) < LOCAL_SOURCES_MAX:
+        try:
+            with open(queue.pop(0), "rb") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.module:
+                    names.add(node.module.split(".")[0])
+                elif node.level:  # from . import defs
+                    names.update(a.name for a in node.names)
+        for name in sorted(names):
+            for found in _module_files(folder, name):
+                if found not in seen and len(seen) < LOCAL_SOURCES_MAX:
+                    seen.append(found)
+                    queue.append(found)
+    return seen
+
+
+def _module_files(folder: str, name: str) -> list[str]:
+    """The files of module ``name`` in ``folder``: name.py, or every .py file of package name/."""
+    single = os.path.join(folder, name + ".py")
+    if os.path.isfile(single):
+        return [single]
+    package = os.path.join(folder, name)
+    if not os.path.isdir(package):
+        return []
+    return sorted(os.path.join(root, f) for root, _, files in os.walk(package)
+                  for f in files if f.endswith(".py"))
 
 
 def _file(path: str, kind: str):

@@ -40,6 +40,10 @@ CONSTRUCTS = (
      "try --trace export, which unpacks tensors"),
     ("cannot be used as inputs to", "a traced value passed where Python needs a concrete one",
      "try --trace export"),
+    ("found at least two devices", "a tensor made on a device other than the model's "
+     "(torch.zeros(..., device='cpu') or .cuda() in the forward or in the factory's inputs)",
+     "drop the device= argument (the planner builds everything on the meta device) or make it "
+     "follow the input's (device=x.device)"),
     ("meta tensor", "an op that reads tensor data (.item(), .tolist(), printing)",
      "keep the forward free of reads of tensor values"),
     ("config' object has no attribute", "the model reads a config field the file does not set",

@@ -26,6 +26,7 @@ from planner.files import read_json_object, refuse_plan
 from planner.inputs.modules import import_from_working_folder
 from planner.inputs.zoo import ZOO, ZooEntry, unknown_model
 from planner.trace import hf, mtp
+from planner.trace.cache import local_sources
 from planner.trace.failures import model_frame
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None,
                                      batch=_infer_batch(args, kwargs), source="module"))
     if not isinstance(model, str) or not model:
         raise SpecError("model: expected a zoo name, a config.json path, file.py:factory or an "
-                        f"nn.Module, got {model!r}")
+                        f"nn.Module, got {model_kind(model)}")
     if example_inputs is not None:  # a named model builds its own inputs
         raise SpecError(f"example_inputs: given with the model {model!r}, which builds its own "
                         "inputs (a file.py:factory returns them); they go with an nn.Module "
@@ -132,6 +133,19 @@ def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None,
     if ":" in model:
         return _from_factory(model, seq_len, dtype)
     raise SpecError(f"model: {unknown_model(model)}")
+
+
+def model_kind(model) -> str:
+    """What a wrong MODEL argument is, in a few words (its repr can run to pages): a traced model
+    or a plan says where it goes instead."""
+    kind = type(model).__name__
+    if kind == "Prepared":
+        return "a Prepared model (pass it to planner.plan_prepared, or its spec to planner.plan)"
+    if kind == "Plan":
+        return ("a Plan (its model.spec names the model it was planned for: "
+                "plan.model['spec'])")
+    text = repr(model)
+    return text if len(text) <= 80 else f"a {kind}"
 
 
 def _from_zoo(entry: ZooEntry, seq_len: int | None, dtype: str) -> ResolvedModel:
@@ -197,6 +211,10 @@ def _build_hf(name: str | None, cfg, architecture: str, seq_len: int, dtype: str
     return rm
 
 
+TRACEBACK_HINT = "--debug shows the traceback; from Python, the exception's __cause__"
+"""Where the traceback of the user's own code is, after its error's one line."""
+
+
 def load_factory(spec: str):
     """The callable named by ``path/to/file.py:factory`` or ``package.module:factory``."""
     target, _, attr = spec.rpartition(":")
@@ -206,14 +224,15 @@ def load_factory(spec: str):
         folder = os.path.dirname(os.path.abspath(target))
         if folder not in sys.path:  # its own imports of modules beside it, as `python file.py`
             sys.path.append(folder)  # (after the planner's own: no module of it is shadowed)
+        _forget_edited(target)
         mod_spec = importlib.util.spec_from_file_location(f"_planner_user_{_digest(target)}", target)
         module = importlib.util.module_from_spec(mod_spec)
         try:
             mod_spec.loader.exec_module(module)
         except Exception as exc:
             raise SpecError(f"model: importing '{target}' failed: {type(exc).__name__}: "
-                            f"{(str(exc).splitlines() or [''])[0][:160]}; --debug shows the "
-                            "traceback") from exc
+                            f"{(str(exc).splitlines() or [''])[0][:160]}; {TRACEBACK_HINT}"
+                            ) from exc
     else:
         import_from_working_folder()
         try:
@@ -225,6 +244,30 @@ def load_factory(spec: str):
         raise SpecError(f"model: '{target}' has no callable '{attr}'; it must return "
                         "(model, example_inputs)")
     return factory
+
+
+_IMPORTED: dict[str, str] = {}
+"""A factory file's local modules (planner.trace.cache.local_sources) -> the hash of their bytes
+when load_factory last loaded it."""
+
+
+def _forget_edited(target: str) -> None:
+    """Drop from sys.modules the modules beside a factory file that were edited since this process
+    last loaded it, so that its import reads them again (planning twice from one Python session,
+    a notebook, traced the edited model's first version, and the trace cache then kept that
+    under the new sources' key)."""
+    for path in local_sources(target)[1:]:
+        try:
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            continue
+        if _IMPORTED.get(path, digest) != digest:
+            for name, mod in list(sys.modules.items()):
+                file = getattr(mod, "__file__", None)
+                if file and os.path.abspath(file) == path:
+                    del sys.modules[name]
+        _IMPORTED[path] = digest
 
 
 def call_factory(factory, spec: str, seq_len: int | None = None, *, meta: bool = True):
@@ -253,8 +296,8 @@ def call_factory(factory, spec: str, seq_len: int | None = None, *, meta: bool =
         where = model_frame(exc)
         raise SpecError(f"model: {spec} raised {type(exc).__name__}: "
                         f"{(str(exc).splitlines() or [''])[0][:160]}"
-                        f"{f' at {where}' if where else ''}; fix the factory (--debug shows the "
-                        "traceback)") from exc
+                        f"{f' at {where}' if where else ''}; fix the factory ({TRACEBACK_HINT})"
+                        ) from exc
 
 
 def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:

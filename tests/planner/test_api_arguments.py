@@ -30,6 +30,8 @@ def test_a_relative_path_cluster_is_a_file_whatever_its_name(tiny_llama_config, 
     assert p.cluster["num_gpus"] == 2 and [r["gpus"] for r in rows] == [2, 2]
     with pytest.raises(SpecError, match="unknown cluster 'mycluster'"):
         planner.load_cluster("mycluster")  # a str without suffix or folder: a preset name
+    (tmp_path / "mycluster.txt").write_text((tmp_path / "mycluster").read_text())
+    assert planner.load_cluster("mycluster.txt").num_gpus == 2  # an existing file with a suffix
 
 
 def test_paths_may_be_pathlib_paths(tiny_llama_config, tmp_path):
@@ -433,3 +435,87 @@ def test_a_checkpoint_quantization_is_said_and_the_training_dtype_kept(tmp_path,
     assert prepared.info["checkpoint_quantization"] == "fp8, weight blocks 128x128"
     assert "quantization_config (fp8, weight blocks 128x128) says how the checkpoint is " \
         "stored; training is planned in bf16" in caplog.text
+
+
+def test_wrong_objects_get_one_line_naming_the_argument(tiny_llama_config):
+    """A second new-user check of the API passed the wrong object to each argument: a traceback
+    from deep in the search (plan_prepared), a KeyError (prepare's dtype), a 96,000-character
+    repr (a Prepared model given as the model) or a misnamed cause (an engine list, a whatif
+    dtype) came back."""
+    import numpy as np
+
+    prep = planner.prepare(tiny_llama_config, seq_len=128)
+    training = planner.TrainingSpec(global_batch=8, seq_len=128)
+    with pytest.raises(SpecError, match="dtype: unknown dtype 'bfloat16'; use one of bf16"):
+        planner.prepare(tiny_llama_config, dtype="bfloat16")
+    with pytest.raises(SpecError, match="two-tower is a recommendation model.*planner.plan$"):
+        planner.prepare("two-tower")
+    for args, said in (((training, "dgx-h100", training),
+                        "prepared: expected what planner.prepare"),
+                       ((prep, "dgx-h100", {"global_batch": 8}), "training: expected a planner."
+                        r"TrainingSpec\(global_batch=..., seq_len=...\), got a dict"),
+                       ((prep, "dgx-h100", training, {}), "options: expected a planner."
+                        r"SearchOptions\(...\) or None, got a dict"),
+                       ((prep, 8, training), "cluster: expected a preset name")):
+        with pytest.raises(SpecError, match=said):
+            planner.plan_prepared(*args)
+    # a preset name for the cluster, options left out: as planner.plan takes them
+    assert planner.plan_prepared(prep, "dgx-h100", training).step_time_s == pytest.approx(
+        planner.plan_prepared(prep, planner.load_cluster("dgx-h100"), training,
+                              planner.SearchOptions()).step_time_s)
+    with pytest.raises(SpecError) as err:
+        planner.plan(prep, cluster="dgx-h100", global_batch=8)
+    assert "got a Prepared model (pass it to planner.plan_prepared" in str(err.value)
+    assert len(str(err.value)) < 300
+    with pytest.raises(SpecError, match="engine: expected a preset name.*got a list"):
+        planner.plan(tiny_llama_config, cluster="dgx-h100", global_batch=8, seq_len=128,
+                     engine=["torchtitan"])
+    with pytest.raises(SpecError, match="dtype: unknown dtype 'bfloat16'"):
+        planner.whatif(tiny_llama_config, vary={"nodes": [1]}, cluster="dgx-h100",
+                       global_batch=8, seq_len=128, dtype="bfloat16")
+    with pytest.raises(SpecError, match="vary: unknown key 'tensor_parallel'; did you mean tp"):
+        planner.whatif(tiny_llama_config, vary={"tensor_parallel": [1, 2]}, cluster="dgx-h100",
+                       global_batch=8, seq_len=128)
+    for bad in ({"trace": "jit"}, {"cp_comms_latent": ("foo",)}):
+        with pytest.raises(SpecError, match=f"{next(iter(bad))}: "):
+            planner.SearchOptions(**bad)
+    # numpy's integers (a sweep over np.arange) are counts like any other
+    p = planner.plan(tiny_llama_config, cluster="dgx-h100", nodes=np.int64(1),
+                     global_batch=np.int64(8), seq_len=np.int64(128), top_k=0)
+    assert p.training["global_batch"] == 8 and type(p.training["global_batch"]) is int
+
+
+def test_a_plans_own_parallel_pins_its_configuration(tiny_llama_config):
+    """A plan's parallel, less num_microbatches, given back as pins prices the same step (its
+    cp_comm p2p at cp=1 was refused)."""
+    p = planner.plan(tiny_llama_config, cluster="dgx-h100", global_batch=16, seq_len=128,
+                     top_k=0)
+    fix = {k: v for k, v in p.parallel.items() if k != "num_microbatches"}
+    assert fix["cp"] == 1 and fix["cp_comm"] == "p2p"
+    again = planner.plan(tiny_llama_config, cluster="dgx-h100", global_batch=16, seq_len=128,
+                         top_k=0, fix=fix)
+    assert again.parallel == p.parallel and again.step_time_s == p.step_time_s
+    with pytest.raises(SpecError, match="fix.cp_comm: a2a exchanges keys and values"):
+        planner.plan(tiny_llama_config, cluster="dgx-h100", global_batch=16, seq_len=128,
+                     fix={"cp": 1, "cp_comm": "a2a"})
+
+
+def test_a_factory_files_own_imports_are_in_its_trace_cache_key(tmp_path):
+    """Editing a module the factory file imports from its folder traces the model again, from
+    the same Python session too (the cache kept the first version's trace)."""
+    (tmp_path / "cachekey_defs.py").write_text(
+        "from torch import nn\nWIDTH = 64\n\nclass Tiny(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.lin = nn.Linear(WIDTH, WIDTH)\n\n"
+        "    def forward(self, x):\n        return self.lin(x)\n")
+    (tmp_path / "entry.py").write_text(
+        "import torch\nfrom cachekey_defs import Tiny, WIDTH\n\ndef build():\n"
+        "    return Tiny(), (torch.zeros(2, WIDTH),)\n")
+    cache = str(tmp_path / "cache")
+    spec = f"{tmp_path}/entry.py:build"
+    first = planner.prepare(spec, cache_dir=cache).info["num_params"]
+    assert first == 64 * 64 + 64
+    defs = tmp_path / "cachekey_defs.py"
+    defs.write_text(defs.read_text().replace("64", "128"))
+    assert planner.prepare(spec, cache_dir=cache).info["num_params"] == 128 * 128 + 128
+    from planner.trace.cache import local_sources
+    assert local_sources(f"{tmp_path}/entry.py")[1:] == [str(tmp_path / "cachekey_defs.py")]
