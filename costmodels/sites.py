@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 from costmodels.errors import SpecError, unknown_key
 from costmodels.hardware import GB, US
 from costmodels.linkunits import link_figures
-from costmodels.topology import (DEFAULT_LINK_EFFICIENCY, SCOPES, WAN_EFFICIENCY,
+from costmodels.topology import (DEFAULT_LINK_EFFICIENCY, KEY_EXAMPLES, SCOPES, WAN_EFFICIENCY,
                                  Cluster, HeteroCluster, LinkSpec, SiteLink, cluster_from_mapping,
                                  _check_size)
 
@@ -98,7 +98,8 @@ def sites_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
             raise unknown_key(here, bad, _SITE_KEYS)
         for key in ("name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node"):
             if key not in site:
-                raise SpecError(f"{here}.{key}: missing")
+                raise SpecError(f"{here}.{key}: missing (e.g. {KEY_EXAMPLES[key]}; see the sites "
+                                "form in README.md)")
         name = str(site["name"])
         if name in names:
             raise SpecError(f"{here}.name: site '{name}' is listed twice")

@@ -276,8 +276,8 @@ def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
             need = (" (a one-node cluster uses it only when --nodes or a what-if grows it: give "
                     "the network its nodes would have, e.g. {bandwidth: 400Gbps, latency: 5us})"
                     if key == "inter_node" and spec.get("nodes") == 1 else "")
-            raise SpecError(f"{where}.{key}: missing{need} (see the cluster YAML form in "
-                            "README.md)")
+            raise SpecError(f"{where}.{key}: missing{need or ' (e.g. ' + KEY_EXAMPLES[key] + ')'}"
+                            " (see the cluster YAML form in README.md)")
     gpn = positive_int(spec["gpus_per_node"], f"{where}.gpus_per_node")
     cluster = Cluster(
         name=str(spec["name"]),
@@ -318,6 +318,14 @@ def link_from_mapping(spec: Mapping, where: str, default_name: str,
     )
 
 
+
+
+KEY_EXAMPLES = {"name": "name: dc-east", "device": "device: h100", "nodes": "nodes: 2",
+                "gpus_per_node": "gpus_per_node: 8",
+                "intra_node": "intra_node: {bandwidth: 900GB/s, latency: 3us}",
+                "inter_node": "inter_node: {bandwidth: 400Gbps, latency: 5us}"}
+"""An example line for each key a cluster or a site must give, for the error that it is
+missing."""
 
 
 SCOPES = ("gpu", "node", "site")
@@ -398,7 +406,7 @@ class HeteroCluster:
     def summary(self) -> dict:
         return {
             "name": self.name,
-            "device": "+".join(g.device.name for g in self.groups),
+            "device": "+".join(dict.fromkeys(g.device.name for g in self.groups)),  # (each once)
             "nodes": sum(g.nodes for g in self.groups),
             "gpus_per_node": max(g.gpus_per_node for g in self.groups),
             "num_gpus": self.num_gpus,

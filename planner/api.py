@@ -666,7 +666,8 @@ def _warn_alone(rows: list[dict], step_s: float, cluster) -> None:
     """Warn where one group or site alone (``rows``: alone.groups_alone's) runs the step faster
     than the plan emitted, of ``step_s``."""
     kind, text = alone.verdict(rows, step_s, sites=cluster.is_sites,
-                               kinds=len({g.device.name for g in cluster.groups}))
+                               kinds=len({g.device.name for g in cluster.groups}),
+                               groups=len(cluster.groups))
     if kind == "faster":
         log.warning("cluster: %s", text)
 

@@ -61,7 +61,11 @@ def _run(args) -> int:
                               time_limit_s=args.time_limit, time_unit_s=args.time_unit,
                               seed=args.seed)
     if args.replan:
-        if args.jobs or args.now is None or args.cluster or args.nodes:
+        if args.now is None:
+            raise SpecError("now: missing; --replan needs --now SECONDS, the time into the "
+                            "schedule at which it is made again (--replan SCHEDULE.json --now "
+                            "SECONDS [--done JOB])")
+        if args.jobs or args.cluster or args.nodes:
             raise SpecError("replan: give --replan SCHEDULE.json --now SECONDS [--done JOB], "
                             "without a jobs file or --cluster/--nodes (the schedule holds them)")
         done = [n.strip() for item in args.done for n in item.split(",") if n.strip()]

@@ -119,9 +119,11 @@ def resolve_prices(prices: Mapping[str, float], devices: Sequence[str]) -> dict:
     out = {}
     for key, price in prices.items():
         matches = [d for d in devices if d == key] or [d for d in devices if d.startswith(key)]
-        if len(matches) != 1:
-            which = "matches several" if matches else "matches no"
-            raise SpecError(f"price_per_gpu_hour.{key}: {which} device of the sweep "
+        if len(matches) > 1:
+            raise SpecError(f"price_per_gpu_hour.{key}: matches several devices of the sweep "
+                            f"({', '.join(matches)}); name each of them")
+        if not matches:
+            raise SpecError(f"price_per_gpu_hour.{key}: matches no device of the sweep "
                             f"({', '.join(devices)}); name one of them")
         out[matches[0]] = price
     return out

@@ -168,8 +168,9 @@ def jobs_gantt(doc: dict, path: str) -> None:
             title += f": makespan {makespan:.3g} {sym} (dashed)"
         else:
             ax.axvline(joint, color="black", linestyle=":", linewidth=1)
+            gain = 100 * (makespan - joint) / makespan
             title += (f": makespan {makespan:.3g} {sym}, joint schedule (dotted) {joint:.3g} "
-                      f"{sym} is {100 * (makespan - joint) / makespan:.0f}% shorter")
+                      f"{sym} is {abs(gain):.1f}% {'shorter' if gain >= 0 else 'longer'}")
         if doc["now_s"]:
             ax.axvline(doc["now_s"] / unit, color="red", linewidth=1.2)
         ax.set_title(title, fontsize=10, loc="left")

@@ -116,7 +116,8 @@ def _alone(p: Plan) -> list[str]:
     if not rows:
         return []
     _, text = alone.verdict(rows, p.predicted["step_time_s"], sites=bool(p.cluster.get("links")),
-                            kinds=len(set(str(p.cluster.get("device", "")).split("+"))))
+                            kinds=len(set(str(p.cluster.get("device", "")).split("+"))),
+                            groups=len(p.cluster.get("groups") or ()))
     lines = wrap(f"  alone       {text}", indent=" " * 14)
     verdicts = replicas.verdicts(p.search.get("sites_replicas") or [], p.predicted["step_time_s"],
                                  rows)

@@ -84,10 +84,13 @@ def standing(t: float, step_s: float) -> str:
         else "slower"
 
 
-def verdict(rows: list[dict], step_s: float, *, sites: bool, kinds: int) -> tuple[str, str]:
+def verdict(rows: list[dict], step_s: float, *, sites: bool, kinds: int,
+            groups: int = 0) -> tuple[str, str]:
     """(faster, about, slower or unfit; the sentence) comparing the plan's step (``step_s``, over
     every group) with each group alone (``rows``: groups_alone's); ``kinds``: how many device
-    kinds the cluster has (the slower devices are blamed only where there are two or more)."""
+    kinds the cluster has (the slower devices are blamed only where there are two or more);
+    ``groups``: how many groups or sites it has (with three or more, some of them together may
+    beat one alone, which no search here tries)."""
     word = "site" if sites else "group"
     timed = [a for a in rows if "step_time_s" in a]
     unfit = "; ".join(f"{a['group']} ({a['gpus']} GPUs): {a['reason']}" for a in rows
@@ -104,7 +107,9 @@ def verdict(rows: list[dict], step_s: float, *, sites: bool, kinds: int) -> tupl
             f"({step_s / best['step_time_s']:.2f}x slower): the links between {word}s"
             f"{' or the slower devices' if kinds > 1 else ''} cost more than the extra GPUs "
             f"give; plan on {best['group']} alone (a cluster file of that {word} only, as "
-            "examples/site_a_alone.yaml)")
+            "examples/site_a_alone.yaml)" + (
+                f", or on some of the {word}s (a cluster file of those: not searched here, "
+                "and it may beat one alone)" if groups > 2 else ""))
     elif kind == "about":
         text = (f"one {word} alone is about as fast: {each} a step, against "
                                f"{step_s:.4g} s over every {word}: the other {word}s add little")

@@ -62,7 +62,15 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
             return (f"fix.tp: routed experts with tp={tp} need sequence parallelism (each tp rank "
                     "routes its 1/tp of the tokens), which the target does not run; pin tp=1 "
                     "(ep shards the experts) or plan for another --target")
-    problem = cluster_pin_problem(fix, n, batch, whose)
+    if space.group_gpus and pp is not None:  # stages of one width filling every group
+        depths = sorted({sum(g // w for g in space.group_gpus) for w in divisors(n)})
+        if pp not in depths:
+            sizes = " + ".join(map(str, space.group_gpus))
+            return (f"fix.pp: {pp} {'stage does' if pp == 1 else 'stages do'} not fill the "
+                    f"groups (every stage is tp x dp GPUs of one group, of one width in all: "
+                    f"{sizes} GPUs); use one of {_some(depths)}")
+    problem = cluster_pin_problem({k: v for k, v in fix.items() if k != "pp"}
+                                  if space.group_gpus else fix, n, batch, whose)
     if problem:
         return problem
     if fix.get("offload_optimizer") and space.host:

@@ -162,18 +162,27 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
                              "shares, one per site")
         else:
             share = dataclasses.replace(training, global_batch=training.global_batch // k)
-            try:
-                result = search(bg, site, share, site_options)
-                if result.best is not None and result.best.config.zero == 0 and \
-                        "zero" not in options.fix:
-                    # the hierarchical reduction shards inside a site (a distributed optimizer
-                    # or FSDP): ZeRO-1 at least
-                    sharded = search(bg, site, share, dataclasses.replace(
-                        site_options, fix={**fix, "zero": 1}))
-                    result = sharded if sharded.best is not None else result
-            except PlannerError as exc:
-                result, row["reason"] = None, str(exc).splitlines()[0]
-            best = result.best if result is not None else None
+            result, candidates, refused = None, [], ""
+            # each pipeline depth searched apart: the site's fastest plans differ mostly in what
+            # the site alone rewards, and the depth changes what the reduction across the sites
+            # exposes (a new-user check: pinned pp=16 crossed two sites in 7.9 s where the best
+            # of the fastest eight took 11.9 s)
+            depths = [fix["pp"]] if "pp" in fix else divisors(site.num_gpus)
+            each = None if limit is None else max(alone.MIN_TIME_S, limit / len(depths))
+            for pp in depths:
+                try:
+                    found = _site_search(bg, site, share, dataclasses.replace(
+                        site_options, fix={**fix, "pp": pp}, time_limit_s=each), options)
+                except PlannerError as exc:
+                    refused = refused or str(exc).splitlines()[0]
+                    continue
+                result = found if result is None else _merged(result, found)
+                if found.best is not None:
+                    candidates += [found.best, *found.alternatives]
+            best = min(candidates, key=lambda e: e.step_time_s) if candidates else None
+            result = None if best is None else dataclasses.replace(result, best=best)
+            if best is None and refused:
+                row["reason"] = refused
             if best is None:
                 row.setdefault("reason", f"no configuration fits {site.name} at "
                                          f"{share.global_batch:,} samples a step")
@@ -186,7 +195,7 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
                 # the site plan whose step with the reduction across the sites is shortest,
                 # among the site's fastest (a review: the fastest alone with tp=1 paid 46 s
                 # where tp=4, slower alone, paid 28 s: fewer, larger buckets)
-                priced = [(est, across_sites(est)) for est in [best, *result.alternatives]]
+                priced = [(est, across_sites(est)) for est in candidates]
                 best, (calls, across, order, exposed) = min(
                     priced, key=lambda p: p[0].step_time_s + p[1][3])
                 result = dataclasses.replace(result, best=best, alternatives=[])
@@ -210,6 +219,29 @@ reduction across the sites added: the fastest on a site need not be the fastest 
 REPLICA_PLACEMENT = "tp-pp-dp"
 """The site plan's rank order (unless pinned): data-parallel replicas outermost, so the ranks of
 one site, numbered together, hold whole replicas (pipelines included)."""
+
+
+def _merged(a: SearchResult, b: SearchResult) -> SearchResult:
+    """Two searches of disjoint parts of one space (pipeline depths) as one: counts and times
+    added, the worse status and gap kept (best and alternatives are the caller's)."""
+    status = "optimal" if a.status == b.status == "optimal" else "feasible"
+    gaps = (a.gap, b.gap)
+    return dataclasses.replace(
+        a, candidates=a.candidates + b.candidates, evaluated=a.evaluated + b.evaluated,
+        rejected=a.rejected + b.rejected, status=status, time_s=a.time_s + b.time_s,
+        gap=None if None in gaps else max(gaps))
+
+
+def _site_search(bg: BlockGraph, site, share: TrainingSpec, site_options: SearchOptions,
+                 options: SearchOptions) -> SearchResult:
+    """One site's search for its share of the batch, with ZeRO-1 at least unless zero is pinned
+    (the hierarchical reduction shards inside a site: a distributed optimizer or FSDP)."""
+    result = search(bg, site, share, site_options)
+    if result.best is not None and result.best.config.zero == 0 and "zero" not in options.fix:
+        sharded = search(bg, site, share, dataclasses.replace(
+            site_options, fix={**site_options.fix, "zero": 1}))
+        result = sharded if sharded.best is not None else result
+    return result
 
 
 def pin_problem(fix: dict, cluster: HeteroCluster, batch: int) -> str:

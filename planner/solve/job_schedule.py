@@ -154,7 +154,8 @@ def _solve(model, v, requests, grid, greedy, options, num_gpus):
     log.info("CP-SAT %s in %.2f s (%d jobs, grid %g s)", res.status.upper(), res.wall_s,
              len(requests), grid.unit_s)
     if res.status == "infeasible":
-        raise InfeasibleError(_infeasible_reason(requests), reason="no feasible schedule")
+        raise InfeasibleError(_infeasible_reason(requests, grid.unit_s),
+                              reason="no feasible schedule")
     if res.found:
         return (res.status, res.objective, res.bound), _read(res.solver, v)
     if greedy is None:
@@ -210,9 +211,10 @@ def _check(requests, nodes, gpus_per_node):
     for r in requests:
         if not r.durations_s and r.pinned is None:
             raise InfeasibleError(f"job {r.name}: no GPU count fits it on this cluster (the "
-                                  "warning before this says what it needs on the most GPUs); "
-                                  "give it a smaller batch where activations fill the GPUs, or a "
-                                  "cluster with more or larger GPUs", reason="job fits nowhere")
+                                  "warning before this says what it needs on the most GPUs): "
+                                  "where its model states fill them, a cluster with more or "
+                                  "larger GPUs; where its activations do, a smaller batch",
+                                  reason="job fits nowhere")
         bad = sorted(set(r.durations_s) - allowed)
         if bad:
             raise SpecError(f"job {r.name}: {bad[0]} GPUs is neither part of a node nor whole "
@@ -370,12 +372,19 @@ def _span(s: float) -> str:
                 if abs(s) >= unit or unit == 1)
 
 
-def _infeasible_reason(requests) -> str:
-    due = [f"{r.name} by {_span(r.deadline_s)}" + (
-        f", at best {_span(min(r.durations_s.values()))} on "
-        f"{min(r.durations_s, key=r.durations_s.get)} GPUs alone" if r.durations_s else "")
-        for r in requests if r.deadline_s is not None]
+def _infeasible_reason(requests, unit_s: float) -> str:
+    due, grid = [], False
+    for r in (r for r in requests if r.deadline_s is not None):
+        best = min(r.durations_s.values()) if r.durations_s else None
+        close = best is not None and best <= r.deadline_s < best + unit_s
+        grid = grid or close  # (rounded to the grid, the fastest run ends past the deadline)
+        span = (lambda s: f"{s:.2f} s") if close else _span
+        due.append(f"{r.name} by {span(r.deadline_s)}" + (
+            f", at best {span(best)} on {min(r.durations_s, key=r.durations_s.get)} GPUs alone"
+            if best is not None else ""))
     if due:
         return (f"no schedule meets every deadline ({', '.join(due)}); relax a deadline, drop a "
-                "job or add nodes")
+                "job or add nodes" + (f" (the solve rounds each run up to its {unit_s:g} s "
+                                      "grid: give a deadline within a grid step of a run's "
+                                      "time a step more)" if grid else ""))
     return "no schedule fits the running jobs on this cluster; check --done and --now"

@@ -92,3 +92,16 @@ def test_a_plain_cluster_reads_a_nodes_link_figure_as_the_sites_form_does():
     assert cluster_from_mapping(spec).inter_node.bandwidth_bytes_per_s == 50e9
     with pytest.raises(SpecError, match=r"inter_node\.per: expected gpu or node"):
         cluster_from_mapping({**spec, "inter_node": {**spec["inter_node"], "per": "rack"}})
+
+
+def test_a_sites_missing_key_comes_with_an_example():
+    """A new-user check: 'sites[1].nodes: missing' said no more, where the plain form gives an
+    example and the form's place in the README."""
+    site = {"name": "a", "device": "h100", "nodes": 1, "gpus_per_node": 8,
+            "intra_node": {"bandwidth": "900GB/s", "latency": "3us"},
+            "inter_node": {"bandwidth": "400Gbps", "latency": "5us"}}
+    spec = {"name": "two", "sites": [site, {k: v for k, v in site.items() if k != "nodes"}],
+            "links": [{"between": ["a", "a"], "bandwidth": "10Gbps", "latency": "20ms"}]}
+    with pytest.raises(SpecError, match=r"sites\[1\].nodes: missing \(e.g. nodes: 2; see the "
+                                        r"sites form in README.md\)"):
+        sites_from_mapping(spec)

@@ -608,3 +608,13 @@ def test_warnings_alike_but_for_their_figures_are_said_once(caplog):
                        {"point": "b", "warnings": None}])
     assert [rec.getMessage() for rec in caplog.records] == [
         "w on stage 1 (1 of 2 points: a; in the words of a, other figures elsewhere)"]
+
+
+def test_a_price_key_matching_several_devices_names_those_it_matches():
+    """A new-user check: 'a100' against a sweep of a100-40g, a100-80g and h100 listed h100 among
+    the matches ('matches several device')."""
+    with pytest.raises(SpecError, match=r"^price_per_gpu_hour.a100: matches several devices of "
+                                        r"the sweep \(a100-40g, a100-80g\); name each of them$"):
+        costs.resolve_prices({"a100": 2.0}, ["a100-40g", "a100-80g", "h100"])
+    assert costs.resolve_prices({"a100-80g": 2.0, "h1": 4.0}, ["a100-80g", "h100"]) == {
+        "a100-80g": 2.0, "h100": 4.0}

@@ -175,6 +175,13 @@ def test_deadlines_are_constraints_and_brute_force_agrees():
     long = [JobRequest(name="y", durations_s={8: 12520.0}, deadline_s=7200.0)]
     with pytest.raises(InfeasibleError, match=r"y by 2 h, at best 3.48 h on 8 GPUs alone"):
         solve_jobs(long, 2, 4, EXACT)
+    # a deadline within a grid step of the fastest run (a new-user check read "a by 2.74 min, at
+    # best 2.74 min"): in seconds, and the grid named
+    close = [JobRequest(name="a", durations_s={8: 164.415}, deadline_s=164.42)]
+    with pytest.raises(InfeasibleError, match=r"a by 164.42 s, at best 164.41 s on 8 GPUs "
+                                              r"alone\); .* \(the solve rounds each run up to "
+                                              r"its 0.5 s grid"):
+        solve_jobs(close, 2, 4, ScheduleOptions(time_unit_s=0.5))
 
 
 def test_a_tiny_time_limit_still_returns_a_valid_schedule():
@@ -357,6 +364,9 @@ def test_plan_jobs_command_then_replan(tmp_path, capsys, tiny_gpt2_config, tiny_
     assert main(["jobs", "--replan", str(out), "--done", first["name"], "--now", str(now),
                  "--objective", "makespan", "-o", str(out2)]) == 0
     assert json.loads(out2.read_text())["objective"] == "makespan"
+    capsys.readouterr()
+    assert main(["jobs", "--replan", str(out), "--done", first["name"]]) == 2  # no --now
+    assert "now: missing; --replan needs --now SECONDS" in capsys.readouterr().err
 
 
 def test_plan_jobs_errors_are_one_line(capsys, tmp_path):

@@ -315,3 +315,29 @@ def test_nothing_fitting_a_cluster_of_groups_says_no_plan_fits(mid_gpt2):
     with pytest.raises(InfeasibleError) as err:
         plan_prepared(mid_gpt2, load_cluster(tiny), tr, SearchOptions(top_k=1))
     assert str(err.value).startswith("no plan fits: no configuration fits the cluster's groups (")
+
+
+def test_a_pinned_pp_is_checked_against_the_depths_the_groups_can_take(mid_gpt2):
+    """A new-user check pinned pp on two groups of 16 GPUs: pp=3 was answered 'use one of 1, 2,
+    4, 8, 16' (pp=1 then failed, pp=32 ran though unlisted). Every stage is tp x dp GPUs of one
+    group, of one width in all, so pp is the groups' GPUs over that width."""
+    with pytest.raises(SpecError, match=r"fix.pp: 3 stages do not fill the groups .*2 \+ 2 "
+                                        r"GPUs\); use one of 2, 4$"):
+        _plan(mid_gpt2, "pp=3")
+    with pytest.raises(SpecError, match=r"fix.pp: 1 stage does not fill the groups"):
+        _plan(mid_gpt2, "pp=1")
+    assert _plan(mid_gpt2, "pp=4").parallel["pp"] == 4
+
+
+def test_with_three_sites_or_more_some_of_them_are_named_as_a_way_too():
+    """A new-user check of three sites was told to plan on the fastest alone, while two of them
+    together were 16% faster still: with three or more, some of the sites are named too (that
+    search is not run)."""
+    from planner.search import alone
+
+    rows = [{"group": "a", "gpus": 16, "step_time_s": 5.0}, {"group": "c", "gpus": 16,
+                                                            "step_time_s": 9.0}]
+    _, three = alone.verdict(rows, 13.6, sites=True, kinds=2, groups=3)
+    _, two = alone.verdict(rows, 13.6, sites=True, kinds=2, groups=2)
+    assert "plan on a alone" in three and "or on some of the sites" in three
+    assert "plan on a alone" in two and "some of the sites" not in two
