@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field, fields
 
 from costmodels.engine import read_setting
@@ -131,10 +132,30 @@ class Plan:
                 f"({self.model.get('spec') or self.model.get('name', 'its MODEL')}) with --model")
 
 
+JOB_SEPARATOR = "#"
+"""``SCHEDULE.json#JOB``: one job's plan inside a schedule ``plan jobs`` wrote."""
+
+
 def load_plan(path: str) -> Plan:
-    """Read and validate a plan file."""
-    return Plan.from_dict(read_json_object(path, what="plan file", missing_hint=(
-        "give the path of a plan `plan solve` wrote (plan solve MODEL ... -o plan.json)")), path)
+    """Read and validate a plan file, or one job's plan in a schedule (``SCHEDULE.json#JOB``)."""
+    hint = "give the path of a plan `plan solve` wrote (plan solve MODEL ... -o plan.json)"
+    file, sep, job = str(path).rpartition(JOB_SEPARATOR)
+    if sep and file and not os.path.exists(str(path)):
+        doc = read_json_object(file, what="schedule file", missing_hint=hint)
+        jobs = {j.get("name"): j for j in doc.get("jobs") or () if isinstance(j, dict)}
+        if not str(doc.get("schema", "")).startswith("planner.jobs/"):
+            raise SpecError(f"{path}: '{JOB_SEPARATOR}{job}' names a job of a schedule, and "
+                            f"{file} is not one (plan jobs ... -o SCHEDULE.json writes them)")
+        if job not in jobs or not isinstance(jobs[job].get("plan"), dict):
+            raise SpecError(f"{path}: no job '{job}' in the schedule; give one of "
+                            f"{', '.join(map(str, jobs))}")
+        return Plan.from_dict(jobs[job]["plan"], path)
+    doc = read_json_object(path, what="plan file", missing_hint=hint)
+    if str(doc.get("schema", "")).startswith("planner.jobs/"):
+        names = ", ".join(str(j.get("name")) for j in doc.get("jobs") or () if isinstance(j, dict))
+        raise SpecError(f"{path}: a schedule of jobs (plan jobs wrote it), not a plan; give one "
+                        f"job's plan as {path}{JOB_SEPARATOR}JOB (jobs: {names})")
+    return Plan.from_dict(doc, path)
 
 
 def clean(obj):

@@ -252,6 +252,10 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
                  rb["memory_reserve_fraction"], "rate"),
             Diff("inputs", "memory reserve GB", ra["memory_reserve_bytes"] / 1e9,
                  rb["memory_reserve_bytes"] / 1e9, "rate")]
+    # what the search was asked for besides the pins (--across-sites, --layout)
+    oa, ob = ((p.search or {}).get("options") or {} for p in (a, b))
+    out += [Diff("inputs", f"search {k.replace('_', ' ')}", oa.get(k), ob.get(k), "text")
+            for k in ("across_sites", "layout")]
     out += [Diff("configuration", k, knob_value(a, k), knob_value(b, k),
                  "text" if k in ("schedule", "recompute", "placement", "cp_comm", "zero",
                                  "sequence_parallel", "offload_optimizer") else "count")

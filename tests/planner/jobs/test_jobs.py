@@ -336,6 +336,17 @@ def test_plan_jobs_command_then_replan(tmp_path, capsys, tiny_gpt2_config, tiny_
     for b in doc["baselines"].values():
         assert b["makespan_s"] >= doc["makespan_s"] - 1e-6
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # one job's plan, read by every command that reads a plan (a new-user check had to pull it
+    # out with Python): SCHEDULE.json#NAME
+    from planner.planfile.document import load_plan
+    l1 = next(j for j in doc["jobs"] if j["name"] == "l1")
+    assert load_plan(f"{out}#l1").to_dict() == Plan.from_dict(l1["plan"]).to_dict()
+    capsys.readouterr()
+    assert main(["show", f"{out}#g2"]) == 0 and "Plan for" in capsys.readouterr().out
+    for path, said in ((str(out), "a schedule of jobs (plan jobs wrote it), not a plan; give one "
+                                  f"job's plan as {out}#JOB (jobs: g1, g2, l1, l2)"),
+                       (f"{out}#nope", "no job 'nope' in the schedule; give one of g1, g2")):
+        assert main(["show", path]) == 2 and said in capsys.readouterr().err
 
     first = min(doc["jobs"], key=lambda j: (j["end_s"], j["name"]))
     now = first["end_s"]

@@ -599,3 +599,17 @@ def test_a_refusal_of_the_plans_own_pin_that_the_why_pins_cause_is_named_as_why(
     assert _as_why(message, {"ep": 32}, {"ep": 16}).startswith("why.ep: ep x etp = 32")
     other = "fix.pp: 3 does not divide the cluster's 16 GPUs"  # names no --why pin: as it was
     assert _as_why(other, {"etp": 2}, {"pp": 3}) == other
+
+
+def test_diff_says_what_the_search_was_asked_for(tiny_llama_config):
+    """A new-user check diffed a plan over two sites with the one --across-sites replicas forced
+    and read '3.06x slower' with nothing saying why B was chosen so."""
+    from planner.report.diff import diff
+
+    a = planner.plan(tiny_llama_config, cluster=SMALL, global_batch=32, seq_len=128, top_k=0)
+    b = dataclasses.replace(a, search={**a.search, "options": {
+        **a.search["options"], "across_sites": "replicas", "layout": "Et*2|t*2L"}})
+    text = diff(a, b)
+    assert re.search(r"search across sites +- +replicas", text)
+    assert re.search(r"search layout +- +Et\*2\|t\*2L", text)
+    assert "search across sites" not in diff(a, a)
