@@ -265,19 +265,24 @@ def site_stages(plan: Plan, ledger: Ledger) -> None:
         return
     per_stage = plan.cluster["num_gpus"] // plan.parallel["pp"]
     per_node = {g["name"]: g["gpus_per_node"] for g in plan.cluster.get("groups", [])}
-    spans, node = [], 0  # node: the launch's next node rank (nodes of sites differ in size)
+    runs: list[list] = []  # [group, first stage, last stage]: consecutive stages on one group
     for k in sorted(groups):
-        first, last = k * per_stage, (k + 1) * per_stage - 1
-        gpn = per_node.get(groups[k], plan.cluster["gpus_per_node"])
-        nodes = ""
-        if node is not None and per_stage % gpn == 0:
-            n = per_stage // gpn
-            nodes = (f" (node rank {node})" if n == 1 else
-                     f" (node ranks {node}-{node + n - 1})")
+        if runs and runs[-1][0] == groups[k] and runs[-1][2] == k - 1:
+            runs[-1][2] = k
+        else:
+            runs.append([groups[k], k, k])
+    spans, node = [], 0  # node: the launch's next node rank (nodes of sites differ in size)
+    for group, s0, s1 in runs:
+        first, last = s0 * per_stage, (s1 + 1) * per_stage - 1
+        gpn = per_node.get(group, plan.cluster["gpus_per_node"])
+        stages = f"stage {s0}" if s0 == s1 else f"stages {s0}-{s1}"
+        if node is not None and (last - first + 1) % gpn == 0:
+            n = (last - first + 1) // gpn
+            stages += f", node rank {node}" if n == 1 else f", node ranks {node}-{node + n - 1}"
             node += n
         else:
-            node = None  # stages share nodes: ranks only
-        spans.append(f"ranks {first}-{last}{nodes} on {groups[k]}")
+            node = None  # stages share nodes with another group's: ranks only
+        spans.append(f"ranks {first}-{last} ({stages}) on {group}")
     word = "sites" if plan.cluster.get("links") else "groups"  # (a sites YAML lists its links)
     ledger.missing("placement", f"{word}: the engine numbers its ranks pipeline stage by stage, "
                    f"so launch with the nodes ordered as the plan chains the {word}: "
