@@ -492,15 +492,16 @@ def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, m
 
 
 REGROUP_PASSES = 2
-"""Copies of the received token copies the alltoall dispatcher makes per pass when a rank holds
-several experts: the all-to-all delivers them grouped by source rank, and the experts' grouped
-GEMM needs them grouped by expert, so they are sorted by local expert after the dispatch and
-back before the combine (Megatron-Core's MoEAlltoAllTokenDispatcher: sort_chunks_by_idxs in
-dispatch_postprocess and combine_preprocess, or a transpose when padded to capacity; torchtitan's
-expert parallelism permutes after its all-to-all and unpermutes before the return; this
-project's runtime has the model's own expert code sort them). The backward moves their gradients
-the same way. DeepEP's and the allgather dispatcher's receivers expand tokens into expert order
-once, which the traced model's own gather already prices."""
+"""Passes over the received token copies the alltoall dispatcher adds to a forward when a rank
+holds several experts, each reading and writing every copy: the all-to-all delivers them grouped
+by source rank, and the experts' grouped GEMM needs them grouped by expert, so they are sorted
+by local expert after the dispatch and back before the combine (Megatron-Core's
+MoEAlltoAllTokenDispatcher: sort_chunks_by_idxs in dispatch_postprocess and combine_preprocess,
+or a transpose when padded to capacity; torchtitan's expert parallelism permutes after its
+all-to-all and unpermutes before the return; this project's runtime has the model's own expert
+code sort them). The backward moves their gradients the same way. DeepEP's and the allgather
+dispatcher's receivers expand tokens into expert order once, which the traced model's own gather
+already prices."""
 
 
 def regroup_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_batch: float,

@@ -30,6 +30,7 @@ from typing import Mapping, Sequence
 from costmodels.errors import SpecError, unknown_key
 from costmodels.hardware import GB, US
 from costmodels.linkunits import link_figures
+from costmodels.specs import positive_int
 from costmodels.topology import (DEFAULT_LINK_EFFICIENCY, KEY_EXAMPLES, SCOPES, WAN_EFFICIENCY,
                                  Cluster, HeteroCluster, LinkSpec, SiteLink, cluster_from_mapping,
                                  _check_size)
@@ -104,11 +105,11 @@ def sites_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
         if name in names:
             raise SpecError(f"{here}.name: site '{name}' is listed twice")
         names[name] = i
-        gpn = site["gpus_per_node"]
+        gpn = positive_int(site["gpus_per_node"], f"{here}.gpus_per_node")
         intra = _tier(site["intra_node"], f"{here}.intra_node", "intra")
         inter = _tier(site["inter_node"], f"{here}.inter_node", "inter")
         for tier in (intra, inter):  # a per-node figure is shared by the node's GPUs
-            if tier.pop("_per") == "node" and isinstance(gpn, int) and gpn > 0:
+            if tier.pop("_per") == "node":
                 tier["bandwidth_GBps"] /= gpn
         built.append(cluster_from_mapping({"name": name, "device": site["device"],
                                            "nodes": site["nodes"], "gpus_per_node": gpn,

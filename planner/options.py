@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal, Mapping, get_args
@@ -313,10 +314,11 @@ class SearchOptions:
             SearchOptions.memory_reserve_fraction, SearchOptions.memory_reserve_bytes)
 
     def __post_init__(self):
-        for name in ("top_k", "cp_min_tokens"):
+        for name in ("top_k", "cp_min_tokens"):  # (numpy's integers too, as plain ints)
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise SpecError(f"{name}: expected an integer >= 0, got {value!r}")
+            object.__setattr__(self, name, int(value))
         if self.time_limit_s is not None and not (_number(self.time_limit_s) and
                                                   self.time_limit_s > 0):
             raise SpecError(f"time_limit_s: expected a positive number, got {self.time_limit_s!r}")

@@ -47,6 +47,8 @@ def expand(vary: Mapping[str, Sequence]) -> list[tuple]:
             meant = knob_meant(key)
             raise SpecError(f"vary: unknown key '{key}'" + (
                 f"; did you mean {meant}?" if meant else suggest(key, VARY_KEYS)))
+        if hasattr(values, "tolist") and not isinstance(values, (str, bytes)):
+            values = values.tolist()  # a numpy array (np.arange) as a list of plain numbers
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
             raise SpecError(f"vary.{key}: expected a non-empty list of values, got {values!r}")
         axes.append([(key, value(key, v)) for v in values])

@@ -30,8 +30,7 @@ def load_cluster(spec, *, nodes: int | None = None,
             return _no_overrides(hetero_from_mapping(spec), nodes, gpus_per_node)
         cluster = cluster_from_mapping(spec)
     elif isinstance(spec, str) and (path_given or spec.endswith((".yaml", ".yml"))
-                                    or os.path.sep in spec or (os.path.splitext(spec)[1] != ""
-                                                               and os.path.isfile(spec))):
+                                    or os.path.sep in spec or os.path.splitext(spec)[1] != ""):
         data = _read_yaml(spec)
         if "sites" in data:
             return _no_overrides(sites_from_mapping(data, where=os.path.basename(spec)), nodes,
@@ -41,6 +40,9 @@ def load_cluster(spec, *, nodes: int | None = None,
                                  gpus_per_node)
         cluster = cluster_from_mapping(data, where=os.path.basename(spec))
     elif isinstance(spec, str):
+        if spec.lower() not in CLUSTERS and os.path.isfile(spec):  # (no preset has a suffix)
+            raise SpecError(f"cluster: '{spec}' is a file here, and a name without a suffix or "
+                            f"folder is read as a preset; give it as ./{spec}")
         return get_cluster(spec, nodes=nodes, gpus_per_node=gpus_per_node)
     else:
         raise SpecError(f"cluster: expected a preset name ({', '.join(CLUSTERS)}), a YAML path (a "

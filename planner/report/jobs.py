@@ -39,10 +39,20 @@ def summary(doc: dict, solve_time_s: float) -> str:
                         if b.get("late") else "")
                      + (f" (the solve places jobs on a {s['time_unit_s']:g} s grid, each "
                         "duration rounded up to it: in exact seconds a baseline can end a "
-                        "little sooner)" if b["improvement"] < 0 and not b.get("late") else ""))
+                        "little sooner)" if _grid_rounding(doc, b) else ""))
     if doc["objective"] == "weighted":  # what the solve minimized, next to the makespans
         lines += _weighted(doc)
     return "\n".join(lines)
+
+
+def _grid_rounding(doc: dict, b: dict) -> bool:
+    """Whether a baseline ending sooner than the joint schedule is the grid's rounding: the
+    schedule minimized its makespan, proven optimal on the grid, and the baseline is within a
+    grid step per job of it (a weighted objective or a solve cut short has other reasons)."""
+    s = doc["solve"]
+    return (b["improvement"] < 0 and not b.get("late") and doc["objective"] == "makespan"
+            and s["status"] == "optimal"
+            and doc["makespan_s"] - b["makespan_s"] <= s["time_unit_s"] * len(doc["jobs"]))
 
 
 def _weighted(doc: dict) -> list[str]:

@@ -63,12 +63,17 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
                     "routes its 1/tp of the tokens), which the target does not run; pin tp=1 "
                     "(ep shards the experts) or plan for another --target")
     if space.group_gpus and pp is not None:  # stages of one width filling every group
-        depths = sorted({sum(g // w for g in space.group_gpus) for w in divisors(n)})
-        if pp not in depths:
+        dp = fix.get("dp")  # (a pinned tp or dp fixes the width's factors)
+        widths = [w for w in divisors(n) if (tp is None or w % tp == 0) and
+                  (dp is None or w % dp == 0) and (None in (tp, dp) or w == tp * dp)]
+        depths = sorted({sum(g // w for g in space.group_gpus) for w in widths})
+        if depths and pp not in depths:
             sizes = " + ".join(map(str, space.group_gpus))
+            with_pins = ", ".join(f"{k}={v}" for k, v in (("tp", tp), ("dp", dp)) if v)
             return (f"fix.pp: {pp} {'stage does' if pp == 1 else 'stages do'} not fill the "
                     f"groups (every stage is tp x dp GPUs of one group, of one width in all: "
-                    f"{sizes} GPUs); use one of {_some(depths)}")
+                    f"{sizes} GPUs){' with ' + with_pins if with_pins else ''}; use one of "
+                    f"{_some(depths)}")
     problem = cluster_pin_problem({k: v for k, v in fix.items() if k != "pp"}
                                   if space.group_gpus else fix, n, batch, whose)
     if problem:

@@ -3,21 +3,23 @@
 The search over sites chains pipeline stages through them, so only activations cross the slow
 links. The other way to use several sites of one kind is to run one site's plan on each, every
 site on its share of the global batch, and to all-reduce the gradients across the sites once a
-step (hierarchically: reduce-scattered inside each site, the shards all-reduced across the sites,
-all-gathered inside again; HSDP's replicate groups, Megatron-LM's
+step (hierarchically: reduce-scattered inside each site, the shards all-reduced across the
+sites, all-gathered inside again; HSDP's replicate groups, Megatron-LM's
 --num-distributed-optimizer-instances). With a large batch and a fast enough link that wins,
-since the gradients cross once a step whatever the batch while the pipeline's sends grow with it.
+since the gradients cross once a step whatever the batch while the pipeline's sends grow with
+it.
 
 For each kind of site with two or more sites, its plan is searched on one site for the share of
-the batch (the same model, pins and rules; a pinned dp counts the replicas over every site, so
-each site takes its share of them; ZeRO-1 at least unless zero is pinned, since the reduction
-shards the gradients inside a site), and the all-reduce across the sites is priced on their links (costmodels.sites.
-replicas_allreduce_s), one call per gradient bucket (BUCKET_PARAMS), beside the last
-micro-batch's backward (the engines reduce each bucket as it fills; the rest is exposed,
+the batch, at each pipeline depth apart (the same model, pins and rules; a pinned dp counts the
+replicas over every site, so each site takes its share of them; ZeRO-1 at least unless zero is
+pinned, since the reduction shards the gradients inside a site), and the all-reduce across the
+sites is priced on their links (costmodels.sites.replicas_allreduce_s), one call per gradient
+bucket (BUCKET_PARAMS), beside the last micro-batch's backward, for the CANDIDATES fastest site
+plans of each depth (the engines reduce each bucket as it fills; the rest is exposed,
 last_backward_s). Where that is faster than the pipeline over the sites, it is the plan
 planner.api emits (planner.emit.across_sites: the site's plan with ``dp_replicate`` = the number
-of sites, ranks numbered site after site); the plan's ``search.sites_replicas`` keeps every kind's
-row either way.
+of sites, ranks numbered site after site); the plan's ``search.sites_replicas`` keeps every
+kind's row either way.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections import Counter
 
 from costmodels import comm
 from costmodels.errors import PlannerError, SpecError
@@ -35,8 +38,8 @@ from planner.options import SearchOptions, TrainingSpec
 from planner.search import alone, hetero
 from planner.search.dp_traffic import DataParallelBytes
 from planner.search.feasibility import cluster_pin_problem
-from planner.search.space import divisors
-from planner.search.loop import SearchResult, search
+from planner.search.loop import OUTCOMES, SearchResult, search
+from planner.search.space import MESH, divisors
 from planner.trace.graph import BlockGraph
 
 log = logging.getLogger(__name__)
@@ -168,17 +171,25 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
             # exposes (a new-user check: pinned pp=16 crossed two sites in 7.9 s where the best
             # of the fastest eight took 11.9 s)
             depths = [fix["pp"]] if "pp" in fix else divisors(site.num_gpus)
-            each = None if limit is None else max(alone.MIN_TIME_S, limit / len(depths))
+            deadline = None if limit is None else time.perf_counter() + limit  # (shared)
             for pp in depths:
+                left = None if deadline is None else deadline - time.perf_counter()
+                if left is not None and left <= 0 and result is not None:
+                    break  # the time limit: the depths searched so far
                 try:
                     found = _site_search(bg, site, share, dataclasses.replace(
-                        site_options, fix={**fix, "pp": pp}, time_limit_s=each), options)
+                        site_options, fix={**fix, "pp": pp},
+                        time_limit_s=None if left is None else max(left, 1e-3)), options)
                 except PlannerError as exc:
                     refused = refused or str(exc).splitlines()[0]
                     continue
                 result = found if result is None else _merged(result, found)
-                if found.best is not None:
-                    candidates += [found.best, *found.alternatives]
+                # ZeRO-1 at least unless zero is pinned (the reduction shards inside a site):
+                # a depth's runners-up may have ZeRO-0 where its best did not (ZeRO-0 only
+                # where the depth has nothing else that fits)
+                found_all = ([found.best] if found.best else []) + found.alternatives
+                sharded = [e for e in found_all if e.config.zero >= 1]
+                candidates += found_all if "zero" in options.fix or not sharded else sharded
             best = min(candidates, key=lambda e: e.step_time_s) if candidates else None
             result = None if best is None else dataclasses.replace(result, best=best)
             if best is None and refused:
@@ -213,8 +224,9 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
 
 
 CANDIDATES = 8
-"""Site plans (the fastest and its runners-up) each kind's replicas are priced with, the
-reduction across the sites added: the fastest on a site need not be the fastest across them."""
+"""Site plans (the fastest and its runners-up) kept at each pipeline depth, each searched apart,
+that each kind's replicas are priced with, the reduction across the sites added: the fastest on
+a site need not be the fastest across them."""
 
 REPLICA_PLACEMENT = "tp-pp-dp"
 """The site plan's rank order (unless pinned): data-parallel replicas outermost, so the ranks of
@@ -222,13 +234,19 @@ one site, numbered together, hold whole replicas (pipelines included)."""
 
 
 def _merged(a: SearchResult, b: SearchResult) -> SearchResult:
-    """Two searches of disjoint parts of one space (pipeline depths) as one: counts and times
-    added, the worse status and gap kept (best and alternatives are the caller's)."""
+    """Two searches of one space, each with another pipeline depth pinned, as one: the
+    configurations they counted (and their outcomes) added, the rules' counts of knob choices
+    made before the depth (tp, micro-batch, ...) taken once (each search counts them again), the
+    depth's own pin not counted as a rule the user met; the worse status and gap kept (best and
+    alternatives are the caller's)."""
     status = "optimal" if a.status == b.status == "optimal" else "feasible"
     gaps = (a.gap, b.gap)
+    rejected = Counter({r: (a.rejected[r] + b.rejected[r] if r in OUTCOMES
+                            else max(a.rejected[r], b.rejected[r]))
+                        for r in set(a.rejected) | set(b.rejected) if r != MESH})
     return dataclasses.replace(
         a, candidates=a.candidates + b.candidates, evaluated=a.evaluated + b.evaluated,
-        rejected=a.rejected + b.rejected, status=status, time_s=a.time_s + b.time_s,
+        rejected=rejected, status=status, time_s=a.time_s + b.time_s,
         gap=None if None in gaps else max(gaps))
 
 

@@ -385,6 +385,6 @@ def _infeasible_reason(requests, unit_s: float) -> str:
     if due:
         return (f"no schedule meets every deadline ({', '.join(due)}); relax a deadline, drop a "
                 "job or add nodes" + (f" (the solve rounds each run up to its {unit_s:g} s "
-                                      "grid: give a deadline within a grid step of a run's "
-                                      "time a step more)" if grid else ""))
+                                      "grid: give a deadline at least one step past the run's "
+                                      "time, or a finer --time-unit)" if grid else ""))
     return "no schedule fits the running jobs on this cluster; check --done and --now"

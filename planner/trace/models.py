@@ -252,22 +252,26 @@ when load_factory last loaded it."""
 
 
 def _forget_edited(target: str) -> None:
-    """Drop from sys.modules the modules beside a factory file that were edited since this process
-    last loaded it, so that its import reads them again (planning twice from one Python session,
-    a notebook, traced the edited model's first version, and the trace cache then kept that
-    under the new sources' key)."""
-    for path in local_sources(target)[1:]:
+    """Where a module beside a factory file was edited since this process last loaded it, drop
+    every one of the file's local modules from sys.modules, so that its import reads them all
+    again (planning twice from one Python session, a notebook, traced the edited model's first
+    version, and the trace cache then kept that under the new sources' key; a module importing
+    the edited one keeps the old objects, hence all of them)."""
+    local = local_sources(target)[1:]
+    edited = False
+    for path in local:
         try:
             with open(path, "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()
         except OSError:
             continue
-        if _IMPORTED.get(path, digest) != digest:
-            for name, mod in list(sys.modules.items()):
-                file = getattr(mod, "__file__", None)
-                if file and os.path.abspath(file) == path:
-                    del sys.modules[name]
+        edited = edited or _IMPORTED.get(path, digest) != digest
         _IMPORTED[path] = digest
+    if edited:
+        for name, mod in list(sys.modules.items()):
+            file = getattr(mod, "__file__", None)
+            if file and os.path.abspath(file) in local:
+                del sys.modules[name]
 
 
 def call_factory(factory, spec: str, seq_len: int | None = None, *, meta: bool = True):

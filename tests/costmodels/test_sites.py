@@ -105,3 +105,24 @@ def test_a_sites_missing_key_comes_with_an_example():
     with pytest.raises(SpecError, match=r"sites\[1\].nodes: missing \(e.g. nodes: 2; see the "
                                         r"sites form in README.md\)"):
         sites_from_mapping(spec)
+
+
+def test_sites_of_one_device_name_it_once_and_missing_link_figures_show_the_form_used():
+    """A new-user check read 'h100+h100' for two sites of H100; a link given as bandwidth_GBps
+    without its latency was shown 'latency: 30ms' (the other form, a WAN's figure)."""
+    from costmodels.linkunits import link_figures
+
+    site = {"device": "h100", "nodes": 1, "gpus_per_node": 8,
+            "intra_node": {"bandwidth": "900GB/s", "latency": "3us"},
+            "inter_node": {"bandwidth": "400Gbps", "latency": "5us"}}
+    two = sites_from_mapping({"name": "two", "sites": [{**site, "name": "a"},
+                                                       {**site, "name": "b"}],
+                              "links": [{"between": ["a", "b"], "bandwidth": "10Gbps",
+                                         "latency": "20ms"}]})
+    assert two.summary()["device"] == "h100"
+    with pytest.raises(SpecError, match=r"^x.latency: missing \(e.g. latency_us: 5; a link "):
+        link_figures({"bandwidth_GBps": 50}, "x")
+    with pytest.raises(SpecError, match=r"^x.latency: missing \(e.g. latency: 5us; a link "):
+        link_figures({"bandwidth": "400Gbps"}, "x")
+    with pytest.raises(SpecError, match=r"^x.bandwidth: missing \(e.g. bandwidth_GBps: 50\)"):
+        link_figures({"latency_us": 5}, "x")

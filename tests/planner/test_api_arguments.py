@@ -28,7 +28,8 @@ def test_a_relative_path_cluster_is_a_file_whatever_its_name(tiny_llama_config, 
     rows = planner.whatif(tiny_llama_config, cluster=pathlib.Path("mycluster"),
                           vary={"global_batch": [8, 16]}, seq_len=128, workers=1)
     assert p.cluster["num_gpus"] == 2 and [r["gpus"] for r in rows] == [2, 2]
-    with pytest.raises(SpecError, match="unknown cluster 'mycluster'"):
+    with pytest.raises(SpecError, match="'mycluster' is a file here, and a name without a suffix "
+                                        "or folder is read as a preset; give it as ./mycluster"):
         planner.load_cluster("mycluster")  # a str without suffix or folder: a preset name
     (tmp_path / "mycluster.txt").write_text((tmp_path / "mycluster").read_text())
     assert planner.load_cluster("mycluster.txt").num_gpus == 2  # an existing file with a suffix
@@ -481,8 +482,11 @@ def test_wrong_objects_get_one_line_naming_the_argument(tiny_llama_config):
             planner.SearchOptions(**bad)
     # numpy's integers (a sweep over np.arange) are counts like any other
     p = planner.plan(tiny_llama_config, cluster="dgx-h100", nodes=np.int64(1),
-                     global_batch=np.int64(8), seq_len=np.int64(128), top_k=0)
+                     global_batch=np.int64(8), seq_len=np.int64(128), top_k=np.int64(0))
     assert p.training["global_batch"] == 8 and type(p.training["global_batch"]) is int
+    rows = planner.whatif(tiny_llama_config, vary={"global_batch": np.arange(8, 17, 8)},
+                          cluster="dgx-h100", seq_len=128, workers=1)
+    assert [r["global_batch"] for r in rows] == [8, 16]
 
 
 def test_a_plans_own_parallel_pins_its_configuration(tiny_llama_config):
@@ -501,14 +505,16 @@ def test_a_plans_own_parallel_pins_its_configuration(tiny_llama_config):
 
 
 def test_a_factory_files_own_imports_are_in_its_trace_cache_key(tmp_path):
-    """Editing a module the factory file imports from its folder traces the model again, from
-    the same Python session too (the cache kept the first version's trace)."""
+    """Editing a module the factory file imports from its folder, directly or through another
+    of them, traces the model again, from the same Python session too (the cache kept the first
+    version's trace; a review: a module between the two kept the old class)."""
     (tmp_path / "cachekey_defs.py").write_text(
         "from torch import nn\nWIDTH = 64\n\nclass Tiny(nn.Module):\n    def __init__(self):\n"
         "        super().__init__()\n        self.lin = nn.Linear(WIDTH, WIDTH)\n\n"
         "    def forward(self, x):\n        return self.lin(x)\n")
+    (tmp_path / "cachekey_model.py").write_text("from cachekey_defs import Tiny, WIDTH\n")
     (tmp_path / "entry.py").write_text(
-        "import torch\nfrom cachekey_defs import Tiny, WIDTH\n\ndef build():\n"
+        "import torch\nfrom cachekey_model import Tiny, WIDTH\n\ndef build():\n"
         "    return Tiny(), (torch.zeros(2, WIDTH),)\n")
     cache = str(tmp_path / "cache")
     spec = f"{tmp_path}/entry.py:build"
@@ -518,4 +524,23 @@ def test_a_factory_files_own_imports_are_in_its_trace_cache_key(tmp_path):
     defs.write_text(defs.read_text().replace("64", "128"))
     assert planner.prepare(spec, cache_dir=cache).info["num_params"] == 128 * 128 + 128
     from planner.trace.cache import local_sources
-    assert local_sources(f"{tmp_path}/entry.py")[1:] == [str(tmp_path / "cachekey_defs.py")]
+    assert local_sources(f"{tmp_path}/entry.py")[1:] == [str(tmp_path / "cachekey_model.py"),
+                                                         str(tmp_path / "cachekey_defs.py")]
+    # and read so by a new process's cache too (the stored trace is the edited model's)
+    from planner.trace import models
+    models._IMPORTED.clear()
+    assert planner.prepare(spec, cache_dir=cache).info["num_params"] == 128 * 128 + 128
+
+
+def test_hints_for_a_dense_models_ep_and_a_tensor_on_another_device(tmp_path):
+    """A new-user check: ep pinned on gpt2 read 300 characters about grouped GEMMs (a zoo model
+    known dense: one line); a factory making its input with device='cpu' was told to make the
+    forward traceable on meta tensors (the fix: drop device=)."""
+    with pytest.raises(SpecError, match=r"^fix.ep: the model is dense \(no routed experts to "
+                                        r"spread\); drop ep$"):
+        planner.plan("gpt2", cluster="dgx-h100", global_batch=8, fix={"ep": 2})
+    (tmp_path / "on_cpu.py").write_text(
+        "import torch\nfrom torch import nn\n\ndef build():\n"
+        "    return nn.Linear(64, 64), (torch.zeros(4, 64, device='cpu'),)\n")
+    with pytest.raises(planner.TraceError, match="drop the device= argument"):
+        planner.prepare(f"{tmp_path}/on_cpu.py:build", cache_dir=None)

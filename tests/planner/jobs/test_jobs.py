@@ -180,7 +180,9 @@ def test_deadlines_are_constraints_and_brute_force_agrees():
     close = [JobRequest(name="a", durations_s={8: 164.415}, deadline_s=164.42)]
     with pytest.raises(InfeasibleError, match=r"a by 164.42 s, at best 164.41 s on 8 GPUs "
                                               r"alone\); .* \(the solve rounds each run up to "
-                                              r"its 0.5 s grid"):
+                                              r"its 0.5 s grid: give a deadline at least one "
+                                              r"step past the run's time, or a finer "
+                                              r"--time-unit\)"):
         solve_jobs(close, 2, 4, ScheduleOptions(time_unit_s=0.5))
 
 
@@ -517,6 +519,21 @@ def test_a_baseline_that_misses_a_deadline_says_so():
            "makespan_s": 60.0, "solve": {"status": "optimal", "gap": 0.0, "time_unit_s": 1.0},
            "jobs": [], "baselines": {"sequential": base}}
     assert "joint schedule is 25.0% shorter; it misses the deadline of a" in summary(doc, 0.1)
+    # a baseline that ends sooner: the grid's rounding where the makespan was minimized on it and
+    # proven optimal within a step per job; not for a weighted objective (a review), whose
+    # schedule trades the makespan for the weighted ends
+    quick = _baseline(Baseline("one after another", [replace(placements[0], end_s=59.5)]), 60.0,
+                      jobs)
+    two = [{"name": n, "model": "gpt2", "gpus": 8, "nodes": [0], "gpu_ids": list(range(8)),
+            "start_s": 0.0, "end_s": 60.0, "state": "scheduled", "parallel": "dp=8"}
+           for n in "ab"]
+    grid = {**doc, "jobs": two, "baselines": {"sequential": quick}}
+    assert "0.8% longer (the solve places jobs on a 1 s grid" in summary(grid, 0.1)
+    weighted = {**grid, "objective": "weighted"}
+    far = {**grid, "baselines": {"sequential": {**quick, "makespan_s": 45.0,
+                                                "improvement": -1 / 3}}}
+    for other in (weighted, far):
+        assert "grid" not in summary(other, 0.1).split("sequential", 1)[1].split("\n")[0]
 
 
 def test_warnings_while_planning_a_job_name_it(caplog):
