@@ -9,6 +9,7 @@ from importlib import resources
 
 from costmodels.engine import engine_from_mapping
 from planner.errors import SpecError
+from planner.options import PLACEMENTS
 
 SCHEMA_ID = "planner.plan/v1"
 """The ``schema`` value every plan file carries."""
@@ -113,4 +114,33 @@ def _check_consistency(d: dict, where: str) -> None:
     listed = [b for st in d["stages"] for b in st["blocks"]]
     names = [b["name"] for b in d["model"]["blocks"]]
     if listed != names:
-        raise SpecError(f"{where}: stages must list every block exactly once, in order")
+        raise SpecError(f"{where}: stages must list every block exactly once, in order; restore "
+                        "the file plan solve wrote, or re-plan")
+    modules = {b["name"]: b.get("modules") for b in d["model"]["blocks"]}
+    for i, st in enumerate(d["stages"]):  # a stage runs its blocks' modules (engines cut by them)
+        own = [modules[b] for b in st["blocks"]]
+        if None not in own and set(st["modules"]) != {m for ms in own for m in ms}:
+            more = ", ..." if len(st["blocks"]) > 3 else ""
+            raise SpecError(f"{where}: stages[{i}].modules are not the modules of its blocks "
+                            f"({', '.join(st['blocks'][:3])}{more}); restore the file plan solve "
+                            "wrote, or re-plan")
+    if par.get("placement", PLACEMENTS[0]) not in PLACEMENTS:
+        raise SpecError(f"{where}: parallel.placement {par['placement']!r} is not one of "
+                        f"{', '.join(PLACEMENTS)}; restore the file plan solve wrote, or re-plan")
+    samples = par["micro_batch"] * par["num_microbatches"] * par["dp"]
+    if samples != d["training"]["global_batch"]:
+        raise SpecError(f"{where}: micro_batch x num_microbatches x dp = {par['micro_batch']} x "
+                        f"{par['num_microbatches']} x {par['dp']} = {samples} samples, but "
+                        f"training.global_batch is {d['training']['global_batch']}; re-plan with "
+                        "plan solve (a plan file's batch is not edited by hand), or restore the "
+                        "file plan solve wrote")
+    if par.get("ep", 1) * par.get("etp", 1) > 1 and not d["model"].get("routed_experts"):
+        key = "ep" if par.get("ep", 1) > 1 else "etp"
+        raise SpecError(f"{where}: parallel.{key} = {par[key]}, but the model has no routed "
+                        "experts (model.routed_experts, which plan solve records); re-plan with "
+                        "plan solve, or restore the file plan solve wrote")
+    cl = d["cluster"]
+    if not cl.get("groups") and cl["nodes"] * cl["gpus_per_node"] != cl["num_gpus"]:
+        raise SpecError(f"{where}: cluster.nodes x gpus_per_node = {cl['nodes']} x "
+                        f"{cl['gpus_per_node']}, but cluster.num_gpus is {cl['num_gpus']}; "
+                        "restore the file plan solve wrote, or re-plan")

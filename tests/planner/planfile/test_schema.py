@@ -87,3 +87,28 @@ def test_engine_names_in_a_plan_file_read_in_the_case_commands_compare():
     d = json.load(open(path))
     d["training"]["engine"] = {**d["training"].get("engine", {}), "moe_dispatcher": "DeepEP"}
     assert document.Plan.from_dict(d).training["engine"]["moe_dispatcher"] == "deepep"
+
+
+@pytest.mark.parametrize("edit,said", [
+    (lambda d: d["parallel"].update(placement="pp-tp-dp"),
+     r"parallel.placement 'pp-tp-dp' is not one of tp-pp-dp, tp-dp-pp"),
+    (lambda d: d["training"].update(global_batch=250),
+     r"micro_batch x num_microbatches x dp = 1 x 32 x 8 = 256 samples, but "
+     r"training.global_batch is 250"),
+    (lambda d: d["parallel"].update(num_microbatches=16), r"micro_batch x .* = 128 samples, but"),
+    (lambda d: d["parallel"].update(ep=2), r"parallel.ep = 2, but the model has no routed experts"),
+    (lambda d: d["stages"][1]["modules"].remove("model.layers.3"),
+     r"stages\[1\].modules are not the modules of its blocks"),
+    (lambda d: d["cluster"].update(nodes=4),
+     r"cluster.nodes x gpus_per_node = 4 x 8, but cluster.num_gpus is 64")])
+def test_hand_edits_the_engines_would_run_otherwise_are_refused(edit, said):
+    """A new-user check of the exports edited a plan by hand: a placement no engine has crashed
+    DeepSpeed's export; a batch that did not add up, ep on a dense model, a stage that lost a
+    layer's module and nodes not matching the GPUs were exported, exit 0."""
+    path = os.path.join(os.path.dirname(__file__), "..", "export", "data", "plans",
+                        "llama3-70b-pp4-torchtitan.json")
+    d = json.load(open(path))
+    validate(d, "p.json")
+    edit(d)
+    with pytest.raises(SpecError, match=r"^p.json: " + said):
+        validate(d, "p.json")
