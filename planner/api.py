@@ -22,7 +22,7 @@ from costmodels.engine import EngineSpec
 from costmodels.specs import positive_int
 from costmodels.topology import HeteroCluster
 from planner.emit import across_sites, emit, emit_tables
-from planner.errors import InfeasibleError, PlannerError, SpecError
+from planner.errors import InfeasibleError, PlannerError, SpecError, TraceError
 from planner.files import fspath_or_same
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.modules import import_from_working_folder
@@ -153,7 +153,7 @@ def _factory_name(spec: str) -> str:
 def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str,
            per_sample: bool = False) -> Prepared:
     from planner.trace.models import image_shape, resolve  # lazy: torch, transformers (seconds)
-    from planner.trace.tracers import trace  # lazy: loads torch, as above
+    from planner.trace.tracers import counting_own_checkpoints, trace  # lazy: as above
 
     t0 = time.perf_counter()
     rm = resolve(model, seq_len=seq_len, dtype=dtype, example_inputs=example_inputs,
@@ -168,8 +168,9 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     log.info("model %s: %s parameters (%s); tracing it on the meta device %s (seconds; a minute "
              "for the largest)", rm.name, human_count(rm.num_params), rm.source,
              "for one sample" if per_sample else f"at {counted(rm.seq_len, 'token')}")
-    og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
-               method=trace_method, name=rm.name)
+    with counting_own_checkpoints() as own_checkpoints:
+        og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch,
+                   dtype=dtype, method=trace_method, name=rm.name)
     unchained = unchained_repeats(og)
     if unchained:  # lists of identical modules that are not a chain of layers are no layer
         # stack; a list with a pattern that is not a chain is traced whole, each layer a block
@@ -180,6 +181,16 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
                    method=og.method, name=rm.name, not_layers=frozenset(uniform),
                    whole=frozenset(unchained - uniform))
     bg = build_blocks(og, analyze(og))
+    if not any(b.work.fwd_flops for b in bg.blocks):  # (a plan of nothing to compute)
+        hidden = [op for op in og.unpriced_ops() if "set_grad_enabled" in op["op"]]
+        raise TraceError(f"could not trace {rm.name}: its forward, as traced, does no arithmetic "
+                         "(no matmul, convolution or attention)"
+                         + ("; its layers run inside torch.no_grad or reentrant checkpointing "
+                            "(torch.utils.checkpoint with use_reentrant=True), which the tracer "
+                            "does not enter: use use_reentrant=False, or turn the model's own "
+                            "checkpointing off" if hidden else
+                            ", so there is no compute for a plan to split; give example inputs "
+                            "that reach its layers"))
     log.info("traced with %s: %d ops -> %d blocks in %.1f s", og.method, len(og.ops),
              len(bg.blocks), time.perf_counter() - t0)
     info = {"name": rm.name, "source": rm.source, "spec": spec_of(model),
@@ -207,6 +218,8 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
     unpriced = og.unpriced_ops()
     if unpriced:
         info["unpriced_ops"] = unpriced
+    if own_checkpoints[0]:
+        info["own_checkpoints"] = own_checkpoints[0]
     if rm.frozen_params:
         info["frozen_params"] = int(rm.frozen_params)
     if rm.positions and rm.source == "hf-config":  # (a zoo name is a shape at any length)

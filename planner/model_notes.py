@@ -15,6 +15,12 @@ log = logging.getLogger("planner.api")  # the API's lines, which a sweep holds b
 
 def say(prepared, seq_len: int | None) -> None:
     """Log what ``prepared`` (a planner.api.Prepared) found; ``seq_len``: the length asked for."""
+    if prepared.info.get("own_checkpoints"):
+        log.warning("%s: its forward checkpoints its own layers (torch.utils.checkpoint): "
+                    "priced as if it did not, its activations kept and nothing run again, while "
+                    "the plan's recompute adds the planner's own; turn the model's off to train "
+                    "as planned (or read its memory as an upper bound and its step as a lower "
+                    "one)", prepared.info["name"])
     unpriced = prepared.info.get("unpriced_ops")
     if unpriced:
         log.warning("%s: %d kind(s) of op no formula prices, costed by their bytes only: %s",

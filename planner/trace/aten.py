@@ -52,9 +52,11 @@ FREE = {aten.empty, aten.empty_like, aten.empty_strided, aten.zeros, aten.zeros_
         aten.uniform_, aten.normal_, aten.bernoulli_, aten.copy_}
 """Ops that create or relabel tensors without reading an operand's data (their bytes are the
 output's first touch, which the op consuming it pays)."""
-UNPRICED_FAMILIES = ("linalg_", "fft_", "_fft_", "cholesky", "triangular_solve", "_weight_int",
-                     "_cslt_", "cdist", "_cdist")
-"""ATen op name prefixes whose arithmetic the formulas here do not cover."""
+UNPRICED_FAMILIES = ("linalg_", "_linalg_", "fft_", "_fft_", "cholesky", "triangular_solve",
+                     "_weight_int", "_cslt_", "cdist", "_cdist")
+"""ATen op name prefixes whose arithmetic the formulas here do not cover (``_linalg_``: SVD,
+eigh, solve and det decompose to ``_linalg_svd``, ``_linalg_eigh``, ``_linalg_solve_ex`` and
+``_linalg_det``)."""
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,10 @@ CONSTRUCTS = (
     ("could not guard on data-dependent", "a branch or size that depends on tensor values",
      "replace the branch with torch.where or decide it from shapes"),
     ("could not extract specialized integer from data-dependent",
-     "a size that depends on tensor values",
-     "keep sizes independent of values (masks instead of nonzero/boolean indexing)"),
+     "a Python number or size read from tensor values",
+     "keep tensor values out of Python numbers (no .item(), .tolist() or int(t): compute with "
+     "the tensor itself) and sizes independent of values (masks instead of nonzero/boolean "
+     "indexing)"),
     ("data-dependent output shape", "an op whose output size depends on tensor values",
      "keep sizes independent of values (masks instead of nonzero/boolean indexing)"),
     ("returns a fake value", "an op whose output size depends on tensor values",
@@ -40,10 +42,11 @@ CONSTRUCTS = (
      "try --trace export, which unpacks tensors"),
     ("cannot be used as inputs to", "a traced value passed where Python needs a concrete one",
      "try --trace export"),
-    ("found at least two devices", "a tensor made on a device other than the model's "
-     "(torch.zeros(..., device='cpu') or .cuda() in the forward or in the factory's inputs)",
-     "drop the device= argument (the planner builds everything on the meta device) or make it "
-     "follow the input's (device=x.device)"),
+    ("found at least two devices", "a tensor made on a device other than the model's (torch."
+     "eye/zeros/arange... in the forward without device=, device='cpu' or .cuda(), or such an "
+     "input from the factory)",
+     "make it on the input's device (device=x.device) and drop any fixed device= (the planner "
+     "builds everything on the meta device)"),
     ("meta tensor", "an op that reads tensor data (.item(), .tolist(), printing)",
      "keep the forward free of reads of tensor values"),
     ("config' object has no attribute", "the model reads a config field the file does not set",

@@ -135,6 +135,43 @@ def truncated(model: torch.nn.Module, keep: dict[str, int]):
             setattr(parent, attr, original)
 
 
+@contextlib.contextmanager
+def counting_own_checkpoints():
+    """Count the calls of torch.utils.checkpoint the model's own forward makes while traced
+    (yields a one-item list): the trace records the ops, not that the model will run them again
+    in backward, so a model checkpointing itself is priced as if it did not. Both of
+    checkpoint's paths are looked up in its module at call time (the non-reentrant generator,
+    the reentrant autograd function), so a model that imported ``checkpoint`` by name is counted
+    too; absent in a torch without them, nothing is counted."""
+    import torch.utils.checkpoint as ckpt
+
+    calls = [0]
+    saved = {name: getattr(ckpt, name, None)
+             for name in ("_checkpoint_without_reentrant_generator", "CheckpointFunction")}
+    generator, function = saved.values()
+
+    def counted_generator(*a, **kw):
+        calls[0] += 1
+        return generator(*a, **kw)
+
+    class CountedFunction(function if function is not None else object):
+        @classmethod
+        def apply(cls, *a, **kw):
+            calls[0] += 1
+            return function.apply(*a, **kw)
+
+    try:
+        if generator is not None:
+            ckpt._checkpoint_without_reentrant_generator = counted_generator
+        if function is not None:
+            ckpt.CheckpointFunction = CountedFunction
+        yield calls
+    finally:
+        for name, value in saved.items():
+            if value is not None:
+                setattr(ckpt, name, value)
+
+
 def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, seq_len: int, batch: int,
           dtype: str, method: str = "auto", name: str = "model",
           whole: frozenset[str] = frozenset(), not_layers: frozenset[str] = frozenset()) -> OpGraph:

@@ -5,6 +5,7 @@ a file argument that is not a path, and a Hugging Face module built with its def
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 
 import pytest
@@ -542,5 +543,29 @@ def test_hints_for_a_dense_models_ep_and_a_tensor_on_another_device(tmp_path):
     (tmp_path / "on_cpu.py").write_text(
         "import torch\nfrom torch import nn\n\ndef build():\n"
         "    return nn.Linear(64, 64), (torch.zeros(4, 64, device='cpu'),)\n")
-    with pytest.raises(planner.TraceError, match="drop the device= argument"):
+    with pytest.raises(planner.TraceError, match="drop any fixed device="):
         planner.prepare(f"{tmp_path}/on_cpu.py:build", cache_dir=None)
+
+
+def test_a_model_checkpointing_its_own_layers_is_said(tmp_path, caplog):
+    """A new-user check: a model wrapping its blocks in torch.utils.checkpoint was planned as if
+    it did not, silently; with use_reentrant=True the tracer saw no arithmetic at all and the
+    plan broke an internal invariant."""
+    (tmp_path / "own_ckpt.py").write_text(
+        "import torch\nfrom torch import nn\nfrom torch.utils.checkpoint import checkpoint\n\n"
+        "class M(nn.Module):\n    def __init__(self, reentrant):\n        super().__init__()\n"
+        "        self.ls = nn.ModuleList(nn.Linear(64, 64) for _ in range(2))\n"
+        "        self.reentrant = reentrant\n\n    def forward(self, x):\n"
+        "        for layer in self.ls:\n"
+        "            x = checkpoint(layer, x, use_reentrant=self.reentrant)\n"
+        "        return x.sum()\n\n"
+        "def plain():\n    return M(False), (torch.zeros(4, 64),)\n\n"
+        "def reentrant():\n    return M(True), (torch.zeros(4, 64, requires_grad=True),)\n")
+    with caplog.at_level(logging.WARNING, logger="planner"):
+        p = planner.plan(f"{tmp_path}/own_ckpt.py:plain", cluster="dgx-h100", global_batch=8,
+                         cache_dir=None)
+    assert p.model["own_checkpoints"] == 2
+    assert "its forward checkpoints its own layers (torch.utils.checkpoint)" in caplog.text
+    with pytest.raises(planner.TraceError, match="does no arithmetic .*reentrant checkpointing"):
+        planner.plan(f"{tmp_path}/own_ckpt.py:reentrant", cluster="dgx-h100", global_batch=8,
+                     cache_dir=None)

@@ -629,3 +629,23 @@ def test_a_periodic_stack_whose_layers_read_two_back_is_traced_whole():
     og = trace(model, (ids.to("meta"),), {}, seq_len=8, batch=2, dtype="fp32")
     assert [(r.traced, r.period) for r in og.repeats] == [(4, 2)]
     assert unchained_repeats(og) == {"layers"}
+
+
+class _Decomposed(torch.nn.Module):
+    """A Linear, then an SVD: ATen names it _linalg_svd (a new-user check found SVD, eigh, solve
+    and det priced as free while QR was listed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.linalg.svdvals(self.lin(x)).sum()
+
+
+def test_linear_algebra_decompositions_are_listed_as_not_priced():
+    import planner
+
+    p = planner.plan(_Decomposed(), example_inputs=(torch.randn(2, 16, 16),),
+                     cluster="dgx-a100-80g", nodes=1, global_batch=8, dtype="fp32")
+    assert any(row["op"].startswith("aten._linalg_svd") for row in p.provenance["unpriced_ops"])
