@@ -62,6 +62,12 @@ class EngineSpec:
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction runs during the last micro-batch's backward (DDP buckets,
     FSDP2, Megatron --overlap-grad-reduce); False: after it (Megatron-LM's 'local' DDP of 2021)."""
+    ddp_accumulates: bool = True
+    """Under ZeRO-0 (plain data parallelism), gradients accumulate locally over a step's
+    micro-batches and are all-reduced once, in the last one's backward (DDP's no_sync,
+    Megatron-Core's DDP); False: all-reduced in every micro-batch's backward (torchtitan 0.2.2,
+    whose train loop runs each micro-batch's backward under its replicate() without no_sync:
+    train.py, forward_backward_step)."""
     overlap_scope: str = "all"
     """Where ``overlap_grad_reduce`` hides the reduction: ``all`` (every ZeRO stage, with or
     without a pipeline) or ``sharded`` (ZeRO >= 1 without a pipeline: DeepSpeed, whose ZeRO-0
@@ -263,12 +269,14 @@ PRESETS: dict[str, dict] = {
     # made SDPA's cuDNN backend opt-in), one kernel per element-wise op, FSDP2's overlapped
     # reduce-scatter through its flat buffers, fp32 sharded states and fp32 reduction
     "torchtitan": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
+                   "ddp_accumulates": False,
                    "fsdp_copies": True, "fsdp_experts": True, "state_layout": "fsdp2",
                    "cp_ring": "torch", "moe_etp_replicated": True, "fp8_experts": False},
     # torchtitan with torch.compile: element-wise chains of each transformer block fused by
     # Inductor; embedding, output projection and loss eager
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
-                           "overlap_grad_reduce": True, "fsdp_copies": True,
+                           "overlap_grad_reduce": True, "ddp_accumulates": False,
+                           "fsdp_copies": True,
                            "fsdp_experts": True, "state_layout": "fsdp2", "cp_ring": "torch",
                            "moe_probs_in_activation": False, "moe_etp_replicated": True,
                            "fp8_experts": False},

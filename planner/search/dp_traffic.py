@@ -85,6 +85,9 @@ class DataParallelBytes:
     ZeRO-1/2 shard optimizer states and gradients, which frozen weights have none of); 1 under
     FSDP2 (EngineSpec.fsdp_copies), whose ZeRO-1/2 is fully_shard without resharding after
     forward: every parameter sharded, frozen ones too, and gathered for the forward."""
+    ddp_each_microbatch: bool = False
+    """ZeRO-0's all-reduce runs after every micro-batch's backward, not once a step
+    (EngineSpec.ddp_accumulates False: torchtitan's)."""
 
     @classmethod
     def of(cls, training: TrainingSpec) -> "DataParallelBytes":
@@ -96,7 +99,8 @@ class DataParallelBytes:
         grads = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
                                          zero=0, dp=1, layout=training.engine.state_layout)["grads"]
         return cls(grads=grads, weights=DTYPE_BYTES[precision.core_dtype(training.dtype)],
-                   frozen_gathered_from=1 if training.engine.fsdp_copies else 3)
+                   frozen_gathered_from=1 if training.engine.fsdp_copies else 3,
+                   ddp_each_microbatch=not training.engine.ddp_accumulates)
 
 
 def zero3_calls(m: int, pipelined: bool) -> tuple[int, int]:
@@ -159,7 +163,8 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
     """Data-parallel traffic of one step that compute does not hide (Rajbhandari et al. 2020, §7):
 
     - ZeRO-0/1: gradients accumulate locally; one all-reduce (ZeRO-1: a reduce-scatter, the same
-      ring volume with the all-gather below) during the last micro-batch's backward.
+      ring volume with the all-gather below) during the last micro-batch's backward (ZeRO-0 with
+      ``per.ddp_each_microbatch``: an all-reduce in every micro-batch's backward).
     - ZeRO-2: gradients are reduce-scattered after every micro-batch's backward (they are kept
       sharded).
     - ZeRO-1/2: the updated weights are all-gathered after the optimizer step, which no backward
@@ -202,6 +207,8 @@ def exposed_dp_s(cfg: Config, params, per: DataParallelBytes, group, cluster: Cl
     if cfg.zero <= 1:  # ZeRO-1 runs the two halves as separate calls (backend speeds may differ)
         if cfg.zero == 0:
             sync = _moved(comm.allreduce_s, reduced * per.grads, group, cluster)
+            if per.ddp_each_microbatch:  # (each micro-batch's backward hides its own)
+                return beside(m * sync, m * backward_s) if overlap else m * sync
             return beside(sync, backward_s) if overlap else sync
         return weights + (beside(scatter, backward_s) if overlap else scatter)
     if cfg.zero == 2:

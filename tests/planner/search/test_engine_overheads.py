@@ -484,3 +484,22 @@ def test_engine_names_read_in_any_case():
     with pytest.raises(SpecError, match="engine.moe_dispatcher: expected one of alltoall, "
                                         "allgather, deepep, got 'nccl'"):
         engine_from_mapping("moe_dispatcher=NCCL")
+
+
+def test_torchtitans_ddp_all_reduces_after_every_micro_batch(fp32_llama):
+    """A new-user check read torchtitan 0.2.2's train loop: each micro-batch's backward runs
+    under replicate() with no no_sync, so ZeRO-0 all-reduces every micro-batch (the pricing had
+    one all-reduce a step, as DDP with no_sync and Megatron-Core run it)."""
+    once = EngineSpec(overlap_grad_reduce=False)
+    every = EngineSpec(overlap_grad_reduce=False, ddp_accumulates=False)
+    assert engine_from_mapping("torchtitan").ddp_accumulates is False
+    assert engine_from_mapping("megatron-core").ddp_accumulates is True
+
+    def sync(engine, micro_batch):
+        fix = (f"dp=2,tp=1,pp=1,micro_batch={micro_batch},recompute=none,zero=0,"
+               "offload_optimizer=false")
+        return _plan(fp32_llama, fix, engine).predicted["breakdown"]["dp_comm_s"]
+
+    assert sync(once, 1) == pytest.approx(sync(once, 2), rel=1e-5)  # 2 or 1 micro-batches
+    assert sync(every, 1) == pytest.approx(2 * sync(every, 2), rel=1e-5)
+    assert sync(every, 2) == pytest.approx(sync(once, 2), rel=1e-5)  # one micro-batch: alike
