@@ -341,9 +341,11 @@ def _autoep_settings(plan: Plan, s: dict, ledger: common.Ledger) -> dict:
     else:
         ledger.exact("moe_dispatcher")
     ledger.dropless(s, "AutoEP")
-    if s["moe_overlap"]:
+    if s["moe_overlap"] and not plan.moe_overlap_blockers():
         ledger.missing("moe_overlap", "moe_overlap: AutoEP has no setting to overlap its "
                        "all-to-alls with compute; they run exposed (a slower step than planned)")
+    elif s["moe_overlap"]:  # (the plan's configuration does not run it: priced exposed too)
+        ledger.exact("moe_overlap")
     else:
         ledger.exact("moe_overlap")
     if s["moe_shared_overlap"]:

@@ -197,8 +197,10 @@ def _data_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Sett
     elif zero == 1:
         ledger.nearest("zero", "ZeRO-1 (optimizer states sharded, gradients and weights "
                        "replicated): FSDP2 always shards gradients and weights too; nearest is "
-                       "FSDP without resharding after forward (ZeRO-2: the same traffic per step, "
-                       f"{states})")
+                       "FSDP without resharding after forward (ZeRO-2: gradients reduce-scattered "
+                       "after every micro-batch's backward, not once a step"
+                       + (f": {p['num_microbatches']} reduce-scatters a step where the plan prices "
+                          "one" if p["num_microbatches"] > 1 else "") + f"; {states})")
     else:
         ledger.exact("zero")
     reshard = "always" if zero == 3 else "never"
@@ -438,7 +440,7 @@ def _moe_settings(plan: Plan, version: str, s: dict, ledger: common.Ledger) -> l
         ledger.nearest("moe_grouped_gemm", "moe_grouped_gemm false: torchtitan's MoE runs the "
                        "experts as grouped GEMMs (its model's MoEArgs.use_grouped_mm, on by "
                        "default from SM90); not a job setting")
-    if s["moe_overlap"] and ep > 1:
+    if s["moe_overlap"] and ep > 1 and not plan.moe_overlap_blockers():  # (priced hidden)
         where = ("only with the DualPipeV schedule (parallelism.pipeline_parallel_expert_parallel_"
                  "overlap), which this plan does not use" if version == "0.2.2" else
                  "with no option of the job config")

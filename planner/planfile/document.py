@@ -12,7 +12,8 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 
-from costmodels.engine import read_setting
+from costmodels.engine import engine_from_mapping, read_setting
+from costmodels.experts import overlap_blockers
 from planner.errors import SpecError
 from planner.files import atomic_write, read_json_object
 from planner.options import SearchOptions, parallel_text
@@ -84,6 +85,18 @@ class Plan:
         for t in (self.embeddings or {}).get("tables", []):
             kinds[t["sharding_type"]] = kinds.get(t["sharding_type"], 0) + 1
         return dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def moe_overlap_blockers(self) -> list[str]:
+        """Where the plan's engine asks for the overlapped expert all-to-all (moe_overlap), what
+        its configuration lacks to run it, in the words "needs ..." (costmodels.experts.
+        overlap_blockers): the plan priced its all-to-alls exposed then; [] where it priced the
+        overlap or the engine does not ask for it."""
+        engine, par = engine_from_mapping(self.training.get("engine")), self.parallel
+        if not engine.moe_overlap:
+            return []
+        return overlap_blockers(engine, ep=par.get("ep", 1), recompute=par["recompute"],
+                                dtype=self.training["dtype"], pp=par["pp"],
+                                vpp=par.get("vpp", 1))
 
     def memory_reserve(self) -> dict:
         """The device memory the plan's search kept free (``memory_reserve_fraction`` and

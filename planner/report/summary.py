@@ -8,7 +8,6 @@ import textwrap
 
 from costmodels.engine import describe, engine_from_mapping
 from costmodels.errors import PlannerError
-from costmodels.experts import overlap_blockers
 from costmodels.hardware import get_device
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner import targets
@@ -378,11 +377,7 @@ def _overlap_off(p: Plan) -> str:
     """Where the engine asks for the overlapped expert all-to-all and the plan's configuration
     cannot run it (costmodels.experts.overlap_blockers), what it lacks: the software line names
     the setting, and the plan prices its all-to-alls exposed."""
-    engine, par = engine_from_mapping(p.training.get("engine")), p.parallel
-    if not engine.moe_overlap:
-        return ""
-    why = overlap_blockers(engine, ep=par.get("ep", 1), recompute=par["recompute"],
-                           dtype=p.training["dtype"], pp=par["pp"], vpp=par.get("vpp", 1))
+    why = p.moe_overlap_blockers()
     return f"; moe_overlap not run here (it needs {' and '.join(why)})" if why else ""
 
 

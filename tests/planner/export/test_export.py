@@ -1756,3 +1756,16 @@ def test_data_parallel_across_sites_exports_its_replicate_groups(tmp_path, notes
     to_deepspeed(plan)
     assert [n for n in notes if "DeepSpeed's ZeRO reduces the gradients over every" in n]
     assert [n for n in notes if "numbered site after site" in n]
+
+
+def test_an_overlap_the_plan_never_priced_is_not_called_a_slowdown(notes):
+    """A new-user check: moe_overlap asked for, on a configuration that does not run it (full
+    recomputation), was exported to torchtitan and DeepSpeed as 'they run exposed (a slower step
+    than planned)', where the plan had priced them exposed too."""
+    plan = engine_settings(data_plan("mixtral-8x7b-ep8-torchtitan"), moe_overlap=True)
+    for recompute, slower in (("none", True), ("full", False)):
+        notes.clear()
+        to_torchtitan(variant(plan, recompute=recompute))
+        said = [n for n in notes if "moe_overlap" in n and "a slower step than" in n]
+        assert bool(said) == slower, (recompute, notes)
+    assert variant(plan, recompute="full").moe_overlap_blockers() == ["no full recomputation"]
