@@ -143,7 +143,7 @@ def counting_own_checkpoints():
     checkpoint's paths are looked up in its module at call time (the non-reentrant generator,
     the reentrant autograd function), so a model that imported ``checkpoint`` by name is counted
     too; absent in a torch without them, nothing is counted."""
-    import torch.utils.checkpoint as ckpt
+    import torch.utils.checkpoint as ckpt  # lazy: patched for the trace only (torch is loaded)
 
     calls = [0]
     saved = {name: getattr(ckpt, name, None)

@@ -61,10 +61,11 @@ def test_a_hand_edited_batch_is_refused_before_any_process_starts(capsys, make_p
     """A new-user check saw "running ... with 2 processes" and then the batch error inside them."""
     plan = load_plan(make_plan("branched", "pp=2,tp=1,dp=1,micro_batch=2"))
     plan.parallel["micro_batch"] = 3
-    edited = str(tmp_path / "edited.json")
-    plan.save(edited)
-    code, out, err = run(capsys, "run", edited)
-    _one_line_refusal(code, err, "parallel.micro_batch", "training.global_batch", "agree")
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(plan.to_dict()))  # (Plan.save refuses to write it)
+    code, out, err = run(capsys, "run", str(edited))
+    _one_line_refusal(code, err, "micro_batch x num_microbatches x dp = 3 x 4 x 1 = 12",
+                      "training.global_batch is 8", "re-plan")
     assert "running" not in out + err.replace("plan: error:", "")
 
 
