@@ -117,6 +117,17 @@ def inputs(module: torch.nn.Module, cfg, seq_len: int, device: str) -> tuple[tup
     kwargs: dict = {}
     tokens = seq_len
     vocab = int(getattr(_text_config(cfg), "vocab_size", 2) or 2)
+    kind = getattr(cfg, "model_type", "this model")
+    if "input_values" in params and "input_ids" not in params:
+        raise SpecError(f"model: {kind} takes raw audio (input_values), which the planner does "
+                        "not build from a config.json; give it as file.py:factory returning the "
+                        "model and example inputs (README, MODEL)")
+    if "pixel_values" in params and "input_ids" in params and any(
+            getattr(cfg, k, None) is not None for k in ("image_token_index", "image_token_id")):
+        raise SpecError(f"model: {kind} takes images placed among its text tokens (image token "
+                        "ids in input_ids), which the planner does not build from a config.json; "
+                        "give it as file.py:factory returning the model and example inputs "
+                        "(README, MODEL)")
     if "pixel_values" in params:
         vision = getattr(cfg, "vision_config", None) or cfg
         size = _image_size(vision)

@@ -43,3 +43,30 @@ def test_speech_and_image_models_trace_in_bf16(name, tmp_path):
     config.write_text(json.dumps(coverage.CORPUS[name]))
     prepared = planner.prepare(str(config), dtype="bf16", cache_dir=None)
     assert prepared.info["num_params"] > 0
+
+
+@pytest.mark.parametrize("config,said", [
+    ({"model_type": "wav2vec2", "architectures": ["Wav2Vec2ForCTC"], "hidden_size": 32,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+      "conv_dim": [32, 32], "conv_stride": [5, 2], "conv_kernel": [10, 3], "vocab_size": 32,
+      "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2},
+     r"wav2vec2 takes raw audio \(input_values\)"),
+    ({"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
+      "image_token_index": 31,
+      "text_config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 64},
+      "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32,
+                        "intermediate_size": 64, "num_hidden_layers": 1,
+                        "num_attention_heads": 2, "image_size": 32, "patch_size": 8}},
+     "llava takes images placed among its text tokens")])
+def test_configs_whose_inputs_are_not_token_ids_are_refused_with_the_way(config, said, tmp_path):
+    """A new-user check: wav2vec2's and LLaVA's configs failed deep in their forward ('NoneType'
+    object is not subscriptable) with advice that did not apply: the planner builds token ids,
+    images and log-mel frames, not raw audio nor images placed among the text."""
+    import json
+
+    import planner
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(planner.SpecError, match=said + r".*give it as file.py:factory"):
+        planner.prepare(str(path), cache_dir=None)
