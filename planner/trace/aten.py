@@ -114,6 +114,9 @@ class CallWork:
 
     gemms: list[AtenGemm] = field(default_factory=list)
     attention: list[AtenAttention] = field(default_factory=list)
+    gemm_out_bytes: float = 0.0
+    """Bytes of the results of the call's GEMMs: in a recurrent layer, each timestep's gate
+    pre-activations, about what it keeps for its backward (records.RECURRENT)."""
     mem_bytes: float = 0.0
     """Bytes read + written by memory-bound ATen ops (one kernel each)."""
     kernels: int = 0
@@ -163,6 +166,7 @@ class _Recorder(TorchDispatchMode):
             return
         if packet in GEMMS:
             self._gemm(packet, args)
+            self.work.gemm_out_bytes += sum(t.numel() * t.element_size() for t in outs)
         elif packet in CONVOLUTIONS:
             self._conv(args, outs[0])
         elif packet in GROUPED or packet.__name__.endswith(GROUPED_NAMES):

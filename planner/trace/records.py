@@ -184,13 +184,13 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
         in_bytes = out_bytes
     io_bytes = 0.0 if kind in ("view", "constant", "input") else in_bytes + out_bytes
     dims = _dims(kind, acts, ins, outs, bool(v.params), v.attrs, batch)
-    flops, unpriced = 0.0, {}
+    flops, unpriced, gates = 0.0, {}, 0.0
     if kind == "attention":
         flops = _attention(acts, v.attrs).flops / batch if "scores" in dims else 0.0
     elif kind in COMPUTE_BOUND or kind == "other":
         work = v.work_fn(lambda name: (env[name].requires_grad, bool(env[name].param))
                          if name in env else (False, False))
-        flops = work.flops / batch
+        flops, gates = work.flops / batch, work.gemm_out_bytes / batch
         dims.update(_work_dims(work, batch, routed=lambda experts: _routed_copies(
             v.module, routers or {}, experts)))
         unpriced = {name: [n, nbytes / batch] for name, (n, nbytes) in work.unpriced.items()}
@@ -199,6 +199,12 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
     out_ref = TensorRef(key=v.name, nbytes=out_bytes, requires_grad=requires_grad)
     out_numel = sum(t.numel() for t in outs) / batch
     saves = saved_tensors(v.short, kind, refs, out_ref, out_numel, v.name)
+    if v.short in RECURRENT and requires_grad and gates > 0:
+        # a recurrent layer keeps every timestep's gates and states for its backward (the
+        # native fused cells save the gates, the cell state and the output, cuDNN's in its reserve
+        # space): priced as its GEMMs' results, each step's input and hidden projections (8H an
+        # LSTM step against the 7H a native cell keeps)
+        saves.append((f"{v.name}:states", gates))
     return Op(
         name=v.name, kind=kind, target=v.short, module=v.module,
         inputs=list(dict.fromkeys(x.op_name for x in acts)), params=list(dict.fromkeys(reads_params)),
@@ -207,6 +213,11 @@ def _make_op(v: NodeView, outs: list[torch.Tensor], env: dict[str, _Tensor], bat
         differentiable=differentiable, base=base,
         saves=[[k, b] for k, b in saves], dims=dims, unpriced=unpriced,
     )
+
+
+RECURRENT = {"LSTM", "GRU", "RNN", "lstm", "gru", "rnn_tanh", "rnn_relu"}
+"""Recurrent layers (nn modules traced as leaves, or their ATen ops): what they save for backward
+is each timestep's gates and states, not their inputs and output alone."""
 
 
 def _attention(acts: list[_Tensor], attrs: dict) -> AtenAttention:

@@ -649,3 +649,27 @@ def test_linear_algebra_decompositions_are_listed_as_not_priced():
     p = planner.plan(_Decomposed(), example_inputs=(torch.randn(2, 16, 16),),
                      cluster="dgx-a100-80g", nodes=1, global_batch=8, dtype="fp32")
     assert any(row["op"].startswith("aten._linalg_svd") for row in p.provenance["unpriced_ops"])
+
+
+class _Recurrent(torch.nn.Module):
+    def __init__(self, hidden=64, layers=2):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True)
+
+    def forward(self, x):
+        return self.lstm(x)[0].sum()
+
+
+def test_a_recurrent_layer_keeps_each_timesteps_gates_for_backward():
+    """A new-user check: a 2-layer LSTM's activations were priced 8x too low (its input and
+    output only); a native LSTM cell keeps its 4H gates, its cell state and its output each
+    timestep (7H), the pricing its gate GEMMs' results (8H)."""
+    import planner
+
+    hidden, steps, layers = 64, 16, 2
+    prepared = planner.prepare(_Recurrent(hidden, layers),
+                               example_inputs=(torch.randn(2, steps, hidden),), dtype="bf16",
+                               cache_dir=None)
+    saved = {k: b for op in prepared.opgraph.ops for k, b in op.saves}
+    states = sum(b for k, b in saved.items() if k.endswith(":states"))
+    assert states == pytest.approx(8 * hidden * steps * layers * 2)  # bf16, per sample
