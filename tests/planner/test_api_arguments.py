@@ -569,3 +569,22 @@ def test_a_model_checkpointing_its_own_layers_is_said(tmp_path, caplog):
     with pytest.raises(planner.TraceError, match="does no arithmetic .*reentrant checkpointing"):
         planner.plan(f"{tmp_path}/own_ckpt.py:reentrant", cluster="dgx-h100", global_batch=8,
                      cache_dir=None)
+
+
+def test_a_factory_model_longer_than_its_learned_positions_is_refused(tmp_path):
+    """A new-user check planned a hand-written GPT at 4,096 tokens past its 1,024 learned
+    positions (a real run fails on the lookup; the config path refused it); an embedding looked
+    up by zeros (token types) is no position table."""
+    (tmp_path / "pos.py").write_text(
+        "import torch\nfrom torch import nn\n\nclass M(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.wte = nn.Embedding(100, 32)\n"
+        "        self.wpe = nn.Embedding(64, 32)\n        self.tt = nn.Embedding(2, 32)\n"
+        "        self.lin = nn.Linear(32, 100)\n\n    def forward(self, x):\n"
+        "        pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)\n"
+        "        return self.lin(self.wte(x) + self.wpe(pos) + self.tt(torch.zeros_like(x)))\n\n"
+        "def build(seq_len=64):\n    return M(), (torch.zeros(2, seq_len, dtype=torch.long),)\n")
+    spec = f"{tmp_path}/pos.py:build"
+    assert planner.prepare(spec, seq_len=64, cache_dir=None).seq_len == 64
+    with pytest.raises(SpecError, match=r"^seq_len: 128 tokens exceed the 64 learned positions "
+                                        r"of wpe \(an embedding looked up by position\)"):
+        planner.prepare(spec, seq_len=128, cache_dir=None)
