@@ -60,6 +60,13 @@ def compress_names(names: list[str]) -> str:
     text = ", ".join(out)
     if len(text) <= NAMES_WIDTH or len(out) <= 2:
         return text
+    # the layer stacks first (an encoder-decoder's stage read 'embed_tokens..layernorm, +3 more,
+    # lm_head', its 24 layers among the 3: a new-user check), the rest counted
+    stacks = [g for g in out if re.search(r"\.\d+(-\d+)?$", g)]
+    if stacks and len(stacks) < len(out):
+        kept = ", ".join(stacks) + f", +{len(out) - len(stacks)} more"
+        if len(kept) <= NAMES_WIDTH:
+            return kept
     return f"{out[0]}, +{len(out) - 2} more, {out[-1]}"
 
 

@@ -101,11 +101,13 @@ def test_the_memory_kinds_named_add_up_to_the_peaks_change():
 
 
 def test_stage_block_lists_keep_whole_names():
-    """Runs of numbered blocks compress; a long list keeps its first and last groups whole with
-    a count between (a new-user check saw T5's first stage cut to 'encoder.block...')."""
+    """Runs of numbered blocks compress; a long list keeps its layer stacks whole with a count
+    of the other groups (a new-user check saw T5's first stage cut to 'encoder.block...', and
+    then BART's 24 layers hidden in '+3 more'), else its first and last groups."""
     from planner.report.text import compress_names
     assert compress_names(["h.0", "h.1", "h.2", "ln_f..lm_head"]) == "h.0-2, ln_f..lm_head"
     t5 = ["decoder.embed_tokens..encoder.embed_tokens", "encoder.block.0", "encoder.block.1",
           "encoder.final_layer_norm", "decoder.block.0", "decoder.block.1"]
-    assert compress_names(t5) == ("decoder.embed_tokens..encoder.embed_tokens, +2 more, "
-                                  "decoder.block.0-1")
+    assert compress_names(t5) == "encoder.block.0-1, decoder.block.0-1, +2 more"
+    many = [f"tower{i}.head" for i in range(30)]  # no stacks: the first and last groups
+    assert compress_names(many) == "tower0.head, +28 more, tower29.head"
