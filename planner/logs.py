@@ -31,6 +31,14 @@ def to_stderr(level: int) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+    for name in QUIET_TORCH_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+QUIET_TORCH_LOGGERS = ("torch.fx._symbolic_trace",)
+"""torch's loggers whose warnings are about torch's own API, not the user's model, kept off the
+command's stderr: TorchRec's modules ask torch.fx whether they are traced, and torch warns once
+that is_fx_tracing covers torch.export too (every recommendation model printed it, -q or not)."""
 
 
 @contextlib.contextmanager

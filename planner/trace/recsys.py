@@ -21,6 +21,7 @@ unpriced.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 
 import torch
@@ -28,6 +29,8 @@ from torch import nn
 
 from costmodels.embeddings import RecModel, Table
 from planner.errors import SpecError, TraceError
+
+log = logging.getLogger(__name__)
 from planner.inputs.zoo import RECSYS, RecEntry
 
 
@@ -230,6 +233,13 @@ def rec_model(model, *, batch: int = 1024, stats: dict | None = None,
                             features=int(s.get("features", len(feats) or 1)),
                             skew=float(s.get("skew", 0.0)), pooled=pooled,
                             feature_names=tuple(feats)))
+    guessed = [t.name for t in tables if "pooling" not in stats.get(t.name, {})]
+    if entry is None and guessed:  # (the zoo's tables carry their published ids per sample)
+        log.warning("%s: ids per sample of %s not given, 1 taken (a lookup's share of the step "
+                    "grows with them); give them as pooling in a tables YAML (--tables FILE, "
+                    "or MODEL.tables.yaml beside a factory; README, recommendation models)",
+                    name, ", ".join(guessed[:4]) + (f" and {len(guessed) - 4} more"
+                                                     if len(guessed) > 4 else ""))
     table_params = sum(t.rows * t.dim for t in tables)
     dense_params = sum(p.numel() for p in module.parameters()) - table_params
     flops, acts, ops = _dense_work(module, batch)

@@ -68,6 +68,9 @@ def test_module_with_embedding_bags_and_a_tables_yaml(capsys, tmp_path):
     tables = {t["name"]: t for t in json.loads(path.read_text())["embeddings"]["tables"]}
     assert tables["user"]["pooling"] == 3 and tables["user"]["skew"] == 0.5
     assert tables["item"]["pooling"] == 1
+    # the table the file leaves out is named (a new-user check found every table at 1 id per
+    # sample, silently)
+    assert "ids per sample of item not given, 1 taken" in err and "of user" not in err
 
 
 @pytest.mark.parametrize("extra,words", [
