@@ -32,7 +32,8 @@ def say(prepared, seq_len: int | None) -> None:
                     seq_len, counted(prepared.seq_len, "token"))
     if prepared.info.get("image_input"):
         log.info("%s: its first input is %s, an image's shape: the plan counts one token per "
-                 "sample (give seq_len to count patches)", prepared.info["name"],
+                 "sample (a model that cuts the image into patches: give seq_len to count them, "
+                 "and any tokens it prepends)", prepared.info["name"],
                  prepared.info["image_input"])
     positions = prepared.info.get("max_position_embeddings")
     if positions:

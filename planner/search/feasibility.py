@@ -588,10 +588,9 @@ def length_note(seq_len: int, rejected, image: bool = False) -> str:
     if not ruled or seq_len % SEQ_MULTIPLE == 0 or seq_len == 1:
         return ""
     if image:
-        return (f"training.seq_len: an image's {seq_len:,} tokens (its patches and prepended "
-                "tokens, which its image and patch sizes set: image_size and patch_size in a config) "
-                "do not split evenly, which ruled out sequence or context parallelism for some "
-                "degrees")
+        return (f"training.seq_len: an image's {seq_len:,} tokens (from image_size and patch_size "
+                "in a config; for a module or factory, the seq_len given) do not split evenly, "
+                "which ruled out sequence or context parallelism for some degrees")
     lower = seq_len // SEQ_MULTIPLE * SEQ_MULTIPLE
     nearest = min((n for n in (lower, lower + SEQ_MULTIPLE) if n > 0),
                   key=lambda n: abs(n - seq_len))
