@@ -461,12 +461,16 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
     if layout:  # (a plan whose stages were pinned with --layout)
         extra += f" --layout '{layout}'"
     extra += reserve_args(plan)
+    notes = [f"without {', '.join(dropped)}, which {target} does not run"] if dropped else []
+    if pipelined and not eng.tp_with_pp and int(plan.parallel.get("tp", 1)) > 1 and \
+            "pp" in kept_pins:  # (a new-user check: the pinned pp then fit nowhere, exit 3)
+        notes.append(f"{target} runs no tensor parallelism beside a pipeline: if nothing fits "
+                     f"with pp={kept_pins['pp']}, leave pp out")
     return (f"plan solve {spec} {cluster_args(c)} --global-batch "
             f"{t['global_batch']} --seq-len {t['seq_len']}{extra}"
             + (f" --fix {pinned}" if pinned else "") + f" --target {target}"
             # (a shell comment: the command stays one to paste)
-            + (f"  # without {', '.join(dropped)}, which {target} does not run" if dropped
-               else ""))
+            + (f"  # {'; '.join(notes)}" if notes else ""))
 
 
 def _passing(fix: dict, target: str) -> dict:

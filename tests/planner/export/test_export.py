@@ -1769,3 +1769,16 @@ def test_an_overlap_the_plan_never_priced_is_not_called_a_slowdown(notes):
         said = [n for n in notes if "moe_overlap" in n and "a slower step than" in n]
         assert bool(said) == slower, (recompute, notes)
     assert variant(plan, recompute="full").moe_overlap_blockers() == ["no full recomputation"]
+
+
+def test_a_replan_an_engine_cannot_fit_with_its_pins_says_which_to_leave_out():
+    """A new-user check copied the DeepSpeed refusal's re-plan (pp=4 pinned, tp=1 forced: no
+    tensor parallelism beside a pipeline there) and got exit 3: the command says to leave pp out
+    where nothing fits with it."""
+    plan = data_plan("llama3-70b-pp4-zero3-megatron")
+    with pytest.raises(InfeasibleError) as err:
+        to_deepspeed(plan)
+    assert "--fix pp=4,schedule=1f1b --target deepspeed  # deepspeed runs no tensor " \
+           "parallelism beside a pipeline: if nothing fits with pp=4, leave pp out`" in \
+           str(err.value)
+    assert "leave pp out" not in resolve_hint(plan, "megatron")  # (it runs tp beside pp)
