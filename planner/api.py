@@ -144,25 +144,6 @@ def _rename(info: dict, model) -> None:
             info["name"] = _factory_name(new)
 
 
-def _positions_short(og: OpGraph, seq_len: int) -> str:
-    """'' or the line refusing a sequence longer than a learned position embedding of the model
-    (an embedding looked up by torch.arange positions, with fewer rows than the sequence): on
-    meta tensors the lookup does not fail, a real run does."""
-    ops = {op.name: op for op in og.ops}
-    for op in og.ops:
-        if op.kind != "embedding" or not op.inputs or not op.params:
-            continue
-        source = ops.get(op.inputs[0])
-        while source is not None and source.kind == "view" and source.inputs:
-            source = ops.get(source.inputs[0])
-        rows = og.params[op.params[0]].shape[0] if op.params[0] in og.params else 0
-        if source is not None and source.target == "arange" and 0 < rows < seq_len:
-            return (f"seq_len: {seq_len:,} tokens exceed the {rows:,} learned positions of "
-                    f"{op.module or op.params[0]} (an embedding looked up by position); give "
-                    f"--seq-len {rows:,} or less, or a model with more positions")
-    return ""
-
-
 def _factory_name(spec: str) -> str:
     """The name a ``file.py:factory`` or ``module:factory`` spec's model takes (as traced)."""
     target, _, attr = spec.rpartition(":")
@@ -201,9 +182,11 @@ def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method:
                    whole=frozenset(unchained - uniform))
     # (a config's learned positions are checked from the config; a zoo name is a shape at any
     # length)
-    short = rm.source not in ("hf-config", "zoo") and _positions_short(og, rm.seq_len)
-    if short:
-        raise SpecError(short)
+    for table, rows in (og.position_tables() if rm.source not in ("hf-config", "zoo") else ()):
+        if rows < rm.seq_len:  # (on meta tensors the lookup does not fail; a real run does)
+            raise SpecError(f"seq_len: {rm.seq_len:,} tokens exceed the {rows:,} learned "
+                            f"positions of {table} (an embedding looked up by position); give "
+                            f"--seq-len {rows:,} or less, or a model with more positions")
     bg = build_blocks(og, analyze(og))
     if not any(b.work.fwd_flops for b in bg.blocks):  # (a plan of nothing to compute)
         hidden = [op for op in og.unpriced_ops() if "set_grad_enabled" in op["op"]]

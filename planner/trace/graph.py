@@ -121,6 +121,22 @@ class OpGraph:
     def __post_init__(self):
         self.by_name = {op.name: op for op in self.ops}
 
+    def position_tables(self) -> list[tuple[str, int]]:
+        """(module, rows) of the embeddings looked up by torch.arange positions (learned position
+        embeddings), through any views of the positions."""
+        ops = {op.name: op for op in self.ops}
+        out = []
+        for op in self.ops:
+            if op.kind != "embedding" or not op.inputs or not op.params:
+                continue
+            source = ops.get(op.inputs[0])
+            while source is not None and source.kind == "view" and source.inputs:
+                source = ops.get(source.inputs[0])
+            rows = self.params[op.params[0]].shape[0] if op.params[0] in self.params else 0
+            if source is not None and source.target == "arange" and rows > 0:
+                out.append((op.module or op.params[0], rows))
+        return out
+
     def unpriced_ops(self) -> list[dict]:
         """What no formula prices: per op name, its calls and its share of the bytes the traced
         ops move, largest share first."""
