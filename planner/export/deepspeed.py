@@ -366,8 +366,8 @@ def _zero_stage(plan: Plan, ledger: common.Ledger, changes: dict, raising: list[
         raising.append(f"ZeRO-{nearest} instead of the plan's ZeRO-{zero}")
         ledger.nearest("zero", f"ZeRO-{zero} with pp={p['pp']}: DeepSpeed's pipeline engine runs "
                        f"ZeRO stages {', '.join(map(str, runs))} only (deepspeed/runtime/pipe/"
-                       f"engine.py asserts it); nearest ZeRO-{nearest}: more memory than planned "
-                       "(re-checked below)")
+                       f"engine.py asserts it); nearest ZeRO-{nearest}: more memory for the model "
+                       "states than planned (the whole re-checked below, with the other changes)")
         return nearest
     ledger.exact("zero")
     return zero

@@ -642,7 +642,8 @@ def _zero_note(plan: Plan, zero: int, ledger: common.Ledger) -> None:
     ledger.nearest("zero", f"ZeRO-{p['zero']} with pp={p['pp']}: Megatron-LM runs it as "
                    "Megatron-FSDP, whose device mesh holds no pipeline (mcore_fsdp_adapter.py); "
                    f"nearest ZeRO-{zero}, the distributed optimizer: gradients not sharded, more "
-                   "memory than planned (re-checked below)")
+                   "memory for them than planned (the whole re-checked below, with the other "
+                   "changes)")
 
 
 def _overlap_dp(plan: Plan, zero: int, ledger: common.Ledger) -> Group:
