@@ -98,9 +98,20 @@ def _identity(model: str):
         found = _file(target, "factory")
         if found is None:
             return None
-        imported = [_file(p, "import") for p in local_sources(target)[1:]]
-        return [*found, name, *[h for item in imported if item for h in item]]
+        return [*found, name, *[x for h in imported_digests(target).values()
+                                for x in ("import", h)]]
     return None  # package.module:factory: the installed package is not hashed
+
+
+def imported_digests(path: str) -> dict[str, str]:
+    """The modules a factory file imports from its own folder (local_sources), each by the hash
+    of its bytes; one that cannot be read is left out."""
+    out = {}
+    for source in local_sources(path)[1:]:
+        found = _file(source, "import")
+        if found is not None:
+            out[source] = found[1]
+    return out
 
 
 LOCAL_SOURCES_MAX = 200

@@ -26,7 +26,7 @@ from planner.files import read_json_object, refuse_plan
 from planner.inputs.modules import import_from_working_folder
 from planner.inputs.zoo import ZOO, ZooEntry, unknown_model
 from planner.trace import hf, mtp
-from planner.trace.cache import local_sources
+from planner.trace.cache import imported_digests
 from planner.trace.failures import model_frame
 
 log = logging.getLogger(__name__)
@@ -257,14 +257,10 @@ def _forget_edited(target: str) -> None:
     again (planning twice from one Python session, a notebook, traced the edited model's first
     version, and the trace cache then kept that under the new sources' key; a module importing
     the edited one keeps the old objects, hence all of them)."""
-    local = local_sources(target)[1:]
+    digests = imported_digests(target)
+    local = set(digests)
     edited = False
-    for path in local:
-        try:
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
-        except OSError:
-            continue
+    for path, digest in digests.items():
         edited = edited or _IMPORTED.get(path, digest) != digest
         _IMPORTED[path] = digest
     if edited:
