@@ -666,11 +666,7 @@ def _prepared_arguments(prepared, cluster, training, options) -> tuple:
         raise SpecError(f"prepared: expected what planner.prepare returns, got a "
                         f"{type(prepared).__name__}; call planner.prepare(model) first (or "
                         "planner.plan, which does both)")
-    if isinstance(cluster, (str, os.PathLike)):
-        cluster = load_cluster(cluster)
-    elif not hasattr(cluster, "num_gpus") or not hasattr(cluster, "name"):
-        raise SpecError(f"cluster: expected a preset name, a cluster file or what "
-                        f"planner.load_cluster returns, got a {type(cluster).__name__}")
+    cluster = load_cluster(cluster)  # (a loaded one as it is; a wrong type named)
     if not isinstance(training, TrainingSpec):
         raise SpecError(f"training: expected a planner.TrainingSpec(global_batch=..., "
                         f"seq_len=...), got a {type(training).__name__}")
