@@ -190,13 +190,9 @@ def sites_replicas(bg: BlockGraph, cluster: HeteroCluster, training: TrainingSpe
                 found_all = ([found.best] if found.best else []) + found.alternatives
                 sharded = [e for e in found_all if e.config.zero >= 1]
                 candidates += found_all if "zero" in options.fix or not sharded else sharded
-            best = min(candidates, key=lambda e: e.step_time_s) if candidates else None
-            result = None if best is None else dataclasses.replace(result, best=best)
-            if best is None and refused:
-                row["reason"] = refused
-            if best is None:
-                row.setdefault("reason", f"no configuration fits {site.name} at "
-                                         f"{share.global_batch:,} samples a step")
+            if not candidates:
+                row["reason"] = refused or (f"no configuration fits {site.name} at "
+                                            f"{share.global_batch:,} samples a step")
             else:
                 def across_sites(est):  # (calls, seconds, ring order, exposed) of ``est``
                     calls = reductions(params, layers, est.config, k, training.engine, experts)
