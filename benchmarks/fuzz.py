@@ -1148,17 +1148,17 @@ class Case:
 
 
 TRACING = {"s": 0.0}
-"""Seconds this process spent in planner.api._trace (counted by count_tracing)."""
+"""Seconds this process spent in planner.traced.trace_model (counted by count_tracing)."""
 
 
 def count_tracing() -> None:
-    """Time every trace the planner makes in this process (planner.api._trace runs when the trace
-    cache misses), so that a case's planning time can be told from its tracing time."""
-    import planner.api as api
+    """Time every trace the planner makes in this process (planner.traced.trace_model runs when
+    the trace cache misses), so that a case's planning time can be told from its tracing time."""
+    import planner.traced as traced
 
-    if getattr(api._trace, "fuzz_counted", False):
+    if getattr(traced.trace_model, "fuzz_counted", False):
         return
-    inner = api._trace
+    inner = traced.trace_model
 
     def timed(*args, **kw):
         t0 = time.perf_counter()
@@ -1168,7 +1168,7 @@ def count_tracing() -> None:
             TRACING["s"] += time.perf_counter() - t0
 
     timed.fuzz_counted = True
-    api._trace = timed
+    traced.trace_model = timed
 
 
 def run_case(ws: Workspace, index: int, only: str | None, timeout: float) -> Result:

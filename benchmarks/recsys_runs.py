@@ -48,7 +48,7 @@ from benchmarks.tables import print_errors, print_table  # noqa: E402
 from costmodels.engine import EngineSpec  # noqa: E402
 from costmodels.topology import cluster_from_mapping  # noqa: E402
 from planner.inputs.zoo import CRITEO_1TB_ROWS, MLPERF_DCNV2_ROWS  # noqa: E402
-from planner.api import prepare_recsys  # noqa: E402
+from planner.recsys_api import prepare_recsys  # noqa: E402
 from planner.search.dense_part import dense_options  # noqa: E402
 from planner.search.tables import RecOptions, plan_tables  # noqa: E402
 from planner.trace.recsys import rec_model  # noqa: E402

@@ -12,7 +12,7 @@ import importlib
 
 _PUBLIC = {
     "Cluster": "costmodels.topology", "EngineSpec": "costmodels.engine",
-    "Prepared": "planner.api", "plan": "planner.api",
+    "Prepared": "planner.traced", "plan": "planner.api",
     "plan_prepared": "planner.api", "prepare": "planner.api", "InfeasibleError": "planner.errors",
     "PlannerError": "planner.errors", "SpecError": "planner.errors", "TraceError": "planner.errors",
     "InternalError": "planner.errors", "whatif": "planner.explore.sweep",

@@ -1,37 +1,35 @@
 """plan(): resolve the model, trace it, coarsen, search, emit. Orchestration only.
 
-Tracing (planner.trace) loads torch and transformers, which takes seconds; a model traced before
-is read back from the trace cache (planner.trace.cache) without loading either.
+Tracing (planner.traced, planner.trace) loads torch and transformers, which takes seconds; a model
+traced before is read back from the trace cache (planner.trace.cache) without loading either. A
+recommendation model (embedding tables) is planned by planner.recsys_api.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import logging
 import math
 import os
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 from costmodels import precision
 from costmodels.engine import EngineSpec
 from costmodels.specs import positive_int
 from costmodels.topology import HeteroCluster
-from planner.emit import across_sites, emit, emit_tables
-from planner.errors import InfeasibleError, PlannerError, SpecError, TraceError
+from planner.emit import across_sites, emit
+from planner.errors import InfeasibleError, PlannerError, SpecError
 from planner.files import fspath_or_same
 from planner.inputs.calibration import apply_calibration
-from planner.inputs.modules import import_from_working_folder
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import (LAYOUT_FOR_RECSYS, TRACE_METHODS, SearchOptions, TrainingSpec,
-                             check_dtype, engine_spec, idle_pins, parse_fix, reserve_options)
-from planner import model_notes, settings, targets
+                             check_dtype, idle_pins, parse_fix, reserve_options)
+from planner import model_notes, settings, targets, traced
 from planner.planfile.document import Plan
+from planner.recsys_api import plan_recsys, recsys_model
 from planner.search import alone, replicas
 from planner.search.costs import ModelArrays
 from planner.search.feasibility import (batch_note, cluster_pin_problem, dp_fits,
@@ -43,35 +41,10 @@ from planner.search.layout import layout_pp_problem
 from planner.search.loop import rejection_lines, search
 from planner.search.space import Space, attention_forms
 from planner.trace import cache
-from planner.trace.blocks import build_blocks, unchained_repeats
-from planner.trace.graph import BlockGraph, OpGraph
-from planner.trace.tp_roles import analyze
-from planner.units import counted, human_count
+from planner.traced import Prepared
+from planner.units import human_count
 
 log = logging.getLogger("planner.api")
-
-
-@dataclass
-class Prepared:
-    """A traced and coarsened model: reusable across clusters, batches and pinned knobs."""
-
-    info: dict
-    """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params,
-    image_tokens, encoder_tokens, defaulted, mtp_layers_left_out, mtp_depths,
-    checkpoint_quantization, experts_own_code where they apply)."""
-    seq_len: int
-    dtype: str
-    opgraph: OpGraph
-    blocks: BlockGraph
-
-    def to_dict(self) -> dict:
-        return {"info": self.info, "seq_len": self.seq_len, "dtype": self.dtype,
-                "opgraph": self.opgraph.to_dict(), "blocks": self.blocks.to_dict()}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Prepared":
-        return cls(info=dict(d["info"]), seq_len=int(d["seq_len"]), dtype=d["dtype"],
-                   opgraph=OpGraph.from_dict(d["opgraph"]), blocks=BlockGraph.from_dict(d["blocks"]))
 
 
 def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: str = "bf16",
@@ -106,11 +79,11 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
     stored = cache.load(folder, entry) if entry else None
     if stored is not None:
         prepared = Prepared.from_dict(stored)
-        _rename(prepared.info, model)
+        traced.rename(prepared.info, model)
         log.info("model %s: %s parameters, traced before (trace cache)",
                  prepared.info["name"], human_count(prepared.info["num_params"]))
     else:
-        prepared = _trace(model, example_inputs, seq_len, dtype, trace_method)
+        prepared = traced.trace_model(model, example_inputs, seq_len, dtype, trace_method)
         if entry:
             cache.store(folder, entry, prepared.to_dict())
         if entry and keyed_len is None and (model.endswith(".json") or os.path.isdir(model)):
@@ -119,124 +92,6 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
             cache.store(folder, entry_of(prepared.seq_len), prepared.to_dict())
     model_notes.say(prepared, seq_len)
     return prepared
-
-
-def spec_of(model) -> str | None:
-    """The MODEL spec a plan records, from which ``plan run`` and the exports' memory check build
-    the model again, wherever they run: a zoo name as given, a file (config.json, its folder, or
-    file.py:factory) by its absolute path; None for a module object."""
-    if not isinstance(model, str):
-        return None
-    if model.lower() in ZOO:
-        return model
-    path, colon, factory = model.rpartition(":") if ".py:" in model else (model, "", "")
-    return os.path.abspath(path) + colon + factory if os.path.exists(path) else model
-
-
-def _rename(info: dict, model) -> None:
-    """A cached trace keyed by a file's bytes names the file it was traced from; make it name
-    this call's (the plan records it, and ``plan run`` builds the model from it)."""
-    old, new = info.get("spec"), spec_of(model)
-    if new and old and old != new:
-        info["spec"] = new
-        info["source"] = str(info.get("source", "")).replace(old, new)
-        if ":" in new and info.get("name") == _factory_name(old):  # (a factory's name is its file's)
-            info["name"] = _factory_name(new)
-
-
-def _factory_name(spec: str) -> str:
-    """The name a ``file.py:factory`` or ``module:factory`` spec's model takes (as traced)."""
-    target, _, attr = spec.rpartition(":")
-    return os.path.basename(target).removesuffix(".py") + ":" + attr
-
-
-def _trace(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str,
-           per_sample: bool = False) -> Prepared:
-    from planner.trace.models import image_shape, resolve  # lazy: torch, transformers (seconds)
-    from planner.trace.tracers import counting_own_checkpoints, trace  # lazy: as above
-
-    t0 = time.perf_counter()
-    rm = resolve(model, seq_len=seq_len, dtype=dtype, example_inputs=example_inputs,
-                 per_sample=per_sample)
-    if not rm.num_params:
-        raise SpecError(f"model: {rm.name} has no parameters, so there is no training to plan; "
-                        "give the model whose weights you train")
-    if rm.frozen_params >= rm.num_params:
-        raise SpecError(f"model: {rm.name} trains none of its {human_count(rm.num_params)} "
-                        "parameters (all have requires_grad=False), so there is no training to "
-                        "plan; set requires_grad=True on those you train")
-    log.info("model %s: %s parameters (%s); tracing it on the meta device %s (seconds; a minute "
-             "for the largest)", rm.name, human_count(rm.num_params), rm.source,
-             "for one sample" if per_sample else f"at {counted(rm.seq_len, 'token')}")
-    with counting_own_checkpoints() as own_checkpoints:
-        og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch,
-                   dtype=dtype, method=trace_method, name=rm.name)
-    unchained = unchained_repeats(og)
-    if unchained:  # lists of identical modules that are not a chain of layers are no layer
-        # stack; a list with a pattern that is not a chain is traced whole, each layer a block
-        log.debug("tracing %s whole: not a chain of layers", ", ".join(sorted(unchained)))
-        uniform = {r.fqn for r in og.repeats if r.fqn in unchained and r.traced == 2 and
-                   r.period == 1}
-        og = trace(rm.module, rm.args, rm.kwargs, seq_len=rm.seq_len, batch=rm.batch, dtype=dtype,
-                   method=og.method, name=rm.name, not_layers=frozenset(uniform),
-                   whole=frozenset(unchained - uniform))
-    # (a config's learned positions are checked from the config; a zoo name is a shape at any
-    # length)
-    for table, rows in (og.position_tables() if rm.source not in ("hf-config", "zoo") else ()):
-        if rows < rm.seq_len:  # (on meta tensors the lookup does not fail; a real run does)
-            raise SpecError(f"seq_len: {rm.seq_len:,} tokens exceed the {rows:,} learned "
-                            f"positions of {table} (an embedding looked up by position); give "
-                            f"--seq-len {rows:,} or less, or a model with more positions")
-    bg = build_blocks(og, analyze(og))
-    if not any(b.work.fwd_flops for b in bg.blocks):  # (a plan of nothing to compute)
-        hidden = [op for op in og.unpriced_ops() if "set_grad_enabled" in op["op"]]
-        raise TraceError(f"could not trace {rm.name}: its forward, as traced, does no arithmetic "
-                         "(no matmul, convolution or attention)"
-                         + ("; its layers run inside torch.no_grad or reentrant checkpointing "
-                            "(torch.utils.checkpoint with use_reentrant=True), which the tracer "
-                            "does not enter: use use_reentrant=False, or turn the model's own "
-                            "checkpointing off" if hidden else
-                            ", so there is no compute for a plan to split; give example inputs "
-                            "that reach its layers"))
-    log.info("traced with %s: %d ops -> %d blocks in %.1f s", og.method, len(og.ops),
-             len(bg.blocks), time.perf_counter() - t0)
-    info = {"name": rm.name, "source": rm.source, "spec": spec_of(model),
-            "num_params": rm.num_params, "fingerprint": rm.fingerprint}
-    if rm.attention:
-        info["attention"] = rm.attention
-    if rm.config.get("model_type"):
-        info["model_type"] = rm.config["model_type"]
-    if rm.image_tokens:
-        info["image_tokens"] = True
-    if rm.encoder_tokens:
-        info["encoder_tokens"] = rm.encoder_tokens
-    if any(b.work.num_experts for b in bg.blocks):
-        from planner.trace.hf import experts_modules  # lazy: loads torch, as above
-        if not experts_modules(rm.module):  # (plan run spreads transformers' experts only)
-            info["experts_own_code"] = True
-    if rm.defaulted:
-        info["defaulted"] = dict(rm.defaulted)
-    if rm.mtp_layers:
-        info["mtp_layers_left_out"] = dict(rm.mtp_layers)
-    if rm.mtp_depths:
-        info["mtp_depths"] = rm.mtp_depths
-    if rm.quantization:
-        info["checkpoint_quantization"] = rm.quantization
-    unpriced = og.unpriced_ops()
-    if unpriced:
-        info["unpriced_ops"] = unpriced
-    if own_checkpoints[0]:
-        info["own_checkpoints"] = own_checkpoints[0]
-    if rm.frozen_params:
-        info["frozen_params"] = int(rm.frozen_params)
-    if rm.positions and rm.source == "hf-config":  # (a zoo name is a shape at any length)
-        info["max_position_embeddings"] = rm.positions
-    image = image_shape(rm.args, rm.kwargs)
-    if image and rm.seq_len == 1 and rm.source in ("factory", "module"):  # (a config: patches)
-        info["image_input"] = image
-    elif image and rm.source in ("factory", "module"):  # the caller counts the patches
-        info["image_tokens"] = True
-    return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)
 
 
 def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
@@ -343,191 +198,6 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     return plan_prepared(prepared, cl, training, options, progress=progress,
                          record_timing=record_timing, warn_default_engine=False,
                          nearest_engine=True)
-
-
-def recsys_model(model) -> bool:
-    """A recommendation model: a zoo name from RECSYS, or a module (or factory's module) holding
-    embedding tables that the dense search does not handle."""
-    if isinstance(model, str):
-        if model.lower() in RECSYS:
-            return True
-        if ":" not in model or model.endswith(".json") or not _mentions_tables(model):
-            return False
-    from planner.trace import recsys  # lazy: loads torch (seconds)
-    from planner.trace.models import call_factory, load_factory  # lazy: as above
-
-    if isinstance(model, str):
-        model = _factory_module(call_factory(load_factory(model), model, meta=False), model)
-    return recsys.is_recsys(model) and recsys.has_table_collections(model)
-
-
-TABLE_WORDS = ("EmbeddingBag", "EmbeddingCollection", "torchrec", "RecNet")
-"""Words in a factory's source without which it builds no recommendation model (so that a dense
-model's factory is not called twice); RecNet: the planner's own (planner.trace.recsys)."""
-
-
-def _mentions_tables(spec: str) -> bool:
-    target = spec.rpartition(":")[0]
-    path = target
-    if not target.endswith(".py"):
-        import importlib.util  # lazy: only package.module:factory specs need it
-
-        import_from_working_folder()
-        try:
-            found = importlib.util.find_spec(target)
-        except (ImportError, ValueError):
-            return False
-        path = getattr(found, "origin", None) or ""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return False
-    return any(w in text for w in TABLE_WORDS)
-
-
-def _factory_module(out, spec: str):
-    """The module in what a ``file.py:factory`` returned, ``out`` (alone or first of ``(model,
-    example_inputs)``)."""
-    module = out[0] if isinstance(out, (tuple, list)) and out else out
-    if not hasattr(module, "named_modules"):
-        raise SpecError(f"model: {spec} must return (nn.Module, example_inputs), got "
-                        f"{type(out).__name__}")
-    return module
-
-
-def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch: int,
-                dtype: str = "fp32", optimizer: str = "adam", fix=None,
-                time_limit_s: float | None = None, calibration=None, engine=None,
-                record_timing: bool = False, tables=None, table_optimizer: str | None = None,
-                pipeline: str = "sparse-dist") -> Plan:
-    """Shard a recommendation model's embedding tables (CP-SAT) with its dense part
-    data-parallel; see README.md, "Recommendation models"."""
-    cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
-    if isinstance(cl, HeteroCluster):
-        raise SpecError(f"cluster: {len(cl.groups)} node groups (sites or device types), but "
-                        "recommendation models are planned on one group of one device type; "
-                        "give a cluster file without groups or sites")
-    if calibration is not None:
-        cl = apply_calibration(cl, calibration)
-    cl.device.peak(dtype)
-    training = TrainingSpec(global_batch=global_batch, seq_len=1, dtype=dtype,
-                            optimizer=optimizer, engine=engine_spec(engine))
-    sharding, zero = _rec_fix(fix)
-    if global_batch % cl.num_gpus:
-        raise SpecError(f"global_batch: {global_batch} does not divide over {cl.num_gpus} GPUs; "
-                        f"give a multiple of {cl.num_gpus}")
-    prepared = prepare_recsys(model, tables, dtype=dtype)
-    return plan_rec_prepared(prepared, cl, training, sharding=sharding, zero=zero,
-                             table_optimizer=table_optimizer, pipeline=pipeline,
-                             time_limit_s=time_limit_s, record_timing=record_timing)
-
-
-@dataclass
-class PreparedRec:
-    """A recommendation model measured once: its tables and dense work (``rec``), the plan's
-    model section (``info``) and its dense part traced for the dense search (``dense``; None when
-    the module cannot run it apart from its tables)."""
-
-    rec: object
-    info: dict
-    dense: Prepared | None = None
-
-
-def prepare_recsys(model, tables=None, dtype: str = "fp32") -> PreparedRec:
-    """A recommendation model's tables with their statistics (``tables``: a YAML path or mapping;
-    default: the zoo's, or MODEL.tables.yaml beside a factory file) and its dense part measured
-    and traced on the meta device (in ``dtype``, the dense part's training dtype)."""
-    from planner.trace import recsys  # lazy: loads torch (seconds)
-
-    model, tables = fspath_or_same(model), fspath_or_same(tables)
-    entry = RECSYS.get(model.lower()) if isinstance(model, str) else None
-    stats = tables
-    if isinstance(tables, str):
-        stats = recsys.read_table_stats(tables)
-    elif tables is None and isinstance(model, str):
-        beside = recsys.default_stats_path(model)
-        stats = recsys.read_table_stats(beside) if beside else None
-    module = model
-    if isinstance(model, str) and entry is None:
-        from planner.trace.models import call_factory, load_factory  # lazy: loads torch
-
-        module = _factory_module(call_factory(load_factory(model), model, meta=False), model)
-    rec = recsys.rec_model(entry.name if entry else module, stats=stats)
-    fingerprint = hashlib.sha256(json.dumps(rec.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-    info = {"name": rec.name, "source": "zoo" if entry else ("factory" if isinstance(model, str)
-                                                             else "module"),
-            "spec": spec_of(model),
-            "num_params": int(rec.dense_params + sum(t.rows * t.dim for t in rec.tables)),
-            "fingerprint": fingerprint}
-    arch = recsys.dense_arch(recsys.build(entry) if entry else module)
-    dense = None
-    if arch is not None:
-        log.info("%s: tracing its dense part (DenseArch) apart from the tables", rec.name)
-        dense = _trace(arch[0], arch[1], None, dtype, "auto", per_sample=True)
-    return PreparedRec(rec, info, dense)
-
-
-def plan_rec_prepared(prepared: PreparedRec, cluster, training: TrainingSpec, *,
-                      sharding: str | None = None, zero: int | None = None,
-                      table_optimizer: str | None = None, pipeline: str = "sparse-dist",
-                      time_limit_s: float | None = None, record_timing: bool = False) -> Plan:
-    """Shard and price an already measured recommendation model on ``cluster``: the dense part
-    by the dense search (``zero`` pins its state sharding: 0 DDP, 3 FSDP2), then the tables."""
-    from planner.search.dense_part import dense_options  # lazy: recsys only
-    from planner.search.tables import RecOptions, plan_tables  # lazy: recsys only
-
-    rec, info = prepared.rec, prepared.info
-    entry = RECSYS.get((info.get("spec") or "").lower())
-    default_opt = entry.optimizer if entry else ("sgd" if training.optimizer == "sgd" else "adam")
-    opts = RecOptions(pipeline=pipeline, fix_sharding=sharding,
-                      optimizer=table_optimizer or default_opt,
-                      time_limit_s=time_limit_s or RecOptions.time_limit_s)
-    t0 = time.perf_counter()
-    dense = ()
-    zero = None if zero is None else _dense_zero(zero)
-    if prepared.dense is not None:
-        dense = dense_options(prepared.dense.blocks, cluster, global_batch=training.global_batch,
-                              dtype=training.dtype, optimizer=training.optimizer,
-                              engine=training.engine, zero=zero)
-    elif zero is not None:
-        raise SpecError("fix: zero= needs a model whose dense part runs apart from its tables "
-                        "(dense_forward and dense_inputs, as the zoo's models have)")
-    log.info("sharding %d tables over %d GPUs (CP-SAT, up to %g s) ...", len(rec.tables),
-             cluster.num_gpus, opts.time_limit_s)
-    tp = plan_tables(rec, cluster, global_batch=training.global_batch, dtype=training.dtype,
-                     engine=training.engine, opts=opts, dense=dense)
-    log.info("sharded %d tables over %d GPUs in %.2f s (%s)", len(rec.tables), cluster.num_gpus,
-             time.perf_counter() - t0, tp.solver["status"])
-    return emit_tables(model_info=info, rec=rec, tp=tp, cluster=cluster, training=training,
-                       rec_options=opts, record_timing=record_timing)
-
-
-def _rec_fix(fix) -> tuple:
-    """(sharding, zero): the knobs a recommendation model's --fix takes: ``sharding=<type>`` for
-    every table, ``zero=0|3`` for the dense part (DDP or FSDP2)."""
-    if fix is None or fix == "" or fix == {}:
-        return None, None
-    items = dict(fix) if isinstance(fix, dict) else dict(
-        part.split("=", 1) if "=" in part else (part, "") for part in str(fix).split(","))
-    if not items or set(items) - {"sharding", "zero"}:
-        other = sorted(set(items) - {"sharding", "zero"}) or ["nothing"]
-        raise SpecError(f"fix.{other[0]}: recommendation models take only sharding=<type> (one "
-                        f"of data_parallel, table_wise, column_wise, row_wise, table_row_wise, "
-                        f"grid_shard) and zero=0|3; drop {', '.join(other)}")
-    zero = items.pop("zero", None)
-    if zero is not None:
-        zero = _dense_zero(zero)
-    if not items:
-        return None, zero
-    return str(items["sharding"]), zero
-
-
-def _dense_zero(value) -> int:
-    if str(value).strip() not in ("0", "3"):
-        raise SpecError(f"fix.zero: the dense part of a recommendation model runs with DDP or "
-                        f"FSDP2, got {value!r}; give zero=0 or zero=3")
-    return int(value)
 
 
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec,

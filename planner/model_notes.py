@@ -14,7 +14,8 @@ log = logging.getLogger("planner.api")  # the API's lines, which a sweep holds b
 
 
 def say(prepared, seq_len: int | None) -> None:
-    """Log what ``prepared`` (a planner.api.Prepared) found; ``seq_len``: the length asked for."""
+    """Log what ``prepared`` (a planner.traced.Prepared) found; ``seq_len``: the length asked
+    for."""
     if prepared.info.get("own_checkpoints"):
         log.warning("%s: its forward checkpoints its own layers (torch.utils.checkpoint): "
                     "priced as if it did not, its activations kept and nothing run again, while "

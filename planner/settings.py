@@ -2,7 +2,7 @@
 model or the target cannot take them (a routing imbalance beyond what its routing reaches, MoE
 settings or recomputation a target does not run), adjusted where the hardware decides (attention
 on a device without FlashAttention, the options narrowed to the target), and warned about where
-they change nothing or are priced otherwise than written. ``prepared``: a planner.api.Prepared
+they change nothing or are priced otherwise than written. ``prepared``: a planner.traced.Prepared
 (its blocks, info and traced length)."""
 
 from __future__ import annotations

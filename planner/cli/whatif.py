@@ -16,7 +16,7 @@ from planner.options import DTYPES, OPTIMIZERS
 from planner.files import check_output
 from planner.report.figure import check_path
 from planner.report.plots import sweep_plots
-from planner import api
+from planner import recsys_api
 from planner.report.sweep import sweep_table
 from planner.targets import TARGETS
 
@@ -87,7 +87,8 @@ def run(args) -> int:
                             progress=Bar(args.quiet, label="sweeping", unit=" points"))
     logging.getLogger("planner").info("swept %d points in %.1f s, traces included", len(rows),
                                       time.perf_counter() - t0)
-    table = sweep_table(rows, rate="samples/s" if api.recsys_model(args.model) else "tokens/s")
+    rec = recsys_api.recsys_model(args.model)
+    table = sweep_table(rows, rate="samples/s" if rec else "tokens/s")
     none_fit = bool(rows) and not any(r["feasible"] for r in rows)
     # the files first: a reader closing the pipe early (`| head`) must not cost them
     if args.csv is not None:

@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 from costmodels.hardware import get_device
 from costmodels.specs import parse_pairs
 from costmodels.topology import Cluster, HeteroCluster
-from planner import api, targets
+from planner import api, recsys_api, targets
 from planner.errors import PlannerError, SpecError
 from planner.files import fspath_or_same, refuse_plan_file
 from planner.explore.costs import (add_costs, check_tokens, gpus_by_device, parse_prices,
@@ -105,7 +105,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     model = fspath_or_same(model)  # (a cluster Path stays one: load_cluster reads it as a file)
     refuse_plan_file(model)  # (before the arguments a model's what-if needs)
     grid = expand(vary)
-    recsys = api.recsys_model(model)
+    recsys = recsys_api.recsys_model(model)
     fixed, tables = _split_fix(fix, recsys)
     reserve = reserve_options(memory_reserve_fraction, memory_reserve_gb, recsys=recsys)
     # a fraction out of range, or a layout that does not parse, is bad input before any trace
@@ -267,7 +267,7 @@ def _check_prices(tasks: list, prices, tokens) -> None:
 def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
     """A recommendation model's points, one after the other (each shards the tables with CP-SAT
     under its time limit; the model is read once)."""
-    prepared = api.prepare_recsys(model)
+    prepared = recsys_api.prepare_recsys(model)
     info = prepared.info
     rows = []
     for i, t in enumerate(tasks):
@@ -281,7 +281,7 @@ def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
                                     f"not {key}"))
         else:
             try:
-                plan = api.plan_rec_prepared(prepared, t.cluster, t.training,
+                plan = recsys_api.plan_rec_prepared(prepared, t.cluster, t.training,
                                              sharding=t.tables.get("sharding"),
                                              zero=t.options.fix.get("zero"),
                                              time_limit_s=t.options.time_limit_s)

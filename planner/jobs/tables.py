@@ -17,12 +17,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from costmodels.topology import Cluster, with_overrides
-from planner.api import (plan_prepared, plan_rec_prepared, prepare, prepare_recsys,
-                         recsys_model)
+from planner.api import plan_prepared, prepare
 from planner.errors import PlannerError, SpecError
 from planner.logs import collected_warnings
 from planner.jobs.spec import JobSpec, JobsSpec
 from planner.options import SearchOptions, TrainingSpec
+from planner.recsys_api import plan_rec_prepared, prepare_recsys, recsys_model
 from planner.solve.job_schedule import candidate_counts
 
 log = logging.getLogger(__name__)

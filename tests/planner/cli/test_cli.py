@@ -263,7 +263,7 @@ def test_a_plan_names_its_model_file_wherever_it_is_run(capsys, tmp_path, monkey
                        "--global-batch", "8", "--seq-len", "64", "-o", "p.json")
     assert code == 0, err
     assert json.loads((made / "p.json").read_text())["model"]["spec"] == str(made / "tiny.json")
-    from planner.api import spec_of
+    from planner.traced import spec_of
     assert spec_of("llama3-8b") == "llama3-8b" and spec_of("no/such.json") == "no/such.json"
     assert spec_of("tiny.json:build") == "tiny.json:build"  # not a factory file: as given
 

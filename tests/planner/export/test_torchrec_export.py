@@ -38,7 +38,7 @@ FIXTURE_PINS = (("t_cat_1", "row_wise", "hbm"), ("t_cat_9", "column_wise", "hbm"
 
 
 def make_fixture(path: str = PLAN) -> None:
-    """The golden plan: planner.api.plan_recsys's chain with ``FIXTURE_PINS`` pinned."""
+    """The golden plan: planner.recsys_api.plan_recsys's chain with ``FIXTURE_PINS`` pinned."""
     import hashlib
 
     import planner

@@ -26,7 +26,7 @@ def make_plan(path: str, *, sharding: str | None = None, fixed: tuple = (),
     with DDP or FSDP2 if ``zero`` pins it, and save it at
     ``path`` with ``model.spec`` naming this file's factory (plan run rebuilds the model)."""
     import planner  # lazy: the planner loads torch
-    from planner.api import plan_recsys  # lazy: as above
+    from planner.recsys_api import plan_recsys  # lazy: as above
 
     if fixed:  # pins per table: the public API takes one sharding for every table
         from planner.emit import emit_tables  # lazy: as above

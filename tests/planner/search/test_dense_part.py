@@ -7,7 +7,7 @@ import pytest
 from costmodels.comm import beside_compute_s
 from costmodels.engine import EngineSpec
 from costmodels.topology import get_cluster
-from planner.api import plan_recsys, prepare_recsys
+from planner.recsys_api import plan_recsys, prepare_recsys
 from planner.cli.main import main
 from planner.errors import SpecError
 from planner.search.dense_part import DensePart, dense_options

@@ -260,9 +260,10 @@ def test_the_torch_target_trains_in_no_fp8(tiny_llama_config, tiny_llama, monkey
     refused before tracing, and by plan_prepared (a new-user check got an fp8 plan that plan run
     then refused)."""
     import planner
-    from planner import api
+    from planner import traced
 
-    monkeypatch.setattr(api, "_trace", lambda *a, **k: pytest.fail("traced before the check"))
+    monkeypatch.setattr(traced, "trace_model",
+                        lambda *a, **k: pytest.fail("traced before the check"))
     with pytest.raises(SpecError, match=r"^training.dtype: the planner's runtime \(plan run\) "
                                         r"trains in fp32, bf16, fp16, not fp8"):
         planner.plan(tiny_llama_config, cluster="dgx-h100", global_batch=8, seq_len=128,

@@ -10,7 +10,7 @@ from planner.trace import cache
 
 
 def test_a_traced_model_is_read_back_the_same(tmp_path, tiny_llama_config, monkeypatch):
-    from planner import api
+    from planner import traced
 
     folder = str(tmp_path / "traces")
     first = prepare(tiny_llama_config, seq_len=64, cache_dir=folder)
@@ -19,7 +19,7 @@ def test_a_traced_model_is_read_back_the_same(tmp_path, tiny_llama_config, monke
     def no_trace(*args, **kwargs):
         raise AssertionError("traced again instead of reading the cache")
 
-    monkeypatch.setattr(api, "_trace", no_trace)
+    monkeypatch.setattr(traced, "trace_model", no_trace)
     again = prepare(tiny_llama_config, seq_len=64, cache_dir=folder)
     assert again.to_dict() == first.to_dict()
     # blocks copied from one layer still share one BlockWork (the search prices it once)
@@ -32,7 +32,7 @@ def test_the_default_length_asked_for_by_number_reads_the_same_entry(tmp_path, t
     """A config traced at its default length (no seq_len) is read back when its length is then
     given by number (plan show --why, the exports' memory check pass it); a zoo model's default
     and the same length by number share one key, either way round."""
-    from planner import api
+    from planner import api, traced
 
     folder = str(tmp_path / "traces")
     first = prepare(tiny_llama_config, cache_dir=folder)
@@ -40,13 +40,13 @@ def test_the_default_length_asked_for_by_number_reads_the_same_entry(tmp_path, t
     def no_trace(*args, **kwargs):
         raise AssertionError("traced again instead of reading the cache")
 
-    monkeypatch.setattr(api, "_trace", no_trace)
+    monkeypatch.setattr(traced, "trace_model", no_trace)
     again = prepare(tiny_llama_config, seq_len=first.seq_len, cache_dir=folder)
     assert again.to_dict() == first.to_dict()
     with pytest.raises(AssertionError, match="traced again"):  # another length is another trace
         prepare(tiny_llama_config, seq_len=first.seq_len // 2, cache_dir=folder)
     calls = []
-    monkeypatch.setattr(api, "_trace", lambda *a, **k: calls.append(a[2]) or first)
+    monkeypatch.setattr(traced, "trace_model", lambda *a, **k: calls.append(a[2]) or first)
     prepare("gpt2", seq_len=api.ZOO["gpt2"].seq_len, cache_dir=folder)
     prepare("gpt2", cache_dir=folder)
     assert calls == [api.ZOO["gpt2"].seq_len]
