@@ -108,12 +108,18 @@ def idle_pins(fix: Mapping, cp: int, pp: int = 0) -> list[str]:
     return notes
 
 
-def parallel_text(p: Mapping) -> str:
+def parallel_text(p: Mapping, tables: bool | None = None) -> str:
     """A configuration in one line, ``dp=8 tp=2+sp pp=4x2 cp=2(p2p) ep=4 etp=2 mb=1x16 1f1b
     rc=none zero=3+offload``, from a mapping of its knobs (KNOBS: a Config's fields, a plan's
     ``parallel``, a what-if row): virtual stages, cp, ep, etp and offloading only where used
     (etp alone: the experts' matrices split without spreading them); a plan's replicate groups
-    across sites as ``dp=8(2 sites)``."""
+    across sites as ``dp=8(2 sites)``. A recommendation model's (``tables``; None: where the
+    mapping names its tables, as a what-if row does) is its dense part's data parallelism alone,
+    ``dense DDP x8, local batch 8192``: it has no stages, tensor split or recomputation."""
+    if tables or (tables is None and p.get("tables")):
+        return (f"dense {'FSDP2' if p.get('zero') == 3 else 'DDP'} x{p['dp']}, local batch "
+                f"{p['micro_batch'] * p['num_microbatches']}")
+
     def used(key: str) -> int:
         return p.get(key) or 1
     sp = "+sp" if p.get("sequence_parallel") else ""

@@ -76,7 +76,7 @@ class Plan:
 
     @property
     def parallel_summary(self) -> str:
-        return parallel_text(self.parallel)
+        return parallel_text(self.parallel, tables=bool(self.embeddings))
 
     def sharding_counts(self) -> dict[str, int]:
         """A recommendation plan's tables per TorchRec sharding type, most first (empty for a

@@ -152,6 +152,8 @@ def test_whatif_of_a_recommendation_model_varies_and_pins_its_sharding(capsys, t
     lines = out.splitlines()
     assert "$/M samples" in lines[0]
     assert "; tables table_wise 2" in lines[1] and "; tables row_wise 2" in lines[2]
+    # the dense part's data parallelism alone: no stages, tensor split or schedule to name
+    assert "dense DDP x8, local batch 1024; tables" in lines[1] and "tp=" not in out, out
     code, out, err = run(capsys, *base, "--vary", "nodes=1,2", "--fix", "sharding=column_wise")
     assert code == 0 and out.count("; tables column_wise 2") == 2, err
     for argv, words in ((["--vary", "tp=1,2"], "vary.tp: a recommendation model takes sharding="
