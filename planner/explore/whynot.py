@@ -96,8 +96,9 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
     pins = parse_fix(pins, where="why", example="--why tp=16,pp=1")
     if not pins:
         raise SpecError("why: name the knobs to try, e.g. --why tp=16 or --why pp=1,zero=3")
+    carried, carried_notes = _carried(plan, pins)
     try:
-        prepared, cluster, training, options = replan_inputs(plan, pins, model)
+        prepared, cluster, training, options = replan_inputs(plan, {**carried, **pins}, model)
     except SpecError as err:  # a pin the plan's target refuses: named as the option gave it
         raise SpecError(_as_why(_for_show(str(err)), pins, _fixed(plan))) from None
     if getattr(cluster, "is_sites", False):  # the pipeline over the sites, or data parallelism
@@ -107,7 +108,7 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
                        result=result, cluster=cluster, training=training, options=options)
         return WhyNot(pins=pins, variant=variant, feasible=True,
-                      notes=_kept(plan, pins) + _lifted(plan, pins)
+                      notes=_kept(plan, pins) + carried_notes + _lifted(plan, pins)
                       + idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
                       + _untried(plan, variant, options), over=[])
     grouped = isinstance(cluster, HeteroCluster)
@@ -159,6 +160,26 @@ def _over_sites(plan: Plan, pins: dict, prepared, cluster, training: TrainingSpe
                   notes=_kept(plan, pins) + _lifted(plan, pins)
                   + idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
                   + _untried(plan, variant, options), over=[])
+
+
+CARRIERS = {"cp_comm": ("cp", "the form of its context parallelism"),
+            "schedule": ("pp", "the order of its pipeline's passes")}
+"""A knob that only applies with another above 1 -> (that other, what the knob is of it)."""
+
+
+def _carried(plan: Plan, pins: dict) -> tuple[dict, list[str]]:
+    """The plan's own degrees kept beside pins that apply only with them (cp_comm with its cp,
+    a schedule with its pp), where the pins leave the degree free: asked "why not a2a?" of a
+    cp=2 plan, the answer is cp=2 with a2a, not whichever cp is best with a2a (cp=1, where the
+    form is not used). With the notes that say so."""
+    carried, notes = {}, []
+    for knob, (degree, what) in CARRIERS.items():
+        own = plan.parallel.get(degree) or 1
+        if knob in pins and degree not in pins and own > 1:
+            carried[degree] = own
+            notes.append(f"the plan's own {degree}={own} kept ({knob} is {what}); give {degree} "
+                         f"too to try another")
+    return carried, notes
 
 
 def _kept(plan: Plan, pins: dict) -> list[str]:

@@ -554,8 +554,8 @@ def test_odd_sweep_values_and_idle_schedules_are_named():
             expand({key: values})
     assert len(expand({"nodes": [1, 2], "tp": [1, 2]})) == 4
     assert idle_pins({"schedule": "zb-h1", "pp": 1}, 1, 1) == [
-        "fix.schedule=zb-h1 changes nothing: the plan has no pipeline (pp=1); leave the schedule "
-        "out, or pin pp > 1"]
+        "fix.schedule=zb-h1 is not used: the plan chosen has no pipeline (pp=1); leave the "
+        "schedule out, or pin pp > 1"]
     assert "pin pp too (e.g. pp=2,schedule=zb-h1)" in idle_pins({"schedule": "zb-h1"}, 1, 1)[0]
     assert idle_pins({"schedule": "zb-h1"}, 1, 2) == [] == idle_pins({"schedule": "1f1b"}, 1, 1)
     # GPipe holds every micro-batch's activations even without a pipeline: it changes memory

@@ -21,3 +21,17 @@ def test_a_pin_keeps_context_parallel_ranks_in_the_gpu_count():
     assert cfg.num_microbatches == 2
     cfg, problem = pinned_config(_plan(), {"tp": 3})
     assert cfg is None and "dp x cp x tp x pp" in problem
+
+
+def test_a_form_asked_about_keeps_the_plans_own_degree():
+    """A new-user check asked a cp=2 plan `--why cp_comm=a2a` and was answered with cp=1 (the
+    best with a2a pinned alone) and 'changes nothing: the plan has no context parallelism': the
+    form is asked about at the plan's own cp (the schedule at its own pp), and said so."""
+    from planner.explore.whynot import _carried
+
+    carried, notes = _carried(_plan(cp=2, pp=4), {"cp_comm": "a2a", "schedule": "zb-h1"})
+    assert carried == {"cp": 2, "pp": 4}
+    assert notes[0] == ("the plan's own cp=2 kept (cp_comm is the form of its context "
+                        "parallelism); give cp too to try another")
+    assert _carried(_plan(cp=2), {"cp_comm": "a2a", "cp": 4}) == ({}, [])  # asked for: its own
+    assert _carried(_plan(cp=1), {"cp_comm": "a2a"}) == ({}, [])  # none to keep

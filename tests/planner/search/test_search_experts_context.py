@@ -881,11 +881,11 @@ def test_an_exchange_form_pinned_without_cp_is_said_to_change_nothing(tiny_mixtr
 
     with caplog.at_level("WARNING"):
         p = _plan(tiny_mixtral, "cp_comm=p2p,tp=1,pp=1,ep=1,dp=8")  # 8 GPUs: cp=1
-    assert [r.message for r in caplog.records if "changes nothing" in r.message] == [
-        "fix.cp_comm=p2p changes nothing: the plan has no context parallelism (cp=1); pin cp "
+    assert [r.message for r in caplog.records if "is not used" in r.message] == [
+        "fix.cp_comm=p2p is not used: the plan chosen has no context parallelism (cp=1); pin cp "
         "too (e.g. cp=2,cp_comm=p2p) to make it use one"]
     assert idle_pins({"cp_comm": "a2a"}, 1) == [
-        "fix.cp_comm=a2a changes nothing: the plan has no context parallelism (cp=1); pin cp "
+        "fix.cp_comm=a2a is not used: the plan chosen has no context parallelism (cp=1); pin cp "
         "too (e.g. cp=2,cp_comm=a2a) to make it use one"]
     assert idle_pins({"cp_comm": "a2a"}, 2) == [] and p.parallel["cp"] == 1
     # a2a+p2p at cp=2 never has both levels: the example is one that can
