@@ -264,10 +264,6 @@ def _check_actions(actions, plan: Plan, m: int) -> None:
                         "solve")
 
 
-DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
-"""Config keys of the dropout Hugging Face attention applies as a function (no module)."""
-
-
 def dropout_note(module) -> str:
     """'' or a note that the model drops activations at random in training: every layout draws
     other masks, so its losses differ from another layout's, or the single process's (a
@@ -275,7 +271,7 @@ def dropout_note(module) -> str:
     rates = sorted({round(m.p, 4) for m in module.modules()
                     if isinstance(m, torch.nn.Dropout) and m.p > 0})
     config = getattr(module, "config", None)
-    rates += sorted({getattr(config, k) for k in DROPOUT_KEYS
+    rates += sorted({getattr(config, k) for k in ctxp.DROPOUT_KEYS
                      if isinstance(getattr(config, k, None), float) and getattr(config, k) > 0})
     if not rates:
         return ""

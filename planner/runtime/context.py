@@ -85,6 +85,10 @@ def register() -> None:
         AttentionInterface.register(RING, hf_ring_attention)
 
 
+DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+"""Config keys of the dropout Hugging Face attention applies as a function (no module)."""
+
+
 def hf_ring_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
                       scaling: float | None = None, sliding_window=None, **kwargs):
     """transformers' attention signature: query [B, H, S, D], key/value [B, Hkv, S, D] ->
@@ -94,7 +98,7 @@ def hf_ring_attention(module, query, key, value, attention_mask, dropout: float 
         raise SpecError("parallel.cp: ring attention called outside a context-parallel run")
     if dropout:
         raise SpecError("parallel.cp: the ring attention has no attention dropout; plan a model "
-                        "without it (attention_dropout=0)")
+                        "without it (its config's attention dropout 0), or with --fix cp=1")
     if not getattr(module, "is_causal", True):
         raise SpecError("parallel.cp: the ring attention is causal; this attention is not")
     if kwargs.get("softcap") or kwargs.get("s_aux") is not None:
@@ -289,9 +293,11 @@ def check_model(module, seq_len: int, cp: int) -> None:
     if window and window < seq_len:
         raise SpecError(f"parallel.cp: the ring attention has no sliding window ({window} < "
                         f"{seq_len} tokens); plan with --fix cp=1")
-    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
-        raise SpecError("parallel.cp: the ring attention has no attention dropout; plan with "
-                        "--fix cp=1 or a model without it")
+    dropped = [k for k in DROPOUT_KEYS if float(getattr(config, k, 0.0) or 0.0) > 0]
+    if dropped:  # (GPT-2's is attn_pdrop, BERT's attention_probs_dropout_prob)
+        raise SpecError(f"parallel.cp: the ring attention has no attention dropout (this model's "
+                        f"{dropped[0]} is {getattr(config, dropped[0]):g}); plan with --fix cp=1, "
+                        f"or a config.json with {dropped[0]}: 0")
     if getattr(config, "attn_logit_softcapping", None) or any(
             isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in module.modules()):
         raise SpecError("parallel.cp: the ring attention has no logit soft-capping or attention "

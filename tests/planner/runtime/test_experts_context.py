@@ -215,6 +215,25 @@ def test_context_parallelism_over_attention_sinks_is_refused_before_launch():
         check_model(model, seq_len=16, cp=2)
 
 
+def test_context_parallelism_over_attention_dropout_is_refused_before_launch():
+    """A new-user check ran a GPT-2 cp=2 plan: the check before launch read attention_dropout
+    only, so GPT-2's attn_pdrop failed in every worker 20 s later; named up front, by its key."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from planner.errors import SpecError
+    from planner.runtime.context import check_model
+    from tests.conftest import TINY_GPT2
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY_GPT2))
+    with pytest.raises(SpecError, match=r"^parallel.cp: the ring attention has no attention "
+                                        r"dropout \(this model's attn_pdrop is 0.1\); plan with "
+                                        r"--fix cp=1, or a config.json with attn_pdrop: 0$"):
+        check_model(model, seq_len=16, cp=2)
+    model.config.attn_pdrop = 0.0
+    check_model(model, seq_len=16, cp=2)
+
+
 def test_context_parallelism_over_latent_attention_is_refused_before_launch():
     """DeepSeek-V3's values are narrower than its queries and keys (128 against 192): the ring
     stacks keys with values and the CPU kernel takes one head size; refused by name, not by a
