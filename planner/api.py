@@ -280,7 +280,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec,
     for note in idle_pins(options.fix, result.best.config.cp, result.best.config.pp):
         log.warning("%s", note)
     best = result.best.config
-    for note in (length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens")),
+    for note in (length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"),
+                             dict(options.fix)),
                  batch_note(training.global_batch, cluster.num_gpus, best, result.rejected,
                             dict(options.fix), fits=None if isinstance(cluster, HeteroCluster)
                             else functools.partial(dp_fits, prepared.blocks, cluster, training,
@@ -363,7 +364,8 @@ def _raise_infeasible(prepared: Prepared, cluster, training: TrainingSpec,
     """InfeasibleError (or SpecError, for pins no configuration honours) naming what the leanest
     plan needs, for a search that found no plan."""
     ma = ModelArrays.from_blocks(prepared.blocks)
-    note = length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"))
+    note = length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"),
+                       dict(options.fix))
     raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
                                              result.rejected) + (f" ({note})" if note else ""),
                           reason="no feasible plan")

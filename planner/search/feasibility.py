@@ -578,22 +578,29 @@ SEQ_MULTIPLE = 256
 tensor-parallel ranks with context parallelism up to 16 (2 x cp chunks per sequence)."""
 
 
-def length_note(seq_len: int, rejected, image: bool = False) -> str:
+def length_note(seq_len: int, rejected, image: bool = False, fix: dict | None = None) -> str:
     """'' or a warning that the sequence length itself ruled out sequence or context parallelism
     for some degrees (the search's SP_SEQ, CP_SEQ and SEQ_TP_2CP rules), with the nearest length
-    that does not, or for an image model (``image``: its sequence is its patches) where its
-    length comes from; none for one token per sample (an image, a recommendation sample), which
-    has no sequence to split."""
+    that does not (with a pinned cp in ``fix``, and a pinned tp, one that splits for those), or
+    for an image model (``image``: its sequence is its patches) where its length comes from;
+    none for one token per sample (an image, a recommendation sample), which has no sequence to
+    split."""
     ruled = sum(rejected.get(rule, 0) for rule in (SP_SEQ, CP_SEQ, SEQ_TP_2CP))
-    if not ruled or seq_len % SEQ_MULTIPLE == 0 or seq_len == 1:
+    fix = fix or {}
+    cp, tp = int(fix.get("cp", 0)), int(fix.get("tp", 0))
+    multiple, over = SEQ_MULTIPLE, "over tp up to 8 with cp up to 16"
+    if cp:  # 2 x cp chunks, each split over tp for sequence parallelism
+        multiple = math.lcm(SEQ_MULTIPLE, 2 * cp * (tp or 8))
+        over = f"over {f'tp={tp}' if tp else 'tp up to 8'} with cp={cp}"
+    if not ruled or seq_len % multiple == 0 or seq_len == 1:
         return ""
     if image:
         return (f"training.seq_len: an image's {seq_len:,} tokens (from image_size and patch_size "
                 "in a config; for a module or factory, the seq_len given) do not split evenly, "
                 "which ruled out sequence or context parallelism for some degrees")
-    lower = seq_len // SEQ_MULTIPLE * SEQ_MULTIPLE
-    nearest = min((n for n in (lower, lower + SEQ_MULTIPLE) if n > 0),
+    lower = seq_len // multiple * multiple
+    nearest = min((n for n in (lower, lower + multiple) if n > 0),
                   key=lambda n: abs(n - seq_len))
     return (f"training.seq_len: {seq_len:,} tokens do not split evenly, which ruled out sequence "
-            f"or context parallelism for some degrees; a multiple of {SEQ_MULTIPLE} "
-            f"({nearest:,}) splits over tp up to 8 with cp up to 16")
+            f"or context parallelism for some degrees; a multiple of {multiple:,} "
+            f"({nearest:,}) splits {over}")

@@ -354,6 +354,14 @@ def test_a_length_that_rules_out_sequence_splits_is_named_with_the_nearest_that_
     assert "(131,072)" in note and length_note(130, {CP_SEQ: 1}).endswith(
         "a multiple of 256 (256) splits over tp up to 8 with cp up to 16")
     assert length_note(131072, {SP_SEQ: 3}) == "" == length_note(131071, {"other": 2})
+    # a pinned cp: a length its 2 x cp chunks split into (a new-user check pinned cp=9 and was
+    # told 131,072, which 18 chunks do not split)
+    pinned = length_note(131076, {SP_SEQ: 3}, fix={"cp": 9})
+    assert pinned.endswith("a multiple of 2,304 (131,328) splits over tp up to 8 with cp=9")
+    assert length_note(131076, {SP_SEQ: 3}, fix={"cp": 9, "tp": 2}).endswith(
+        "a multiple of 2,304 (131,328) splits over tp=2 with cp=9")
+    assert length_note(4096, {SP_SEQ: 1}, fix={"cp": 3}).endswith("(3,840) splits over tp up "
+                                                                   "to 8 with cp=3")
     # an image model's length is its patches (ViT-L/16 at 224: 197): no length to pick
     image = length_note(197, {SP_SEQ: 3}, image=True)
     assert "an image's 197 tokens" in image and "image_size and patch_size" in image
