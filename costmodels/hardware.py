@@ -68,7 +68,7 @@ measured, for the Blackwell and MI300X presets.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from costmodels.errors import SpecError, suggest, unknown_key
@@ -273,7 +273,9 @@ class DeviceSpec:
             have = ", ".join(sorted(self.peak_flops))
             measured = " (the calibration measured only those)" if "calibrated" in self.name else ""
             raise SpecError(f"dtype: device {self.name} has no {dtype} support (it has "
-                            f"{have}{measured}); choose --dtype from those")
+                            f"{have}{measured}); choose --dtype from those (a device of a "
+                            f"cluster file lists the dtypes it runs, with their TFLOP/s, under "
+                            f"peak_TFLOPs)")
         return self.peak_flops[dtype]
 
 
@@ -389,28 +391,47 @@ _SHARE_KEYS = ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency"
                "attention_bwd_d64_share", "flash2_d64_share", "flash2_bwd_d64_share")
 """DeviceSpec fields a cluster file may set as fractions in (0, 1]."""
 _DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "sm_count", "description",
-                "flash_attention", "fp8_block_scaling", "overlap_slowdown", "threads",
+                "flash_attention", "fp8_block_scaling", "overlap_slowdown", "threads", "base",
                 *_SHARE_KEYS}
 
 
 def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
-    """Build a DeviceSpec from the YAML mapping form of a cluster file (README.md, "Cluster"; GB, TFLOP/s, GB/s)."""
+    """Build a DeviceSpec from the YAML mapping form of a cluster file (README.md, "Cluster"; GB,
+    TFLOP/s, GB/s). With ``base`` (a preset's name) every field not given is the preset's, its
+    efficiencies and attention speeds among them; a ``peak_TFLOPs`` given replaces the preset's
+    whole mapping (list every dtype the device runs)."""
     unknown = set(spec) - _DEVICE_KEYS
     if unknown:
         raise unknown_key(where, unknown, _DEVICE_KEYS)
+    base = None
+    if "base" in spec:
+        if isinstance(spec["base"], Mapping) or spec["base"] in (None, ""):
+            raise SpecError(f"{where}.base: expected a preset's name (e.g. base: b200), got "
+                            f"{spec['base']!r}")
+        base = get_device(spec["base"], f"{where}.base")
     for key in ("name", "memory_GB", "peak_TFLOPs", "hbm_GBps"):
-        if key not in spec:
+        if key not in spec and base is None:
             raise SpecError(f"{where}.{key}: missing; a device mapping needs name, memory_GB, "
                             f"peak_TFLOPs (per dtype it trains in, e.g. {{bf16: 989, fp32: 67}}) "
-                            f"and hbm_GBps")
-    peaks = spec["peak_TFLOPs"]
-    if not isinstance(peaks, Mapping) or not peaks:
-        raise SpecError(f"{where}.peak_TFLOPs: expected a mapping like {{bf16: 312, fp32: 19.5}}")
-    bad = set(peaks) - set(DTYPE_BYTES)
-    if bad:
-        raise SpecError(f"{where}.peak_TFLOPs.{sorted(bad)[0]}: unknown dtype; use bf16, fp16, "
-                        "fp32, fp8")
+                            f"and hbm_GBps, or base: a preset whose figures it keeps")
     kw = {}
+    if "peak_TFLOPs" in spec:
+        peaks = spec["peak_TFLOPs"]
+        if not isinstance(peaks, Mapping) or not peaks:
+            raise SpecError(f"{where}.peak_TFLOPs: expected a mapping like {{bf16: 312, fp32: "
+                            "19.5}")
+        bad = set(peaks) - set(DTYPE_BYTES)
+        if bad:
+            raise SpecError(f"{where}.peak_TFLOPs.{sorted(bad)[0]}: unknown dtype; use bf16, "
+                            "fp16, fp32, fp8")
+        kw["peak_flops"] = {k: _positive(v, f"{where}.peak_TFLOPs.{k}") * TERA
+                            for k, v in peaks.items()}
+    if "memory_GB" in spec:
+        kw["memory_bytes"] = _positive(spec["memory_GB"], f"{where}.memory_GB") * GB
+    if "hbm_GBps" in spec:
+        kw["hbm_bytes_per_s"] = _positive(spec["hbm_GBps"], f"{where}.hbm_GBps") * GB
+    if "description" in spec:
+        kw["description"] = str(spec["description"])
     for key in _SHARE_KEYS:
         if key in spec:
             kw[key] = _fraction(spec[key], f"{where}.{key}")
@@ -431,14 +452,10 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
             if not isinstance(spec[key], bool):
                 raise SpecError(f"{where}.{key}: expected true or false, got {spec[key]!r}")
             kw[key] = spec[key]
-    return DeviceSpec(
-        name=str(spec["name"]),
-        memory_bytes=_positive(spec["memory_GB"], f"{where}.memory_GB") * GB,
-        peak_flops={k: _positive(v, f"{where}.peak_TFLOPs.{k}") * TERA for k, v in peaks.items()},
-        hbm_bytes_per_s=_positive(spec["hbm_GBps"], f"{where}.hbm_GBps") * GB,
-        description=str(spec.get("description", "")),
-        **kw,
-    )
+    if base is not None:  # (a name of its own: the preset's figures changed are not the preset)
+        name = str(spec["name"]) if "name" in spec else f"{base.name}-custom"
+        return replace(base, name=name, **kw)
+    return DeviceSpec(name=str(spec["name"]), **kw)
 
 
 def device_mapping(d: DeviceSpec) -> dict:
