@@ -280,6 +280,8 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec,
     for note in idle_pins(options.fix, result.best.config.cp, result.best.config.pp):
         log.warning("%s", note)
     best = result.best.config
+    if not isinstance(cluster, HeteroCluster):
+        settings.note_cp_limit(best, training, options, cluster.num_gpus)
     for note in (length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"),
                              dict(options.fix)),
                  batch_note(training.global_batch, cluster.num_gpus, best, result.rejected,

@@ -289,6 +289,20 @@ OVERLAP_HINT_SHARE = 0.10
 them says so (hint_overlap)."""
 
 
+def note_cp_limit(cfg, training: TrainingSpec, options: SearchOptions, num_gpus: int) -> None:
+    """Say so when the search chose a cp it could not double only for SearchOptions.cp_min_tokens
+    (a new-user check found cp=64 1.5% faster than the chosen cp=32 at 131k tokens, with nothing
+    saying the search stops there)."""
+    if cfg.cp <= 1 or "cp" in options.fix or 2 * cfg.cp * cfg.tp * cfg.pp > num_gpus:
+        return
+    wider = 2 * cfg.cp
+    if training.seq_len // wider >= options.cp_min_tokens or training.seq_len % (2 * wider):
+        return
+    log.info("cp=%d is the widest context parallelism the search tries at %s tokens (each rank "
+             "keeps at least %s: SearchOptions.cp_min_tokens); --fix cp=%d prices a wider one",
+             cfg.cp, f"{training.seq_len:,}", f"{options.cp_min_tokens:,}", wider)
+
+
 def hint_overlap(best, training: TrainingSpec, options: SearchOptions) -> None:
     """Warn when the engine leaves the expert all-to-alls exposed (moe_overlap off: Megatron-Core's
     default), they take OVERLAP_HINT_SHARE of the best plan's step or more, and its

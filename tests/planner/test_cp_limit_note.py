@@ -1,0 +1,29 @@
+"""The note that the chosen cp is the widest the search tries (planner.settings.note_cp_limit)."""
+
+import logging
+from types import SimpleNamespace
+
+from planner.options import SearchOptions, TrainingSpec
+from planner.settings import note_cp_limit
+
+
+def _notes(caplog, cp, seq_len=131072, gpus=128, tp=2, pp=1, **options):
+    caplog.clear()
+    cfg = SimpleNamespace(cp=cp, tp=tp, pp=pp)
+    training = TrainingSpec(global_batch=64, seq_len=seq_len)
+    with caplog.at_level(logging.INFO, logger="planner.api"):
+        note_cp_limit(cfg, training, SearchOptions(**options), gpus)
+    return [r.getMessage() for r in caplog.records if "widest" in r.getMessage()]
+
+
+def test_a_cp_the_search_could_not_double_is_said(caplog):
+    """A new-user check found cp=64 faster than the chosen cp=32 at 131k tokens on 128 H100s,
+    with nothing saying that the search stops at 4,096 tokens per cp rank."""
+    assert _notes(caplog, 32) == [
+        "cp=32 is the widest context parallelism the search tries at 131,072 tokens (each rank "
+        "keeps at least 4,096: SearchOptions.cp_min_tokens); --fix cp=64 prices a wider one"]
+    assert _notes(caplog, 16) == []  # cp=32 was tried
+    assert _notes(caplog, 32, gpus=64) == []  # no room for cp=64 beside tp=2
+    assert _notes(caplog, 32, fix={"cp": 32}) == []  # pinned
+    assert _notes(caplog, 32, cp_min_tokens=1024) == []  # the limit lowered: cp=64 was tried
+    assert _notes(caplog, 1) == []
