@@ -41,7 +41,10 @@ def check_recipe(device, dtype: str, recipe: str) -> None:
     if dtype == "fp8" and recipe == "block" and not device.fp8_block_scaling:
         raise SpecError(f"engine.fp8_recipe: block (MXFP8) needs block-scaled FP8 tensor cores "
                         f"(Blackwell, sm100+), which {device.name} has not; use fp8_recipe=current "
-                        "or delayed (or a cluster file's device with fp8_block_scaling: true)")
+                        "or delayed (or a cluster file's device with fp8_block_scaling: true). "
+                        "Hopper's software block scaling (Transformer Engine's "
+                        "Float8BlockScaling, Megatron's --fp8-recipe blockwise) is not modelled; "
+                        "current scaling is the nearest priced")
 
 
 CAST_BYTES = {"delayed": 1.0, "current": 3.0, "block": 2.0}
