@@ -356,8 +356,12 @@ def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
     """The step time and its parts, largest first, each with its share and a bar."""
     step = p.predicted["step_time_s"]
     parts = sorted(((v, k) for k, v in p.predicted["breakdown"].items() if v > 0), reverse=True)
-    rows = [(f"    {BREAKDOWN_WORDS.get(k, k)}", seconds(v, 3), f"{100 * v / step:.1f}%",
-             "#" * round(bar_width * v / step)) for v, k in parts]
+    cp = p.parallel.get("cp", 1) or 1  # (gradients and ZeRO shards span dp x cp ranks)
+    rows = [(f"    {BREAKDOWN_WORDS.get(k, k)}"
+             + (f" (dp x cp = {p.parallel['dp'] * cp} ranks)" if k == "dp_comm_s" and cp > 1
+                else ""),
+             seconds(v, 3), f"{100 * v / step:.1f}%", "#" * round(bar_width * v / step))
+            for v, k in parts]
     wait = p.predicted.get("moe_host_wait_s")
     where = "compute and the pipeline bubble" if p.parallel.get("pp", 1) > 1 else "compute"
     host = textwrap.wrap(
