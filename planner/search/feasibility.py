@@ -232,9 +232,13 @@ def sequence_pin_problem(fix: dict, seq_len: int, num_gpus: int,
         fits = [c for c in divisors(num_gpus) if c > 1 and seq_len % cp_chunks(c, options) == 0]
         what = (f"2 x cp = {chunks} equal chunks (causal load balancing)" if chunks == 2 * cp
                 else f"cp = {cp} equal shards")
+        ulysses = chunks == 2 * cp and seq_len % cp == 0 and \
+            fix.get("cp_comm", "a2a") == "a2a"  # (its all-to-all over heads balances it)
         return (f"fix.cp: the sequence of {seq_len} tokens does not split into {what}; use "
                 + (f"cp={' or '.join(map(str, fits[:4]))}, or " if fits else "")
-                + f"a sequence length divisible by {chunks}")
+                + f"a sequence length divisible by {chunks}"
+                + (f" (DeepSpeed's Ulysses cuts it into cp = {cp} shards: --target deepspeed "
+                   "plans within its rules)" if ulysses else ""))
     return ""
 
 

@@ -1510,3 +1510,18 @@ def test_the_leanest_plan_with_ep_pinned_folds_the_experts_into_a_stage(tiny_mix
         _, cfg, _ = leanest(ma, tiny_mixtral.blocks, cluster, training, options)
         assert (cfg.tp * cfg.cp * cfg.dp) % (cfg.ep * cfg.etp) == 0, cfg.short()
         assert cfg.ep == options.fix["ep"]
+
+
+def test_a_cp_pin_the_causal_chunks_refuse_names_ulysses_shards():
+    """A new-user check pinned cp=8 with a2a at 131,000 tokens under --engine deepspeed and was
+    refused for 16 causal chunks with no word that --target deepspeed (Ulysses: cp shards) takes
+    it."""
+    from planner.search.feasibility import sequence_pin_problem
+
+    said = sequence_pin_problem({"cp": 8, "cp_comm": "a2a"}, 131000, 64)
+    assert said.startswith("fix.cp: the sequence of 131000 tokens does not split into 2 x cp = "
+                           "16 equal chunks (causal load balancing)")
+    assert said.endswith("(DeepSpeed's Ulysses cuts it into cp = 8 shards: --target deepspeed "
+                         "plans within its rules)")
+    assert "Ulysses" not in sequence_pin_problem({"cp": 8, "cp_comm": "p2p"}, 131000, 64)
+    assert "Ulysses" not in sequence_pin_problem({"cp": 16}, 131000, 64)  # 131000 % 16
