@@ -348,6 +348,20 @@ def _given(engine: EngineSpec, name: str) -> bool:
     return any(part.startswith(name + "=") for part in engine_setting(engine).split(",")[1:])
 
 
+def warn_ring_unused(cfg, training: TrainingSpec) -> None:
+    """Warn when a cp_ring was given and the chosen plan runs no ring: no context parallelism, or
+    its all-to-all over heads alone (a new-user check gave cp_ring=torch and saw the same numbers,
+    with no word why)."""
+    if not _given(training.engine, "cp_ring"):
+        return
+    if cfg.cp == 1 or cfg.cp_comm == "a2a":
+        why = "has no context parallelism (cp=1)" if cfg.cp == 1 else \
+            "exchanges K/V by all-to-all over heads (cp_comm=a2a), with no ring"
+        log.warning("engine.cp_ring: says whose ring runs context parallelism's exchange, and the "
+                    "chosen plan %s; cp_ring=%s changes nothing in it", why,
+                    training.engine.cp_ring)
+
+
 def warn_dispatch_unused(cfg, training: TrainingSpec, fix: dict) -> None:
     """Warn when the plan the search chose dispatches no token, or splits no expert matrices,
     while a setting of that dispatch was given: moe_dispatcher with ep = etp = 1 (unless both

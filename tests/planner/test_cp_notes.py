@@ -1,4 +1,5 @@
-"""The note that the chosen cp is the widest the search tries (planner.settings.note_cp_limit)."""
+"""What plan solve says of context parallelism after its search (planner.settings: note_cp_limit,
+warn_ring_unused)."""
 
 import logging
 from types import SimpleNamespace
@@ -27,3 +28,24 @@ def test_a_cp_the_search_could_not_double_is_said(caplog):
     assert _notes(caplog, 32, fix={"cp": 32}) == []  # pinned
     assert _notes(caplog, 32, cp_min_tokens=1024) == []  # the limit lowered: cp=64 was tried
     assert _notes(caplog, 1) == []
+
+
+def test_a_ring_setting_the_plan_does_not_use_is_said(caplog):
+    """A new-user check gave --engine cp_ring=torch and got the same numbers under cp=1 or
+    all-to-all, with no word."""
+    from costmodels.engine import EngineSpec
+    from planner.settings import warn_ring_unused
+
+    def said(cp, cp_comm, ring="torch"):
+        caplog.clear()
+        training = TrainingSpec(global_batch=8, seq_len=8192, engine=EngineSpec(cp_ring=ring))
+        with caplog.at_level(logging.WARNING, logger="planner.api"):
+            warn_ring_unused(SimpleNamespace(cp=cp, cp_comm=cp_comm), training)
+        return [r.getMessage() for r in caplog.records]
+
+    assert said(1, "p2p") == ["engine.cp_ring: says whose ring runs context parallelism's "
+                              "exchange, and the chosen plan has no context parallelism (cp=1); "
+                              "cp_ring=torch changes nothing in it"]
+    assert "all-to-all over heads (cp_comm=a2a)" in said(2, "a2a")[0]
+    assert said(2, "p2p") == [] == said(2, "allgather") == said(4, "a2a+p2p")
+    assert said(1, "p2p", ring="te") == []  # the default, not given
