@@ -223,11 +223,11 @@ def _relax_varied(task: _Task, reason: str) -> str:
 def _as_varied(point: tuple, reason: str) -> str:
     """``reason`` naming a knob the point varies as varied (vary.cp), not pinned (fix.cp), or a
     setting it varies (seq_len: ... use --seq-len 1024 or less -> vary.seq_len: ... use 1024 or
-    less)."""
+    less; 'pin cp_comm=p2p' -> 'give cp_comm=p2p')."""
     for key, _ in point:
         for where in ("fix", "engine"):
             if reason.startswith(f"{where}.{key}:"):
-                reason = "vary." + reason[len(where) + 1:]
+                reason = "vary." + reason[len(where) + 1:].replace(f"pin {key}=", f"give {key}=")
         if reason.startswith(f"{key}:"):
             reason = "vary." + reason.replace(f"--{key.replace('_', '-')} ", "")
     return reason

@@ -619,3 +619,14 @@ def test_a_price_key_matching_several_devices_names_those_it_matches():
         costs.resolve_prices({"a100": 2.0}, ["a100-40g", "a100-80g", "h100"])
     assert costs.resolve_prices({"a100-80g": 2.0, "h1": 4.0}, ["a100-80g", "h100"]) == {
         "a100-80g": 2.0, "h100": 4.0}
+
+
+def test_a_varied_knobs_refusal_is_worded_as_varied():
+    """A new-user check read 'pin cp_comm=p2p or allgather' in a --vary cp_comm row."""
+    from planner.explore.sweep import _as_varied
+
+    assert _as_varied((("cp_comm", "a2a"),), "fix.cp_comm: a2a needs more heads; pin "
+                      "cp_comm=p2p or allgather") == ("vary.cp_comm: a2a needs more heads; give "
+                                                      "cp_comm=p2p or allgather")
+    assert _as_varied((("tp", 2),), "fix.cp_comm: pin cp_comm=p2p") == "fix.cp_comm: pin " \
+        "cp_comm=p2p"  # (a pin of the sweep's, not a varied knob: as solve words it)
