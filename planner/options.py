@@ -87,6 +87,19 @@ class TrainingSpec:
                             f"{', '.join(OPTIMIZERS)}")
 
 
+TIE_SHARE = 0.001
+"""Step times within this share of the fastest are a tie: 0.1% is far below what the cost model
+can tell apart (its validations: a few percent at best). Where the fastest plan fills more than
+TIE_MEMORY_EDGE of the usable memory, the tie goes to the plan with least memory per GPU: one
+with room to spare runs where one at the edge may not (a new-user check got a ZeRO-3 plan with
+its optimizer offloaded, 73 GB of 80, over one of 51 GB that was 0.004% slower)."""
+TIE_MEMORY_EDGE = 0.9
+"""The share of a GPU's usable memory past which a plan is at its edge: the memory model's
+error on measured runs reaches 6% (README, torchtitan's runs); a tenth leaves room for it. Below
+it a tie keeps the fastest (no offloading or recomputation chosen to save memory nobody
+needs)."""
+
+
 def idle_pins(fix: Mapping, cp: int, pp: int = 0) -> list[str]:
     """Pins a configuration with context-parallel degree ``cp`` and pipeline degree ``pp`` (0: not
     known) does not use: the exchange form without context parallelism, ZB-H1 without a pipeline

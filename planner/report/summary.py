@@ -9,6 +9,7 @@ import textwrap
 from costmodels.engine import describe, engine_from_mapping
 from costmodels.errors import PlannerError
 from costmodels.hardware import get_device
+from planner.options import TIE_SHARE
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner import targets
 from planner.planfile.document import Plan
@@ -486,7 +487,9 @@ def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
     rel = 100 * (a["step_time_s"] / p.step_time_s - 1)
     mem = a["peak_memory_bytes"] - p.predicted["peak_memory_bytes"]
     parts = a["why"].split(": ", 1)[1] if ": " in a["why"] else "no part of the step moved"
-    head = textwrap.wrap(f"{i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%), "
+    tie = (f"; a tie, within {100 * TIE_SHARE:g}%: the plan holds less memory"
+           if a["step_time_s"] < p.step_time_s else "")  # (search.loop.tie_broken)
+    head = textwrap.wrap(f"{i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%{tie}), "
                          f"{gb1(a['peak_memory_bytes'])} per GPU "
                          + (f"({'-' if mem < 0 else '+'}{gb1(abs(mem))})" if abs(mem) >= 1e6
                             else "(the same)"),

@@ -44,7 +44,7 @@ import numpy as np
 from costmodels import compute, memory, pipeline
 from costmodels.errors import InfeasibleError
 from costmodels.topology import HeteroCluster
-from planner.options import Config, SearchOptions, TrainingSpec
+from planner.options import TIE_MEMORY_EDGE, TIE_SHARE, Config, SearchOptions, TrainingSpec
 from planner.search import hetero
 from planner.search.costs import ModelArrays, block_costs, capacity_bytes
 from planner.search.evaluate import placed_estimate, placements, split_of
@@ -225,7 +225,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     space = list(enumerate_space(Space.of(cluster, bg, options), training, options, rejected,
                                  mb_fits=_MicroBatchWall(pricer, options)))
     total = sum(len(group.variants) for group in space)
-    top = _TopK(options.top_k + 1)
+    top = _TopK(max(options.top_k + 1, TIE_POOL))
     # screen every configuration (its costs are shared by its group), then price best-first:
     # in increasing order of the lower bound, until the next bound cannot enter the top k
     queue: list[tuple[float, int, Group, tuple, object]] = []  # (bound, order, ..., split)
@@ -318,13 +318,32 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         cut = cut or stopped
     # at the same rank, the configuration enumerated first (as the top k keeps them)
     ranked = sorted(ranked, key=lambda e: (e.rank, order_of.get(e.config, total)))
-    ranked = ranked[:options.top_k + 1]
+    ranked = tie_broken(ranked, lambda e: order_of.get(e.config, total),
+                        pricer.capacity)[:options.top_k + 1]
     status, gap = ("feasible", None) if cut else ("optimal", 0.0)
     if ranked and ranked[0].split_status != "optimal" and not cut:
         status, gap = "feasible", ranked[0].split_gap
     return SearchResult(best=ranked[0] if ranked else None, alternatives=ranked[1:],
                         candidates=total, evaluated=top.priced, rejected=rejected, status=status,
                         time_s=time.perf_counter() - t0, gap=gap)
+
+
+TIE_POOL = 3
+"""The fastest estimates kept however few runners-up are asked for (top_k), so that a search
+for the best alone breaks its ties as one with runners-up does."""
+
+
+def tie_broken(ranked: list, order, capacity: float) -> list:
+    """``ranked`` (fastest first) with the plan of least memory among those tied with the fastest
+    (TIE_SHARE) first where the fastest fills more than TIE_MEMORY_EDGE of ``capacity`` (usable
+    bytes per GPU), then the rest as they were; ``order``: an estimate's place in the
+    enumeration (the last tie-break, as the top k keeps them)."""
+    if not ranked or ranked[0].peak_memory_bytes <= TIE_MEMORY_EDGE * capacity:
+        return ranked
+    limit = ranked[0].step_time_s * (1.0 + TIE_SHARE)
+    pick = min((e for e in ranked if e.step_time_s <= limit),
+               key=lambda e: (e.peak_memory_bytes, e.rank, order(e)))
+    return [pick] + [e for e in ranked if e is not pick]
 
 
 def _config(group: Group, variant: tuple, costs_of: dict, pricer) -> Config:

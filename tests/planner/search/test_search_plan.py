@@ -347,3 +347,20 @@ def test_a_cpu_cluster_offloads_nothing(tiny_llama_config):
                           dtype="fp32", fix="dp=2", vary={"zero": [1, 2]})  # what-if, too
     assert [r["feasible"] for r in rows] == [True, True]
     assert not any(r["offload_optimizer"] for r in rows)
+
+
+def test_a_tie_at_the_edge_of_memory_goes_to_the_plan_with_room():
+    """A new-user check got a plan of 73 GB per 80 GB GPU (ZeRO-3, optimizer offloaded) over one
+    of 51 GB 0.004% slower: within TIE_SHARE the plan with less memory wins where the fastest is
+    at the edge (TIE_MEMORY_EDGE of the usable memory); below it the fastest stays."""
+    from types import SimpleNamespace as E
+
+    from planner.search.loop import tie_broken
+
+    fast = E(step_time_s=118.782, peak_memory_bytes=73.3e9, rank=(118.782, 73.3e9))
+    lean = E(step_time_s=118.787, peak_memory_bytes=50.7e9, rank=(118.787, 50.7e9))
+    slow = E(step_time_s=119.1, peak_memory_bytes=49.6e9, rank=(119.1, 49.6e9))  # no tie: +0.3%
+    order = [fast, lean, slow].index
+    assert tie_broken([fast, lean, slow], order, capacity=76e9) == [lean, fast, slow]
+    assert tie_broken([fast, lean, slow], order, capacity=90e9) == [fast, lean, slow]
+    assert tie_broken([], order, capacity=1.0) == []
