@@ -102,14 +102,20 @@ class BlockTime:
     backward: bool = True
     """Whether a backward runs through the block (BlockWork.runs_backward): without one nothing
     is recomputed."""
+    selective_s: float | None = None
+    """What ``recompute="selective"`` runs again where the engine keeps the matrix
+    multiplications' outputs alone (EngineSpec.selective = matmuls); None: the attention core
+    (``attn_fwd_s``), as Megatron-Core's selective recomputation."""
 
     def recomputing(self, recompute: str) -> "BlockTime":
         """The same block under another recomputation policy: full replays the forward,
-        selective the attention core, op-level its share (op_recompute_s), moe_act the experts'
+        selective the attention core (or all but the matrix multiplications: selective_s),
+        op-level its share (op_recompute_s), moe_act the experts'
         activation function and the norm before them (moe_act_recompute_s), mla_up_proj latent
         attention's up projections (mla_up_recompute_s), mla_up_proj+moe_act both
         (both_recompute_s)."""
-        again = {"full": self.fwd_s, "selective": self.attn_fwd_s, "op": self.op_recompute_s,
+        selective = self.attn_fwd_s if self.selective_s is None else self.selective_s
+        again = {"full": self.fwd_s, "selective": selective, "op": self.op_recompute_s,
                  "moe_act": self.moe_act_recompute_s, "mla_up_proj": self.mla_up_recompute_s,
                  "mla_up_proj+moe_act": self.both_recompute_s, "none": 0.0}[recompute]
         return dataclasses.replace(self, recompute_s=again if self.backward else 0.0)
@@ -553,10 +559,14 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
                                          experts=experts)
     fwd_s = gemm_f + attn_f + mem_f + regroup
     bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f + regroup
+    cast_f = 0.0
     if dtype == "fp8":
         cast_f, cast_b = fp8_cast_s(work.gemms, device, engine.fp8_recipe,
                                     micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
         fwd_s, bwd_s = fwd_s + cast_f, bwd_s + cast_b
+    # selective keeping the matrix multiplications' outputs: every other op of the forward again
+    # (a fused attention kernel among them; eager attention's score GEMMs kept)
+    selective = attn_f + mem_f + regroup + cast_f if engine.selective == "matmuls" else None
     # op-level: its share of the dense weight GEMMs, the routed experts' whole (not saved)
     op_again = (gemm_f - gemm_attn - gemm_routed) * work.op_recompute_gemm_share + gemm_routed \
         + mem_f
@@ -611,7 +621,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
                    attn_bwd_s=attn_b, op_recompute_s=op_again, moe_act_recompute_s=act_again,
                    mla_up_recompute_s=up_again, both_recompute_s=both_again, wgrad_s=gemm_w,
-                   shared_fwd_s=shared_f, shared_bwd_s=shared_b)
+                   shared_fwd_s=shared_f, shared_bwd_s=shared_b, selective_s=selective)
     return bt.recomputing(recompute)
 
 

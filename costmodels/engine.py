@@ -23,10 +23,11 @@ KERNELS = ("fused", "eager")
 FUSED_SCOPES = ("model", "layers")
 DISPATCHERS = ("alltoall", "allgather", "deepep")
 CP_RINGS = ("te", "torch", "runtime")
+SELECTIVE_FORMS = ("attention", "matmuls")
 OVERLAP_SCOPES = ("all", "sharded")
 CHOICES = {"attention": ATTENTION, "kernels": KERNELS, "fused_scope": FUSED_SCOPES,
            "moe_dispatcher": DISPATCHERS, "cp_ring": CP_RINGS, "overlap_scope": OVERLAP_SCOPES,
-           "fp8_recipe": FP8_RECIPES, "state_layout": STATE_LAYOUTS}
+           "fp8_recipe": FP8_RECIPES, "state_layout": STATE_LAYOUTS, "selective": SELECTIVE_FORMS}
 """Settings that take one of a few names (all lower case; a setting given in other case is read
 in lower case)."""
 HOST_OP_MAX_S = 1e-3
@@ -169,6 +170,13 @@ class EngineSpec:
     replaying its whole iteration as one CUDA graph (Megatron-Core's full_iteration graphs),
     whose published runs that prices 21% too fast on median (benchmarks/moe_runs.py, release
     26.08)."""
+    selective: str = "attention"
+    """What ``recompute=selective`` runs again in backward: ``attention`` (Megatron-Core's: the
+    attention core, its scores, softmax and weighted sum) or ``matmuls`` (``plan run``'s: torch's
+    selective activation checkpointing that saves the outputs of matrix multiplications and runs
+    every other op again: a fused attention kernel, norms, activations, element-wise ops; a
+    new-user check measured it as slow as full recomputation on a CPU, where it was priced as
+    1% over none)."""
     cp_ring: str = "te"
     """Whose ring runs context parallelism's p2p exchange (costmodels.context): ``te``
     (Transformer Engine's, Megatron-Core: backward passes K/V and their gradients on around the
@@ -288,7 +296,7 @@ PRESETS: dict[str, dict] = {
     # than it takes)
     "torch": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
               "fsdp_copies": True, "pipelined_accumulation": True, "cp_ring": "runtime",
-              "moe_probs_in_activation": False},
+              "moe_probs_in_activation": False, "selective": "matmuls"},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction (overlap_comm); its
     # ZeRO-1/2 optimizer gathers the updated weights inside step()
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,

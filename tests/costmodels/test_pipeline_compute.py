@@ -191,3 +191,25 @@ def test_a_cluster_file_sets_what_hiding_communication_costs_its_device():
         with pytest.raises(SpecError, match=r"^device\.overlap_slowdown: expected a number from "
                                             r"0 to 1"):
             device_from_mapping({**cpu, "overlap_slowdown": bad})
+
+
+def test_selective_recomputation_keeping_matmul_outputs_runs_every_other_op_again():
+    """plan run's selective (torch's selective activation checkpointing saving mm/addmm/bmm
+    outputs) runs the attention kernel, norms and element-wise ops again: a new-user check
+    measured it as slow as full recomputation on a CPU where it was priced as Megatron's
+    attention core alone (1% over none). EngineSpec.selective = matmuls prices it so."""
+    dev = DEVICES["a100-80g"]
+    w = BlockWork(gemms=(Gemm(batch=1, m=2048, n=8192, k=8192),), fused_attn_flops=1e12,
+                  attn_flops=1e12, attn_causal_flops=1e12, attn_scores=32 * 2048 * 2048,
+                  fused_bytes_rep=4e8, mem_bytes_rep=1.2e9, kernels_fused=4, kernels_eager=30)
+
+    def recompute(**engine):
+        return block_time(w, dev, dtype="bf16", micro_batch=1, tp=1, sp=False,
+                          recompute="selective", engine=EngineSpec(**engine))
+
+    gemm = gemm_time_s(1, 2048, 8192, 8192, dev, "bf16")
+    megatron, torch_sac = recompute(), recompute(selective="matmuls")
+    attn = 0.5 * 1e12 / (312e12 * dev.attention_efficiency)
+    assert megatron.recompute_s == pytest.approx(attn)  # the attention core alone
+    assert torch_sac.recompute_s == pytest.approx(torch_sac.fwd_s - gemm)  # all but the GEMM
+    assert megatron.recompute_s < torch_sac.recompute_s < torch_sac.fwd_s
