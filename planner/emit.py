@@ -72,6 +72,7 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "target": options.target,
         "alternatives": [alternative(best, alt, training, cluster) for alt in result.alternatives],
         "priced": dict(parallel),
+        "priced_training": {"dtype": training.dtype, "optimizer": training.optimizer},
     }
     if isinstance(cluster, HeteroCluster) and best.stages[0].group:
         # CP-SAT's joint model of the stages, their groups and sizes, on the best plan

@@ -9,6 +9,7 @@ from planner.cli.args import positive_int
 from planner.errors import SpecError
 from planner.files import atomic_write, check_output
 from planner.inputs.calibration import noisy_calibration
+from planner.machine import usable_cores
 from planner.options import DTYPES
 from planner.profile import DEVICES
 
@@ -37,6 +38,15 @@ def run(args) -> int:
         raise SpecError(f"processes: {args.processes} CPU processes, but plan run starts at most "
                         f"{MAX_CPU_PROCESSES} on a CPU machine (more make the measurement crawl); "
                         f"use --processes {MAX_CPU_PROCESSES} or fewer")
+    cores = usable_cores()
+    if args.device == "cpu" and args.processes * args.threads > cores:  # (a new-user check's
+        # --threads 2 beside 2 processes on 2 cores measured every speed 10-25x too slow)
+        fewer = f"--threads {cores // args.processes}" if args.processes <= cores else \
+            f"--processes {cores}"
+        raise SpecError(f"threads: {args.processes} processes x {args.threads} threads want "
+                        f"{args.processes * args.threads} cores, and this machine gives {cores}: "
+                        f"they would take turns and every speed measured would be too slow; give "
+                        f"{fewer}")
     calib = profile(args.device, threads=args.threads, processes=args.processes)
     atomic_write(args.output, json.dumps(calib, indent=1) + "\n")
     dev = calib["device"]

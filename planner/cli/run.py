@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 
 from planner.cli.args import count, positive_float, positive_int
 from planner.files import atomic_write, check_output, check_output_folder
+from planner.machine import usable_cores
 from planner.planfile.document import load_plan
 from planner.report.measured import off_hints, summary
 from planner.runtime.options import DEVICES, RunOptions
@@ -50,9 +50,9 @@ def _warn_oversubscribed(device: str, processes: int, threads: int | None) -> No
     turns on the cores, so the measured step is slower than any prediction."""
     if device != "cpu":
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     wanted = processes * (threads or 1)
-    if cores and wanted > cores:
+    if wanted > cores:
         fix = (f"give --threads {max(1, cores // processes)}" if processes <= cores else
                f"run plans of at most {cores} processes here")
         logging.getLogger("planner").warning(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import re
 import sys
 import time
@@ -33,6 +32,7 @@ from planner.explore.grid import (ENGINE_KEYS, TABLE_KEYS, UNITS, expand, point_
                                   point_engine, sharding_type)
 from planner.inputs.clusters import load_cluster
 from planner.logs import collected_warnings
+from planner.machine import usable_cores
 from planner.search.feasibility import cluster_pin_problem, reserve_problem
 from planner.search.layout import layout_pp_problem
 from planner.options import (FIX_KEYS, KNOBS, LAYOUT_FOR_RECSYS, SearchOptions, TrainingSpec,
@@ -394,8 +394,7 @@ def _workers(workers: int | None, points: int) -> int:
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
         raise SpecError(f"workers: expected a positive integer, got {workers!r}")
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(workers or available or 1, points)
+    return min(workers or usable_cores(), points)
 
 
 def _context():

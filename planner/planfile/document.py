@@ -134,15 +134,35 @@ class Plan:
         return SpecError(f"{err} (the plan names the model '{spec}'; pass --model PATH where it "
                          "lies now)")
 
+    def training_edits(self) -> dict:
+        """key -> (priced, now) for the training dtype and optimizer where they differ from what
+        the predictions were priced with (``search.priced_training``, recorded since
+        2026-12-06; {} for a plan without it): a hand edit (a new-user check's optimizer edit
+        ran unnoticed, its dtype edit was blamed on the model file)."""
+        priced = (self.search or {}).get("priced_training") or {}
+        return {k: (priced[k], self.training.get(k)) for k in ("dtype", "optimizer")
+                if k in priced and priced[k] != self.training.get(k)}
+
     def fingerprint_problem(self, spec: str, fingerprint: str) -> str:
         """'' when ``spec`` built with ``fingerprint`` is the planned model, else why not."""
         want = self.model["fingerprint"]
         if fingerprint == want:
             return ""
+        edits = self.training_edits()
+        if "dtype" in edits:  # (the model is rebuilt in the plan's dtype: not the model's fault)
+            was, now = edits["dtype"]
+            return (f"training.dtype: {now}, but the plan was traced and priced in {was} (edited "
+                    f"after planning); re-plan with plan solve ... --dtype {now}")
+        planned = self.model.get("spec") or self.model.get("name", "its MODEL")
+        if planned == spec:  # (the same file: it changed, or the settings it is built with)
+            return (f"model.fingerprint: '{spec}' builds another model now (fingerprint "
+                    f"{fingerprint}) than the plan was made for ({want}): the file was edited, or "
+                    "its architecture, size, dtype or frozen parameters differ; re-plan it with "
+                    "`plan solve`")
         return (f"model.fingerprint: '{spec}' has fingerprint {fingerprint} but the plan was made "
                 f"for {want} (another architecture, size or dtype, or other parameters frozen); "
                 f"re-plan '{spec}' with `plan solve`, or pass the model the plan was made for "
-                f"({self.model.get('spec') or self.model.get('name', 'its MODEL')}) with --model")
+                f"({planned}) with --model")
 
 
 JOB_SEPARATOR = "#"

@@ -29,6 +29,9 @@ def validate(d: dict, where: str = "plan") -> None:
     if d.get("schema") is None and ("model_type" in d or "architectures" in d):
         raise SpecError(f"{where}: this is a model's config.json, not a plan; make a plan of it "
                         "first with `plan solve CONFIG.json --cluster ... -o PLAN.json`")
+    if d.get("schema") is None and isinstance(d.get("measured"), dict):
+        raise SpecError(f"{where}: this is what plan run measured (its -o file), not a plan; give "
+                        "the plan file it ran")
     if d.get("schema") is None:
         raise SpecError(f"{where}: not a plan file (no 'schema': '{SCHEMA_ID}' in it); give a "
                         "file `plan solve ... -o PLAN.json` wrote")

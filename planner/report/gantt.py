@@ -106,8 +106,9 @@ def gantt(sim: SimResult, path: str, *, title: str = "pipeline schedule",
     ax.grid(axis="x", color="#dddddd", linewidth=0.5)
     ax.set_axisbelow(True)
     ax.set_title(f"{title}\npipeline {step:.4g} s (the step less data-parallel sync and optimizer"
-                 f"), ranks idle {sim.bubble_fraction:.1%} of it, {sim.microbatches} "
-                 "micro-batches; numbers are micro-batches", fontsize=10)
+                 f"), ranks idle {sim.bubble_fraction:.1%} of it, "
+                 f"{sim.microbatches} micro-batch{'' if sim.microbatches == 1 else 'es'}; "
+                 "numbers are micro-batches", fontsize=10)
     handles = [Patch(color=COLOURS[k], label=WORDS[k]) for k in kinds]
     if chunks:
         handles.append(Patch(color=_shade("#666666", 1), label="lighter: rank's next stage"))

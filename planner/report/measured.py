@@ -90,6 +90,12 @@ def summary(result: dict, plan_name: str) -> str:
                      f"({100 * spread['range_over_median']:.0f}% of the median apart)"
                      + (": a step time error within that says little about the cost model"
                         if spread["range_over_median"] > NOISY else ""))
+    load = m.get("other_load")
+    if load is not None and load > OTHER_LOAD:
+        lines.append(f"note: other processes took {100 * load:.0f}% of this machine's CPU time "
+                     "during the timed steps: the step measured is slower than the plan runs "
+                     "alone; run again on an idle machine for a figure to hold the prediction "
+                     "against")
     warming = m.get("still_warming")
     if warming:
         lines.append(f"note: the timed steps were still getting faster ({_ms(warming[0])} first, "
@@ -103,6 +109,10 @@ def summary(result: dict, plan_name: str) -> str:
 
 NOISY = 0.2
 """Timed steps this far apart (range over median) are noise a step time error can hide in."""
+OTHER_LOAD = 0.2
+"""The share of this machine's CPU time other processes may take during the timed steps before a
+run says its step was slowed by them (a new-user check measured one plan at 634 ms and then at 362
+ms minutes apart, with nothing said)."""
 
 
 def _peak_label(m: dict, ranks: int) -> str:

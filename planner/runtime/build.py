@@ -149,6 +149,12 @@ def unrun_notes(plan: Plan, layout: Layout) -> list[str]:
             "are the planned configuration's, so measured vs predicted compares two "
             f"configurations; re-plan with plan solve ... --fix {pins} for a prediction of this "
             "one")
+    optimizer = plan.training_edits().get("optimizer")
+    if optimizer:
+        notes.append(f"training.optimizer edited after planning ({optimizer[0]} -> "
+                     f"{optimizer[1]}): the predictions are {optimizer[0]}'s (its states' memory, "
+                     f"its step); re-plan with plan solve ... --optimizer {optimizer[1]} for a "
+                     "prediction of this one")
     if plan.parallel.get("sequence_parallel"):
         notes.append("sequence_parallel not applied (tensor parallelism runs without it)")
     if plan.parallel.get("offload_optimizer"):
@@ -227,8 +233,9 @@ def _check_edits(plan: Plan) -> None:
         raise SpecError(f"schedule.name: {schedule['name']}, but parallel.schedule is "
                         f"{par_['schedule']}; make them agree, or re-plan with plan solve")
     actions = schedule.get("actions")
-    # (one stage runs its micro-batches in a loop; a bidirectional schedule is refused later)
-    if actions and int(par_["pp"]) > 1 and schedule.get("name") != "bidirectional":
+    # (a bidirectional schedule is refused later; one stage's actions are run by
+    # torch.distributed.pipelining too: a new-user check's edited pp=1 plan crashed inside it)
+    if actions and schedule.get("name") != "bidirectional":
         _check_actions(actions, plan, int(par_["num_microbatches"]))
 
 

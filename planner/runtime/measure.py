@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from planner.machine import usable_cores
+
 
 class Memory:
     """Peak-memory bookkeeping for one process."""
@@ -222,6 +224,7 @@ def summarize(records: list[dict], plan, *, warmup: int) -> dict:
         "warmup_steps": warmup,
         "still_warming": still_warming(records, warmup),
         "step_spread": step_spread(records, warmup),
+        "other_load": other_load(records),
         "routing": routing(records, plan),
     }
 
@@ -246,6 +249,41 @@ def still_warming(records: list[dict], warmup: int) -> list[float] | None:
     if len(slowest) >= 3 and slowest[0] >= WARMING_RATIO * slowest[-1]:
         return [slowest[0], slowest[-1]]
     return None
+
+
+def cpu_seconds() -> float:
+    """CPU time this process (all its threads) has used."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_cpu() -> tuple[float, int] | None:
+    """(CPU seconds every process on this machine has used, including a VM's stolen time; the
+    CPUs they count over), read from Linux's /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    total = next((ln.split() for ln in lines if ln.startswith("cpu ")), None)
+    cpus = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
+    if total is None or len(total) < 9 or not cpus:
+        return None
+    # user nice system idle iowait irq softirq steal: all but idle and iowait were busy
+    busy = sum(int(total[i]) for i in (1, 2, 3, 6, 7, 8))
+    return busy / os.sysconf("SC_CLK_TCK"), cpus
+
+
+def other_load(records: list[dict]) -> float | None:
+    """The share of this machine's CPU time during the timed steps that went to other processes
+    than the run's (rank 0's reading of the machine less every rank's own CPU time, over its
+    timed wall time and the machine's CPUs); None where not measured."""
+    first = records[0] if records else {}
+    machine, wall = first.get("machine_cpu_s"), first.get("timed_wall_s")
+    if machine is None or not wall or not first.get("machine_cpus"):
+        return None
+    own = sum(r.get("cpu_s") or 0.0 for r in records)
+    return max(0.0, machine - own) / (wall * first["machine_cpus"])
 
 
 def step_spread(records: list[dict], warmup: int) -> dict | None:
@@ -283,5 +321,4 @@ def median(xs: list[float]) -> float | None:
 
 def threads_per_process(local_world: int) -> int:
     """CPU threads each process may use so that the processes share the cores evenly."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(1, local_world))
+    return max(1, usable_cores() // max(1, local_world))

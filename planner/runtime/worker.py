@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -55,6 +56,7 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
     total = opts.warmup + opts.steps
     profiled = device.type == "cpu" and opts.steps >= 2
     step_losses = []
+    timed = end = None  # (wall, own CPU, the machine's CPU) when the timed steps start and end
     for step in range(total):
         if step == opts.warmup:
             mem.reset()
@@ -62,6 +64,10 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
                 if record is not None:
                     record.routing.clear()  # routing of the timed steps only
         dist.barrier()
+        if step == opts.warmup:
+            timed = _mark()
+        if profiled and step == total - 1:  # (the profiled step is not timed)
+            end = _mark()
         timer.start()
         if profiled and step == total - 1:
             step_losses.append(mem.profile(lambda: _step(built)))
@@ -69,6 +75,7 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
             step_losses.append(_step(built))
         timer.stop()
     measured = timer.times[opts.warmup:total - 1 if profiled else total]
+    end = end or _mark()
     record = {
         "rank": dist.get_rank(), **built.coords,
         "stages": [st.stage_index for st in built.stages],
@@ -81,6 +88,7 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
         "expert_params": sum(p.numel() for p in built.experts.params) if built.experts else 0,
         "routing": moe.routing_summary(built.experts or built.routing),
         "losses": step_losses, "notes": built.notes + ([mem.failure] if mem.failure else []),
+        **_load(timed, end),
     }
     if opts.dump_dir:
         _dump(built, opts.dump_dir)
@@ -91,6 +99,22 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
             "loss_per_step": _global_losses(records), "ranks": records,
             "data_parallel": built.dp_wrap, "notes": notes,
             "device": str(device.type), "backend": dist.get_backend()}
+
+
+def _mark() -> tuple:
+    """(wall seconds, this process's CPU seconds, the machine's (CPU seconds, CPUs) or None)."""
+    return time.perf_counter(), measure.cpu_seconds(), measure.machine_cpu()
+
+
+def _load(timed: tuple | None, end: tuple) -> dict:
+    """What the timed steps took of this process's CPU and of the machine's (measure.other_load
+    reads them: other processes slowing the run)."""
+    if timed is None:
+        return {}
+    out = {"timed_wall_s": end[0] - timed[0], "cpu_s": end[1] - timed[1]}
+    if timed[2] is not None and end[2] is not None:
+        out.update(machine_cpu_s=end[2][0] - timed[2][0], machine_cpus=end[2][1])
+    return out
 
 
 def _step(built: Built) -> list[float] | None:

@@ -306,6 +306,21 @@ def test_profile_refuses_more_cpu_processes_than_plan_run_starts(capsys, tmp_pat
     assert not (tmp_path / "c.json").exists()
 
 
+def test_profile_refuses_more_threads_than_the_cores_give(capsys, tmp_path, monkeypatch):
+    """A new-user check's --threads 2 beside the default 2 processes on a 2-core machine
+    measured every speed 10-25x too slow, and its plans then read +2315%."""
+    import planner.cli.profile as cli_profile
+
+    monkeypatch.setattr(cli_profile, "usable_cores", lambda: 2)
+    code, _, err = run(capsys, "profile", "--threads", "2", "-o", str(tmp_path / "c.json"))
+    assert code == 2 and err.strip() == (
+        "plan: error: threads: 2 processes x 2 threads want 4 cores, and this machine gives 2: "
+        "they would take turns and every speed measured would be too slow; give --threads 1")
+    code, _, err = run(capsys, "profile", "--processes", "4", "-o", str(tmp_path / "c.json"))
+    assert code == 2 and err.strip().endswith("give --processes 2")
+    assert not (tmp_path / "c.json").exists()
+
+
 def test_profile_names_the_dtype_it_measured_in_the_command_it_suggests(capsys, tmp_path,
                                                                          monkeypatch):
     """A new-user check ran the suggested `plan solve ... --calibration calib.json` on a CPU

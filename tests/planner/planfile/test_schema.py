@@ -32,6 +32,10 @@ def test_wrong_schema_id_and_rounding():
     with pytest.raises(SpecError, match=r"^c.json: this is a model's config.json, not a plan; "
                                         r"make a plan of it first with `plan solve"):
         validate({"model_type": "llama", "hidden_size": 64}, "c.json")
+    # plan run's own results given back to it (a new-user check read only 'not a plan file')
+    with pytest.raises(SpecError, match=r"^m.json: this is what plan run measured \(its -o "
+                                        r"file\), not a plan; give the plan file it ran$"):
+        validate({"measured": {"step_time_s": 0.3}, "predicted": {}}, "m.json")
     assert clean({"a": 1.23456789, "b": [0.0, 3], "c": True}) == {"a": 1.23457, "b": [0.0, 3],
                                                                   "c": True}
 

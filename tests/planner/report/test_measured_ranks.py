@@ -1,5 +1,7 @@
 """`plan run`'s per-rank table names each rank's place on every axis the plan splits."""
 
+import pytest
+
 from planner.report.measured import summary
 
 
@@ -121,3 +123,23 @@ def test_model_states_are_compared_with_the_plans_fullest_stage():
     assert predicted_state_bytes(SimpleNamespace(stages=stages), grads=False) == 14e6
     result["measured"]["state_grads"] = False
     assert "model states (gradients freed)" in summary(result, "p.json")
+
+
+def test_a_run_slowed_by_other_processes_says_so():
+    """A new-user check measured one plan at 634 ms and, minutes later, at 362 ms, with nothing
+    said: the timed steps' CPU time of the machine less the run's own is other processes'."""
+    from planner.runtime.measure import machine_cpu, other_load
+
+    ranks = [{"timed_wall_s": 1.0, "cpu_s": 0.9, "machine_cpu_s": 3.0, "machine_cpus": 2},
+             {"timed_wall_s": 1.0, "cpu_s": 0.9}]
+    assert other_load(ranks) == pytest.approx(0.6)  # (3.0 - 1.8) / (1.0 x 2 CPUs)
+    assert other_load([{**ranks[0], "machine_cpu_s": 1.5}, ranks[1]]) == 0.0  # never below 0
+    assert other_load([{"timed_wall_s": 1.0}]) is None and other_load([]) is None
+    busy = _result([{"pp": 0, "dp": d, "cp": 0, "tp": 0, "ep": 0} for d in range(2)])
+    busy["measured"]["other_load"] = 0.6
+    assert "note: other processes took 60% of this machine's CPU time during the timed " \
+        "steps" in summary(busy, "p.json")
+    busy["measured"]["other_load"] = 0.1
+    assert "other processes" not in summary(busy, "p.json")
+    reading = machine_cpu()  # (Linux: the machine's busy seconds so far, over its CPUs)
+    assert reading is None or (reading[0] > 0 and reading[1] >= 1)

@@ -92,6 +92,40 @@ def test_a_hand_edit_the_plan_disagrees_with_is_refused_before_launch(capsys, ma
     _one_line_refusal(code, err, *words)
 
 
+def test_a_hand_edited_micro_batch_count_without_a_pipeline_is_refused(capsys, make_plan,
+                                                                        tmp_path):
+    """A new-user check edited a pp=1 plan to 2 micro-batches of 2 (the batch still adds up):
+    torch's schedule then crashed inside the processes (exit 4, 'please report'); one stage's
+    actions are checked as a pipeline's are."""
+    d = json.loads(open(make_plan("branched", "pp=1,tp=1,dp=2,micro_batch=1")).read())
+    d["parallel"].update(micro_batch=2, num_microbatches=d["parallel"]["num_microbatches"] // 2)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(d))
+    code, out, err = run(capsys, "run", str(edited), "--dry-run")
+    _one_line_refusal(code, err, "schedule.actions[0]: stage 0's F actions do not cover "
+                      "micro-batches 0..1")
+
+
+def test_a_hand_edit_of_the_training_is_named_as_such(capsys, make_plan, tmp_path):
+    """A new-user check edited training.optimizer (run with no word, its model states read +50%)
+    and training.dtype (refused as the model file's fingerprint, suggesting --model with the
+    same file): the plan records what it was priced with (search.priced_training)."""
+    path = make_plan("branched", "pp=1,tp=1,dp=2,micro_batch=2,zero=0")
+    d = json.loads(open(path).read())
+    assert d["search"]["priced_training"] == {"dtype": "fp32", "optimizer": "sgd"}
+    d["training"]["optimizer"] = "adam"
+    edited = tmp_path / "optimizer.json"
+    edited.write_text(json.dumps(d))
+    code, out, err = run(capsys, "run", str(edited), "--dry-run")
+    assert code == 0 and "# note: training.optimizer edited after planning (sgd -> adam): the " \
+        "predictions are sgd's" in out, err
+    d["training"].update(optimizer="sgd", dtype="bf16")
+    edited.write_text(json.dumps(d))
+    code, out, err = run(capsys, "run", str(edited))
+    _one_line_refusal(code, err, "training.dtype: bf16, but the plan was traced and priced in "
+                      "fp32 (edited after planning); re-plan with plan solve ... --dtype bf16")
+
+
 def test_a_hand_edit_of_a_priced_knob_is_said_before_and_with_the_run(capsys, make_plan,
                                                                        tmp_path):
     """A plan records what its predictions were priced with (search.priced); an edit the other

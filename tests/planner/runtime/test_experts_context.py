@@ -189,6 +189,8 @@ def test_context_parallelism_on_a_model_without_position_ids_is_refused(capsys, 
     plan = load_plan(make_plan("branched", "dp=2,tp=1,pp=1,micro_batch=2", "branched-dp2-for-cp"))
     plan.parallel = {**plan.parallel, "dp": 1, "cp": 2, "cp_comm": "p2p",  # the same batch
                      "num_microbatches": 2 * plan.parallel["num_microbatches"]}
+    n = plan.parallel["num_microbatches"]  # (one stage's actions: every micro-batch's F and B)
+    plan.schedule["actions"] = [[a for i in range(n) for a in (f"0F{i}", f"0B{i}")]]
     path = str(tmp_path / "branched-cp2.json")
     plan.save(path)
     _refused(capsys, path, "parallel.cp", "cp=1")
