@@ -55,6 +55,9 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
     timer = measure.StepTimer(device)
     total = opts.warmup + opts.steps
     profiled = device.type == "cpu" and opts.steps >= 2
+    if device.type == "cpu" and not profiled:  # (said where the footnote names the method)
+        mem.method = ("not measured: a CPU run profiles its last timed step for it, so give "
+                      "--steps 2 or more")
     step_losses = []
     timed = end = None  # (wall, own CPU, the machine's CPU) when the timed steps start and end
     for step in range(total):
