@@ -26,7 +26,7 @@ from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO
 from planner.options import (LAYOUT_FOR_RECSYS, TRACE_METHODS, SearchOptions, TrainingSpec,
-                             check_dtype, idle_pins, parse_fix, reserve_options)
+                             check_dtype, parse_fix, reserve_options)
 from planner import model_notes, settings, targets, traced
 from planner.planfile.document import Plan
 from planner.recsys_api import plan_recsys, recsys_model
@@ -277,7 +277,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec,
         log.warning("cluster: no pipeline over the sites (%s); data parallel across them "
                     "instead", str(exc).splitlines()[0])
         return plan
-    for note in idle_pins(options.fix, result.best.config.cp, result.best.config.pp):
+    for note in settings.idle_pins(options.fix, result.best.config.cp, result.best.config.pp):
         log.warning("%s", note)
     best = result.best.config
     if not isinstance(cluster, HeteroCluster):

@@ -87,41 +87,6 @@ class TrainingSpec:
                             f"{', '.join(OPTIMIZERS)}")
 
 
-TIE_SHARE = 0.001
-"""Step times within this share of the fastest are a tie: 0.1% is far below what the cost model
-can tell apart (its validations: a few percent at best). Where the fastest plan fills more than
-TIE_MEMORY_EDGE of the usable memory, the tie goes to the plan with least memory per GPU: one
-with room to spare runs where one at the edge may not (a new-user check got a ZeRO-3 plan with
-its optimizer offloaded, 73 GB of 80, over one of 51 GB that was 0.004% slower)."""
-TIE_MEMORY_EDGE = 0.9
-"""The share of a GPU's usable memory past which a plan is at its edge: the memory model's
-error on measured runs reaches 6% (README, torchtitan's runs); a tenth leaves room for it. Below
-it a tie keeps the fastest (no offloading or recomputation chosen to save memory nobody
-needs)."""
-
-
-def idle_pins(fix: Mapping, cp: int, pp: int = 0) -> list[str]:
-    """Pins a configuration with context-parallel degree ``cp`` and pipeline degree ``pp`` (0: not
-    known) does not use: the exchange form without context parallelism, ZB-H1 without a pipeline
-    (priced as 1F1B there; the search may leave cp or pp at 1 when only the form is pinned).
-    Not "changes nothing": with the form pinned, the plan without cp or pp may be the best left
-    where a free search had chosen one."""
-    notes = []
-    if "cp_comm" in fix and cp == 1:
-        how = ("a cp whose ranks span nodes, more than one in each (e.g. cp=16 on nodes of 8 "
-               "GPUs with tp=1), as its two levels need" if fix["cp_comm"] == "a2a+p2p" else
-               f"e.g. cp=2,cp_comm={fix['cp_comm']}")
-        notes.append(f"fix.cp_comm={fix['cp_comm']} is not used: the plan chosen has no context "
-                     f"parallelism (cp=1); pin cp too ({how}) to make it use one")
-    if fix.get("schedule") == "zb-h1" and pp == 1:  # (GPipe holds every micro-batch's
-        # activations even without a pipeline; interleaving needs one)
-        how = ("leave the schedule out, or pin pp > 1" if "pp" in fix else
-               f"pin pp too (e.g. pp=2,schedule={fix['schedule']}) to make it use one")
-        notes.append(f"fix.schedule={fix['schedule']} is not used: the plan chosen has no "
-                     f"pipeline (pp=1); {how}")
-    return notes
-
-
 def parallel_text(p: Mapping, tables: bool | None = None) -> str:
     """A configuration in one line, ``dp=8 tp=2+sp pp=4x2 cp=2(p2p) ep=4 etp=2 mb=1x16 1f1b
     rc=none zero=3+offload``, from a mapping of its knobs (KNOBS: a Config's fields, a plan's

@@ -289,6 +289,28 @@ OVERLAP_HINT_SHARE = 0.10
 them says so (hint_overlap)."""
 
 
+def idle_pins(fix: dict, cp: int, pp: int = 0) -> list[str]:
+    """Pins a configuration with context-parallel degree ``cp`` and pipeline degree ``pp`` (0: not
+    known) does not use: the exchange form without context parallelism, ZB-H1 without a pipeline
+    (priced as 1F1B there; the search may leave cp or pp at 1 when only the form is pinned).
+    Not "changes nothing": with the form pinned, the plan without cp or pp may be the best left
+    where a free search had chosen one."""
+    notes = []
+    if "cp_comm" in fix and cp == 1:
+        how = ("a cp whose ranks span nodes, more than one in each (e.g. cp=16 on nodes of 8 "
+               "GPUs with tp=1), as its two levels need" if fix["cp_comm"] == "a2a+p2p" else
+               f"e.g. cp=2,cp_comm={fix['cp_comm']}")
+        notes.append(f"fix.cp_comm={fix['cp_comm']} is not used: the plan chosen has no context "
+                     f"parallelism (cp=1); pin cp too ({how}) to make it use one")
+    if fix.get("schedule") == "zb-h1" and pp == 1:  # (GPipe holds every micro-batch's
+        # activations even without a pipeline; interleaving needs one)
+        how = ("leave the schedule out, or pin pp > 1" if "pp" in fix else
+               f"pin pp too (e.g. pp=2,schedule={fix['schedule']}) to make it use one")
+        notes.append(f"fix.schedule={fix['schedule']} is not used: the plan chosen has no "
+                     f"pipeline (pp=1); {how}")
+    return notes
+
+
 def note_cp_limit(cfg, training: TrainingSpec, options: SearchOptions, num_gpus: int) -> None:
     """Say so when the search chose a cp it could not double only for SearchOptions.cp_min_tokens
     (a new-user check found cp=64 1.5% faster than the chosen cp=32 at 131k tokens, with nothing

@@ -17,7 +17,7 @@ from planner import api, settings
 from planner.emit import emit
 from planner.errors import PlannerError, SpecError
 from planner.inputs.clusters import load_cluster
-from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, idle_pins, parse_fix
+from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, parse_fix
 from planner.planfile.document import Plan
 from planner.report.compare import stage_blocks
 from planner.report.text import pins_text
@@ -109,7 +109,7 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
                        result=result, cluster=cluster, training=training, options=options)
         return WhyNot(pins=pins, variant=variant, feasible=True,
                       notes=_kept(plan, pins) + carried_notes + _lifted(plan, pins)
-                      + idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
+                      + settings.idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
                       + _untried(plan, variant, options), over=[])
     grouped = isinstance(cluster, HeteroCluster)
     problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
@@ -158,7 +158,7 @@ def _over_sites(plan: Plan, pins: dict, prepared, cluster, training: TrainingSpe
                       message=str(err).splitlines()[0], notes=_lifted(plan, pins), over=[])
     return WhyNot(pins=pins, variant=variant, feasible=True,
                   notes=_kept(plan, pins) + _lifted(plan, pins)
-                  + idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
+                  + settings.idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
                   + _untried(plan, variant, options), over=[])
 
 

@@ -9,7 +9,6 @@ import textwrap
 from costmodels.engine import describe, engine_from_mapping
 from costmodels.errors import PlannerError
 from costmodels.hardware import get_device
-from planner.options import TIE_SHARE
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner import targets
 from planner.planfile.document import Plan
@@ -17,7 +16,8 @@ from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
 from planner.search import alone, replicas
 from planner.search.feasibility import nearby_multiples
-from planner.search.loop import RETIME_CAP, RETIME_MAX, TIME_LIMIT, rejection_lines
+from planner.search.loop import (RETIME_CAP, RETIME_MAX, TIE_SHARE, TIME_LIMIT,
+                                  rejection_lines)
 from planner.trace.graph import FROZEN_PRICING, frozen_words, unpriced_words
 from planner.units import GB, cluster_text, counted, gb1, human_count, ms, seconds
 

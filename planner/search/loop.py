@@ -44,7 +44,7 @@ import numpy as np
 from costmodels import compute, memory, pipeline
 from costmodels.errors import InfeasibleError
 from costmodels.topology import HeteroCluster
-from planner.options import TIE_MEMORY_EDGE, TIE_SHARE, Config, SearchOptions, TrainingSpec
+from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import hetero
 from planner.search.costs import ModelArrays, block_costs, capacity_bytes
 from planner.search.evaluate import placed_estimate, placements, split_of
@@ -328,6 +328,17 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
                         time_s=time.perf_counter() - t0, gap=gap)
 
 
+TIE_SHARE = 0.001
+"""Step times within this share of the fastest are a tie: 0.1% is far below what the cost model
+can tell apart (its validations: a few percent at best). Where the fastest plan fills more than
+TIE_MEMORY_EDGE of the usable memory, the tie goes to the plan with least memory per GPU: one
+with room to spare runs where one at the edge may not (a new-user check got a ZeRO-3 plan with
+its optimizer offloaded, 73 GB of 80, over one of 51 GB that was 0.004% slower)."""
+TIE_MEMORY_EDGE = 0.9
+"""The share of a GPU's usable memory past which a plan is at its edge: the memory model's
+error on measured runs reaches 6% (README, torchtitan's runs); a tenth leaves room for it. Below
+it a tie keeps the fastest (no offloading or recomputation chosen to save memory nobody
+needs)."""
 TIE_POOL = 3
 """The fastest estimates kept however few runners-up are asked for (top_k), so that a search
 for the best alone breaks its ties as one with runners-up does."""

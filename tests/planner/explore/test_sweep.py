@@ -532,7 +532,7 @@ def test_odd_sweep_values_and_idle_schedules_are_named():
     """An empty value (--vary nodes=1,,2) or one given twice is refused, not dropped or merged;
     a schedule pinned where the plan has no pipeline is said to change nothing."""
     from planner.explore.grid import expand, parse_vary
-    from planner.options import idle_pins
+    from planner.settings import idle_pins
     with pytest.raises(SpecError, match=r"^vary.nodes: an empty value in '1,,2'"):
         parse_vary(["nodes=1,,2"])
     with pytest.raises(SpecError, match=r"^vary.nodes: 1 given twice"):

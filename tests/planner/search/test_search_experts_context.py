@@ -884,7 +884,7 @@ def test_whose_ring_runs_context_parallelism_changes_memory_and_backward(tiny_ll
 def test_an_exchange_form_pinned_without_cp_is_said_to_change_nothing(tiny_mixtral, caplog):
     """cp_comm pinned alone leaves the search free to keep cp=1, where it changes nothing: a
     warning says so and how to make the plan use it."""
-    from planner.options import idle_pins
+    from planner.settings import idle_pins
     from planner.search.loop import rejection_lines
 
     with caplog.at_level("WARNING"):
