@@ -212,6 +212,13 @@ class EngineSpec:
     dispatcher and not with ``moe_overlap``, as Megatron-Core requires; no effect on a model
     without shared experts."""
 
+    def replays_forward(self, recompute: str) -> bool:
+        """Whether ``recompute`` runs the forward's collectives again in backward (tensor
+        parallelism's, the experts' all-to-alls): full recomputation, and selective where it
+        keeps the matrix multiplications' outputs alone (``selective=matmuls``: every other op
+        runs again, collectives among them)."""
+        return recompute == "full" or (recompute == "selective" and self.selective == "matmuls")
+
     def overlaps_reduction(self, *, zero: int, pp: int) -> bool:
         """Whether data-parallel gradient reduction hides behind the backward for a configuration
         of ZeRO stage ``zero`` and ``pp`` pipeline stages (overlap_grad_reduce, overlap_scope)."""

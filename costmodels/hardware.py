@@ -251,6 +251,9 @@ class DeviceSpec:
     (the CPU preset, HOST_OVERLAP_SLOWDOWN)."""
     description: str = ""
     """One line for ``plan clusters``."""
+    base: str = ""
+    """The preset a cluster file's device started from (``base:``), whose figures it keeps where
+    not given, those a file cannot set among them; '' for a preset or a device given in full."""
 
     @property
     def is_host(self) -> bool:
@@ -454,14 +457,15 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
             kw[key] = spec[key]
     if base is not None:  # (a name of its own: the preset's figures changed are not the preset)
         name = str(spec["name"]) if "name" in spec else f"{base.name}-custom"
-        return replace(base, name=name, **kw)
+        return replace(base, name=name, base=base.base or base.name, **kw)
     return DeviceSpec(name=str(spec["name"]), **kw)
 
 
 def device_mapping(d: DeviceSpec) -> dict:
-    """The YAML mapping ``device_from_mapping`` reads back into ``d`` (the fields YAML can set;
-    measured tables do not travel)."""
-    out = {"name": d.name, "memory_GB": d.memory_bytes / GB,
+    """The YAML mapping ``device_from_mapping`` reads back into ``d`` (the fields YAML can set, and
+    the preset it started from, whose other figures it keeps; measured tables do not travel)."""
+    out = {**({"base": d.base} if d.base else {}), "name": d.name,
+           "memory_GB": d.memory_bytes / GB,
            "peak_TFLOPs": {k: v / TERA for k, v in sorted(d.peak_flops.items())},
            "hbm_GBps": d.hbm_bytes_per_s / GB, "sm_count": d.sm_count}
     if not d.flash_attention:

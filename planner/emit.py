@@ -438,6 +438,7 @@ def emit_tables(*, model_info: dict, rec, tp, cluster: Cluster, training: Traini
         "time_s": tp.solver["time_s"] if record_timing else None,
         "options": {"fix": {}, "top_k": 1, "time_limit_s": rec_options.time_limit_s},
         "target": "torchrec", "alternatives": [],
+        "priced_training": {"dtype": training.dtype, "optimizer": training.optimizer},
     }
     provenance = {
         "planner": _version("planner"), "torch": _version("torch"),

@@ -17,8 +17,9 @@ from costmodels.memory import modules_of
 from planner import targets
 from planner.errors import SpecError
 from planner.options import SearchOptions, TrainingSpec, engine_spec, parse_layout
-from planner.search.feasibility import recompute_pin_problem
+from planner.search.feasibility import cluster_pin_problem, recompute_pin_problem
 from planner.search.layout import layout_problem
+from planner.search.space import cp_chunks
 
 log = logging.getLogger("planner.api")  # the API's lines, which a sweep holds back together
 
@@ -315,10 +316,12 @@ def note_cp_limit(cfg, training: TrainingSpec, options: SearchOptions, num_gpus:
     """Say so when the search chose a cp it could not double only for SearchOptions.cp_min_tokens
     (a new-user check found cp=64 1.5% faster than the chosen cp=32 at 131k tokens, with nothing
     saying the search stops there)."""
-    if cfg.cp <= 1 or "cp" in options.fix or 2 * cfg.cp * cfg.tp * cfg.pp > num_gpus:
+    if cfg.cp <= 1 or "cp" in options.fix:
         return
-    wider = 2 * cfg.cp
-    if training.seq_len // wider >= options.cp_min_tokens or training.seq_len % (2 * wider):
+    wider = 2 * cfg.cp  # (as --fix cp=wider takes it: the other degrees free, its chunks whole)
+    if training.seq_len // wider >= options.cp_min_tokens or \
+            training.seq_len % cp_chunks(wider, options) or \
+            cluster_pin_problem({"cp": wider}, num_gpus, training.global_batch):
         return
     log.info("cp=%d is the widest context parallelism the search tries at %s tokens (each rank "
              "keeps at least %s: SearchOptions.cp_min_tokens); --fix cp=%d prices a wider one",

@@ -22,7 +22,7 @@ from planner.planfile.document import Plan
 from planner.report.compare import stage_blocks
 from planner.report.text import pins_text
 from planner.search.costs import ModelArrays, capacity_bytes, config_costs
-from planner.search.feasibility import pin_problem
+from planner.search.feasibility import cluster_pin_problem, pin_problem
 from planner.search.loop import OUTCOMES, SearchResult, rejection_lines, search
 from planner.search.pricing import price
 from planner.search.refine import simulated
@@ -102,7 +102,8 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
     except SpecError as err:  # a pin the plan's target refuses: named as the option gave it
         raise SpecError(_as_why(_for_show(str(err)), pins, _fixed(plan))) from None
     if getattr(cluster, "is_sites", False):  # the pipeline over the sites, or data parallelism
-        return _over_sites(plan, pins, prepared, cluster, training, options)  # across them
+        return _over_sites(plan, pins, prepared, cluster, training, options,  # across them
+                           carried_notes)
     result = search(prepared.blocks, cluster, training, options)
     if result.best is not None:
         variant = emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,
@@ -127,11 +128,11 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
                else f"no configuration has {pins_text(pins)} ({ruled or 'none counted'})")
     if grouped:  # (what the pinned configuration would need is priced on one kind of node)
         return WhyNot(pins=pins, variant=None, feasible=False, message=message,
-                      notes=_lifted(plan, pins), over=[])
+                      notes=carried_notes + _lifted(plan, pins), over=[])
 
     limits = (capacity_bytes(cluster, options), cluster.device.memory_bytes)
     cfg, problem = pinned_config(plan, pins)
-    notes = _lifted(plan, pins) + ([problem] if problem else
+    notes = carried_notes + _lifted(plan, pins) + ([problem] if problem else
                                    structural_notes(cfg, cluster, prepared.blocks, options))
     variant = None if problem or any(n.startswith("cannot") for n in notes) else hypothetical(
         cfg, prepared, cluster, training, options)
@@ -144,7 +145,7 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
 
 
 def _over_sites(plan: Plan, pins: dict, prepared, cluster, training: TrainingSpec,
-                options: SearchOptions) -> WhyNot:
+                options: SearchOptions, carried_notes: list[str]) -> WhyNot:
     """--why on a plan over sites: re-planned as plan solve plans sites (planner.api.plan_prepared:
     the pipeline over the sites, or data parallelism across them where faster or where only it
     takes the pins), with ``pins`` fixed."""
@@ -155,9 +156,10 @@ def _over_sites(plan: Plan, pins: dict, prepared, cluster, training: TrainingSpe
         raise SpecError(_as_why(_for_show(str(err)), pins, _fixed(plan))) from None
     except PlannerError as err:  # nothing fits with the pins
         return WhyNot(pins=pins, variant=None, feasible=False,
-                      message=str(err).splitlines()[0], notes=_lifted(plan, pins), over=[])
+                      message=str(err).splitlines()[0],
+                      notes=carried_notes + _lifted(plan, pins), over=[])
     return WhyNot(pins=pins, variant=variant, feasible=True,
-                  notes=_kept(plan, pins) + _lifted(plan, pins)
+                  notes=_kept(plan, pins) + carried_notes + _lifted(plan, pins)
                   + settings.idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
                   + _untried(plan, variant, options), over=[])
 
@@ -175,7 +177,10 @@ def _carried(plan: Plan, pins: dict) -> tuple[dict, list[str]]:
     carried, notes = {}, []
     for knob, (degree, what) in CARRIERS.items():
         own = plan.parallel.get(degree) or 1
-        if knob in pins and degree not in pins and own > 1:
+        if knob in pins and degree not in pins and own > 1 and not cluster_pin_problem(
+                {**pins, degree: own}, plan.cluster["num_gpus"], plan.training["global_batch"]):
+            # (not where the other pins leave it no room: --why cp_comm=a2a,dp=8 of a cp=2 plan
+            # on 8 GPUs was refused for a cp never asked for)
             carried[degree] = own
             notes.append(f"the plan's own {degree}={own} kept ({knob} is {what}); give {degree} "
                          f"too to try another")

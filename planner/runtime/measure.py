@@ -258,20 +258,28 @@ def cpu_seconds() -> float:
 
 
 def machine_cpu() -> tuple[float, int] | None:
-    """(CPU seconds every process on this machine has used, including a VM's stolen time; the
-    CPUs they count over), read from Linux's /proc/stat; None where there is none."""
+    """(CPU seconds every process has used on the CPUs this process may run on, a VM's stolen
+    time included; how many CPUs those are), read from Linux's /proc/stat; None where there is
+    none. (The CPUs the run's processes share, not the whole host: a container's neighbours on
+    other cores are none of its business.)"""
     try:
         with open("/proc/stat", encoding="ascii") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
-    total = next((ln.split() for ln in lines if ln.startswith("cpu ")), None)
-    cpus = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
-    if total is None or len(total) < 9 or not cpus:
-        return None
-    # user nice system idle iowait irq softirq steal: all but idle and iowait were busy
-    busy = sum(int(total[i]) for i in (1, 2, 3, 6, 7, 8))
-    return busy / os.sysconf("SC_CLK_TCK"), cpus
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    busy, cpus = 0, 0
+    for line in lines:
+        fields = line.split()
+        if not (fields and fields[0][3:].isdigit() and fields[0].startswith("cpu")
+                and len(fields) >= 9):
+            continue
+        if mine is not None and int(fields[0][3:]) not in mine:
+            continue
+        # user nice system idle iowait irq softirq steal: all but idle and iowait were busy
+        busy += sum(int(fields[i]) for i in (1, 2, 3, 6, 7, 8))
+        cpus += 1
+    return (busy / os.sysconf("SC_CLK_TCK"), cpus) if cpus else None
 
 
 def other_load(records: list[dict]) -> float | None:

@@ -190,7 +190,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         out = np.array(x, dtype=float)
         return out if out.shape == (n,) else np.broadcast_to(out, (n,)).copy()
 
-    fwd_repeats = 2 if recompute == "full" else 1  # full recompute replays forward all-reduces
+    fwd_repeats = 2 if engine.replays_forward(recompute) else 1  # (forward all-reduces again)
     # recomputing the attention core (full, or selective) exchanges its keys and values again:
     # the exchange is part of the core (Transformer Engine's, torch's and the runtime's rings)
     attn_repeats = np.array([2.0 if p in ("full", "selective") else 1.0 for p in policies])
@@ -283,7 +283,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
             rf, rb = ring[ma.same[i]]
             if rf or rb:  # the attention the ring runs in its calls, in place of the rank's own
                 t = dataclasses.replace(t, fwd_s=t.fwd_s + rf, bwd_s=t.bwd_s + rb,
-                                        attn_fwd_s=t.attn_fwd_s + rf, attn_bwd_s=t.attn_bwd_s + rb)
+                                        attn_fwd_s=t.attn_fwd_s + rf, attn_bwd_s=t.attn_bwd_s + rb,
+                                        selective_s=None if t.selective_s is None
+                                        else t.selective_s + rf)
             under[ma.same[i], policy] = t.recomputing(policy)
     bt = [under[ma.same[i], policy] for i, policy in enumerate(policies)]
     group = placement.group_shape(tp, 1, cluster.gpus_per_node)
@@ -384,7 +386,7 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
             engine, dispatch_bytes=w.dispatch_bytes, routed_tokens=w.routed_tokens,
             seq_len=training.seq_len, share=micro_batch / (tp * cp), ep=ep,
             ep_group=ep_group, etp_group=placement.group_shape(etp, 1, g),
-            cluster=cluster, recompute_full=recompute == "full", fwd_s=costs.fwd_s,
+            cluster=cluster, recompute_full=engine.replays_forward(recompute), fwd_s=costs.fwd_s,
             bwd_s=costs.backward_pass_s, shared_fwd_s=costs.shared_fwd_s,
             shared_bwd_s=costs.shared_bwd_s,
             num_experts=w.num_experts, moe_layers=w.moe_layers, capacity=w.expert_capacity,

@@ -233,7 +233,9 @@ def sequence_pin_problem(fix: dict, seq_len: int, num_gpus: int,
         what = (f"2 x cp = {chunks} equal chunks (causal load balancing)" if chunks == 2 * cp
                 else f"cp = {cp} equal shards")
         ulysses = chunks == 2 * cp and seq_len % cp == 0 and \
-            fix.get("cp_comm", "a2a") == "a2a"  # (its all-to-all over heads balances it)
+            fix.get("cp_comm", "a2a") == "a2a" and int(fix.get("tp", 1)) == 1 and \
+            int(fix.get("pp", 1)) == 1  # (its all-to-all over heads balances it; its mesh has
+        # data and sequence parallelism alone)
         return (f"fix.cp: the sequence of {seq_len} tokens does not split into {what}; use "
                 + (f"cp={' or '.join(map(str, fits[:4]))}, or " if fits else "")
                 + f"a sequence length divisible by {chunks}"
@@ -596,6 +598,9 @@ def length_note(seq_len: int, rejected, image: bool = False, fix: dict | None = 
     if cp:  # 2 x cp chunks, each split over tp for sequence parallelism
         multiple = math.lcm(SEQ_MULTIPLE, 2 * cp * (tp or 8))
         over = f"over {f'tp={tp}' if tp else 'tp up to 8'} with cp={cp}"
+    elif tp:  # (a tp of 3 splits no multiple of 256)
+        multiple = math.lcm(SEQ_MULTIPLE, 2 * 16 * tp)
+        over = f"over tp={tp} with cp up to 16"
     if not ruled or seq_len % multiple == 0 or seq_len == 1:
         return ""
     if image:

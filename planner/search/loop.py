@@ -318,8 +318,9 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         cut = cut or stopped
     # at the same rank, the configuration enumerated first (as the top k keeps them)
     ranked = sorted(ranked, key=lambda e: (e.rank, order_of.get(e.config, total)))
-    ranked = tie_broken(ranked, lambda e: order_of.get(e.config, total),
-                        pricer.capacity)[:options.top_k + 1]
+    if not groups_of_devices:  # (on groups a plan's memory is its own group's share: no edge)
+        ranked = tie_broken(ranked, lambda e: order_of.get(e.config, total), pricer.capacity)
+    ranked = ranked[:options.top_k + 1]
     status, gap = ("feasible", None) if cut else ("optimal", 0.0)
     if ranked and ranked[0].split_status != "optimal" and not cut:
         status, gap = "feasible", ranked[0].split_gap
@@ -345,14 +346,15 @@ for the best alone breaks its ties as one with runners-up does."""
 
 
 def tie_broken(ranked: list, order, capacity: float) -> list:
-    """``ranked`` (fastest first) with the plan of least memory among those tied with the fastest
-    (TIE_SHARE) first where the fastest fills more than TIE_MEMORY_EDGE of ``capacity`` (usable
-    bytes per GPU), then the rest as they were; ``order``: an estimate's place in the
-    enumeration (the last tie-break, as the top k keeps them)."""
+    """``ranked`` (fastest first) with the plan of least memory among those of its first TIE_POOL
+    tied with the fastest (TIE_SHARE) first where the fastest fills more than TIE_MEMORY_EDGE of
+    ``capacity`` (usable bytes per GPU), then the rest as they were; ``order``: an estimate's
+    place in the enumeration (the last tie-break, as the top k keeps them). The first TIE_POOL
+    alone, so that the answer does not hang on how many runners-up were asked for."""
     if not ranked or ranked[0].peak_memory_bytes <= TIE_MEMORY_EDGE * capacity:
         return ranked
     limit = ranked[0].step_time_s * (1.0 + TIE_SHARE)
-    pick = min((e for e in ranked if e.step_time_s <= limit),
+    pick = min((e for e in ranked[:TIE_POOL] if e.step_time_s <= limit),
                key=lambda e: (e.peak_memory_bytes, e.rank, order(e)))
     return [pick] + [e for e in ranked if e is not pick]
 

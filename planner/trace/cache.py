@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "planner.trace/v2"
 """v2: the model's info carries its Hugging Face model type (what engines run DeepEP for)."""
-CODE = ("planner/trace", "planner/inputs/zoo.py", "costmodels/workload.py", "planner/api.py")
-"""The planner's sources a trace depends on (hashed into every key; planner/api.py writes the
+CODE = ("planner/trace", "planner/inputs/zoo.py", "costmodels/workload.py", "planner/traced.py")
+"""The planner's sources a trace depends on (hashed into every key; planner/traced.py writes the
 model's info stored with it)."""
 
 

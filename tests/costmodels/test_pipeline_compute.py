@@ -213,3 +213,12 @@ def test_selective_recomputation_keeping_matmul_outputs_runs_every_other_op_agai
     assert megatron.recompute_s == pytest.approx(attn)  # the attention core alone
     assert torch_sac.recompute_s == pytest.approx(torch_sac.fwd_s - gemm)  # all but the GEMM
     assert megatron.recompute_s < torch_sac.recompute_s < torch_sac.fwd_s
+
+
+def test_selective_keeping_matmuls_replays_the_forwards_collectives():
+    """torch's selective checkpointing runs every op but the matrix multiplications again,
+    DTensor's collectives and the experts' all-to-alls among them (a code review): priced as full
+    recomputation's are."""
+    assert EngineSpec().replays_forward("full") and not EngineSpec().replays_forward("selective")
+    assert EngineSpec(selective="matmuls").replays_forward("selective")
+    assert not EngineSpec(selective="matmuls").replays_forward("none")

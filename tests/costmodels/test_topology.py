@@ -124,3 +124,15 @@ def test_a_device_on_a_preset_keeps_the_figures_it_does_not_give():
     with pytest.raises(SpecError, match=r"lists the dtypes it runs, with their TFLOP/s, under "
                                         r"peak_TFLOPs\)$"):
         get_device("a100-80g").peak("fp8")
+
+
+def test_a_device_on_a_preset_reads_back_with_the_figures_a_file_cannot_set():
+    """A plan keeps its cluster in the file's form (plan show --why, the exports' memory check
+    rebuild it): a device on a preset keeps its base there, or it lost the preset's host link,
+    GEMM tiles and per-kernel cost and was priced another way on re-planning (a code review)."""
+    from costmodels.hardware import device_from_mapping, device_mapping
+
+    for base in ("b200", "gb200", "cpu"):
+        d = device_from_mapping({"base": base, "name": "mine", "memory_GB": 100})
+        assert d.base == base and device_from_mapping(device_mapping(d)) == d
+    assert "base" not in device_mapping(get_device("h100"))

@@ -24,7 +24,9 @@ def test_a_cp_the_search_could_not_double_is_said(caplog):
         "cp=32 is the widest context parallelism the search tries at 131,072 tokens (each rank "
         "keeps at least 4,096: SearchOptions.cp_min_tokens); --fix cp=64 prices a wider one"]
     assert _notes(caplog, 16) == []  # cp=32 was tried
-    assert _notes(caplog, 32, gpus=64) == []  # no room for cp=64 beside tp=2
+    assert _notes(caplog, 32, gpus=64) != []  # cp=64 fits 64 GPUs (tp re-chosen: the pin's)
+    assert _notes(caplog, 32, gpus=32) == []  # no room for cp=64
+    assert _notes(caplog, 8, seq_len=32768, gpus=24) == []  # cp=16 does not divide 24 GPUs
     assert _notes(caplog, 32, fix={"cp": 32}) == []  # pinned
     assert _notes(caplog, 32, cp_min_tokens=1024) == []  # the limit lowered: cp=64 was tried
     assert _notes(caplog, 1) == []

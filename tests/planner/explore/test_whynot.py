@@ -35,3 +35,5 @@ def test_a_form_asked_about_keeps_the_plans_own_degree():
                         "parallelism); give cp too to try another")
     assert _carried(_plan(cp=2), {"cp_comm": "a2a", "cp": 4}) == ({}, [])  # asked for: its own
     assert _carried(_plan(cp=1), {"cp_comm": "a2a"}) == ({}, [])  # none to keep
+    # not where the other pins leave it no room (8 GPUs: dp=8 x cp=2 = 16; a code review)
+    assert _carried(_plan(cp=2, dp=4), {"cp_comm": "a2a", "dp": 8}) == ({}, [])

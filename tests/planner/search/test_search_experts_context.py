@@ -362,6 +362,9 @@ def test_a_length_that_rules_out_sequence_splits_is_named_with_the_nearest_that_
         "a multiple of 2,304 (131,328) splits over tp=2 with cp=9")
     assert length_note(4096, {SP_SEQ: 1}, fix={"cp": 3}).endswith("(3,840) splits over tp up "
                                                                    "to 8 with cp=3")
+    assert length_note(1000, {SP_SEQ: 1}, fix={"tp": 3}).endswith("a multiple of 768 (768) "
+                                                                  "splits over tp=3 with cp up "
+                                                                  "to 16")
     # an image model's length is its patches (ViT-L/16 at 224: 197): no length to pick
     image = length_note(197, {SP_SEQ: 3}, image=True)
     assert "an image's 197 tokens" in image and "image_size and patch_size" in image
@@ -1525,3 +1528,4 @@ def test_a_cp_pin_the_causal_chunks_refuse_names_ulysses_shards():
                          "plans within its rules)")
     assert "Ulysses" not in sequence_pin_problem({"cp": 8, "cp_comm": "p2p"}, 131000, 64)
     assert "Ulysses" not in sequence_pin_problem({"cp": 16}, 131000, 64)  # 131000 % 16
+    assert "Ulysses" not in sequence_pin_problem({"cp": 8, "tp": 2}, 131000, 64)  # dp x cp only

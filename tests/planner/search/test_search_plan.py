@@ -364,3 +364,7 @@ def test_a_tie_at_the_edge_of_memory_goes_to_the_plan_with_room():
     assert tie_broken([fast, lean, slow], order, capacity=76e9) == [lean, fast, slow]
     assert tie_broken([fast, lean, slow], order, capacity=90e9) == [fast, lean, slow]
     assert tie_broken([], order, capacity=1.0) == []
+    # within the first TIE_POOL alone: the same answer however many runners-up are kept
+    leaner = E(step_time_s=118.783, peak_memory_bytes=40e9, rank=(118.783, 40e9))
+    four = [fast, lean, slow, leaner]
+    assert tie_broken(four, four.index, capacity=76e9)[0] is lean
