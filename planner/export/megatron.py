@@ -320,6 +320,11 @@ def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bo
                     f"token ({facts.known_from}); the rest of the MoE model "
                     "(--moe-ffn-hidden-size, shared experts, router) stays with your model "
                     "arguments"))
+        if facts.layers and not all(facts.layers):  # (Megatron's default: every layer MoE)
+            dense = len(facts.layers) - sum(facts.layers)
+            out.append((["--moe-layer-freq", moe.layer_pattern(facts.layers)],
+                        f"{dense} of its {len(facts.layers)} layers dense (1: routed experts, "
+                        "0: a dense MLP); without it every layer would route"))
         if facts.groups:
             out.append((["--moe-router-num-groups", str(facts.groups[0]),
                          "--moe-router-group-topk", str(facts.groups[1])],

@@ -57,6 +57,40 @@ class Model:
     """The attention has sinks (gpt-oss)."""
     known_from: str = ""
     """Where the expert count came from ("planner's zoo", the config file's path); "" unknown."""
+    layers: tuple[int, ...] | None = None
+    """Per decoder layer, 1 where it routes to experts and 0 where its MLP is dense, from the
+    config (DeepSeek's first_k_dense_replace and moe_layer_freq, Qwen-MoE's decoder_sparse_step
+    and mlp_only_layers); None where not known."""
+
+
+def moe_layers(cfg: dict) -> tuple[int, ...] | None:
+    """Which decoder layers of a Hugging Face MoE config route to experts (Model.layers)."""
+    n = int(cfg.get("num_hidden_layers") or 0)
+    if not n:
+        return None
+    first, freq = int(cfg.get("first_k_dense_replace") or 0), int(cfg.get("moe_layer_freq") or 1)
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
+    return tuple(int(i >= first and (i - first) % freq == 0 and (i + 1) % step == 0
+                     and i not in dense) for i in range(n))
+
+
+def layer_pattern(layers: tuple[int, ...]) -> str:
+    """Megatron-LM's --moe-layer-freq list expression of ``layers``: runs of equal values, and
+    the shortest period repeated (``([0]*3+[1]*58)``, ``([0]+[1])*24``)."""
+    def runs(seq) -> str:
+        out, i = [], 0
+        while i < len(seq):
+            j = i
+            while j < len(seq) and seq[j] == seq[i]:
+                j += 1
+            out.append(f"[{seq[i]}]" + (f"*{j - i}" if j - i > 1 else ""))
+            i = j
+        return "+".join(out)
+
+    n = len(layers)
+    period = next(p for p in range(1, n + 1) if n % p == 0 and layers == layers[:p] * (n // p))
+    return f"({runs(layers[:period])})*{n // period}" if period < n else f"({runs(layers)})"
 
 
 def model(plan: Plan) -> Model:
@@ -87,7 +121,7 @@ def model(plan: Plan) -> Model:
                  mla=bool(cfg.get("kv_lora_rank")), sliding_window=int(cfg.get("sliding_window")
                                                                        or 0),
                  expert_bias=model_type in EXPERT_BIAS, sinks=model_type in SINKS,
-                 known_from=where if routed else "")
+                 known_from=where if routed else "", layers=moe_layers(cfg) if routed else None)
 
 
 def _config_file(m: dict) -> tuple[dict, str]:

@@ -973,6 +973,25 @@ def test_megatron_gets_the_node_limited_routing_the_plan_was_priced_with():
     assert "--moe-router-num-groups" not in bash_args(to_megatron(plan), "MEGATRON_PARALLEL_ARGS")
 
 
+def test_megatron_gets_the_dense_layers_of_a_model_that_mixes_them_with_moe():
+    """Megatron-LM's --moe-layer-freq defaults to every layer routed: DeepSeek-V3's three dense
+    first layers (a new-user check got 61 MoE layers from the arguments) and Qwen-MoE's sparse
+    step and dense-only layers are written; a model routed in every layer gets no flag."""
+    from planner.export import moe
+    plan = data_plan("qwen3-30b-a3b-ep8-capacity-megatron")
+    deepseek = dataclasses.replace(plan, model={**plan.model, "spec": "deepseek-v3",
+                                                "name": "deepseek-v3"})
+    args = bash_args(to_megatron(deepseek), "MEGATRON_PARALLEL_ARGS")
+    assert args[args.index("--moe-layer-freq") + 1] == "([0]*3+[1]*58)"
+    assert "--moe-layer-freq" not in bash_args(to_megatron(plan), "MEGATRON_PARALLEL_ARGS")
+    assert moe.layer_pattern(moe.moe_layers({"num_hidden_layers": 8, "decoder_sparse_step": 2})) \
+        == "([0]+[1])*4"
+    assert moe.layer_pattern(moe.moe_layers({"num_hidden_layers": 8, "mlp_only_layers": [0, 7]})) \
+        == "([0]+[1]*6+[0])"
+    assert moe.moe_layers({"num_hidden_layers": 6, "first_k_dense_replace": 1,
+                           "moe_layer_freq": 2}) == (0, 1, 0, 1, 0, 1)
+
+
 def test_torchtitan_refuses_context_parallelism_its_own_model_refuses():
     plan = data_plan("llama3-8b-cp4-torchtitan")
     gpt_oss = dataclasses.replace(plan, model={**plan.model, "spec": "gpt-oss-120b",
