@@ -11,10 +11,11 @@ from costmodels.errors import PlannerError
 from costmodels.hardware import get_device
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner import targets
+from planner.options import KNOBS, Config
 from planner.planfile.document import Plan
 from planner.report.embeddings import embeddings_summary
 from planner.report.text import compress_names, knob, table, wrap
-from planner.search import alone, replicas
+from planner.search import alone, placement, replicas
 from planner.search.feasibility import nearby_multiples
 from planner.search.loop import (RETIME_CAP, RETIME_MAX, TIE_SHARE, TIME_LIMIT,
                                   rejection_lines)
@@ -29,7 +30,7 @@ def summary(p: Plan) -> str:
         return "\n".join(lines + embeddings_summary(p))
     lines += _parallel(p)
     lines += ["", *_engines(p)]  # before the stages: whether an engine runs it as planned
-    lines += [*stage_table(p), ""]
+    lines += [*stage_table(p), *_ep_straddles(p), ""]
     lines += _alone(p)
     lines += _placements(p)
     lines += _batch_factors(p)
@@ -434,6 +435,27 @@ def stage_table(p: Plan) -> list[str]:
                      f"({pr.get('in_flight_microbatches', 1):.3g})",
                      gb1(mem['total'] - states - mem.get('activations', 0))))
     return table(rows, indent="  ")
+
+
+def _ep_straddles(p: Plan) -> list[str]:
+    """Where some pipeline ranks' expert-parallel groups span more nodes than others' (stages
+    that do not line up with the nodes: 16-GPU stages on 72-GPU racks), which ranks, and why
+    their ep comm is larger (a new-user check saw one stage's all-to-alls take 9x the others'
+    with no word why)."""
+    if p.parallel.get("ep", 1) <= 1 or any("group" in st for st in p.stages):
+        return []
+    cfg = Config(**{k: p.parallel[k] for k in KNOBS if k in p.parallel})
+    gpn = p.cluster["gpus_per_node"]
+    nodes = [g.nodes for g in placement.ep_groups_on(cfg, gpn)]
+    if len(set(nodes)) <= 1:
+        return []
+    wide = [r for r, n in enumerate(nodes) if n > min(nodes)]
+    ranks = ", ".join(map(str, wide))
+    return wrap(f"  expert-parallel groups: pipeline rank{'s' if len(wide) > 1 else ''} {ranks} "
+                f"span{'' if len(wide) > 1 else 's'} {max(nodes)} nodes, the others "
+                f"{min(nodes)}: a stage of {cfg.dp * cfg.cp * cfg.tp} GPUs on nodes of {gpn} "
+                "lines up with them or straddles two, and a straddling group's all-to-alls cross "
+                "the inter-node link (its ep comm above)", indent="    ")
 
 
 def _samples(x: float) -> str:

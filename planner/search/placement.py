@@ -100,10 +100,15 @@ def ep_groups(cfg: Config, cluster: Cluster) -> tuple[GroupShape, ...]:
     positions, then jumps by the data-parallel stride. They differ where stages do not line up
     with the nodes (32-GPU stages on 72-GPU racks: two stages inside a rack, the next across
     two)."""
+    return ep_groups_on(cfg, cluster.gpus_per_node)
+
+
+def ep_groups_on(cfg: Config, gpus_per_node: int) -> tuple[GroupShape, ...]:
+    """ep_groups on nodes of ``gpus_per_node`` (what a plan file records of its cluster)."""
     if cfg.ep <= 1:
         return (GroupShape(size=cfg.ep, per_node=1),) * cfg.pp
     per_rank = _fewest_on_a_node_by_rank(cfg.tp * cfg.cp, cfg.dp, cfg.pp, cfg.placement,
-                                         cluster.gpus_per_node, cfg.ep, cfg.etp)
+                                         gpus_per_node, cfg.ep, cfg.etp)
     return tuple(GroupShape(size=cfg.ep, per_node=n) for n in per_rank)
 
 
