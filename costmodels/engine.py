@@ -228,8 +228,10 @@ class EngineSpec:
     def __post_init__(self):
         for key, names in CHOICES.items():
             if getattr(self, key) not in names:
+                alias = " (Megatron-Core's flex dispatcher, DeepEP or HybridEP, is deepep here)" \
+                    if key == "moe_dispatcher" and getattr(self, key) == "flex" else ""
                 raise SpecError(f"engine.{key}: expected one of {', '.join(names)}, got "
-                                f"{getattr(self, key)!r}")
+                                f"{getattr(self, key)!r}{alias}")
         for key, low, fix in (
                 ("moe_imbalance", 1.0, "1.0 is balanced routing, 2 sends the busiest expert "
                                        "twice the mean token copies"),

@@ -564,6 +564,11 @@ def parse_fix(fix, where: str = "fix", example: str = "--fix tp=8,pp=4") -> dict
         if key == "num_microbatches":
             raise SpecError(f"{where}.num_microbatches: follows from the global batch, dp and "
                             "micro_batch; pin micro_batch (and dp) instead")
+        if str(key).lower().replace("-", "_").removesuffix("_size") in (
+                "edp", "expert_data_parallel"):
+            raise SpecError(f"{where}.{key}: the expert data-parallel degree follows from the "
+                            "others (dp x cp x tp / (ep x etp)); pin ep and etp (and dp) "
+                            "instead")
         if key not in FIX_KEYS:
             raise SpecError(_unknown_knob(key, value, where))
         out[key] = _fix_value(key, value, where)

@@ -297,7 +297,8 @@ def idle_pins(fix: dict, cp: int, pp: int = 0) -> list[str]:
     Not "changes nothing": with the form pinned, the plan without cp or pp may be the best left
     where a free search had chosen one."""
     notes = []
-    if "cp_comm" in fix and cp == 1:
+    if "cp_comm" in fix and cp == 1 and not (fix.get("cp") == 1 and fix["cp_comm"] == "p2p"):
+        # (a plan's own parallel, a valid fix, records p2p at cp=1: no note for it)
         how = ("a cp whose ranks span nodes, more than one in each (e.g. cp=16 on nodes of 8 "
                "GPUs with tp=1), as its two levels need" if fix["cp_comm"] == "a2a+p2p" else
                f"e.g. cp=2,cp_comm={fix['cp_comm']}")

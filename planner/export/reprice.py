@@ -130,7 +130,7 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
     planned = plan.predicted["peak_memory_bytes"]
     if mem.peak > mem.usable:  # valid inputs, no room: exit 3 (no plan fits), as a search's
         raise InfeasibleError(
-            f"export {target}: with {change}, {_rank(mem) or 'a GPU'} needs "
+            f"no {target} export fits: with {change}, {_rank(mem) or 'a GPU'} needs "
             f"{common.gb(mem.peak)} per GPU, more than the {common.gb(mem.usable)} usable of "
             f"{common.gb(mem.device)} (the plan: {common.gb(planned)}); re-plan for it with "
             f"`{common.resolve_hint(plan, target, nearest=False)}`", reason="out of memory")

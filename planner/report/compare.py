@@ -392,7 +392,14 @@ def split_note(a: Plan, b: Plan) -> str:
 
     (i, n), (j, m) = slowest(a), slowest(b)
     which = f"stage {i}" if i == j else f"stage {i} in A, stage {j} in B"
-    return f"the stage split moved (the slowest, {which}: {n} -> {m} blocks)"
+    if n != m:
+        return f"the stage split moved (the slowest, {which}: {n} -> {m} blocks)"
+    # (the slowest keeps its count: name where the split moved instead of '2 -> 2 blocks')
+    k, sa, sb = next((k, x, y) for k, (x, y) in enumerate(zip(a.stages, b.stages))
+                     if x["blocks"] != y["blocks"])
+    moved = (f"stage {k}: {len(sa['blocks'])} -> {len(sb['blocks'])} blocks"
+             if len(sa["blocks"]) != len(sb["blocks"]) else f"stage {k} holds other blocks")
+    return f"the stage split moved ({moved}; the slowest, {which}, has {n} either way)"
 
 
 def _link_note(a: Plan, b: Plan, part: str) -> str:

@@ -279,7 +279,10 @@ def _flops(p: Plan) -> list[str]:
     if pr.get("active_params_per_token") and \
             pr["active_params_per_token"] <= p.model["num_params"] * (1 + 1e-9):
         lines.append(f"              {human_count(pr['active_params_per_token'])} of the "
-                     f"{human_count(p.model['num_params'])} parameters multiply each token")
+                     f"{human_count(p.model['num_params'])} parameters multiply each token"
+                     + (" (a lookup table's rows, as the input embedding's, multiply none)"
+                        if pr["active_params_per_token"] < p.model["num_params"] * (1 - 1e-9)
+                        else ""))
     return lines + _caveats(p)
 
 

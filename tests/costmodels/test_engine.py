@@ -192,3 +192,11 @@ def test_blocks_carry_their_attention_head_dimension(tiny_gpt2, tiny_gpt2_config
     assert layers and {b.work.attn_head_dim for b in layers} == {width}
     assert all(b.work.attn_head_dim == 0 for b in tiny_gpt2.blocks.blocks
                if not b.work.attn_heads_q)
+
+
+def test_megatrons_flex_dispatcher_is_named_as_deepep():
+    """A new-user check gave moe_dispatcher=flex (Megatron's name, which the export writes for
+    deepep) and got the list alone."""
+    with pytest.raises(SpecError, match=r"got 'flex' \(Megatron-Core's flex dispatcher, DeepEP "
+                                        r"or HybridEP, is deepep here\)$"):
+        EngineSpec(moe_dispatcher="flex")

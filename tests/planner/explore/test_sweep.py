@@ -560,6 +560,8 @@ def test_odd_sweep_values_and_idle_schedules_are_named():
     assert idle_pins({"schedule": "zb-h1"}, 1, 2) == [] == idle_pins({"schedule": "1f1b"}, 1, 1)
     # GPipe holds every micro-batch's activations even without a pipeline: it changes memory
     assert idle_pins({"schedule": "gpipe"}, 1, 1) == []
+    # a plan's own parallel (a valid fix) records cp_comm=p2p at cp=1: nothing to say of it
+    assert idle_pins({"cp": 1, "cp_comm": "p2p"}, 1) == [] != idle_pins({"cp_comm": "p2p"}, 1)
 
 
 def test_an_infeasible_point_names_its_varied_pins_to_relax():

@@ -698,7 +698,8 @@ def test_deepspeed_refuses_a_zero_downgrade_that_no_longer_fits():
     with pytest.raises(InfeasibleError) as err:
         export(plan, "deepspeed")
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith("export deepspeed: with ZeRO-1 instead of the plan's "
+    assert "\n" not in msg and msg.startswith("no deepspeed export fits: "
+                                              "with ZeRO-1 instead of the plan's "
                                               "ZeRO-3")
     assert "GB per GPU, more than the 75.0 GB usable of 80.0 GB (the plan: 59.9 GB)" in msg
     assert "--fix pp=4,schedule=1f1b --target deepspeed" in msg  # zero=3 dropped: not with pp

@@ -328,7 +328,8 @@ def test_megatron_refuses_what_its_releases_refuse_of_the_states(notes):
     # instead: re-checked (here it does not fit), not refused for the groups
     moe_pp = data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan")
     assert moe_pp.parallel["zero"] == 2 and moe_pp.parallel["pp"] > 1
-    with pytest.raises(InfeasibleError, match=r"^export megatron: with ZeRO-1 instead of the "
+    with pytest.raises(InfeasibleError, match=r"^no megatron export fits: "
+                                              r"with ZeRO-1 instead of the "
                                               r"plan's ZeRO-2 "):
         to_megatron(moe_pp, "core_v0.14.0")
     assert any("ZeRO-3 with pp=4: Megatron-LM runs it as Megatron-FSDP" in n and
@@ -1039,7 +1040,8 @@ def test_torchtitan_notes_fp32_training_without_fsdp(notes):
     to_torchtitan(plan, "0.2.2")
     assert not [n for n in notes if "float32" in n]
     notes.clear()
-    with pytest.raises(InfeasibleError, match=r"^export torchtitan: with float32 parameters and "
+    with pytest.raises(InfeasibleError, match=r"^no torchtitan export fits: "
+                                              r"with float32 parameters and "
                        r"activations \(no mixed precision without FSDP\).* needs 3\d\d\.\d GB"):
         to_torchtitan(dataclasses.replace(plan, parallel={**plan.parallel, "dp": 1}), "0.2.2")
     small = plan_model("gpt2", cluster="dgx-h100", gpus_per_node=2, global_batch=8,
@@ -1635,7 +1637,8 @@ def test_an_engine_laying_the_states_out_otherwise_prices_the_memory_again(notes
     noted when it does, or when the model cannot be priced again here."""
     # pp=4, ZeRO-3, priced for Megatron (the file predates recorded layouts: say it so)
     megatron = engine_settings(data_plan("llama3-70b-pp4-zero3-megatron"), state_layout="megatron")
-    with pytest.raises(InfeasibleError, match=r"^export torchtitan: with the model states as "
+    with pytest.raises(InfeasibleError, match=r"^no torchtitan export fits: "
+                                              r"with the model states as "
                                         r"torchtitan's FSDP2 lays them out .* needs [0-9.]+ GB "
                                         r"per GPU, more than the 75.0 GB usable"):
         to_torchtitan(megatron, "0.2.2")
@@ -1673,7 +1676,8 @@ def test_a_plan_that_does_not_record_its_layout_says_its_memory_is_not_checked_a
             and "--target torchtitan` prices it" in n]
     # made for Megatron-LM before the target knew Megatron-FSDP runs without a pipeline: its
     # nearest, ZeRO-1, does not fit (exit 3, with the command that plans for Megatron-LM)
-    with pytest.raises(InfeasibleError, match=r"^export megatron: with ZeRO-1 instead of the "
+    with pytest.raises(InfeasibleError, match=r"^no megatron export fits: "
+                                              r"with ZeRO-1 instead of the "
                                               r"plan's ZeRO-3 .* --target megatron`$"):
         to_megatron(old)
 

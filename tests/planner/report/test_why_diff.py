@@ -613,3 +613,25 @@ def test_diff_says_what_the_search_was_asked_for(tiny_llama_config):
     assert re.search(r"search across sites +- +replicas", text)
     assert re.search(r"search layout +- +Et\*2\|t\*2L", text)
     assert "search across sites" not in diff(a, a)
+
+
+def test_a_split_that_moved_elsewhere_than_the_slowest_stage_is_named_where():
+    """A new-user check read 'the stage split moved (the slowest, stage 3: 2 -> 2 blocks)'."""
+    from types import SimpleNamespace as P
+
+    from planner.report.compare import split_note
+
+    def plan(*blocks, slow=0):
+        return P(stages=[{"blocks": list(b), "predicted": {"time_per_microbatch_s":
+                                                           2.0 if i == slow else 1.0}}
+                         for i, b in enumerate(blocks)])
+
+    a = plan("ab", "cd", "e", slow=1)
+    b = plan("a", "cd", "be", slow=1)
+    assert split_note(a, b) == ("the stage split moved (stage 0: 2 -> 1 blocks; the slowest, "
+                                "stage 1, has 2 either way)")
+    assert split_note(a, plan("ab", "cd", "f", slow=1)) == (
+        "the stage split moved (stage 2 holds other blocks; the slowest, stage 1, has 2 either "
+        "way)")
+    assert split_note(a, plan("a", "bcd", "e", slow=1)) == (
+        "the stage split moved (the slowest, stage 1: 2 -> 3 blocks)")

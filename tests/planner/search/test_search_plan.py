@@ -103,6 +103,9 @@ def test_bad_fix_is_a_spec_error(tiny_llama):
         parse_fix("moe_overlap=true", where="why")
     with pytest.raises(SpecError, match=r"^fix.num_microbatches: follows from the global batch"):
         parse_fix("num_microbatches=8")
+    with pytest.raises(SpecError, match=r"^fix.edp: the expert data-parallel degree follows from "
+                                        r"the others \(dp x cp x tp / \(ep x etp\)\)"):
+        parse_fix("edp=2")  # (a new-user check was asked 'did you mean ep or dp?')
     from planner.options import engine_spec
     with pytest.raises(SpecError, match=r"^engine.ep: a parallelism knob, not an engine setting; "
                                         r"give it with --fix ep=8"):
