@@ -52,7 +52,12 @@ SECTIONS = [
      "pattern a lower sustained clock gives. Memory is the allocator's reserved peak (predicted "
      "allocated / 0.95). Not explained: the context-parallel rows at 4 and 8 ranks take 40-50% "
      "longer per token than the linear growth of attention from the 1- and 2-rank rows "
-     "predicts (the model follows that growth), and the H200 run reserved 18 GiB less than the "
+     "predicts (the model follows that growth; a reading of torch's ring and torchtitan at the "
+     "time, 2026-12-05, found two leads, neither measured: torchtitan's Llama repeats the "
+     "key/value heads before attention, so its ring passes 32 heads where the model prices the 8 "
+     "it has, about 3 points of the gap at 4 and 8 ranks, and torch's own tests skipped the "
+     "compiled causal ring beyond two ranks, pytorch PR #131351; what the rest is, a profile on "
+     "4 or more GPUs would show), and the H200 run reserved 18 GiB less than the "
      "same settings did on the H100s in December 2024 (torch 2.8 and torchtitan of June 2025; "
      "Float8 all-gathers in FSDP save under 1 GiB). The context-parallel rows are priced as "
      "torch's templated ring runs them with its all-gather rotater: attention called per chunk "
@@ -209,7 +214,11 @@ SECTIONS = [
      "the fused-kernel value accounting of that evening). Since 2026-12-06 a layer stack that "
      "repeats a pattern after its first layers is traced with those and two periods, the rest "
      "copied (DeepSeek-V3's 3 dense and 2 MoE layers of 61): its cold command took 26.8 s in "
-     "the run before, 10.8 s in the first run after, the search and the plan the same."),
+     "the run before, 10.8 s in the first run after, the search and the plan the same. Since "
+     "the tie rule of that evening (step times within 0.1%, the fastest filling more than 90% "
+     "of the usable memory: the leaner plan wins) DeepSeek-V3 takes mla_up_proj, 6.072 s at "
+     "65.8 GB a GPU, over moe_act's 6.071 s at 74.9 GB; the search keeps three estimates "
+     "however few runners-up are asked for."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "
