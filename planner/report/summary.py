@@ -278,11 +278,12 @@ def _flops(p: Plan) -> list[str]:
     # more than once: a count above the model's says nothing)
     if pr.get("active_params_per_token") and \
             pr["active_params_per_token"] <= p.model["num_params"] * (1 + 1e-9):
-        lines.append(f"              {human_count(pr['active_params_per_token'])} of the "
-                     f"{human_count(p.model['num_params'])} parameters multiply each token"
-                     + (" (a lookup table's rows, as the input embedding's, multiply none)"
-                        if pr["active_params_per_token"] < p.model["num_params"] * (1 - 1e-9)
-                        else ""))
+        lines += textwrap.wrap(
+            f"{human_count(pr['active_params_per_token'])} of the "
+            f"{human_count(p.model['num_params'])} parameters multiply each token"
+            + (" (a lookup table's rows, as the input embedding's, multiply none)"
+               if pr["active_params_per_token"] < p.model["num_params"] * (1 - 1e-9) else ""),
+            100, initial_indent=" " * 14, subsequent_indent=" " * 14)
     return lines + _caveats(p)
 
 
@@ -348,12 +349,13 @@ def _fp8(p: Plan) -> list[str]:
               + (", routed experts (their grouped GEMMs: the engine's fp8 converts plain Linear "
                  "layers only)" if f.get("experts_bf16") else "")
               + " in bf16; MFU is against the fp8 peak", indent=" " * 14),
-        f"              {gb1(f['weight_copy_bytes'])} of fp8 weight copies per GPU; in bf16 "
-        f"this plan would take {f['bf16_step_time_s']:.4g} s ({f['bf16_step_time_s'] / step:.2f}x) "
-        f"and {gb1(f['bf16_peak_memory_bytes'])}"
-        + (" (more than the GPU holds)" if not f.get("bf16_fits", f["bf16_peak_memory_bytes"]
-                                                      <= p.cluster.get("device_memory_bytes",
-                                                                       float("inf"))) else ""),
+        *wrap(f"              {gb1(f['weight_copy_bytes'])} of fp8 weight copies per GPU; in "
+              f"bf16 this plan would take {f['bf16_step_time_s']:.4g} s "
+              f"({f['bf16_step_time_s'] / step:.2f}x) and {gb1(f['bf16_peak_memory_bytes'])}"
+              + (" (more than the GPU holds)" if not f.get("bf16_fits", f["bf16_peak_memory_bytes"]
+                                                            <= p.cluster.get("device_memory_bytes",
+                                                                             float("inf")))
+                 else ""), indent=" " * 14),
     ]
 
 
