@@ -46,6 +46,13 @@ def suggest(name: str, choices) -> str:
     close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
     if close and difflib.SequenceMatcher(None, name, close[0]).ratio() >= 0.9:
         close = close[:1]
+    # a name a choice starts with, or holds, first: gpt3 -> gpt3-175b, dgx-a100 -> dgx-a100-40g
+    # (a new-user check was offered gpt2 and gpt-39b for gpt3)
+    low = name.lower()
+    held = sorted((c for c in choices if low and low in c.lower() and c.lower() != low),
+                  key=lambda c: (not c.lower().startswith(low), len(c), c))
+    if held and not (close and close[0] in held[:3] and len(close) == 1):
+        close = (held + [c for c in close if c not in held])[:3]
     if close:
         return "; did you mean " + " or ".join(close) + "?"
     return "; choose one of " + ", ".join(choices)

@@ -11,8 +11,10 @@ a backward.
     plan solve examples/finetune.py:build --cluster dgx-h100 --nodes 1 --global-batch 64
     plan solve examples/finetune.py:build --cluster dgx-h100 --nodes 1 --global-batch 64 \\
         --seq-len 8192
+    plan solve examples/finetune.py:whole --cluster dgx-h100 --nodes 1 --global-batch 64
 
-``build`` is a Llama-3-8B-shaped model with rank-16 adapters; ``tiny`` the same at toy size (the
+``build`` is a Llama-3-8B-shaped model with rank-16 adapters, ``whole`` the same trained
+whole; ``tiny`` the adapted model at toy size (the
 runtime's tests run it). The adapters here start random (the paper starts B at zero, which
 leaves A without a gradient in the first step: the same work, priced the same way).
 """
@@ -48,14 +50,24 @@ def adapted(config: LlamaConfig, rank: int, alpha: float) -> nn.Module:
     return model
 
 
+def _llama3_8b(seq_len: int) -> LlamaConfig:
+    """Llama-3-8B's shape: 32 layers, hidden 4096, 8 key-value heads."""
+    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                       max_position_embeddings=max(seq_len, 8192), rope_theta=500000.0,
+                       use_cache=False)
+
+
 def build(seq_len: int = 4096, batch: int = 1, rank: int = 16, alpha: float = 32.0):
-    """Llama-3-8B's shape (32 layers, hidden 4096, 8 key-value heads) with rank-``rank``
-    adapters."""
-    config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                         max_position_embeddings=max(seq_len, 8192), rope_theta=500000.0,
-                         use_cache=False)
+    """Llama-3-8B's shape with rank-``rank`` adapters."""
+    config = _llama3_8b(seq_len)
     return adapted(config, rank, alpha), (torch.randint(0, config.vocab_size, (batch, seq_len)),)
+
+
+def whole(seq_len: int = 4096, batch: int = 1):
+    """The same model trained whole (every weight, no adapters): what the adapters save."""
+    config = _llama3_8b(seq_len)
+    return LlamaForCausalLM(config), (torch.randint(0, config.vocab_size, (batch, seq_len)),)
 
 
 def tiny(seq_len: int = 16, batch: int = 2, rank: int = 4, alpha: float = 32.0):

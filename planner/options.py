@@ -569,6 +569,9 @@ def parse_fix(fix, where: str = "fix", example: str = "--fix tp=8,pp=4") -> dict
             raise SpecError(f"{where}.{key}: the expert data-parallel degree follows from the "
                             "others (dp x cp x tp / (ep x etp)); pin ep and etp (and dp) "
                             "instead")
+        if key == "sharding":  # (a knob of recommendation models' tables, read apart)
+            raise SpecError(f"{where}.sharding: applies to recommendation models' embedding "
+                            "tables; a dense model is split with dp, tp, pp, cp and ep")
         if key not in FIX_KEYS:
             raise SpecError(_unknown_knob(key, value, where))
         out[key] = _fix_value(key, value, where)

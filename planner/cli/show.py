@@ -55,8 +55,10 @@ def run(args) -> int:
         if answer.feasible and answer.variant is not None:
             drawn = answer.variant  # (--gantt draws the plan --why found)
         code = 0 if answer.feasible else 3  # the pins leave no plan that fits
-        if code:
-            print(f"plan: no plan fits: with {args.why} (the explanation above says why)",
+        if code:  # (none to price at all: the rules refused every one, not the memory)
+            word = "no plan" if answer.message.startswith("no configuration has") else \
+                "no plan fits"
+            print(f"plan: {word}: with {args.why} (the explanation above says why)",
                   file=sys.stderr)
     else:
         print(summary(plan))

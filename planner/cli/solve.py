@@ -48,8 +48,8 @@ def register(add) -> None:
                    "fused_scope=model|layers, overlap_grad_reduce=true|false, "
                    "overlap_param_gather=true|false, overlap_scope=all|sharded, "
                    "fsdp_copies=true|false, fsdp_experts=true|false, "
-                   "pipelined_accumulation=true|false, "
-                   "cp_ring=te|torch|runtime, "
+                   "pipelined_accumulation=true|false, ddp_accumulates=true|false, "
+                   "selective=attention|matmuls, cp_ring=te|torch|runtime, "
                    "state_layout=megatron|megatron-bf16-grads|zero|"
                    "fsdp2, fp8_recipe=delayed|current|block, and for MoE "
                    "moe_dispatcher=alltoall|allgather|deepep, "
@@ -113,4 +113,6 @@ def run(args) -> int:
     print(summary(p))
     if args.output is not None:
         print(f"\nwrote {args.output}")
+    else:  # (a new-user check looked for the plan file afterwards)
+        print("\n(no plan file written: give -o PLAN.json to keep the plan for show, export, run)")
     return 0

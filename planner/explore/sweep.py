@@ -138,7 +138,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         raise SpecError("cluster: missing; pass cluster= (--cluster) or vary it "
                         "(--vary cluster=A,B)")
     if global_batch is None and "global_batch" not in vary:
-        raise SpecError("global_batch: missing; pass global_batch= (--global-batch) or vary it")
+        raise SpecError("global_batch: missing; give --global-batch (global_batch= in Python) or "
+                        "vary it")
     base = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
             "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
             "optimizer": optimizer or "adam", "fix": fixed, "tables": tables,

@@ -282,7 +282,7 @@ def _flops(p: Plan) -> list[str]:
             f"{human_count(pr['active_params_per_token'])} of the "
             f"{human_count(p.model['num_params'])} parameters multiply each token"
             + (" (a lookup table's rows, as the input embedding's, multiply none)"
-               if pr["active_params_per_token"] < p.model["num_params"] * (1 - 1e-9) else ""),
+               if pr["active_params_per_token"] < 0.99 * p.model["num_params"] else ""),
             100, initial_indent=" " * 14, subsequent_indent=" " * 14)
     return lines + _caveats(p)
 

@@ -40,7 +40,8 @@ def check_modules(roles: dict[str, str], modules: dict) -> None:
             raise SpecError(f"tensor_parallel.{name}: 'vocab' needs an nn.Embedding, found "
                             f"{type(mod).__name__}")
         raise SpecError(f"tensor_parallel.{name}: the runtime shards nn.Linear and nn.Embedding "
-                        f"only, this is {type(mod).__name__}; plan with --fix tp=1")
+                        f"only, this is {type(mod).__name__}; plan with --target torch (what plan "
+                        f"run runs) or --fix tp=1")
 
 
 def tp_styles(roles: dict[str, str], feeds: dict[str, set], present: set[str],

@@ -42,6 +42,21 @@ def run(capsys, *argv):
     return code, out, err
 
 
+def test_why_with_pins_the_rules_refuse_every_configuration_of_says_no_plan(capsys, small_plan,
+                                                                          monkeypatch):
+    """A new-user check read 'no plan fits' where no configuration had the pins (the batch did
+    not split over dp): the rules, not the memory; the README's exit-code table says 'no plan'."""
+    from planner.explore import whynot
+
+    monkeypatch.setattr(whynot, "why_not", lambda plan, pins, model=None: whynot.WhyNot(
+        pins={"tp": 1}, variant=None, feasible=False, notes=[], over=[],
+        message="no configuration has tp=1 (ruled out by the rules: global batch not divisible "
+                "by dp: 1)"))
+    code, out, err = run(capsys, "show", small_plan, "--why", "tp=1")
+    assert code == 3 and err.strip().endswith("plan: no plan: with tp=1 (the explanation above "
+                                              "says why)"), err
+
+
 def test_why_on_an_infeasible_variant_names_the_stage_and_the_memory_it_needs(capsys, small_plan):
     plan = load_plan(small_plan)
     assert plan.parallel["tp"] * plan.parallel["pp"] > 1 or plan.parallel["zero"] > 0
