@@ -54,7 +54,7 @@ engines-full: $(STAMP)
 
 demo: $(STAMP)
 	$(PLAN) solve gpt3-175b --cluster dgx-a100-80g --nodes 128 --global-batch 1536 --seq-len 2048 -o demo-plan.json
-	$(PLAN) show demo-plan.json
+	$(PLAN) show demo-plan.json --why tp=8
 
 test: $(STAMP) $(ENGINES_STAMP)
 	$(PY) -m pytest -q
