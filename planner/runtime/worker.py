@@ -67,8 +67,8 @@ def execute(plan, opts: RunOptions, device: torch.device) -> dict:
                 if record is not None:
                     record.routing.clear()  # routing of the timed steps only
         dist.barrier()
-        if step == opts.warmup:
-            timed = _mark()
+        if step == opts.warmup and device.type == "cpu":  # (a GPU's step is the device's, not
+            timed = _mark()                                 # the host CPUs' others share)
         if profiled and step == total - 1:  # (the profiled step is not timed)
             end = _mark()
         timer.start()
