@@ -9,21 +9,7 @@ Each kernel is bound either by arithmetic or by memory traffic (Williams, Waterm
   Guide", section on tile and wave quantization); an output of fewer tiles than SMs splits its
   reduction over the idle ones (split-K). A skinny GEMM is bound by its operand traffic instead.
   Backward runs the two transposed GEMMs (input gradient m x k x n, weight gradient k x n x m).
-- Attention: a fused kernel (``flash``) runs at ``attention_efficiency`` forward and
-  ``attention_bwd_efficiency`` backward (``flash2``, FlashAttention-2's kernels, at
-  ``flash2_efficiency`` and ``flash2_bwd_efficiency`` where the device has them) and skips about
-  half the work under a causal mask, running what is left ``causal_attention_ratio`` as fast (a
-  context-parallel ring's calls are mostly unmasked pairs of chunks, at the unmasked speed); its
-  backward recomputes the scores, 2.5x the forward FLOPs
-  (Dao, "FlashAttention-2", 2023). Where ``plan profile`` measured attention by call size (CPUs),
-  each call runs at the measured rate of its size and mask instead. ``materialized`` attention
-  runs two batched GEMMs and moves the score matrix through memory between kernels (bytes per
-  score element below). An attention core traced from eager code (explicit GEMMs, softmax,
-  masking) runs as traced when attention is ``materialized`` and as one fused kernel (its GEMMs'
-  FLOPs at the flash rate, its score traffic gone) when it is ``flash``; it skips masked work
-  only where its module declares the mask (planner.trace.masks), since the traced mask is data.
-  A fused kernel under a sliding window runs only the tiles inside it: such a call is priced as a
-  causal call of the smaller square the trace gives it (BlockWork.attn_window_cut).
+- Attention: costmodels.attention.
 - Element-wise ops move their bytes at ``memory_efficiency`` of the bandwidth; backward moves
   about twice the forward traffic (each op reads the incoming gradient and what it saved, and
   writes a gradient per input).
@@ -41,8 +27,9 @@ import math
 from dataclasses import dataclass
 
 from costmodels import precision
+from costmodels.attention import attention_time_s, fused_attention_s
 from costmodels.engine import FUSED_ATTENTION, EngineSpec
-from costmodels.hardware import DTYPE_BYTES, DeviceSpec
+from costmodels.hardware import DTYPE_BYTES, DeviceSpec, measured_rate
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
 
 MEMORY_BACKWARD_FACTOR = 2.0
@@ -50,18 +37,6 @@ MEMORY_BACKWARD_FACTOR = 2.0
 unary op's forward reads its input and writes its output (2 tensors); its backward reads the
 output's gradient and what it saved and writes the input's gradient, and a binary op's writes two
 gradients (3-4 tensors): about twice."""
-FLASH_BACKWARD_FACTOR = 2.5
-"""FlashAttention backward FLOPs relative to forward (it recomputes the scores)."""
-CAUSAL_SKIP = 0.5
-"""Fraction of a causal attention's work a fused kernel skips (the masked upper triangle)."""
-SCORE_TRAFFIC_FWD = 4
-"""16-bit words moved per score element in materialized attention's forward: QK^T writes the
-scores, the fused scale-mask-softmax reads them and writes probabilities, attention x V reads them."""
-SCORE_TRAFFIC_BWD = 7
-"""... and in backward: read probabilities, write and read their gradient, softmax backward
-reads probabilities and gradient and writes the score gradient, which the two GEMMs read."""
-SCORE_TRAFFIC_DROPOUT = 2.5
-"""Extra words per score element per pass when attention dropout is on (read, write, 1-byte mask)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,18 +158,6 @@ def split_k(tiles: int, k: float, device: DeviceSpec) -> int:
     if tiles >= device.sm_count:
         return 1
     return max(1, min(device.sm_count // tiles, int(k // device.gemm_tile)))
-
-
-def measured_rate(table, size: float) -> float:
-    """Rate at ``size`` (FLOPs or bytes per call), interpolated log-linearly in a measured table
-    of (size, rate) pairs, held flat beyond its ends."""
-    if size <= table[0][0]:
-        return table[0][1]
-    for (f0, r0), (f1, r1) in zip(table, table[1:]):
-        if size <= f1:
-            w = (math.log(size) - math.log(f0)) / (math.log(f1) - math.log(f0))
-            return r0 + w * (r1 - r0)
-    return table[-1][1]
 
 
 def shaped_rate(device: DeviceSpec, dtype: str, flops: float, m: float, n: float,
@@ -354,112 +317,6 @@ def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp
             bwd += b * m * n * per_element
     rate = device.memory_bytes_per_s
     return fwd / rate, bwd / rate
-
-
-def fused_attention_efficiency(device: DeviceSpec, engine: EngineSpec,
-                               head_dim: float = 0.0) -> tuple[float, float]:
-    """(forward, backward) shares of peak the engine's fused attention kernel reaches on
-    ``device``, at ``head_dim`` (0: unknown, as 128; DeviceSpec.attention_d64_share)."""
-    if engine.attention == "flash2" and device.flash2_efficiency is not None:
-        fwd = device.flash2_efficiency
-        bwd = device.flash2_bwd_efficiency or fwd
-        d64 = (device.flash2_d64_share, device.flash2_bwd_d64_share)
-    else:
-        fwd = device.attention_efficiency
-        bwd = device.attention_bwd_efficiency or fwd
-        d64 = (device.attention_d64_share, device.attention_bwd_d64_share)
-    if 0 < head_dim < 128:  # linear in log2(head dim) from its share at 64 to 1 at 128
-        at = max(0.0, math.log2(head_dim / 64))
-        fwd, bwd = (eff * (share + (1.0 - share) * at) for eff, share in zip((fwd, bwd), d64))
-    return fwd, bwd
-
-
-def fused_attention_s(flops: float, device: DeviceSpec, dtype: str, engine: EngineSpec,
-                      masked: float = 0.0, head_dim: float = 0.0) -> tuple[float, float]:
-    """(forward, backward) seconds of fused attention doing ``flops`` of forward work unmasked
-    and ``masked`` more in calls under a causal mask (the work left after the skip); its
-    backward does FLASH_BACKWARD_FACTOR times as much, each pass at its own share of peak."""
-    f_eff, b_eff = fused_attention_efficiency(device, engine, head_dim)
-    work = flops + masked / device.causal_attention_ratio
-    peak = device.peak(dtype)
-    return work / (peak * f_eff), FLASH_BACKWARD_FACTOR * work / (peak * b_eff)
-
-
-def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
-                     micro_batch: int, tp: int) -> tuple[float, float]:
-    """(forward, backward) seconds of the block's fused attention ops."""
-    if work.fused_attn_flops <= 0:
-        return 0.0, 0.0
-    share = _attention_share(work, micro_batch, tp)
-    flops = share * work.fused_attn_flops
-    if engine.attention in FUSED_ATTENTION:  # sliding windows priced as smaller causal calls
-        flops -= share * work.attn_window_cut
-        causal = share * (work.attn_causal_flops - work.attn_window_cut)
-        if device.attention_table.get(dtype):
-            return measured_attention_s(flops, causal, flops / max(work.fused_attn_calls, 1.0),
-                                        device.attention_table[dtype])
-        return fused_attention_s(flops - causal, device, dtype, engine,
-                                 masked=(1.0 - CAUSAL_SKIP) * causal, head_dim=work.attn_head_dim)
-    rate = device.peak(dtype) * device.matmul_efficiency
-    word = DTYPE_BYTES[dtype]
-    scores = share * work.attn_scores
-    dropout = share * work.attn_scores_dropout
-    bandwidth = device.memory_bytes_per_s
-    fwd_traffic = word * (SCORE_TRAFFIC_FWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
-    bwd_traffic = word * (SCORE_TRAFFIC_BWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
-    return flops / rate + fwd_traffic / bandwidth, 2 * flops / rate + bwd_traffic / bandwidth
-
-
-def _attention_share(work: BlockWork, micro_batch: float, tp: int) -> float:
-    """Samples' worth of the per-sample fused attention figures one GPU runs: the part inside
-    tensor-parallel regions is split over the tp ranks' heads, the rest repeated."""
-    rep = work.fused_attn_flops_rep / work.fused_attn_flops
-    return micro_batch * ((1.0 - rep) / tp + rep)
-
-
-def measured_attention_s(square: float, causal: float, per_call: float,
-                         table) -> tuple[float, float]:
-    """(forward, backward) seconds of fused attention calls of ``per_call`` square FLOPs each,
-    ``square`` in all of which ``causal`` under a causal mask, at the rates measured by call size
-    (DeviceSpec.attention_table)."""
-    full = max(0.0, square - causal)
-
-    def seconds(way: str) -> float:
-        return ((causal / measured_rate(table[f"causal_{way}"], per_call) if causal else 0.0)
-                + (full / measured_rate(table[f"full_{way}"], per_call) if full else 0.0))
-    return seconds("fwd"), seconds("bwd")
-
-
-def ring_attention_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
-                     micro_batch: int, tp: int, cp: int) -> tuple[float, float]:
-    """(forward, backward) seconds a ring of ``cp`` ranks (context parallelism, p2p form) adds to
-    the attention ``attention_time_s`` prices for a rank's share, because it calls the kernel once
-    per pair of chunks: each sample is cut into 2 cp chunks and a rank's two query chunks meet
-    every key chunk the mask lets through, 2 cp - 1 whole pairs and 2 causal ones per causal
-    call (4 cp whole pairs otherwise), each pair 1 / (2 cp)^2 of the call. Where attention was
-    measured by call size (DeviceSpec.attention_table) the pairs run at the rate of their size;
-    otherwise only the causal pairs run at the causal speed (DeviceSpec.causal_attention_ratio),
-    so the ring is faster than the rank's share of causal calls (a negative figure)."""
-    table = device.attention_table.get(dtype)
-    if cp <= 1 or engine.attention not in FUSED_ATTENTION or work.fused_attn_flops <= 0 or \
-            not (table or device.causal_attention_ratio != 1.0):
-        return 0.0, 0.0
-    share = _attention_share(work, micro_batch, tp)
-    square = share * (work.fused_attn_flops - work.attn_window_cut)
-    causal = share * (work.attn_causal_flops - work.attn_window_cut)
-    pairs = (2 * cp) ** 2
-    masked = 2 * causal / pairs  # square FLOPs of the causal pairs
-    whole = (2 * cp - 1) * causal / pairs + 4 * cp * (square - causal) / pairs
-    if table:
-        ring_f, ring_b = measured_attention_s(
-            whole + masked, masked, square / max(work.fused_attn_calls, 1.0) / pairs, table)
-    else:
-        ring_f, ring_b = fused_attention_s(whole, device, dtype, engine,
-                                           masked=(1.0 - CAUSAL_SKIP) * masked,
-                                           head_dim=work.attn_head_dim)
-    own_f, own_b = attention_time_s(work, device, dtype, engine, micro_batch=micro_batch / cp,
-                                    tp=tp)
-    return ring_f - own_f, ring_b - own_b
 
 
 def memory_bound_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_batch: int,

@@ -532,3 +532,15 @@ def _fraction(value, where: str) -> float:
 __all__ = ["DeviceSpec", "DEVICES", "DTYPE_BYTES", "get_device", "device_from_mapping",
            "device_mapping", "suggest",
            "GB", "TERA"]
+
+
+def measured_rate(table, size: float) -> float:
+    """Rate at ``size`` (FLOPs or bytes per call), interpolated log-linearly in a measured table
+    of (size, rate) pairs, held flat beyond its ends."""
+    if size <= table[0][0]:
+        return table[0][1]
+    for (f0, r0), (f1, r1) in zip(table, table[1:]):
+        if size <= f1:
+            w = (math.log(size) - math.log(f0)) / (math.log(f1) - math.log(f0))
+            return r0 + w * (r1 - r0)
+    return table[-1][1]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from costmodels import comm, compute, context, experts, memory, pipeline, precision
+from costmodels import attention, comm, compute, context, experts, memory, pipeline, precision
 from costmodels.engine import FUSED_ATTENTION, outside_layers
 from costmodels.hardware import DTYPE_BYTES
 from costmodels.topology import Cluster
@@ -111,7 +111,7 @@ class BlockCosts:
     """Context-parallel K/V exchange the block exposes (forward + backward); for the p2p ring
     of torch or of the runtime (EngineSpec.cp_ring) also its merges and chunk copies
     (costmodels.context.ring_merge_s). What the ring's per-chunk-pair attention calls change
-    (costmodels.compute.ring_attention_s) is in the compute times."""
+    (costmodels.attention.ring_attention_s) is in the compute times."""
     ep_comm_s: np.ndarray | None = None
     """Expert dispatch and combine at the least any placement of the ep group gives
     (_least_dispatch_s), for the bounds and the stage split; the pricing replaces it by each
@@ -232,7 +232,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
                         # the keys before it: the same causal pairs, the rest whole
                         # (a2a+p2p: a ring of cp / inner steps, each rank on 1 / inner of heads)
                         inner = context.heads_ranks(cp_group) if f_name == "a2a+p2p" else 1
-                        calls[i] = compute.ring_attention_s(
+                        calls[i] = attention.ring_attention_s(
                             ma.works[i], cluster.device, core, engine,
                             micro_batch=micro_batch / inner, tp=tp, cp=cp // inner)
                     # each attention layer of the block exchanges its own K/V

@@ -69,7 +69,7 @@ def test_a_plan_says_which_software_it_assumes():
 
 
 def test_flashattention2_runs_below_hoppers_best_kernel_and_equals_it_on_ampere():
-    from costmodels.compute import fused_attention_efficiency
+    from costmodels.attention import fused_attention_efficiency
     from costmodels.hardware import DEVICES, device_from_mapping
 
     fa2, best = EngineSpec(attention="flash2"), EngineSpec(attention="flash")
@@ -94,7 +94,7 @@ def test_flashattention2_runs_below_hoppers_best_kernel_and_equals_it_on_ampere(
 
 
 def test_fused_attention_backward_runs_at_its_own_rate():
-    from costmodels.compute import FLASH_BACKWARD_FACTOR, attention_time_s
+    from costmodels.attention import FLASH_BACKWARD_FACTOR, attention_time_s
     from costmodels.hardware import DEVICES, HOPPER_ATTENTION
     from costmodels.workload import BlockWork
 
@@ -109,7 +109,7 @@ def test_fused_attention_backward_runs_at_its_own_rate():
 
 
 def test_causal_calls_run_below_unmasked_ones_and_a_ring_mostly_unmasked():
-    from costmodels.compute import CAUSAL_SKIP, attention_time_s, ring_attention_s
+    from costmodels.attention import CAUSAL_SKIP, attention_time_s, ring_attention_s
     from costmodels.hardware import DEVICES, HOPPER_ATTENTION, HOPPER_CAUSAL
     from costmodels.workload import BlockWork
 
@@ -159,7 +159,7 @@ def test_fused_attention_runs_narrower_heads_slower_where_that_was_published():
     speed at 128 and 0.84 of its backward, FlashAttention-2 0.87 and 0.90; linear in log2 of the
     head dimension between 64 and 128; 128 and wider, or unknown (0), as read; devices without
     published figures (A100) unchanged."""
-    from costmodels.compute import fused_attention_efficiency
+    from costmodels.attention import fused_attention_efficiency
     from costmodels.hardware import DEVICES, device_from_mapping, device_mapping
 
     h100, a100 = DEVICES["h100"], DEVICES["a100-80g"]

@@ -5,7 +5,8 @@ import json
 import pytest
 
 import planner.profile.device as prof
-from costmodels.compute import gemm_time_s, measured_rate
+from costmodels.compute import gemm_time_s
+from costmodels.hardware import measured_rate
 from planner import load_cluster
 from planner.inputs.calibration import apply_calibration, load_calibration
 from planner.errors import SpecError
@@ -170,7 +171,7 @@ TABLE = {"causal_fwd": [[1e6, 2e9], [1e8, 4e10]], "causal_bwd": [[1e6, 1e9], [1e
 
 
 def test_attention_priced_at_the_rate_of_its_call_size():
-    from costmodels.compute import attention_time_s, ring_attention_s
+    from costmodels.attention import attention_time_s, ring_attention_s
     from costmodels.engine import EngineSpec
     from costmodels.workload import BlockWork
 

@@ -97,7 +97,7 @@ def test_priced_time_follows_the_declared_masks(tiny_gpt_oss):
 
 
 def test_a_windowed_fused_call_costs_a_causal_call_of_the_kept_square():
-    from costmodels.compute import attention_time_s
+    from costmodels.attention import attention_time_s
     from costmodels.engine import EngineSpec
     from costmodels.hardware import DEVICES
     from costmodels.workload import BlockWork
