@@ -25,5 +25,14 @@ class RunError(PlannerError):
         self.kind = kind
 
 
+class Terminated(KeyboardInterrupt):
+    """A stop from outside (SIGTERM) while the planner waited on processes of its own: it stops
+    them as on Ctrl-C, and the CLI exits 128 + ``signum`` as a process the signal ended would."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 __all__ = ["PlannerError", "SpecError", "TraceError", "InfeasibleError", "InternalError",
-           "RunError"]
+           "RunError", "Terminated"]

@@ -20,7 +20,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from planner import logs
-from planner.errors import InfeasibleError, InternalError, PlannerError, RunError
+from planner.errors import (InfeasibleError, InternalError, PlannerError, RunError,
+                            Terminated)
 
 EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
@@ -40,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("debug", "verbose", "quiet"):  # accepted before or after the command
         setattr(args, flag, getattr(args, flag, False))
     _setup_logging(args.verbose, args.quiet)
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command ``args.func``; what it raises becomes one line and an exit code."""
     try:
         return args.func(args) or 0
     except InternalError as exc:
@@ -70,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"plan: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C: 130; a SIGTERM plan run passed on: 143
         print("plan: interrupted", file=sys.stderr)
-        return 130
+        return 128 + exc.signum if isinstance(exc, Terminated) else 130
     except BrokenPipeError:  # output piped into `head` and closed early
         sys.stderr.close()
         return 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from planner.errors import PlannerError, RunError, SpecError
+from planner.errors import PlannerError, RunError, SpecError, Terminated
 from planner.planfile.document import Plan, load_plan
 from planner.runtime import model as mdl
 from planner.runtime.build import check_knobs, check_model
@@ -274,7 +274,7 @@ def run_group(argv: list[str], out) -> int:
 
 
 def _interrupted(signum, frame):
-    raise KeyboardInterrupt
+    raise Terminated(signum)
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

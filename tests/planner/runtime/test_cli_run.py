@@ -274,7 +274,8 @@ def test_cuda_on_a_machine_without_gpus_is_refused_as_a_device(capsys, make_plan
 
 def test_an_interrupted_run_stops_the_processes_it_started(tmp_path):
     """SIGTERM to the planner alone stops torchrun's whole process group, not torchrun alone (a
-    new-user check found its workers running on under init, and the temporary folder left)."""
+    new-user check found its workers running on under init, and the temporary folder left), and
+    the planner exits 143 as a process SIGTERM ended (a check found 130, Ctrl-C's code)."""
     import os
     import signal
     import subprocess
@@ -284,12 +285,12 @@ def test_an_interrupted_run_stops_the_processes_it_started(tmp_path):
     pids = tmp_path / "pids"
     script = (
         "import sys\n"
+        "import argparse\n"
+        "from planner.cli.main import run_command\n"
         "from planner.runtime.launch import run_group\n"
         f"argv = ['bash', '-c', 'sleep 60 & echo $! > {pids}; wait']\n"
-        "try:\n"
-        "    run_group(argv, sys.stdout)\n"
-        "except KeyboardInterrupt:\n"
-        "    sys.exit(130)\n")
+        "args = argparse.Namespace(debug=False, func=lambda a: run_group(argv, sys.stdout))\n"
+        "sys.exit(run_command(args))\n")
     proc = subprocess.Popen([sys.executable, "-c", script])
     for _ in range(200):  # the grandchild is up once its pid is written
         if pids.exists() and pids.read_text().strip():
@@ -297,7 +298,7 @@ def test_an_interrupted_run_stops_the_processes_it_started(tmp_path):
         time.sleep(0.05)
     grandchild = int(pids.read_text())
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 130
+    assert proc.wait(timeout=30) == 143
     for _ in range(100):
         try:
             os.kill(grandchild, 0)
