@@ -13,7 +13,7 @@ from planner.cli.args import count, positive_float, positive_int
 from planner.files import atomic_write, check_output, check_output_folder
 from planner.machine import usable_cores
 from planner.planfile.document import load_plan
-from planner.report.measured import off_hints, summary
+from planner.report.measured import off_hints, recsys_summary, summary
 from planner.runtime.options import DEVICES, RunOptions
 
 HOST_NOTE_BYTES = 64e9
@@ -115,6 +115,7 @@ def run(args) -> int:
         print(f"# {launch.nodes} node(s) x {_processes(launch.nproc_per_node)} ({launch.device}); "
               f"run {where}:")
         print(cluster_command(launch, opts, args.output or "measured.json"))
+        print(_then(args.output or "measured.json"))
         return 0
     logging.getLogger("planner").info("running %s with %s ...", args.plan,
                                       _processes(launch.nproc_per_node))
@@ -145,18 +146,24 @@ def _run_recsys(args, opts: RunOptions) -> int:
         print(f"# {launch.nodes} node(s) x {_processes(launch.nproc_per_node)} ({launch.device}, "
               f"TorchRec); run {where}:")
         print(recsys.cluster_command(launch, opts, args.output or "measured.json"))
+        print(_then(args.output or "measured.json"))
         return 0
     logging.getLogger("planner").info("running %s with %s (TorchRec) ...", args.plan,
                                       _processes(launch.nproc_per_node))
     _warn_oversubscribed(launch.device, launch.nproc_per_node, opts.threads)
     result = {**recsys.run_local(launch, opts)[0], "plan": args.plan}
-    print(recsys.summary(result, args.plan))
+    print(recsys_summary(result, args.plan))
     if args.output is not None:
         atomic_write(args.output, json.dumps(result, indent=1) + "\n")
         print(f"\nwrote {args.output}")
     if args.dump is not None:
         print(f"wrote the model's parameters to {args.dump}")
     return 0
+
+
+def _then(result: str) -> str:
+    """What to run once a dry run's command is done."""
+    return f"# then `plan show {result}` prints measured against predicted"
 
 
 def _where(nodes: int) -> str:

@@ -1,12 +1,18 @@
-"""What `plan run` prints: measured against predicted, per rank. Returns strings."""
+"""What `plan run` prints: measured against predicted, per rank (a dense plan's and a
+recommendation plan's). Returns strings."""
 
 from __future__ import annotations
 
-from planner.report.text import listing
+from planner.report.text import listing, table
 
 
 def _ms(seconds) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def _ms2(seconds) -> str:
+    """Milliseconds to two places (a recommendation model's CPU steps take a few)."""
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
 
 
 def _mb(nbytes) -> str:
@@ -151,3 +157,48 @@ def off_hints(result: dict, plan, threads: int | None) -> list[str]:
 
 OFF = 0.3
 """A step time this far from the prediction (predicted / measured - 1) gets off_hints."""
+
+
+def _size(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x / 1e6:.1f} MB" if x >= 1e5 else f"{x / 1e3:.1f} kB"
+
+
+def recsys_summary(result: dict, plan_name: str) -> str:
+    """What `plan run` prints for a recommendation plan: measured against predicted."""
+    m = result["measured"]
+    err = m["step_time_error"]
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(result["sharding"].items()))
+    steps = len(result["ranks"][0]["step_times_s"])
+    bd = result.get("predicted_breakdown") or {}
+    lines = [f"Ran {plan_name} on {result['world_size']} {result['device']} processes "
+             f"({result['backend']}; {result['engine']}; tables: {kinds}), {steps} steps of "
+             f"{result['local_batch']} samples per rank, "
+             + (f"the first {m['warmup_steps']} not timed" if m["warmup_steps"] > 1 else
+                "the first not timed" if m["warmup_steps"] else "all timed"),
+             ""]
+    lines += table([("", "measured", "predicted", "error (predicted / measured - 1)"),
+                     ("step time", _ms2(m["step_time_s"]), _ms2(m["predicted_step_time_s"]),
+                      "-" if err is None else f"{err * 100:+.0f}%")])
+    if bd:
+        lines += ["", f"predicted step = max(device {_ms2(bd.get('device_s'))}, host "
+                      f"{_ms2(bd.get('host_s'))}); device = lookups {_ms2(bd.get('lookup_s'))} + "
+                      f"embedding exchange {_ms2(bd.get('embedding_comm_s'))} + dense "
+                      f"{_ms2(bd.get('dense_compute_s'))} + exposed all-reduce "
+                      f"{_ms2(bd.get('grad_allreduce_exposed_s'))} (busiest rank)"]
+    lines.append("")
+    lines += table([("rank", "tables", "median step", "predicted device", "table shards",
+                      "RSS peak")] +
+                    [(str(r["rank"]), str(len(r["tables"])), _ms2(r["median_step_time_s"]),
+                      _ms2(r["predicted_time_s"]), _size(r["table_bytes"]),
+                      _size(r["rss_peak_bytes"])) for r in result["ranks"]])
+    lines.append("")
+    lines.append("loss per step: " + ", ".join(f"{x:.4f}" for x in result["loss_per_step"]))
+    ref = result.get("reference")
+    if ref:
+        lines.append(f"unsharded reference: losses within {ref['loss_max_abs_diff']:.2e}, tables "
+                     f"within {max(ref['table_max_abs_diff'].values(), default=0):.2e}, dense "
+                     f"within {ref['dense_max_abs_diff']:.2e}")
+    lines += [f"note: {n}" for n in result.get("notes", [])]
+    return "\n".join(lines)

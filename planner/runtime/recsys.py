@@ -621,62 +621,6 @@ def run_local(launch: Launch, opts: RunOptions, *, reference: bool = False) -> l
         return run_processes(argv, tmp, result)["runs"]
 
 
-# ---- text ------------------------------------------------------------------------------------
-
-def _ms(x) -> str:
-    return "-" if x is None else f"{x * 1e3:.2f} ms"
-
-
-def _size(x) -> str:
-    if x is None:
-        return "-"
-    return f"{x / 1e6:.1f} MB" if x >= 1e5 else f"{x / 1e3:.1f} kB"
-
-
-def _table(rows: list[tuple]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-
-
-def summary(result: dict, plan_name: str) -> str:
-    """What `plan run` prints for a recommendation plan: measured against predicted."""
-    m = result["measured"]
-    err = m["step_time_error"]
-    kinds = ", ".join(f"{n} {k}" for k, n in sorted(result["sharding"].items()))
-    steps = len(result["ranks"][0]["step_times_s"])
-    bd = result.get("predicted_breakdown") or {}
-    lines = [f"Ran {plan_name} on {result['world_size']} {result['device']} processes "
-             f"({result['backend']}; {result['engine']}; tables: {kinds}), {steps} steps of "
-             f"{result['local_batch']} samples per rank, "
-             + (f"the first {m['warmup_steps']} not timed" if m["warmup_steps"] > 1 else
-                "the first not timed" if m["warmup_steps"] else "all timed"),
-             ""]
-    lines += _table([("", "measured", "predicted", "error (predicted / measured - 1)"),
-                     ("step time", _ms(m["step_time_s"]), _ms(m["predicted_step_time_s"]),
-                      "-" if err is None else f"{err * 100:+.0f}%")])
-    if bd:
-        lines += ["", f"predicted step = max(device {_ms(bd.get('device_s'))}, host "
-                      f"{_ms(bd.get('host_s'))}); device = lookups {_ms(bd.get('lookup_s'))} + "
-                      f"embedding exchange {_ms(bd.get('embedding_comm_s'))} + dense "
-                      f"{_ms(bd.get('dense_compute_s'))} + exposed all-reduce "
-                      f"{_ms(bd.get('grad_allreduce_exposed_s'))} (busiest rank)"]
-    lines.append("")
-    lines += _table([("rank", "tables", "median step", "predicted device", "table shards",
-                      "RSS peak")] +
-                    [(str(r["rank"]), str(len(r["tables"])), _ms(r["median_step_time_s"]),
-                      _ms(r["predicted_time_s"]), _size(r["table_bytes"]),
-                      _size(r["rss_peak_bytes"])) for r in result["ranks"]])
-    lines.append("")
-    lines.append("loss per step: " + ", ".join(f"{x:.4f}" for x in result["loss_per_step"]))
-    ref = result.get("reference")
-    if ref:
-        lines.append(f"unsharded reference: losses within {ref['loss_max_abs_diff']:.2e}, tables "
-                     f"within {max(ref['table_max_abs_diff'].values(), default=0):.2e}, dense "
-                     f"within {ref['dense_max_abs_diff']:.2e}")
-    lines += [f"note: {n}" for n in result.get("notes", [])]
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":  # pragma: no cover
     code = main()
     sys.stdout.flush()

@@ -164,9 +164,11 @@ def test_a_run_takes_the_threads_its_calibration_measured_with(capsys, make_plan
     path = str(tmp_path / "calibrated.json")
     plan.save(path)
     code, out, _ = run(capsys, "run", path, "--dry-run")
-    assert code == 0 and out.rstrip().endswith("--threads 1"), out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("torchrun ")]
+    assert code == 0 and line.endswith("--threads 1"), out
     code, out, _ = run(capsys, "run", path, "--dry-run", "--threads", "2")
-    assert code == 0 and out.rstrip().endswith("--threads 2"), out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("torchrun ")]
+    assert code == 0 and line.endswith("--threads 2"), out
 
 
 def test_tp_with_a_map_that_splits_nothing_is_refused(capsys, make_plan, tmp_path):
@@ -199,6 +201,8 @@ def test_a_multi_node_plan_is_refused_and_its_dry_run_is_one_torchrun_command(ca
     (line,) = [ln for ln in out.splitlines() if ln.startswith("torchrun ")]
     assert code == 0 and "--standalone" in line and "HEAD_NODE" not in line
     assert "host memory" not in out  # a small model: nothing to say
+    # a check found no command that prints the file the command writes: plan show does
+    assert "# then `plan show measured.json` prints measured against predicted" in out
 
 
 def test_a_dry_run_says_how_much_host_memory_a_node_needs(capsys, make_plan, monkeypatch):
@@ -239,6 +243,11 @@ def test_run_measures_each_rank_next_to_the_prediction(capsys, make_plan, tmp_pa
     # the project's sign everywhere: predicted / measured - 1, negative when too fast
     assert m["step_time_error"] == pytest.approx(m["predicted_step_time_s"] / m["step_time_s"] - 1)
     assert len(res["loss_per_step"]) == 3 and res["loss_per_step"][2] < res["loss_per_step"][0]
+    # the result file prints again as the run printed its table (plan show reads it)
+    code, shown, _ = run(capsys, "show", str(out_file))
+    assert code == 0 and shown.strip() in out and "step time" in shown
+    code, _, err = run(capsys, "show", str(out_file), "--json")
+    _one_line_refusal(code, err, "plan run measured", "drop --why")
     # data parallelism holds DTensors (replicate), whose count of held tensors crashed once
     dp = make_plan("branched", "pp=1,tp=1,dp=2,zero=0,micro_batch=2")
     code, out, err = run(capsys, "run", dp, "--steps", "2", "-o", str(out_file))

@@ -89,6 +89,9 @@ def test_plan_run_dispatches_a_recsys_plan_to_torchrec(plans, tmp_path, capsys):
     res = json.loads(out_file.read_text())
     assert res["plan"] == plans["mixed"] and res["measured"]["step_time_s"] > 0
     assert res["engine"].startswith("torchrec")
+    # the result file prints again as the run printed it (plan show reads it)
+    assert main(["show", str(out_file)]) == 0
+    assert capsys.readouterr().out.strip() == out.split("\nwrote ")[0].strip()
 
 
 # ---- without processes ----------------------------------------------------------------------
