@@ -242,8 +242,9 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec,
     options = settings.with_layout(settings.narrowed(options, prepared, training), prepared,
                                    hetero=isinstance(cluster, HeteroCluster))
     if not isinstance(cluster, HeteroCluster):  # a pin no configuration honours: named before
-        problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
-                              training, options)  # the search, not after it
+        problem = pin_problem(dict(options.fix), Space.of(
+            cluster, prepared.blocks, options, image=bool(prepared.info.get("image_tokens"))),
+            training, options)  # the search, not after it
         if problem:
             raise SpecError(problem)
     for group in getattr(cluster, "groups", (cluster,)):
@@ -277,9 +278,9 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec,
         log.warning("cluster: no pipeline over the sites (%s); data parallel across them "
                     "instead", str(exc).splitlines()[0])
         return plan
-    for note in settings.idle_pins(options.fix, result.best.config.cp, result.best.config.pp):
-        log.warning("%s", note)
     best = result.best.config
+    for note in settings.idle_pins(options.fix, best.cp, best.pp, best.dp):
+        log.warning("%s", note)
     if not isinstance(cluster, HeteroCluster):
         settings.note_cp_limit(best, training, options, cluster.num_gpus)
     settings.warn_ring_unused(best, training)
@@ -370,7 +371,9 @@ def _raise_infeasible(prepared: Prepared, cluster, training: TrainingSpec,
     note = length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"),
                        dict(options.fix))
     raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
-                                             result.rejected) + (f" ({note})" if note else ""),
+                                             result.rejected,
+                                             image=bool(prepared.info.get("image_tokens")))
+                          + (f" ({note})" if note else ""),
                           reason="no feasible plan")
 
 

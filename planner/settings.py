@@ -290,10 +290,11 @@ OVERLAP_HINT_SHARE = 0.10
 them says so (hint_overlap)."""
 
 
-def idle_pins(fix: dict, cp: int, pp: int = 0) -> list[str]:
-    """Pins a configuration with context-parallel degree ``cp`` and pipeline degree ``pp`` (0: not
-    known) does not use: the exchange form without context parallelism, ZB-H1 without a pipeline
-    (priced as 1F1B there; the search may leave cp or pp at 1 when only the form is pinned).
+def idle_pins(fix: dict, cp: int, pp: int = 0, dp: int = 0) -> list[str]:
+    """Pins a configuration with context-parallel degree ``cp``, pipeline degree ``pp`` and
+    data-parallel degree ``dp`` (0: not known) does not use: the exchange form without context
+    parallelism, ZB-H1 without a pipeline (priced as 1F1B there; the search may leave cp or pp at
+    1 when only the form is pinned), ZeRO without a second replica to shard over.
     Not "changes nothing": with the form pinned, the plan without cp or pp may be the best left
     where a free search had chosen one."""
     notes = []
@@ -310,6 +311,11 @@ def idle_pins(fix: dict, cp: int, pp: int = 0) -> list[str]:
                f"pin pp too (e.g. pp=2,schedule={fix['schedule']}) to make it use one")
         notes.append(f"fix.schedule={fix['schedule']} is not used: the plan chosen has no "
                      f"pipeline (pp=1); {how}")
+    if int(fix.get("zero", 0)) > 0 and dp == 1 and cp == 1:  # (a new-user check: zero 0 -> 3
+        # at dp=1 read "B takes as long as A" with nothing said)
+        how = "leave zero out, or pin dp > 1" if "dp" in fix else "pin dp too (e.g. dp=2)"
+        notes.append(f"fix.zero={fix['zero']} is not used: the plan chosen has one data-parallel "
+                     f"replica (dp=1, cp=1), and ZeRO shards over the dp x cp ranks; {how}")
     return notes
 
 

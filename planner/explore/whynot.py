@@ -110,11 +110,13 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
                        result=result, cluster=cluster, training=training, options=options)
         return WhyNot(pins=pins, variant=variant, feasible=True,
                       notes=_kept(plan, pins) + carried_notes + _lifted(plan, pins)
-                      + settings.idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
+                      + settings.idle_pins(pins, variant.parallel.get("cp", 1),
+                                         variant.parallel["pp"], variant.parallel["dp"])
                       + _untried(plan, variant, options), over=[])
     grouped = isinstance(cluster, HeteroCluster)
-    problem = pin_problem(dict(options.fix), Space.of(cluster, prepared.blocks, options),
-                          training, options)
+    problem = pin_problem(dict(options.fix), Space.of(
+        cluster, prepared.blocks, options, image=bool(prepared.info.get("image_tokens"))),
+        training, options)
     if problem:  # a pin the model or cluster cannot take is bad input, as in solve, named as
         raise SpecError(_as_why(problem, pins, _fixed(plan)))  # the option that gave it
     if grouped and not any(result.rejected[r] for r in OUTCOMES):  # the rules alone: bad input
@@ -160,7 +162,8 @@ def _over_sites(plan: Plan, pins: dict, prepared, cluster, training: TrainingSpe
                       notes=carried_notes + _lifted(plan, pins), over=[])
     return WhyNot(pins=pins, variant=variant, feasible=True,
                   notes=_kept(plan, pins) + carried_notes + _lifted(plan, pins)
-                  + settings.idle_pins(pins, variant.parallel.get("cp", 1), variant.parallel["pp"])
+                  + settings.idle_pins(pins, variant.parallel.get("cp", 1),
+                                         variant.parallel["pp"], variant.parallel["dp"])
                   + _untried(plan, variant, options), over=[])
 
 

@@ -381,7 +381,40 @@ def breakdown(p: Plan, bar_width: int = 24) -> list[str]:
     accuracy = textwrap.wrap(moe_accuracy(bool(wait)), 100, initial_indent="      ",
                              subsequent_indent="        ") if p.model.get("routed_experts") or \
         p.parallel.get("ep", 1) * p.parallel.get("etp", 1) > 1 else []
-    return [f"  step time   {step:.4g} s, made of:", *table(rows, indent="  "), *host, *accuracy]
+    return [f"  step time   {step:.4g} s, made of:", *table(rows, indent="  "), *host,
+            *_imbalance(p), *accuracy]
+
+
+IMBALANCE_SHARE = 0.01
+"""Pipeline ranks whose work per micro-batch differs by more than this share of the busiest
+rank's are named under the step's parts (_imbalance)."""
+
+
+def _imbalance(p: Plan) -> list[str]:
+    """Where the pipeline's ranks carry unequal work, what the others wait for the busiest: the
+    parts above run along the busiest rank, so their compute holds this wait, which the Gantt
+    chart shows as idle time (a new-user check read compute 94% and a bubble of 1.4% for a plan
+    whose chart had the ranks idle 9.2%)."""
+    pp = p.parallel.get("pp", 1)
+    if pp <= 1 or not p.stages:
+        return []
+    work = [0.0] * pp  # per rank, seconds a micro-batch (its chunks' passes, no sends)
+    for s in p.stages:
+        d = s["predicted"]
+        work[s["pipeline_rank"]] += d["time_per_microbatch_s"] - d.get("p2p_s", 0.0)
+    busiest, mean = max(work), sum(work) / pp
+    if busiest - mean <= IMBALANCE_SHARE * busiest:
+        return []
+    m = p.parallel["num_microbatches"]
+    wait = m * (busiest - mean)
+    step = p.predicted["step_time_s"]
+    slow, fast = work.index(busiest), work.index(min(work))
+    return textwrap.wrap(
+        f"pipeline ranks unequal: rank {slow} works {1e3 * busiest:.3g} ms a micro-batch, rank "
+        f"{fast} {1e3 * min(work):.3g} ms (mean {1e3 * mean:.3g} ms); the others wait for it "
+        f"{seconds(wait, 3)} of the step on average ({100 * wait / step:.0f}%, counted in the "
+        "parts above, which run along the busiest rank)", 100, initial_indent="      ",
+        subsequent_indent="        ")
 
 
 def _overlap_off(p: Plan) -> str:
@@ -393,7 +426,7 @@ def _overlap_off(p: Plan) -> str:
 
 
 MOE_ACCURACY = ("accuracy: step times of mixtures of experts are this cost model's least certain: "
-                "on the published Megatron-Core MoE runs its held-out median error is 16%, and "
+                "on the published Megatron-Core MoE runs its held-out median error is 17%, and "
                 "some rows come out up to 2.4x too fast (Qwen3-30B-A3B dropless on H100, "
                 "GPT-OSS-120B on B200 and H100; docs/moe-accuracy.md)")
 """Said under an MoE plan's step time and under a what-if of one: the figures of

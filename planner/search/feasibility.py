@@ -85,7 +85,8 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if cp > 1 and not space.heads[0]:
         return ("fix.cp: the model has no attention (context parallelism splits attention's "
                 "sequence); drop cp")
-    problem = sequence_pin_problem(fix, training.seq_len, n, options)
+    problem = sequence_pin_problem(fix, training.seq_len, n, options, image=space.image,
+                                   causal=space.causal)
     if problem:
         return problem
     seq = training.seq_len
@@ -224,14 +225,26 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
 
 
 def sequence_pin_problem(fix: dict, seq_len: int, num_gpus: int,
-                         options: SearchOptions | None = None) -> str:
-    """'' or the line saying a pinned cp does not cut the sequence into its equal chunks."""
+                         options: SearchOptions | None = None, *, image: bool = False,
+                         causal: bool = True) -> str:
+    """'' or the line saying a pinned cp does not cut the sequence into its equal chunks;
+    ``image``: the sequence is an image's patches (image_size and patch_size set it, not
+    --seq-len); ``causal``: the model has causal attention (the 2 x cp chunks balance it; the
+    engines cut them whatever the mask)."""
     cp = fix.get("cp", 1)
     chunks = cp_chunks(cp, options)
     if cp > 1 and seq_len % chunks:
         fits = [c for c in divisors(num_gpus) if c > 1 and seq_len % cp_chunks(c, options) == 0]
-        what = (f"2 x cp = {chunks} equal chunks (causal load balancing)" if chunks == 2 * cp
+        why = "causal load balancing" if causal else \
+            "the load-balanced chunks the engines cut, though this model's attention is not causal"
+        what = (f"2 x cp = {chunks} equal chunks ({why})" if chunks == 2 * cp
                 else f"cp = {cp} equal shards")
+        if image:
+            return (f"fix.cp: an image's {seq_len} tokens (its patches and the tokens the model "
+                    f"prepends) do not split into {what}; "
+                    + (f"use cp={' or '.join(map(str, fits[:4]))}, or " if fits else "drop cp, or ")
+                    + "set image_size and patch_size in the config to give a multiple of "
+                    f"{chunks} tokens")
         ulysses = chunks == 2 * cp and seq_len % cp == 0 and \
             fix.get("cp_comm", "a2a") == "a2a" and int(fix.get("tp", 1)) == 1 and \
             int(fix.get("pp", 1)) == 1  # (its all-to-all over heads balances it; its mesh has
@@ -440,10 +453,12 @@ def reserve_problem(cluster, options: SearchOptions) -> str:
 
 
 def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: TrainingSpec,
-                       options: SearchOptions, rejected: Counter) -> str:
+                       options: SearchOptions, rejected: Counter, *, image: bool = False) -> str:
     """One line: what the leanest plan (with the user's pins) needs, what the device offers, and
-    what would fit. A pin no configuration can honour raises SpecError instead (bad input)."""
-    problem = pin_problem(dict(options.fix), Space.of(cluster, bg, options), training, options)
+    what would fit. A pin no configuration can honour raises SpecError instead (bad input).
+    ``image``: the model's tokens are an image's patches (Space.image)."""
+    problem = pin_problem(dict(options.fix), Space.of(cluster, bg, options, image=image),
+                          training, options)
     if problem:
         raise SpecError(problem)
     if "cp" not in options.fix:  # the search's own choice to skip short cp, not a rule that binds

@@ -130,6 +130,12 @@ class Space:
     gpt-oss's sinks)."""
     latent: bool = False
     """Whether some attention's keys are wider than its values (multi-head latent attention)."""
+    causal: bool = True
+    """Whether some attention is causal (False: a vision or encoder model's attends both ways,
+    which the causal load balancing of context parallelism is not for)."""
+    image: bool = False
+    """Whether a sample's tokens are an image's patches (their number set by the model's
+    image_size and patch_size, not by --seq-len), as the caller holding the trace says."""
     etp_one_only: bool = False
     """Whether the target splits no expert matrices for this model: its experts carry biases
     (BlockWork.expert_bias) and the target refuses that with etp > 1
@@ -151,17 +157,21 @@ class Space:
     host memory already, so there is nothing to offload it to."""
 
     @classmethod
-    def of(cls, cluster, blocks, options: SearchOptions | None = None) -> "Space":
+    def of(cls, cluster, blocks, options: SearchOptions | None = None, *,
+           image: bool = False) -> "Space":
         """The space of ``blocks`` (a BlockGraph) on ``cluster`` (Cluster or HeteroCluster), for
-        the target of ``options`` (None: any)."""
+        the target of ``options`` (None: any); ``image``: the trace found a sample's tokens to be
+        an image's patches (Prepared.info's image_tokens)."""
         divs = tuple(sorted({d for b in blocks.blocks for d in b.tp_divisors}))
         experts = {int(b.work.num_experts) for b in blocks.blocks if b.work.num_experts}
         unsplit = blocks.tp_other_modules if options is not None and \
             not options.tp_other_modules else {}
         forms = attention_forms(blocks)
-        model = dict(experts=math.gcd(*experts) if experts else 0,
+        model = dict(experts=math.gcd(*experts) if experts else 0, image=image,
                      sinks="sinks" in forms, latent="latent" in forms,
                      windowed="sliding_window" in forms,
+                     causal=any(b.work.attn_causal_flops > 0 for b in blocks.blocks) or not any(
+                         b.work.attn_heads_q for b in blocks.blocks),
                      etp_one_only=(options is not None and not options.etp_with_expert_bias
                                    and any(b.work.expert_bias for b in blocks.blocks)),
                      tp_one_only=(options is not None and not options.tp_inner_weights

@@ -198,6 +198,24 @@ def _interval_sums(times: Sequence[float], lo: float, hi: float,
     return values.tolist()
 
 
+def even_partition(times: Sequence[float], stages: int) -> Partition | None:
+    """The split whose cuts fall nearest to equal shares of the total time (every stage keeps at
+    least one block), memory not considered: the chunks of an interleaved schedule add up per
+    rank, and a split that minimizes the slowest chunk may still load one rank's chunks more
+    than another's (a short first chunk where the embedding's memory binds, long ones after)."""
+    n = len(times)
+    if stages < 1 or n < stages:
+        return None
+    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(times, dtype=float))))
+    bounds = [0]
+    for k in range(1, stages):
+        lo, hi = bounds[-1] + 1, n - (stages - k)
+        target = k * prefix[-1] / stages
+        bounds.append(lo + int(np.argmin(np.abs(prefix[lo:hi + 1] - target))))
+    bounds.append(n)
+    return Partition(bounds, _times_of(times, bounds))
+
+
 def brute_force(times: Sequence[float], stages: int, mem: StageMemory | None = None) -> Partition | None:
     """Every split of ``times`` into ``stages`` contiguous non-empty stages; the best feasible one."""
     n = len(times)

@@ -562,6 +562,13 @@ def test_odd_sweep_values_and_idle_schedules_are_named():
     assert idle_pins({"schedule": "gpipe"}, 1, 1) == []
     # a plan's own parallel (a valid fix) records cp_comm=p2p at cp=1: nothing to say of it
     assert idle_pins({"cp": 1, "cp_comm": "p2p"}, 1) == [] != idle_pins({"cp_comm": "p2p"}, 1)
+    # ZeRO with one replica (a new-user check: zero 0 -> 3 at dp=1 was "as long", unsaid)
+    assert idle_pins({"zero": 3, "dp": 1}, 1, 1, 1) == [
+        "fix.zero=3 is not used: the plan chosen has one data-parallel replica (dp=1, cp=1), and "
+        "ZeRO shards over the dp x cp ranks; leave zero out, or pin dp > 1"]
+    assert "pin dp too" in idle_pins({"zero": 1}, 1, 1, 1)[0]
+    assert idle_pins({"zero": 3}, 2, 1, 1) == [] == idle_pins({"zero": 3}, 1, 1, 2) \
+        == idle_pins({"zero": 0}, 1, 1, 1) == idle_pins({"zero": 3}, 1, 1)  # (dp not known)
 
 
 def test_an_infeasible_point_names_its_varied_pins_to_relax():

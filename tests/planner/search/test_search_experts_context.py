@@ -422,6 +422,34 @@ def test_an_image_model_of_a_config_is_known_by_its_pixel_input(tmp_path):
     assert not resolve(str(tmp_path / "llama.json"), seq_len=16, dtype="fp32").image_tokens
 
 
+def test_a_cp_an_images_tokens_do_not_split_names_the_images_sizes(tmp_path, tiny_llama):
+    """A new-user check: ViT-H/14's 257 tokens with cp=2 read "(causal load balancing); use a
+    sequence length divisible by 4": its attention is not causal, and --seq-len does not set an
+    image's tokens."""
+    from planner import TrainingSpec
+    from planner.inputs.clusters import load_cluster
+    from planner.search.feasibility import pin_problem
+    from planner.search.space import Space
+
+    (tmp_path / "vit.json").write_text(json.dumps(
+        {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "intermediate_size": 64, "image_size": 48, "patch_size": 16}))  # 9 patches + [CLS]
+    cluster = load_cluster("dgx-h100", nodes=1)
+    with pytest.raises(planner.SpecError) as err:
+        planner.plan(str(tmp_path / "vit.json"), cluster="dgx-h100", nodes=1, global_batch=8,
+                     fix="cp=4")
+    text = str(err.value)
+    assert text.startswith("fix.cp: an image's 10 tokens") and "not causal" in text
+    # (n x n patches and a class token are never a multiple of 4: no cp > 1 cuts them)
+    assert "drop cp" in text and "image_size and patch_size" in text and "--seq-len" not in text
+    vit = Space.of(cluster, planner.prepare(str(tmp_path / "vit.json")).blocks, None)
+    assert not vit.causal and not vit.image  # (the caller says what the trace found)
+    assert Space.of(cluster, tiny_llama.blocks, None).causal
+    assert "(causal load balancing)" in pin_problem(
+        {"cp": 2}, Space.of(cluster, tiny_llama.blocks, None), TrainingSpec(global_batch=8,
+                                                                            seq_len=126), None)
+
+
 def test_an_encoder_decoders_encoder_length_is_known_and_shown(tmp_path):
     """A new-user check: Whisper's 1,500 encoder positions appeared nowhere; tokens/s counts the
     decoder's tokens, which the plan's header now says."""

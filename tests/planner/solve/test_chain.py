@@ -6,13 +6,34 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.solve.chain import StageMemory, brute_force, partition
+from planner.solve.chain import StageMemory, brute_force, even_partition, partition
 
 
 def test_simple_split():
     p = partition([1, 1, 1, 1, 4], 2)
     assert p.bounds == [0, 4, 5] and p.bottleneck == 4
     assert partition([1, 2], 3) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(times=st.lists(st.floats(min_value=0.01, max_value=10), min_size=1, max_size=30),
+       stages=st.integers(min_value=1, max_value=8))
+def test_the_even_split_cuts_nearest_to_equal_shares(times, stages):
+    """Every stage non-empty; each cut is the block boundary nearest its share of the total among
+    those that leave a block for every stage on both sides."""
+    got = even_partition(times, stages)
+    if len(times) < stages:
+        assert got is None
+        return
+    b = got.bounds
+    assert b[0] == 0 and b[-1] == len(times) and all(y > x for x, y in zip(b, b[1:]))
+    prefix = [sum(times[:j]) for j in range(len(times) + 1)]
+    for k in range(1, stages):
+        target = k * prefix[-1] / stages
+        allowed = range(b[k - 1] + 1, len(times) - (stages - k) + 1)
+        assert abs(prefix[b[k]] - target) <= min(abs(prefix[j] - target) for j in allowed) + 1e-9
+    assert got.stage_times == pytest.approx([sum(times[x:y]) for x, y in zip(b, b[1:])])
+    assert even_partition([1.0] * 8, 4).bounds == [0, 2, 4, 6, 8]
 
 
 @settings(max_examples=150, deadline=None)
