@@ -538,6 +538,20 @@ def _search(p: Plan) -> list[str]:
     return lines
 
 
+def _tie_reason(p: Plan, a: dict, mem: float) -> str:
+    """Why the plan won a tie over the faster runner-up ``a`` (search.loop.tie_broken): an
+    exported engine runs it and not the runner-up, or it holds less memory."""
+    forms = p.model.get("attention_forms", ())
+
+    def exported(parallel: dict) -> bool:
+        return any(targets.refusal(parallel, p.training["dtype"], t, forms) is None
+                   for t in targets.EXPORTED)
+    if p.search.get("target", "any") == "any" and exported(p.parallel) and \
+            not exported({**p.parallel, **a["parallel"]}):
+        return "an exported engine runs the plan, not this one"
+    return "the plan holds less memory" if mem > 0 else "the plan chosen first"
+
+
 def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
     """'3. tp 4 -> 8, dp 32 -> 16: 18.68 s (+1.5%), 31.6 GB (-29.3 GB)' and the parts that moved;
     knobs named as --fix and `plan diff` name them (micro_batch)."""
@@ -547,7 +561,7 @@ def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
     rel = 100 * (a["step_time_s"] / p.step_time_s - 1)
     mem = a["peak_memory_bytes"] - p.predicted["peak_memory_bytes"]
     parts = a["why"].split(": ", 1)[1] if ": " in a["why"] else "no part of the step moved"
-    tie = (f"; a tie, within {100 * TIE_SHARE:g}%: the plan holds less memory"
+    tie = (f"; a tie, within {100 * TIE_SHARE:g}%: {_tie_reason(p, a, mem)}"
            if a["step_time_s"] < p.step_time_s else "")  # (search.loop.tie_broken)
     head = textwrap.wrap(f"{i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%{tie}), "
                          f"{gb1(a['peak_memory_bytes'])} per GPU "

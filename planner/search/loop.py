@@ -44,6 +44,7 @@ import numpy as np
 from costmodels import compute, memory, pipeline
 from costmodels.errors import InfeasibleError
 from costmodels.topology import HeteroCluster
+from planner import targets
 from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import hetero
 from planner.search.costs import ModelArrays, block_costs, capacity_bytes
@@ -51,7 +52,7 @@ from planner.search.evaluate import placed_estimate, placements, split_of
 from planner.search.dp_traffic import DataParallelBytes, dp_floor_s, dp_rates
 from planner.search.pricing import Estimate
 from planner.search.refine import cpsat_budget_s, pipeline_key, refine, simulated
-from planner.search.space import CostKey, Group, Space, enumerate_space
+from planner.search.space import CostKey, Group, Space, attention_forms, enumerate_space
 from planner.trace.graph import BlockGraph
 
 TIME_LIMIT = "not evaluated (time limit)"
@@ -319,7 +320,8 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     # at the same rank, the configuration enumerated first (as the top k keeps them)
     ranked = sorted(ranked, key=lambda e: (e.rank, order_of.get(e.config, total)))
     if not groups_of_devices:  # (on groups a plan's memory is its own group's share: no edge)
-        ranked = tie_broken(ranked, lambda e: order_of.get(e.config, total), pricer.capacity)
+        ranked = tie_broken(ranked, lambda e: order_of.get(e.config, total), pricer.capacity,
+                            _engine_runs(bg, training) if options.target == "any" else None)
     ranked = ranked[:options.top_k + 1]
     status, gap = ("feasible", None) if cut else ("optimal", 0.0)
     if ranked and ranked[0].split_status != "optimal" and not cut:
@@ -345,18 +347,35 @@ TIE_POOL = 3
 for the best alone breaks its ties as one with runners-up does."""
 
 
-def tie_broken(ranked: list, order, capacity: float) -> list:
-    """``ranked`` (fastest first) with the plan of least memory among those of its first TIE_POOL
-    tied with the fastest (TIE_SHARE) first where the fastest fills more than TIE_MEMORY_EDGE of
-    ``capacity`` (usable bytes per GPU), then the rest as they were; ``order``: an estimate's
-    place in the enumeration (the last tie-break, as the top k keeps them). The first TIE_POOL
-    alone, so that the answer does not hang on how many runners-up were asked for."""
-    if not ranked or ranked[0].peak_memory_bytes <= TIE_MEMORY_EDGE * capacity:
+def tie_broken(ranked: list, order, capacity: float,
+               engine_runs: Callable[[Config], bool] | None = None) -> list:
+    """``ranked`` (fastest first) with one of its first TIE_POOL tied with the fastest (TIE_SHARE)
+    first, then the rest as they were: with ``engine_runs`` (a search for any target), one an
+    exported engine runs where the fastest is not (a new-user check got a plan that only the
+    planner's own runtime runs over a tie Megatron runs); and of those, the plan of least memory
+    where the fastest fills more than TIE_MEMORY_EDGE of ``capacity`` (usable bytes per GPU).
+    ``order``: an estimate's place in the enumeration (the last tie-break, as the top k keeps
+    them). The first TIE_POOL alone, so that the answer does not hang on how many runners-up
+    were asked for."""
+    if not ranked:
         return ranked
     limit = ranked[0].step_time_s * (1.0 + TIE_SHARE)
-    pick = min((e for e in ranked[:TIE_POOL] if e.step_time_s <= limit),
-               key=lambda e: (e.peak_memory_bytes, e.rank, order(e)))
+    tied = [e for e in ranked[:TIE_POOL] if e.step_time_s <= limit]
+    if engine_runs is not None and len(tied) > 1 and not engine_runs(ranked[0].config):
+        tied = [e for e in tied if engine_runs(e.config)] or tied
+    if tied[0].peak_memory_bytes <= TIE_MEMORY_EDGE * capacity:
+        pick = tied[0]
+    else:
+        pick = min(tied, key=lambda e: (e.peak_memory_bytes, e.rank, order(e)))
     return [pick] + [e for e in ranked if e is not pick]
+
+
+def _engine_runs(bg: BlockGraph, training: TrainingSpec) -> Callable[[Config], bool]:
+    """Whether an exported engine (targets.EXPORTED) runs a configuration's knobs and dtype as
+    planned (targets.refusal; an export checks the model's other rules besides)."""
+    forms = attention_forms(bg)
+    return lambda cfg: any(targets.refusal(cfg.to_dict(), training.dtype, t, forms) is None
+                           for t in targets.EXPORTED)
 
 
 def _config(group: Group, variant: tuple, costs_of: dict, pricer) -> Config:

@@ -334,8 +334,8 @@ def unpriced_words(rows: list[dict], most: int = 4) -> str:
 
 
 FROZEN_PRICING = ("priced with their weights only (no gradients, optimizer states, gradient "
-                  "traffic or update) and without their weight gradients; the backward stops "
-                  "where nothing before it trains")
+                  "traffic or update) and without their weight gradients; the backward runs "
+                  "back only as far as the earliest layer that trains")
 """How plans price frozen parameters (plan solve says it, plan show repeats it)."""
 
 

@@ -371,3 +371,23 @@ def test_a_tie_at_the_edge_of_memory_goes_to_the_plan_with_room():
     leaner = E(step_time_s=118.783, peak_memory_bytes=40e9, rank=(118.783, 40e9))
     four = [fast, lean, slow, leaner]
     assert tie_broken(four, four.index, capacity=76e9)[0] is lean
+
+
+def test_a_tie_goes_to_a_plan_an_exported_engine_runs():
+    """A new-user check: with --target any, a plan only the planner's own runtime runs won a tie
+    (0.1%) over one Megatron runs. Where the fastest is not exported and a tied one is, the tied
+    one wins; memory then decides among those; a plan out of the tie stays behind."""
+    from types import SimpleNamespace as E
+
+    from planner.search.loop import tie_broken
+
+    own = E(config="own", step_time_s=10.0, peak_memory_bytes=50e9, rank=(10.0, 50e9))
+    runs = E(config="runs", step_time_s=10.005, peak_memory_bytes=60e9, rank=(10.005, 60e9))
+    far = E(config="far", step_time_s=10.5, peak_memory_bytes=40e9, rank=(10.5, 40e9))
+    exported = {"runs", "far"}.__contains__
+    order = [own, runs, far].index
+    assert tie_broken([own, runs, far], order, 80e9, exported) == [runs, own, far]
+    assert tie_broken([own, runs, far], order, 80e9) == [own, runs, far]  # (a target's search)
+    assert tie_broken([own, far], [own, far].index, 80e9, exported) == [own, far]  # no tie
+    # both exported: the fastest stays unless at the memory edge, as before
+    assert tie_broken([runs, far], [runs, far].index, 80e9, lambda c: True) == [runs, far]

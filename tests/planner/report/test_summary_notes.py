@@ -1,5 +1,6 @@
-"""`plan show` names the wait of pipeline ranks that carry less work than the busiest (the step's
-parts run along the busiest rank, so its compute holds that wait)."""
+"""What `plan show` says beside the step's parts: the wait of pipeline ranks that carry less work
+than the busiest (the parts run along the busiest rank, so its compute holds that wait), and why
+the plan won a tie over a faster runner-up."""
 
 import copy
 
@@ -40,3 +41,23 @@ def test_equal_ranks_say_nothing():
 def test_one_stage_has_no_ranks_to_compare():
     plan = load_plan("tests/planner/export/data/plans/llama3-8b-cp4-megatron.json")
     assert plan.parallel["pp"] == 1 and "pipeline ranks unequal" not in summary(plan)
+
+
+def test_a_runner_up_that_lost_a_tie_says_why():
+    """The search's tie-break (search.loop.tie_broken) is said beside the faster runner-up: an
+    exported engine runs the plan, or it holds less memory."""
+    plan = load_plan(PLAN)  # interleaved 1F1B, which Megatron-LM runs
+    plan.search = {**plan.search, "target": "any"}
+    step, peak = plan.predicted["step_time_s"], plan.predicted["peak_memory_bytes"]
+    zb = {**plan.parallel, "schedule": "zb-h1", "vpp": 1}  # the planner's own runtime alone
+    faster = {"parallel": zb, "step_time_s": step * 0.9995, "peak_memory_bytes": peak - 1e9,
+              "why": "-0.05% step time: compute -0.01 s"}
+    plan.search["alternatives"] = [faster]
+    assert "a tie, within 0.1%: an exported engine runs the plan, not this one" in _flat(plan)
+    leaner = {**faster, "parallel": {**plan.parallel, "vpp": 2}, "peak_memory_bytes": peak + 1e9}
+    plan.search["alternatives"] = [leaner]
+    assert "a tie, within 0.1%: the plan holds less memory" in _flat(plan)
+
+
+def _flat(plan) -> str:
+    return " ".join(summary(plan).split())
