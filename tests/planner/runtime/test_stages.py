@@ -83,14 +83,15 @@ def test_chained_stages_equal_the_whole_model(make_plan, model, fix, carried):
 
 
 def test_every_stage_of_an_interleaved_dag_passes_what_later_stages_read(make_plan):
-    """branched at pp=2 x vpp=2: embed | tower_a | tower_b | merge+head. tower_b (stage 2) reads
-    the embedding, so stage 1 must pass it on; merge (stage 3) reads both towers."""
+    """branched at pp=2 x vpp=2: embed+tower_a | tower_b | merge | head. tower_b (stage 1) reads
+    the embedding, so stage 0 must pass it on with tower_a's output; merge (stage 2) reads both
+    towers, so stage 1 passes tower_a's on beside its own."""
     _, _, _, units, _, cuts = _setup(make_plan(
         "branched", "pp=2,tp=1,dp=1,schedule=interleaved-1f1b,vpp=2,micro_batch=2"))
-    assert [c.units for c in cuts] == [("embed",), ("tower_a",), ("tower_b",), ("merge", "head")]
-    assert set(cuts[1].carry_out) == {("embed", 0), ("tower_a", 0)}
-    assert set(cuts[2].carry_out) == {("tower_a", 0), ("tower_b", 0)}
-    assert cuts[3].carry_out == ()
+    assert [c.units for c in cuts] == [("embed", "tower_a"), ("tower_b",), ("merge",), ("head",)]
+    assert set(cuts[0].carry_out) == {("embed", 0), ("tower_a", 0)}
+    assert set(cuts[1].carry_out) == {("tower_a", 0), ("tower_b", 0)}
+    assert cuts[2].carry_out == (("merge", 0),) and cuts[3].carry_out == ()
 
 
 def test_a_model_returning_its_loss_is_told_the_runtime_wants_logits():
