@@ -86,11 +86,16 @@ def read_yaml(path: str, *, what: str):
     path = as_path(path, what)
     try:
         with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
+            return yaml.load(f, Loader=_unique_keys_loader())
     except FileNotFoundError:
         raise SpecError(f"{what}: file '{path}' not found") from None
     except IsADirectoryError:
         raise SpecError(f"{what}: '{path}' is a folder, not a YAML file") from None
+    except _DuplicateKey as exc:
+        key, first, again = exc.args
+        where = f"on line {first}" if first == again else f"lines {first} and {again}"
+        raise SpecError(f"{os.path.basename(path)}: {key} given twice ({where}); keep one"
+                        ) from None
     except OSError as exc:
         raise SpecError(f"{what}: cannot read '{path}' ({exc.strerror})") from None
     except UnicodeDecodeError:
@@ -100,6 +105,31 @@ def read_yaml(path: str, *, what: str):
         where = f" at line {mark.line + 1}" if mark else ""
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise SpecError(f"{os.path.basename(path)}: invalid YAML{where}: {problem}") from None
+
+
+class _DuplicateKey(Exception):
+    """A mapping of a YAML file names a key twice: (key, first line, second line)."""
+
+
+def _unique_keys_loader():
+    """yaml.SafeLoader refusing a key given twice in one mapping (the safe loader keeps the last,
+    silently: a new-user check's cluster with ``nodes: 1`` then ``nodes: 4`` planned 32 GPUs)."""
+    import yaml  # lazy: only reading a YAML file needs it
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise _DuplicateKey(key, seen[key], line)
+                    seen[key] = line
+                except TypeError:  # (an unhashable key: the safe loader's own error follows)
+                    continue
+            return super().construct_mapping(node, deep=deep)
+    return Loader
 
 
 STDOUT = "-"
@@ -163,7 +193,8 @@ def _refuses_new_files(folder: str) -> str | None:
 def check_output(path: str, what: str, inputs: tuple = ()) -> None:
     """SpecError naming ``what`` (the option) unless ``path`` can be written: its folder exists and
     is writable, it is not a folder, an existing file there is writable, and it is none of the
-    command's ``inputs`` (paths; those that are not files are ignored). A link is checked as the
+    command's ``inputs`` (paths, a model's ``file.py:factory`` naming its file; those that are
+    not files are ignored). A link is checked as the
     file it points to; a device or pipe only for being writable. Called before the slow part, so
     that no work is lost to a typo."""
     if path == STDOUT:
@@ -175,9 +206,10 @@ def check_output(path: str, what: str, inputs: tuple = ()) -> None:
             raise SpecError(f"{what}: '{path}' cannot be written (permission denied)")
         return
     path = os.path.realpath(path) if os.path.islink(path) else path
-    for given in inputs:
-        if given and os.path.isfile(given) and os.path.exists(path) and \
-                os.path.samefile(path, given):
+    files = [f for given in inputs if given for f in (given, *(
+        [given.rpartition(":")[0]] if ":" in given else []))]  # (file.py:factory: its file)
+    for given in files:
+        if os.path.isfile(given) and os.path.exists(path) and os.path.samefile(path, given):
             raise SpecError(f"{what}: '{path}' is this command's input; write to another file")
     if os.path.isdir(path):
         raise SpecError(f"{what}: '{path}' is a folder; give a file name inside it")

@@ -55,6 +55,13 @@ KNOBS = ("dp", "tp", "pp", "vpp", "cp", "cp_comm", "ep", "etp", "micro_batch",
 """Every field of a Config, in the order people read them (plan diffs, sweep columns)."""
 
 
+MAX_TRAINING = {"global_batch": 2 ** 30, "seq_len": 2 ** 30}
+"""The largest global batch and sequence accepted (1,073,741,824 samples or tokens; today's runs
+take a few thousand sequences of up to a few million tokens): beyond them a value is a typo, and
+the search would enumerate its divisors for minutes (a new-user check's 10^17 ran past ten
+minutes, its time limit unheeded)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingSpec:
     """What is trained, independent of how it is split."""
@@ -81,6 +88,10 @@ class TrainingSpec:
                             f"settings, got {type(self.engine).__name__}")
         for name in ("global_batch", "seq_len"):  # (numpy's integers too, as plain ints)
             object.__setattr__(self, name, positive_int(getattr(self, name), name))
+            most = MAX_TRAINING[name]
+            if getattr(self, name) > most:  # (the search enumerates its divisors)
+                raise SpecError(f"{name}: {getattr(self, name):,} is more than the {most:,} "
+                                f"accepted; give a {name.replace('_', ' ')} below it")
         check_dtype(self.dtype)
         if self.optimizer not in OPTIMIZERS:
             raise SpecError(f"optimizer: unknown optimizer '{self.optimizer}'; use one of "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from planner.cli.args import count, non_negative_float, positive_float, positive_int
 from planner.cli.progress import per_plan_lines
 from planner.errors import SpecError
@@ -55,7 +57,10 @@ def _run(args) -> int:
     if args.gantt:
         check_path(args.gantt, "gantt")
     if args.output is not None:
-        check_output(args.output, "output", inputs=(args.jobs,))
+        check_output(args.output, "output", inputs=(args.jobs, args.replan))
+        if args.gantt and os.path.abspath(args.gantt) == os.path.abspath(args.output):
+            raise SpecError(f"gantt: '{args.gantt}' is also the schedule's --output; draw it "
+                            "to another file")
     schedule = joint.load_schedule(args.replan) if args.replan else {}
     options = ScheduleOptions(objective=args.objective or schedule.get("objective", "makespan"),
                               time_limit_s=args.time_limit, time_unit_s=args.time_unit,

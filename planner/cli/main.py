@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
 import logging
 import sys
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
     for flag in ("debug", "verbose", "quiet"):  # accepted before or after the command
         setattr(args, flag, getattr(args, flag, False))
+    for stream in (sys.stdout, sys.stderr):  # a name a terminal's encoding lacks: escaped,
+        if hasattr(stream, "reconfigure"):   # not a crash (PYTHONIOENCODING=ascii)
+            stream.reconfigure(errors="backslashreplace")
     _setup_logging(args.verbose, args.quiet)
     return run_command(args)
 
@@ -82,13 +86,31 @@ def run_command(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # output piped into `head` and closed early
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        if args.debug:
+            raise
+        if exc.errno in WRITE_ERRNOS:  # stdout on a full disk or a failing device: not a bug
+            print(f"plan: error: cannot write the output: {exc.strerror}; free space or write "
+                  "elsewhere", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        return _internal(exc)
     except Exception as exc:  # noqa: BLE001 - anything else is a bug: one line, exit 1
         if args.debug:
             raise
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        print(f"plan: internal error: {type(exc).__name__}: {first}; run with --debug for the "
-              "traceback, and please report it with the command line", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(exc)
+
+
+WRITE_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+"""Errors of writing where the output went (a full disk, a failing device): the machine's, not
+the planner's."""
+
+
+def _internal(exc: BaseException) -> int:
+    """A bug of the planner's own: one line, exit 1."""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    print(f"plan: internal error: {type(exc).__name__}: {first}; run with --debug for the "
+          "traceback, and please report it with the command line", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 OUTPUT_OPTIONS = {"whatif": "plan whatif writes --csv OUT.csv and --plot OUT.png; ",

@@ -23,7 +23,7 @@ from planner.errors import InfeasibleError, SpecError
 from planner.files import atomic_write, read_json_object
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO, unknown_model
-from planner.jobs.spec import JobSpec, JobsSpec
+from planner.jobs.spec import JobSpec, JobsSpec, checked_fields
 from planner.jobs.tables import TableRow, build_tables, model_tables
 from planner.options import ScheduleOptions, SearchOptions
 from planner.planfile.document import clean
@@ -283,4 +283,53 @@ def load_schedule(path: str) -> dict:
     if doc.get("schema") != SCHEMA_ID:
         raise SpecError(f"replan: '{path}' is not a {SCHEMA_ID} schedule; write one with "
                         "`plan jobs -o`")
+    problem = schedule_problem(doc)
+    if problem:  # (a new-user check's hand edits came back as internal errors, exit 1)
+        raise SpecError(f"replan: {problem}; restore the schedule `plan jobs -o` wrote")
     return doc
+
+
+def schedule_problem(doc: dict) -> str:
+    """'' or the first thing a schedule file holds that `plan jobs --replan` cannot read back: the
+    cluster, each job's settings (as a jobs file takes them), its placement (GPU count, GPU ids
+    of the cluster, none twice, start before end) and its table of times per GPU count."""
+    cluster = doc.get("cluster")
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("spec"), (dict, str)):
+        return "cluster: missing or not a mapping with its spec"
+    try:
+        total = load_cluster(cluster["spec"]).num_gpus
+    except SpecError as exc:
+        return f"cluster.spec: {exc}"
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, list) or not jobs or not all(isinstance(j, dict) for j in jobs):
+        return "jobs: expected a non-empty list of jobs"
+    number = (int, float)
+    for i, rec in enumerate(jobs):
+        try:
+            checked_fields({f.name: rec.get(f.name) for f in fields(JobSpec)}, JobSpec,
+                           f"jobs[{i}]")
+        except SpecError as exc:
+            return str(exc)
+        at = f"jobs[{i}]"
+        for key, kind, words in (("gpus", int, "a positive integer"),
+                                 ("start_s", number, "seconds"), ("end_s", number, "seconds"),
+                                 ("gpu_ids", list, "a list of GPU ids"),
+                                 ("nodes", list, "a list of node ids"),
+                                 ("table", list, "a list of {gpus, job_time_s}"),
+                                 ("plan", dict, "the job's plan")):
+            value = rec.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool) or \
+                    (key == "gpus" and value < 1):
+                return f"{at}.{key}: expected {words}, got {value!r}"
+        if not rec["start_s"] <= rec["end_s"]:
+            return f"{at}: start_s {rec['start_s']:g} is after end_s {rec['end_s']:g}"
+        ids = rec["gpu_ids"]
+        if len(ids) != rec["gpus"] or len(set(map(str, ids))) != len(ids) or not all(
+                isinstance(g, int) and 0 <= g < total for g in ids):
+            return (f"{at}.gpu_ids: expected {rec['gpus']} distinct ids of the cluster's "
+                    f"{total} GPUs, got {ids!r}")
+        for j, row in enumerate(rec["table"]):
+            if not isinstance(row, dict) or not isinstance(row.get("gpus"), int) or \
+                    not isinstance(row.get("job_time_s"), number) or row["job_time_s"] <= 0:
+                return f"{at}.table[{j}]: expected {{gpus, job_time_s}}, got {row!r}"
+    return ""

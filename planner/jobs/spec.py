@@ -59,14 +59,14 @@ def load_jobs(path: str) -> JobsSpec:
 
 def jobs_from_mapping(data, *, base_dir: str = "") -> JobsSpec:
     """A parsed jobs file -> JobsSpec; unknown or missing keys raise SpecError naming the path."""
-    top = _checked(data, JobsSpec, "")
+    top = checked_fields(data, JobsSpec, "")
     jobs = top.get("jobs")
     if not isinstance(jobs, list) or not jobs:
         raise SpecError("jobs: expected a non-empty list of jobs (name, model, global_batch, "
                         "steps[, seq_len])")
     specs = []
     for i, item in enumerate(jobs):
-        kw = _checked(item, JobSpec, f"jobs[{i}]")
+        kw = checked_fields(item, JobSpec, f"jobs[{i}]")
         kw["model"] = _model_path(kw["model"], base_dir)
         specs.append(JobSpec(**kw))
     names = [s.name for s in specs]
@@ -93,7 +93,7 @@ _EXAMPLES = {"name": "name: 7b-lr1", "model": "model: gpt-1.7b", "global_batch":
              "model: ..., global_batch: 8, seq_len: 2048, steps: 1000}]"}
 
 
-def _checked(data, cls, where: str) -> dict:
+def checked_fields(data, cls, where: str) -> dict:
     """The fields of ``cls`` from ``data``, type-checked; ``where`` is the key path so far."""
     names = [f.name for f in fields(cls)]
     if not isinstance(data, dict):

@@ -179,9 +179,12 @@ def load_plan(path: str) -> Plan:
         if not str(doc.get("schema", "")).startswith("planner.jobs/"):
             raise SpecError(f"{path}: '{JOB_SEPARATOR}{job}' names a job of a schedule, and "
                             f"{file} is not one (plan jobs ... -o SCHEDULE.json writes them)")
-        if job not in jobs or not isinstance(jobs[job].get("plan"), dict):
+        if job not in jobs:
             raise SpecError(f"{path}: no job '{job}' in the schedule; give one of "
                             f"{', '.join(map(str, jobs))}")
+        if not isinstance(jobs[job].get("plan"), dict):
+            raise SpecError(f"{path}: job '{job}' holds no plan in the schedule (edited?); "
+                            "restore the schedule `plan jobs -o` wrote")
         return Plan.from_dict(jobs[job]["plan"], path)
     doc = read_json_object(path, what="plan file", missing_hint=hint)
     if str(doc.get("schema", "")).startswith("planner.jobs/"):

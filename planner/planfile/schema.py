@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from functools import lru_cache
 from importlib import resources
@@ -52,6 +53,8 @@ def validate(d: dict, where: str = "plan") -> None:
         raise SpecError(f"{where}: invalid plan at {path}: {err.message[:200]}; put back the "
                         "value plan solve wrote, or re-plan with plan solve")
     _check_actions(actions, where)
+    if d.get("embeddings"):
+        _check_tables(d["embeddings"], where)
     _check_consistency(d, where)
 
 
@@ -101,6 +104,11 @@ def _check_consistency(d: dict, where: str) -> None:
                         "re-plan with plan solve, or restore the file plan solve wrote")
     pred = d.get("predicted", {})
     step = pred.get("step_time_s")
+    for key, value in [("step_time_s", step)] + [(f"breakdown.{k}", v) for k, v in
+                                                 (pred.get("breakdown") or {}).items()]:
+        if isinstance(value, float) and not math.isfinite(value):  # (JSON's Infinity, NaN)
+            raise SpecError(f"{where}: predicted.{key} = {value} is not a number of seconds; "
+                            "re-plan, or restore the file plan solve wrote")
     for part, seconds in (pred.get("breakdown") or {}).items():
         if isinstance(step, (int, float)) and isinstance(seconds, (int, float)) and \
                 not 0 <= seconds <= step * (1 + 1e-6):
@@ -119,6 +127,7 @@ def _check_consistency(d: dict, where: str) -> None:
     if listed != names:
         raise SpecError(f"{where}: stages must list every block exactly once, in order; restore "
                         "the file plan solve wrote, or re-plan")
+    _check_ranks(d["stages"], d["cluster"]["num_gpus"], where)
     modules = {b["name"]: b.get("modules") for b in d["model"]["blocks"]}
     for i, st in enumerate(d["stages"]):  # a stage runs its blocks' modules (engines cut by them)
         own = [modules[b] for b in st["blocks"]]
@@ -147,3 +156,68 @@ def _check_consistency(d: dict, where: str) -> None:
         raise SpecError(f"{where}: cluster.nodes x gpus_per_node = {cl['nodes']} x "
                         f"{cl['gpus_per_node']}, but cluster.num_gpus is {cl['num_gpus']}; "
                         "restore the file plan solve wrote, or re-plan")
+
+
+def _check_ranks(stages: list, num_gpus: int, where: str) -> None:
+    """Each stage's GPUs: ranks of the cluster, none twice, the same for the chunks of one
+    pipeline rank and none shared between pipeline ranks (a new-user check's stage of ranks
+    [0, 0, 0, 0] was shown, simulated and diffed; only plan run refused it)."""
+    owner: dict = {}  # global rank -> the pipeline rank holding it
+    held: dict = {}  # pipeline rank -> its ranks
+    for i, st in enumerate(stages):
+        ranks = st.get("ranks")
+        if ranks is None:
+            continue
+        bad = next((r for r in ranks if not 0 <= r < num_gpus), None)
+        if bad is not None or len(set(ranks)) != len(ranks):
+            what = (f"rank {bad} is not one of the cluster's {num_gpus} GPUs" if bad is not None
+                    else "a rank is listed twice")
+            raise SpecError(f"{where}: stages[{i}].ranks: {what}; restore the file plan solve "
+                            "wrote, or re-plan")
+        pipe = st.get("pipeline_rank", i)
+        if held.setdefault(pipe, sorted(ranks)) != sorted(ranks):
+            raise SpecError(f"{where}: stages[{i}].ranks differ from those of the other chunks "
+                            f"of pipeline rank {pipe}; restore the file plan solve wrote, or "
+                            "re-plan")
+        for r in ranks:
+            if owner.setdefault(r, pipe) != pipe:
+                raise SpecError(f"{where}: stages[{i}].ranks: rank {r} also runs pipeline rank "
+                                f"{owner[r]}; restore the file plan solve wrote, or re-plan")
+
+
+def _check_tables(emb: dict, where: str) -> None:
+    """Each table's shards: on ranks of the plan's world, inside the table, none overlapping,
+    together the whole table, or a whole copy each for a data-parallel table (a new-user check's
+    shard on rank 99 of 8, and one of 5 x 5 of a 1M x 32 table, were shown and exported to
+    TorchRec)."""
+    world = emb.get("world_size")
+    for i, t in enumerate(emb.get("tables") or ()):
+        at = f"embeddings.tables[{i}] ({t.get('name')})"
+        for r in t.get("ranks") or ():
+            if isinstance(world, int) and not 0 <= r < world:
+                raise SpecError(f"{where}: {at}.ranks: rank {r} is not one of the plan's {world}; "
+                                "restore the file plan solve wrote, or re-plan")
+        shards = t.get("shards") or []
+        if not shards or not all(isinstance(t.get(k), int) for k in ("rows", "dim")):
+            continue
+        boxes = []
+        for j, sh in enumerate(shards):
+            (r0, c0), (nr, nc) = sh["offsets"], sh["sizes"]
+            if isinstance(world, int) and not 0 <= sh["rank"] < world:
+                raise SpecError(f"{where}: {at}.shards[{j}].rank: {sh['rank']} is not one of the "
+                                f"plan's {world} ranks; restore the file plan solve wrote")
+            if min(r0, c0) < 0 or min(nr, nc) < 1 or r0 + nr > t["rows"] or c0 + nc > t["dim"]:
+                raise SpecError(f"{where}: {at}.shards[{j}]: rows {r0}+{nr}, columns {c0}+{nc} "
+                                f"lie outside the {t['rows']} x {t['dim']} table; restore the "
+                                "file plan solve wrote")
+            boxes.append((r0, r0 + nr, c0, c0 + nc))
+        if t.get("sharding_type") == "data_parallel":  # a whole copy on each of its ranks
+            if any(b != (0, t["rows"], 0, t["dim"]) for b in boxes):
+                raise SpecError(f"{where}: {at}.shards: a data-parallel table's copies are whole "
+                                "tables; restore the file plan solve wrote, or re-plan")
+            continue
+        overlap = any(a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]
+                      for k, a in enumerate(boxes) for b in boxes[k + 1:])
+        if overlap or sum((b[1] - b[0]) * (b[3] - b[2]) for b in boxes) != t["rows"] * t["dim"]:
+            raise SpecError(f"{where}: {at}.shards do not cover the {t['rows']} x {t['dim']} "
+                            "table once each; restore the file plan solve wrote, or re-plan")

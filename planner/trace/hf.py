@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from planner.errors import SpecError
-from planner.inputs.zoo import learned_positions
+from planner.inputs.zoo import LEARNED_POSITION_TYPES, learned_positions
 from planner.trace import dense_experts, mtp
 
 AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM",
@@ -273,6 +273,14 @@ def positions_exceeded(cfg, seq_len: int) -> int:
 def check_seq_len(cfg, seq_len: int, name: str) -> None:
     """SpecError when ``seq_len`` is longer than the model's learned positions."""
     limit = learned_positions(cfg)
+    if limit is None and not getattr(cfg, "relative_attention_num_buckets", None):
+        keys = ("n_positions",) + (("max_position_embeddings", "max_target_positions") if getattr(
+            cfg, "model_type", None) in LEARNED_POSITION_TYPES else ())
+        for key in keys:
+            if getattr(cfg, key, None) == 0:  # (a new-user check: read as no limit at all)
+                raise SpecError(f"model config: {key} is 0, so {name} has no learned position "
+                                "to put a token at; give the number of positions it was built "
+                                "for")
     if limit and seq_len > limit:
         raise SpecError(f"seq_len: {seq_len} exceeds {name}'s learned positions ({limit}); "
                         f"use --seq-len {limit} or less")

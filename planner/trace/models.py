@@ -227,18 +227,29 @@ def load_factory(spec: str):
         _forget_edited(target)
         mod_spec = importlib.util.spec_from_file_location(f"_planner_user_{_digest(target)}", target)
         module = importlib.util.module_from_spec(mod_spec)
+        argv, sys.argv = sys.argv, [target]  # (a parser at import names the file, not plan)
         try:
             mod_spec.loader.exec_module(module)
+        except SystemExit as exc:  # a script's argparse or sys.exit at import: not the CLI's own
+            raise SpecError(f"model: importing '{target}' exited (SystemExit {exc.code}): the "
+                            "file runs a script when imported (argument parsing, sys.exit); "
+                            "put that under `if __name__ == \"__main__\":`") from None
         except Exception as exc:
             raise SpecError(f"model: importing '{target}' failed: {type(exc).__name__}: "
                             f"{(str(exc).splitlines() or [''])[0][:160]}; {TRACEBACK_HINT}"
                             ) from exc
+        finally:
+            sys.argv = argv
     else:
         import_from_working_folder()
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
             raise SpecError(f"model: cannot import '{target}' ({exc})") from None
+        except SystemExit as exc:
+            raise SpecError(f"model: importing '{target}' exited (SystemExit {exc.code}): the "
+                            "module runs a script when imported (argument parsing, sys.exit); "
+                            "put that under `if __name__ == \"__main__\":`") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise SpecError(f"model: '{target}' has no callable '{attr}'; it must return "
@@ -292,6 +303,9 @@ def call_factory(factory, spec: str, seq_len: int | None = None, *, meta: bool =
     try:
         with torch.device("meta") if meta else contextlib.nullcontext():
             return factory(**kw)
+    except SystemExit as exc:  # (exit 0 read as success, with no plan written)
+        raise SpecError(f"model: {spec} exited (SystemExit {exc.code}) instead of returning "
+                        "(model, example_inputs); fix the factory") from None
     except Exception as exc:  # the user's code: one line naming it; --debug shows the traceback
         where = model_frame(exc)
         raise SpecError(f"model: {spec} raised {type(exc).__name__}: "

@@ -167,6 +167,94 @@ def test_an_output_that_is_the_commands_input_is_refused(capsys, tmp_path, small
     assert plan.read_text() == before
 
 
+def test_a_model_files_code_is_never_overwritten_nor_its_exit_taken_for_success(capsys,
+                                                                                  tmp_path):
+    """A new-user check: -o naming the model's own file.py replaced the code with the plan; a
+    factory calling sys.exit(0) exited 0 with no plan; a script's argument parser at import
+    printed a usage line that read as the planner's own."""
+    model = tmp_path / "mlp.py"
+    model.write_text("import torch\ndef build():\n    return torch.nn.Linear(8, 8), "
+                     "(torch.randn(4, 8),)\n")
+    before = model.read_text()
+    code, _, err = run(capsys, "solve", f"{model}:build", "--cluster", "dgx-h100", "--nodes", 1,
+                       "--global-batch", 8, "-o", model)
+    one_line(code, err, BAD, "output:", "this command's input")
+    assert model.read_text() == before
+    code, _, err = run(capsys, "whatif", f"{model}:build", "--cluster", "dgx-h100",
+                       "--global-batch", 8, "--vary", "nodes=1,2", "--csv", model)
+    one_line(code, err, BAD, "csv:", "this command's input")
+    quits = tmp_path / "quits.py"
+    quits.write_text("import sys\ndef build():\n    sys.exit(0)\n")
+    code, _, err = run(capsys, "solve", f"{quits}:build", "--cluster", "dgx-h100",
+                       "--global-batch", 8, "-o", tmp_path / "o.json")
+    one_line(code, err, BAD, "model:", "exited (SystemExit 0)")
+    assert not (tmp_path / "o.json").exists()
+    script = tmp_path / "train.py"
+    script.write_text("import argparse\np = argparse.ArgumentParser()\n"
+                      "p.add_argument('--lr', required=True)\nargs = p.parse_args()\n"
+                      "def build():\n    pass\n")
+    code, _, err = run(capsys, "solve", f"{script}:build", "--cluster", "dgx-h100",
+                       "--global-batch", 8)
+    one_line(code, err, BAD, "model: importing", "exited (SystemExit 2)", "__main__")
+    assert "usage: train.py" in err  # (the script's own parser, named as the script)
+
+
+def test_sizes_past_any_run_are_refused_at_once(capsys):
+    """A new-user check: --global-batch 10^17 enumerated its divisors past ten minutes."""
+    code, _, err = run(capsys, "solve", "gpt2", "--cluster", "dgx-h100", "--global-batch",
+                       10 ** 17, "--time-limit", 3)
+    one_line(code, err, BAD, "global_batch: 100,000,000,000,000,000 is more than the "
+                             "1,073,741,824 accepted")
+    code, _, err = run(capsys, "solve", "gpt2", "--cluster", "dgx-h100", "--global-batch", 8,
+                       "--seq-len", 2 ** 31)
+    one_line(code, err, BAD, "seq_len:", "more than the")
+
+
+def test_a_yaml_key_given_twice_is_refused(capsys, tmp_path):
+    """A new-user check: the safe loader kept the last of nodes: 1, nodes: 4 (32 GPUs)."""
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("name: c\nnodes: 1\ngpus_per_node: 8\ndevice: h100\nnodes: 4\n"
+                       "intra_node: {bandwidth: 450GB/s, latency: 3us}\n"
+                       "inter_node: {bandwidth: 50GB/s, bandwidth: 10us}\n")
+    code, _, err = run(capsys, "solve", "gpt2", "--cluster", cluster, "--global-batch", 8)
+    one_line(code, err, BAD, "c.yaml: nodes given twice (lines 2 and 5); keep one")
+    cluster.write_text(cluster.read_text().replace("nodes: 4\n", ""))
+    code, _, err = run(capsys, "solve", "gpt2", "--cluster", cluster, "--global-batch", 8)
+    one_line(code, err, BAD, "c.yaml: bandwidth given twice (on line 6); keep one")
+
+
+def test_hand_edited_stage_ranks_and_endless_steps_are_refused(capsys, tmp_path, small_plan):
+    """A new-user check: a stage of ranks [0, 0, ...] was shown, simulated and diffed, and a step
+    of Infinity seconds printed as 'inf s'."""
+    good = json.load(open(small_plan))
+    for edit, said in ((lambda d: d["stages"][0].update(ranks=[0] * len(d["stages"][0]["ranks"])),
+                        "stages[0].ranks: a rank is listed twice"),
+                       (lambda d: d["stages"][1].update(ranks=d["stages"][0]["ranks"]),
+                        "stages[1].ranks: rank 0 also runs pipeline rank 0"),
+                       (lambda d: d["stages"][0]["ranks"].__setitem__(0, 99),
+                        "stages[0].ranks: rank 99 is not one of the cluster's 8 GPUs"),
+                       (lambda d: d["predicted"].update(step_time_s=float("inf")),
+                        "predicted.step_time_s = inf is not a number of seconds")):
+        d = json.loads(json.dumps(good))
+        edit(d)
+        path = tmp_path / "edited.json"
+        path.write_text(json.dumps(d))
+        for command in (("show", path), ("simulate", path, "--schedule", "1f1b"),
+                        ("diff", small_plan, path)):
+            code, _, err = run(capsys, *command)
+            one_line(code, err, BAD, said)
+
+
+def test_a_config_with_no_learned_positions_is_refused(capsys, tmp_path):
+    """A new-user check: GPT-2's n_positions: 0 was read as no limit (2,048 tokens planned)."""
+    config = tmp_path / "g.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4,
+                                  "vocab_size": 1000, "n_positions": 0, "bos_token_id": 0,
+                                  "eos_token_id": 0}))
+    code, _, err = run(capsys, "solve", config, "--cluster", "dgx-h100", "--global-batch", 8)
+    one_line(code, err, BAD, "model config: n_positions is 0")
+
+
 def test_counts_a_command_cannot_use_are_refused(capsys, small_plan):
     code, _, err = run(capsys, "run", small_plan, "--steps", "0")
     one_line(code, err, BAD, "--steps")
@@ -279,3 +367,23 @@ def test_a_factory_whose_seq_len_has_no_default_asks_for_it(capsys, tmp_path):
                  "    return torch.nn.Linear(8, 8), torch.ones(2, seq_len, 8)\n")
     code, _, err = run(capsys, "solve", f"{f}:build", *SOLVE[:-2])  # (no --seq-len)
     one_line(code, err, BAD, "takes seq_len without a default", "pass --seq-len")
+
+
+def test_a_full_disk_under_stdout_is_said_not_called_a_bug(monkeypatch, capsys, small_plan):
+    """A new-user check: `plan show p.json > /dev/full` read "internal error" (exit 1)."""
+    import errno
+    import sys
+
+    class Full:
+        encoding = "utf-8"
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    code = main(["show", small_plan])
+    err = capsys.readouterr().err
+    one_line(code, err, BAD, "cannot write the output: No space left on device")

@@ -380,6 +380,29 @@ def test_plan_jobs_command_then_replan(tmp_path, capsys, tiny_gpt2_config, tiny_
     capsys.readouterr()
     assert main(["jobs", "--replan", str(out), "--done", first["name"]]) == 2  # no --now
     assert "now: missing; --replan needs --now SECONDS" in capsys.readouterr().err
+    # a hand-edited schedule: one line and exit 2 (a new-user check got internal errors)
+    edited = tmp_path / "edited.json"
+    for edit, said in ((lambda d: d["jobs"][1].update(gpus="x"), "jobs[1].gpus: expected a "
+                        "positive integer, got 'x'"),
+                       (lambda d: d["jobs"][1].pop("plan"), "jobs[1].plan: expected the job's "
+                        "plan, got None"),
+                       (lambda d: d["jobs"][1].update(end_s=None), "jobs[1].end_s: expected "
+                        "seconds, got None"),
+                       (lambda d: d["jobs"][1].update(steps=-5), "jobs[1].steps: expected a "
+                        "positive integer, got -5"),
+                       (lambda d: d["jobs"][1].update(gpu_ids=[0] * d["jobs"][1]["gpus"]),
+                        "jobs[1].gpu_ids: expected"),
+                       (lambda d: d.pop("cluster"), "cluster: missing"),
+                       (lambda d: d.update(jobs="x"), "jobs: expected a non-empty list")):
+        d = json.loads(out.read_text())
+        edit(d)
+        edited.write_text(json.dumps(d))
+        assert main(["jobs", "--replan", str(edited), "--now", str(now), "-o", str(out2)]) == 2
+        err = capsys.readouterr().err
+        assert f"plan: error: replan: {said}" in err and "restore the schedule" in err, err
+    # the schedule and its chart at one path: refused before the jobs are planned
+    assert main(args + ["-o", str(png), "--gantt", str(png)]) == 2
+    assert "gantt: " in capsys.readouterr().err and png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_plan_jobs_errors_are_one_line(capsys, tmp_path):

@@ -116,3 +116,25 @@ def test_hand_edits_the_engines_would_run_otherwise_are_refused(edit, said):
     edit(d)
     with pytest.raises(SpecError, match=r"^p.json: " + said):
         validate(d, "p.json")
+
+
+def test_a_hand_edited_tables_sharding_is_refused():
+    """A new-user check: a shard on rank 99 of 8, and one of 5 x 5 of a 1M x 32 table, were shown
+    and exported to TorchRec."""
+    import copy
+
+    from planner.planfile.document import Plan
+
+    golden = json.load(open("tests/golden/plans/dlrm-criteo-1tb.json"))
+    Plan.from_dict(golden, "g.json")  # (as plan solve wrote it: every kind of sharding)
+    kinds = {t["sharding_type"]: i for i, t in enumerate(golden["embeddings"]["tables"])}
+    for kind, edit, said in (
+            ("row_wise", lambda sh: sh[0].update(rank=99), r"shards\[0\]\.rank: 99 is not one of"),
+            ("column_wise", lambda sh: sh[0].update(sizes=[5, 5]), "do not cover"),
+            ("row_wise", lambda sh: sh[1].update(offsets=sh[0]["offsets"]), "do not cover"),
+            ("column_wise", lambda sh: sh[0].update(offsets=[0, 10 ** 6]), "lie outside"),
+            ("data_parallel", lambda sh: sh[0].update(sizes=[1, 1]), "copies are whole")):
+        d = copy.deepcopy(golden)
+        edit(d["embeddings"]["tables"][kinds[kind]]["shards"])
+        with pytest.raises(SpecError, match=said):
+            Plan.from_dict(d, "g.json")
