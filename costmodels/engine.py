@@ -201,6 +201,17 @@ class EngineSpec:
     on), so the all-to-all moves etp times the copies; False: each rank all-to-alls its own
     tokens' copies and the etp ranks gather the copies after it (Megatron-Core's
     MoEAlltoAllTokenDispatcher)."""
+    tp_overlap: bool = False
+    """Tensor parallelism's collectives under sequence parallelism (the all-gathers and
+    reduce-scatters around each layer's GEMMs) pipelined with those GEMMs, as Megatron-Core's
+    ``--tp-comm-overlap`` runs them with Transformer Engine's userbuffers. Priced as
+    communication beside compute (comm.beside_compute_s): hidden behind the block's compute
+    outside its attention cores (its GEMMs and their element-wise neighbours), the compute
+    slowed by the device's overlap_slowdown while both run, what outlasts it exposed; without
+    sequence parallelism (which Megatron-Core requires for it) exposed as before. Off by
+    default, as in Megatron-Core; NVIDIA's performance recipes set it wherever tp > 1
+    (Megatron-Bridge's Llama 3 recipes, recipes/llama/llama3.py; NeMo's launcher,
+    conf/training/gpt3/175b_fp8_performance.yaml: ub_tp_comm_overlap)."""
     moe_overlap: bool = False
     """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
@@ -337,6 +348,8 @@ def describe(engine: EngineSpec, attention: bool = True) -> str:
              f"{', FSDP flat-buffer copies' if engine.fsdp_copies else ''}")
     if engine.pipelined_accumulation and engine.fsdp_copies:
         words += ", micro-batches run by pipelining schedules"
+    if engine.tp_overlap:
+        words += ", tensor-parallel collectives overlapped with their GEMMs"
     if engine.state_layout == "megatron-bf16-grads":
         words += ", gradients reduced in bf16"
     elif engine.state_layout == "fsdp2":

@@ -284,6 +284,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec,
     if not isinstance(cluster, HeteroCluster):
         settings.note_cp_limit(best, training, options, cluster.num_gpus)
     settings.warn_ring_unused(best, training)
+    settings.warn_tp_overlap_unused(best, training)
     for note in (length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"),
                              dict(options.fix)),
                  batch_note(training.global_batch, cluster.num_gpus, best, result.rejected,

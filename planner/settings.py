@@ -394,6 +394,21 @@ def warn_ring_unused(cfg, training: TrainingSpec) -> None:
                     training.engine.cp_ring)
 
 
+def warn_tp_overlap_unused(cfg, training: TrainingSpec) -> None:
+    """Warn when tp_overlap was given and the chosen plan has nothing it overlaps: no tensor
+    parallelism, or none with sequence parallelism (which Megatron-Core's --tp-comm-overlap
+    requires, and the pricing follows)."""
+    if not training.engine.tp_overlap or (cfg.tp > 1 and cfg.sequence_parallel):
+        return
+    if cfg.tp == 1:
+        log.warning("engine.tp_overlap: the chosen plan has no tensor parallelism (tp=1); "
+                    "tp_overlap changes nothing in it")
+    else:
+        log.warning("engine.tp_overlap: the chosen plan runs tp=%d without sequence parallelism, "
+                    "which the overlap needs: its collectives are priced exposed (pin "
+                    "sequence_parallel=true to price them overlapped)", cfg.tp)
+
+
 def warn_dispatch_unused(cfg, training: TrainingSpec, fix: dict) -> None:
     """Warn when the plan the search chose dispatches no token, or splits no expert matrices,
     while a setting of that dispatch was given: moe_dispatcher with ep = etp = 1 (unless both

@@ -121,6 +121,9 @@ class Engine:
     the schedules it offers."""
     moe_shared_overlap: bool = True
     """It runs a shared expert beside the dispatch and combine (EngineSpec.moe_shared_overlap)."""
+    tp_overlap: bool = True
+    """It pipelines tensor parallelism's collectives with their GEMMs as planned
+    (EngineSpec.tp_overlap: Megatron-Core's --tp-comm-overlap)."""
     deepep_models: tuple[str, ...] = ()
     """The Hugging Face model types whose model in the engine runs DeepEP (moe_dispatcher
     deepep); empty: any that it runs."""
@@ -160,7 +163,8 @@ ENGINES: dict[str, Engine] = {
                     # its experts run every routed token (no capacity), exchanged by
                     # point-to-point all-to-alls between the passes (planner.runtime.experts)
                     moe_capacity=False, moe_dispatchers=("alltoall",), moe_overlap=False,
-                    moe_shared_overlap=False, software="torch", tp_other_modules=False,
+                    moe_shared_overlap=False, tp_overlap=False, software="torch",
+                    tp_other_modules=False,
                     zb_with_recompute=False,
                     # the model is built and trained in the plan's dtype: no FP8 GEMMs
                     # (Transformer Engine's, torchao's) in plan run
@@ -203,7 +207,7 @@ ENGINES: dict[str, Engine] = {
                          # models), and overlaps the all-to-alls only under DualPipeV, a
                          # schedule this table does not offer
                          moe_capacity=False, moe_dispatchers=("alltoall", "deepep"),
-                         moe_overlap=False, moe_shared_overlap=False,
+                         moe_overlap=False, moe_shared_overlap=False, tp_overlap=False,
                          deepep_models=("deepseek_v3", "llama4"),
                          # "DeepEP with Expert Tensor Parallelism (ETP) is not supported yet"
                          deepep_with_etp=False),
@@ -254,7 +258,7 @@ ENGINES: dict[str, Engine] = {
                         # layer built in the model's code, which --target any plans
                         moe_capacity=False,
                         moe_dispatchers=("alltoall", "deepep"), moe_overlap=False,
-                        moe_shared_overlap=False, deepep_with_etp=False,
+                        moe_shared_overlap=False, tp_overlap=False, deepep_with_etp=False,
                         deepep_with_tp=False,
                         # AutoEP's DeepEP route dispatches bfloat16 rows only (auto_ep_comm.py
                         # assert_dtype_supported); fp8 training keeps bf16 activations
@@ -409,6 +413,10 @@ def check_engine(engine_spec, target: str, model_type: str | None = None) -> Non
         raise SpecError(f"engine.moe_shared_overlap: {who} runs a shared expert before or after "
                         "the dispatch, not beside it; leave moe_shared_overlap out or use "
                         "--target any")
+    if engine_spec.tp_overlap and not eng.tp_overlap:
+        raise SpecError(f"engine.tp_overlap: {who} does not pipeline tensor-parallel collectives "
+                        "with their GEMMs as planned (Megatron-Core's --tp-comm-overlap); leave "
+                        "tp_overlap out or use --target megatron")
     if engine_spec.moe_overlap and not eng.moe_overlap:
         raise SpecError(f"engine.moe_overlap: {who} does not overlap its expert all-to-alls with "
                         "compute in the schedules it offers; leave moe_overlap out or use "

@@ -43,11 +43,13 @@ MOE_SETTINGS = ("moe_dispatcher", "moe_capacity_factor", "moe_pad_to_capacity",
 """The engine settings of a mixture of experts the plan was priced with (``training.engine``;
 costmodels.engine.EngineSpec). ``moe_imbalance`` is an assumption about the routing, not a setting:
 the exports state it in a comment."""
-ACCOUNTED = KNOBS + ("dp_replicate", "stages", "dtype", "global_batch", "seq_len") + MOE_SETTINGS
+ACCOUNTED = KNOBS + ("dp_replicate", "stages", "dtype", "global_batch", "seq_len",
+                     "tp_overlap") + MOE_SETTINGS
 """What an export must express or list as not expressed: every knob of a configuration (with
 context and expert parallelism: cp, cp_comm, ep, etp), the replicate groups of data parallelism
 across sites, the stage split (module names or layer counts), the precision, the batch, the
-sequence length and the mixture-of-experts settings."""
+sequence length, the tensor-parallel overlap (EngineSpec.tp_overlap) and the
+mixture-of-experts settings."""
 
 SUPPORTED_VERSIONS: dict[str, tuple[str, ...]] = {
     "torchtitan": ("0.2.2", "0.3.0"),
@@ -137,6 +139,22 @@ class Ledger:
         for note in self.notes:
             log.warning("export %s %s: %s", self.target, self.version, note)
         return self.notes
+
+
+def tp_overlap(plan: Plan, ledger: Ledger, unrun: str = "") -> bool:
+    """Whether the export turns on the tensor-parallel overlap the plan priced
+    (EngineSpec.tp_overlap, with tp > 1 and sequence parallelism); ``unrun``: why the engine
+    does not run it ('' where it does), listed as not expressed."""
+    p = plan.parallel
+    priced = engine_from_mapping(plan.training.get("engine")).tp_overlap and p["tp"] > 1 and \
+        p.get("sequence_parallel", False)
+    if priced and unrun:
+        ledger.missing("tp_overlap", f"tp_overlap: {unrun}; its tensor-parallel collectives run "
+                       "exposed, slower than planned by up to the plan's tensor-parallel "
+                       "communication time")
+        return False
+    ledger.exact("tp_overlap")
+    return priced
 
 
 @dataclass(frozen=True)

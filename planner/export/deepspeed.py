@@ -375,6 +375,8 @@ def _zero_stage(plan: Plan, ledger: common.Ledger, changes: dict, raising: list[
 
 def _tp_notes(plan: Plan, ledger: common.Ledger, changes: dict, raising: list[str]) -> None:
     p = plan.parallel
+    common.tp_overlap(plan, ledger, "DeepSpeed's AutoTP does not overlap its collectives with "
+                      "the GEMMs")
     if p["tp"] == 1:
         ledger.exact("tp", "sequence_parallel")
         return

@@ -149,6 +149,9 @@ def _degrees(plan: Plan, version: str, ledger: common.Ledger) -> Group:
            (["--tensor-model-parallel-size", str(p["tp"]),
              "--pipeline-model-parallel-size", str(p["pp"])], "")]
     out += _sequence_parallel(plan, version, ledger)
+    if common.tp_overlap(plan, ledger):
+        out.append((["--tp-comm-overlap"], "tensor-parallel all-gathers and reduce-scatters "
+                    "pipelined with their GEMMs (Transformer Engine's userbuffers), as planned"))
     out += _placement(plan, ledger)
     common.site_stages(plan, ledger)
     k = common.replica_sites(plan, ledger)

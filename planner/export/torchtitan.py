@@ -279,6 +279,8 @@ def _model_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Set
         ledger.exact("sequence_parallel")
         out.append(Setting("parallelism", "enable_sequence_parallel", bool(p["sequence_parallel"]),
                            (f"sequence parallelism {'on' if p['sequence_parallel'] else 'off'}",)))
+    common.tp_overlap(plan, ledger, f"torchtitan {version} overlaps them only as async tensor "
+                      "parallelism, which needs torch.compile; the export keeps it off")
     if p["tp"] > 1:
         section = "parallelism" if version == "0.2.2" else "compile"
         out.append(Setting(section, "enable_async_tensor_parallel", False,

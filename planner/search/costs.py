@@ -293,6 +293,10 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     tp_bytes = share * (fwd_repeats * w.tp_fwd_bytes + w.tp_bwd_bytes)
     count = w.tp_collectives * (2 if sp else 1)  # sp: reduce-scatter + all-gather per all-reduce
     tp_s = comm.allreduce_s(tp_bytes, group, cluster, count=count)
+    if engine.tp_overlap and sp and tp > 1:  # pipelined with the GEMMs (EngineSpec.tp_overlap)
+        window = vec([t.fwd_s + t.bwd_s + t.recompute_s - t.attn_fwd_s - t.attn_bwd_s
+                      for t in bt])
+        tp_s = comm.beside_compute_s(vec(tp_s), window, cluster.device.overlap_slowdown)
     local = vec(w.params_tp / tp + w.params_rep - w.expert_params + w.expert_params / (ep * etp))
     frozen = vec(w.frozen_params_tp / tp + w.frozen_params_rep - w.frozen_expert_params
                  + w.frozen_expert_params / (ep * etp))

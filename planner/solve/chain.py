@@ -216,28 +216,6 @@ def even_partition(times: Sequence[float], stages: int) -> Partition | None:
     return Partition(bounds, _times_of(times, bounds))
 
 
-def round_partition(times: Sequence[float], ranks: int, rounds: int) -> Partition | None:
-    """The split of an interleaved schedule's ``ranks`` x ``rounds`` chunks (chunk k * ranks + r
-    on rank r) by block counts: each rank as many blocks as the others (the first ranks one
-    more where they do not divide), each rank's spread over the rounds alike (the first rounds
-    one more), so that a round's chunks match: chunks that differ within a round stall the
-    ranks with the shorter ones (80 layers in 32 chunks cut by time 3, 2, 3, 2, ...: ranks 1
-    and 3 waited for 0 and 2 in every round, 6% over the schedule's closed form; by counts,
-    rounds of 3-layer chunks and rounds of 2-layer ones). Memory not considered."""
-    n = len(times)
-    if ranks < 1 or rounds < 1 or n < ranks * rounds:
-        return None
-    per_rank = [n // ranks + (1 if r < n % ranks else 0) for r in range(ranks)]
-    if min(per_rank) < rounds:
-        return None
-    sizes = [[c // rounds + (1 if k < c % rounds else 0) for c in per_rank] for k in range(rounds)]
-    bounds = [0]
-    for k in range(rounds):
-        for r in range(ranks):
-            bounds.append(bounds[-1] + sizes[k][r])
-    return Partition(bounds, _times_of(times, bounds))
-
-
 def brute_force(times: Sequence[float], stages: int, mem: StageMemory | None = None) -> Partition | None:
     """Every split of ``times`` into ``stages`` contiguous non-empty stages; the best feasible one."""
     n = len(times)

@@ -299,6 +299,29 @@ def test_megatron_maps_zero(zero, flags):
     assert ("--overlap-grad-reduce" in args, "--overlap-param-gather" in args) == (True, zero > 0)
 
 
+def test_the_tensor_parallel_overlap_is_written_where_the_engine_runs_it(notes):
+    """EngineSpec.tp_overlap: Megatron-LM's --tp-comm-overlap (its arguments require sequence
+    parallelism, which the planner prices it with); torchtitan and DeepSpeed list it as not
+    expressed."""
+    megatron = data_plan("llama3-70b-pp4-megatron")  # tp 4 with sequence parallelism
+    for version in ("core_v0.14.0", "core_v0.19.0"):
+        assert "--tp-comm-overlap" in megatron_args(to_megatron(
+            engine_settings(megatron, tp_overlap=True), version))
+    assert "--tp-comm-overlap" not in megatron_args(to_megatron(megatron))
+    unsplit = engine_settings(variant(megatron, sequence_parallel=False), tp_overlap=True)
+    assert "--tp-comm-overlap" not in megatron_args(to_megatron(unsplit))  # (not priced)
+    titan = engine_settings(data_plan("llama3-70b-pp4-torchtitan"), tp_overlap=True)
+    notes.clear()
+    export(titan, "torchtitan")
+    assert any("tp_overlap: torchtitan" in n and "async tensor parallelism" in n
+               for n in notes), notes
+    deepspeed = engine_settings(variant(data_plan("llama3-70b-pp4-deepspeed"),
+                                        sequence_parallel=True), tp_overlap=True)
+    notes.clear()
+    export(deepspeed, "deepspeed")
+    assert any("tp_overlap: DeepSpeed's AutoTP" in n for n in notes), notes
+
+
 def test_megatron_writes_no_overlap_for_a_plan_priced_without_it(notes):
     serial = engine_settings(variant(data_plan("llama3-8b-cp4-megatron"), zero=1),
                              overlap_grad_reduce=False)

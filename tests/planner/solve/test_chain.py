@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.solve.chain import (StageMemory, brute_force, even_partition, partition,
-                                 round_partition)
+from planner.solve.chain import StageMemory, brute_force, even_partition, partition
 
 
 def test_simple_split():
@@ -35,33 +34,6 @@ def test_the_even_split_cuts_nearest_to_equal_shares(times, stages):
         assert abs(prefix[b[k]] - target) <= min(abs(prefix[j] - target) for j in allowed) + 1e-9
     assert got.stage_times == pytest.approx([sum(times[x:y]) for x, y in zip(b, b[1:])])
     assert even_partition([1.0] * 8, 4).bounds == [0, 2, 4, 6, 8]
-
-
-@settings(max_examples=100, deadline=None)
-@given(n=st.integers(min_value=1, max_value=130), ranks=st.integers(min_value=1, max_value=8),
-       rounds=st.integers(min_value=1, max_value=8))
-def test_the_round_split_gives_every_rank_like_chunks_in_every_round(n, ranks, rounds):
-    """Chunk k * ranks + r on rank r: the ranks' block counts differ by one at most, and so do
-    a round's chunks; every chunk keeps a block (None where there are too few)."""
-    got = round_partition([1.0] * n, ranks, rounds)
-    if n < ranks * rounds or n // ranks < rounds:
-        assert got is None
-        return
-    sizes = [b - a for a, b in zip(got.bounds, got.bounds[1:])]
-    assert got.bounds[0] == 0 and got.bounds[-1] == n and len(sizes) == ranks * rounds
-    assert min(sizes) >= 1
-    per_rank = [sum(sizes[r::ranks]) for r in range(ranks)]
-    assert max(per_rank) - min(per_rank) <= 1
-    assert all(max(sizes[k:k + ranks]) - min(sizes[k:k + ranks]) <= 1
-               for k in range(0, len(sizes), ranks))
-
-
-def test_eighty_layers_in_four_by_eight_chunks_round_by_round():
-    """80 layers and two more blocks (embedding, head) in 4 x 8 chunks: rounds of 3-layer
-    chunks, then of 2 (ranks 0 and 1 one block more, in the fifth round)."""
-    bounds = round_partition([1.0] * 82, 4, 8).bounds
-    sizes = [b - a for a, b in zip(bounds, bounds[1:])]
-    assert sizes == [3] * 4 * 4 + [3, 3, 2, 2] + [2] * 4 * 3
 
 
 @settings(max_examples=150, deadline=None)
