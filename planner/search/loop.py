@@ -351,9 +351,9 @@ def tie_broken(ranked: list, order, capacity: float,
                engine_runs: Callable[[Config], bool] | None = None) -> list:
     """``ranked`` (fastest first) with one of its first TIE_POOL tied with the fastest (TIE_SHARE)
     first, then the rest as they were: with ``engine_runs`` (a search for any target), one an
-    exported engine runs where the fastest is not (a new-user check got a plan that only the
+    exported engine runs where one of them does (a new-user check got a plan that only the
     planner's own runtime runs over a tie Megatron runs); and of those, the plan of least memory
-    where the fastest fills more than TIE_MEMORY_EDGE of ``capacity`` (usable bytes per GPU).
+    where their fastest fills more than TIE_MEMORY_EDGE of ``capacity`` (usable bytes per GPU).
     ``order``: an estimate's place in the enumeration (the last tie-break, as the top k keeps
     them). The first TIE_POOL alone, so that the answer does not hang on how many runners-up
     were asked for."""
@@ -361,7 +361,7 @@ def tie_broken(ranked: list, order, capacity: float,
         return ranked
     limit = ranked[0].step_time_s * (1.0 + TIE_SHARE)
     tied = [e for e in ranked[:TIE_POOL] if e.step_time_s <= limit]
-    if engine_runs is not None and len(tied) > 1 and not engine_runs(ranked[0].config):
+    if engine_runs is not None and len(tied) > 1:  # (then memory among those an engine runs)
         tied = [e for e in tied if engine_runs(e.config)] or tied
     if tied[0].peak_memory_bytes <= TIE_MEMORY_EDGE * capacity:
         pick = tied[0]

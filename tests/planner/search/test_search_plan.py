@@ -391,3 +391,7 @@ def test_a_tie_goes_to_a_plan_an_exported_engine_runs():
     assert tie_broken([own, far], [own, far].index, 80e9, exported) == [own, far]  # no tie
     # both exported: the fastest stays unless at the memory edge, as before
     assert tie_broken([runs, far], [runs, far].index, 80e9, lambda c: True) == [runs, far]
+    # the fastest exported and at the memory edge: a leaner tie no engine runs does not win it
+    lean = E(config="lean", step_time_s=10.001, peak_memory_bytes=40e9, rank=(10.001, 40e9))
+    assert tie_broken([runs, lean], [runs, lean].index, 62e9, exported)[0] is runs
+    assert tie_broken([runs, lean], [runs, lean].index, 62e9)[0] is lean  # (a target's search)
