@@ -180,6 +180,11 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
                 log.info("what-if: its length is %s (%s)", counted(prepared[k].seq_len, "token"),
                          "an image's patches and prepended tokens, which image_size and "
                          "patch_size in the config set" if image else "--seq-len sets another")
+            encoder = prepared[k].info.get("encoder_tokens")
+            if encoder:  # (a new-user check read Whisper's tokens/s as every token's)
+                log.warning("what-if: tokens/s counts the decoder's %s per sample; the encoder "
+                            "reads %s more, not counted (as plan show says)",
+                            f"{prepared[k].seq_len:,}", f"{encoder:,}")
         except SpecError as exc:  # the model cannot take this point's length: its row says so
             prepared.pop(k, None)
             untraced[k] = str(exc)

@@ -450,7 +450,7 @@ def test_a_cp_an_images_tokens_do_not_split_names_the_images_sizes(tmp_path, tin
                                                                             seq_len=126), None)
 
 
-def test_an_encoder_decoders_encoder_length_is_known_and_shown(tmp_path):
+def test_an_encoder_decoders_encoder_length_is_known_and_shown(tmp_path, caplog):
     """A new-user check: Whisper's 1,500 encoder positions appeared nowhere; tokens/s counts the
     decoder's tokens, which the plan's header now says."""
     from planner.report.summary import summary
@@ -470,6 +470,11 @@ def test_an_encoder_decoders_encoder_length_is_known_and_shown(tmp_path):
     assert plan.model["encoder_tokens"] == 24
     assert "16 x 16 tokens (the decoder's, which tokens/s counts; the encoder reads 24 per " \
         "sample)" in summary(plan)
+    # and a what-if's tokens/s column (a new-user check read it as every token's)
+    caplog.set_level("WARNING", logger="planner")
+    planner.whatif(str(tmp_path / "whisper.json"), cluster="dgx-h100", vary={"nodes": [1]},
+                   global_batch=16, seq_len=16, workers=1)
+    assert "tokens/s counts the decoder's 16 per sample; the encoder reads 24 more" in caplog.text
 
 
 def test_context_parallelism_splits_activations(tiny_llama):
