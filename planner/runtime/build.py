@@ -157,6 +157,9 @@ def unrun_notes(plan: Plan, layout: Layout) -> list[str]:
                      "prediction of this one")
     if plan.parallel.get("sequence_parallel"):
         notes.append("sequence_parallel not applied (tensor parallelism runs without it)")
+        if (plan.training.get("engine") or {}).get("tp_overlap") and plan.parallel["tp"] > 1:
+            notes.append("tp_overlap not applied: tensor parallelism's collectives run after "
+                         "their GEMMs, where the plan prices them hidden behind them")
     if plan.parallel.get("offload_optimizer"):
         notes.append("offload_optimizer not applied: the optimizer steps on the device, so the "
                      "prediction (which offloads) is not comparable; plan with --fix "

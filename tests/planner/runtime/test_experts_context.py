@@ -153,6 +153,13 @@ def test_a_dry_run_says_which_moe_settings_the_runtime_does_not_run(capsys, make
         "torch and set moe_dispatcher=alltoall" in out
     # and the rest a run would note afterwards (a new-user check missed them before the run)
     assert "# note: offload_optimizer not applied" in out
+    # the tensor-parallel overlap the plan priced, which the runtime does not run
+    tp = load_plan(make_plan("llama", "dp=1,tp=2,pp=1,micro_batch=2,sequence_parallel=true"))
+    tp.training = {**tp.training, "engine": {**tp.training.get("engine", {}),
+                                             "tp_overlap": True}}
+    tp.save(str(tmp_path / "tp-overlap.json"))
+    assert main(["run", str(tmp_path / "tp-overlap.json"), "--dry-run"]) == 0
+    assert "# note: tp_overlap not applied" in capsys.readouterr().out
 
 
 def test_recomputation_the_runtime_does_not_run_is_refused(capsys, make_plan, tmp_path):
