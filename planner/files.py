@@ -120,6 +120,8 @@ def _unique_keys_loader():
         def construct_mapping(self, node, deep=False):
             seen: dict = {}
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # (<<: *base; its keys may be
+                    continue                                   # overridden)
                 key = self.construct_object(key_node, deep=deep)
                 line = key_node.start_mark.line + 1
                 try:

@@ -260,6 +260,7 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
     if options.target == "torch" and experts and prepared.info.get("experts_own_code"):
         options = _for_runtime_experts(options, prepared.info["name"])
     latent = any(b.work.attn_keys_wider for b in blocks)
+    targets.check_overlap(training.engine, options.target)
     if experts:  # (dense: a warning later)
         model_type = prepared.info.get("model_type")
         targets.check_engine(training.engine, options.target, model_type)

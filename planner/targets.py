@@ -386,6 +386,16 @@ def for_optimizer(options: SearchOptions, optimizer: str) -> SearchOptions:
     return replace(options, offload=tuple(o for o in options.offload if not o))
 
 
+def check_overlap(engine_spec, target: str) -> None:
+    """Refuse tp_overlap (EngineSpec.tp_overlap) where ``target`` does not run it, for every
+    model (check_engine holds the settings of a mixture of experts)."""
+    if engine_spec.tp_overlap and not engine(target).tp_overlap:
+        who = target if target != "torch" else "planner's runtime (plan run)"
+        raise SpecError(f"engine.tp_overlap: {who} does not pipeline tensor-parallel collectives "
+                        "with their GEMMs as planned (Megatron-Core's --tp-comm-overlap); leave "
+                        "tp_overlap out or use --target megatron")
+
+
 def check_engine(engine_spec, target: str, model_type: str | None = None) -> None:
     """Refuse (SpecError naming the engine setting) MoE settings ``target`` does not run: a plan
     priced with them would promise a step its engine cannot take. ``model_type``: the model's
@@ -413,10 +423,6 @@ def check_engine(engine_spec, target: str, model_type: str | None = None) -> Non
         raise SpecError(f"engine.moe_shared_overlap: {who} runs a shared expert before or after "
                         "the dispatch, not beside it; leave moe_shared_overlap out or use "
                         "--target any")
-    if engine_spec.tp_overlap and not eng.tp_overlap:
-        raise SpecError(f"engine.tp_overlap: {who} does not pipeline tensor-parallel collectives "
-                        "with their GEMMs as planned (Megatron-Core's --tp-comm-overlap); leave "
-                        "tp_overlap out or use --target megatron")
     if engine_spec.moe_overlap and not eng.moe_overlap:
         raise SpecError(f"engine.moe_overlap: {who} does not overlap its expert all-to-alls with "
                         "compute in the schedules it offers; leave moe_overlap out or use "

@@ -88,7 +88,8 @@ def run(args) -> int:
     from planner import api  # lazy: imports torch (seconds); `plan --help` and `show` need not
 
     if args.output is not None:
-        check_output(args.output, "output", inputs=(args.model, args.cluster, args.calibration))
+        check_output(args.output, "output", inputs=(args.model, args.cluster, args.calibration,
+                                                    args.tables))
     logging.getLogger("planner").info("planning %s on %s ...", args.model, args.cluster)
     p = api.plan(args.model, cluster=args.cluster, nodes=args.nodes,
                  gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,

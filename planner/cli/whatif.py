@@ -70,7 +70,7 @@ def run(args) -> int:
     if args.plot:
         check_path(args.plot, "plot")
     if args.csv is not None:
-        check_output(args.csv, "csv", inputs=(args.model, args.cluster))
+        check_output(args.csv, "csv", inputs=(args.model, args.cluster, args.calibration))
     t0 = time.perf_counter()
     with per_plan_lines(args.verbose):
         rows = sweep.whatif(args.model, cluster=args.cluster, vary=parse_vary(args.vary),

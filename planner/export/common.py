@@ -150,8 +150,9 @@ def tp_overlap(plan: Plan, ledger: Ledger, unrun: str = "") -> bool:
         p.get("sequence_parallel", False)
     if priced and unrun:
         ledger.missing("tp_overlap", f"tp_overlap: {unrun}; its tensor-parallel collectives run "
-                       "exposed, slower than planned by up to the plan's tensor-parallel "
-                       "communication time")
+                       "exposed, where the plan hid most of them (its tensor-parallel part is "
+                       "what the overlap left): re-plan with tp_overlap=false for the step it "
+                       "takes")
         return False
     ledger.exact("tp_overlap")
     return priced
@@ -673,20 +674,24 @@ def software_note(plan: Plan, target: str, ledger: Ledger) -> None:
 
 def _kept_engine_settings(plan: Plan, target: str) -> tuple[list[str], list[str]]:
     """(kept, dropped): the plan's engine settings a re-plan for ``target`` keeps, as ``k=v``: its
-    MoE settings and FP8 recipe where they differ from the defaults (the rest is the target's
-    software), less those the target refuses (targets.check_engine; padding to capacity without
+    MoE settings, FP8 recipe and tensor-parallel overlap where they differ from the defaults (the
+    rest is the target's software), less those the target refuses (targets.check_engine and
+    check_overlap; padding to capacity without
     the capacity factor it needs is refused by EngineSpec itself, and goes next), which are the
     dropped."""
     engine, default = engine_from_mapping(plan.training.get("engine")), EngineSpec()
     # what the plan's software preset sets is that software's, not a choice to carry over
     chosen = [part.partition("=")[0] for part in engine_setting(engine).split(",")[1:]]
     kept = {k: getattr(engine, k) for k in chosen
-            if (k.startswith("moe_") or k == "fp8_recipe") and k not in PRESET_PROPERTIES}
+            if (k.startswith("moe_") or k in ("fp8_recipe", "tp_overlap"))
+            and k not in PRESET_PROPERTIES}
     model_type = plan.model.get("model_type") or moe.model(plan).model_type or None
     wanted = dict(kept)
-    kept = _less_refused(kept, lambda s: targets.check_engine(replace(default, **s), target,
-                                                              model_type),
-                         "engine.")
+
+    def refused(s: dict) -> None:
+        targets.check_engine(replace(default, **s), target, model_type)
+        targets.check_overlap(replace(default, **s), target)
+    kept = _less_refused(kept, refused, "engine.")
     return ([f"{k}={setting_text(v)}" for k, v in kept.items()],
             [f"{k}={setting_text(v)}" for k, v in wanted.items() if k not in kept])
 

@@ -127,7 +127,7 @@ def _check_consistency(d: dict, where: str) -> None:
     if listed != names:
         raise SpecError(f"{where}: stages must list every block exactly once, in order; restore "
                         "the file plan solve wrote, or re-plan")
-    _check_ranks(d["stages"], d["cluster"]["num_gpus"], where)
+    _check_ranks(d["stages"], d["cluster"]["num_gpus"], par["pp"], where)
     modules = {b["name"]: b.get("modules") for b in d["model"]["blocks"]}
     for i, st in enumerate(d["stages"]):  # a stage runs its blocks' modules (engines cut by them)
         own = [modules[b] for b in st["blocks"]]
@@ -158,7 +158,7 @@ def _check_consistency(d: dict, where: str) -> None:
                         "restore the file plan solve wrote, or re-plan")
 
 
-def _check_ranks(stages: list, num_gpus: int, where: str) -> None:
+def _check_ranks(stages: list, num_gpus: int, pp: int, where: str) -> None:
     """Each stage's GPUs: ranks of the cluster, none twice, the same for the chunks of one
     pipeline rank and none shared between pipeline ranks (a new-user check's stage of ranks
     [0, 0, 0, 0] was shown, simulated and diffed; only plan run refused it)."""
@@ -174,7 +174,10 @@ def _check_ranks(stages: list, num_gpus: int, where: str) -> None:
                     else "a rank is listed twice")
             raise SpecError(f"{where}: stages[{i}].ranks: {what}; restore the file plan solve "
                             "wrote, or re-plan")
-        pipe = st.get("pipeline_rank", i)
+        pipe = st.get("pipeline_rank", st.get("index", i) % pp)
+        if not 0 <= pipe < pp:
+            raise SpecError(f"{where}: stages[{i}].pipeline_rank: {pipe} is not one of the "
+                            f"{pp} pipeline ranks; restore the file plan solve wrote, or re-plan")
         if held.setdefault(pipe, sorted(ranks)) != sorted(ranks):
             raise SpecError(f"{where}: stages[{i}].ranks differ from those of the other chunks "
                             f"of pipeline rank {pipe}; restore the file plan solve wrote, or "
@@ -206,11 +209,12 @@ def _check_tables(emb: dict, where: str) -> None:
             if isinstance(world, int) and not 0 <= sh["rank"] < world:
                 raise SpecError(f"{where}: {at}.shards[{j}].rank: {sh['rank']} is not one of the "
                                 f"plan's {world} ranks; restore the file plan solve wrote")
-            if min(r0, c0) < 0 or min(nr, nc) < 1 or r0 + nr > t["rows"] or c0 + nc > t["dim"]:
+            if min(r0, c0, nr, nc) < 0 or r0 + nr > t["rows"] or c0 + nc > t["dim"]:
                 raise SpecError(f"{where}: {at}.shards[{j}]: rows {r0}+{nr}, columns {c0}+{nc} "
                                 f"lie outside the {t['rows']} x {t['dim']} table; restore the "
                                 "file plan solve wrote")
-            boxes.append((r0, r0 + nr, c0, c0 + nc))
+            if nr and nc:  # (the last ranks of a row split may get none: TorchRec's even rows)
+                boxes.append((r0, r0 + nr, c0, c0 + nc))
         if t.get("sharding_type") == "data_parallel":  # a whole copy on each of its ranks
             if any(b != (0, t["rows"], 0, t["dim"]) for b in boxes):
                 raise SpecError(f"{where}: {at}.shards: a data-parallel table's copies are whole "

@@ -399,9 +399,12 @@ def _imbalance(p: Plan) -> list[str]:
     if pp <= 1 or not p.stages:
         return []
     work = [0.0] * pp  # per rank, seconds a micro-batch (its chunks' passes, no sends)
-    for s in p.stages:
+    for i, s in enumerate(p.stages):
         d = s["predicted"]
-        work[s["pipeline_rank"]] += d["time_per_microbatch_s"] - d.get("p2p_s", 0.0)
+        rank = s.get("pipeline_rank", s.get("index", i) % pp)
+        if not 0 <= rank < pp:
+            return []
+        work[rank] += d["time_per_microbatch_s"] - d.get("p2p_s", 0.0)
     busiest, mean = max(work), sum(work) / pp
     if busiest - mean <= IMBALANCE_SHARE * busiest:
         return []

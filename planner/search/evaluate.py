@@ -69,16 +69,18 @@ def _interleaved_split(cfg: Config, ma: ModelArrays, costs: BlockCosts, training
     times = costs.split_s(cfg.num_microbatches)
     even = even_partition(times, cfg.pp * cfg.vpp) if _ranks_may_fit(mem, cfg.pp, capacity) \
         else None
-    if even is not None and (part is None or _interleaved_s(cfg, times, even.bounds)
-                             < (1.0 - EVEN_MARGIN) * _interleaved_s(cfg, times, part.bounds)):
-        try:  # Memory does not depend on placement: a split that does not fit is not priced.
-            return _fitting(Split(cfg, even.bounds, ma, costs, training), capacity, ma, options)
-        except InfeasibleError:
-            if part is None:
-                raise
-    if part is None:
+    first = [even, part] if even is not None and (part is None or _interleaved_s(
+        cfg, times, even.bounds) < (1.0 - EVEN_MARGIN) * _interleaved_s(cfg, times, part.bounds)) \
+        else [part, even]
+    tried = [p for p in first if p is not None]
+    if not tried:
         raise InfeasibleError(_oom_message(cfg, mem), reason="out of memory")
-    return _fitting(Split(cfg, part.bounds, ma, costs, training), capacity, ma, options)
+    for p in tried[:-1]:  # Memory does not depend on placement: a split that does not fit is
+        try:              # not priced; the other is tried (its ranks may fit where these do not)
+            return _fitting(Split(cfg, p.bounds, ma, costs, training), capacity, ma, options)
+        except InfeasibleError:
+            pass
+    return _fitting(Split(cfg, tried[-1].bounds, ma, costs, training), capacity, ma, options)
 
 
 EVEN_MARGIN = 0.02

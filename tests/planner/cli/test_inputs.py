@@ -221,6 +221,12 @@ def test_a_yaml_key_given_twice_is_refused(capsys, tmp_path):
     cluster.write_text(cluster.read_text().replace("nodes: 4\n", ""))
     code, _, err = run(capsys, "solve", "gpt2", "--cluster", cluster, "--global-batch", 8)
     one_line(code, err, BAD, "c.yaml: bandwidth given twice (on line 6); keep one")
+    # a merge key (<<: *base) is no key given twice, and a key beside it overrides the merged one
+    from planner.files import read_yaml
+    cluster.write_text("base: &link {bandwidth: 450GB/s, latency: 3us}\n"
+                       "intra_node: {<<: *link, latency: 2us}\n")
+    assert read_yaml(str(cluster), what="cluster")["intra_node"] == {"bandwidth": "450GB/s",
+                                                                      "latency": "2us"}
 
 
 def test_hand_edited_stage_ranks_and_endless_steps_are_refused(capsys, tmp_path, small_plan):

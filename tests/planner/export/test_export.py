@@ -322,6 +322,23 @@ def test_the_tensor_parallel_overlap_is_written_where_the_engine_runs_it(notes):
     assert any("tp_overlap: DeepSpeed's AutoTP" in n for n in notes), notes
 
 
+def test_tp_overlap_is_refused_where_the_target_does_not_run_it_and_kept_in_re_plans():
+    """A review: --engine tp_overlap=true --target torchtitan was accepted for a dense model (the
+    MoE checks alone ran), and the re-plan an export suggests dropped the setting."""
+    from planner.export.common import _kept_engine_settings
+    from planner.targets import check_overlap
+    from costmodels.engine import engine_from_mapping
+
+    for target in ("torchtitan", "deepspeed", "torch"):
+        with pytest.raises(SpecError, match=r"^engine\.tp_overlap: .* does not pipeline"):
+            check_overlap(engine_from_mapping("tp_overlap=true"), target)
+    check_overlap(engine_from_mapping("tp_overlap=true"), "megatron")
+    plan = engine_settings(data_plan("llama3-70b-pp4-megatron"), tp_overlap=True)
+    assert "tp_overlap=true" in _kept_engine_settings(plan, "megatron")[0]
+    kept, dropped = _kept_engine_settings(plan, "torchtitan")
+    assert "tp_overlap=true" not in kept and "tp_overlap=true" in dropped
+
+
 def test_megatron_writes_no_overlap_for_a_plan_priced_without_it(notes):
     serial = engine_settings(variant(data_plan("llama3-8b-cp4-megatron"), zero=1),
                              overlap_grad_reduce=False)

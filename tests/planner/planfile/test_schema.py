@@ -138,3 +138,28 @@ def test_a_hand_edited_tables_sharding_is_refused():
         edit(d["embeddings"]["tables"][kinds[kind]]["shards"])
         with pytest.raises(SpecError, match=said):
             Plan.from_dict(d, "g.json")
+
+
+def test_an_empty_row_shard_and_an_unstated_pipeline_rank_are_read_as_written():
+    """A review: TorchRec's even row split leaves the last ranks of a small table no rows, and
+    such a plan (plan solve's own) was refused; a stage without pipeline_rank (optional in the
+    schema: index mod pp) was refused or crashed plan show."""
+    import copy
+
+    from planner.planfile.document import Plan
+    from planner.report.summary import summary
+
+    golden = json.load(open("tests/golden/plans/dlrm-criteo-1tb.json"))
+    d = copy.deepcopy(golden)
+    table = next(t for t in d["embeddings"]["tables"] if t["sharding_type"] == "row_wise")
+    *_, before, last = table["shards"]
+    before["sizes"][0] += last["sizes"][0]  # the rank before takes the last rank's rows
+    last["offsets"][0], last["sizes"][0] = table["rows"], 0
+    Plan.from_dict(d, "g.json")
+    dense = json.load(open("tests/planner/export/data/plans/llama3-70b-pp4-megatron.json"))
+    for st in dense["stages"]:
+        del st["pipeline_rank"]
+    assert "pipeline ranks unequal" in summary(Plan.from_dict(dense, "p.json"))
+    dense["stages"][0]["pipeline_rank"] = 5
+    with pytest.raises(SpecError, match=r"stages\[0\]\.pipeline_rank: 5 is not one of the 4"):
+        Plan.from_dict(dense, "p.json")
