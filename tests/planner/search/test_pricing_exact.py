@@ -284,6 +284,15 @@ def test_a_search_shares_each_split(tiny_llama):
     assert capacity_bytes(cluster, options) > alone.peak_memory_bytes
 
 
+def _small_node(gpus: int, memory_gb: float):
+    """One node of ``gpus`` small devices of ``memory_gb`` each (memory binds the split)."""
+    return load_cluster({"name": "small", "nodes": 1, "gpus_per_node": gpus,
+                         "device": {"name": "small", "memory_GB": memory_gb,
+                                    "peak_TFLOPs": {"bf16": 100, "fp32": 10}, "hbm_GBps": 1000},
+                         "intra_node": {"bandwidth_GBps": 100, "latency_us": 3},
+                         "inter_node": {"bandwidth_GBps": 10, "latency_us": 10}})
+
+
 def test_an_interleaved_split_needs_its_ranks_to_fit_not_each_chunk_a_vpp_th(tiny_llama):
     """With vpp chunks per rank the chain split first gives each chunk 1/vpp of the GPU; where
     no split meets that (a chunk holding the output head is larger than the rest) but the sum
@@ -297,12 +306,7 @@ def test_an_interleaved_split_needs_its_ranks_to_fit_not_each_chunk_a_vpp_th(tin
                  schedule="interleaved-1f1b")
     seen = []
     for memory_gb in [1.0 + 0.0005 * i for i in range(400)]:  # 0.5 MB steps above the reserve
-        cluster = load_cluster({"name": "small", "nodes": 1, "gpus_per_node": 2,
-                                "device": {"name": "small", "memory_GB": memory_gb,
-                                           "peak_TFLOPs": {"bf16": 100, "fp32": 10},
-                                           "hbm_GBps": 1000},
-                                "intra_node": {"bandwidth_GBps": 100, "latency_us": 3},
-                                "inter_node": {"bandwidth_GBps": 10, "latency_us": 10}})
+        cluster = _small_node(2, memory_gb)
         costs = config_costs(ma, cluster, training, cfg)
         cap = capacity_bytes(cluster, options)
         per_chunk = partition(costs.split_s(cfg.num_microbatches), 4,
@@ -340,12 +344,7 @@ def test_an_interleaved_split_is_no_slower_than_the_even_one_where_that_fits(tmp
                  schedule="interleaved-1f1b")
     compared = 0
     for memory_gb in [0.95 + 0.005 * i for i in range(100)]:
-        cluster = load_cluster({"name": "small", "nodes": 1, "gpus_per_node": 4,
-                                "device": {"name": "small", "memory_GB": memory_gb,
-                                           "peak_TFLOPs": {"bf16": 100, "fp32": 10},
-                                           "hbm_GBps": 1000},
-                                "intra_node": {"bandwidth_GBps": 100, "latency_us": 3},
-                                "inter_node": {"bandwidth_GBps": 10, "latency_us": 10}})
+        cluster = _small_node(4, memory_gb)
         costs = config_costs(ma, cluster, training, cfg)
         even = Split(cfg, even_partition(costs.split_s(cfg.num_microbatches), 8).bounds, ma,
                      costs, training)
