@@ -17,7 +17,7 @@ import json
 from costmodels.engine import engine_from_mapping
 from planner.errors import SpecError
 from planner.options import pp_inner_refused
-from planner.export import common, moe
+from planner.export import common, moe, replan
 from planner.planfile.document import Plan
 from planner import targets
 
@@ -180,12 +180,12 @@ def _check_context(plan: Plan) -> None:
         raise SpecError(f"export deepspeed: context parallelism (cp={p['cp']}) with pp={p['pp']}: "
                         "DeepSpeed's pipeline engine (PipelineModule's topology of pipe, data and "
                         "model ranks) has no axis for sequence shards; re-plan for it with "
-                        f"`{common.resolve_hint(plan, TARGET, {'cp': 1})}`")
+                        f"`{replan.resolve_hint(plan, TARGET, {'cp': 1})}`")
     if _runs_ulysses(p) and p.get("ep", 1) > 1 and p["zero"] == 3:
         raise SpecError(f"export deepspeed: ZeRO-3 with cp={p['cp']} and ep={p['ep']}: DeepSpeed's "
                         "engine refuses AutoEP with ZeRO stage 3 under sequence parallelism "
                         "(runtime/engine.py); re-plan for it with "
-                        f"`{common.resolve_hint(plan, TARGET)}`")
+                        f"`{replan.resolve_hint(plan, TARGET)}`")
 
 
 def _runs_ulysses(p: dict) -> bool:
@@ -493,7 +493,7 @@ def _topology(plan: Plan, ledger: common.Ledger) -> dict:
                        "(utils/groups.py), so the stages must be blocks of consecutive ranks; "
                        "the topology puts pipe outermost (tp-dp-pp), whose pipeline sends may "
                        "cross nodes where the plan kept them inside; "
-                       f"`{common.resolve_hint(plan, TARGET)}` plans for it")
+                       f"`{replan.resolve_hint(plan, TARGET)}` plans for it")
     axes = AXES[where]
     size = {"pipe": p["pp"], "data": p["dp"], "model": p["tp"]}
     return {"class": "ProcessTopology", "axes": axes, "dims": [size[a] for a in axes]}

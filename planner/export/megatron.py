@@ -14,7 +14,7 @@ from costmodels.experts import overlap_blockers
 from costmodels.memory import modules_of
 from planner.errors import SpecError
 from planner.options import same_data_parallelism
-from planner.export import common, moe, names
+from planner.export import common, moe, names, replan
 from planner.export.shell import Group, bash_file
 from planner.planfile.document import Plan
 from planner import targets
@@ -119,7 +119,7 @@ def _check_expert_bias(plan: Plan, version: str) -> None:
         raise SpecError(f"export megatron: etp={etp} with {plan.model['name']}'s expert biases: "
                         f"Megatron-Core {version} supports bias in MoE only with "
                         "--expert-tensor-parallel-size 1; re-plan for it with "
-                        f"`{common.resolve_hint(plan, TARGET)}`")
+                        f"`{replan.resolve_hint(plan, TARGET)}`")
 
 
 def _check_context(plan: Plan) -> None:
@@ -132,11 +132,11 @@ def _check_context(plan: Plan) -> None:
     if cp > 1 and seq % (2 * cp):
         raise SpecError(f"export megatron: Megatron-LM's validate_args requires the sequence "
                         f"length ({seq}) to be a multiple of 2 x context-parallel size ({2 * cp}); "
-                        f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
+                        f"re-plan with `{replan.resolve_hint(plan, TARGET)}`")
     if p["tp"] > 1 and p["sequence_parallel"] and (seq // cp) % p["tp"]:
         raise SpecError(f"export megatron: sequence parallelism splits each cp rank's {seq // cp} "
                         f"tokens over tp={p['tp']} ranks, and Megatron-Core requires them to "
-                        f"divide; re-plan with `{common.resolve_hint(plan, TARGET)}`")
+                        f"divide; re-plan with `{replan.resolve_hint(plan, TARGET)}`")
 
 
 def _degrees(plan: Plan, version: str, ledger: common.Ledger) -> Group:
@@ -161,7 +161,7 @@ def _degrees(plan: Plan, version: str, ledger: common.Ledger) -> Group:
                         f"{p['pp']}) needs the replicas outermost (--use-tp-pp-dp-mapping), which "
                         "Megatron-Core refuses unless ep x etp = tp x cp; its default order would "
                         "put each pipeline across the sites; re-plan with "
-                        f"`{common.resolve_hint(plan, TARGET)}`")
+                        f"`{replan.resolve_hint(plan, TARGET)}`")
     if k > 1 and p["zero"] >= 1:
         ledger.exact("dp_replicate")
         out.append((["--num-distributed-optimizer-instances", str(k)],
@@ -196,7 +196,7 @@ def _placement(plan: Plan, ledger: common.Ledger) -> Group:
                    "whose pipeline sends may cross nodes where the plan kept them inside"
                    + (", and whose expert-parallel groups (the all-to-alls) span other ranks "
                       "than planned" if p.get("ep", 1) > 1 else "")
-                   + f" (not priced here); `{common.resolve_hint(plan, TARGET)}` plans for it")
+                   + f" (not priced here); `{replan.resolve_hint(plan, TARGET)}` plans for it")
     return []
 
 
@@ -282,7 +282,7 @@ def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
                          for what, forms in limits)
         raise SpecError(f"export megatron: cp_comm {form} with {plan.model['name']}'s attention: "
                         f"Transformer Engine's context parallelism runs {only}"
-                        + (f"; re-plan with `{common.resolve_hint(plan, TARGET)}`, which keeps "
+                        + (f"; re-plan with `{replan.resolve_hint(plan, TARGET)}`, which keeps "
                            f"to cp_comm={runs[0]} with degrees whose heads split for it"
                            if runs else ""))
 

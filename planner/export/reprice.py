@@ -19,7 +19,7 @@ from costmodels.engine import engine_from_mapping
 from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
 from planner import api
 from planner.errors import InfeasibleError, PlannerError, SpecError
-from planner.export import common
+from planner.export import common, replan
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays, capacity_bytes, config_costs
@@ -133,7 +133,7 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
             f"no {target} export fits: with {change}, {_rank(mem) or 'a GPU'} needs "
             f"{common.gb(mem.peak)} per GPU, more than the {common.gb(mem.usable)} usable of "
             f"{common.gb(mem.device)} (the plan: {common.gb(planned)}); re-plan for it with "
-            f"`{common.resolve_hint(plan, target, nearest=False)}`", reason="out of memory")
+            f"`{replan.resolve_hint(plan, target, nearest=False)}`", reason="out of memory")
     where = f" ({_rank(mem)})" if _rank(mem) else ""
     versus = ("as the plan's" if common.gb(mem.peak) == common.gb(planned)
               else f"instead of the plan's {common.gb(planned)}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from costmodels.engine import engine_from_mapping
 from costmodels.memory import RECOMPUTE
 from planner.errors import SpecError
-from planner.export import common, moe, names
+from planner.export import common, moe, names, replan
 from planner.export.shell import bash_file
 from planner.export.toml import Entry, table
 from planner.planfile.document import Plan
@@ -97,7 +97,7 @@ def _check_mesh(plan: Plan, version: str, ledger: common.Ledger) -> None:
                     f"x cp = {divisor} in their parallelize functions "
                     "(ParallelDims.seq_len_divisor); drop that assert from yours")
     elif seq % divisor:
-        again = (f", or re-plan with `{common.resolve_hint(plan, TARGET)}`" if seq % 2 == 0
+        again = (f", or re-plan with `{replan.resolve_hint(plan, TARGET)}`" if seq % 2 == 0
                  else "")  # an odd length splits for no tp
         raise SpecError(f"export torchtitan: torchtitan requires the sequence length ({seq}) to "
                         f"be a multiple of tp x 2 x cp = {divisor} (ParallelDims.seq_len_divisor); "
@@ -109,14 +109,14 @@ def _check_mesh(plan: Plan, version: str, ledger: common.Ledger) -> None:
                         f"(dp x cp = {p['dp'] * p.get('cp', 1)}"
                         + (", ZeRO-0 replicas" if p["dp"] * p.get("cp", 1) > 1 else "")
                         + "): the model would train on the CPU; re-plan with "
-                        f"`{common.resolve_hint(plan, TARGET)}`")
+                        f"`{replan.resolve_hint(plan, TARGET)}`")
     known = names.torchtitan_model(plan)
     if version == "0.2.2" and known and known[0] in ("deepseek_v3", "gpt_oss") and \
             p.get("ep", 1) > 1 and p["dp"] * p.get("cp", 1) == 1:
         raise SpecError(f"export torchtitan: torchtitan {version}'s {known[0]} needs an FSDP mesh "
                         f"(dp x cp > 1) with ep={p['ep']} (its parallelize function fetches it "
                         f"whenever experts are spread, and a mesh of size 1 does not exist); "
-                        f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
+                        f"re-plan with `{replan.resolve_hint(plan, TARGET)}`")
 
 
 # ---- the settings --------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def _model(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
     if plan.parallel.get("cp", 1) > 1 and (version, model) in NO_CONTEXT_PARALLEL:
         raise SpecError(f"export torchtitan: torchtitan {version} runs no context parallelism "
                         f"for {plan.model['name']}: {NO_CONTEXT_PARALLEL[version, model]}; re-plan "
-                        f"with `{common.resolve_hint(plan, TARGET, {'cp': 1})}`")
+                        f"with `{replan.resolve_hint(plan, TARGET, {'cp': 1})}`")
     split = plan.parallel.get("pp", 1) > 1  # module names appear in the pipeline's split only
     names_note = "; the module names below are that model's" if split else ""
     why = (f"the plan's {plan.model['name']} is torchtitan's own {model} {flavor}{names_note}",)
@@ -256,7 +256,7 @@ def _offload(plan: Plan, ledger: common.Ledger) -> list[Setting]:
                    "nearest is training.enable_cpu_offload (FSDP2's CPUOffloadPolicy), which keeps "
                    "weights and gradients there too: less device memory than planned, but a "
                    "slower step (every all-gather reads host memory); for a plan without offload "
-                   f"use `{common.resolve_hint(plan, TARGET)}`")
+                   f"use `{replan.resolve_hint(plan, TARGET)}`")
     return [Setting("training", "enable_cpu_offload", True,
                     ("optimizer offload -> FSDP2 CPU offload (see the note above)",))]
 
@@ -298,7 +298,7 @@ def _model_parallel(plan: Plan, version: str, ledger: common.Ledger) -> list[Set
         raise SpecError(f"export {TARGET}: data parallel across sites with a pipeline (pp="
                         f"{p['pp']}): torchtitan orders its device mesh pp outermost, so the "
                         "ranks of one site would hold pipeline stages, not whole replicas; "
-                        f"re-plan with `{common.resolve_hint(plan, TARGET)}`")
+                        f"re-plan with `{replan.resolve_hint(plan, TARGET)}`")
     return out
 
 
@@ -320,7 +320,7 @@ def _context(plan: Plan, version: str, ledger: common.Ledger,
     if none:  # (before the memory re-check below, which would blame the memory)
         raise SpecError(f"export torchtitan: torchtitan {version} runs no context parallelism "
                         f"over {' or '.join(none)}, which {plan.model['name']} has; re-plan "
-                        f"with `{common.resolve_hint(plan, TARGET, {'cp': 1})}`")
+                        f"with `{replan.resolve_hint(plan, TARGET, {'cp': 1})}`")
     ledger.exact("cp")
     why = (f"context parallelism: each sample's {plan.training['seq_len']} tokens over {cp} ranks "
            "(two chunks each, torchtitan's headtail load balancer)",)
@@ -672,7 +672,7 @@ def _training(plan: Plan, ledger: common.Ledger) -> list[Setting]:
                        "parallelism: torchtitan turns mixed precision off without FSDP when tensor "
                        "or pipeline parallelism is on (maybe_enable_amp, distributed/utils.py), so "
                        "it trains in float32: more memory and a slower step than planned; "
-                       f"`{common.resolve_hint(plan, TARGET)}` plans for it")
+                       f"`{replan.resolve_hint(plan, TARGET)}` plans for it")
     return [Setting("training", "local_batch_size", local, (why,)),
             Setting("training", "global_batch_size", t["global_batch"]),
             Setting("training", "seq_len", t["seq_len"]),

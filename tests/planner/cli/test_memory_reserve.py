@@ -10,7 +10,7 @@ import pytest
 import planner
 from planner.cli.main import main
 from planner.errors import SpecError
-from planner.export.common import resolve_hint
+from planner.export.replan import resolve_hint
 from planner.options import SearchOptions
 
 A100 = 80e9  # dgx-a100-80g's device memory

@@ -38,7 +38,8 @@ from planner.cli.main import main
 from planner.errors import InfeasibleError, SpecError
 from planner.export import (RECSYS_TARGETS, SUPPORTED_VERSIONS, TARGETS, export, names,
                             to_deepspeed, to_megatron, to_torchtitan)
-from planner.export.common import ACCOUNTED, Ledger, layout, resolve_hint
+from planner.export.common import ACCOUNTED, Ledger, layout
+from planner.export.replan import resolve_hint
 from planner.planfile.document import Plan, load_plan
 
 DENSE_TARGETS = {t: v for t, v in TARGETS.items() if t not in RECSYS_TARGETS}
@@ -325,7 +326,7 @@ def test_the_tensor_parallel_overlap_is_written_where_the_engine_runs_it(notes):
 def test_tp_overlap_is_refused_where_the_target_does_not_run_it_and_kept_in_re_plans():
     """A review: --engine tp_overlap=true --target torchtitan was accepted for a dense model (the
     MoE checks alone ran), and the re-plan an export suggests dropped the setting."""
-    from planner.export.common import _kept_engine_settings
+    from planner.export.replan import _kept_engine_settings
     from planner.targets import check_overlap
     from costmodels.engine import engine_from_mapping
 
@@ -727,12 +728,11 @@ def test_a_re_plan_keeps_the_users_moe_choices_not_the_softwares():
     """A torchtitan plan's re-plan for Megatron-LM carries the MoE settings chosen (deepep),
     not how torchtitan runs its experts (moe_etp_replicated, a preset's property)."""
     from costmodels.engine import engine_from_mapping, setting_text
-    from planner.export import common  # noqa: PLC0415
     plan = data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan")
     engine = engine_from_mapping("torchtitan,moe_dispatcher=deepep")
     plan = dataclasses.replace(plan, training={**plan.training, "engine": {
         k: setting_text(v) for k, v in dataclasses.asdict(engine).items()}})
-    hint = common.resolve_hint(plan, "megatron")
+    hint = resolve_hint(plan, "megatron")
     assert " --engine megatron-core,moe_dispatcher=deepep " in hint, hint
     assert "etp_replicated" not in hint and "probs_in_activation" not in hint
 
@@ -742,7 +742,6 @@ def test_a_re_plan_leaves_out_a_recomputation_its_engine_refuses_with_the_plans_
     Megatron-LM, which refuses moe_act there, leaves the pin out and says so (a new-user check:
     the suggested command was refused); in bf16 the pin is kept."""
     from costmodels.engine import engine_from_mapping, setting_text
-    from planner.export import common  # noqa: PLC0415
     plan = data_plan("qwen3-30b-a3b-pp2-ep8-torchtitan")
     search = {**plan.search, "options": {**plan.search.get("options", {}),
                                          "fix": {"recompute": "moe_act"}}}
@@ -750,15 +749,15 @@ def test_a_re_plan_leaves_out_a_recomputation_its_engine_refuses_with_the_plans_
     fp8 = dataclasses.replace(plan, search=search, training={
         **plan.training, "dtype": "fp8",
         "engine": {k: setting_text(v) for k, v in dataclasses.asdict(engine).items()}})
-    hint = common.resolve_hint(fp8, "megatron")
+    hint = resolve_hint(fp8, "megatron")
     assert "fp8_recipe=delayed" in hint and "recompute=moe_act" not in hint.split("#")[0], hint
     assert hint.endswith("# without recompute moe_act under FP8 delayed scaling, which megatron "
                          "does not run"), hint
     bf16 = dataclasses.replace(plan, search=search)
-    assert "--fix recompute=moe_act" in common.resolve_hint(bf16, "megatron")
+    assert "--fix recompute=moe_act" in resolve_hint(bf16, "megatron")
     # (of a policy of several modules only moe_act goes; a review saw the whole pin dropped)
     both = {**search, "options": {**search["options"], "fix": {"recompute": "mla_up_proj+moe_act"}}}
-    hint = common.resolve_hint(dataclasses.replace(fp8, search=both), "megatron")
+    hint = resolve_hint(dataclasses.replace(fp8, search=both), "megatron")
     assert "--fix recompute=mla_up_proj --target megatron" in hint, hint
     # (a refusal of another setting, DeepEP in fp16, is not read as the recomputation's)
     deepep = engine_from_mapping("torchtitan,moe_dispatcher=deepep")
@@ -766,7 +765,7 @@ def test_a_re_plan_leaves_out_a_recomputation_its_engine_refuses_with_the_plans_
         **search["options"], "fix": {"recompute": "full"}}}, training={
         **plan.training, "dtype": "fp16",
         "engine": {k: setting_text(v) for k, v in dataclasses.asdict(deepep).items()}})
-    assert "recompute=full" in common.resolve_hint(fp16, "deepspeed").split("#")[0]
+    assert "recompute=full" in resolve_hint(fp16, "deepspeed").split("#")[0]
 
 
 def test_an_edited_plan_whose_ep_does_not_divide_the_experts_is_refused():
@@ -1443,7 +1442,7 @@ if __name__ == "__main__":
 def test_the_replan_hint_keeps_only_pins_the_target_can_run():
     """The `plan solve` an export suggests must itself succeed: virtual stages only with the
     interleaved schedule, experts with tp > 1 only with sequence parallelism."""
-    from planner.export.common import resolve_hint
+    from planner.export.replan import resolve_hint
 
     data = os.path.join(os.path.dirname(__file__), "data", "plans")
     vpp = load_plan(os.path.join(data, "mixtral-8x7b-ep4-etp2-megatron.json"))
@@ -1472,7 +1471,7 @@ def test_the_replan_hint_gives_the_cluster_back():
     name) is CLUSTER_YAML, not its name, which `plan solve --cluster` would refuse (a new-user
     check ran the hint and got "unknown cluster 'my-h100'")."""
     from costmodels.topology import get_cluster
-    from planner.export.common import cluster_args
+    from planner.export.replan import cluster_args
 
     resized = get_cluster("dgx-h100", nodes=4, gpus_per_node=4).summary()
     assert cluster_args(resized) == "--cluster dgx-h100 --nodes 4 --gpus-per-node 4"
@@ -1605,7 +1604,7 @@ def test_torchtitan_says_it_has_no_model_for_a_mixtral_without_a_pipeline(notes)
 def test_the_replan_hint_keeps_no_pin_the_targets_rules_refuse(stem, pins, target, dropped):
     """The re-plan an export suggests after refusing a plan passes the target's own pin checks."""
     from planner import SearchOptions, targets
-    from planner.export.common import resolve_hint
+    from planner.export.replan import resolve_hint
     from planner.options import parse_fix
 
     plan = data_plan(stem)
@@ -1623,13 +1622,12 @@ def test_a_replan_hint_drops_an_exchange_the_target_does_not_run_over_the_attent
     """Megatron runs latent attention (DeepSeek-V3) with p2p or a2a+p2p only, and a window or
     sinks (gpt-oss) with a2a (and all-gather) only: a hint keeps a pinned cp_comm only where the
     re-plan would take it."""
-    from planner.export import common  # noqa: PLC0415
     base = data_plan("llama3-8b-cp4-megatron")
     for spec, dropped, kept in (("deepseek-v3", "a2a", "p2p"), ("gpt-oss-120b", "p2p", "a2a")):
         for form, stays in ((dropped, False), (kept, True)):
             plan = dataclasses.replace(base, model={**base.model, "spec": spec}, search={
                 **base.search, "options": {"fix": {"cp": 2, "cp_comm": form}}})
-            hint = common.resolve_hint(plan, "megatron")
+            hint = resolve_hint(plan, "megatron")
             assert (f"cp_comm={form}" in hint) == stays, hint
 
 

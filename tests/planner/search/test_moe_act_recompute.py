@@ -146,7 +146,7 @@ def test_it_costs_memory_bound_time_and_the_search_takes_it_where_memory_is_shor
     assert "(the same: moe_act recomputes memory-bound ops only)" in summary(chosen)
     # torchtitan does not run it: pricing the plan as torchtitan runs it takes its nearest (per-op
     # recomputation), and a re-plan where that does not fit leaves it to the search
-    from planner.export.common import resolve_hint
+    from planner.export.replan import resolve_hint
     pinned = _plan(prepared, f"{pins},recompute=moe_act", memory_gb=1000)
     assert "recompute=op" in resolve_hint(pinned, "torchtitan")
     hint = resolve_hint(pinned, "torchtitan", nearest=False)

@@ -334,7 +334,7 @@ def test_the_replicas_search_every_pipeline_depth():
 def test_the_choice_across_sites_is_kept_for_why_and_the_exports(prepared, tmp_path):
     """--across-sites replicas is recorded (search.options.across_sites): --why re-planned a
     forced replicas plan as auto, and the exports' re-plan commands dropped it."""
-    from planner.export.common import resolve_hint
+    from planner.export.replan import resolve_hint
 
     training = TrainingSpec(global_batch=256, seq_len=256)
     hc = sites("ab", [{"between": ["a", "b"], "bandwidth": "100Mbps", "latency": "5ms"}])
