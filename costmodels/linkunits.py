@@ -78,6 +78,9 @@ def link_figures(spec: Mapping, where: str) -> tuple[float, float]:
                                  ("latency_us", "latency", "10us")):
         value = spec.get(plain)
         if isinstance(value, str) and not _NUMBER.match(value):
+            if not value.strip()[:1].isdigit() and not value.strip().startswith("."):
+                raise SpecError(f"{where}.{plain}: {value!r} is not a number; give a plain "
+                                f"number for {plain}, or {unit} with its unit (like {example})")
             raise SpecError(f"{where}.{plain}: {value!r} has a unit; give {unit}: {value} (like "
                             f"{example}), or a plain number for {plain}")
     for key, example, plain in (("bandwidth", "10Gbps or 1.25GB/s", "bandwidth_GBps"),

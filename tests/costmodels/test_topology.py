@@ -79,6 +79,11 @@ def test_a_cluster_files_links_take_units_as_a_sites_file_does():
                                                      "latency_us": 10}})
     with pytest.raises(SpecError, match=r"inter_node\.latency_us: '10ms' has a unit"):
         cluster_from_mapping({**GOOD, "inter_node": {"bandwidth_GBps": 25, "latency_us": "10ms"}})
+    # a word, not a quantity: no "give bandwidth: fast" (a new-user check)
+    with pytest.raises(SpecError, match=r"inter_node\.bandwidth_GBps: 'fast' is not a number; "
+                                        r"give a plain number for bandwidth_GBps, or bandwidth "
+                                        r"with its unit"):
+        cluster_from_mapping({**GOOD, "inter_node": {"bandwidth_GBps": "fast", "latency_us": 10}})
 
 
 def test_device_mapping_in_yaml():
