@@ -292,6 +292,12 @@ def refusal(parallel: dict, dtype: str, target: str, forms=()) -> str | None:
     return exchange_refusal(parallel, target, forms)
 
 
+def exported_runs(parallel: dict, dtype: str, forms=()) -> bool:
+    """Whether an exported engine (EXPORTED) runs ``parallel``'s knobs and ``dtype`` as planned
+    (refusal; an export checks the model's other rules besides)."""
+    return any(refusal(parallel, dtype, t, forms) is None for t in EXPORTED)
+
+
 def _fewer_exchanges(eng: Engine) -> str:
     """`` (fewer over ...)``: the forms of attention over which ``eng`` runs fewer exchanges than
     it offers, so that a refusal of one exchange does not send the user to another the model's

@@ -544,13 +544,10 @@ def _search(p: Plan) -> list[str]:
 def _tie_reason(p: Plan, a: dict, mem: float) -> str:
     """Why the plan won a tie over the faster runner-up ``a`` (search.loop.tie_broken): an
     exported engine runs it and not the runner-up, or it holds less memory."""
-    forms = p.model.get("attention_forms", ())
-
-    def exported(parallel: dict) -> bool:
-        return any(targets.refusal(parallel, p.training["dtype"], t, forms) is None
-                   for t in targets.EXPORTED)
-    if p.search.get("target", "any") == "any" and exported(p.parallel) and \
-            not exported({**p.parallel, **a["parallel"]}):
+    forms, dtype = p.model.get("attention_forms", ()), p.training["dtype"]
+    if p.search.get("target", "any") == "any" and \
+            targets.exported_runs(p.parallel, dtype, forms) and \
+            not targets.exported_runs({**p.parallel, **a["parallel"]}, dtype, forms):
         return "an exported engine runs the plan, not this one"
     return "the plan holds less memory" if mem > 0 else "the plan chosen first"
 

@@ -64,11 +64,11 @@ def _interleaved_split(cfg: Config, ma: ModelArrays, costs: BlockCosts, training
     alone does not decide: a split that minimized the slowest chunk under its memory chose 1, 1,
     1, 4, 5, 5, ... layers on a 70B model, its ranks' totals 5% apart, 6% slower (simulated)
     than the even split it could hold."""
-    if part is None and _ranks_may_fit(mem, cfg.pp, capacity):
+    may_fit = _ranks_may_fit(mem, cfg.pp, capacity)
+    if part is None and may_fit:
         part = _partition(cfg, costs, dataclasses.replace(mem, capacity=capacity), splits)
     times = costs.split_s(cfg.num_microbatches)
-    even = even_partition(times, cfg.pp * cfg.vpp) if _ranks_may_fit(mem, cfg.pp, capacity) \
-        else None
+    even = even_partition(times, cfg.pp * cfg.vpp) if may_fit else None
     first = [even, part] if even is not None and (part is None or _interleaved_s(
         cfg, times, even.bounds) < (1.0 - EVEN_MARGIN) * _interleaved_s(cfg, times, part.bounds)) \
         else [part, even]

@@ -374,8 +374,7 @@ def _engine_runs(bg: BlockGraph, training: TrainingSpec) -> Callable[[Config], b
     """Whether an exported engine (targets.EXPORTED) runs a configuration's knobs and dtype as
     planned (targets.refusal; an export checks the model's other rules besides)."""
     forms = attention_forms(bg)
-    return lambda cfg: any(targets.refusal(cfg.to_dict(), training.dtype, t, forms) is None
-                           for t in targets.EXPORTED)
+    return lambda cfg: targets.exported_runs(cfg.to_dict(), training.dtype, forms)
 
 
 def _config(group: Group, variant: tuple, costs_of: dict, pricer) -> Config:
