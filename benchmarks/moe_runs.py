@@ -143,6 +143,16 @@ configurations also run fused grouped expert MLPs (CuTeDSL) and, on some rows, F
 the planner does not price apart."""
 
 
+TP_OVERLAP = {"25.09": {("Qwen3_235B_a22B", "H100"), ("Qwen3_235B_a22B", "GB200")}}
+"""Per release, the (model, GPU) of rows with tensor parallelism whose configuration pipelines its
+collectives with the GEMMs (``tp_comm_overlap``, the engine's tp_overlap). 25.09
+(scripts/performance/run_script.py at cac49dcd7): every Qwen3 run passes
+``CommOverlapConfig(tp_comm_overlap=True)``; DeepSeek-V3's recipe leaves it False
+(recipes/deepseek/deepseek_v3.py). 25.11 (1804c076f) and 26.04.01 (17a381f95): Qwen3-235B on H100,
+the only rows there with tp > 1, sets it False (configs/qwen/qwen3_llm_pretrain.py). Rows at
+tp = 1 have nothing to pipeline."""
+
+
 RECOMPUTE = {"25.11": {("DeepSeekV3", "GB300"): "moe_act", ("DeepSeekV3", "GB200"): "mla_up_proj",
                        ("DeepSeekV3", "B200"): "mla_up_proj", ("DeepSeekV3", "H100"): "mla_up_proj"},
              "25.09": {("DeepSeekV3", "H100"): "mla_up_proj",
@@ -257,11 +267,12 @@ def _model_gpu(r: dict) -> tuple[str, str]:
 
 
 def release_settings(r: dict) -> str:
-    """Engine settings (comma-led) of the row's release configuration (FLEX, A2A_OVERLAP,
-    SHARED_OVERLAP)."""
+    """Engine settings (comma-led) of the row's release configuration (FLEX, TP_OVERLAP,
+    A2A_OVERLAP, SHARED_OVERLAP)."""
     release = _release(r)
     flex = _model_gpu(r) in FLEX.get(release, ())
-    dispatch = ",moe_dispatcher=" + ("deepep" if flex else "alltoall")
+    dispatch = ",moe_dispatcher=" + ("deepep" if flex else "alltoall") \
+        + (",tp_overlap=true" if _model_gpu(r) in TP_OVERLAP.get(release, ()) else "")
     if _model_gpu(r) not in A2A_OVERLAP[release]:
         return dispatch + (",moe_shared_overlap=true"
                            if _model_gpu(r)[0] in SHARED_OVERLAP and not flex else "")

@@ -31,7 +31,8 @@ def test_moe_rows_take_their_release_configuration():
     assert settings["DeepSeekV3 (dropless)", "H100"] == \
         a2a + ",moe_overlap=true,overlap_grad_reduce=false"  # 25.09's run_script
     assert settings["Qwen3_235B_a22B", "H100"] == a2a + ",moe_overlap=true"  # 25.11's configs
-    assert settings["Qwen3_235B_a22B (tokendrop)", "H100"] == a2a  # 25.09 drops tokens
+    # 25.09 drops tokens and pipelines Qwen3's tp collectives; 25.11 does not on H100
+    assert settings["Qwen3_235B_a22B (tokendrop)", "H100"] == a2a + ",tp_overlap=true"
     # DeepSeek-V3's shared expert beside the dispatch wherever the all-to-all overlap is off
     assert settings["DeepSeekV3 (w/o MTP)", "GB200"] == a2a + ",moe_shared_overlap=true"
     assert settings["GPT OSS 120B", "GB200"] == a2a  # no shared expert
@@ -44,7 +45,10 @@ def test_rows_outside_the_reference_data_are_numbered_apart_and_never_fitted():
     assert more and min(r["index"] for r in more) == moe_runs.MORE_INDEX
     assert all("tokendrop" in r["variant"] for r in more)  # the 25.09 token-drop runs
     a2a = ",moe_dispatcher=alltoall"
-    assert {moe_runs.release_settings(r) for r in more if "DeepSeek" not in r["model"]} == {a2a}
+    assert {moe_runs.release_settings(r) for r in more if "DeepSeek" not in r["model"]
+            and int(r["tp"]) == 1} == {a2a}
+    assert {moe_runs.release_settings(r) for r in more if int(r["tp"]) > 1} == \
+        {a2a + ",tp_overlap=true"}  # Qwen3-235B at tp 2
     assert {moe_runs.release_settings(r) for r in more if "DeepSeek" in r["model"]} == \
         {a2a + ",moe_shared_overlap=true"}  # GB200 / B200: no all-to-all overlap
     rows = moe_runs.load_rows()
