@@ -233,7 +233,7 @@ def _parallel(p: Plan) -> list[str]:
         f"{par.get('placement', 'tp-pp-dp')}",
         f"  software    {p.training['dtype']}; "
         f"{describe(engine_from_mapping(p.training.get('engine')), not p.model.get('no_attention'))}"
-        f"{_without_flash(p)}{_overlap_off(p)}",
+        f"{_without_flash(p)}{_overlap_off(p)}{_tp_overlap_unused(p)}",
         *breakdown(p),
         f"  throughput  {_samples(pr['samples_per_s'])} samples/s, {pr['tokens_per_s']:,.0f} "
         f"tokens/s, {_tflops(pr['tflops_per_device'])} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
@@ -426,6 +426,19 @@ def _overlap_off(p: Plan) -> str:
     the setting, and the plan prices its all-to-alls exposed."""
     why = p.moe_overlap_blockers()
     return f"; moe_overlap not run here (it needs {' and '.join(why)})" if why else ""
+
+
+def _tp_overlap_unused(p: Plan) -> str:
+    """Where the engine pipelines tensor-parallel collectives (EngineSpec.tp_overlap) and the
+    plan has none to pipeline (tp=1, or no sequence parallelism, which Megatron-Core's overlap
+    needs), that the setting changes nothing here (settings.warn_tp_overlap_unused warns the
+    same when the plan is made)."""
+    if not engine_from_mapping(p.training.get("engine")).tp_overlap:
+        return ""
+    if p.parallel["tp"] == 1:
+        return "; tp_overlap unused here (tp=1)"
+    return "" if p.parallel["sequence_parallel"] else \
+        "; tp_overlap unused here (it needs sequence parallelism)"
 
 
 MOE_ACCURACY = ("accuracy: step times of mixtures of experts are this cost model's least certain: "

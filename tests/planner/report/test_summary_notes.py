@@ -1,11 +1,15 @@
 """What `plan show` says beside the step's parts: the wait of pipeline ranks that carry less work
-than the busiest (the parts run along the busiest rank, so its compute holds that wait), and why
-the plan won a tie over a faster runner-up."""
+than the busiest (the parts run along the busiest rank, so its compute holds that wait), why
+the plan won a tie over a faster runner-up, and an engine setting the plan has no use for."""
 
 import copy
+from types import SimpleNamespace
 
+from costmodels.engine import engine_from_mapping
+from planner.options import TrainingSpec
 from planner.planfile.document import load_plan
 from planner.report.summary import summary
+from planner.settings import warn_tp_overlap_unused
 
 PLAN = "tests/planner/export/data/plans/llama3-70b-pp4-megatron.json"
 
@@ -61,3 +65,28 @@ def test_a_runner_up_that_lost_a_tie_says_why():
 
 def _flat(plan) -> str:
     return " ".join(summary(plan).split())
+
+
+def test_tp_overlap_with_nothing_to_pipeline_is_said_unused():
+    """A review: with engine tp_overlap set and the chosen plan at tp=1, the software line named
+    the overlap as if it ran (only a warning at solve time said it changes nothing)."""
+    plan = copy.deepcopy(load_plan(PLAN))
+    plan.training["engine"]["tp_overlap"] = True
+    assert plan.parallel["tp"] == 4 and plan.parallel["sequence_parallel"]
+    text = summary(plan)
+    assert "collectives overlapped with their GEMMs" in text and "tp_overlap unused" not in text
+    plan.parallel["sequence_parallel"] = False
+    assert "; tp_overlap unused here (it needs sequence parallelism)" in summary(plan)
+    plan.parallel["tp"] = 1
+    assert "; tp_overlap unused here (tp=1)" in summary(plan)
+
+
+def test_tp_overlap_unused_is_warned_when_the_plan_is_made(caplog):
+    training = TrainingSpec(global_batch=8, seq_len=128,
+                            engine=engine_from_mapping("megatron-core,tp_overlap=true"))
+    warn_tp_overlap_unused(SimpleNamespace(tp=4, sequence_parallel=True), training)
+    assert "tp_overlap" not in caplog.text
+    warn_tp_overlap_unused(SimpleNamespace(tp=1, sequence_parallel=False), training)
+    assert "no tensor parallelism (tp=1)" in caplog.text
+    warn_tp_overlap_unused(SimpleNamespace(tp=2, sequence_parallel=False), training)
+    assert "tp=2 without sequence parallelism" in caplog.text
