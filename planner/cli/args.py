@@ -64,9 +64,9 @@ def add_layout_flag(parser, every_point: bool = False) -> None:
     parser.add_argument("--layout", help="pin the pipeline stages in Megatron-LM's notation"
                         + (" at every point" if every_point else "") + ", e.g. "
                         "'Et*4|(t*4|)*14tmL' (E embedding, t layer, m MTP depth, right before L, "
-                        "the head, | stage boundary, *n repeats); with pp pinned"
-                        + (" or varied" if every_point else " (--fix pp=N)") + ", the stages "
-                        "are pp x vpp (default: the search splits)")
+                        "the head, | stage boundary, *n repeats); a layout of several stages "
+                        "needs pp pinned" + (" or varied" if every_point else " (--fix pp=N)")
+                        + ": the stages are pp x vpp (without --layout the search splits)")
 
 
 class Joined(argparse.Action):
