@@ -36,9 +36,11 @@ it).
 DeepSeek-V3 rows are priced with the multi-token-prediction depth its recipes train by default
 (zoo model deepseek-v3-mtp: one more MoE layer, a projection and a second pass of the output
 head, on the last stage with the loss), except the rows published "w/o MTP" (deepseek-v3). A row
-runs on the pipeline layout its configuration pins where it is known (LAYOUTS: DeepSeek-V3's), or
-that its recipe's split rule makes (ACCOUNTED: Qwen3-235B-A22B's layers split evenly with the
-embedding and the loss counted as one each), else on the search's balanced split.
+runs on the pipeline layout its configuration pins where it is known (LAYOUTS, DSV3_MAP:
+DeepSeek-V3's), or that its recipe's split rule makes (ACCOUNTED: Qwen3-235B-A22B's layers split
+evenly with the embedding and the loss counted as one each; Megatron-Core's default otherwise, the
+layers split evenly, the embedding on the first stage and the head on the last), else (a
+DeepSeek-V3 layout not published, which no even split makes) on the search's balanced split.
 
 Rows from 100 on (benchmarks/data/moe_more_runs.csv: the 25.09 table's GB200 and B200 token-drop
 runs) are not in the project's reference data; they are priced the same way, never fitted on, and
@@ -215,13 +217,28 @@ GB300 and, by the map, GB200. Every other row is split by the search (its exact,
 cut)."""
 
 
-ACCOUNTED = {"Qwen3_235B_a22B": 94}
-"""Models (with their layer count) whose recipe splits the pipeline with the embedding and the
+DSV3_MAP = {(4, 1): "Et*16|t*16|t*16|t*13{m}L", (8, 1): "Et*8|(t*8|)*6t*5{m}L",
+            (4, 2): "Et*8|(t*8|)*6t*5{m}L", (16, 1): "Et*4|(t*4|)*14t{m}L",
+            (8, 2): "Et*4|(t*4|)*14t{m}L", (4, 4): "Et*4|(t*4|)*14t{m}L"}
+"""DeepSeek-V3's layout per (pp, vp) in Megatron-Bridge's recipe at 25.11
+(set_deepseek_v3_pipeline_model_parallel_layout, recipes/deepseek/deepseek_v3.py at 1804c076f),
+with an ``m`` per MTP depth before the loss (none on the "w/o MTP" rows); the recipe turns the
+embedding and loss accounting off, so a (pp, vp) outside the map splits 61 layers evenly, which
+no 8, 16 or 32 stages do: not known how those rows ran (searched split)."""
+
+LAYERS = {"DeepSeekV3": 61, "GPT OSS 120B": 36, "Qwen3_30B_a3B": 48, "Qwen3_235B_a22B": 94}
+"""Each model's transformer layers (its public config.json)."""
+
+ACCOUNTED = {"Qwen3_235B_a22B"}
+"""Models whose recipe splits the pipeline with the embedding and the
 loss each counted as a layer (``account_for_embedding_in_pipeline_split`` and
 ``account_for_loss_in_pipeline_split`` True: Megatron-Bridge's Qwen3-235B-A22B pre-training
 recipe in every release here, recipes/qwen/qwen3_moe.py at 1804c076f, 17a381f95, 8f341b04f,
 recipes/qwen/qwen3_235b_a22b.py at cac49dcd7, recipes/qwen/h100/qwen3_moe.py at 4ab94dfad): its
-94 layers and those two fill pp x vp stages evenly (accounted_layout)."""
+94 layers and those two fill pp x vp stages evenly (accounted_layout). The other models' recipes
+(Qwen3-30B-A3B: recipes/qwen/qwen3_moe.py, GPT-OSS-120B: recipes/gpt_oss/gpt_oss.py, at 1804c076f
+and 17a381f95) leave the accounting off and pin no layout: Megatron-Core splits their layers
+evenly over the stages (even_layout)."""
 
 
 def accounted_layout(layers: int, stages: int) -> str | None:
@@ -237,13 +254,32 @@ def accounted_layout(layers: int, stages: int) -> str | None:
     return f"E{part(per - 1)}|{middle}{part(per - 1)}L"
 
 
+def even_layout(layers: int, stages: int) -> str | None:
+    """Megatron-LM's default split of ``layers`` over ``stages`` (no accounting, no layout): as
+    many layers on each, the embedding with the first and the head with the last; None where they
+    do not divide evenly or with one stage."""
+    per, rest = divmod(layers, stages)
+    if rest or stages < 2:
+        return None
+    many = "t" if per == 1 else f"t*{per}"
+    middle = f"({many}|)*{stages - 2}" if stages > 2 else ""
+    return f"E{many}|{middle}{many}L"
+
+
 def layout_of(r: dict) -> str | None:
-    """The row's pinned pipeline layout (LAYOUTS, ACCOUNTED), or None: the search's split."""
+    """The row's pinned pipeline layout (LAYOUTS, DSV3_MAP, ACCOUNTED, even_layout), or None: the
+    search's split."""
     model = _model_gpu(r)[0]
-    stages = int(r["pp"] or 1) * int(r["vp"] or 1)
-    if model in ACCOUNTED and int(r["pp"] or 1) > 1:
-        return accounted_layout(ACCOUNTED[model], stages)
-    return LAYOUTS.get(_release(r), {}).get(_model_gpu(r))
+    pp, vp = int(r["pp"] or 1), int(r["vp"] or 1)
+    pinned = LAYOUTS.get(_release(r), {}).get(_model_gpu(r))
+    if pinned or pp == 1:
+        return pinned
+    if model in ACCOUNTED:
+        return accounted_layout(LAYERS[model], pp * vp)
+    if model == "DeepSeekV3":
+        mapped = DSV3_MAP.get((pp, vp)) if _release(r) == "25.11" else None
+        return mapped.format(m="" if "w/o MTP" in r["model"] else "m") if mapped else None
+    return even_layout(LAYERS[model], pp * vp)
 
 
 def _release(r: dict) -> str:

@@ -1,10 +1,13 @@
 """The software each published run is priced with (benchmarks/published.py software(),
-benchmarks/moe_runs.py release_settings()): read from the source a row names, never guessed."""
+benchmarks/moe_runs.py release_settings(), layout_of()): read from the source a row names, never
+guessed."""
 
 import os
 import sys
 
 import pytest
+
+from planner.options import parse_layout
 
 BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
 sys.path.insert(0, BENCH)
@@ -93,3 +96,25 @@ def test_newer_releases_take_their_configuration_and_are_never_fitted():
         assert all(r["index"] < moe_runs.MORE_INDEX for r in moe_runs.fit_rows(rows + newer, mode))
     for r in newer:  # every published layout holds together: ep within the GPUs of a stage
         assert (int(r["gpus"]) // int(r["pp"])) % int(r["ep"]) == 0, r["index"]
+
+
+def test_moe_rows_split_their_pipelines_as_their_recipes_do():
+    """A review: GPT-OSS-120B on 4 H100 stages was priced on the search's balanced split; its
+    recipe pins no layout and leaves the embedding and loss accounting off, so Megatron-Core
+    splits its 36 layers 9 per stage with the 201k-word head on the last."""
+    rows = {r["index"]: r for r in moe_runs.load_rows()}
+    assert moe_runs.layout_of(rows[14]) == "Et*9|(t*9|)*2t*9L"  # GPT-OSS, pp 4
+    assert moe_runs.layout_of(rows[5]) == "Et*4|(t*4|)*14tL"  # DeepSeek-V3 w/o MTP, pp 4 x vp 4
+    assert moe_runs.layout_of(rows[10]) == "Et*4|(t*4|)*14tmL"  # with MTP, pp 16
+    assert moe_runs.layout_of(rows[6]) is None  # pp 8 x vp 4: outside the recipe's map
+    assert moe_runs.layout_of(rows[9]) == "Et*3|(t*4|)*22t*3L"  # Qwen3-235B: accounted
+    for r in rows.values():
+        pp, vp, layout = int(r["pp"] or 1), int(r["vp"] or 1), moe_runs.layout_of(r)
+        if layout:  # every pinned layout makes the row's stages and places every layer
+            stages = parse_layout(layout)
+            assert len(stages) == pp * vp, r["index"]
+            model = moe_runs._model_gpu(r)[0]
+            assert sum(s.count("t") for s in stages) == moe_runs.LAYERS[model], r["index"]
+    assert moe_runs.even_layout(36, 4) == "Et*9|(t*9|)*2t*9L"
+    assert moe_runs.even_layout(48, 2) == "Et*24|t*24L"
+    assert moe_runs.even_layout(61, 8) is None and moe_runs.even_layout(36, 1) is None
