@@ -240,6 +240,16 @@ def unpaired_share(micro_batches: int, pp: int = 1, vpp: int = 1) -> float:
     return min(passes, max(1, warmup)) / passes
 
 
+def reads_compute(engine, ep: int) -> bool:
+    """Whether block_dispatch_s reads the compute it is given (``fwd_s``, ``bwd_s``,
+    ``shared_fwd_s``, ``shared_bwd_s``, and the schedule's ``micro_batches``, ``pp``, ``vpp``):
+    only to hide the all-to-alls behind it, under EngineSpec.moe_overlap or (with expert
+    parallelism) moe_shared_overlap. Otherwise its answer is the same for every recomputation
+    policy that replays the forward alike, which the search prices once
+    (planner.search.costs._least_dispatch_s)."""
+    return engine.moe_overlap or (engine.moe_shared_overlap and ep > 1)
+
+
 def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, share: float,
                      ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
                      recompute_full: bool, fwd_s=0.0, bwd_s=0.0, num_experts=0.0,

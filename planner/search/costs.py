@@ -54,6 +54,13 @@ class ModelArrays:
     """The last block times priced (block_costs), for the knobs in ``times_key``: the
     configurations of one mesh and micro-batch differ in recomputation next, which changes no
     block's forward or backward."""
+    dispatch_memo: dict = field(default_factory=dict)
+    """_least_dispatch_s's arrays where they depend on no compute time
+    (costmodels.experts.reads_compute), by cluster id, sequence length, engine, forward replay
+    and mesh: recomputation policies that replay the forward alike (EngineSpec.replays_forward)
+    then share one dispatch, which a search would otherwise find once per policy. The cluster is
+    kept with its entry (a reused id never matches); each array is copied in and out (no costs
+    share one)."""
     flops_memo: dict = field(default_factory=dict)
     """Per recomputation policy: the forward FLOPs it recomputes per sample
     (pricing.step_flops)."""
@@ -383,6 +390,12 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
     if engine.moe_overlap and experts.overlap_blockers(engine, ep=ep, recompute=recompute,
                                                        dtype=training.dtype, pp=1, vpp=1):
         engine = dataclasses.replace(engine, moe_overlap=False)
+    memo_key = None if experts.reads_compute(engine, ep) else (
+        id(cluster), training.seq_len, engine, engine.replays_forward(recompute), micro_batch,
+        tp, cp, ep, etp)
+    hit = ma.dispatch_memo.get(memo_key) if memo_key else None
+    if hit is not None and hit[0] is cluster:
+        return hit[1].copy()
     least = placement.group_shape(ep, etp, g)
 
     def dispatch(engine, ep_group):
@@ -404,7 +417,10 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
               for k in range(1, top + 1) if ep % k == 0 or k in (least.per_node, top)]
     if engine.moe_dispatcher == "deepep":
         spread.append(dispatch(dataclasses.replace(engine, moe_dispatcher="alltoall"), least))
-    return np.minimum.reduce(spread)
+    out = np.minimum.reduce(spread)
+    if memo_key:
+        ma.dispatch_memo[memo_key] = (cluster, out.copy())
+    return out
 
 
 def config_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,

@@ -233,6 +233,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     spare: list[tuple[float, int, Estimate]] = []  # every priced estimate (closed form)
     order_of: dict[Config, int] = {}  # each priced configuration's place in the enumeration
     costs_of: dict[CostKey, object] = {}  # meshes of other pp and dp share a key's costs
+    totals_of: dict[CostKey, tuple] = {}  # ... and their totals (_totals)
     unscreened = iter(space)
     done = 0
 
@@ -245,7 +246,8 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
             costs = costs_of.get(key)
             if costs is None:
                 costs = costs_of[key] = pricer.costs(key)
-            bounds = _Screen(group, costs, pricer, training).bounds()
+                totals_of[key] = _totals(pricer, costs, key.tp)
+            bounds = _Screen(group, costs, pricer, training, totals_of[key]).bounds()
             for i, (variant, bound) in enumerate(zip(group.variants, bounds), 1):
                 if bound is not None:
                     heapq.heappush(queue, (bound, done + i, group, variant, None))
@@ -484,10 +486,14 @@ class _Screen:
     vpp), the bound of the optimizer step and the data-parallel traffic per (ZeRO stage,
     offload)."""
 
-    def __init__(self, group: Group, costs, pricer: _Pricer, training: TrainingSpec):
+    def __init__(self, group: Group, costs, pricer: _Pricer, training: TrainingSpec,
+                 totals: tuple | None = None):
+        """``totals``: _totals of ``costs``, where the caller keeps them (a search screens
+        several groups of one CostKey, far apart in the enumeration); None: found here."""
         self.group, self.pricer, self.training = group, pricer, training
         (self.params, self.frozen, self.acts, self.total_s, self.slowest_s, self.fwd_s,
-         self.experts, self.frozen_experts, self.compute_s) = _totals(pricer, costs, group.key.tp)
+         self.experts, self.frozen_experts, self.compute_s) = \
+            _totals(pricer, costs, group.key.tp) if totals is None else totals
         base = group.config(group.variants[0])
         self.replicas, self.edp = base.dp * base.cp, base.edp
         self.dp_rates = [] if isinstance(pricer, _GroupPricer) else pricer.dp_rates(base)
@@ -495,25 +501,22 @@ class _Screen:
     def bounds(self) -> list[float | None]:
         """Per variant (Group.variants): a lower bound of its step time, None when it cannot fit
         (out_of_memory)."""
-        fits: dict[tuple, bool] = {}
-        pipeline_s: dict[tuple, float] = {}
-        optimizer_s: dict[tuple, float] = {}
+        memory_keys, pipeline_keys, optimizer_keys, index = _variant_parts(self.group.variants)
+        fits = [not self.out_of_memory(*key) for key in memory_keys]
+        pipeline_s: list[float | None] = [None] * len(pipeline_keys)
+        optimizer_s: list[float | None] = [None] * len(optimizer_keys)
         out: list[float | None] = []
-        for schedule, vpp, zero, offload in self.group.variants:
-            memory_key = (zero, offload, schedule == "gpipe")
-            fit = fits.get(memory_key)
-            if fit is None:
-                fit = fits[memory_key] = not self.out_of_memory(*memory_key)
-            if not fit:
+        for m, p, o in index:
+            if not fits[m]:
                 out.append(None)
                 continue
-            pipe = pipeline_s.get((schedule, vpp))
+            pipe = pipeline_s[p]
             if pipe is None:
-                pipe = pipeline_s[schedule, vpp] = self.pipeline_bound_s(schedule, vpp)
-            opt = optimizer_s.get((zero, offload))
+                pipe = pipeline_s[p] = self.pipeline_bound_s(*pipeline_keys[p])
+            opt = optimizer_s[o]
             if opt is None:
-                opt = optimizer_s[zero, offload] = (self.optimizer_bound_s(zero, offload)
-                                                    + self.dp_bound_s(zero))
+                zero, offload = optimizer_keys[o]
+                opt = optimizer_s[o] = self.optimizer_bound_s(zero, offload) + self.dp_bound_s(zero)
             out.append((pipe + opt) * (1.0 - FLOOR_ROUNDING))
         return out
 
@@ -524,11 +527,10 @@ class _Screen:
         GPipe), any split of the blocks leaves some rank with at least
         (A + S / max c) / sum(1 / c_i): the average of the ranks' memory weighted by 1 / c_i."""
         t = self.training
-        kw = dict(zero=zero, offload=offload, replicas=self.replicas, edp=self.edp,
-                  dtype=t.dtype, optimizer=t.optimizer, layout=t.engine.state_layout)
         # (experts' states may shard further; frozen parameters keep their weights only)
-        states = ((self.params - self.frozen) * _least_state_bytes(**kw)
-                  + self.frozen * _least_state_bytes(**kw, trainable=False))
+        trained, frozen = _least_states(zero, offload, self.replicas, self.edp, t.dtype,
+                                        t.optimizer, t.engine.state_layout)
+        states = (self.params - self.frozen) * trained + self.frozen * frozen
         pp = self.group.pp
         most, spread = _in_flight_spread(pp, self.group.num_microbatches, gpipe)
         need = (self.acts + states / most) / spread
@@ -568,8 +570,7 @@ class _Screen:
         shard = max(self.replicas, self.edp) if zero >= 1 else 1
         per_rank = (self.params - self.frozen) / self.group.pp / shard
         device, t = self.pricer.cluster.device, self.training
-        traffic = memory.optimizer_traffic_bytes(dtype=t.dtype, optimizer=t.optimizer,
-                                                 layout=t.engine.state_layout)
+        traffic = _optimizer_traffic(t.dtype, t.optimizer, t.engine.state_layout)
         if offload:
             per = DataParallelBytes.of(t)
             return compute.offloaded_optimizer_step_s(per_rank, device,
@@ -577,6 +578,40 @@ class _Screen:
                                                       grad_bytes=per.grads,
                                                       weight_bytes=per.weights)
         return compute.optimizer_step_s(per_rank, device, traffic_bytes_per_param=traffic)
+
+
+@functools.lru_cache(maxsize=64)
+def _variant_parts(variants: tuple) -> tuple[tuple, tuple, tuple, tuple]:
+    """(the memory keys (ZeRO stage, offload, GPipe or not), the pipeline keys (schedule, vpp)
+    and the optimizer keys (ZeRO stage, offload) of ``variants`` (Group.variants), each once in
+    the order the variants first take it, and per variant the index of its key of each):
+    _Screen.bounds finds each part once per key, and a search's hundreds of thousands of
+    variants come in a few tuples of them."""
+    memory_keys: dict[tuple, int] = {}
+    pipeline_keys: dict[tuple, int] = {}
+    optimizer_keys: dict[tuple, int] = {}
+    index = tuple((memory_keys.setdefault((zero, offload, schedule == "gpipe"), len(memory_keys)),
+                   pipeline_keys.setdefault((schedule, vpp), len(pipeline_keys)),
+                   optimizer_keys.setdefault((zero, offload), len(optimizer_keys)))
+                  for schedule, vpp, zero, offload in variants)
+    return tuple(memory_keys), tuple(pipeline_keys), tuple(optimizer_keys), index
+
+
+@functools.lru_cache(maxsize=64)
+def _optimizer_traffic(dtype: str, optimizer: str, layout: str) -> float:
+    """memory.optimizer_traffic_bytes, which the screen asks for with the same arguments for
+    every group and ZeRO stage."""
+    return memory.optimizer_traffic_bytes(dtype=dtype, optimizer=optimizer, layout=layout)
+
+
+@functools.lru_cache(maxsize=4096)
+def _least_states(zero: int, offload: bool, replicas: int, edp: int, dtype: str,
+                  optimizer: str, layout: str) -> tuple[float, float]:
+    """(_least_state_bytes of trained parameters, of frozen ones): _Screen.out_of_memory asks
+    for both of every memory key of every group, which keyword arguments made slow."""
+    kw = dict(zero=zero, offload=offload, replicas=replicas, edp=edp, dtype=dtype,
+              optimizer=optimizer, layout=layout)
+    return _least_state_bytes(**kw), _least_state_bytes(**kw, trainable=False)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -607,32 +642,24 @@ def _in_flight_spread(pp: int, m: int, gpipe: bool) -> tuple[int, float]:
     return min(pp, m), full / m + sum(1.0 / (pp - i) for i in range(full, pp))
 
 
-_TOTALS: dict = {}
-
-
 def _totals(pricer: _Pricer, costs, tp: int) -> tuple[float, ...]:
     """(parameters held per tp rank and the frozen ones of them, one micro-batch's activation
     bytes over the model, the blocks' seconds on their fastest devices: in all and the slowest
     block's, and the forward seconds of the fastest device's blocks, the routed experts'
     parameters per tp rank and the frozen ones of them, and the compute of one micro-batch through every block with its gradient accumulation (at least
-    what Split.rank_compute_s adds up): these three 0 on device groups) of ``costs``, computed
-    once per costs object (the last few kept)."""
-    key = id(costs)
-    hit = _TOTALS.get(key)
-    if hit is None or hit[0] is not costs:
-        if len(_TOTALS) > 64:
-            _TOTALS.clear()
-        fastest = pricer.fastest_s(costs)
-        one_type = not isinstance(pricer, _GroupPricer)
-        forward = float(costs.fwd_s.sum()) if one_type else 0.0
-        experts_ = float(costs.expert_params_local.sum()) if one_type else 0.0
-        frozen_experts = float(costs.frozen_expert_local.sum()) if one_type else 0.0
-        compute_s = float(np.sum(costs.compute_s + costs.recompute_s + costs.accumulate_s)
-                          ) if one_type else 0.0
-        hit = _TOTALS[key] = (costs, *pricer.params(costs, tp),
-                              float(pricer.one(costs).act_bytes.sum()), float(fastest.sum()),
-                              float(fastest.max()), forward, experts_, frozen_experts, compute_s)
-    return hit[1:]
+    what Split.rank_compute_s adds up): these three 0 on device groups) of ``costs``. The search
+    finds them once per CostKey, beside its costs (a key's groups lie too far apart in the
+    enumeration for a cache of the last few costs to hold them)."""
+    fastest = pricer.fastest_s(costs)
+    one_type = not isinstance(pricer, _GroupPricer)
+    forward = float(costs.fwd_s.sum()) if one_type else 0.0
+    experts_ = float(costs.expert_params_local.sum()) if one_type else 0.0
+    frozen_experts = float(costs.frozen_expert_local.sum()) if one_type else 0.0
+    compute_s = float(np.sum(costs.compute_s + costs.recompute_s + costs.accumulate_s)
+                      ) if one_type else 0.0
+    return (*pricer.params(costs, tp), float(pricer.one(costs).act_bytes.sum()),
+            float(fastest.sum()), float(fastest.max()), forward, experts_, frozen_experts,
+            compute_s)
 
 
 class _TopK:

@@ -279,6 +279,32 @@ def test_each_moe_forward_exchanges_its_token_counts_before_the_dispatch():
         pytest.approx(1.5 * gathered)
 
 
+@pytest.mark.parametrize("settings", ["megatron-core", "moe_dispatcher=deepep",
+                                      "moe_dispatcher=allgather", "moe_imbalance=1.5",
+                                      "moe_etp_replicated=true", "moe_overlap=true",
+                                      "moe_shared_overlap=true"])
+@pytest.mark.parametrize("ep", [1, 8])
+def test_reads_compute_says_when_the_dispatch_depends_on_the_compute(settings, ep):
+    """Where reads_compute is False, block_dispatch_s gives the same for any compute beside it
+    (the search then prices one dispatch for several recomputation policies:
+    planner.search.costs._least_dispatch_s); where it is True, some compute changes it."""
+    engine = engine_from_mapping(settings)
+
+    def priced(scale):
+        compute = np.array([0.0, 1e-4]) * scale
+        return experts.block_dispatch_s(
+            engine, dispatch_bytes=np.array([0.0, 4096 * 8 * 7168 * 2.0]),
+            routed_tokens=np.array([0.0, 4096 * 8]), seq_len=4096, share=1.0, ep=ep,
+            ep_group=GroupShape(size=ep, per_node=min(ep, 8)),
+            etp_group=GroupShape(size=2, per_node=2), cluster=CLUSTER, recompute_full=False,
+            num_experts=np.array([0.0, 64.0]), fwd_s=compute, bwd_s=2 * compute,
+            shared_fwd_s=compute, shared_bwd_s=2 * compute, micro_batches=4 * scale)
+    if experts.reads_compute(engine, ep):
+        assert not np.array_equal(priced(1), priced(100))
+    else:
+        assert np.array_equal(priced(1), priced(100))
+
+
 def test_torchtitans_expert_tensor_parallelism_all_to_alls_the_whole_groups_copies():
     """torchtitan's ExpertTensorParallel gathers the tokens over tp before the router (no
     sequence-parallel reorderer with etp) and every etp rank all-to-alls all their copies;
