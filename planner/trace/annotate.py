@@ -24,7 +24,7 @@ import math
 
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
 from planner.trace.eager_attention import eager_attention
-from planner.trace.fusion import fused_away_keys, fused_traffic
+from planner.trace.fusion import fused_away_keys, fused_kept_inputs, fused_traffic
 from planner.trace.graph import Op, OpGraph, consumers_through_views, through_views
 from planner.trace.ops import COMPUTE_BOUND, FREE, GROUPED_GEMMS
 from planner.trace.tp_roles import TPAnalysis
@@ -133,7 +133,8 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     acc["act_routed_weighted"] = float(sum(
         saved[k] for k in _weighted_outputs(savers, by, {n for n, _ in returning}) - fused_away))
     _add_saved(saved, by, tp, scores, acc, fused_away, linear_inputs, expert_modules, copies,
-               recomputed, up_region, _attention_view_excess(by, savers, saved))
+               recomputed, up_region, _attention_view_excess(by, savers, saved),
+               fused_kept_inputs(graph, op_names, savers, fused_away))
     fused = fused_traffic(graph, tp, op_names, scores)
     acc.update(_op_level_checkpointing(op_names, by, tp))
     acc.update(_backward_transient(op_names, by, tp, scores))
@@ -472,7 +473,8 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
                acc: dict, fused_away: set[str], linear_inputs: set[str],
                expert_modules: set[str] = frozenset(), copies: set[int] = frozenset(),
                moe_act: set[str] = frozenset(), mla_up: set[str] = frozenset(),
-               partly_away: dict[str, float] | None = None) -> None:
+               partly_away: dict[str, float] | None = None,
+               fused_kept: dict[str, float] | None = None) -> None:
     """Sort the saved tensors into BlockWork's act_* fields. ``expert_modules``: modules running
     routed experts; what is made inside them with a row per token copy (``copies`` rows in the
     traced batch: the copies, and everything computed per copy) is also counted as routed, not
@@ -481,7 +483,9 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
     ``moe_act``, ``mla_up``: the ops whose outputs ``recompute="moe_act"`` and
     ``recompute="mla_up_proj"`` do not keep (_moe_act_ops, _mla_up_ops). ``partly_away``: bytes
     of saved tensors a fused stack does not keep though eager code does
-    (_attention_view_excess)."""
+    (_attention_view_excess). ``fused_kept``: tensors a fused chain keeps in place of the ones it
+    drops, which eager code does not keep (fusion.fused_kept_inputs): counted against the
+    dropped ones (fused_away fields), so fused stacks keep them and eager ones do not."""
     partly_away = partly_away or {}
     for field in ("act_bytes_tp", "act_bytes_rep", "act_fused_away_tp", "act_fused_away_rep",
                   "act_linear_in_tp", "act_linear_in_rep", "act_routed_tp", "act_routed_rep",
@@ -528,6 +532,17 @@ def _add_saved(saved: dict[str, float], by: dict, tp: TPAnalysis, scores: set[st
                 acc[f"act_mla_up_fused_away_{where}"] += nbytes
             elif key in partly_away and key not in linear_inputs:
                 acc[f"act_mla_up_fused_away_{where}"] += partly_away[key]
+    for name, nbytes in (fused_kept or {}).items():
+        producer = by[name]
+        where = "tp" if tp.split_of(name)[1] else "rep"
+        acc[f"act_fused_away_{where}"] -= nbytes
+        if _inside(producer.module, expert_modules) and _rows(producer.shape) in copies:
+            acc[f"act_routed_fused_away_{where}"] -= nbytes
+        if name in moe_act and where == "rep":
+            acc["act_moe_act_routed_fused_away" if _inside(producer.module, expert_modules) and
+                _rows(producer.shape) in copies else "act_moe_act_norm_fused_away"] -= nbytes
+        if name in mla_up:
+            acc[f"act_mla_up_fused_away_{where}"] -= nbytes
 
 
 def _attention_view_excess(by: dict, savers: dict[str, list[str]],

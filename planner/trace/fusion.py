@@ -1,6 +1,6 @@
 """A block as fused kernels run it: chains of memory-bound ops merged into one kernel each, what
-such a chain reads and writes (fused_traffic), and the saved tensors it does not keep
-(fused_away_keys)."""
+such a chain reads and writes (fused_traffic), the saved tensors it does not keep
+(fused_away_keys) and what it keeps in their place (fused_kept_inputs)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,39 @@ def fused_away_keys(graph: OpGraph, op_names: list[str], savers: dict[str, list[
                                     for o in ops):
             away.add(key)
     return away
+
+
+def fused_kept_inputs(graph: OpGraph, op_names: list[str], savers: dict[str, list[str]],
+                      away: set[str]) -> dict[str, float]:
+    """Tensors entering a chain that a fused kernel keeps in place of the saved tensors it does
+    not keep (``away``): its backward computes those again from what entered the chain, so each
+    activation entering the chain that a dropped tensor is made from, where no op saves it
+    already. A GEMM's output with a bias added before a gated activation is one: the bias and the
+    activation run as one kernel (Megatron-Core's bias-GeGLU / bias-SwiGLU), which keeps its
+    input, while eager code keeps the biased tensor the chain makes. Parameters and constants
+    are no activations. Returns {op name: bytes of its output}."""
+    by = graph.by_name
+    region_of = regions(memory_bound(op_names, by), op_names, by, graph.consumers())
+    saved = {through_views(k.split(":")[0], by) for k in savers if k.split(":")[0] in by}
+    kept: dict[str, float] = {}
+    for key in away:
+        if key.split(":")[0] not in by:
+            continue
+        start = through_views(key.split(":")[0], by)
+        home = region_of.get(start)
+        stack, seen = ([start] if home is not None else []), {start}
+        while stack:
+            for i in by[stack.pop()].inputs:
+                src = through_views(i, by)
+                if src in seen:
+                    continue
+                seen.add(src)
+                if region_of.get(src) == home:
+                    stack.append(src)
+                elif by[src].kind not in ("constant", "input") and by[src].differentiable \
+                        and src not in saved:
+                    kept[src] = by[src].out_bytes
+    return kept
 
 
 def memory_bound(op_names: list[str], by) -> set[str]:

@@ -437,6 +437,7 @@ def test_fuzz_found_runners_up_without_the_best_plans_parts():
     plan = planner.plan("llama3-8b", cluster="l4-8", global_batch=44, dtype="fp32",
                         optimizer="sgd", fix="cp_comm=allgather,recompute=none", top_k=3)
     assert plan.parallel["cp"] == 2  # the case: the runners-up lack the best plan's cp_comm_s
-    assert [a["parallel"]["cp"] for a in plan.search["alternatives"]] == [1, 1, 1]
+    cps = [a["parallel"]["cp"] for a in plan.search["alternatives"]]
+    assert cps and set(cps) == {1}  # (as many as fit in the L4s' 24 GB)
     assert all(re.match(r"^\+\d+\.\d% step time: ", a["why"])
                for a in plan.search["alternatives"])

@@ -113,7 +113,7 @@ def test_the_fine_tuning_example_trains_its_adapters_only():
     p = planner.plan_prepared(prepared, planner.load_cluster("dgx-h100", nodes=1),
                               planner.TrainingSpec(global_batch=64, seq_len=4096),
                               planner.SearchOptions(fix=parse_fix(
-                                  "dp=8,tp=1,pp=1,zero=0,micro_batch=4,recompute=none,"
+                                  "dp=8,tp=1,pp=1,zero=0,micro_batch=2,recompute=none,"
                                   "offload_optimizer=false"), top_k=0))
     memory = p.stages[0]["predicted"]["memory_bytes"]
     # bf16 weights of all, Megatron-Core's fp32 main gradients and 12 bytes of Adam per trained
