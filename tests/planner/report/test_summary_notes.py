@@ -84,9 +84,10 @@ def test_tp_overlap_with_nothing_to_pipeline_is_said_unused():
 def test_tp_overlap_unused_is_warned_when_the_plan_is_made(caplog):
     training = TrainingSpec(global_batch=8, seq_len=128,
                             engine=engine_from_mapping("megatron-core,tp_overlap=true"))
-    warn_tp_overlap_unused(SimpleNamespace(tp=4, sequence_parallel=True), training)
-    assert "tp_overlap" not in caplog.text
-    warn_tp_overlap_unused(SimpleNamespace(tp=1, sequence_parallel=False), training)
-    assert "no tensor parallelism (tp=1)" in caplog.text
-    warn_tp_overlap_unused(SimpleNamespace(tp=2, sequence_parallel=False), training)
-    assert "tp=2 without sequence parallelism" in caplog.text
+    with caplog.at_level("WARNING", logger="planner"):
+        warn_tp_overlap_unused(SimpleNamespace(tp=4, sequence_parallel=True), training)
+        assert "tp_overlap" not in caplog.text
+        warn_tp_overlap_unused(SimpleNamespace(tp=1, sequence_parallel=False), training)
+        assert "no tensor parallelism (tp=1)" in caplog.text
+        warn_tp_overlap_unused(SimpleNamespace(tp=2, sequence_parallel=False), training)
+        assert "tp=2 without sequence parallelism" in caplog.text
