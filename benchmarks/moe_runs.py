@@ -209,8 +209,9 @@ LAYOUTS = {"25.09": {("DeepSeekV3", "H100"): "Et|(tt|)*30mL"},
 notation, SearchOptions.layout), each with the MTP depth (m) the DeepSeek-V3 recipe trains by
 default (``mtp_num_layers = 1``): 25.09's run_script.py passes ``Et|(tt|)*30mL`` (32 stages: the
 H100 row's pp 8 x vp 4; its GB200 and B200 rows' 16 stages do not match it, so how those ran is
-not known: searched split); 25.11's recipe maps B200's pp 16 (the "w/ MTP" row) to DSV3_16 (the
-"w/o MTP" rows' layouts are not published: searched split); 26.04.01 (17a381f95) writes
+not known: searched split); 25.11's recipe maps B200's pp 16 (the "w/ MTP" row) to DSV3_16 (and,
+by DSV3_MAP, GB200's pp 4 x vp 4 "w/o MTP" row to it without the m; the other "w/o MTP" rows'
+pp x vp are outside its map: searched split); 26.04.01 (17a381f95) writes
 DSV3_16 for GB300 and B200 and maps GB200's pp 4 x vp 4 to it, and B300's pp 8 to
 ``Et*8|(t*8|)*6t*5mL``, as 26.06 (8f341b04f); 26.08 (perf_recipes at 4ab94dfad) DSV3_16 for
 GB300 and, by the map, GB200. Every other row is split by the search (its exact, balanced
@@ -236,9 +237,10 @@ loss each counted as a layer (``account_for_embedding_in_pipeline_split`` and
 recipe in every release here, recipes/qwen/qwen3_moe.py at 1804c076f, 17a381f95, 8f341b04f,
 recipes/qwen/qwen3_235b_a22b.py at cac49dcd7, recipes/qwen/h100/qwen3_moe.py at 4ab94dfad): its
 94 layers and those two fill pp x vp stages evenly (accounted_layout). The other models' recipes
-(Qwen3-30B-A3B: recipes/qwen/qwen3_moe.py, GPT-OSS-120B: recipes/gpt_oss/gpt_oss.py, at 1804c076f
-and 17a381f95) leave the accounting off and pin no layout: Megatron-Core splits their layers
-evenly over the stages (even_layout)."""
+(Qwen3-30B-A3B: recipes/qwen/qwen3_30b_a3b.py at cac49dcd7, recipes/qwen/qwen3_moe.py at
+1804c076f and 17a381f95; GPT-OSS-120B: recipes/gpt_oss/gpt_oss.py at 1804c076f and
+17a381f95) leave the accounting off and pin no layout: Megatron-Core splits their layers evenly
+over the stages (even_layout)."""
 
 
 def accounted_layout(layers: int, stages: int) -> str | None:
@@ -274,6 +276,8 @@ def layout_of(r: dict) -> str | None:
     pinned = LAYOUTS.get(_release(r), {}).get(_model_gpu(r))
     if pinned or pp == 1:
         return pinned
+    if model not in LAYERS:  # a model whose recipe is not read here: the search's split
+        return None
     if model in ACCOUNTED:
         return accounted_layout(LAYERS[model], pp * vp)
     if model == "DeepSeekV3":

@@ -129,9 +129,15 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
     copies = {int(r[0] * r[1] * graph.batch) for r in routed}
     acc["act_routed_gathered"] = float(sum(saved[k] for k in gathered if k in saved))
     fused_away = fused_away_keys(graph, op_names, savers)
-    # (a bias added to the output and the weights' multiply are one fused chain: already away)
-    acc["act_routed_weighted"] = float(sum(
-        saved[k] for k in _weighted_outputs(savers, by, {n for n, _ in returning}) - fused_away))
+    returning_gemms = {n for n, _ in returning}
+    weighted = _weighted_outputs(savers, by, returning_gemms)
+    # a bias added to the output and the weights' multiply are one fused chain, which keeps the
+    # GEMM's output in place of the biased sum (fused_kept_inputs): that is the weighted output
+    # then, which weights multiplied inside the activation leave unkept as well
+    acc["act_routed_weighted"] = float(
+        sum(saved[k] for k in weighted - fused_away)
+        + sum(nbytes for name, nbytes in fused_kept_inputs(
+            graph, op_names, savers, weighted & fused_away).items() if name in returning_gemms))
     _add_saved(saved, by, tp, scores, acc, fused_away, linear_inputs, expert_modules, copies,
                recomputed, up_region, _attention_view_excess(by, savers, saved),
                fused_kept_inputs(graph, op_names, savers, fused_away))

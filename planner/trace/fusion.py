@@ -45,11 +45,14 @@ def fused_kept_inputs(graph: OpGraph, op_names: list[str], savers: dict[str, lis
     activation entering the chain that a dropped tensor is made from, where no op saves it
     already. A GEMM's output with a bias added before a gated activation is one: the bias and the
     activation run as one kernel (Megatron-Core's bias-GeGLU / bias-SwiGLU), which keeps its
-    input, while eager code keeps the biased tensor the chain makes. Parameters and constants
-    are no activations. Returns {op name: bytes of its output}."""
+    input, while eager code keeps the biased tensor the chain makes. The walk back from a dropped
+    tensor stops at a tensor of the chain that is kept (the kernel computes again from there)
+    and at integer ones (indices, which carry no gradient). Parameters and constants are no
+    activations. Returns {op name: bytes of its output}."""
     by = graph.by_name
     region_of = regions(memory_bound(op_names, by), op_names, by, graph.consumers())
     saved = {through_views(k.split(":")[0], by) for k in savers if k.split(":")[0] in by}
+    dropped = {through_views(k.split(":")[0], by) for k in away if k.split(":")[0] in by}
     kept: dict[str, float] = {}
     for key in away:
         if key.split(":")[0] not in by:
@@ -63,10 +66,11 @@ def fused_kept_inputs(graph: OpGraph, op_names: list[str], savers: dict[str, lis
                 if src in seen:
                     continue
                 seen.add(src)
+                if not by[src].differentiable or (src in saved and src not in dropped):
+                    continue
                 if region_of.get(src) == home:
                     stack.append(src)
-                elif by[src].kind not in ("constant", "input") and by[src].differentiable \
-                        and src not in saved:
+                elif by[src].kind not in ("constant", "input") and src not in saved:
                     kept[src] = by[src].out_bytes
     return kept
 

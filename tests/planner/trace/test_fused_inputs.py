@@ -2,10 +2,14 @@
 fused_kept_inputs): its backward computes those again from the tensors entering the chain, so a
 fused stack keeps those where no op keeps them already."""
 
+import json
+
 import torch
 from torch import nn
 
+from costmodels import memory
 from planner import prepare
+from tests.conftest import TINY_GPT_OSS
 
 TOKENS, D, F = 32, 64, 128
 
@@ -57,3 +61,29 @@ def test_a_fused_gated_activation_keeps_its_input_where_the_bias_is_added_apart(
         assert fused == TOKENS * (D + 2 * F + F) * word, inplace
         eager = w.act_bytes_tp + w.act_bytes_rep
         assert eager > fused  # eager code keeps the chain's intermediates instead
+
+
+def test_gpt_oss_experts_keep_their_activations_input_and_not_the_weighted_output(tmp_path):
+    """gpt-oss's experts add their biases apart from both grouped GEMMs: a fused stack keeps the
+    first GEMM's output (the bias-GLU kernel's input) and, where the routing weights multiply
+    the activation before the last GEMM (moe_probs_in_activation, Megatron-Core), not the last
+    GEMM's output (a review: keeping the entering tensors had counted it back in)."""
+    cfg = dict(TINY_GPT_OSS)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    prepared = prepare(str(tmp_path / "config.json"), seq_len=64, cache_dir=None)
+    w = next(b.work for b in prepared.blocks.blocks if b.name == "model.layers.1")
+    copies = 64 * cfg["num_experts_per_tok"]
+    word = 2
+    assert w.act_routed_weighted == copies * cfg["hidden_size"] * word  # the last GEMM's output
+
+    def kept(**kw):
+        return memory.activation_bytes(w, micro_batch=1, tp=1, sp=False, recompute="none",
+                                       fused=True, **kw)
+    assert kept(probs_in_activation=False) - kept(probs_in_activation=True) == \
+        w.act_routed_weighted
+    # the routed part a fused stack keeps: the first GEMM's input and output (gate and up,
+    # 2 x intermediate wide), the last GEMM's input, and without the weights inside the
+    # activation the last GEMM's output for the weights' gradient
+    routed = w.act_routed_rep - w.act_routed_fused_away_rep
+    assert routed >= copies * (cfg["hidden_size"] + 2 * cfg["intermediate_size"]
+                               + cfg["intermediate_size"] + cfg["hidden_size"]) * word
