@@ -363,6 +363,10 @@ def hint_overlap(best, training: TrainingSpec, options: SearchOptions) -> None:
     # what this configuration itself lacks for it (the search chose it without the overlap)
     lacks = overlap_blockers(engine, ep=cfg.ep, recompute=cfg.recompute, dtype=training.dtype,
                              pp=cfg.pp, vpp=cfg.vpp)
+    # pins that make the re-plan try a configuration running it (a new-user check followed the
+    # hint and got this very plan back, with a warning that the overlap does not run in it)
+    pins = [p for p, need in (("recompute=selective", "no full recomputation"),
+                              ("vpp=2", "virtual pipeline stages when pp > 1")) if need in lacks]
     log.warning("engine.moe_overlap: off, and this plan's expert all-to-alls take %.0f%% of its "
                 "step exposed; Megatron-Core can run them behind another micro-batch's compute "
                 "(--overlap-moe-expert-parallel-comm, which Megatron-Bridge's performance "
@@ -371,7 +375,9 @@ def hint_overlap(best, training: TrainingSpec, options: SearchOptions) -> None:
                 " (without moe_shared_overlap, which Megatron-Core runs only without this "
                 "overlap)" if engine.moe_shared_overlap else "",
                 f" (this configuration cannot run it, as the overlap needs {' and '.join(lacks)}; "
-                "the search takes the overlap only where a configuration running it fits)"
+                "the search takes the overlap only where a configuration running it fits, and "
+                "else gives this plan again" + (f": add --fix {','.join(pins)} to see whether "
+                                                "one fits" if pins else "") + ")"
                 if lacks else "")
 
 

@@ -52,15 +52,15 @@ def engine_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
     idle = {k for k, knob in IDLE_UNLESS.items()
             if all(int(p.parallel.get(knob, 1)) <= 1 for p in (a, b))}
     if all(p.training.get("dtype") != "fp8" for p in (a, b)):
-        idle.add("fp8_experts")  # (which GEMMs run in FP8: nothing without fp8)
+        idle |= {"fp8_experts", "fp8_recipe"}  # (which GEMMs run in FP8, how scaled: no fp8)
     return [(f"engine {k}", ea[k], eb[k]) for k in ea if k in eb and ea[k] != eb[k]
             and not (dense and _experts_only(k)) and k not in idle]
 
 
-IDLE_UNLESS = {"cp_ring": "cp", "moe_etp_replicated": "etp"}
+IDLE_UNLESS = {"cp_ring": "cp", "moe_etp_replicated": "etp", "tp_overlap": "tp"}
 """Engine settings that price nothing unless a degree is above 1 in one of the plans: whose
 ring runs context parallelism (cp), how experts' activations are kept under expert tensor
-parallelism (etp)."""
+parallelism (etp), whether tensor-parallel collectives run beside their GEMMs (tp)."""
 
 
 def _experts_only(setting: str) -> bool:

@@ -48,14 +48,7 @@ def _engines(p: Plan) -> list[str]:
     recomputation) and the first knob each other one refuses; an export checks the rest."""
     if p.search.get("target", "any") != "any" or "groups" in p.cluster:
         return []
-    runs, refused = [], []
-    for target in ENGINE_TARGETS:
-        why = targets.refusal(p.parallel, p.training["dtype"], target,
-                              p.model.get("attention_forms", ()))
-        if why is None:
-            runs.append(target + (" (plan run)" if target == "torch" else ""))
-        else:
-            refused.append(f"{target} ({why.partition(':')[0].removeprefix('fix.')})")
+    runs, refused = engine_fit(p)
     if not refused:
         return []
     near = p.search.get("nearest_engine")
@@ -74,6 +67,20 @@ def _engines(p: Plan) -> list[str]:
                 f"{', '.join(runs) or 'no engine'}, not {', '.join(refused)} (an export checks "
                 f"the model's own){near_text}",
                 indent="    ") + [""]
+
+
+def engine_fit(p: Plan) -> tuple[list[str], list[str]]:
+    """(the engines of ENGINE_TARGETS whose rules ``p``'s knobs and dtype keep to, the others
+    each with the first knob it refuses)."""
+    runs, refused = [], []
+    for target in ENGINE_TARGETS:
+        why = targets.refusal(p.parallel, p.training["dtype"], target,
+                              p.model.get("attention_forms", ()))
+        if why is None:
+            runs.append(target + (" (plan run)" if target == "torch" else ""))
+        else:
+            refused.append(f"{target} ({why.partition(':')[0].removeprefix('fix.')})")
+    return runs, refused
 
 
 def _batch_factors(p: Plan) -> list[str]:
@@ -413,8 +420,8 @@ def _imbalance(p: Plan) -> list[str]:
     step = p.predicted["step_time_s"]
     slow, fast = work.index(busiest), work.index(min(work))
     return textwrap.wrap(
-        f"pipeline ranks unequal: rank {slow} works {1e3 * busiest:.3g} ms a micro-batch, rank "
-        f"{fast} {1e3 * min(work):.3g} ms (mean {1e3 * mean:.3g} ms); the others wait for it "
+        f"pipeline ranks unequal: rank {slow} computes {1e3 * busiest:.3g} ms a micro-batch "
+        f"(sends apart), rank {fast} {1e3 * min(work):.3g} ms (mean {1e3 * mean:.3g} ms); the others wait for it "
         f"{seconds(wait, 3)} of the step on average ({100 * wait / step:.0f}%, counted in the "
         "parts above, which run along the busiest rank)", 100, initial_indent="      ",
         subsequent_indent="        ")

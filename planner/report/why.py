@@ -6,6 +6,7 @@ from __future__ import annotations
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import Plan
 from planner.report import compare
+from planner.report.summary import engine_fit
 from planner.report.text import knob, pins_text, wrap
 from planner.units import GB, gb
 
@@ -24,6 +25,7 @@ def why(plan: Plan, answer) -> str:
                 else f"With {pins} the best plan")
         lines.append(f"  {lead} on {where} is {v.parallel_summary}:")
         lines += _what_changes(plan, v)
+        lines += _engines_lost(plan, v)
         lines += [ln for n in answer.notes or [] if n != kept
                   for ln in wrap(f"  - {n}", indent="    ")]
         return "\n".join(lines)
@@ -47,6 +49,21 @@ def why(plan: Plan, answer) -> str:
     lines.append("  If it ran:")
     lines += _what_changes(plan, v)
     return "\n".join(lines)
+
+
+def _engines_lost(a: Plan, b: Plan) -> list[str]:
+    """Where plan ``a`` was made with --target any and the pinned plan ``b`` leaves the rules of
+    an engine ``a`` keeps to, which (a new-user check was offered cp=2 with the ring over
+    gpt-oss's attention sinks, which Megatron-LM does not run, and nothing said so)."""
+    if a.search.get("target", "any") != "any" or "groups" in a.cluster:
+        return []
+    runs_a, _ = engine_fit(a)
+    runs_b, refused_b = engine_fit(b)
+    if not [r for r in runs_a if r not in runs_b]:
+        return []
+    keeps = f"the rules of {', '.join(runs_b)}, not" if runs_b else "no engine's rules:"
+    return wrap(f"    engines: unlike the plan, it keeps to {keeps} {', '.join(refused_b)} (a plan "
+                "solved with --target NAME keeps to that engine's)", indent="      ")
 
 
 def _what_changes(a: Plan, b: Plan) -> list[str]:

@@ -54,4 +54,8 @@ def test_the_hint_gives_a_command_that_runs_and_says_what_the_plan_lacks(caplog)
     assert hinted(caplog, best(recompute="full"))
     assert "this configuration cannot run it, as the overlap needs no full recomputation" in \
         caplog.text
+    # (a second check followed that hint and got this plan back: the hint names the pin that
+    # makes the search try a configuration running the overlap)
+    assert "else gives this plan again: add --fix recompute=selective to see whether one fits" \
+        in caplog.text
     assert hinted(caplog, best()) and "cannot run it" not in caplog.text

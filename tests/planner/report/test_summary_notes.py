@@ -27,8 +27,8 @@ def test_unequal_ranks_are_named_with_what_the_others_wait():
         work[s["pipeline_rank"]] += s["predicted"]["time_per_microbatch_s"] - s["predicted"]["p2p_s"]
     wait = plan.parallel["num_microbatches"] * (max(work) - sum(work) / 4)
     line = _line(summary(plan))
-    assert line.startswith(f"pipeline ranks unequal: rank 1 works {1e3 * max(work):.3g} ms a "
-                           f"micro-batch, rank 0 {1e3 * min(work):.3g} ms")
+    assert line.startswith(f"pipeline ranks unequal: rank 1 computes {1e3 * max(work):.3g} ms a "
+                           f"micro-batch (sends apart), rank 0 {1e3 * min(work):.3g} ms")
     assert f"wait for it {wait:.3g} s of the step" in line
     assert f"({100 * wait / plan.predicted['step_time_s']:.0f}%" in line
 

@@ -266,6 +266,14 @@ def test_diff_leaves_out_expert_settings_for_dense_models(small_plan):
     assert a.parallel.get("cp", 1) == 1 and compare.engine_changes(a, ring) == []
     split = dataclasses.replace(ring, parallel={**ring.parallel, "cp": 2})
     assert [k for k, _, _ in compare.engine_changes(a, split)] == ["engine cp_ring"]
+    # tp_overlap where neither plan has tp, and FP8 settings where neither runs fp8 (a
+    # new-user check saw `engine tp_overlap on -> off` head a diff of two tp=1 plans)
+    quiet = dataclasses.replace(a, parallel={**a.parallel, "tp": 1})
+    overlap = dataclasses.replace(quiet, training={**quiet.training, "engine": {
+        **quiet.training.get("engine", {}), "tp_overlap": True, "fp8_recipe": "block"}})
+    assert a.training.get("dtype") != "fp8" and compare.engine_changes(quiet, overlap) == []
+    wide = dataclasses.replace(overlap, parallel={**overlap.parallel, "tp": 2})
+    assert [k for k, _, _ in compare.engine_changes(quiet, wide)] == ["engine tp_overlap"]
 
 
 def test_diff_names_a_changed_intra_node_link(tiny_llama_config, small_plan):
@@ -650,3 +658,23 @@ def test_a_split_that_moved_elsewhere_than_the_slowest_stage_is_named_where():
         "way)")
     assert split_note(a, plan("a", "bcd", "e", slow=1)) == (
         "the stage split moved (the slowest, stage 1: 2 -> 3 blocks)")
+
+
+def test_why_says_when_the_pinned_plan_leaves_an_engines_rules(small_plan):
+    """A new-user check asked `--why cp=2` of a gpt-oss plan made with --target any and was
+    offered the ring exchange over attention sinks, which Megatron-LM does not run: the answer
+    now says which engines' rules the pinned plan leaves."""
+    import dataclasses
+
+    from planner.report.summary import engine_fit
+    from planner.report.why import _engines_lost
+
+    a = load_plan(small_plan)
+    assert a.search.get("target", "any") == "any" and "megatron" in engine_fit(a)[0]
+    assert _engines_lost(a, a) == []
+    sinks = dataclasses.replace(a, model={**a.model, "attention_forms": ["sinks"]},
+                                parallel={**a.parallel, "cp": 2, "cp_comm": "p2p"})
+    runs, refused = engine_fit(sinks)
+    assert "megatron" not in runs and any(r.startswith("megatron (") for r in refused)
+    said = " ".join(line.strip() for line in _engines_lost(a, sinks))
+    assert said.startswith("engines: unlike the plan, it keeps to") and "megatron (" in said
