@@ -421,7 +421,8 @@ def _imbalance(p: Plan) -> list[str]:
     slow, fast = work.index(busiest), work.index(min(work))
     return textwrap.wrap(
         f"pipeline ranks unequal: rank {slow} computes {1e3 * busiest:.3g} ms a micro-batch "
-        f"(sends apart), rank {fast} {1e3 * min(work):.3g} ms (mean {1e3 * mean:.3g} ms); the others wait for it "
+        f"(sends apart), rank {fast} {1e3 * min(work):.3g} ms (mean {1e3 * mean:.3g} ms); the "
+        f"others wait for it "
         f"{seconds(wait, 3)} of the step on average ({100 * wait / step:.0f}%, counted in the "
         "parts above, which run along the busiest rank)", 100, initial_indent="      ",
         subsequent_indent="        ")
