@@ -25,7 +25,8 @@ from planner.search import placement
 from planner.search.costs import (BlockCosts, ModelArrays, block_costs, capacity_bytes,
                                   fsdp_pipelined, stage_memory)
 from planner.search.dp_traffic import DataParallelBytes, exposed_dp_s
-from planner.search.pricing import Estimate, assemble, chunks, fp8_refresh_s, rank_memory
+from planner.search.pricing import (Estimate, after_tied_sync, assemble, chunks, fp8_refresh_s,
+                                    rank_memory)
 from planner.solve.chain import partition, partition_staged
 from planner.solve.stage_groups import solve_hetero
 
@@ -139,6 +140,19 @@ def crossing_offsets(hc: HeteroCluster, cfg: Config, ma: ModelArrays,
             off[s] += t
             off[s + 1] += t
     return off if any(off) else None
+
+
+def _tie_link(hc: HeteroCluster, cfg: Config, stage_group: list[int], a: int, b: int):
+    """The link between stages ``a`` and ``b`` (one a rank): the groups' where they differ;
+    inside a group, whose stages' tp x dp ranks lie consecutively, the intra-node one where both
+    stages' ranks share a node."""
+    g, h = stage_group[a], stage_group[b]
+    if g != h:
+        return cross_link(hc, cfg, g, h)
+    group, width = hc.groups[g], cfg.tp * cfg.dp
+    ka, kb = sorted((stage_group[:a].count(g), stage_group[:b].count(g)))
+    same = ka * width // group.gpus_per_node == ((kb + 1) * width - 1) // group.gpus_per_node
+    return group.intra_node if same else group.inter_node
 
 
 def cross_link(hc: HeteroCluster, cfg: Config, g: int, h: int):
@@ -267,25 +281,27 @@ def price_hetero(cfg: Config, bounds: list[int], stage_group: list[int], ma: Mod
         cuts.append(one_way)
     stages = chunks(cfg, bounds, ma, stitched, sends)
     ranks, held = rank_memory(cfg, bounds, stages, ma, stitched, training)
-    dp_s = opt_s = 0.0
+    tails, opt_s = np.zeros(cfg.pp), 0.0
     traffic = memory.optimizer_traffic_bytes(dtype=training.dtype, optimizer=training.optimizer,
                                              layout=training.engine.state_layout)
     per = DataParallelBytes.of(training)
     for st in stages:
         group = hc.groups[stage_group[st.index]]
-        dp_s = max(dp_s, exposed_dp_s(cfg, st.params, per, placement.dp_group(lay, group), group,
+        tails[st.rank] = exposed_dp_s(cfg, st.params, per, placement.dp_group(lay, group), group,
                                       st.compute_s, st.compute_s - st.fwd_s,
                                       training.engine.overlaps_reduction(zero=cfg.zero,
                                                                          pp=cfg.pp),
                                       pipelined=fsdp_pipelined(cfg, training),
                                       gather_overlap=training.engine.overlap_param_gather,
                                       frozen=st.frozen_params,
-                                      forward_only=st.forward_only_params))
+                                      forward_only=st.forward_only_params)
         shard = cfg.dp if cfg.zero >= 1 else 1
         refresh = fp8_refresh_s(held, training, group.device)[st.rank]  # (one stage a rank)
         opt_s = max(opt_s, compute.optimizer_step_s((st.params - st.frozen_params) / shard,
                                                     group.device,
                                                     traffic_bytes_per_param=traffic) + refresh)
+    dp_s = max(0.0, float(np.max(after_tied_sync(tails, held.ties, per, functools.partial(
+        _tie_link, hc, cfg, stage_group)))))
     est = assemble(lay, stages, ranks, dp_s, opt_s, ma, training, cuts)  # as laid out
     offsets = list(itertools.accumulate([0] + [g.num_gpus for g in hc.groups]))
     width = cfg.tp * cfg.dp

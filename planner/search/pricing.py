@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from costmodels import compute, experts, memory, pipeline, precision
+from costmodels import comm, compute, experts, memory, pipeline, precision
 from costmodels.comm import GroupShape
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
@@ -539,6 +539,9 @@ class RankMemory:
         self.params = held(costs.params_local)
         self.expert_params = rank_sums(np.add.reduceat(costs.expert_params_local, starts), pp)
         self.frozen = held(costs.frozen_local, lambda i, j, frozen: frozen)
+        self.ties = [(int(owner[i]), int(owner[j]), n / cfg.tp if split else n)
+                     for i, j, n, split, frozen in ma.shared if owner[i] != owner[j] and not frozen]
+        """Trained tied weights read on two ranks: (rank, other rank, parameters each holds)."""
         """Of ``params``, those not trained (weights only: no gradient, traffic or update)."""
         self.frozen_experts = rank_sums(np.add.reduceat(costs.frozen_expert_local, starts), pp)
         """Of ``expert_params``, those not trained."""
@@ -666,7 +669,24 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
                                           for n, f, o in zip(expert_params.tolist(),
                                                              frozen_experts.tolist(),
                                                              idle_experts.tolist())])
+    exposed = after_tied_sync(exposed, ranks.ties, per,
+                              lambda a, b: placement.link_between(cfg, cluster, a, b))
     return max(0.0, float(np.max(exposed))), split.optimizer_s(cluster.device)
+
+
+def after_tied_sync(exposed, ties, per: DataParallelBytes, link_of) -> np.ndarray:
+    """Per pipeline rank, ``exposed`` (its data-parallel tail) with the all-reduce of each tied
+    weight's gradients between the two ranks that read it (``RankMemory.ties``; ``link_of(a,
+    b)``: the link between ranks a and b) after it: the
+    all-reduce starts once both ranks have reduced over data parallelism and ends before the
+    optimizer step, with nothing left to hide it (Megatron-Core's embedding group in
+    finalize_model_grads, DeepSpeed's tied layers, planner/runtime/tied.py); every replica's and
+    shard's pair at once, each over its own link."""
+    out = np.array(exposed, dtype=float)
+    for a, b, n in ties:
+        t = comm.ring_allreduce_s(n * per.grads, 2, link_of(a, b))
+        out[a] = out[b] = max(out[a], out[b]) + t
+    return out
 
 
 def _optimizer_s(cfg: Config, split: Split, device, training: TrainingSpec) -> float:

@@ -135,6 +135,7 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
                                              layout=training.engine.state_layout)
     refresh_b = precision.FP8_WEIGHT_REFRESH_BYTES if "fp8_weights" in whole else 0.0
     dp_s = opt_s = 0.0
+    tails = []
     for r, (params, experts, _, _, dtensors, outer) in enumerate(ranks):
         mine = [st for st in stages if st.rank == r]
         busy = sum(st.compute_s for st in mine)
@@ -166,7 +167,7 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
             if cfg.ep > 1 and training.engine.fsdp_experts:  # torchtitan: experts over edp
                 exposed += fsdp_copies_s(cfg, experts, per, cluster.device, pipelined=piped,
                                          replicas=cfg.edp)
-        dp_s = max(dp_s, exposed)
+        tails.append(exposed)
         local = ((params - experts) / (cfg.dp * cfg.cp if cfg.zero >= 1 else 1)
                  + experts / (cfg.edp if cfg.zero >= 1 else 1))
         shard = params / local if local else 1.0
@@ -180,6 +181,16 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
                                             dtensor_params=dtensors)
         copied = params - outer - (0.0 if training.engine.fp8_experts else experts)
         opt_s = max(opt_s, step + copied * refresh_b / cluster.device.memory_bytes_per_s)
+    # a trained weight tied across two ranks: its gradients all-reduced between them once both
+    # are done with data parallelism
+    for i, j, n, split, frozen in ma.shared:
+        a, b = int(owner[i]), int(owner[j])
+        if a != b and not frozen:
+            nbytes = (n / cfg.tp if split else n) * grad_b
+            link = placement.link_between(cfg, cluster, a, b)
+            tails[a] = tails[b] = max(tails[a], tails[b]) + (
+                link.sync_s + 2 * link.latency_s + nbytes / link.effective_bytes_per_s)
+    dp_s = max(0.0, *tails)
     # the sends count once, in the pipeline's fill and drain
     rank_time = [sum(st.time_s - st.p2p_s for st in stages if st.rank == r)
                  for r in range(cfg.pp)]
