@@ -428,7 +428,8 @@ def _nearest_engine(prepared: Prepared, cluster, training: TrainingSpec, options
         return None
     parallel = result.best.config.to_dict()
     forms = attention_forms(prepared.blocks)
-    if any(targets.refusal(parallel, training.dtype, t, forms) is None for t in targets.EXPORTED):
+    experts = any(b.work.num_experts for b in prepared.blocks.blocks)
+    if targets.exported_runs(parallel, training.dtype, forms, experts=experts):
         return None
     try:
         left = None if options.time_limit_s is None else \

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from costmodels.memory import modules_of
 from costmodels.pipeline import SCHEDULES, Schedule
 from planner.errors import SpecError
-from planner.options import CP_COMMS, FIX_KEYS, ZERO_STAGES, SearchOptions, zb_split_lost
+from planner.options import (CP_COMMS, FIX_KEYS, ZERO_STAGES, SearchOptions, pp_inner_refused,
+                             zb_split_lost)
 
 DEFAULT_RECOMPUTE = SearchOptions().recompute
 """The forms a search tries when the caller names none (a target replaces them by its own)."""
@@ -277,25 +278,33 @@ ATTENTION_FORMS = {"latent": "multi-head latent attention",
 over which an engine runs only some context-parallel exchanges, in words."""
 
 
-def refusal(parallel: dict, dtype: str, target: str, forms=()) -> str | None:
+def refusal(parallel: dict, dtype: str, target: str, forms=(), *,
+            experts: bool = False) -> str | None:
     """Why ``target`` does not run a plan's knobs (``parallel``, as Config.to_dict or a plan's
     parallel section gives them) and dtype as planned, in restrict's words: the first refused
     setting; None where it runs them. ``forms``: the model's forms of attention
-    (ATTENTION_FORMS), whose context-parallel exchanges the engine may not run (an export checks
-    the model's other rules besides)."""
+    (ATTENTION_FORMS), whose context-parallel exchanges the engine may not run; ``experts``:
+    whether the model routes tokens to experts, which the placement's rules look at (an export
+    checks the model's other rules besides)."""
     fix = {k: parallel[k] for k in FIX_KEYS if k in parallel}
     try:
         restrict(SearchOptions(fix=fix), target)
         check_dtype(target, dtype)
     except SpecError as err:
         return str(err)
+    if parallel.get("placement") == "tp-pp-dp":
+        why = pp_inner_refused(engine(target), experts=experts,
+                               **{k: int(parallel.get(k, 1))
+                                  for k in ("pp", "dp", "tp", "cp", "ep", "etp")})
+        if why:
+            return f"fix.placement: {why}"
     return exchange_refusal(parallel, target, forms)
 
 
-def exported_runs(parallel: dict, dtype: str, forms=()) -> bool:
+def exported_runs(parallel: dict, dtype: str, forms=(), *, experts: bool = False) -> bool:
     """Whether an exported engine (EXPORTED) runs ``parallel``'s knobs and ``dtype`` as planned
     (refusal; an export checks the model's other rules besides)."""
-    return any(refusal(parallel, dtype, t, forms) is None for t in EXPORTED)
+    return any(refusal(parallel, dtype, t, forms, experts=experts) is None for t in EXPORTED)
 
 
 def _fewer_exchanges(eng: Engine) -> str:

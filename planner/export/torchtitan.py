@@ -559,11 +559,6 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
             and not common.kernels_differ(plan, TARGET)):
         common.layout_note(plan, TARGET, "fsdp2", ledger)
         return
-    if not required and p.get("offload_optimizer"):
-        ledger.info("memory not re-checked with the model states as torchtitan's FSDP2 lays them "
-                    "out: its CPU offload (above) keeps the sharded parameters and gradients on "
-                    "the host too, which the cost model does not price")
-        return
     sharded = p["dp"] * p.get("cp", 1) > 1  # FSDP over dp_shard x cp (ParallelDims)
     if sharded and (p["zero"] == 1 or (p["zero"] == 0 and _ddp_refused(plan, version))):
         changes["zero"] = 2
@@ -574,6 +569,15 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
     for knob, (value, word) in raising.items():
         changes[knob] = value
         words.append(word)
+    if p.get("offload_optimizer"):
+        # (re-priced with the optimizer alone on the host, a peak FSDP2 stays under)
+        extra = required and [w for w in words if not w.startswith("ZeRO-")]
+        ledger.info("memory not re-checked with the model states as torchtitan's FSDP2 lays them "
+                    "out: its CPU offload (above) keeps the sharded parameters and gradients on "
+                    "the host too, which the cost model does not price"
+                    + (f"; what else differs from the plan ({', '.join(extra)}) is not checked "
+                       "either: watch the first steps' memory" if extra else ""))
+        return
     from planner.export import reprice  # lazy: prices with the search (and may trace)
     ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), state_layout="fsdp2",
                                 required=required, dtype=dtype, **changes))

@@ -75,7 +75,8 @@ def engine_fit(p: Plan) -> tuple[list[str], list[str]]:
     runs, refused = [], []
     for target in ENGINE_TARGETS:
         why = targets.refusal(p.parallel, p.training["dtype"], target,
-                              p.model.get("attention_forms", ()))
+                              p.model.get("attention_forms", ()),
+                              experts=bool(p.model.get("routed_experts")))
         if why is None:
             runs.append(target + (" (plan run)" if target == "torch" else ""))
         else:
@@ -566,9 +567,11 @@ def _tie_reason(p: Plan, a: dict, mem: float) -> str:
     """Why the plan won a tie over the faster runner-up ``a`` (search.loop.tie_broken): an
     exported engine runs it and not the runner-up, or it holds less memory."""
     forms, dtype = p.model.get("attention_forms", ()), p.training["dtype"]
+    experts = bool(p.model.get("routed_experts"))
     if p.search.get("target", "any") == "any" and \
-            targets.exported_runs(p.parallel, dtype, forms) and \
-            not targets.exported_runs({**p.parallel, **a["parallel"]}, dtype, forms):
+            targets.exported_runs(p.parallel, dtype, forms, experts=experts) and \
+            not targets.exported_runs({**p.parallel, **a["parallel"]}, dtype, forms,
+                                      experts=experts):
         return "an exported engine runs the plan, not this one"
     return "the plan holds less memory" if mem > 0 else "the plan chosen first"
 

@@ -375,8 +375,9 @@ def tie_broken(ranked: list, order, capacity: float,
 def _engine_runs(bg: BlockGraph, training: TrainingSpec) -> Callable[[Config], bool]:
     """Whether an exported engine (targets.EXPORTED) runs a configuration's knobs and dtype as
     planned (targets.refusal; an export checks the model's other rules besides)."""
-    forms = attention_forms(bg)
-    return lambda cfg: targets.exported_runs(cfg.to_dict(), training.dtype, forms)
+    forms, experts = attention_forms(bg), any(b.work.num_experts for b in bg.blocks)
+    return lambda cfg: targets.exported_runs(cfg.to_dict(), training.dtype, forms,
+                                             experts=experts)
 
 
 def _config(group: Group, variant: tuple, costs_of: dict, pricer) -> Config:

@@ -969,6 +969,20 @@ def test_torchtitan_runs_a_nearby_exchange_and_re_checks_the_memory(notes, monke
     assert seen[-1]["etp"] == 1  # 0.3.0 does not split experts' matrices
 
 
+def test_torchtitan_offload_is_not_re_checked_whatever_else_changes(notes, monkeypatch):
+    """FSDP2's CPU offload keeps parameters and gradients on the host too, which no re-pricing
+    with the optimizer alone offloaded shows: a plan whose K/V exchange torchtitan changes is
+    not refused on it (its all-gather twin never was), and the note names what is unchecked."""
+    from planner.export import reprice  # noqa: PLC0415
+    monkeypatch.setattr(reprice, "recheck", lambda *a, **kw: pytest.fail("re-priced"))
+    for form in ("allgather", "p2p"):
+        to_torchtitan(variant(data_plan("llama3-8b-cp4-torchtitan"), cp_comm=form,
+                              offload_optimizer=True))
+    said = [n for n in notes if "memory not re-checked with the model states as torchtitan's"
+            in n]
+    assert len(said) == 2 and "K/V" not in said[0] and "not checked either" in said[1]
+
+
 def test_torchtitan_shards_data_parallelism_where_its_experts_fold_over_it(notes):
     """ZeRO-0 would be DDP (replicas), but torchtitan folds experts over dp_shard x cp x tp."""
     # dp 64, tp = pp = 1; full recomputation leaves room for torchtitan's eager kernels

@@ -472,6 +472,26 @@ def test_a_plan_for_any_target_says_which_engines_run_it_as_planned(small_plan):
     assert "engines:" not in summary(mega)
 
 
+def test_the_engines_line_keeps_megatrons_placement_rule():
+    """Pipeline neighbours on adjacent ranks (tp-pp-dp) with a pipeline: Megatron-Core asserts
+    that the experts' data parallelism equals the attention's, so a dense model with cp > 1 is
+    refused there (a new-user check: the engines line named megatron, its export fell back to
+    tp-dp-pp); a model with experts at ep x etp = tp x cp is not."""
+    from planner import targets
+
+    par = dict(dp=2, tp=2, pp=2, cp=2, ep=1, etp=1, placement="tp-pp-dp", zero=1,
+               micro_batch=1, schedule="1f1b", recompute="full", vpp=1,
+               sequence_parallel=True, cp_comm="p2p")
+    assert targets.refusal(par, "bf16", "megatron").startswith(
+        "fix.placement: placement tp-pp-dp with a pipeline needs cp = 1 in Megatron-Core")
+    assert targets.refusal({**par, "placement": "tp-dp-pp"}, "bf16", "megatron") is None
+    assert targets.refusal({**par, "cp": 1}, "bf16", "megatron") is None
+    moe = {**par, "ep": 4}
+    assert targets.refusal(moe, "bf16", "megatron", experts=True) is None
+    assert "(ep x etp = tp x cp)" in targets.refusal({**moe, "ep": 2}, "bf16", "megatron",
+                                                     experts=True)
+
+
 def test_seconds_read_without_exponents():
     """A step of a thousand seconds and more reads whole (a what-if row read '1.23e+03 s')."""
     from planner.units import seconds
@@ -552,7 +572,7 @@ def test_a_plan_no_exported_engine_runs_names_the_best_within_megatrons_rules(
     assert targets.refusal(runnable.parallel, "bf16", "megatron") is None
     assert "nearest_engine" not in runnable.search  # an exported engine runs it: no search
     real = targets.refusal
-    monkeypatch.setattr(targets, "refusal", lambda parallel, dtype, target, forms=():
+    monkeypatch.setattr(targets, "refusal", lambda parallel, dtype, target, forms=(), experts=False:
                         "fix.zero: refused" if target in targets.EXPORTED
                         else real(parallel, dtype, target, forms))
     p = planner.plan(tiny_llama_config, **kw)
