@@ -37,6 +37,9 @@ point-to-point sends overlapped with attention (Liu et al., Ring Attention, 2023
 default), an all-gather of K/V (the Llama 3 paper, Dubey et al. 2024, §3.3.2), all-to-all over
 heads (Jacobs et al., DeepSpeed-Ulysses, 2023), or all-to-all inside a node and a ring across."""
 CP_COMMS: tuple[str, ...] = get_args(CpComm)
+CP_COMM_ALIASES = {"all_gather": "allgather", "all-gather": "allgather"}
+"""Other names of the forms: Megatron-LM's --cp-comm-type (Transformer Engine's) spells the
+all-gather form all_gather, and the Megatron export writes it so."""
 TraceMethod = Literal["auto", "fx", "export"]
 """auto: torch.export (the ATen graph), then torch.fx."""
 TRACE_METHODS: tuple[str, ...] = get_args(TraceMethod)
@@ -678,6 +681,7 @@ def _fix_value(key: str, value, where: str = "fix"):
             raise SpecError(f"{where}.placement: expected {' or '.join(PLACEMENTS)}, got {value!r}")
         return str(value)
     if key == "cp_comm":
+        value = CP_COMM_ALIASES.get(str(value), value)
         if str(value) not in CP_COMMS:
             raise SpecError(f"{where}.cp_comm: unknown form '{value}'; choose {', '.join(CP_COMMS)}")
         return str(value)

@@ -420,9 +420,13 @@ def _imbalance(p: Plan) -> list[str]:
     wait = m * (busiest - mean)
     step = p.predicted["step_time_s"]
     slow, fast = work.index(busiest), work.index(min(work))
+
+    def t(x: float) -> str:  # (a thousand ms and more in seconds: a new user read '1.06e+03 ms')
+        return seconds(x, 3) if x >= 0.9995 else f"{1e3 * x:.3g} ms"
+
     return textwrap.wrap(
-        f"pipeline ranks unequal: rank {slow} computes {1e3 * busiest:.3g} ms a micro-batch "
-        f"(sends apart), rank {fast} {1e3 * min(work):.3g} ms (mean {1e3 * mean:.3g} ms); the "
+        f"pipeline ranks unequal: rank {slow} computes {t(busiest)} a micro-batch "
+        f"(sends apart), rank {fast} {t(min(work))} (mean {t(mean)}); the "
         f"others wait for it "
         f"{seconds(wait, 3)} of the step on average ({100 * wait / step:.0f}%, counted in the "
         "parts above, which run along the busiest rank)", 100, initial_indent="      ",

@@ -588,3 +588,13 @@ def test_a_factory_model_longer_than_its_learned_positions_is_refused(tmp_path):
     with pytest.raises(SpecError, match=r"^seq_len: 128 tokens exceed the 64 learned positions "
                                         r"of wpe \(an embedding looked up by position\)"):
         planner.prepare(spec, seq_len=128, cache_dir=None)
+
+
+def test_cp_comm_takes_megatrons_spelling_of_the_all_gather_form():
+    """The Megatron export writes --cp-comm-type all_gather; a user pinning what it read there
+    gets that form, and a misspelling is still refused with the forms."""
+    from planner.options import parse_fix
+    assert parse_fix("cp=8,cp_comm=all_gather") == {"cp": 8, "cp_comm": "allgather"}
+    with pytest.raises(planner.SpecError, match="fix.cp_comm: unknown form 'allgathr'; choose "
+                                                "p2p, allgather, a2a, a2a\\+p2p"):
+        parse_fix("cp=8,cp_comm=allgathr")

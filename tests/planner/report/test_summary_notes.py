@@ -33,6 +33,16 @@ def test_unequal_ranks_are_named_with_what_the_others_wait():
     assert f"({100 * wait / plan.predicted['step_time_s']:.0f}%" in line
 
 
+def test_a_second_and_more_a_micro_batch_reads_in_seconds():
+    """A new user read 'rank 3 computes 1.06e+03 ms a micro-batch'."""
+    plan = load_plan(PLAN)
+    slow = copy.deepcopy(plan)
+    for s in slow.stages:
+        s["predicted"]["time_per_microbatch_s"] *= 20  # (a rank's chunks: over a second)
+    line = _line(summary(slow))
+    assert "e+0" not in line and " s a micro-batch (sends apart), rank 0 " in line
+
+
 def test_equal_ranks_say_nothing():
     plan = load_plan(PLAN)
     even = copy.deepcopy(plan)
