@@ -48,7 +48,7 @@ SECTIONS = [
      "benchmarks/llama3_8b_h200_2025-06_torchtitan.md), priced at the H200 data sheet (the fitted rate takes no part: "
      "set 'data sheet', summarized apart). The last "
      "column prices each H100 row at the data-sheet estimate instead (the clock linear in power "
-     "between the NVL and SXM data sheets, 886 TFLOP/s): 2-17% too fast on Tables 1 and 3, the "
+     "between the NVL and SXM data sheets, 886 TFLOP/s): 4-17% too fast on Tables 1 and 3, the "
      "pattern a lower sustained clock gives. Memory is the allocator's reserved peak (predicted "
      "allocated / 0.95). Not explained: the context-parallel rows at 4 and 8 ranks take 40-50% "
      "longer per token than the linear growth of attention from the 1- and 2-rank rows "
@@ -270,7 +270,7 @@ SECTIONS = [
      "tested it more\") sets NVTE_FUSED_ATTN=0, so Transformer Engine ran FlashAttention-2's "
      "kernels: priced with cuDNN's, as until 2026-12-02, they read 5% too fast at 4k tokens and "
      "40% at 1M; with FlashAttention-2's (`attention=flash2`) every H100 row is within 8%. The "
-     "B200 rows (NeMo 25.04, cuDNN) are 7-14% too fast at every length, with and without "
+     "B200 rows (NeMo 25.04, cuDNN) are 9-15% too fast at every length, with and without "
      "context parallelism, which points at the GEMMs of that release rather than at attention; "
      "not explained here. Then the free search against each published configuration."),
     ("recsys", "recsys_runs.py",
