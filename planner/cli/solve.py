@@ -4,6 +4,7 @@ written as JSON."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from costmodels.engine import PRESETS
@@ -90,6 +91,12 @@ def run(args) -> int:
     if args.output is not None:
         check_output(args.output, "output", inputs=(args.model, args.cluster, args.calibration,
                                                     args.tables))
+        given = os.path.splitext(args.output)[1]
+        if args.output != STDOUT and given.lower() not in ("", ".json"):  # (said before the
+            # search: a new user's CSV was replaced by the plan without a word)
+            logging.getLogger("planner").warning(
+                "output: the plan is JSON, written to '%s' as asked, whose name ends in %s",
+                args.output, given)
     logging.getLogger("planner").info("planning %s on %s ...", args.model, args.cluster)
     p = api.plan(args.model, cluster=args.cluster, nodes=args.nodes,
                  gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,

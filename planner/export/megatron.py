@@ -470,9 +470,13 @@ def _environment(plan: Plan, zero: int, overlap: bool = False
     exported (common.exported_zero)."""
     p = plan.parallel
     if p["dp"] * p.get("cp", 1) > 1 and zero >= 2:
+        both = (p["tp"] > 1 or p.get("cp", 1) > 1) and not common.blackwell_or_newer(plan)
         return [("CUDA_DEVICE_MAX_CONNECTIONS", None,
                  "Megatron-FSDP: Megatron-LM's validate_args requires CUDA_DEVICE_MAX_CONNECTIONS "
-                 "unset or > 1")]
+                 "unset or > 1" + ("; with tensor or context parallelism on GPUs before "
+                                   "Blackwell it warns that those run best at 1, which "
+                                   "Megatron-FSDP forbids (the cost of that is not priced)"
+                                   if both else ""))]
     if overlap:
         return [("CUDA_DEVICE_MAX_CONNECTIONS", "32",
                  "the EP all-to-all overlap needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (Megatron-Core's "

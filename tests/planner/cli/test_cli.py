@@ -236,6 +236,21 @@ def test_fix_and_engine_given_twice_add_up(capsys, tmp_path, tiny_llama_config):
     assert code == 2 and "fix.tp: given twice (2 and 4)" in err
 
 
+def test_a_plan_written_under_another_suffix_is_warned_about(capsys, tmp_path,
+                                                            tiny_llama_config):
+    """`plan solve -o w1.csv` replaced a new user's CSV with the plan without a word: the
+    warning comes before the search, and the plan is still written as asked."""
+    out_file = tmp_path / "w1.csv"
+    code, _, err = run(capsys, "solve", tiny_llama_config, "--cluster", "dgx-a100-80g",
+                       "--global-batch", "64", "--seq-len", "128", "-o", str(out_file))
+    assert code == 0, err
+    assert f"output: the plan is JSON, written to '{out_file}' as asked, whose name ends in " \
+        ".csv" in err
+    assert json.loads(out_file.read_text())["schema"] == "planner.plan/v1"
+    code, _, err = run(capsys, "solve", tiny_llama_config, "--cluster", "dgx-a100-80g",
+                       "--global-batch", "64", "--seq-len", "128", "-o", str(tmp_path / "p.JSON"))
+    assert code == 0 and "output:" not in err
+
 def test_a_closed_pipe_does_not_cost_the_plan_file(monkeypatch, tmp_path, tiny_llama_config):
     """The plan is written before the report is printed: a reader closing the pipe early ends
     the command (exit 0, as `head` expects) with the file on disk."""

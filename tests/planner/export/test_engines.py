@@ -669,6 +669,11 @@ def test_megatron_offload_needs_what_megatron_asks_for(tmp_path):
                  "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"):
         assert flag in args
     assert "Every knob of the plan is expressed exactly below." in text
+    # (with tensor or context parallelism on a Hopper, Megatron-LM warns about the two settings)
+    warned = "it warns that those run best at 1, which Megatron-FSDP forbids"
+    assert (plan.parallel["tp"] > 1) == (warned in text)
+    assert warned in export(variant(plan, tp=2, sequence_parallel=True), "megatron")[0]
+    assert warned not in export(variant(plan, tp=1, cp=1), "megatron")[0]
     ds = json.loads(export(plan_named("llama3-70b-offload-deepspeed"), "deepspeed")[0])
     assert ds["zero_optimization"] == {"stage": 3, "overlap_comm": True,
                                        "offload_optimizer": {"device": "cpu",
