@@ -50,7 +50,7 @@ SEQ = 256
 # training, scaled_dot_product_attention takes its math path: matmul, softmax, dropout, matmul);
 # and no overlap of the gradient all-reduce with backward, since gloo reduces on the same core.
 ENGINE = EngineSpec(attention="materialized", kernels="eager",
-                                    overlap_grad_reduce=False)
+                                    overlap_grad_reduce=False, tp_grad_overlap=False)
 # name: (processes, micro-batch, micro-batches per step, recompute, lower half frozen)
 RUNS = {
     "1 proc, mb 2": (1, 2, 1, "none", False),

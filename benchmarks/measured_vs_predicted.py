@@ -67,7 +67,8 @@ GLOBAL_BATCH = 8
 # runtime runs every plan's micro-batches under torch.distributed.pipelining's schedules, and
 # context parallelism with its own ring.
 ENGINE = EngineSpec(attention="flash", kernels="eager", overlap_grad_reduce=False,
-                    fsdp_copies=True, pipelined_accumulation=True, cp_ring="runtime")
+                    fsdp_copies=True, pipelined_accumulation=True, cp_ring="runtime",
+                    tp_grad_overlap=False)
 MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 256,
            "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4,
            "vocab_size": 8192, "max_position_embeddings": 512, "num_local_experts": 8,

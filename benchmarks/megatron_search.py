@@ -29,7 +29,7 @@ from planner.report.compare import headline  # noqa: E402
 
 def free_search(r: dict, prepared, time_limit: float | None):
     cluster = load_cluster("dgx-a100-80g", nodes=int(r["gpus"]) // 8)
-    engine = EngineSpec(attention="materialized", kernels="fused",
+    engine = EngineSpec(attention="materialized", kernels="fused", tp_grad_overlap=False,
                         overlap_grad_reduce=SCRIPT[r["name"]][2] == "torch")
     training = TrainingSpec(global_batch=int(r["global_batch"]), seq_len=int(r["seq_len"]),
                             dtype="fp16", optimizer="adam", engine=engine)

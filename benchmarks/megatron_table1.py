@@ -72,7 +72,7 @@ def predict(r: dict, prepared, gemm_efficiency: float | None):
     if gemm_efficiency is not None:
         cluster = dataclasses.replace(cluster, device=dataclasses.replace(
             cluster.device, matmul_efficiency=gemm_efficiency))
-    engine = EngineSpec(attention="materialized", kernels="fused",
+    engine = EngineSpec(attention="materialized", kernels="fused", tp_grad_overlap=False,
                         overlap_grad_reduce=SCRIPT[r["name"]][2] == "torch")
     training = TrainingSpec(global_batch=int(r["global_batch"]), seq_len=int(r["seq_len"]),
                             dtype="fp16", optimizer="adam", engine=engine)
@@ -127,7 +127,8 @@ def print_memory_175b(markdown: bool) -> None:
     prep = prepare("gpt3-175b", seq_len=s, dtype="fp16")
     cluster = load_cluster("dgx-a100-80g", nodes=128)
     training = TrainingSpec(global_batch=1536, seq_len=s, dtype="fp16",
-                            engine=EngineSpec(attention="materialized", overlap_grad_reduce=False))
+                            engine=EngineSpec(attention="materialized", overlap_grad_reduce=False,
+                                              tp_grad_overlap=False))
     fix = "tp=8,pp=8,micro_batch=1,schedule=1f1b,recompute=full,zero=0,sequence_parallel=false"
     plan = plan_prepared(prep, cluster, training, SearchOptions(fix=parse_fix(fix), top_k=0))
     print(f"\nGPT-3 175B per-GPU memory, {plan.parallel_summary} (GB):\n")

@@ -43,7 +43,7 @@ SIZE = {"dim": 256, "layers": 4, "heads": 4, "seq_len": 256}
 WAYS = ("plain", "mha", "encoder")
 # Plain PyTorch on a CPU: one kernel per op (no fusion); attention without dropout takes the fused
 # CPU kernel of scaled_dot_product_attention, which keeps no s x s scores.
-ENGINE = EngineSpec(attention="flash", kernels="eager")
+ENGINE = EngineSpec(attention="flash", kernels="eager", tp_grad_overlap=False)
 
 
 def _examples():

@@ -65,6 +65,13 @@ class BlockTime:
     both_recompute_s: float = 0.0
     """What ``recompute="mla_up_proj+moe_act"`` runs again: both of the above, taken together in
     an MoE layer's backward (one wait for the host or the device, not two)."""
+    tp_col_dgrad_s: float = 0.0
+    """With tp > 1, the input-gradient GEMMs of the column-parallel Linears (routed experts'
+    aside), part of ``bwd_s``: what tensor parallelism's second all-gather of their inputs runs
+    beside (EngineSpec.tp_grad_overlap)."""
+    tp_col_wgrad_s: float = 0.0
+    """With tp > 1, the weight-gradient GEMMs of the same Linears: what their input gradients'
+    collective runs beside."""
     wgrad_s: float = 0.0
     """The part of ``bwd_s`` in the weight-gradient GEMMs of Linear layers: what a schedule
     that splits the backward (ZB-H1's W) can run apart from the input gradient. Attention's and
@@ -472,12 +479,17 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     shared = [g for g in work.gemms if g.shared_expert]
     shared_f, shared_b = gemms_time_s(shared, device, dtype, micro_batch=micro_batch, tp=tp,
                                       sp=sp)[:2] if shared else (0.0, 0.0)
+    column = [g for g in work.gemms if g.linear and g.split == SPLIT_N and not g.experts] \
+        if tp > 1 else []
+    col_b, col_w = gemms_time_s(column, device, dtype, micro_batch=micro_batch, tp=tp,
+                                sp=sp)[1:3] if column else (0.0, 0.0)
     if not work.runs_backward:  # forward only (frozen, with nothing trained before it)
         return BlockTime(fwd_s=fwd_s, bwd_s=0.0, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
                          shared_fwd_s=shared_f, backward=False)
     bt = BlockTime(fwd_s=fwd_s, bwd_s=bwd_s, recompute_s=0.0, attn_fwd_s=attn_f + gemm_attn,
                    attn_bwd_s=attn_b, op_recompute_s=op_again, moe_act_recompute_s=act_again,
                    mla_up_recompute_s=up_again, both_recompute_s=both_again, wgrad_s=gemm_w,
+                   tp_col_dgrad_s=col_b - col_w, tp_col_wgrad_s=col_w,
                    shared_fwd_s=shared_f, shared_bwd_s=shared_b, selective_s=selective)
     return bt.recomputing(recompute)
 

@@ -212,6 +212,19 @@ class EngineSpec:
     default, as in Megatron-Core; NVIDIA's performance recipes set it wherever tp > 1
     (Megatron-Bridge's Llama 3 recipes, recipes/llama/llama3.py; NeMo's launcher,
     conf/training/gpt3/175b_fp8_performance.yaml: ub_tp_comm_overlap)."""
+    tp_grad_overlap: bool = True
+    """In backward, a column-parallel Linear's input-gradient collective (an all-reduce; a
+    reduce-scatter under sequence parallelism) runs while its weight-gradient GEMM computes, and
+    under sequence parallelism the input it keeps sharded is all-gathered again for that GEMM
+    while its input-gradient GEMM computes; the row-parallel Linear's gradient all-gather (under
+    sequence parallelism) stays exposed. Transformer Engine's and Megatron-Core's Linear layers
+    run them so (asynchronous collectives, ordered by CUDA_DEVICE_MAX_CONNECTIONS=1;
+    Transformer Engine module/layernorm_linear.py and linear.py, "overlap dgrad-RS/AR with
+    wgrad"). Priced as communication beside those GEMMs (comm.beside_compute_s, per block);
+    ``tp_overlap`` replaces it where it runs. False: every backward collective exposed, and no
+    second all-gather: DTensor's parallel styles keep the gathered input for the weight
+    gradient (torchtitan, the planner's runtime), as do DeepSpeed's AutoTP and Megatron-LM of
+    2021 (whose all-reduce waited for the input gradient)."""
     moe_overlap: bool = False
     """The dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     --overlap-moe-expert-parallel-comm, DeepSeek's DualPipe); False: exposed."""
@@ -289,7 +302,7 @@ PRESETS: dict[str, dict] = {
     # yet), fused bias-GELU / bias-dropout-add / softmax kernels, gradients reduced after the
     # backward ("local" DDP)
     "megatron-2021": {"attention": "materialized", "kernels": "fused",
-                      "overlap_grad_reduce": False},
+                      "overlap_grad_reduce": False, "tp_grad_overlap": False},
     # Megatron-Core today: FlashAttention (Transformer Engine), fused kernels, overlapped
     # gradient reduction and weight gather (--overlap-grad-reduce, --overlap-param-gather)
     "megatron-core": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True},
@@ -297,13 +310,14 @@ PRESETS: dict[str, dict] = {
     # made SDPA's cuDNN backend opt-in), one kernel per element-wise op, FSDP2's overlapped
     # reduce-scatter through its flat buffers, fp32 sharded states and fp32 reduction
     "torchtitan": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
-                   "ddp_accumulates": False,
+                   "ddp_accumulates": False, "tp_grad_overlap": False,
                    "fsdp_copies": True, "fsdp_experts": True, "state_layout": "fsdp2",
                    "cp_ring": "torch", "moe_etp_replicated": True, "fp8_experts": False},
     # torchtitan with torch.compile: element-wise chains of each transformer block fused by
     # Inductor; embedding, output projection and loss eager
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
                            "overlap_grad_reduce": True, "ddp_accumulates": False,
+                           "tp_grad_overlap": False,
                            "fsdp_copies": True,
                            "fsdp_experts": True, "state_layout": "fsdp2", "cp_ring": "torch",
                            "moe_probs_in_activation": False, "moe_etp_replicated": True,
@@ -316,12 +330,13 @@ PRESETS: dict[str, dict] = {
     # than it takes)
     "torch": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
               "fsdp_copies": True, "pipelined_accumulation": True, "cp_ring": "runtime",
-              "moe_probs_in_activation": False, "selective": "matmuls"},
+              "moe_probs_in_activation": False, "selective": "matmuls",
+              "tp_grad_overlap": False},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction (overlap_comm); its
     # ZeRO-1/2 optimizer gathers the updated weights inside step()
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
                   "overlap_scope": "sharded", "overlap_param_gather": False,
-                  "state_layout": "zero",
+                  "state_layout": "zero", "tp_grad_overlap": False,
                   "moe_probs_in_activation": False},
 }
 """Engine settings of common training stacks, by name (``--engine megatron-core``); ``k=v`` pairs

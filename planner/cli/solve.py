@@ -51,7 +51,7 @@ def register(add) -> None:
                    "fsdp_copies=true|false, fsdp_experts=true|false, "
                    "pipelined_accumulation=true|false, ddp_accumulates=true|false, "
                    "selective=attention|matmuls, cp_ring=te|torch|runtime, "
-                   "tp_overlap=true|false, "
+                   "tp_overlap=true|false, tp_grad_overlap=true|false, "
                    "state_layout=megatron|megatron-bf16-grads|zero|"
                    "fsdp2, fp8_recipe=delayed|current|block, and for MoE "
                    "moe_dispatcher=alltoall|allgather|deepep, "

@@ -460,6 +460,8 @@ def software_differs(plan: Plan, target: str, keys=SOFTWARE_KEYS) -> bool:
     runs = engine_from_mapping(software_of(target, plan))
     if plan.training.get("dtype") != "fp8" or not moe.model(plan).moe:
         keys = keys - {"fp8_experts"}  # (which experts' GEMMs run in FP8: fp8 MoE plans only)
+    if plan.parallel.get("tp", 1) == 1:
+        keys = keys - {"tp_grad_overlap"}  # (tensor parallelism's collectives: tp > 1 only)
     return any(getattr(planned, k) != getattr(runs, k) for k in keys)
 
 

@@ -59,8 +59,10 @@ class Plan:
         validate(d, where)
         engine = d["training"].get("engine")
         if isinstance(engine, dict):  # as every reader compares them (names in lower case)
+            # (a plan recorded before tp_grad_overlap existed, 2026-12-07, was priced with every
+            # backward collective exposed: as tp_grad_overlap=false prices it)
             d = {**d, "training": {**d["training"], "engine": {
-                k: read_setting(k, v) for k, v in engine.items()}}}
+                "tp_grad_overlap": False, **{k: read_setting(k, v) for k, v in engine.items()}}}}
         names = {f.name for f in fields(cls)} - {"extra", "embeddings"}
         return cls(**{k: d[k] for k in names}, embeddings=d.get("embeddings"))
 

@@ -299,11 +299,30 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     share = micro_batch / cp  # samples' worth of tokens on this GPU
     tp_bytes = share * (fwd_repeats * w.tp_fwd_bytes + w.tp_bwd_bytes)
     count = w.tp_collectives * (2 if sp else 1)  # sp: reduce-scatter + all-gather per all-reduce
-    tp_s = comm.allreduce_s(tp_bytes, group, cluster, count=count)
+    slowdown = cluster.device.overlap_slowdown
     if engine.tp_overlap and sp and tp > 1:  # pipelined with the GEMMs (EngineSpec.tp_overlap)
         window = vec([t.fwd_s + t.bwd_s + t.recompute_s - t.attn_fwd_s - t.attn_bwd_s
                       for t in bt])
-        tp_s = comm.beside_compute_s(vec(tp_s), window, cluster.device.overlap_slowdown)
+        tp_s = comm.beside_compute_s(vec(comm.allreduce_s(tp_bytes, group, cluster, count=count)),
+                                     window, slowdown)
+    elif engine.tp_grad_overlap and tp > 1:  # backward beside the column GEMMs (EngineSpec)
+        tp_s = vec(comm.allreduce_s(share * fwd_repeats * w.tp_fwd_bytes, group, cluster,
+                                    count=count / 2))
+        back, half = share * w.tp_bwd_bytes, count / 2
+        dgrad, wgrad = vec([t.tp_col_dgrad_s for t in bt]), vec([t.tp_col_wgrad_s for t in bt])
+        if sp:  # the row-parallel gradients' all-gather exposed; the column-parallel inputs
+            # all-gathered again beside their input gradients, those reduce-scattered beside the
+            # weight gradients
+            tp_s = tp_s + comm.allgather_s(back, group, cluster, count=half / 2) \
+                + comm.beside_compute_s(comm.allgather_s(back, group, cluster, count=half / 2),
+                                        dgrad, slowdown) \
+                + comm.beside_compute_s(comm.reduce_scatter_s(back, group, cluster,
+                                                              count=half / 2), wgrad, slowdown)
+        else:
+            tp_s = tp_s + comm.beside_compute_s(comm.allreduce_s(back, group, cluster,
+                                                                 count=half), wgrad, slowdown)
+    else:
+        tp_s = comm.allreduce_s(tp_bytes, group, cluster, count=count)
     local = vec(w.params_tp / tp + w.params_rep - w.expert_params + w.expert_params / (ep * etp))
     frozen = vec(w.frozen_params_tp / tp + w.frozen_params_rep - w.frozen_expert_params
                  + w.frozen_expert_params / (ep * etp))

@@ -34,6 +34,11 @@ refused now, and the plan's Megatron export too: it stays for the other engines'
   ``--fix cp=8,tp=1,pp=1``; llama3-8b-cp16-hier-megatron.json with
   ``--fix cp=16,tp=1,cp_comm=a2a+p2p``.
 
+Each records ``tp_grad_overlap`` as the engine it was made with sets it (the default's and
+megatron-core's true, torchtitan's false; added on 2026-12-07, when that setting came, so that the
+exports read them as made with today's engines: their times predate its pricing, which these
+tests do not compare).
+
 They are loaded, never re-planned.
 """
 
