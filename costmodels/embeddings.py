@@ -86,6 +86,10 @@ class Table:
     """True for an EmbeddingBag (one pooled vector per sample and feature); False for a sequence
     embedding (one vector per id)."""
     feature_names: tuple = ()
+    module: str = ""
+    """The path in the model of the collection that holds the table (TorchRec's
+    EmbeddingBagCollection, which the TorchRec export shards); '' where the table is a module of
+    its own (an nn.EmbeddingBag) or the path is not known."""
 
     def __post_init__(self):
         for key in ("rows", "dim"):
@@ -113,7 +117,8 @@ class Table:
     def to_dict(self) -> dict:
         return {"name": self.name, "rows": self.rows, "dim": self.dim, "pooling": self.pooling,
                 "features": self.features, "skew": self.skew, "element_bytes": self.element_bytes,
-                "pooled": self.pooled, "feature_names": list(self.feature_names)}
+                "pooled": self.pooled, "feature_names": list(self.feature_names),
+                **({"module": self.module} if self.module else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Table":
@@ -121,7 +126,8 @@ class Table:
                    pooling=float(d.get("pooling", 1.0)), features=int(d.get("features", 1)),
                    skew=float(d.get("skew", 0.0)), element_bytes=int(d.get("element_bytes", 4)),
                    pooled=bool(d.get("pooled", True)),
-                   feature_names=tuple(d.get("feature_names", ())))
+                   feature_names=tuple(d.get("feature_names", ())),
+                   module=str(d.get("module", "")))
 
 
 def coverage(cache_ratio: float, skew: float) -> float:

@@ -129,6 +129,8 @@ def prepare_recsys(model, tables=None, dtype: str = "fp32") -> PreparedRec:
     stats = tables
     if isinstance(tables, str):
         stats = recsys.read_table_stats(tables)
+    elif tables is not None:
+        stats = recsys.check_table_stats(tables)
     elif tables is None and isinstance(model, str):
         beside = recsys.default_stats_path(model)
         stats = recsys.read_table_stats(beside) if beside else None

@@ -39,6 +39,13 @@ FUSED_OPTIMIZERS = {"sgd": "EXACT_SGD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRA
 DEFAULT_MODULE_PATH = "sparse"
 """Where the zoo's RecNet keeps its EmbeddingBagCollection."""
 
+
+def module_path(plan: Plan) -> str:
+    """The path of the EmbeddingBagCollection the plan's tables are in, as the plan records it
+    (tables.module), where they share one; else DEFAULT_MODULE_PATH."""
+    paths = {t.get("module", "") for t in plan.embeddings["tables"]}
+    return paths.pop() if len(paths) == 1 and "" not in paths else DEFAULT_MODULE_PATH
+
 log = logging.getLogger("planner.export")
 
 
@@ -118,7 +125,12 @@ def _notes(plan: Plan, tabs: dict) -> list[str]:
                      "TorchRec takes no skew (CacheParams.stats can carry measured statistics)")
     if any("cache_load_factor" in t for t in tabs.values()):
         notes.append("fused_uvm_caching tables: the plan's cache ratio is CacheParams(load_factor)")
-    if plan.model.get("source", "zoo") != "zoo":
+    paths = sorted({t.get("module", "") for t in emb["tables"]} - {""})
+    if len(paths) > 1:
+        notes.append(f"the tables are in {len(paths)} collections ({', '.join(paths)}): "
+                     f"MODULE_PATH is {DEFAULT_MODULE_PATH!r}; shard each with its own tables "
+                     "(sharding_plan(module_path=...) per collection)")
+    elif plan.model.get("source", "zoo") != "zoo" and not paths:
         notes.append(f"MODULE_PATH is {DEFAULT_MODULE_PATH!r}, where the zoo's models keep their "
                      "tables: set it to your model's EmbeddingBagCollection (TorchRec shards "
                      "EmbeddingBagCollections; plain nn.EmbeddingBag tables go into one first)")
@@ -291,7 +303,7 @@ def to_torchrec(plan: Plan, version: str | None = None) -> str:
     lines += ['"""TorchRec sharding of ' + plan.model["name"] + ' written by planner."""',
               IMPORTS, f"WORLD_SIZE = {int(emb['world_size'])}",
               f"LOCAL_WORLD_SIZE = {int(plan.cluster.get('gpus_per_node') or emb['world_size'])}",
-              f"MODULE_PATH = {DEFAULT_MODULE_PATH!r}  # the EmbeddingBagCollection's path in "
+              f"MODULE_PATH = {module_path(plan)!r}  # the EmbeddingBagCollection's path in "
               "the model",
               f"TABLE_OPTIMIZER = {opt!r}",
               f"FUSED_OPTIMIZER = {FUSED_OPTIMIZERS[opt]!r}  # fbgemm EmbOptimType member",
@@ -311,7 +323,7 @@ def to_torchrec_json(plan: Plan, version: str | None = None) -> str:
     local = int(plan.cluster.get("gpus_per_node") or emb["world_size"])
     out = {"torchrec": version, "header": _header(plan, version, tabs),
            "world_size": int(emb["world_size"]), "local_world_size": local,
-           "module_path": DEFAULT_MODULE_PATH,
+           "module_path": module_path(plan),
            "table_optimizer": emb.get("table_optimizer", "sgd"),
            "fused_optimizer": FUSED_OPTIMIZERS.get(emb.get("table_optimizer", "sgd")),
            "tables": {n: {**{k: v for k, v in t.items() if k != "shards"},

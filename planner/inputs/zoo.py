@@ -273,7 +273,7 @@ RECSYS: dict[str, RecEntry] = {
     for e in [
         RecEntry("dlrm-criteo-1tb", CRITEO_1TB_ROWS, 128, bottom=(512, 256, 128),
                  top=(1024, 1024, 512, 256, 1), interaction="dot",
-                 description="DLRM on Criteo 1TB: 26 tables (188M rows, 96 GB fp32), dim 128, "
+                 description="DLRM on Criteo 1TB: 26 tables (178M rows, 91 GB fp32), dim 128, "
                  "dot interaction"),
         RecEntry("dlrm-dcnv2", MLPERF_DCNV2_ROWS, 128, pooling=MLPERF_DCNV2_HOTS,
                  bottom=(512, 256, 128), top=(1024, 1024, 512, 256, 1), interaction="dcn",

@@ -63,6 +63,19 @@ ring runs context parallelism (cp), how experts' activations are kept under expe
 parallelism (etp), whether tensor-parallel collectives run beside their GEMMs (tp)."""
 
 
+RECSYS_SETTINGS = (("table_optimizer", "table optimizer"), ("pipeline", "pipeline"))
+"""A recommendation plan's settings of its tables (``embeddings``): their optimizer and how
+the batches' table work is pipelined."""
+
+
+def recsys_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
+    """(setting, value in a, value in b) for each of RECSYS_SETTINGS that differs between two
+    recommendation plans (a new user's plan diff said 'same configuration' across both)."""
+    ea, eb = a.embeddings or {}, b.embeddings or {}
+    return [(words, ea.get(key), eb.get(key)) for key, words in RECSYS_SETTINGS
+            if ea.get(key) != eb.get(key) and None not in (ea.get(key), eb.get(key))]
+
+
 def _experts_only(setting: str) -> bool:
     """Whether an engine setting says how routed experts run (nothing for a dense model)."""
     return setting.startswith("moe_") or setting in ("fsdp_experts", "fp8_experts")
@@ -105,7 +118,7 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
                 else "tokens")
         ra, rb = (p.predicted[f"{rate}_per_s"] for p in (a, b))
         verdict = f"at {_ratio(rb / ra)}x the {rate}/s (a step {tb / ta:.3g}x as long)"
-    inputs += engine_changes(a, b)
+    inputs += engine_changes(a, b) + recsys_changes(a, b)
     ra, rb = (_reserve_text(p.memory_reserve()) for p in (a, b))  # (memory kept free per device)
     if ra != rb:
         inputs.append(("memory reserve", ra, rb))
@@ -262,6 +275,9 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
             for k in COMPARED]
     out += [Diff("software", k.removeprefix("engine "), x, y, "text")
             for k, x, y in engine_changes(a, b)]
+    if a.embeddings is not None and b.embeddings is not None:
+        out += [Diff("configuration", words, (a.embeddings or {}).get(key),
+                     (b.embeddings or {}).get(key), "text") for key, words in RECSYS_SETTINGS]
     recsys = a.embeddings is not None or b.embeddings is not None  # samples, not tokens
     # MFU is against each plan's own peak (its dtype's, its device's): where those differ, the
     # MFU points do not compare the plans' speed, TFLOP/s per GPU does

@@ -157,17 +157,26 @@ def layouts(table: Table, env: RecEnv, opts: RecOptions, big: float) -> list:
     return out
 
 
+FBGEMM_COLUMNS = 4
+"""The columns a sharded table's every piece is a multiple of: FBGEMM's table-batched kernels,
+which TorchRec's sharded tables run on, assert it (TorchRec's sharding: "local_cols ... not
+divisible by 4"; a new user's dim-6 table planned table-wise crashed at plan run). Data-parallel
+tables run as plain embedding bags, whatever their width."""
+
+
 def _shardings(kind: str, t: Table, W: int, g: int, big: float, forced: bool):
     """Shard lists of one sharding type; rank -1 marks a movable piece."""
     if kind == "data_parallel":
         if t.bytes <= DP_MAX_BYTES or forced:
             yield [Shard(r, 0, 0, t.rows, t.dim) for r in range(W)]
+    elif t.dim % FBGEMM_COLUMNS:
+        return
     elif kind == "table_wise":
         yield [Shard(-1, 0, 0, t.rows, t.dim)]
     elif kind == "column_wise":
         if (t.bytes >= big or forced) and W > 1:
             for k in (2, 4, 8):
-                if k <= W and t.dim % k == 0 and t.dim // k >= 32:
+                if k <= W and _pieces(t.dim, k):
                     yield [Shard(-1, 0, c, t.rows, w) for c, w in emb.column_pieces(t.dim, k)]
     elif kind == "row_wise":  # fewer rows than ranks: the last shards are empty, as TorchRec's
         if W > 1:
@@ -180,7 +189,7 @@ def _shardings(kind: str, t: Table, W: int, g: int, big: float, forced: bool):
     elif kind == "grid_shard":
         if W > g and t.rows >= g and (t.bytes >= big or forced):
             for k in (2, 4):
-                if k <= W // g and t.dim % k == 0 and t.dim // k >= 32:
+                if k <= W // g and _pieces(t.dim, k):
                     # each column piece row-wise over one node; nodes k apart, pieces in order
                     for first in range(0, W // g - k + 1):
                         yield [Shard((first + p) * g + i, lo, c, n, w)
@@ -188,16 +197,29 @@ def _shardings(kind: str, t: Table, W: int, g: int, big: float, forced: bool):
                                for i, (lo, n) in enumerate(emb.even_rows(t.rows, g))]
 
 
+def _pieces(dim: int, k: int) -> bool:
+    """Whether ``dim`` columns cut into ``k`` equal pieces of 32 columns or more, each a multiple
+    of FBGEMM_COLUMNS."""
+    return dim % k == 0 and dim // k >= 32 and (dim // k) % FBGEMM_COLUMNS == 0
+
+
 def _why_not(kind: str, t: Table, W: int, gpus_per_node: int) -> str:
-    """Why ``_shardings`` offers no layout of ``kind`` (for the error a pin gets)."""
+    """Why ``_shardings`` offers no layout of ``kind`` (for the error a pin gets, and where a
+    table has no layout at all)."""
+    if kind != "data_parallel" and t.dim % FBGEMM_COLUMNS:
+        wider = -(-t.dim // FBGEMM_COLUMNS) * FBGEMM_COLUMNS
+        return (f"its {t.dim} columns are not a multiple of {FBGEMM_COLUMNS}, which FBGEMM's "
+                f"kernels under TorchRec's sharded tables need; widen it to {wider} columns, or "
+                "pin sharding=data_parallel (a copy on every GPU)")
     if kind in ("table_row_wise", "grid_shard") and W <= gpus_per_node:
         return (f"{kind} shards rows inside each node and needs more than one node (this "
                 f"cluster is one node of {W} GPUs); pin row_wise instead")
     if kind in ("row_wise", "column_wise") and W == 1:
         return f"{kind} needs more than one GPU"
     if kind in ("column_wise", "grid_shard"):
-        return (f"its {t.dim} columns do not cut into 2, 4 or 8 pieces of 32 columns or more "
-                f"(on the ranks or nodes there are); pin table_wise or row_wise")
+        return (f"its {t.dim} columns do not cut into 2, 4 or 8 pieces of 32 columns or more, "
+                f"each a multiple of {FBGEMM_COLUMNS} (on the ranks or nodes there are); pin "
+                "table_wise or row_wise")
     return "pin another sharding type"
 
 
@@ -303,15 +325,22 @@ def _plan_tables(model, cluster, global_batch, dtype, engine, opts, solve_time_l
         if name not in names:
             raise SpecError(f"fix: table {name!r} is not in the model")
     big = model.table_bytes / W
-    state = sum(t.rows * emb.optimizer_row_bytes(opts.optimizer, t.dim) for t in model.tables)
-    if (model.table_bytes + state) <= 0.8 * cap * W and not any(t for _, _, t in opts.fixed
-                                                                if t != "hbm"):
+    held = [t.bytes + t.rows * emb.optimizer_row_bytes(opts.optimizer, t.dim)
+            for t in model.tables]  # each table with its optimizer state
+    # (a sharding pinned for every table that keeps each whole on one rank: the largest must fit
+    # one GPU, else the slower tiers hold it; a new user's pin was refused as not fitting)
+    whole = opts.fix_sharding == "table_wise" and max(held, default=0.0) > 0.8 * cap
+    if sum(held) <= 0.8 * cap * W and not whole and not any(t for _, _, t in opts.fixed
+                                                            if t != "hbm"):
         opts = dataclasses.replace(opts, tiers=("hbm",))  # all fits in HBM: no slower tier helps
     options, layouts_per_table = [], []
     for t in model.tables:
         lays = layouts(t, env, opts, big)
         if not lays:
             pinned = {n: s for n, s, _ in opts.fixed}.get(t.name) or opts.fix_sharding
+            if pinned is None:  # (unpinned: too large for a copy on every GPU, too odd to shard)
+                raise SpecError(f"table {t.name}: no layout on {W} GPUs ({t.rows} rows, dim "
+                                f"{t.dim}): {_why_not('table_wise', t, W, env.gpus_per_node)}")
             raise SpecError(f"table {t.name}: no {pinned} layout on {W} GPUs ({t.rows} rows, dim "
                             f"{t.dim}): {_why_not(pinned, t, W, env.gpus_per_node)}")
         layouts_per_table.append(lays)
@@ -340,9 +369,15 @@ def _plan_tables(model, cluster, global_batch, dtype, engine, opts, solve_time_l
     wall = time.perf_counter() - t0
     if placed is None:
         need = model.table_bytes / 1e9
+        if opts.fix_sharding == "data_parallel":  # every GPU holds every table, in HBM
+            raise InfeasibleError(
+                f"sharding=data_parallel copies every table onto every GPU: {sum(held) / 1e9:.1f}"
+                f" GB with the optimizer state, more than the {cap / 1e9:.1f} GB each GPU has "
+                "free after the dense part (more GPUs do not help); pin another sharding or leave "
+                "sharding out", reason="out of memory")
         raise InfeasibleError(f"the tables ({need:.1f} GB) do not fit in {W} GPUs' memory "
-                              f"({cap * W / 1e9:.1f} GB free after the dense part) nor in host "
-                              "memory; add GPUs or allow the uvm_caching/host tiers",
+                              f"({cap * W / 1e9:.1f} GB free after the dense part) nor in the "
+                              "hosts' memory; add GPUs",
                               reason="out of memory")
     chosen = []
     for t, lays, o, ranks in zip(model.tables, layouts_per_table, placed.choice, placed.ranks):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 
 import torch
@@ -157,7 +158,8 @@ def is_recsys(model) -> bool:
 
 
 def find_tables(module: nn.Module) -> list:
-    """(name, rows, dim, feature names, pooled) of every table in ``module``."""
+    """(name, rows, dim, feature names, pooled, the collection's module path or '') of every
+    table in ``module``."""
     out, inside = [], set()
     for path, m in module.named_modules():
         if hasattr(m, "embedding_bag_configs") or hasattr(m, "embedding_configs"):
@@ -165,14 +167,14 @@ def find_tables(module: nn.Module) -> list:
             configs = m.embedding_bag_configs() if pooled else m.embedding_configs()
             for c in configs:
                 out.append((c.name, int(c.num_embeddings), int(c.embedding_dim),
-                            tuple(c.feature_names), pooled))
+                            tuple(c.feature_names), pooled, path))
             inside.update(p for p, _ in m.named_modules(prefix=path))
     for path, m in module.named_modules():
         if path in inside:
             continue
         if isinstance(m, (nn.EmbeddingBag, nn.Embedding)):
             out.append((path, int(m.num_embeddings), int(m.embedding_dim), (path,),
-                        isinstance(m, nn.EmbeddingBag)))
+                        isinstance(m, nn.EmbeddingBag), ""))
     return out
 
 
@@ -190,16 +192,44 @@ def read_table_stats(path: str) -> dict:
     if not isinstance(tables, dict):
         raise SpecError(f"{path}: expected a 'tables:' mapping of table name -> "
                         "{pooling, skew}")
+    return check_table_stats(tables, f"{path}: tables")
+
+
+def check_table_stats(tables, where: str = "tables") -> dict:
+    """``tables`` (name -> {pooling, skew, features}), each value checked (STAT_RULES);
+    SpecError naming the entry (``where``.name.key) otherwise."""
+    if not isinstance(tables, dict):
+        raise SpecError(f"{where}: expected a mapping of table name -> {{pooling, skew, "
+                        "features}")
     keys = ("pooling", "skew", "features")
     for name, stats in tables.items():
         if not isinstance(stats, dict):
-            raise SpecError(f"{path}: tables.{name}: expected a mapping with pooling, skew and/or "
+            raise SpecError(f"{where}.{name}: expected a mapping with pooling, skew and/or "
                             "features")
         unknown = sorted(set(stats) - set(keys))
         if unknown:
-            raise SpecError(f"{path}: tables.{name}.{unknown[0]}: unknown key; use "
-                            f"{', '.join(keys)}")
+            raise SpecError(f"{where}.{name}.{unknown[0]}: unknown key; use {', '.join(keys)}")
+        for key, value in stats.items():
+            _check_stat(f"{where}.{name}.{key}", key, value)
     return tables
+
+
+STAT_RULES = {"pooling": "a number of ids per sample and feature above 0, e.g. 1.5",
+              "skew": "a number from 0 (ids drawn uniformly) up to, not including, 1, e.g. 0.6",
+              "features": "a whole number of features above 0 looking the table up, e.g. 2"}
+"""What each statistic of a tables file takes, in the words of its error."""
+
+
+def _check_stat(where: str, key: str, value) -> None:
+    """SpecError unless ``value`` is what ``key`` takes (STAT_RULES): a number (not a list, text
+    or true/false), above 0 (skew: at or above), whole for features."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = number and math.isfinite(value) and (0 <= value < 1 if key == "skew" else value > 0) \
+        and (key != "features" or float(value).is_integer())
+    if not ok:
+        hint = " (one figure for all the table's features: their mean)" \
+            if isinstance(value, list) and key == "pooling" else ""
+        raise SpecError(f"{where}: expected {STAT_RULES[key]}, got {value!r}{hint}")
 
 
 def rec_model(model, *, batch: int = 1024, stats: dict | None = None,
@@ -226,13 +256,13 @@ def rec_model(model, *, batch: int = 1024, stats: dict | None = None,
                         f"{', '.join(sorted(known)[:6])}{', ...' if len(known) > 6 else ''}); "
                         "name the tables file's entries after the model's tables")
     tables = []
-    for i, (tname, rows, dim, feats, pooled) in enumerate(found):
+    for i, (tname, rows, dim, feats, pooled, holder) in enumerate(found):
         s = stats.get(tname, {})
         pool = entry.pooling[i] if entry is not None and entry.pooling else 1.0
         tables.append(Table(name=tname, rows=rows, dim=dim, pooling=float(s.get("pooling", pool)),
                             features=int(s.get("features", len(feats) or 1)),
                             skew=float(s.get("skew", 0.0)), pooled=pooled,
-                            feature_names=tuple(feats)))
+                            feature_names=tuple(feats), module=holder))
     guessed = [t.name for t in tables if "pooling" not in stats.get(t.name, {})]
     if entry is None and guessed:  # (the zoo's tables carry their published ids per sample)
         log.warning("%s: ids per sample of %s not given, 1 taken (a lookup's share of the step "

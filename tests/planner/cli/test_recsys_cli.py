@@ -181,6 +181,17 @@ def test_whatif_of_a_recommendation_model_varies_and_pins_its_sharding(capsys, t
     ("tables:\n  t_cat_0: {poolng: 3}\n", "tables.t_cat_0.poolng: unknown key; use pooling"),
     ("tabels:\n  t_cat_0: {pooling: 3}\n", "unknown key 'tabels'"),
     ("tables:\n  usr: {pooling: 3}\n", "tables.usr: not a table of the model (its tables: t_cat_0"),
+    # values that are not numbers (a new user's pooling: abc, skew: null and TorchRec's list of
+    # pooling factors ended in an internal error), or not in range
+    ("tables:\n  t_cat_0: {pooling: abc}\n",
+     "tables.t_cat_0.pooling: expected a number of ids per sample and feature above 0, e.g. 1.5, "
+     "got 'abc'"),
+    ("tables:\n  t_cat_0: {skew: null}\n", "tables.t_cat_0.skew: expected a number from 0"),
+    ("tables:\n  t_cat_0: {skew: 1.0}\n", "up to, not including, 1, e.g. 0.6, got 1.0"),
+    ("tables:\n  t_cat_0: {pooling: [1, 2]}\n", "got [1, 2] (one figure for all the table's "
+                                                 "features: their mean)"),
+    ("tables:\n  t_cat_0: {features: 2.5}\n", "tables.t_cat_0.features: expected a whole number"),
+    ("tables:\n  t_cat_0: {pooling: true}\n", "got True"),
 ])
 def test_a_tables_file_with_a_typo_names_the_key(capsys, tmp_path, text, words):
     tables = tmp_path / "t.yaml"

@@ -112,6 +112,39 @@ def test_a_model_not_from_the_zoo_is_told_to_set_its_module_path(caplog):
     assert "# - MODULE_PATH is 'sparse', where the zoo's models keep their tables" in text
 
 
+def test_the_module_path_is_where_the_model_keeps_its_collection(caplog):
+    """A model with its EmbeddingBagCollection at ``ebc``: the plan records the path and the
+    export writes it (a new user's export wrote 'sparse' and only warned)."""
+    pytest.importorskip("torchrec")
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    from planner.trace.recsys import rec_model
+
+    class Rec(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(
+                name=f"t{i}", embedding_dim=16, num_embeddings=100, feature_names=[f"f{i}"])
+                for i in range(2)], device=torch.device("meta"))
+            self.top = torch.nn.Linear(32, 1)
+
+    rec = rec_model(Rec(), stats={"t0": {"pooling": 1}, "t1": {"pooling": 1}})
+    assert {t.module for t in rec.tables} == {"ebc"}
+    plan = load_plan(PLAN)
+    plan.model["source"] = "factory"
+    for t in plan.embeddings["tables"]:
+        t["module"] = "ebc"
+    with caplog.at_level("WARNING", logger="planner.export"):
+        text = to_torchrec(plan)
+    assert "MODULE_PATH = 'ebc'" in text and "MODULE_PATH is 'sparse'" not in caplog.text
+    assert json.loads(to_torchrec_json(plan))["module_path"] == "ebc"
+    plan.embeddings["tables"][0]["module"] = "other"  # two collections: said
+    with caplog.at_level("WARNING", logger="planner.export"):
+        assert "MODULE_PATH = 'sparse'" in to_torchrec(plan)
+    assert "the tables are in 2 collections (ebc, other)" in caplog.text
+
+
 def test_the_export_begins_with_the_source_plan():
     plan = load_plan(PLAN)
     text = to_torchrec(plan)

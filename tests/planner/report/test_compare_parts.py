@@ -111,3 +111,21 @@ def test_stage_block_lists_keep_whole_names():
     assert compress_names(t5) == "encoder.block.0-1, decoder.block.0-1, +2 more"
     many = [f"tower{i}.head" for i in range(30)]  # no stacks: the first and last groups
     assert compress_names(many) == "tower0.head, +28 more, tower29.head"
+
+
+def test_recommendation_plans_differ_in_their_tables_optimizer_and_pipeline():
+    """A new user's two plans (SGD and the sparse-dist pipeline against Adam and none) read
+    'same configuration' in plan diff."""
+    import copy
+
+    from planner.planfile.document import load_plan
+    from planner.report.compare import compare, headline
+
+    a = load_plan("tests/golden/plans/dlrm-criteo-1tb.json")
+    b = copy.deepcopy(a)
+    b.embeddings.update(table_optimizer="adam", pipeline="none")
+    assert "table optimizer sgd -> adam, pipeline sparse-dist -> none" in headline(a, b)
+    rows = {(d.section, d.label): (d.a, d.b) for d in compare(a, b)}
+    assert rows["configuration", "table optimizer"] == ("sgd", "adam")
+    assert rows["configuration", "pipeline"] == ("sparse-dist", "none")
+    assert "same configuration" in headline(a, copy.deepcopy(a))

@@ -70,3 +70,45 @@ def test_a_pinned_sharding_no_table_can_take_says_why(kind, nodes, gpus, why):
         tp = plan_tables(model(), two, global_batch=1024,
                          opts=RecOptions(fix_sharding=kind, time_limit_s=1))
         assert tp.layouts[0].sharding == kind
+
+
+def _one(dim, rows=1000):
+    return dataclasses.replace(model(), tables=(Table("t", rows=rows, dim=dim),))
+
+
+def test_a_width_fbgemm_cannot_shard_stays_data_parallel_or_is_refused():
+    """FBGEMM's kernels under TorchRec's sharded tables need a multiple of 4 columns in every
+    piece (a new user's dim-6 table planned table-wise, and a dim-68 table cut column-wise into
+    two of 34, crashed at plan run)."""
+    cl = get_cluster("dgx-a100-40g", nodes=1, gpus_per_node=4)
+    tp = plan_tables(_one(6), cl, global_batch=1024, opts=RecOptions(time_limit_s=2))
+    assert tp.layouts[0].sharding == "data_parallel"
+    with pytest.raises(SpecError, match="its 6 columns are not a multiple of 4, which FBGEMM's "
+                                        "kernels .* need; widen it to 8 columns"):
+        plan_tables(_one(6), cl, global_batch=1024,
+                    opts=RecOptions(fix_sharding="table_wise", time_limit_s=1))
+    with pytest.raises(SpecError, match="no column_wise layout .* each a multiple of 4"):
+        plan_tables(_one(68), cl, global_batch=1024,
+                    opts=RecOptions(fix_sharding="column_wise", time_limit_s=1))
+    tp = plan_tables(_one(72), cl, global_batch=1024,  # 2 x 36
+                     opts=RecOptions(fix_sharding="column_wise", time_limit_s=1))
+    assert all(s.cols % 4 == 0 for s in tp.layouts[0].shards)
+    # too large for a copy on every GPU and too odd to shard: the width to pad it to
+    with pytest.raises(SpecError, match="table t: no layout on 4 GPUs .* widen it to 8"):
+        plan_tables(_one(6, rows=20_000_000), cl, global_batch=1024,
+                    opts=RecOptions(time_limit_s=1))
+
+
+def test_a_table_wise_pin_a_table_outgrows_one_gpu_under_takes_the_slower_tiers():
+    """Every table fits the GPUs together but one not a GPU alone: the pin keeps it whole, in
+    host memory or cached (a new user's pin was refused, 'add GPUs or allow the tiers')."""
+    cl = get_cluster("dgx-a100-40g", nodes=1, gpus_per_node=8)
+    big = dataclasses.replace(model(), tables=(Table("big", rows=120_000_000, dim=128),
+                                               Table("small", rows=1000, dim=128)))
+    tp = plan_tables(big, cl, global_batch=1024,
+                     opts=RecOptions(fix_sharding="table_wise", time_limit_s=2))
+    assert tp.layouts[0].sharding == "table_wise" and tp.layouts[0].tier != "hbm"
+    with pytest.raises(InfeasibleError, match=r"copies every table onto every GPU: .* \(more GPUs "
+                                              r"do not help\)"):
+        plan_tables(big, cl, global_batch=1024,
+                    opts=RecOptions(fix_sharding="data_parallel", time_limit_s=1))
