@@ -116,6 +116,12 @@ def _notes(plan: Plan, tabs: dict) -> list[str]:
         notes.append("pipeline sparse-dist: train with torchrec.distributed.train_pipeline."
                      "TrainPipelineSparseDist (the next batch's input distribution overlaps this "
                      "step), as the plan was priced")
+    elif emb.get("pipeline") == "nested":
+        notes.append("pipeline nested: the plan was priced with each batch's embedding exchange "
+                     "behind the dense part; TorchRec has no such pipeline, its nearest is "
+                     "torchrec.distributed.train_pipeline.train_pipelines.TrainPipelineSemiSync "
+                     "(a batch's embedding all-to-all behind the previous batch's forward, its "
+                     "lookups on weights a step older than planned)")
     elif emb.get("pipeline"):
         notes.append(f"pipeline {emb['pipeline']}: the plan was priced with this train pipeline; "
                      "choose TorchRec's matching one in your loop")

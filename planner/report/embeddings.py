@@ -25,6 +25,14 @@ def _host_us(p: Plan) -> float:
     return 1e6 * engine_from_mapping(p.training.get("engine")).host_op_s
 
 
+PIPELINE_WORDS = {"sparse-dist": "TorchRec's TrainPipelineSparseDist",
+                  "nested": "a nested pipeline (NestPipe-style: the embedding exchange behind the "
+                            "dense part; TorchRec's nearest: TrainPipelineSemiSync, on weights a "
+                            "step older)",
+                  "none": "no train pipeline (each step's parts one after another)"}
+"""The train pipeline a plan was priced with, in words (TorchRec has no nested pipeline)."""
+
+
 def embeddings_summary(p: Plan, max_tables: int = 30) -> list[str]:
     e = p.embeddings
     bd = e.get("breakdown", {})
@@ -32,7 +40,8 @@ def embeddings_summary(p: Plan, max_tables: int = 30) -> list[str]:
     out = [f"  tables      {len(e['tables'])} tables over {e['world_size']} ranks, local batch "
            f"{e['local_batch']}, {e['table_optimizer']} fused in the backward, pipeline "
            f"{e['pipeline']}",
-           f"  software    {p.training['dtype']}; TorchRec's {e['pipeline']} pipeline, FBGEMM's "
+           f"  software    {p.training['dtype']}; "
+           f"{PIPELINE_WORDS.get(e['pipeline'], e['pipeline'] + ' pipeline')}, FBGEMM's "
            f"fused table kernels, {_host_us(p):.3g} us of host time per op",
            f"  step time   {step:.4g} s = max(host {bd.get('host_s', 0):.3g} s, device "
            f"{bd.get('device_s', 0):.3g} s); {p.predicted['samples_per_s']:,.0f} samples/s"]

@@ -15,7 +15,9 @@ priced from its FLOP count, data-parallel (``dense_times``). The tables are shar
 Pipelines (``pipeline``): ``sparse-dist`` (TorchRec's TrainPipelineSparseDist: the ids of the next
 batch are distributed while this one computes, so the input distribution hides behind the step);
 ``nested`` (NestPipe-style: the embedding exchange of the next batch also runs behind this batch's
-dense compute, so sparse and dense overlap: max instead of sum); ``none`` (everything in sequence).
+dense compute: each rank's lookups, then the longer of its exchange and the dense part; the
+lookups share the GPU with the dense kernels and are not hidden); ``none`` (everything in
+sequence).
 """
 
 from __future__ import annotations
@@ -467,8 +469,9 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
         optimizer = part.optimizer_s
     ids = emb.input_dist_bytes(model.tables, env)
     input_s = (emb.comm_s(ids * share, ids * (1 - share), ids, env) / 2) if W > 1 else 0.0
-    if opts.pipeline == "nested":
-        device = max(sparse, compute) + exposed + max(0.0, input_s - compute)
+    if opts.pipeline == "nested":  # each rank's exchange behind the dense part, not its lookups
+        device = max(p["lookup_s"] + max(p["comm_s"], compute) for p in per_rank) + exposed \
+            + max(0.0, input_s - compute)
     elif opts.pipeline == "sparse-dist":
         device = sparse + compute + exposed + max(0.0, input_s - (sparse + compute))
     else:
@@ -476,8 +479,9 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
     device += optimizer
     host = engine.host_op_s * host_ops(model, chosen)
     step = max(device, host)
-    for p in per_rank:
-        p["time_s"] = p["sparse_s"] + compute + exposed + optimizer
+    for p in per_rank:  # (as the step: nested hides the exchange behind the dense part)
+        p["time_s"] = (p["lookup_s"] + max(p["comm_s"], compute) if opts.pipeline == "nested"
+                       else p["sparse_s"] + compute) + exposed + optimizer
     breakdown = {"lookup_s": max(p["lookup_s"] for p in per_rank),
                  "embedding_comm_s": max(p["comm_s"] for p in per_rank),
                  "dense_compute_s": compute, "grad_allreduce_s": grads,
