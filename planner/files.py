@@ -78,9 +78,9 @@ def read_json_object(path: str, *, what: str, missing_hint: str = "") -> dict:
     return data
 
 
-def read_yaml(path: str, *, what: str):
+def read_yaml(path: str, *, what: str, missing_hint: str = ""):
     """The parsed YAML in ``path``; SpecError naming ``what`` (the field) when the file is missing
-    or unreadable, and the file and line when it is not YAML."""
+    (with ``missing_hint``, the fix) or unreadable, and the file and line when it is not YAML."""
     import yaml  # lazy: only reading a YAML file needs it
 
     path = as_path(path, what)
@@ -88,7 +88,8 @@ def read_yaml(path: str, *, what: str):
         with open(path, encoding="utf-8") as f:
             return yaml.load(f, Loader=_unique_keys_loader())
     except FileNotFoundError:
-        raise SpecError(f"{what}: file '{path}' not found") from None
+        raise SpecError(f"{what}: file '{path}' not found" + (f"; {missing_hint}" if missing_hint
+                                                               else "")) from None
     except IsADirectoryError:
         raise SpecError(f"{what}: '{path}' is a folder, not a YAML file") from None
     except _DuplicateKey as exc:

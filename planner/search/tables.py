@@ -96,7 +96,7 @@ class RecOptions:
             raise SpecError(f"pipeline: expected one of {', '.join(PIPELINES)}, got "
                             f"{self.pipeline!r}")
         if self.optimizer not in emb.OPTIMIZERS:
-            raise SpecError(f"optimizer: expected one of {', '.join(emb.OPTIMIZERS)} for "
+            raise SpecError(f"table_optimizer: expected one of {', '.join(emb.OPTIMIZERS)} for "
                             f"embedding tables, got {self.optimizer!r}")
         if self.fix_sharding is not None and self.fix_sharding not in emb.SHARDING_TYPES:
             raise SpecError(f"sharding: expected one of {', '.join(emb.SHARDING_TYPES)}, got "

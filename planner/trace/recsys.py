@@ -182,7 +182,9 @@ def read_table_stats(path: str) -> dict:
     """The ``tables:`` mapping of a tables YAML: name -> {pooling, skew, features}."""
     from planner.files import read_yaml  # lazy: keeps this module's imports to torch
 
-    doc = read_yaml(path, what="tables file")
+    doc = read_yaml(path, what="tables file", missing_hint=(
+        "give the path of a YAML of 'tables:' name -> {pooling, skew, features}, or leave "
+        "--tables out for the zoo's statistics (or MODEL.tables.yaml beside a factory)"))
     doc = doc if isinstance(doc, dict) else {}
     tables = doc.get("tables")
     extra = sorted(set(doc) - {"tables"})

@@ -200,3 +200,17 @@ def test_a_tables_file_with_a_typo_names_the_key(capsys, tmp_path, text, words):
                        "--global-batch", "8192", "--tables", str(tables))
     errors = [line for line in err.splitlines() if line.startswith("plan: error")]
     assert code == 2 and len(errors) == 1 and words in errors[0], err
+
+
+def test_a_missing_tables_file_and_a_misspelled_table_optimizer_say_the_fix(capsys, tmp_path):
+    base = ("solve", "two-tower", "--cluster", "dgx-a100-40g", "--nodes", "1", "--global-batch",
+            "8192")
+    code, _, err = run(capsys, *base, "--tables", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "tables file: file" in err and "not found; give the path of a YAML of " \
+        "'tables:' name -> {pooling, skew, features}, or leave --tables out" in err
+    code, _, err = run(capsys, *base, "--table-optimizer", "adagrad")
+    assert code == 0, err
+    import planner
+    with pytest.raises(planner.SpecError, match="^table_optimizer: expected one of"):
+        planner.plan("two-tower", cluster="dgx-a100-40g", nodes=1, global_batch=8192,
+                     table_optimizer="adagard")
