@@ -262,11 +262,15 @@ def plan_inputs(plan, *, schedule_name: str, vpp: int = 1) -> StageTimes:
             raise SpecError(f"stages[].predicted.{key}: missing from this plan; solve it again "
                             "with this version of the planner")
     pred = [st["predicted"] for st in stages]
-    tp_fwd = pipeline.forward_comm_share(plan.parallel.get("recompute", "none"))
+    share = pipeline.forward_comm_share(plan.parallel.get("recompute", "none"))
     split = schedule_name in SPLIT_BACKWARD
-    inside = [s["tp_comm_s"] + s.get("cp_comm_s", 0.0) + s.get("ep_comm_s", 0.0) for s in pred]
-    cols = [[s["fwd_s"] + tp_fwd * c for s, c in zip(pred, inside)],
-            [s["bwd_s"] + s["recompute_s"] + (1 - tp_fwd) * c for s, c in zip(pred, inside)],
+    # tensor parallelism's collectives split between the passes as the plan records them (by
+    # the share in plans made before it did); the K/V exchange and expert dispatch by the share
+    tp_f = [s.get("tp_fwd_comm_s", share * s["tp_comm_s"]) for s in pred]
+    other = [s.get("cp_comm_s", 0.0) + s.get("ep_comm_s", 0.0) for s in pred]
+    cols = [[s["fwd_s"] + f + share * c for s, f, c in zip(pred, tp_f, other)],
+            [s["bwd_s"] + s["recompute_s"] + s["tp_comm_s"] - f + (1 - share) * c
+             for s, f, c in zip(pred, tp_f, other)],
             [s.get("wgrad_s", 0.5 * s["bwd_s"]) if split else 0.0 for s in pred],
             [s["activation_bytes_per_microbatch"] for s in pred]]
     cuts, prev = [], 0.0

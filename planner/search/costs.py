@@ -130,6 +130,24 @@ class BlockCosts:
     EngineSpec.moe_shared_overlap hides the forward's dispatch and combine behind."""
     shared_bwd_s: np.ndarray | None = None
     """... and in its backward."""
+    tp_fwd_comm_s: np.ndarray | None = None
+    """The part of ``tp_comm_s`` in the forward pass (its collectives once; a replay under
+    full recomputation runs in the backward): what a pipeline schedule puts in F."""
+    tp_wgrad_hidden_s: np.ndarray | None = None
+    """Of the input gradients' collectives, the seconds ``tp_comm_s`` hides behind the
+    weight-gradient GEMMs (EngineSpec.tp_grad_overlap): exposed again where a schedule runs
+    those GEMMs apart (ZB-H1's W; tp_comm_for)."""
+
+    def tp_comm_for(self, schedule: str) -> np.ndarray:
+        """``tp_comm_s`` under ``schedule``: with the weight gradients run apart (ZB-H1),
+        nothing hides behind them."""
+        if schedule == "zb-h1" and self.tp_wgrad_hidden_s is not None:
+            return self.tp_comm_s + self.tp_wgrad_hidden_s
+        return self.tp_comm_s
+
+    def tp_fwd_for(self) -> np.ndarray:
+        """The forward pass's part of ``tp_comm_s`` (half where not recorded)."""
+        return self.tp_fwd_comm_s if self.tp_fwd_comm_s is not None else self.tp_comm_s / 2
 
     @property
     def backward_pass_s(self) -> np.ndarray:
@@ -297,32 +315,8 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     bt = [under[ma.same[i], policy] for i, policy in enumerate(policies)]
     group = placement.group_shape(tp, 1, cluster.gpus_per_node)
     share = micro_batch / cp  # samples' worth of tokens on this GPU
-    tp_bytes = share * (fwd_repeats * w.tp_fwd_bytes + w.tp_bwd_bytes)
-    count = w.tp_collectives * (2 if sp else 1)  # sp: reduce-scatter + all-gather per all-reduce
-    slowdown = cluster.device.overlap_slowdown
-    if engine.tp_overlap and sp and tp > 1:  # pipelined with the GEMMs (EngineSpec.tp_overlap)
-        window = vec([t.fwd_s + t.bwd_s + t.recompute_s - t.attn_fwd_s - t.attn_bwd_s
-                      for t in bt])
-        tp_s = comm.beside_compute_s(vec(comm.allreduce_s(tp_bytes, group, cluster, count=count)),
-                                     window, slowdown)
-    elif engine.tp_grad_overlap and tp > 1:  # backward beside the column GEMMs (EngineSpec)
-        tp_s = vec(comm.allreduce_s(share * fwd_repeats * w.tp_fwd_bytes, group, cluster,
-                                    count=count / 2))
-        back, half = share * w.tp_bwd_bytes, count / 2
-        dgrad, wgrad = vec([t.tp_col_dgrad_s for t in bt]), vec([t.tp_col_wgrad_s for t in bt])
-        if sp:  # the row-parallel gradients' all-gather exposed; the column-parallel inputs
-            # all-gathered again beside their input gradients, those reduce-scattered beside the
-            # weight gradients
-            tp_s = tp_s + comm.allgather_s(back, group, cluster, count=half / 2) \
-                + comm.beside_compute_s(comm.allgather_s(back, group, cluster, count=half / 2),
-                                        dgrad, slowdown) \
-                + comm.beside_compute_s(comm.reduce_scatter_s(back, group, cluster,
-                                                              count=half / 2), wgrad, slowdown)
-        else:
-            tp_s = tp_s + comm.beside_compute_s(comm.allreduce_s(back, group, cluster,
-                                                                 count=half), wgrad, slowdown)
-    else:
-        tp_s = comm.allreduce_s(tp_bytes, group, cluster, count=count)
+    tp_s, tp_fwd, tp_hidden = tp_comm_s(w, bt, engine, group, cluster, share=share, sp=sp,
+                                        tp=tp, fwd_repeats=fwd_repeats)
     local = vec(w.params_tp / tp + w.params_rep - w.expert_params + w.expert_params / (ep * etp))
     frozen = vec(w.frozen_params_tp / tp + w.frozen_params_rep - w.frozen_expert_params
                  + w.frozen_expert_params / (ep * etp))
@@ -365,6 +359,7 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
         wgrad_s=vec([t.wgrad_s for t in bt]),
         shared_fwd_s=vec([t.shared_fwd_s for t in bt]),
         shared_bwd_s=vec([t.shared_bwd_s for t in bt]),
+        tp_fwd_comm_s=vec(tp_fwd), tp_wgrad_hidden_s=vec(tp_hidden),
         expert_params_local=vec(w.expert_params / (ep * etp)),
         frozen_local=frozen,
         frozen_expert_local=vec(w.frozen_expert_params / (ep * etp)),
@@ -440,6 +435,66 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
     if memo_key:
         ma.dispatch_memo[memo_key] = (cluster, out.copy())
     return out
+
+
+def tp_comm_s(w, bt, engine, group, cluster: Cluster, *, share: float, sp: bool, tp: int,
+              fwd_repeats: int) -> tuple:
+    """Per block (arrays over blocks of the model's ``w``, BlockWork columns, and ``bt``, its
+    BlockTimes): tensor parallelism's collectives a micro-batch exposes, the forward pass's part
+    of them, and what of them hides behind the weight-gradient GEMMs.
+
+    Forward: the row-parallel outputs' all-reduces (under sequence parallelism an all-gather and
+    a reduce-scatter each), again in the backward under a recomputation replaying them
+    (``fwd_repeats``). Backward, only in blocks that run one: the column-parallel inputs'
+    gradients, exposed; or with EngineSpec.tp_grad_overlap beside the weight-gradient GEMMs, and
+    under sequence parallelism the row-parallel gradients' all-gather exposed and the inputs of
+    trained column-parallel weights all-gathered again beside their input-gradient GEMMs; or with
+    EngineSpec.tp_overlap (under sequence parallelism) all of it, the second all-gather too,
+    beside the block's compute outside attention. A block whose collectives run in forward only
+    (an embedding's) has its count of latencies there."""
+    slowdown = cluster.device.overlap_slowdown
+    runs = w.runs_backward
+    count = w.tp_collectives * (2 if sp else 1)  # sp: reduce-scatter + all-gather per all-reduce
+    fwd_count = np.where(w.tp_bwd_bytes > 0, count / 2, count)
+    bwd_count = (count - fwd_count) * runs
+    fwd_b, bwd_b = share * w.tp_fwd_bytes, share * w.tp_bwd_bytes * runs
+    fwd_s = comm.allreduce_s(fwd_b, group, cluster, count=fwd_count)
+    zero = np.zeros(len(fwd_b))
+    if tp <= 1:
+        return zero, zero, zero
+    dgrad = np.array([t.tp_col_dgrad_s for t in bt])
+    wgrad = np.array([t.tp_col_wgrad_s for t in bt])
+    trained = wgrad > 0  # (frozen column weights: their inputs are not gathered again)
+    grad_overlap = engine.tp_grad_overlap
+    if engine.tp_overlap and sp:  # pipelined with the GEMMs (EngineSpec.tp_overlap)
+        window = np.array([t.fwd_s + t.bwd_s + t.recompute_s - t.attn_fwd_s - t.attn_bwd_s
+                           for t in bt])
+        total = comm.allreduce_s(fwd_repeats * fwd_b + bwd_b, group, cluster,
+                                 count=fwd_repeats * fwd_count + bwd_count)
+        if grad_overlap:  # (Megatron-Core's second all-gather, beside compute with the rest)
+            total = total + np.where(trained, comm.allgather_s(bwd_b, group, cluster,
+                                                               count=bwd_count / 2), 0.0)
+        out = comm.beside_compute_s(total, window, slowdown)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fwd = np.where(total > 0, out * fwd_s / total, 0.0)
+        return out, fwd, zero
+    if not grad_overlap:
+        out = comm.allreduce_s(fwd_repeats * fwd_b + bwd_b, group, cluster,
+                               count=fwd_repeats * fwd_count + bwd_count)
+        return out, fwd_s, zero
+    replay = (fwd_repeats - 1) * fwd_s  # (recomputation's forward collectives, in backward)
+    if sp:  # the row-parallel gradients' all-gather exposed; the column-parallel inputs
+        # all-gathered again beside their input gradients, those reduce-scattered beside the
+        # weight gradients
+        exposed = comm.allgather_s(bwd_b, group, cluster, count=bwd_count / 2)
+        regather = np.where(trained, comm.beside_compute_s(
+            comm.allgather_s(bwd_b, group, cluster, count=bwd_count / 2), dgrad, slowdown), 0.0)
+        full = comm.reduce_scatter_s(bwd_b, group, cluster, count=bwd_count / 2)
+    else:
+        exposed = regather = zero
+        full = comm.allreduce_s(bwd_b, group, cluster, count=bwd_count)
+    beside = comm.beside_compute_s(full, wgrad, slowdown)
+    return fwd_s + replay + exposed + regather + beside, fwd_s, full - beside
 
 
 def config_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,

@@ -60,6 +60,13 @@ class StageEstimate:
     dtensor_params: float = 0.0
     """Parameter tensors of the rank that the runtime makes DTensors (tensor-parallel ones; all
     of them under data parallelism, which FSDP2 wraps)."""
+    tp_fwd_comm_s: float | None = None
+    """The forward pass's part of ``tp_comm_s`` (BlockCosts.tp_fwd_comm_s); None: half."""
+
+    @property
+    def tp_forward_s(self) -> float:
+        """``tp_fwd_comm_s``, or half of ``tp_comm_s`` where not recorded."""
+        return self.tp_comm_s / 2 if self.tp_fwd_comm_s is None else self.tp_fwd_comm_s
     group: str = ""
     """Device group running it (heterogeneous clusters)."""
     ranks: list[int] = field(default_factory=list)
@@ -138,7 +145,9 @@ class Split:
         m = cfg.num_microbatches  # gradients accumulate after every micro-batch but the first
         self.compute_s = self.per_chunk(costs.compute_s + costs.recompute_s
                                         + (m - 1) / m * costs.accumulate_s)
-        self.tp_s, self.fwd_s = self.per_chunk(costs.tp_comm_s), self.per_chunk(costs.fwd_s)
+        self.tp_s, self.fwd_s = (self.per_chunk(costs.tp_comm_for(cfg.schedule)),
+                                 self.per_chunk(costs.fwd_s))
+        self.tp_fwd = self.per_chunk(costs.tp_fwd_for())
         self.rc_s, self.act = self.per_chunk(costs.recompute_s), self.per_chunk(costs.act_bytes)
         self.cp_s = self.per_chunk(costs.cp_comm_s)
         self.wgrad_s = self.per_chunk(costs.weight_grad_s(m))
@@ -182,7 +191,7 @@ class Split:
         fwd, wgrad = None, 0.0
         if cfg.vpp == 1 and cfg.schedule in ("1f1b", "zb-h1"):
             share = pipeline.forward_comm_share(cfg.recompute)
-            fwd = rank_totals(self.fwd_s + share * (self.tp_s + self.cp_s), pp).tolist()
+            fwd = rank_totals(self.fwd_s + self.tp_fwd + share * self.cp_s, pp).tolist()
             if cfg.schedule == "zb-h1":
                 wgrad = rank_totals(self.wgrad_s, pp).tolist()
         pipe_s = pipeline.step_time_s(time_s, microbatches=m, schedule=cfg.schedule, vpp=cfg.vpp,
@@ -210,7 +219,7 @@ class Split:
         time_s = self.compute_s + self.tp_s + p2p_s + self.cp_s + ep_s  # StageEstimate.time_s
         step_s, breakdown = closed_form(cfg, time_s, self.compute_s, self.fwd_s, self.wgrad_s,
                                         self.tp_s, p2p_s, self.cp_s, ep_s, dp_s, opt_s, excess,
-                                        cut_s=cut_s)
+                                        cut_s=cut_s, tp_fwd_s=self.tp_fwd)
         return Placed(cfg=cfg, p2p_s=p2p_s, cut_s=cut_s, ep_s=ep_s, step_time_s=step_s,
                       breakdown=breakdown, excess=excess)
 
@@ -291,14 +300,16 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float]) -> l
 
     m = cfg.num_microbatches  # as Split: accumulation after every micro-batch but the first
     compute_s = per_chunk(costs.compute_s + costs.recompute_s + (m - 1) / m * costs.accumulate_s)
-    tp_s, fwd_s, rc_s = per_chunk(costs.tp_comm_s), per_chunk(costs.fwd_s), per_chunk(
-        costs.recompute_s)
+    tp_s, fwd_s, rc_s = per_chunk(costs.tp_comm_for(cfg.schedule)), per_chunk(costs.fwd_s), \
+        per_chunk(costs.recompute_s)
+    tp_fwd = per_chunk(costs.tp_fwd_for())
     act, cp_s = per_chunk(costs.act_bytes), per_chunk(costs.cp_comm_s)
     wgrad_s = per_chunk(costs.weight_grad_s(m))
     return [StageEstimate(index=c, rank=c % cfg.pp, blocks=ma.names[a:b], compute_s=compute_s[c],
                           tp_comm_s=tp_s[c], p2p_s=p2p_out[c], params=0.0, in_flight=0.0,
                           fwd_s=fwd_s[c], recompute_s=rc_s[c], act_bytes=act[c],
-                          cp_comm_s=cp_s[c], ep_comm_s=0.0, wgrad_s=wgrad_s[c])
+                          cp_comm_s=cp_s[c], ep_comm_s=0.0, wgrad_s=wgrad_s[c],
+                          tp_fwd_comm_s=tp_fwd[c])
             for c, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
@@ -339,7 +350,8 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
     step_s, breakdown = closed_form(cfg, arr("time_s"), arr("compute_s"), arr("fwd_s"),
                                     arr("wgrad_s"), arr("tp_comm_s"), arr("p2p_s"), arr("cp_comm_s"),
                                     arr("ep_comm_s"), dp_s, opt_s, excess,
-                                    cut_s=np.asarray(cut_p2p, dtype=float))
+                                    cut_s=np.asarray(cut_p2p, dtype=float),
+                                    tp_fwd_s=np.array([st.tp_forward_s for st in stages]))
     model_flops, hardware_flops = step_flops(ma, cfg, training)
     return Estimate(config=cfg, stages=stages, step_time_s=step_s, breakdown=breakdown,
                     straggler_excess=excess, peak_memory_bytes=max(r["total"] for r in ranks),
@@ -348,7 +360,7 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
 
 def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_s, ep_s,
                 dp_s: float, opt_s: float, excess: float,
-                cut_s: np.ndarray | None = None) -> tuple[float, dict]:
+                cut_s: np.ndarray | None = None, tp_fwd_s=None) -> tuple[float, dict]:
     """(step seconds, breakdown along the slowest rank) from per-chunk arrays (``time_s``: each
     chunk's StageEstimate.time_s) and the step's data-parallel and optimizer seconds.
 
@@ -365,7 +377,8 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_
     times the plans the search keeps, overlaps sends with other passes' compute and queues them
     on their links, and exposes at least that much: this closed form stays at or below it where
     the sends are concerned, so that the search re-times every configuration that could beat the
-    best simulated one (loop._retime)."""
+    best simulated one (loop._retime). ``tp_fwd_s``: per chunk, the forward pass's part of
+    ``tp_s`` (half where not given)."""
     pp, m = cfg.pp, cfg.num_microbatches
     time_s = time_s - p2p_s
     rank_time = rank_totals(time_s, pp)
@@ -378,7 +391,8 @@ def closed_form(cfg: Config, time_s, compute_s, fwd_s, wgrad_s, tp_s, p2p_s, cp_
     if cfg.vpp == 1 and cfg.schedule in ("1f1b", "zb-h1"):  # rank by rank, each rank's forward
         # (and ZB-H1's weight gradients) as the simulation splits them (refine.simulated)
         share = pipeline.forward_comm_share(cfg.recompute)
-        fwd = rank_totals(fwd_s + share * (tp_s + cp_s + ep_s), pp).tolist()
+        tp_f = tp_s / 2 if tp_fwd_s is None else tp_fwd_s
+        fwd = rank_totals(fwd_s + tp_f + share * (cp_s + ep_s), pp).tolist()
         if cfg.schedule == "zb-h1":
             wgrad = rank_totals(wgrad_s, pp).tolist()
     pipe_s = pipeline.step_time_s(rank_time.tolist(), microbatches=m, schedule=cfg.schedule,
@@ -539,10 +553,10 @@ class RankMemory:
         self.params = held(costs.params_local)
         self.expert_params = rank_sums(np.add.reduceat(costs.expert_params_local, starts), pp)
         self.frozen = held(costs.frozen_local, lambda i, j, frozen: frozen)
+        """Of ``params``, those not trained (weights only: no gradient, traffic or update)."""
         self.ties = [(int(owner[i]), int(owner[j]), n / cfg.tp if split else n)
                      for i, j, n, split, frozen in ma.shared if owner[i] != owner[j] and not frozen]
         """Trained tied weights read on two ranks: (rank, other rank, parameters each holds)."""
-        """Of ``params``, those not trained (weights only: no gradient, traffic or update)."""
         self.frozen_experts = rank_sums(np.add.reduceat(costs.frozen_expert_local, starts), pp)
         """Of ``expert_params``, those not trained."""
         # (a tie is gathered for a backward if either reader runs one)

@@ -103,12 +103,15 @@ def simulated(est: Estimate, training: TrainingSpec, runs: dict | None = None) -
     are simulated once."""
     cfg = est.config
     m = cfg.num_microbatches
-    # collectives inside a chunk (tp all-reduces, cp K/V exchange, expert dispatch)
-    tp_fwd = pipeline.forward_comm_share(cfg.recompute)
-    fwd = [st.fwd_s + tp_fwd * _inside_comm_s(st) for st in est.stages]
+    # collectives inside a chunk: tensor parallelism's as the pricing split them between the
+    # passes (StageEstimate.tp_fwd_comm_s); cp K/V exchange and expert dispatch by the share
+    share = pipeline.forward_comm_share(cfg.recompute)
+    fwd = [st.fwd_s + st.tp_forward_s + share * (st.cp_comm_s + st.ep_comm_s)
+           for st in est.stages]
     split = cfg.schedule in SPLIT_BACKWARD
     wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]
-    bwd = [st.compute_s - st.fwd_s + (1 - tp_fwd) * _inside_comm_s(st) - w
+    bwd = [st.compute_s - st.fwd_s + st.tp_comm_s - st.tp_forward_s
+           + (1 - share) * (st.cp_comm_s + st.ep_comm_s) - w
            for st, w in zip(est.stages, wgrad)]
     act = [st.act_bytes for st in est.stages]
     sim_key = pipeline_key(est) if runs is not None else None
