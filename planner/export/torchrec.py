@@ -43,8 +43,8 @@ DEFAULT_MODULE_PATH = "sparse"
 def module_path(plan: Plan) -> str:
     """The path of the EmbeddingBagCollection the plan's tables are in, as the plan records it
     (tables.module), where they share one; else DEFAULT_MODULE_PATH."""
-    paths = {t.get("module", "") for t in plan.embeddings["tables"]}
-    return paths.pop() if len(paths) == 1 and "" not in paths else DEFAULT_MODULE_PATH
+    named = {t.get("module", "") for t in plan.embeddings["tables"]} - {""}
+    return named.pop() if len(named) == 1 else DEFAULT_MODULE_PATH
 
 log = logging.getLogger("planner.export")
 
@@ -132,6 +132,12 @@ def _notes(plan: Plan, tabs: dict) -> list[str]:
     if any("cache_load_factor" in t for t in tabs.values()):
         notes.append("fused_uvm_caching tables: the plan's cache ratio is CacheParams(load_factor)")
     paths = sorted({t.get("module", "") for t in emb["tables"]} - {""})
+    apart = [t["name"] for t in emb["tables"] if not t.get("module")]
+    if paths and apart:  # (some tables in a collection, some modules of their own)
+        notes.append(f"{len(apart)} table(s) ({', '.join(apart[:3])}"
+                     f"{', ...' if len(apart) > 3 else ''}) are modules of their own, not in "
+                     f"{' or '.join(paths)}: TorchRec shards EmbeddingBagCollections; put them "
+                     "into one before DistributedModelParallel")
     if len(paths) > 1:
         notes.append(f"the tables are in {len(paths)} collections ({', '.join(paths)}): "
                      f"MODULE_PATH is {DEFAULT_MODULE_PATH!r}; shard each with its own tables "

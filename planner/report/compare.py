@@ -57,7 +57,8 @@ def engine_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
             and not (dense and _experts_only(k)) and k not in idle]
 
 
-IDLE_UNLESS = {"cp_ring": "cp", "moe_etp_replicated": "etp", "tp_overlap": "tp"}
+IDLE_UNLESS = {"cp_ring": "cp", "moe_etp_replicated": "etp", "tp_overlap": "tp",
+               "tp_grad_overlap": "tp"}
 """Engine settings that price nothing unless a degree is above 1 in one of the plans: whose
 ring runs context parallelism (cp), how experts' activations are kept under expert tensor
 parallelism (etp), whether tensor-parallel collectives run beside their GEMMs (tp)."""

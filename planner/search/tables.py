@@ -364,6 +364,9 @@ def _plan_tables(model, cluster, global_batch, dtype, engine, opts, solve_time_l
                       host_base_s=engine.host_op_s * (3 * model.dense_ops + HOST_OPS_COMMON),
                       dense_s=(part.device_s if part is not None
                                else _dense_device_s(model, cluster, env, dtype, engine)),
+                      dense_compute_s=(part.compute_s if part is not None
+                                       else _dense_compute_s(model, cluster, env, dtype, engine)),
+                      comm_latency_s=exchange_latency_s(cluster, W),
                       overlap_dense=opts.pipeline == "nested")
     t0 = time.perf_counter()
     limit = opts.time_limit_s if solve_time_limit_s is None else solve_time_limit_s
@@ -396,6 +399,23 @@ def _dense_mem(model: RecModel, env: RecEnv, opts: RecOptions, part: DensePart |
     if part is not None:
         return part.memory_bytes
     return dense_memory(model, env, 0 if opts.optimizer == "sgd" else 1)
+
+
+def _dense_compute_s(model: RecModel, cluster: Cluster, env: RecEnv, dtype: str,
+                     engine: EngineSpec) -> float:
+    """The dense forward and backward (FLOP-count pricing), which a nested pipeline's exchange
+    runs beside."""
+    dense = dense_times(model, cluster, env, dtype, engine)
+    return dense["fwd_s"] + dense["bwd_s"]
+
+
+def exchange_latency_s(cluster: Cluster, W: int) -> float:
+    """The latency of a rank's embedding exchange, forward and backward: the intra-node link's,
+    and the inter-node one's where the ranks span nodes."""
+    if W <= 1:
+        return 0.0
+    return 2 * (cluster.intra_node.latency_s + (cluster.inter_node.latency_s
+                                                if W > cluster.gpus_per_node else 0.0))
 
 
 def _dense_device_s(model: RecModel, cluster: Cluster, env: RecEnv, dtype: str,
@@ -435,9 +455,7 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
     recv_i = 2 * recv * (W - 1) / W * share / env.intra_bytes_per_s if W > 1 else 0.0
     recv_x = (2 * recv * (W - 1) / W * (1 - share) / env.inter_bytes_per_s
               if W > cluster.gpus_per_node else 0.0)
-    lat = (2 * (cluster.intra_node.latency_s + (cluster.inter_node.latency_s
-                                                 if W > cluster.gpus_per_node else 0.0))
-           if W > 1 else 0.0)
+    lat = exchange_latency_s(cluster, W)
     per_rank = []
     for r, ld in enumerate(loads):
         comm = max(ld.si, recv_i - ld.ri, ld.sx, recv_x - ld.rx) + lat

@@ -89,17 +89,30 @@ class Problem:
     host_base_s: float = 0.0
     """Host seconds of the step that no choice changes (the dense part's ops, the loss, ...)."""
     dense_s: float = 0.0
-    """Device seconds of the step besides the sparse part (the dense forward and backward)."""
+    """Device seconds of the step besides the sparse part (the dense forward and backward, its
+    exposed gradient reduction and optimizer step)."""
     overlap_dense: bool = False
-    """The embedding exchange runs behind the dense part (nested pipelines): each rank's
-    lookups, then the longer of its exchange and the dense part (rank_time), not their sum;
+    """The embedding exchange runs behind the dense compute (nested pipelines): each rank's
+    lookups, then the longer of its exchange and the dense compute (rank_time), not their sum;
     the lookups share the GPU with the dense part and stay apart."""
+    dense_compute_s: float | None = None
+    """Of ``dense_s``, the dense forward and backward, which a nested pipeline's exchange runs
+    beside (the rest, the reduction's exposed tail and the optimizer, after both); None: all of
+    ``dense_s``."""
+    comm_latency_s: float = 0.0
+    """Latency every rank's exchange pays (both tiers' where the ranks span nodes)."""
+
+    @property
+    def beside_s(self) -> float:
+        """The dense seconds a nested pipeline's exchange runs beside."""
+        return self.dense_s if self.dense_compute_s is None else self.dense_compute_s
 
     def step_s(self, sparse_s: float, global_s: float, host_s: float) -> float:
         """The step the objective minimizes: the host issuing the ops, or the device running
         them, whichever is longer (``sparse_s``: the slowest rank_time, the dense part within
         it where nested)."""
-        device = sparse_s if self.overlap_dense else sparse_s + self.dense_s
+        device = sparse_s + self.dense_s - self.beside_s if self.overlap_dense \
+            else sparse_s + self.dense_s
         return max(self.host_base_s + host_s, device + global_s)
 
 
@@ -138,9 +151,10 @@ def evaluate(problem: Problem, choice: list, ranks: list) -> tuple:
 def rank_time(problem: Problem, ld: Load) -> float:
     """A rank's sparse seconds: its lookups and its exchange (with a nested pipeline the
     exchange and the dense part at once, the longer counting)."""
-    comm = max(ld.si, problem.recv_intra_s - ld.ri, ld.sx, problem.recv_inter_s - ld.rx)
+    comm = max(ld.si, problem.recv_intra_s - ld.ri, ld.sx, problem.recv_inter_s - ld.rx) \
+        + problem.comm_latency_s
     if problem.overlap_dense:
-        comm = max(comm, problem.dense_s)
+        comm = max(comm, problem.beside_s)
     return problem.base_s + ld.time + comm
 
 
@@ -298,7 +312,8 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
                 m.add_implication(x[t][o], group_used[opt.group])
     horizon = int(sum(max(_units("time", f.time) for f in [Load()] + list(o.fixed.values()) + o.pieces)
                       * (1 + len(o.pieces)) for opts in problem.options for o in opts)
-                  + _units("time", problem.recv_intra_s + problem.recv_inter_s) * 4
+                  + _units("time", problem.recv_intra_s + problem.recv_inter_s
+                           + problem.comm_latency_s) * 4
                   + sum(v for v, _ in glob) + sum(v for v, _ in host)
                   + _units("time", problem.base_s + problem.host_base_s + problem.dense_s) + 10)
     T = m.new_int_var(0, horizon, "T")
@@ -306,13 +321,14 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
     for r in range(W):
         lin = {k: sum(v * b for v, b in terms[k][r]) for k in KEYS}
         C = m.new_int_var(0, horizon, f"C{r}")
-        m.add(C >= lin["si"])
-        m.add(C >= lin["sx"])
-        m.add(C >= _units("time", problem.recv_intra_s) - lin["ri"])
-        m.add(C >= _units("time", problem.recv_inter_s) - lin["rx"])
+        lat = _units("time", problem.comm_latency_s)
+        m.add(C >= lin["si"] + lat)
+        m.add(C >= lin["sx"] + lat)
+        m.add(C >= _units("time", problem.recv_intra_s + problem.comm_latency_s) - lin["ri"])
+        m.add(C >= _units("time", problem.recv_inter_s + problem.comm_latency_s) - lin["rx"])
         m.add(T >= _units("time", problem.base_s) + lin["time"] + C)
-        if problem.overlap_dense:  # (the exchange behind the dense part: the longer counts)
-            m.add(T >= _units("time", problem.base_s + problem.dense_s) + lin["time"])
+        if problem.overlap_dense:  # (the exchange behind the dense compute: the longer counts)
+            m.add(T >= _units("time", problem.base_s + problem.beside_s) + lin["time"])
         total.append(lin["time"] + C)
         m.add(lin["hbm"] <= int(problem.hbm_cap[r] * SCALE_B))
     m.add(W * T >= W * _units("time", problem.base_s) + sum(total))
@@ -323,8 +339,8 @@ def place(problem: Problem, *, time_limit_s: float = 10.0, seed: int = 0,
     glob_e = sum(v * b for v, b in glob)
     m.add(Z >= _units("time", problem.host_base_s) + sum(v * b for v, b in host))
     dense = _units("time", problem.dense_s)
-    if problem.overlap_dense:  # (the dense part inside T: rank_time)
-        m.add(Z >= T + glob_e)
+    if problem.overlap_dense:  # (the dense compute inside T: rank_time; the rest after)
+        m.add(Z >= T + _units("time", problem.dense_s - problem.beside_s) + glob_e)
     else:
         m.add(Z >= T + dense + glob_e)
     m.minimize(1024 * Z + T)  # the step first; among equal steps, the least loaded sparse part

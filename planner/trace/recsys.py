@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import numbers
 import os
 
 import torch
@@ -225,7 +226,12 @@ STAT_RULES = {"pooling": "a number of ids per sample and feature above 0, e.g. 1
 def _check_stat(where: str, key: str, value) -> None:
     """SpecError unless ``value`` is what ``key`` takes (STAT_RULES): a number (not a list, text
     or true/false), above 0 (skew: at or above), whole for features."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, str):  # (PyYAML reads 1e3 as text)
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
     ok = number and math.isfinite(value) and (0 <= value < 1 if key == "skew" else value > 0) \
         and (key != "features" or float(value).is_integer())
     if not ok:

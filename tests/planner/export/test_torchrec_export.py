@@ -143,6 +143,11 @@ def test_the_module_path_is_where_the_model_keeps_its_collection(caplog):
     with caplog.at_level("WARNING", logger="planner.export"):
         assert "MODULE_PATH = 'sparse'" in to_torchrec(plan)
     assert "the tables are in 2 collections (ebc, other)" in caplog.text
+    caplog.clear()
+    plan.embeddings["tables"][0]["module"] = ""  # one a module of its own: said, not silent
+    with caplog.at_level("WARNING", logger="planner.export"):
+        assert "MODULE_PATH = 'ebc'" in to_torchrec(plan)
+    assert "1 table(s) (t_cat_0) are modules of their own, not in ebc" in caplog.text
 
 
 def test_the_export_begins_with_the_source_plan():

@@ -52,3 +52,14 @@ def test_tie_across_device_groups_crosses_their_link(gpt2):
     assert {s["group"] for s in p.stages} == {"a100", "v100"}
     tie_s = WTE * DataParallelBytes.of(training).grads / (12.5e9 * 0.9)
     assert p.predicted["breakdown"]["dp_comm_s"] >= tie_s
+    # one GPU a group, nothing else to reduce: the tie alone, over the groups' link
+    link = {"intra_node": {"bandwidth_GBps": 300, "latency_us": 3}}
+    one = load_cluster({"name": "two", "groups": [
+        {"name": "a", "device": "a100-80g", "nodes": 1, "gpus_per_node": 1, **link},
+        {"name": "v", "device": "v100", "nodes": 1, "gpus_per_node": 1, **link}],
+        "inter_node": {"bandwidth_GBps": 12.5, "latency_us": 10, "efficiency": 0.9},
+        "inter_group": {"bandwidth_GBps": 12.5, "latency_us": 10, "efficiency": 0.9}})
+    p = planner.plan_prepared(gpt2, one, training,
+                              planner.SearchOptions(fix=parse_fix("pp=2,tp=1,dp=1"), top_k=0))
+    want = 2 * 10e-6 + tie_s  # (a two-rank ring: two steps of latency, the buffer sent once)
+    assert p.predicted["breakdown"]["dp_comm_s"] == pytest.approx(want, rel=1e-4)
