@@ -88,8 +88,9 @@ FP8_MATMUL_EFFICIENCY = 0.51
 published dense FP8 runs (Megatron-Core / Transformer Engine on H100, B200, GB200 and GB300,
 their output layers in bf16, their tensor-parallel collectives overlapped with the GEMMs as
 their configurations set; benchmarks/dense_fp8_runs.py: alternate configurations, a row's
-twin under the other FP8 recipe on its side), held-out median error 5.5% (0.49 and 8.4% with
-those collectives priced exposed, until 2026-12-07). (Split by row parity,
+twin under the other FP8 recipe on its side), held-out median error 4.7% (5.5% before
+the tied weights' gradient all-reduce and sequence parallelism's second all-gather were priced,
+2026-12-07; 0.49 and 8.4% with those collectives priced exposed, until that day). (Split by row parity,
 which held out four twins of fitted rows, the fit read 0.51 and 7.9%; 0.52 and 9.4% before
 hidden communication slowed the compute beside it, OVERLAP_SLOWDOWN.)
 Isolated FP8 GEMMs reach about 70% of the FP8 peak as bf16 ones do of theirs; in whole steps FP8
@@ -134,7 +135,7 @@ class DeviceSpec:
     """Fraction of peak FLOP/s that large GEMMs sustain in training (dimensionless). Isolated GEMM
     benchmarks reach 80-87% on A100/H100; 0.70 was fitted to Megatron-LM's published A100 runs in
     fp16 (Narayanan et al. 2021, Table 1; benchmarks/megatron_table1.py), which includes clock
-    throttling under sustained load. Under today's model the even rows fit 0.688 (held-out median
+    throttling under sustained load. Under today's model the even rows fit 0.690 (held-out median
     1.9%), and at 0.70 all ten rows read median 1.7%, max 6.4% (`--fit-rows none`): the round
     figure is kept."""
     fp8_matmul_efficiency: float = FP8_MATMUL_EFFICIENCY
