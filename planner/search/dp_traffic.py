@@ -1,7 +1,8 @@
 """Data-parallel traffic: the bytes a step's gradient reduction and weight gathers move, how much
 of that compute hides under each ZeRO stage and engine (exposed_dp_s, after Rajbhandari et al.
-2020), FSDP2's copies, and the search's lower bound of what stays exposed (dp_floor_s).
-planner.search.pricing adds it up per pipeline rank."""
+2020), FSDP2's copies, the search's lower bound of what stays exposed (dp_floor_s), and the
+tied weights' gradient all-reduce between the pipeline ranks that read them, after it
+(after_tied_sync). planner.search.pricing adds it up per pipeline rank."""
 
 from __future__ import annotations
 
@@ -278,3 +279,18 @@ def dp_floor_s(zero: int, microbatches: int, dense, experts_, compute_s,
 def _per_byte_s(collective, group, cluster: Cluster) -> float:
     """Seconds per byte of ``collective`` on ``group`` (its time less its latencies)."""
     return collective(1.0, group, cluster) - collective(0.0, group, cluster)
+
+
+def after_tied_sync(exposed, ties, per: DataParallelBytes, link_of) -> np.ndarray:
+    """Per pipeline rank, ``exposed`` (its data-parallel tail) with the all-reduce of each tied
+    weight's gradients between the two ranks that read it (``RankMemory.ties``; ``link_of(a,
+    b)``: the link between ranks a and b) after it: the
+    all-reduce starts once both ranks have reduced over data parallelism and ends before the
+    optimizer step, with nothing left to hide it (Megatron-Core's embedding group in
+    finalize_model_grads, DeepSpeed's tied layers, planner/runtime/tied.py); every replica's and
+    shard's pair at once, each over its own link."""
+    out = np.array(exposed, dtype=float)
+    for a, b, n in ties:
+        t = comm.ring_allreduce_s(n * per.grads, 2, link_of(a, b))
+        out[a] = out[b] = max(out[a], out[b]) + t
+    return out

@@ -24,9 +24,8 @@ from planner.options import Config, SearchOptions, TrainingSpec
 from planner.search import placement
 from planner.search.costs import (BlockCosts, ModelArrays, block_costs, capacity_bytes,
                                   fsdp_pipelined, stage_memory)
-from planner.search.dp_traffic import DataParallelBytes, exposed_dp_s
-from planner.search.pricing import (Estimate, after_tied_sync, assemble, chunks, fp8_refresh_s,
-                                    rank_memory)
+from planner.search.dp_traffic import DataParallelBytes, after_tied_sync, exposed_dp_s
+from planner.search.pricing import Estimate, assemble, chunks, fp8_refresh_s, rank_memory
 from planner.solve.chain import partition, partition_staged
 from planner.solve.stage_groups import solve_hetero
 

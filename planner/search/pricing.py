@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from costmodels import comm, compute, experts, memory, pipeline, precision
+from costmodels import compute, experts, memory, pipeline, precision
 from costmodels.comm import GroupShape
 from costmodels.topology import Cluster
 from planner.options import Config, TrainingSpec
@@ -14,8 +14,8 @@ from planner.search import placement
 from planner.search.costs import (deferred_sync, expert_deferred_sync, experts_dtype,
                                   fp8_copy_bytes_per_param,
                                   fsdp_pipelined, in_flight_per_rank, working_bytes)
-from planner.search.dp_traffic import (DataParallelBytes, dp_floor_s, exposed_dp_s, fsdp_copies_s,
-                                       window_use_s, windows_left)
+from planner.search.dp_traffic import (DataParallelBytes, after_tied_sync, dp_floor_s, exposed_dp_s,
+                                       fsdp_copies_s, window_use_s, windows_left)
 
 
 @dataclass
@@ -686,21 +686,6 @@ def _dp_and_optimizer_s(cfg: Config, split: Split, cluster: Cluster, training: T
     exposed = after_tied_sync(exposed, ranks.ties, per,
                               lambda a, b: placement.link_between(cfg, cluster, a, b))
     return max(0.0, float(np.max(exposed))), split.optimizer_s(cluster.device)
-
-
-def after_tied_sync(exposed, ties, per: DataParallelBytes, link_of) -> np.ndarray:
-    """Per pipeline rank, ``exposed`` (its data-parallel tail) with the all-reduce of each tied
-    weight's gradients between the two ranks that read it (``RankMemory.ties``; ``link_of(a,
-    b)``: the link between ranks a and b) after it: the
-    all-reduce starts once both ranks have reduced over data parallelism and ends before the
-    optimizer step, with nothing left to hide it (Megatron-Core's embedding group in
-    finalize_model_grads, DeepSpeed's tied layers, planner/runtime/tied.py); every replica's and
-    shard's pair at once, each over its own link."""
-    out = np.array(exposed, dtype=float)
-    for a, b, n in ties:
-        t = comm.ring_allreduce_s(n * per.grads, 2, link_of(a, b))
-        out[a] = out[b] = max(out[a], out[b]) + t
-    return out
 
 
 def _optimizer_s(cfg: Config, split: Split, device, training: TrainingSpec) -> float:
