@@ -12,7 +12,7 @@ from planner.cli.progress import Bar, per_plan_lines
 from planner.explore.costs import parse_prices
 from planner.explore.csv_rows import write_csv
 from planner.explore.grid import VARY_KEYS, parse_vary
-from planner.options import DTYPES, OPTIMIZERS
+from planner.options import DTYPES, OPTIMIZERS, PIPELINES, TABLE_OPTIMIZERS
 from planner.files import check_output
 from planner.report.figure import check_path
 from planner.report.plots import sweep_plots
@@ -49,6 +49,14 @@ def register(add) -> None:
     w.add_argument("--tokens", type=positive_float,
                    help="the days to train on this many tokens (with prices, the cost too), e.g. 1e12")
     w.add_argument("--time-limit", type=positive_float, help="seconds of search per point")
+    w.add_argument("--tables", metavar="YAML", help="recommendation models: per-table statistics "
+                   "(tables: {name: {pooling, skew, features}}), as for `plan solve`")
+    w.add_argument("--table-optimizer", choices=TABLE_OPTIMIZERS,
+                   help="recommendation models: the tables' fused optimizer at every point (or "
+                        "vary it: --vary table_optimizer=sgd,adagrad)")
+    w.add_argument("--pipeline", choices=PIPELINES,
+                   help="recommendation models: the train pipeline at every point (default "
+                        "sparse-dist; or vary it: --vary pipeline=sparse-dist,nested)")
     w.add_argument("--calibration", help="calibration JSON from `plan profile`: every point "
                                          "priced with the measured speeds (one device type)")
     w.add_argument("--target", default="any", choices=TARGETS,
@@ -84,6 +92,8 @@ def run(args) -> int:
                             calibration=args.calibration,
                             memory_reserve_fraction=args.memory_reserve_fraction,
                             memory_reserve_gb=args.memory_reserve_gb, layout=args.layout,
+                            tables=args.tables, table_optimizer=args.table_optimizer,
+                            pipeline=args.pipeline,
                             progress=Bar(args.quiet, label="sweeping", unit=" points"))
     logging.getLogger("planner").info("swept %d points in %.1f s, traces included", len(rows),
                                       time.perf_counter() - t0)

@@ -17,7 +17,8 @@ from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import SpecError
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
-from planner.options import DTYPES, FIX_KEYS, OPTIMIZERS, knob_meant, parse_fix
+from planner.options import (DTYPES, FIX_KEYS, OPTIMIZERS, PIPELINES, TABLE_OPTIMIZERS,
+                             knob_meant, parse_fix)
 
 CLUSTER_KEYS = ("cluster", "nodes", "gpus_per_node", "device", "inter_node_bandwidth",
                 "intra_node_bandwidth", "inter_region_bandwidth")
@@ -30,9 +31,10 @@ TRAINING_KEYS = ("global_batch", "seq_len", "dtype", "optimizer")
 ENGINE_KEYS = tuple(f.name for f in fields(EngineSpec))
 """Engine settings (``--engine`` keys: moe_imbalance, moe_dispatcher, attention, ...): each point
 runs the sweep's engine with its value."""
-TABLE_KEYS = ("sharding",)
+TABLE_KEYS = ("sharding", "table_optimizer", "pipeline")
 """A recommendation model's tables: the sharding type every table takes (as ``--fix
-sharding=<type>`` pins it in plan solve)."""
+sharding=<type>`` pins it in plan solve), their fused optimizer and the train pipeline (plan
+solve's --table-optimizer and --pipeline)."""
 VARY_KEYS = CLUSTER_KEYS + TRAINING_KEYS + FIX_KEYS + ENGINE_KEYS + TABLE_KEYS
 
 
@@ -130,6 +132,11 @@ def value(key: str, raw):
         return str(raw)
     if key == "sharding":
         return sharding_type(raw, "vary.sharding")
+    for name, allowed in (("table_optimizer", TABLE_OPTIMIZERS), ("pipeline", PIPELINES)):
+        if key == name:
+            if str(raw).strip() not in allowed:
+                raise SpecError(f"vary.{key}: expected one of {', '.join(allowed)}, got {raw!r}")
+            return str(raw).strip()
     if key == "dtype" and raw not in DTYPES:
         raise SpecError(f"vary.dtype: unknown dtype {raw!r}; use one of {', '.join(DTYPES)}")
     if key == "optimizer" and raw not in OPTIMIZERS:

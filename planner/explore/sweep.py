@@ -35,8 +35,9 @@ from planner.logs import collected_warnings
 from planner.machine import usable_cores
 from planner.search.feasibility import cluster_pin_problem, reserve_problem
 from planner.search.layout import layout_pp_problem
-from planner.options import (FIX_KEYS, KNOBS, LAYOUT_FOR_RECSYS, SearchOptions, TrainingSpec,
-                             check_dtype, engine_spec, parse_fix, reserve_options)
+from planner.options import (FIX_KEYS, KNOBS, LAYOUT_FOR_RECSYS, PIPELINES, TABLE_OPTIMIZERS,
+                             SearchOptions, TrainingSpec, check_dtype, engine_spec, parse_fix,
+                             reserve_options)
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.settings import target_engine
 from planner.units import counted
@@ -87,7 +88,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
            engine=None, example_inputs=None, workers: int | None = None,
            target: str = "any", calibration=None,
            memory_reserve_fraction: float | None = None, memory_reserve_gb: float | None = None,
-           layout: str | None = None,
+           layout: str | None = None, tables=None, table_optimizer: str | None = None,
+           pipeline: str | None = None,
            progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Plan ``model`` at every point of the grid ``vary`` spans; one row per point, in grid order.
 
@@ -101,12 +103,15 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     figures with the measured ones, as planner.plan's does; ``memory_reserve_fraction`` and
     ``memory_reserve_gb``: the memory every point keeps free per device, as planner.plan's;
     ``layout``: every point's pipeline stages pinned in Megatron-LM's notation, as
-    planner.plan's (a point whose pp does not divide its stages is a row saying so)."""
+    planner.plan's (a point whose pp does not divide its stages is a row saying so).
+    Recommendation models: ``tables`` (a YAML path or mapping of table statistics),
+    ``table_optimizer`` and ``pipeline`` as planner.plan's, at every point (the last two may
+    be varied instead)."""
     model = fspath_or_same(model)  # (a cluster Path stays one: load_cluster reads it as a file)
     refuse_plan_file(model)  # (before the arguments a model's what-if needs)
     grid = expand(vary)
     recsys = recsys_api.recsys_model(model)
-    fixed, tables = _split_fix(fix, recsys)
+    fixed, pins = _split_fix(fix, recsys)  # (pins: the tables' settings at every point)
     reserve = reserve_options(memory_reserve_fraction, memory_reserve_gb, recsys=recsys)
     # a fraction out of range, or a layout that does not parse, is bad input before any trace
     SearchOptions(**reserve, layout=layout)
@@ -115,11 +120,25 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     if "sharding" in vary and not recsys:
         raise SpecError("vary.sharding: shards a recommendation model's embedding tables, and "
                         "this model has none; vary its parallelism knobs (tp, pp, ...) instead")
+    shared = {k: v for k, v in (("tables", tables), ("table_optimizer", table_optimizer),
+                                ("pipeline", pipeline)) if v is not None}
+    for key in [k for k in ("table_optimizer", "pipeline") if k in vary] + list(shared):
+        if not recsys:
+            where = f"vary.{key}" if key in vary else key
+            raise SpecError(f"{where}: applies to recommendation models (models with embedding "
+                            "tables) only; leave it out for this model")
+    for key, allowed in (("table_optimizer", TABLE_OPTIMIZERS), ("pipeline", PIPELINES)):
+        if key in shared:
+            if shared[key] not in allowed:
+                raise SpecError(f"{key}: expected one of {', '.join(allowed)}, got "
+                                f"{shared[key]!r}")
+            pins[key] = shared[key]
     settings = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
                 "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
                 "optimizer": optimizer}
     for key, given, where in (
-            [(k, knob(v), "fix") for k, v in {**fixed, **tables}.items()]
+            [(k, knob(v), "fix" if k == "sharding" else "--" + k.replace("_", "-"))
+             for k, v in {**fixed, **pins}.items()]
             + [(k, v, "--" + k.replace("_", "-")) for k, v in settings.items()]
             + [(k, v, "engine") for k, v in _engine_settings(engine).items()]):
         if given is not None and key in vary:  # one would silently override the other
@@ -142,10 +161,10 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
                         "vary it")
     base = {"cluster": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
             "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
-            "optimizer": optimizer or "adam", "fix": fixed, "tables": tables,
+            "optimizer": optimizer or "adam", "fix": fixed, "tables": pins,
             "engine": target_engine(engine, target) if not recsys else engine_spec(engine),
             "top_k": top_k, "time_limit_s": time_limit_s, "target": target, "reserve": reserve,
-            "recsys": recsys, "layout": layout,
+            "recsys": recsys, "layout": layout, "table_stats": fspath_or_same(tables),
             "calibration": fspath_or_same(calibration)}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row
@@ -158,7 +177,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         _refuse(failed)
     _check_prices(tasks, prices, tokens)  # before the traces and searches
     if recsys:
-        rows = _run_recsys(model, tasks, progress)
+        rows = _run_recsys(model, tasks, progress, base["table_stats"])
         _refuse_all_bad(rows)
         if prices or tokens is not None:
             add_costs(rows, prices, tokens)
@@ -270,10 +289,11 @@ def _check_prices(tasks: list, prices, tokens) -> None:
                             f"known: {_as_varied(failed[0].point, failed[0].error)})") from None
 
 
-def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
+def _run_recsys(model, tasks: list[_Task], progress, stats=None) -> list[dict]:
     """A recommendation model's points, one after the other (each shards the tables with CP-SAT
-    under its time limit; the model is read once)."""
-    prepared = recsys_api.prepare_recsys(model)
+    under its time limit; the model is read once, with ``stats``: its tables' statistics, a
+    YAML path or mapping)."""
+    prepared = recsys_api.prepare_recsys(model, tables=stats)
     info = prepared.info
     rows = []
     for i, t in enumerate(tasks):
@@ -287,10 +307,12 @@ def _run_recsys(model, tasks: list[_Task], progress) -> list[dict]:
                                     f"not {key}"))
         else:
             try:
-                plan = recsys_api.plan_rec_prepared(prepared, t.cluster, t.training,
-                                             sharding=t.tables.get("sharding"),
-                                             zero=t.options.fix.get("zero"),
-                                             time_limit_s=t.options.time_limit_s)
+                plan = recsys_api.plan_rec_prepared(
+                    prepared, t.cluster, t.training, sharding=t.tables.get("sharding"),
+                    zero=t.options.fix.get("zero"),
+                    table_optimizer=t.tables.get("table_optimizer"),
+                    pipeline=t.tables.get("pipeline", "sparse-dist"),
+                    time_limit_s=t.options.time_limit_s)
                 rows.append(_row(t, plan, ""))
             except SpecError as exc:  # bad input, not an infeasible point
                 rows.append(_bad_row(t, str(exc)))

@@ -214,3 +214,32 @@ def test_a_missing_tables_file_and_a_misspelled_table_optimizer_say_the_fix(caps
     with pytest.raises(planner.SpecError, match="^table_optimizer: expected one of"):
         planner.plan("two-tower", cluster="dgx-a100-40g", nodes=1, global_batch=8192,
                      table_optimizer="adagard")
+
+
+def test_whatif_of_a_recommendation_model_takes_its_tables_settings(capsys, tmp_path):
+    """A new user could not sweep the table optimizer or the pipeline, nor give a tables file:
+    plan whatif takes --tables, --table-optimizer and --pipeline (or varies the last two), as
+    plan solve does; a dense model refuses them."""
+    import planner.explore.sweep as sweep
+    base = ["whatif", "two-tower", "--cluster", "dgx-a100-40g", "--nodes", "1",
+            "--global-batch", "8192"]
+    code, out, err = run(capsys, *base, "--vary", "table_optimizer=sgd,adam",
+                         "--vary", "pipeline=sparse-dist,nested")
+    assert code == 0, err
+    assert sum("table_optimizer=adam pipeline=nested" in ln for ln in out.splitlines()) == 1
+    for argv, words in ((["--vary", "nodes=1", "--pipeline", "sparse-dist", "--vary",
+                          "pipeline=none,nested"], "vary.pipeline: also given as "
+                                                   "pipeline=sparse-dist (--pipeline)"),
+                        (["--vary", "table_optimizer=sgd,adagard"],
+                         "vary.table_optimizer: expected one of sgd, rowwise_adagrad")):
+        code, _, err = run(capsys, *base, *argv)
+        assert code == 2 and words in err, err
+    code, _, err = run(capsys, "whatif", "gpt2", "--cluster", "dgx-a100-40g", "--global-batch",
+                       "8", "--vary", "nodes=1", "--table-optimizer", "sgd")
+    assert code == 2 and "table_optimizer: applies to recommendation models" in err
+    # the tables' statistics reach every point: more ids per sample, longer lookups
+    rows = [sweep.whatif("dlrm-criteo-1tb", cluster="dgx-a100-40g", nodes=1,
+                         global_batch=65536, vary={"pipeline": ["none"]}, time_limit_s=2,
+                         tables=stats)[0] for stats in
+            (None, {f"t_cat_{i}": {"pooling": 50} for i in range(26)})]
+    assert rows[1]["step_time_s"] > rows[0]["step_time_s"]
