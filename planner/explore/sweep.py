@@ -137,7 +137,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
                 "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype,
                 "optimizer": optimizer}
     for key, given, where in (
-            [(k, knob(v), "fix" if k == "sharding" else "--" + k.replace("_", "-"))
+            [(k, knob(v), "--" + k.replace("_", "-") if k in shared else "fix")
              for k, v in {**fixed, **pins}.items()]
             + [(k, v, "--" + k.replace("_", "-")) for k, v in settings.items()]
             + [(k, v, "engine") for k, v in _engine_settings(engine).items()]):
