@@ -49,7 +49,7 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
             "time_per_microbatch_s": st.time_s, "compute_s": st.compute_s,
             "fwd_s": st.fwd_s, "bwd_s": st.compute_s - st.fwd_s - st.recompute_s,
             "recompute_s": st.recompute_s, "wgrad_s": st.wgrad_s, "tp_comm_s": st.tp_comm_s,
-            **({"tp_fwd_comm_s": st.tp_fwd_comm_s} if st.tp_fwd_comm_s is not None else {}),
+            "tp_fwd_comm_s": st.tp_fwd_comm_s,
             "p2p_s": st.p2p_s, "params": st.params, "in_flight_microbatches": st.in_flight,
             "activation_bytes_per_microbatch": st.act_bytes, "memory_bytes": st.memory,
             **({"cp_comm_s": st.cp_comm_s} if cfg.cp > 1 else {}),

@@ -95,6 +95,13 @@ class BlockCosts:
     """Forward + backward."""
     recompute_s: np.ndarray
     tp_comm_s: np.ndarray
+    tp_fwd_comm_s: np.ndarray
+    """The part of ``tp_comm_s`` in the forward pass (its collectives once; a replay under
+    full recomputation runs in the backward): what a pipeline schedule puts in F."""
+    tp_wgrad_hidden_s: np.ndarray
+    """Of the input gradients' collectives, the seconds ``tp_comm_s`` hides behind the
+    weight-gradient GEMMs (EngineSpec.tp_grad_overlap): exposed again where a schedule runs
+    those GEMMs apart (ZB-H1's W; tp_comm_for)."""
     act_bytes: np.ndarray
     work_bytes: np.ndarray
     params_local: np.ndarray
@@ -130,24 +137,11 @@ class BlockCosts:
     EngineSpec.moe_shared_overlap hides the forward's dispatch and combine behind."""
     shared_bwd_s: np.ndarray | None = None
     """... and in its backward."""
-    tp_fwd_comm_s: np.ndarray | None = None
-    """The part of ``tp_comm_s`` in the forward pass (its collectives once; a replay under
-    full recomputation runs in the backward): what a pipeline schedule puts in F."""
-    tp_wgrad_hidden_s: np.ndarray | None = None
-    """Of the input gradients' collectives, the seconds ``tp_comm_s`` hides behind the
-    weight-gradient GEMMs (EngineSpec.tp_grad_overlap): exposed again where a schedule runs
-    those GEMMs apart (ZB-H1's W; tp_comm_for)."""
 
     def tp_comm_for(self, schedule: str) -> np.ndarray:
         """``tp_comm_s`` under ``schedule``: with the weight gradients run apart (ZB-H1),
         nothing hides behind them."""
-        if schedule == "zb-h1" and self.tp_wgrad_hidden_s is not None:
-            return self.tp_comm_s + self.tp_wgrad_hidden_s
-        return self.tp_comm_s
-
-    def tp_fwd_for(self) -> np.ndarray:
-        """The forward pass's part of ``tp_comm_s`` (half where not recorded)."""
-        return self.tp_fwd_comm_s if self.tp_fwd_comm_s is not None else self.tp_comm_s / 2
+        return self.tp_comm_s + self.tp_wgrad_hidden_s if schedule == "zb-h1" else self.tp_comm_s
 
     @property
     def backward_pass_s(self) -> np.ndarray:
@@ -466,11 +460,13 @@ def tp_comm_s(w, bt, engine, group, cluster: Cluster, *, share: float, sp: bool,
     wgrad = np.array([t.tp_col_wgrad_s for t in bt])
     trained = wgrad > 0  # (frozen column weights: their inputs are not gathered again)
     grad_overlap = engine.tp_grad_overlap
+    whole = (engine.tp_overlap and sp) or not grad_overlap
+    if whole:  # every collective as one all-reduce's traffic, forward (replays too) and backward
+        total = comm.allreduce_s(fwd_repeats * fwd_b + bwd_b, group, cluster,
+                                 count=fwd_repeats * fwd_count + bwd_count)
     if engine.tp_overlap and sp:  # pipelined with the GEMMs (EngineSpec.tp_overlap)
         window = np.array([t.fwd_s + t.bwd_s + t.recompute_s - t.attn_fwd_s - t.attn_bwd_s
                            for t in bt])
-        total = comm.allreduce_s(fwd_repeats * fwd_b + bwd_b, group, cluster,
-                                 count=fwd_repeats * fwd_count + bwd_count)
         if grad_overlap:  # (Megatron-Core's second all-gather, beside compute with the rest)
             total = total + np.where(trained, comm.allgather_s(bwd_b, group, cluster,
                                                                count=bwd_count / 2), 0.0)
@@ -478,10 +474,8 @@ def tp_comm_s(w, bt, engine, group, cluster: Cluster, *, share: float, sp: bool,
         with np.errstate(divide="ignore", invalid="ignore"):
             fwd = np.where(total > 0, out * fwd_s / total, 0.0)
         return out, fwd, zero
-    if not grad_overlap:
-        out = comm.allreduce_s(fwd_repeats * fwd_b + bwd_b, group, cluster,
-                               count=fwd_repeats * fwd_count + bwd_count)
-        return out, fwd_s, zero
+    if whole:  # (exposed: Linear layers that wait for each collective)
+        return total, fwd_s, zero
     replay = (fwd_repeats - 1) * fwd_s  # (recomputation's forward collectives, in backward)
     if sp:  # the row-parallel gradients' all-gather exposed; the column-parallel inputs
         # all-gathered again beside their input gradients, those reduce-scattered beside the

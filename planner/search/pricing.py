@@ -29,6 +29,8 @@ class StageEstimate:
     compute_s: float
     """Forward + backward + recomputation of one micro-batch through this chunk."""
     tp_comm_s: float
+    tp_fwd_comm_s: float
+    """The forward pass's part of ``tp_comm_s`` (BlockCosts.tp_fwd_comm_s)."""
     p2p_s: float
     """Sending activations forward and gradients back, per micro-batch."""
     params: float
@@ -60,13 +62,6 @@ class StageEstimate:
     dtensor_params: float = 0.0
     """Parameter tensors of the rank that the runtime makes DTensors (tensor-parallel ones; all
     of them under data parallelism, which FSDP2 wraps)."""
-    tp_fwd_comm_s: float | None = None
-    """The forward pass's part of ``tp_comm_s`` (BlockCosts.tp_fwd_comm_s); None: half."""
-
-    @property
-    def tp_forward_s(self) -> float:
-        """``tp_fwd_comm_s``, or half of ``tp_comm_s`` where not recorded."""
-        return self.tp_comm_s / 2 if self.tp_fwd_comm_s is None else self.tp_fwd_comm_s
     group: str = ""
     """Device group running it (heterogeneous clusters)."""
     ranks: list[int] = field(default_factory=list)
@@ -147,7 +142,7 @@ class Split:
                                         + (m - 1) / m * costs.accumulate_s)
         self.tp_s, self.fwd_s = (self.per_chunk(costs.tp_comm_for(cfg.schedule)),
                                  self.per_chunk(costs.fwd_s))
-        self.tp_fwd = self.per_chunk(costs.tp_fwd_for())
+        self.tp_fwd = self.per_chunk(costs.tp_fwd_comm_s)
         self.rc_s, self.act = self.per_chunk(costs.recompute_s), self.per_chunk(costs.act_bytes)
         self.cp_s = self.per_chunk(costs.cp_comm_s)
         self.wgrad_s = self.per_chunk(costs.weight_grad_s(m))
@@ -232,9 +227,10 @@ class Split:
         compute_s, tp_s, p2p_s = self.compute_s.tolist(), self.tp_s.tolist(), placed.p2p_s.tolist()
         fwd_s, rc_s, act = self.fwd_s.tolist(), self.rc_s.tolist(), self.act.tolist()
         cp_s, ep_s, names = self.cp_s.tolist(), placed.ep_s.tolist(), self.ma.names
-        wgrad_s = self.wgrad_s.tolist()
+        wgrad_s, tp_fwd = self.wgrad_s.tolist(), self.tp_fwd.tolist()
         stages = [StageEstimate(index=c, rank=c % pp, blocks=names[a:b], compute_s=compute_s[c],
-                                tp_comm_s=tp_s[c], p2p_s=p2p_s[c], params=params[c % pp],
+                                tp_comm_s=tp_s[c], tp_fwd_comm_s=tp_fwd[c], p2p_s=p2p_s[c],
+                                params=params[c % pp],
                                 in_flight=ranks.in_flight[c % pp], memory=memories[c % pp],
                                 fwd_s=fwd_s[c], recompute_s=rc_s[c], act_bytes=act[c],
                                 cp_comm_s=cp_s[c], ep_comm_s=ep_s[c], wgrad_s=wgrad_s[c],
@@ -302,14 +298,14 @@ def chunks(cfg: Config, bounds: list[int], ma, costs, p2p_out: list[float]) -> l
     compute_s = per_chunk(costs.compute_s + costs.recompute_s + (m - 1) / m * costs.accumulate_s)
     tp_s, fwd_s, rc_s = per_chunk(costs.tp_comm_for(cfg.schedule)), per_chunk(costs.fwd_s), \
         per_chunk(costs.recompute_s)
-    tp_fwd = per_chunk(costs.tp_fwd_for())
+    tp_fwd = per_chunk(costs.tp_fwd_comm_s)
     act, cp_s = per_chunk(costs.act_bytes), per_chunk(costs.cp_comm_s)
     wgrad_s = per_chunk(costs.weight_grad_s(m))
     return [StageEstimate(index=c, rank=c % cfg.pp, blocks=ma.names[a:b], compute_s=compute_s[c],
-                          tp_comm_s=tp_s[c], p2p_s=p2p_out[c], params=0.0, in_flight=0.0,
+                          tp_comm_s=tp_s[c], tp_fwd_comm_s=tp_fwd[c], p2p_s=p2p_out[c],
+                          params=0.0, in_flight=0.0,
                           fwd_s=fwd_s[c], recompute_s=rc_s[c], act_bytes=act[c],
-                          cp_comm_s=cp_s[c], ep_comm_s=0.0, wgrad_s=wgrad_s[c],
-                          tp_fwd_comm_s=tp_fwd[c])
+                          cp_comm_s=cp_s[c], ep_comm_s=0.0, wgrad_s=wgrad_s[c])
             for c, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
@@ -351,7 +347,7 @@ def assemble(cfg: Config, stages, ranks, dp_s: float, opt_s: float, ma, training
                                     arr("wgrad_s"), arr("tp_comm_s"), arr("p2p_s"), arr("cp_comm_s"),
                                     arr("ep_comm_s"), dp_s, opt_s, excess,
                                     cut_s=np.asarray(cut_p2p, dtype=float),
-                                    tp_fwd_s=np.array([st.tp_forward_s for st in stages]))
+                                    tp_fwd_s=arr("tp_fwd_comm_s"))
     model_flops, hardware_flops = step_flops(ma, cfg, training)
     return Estimate(config=cfg, stages=stages, step_time_s=step_s, breakdown=breakdown,
                     straggler_excess=excess, peak_memory_bytes=max(r["total"] for r in ranks),

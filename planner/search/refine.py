@@ -106,11 +106,11 @@ def simulated(est: Estimate, training: TrainingSpec, runs: dict | None = None) -
     # collectives inside a chunk: tensor parallelism's as the pricing split them between the
     # passes (StageEstimate.tp_fwd_comm_s); cp K/V exchange and expert dispatch by the share
     share = pipeline.forward_comm_share(cfg.recompute)
-    fwd = [st.fwd_s + st.tp_forward_s + share * (st.cp_comm_s + st.ep_comm_s)
+    fwd = [st.fwd_s + st.tp_fwd_comm_s + share * (st.cp_comm_s + st.ep_comm_s)
            for st in est.stages]
     split = cfg.schedule in SPLIT_BACKWARD
     wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]
-    bwd = [st.compute_s - st.fwd_s + st.tp_comm_s - st.tp_forward_s
+    bwd = [st.compute_s - st.fwd_s + st.tp_comm_s - st.tp_fwd_comm_s
            + (1 - share) * (st.cp_comm_s + st.ep_comm_s) - w
            for st, w in zip(est.stages, wgrad)]
     act = [st.act_bytes for st in est.stages]

@@ -199,7 +199,7 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
     m = cfg.num_microbatches
     share = pipeline.forward_comm_share(cfg.recompute)  # 1F1B, ZB-H1: rank by rank, F as simulated
     by_rank = cfg.schedule in ("1f1b", "zb-h1")  # (vpp 1: one stage per rank)
-    fwd = [st.fwd_s + st.tp_forward_s + share * (st.cp_comm_s + st.ep_comm_s)
+    fwd = [st.fwd_s + st.tp_fwd_comm_s + share * (st.cp_comm_s + st.ep_comm_s)
            for st in stages] if by_rank else None
     wgrad = [st.wgrad_s for st in stages] if cfg.schedule == "zb-h1" else \
         sum(st.wgrad_s for st in mine)
