@@ -452,7 +452,16 @@ def tp_comm_s(w, bt, engine, group, cluster: Cluster, *, share: float, sp: bool,
     fwd_count = np.where(w.tp_bwd_bytes > 0, count / 2, count)
     bwd_count = (count - fwd_count) * runs
     fwd_b, bwd_b = share * w.tp_fwd_bytes, share * w.tp_bwd_bytes * runs
-    fwd_s = comm.allreduce_s(fwd_b, group, cluster, count=fwd_count)
+
+    def reduced_s(nbytes, calls):
+        # an all-reduce's traffic in ``calls`` collectives; under sequence parallelism half of
+        # them all-gathers and half reduce-scatters, each with its own (half) latency
+        if not sp:
+            return comm.allreduce_s(nbytes, group, cluster, count=calls)
+        return comm.allgather_s(nbytes, group, cluster, count=calls / 2) + \
+            comm.reduce_scatter_s(nbytes, group, cluster, count=calls / 2)
+
+    fwd_s = reduced_s(fwd_b, fwd_count)
     zero = np.zeros(len(fwd_b))
     if tp <= 1:
         return zero, zero, zero
@@ -462,8 +471,7 @@ def tp_comm_s(w, bt, engine, group, cluster: Cluster, *, share: float, sp: bool,
     grad_overlap = engine.tp_grad_overlap
     whole = (engine.tp_overlap and sp) or not grad_overlap
     if whole:  # every collective as one all-reduce's traffic, forward (replays too) and backward
-        total = comm.allreduce_s(fwd_repeats * fwd_b + bwd_b, group, cluster,
-                                 count=fwd_repeats * fwd_count + bwd_count)
+        total = reduced_s(fwd_repeats * fwd_b + bwd_b, fwd_repeats * fwd_count + bwd_count)
     if engine.tp_overlap and sp:  # pipelined with the GEMMs (EngineSpec.tp_overlap)
         window = np.array([t.fwd_s + t.bwd_s + t.recompute_s - t.attn_fwd_s - t.attn_bwd_s
                            for t in bt])

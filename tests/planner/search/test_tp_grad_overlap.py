@@ -106,3 +106,20 @@ def test_a_plan_recorded_before_the_setting_reads_as_priced_without_it(tmp_path)
     old = load_plan(str(tmp_path / "old.json"))
     assert not engine_from_mapping(old.training["engine"]).tp_grad_overlap
     assert engine_from_mapping(None).tp_grad_overlap  # (new plans record it: on by default)
+
+
+@pytest.mark.parametrize("engine", ["megatron-core", "megatron-core,tp_grad_overlap=false"])
+def test_sequence_parallel_collectives_pay_their_own_latency(ma, engine):
+    """Under sequence parallelism each all-reduce becomes an all-gather and a reduce-scatter, each
+    with a ring's half latency: latency alone (no bandwidth), the forward costs what it does
+    without sequence parallelism, not twice that."""
+    def fwd(sp):
+        cluster = load_cluster("dgx-h100", nodes=1)
+        cluster = dataclasses.replace(cluster, intra_node=dataclasses.replace(
+            cluster.intra_node, bandwidth_bytes_per_s=1e30))
+        training = TrainingSpec(global_batch=8, seq_len=128, engine=engine_from_mapping(engine))
+        return block_costs(ma, cluster, training, tp=4, sp=sp, recompute="none",
+                           micro_batch=2).tp_fwd_comm_s
+    plain, split = fwd(False), fwd(True)
+    assert (plain > 0).any()
+    np.testing.assert_allclose(split, plain, rtol=1e-9)
