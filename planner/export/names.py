@@ -110,10 +110,28 @@ def torchtitan_config(plan: Plan) -> str | None:
     return None if known is None else known[2]
 
 
+TORCHTITAN_FAMILIES = {"llama": "llama3", "qwen3": "qwen3", "qwen3_moe": "qwen3",
+                       "deepseek_v3": "deepseek_v3", "gpt_oss": "gpt_oss"}
+"""Hugging Face model type -> the torchtitan model of that architecture, at any size: a plan of
+a config of another size is that model with a flavor the user registers (its model args), whose
+module names are torchtitan's."""
+
+
+def torchtitan_family(plan: Plan) -> str | None:
+    """The torchtitan model of the plan's architecture (TORCHTITAN_FAMILIES), whatever its size;
+    None where torchtitan defines none or the plan does not record its model type."""
+    m = plan.model
+    kind = m.get("model_type")
+    if not kind and m.get("source", "zoo") == "zoo" and (m.get("spec") or "") in ZOO:
+        kind = ZOO[m["spec"]].model_type
+    return TORCHTITAN_FAMILIES.get(str(kind or ""))
+
+
 def torchtitan_names(plan: Plan, version: str) -> list[list[str]] | None:
-    """Each stage's modules in torchtitan's own names for the plan's model, or None when
-    torchtitan does not define it (its names are then the user's)."""
-    if torchtitan_model(plan) is None:
+    """Each stage's modules in torchtitan's own names for the plan's model, or for a model of an
+    architecture torchtitan defines at another size (torchtitan_family); None otherwise (its
+    names are then the user's: top_level_names)."""
+    if torchtitan_model(plan) is None and torchtitan_family(plan) is None:
         return None
     head = _HF_HEAD[version]
     parts = []
@@ -133,3 +151,19 @@ def torchtitan_names(plan: Plan, version: str) -> list[list[str]] | None:
                 return None  # a module this mapping does not know: not the zoo model as expected
         parts.append(names)
     return parts
+
+
+def top_level_names(plan: Plan) -> tuple[list[list[str]], str]:
+    """Each stage's modules as torchtitan's split can find them in a model of the user's, and the
+    wrapper taken off ("" for none). The split keeps a stage's top-level modules and entries of
+    top-level layer lists (``layers.3``) by name, so a name nested deeper matches nothing: where
+    every nested name sits under one wrapper (Hugging Face's ``model.``), it is taken off, and the
+    user's model must hold the modules at the top level under the names left."""
+    parts = [list(st["modules"]) for st in plan.stages]
+    nested = {m.split(".")[0] for part in parts for m in part
+              if m.count(".") > 1 or (m.count(".") == 1 and not m.split(".")[1].isdigit())}
+    if len(nested) != 1:
+        return parts, ""
+    wrapper = nested.pop() + "."
+    return [[m[len(wrapper):] if m.startswith(wrapper) else m for m in part]
+            for part in parts], wrapper

@@ -129,9 +129,11 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
         return f"memory not re-checked with {change}: {exc}"
     planned = plan.predicted["peak_memory_bytes"]
     if mem.peak > mem.usable:  # valid inputs, no room: exit 3 (no plan fits), as a search's
+        needs = (f"{_rank(mem)} needs {common.gb(mem.peak)} per GPU" if _rank(mem)
+                 else f"a GPU needs {common.gb(mem.peak)}")
         raise InfeasibleError(
-            f"no {target} export fits: with {change}, {_rank(mem) or 'a GPU'} needs "
-            f"{common.gb(mem.peak)} per GPU, more than the {common.gb(mem.usable)} usable of "
+            f"no {target} export fits: with {change}, {needs}, more than the "
+            f"{common.gb(mem.usable)} usable of "
             f"{common.gb(mem.device)} (the plan: {common.gb(planned)}); re-plan for it with "
             f"`{replan.resolve_hint(plan, target, nearest=False)}`", reason="out of memory")
     where = f" ({_rank(mem)})" if _rank(mem) else ""

@@ -124,7 +124,12 @@ def _check_mesh(plan: Plan, version: str, ledger: common.Ledger) -> None:
 def _model(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
     known = names.torchtitan_model(plan)
     if known is None:
-        if plan.parallel["pp"] == 1:  # with a pipeline the stages' module names say it
+        family = names.torchtitan_family(plan)
+        if plan.parallel["pp"] == 1 and family:  # (with a pipeline the module names say it)
+            ledger.info(f"torchtitan has no flavor of {family} with {plan.model['name']}'s "
+                        "dimensions: no [model] section is written; register one (its "
+                        f"{family} model with these dimensions) and name it there")
+        elif plan.parallel["pp"] == 1:
             ledger.info(f"torchtitan defines no model for {plan.model['name']}: no [model] "
                         "section is written; register yours with torchtitan (its parallelize "
                         "function applies the degrees below) and name it there")
@@ -503,19 +508,30 @@ def _module_names(plan: Plan, version: str, ledger: common.Ledger) -> tuple[list
                     "by deleting the modules a stage does not hold, so its forward must skip "
                     "missing modules")
     own = names.torchtitan_names(plan, version)
-    if own is not None:
+    known = names.torchtitan_model(plan)
+    if own is not None and known is not None:
         ledger.exact("stages")
-        model, flavor = names.torchtitan_model(plan)
-        comments.append(f"module names of torchtitan's own {model} {flavor}")
+        comments.append(f"module names of torchtitan's own {known[0]} {known[1]}")
         return own, comments
+    if own is not None:  # torchtitan's architecture, at a size of the user's
+        family = names.torchtitan_family(plan)
+        ledger.nearest("stages", f"module names: torchtitan has no flavor of {family} with "
+                       f"{plan.model['name']}'s dimensions; register one (its {family} model "
+                       "with these dimensions) and run that: module_fqns_per_model_part holds "
+                       f"the module names of torchtitan's {family}")
+        comments.append(f"module names of torchtitan's {family}, at a flavor of yours")
+        return own, comments
+    parts, wrapper = names.top_level_names(plan)
+    unwrapped = (f", with the wrapper '{wrapper}' taken off the plan's names (the split matches "
+                 "no deeper name)" if wrapper else "")
     ledger.nearest("stages", f"module names: torchtitan defines no model for "
-                   f"{plan.model['name']}, so module_fqns_per_model_part holds the plan's "
-                   "module names, which are yours: torchtitan's split keeps the named top-level "
-                   "modules and entries of top-level layer lists of each stage and deletes the "
-                   "rest, so the model you register with torchtitan must carry these names at "
-                   "that depth")
-    comments.append("module names are the plan's, i.e. your model's (see the note above)")
-    return [list(st["modules"]) for st in plan.stages], comments
+                   f"{plan.model['name']}, so module_fqns_per_model_part holds your model's "
+                   f"module names{unwrapped}: torchtitan's split keeps each stage's top-level "
+                   "modules and entries of top-level layer lists (layers.3) by these names and "
+                   "deletes the rest, so the model you register with torchtitan must hold them "
+                   "at the top level")
+    comments.append("module names are your model's (see the note above)")
+    return parts, comments
 
 
 def _activation_checkpoint(plan: Plan, ledger: common.Ledger) -> list[tuple[str, object, tuple]]:

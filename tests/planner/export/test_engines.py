@@ -209,7 +209,7 @@ def test_torchtitan_parses_the_export_to_the_plan(titan, version, case):
         assert got["parallelism.pipeline_parallel_microbatch_size"] == p["micro_batch"]
         assert local == p["micro_batch"] * p["num_microbatches"]
         own = names.torchtitan_names(plan, version)
-        expected = own if own is not None else [st["modules"] for st in plan.stages]
+        expected = own if own is not None else names.top_level_names(plan)[0]
         assert got["parallelism.module_fqns_per_model_part"] == expected
         assert len(expected) == p["pp"] * p["vpp"]
     else:
@@ -262,10 +262,12 @@ def test_torchtitan_module_names_are_its_own_for_the_zoo_and_the_users_otherwise
     _, own = titan["0.2.2"]["8b-uneven-selective"]
     parts = own["parallelism.module_fqns_per_model_part"]
     assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
-    _, users = titan["0.2.2"]["8b-users-model"]
-    assert users["parallelism.module_fqns_per_model_part"][0][0] == "model.embed_tokens"
+    _, users = titan["0.2.2"]["8b-users-model"]  # (Hugging Face's wrapper taken off)
+    assert users["parallelism.module_fqns_per_model_part"][0][:3] == [
+        "embed_tokens", "rotary_emb", "layers.0"]
     text = export(users_model(plan_named("uneven-llama3-8b")), "torchtitan")[0]
     assert "torchtitan defines no model for llama3-8b" in text
+    assert "with the wrapper 'model.' taken off the plan's names" in text
 
 
 # ---- torchtitan's own model, split by the exported names ---------------------------------------

@@ -1404,7 +1404,8 @@ def test_torchtitan_module_names_of_a_model_torchtitan_does_not_define_are_the_u
     for version in SUPPORTED_VERSIONS["torchtitan"]:
         notes.clear()
         text = to_torchtitan(mine, version)
-        assert "model.embed_tokens" in text and "tok_embeddings" not in text
+        assert "embed_tokens" in text and "model.embed_tokens" not in text
+        assert "tok_embeddings" not in text
         assert any("module names: torchtitan defines no model for llama3-8b" in n for n in notes)
         assert "[model]" not in text and "--module" not in text.split(")")[-1]
 
@@ -1857,3 +1858,26 @@ def test_a_replan_an_engine_cannot_fit_with_its_pins_says_which_to_leave_out():
            "parallelism beside a pipeline: if nothing fits with pp=4, leave pp out`" in \
            str(err.value)
     assert "leave pp out" not in resolve_hint(plan, "megatron")  # (it runs tp beside pp)
+
+
+def test_torchtitan_names_a_llama_of_other_dimensions_as_its_own_llama3(notes):
+    """A config of an architecture torchtitan defines, at a size it has no flavor of, is that
+    model with a flavor of the user's: its module names are torchtitan's, and the note says to
+    register the flavor (the plan's Hugging Face names would match nothing in its split). (Full
+    recomputation: no memory re-check, which would trace the config.)"""
+    plan = variant(plan_of("uneven-llama3-8b"), recompute="full")
+    mine = dataclasses.replace(plan, model={**plan.model, "spec": "my/config.json",
+                                            "source": "config", "model_type": "llama",
+                                            "num_params": 509_000_000, "name": "llama-509M"})
+    assert names.torchtitan_model(mine) is None and names.torchtitan_family(mine) == "llama3"
+    for version in SUPPORTED_VERSIONS["torchtitan"]:
+        notes.clear()
+        text = to_torchtitan(mine, version)
+        assert names.torchtitan_names(mine, version) == names.torchtitan_names(plan, version)
+        assert "tok_embeddings" in text and "model.layers" not in text
+        assert any("torchtitan has no flavor of llama3 with llama-509M's dimensions" in n
+                   for n in notes)
+    other = dataclasses.replace(mine, model={**mine.model, "model_type": "my_arch"})
+    assert names.torchtitan_names(other, "0.2.2") is None
+    parts, wrapper = names.top_level_names(other)
+    assert wrapper == "model." and parts[0][0] == "embed_tokens" and parts[-1][-1] == "lm_head"
