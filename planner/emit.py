@@ -13,7 +13,7 @@ from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import InternalError
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec
 from planner.planfile.breakdown import BREAKDOWN_WORDS
-from planner.planfile.document import Plan
+from planner.planfile.document import PRICED_TRAINING, Plan
 from planner.schedule import as_text
 from planner.schedule.builders import build
 from planner.search import hetero, placement
@@ -73,7 +73,7 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "target": options.target,
         "alternatives": [alternative(best, alt, training, cluster) for alt in result.alternatives],
         "priced": dict(parallel),
-        "priced_training": {"dtype": training.dtype, "optimizer": training.optimizer},
+        "priced_training": priced_training(training),
     }
     if isinstance(cluster, HeteroCluster) and best.stages[0].group:
         # CP-SAT's joint model of the stages, their groups and sizes, on the best plan
@@ -344,6 +344,12 @@ def _schedule(cfg) -> dict:
             "planner.schedule.torch_actions converts)", "actions": actions}
 
 
+def priced_training(training: TrainingSpec) -> dict:
+    """``search.priced_training``: the training settings the predictions are priced with, which a
+    hand edit of ``training`` leaves behind (Plan.training_edits)."""
+    return {k: getattr(training, k) for k in PRICED_TRAINING}
+
+
 def input_hash(model_info: dict, training: TrainingSpec, cluster: Cluster,
                options: SearchOptions) -> str:
     payload = {"model": model_info.get("fingerprint"), "name": model_info.get("name"),
@@ -439,7 +445,7 @@ def emit_tables(*, model_info: dict, rec, tp, cluster: Cluster, training: Traini
         "time_s": tp.solver["time_s"] if record_timing else None,
         "options": {"fix": {}, "top_k": 1, "time_limit_s": rec_options.time_limit_s},
         "target": "torchrec", "alternatives": [],
-        "priced_training": {"dtype": training.dtype, "optimizer": training.optimizer},
+        "priced_training": priced_training(training),
     }
     provenance = {
         "planner": _version("planner"), "torch": _version("torch"),

@@ -8,6 +8,7 @@ same inputs give the same bytes.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -16,11 +17,17 @@ from costmodels.engine import engine_from_mapping, read_setting
 from costmodels.experts import overlap_blockers
 from planner.errors import SpecError
 from planner.files import atomic_write, read_json_object
-from planner.options import SearchOptions, parallel_text
+from planner.options import FIX_KEYS, SearchOptions, fix_text, parallel_text
 from planner.planfile.schema import SCHEMA_ID, validate
 
 SIGNIFICANT_DIGITS = 6
 """Floats in a plan file are rounded to this many significant digits."""
+
+
+log = logging.getLogger(__name__)
+
+PRICED_TRAINING = ("dtype", "optimizer", "seq_len", "global_batch")
+"""The training settings a plan records as priced (``search.priced_training``)."""
 
 
 @dataclass
@@ -137,13 +144,39 @@ class Plan:
                          "lies now)")
 
     def training_edits(self) -> dict:
-        """key -> (priced, now) for the training dtype and optimizer where they differ from what
-        the predictions were priced with (``search.priced_training``, recorded since
-        2026-12-06; {} for a plan without it): a hand edit (a new-user check's optimizer edit
-        ran unnoticed, its dtype edit was blamed on the model file)."""
+        """key -> (priced, now) for the training dtype, optimizer, sequence length and global
+        batch where they differ from what the predictions were priced with
+        (``search.priced_training``, recorded since 2026-12-06, the last two since 2026-12-07;
+        {} for a plan without it): a hand edit (a new-user check's optimizer edit ran unnoticed,
+        its dtype edit was blamed on the model file)."""
         priced = (self.search or {}).get("priced_training") or {}
-        return {k: (priced[k], self.training.get(k)) for k in ("dtype", "optimizer")
+        return {k: (priced[k], self.training.get(k)) for k in PRICED_TRAINING
                 if k in priced and priced[k] != self.training.get(k)}
+
+    def parallel_edits(self) -> dict:
+        """knob -> (priced, now) for each knob of ``parallel`` that differs from the configuration
+        its predictions were priced with (``search.priced``, recorded since 2026-12-06; {} for a
+        plan without it): a hand edit the other checks let through (new-user checks edited ep,
+        zero and recompute, and read the differences as the cost model's)."""
+        priced = (self.search or {}).get("priced") or {}
+        return {k: (priced[k], v) for k, v in self.parallel.items()
+                if k in priced and priced[k] != v}
+
+    def edits_note(self) -> str:
+        """One line on the hand edits of ``parallel`` and ``training`` since planning (the
+        predictions are the planned configuration's), with the re-plan that prices this one; ''
+        for none."""
+        edits = {**{f"parallel.{k}": v for k, v in self.parallel_edits().items()},
+                 **{f"training.{k}": v for k, v in self.training_edits().items()}}
+        if not edits:
+            return ""
+        pins = fix_text({k: v for k, v in self.parallel.items() if k in FIX_KEYS})
+        flags = "".join(f" --{k.replace('_', '-')} {v}" for k, (_, v) in
+                        self.training_edits().items())
+        return ("edited after planning (" + ", ".join(
+            f"{k} {old} -> {new}" for k, (old, new) in edits.items()) + "): the predictions, "
+            "memory check included, are the planned configuration's; re-plan with plan solve "
+            f"...{flags} --fix {pins} for a prediction of this one")
 
     def fingerprint_problem(self, spec: str, fingerprint: str) -> str:
         """'' when ``spec`` built with ``fingerprint`` is the planned model, else why not."""
@@ -172,7 +205,16 @@ JOB_SEPARATOR = "#"
 
 
 def load_plan(path: str) -> Plan:
-    """Read and validate a plan file, or one job's plan in a schedule (``SCHEDULE.json#JOB``)."""
+    """Read and validate a plan file, or one job's plan in a schedule (``SCHEDULE.json#JOB``);
+    warn where it was edited by hand after planning (Plan.edits_note)."""
+    plan = _read_plan(path)
+    note = plan.edits_note()
+    if note:
+        log.warning("%s: %s", path, note)
+    return plan
+
+
+def _read_plan(path: str) -> Plan:
     hint = "give the path of a plan `plan solve` wrote (plan solve MODEL ... -o plan.json)"
     file, sep, job = str(path).rpartition(JOB_SEPARATOR)
     if sep and file and not os.path.exists(str(path)):

@@ -127,20 +127,11 @@ def build(plan: Plan, opts: RunOptions, device: torch.device) -> Built:
     return out
 
 
-def edited_knobs(plan: Plan) -> dict:
-    """knob -> (priced, now) for each knob of ``parallel`` that differs from the configuration its
-    predictions were priced with (``search.priced``, recorded since 2026-12-06; {} for a plan
-    without it): a hand edit the other checks let run (a new-user check edited ep, zero and
-    recompute and read the differences as the cost model's)."""
-    priced = (plan.search or {}).get("priced") or {}
-    return {k: (priced[k], v) for k, v in plan.parallel.items() if k in priced and priced[k] != v}
-
-
 def unrun_notes(plan: Plan, layout: Layout) -> list[str]:
     """What of the plan the runtime runs otherwise than planned (printed by a run, and before it
     by ``plan run --dry-run``)."""
     notes = []
-    edited = edited_knobs(plan)
+    edited = plan.parallel_edits()
     if edited:  # (every knob a person pins, so that the re-plan prices this configuration; the
         # micro-batch count follows from the batch, dp and micro_batch)
         pins = fix_text({k: v for k, v in plan.parallel.items() if k in FIX_KEYS})

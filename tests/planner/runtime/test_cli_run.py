@@ -112,7 +112,9 @@ def test_a_hand_edit_of_the_training_is_named_as_such(capsys, make_plan, tmp_pat
     same file): the plan records what it was priced with (search.priced_training)."""
     path = make_plan("branched", "pp=1,tp=1,dp=2,micro_batch=2,zero=0")
     d = json.loads(open(path).read())
-    assert d["search"]["priced_training"] == {"dtype": "fp32", "optimizer": "sgd"}
+    assert d["search"]["priced_training"] == {"dtype": "fp32", "optimizer": "sgd",
+                                              "seq_len": d["training"]["seq_len"],
+                                              "global_batch": d["training"]["global_batch"]}
     d["training"]["optimizer"] = "adam"
     edited = tmp_path / "optimizer.json"
     edited.write_text(json.dumps(d))
@@ -124,6 +126,24 @@ def test_a_hand_edit_of_the_training_is_named_as_such(capsys, make_plan, tmp_pat
     code, out, err = run(capsys, "run", str(edited))
     _one_line_refusal(code, err, "training.dtype: bf16, but the plan was traced and priced in "
                       "fp32 (edited after planning); re-plan with plan solve ... --dtype bf16")
+
+
+def test_every_command_reading_a_hand_edited_plan_says_so(capsys, make_plan, tmp_path):
+    """A new-user check edited parallel.recompute and training.seq_len in a plan that still
+    passed every check: plan show and plan export printed the planned configuration's
+    predictions for it without a word. Reading a plan warns, naming the edits and the re-plan."""
+    d = json.loads(open(make_plan("branched", "pp=1,tp=1,dp=2,micro_batch=2,zero=0")).read())
+    seq = d["training"]["seq_len"]
+    d["parallel"]["recompute"] = "full"
+    d["training"]["seq_len"] = seq // 2
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(d))
+    for command in (["show", str(edited)], ["export", str(edited), "--to", "deepspeed"]):
+        code, out, err = run(capsys, *command)
+        assert code == 0, err
+        assert f"edited after planning (parallel.recompute none -> full, training.seq_len {seq} " \
+            f"-> {seq // 2}): the predictions" in err, (command, err)
+        assert f"plan solve ... --seq-len {seq // 2} --fix " in err and "recompute=full" in err
 
 
 def test_a_hand_edit_of_a_priced_knob_is_said_before_and_with_the_run(capsys, make_plan,
