@@ -293,10 +293,12 @@ def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
 
 
 def link_from_mapping(spec: Mapping, where: str, default_name: str,
-                      gpus_per_node: int | None = None) -> LinkSpec:
+                      gpus_per_node: int | None = None, no_width: str = "",
+                      fix: str = "give the figure per GPU (per: gpu, the default)") -> LinkSpec:
     """``{bandwidth_GBps, latency_us[, efficiency, name, per]}`` (or ``bandwidth``, ``latency``
     with units: costmodels.linkunits) -> LinkSpec, per GPU: ``per: node`` gives the node's
-    figure (its NICs together), shared by its ``gpus_per_node`` GPUs, as the sites form reads it."""
+    figure (its NICs together), shared by its ``gpus_per_node`` GPUs, as the sites form reads it;
+    ``no_width`` says why there is no one GPU count per node, where ``gpus_per_node`` is None."""
     if not isinstance(spec, Mapping):
         raise SpecError(f"{where}: expected a mapping like {{bandwidth_GBps: 25, latency_us: 10}}")
     unknown = set(spec) - _LINK_KEYS
@@ -304,9 +306,12 @@ def link_from_mapping(spec: Mapping, where: str, default_name: str,
         raise unknown_key(where, unknown, _LINK_KEYS)
     bandwidth, latency = link_figures(spec, where)
     per = spec.get("per", "gpu")
-    if per not in ("gpu", "node") or (per == "node" and not gpus_per_node):
+    if per not in ("gpu", "node"):
         raise SpecError(f"{where}.per: expected gpu or node (a node's figure, shared by its "
                         f"GPUs), got {per!r}")
+    if per == "node" and not gpus_per_node:
+        raise SpecError(f"{where}.per: node shares a node's figure among its GPUs, but "
+                        f"{no_width or 'this link has no one GPU count per node'}; {fix}")
     if per == "node":
         bandwidth /= gpus_per_node
     return LinkSpec(
@@ -453,8 +458,8 @@ def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing (see the heterogeneous cluster form in README.md)")
     widths = {g.get("gpus_per_node") for g in groups if isinstance(g, Mapping)}
-    inter_node = link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter",
-                                   widths.pop() if len(widths) == 1 else None)
+    width = next(iter(widths)) if len(widths) == 1 else None
+    no_width = "the groups have " + " and ".join(sorted(map(str, widths))) + " GPUs per node"
     built = []
     for i, g in enumerate(groups):
         here = f"{where}.groups[{i}]"
@@ -469,8 +474,14 @@ def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
             raise SpecError(f"{here}.name: {full['name']!r} names an earlier group too; give each "
                             "group its own name (plans and reports tell them apart by it)")
         built.append(cluster_from_mapping(full, here))
-    inter_group = (link_from_mapping(spec["inter_group"], f"{where}.inter_group", "inter-group")
-                   if "inter_group" in spec else inter_node)
+    # (each group reads inter_node with its own GPUs per node; without inter_group it also joins
+    # the groups, where a node's figure needs one GPU count per node)
+    inter_group = (link_from_mapping(spec["inter_group"], f"{where}.inter_group", "inter-group",
+                                     width, no_width) if "inter_group" in spec else
+                   link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter", width,
+                                     no_width + ", and with no inter_group it joins the groups "
+                                     "too", "give inter_group (the link between the groups), or "
+                                     "inter_node's figure per GPU (per: gpu, the default)"))
     _check_size(sum(g.num_gpus for g in built), f"{where}.groups")
     return HeteroCluster(name=str(spec["name"]), groups=tuple(built), inter_group=inter_group,
                          description=str(spec.get("description", "")))

@@ -94,6 +94,33 @@ def test_a_plain_cluster_reads_a_nodes_link_figure_as_the_sites_form_does():
         cluster_from_mapping({**spec, "inter_node": {**spec["inter_node"], "per": "rack"}})
 
 
+def test_the_groups_form_reads_a_nodes_figure_where_it_has_one_gpu_count_per_node():
+    """A new-user check: `per: node` on inter_group was refused as "expected gpu or node, got
+    'node'", and on inter_node wherever the groups' nodes differ, though each group has its own
+    count of GPUs per node. Each group reads inter_node with its own; the link between groups
+    with theirs where they share one, else the error says why and what to write."""
+    from costmodels.topology import hetero_from_mapping
+
+    node = {"bandwidth": "3200Gbps", "latency": "10us", "per": "node"}
+    groups = [{"name": n, "device": "h100", "nodes": 2, "gpus_per_node": 8,
+               "intra_node": {"bandwidth": "900GB/s", "latency": "3us"}} for n in "ab"]
+    spec = {"name": "two", "groups": groups, "inter_node": node, "inter_group": node}
+    hc = hetero_from_mapping(spec)
+    assert hc.inter_group.bandwidth_bytes_per_s == 50e9
+    assert all(g.inter_node.bandwidth_bytes_per_s == 50e9 for g in hc.groups)
+    narrow = [groups[0], {**groups[1], "gpus_per_node": 4}]
+    per_gpu = {"bandwidth": "400Gbps", "latency": "10us"}
+    hc = hetero_from_mapping({**spec, "groups": narrow, "inter_group": per_gpu})
+    assert [g.inter_node.bandwidth_bytes_per_s for g in hc.groups] == [50e9, 100e9]
+    with pytest.raises(SpecError, match=r"^cluster\.inter_group\.per: node shares a node's "
+                       r"figure among its GPUs, but the groups have 4 and 8 GPUs per node; give "
+                       r"the figure per GPU"):
+        hetero_from_mapping({**spec, "groups": narrow})
+    with pytest.raises(SpecError, match=r"^cluster\.inter_node\.per: .* with no inter_group it "
+                       r"joins the groups too; give inter_group"):
+        hetero_from_mapping({"name": "two", "groups": narrow, "inter_node": node})
+
+
 def test_a_sites_missing_key_comes_with_an_example():
     """A new-user check: 'sites[1].nodes: missing' said no more, where the plain form gives an
     example and the form's place in the README."""
