@@ -126,6 +126,8 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     la, lb = link_figures(a), link_figures(b)  # (links between sites or groups, by GB/s)
     inputs += [(k.split(" GB/s")[0], f"{la[k]:.4g} GB/s", f"{lb[k]:.4g} GB/s") for k in la
                if "GB/s" in k and k in lb and la[k] != lb[k]]
+    ga, gb = group_shapes(a), group_shapes(b)
+    inputs += [(k, ga[k], gb[k]) for k in ga if k in gb and ga[k] != gb[k]]
     changes = [f"{k} {knob(x)} -> {knob(y)}" for k, x, y in
                inputs + [c for c in config_changes(a, b) if c[0] != "num_microbatches"]]
     tables = [(n, x, y) for n, x, y in table_changes(a, b, short=True) if x != y]
@@ -206,6 +208,17 @@ def link_figures(p: Plan) -> dict:
     return out
 
 
+def group_shapes(p: Plan) -> dict:
+    """Each device group's or site's nodes, GPUs per node and device, and its links per GPU
+    inside and between nodes, by label ("group a100": "2 x 8 a100-80g, 300/12.5 GB/s"): the
+    cluster's totals do not tell a group's change apart (a new-user check shrank one group's
+    nodes to 3 GPUs and read only the GPU count changed)."""
+    return {f"group {g.get('name')}": f"{g.get('nodes')} x {g.get('gpus_per_node')} "
+            f"{g.get('device')}, {g.get('intra_node_GBps', 0):.4g}/"
+            f"{g.get('inter_node_GBps', 0):.4g} GB/s"
+            for g in p.cluster.get("groups") or [] if isinstance(g, Mapping)}
+
+
 def device_figure(p: Plan, key: str) -> float | None:
     """The plan's device figure ``key`` (DEVICE_FIGURES; the peak in the training's GEMM dtype),
     from its cluster's spec (a mapping: a calibration's or a file's device; or a preset name) or,
@@ -261,6 +274,9 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     la, lb = link_figures(a), link_figures(b)
     out += [Diff("inputs", k, la.get(k), lb.get(k), "rate")
             for k in list(la) + [k for k in lb if k not in la]]
+    ga, gb = group_shapes(a), group_shapes(b)
+    out += [Diff("inputs", k, ga.get(k), gb.get(k), "text")
+            for k in list(ga) + [k for k in gb if k not in ga]]
     ra, rb = a.memory_reserve(), b.memory_reserve()  # each device's memory the search kept free
     out += [Diff("inputs", "memory reserve fraction", ra["memory_reserve_fraction"],
                  rb["memory_reserve_fraction"], "rate"),

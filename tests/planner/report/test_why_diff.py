@@ -222,6 +222,16 @@ def test_diff_compares_stages_one_by_one_only_for_the_same_split(tiny_llama_conf
     moved = [(d.label, d.a, d.b) for d in compare.compare(h, g)
              if d.section == "stages" and d.label.endswith("group")]
     assert moved == [("stage 0 group", "h100s", "a100s"), ("stage 1 group", "a100s", "h100s")]
+    # and each group's nodes, GPUs per node and links (a new-user check shrank a group's nodes
+    # from 8 GPUs to 3: the diff said only that the GPU count changed, and the per-node figure,
+    # the largest group's, "same in both")
+    group = {"name": "v100", "device": "v100", "nodes": 2, "gpus_per_node": 8,
+             "intra_node_GBps": 150, "inter_node_GBps": 12.5}
+    wide, narrow = (dataclasses.replace(a, cluster={**a.cluster, "groups": [
+        {**group, "gpus_per_node": n}]}) for n in (8, 3))
+    shapes = [(d.label, d.a, d.b) for d in compare.compare(wide, narrow) if d.differs]
+    assert ("group v100", "2 x 8 v100, 150/12.5 GB/s", "2 x 3 v100, 150/12.5 GB/s") in shapes
+    assert "group v100 2 x 8 v100, 150/12.5 GB/s -> 2 x 3 v100" in compare.headline(wide, narrow)
 
 
 def test_why_with_a_knob_the_model_cannot_take_is_bad_input(capsys, small_plan):
