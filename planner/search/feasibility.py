@@ -11,7 +11,7 @@ from typing import Callable
 from costmodels import pipeline
 from costmodels.memory import modules_of
 from costmodels.topology import Cluster, HeteroCluster
-from planner.errors import SpecError
+from planner.errors import PlannerError, SpecError
 from planner.options import (CP_COMMS, MAX_MICROBATCHES, PP_INNER, Config, SearchOptions,
                              TrainingSpec, fix_text, pp_inner_refused, zero_runs_with_cp)
 from planner.search.costs import ModelArrays, block_costs, block_state_bytes, capacity_bytes
@@ -476,7 +476,10 @@ def explain_infeasible(ma: ModelArrays, bg: BlockGraph, cluster, training: Train
         if not priced:  # the rules alone left nothing: bad input
             raise SpecError(f"{lead}no configuration{with_pins} is possible on the cluster's groups "
                             f"({counted}); {relax}")
-        return f"no plan fits: no configuration{with_pins} fits the cluster's groups ({summary})"
+        kind = "sites" if cluster.is_sites else "groups"
+        return (f"no plan fits: no configuration{with_pins} fits the cluster's {kind} ({summary})"
+                + _groups_alone_note(ma, bg, cluster, training, options)
+                + ("; relax --fix" if pins else ""))
     cap = capacity_bytes(cluster, options)
     lean = leanest(ma, bg, cluster, training, options)
     if lean is None and priced:  # memory stops what the rules allow
@@ -553,6 +556,34 @@ def dp_fits(bg: BlockGraph, cluster: Cluster, training: TrainingSpec, options: S
     lean = leanest(ModelArrays.from_blocks(bg), bg, cluster, training,
                    replace(options, fix={**options.fix, "dp": dp}))
     return lean is not None and lean[0] <= capacity_bytes(cluster, options)
+
+
+def _groups_alone_note(ma, bg, cluster: HeteroCluster, training: TrainingSpec,
+                       options: SearchOptions) -> str:
+    """What the leanest configuration needs on each device group alone against what its devices
+    leave (a new-user check got only the count of configurations out of memory on groups): a
+    group alone that fits is named as the way out."""
+    parts, fits = [], []
+    for group in cluster.groups:
+        try:
+            lean = leanest(ma, bg, group, training, options)
+        except PlannerError:  # (a pin this group cannot take)
+            lean = None
+        if lean is None:
+            continue
+        cap = capacity_bytes(group, options)
+        parts.append(f"{group.name} ({group.num_gpus} x {group.device.name}) {gb(lean[0])} of "
+                     f"{gb(cap)} usable")
+        if lean[0] <= cap:
+            fits.append(group.name)
+    if not parts:
+        return ""
+    way = (f"; {' and '.join(fits)} alone would fit: plan on "
+           f"{'it' if len(fits) == 1 else 'one of them'} alone (a cluster file of that group)"
+           if fits else "")
+    kind = "site" if cluster.is_sites else "group"
+    return (f"; the leanest configuration on each {kind} alone needs per GPU: {'; '.join(parts)}"
+            f"{way.replace('group', kind)}")
 
 
 def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:

@@ -1,5 +1,6 @@
 """Heterogeneous clusters: loading, device-aware stage sizes, and the CP-SAT placement model."""
 
+import re
 import itertools
 
 import pytest
@@ -315,6 +316,16 @@ def test_nothing_fitting_a_cluster_of_groups_says_no_plan_fits(mid_gpt2):
     with pytest.raises(InfeasibleError) as err:
         plan_prepared(mid_gpt2, load_cluster(tiny), tr, SearchOptions(top_k=1))
     assert str(err.value).startswith("no plan fits: no configuration fits the cluster's groups (")
+    # what the leanest needs on each group alone against its devices (a new-user check got only
+    # the count out of memory), and a group alone that fits named as the way out
+    assert re.search(r"; the leanest configuration on each group alone needs per GPU: "
+                     r"\w+ \(\d+ x small-\w+\) [\d.]+ GB of [\d.]+ GB usable", str(err.value))
+    crumb = {**tiny["groups"][1], "device": {**tiny["groups"][1]["device"], "memory_GB": 0.05}}
+    roomy = {**tiny, "groups": [MIXED["groups"][0], crumb]}
+    with pytest.raises(InfeasibleError) as err:
+        plan_prepared(mid_gpt2, load_cluster(roomy), tr, SearchOptions(top_k=1))
+    assert str(err.value).endswith(f"{MIXED['groups'][0]['name']} alone would fit: plan on it "
+                                   "alone (a cluster file of that group)")
 
 
 def test_a_pinned_pp_is_checked_against_the_depths_the_groups_can_take(mid_gpt2):
