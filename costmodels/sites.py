@@ -186,8 +186,9 @@ def replicas_allreduce_s(nbytes: float, hc: HeteroCluster, members: Sequence[int
         return hc.site_link(g, h).transfer_s(sent, site.num_gpus, site.nodes,
                                              messages=2 * (k - 1) * max(1, calls))
 
+    edges = {(g, h): edge_s(g, h) for g in members for h in members if g != h}  # (each once)
     first, rest = members[0], list(members[1:])
     orders = [(first, *p) for p in itertools.permutations(rest)] if k <= RING_ORDERS_UP_TO \
         else [tuple(members)]
-    best = min(orders, key=lambda o: max(edge_s(o[i], o[(i + 1) % k]) for i in range(k)))
-    return max(edge_s(best[i], best[(i + 1) % k]) for i in range(k)), best
+    best = min(orders, key=lambda o: max(edges[o[i], o[(i + 1) % k]] for i in range(k)))
+    return max(edges[best[i], best[(i + 1) % k]] for i in range(k)), best

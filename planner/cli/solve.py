@@ -61,7 +61,10 @@ def register(add) -> None:
                    "moe_host_op_s (seconds; README: MoE engine settings), and for "
                    "recommendation models host_op_s (seconds per op the host issues)")
     s.add_argument("--top-k", type=count, default=3, help="runners-up to keep (default 3)")
-    s.add_argument("--time-limit", type=positive_float, help="seconds; return the best plan found so far")
+    s.add_argument("--time-limit", type=positive_float,
+                   help="seconds; return the best plan found so far (on groups or sites, each "
+                   "comparison after the search, one group alone and data parallel across "
+                   "sites, takes at least a second more)")
     s.add_argument("--trace", default="auto", choices=TRACE_METHODS,
                    help="tracer (default: torch.export, the ATen graph; then torch.fx)")
     s.add_argument("--no-cache", action="store_true",
