@@ -37,11 +37,15 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     tp, pp = fix.get("tp"), fix.get("pp")
     if tp is not None:
         broken = tp_reasons(tp, space, pinned=True)
+        # (the degrees named are those every rule takes: a new-user check was offered tp=16 on
+        # groups of 8-GPU nodes, which tp's node rule then refused)
+        allowed = [d for d in divisors(n) if not tp_reasons(d, space, pinned=True)]
         if TP_GPUS in broken:
             how = "is more than" if tp > n else "does not divide"
-            return f"fix.tp: {tp} {how} {whose.format(n=n)}; use one of {_some(divisors(n))}"
+            return (f"fix.tp: {tp} {how} {whose.format(n=n)}; use one of "
+                    f"{_some(allowed or divisors(n))}")
         if TP_MODEL in broken:
-            fits = [d for d in divisors(n) if not any(x % d for x in space.tp_divisors)]
+            fits = allowed
             return (f"fix.tp: {tp} does not divide the model's heads and split sizes "
                     f"({', '.join(map(str, space.tp_divisors))}); use one of {_some(fits)}")
         if TP_INNER in broken:
@@ -67,6 +71,7 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         widths = [w for w in divisors(n) if (tp is None or w % tp == 0) and
                   (dp is None or w % dp == 0) and (None in (tp, dp) or w == tp * dp)]
         depths = sorted({sum(g // w for g in space.group_gpus) for w in widths})
+        depths = [d for d in depths if not pp_reason(d, fix.get("vpp", 1), space)] or depths
         if depths and pp not in depths:
             sizes = " + ".join(map(str, space.group_gpus))
             with_pins = ", ".join(f"{k}={v}" for k, v in (("tp", tp), ("dp", dp)) if v)

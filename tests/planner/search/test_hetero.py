@@ -352,3 +352,14 @@ def test_with_three_sites_or_more_some_of_them_are_named_as_a_way_too():
     _, two = alone.verdict(rows, 13.6, sites=True, kinds=2, groups=2)
     assert "plan on a alone" in three and "or on some of the sites" in three
     assert "plan on a alone" in two and "some of the sites" not in two
+
+
+def test_a_wrong_tp_pin_is_offered_only_degrees_the_rules_take(mid_gpt2):
+    """A new-user check pinned tp=3 on groups of two 8-GPU nodes and was offered tp=16, which
+    the rule keeping tensor parallelism inside a node then refused: the degrees offered are
+    those every rule takes."""
+    two = {**MIXED, "groups": [{**g, "nodes": 2} for g in MIXED["groups"]]}
+    tr = TrainingSpec(global_batch=16, seq_len=mid_gpt2.seq_len, dtype="fp16")
+    with pytest.raises(SpecError, match=r"^fix.tp: 3 does not divide the 4 GPUs of each group or "
+                                        r"site, .*; use one of 1, 2$"):
+        plan_prepared(mid_gpt2, load_cluster(two), tr, SearchOptions(fix={"tp": 3}, top_k=1))
