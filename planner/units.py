@@ -47,12 +47,13 @@ def dollars(x: float | None) -> str:
 
 
 def duration(seconds: float) -> str:
-    """A span of time in the largest fitting unit: '2.50 h', '3.3 min', '42 s'."""
+    """A span of time in the largest fitting unit: '2.50 h', '3.3 min', '42.5 s', '9.23 s' (three
+    significant figures under a minute: whole seconds hid a 2.6% gain between makespans of 9 s)."""
     if abs(seconds) >= 3600:
         return f"{seconds / 3600:.2f} h"
     if abs(seconds) >= 60:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds:.0f} s"
+    return f"{seconds:.3g} s"
 
 
 def counted(n: int, noun: str) -> str:

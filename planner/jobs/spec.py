@@ -15,6 +15,7 @@ from typing import Mapping
 from costmodels.errors import suggest
 from planner.errors import SpecError
 from planner.files import read_yaml
+from planner.planfile.document import JOB_SEPARATOR
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +74,10 @@ def jobs_from_mapping(data, *, base_dir: str = "") -> JobsSpec:
     for i, name in enumerate(names):
         if name in names[:i]:
             raise SpecError(f"jobs[{i}].name: '{name}' is used twice; job names must be unique")
+        if JOB_SEPARATOR in name:  # (SCHEDULE.json#JOB names a job's plan: load_plan)
+            raise SpecError(f"jobs[{i}].name: '{name}' holds '{JOB_SEPARATOR}', which separates "
+                            f"a schedule file from a job's name (SCHEDULE.json{JOB_SEPARATOR}JOB) "
+                            "in plan show, diff and export; name it without")
     cluster = top.get("cluster")
     if isinstance(cluster, str) and cluster.endswith((".yaml", ".yml")):
         cluster = _model_path(cluster, base_dir)  # a cluster file beside the jobs file, too

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from planner.report.text import model_name, runs, table
 from planner.solve.job_schedule import TIE_BREAK
-from planner.units import cluster_text, duration
+from planner.units import cluster_text, counted, duration
 
 
 def summary(doc: dict, solve_time_s: float) -> str:
     """The schedule as a person reads it: one row per job, then makespan and baselines."""
     c = doc["cluster"]
-    lines = [f"Joint schedule of {len(doc['jobs'])} jobs on {cluster_text(c)}"
+    lines = [f"Joint schedule of {counted(len(doc['jobs']), 'job')} on {cluster_text(c)}"
              + (f", re-planned at {duration(doc['now_s'])} (done: {', '.join(doc['done']) or '-'})"
                 if doc["now_s"] else ""), ""]
     rows = [("job", "model", "GPUs", "nodes", "GPU ids", "start", "end", "state", "plan")]

@@ -274,6 +274,8 @@ def _with(path, value):
     (("jobs", 0, "steps"), "ten", "jobs[0].steps: expected a positive integer"),
     (("jobs", 1, "deadline_s"), -1, "jobs[1].deadline_s: expected seconds > 0"),
     (("jobs", 1, "name"), "a", "jobs[1].name: 'a' is used twice"),
+    # (SCHEDULE.json#JOB could not address it: a new-user check)
+    (("jobs", 1, "name"), "a#b", "jobs[1].name: 'a#b' holds '#', which separates"),
     (("jobz",), [], "jobz: unknown key; did you mean jobs?"),
     (("jobs",), [], "jobs: expected a non-empty list"),
     (("jobs", 0), "gpt2", "jobs[0]: expected a mapping"),
