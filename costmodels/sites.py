@@ -147,7 +147,8 @@ def sites_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
 
 
 def with_site_bandwidth(hc: HeteroCluster, bytes_per_s: float) -> HeteroCluster:
-    """Every link between sites set to ``bytes_per_s`` (what-if sweeps)."""
+    """Every link between sites set to ``bytes_per_s``, each in its own scope (``per``), and the
+    link between device groups, per GPU (what-if sweeps)."""
     links = tuple((pair, replace(link, bandwidth_bytes_per_s=bytes_per_s))
                   for pair, link in hc.links)
     return replace(hc, links=links,

@@ -31,8 +31,9 @@ def register(add) -> None:
     w.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2,...",
                    help=f"values to sweep (repeatable); KEY is one of {', '.join(VARY_KEYS)} "
                         "(node bandwidths in GB/s per GPU, or with units: 400Gbps; "
-                        "inter_region_bandwidth: the whole link between two sites, or between "
-                        "device groups, with its unit: 10Gbps or 1.25GB/s)")
+                        "inter_region_bandwidth: every link between two sites, in the scope the "
+                        "file gives it (per site by default), or per GPU between device groups, "
+                        "with its unit: 10Gbps or 1.25GB/s)")
     w.add_argument("--nodes", type=positive_int, help="nodes at every point (unless varied)")
     w.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node at every point")
     w.add_argument("--global-batch", type=positive_int, help="samples per optimizer step (or vary it)")
