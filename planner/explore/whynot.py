@@ -22,6 +22,7 @@ from planner.planfile.document import Plan
 from planner.report.compare import stage_blocks
 from planner.report.text import pins_text
 from planner.search.costs import ModelArrays, capacity_bytes, config_costs
+from planner.search import hetero
 from planner.search.feasibility import cluster_pin_problem, pin_problem
 from planner.search.loop import OUTCOMES, SearchResult, rejection_lines, search
 from planner.search.pricing import price
@@ -101,6 +102,11 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
         prepared, cluster, training, options = replan_inputs(plan, {**carried, **pins}, model)
     except SpecError as err:  # a pin the plan's target refuses: named as the option gave it
         raise SpecError(_as_why(_for_show(str(err)), pins, _fixed(plan))) from None
+    if isinstance(cluster, HeteroCluster):  # a knob groups and sites do not price, refused
+        try:                                # before the slow part (a new-user check waited 7 s)
+            hetero.restrict(options)
+        except SpecError as err:
+            raise SpecError(_as_why(str(err), pins, _fixed(plan))) from None
     if getattr(cluster, "is_sites", False):  # the pipeline over the sites, or data parallelism
         return _over_sites(plan, pins, prepared, cluster, training, options,  # across them
                            carried_notes)

@@ -120,6 +120,18 @@ def test_why_not_re_plans_a_plan_over_sites_from_its_file(prepared, tmp_path):
     # names it (a new-user check: it read "no plan fits", exit 3)
     with pytest.raises(SpecError, match="why.tp: 8 is more than the 4 GPUs of each group"):
         why_not(plan, {"tp": 8})
+    # a knob sites do not price, refused before the site alone and across sites are planned (a
+    # new-user check waited 7 s for the refusal)
+    import planner.search.replicas as replicas  # noqa: PLC0415
+    called = []
+    real, replicas.sites_replicas = replicas.sites_replicas, lambda *a, **k: called.append(1)
+    try:
+        with pytest.raises(SpecError, match="why.cp: context and expert parallelism are not "
+                                            "priced on clusters of device groups or sites"):
+            why_not(plan, {"cp": 2})
+    finally:
+        replicas.sites_replicas = real
+    assert not called
 
 
 def test_plan_diff_names_a_change_of_the_links_between_sites(prepared):
