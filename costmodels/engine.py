@@ -326,12 +326,11 @@ PRESETS: dict[str, dict] = {
     # (its flash backend: FlashAttention-2 kernels), replicate / fully_shard (FSDP2's buffer
     # copies; experts outside them), micro-batches always under torch.distributed.pipelining's
     # schedules, its own ring attention, the routing weights after the experts (transformers'
-    # MoE code). Its states stay in the plan's dtype, priced as mixed precision (more memory
-    # than it takes)
+    # MoE code). Its states stay in the plan's dtype, no master copy (state_layout=native)
     "torch": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
               "fsdp_copies": True, "pipelined_accumulation": True, "cp_ring": "runtime",
               "moe_probs_in_activation": False, "selective": "matmuls",
-              "tp_grad_overlap": False},
+              "tp_grad_overlap": False, "state_layout": "native"},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction (overlap_comm); its
     # ZeRO-1/2 optimizer gathers the updated weights inside step()
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
@@ -369,6 +368,8 @@ def describe(engine: EngineSpec, attention: bool = True) -> str:
         words += ", gradients reduced in bf16"
     elif engine.state_layout == "fsdp2":
         words += ", FSDP2 states (fp32 parameters and gradients, reduced in fp32)"
+    elif engine.state_layout == "native":
+        words += ", states in the training dtype (no master copy)"
     return f"{words} (= --engine {engine_setting(engine)})"
 
 

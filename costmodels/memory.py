@@ -57,7 +57,7 @@ def precision_class(dtype: str) -> str:
     return "fp32" if dtype == "fp32" else "mixed"
 
 
-STATE_LAYOUTS = ("megatron", "megatron-bf16-grads", "zero", "fsdp2")
+STATE_LAYOUTS = ("megatron", "megatron-bf16-grads", "zero", "fsdp2", "native")
 """How an engine stores model states: ``zero`` as the ZeRO paper counts them (16 bytes per
 parameter in mixed precision: 16-bit weights and gradients, 12 bytes of fp32 master weights and
 Adam moments);
@@ -71,7 +71,11 @@ FSDP2 keeps them under torchtitan's mixed precision (MixedPrecisionPolicy with b
 and fp32 reduction, its job_config defaults mixed_precision_param and mixed_precision_reduce):
 fp32 sharded parameters that are the optimizer's master copy, fp32 gradients (reduced in fp32)
 and moments, 16 bytes; without resharding after forward (ZeRO-2) the gathered bf16 parameters
-stay too, and DDP (ZeRO-0) keeps the fp32 parameters whole."""
+stay too, and DDP (ZeRO-0) keeps the fp32 parameters whole; ``native`` as the planner's runtime
+(``plan run``) keeps them: every state in the training dtype, no master copy (a bf16 model under
+torch.optim: 2 + 2 + 4 bytes with Adam), sharded by FSDP2's fully_shard, which has no ZeRO-1:
+ZeRO-1 and 2 both shard parameters and gradients and keep the gathered parameters from forward
+to backward (planner.runtime.parallelize)."""
 
 
 def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int,
@@ -122,6 +126,9 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
     weight_b = 4 if dtype == "fp32" else 2
     grad_b = weight_b
     opt_b = OPTIMIZER_STATE_BYTES[key]
+    if layout == "native":  # the moments in the training dtype, no master copy
+        opt_b = (2 if opt == "adam" else 1) * weight_b
+        zero = max(zero, 2) if zero else 0  # (fully_shard: ZeRO-1 runs as ZeRO-2)
     if layout == "megatron" and dtype in ("bf16", "fp8"):
         grad_b = 4  # the fp32 main-gradient buffer backward accumulates into
     elif layout.startswith("megatron") and dtype == "fp16":
@@ -133,6 +140,8 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
         if dtype != "fp32":
             grad_b, opt_b = 4, opt_b - 4
         weights = params * 4 / (dp if zero >= 2 else 1) + (params * weight_b if zero == 2 else 0)
+    elif layout == "native" and zero == 2 and dp > 1:  # the gathered ones, forward to backward
+        weights = params * weight_b / dp + params * weight_b
     grads = params * grad_b / (dp if zero >= 2 else 1)
     if deferred:
         unsharded = params * grad_b  # never less than the sharded gradients it replaces
@@ -167,7 +176,7 @@ def optimizer_traffic_bytes(*, dtype: str, optimizer: str, layout: str = "zero")
     optimizer states (fp32 master weights, moments, and Megatron's fp32 main gradients where the
     optimizer keeps them) and writes the compute-dtype weights."""
     s = model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=0, dp=1, layout=layout)
-    if layout == "fsdp2":  # the fp32 parameters are the master copy: read and written
+    if layout in ("fsdp2", "native"):  # the parameters are the master copy: read and written
         return s["grads"] + 2 * (s["optimizer"] + s["weights"])
     return s["grads"] + 2 * s["optimizer"] + s["weights"]
 

@@ -379,7 +379,9 @@ STATE_LAYOUT_WORDS = {"zero": "model states as ZeRO lays them out (16-bit weight
                       "megatron-bf16-grads": "model states as Megatron-Core lays them out with "
                                              "--grad-reduce-in-bf16",
                       "fsdp2": "model states as torchtitan's FSDP2 lays them out (fp32 "
-                               "parameters and gradients)"}
+                               "parameters and gradients)",
+                      "native": "model states as the planner's runtime keeps them (in the "
+                                "training dtype, no master copy)"}
 """How a re-check names a state layout (costmodels.memory.STATE_LAYOUTS) other than the plan's."""
 
 

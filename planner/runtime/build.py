@@ -164,7 +164,7 @@ def unrun_notes(plan: Plan, layout: Layout) -> list[str]:
                      "planned")
     dtype = plan.training["dtype"]
     layout_name = (plan.training.get("engine") or {}).get("state_layout", "megatron")
-    if dtype in ("bf16", "fp16"):  # (every STATE_LAYOUTS keeps fp32 master weights)
+    if dtype in ("bf16", "fp16") and layout_name != "native":  # (the others keep fp32 masters)
         notes.append(f"the model trains in {dtype} throughout: parameters, gradients and "
                      f"optimizer states in {dtype}, no fp32 master copy, where the plan prices "
                      f"the {layout_name} layout, with fp32 master weights: model states and "

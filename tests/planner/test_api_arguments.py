@@ -339,8 +339,9 @@ def test_arguments_the_api_cannot_use_are_refused_naming_them(tiny_llama_config,
     with pytest.raises(SpecError, match=r"^progress: expected a callable taking \(done, total\)"):
         planner.plan_prepared(tiny_llama, planner.load_cluster("dgx-h100", nodes=1), training,
                               planner.SearchOptions(), progress=5)
+    # (the degrees every rule takes: the tiny Llama's heads split in 2 at most)
     with pytest.raises(SpecError, match=r"^fix\.tp: 16 is more than the cluster's 8 GPUs; use "
-                                        r"one of 1, 2, 4, 8$"):
+                                        r"one of 1, 2$"):
         planner.plan_prepared(tiny_llama, planner.load_cluster("dgx-h100", nodes=1), training,
                               planner.SearchOptions(fix={"tp": 16}))
 
