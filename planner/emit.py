@@ -173,6 +173,7 @@ def across_sites(site_plan: Plan, row: dict, *, cluster: HeteroCluster, training
     search = {**site_plan.search, "alternatives": runner_up, "target": options.target,
               "options": _options_record(options),
               "priced": {**whole.to_dict(), "dp_replicate": k},
+              "priced_training": priced_training(training),  # (the whole batch, not a site's)
               "sites_replicas": [{**r, "chosen": True} if r["sites"] == row["sites"] else r
                                  for r in rows],
               **({"groups_alone": groups_alone} if groups_alone is not None else {})}

@@ -348,6 +348,9 @@ def test_the_choice_across_sites_is_kept_for_why_and_the_exports(prepared, tmp_p
     plan.save(tmp_path / "p.json")
     answer = why_not(load_plan(tmp_path / "p.json"), {"zero": 3})
     assert answer.feasible and answer.variant.parallel["dp_replicate"] == 2
+    # priced as it reads: the whole batch and configuration, not one site's share of them (a
+    # replicas plan read as edited: global_batch 256 -> 512)
+    assert plan.edits_note() == "" and answer.variant.edits_note() == ""
 
 
 def test_replicas_on_sites_of_two_kinds_are_refused_before_tracing(tmp_path):
