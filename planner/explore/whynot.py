@@ -102,9 +102,11 @@ def why_not(plan: Plan, pins, model: str | None = None) -> WhyNot:
         prepared, cluster, training, options = replan_inputs(plan, {**carried, **pins}, model)
     except SpecError as err:  # a pin the plan's target refuses: named as the option gave it
         raise SpecError(_as_why(_for_show(str(err)), pins, _fixed(plan))) from None
-    if isinstance(cluster, HeteroCluster):  # a knob groups and sites do not price, refused
-        try:                                # before the slow part (a new-user check waited 7 s)
-            hetero.restrict(options)
+    if isinstance(cluster, HeteroCluster) and (
+            not cluster.is_sites or options.across_sites == "pipeline"
+            or len(set(hetero.kinds(cluster))) > 1):  # only a pipeline over them can run
+        try:  # a knob it does not price, refused before the slow part (a new-user check waited
+            hetero.restrict(options)  # 7 s); alike sites' replicas may run it (plan_prepared)
         except SpecError as err:
             raise SpecError(_as_why(str(err), pins, _fixed(plan))) from None
     if getattr(cluster, "is_sites", False):  # the pipeline over the sites, or data parallelism

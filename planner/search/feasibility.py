@@ -71,8 +71,8 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
         widths = [w for w in divisors(n) if (tp is None or w % tp == 0) and
                   (dp is None or w % dp == 0) and (None in (tp, dp) or w == tp * dp)]
         depths = sorted({sum(g // w for g in space.group_gpus) for w in widths})
-        depths = [d for d in depths if not pp_reason(d, fix.get("vpp", 1), space)] or depths
-        if depths and pp not in depths:
+        if depths and pp not in depths:  # (offered: the depths the model's blocks allow)
+            depths = [d for d in depths if not pp_reason(d, fix.get("vpp", 1), space)] or depths
             sizes = " + ".join(map(str, space.group_gpus))
             with_pins = ", ".join(f"{k}={v}" for k, v in (("tp", tp), ("dp", dp)) if v)
             return (f"fix.pp: {pp} {'stage does' if pp == 1 else 'stages do'} not fill the "
@@ -583,12 +583,12 @@ def _groups_alone_note(ma, bg, cluster: HeteroCluster, training: TrainingSpec,
             fits.append(group.name)
     if not parts:
         return ""
-    way = (f"; {' and '.join(fits)} alone would fit: plan on "
-           f"{'it' if len(fits) == 1 else 'one of them'} alone (a cluster file of that group)"
-           if fits else "")
     kind = "site" if cluster.is_sites else "group"
-    return (f"; the leanest configuration on each {kind} alone needs per GPU: {'; '.join(parts)}"
-            f"{way.replace('group', kind)}")
+    way = (f"; {' and '.join(fits)} alone would fit: plan on "
+           f"{'it' if len(fits) == 1 else 'one of them'} alone (a cluster file of that {kind})"
+           if fits else "")
+    return (f"; the leanest configuration on each {kind} alone needs per GPU: "
+            f"{'; '.join(parts)}{way}")
 
 
 def _more_nodes_hint(ma, bg, cluster, training, options, cap) -> str:

@@ -363,3 +363,21 @@ def test_a_wrong_tp_pin_is_offered_only_degrees_the_rules_take(mid_gpt2):
     with pytest.raises(SpecError, match=r"^fix.tp: 3 does not divide the 4 GPUs of each group or "
                                         r"site, .*; use one of 1, 2$"):
         plan_prepared(mid_gpt2, load_cluster(two), tr, SearchOptions(fix={"tp": 3}, top_k=1))
+
+
+def test_a_pp_that_fills_the_groups_but_exceeds_the_blocks_says_so(mid_gpt2):
+    """The depths offered for a pp that does not fill the groups are those the model's blocks
+    allow; a pp that fills them but exceeds the blocks is refused for the blocks (a review: the
+    filtered list made it read 'does not fill the groups')."""
+    wide = {**MIXED, "groups": [{**g, "nodes": 32} for g in MIXED["groups"]]}
+    tr = TrainingSpec(global_batch=128, seq_len=mid_gpt2.seq_len, dtype="fp16")
+    blocks = len(mid_gpt2.blocks.blocks)
+    too_deep = next(d for d in (2 ** k for k in range(1, 8)) if d > blocks)
+    with pytest.raises(SpecError, match=rf"^fix: pp={too_deep} stages for a model of {blocks} "
+                                        r"blocks"):
+        plan_prepared(mid_gpt2, load_cluster(wide), tr,
+                      SearchOptions(fix={"pp": too_deep}, top_k=1))
+    with pytest.raises(SpecError, match=r"^fix.pp: 3 stages do not fill the groups") as err:
+        plan_prepared(mid_gpt2, load_cluster(wide), tr, SearchOptions(fix={"pp": 3}, top_k=1))
+    offered = [int(d) for d in str(err.value).rsplit("use one of ", 1)[1].split(", ")]
+    assert offered and max(offered) <= blocks

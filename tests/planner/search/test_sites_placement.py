@@ -120,18 +120,23 @@ def test_why_not_re_plans_a_plan_over_sites_from_its_file(prepared, tmp_path):
     # names it (a new-user check: it read "no plan fits", exit 3)
     with pytest.raises(SpecError, match="why.tp: 8 is more than the 4 GPUs of each group"):
         why_not(plan, {"tp": 8})
-    # a knob sites do not price, refused before the site alone and across sites are planned (a
-    # new-user check waited 7 s for the refusal)
+    # where only the pipeline over the sites can run (--across-sites pipeline, or sites of more
+    # than one kind), a knob it does not price is refused before the site alone and across
+    # sites are planned (a new-user check waited 7 s for the refusal); alike sites' replicas
+    # may run it, so there the why goes on (a review: every why of a cp plan was refused)
     import planner.search.replicas as replicas  # noqa: PLC0415
+    piped = plan_prepared(prepared, hc, training, SearchOptions(top_k=0, across_sites="pipeline"))
     called = []
     real, replicas.sites_replicas = replicas.sites_replicas, lambda *a, **k: called.append(1)
     try:
         with pytest.raises(SpecError, match="why.cp: context and expert parallelism are not "
                                             "priced on clusters of device groups or sites"):
-            why_not(plan, {"cp": 2})
+            why_not(piped, {"cp": 2})
     finally:
         replicas.sites_replicas = real
     assert not called
+    across = why_not(plan, {"cp": 2})
+    assert across.pins == {"cp": 2}
 
 
 def test_plan_diff_names_a_change_of_the_links_between_sites(prepared):
