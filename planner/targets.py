@@ -160,6 +160,9 @@ ENGINES: dict[str, Engine] = {
                     schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                     offload=False, sequence_parallel=(False,), cp_comms=("p2p",),
                     recompute=("none", "selective", "full"),
+                    # fully_shard has no ZeRO-1: it runs as ZeRO-2 (priced alike under its
+                    # state_layout=native; offered once)
+                    zero=(0, 2, 3), zero_with_pp=(0, 2, 3), zero_with_cp=(0, 2, 3),
                     expert_tensor_parallel=False, cp_comms_windowed=(), cp_comms_sinks=(),
                     # its experts run every routed token (no capacity), exchanged by
                     # point-to-point all-to-alls between the passes (planner.runtime.experts)

@@ -53,7 +53,7 @@ def register(add) -> None:
                    "selective=attention|matmuls, cp_ring=te|torch|runtime, "
                    "tp_overlap=true|false, tp_grad_overlap=true|false, "
                    "state_layout=megatron|megatron-bf16-grads|zero|"
-                   "fsdp2, fp8_recipe=delayed|current|block, and for MoE "
+                   "fsdp2|native, fp8_recipe=delayed|current|block, and for MoE "
                    "moe_dispatcher=alltoall|allgather|deepep, "
                    "moe_imbalance, moe_capacity_factor, moe_pad_to_capacity, moe_grouped_gemm, "
                    "moe_overlap, moe_shared_overlap, moe_etp_replicated, "

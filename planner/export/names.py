@@ -155,15 +155,18 @@ def torchtitan_names(plan: Plan, version: str) -> list[list[str]] | None:
 
 def top_level_names(plan: Plan) -> tuple[list[list[str]], str]:
     """Each stage's modules as torchtitan's split can find them in a model of the user's, and the
-    wrapper taken off ("" for none). The split keeps a stage's top-level modules and entries of
-    top-level layer lists (``layers.3``) by name, so a name nested deeper matches nothing: where
-    every nested name sits under one wrapper (Hugging Face's ``model.``), it is taken off, and the
-    user's model must hold the modules at the top level under the names left."""
-    parts = [list(st["modules"]) for st in plan.stages]
-    nested = {m.split(".")[0] for part in parts for m in part
-              if m.count(".") > 1 or (m.count(".") == 1 and not m.split(".")[1].isdigit())}
-    if len(nested) != 1:
-        return parts, ""
-    wrapper = nested.pop() + "."
-    return [[m[len(wrapper):] if m.startswith(wrapper) else m for m in part]
-            for part in parts], wrapper
+    wrappers taken off ("" for none; "model.language_model." for two). The split keeps a stage's
+    top-level modules and entries of top-level layer lists (``layers.3``) by name, so a name
+    nested deeper matches nothing: while every nested name sits under one wrapper (Hugging Face's
+    ``model.``), it is taken off, and the user's model must hold the modules at the top level
+    under the names left."""
+    parts, taken = [list(st["modules"]) for st in plan.stages], ""
+    while True:  # (wrappers within wrappers: model.language_model.layers.0)
+        nested = {m.split(".")[0] for part in parts for m in part
+                  if m.count(".") > 1 or (m.count(".") == 1 and not m.split(".")[1].isdigit())}
+        if len(nested) != 1:
+            return parts, taken
+        wrapper = nested.pop() + "."
+        taken += wrapper
+        parts = [[m[len(wrapper):] if m.startswith(wrapper) else m for m in part]
+                 for part in parts]

@@ -207,14 +207,15 @@ JOB_SEPARATOR = "#"
 def load_plan(path: str) -> Plan:
     """Read and validate a plan file, or one job's plan in a schedule (``SCHEDULE.json#JOB``);
     warn where it was edited by hand after planning (Plan.edits_note)."""
-    plan = _read_plan(path)
+    plan = read_plan(path)
     note = plan.edits_note()
     if note:
         log.warning("%s: %s", path, note)
     return plan
 
 
-def _read_plan(path: str) -> Plan:
+def read_plan(path: str) -> Plan:
+    """load_plan without its warning (each process of a run, which its launcher warned for)."""
     hint = "give the path of a plan `plan solve` wrote (plan solve MODEL ... -o plan.json)"
     file, sep, job = str(path).rpartition(JOB_SEPARATOR)
     if sep and file and not os.path.exists(str(path)):

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from planner.errors import InternalError, PlannerError, SpecError
 from planner.files import atomic_write
-from planner.planfile.document import load_plan
+from planner.planfile.document import read_plan
 from planner.runtime import experts as moe
 from planner.runtime import inner_weights
 from planner.runtime import measure
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p = parser("planner.runtime.worker")
     p.add_argument("plan")
     a = p.parse_args(argv)
-    return guarded(a, lambda opts, device: execute(load_plan(a.plan), opts, device))
+    return guarded(a, lambda opts, device: execute(read_plan(a.plan), opts, device))
 
 
 if __name__ == "__main__":  # pragma: no cover

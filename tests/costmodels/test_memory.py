@@ -148,6 +148,8 @@ def test_native_layout_keeps_every_state_in_the_training_dtype_as_plan_run_does(
     assert optimizer_traffic_bytes(**kw) == 2 + 2 * (4 + 2)
     torch = engine_from_mapping("torch")
     assert torch.state_layout == "native"
+    from planner import targets  # (and --target torch offers ZeRO-1 no more: priced as ZeRO-2,
+    assert 1 not in targets.engine("torch").zero  # it listed both as runners-up: a review)
     per = DataParallelBytes.of(TrainingSpec(global_batch=8, seq_len=128, dtype="bf16",
                                             engine=torch))
     assert (per.grads, per.weights) == (2, 2)

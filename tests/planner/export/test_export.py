@@ -1881,3 +1881,7 @@ def test_torchtitan_names_a_llama_of_other_dimensions_as_its_own_llama3(notes):
     assert names.torchtitan_names(other, "0.2.2") is None
     parts, wrapper = names.top_level_names(other)
     assert wrapper == "model." and parts[0][0] == "embed_tokens" and parts[-1][-1] == "lm_head"
+    nested = dataclasses.replace(other, stages=[  # (wrappers within wrappers: a review)
+        {**st, "modules": [m.replace("model.", "model.language_model.") for m in st["modules"]]}
+        for st in other.stages])
+    assert names.top_level_names(nested) == (parts, "model.language_model.")

@@ -463,9 +463,9 @@ def test_a_plan_for_any_target_says_which_engines_run_it_as_planned(small_plan):
 
     from planner.report.summary import summary
 
-    plan = load_plan(small_plan)
+    plan = load_plan(small_plan)  # (ZeRO-2: plan run has no ZeRO-1)
     zb = dataclasses.replace(plan, parallel={**plan.parallel, "pp": 2, "schedule": "zb-h1",
-                                             "zero": 1, "offload_optimizer": False,
+                                             "zero": 2, "offload_optimizer": False,
                                              "sequence_parallel": False})
     text = " ".join(summary(zb).split())
     assert "its knobs and dtype keep to the rules of torch (plan run), not megatron (schedule), " \
