@@ -182,7 +182,8 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         # layout rules out named as the layout's first)
         problem = (options.layout and layout_pp_problem(options.layout, options.fix.get("pp"),
                                                         options.fix.get("vpp"))) \
-            or cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch)
+            or cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch,
+                                   heads=zoo.attention_heads if zoo else 0)
         length = seq_len or (zoo.seq_len if zoo else 0)
         if zoo and not problem and length <= (zoo.learned_positions or length):
             # and those its published dimensions rule out (a sequence longer than its learned

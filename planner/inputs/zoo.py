@@ -120,6 +120,12 @@ class ZooEntry:
         return next((int(self.config[k]) for k in ROUTED_KEYS if self.config.get(k)), 0)
 
     @property
+    def attention_heads(self) -> int:
+        """Query heads per attention layer (0: none given), which every tensor-parallel degree
+        divides."""
+        return int(self.config.get("num_attention_heads") or self.config.get("n_head") or 0)
+
+    @property
     def experts_per_token(self) -> int:
         """Routed experts each token goes to (top-k; 0: a dense model)."""
         return int(self.config.get("num_experts_per_tok", 0)) if self.routed_experts else 0

@@ -310,16 +310,19 @@ def gpus_words(space: Space) -> str:
 
 
 def cluster_pin_problem(fix: dict, num_gpus: int, batch: int,
-                        whose: str = "the cluster's {n} GPUs") -> str:
+                        whose: str = "the cluster's {n} GPUs", heads: int = 0) -> str:
     """The part of pin_problem that needs no model (checked before tracing it): the pins against
     the cluster's GPUs (``whose``: gpus_words), the batch and each other (not the sequence: a
-    model may set its own, as image models do from their patches)."""
+    model may set its own, as image models do from their patches). ``heads``, where known before
+    the trace (a zoo model's query heads), narrows the tp degrees offered to those dividing it."""
     n, tp, pp, dp, cp = num_gpus, fix.get("tp"), fix.get("pp"), fix.get("dp"), fix.get("cp", 1)
     for key, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
         if value is not None and n % value:
             how = "is more than" if value > n else "does not divide"
-            return (f"fix.{key}: {value} {how} {whose.format(n=n)}; use one of "
-                    f"{_some(divisors(n))}")
+            by_heads = key == "tp" and heads > 0
+            offered = [d for d in divisors(n) if not by_heads or heads % d == 0]
+            return (f"fix.{key}: {value} {how} {whose.format(n=n)}; use one of {_some(offered)}"
+                    + (f" (dividing the model's {heads} heads)" if by_heads else ""))
     if None not in (tp, pp, dp) and tp * pp * dp * cp != n:
         return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs; "
                 "pin degrees whose product is the number of GPUs, or leave one out")

@@ -395,3 +395,11 @@ def test_a_tie_goes_to_a_plan_an_exported_engine_runs():
     lean = E(config="lean", step_time_s=10.001, peak_memory_bytes=40e9, rank=(10.001, 40e9))
     assert tie_broken([runs, lean], [runs, lean].index, 62e9, exported)[0] is runs
     assert tie_broken([runs, lean], [runs, lean].index, 62e9)[0] is lean  # (a target's search)
+
+
+def test_a_tp_pin_refused_before_tracing_offers_degrees_the_heads_take():
+    """gpt2 has 12 heads: of the cluster's 1, 2, 4, 8 GPUs' divisors, tp=8 is not offered (a
+    review saw it offered, then refused once traced)."""
+    with pytest.raises(SpecError, match=r"^fix\.tp: 5 does not divide the cluster's 8 GPUs; use "
+                                        r"one of 1, 2, 4 \(dividing the model's 12 heads\)$"):
+        planner.plan("gpt2", cluster="dgx-h100", global_batch=8, fix="tp=5")
