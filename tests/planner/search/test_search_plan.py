@@ -397,9 +397,14 @@ def test_a_tie_goes_to_a_plan_an_exported_engine_runs():
     assert tie_broken([runs, lean], [runs, lean].index, 62e9)[0] is lean  # (a target's search)
 
 
-def test_a_tp_pin_refused_before_tracing_offers_degrees_the_heads_take():
+def test_a_tp_pin_refused_before_tracing_offers_degrees_the_heads_take(monkeypatch):
     """gpt2 has 12 heads: of the cluster's 1, 2, 4, 8 GPUs' divisors, tp=8 is not offered (a
     review saw it offered, then refused once traced)."""
+    import planner
+    from planner import traced
+
+    monkeypatch.setattr(traced, "trace_model",
+                        lambda *a, **k: pytest.fail("traced before the check"))
     with pytest.raises(SpecError, match=r"^fix\.tp: 5 does not divide the cluster's 8 GPUs; use "
                                         r"one of 1, 2, 4 \(dividing the model's 12 heads\)$"):
         planner.plan("gpt2", cluster="dgx-h100", global_batch=8, fix="tp=5")
