@@ -76,6 +76,17 @@ def _factory_name(spec: str) -> str:
     return os.path.basename(target).removesuffix(".py") + ":" + attr
 
 
+def _tied_embeddings(module) -> bool:
+    """Whether a Hugging Face model's input embedding and output head share one weight
+    (``tie_word_embeddings``); False for a module without the two."""
+    try:
+        inputs, outputs = module.get_input_embeddings(), module.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return False
+    return inputs is not None and outputs is not None and \
+        getattr(inputs, "weight", None) is getattr(outputs, "weight", False)
+
+
 def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str,
                 per_sample: bool = False) -> Prepared:
     """``model`` (a MODEL spec or module) built on the meta device and traced at ``seq_len``
@@ -136,6 +147,8 @@ def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_me
         info["attention"] = rm.attention
     if rm.config.get("model_type"):
         info["model_type"] = rm.config["model_type"]
+    if _tied_embeddings(rm.module):
+        info["tied_embeddings"] = True
     if rm.image_tokens:
         info["image_tokens"] = True
     if rm.encoder_tokens:

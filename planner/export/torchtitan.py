@@ -119,10 +119,39 @@ def _check_mesh(plan: Plan, version: str, ledger: common.Ledger) -> None:
                         f"re-plan with `{replan.resolve_hint(plan, TARGET)}`")
 
 
+def _tying(plan: Plan, version: str, ledger: common.Ledger, model: str | None) -> None:
+    """A model whose input embedding and output head share one weight (model.tied_embeddings)
+    in torchtitan's ``model``: 0.2.2's llama3 has no tying (its output a weight of its own);
+    0.2.2's qwen3 ties where the flavor sets enable_weight_tying, but a pipeline puts the two on
+    different stages, each its own copy; 0.3.0 ties where the flavor says and refuses tying with
+    a pipeline (NotImplementedError in its decoder)."""
+    if not plan.model.get("tied_embeddings") or model is None:
+        return
+    name, pp = plan.model["name"], plan.parallel.get("pp", 1)
+    if version != "0.2.2" and pp > 1:
+        raise SpecError(f"export torchtitan: {name} ties its input embedding and output head "
+                        f"(one weight), and torchtitan {version} refuses weight tying with "
+                        f"pipeline parallelism; re-plan with "
+                        f"`{replan.resolve_hint(plan, TARGET, {'pp': 1})}`")
+    if version == "0.2.2" and model == "llama3":
+        ledger.info(f"{name} ties its input embedding and output head (one weight); "
+                    "torchtitan 0.2.2's llama3 has no weight tying, so its output layer is a "
+                    "second weight of vocabulary x hidden size, with gradients and optimizer "
+                    "states the plan did not price")
+    elif pp > 1:
+        ledger.info(f"{name} ties its input embedding and output head (one weight); "
+                    f"with pp={pp} torchtitan {version}'s {model} puts them on different "
+                    "stages, each its own copy, and the two train apart")
+    else:
+        ledger.info(f"{name} ties its input embedding and output head: set "
+                    f"enable_weight_tying=True in the {model} flavor that trains it")
+
+
 # ---- the settings --------------------------------------------------------------------------------
 
 def _model(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:
     known = names.torchtitan_model(plan)
+    _tying(plan, version, ledger, known[0] if known else names.torchtitan_family(plan))
     if known is None:
         family = names.torchtitan_family(plan)
         if plan.parallel["pp"] == 1 and family:  # (with a pipeline the module names say it)

@@ -1860,6 +1860,35 @@ def test_a_replan_an_engine_cannot_fit_with_its_pins_says_which_to_leave_out():
     assert "leave pp out" not in resolve_hint(plan, "megatron")  # (it runs tp beside pp)
 
 
+
+def test_tied_embeddings_are_traced_and_noted_in_torchtitan(notes, tiny_gpt2, tiny_llama):
+    """A review: a Llama config that ties its embedding and head was exported to torchtitan's
+    llama3, which (0.2.2) has no tying, and nothing said so. GPT-2 ties; the tiny Llama does
+    not. 0.3.0 ties through its flavor but refuses tying beside a pipeline."""
+    assert tiny_gpt2.info.get("tied_embeddings") is True
+    assert "tied_embeddings" not in tiny_llama.info
+    plan = variant(plan_of("uneven-llama3-8b"), recompute="full")
+    assert plan.parallel["pp"] > 1
+    mine = dataclasses.replace(plan, model={**plan.model, "spec": "my/config.json",
+                                            "source": "config", "model_type": "llama",
+                                            "name": "tied-llama", "tied_embeddings": True})
+    to_torchtitan(mine, "0.2.2")
+    assert any("tied-llama ties its input embedding and output head (one weight); torchtitan "
+               "0.2.2's llama3 has no weight tying" in n for n in notes), notes
+    with pytest.raises(SpecError, match=r"^export torchtitan: tied-llama ties its input embedding "
+                                        r"and output head \(one weight\), and torchtitan 0\.3\.0 "
+                                        r"refuses weight tying with pipeline parallelism; re-plan "
+                                        r"with `plan solve .*--fix (.*,)?pp=1[,' ]"):
+        to_torchtitan(mine, "0.3.0")
+    notes.clear()
+    qwen = dataclasses.replace(mine, model={**mine.model, "model_type": "qwen3"})
+    to_torchtitan(qwen, "0.2.2")
+    assert any(f"with pp={plan.parallel['pp']} torchtitan 0.2.2's qwen3 puts them on different "
+               "stages, each its own copy" in n for n in notes), notes
+    notes.clear()
+    to_torchtitan(dataclasses.replace(mine, model={**mine.model, "tied_embeddings": False}))
+    assert not any("ties its input embedding" in n for n in notes)
+
 def test_torchtitan_names_a_llama_of_other_dimensions_as_its_own_llama3(notes):
     """A config of an architecture torchtitan defines, at a size it has no flavor of, is that
     model with a flavor of the user's: its module names are torchtitan's, and the note says to
