@@ -14,7 +14,8 @@ masking) runs as traced when attention is ``materialized`` and as one fused kern
 at the flash rate, its score traffic gone) when it is ``flash``; it skips masked work only where its
 module declares the mask (planner.trace.masks), since the traced mask is data. A fused kernel under
 a sliding window runs only the tiles inside it: such a call is priced as a causal call of the
-smaller square the trace gives it (BlockWork.attn_window_cut).
+smaller square the trace gives it (BlockWork.attn_window_cut), and where the device's kernels
+were measured under windows, as unmasked work plus a fixed work per query row (window_work).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ scores, the fused scale-mask-softmax reads them and writes probabilities, attent
 SCORE_TRAFFIC_BWD = 7
 """... and in backward: read probabilities, write and read their gradient, softmax backward
 reads probabilities and gradient and writes the score gradient, which the two GEMMs read."""
+WINDOW_REFERENCE_KEYS = 8192.0
+"""Keys per query row in the calls the devices' shares of peak were read at (8k-16k tokens
+without a mask): their rows' fixed work (DeviceSpec.attention_window_keys) is in those shares."""
 SCORE_TRAFFIC_DROPOUT = 2.5
 """Extra words per score element per pass when attention dropout is on (read, write, 1-byte mask)."""
 
@@ -58,14 +62,37 @@ def fused_attention_efficiency(device: DeviceSpec, engine: EngineSpec,
 
 
 def fused_attention_s(flops: float, device: DeviceSpec, dtype: str, engine: EngineSpec,
-                      masked: float = 0.0, head_dim: float = 0.0) -> tuple[float, float]:
+                      masked: float = 0.0, head_dim: float = 0.0,
+                      window: tuple[float, float, float] = (0.0, 0.0, 0.0)
+                      ) -> tuple[float, float]:
     """(forward, backward) seconds of fused attention doing ``flops`` of forward work unmasked
-    and ``masked`` more in calls under a causal mask (the work left after the skip); its
-    backward does FLASH_BACKWARD_FACTOR times as much, each pass at its own share of peak."""
+    and ``masked`` more in calls under a causal mask (the work left after the skip), of which
+    ``window`` = (work, rows, causal work without the window) in calls under a sliding window
+    (window_work); its backward does FLASH_BACKWARD_FACTOR times as much, each pass at its own
+    share of peak."""
     f_eff, b_eff = fused_attention_efficiency(device, engine, head_dim)
-    work = flops + masked / device.causal_attention_ratio
+    ratio = device.causal_attention_ratio
+    windowed, rows, whole = window
+
+    def work(row_keys: float) -> float:
+        if not (windowed > 0 and row_keys):
+            return flops + masked / ratio
+        return flops + (masked - windowed) / ratio + min(
+            window_work(windowed, rows, row_keys), whole / ratio)
     peak = device.peak(dtype)
-    return work / (peak * f_eff), FLASH_BACKWARD_FACTOR * work / (peak * b_eff)
+    return (work(device.attention_window_keys) / (peak * f_eff),
+            FLASH_BACKWARD_FACTOR * work(device.attention_bwd_window_keys) / (peak * b_eff))
+
+
+def window_work(kept: float, rows: float, row_keys: float) -> float:
+    """Unmasked-speed work of sliding-window calls doing ``kept`` FLOPs over query ``rows`` (FLOPs
+    per key, summed: BlockWork.attn_window_rows), each row paying ``row_keys`` keys' worth of
+    fixed work (DeviceSpec.attention_window_keys), against the share of it the device's speed
+    already holds at WINDOW_REFERENCE_KEYS keys per row: a row of w keys runs at
+    (w / (w + c)) / (8192 / (8192 + c)) of that speed. Never below ``kept``; fused_attention_s
+    also keeps it below the same calls' price without their window (short sequences, whose few
+    tiles a window hardly thins)."""
+    return max(kept, (kept + row_keys * rows) / (1.0 + row_keys / WINDOW_REFERENCE_KEYS))
 
 
 def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpec, *,
@@ -81,8 +108,11 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
         if device.attention_table.get(dtype):
             return measured_attention_s(flops, causal, flops / max(work.fused_attn_calls, 1.0),
                                         device.attention_table[dtype])
+        kept = (1.0 - CAUSAL_SKIP) * share * (work.attn_window_flops - work.attn_window_cut)
+        whole = (1.0 - CAUSAL_SKIP) * share * work.attn_window_flops
         return fused_attention_s(flops - causal, device, dtype, engine,
-                                 masked=(1.0 - CAUSAL_SKIP) * causal, head_dim=work.attn_head_dim)
+                                 masked=(1.0 - CAUSAL_SKIP) * causal, head_dim=work.attn_head_dim,
+                                 window=(kept, share * work.attn_window_rows, whole))
     rate = device.peak(dtype) * device.matmul_efficiency
     word = DTYPE_BYTES[dtype]
     scores = share * work.attn_scores

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from costmodels import precision
-from costmodels.attention import attention_time_s, fused_attention_s
+from costmodels.attention import CAUSAL_SKIP, attention_time_s, fused_attention_s
 from costmodels.engine import FUSED_ATTENTION, EngineSpec
 from costmodels.hardware import DTYPE_BYTES, DeviceSpec, measured_rate
 from costmodels.workload import SPLIT_BATCH, SPLIT_K, SPLIT_N, SPLIT_NONE, BlockWork, Gemm
@@ -298,6 +298,23 @@ def gemms_time_s(gemms, device: DeviceSpec, dtype: str, *, micro_batch: float, t
     return fwd, bwd, wgrad, attn, routed, fused, fused_masked
 
 
+def eager_window(gemms, *, micro_batch: float, tp: int,
+                 sp: bool) -> tuple[float, float, float]:
+    """(work, rows, causal work without the window) of the eager attention cores under a sliding
+    window (a Gemm.masked above the half a causal mask skips), as
+    costmodels.attention.fused_attention_s takes them: the forward FLOPs a kernel skipping masked
+    tiles keeps of their GEMMs, their square's FLOPs per key (each GEMM of a core has the
+    sequence's queries as m), and the half of the square a causal call keeps."""
+    kept = rows = whole = 0.0
+    for g in gemms:
+        if g.attention and g.masked > 1.0 - CAUSAL_SKIP:
+            b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp)
+            kept += (1.0 - g.masked) * 2.0 * b * m * n * k
+            rows += 2.0 * b * n * k
+            whole += (1.0 - CAUSAL_SKIP) * 2.0 * b * m * n * k
+    return kept, rows, whole
+
+
 def op_recomputed_kernel_share(work: BlockWork) -> float:
     """The share of the block's forward kernels that op-level checkpointing issues again: all
     but the weight GEMMs it saves (every other one, BlockWork.op_saved_*; routed experts' are
@@ -413,8 +430,9 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         experts=experts)
     attn_f, attn_b = attention_time_s(work, device, core, engine, micro_batch=micro_batch, tp=tp)
     if eager_flops or eager_masked:  # eager attention cores, run as fused kernels
-        eager_f, eager_b = fused_attention_s(eager_flops, device, core, engine,
-                                             masked=eager_masked, head_dim=work.attn_head_dim)
+        eager_f, eager_b = fused_attention_s(
+            eager_flops, device, core, engine, masked=eager_masked, head_dim=work.attn_head_dim,
+            window=eager_window(work.gemms, micro_batch=micro_batch, tp=tp, sp=sp))
         attn_f, attn_b = attn_f + eager_f, attn_b + eager_b
     mem_f = memory_bound_s(work, device, engine, micro_batch=micro_batch, tp=tp, sp=sp,
                            load=experts.load, etp=experts.etp)

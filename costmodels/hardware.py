@@ -189,6 +189,16 @@ class DeviceSpec:
     same shape, both counting only the work the kernel does (the masked half skipped): the
     diagonal tiles are part-masked and the query tiles carry unequal work. Applies to either
     kernel, forward and backward (1.0: not published for the device)."""
+    attention_window_keys: float = 0.0
+    """A fused attention kernel's fixed work per query row of a sliding-window call, in keys'
+    worth of work, forward: the two part-masked key tiles at the window's edges, and the query
+    tile's own loads, rescaling and stores, which a short window leaves few full tiles to spread
+    over. A call whose rows see ``w`` keys each runs at (w / (w + this)) of the unmasked speed,
+    relative to calls of 8,192 keys (costmodels.attention.WINDOW_REFERENCE_KEYS) where the
+    device's shares of peak were read (0: not published; windowed calls then run as causal calls
+    of the kept square). Hopper and Blackwell: HOPPER_WINDOW, BLACKWELL_WINDOW."""
+    attention_bwd_window_keys: float = 0.0
+    """... of its backward pass."""
     sm_count: int = 108
     """Streaming multiprocessors (tiles of one GEMM wave); 1 for a CPU."""
     threads: int = 0
@@ -337,6 +347,37 @@ TFLOP/s, backward 432-433 against 516-518; FlashAttention-2 forward 322-324 agai
 backward 287-291 against 318-322. At head dimension 256 its forward figures are within 3% of
 128's (cuDNN 580-581, FlashAttention-2 324-326 against 370: 0.88, taken as 1 as no backward was
 published there)."""
+BLACKWELL_HEAD_DIM = (0.61, 0.64)
+"""(forward, backward) speed of Blackwell's fused attention (cuDNN) at head dimension 64 as a
+share of it at 128: a tile's exponentials are as many at either width, and at 64 they are set
+against half the matrix work, where the softmax's exponential units already bound Blackwell's
+forward at 128 (Zadouri et al., "FlashAttention-4", 2026). From NVIDIA's cudnn-frontend training
+benchmark on GB300 (benchmark/sdpa_benchmark_training): head dimension 128, causal, 16k tokens,
+1,915 TFLOP/s forward and 1,507 backward, rows of 8k keys at 95% of the speed of long rows (a
+causal row's fixed work of 450 keys, BLACKWELL_WINDOW), so about 2,020 and 1,590 for long rows;
+head dimension 64 (gpt-oss's shape: 64 query and 8 key-value heads, a 1,024-key window) at
+675-738 forward and 638-682 backward over 4k-16k tokens, which BLACKWELL_WINDOW's row work puts
+at about 1,220 and 1,010 for long rows: 0.61 and 0.64. (FlashAttention-4's own forward on GB300,
+flash-attention PR #2605: 1,144-1,246 TFLOP/s at 64 against 1,646-1,749 at 128, 0.70; cuDNN's
+causal forward at 64 in that table, 1,074-1,117 at 8k-16k, against the benchmark's 1,856-1,915
+at 128: 0.58.)"""
+HOPPER_WINDOW = (180.0, 560.0)
+"""(forward, backward) fixed work per query row of a sliding-window call of Hopper's fused
+attention, in keys (DeviceSpec.attention_window_keys): NVIDIA's cudnn-frontend training
+benchmark runs gpt-oss's shape (head dimension 64, a 1,024-key window) on H200 at 358 TFLOP/s
+forward and 299 backward at 32k tokens, against cuDNN's 412 and 432 at head dimension 64 without
+a mask (HOPPER_HEAD_DIM's figures): 412 / 358 = (1 + c / 1024) / (1 + c / 8192) gives c = 181
+forward, and 556 backward. One published point each."""
+BLACKWELL_WINDOW = (740.0, 540.0)
+"""The same for Blackwell, from two windows of the same benchmark (cuDNN 9.19-9.22, head
+dimension 64), whose ratio fixes c without the unmasked speed: on GB200 a 1,024-key window runs
+at 574-624 TFLOP/s forward and 617-658 backward (4k-16k tokens, 64 query heads) and a 128-key
+window at 161-167 and 182-188 (128 query heads); 8 (128 + c) / (1024 + c) = 3.66 gives c = 628
+forward, and 551 backward; on GB300 (675-738 / 167-173 forward, 638-682 / 191-200 backward)
+852 and 527. The forward mean is 740, the backward's 540. The same row work explains the
+shorter causal calls' slower speed: cuDNN's causal forward at head dimension 64 on GB300 runs at
+627, 826, 977, 1,074 and 1,117 TFLOP/s at 1k-16k tokens (flash-attention PR #2605's table), which
+rows of s / 2 keys with a fixed work of 450 keys reproduce within 2%."""
 HOPPER_KERNELS = dict(attention_efficiency=HOPPER_ATTENTION[0],
                       attention_bwd_efficiency=HOPPER_ATTENTION[1],
                       causal_attention_ratio=HOPPER_CAUSAL,
@@ -344,9 +385,15 @@ HOPPER_KERNELS = dict(attention_efficiency=HOPPER_ATTENTION[0],
                       attention_d64_share=HOPPER_HEAD_DIM[0][0],
                       attention_bwd_d64_share=HOPPER_HEAD_DIM[0][1],
                       flash2_d64_share=HOPPER_HEAD_DIM[1][0],
-                      flash2_bwd_d64_share=HOPPER_HEAD_DIM[1][1])
+                      flash2_bwd_d64_share=HOPPER_HEAD_DIM[1][1],
+                      attention_window_keys=HOPPER_WINDOW[0],
+                      attention_bwd_window_keys=HOPPER_WINDOW[1])
 BLACKWELL_KERNELS = dict(attention_efficiency=BLACKWELL_ATTENTION[0],
-                         attention_bwd_efficiency=BLACKWELL_ATTENTION[1], fp8_block_scaling=True)
+                         attention_bwd_efficiency=BLACKWELL_ATTENTION[1], fp8_block_scaling=True,
+                         attention_d64_share=BLACKWELL_HEAD_DIM[0],
+                         attention_bwd_d64_share=BLACKWELL_HEAD_DIM[1],
+                         attention_window_keys=BLACKWELL_WINDOW[0],
+                         attention_bwd_window_keys=BLACKWELL_WINDOW[1])
 PCIE5_HOST_BYTES_PER_S = 50e9
 """PCIe 5.0 x16 host link, one direction: 64 GB/s line rate, about 50 GB/s achieved (twice the
 PCIe 4.0 figure of ``DeviceSpec.host_link_bytes_per_s``)."""

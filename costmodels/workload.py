@@ -95,6 +95,13 @@ class BlockWork:
     """What sliding windows take off ``attn_causal_flops``: a causal call of square F under a
     window is priced as a causal call of square keep x F (planner.trace.masks), and this holds
     the (1 - keep) x F of such calls."""
+    attn_window_flops: float = 0.0
+    """The square FLOPs of the causal calls under a sliding window (part of
+    ``attn_causal_flops``)."""
+    attn_window_rows: float = 0.0
+    """... and those FLOPs per key: the square over its length, summed over the windowed calls
+    (the query rows, in FLOPs per query-key pair, that a windowed kernel's fixed work per row
+    applies to: costmodels.attention.window_work)."""
     eager_attn_masked_flops: float = 0.0
     """Forward FLOPs of eager attention cores (their GEMMs, in ``gemms``) that a fused kernel
     skipping masked tiles does not do, where their module declares the mask (``Gemm.masked``)."""

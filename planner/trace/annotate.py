@@ -44,6 +44,7 @@ def block_work(graph: OpGraph, tp: TPAnalysis, op_names: list[str]) -> tuple[Blo
                          "num_experts", "routed_tokens", "moe_layers", "dispatch_bytes",
                          "attn_kv_bytes", "attn_kv_calls", "attn_q_bytes", "attn_out_bytes",
                          "attn_heads_q", "attn_heads_kv", "attn_window_cut",
+                         "attn_window_flops", "attn_window_rows",
                          "eager_attn_masked_flops", "eager_attn_flops_rep",
                          "attn_score_params", "attn_keys_wider", "act_routed_gathered",
                          "act_routed_weighted", "expert_bias", "expert_slot_flops",
@@ -200,7 +201,7 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
         _add_head_dim(acc, op.flops, op.dims.get("head_dim", 0))
         _add_attention(op.flops, op.dims.get("scores", 0), bool(op.dims.get("causal")),
                        bool(op.dims.get("dropout")), split, acc, op.requires_grad, word,
-                       op.dims.get("keep", 1.0))
+                       op.dims.get("keep", 1.0), op.dims.get("length", 0))
         _add_heads(acc, op.dims.get("heads_q", 0), op.dims.get("heads_kv", 0),
                    op.dims.get("q_elems", 0) * word, op.dims.get("kv_elems", 0) * word,
                    op.out_bytes)
@@ -255,9 +256,10 @@ def _add_compute(op: Op, split: bool, split_out: bool, seq_len: int, acc: dict,
 
 def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, split: bool,
                    acc: dict, backward: bool = True, word: float = 2.0,
-                   keep: float = 1.0) -> None:
+                   keep: float = 1.0, length: int = 0) -> None:
     """A fused attention call: its FLOPs (2x in backward), score elements, causal (with the share
-    ``keep`` of the square a sliding window leaves, planner.trace.masks) and dropout;
+    ``keep`` of the square a sliding window leaves over ``length`` tokens, planner.trace.masks)
+    and dropout;
     and what a materialized attention core would keep of its scores for backward (the softmax
     output, and with dropout its one-byte mask and its output: Korthikanti et al.'s 5 a s^2 b in
     16 bits), which a fused kernel (FlashAttention) keeps none of."""
@@ -271,6 +273,9 @@ def _add_attention(flops: float, scores: float, causal: bool, dropout: bool, spl
     if causal:
         acc["attn_causal_flops"] += flops
         acc["attn_window_cut"] += (1.0 - keep) * flops
+        if keep < 1.0 and length:
+            acc["attn_window_flops"] += flops
+            acc["attn_window_rows"] += flops / length
     acc["attn_scores"] += scores
     if dropout:
         acc["attn_scores_dropout"] += scores

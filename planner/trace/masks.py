@@ -86,6 +86,7 @@ def mark(ops: list[Op], model: torch.nn.Module) -> None:
         keep = window_keep(length, window)
         if keep < 1.0:
             op.dims["keep"] = keep
+            op.dims["length"] = length
 
 
 def _self_attention_length(op: Op, by: dict) -> int:
