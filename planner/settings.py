@@ -253,6 +253,10 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
         raise SpecError(f"target: {options.target} trains one transformer stack, and "
                         f"{prepared.info['name']} has {has}; plan with --target torchtitan, "
                         "deepspeed or any")
+    if engine is not None and engine.one_layer_stack and targets.image_model(prepared.info):
+        raise SpecError(f"target: {options.target} trains token sequences (pretrain_gpt.py's "
+                        f"layout), and {prepared.info['name']} is an image model; plan with "
+                        "--target torchtitan, deepspeed or any")
     if options.target == "torch" and prepared.info.get("encoder_tokens"):
         options = _for_runtime_encoder_decoder(options, prepared.info["name"])
     blocks = prepared.blocks.blocks

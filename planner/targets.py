@@ -304,6 +304,27 @@ def refusal(parallel: dict, dtype: str, target: str, forms=(), *,
     return exchange_refusal(parallel, target, forms)
 
 
+def image_model(model: dict) -> bool:
+    """Whether a traced model's record (Prepared.info, a plan's model section) is an image
+    model, which an engine of one transformer stack over tokens (Megatron's pretrain_gpt.py)
+    does not lay out."""
+    return bool(model.get("image_tokens") or model.get("image_input"))
+
+
+def model_refusal(model: dict, target: str) -> str | None:
+    """Why ``target`` does not train the model a plan records, in a few words (an engine of one
+    transformer stack over tokens: an image model, or other than one list of layers); None where
+    nothing in the record rules it out (its export checks the rest)."""
+    if target not in TARGETS or not engine(target).one_layer_stack:
+        return None
+    if image_model(model):
+        return "image model"
+    stacks = model.get("trace", {}).get("repeats")
+    if stacks is not None and len(stacks) != 1:
+        return "one layer stack"
+    return None
+
+
 def exported_runs(parallel: dict, dtype: str, forms=(), *, experts: bool = False) -> bool:
     """Whether an exported engine (EXPORTED) runs ``parallel``'s knobs and ``dtype`` as planned
     (refusal; an export checks the model's other rules besides)."""

@@ -76,15 +76,17 @@ def _factory_name(spec: str) -> str:
     return os.path.basename(target).removesuffix(".py") + ":" + attr
 
 
-def _tied_embeddings(module) -> bool:
+def _tied_embeddings(module) -> bool | None:
     """Whether a Hugging Face model's input embedding and output head share one weight
-    (``tie_word_embeddings``); False for a module without the two."""
+    (``tie_word_embeddings``); None for a module without the two (an encoder, a classifier, a
+    model of the user's own code)."""
     try:
         inputs, outputs = module.get_input_embeddings(), module.get_output_embeddings()
     except (AttributeError, NotImplementedError):
-        return False
-    return inputs is not None and outputs is not None and \
-        getattr(inputs, "weight", None) is getattr(outputs, "weight", False)
+        return None
+    if getattr(inputs, "weight", None) is None or getattr(outputs, "weight", None) is None:
+        return None
+    return inputs.weight is outputs.weight
 
 
 def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_method: str,
@@ -147,8 +149,9 @@ def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_me
         info["attention"] = rm.attention
     if rm.config.get("model_type"):
         info["model_type"] = rm.config["model_type"]
-    if _tied_embeddings(rm.module):
-        info["tied_embeddings"] = True
+    tied = _tied_embeddings(rm.module)
+    if tied is not None:
+        info["tied_embeddings"] = tied
     if rm.image_tokens:
         info["image_tokens"] = True
     if rm.encoder_tokens:

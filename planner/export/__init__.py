@@ -27,6 +27,7 @@ from planner.export.torchrec import engine_version as torchrec_version
 from planner.export.torchrec import to_torchrec, to_torchrec_json
 from planner.export.torchtitan import to_torchtitan
 from planner.planfile.document import Plan, load_plan
+from planner.targets import model_refusal
 
 TARGETS = {
     "torchtitan": (to_torchtitan, "torchtitan.toml"),
@@ -66,9 +67,11 @@ def export(plan: Plan | str, target: str, version: str | None = None,
         raise SpecError(f"export {target}: {plan.model['name']}'s plan shards embedding tables "
                         f"(a recommendation model), which {target} does not; use --to torchrec")
     if not tables and target in RECSYS_TARGETS:
+        dense = [t for t in sorted(set(TARGETS) - set(RECSYS_TARGETS))
+                 if not model_refusal(plan.model, t)]
         raise SpecError(f"export {target}: {plan.model['name']}'s plan has no embedding tables "
                         f"(no embeddings section); {target} shards recommendation models: use "
-                        f"--to {', '.join(sorted(set(TARGETS) - set(RECSYS_TARGETS)))}")
+                        f"--to {', '.join(dense)}")
     if target in RECSYS_TARGETS:
         version = torchrec_version(version)
         text = to_torchrec(plan, version)

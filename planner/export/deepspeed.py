@@ -464,6 +464,12 @@ def _pipeline(plan: Plan, ledger: common.Ledger) -> dict:
         ledger.info("the model has no repeated layer list: PipelineModule runs its layers as a "
                     "sequence, each output feeding the next, so a model that branches (a DAG) "
                     "must first be rewritten as such a sequence")
+    if plan.model.get("tied_embeddings") and p["pp"] > 1:
+        ledger.info(f"{plan.model['name']} ties its input embedding and output head (one weight), "
+                    "which the first and the last stage hold: give both one "
+                    "deepspeed.pipe.TiedLayerSpec (one key) so that its pipeline engine reduces "
+                    "their gradients across the stages, as planned; two LayerSpecs would train "
+                    "two copies apart")
     bounds = [0]
     for st in plan.stages:
         bounds.append(bounds[-1] + len(st["blocks"]))

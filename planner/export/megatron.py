@@ -57,16 +57,27 @@ def to_megatron(plan: Plan, version: str | None = None) -> str:
     ledger = common.Ledger(TARGET, version)
     common.software_note(plan, TARGET, ledger)
     common.frozen_note(plan, TARGET, ledger)
-    if plan.model.get("image_tokens") or plan.model.get("image_input"):
+    if targets.image_model(plan.model):
         raise SpecError(f"export megatron: {plan.model['name']} is an image model; this export "
                         "writes arguments for token sequences (pretrain_gpt.py's), not vision "
                         "models' layouts; export to torchtitan or deepspeed instead")
-    if names.zoo_model(plan) is None and plan.model.get("source", "zoo") != "zoo":
+    if plan.model.get("model_type") == "bert":  # (a bidirectional encoder, not a decoder)
+        ledger.info(f"{plan.model['name']} is a BERT encoder: pass these arguments to "
+                    "pretrain_bert.py, not pretrain_gpt.py (a causal decoder)"
+                    if "pretrain_bert.py" in SCRIPTS[version] else
+                    f"{plan.model['name']} is a BERT encoder, and Megatron-LM {version} has no "
+                    "BERT script (pretrain_gpt.py builds a causal decoder): export with "
+                    "--engine-version core_v0.14.0 for its pretrain_bert.py")
+    elif names.zoo_model(plan) is None and plan.model.get("source", "zoo") != "zoo":
         kind = plan.model.get("model_type") or "a model of your own code"
         ledger.info(f"{plan.model['name']} ({kind}) is not one of the planner's zoo models: these "
                     "arguments lay out Megatron-LM's own transformer (pretrain_gpt.py builds a "
                     "decoder from --hidden-size, --num-attention-heads, ...); check that "
                     "Megatron-Core defines this architecture before training it there")
+    if plan.model.get("tied_embeddings") is False:
+        ledger.info(f"{plan.model['name']} keeps its input embedding and output head apart: pass "
+                    "--untie-embeddings-and-output-weights with your model arguments (Megatron "
+                    "ties them unless told)")
     lay = _checked_layout(plan)
     _check_context(plan)
     _check_expert_bias(plan, version)

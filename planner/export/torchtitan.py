@@ -120,15 +120,16 @@ def _check_mesh(plan: Plan, version: str, ledger: common.Ledger) -> None:
 
 
 def _tying(plan: Plan, version: str, ledger: common.Ledger, model: str | None) -> None:
-    """A model whose input embedding and output head share one weight (model.tied_embeddings)
-    in torchtitan's ``model``: 0.2.2's llama3 has no tying (its output a weight of its own);
-    0.2.2's qwen3 ties where the flavor sets enable_weight_tying, but a pipeline puts the two on
-    different stages, each its own copy; 0.3.0 ties where the flavor says and refuses tying with
-    a pipeline (NotImplementedError in its decoder)."""
-    if not plan.model.get("tied_embeddings") or model is None:
+    """A model whose input embedding and output head share one weight (model.tied_embeddings),
+    in torchtitan's ``model`` (None: a model of the user's): 0.2.2's llama3 has no tying (its
+    output a weight of its own); 0.2.2's qwen3 ties where the flavor sets enable_weight_tying;
+    0.3.0 ties where the flavor says and refuses tying with a pipeline (NotImplementedError in its
+    decoder). A pipeline otherwise puts the two on different stages, each its own copy: the
+    split syncs no weight across stages."""
+    if not plan.model.get("tied_embeddings"):
         return
     name, pp = plan.model["name"], plan.parallel.get("pp", 1)
-    if version != "0.2.2" and pp > 1:
+    if model is not None and version != "0.2.2" and pp > 1:
         raise SpecError(f"export torchtitan: {name} ties its input embedding and output head "
                         f"(one weight), and torchtitan {version} refuses weight tying with "
                         f"pipeline parallelism; re-plan with "
@@ -139,10 +140,12 @@ def _tying(plan: Plan, version: str, ledger: common.Ledger, model: str | None) -
                     "second weight of vocabulary x hidden size, with gradients and optimizer "
                     "states the plan did not price")
     elif pp > 1:
-        ledger.info(f"{name} ties its input embedding and output head (one weight); "
-                    f"with pp={pp} torchtitan {version}'s {model} puts them on different "
-                    "stages, each its own copy, and the two train apart")
-    else:
+        ledger.info(f"{name} ties its input embedding and output head (one weight); with "
+                    f"pp={pp} torchtitan {version}'s pipeline split puts them on different "
+                    "stages, each its own copy (it syncs no weight across stages), and the two "
+                    "train apart, where the plan priced one weight whose gradients the two "
+                    "stages reduce")
+    elif model is not None:
         ledger.info(f"{name} ties its input embedding and output head: set "
                     f"enable_weight_tying=True in the {model} flavor that trains it")
 

@@ -74,9 +74,9 @@ def engine_fit(p: Plan) -> tuple[list[str], list[str]]:
     each with the first knob it refuses)."""
     runs, refused = [], []
     for target in ENGINE_TARGETS:
-        why = targets.refusal(p.parallel, p.training["dtype"], target,
-                              p.model.get("attention_forms", ()),
-                              experts=bool(p.model.get("routed_experts")))
+        why = targets.model_refusal(p.model, target) or targets.refusal(
+            p.parallel, p.training["dtype"], target, p.model.get("attention_forms", ()),
+            experts=bool(p.model.get("routed_experts")))
         if why is None:
             runs.append(target + (" (plan run)" if target == "torch" else ""))
         else:

@@ -280,6 +280,25 @@ def test_target_megatron_refuses_a_model_of_two_layer_lists_as_its_export_would(
                         global_batch=8, seq_len=32, target="torchtitan", cache_dir=None)
 
 
+
+def test_target_megatron_refuses_an_image_model_and_the_engines_line_agrees(tmp_path):
+    """A new-user check: --target megatron planned a ViT that its export then refused, and the
+    engines line of a --target any plan named megatron among the engines that run it."""
+    from planner.report.summary import engine_fit
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": 32,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 64,
+        "image_size": 32, "patch_size": 8, "num_channels": 3, "num_labels": 10}))
+    kw = dict(cluster="dgx-h100", nodes=1, global_batch=8, cache_dir=None)
+    with pytest.raises(SpecError, match=r"^target: megatron trains token sequences "
+                                        r"\(pretrain_gpt.py's layout\), and .* is an image "
+                                        r"model; plan with --target torchtitan, deepspeed or any$"):
+        planner.plan(str(tmp_path / "config.json"), target="megatron", **kw)
+    runs, refused = engine_fit(planner.plan(str(tmp_path / "config.json"), fix="pp=2", **kw))
+    assert not any(r.startswith("megatron") for r in runs)
+    assert "megatron (image model)" in refused
+
 def test_a_config_missing_its_dimensions_is_warned_about(tmp_path, caplog):
     """A new-user check planned a T5 config without d_model and vocab_size at transformers'
     defaults (a model of another size) without a word."""

@@ -1866,7 +1866,7 @@ def test_tied_embeddings_are_traced_and_noted_in_torchtitan(notes, tiny_gpt2, ti
     llama3, which (0.2.2) has no tying, and nothing said so. GPT-2 ties; the tiny Llama does
     not. 0.3.0 ties through its flavor but refuses tying beside a pipeline."""
     assert tiny_gpt2.info.get("tied_embeddings") is True
-    assert "tied_embeddings" not in tiny_llama.info
+    assert tiny_llama.info.get("tied_embeddings") is False
     plan = variant(plan_of("uneven-llama3-8b"), recompute="full")
     assert plan.parallel["pp"] > 1
     mine = dataclasses.replace(plan, model={**plan.model, "spec": "my/config.json",
@@ -1883,11 +1883,34 @@ def test_tied_embeddings_are_traced_and_noted_in_torchtitan(notes, tiny_gpt2, ti
     notes.clear()
     qwen = dataclasses.replace(mine, model={**mine.model, "model_type": "qwen3"})
     to_torchtitan(qwen, "0.2.2")
-    assert any(f"with pp={plan.parallel['pp']} torchtitan 0.2.2's qwen3 puts them on different "
-               "stages, each its own copy" in n for n in notes), notes
+    assert any(f"with pp={plan.parallel['pp']} torchtitan 0.2.2's pipeline split puts them on "
+               "different stages, each its own copy" in n for n in notes), notes
     notes.clear()
     to_torchtitan(dataclasses.replace(mine, model={**mine.model, "tied_embeddings": False}))
     assert not any("ties its input embedding" in n for n in notes)
+
+
+def test_tied_embeddings_over_a_pipeline_are_noted_for_deepspeed_and_untied_for_megatron(notes):
+    """A new-user check: a T5 whose head shares the embedding's weight, split over 4 stages, was
+    exported with nothing said (DeepSpeed needs one TiedLayerSpec for the pair); Megatron ties
+    the two unless told, so a model that keeps them apart gets the flag to pass."""
+    plan = variant(plan_of("uneven-llama3-8b"), recompute="full")
+    tied = dataclasses.replace(plan, model={**plan.model, "name": "tied", "tied_embeddings": True})
+    to_deepspeed(tied)
+    assert any("tied ties its input embedding and output head (one weight), which the first and "
+               "the last stage hold: give both one deepspeed.pipe.TiedLayerSpec" in n
+               for n in notes), notes
+    notes.clear()
+    to_megatron(tied)
+    assert not any("untie" in n for n in notes)
+    apart = dataclasses.replace(plan, model={**plan.model, "name": "apart",
+                                             "tied_embeddings": False})
+    to_megatron(apart)
+    assert any("apart keeps its input embedding and output head apart: pass "
+               "--untie-embeddings-and-output-weights" in n for n in notes), notes
+    notes.clear()
+    to_deepspeed(apart)
+    assert not any("TiedLayerSpec" in n for n in notes)
 
 def test_torchtitan_names_a_llama_of_other_dimensions_as_its_own_llama3(notes):
     """A config of an architecture torchtitan defines, at a size it has no flavor of, is that
@@ -1914,3 +1937,17 @@ def test_torchtitan_names_a_llama_of_other_dimensions_as_its_own_llama3(notes):
         {**st, "modules": [m.replace("model.", "model.language_model.") for m in st["modules"]]}
         for st in other.stages])
     assert names.top_level_names(nested) == (parts, "model.language_model.")
+
+
+def test_a_bert_plan_exported_to_megatron_names_its_script(notes):
+    """A new-user check: zoo bert-large was exported to Megatron as 'every knob expressed
+    exactly', for pretrain_gpt.py (a causal decoder); core_v0.19.0 has no BERT script."""
+    plan = variant(plan_of("uneven-llama3-8b"), recompute="full")
+    bert = dataclasses.replace(plan, model={**plan.model, "name": "bert-x", "model_type": "bert"})
+    to_megatron(bert, "core_v0.19.0")
+    assert any("bert-x is a BERT encoder, and Megatron-LM core_v0.19.0 has no BERT script" in n
+               for n in notes), notes
+    notes.clear()
+    to_megatron(bert, "core_v0.14.0")
+    assert any("bert-x is a BERT encoder: pass these arguments to pretrain_bert.py" in n
+               for n in notes), notes
