@@ -289,10 +289,25 @@ def _flops(p: Plan) -> list[str]:
         lines += textwrap.wrap(
             f"{human_count(pr['active_params_per_token'])} of the "
             f"{human_count(p.model['num_params'])} parameters multiply each token"
-            + (" (a lookup table's rows, as the input embedding's, multiply none)"
+            + (f" ({_inactive_words(p)})"
                if pr["active_params_per_token"] < 0.99 * p.model["num_params"] else ""),
             100, initial_indent=" " * 14, subsequent_indent=" " * 14)
     return lines + _caveats(p)
+
+
+def _inactive_words(p: Plan) -> str:
+    """Why fewer parameters multiply a token than the model has, for this kind of model: a
+    lookup table's rows (every model with an input embedding), the routed experts a token is not
+    sent to, and the layers that run on fewer tokens than the plan counts (a vision model's
+    later, downsampled stages; the other input of a model of two)."""
+    why = ["a lookup table's rows, as the input embedding's, multiply none"]
+    if p.model.get("routed_experts"):
+        why.append("each token meets only the routed experts it is sent to")
+    if p.model.get("image_tokens") or p.model.get("image_input") or \
+            p.model.get("encoder_tokens"):
+        why.append("layers that run on fewer tokens than counted (downsampled stages, the other "
+                   "of two inputs) multiply each of them in part")
+    return "; ".join(why)
 
 
 def _caveats(p: Plan) -> list[str]:

@@ -101,3 +101,17 @@ def test_tp_overlap_unused_is_warned_when_the_plan_is_made(caplog):
         assert "no tensor parallelism (tp=1)" in caplog.text
         warn_tp_overlap_unused(SimpleNamespace(tp=2, sequence_parallel=False), training)
         assert "tp=2 without sequence parallelism" in caplog.text
+
+
+def test_the_parameters_a_token_skips_are_explained_by_the_kind_of_model():
+    """A new-user check: Swin's and a mixture of experts' few active parameters were put down
+    to 'a lookup table's rows' alone."""
+    moe = load_plan("tests/planner/export/data/plans/mixtral-8x7b-ep8-megatron.json")
+    assert moe.model.get("routed_experts")
+    assert "each token meets only the routed experts it is sent to" in _flat(moe)
+    assert "downsampled stages" not in _flat(moe)
+    image = copy.deepcopy(moe)
+    image.model.pop("routed_experts")
+    image.model["image_tokens"] = True
+    assert "routed experts it is sent to" not in _flat(image)
+    assert "layers that run on fewer tokens than counted (downsampled stages" in _flat(image)
