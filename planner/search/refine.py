@@ -140,8 +140,9 @@ def simulated(est: Estimate, training: TrainingSpec, runs: dict | None = None) -
             bd[key] = m * sum(getattr(st, attr) for st in stages if st.rank == slow)
     bd["pp_comm_s"] = 0.0  # sends overlap compute; waiting for them shows as bubble
     bd["bubble_s"] = idle_s(step_s, m * busy[slow])
-    if est.stages[0].group and est.cut_p2p_s:  # device groups, sites: sends across slow links
-        # are told apart from the bubble: the same schedule simulated with free sends
+    if est.cut_p2p_s and max(est.cut_p2p_s) > 0:  # waits for the sends between stages (slow
+        # links, on device groups and sites above all) are told apart from the bubble: the same
+        # schedule simulated with free sends
         free = runs.get((sim_key, "free")) if sim_key is not None else None
         if free is None:
             free = _simulated_step(cfg, fwd, bwd, wgrad, 0.0, act)
