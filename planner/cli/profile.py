@@ -53,7 +53,9 @@ def run(args) -> int:
     peaks = ", ".join(f"{k} {v * 1e3:.3g} GFLOP/s" for k, v in dev["peak_TFLOPs"].items())
     print(f"device {calib['device_name']} ({args.device}, {args.threads} thread(s)): GEMM peak "
           f"{peaks}; memory {dev['hbm_GBps']:.3g} GB/s; per-op overhead "
-          f"{dev['kernel_overhead_us']:.3g} us")
+          f"{dev['kernel_overhead_us']:.3g} us (rates sustained, not data-sheet peaks: a cluster "
+          "file's peak_TFLOPs and hbm_GBps would get a preset's efficiencies on top; pass the "
+          "file with --calibration instead)")
     spread = dev.get("repeat_spread")
     if spread:
         print(f"repeats of a measurement spread by {100 * spread['median']:.0f}% (interquartile "
