@@ -77,6 +77,11 @@ class LinkSpec:
     """Fraction of the line rate collectives reach (NCCL bus bandwidth / line rate)."""
     name: str = ""
     """Tier name for explanations (``nvlink``, ``ib``, ``pcie``, ``loopback``)."""
+    per: str = "gpu"
+    """Who owns the figure in the cluster file: ``gpu`` (each GPU its own), or ``node`` (the
+    node's NICs together, ``per: node``), in which case ``bandwidth_bytes_per_s`` is one GPU's
+    share of it, re-split when the cluster is given another GPU count per node
+    (``with_overrides``): a node's NICs do not multiply with the GPUs put in it."""
     reduce_scatter_factor: float = 1.0
     """Measured reduce-scatter time over the ring model (``plan profile``; gloo runs it as an
     all-reduce plus a copy, about 2x)."""
@@ -171,14 +176,20 @@ class Cluster:
         preset = DEVICES.get(d.name)
         device = d.name if preset == d else device_mapping(d)
         return {"name": self.name, "device": device, "nodes": self.nodes,
-                "gpus_per_node": self.gpus_per_node, "intra_node": _link_mapping(self.intra_node),
-                "inter_node": _link_mapping(self.inter_node),
+                "gpus_per_node": self.gpus_per_node,
+                "intra_node": _link_mapping(self.intra_node, self.gpus_per_node),
+                "inter_node": _link_mapping(self.inter_node, self.gpus_per_node),
                 **({"description": self.description} if self.description else {})}
 
 
-def _link_mapping(link: LinkSpec) -> dict:
-    return {"bandwidth_GBps": link.bandwidth_bytes_per_s / GB, "latency_us": round(link.latency_s / US, 6),
-            "efficiency": link.efficiency, "name": link.name}
+def _link_mapping(link: LinkSpec, gpus_per_node: int | None = None) -> dict:
+    """The YAML form of ``link``: a per-node link as the node's figure with ``per: node`` where
+    the GPUs sharing it are known (so a plan's spec, resized again, splits the node's figure
+    anew), else the figure per GPU."""
+    node = link.per == "node" and bool(gpus_per_node)
+    bandwidth_GBps = link.bandwidth_bytes_per_s / GB * (gpus_per_node if node else 1)
+    return {"bandwidth_GBps": bandwidth_GBps, "latency_us": round(link.latency_s / US, 6),
+            "efficiency": link.efficiency, "name": link.name, **({"per": "node"} if node else {})}
 
 
 def _link(name: str, gbps: float, latency_us: float, efficiency: float) -> LinkSpec:
@@ -241,12 +252,19 @@ def get_cluster(name: str, *, nodes: int | None = None, gpus_per_node: int | Non
 
 def with_overrides(cluster: Cluster, *, nodes: int | None = None,
                    gpus_per_node: int | None = None) -> Cluster:
-    """The cluster resized; values must be positive integers."""
-    changes = {}
+    """The cluster resized; values must be positive integers. A link given ``per: node`` keeps
+    the node's figure: its share per GPU is split again among the new GPU count per node (a
+    new-user check read 4 GPUs' shares of a 25 Gb/s node NIC for 8 GPUs per node)."""
+    changes: dict = {}
     if nodes is not None:
         changes["nodes"] = positive_int(nodes, "nodes")
     if gpus_per_node is not None:
-        changes["gpus_per_node"] = positive_int(gpus_per_node, "gpus_per_node")
+        gpn = changes["gpus_per_node"] = positive_int(gpus_per_node, "gpus_per_node")
+        for tier in ("intra_node", "inter_node"):
+            link = getattr(cluster, tier)
+            if link.per == "node" and gpn != cluster.gpus_per_node:
+                share = link.bandwidth_bytes_per_s * cluster.gpus_per_node / gpn
+                changes[tier] = replace(link, bandwidth_bytes_per_s=share)
     resized = replace(cluster, **changes) if changes else cluster
     _check_size(resized.num_gpus, "nodes")
     return resized
@@ -315,7 +333,7 @@ def link_from_mapping(spec: Mapping, where: str, default_name: str,
     if per == "node":
         bandwidth /= gpus_per_node
     return LinkSpec(
-        name=str(spec.get("name", default_name)),
+        name=str(spec.get("name", default_name)), per=per,
         bandwidth_bytes_per_s=bandwidth,
         latency_s=latency,
         efficiency=_fraction(spec.get("efficiency", DEFAULT_LINK_EFFICIENCY),

@@ -188,7 +188,7 @@ def point_cluster(s: Mapping) -> Cluster | HeteroCluster:
         cl = replace(cl, device=get_device(s["device"], "vary.device"))
     for key, tier in (("inter_node_bandwidth", "inter_node"),
                       ("intra_node_bandwidth", "intra_node")):
-        if key in s:
-            link = replace(getattr(cl, tier), bandwidth_bytes_per_s=s[key] * GB)
+        if key in s:  # (a figure per GPU, as the key says, whoever owned the file's figure)
+            link = replace(getattr(cl, tier), bandwidth_bytes_per_s=s[key] * GB, per="gpu")
             cl = replace(cl, **{tier: link})
     return cl

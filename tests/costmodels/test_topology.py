@@ -141,3 +141,45 @@ def test_a_device_on_a_preset_reads_back_with_the_figures_a_file_cannot_set():
         d = device_from_mapping({"base": base, "name": "mine", "memory_GB": 100})
         assert d.base == base and device_from_mapping(device_mapping(d)) == d
     assert "base" not in device_mapping(get_device("h100"))
+
+
+SLOW = {"name": "slow-eth", "device": "h100", "nodes": 4, "gpus_per_node": 4,
+        "intra_node": {"bandwidth": "64GB/s", "latency": "5us"},
+        "inter_node": {"bandwidth": "25Gbps", "latency": "50us", "per": "node"}}
+"""A cluster whose nodes share one 25 Gb/s NIC (3.125 GB/s a node)."""
+
+
+@pytest.mark.parametrize("gpn", [1, 2, 8, 16])
+def test_a_nodes_link_is_split_among_the_gpus_a_resize_puts_in_the_node(gpn):
+    """A new-user check: --gpus-per-node 8 on a file of 4 GPUs per node kept each GPU's share of
+    4 (0.78 GB/s, 1.64 s a step) where the same file written for 8 gives 0.39 GB/s (2.27 s)."""
+    from costmodels.topology import with_overrides
+
+    resized = with_overrides(cluster_from_mapping(SLOW), gpus_per_node=gpn)
+    written = cluster_from_mapping({**SLOW, "gpus_per_node": gpn})
+    assert resized.inter_node.bandwidth_bytes_per_s == pytest.approx(3.125e9 / gpn)
+    assert resized.inter_node == written.inter_node
+    assert resized.intra_node.bandwidth_bytes_per_s == 64e9  # (per GPU: no split)
+
+
+def test_a_nodes_link_keeps_its_share_when_only_the_node_count_changes():
+    from costmodels.topology import with_overrides
+
+    c = with_overrides(cluster_from_mapping(SLOW), nodes=16)
+    assert c.num_gpus == 64 and c.inter_node.bandwidth_bytes_per_s == pytest.approx(3.125e9 / 4)
+
+
+def test_a_resized_clusters_yaml_form_reads_back_and_resizes_as_the_file_does():
+    """The plan's cluster.spec writes a node's link as the node's figure with per: node, so a
+    plan re-read (plan show, export, why-not) and resized again splits the node's NICs anew."""
+    from costmodels.topology import with_overrides
+
+    c = with_overrides(cluster_from_mapping(SLOW), gpus_per_node=8)
+    spec = c.to_mapping()
+    assert spec["inter_node"]["per"] == "node"
+    assert spec["inter_node"]["bandwidth_GBps"] == pytest.approx(3.125)
+    assert "per" not in spec["intra_node"]
+    assert cluster_from_mapping(spec) == c
+    assert c.summary()["inter_node_GBps"] == pytest.approx(3.125 / 8)
+    again = with_overrides(cluster_from_mapping(spec), gpus_per_node=2)
+    assert again.inter_node.bandwidth_bytes_per_s == pytest.approx(3.125e9 / 2)

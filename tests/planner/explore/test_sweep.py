@@ -139,6 +139,25 @@ def test_points_change_the_cluster_as_asked():
     assert c.num_gpus == 4 and c.intra_node.bandwidth_bytes_per_s == 100e9
 
 
+def test_a_point_of_another_gpu_count_splits_a_nodes_link_among_its_gpus():
+    """A new-user check: --vary gpus_per_node=2,4,8 on a file whose inter_node is per: node
+    priced every point at the file's 4 GPUs' share; a varied bandwidth is each GPU's, as the
+    key says, and is written per GPU in the plan's cluster spec."""
+    slow = {"name": "slow-eth", "device": "h100", "nodes": 4, "gpus_per_node": 4,
+            "intra_node": {"bandwidth": "64GB/s", "latency": "5us"},
+            "inter_node": {"bandwidth": "25Gbps", "latency": "50us", "per": "node"}}
+    base = {"cluster": slow, "nodes": None, "gpus_per_node": None}
+    shares = [grid.point_cluster({**base, "gpus_per_node": n}).inter_node.bandwidth_bytes_per_s
+              for n in (2, 4, 8)]
+    assert shares == pytest.approx([3.125e9 / 2, 3.125e9 / 4, 3.125e9 / 8])
+    from planner.inputs.clusters import load_cluster  # (the Python API's gpus_per_node=)
+    assert load_cluster(slow, gpus_per_node=8).inter_node.bandwidth_bytes_per_s == shares[2]
+    c = grid.point_cluster({**base, "gpus_per_node": 8, "inter_node_bandwidth": 1.0})
+    assert c.inter_node.bandwidth_bytes_per_s == 1e9
+    assert c.to_mapping()["inter_node"]["bandwidth_GBps"] == 1.0
+    assert "per" not in c.to_mapping()["inter_node"]
+
+
 def test_a_cluster_of_node_groups_is_not_resized_and_says_by_what(tmp_path):
     """--nodes beside a file of node groups: the point names the size it was given, and a price
     for that file's devices says why the point was not counted (a new-user check)."""
