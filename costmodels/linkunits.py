@@ -15,9 +15,10 @@ from typing import Mapping
 from costmodels.errors import SpecError
 from costmodels.hardware import GB, LARGEST, US
 
-_NUMBER = re.compile(r"^\s*[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*$")
-_BW = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]?)(bps|b/s|B/s|Bps)\s*$")
-_LAT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s)\s*$")
+# (a sign is read, so that -1 or -5us is refused as out of range, not as unreadable)
+_NUMBER = re.compile(r"^\s*[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*$")
+_BW = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]?)(bps|b/s|B/s|Bps)\s*$")
+_LAT = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s)\s*$")
 _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 
@@ -36,7 +37,10 @@ def parse_bandwidth(value, where: str) -> float:
         bps = float(m.group(1)) * _SCALE[m.group(2)]
         if m.group(3) in ("bps", "b/s"):
             bps /= 8
-    if not 0 < bps <= LARGEST * GB:
+    if bps <= 0:
+        raise SpecError(f"{where}: must be positive, got {value!r}; give a bandwidth above 0, "
+                        "like 10Gbps or 1.25GB/s")
+    if bps > LARGEST * GB:
         raise SpecError(f"{where}: expected a positive bandwidth up to {LARGEST:g} GB/s, got "
                         f"{value!r}")
     return bps

@@ -29,6 +29,20 @@ def test_latency_units(text, want):
     assert parse_latency(text, "x") == pytest.approx(want)
 
 
+@pytest.mark.parametrize("value", [-1, "-1", "0", "-1Gbps", "-0.5GB/s", "0Mbps"])
+def test_a_bandwidth_of_zero_or_less_is_refused_as_not_positive(value):
+    """A new-user check: --vary inter_node_bandwidth=-1 said "expected a bandwidth like
+    10Gbps...", though a plain number is read (=5 works): a sign was not read at all."""
+    with pytest.raises(SpecError, match=r"^vary\.inter_node_bandwidth: must be positive, got "
+                       r".*; give a bandwidth above 0, like 10Gbps or 1\.25GB/s$"):
+        parse_bandwidth(value, "vary.inter_node_bandwidth")
+
+
+def test_a_negative_latency_is_refused_as_out_of_range():
+    with pytest.raises(SpecError, match=r"^x: expected a latency from 0 to 60 s, got '-5us'"):
+        parse_latency("-5us", "x")
+
+
 @pytest.mark.parametrize("bad", ["10 furlongs", "-3Gbps", "fast", True])
 def test_bad_bandwidth_names_the_field(bad):
     with pytest.raises(SpecError, match="links.0.bandwidth|links\\[0\\].bandwidth"):
