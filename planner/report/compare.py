@@ -126,6 +126,7 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     la, lb = link_figures(a), link_figures(b)  # (links between sites or groups, by GB/s)
     inputs += [(k.split(" GB/s")[0], f"{la[k]:.4g} GB/s", f"{lb[k]:.4g} GB/s") for k in la
                if "GB/s" in k and k in lb and la[k] != lb[k]]
+    inputs += figure_changes(a, b)
     ga, gb = group_shapes(a), group_shapes(b)
     inputs += [(k, ga[k], gb[k]) for k in ga if k in gb and ga[k] != gb[k]]
     changes = [f"{k} {knob(x)} -> {knob(y)}" for k, x, y in
@@ -141,6 +142,27 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
     return (f"{verdict}: {knobs}" + (f"; {moved}" if moved else "") +
             ("; the step does other work (model or batch differ): the rate compares them"
              if other_work else ""))
+
+
+def figure_changes(a: Plan, b: Plan) -> list[tuple[str, str, str]]:
+    """(label, value in a, value in b) with units, for the device memory and the links' latency
+    and efficiency (link_details) that differ between the plans: inputs a headline names,
+    where 'same configuration' alone left a longer step unexplained."""
+    out = []  # (another device's memory goes with its name, which the headline gives)
+    memory = ([("device memory", *(device_figure(p, "memory_GB") for p in (a, b)))]
+              if a.cluster.get("device") == b.cluster.get("device") else [])
+    ma, mb = group_memory(a), group_memory(b)
+    memory += [(k.removesuffix(" GB"), ma[k], mb[k]) for k in ma if k in mb]
+    out += [(k, f"{x:.4g} GB", f"{y:.4g} GB") for k, x, y in memory
+            if None not in (x, y) and x != y]
+    la, lb = link_details(a), link_details(b)
+    for k in (k for k in la if k in lb and None not in (la[k][0], lb[k][0])):
+        (x, kind), (y, _) = la[k], lb[k]
+        if x != y:
+            show = ((lambda v: f"{100 * v:.3g}%") if kind == "frac" else
+                    (lambda v: f"{v:,.6g} us"))
+            out.append((k.removesuffix(" us"), show(x), show(y)))
+    return out
 
 
 def _reserve_text(kept: dict) -> str:
@@ -190,9 +212,16 @@ INPUTS = (("model", "name", "text"), ("model", "num_params", "count"),
           ("training", "global_batch", "count"), ("training", "seq_len", "count"),
           ("training", "dtype", "text"), ("training", "optimizer", "text"),
           ("search", "target", "text"))
-DEVICE_FIGURES = (("device peak TFLOP/s", "peak_TFLOPs"), ("device memory GB/s", "hbm_GBps"))
+DEVICE_FIGURES = (("device peak TFLOP/s", "peak_TFLOPs"), ("device memory GB/s", "hbm_GBps"),
+                  ("device memory GB", "memory_GB"))
 """The device's own figures a plan's cluster records (its preset's, or a calibration's measured
-ones): two plans on devices of one name may differ there."""
+ones, or a cluster file's): two plans on devices of one name may differ there (a new-user check
+read 'same in both' for devices of 48 and 24 GB, whose steps differ)."""
+LINK_DETAILS = (("latency us", "latency_us", "rate"), ("efficiency", "efficiency", "frac"))
+"""The figures of a link besides its bandwidth that a plan's cluster spec records and the step
+depends on: the alpha of each message, and the share of the line rate collectives reach."""
+TIERS = (("intra_node", "intra-node link"), ("inter_node", "inter-node link"))
+"""The link tiers of a cluster spec of one kind of node (or of one group's), with their words."""
 
 
 def link_figures(p: Plan) -> dict:
@@ -205,6 +234,41 @@ def link_figures(p: Plan) -> dict:
         out[f"link {pair} latency us"] = ln.get("latency_us")
     if "inter_group_GBps" in c and not c.get("links"):
         out["inter-group link GB/s (per GPU)"] = c["inter_group_GBps"]
+    return out
+
+
+def link_details(p: Plan) -> dict[str, tuple[object, str]]:
+    """Each link's latency and efficiency (LINK_DETAILS) from the plan's cluster spec, by label,
+    with its kind: the tiers inside and between nodes of a cluster of one kind of node, each
+    group's or site's, and the link between device groups; a plan whose cluster records no spec
+    (or a link without the figure) has none. A new-user check read 'same in both' for two files
+    whose inter-node latency was 5 us and 5000 us."""
+    c, out = p.cluster, {}
+
+    def tiers(spec, prefix: str, keys=TIERS) -> None:
+        for tier, words in keys:
+            link = spec.get(tier) if isinstance(spec, Mapping) else None
+            if isinstance(link, Mapping):
+                out.update({f"{prefix}{words} {label}": (link.get(key), kind)
+                            for label, key, kind in LINK_DETAILS if key in link})
+    groups = [g for g in c.get("groups") or [] if isinstance(g, Mapping)]
+    if not groups:
+        tiers(c.get("spec"), "")
+    for g in groups:
+        tiers(g.get("spec"), f"group {g.get('name')} ")
+    if groups and not c.get("links"):  # (sites: each pair's link, in link_figures)
+        tiers(c.get("spec"), "", (("inter_group", "inter-group link"),))
+    return out
+
+
+def group_memory(p: Plan) -> dict:
+    """Each device group's or site's device memory in GB, by label, from its spec (the cluster's
+    device figures cover a cluster of one kind of node)."""
+    out = {}
+    for g in p.cluster.get("groups") or []:
+        device = _device(g.get("spec") or {}, g.get("device")) if isinstance(g, Mapping) else None
+        if device is not None and isinstance(device.get("memory_GB"), (int, float)):
+            out[f"group {g.get('name')} device memory GB"] = float(device["memory_GB"])
     return out
 
 
@@ -223,18 +287,25 @@ def device_figure(p: Plan, key: str) -> float | None:
     """The plan's device figure ``key`` (DEVICE_FIGURES; the peak in the training's GEMM dtype),
     from its cluster's spec (a mapping: a calibration's or a file's device; or a preset name) or,
     in a plan without one, its device's name; None where neither says (device groups)."""
-    device = (p.cluster.get("spec") or {}).get("device") or p.cluster.get("device")
-    if isinstance(device, str):
-        try:
-            device = device_mapping(get_device(device))
-        except PlannerError:
-            return None
-    if not isinstance(device, Mapping):
+    device = _device(p.cluster.get("spec") or {}, p.cluster.get("device"))
+    if device is None:
         return None
     value = device.get(key)
     if isinstance(value, Mapping):  # peaks per dtype
         value = value.get(p.training.get("dtype")) or value.get("bf16")
     return float(value) if isinstance(value, (int, float)) else None
+
+
+def _device(spec: Mapping, name) -> Mapping | None:
+    """The device mapping of a cluster spec (a file's or calibration's mapping, or a preset
+    name), else of the device's name; None where neither names a device (device groups)."""
+    device = spec.get("device") or name
+    if isinstance(device, str):
+        try:
+            device = device_mapping(get_device(device))
+        except PlannerError:
+            return None
+    return device if isinstance(device, Mapping) else None
 
 
 PREDICTED = (("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "rate"),
@@ -274,6 +345,12 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
     la, lb = link_figures(a), link_figures(b)
     out += [Diff("inputs", k, la.get(k), lb.get(k), "rate")
             for k in list(la) + [k for k in lb if k not in la]]
+    la, lb = link_details(a), link_details(b)
+    out += [Diff("inputs", k, la.get(k, (None,))[0], lb.get(k, (None,))[0],
+                 (la.get(k) or lb[k])[1]) for k in list(la) + [k for k in lb if k not in la]]
+    ma, mb = group_memory(a), group_memory(b)
+    out += [Diff("inputs", k, ma.get(k), mb.get(k), "rate")
+            for k in list(ma) + [k for k in mb if k not in ma]]
     ga, gb = group_shapes(a), group_shapes(b)
     out += [Diff("inputs", k, ga.get(k), gb.get(k), "text")
             for k in list(ga) + [k for k in gb if k not in ga]]

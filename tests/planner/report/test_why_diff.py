@@ -296,6 +296,64 @@ def test_diff_names_a_changed_intra_node_link(tiny_llama_config, small_plan):
     assert link.differs and (link.a, link.b) == (100, 25)
 
 
+def test_diff_names_a_changed_device_memory_in_its_inputs_and_headline(tiny_llama_config,
+                                                                       small_plan):
+    """A new-user check: two cluster files differing only in the device's memory_GB (48 and 24)
+    gave other plans, and the diff's inputs were empty, the memory 'same in both'."""
+    from planner.report.diff import diff
+
+    a = load_plan(small_plan)
+    roomy = {**SMALL, "device": {**SMALL["device"], "memory_GB": 2.18}}
+    b = planner.plan(tiny_llama_config, cluster=roomy, global_batch=32, seq_len=128)
+    memory = {d.label: d for d in compare.compare(a, b)}["device memory GB"]
+    assert memory.differs and (memory.a, memory.b) == (1.09, 2.18)
+    assert "device memory 1.09 GB -> 2.18 GB" in compare.headline(a, b)
+    inputs = diff(a, b).split("inputs\n", 1)[1].split("\n")[0]
+    assert re.search(r"^  device memory GB +1\.09 +2\.18 +\+100\.0%$", inputs)
+
+
+def test_diff_names_a_changed_link_latency_and_efficiency(tiny_llama_config, small_plan):
+    """A new-user check: inter-node latency 5 us against 5000 us moved the step, and the diff
+    said 'same configuration' with the latency nowhere; the plan's cluster spec records each
+    link's latency and efficiency, and the diff lists those that differ."""
+    from planner.report.diff import diff
+
+    a = load_plan(small_plan)
+    far = {**SMALL, "inter_node": {"bandwidth_GBps": 10, "latency_us": 10000},
+           "intra_node": {**SMALL["intra_node"], "efficiency": 0.5}}
+    b = planner.plan(tiny_llama_config, cluster=far, global_batch=32, seq_len=128)
+    diffs = {d.label: d for d in compare.compare(a, b)}
+    latency, eff = diffs["inter-node link latency us"], diffs["intra-node link efficiency"]
+    assert latency.differs and (latency.a, latency.b) == (10, 10000)
+    assert eff.differs and (eff.a, eff.b) == (0.8, 0.5) and eff.kind == "frac"
+    assert not diffs["intra-node link latency us"].differs
+    head = compare.headline(a, b)
+    assert "inter-node link latency 10 us -> 10,000 us" in head
+    assert "intra-node link efficiency 80% -> 50%" in head
+    text = diff(a, b)
+    assert "inter-node link latency us" in text.split("same in both")[0]
+    assert "-30.0 points" in text
+
+
+def test_each_groups_link_details_and_memory_are_compared():
+    """A cluster of device groups: each group's latency and efficiency and its device memory,
+    and the link between the groups, by label (its spec has no tiers of one kind of node)."""
+    from types import SimpleNamespace
+
+    link = {"bandwidth_GBps": 25, "latency_us": 10, "efficiency": 0.9}
+    group = {"name": "old", "device": "v100",
+             "spec": {"device": "v100", "intra_node": link, "inter_node": link}}
+    plan = SimpleNamespace(cluster={"groups": [group], "inter_group_GBps": 1,
+                                    "spec": {"inter_node": link, "inter_group": link}})
+    assert compare.link_details(plan) == {
+        "group old intra-node link latency us": (10, "rate"),
+        "group old intra-node link efficiency": (0.9, "frac"),
+        "group old inter-node link latency us": (10, "rate"),
+        "group old inter-node link efficiency": (0.9, "frac"),
+        "inter-group link latency us": (10, "rate"), "inter-group link efficiency": (0.9, "frac")}
+    assert compare.group_memory(plan) == {"group old device memory GB": 32}
+
+
 def test_diff_names_the_frozen_parameters_of_either_plan(small_plan):
     """A plan of the model with frozen parameters against one of it trained whole: the inputs
     say how many are frozen (none where neither plan has any)."""
