@@ -71,25 +71,52 @@ def unknown_model(model: str) -> str:
             "config.json path or file.py:factory)")
 
 
-LEARNED_POSITION_TYPES = ("bert", "roberta", "gpt2", "opt", "bart", "whisper")
+PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text",
+                        "roberta-prelayernorm", "xmod", "ibert", "longformer", "luke", "markuplm",
+                        "mpnet", "layoutlmv3", "lilt", "esm", "altclip_text_model",
+                        "clap_text_model", "bridgetower_text_model")
+"""Hugging Face model types whose learned positions start after the padding token's row
+(transformers' ``create_position_ids_from_input_ids``: position ``pad_token_id + 1`` for the first
+token), so that a sequence takes ``max_position_embeddings - pad_token_id - 1`` of them: RoBERTa's
+514 rows hold 512 tokens (a new-user check planned 514, and ``plan run`` failed on the lookup)."""
+
+LEARNED_POSITION_TYPES = ("bert", "gpt2", "opt", "bart", "whisper", *PADDING_OFFSET_TYPES)
 """Hugging Face model types whose max_position_embeddings (or max_target_positions) are learned
 absolute positions, a hard limit on the sequence."""
 
 
 def learned_positions(cfg) -> int | None:
     """The longest text a model with learned absolute positions takes, where it has them;
-    ``cfg``: a transformers config, or a mapping with its model_type. A model with relative
-    position buckets (T5 and its kin) has none, whatever ``n_positions`` its config carries
-    (t5-large's says 512: the length it was pre-trained at)."""
+    ``cfg``: a transformers config, or a mapping with its model_type. A model with relative position
+    buckets (T5 and its kin) has none, whatever ``n_positions`` its config carries (t5-large's
+    says 512: the length it was pre-trained at); one whose positions start after the padding
+    token's (PADDING_OFFSET_TYPES) has that many fewer than its table's rows."""
     def get(key):
         return cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, key, None)
 
-    if get("relative_attention_num_buckets"):
-        return None
+    kind = get("model_type")
+    learned = kind in LEARNED_POSITION_TYPES and \
+        get("position_embedding_type") in (None, "absolute")  # (ESM-2's are rotary)
+    if get("relative_attention_num_buckets") and not learned:
+        return None  # (MPNet has both: relative buckets on top of learned positions)
     limit = get("n_positions")
-    if limit is None and get("model_type") in LEARNED_POSITION_TYPES:
+    if limit is None and learned:
         limit = get("max_position_embeddings") or get("max_target_positions")
-    return int(limit) if limit else None
+    return max(int(limit) - position_offset(cfg), 0) if limit else None
+
+
+def position_offset(cfg) -> int:
+    """The rows of a learned position table before the first token's: ``pad_token_id + 1`` for
+    PADDING_OFFSET_TYPES (with RoBERTa's default id, 1, where the config gives none), else 0;
+    0 too for ESM with rotary positions (ESM-2), which has no such table."""
+    def get(key):
+        return cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, key, None)
+
+    if get("model_type") not in PADDING_OFFSET_TYPES or \
+            get("position_embedding_type") not in (None, "absolute"):
+        return 0
+    pad = get("pad_token_id")
+    return (pad if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 1) + 1
 
 
 ROUTED_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from planner.errors import SpecError
-from planner.inputs.zoo import LEARNED_POSITION_TYPES, learned_positions
+from planner.inputs.zoo import LEARNED_POSITION_TYPES, learned_positions, position_offset
 from planner.trace import dense_experts, mtp
 
 AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM",
@@ -201,10 +201,13 @@ def _has_loss_head(module) -> bool:
 
 
 def default_seq_len(cfg) -> int:
-    """The text length to plan when none is given: the model's positions, at most 4,096."""
+    """The text length to plan when none is given: the model's learned positions (those a
+    sequence can take: planner.inputs.zoo.learned_positions), else its positions, at most
+    4,096."""
     text = _text_config(cfg)
-    positions = (getattr(text, "max_position_embeddings", 0) or getattr(text, "n_positions", 0)
-                 or getattr(text, "max_target_positions", 0) or 2048)
+    positions = (learned_positions(cfg) or getattr(text, "max_position_embeddings", 0)
+                 or getattr(text, "n_positions", 0) or getattr(text, "max_target_positions", 0)
+                 or 2048)
     return min(int(positions), 4096)
 
 
@@ -271,7 +274,9 @@ def positions_exceeded(cfg, seq_len: int) -> int:
 
 
 def check_seq_len(cfg, seq_len: int, name: str) -> None:
-    """SpecError when ``seq_len`` is longer than the model's learned positions."""
+    """SpecError when ``seq_len`` is longer than the model's learned positions (those a sequence
+    takes: after the padding token's row, for RoBERTa and its kin), naming why where the table
+    has more rows."""
     limit = learned_positions(cfg)
     if limit is None and not getattr(cfg, "relative_attention_num_buckets", None):
         keys = ("n_positions",) + (("max_position_embeddings", "max_target_positions") if getattr(
@@ -281,8 +286,15 @@ def check_seq_len(cfg, seq_len: int, name: str) -> None:
                 raise SpecError(f"model config: {key} is 0, so {name} has no learned position "
                                 "to put a token at; give the number of positions it was built "
                                 "for")
-    if limit and seq_len > limit:
-        raise SpecError(f"seq_len: {seq_len} exceeds {name}'s learned positions ({limit}); "
+    if limit is not None and seq_len > limit:
+        text = _text_config(cfg)
+        offset, rows = position_offset(text), getattr(text, "max_position_embeddings", None)
+        why = (f": max_position_embeddings {rows} less {offset}, as its positions start after "
+               f"pad_token_id {offset - 1}" if offset and rows else "")
+        if not limit:
+            raise SpecError(f"model config: {name} has no learned position to put a token at "
+                            f"({limit}{why}); give the number of positions it was built for")
+        raise SpecError(f"seq_len: {seq_len} exceeds {name}'s learned positions ({limit}{why}); "
                         f"use --seq-len {limit} or less")
 
 

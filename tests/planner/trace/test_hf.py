@@ -1,0 +1,54 @@
+"""Hugging Face configs as planner.trace.hf reads them: the sequence their learned positions take
+(RoBERTa's start after the padding token's)."""
+
+import json
+
+import pytest
+
+import planner
+from planner.errors import SpecError
+from planner.inputs.zoo import learned_positions
+
+TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+            vocab_size=128)
+
+
+def _config(tmp_path, cfg: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_roberta_style_positions_start_after_the_padding_tokens_row():
+    """RoBERTa's 514 rows hold 512 tokens: its first token's position is pad_token_id + 1."""
+    assert learned_positions({"model_type": "roberta", "max_position_embeddings": 514,
+                              "pad_token_id": 1}) == 512
+    assert learned_positions({"model_type": "xlm-roberta", "max_position_embeddings": 514,
+                              "pad_token_id": 1}) == 512
+    assert learned_positions({"model_type": "roberta", "max_position_embeddings": 34,
+                              "pad_token_id": 3}) == 30
+    # BERT's positions start at 0; ESM-1b's table is learned (1026 rows, 1024 tokens), ESM-2's
+    # positions are rotary; MPNet adds relative buckets to learned positions
+    assert learned_positions({"model_type": "bert", "max_position_embeddings": 512}) == 512
+    assert learned_positions({"model_type": "esm", "max_position_embeddings": 1026,
+                              "pad_token_id": 1, "position_embedding_type": "absolute"}) == 1024
+    assert learned_positions({"model_type": "esm", "max_position_embeddings": 1026,
+                              "pad_token_id": 1, "position_embedding_type": "rotary"}) is None
+    assert learned_positions({"model_type": "mpnet", "max_position_embeddings": 514,
+                              "pad_token_id": 1, "relative_attention_num_buckets": 32}) == 512
+
+
+def test_a_roberta_config_plans_the_tokens_its_positions_take_and_refuses_more(tmp_path):
+    """A new-user check: a RoBERTa config was planned at max_position_embeddings tokens, and
+    ``plan run`` then failed on the position lookup (index 34 out of bounds for size 34)."""
+    path = _config(tmp_path, {"model_type": "roberta", "architectures": ["RobertaForMaskedLM"],
+                              **TEXT, "max_position_embeddings": 34, "pad_token_id": 1,
+                              "type_vocab_size": 1})
+    prepared = planner.prepare(path, cache_dir=None)
+    assert prepared.seq_len == 32
+    with pytest.raises(SpecError, match=r"^seq_len: 34 exceeds roberta's learned positions "
+                                        r"\(32: max_position_embeddings 34 less 2, as its "
+                                        r"positions start after pad_token_id 1\); use --seq-len "
+                                        r"32 or less$"):
+        planner.prepare(path, seq_len=34, cache_dir=None)
+
