@@ -287,7 +287,7 @@ def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec,
     settings.warn_ring_unused(best, training)
     settings.warn_tp_overlap_unused(best, training)
     for note in (length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"),
-                             dict(options.fix)),
+                             dict(options.fix), prepared.info.get("learned_positions", 0)),
                  batch_note(training.global_batch, cluster.num_gpus, best, result.rejected,
                             dict(options.fix), fits=None if isinstance(cluster, HeteroCluster)
                             else functools.partial(dp_fits, prepared.blocks, cluster, training,
@@ -371,7 +371,7 @@ def _raise_infeasible(prepared: Prepared, cluster, training: TrainingSpec,
     plan needs, for a search that found no plan."""
     ma = ModelArrays.from_blocks(prepared.blocks)
     note = length_note(training.seq_len, result.rejected, prepared.info.get("image_tokens"),
-                       dict(options.fix))
+                       dict(options.fix), prepared.info.get("learned_positions", 0))
     raise InfeasibleError(explain_infeasible(ma, prepared.blocks, cluster, training, options,
                                              result.rejected,
                                              image=bool(prepared.info.get("image_tokens")))

@@ -29,7 +29,7 @@ class Prepared:
 
     info: dict
     """name, source, num_params, fingerprint (and attention, unpriced_ops, frozen_params,
-    image_tokens, encoder_tokens, defaulted, mtp_layers_left_out, mtp_depths,
+    image_tokens, encoder_tokens, learned_positions, defaulted, mtp_layers_left_out, mtp_depths,
     checkpoint_quantization, experts_own_code where they apply)."""
     seq_len: int
     dtype: str
@@ -125,7 +125,8 @@ def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_me
                    whole=frozenset(unchained - uniform))
     # (a config's learned positions are checked from the config; a zoo name is a shape at any
     # length)
-    for table, rows in (og.position_tables() if rm.source not in ("hf-config", "zoo") else ()):
+    tables = og.position_tables() if rm.source not in ("hf-config", "zoo") else []
+    for table, rows in tables:
         if rows < rm.seq_len:  # (on meta tensors the lookup does not fail; a real run does)
             raise SpecError(f"seq_len: {rm.seq_len:,} tokens exceed the {rows:,} learned "
                             f"positions of {table} (an embedding looked up by position); give "
@@ -175,6 +176,9 @@ def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_me
         info["own_checkpoints"] = own_checkpoints[0]
     if rm.frozen_params:
         info["frozen_params"] = int(rm.frozen_params)
+    positions = rm.learned_positions or min((rows for _, rows in tables), default=0)
+    if positions:  # (the lengths a hint may offer: planner.search.feasibility.length_note)
+        info["learned_positions"] = positions
     if rm.positions and rm.source == "hf-config":  # (a zoo name is a shape at any length)
         info["max_position_embeddings"] = rm.positions
     image = image_shape(rm.args, rm.kwargs)

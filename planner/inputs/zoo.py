@@ -80,19 +80,29 @@ PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert",
 token), so that a sequence takes ``max_position_embeddings - pad_token_id - 1`` of them: RoBERTa's
 514 rows hold 512 tokens (a new-user check planned 514, and ``plan run`` failed on the lookup)."""
 
-LEARNED_POSITION_TYPES = ("bert", "gpt2", "opt", "bart", "whisper", *PADDING_OFFSET_TYPES)
+LEARNED_POSITION_TYPES = ("bert", "gpt2", "opt", "bart", "whisper", *PADDING_OFFSET_TYPES,
+                          "clip_text_model", "siglip_text_model",
+                          "siglip2_text_model", "owlvit_text_model", "owlv2_text_model",
+                          "groupvit_text_model", "xclip_text_model", "chinese_clip_text_model",
+                          "align_text_model", "blip_text_model")
 """Hugging Face model types whose max_position_embeddings (or max_target_positions) are learned
-absolute positions, a hard limit on the sequence."""
+absolute positions, a hard limit on the sequence: whole models, and the text towers that a
+config nests (CLIP's text_config; learned_positions looks there)."""
+
+NESTED_TEXT = ("text_config",)
+"""Where a composite config keeps the model that reads the text: a dual tower's or a
+vision-language model's text_config."""
 
 
 def learned_positions(cfg) -> int | None:
-    """The longest text a model with learned absolute positions takes, where it has them;
-    ``cfg``: a transformers config, or a mapping with its model_type. A model with relative position
+    """The longest text a model with learned absolute positions takes, where it has them, its
+    nested text model's (NESTED_TEXT) where the config has none of its own; ``cfg``: a
+    transformers config, or a mapping with its model_type. A model with relative position
     buckets (T5 and its kin) has none, whatever ``n_positions`` its config carries (t5-large's
     says 512: the length it was pre-trained at); one whose positions start after the padding
     token's (PADDING_OFFSET_TYPES) has that many fewer than its table's rows."""
-    def get(key):
-        return cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, key, None)
+    def get(key, of=cfg):
+        return of.get(key) if isinstance(of, Mapping) else getattr(of, key, None)
 
     kind = get("model_type")
     learned = kind in LEARNED_POSITION_TYPES and \
@@ -102,7 +112,11 @@ def learned_positions(cfg) -> int | None:
     limit = get("n_positions")
     if limit is None and learned:
         limit = get("max_position_embeddings") or get("max_target_positions")
-    return max(int(limit) - position_offset(cfg), 0) if limit else None
+    if limit:
+        return max(int(limit) - position_offset(cfg), 0)
+    nested = [get(key) for key in NESTED_TEXT]
+    return next((n for n in (learned_positions(c) for c in nested
+                             if c is not None and get("model_type", c)) if n is not None), None)
 
 
 def position_offset(cfg) -> int:

@@ -638,13 +638,16 @@ SEQ_MULTIPLE = 256
 tensor-parallel ranks with context parallelism up to 16 (2 x cp chunks per sequence)."""
 
 
-def length_note(seq_len: int, rejected, image: bool = False, fix: dict | None = None) -> str:
+def length_note(seq_len: int, rejected, image: bool = False, fix: dict | None = None,
+                positions: int = 0) -> str:
     """'' or a warning that the sequence length itself ruled out sequence or context parallelism
     for some degrees (the search's SP_SEQ, CP_SEQ and SEQ_TP_2CP rules), with the nearest length
     that does not (with a pinned cp in ``fix``, and a pinned tp, one that splits for those), or
     for an image model (``image``: its sequence is its patches) where its length comes from;
     none for one token per sample (an image, a recommendation sample), which has no sequence to
-    split."""
+    split. ``positions``: the model's learned positions (0: no such limit), past which no length
+    is offered (a new-user check was offered 256 tokens for CLIP's 77, which the trace then
+    refused)."""
     ruled = sum(rejected.get(rule, 0) for rule in (SP_SEQ, CP_SEQ, SEQ_TP_2CP))
     fix = fix or {}
     cp, tp = int(fix.get("cp", 0)), int(fix.get("tp", 0))
@@ -662,8 +665,12 @@ def length_note(seq_len: int, rejected, image: bool = False, fix: dict | None = 
                 "in a config; for a module or factory, the seq_len given) do not split evenly, "
                 "which ruled out sequence or context parallelism for some degrees")
     lower = seq_len // multiple * multiple
-    nearest = min((n for n in (lower, lower + multiple) if n > 0),
-                  key=lambda n: abs(n - seq_len))
+    fitting = [n for n in (lower, lower + multiple) if 0 < n <= (positions or n)]
+    if not fitting:
+        return (f"training.seq_len: {seq_len:,} tokens do not split evenly, which ruled out "
+                f"sequence or context parallelism for some degrees; no multiple of {multiple:,} "
+                f"(which splits {over}) fits the model's {positions:,} learned positions")
+    nearest = min(fitting, key=lambda n: abs(n - seq_len))
     return (f"training.seq_len: {seq_len:,} tokens do not split evenly, which ruled out sequence "
             f"or context parallelism for some degrees; a multiple of {multiple:,} "
             f"({nearest:,}) splits {over}")

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from planner.errors import SpecError
-from planner.inputs.zoo import LEARNED_POSITION_TYPES, learned_positions, position_offset
+from planner.inputs.zoo import (LEARNED_POSITION_TYPES, NESTED_TEXT, learned_positions,
+                                 position_offset)
 from planner.trace import dense_experts, mtp
 
 AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM",
@@ -182,7 +183,13 @@ def _ids(seq_len: int, vocab: int, device: str) -> torch.Tensor:
 
 
 def _text_config(cfg):
-    return getattr(cfg, "text_config", None) or cfg
+    """The config of the model that reads the text: a composite's nested one (a dual tower's
+    text_config), else ``cfg``."""
+    for key in NESTED_TEXT:
+        nested = getattr(cfg, key, None)
+        if getattr(nested, "model_type", None):
+            return nested
+    return cfg
 
 
 def _image_size(vision) -> int:
@@ -275,8 +282,8 @@ def positions_exceeded(cfg, seq_len: int) -> int:
 
 def check_seq_len(cfg, seq_len: int, name: str) -> None:
     """SpecError when ``seq_len`` is longer than the model's learned positions (those a sequence
-    takes: after the padding token's row, for RoBERTa and its kin), naming why where the table
-    has more rows."""
+    takes: after the padding token's row, for RoBERTa and its kin; a nested text model's, for
+    CLIP), naming why where the table has more rows."""
     limit = learned_positions(cfg)
     if limit is None and not getattr(cfg, "relative_attention_num_buckets", None):
         keys = ("n_positions",) + (("max_position_embeddings", "max_target_positions") if getattr(

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 from planner.errors import SpecError
 from planner.files import read_json_object, refuse_plan
 from planner.inputs.modules import import_from_working_folder
-from planner.inputs.zoo import ZOO, ZooEntry, unknown_model
+from planner.inputs.zoo import ZOO, ZooEntry, learned_positions, unknown_model
 from planner.trace import hf, mtp
 from planner.trace.cache import imported_digests
 from planner.trace.failures import model_frame
@@ -60,6 +60,9 @@ class ResolvedModel:
     positions: int = 0
     """A Hugging Face config's max_position_embeddings where the traced length exceeds it and its
     positions are not learned (rotary or relative: they extend, as learned ones do not); else 0."""
+    learned_positions: int = 0
+    """The longest sequence a Hugging Face config's learned absolute positions take
+    (planner.inputs.zoo.learned_positions); 0: none, or not a config."""
     defaulted: dict = field(default_factory=dict)
     """Dimensions a config.json does not give, with the values transformers' defaults filled in
     (planner.trace.hf.defaulted_dimensions)."""
@@ -205,7 +208,8 @@ def _build_hf(name: str | None, cfg, architecture: str, seq_len: int, dtype: str
     rm = _finish(ResolvedModel(name=name or "", module=built.module, args=built.args,
                                kwargs=built.kwargs, seq_len=built.seq_len, batch=1, source=source,
                                config=cfg.to_diff_dict(), attention=built.attention,
-                               positions=hf.positions_exceeded(cfg, built.seq_len)))
+                               positions=hf.positions_exceeded(cfg, built.seq_len),
+                               learned_positions=learned_positions(cfg) or 0))
     rm.name = name or hf.name_of(cfg, rm.num_params)
     rm.mtp_depths = len(built.module.mtp) if mtp.has_mtp(built.module) else 0
     return rm

@@ -1,5 +1,5 @@
 """Hugging Face configs as planner.trace.hf reads them: the sequence their learned positions take
-(RoBERTa's start after the padding token's)."""
+(RoBERTa's start after the padding token's; CLIP's sit in its text_config)."""
 
 import json
 
@@ -8,6 +8,8 @@ import pytest
 import planner
 from planner.errors import SpecError
 from planner.inputs.zoo import learned_positions
+from planner.search.feasibility import length_note
+from planner.search.space import SP_SEQ
 
 TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
             vocab_size=128)
@@ -46,9 +48,39 @@ def test_a_roberta_config_plans_the_tokens_its_positions_take_and_refuses_more(t
                               "type_vocab_size": 1})
     prepared = planner.prepare(path, cache_dir=None)
     assert prepared.seq_len == 32
+    assert prepared.info["learned_positions"] == 32
     with pytest.raises(SpecError, match=r"^seq_len: 34 exceeds roberta's learned positions "
                                         r"\(32: max_position_embeddings 34 less 2, as its "
                                         r"positions start after pad_token_id 1\); use --seq-len "
                                         r"32 or less$"):
         planner.prepare(path, seq_len=34, cache_dir=None)
+
+
+CLIP = {"model_type": "clip", "architectures": ["CLIPModel"], "projection_dim": 32,
+        "text_config": {**TEXT, "max_position_embeddings": 77},
+        "vision_config": {**TEXT, "image_size": 32, "patch_size": 8}}
+
+
+def test_a_dual_towers_text_positions_are_checked_before_the_trace(tmp_path):
+    """A new-user check: CLIP at --seq-len 256 past its text tower's 77 positions failed in the
+    trace, with advice to make the forward traceable; BART's limit was named before it."""
+    path = _config(tmp_path, CLIP)
+    with pytest.raises(SpecError, match=r"^seq_len: 256 exceeds clip's learned positions "
+                                        r"\(77\); use --seq-len 77 or less$"):
+        planner.prepare(path, seq_len=256, cache_dir=None)
+    prepared = planner.prepare(path, cache_dir=None)
+    assert prepared.seq_len == 77 and prepared.info["learned_positions"] == 77
+
+
+def test_the_length_hint_offers_no_length_past_the_learned_positions():
+    """The hint offered CLIP 256 tokens (a multiple that splits over tp), which it cannot take."""
+    assert length_note(77, {SP_SEQ: 1}, positions=77).endswith(
+        "no multiple of 256 (which splits over tp up to 8 with cp up to 16) fits the model's 77 "
+        "learned positions")
+    assert length_note(300, {SP_SEQ: 1}, positions=300).endswith("a multiple of 256 (256) "
+                                                                  "splits over tp up to 8 with "
+                                                                  "cp up to 16")
+    assert length_note(300, {SP_SEQ: 1}).endswith("(256) splits over tp up to 8 with cp up to 16")
+    assert length_note(400, {SP_SEQ: 1}, positions=600).endswith("(512) splits over tp up to 8 "
+                                                                  "with cp up to 16")
 
