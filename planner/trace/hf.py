@@ -22,7 +22,7 @@ import contextlib
 import inspect
 import re
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 
 import torch
 
@@ -431,19 +431,44 @@ def defaulted_dimensions(raw: dict, cfg) -> dict[str, int]:
     not give, with the values transformers' defaults fill in: a config missing them builds a
     model of another size without a word (a new-user check planned a T5 without d_model and
     vocab_size at the defaults' 369 M parameters). A value the config class derives from keys
-    the file does give (BLOOM's hidden_size from n_embed, Mamba's intermediate_size from
-    expand) differs from the bare class's default, and is not reported."""
+    the file gives is no default, even where it equals the bare class's (BLOOM's hidden_size
+    from n_embed; Swin's num_layers, the length of its depths: a new-user check was warned of
+    it): only a setting of the class (one of its fields) is reported; and a layer count equal
+    to the length of a per-layer list the file gives (ConvNeXt's num_stages and its depths) is
+    given by that list."""
     names = getattr(cfg, "attribute_map", {}) or {}
     try:
         bare = type(cfg)()
     except Exception:  # noqa: BLE001 - a config class that needs arguments: nothing to compare
         return {}
+    settings = _settings(type(cfg))
     out = {}
     for key in DIMENSIONS:
         real = names.get(key, key)
         value = getattr(cfg, real, None)
         if key in raw or real in raw or isinstance(value, bool) or not isinstance(value, int):
             continue
+        if settings and real not in settings:  # derived from other keys (__post_init__)
+            continue
+        if key == "num_hidden_layers" and any(
+                isinstance(raw.get(k), list) and len(raw[k]) == value for k in PER_LAYER_LISTS):
+            continue
         if value == getattr(bare, real, None):
             out[real] = value
     return out
+
+
+PER_LAYER_LISTS = ("depths", "layer_types")
+"""Config keys of a list with one entry per layer or stage (ConvNeXt's and Swin's depths, the
+layer types of models that mix attention kinds)."""
+
+
+def _settings(cls) -> frozenset[str]:
+    """The keys a config class takes as settings: its dataclass fields (transformers 5), else
+    its ``__init__``'s parameters."""
+    if is_dataclass(cls):
+        return frozenset(f.name for f in fields(cls))
+    try:
+        return frozenset(inspect.signature(cls.__init__).parameters)
+    except (TypeError, ValueError):
+        return frozenset()

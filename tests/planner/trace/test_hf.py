@@ -1,7 +1,9 @@
 """Hugging Face configs as planner.trace.hf reads them: the sequence their learned positions take
-(RoBERTa's start after the padding token's; CLIP's sit in its text_config)."""
+(RoBERTa's start after the padding token's; CLIP's sit in its text_config), and the dimensions a
+config leaves to transformers' defaults."""
 
 import json
+import logging
 
 import pytest
 
@@ -83,4 +85,38 @@ def test_the_length_hint_offers_no_length_past_the_learned_positions():
     assert length_note(300, {SP_SEQ: 1}).endswith("(256) splits over tp up to 8 with cp up to 16")
     assert length_note(400, {SP_SEQ: 1}, positions=600).endswith("(512) splits over tp up to 8 "
                                                                   "with cp up to 16")
+
+
+@pytest.mark.parametrize("config,said", [
+    ({"model_type": "swin", "architectures": ["SwinForImageClassification"], "image_size": 224,
+      "patch_size": 4, "embed_dim": 96, "depths": [1, 1, 1, 1], "num_heads": [2, 2, 2, 2],
+      "window_size": 7, "num_labels": 10}, "num_layers"),
+    ({"model_type": "convnext", "architectures": ["ConvNextForImageClassification"],
+      "image_size": 32, "hidden_sizes": [8, 16, 32, 64], "depths": [1, 1, 1, 1],
+      "num_labels": 10}, "num_stages")])
+def test_a_count_the_config_gives_by_its_list_of_stages_is_not_called_a_default(
+        config, said, tmp_path, caplog):
+    """A new-user check: Swin and ConvNeXt configs with four depths were warned that they give
+    no num_layers (num_stages) and that the default, 4, is used. Swin derives it (and
+    hidden_size, from embed_dim 96, here equal to the default's 768) from the keys given."""
+    from transformers import AutoConfig
+
+    from planner.trace.hf import defaulted_dimensions
+    raw = {k: v for k, v in config.items() if k != "model_type"}
+    cfg = AutoConfig.for_model(config["model_type"], **raw)
+    assert defaulted_dimensions(raw, cfg) == {}
+    with caplog.at_level(logging.WARNING, logger="planner"):
+        planner.prepare(_config(tmp_path, config), cache_dir=None)
+    assert "gives no" not in caplog.text and said not in caplog.text
+
+
+def test_a_stage_count_its_lists_disagree_with_is_still_called_a_default():
+    """ConvNeXt builds num_stages' default of 4 stages whatever its depths hold: five depths
+    without num_stages are a model of another size."""
+    from transformers import AutoConfig
+
+    from planner.trace.hf import defaulted_dimensions
+    five = {"depths": [1, 1, 1, 1, 1], "hidden_sizes": [8, 16, 32, 64, 64]}
+    assert defaulted_dimensions(five, AutoConfig.for_model("convnext", **five)) == {
+        "num_stages": 4}
 
