@@ -89,9 +89,9 @@ LEARNED_POSITION_TYPES = ("bert", "gpt2", "opt", "bart", "whisper", *PADDING_OFF
 absolute positions, a hard limit on the sequence: whole models, and the text towers that a
 config nests (CLIP's text_config; learned_positions looks there)."""
 
-NESTED_TEXT = ("text_config",)
+NESTED_TEXT = ("text_config", "decoder")
 """Where a composite config keeps the model that reads the text: a dual tower's or a
-vision-language model's text_config."""
+vision-language model's text_config, a vision encoder-decoder's decoder."""
 
 
 def learned_positions(cfg) -> int | None:

@@ -123,7 +123,8 @@ def build_real(plan: Plan, spec: str, meta: ResolvedModel, *, seed: int) -> Real
         module = hf.build(meta.module.config, type(meta.module).__name__, meta.seq_len, dtype,
                           "cpu", meta.mtp_depths).module
         kwargs = {k: v for k, v in meta.kwargs.items() if k != "labels"}
-        vocab = int(getattr(meta.module.config, "vocab_size", 0) or 0)  # 0: an image model
+        # (a vision encoder-decoder's is its decoder's; 0: an image model)
+        vocab = int(getattr(hf.text_config(meta.module.config), "vocab_size", 0) or 0)
         args = meta.args
         if _encoder_decoder(meta):  # the decoder's ids, shaped as the labels the trace gave
             module.register_forward_pre_hook(_decoder_ids(len(args)), with_kwargs=True)

@@ -9,7 +9,8 @@ implementation, and example inputs for each kind of model.
   DeBERTa-v2, ...); the cost model prices an eager attention core by ``--engine attention``.
 - Inputs (batch 1), by what ``forward`` takes: token ids (and labels, for a model with a loss
   head); token ids and decoder labels (encoder-decoder); pixels (and a class label); pixels and
-  token ids with ``return_loss`` (dual towers); log-mel features and decoder labels (Whisper).
+  token ids with ``return_loss`` (dual towers); pixels and decoder labels (a vision
+  encoder-decoder: a ViT with GPT-2, TrOCR); log-mel features and decoder labels (Whisper).
   Every model is fed so that it returns its training loss.
 
 ``build`` works on any device: the planner builds on the meta device (nothing allocated); the
@@ -106,6 +107,10 @@ def auto_class(cfg):
         if type(cfg) in mapping:
             found = mapping[type(cfg)]
             return found[0] if isinstance(found, (tuple, list)) else found
+    # a composite of two models that no auto class maps (VisionEncoderDecoderConfig): its own
+    composite = getattr(transformers, type(cfg).__name__.removesuffix("Config") + "Model", None)
+    if composite is not None and getattr(composite, "config_class", None) is type(cfg):
+        return composite
     raise SpecError(f"model: transformers has no model class for model_type '{cfg.model_type}'")
 
 
@@ -117,7 +122,7 @@ def inputs(module: torch.nn.Module, cfg, seq_len: int, device: str) -> tuple[tup
                    torch.float32)
     kwargs: dict = {}
     tokens = seq_len
-    vocab = int(getattr(_text_config(cfg), "vocab_size", 2) or 2)
+    vocab = int(getattr(text_config(cfg), "vocab_size", 2) or 2)
     kind = getattr(cfg, "model_type", "this model")
     if "input_values" in params and "input_ids" not in params:
         raise SpecError(f"model: {kind} takes raw audio (input_values), which the planner does "
@@ -130,18 +135,20 @@ def inputs(module: torch.nn.Module, cfg, seq_len: int, device: str) -> tuple[tup
                         "give it as file.py:factory returning the model and example inputs "
                         "(README, MODEL)")
     if "pixel_values" in params:
-        vision = getattr(cfg, "vision_config", None) or cfg
+        vision = vision_config(cfg)
         size = _image_size(vision)
         channels = int(getattr(vision, "num_channels", 3) or 3)
         kwargs["pixel_values"] = torch.randn(1, channels, size, size, device=device,
                                              dtype=weights)
-        patch = getattr(vision, "patch_size", None)
         if "input_ids" in params:  # two towers: images and their captions
             kwargs["input_ids"] = _ids(seq_len, vocab, device)
             if "return_loss" in params:
                 kwargs["return_loss"] = True
+        elif "decoder_input_ids" in params:  # an image encoder and a text decoder (TrOCR):
+            # the decoder's labels, from which it makes its input ids
+            kwargs["labels"] = _ids(seq_len, vocab, device)
         else:
-            tokens = (size // _first(patch)) ** 2 + _extra_tokens(module) if patch else 1
+            tokens = image_tokens(vision, module)
             if "labels" in params:
                 labels = int(getattr(cfg, "num_labels", 2) or 2)
                 kwargs["labels"] = torch.randint(0, labels, (1,), device=device)
@@ -178,13 +185,32 @@ def _extra_tokens(module: torch.nn.Module) -> int:
     return n
 
 
+def image_tokens(vision, module: torch.nn.Module) -> int:
+    """The tokens a vision transformer of config ``vision`` attends over: its patches and the
+    tokens it prepends (_extra_tokens); one for a model without patches (a convolution's)."""
+    patch = getattr(vision, "patch_size", None)
+    if not patch:
+        return 1
+    return (_image_size(vision) // _first(patch)) ** 2 + _extra_tokens(module)
+
+
+def vision_config(cfg):
+    """The config of the model that reads the image: a dual tower's vision_config, a vision
+    encoder-decoder's encoder, else ``cfg``."""
+    for key in ("vision_config", "encoder"):
+        nested = getattr(cfg, key, None)
+        if getattr(nested, "model_type", None):
+            return nested
+    return cfg
+
+
 def _ids(seq_len: int, vocab: int, device: str) -> torch.Tensor:
     return torch.randint(0, vocab, (1, seq_len), device=device)
 
 
-def _text_config(cfg):
+def text_config(cfg):
     """The config of the model that reads the text: a composite's nested one (a dual tower's
-    text_config), else ``cfg``."""
+    text_config, a vision encoder-decoder's decoder), else ``cfg``."""
     for key in NESTED_TEXT:
         nested = getattr(cfg, key, None)
         if getattr(nested, "model_type", None):
@@ -211,7 +237,7 @@ def default_seq_len(cfg) -> int:
     """The text length to plan when none is given: the model's learned positions (those a
     sequence can take: planner.inputs.zoo.learned_positions), else its positions, at most
     4,096."""
-    text = _text_config(cfg)
+    text = text_config(cfg)
     positions = (learned_positions(cfg) or getattr(text, "max_position_embeddings", 0)
                  or getattr(text, "n_positions", 0) or getattr(text, "max_target_positions", 0)
                  or 2048)
@@ -274,7 +300,7 @@ def _no_init(device: str):
 def positions_exceeded(cfg, seq_len: int) -> int:
     """The text config's max_position_embeddings where ``seq_len`` exceeds it and the positions
     are not learned ones (check_seq_len refuses those), else 0."""
-    limit = getattr(_text_config(cfg), "max_position_embeddings", 0)
+    limit = getattr(text_config(cfg), "max_position_embeddings", 0)
     if learned_positions(cfg) or not isinstance(limit, int) or not 0 < limit < seq_len:
         return 0
     return limit
@@ -283,7 +309,7 @@ def positions_exceeded(cfg, seq_len: int) -> int:
 def check_seq_len(cfg, seq_len: int, name: str) -> None:
     """SpecError when ``seq_len`` is longer than the model's learned positions (those a sequence
     takes: after the padding token's row, for RoBERTa and its kin; a nested text model's, for
-    CLIP), naming why where the table has more rows."""
+    CLIP and a vision encoder-decoder), naming why where the table has more rows."""
     limit = learned_positions(cfg)
     if limit is None and not getattr(cfg, "relative_attention_num_buckets", None):
         keys = ("n_positions",) + (("max_position_embeddings", "max_target_positions") if getattr(
@@ -294,7 +320,7 @@ def check_seq_len(cfg, seq_len: int, name: str) -> None:
                                 "to put a token at; give the number of positions it was built "
                                 "for")
     if limit is not None and seq_len > limit:
-        text = _text_config(cfg)
+        text = text_config(cfg)
         offset, rows = position_offset(text), getattr(text, "max_position_embeddings", None)
         why = (f": max_position_embeddings {rows} less {offset}, as its positions start after "
                f"pad_token_id {offset - 1}" if offset and rows else "")

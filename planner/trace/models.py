@@ -77,13 +77,16 @@ class ResolvedModel:
     @property
     def encoder_tokens(self) -> int:
         """For a Hugging Face encoder-decoder, the positions its encoder reads per sample (T5's
-        input ids; Whisper's audio frames after its stride-2 convolution: max_source_positions),
-        while ``seq_len`` counts the decoder's; 0 for other models."""
+        input ids; Whisper's audio frames after its stride-2 convolution: max_source_positions;
+        a vision encoder-decoder's patches and prepended tokens), while ``seq_len`` counts the
+        decoder's; 0 for other models."""
         cfg = getattr(self.module, "config", None)
         first = self.args[0] if self.args else None
         if self.source not in ("zoo", "hf-config") or not getattr(cfg, "is_encoder_decoder",
                                                                   False) or first is None:
             return 0
+        if first.is_floating_point() and first.dim() >= 4:  # an image's (TrOCR's)
+            return hf.image_tokens(hf.vision_config(cfg), self.module)
         if first.is_floating_point():  # audio features [batch, mel bins, frames]
             return int(getattr(cfg, "max_source_positions", 0) or first.shape[-1])
         return int(first.shape[1])
@@ -93,9 +96,10 @@ class ResolvedModel:
         """A Hugging Face image model reading pixel values alone: its sequence is the image's
         patches (and prepended tokens), which its config sets."""
         first = self.args[0] if self.args else None
+        decoder = getattr(getattr(self.module, "config", None), "is_encoder_decoder", False)
         return (self.source in ("zoo", "hf-config") and isinstance(first, torch.Tensor)
                 and first.is_floating_point() and first.dim() >= 4
-                and "input_ids" not in self.kwargs)
+                and "input_ids" not in self.kwargs and not decoder)
 
 
 def _forward_params(module: torch.nn.Module) -> tuple:

@@ -1,6 +1,6 @@
 """Hugging Face configs as planner.trace.hf reads them: the sequence their learned positions take
-(RoBERTa's start after the padding token's; CLIP's sit in its text_config), and the dimensions a
-config leaves to transformers' defaults."""
+(RoBERTa's start after the padding token's; CLIP's sit in its text_config), the dimensions a
+config leaves to transformers' defaults, and the inputs of a vision encoder-decoder."""
 
 import json
 import logging
@@ -120,3 +120,27 @@ def test_a_stage_count_its_lists_disagree_with_is_still_called_a_default():
     assert defaulted_dimensions(five, AutoConfig.for_model("convnext", **five)) == {
         "num_stages": 4}
 
+
+VISION_ENCODER_DECODER = {
+    "model_type": "vision-encoder-decoder", "architectures": ["VisionEncoderDecoderModel"],
+    "encoder": {"model_type": "vit", **TEXT, "image_size": 32, "patch_size": 8},
+    "decoder": {"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 2,
+                "vocab_size": 128, "n_positions": 48, "add_cross_attention": True,
+                "is_decoder": True, "bos_token_id": 0, "eos_token_id": 0},
+    "decoder_start_token_id": 0, "pad_token_id": 0}
+
+
+def test_a_vision_encoder_decoder_reads_pixels_and_its_decoders_tokens(tmp_path):
+    """A new-user check: a ViT encoder with a GPT-2 decoder was fed a class label and failed in
+    the trace (IndexError in shift_tokens_right), blamed on the model."""
+    path = _config(tmp_path, VISION_ENCODER_DECODER)
+    prepared = planner.prepare(path, cache_dir=None)
+    assert prepared.seq_len == 48  # the decoder's learned positions
+    assert prepared.info["encoder_tokens"] == 16 + 1  # 4 x 4 patches and the class token
+    assert "image_tokens" not in prepared.info
+    with pytest.raises(SpecError, match=r"^seq_len: 64 exceeds vision-encoder-decoder's learned "
+                                        r"positions \(48\)"):
+        planner.prepare(path, seq_len=64, cache_dir=None)
+    # without architectures: the composite's own class (no auto class maps it)
+    bare = {k: v for k, v in VISION_ENCODER_DECODER.items() if k != "architectures"}
+    assert planner.prepare(_config(tmp_path, bare), seq_len=16, cache_dir=None).seq_len == 16
