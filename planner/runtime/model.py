@@ -54,7 +54,7 @@ def check_runnable(meta: ResolvedModel) -> None:
     tensors (the runtime cuts them into micro-batches along dim 0)."""
     if meta.source == "factory":
         inner = [type(a).__name__ for a in meta.args if not isinstance(a, torch.Tensor)]
-        if inner or meta.kwargs:
+        if inner or _given_kwargs(meta):
             what = ("keyword inputs" if not inner else f"a {inner[0]}"
                     if inner[0] in ("dict", "list", "tuple") else f"{inner[0]} values")
             raise SpecError(f"model: {meta.name}'s example inputs hold {what}; plan run feeds "
@@ -86,6 +86,12 @@ def check_runnable(meta: ResolvedModel) -> None:
                     f"reads {what}, which it does not "
                     "feed yet (docs/runtime.md, Not supported); export the plan (plan export) or "
                     "give a file.py:factory of the model with its example inputs")
+
+
+def _given_kwargs(meta: ResolvedModel) -> dict:
+    """A factory's keyword example inputs, less the ``use_cache=False`` the planner adds to
+    them (planner.trace.models._as_trained; build_real passes it on)."""
+    return {k: v for k, v in meta.kwargs.items() if not (k == "use_cache" and v is False)}
 
 
 def _encoder_decoder(meta: ResolvedModel) -> bool:
@@ -134,7 +140,10 @@ def build_real(plan: Plan, spec: str, meta: ResolvedModel, *, seed: int) -> Real
         module = module.to(dtype)
         args = inputs if isinstance(inputs, tuple) else (inputs,)
         args = tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
-        kwargs, vocab = {}, None
+        # use_cache=False where the planner traced it so (the factory's own keyword inputs are
+        # refused by check_runnable)
+        kwargs = {k: v for k, v in meta.kwargs.items() if k == "use_cache" and v is False}
+        vocab = None
     if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
         raise SpecError(f"model: '{spec}' takes tensor keyword inputs; the runtime feeds "
                         "positional tensors only (return them as a tuple from the factory)")

@@ -110,6 +110,16 @@ def _forward_params(module: torch.nn.Module) -> tuple:
         return ()
 
 
+def _as_trained(module: torch.nn.Module, kwargs: dict) -> dict:
+    """``kwargs`` with ``use_cache=False`` where ``module``'s forward takes it and they leave it
+    out, as training runs it: a Hugging Face model returns its key/value caches otherwise, which
+    stop the trace (a new-user check: a T5 from a factory failed to trace where the same module
+    given to planner.plan did not)."""
+    if "use_cache" not in kwargs and "use_cache" in _forward_params(module):
+        return {**kwargs, "use_cache": False}
+    return kwargs
+
+
 def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None,
             per_sample: bool = False) -> ResolvedModel:
     """Any MODEL form -> ResolvedModel (module on the meta device). ``per_sample``: a module whose
@@ -119,9 +129,7 @@ def resolve(model, *, seq_len: int | None, dtype: str, example_inputs=None,
         args, kwargs = _split_inputs(example_inputs, "example_inputs")
         model = _meta_twin(model, dtype)
         args = tuple(_cast(a, dtype, meta=True) for a in args)
-        kwargs = {k: _cast(v, dtype, meta=True) for k, v in kwargs.items()}
-        if "use_cache" not in kwargs and "use_cache" in _forward_params(model):
-            kwargs["use_cache"] = False  # as training runs it (a returned cache stops the trace)
+        kwargs = _as_trained(model, {k: _cast(v, dtype, meta=True) for k, v in kwargs.items()})
         return _finish(ResolvedModel(name=type(model).__name__, module=model, args=args,
                                      kwargs=kwargs, seq_len=1 if per_sample else
                                      _infer_seq(args, kwargs, seq_len),
@@ -333,7 +341,7 @@ def _from_factory(spec: str, seq_len: int | None, dtype: str) -> ResolvedModel:
     args, kwargs = _split_inputs(inputs, f"{spec} example_inputs")
     net = net.to(TORCH_DTYPES[dtype])  # train in the requested dtype (free on the meta device)
     args = tuple(_cast(a, dtype) for a in args)
-    kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
+    kwargs = _as_trained(net, {k: _cast(v, dtype) for k, v in kwargs.items()})
     return _finish(ResolvedModel(name=os.path.basename(target).removesuffix(".py") + ":" + attr,
                                  module=net, args=args, kwargs=kwargs,
                                  seq_len=_infer_seq(args, kwargs, seq_len),

@@ -384,6 +384,30 @@ def test_a_factory_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
     assert isinstance(rm.module, nn.Linear)
 
 
+T5_FACTORY = (
+    "import torch\nfrom transformers import T5Config, T5ForConditionalGeneration\n\n"
+    "def build(seq_len=16):\n"
+    "    cfg = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,\n"
+    "                   decoder_start_token_id=0, pad_token_id=0)\n"
+    "    ids = torch.randint(0, 64, (2, seq_len))\n"
+    "    return T5ForConditionalGeneration(cfg), (ids, torch.ones_like(ids), ids)\n")
+
+
+def test_a_hugging_face_model_from_a_factory_is_traced_without_its_caches(tmp_path):
+    """A new-user check: a T5 from a file.py:factory failed to trace ("returns its key/value
+    caches") unless its config set use_cache=False, where the same module passed to planner.plan
+    traced; plan run still takes the factory's positional inputs, and passes use_cache on."""
+    import planner
+    from planner.runtime.model import check_runnable
+
+    (tmp_path / "t5_factory.py").write_text(T5_FACTORY)
+    spec = f"{tmp_path}/t5_factory.py:build"
+    rm = resolve(spec, seq_len=None, dtype="fp32")
+    assert rm.kwargs == {"use_cache": False}
+    check_runnable(rm)  # (the planner's keyword, not one the factory returned)
+    assert planner.prepare(spec, cache_dir=None).info["num_params"] == rm.num_params
+
+
 class Mixer(nn.Module):
     """Products of two activations, made into attention by a softmax or into a decayed scan (the
     shape of Mamba2's chunked SSD) by an exponent."""
