@@ -158,18 +158,26 @@ def ring_attention_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
             not (table or device.causal_attention_ratio != 1.0):
         return 0.0, 0.0
     share = _attention_share(work, micro_batch, tp)
-    square = share * (work.fused_attn_flops - work.attn_window_cut)
-    causal = share * (work.attn_causal_flops - work.attn_window_cut)
+    # (calls under a sliding window keep their own price, the rank's share of them: a window
+    # shorter than a chunk meets few of the ring's pairs, and window_work prices their rows)
+    square = share * (work.fused_attn_flops - work.attn_window_flops)
+    causal = share * (work.attn_causal_flops - work.attn_window_flops)
+    if square <= 0:
+        return 0.0, 0.0
     pairs = (2 * cp) ** 2
     masked = 2 * causal / pairs  # square FLOPs of the causal pairs
     whole = (2 * cp - 1) * causal / pairs + 4 * cp * (square - causal) / pairs
+    own_square, own_causal = square / cp, causal / cp  # the rank's share, as attention_time_s
+    calls = max(work.fused_attn_calls, 1.0)
     if table:
-        ring_f, ring_b = measured_attention_s(
-            whole + masked, masked, square / max(work.fused_attn_calls, 1.0) / pairs, table)
+        ring_f, ring_b = measured_attention_s(whole + masked, masked, square / calls / pairs,
+                                              table)
+        own_f, own_b = measured_attention_s(own_square, own_causal, own_square / calls, table)
     else:
         ring_f, ring_b = fused_attention_s(whole, device, dtype, engine,
                                            masked=(1.0 - CAUSAL_SKIP) * masked,
                                            head_dim=work.attn_head_dim)
-    own_f, own_b = attention_time_s(work, device, dtype, engine, micro_batch=micro_batch / cp,
-                                    tp=tp)
+        own_f, own_b = fused_attention_s(own_square - own_causal, device, dtype, engine,
+                                         masked=(1.0 - CAUSAL_SKIP) * own_causal,
+                                         head_dim=work.attn_head_dim)
     return ring_f - own_f, ring_b - own_b

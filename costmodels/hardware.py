@@ -367,17 +367,24 @@ attention, in keys (DeviceSpec.attention_window_keys): NVIDIA's cudnn-frontend t
 benchmark runs gpt-oss's shape (head dimension 64, a 1,024-key window) on H200 at 358 TFLOP/s
 forward and 299 backward at 32k tokens, against cuDNN's 412 and 432 at head dimension 64 without
 a mask (HOPPER_HEAD_DIM's figures): 412 / 358 = (1 + c / 1024) / (1 + c / 8192) gives c = 181
-forward, and 556 backward. One published point each."""
-BLACKWELL_WINDOW = (740.0, 540.0)
+forward, and 556 backward. One published point each, from two sources (the unmasked speeds are
+the FlashAttention-3 paper's, on H100 with 2024's cuDNN): c follows the unmasked speed closely,
+an unmasked speed 10% higher gives c = 320 forward."""
+BLACKWELL_WINDOW = (730.0, 540.0)
 """The same for Blackwell, from two windows of the same benchmark (cuDNN 9.19-9.22, head
 dimension 64), whose ratio fixes c without the unmasked speed: on GB200 a 1,024-key window runs
 at 574-624 TFLOP/s forward and 617-658 backward (4k-16k tokens, 64 query heads) and a 128-key
-window at 161-167 and 182-188 (128 query heads); 8 (128 + c) / (1024 + c) = 3.66 gives c = 628
-forward, and 551 backward; on GB300 (675-738 / 167-173 forward, 638-682 / 191-200 backward)
-852 and 527. The forward mean is 740, the backward's 540. The same row work explains the
-shorter causal calls' slower speed: cuDNN's causal forward at head dimension 64 on GB300 runs at
-627, 826, 977, 1,074 and 1,117 TFLOP/s at 1k-16k tokens (flash-attention PR #2605's table), which
-rows of s / 2 keys with a fixed work of 450 keys reproduce within 2%."""
+window at 161-167 and 182-188 (128 query heads); at the ranges' middles
+8 (128 + c) / (1024 + c) = 599 / 164 gives c = 625 forward, and 550 backward; on GB300
+(675-738 / 167-173 forward, 638-682 / 191-200 backward) 841 and 526. The forward mean is 733,
+taken as 730, the backward's 540. The same row work explains the shorter causal calls' slower
+speed: cuDNN's causal forward at head dimension 64 on GB300 runs at 627, 826, 977, 1,074 and
+1,117 TFLOP/s at 1k-16k tokens (flash-attention PR #2605's table), which rows of s / 2 keys with
+a fixed work of 450 keys reproduce within 2%. Only ratios are taken from this benchmark: its
+absolute speeds (cuDNN 9.19-9.22; GB300 at head dimension 128, causal, 16k tokens: 1,915 TFLOP/s
+forward, 1,507 backward) run about 1.4x and 1.3x those BLACKWELL_ATTENTION keeps (cuDNN 9.13 as
+FlashAttention-4's paper gives it, the release the 2025 runs compared here used), and the B200
+long-sequence runs, predicted too fast already (README), do not support raising them."""
 HOPPER_KERNELS = dict(attention_efficiency=HOPPER_ATTENTION[0],
                       attention_bwd_efficiency=HOPPER_ATTENTION[1],
                       causal_attention_ratio=HOPPER_CAUSAL,

@@ -84,14 +84,16 @@ LEARNED_POSITION_TYPES = ("bert", "gpt2", "opt", "bart", "whisper", *PADDING_OFF
                           "clip_text_model", "siglip_text_model",
                           "siglip2_text_model", "owlvit_text_model", "owlv2_text_model",
                           "groupvit_text_model", "xclip_text_model", "chinese_clip_text_model",
-                          "align_text_model", "blip_text_model")
+                          "align_text_model", "blip_text_model", "trocr")
 """Hugging Face model types whose max_position_embeddings (or max_target_positions) are learned
 absolute positions, a hard limit on the sequence: whole models, and the text towers that a
-config nests (CLIP's text_config; learned_positions looks there)."""
+config nests (CLIP's text_config; learned_positions looks there). TrOCR's are learned unless its
+config turns them off (``use_learned_position_embeddings``: sinusoidal then)."""
 
-NESTED_TEXT = ("text_config", "decoder")
-"""Where a composite config keeps the model that reads the text: a dual tower's or a
-vision-language model's text_config, a vision encoder-decoder's decoder."""
+NESTED_TEXT = ("text_config", "encoder", "decoder")
+"""Where a composite config keeps the models that read the text: a dual tower's or a
+vision-language model's text_config, an encoder-decoder's encoder and decoder (both read the
+planned length in a text encoder-decoder; a vision encoder reads none)."""
 
 
 def learned_positions(cfg) -> int | None:
@@ -106,7 +108,8 @@ def learned_positions(cfg) -> int | None:
 
     kind = get("model_type")
     learned = kind in LEARNED_POSITION_TYPES and \
-        get("position_embedding_type") in (None, "absolute")  # (ESM-2's are rotary)
+        get("position_embedding_type") in (None, "absolute") and \
+        get("use_learned_position_embeddings") is not False  # (ESM-2's are rotary)
     if get("relative_attention_num_buckets") and not learned:
         return None  # (MPNet has both: relative buckets on top of learned positions)
     limit = get("n_positions")
@@ -114,9 +117,9 @@ def learned_positions(cfg) -> int | None:
         limit = get("max_position_embeddings") or get("max_target_positions")
     if limit:
         return max(int(limit) - position_offset(cfg), 0)
-    nested = [get(key) for key in NESTED_TEXT]
-    return next((n for n in (learned_positions(c) for c in nested
-                             if c is not None and get("model_type", c)) if n is not None), None)
+    nested = [learned_positions(c) for c in (get(key) for key in NESTED_TEXT)
+              if c is not None and get("model_type", c)]
+    return min((n for n in nested if n is not None), default=None)
 
 
 def position_offset(cfg) -> int:

@@ -204,7 +204,7 @@ class _GroupPricer(_Pricer):
             budget = cpsat_budget_s(self.options, deadline, len(ranked) - i)
             if hetero.uniform(self.cluster):  # alike groups: the exact split and chain stand;
                 if i > 0:                        # CP-SAT certifies the best one, briefly
-                    out.append(simulated(est, self.training))
+                    out.append(simulated(est, self.training, sends_apart=False))
                     continue
                 budget = min(budget, hetero.UNIFORM_REFINE_S)
             out.append(simulated(hetero.refine_groups(est, self.ma, self.cluster, self.training,
@@ -325,6 +325,9 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
         ranked = tie_broken(ranked, lambda e: order_of.get(e.config, total), pricer.capacity,
                             _engine_runs(bg, training) if options.target == "any" else None)
     ranked = ranked[:options.top_k + 1]
+    # the plans returned tell the waits for their sends apart from the bubble (simulated again
+    # with free sends: a second simulation each, left out of the re-timing of every candidate)
+    ranked = [simulated(e, training) if e.timing == "simulated" else e for e in ranked]
     status, gap = ("feasible", None) if cut else ("optimal", 0.0)
     if ranked and ranked[0].split_status != "optimal" and not cut:
         status, gap = "feasible", ranked[0].split_gap
@@ -439,7 +442,7 @@ def _retime(ranked: list[Estimate], spare: list, queue: list, costs_of: dict, pr
             return sorted(ranked, key=lambda e: e.rank), True
         closed = heapq.heappop(spare)[2]
         done += pipeline_key(closed) not in runs  # (ZeRO or offload alone: simulated already)
-        est = simulated(closed, training, runs)
+        est = simulated(closed, training, runs, sends_apart=False)
         faster = max(faster, 1.0 - est.step_time_s / closed.step_time_s)
         if est.peak_memory_bytes <= pricer.capacity:
             ranked.append(est)

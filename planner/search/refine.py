@@ -96,11 +96,14 @@ def repriced(est: Estimate, bg: BlockGraph, cluster: Cluster, training: Training
     return simulated(price(cfg, bounds, ma, costs, cluster, training), training)
 
 
-def simulated(est: Estimate, training: TrainingSpec, runs: dict | None = None) -> Estimate:
+def simulated(est: Estimate, training: TrainingSpec, runs: dict | None = None, *,
+              sends_apart: bool = True) -> Estimate:
     """``est`` with its pipeline time and activation memory taken from a simulation. ``runs``: a
     dict the calls of one search share, keyed by the simulation's inputs (pipeline_key):
     configurations that differ only in what the pipeline does not see (ZeRO stage, offload)
-    are simulated once."""
+    are simulated once. ``sends_apart``: the waits for the sends between stages told apart from
+    the bubble (a second simulation, with free sends); a search re-timing many candidates leaves
+    them in the bubble and tells them apart for the plans it returns (the step is the same)."""
     cfg = est.config
     m = cfg.num_microbatches
     # collectives inside a chunk: tensor parallelism's as the pricing split them between the
@@ -140,9 +143,9 @@ def simulated(est: Estimate, training: TrainingSpec, runs: dict | None = None) -
             bd[key] = m * sum(getattr(st, attr) for st in stages if st.rank == slow)
     bd["pp_comm_s"] = 0.0  # sends overlap compute; waiting for them shows as bubble
     bd["bubble_s"] = idle_s(step_s, m * busy[slow])
-    if est.cut_p2p_s and max(est.cut_p2p_s) > 0:  # waits for the sends between stages (slow
-        # links, on device groups and sites above all) are told apart from the bubble: the same
-        # schedule simulated with free sends
+    if sends_apart and est.cut_p2p_s and max(est.cut_p2p_s) > 0:  # waits for the sends (slow
+        # links between stages, on device groups and sites above all) are told apart from the
+        # bubble: the same schedule simulated with free sends
         free = runs.get((sim_key, "free")) if sim_key is not None else None
         if free is None:
             free = _simulated_step(cfg, fwd, bwd, wgrad, 0.0, act)

@@ -14,9 +14,9 @@ Each self-attention op (query and key lengths equal) owned by a module declaring
 gets ``causal`` and, under a window, ``keep``: the share of a causal call's pairs it keeps (a
 causal call of square F does about F / 2; a windowed one ``keep`` x F / 2). Limits: a module
 that declares ``is_causal`` but is handed another mask (a prefix-LM's bidirectional prefix, image
-tokens seeing each other) is priced causal; under context parallelism a windowed layer is priced
-as a ring over its kept work, though a window much shorter than a chunk needs few of the ring's
-pairs."""
+tokens seeing each other) is priced causal; under context parallelism a windowed layer's calls
+are priced as the rank's share of its windowed calls, without the ring's pairs of chunks (a
+window shorter than a chunk meets few of them; costmodels.attention.ring_attention_s)."""
 
 from __future__ import annotations
 

@@ -42,6 +42,21 @@ def test_roberta_style_positions_start_after_the_padding_tokens_row():
                               "pad_token_id": 1, "relative_attention_num_buckets": 32}) == 512
 
 
+
+def test_an_encoder_decoders_limit_is_the_least_of_its_text_models():
+    """A review: a TrOCR decoder's 512 learned positions went unchecked, and a text
+    encoder-decoder (BERT's 512 and GPT-2's 1,024) was given the decoder's alone; both its
+    halves read the planned length. A vision encoder reads none."""
+    assert learned_positions({"model_type": "trocr", "max_position_embeddings": 512}) == 512
+    assert learned_positions({"model_type": "trocr", "max_position_embeddings": 512,
+                              "use_learned_position_embeddings": False}) is None
+    bert = {"model_type": "bert", "max_position_embeddings": 512}
+    gpt2 = {"model_type": "gpt2", "n_positions": 1024}
+    assert learned_positions({"model_type": "encoder-decoder", "encoder": bert,
+                              "decoder": gpt2}) == 512
+    assert learned_positions({"model_type": "vision-encoder-decoder",
+                              "encoder": {"model_type": "vit"}, "decoder": gpt2}) == 1024
+
 def test_a_roberta_config_plans_the_tokens_its_positions_take_and_refuses_more(tmp_path):
     """A new-user check: a RoBERTa config was planned at max_position_embeddings tokens, and
     ``plan run`` then failed on the position lookup (index 34 out of bounds for size 34)."""

@@ -448,3 +448,32 @@ def test_routed_traffic_at_the_hidden_width_is_left_uncounted_where_widths_coinc
         assert all((0 < w.mem_bytes_routed_hidden < w.mem_bytes_routed) if counted
                    else w.mem_bytes_routed_hidden == 0 for w in works)
 
+
+
+def test_windowed_calls_under_a_ring_keep_their_own_price():
+    """A review: on H100 a ring of 2 priced a 128-key window at a quarter of one rank's price
+    (the ring's pairs left the window's row work out and took it off again). Windowed calls
+    keep the rank's share of their price; a causal call still gains the ring's unmasked pairs."""
+    from costmodels.attention import attention_time_s, ring_attention_s
+    from costmodels.engine import EngineSpec
+    from costmodels.hardware import DEVICES
+    from costmodels.workload import BlockWork
+
+    length, square = 32768, 4.0 * 64 * 64 * 32768 ** 2
+    keep = window_keep(length, 128)
+    windowed = BlockWork(attn_flops=square, fused_attn_flops=square, attn_causal_flops=square,
+                         attn_window_cut=(1 - keep) * square, attn_window_flops=square,
+                         attn_window_rows=square / length, fused_attn_calls=1, attn_head_dim=64)
+    causal = BlockWork(attn_flops=square, fused_attn_flops=square, attn_causal_flops=square,
+                       fused_attn_calls=1, attn_head_dim=64)
+    h100, engine = DEVICES["h100"], EngineSpec()
+
+    def summed(work):  # both ranks of the ring, forward and backward
+        own = attention_time_s(work, h100, "bf16", engine, micro_batch=0.5, tp=1)
+        ring = ring_attention_s(work, h100, "bf16", engine, micro_batch=1, tp=1, cp=2)
+        return [2 * (o + r) for o, r in zip(own, ring)]
+
+    alone = attention_time_s(windowed, h100, "bf16", engine, micro_batch=1, tp=1)
+    assert summed(windowed) == pytest.approx(list(alone))
+    whole = attention_time_s(causal, h100, "bf16", engine, micro_batch=1, tp=1)
+    assert all(s < w for s, w in zip(summed(causal), whole))
