@@ -51,7 +51,8 @@ from planner.search.costs import ModelArrays, block_costs, capacity_bytes
 from planner.search.evaluate import placed_estimate, placements, split_of
 from planner.search.dp_traffic import DataParallelBytes, dp_floor_s, dp_rates
 from planner.search.pricing import Estimate
-from planner.search.refine import cpsat_budget_s, pipeline_key, refine, simulated
+from planner.search.refine import (cpsat_budget_s, pipeline_key, refine, simulated,
+                                   with_sends_apart)
 from planner.search.space import CostKey, Group, Space, attention_forms, enumerate_space
 from planner.trace.graph import BlockGraph
 
@@ -327,7 +328,7 @@ def search(bg: BlockGraph, cluster, training: TrainingSpec, options: SearchOptio
     ranked = ranked[:options.top_k + 1]
     # the plans returned tell the waits for their sends apart from the bubble (simulated again
     # with free sends: a second simulation each, left out of the re-timing of every candidate)
-    ranked = [simulated(e, training) if e.timing == "simulated" else e for e in ranked]
+    ranked = [with_sends_apart(e) for e in ranked]
     status, gap = ("feasible", None) if cut else ("optimal", 0.0)
     if ranked and ranked[0].split_status != "optimal" and not cut:
         status, gap = "feasible", ranked[0].split_gap

@@ -106,17 +106,7 @@ def simulated(est: Estimate, training: TrainingSpec, runs: dict | None = None, *
     them in the bubble and tells them apart for the plans it returns (the step is the same)."""
     cfg = est.config
     m = cfg.num_microbatches
-    # collectives inside a chunk: tensor parallelism's as the pricing split them between the
-    # passes (StageEstimate.tp_fwd_comm_s); cp K/V exchange and expert dispatch by the share
-    share = pipeline.forward_comm_share(cfg.recompute)
-    fwd = [st.fwd_s + st.tp_fwd_comm_s + share * (st.cp_comm_s + st.ep_comm_s)
-           for st in est.stages]
-    split = cfg.schedule in SPLIT_BACKWARD
-    wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]
-    bwd = [st.compute_s - st.fwd_s + st.tp_comm_s - st.tp_fwd_comm_s
-           + (1 - share) * (st.cp_comm_s + st.ep_comm_s) - w
-           for st, w in zip(est.stages, wgrad)]
-    act = [st.act_bytes for st in est.stages]
+    fwd, bwd, wgrad, act = _passes(est)
     sim_key = pipeline_key(est) if runs is not None else None
     hit = runs.get(sim_key) if sim_key is not None else None
     if hit is None:
@@ -143,23 +133,55 @@ def simulated(est: Estimate, training: TrainingSpec, runs: dict | None = None, *
             bd[key] = m * sum(getattr(st, attr) for st in stages if st.rank == slow)
     bd["pp_comm_s"] = 0.0  # sends overlap compute; waiting for them shows as bubble
     bd["bubble_s"] = idle_s(step_s, m * busy[slow])
-    if sends_apart and est.cut_p2p_s and max(est.cut_p2p_s) > 0:  # waits for the sends (slow
-        # links between stages, on device groups and sites above all) are told apart from the
-        # bubble: the same schedule simulated with free sends
-        free = runs.get((sim_key, "free")) if sim_key is not None else None
-        if free is None:
-            free = _simulated_step(cfg, fwd, bwd, wgrad, 0.0, act)
-            if sim_key is not None:
-                runs[sim_key, "free"] = free
-        free_s = free[0]
-        bd["pp_comm_s"] = min(bd["bubble_s"], max(0.0, step_s - free_s))
-        bd["bubble_s"] -= bd["pp_comm_s"]
     bd["straggler_s"] = est.straggler_excess * (bd["compute_s"] + bd["optimizer_s"])
-    return dataclasses.replace(
+    out = dataclasses.replace(
         est, stages=stages,
         step_time_s=step_s + bd["dp_comm_s"] + bd["optimizer_s"] + bd["straggler_s"],
         breakdown=bd, peak_memory_bytes=max(st.memory["total"] for st in stages),
         timing="simulated")
+    return with_sends_apart(out, step_s, runs, sim_key) if sends_apart else out
+
+
+def with_sends_apart(est: Estimate, pipeline_s: float | None = None, runs: dict | None = None,
+                     sim_key: tuple | None = None) -> Estimate:
+    """A simulated ``est`` whose waits for the sends between stages (slow links, on device
+    groups and sites above all) are told apart from its bubble (breakdown pp_comm_s): the same
+    schedule simulated with free sends, the step's difference the sends' share. ``pipeline_s``:
+    its pipeline's simulated time (None: its step less what runs after the pipeline); ``runs``
+    and ``sim_key`` as ``simulated``'s. The step is the same; an estimate without sends, or whose
+    sends are told apart already, comes back as it is."""
+    bd = est.breakdown
+    if est.timing != "simulated" or not est.cut_p2p_s or max(est.cut_p2p_s) <= 0 or \
+            bd.get("pp_comm_s"):
+        return est
+    if pipeline_s is None:
+        pipeline_s = est.step_time_s - bd["dp_comm_s"] - bd["optimizer_s"] - bd["straggler_s"]
+    free = runs.get((sim_key, "free")) if sim_key is not None else None
+    if free is None:
+        fwd, bwd, wgrad, act = _passes(est)
+        free = _simulated_step(est.config, fwd, bwd, wgrad, 0.0, act)
+        if sim_key is not None:
+            runs[sim_key, "free"] = free
+    sends = min(bd["bubble_s"], max(0.0, pipeline_s - free[0]))
+    return dataclasses.replace(est, breakdown={**bd, "pp_comm_s": sends,
+                                               "bubble_s": bd["bubble_s"] - sends})
+
+
+def _passes(est: Estimate) -> tuple[list, list, list, list]:
+    """(forward, backward, weight-gradient seconds, activation bytes) of each chunk of ``est``
+    per micro-batch, as the schedule's simulation takes them: the collectives inside a chunk,
+    tensor parallelism's as the pricing split them between the passes
+    (StageEstimate.tp_fwd_comm_s), cp's K/V exchange and expert dispatch by the share the
+    recomputation leaves the forward."""
+    share = pipeline.forward_comm_share(est.config.recompute)
+    fwd = [st.fwd_s + st.tp_fwd_comm_s + share * (st.cp_comm_s + st.ep_comm_s)
+           for st in est.stages]
+    split = est.config.schedule in SPLIT_BACKWARD
+    wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]
+    bwd = [st.compute_s - st.fwd_s + st.tp_comm_s - st.tp_fwd_comm_s
+           + (1 - share) * (st.cp_comm_s + st.ep_comm_s) - w
+           for st, w in zip(est.stages, wgrad)]
+    return fwd, bwd, wgrad, [st.act_bytes for st in est.stages]
 
 
 def pipeline_key(est: Estimate) -> tuple:
