@@ -12,7 +12,7 @@ import importlib
 import logging
 import time
 
-from planner.errors import RunError
+from planner.errors import RunError, sigterm_raises
 
 log = logging.getLogger(__name__)
 
@@ -36,35 +36,37 @@ def gather(worker, n: int, args: tuple, *, reports: int, what: str, timeout_s: f
                                start_method="spawn")
     results: list = []
     deadline = time.monotonic() + timeout_s
-    try:
-        while len(results) < reports:
-            if not queue.empty():  # read as they come: a full pipe would block a worker
-                results.append(queue.get())
-                continue
-            if procs.join(timeout=POLL_S) and queue.empty():
-                raise RunError(f"{what}: the {n} measuring processes exited with "
-                               f"{len(results)} of {reports} results",
-                               "rerun it; a process that ends early is a bug to report",
-                               "measurement")
-            if time.monotonic() > deadline:
-                raise RunError(f"{what}: the {n} measuring processes did not finish in "
-                               f"{timeout_s:.0f} s",
-                               "retry on a quieter machine, or pass --processes 1",
-                               "measurement")
-        grace = time.monotonic() + EXIT_GRACE_S
-        while not procs.join(timeout=POLL_S):
-            if time.monotonic() > grace:  # (the finally kills them; the results stand)
-                log.warning("%s: the measuring processes reported but did not exit in %.0f s; "
-                            "stopped", what, EXIT_GRACE_S)
-                break
-    except failed as exc:
-        log.warning("%s: measuring process %d failed:\n%s", what, exc.error_index, exc)
-        raise RunError(f"{what}: measuring process {exc.error_index} failed ({_last_line(exc)})",
-                       _hint(exc), "measurement") from None
-    finally:
-        for p in procs.processes:
-            if p.is_alive():
-                p.kill()
+    # (a SIGTERM stops the workers in the finally below, as Ctrl-C does)
+    with sigterm_raises():
+        try:
+            while len(results) < reports:
+                if not queue.empty():  # read as they come: a full pipe would block a worker
+                    results.append(queue.get())
+                    continue
+                if procs.join(timeout=POLL_S) and queue.empty():
+                    raise RunError(f"{what}: the {n} measuring processes exited with "
+                                   f"{len(results)} of {reports} results",
+                                   "rerun it; a process that ends early is a bug to report",
+                                   "measurement")
+                if time.monotonic() > deadline:
+                    raise RunError(f"{what}: the {n} measuring processes did not finish in "
+                                   f"{timeout_s:.0f} s",
+                                   "retry on a quieter machine, or pass --processes 1",
+                                   "measurement")
+            grace = time.monotonic() + EXIT_GRACE_S
+            while not procs.join(timeout=POLL_S):
+                if time.monotonic() > grace:  # (the finally kills them; the results stand)
+                    log.warning("%s: the measuring processes reported but did not exit in "
+                                "%.0f s; stopped", what, EXIT_GRACE_S)
+                    break
+        except failed as exc:
+            log.warning("%s: measuring process %d failed:\n%s", what, exc.error_index, exc)
+            raise RunError(f"{what}: measuring process {exc.error_index} failed "
+                           f"({_last_line(exc)})", _hint(exc), "measurement") from None
+        finally:
+            for p in procs.processes:
+                if p.is_alive():
+                    p.kill()
     return results
 
 

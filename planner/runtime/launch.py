@@ -19,12 +19,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 
 import torch
 
-from planner.errors import PlannerError, RunError, SpecError, Terminated
+from planner.errors import PlannerError, RunError, SpecError, sigterm_raises
 from planner.planfile.document import Plan, load_plan
 from planner.runtime import model as mdl
 from planner.runtime.build import check_knobs, check_model
@@ -261,20 +260,12 @@ def run_group(argv: list[str], out) -> int:
     process is interrupted (Ctrl-C, or SIGTERM to it alone) the whole group stops, torchrun and
     the workers it started, not torchrun alone (its workers would go on under init)."""
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _interrupted) if main else None
     try:
-        return proc.wait()
+        with sigterm_raises():
+            return proc.wait()
     except BaseException:
         _stop_group(proc)
         raise
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupted(signum, frame):
-    raise Terminated(signum)
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

@@ -12,6 +12,17 @@ def _report(rank: int, fail_rank: int, queue) -> None:
     queue.put((rank, rank * 10))
 
 
+def _stop_parent(rank: int, queue) -> None:
+    """Rank 0 sends the measuring parent SIGTERM, as a stop from outside would; nobody reports."""
+    import os
+    import signal
+    import time
+
+    if rank == 0:
+        os.kill(os.getppid(), signal.SIGTERM)
+    time.sleep(60)
+
+
 def _killed(rank: int, queue) -> None:
     if rank == 1:
         import os
@@ -58,3 +69,18 @@ def test_an_unguarded_script_is_told_to_guard_its_main(tmp_path):
                          timeout=240, env={**os.environ, "PYTHONPATH": root})
     assert "measuring process" in out.stdout and \
         'under `if __name__ == "__main__":`' in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_a_sigterm_to_the_parent_stops_its_workers_and_raises_terminated():
+    """A new-user check: SIGTERM to plan profile ended it with the interpreter's default death
+    and a resource tracker's warning; now the wait raises Terminated (the CLI exits 143), the
+    workers are stopped, and the parent's own SIGTERM handler is back."""
+    import signal
+
+    from planner.errors import Terminated
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated) as info:
+        gather(_stop_parent, 2, (), reports=2, what="test", timeout_s=120)
+    assert info.value.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
