@@ -124,7 +124,13 @@ def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_me
                    method=og.method, name=rm.name, not_layers=frozenset(uniform),
                    whole=frozenset(unchained - uniform))
     # (a config's learned positions are checked from the config; a zoo name is a shape at any
-    # length)
+    # length; a Hugging Face model built by a factory or given as a module, from its config
+    # too: RoBERTa's position ids are a cumulative sum the trace does not see as positions)
+    hf_config = getattr(rm.module, "config", None)
+    if rm.source in ("factory", "module") and getattr(hf_config, "model_type", None):
+        from planner.trace.hf import check_seq_len  # lazy: loads torch, as above
+
+        check_seq_len(hf_config, rm.seq_len, rm.name)
     tables = og.position_tables() if rm.source not in ("hf-config", "zoo") else []
     for table, rows in tables:
         if rows < rm.seq_len:  # (on meta tensors the lookup does not fail; a real run does)

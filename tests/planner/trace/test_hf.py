@@ -159,3 +159,21 @@ def test_a_vision_encoder_decoder_reads_pixels_and_its_decoders_tokens(tmp_path)
     # without architectures: the composite's own class (no auto class maps it)
     bare = {k: v for k, v in VISION_ENCODER_DECODER.items() if k != "architectures"}
     assert planner.prepare(_config(tmp_path, bare), seq_len=16, cache_dir=None).seq_len == 16
+
+
+def test_a_roberta_module_is_checked_against_its_learned_positions():
+    """A review: a RoBERTa given as a module (or built by a factory) at 514 tokens was planned,
+    and a real forward failed; its position ids are a cumulative sum, which the trace does not
+    see as a lookup by position, so its config says the limit."""
+    import torch
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    cfg = RobertaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=34)
+    with torch.device("meta"):
+        model = RobertaForMaskedLM(cfg)
+    with pytest.raises(SpecError, match=r"^seq_len: 33 exceeds .*'s learned positions \(32: "
+                                        r"max_position_embeddings 34 less 2"):
+        planner.prepare(model, example_inputs=(torch.randint(3, 128, (1, 33)),), cache_dir=None)
+    assert planner.prepare(model, example_inputs=(torch.randint(3, 128, (1, 32)),),
+                           cache_dir=None).seq_len == 32
