@@ -45,7 +45,7 @@ def comparison(plan: Plan, base: SimResult, other: SimResult, schedule: str,
              f"plan; pipeline only (no data-parallel sync or optimizer step)\n",
              listing(rows),
              "\nidle: the ranks' mean time without a pass to run, the bubble and any wait for "
-             "sends over slow links (plan show counts those waits as pipeline sends, apart)",
+             "sends between stages (plan show counts those waits as pipeline sends, apart)",
              "peak in flight: (stage, micro-batch) activations held by the busiest rank; "
              "with vpp > 1 each is one chunk of the rank's layers"]
     if other.microbatches != base.microbatches:
