@@ -105,14 +105,10 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
     if engine.attention in FUSED_ATTENTION:  # sliding windows priced as smaller causal calls
         flops -= share * work.attn_window_cut
         causal = share * (work.attn_causal_flops - work.attn_window_cut)
-        if device.attention_table.get(dtype):
-            return measured_attention_s(flops, causal, flops / max(work.fused_attn_calls, 1.0),
-                                        device.attention_table[dtype])
         kept = (1.0 - CAUSAL_SKIP) * share * (work.attn_window_flops - work.attn_window_cut)
         whole = (1.0 - CAUSAL_SKIP) * share * work.attn_window_flops
-        return fused_attention_s(flops - causal, device, dtype, engine,
-                                 masked=(1.0 - CAUSAL_SKIP) * causal, head_dim=work.attn_head_dim,
-                                 window=(kept, share * work.attn_window_rows, whole))
+        return _calls_s(flops, causal, work, device, dtype, engine,
+                        window=(kept, share * work.attn_window_rows, whole))
     rate = device.peak(dtype) * device.matmul_efficiency
     word = DTYPE_BYTES[dtype]
     scores = share * work.attn_scores
@@ -121,6 +117,22 @@ def attention_time_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
     fwd_traffic = word * (SCORE_TRAFFIC_FWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
     bwd_traffic = word * (SCORE_TRAFFIC_BWD * scores + SCORE_TRAFFIC_DROPOUT * dropout)
     return flops / rate + fwd_traffic / bandwidth, 2 * flops / rate + bwd_traffic / bandwidth
+
+
+def _calls_s(square: float, causal: float, work: BlockWork, device: DeviceSpec, dtype: str,
+             engine: EngineSpec, window: tuple[float, float, float] = (0.0, 0.0, 0.0)
+             ) -> tuple[float, float]:
+    """(forward, backward) seconds of fused attention calls of ``square`` FLOPs, ``causal`` of
+    them under a causal mask (``window``: fused_attention_s's), at the rates measured by call
+    size where the device has them (the block's calls sharing the square), else at the fused
+    kernel's shares of peak."""
+    table = device.attention_table.get(dtype)
+    if table:
+        return measured_attention_s(square, causal, square / max(work.fused_attn_calls, 1.0),
+                                    table)
+    return fused_attention_s(square - causal, device, dtype, engine,
+                             masked=(1.0 - CAUSAL_SKIP) * causal, head_dim=work.attn_head_dim,
+                             window=window)
 
 
 def _attention_share(work: BlockWork, micro_batch: float, tp: int) -> float:
@@ -167,17 +179,13 @@ def ring_attention_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: En
     pairs = (2 * cp) ** 2
     masked = 2 * causal / pairs  # square FLOPs of the causal pairs
     whole = (2 * cp - 1) * causal / pairs + 4 * cp * (square - causal) / pairs
-    own_square, own_causal = square / cp, causal / cp  # the rank's share, as attention_time_s
-    calls = max(work.fused_attn_calls, 1.0)
     if table:
-        ring_f, ring_b = measured_attention_s(whole + masked, masked, square / calls / pairs,
-                                              table)
-        own_f, own_b = measured_attention_s(own_square, own_causal, own_square / calls, table)
+        ring_f, ring_b = measured_attention_s(
+            whole + masked, masked, square / max(work.fused_attn_calls, 1.0) / pairs, table)
     else:
         ring_f, ring_b = fused_attention_s(whole, device, dtype, engine,
                                            masked=(1.0 - CAUSAL_SKIP) * masked,
                                            head_dim=work.attn_head_dim)
-        own_f, own_b = fused_attention_s(own_square - own_causal, device, dtype, engine,
-                                         masked=(1.0 - CAUSAL_SKIP) * own_causal,
-                                         head_dim=work.attn_head_dim)
+    # (less the rank's share of the same calls, as attention_time_s prices them)
+    own_f, own_b = _calls_s(square / cp, causal / cp, work, device, dtype, engine)
     return ring_f - own_f, ring_b - own_b
