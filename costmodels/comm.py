@@ -173,13 +173,14 @@ def both_tiers_s(intra_bytes, inter_bytes, cluster: Cluster, *, spans_nodes: boo
     receives (NCCL's all-to-all is grouped send/receive pairs, the runtime's batched
     point-to-point sends): each pays a send/receive pair's latency and its cost between busy
     ranks (LinkSpec.message_latency_s, message_sync_s: measured for such pairs where profiled,
-    else the collectives'); the bytes move at the collectives' bandwidth."""
+    else the collectives'); the bytes move at the tier's all-to-all bandwidth
+    (LinkSpec.alltoall_bytes_per_s: on NVLink below the all-reduce's)."""
     intra = cluster.intra_node
     t = count * (intra.message_sync_s + intra.message_latency_s) + \
-        intra_bytes / intra.effective_bytes_per_s
+        intra_bytes / intra.alltoall_bytes_per_s
     if not spans_nodes:
         return t
     inter = cluster.inter_node
     across = count * (inter.message_sync_s + inter.message_latency_s) + \
-        inter_bytes / inter.effective_bytes_per_s
+        inter_bytes / inter.alltoall_bytes_per_s
     return _larger(t, across)

@@ -181,14 +181,32 @@ class RecEnv:
     """Data-sheet HBM bandwidth of one device."""
     host_link_bytes_per_s: float
     intra_bytes_per_s: float
-    """Achievable bandwidth per GPU, one direction, inside a node."""
+    """Achievable bandwidth per GPU, one direction, inside a node (collectives)."""
     inter_bytes_per_s: float
     """... and to other nodes (a GPU's share of the NICs)."""
+    intra_exchange_bytes_per_s: float | None = None
+    """What the pooled embeddings' exchange reaches inside a node (their all-to-all, and a
+    row-wise table's reduce-scatter counted with it: LinkSpec.alltoall_bytes_per_s, below the
+    collectives' on NVLink); None: ``intra_bytes_per_s``."""
+    inter_exchange_bytes_per_s: float | None = None
+    """... and to other nodes; None: ``inter_bytes_per_s``."""
     intra_latency_s: float = 3e-6
     inter_latency_s: float = 10e-6
     optimizer: str = "sgd"
     comm_bytes: int = OUTPUT_DTYPE_BYTES
     """Bytes per element of the pooled embeddings on the wire."""
+
+    @property
+    def intra_exchange(self) -> float:
+        """Bytes/s of the all-to-all inside a node."""
+        return self.intra_bytes_per_s if self.intra_exchange_bytes_per_s is None \
+            else self.intra_exchange_bytes_per_s
+
+    @property
+    def inter_exchange(self) -> float:
+        """Bytes/s of the all-to-all to other nodes."""
+        return self.inter_bytes_per_s if self.inter_exchange_bytes_per_s is None \
+            else self.inter_exchange_bytes_per_s
 
     @property
     def global_batch(self) -> int:
@@ -313,11 +331,11 @@ def comm_s(send_intra: float, send_inter: float, recv_bytes: float, env: RecEnv,
         return 0.0
     share = env.intra_share()
     intra = env.intra_latency_s * messages + \
-        max(send_intra, recv_bytes * share) / env.intra_bytes_per_s
+        max(send_intra, recv_bytes * share) / env.intra_exchange
     inter = 0.0
     if env.world > env.gpus_per_node:
         inter = env.inter_latency_s * messages + \
-            max(send_inter, recv_bytes * (1 - share)) / env.inter_bytes_per_s
+            max(send_inter, recv_bytes * (1 - share)) / env.inter_exchange
     return 2.0 * max(intra, inter)
 
 

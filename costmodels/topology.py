@@ -17,6 +17,17 @@ the same conventions for every tier.
   NVL72 rack). Efficiency 0.82 is assumed (NVLink 4's measured ratio), not measured on NVLink 5
   by a vendor (a third-party nccl-tests run across two GB200 trays with NVLink SHARP reports
   811 GB/s bus bandwidth, 0.90, so 0.82 errs on the slow side).
+- All-to-all on NVLink runs below the all-reduce: NVIDIA's Megatron-Core MoE report (arXiv
+  2603.07685, Table 7) times the expert-parallel token exchange of DeepSeek-V3's shape (4,096
+  tokens of hidden 7,168, top-8 of 256 experts, BF16: 470 MB of copies per GPU) with NCCL's
+  all-to-all and with HybridEP. On GB200 NVL72, ep 8-64 inside the rack, dispatch and combine,
+  both backends: 735-930 us for the all-to-all's (n-1)/n of 470 MB, efficiency 0.55-0.67 of
+  900 GB/s, mean 0.63 over the 16 timings (HybridEP's, with the copies it sends counted as
+  costmodels.experts.node_sends counts them, 0.54-0.70). On H100, ep 8 inside a node: 0.72
+  (all-to-all) and 0.63-0.67 (HybridEP) of 450 GB/s, mean 0.69. So ``alltoall_efficiency`` is
+  0.63 on NVLink 5 (measured on GB200, taken for B200/B300/GB300 as the same NVLink 5 switch
+  fabric) and 0.69 on NVLink 4, and not set elsewhere (no measurement: the all-reduce's). The
+  same table's H100 timings across 2-8 nodes agree with InfiniBand's 0.90 within 0-10%.
 - InfiniBand: DGX A100 has 8 x 200 Gb/s HDR (25 GB/s per GPU), DGX H100 8 x 400 Gb/s NDR (50 GB/s
   per GPU); NCCL reaches about 90% of line rate across nodes. DGX B200: 8 x ConnectX-7 up to
   400 Gb/s (DGX B200 data sheet) -> 50 GB/s per GPU. DGX B300: 8 x ConnectX-8 up to 800 Gb/s
@@ -75,6 +86,11 @@ class LinkSpec:
     """Per-message latency in seconds (the alpha of the alpha-beta model)."""
     efficiency: float = DEFAULT_LINK_EFFICIENCY
     """Fraction of the line rate collectives reach (NCCL bus bandwidth / line rate)."""
+    alltoall_efficiency: float | None = None
+    """Fraction of the line rate an exchange between all members reaches: NCCL's all-to-all,
+    and DeepEP's or HybridEP's token dispatch and combine, where every GPU sends to every other
+    at once (None: ``efficiency``). Measured below the all-reduce's on NVLink (module
+    docstring)."""
     name: str = ""
     """Tier name for explanations (``nvlink``, ``ib``, ``pcie``, ``loopback``)."""
     per: str = "gpu"
@@ -111,6 +127,12 @@ class LinkSpec:
     def effective_bytes_per_s(self) -> float:
         """Achievable bandwidth in bytes/s."""
         return self.bandwidth_bytes_per_s * self.efficiency
+
+    @property
+    def alltoall_bytes_per_s(self) -> float:
+        """Achievable bandwidth in bytes/s of an exchange between all members (all-to-all)."""
+        return self.bandwidth_bytes_per_s * (self.efficiency if self.alltoall_efficiency is None
+                                             else self.alltoall_efficiency)
 
     @property
     def message_latency_s(self) -> float:
@@ -189,18 +211,22 @@ def _link_mapping(link: LinkSpec, gpus_per_node: int | None = None) -> dict:
     node = link.per == "node" and bool(gpus_per_node)
     bandwidth_GBps = link.bandwidth_bytes_per_s / GB * (gpus_per_node if node else 1)
     return {"bandwidth_GBps": bandwidth_GBps, "latency_us": round(link.latency_s / US, 6),
-            "efficiency": link.efficiency, "name": link.name, **({"per": "node"} if node else {})}
+            "efficiency": link.efficiency,
+            **({"alltoall_efficiency": link.alltoall_efficiency}
+               if link.alltoall_efficiency is not None else {}),
+            "name": link.name, **({"per": "node"} if node else {})}
 
 
-def _link(name: str, gbps: float, latency_us: float, efficiency: float) -> LinkSpec:
+def _link(name: str, gbps: float, latency_us: float, efficiency: float,
+          alltoall: float | None = None) -> LinkSpec:
     return LinkSpec(name=name, bandwidth_bytes_per_s=gbps * GB, latency_s=latency_us * US,
-                    efficiency=efficiency)
+                    efficiency=efficiency, alltoall_efficiency=alltoall)
 
 
 NVLINK3 = _link("nvlink", 300, 3, 0.77)
-NVLINK4 = _link("nvlink", 450, 3, 0.82)
+NVLINK4 = _link("nvlink", 450, 3, 0.82, alltoall=0.69)
 NVLINK2 = _link("nvlink", 150, 3, 0.80)
-NVLINK5 = _link("nvlink", 900, 3, 0.82)
+NVLINK5 = _link("nvlink", 900, 3, 0.82, alltoall=0.63)
 XGMI_MI300X = _link("xgmi", 7 * 64, 3, 0.71)
 IB_HDR = _link("ib", 25, 10, 0.90)
 IB_NDR = _link("ib", 50, 10, 0.90)
@@ -237,8 +263,8 @@ CLUSTERS: dict[str, Cluster] = {
 }
 
 _CLUSTER_KEYS = {"name", "device", "nodes", "gpus_per_node", "intra_node", "inter_node", "description"}
-_LINK_KEYS = {"bandwidth", "latency", "bandwidth_GBps", "latency_us", "efficiency", "name",
-              "per"}
+_LINK_KEYS = {"bandwidth", "latency", "bandwidth_GBps", "latency_us", "efficiency",
+              "alltoall_efficiency", "name", "per"}
 
 
 def get_cluster(name: str, *, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
@@ -313,7 +339,8 @@ def cluster_from_mapping(spec: Mapping, where: str = "cluster") -> Cluster:
 def link_from_mapping(spec: Mapping, where: str, default_name: str,
                       gpus_per_node: int | None = None, no_width: str = "",
                       fix: str = "give the figure per GPU (per: gpu, the default)") -> LinkSpec:
-    """``{bandwidth_GBps, latency_us[, efficiency, name, per]}`` (or ``bandwidth``, ``latency``
+    """``{bandwidth_GBps, latency_us[, efficiency, alltoall_efficiency, name, per]}`` (or
+    ``bandwidth``, ``latency``
     with units: costmodels.linkunits) -> LinkSpec, per GPU: ``per: node`` gives the node's
     figure (its NICs together), shared by its ``gpus_per_node`` GPUs, as the sites form reads it;
     ``no_width`` says why there is no one GPU count per node, where ``gpus_per_node`` is None."""
@@ -338,6 +365,8 @@ def link_from_mapping(spec: Mapping, where: str, default_name: str,
         latency_s=latency,
         efficiency=_fraction(spec.get("efficiency", DEFAULT_LINK_EFFICIENCY),
                              f"{where}.efficiency"),
+        alltoall_efficiency=None if spec.get("alltoall_efficiency") is None else _fraction(
+            spec["alltoall_efficiency"], f"{where}.alltoall_efficiency"),
     )
 
 

@@ -217,9 +217,11 @@ DEVICE_FIGURES = (("device peak TFLOP/s", "peak_TFLOPs"), ("device memory GB/s",
 """The device's own figures a plan's cluster records (its preset's, or a calibration's measured
 ones, or a cluster file's): two plans on devices of one name may differ there (a new-user check
 read 'same in both' for devices of 48 and 24 GB, whose steps differ)."""
-LINK_DETAILS = (("latency us", "latency_us", "rate"), ("efficiency", "efficiency", "frac"))
+LINK_DETAILS = (("latency us", "latency_us", "rate"), ("efficiency", "efficiency", "frac"),
+                ("all-to-all efficiency", "alltoall_efficiency", "frac"))
 """The figures of a link besides its bandwidth that a plan's cluster spec records and the step
-depends on: the alpha of each message, and the share of the line rate collectives reach."""
+depends on: the alpha of each message, and the shares of the line rate collectives and
+all-to-alls reach."""
 TIERS = (("intra_node", "intra-node link"), ("inter_node", "inter-node link"))
 """The link tiers of a cluster spec of one kind of node (or of one group's), with their words."""
 

@@ -133,6 +133,8 @@ def environment(cluster: Cluster, local_batch: int, optimizer: str,
                   host_link_bytes_per_s=dev.host_link_bytes_per_s,
                   intra_bytes_per_s=cluster.intra_node.effective_bytes_per_s,
                   inter_bytes_per_s=cluster.inter_node.effective_bytes_per_s,
+                  intra_exchange_bytes_per_s=cluster.intra_node.alltoall_bytes_per_s,
+                  inter_exchange_bytes_per_s=cluster.inter_node.alltoall_bytes_per_s,
                   intra_latency_s=cluster.intra_node.latency_s,
                   inter_latency_s=cluster.inter_node.latency_s,
                   optimizer=optimizer, comm_bytes=comm_bytes)
@@ -231,10 +233,10 @@ def _load(cost: emb.ShardCost, rank: int, env: RecEnv) -> Load:
     two = 2.0  # forward and backward exchange
     saved = cost.recv_saved.get(rank, 0.0)
     return Load(time=cost.lookup_s.get(rank, 0.0),
-                si=two * cost.send_intra.get(rank, 0.0) / env.intra_bytes_per_s,
-                sx=two * cost.send_inter.get(rank, 0.0) / env.inter_bytes_per_s,
-                ri=two * saved * share / env.intra_bytes_per_s,
-                rx=two * saved * (1 - share) / env.inter_bytes_per_s,
+                si=two * cost.send_intra.get(rank, 0.0) / env.intra_exchange,
+                sx=two * cost.send_inter.get(rank, 0.0) / env.inter_exchange,
+                ri=two * saved * share / env.intra_exchange,
+                rx=two * saved * (1 - share) / env.inter_exchange,
                 hbm=cost.hbm_bytes.get(rank, 0.0), host=cost.host_bytes.get(rank, 0.0))
 
 
@@ -352,9 +354,9 @@ def _plan_tables(model, cluster, global_batch, dtype, engine, opts, solve_time_l
     share = env.intra_share()
     problem = Problem(world=W, gpus_per_node=min(cluster.gpus_per_node, W), hbm_cap=[cap] * W,
                       host_cap=HOST_BYTES_PER_GPU * min(cluster.gpus_per_node, W),
-                      recv_intra_s=2 * recv * (W - 1) / W * share / env.intra_bytes_per_s
+                      recv_intra_s=2 * recv * (W - 1) / W * share / env.intra_exchange
                       if W > 1 else 0.0,
-                      recv_inter_s=2 * recv * (W - 1) / W * (1 - share) / env.inter_bytes_per_s
+                      recv_inter_s=2 * recv * (W - 1) / W * (1 - share) / env.inter_exchange
                       if W > cluster.gpus_per_node else 0.0,
                       options=options,
                       group_s={kind: engine.host_op_s * (HOST_OPS_DATA_PARALLEL[0]
@@ -452,8 +454,8 @@ def _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
         recv += c.recv_bytes_per_rank
         for r in lay.ranks:
             loads[r].add(_load(c, r, env))
-    recv_i = 2 * recv * (W - 1) / W * share / env.intra_bytes_per_s if W > 1 else 0.0
-    recv_x = (2 * recv * (W - 1) / W * (1 - share) / env.inter_bytes_per_s
+    recv_i = 2 * recv * (W - 1) / W * share / env.intra_exchange if W > 1 else 0.0
+    recv_x = (2 * recv * (W - 1) / W * (1 - share) / env.inter_exchange
               if W > cluster.gpus_per_node else 0.0)
     lat = exchange_latency_s(cluster, W)
     per_rank = []

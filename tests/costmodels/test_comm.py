@@ -102,3 +102,36 @@ def test_a_send_receive_pair_pays_its_own_busy_cost_where_measured():
     unmeasured = dataclasses.replace(link, p2p_sync_s=None)
     assert unmeasured.message_sync_s == 1e-3 and p2p_s(1.0, unmeasured) == \
         pytest.approx(1e-3 + 1e-5)
+
+
+# Megatron-Core MoE report (arXiv 2603.07685), Table 7: DeepSeek-V3's token exchange (4,096
+# tokens of hidden 7,168 in BF16, top-8) with NCCL's all-to-all, dispatch and combine, in us.
+TABLE7_ALLTOALL = {("gb200-nvl72", 8): (735, 741), ("gb200-nvl72", 16): (743, 765),
+                   ("gb200-nvl72", 32): (769, 758), ("gb200-nvl72", 64): (930, 827),
+                   ("dgx-h100", 8): (1265, 1277), ("dgx-h100", 16): (5774, 5628),
+                   ("dgx-h100", 32): (8059, 7815), ("dgx-h100", 64): (9164, 8727)}
+
+
+@pytest.mark.parametrize("name,ep", sorted(TABLE7_ALLTOALL))
+def test_alltoall_reads_the_published_token_exchange_within_a_fifth(name, ep):
+    cluster = get_cluster(name, nodes=max(1, ep // 8) if name == "dgx-h100" else 1)
+    group = GroupShape(size=ep, per_node=min(ep, cluster.gpus_per_node))
+    predicted = alltoall_s(4096 * 8 * 7168 * 2, group, cluster) * 1e6
+    for measured in TABLE7_ALLTOALL[(name, ep)]:
+        assert predicted == pytest.approx(measured, rel=0.2), (name, ep, predicted, measured)
+
+
+def test_alltoall_runs_at_the_links_own_efficiency_where_it_has_one():
+    cluster = get_cluster("dgx-h100")
+    link = cluster.intra_node
+    assert link.alltoall_efficiency == 0.69 and link.efficiency == 0.82
+    group = GroupShape(size=8, per_node=8)
+    t = alltoall_s(8e9, group, cluster)
+    assert t == pytest.approx(link.message_latency_s + 7e9 / (450e9 * 0.69))
+    # collectives keep theirs; a link without the figure runs its all-to-alls at theirs
+    assert ring_allreduce_s(1e9, 8, link) == pytest.approx(ring_allreduce_s(
+        1e9, 8, dataclasses.replace(link, alltoall_efficiency=None)))
+    plain = dataclasses.replace(cluster, intra_node=dataclasses.replace(
+        link, alltoall_efficiency=None))
+    assert alltoall_s(8e9, group, plain) == pytest.approx(
+        link.message_latency_s + 7e9 / (450e9 * 0.82))

@@ -147,10 +147,10 @@ def test_alltoall_runs_inside_and_across_nodes_at_once():
     nbytes = 1e9
     inside = comm.alltoall_s(nbytes, NODE, CLUSTER)
     link = CLUSTER.intra_node
-    assert inside == pytest.approx(link.latency_s + nbytes * 7 / 8 / link.effective_bytes_per_s)
+    assert inside == pytest.approx(link.latency_s + nbytes * 7 / 8 / link.alltoall_bytes_per_s)
     spread = comm.alltoall_s(nbytes, GroupShape(size=32, per_node=8), CLUSTER)
     inter = CLUSTER.inter_node
-    assert spread == pytest.approx(inter.latency_s + nbytes * 24 / 32 / inter.effective_bytes_per_s)
+    assert spread == pytest.approx(inter.latency_s + nbytes * 24 / 32 / inter.alltoall_bytes_per_s)
     assert comm.alltoall_s(nbytes, GroupShape(size=1, per_node=1), CLUSTER) == 0.0
 
 

@@ -183,3 +183,20 @@ def test_a_resized_clusters_yaml_form_reads_back_and_resizes_as_the_file_does():
     assert c.summary()["inter_node_GBps"] == pytest.approx(3.125 / 8)
     again = with_overrides(cluster_from_mapping(spec), gpus_per_node=2)
     assert again.inter_node.bandwidth_bytes_per_s == pytest.approx(3.125e9 / 2)
+
+
+def test_a_links_alltoall_efficiency_reads_back_and_is_checked():
+    link = {"bandwidth_GBps": 450, "latency_us": 3, "efficiency": 0.82,
+            "alltoall_efficiency": 0.6}
+    c = cluster_from_mapping({**GOOD, "intra_node": link})
+    assert c.intra_node.alltoall_bytes_per_s == pytest.approx(450e9 * 0.6)
+    assert c.inter_node.alltoall_efficiency is None  # not given: the collectives' figure
+    assert c.inter_node.alltoall_bytes_per_s == c.inter_node.effective_bytes_per_s
+    again = cluster_from_mapping(c.to_mapping())
+    assert again.intra_node == c.intra_node and again.inter_node == c.inter_node
+    assert "alltoall_efficiency" not in c.to_mapping()["inter_node"]
+    # a preset's measured figure survives its YAML form
+    h = get_cluster("dgx-h100")
+    assert cluster_from_mapping(h.to_mapping()).intra_node.alltoall_efficiency == 0.69
+    with pytest.raises(SpecError, match=r"^cluster\.intra_node\.alltoall_efficiency: "):
+        cluster_from_mapping({**GOOD, "intra_node": {**link, "alltoall_efficiency": 1.5}})

@@ -352,6 +352,12 @@ def test_each_groups_link_details_and_memory_are_compared():
         "group old inter-node link efficiency": (0.9, "frac"),
         "inter-group link latency us": (10, "rate"), "inter-group link efficiency": (0.9, "frac")}
     assert compare.group_memory(plan) == {"group old device memory GB": 32}
+    # a link's own all-to-all efficiency is a figure of its own
+    nvlink = {**link, "alltoall_efficiency": 0.63}
+    plan = SimpleNamespace(cluster={"spec": {"intra_node": nvlink, "inter_node": link}})
+    details = compare.link_details(plan)
+    assert details["intra-node link all-to-all efficiency"] == (0.63, "frac")
+    assert "inter-node link all-to-all efficiency" not in details
 
 
 def test_diff_names_the_frozen_parameters_of_either_plan(small_plan):
