@@ -53,7 +53,13 @@ the host. Those releases change the software on the same layouts (Qwen3-30B on 8
 four samples per micro-batch: 26,112 tokens/s per GPU in 26.04.01, 40,706 in the 26.06 table, whose
 GB200 rows are left out here as 26.08 repeats them, once the whole iteration runs as one graph);
 the one constant fitted on 25.09 and 25.11 is checked on releases it was not fitted on, and the
-graph's effect is priced, not fitted.
+graph's effect is priced, not fitted. Rows from 300 on (benchmarks/data/moe_report_runs.csv:
+Table 11 of NVIDIA's Megatron-Core MoE report, arXiv 2603.07685, DeepSeek-V3 and Qwen3-235B-A22B
+on GB300, GB200 and H100, one at 131,072 tokens) are another set never fitted on ("report"),
+configured as its Table 20 and Appendix B.2 give (REPORT_RELEASE in the tables below; its
+Megatron-Core keeps its own default gradients, not Megatron-Bridge's bf16 ones, since the report
+names the Megatron-LM dev branch; its partial CUDA graphs priced with the fitted host time, as
+25.11's).
 
 Also: the free search (same model, cluster, batch, precision; nothing pinned) against the published
 configuration under the planner's own model, with the knobs that changed.
@@ -92,12 +98,22 @@ NEWER = os.path.join(HERE, "data", "moe_newer_runs.csv")
 priced the same way and never fitted on (benchmarks/data/README.md)."""
 NEWER_INDEX = 200
 """Row numbers of NEWER start here."""
+REPORT = os.path.join(HERE, "data", "moe_report_runs.csv")
+"""The runs of NVIDIA's Megatron-Core MoE report (arXiv 2603.07685, Table 11, configured as its
+Table 20 and Appendix B.2 give), not in the project's reference data, priced the same way and
+never fitted on (benchmarks/data/README.md)."""
+REPORT_INDEX = 300
+"""Row numbers of REPORT start here."""
+REPORT_RELEASE = "arXiv-2603.07685"
+"""The release name REPORT's rows carry (Megatron-Core v0.16's dev branch, the report's 8.1)."""
 MODELS = {"DeepSeekV3": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b",
           "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b"}
 PRECISION = {"BF16": ("bf16", "current"), "FP8-CS": ("fp8", "current"),
              "FP8-MX": ("fp8", "block"), "FP8 (per-tensor current scaling)": ("fp8", "current"),
-             "FP8": ("fp8", "current"), "MXFP8": ("fp8", "block")}
-"""Precision column -> (dtype, FP8 recipe)."""
+             "FP8": ("fp8", "current"), "MXFP8": ("fp8", "block"), "FP8-BLK": ("fp8", "current")}
+"""Precision column -> (dtype, FP8 recipe). FP8-BLK (Hopper's software block scaling, 128-element
+blocks) is not a recipe of the planner's: priced as per-tensor current scaling, whose casts read
+and write the same bytes once more."""
 A2A_OVERLAP = {"25.11": {("Qwen3_30B_a3B", "H100"), ("Qwen3_235B_a22B", "H100"),
                          ("Qwen3_235B_a22B", "B200"), ("DeepSeekV3", "H100")},
                "25.09": {("DeepSeekV3", "H100")},
@@ -105,7 +121,9 @@ A2A_OVERLAP = {"25.11": {("Qwen3_30B_a3B", "H100"), ("Qwen3_235B_a22B", "H100"),
                             ("Qwen3_235B_a22B", "H100")},
                "26.06": {("Qwen3_30B_a3B", "B300")},
                "26.08": {(m, g) for m in ("DeepSeekV3", "GPT OSS 120B", "Qwen3_30B_a3B",
-                                          "Qwen3_235B_a22B") for g in ("GB200", "GB300")}}
+                                          "Qwen3_235B_a22B") for g in ("GB200", "GB300")},
+               REPORT_RELEASE: {("DeepSeekV3", "GB300"), ("DeepSeekV3", "H100"),
+                                ("Qwen3_235B_a22B", "GB200"), ("Qwen3_235B_a22B", "H100")}}
 """Per release, the (model, GPU) whose Megatron-Bridge performance configuration runs the expert
 all-to-alls behind another micro-batch's compute (overlap_moe_expert_parallel_comm). 25.11:
 ``moe_a2a_overlap=True`` in scripts/performance/configs/{qwen,deepseek}/*_workload_base_configs.py
@@ -117,7 +135,9 @@ not overlap. 26.04.01: scripts/performance/configs/*/*_workload_base_configs.py 
 Qwen3-235B on H100) and GPT-OSS-120B's GB200 function (a CommOverlapConfig with the overlap);
 26.06 (63b08b397, and 8f341b04f for the B300 rows): Qwen3-30B on B300 (set_full_iter_cg_configs);
 26.08 (src/megatron/bridge/perf_recipes at 4ab94dfad, 2026-08-11): every row (the full-iteration
-helpers of each model family set overlap_moe_expert_parallel_comm)."""
+helpers of each model family set overlap_moe_expert_parallel_comm). The Megatron-Core MoE report
+(REPORT_RELEASE): its Appendix B.2, "1F1B overlap", DeepSeek-V3 on GB300 and H100, Qwen3-235B on
+GB200 and H100."""
 
 FLEX = {"26.04.01": {("DeepSeekV3", g) for g in ("GB300", "GB200", "B300", "B200")}
         | {("Qwen3_30B_a3B", g) for g in ("GB300", "GB200", "B300", "B200", "H100")}
@@ -125,13 +145,15 @@ FLEX = {"26.04.01": {("DeepSeekV3", g) for g in ("GB300", "GB200", "B300", "B200
         | {("GPT OSS 120B", "B300")},
         "26.06": {("DeepSeekV3", "B300"), ("GPT OSS 120B", "B300"), ("Qwen3_30B_a3B", "B300"),
                   ("Qwen3_30B_a3B", "H100")},
-        "26.08": A2A_OVERLAP["26.08"]}
+        "26.08": A2A_OVERLAP["26.08"],
+        REPORT_RELEASE: {(m, g) for m in ("DeepSeekV3", "Qwen3_235B_a22B")
+                         for g in ("GB300", "GB200", "H100")}}
 """Per release, the (model, GPU) whose configuration dispatches tokens with Megatron-Core's flex
 dispatcher (HybridEP, or DeepEP for DeepSeek-V3 on B200 in 26.04.01), priced as the planner's
 ``deepep`` dispatcher: a token crosses between nodes once per node it goes to, not once per copy
 (HybridEP's intra-domain NVLink and inter-domain RDMA stages do the same deduplication); the
 others run the alltoall dispatcher. Read where A2A_OVERLAP was; 25.09 and 25.11 rows all run
-alltoall."""
+alltoall. The report's runs: HybridEP on GB300 and GB200, DeepEP on H100 (Appendix B.2)."""
 
 FULL_ITERATION = {"26.06": {("Qwen3_30B_a3B", "B300")}, "26.08": A2A_OVERLAP["26.08"]}
 """Per release, the (model, GPU) whose configuration captures the whole forward and backward in one
@@ -166,7 +188,10 @@ RECOMPUTE = {"25.11": {("DeepSeekV3", "GB300"): "moe_act", ("DeepSeekV3", "GB200
                           ("GPT OSS 120B", "GB200"): "moe_act",
                           ("GPT OSS 120B", "B200"): "moe_act", ("GPT OSS 120B", "H100"): "moe_act"},
              "26.06": {("DeepSeekV3", "B300"): "mla_up_proj"},
-             "26.08": {("DeepSeekV3", "GB200"): "mla_up_proj"}}
+             "26.08": {("DeepSeekV3", "GB200"): "mla_up_proj"},
+             REPORT_RELEASE: {("DeepSeekV3", "H100"): "mla_up_proj",
+                              ("Qwen3_235B_a22B", "GB200"): "moe_act",
+                              ("Qwen3_235B_a22B", "H100"): "moe_act"}}
 """Per release, the (model, GPU) whose Megatron-Bridge performance configuration recomputes
 something, and the planner's policy for it; the others recompute nothing. 25.11
 (scripts/performance/configs/*/..._workload_base_configs.py at 1804c076f): DeepSeek-V3 runs
@@ -192,7 +217,11 @@ B200, mlp alone on GB200 (its three dense layers: none here); GPT-OSS-120B layer
 under selective on GB200, B200 and H100 (moe_act here), none on GB300 and B300; Qwen3 none (its
 common settings clear the recipe's full recomputation). 26.06 (8f341b04f): DeepSeek-V3 on B300
 mla_up_proj, the others none. 26.08 (4ab94dfad): DeepSeek-V3 on GB200 mla_up_proj; GPT-OSS-120B's
-GB200 recipe lists layernorm and moe_act and then empties the list; the others none."""
+GB200 recipe lists layernorm and moe_act and then empties the list; the others none. The
+Megatron-Core MoE report (REPORT_RELEASE, Appendix B.2 and Table 17): DeepSeek-V3 none on GB300,
+mlp on GB200 (its three dense layers: none here), up_proj and mlp on H100 (mla_up_proj here; Table
+17, whose H100 run is pp 8, lists moe_act and layernorm too); Qwen3-235B moe_act and layernorm on
+GB200 and H100, none on GB300."""
 
 
 DSV3_16 = "Et*4|(t*4|)*14tmL"
@@ -214,8 +243,12 @@ by DSV3_MAP, GB200's pp 4 x vp 4 "w/o MTP" row to it without the m; the other "w
 pp x vp are outside its map: searched split); 26.04.01 (17a381f95) writes
 DSV3_16 for GB300 and B200 and maps GB200's pp 4 x vp 4 to it, and B300's pp 8 to
 ``Et*8|(t*8|)*6t*5mL``, as 26.06 (8f341b04f); 26.08 (perf_recipes at 4ab94dfad) DSV3_16 for
-GB300 and, by the map, GB200. Every other row is split by the search (its exact, balanced
-cut)."""
+GB300 and, by the map, GB200. The Megatron-Core MoE report's runs at pp 4 x vp 4 (GB300, GB200
+and H100 by its Table 20) take DSV3_MAP's layout, DSV3_16, which its Table 17 gives for GB200
+(for H100 Table 17 gives pp 8 with ``Et*3|(tt|)*29m|L``, the MTP depth a stage of its own apart
+from the head, which the planner's layouts cannot place: Table 20's pp 4 is priced); its GB200
+BF16 run (pp 8 x vp 4) names none. Every other row is split by the search (its
+exact, balanced cut)."""
 
 
 DSV3_MAP = {(4, 1): "Et*16|t*16|t*16|t*13{m}L", (8, 1): "Et*8|(t*8|)*6t*5{m}L",
@@ -281,7 +314,7 @@ def layout_of(r: dict) -> str | None:
     if model in ACCOUNTED:
         return accounted_layout(LAYERS[model], pp * vp)
     if model == "DeepSeekV3":
-        mapped = DSV3_MAP.get((pp, vp)) if _release(r) == "25.11" else None
+        mapped = DSV3_MAP.get((pp, vp)) if _release(r) in ("25.11", REPORT_RELEASE) else None
         return mapped.format(m="" if "w/o MTP" in r["model"] else "m") if mapped else None
     return even_layout(LAYERS[model], pp * vp)
 
@@ -318,6 +351,12 @@ def release_settings(r: dict) -> str:
                            if _model_gpu(r)[0] in SHARED_OVERLAP and not flex else "")
     return dispatch + ",moe_overlap=true" + (",overlap_grad_reduce=false"
                                              if release == "25.09" else "")
+
+
+OFFLOAD = {REPORT_RELEASE: {("DeepSeekV3", "GB200", "MXFP8")}}
+"""Per release, the (model, GPU, precision) whose configuration keeps the optimizer states in host
+memory (offload_optimizer): the Megatron-Core MoE report's DeepSeek-V3 on GB200 in MXFP8 (Table
+18, "Optimizer states offloading" under GB200). Every other row keeps them on the GPUs."""
 
 
 def host_op_s(r: dict, fitted: float) -> float:
@@ -360,7 +399,8 @@ def published_fix(r: dict, recompute: bool = True) -> str:
     vp = int(r["vp"] or 1)
     dp = int(r["gpus"]) // (tp * pp * cp)
     pins = [f"tp={tp}", f"pp={pp}", f"cp={cp}", f"ep={ep}", f"etp={int(r['etp'] or 1)}",
-            f"dp={dp}", f"micro_batch={int(r['mbs'])}", "zero=1", "offload_optimizer=false",
+            f"dp={dp}", f"micro_batch={int(r['mbs'])}", "zero=1",
+            f"offload_optimizer={'true' if _offloads(r) else 'false'}",
             f"sequence_parallel={'true' if tp > 1 else 'false'}"]
     if recompute:
         pins.append("recompute=" + RECOMPUTE[_release(r)].get(_model_gpu(r), "none"))
@@ -368,6 +408,10 @@ def published_fix(r: dict, recompute: bool = True) -> str:
         pins.append("schedule=interleaved-1f1b" if vp > 1 else "schedule=1f1b")
         pins.append(f"vpp={vp}")
     return ",".join(pins)
+
+
+def _offloads(r: dict) -> bool:
+    return (*_model_gpu(r), r["precision"]) in OFFLOAD.get(_release(r), ())
 
 
 def predict(r: dict, prepared, *, fix: str | None, memory: float | None = BIG,
@@ -439,7 +483,8 @@ def main() -> int:
                                                            "engine.moe_overlap: not run by",
                                                            "engine.moe_overlap: off, and")))
     t0 = time.perf_counter()
-    rows = load_rows() + load_rows(MORE, MORE_INDEX) + load_rows(NEWER, NEWER_INDEX)
+    rows = load_rows() + load_rows(MORE, MORE_INDEX) + load_rows(NEWER, NEWER_INDEX) + \
+        load_rows(REPORT, REPORT_INDEX)
     if args.rows:
         keep = {int(x) for x in args.rows.split(",")}
         rows = [r for r in rows if r["index"] in keep]
@@ -479,10 +524,11 @@ def main() -> int:
 
 
 def _set_of(o: dict) -> str:
-    """The row's set: fit or held out (the reference data), not in data (MORE) or newer (NEWER)."""
+    """The row's set: fit or held out (the reference data), not in data (MORE), newer (NEWER) or
+    report (REPORT)."""
     index = o["r"]["index"]
     return ("fit" if o["fit"] else "held out") if index < MORE_INDEX else \
-        "not in data" if index < NEWER_INDEX else "newer"
+        "not in data" if index < NEWER_INDEX else "newer" if index < REPORT_INDEX else "report"
 
 
 def report(out: list[dict], markdown: bool) -> None:
@@ -502,10 +548,11 @@ def report(out: list[dict], markdown: bool) -> None:
     print()
     ours = [o for o in out if o["r"]["index"] < MORE_INDEX]
     more = [o for o in out if MORE_INDEX <= o["r"]["index"] < NEWER_INDEX]
-    newer = [o for o in out if o["r"]["index"] >= NEWER_INDEX]
+    newer = [o for o in out if NEWER_INDEX <= o["r"]["index"] < REPORT_INDEX]
+    reported = [o for o in out if o["r"]["index"] >= REPORT_INDEX]
     for label, chosen in (("held-out rows", [o for o in ours if not o["fit"]]),
                           ("fit rows", [o for o in ours if o["fit"]]), ("all rows", ours),
-                          ("not in data", more), ("newer", newer)):
+                          ("not in data", more), ("newer", newer), ("report", reported)):
         if not chosen:
             continue
         by_gen: dict[str, list[float]] = {}

@@ -98,6 +98,41 @@ def test_newer_releases_take_their_configuration_and_are_never_fitted():
         assert (int(r["gpus"]) // int(r["pp"])) % int(r["ep"]) == 0, r["index"]
 
 
+def test_the_reports_runs_take_its_appendix_settings_and_are_never_fitted():
+    """arXiv 2603.07685's Table 11, configured by its Table 20 and Appendix B.2."""
+    report = moe_runs.load_rows(moe_runs.REPORT, moe_runs.REPORT_INDEX)
+    assert len(report) == 9 and min(r["index"] for r in report) == moe_runs.REPORT_INDEX
+    by = {(r["model"], r["gpu"], r["precision"], r["seq_len"]): r for r in report}
+    assert {moe_runs._release(r) for r in report} == {moe_runs.REPORT_RELEASE}
+    dsv3 = ("DeepSeekV3", "GB300", "MXFP8", "4096")
+    # HybridEP (or DeepEP on H100) everywhere; the 1F1B overlap where B.2 turns it on
+    assert moe_runs.release_settings(by[dsv3]) == ",moe_dispatcher=deepep,moe_overlap=true"
+    assert moe_runs.release_settings(by["DeepSeekV3", "GB200", "MXFP8", "4096"]) == \
+        ",moe_dispatcher=deepep"
+    assert moe_runs.release_settings(by["Qwen3_235B_a22B", "GB300", "MXFP8", "4096"]) == \
+        ",moe_dispatcher=deepep"
+    assert moe_runs.release_settings(by["Qwen3_235B_a22B", "H100", "BF16", "4096"]) == \
+        ",moe_dispatcher=deepep,moe_overlap=true"
+    # partial CUDA graphs only: the fitted host time; the MTP depth (the FLOPs per token the
+    # report's TFLOP/s imply) on the recipe's 16-stage layout
+    assert all(moe_runs.host_op_s(r, 50e-6) == 50e-6 for r in report)
+    assert by[dsv3]["zoo"] == "deepseek-v3-mtp"
+    assert moe_runs.layout_of(by[dsv3]) == "Et*4|(t*4|)*14tmL"
+    assert moe_runs.layout_of(by["DeepSeekV3", "GB200", "BF16", "4096"]) is None  # pp 8 x vp 4
+    fix = moe_runs.published_fix(by["DeepSeekV3", "GB200", "MXFP8", "4096"])
+    assert "offload_optimizer=true" in fix and "recompute=none" in fix
+    assert "offload_optimizer=false" in moe_runs.published_fix(by[dsv3])
+    assert "recompute=moe_act" in moe_runs.published_fix(by["Qwen3_235B_a22B", "GB200", "BF16",
+                                                            "4096"])
+    long = by["Qwen3_235B_a22B", "GB300", "MXFP8", "131072"]
+    assert "cp=4" in moe_runs.published_fix(long) and "tp=4" in moe_runs.published_fix(long)
+    rows = moe_runs.load_rows()
+    for mode in ("split", "all"):
+        assert all(r["index"] < moe_runs.MORE_INDEX for r in moe_runs.fit_rows(rows + report, mode))
+    for r in report:
+        assert (int(r["gpus"]) // int(r["pp"])) % int(r["ep"]) == 0, r["index"]
+
+
 def test_moe_rows_split_their_pipelines_as_their_recipes_do():
     """A review: GPT-OSS-120B on 4 H100 stages was priced on the search's balanced split; its
     recipe pins no layout and leaves the embedding and loss accounting off, so Megatron-Core
