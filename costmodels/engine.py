@@ -154,7 +154,7 @@ class EngineSpec:
     fitted on, are a held-out check of it (benchmarks/recsys_runs.py). It lies within the 5-25
     us per op that eager PyTorch spends on the host for a GPU op (Python binding, autograd
     bookkeeping, the dispatcher, the launch). 0: not modelled."""
-    moe_host_op_s: float = 52.0e-6
+    moe_host_op_s: float = 49.75e-6
     """Host seconds per op (as traced, with the alltoall dispatcher's regrouping:
     costmodels.compute.regroup_s) of an MoE layer: the layer's forward takes at least its
     ops times this, its backward twice that, however fast the device runs them. MoE layers run

@@ -471,11 +471,12 @@ def _tp_overlap_unused(p: Plan) -> str:
 
 MOE_ACCURACY = ("accuracy: step times of mixtures of experts are this cost model's least certain: "
                 "on the published Megatron-Core MoE runs its held-out median error is 16.5%, and "
-                "some rows come out up to 2.4x too fast (Qwen3-30B-A3B dropless on H100, "
+                "some rows come out up to 2.5x too fast (Qwen3-30B-A3B dropless on H100, "
                 "GPT-OSS-120B on B200; docs/moe-accuracy.md)")
 """Said under an MoE plan's step time and under a what-if of one: the figures of
-benchmarks/moe_runs.py --no-search (2026-12-07: held out 16.5%; Qwen3-30B-A3B dropless on 16 H100
-+138%, GPT-OSS-120B on B200 +127%); rerun it and update these with the cost model."""
+benchmarks/moe_runs.py --no-search (2026-12-07, sixth session: held out 16.5%; Qwen3-30B-A3B
+dropless on 16 H100 +145%, GPT-OSS-120B on B200 +122%); rerun it and update these with the cost
+model."""
 
 MOE_HOST_CAVEAT = ("; where MoE layers wait for the host, as here, a faster precision or GPU "
                    "gains less than the published runs did (DeepSeek-V3 on 256 GB300 at its "
