@@ -480,10 +480,16 @@ model."""
 
 MOE_HOST_CAVEAT = ("; where MoE layers wait for the host, as here, a faster precision or GPU "
                    "gains less than the published runs did (DeepSeek-V3 on 256 GB300 at its "
-                   "published layout: FP8 13% faster than BF16, predicted equal)")
+                   "published layout: FP8 13% faster than BF16, predicted equal), and a larger "
+                   "micro-batch or CUDA graphs may gain more than they do (GPT-OSS-120B's "
+                   "published throughput moved 5% from one sample per micro-batch to four)")
 """Added where the plan's (or a what-if point's) MoE layers wait for the host
 (``moe_host_wait_s``): benchmarks/moe_runs.py rows 0 and 1 (2026-12-06), published 3,848 and 4,357
-tokens/s per GPU, predicted 3,477 and 3,478."""
+tokens/s per GPU, predicted 3,477 and 3,478 (3,530 and 3,435 on 2026-12-07, sixth session); rows
+7 and 205 (GPT-OSS-120B on 64 GB200, one and four samples per micro-batch: published 15,876 and
+16,640, predicted +3% and +87%); NVIDIA's Megatron-Core MoE report (arXiv 2603.07685, 4.3.6):
+partial CUDA graphs made DeepSeek-V3 on GB200 10% faster, where the host floor would give its MoE
+layers about 1.5x (docs/moe-accuracy.md)."""
 
 
 def moe_accuracy(host_bound: bool) -> str:
