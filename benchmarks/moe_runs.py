@@ -539,7 +539,8 @@ def report(out: list[dict], markdown: bool) -> None:
         r, p = o["r"], o["plan"]
         bd = p.predicted["breakdown"]
         part = max(bd, key=bd.get)
-        lines.append([str(r["index"]), r["model"], r["gpu"], r["gpus"], r["precision"][:6],
+        lines.append([str(r["index"]), r["model"], r["gpu"], r["gpus"],
+                      r["precision"].split(" (")[0],
                       f"{r['tp']}/{r['pp']}/{r['vp']}/{r['cp']}/{r['ep']}", f"{r['mbs']}/{r['gbs']}",
                       r["tokens_per_s_per_gpu"], f"{o['tps']:.0f}", f"{100 * o['err']:+.1f}%",
                       _set_of(o), o["fits"],

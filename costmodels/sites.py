@@ -45,7 +45,8 @@ def _tier(spec, where: str, name: str) -> dict:
     """A link mapping with units -> the single-site form's {bandwidth_GBps, latency_us, ...}."""
     if not isinstance(spec, Mapping):
         raise SpecError(f"{where}: expected a mapping like {{bandwidth: 25Gbps, latency: 10us}}")
-    allowed = {"bandwidth", "latency", "efficiency", "name", "bandwidth_GBps", "latency_us", "per"}
+    allowed = {"bandwidth", "latency", "efficiency", "alltoall_efficiency", "name",
+               "bandwidth_GBps", "latency_us", "per"}
     bad = set(spec) - allowed
     if bad:
         raise unknown_key(where, bad, allowed)
@@ -55,6 +56,8 @@ def _tier(spec, where: str, name: str) -> dict:
         raise SpecError(f"{where}.per: expected gpu or node inside a site, got {per!r}")
     return {"bandwidth_GBps": bw / GB, "latency_us": lat / US,
             "efficiency": spec.get("efficiency", DEFAULT_LINK_EFFICIENCY),
+            **({"alltoall_efficiency": spec["alltoall_efficiency"]}
+               if spec.get("alltoall_efficiency") is not None else {}),
             "name": spec.get("name", name),
             "_per": per}
 

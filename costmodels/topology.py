@@ -21,13 +21,15 @@ the same conventions for every tier.
   2603.07685, Table 7) times the expert-parallel token exchange of DeepSeek-V3's shape (4,096
   tokens of hidden 7,168, top-8 of 256 experts, BF16: 470 MB of copies per GPU) with NCCL's
   all-to-all and with HybridEP. On GB200 NVL72, ep 8-64 inside the rack, dispatch and combine,
-  both backends: 735-930 us for the all-to-all's (n-1)/n of 470 MB, efficiency 0.55-0.67 of
-  900 GB/s, mean 0.63 over the 16 timings (HybridEP's, with the copies it sends counted as
-  costmodels.experts.node_sends counts them, 0.54-0.70). On H100, ep 8 inside a node: 0.72
-  (all-to-all) and 0.63-0.67 (HybridEP) of 450 GB/s, mean 0.69. So ``alltoall_efficiency`` is
-  0.63 on NVLink 5 (measured on GB200, taken for B200/B300/GB300 as the same NVLink 5 switch
-  fabric) and 0.69 on NVLink 4, and not set elsewhere (no measurement: the all-reduce's). The
-  same table's H100 timings across 2-8 nodes agree with InfiniBand's 0.90 within 0-10%.
+  both backends: NCCL's 735-930 us for the all-to-all's (n-1)/n of 470 MB, efficiency
+  0.55-0.67 of 900 GB/s; HybridEP's 353-744 us for the copies it sends (counted as
+  costmodels.experts.node_sends counts them), 0.53-0.70; mean 0.63 over the 16 timings (each
+  less the 3 us latency). On H100, ep 8 inside a node: 0.72 (all-to-all) and 0.63-0.67
+  (HybridEP) of 450 GB/s, mean 0.68. So ``alltoall_efficiency`` is 0.63 on NVLink 5 (measured
+  on GB200, taken for B200/B300/GB300 as the same NVLink 5 switch fabric) and 0.68 on NVLink 4
+  (H100 and H200), and not set elsewhere (no measurement: the all-reduce's). The same table's
+  H100 timings across 2-8 nodes agree with InfiniBand's 0.90 within 0-10%
+  (tests/costmodels/test_comm.py holds the table and derives both means from it).
 - InfiniBand: DGX A100 has 8 x 200 Gb/s HDR (25 GB/s per GPU), DGX H100 8 x 400 Gb/s NDR (50 GB/s
   per GPU); NCCL reaches about 90% of line rate across nodes. DGX B200: 8 x ConnectX-7 up to
   400 Gb/s (DGX B200 data sheet) -> 50 GB/s per GPU. DGX B300: 8 x ConnectX-8 up to 800 Gb/s
@@ -224,7 +226,7 @@ def _link(name: str, gbps: float, latency_us: float, efficiency: float,
 
 
 NVLINK3 = _link("nvlink", 300, 3, 0.77)
-NVLINK4 = _link("nvlink", 450, 3, 0.82, alltoall=0.69)
+NVLINK4 = _link("nvlink", 450, 3, 0.82, alltoall=0.68)
 NVLINK2 = _link("nvlink", 150, 3, 0.80)
 NVLINK5 = _link("nvlink", 900, 3, 0.82, alltoall=0.63)
 XGMI_MI300X = _link("xgmi", 7 * 64, 3, 0.71)

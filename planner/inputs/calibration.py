@@ -167,7 +167,13 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
                                         if "p2p_latency_us" in link else None),
                          p2p_bytes_per_s=(num(link, "p2p_bandwidth_GBps", positive=True,
                                               at="intra_node") * GB
-                                          if "p2p_bandwidth_GBps" in link else None))
+                                          if "p2p_bandwidth_GBps" in link else None),
+                         # all-to-alls keep the preset's share of the collectives' rate (the
+                         # calibration measures the all-reduce's)
+                         alltoall_efficiency=(cluster.intra_node.alltoall_efficiency /
+                                              cluster.intra_node.efficiency
+                                              if cluster.intra_node.alltoall_efficiency
+                                              is not None else None))
     return dataclasses.replace(cluster, device=device, intra_node=intra,
                                name=f"{cluster.name}{CALIBRATED}")
 

@@ -222,6 +222,10 @@ LINK_DETAILS = (("latency us", "latency_us", "rate"), ("efficiency", "efficiency
 """The figures of a link besides its bandwidth that a plan's cluster spec records and the step
 depends on: the alpha of each message, and the shares of the line rate collectives and
 all-to-alls reach."""
+IN_PLACE_OF = {"alltoall_efficiency": "efficiency"}
+"""A link figure a spec leaves out for another's value (costmodels.topology.LinkSpec: without
+its own all-to-all efficiency a link runs all-to-alls at the collectives'): compared at the value
+used, so that a preset's 0.68 against a file's link without the key reads 0.68 -> 0.8."""
 TIERS = (("intra_node", "intra-node link"), ("inter_node", "inter-node link"))
 """The link tiers of a cluster spec of one kind of node (or of one group's), with their words."""
 
@@ -247,19 +251,21 @@ def link_details(p: Plan) -> dict[str, tuple[object, str]]:
     whose inter-node latency was 5 us and 5000 us."""
     c, out = p.cluster, {}
 
-    def tiers(spec, prefix: str, keys=TIERS) -> None:
+    def tiers(spec, prefix: str, keys=TIERS, details=LINK_DETAILS) -> None:
         for tier, words in keys:
             link = spec.get(tier) if isinstance(spec, Mapping) else None
             if isinstance(link, Mapping):
-                out.update({f"{prefix}{words} {label}": (link.get(key), kind)
-                            for label, key, kind in LINK_DETAILS if key in link})
+                out.update({f"{prefix}{words} {label}": (link.get(key, link.get(
+                    IN_PLACE_OF.get(key))), kind) for label, key, kind in details
+                    if key in link or IN_PLACE_OF.get(key) in link})
     groups = [g for g in c.get("groups") or [] if isinstance(g, Mapping)]
     if not groups:
         tiers(c.get("spec"), "")
     for g in groups:
         tiers(g.get("spec"), f"group {g.get('name')} ")
     if groups and not c.get("links"):  # (sites: each pair's link, in link_figures)
-        tiers(c.get("spec"), "", (("inter_group", "inter-group link"),))
+        # (no all-to-all crosses between groups: an expert-parallel group stays in one)
+        tiers(c.get("spec"), "", (("inter_group", "inter-group link"),), LINK_DETAILS[:2])
     return out
 
 

@@ -167,3 +167,15 @@ def test_sites_of_one_device_name_it_once_and_missing_link_figures_show_the_form
         link_figures({"bandwidth": "400Gbps"}, "x")
     with pytest.raises(SpecError, match=r"^x.bandwidth: missing \(e.g. bandwidth_GBps: 50\)"):
         link_figures({"latency_us": 5}, "x")
+
+
+def test_a_sites_link_takes_its_own_alltoall_efficiency():
+    """A review found the sites form refusing the key the cluster form reads."""
+    spec = two()
+    spec["sites"][0]["intra_node"]["alltoall_efficiency"] = 0.6
+    hc = sites_from_mapping(spec)
+    assert hc.groups[0].intra_node.alltoall_efficiency == 0.6
+    assert hc.groups[1].intra_node.alltoall_efficiency is None  # the collectives' figure
+    spec["sites"][0]["intra_node"]["alltoall_efficiency"] = 2
+    with pytest.raises(SpecError, match=r"sites\[0\]\.intra_node\.alltoall_efficiency: "):
+        sites_from_mapping(spec)

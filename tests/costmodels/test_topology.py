@@ -197,6 +197,6 @@ def test_a_links_alltoall_efficiency_reads_back_and_is_checked():
     assert "alltoall_efficiency" not in c.to_mapping()["inter_node"]
     # a preset's measured figure survives its YAML form
     h = get_cluster("dgx-h100")
-    assert cluster_from_mapping(h.to_mapping()).intra_node.alltoall_efficiency == 0.69
+    assert cluster_from_mapping(h.to_mapping()).intra_node.alltoall_efficiency == 0.68
     with pytest.raises(SpecError, match=r"^cluster\.intra_node\.alltoall_efficiency: "):
         cluster_from_mapping({**GOOD, "intra_node": {**link, "alltoall_efficiency": 1.5}})

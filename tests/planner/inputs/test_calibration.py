@@ -236,3 +236,16 @@ def test_a_cpu_calibration_keeps_its_threads_and_a_noisy_one_is_said(caplog):
         apply_calibration(load_cluster("cpu", nodes=1, gpus_per_node=2), noisy)
     assert "calibration: its repeated measurements spread by 12% on median (more than 10%): " \
         "the machine was busy while it measured" in caplog.text
+
+
+def test_a_calibrated_link_keeps_its_presets_share_for_alltoalls():
+    """The calibration measures the all-reduce's bandwidth; on NVLink all-to-alls reach less of
+    the line (costmodels.topology), and keep that share of the measured figure."""
+    h100 = load_cluster("dgx-h100")
+    link = {"bandwidth_GBps": 370.0, "latency_us": 3.0, "processes": 8, "backend": "nccl"}
+    c = apply_calibration(h100, {**CALIB, "device_kind": "cuda", "intra_node": link})
+    assert c.intra_node.efficiency == 1.0
+    assert c.intra_node.alltoall_efficiency == pytest.approx(0.68 / 0.82)
+    assert c.intra_node.alltoall_bytes_per_s == pytest.approx(370e9 * 0.68 / 0.82)
+    cpu = apply_calibration(load_cluster("cpu"), CALIB)  # no figure of its own: as measured
+    assert cpu.intra_node.alltoall_bytes_per_s == cpu.intra_node.effective_bytes_per_s

@@ -348,8 +348,10 @@ def test_each_groups_link_details_and_memory_are_compared():
     assert compare.link_details(plan) == {
         "group old intra-node link latency us": (10, "rate"),
         "group old intra-node link efficiency": (0.9, "frac"),
+        "group old intra-node link all-to-all efficiency": (0.9, "frac"),
         "group old inter-node link latency us": (10, "rate"),
         "group old inter-node link efficiency": (0.9, "frac"),
+        "group old inter-node link all-to-all efficiency": (0.9, "frac"),
         "inter-group link latency us": (10, "rate"), "inter-group link efficiency": (0.9, "frac")}
     assert compare.group_memory(plan) == {"group old device memory GB": 32}
     # a link's own all-to-all efficiency is a figure of its own
@@ -357,7 +359,8 @@ def test_each_groups_link_details_and_memory_are_compared():
     plan = SimpleNamespace(cluster={"spec": {"intra_node": nvlink, "inter_node": link}})
     details = compare.link_details(plan)
     assert details["intra-node link all-to-all efficiency"] == (0.63, "frac")
-    assert "inter-node link all-to-all efficiency" not in details
+    # a link without its own runs all-to-alls at the collectives' figure, and is compared so
+    assert details["inter-node link all-to-all efficiency"] == (0.9, "frac")
 
 
 def test_diff_names_the_frozen_parameters_of_either_plan(small_plan):
