@@ -189,7 +189,7 @@ RECOMPUTE = {"25.11": {("DeepSeekV3", "GB300"): "moe_act", ("DeepSeekV3", "GB200
                           ("GPT OSS 120B", "B200"): "moe_act", ("GPT OSS 120B", "H100"): "moe_act"},
              "26.06": {("DeepSeekV3", "B300"): "mla_up_proj"},
              "26.08": {("DeepSeekV3", "GB200"): "mla_up_proj"},
-             REPORT_RELEASE: {("DeepSeekV3", "H100"): "mla_up_proj",
+             REPORT_RELEASE: {("DeepSeekV3", "H100"): "mla_up_proj+moe_act",
                               ("Qwen3_235B_a22B", "GB200"): "moe_act",
                               ("Qwen3_235B_a22B", "H100"): "moe_act"}}
 """Per release, the (model, GPU) whose Megatron-Bridge performance configuration recomputes
@@ -219,9 +219,10 @@ common settings clear the recipe's full recomputation). 26.06 (8f341b04f): DeepS
 mla_up_proj, the others none. 26.08 (4ab94dfad): DeepSeek-V3 on GB200 mla_up_proj; GPT-OSS-120B's
 GB200 recipe lists layernorm and moe_act and then empties the list; the others none. The
 Megatron-Core MoE report (REPORT_RELEASE, Appendix B.2 and Table 17): DeepSeek-V3 none on GB300,
-mlp on GB200 (its three dense layers: none here), up_proj and mlp on H100 (mla_up_proj here; Table
-17, whose H100 run is pp 8, lists moe_act and layernorm too); Qwen3-235B moe_act and layernorm on
-GB200 and H100, none on GB300."""
+mlp on GB200 (its three dense layers: none here), on H100 mlp, mla_up_proj, moe_act and layernorm
+(Table 17, which sets that run out in full, at pp 8; its Appendix B.2 lists up_proj and mlp only,
+and its Table 20 gives pp 4, which by the planner's memory model fits 80 GB only with full
+recomputation); Qwen3-235B moe_act and layernorm on GB200 and H100, none on GB300."""
 
 
 DSV3_16 = "Et*4|(t*4|)*14tmL"
@@ -243,11 +244,10 @@ by DSV3_MAP, GB200's pp 4 x vp 4 "w/o MTP" row to it without the m; the other "w
 pp x vp are outside its map: searched split); 26.04.01 (17a381f95) writes
 DSV3_16 for GB300 and B200 and maps GB200's pp 4 x vp 4 to it, and B300's pp 8 to
 ``Et*8|(t*8|)*6t*5mL``, as 26.06 (8f341b04f); 26.08 (perf_recipes at 4ab94dfad) DSV3_16 for
-GB300 and, by the map, GB200. The Megatron-Core MoE report's runs at pp 4 x vp 4 (GB300, GB200
-and H100 by its Table 20) take DSV3_MAP's layout, DSV3_16, which its Table 17 gives for GB200
-(for H100 Table 17 gives pp 8 with ``Et*3|(tt|)*29m|L``, the MTP depth a stage of its own apart
-from the head, which the planner's layouts cannot place: Table 20's pp 4 is priced); its GB200
-BF16 run (pp 8 x vp 4) names none. Every other row is split by the search (its
+GB300 and, by the map, GB200. The Megatron-Core MoE report's runs at pp 4 x vp 4 (GB300 and
+GB200) take DSV3_MAP's layout, DSV3_16, which its Table 17 gives for GB200; for H100 Table 17 gives
+pp 8 with ``Et*3|(tt|)*29m|L``, the MTP depth a stage of its own apart from the head, which the
+planner's layouts cannot place (searched split); its GB200 BF16 run (pp 8 x vp 4) names none. Every other row is split by the search (its
 exact, balanced cut)."""
 
 
