@@ -112,10 +112,16 @@ TABLE7_ALLTOALL = {("gb200-nvl72", 8): (735, 741), ("gb200-nvl72", 16): (743, 76
                    ("dgx-h100", 32): (8059, 7815), ("dgx-h100", 64): (9164, 8727)}
 
 
+def _table7_group(name: str, ep: int):
+    """The cluster and expert-parallel group of a Table 7 timing: GB200's inside one NVL72
+    rack, H100's over as many 8-GPU nodes as it takes."""
+    cluster = get_cluster(name, nodes=max(1, ep // 8) if name == "dgx-h100" else 1)
+    return cluster, GroupShape(size=ep, per_node=min(ep, cluster.gpus_per_node))
+
+
 @pytest.mark.parametrize("name,ep", sorted(TABLE7_ALLTOALL))
 def test_alltoall_reads_the_published_token_exchange_within_a_fifth(name, ep):
-    cluster = get_cluster(name, nodes=max(1, ep // 8) if name == "dgx-h100" else 1)
-    group = GroupShape(size=ep, per_node=min(ep, cluster.gpus_per_node))
+    cluster, group = _table7_group(name, ep)
     predicted = alltoall_s(4096 * 8 * 7168 * 2, group, cluster) * 1e6
     for measured in TABLE7_ALLTOALL[(name, ep)]:
         assert predicted == pytest.approx(measured, rel=0.2), (name, ep, predicted, measured)
@@ -149,8 +155,7 @@ TABLE7_HYBRIDEP = {("gb200-nvl72", 8): (391, 353), ("gb200-nvl72", 16): (578, 52
 def test_deepep_sends_read_the_published_hybridep_exchange_within_a_quarter(name, ep):
     from costmodels.experts import node_sends, node_sends_s
 
-    cluster = get_cluster(name, nodes=max(1, ep // 8) if name == "dgx-h100" else 1)
-    group = GroupShape(size=ep, per_node=min(ep, cluster.gpus_per_node))
+    cluster, group = _table7_group(name, ep)
     # DeepSeek-V3's node-limited routing: each token's experts from its best 4 of 8 groups
     intra, inter = node_sends(256, 8, ep=ep, etp=1, group=group, groups=8, group_topk=4)
     predicted = node_sends_s(4096 * 7168 * 2, intra, inter, group, cluster) * 1e6
