@@ -234,7 +234,8 @@ LAYOUTS = {"25.09": {("DeepSeekV3", "H100"): "Et|(tt|)*30mL"},
                         ("DeepSeekV3", "B200"): DSV3_16,
                         ("DeepSeekV3", "B300"): "Et*8|(t*8|)*6t*5mL"},
            "26.06": {("DeepSeekV3", "B300"): "Et*8|(t*8|)*6t*5mL"},
-           "26.08": {("DeepSeekV3", "GB300"): DSV3_16, ("DeepSeekV3", "GB200"): DSV3_16}}
+           "26.08": {("DeepSeekV3", "GB300"): DSV3_16, ("DeepSeekV3", "GB200"): DSV3_16},
+           REPORT_RELEASE: {("DeepSeekV3", "H100"): "Et*3|(tt|)*29m|L"}}
 """Per release, the (model, GPU) whose configuration pins the pipeline layout (Megatron's
 notation, SearchOptions.layout), each with the MTP depth (m) the DeepSeek-V3 recipe trains by
 default (``mtp_num_layers = 1``): 25.09's run_script.py passes ``Et|(tt|)*30mL`` (32 stages: the
@@ -246,8 +247,8 @@ DSV3_16 for GB300 and B200 and maps GB200's pp 4 x vp 4 to it, and B300's pp 8 t
 ``Et*8|(t*8|)*6t*5mL``, as 26.06 (8f341b04f); 26.08 (perf_recipes at 4ab94dfad) DSV3_16 for
 GB300 and, by the map, GB200. The Megatron-Core MoE report's runs at pp 4 x vp 4 (GB300 and
 GB200) take DSV3_MAP's layout, DSV3_16, which its Table 17 gives for GB200; for H100 Table 17 gives
-pp 8 with ``Et*3|(tt|)*29m|L``, the MTP depth a stage of its own apart from the head, which the
-planner's layouts cannot place (searched split); its GB200 BF16 run (pp 8 x vp 4) names none. Every other row is split by the search (its
+pp 8 with ``Et*3|(tt|)*29m|L``, the MTP depth on a stage of its own before the head's; its GB200
+BF16 run (pp 8 x vp 4) names none. Every other row is split by the search (its
 exact, balanced cut)."""
 
 

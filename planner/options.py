@@ -501,9 +501,10 @@ def parse_layout(text) -> tuple[str, ...]:
     side), ``t`` (a layer), ``m`` (an MTP depth) and ``L`` (the head side, with the loss):
     ``|`` ends a stage, ``x*n`` and ``(...)*n`` repeat, commas are cosmetic (as in Megatron-LM,
     which refuses spaces, as this does: ``t*1 6`` is no repeat count). The embedding opens the
-    first stage and the head closes the last; MTP depths sit right before the head (the planner
-    prices them in the head's block, so Megatron's ``m|L``, a stage of their own, is refused),
-    and no stage is empty (Megatron-LM runs one). SpecError naming the fix otherwise."""
+    first stage and the head closes the last; MTP depths come after every layer and before the
+    head, on the head's stage (``tmL``) or on stages of their own (``m|L``, as Megatron-LM
+    places them), and no stage is empty (Megatron-LM runs one). SpecError naming the fix
+    otherwise."""
     def bad(why: str) -> SpecError:
         return SpecError(f"layout: {why}; e.g. {LAYOUT_EXAMPLE} (E embedding, t layer, m MTP "
                          "depth, L head and loss, | stage boundary, *n repeats)")
@@ -544,9 +545,9 @@ def parse_layout(text) -> tuple[str, ...]:
         raise bad("the embedding (E) opens the first stage, once")
     if s.count("L") != 1 or not stages[-1].endswith("L"):
         raise bad("the head and loss (L) close the last stage, once")
-    if "m" in s and not re.fullmatch(r"[Et]*m+L", stages[-1]) or "m" in "".join(stages[:-1]):
-        raise bad("MTP depths (m) run with the output head: put them right before L in the "
-                  "last stage")
+    if "m" in s and not re.fullmatch(r"Et*m+L", s.replace("|", "")):
+        raise bad("MTP depths (m) run after every layer and before the head: put them after "
+                  "the last t, before L (on its stage, or on stages of their own: m|L)")
     return stages
 
 

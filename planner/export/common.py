@@ -481,15 +481,26 @@ def mtp_depths(plan: Plan) -> int:
     return int(plan.model.get("mtp_depths", 0) or 0)
 
 
+MTP_BLOCK = re.compile(r"(^|.*\.\.)mtp\.\d+")
+"""A block holding one MTP depth, by its name (planner.trace.mtp: the depth's unit ``mtp.<k>``
+closes its block, the first with the final norm before it: ``model.norm..mtp.0``)."""
+
+
+def mtp_stages(plan: Plan, lay: Layout) -> list[int]:
+    """The stage of each of the plan's MTP depths (after its last layer: Layout.post)."""
+    return [stage for stage, name in lay.post if MTP_BLOCK.fullmatch(name)]
+
+
 def mtp_note(plan: Plan, target: str, ledger: Ledger) -> None:
     """For a target without multi-token prediction (torchtitan, DeepSpeed): the plan priced the
-    model's MTP depths (model.mtp_depths) on its last stage, which the target does not train."""
+    model's MTP depths (model.mtp_depths) after its last layer, which the target does not
+    train."""
     depths = mtp_depths(plan)
     if depths:
         ledger.missing("mtp_depths", f"{depths} multi-token-prediction depth(s): the plan prices "
-                       f"them on the last stage, and {target} does not train them (its model is "
-                       "the main one): that stage runs faster than planned; plan the config with "
-                       "num_nextn_predict_layers: 0 for a split without them")
+                       f"them after the last layer, and {target} does not train them (its model "
+                       "is the main one): their stage runs faster than planned; plan the config "
+                       "with num_nextn_predict_layers: 0 for a split without them")
 
 
 def frozen_note(plan: Plan, target: str, ledger: Ledger) -> None:

@@ -300,13 +300,15 @@ def _attention_notes(plan: Plan, form: str, ledger: common.Ledger) -> None:
 
 def _mtp(plan: Plan) -> Group:
     """--mtp-num-layers for a model whose multi-token-prediction depths the plan prices
-    (planner.trace.mtp): Megatron-Core places them on the last stage with the loss, as priced."""
+    (planner.trace.mtp): Megatron-Core places them on the last stage with the loss by default,
+    elsewhere as the layout says (_pipeline)."""
     depths = common.mtp_depths(plan)
     if not depths:
         return []
     return [(["--mtp-num-layers", str(depths)],
-             f"{plan.model['name']}: {depths} multi-token-prediction depth(s), priced on the last "
-             "stage with the output head (Megatron-Core's default place)")]
+             f"{plan.model['name']}: {depths} multi-token-prediction depth(s), priced after the "
+             "last layer, where the layout puts them (the last stage with the output head by "
+             "default)")]
 
 
 def _experts(plan: Plan, version: str, ledger: common.Ledger) -> tuple[Group, bool]:
@@ -534,16 +536,48 @@ def _pipeline(plan: Plan, lay: common.Layout, ledger: common.Ledger) -> Group:
     ledger.exact("stages")
     counts = lay.counts
     words = f"layers per stage: {common.stage_counts_text(lay)}"
+    mtp = _mtp_per_stage(plan, lay)
+    if mtp and mtp[-1] < common.mtp_depths(plan):  # a depth on a stage of its own: a layout
+        if ledger.version == "core_v0.14.0":
+            raise SpecError("export megatron: the MTP depths are on a stage of their own, which "
+                            "core_v0.14.0 does not run (its layout check means MTP to sit with "
+                            "the loss on the last stage); export for core_v0.19.0, or re-plan "
+                            "with `--layout` putting m with the head (tmL)")
+        return out + [(["--pipeline-model-parallel-layout", _layout_string(counts, mtp)],
+                       f"{words} (E embedding, t layer, m MTP depth, L head, | stage boundary; "
+                       "the MTP depths on a stage before the head's, as priced)")]
     if lay.even and counts[0] > 0:
         vpp = ["--num-virtual-stages-per-pipeline-rank", str(p["vpp"])] if p["vpp"] > 1 else []
         return out + [(vpp, f"{words} (even: Megatron's default split)")]
     edges = _first_last(counts) if p["vpp"] == 1 else None
     if edges is not None:
         return out + [(edges, f"{words} (uneven: first/last stage sizes, the rest even)")]
-    mtp = common.mtp_depths(plan)
     return out + [(["--pipeline-model-parallel-layout", _layout_string(counts, mtp)],
                    f"{words} (E embedding, t layer, {'m MTP depth, ' if mtp else ''}L head, | "
                    "stage boundary)")]
+
+
+def _mtp_per_stage(plan: Plan, lay: common.Layout) -> list[int]:
+    """MTP depths (``m``) on each stage ([] without any), or SpecError where Megatron-Core
+    cannot place them so (pipeline_parallel_layer_layout.py, validate_layer_layout, core_v0.19.0:
+    every depth on one virtual stage, that stage its rank's last one; stage s is rank s % pp's
+    chunk s // pp)."""
+    at = common.mtp_stages(plan, lay)
+    if not at:
+        return []
+    per = [at.count(s) for s in range(len(plan.stages))]
+    pp, vpp = plan.parallel["pp"], plan.parallel["vpp"]
+    stage = at[0]
+    fix = "re-plan with `--layout` placing every m on one stage of a rank's last chunk, e.g. " \
+        "with the head (tmL)"
+    if len(set(at)) > 1:
+        raise SpecError(f"export megatron: the plan puts its MTP depths on stages "
+                        f"{sorted(set(at))}; Megatron-Core runs them all on one stage; {fix}")
+    if stage // pp != vpp - 1:
+        raise SpecError(f"export megatron: the MTP depths are on stage {stage} (rank "
+                        f"{stage % pp}, chunk {stage // pp} of {vpp}); Megatron-Core runs them "
+                        "on a rank's last chunk; " + fix)
+    return per
 
 
 def _side_notes(plan: Plan, lay: common.Layout, ledger: common.Ledger) -> None:
@@ -553,7 +587,7 @@ def _side_notes(plan: Plan, lay: common.Layout, ledger: common.Ledger) -> None:
             ledger.nearest("stages", f"block '{block}' (embedding side) is on stage {stage}; "
                            "Megatron-LM keeps the whole embedding side on stage 0")
     for stage, block in lay.post:
-        if stage != last:
+        if stage != last and not common.MTP_BLOCK.fullmatch(block):  # (depths: the layout's m)
             ledger.nearest("stages", f"block '{block}' (head side) is on stage {stage}; "
                            f"Megatron-LM keeps the whole head side on the last stage ({last})")
 
@@ -574,14 +608,16 @@ def _first_last(counts: list[int]) -> list[str] | None:
     return None
 
 
-def _layout_string(counts: list[int], mtp: int = 0) -> str:
+def _layout_string(counts: list[int], mtp: list[int] | None = None) -> str:
     """``Et*8|t*9|t*9|t*6L``: Megatron-LM's --pipeline-model-parallel-layout, one part per stage;
-    ``mtp`` MTP depths (``m``) before the head on the last stage, where the plan prices them."""
+    ``mtp``: the MTP depths (``m``) on each stage, after its layers, where the plan prices them
+    (on the head's stage: ``tmL``; on a stage of their own: ``m|L``)."""
     parts = []
     for i, n in enumerate(counts):
         layers = "" if n == 0 else "t" if n == 1 else f"t*{n}"
-        last = "m" * mtp + "L" if i == len(counts) - 1 else ""
-        parts.append(("E" if i == 0 else "") + layers + last)
+        depths = "m" * (mtp[i] if mtp else 0)
+        parts.append(("E" if i == 0 else "") + layers + depths
+                     + ("L" if i == len(counts) - 1 else ""))
     return "|".join(parts)
 
 

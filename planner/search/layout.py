@@ -3,9 +3,9 @@
 The search cuts the blocks into stages itself (planner.solve.chain); an engine's configuration
 may instead fix the cut, as Megatron-Bridge's DeepSeek-V3 recipes do
 (``Et*4|(t*4|)*14tmL``). Pinned, the plan is priced on that cut: the embedding side's blocks
-(those before the first layer) go with ``E``, each ``t`` is the next layer block, and the head
-side's blocks (after the last layer: the final norm, the head, the loss and any MTP depths,
-planner.trace.mtp) go with ``L``.
+(those before the first layer) go with ``E``, each ``t`` is the next layer block, each ``m`` the
+next MTP depth's block (planner.trace.mtp: the first with the final norm), and the head side's
+other blocks (the head, for the model and every depth, and the losses) go with ``L``.
 """
 
 from __future__ import annotations
@@ -71,10 +71,12 @@ def layout_bounds(layout: str, checkpointed) -> list[int]:
     flags = [bool(c) for c in checkpointed]
     first = flags.index(True)
     last = len(flags) - 1 - flags[::-1].index(True)
+    stages = parse_layout(layout)
+    head = len(flags) - 1 - last - sum(st.count("m") for st in stages)  # (a block per depth)
     bounds, at = [0], 0
-    for stage in parse_layout(layout):
-        at += (first if "E" in stage else 0) + stage.count("t") + (
-            len(flags) - 1 - last if "L" in stage else 0)
+    for stage in stages:
+        at += (first if "E" in stage else 0) + stage.count("t") + stage.count("m") + (
+            head if "L" in stage else 0)
         if at == bounds[-1]:
             raise SpecError(f"layout: stage {len(bounds) - 1} ({stage}) holds no block of this "
                             "model (it has nothing before its first layer, or after its last); "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import networkx as nx
 
+from planner.trace import mtp
 from planner.trace.annotate import block_work
 from planner.trace.graph import Block, BlockEdge, BlockGraph, OpGraph
 from planner.trace.tp_roles import ROLE_KINDS, TPAnalysis
@@ -240,7 +241,8 @@ def _is_layer(key: str, graph: OpGraph) -> bool:
 
 
 def _merge_segments(keys, order, graph: OpGraph):
-    """Merge each run of consecutive non-layer blocks into one block."""
+    """Merge each run of consecutive non-layer blocks into one block; an MTP depth
+    (planner.trace.mtp) closes its run, so that each depth is a block before the head's."""
     groups: list[list[str]] = []
     previous_is_layer = True
     for k in order:
@@ -249,7 +251,7 @@ def _merge_segments(keys, order, graph: OpGraph):
             groups[-1].append(k)
         else:
             groups.append([k])
-        previous_is_layer = is_layer
+        previous_is_layer = is_layer or mtp.is_depth_unit(k)
     rename = {}
     for grp in groups:
         name = grp[0] if len(grp) == 1 else f"{grp[0]}..{grp[-1]}"

@@ -10,15 +10,20 @@ depth k-1 and the embeddings of the tokens k ahead (RMSNorm each), projects thei
 from two hidden widths to one, runs one more decoder layer (an MoE layer of the model's own
 kind) and the shared output head after a norm of its own, and adds its cross entropy, scaled, to
 the loss. The embedding and the output head are the main model's (shared weights, as in
-Megatron-Core), so the depth sits with the head on the last pipeline stage, where Megatron-Core
-places it by default.
+Megatron-Core).
 
-The depths run after the main model in the same forward: the trace finds them after the output
-head (its block), and their decoder layer takes the keyword inputs the model's last decoder
-layer took (the causal mask and rotary embeddings), captured by a pre-hook.
+The depths run after the main model in the same forward, and their decoder layer takes the
+keyword inputs the model's last decoder layer took (the causal mask and rotary embeddings),
+captured by a pre-hook. Each depth is a block of its own (the main model's final norm joins the
+first), between the last layer and the head's block, which runs the head for the main model and
+for every depth with the losses: Megatron-Core's order (``--pipeline-model-parallel-layout``'s
+``m`` before ``L``), so a depth shares the last stage with the head (``tmL``, its default) or
+takes a stage of its own (``m|L``).
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +37,15 @@ LOSS_SCALE = 0.1
 """Weight of the MTP losses (their mean over depths) in the training loss: Megatron-Core's
 ``--mtp-loss-scaling-factor`` default; DeepSeek-V3 trained with 0.3, then 0.1 (its report,
 section 4.2). It changes no cost."""
+
+
+def is_depth_unit(key: str) -> bool:
+    """Whether a block key of the trace (planner.trace.blocks) is one MTP depth built here."""
+    return re.fullmatch(rf"{MODULE}\.\d+", key) is not None
+
+
+MODULE = "mtp"
+"""The model's attribute holding the depths (a ModuleList)."""
 
 
 class MTPDepth(torch.nn.Module):
@@ -65,7 +79,7 @@ def build(module: torch.nn.Module, depths: int) -> int:
         return 0
     weight = module.lm_head.weight  # built where and as the model's weights are
     with torch.device(weight.device):
-        module.mtp = torch.nn.ModuleList(MTPDepth(module, k) for k in range(depths))
+        setattr(module, MODULE, torch.nn.ModuleList(MTPDepth(module, k) for k in range(depths)))
     module.mtp.to(weight.dtype)
     init = getattr(module, "_init_weights", None)  # (the experts' weights start empty)
     if weight.device.type != "meta" and callable(init):

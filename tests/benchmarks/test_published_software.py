@@ -119,8 +119,8 @@ def test_the_reports_runs_take_its_appendix_settings_and_are_never_fitted():
     assert by[dsv3]["zoo"] == "deepseek-v3-mtp"
     assert moe_runs.layout_of(by[dsv3]) == "Et*4|(t*4|)*14tmL"
     assert moe_runs.layout_of(by["DeepSeekV3", "GB200", "BF16", "4096"]) is None  # pp 8 x vp 4
-    h100 = by["DeepSeekV3", "H100", "FP8-BLK", "4096"]  # Table 17's pp 8, its m|L not placeable
-    assert moe_runs.layout_of(h100) is None and "pp=8" in moe_runs.published_fix(h100)
+    h100 = by["DeepSeekV3", "H100", "FP8-BLK", "4096"]  # Table 17's pp 8, the MTP depth alone
+    assert moe_runs.layout_of(h100) == "Et*3|(tt|)*29m|L" and "pp=8" in moe_runs.published_fix(h100)
     assert "recompute=mla_up_proj+moe_act" in moe_runs.published_fix(h100)
     fix = moe_runs.published_fix(by["DeepSeekV3", "GB200", "MXFP8", "4096"])
     assert "offload_optimizer=true" in fix and "recompute=none" in fix

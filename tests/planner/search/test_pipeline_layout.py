@@ -23,13 +23,12 @@ def test_the_notation_expands_repeats_and_groups():
 @pytest.mark.parametrize("text, why", [
     ("Et*4|tt", r"the head and loss \(L\) close the last stage"),
     ("tE|L", r"the embedding \(E\) opens the first stage"),
-    ("Et|m|L", r"MTP depths \(m\) run with the output head"),
+    ("Em|tL", r"MTP depths \(m\) run after every layer and before the head"),
+    ("Et|mt|L", r"MTP depths \(m\) run after every layer and before the head"),
     ("E(t|L", r"unbalanced or unrepeated parentheses"),
     ("Etx|L", r"unknown symbols"),
     ("Et||tL", r"an empty stage"),
-    # from a review: Megatron's own example (its commas are cosmetic, its m|L not priced here),
-    # a trailing '|' (an empty stage in Megatron too), and repeats without bound
-    ("Et*3|(tt|)*29,m|L", r"MTP depths \(m\) run with the output head"),
+    # from a review: a trailing '|' (an empty stage in Megatron too), and repeats without bound
     ("EtL|", r"an empty stage"),
     ("et*4|tL", r"unknown symbols 'e'"),
     ("Et*99999999999999L", r"'t\*99999999999999' repeats past 100,000 symbols"),
@@ -65,7 +64,7 @@ def test_the_plan_is_cut_where_the_layout_says_and_records_it(tiny_mtp):
     pinned = _plan(tiny_mtp, "Et*3|tmL")
     blocks = [s["blocks"] for s in pinned.to_dict()["stages"]]
     assert blocks[0] == ["model.embed_tokens"] + [f"model.layers.{i}" for i in range(3)]
-    assert blocks[1] == ["model.layers.3", "model.norm..lm_head"]
+    assert blocks[1] == ["model.layers.3", "model.norm..mtp.0", "lm_head"]
     assert pinned.search["options"]["layout"] == "Et*3|tmL"
     assert "layout" not in free.search["options"]
     assert pinned.predicted["step_time_s"] >= free.predicted["step_time_s"]
@@ -110,8 +109,16 @@ def test_exports_carry_the_mtp_depth_or_say_they_cannot(tiny_mtp):
     uneven = megatron_args(to_megatron(_plan(tiny_mtp, "Et|t|t|tmL")))
     assert option(uneven, "--mtp-num-layers") == "1"
     notes = " ".join(line.lstrip("# ").strip() for line in to_torchtitan(plan).splitlines())
-    assert "multi-token-prediction depth(s): the plan prices them on the last stage, and " \
+    assert "multi-token-prediction depth(s): the plan prices them after the last layer, and " \
         "torchtitan does not train them" in notes
+
+
+def test_megatrons_standalone_mtp_stage_is_read():
+    """Megatron-LM's own example (Et*3|(tt|)*29,m|L: the MTP depth on a stage of its own, as
+    NVIDIA's DeepSeek-V3 runs on H100 place it) and the depth with the head."""
+    stages = parse_layout("Et*3|(tt|)*29,m|L")
+    assert len(stages) == 32 and stages[-2:] == ("m", "L") and stages[-3] == "tt"
+    assert parse_layout("Et|tmL") == ("Et", "tmL")
 
 
 def test_commas_are_cosmetic_as_in_megatron():
@@ -131,7 +138,7 @@ def test_why_not_on_a_layout_plan_keeps_the_layout_and_says_where_pp_breaks_it(t
     answer = why_not(plan, "pp=4,schedule=1f1b")
     assert answer.feasible and answer.variant.parallel["vpp"] == 1
     assert [s["blocks"][-1] for s in answer.variant.to_dict()["stages"]] == [
-        "model.layers.0", "model.layers.1", "model.layers.2", "model.norm..lm_head"]
+        "model.layers.0", "model.layers.1", "model.layers.2", "lm_head"]
     with pytest.raises(SpecError, match=r"layout: 4 stages, and pp=3 does not make them"):
         why_not(plan, "pp=3")
 
@@ -208,3 +215,25 @@ def test_a_recommendation_sweep_refuses_a_layout():
     with pytest.raises(SpecError, match=r"^layout: pins the pipeline stages of a layer stack"):
         whatif("two-tower", cluster="dgx-a100-40g", vary={"nodes": [1]}, global_batch=8192,
                layout="Et|tL")
+
+
+def test_a_standalone_mtp_stage_is_priced_and_exported_where_the_layout_puts_it(tiny_mtp):
+    """Megatron's m|L: the depth on a stage of its own, between the last layers and the head;
+    Megatron-LM core_v0.19.0 runs it so (on a rank's last chunk), core_v0.14.0 does not."""
+    plan = _plan(tiny_mtp, "Et*2|t*2|m|L", "pp=4,schedule=1f1b")
+    blocks = [s["blocks"] for s in plan.to_dict()["stages"]]
+    assert blocks[2:] == [["model.norm..mtp.0"], ["lm_head"]]
+    assert blocks[1] == ["model.layers.2", "model.layers.3"]
+    args = megatron_args(to_megatron(plan, "core_v0.19.0"))
+    assert option(args, "--pipeline-model-parallel-layout") == "Et*2|t*2|m|L"
+    assert option(args, "--mtp-num-layers") == "1"
+    with pytest.raises(SpecError, match=r"export megatron: the MTP depths are on a stage of "
+                                        r"their own, which core_v0.14.0 does not run"):
+        to_megatron(plan, "core_v0.14.0")
+    # two chunks per rank: stage 2 is rank 0's last chunk, which Megatron-Core takes
+    chunked = _plan(tiny_mtp, "Et*2|t*2|m|L", "pp=2,schedule=interleaved-1f1b")
+    assert option(megatron_args(to_megatron(chunked, "core_v0.19.0")),
+                  "--pipeline-model-parallel-layout") == "Et*2|t*2|m|L"
+    # the depth's stage runs about a layer's work; the head's alone far less
+    times = [s["predicted"]["compute_s"] for s in plan.to_dict()["stages"]]
+    assert times[2] > 0.5 * times[1] / 2 and times[3] < 0.1 * times[2]

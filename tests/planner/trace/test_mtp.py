@@ -29,18 +29,27 @@ def test_an_mtp_depth_adds_one_moe_layer_a_projection_and_three_norms(tmp_path):
     assert with_mtp.info["num_params"] == deeper.info["num_params"] + 2 * h * h + 3 * h
 
 
-def test_the_depth_runs_with_the_head_in_the_last_block(tmp_path):
-    """The head block holds the depth's routed experts and about a layer and a head more work;
-    the blocks stay a chain, and the embedding is shared with the head block (a tied weight)."""
+def test_the_depth_is_a_block_between_the_last_layer_and_the_head(tmp_path):
+    """As Megatron-Core orders them (m before L): the depth, with the final norm before it, is a
+    block of its own holding its routed experts (about a layer and the projection more work);
+    the head's block then runs the head twice (the model's and the depth's) and the losses. The
+    blocks stay a chain, the two hidden states cross from the depth to the head, and the
+    embedding is shared with the depth's block (a tied weight)."""
     bare = _prepare(tmp_path, "bare")
     with_mtp = _prepare(tmp_path, "mtp", num_nextn_predict_layers=1)
     b, m = bare.blocks, with_mtp.blocks
-    assert [x.name for x in b.blocks] == [x.name for x in m.blocks] and m.is_chain()
+    assert [x.name for x in b.blocks][-1] == "model.norm..lm_head"
+    assert [x.name for x in m.blocks] == [x.name for x in b.blocks][:-1] + [
+        "model.norm..mtp.0", "lm_head"] and m.is_chain()
     layer, head = b.blocks[-2].work, b.blocks[-1].work
-    assert head.num_experts == 0 and m.blocks[-1].work.num_experts == layer.num_experts
-    # one more layer and the head again, plus the projection (2h -> h per token)
-    assert m.blocks[-1].work.fwd_flops > head.fwd_flops * 2 + layer.fwd_flops * 0.9
-    assert any(s[0] == "model.embed_tokens" and s[1] == m.blocks[-1].name for s in m.shared)
+    depth, heads = m.blocks[-2].work, m.blocks[-1].work
+    assert head.num_experts == 0 and heads.num_experts == 0
+    assert depth.num_experts == layer.num_experts
+    assert depth.fwd_flops > layer.fwd_flops * 0.9
+    assert heads.fwd_flops == pytest.approx(2 * head.fwd_flops, rel=0.1)
+    crossing = [e for e in m.edges if e.src == "model.norm..mtp.0" and e.dst == "lm_head"]
+    assert len(crossing) == 2 and crossing[0].nbytes == crossing[1].nbytes
+    assert any(s[0] == "model.embed_tokens" and s[1] == "model.norm..mtp.0" for s in m.shared)
     assert not b.shared
 
 
