@@ -502,7 +502,7 @@ def parse_layout(text) -> tuple[str, ...]:
     ``|`` ends a stage, ``x*n`` and ``(...)*n`` repeat, commas are cosmetic (as in Megatron-LM,
     which refuses spaces, as this does: ``t*1 6`` is no repeat count). The embedding opens the
     first stage and the head closes the last; MTP depths come after every layer and before the
-    head, on the head's stage (``tmL``) or on stages of their own (``m|L``, as Megatron-LM
+    head, all on one stage: the head's (``tmL``) or one of their own (``m|L``, as Megatron-LM
     places them), and no stage is empty (Megatron-LM runs one). SpecError naming the fix
     otherwise."""
     def bad(why: str) -> SpecError:
@@ -547,7 +547,10 @@ def parse_layout(text) -> tuple[str, ...]:
         raise bad("the head and loss (L) close the last stage, once")
     if "m" in s and not re.fullmatch(r"Et*m+L", s.replace("|", "")):
         raise bad("MTP depths (m) run after every layer and before the head: put them after "
-                  "the last t, before L (on its stage, or on stages of their own: m|L)")
+                  "the last t, before L (on its stage, or on a stage of their own: m|L)")
+    if sum("m" in st for st in stages) > 1:
+        raise bad("MTP depths (m) run on one stage (Megatron-LM's rule): put every m on the "
+                  "same stage")
     return stages
 
 

@@ -28,7 +28,7 @@ from planner.export.replan import resolve_hint
 from planner.options import KNOBS, parallel_text
 from planner.planfile.document import Plan
 from planner import targets
-from planner.trace.graph import frozen_words
+from planner.trace.graph import frozen_words, is_mtp_block
 from planner.units import cluster_text
 
 log = logging.getLogger("planner.export")
@@ -481,14 +481,10 @@ def mtp_depths(plan: Plan) -> int:
     return int(plan.model.get("mtp_depths", 0) or 0)
 
 
-MTP_BLOCK = re.compile(r"(^|.*\.\.)mtp\.\d+")
-"""A block holding one MTP depth, by its name (planner.trace.mtp: the depth's unit ``mtp.<k>``
-closes its block, the first with the final norm before it: ``model.norm..mtp.0``)."""
-
-
 def mtp_stages(plan: Plan, lay: Layout) -> list[int]:
-    """The stage of each of the plan's MTP depths (after its last layer: Layout.post)."""
-    return [stage for stage, name in lay.post if MTP_BLOCK.fullmatch(name)]
+    """The stage of the block holding the plan's MTP depths ([] where it has none: a plan from
+    before they had a block of their own priced them in the head's)."""
+    return [stage for stage, name in lay.post if is_mtp_block(name)]
 
 
 def mtp_note(plan: Plan, target: str, ledger: Ledger) -> None:

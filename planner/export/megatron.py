@@ -18,6 +18,7 @@ from planner.export import common, moe, names, replan
 from planner.export.shell import Group, bash_file
 from planner.planfile.document import Plan
 from planner import targets
+from planner.trace.graph import is_mtp_block
 
 TARGET = "megatron"
 ARRAY = "MEGATRON_PARALLEL_ARGS"
@@ -562,17 +563,17 @@ def _mtp_per_stage(plan: Plan, lay: common.Layout) -> list[int]:
     cannot place them so (pipeline_parallel_layer_layout.py, validate_layer_layout, core_v0.19.0:
     every depth on one virtual stage, that stage its rank's last one; stage s is rank s % pp's
     chunk s // pp)."""
+    depths = common.mtp_depths(plan)
     at = common.mtp_stages(plan, lay)
-    if not at:
+    if not depths:
         return []
-    per = [at.count(s) for s in range(len(plan.stages))]
+    if not at:  # (a plan from before the depths had their own block: inside the head's)
+        at = [len(plan.stages) - 1]
+    per = [depths if s == at[0] else 0 for s in range(len(plan.stages))]
     pp, vpp = plan.parallel["pp"], plan.parallel["vpp"]
     stage = at[0]
     fix = "re-plan with `--layout` placing every m on one stage of a rank's last chunk, e.g. " \
         "with the head (tmL)"
-    if len(set(at)) > 1:
-        raise SpecError(f"export megatron: the plan puts its MTP depths on stages "
-                        f"{sorted(set(at))}; Megatron-Core runs them all on one stage; {fix}")
     if stage // pp != vpp - 1:
         raise SpecError(f"export megatron: the MTP depths are on stage {stage} (rank "
                         f"{stage % pp}, chunk {stage // pp} of {vpp}); Megatron-Core runs them "
@@ -587,7 +588,7 @@ def _side_notes(plan: Plan, lay: common.Layout, ledger: common.Ledger) -> None:
             ledger.nearest("stages", f"block '{block}' (embedding side) is on stage {stage}; "
                            "Megatron-LM keeps the whole embedding side on stage 0")
     for stage, block in lay.post:
-        if stage != last and not common.MTP_BLOCK.fullmatch(block):  # (depths: the layout's m)
+        if stage != last and not is_mtp_block(block):  # (the depths: the layout's m)
             ledger.nearest("stages", f"block '{block}' (head side) is on stage {stage}; "
                            f"Megatron-LM keeps the whole head side on the last stage ({last})")
 

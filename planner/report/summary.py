@@ -19,7 +19,7 @@ from planner.search import alone, placement, replicas
 from planner.search.feasibility import nearby_multiples
 from planner.search.loop import (RETIME_CAP, RETIME_MAX, TIE_SHARE, TIME_LIMIT,
                                   rejection_lines)
-from planner.trace.graph import FROZEN_PRICING, frozen_words, unpriced_words
+from planner.trace.graph import FROZEN_PRICING, frozen_words, is_mtp_block, unpriced_words
 from planner.units import GB, cluster_text, counted, gb1, human_count, ms, seconds
 
 
@@ -577,7 +577,7 @@ def _search(p: Plan) -> list[str]:
     lines = [f"  search: {counted(s['candidates'], 'configuration')}, "
              f"{s.get('evaluated', 0):,} priced{timing}; "
              f"{status}"] + ([f"  stages pinned: --layout '{layout}'"] if layout else []) + (
-        [f"  multi-token prediction: {depths} depth(s) priced with the head on the last stage"]
+        [f"  multi-token prediction: {depths} depth(s) priced {_mtp_where(p)}"]
         if depths else []) + ([f"  set aside: {aside}"] if aside else []) + (
         [f"  ruled out before pricing (choices of knobs, not configurations): {ruled}"]
         if ruled else [])
@@ -600,6 +600,15 @@ def _tie_reason(p: Plan, a: dict, mem: float) -> str:
                                       experts=experts):
         return "an exported engine runs the plan, not this one"
     return "the plan holds less memory" if mem > 0 else "the plan chosen first"
+
+
+def _mtp_where(p: Plan) -> str:
+    """Where a plan prices its MTP depths: with the head, or on a stage of their own."""
+    last = len(p.stages) - 1
+    at = [s["index"] for s in p.to_dict()["stages"] if any(is_mtp_block(b) for b in s["blocks"])]
+    if not at or at[0] == last:
+        return "with the head on the last stage"
+    return f"on stage {at[0]}, before the head's stage ({last})"
 
 
 def _runner_up(p: Plan, i: int, a: dict) -> list[str]:

@@ -3,9 +3,9 @@
 The search cuts the blocks into stages itself (planner.solve.chain); an engine's configuration
 may instead fix the cut, as Megatron-Bridge's DeepSeek-V3 recipes do
 (``Et*4|(t*4|)*14tmL``). Pinned, the plan is priced on that cut: the embedding side's blocks
-(those before the first layer) go with ``E``, each ``t`` is the next layer block, each ``m`` the
-next MTP depth's block (planner.trace.mtp: the first with the final norm), and the head side's
-other blocks (the head, for the model and every depth, and the losses) go with ``L``.
+(those before the first layer) go with ``E``, each ``t`` is the next layer block, the ``m``s
+(all on one stage) the MTP depths' block (planner.trace.mtp: with the final norm), and the head
+side's other blocks (the head, for the model and every depth, and the losses) go with ``L``.
 """
 
 from __future__ import annotations
@@ -72,10 +72,11 @@ def layout_bounds(layout: str, checkpointed) -> list[int]:
     first = flags.index(True)
     last = len(flags) - 1 - flags[::-1].index(True)
     stages = parse_layout(layout)
-    head = len(flags) - 1 - last - sum(st.count("m") for st in stages)  # (a block per depth)
+    depths = int(any("m" in st for st in stages))  # (the depths' one block)
+    head = len(flags) - 1 - last - depths
     bounds, at = [0], 0
     for stage in stages:
-        at += (first if "E" in stage else 0) + stage.count("t") + stage.count("m") + (
+        at += (first if "E" in stage else 0) + stage.count("t") + int("m" in stage) + (
             head if "L" in stage else 0)
         if at == bounds[-1]:
             raise SpecError(f"layout: stage {len(bounds) - 1} ({stage}) holds no block of this "

@@ -42,11 +42,11 @@ def cpsat_budget_s(options: SearchOptions, deadline: float | None, left: int) ->
 
 def refine(candidates: list[Estimate], bg: BlockGraph, ma: ModelArrays, cost_of, cluster: Cluster,
            training: TrainingSpec, options: SearchOptions, deadline: float | None) -> list[Estimate]:
-    """The candidates re-split (DAGs) and re-timed (simulation), best first. ``cost_of(cfg)``
-    gives a candidate's BlockCosts."""
+    """The candidates re-split (DAGs; not where a layout pins the split) and re-timed
+    (simulation), best first. ``cost_of(cfg)`` gives a candidate's BlockCosts."""
     out = []
     for i, est in enumerate(candidates):
-        if not bg.is_chain() and est.config.vpp == 1:
+        if not bg.is_chain() and est.config.vpp == 1 and options.layout is None:
             budget = cpsat_budget_s(options, deadline, len(candidates) - i)
             est = refine_dag(est, bg, ma, cost_of(est.config), cluster, training, options, budget)
         out.append(simulated(est, training))

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from planner.trace import mtp
 from planner.trace.annotate import block_work
-from planner.trace.graph import Block, BlockEdge, BlockGraph, OpGraph
+from planner.trace.graph import Block, BlockEdge, BlockGraph, OpGraph, is_mtp_depth_unit
 from planner.trace.tp_roles import ROLE_KINDS, TPAnalysis
 
 
@@ -241,8 +240,10 @@ def _is_layer(key: str, graph: OpGraph) -> bool:
 
 
 def _merge_segments(keys, order, graph: OpGraph):
-    """Merge each run of consecutive non-layer blocks into one block; an MTP depth
-    (planner.trace.mtp) closes its run, so that each depth is a block before the head's."""
+    """Merge each run of consecutive non-layer blocks into one block; the last MTP depth
+    (planner.trace.mtp) closes its run, so that the depths are one block before the head's (as
+    Megatron-Core runs them: all on one stage)."""
+    depths = [k for k in order if is_mtp_depth_unit(k)]
     groups: list[list[str]] = []
     previous_is_layer = True
     for k in order:
@@ -251,7 +252,7 @@ def _merge_segments(keys, order, graph: OpGraph):
             groups[-1].append(k)
         else:
             groups.append([k])
-        previous_is_layer = is_layer or mtp.is_depth_unit(k)
+        previous_is_layer = is_layer or (bool(depths) and k == depths[-1])
     rename = {}
     for grp in groups:
         name = grp[0] if len(grp) == 1 else f"{grp[0]}..{grp[-1]}"

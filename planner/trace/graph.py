@@ -7,6 +7,7 @@ others from the second, so neither tracing nor the graph grows with depth.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 import networkx as nx
@@ -224,6 +225,25 @@ class BlockEdge:
     """Bytes of the gradient-carrying tensor (sent forward, and its gradient sent back)."""
     tensor: str = ""
     """Which tensor (one edge per tensor and consuming block; cuts count a tensor once)."""
+
+
+MTP_MODULE = "mtp"
+"""The model's attribute holding the multi-token-prediction depths planner.trace.mtp builds (a
+ModuleList: each depth's unit is ``mtp.<k>``)."""
+
+_MTP_BLOCK = re.compile(rf"(^|.*\.\.){MTP_MODULE}\.\d+")
+
+
+def is_mtp_depth_unit(key: str) -> bool:
+    """Whether a unit of the trace is one MTP depth (the block builder closes the depths' block
+    after the last)."""
+    return re.fullmatch(rf"{MTP_MODULE}\.\d+", key) is not None
+
+
+def is_mtp_block(name: str) -> bool:
+    """Whether a block, by its name, holds the MTP depths (``model.norm..mtp.0``: the final norm
+    and the depths, the last closing it)."""
+    return _MTP_BLOCK.fullmatch(name) is not None
 
 
 @dataclass

@@ -14,19 +14,21 @@ Megatron-Core).
 
 The depths run after the main model in the same forward, and their decoder layer takes the
 keyword inputs the model's last decoder layer took (the causal mask and rotary embeddings),
-captured by a pre-hook. Each depth is a block of its own (the main model's final norm joins the
-first), between the last layer and the head's block, which runs the head for the main model and
-for every depth with the losses: Megatron-Core's order (``--pipeline-model-parallel-layout``'s
-``m`` before ``L``), so a depth shares the last stage with the head (``tmL``, its default) or
-takes a stage of its own (``m|L``).
+captured by a pre-hook. The depths are one block (with the main model's final norm before them,
+which Megatron-Core runs with the last layer instead: a norm's cost), between the last layer and
+the head's block, which runs the head for the main model and for every depth with the losses:
+Megatron-Core's order (``--pipeline-model-parallel-layout``'s ``m`` before ``L``, all of them on
+one stage), so the depths share the last stage with the head (``tmL``, its default) or take a
+stage of their own (``m|L``). Three or more depths read as a layer stack of their own (the trace
+finds a repeated list), which layouts and the Megatron export refuse.
 """
 
 from __future__ import annotations
 
-import re
-
 import torch
 import torch.nn.functional as F
+
+from planner.trace.graph import MTP_MODULE
 
 MTP_MODEL_TYPES = ("deepseek_v3", "glm4_moe")
 """Model types whose MTP depth is built here (the DeepSeek-V3 form: two norms, a projection, a
@@ -37,15 +39,6 @@ LOSS_SCALE = 0.1
 """Weight of the MTP losses (their mean over depths) in the training loss: Megatron-Core's
 ``--mtp-loss-scaling-factor`` default; DeepSeek-V3 trained with 0.3, then 0.1 (its report,
 section 4.2). It changes no cost."""
-
-
-def is_depth_unit(key: str) -> bool:
-    """Whether a block key of the trace (planner.trace.blocks) is one MTP depth built here."""
-    return re.fullmatch(rf"{MODULE}\.\d+", key) is not None
-
-
-MODULE = "mtp"
-"""The model's attribute holding the depths (a ModuleList)."""
 
 
 class MTPDepth(torch.nn.Module):
@@ -79,7 +72,8 @@ def build(module: torch.nn.Module, depths: int) -> int:
         return 0
     weight = module.lm_head.weight  # built where and as the model's weights are
     with torch.device(weight.device):
-        setattr(module, MODULE, torch.nn.ModuleList(MTPDepth(module, k) for k in range(depths)))
+        setattr(module, MTP_MODULE,
+                torch.nn.ModuleList(MTPDepth(module, k) for k in range(depths)))
     module.mtp.to(weight.dtype)
     init = getattr(module, "_init_weights", None)  # (the experts' weights start empty)
     if weight.device.type != "meta" and callable(init):

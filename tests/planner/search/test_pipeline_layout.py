@@ -25,6 +25,7 @@ def test_the_notation_expands_repeats_and_groups():
     ("tE|L", r"the embedding \(E\) opens the first stage"),
     ("Em|tL", r"MTP depths \(m\) run after every layer and before the head"),
     ("Et|mt|L", r"MTP depths \(m\) run after every layer and before the head"),
+    ("Et|tm|mL", r"MTP depths \(m\) run on one stage \(Megatron-LM's rule\)"),
     ("E(t|L", r"unbalanced or unrepeated parentheses"),
     ("Etx|L", r"unknown symbols"),
     ("Et||tL", r"an empty stage"),
@@ -230,6 +231,10 @@ def test_a_standalone_mtp_stage_is_priced_and_exported_where_the_layout_puts_it(
     with pytest.raises(SpecError, match=r"export megatron: the MTP depths are on a stage of "
                                         r"their own, which core_v0.14.0 does not run"):
         to_megatron(plan, "core_v0.14.0")
+    from planner.report.summary import summary  # noqa: PLC0415
+
+    assert "multi-token prediction: 1 depth(s) priced on stage 2, before the head's stage (3)" \
+        in summary(plan)
     # two chunks per rank: stage 2 is rank 0's last chunk, which Megatron-Core takes
     chunked = _plan(tiny_mtp, "Et*2|t*2|m|L", "pp=2,schedule=interleaved-1f1b")
     assert option(megatron_args(to_megatron(chunked, "core_v0.19.0")),
@@ -237,3 +242,38 @@ def test_a_standalone_mtp_stage_is_priced_and_exported_where_the_layout_puts_it(
     # the depth's stage runs about a layer's work; the head's alone far less
     times = [s["predicted"]["compute_s"] for s in plan.to_dict()["stages"]]
     assert times[2] > 0.5 * times[1] / 2 and times[3] < 0.1 * times[2]
+
+
+def test_two_depths_are_one_block_on_one_stage(tmp_path):
+    """A review: with a block per depth the search split them over stages (which Megatron-Core
+    refuses), priced the embedding they read once per depth, and re-split a pinned layout."""
+    path = write_config(tmp_path, {**TINY_DEEPSEEK_V3, "num_nextn_predict_layers": 2})
+    prepared = planner.prepare(path, seq_len=64, cache_dir=None)
+    names = [b.name for b in prepared.blocks.blocks]
+    assert names[-2:] == ["model.norm..mtp.1", "lm_head"] and prepared.blocks.is_chain()
+    assert [s[:2] for s in prepared.blocks.shared] == [["model.embed_tokens",
+                                                        "model.norm..mtp.1"]]
+    plan = _plan(prepared, "Et*2|t*2|mm|L", "pp=4,schedule=1f1b")
+    assert [s["blocks"] for s in plan.to_dict()["stages"]][2:] == [["model.norm..mtp.1"],
+                                                                    ["lm_head"]]
+    args = megatron_args(to_megatron(plan, "core_v0.19.0"))
+    assert option(args, "--pipeline-model-parallel-layout") == "Et*2|t*2|mm|L"
+    assert option(args, "--mtp-num-layers") == "2"
+
+
+def test_a_plan_pricing_its_depth_inside_the_head_block_exports_it_on_the_last_stage(tiny_mtp):
+    """A review: a plan written before the depths had a block of their own (the depth inside
+    model.norm..lm_head) lost its m in the exported layout beside --mtp-num-layers."""
+    plan = _plan(tiny_mtp, "Et*2|t|t|mL", "pp=2,schedule=interleaved-1f1b")
+    d = plan.to_dict()
+    merged = "model.norm..lm_head"
+    last = d["stages"][-1]
+    last["blocks"] = [b for b in last["blocks"] if b not in ("model.norm..mtp.0", "lm_head")] + [
+        merged]
+    by = {b["name"]: b for b in d["model"]["blocks"]}
+    depth, head = by.pop("model.norm..mtp.0"), by.pop("lm_head")
+    joined = {**head, "name": merged, "modules": depth["modules"] + head["modules"],
+              "params": depth["params"] + head["params"]}
+    old = type(plan).from_dict({**d, "model": {**d["model"], "blocks": [*by.values(), joined]}})
+    args = megatron_args(to_megatron(old, "core_v0.19.0"))
+    assert option(args, "--pipeline-model-parallel-layout") == "Et*2|t|t|mL"
