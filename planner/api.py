@@ -24,7 +24,7 @@ from planner.errors import InfeasibleError, PlannerError, SpecError
 from planner.files import fspath_or_same
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
-from planner.inputs.zoo import RECSYS, ZOO
+from planner.inputs.zoo import RECSYS, ZOO, zoo_heads
 from planner.options import (LAYOUT_FOR_RECSYS, TRACE_METHODS, SearchOptions, TrainingSpec,
                              check_dtype, parse_fix, reserve_options)
 from planner import model_notes, settings, targets, traced
@@ -183,7 +183,7 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         problem = (options.layout and layout_pp_problem(options.layout, options.fix.get("pp"),
                                                         options.fix.get("vpp"))) \
             or cluster_pin_problem(dict(options.fix), cl.num_gpus, global_batch,
-                                   heads=zoo.attention_heads if zoo else 0)
+                                   heads=zoo_heads(model))
         length = seq_len or (zoo.seq_len if zoo else 0)
         if zoo and not problem and length <= (zoo.learned_positions or length):
             # and those its published dimensions rule out (a sequence longer than its learned

@@ -222,12 +222,14 @@ def with_layout(options: SearchOptions, prepared, hetero: bool = False) -> Searc
         raise SpecError("layout: a pinned layout splits the stages for one kind of GPU; on a "
                         "cluster of several kinds leave the split to the search")
     fix = dict(options.fix)
+    stages = len(parse_layout(options.layout))
+    if stages == 1:  # one stage is pp=1 (a new-user check was asked to pin it)
+        fix.setdefault("pp", 1)
     problem = layout_problem(options.layout, [b.recompute for b in prepared.blocks.blocks],
                              int(prepared.info.get("mtp_depths", 0) or 0), fix.get("pp"),
                              fix.get("vpp"))
     if problem:
         raise SpecError(problem)
-    stages = len(parse_layout(options.layout))
     fix["vpp"] = stages // fix["pp"]
     if fix["vpp"] > 1 and "interleaved-1f1b" not in targets.engine(options.target).schedules:
         raise SpecError(f"layout: {stages} stages on pp={fix['pp']} are {fix['vpp']} chunks per "
@@ -335,9 +337,10 @@ def note_cp_limit(cfg, training: TrainingSpec, options: SearchOptions, num_gpus:
             training.seq_len % cp_chunks(wider, options) or \
             cluster_pin_problem({"cp": wider}, num_gpus, training.global_batch):
         return
-    log.info("cp=%d is the widest context parallelism the search tries at %s tokens (each rank "
-             "keeps at least %s: SearchOptions.cp_min_tokens); --fix cp=%d prices a wider one",
-             cfg.cp, f"{training.seq_len:,}", f"{options.cp_min_tokens:,}", wider)
+    # (a warning, as the other advice after the search: a new-user check lost it under -q)
+    log.warning("cp=%d is the widest context parallelism the search tries at %s tokens (each "
+                "rank keeps at least %s: SearchOptions.cp_min_tokens); --fix cp=%d prices a wider "
+                "one", cfg.cp, f"{training.seq_len:,}", f"{options.cp_min_tokens:,}", wider)
 
 
 def hint_overlap(best, training: TrainingSpec, options: SearchOptions) -> None:

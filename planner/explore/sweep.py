@@ -31,6 +31,7 @@ from planner.explore.costs import (add_costs, check_tokens, gpus_by_device, pars
 from planner.explore.grid import (ENGINE_KEYS, TABLE_KEYS, UNITS, expand, point_cluster,
                                   point_engine, sharding_type)
 from planner.inputs.clusters import load_cluster
+from planner.inputs.zoo import zoo_heads
 from planner.logs import collected_warnings
 from planner.machine import usable_cores
 from planner.search.feasibility import cluster_pin_problem, reserve_problem
@@ -165,7 +166,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             "engine": target_engine(engine, target) if not recsys else engine_spec(engine),
             "top_k": top_k, "time_limit_s": time_limit_s, "target": target, "reserve": reserve,
             "recsys": recsys, "layout": layout, "table_stats": fspath_or_same(tables),
-            "calibration": fspath_or_same(calibration)}
+            "calibration": fspath_or_same(calibration), "heads": zoo_heads(model)}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row
     if "device" in vary:
@@ -358,7 +359,7 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
         problem = (not s["recsys"] and reserve_problem(cl, options)) or (
             "" if isinstance(cl, HeteroCluster) else
             (s["layout"] and layout_pp_problem(s["layout"], fix.get("pp"), fix.get("vpp")))
-            or cluster_pin_problem(dict(fix), cl.num_gpus, s["global_batch"]))
+            or cluster_pin_problem(dict(fix), cl.num_gpus, s["global_batch"], heads=s["heads"]))
         # (before any trace, as planner.plan)
         if problem:
             raise SpecError(problem)

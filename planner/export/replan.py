@@ -14,7 +14,8 @@ from planner import targets
 from planner.errors import SpecError
 from planner.export import moe
 from planner.inputs.calibration import CALIBRATED
-from planner.options import SearchOptions, fix_text, pp_inner_refused, zero_runs_with_cp
+from planner.options import (SearchOptions, fix_text, parse_layout, pp_inner_refused,
+                             zero_runs_with_cp)
 from planner.planfile.document import Plan
 
 
@@ -120,6 +121,11 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
         else:
             del kept_pins["recompute"]
         dropped = [*dropped, f"recompute moe_act {why}"]
+    layout = plan.search.get("options", {}).get("layout")
+    stages = len(parse_layout(layout)) if layout else 0
+    if stages and "interleaved-1f1b" not in eng.schedules and "pp" in kept_pins:
+        kept_pins["pp"] = stages  # one stage per rank (a new-user check was given the pp the
+        # plan had, which the layout then made interleaved on a target that runs no such schedule)
     pinned = fix_text(kept_pins)
     extra = "".join(f" --{k} {t[k]}" for k, default in (("dtype", "bf16"), ("optimizer", "adam"))
                     if t.get(k, default) != default)
@@ -128,7 +134,6 @@ def resolve_hint(plan: Plan, target: str, pins: dict | None = None, *,
     across = plan.search.get("options", {}).get("across_sites")
     if across:  # (a plan over sites made with --across-sites pipeline or replicas)
         extra += f" --across-sites {across}"
-    layout = plan.search.get("options", {}).get("layout")
     if layout:  # (a plan whose stages were pinned with --layout)
         extra += f" --layout '{layout}'"
     extra += reserve_args(plan)

@@ -164,15 +164,23 @@ class ZooEntry:
         return next((int(self.config[k]) for k in ROUTED_KEYS if self.config.get(k)), 0)
 
     @property
-    def attention_heads(self) -> int:
-        """Query heads per attention layer (0: none given), which every tensor-parallel degree
-        divides."""
-        return int(self.config.get("num_attention_heads") or self.config.get("n_head") or 0)
+    def head_counts(self) -> tuple[int, ...]:
+        """Query and key/value heads per attention layer, as given (none: not given), which every
+        tensor-parallel degree divides."""
+        counts = (self.config.get("num_attention_heads") or self.config.get("n_head"),
+                  self.config.get("num_key_value_heads"))
+        return tuple(sorted({int(c) for c in counts if c}, reverse=True))
 
     @property
     def experts_per_token(self) -> int:
         """Routed experts each token goes to (top-k; 0: a dense model)."""
         return int(self.config.get("num_experts_per_tok", 0)) if self.routed_experts else 0
+
+
+def zoo_heads(model) -> tuple[int, ...]:
+    """ZooEntry.head_counts of ``model`` where it names a zoo model (else none)."""
+    entry = ZOO.get(model.lower()) if isinstance(model, str) else None
+    return entry.head_counts if entry else ()
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, desc: str, vocab: int = 51200,

@@ -135,7 +135,9 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
     if problem:
         return problem
     if etp > 1 and tp is not None and etp != tp:
-        return f"fix.etp: {etp} must be 1 or tp ({tp}); pin etp=1, or tp={etp} too"
+        other = "" if tp_reasons(etp, space, pinned=True) else f" (or tp={etp} instead)"
+        return (f"fix.etp: {etp} must be 1 or tp ({tp}); pin etp=1"
+                + (f" or etp={tp}" if tp > 1 else "") + other)
     etp_broken = tp_reasons(etp, space, pinned=True) if etp > 1 and tp is None else []
     if etp_broken:
         return (f"fix.etp: {etp} must be 1 or tp, and tp={etp} breaks a rule here "
@@ -301,6 +303,12 @@ def known_model_pin_problem(fix: dict, num_gpus: int, *, seq_len: int, experts: 
             or experts_pin_problem(fix, experts, num_gpus))
 
 
+def _heads_words(heads: tuple[int, ...]) -> str:
+    """'32 heads', or '32 query and 8 key/value heads' (ZooEntry.head_counts: largest first)."""
+    return f"{heads[0]} heads" if len(heads) == 1 else \
+        f"{heads[0]} query and {heads[1]} key/value heads"
+
+
 def gpus_words(space: Space) -> str:
     """The GPUs a pinned degree must divide, in words ('the cluster's {n} GPUs' to format with
     Space.num_gpus): on a cluster of device groups or sites, those every group's count shares,
@@ -310,19 +318,21 @@ def gpus_words(space: Space) -> str:
 
 
 def cluster_pin_problem(fix: dict, num_gpus: int, batch: int,
-                        whose: str = "the cluster's {n} GPUs", heads: int = 0) -> str:
+                        whose: str = "the cluster's {n} GPUs", heads: tuple[int, ...] = ()) -> str:
     """The part of pin_problem that needs no model (checked before tracing it): the pins against
     the cluster's GPUs (``whose``: gpus_words), the batch and each other (not the sequence: a
     model may set its own, as image models do from their patches). ``heads``, where known before
-    the trace (a zoo model's query heads), narrows the tp degrees offered to those dividing it."""
+    the trace (a zoo model's query and key/value heads: ZooEntry.head_counts), narrows the tp
+    degrees offered to those dividing them (a new-user check was offered tp=16 for Mixtral's 8
+    key/value heads, which the trace then refused)."""
     n, tp, pp, dp, cp = num_gpus, fix.get("tp"), fix.get("pp"), fix.get("dp"), fix.get("cp", 1)
     for key, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
         if value is not None and n % value:
             how = "is more than" if value > n else "does not divide"
-            by_heads = key == "tp" and heads > 0
-            offered = [d for d in divisors(n) if not by_heads or heads % d == 0]
+            by_heads = key == "tp" and bool(heads)
+            offered = [d for d in divisors(n) if not by_heads or all(h % d == 0 for h in heads)]
             return (f"fix.{key}: {value} {how} {whose.format(n=n)}; use one of {_some(offered)}"
-                    + (f" (dividing the model's {heads} heads)" if by_heads else ""))
+                    + (f" (dividing the model's {_heads_words(heads)})" if by_heads else ""))
     if None not in (tp, pp, dp) and tp * pp * dp * cp != n:
         return (f"fix: dp x cp x tp x pp = {dp * cp * tp * pp}, but the cluster has {n} GPUs; "
                 "pin degrees whose product is the number of GPUs, or leave one out")

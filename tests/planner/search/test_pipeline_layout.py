@@ -81,10 +81,41 @@ def test_the_plan_is_cut_where_the_layout_says_and_records_it(tiny_mtp):
                            r"\(vpp follows: pp x vpp = 4\)"),
     # (a new-user check: pp=1 pinned vpp=4, refused as a vpp the user never gave)
     ("Et|t|t|tmL", "pp=1", r"4 stages, and pp=1 does not make them; use pp one of 2, 4"),
+    # (a new-user check was offered the pp it had pinned, the vpp it had pinned not named)
+    ("Et|t|t|tmL", "pp=4,vpp=2", r"4 stages on pp=4 are vpp=1, not 2; pin vpp=1 or leave vpp "
+                                 r"out \(it follows from the layout\)$"),
 ])
 def test_a_layout_that_does_not_fit_the_model_or_pins_is_refused(tiny_mtp, layout, fix, why):
     with pytest.raises(SpecError, match=rf"^layout: {why}"):
         _plan(tiny_mtp, layout, fix)
+
+
+def test_an_export_refusing_virtual_stages_suggests_one_stage_per_rank(tiny_mtp):
+    """4 stages on pp=2 interleave, which deepspeed does not run: its re-plan command pins pp=4
+    (a new-user check was given the plan's pp=2, which the layout then refused), and that plan
+    runs on deepspeed."""
+    from planner.export import export
+
+    with pytest.raises(SpecError, match=r"interleaved 1F1B") as err:
+        export(_plan(tiny_mtp, "Et|t|t|tmL"), "deepspeed")
+    command = str(err.value)
+    assert "--layout 'Et|t|t|tmL' --fix pp=4 --target deepspeed" in command
+    fix = command.split("--fix ")[1].split()[0]
+    plan = planner.plan_prepared(
+        tiny_mtp, planner.load_cluster("dgx-h100"), planner.TrainingSpec(global_batch=16,
+                                                                        seq_len=64),
+        planner.SearchOptions(fix=parse_fix(fix), top_k=0, layout="Et|t|t|tmL",
+                              target="deepspeed"))
+    assert (plan.parallel["pp"], plan.parallel["vpp"]) == (4, 1)
+
+
+def test_a_layout_of_one_stage_needs_no_pp_pin(tiny_mtp):
+    """One stage can only be pp=1 (a new-user check was asked to pin it)."""
+    plan = _plan(tiny_mtp, "Et*4mL", "tp=1")
+    assert (plan.parallel["pp"], plan.parallel["vpp"], len(plan.stages)) == (1, 1, 1)
+    with pytest.raises(SpecError, match=r"^layout: 1 stage is pp=1, not pp=2; pin pp=1 or "
+                                        r"leave pp out$"):
+        _plan(tiny_mtp, "Et*4mL", "pp=2")
 
 
 def test_a_pp_the_layout_rules_out_is_named_so_before_the_cluster_check(tmp_path):

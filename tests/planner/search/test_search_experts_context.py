@@ -562,6 +562,9 @@ def test_an_etp_that_fits_no_stage_is_named(tiny_mixtral):
                              r"nodes\), which no tp gives here with nodes of 8 GPUs; pin "
                              r"cp_comm=p2p or allgather$"),
     ("etp=16", r"fix\.etp: 16 must be 1 or tp, and tp=16"),
+    # (a new-user check was told to change the tp it pinned)
+    ("etp=4,tp=2", r"^fix\.etp: 4 must be 1 or tp \(2\); pin etp=1 or etp=2$"),  # (tp=4: no)
+    ("etp=2,tp=1", r"^fix\.etp: 2 must be 1 or tp \(1\); pin etp=1 \(or tp=2 instead\)$"),
     ("cp=8,dp=1,tp=1,pp=1", None),  # 256 tokens in 16 chunks of 16: allowed when pinned
     ("cp=1,cp_comm=a2a", r"fix\.cp_comm: a2a exchanges .* cp=1 has none; drop cp_comm or pin"),
     ("tp=2,sequence_parallel=false", r"fix\.sequence_parallel: false with tp=2, but a model with "

@@ -408,3 +408,20 @@ def test_a_tp_pin_refused_before_tracing_offers_degrees_the_heads_take(monkeypat
     with pytest.raises(SpecError, match=r"^fix\.tp: 5 does not divide the cluster's 8 GPUs; use "
                                         r"one of 1, 2, 4 \(dividing the model's 12 heads\)$"):
         planner.plan("gpt2", cluster="dgx-h100", global_batch=8, fix="tp=5")
+
+
+def test_a_tp_pin_refused_before_tracing_offers_degrees_the_key_value_heads_take(monkeypatch):
+    """Mixtral's 8 key/value heads rule out tp=16 and 32 on 64 GPUs, which its 32 query heads
+    take (a new-user check was offered them, then refused once traced), in plan and whatif."""
+    import planner
+    from planner import traced
+
+    monkeypatch.setattr(traced, "trace_model",
+                        lambda *a, **k: pytest.fail("traced before the check"))
+    message = (r"^fix\.tp: 3 does not divide the cluster's 64 GPUs; use one of 1, 2, 4, 8 "
+               r"\(dividing the model's 32 query and 8 key/value heads\)$")
+    with pytest.raises(SpecError, match=message):
+        planner.plan("mixtral-8x7b", cluster="dgx-h100", nodes=8, global_batch=256, fix="tp=3")
+    with pytest.raises(SpecError, match=message):
+        planner.whatif("mixtral-8x7b", cluster="dgx-h100", nodes=8, global_batch=256,
+                       fix="tp=3", vary={"ep": [2, 4]})
