@@ -130,6 +130,11 @@ class BlockCosts:
     """Expert dispatch and combine at the least any placement of the ep group gives
     (_least_dispatch_s), for the bounds and the stage split; the pricing replaces it by each
     pipeline rank's own under the placement (pricing.Split._expert_comm_s)."""
+    ep_comm_1f1b_s: np.ndarray | None = None
+    """The same where a pipeline without virtual stages keeps the overlapped dispatch
+    (EngineSpec.moe_overlap) off, which ``ep_comm_s`` prices as running (the least: the bounds
+    take it); None where the two agree. The stage split of such a pipeline takes this one, as its
+    pricing does (a new-user check saw moe_overlap=true, not run, change the plan's stages)."""
     cp_comm: str = "p2p"
     """The K/V exchange form these costs price (with cp > 1: the fastest of those allowed)."""
     shared_fwd_s: np.ndarray | None = None
@@ -153,11 +158,15 @@ class BlockCosts:
         t = self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s
         return t if self.ep_comm_s is None else t + self.ep_comm_s
 
-    def split_s(self, microbatches: int) -> list[float]:
-        """Per block, the seconds a stage split balances: ``time_s`` and, after the first of the
-        step's ``microbatches``, the gradient accumulation pass (as pricing counts them)."""
-        m = microbatches
-        return (self.time_s + (m - 1) / m * self.accumulate_s).tolist()
+    def split_s(self, cfg) -> list[float]:
+        """Per block, the seconds a stage split of configuration ``cfg`` balances: ``time_s``
+        (with the dispatch its pipeline runs: ep_comm_1f1b_s) and, after the first of the step's
+        micro-batches, the gradient accumulation pass (as pricing counts them)."""
+        m = cfg.num_microbatches
+        t = self.time_s
+        if self.ep_comm_1f1b_s is not None and cfg.pp > 1 and cfg.vpp == 1:
+            t = t - self.ep_comm_s + self.ep_comm_1f1b_s
+        return (t + (m - 1) / m * self.accumulate_s).tolist()
 
     def weight_grad_s(self, microbatches: int) -> np.ndarray:
         """Per block, ZB-H1's W of one micro-batch: the weight-gradient GEMMs and, after the
@@ -363,6 +372,11 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     costs.ep_comm_s = _least_dispatch_s(ma, cluster, training, tp=tp, cp=cp, ep=ep, etp=etp,
                                         micro_batch=micro_batch, recompute=recompute,
                                         costs=costs)
+    if costs.ep_comm_s is not None and engine.moe_overlap and not experts.overlap_blockers(
+            engine, ep=ep, recompute=recompute, dtype=training.dtype, pp=1, vpp=1):
+        costs.ep_comm_1f1b_s = _least_dispatch_s(
+            ma, cluster, training, tp=tp, cp=cp, ep=ep, etp=etp, micro_batch=micro_batch,
+            recompute=recompute, costs=costs, pp=2)
     return costs
 
 
@@ -382,21 +396,22 @@ def _op_saved_exchange(w, recompute: str, *, checkpointed, share: float, ep: int
 
 def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int,
                       cp: int, ep: int, etp: int, micro_batch: int, recompute: str,
-                      costs: BlockCosts) -> np.ndarray | None:
+                      costs: BlockCosts, pp: int = 1) -> np.ndarray | None:
     """Per block: the least expert dispatch and combine any placement of the ep (and etp) group
     gives: the least over every even count of its members per node, up to the most the node
     holding fewest can have (all on the fewest nodes, split as evenly as they allow), and with
     DeepEP also the all-to-all's (what an uneven group is priced as). Consecutive ranks are the
     cheapest where the node's links are the faster, but not with DeepEP (a node's links forward
     what the network brings: the more of the group a node holds, the more they carry) nor on a
-    cluster whose network outruns its node links."""
+    cluster whose network outruns its node links. ``pp``: 1, or more for a pipeline without
+    virtual stages (where the overlapped dispatch does not run)."""
     w = ma.work
     if ep * etp <= 1 or not np.any(w.dispatch_bytes):
         return None
     g = cluster.gpus_per_node
     engine = training.engine
     if engine.moe_overlap and experts.overlap_blockers(engine, ep=ep, recompute=recompute,
-                                                       dtype=training.dtype, pp=1, vpp=1):
+                                                       dtype=training.dtype, pp=pp, vpp=1):
         engine = dataclasses.replace(engine, moe_overlap=False)
     memo_key = None if experts.reads_compute(engine, ep) else (
         id(cluster), training.seq_len, engine, engine.replays_forward(recompute), micro_batch,

@@ -67,7 +67,7 @@ def _interleaved_split(cfg: Config, ma: ModelArrays, costs: BlockCosts, training
     may_fit = _ranks_may_fit(mem, cfg.pp, capacity)
     if part is None and may_fit:
         part = _partition(cfg, costs, dataclasses.replace(mem, capacity=capacity), splits)
-    times = costs.split_s(cfg.num_microbatches)
+    times = costs.split_s(cfg)
     even = even_partition(times, cfg.pp * cfg.vpp) if may_fit else None
     first = [even, part] if even is not None and (part is None or _interleaved_s(
         cfg, times, even.bounds) < (1.0 - EVEN_MARGIN) * _interleaved_s(cfg, times, part.bounds)) \
@@ -145,16 +145,16 @@ def _partition(cfg: Config, costs: BlockCosts, mem: StageMemory, splits: dict | 
     """planner.solve.chain.partition of ``costs``' block times under ``mem``, found once per
     ``splits``."""
     if splits is None:
-        return partition(costs.split_s(cfg.num_microbatches), cfg.pp * cfg.vpp, mem)
+        return partition(costs.split_s(cfg), cfg.pp * cfg.vpp, mem)
     # the block times, activations and transient bytes are those of ``costs`` (kept alive in
     # the value, so that its id is not reused)
     m = cfg.num_microbatches if costs.accumulate_s.any() else 0  # split_s depends on m only then
-    key = (id(costs), cfg.pp * cfg.vpp, m, tuple(mem.static), tuple(mem.in_flight), mem.capacity,
-           tuple(mem.shared))
+    no_virtual = cfg.pp > 1 and cfg.vpp == 1  # (and on this: BlockCosts.ep_comm_1f1b_s)
+    key = (id(costs), cfg.pp * cfg.vpp, m, no_virtual, tuple(mem.static), tuple(mem.in_flight),
+           mem.capacity, tuple(mem.shared))
     hit = splits.get(key)
     if hit is None or hit[0] is not costs:
-        hit = splits[key] = (costs, partition(costs.split_s(cfg.num_microbatches),
-                                              cfg.pp * cfg.vpp, mem))
+        hit = splits[key] = (costs, partition(costs.split_s(cfg), cfg.pp * cfg.vpp, mem))
     return hit[1]
 
 

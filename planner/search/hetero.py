@@ -245,12 +245,12 @@ def evaluate_hetero(cfg: Config, stage_group: list[int], ma: ModelArrays, hc: He
     costs = costs or _costs_of(cfg, ma, hc, training)
     if uniform(hc):  # every stage on the same device: the homogeneous exact split, with each
         cap = capacity_bytes(hc.groups[0], options)  # stage's sends across sites counted in
-        part = partition(costs[0].split_s(cfg.num_microbatches), cfg.pp,
+        part = partition(costs[0].split_s(cfg), cfg.pp,
                          stage_memory(cfg, costs[0], ma, training, cap),
                          offsets=crossing_offsets(hc, cfg, ma, stage_group))
     else:
         caps = [capacity_bytes(hc.groups[g], options) for g in stage_group]
-        part = partition_staged([costs[g].split_s(cfg.num_microbatches) for g in stage_group],
+        part = partition_staged([costs[g].split_s(cfg) for g in stage_group],
                                 cfg.pp,
                                 stage_memory(cfg, costs[0], ma, training, 0.0), caps)
     if part is None:
@@ -344,7 +344,7 @@ def refine_groups(est: Estimate, ma: ModelArrays, hc: HeteroCluster, training: T
     # a boundary between groups costs the sending stage the largest activation's send, both ways
     cut = float(np.max(ma.cut_bytes)) * cfg.micro_batch / cfg.tp if len(ma.cut_bytes) else 0.0
     cross = [[2 * c for c in row] for row in crossing_costs(hc, cfg, cut)] if hc.is_sites else None
-    res = solve_hetero([c.split_s(cfg.num_microbatches) for c in costs], slots, edges,
+    res = solve_hetero([c.split_s(cfg) for c in costs], slots, edges,
                        stage_memory(cfg, costs[0], ma, training, 0.0),
                        [capacity_bytes(g, options) for g in hc.groups],
                        time_limit_s=budget_s, seed=options.cpsat_seed, hint=(bounds, stage_group),

@@ -65,7 +65,7 @@ def refine_dag(est: Estimate, bg: BlockGraph, ma: ModelArrays, costs: BlockCosts
             hint[position[name]] = st.index
     edges = sorted({(position[e.src], position[e.dst]) for e in bg.edges})
     t0 = time.perf_counter()
-    res = solve_dag(costs.split_s(cfg.num_microbatches), edges, cfg.pp, mem, time_limit_s=budget_s,
+    res = solve_dag(costs.split_s(cfg), edges, cfg.pp, mem, time_limit_s=budget_s,
                     seed=options.cpsat_seed, hint=hint)
     took = time.perf_counter() - t0  # (said where it took a while: a what-if asks it per point)
     log.log(logging.INFO if took >= 1.0 else logging.DEBUG,

@@ -320,7 +320,7 @@ def test_an_interleaved_split_needs_its_ranks_to_fit_not_each_chunk_a_vpp_th(tin
         cluster = _small_node(2, memory_gb)
         costs = config_costs(ma, cluster, training, cfg)
         cap = capacity_bytes(cluster, options)
-        per_chunk = partition(costs.split_s(cfg.num_microbatches), 4,
+        per_chunk = partition(costs.split_s(cfg), 4,
                               stage_memory(cfg, costs, ma, training, cap))
         try:
             est = evaluate(cfg, ma, costs, cluster, training, options)
@@ -357,7 +357,7 @@ def test_an_interleaved_split_is_no_slower_than_the_even_one_where_that_fits(tmp
     for memory_gb in [0.95 + 0.005 * i for i in range(100)]:
         cluster = _small_node(4, memory_gb)
         costs = config_costs(ma, cluster, training, cfg)
-        even = Split(cfg, even_partition(costs.split_s(cfg.num_microbatches), 8).bounds, ma,
+        even = Split(cfg, even_partition(costs.split_s(cfg), 8).bounds, ma,
                      costs, training)
         if even.peak_memory_bytes > capacity_bytes(cluster, options):
             continue

@@ -549,6 +549,32 @@ def test_an_etp_that_fits_no_stage_is_named(tiny_mixtral):
         _plan(tiny_mixtral, "ep=2,etp=2,pp=4", nodes=3, cluster="pcie-4090", gb=12)
 
 
+def test_a_pipeline_without_virtual_stages_is_split_on_the_dispatch_it_runs(tiny_mixtral):
+    """moe_overlap does not run on a pipeline without virtual stages, which prices the dispatch
+    exposed: its stage split balances the exposed figures too, where pp=1 and interleaved ones
+    take the overlapped (a new-user check saw moe_overlap=true, not run, change the stages)."""
+    from costmodels.engine import engine_from_mapping
+    from planner.options import Config
+    from planner.search import costs
+
+    ma = costs.ModelArrays.from_blocks(tiny_mixtral.blocks)
+    cluster = planner.load_cluster("dgx-h100", nodes=2)
+
+    def split(overlap, pp, vpp):
+        training = planner.TrainingSpec(global_batch=64, seq_len=tiny_mixtral.seq_len,
+                                        engine=engine_from_mapping(f"moe_overlap={overlap}"))
+        c = costs.block_costs(ma, cluster, training, tp=1, sp=False, recompute="none",
+                              micro_batch=1, ep=8)
+        cfg = Config(dp=16 // pp, tp=1, pp=pp, micro_batch=1, num_microbatches=8 // pp,
+                     schedule="interleaved-1f1b" if vpp > 1 else "1f1b", recompute="none",
+                     zero=1, vpp=vpp, ep=8)
+        return np.array(c.split_s(cfg))
+
+    np.testing.assert_allclose(split("true", 2, 1), split("false", 2, 1))
+    for pp, vpp in ((1, 1), (2, 2)):  # (the overlap runs: the exposed part is smaller)
+        assert split("true", pp, vpp).sum() < split("false", pp, vpp).sum(), (pp, vpp)
+
+
 @pytest.mark.parametrize("fix,words", [
     ("ep=3", "does not divide the model's 8 experts; use one of 1, 2, 4, 8"),
     ("cp=3", "does not divide the cluster's 8 GPUs; use one of 1, 2, 4, 8"),
