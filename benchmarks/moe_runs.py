@@ -164,7 +164,9 @@ none of its kernels from the host. The rows of other releases and the others of 
 capture at most parts of a layer (Transformer Engine graphs of attention, router and token
 preprocessing), priced with the fitted host time as every 25.09 and 25.11 row is. The same
 configurations also run fused grouped expert MLPs (CuTeDSL) and, on some rows, FP8 attention, which
-the planner does not price apart."""
+the planner does not price apart, except that gpt-oss's expert biases are added inside the fused
+MLP there, not one local expert at a time (moe_bias_loop=false: Megatron-Core's eager per-expert
+path splits by token counts on the host, which a captured iteration cannot)."""
 
 
 TP_OVERLAP = {"25.09": {("Qwen3_235B_a22B", "H100"), ("Qwen3_235B_a22B", "GB200")}}
@@ -360,10 +362,16 @@ memory (offload_optimizer): the Megatron-Core MoE report's DeepSeek-V3 on GB200 
 18, "Optimizer states offloading" under GB200). Every other row keeps them on the GPUs."""
 
 
+def _one_graph(r: dict) -> bool:
+    """Whether the row's release configuration replays the whole iteration as one CUDA graph
+    (FULL_ITERATION)."""
+    return _model_gpu(r) in FULL_ITERATION.get(_release(r), ())
+
+
 def host_op_s(r: dict, fitted: float) -> float:
     """The host time per op of the row's MoE layers: ``fitted``, or 0 where its release's
     configuration replays the whole iteration as one CUDA graph (FULL_ITERATION)."""
-    return 0.0 if _model_gpu(r) in FULL_ITERATION.get(_release(r), ()) else fitted
+    return 0.0 if _one_graph(r) else fitted
 
 
 def load_rows(path: str = DATA, first: int = 0) -> list[dict]:
@@ -387,7 +395,8 @@ def training_of(r: dict, moe_host_op_s: float = 0.0) -> TrainingSpec:
     capacity = "1.0" if "tokendrop" in r["variant"] else "0"
     engine = engine_from_mapping(f"megatron-core,fp8_recipe={recipe},moe_imbalance=1.0,"
                                  f"moe_capacity_factor={capacity},"
-                                 f"moe_host_op_s={host_op_s(r, moe_host_op_s)}"
+                                 f"moe_host_op_s={host_op_s(r, moe_host_op_s)},"
+                                 f"moe_bias_loop={str(not _one_graph(r)).lower()}"
                                  f"{software(r['source'])}{release_settings(r)}")
     return TrainingSpec(global_batch=int(r["gbs"]), seq_len=int(r["seq_len"]), dtype=dtype,
                         optimizer="adam", engine=engine)

@@ -405,6 +405,35 @@ def regroup_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_
     return elementwise_s(2.0 * REGROUP_PASSES * copies, kernels, device), kernels
 
 
+def bias_loop_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_batch: float,
+                tp: int, experts: Experts, word: float) -> tuple[float, float, float, float]:
+    """(forward seconds, backward seconds, forward kernels, backward kernels) of the routed
+    experts' output bias added one local expert at a time (EngineSpec.moe_bias_loop), over the
+    copies this rank's experts receive (the busiest rank's, gathered over etp), their elements
+    ``word`` bytes each. Forward: ``b * p`` and ``t + b * p`` per expert, the concatenation, and
+    a cast back where the probabilities are wider than the activations (fp32 with DeepEP, which
+    needs them so; the router's dtype, the model's, otherwise): a + 5r bytes an element (+ r + a
+    with the cast), r the wider of the two. Backward: per expert the two products' gradients
+    (a product and a reduction each), the split's concatenation of the outputs' gradients, the
+    casts: 6r + 2a (+ 2 (a + r)). (0, 0, 0, 0) where the engine fuses the bias or the experts
+    have none."""
+    if not engine.moe_bias_loop or not work.expert_bias or work.dispatch_bytes <= 0 or \
+            not work.num_experts:
+        return 0.0, 0.0, 0.0, 0.0
+    a = word
+    r = max(a, 4.0) if engine.moe_dispatcher == "deepep" else a
+    cast = r != a
+    elements = micro_batch * work.dispatch_bytes / tp * experts.load * experts.etp / a
+    local = max(1.0, work.num_experts / experts.ep)
+    layers = max(work.moe_layers, 1.0)
+    fwd_k = layers * (2.0 * local + 1.0 + cast)
+    bwd_k = layers * (4.0 * local + 1.0 + (local + 1.0 if cast else 0.0))
+    fwd_b = elements * (a + 5.0 * r + ((r + a) if cast else 0.0))
+    bwd_b = elements * (6.0 * r + 2.0 * a + (2.0 * (a + r) if cast else 0.0))
+    return (elementwise_s(fwd_b, fwd_k, device), elementwise_s(bwd_b, bwd_k, device), fwd_k,
+            bwd_k)
+
+
 def elementwise_s(nbytes: float, kernels: float, device: DeviceSpec,
                   per_kernel: float | None = None) -> float:
     """``kernels`` element-wise kernels moving ``nbytes`` in all: with a measured table (``plan
@@ -439,8 +468,11 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     # the alltoall dispatcher's regrouping by local expert, forward and backward alike
     regroup, regroup_kernels = regroup_s(work, device, engine, micro_batch=micro_batch, tp=tp,
                                          experts=experts)
-    fwd_s = gemm_f + attn_f + mem_f + regroup
-    bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f + regroup
+    # Megatron-Core's per-expert output bias (gpt-oss)
+    loop_f, loop_b, loop_fk, loop_bk = bias_loop_s(work, device, engine, micro_batch=micro_batch,
+                                                   tp=tp, experts=experts, word=DTYPE_BYTES[core])
+    fwd_s = gemm_f + attn_f + mem_f + regroup + loop_f
+    bwd_s = gemm_b + attn_b + MEMORY_BACKWARD_FACTOR * mem_f + regroup + loop_b
     cast_f = 0.0
     if dtype == "fp8":
         cast_f, cast_b = fp8_cast_s(work.gemms, device, engine.fp8_recipe,
@@ -448,7 +480,8 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         fwd_s, bwd_s = fwd_s + cast_f, bwd_s + cast_b
     # selective keeping the matrix multiplications' outputs: every other op of the forward again
     # (a fused attention kernel among them; eager attention's score GEMMs kept)
-    selective = attn_f + mem_f + regroup + cast_f if engine.selective == "matmuls" else None
+    selective = attn_f + mem_f + regroup + loop_f + cast_f if engine.selective == "matmuls" \
+        else None
     # op-level: its share of the dense weight GEMMs, the routed experts' whole (not saved)
     op_again = (gemm_f - gemm_attn - gemm_routed) * work.op_recompute_gemm_share + gemm_routed \
         + mem_f
@@ -476,7 +509,8 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
                     for g in work.gemms if g.linear]
         total = sum(n for n, _ in launches)
         host_bwd = host * (1.0 + (sum(n for n, grad in launches if grad) / total
-                                  if total else 1.0))
+                                  if total else 1.0)) + loop_bk * engine.moe_host_op_s
+        host += loop_fk * engine.moe_host_op_s
         device_bwd = bwd_s
         fwd_s, bwd_s = max(fwd_s, host), max(bwd_s, host_bwd)
         op_again = max(op_again, host * op_recomputed_kernel_share(work))

@@ -201,6 +201,16 @@ class EngineSpec:
     on), so the all-to-all moves etp times the copies; False: each rank all-to-alls its own
     tokens' copies and the etp ranks gather the copies after it (Megatron-Core's
     MoEAlltoAllTokenDispatcher)."""
+    moe_bias_loop: bool = False
+    """Routed experts with a bias vector each (gpt-oss) add their output bias outside the grouped
+    GEMM, weighted by the routing probabilities, one expert at a time: Megatron-Core's
+    TEGroupedMLP (its second GroupedLinear built with skip_bias_add, then _apply_bias: a split
+    of the outputs and of the probabilities by each local expert's tokens, ``t + b * p`` per
+    expert, a concatenation; core_v0.14.0 to core_v0.19.0). Priced as the element-wise passes
+    and kernels that runs (costmodels.compute.bias_loop_s); an iteration replayed as one CUDA
+    graph cannot run it (it splits by token counts on the host) and runs Transformer Engine's
+    fused grouped MLP instead. The megatron-core preset sets it; other engines fuse the bias
+    into their experts' code."""
     tp_overlap: bool = False
     """Tensor parallelism's collectives under sequence parallelism (the all-gathers and
     reduce-scatters around each layer's GEMMs) pipelined with those GEMMs, as Megatron-Core's
@@ -305,7 +315,8 @@ PRESETS: dict[str, dict] = {
                       "overlap_grad_reduce": False, "tp_grad_overlap": False},
     # Megatron-Core today: FlashAttention (Transformer Engine), fused kernels, overlapped
     # gradient reduction and weight gather (--overlap-grad-reduce, --overlap-param-gather)
-    "megatron-core": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True},
+    "megatron-core": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
+                      "moe_bias_loop": True},
     # torchtitan in eager mode: SDPA's flash backend (FlashAttention-2 kernels; PyTorch 2.5.1
     # made SDPA's cuDNN backend opt-in), one kernel per element-wise op, FSDP2's overlapped
     # reduce-scatter through its flat buffers, fp32 sharded states and fp32 reduction
@@ -341,7 +352,8 @@ PRESETS: dict[str, dict] = {
 """Engine settings of common training stacks, by name (``--engine megatron-core``); ``k=v`` pairs
 after the name override single settings."""
 
-PRESET_PROPERTIES = frozenset({"moe_probs_in_activation", "moe_etp_replicated", "fp8_experts"})
+PRESET_PROPERTIES = frozenset({"moe_probs_in_activation", "moe_etp_replicated", "fp8_experts",
+                               "moe_bias_loop"})
 """Settings that say how a software runs a mixture of experts, which its preset sets: not a
 choice a user makes about the run (no warning for dense models; not carried to another
 engine's re-plan)."""

@@ -57,7 +57,7 @@ def register(add) -> None:
                    "moe_dispatcher=alltoall|allgather|deepep, "
                    "moe_imbalance, moe_capacity_factor, moe_pad_to_capacity, moe_grouped_gemm, "
                    "moe_overlap, moe_shared_overlap, moe_etp_replicated, "
-                   "moe_probs_in_activation, fp8_experts=true|false, "
+                   "moe_probs_in_activation, moe_bias_loop, fp8_experts=true|false, "
                    "moe_host_op_s (seconds; README: MoE engine settings), and for "
                    "recommendation models host_op_s (seconds per op the host issues)")
     s.add_argument("--top-k", type=count, default=3, help="runners-up to keep (default 3)")

@@ -659,3 +659,63 @@ def test_the_alltoall_dispatcher_regroups_the_copies_by_local_expert_and_back():
                        recompute="none", engine=engine_from_mapping(f"moe_host_op_s={slow}"),
                        experts=Experts(ep=8))
     assert bound.fwd_s == pytest.approx((200 + 2) * slow)
+
+
+def test_megatron_core_adds_biased_experts_outputs_bias_one_local_expert_at_a_time():
+    """gpt-oss's experts add a bias each after their last GEMM: Megatron-Core (core_v0.14.0 to
+    core_v0.19.0, TEGroupedMLP._apply_bias) splits the outputs and the routing probabilities by
+    local expert and runs ``t + b * p`` per expert, then concatenates: forward 2 kernels an expert
+    and a + 5r bytes an element, backward 4 kernels an expert and 6r + 2a bytes (r: the wider of
+    the activations, a, and the probabilities, fp32 with DeepEP, so a cast each way). Where the
+    engine fuses the bias (other presets), or the experts have none, nothing."""
+    from costmodels.compute import bias_loop_s, block_time
+    from costmodels.engine import PRESETS
+    from costmodels.hardware import DEVICES
+    from costmodels.workload import BlockWork
+
+    up = Gemm(batch=1, m=4096 * 4, n=2 * 2880, k=2880, split=SPLIT_N, experts=128)
+    copies = 4096 * 4 * 2880 * 2  # one sample's copies at the hidden width, bf16
+    work = BlockWork(gemms=(up,), num_experts=128, kernels_eager=100.0, kernels_fused=10.0,
+                     mem_bytes_rep=1e8, fused_bytes_rep=5e7, dispatch_bytes=copies,
+                     moe_layers=1.0, expert_bias=1.0)
+    b200 = DEVICES["b200"]
+    megatron = engine_from_mapping("megatron-core,moe_host_op_s=0")
+    assert megatron.moe_bias_loop and PRESETS["megatron-core"]["moe_bias_loop"]
+
+    def loop(engine, ep=8, work=work):
+        return bias_loop_s(work, b200, engine, micro_batch=2, tp=1, experts=Experts(ep=ep),
+                           word=2.0)
+
+    elements = 2 * copies / 2  # two samples' copies this rank receives, 2 bytes each
+    fwd, bwd, fwd_k, bwd_k = loop(megatron)
+    assert (fwd_k, bwd_k) == (2 * 16 + 1, 4 * 16 + 1)  # 16 local experts at ep 8
+    assert fwd == pytest.approx(12 * elements / b200.memory_bytes_per_s
+                                + fwd_k * b200.kernel_overhead_s)
+    assert bwd == pytest.approx(16 * elements / b200.memory_bytes_per_s
+                                + bwd_k * b200.kernel_overhead_s)
+    assert loop(megatron, ep=64)[2] == 2 * 2 + 1  # fewer local experts, fewer launches
+    deepep = engine_from_mapping("megatron-core,moe_dispatcher=deepep")  # fp32 probabilities
+    d_fwd, d_bwd, d_fk, d_bk = loop(deepep)
+    assert (d_fk, d_bk) == (2 * 16 + 2, 4 * 16 + 1 + 17)
+    assert d_fwd == pytest.approx(28 * elements / b200.memory_bytes_per_s
+                                  + d_fk * b200.kernel_overhead_s)
+    assert d_bwd == pytest.approx(40 * elements / b200.memory_bytes_per_s
+                                  + d_bk * b200.kernel_overhead_s)
+    for engine in (engine_from_mapping("torchtitan"), engine_from_mapping("deepspeed"),
+                   engine_from_mapping("megatron-core,moe_bias_loop=false")):
+        assert loop(engine) == (0.0, 0.0, 0.0, 0.0)
+    assert loop(megatron, work=dataclasses.replace(work, expert_bias=0.0)) == (0.0,) * 4
+
+    def times(engine, h=0.0):
+        t = block_time(work, b200, dtype="bf16", micro_batch=2, tp=1, sp=False,
+                       recompute="none", engine=dataclasses.replace(engine, moe_host_op_s=h),
+                       experts=Experts(ep=8))
+        return t.fwd_s, t.bwd_s
+
+    off = engine_from_mapping("megatron-core,moe_bias_loop=false")
+    assert times(megatron)[0] - times(off)[0] == pytest.approx(fwd)
+    assert times(megatron)[1] - times(off)[1] == pytest.approx(bwd)
+    # its launches join the layer's issue time where the host binds
+    slow = 1e-3
+    assert times(megatron, slow)[0] - times(off, slow)[0] == pytest.approx(fwd_k * slow)
+    assert times(megatron, slow)[1] - times(off, slow)[1] == pytest.approx(bwd_k * slow)
