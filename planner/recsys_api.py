@@ -87,6 +87,7 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
                 pipeline: str = "sparse-dist") -> Plan:
     """Shard a recommendation model's embedding tables (CP-SAT) with its dense part
     data-parallel; see README.md, "Recommendation models"."""
+    _check_dtype(dtype)
     cl = load_cluster(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
     if isinstance(cl, HeteroCluster):
         raise SpecError(f"cluster: {len(cl.groups)} node groups (sites or device types), but "
@@ -105,6 +106,16 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
     return plan_rec_prepared(prepared, cl, training, sharding=sharding, zero=zero,
                              table_optimizer=table_optimizer, pipeline=pipeline,
                              time_limit_s=time_limit_s, record_timing=record_timing)
+
+
+def _check_dtype(dtype: str) -> None:
+    """Refuse fp8 for a recommendation model: no part of it is priced in FP8 (its tables keep
+    their element size, its dense part its 16- or 32-bit GEMMs), and ``plan run`` runs fp32 only
+    (a new-user check got an fp8 plan priced as bf16, then refused by plan run)."""
+    if dtype == "fp8":
+        raise SpecError("dtype: fp8 does not apply to recommendation models (their tables and "
+                        "dense part are priced in fp32 or bf16; TorchRec trains them in fp32); "
+                        "use --dtype fp32 or bf16")
 
 
 @dataclass
@@ -164,6 +175,7 @@ def plan_rec_prepared(prepared: PreparedRec, cluster, training: TrainingSpec, *,
     from planner.search.dense_part import dense_options  # lazy: recsys only
     from planner.search.tables import RecOptions, plan_tables  # lazy: recsys only
 
+    _check_dtype(training.dtype)
     rec, info = prepared.rec, prepared.info
     entry = RECSYS.get((info.get("spec") or "").lower())
     default_opt = entry.optimizer if entry else ("sgd" if training.optimizer == "sgd" else "adam")

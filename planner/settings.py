@@ -174,9 +174,14 @@ def warn_unused_settings(prepared, training: TrainingSpec,
                         "moe_dispatcher=alltoall",
                         training.engine.moe_dispatcher)
         return
-    given = [f.name for f in dataclasses.fields(EngineSpec) if f.name.startswith("moe_")
-             and f.name not in PRESET_PROPERTIES  # how the software runs, set by its preset
-             and getattr(training.engine, f.name) != getattr(default, f.name)]
+    given = [f.name for f in dataclasses.fields(EngineSpec)
+             if (f.name.startswith("moe_") and f.name not in PRESET_PROPERTIES
+                 and getattr(training.engine, f.name) != getattr(default, f.name))
+             # how the software runs a mixture of experts, set by its preset: said where given
+             # (a new-user check gave fp8_experts=true to a dense fp8 plan and heard nothing),
+             # fp8_experts outside fp8 said above
+             or (f.name in PRESET_PROPERTIES and _given(training.engine, f.name)
+                 and (f.name != "fp8_experts" or training.dtype == "fp8"))]
     if given:
         log.warning("engine.%s: %s has no routed experts; %s change%s nothing here", given[0],
                     prepared.info.get("name", "the model"), ", ".join(given),

@@ -152,7 +152,19 @@ def _placements(p: Plan) -> list[str]:
             f"({pl['naive_s'] / pl['planned_s']:.2f}x)",
             f"                random            {pl['random_mean_s']:.4g} s mean of "
             f"{pl['random_samples']} ({pl['random_min_s']:.4g} to {pl['random_max_s']:.4g} s, "
-            f"{pl['random_mean_s'] / pl['planned_s']:.2f}x)", ""]
+            f"{pl['random_mean_s'] / pl['planned_s']:.2f}x)",
+            *(wrap(" " * 16 + RANDOM_FASTER, indent=" " * 17)
+              if pl["random_mean_s"] < pl["planned_s"] else []), ""]
+
+
+RANDOM_FASTER = ("(random placements faster than this plan spread a stage's replicas over several "
+                 "sites, which a pipeline over sites never does: fewer of its sends cross a link "
+                 "between sites, more of its gradient traffic does; data parallelism across "
+                 "whole sites, the replicas line where the plan has one, is the planner's form "
+                 "of that)")
+"""Said under the placements where random ones beat the plan on average (a new-user check read
+it as the search giving up speed): the search keeps every stage's tp x dp ranks inside one
+site."""
 
 
 def summary_dict(p: Plan) -> dict:
@@ -471,11 +483,12 @@ def _tp_overlap_unused(p: Plan) -> str:
 
 MOE_ACCURACY = ("accuracy: step times of mixtures of experts are this cost model's least certain: "
                 "on the published Megatron-Core MoE runs its held-out median error is 16.5%, and "
-                "some rows come out up to 2.5x too fast (Qwen3-30B-A3B dropless on H100, "
-                "GPT-OSS-120B on B200; docs/moe-accuracy.md)")
+                "some rows come out up to 2.5x too fast (Qwen3-30B-A3B dropless on H100; "
+                "GPT-OSS-120B on B200 2x; docs/moe-accuracy.md)")
 """Said under an MoE plan's step time and under a what-if of one: the figures of
 benchmarks/moe_runs.py --no-search (2026-12-07, sixth session: held out 16.5%; Qwen3-30B-A3B
-dropless on 16 H100 +145%, GPT-OSS-120B on B200 +122%); rerun it and update these with the cost
+dropless on 16 H100 +145%, GPT-OSS-120B on B200 +104% since 2026-12-07, seventh session: +122%
+before its experts' bias loop was priced); rerun it and update these with the cost
 model."""
 
 MOE_HOST_CAVEAT = ("; where MoE layers wait for the host, as here, a faster precision or GPU "
@@ -487,9 +500,9 @@ MOE_HOST_CAVEAT = ("; where MoE layers wait for the host, as here, a faster prec
 (``moe_host_wait_s``): benchmarks/moe_runs.py rows 0 and 1 (2026-12-06), published 3,848 and 4,357
 tokens/s per GPU, predicted 3,477 and 3,478 (3,530 and 3,435 on 2026-12-07, sixth session); rows
 7 and 205 (GPT-OSS-120B on 64 GB200, one and four samples per micro-batch: published 15,876 and
-16,640, predicted +3% and +87%); NVIDIA's Megatron-Core MoE report (arXiv 2603.07685, 4.3.6):
-partial CUDA graphs made DeepSeek-V3 on GB200 10% faster, where the host floor would give its MoE
-layers about 1.5x (docs/moe-accuracy.md)."""
+16,640, predicted -1% and +79%: +4% and +87% before the experts' bias loop); NVIDIA's
+Megatron-Core MoE report (arXiv 2603.07685, 4.3.6): partial CUDA graphs made DeepSeek-V3 on GB200
+10% faster, where the host floor would give its MoE layers about 1.5x (docs/moe-accuracy.md)."""
 
 
 def moe_accuracy(host_bound: bool) -> str:

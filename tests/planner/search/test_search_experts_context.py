@@ -1403,6 +1403,31 @@ def test_moe_settings_a_target_lacks_change_nothing_for_a_dense_model(tiny_llama
     assert any("has no routed experts" in r.message for r in caplog.records)
 
 
+@pytest.mark.parametrize("engine,dtype,said", [
+    ("megatron-core,fp8_experts=false", "fp8", "fp8_experts"),
+    ("megatron-core,moe_bias_loop=false", "bf16", "moe_bias_loop"),
+    ("torchtitan,moe_probs_in_activation=false", "bf16", "moe_probs_in_activation"),
+    ("megatron-core", "fp8", None),  # the preset's own: nothing given
+    ("torchtitan", "bf16", None),
+])
+def test_a_presets_moe_property_given_for_a_dense_model_is_said(tiny_llama, caplog, engine,
+                                                                dtype, said):
+    """A new-user check gave fp8_experts to a dense fp8 plan and heard nothing: the MoE settings a
+    preset carries are said when given otherwise, not when the preset sets them."""
+    from costmodels.engine import engine_from_mapping
+
+    training = planner.TrainingSpec(global_batch=64, seq_len=tiny_llama.seq_len, dtype=dtype,
+                                    engine=engine_from_mapping(engine))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        planner.plan_prepared(tiny_llama, planner.load_cluster("dgx-b200"), training,
+                              planner.SearchOptions(top_k=0))
+    notes = [r.message for r in caplog.records if "has no routed experts" in r.message]
+    assert notes == ([] if said is None else
+                     [f"engine.{said}: {tiny_llama.info['name']} has no routed experts; {said} "
+                      "changes nothing here"])
+
+
 def test_a_target_narrows_the_callers_search_options_without_replacing_them():
     from planner import targets
     mine = planner.SearchOptions(recompute=("none",))

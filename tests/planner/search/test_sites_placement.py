@@ -174,3 +174,26 @@ def test_a_dp_pin_wider_than_a_site_names_the_sites_gpus(prepared):
     # sites takes where the pipeline over them cannot (a review: refused before it was tried)
     plan = plan_prepared(prepared, hc, training, SearchOptions(fix=parse_fix("dp=8"), top_k=0))
     assert plan.parallel["dp"] == 8 and plan.parallel["dp_replicate"] == 4
+
+
+def test_random_placements_faster_than_the_plan_are_explained(prepared):
+    """A new-user check forced a pipeline over two sites on a slow link and saw every random
+    placement beat the plan, with nothing saying why: random draws spread a stage's replicas over
+    both sites, which the search never does. Said only where they are faster on average."""
+    from planner.report.summary import RANDOM_FASTER, summary
+
+    def two(bandwidth, latency):
+        return sites_from_mapping({"name": "two", "sites": [site("a", nodes=2), site("b", 2)],
+                                   "links": [{"between": ["a", "b"], "bandwidth": bandwidth,
+                                              "latency": latency, "per": "site"}]})
+
+    training = TrainingSpec(global_batch=1024, seq_len=256)
+    options = SearchOptions(top_k=0, across_sites="pipeline")
+    slow = plan_prepared(prepared, two("1Gbps", "1ms"), training, options)
+    placed = slow.search["placements"]
+    assert placed["random_mean_s"] < placed["planned_s"]
+    words = " ".join(summary(slow).split())
+    assert RANDOM_FASTER in words
+    fast = plan_prepared(prepared, two("3200Gbps", "3us"), training, options)
+    assert fast.search["placements"]["random_mean_s"] > fast.search["placements"]["planned_s"]
+    assert "random placements faster" not in summary(fast)
