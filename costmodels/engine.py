@@ -201,7 +201,7 @@ class EngineSpec:
     on), so the all-to-all moves etp times the copies; False: each rank all-to-alls its own
     tokens' copies and the etp ranks gather the copies after it (Megatron-Core's
     MoEAlltoAllTokenDispatcher)."""
-    moe_bias_loop: bool = False
+    moe_bias_loop: bool = True
     """Routed experts with a bias vector each (gpt-oss) add their output bias outside the grouped
     GEMM, weighted by the routing probabilities, one expert at a time: Megatron-Core's
     TEGroupedMLP (its second GroupedLinear built with skip_bias_add, then _apply_bias: a split
@@ -209,8 +209,9 @@ class EngineSpec:
     expert, a concatenation; core_v0.14.0 to core_v0.19.0). Priced as the element-wise passes
     and kernels that runs (costmodels.compute.bias_loop_s); an iteration replayed as one CUDA
     graph cannot run it (it splits by token counts on the host) and runs Transformer Engine's
-    fused grouped MLP instead. The megatron-core preset sets it; other engines fuse the bias
-    into their experts' code."""
+    fused grouped MLP instead. On by default, as the default engine is Megatron-Core's; the
+    torchtitan, torch and deepspeed presets set it false (their experts add the bias in their
+    own batched code)."""
     tp_overlap: bool = False
     """Tensor parallelism's collectives under sequence parallelism (the all-gathers and
     reduce-scatters around each layer's GEMMs) pipelined with those GEMMs, as Megatron-Core's
@@ -315,15 +316,15 @@ PRESETS: dict[str, dict] = {
                       "overlap_grad_reduce": False, "tp_grad_overlap": False},
     # Megatron-Core today: FlashAttention (Transformer Engine), fused kernels, overlapped
     # gradient reduction and weight gather (--overlap-grad-reduce, --overlap-param-gather)
-    "megatron-core": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
-                      "moe_bias_loop": True},
+    "megatron-core": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True},
     # torchtitan in eager mode: SDPA's flash backend (FlashAttention-2 kernels; PyTorch 2.5.1
     # made SDPA's cuDNN backend opt-in), one kernel per element-wise op, FSDP2's overlapped
     # reduce-scatter through its flat buffers, fp32 sharded states and fp32 reduction
     "torchtitan": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
                    "ddp_accumulates": False, "tp_grad_overlap": False,
                    "fsdp_copies": True, "fsdp_experts": True, "state_layout": "fsdp2",
-                   "cp_ring": "torch", "moe_etp_replicated": True, "fp8_experts": False},
+                   "cp_ring": "torch", "moe_etp_replicated": True, "fp8_experts": False,
+                   "moe_bias_loop": False},
     # torchtitan with torch.compile: element-wise chains of each transformer block fused by
     # Inductor; embedding, output projection and loss eager
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
@@ -332,7 +333,7 @@ PRESETS: dict[str, dict] = {
                            "fsdp_copies": True,
                            "fsdp_experts": True, "state_layout": "fsdp2", "cp_ring": "torch",
                            "moe_probs_in_activation": False, "moe_etp_replicated": True,
-                           "fp8_experts": False},
+                           "fp8_experts": False, "moe_bias_loop": False},
     # the planner's own runtime (`plan run`, --target torch): the model's own eager code with SDPA
     # (its flash backend: FlashAttention-2 kernels), replicate / fully_shard (FSDP2's buffer
     # copies; experts outside them), micro-batches always under torch.distributed.pipelining's
@@ -341,13 +342,13 @@ PRESETS: dict[str, dict] = {
     "torch": {"attention": "flash2", "kernels": "eager", "overlap_grad_reduce": True,
               "fsdp_copies": True, "pipelined_accumulation": True, "cp_ring": "runtime",
               "moe_probs_in_activation": False, "selective": "matmuls",
-              "tp_grad_overlap": False, "state_layout": "native"},
+              "tp_grad_overlap": False, "state_layout": "native", "moe_bias_loop": False},
     # DeepSpeed: ZeRO's own state layout, fused kernels, overlapped reduction (overlap_comm); its
     # ZeRO-1/2 optimizer gathers the updated weights inside step()
     "deepspeed": {"attention": "flash", "kernels": "fused", "overlap_grad_reduce": True,
                   "overlap_scope": "sharded", "overlap_param_gather": False,
                   "state_layout": "zero", "tp_grad_overlap": False,
-                  "moe_probs_in_activation": False},
+                  "moe_probs_in_activation": False, "moe_bias_loop": False},
 }
 """Engine settings of common training stacks, by name (``--engine megatron-core``); ``k=v`` pairs
 after the name override single settings."""

@@ -15,7 +15,8 @@ from planner.profile import DEVICES
 
 
 def register(add) -> None:
-    p = add("profile", help="measure this machine (GEMMs, bandwidth, collectives) for --calibration")
+    p = add("profile", help="measure this machine (GEMMs, bandwidth, collectives) for "
+            "--calibration; it takes minutes, its progress said as it goes")
     p.add_argument("--device", default="cpu", choices=DEVICES,
                    help="what to measure: this host's CPU (default) or its CUDA GPU")
     p.add_argument("--threads", type=positive_int, default=1,

@@ -173,6 +173,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
         for value in vary["device"]:
             get_device(value, "vary.device")
     tasks = [_task(i, point, base) for i, point in enumerate(grid)]
+    _say_idle_links(vary, tasks)
     failed = [_as_varied(t.point, t.error) for t in tasks if t.error]
     if failed and len(failed) == len(tasks):  # the shared settings are wrong: before any trace
         _refuse(failed)
@@ -226,6 +227,20 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     if prices or tokens is not None:
         add_costs(rows, prices, tokens)
     return [_ordered(r) for r in rows]
+
+
+def _say_idle_links(vary: Mapping, tasks: list[_Task]) -> None:
+    """Warn where a varied link is one no point's cluster uses: the link between nodes of
+    one-node clusters, the link inside a node of one-GPU nodes (a new-user check varied the
+    first on one node and got the same row at every point, with no word)."""
+    valid = [t.cluster for t in tasks if not t.error and isinstance(t.cluster, Cluster)]
+    for key, unused, what in (("inter_node_bandwidth", lambda c: c.nodes == 1,
+                               "one node, whose GPUs use no link between nodes"),
+                              ("intra_node_bandwidth", lambda c: c.gpus_per_node == 1,
+                               "one GPU a node, which uses no link inside a node")):
+        if key in vary and valid and all(unused(c) for c in valid):
+            log.warning("vary.%s: every point's cluster has %s; it changes nothing here (vary "
+                        "nodes or gpus_per_node with it)", key, what)
 
 
 def _bad_row(task: "_Task", reason: str) -> dict:

@@ -680,7 +680,9 @@ def test_megatron_core_adds_biased_experts_outputs_bias_one_local_expert_at_a_ti
                      moe_layers=1.0, expert_bias=1.0)
     b200 = DEVICES["b200"]
     megatron = engine_from_mapping("megatron-core,moe_host_op_s=0")
-    assert megatron.moe_bias_loop and PRESETS["megatron-core"]["moe_bias_loop"]
+    assert megatron.moe_bias_loop and EngineSpec().moe_bias_loop  # (the default's software)
+    assert not any(PRESETS[name]["moe_bias_loop"]
+                   for name in ("torchtitan", "torchtitan-compile", "torch", "deepspeed"))
 
     def loop(engine, ep=8, work=work):
         return bias_loop_s(work, b200, engine, micro_batch=2, tp=1, experts=Experts(ep=ep),

@@ -186,6 +186,22 @@ def test_a_point_shows_bandwidth_in_the_unit_it_is_priced_in(tiny_llama_config):
     assert [r["inter_node_GBps"] for r in rows] == [50, 12.5]
 
 
+def test_a_link_no_point_uses_is_said(tiny_llama_config, caplog):
+    """A new-user check varied the link between nodes on one node and got the same row at every
+    point, with no word; on two nodes the link is used, and nothing is said."""
+    def said(nodes):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            explore.whatif(tiny_llama_config, cluster="dgx-h100", nodes=nodes, global_batch=16,
+                           seq_len=64, fix="tp=1,pp=1", vary={"inter_node_bandwidth": [1, 50]})
+        return [r.getMessage() for r in caplog.records if "changes nothing" in r.getMessage()]
+
+    assert said(1) == ["vary.inter_node_bandwidth: every point's cluster has one node, whose GPUs "
+                       "use no link between nodes; it changes nothing here (vary nodes or "
+                       "gpus_per_node with it)"]
+    assert said(2) == []
+
+
 @pytest.mark.parametrize("vary,message", [
     ({"nodez": [1]}, "vary: unknown key 'nodez'; did you mean nodes?"),
     ({"nodes": [0]}, "vary.nodes: expected a positive integer"),
