@@ -193,7 +193,7 @@ def test_a_link_no_point_uses_is_said(tiny_llama_config, caplog):
         caplog.clear()
         with caplog.at_level("WARNING"):
             explore.whatif(tiny_llama_config, cluster="dgx-h100", nodes=nodes, global_batch=16,
-                           seq_len=64, fix="tp=1,pp=1", vary={"inter_node_bandwidth": [1, 50]})
+                           seq_len=64, fix="tp=1,pp=1", vary={"inter_node_bandwidth": [1]})
         return [r.getMessage() for r in caplog.records if "changes nothing" in r.getMessage()]
 
     assert said(1) == ["vary.inter_node_bandwidth: every point's cluster has one node, whose GPUs "
