@@ -165,11 +165,9 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     problem = reserve_problem(cl, options)
     if problem:
         raise SpecError(problem)
-    if across_sites != "auto" and not getattr(cl, "is_sites", False):
-        raise SpecError(f"across_sites: {across_sites} applies to a cluster of sites (the sites "
-                        "form of a cluster file); leave it out for this cluster")
-    if across_sites == "replicas" and len(set(hetero_kinds(cl))) > 1:  # before tracing
-        raise replicas.cannot_run(replicas.NOT_ONE_KIND)
+    problem = across_sites_problem(cl, across_sites)  # before tracing
+    if problem:
+        raise SpecError(problem)
     if isinstance(cl, HeteroCluster) and (not cl.is_sites or across_sites == "pipeline"):
         restrict(options)  # pins the device-group pricing cannot honour fail here, before tracing
     elif isinstance(cl, HeteroCluster):  # (sites: the replicas may honour pins the pipeline
@@ -199,6 +197,18 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
     return plan_prepared(prepared, cl, training, options, progress=progress,
                          record_timing=record_timing, warn_default_engine=False,
                          nearest_engine=True)
+
+
+def across_sites_problem(cluster, across_sites: str) -> str:
+    """'' or one line saying why ``across_sites`` (SearchOptions.across_sites) cannot apply to
+    ``cluster``: a pipeline or replicas asked for on a cluster that is not sites, replicas on
+    sites of several kinds. Needs no model."""
+    if across_sites != "auto" and not getattr(cluster, "is_sites", False):
+        return (f"across_sites: {across_sites} applies to a cluster of sites (the sites form of a "
+                "cluster file); leave it out for this cluster")
+    if across_sites == "replicas" and len(set(hetero_kinds(cluster))) > 1:
+        return str(replicas.cannot_run(replicas.NOT_ONE_KIND))
+    return ""
 
 
 def plan_prepared(prepared: Prepared, cluster, training: TrainingSpec,

@@ -12,7 +12,7 @@ from planner.cli.progress import Bar, per_plan_lines
 from planner.explore.costs import parse_prices
 from planner.explore.csv_rows import write_csv
 from planner.explore.grid import VARY_KEYS, parse_vary
-from planner.options import DTYPES, OPTIMIZERS, PIPELINES, TABLE_OPTIMIZERS
+from planner.options import ACROSS_SITES, DTYPES, OPTIMIZERS, PIPELINES, TABLE_OPTIMIZERS
 from planner.files import check_output
 from planner.report.figure import check_path
 from planner.report.plots import sweep_plots
@@ -63,6 +63,10 @@ def register(add) -> None:
     w.add_argument("--target", default="any", choices=TARGETS,
                    help="the engine every point is planned for, as for `plan solve --target` "
                         "(default any)")
+    w.add_argument("--across-sites", default="auto", choices=ACROSS_SITES,
+                   help="on sites of one kind, at every point: a pipeline over the sites, one "
+                        "site's plan on each site with data parallelism across them (replicas), "
+                        "or the faster of the two (default auto), as for `plan solve`")
     add_layout_flag(w, every_point=True)
     add_reserve_flags(w)
     w.add_argument("--workers", type=positive_int, help="processes (default: one per core)")
@@ -94,7 +98,7 @@ def run(args) -> int:
                             memory_reserve_fraction=args.memory_reserve_fraction,
                             memory_reserve_gb=args.memory_reserve_gb, layout=args.layout,
                             tables=args.tables, table_optimizer=args.table_optimizer,
-                            pipeline=args.pipeline,
+                            pipeline=args.pipeline, across_sites=args.across_sites,
                             progress=Bar(args.quiet, label="sweeping", unit=" points"))
     logging.getLogger("planner").info("swept %d points in %.1f s, traces included", len(rows),
                                       time.perf_counter() - t0)

@@ -90,7 +90,7 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
            target: str = "any", calibration=None,
            memory_reserve_fraction: float | None = None, memory_reserve_gb: float | None = None,
            layout: str | None = None, tables=None, table_optimizer: str | None = None,
-           pipeline: str | None = None,
+           pipeline: str | None = None, across_sites: str = "auto",
            progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Plan ``model`` at every point of the grid ``vary`` spans; one row per point, in grid order.
 
@@ -104,7 +104,9 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
     figures with the measured ones, as planner.plan's does; ``memory_reserve_fraction`` and
     ``memory_reserve_gb``: the memory every point keeps free per device, as planner.plan's;
     ``layout``: every point's pipeline stages pinned in Megatron-LM's notation, as
-    planner.plan's (a point whose pp does not divide its stages is a row saying so).
+    planner.plan's (a point whose pp does not divide its stages is a row saying so);
+    ``across_sites``: on clusters of sites, as planner.plan's (a point whose cluster is not
+    sites, with anything but auto, is a row saying so).
     Recommendation models: ``tables`` (a YAML path or mapping of table statistics),
     ``table_optimizer`` and ``pipeline`` as planner.plan's, at every point (the last two may
     be varied instead)."""
@@ -166,7 +168,8 @@ def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: i
             "engine": target_engine(engine, target) if not recsys else engine_spec(engine),
             "top_k": top_k, "time_limit_s": time_limit_s, "target": target, "reserve": reserve,
             "recsys": recsys, "layout": layout, "table_stats": fspath_or_same(tables),
-            "calibration": fspath_or_same(calibration), "heads": zoo_heads(model)}
+            "calibration": fspath_or_same(calibration), "heads": zoo_heads(model),
+            "across_sites": across_sites}
     for value in [cluster] if "cluster" not in vary else vary["cluster"]:
         load_cluster(value)  # a cluster name or file that does not load is bad input, not a row
     if "device" in vary:
@@ -368,10 +371,12 @@ def _task(index: int, point: tuple, base: dict) -> _Task:
         targets.check_dtype(s["target"], s["dtype"])
         options = targets.restrict(SearchOptions(fix=fix, top_k=s["top_k"],
                                                  time_limit_s=s["time_limit_s"],
-                                                 layout=s["layout"], **s["reserve"]),
+                                                 layout=s["layout"],
+                                                 across_sites=s["across_sites"], **s["reserve"]),
                                    s["target"])
         # (a recommendation model's table sharding keeps no reserve: planner.plan's check)
-        problem = (not s["recsys"] and reserve_problem(cl, options)) or (
+        problem = (not s["recsys"] and reserve_problem(cl, options)) or \
+            api.across_sites_problem(cl, s["across_sites"]) or (
             "" if isinstance(cl, HeteroCluster) else
             (s["layout"] and layout_pp_problem(s["layout"], fix.get("pp"), fix.get("vpp")))
             or cluster_pin_problem(dict(fix), cl.num_gpus, s["global_batch"], heads=s["heads"]))

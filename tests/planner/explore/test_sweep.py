@@ -675,3 +675,26 @@ def test_a_varied_knobs_refusal_is_worded_as_varied():
                                                       "cp_comm=p2p or allgather")
     assert _as_varied((("tp", 2),), "fix.cp_comm: pin cp_comm=p2p") == "fix.cp_comm: pin " \
         "cp_comm=p2p"  # (a pin of the sweep's, not a varied knob: as solve words it)
+
+
+def test_whatif_takes_across_sites_as_plan_solve_does(tiny_llama_config, tmp_path):
+    """A new-user check found no --across-sites in plan whatif: every point is planned with it,
+    as plan solve plans; a cluster that is not sites refuses anything but auto."""
+    site = ("{{name: {}, device: h100, nodes: 1, gpus_per_node: 8, "
+            "intra_node: {{bandwidth: 900GB/s, latency: 3us}}, "
+            "inter_node: {{bandwidth: 400Gbps, latency: 5us}}}}")
+    path = tmp_path / "sites.yaml"
+    path.write_text("name: two\nsites:\n" + "".join(f"  - {site.format(n)}\n" for n in "ab")
+                    + "links:\n  - {between: [a, b], bandwidth: 1Gbps, latency: 1ms, per: site}\n")
+
+    def rows(across):
+        return explore.whatif(tiny_llama_config, cluster=str(path), global_batch=64,
+                              seq_len=64, vary={"inter_region_bandwidth": ["1Gbps"]},
+                              across_sites=across)
+
+    (replicated,) = rows("replicas")
+    (piped,) = rows("pipeline")
+    assert replicated["dp_replicate"] == 2 and piped["dp_replicate"] == 1
+    with pytest.raises(SpecError, match=r"^across_sites: pipeline applies to a cluster of sites"):
+        explore.whatif(tiny_llama_config, cluster="dgx-h100", global_batch=64, seq_len=64,
+                       vary={"nodes": [1, 2]}, across_sites="pipeline")
