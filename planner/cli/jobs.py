@@ -20,8 +20,8 @@ def register(add) -> None:
                         "count, nodes and start with CP-SAT; compare with running the jobs one "
                         "after another on the whole cluster and with an equal split of the GPUs.")
     j.add_argument("jobs", nargs="?", metavar="JOBS.yaml",
-                   help="jobs file: jobs (name, model, global_batch, steps[, seq_len, priority, "
-                        "deadline_s]) and optionally cluster, nodes")
+                   help="jobs file: jobs (name, model, global_batch, steps[, seq_len, dtype, "
+                        "priority, deadline_s]) and optionally cluster, nodes")
     j.add_argument("--cluster", help="preset or cluster YAML (overrides the jobs file)")
     j.add_argument("--nodes", type=positive_int, help="override the number of nodes")
     j.add_argument("-o", "--output", help="write the schedule JSON here")

@@ -24,7 +24,7 @@ from planner.files import atomic_write, read_json_object
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO, unknown_model
 from planner.jobs.spec import JobSpec, JobsSpec, checked_fields
-from planner.jobs.tables import TableRow, build_tables, model_tables
+from planner.jobs.tables import TableRow, build_tables, model_tables, trace_key
 from planner.options import ScheduleOptions, SearchOptions
 from planner.planfile.document import clean
 from planner.solve.job_grid import JobRequest, Placement
@@ -115,6 +115,12 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
     given = cluster if cluster is not None else spec.cluster
     homogeneous(load_cluster(given))  # before resizing it: a cluster with groups has no nodes
     cl = load_cluster(given, nodes=nodes if nodes is not None else spec.nodes)
+    for i, job in enumerate(spec.jobs):  # a dtype the GPU lacks: before any trace
+        try:
+            cl.device.peak(job.dtype or "bf16")
+        except SpecError as exc:
+            raise SpecError(f"jobs[{i}].{str(exc).replace('choose --dtype', 'give a dtype')}") \
+                from None
     log.info("%d jobs on %s (%d node%s x %d GPUs)", len(spec.jobs), cl.name, cl.nodes,
              "" if cl.nodes == 1 else "s", cl.gpus_per_node)
     tables = build_tables(spec, cl, workers=workers)
@@ -138,6 +144,9 @@ def _check_models(spec: JobsSpec) -> None:
             if job.seq_len is not None:
                 raise SpecError(f"jobs[{i}].seq_len: {model} is a recommendation model, whose "
                                 "samples are not token sequences; leave seq_len out")
+            if job.dtype not in (None, "fp32"):
+                raise SpecError(f"jobs[{i}].dtype: {model} is a recommendation model, planned "
+                                "in fp32 (TorchRec's tables); leave dtype out")
             continue
         path = model.partition(":")[0] if ".py:" in model else model
         if ".py:" in model or model.endswith(".json"):
@@ -182,7 +191,9 @@ def replan(doc: dict, *, done: list[str], now_s: float,
     if not keep:
         raise SpecError(f"replan: every job has ended by --now {now_s:g} s; nothing to schedule")
     cl = load_cluster(doc["cluster"]["spec"])
-    jobs = [JobSpec(**{f.name: rec[f.name] for f in fields(JobSpec)}) for rec in keep]
+    # (a schedule written before a job took a dtype has none: bf16)
+    jobs = [JobSpec(**{f.name: rec[f.name] for f in fields(JobSpec) if f.name in rec})
+            for rec in keep]
     tables = {rec["name"]: [TableRow(**row) for row in rec["table"]] for rec in keep}
     requests = [_request(rec, now_s) for rec in keep]
     result = solve_jobs(requests, cl.nodes, cl.gpus_per_node, options, now_s=now_s)
@@ -210,11 +221,11 @@ def _plans_for(records, jobs, placements, cluster) -> list[dict | None]:
     todo: dict[tuple, list[int]] = {}
     for i, (job, plan) in enumerate(zip(jobs, plans)):
         if plan is None:
-            todo.setdefault((job.model, job.seq_len), []).append(i)
-    for (model, seq_len), idx in todo.items():
+            todo.setdefault(trace_key(job), []).append(i)
+    for key, idx in todo.items():
         counts = sorted({placements[i].gpus for i in idx})
-        log.info("re-planning %s for %s GPUs", model, ", ".join(map(str, counts)))
-        rows = model_tables(model, seq_len, [jobs[i] for i in idx], cluster, counts,
+        log.info("re-planning %s for %s GPUs", key[0], ", ".join(map(str, counts)))
+        rows = model_tables(*key, [jobs[i] for i in idx], cluster, counts,
                             SearchOptions(top_k=0))
         for i in idx:
             row = _row(rows[jobs[i].name], placements[i].gpus)

@@ -15,6 +15,7 @@ from typing import Mapping
 from costmodels.errors import suggest
 from planner.errors import SpecError
 from planner.files import read_yaml
+from planner.options import DTYPES
 from planner.planfile.document import JOB_SEPARATOR
 
 
@@ -33,6 +34,9 @@ class JobSpec:
     seq_len: int | None = None
     """Tokens per sample; None: the model's default length (as plan solve takes it). A
     recommendation model's samples are not token sequences: it takes none."""
+    dtype: str | None = None
+    """Compute dtype (DTYPES: bf16, fp16, fp32, fp8); None: bf16, as plan solve takes it (a
+    recommendation model: fp32, its only one)."""
     priority: int = 1
     """Weight of its completion time in the weighted objective (integer >= 1)."""
     deadline_s: float | None = None
@@ -68,6 +72,9 @@ def jobs_from_mapping(data, *, base_dir: str = "") -> JobsSpec:
     specs = []
     for i, item in enumerate(jobs):
         kw = checked_fields(item, JobSpec, f"jobs[{i}]")
+        if kw.get("dtype") is not None and kw["dtype"] not in DTYPES:
+            raise SpecError(f"jobs[{i}].dtype: expected one of {', '.join(DTYPES)}, got "
+                            f"{kw['dtype']!r}")
         kw["model"] = _model_path(kw["model"], base_dir)
         specs.append(JobSpec(**kw))
     names = [s.name for s in specs]
@@ -87,6 +94,7 @@ def jobs_from_mapping(data, *, base_dir: str = "") -> JobsSpec:
 _CHECKS = {
     "name": (str, "a name"), "model": (str, "a MODEL (zoo name, config.json, file.py:factory)"),
     "global_batch": (int, "a positive integer"), "seq_len": (int, "a positive integer"),
+    "dtype": (str, f"one of {', '.join(DTYPES)}"),
     "steps": (int, "a positive integer"), "priority": (int, "a positive integer"),
     "deadline_s": ((int, float), "seconds > 0"), "nodes": (int, "a positive integer"),
     "cluster": ((str, dict), "a preset name, a YAML path or a cluster mapping"),

@@ -45,25 +45,26 @@ class TableRow:
 
 
 def _named(args: tuple) -> str:
-    """A (model, seq_len, ...) group of jobs as the progress lines name it."""
-    return f"{args[0]} at {args[1]:,} tokens" if args[1] else str(args[0])
+    """A (model, seq_len, dtype, ...) group of jobs as the progress lines name it."""
+    return (f"{args[0]} at {args[1]:,} tokens" if args[1] else str(args[0])) + \
+        (f" in {args[2]}" if args[2] else "")
 
 
 def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
                  search: SearchOptions = SearchOptions(top_k=0)) -> dict[str, list[TableRow]]:
     """For every job the best plan per candidate GPU count (counts where nothing fits are absent).
 
-    Each distinct (model, seq_len) is traced once; with ``workers`` > 1 distinct models are done
-    in parallel processes. The result does not depend on ``workers``.
+    Each distinct (model, seq_len, dtype) is traced once; with ``workers`` > 1 distinct models are
+    done in parallel processes. The result does not depend on ``workers``.
     """
     groups: dict[tuple, list[JobSpec]] = {}
     first: dict[tuple, int] = {}  # the jobs file's index of each group's first job
     for i, job in enumerate(spec.jobs):
-        groups.setdefault((job.model, job.seq_len), []).append(job)
-        first.setdefault((job.model, job.seq_len), i)
+        groups.setdefault(trace_key(job), []).append(job)
+        first.setdefault(trace_key(job), i)
     counts = candidate_counts(cluster.nodes, cluster.gpus_per_node)
-    args = [(model, seq, jobs, cluster, counts, search, f"jobs[{first[model, seq]}]")
-            for (model, seq), jobs in groups.items()]
+    args = [(*key, jobs, cluster, counts, search, f"jobs[{first[key]}]")
+            for key, jobs in groups.items()]
     t0, results = time.perf_counter(), {}
     if workers > 1 and len(args) > 1:
         # fork: the children start with torch imported (spawn re-imports it, about 5 s each);
@@ -85,23 +86,32 @@ def build_tables(spec: JobsSpec, cluster: Cluster, *, workers: int = 1,
     return {job.name: results[job.name] for job in spec.jobs}
 
 
-def model_tables(model: str, seq_len: int | None, jobs: list[JobSpec], cluster: Cluster,
-                 counts: list[int], search: SearchOptions,
+def trace_key(job: JobSpec) -> tuple:
+    """(model, seq_len, dtype): the jobs one trace serves."""
+    return job.model, job.seq_len, job.dtype
+
+
+def model_tables(model: str, seq_len: int | None, dtype: str | None, jobs: list[JobSpec],
+                 cluster: Cluster, counts: list[int], search: SearchOptions,
                  where: str = "jobs") -> dict[str, list[TableRow]]:
-    """Trace ``model`` once, then plan each job on each GPU count (a recommendation model: its
-    tables measured once, then sharded for each count its global batch divides over, its dense
-    part in fp32 with Adam, as plan solve plans it by default). A model that cannot be built or
-    traced is a SpecError naming ``where`` (the first of the jobs in the jobs file)."""
+    """Trace ``model`` once, in ``dtype`` (None: bf16), then plan each job on each GPU count (a
+    recommendation model: its tables measured once, then sharded for each count its global batch
+    divides over, its dense part in fp32 with Adam, as plan solve plans it by default). A model
+    that cannot be built or traced is a SpecError naming ``where`` (the first of the jobs in the
+    jobs file)."""
+    dtype = dtype or "bf16"
     try:
         rec = recsys_model(model)
         with warnings_named(f"job{'s' if len(jobs) > 1 else ''} "
                             f"{', '.join(j.name for j in jobs)}"):
-            prepared = prepare_recsys(model) if rec else prepare(model, seq_len=seq_len)
+            prepared = prepare_recsys(model) if rec else prepare(model, seq_len=seq_len,
+                                                                 dtype=dtype)
     except SpecError as exc:  # "seq_len: ..." -> "jobs[2].seq_len: ...", in the file's words
         raise SpecError(f"{where}.{str(exc).replace('--seq-len ', 'seq_len: ')}") from None
     out = {}
     for job in jobs:
-        training = TrainingSpec(global_batch=job.global_batch, seq_len=prepared.seq_len) \
+        training = TrainingSpec(global_batch=job.global_batch, seq_len=prepared.seq_len,
+                                dtype=dtype) \
             if not rec else TrainingSpec(global_batch=job.global_batch, seq_len=1, dtype="fp32")
         rows, why, said = [], "", {}
         for g in counts:

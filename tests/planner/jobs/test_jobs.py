@@ -279,6 +279,8 @@ def _with(path, value):
     (("jobz",), [], "jobz: unknown key; did you mean jobs?"),
     (("jobs",), [], "jobs: expected a non-empty list"),
     (("jobs", 0), "gpt2", "jobs[0]: expected a mapping"),
+    (("jobs", 0, "dtype"), "fp9", "jobs[0].dtype: expected one of bf16, fp16, fp32, fp8, got "
+                                  "'fp9'"),
 ])
 def test_jobs_file_is_strict(path, value, message):
     with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -491,6 +493,28 @@ def test_a_recommendation_model_is_scheduled_beside_a_language_model():
         jobs["towers"]["end_s"] - jobs["towers"]["start_s"], rel=0.05)
     lm = Plan.from_dict(jobs["lm"]["plan"])
     assert lm.training["seq_len"] == 1024  # gpt2's default
+
+
+def test_a_job_runs_in_its_own_dtype(tiny_llama_config):
+    """A new-user check could not schedule fp8 jobs on B200 (jobs took no dtype): each job is
+    traced and planned in its own; a dtype the GPU lacks, or one a recommendation model does not
+    run, is refused before any trace, naming the job."""
+    from planner.jobs import joint
+
+    def spec(*dtypes, model=tiny_llama_config):
+        return jobs_from_mapping({"jobs": [
+            {"name": f"j{i}", "model": model, "global_batch": 16, "steps": 10,
+             **({"seq_len": 64} if model == tiny_llama_config else {}),
+             **({"dtype": d} if d else {})} for i, d in enumerate(dtypes)]})
+
+    doc = joint.plan_jobs(spec("fp8", None), cluster="dgx-b200", nodes=1).doc
+    plans = [Plan.from_dict(j["plan"]) for j in doc["jobs"]]
+    assert [p.training["dtype"] for p in plans] == ["fp8", "bf16"]
+    assert [j["dtype"] for j in doc["jobs"]] == ["fp8", None]
+    with pytest.raises(SpecError, match=r"^jobs\[1\]\.dtype: device a100-80g has no fp8 "):
+        joint.plan_jobs(spec(None, "fp8"), cluster="dgx-a100-80g", nodes=1)
+    with pytest.raises(SpecError, match=r"^jobs\[0\]\.dtype: two-tower is a recommendation "):
+        joint.plan_jobs(spec("bf16", model="two-tower"), cluster="dgx-a100-80g", nodes=1)
 
 
 def test_a_weighted_schedule_prints_what_it_minimized():
