@@ -178,8 +178,9 @@ def warn_unused_settings(prepared, training: TrainingSpec,
              if (f.name.startswith("moe_") and f.name not in PRESET_PROPERTIES
                  and getattr(training.engine, f.name) != getattr(default, f.name))
              # how the software runs a mixture of experts, set by its preset: said where given
-             # (a new-user check gave fp8_experts=true to a dense fp8 plan and heard nothing),
-             # fp8_experts outside fp8 said above
+             # otherwise than the preset sets it (a new-user check gave fp8_experts to a dense
+             # fp8 plan and heard nothing; the preset's own value is no choice made), fp8_experts
+             # outside fp8 said above
              or (f.name in PRESET_PROPERTIES and _given(training.engine, f.name)
                  and (f.name != "fp8_experts" or training.dtype == "fp8"))]
     if given:
