@@ -484,7 +484,7 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
         else None
     # op-level: its share of the dense weight GEMMs, the routed experts' whole (not saved)
     op_again = (gemm_f - gemm_attn - gemm_routed) * work.op_recompute_gemm_share + gemm_routed \
-        + mem_f
+        + mem_f + loop_f
     # (the moe_act ops' share of the one-kernel-per-op bytes this GPU's memory-bound ops move,
     # without eager attention's scores where a fused kernel never makes them, as mem_f)
     per_gpu = (work.mem_bytes_tp - (work.eager_attn_bytes_tp if flash else 0.0)) / tp + \

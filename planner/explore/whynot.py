@@ -337,7 +337,7 @@ def hypothetical(cfg, prepared, cluster, training, options) -> Plan:
     pipeline simulated as the planner's own plans are."""
     ma = ModelArrays.from_blocks(prepared.blocks)
     costs = config_costs(ma, cluster, training, cfg)
-    part = partition(costs.time_s.tolist(), cfg.pp * cfg.vpp)
+    part = partition(costs.split_s(cfg), cfg.pp * cfg.vpp)  # (as the search balances them)
     est = simulated(price(cfg, part.bounds, ma, costs, cluster, training), training)
     result = SearchResult(best=est, alternatives=[], candidates=1, evaluated=1, status="fixed")
     return emit(model_info=prepared.info, opgraph=prepared.opgraph, bg=prepared.blocks,

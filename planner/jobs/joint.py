@@ -26,6 +26,7 @@ from planner.inputs.zoo import RECSYS, ZOO, unknown_model
 from planner.jobs.spec import JobSpec, JobsSpec, checked_fields
 from planner.jobs.tables import TableRow, build_tables, model_tables, trace_key
 from planner.options import ScheduleOptions, SearchOptions
+from planner.recsys_api import recsys_model
 from planner.planfile.document import clean
 from planner.solve.job_grid import JobRequest, Placement
 from planner.solve.job_queue import list_schedule
@@ -116,8 +117,8 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
     homogeneous(load_cluster(given))  # before resizing it: a cluster with groups has no nodes
     cl = load_cluster(given, nodes=nodes if nodes is not None else spec.nodes)
     for i, job in enumerate(spec.jobs):  # a dtype the GPU lacks: before any trace
-        try:
-            cl.device.peak(job.dtype or "bf16")
+        try:  # (a recommendation model runs fp32: bf16 is not asked of it)
+            cl.device.peak(job.dtype or ("fp32" if recsys_model(job.model) else "bf16"))
         except SpecError as exc:
             raise SpecError(f"jobs[{i}].{str(exc).replace('choose --dtype', 'give a dtype')}") \
                 from None

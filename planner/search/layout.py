@@ -62,7 +62,8 @@ def layout_pp_problem(layout: str, pp: int | None, vpp: int | None) -> str:
     if stages % pp or (vpp is not None and pp * vpp != stages) or (pp == 1 and stages > 1):
         fits = [d for d in range(2, stages + 1) if stages % d == 0] or [1]
         if stages == 1:
-            return f"layout: 1 stage is pp=1, not pp={pp}; pin pp=1 or leave pp out"
+            return (f"layout: 1 stage is pp=1, not pp={pp}; pin pp=1 or leave pp out" if pp > 1
+                    else f"layout: 1 stage is pp=1 x vpp=1, not vpp={vpp}; leave vpp out")
         return (f"layout: {stages} stages, and pp={pp}" + (f" x vpp={vpp}" if vpp else "")
                 + " does not make them; use pp " + (f"= {fits[0]}" if len(fits) == 1 else
                                                    f"one of {', '.join(map(str, fits))}")

@@ -716,6 +716,13 @@ def test_megatron_core_adds_biased_experts_outputs_bias_one_local_expert_at_a_ti
 
     off = engine_from_mapping("megatron-core,moe_bias_loop=false")
     assert times(megatron)[0] - times(off)[0] == pytest.approx(fwd)
+
+    def op_level(engine):  # what op-level checkpointing runs again: the loop's forward too
+        return block_time(work, b200, dtype="bf16", micro_batch=2, tp=1, sp=False,
+                          recompute="none",
+                          engine=dataclasses.replace(engine, moe_host_op_s=0.0),
+                          experts=Experts(ep=8)).op_recompute_s
+    assert op_level(megatron) - op_level(off) == pytest.approx(fwd)
     assert times(megatron)[1] - times(off)[1] == pytest.approx(bwd)
     # its launches join the layer's issue time where the host binds
     slow = 1e-3

@@ -517,6 +517,28 @@ def test_a_job_runs_in_its_own_dtype(tiny_llama_config):
         joint.plan_jobs(spec("bf16", model="two-tower"), cluster="dgx-a100-80g", nodes=1)
 
 
+def test_a_recommendation_job_is_checked_in_fp32_on_a_gpu_without_bf16(monkeypatch):
+    """A review: the dtype check asked bf16 of every job without one, so a recommendation model
+    (planned in fp32) was refused on V100s; it passes the check (the tables, stubbed here, come
+    next), a language model there is told to give a dtype."""
+    from planner.jobs import joint
+
+    class Tables(Exception):
+        pass
+
+    def reached(*a, **k):
+        raise Tables
+
+    monkeypatch.setattr(joint, "build_tables", reached)
+    job = {"name": "j", "global_batch": 64, "steps": 10}
+    with pytest.raises(Tables):
+        joint.plan_jobs(jobs_from_mapping({"jobs": [{**job, "model": "dlrm-criteo-1tb"}]}),
+                        cluster="dgx1-v100", nodes=1)
+    with pytest.raises(SpecError, match=r"^jobs\[0\]\.dtype: device v100 has no bf16 support"):
+        joint.plan_jobs(jobs_from_mapping({"jobs": [{**job, "model": "gpt2"}]}),
+                        cluster="dgx1-v100", nodes=1)
+
+
 def test_a_weighted_schedule_prints_what_it_minimized():
     """A new-user check: --objective weighted printed only makespans."""
     from planner.report.jobs import summary

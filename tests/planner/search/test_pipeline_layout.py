@@ -116,6 +116,9 @@ def test_a_layout_of_one_stage_needs_no_pp_pin(tiny_mtp):
     with pytest.raises(SpecError, match=r"^layout: 1 stage is pp=1, not pp=2; pin pp=1 or "
                                         r"leave pp out$"):
         _plan(tiny_mtp, "Et*4mL", "pp=2")
+    with pytest.raises(SpecError, match=r"^layout: 1 stage is pp=1 x vpp=1, not vpp=2; leave "
+                                        r"vpp out$"):  # (a review: it named pp=1 as wrong)
+        _plan(tiny_mtp, "Et*4mL", "vpp=2")
 
 
 def test_a_pp_the_layout_rules_out_is_named_so_before_the_cluster_check(tmp_path):
