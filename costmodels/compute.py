@@ -415,10 +415,11 @@ def bias_loop_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micr
     needs them so; the router's dtype, the model's, otherwise): a + 5r bytes an element (+ r + a
     with the cast), r the wider of the two. Backward: per expert the two products' gradients
     (a product and a reduction each), the split's concatenation of the outputs' gradients, the
-    casts: 6r + 2a (+ 2 (a + r)). (0, 0, 0, 0) where the engine fuses the bias or the experts
-    have none."""
+    casts: 6r + 2a (+ 2 (a + r)). (0, 0, 0, 0) where the engine fuses the bias, the experts
+    have none, or they run ungrouped (``moe_grouped_gemm=false``: Megatron-Core's SequentialMLP,
+    each expert's bias added inside its own Linear)."""
     if not engine.moe_bias_loop or not work.expert_bias or work.dispatch_bytes <= 0 or \
-            not work.num_experts:
+            not work.num_experts or not experts.grouped:
         return 0.0, 0.0, 0.0, 0.0
     a = word
     r = max(a, 4.0) if engine.moe_dispatcher == "deepep" else a

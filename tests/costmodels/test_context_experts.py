@@ -707,6 +707,9 @@ def test_megatron_core_adds_biased_experts_outputs_bias_one_local_expert_at_a_ti
                    engine_from_mapping("megatron-core,moe_bias_loop=false")):
         assert loop(engine) == (0.0, 0.0, 0.0, 0.0)
     assert loop(megatron, work=dataclasses.replace(work, expert_bias=0.0)) == (0.0,) * 4
+    # ungrouped experts (SequentialMLP) add theirs inside each expert's Linear (a review)
+    assert bias_loop_s(work, b200, megatron, micro_batch=2, tp=1,
+                       experts=Experts(ep=8, grouped=False), word=2.0) == (0.0,) * 4
 
     def times(engine, h=0.0):
         t = block_time(work, b200, dtype="bf16", micro_batch=2, tp=1, sp=False,
