@@ -391,6 +391,13 @@ dispatcher's receivers expand tokens into expert order once, which the traced mo
 already prices."""
 
 
+def received_bytes(work: BlockWork, *, micro_batch: float, tp: int, experts: Experts) -> float:
+    """Bytes of the routed token copies one micro-batch brings this rank's experts: the busiest
+    expert rank's (``load`` times the mean), gathered over the etp ranks, a tp rank holding 1/tp
+    of the tokens."""
+    return micro_batch * work.dispatch_bytes / tp * experts.load * experts.etp
+
+
 def regroup_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_batch: float,
               tp: int, experts: Experts) -> tuple[float, float]:
     """(seconds, kernels) of one forward's regrouping of the routed copies by local expert
@@ -400,7 +407,7 @@ def regroup_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micro_
     if engine.moe_dispatcher != "alltoall" or experts.ep <= 1 or \
             work.num_experts <= experts.ep or work.dispatch_bytes <= 0:
         return 0.0, 0.0
-    copies = micro_batch * work.dispatch_bytes / tp * experts.load * experts.etp
+    copies = received_bytes(work, micro_batch=micro_batch, tp=tp, experts=experts)
     kernels = float(REGROUP_PASSES) * max(work.moe_layers, 1.0)
     return elementwise_s(2.0 * REGROUP_PASSES * copies, kernels, device), kernels
 
@@ -424,7 +431,7 @@ def bias_loop_s(work: BlockWork, device: DeviceSpec, engine: EngineSpec, *, micr
     a = word
     r = max(a, 4.0) if engine.moe_dispatcher == "deepep" else a
     cast = r != a
-    elements = micro_batch * work.dispatch_bytes / tp * experts.load * experts.etp / a
+    elements = received_bytes(work, micro_batch=micro_batch, tp=tp, experts=experts) / a
     local = max(1.0, work.num_experts / experts.ep)
     layers = max(work.moe_layers, 1.0)
     fwd_k = layers * (2.0 * local + 1.0 + cast)
