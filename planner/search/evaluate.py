@@ -17,7 +17,7 @@ from planner.options import PLACEMENTS, Config, SearchOptions, TrainingSpec, pp_
 from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, stage_memory
 from planner.search.layout import layout_bounds
 from planner.search.pricing import Estimate, Split
-from planner.solve.chain import StageMemory, even_partition, partition
+from planner.solve.chain import StageMemory, even_partition, partition, rank_balanced
 
 
 def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
@@ -58,21 +58,32 @@ def _interleaved_split(cfg: Config, ma: ModelArrays, costs: BlockCosts, training
     """The split of an interleaved schedule's chunks: the split with 1/vpp of the GPU per chunk
     (``part``), or where none meets that and the ranks may fit, the split with the whole GPU per
     chunk (a rank's chunks may differ: the one with the output head holds more; their sum is
-    what must fit); and in place of either the even split of the time, where it fits and the
-    schedule's closed form on the chunk times (_interleaved_s) makes it faster by more than
-    EVEN_MARGIN. The step grows with the busiest rank's chunks together, which the slowest chunk
-    alone does not decide: a split that minimized the slowest chunk under its memory chose 1, 1,
-    1, 4, 5, 5, ... layers on a 70B model, its ranks' totals 5% apart, 6% slower (simulated)
-    than the even split it could hold."""
+    what must fit); and in place of either the even split of the time, or the faster of the two
+    with its cuts moved till the busiest rank's chunks together are lightest (chain.rank_balanced,
+    its ranks' memory kept within the GPU), the faster of these by the schedule's closed form
+    on the chunk times (_interleaved_s) where that makes it faster by more than EVEN_MARGIN. The
+    step grows with the busiest rank's chunks together, which the slowest chunk alone does not
+    decide: a split that minimized the slowest chunk under its memory chose 1, 1, 1, 4, 5, 5,
+    ... layers on a 70B model, its ranks' totals 5% apart, 6% slower (simulated) than the even
+    split it could hold; the even split of Llama-3 8B's 34 blocks into 2 x 4 chunks put 18
+    layers on one rank and 14 and the head on the other, 5% slower than the balanced one."""
     may_fit = _ranks_may_fit(mem, cfg.pp, capacity)
     if part is None and may_fit:
         part = _partition(cfg, costs, dataclasses.replace(mem, capacity=capacity), splits)
     times = costs.split_s(cfg)
     even = even_partition(times, cfg.pp * cfg.vpp) if may_fit else None
-    first = [even, part] if even is not None and (part is None or _interleaved_s(
-        cfg, times, even.bounds) < (1.0 - EVEN_MARGIN) * _interleaved_s(cfg, times, part.bounds)) \
-        else [part, even]
-    tried = [p for p in first if p is not None]
+    starts = [p for p in (part, even) if p is not None]
+    start = min(starts, key=lambda p: _interleaved_s(cfg, times, p.bounds), default=None)
+    balanced = start and _memo(
+        splits, ("balanced", cfg.pp, tuple(start.bounds), tuple(mem.static), tuple(mem.in_flight),
+                 capacity, tuple(mem.shared)), cfg, costs,
+        lambda: rank_balanced(times, cfg.pp, start, mem, capacity))
+    ranked = sorted({tuple(p.bounds): p for p in (even, balanced) if p is not None}.values(),
+                    key=lambda p: _interleaved_s(cfg, times, p.bounds))
+    first = ranked + [part] if ranked and (part is None or _interleaved_s(
+        cfg, times, ranked[0].bounds) < (1.0 - EVEN_MARGIN) * _interleaved_s(
+            cfg, times, part.bounds)) else [part] + ranked
+    tried = list({tuple(p.bounds): p for p in first if p is not None}.values())
     if not tried:
         raise InfeasibleError(_oom_message(cfg, mem), reason="out of memory")
     for p in tried[:-1]:  # Memory does not depend on placement: a split that does not fit is
@@ -84,11 +95,12 @@ def _interleaved_split(cfg: Config, ma: ModelArrays, costs: BlockCosts, training
 
 
 EVEN_MARGIN = 0.02
-"""How much faster the even split of an interleaved schedule's chunks must be, by the schedule's
-closed form, to replace the memory-bound split: the closed form does not see how unequal chunks
-of one round stall each other (Llama-3 70B on 128 H100 at pp 4 x 8: the even split, 2 and 3
-layers a chunk, 0.35% faster than the memory-bound one in closed form, simulated 27.12 s against
-26.50), nor where the simulated schedule holds more activations than it counts."""
+"""How much faster the even split of an interleaved schedule's chunks (or its rank-balanced one)
+must be, by the schedule's closed form, to replace the memory-bound split: the closed form does
+not see how unequal chunks of one round stall each other (Llama-3 70B on 128 H100 at pp 4 x 8:
+the even split, 2 and 3 layers a chunk, 0.35% faster than the memory-bound one in closed form,
+simulated 27.12 s against 26.50), nor where the simulated schedule holds more activations than
+it counts."""
 
 
 def _interleaved_s(cfg: Config, times: list[float], bounds: list[int]) -> float:
@@ -144,17 +156,24 @@ def _refused(cfg: Config, ma: ModelArrays, options: SearchOptions) -> str | None
 def _partition(cfg: Config, costs: BlockCosts, mem: StageMemory, splits: dict | None):
     """planner.solve.chain.partition of ``costs``' block times under ``mem``, found once per
     ``splits``."""
+    return _memo(splits, (cfg.pp * cfg.vpp, tuple(mem.static), tuple(mem.in_flight),
+                          mem.capacity, tuple(mem.shared)), cfg, costs,
+                 lambda: partition(costs.split_s(cfg), cfg.pp * cfg.vpp, mem))
+
+
+def _memo(splits: dict | None, key: tuple, cfg: Config, costs: BlockCosts, find):
+    """``find()`` (a split of ``costs``' block times for ``cfg``), found once per ``splits`` and
+    ``key`` (what the split depends on besides the block times)."""
     if splits is None:
-        return partition(costs.split_s(cfg), cfg.pp * cfg.vpp, mem)
+        return find()
     # the block times, activations and transient bytes are those of ``costs`` (kept alive in
     # the value, so that its id is not reused)
     m = cfg.num_microbatches if costs.accumulate_s.any() else 0  # split_s depends on m only then
     no_virtual = cfg.pp > 1 and cfg.vpp == 1  # (and on this: BlockCosts.ep_comm_1f1b_s)
-    key = (id(costs), cfg.pp * cfg.vpp, m, no_virtual, tuple(mem.static), tuple(mem.in_flight),
-           mem.capacity, tuple(mem.shared))
+    key = (id(costs), m, no_virtual, *key)
     hit = splits.get(key)
     if hit is None or hit[0] is not costs:
-        hit = splits[key] = (costs, partition(costs.split_s(cfg), cfg.pp * cfg.vpp, mem))
+        hit = splits[key] = (costs, find())
     return hit[1]
 
 
