@@ -22,7 +22,7 @@ from costmodels.topology import HeteroCluster
 from planner.emit import across_sites, emit
 from planner.errors import InfeasibleError, PlannerError, SpecError
 from planner.files import fspath_or_same
-from planner.inputs.calibration import apply_calibration
+from planner.inputs.calibration import apply_calibration, load_calibration
 from planner.inputs.clusters import load_cluster
 from planner.inputs.zoo import RECSYS, ZOO, zoo_heads
 from planner.options import (LAYOUT_FOR_RECSYS, TRACE_METHODS, SearchOptions, TrainingSpec,
@@ -119,12 +119,12 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
         if layout is not None:
             raise SpecError(LAYOUT_FOR_RECSYS)
         targets.check_recsys(target)
-        return plan_recsys(model, cluster=cluster, nodes=nodes, gpus_per_node=gpus_per_node,
-                           global_batch=global_batch, dtype="fp32" if dtype is None else dtype,
-                           optimizer=optimizer,
-                           fix=fix, time_limit_s=time_limit_s, calibration=calibration,
-                           engine=engine, record_timing=record_timing, tables=tables,
-                           table_optimizer=table_optimizer, pipeline=pipeline)
+        return _calibrated(plan_recsys(
+            model, cluster=cluster, nodes=nodes, gpus_per_node=gpus_per_node,
+            global_batch=global_batch, dtype="fp32" if dtype is None else dtype,
+            optimizer=optimizer, fix=fix, time_limit_s=time_limit_s, calibration=calibration,
+            engine=engine, record_timing=record_timing, tables=tables,
+            table_optimizer=table_optimizer, pipeline=pipeline), calibration)
     given = [name for name, is_given in (("tables", tables is not None),
                                          ("table_optimizer", table_optimizer is not None),
                                          ("pipeline", pipeline != "sparse-dist")) if is_given]
@@ -194,9 +194,18 @@ def plan(model, *, example_inputs=None, cluster, nodes: int | None = None,
                        trace_method=trace_method, cache_dir=cache_dir)
     training = TrainingSpec(global_batch=global_batch, seq_len=prepared.seq_len, dtype=dtype,
                             optimizer=optimizer, engine=eng)
-    return plan_prepared(prepared, cl, training, options, progress=progress,
-                         record_timing=record_timing, warn_default_engine=False,
-                         nearest_engine=True)
+    return _calibrated(plan_prepared(prepared, cl, training, options, progress=progress,
+                                     record_timing=record_timing, warn_default_engine=False,
+                                     nearest_engine=True), calibration)
+
+
+def _calibrated(made: Plan, calibration) -> Plan:
+    """``made`` recording the calibration that priced it (its cluster's ``calibration``), which
+    a re-pricing of the plan (plan show --why, an export's memory check) applies again
+    (planner.inputs.clusters.planned_cluster)."""
+    if calibration is not None:
+        made.cluster["calibration"] = load_calibration(calibration)
+    return made
 
 
 def across_sites_problem(cluster, across_sites: str) -> str:

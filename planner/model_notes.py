@@ -36,6 +36,10 @@ def say(prepared, seq_len: int | None) -> None:
                  "sample (a model that cuts the image into patches: give seq_len to count them, "
                  "and any tokens it prepends)", prepared.info["name"],
                  prepared.info["image_input"])
+    if prepared.info.get("features_input"):
+        log.info("%s: its first input is %s, [batch, features]: the plan counts one token per "
+                 "sample (a sequence along dim 1: give seq_len to count its tokens)",
+                 prepared.info["name"], prepared.info["features_input"])
     positions = prepared.info.get("max_position_embeddings")
     if positions:
         log.warning("%s: %s tokens per sequence, longer than the config's max_position_embeddings "

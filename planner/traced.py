@@ -95,7 +95,8 @@ def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_me
     tokens (None: the model's own; ``per_sample``: one sample of a model without sequences) in
     ``dtype`` by ``trace_method``, coarsened into blocks; a SpecError or TraceError naming what
     cannot be planned (no parameters, none trained, positions too few, no arithmetic traced)."""
-    from planner.trace.models import image_shape, resolve  # lazy: torch, transformers (seconds)
+    from planner.trace.models import (  # lazy: torch, transformers (seconds)
+        features_shape, image_shape, resolve)
     from planner.trace.tracers import counting_own_checkpoints, trace  # lazy: as above
 
     t0 = time.perf_counter()
@@ -192,4 +193,7 @@ def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_me
         info["image_input"] = image
     elif image and rm.source in ("factory", "module"):  # the caller counts the patches
         info["image_tokens"] = True
+    features = features_shape(rm.args, rm.kwargs)
+    if features and rm.seq_len == 1 and rm.source in ("factory", "module"):
+        info["features_input"] = features
     return Prepared(info=info, seq_len=rm.seq_len, dtype=dtype, opgraph=og, blocks=bg)

@@ -12,11 +12,11 @@ import re
 from dataclasses import dataclass
 
 from costmodels.engine import engine_from_mapping
-from costmodels.topology import CLUSTERS, HeteroCluster, cluster_from_mapping, get_cluster
+from costmodels.topology import HeteroCluster
 from planner import api, settings
 from planner.emit import emit
 from planner.errors import PlannerError, SpecError
-from planner.inputs.clusters import load_cluster
+from planner.inputs.clusters import planned_cluster
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec, parse_fix
 from planner.planfile.document import Plan
 from planner.report.compare import stage_blocks
@@ -233,20 +233,8 @@ def _untried(plan: Plan, variant: Plan, options: SearchOptions) -> list[str]:
 def replan_inputs(plan: Plan, pins: dict, model: str | None = None):
     """(prepared model, cluster, training, options) of the plan, with ``pins`` added to its fix;
     ``model``: the MODEL to trace instead of the plan's."""
-    c = plan.cluster
     spec = plan.model_spec(model)
-    if "groups" in c and "spec" in c:  # node groups or sites: the form its file had
-        cluster = load_cluster(c["spec"])
-    elif "groups" in c:
-        raise SpecError(f"why: the plan does not record the groups of cluster '{c['name']}' in "
-                        "full; re-create it with this planner version")
-    elif "spec" in c:
-        cluster = cluster_from_mapping(c["spec"], where="plan.cluster.spec")
-    elif c["name"] in CLUSTERS:
-        cluster = get_cluster(c["name"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"])
-    else:
-        raise SpecError(f"why: the plan does not record cluster '{c['name']}' in full; re-create "
-                        "it with this planner version")
+    cluster = planned_cluster(plan.cluster, "why")
     t = plan.training
     training = TrainingSpec(global_batch=t["global_batch"], seq_len=t["seq_len"], dtype=t["dtype"],
                             optimizer=t["optimizer"], engine=engine_from_mapping(t.get("engine")))

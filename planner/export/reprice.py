@@ -16,10 +16,11 @@ import logging
 from dataclasses import dataclass, replace
 
 from costmodels.engine import engine_from_mapping
-from costmodels.topology import CLUSTERS, cluster_from_mapping, get_cluster
+from costmodels.topology import cluster_from_mapping
 from planner import api
 from planner.errors import InfeasibleError, PlannerError, SpecError
 from planner.export import common, replan
+from planner.inputs.clusters import planned_cluster
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec
 from planner.planfile.document import Plan
 from planner.search.costs import ModelArrays, capacity_bytes, config_costs
@@ -156,12 +157,7 @@ def _cluster(plan: Plan, what: str, target: str):
     if "groups" in c:
         raise SpecError(f"export: cannot {what} on a cluster with node groups; re-plan with "
                         f"--target {target}")
-    if "spec" in c:
-        return cluster_from_mapping(c["spec"], where="plan.cluster.spec")
-    if c["name"] in CLUSTERS:
-        return get_cluster(c["name"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"])
-    raise SpecError(f"export: cannot {what}: the plan does not record cluster '{c['name']}' in "
-                    "full; re-create it with this planner version")
+    return planned_cluster(c, f"export: cannot {what}")
 
 
 def _bounds(plan: Plan, names: list[str]) -> list[int]:

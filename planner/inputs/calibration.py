@@ -117,7 +117,7 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
                         f"{stray[0]} beside it (a dtype's shapes refine its measured rates); {FIX}")
     device = dataclasses.replace(
         cluster.device,
-        name=f"{cluster.device.name} (calibrated)",
+        name=_named(cluster.device.name, " (calibrated)"),
         peak_flops={dt: _number(v, f"{where}: device.peak_TFLOPs.{dt}", positive=True) * TERA
                     for dt, v in _mapping(dev["peak_TFLOPs"],
                                           f"{where}: device.peak_TFLOPs").items()},
@@ -175,7 +175,13 @@ def apply_calibration(cluster: Cluster, calibration) -> Cluster:
                                               if cluster.intra_node.alltoall_efficiency
                                               is not None else None))
     return dataclasses.replace(cluster, device=device, intra_node=intra,
-                               name=f"{cluster.name}{CALIBRATED}")
+                               name=_named(cluster.name, CALIBRATED))
+
+
+def _named(name: str, suffix: str) -> str:
+    """``name`` with ``suffix`` once (a plan's calibrated cluster calibrated again as it is
+    re-priced keeps one)."""
+    return name if name.endswith(suffix) else f"{name}{suffix}"
 
 
 FIX = "re-run `plan profile`"

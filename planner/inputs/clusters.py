@@ -10,6 +10,7 @@ from costmodels.topology import (CLUSTERS, Cluster, HeteroCluster, cluster_from_
 from costmodels.sites import sites_from_mapping
 from planner.errors import SpecError
 from planner.files import as_path, read_yaml
+from planner.inputs.calibration import apply_calibration
 
 
 def load_cluster(spec, *, nodes: int | None = None,
@@ -48,6 +49,29 @@ def load_cluster(spec, *, nodes: int | None = None,
         raise SpecError(f"cluster: expected a preset name ({', '.join(CLUSTERS)}), a YAML path (a "
                         f"str or pathlib.Path) or a mapping, got {type(spec).__name__}")
     return with_overrides(cluster, nodes=nodes, gpus_per_node=gpus_per_node)
+
+
+def planned_cluster(record: Mapping, what: str) -> Cluster | HeteroCluster:
+    """The cluster a plan was made for, from its record (Plan.cluster): the form its file had
+    (groups or sites), its mapping, or its preset; with the calibration that priced it applied
+    again where the plan records one (the device's mapping keeps what a cluster file can set, not
+    the measured GEMM tables: without them a calibrated plan was re-priced 26% faster by its
+    own `plan show --why`). ``what``: what needs it, for the error."""
+    name = record.get("name")
+    if "groups" in record and "spec" in record:
+        return load_cluster(record["spec"])
+    if "groups" in record:
+        raise SpecError(f"{what}: the plan does not record the groups of cluster '{name}' in "
+                        "full; re-create it with this planner version")
+    if "spec" in record:
+        cluster = cluster_from_mapping(record["spec"], where="plan.cluster.spec")
+    elif name in CLUSTERS:
+        cluster = get_cluster(name, nodes=record["nodes"], gpus_per_node=record["gpus_per_node"])
+    else:
+        raise SpecError(f"{what}: the plan does not record cluster '{name}' in full; re-create "
+                        "it with this planner version")
+    calibration = record.get("calibration")
+    return cluster if calibration is None else apply_calibration(cluster, calibration)
 
 
 def _no_overrides(cluster: HeteroCluster, nodes, gpus_per_node) -> HeteroCluster:

@@ -12,8 +12,12 @@ ALWAYS = ("predicted", "step time by part")
 """Sections shown in full; the others list only what differs."""
 
 
-def diff(a: Plan, b: Plan, names: tuple[str, str] = ("A", "B"), max_stage_rows: int = 12) -> str:
-    """Two plans side by side: every difference, with its change from A to B."""
+def diff(a: Plan, b: Plan, names: tuple[str, str] | None = None,
+         max_stage_rows: int = 12) -> str:
+    """Two plans side by side: every difference, with its change from A to B. ``names``: what
+    A and B stand for (their files); by default each plan's model and configuration."""
+    if names is None:
+        names = (_named(a), _named(b))
     rows = [("", "A", "B", "change")]
     same, section, stage_rows = [], None, 0
     for d in compare.compare(a, b):
@@ -40,6 +44,11 @@ def diff(a: Plan, b: Plan, names: tuple[str, str] = ("A", "B"), max_stage_rows: 
     if same:
         tail += ["", *wrap("same in both: " + ", ".join(same))]
     return "\n".join(head + table(rows) + tail)
+
+
+def _named(p: Plan) -> str:
+    """A plan without a file, in words: its model and configuration."""
+    return f"{p.model.get('name', 'a plan')}: {p.parallel_summary}"
 
 
 def _value(v, kind: str) -> str:

@@ -4,6 +4,7 @@ recommendation plan's). Returns strings."""
 from __future__ import annotations
 
 from planner.report.text import listing, table
+from planner.units import counted
 
 
 def _ms(seconds) -> str:
@@ -41,7 +42,7 @@ def summary(result: dict, plan_name: str) -> str:
         f"({result['backend']}; "
         f"{'data parallel over dp x cp' if 'cp' in axes else 'data parallel'}: "
         f"{result['data_parallel']}), "
-        f"{len(result['ranks'][0]['step_times_s'])} steps, "
+        f"{counted(len(result['ranks'][0]['step_times_s']), 'step')}, "
         + (("the first" if m["warmup_steps"] == 1 else f"the first {m['warmup_steps']}")
            + " not timed" if m["warmup_steps"] else "all timed")
         + ((", nor the last (memory profile)" if m["warmup_steps"] else " but the last (memory "

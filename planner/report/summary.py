@@ -256,10 +256,11 @@ def _parallel(p: Plan) -> list[str]:
         f"{_without_flash(p)}{_overlap_off(p)}{_tp_overlap_unused(p)}",
         *breakdown(p),
         f"  throughput  {_samples(pr['samples_per_s'])} samples/s, {pr['tokens_per_s']:,.0f} "
-        f"tokens/s, {_tflops(pr['tflops_per_device'])} TFLOP/s per GPU, MFU {100 * pr['mfu']:.1f}%",
+        f"tokens/s, {_tflops(pr['tflops_per_device'])} TFLOP/s {_per(p)}, MFU "
+        f"{100 * pr['mfu']:.1f}%",
         *_flops(p),
         *_fp8(p),
-        f"  peak memory {gb1(pr['peak_memory_bytes'])} per GPU"
+        f"  peak memory {gb1(pr['peak_memory_bytes'])} {_per(p)}"
         + (f" of {dev_mem / GB:.0f} GB" if dev_mem and "groups" not in p.cluster else "")
         + ("" if "groups" not in p.cluster else " (device memory: " + ", ".join(
             f"{g['name']} {g['device_memory_bytes'] / GB:.0f} GB" for g in p.cluster["groups"])
@@ -392,6 +393,11 @@ def _fp8(p: Plan) -> list[str]:
                                                                              float("inf")))
                  else ""), indent=" " * 14),
     ]
+
+
+def _per(p: Plan) -> str:
+    """'per GPU', or 'per process' where the plan's cluster is CPU processes (the cpu preset)."""
+    return "per process" if str(p.cluster.get("device", "")).startswith("cpu") else "per GPU"
 
 
 def breakdown(p: Plan, bar_width: int = 24) -> list[str]:

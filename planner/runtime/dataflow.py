@@ -225,7 +225,9 @@ def _pre(name: str, mode: _Tags, flow: Dataflow, units: set):
         if name in units:
             if name in flow.needs:
                 raise SpecError(f"stages: module '{name}' runs more than once per forward; the "
-                                "runtime cuts stages by module and needs each to run once")
+                                "runtime cuts stages by module and needs each to run once: "
+                                "give each use a module of its own with the parameters tied "
+                                "(second.weight = first.weight), which it runs")
             flow.order.append(name)
             flow.needs[name] = {t for t in tags if t[0] in units or t[0] == "input"}
         flow.feeds.setdefault(name, set()).update(t[0] for t in tags)

@@ -250,6 +250,15 @@ def load_factory(spec: str):
             raise SpecError(f"model: importing '{target}' exited (SystemExit {exc.code}): the "
                             "file runs a script when imported (argument parsing, sys.exit); "
                             "put that under `if __name__ == \"__main__\":`") from None
+        except ImportError as exc:
+            if "relative import" not in str(exc):
+                raise SpecError(f"model: importing '{target}' failed: {type(exc).__name__}: "
+                                f"{(str(exc).splitlines() or [''])[0][:160]}; "
+                                f"{TRACEBACK_HINT}") from exc
+            package = os.path.splitext(os.path.normpath(target))[0].replace(os.sep, ".")
+            raise SpecError(f"model: '{target}' imports relatively (from . import ...), which "
+                            f"a file path cannot: name it as a module, e.g. {package}:{attr}, "
+                            "from the folder its package is in") from None
         except Exception as exc:
             raise SpecError(f"model: importing '{target}' failed: {type(exc).__name__}: "
                             f"{(str(exc).splitlines() or [''])[0][:160]}; {TRACEBACK_HINT}"
@@ -261,7 +270,10 @@ def load_factory(spec: str):
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            raise SpecError(f"model: cannot import '{target}' ({exc})") from None
+            missing = getattr(exc, "name", None)
+            hint = (f"; run from the folder that holds {missing.split('.')[0]}/ or add it to "
+                    "PYTHONPATH" if missing and target.startswith(missing) else "")
+            raise SpecError(f"model: cannot import '{target}' ({exc}){hint}") from None
         except SystemExit as exc:
             raise SpecError(f"model: importing '{target}' exited (SystemExit {exc.code}): the "
                             "module runs a script when imported (argument parsing, sys.exit); "
@@ -399,7 +411,10 @@ def _infer_batch(args, kwargs) -> int:
 
 def _infer_seq(args, kwargs, seq_len) -> int:
     """The tokens per sample: ``seq_len`` if given, else dim 1 of the first input (one for an
-    image's [batch, channels, height, width], whose dim 1 holds channels). Given, it
+    image's [batch, channels, height, width], whose dim 1 holds channels, and for a [batch,
+    features] floating input, whose dim 1 holds features: a new-user check saw a residual MLP
+    on 512 features priced as 512 tokens a sample, its tokens/s 512x and its active parameters
+    1/512 of its own). Given, it
     must agree with the inputs' token ids ([batch, tokens], integer) when they are the first
     input and every integer input of that rank has their shape (labels, a mask, same-length
     encoder and decoder ids): the trace prices the inputs' shapes, so another length would only
@@ -417,14 +432,28 @@ def _infer_seq(args, kwargs, seq_len) -> int:
                             f"(their token ids), not {int(seq_len)}; give inputs of that length (a "
                             "factory may take a seq_len argument) or leave seq_len out")
         if t is not None and t.dim() >= 2 and int(t.shape[1]) != int(seq_len) and \
-                not image_shape(args, kwargs):  # (an image's tokens are the caller's count)
+                not _one_per_sample(args, kwargs):  # (an image's tokens: the caller's count)
             log.warning("seq_len %d is not dim 1 of the first example input (%s): the plan is "
                         "priced from the inputs' shapes and reports %d tokens per sample",
                         int(seq_len), "x".join(map(str, t.shape)), int(seq_len))
         return int(seq_len)
-    if image_shape(args, kwargs):  # images: [batch, channels, ...]: one token per sample
+    if _one_per_sample(args, kwargs):  # [batch, channels, ...], [batch, features]
         return 1
     return int(t.shape[1]) if t is not None and t.dim() >= 2 else 1
+
+
+def _one_per_sample(args, kwargs) -> bool:
+    """Whether the first input holds no tokens along dim 1: an image's or features'."""
+    return bool(image_shape(args, kwargs) or features_shape(args, kwargs))
+
+
+def features_shape(args, kwargs) -> str:
+    """The first example input's shape (``16x512``) where it is [batch, features] floating
+    point, else ''."""
+    t = _first_tensor(args, kwargs)
+    if t is None or t.dim() != 2 or not t.is_floating_point():
+        return ""
+    return "x".join(map(str, t.shape))
 
 
 def image_shape(args, kwargs) -> str:

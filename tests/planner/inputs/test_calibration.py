@@ -249,3 +249,31 @@ def test_a_calibrated_link_keeps_its_presets_share_for_alltoalls():
     assert c.intra_node.alltoall_bytes_per_s == pytest.approx(370e9 * 0.68 / 0.82)
     cpu = apply_calibration(load_cluster("cpu"), CALIB)  # no figure of its own: as measured
     assert cpu.intra_node.alltoall_bytes_per_s == cpu.intra_node.effective_bytes_per_s
+
+
+def test_a_calibrated_plan_is_re_priced_with_its_calibration(tiny_llama_config, tmp_path):
+    """A new-user check saw `plan show --why` re-price a calibrated plan's own configuration 26%
+    faster: its cluster's device mapping keeps what a cluster file can set, not the measured
+    GEMM table. The plan records the calibration, and its configuration re-prices the same,
+    written and read back; the cluster is named calibrated once."""
+    import planner
+    from planner.explore.whynot import why_not
+    from planner.inputs.clusters import planned_cluster
+    from planner.planfile.document import load_plan
+
+    p = planner.plan(tiny_llama_config, cluster="cpu", gpus_per_node=2, global_batch=8,
+                     seq_len=64, dtype="fp32", calibration=CALIB, fix="dp=2,micro_batch=4")
+    assert p.cluster["calibration"] == load_calibration(CALIB)
+    path = tmp_path / "plan.json"
+    p.save(str(path))
+    again = load_plan(str(path))
+    cluster = planned_cluster(again.cluster, "why")
+    assert cluster.name == "cpu+calibration"
+    assert cluster.device.name == "cpu (calibrated)"
+    assert cluster.device.gemm_table == apply_calibration(load_cluster("cpu"), CALIB
+                                                          ).device.gemm_table
+    answer = why_not(again, "dp=2,micro_batch=4")
+    assert answer.variant.step_time_s == pytest.approx(p.step_time_s, rel=1e-6)
+    bare = dict(again.cluster)
+    bare.pop("calibration")  # as a plan written before: the data sheet's figures
+    assert planned_cluster(bare, "why").device.gemm_table != cluster.device.gemm_table

@@ -37,6 +37,8 @@ def test_recommendation_plans_compare_by_their_tables_and_parts():
     assert f"table {name} {old}, pooling 1 -> row_wise, pooling 3" in compare.headline(a, c)
     text = diff(a, b)
     assert "embedding tables" in text and "embedding all-to-all" in text
+    # plans without files are named by their model and configuration (not 'A = A')
+    assert text.startswith(f"A = {a.model['name']}: {a.parallel_summary}\n")
     # parts neither plan has (no pipeline: no bubble) are left out
     assert "pipeline bubble" not in text and "tensor-parallel all-reduce" not in text
     assert "samples/s" in text and "tokens/s" not in text

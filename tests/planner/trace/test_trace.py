@@ -697,3 +697,24 @@ def test_a_recurrent_layer_keeps_each_timesteps_gates_for_backward():
     saved = {k: b for op in prepared.opgraph.ops for k, b in op.saves}
     states = sum(b for k, b in saved.items() if k.endswith(":states"))
     assert states == pytest.approx(8 * hidden * steps * layers * 2)  # bf16, per sample
+
+
+def test_a_features_input_counts_one_token_a_sample(caplog):
+    """[batch, features] floating point holds features along dim 1, not tokens (a new-user check:
+    a residual MLP on 512 features was priced as 512 tokens a sample, its tokens/s 512x and its
+    active parameters 1/512 of its own); token ids of that rank still count dim 1."""
+    import planner
+
+    mlp = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 4))
+    with caplog.at_level("INFO", logger="planner"):
+        p = planner.prepare(mlp, example_inputs=(torch.randn(16, 512),), cache_dir=None)
+    assert p.seq_len == 1 and "[batch, features]: the plan counts one token per sample" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="planner"):
+        p = planner.prepare(mlp, example_inputs=(torch.randn(16, 512),), seq_len=1,
+                            cache_dir=None)
+    assert p.seq_len == 1 and "not dim 1" not in caplog.text
+    lm = nn.Sequential(nn.Embedding(64, 16), nn.Linear(16, 64))
+    assert planner.prepare(lm, example_inputs=(torch.randint(0, 64, (2, 32)),),
+                           cache_dir=None).seq_len == 32
