@@ -57,7 +57,7 @@ def _engines(p: Plan) -> list[str]:
         change = 100 * (near["step_time_s"] / step - 1)
         near_text = (f"; within {near['target']}'s rules the search's best is "
                      f"{near['parallel']}, {near['step_time_s']:.4g} s a step ({change:+.1f}%, "
-                     f"{gb1(near['peak_memory_bytes'])} per GPU): `plan solve --target "
+                     f"{gb1(near['peak_memory_bytes'])} {_per(p)}): `plan solve --target "
                      f"{near['target']}` plans it")
     elif near:
         near_text = f"; within {near['target']}'s rules nothing fits ({near['reason']})"
@@ -642,7 +642,7 @@ def _runner_up(p: Plan, i: int, a: dict) -> list[str]:
     tie = (f"; a tie, within {100 * TIE_SHARE:g}%: {_tie_reason(p, a, mem)}"
            if a["step_time_s"] < p.step_time_s else "")  # (search.loop.tie_broken)
     head = textwrap.wrap(f"{i}. {knobs}: {a['step_time_s']:.4g} s ({rel:+.1f}%{tie}), "
-                         f"{gb1(a['peak_memory_bytes'])} per GPU "
+                         f"{gb1(a['peak_memory_bytes'])} {_per(p)} "
                          + (f"({'-' if mem < 0 else '+'}{gb1(abs(mem))})" if abs(mem) >= 1e6
                             else "(the same)"),
                          width=96, subsequent_indent="   ", break_on_hyphens=False)

@@ -25,11 +25,9 @@ CONSTRUCTS = (
     ("encoderdecodercache'> in output",
      "a Hugging Face encoder-decoder that returns its key/value caches",
      "build it with use_cache=False (in its config), as training does"),
-    ("cannot be used as inputs to control flow",
-     "Python control flow on a traced value (torch.fx traces tensors and their shapes "
-     "symbolically)",
-     "replace the branch with torch.where, or use --trace export (the default tries it "
-     "first), which decides branches on shapes"),
+    ("cannot be used as inputs to control flow", "Python control flow on a traced value",
+     "replace the branch with torch.where, or decide it from shapes and try --trace export "
+     "(torch.fx traces shapes symbolically too; export reads them)"),
     ("could not guard on data-dependent", "a branch or size that depends on tensor values",
      "replace the branch with torch.where or decide it from shapes"),
     ("could not extract specialized integer from data-dependent",

@@ -264,6 +264,9 @@ def test_a_calibrated_plan_is_re_priced_with_its_calibration(tiny_llama_config, 
     p = planner.plan(tiny_llama_config, cluster="cpu", gpus_per_node=2, global_batch=8,
                      seq_len=64, dtype="fp32", calibration=CALIB, fix="dp=2,micro_batch=4")
     assert p.cluster["calibration"] == load_calibration(CALIB)
+    from planner.report.summary import summary
+    shown = summary(p)  # CPU processes, not GPUs
+    assert "TFLOP/s per process" in shown and "per process of" in shown and "per GPU" not in shown
     path = tmp_path / "plan.json"
     p.save(str(path))
     again = load_plan(str(path))

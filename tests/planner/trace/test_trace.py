@@ -130,7 +130,7 @@ def test_untraceable_model_names_the_module():
     assert "\n" not in text
     # both tracers' reports: the source line of the branch, the construct, and the fix
     assert text.count("at test_trace.py:") == 2 and "(`if x.sum() > 0:" in text
-    assert "depends on tensor values" in text and "control flow on a tensor value" in text
+    assert "depends on tensor values" in text and "control flow on a traced value" in text
     assert "torch.where" in text
     with pytest.raises(TraceError, match="try --trace export"):
         trace(Branchy(), (torch.randn(2, 4),), {}, seq_len=4, batch=2, dtype="fp32", method="fx")
