@@ -238,7 +238,16 @@ SECTIONS = [
      "forward alike; every result stayed bit-identical (the chosen plans, their runners-up and "
      "every block's costs, compared on DeepSeek-V3, Llama-3 405B at 8k and 128k and GPT-3). "
      "DeepSeek-V3's search took 2.5-2.6 s in one process (3.1-3.2 s before, in the same "
-     "minutes), and 3.71 and 3.61 s in two runs of this benchmark before the run of the table."),
+     "minutes), and 3.71 and 3.61 s in two runs of this benchmark before the run of the table. "
+     "Since 2026-12-07 (eighth session) an interleaved split also has its cuts moved till each "
+     "rank's chunks together are even (planner.solve.chain.rank_balanced: an expert review "
+     "found a Llama-3 8B split 5% slower than one it could hold), and the search tries 12 and "
+     "16 chunks per rank as well as 2-8 (GPT-3 175B's plan now takes 12, one layer a chunk: "
+     "17.63 s a step against 17.77 s, 58.1 GB against 59.6 GB). GPT-3's space grew from "
+     "38,682 to 41,202 configurations; in two runs of this benchmark on a quiet VM before the "
+     "run of the table its search took 4.05 s with the balancing alone (1.9-4.9 s before) and "
+     "5.33 s with the larger chunk counts too, DeepSeek-V3's 4.72 and 4.14 s (two in one "
+     "process before and after the balancing: 4.09-4.37 s and 4.68-4.72 s)."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "

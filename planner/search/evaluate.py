@@ -17,7 +17,8 @@ from planner.options import PLACEMENTS, Config, SearchOptions, TrainingSpec, pp_
 from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, stage_memory
 from planner.search.layout import layout_bounds
 from planner.search.pricing import Estimate, Split
-from planner.solve.chain import StageMemory, even_partition, partition, rank_balanced
+from planner.solve.chain import (RanksFit, StageMemory, even_partition, partition,
+                                  rank_balanced)
 
 
 def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
@@ -74,10 +75,17 @@ def _interleaved_split(cfg: Config, ma: ModelArrays, costs: BlockCosts, training
     even = even_partition(times, cfg.pp * cfg.vpp) if may_fit else None
     starts = [p for p in (part, even) if p is not None]
     start = min(starts, key=lambda p: _interleaved_s(cfg, times, p.bounds), default=None)
-    balanced = start and _memo(
-        splits, ("balanced", cfg.pp, tuple(start.bounds), tuple(mem.static), tuple(mem.in_flight),
-                 capacity, tuple(mem.shared)), cfg, costs,
-        lambda: rank_balanced(times, cfg.pp, start, mem, capacity))
+    if part is not None and _even_ranks_s(cfg, times) >= (1.0 - EVEN_MARGIN) * _interleaved_s(
+            cfg, times, part.bounds):
+        start = None  # not even ranks of equal times would replace the memory-bound split
+    # balanced on the times alone (shared by configurations that differ in memory only), or
+    # where that does not fit, within the memory
+    balanced = start and _memo(splits, ("balanced", cfg.pp, tuple(start.bounds)), cfg, costs,
+                               lambda: rank_balanced(times, cfg.pp, start))
+    if balanced and not RanksFit(mem, cfg.pp, cfg.pp * cfg.vpp, capacity)(balanced.bounds):
+        balanced = _memo(splits, ("balanced", cfg.pp, tuple(start.bounds), tuple(mem.static),
+                                  tuple(mem.in_flight), capacity, tuple(mem.shared)), cfg, costs,
+                         lambda: rank_balanced(times, cfg.pp, start, mem, capacity))
     ranked = sorted({tuple(p.bounds): p for p in (even, balanced) if p is not None}.values(),
                     key=lambda p: _interleaved_s(cfg, times, p.bounds))
     first = ranked + [part] if ranked and (part is None or _interleaved_s(
@@ -110,6 +118,14 @@ def _interleaved_s(cfg: Config, times: list[float], bounds: list[int]) -> float:
     ranks = [sum(chunks[r::cfg.pp]) for r in range(cfg.pp)]
     return pipeline.step_time_s(ranks, microbatches=cfg.num_microbatches, schedule=cfg.schedule,
                                 vpp=cfg.vpp)
+
+
+def _even_ranks_s(cfg: Config, times: list[float]) -> float:
+    """The interleaved schedule's closed form with every rank at an equal share of the time: what
+    no split beats (by that form)."""
+    share = float(sum(times)) / cfg.pp
+    return pipeline.step_time_s([share] * cfg.pp, microbatches=cfg.num_microbatches,
+                                schedule=cfg.schedule, vpp=cfg.vpp)
 
 
 def _fitting(split: Split, capacity: float, ma: ModelArrays, options: SearchOptions) -> Split:

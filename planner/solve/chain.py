@@ -216,6 +216,31 @@ def even_partition(times: Sequence[float], stages: int) -> Partition | None:
     return Partition(bounds, _times_of(times, bounds))
 
 
+class RanksFit:
+    """Whether a split's ranks fit ``capacity``: each rank's chunks together (chunk c on rank c %
+    ``ranks``), each counted whole as ``StageMemory.of`` counts a stage, their transient bytes
+    added (an upper bound)."""
+
+    def __init__(self, mem: StageMemory, ranks: int, chunks: int, capacity: float):
+        self.static = np.concatenate(([0.0], np.cumsum(mem.static)))
+        self.act = np.concatenate(([0.0], np.cumsum(mem.act)))
+        self.work = np.asarray(mem.work, dtype=float)
+        self.flight = np.asarray(mem.in_flight[:chunks])
+        self.credit = [(a, c, b) for a, c, b in mem.shared if b > 0]
+        self.onehot = np.eye(ranks)[np.arange(chunks) % ranks]
+        self.capacity = capacity
+
+    def __call__(self, bounds) -> bool:
+        b = np.asarray(bounds)
+        used = np.diff(self.static[b]) + self.flight * np.diff(self.act[b]) + \
+            np.maximum.reduceat(self.work, b[:-1])
+        for a, c, shared in self.credit:  # a tied weight held once where both ends share a chunk
+            k = int(np.searchsorted(b, a, side="right")) - 1
+            if b[k] <= c < b[k + 1]:
+                used[k] -= shared
+        return bool((used @ self.onehot <= self.capacity * (1 + 1e-12)).all())
+
+
 RANK_TIE = 1e-3
 """Ranks within this share of the busiest rank's time count as tied with it in ``rank_balanced``
 (the search's own tie between plans is 0.1%): layers whose times differ in the fourth digit
@@ -263,21 +288,7 @@ def rank_balanced(times: Sequence[float], ranks: int, start: Partition,
     touches = (touched.astype(int) @ onehot) > 0
     giver = np.where(back, first - 1, last) % ranks  # the rank whose chunk loses the block
 
-    if mem is not None:
-        static = np.concatenate(([0.0], np.cumsum(mem.static)))
-        act = np.concatenate(([0.0], np.cumsum(mem.act)))
-        work, flight = np.asarray(mem.work, dtype=float), np.asarray(mem.in_flight[:chunks])
-        credit = [(a, c, b) for a, c, b in mem.shared if b > 0]
-
-    def fits(b) -> bool:
-        if mem is None:
-            return True
-        used = np.diff(static[b]) + flight * np.diff(act[b]) + np.maximum.reduceat(work, b[:-1])
-        for a, c, shared in credit:  # a tied weight held once where both ends share a chunk
-            k = int(np.searchsorted(b, a, side="right")) - 1
-            if b[k] <= c < b[k + 1]:
-                used[k] -= shared
-        return bool((used @ onehot <= capacity * (1 + 1e-12)).all())
+    fits = RanksFit(mem, ranks, chunks, capacity) if mem is not None else (lambda b: True)
 
     def step(rows: np.ndarray, peak: float, busy: np.ndarray):
         """The best of ``rows``' moves that fits and lowers (peak, how many ranks take it)."""
