@@ -77,7 +77,7 @@ def _interleaved_split(cfg: Config, ma: ModelArrays, costs: BlockCosts, training
     start = min(starts, key=lambda p: _interleaved_s(cfg, times, p.bounds), default=None)
     if part is not None and _even_ranks_s(cfg, times) >= (1.0 - EVEN_MARGIN) * _interleaved_s(
             cfg, times, part.bounds):
-        start = None  # not even ranks of equal times would replace the memory-bound split
+        start = None  # not even ranks of exactly equal times would replace the memory-bound split
     # balanced on the times alone (shared by configurations that differ in memory only), or
     # where that does not fit, within the memory
     balanced = start and _memo(splits, ("balanced", cfg.pp, tuple(start.bounds)), cfg, costs,
