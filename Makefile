@@ -56,8 +56,10 @@ demo: $(STAMP)
 	$(PLAN) solve gpt3-175b --cluster dgx-a100-80g --nodes 128 --global-batch 1536 --seq-len 2048 -o demo-plan.json
 	$(PLAN) show demo-plan.json --why tp=8
 
+# One worker per core (pytest-xdist), each test file on one worker, so that a file's fixtures (the
+# multi-process runs' shared setup) run once: about 7 minutes on 2 cores where one worker takes 11.
 test: $(STAMP) $(ENGINES_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 clean:
 	rm -rf $(VENV) demo-plan.json .pytest_cache

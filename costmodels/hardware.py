@@ -303,7 +303,12 @@ and backward."""
 V100_GEMM_EFFICIENCY = 0.31
 """V100 tensor cores in training reach a smaller share of their peak than A100's: Megatron-LM on one
 V100 sustains 39 TFLOP/s for a 1.2B GPT, 30% of the 125 TFLOP/s peak (Shoeybi et al. 2019,
-"Megatron-LM", section 5.1); 0.31 = 39 / 125."""
+"Megatron-LM", section 5.1); 0.31 = 39 / 125. That is a whole step's rate taken as the GEMMs'
+share, with the other kernels (attention with its scores, element-wise passes) priced on top: at
+that run's own configuration (one V100, fp16, full recomputation) the planner reads 28.9 TFLOP/s,
+26% slow (a new-user check, 2026-12-07). Not refitted there: on the 64-V100 data-center runs of
+benchmarks/cross_site_runs.py the pipeline-only rows already come out up to 25% fast and the
+tensor-parallel ones 23-40% slow, so no one share fits both."""
 
 
 def _gpu(name: str, mem_gb: float, bf16: float | None, fp16: float, fp32: float, hbm_gbps: float,
@@ -514,6 +519,9 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
             kw[key] = spec[key]
     if base is not None:  # (a name of its own: the preset's figures changed are not the preset)
         name = str(spec["name"]) if "name" in spec else f"{base.name}-custom"
+        if name in DEVICES and name != base.name:  # (prices, groups and reports go by name)
+            raise SpecError(f"{where}.name: {name!r} is another preset's name (this device is "
+                            f"based on {base.name}); give it a name of its own")
         return replace(base, name=name, base=base.base or base.name, **kw)
     return DeviceSpec(name=str(spec["name"]), **kw)
 

@@ -509,6 +509,9 @@ def hetero_from_mapping(spec: Mapping, where: str = "cluster") -> HeteroCluster:
     widths = {g.get("gpus_per_node") for g in groups if isinstance(g, Mapping)}
     width = next(iter(widths)) if len(widths) == 1 else None
     no_width = "the groups have " + " and ".join(sorted(map(str, widths))) + " GPUs per node"
+    # the shared link's own figures checked where the file gives them (each group reads them
+    # again, with its own GPUs per node, below)
+    link_from_mapping(spec["inter_node"], f"{where}.inter_node", "inter", width or 1)
     built = []
     for i, g in enumerate(groups):
         here = f"{where}.groups[{i}]"

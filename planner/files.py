@@ -183,6 +183,8 @@ def _refuses_new_files(folder: str) -> str | None:
     (/proc, /sys, read-only mounts) still refuse files, so one is made and removed."""
     try:
         fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    except FileNotFoundError:  # a virtual file system (/proc) answers a new name so
+        return "a file system that makes no new files; output goes to a new file, then a rename"
     except OSError as exc:
         return exc.strerror or type(exc).__name__
     os.close(fd)

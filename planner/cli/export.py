@@ -34,9 +34,9 @@ def register(add) -> None:
                    help=f"engine release to write for ({versions}); default: the release "
                         "planner.targets describes")
     e.add_argument("-o", "--output", metavar="FILE",
-                   help="write here (a folder, one that exists or one made if the name ends in "
-                        "/ : the plan file's name with the target's suffix; -: stdout) instead "
-                        "of printing")
+                   help="write here (a folder, one that exists or one made in an existing folder "
+                        "if the name ends in / : the plan file's name with the target's suffix; "
+                        "-: stdout) instead of printing")
     e.set_defaults(func=run)
 
 

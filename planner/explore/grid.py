@@ -173,10 +173,13 @@ def point_cluster(s: Mapping) -> Cluster | HeteroCluster:
     if isinstance(cl, HeteroCluster):
         given = [f"{k}={s[k]}" for k in ("nodes", "gpus_per_node") if s[k]] + changes
         if given:
-            raise SpecError(f"cluster {s['cluster']}: has node groups, which {', '.join(given)} "
-                            "cannot resize or change (each group sets its own); give its groups "
-                            "in the YAML file, and for other sizes vary files "
-                            "(--vary cluster=a.yaml,b.yaml)")
+            form = "sites" if cl.is_sites else "node groups"
+            raise SpecError(f"cluster {s['cluster']}: has {form}, which {', '.join(given)} "
+                            f"cannot resize or change (each sets its own); give them in the YAML "
+                            "file, and for other sizes or links vary files "
+                            "(--vary cluster=a.yaml,b.yaml)" + (
+                                "; for the links between the sites, inter_region_bandwidth"
+                                if cl.is_sites else ""))
         return cl
     cl = load_cluster(cl, nodes=s["nodes"], gpus_per_node=s["gpus_per_node"])
     if s.get("calibration") is not None:  # measured figures, before a varied link replaces one

@@ -249,8 +249,11 @@ def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
               if facts.experts else "the model's experts")
     drop = (f"capacity_factor={s['moe_capacity_factor']:g}" if s["moe_capacity_factor"] else
             "drop_tokens=False")
+    # the layer splits its experts over the model's own tensor-parallel group, or not at all
+    split = ", enable_expert_tensor_parallelism=True" if etp > 1 else ""
     code = (f"deepspeed.moe.layer.MoE(hidden_size, expert, num_experts="
-            f"{facts.experts or '<experts>'}, ep_size={ep}, k={facts.top_k or '<top-k>'}, {drop}) "
+            f"{facts.experts or '<experts>'}, ep_size={ep}, k={facts.top_k or '<top-k>'}, {drop}"
+            f"{split}) "
             "in your model: DeepSpeed's MoE layer takes ep_size in code, not in the config"
             + (" (and not with ZeRO-3: DeepSpeed's engine refuses its native MoE there)"
                if p["zero"] == 3 else "")
@@ -268,9 +271,16 @@ def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
         return None
     why = _autoep_refuses(plan)
     if why:
-        ledger.missing(("ep", "etp"), f"ep={ep}: DeepSpeed 0.19.8's AutoEP {why}; build the "
-                       f"experts with {code}")
-        ledger.exact(*common.MOE_SETTINGS)
+        ledger.missing(("ep", "etp"), f"ep={ep}" + (f" etp={etp}" if etp > 1 else "") +
+                       f": DeepSpeed 0.19.8's AutoEP {why}; build the experts with {code}")
+        if etp > 1 and etp != p["tp"]:
+            ledger.nearest("etp", f"etp={etp}: DeepSpeed's MoE layer splits its experts over "
+                           f"the tensor-parallel group (tp={p['tp']}) or not at all; nearest etp "
+                           f"{p['tp']}, the expert memory and step time differ from planned")
+            changes["etp"] = p["tp"]
+            if p["tp"] < etp:
+                raising.append(f"experts split {p['tp']} ways (etp {p['tp']})")
+        _moe_layer_settings(plan, s, ledger)
         return None
     ledger.exact("ep")
     if etp > 1:
@@ -302,6 +312,34 @@ def _experts(plan: Plan, ledger: common.Ledger, changes: dict,
     info["how"] = ("AutoEP (the expert_parallel section) replaces the model's Hugging Face MoE "
                    f"blocks at deepspeed.initialize; with experts of your own use {code}")
     return section, info
+
+
+def _moe_layer_settings(plan: Plan, s: dict, ledger: common.Ledger) -> None:
+    """The MoE settings under DeepSpeed's own MoE layer (deepspeed/moe: sharded_moe.py's MOELayer
+    dispatches by all-to-all; experts.py runs each local expert apart; the capacity is the
+    layer's argument, which the code the export suggests passes)."""
+    ledger.exact("moe_capacity_factor", "moe_pad_to_capacity")
+    if s["moe_dispatcher"] != "alltoall":
+        ledger.nearest("moe_dispatcher", f"moe_dispatcher {s['moe_dispatcher']}: DeepSpeed's MoE "
+                       "layer dispatches by all-to-all; nearest all-to-all, the step time differs "
+                       "from planned")
+    else:
+        ledger.exact("moe_dispatcher")
+    if s["moe_grouped_gemm"]:
+        ledger.nearest("moe_grouped_gemm", "moe_grouped_gemm: DeepSpeed's MoE layer runs its "
+                       "local experts one after another (deepspeed/moe/experts.py), not as "
+                       "grouped GEMMs; the step time differs from planned")
+    else:
+        ledger.exact("moe_grouped_gemm")
+    runs = {"moe_overlap": s["moe_overlap"] and not plan.moe_overlap_blockers(),
+            "moe_shared_overlap": s["moe_shared_overlap"]}  # (an overlap not run is priced so)
+    for knob, what in (("moe_overlap", "its all-to-alls with compute"),
+                       ("moe_shared_overlap", "a shared expert with the dispatch")):
+        if runs[knob]:
+            ledger.missing(knob, f"{knob}: DeepSpeed's MoE layer does not overlap {what}; "
+                           "they run one after the other (a slower step than planned)")
+        else:
+            ledger.exact(knob)
 
 
 def _autoep_refuses(plan: Plan) -> str:

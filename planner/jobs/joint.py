@@ -122,7 +122,8 @@ def plan_jobs(spec: JobsSpec, *, cluster=None, nodes: int | None = None,
         except SpecError as exc:
             raise SpecError(f"jobs[{i}].{str(exc).replace('choose --dtype', 'give a dtype')}") \
                 from None
-    log.info("%d jobs on %s (%d node%s x %d GPUs)", len(spec.jobs), cl.name, cl.nodes,
+    log.info("%d job%s on %s (%d node%s x %d GPUs)", len(spec.jobs),
+             "" if len(spec.jobs) == 1 else "s", cl.name, cl.nodes,
              "" if cl.nodes == 1 else "s", cl.gpus_per_node)
     tables = build_tables(spec, cl, workers=workers)
     requests = [JobRequest(name=j.name, durations_s={r.gpus: r.job_time_s for r in tables[j.name]},

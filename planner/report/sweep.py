@@ -58,11 +58,42 @@ def sweep_table(rows: list[dict], reason_width: int = 110, rate: str = "tokens/s
         lines[i] = lines[i].rstrip().ljust(len(lines[0].split("configuration")[0])) + reason
     if cut:
         lines += ["", "reasons cut short above, in full:", *cut]
+    slower = _slower_with_more(rows)
+    if slower:
+        lines += ["", *slower]
     if any(r.get("routed_experts") for r in rows):  # as plan show says under an MoE step time
         waits = any(r.get("moe_host_wait_s") for r in rows)
         lines += ["", *textwrap.wrap(moe_accuracy(waits).replace("as here", "as at some points"),
                                      100, subsequent_indent="  ")]
     return "\n".join(lines)
+
+
+SIZE_KNOBS = ("nodes", "gpus_per_node")
+"""The what-if knobs that change how many GPUs a point has and nothing else."""
+
+
+def _slower_with_more(rows: list[dict]) -> list[str]:
+    """A line for each point that steps slower than a point with fewer GPUs and otherwise the same
+    knobs (the step cannot use the extra GPUs: a batch too small to split, communication that
+    grows faster than the work shrinks), naming the fastest such point."""
+    def rest(r: dict) -> tuple:  # the point's knobs other than its size
+        return tuple(p for p in str(r["point"]).split() if p.split("=")[0] not in SIZE_KNOBS)
+
+    timed = [r for r in rows if r["feasible"] and r.get("gpus")]
+    out = []
+    for r in timed:
+        fewer = [o for o in timed if rest(o) == rest(r) and o["gpus"] < r["gpus"]
+                 and o["step_time_s"] < r["step_time_s"] * (1 - 0.01)]
+        if fewer:
+            best = min(fewer, key=lambda o: o["step_time_s"])
+            out += textwrap.wrap(
+                f"{r['point']} ({r['gpus']} GPUs) steps slower than {best['point']} "
+                f"({best['gpus']} GPUs): {seconds(r['step_time_s'], 3)} against "
+                f"{seconds(best['step_time_s'], 3)}; the extra GPUs cost more than they give "
+                "(a batch too small to split over them, communication that grows faster than "
+                "the work shrinks): a larger global batch, or fewer GPUs", 100,
+                subsequent_indent="  ")
+    return out
 
 
 def _peak(row: dict):

@@ -313,8 +313,9 @@ def gpus_words(space: Space) -> str:
     """The GPUs a pinned degree must divide, in words ('the cluster's {n} GPUs' to format with
     Space.num_gpus): on a cluster of device groups or sites, those every group's count shares,
     inside which each pipeline stage's tp x dp ranks stay."""
-    return ("the {n} GPUs of each group or site, inside which every pipeline stage's tp x dp "
-            "ranks stay" if space.group_gpus else "the cluster's {n} GPUs")
+    return ("the {n} GPUs a pipeline stage may take in any group or site (the most dividing "
+            "every one's GPU count), inside which its tp x dp ranks stay" if space.group_gpus
+            else "the cluster's {n} GPUs")
 
 
 def cluster_pin_problem(fix: dict, num_gpus: int, batch: int,
@@ -638,7 +639,8 @@ def batch_note(global_batch: int, num_gpus: int, cfg, rejected, fix=None,
     also = f" (nor {', '.join(f'dp={d}' for d in ruled[:-1])})" if len(ruled) > 1 else ""
     others = " x ".join(f"{k}={v}" for k, v in (("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp))
                         if v > 1)
-    return (f"training.global_batch: {global_batch:,} samples do not split over dp={top}{also}, "
+    samples = "1 sample does" if global_batch == 1 else f"{global_batch:,} samples do"
+    return (f"training.global_batch: {samples} not split over dp={top}{also}, "
             f"which ruled {'them' if also else 'it'} out: the plan uses dp={dp}{f' with {others}' if others else ''}; a "
             f"multiple of {top} ({batches}) splits")
 

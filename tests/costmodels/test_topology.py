@@ -124,6 +124,12 @@ def test_a_device_on_a_preset_keeps_the_figures_it_does_not_give():
         device_from_mapping({"base": "b200", "name": "mine"})
     with pytest.raises(SpecError, match=r"^device.base: unknown device 'b201'"):
         device_from_mapping({"base": "b201"})
+    # another preset's name would stand for that preset in prices, groups and reports (a
+    # new-user check named a v100 "a100-80g"); the base's own name is the base
+    with pytest.raises(SpecError, match=r"^device.name: 'a100-80g' is another preset's name "
+                                        r"\(this device is based on v100\)"):
+        device_from_mapping({"base": "v100", "name": "a100-80g", "memory_GB": 16})
+    assert device_from_mapping({"base": "v100", "name": "v100"}).name == "v100"
     with pytest.raises(SpecError, match=r"^device.memory_GB: missing; .*or base: a preset"):
         device_from_mapping({"name": "x", "peak_TFLOPs": {"bf16": 1}, "hbm_GBps": 1})
     with pytest.raises(SpecError, match=r"lists the dtypes it runs, with their TFLOP/s, under "

@@ -698,3 +698,24 @@ def test_whatif_takes_across_sites_as_plan_solve_does(tiny_llama_config, tmp_pat
     with pytest.raises(SpecError, match=r"^across_sites: pipeline applies to a cluster of sites"):
         explore.whatif(tiny_llama_config, cluster="dgx-h100", global_batch=64, seq_len=64,
                        vary={"nodes": [1, 2]}, across_sites="pipeline")
+
+
+def test_a_point_slower_with_more_gpus_is_said_under_the_table():
+    """More GPUs that step slower than fewer (a batch too small to split over them) get a line
+    naming the faster point with fewer; points that differ in another knob are not compared (a
+    new-user check saw 64 GPUs slower than 32 with no word)."""
+    from planner.report.sweep import sweep_table
+
+    def row(point, gpus, step):
+        return {"point": point, "gpus": gpus, "feasible": True, "step_time_s": step,
+                "tokens_per_s": 1.0, "mfu": 0.1, "peak_memory_bytes": 1e9, "dp": 1, "tp": 1,
+                "pp": 1, "micro_batch": 1, "num_microbatches": 1, "schedule": "1f1b",
+                "recompute": "none", "zero": 0}
+
+    rows = [row("nodes=4", 32, 0.00298), row("nodes=8", 64, 0.00331),
+            row("nodes=2 dtype=fp8", 16, 0.001), row("nodes=8 dtype=fp8", 64, 0.0009)]
+    text = " ".join(sweep_table(rows).split())
+    assert ("nodes=8 (64 GPUs) steps slower than nodes=4 (32 GPUs): 0.00331 s against 0.00298 s"
+            in text)
+    assert text.count("steps slower than") == 1  # fp8's points are faster with more; not mixed
+    assert "steps slower than" not in sweep_table(rows[:1] + rows[2:])

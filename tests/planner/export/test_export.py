@@ -1291,6 +1291,19 @@ def test_deepspeed_says_where_experts_go_when_autoep_cannot(notes, monkeypatch):
     assert "expert_parallel" not in ds
     assert any("AutoEP refuses tensor model parallelism from an mpu" in n and
                "ep_size=8" in n for n in ds["planner"]["not_expressed"])
+    # DeepSpeed's own MoE layer then runs the experts: its tensor-parallel split, its all-to-all
+    # and its loop over local experts are said (a review saw etp and the dispatcher dropped
+    # without a word)
+    split = engine_settings(variant(pipelined, etp=2), moe_dispatcher="allgather",
+                            moe_grouped_gemm=True)
+    notes_of = json.loads(to_deepspeed(split))["planner"]["not_expressed"]
+    assert any(n.startswith("ep=8 etp=2: ") and "enable_expert_tensor_parallelism=True" in n
+               for n in notes_of)
+    assert any(n.startswith("moe_dispatcher allgather: DeepSpeed's MoE layer dispatches by "
+                            "all-to-all") for n in notes_of)
+    assert any(n.startswith("moe_grouped_gemm: DeepSpeed's MoE layer runs its local experts one "
+                            "after another") for n in notes_of)
+    assert not any("enable_expert_tensor_parallelism" in n for n in ds["planner"]["not_expressed"])
 
 
 def test_the_experts_come_from_the_zoo_model_the_plan_names():

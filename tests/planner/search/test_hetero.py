@@ -42,6 +42,12 @@ def test_loading_is_strict_and_overrides_are_refused():
     with pytest.raises(SpecError, match=r"^cluster\.groups\[1\]\.name: 'a100' names an earlier "
                                         r"group too"):
         load_cluster(twice)
+    # the link every group shares is named where the file gives it (a new-user check saw
+    # groups[0].inter_node for a top-level figure)
+    for link, field in (({"bandwidth_GBps": -3, "latency_us": 10}, "bandwidth_GBps"),
+                        ({"bandwidth_GBps": 12.5, "latency_us": 10, "per": "rack"}, "per")):
+        with pytest.raises(SpecError, match=rf"^cluster\.inter_node\.{field}: "):
+            load_cluster({**MIXED, "inter_node": link})
 
 
 @pytest.fixture(scope="module")
@@ -360,8 +366,8 @@ def test_a_wrong_tp_pin_is_offered_only_degrees_the_rules_take(mid_gpt2):
     those every rule takes."""
     two = {**MIXED, "groups": [{**g, "nodes": 2} for g in MIXED["groups"]]}
     tr = TrainingSpec(global_batch=16, seq_len=mid_gpt2.seq_len, dtype="fp16")
-    with pytest.raises(SpecError, match=r"^fix.tp: 3 does not divide the 4 GPUs of each group or "
-                                        r"site, .*; use one of 1, 2$"):
+    with pytest.raises(SpecError, match=r"^fix.tp: 3 does not divide the 4 GPUs a pipeline stage "
+                                        r"may take in any group or site .*; use one of 1, 2$"):
         plan_prepared(mid_gpt2, load_cluster(two), tr, SearchOptions(fix={"tp": 3}, top_k=1))
 
 
@@ -381,3 +387,22 @@ def test_a_pp_that_fills_the_groups_but_exceeds_the_blocks_says_so(mid_gpt2):
         plan_prepared(mid_gpt2, load_cluster(wide), tr, SearchOptions(fix={"pp": 3}, top_k=1))
     offered = [int(d) for d in str(err.value).rsplit("use one of ", 1)[1].split(", ")]
     assert offered and max(offered) <= blocks
+
+
+def test_groups_alike_are_told_that_one_cluster_plans_them_as_well(mid_gpt2, caplog):
+    """Two groups of one device, node width and links: the groups form runs no data parallelism
+    across them, so the plan says a one-kind cluster does as well or better; groups that differ
+    get no such line."""
+    import logging
+
+    a100 = MIXED["groups"][0]
+    alike = {**MIXED, "groups": [a100, {**a100, "name": "a100b"}]}
+    tr = TrainingSpec(global_batch=16, seq_len=mid_gpt2.seq_len, dtype="fp16")
+    opts = SearchOptions(fix=parse_fix("pp=2,tp=1,micro_batch=1,recompute=none"), top_k=0)
+    for cluster, said in ((alike, True), (MIXED, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="planner.api"):
+            plan_prepared(mid_gpt2, load_cluster(cluster), tr, opts)
+        assert ("cluster: its groups are alike (a100-80g x 2 GPUs per node, the same links)"
+                in caplog.text) is said
+        assert ("one cluster of 2 nodes" in caplog.text) is said

@@ -118,7 +118,8 @@ def test_why_not_re_plans_a_plan_over_sites_from_its_file(prepared, tmp_path):
     assert same.variant.step_time_s == pytest.approx(plan.step_time_s, rel=1e-5)
     # more than a site holds: bad input, named as --why gave it (exit 2), as plan solve --fix
     # names it (a new-user check: it read "no plan fits", exit 3)
-    with pytest.raises(SpecError, match="why.tp: 8 is more than the 4 GPUs of each group"):
+    with pytest.raises(SpecError, match="why.tp: 8 is more than the 4 GPUs a pipeline stage may "
+                                        "take in any group"):
         why_not(plan, {"tp": 8})
     # where only the pipeline over the sites can run (--across-sites pipeline, or sites of more
     # than one kind), a knob it does not price is refused before the site alone and across
@@ -167,7 +168,9 @@ def test_a_dp_pin_wider_than_a_site_names_the_sites_gpus(prepared):
 
     hc = regions([{"between": ["a", "b"], "bandwidth": "10Gbps", "latency": "5ms"}])
     training = TrainingSpec(global_batch=64, seq_len=256)
-    with pytest.raises(PlannerError, match="dp: 8 is more than the 4 GPUs of each group or site"):
+    with pytest.raises(PlannerError, match=r"dp: 8 is more than the 4 GPUs a pipeline stage may "
+                                           r"take in any group or site \(the most dividing "
+                                           r"every one's GPU count\)"):
         plan_prepared(prepared, hc, training,
                       SearchOptions(fix=parse_fix("dp=8"), top_k=0, across_sites="pipeline"))
     # by default the pin is the replicas over every site, which data parallelism across the
