@@ -83,13 +83,18 @@ def prepare(model, *, example_inputs=None, seq_len: int | None = None, dtype: st
         log.info("model %s: %s parameters, traced before (trace cache)",
                  prepared.info["name"], human_count(prepared.info["num_params"]))
     else:
-        prepared = traced.trace_model(model, example_inputs, seq_len, dtype, trace_method)
+        with cache.recording_reads() as seen:  # (a factory's data files: checked on reading)
+            prepared = traced.trace_model(model, example_inputs, seq_len, dtype, trace_method)
+        own = {os.path.abspath(os.path.join(model, "config.json") if os.path.isdir(model)
+                               else model)} if entry else set()  # (in the key already)
+        stored = {**prepared.to_dict(), "reads": cache.read_signatures(seen - own, folder)} \
+            if entry else None
         if entry:
-            cache.store(folder, entry, prepared.to_dict())
+            cache.store(folder, entry, stored)
         if entry and keyed_len is None and (model.endswith(".json") or os.path.isdir(model)):
             # a config's default length, asked for by number next time (plan show --why, the
             # exports' memory check), is the same trace
-            cache.store(folder, entry_of(prepared.seq_len), prepared.to_dict())
+            cache.store(folder, entry_of(prepared.seq_len), stored)
     model_notes.say(prepared, seq_len)
     return prepared
 

@@ -11,6 +11,9 @@ hashes what the trace depends on:
   ``package.module:factory`` (an installed package, not hashed: after editing it pass
   ``--no-cache``, or ``cache_dir=None``) and a module object have no key and are never cached;
 - the sequence length, dtype and tracer asked for;
+- (checked when an entry is read, not in its key) the data files the trace read besides: a
+  factory reading its settings from a JSON or YAML file next to it is traced again once that
+  file changes (recording_reads, read_signatures);
 - the versions of torch, transformers and the planner, and the source of the planner's own
   tracing and pricing code, so that any change to them misses.
 
@@ -21,10 +24,13 @@ bytes), and one that does not read back as a trace of this schema is ignored and
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import sys
+import sysconfig
 from importlib import metadata
 
 from planner.files import atomic_write
@@ -73,6 +79,11 @@ def load(folder: str, entry: str) -> dict | None:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         log.debug("trace cache: ignoring %s (not a %s entry)", path, SCHEMA)
         return None
+    for read, signature in (data.get("reads") or {}).items():
+        if _signature(read) != signature:
+            log.info("trace cache: %s changed since the model was traced (the trace read it); "
+                     "tracing again", read)
+            return None
     return data
 
 
@@ -85,6 +96,85 @@ def store(folder: str, entry: str, data: dict) -> None:
     except OSError as exc:
         log.warning("trace cache: cannot write to %s (%s); planning goes on without it", folder,
                     exc.strerror or exc)
+
+
+_RECORDERS: list[set[str]] = []
+_HOOKED: list[bool] = []
+
+
+def _on_open(event: str, args: tuple) -> None:
+    """The audit hook: a file opened for reading while a recorder is on (builtins.open and
+    os.open raise the "open" event with the path, mode and flags)."""
+    if event != "open" or not _RECORDERS:
+        return
+    path, mode, flags = (tuple(args) + (None, None, None))[:3]
+    if isinstance(mode, str) and any(c in mode for c in "wax+"):
+        return
+    if isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+        return
+    if isinstance(path, (str, bytes, os.PathLike)):
+        try:
+            _RECORDERS[-1].add(os.path.abspath(os.fsdecode(path)))
+        except (TypeError, ValueError):
+            pass
+
+
+@contextlib.contextmanager
+def recording_reads():
+    """Yields the set of the paths opened for reading until the block ends (an audit hook,
+    added once per process: Python has no way to remove one, and it returns at once while
+    nothing records)."""
+    if not _HOOKED:
+        sys.addaudithook(_on_open)
+        _HOOKED.append(True)
+    seen: set[str] = set()
+    _RECORDERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDERS.pop()
+
+
+READS_MAX = 100
+"""At most this many data files are checked for one entry."""
+HASH_MAX_BYTES = 64 * 2**20
+"""A larger file is told apart by its size and modification time, not its bytes."""
+
+
+def read_signatures(paths, folder: str | None = None) -> dict[str, str]:
+    """The data files among ``paths`` (what recording_reads saw) with a signature of each: the
+    regular files outside Python's installation and packages and the cache ``folder``, other than
+    Python sources and extension modules (the key hashes a factory's own; the versions, the
+    packages')."""
+    skip = {sys.prefix, sys.base_prefix, sys.exec_prefix,
+            *(sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib",
+                                                      "platlib"))}
+    skip |= {folder} if folder else set()
+    skip_dirs = tuple(os.path.join(os.path.abspath(s), "") for s in skip if s)
+    out: dict[str, str] = {}
+    for path in sorted(paths):
+        if len(out) >= READS_MAX:
+            break
+        if path.startswith(skip_dirs + ("/proc/", "/sys/", "/dev/")) or path.endswith(
+                (".py", ".pyc", ".so", ".pyd")) or not os.path.isfile(path):
+            continue
+        signature = _signature(path)
+        if signature is not None:
+            out[path] = signature
+    return out
+
+
+def _signature(path: str) -> str | None:
+    """A file's bytes hashed, or its size and modification time where it is large; None where
+    it cannot be read."""
+    try:
+        size = os.path.getsize(path)
+        if size > HASH_MAX_BYTES:
+            return f"size {size} mtime {os.path.getmtime(path)}"
+    except OSError:
+        return None
+    found = _file(path, "read")
+    return None if found is None else found[1]
 
 
 def _identity(model: str):

@@ -96,3 +96,37 @@ def test_an_unwritable_cache_only_costs_the_cache(tmp_path, tiny_llama_config, c
     blocker.write_text("not a folder")
     p = prepare(tiny_llama_config, seq_len=64, cache_dir=str(blocker / "traces"))
     assert p.blocks.blocks and "cannot write" in caplog.text
+
+
+def test_a_data_file_the_factory_reads_is_checked_when_the_entry_is_read(tmp_path, caplog):
+    """A factory reading its sizes from a JSON file next to it: the entry records that file, is
+    read back while the file stays the same, and misses once it changes (a new-user check kept
+    planning the first sizes after editing the file); the model's own config and Python's files
+    are not recorded."""
+    import logging
+
+    (tmp_path / "model.py").write_text(
+        "import json, os, torch\n"
+        "def build():\n"
+        "    cfg = json.load(open(os.path.join(os.path.dirname(__file__), 'dims.json')))\n"
+        "    w = cfg['width']\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.Linear(w, w)), "
+        "(torch.randn(8, w),)\n")
+    dims = tmp_path / "dims.json"
+    dims.write_text('{"width": 64}')
+    folder, spec = str(tmp_path / "traces"), f"{tmp_path / 'model.py'}:build"
+    first = prepare(spec, cache_dir=folder)
+    (entry,) = os.listdir(folder)
+    with open(os.path.join(folder, entry)) as f:
+        assert list(json.load(f)["reads"]) == [str(dims)]
+    with caplog.at_level(logging.INFO, logger="planner"):
+        assert prepare(spec, cache_dir=folder).info["num_params"] == first.info["num_params"]
+        assert "traced before (trace cache)" in caplog.text
+        dims.write_text('{"width": 128}')
+        caplog.clear()
+        again = prepare(spec, cache_dir=folder)
+    assert f"trace cache: {dims} changed since the model was traced" in caplog.text
+    assert again.info["num_params"] == 2 * (128 * 128 + 128) != first.info["num_params"]
+    assert len(os.listdir(folder)) == 1  # the entry rewritten under the same key
+    assert cache.read_signatures({str(tmp_path / "model.py"), os.__file__, "/proc/self/stat"}) \
+        == {}
