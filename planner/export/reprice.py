@@ -130,21 +130,21 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
         return f"memory not re-checked with {change}: {exc}"
     planned = plan.predicted["peak_memory_bytes"]
     if mem.peak > mem.usable:  # valid inputs, no room: exit 3 (no plan fits), as a search's
-        needs = (f"{_rank(mem)} needs {common.gb(mem.peak)} per GPU" if _rank(mem)
+        needs = (f"{rank_words(mem)} needs {common.gb(mem.peak)} per GPU" if rank_words(mem)
                  else f"a GPU needs {common.gb(mem.peak)}")
         raise InfeasibleError(
             f"no {target} export fits: with {change}, {needs}, more than the "
             f"{common.gb(mem.usable)} usable of "
             f"{common.gb(mem.device)} (the plan: {common.gb(planned)}); re-plan for it with "
             f"`{replan.resolve_hint(plan, target, nearest=False)}`", reason="out of memory")
-    where = f" ({_rank(mem)})" if _rank(mem) else ""
+    where = f" ({rank_words(mem)})" if rank_words(mem) else ""
     versus = ("as the plan's" if common.gb(mem.peak) == common.gb(planned)
               else f"instead of the plan's {common.gb(planned)}")
     return (f"memory re-checked with {change}: a peak of {common.gb(mem.peak)} per GPU{where} "
             f"{versus}; still within the {common.gb(mem.usable)} usable")
 
 
-def _rank(mem: Memory) -> str:
+def rank_words(mem: Memory) -> str:
     """Which GPU the peak is on, in words: its pipeline rank where there is a pipeline, else
     ""."""
     return f"pipeline rank {mem.worst_rank}" if len(mem.per_rank) > 1 else ""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from costmodels.engine import engine_from_mapping
 from costmodels.memory import RECOMPUTE
-from planner.errors import SpecError
+from planner.errors import PlannerError, SpecError
 from planner.export import common, moe, names, replan
 from planner.export.shell import bash_file
 from planner.export.toml import Entry, table
@@ -618,17 +618,36 @@ def _recheck(plan: Plan, version: str, ledger: common.Ledger,
         changes[knob] = value
         words.append(word)
     if p.get("offload_optimizer"):
-        # (re-priced with the optimizer alone on the host, a peak FSDP2 stays under)
         extra = required and [w for w in words if not w.startswith("ZeRO-")]
         ledger.info("memory not re-checked with the model states as torchtitan's FSDP2 lays them "
                     "out: its CPU offload (above) keeps the sharded parameters and gradients on "
                     "the host too, which the cost model does not price"
-                    + (f"; what else differs from the plan ({', '.join(extra)}) is not checked "
-                       "either: watch the first steps' memory" if extra else ""))
+                    + (f"; {_offload_bound(plan, extra, dtype, changes)}" if extra else ""))
         return
     from planner.export import reprice  # lazy: prices with the search (and may trace)
     ledger.info(reprice.recheck(plan, TARGET, ", ".join(words), state_layout="fsdp2",
                                 required=required, dtype=dtype, **changes))
+
+
+def _offload_bound(plan: Plan, extra: list[str], dtype: str | None, changes: dict) -> str:
+    """What else differs from an offloaded plan (``extra``: the changes but ZeRO's), priced with
+    the plan's own layout (the optimizer alone on the host): a bound torchtitan's peak stays
+    under, since its offload keeps more on the host (a review saw such an export say nothing of a
+    K/V exchange that grows the activations)."""
+    from planner.export import reprice  # lazy: prices with the search (and may trace)
+    try:
+        mem = reprice.memory(plan, target=TARGET, dtype=dtype,
+                             **{k: v for k, v in changes.items() if k != "zero"})
+    except PlannerError as exc:
+        return (f"what else differs from the plan ({', '.join(extra)}) is not checked either "
+                f"({exc}): watch the first steps' memory")
+    where = f"{reprice.rank_words(mem)}; " if reprice.rank_words(mem) else ""
+    bound = (f"with {', '.join(extra)} and the optimizer alone on the host, a GPU needs at most "
+             f"{common.gb(mem.peak)} ({where}torchtitan's offload keeps more on the host)")
+    if mem.peak <= mem.usable:
+        return f"{bound}: within the {common.gb(mem.usable)} usable"
+    return (f"{bound}, more than the {common.gb(mem.usable)} usable: whether the parameters and "
+            "gradients on the host make up for it is not priced; watch the first steps' memory")
 
 
 def _fp8(plan: Plan, version: str, ledger: common.Ledger) -> list[Setting]:

@@ -969,10 +969,12 @@ def test_torchtitan_runs_a_nearby_exchange_and_re_checks_the_memory(notes, monke
     assert seen[-1]["etp"] == 1  # 0.3.0 does not split experts' matrices
 
 
-def test_torchtitan_offload_is_not_re_checked_whatever_else_changes(notes, monkeypatch):
+def test_torchtitan_offload_is_bounded_not_refused_whatever_else_changes(notes, monkeypatch):
     """FSDP2's CPU offload keeps parameters and gradients on the host too, which no re-pricing
     with the optimizer alone offloaded shows: a plan whose K/V exchange torchtitan changes is
-    not refused on it (its all-gather twin never was), and the note names what is unchecked."""
+    not refused on it (its all-gather twin never was); the note gives the peak with the optimizer
+    alone on the host as a bound torchtitan stays under (a review saw it say nothing of the
+    K/V exchange), and says so where that bound is over the usable memory."""
     from planner.export import reprice  # noqa: PLC0415
     monkeypatch.setattr(reprice, "recheck", lambda *a, **kw: pytest.fail("re-priced"))
     for form in ("allgather", "p2p"):
@@ -980,7 +982,17 @@ def test_torchtitan_offload_is_not_re_checked_whatever_else_changes(notes, monke
                               offload_optimizer=True))
     said = [n for n in notes if "memory not re-checked with the model states as torchtitan's"
             in n]
-    assert len(said) == 2 and "K/V" not in said[0] and "not checked either" in said[1]
+    assert len(said) == 2 and "K/V" not in said[0]
+    assert ("with K/V all-gathered instead of p2p and the optimizer alone on the host, a GPU "
+            "needs at most " in said[1]) and "usable" in said[1]
+    notes.clear()
+    monkeypatch.setattr(reprice, "memory", lambda *a, **kw: reprice.Memory(
+        per_rank=[90e9], usable=75e9, device=80e9))
+    to_torchtitan(variant(data_plan("llama3-8b-cp4-torchtitan"), cp_comm="p2p",
+                          offload_optimizer=True))
+    (over,) = [n for n in notes if "a GPU needs at most" in n]
+    assert "90.0 GB (torchtitan's offload keeps more on the host), more than the 75.0 GB " \
+           "usable: whether the parameters and gradients on the host make up for it" in over
 
 
 def test_torchtitan_shards_data_parallelism_where_its_experts_fold_over_it(notes):
