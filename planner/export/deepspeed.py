@@ -331,13 +331,20 @@ def _moe_layer_settings(plan: Plan, s: dict, ledger: common.Ledger) -> None:
                        "grouped GEMMs; the step time differs from planned")
     else:
         ledger.exact("moe_grouped_gemm")
+    _overlap_notes(plan, s, ledger, "DeepSpeed's MoE layer")
+
+
+def _overlap_notes(plan: Plan, s: dict, ledger: common.Ledger, who: str) -> None:
+    """The all-to-all and shared-expert overlaps, which neither of DeepSpeed's MoE paths runs:
+    not expressed where the plan priced them running (an overlap its configuration does not run
+    was priced exposed too)."""
     runs = {"moe_overlap": s["moe_overlap"] and not plan.moe_overlap_blockers(),
-            "moe_shared_overlap": s["moe_shared_overlap"]}  # (an overlap not run is priced so)
+            "moe_shared_overlap": s["moe_shared_overlap"]}
     for knob, what in (("moe_overlap", "its all-to-alls with compute"),
                        ("moe_shared_overlap", "a shared expert with the dispatch")):
         if runs[knob]:
-            ledger.missing(knob, f"{knob}: DeepSpeed's MoE layer does not overlap {what}; "
-                           "they run one after the other (a slower step than planned)")
+            ledger.missing(knob, f"{knob}: {who} does not overlap {what}; the all-to-alls run "
+                           "exposed (a slower step than planned)")
         else:
             ledger.exact(knob)
 
@@ -379,19 +386,7 @@ def _autoep_settings(plan: Plan, s: dict, ledger: common.Ledger) -> dict:
     else:
         ledger.exact("moe_dispatcher")
     ledger.dropless(s, "AutoEP")
-    if s["moe_overlap"] and not plan.moe_overlap_blockers():
-        ledger.missing("moe_overlap", "moe_overlap: AutoEP has no setting to overlap its "
-                       "all-to-alls with compute; they run exposed (a slower step than planned)")
-    elif s["moe_overlap"]:  # (the plan's configuration does not run it: priced exposed too)
-        ledger.exact("moe_overlap")
-    else:
-        ledger.exact("moe_overlap")
-    if s["moe_shared_overlap"]:
-        ledger.missing("moe_shared_overlap", "moe_shared_overlap: DeepSpeed runs a shared expert "
-                       "apart from the dispatch; the all-to-alls it hid run exposed (a slower "
-                       "step than planned)")
-    else:
-        ledger.exact("moe_shared_overlap")
+    _overlap_notes(plan, s, ledger, "AutoEP")
     return out
 
 
