@@ -75,6 +75,14 @@ def say(prepared, seq_len: int | None) -> None:
                  "each, with the head on the last stage; num_nextn_predict_layers: 0 in the "
                  "config plans the main model alone", prepared.info["name"], depths,
                  " is" if depths == 1 else "s are", depths)
+    whole = prepared.info.get("tp_whole_attention")
+    if whole:
+        log.warning("%s: tensor parallelism would leave the attention of %s whole on every "
+                    "rank (%s%s): no pair of Linears around it splits by heads, as a learned "
+                    "position bias shared by the layers (T5's, Swin's) or packed projections "
+                    "(nn.MultiheadAttention's) keep it apart; priced so, which weighs against tp",
+                    prepared.info["name"], counted(len(whole), "module"), whole[0],
+                    f" and {len(whole) - 1} more" if len(whole) > 1 else "")
     frozen = prepared.info.get("frozen_params")
     if frozen:
         log.info("%s: %s: %s", prepared.info["name"],

@@ -17,7 +17,7 @@ from planner.errors import SpecError, TraceError
 from planner.inputs.zoo import ZOO
 from planner.trace.blocks import build_blocks, unchained_repeats
 from planner.trace.graph import BlockGraph, OpGraph
-from planner.trace.tp_roles import analyze
+from planner.trace.tp_roles import analyze, whole_attention
 from planner.units import counted, human_count
 
 log = logging.getLogger("planner.api")  # the API's lines, which a sweep holds back together
@@ -138,7 +138,8 @@ def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_me
             raise SpecError(f"seq_len: {rm.seq_len:,} tokens exceed the {rows:,} learned "
                             f"positions of {table} (an embedding looked up by position); give "
                             f"--seq-len {rows:,} or less, or a model with more positions")
-    bg = build_blocks(og, analyze(og))
+    tp = analyze(og)
+    bg = build_blocks(og, tp)
     if not any(b.work.fwd_flops for b in bg.blocks):  # (a plan of nothing to compute)
         hidden = [op for op in og.unpriced_ops() if "set_grad_enabled" in op["op"]]
         raise TraceError(f"could not trace {rm.name}: its forward, as traced, does no arithmetic "
@@ -183,6 +184,9 @@ def trace_model(model, example_inputs, seq_len: int | None, dtype: str, trace_me
         info["own_checkpoints"] = own_checkpoints[0]
     if rm.frozen_params:
         info["frozen_params"] = int(rm.frozen_params)
+    whole = whole_attention(og, tp)
+    if whole:
+        info["tp_whole_attention"] = whole
     positions = rm.learned_positions or min((rows for _, rows in tables), default=0)
     if positions:  # (the lengths a hint may offer: planner.search.feasibility.length_note)
         info["learned_positions"] = positions

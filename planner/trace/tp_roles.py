@@ -170,6 +170,20 @@ def _try_row_parallel(row: Op, by, cons, linear_names, res: TPAnalysis,
     res.divisors[row.name] = sorted(d for d in divs if d > 0)
 
 
+def whole_attention(graph: OpGraph, res: TPAnalysis) -> list[str]:
+    """The modules (in trace order) whose attention no column/row pair splits: a fused core, or
+    eager scores' softmax over (..., heads, queries, keys), left out of every region (a learned
+    position bias shared by the layers, as T5's and Swin's, or nn.MultiheadAttention's packed
+    projections): tensor parallelism runs them whole on every rank."""
+    out: list[str] = []
+    for op in graph.ops:
+        core = op.kind == "attention" or (op.kind == "softmax" and len(op.shape) >= 4
+                                          and op.shape[-3] >= 2)
+        if core and op.module and not res.split_of(op.name)[0] and op.module not in out:
+            out.append(op.module)
+    return out
+
+
 FEATURE_CUTS = {"slice", "split", "split_with_sizes", "chunk", "narrow", "tensor_split"}
 """View ops that cut a tensor into parts (torch.fx targets, as the trace records them)."""
 

@@ -53,6 +53,33 @@ def test_megatron_pattern_found_in_llama(tiny_llama):
     assert w.params_rep == 2 * 64  # the two RMSNorm weights
     # heads (4), kv heads (2) and split feature sizes bound the tensor-parallel degree
     assert {2, 4}.issubset(set(tiny_llama.blocks.blocks[2].tp_divisors))
+    assert "tp_whole_attention" not in tiny_llama.info  # every attention split by heads
+
+
+def test_attention_tensor_parallelism_cannot_split_is_named(tmp_path, caplog):
+    """T5's self-attention adds a learned position bias the layers share, so no column/row pair
+    forms around it: the model says which attention stays whole on every tp rank (a review saw
+    it priced so with no word), while its cross-attention and MLPs split."""
+    import json
+    import logging
+
+    from planner import model_notes
+    from planner.api import prepare
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "t5", "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2,
+        "num_heads": 4, "vocab_size": 128, "decoder_start_token_id": 0, "pad_token_id": 0}))
+    t5 = prepare(str(tmp_path / "config.json"), seq_len=16, cache_dir=None)
+    whole = t5.info["tp_whole_attention"]
+    assert whole[0] == "encoder.block.0.layer.0.SelfAttention" and len(whole) == 4
+    assert not any("EncDecAttention" in m for m in whole)
+    roles = t5.blocks.tp_roles
+    assert roles["decoder.block.0.layer.1.EncDecAttention.o"] == "rowwise"
+    assert roles["encoder.block.0.layer.0.SelfAttention.o"] == "replicate"
+    with caplog.at_level(logging.WARNING, logger="planner.api"):
+        model_notes.say(t5, 16)
+    assert ("tensor parallelism would leave the attention of 4 modules whole on every rank "
+            "(encoder.block.0.layer.0.SelfAttention and 3 more)") in caplog.text
 
 
 def test_tied_embedding_is_shared_between_first_and_last_block(tiny_gpt2):
