@@ -282,26 +282,38 @@ def _stop_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+NATIVE_CRASHES = ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGFPE", "SIGILL")
+"""Signals a process dies of when native code fails (not sent from outside the run)."""
+
+
 def _failure(code: int, text: str, log_path: str = "") -> PlannerError:
     """The first process's one-line reason: a refusal (SpecError), else its crash."""
     lines = text.splitlines()
     where = (f"their output is in {log_path}" if log_path else
              "rerun with -v to see their output")
-    for marker in (ERROR_MARK, CRASH_MARK):
-        for line in lines:
-            if marker in line:
-                reason = line.split(marker, 1)[1].strip()
-                if marker == ERROR_MARK:
-                    return SpecError(reason)
-                return RunError(f"run: a process crashed: {reason[:300]}; {where}",
-                                "in the planner's runtime or in the model's own code, as the "
-                                "traceback shows; please report the former with the command line")
     # torchrun's failure summary: the root cause (first failed rank) with its exit code and signal
     root = next((i for i, ln in enumerate(lines) if "Root Cause" in ln), 0)
     summary = [ln.strip() for ln in lines[root:]
                if ln.strip().startswith(("exitcode", "traceback", "rank"))][:3]
     tail = summary or [ln.strip() for ln in lines if ln.strip() and set(ln.strip()) != {"="}][-1:]
     reason = ", ".join(tail) or "no output"
+    signals = re.findall(r"Signal \d+ \((SIG\w+)\)", text)
+    native = next((s for s in signals if s in NATIVE_CRASHES), None)
+    for marker in (ERROR_MARK, CRASH_MARK):
+        for line in lines:
+            if marker in line and not (marker == CRASH_MARK and native):
+                reason = line.split(marker, 1)[1].strip()
+                if marker == ERROR_MARK:
+                    return SpecError(reason)
+                return RunError(f"run: a process crashed: {reason[:300]}; {where}",
+                                "in the planner's runtime or in the model's own code, as the "
+                                "traceback shows; please report the former with the command line")
+    if native:  # (the others' errors, a peer's connection reset, follow from it)
+        return RunError(f"run: a process died of {native} (exit {code}): {reason[:300]}; {where}",
+                        "a crash in native code (torch's or a library's), which Python cannot "
+                        "catch; the other processes' errors follow from it. With a pipeline, "
+                        "torch's split backward (schedule zb-h1) is one known cause: `--fix "
+                        "schedule=1f1b` re-plans without it")
     signal_name = re.search(r"Signal \d+ \((SIG\w+)\)", text)
     if signal_name and signal_name.group(1) == "SIGKILL":
         hint = ("a process was killed (SIGKILL): most often the kernel's out-of-memory killer "

@@ -505,6 +505,14 @@ def test_a_process_killed_by_a_signal_is_a_failed_run_that_names_the_likely_caus
     assert "out-of-memory killer" in killed.hint
     stopped = launch._failure(1, summary.replace("9 (SIGKILL)", "15 (SIGTERM)"))
     assert stopped.hint == "a process was stopped by SIGTERM from outside the run"
+    # a segfault on one rank: the other's knock-on crash (a peer's connection reset) and
+    # torchrun's SIGTERM to the rest are not the cause (a review read both as the cause)
+    segv = (f"rank 0 {launch.CRASH_MARK} RuntimeError: [gloo] Read error: Connection reset by "
+            "peer\n" + summary.replace("9 (SIGKILL)", "11 (SIGSEGV)")
+            + "  traceback : Signal 15 (SIGTERM) received by PID 4243\n")
+    died = launch._failure(1, segv)
+    assert str(died).startswith("run: a process died of SIGSEGV (exit 1): rank      : 1")
+    assert "Connection reset" not in str(died) and "native code" in died.hint
 
     def fail(*args, **kwargs):
         raise killed
