@@ -437,8 +437,9 @@ def _whole_backward(module: StageModule, flow: Dataflow, split: bool, plan: Plan
     """torch's split backward (B = input gradients, W = weight gradients) fails on a module that
     runs twice in one stage (pytorch/pytorch#180952), on activation checkpointing (its weight
     pass cannot replay torch.utils.checkpoint's recomputation) and on a later stage with a trained
-    weight applied to what no received activation feeds: integer model inputs it receives (an
-    encoder-decoder's decoder embedding its own token ids) or constants (T5's relative position
+    weight applied to what no received activation feeds: model inputs it receives (an
+    encoder-decoder's decoder embedding its own token ids, a diffusion UNet's text context) or
+    constants (T5's relative position
     bias, an embedding of bucket indices); W then runs into parts of the graph another weight's
     pass freed. Such a stage computes the weight gradients during B and runs W as a no-op (same
     numbers, no deferred weight work)."""
@@ -447,6 +448,10 @@ def _whole_backward(module: StageModule, flow: Dataflow, split: bool, plan: Plan
     units = module.cut.units
     reused = sorted(m for m in flow.reused if any(m == u or m.startswith(u + ".") for u in units))
     ids = [k[1] for k in module.cut.carry_in if k[0] == "input" and k[1] in module.id_ranges]
+    # a float model input a later stage receives beside its activations (a diffusion UNet's text
+    # context for its cross-attention, a review found torch's split backward crash on)
+    floats = [] if module.cut.index == 0 else [
+        k[1] for k in module.cut.carry_in if k[0] == "input" and k[1] not in module.id_ranges]
     consts = [] if module.cut.index == 0 else sorted(
         m for m, fed in flow.feeds.items() if not fed and any(
             m == u or m.startswith(u + ".") for u in units) and any(
@@ -455,6 +460,8 @@ def _whole_backward(module: StageModule, flow: Dataflow, split: bool, plan: Plan
         why = f"{reused[0]} runs twice per forward"
     elif ids:
         why = f"it reads integer model input {ids[0]} (token ids) beside the activations it receives"
+    elif floats:
+        why = f"it reads model input {floats[0]} beside the activations it receives"
     elif consts:
         why = f"{consts[0]}'s weight is applied to constants, not to what the stage receives"
     elif plan.parallel["recompute"] != "none" and _checkpointed(plan, units):

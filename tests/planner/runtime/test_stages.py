@@ -103,3 +103,28 @@ def test_a_model_returning_its_loss_is_told_the_runtime_wants_logits():
                                         r"logits"):
         mdl.synthetic_targets((), 4, seed=0)
     assert mdl.synthetic_targets((4, 16, 10), 4, seed=0).shape == (4, 16)
+
+
+def test_a_later_stage_receiving_a_model_input_runs_w_inside_b():
+    """torch's split weight pass crashed (SIGSEGV) on a later stage whose cross-attention reads
+    a float model input it receives (a diffusion UNet's text context, a review): such a stage,
+    like one receiving token ids, computes its weight gradients in B; the first stage, which
+    reads the model's inputs anyway, and a later stage receiving activations only do not."""
+    from types import SimpleNamespace
+
+    from planner.runtime.build import _whole_backward
+
+    def stage(index, carry_in):
+        cut = SimpleNamespace(units=["up"], carry_in=carry_in, index=index)
+        return SimpleNamespace(cut=cut, id_ranges={1: (0, 999)}, model=None)
+
+    flow = SimpleNamespace(reused=[], feeds={})
+    plan = SimpleNamespace(parallel={"recompute": "none"})
+    context = [("input", 2), ("activation", "mid")]
+    out = SimpleNamespace(notes=[])
+    assert _whole_backward(stage(1, context), flow, True, plan, out) is not None
+    assert out.notes == ["stage 1: W runs inside B (it reads model input 2 beside the activations "
+                         "it receives; torch's split backward cannot handle that)"]
+    for module in (stage(0, [("input", 0)]), stage(1, [("activation", "mid")])):
+        assert _whole_backward(module, flow, True, plan, SimpleNamespace(notes=[])) is None
+    assert _whole_backward(stage(1, context), flow, False, plan, out) is None  # no split at all
