@@ -63,9 +63,17 @@ def _engines(p: Plan) -> list[str]:
         near_text = f"; within {near['target']}'s rules nothing fits ({near['reason']})"
     else:
         near_text = "; `plan solve --target NAME` plans within one engine's"
+    kernels = ""
+    if targets.model_refusal(p.model, "megatron") and \
+            engine_from_mapping(p.training.get("engine")).kernels == "fused":
+        # (the default software is Megatron-Core's, whose fused kernels no engine running this
+        # model has: a review saw a Swin priced 45% faster than its eager code runs)
+        kernels = ("; its step is priced with Megatron-Core's fused kernels (the default "
+                   "--engine), which the engines that run this model do not have: --engine "
+                   "torch prices its own eager code, --engine torchtitan-compile torch.compile's")
     return wrap(f"  engines: planned with --target any; its knobs and dtype keep to the rules of "
                 f"{', '.join(runs) or 'no engine'}, not {', '.join(refused)} (an export checks "
-                f"the model's own){near_text}",
+                f"the model's own){near_text}{kernels}",
                 indent="    ") + [""]
 
 

@@ -295,9 +295,17 @@ def test_target_megatron_refuses_an_image_model_and_the_engines_line_agrees(tmp_
                                         r"\(pretrain_gpt.py's layout\), and .* is an image "
                                         r"model; plan with --target torchtitan, deepspeed or any$"):
         planner.plan(str(tmp_path / "config.json"), target="megatron", **kw)
-    runs, refused = engine_fit(planner.plan(str(tmp_path / "config.json"), fix="pp=2", **kw))
+    vit = planner.plan(str(tmp_path / "config.json"), fix="pp=2", **kw)
+    runs, refused = engine_fit(vit)
     assert not any(r.startswith("megatron") for r in runs)
     assert "megatron (image model)" in refused
+    # priced with Megatron-Core's fused kernels (the default), which no engine running it has:
+    # the line says so and names the engines that price plain code (a review); not when asked
+    from planner.report.summary import summary
+    said = " ".join(summary(vit).split())
+    assert "its step is priced with Megatron-Core's fused kernels (the default --engine)" in said
+    eager = planner.plan(str(tmp_path / "config.json"), fix="pp=2", engine="torch", **kw)
+    assert "Megatron-Core's fused kernels" not in " ".join(summary(eager).split())
 
 def test_a_config_missing_its_dimensions_is_warned_about(tmp_path, caplog):
     """A new-user check planned a T5 config without d_model and vocab_size at transformers'
