@@ -62,12 +62,19 @@ def _mentions_tables(spec: str) -> bool:
         except (ImportError, ValueError):
             return False
         path = getattr(found, "origin", None) or ""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return False
-    return any(w in text for w in TABLE_WORDS)
+    from planner.trace.cache import local_sources  # (reads import statements; runs nothing)
+
+    # the file and what it imports from its own folder (a factory importing its model from a
+    # file beside it: a review saw such a model planned as dense)
+    for source in local_sources(path) if path else ():
+        try:
+            with open(source, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if any(w in text for w in TABLE_WORDS):
+            return True
+    return False
 
 
 def _factory_module(out, spec: str):

@@ -12,7 +12,9 @@ The file needs only TorchRec to load. It holds the plan's tables as data (``TABL
   ``EmbeddingShardingPlanner``, which then places the shards itself (ParameterConstraints has no
   ranks: ``RANKS`` lists the plan's);
 - ``sharder(learning_rate)``: an ``EmbeddingBagCollectionSharder`` with the plan's table optimizer
-  fused (fbgemm's ``EmbOptimType``).
+  fused (fbgemm's ``EmbOptimType``); for tables in an ``EmbeddingCollection`` (sequence tables,
+  no pooling) its ``EmbeddingCollectionSharder``, which DistributedModelParallel matches to that
+  module type.
 
 ``to_torchrec_json`` is the same data as JSON. A plan without an ``embeddings`` section raises
 SpecError (planner.export refuses it before calling here).
@@ -142,6 +144,14 @@ def _notes(plan: Plan, tabs: dict) -> list[str]:
         notes.append(f"the tables are in {len(paths)} collections ({', '.join(paths)}): "
                      f"MODULE_PATH is {DEFAULT_MODULE_PATH!r}; shard each with its own tables "
                      "(sharding_plan(module_path=...) per collection)")
+    pooled = {bool(t.get("pooled", True)) for t in emb["tables"]}
+    if pooled == {True, False}:
+        sequence = [t["name"] for t in emb["tables"] if not t.get("pooled", True)]
+        notes.append(f"{len(sequence)} table(s) ({', '.join(sequence[:3])}"
+                     f"{', ...' if len(sequence) > 3 else ''}) are an EmbeddingCollection's "
+                     "(sequence tables): sharder() is the EmbeddingBagCollection's; pass "
+                     "torchrec.distributed.embedding.EmbeddingCollectionSharder(fused_params=...) "
+                     "beside it for those")
     elif plan.model.get("source", "zoo") != "zoo" and not paths:
         notes.append(f"MODULE_PATH is {DEFAULT_MODULE_PATH!r}, where the zoo's models keep their "
                      "tables: set it to your model's EmbeddingBagCollection (TorchRec shards "
@@ -312,18 +322,24 @@ def to_torchrec(plan: Plan, version: str | None = None) -> str:
         break_on_hyphens=False)]
     lines = common.comment_block(_header(plan, version, tabs) + USE + [""] + [
         "Notes (each also warned on stderr):"] + wrapped)
+    imports, body, collection = IMPORTS, BODY, "EmbeddingBagCollection"
+    if not any(t.get("pooled", True) for t in emb["tables"]):  # an EmbeddingCollection's
+        collection = "EmbeddingCollection"
+        imports = imports.replace(
+            "torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder",
+            "torchrec.distributed.embedding import EmbeddingCollectionSharder")
+        body = body.replace("EmbeddingBagCollectionSharder", "EmbeddingCollectionSharder")
     lines += ['"""TorchRec sharding of ' + plan.model["name"] + ' written by planner."""',
-              IMPORTS, f"WORLD_SIZE = {int(emb['world_size'])}",
+              imports, f"WORLD_SIZE = {int(emb['world_size'])}",
               f"LOCAL_WORLD_SIZE = {int(plan.cluster.get('gpus_per_node') or emb['world_size'])}",
-              f"MODULE_PATH = {module_path(plan)!r}  # the EmbeddingBagCollection's path in "
-              "the model",
+              f"MODULE_PATH = {module_path(plan)!r}  # the {collection}'s path in the model",
               f"TABLE_OPTIMIZER = {opt!r}",
               f"FUSED_OPTIMIZER = {FUSED_OPTIMIZERS[opt]!r}  # fbgemm EmbOptimType member",
               ""]
     lines += _literal(tabs)
     lines += ["RANKS = {name: t['ranks'] for name, t in TABLES.items()}",
               '"""The rank of each shard (every rank for a data-parallel table)."""']
-    return "\n".join(lines) + "\n" + BODY
+    return "\n".join(lines) + "\n" + body
 
 
 def to_torchrec_json(plan: Plan, version: str | None = None) -> str:

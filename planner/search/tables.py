@@ -173,7 +173,7 @@ def _shardings(kind: str, t: Table, W: int, g: int, big: float, forced: bool):
     if kind == "data_parallel":
         if t.bytes <= DP_MAX_BYTES or forced:
             yield [Shard(r, 0, 0, t.rows, t.dim) for r in range(W)]
-    elif t.dim % FBGEMM_COLUMNS:
+    elif t.dim % FBGEMM_COLUMNS or (kind in EBC_ONLY and not t.pooled):
         return
     elif kind == "table_wise":
         yield [Shard(-1, 0, 0, t.rows, t.dim)]
@@ -207,9 +207,18 @@ def _pieces(dim: int, k: int) -> bool:
     return dim % k == 0 and dim // k >= 32 and (dim // k) % FBGEMM_COLUMNS == 0
 
 
+EBC_ONLY = ("table_row_wise", "grid_shard")
+"""Sharding types TorchRec's EmbeddingBagCollectionSharder offers and its
+EmbeddingCollectionSharder does not (torchrec/distributed/embedding.py, 1.8.0: data_parallel,
+table_wise, column_wise and row_wise only): not offered to a sequence table."""
+
+
 def _why_not(kind: str, t: Table, W: int, gpus_per_node: int) -> str:
     """Why ``_shardings`` offers no layout of ``kind`` (for the error a pin gets, and where a
     table has no layout at all)."""
+    if kind in EBC_ONLY and not t.pooled:
+        return (f"it is a sequence table (an EmbeddingCollection's), which TorchRec shards "
+                f"data_parallel, table_wise, column_wise or row_wise only; pin one of those")
     if kind != "data_parallel" and t.dim % FBGEMM_COLUMNS:
         wider = -(-t.dim // FBGEMM_COLUMNS) * FBGEMM_COLUMNS
         return (f"its {t.dim} columns are not a multiple of {FBGEMM_COLUMNS}, which FBGEMM's "

@@ -71,6 +71,14 @@ def test_module_with_embedding_bags_and_a_tables_yaml(capsys, tmp_path):
     # the table the file leaves out is named (a new-user check found every table at 1 id per
     # sample, silently)
     assert "ids per sample of item not given, 1 taken" in err and "of user" not in err
+    # a factory whose model comes from a file beside it, which it imports (a review saw it
+    # taken for a dense model, whose example inputs it lacked)
+    (tmp_path / "entry.py").write_text("from tiny import make\n\n\ndef build():\n"
+                                       "    return make()\n")
+    code, out, err = run(capsys, "solve", f"{tmp_path}/entry.py:build", "--cluster", "cpu",
+                         "--global-batch", "64", "-o", str(tmp_path / "q.json"))
+    assert code == 0, err
+    assert len(json.loads((tmp_path / "q.json").read_text())["embeddings"]["tables"]) == 2
 
 
 @pytest.mark.parametrize("extra,words", [

@@ -285,3 +285,31 @@ def test_an_fsdp2_dense_part_is_named_not_written_as_ddp():
     assert "shards it with FSDP2" in text and "--fix zero=0" in text
     assert "data-parallel (DDP, as DistributedModelParallel wraps it)" not in text
     assert "data-parallel (DDP, as DistributedModelParallel wraps it)" in to_torchrec(plan)
+
+
+def test_sequence_tables_get_the_embedding_collection_sharder(tmp_path, caplog):
+    """Tables of an EmbeddingCollection (no pooling): DistributedModelParallel matches sharders
+    by module type, so the file builds an EmbeddingCollectionSharder (a review saw the bag
+    collection's written, which would leave the tables unsharded); a plan with both kinds says
+    what to add. The search offers such tables only the types that sharder takes."""
+    pytest.importorskip("torchrec")
+    from costmodels.embeddings import Table
+    from planner.search.tables import _shardings, _why_not
+
+    plan = load_plan(PLAN)
+    for t in plan.embeddings["tables"]:
+        t["pooled"] = False
+    mod = load_export(to_torchrec(plan), tmp_path)
+    from torchrec import EmbeddingCollection
+    assert mod.sharder(learning_rate=0.1).module_type is EmbeddingCollection
+    assert "the EmbeddingCollection's path in the model" in to_torchrec(plan)
+    plan.embeddings["tables"][0]["pooled"] = True
+    with caplog.at_level("WARNING", logger="planner.export"):
+        to_torchrec(plan)
+    assert "are an EmbeddingCollection's (sequence tables): sharder() is the " \
+           "EmbeddingBagCollection's" in caplog.text
+    seq = Table(name="seq", rows=10_000_000, dim=64, pooled=False)
+    for kind in ("table_row_wise", "grid_shard"):
+        assert list(_shardings(kind, seq, 16, 8, 0.0, True)) == []
+        assert "a sequence table" in _why_not(kind, seq, 16, 8)
+    assert list(_shardings("row_wise", seq, 16, 8, 0.0, True))
