@@ -66,6 +66,11 @@ ID_BYTES = 8
 """Ids (int64) and their lengths travel in the input distribution."""
 
 
+MAX_POOLING = 1e6
+"""Ids per sample and feature a table's pooling stays below (a figure past it is a typo: a
+sample of a million lookups in one feature)."""
+
+
 @dataclass(frozen=True)
 class Table:
     """One embedding table and how the model uses it."""
@@ -96,9 +101,9 @@ class Table:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpecError(f"tables.{self.name}.{key}: expected a positive integer, got {v!r}")
-        if not (isinstance(self.pooling, (int, float)) and 0 < self.pooling < 1e6):
-            raise SpecError(f"tables.{self.name}.pooling: expected a positive number of ids per "
-                            f"sample, got {self.pooling!r}")
+        if not (isinstance(self.pooling, (int, float)) and 0 < self.pooling < MAX_POOLING):
+            raise SpecError(f"tables.{self.name}.pooling: expected a number of ids per sample "
+                            f"above 0 and below {MAX_POOLING:,.0f}, got {self.pooling!r}")
         if not (isinstance(self.skew, (int, float)) and 0 <= self.skew < 1):
             raise SpecError(f"tables.{self.name}.skew: expected a number in [0, 1), got "
                             f"{self.skew!r}")

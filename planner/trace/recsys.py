@@ -29,7 +29,7 @@ import os
 import torch
 from torch import nn
 
-from costmodels.embeddings import RecModel, Table
+from costmodels.embeddings import MAX_POOLING, RecModel, Table
 from planner.errors import SpecError, TraceError
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,8 @@ def check_table_stats(tables, where: str = "tables") -> dict:
     return tables
 
 
-STAT_RULES = {"pooling": "a number of ids per sample and feature above 0, e.g. 1.5",
+STAT_RULES = {"pooling": f"a number of ids per sample and feature above 0 and below "
+                         f"{MAX_POOLING:,.0f}, e.g. 1.5",
               "skew": "a number from 0 (ids drawn uniformly) up to, not including, 1, e.g. 0.6",
               "features": "a whole number of features above 0 looking the table up, e.g. 2"}
 """What each statistic of a tables file takes, in the words of its error."""
@@ -233,7 +234,8 @@ def _check_stat(where: str, key: str, value) -> None:
             pass
     number = isinstance(value, numbers.Real) and not isinstance(value, bool)
     ok = number and math.isfinite(value) and (0 <= value < 1 if key == "skew" else value > 0) \
-        and (key != "features" or float(value).is_integer())
+        and (key != "features" or float(value).is_integer()) \
+        and (key != "pooling" or value < MAX_POOLING)
     if not ok:
         hint = " (one figure for all the table's features: their mean)" \
             if isinstance(value, list) and key == "pooling" else ""

@@ -197,8 +197,12 @@ def test_whatif_of_a_recommendation_model_varies_and_pins_its_sharding(capsys, t
     # values that are not numbers (a new user's pooling: abc, skew: null and TorchRec's list of
     # pooling factors ended in an internal error), or not in range
     ("tables:\n  t_cat_0: {pooling: abc}\n",
-     "tables.t_cat_0.pooling: expected a number of ids per sample and feature above 0, e.g. 1.5, "
-     "got 'abc'"),
+     "tables.t_cat_0.pooling: expected a number of ids per sample and feature above 0 and below "
+     "1,000,000, e.g. 1.5, got 'abc'"),
+    # (a review's 1e9 was refused by the table itself, without the file's name or the bound)
+    ("tables:\n  t_cat_0: {pooling: 1e9}\n", "t.yaml: tables.t_cat_0.pooling: expected "
+                                              "a number of ids per sample and feature above 0 "
+                                              "and below 1,000,000"),
     ("tables:\n  t_cat_0: {skew: null}\n", "tables.t_cat_0.skew: expected a number from 0"),
     ("tables:\n  t_cat_0: {skew: 1.0}\n", "up to, not including, 1, e.g. 0.6, got 1.0"),
     ("tables:\n  t_cat_0: {pooling: [1, 2]}\n", "got [1, 2] (one figure for all the table's "
