@@ -223,8 +223,8 @@ def _why_not(kind: str, t: Table, W: int, gpus_per_node: int) -> str:
     """Why ``_shardings`` offers no layout of ``kind`` (for the error a pin gets, and where a
     table has no layout at all)."""
     if kind in EBC_ONLY and not t.pooled:
-        return (f"it is a sequence table (an EmbeddingCollection's), which TorchRec shards "
-                f"data_parallel, table_wise, column_wise or row_wise only; pin one of those")
+        return ("it is a sequence table (an EmbeddingCollection's), which TorchRec shards "
+                "data_parallel, table_wise, column_wise or row_wise only; pin one of those")
     if kind != "data_parallel" and t.dim % FBGEMM_COLUMNS:
         wider = -(-t.dim // FBGEMM_COLUMNS) * FBGEMM_COLUMNS
         return (f"its {t.dim} columns are not a multiple of {FBGEMM_COLUMNS}, which FBGEMM's "
