@@ -105,12 +105,12 @@ def plan_recsys(model, *, cluster, nodes=None, gpus_per_node=None, global_batch:
     cl.device.peak(dtype)
     training = TrainingSpec(global_batch=global_batch, seq_len=1, dtype=dtype,
                             optimizer=optimizer, engine=engine_spec(engine))
-    sharding, zero = _rec_fix(fix)
+    sharding, zero, pins = _rec_fix(fix)
     if global_batch % cl.num_gpus:
         raise SpecError(f"global_batch: {global_batch} does not divide over {cl.num_gpus} GPUs; "
                         f"give a multiple of {cl.num_gpus}")
     prepared = prepare_recsys(model, tables, dtype=dtype)
-    return plan_rec_prepared(prepared, cl, training, sharding=sharding, zero=zero,
+    return plan_rec_prepared(prepared, cl, training, sharding=sharding, zero=zero, table_pins=pins,
                              table_optimizer=table_optimizer, pipeline=pipeline,
                              time_limit_s=time_limit_s, record_timing=record_timing)
 
@@ -175,6 +175,7 @@ def prepare_recsys(model, tables=None, dtype: str = "fp32") -> PreparedRec:
 
 def plan_rec_prepared(prepared: PreparedRec, cluster, training: TrainingSpec, *,
                       sharding: str | None = None, zero: int | None = None,
+                      table_pins: dict | None = None,
                       table_optimizer: str | None = None, pipeline: str = "sparse-dist",
                       time_limit_s: float | None = None, record_timing: bool = False) -> Plan:
     """Shard and price an already measured recommendation model on ``cluster``: the dense part
@@ -187,6 +188,7 @@ def plan_rec_prepared(prepared: PreparedRec, cluster, training: TrainingSpec, *,
     entry = RECSYS.get((info.get("spec") or "").lower())
     default_opt = entry.optimizer if entry else ("sgd" if training.optimizer == "sgd" else "adam")
     opts = RecOptions(pipeline=pipeline, fix_sharding=sharding,
+                      fixed=tuple((name, kind, None) for name, kind in (table_pins or {}).items()),
                       optimizer=table_optimizer or default_opt,
                       time_limit_s=time_limit_s or RecOptions.time_limit_s)
     t0 = time.perf_counter()
@@ -210,23 +212,39 @@ def plan_rec_prepared(prepared: PreparedRec, cluster, training: TrainingSpec, *,
 
 
 def _rec_fix(fix) -> tuple:
-    """(sharding, zero): the knobs a recommendation model's --fix takes: ``sharding=<type>`` for
-    every table, ``zero=0|3`` for the dense part (DDP or FSDP2)."""
+    """(sharding, zero, pins): the knobs a recommendation model's --fix takes: ``sharding=<type>``
+    for every table, ``sharding.<table>=<type>`` for one (over the first), ``zero=0|3`` for the
+    dense part (DDP or FSDP2)."""
     if fix is None or fix == "" or fix == {}:
-        return None, None
+        return None, None, {}
     items = dict(fix) if isinstance(fix, dict) else dict(
         part.split("=", 1) if "=" in part else (part, "") for part in str(fix).split(","))
-    if not items or set(items) - {"sharding", "zero"}:
+    pins = table_pins(items)
+    if (not items and not pins) or set(items) - {"sharding", "zero"}:
         other = sorted(set(items) - {"sharding", "zero"}) or ["nothing"]
         raise SpecError(f"fix.{other[0]}: recommendation models take only sharding=<type> (one "
                         f"of data_parallel, table_wise, column_wise, row_wise, table_row_wise, "
-                        f"grid_shard) and zero=0|3; drop {', '.join(other)}")
+                        f"grid_shard; sharding.<table>=<type> for one table) and zero=0|3; drop "
+                        f"{', '.join(other)}")
     zero = items.pop("zero", None)
     if zero is not None:
         zero = _dense_zero(zero)
-    if not items:
-        return None, zero
-    return str(items["sharding"]), zero
+    return (str(items["sharding"]) if "sharding" in items else None), zero, pins
+
+
+def table_pins(items: dict, where: str = "fix") -> dict[str, str]:
+    """The ``sharding.<table>=<type>`` pins of ``items`` (removed from it), by table name, each
+    type checked (a review's one narrow table made every all-table pin fail)."""
+    from costmodels.embeddings import SHARDING_TYPES
+
+    pins = {}
+    for key in [k for k in items if str(k).startswith("sharding.")]:
+        name, kind = str(key).split(".", 1)[1], str(items.pop(key)).strip()
+        if not name or kind not in SHARDING_TYPES:
+            raise SpecError(f"{where}.{key}: expected sharding.<table>=<type> with a type of "
+                            f"{', '.join(SHARDING_TYPES)}, got {kind!r}")
+        pins[name] = kind
+    return pins
 
 
 def _dense_zero(value) -> int:

@@ -74,10 +74,12 @@ def _split_fix(fix, recsys: bool) -> tuple[dict, dict]:
     items = parse_pairs(fix, where="fix", example="--fix tp=8") if isinstance(fix, str) else \
         dict(fix or {})
     tables = {k: items.pop(k) for k in TABLE_KEYS if k in items}
-    if tables and not recsys:
+    pins = recsys_api.table_pins(items)
+    if (tables or pins) and not recsys:
         raise SpecError("fix.sharding: shards a recommendation model's embedding tables, and "
                         "this model has none; drop it")
-    return parse_fix(items), {k: sharding_type(v, f"fix.{k}") for k, v in tables.items()}
+    return parse_fix(items), {**{k: sharding_type(v, f"fix.{k}") for k, v in tables.items()},
+                              **({"pins": pins} if pins else {})}
 
 
 def whatif(model, *, cluster=None, vary: Mapping[str, Sequence], global_batch: int | None = None,
@@ -328,6 +330,7 @@ def _run_recsys(model, tasks: list[_Task], progress, stats=None) -> list[dict]:
             try:
                 plan = recsys_api.plan_rec_prepared(
                     prepared, t.cluster, t.training, sharding=t.tables.get("sharding"),
+                    table_pins=t.tables.get("pins"),
                     zero=t.options.fix.get("zero"),
                     table_optimizer=t.tables.get("table_optimizer"),
                     pipeline=t.tables.get("pipeline", "sparse-dist"),

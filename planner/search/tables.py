@@ -83,7 +83,7 @@ class RecOptions:
     fix_sharding: str | None = None
     """Pin every table to one sharding type (``table_wise``, ``row_wise``, ...)."""
     fixed: tuple = ()
-    """Pinned layouts: ((table name, sharding type, tier), ...)."""
+    """Pinned layouts: ((table name, sharding type, tier or None: any), ...)."""
     tiers: tuple = ("hbm", "uvm_caching", "host")
     time_limit_s: float = 10.0
     comm_bytes: int = emb.OUTPUT_DTYPE_BYTES
@@ -151,7 +151,7 @@ def layouts(table: Table, env: RecEnv, opts: RecOptions, big: float,
     pinned = {name: (s, t) for name, s, t in opts.fixed}.get(table.name)
     kinds = [pinned[0]] if pinned else ([opts.fix_sharding] if opts.fix_sharding else
                                          list(emb.SHARDING_TYPES))
-    tiers = [pinned[1]] if pinned else list(opts.tiers)
+    tiers = [pinned[1]] if pinned and pinned[1] else list(opts.tiers)  # (None: any tier)
     for tier in tiers:
         ratios = CACHE_RATIOS if tier == "uvm_caching" else (0.0,)
         for ratio in ratios:
@@ -222,24 +222,26 @@ table_wise, column_wise and row_wise only): not offered to a sequence table."""
 def _why_not(kind: str, t: Table, W: int, gpus_per_node: int) -> str:
     """Why ``_shardings`` offers no layout of ``kind`` (for the error a pin gets, and where a
     table has no layout at all)."""
+    pin = f"sharding.{t.name}="  # (this table alone; sharding= pins every table)
     if kind in EBC_ONLY and not t.pooled:
         return ("it is a sequence table (an EmbeddingCollection's), which TorchRec shards "
-                "data_parallel, table_wise, column_wise or row_wise only; pin one of those")
+                f"data_parallel, table_wise, column_wise or row_wise only; pin {pin}row_wise "
+                "or another of those")
     if kind != "data_parallel" and t.dim % FBGEMM_COLUMNS:
         wider = -(-t.dim // FBGEMM_COLUMNS) * FBGEMM_COLUMNS
         return (f"its {t.dim} columns are not a multiple of {FBGEMM_COLUMNS}, which FBGEMM's "
                 f"kernels under TorchRec's sharded tables need; widen it to {wider} columns, or "
-                "pin sharding=data_parallel (a copy on every GPU)")
+                f"pin {pin}data_parallel (a copy on every GPU)")
     if kind in ("table_row_wise", "grid_shard") and W <= gpus_per_node:
         return (f"{kind} shards rows inside each node and needs more than one node (this "
-                f"cluster is one node of {W} GPUs); pin row_wise instead")
+                f"cluster is one node of {W} GPUs); pin {pin}row_wise instead")
     if kind in ("row_wise", "column_wise") and W == 1:
         return f"{kind} needs more than one GPU"
     if kind in ("column_wise", "grid_shard"):
         return (f"its {t.dim} columns do not cut into 2, 4 or 8 pieces of 32 columns or more, "
                 f"each a multiple of {FBGEMM_COLUMNS} (on the ranks or nodes there are); pin "
-                "table_wise or row_wise")
-    return "pin another sharding type"
+                f"{pin}table_wise or row_wise")
+    return f"pin {pin}<another sharding type>"
 
 
 def _load(cost: emb.ShardCost, rank: int, env: RecEnv) -> Load:
@@ -342,7 +344,9 @@ def _plan_tables(model, cluster, global_batch, dtype, engine, opts, solve_time_l
     names = {t.name for t in model.tables}
     for name, _, _ in opts.fixed:
         if name not in names:
-            raise SpecError(f"fix: table {name!r} is not in the model")
+            listed = sorted(names)
+            raise SpecError(f"fix.sharding.{name}: not a table of the model (its tables: "
+                            f"{', '.join(listed[:8])}{', ...' if len(listed) > 8 else ''})")
     big = model.table_bytes / W
     held = [t.bytes + t.rows * emb.optimizer_row_bytes(opts.optimizer, t.dim)
             for t in model.tables]  # each table with its optimizer state

@@ -120,6 +120,36 @@ def test_a_gantt_of_a_recommendation_plan_is_refused_before_the_report(capsys, t
     assert not (tmp_path / "g.png").exists()
 
 
+def test_one_table_is_pinned_apart_from_the_others(capsys, tmp_path):
+    """sharding.<table>=<type> pins one table, over sharding=<type> for the rest (a review's
+    18-wide table, which only a copy on every GPU takes, made every all-table pin fail, and the
+    error's hint could not be followed); plan solve and plan whatif alike."""
+    (tmp_path / "odd.py").write_text(FACTORY.replace("nn.EmbeddingBag(20000, 32", "nn.EmbeddingBag("
+                                                     "20000, 18").replace("nn.Linear(64, 64)",
+                                                                          "nn.Linear(50, 64)"))
+    spec = f"{tmp_path}/odd.py:make"
+    args = ("--cluster", "dgx-a100-40g", "--global-batch", "8192")
+    code, _, err = run(capsys, "solve", spec, *args, "--fix", "sharding=row_wise")
+    assert code == 2 and "pin sharding.item=data_parallel (a copy on every GPU)" in err
+    path = tmp_path / "p.json"
+    code, _, err = run(capsys, "solve", spec, *args, "--fix",
+                       "sharding=row_wise,sharding.item=data_parallel", "-o", str(path))
+    assert code == 0, err
+    kinds = {t["name"]: t["sharding_type"] for t in json.loads(path.read_text())["embeddings"]
+             ["tables"]}
+    assert kinds == {"user": "row_wise", "item": "data_parallel"}
+    code, out, err = run(capsys, "whatif", spec, *args, "--fix", "sharding.item=data_parallel",
+                         "--vary", "sharding=row_wise,table_wise")
+    assert code == 0, err
+    assert "tables data_parallel 1, row_wise 1" in out and "data_parallel 1, table_wise 1" in out
+    for pin, words in (("sharding.item=diagonal", "fix.sharding.item: expected sharding.<table>="
+                                                  "<type> with a type of data_parallel"),
+                       ("sharding.nope=row_wise", "fix.sharding.nope: not a table of the model "
+                                                  "(its tables: item, user)")):
+        code, _, err = run(capsys, "solve", spec, *args, "--fix", pin)
+        assert code == 2 and words in err, err
+
+
 def test_a_factory_of_the_planners_recnet_plans_from_the_command_line(capsys, tmp_path):
     """A factory building planner.trace.recsys.RecNet (TorchRec imported lazily, under the meta
     device the factory runs on) is a recommendation model to `plan solve`."""
