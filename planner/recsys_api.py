@@ -187,6 +187,11 @@ def plan_rec_prepared(prepared: PreparedRec, cluster, training: TrainingSpec, *,
     rec, info = prepared.rec, prepared.info
     entry = RECSYS.get((info.get("spec") or "").lower())
     default_opt = entry.optimizer if entry else ("sgd" if training.optimizer == "sgd" else "adam")
+    if table_optimizer is None and entry is None:  # (a review's own model got adam unsaid)
+        log.info("tables: their fused optimizer is %s, from the dense part's%s; "
+                 "--table-optimizer sets another (sgd or rowwise_adagrad keep the least state)",
+                 default_opt, " (two fp32 states per element, twice the table)"
+                 if default_opt == "adam" else "")
     opts = RecOptions(pipeline=pipeline, fix_sharding=sharding,
                       fixed=tuple((name, kind, None) for name, kind in (table_pins or {}).items()),
                       optimizer=table_optimizer or default_opt,

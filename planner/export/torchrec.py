@@ -157,6 +157,11 @@ def _notes(plan: Plan, tabs: dict) -> list[str]:
                      "tables: set it to your model's EmbeddingBagCollection (TorchRec shards "
                      "EmbeddingBagCollections; plain nn.EmbeddingBag tables go into one first)")
     optimizer = plan.training.get("optimizer", "adam")
+    if plan.training.get("dtype", "fp32") != "fp32":  # (a review: said nowhere)
+        notes.append(f"dtype {plan.training['dtype']}: the plan priced the dense part in "
+                     f"{plan.training['dtype']}; DistributedModelParallel runs the model's own "
+                     "dtype, so cast the dense part or run it under torch.autocast with "
+                     "that dtype")
     if (emb.get("dense") or {}).get("zero") == 3:
         notes.append("the dense part: the plan shards it with FSDP2 (fully_shard: weights, "
                      "gradients and optimizer states, ZeRO-3), which DistributedModelParallel "

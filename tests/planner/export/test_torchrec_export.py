@@ -313,3 +313,17 @@ def test_sequence_tables_get_the_embedding_collection_sharder(tmp_path, caplog):
         assert list(_shardings(kind, seq, 16, 8, 0.0, True)) == []
         assert "a sequence table" in _why_not(kind, seq, 16, 8)
     assert list(_shardings("row_wise", seq, 16, 8, 0.0, True))
+
+
+def test_a_16_bit_plan_says_the_dense_part_needs_casting(caplog):
+    """DistributedModelParallel runs the model in its own dtype: a bf16 plan's export says to
+    cast the dense part or autocast it (a review saw nothing said); an fp32 plan says nothing."""
+    plan = load_plan(PLAN)
+    with caplog.at_level("WARNING", logger="planner.export"):
+        to_torchrec(plan)
+    assert "torch.autocast" not in caplog.text
+    plan.training["dtype"] = "bf16"
+    with caplog.at_level("WARNING", logger="planner.export"):
+        text = to_torchrec(plan)
+    assert "dtype bf16: the plan priced the dense part in bf16" in caplog.text
+    assert "torch.autocast" in text
