@@ -411,9 +411,21 @@ def _plan_tables(model, cluster, global_batch, dtype, engine, opts, solve_time_l
         shards, it = [], iter(ranks)
         for s in lay.shards:
             shards.append(Shard(next(it), s.row, s.col, s.rows, s.cols) if s.rank < 0 else s)
-        chosen.append(Layout(lay.sharding, tuple(shards), lay.tier, lay.cache_ratio))
+        lay = Layout(lay.sharding, tuple(shards), lay.tier, lay.cache_ratio)
+        pinned = opts.fix_sharding or t.name in {n for n, _, _ in opts.fixed}
+        chosen.append(lay if pinned else _whole_where_stacked(lay, t))
     return _price_plan(model, cluster, env, chosen, dtype, engine, opts, placed, wall,
                        dense_mem, part)
+
+
+def _whole_where_stacked(lay: Layout, t: Table) -> Layout:
+    """A column-wise layout whose pieces the placement put on one rank is that table whole there
+    (table-wise): the same lookups and exchange on that rank, one piece and one sharding group
+    fewer for the host to run (a review saw ``CW x2, ranks 0``, which the solver's ties left)."""
+    if lay.sharding != "column_wise" or len({s.rank for s in lay.shards}) != 1:
+        return lay
+    return Layout("table_wise", (Shard(lay.shards[0].rank, 0, 0, t.rows, t.dim),), lay.tier,
+                  lay.cache_ratio)
 
 
 def _dense_mem(model: RecModel, env: RecEnv, opts: RecOptions, part: DensePart | None) -> float:

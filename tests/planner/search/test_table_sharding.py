@@ -167,3 +167,22 @@ def test_a_table_larger_than_64_mib_is_offered_data_parallel_where_its_copy_fits
     cut = plan_tables(tower, cl, global_batch=8192,
                       opts=RecOptions(fix_sharding="column_wise", time_limit_s=5))
     assert free.step_s < cut.step_s
+
+
+def test_column_pieces_placed_on_one_rank_are_the_table_whole_there():
+    """The solver's ties can put every column piece of a table on one rank: that is the table
+    whole on that rank, one piece and one sharding group fewer (a review saw CW x2 on rank 0);
+    a column-wise pin keeps its pieces."""
+    from costmodels.embeddings import Layout, Shard
+    from planner.search.tables import _whole_where_stacked
+
+    t = Table("t", rows=1000, dim=64)
+    stacked = Layout("column_wise", (Shard(3, 0, 0, 1000, 32), Shard(3, 0, 32, 1000, 32)), "hbm")
+    whole = _whole_where_stacked(stacked, t)
+    assert whole.sharding == "table_wise" and whole.shards == (Shard(3, 0, 0, 1000, 64),)
+    spread = Layout("column_wise", (Shard(3, 0, 0, 1000, 32), Shard(5, 0, 32, 1000, 32)), "hbm")
+    assert _whole_where_stacked(spread, t) is spread
+    cl = get_cluster("dgx-a100-40g", nodes=1, gpus_per_node=2)
+    tp = plan_tables(_one(64, rows=4_000_000), cl, global_batch=1024,
+                     opts=RecOptions(fix_sharding="column_wise", time_limit_s=1))
+    assert tp.layouts[0].sharding == "column_wise"
