@@ -13,10 +13,12 @@ import logging
 import time
 from dataclasses import dataclass
 
+from costmodels.embeddings import SHARDING_TYPES
 from costmodels.topology import HeteroCluster
 from planner.emit import emit_tables
 from planner.errors import SpecError
 from planner.files import fspath_or_same
+from planner.trace.cache import local_sources
 from planner.inputs.calibration import apply_calibration
 from planner.inputs.clusters import load_cluster
 from planner.inputs.modules import import_from_working_folder
@@ -62,8 +64,6 @@ def _mentions_tables(spec: str) -> bool:
         except (ImportError, ValueError):
             return False
         path = getattr(found, "origin", None) or ""
-    from planner.trace.cache import local_sources  # (reads import statements; runs nothing)
-
     # the file and what it imports from its own folder (a factory importing its model from a
     # file beside it: a review saw such a model planned as dense)
     for source in local_sources(path) if path else ():
@@ -240,8 +240,6 @@ def _rec_fix(fix) -> tuple:
 def table_pins(items: dict, where: str = "fix") -> dict[str, str]:
     """The ``sharding.<table>=<type>`` pins of ``items`` (removed from it), by table name, each
     type checked (a review's one narrow table made every all-table pin fail)."""
-    from costmodels.embeddings import SHARDING_TYPES
-
     pins = {}
     for key in [k for k in items if str(k).startswith("sharding.")]:
         name, kind = str(key).split(".", 1)[1], str(items.pop(key)).strip()
