@@ -26,8 +26,9 @@ def checked_layout(plan: Plan) -> common.Layout:
     if len(lay.stacks) > 1:
         raise SpecError(f"export megatron: model '{name}' has {len(lay.stacks)} layer lists "
                         f"({', '.join(lay.stacks)}); this export writes one stack's arguments "
-                        "(pretrain_gpt.py's), not encoder-decoder layouts; "
-                        f"{other}")
+                        "(pretrain_gpt.py's), not models of several stacks (an encoder-decoder, "
+                        "a dual encoder such as CLIP; Megatron-LM's T5 has a script of its own, "
+                        f"pretrain_t5.py, this export does not write); {other}")
     if lay.interior:
         raise SpecError(f"export megatron: block '{lay.interior[0]}' sits between transformer "
                         f"layers, where Megatron-LM's stack has no place for it; {other}")
