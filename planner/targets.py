@@ -320,8 +320,8 @@ def model_refusal(model: dict, target: str) -> str | None:
     if image_model(model):
         return "image model"
     stacks = model.get("trace", {}).get("repeats")
-    if stacks is not None and len(stacks) != 1:
-        return "one layer stack"
+    if stacks is not None and len(stacks) != 1:  # (Megatron-LM trains one stack of layers)
+        return "several layer stacks" if stacks else "no repeated layer stack"
     return None
 
 
