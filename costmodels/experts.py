@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from costmodels import comm
+from costmodels import comm, memory
 from costmodels.comm import GroupShape
 from costmodels.compute import expected_max_normal
 from costmodels.engine import EngineSpec
@@ -215,7 +215,7 @@ def overlap_blockers(engine: EngineSpec, *, ep: int, recompute: str, dtype: str,
     why = [] if ep > 1 else ["expert parallelism (ep > 1)"]
     if engine.moe_dispatcher not in ("alltoall", "deepep"):
         why.append("the alltoall or deepep dispatcher")
-    if recompute in ("full", "op"):
+    if recompute in ("full", "op") or memory.layer_interval(recompute):
         why.append("no full recomputation")
     if dtype == "fp32":
         why.append("bf16 or fp16")
@@ -252,12 +252,13 @@ def reads_compute(engine, ep: int) -> bool:
 
 def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, share: float,
                      ep: int, ep_group: GroupShape, etp_group: GroupShape, cluster: Cluster,
-                     recompute_full: bool, fwd_s=0.0, bwd_s=0.0, num_experts=0.0,
+                     recompute_full, fwd_s=0.0, bwd_s=0.0, num_experts=0.0,
                      moe_layers=0.0, micro_batches: int = 0, pp: int = 1, vpp: int = 1,
                      capacity=0.0, groups=0.0, group_topk=0.0, shared_fwd_s=None,
                      shared_bwd_s=None):
     """Per block (numpy arrays over blocks): the dispatch and combine it exposes per micro-batch,
-    forward and backward (full recomputation replays the forward's). ``dispatch_bytes`` and
+    forward and backward (``recompute_full``, one for every block or per block: full
+    recomputation replays the forward's). ``dispatch_bytes`` and
     ``routed_tokens`` per sample, ``moe_layers`` per block (costmodels.workload.BlockWork; a
     block traced before it was recorded counts one where it dispatches); ``share``: samples' worth of
     tokens the rank holds (its 1/(tp x cp) of the micro-batch: MoE layers run
@@ -306,7 +307,8 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
         node = 2 * node_sends_s(share * dispatch_bytes / topk * load, intra.reshape(layers.shape),
                                 inter.reshape(layers.shape), group, cluster, count=layers)
         fwd = np.where(np.asarray(capacity) > 0, fwd, node)
-    back = fwd * (2 if recompute_full else 1)  # the backward pass's (and a replayed forward's)
+    replay = np.asarray(recompute_full, dtype=bool)  # (per block, or one for every block)
+    back = fwd * np.where(replay, 2.0, 1.0)  # the backward pass's (and a replayed forward's)
     if engine.moe_shared_overlap and not engine.moe_overlap and shared_fwd_s is not None \
             and ep > 1:  # (the two are exclusive: EngineSpec refuses both)
         # the shared expert's GEMMs beside the all-to-alls, on a stream of their own: each pass's
@@ -314,8 +316,7 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
         slow = cluster.device.overlap_slowdown
         fwd_alone = fwd
         fwd = comm.beside_compute_s(fwd, shared_fwd_s, slow)
-        back = comm.beside_compute_s(fwd_alone, shared_bwd_s, slow) + (
-            fwd if recompute_full else 0.0)
+        back = comm.beside_compute_s(fwd_alone, shared_bwd_s, slow) + np.where(replay, fwd, 0.0)
     total = fwd + back
     if engine.moe_overlap:
         paired = 1.0 - unpaired_share(micro_batches, pp, vpp)
@@ -330,5 +331,5 @@ def block_dispatch_s(engine, *, dispatch_bytes, routed_tokens, seq_len: int, sha
         # the dispatch waits for: never hidden. (The allgather dispatcher's sizes are fixed.)
         counts = comm.alltoall_s(COUNT_BYTES * np.asarray(num_experts, dtype=float), ep_group,
                                  cluster, count=layers)
-        total = total + counts * (2 if recompute_full else 1)
+        total = total + counts * np.where(replay, 2.0, 1.0)
     return np.where(layers > 0, total, 0.0)

@@ -22,8 +22,8 @@ from costmodels.errors import SpecError
 from costmodels.precision import FP8_SAVED_INPUT_SHARE, FP8_WEIGHT_COPY_BYTES
 from costmodels.workload import BlockWork
 
-Recompute = Literal["none", "selective", "moe_act", "mla_up_proj", "mla_up_proj+moe_act", "full",
-                    "op"]
+Recompute = Literal["none", "selective", "moe_act", "mla_up_proj", "mla_up_proj+moe_act", "full/4",
+                    "full/2", "full", "op"]
 """Activation recomputation: none, the attention core only (``selective``, Megatron-LM's), the
 routed experts' activation function and the norm before the experts (``moe_act``,
 Megatron-Core's ``--recompute-modules moe_act layernorm``; MoE models only), multi-head latent
@@ -31,8 +31,11 @@ attention's up projections and rotary embedding (``mla_up_proj``, Megatron-Core'
 ``--recompute-modules mla_up_proj``; models with latent attention only), both
 (``mla_up_proj+moe_act``: ``--recompute-modules mla_up_proj moe_act layernorm``, which
 Megatron-Core's MoE guide gives for DeepSeek-V3), whole blocks
-(``full``), or op-level selective checkpointing (``op``, torchtitan's: keep attention outputs and
-every other weight GEMM's output, recompute the rest)."""
+(``full``), whole blocks of every k-th layer (``full/k``, the others kept whole: torchtitan's
+layer-frequency checkpointing, ``selective_ac_option = "k"``; Megatron-LM's block method
+recomputes as many layers per chunk, the first of each, ``--recompute-method block``), or op-level
+selective checkpointing (``op``, torchtitan's: keep attention outputs and every other weight
+GEMM's output, recompute the rest)."""
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 MODULES: dict[str, tuple[str, ...]] = {"moe_act": ("moe_act",), "mla_up_proj": ("mla_up_proj",),
                                        "mla_up_proj+moe_act": ("mla_up_proj", "moe_act")}
@@ -43,6 +46,35 @@ with its layernorm); every other policy keeps or drops whole attention cores or 
 def modules_of(recompute: str) -> tuple[str, ...]:
     """The Megatron-Core recompute modules ``recompute`` runs (MODULES; empty for the others)."""
     return MODULES.get(recompute, ())
+
+
+def layer_interval(recompute: str) -> int:
+    """k of a ``full/k`` policy (every k-th layer recomputed whole), 0 for every other."""
+    head, _, k = recompute.partition("/")
+    return int(k) if head == "full" and k.isdigit() else 0
+
+
+def every_words(k: int) -> str:
+    """'every 2nd layer' for k = 2, as a ``full/k`` policy recomputes."""
+    suffix = "th" if k % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"every {k}{suffix} layer"
+
+
+def layer_policies(checkpointed, recompute: str) -> list[str]:
+    """Per block (``checkpointed``: whether recomputation applies to it, Block.recompute), the
+    policy it runs under ``recompute``: the policy on the repeated layers and ``none`` elsewhere;
+    under ``full/k``, ``full`` on the k-th, 2k-th ... of the layers, in order, and ``none`` on
+    the rest (torchtitan counts its checkpoint wrappers from 1 and wraps those the interval
+    divides)."""
+    k = layer_interval(recompute)
+    out, seen = [], 0
+    for c in checkpointed:
+        if not c:
+            out.append("none")
+            continue
+        seen += 1
+        out.append(recompute if not k else "full" if seen % k == 0 else "none")
+    return out
 
 OPTIMIZER_STATE_BYTES = {
     # bytes of optimizer state per parameter, by optimizer and compute dtype

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Literal, Sequence, get_args
 
+from costmodels import memory
 from costmodels.errors import SpecError
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
@@ -41,7 +42,11 @@ SCHEDULES: tuple[str, ...] = get_args(Schedule)
 def forward_comm_share(recompute: str) -> float:
     """The share of a chunk's collectives (tensor-parallel all-reduces, context-parallel K/V
     exchange, expert dispatch) its forward runs: half, the backward the other half; a third under
-    full recomputation, which replays the forward's in backward (Korthikanti et al., MLSys'23)."""
+    full recomputation, which replays the forward's in backward (Korthikanti et al., MLSys'23);
+    under ``full/k`` (every k-th layer recomputed) the mean over the layers."""
+    k = memory.layer_interval(recompute)
+    if k:
+        return 1 / 2 - (1 / 2 - 1 / 3) / k
     return 1 / 3 if recompute == "full" else 1 / 2
 
 

@@ -190,11 +190,12 @@ class SearchOptions:
     GPT-3 175B's 96 layers over 8 ranks 0.8% faster at one layer a chunk than at the search's
     best of 2-8, with less memory)."""
     recompute: tuple[Recompute, ...] = ("none", "selective", "moe_act", "mla_up_proj",
-                                        "mla_up_proj+moe_act", "full")
+                                        "mla_up_proj+moe_act", "full/4", "full/2", "full")
     """Activation recomputation policies to consider (``moe_act`` for models with routed experts
     only, ``mla_up_proj`` for models with multi-head latent attention only, both together for
-    models with both; ``op``, torchtitan's op-level policy, when pinned or for --target
-    torchtitan)."""
+    models with both; ``full/4`` and ``full/2``, every fourth or second layer recomputed whole,
+    for models of at least 4 and 2 layers; ``op``, torchtitan's op-level policy, when pinned or
+    for --target torchtitan)."""
     zero: tuple[ZeroStage, ...] = ZERO_STAGES
     """ZeRO stages to consider (3 = fully sharded, FSDP)."""
     zero_with_pp: tuple[ZeroStage, ...] = ZERO_STAGES

@@ -13,7 +13,7 @@ import logging
 from costmodels.engine import (FUSED_ATTENTION, PRESET_PROPERTIES, PRESETS, EngineSpec,
                                 engine_setting)
 from costmodels.experts import copies_per_token, overlap_blockers
-from costmodels.memory import modules_of
+from costmodels.memory import layer_interval, modules_of
 from planner import targets
 from planner.errors import SpecError
 from planner.options import SearchOptions, TrainingSpec, engine_spec, parse_layout
@@ -250,7 +250,8 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
     already: restricting again changes nothing), without optimizer offload where it does not
     offload the training's optimizer (targets.for_optimizer; a pin of it is refused); MoE
     settings it does not run are refused; a dense model has no moe_act recomputation to try, a model without latent attention no
-    mla_up_proj (a pin of one is refused, naming the fix)."""
+    mla_up_proj, a model of fewer than k layers no full/k (a pin of one is refused, naming the
+    fix)."""
     options = targets.for_optimizer(targets.restrict(options, options.target), training.optimizer)
     targets.check_dtype(options.target, training.dtype)
     stacks = [r.fqn for r in prepared.opgraph.repeats]
@@ -280,12 +281,14 @@ def narrowed(options: SearchOptions, prepared, training: TrainingSpec) -> Search
         saving = engine.op_saves_all_to_all if engine is not None else None
         if saving is not None and model_type not in saving:
             options = dataclasses.replace(options, op_recompute_with_ep=False)
-    problem = recompute_pin_problem(dict(options.fix), int(experts), latent)
+    layers = sum(1 for b in blocks if b.recompute)
+    problem = recompute_pin_problem(dict(options.fix), int(experts), latent, layers)
     if problem:
         raise SpecError(problem)
     lacks = {"moe_act": "" if experts else "no routed experts",
              "mla_up_proj": "" if latent else "no latent attention"}
-    left_out = [r for r in options.recompute if any(lacks[m] for m in modules_of(r))]
+    left_out = [r for r in options.recompute if any(lacks[m] for m in modules_of(r))
+                or layer_interval(r) > layers]  # (full/k on fewer than k layers: none)
     if not left_out:
         return options
     kept = tuple(r for r in options.recompute if r not in left_out)

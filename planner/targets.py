@@ -41,7 +41,7 @@ class Engine:
     """With tensor parallelism: whether norms and dropouts may (True) or must not (False) run
     sequence-parallel; (True,) when the engine always does."""
     recompute: tuple[str, ...] = ("none", "selective", "moe_act", "mla_up_proj",
-                                  "mla_up_proj+moe_act", "full")
+                                  "mla_up_proj+moe_act", "full/4", "full/2", "full")
     """Activation recomputation policies the search tries (costmodels.memory.RECOMPUTE; with
     ``any`` a pin may name any of them)."""
     cp_comms: tuple[str, ...] = CP_COMMS
@@ -159,7 +159,7 @@ ENGINES: dict[str, Engine] = {
     "torch": Engine(name="torch", version="2.13",
                     schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                     offload=False, sequence_parallel=(False,), cp_comms=("p2p",),
-                    recompute=("none", "selective", "full"),
+                    recompute=("none", "selective", "full/4", "full/2", "full"),
                     # fully_shard has no ZeRO-1: it runs as ZeRO-2 (priced alike under its
                     # state_layout=native; offered once)
                     zero=(0, 2, 3), zero_with_pp=(0, 2, 3), zero_with_cp=(0, 2, 3),
@@ -194,7 +194,8 @@ ENGINES: dict[str, Engine] = {
                          schedules=("gpipe", "1f1b", "interleaved-1f1b"),
                          zero=(0, 2, 3), zero_with_pp=(2, 3), zero_with_cp=(2, 3),
                          zero0_with_others=False, offload=False,
-                         sequence_parallel=(True,), recompute=("none", "full", "op"),
+                         sequence_parallel=(True,),
+                         recompute=("none", "full/4", "full/2", "full", "op"),
                          # context parallelism through torch's context_parallel, which
                          # all-gathers K/V (torch's default rotate method; 0.2.2's
                          # context_parallel_rotate_method reaches only its validator)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from costmodels.engine import engine_from_mapping
+from costmodels.memory import every_words, layer_interval
 from planner.errors import SpecError
 from planner.options import pp_inner_refused
 from planner.export import common, moe, replan
@@ -461,11 +462,13 @@ def _recompute(plan: Plan, ledger: common.Ledger, changes: dict, lower: list[str
     if rc not in ("none", "full"):
         changes["recompute"] = "full"
         lower.append(f"full instead of {rc} recomputation")
-        what = {"selective": "attention core only", "op": "per op",
-                "moe_act": "the experts' activation function and the norm before them",
-                "mla_up_proj": "latent attention's up projections and rotary embedding",
-                "mla_up_proj+moe_act": "latent attention's up projections and the experts' "
-                                       "activation function"}[rc]
+        k = layer_interval(rc)
+        what = f"{every_words(k)}, the others kept" if k else {
+            "selective": "attention core only", "op": "per op",
+            "moe_act": "the experts' activation function and the norm before them",
+            "mla_up_proj": "latent attention's up projections and rotary embedding",
+            "mla_up_proj+moe_act": "latent attention's up projections and the experts' "
+                                   "activation function"}[rc]
         ledger.nearest("recompute", f"recompute {rc} ({what}): DeepSpeed checkpoints whole "
                        "layers; nearest is checkpointing every layer (more recompute time than "
                        "planned, less memory)" + ("" if plan.parallel["pp"] > 1 else

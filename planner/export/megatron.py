@@ -11,7 +11,7 @@ import math
 
 from costmodels.engine import engine_from_mapping
 from costmodels.experts import overlap_blockers
-from costmodels.memory import modules_of
+from costmodels.memory import layer_interval, modules_of
 from planner.errors import SpecError
 from planner.options import same_data_parallelism
 from planner.export import common, megatron_stages as stages, moe, names, replan
@@ -407,6 +407,8 @@ def written_recompute(plan: Plan, version: str) -> str:
     """The recomputation the export writes: the plan's, or full where Megatron-LM has none of
     its kind (torchtitan's per-op policy) or refuses it (_moe_act_refused)."""
     rc = plan.parallel["recompute"]
+    if layer_interval(rc):
+        return rc
     if rc not in RECOMPUTE or ("moe_act" in modules_of(rc) and _moe_act_refused(plan, version)):
         return "full"
     return rc
@@ -590,6 +592,8 @@ def _overlap_dp(plan: Plan, zero: int, ledger: common.Ledger) -> Group:
 
 def _recompute(plan: Plan, version: str, ledger: common.Ledger) -> Group:
     rc, written = plan.parallel["recompute"], written_recompute(plan, version)
+    if layer_interval(rc):
+        return _recompute_block(plan, ledger)
     if written == rc:
         ledger.exact("recompute")
         modules = modules_of(rc)
@@ -621,6 +625,27 @@ def _recompute(plan: Plan, version: str, ledger: common.Ledger) -> Group:
                        "whole layers (full); nearest full: less memory, more recompute time than "
                        "planned")
     return [(RECOMPUTE[written], f"recompute {rc} -> {written} (see the note above)")]
+
+
+def _recompute_block(plan: Plan, ledger: common.Ledger) -> Group:
+    """full/k as Megatron-LM's block method: the first --recompute-num-layers layers of each
+    chunk (virtual stage) recomputed whole, the others kept (TransformerBlock._checkpointed_forward
+    counts the layers of its own chunk), the count the plan's chunks recompute."""
+    rc, recomputed = plan.parallel["recompute"], set(plan.recomputed_blocks())
+    counts = [sum(b in recomputed for b in st["blocks"]) for st in plan.stages]
+    n = max(counts)
+    if len(set(counts)) == 1:
+        ledger.exact("recompute")
+    else:
+        fewer = sum(c < n for c in counts)
+        ledger.nearest("recompute", f"recompute {rc}: the plan recomputes {min(counts)} to {n} "
+                       "layers per chunk, and Megatron-LM one count for every chunk; "
+                       f"--recompute-num-layers {n} recomputes more than planned on {fewer} of "
+                       f"the {len(counts)} chunks (more time, less memory)")
+    return [(["--recompute-granularity", "full", "--recompute-method", "block",
+              "--recompute-num-layers", str(n)],
+             f"recompute {rc}: the first {n} layer{'s' if n != 1 else ''} of each chunk "
+             "recomputed whole, the others kept (as many as the plan's chunks recompute)")]
 
 
 def _moe_act_refused(plan: Plan, version: str) -> str:

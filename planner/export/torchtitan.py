@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodels.engine import engine_from_mapping
-from costmodels.memory import RECOMPUTE
+from costmodels.memory import RECOMPUTE, every_words, layer_interval
 from planner.errors import PlannerError, SpecError
 from planner.export import common, moe, names, replan
 from planner.export.shell import bash_file
@@ -572,6 +572,11 @@ def _activation_checkpoint(plan: Plan, ledger: common.Ledger) -> list[tuple[str,
     if rc in ("none", "full"):
         ledger.exact("recompute")
         return [("mode", rc, (f"recompute {rc}",))]
+    k = layer_interval(rc)
+    if k:
+        _layer_frequency_note(plan, k, ledger)
+        return [("mode", "selective", (f"recompute {rc}: {every_words(k)} recomputed whole",)),
+                ("selective_ac_option", str(k), ())]
     op = [("mode", "selective", (f"recompute {rc} -> per-op selective checkpointing",)),
           ("selective_ac_option", "op", ())]
     if rc == "op":
@@ -586,6 +591,30 @@ def _activation_checkpoint(plan: Plan, ledger: common.Ledger) -> list[tuple[str,
                    "-> torchtitan's per-op selective checkpointing, which keeps attention outputs "
                    "and every other matmul output and recomputes the rest")
     return op
+
+
+def _layer_frequency_note(plan: Plan, k: int, ledger: common.Ledger) -> None:
+    """torchtitan's layer-frequency checkpointing counts the layers each process wraps, across
+    its chunks, and wraps every k-th (a count global to its activation-checkpointing module):
+    per pipeline rank that is a k-th of the rank's layers, rounded down, where the plan
+    recomputes every k-th layer of the whole model (costmodels.memory.layer_policies). Exact
+    where each rank's counts agree."""
+    pp, recomputed = plan.parallel["pp"], set(plan.recomputed_blocks())
+    layers = {b["name"] for b in plan.model["blocks"] if b.get("recompute", True)}
+    planned, runs = [0] * pp, [0] * pp
+    for st in plan.stages:
+        r = st.get("pipeline_rank", st["index"] % pp)
+        planned[r] += sum(b in recomputed for b in st["blocks"])
+        runs[r] += sum(b in layers for b in st["blocks"])
+    runs = [n // k for n in runs]
+    if runs == planned:
+        ledger.exact("recompute")
+        return
+    off = [r for r in range(pp) if runs[r] != planned[r]]
+    ledger.nearest("recompute", f"recompute {every_words(k)}: torchtitan counts each pipeline "
+                   f"rank's own layers, so {len(off)} of the {pp} ranks recompute another number "
+                   f"of layers than planned (rank {off[0]}: {runs[off[0]]}, planned "
+                   f"{planned[off[0]]})")
 
 
 def _recheck(plan: Plan, version: str, ledger: common.Ledger,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from costmodels.engine import engine_from_mapping, read_setting
 from costmodels.experts import overlap_blockers
+from costmodels.memory import layer_policies
 from planner.errors import SpecError
 from planner.files import atomic_write, read_json_object
 from planner.options import FIX_KEYS, SearchOptions, fix_text, parallel_text
@@ -94,6 +95,14 @@ class Plan:
         for t in (self.embeddings or {}).get("tables", []):
             kinds[t["sharding_type"]] = kinds.get(t["sharding_type"], 0) + 1
         return dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def recomputed_blocks(self) -> list[str]:
+        """Names of the blocks the plan recomputes (model.blocks[].recompute, all in older plans;
+        under full/k every k-th of those: costmodels.memory.layer_policies)."""
+        blocks = self.model["blocks"]
+        policies = layer_policies([b.get("recompute", True) for b in blocks],
+                                  self.parallel["recompute"])
+        return [b["name"] for b, p in zip(blocks, policies) if p != "none"]
 
     def moe_overlap_blockers(self) -> list[str]:
         """Where the plan's engine asks for the overlapped expert all-to-all (moe_overlap), what

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from costmodels.engine import engine_from_mapping
+from costmodels.memory import layer_interval
 from planner import targets
 from planner.errors import SpecError
 from planner.options import FIX_KEYS, KNOBS, fix_text
@@ -384,7 +385,9 @@ def _parallelize(module: StageModule, plan: Plan, flow: Dataflow, mesh, dp_mesh,
         ignored = {module.model.get_parameter(n) for n in names}
     if layout.cp > 1:
         module.model.config._attn_implementation = ctxp.RING
-    par.apply_recompute(module.model, _checkpointed(plan, units), plan.parallel["recompute"])
+    rc = plan.parallel["recompute"]
+    par.apply_recompute(module.model, _checkpointed(plan, units),
+                        "full" if layer_interval(rc) else rc)
     out.dp_wrap = par.apply_dp(module, units, dp_mesh, int(plan.parallel["zero"]), ignored)
     module.attach_hooks()
     return module
@@ -531,6 +534,8 @@ def _no_op() -> None:
 
 
 def _checkpointed(plan: Plan, units) -> tuple[str, ...]:
-    """The units of blocks the plan recomputes (model.blocks[].recompute; all in older plans)."""
-    modules = [m for b in plan.model["blocks"] if b.get("recompute", True) for m in b["modules"]]
+    """The units of blocks the plan recomputes (model.blocks[].recompute, all in older plans;
+    under full/k every k-th of those: costmodels.memory.layer_policies)."""
+    names = set(plan.recomputed_blocks())
+    modules = [m for b in plan.model["blocks"] if b["name"] in names for m in b["modules"]]
     return tuple(u for u in units if any(u == m or u.startswith(m + ".") for m in modules))

@@ -64,6 +64,14 @@ class ModelArrays:
     flops_memo: dict = field(default_factory=dict)
     """Per recomputation policy: the forward FLOPs it recomputes per sample
     (pricing.step_flops)."""
+    costs_memo: dict = field(default_factory=dict)
+    """The last block costs made (costs._memo_costs), by policy and knobs, each with the cluster
+    and training it was made for (an entry matches only those objects)."""
+
+    def recomputed(self, recompute: str) -> np.ndarray:
+        """Per block: whether ``recompute`` recomputes anything in it (memory.layer_policies)."""
+        return np.array([p != "none" for p in memory.layer_policies(self.checkpointed,
+                                                                    recompute)], dtype=bool)
 
     @classmethod
     def from_blocks(cls, bg: BlockGraph, order: list[int] | None = None) -> "ModelArrays":
@@ -178,6 +186,17 @@ class BlockCosts:
                              if f.name != "cp_comm" and getattr(self, f.name) is not None},
                           cp_comm=self.cp_comm)
 
+    def where(self, mask: np.ndarray, other: "BlockCosts") -> "BlockCosts":
+        """These costs on the blocks ``mask`` selects, ``other``'s (of the same mesh, exchange
+        form and dispatch) on the rest."""
+        def pick(a, b):
+            if a is None or b is None:
+                assert a is None and b is None, "costs of different dispatches"
+                return None
+            return np.where(mask, a, b)
+        return BlockCosts(**{f.name: pick(getattr(self, f.name), getattr(other, f.name))
+                             for f in fields(self) if f.name != "cp_comm"}, cp_comm=self.cp_comm)
+
 
 def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int, sp: bool,
                 recompute: str, micro_batch: int, cp: int = 1,
@@ -185,7 +204,49 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     """Per-block costs of one micro-batch on one GPU. With context parallelism the GPU holds 1/cp
     of each sample's tokens (costmodels.compute.block_time) and exchanges keys and values
     (costmodels.context) in the form ``cp_comm``, or the fastest of several; with experts, ep
-    and etp say how the routed experts are spread."""
+    and etp say how the routed experts are spread. Under ``full/k`` the layers it recomputes
+    (memory.layer_policies) cost as under ``full``, the others as under ``none``, with the
+    exchange form the recomputed ones take and no overlapped dispatch anywhere (Megatron-Core
+    refuses it with any full recomputation)."""
+    knobs = dict(tp=tp, sp=sp, micro_batch=micro_batch, cp=cp, ep=ep, etp=etp)
+    if not memory.layer_interval(recompute):
+        return _memo_costs(ma, cluster, training, recompute=recompute, cp_comm=cp_comm, **knobs)
+    full = _memo_costs(ma, cluster, training, recompute="full", cp_comm=cp_comm, **knobs)
+    kept = _memo_costs(ma, cluster, training, recompute="none", cp_comm=cp_comm,
+                       overlap_as="full", **knobs)
+    if kept.cp_comm != full.cp_comm:  # (the forms' fastest without recomputation differs)
+        kept = _memo_costs(ma, cluster, training, recompute="none", cp_comm=full.cp_comm,
+                           overlap_as="full", **knobs)
+    return full.where(ma.recomputed(recompute), kept)
+
+
+def _memo_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, recompute: str,
+                cp_comm, overlap_as: str | None = None, **knobs) -> BlockCosts:
+    """_block_costs; those of ``full`` and ``none`` kept in ``ma.costs_memo``, as the halves of
+    the ``full/k`` policies (a search holds every policy's costs anyway: the memo shares them),
+    ``overlap_as`` only where it changes anything (an overlapped dispatch), one exchange form as
+    itself. Costs are never changed once made."""
+    moe = training.engine.moe_overlap and knobs["ep"] * knobs["etp"] > 1
+    overlap_as = overlap_as if moe else None
+    if recompute not in ("full", "none"):
+        return _block_costs(ma, cluster, training, recompute=recompute, cp_comm=cp_comm,
+                            overlap_as=overlap_as, **knobs)
+    forms = (cp_comm,) if isinstance(cp_comm, str) else tuple(cp_comm)
+    key = (recompute, forms, overlap_as, tuple(sorted(knobs.items())))
+    hit = ma.costs_memo.get(key)
+    if hit is not None and hit[0] is cluster and hit[1] is training:
+        return hit[2]
+    costs = _block_costs(ma, cluster, training, recompute=recompute, cp_comm=cp_comm,
+                         overlap_as=overlap_as, **knobs)
+    ma.costs_memo[key] = (cluster, training, costs)
+    return costs
+
+
+def _block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int, sp: bool,
+                 recompute: str, micro_batch: int, cp: int, cp_comm: str | tuple[str, ...],
+                 ep: int, etp: int, overlap_as: str | None = None) -> BlockCosts:
+    """block_costs under one policy; ``overlap_as``: the policy whose blockers of the
+    overlapped dispatch apply (experts.overlap_blockers), if not ``recompute``."""
     w = ma.work
     engine = training.engine
     routed = compute.Experts(ep=ep, etp=etp, grouped=engine.moe_grouped_gemm,
@@ -371,9 +432,9 @@ def block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp
     )
     costs.ep_comm_s = _least_dispatch_s(ma, cluster, training, tp=tp, cp=cp, ep=ep, etp=etp,
                                         micro_batch=micro_batch, recompute=recompute,
-                                        costs=costs)
+                                        costs=costs, overlap_as=overlap_as)
     if costs.ep_comm_s is not None and engine.moe_overlap and not experts.overlap_blockers(
-            engine, ep=ep, recompute=recompute, dtype=training.dtype, pp=1, vpp=1):
+            engine, ep=ep, recompute=overlap_as or recompute, dtype=training.dtype, pp=1, vpp=1):
         costs.ep_comm_1f1b_s = _least_dispatch_s(
             ma, cluster, training, tp=tp, cp=cp, ep=ep, etp=etp, micro_batch=micro_batch,
             recompute=recompute, costs=costs, pp=2)
@@ -396,7 +457,8 @@ def _op_saved_exchange(w, recompute: str, *, checkpointed, share: float, ep: int
 
 def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, tp: int,
                       cp: int, ep: int, etp: int, micro_batch: int, recompute: str,
-                      costs: BlockCosts, pp: int = 1) -> np.ndarray | None:
+                      costs: BlockCosts, pp: int = 1,
+                      overlap_as: str | None = None) -> np.ndarray | None:
     """Per block: the least expert dispatch and combine any placement of the ep (and etp) group
     gives: the least over every even count of its members per node, up to the most the node
     holding fewest can have (all on the fewest nodes, split as evenly as they allow), and with
@@ -404,13 +466,15 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
     cheapest where the node's links are the faster, but not with DeepEP (a node's links forward
     what the network brings: the more of the group a node holds, the more they carry) nor on a
     cluster whose network outruns its node links. ``pp``: 1, or more for a pipeline without
-    virtual stages (where the overlapped dispatch does not run)."""
+    virtual stages (where the overlapped dispatch does not run). ``overlap_as``: the policy whose
+    blockers of the overlapped dispatch apply, if not ``recompute``."""
     w = ma.work
     if ep * etp <= 1 or not np.any(w.dispatch_bytes):
         return None
     g = cluster.gpus_per_node
     engine = training.engine
-    if engine.moe_overlap and experts.overlap_blockers(engine, ep=ep, recompute=recompute,
+    if engine.moe_overlap and experts.overlap_blockers(engine, ep=ep,
+                                                       recompute=overlap_as or recompute,
                                                        dtype=training.dtype, pp=pp, vpp=1):
         engine = dataclasses.replace(engine, moe_overlap=False)
     memo_key = None if experts.reads_compute(engine, ep) else (

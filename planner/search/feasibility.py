@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Callable
 
 from costmodels import pipeline
-from costmodels.memory import modules_of
+from costmodels.memory import every_words, layer_interval, modules_of
 from costmodels.topology import Cluster, HeteroCluster
 from planner.errors import PlannerError, SpecError
 from planner.options import (CP_COMMS, MAX_MICROBATCHES, PP_INNER, Config, SearchOptions,
@@ -264,11 +264,16 @@ def sequence_pin_problem(fix: dict, seq_len: int, num_gpus: int,
     return ""
 
 
-def recompute_pin_problem(fix: dict, experts: int, latent: bool) -> str:
+def recompute_pin_problem(fix: dict, experts: int, latent: bool, layers: int | None = None) -> str:
     """'' or the line saying a pinned recomputation has nothing to recompute in the model: moe_act
     without routed experts (``experts``: the model's, 0 for none), mla_up_proj without latent
-    attention (``latent``)."""
+    attention (``latent``), full/k with fewer than k ``layers`` (None: not checked)."""
     rc = fix.get("recompute", "none")
+    k = layer_interval(rc)
+    if layers is not None and k > layers:
+        return (f"fix.recompute: {rc} recomputes {every_words(k)}, and the model has "
+                f"{layers} layer{'s' if layers != 1 else ''}; pin none, full"
+                + (" or full/2" if layers >= 2 else ""))
     if "moe_act" in modules_of(rc) and not experts:
         return (f"fix.recompute: {rc} recomputes the routed experts' activation function, and "
                 "the model has no routed experts the trace recognizes; pin none, selective or "
@@ -379,8 +384,8 @@ def _some(values: list[int], most: int = 12) -> str:
     return ", ".join(map(str, values[:most - 2])) + ", ..., " + ", ".join(map(str, values[-2:]))
 
 
-LEANEST_FIRST = ("full", "op", "mla_up_proj+moe_act", "mla_up_proj", "moe_act", "selective",
-                 "none")
+LEANEST_FIRST = ("full", "op", "full/2", "full/4", "mla_up_proj+moe_act", "mla_up_proj",
+                 "moe_act", "selective", "none")
 """Recomputation policies from the one that keeps least to the one that keeps most, as a rule
 (with materialized attention selective can keep less than moe_act)."""
 

@@ -327,7 +327,10 @@ def expert_comm_s(cfg: Config, ma, costs, cluster: Cluster, training: TrainingSp
         seq_len=training.seq_len, share=cfg.micro_batch / (cfg.tp * cfg.cp), ep=cfg.ep,
         ep_group=ep_group,
         etp_group=placement.etp_group(cfg, cluster),
-        cluster=cluster, recompute_full=engine.replays_forward(cfg.recompute),
+        cluster=cluster,
+        recompute_full=[engine.replays_forward(r) for r in memory.layer_policies(
+            ma.checkpointed, cfg.recompute)] if memory.layer_interval(cfg.recompute)
+        else engine.replays_forward(cfg.recompute),
         fwd_s=costs.fwd_s,
         bwd_s=costs.backward_pass_s, num_experts=w.num_experts,
         shared_fwd_s=costs.shared_fwd_s, shared_bwd_s=costs.shared_bwd_s,
@@ -458,7 +461,8 @@ def _padded_slots_flops(ma, recompute: str, engine) -> float:
     routed = np.where(w.expert_capacity > 0, 0.0, w.expert_flops)
     # full and op-level recomputation both run the routed experts' forward again (op-level saves
     # no grouped GEMM's output: planner.trace.annotate._op_level_checkpointing)
-    again = ma.checkpointed * 1.0 if recompute in ("full", "op") else 0.0
+    again = ma.recomputed(recompute) * 1.0 if recompute in ("full", "op") \
+        or memory.layer_interval(recompute) else 0.0
     return (engine.moe_capacity_factor - 1.0) * float(np.sum(routed * (3.0 + again)))
 
 
@@ -468,12 +472,13 @@ def _recomputed_flops(ma, recompute: str) -> float:
     if recompute == "none" or modules:  # moe_act: memory-bound ops only
         return float(np.sum(ma.work.mla_up_flops[ma.checkpointed])) \
             if "mla_up_proj" in modules else 0.0  # latent attention's up projections
-    w, ckpt = ma.work, ma.checkpointed
+    w = ma.work
+    ckpt = ma.recomputed(recompute) if memory.layer_interval(recompute) else ma.checkpointed
     masked = float(np.sum(w.masked_attn_flops[ckpt]))  # what a masked kernel skips
     if recompute == "selective":  # the attention cores, split by tp or not
         return float(np.sum((w.attn_flops + w.fused_attn_flops_rep + w.eager_attn_flops_rep)
                             [ckpt])) - masked
-    if recompute == "full":
+    if recompute == "full" or memory.layer_interval(recompute):
         return float(np.sum(w.fwd_flops[ckpt])) - masked
     if recompute == "op":
         weight_gemms = (w.mm_flops_tp + w.mm_flops_rep - w.fused_attn_flops_rep

@@ -25,6 +25,7 @@ TOL = 1e-5
 TWO = {
     "pp2-gpipe": "pp=2,tp=1,dp=1,schedule=gpipe,micro_batch=2,recompute=none,zero=0",
     "pp2-1f1b-full": "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2,recompute=full,zero=0",
+    "pp2-1f1b-every2": "pp=2,tp=1,dp=1,schedule=1f1b,micro_batch=2,recompute=full/2,zero=0",
     "tp2-selective": "pp=1,tp=2,dp=1,schedule=1f1b,micro_batch=2,recompute=selective,zero=0",
     "dp2-replicate": "pp=1,tp=1,dp=2,schedule=gpipe,micro_batch=2,recompute=none,zero=0",
     "dp2-fsdp": "pp=1,tp=1,dp=2,schedule=gpipe,micro_batch=2,recompute=none,zero=1",
