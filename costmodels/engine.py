@@ -13,7 +13,7 @@ from typing import Mapping
 
 from costmodels.errors import SpecError, unknown_key
 from costmodels.memory import STATE_LAYOUTS
-from costmodels.precision import FP8_RECIPES
+from costmodels.precision import FP8_RECIPE_ALIASES, FP8_RECIPES
 from costmodels.specs import parse_pairs, read_bool
 
 ATTENTION = ("flash", "flash2", "materialized")
@@ -450,11 +450,13 @@ def engine_from_mapping(spec: Mapping | str | None) -> EngineSpec:
 
 
 def read_setting(key: str, value):
-    """One engine setting's value as the engine reads it: a name in lower case (CHOICES),
+    """One engine setting's value as the engine reads it: a name in lower case (CHOICES; an FP8
+    recipe by Megatron-LM's name too, FP8_RECIPE_ALIASES),
     true or false (BOOL_SETTINGS, specs.read_bool), a number from text (NUMBER_SETTINGS);
     SpecError naming the setting where it is none of these."""
     if key in CHOICES and isinstance(value, str):
-        return value.strip().lower()
+        value = value.strip().lower()
+        return FP8_RECIPE_ALIASES.get(value, value) if key == "fp8_recipe" else value
     if key in BOOL_SETTINGS:
         return read_bool(value, f"engine.{key}")
     if key in NUMBER_SETTINGS and isinstance(value, str):

@@ -288,6 +288,10 @@ class DeviceSpec:
         if dtype not in self.peak_flops:
             have = ", ".join(sorted(self.peak_flops))
             measured = " (the calibration measured only those)" if "calibrated" in self.name else ""
+            if dtype == "bf16" and "fp8" in self.peak_flops:  # (fp8's core dtype)
+                raise SpecError(f"dtype: device {self.name} has no bf16 rate, and fp8 training "
+                                "runs attention, norms and everything but the layers' GEMMs in "
+                                "bf16; add bf16 to its peak_TFLOPs")
             raise SpecError(f"dtype: device {self.name} has no {dtype} support (it has "
                             f"{have}{measured}); choose --dtype from those (a device of a "
                             f"cluster file lists the dtypes it runs, with their TFLOP/s, under "
@@ -311,16 +315,30 @@ benchmarks/cross_site_runs.py the pipeline-only rows already come out up to 25% 
 tensor-parallel ones 23-40% slow, so no one share fits both."""
 
 
+MIB = 2 ** 20
+NVML_MIB = {"a100-40g": 40_960, "a100-80g": 81_920, "h100": 81_559, "h200": 143_771,
+            "l4": 23_034, "b200": 183_359}
+"""Device memory as NVML reports it (nvidia-smi's total, in MiB), for the GPUs with a published
+reading: A100 40 and 80 GB, H100 SXM, H200 and L4 (Modal's table, thundergolfer.com/blog/
+nvidia-gpu-memory-capacity, and modal-labs/modal-client pull request #2797), B200 (nvidia-smi in
+NVIDIA/TensorRT-LLM issue #10278). The data sheets' "80 GB" of an H100 or A100 are 80 GiB of HBM
+(an H100 keeps 81,559 MiB of it usable, 85.5e9 bytes): a preset of 80e9 bytes held 7% less than
+the device (a review, 2026-12-07, tenth session). The other presets keep the data sheet's GB,
+a lower bound where the same holds (GB200's 186 GB, B300's and GB300's 288 GB, MI300X's 192 GB,
+V100's 32 GB, the RTX 4090's 24 GB)."""
+
+
 def _gpu(name: str, mem_gb: float, bf16: float | None, fp16: float, fp32: float, hbm_gbps: float,
          description: str, fp8: float | None = None, **kw) -> DeviceSpec:
-    """A GPU preset from data-sheet units: GB, dense TFLOP/s per dtype (``None``: no such tensor
-    cores), GB/s."""
+    """A GPU preset from data-sheet units: GB (NVML_MIB's reading where it has one), dense
+    TFLOP/s per dtype (``None``: no such tensor cores), GB/s."""
     peaks = {"fp16": fp16 * TERA, "fp32": fp32 * TERA}
     if bf16 is not None:
         peaks["bf16"] = bf16 * TERA
     if fp8 is not None:
         peaks["fp8"] = fp8 * TERA
-    return DeviceSpec(name=name, memory_bytes=mem_gb * GB, peak_flops=peaks,
+    memory = NVML_MIB[name] * MIB if name in NVML_MIB else mem_gb * GB
+    return DeviceSpec(name=name, memory_bytes=memory, peak_flops=peaks,
                       hbm_bytes_per_s=hbm_gbps * GB, description=description, **kw)
 
 

@@ -34,6 +34,9 @@ from costmodels.errors import SpecError
 
 Fp8Recipe = Literal["delayed", "current", "block"]
 FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
+FP8_RECIPE_ALIASES = {"tensorwise": "current", "mxfp8": "block"}
+"""Megatron-LM's --fp8-recipe names (and torchao's) for the recipes: per-tensor current scaling,
+MXFP8 blocks."""
 
 def check_recipe(device, dtype: str, recipe: str) -> None:
     """Refuse the ``block`` recipe (MXFP8) on a device without block-scaled FP8 GEMMs

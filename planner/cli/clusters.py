@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from costmodels.topology import CLUSTERS
 from planner.report.text import listing
+from planner.units import gb
 
 
 def register(add) -> None:
@@ -15,7 +16,7 @@ def run(args) -> int:
     rows = [("name", "device", "gpus/node", "memory", "intra GB/s", "inter GB/s", "description")]
     for c in CLUSTERS.values():
         rows.append((c.name, c.device.name, str(c.gpus_per_node),
-                     f"{c.device.memory_bytes / 1e9:.0f} GB",
+                     gb(c.device.memory_bytes),
                      f"{c.intra_node.bandwidth_bytes_per_s / 1e9:g}",
                      f"{c.inter_node.bandwidth_bytes_per_s / 1e9:g}", c.description))
     print(listing(rows))

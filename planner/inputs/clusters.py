@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Mapping
 
@@ -11,6 +12,8 @@ from costmodels.sites import sites_from_mapping
 from planner.errors import SpecError
 from planner.files import as_path, read_yaml
 from planner.inputs.calibration import apply_calibration
+
+log = logging.getLogger(__name__)
 
 
 def load_cluster(spec, *, nodes: int | None = None,
@@ -44,6 +47,13 @@ def load_cluster(spec, *, nodes: int | None = None,
         if spec.lower() not in CLUSTERS and os.path.isfile(spec):  # (no preset has a suffix)
             raise SpecError(f"cluster: '{spec}' is a file here, and a name without a suffix or "
                             f"folder is read as a preset; give it as ./{spec}")
+        preset = get_cluster(spec)
+        if isinstance(gpus_per_node, int) and gpus_per_node > preset.gpus_per_node \
+                and preset.intra_node.name == "nvlink":  # (an NVLink domain has a size)
+            log.warning("cluster %s: --gpus-per-node %d puts %d GPUs on one NVLink domain, "
+                        "where its nodes hold %d: they are priced as one node of that size "
+                        "(describe another machine in a cluster file)", preset.name,
+                        gpus_per_node, gpus_per_node, preset.gpus_per_node)
         return get_cluster(spec, nodes=nodes, gpus_per_node=gpus_per_node)
     else:
         raise SpecError(f"cluster: expected a preset name ({', '.join(CLUSTERS)}), a YAML path (a "

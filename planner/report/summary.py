@@ -9,6 +9,7 @@ import textwrap
 from costmodels.engine import describe, engine_from_mapping
 from costmodels.errors import PlannerError
 from costmodels.hardware import get_device
+from costmodels.memory import modules_of
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner import targets
 from planner.options import KNOBS, Config
@@ -20,7 +21,7 @@ from planner.search.feasibility import nearby_multiples
 from planner.search.loop import (RETIME_CAP, RETIME_MAX, TIE_SHARE, TIME_LIMIT,
                                   rejection_lines)
 from planner.trace.graph import FROZEN_PRICING, frozen_words, is_mtp_block, unpriced_words
-from planner.units import GB, cluster_text, counted, gb1, human_count, ms, seconds
+from planner.units import GB, cluster_text, counted, gb, gb1, human_count, ms, seconds
 
 
 def summary(p: Plan) -> str:
@@ -81,10 +82,14 @@ def engine_fit(p: Plan) -> tuple[list[str], list[str]]:
     """(the engines of ENGINE_TARGETS whose rules ``p``'s knobs and dtype keep to, the others
     each with the first knob it refuses)."""
     runs, refused = [], []
+    engine = engine_from_mapping(p.training.get("engine"))
     for target in ENGINE_TARGETS:
         why = targets.model_refusal(p.model, target) or targets.refusal(
             p.parallel, p.training["dtype"], target, p.model.get("attention_forms", ()),
             experts=bool(p.model.get("routed_experts")))
+        if why is None and "moe_act" in modules_of(p.parallel["recompute"]) and \
+                targets.moe_act_refusal(target, engine, p.training["dtype"]):
+            why = "recompute: moe_act under these engine settings"
         if why is None:
             runs.append(target + (" (plan run)" if target == "torch" else ""))
         else:
@@ -269,9 +274,9 @@ def _parallel(p: Plan) -> list[str]:
         *_flops(p),
         *_fp8(p),
         f"  peak memory {gb1(pr['peak_memory_bytes'])} {_per(p)}"
-        + (f" of {dev_mem / GB:.0f} GB" if dev_mem and "groups" not in p.cluster else "")
+        + (f" of {gb(dev_mem)}" if dev_mem and "groups" not in p.cluster else "")
         + ("" if "groups" not in p.cluster else " (device memory: " + ", ".join(
-            f"{g['name']} {g['device_memory_bytes'] / GB:.0f} GB" for g in p.cluster["groups"])
+            f"{g['name']} {gb(g['device_memory_bytes'])}" for g in p.cluster["groups"])
            + ")") + _reserve(p),
     ]
 

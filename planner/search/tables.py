@@ -36,6 +36,7 @@ from planner.errors import InfeasibleError, SpecError
 from planner.options import PIPELINES
 from planner.search.dense_part import DensePart
 from planner.solve.table_placement import Load, Option, Problem, place
+from planner.units import gb
 
 
 CACHE_RATIOS = (0.1, 0.5)
@@ -339,7 +340,7 @@ def _plan_tables(model, cluster, global_batch, dtype, engine, opts, solve_time_l
     if cap <= 0:
         raise InfeasibleError(f"the dense part alone needs {dense_mem / 1e9:.1f} GB per GPU at "
                               f"local batch {env.local_batch}, more than "
-                              f"{cluster.device.memory_bytes / 1e9:.0f} GB; use a smaller batch",
+                              f"{gb(cluster.device.memory_bytes)}; use a smaller batch",
                               reason="out of memory")
     names = {t.name for t in model.tables}
     for name, _, _ in opts.fixed:

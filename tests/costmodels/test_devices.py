@@ -41,7 +41,8 @@ def test_devices_without_fp8_tensor_cores_have_no_fp8_peak():
 
 def test_data_sheet_figures():
     b200, gb200, b300, gb300, mi = (DEVICES[n] for n in NEW)
-    assert (b200.peak("bf16"), b200.peak("fp8"), b200.memory_bytes) == (2250e12, 4500e12, 180e9)
+    assert (b200.peak("bf16"), b200.peak("fp8"), b200.memory_bytes) == (2250e12, 4500e12,
+                                                                         183_359 * 2 ** 20)
     assert (gb200.peak("bf16"), gb200.peak("fp8"), gb200.memory_bytes) == (2500e12, 5000e12, 186e9)
     assert (b300.memory_bytes, gb300.memory_bytes) == (288e9, 288e9)
     assert all(d.hbm_bytes_per_s == 8000e9 for d in (b200, gb200, b300, gb300))
@@ -92,3 +93,15 @@ def test_tp64_on_nvl72_is_priced_on_nvlink_not_the_inter_rack_network():
     assert across == pytest.approx(ring_allreduce_s(nbytes / 8, 8, dgx.inter_node)
                                    + 2 * 7 * dgx.intra_node.latency_s)  # NVLink's latency too
     assert across > 1.2 * on_rack
+
+
+def test_memory_is_what_nvml_reports_where_a_reading_is_published():
+    """The data sheets' "80 GB" of an H100 is 81,559 MiB usable, 7% more than 80e9 bytes; a
+    preset without a published reading keeps the data sheet's GB (a lower bound)."""
+    mib = 2 ** 20
+    assert DEVICES["h100"].memory_bytes == 81_559 * mib == 85_520_809_984
+    assert DEVICES["a100-80g"].memory_bytes == 81_920 * mib
+    assert DEVICES["h200"].memory_bytes == 143_771 * mib
+    assert DEVICES["b200"].memory_bytes == 183_359 * mib
+    assert DEVICES["gb200"].memory_bytes == 186e9  # (no published reading: the data sheet's)
+    assert get_cluster("dgx-h100").device.memory_bytes == DEVICES["h100"].memory_bytes

@@ -20,7 +20,7 @@ def test_required_presets_exist():
     for name in ("dgx-a100-80g", "dgx-h100", "hgx-h200", "pcie-4090", "dgx-b200", "dgx-b300",
                  "gb200-nvl72", "gb300-nvl72", "mi300x-8"):
         assert name in CLUSTERS
-    assert DEVICES["h200"].memory_bytes == 141e9
+    assert DEVICES["h200"].memory_bytes == 143_771 * 2 ** 20  # (NVML's reading of "141 GB")
     assert DEVICES["a100-80g"].peak("bf16") == 312e12
 
 

@@ -13,7 +13,7 @@ from planner.errors import SpecError
 from planner.export.replan import resolve_hint
 from planner.options import SearchOptions
 
-A100 = 80e9  # dgx-a100-80g's device memory
+A100 = 81_920 * 2 ** 20  # dgx-a100-80g's device memory (NVML: 81,920 MiB)
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "golden", "plans",
                       "uneven-llama3-8b.json")
 
@@ -59,14 +59,14 @@ def test_a_larger_reserve_bounds_the_plan_and_the_plan_keeps_it(capsys, tmp_path
     assert "--memory-reserve" not in resolve_hint(default, "megatron")
     # a reserve leaving less than any plan needs: no plan, exit 2
     code, _, err = _solve(capsys, tiny_llama_config, tmp_path / "none.json",
-                          "--memory-reserve-gb", "75.999")  # 1 MB left
+                          "--memory-reserve-gb", f"{A100 * 0.95 / 1e9 - 0.001:.6f}")  # 1 MB left
     assert code == 3 and "no plan fits" in err.lower(), err  # (exit 3: valid input, no room)
     assert "or keep less of each device free (--memory-reserve-fraction 0.05, " \
-           "--memory-reserve-gb 76 now)" in err, err
+           "--memory-reserve-gb 81.6 now)" in err, err
     assert not (tmp_path / "none.json").exists()
 
 
-@pytest.mark.parametrize("extra", [["--memory-reserve-gb", "76"],
+@pytest.mark.parametrize("extra", [["--memory-reserve-gb", "82"],
                                    ["--memory-reserve-gb", "1e300"],
                                    ["--memory-reserve-fraction", "0.99",
                                     "--memory-reserve-gb", "1"]])
@@ -74,7 +74,7 @@ def test_a_reserve_leaving_nothing_is_bad_input(capsys, extra):
     code = main(["solve", "gpt2", "--cluster", "dgx-a100-80g", "--global-batch", "8", *extra])
     _, err = capsys.readouterr()
     assert code == 2, err
-    assert "leaves nothing of a100-80g's 80 GB; lower them" in err
+    assert "leaves nothing of a100-80g's 85.9 GB; lower them" in err
     assert "memory_reserve_gb (--memory-reserve-gb)" in err and "Traceback" not in err
 
 
@@ -141,8 +141,8 @@ def test_whatif_keeps_the_reserve_at_every_point(tiny_llama_config):
     assert all(r["feasible"] for r in lean)
     assert all(r["peak_memory_bytes"] <= usable * 1.0001 for r in lean)
     assert [r["config"] for r in lean] != [r["config"] for r in default]
-    with pytest.raises(SpecError, match=r"leaves nothing of a100-80g's 80 GB; lower them"):
-        whatif(tiny_llama_config, memory_reserve_gb=76, **common)
+    with pytest.raises(SpecError, match=r"leaves nothing of a100-80g's 85.9 GB; lower them"):
+        whatif(tiny_llama_config, memory_reserve_gb=82, **common)
     with pytest.raises(SpecError, match=r"^memory_reserve_fraction \(--memory-reserve-fraction\): "
                                         r"applies to the search of dense models"):
         whatif("dlrm-criteo-1tb", cluster="dgx-a100-40g", global_batch=65536,
@@ -154,7 +154,7 @@ def test_whatif_refuses_a_reserve_leaving_nothing_with_exit_2(capsys):
                  "nodes=1,2", "--memory-reserve-gb", "300"])
     _, err = capsys.readouterr()
     assert code == 2, err
-    assert "leaves nothing of a100-80g's 80 GB; lower them" in err and "Traceback" not in err
+    assert "leaves nothing of a100-80g's 85.9 GB; lower them" in err and "Traceback" not in err
 
 
 def test_whatif_over_a_recommendation_model_keeps_no_reserve(tmp_path):

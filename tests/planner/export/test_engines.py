@@ -441,6 +441,8 @@ MEGATRON_PLANS = {
     "70b-offload-megatron": lambda: plan_named("llama3-70b-offload-megatron"),
     "70b-gpipe-full": lambda: plan_named("even-llama3-70b"),
     "8b-uneven-selective": lambda: plan_named("uneven-llama3-8b"),
+    "70b-every-2nd-layer": lambda: variant(plan_named("llama3-70b-pp4-megatron"),
+                                           recompute="full/2"),
     "70b-pp4-deepspeed": lambda: plan_named("llama3-70b-pp4-deepspeed"),
     "8b-op-recompute": CASES["8b-op-recompute"],
     "8b-fp8-delayed": lambda: fp8(plan_named("uneven-llama3-8b"), "delayed"),
@@ -514,15 +516,19 @@ def test_megatron_parser_reads_the_export_to_the_plan(version, case, tmp_path):
     assert ns.bf16 == (plan.training["dtype"] in ("bf16", "fp8"))
     recipe = plan.training.get("engine", {}).get("fp8_recipe")
     if plan.training["dtype"] == "fp8":
-        assert ns.fp8 == "hybrid"  # --fp8-format
+        assert ns.fp8 == ("e4m3" if recipe == "block" else "hybrid")  # --fp8-format
         assert ns.fp8_recipe == {"delayed": "delayed", "current": "tensorwise",
                                  "block": "mxfp8"}[recipe]
     else:
         assert ns.fp8 is None
     rc = {"none": None, "selective": "selective", "full": "full", "op": "full",
+          "full/2": "full", "full/4": "full",
           "moe_act": "selective" if ns.moe_grouped_gemm else "full",
           "mla_up_proj": "selective", "mla_up_proj+moe_act": "selective"}[p["recompute"]]
     assert ns.recompute_granularity == rc
+    if p["recompute"].startswith("full/"):  # the block method, as many layers as planned
+        assert (ns.recompute_method, ns.recompute_num_layers) == ("block", max(
+            sum(b in plan.recomputed_blocks() for b in st["blocks"]) for st in plan.stages))
     if rc == "selective":
         assert ns.recompute_modules == {"moe_act": ["moe_act", "layernorm"],
                                         "mla_up_proj": ["mla_up_proj"],
@@ -713,7 +719,7 @@ def test_deepspeed_refuses_a_zero_downgrade_that_no_longer_fits():
     assert "\n" not in msg and msg.startswith("no deepspeed export fits: "
                                               "with ZeRO-1 instead of the plan's "
                                               "ZeRO-3")
-    assert "GB per GPU, more than the 75.0 GB usable of 80.0 GB (the plan: 59.9 GB)" in msg
+    assert "GB per GPU, more than the 80.2 GB usable of 85.5 GB (the plan: 59.9 GB)" in msg
     assert "--fix pp=4,schedule=1f1b --target deepspeed" in msg  # zero=3 dropped: not with pp
 
 
