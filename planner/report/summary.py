@@ -9,7 +9,7 @@ import textwrap
 from costmodels.engine import describe, engine_from_mapping
 from costmodels.errors import PlannerError
 from costmodels.hardware import get_device
-from costmodels.memory import modules_of
+from costmodels.memory import every_words, layer_interval, modules_of
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner import targets
 from planner.options import KNOBS, Config
@@ -76,6 +76,12 @@ def _engines(p: Plan) -> list[str]:
                 f"{', '.join(runs) or 'no engine'}, not {', '.join(refused)} (an export checks "
                 f"the model's own){near_text}{kernels}",
                 indent="    ") + [""]
+
+
+def _every(recompute: str) -> str:
+    """' (every 2nd layer whole)' for a full/k policy, '' for the others."""
+    k = layer_interval(recompute)
+    return f" ({every_words(k)} whole)" if k else ""
 
 
 def engine_fit(p: Plan) -> tuple[list[str], list[str]]:
@@ -262,7 +268,8 @@ def _parallel(p: Plan) -> list[str]:
     return lines + [
         f"  batching    micro-batch {par['micro_batch']} x {par['num_microbatches']} micro-batches, "
         f"schedule {par['schedule']}",
-        f"  memory      recompute {par['recompute']}, ZeRO-{par['zero']}{offload}, placement "
+        f"  memory      recompute {par['recompute']}{_every(par['recompute'])}, "
+        f"ZeRO-{par['zero']}{offload}, placement "
         f"{par.get('placement', 'tp-pp-dp')}",
         f"  software    {p.training['dtype']}; "
         f"{describe(engine_from_mapping(p.training.get('engine')), not p.model.get('no_attention'))}"

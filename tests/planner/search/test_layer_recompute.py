@@ -12,6 +12,7 @@ from costmodels.experts import overlap_blockers
 from costmodels.engine import engine_from_mapping
 from planner.export import export
 from planner.options import parse_fix
+from planner.report.summary import summary
 from planner.search import pricing
 from planner.search.costs import ModelArrays, block_costs
 from tests.conftest import TINY_LLAMA, write_config
@@ -72,6 +73,7 @@ def test_full4_on_four_layers_recomputes_the_fourth(tiny_llama):
         fix=parse_fix("recompute=full/4,tp=1,pp=1"), top_k=0))
     assert plan.parallel["recompute"] == "full/4"
     assert plan.recomputed_blocks() == ["model.layers.3"]
+    assert "recompute full/4 (every 4th layer whole), ZeRO-" in summary(plan)
 
 
 def test_a_model_of_fewer_layers_than_the_interval_is_refused_naming_the_fix(tmp_path):
