@@ -473,9 +473,12 @@ _SHARE_KEYS = ("matmul_efficiency", "fp8_matmul_efficiency", "memory_efficiency"
                "flash2_bwd_efficiency", "causal_attention_ratio", "attention_d64_share",
                "attention_bwd_d64_share", "flash2_d64_share", "flash2_bwd_d64_share")
 """DeviceSpec fields a cluster file may set as fractions in (0, 1]."""
+_WINDOW_KEYS = ("attention_window_keys", "attention_bwd_window_keys")
+"""DeviceSpec fields a cluster file may set as numbers of keys > 0 (a windowed call's fixed work
+per query row)."""
 _DEVICE_KEYS = {"name", "memory_GB", "peak_TFLOPs", "hbm_GBps", "sm_count", "description",
                 "flash_attention", "fp8_block_scaling", "overlap_slowdown", "threads", "base",
-                *_SHARE_KEYS}
+                *_SHARE_KEYS, *_WINDOW_KEYS}
 
 
 def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
@@ -518,6 +521,9 @@ def device_from_mapping(spec: Mapping, where: str = "device") -> DeviceSpec:
     for key in _SHARE_KEYS:
         if key in spec:
             kw[key] = _fraction(spec[key], f"{where}.{key}")
+    for key in _WINDOW_KEYS:
+        if key in spec:
+            kw[key] = _positive(spec[key], f"{where}.{key}")
     if "overlap_slowdown" in spec:  # 0 (not modelled) allowed, unlike the shares
         slow = spec["overlap_slowdown"]
         if slow == HIDES_NOTHING or (isinstance(slow, float) and slow == math.inf):
@@ -564,6 +570,9 @@ def device_mapping(d: DeviceSpec) -> dict:
         value = getattr(d, key)
         if value is not None and value != "":
             out[key] = value
+    for key in _WINDOW_KEYS:
+        if getattr(d, key):  # (0: none given)
+            out[key] = getattr(d, key)
     return out
 
 

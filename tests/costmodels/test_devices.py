@@ -105,3 +105,14 @@ def test_memory_is_what_nvml_reports_where_a_reading_is_published():
     assert DEVICES["b200"].memory_bytes == 183_359 * mib
     assert DEVICES["gb200"].memory_bytes == 186e9  # (no published reading: the data sheet's)
     assert get_cluster("dgx-h100").device.memory_bytes == DEVICES["h100"].memory_bytes
+
+
+def test_a_cluster_file_sets_the_window_row_work_and_a_device_keeps_it_through_its_mapping():
+    from costmodels.hardware import HOPPER_KERNELS, device_from_mapping, device_mapping
+    spec = {"name": "h100-500w", "memory_GB": 96, "hbm_GBps": 2400, "sm_count": 132,
+            "peak_TFLOPs": {"bf16": 800, "fp16": 800, "fp32": 67, "fp8": 1600}, **HOPPER_KERNELS}
+    d = device_from_mapping(spec)
+    assert (d.attention_window_keys, d.attention_bwd_window_keys) == (180.0, 560.0)
+    assert device_from_mapping(device_mapping(d)) == d
+    with pytest.raises(Exception, match=r"^device.attention_window_keys: expected a positive"):
+        device_from_mapping({**spec, "attention_window_keys": 0})
