@@ -247,7 +247,14 @@ SECTIONS = [
      "38,682 to 41,202 configurations; in two runs of this benchmark on a quiet VM before the "
      "run of the table its search took 4.05 s with the balancing alone (1.9-4.9 s before) and "
      "5.33 s with the larger chunk counts too, DeepSeek-V3's 4.72 and 4.14 s (two in one "
-     "process before and after the balancing: 4.09-4.37 s and 4.68-4.72 s)."),
+     "process before and after the balancing: 4.09-4.37 s and 4.68-4.72 s). Since 2026-12-07 "
+     "(tenth session) the search also tries recomputing every 4th or 2nd layer (full/4, "
+     "full/2), whose block costs are those of full and no recomputation, shared (no block is "
+     "priced again): DeepSeek-V3's space grew from 489,006 to 652,008 configurations, Llama-3 "
+     "405B's at 128k from 51,576 to 85,960; in three alternating pairs in one process (search "
+     "only, without and with the two policies) DeepSeek-V3 took 4.34-4.62 s and 4.45-5.75 s, "
+     "Llama-3 405B at 128k 1.26-1.55 s and 1.19-1.49 s. The presets' device memory grew to "
+     "what NVML reports (an H100 85.5 GB, not 80) in the same session."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "

@@ -65,8 +65,8 @@ class ModelArrays:
     """Per recomputation policy: the forward FLOPs it recomputes per sample
     (pricing.step_flops)."""
     costs_memo: dict = field(default_factory=dict)
-    """The last block costs made (costs._memo_costs), by policy and knobs, each with the cluster
-    and training it was made for (an entry matches only those objects)."""
+    """The block costs made under ``full`` and ``none`` (costs._memo_costs), by policy and knobs,
+    each with the cluster and training it was made for (an entry matches only those objects)."""
 
     def recomputed(self, recompute: str) -> np.ndarray:
         """Per block: whether ``recompute`` recomputes anything in it (memory.layer_policies)."""
