@@ -138,7 +138,8 @@ def set_optimizer(ebc, optimizer: str) -> None:
 def topology(cluster, *, dense_bytes: float = 0.0):
     """TorchRec's Topology for our cluster preset, through its TopologyFactory, and what we set.
 
-    - hbm_cap: the device's memory (A100 40 GB: 40e9 bytes); ddr_cap: our HOST_BYTES_PER_GPU;
+    - hbm_cap: the device's memory (A100 40 GB: 40,960 MiB, 42.9e9 bytes); ddr_cap: our
+      HOST_BYTES_PER_GPU;
       ssd_cap 0 (no SSD tier on our side, so no key_value kernel);
     - intra_host_bw / inter_host_bw: our links' achievable one-way bandwidth per GPU (NVLink 3:
       300 GB/s x 0.77; HDR InfiniBand 25 GB/s x 0.90), in TorchRec's bytes per millisecond;
