@@ -43,10 +43,11 @@ def forward_comm_share(recompute: str) -> float:
     """The share of a chunk's collectives (tensor-parallel all-reduces, context-parallel K/V
     exchange, expert dispatch) its forward runs: half, the backward the other half; a third under
     full recomputation, which replays the forward's in backward (Korthikanti et al., MLSys'23);
-    under ``full/k`` (every k-th layer recomputed) the mean over the layers."""
+    under ``full/k`` (every k-th layer recomputed, the layers' collectives alike) k of the 2k + 1
+    passes a group of k layers runs them in."""
     k = memory.layer_interval(recompute)
     if k:
-        return 1 / 2 - (1 / 2 - 1 / 3) / k
+        return k / (2 * k + 1)
     return 1 / 3 if recompute == "full" else 1 / 2
 
 

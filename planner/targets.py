@@ -282,6 +282,30 @@ ATTENTION_FORMS = {"latent": "multi-head latent attention",
 over which an engine runs only some context-parallel exchanges, in words."""
 
 
+def layer_interval_refusal(target: str, k: int, recomputed: list[int], layers: list[int],
+                           pp: int) -> str:
+    """Why ``target`` does not recompute, on this split, the layers a full/k plan recomputes
+    (every k-th of the model's: costmodels.memory.layer_policies); '' where it does, or for a
+    target that takes the plan's own layers (the runtime, DeepSpeed's nearest full).
+    ``recomputed`` and ``layers``: per chunk (rank ``c mod pp``), the layers recomputed and held.
+    Megatron-LM recomputes the first N layers of every chunk, one N for all (its block method);
+    torchtitan every k-th layer a process wraps, counted over its chunks (its layer SAC)."""
+    if target == "megatron":
+        n = max(recomputed, default=0)
+        if any(c != min(n, held) for c, held in zip(recomputed, layers)):
+            return (f"recompute: Megatron-LM's block method recomputes the first "
+                    f"--recompute-num-layers of every chunk, and this split's chunks recompute "
+                    f"{min(recomputed)} to {n} of their layers, not the first {n} of each")
+    if target == "torchtitan":
+        ranks = [(sum(recomputed[r::pp]), sum(layers[r::pp]) // k) for r in range(pp)]
+        off = [r for r, (planned, runs) in enumerate(ranks) if planned != runs]
+        if off:
+            return (f"recompute: torchtitan wraps every {k}th layer of each pipeline rank's own, "
+                    f"{ranks[off[0]][1]} on rank {off[0]}, where this split recomputes "
+                    f"{ranks[off[0]][0]}")
+    return ""
+
+
 def refusal(parallel: dict, dtype: str, target: str, forms=(), *,
             experts: bool = False) -> str | None:
     """Why ``target`` does not run a plan's knobs (``parallel``, as Config.to_dict or a plan's

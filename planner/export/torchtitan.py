@@ -75,7 +75,7 @@ def to_torchtitan(plan: Plan, version: str | None = None) -> str:
                 + _context(plan, version, ledger, raising)
                 + _experts(plan, version, ledger, raising) + _training(plan, ledger)
                 + _fp8(plan, version, ledger))
-    ac = _activation_checkpoint(plan, ledger)
+    ac = _activation_checkpoint(plan, version, ledger)
     _recheck(plan, version, ledger, raising)
     notes = ledger.close()
     if version == "0.2.2":
@@ -566,13 +566,19 @@ def _module_names(plan: Plan, version: str, ledger: common.Ledger) -> tuple[list
     return parts, comments
 
 
-def _activation_checkpoint(plan: Plan, ledger: common.Ledger) -> list[tuple[str, object, tuple]]:
+def _activation_checkpoint(plan: Plan, version: str,
+                           ledger: common.Ledger) -> list[tuple[str, object, tuple]]:
     """(key, value, comments) of [activation_checkpoint]; 0.3.0 takes the mode as a subcommand."""
     rc = plan.parallel["recompute"]
     if rc in ("none", "full"):
         ledger.exact("recompute")
         return [("mode", rc, (f"recompute {rc}",))]
     k = layer_interval(rc)
+    if k and version != "0.2.2":  # (its subcommands: full, selective per op, none)
+        ledger.nearest("recompute", f"recompute {rc} ({every_words(k)}): torchtitan {version}'s "
+                       "activation-checkpoint subcommands take no layer frequency (selective is "
+                       "per op); nearest full: more recompute time than planned, less memory")
+        return [("mode", "full", (f"recompute {rc} -> full (see the note above)",))]
     if k:
         _layer_frequency_note(plan, k, ledger)
         return [("mode", "selective", (f"recompute {rc}: {every_words(k)} recomputed whole",)),

@@ -84,6 +84,16 @@ def _every(recompute: str) -> str:
     return f" ({every_words(k)} whole)" if k else ""
 
 
+def _layer_interval_refusal(p: Plan, target: str) -> str:
+    """targets.layer_interval_refusal on the plan's own split."""
+    recomputed = set(p.recomputed_blocks())
+    held = {b["name"] for b in p.model["blocks"] if b.get("recompute", True)}
+    return targets.layer_interval_refusal(
+        target, layer_interval(p.parallel["recompute"]),
+        [sum(b in recomputed for b in st["blocks"]) for st in p.stages],
+        [sum(b in held for b in st["blocks"]) for st in p.stages], p.parallel["pp"])
+
+
 def engine_fit(p: Plan) -> tuple[list[str], list[str]]:
     """(the engines of ENGINE_TARGETS whose rules ``p``'s knobs and dtype keep to, the others
     each with the first knob it refuses)."""
@@ -96,6 +106,8 @@ def engine_fit(p: Plan) -> tuple[list[str], list[str]]:
         if why is None and "moe_act" in modules_of(p.parallel["recompute"]) and \
                 targets.moe_act_refusal(target, engine, p.training["dtype"]):
             why = "recompute: moe_act under these engine settings"
+        if why is None and layer_interval(p.parallel["recompute"]):
+            why = _layer_interval_refusal(p, target) or None
         if why is None:
             runs.append(target + (" (plan run)" if target == "torch" else ""))
         else:

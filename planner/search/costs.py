@@ -63,15 +63,19 @@ class ModelArrays:
     share one)."""
     flops_memo: dict = field(default_factory=dict)
     """Per recomputation policy: the forward FLOPs it recomputes per sample
-    (pricing.step_flops)."""
+    (pricing.step_flops), and under ("recomputed", policy) the blocks it recomputes."""
     costs_memo: dict = field(default_factory=dict)
     """The block costs made under ``full`` and ``none`` (costs._memo_costs), by policy and knobs,
     each with the cluster and training it was made for (an entry matches only those objects)."""
 
     def recomputed(self, recompute: str) -> np.ndarray:
-        """Per block: whether ``recompute`` recomputes anything in it (memory.layer_policies)."""
-        return np.array([p != "none" for p in memory.layer_policies(self.checkpointed,
-                                                                    recompute)], dtype=bool)
+        """Per block: whether ``recompute`` recomputes anything in it (memory.layer_policies;
+        kept per policy in ``flops_memo``, a copy handed out)."""
+        key = ("recomputed", recompute)
+        if key not in self.flops_memo:
+            self.flops_memo[key] = np.array([p != "none" for p in memory.layer_policies(
+                self.checkpointed, recompute)], dtype=bool)
+        return self.flops_memo[key].copy()
 
     @classmethod
     def from_blocks(cls, bg: BlockGraph, order: list[int] | None = None) -> "ModelArrays":

@@ -12,7 +12,9 @@ import dataclasses
 
 from costmodels import pipeline
 from costmodels.errors import InfeasibleError
+from costmodels.memory import layer_interval
 from costmodels.topology import Cluster
+from planner import targets
 from planner.options import PLACEMENTS, Config, SearchOptions, TrainingSpec, pp_inner_refused
 from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, stage_memory
 from planner.search.layout import layout_bounds
@@ -31,11 +33,32 @@ def evaluate(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
                            options)
 
 
+LAYER_INTERVAL_SPLIT = "full/k on a split whose layers the target recomputes otherwise"
+
+
 def split_of(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
              training: TrainingSpec, options: SearchOptions,
              splits: dict | None = None) -> Split:
     """The first half of ``evaluate``: the stage split that fits, before its ranks are placed
-    (Split.floor_s bounds what any placement gives); raises InfeasibleError."""
+    (Split.floor_s bounds what any placement gives); raises InfeasibleError, also for a full/k
+    plan whose target would recompute other layers on its split (targets.layer_interval_refusal:
+    its export would not run what is priced)."""
+    split = _split_of(cfg, ma, costs, cluster, training, options, splits)
+    k = layer_interval(cfg.recompute)
+    if k and options.target in ("megatron", "torchtitan"):
+        rec, held = ma.recomputed(cfg.recompute), ma.checkpointed
+        pairs = list(zip(split.bounds, split.bounds[1:]))
+        why = targets.layer_interval_refusal(
+            options.target, k, [int(rec[a:b].sum()) for a, b in pairs],
+            [int(held[a:b].sum()) for a, b in pairs], cfg.pp)
+        if why:
+            raise InfeasibleError(f"{cfg.short()}: {why}", reason=LAYER_INTERVAL_SPLIT)
+    return split
+
+
+def _split_of(cfg: Config, ma: ModelArrays, costs: BlockCosts, cluster: Cluster,
+              training: TrainingSpec, options: SearchOptions, splits: dict | None) -> Split:
+    """split_of before the target's check of a full/k split."""
     capacity = capacity_bytes(cluster, options)
     if options.layout is not None:  # the stages pinned: priced on that cut, if it fits
         bounds = layout_bounds(options.layout, ma.checkpointed)

@@ -14,6 +14,7 @@ from planner.export import export
 from planner.options import parse_fix
 from planner.report.summary import summary
 from planner.search import pricing
+from planner.search.evaluate import LAYER_INTERVAL_SPLIT
 from planner.search.costs import ModelArrays, block_costs
 from tests.conftest import TINY_LLAMA, write_config
 
@@ -129,11 +130,40 @@ def test_megatron_takes_one_count_for_every_chunk_and_says_where_chunks_differ(t
 
 def test_llama3_405b_as_meta_ran_it_recomputes_every_2nd_layer_faster_than_every_layer():
     """Meta's layout (tp 8, pp 16, no context parallelism) on 16,384 H100 at 8,192 tokens: no
-    recomputation does not fit 80 GB at the interleaved schedules that keep the bubble small,
-    full recomputation pays the whole forward again; every 2nd layer sits between."""
+    recomputation fits 85.5 GB only at ZeRO-2 (7.31 s), full recomputation pays the whole forward
+    again (7.31 s); every 2nd layer sits between. Megatron-LM's block method would recompute the
+    first layer of every chunk, the first chunk's layer 0 too: --target megatron keeps full."""
     fix = "tp=8,pp=16,cp=1"
     kw = dict(cluster="dgx-h100", nodes=2048, global_batch=2048, seq_len=8192)
     free = planner.plan("llama3-405b", fix=parse_fix(fix), top_k=0, **kw)
     full = planner.plan("llama3-405b", fix=parse_fix(fix + ",recompute=full"), top_k=0, **kw)
     assert free.parallel["recompute"] == "full/2"
     assert free.step_time_s < 0.97 * full.step_time_s
+    assert "megatron (recompute)" in summary(free)
+    megatron = planner.plan("llama3-405b", fix=parse_fix(fix), top_k=0, target="megatron", **kw)
+    assert megatron.parallel["recompute"] == "full"
+    assert megatron.search["rejected"][LAYER_INTERVAL_SPLIT] > 0
+
+
+def test_each_engines_layers_on_a_split_and_the_forward_share_of_the_collectives():
+    from costmodels.pipeline import forward_comm_share
+    from planner.targets import layer_interval_refusal
+    # 4 chunks on 2 ranks, 2 layers each, every 2nd recomputed: one per chunk, as both run it
+    assert layer_interval_refusal("megatron", 2, [1, 1, 1, 1], [2, 2, 2, 2], 2) == ""
+    assert layer_interval_refusal("torchtitan", 2, [1, 1, 1, 1], [2, 2, 2, 2], 2) == ""
+    # a first chunk of layer 0 alone: Megatron-LM recomputes it too (the first N of each)
+    assert "first --recompute-num-layers" in layer_interval_refusal(
+        "megatron", 2, [0, 1, 1, 1], [1, 2, 2, 2], 2)
+    # torchtitan counts a rank's own layers: 3 on rank 0 -> 1 wrapped, where 2 are planned
+    assert "1 on rank 0, where this split recomputes 2" in layer_interval_refusal(
+        "torchtitan", 2, [1, 1, 1, 1], [1, 2, 2, 2], 2)
+    assert layer_interval_refusal("torch", 2, [0, 1], [1, 2], 2) == ""
+    # a group of k layers runs its collectives in 2k + 1 passes, k of them forwards
+    assert [forward_comm_share(r) for r in ("none", "full/2", "full/4", "full")] == \
+        pytest.approx([1 / 2, 2 / 5, 4 / 9, 1 / 3])
+
+
+def test_torchtitan_030_has_no_layer_frequency_and_takes_full(every_2nd):
+    text = export(every_2nd, "torchtitan", "0.3.0")[0]
+    assert "activation-checkpoint:full" in text and "activation-checkpoint:selective" not in text
+    assert "take no layer frequency" in " ".join(text.replace("#", " ").split())
