@@ -617,10 +617,16 @@ def _layer_frequency_note(plan: Plan, k: int, ledger: common.Ledger) -> None:
         ledger.exact("recompute")
         return
     off = [r for r in range(pp) if runs[r] != planned[r]]
+    fewer = [r for r in off if runs[r] < planned[r]]
     ledger.nearest("recompute", f"recompute {every_words(k)}: torchtitan counts each pipeline "
-                   f"rank's own layers, so {len(off)} of the {pp} ranks recompute another number "
+                   f"rank's own layers, so {len(off)} of the {pp} ranks "
+                   f"recompute{'s' if len(off) == 1 else ''} another number "
                    f"of layers than planned (rank {off[0]}: {runs[off[0]]}, planned "
-                   f"{planned[off[0]]})")
+                   f"{planned[off[0]]})" + (
+                       f"; {len(fewer)} of them keep{'s' if len(fewer) == 1 else ''} more "
+                       "activations than planned, which is not "
+                       f"re-checked: `{replan.resolve_hint(plan, TARGET)}` plans a split "
+                       "torchtitan recomputes as priced" if fewer else ""))
 
 
 def _recheck(plan: Plan, version: str, ledger: common.Ledger,

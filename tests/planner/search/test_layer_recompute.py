@@ -126,6 +126,12 @@ def test_megatron_takes_one_count_for_every_chunk_and_says_where_chunks_differ(t
     assert ("the plan recomputes 0 to 1 layers per chunk, and Megatron-LM one count for every "
             "chunk; --recompute-num-layers 1 recomputes more than planned on 2 of the 4 chunks"
             in text)
+    # torchtitan wraps every 2nd layer of a rank's own: none of one layer each, where the plan
+    # recomputes 1 on two ranks, which then keep more activations than planned
+    toml = " ".join(export(plan, "torchtitan")[0].replace("#", " ").split())
+    assert ("so 2 of the 4 ranks recompute another number of layers than planned" in toml
+            and "2 of them keep more activations than planned, which is not re-checked" in toml
+            and "--target torchtitan` plans a split torchtitan recomputes as priced" in toml)
 
 
 def test_llama3_405b_as_meta_ran_it_recomputes_every_2nd_layer_faster_than_every_layer():
