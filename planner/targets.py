@@ -282,6 +282,14 @@ ATTENTION_FORMS = {"latent": "multi-head latent attention",
 over which an engine runs only some context-parallel exchanges, in words."""
 
 
+def torchtitan_layer_counts(k: int, recomputed: list[int], layers: list[int],
+                            pp: int) -> list[tuple[int, int]]:
+    """Per pipeline rank: (the layers a full/k plan recomputes there, those torchtitan's layer
+    SAC wraps: every k-th of the rank's own, counted over its chunks); ``recomputed`` and
+    ``layers`` per chunk, chunk c on rank c mod pp."""
+    return [(sum(recomputed[r::pp]), sum(layers[r::pp]) // k) for r in range(pp)]
+
+
 def layer_interval_refusal(target: str, k: int, recomputed: list[int], layers: list[int],
                            pp: int) -> str:
     """Why ``target`` does not recompute, on this split, the layers a full/k plan recomputes
@@ -297,7 +305,7 @@ def layer_interval_refusal(target: str, k: int, recomputed: list[int], layers: l
                     f"--recompute-num-layers of every chunk, and this split's chunks recompute "
                     f"{min(recomputed)} to {n} of their layers, not the first {n} of each")
     if target == "torchtitan":
-        ranks = [(sum(recomputed[r::pp]), sum(layers[r::pp]) // k) for r in range(pp)]
+        ranks = torchtitan_layer_counts(k, recomputed, layers, pp)
         off = [r for r, (planned, runs) in enumerate(ranks) if planned != runs]
         if off:
             return (f"recompute: torchtitan wraps every {k}th layer of each pipeline rank's own, "

@@ -607,12 +607,9 @@ def _layer_frequency_note(plan: Plan, k: int, ledger: common.Ledger) -> None:
     where each rank's counts agree."""
     pp, recomputed = plan.parallel["pp"], set(plan.recomputed_blocks())
     layers = {b["name"] for b in plan.model["blocks"] if b.get("recompute", True)}
-    planned, runs = [0] * pp, [0] * pp
-    for st in plan.stages:
-        r = st.get("pipeline_rank", st["index"] % pp)
-        planned[r] += sum(b in recomputed for b in st["blocks"])
-        runs[r] += sum(b in layers for b in st["blocks"])
-    runs = [n // k for n in runs]
+    planned, runs = zip(*targets.torchtitan_layer_counts(
+        k, [sum(b in recomputed for b in st["blocks"]) for st in plan.stages],
+        [sum(b in layers for b in st["blocks"]) for st in plan.stages], pp))
     if runs == planned:
         ledger.exact("recompute")
         return
