@@ -327,18 +327,28 @@ def op_recomputed_kernel_share(work: BlockWork) -> float:
 
 
 def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp: int,
-               sp: bool, experts: Experts = DENSE) -> tuple[float, float]:
+               sp: bool, experts: Experts = DENSE, linear: str = "te",
+               eager: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds quantizing the activation inputs of FP8 weight GEMMs and, in
-    backward, their output gradients (costmodels.precision)."""
+    backward, their output gradients (costmodels.precision). ``linear="torchao"``
+    (EngineSpec.fp8_linear): the weights too, in both passes, and the saved 16-bit inputs again
+    for the weight gradients; ``eager``: no cast fused into the kernel making its tensor."""
     per_element = precision.cast_bytes(recipe)
+    alone = per_element + precision.HIGH_PRECISION_READ_BYTES  # a cast kernel of its own
+    made = alone if eager else per_element  # a cast of a tensor a kernel has just made
+    torchao = linear == "torchao"
     fwd = bwd = 0.0
     for g in gemms:
         if not g.linear or (g.experts and not experts.fp8):  # (16-bit experts: no casts)
             continue
         b, m, n, k = split_gemm(g, micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
-        fwd += b * m * k * per_element
+        fwd += b * m * k * made
         if g.grad_a or g.grad_b:
-            bwd += b * m * n * per_element
+            bwd += b * m * n * made
+        if torchao:  # (b x n x k: the weights, a routed expert's each)
+            fwd += b * n * k * alone
+            bwd += (b * n * k * alone if g.grad_a else 0.0) + \
+                (b * m * k * alone if g.grad_b else 0.0)
     rate = device.memory_bytes_per_s
     return fwd / rate, bwd / rate
 
@@ -484,7 +494,8 @@ def block_time(work: BlockWork, device: DeviceSpec, *, dtype: str, micro_batch: 
     cast_f = 0.0
     if dtype == "fp8":
         cast_f, cast_b = fp8_cast_s(work.gemms, device, engine.fp8_recipe,
-                                    micro_batch=micro_batch, tp=tp, sp=sp, experts=experts)
+                                    micro_batch=micro_batch, tp=tp, sp=sp, experts=experts,
+                                    linear=engine.fp8_linear, eager=engine.kernels == "eager")
         fwd_s, bwd_s = fwd_s + cast_f, bwd_s + cast_b
     # selective keeping the matrix multiplications' outputs: every other op of the forward again
     # (a fused attention kernel among them; eager attention's score GEMMs kept)
@@ -564,7 +575,8 @@ def _mla_up_s(work: BlockWork, device: DeviceSpec, dtype: str, engine: EngineSpe
     seconds = gemms_time_s(up, device, dtype, micro_batch=micro_batch, tp=tp, sp=sp)[0]
     if dtype == "fp8":
         seconds += fp8_cast_s(up, device, engine.fp8_recipe, micro_batch=micro_batch, tp=tp,
-                              sp=sp)[0]
+                              sp=sp, linear=engine.fp8_linear,
+                              eager=engine.kernels == "eager")[0]
     return seconds
 
 

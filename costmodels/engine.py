@@ -13,7 +13,7 @@ from typing import Mapping
 
 from costmodels.errors import SpecError, unknown_key
 from costmodels.memory import STATE_LAYOUTS
-from costmodels.precision import FP8_RECIPE_ALIASES, FP8_RECIPES
+from costmodels.precision import FP8_LINEARS, FP8_RECIPE_ALIASES, FP8_RECIPES
 from costmodels.specs import parse_pairs, read_bool
 
 ATTENTION = ("flash", "flash2", "materialized")
@@ -27,7 +27,8 @@ SELECTIVE_FORMS = ("attention", "matmuls")
 OVERLAP_SCOPES = ("all", "sharded")
 CHOICES = {"attention": ATTENTION, "kernels": KERNELS, "fused_scope": FUSED_SCOPES,
            "moe_dispatcher": DISPATCHERS, "cp_ring": CP_RINGS, "overlap_scope": OVERLAP_SCOPES,
-           "fp8_recipe": FP8_RECIPES, "state_layout": STATE_LAYOUTS, "selective": SELECTIVE_FORMS}
+           "fp8_recipe": FP8_RECIPES, "fp8_linear": FP8_LINEARS, "state_layout": STATE_LAYOUTS,
+           "selective": SELECTIVE_FORMS}
 """Settings that take one of a few names (all lower case; a setting given in other case is read
 in lower case)."""
 HOST_OP_MAX_S = 1e-3
@@ -115,6 +116,11 @@ class EngineSpec:
     """How FP8 GEMM inputs are scaled when training in fp8 (costmodels.precision): ``delayed``
     (amax history), ``current`` (the tensor's own amax, an extra read: Megatron-Core's FP8-CS) or
     ``block`` (MXFP8 32-element blocks on Blackwell, row- and column-wise copies)."""
+    fp8_linear: str = "te"
+    """Which software's FP8 Linear runs those GEMMs (costmodels.precision): ``te`` (Transformer
+    Engine: FP8 weight copies kept for the step, inputs saved in FP8; Megatron-Core, DeepSpeed)
+    or ``torchao`` (torchao's Float8Linear, torchtitan's converters: 16-bit inputs and weights
+    saved and cast again in backward, every weight cast in each pass, no copies kept)."""
 
     moe_dispatcher: str = "alltoall"
     """How routed tokens reach their experts' ranks: ``alltoall`` (each rank sends every token
@@ -260,6 +266,12 @@ class EngineSpec:
         return self.overlap_grad_reduce and (self.overlap_scope == "all"
                                              or (zero >= 1 and pp == 1))
 
+    @property
+    def fp8_copies(self) -> bool:
+        """Under fp8, whether the engine keeps FP8 copies of the weights for the step (and
+        refreshes them after the optimizer) and saves Linear inputs in FP8."""
+        return self.fp8_linear == "te"
+
     def __post_init__(self):
         for key, names in CHOICES.items():
             if getattr(self, key) not in names:
@@ -324,7 +336,7 @@ PRESETS: dict[str, dict] = {
                    "ddp_accumulates": False, "tp_grad_overlap": False,
                    "fsdp_copies": True, "fsdp_experts": True, "state_layout": "fsdp2",
                    "cp_ring": "torch", "moe_etp_replicated": True, "fp8_experts": False,
-                   "moe_bias_loop": False},
+                   "fp8_linear": "torchao", "moe_bias_loop": False},
     # torchtitan with torch.compile: element-wise chains of each transformer block fused by
     # Inductor; embedding, output projection and loss eager
     "torchtitan-compile": {"attention": "flash2", "kernels": "fused", "fused_scope": "layers",
@@ -333,7 +345,8 @@ PRESETS: dict[str, dict] = {
                            "fsdp_copies": True,
                            "fsdp_experts": True, "state_layout": "fsdp2", "cp_ring": "torch",
                            "moe_probs_in_activation": False, "moe_etp_replicated": True,
-                           "fp8_experts": False, "moe_bias_loop": False},
+                           "fp8_experts": False, "fp8_linear": "torchao",
+                           "moe_bias_loop": False},
     # the planner's own runtime (`plan run`, --target torch): the model's own eager code with SDPA
     # (its flash backend: FlashAttention-2 kernels), replicate / fully_shard (FSDP2's buffer
     # copies; experts outside them), micro-batches always under torch.distributed.pipelining's

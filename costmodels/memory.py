@@ -112,7 +112,7 @@ to backward (planner.runtime.parallelize)."""
 
 def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, dp: int,
                       offload: bool = False, layout: str = "zero",
-                      deferred: int = 0, frozen: float = 0.0) -> dict:
+                      deferred: int = 0, frozen: float = 0.0, fp8_copies: bool = True) -> dict:
     """Bytes per GPU of weights, gradients and optimizer states for ``params`` local parameters,
     ``frozen`` of them not trained (requires_grad=False): those keep their weights (and FP8
     copies), sharded as the weights are, but no gradients and no optimizer states.
@@ -126,10 +126,11 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
     torchtitan's, and ``megatron``'s main-gradient buffer; else the compute dtype's), and ZeRO-3's
     gathered weights stay gathered;
     replicate (ZeRO-0) holds one more whole gradient while it accumulates over several
-    micro-batches (measured on `plan run`, docs/runtime.md).
+    micro-batches (measured on `plan run`, docs/runtime.md). ``fp8_copies``: under fp8 the
+    engine keeps FP8 copies of the weights (EngineSpec.fp8_copies; torchao keeps none).
     """
     kw = dict(dtype=dtype, optimizer=optimizer, zero=zero, dp=dp, offload=offload, layout=layout,
-              deferred=deferred)
+              deferred=deferred, fp8_copies=fp8_copies)
     per = _state_bytes(**kw)
     if isinstance(frozen, (int, float)) and not frozen:
         return {kind: params * b for kind, b in per}
@@ -139,8 +140,8 @@ def model_state_bytes(params: float, *, dtype: str, optimizer: str, zero: int, d
 
 @functools.lru_cache(maxsize=4096)
 def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: bool,
-                 layout: str, deferred: int = 0,
-                 trainable: bool = True) -> tuple[tuple[str, float], ...]:
+                 layout: str, deferred: int = 0, trainable: bool = True,
+                 fp8_copies: bool = True) -> tuple[tuple[str, float], ...]:
     """(kind, bytes per local parameter) of model_state_bytes (a search asks for the same
     settings over and over); ``trainable=False``: of a frozen parameter."""
     params = 1.0
@@ -187,7 +188,7 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
     if not trainable:
         grads = optim = 0.0
     out = {"weights": weights, "grads": grads, "optimizer": optim}
-    if dtype == "fp8":  # the cached FP8 copies of the weights, sharded like the weights
+    if dtype == "fp8" and fp8_copies:  # the cached FP8 copies, sharded like the weights
         out["fp8_weights"] = params * FP8_WEIGHT_COPY_BYTES / (dp if zero >= 3 else 1)
     return tuple(out.items())
 
@@ -195,12 +196,14 @@ def _state_bytes(*, dtype: str, optimizer: str, zero: int, dp: int, offload: boo
 @functools.lru_cache(maxsize=4096)
 def state_bytes_per_param(*, dtype: str, optimizer: str, zero: int, dp: int,
                           offload: bool = False, layout: str = "zero",
-                          deferred: int = 0, trainable: bool = True) -> float:
+                          deferred: int = 0, trainable: bool = True,
+                          fp8_copies: bool = True) -> float:
     """Model-state bytes per local parameter (weights + grads + optimizer) after ZeRO sharding;
     ``trainable=False``: of a frozen one (model_state_bytes)."""
     return sum(model_state_bytes(1.0, dtype=dtype, optimizer=optimizer, zero=zero, dp=dp,
                                  offload=offload, layout=layout, deferred=deferred,
-                                 frozen=0.0 if trainable else 1.0).values())
+                                 frozen=0.0 if trainable else 1.0,
+                                 fp8_copies=fp8_copies).values())
 
 
 def optimizer_traffic_bytes(*, dtype: str, optimizer: str, layout: str = "zero") -> float:

@@ -24,6 +24,17 @@ Deep Learning", 2022; Transformer Engine user guide, "Using FP8 with Transformer
   whole step ("FP8 weight caching") and refreshed from the bf16 weights after the optimizer step
   (read 2, write 2 bytes per parameter);
 - a Linear saves its input for the weight gradient in FP8 (1 byte instead of 2).
+
+torchao's float8 and MX training (``fp8_linear=torchao``: torchtitan's Float8 and MX converters,
+its Float8Linear's autograd function ``matmul_with_hp_or_float8_args``) runs the same FP8 GEMMs
+with less kept: the function saves the 16-bit input and weight, not FP8 ones, and casts both
+again in backward; it keeps no FP8 copies of the weights, so it casts every weight in each
+forward and again in each backward (its recipe_name configurations gather 16-bit weights: no
+``enable_fsdp_float8_all_gather``). Each cast of a tensor no kernel has just made reads its 16
+bits too (2 bytes per element more than CAST_BYTES), and so does every cast in eager mode, where
+no kernel fuses it into the one making the tensor. Its memory then matches bf16 training's, as
+torchtitan's published Float8 runs show (pytorch/torchtitan benchmarks/
+llama3_h100_202412_torchtitan.md, Tables 1 and 3: 76.8 against 77.0 GiB, 61.8 against 62.0).
 """
 
 from __future__ import annotations
@@ -37,6 +48,15 @@ FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
 FP8_RECIPE_ALIASES = {"tensorwise": "current", "mxfp8": "block"}
 """Megatron-LM's --fp8-recipe names (and torchao's) for the recipes: per-tensor current scaling,
 MXFP8 blocks."""
+
+FP8_LINEARS = ("te", "torchao")
+"""How a Linear trains in FP8 (module docstring): ``te`` (Transformer Engine: FP8 weight copies
+kept, inputs saved in FP8, casts fused into the kernels making them; Megatron-Core, DeepSpeed) or
+``torchao`` (16-bit input and weight saved, both cast again in backward; torchtitan)."""
+HIGH_PRECISION_READ_BYTES = 2.0
+"""Bytes per element a cast reads when it is a kernel of its own (a torchao cast of a weight or
+of a saved input, or any cast in eager mode): the 16-bit tensor."""
+
 
 def check_recipe(device, dtype: str, recipe: str) -> None:
     """Refuse the ``block`` recipe (MXFP8) on a device without block-scaled FP8 GEMMs

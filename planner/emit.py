@@ -209,6 +209,7 @@ def _fp8_account(best: Estimate, bg: BlockGraph, cluster, training: TrainingSpec
         "recipe": training.engine.fp8_recipe,
         **figures,
         "weight_copy_bytes": copies,
+        **({"linear": training.engine.fp8_linear} if not training.engine.fp8_copies else {}),
         "outer_blocks_bf16": not all(b.recompute for b in bg.blocks),
         **({"experts_bf16": True} if not training.engine.fp8_experts and any(
             b.work.num_experts for b in bg.blocks) else {}),

@@ -120,6 +120,9 @@ def warn_unused_settings(prepared, training: TrainingSpec,
     if training.dtype != "fp8" and _given(training.engine, "fp8_experts"):
         log.warning("engine.fp8_experts: applies to --dtype fp8 only (whether the experts' GEMMs "
                     "run in FP8); this %s plan does not use it", training.dtype)
+    if training.dtype != "fp8" and _given(training.engine, "fp8_linear"):
+        log.warning("engine.fp8_linear: applies to --dtype fp8 only (whose FP8 Linear runs the "
+                    "GEMMs); this %s plan does not use it", training.dtype)
     if training.dtype != "fp8" and training.engine.fp8_recipe != default.fp8_recipe:
         log.warning("engine.fp8_recipe: %s applies to --dtype fp8 only; this %s plan does not "
                     "use it", training.engine.fp8_recipe, training.dtype)

@@ -367,7 +367,7 @@ SOFTWARE_KEYS = frozenset(k for preset in PRESETS.values() for k in preset
 """The engine settings that say which software runs the step (what the presets set, less the
 MoE settings, which a re-plan keeps: _kept_engine_settings)."""
 MEMORY_SOFTWARE_KEYS = frozenset({"attention", "kernels", "fused_scope", "fsdp_copies",
-                                  "fsdp_experts", "cp_ring", "fp8_experts"})
+                                  "fsdp_experts", "cp_ring", "fp8_experts", "fp8_linear"})
 """The software settings that change what a GPU holds (activations, buffers) besides the
 state layout, which the exports check apart (layout_differs)."""
 
@@ -462,6 +462,8 @@ def software_differs(plan: Plan, target: str, keys=SOFTWARE_KEYS) -> bool:
     runs = engine_from_mapping(software_of(target, plan))
     if plan.training.get("dtype") != "fp8" or not moe.model(plan).moe:
         keys = keys - {"fp8_experts"}  # (which experts' GEMMs run in FP8: fp8 MoE plans only)
+    if plan.training.get("dtype") != "fp8":
+        keys = keys - {"fp8_linear"}  # (whose FP8 Linear: fp8 plans only)
     if plan.parallel.get("tp", 1) == 1:
         keys = keys - {"tp_grad_overlap"}  # (tensor parallelism's collectives: tp > 1 only)
     return any(getattr(planned, k) != getattr(runs, k) for k in keys)

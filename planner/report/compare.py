@@ -52,7 +52,8 @@ def engine_changes(a: Plan, b: Plan) -> list[tuple[str, object, object]]:
     idle = {k for k, knob in IDLE_UNLESS.items()
             if all(int(p.parallel.get(knob, 1)) <= 1 for p in (a, b))}
     if all(p.training.get("dtype") != "fp8" for p in (a, b)):
-        idle |= {"fp8_experts", "fp8_recipe"}  # (which GEMMs run in FP8, how scaled: no fp8)
+        # (which GEMMs run in FP8, how scaled, whose Linear: no fp8)
+        idle |= {"fp8_experts", "fp8_recipe", "fp8_linear"}
     return [(f"engine {k}", ea[k], eb[k]) for k in ea if k in eb and ea[k] != eb[k]
             and not (dense and _experts_only(k)) and k not in idle]
 

@@ -417,8 +417,11 @@ def _fp8(p: Plan) -> list[str]:
               + (", routed experts (their grouped GEMMs: the engine's fp8 converts plain Linear "
                  "layers only)" if f.get("experts_bf16") else "")
               + " in bf16; MFU is against the fp8 peak", indent=" " * 14),
-        *wrap(f"              {gb1(f['weight_copy_bytes'])} of fp8 weight copies per GPU; in "
-              f"bf16 this plan would take {f['bf16_step_time_s']:.4g} s "
+        *wrap("              " + (
+                  f"{gb1(f['weight_copy_bytes'])} of fp8 weight copies per GPU"
+                  if f.get("linear", "te") == "te" else
+                  "no fp8 weight copies (torchao casts every weight in each pass and saves 16-bit "
+                  "inputs)") + f"; in bf16 this plan would take {f['bf16_step_time_s']:.4g} s "
               f"({f['bf16_step_time_s'] / step:.2f}x) and {gb1(f['bf16_peak_memory_bytes'])}"
               + (" (more than the GPU holds)" if not f.get("bf16_fits", f["bf16_peak_memory_bytes"]
                                                             <= p.cluster.get("device_memory_bytes",

@@ -293,7 +293,7 @@ def _block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, t
     # for it; an eager engine runs the model's own code)
     weighted = fused and engine.moe_probs_in_activation
     fused_outer = outer.kernels == "fused"
-    fp8 = training.dtype == "fp8"  # Linear inputs kept quantized
+    fp8 = training.dtype == "fp8" and engine.fp8_copies  # Linear inputs kept quantized
     heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))
     kv = micro_batch * w.attn_kv_bytes / heads_div  # the whole sequence's K/V on this tp rank
     q = micro_batch * w.attn_q_bytes / tp
@@ -674,7 +674,8 @@ def fp8_copy_bytes_per_param(cfg: Config, training: TrainingSpec) -> float:
     return memory.model_state_bytes(
         1.0, dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
         dp=cfg.dp * cfg.cp, offload=cfg.offload_optimizer,
-        layout=training.engine.state_layout).get("fp8_weights", 0.0)
+        layout=training.engine.state_layout,
+        fp8_copies=training.engine.fp8_copies).get("fp8_weights", 0.0)
 
 
 def state_bytes_per_param(cfg: Config, training: TrainingSpec,
@@ -684,7 +685,7 @@ def state_bytes_per_param(cfg: Config, training: TrainingSpec,
     replicas); ``trainable=False``: of frozen ones (weights only)."""
     kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
               offload=cfg.offload_optimizer, layout=training.engine.state_layout,
-              trainable=trainable)
+              trainable=trainable, fp8_copies=training.engine.fp8_copies)
     return (memory.state_bytes_per_param(dp=cfg.dp * cfg.cp, **kw,
                                          deferred=deferred_sync(cfg, training)),
             memory.state_bytes_per_param(dp=cfg.edp, **{**kw, "dtype": experts_dtype(training)},

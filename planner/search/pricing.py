@@ -535,7 +535,8 @@ class RankMemory:
         chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
         chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
         kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
-                  offload=cfg.offload_optimizer, layout=training.engine.state_layout)
+                  offload=cfg.offload_optimizer, layout=training.engine.state_layout,
+                  fp8_copies=training.engine.fp8_copies)
         owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % pp
         layer, backward = ma.checkpointed, ma.work.runs_backward
 
@@ -722,7 +723,8 @@ def fp8_refresh_s(ranks: RankMemory, training: TrainingSpec, device) -> np.ndarr
     16-bit ones after the optimizer update (none of the routed experts' where they stay 16-bit:
     EngineSpec.fp8_experts), at ``device``'s memory bandwidth; zeros without FP8 copies."""
     states = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                      zero=0, dp=1, layout=training.engine.state_layout)
+                                      zero=0, dp=1, layout=training.engine.state_layout,
+                                      fp8_copies=training.engine.fp8_copies)
     if "fp8_weights" not in states:
         return np.zeros_like(ranks.params)
     layers = (ranks.params - ranks.outer_params) - (ranks.frozen - ranks.outer_frozen)

@@ -68,10 +68,14 @@ def _reference(cfg, bounds, ma, costs, cluster, training):
                                            - costs.expert_params_local), starts)
     chunk_split = np.add.reduceat(ma.work.param_tensors_tp, starts)
     chunk_rep = np.add.reduceat(ma.work.param_tensors_rep, starts)
+    # (torchao's FP8 Linear, the torchtitan presets', keeps no FP8 copies of the weights)
+    copies = training.engine.fp8_linear == "te"
     kw = dict(dtype=training.dtype, optimizer=training.optimizer, zero=cfg.zero,
-              offload=cfg.offload_optimizer, layout=training.engine.state_layout)
+              offload=cfg.offload_optimizer, layout=training.engine.state_layout,
+              fp8_copies=copies)
     whole = memory.model_state_bytes(1.0, dtype=training.dtype, optimizer=training.optimizer,
-                                     zero=0, dp=1, layout=training.engine.state_layout)
+                                     zero=0, dp=1, layout=training.engine.state_layout,
+                                     fp8_copies=copies)
     owner = (np.searchsorted(bounds, np.arange(len(ma.names)), side="right") - 1) % cfg.pp
     tied, tied_outer = [0.0] * cfg.pp, [0.0] * cfg.pp
     for i, j, n, split, _ in ma.shared:
