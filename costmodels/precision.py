@@ -23,7 +23,11 @@ Deep Learning", 2022; Transformer Engine user guide, "Using FP8 with Transformer
 - each layer weight has an FP8 copy, row- and column-wise (2 bytes per parameter), kept for the
   whole step ("FP8 weight caching") and refreshed from the bf16 weights after the optimizer step
   (read 2, write 2 bytes per parameter);
-- a Linear saves its input for the weight gradient in FP8 (1 byte instead of 2).
+- a Linear saves its input for the weight gradient in FP8 (1 byte instead of 2);
+- under sequence parallelism the all-gathers of a layer's GEMM inputs (a column-parallel
+  Linear's input, forward, and again for its weight gradient; a row-parallel Linear's output
+  gradient, backward) carry the FP8 tensor, quantized before it is gathered; the
+  reduce-scatters stay bf16 (sp_gather_share).
 
 torchao's float8 and MX training (``fp8_linear=torchao``: torchtitan's Float8 and MX converters,
 its Float8Linear's autograd function ``matmul_with_hp_or_float8_args``) runs the same FP8 GEMMs
@@ -53,6 +57,9 @@ FP8_LINEARS = ("te", "torchao")
 """How a Linear trains in FP8 (module docstring): ``te`` (Transformer Engine: FP8 weight copies
 kept, inputs saved in FP8, casts fused into the kernels making them; Megatron-Core, DeepSpeed) or
 ``torchao`` (16-bit input and weight saved, both cast again in backward; torchtitan)."""
+GATHER_SCALE_BYTES = {"delayed": 0.0, "current": 0.0, "block": 1.0 / 32}
+"""Scale bytes per element an FP8 all-gather carries besides the 1-byte values: MXFP8's one
+8-bit scale per 32-element block; one scale per tensor otherwise."""
 HIGH_PRECISION_READ_BYTES = 2.0
 """Bytes per element a cast reads when it is a kernel of its own (a torchao cast of a weight or
 of a saved input, or any cast in eager mode): the 16-bit tensor."""
@@ -102,3 +109,15 @@ def cast_bytes(recipe: str) -> float:
         raise SpecError(f"engine.fp8_recipe: expected one of {', '.join(FP8_RECIPES)}, got "
                         f"{recipe!r}")
     return CAST_BYTES[recipe]
+
+
+def sp_gather_share(linear: str, recipe: str) -> float:
+    """The share of its 16-bit bytes a sequence-parallel all-gather of an FP8 GEMM's input (a
+    column-parallel Linear's input, a row-parallel Linear's output gradient) carries: Transformer
+    Engine quantizes before it gathers (its Linear and LayerNormLinear gather FP8 tensors), and
+    torchao's tensorwise float8 does under torchtitan's Float8ColwiseParallel and
+    Float8RowwiseParallel; torchao's MX recipes gather 16-bit (1.0)."""
+    if linear == "torchao" and recipe == "block":
+        return 1.0
+    return (operand_bytes("fp8") + GATHER_SCALE_BYTES[recipe]) / operand_bytes("bf16")
+

@@ -94,3 +94,32 @@ def test_a_torchtitan_fp8_plan_says_it_keeps_no_copies(tiny_llama):
 def test_an_unknown_fp8_linear_is_refused():
     with pytest.raises(SpecError, match="engine.fp8_linear: expected one of te, torchao"):
         engine_from_mapping("megatron-core,fp8_linear=transformer-engine")
+
+
+@pytest.mark.parametrize("engine, recipe, share", [
+    ("megatron-core", "current", 0.5), ("megatron-core", "block", (1 + 1 / 32) / 2),
+    ("torchtitan", "current", 0.5), ("torchtitan", "block", 1.0)])
+def test_sequence_parallel_gathers_carry_fp8_in_the_layers(tiny_llama, engine, recipe, share):
+    """Transformer Engine quantizes a column-parallel input (and a row-parallel output gradient)
+    before it all-gathers it, and torchao's tensorwise float8 does under torchtitan's float8
+    tensor parallelism; the reduce-scatters stay 16-bit, and so do the blocks outside the
+    layers."""
+    assert precision.sp_gather_share(engine_from_mapping(engine).fp8_linear, recipe) == \
+        pytest.approx(share)
+    cluster = load_cluster("dgx-h100", nodes=1)
+    cfg = Config(dp=1, tp=8, pp=1, micro_batch=1, num_microbatches=8, recompute="none",
+                 sequence_parallel=True)
+    ma = ModelArrays.from_blocks(tiny_llama.blocks)
+    # (every collective exposed: the comparison is of bytes, not of what compute hides)
+    spec = f"{engine},tp_overlap=false,tp_grad_overlap=false"
+    fp8, bf16 = (config_costs(ma, cluster, TrainingSpec(
+        global_batch=8, seq_len=tiny_llama.seq_len, dtype=dtype,
+        engine=engine_from_mapping(spec + (f",fp8_recipe={recipe}" if dtype == "fp8" else ""))),
+        cfg) for dtype in ("fp8", "bf16"))
+    layers, outer = ma.checkpointed, ~ma.checkpointed & (bf16.tp_comm_s > 0)
+    assert outer.any()
+    assert np.array_equal(fp8.tp_comm_s[outer], bf16.tp_comm_s[outer])
+    if share < 1.0:
+        assert np.all(fp8.tp_comm_s[layers] < bf16.tp_comm_s[layers])
+    else:
+        assert np.array_equal(fp8.tp_comm_s[layers], bf16.tp_comm_s[layers])
