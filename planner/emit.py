@@ -47,7 +47,8 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         **({"group": st.group} if st.group else {}),
         "predicted": {
             "time_per_microbatch_s": st.time_s, "compute_s": st.compute_s,
-            "fwd_s": st.fwd_s, "bwd_s": st.compute_s - st.fwd_s - st.recompute_s,
+            # (a stage without backward: its difference may round below zero)
+            "fwd_s": st.fwd_s, "bwd_s": max(0.0, st.compute_s - st.fwd_s - st.recompute_s),
             "recompute_s": st.recompute_s, "wgrad_s": st.wgrad_s, "tp_comm_s": st.tp_comm_s,
             "tp_fwd_comm_s": st.tp_fwd_comm_s,
             "p2p_s": st.p2p_s, "params": st.params, "in_flight_microbatches": st.in_flight,

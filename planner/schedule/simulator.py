@@ -283,7 +283,7 @@ def plan_inputs(plan, *, schedule_name: str, vpp: int = 1) -> StageTimes:
                 for col in cols]
         cuts = [sum(cuts) / len(cuts) if cuts else 0.0] * (pp * vpp - 1)
     fwd, back, wgrad, act = cols
-    return StageTimes(fwd_s=tuple(fwd), bwd_s=tuple(b - w for b, w in zip(back, wgrad)),
+    return StageTimes(fwd_s=tuple(fwd), bwd_s=tuple(max(0.0, b - w) for b, w in zip(back, wgrad)),
                       wgrad_s=tuple(wgrad), p2p_s=tuple(cuts), activation_bytes=tuple(act))
 
 

@@ -5,7 +5,8 @@ that write token sequences refuse it (a new-user check)."""
 import torch
 from torch import nn
 
-from planner.api import prepare
+from planner.api import plan, prepare
+from planner.report.summary import summary
 from planner.search.feasibility import length_note
 from planner.search.space import SP_SEQ
 
@@ -28,3 +29,16 @@ def test_an_image_factory_with_a_length_counts_its_patches():
     assert one.get("image_input") and not one.get("image_tokens")
     note = length_note(197, {SP_SEQ: 1}, counted["image_tokens"])
     assert "an image's 197 tokens" in note and "multiple of" not in note
+
+
+def test_a_plan_of_one_token_per_image_speaks_of_images(tmp_path):
+    """A convolutional network traced at one token per image: `plan show` said "256 x 1 token"
+    and gave tokens/s beside samples/s (the same number) and FLOPs per token; it speaks of
+    images. With a length (patches) it keeps tokens."""
+    image = (torch.randn(2, 3, 32, 32),)
+    kw = dict(cluster="dgx-h100", nodes=1, global_batch=16, cache_dir=None)
+    text = " ".join(summary(plan(Patches(), example_inputs=image, **kw)).split())
+    assert "global batch 16 images," in text and "images/s," in text
+    assert "tokens/s" not in text and "per image for MFU" in text and "per token" not in text
+    patches = " ".join(summary(plan(Patches(), example_inputs=image, seq_len=17, **kw)).split())
+    assert "global batch 16 x 17 tokens" in patches and "tokens/s" in patches
