@@ -331,12 +331,16 @@ def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp
                eager: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds quantizing the activation inputs of FP8 weight GEMMs and, in
     backward, their output gradients (costmodels.precision). ``linear="torchao"``
-    (EngineSpec.fp8_linear): the weights too, in both passes, and the saved 16-bit inputs again
-    for the weight gradients; ``eager``: no cast fused into the kernel making its tensor."""
-    per_element = precision.cast_bytes(recipe)
-    alone = per_element + precision.HIGH_PRECISION_READ_BYTES  # a cast kernel of its own
-    made = alone if eager else per_element  # a cast of a tensor a kernel has just made
+    (EngineSpec.fp8_linear): each cast makes the one orientation its GEMM reads
+    (precision.torchao_cast_bytes); the weights are cast too, in both passes, the saved 16-bit
+    inputs again for the weight gradients, and the output gradients once for each gradient
+    GEMM; ``eager`` (torchao's casts: Transformer Engine's are kernels of its own either way):
+    no cast fused into the kernel making its tensor."""
     torchao = linear == "torchao"
+    per_element = precision.torchao_cast_bytes(recipe) if torchao else \
+        precision.cast_bytes(recipe)
+    alone = per_element + precision.HIGH_PRECISION_READ_BYTES  # a cast kernel of its own
+    made = alone if eager and torchao else per_element  # of a tensor a kernel has just made
     fwd = bwd = 0.0
     for g in gemms:
         if not g.linear or (g.experts and not experts.fp8):  # (16-bit experts: no casts)
@@ -348,7 +352,8 @@ def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp
         if torchao:  # (b x n x k: the weights, a routed expert's each)
             fwd += b * n * k * alone
             bwd += (b * n * k * alone if g.grad_a else 0.0) + \
-                (b * m * k * alone if g.grad_b else 0.0)
+                (b * m * k * alone if g.grad_b else 0.0) + \
+                (b * m * n * alone if g.grad_a and g.grad_b else 0.0)
     rate = device.memory_bytes_per_s
     return fwd / rate, bwd / rate
 

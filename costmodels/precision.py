@@ -26,17 +26,20 @@ Deep Learning", 2022; Transformer Engine user guide, "Using FP8 with Transformer
 - a Linear saves its input for the weight gradient in FP8 (1 byte instead of 2);
 - under sequence parallelism the all-gathers of a layer's GEMM inputs (a column-parallel
   Linear's input, forward, and again for its weight gradient; a row-parallel Linear's output
-  gradient, backward) carry the FP8 tensor, quantized before it is gathered; the
-  reduce-scatters stay bf16 (sp_gather_share).
+  gradient, backward) carry the FP8 tensor, quantized before it is gathered (under MXFP8 the
+  output gradient row- and column-wise, with block scales); the reduce-scatters stay bf16
+  (sp_gather_shares).
 
 torchao's float8 and MX training (``fp8_linear=torchao``: torchtitan's Float8 and MX converters,
 its Float8Linear's autograd function ``matmul_with_hp_or_float8_args``) runs the same FP8 GEMMs
 with less kept: the function saves the 16-bit input and weight, not FP8 ones, and casts both
 again in backward; it keeps no FP8 copies of the weights, so it casts every weight in each
 forward and again in each backward (its recipe_name configurations gather 16-bit weights: no
-``enable_fsdp_float8_all_gather``). Each cast of a tensor no kernel has just made reads its 16
-bits too (2 bytes per element more than CAST_BYTES), and so does every cast in eager mode, where
-no kernel fuses it into the one making the tensor. Its memory then matches bf16 training's, as
+``enable_fsdp_float8_all_gather``); the output gradient is cast once for each gradient GEMM.
+Each cast makes the one orientation its GEMM reads (torchao_cast_bytes); one of a tensor no
+kernel has just made reads its 16 bits too (HIGH_PRECISION_READ_BYTES), and so does every cast
+in eager mode, where no kernel fuses it into the one making the tensor. torchtitan 0.2.2's
+tensor parallelism gathers 16-bit (sp_gather_shares). Its memory then matches bf16 training's, as
 torchtitan's published Float8 runs show (pytorch/torchtitan benchmarks/
 llama3_h100_202412_torchtitan.md, Tables 1 and 3: 76.8 against 77.0 GiB, 61.8 against 62.0).
 """
@@ -57,9 +60,9 @@ FP8_LINEARS = ("te", "torchao")
 """How a Linear trains in FP8 (module docstring): ``te`` (Transformer Engine: FP8 weight copies
 kept, inputs saved in FP8, casts fused into the kernels making them; Megatron-Core, DeepSpeed) or
 ``torchao`` (16-bit input and weight saved, both cast again in backward; torchtitan)."""
-GATHER_SCALE_BYTES = {"delayed": 0.0, "current": 0.0, "block": 1.0 / 32}
-"""Scale bytes per element an FP8 all-gather carries besides the 1-byte values: MXFP8's one
-8-bit scale per 32-element block; one scale per tensor otherwise."""
+SCALE_BYTES = {"delayed": 0.0, "current": 0.0, "block": 1.0 / 32}
+"""Scale bytes per element an FP8 tensor carries besides its 1-byte values: MXFP8's one 8-bit
+scale per 32-element block; one scale per tensor otherwise."""
 HIGH_PRECISION_READ_BYTES = 2.0
 """Bytes per element a cast reads when it is a kernel of its own (a torchao cast of a weight or
 of a saved input, or any cast in eager mode): the 16-bit tensor."""
@@ -111,13 +114,24 @@ def cast_bytes(recipe: str) -> float:
     return CAST_BYTES[recipe]
 
 
-def sp_gather_share(linear: str, recipe: str) -> float:
-    """The share of its 16-bit bytes a sequence-parallel all-gather of an FP8 GEMM's input (a
-    column-parallel Linear's input, a row-parallel Linear's output gradient) carries: Transformer
-    Engine quantizes before it gathers (its Linear and LayerNormLinear gather FP8 tensors), and
-    torchao's tensorwise float8 does under torchtitan's Float8ColwiseParallel and
-    Float8RowwiseParallel; torchao's MX recipes gather 16-bit (1.0)."""
-    if linear == "torchao" and recipe == "block":
-        return 1.0
-    return (operand_bytes("fp8") + GATHER_SCALE_BYTES[recipe]) / operand_bytes("bf16")
+def torchao_cast_bytes(recipe: str) -> float:
+    """Bytes per element, beyond the kernel making the tensor, of one torchao cast: tensorwise
+    from the current amax (a 2-byte read and the 1-byte write; torchao has no delayed scaling,
+    and the torchtitan export writes tensorwise for it), or an MX cast of the one orientation its
+    GEMM reads (the values and their block scales, in one pass)."""
+    return 1.0 + SCALE_BYTES["block"] if recipe == "block" else CAST_BYTES["current"]
 
+
+def sp_gather_shares(linear: str, recipe: str) -> tuple[float, float]:
+    """(inputs, gradients): the shares of their 16-bit bytes that sequence parallelism's
+    all-gathers of a layer's FP8 GEMM operands carry: a column-parallel Linear's input (forward,
+    and again for its weight gradient), a row-parallel Linear's output gradient (backward).
+    Transformer Engine quantizes before it gathers (its Linear and LayerNormLinear gather FP8
+    tensors with their scales; under MXFP8 the output gradient both row- and column-wise, for
+    the two GEMMs it feeds). torchtitan 0.2.2 gathers 16-bit: its float8 tensor parallelism
+    (Float8ColwiseParallel) is switched on by a converter named "float8", and the converter the
+    export writes is "quantize.linear.float8" (models' parallelize.py, enable_float8_linear)."""
+    if linear == "torchao":
+        return 1.0, 1.0
+    values = (operand_bytes("fp8") + SCALE_BYTES[recipe]) / operand_bytes("bf16")
+    return values, (2.0 if recipe == "block" else 1.0) * values

@@ -107,6 +107,18 @@ def memory(plan: Plan, *, state_layout: str | None = None, software: str | None 
 
 
 
+def _fp8_linear_words(plan: Plan, software: str) -> str:
+    """``, torchao's FP8 Linear (...)``: where the target's FP8 Linear is not the one the plan
+    was priced with (EngineSpec.fp8_linear), what that changes in memory; else ''."""
+    runs = engine_from_mapping(software).fp8_linear
+    if plan.training.get("dtype") != "fp8" or \
+            runs == engine_from_mapping(plan.training.get("engine")).fp8_linear:
+        return ""
+    return (", torchao's FP8 Linear (16-bit inputs saved, no FP8 weight copies)" if runs ==
+            "torchao" else ", Transformer Engine's FP8 Linear (inputs saved in FP8, FP8 weight "
+            "copies kept)")
+
+
 def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = None,
             required: bool = True, dtype: str | None = None, **changes) -> str:
     """Price the plan with ``changes`` (described by ``change``, e.g. "ZeRO-1 instead of ZeRO-3")
@@ -119,7 +131,8 @@ def recheck(plan: Plan, target: str, change: str, *, state_layout: str | None = 
         parts.append(f"the {common.STATE_LAYOUT_WORDS.get(state_layout, state_layout)}")
     software = common.software_of(target, plan)
     if common.kernels_differ(plan, target):
-        parts.append(f"the kernels {target} runs (--engine {software})")
+        parts.append(f"the kernels {target} runs (--engine {software})" + _fp8_linear_words(
+            plan, software))
     change = " and ".join(parts) or "the plan's settings"
     try:
         mem = memory(plan, state_layout=state_layout, software=software, target=target,

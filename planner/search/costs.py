@@ -384,10 +384,11 @@ def _block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, t
     group = placement.group_shape(tp, 1, cluster.gpus_per_node)
     share = micro_batch / cp  # samples' worth of tokens on this GPU
     # (the layers' FP8 GEMM inputs and output gradients all-gathered in FP8)
-    gathered = np.where(ma.checkpointed, precision.sp_gather_share(
-        engine.fp8_linear, engine.fp8_recipe), 1.0) if training.dtype == "fp8" else 1.0
-    tp_s, tp_fwd, tp_hidden = tp_comm_s(w, bt, engine, group, cluster, share=share, sp=sp,
-                                        tp=tp, fwd_repeats=fwd_repeats, gathered=gathered)
+    inputs, grads = precision.sp_gather_shares(engine.fp8_linear, engine.fp8_recipe) \
+        if training.dtype == "fp8" else (1.0, 1.0)
+    tp_s, tp_fwd, tp_hidden = tp_comm_s(
+        w, bt, engine, group, cluster, share=share, sp=sp, tp=tp, fwd_repeats=fwd_repeats,
+        gathered=(np.where(ma.checkpointed, inputs, 1.0), np.where(ma.checkpointed, grads, 1.0)))
     local = vec(w.params_tp / tp + w.params_rep - w.expert_params + w.expert_params / (ep * etp))
     frozen = vec(w.frozen_params_tp / tp + w.frozen_params_rep - w.frozen_expert_params
                  + w.frozen_expert_params / (ep * etp))
@@ -518,7 +519,7 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
 
 
 def tp_comm_s(w, bt, engine, group, cluster: Cluster, *, share: float, sp: bool, tp: int,
-              fwd_repeats: int, gathered=1.0) -> tuple:
+              fwd_repeats: int, gathered=(1.0, 1.0)) -> tuple:
     """Per block (arrays over blocks of the model's ``w``, BlockWork columns, and ``bt``, its
     BlockTimes): tensor parallelism's collectives a micro-batch exposes, the forward pass's part
     of them, and what of them hides behind the weight-gradient GEMMs.
@@ -531,24 +532,27 @@ def tp_comm_s(w, bt, engine, group, cluster: Cluster, *, share: float, sp: bool,
     trained column-parallel weights all-gathered again beside their input-gradient GEMMs; or with
     EngineSpec.tp_overlap (under sequence parallelism) all of it, the second all-gather too,
     beside the block's compute outside attention. A block whose collectives run in forward only
-    (an embedding's) has its count of latencies there. ``gathered``: per block, the share of their
-    16-bit bytes the all-gathers carry (precision.sp_gather_share: FP8 layers gather FP8)."""
+    (an embedding's) has its count of latencies there. ``gathered``: per block, the shares of
+    their 16-bit bytes that the all-gathers of inputs and of output gradients carry
+    (precision.sp_gather_shares: FP8 layers gather FP8)."""
     slowdown = cluster.device.overlap_slowdown
     runs = w.runs_backward
     count = w.tp_collectives * (2 if sp else 1)  # sp: reduce-scatter + all-gather per all-reduce
     fwd_count = np.where(w.tp_bwd_bytes > 0, count / 2, count)
     bwd_count = (count - fwd_count) * runs
     fwd_b, bwd_b = share * w.tp_fwd_bytes, share * w.tp_bwd_bytes * runs
+    inputs, grads = gathered
 
-    def reduced_s(nbytes, calls):
+    def reduced_s(nbytes, calls, gathered_bytes):
         # an all-reduce's traffic in ``calls`` collectives; under sequence parallelism half of
-        # them all-gathers and half reduce-scatters, each with its own (half) latency
+        # them all-gathers (of ``gathered_bytes``) and half reduce-scatters, each with its own
+        # (half) latency
         if not sp:
             return comm.allreduce_s(nbytes, group, cluster, count=calls)
-        return comm.allgather_s(nbytes * gathered, group, cluster, count=calls / 2) + \
+        return comm.allgather_s(gathered_bytes, group, cluster, count=calls / 2) + \
             comm.reduce_scatter_s(nbytes, group, cluster, count=calls / 2)
 
-    fwd_s = reduced_s(fwd_b, fwd_count)
+    fwd_s = reduced_s(fwd_b, fwd_count, fwd_b * inputs)
     zero = np.zeros(len(fwd_b))
     if tp <= 1:
         return zero, zero, zero
@@ -558,12 +562,13 @@ def tp_comm_s(w, bt, engine, group, cluster: Cluster, *, share: float, sp: bool,
     grad_overlap = engine.tp_grad_overlap
     whole = (engine.tp_overlap and sp) or not grad_overlap
     if whole:  # every collective as one all-reduce's traffic, forward (replays too) and backward
-        total = reduced_s(fwd_repeats * fwd_b + bwd_b, fwd_repeats * fwd_count + bwd_count)
+        total = reduced_s(fwd_repeats * fwd_b + bwd_b, fwd_repeats * fwd_count + bwd_count,
+                          fwd_repeats * fwd_b * inputs + bwd_b * grads)
     if engine.tp_overlap and sp:  # pipelined with the GEMMs (EngineSpec.tp_overlap)
         window = np.array([t.fwd_s + t.bwd_s + t.recompute_s - t.attn_fwd_s - t.attn_bwd_s
                            for t in bt])
         if grad_overlap:  # (Megatron-Core's second all-gather, beside compute with the rest)
-            total = total + np.where(trained, comm.allgather_s(bwd_b * gathered, group, cluster,
+            total = total + np.where(trained, comm.allgather_s(bwd_b * inputs, group, cluster,
                                                                count=bwd_count / 2), 0.0)
         out = comm.beside_compute_s(total, window, slowdown)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -575,9 +580,9 @@ def tp_comm_s(w, bt, engine, group, cluster: Cluster, *, share: float, sp: bool,
     if sp:  # the row-parallel gradients' all-gather exposed; the column-parallel inputs
         # all-gathered again beside their input gradients, those reduce-scattered beside the
         # weight gradients
-        exposed = comm.allgather_s(bwd_b * gathered, group, cluster, count=bwd_count / 2)
+        exposed = comm.allgather_s(bwd_b * grads, group, cluster, count=bwd_count / 2)
         regather = np.where(trained, comm.beside_compute_s(
-            comm.allgather_s(bwd_b * gathered, group, cluster, count=bwd_count / 2), dgrad,
+            comm.allgather_s(bwd_b * inputs, group, cluster, count=bwd_count / 2), dgrad,
             slowdown), 0.0)
         full = comm.reduce_scatter_s(bwd_b, group, cluster, count=bwd_count / 2)
     else:
