@@ -335,12 +335,16 @@ def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp
     (precision.torchao_cast_bytes); the weights are cast too, in both passes, the saved 16-bit
     inputs again for the weight gradients, and the output gradients once for each gradient
     GEMM; ``eager`` (torchao's casts: Transformer Engine's are kernels of its own either way):
-    no cast fused into the kernel making its tensor."""
+    no cast fused into the kernel making its tensor, nor the output gradient's two casts into
+    one."""
     torchao = linear == "torchao"
     per_element = precision.torchao_cast_bytes(recipe) if torchao else \
         precision.cast_bytes(recipe)
     alone = per_element + precision.HIGH_PRECISION_READ_BYTES  # a cast kernel of its own
     made = alone if eager and torchao else per_element  # of a tensor a kernel has just made
+    # the output gradient's second cast: eager, a kernel of its own; compiled, a second write of
+    # the kernel making the first (the same tensor read once)
+    second = alone if eager else precision.quantized_bytes(recipe)
     fwd = bwd = 0.0
     for g in gemms:
         if not g.linear or (g.experts and not experts.fp8):  # (16-bit experts: no casts)
@@ -353,7 +357,7 @@ def fp8_cast_s(gemms, device: DeviceSpec, recipe: str, *, micro_batch: float, tp
             fwd += b * n * k * alone
             bwd += (b * n * k * alone if g.grad_a else 0.0) + \
                 (b * m * k * alone if g.grad_b else 0.0) + \
-                (b * m * n * alone if g.grad_a and g.grad_b else 0.0)
+                (b * m * n * second if g.grad_a and g.grad_b else 0.0)
     rate = device.memory_bytes_per_s
     return fwd / rate, bwd / rate
 

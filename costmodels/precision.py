@@ -114,12 +114,17 @@ def cast_bytes(recipe: str) -> float:
     return CAST_BYTES[recipe]
 
 
+def quantized_bytes(recipe: str) -> float:
+    """Bytes per element of one FP8 orientation of a tensor: the values and their scales."""
+    return operand_bytes("fp8") + SCALE_BYTES[recipe]
+
+
 def torchao_cast_bytes(recipe: str) -> float:
     """Bytes per element, beyond the kernel making the tensor, of one torchao cast: tensorwise
     from the current amax (a 2-byte read and the 1-byte write; torchao has no delayed scaling,
     and the torchtitan export writes tensorwise for it), or an MX cast of the one orientation its
     GEMM reads (the values and their block scales, in one pass)."""
-    return 1.0 + SCALE_BYTES["block"] if recipe == "block" else CAST_BYTES["current"]
+    return quantized_bytes("block") if recipe == "block" else CAST_BYTES["current"]
 
 
 def sp_gather_shares(linear: str, recipe: str) -> tuple[float, float]:
@@ -133,5 +138,5 @@ def sp_gather_shares(linear: str, recipe: str) -> tuple[float, float]:
     export writes is "quantize.linear.float8" (models' parallelize.py, enable_float8_linear)."""
     if linear == "torchao":
         return 1.0, 1.0
-    values = (operand_bytes("fp8") + SCALE_BYTES[recipe]) / operand_bytes("bf16")
+    values = quantized_bytes(recipe) / operand_bytes("bf16")
     return values, (2.0 if recipe == "block" else 1.0) * values
