@@ -39,7 +39,7 @@ from planner.search.feasibility import (batch_note, cluster_pin_problem, dp_fits
 from planner.search.hetero import kinds as hetero_kinds, restrict
 from planner.search.layout import layout_pp_problem
 from planner.search.loop import rejection_lines, search
-from planner.search.space import Space, attention_forms
+from planner.search.space import Space, attention_forms, kv_heads
 from planner.trace import cache
 from planner.traced import Prepared
 from planner.units import human_count
@@ -472,7 +472,8 @@ def _nearest_engine(prepared: Prepared, cluster, training: TrainingSpec, options
     parallel = result.best.config.to_dict()
     forms = attention_forms(prepared.blocks)
     experts = any(b.work.num_experts for b in prepared.blocks.blocks)
-    if targets.exported_runs(parallel, training.dtype, forms, experts=experts):
+    heads = kv_heads(prepared.blocks)
+    if targets.exported_runs(parallel, training.dtype, forms, experts=experts, kv_heads=heads):
         return None
     try:
         left = None if options.time_limit_s is None else \
@@ -483,7 +484,8 @@ def _nearest_engine(prepared: Prepared, cluster, training: TrainingSpec, options
                                                        time_limit_s=left), prepared, training)
     except SpecError:
         return None
-    if targets.exchange_refusal(dict(options.fix), NEAREST_ENGINE, forms) is not None:
+    if targets.exchange_refusal(dict(options.fix), NEAREST_ENGINE, forms,
+                                kv_heads=heads) is not None:
         return None  # the pins break its rules for this model (an exchange it does not run)
     log.info("no exported engine runs this plan as planned: searching within %s's rules ...",
              NEAREST_ENGINE)

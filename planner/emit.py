@@ -22,7 +22,7 @@ from planner.search.pricing import Estimate
 from planner.search.costs import ModelArrays
 from planner.search.refine import repriced
 from planner.search.sites import placement_report
-from planner.search.space import attention_forms
+from planner.search.space import attention_forms, kv_heads
 from planner.trace.graph import BlockGraph, OpGraph
 
 
@@ -103,7 +103,8 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
                **({"routed_experts": experts} if (experts := int(max(
                    (b.work.num_experts for b in bg.blocks), default=0))) else {}),
                **({} if has_attention(bg) else {"no_attention": True}),
-               **({"attention_forms": list(forms)} if (forms := attention_forms(bg)) else {})},
+               **({"attention_forms": list(forms)} if (forms := attention_forms(bg)) else {}),
+               **({"kv_heads": heads} if (heads := kv_heads(bg)) else {})},
         training=training_dict(training), cluster=cluster.summary(), parallel=parallel,
         stages=stages, tensor_parallel=_tp_map(bg, cfg.tp), schedule=_schedule(cfg),
         predicted={**predicted(best, training, cluster),

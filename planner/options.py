@@ -224,6 +224,11 @@ class SearchOptions:
     tp_with_pp: bool = True
     """Whether tensor parallelism may combine with pipeline parallelism (DeepSpeed's AutoTP does
     not combine with its PipelineModule)."""
+    cp_kv_copies: bool = True
+    """Whether the all-to-all exchange (cp_comm=a2a) may copy key/value heads when tp x cp
+    exceeds them, a multiple of them (DeepSpeed's UlyssesSPAttentionHF repeats each head that
+    many times before its all-to-all; Transformer Engine's needs the heads divisible): the
+    copies' bytes cross the all-to-all (planner.search.costs)."""
     cp_load_balanced: bool = True
     """Whether context parallelism cuts each sequence into 2 x cp chunks, two per rank (causal
     load balancing: Megatron-Core, Transformer Engine, torch's context_parallel), so the sequence

@@ -58,6 +58,9 @@ class Engine:
     """Tensor parallelism together with pipeline parallelism (SearchOptions.tp_with_pp)."""
     cp_load_balanced: bool = True
     """Sequences cut into 2 x cp chunks (SearchOptions.cp_load_balanced)."""
+    cp_kv_copies: bool = False
+    """Its all-to-all exchange copies key/value heads when cp exceeds them
+    (SearchOptions.cp_kv_copies)."""
     expert_parallel: bool = True
     """Routed experts spread over ranks (ep > 1)."""
     expert_tensor_parallel: bool = True
@@ -252,6 +255,9 @@ ENGINES: dict[str, Engine] = {
     # takes whole layers (checkpoint_interval): no selective recomputation.
     "deepspeed": Engine(name="deepspeed", version="0.19.8", schedules=("1f1b",),
                         pp_inner_with_experts=False, tp_with_pp=False, cp_load_balanced=False,
+                        # UlyssesSPAttentionHF repeats each key/value head cp / heads times
+                        # before its all-to-all when cp exceeds them (a multiple of them)
+                        cp_kv_copies=True,
                         recompute=("none", "full"),
                         zero_with_pp=(0, 1), sequence_parallel=(False,), cp_comms=("a2a",),
                         cp_with_tp_pp=False, expert_tensor_parallel=False,
@@ -315,13 +321,14 @@ def layer_interval_refusal(target: str, k: int, recomputed: list[int], layers: l
 
 
 def refusal(parallel: dict, dtype: str, target: str, forms=(), *,
-            experts: bool = False) -> str | None:
+            experts: bool = False, kv_heads: int = 0) -> str | None:
     """Why ``target`` does not run a plan's knobs (``parallel``, as Config.to_dict or a plan's
     parallel section gives them) and dtype as planned, in restrict's words: the first refused
     setting; None where it runs them. ``forms``: the model's forms of attention
     (ATTENTION_FORMS), whose context-parallel exchanges the engine may not run; ``experts``:
     whether the model routes tokens to experts, which the placement's rules look at (an export
-    checks the model's other rules besides)."""
+    checks the model's other rules besides); ``kv_heads``: its fewest key/value heads (0:
+    unknown), which an all-to-all exchange splits."""
     fix = {k: parallel[k] for k in FIX_KEYS if k in parallel}
     try:
         restrict(SearchOptions(fix=fix), target)
@@ -334,7 +341,7 @@ def refusal(parallel: dict, dtype: str, target: str, forms=(), *,
                                   for k in ("pp", "dp", "tp", "cp", "ep", "etp")})
         if why:
             return f"fix.placement: {why}"
-    return exchange_refusal(parallel, target, forms)
+    return exchange_refusal(parallel, target, forms, kv_heads=kv_heads)
 
 
 def image_model(model: dict) -> bool:
@@ -358,10 +365,12 @@ def model_refusal(model: dict, target: str) -> str | None:
     return None
 
 
-def exported_runs(parallel: dict, dtype: str, forms=(), *, experts: bool = False) -> bool:
+def exported_runs(parallel: dict, dtype: str, forms=(), *, experts: bool = False,
+                  kv_heads: int = 0) -> bool:
     """Whether an exported engine (EXPORTED) runs ``parallel``'s knobs and ``dtype`` as planned
     (refusal; an export checks the model's other rules besides)."""
-    return any(refusal(parallel, dtype, t, forms, experts=experts) is None for t in EXPORTED)
+    return any(refusal(parallel, dtype, t, forms, experts=experts, kv_heads=kv_heads) is None
+               for t in EXPORTED)
 
 
 def _fewer_exchanges(eng: Engine) -> str:
@@ -379,11 +388,17 @@ def _fewer_exchanges(eng: Engine) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def exchange_refusal(parallel: dict, target: str, forms) -> str | None:
+def exchange_refusal(parallel: dict, target: str, forms, *, kv_heads: int = 0) -> str | None:
     """Why ``target`` does not run the context-parallel exchange of ``parallel`` (cp > 1 with a
-    cp_comm) over the model's ``forms`` of attention (ATTENTION_FORMS); None where it does."""
+    cp_comm) over the model's ``forms`` of attention (ATTENTION_FORMS) and its ``kv_heads`` (the
+    all-to-all with more ranks than heads: copies, Engine.cp_kv_copies); None where it does."""
     if int(parallel.get("cp", 1)) > 1 and "cp_comm" in parallel:
         eng = engine(target)
+        width = int(parallel["cp"]) * int(parallel.get("tp", 1))
+        if parallel["cp_comm"] == "a2a" and kv_heads and kv_heads % width and \
+                not eng.cp_kv_copies:
+            return (f"fix.cp_comm: {target}'s a2a exchange needs the {kv_heads} key-value heads "
+                    f"divisible by tp x cp = {width} (it does not copy them)")
         for form in forms:
             runs = eng.exchanges_over(form)
             if parallel["cp_comm"] not in runs:
@@ -627,6 +642,7 @@ def restrict(options: SearchOptions, target: str) -> SearchOptions:
                    cp_with_tp_pp=options.cp_with_tp_pp and eng.cp_with_tp_pp,
                    tp_with_pp=options.tp_with_pp and eng.tp_with_pp,
                    cp_load_balanced=options.cp_load_balanced and eng.cp_load_balanced,
+                   cp_kv_copies=options.cp_kv_copies and eng.cp_kv_copies,
                    expert_parallel=options.expert_parallel and eng.expert_parallel,
                    expert_tensor_parallel=(options.expert_tensor_parallel
                                            and eng.expert_tensor_parallel),

@@ -73,7 +73,7 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
                    "Hugging Face model call deepspeed.runtime.sequence_parallel.ulysses_sp."
                    f"UlyssesSPAttentionHF.register_with_transformers(..., sequence_parallel_size="
                    f"{p['cp']}, ...) and pass the mpu it returns; each rank reads 1/{p['cp']} of "
-                   "every sample's tokens"}
+                   "every sample's tokens" + _copies_words(plan)}
         ledger.info(f"context parallelism cp={p['cp']} (Ulysses): the config sets "
                     "sequence_parallel_size; your script wraps the attention "
                     "(planner.sequence_parallel.how), or each rank attends over its own tokens "
@@ -101,6 +101,17 @@ def to_deepspeed(plan: Plan, version: str | None = None) -> str:
     order = ["about", "header", "not_expressed", "batch", "sequence_parallel", "experts", "offload",
              "recompute", "pipeline"]
     return dumps({"planner": {k: extra[k] for k in order if k in extra}, **config}) + "\n"
+
+
+def _copies_words(plan: Plan) -> str:
+    """Where the plan's cp exceeds the model's key/value heads (model.kv_heads): which of
+    DeepSpeed's Ulysses wrappers copies them, as planned."""
+    cp, heads = int(plan.parallel.get("cp", 1)), int(plan.model.get("kv_heads", 0) or 0)
+    if not heads or heads % cp == 0:
+        return ""
+    return (f". The model's {heads} key/value heads are fewer than {cp}: UlyssesSPAttentionHF "
+            f"copies each {cp // heads} times before its all-to-all, as planned; "
+            f"DistributedAttention needs them divisible by {cp}")
 
 
 def _batch(plan: Plan, ledger: common.Ledger, extra: dict, ulysses: bool) -> dict:

@@ -102,7 +102,7 @@ def engine_fit(p: Plan) -> tuple[list[str], list[str]]:
     for target in ENGINE_TARGETS:
         why = targets.model_refusal(p.model, target) or targets.refusal(
             p.parallel, p.training["dtype"], target, p.model.get("attention_forms", ()),
-            experts=bool(p.model.get("routed_experts")))
+            experts=bool(p.model.get("routed_experts")), kv_heads=p.model.get("kv_heads", 0))
         if why is None and "moe_act" in modules_of(p.parallel["recompute"]) and \
                 targets.moe_act_refusal(target, engine, p.training["dtype"]):
             why = "recompute: moe_act under these engine settings"
@@ -658,11 +658,10 @@ def _tie_reason(p: Plan, a: dict, mem: float) -> str:
     """Why the plan won a tie over the faster runner-up ``a`` (search.loop.tie_broken): an
     exported engine runs it and not the runner-up, or it holds less memory."""
     forms, dtype = p.model.get("attention_forms", ()), p.training["dtype"]
-    experts = bool(p.model.get("routed_experts"))
+    kw = dict(experts=bool(p.model.get("routed_experts")), kv_heads=p.model.get("kv_heads", 0))
     if p.search.get("target", "any") == "any" and \
-            targets.exported_runs(p.parallel, dtype, forms, experts=experts) and \
-            not targets.exported_runs({**p.parallel, **a["parallel"]}, dtype, forms,
-                                      experts=experts):
+            targets.exported_runs(p.parallel, dtype, forms, **kw) and \
+            not targets.exported_runs({**p.parallel, **a["parallel"]}, dtype, forms, **kw):
         return "an exported engine runs the plan, not this one"
     return "the plan holds less memory" if mem > 0 else "the plan chosen first"
 

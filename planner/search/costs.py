@@ -296,6 +296,9 @@ def _block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, t
     fp8 = training.dtype == "fp8" and engine.fp8_copies  # Linear inputs kept quantized
     heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))
     kv = micro_batch * w.attn_kv_bytes / heads_div  # the whole sequence's K/V on this tp rank
+    # the all-to-all form with more cp ranks than this rank's K/V heads copies them (the rules
+    # allow it where the target does: SearchOptions.cp_kv_copies)
+    kv_copies = np.maximum(1.0, cp / np.maximum(1.0, w.attn_heads_kv / heads_div))
     q = micro_batch * w.attn_q_bytes / tp
     out = np.where(w.attn_out_bytes > 0, micro_batch * w.attn_out_bytes / tp, q)
     layers = np.maximum(w.attn_kv_calls, 1.0)  # attention layers per block
@@ -330,7 +333,8 @@ def _block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, t
                             micro_batch=micro_batch / inner, tp=tp, cp=cp // inner)
                     # each attention layer of the block exchanges its own K/V
                     per = layers[i]
-                    f, b = context.exchange_s(f_name, cp=cp, kv_bytes=kv[i] / per,
+                    copied = kv_copies[i] if f_name == "a2a" else 1.0
+                    f, b = context.exchange_s(f_name, cp=cp, kv_bytes=copied * kv[i] / per,
                                               q_bytes=q[i] / per,
                                               attn_fwd_s=(t.attn_fwd_s + calls[i, 0]) / per,
                                               attn_bwd_s=(t.attn_bwd_s + calls[i, 1]) / per,
@@ -352,7 +356,7 @@ def _block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, t
         # K/V held while one attention layer runs: two chunks in flight (ring), the gathered
         # sequence (all-gather), the head shards of q, k, v and the output (all-to-all)
         cp_buffers = {"p2p": 2 * kv / cp, "allgather": kv,
-                      "a2a": (q + out + kv) / cp,
+                      "a2a": (q + out + kv * kv_copies) / cp,
                       "a2a+p2p": (q + out + 3 * kv) / cp}[form] / layers
         if form in ("p2p", "allgather") and engine.cp_ring == "torch":
             # torch's ring also holds, while a layer's forward runs, the merged output in fp32

@@ -188,9 +188,11 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
             width = (f"tp x cp = {t * cp}" if form == "a2a" else
                      f"tp x the cp ranks in a node = {t * inner}")
             split = t * cp if form == "a2a" else t * inner
+            copies = form == "a2a" and options is not None and options.cp_kv_copies
             short = [f"{h} {kind} heads" for h, kind in zip(space.heads, ("query", "key-value"))
-                     if h and h % split]
+                     if h and h % split and not (copies and kind == "key-value" and split % h == 0)]
             why = (f"needs the {' and the '.join(short) or 'heads'} divisible by {width}"
+                   + (" (key-value heads may also divide it: they are copied)" if copies else "")
                    if rule == CP_HEADS else
                    f"it needs more than one but not all of the {cp} cp ranks in each node (an "
                    f"all-to-all inside a node, a ring across nodes), which no tp gives here with "

@@ -53,7 +53,8 @@ from planner.search.dp_traffic import DataParallelBytes, dp_floor_s, dp_rates
 from planner.search.pricing import Estimate
 from planner.search.refine import (cpsat_budget_s, pipeline_key, refine, simulated,
                                    with_sends_apart)
-from planner.search.space import CostKey, Group, Space, attention_forms, enumerate_space
+from planner.search.space import (CostKey, Group, Space, attention_forms, enumerate_space,
+                                   kv_heads)
 from planner.trace.graph import BlockGraph
 
 TIME_LIMIT = "not evaluated (time limit)"
@@ -380,8 +381,9 @@ def _engine_runs(bg: BlockGraph, training: TrainingSpec) -> Callable[[Config], b
     """Whether an exported engine (targets.EXPORTED) runs a configuration's knobs and dtype as
     planned (targets.refusal; an export checks the model's other rules besides)."""
     forms, experts = attention_forms(bg), any(b.work.num_experts for b in bg.blocks)
+    heads = kv_heads(bg)
     return lambda cfg: targets.exported_runs(cfg.to_dict(), training.dtype, forms,
-                                             experts=experts)
+                                             experts=experts, kv_heads=heads)
 
 
 def _config(group: Group, variant: tuple, costs_of: dict, pricer) -> Config:

@@ -102,6 +102,13 @@ def attention_forms(blocks) -> tuple[str, ...]:
     return tuple(name for name, has in found if has)
 
 
+def kv_heads(blocks) -> int:
+    """The fewest key/value heads of any attention in ``blocks`` (a BlockGraph); 0 without
+    attention."""
+    return min((int(b.work.attn_heads_kv) for b in blocks.blocks if b.work.attn_heads_kv),
+               default=0)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Space:
     """What the rules need to know about the cluster and the model."""
@@ -322,7 +329,10 @@ def cp_comm_reason(form: str, tp: int, cp: int, space: Space,
         width = cp if form == "a2a" else math.gcd(cp, max(1, space.gpus_per_node // tp))
         if form == "a2a+p2p" and width in (1, cp):  # one level only: p2p's ring, or a2a
             return CP_LEVELS
-        if any(h % (tp * width) for h in space.heads if h):
+        q, kv = space.heads
+        copies = (form == "a2a" and options is not None and options.cp_kv_copies
+                  and kv and (tp * width) % kv == 0)  # (a2a: DeepSpeed's head copies)
+        if (q and q % (tp * width)) or (kv and kv % (tp * width) and not copies):
             return CP_HEADS
     return ""
 

@@ -189,7 +189,7 @@ def test_an_image_input_counts_one_token_per_sample(tmp_path, caplog):
     weights = 3 * 8 * 3 * 3 + 8 * 14 * 14 * 10  # biases multiply nothing
     assert plan.predicted["active_params_per_token"] == weights
     text = summary(plan)
-    assert "15.9 K of the 15.9 K parameters multiply each token" in text
+    assert "15.9 K of the 15.9 K parameters multiply each image" in text  # (one token each)
     assert plan.model["no_attention"] is True and "Attention" not in text
 
 

@@ -650,9 +650,9 @@ def test_a_plan_no_exported_engine_runs_names_the_best_within_megatrons_rules(
     assert targets.refusal(runnable.parallel, "bf16", "megatron") is None
     assert "nearest_engine" not in runnable.search  # an exported engine runs it: no search
     real = targets.refusal
-    monkeypatch.setattr(targets, "refusal", lambda parallel, dtype, target, forms=(), experts=False:
+    monkeypatch.setattr(targets, "refusal", lambda parallel, dtype, target, forms=(), **kw:
                         "fix.zero: refused" if target in targets.EXPORTED
-                        else real(parallel, dtype, target, forms))
+                        else real(parallel, dtype, target, forms, **kw))
     p = planner.plan(tiny_llama_config, **kw)
     near = p.search["nearest_engine"]
     megatron = planner.plan(tiny_llama_config, target="megatron", **kw)
