@@ -22,6 +22,7 @@ interleaved with per-chunk time ``t/v`` has bubble ``(p-1)/(v m + p-1)`` (tests 
 
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 from operator import itemgetter
@@ -98,8 +99,9 @@ def simulate(actions: Sequence[Sequence[Action | str]], *, microbatches: int, fw
     values, or one number); free between stages on the same rank. ``timeline=False`` leaves the
     result's timeline empty (the search needs the times, not the picture)."""
     p = len(actions)
-    parsed = validate(actions, stages=p, microbatches=microbatches, vpp=vpp,
-                      bidirectional=bidirectional, deadlock=False)
+    parsed = actions if isinstance(actions, Checked) else validate(
+        actions, stages=p, microbatches=microbatches, vpp=vpp, bidirectional=bidirectional,
+        deadlock=False)
     shape = Shape(ranks=p, vpp=vpp, bidirectional=bidirectional)
     n = shape.depth
     dur = {"F": _per_stage("fwd_s", fwd_s, n), "B": _per_stage("bwd_s", bwd_s, n),
@@ -115,6 +117,20 @@ def simulate(actions: Sequence[Sequence[Action | str]], *, microbatches: int, fw
         validate(parsed, stages=p, microbatches=microbatches, vpp=vpp,
                  bidirectional=bidirectional)  # raises, naming the deadlock
     return _result(parsed, starts, steps, shape, act, microbatches, timeline)
+
+
+class Checked(tuple):
+    """Per-rank actions (tuples of Action) that ``validate`` has passed: ``simulate`` takes them
+    without checking them again."""
+
+
+@functools.lru_cache(maxsize=16)
+def built(name: str, stages: int, microbatches: int, vpp: int = 1) -> Checked:
+    """``build``'s actions, checked once: the search simulates one schedule for several
+    candidates (planner.search.refine), and builds and checks it once for all of them."""
+    parsed = validate(build(name, stages, microbatches, vpp=vpp), stages=stages,
+                      microbatches=microbatches, vpp=vpp, deadlock=False)
+    return Checked(tuple(acts) for acts in parsed)
 
 
 def _compile(parsed, shape: Shape, dur: dict, cut: list[float]):

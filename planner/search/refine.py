@@ -22,8 +22,8 @@ import numpy as np
 from costmodels import pipeline
 from costmodels.topology import Cluster
 from planner.options import SearchOptions, TrainingSpec
-from planner.schedule.builders import SPLIT_BACKWARD, build
-from planner.schedule.simulator import simulate
+from planner.schedule.builders import SPLIT_BACKWARD
+from planner.schedule.simulator import built, simulate
 from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, config_costs, stage_memory
 from planner.search.pricing import Estimate, idle_s, price, weight_grad_s
 from planner.solve.dag import solve_dag
@@ -210,7 +210,7 @@ forward and backward, no memory; GPipe: that time and one micro-batch's activati
 def _simulated_step(cfg, fwd, bwd, wgrad, p2p_s: float, act) -> tuple[float, list[float]]:
     """(pipeline seconds, peak activation bytes per rank) of ``cfg``'s schedule."""
     def run(m: int):
-        sim = simulate(build(cfg.schedule, cfg.pp, m, vpp=cfg.vpp), microbatches=m, fwd_s=fwd,
+        sim = simulate(built(cfg.schedule, cfg.pp, m, vpp=cfg.vpp), microbatches=m, fwd_s=fwd,
                        bwd_s=bwd, wgrad_s=wgrad, p2p_s=p2p_s, activation_bytes=act, vpp=cfg.vpp,
                        timeline=False)
         return sim.step_time_s, list(sim.peak_activation_bytes)

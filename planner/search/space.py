@@ -516,6 +516,9 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
         if mb_fits is not None and not mb_fits(tp, pp, mb, m, cp):
             rejected[MB_MEMORY] += 1
             continue
+        # (schedules run -> the variants and the rules their chunk counts broke: the same for
+        # every sp and recomputation that runs those schedules, counted each time as before)
+        variants_of: dict[tuple, tuple] = {}
         for sp in _choices(fix, "sequence_parallel",
                            list(options.sequence_parallel) if tp > 1 else [False]):
             if sp and tp == 1:
@@ -540,9 +543,14 @@ def _inner(fix, tp, pp, dp, gb, options, rejected, space, mb_fits=None, *, cp=1,
                 runs = [s for s in schedules if not zb_split_lost(options, s, rc, pp)]
                 if len(runs) < len(schedules):
                     rejected[ZB_RECOMPUTE] += 1
-                variants = tuple((s, v, z, o) for s in runs
-                                 for v in _vpps(fix, s, pp, m, options, rejected, space)
-                                 for z, o in states)
+                if tuple(runs) not in variants_of:
+                    broken: Counter = Counter()
+                    variants_of[tuple(runs)] = (tuple(
+                        (s, v, z, o) for s in runs
+                        for v in _vpps(fix, s, pp, m, options, broken, space)
+                        for z, o in states), broken)
+                variants, broken = variants_of[tuple(runs)]
+                rejected.update(broken)
                 if variants:
                     yield Group(key=CostKey(tp=tp, sp=sp, recompute=rc, micro_batch=mb, cp=cp,
                                             cp_comm=comms, ep=ep, etp=etp),
