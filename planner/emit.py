@@ -14,7 +14,7 @@ from planner.errors import InternalError
 from planner.options import KNOBS, Config, SearchOptions, TrainingSpec
 from planner.planfile.breakdown import BREAKDOWN_WORDS
 from planner.planfile.document import PRICED_TRAINING, Plan
-from planner.schedule import as_text
+from planner.schedule import as_text, difference_s
 from planner.schedule.builders import build
 from planner.search import hetero, placement
 from planner.search.loop import SearchResult
@@ -48,7 +48,8 @@ def emit(*, model_info: dict, opgraph: OpGraph, bg: BlockGraph, result: SearchRe
         "predicted": {
             "time_per_microbatch_s": st.time_s, "compute_s": st.compute_s,
             # (a stage without backward: its difference may round below zero)
-            "fwd_s": st.fwd_s, "bwd_s": max(0.0, st.compute_s - st.fwd_s - st.recompute_s),
+            "fwd_s": st.fwd_s,
+            "bwd_s": difference_s(st.compute_s - st.fwd_s - st.recompute_s, st.compute_s),
             "recompute_s": st.recompute_s, "wgrad_s": st.wgrad_s, "tp_comm_s": st.tp_comm_s,
             "tp_fwd_comm_s": st.tp_fwd_comm_s,
             "p2p_s": st.p2p_s, "params": st.params, "in_flight_microbatches": st.in_flight,

@@ -154,7 +154,8 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {
-    "any": Engine(name="any", version=""),
+    # any: what some engine runs (DeepSpeed's copies of key/value heads among them)
+    "any": Engine(name="any", version="", cp_kv_copies=True),
     # planner's own runtime (`plan run`): torch.distributed.pipelining actions, DTensor tensor
     # parallelism without sequence parallelism (per-head weights inside a split region sharded
     # with the heads, per-head norms kept in step: planner.runtime.inner_weights),
@@ -396,9 +397,11 @@ def exchange_refusal(parallel: dict, target: str, forms, *, kv_heads: int = 0) -
         eng = engine(target)
         width = int(parallel["cp"]) * int(parallel.get("tp", 1))
         if parallel["cp_comm"] == "a2a" and kv_heads and kv_heads % width and \
-                not eng.cp_kv_copies:
+                not (eng.cp_kv_copies and width % kv_heads == 0):
+            copies = " or a multiple of them (copies)" if eng.cp_kv_copies else \
+                " (it does not copy them)"
             return (f"fix.cp_comm: {target}'s a2a exchange needs the {kv_heads} key-value heads "
-                    f"divisible by tp x cp = {width} (it does not copy them)")
+                    f"divisible by tp x cp = {width}{copies}")
         for form in forms:
             runs = eng.exchanges_over(form)
             if parallel["cp_comm"] not in runs:

@@ -107,7 +107,7 @@ def _copies_words(plan: Plan) -> str:
     """Where the plan's cp exceeds the model's key/value heads (model.kv_heads): which of
     DeepSpeed's Ulysses wrappers copies them, as planned."""
     cp, heads = int(plan.parallel.get("cp", 1)), int(plan.model.get("kv_heads", 0) or 0)
-    if not heads or heads % cp == 0:
+    if not heads or cp <= heads or cp % heads:
         return ""
     return (f". The model's {heads} key/value heads are fewer than {cp}: UlyssesSPAttentionHF "
             f"copies each {cp // heads} times before its all-to-all, as planned; "

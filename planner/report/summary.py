@@ -257,14 +257,24 @@ CP_COMM_WORDS = {"p2p": "K/V by p2p ring", "allgather": "K/V by all-gather",
 """How a plan's context parallelism exchanges its data (options.CpComm), in words."""
 
 
+def _kv_copies(p: Plan) -> str:
+    """``; key/value heads copied 2x``: where the plan's all-to-all exchange has more ranks than
+    the model's key/value heads (DeepSpeed's Ulysses copies them); else ''."""
+    par, heads = p.parallel, int(p.model.get("kv_heads", 0) or 0)
+    width = int(par.get("cp", 1)) * int(par.get("tp", 1))
+    if par.get("cp_comm") != "a2a" or not heads or heads % width == 0 or width % heads:
+        return ""
+    return f"; key/value heads copied {width // heads}x"
+
+
 def _parallel(p: Plan) -> list[str]:
     par, pr = p.parallel, p.predicted
     sp = " (+sequence parallel)" if par["sequence_parallel"] else ""
     dev_mem = p.cluster.get("device_memory_bytes", 0)
     vpp = f" x {par['vpp']} chunks per rank" if par.get("vpp", 1) > 1 else ""
     offload = ", optimizer states offloaded to host" if par.get("offload_optimizer") else ""
-    cp = (f"  cp={par['cp']} ({CP_COMM_WORDS.get(par.get('cp_comm', 'p2p'), par.get('cp_comm'))})"
-          if par.get("cp", 1) > 1 else "")
+    cp = (f"  cp={par['cp']} ({CP_COMM_WORDS.get(par.get('cp_comm', 'p2p'), par.get('cp_comm'))}"
+          f"{_kv_copies(p)})" if par.get("cp", 1) > 1 else "")
     k = par.get("dp_replicate", 1)
     sites = (f" ({k} sites x {par['dp'] // k}: data parallel across "
              f"{', '.join(g['name'] for g in p.cluster.get('groups', []))}, gradients reduced "

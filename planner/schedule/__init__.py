@@ -173,3 +173,16 @@ class Shape:
         if p > 1 and top == 2 * p and where.get(p) == p - 1:
             return cls(ranks=p, bidirectional=True)
         return cls(ranks=p, vpp=max(1, -(-top // p)))
+
+
+ROUNDING = 1e-9
+"""The share of a stage's time below which a negative difference of its times (a backward
+taken as compute less forward, in a stage that runs none) is rounding."""
+
+
+def difference_s(value: float, scale: float) -> float:
+    """A time computed as a difference of times: 0 where it is negative by rounding alone (less
+    than ROUNDING of ``scale``); a larger negative one is returned as it is, for the simulator
+    to refuse."""
+    return 0.0 if -ROUNDING * abs(scale) <= value < 0.0 else value
+

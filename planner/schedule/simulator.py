@@ -31,7 +31,7 @@ from typing import NamedTuple, Sequence
 from costmodels import pipeline
 from planner.errors import SpecError
 from planner.options import MAX_MICROBATCHES
-from planner.schedule import Action, Shape
+from planner.schedule import Action, Shape, difference_s
 from planner.schedule.builders import SPLIT_BACKWARD, build
 from planner.schedule.grid import validate
 
@@ -99,7 +99,9 @@ def simulate(actions: Sequence[Sequence[Action | str]], *, microbatches: int, fw
     values, or one number); free between stages on the same rank. ``timeline=False`` leaves the
     result's timeline empty (the search needs the times, not the picture)."""
     p = len(actions)
-    parsed = actions if isinstance(actions, Checked) else validate(
+    checked = isinstance(actions, Checked) and not bidirectional and \
+        (actions.microbatches, actions.vpp) == (microbatches, vpp)
+    parsed = actions if checked else validate(
         actions, stages=p, microbatches=microbatches, vpp=vpp, bidirectional=bidirectional,
         deadlock=False)
     shape = Shape(ranks=p, vpp=vpp, bidirectional=bidirectional)
@@ -120,8 +122,11 @@ def simulate(actions: Sequence[Sequence[Action | str]], *, microbatches: int, fw
 
 
 class Checked(tuple):
-    """Per-rank actions (tuples of Action) that ``validate`` has passed: ``simulate`` takes them
-    without checking them again."""
+    """Per-rank actions (tuples of Action) that ``validate`` has passed for ``microbatches`` and
+    ``vpp`` (``built``): ``simulate`` takes them for those without checking them again."""
+
+    microbatches: int
+    vpp: int
 
 
 @functools.lru_cache(maxsize=16)
@@ -130,7 +135,9 @@ def built(name: str, stages: int, microbatches: int, vpp: int = 1) -> Checked:
     candidates (planner.search.refine), and builds and checks it once for all of them."""
     parsed = validate(build(name, stages, microbatches, vpp=vpp), stages=stages,
                       microbatches=microbatches, vpp=vpp, deadlock=False)
-    return Checked(tuple(acts) for acts in parsed)
+    out = Checked(tuple(acts) for acts in parsed)
+    out.microbatches, out.vpp = microbatches, vpp
+    return out
 
 
 def _compile(parsed, shape: Shape, dur: dict, cut: list[float]):
@@ -299,7 +306,8 @@ def plan_inputs(plan, *, schedule_name: str, vpp: int = 1) -> StageTimes:
                 for col in cols]
         cuts = [sum(cuts) / len(cuts) if cuts else 0.0] * (pp * vpp - 1)
     fwd, back, wgrad, act = cols
-    return StageTimes(fwd_s=tuple(fwd), bwd_s=tuple(max(0.0, b - w) for b, w in zip(back, wgrad)),
+    return StageTimes(fwd_s=tuple(fwd),
+                      bwd_s=tuple(difference_s(b - w, f + b) for f, b, w in zip(fwd, back, wgrad)),
                       wgrad_s=tuple(wgrad), p2p_s=tuple(cuts), activation_bytes=tuple(act))
 
 

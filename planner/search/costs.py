@@ -296,9 +296,7 @@ def _block_costs(ma: ModelArrays, cluster: Cluster, training: TrainingSpec, *, t
     fp8 = training.dtype == "fp8" and engine.fp8_copies  # Linear inputs kept quantized
     heads_div = np.maximum(1.0, np.minimum(tp, np.maximum(w.attn_heads_kv, 1.0)))
     kv = micro_batch * w.attn_kv_bytes / heads_div  # the whole sequence's K/V on this tp rank
-    # the all-to-all form with more cp ranks than this rank's K/V heads copies them (the rules
-    # allow it where the target does: SearchOptions.cp_kv_copies)
-    kv_copies = np.maximum(1.0, cp / np.maximum(1.0, w.attn_heads_kv / heads_div))
+    kv_copies = a2a_kv_copies(w.attn_heads_kv, heads_div, cp)
     q = micro_batch * w.attn_q_bytes / tp
     out = np.where(w.attn_out_bytes > 0, micro_batch * w.attn_out_bytes / tp, q)
     layers = np.maximum(w.attn_kv_calls, 1.0)  # attention layers per block
@@ -520,6 +518,14 @@ def _least_dispatch_s(ma: ModelArrays, cluster: Cluster, training: TrainingSpec,
     if memo_key:
         ma.dispatch_memo[memo_key] = (cluster, out.copy())
     return out
+
+
+def a2a_kv_copies(kv_heads, heads_div, cp: int):
+    """Per block: the copies of each key/value head the all-to-all exchange sends where cp
+    exceeds the heads a tensor-parallel rank holds (``kv_heads`` / ``heads_div``): DeepSpeed's
+    UlyssesSPAttentionHF repeats each that many times (the rules allow it where the target does:
+    SearchOptions.cp_kv_copies); 1 elsewhere."""
+    return np.maximum(1.0, cp / np.maximum(1.0, kv_heads / heads_div))
 
 
 def tp_comm_s(w, bt, engine, group, cluster: Cluster, *, share: float, sp: bool, tp: int,

@@ -191,8 +191,10 @@ def pin_problem(fix: dict, space: Space, training: TrainingSpec,
             copies = form == "a2a" and options is not None and options.cp_kv_copies
             short = [f"{h} {kind} heads" for h, kind in zip(space.heads, ("query", "key-value"))
                      if h and h % split and not (copies and kind == "key-value" and split % h == 0)]
+            kv_short = any(s.endswith("key-value heads") for s in short)
             why = (f"needs the {' and the '.join(short) or 'heads'} divisible by {width}"
-                   + (" (key-value heads may also divide it: they are copied)" if copies else "")
+                   + (f" ({width} may also be a multiple of the key-value heads: they are "
+                      "copied)" if copies and kv_short else "")
                    if rule == CP_HEADS else
                    f"it needs more than one but not all of the {cp} cp ranks in each node (an "
                    f"all-to-all inside a node, a ring across nodes), which no tp gives here with "

@@ -22,6 +22,7 @@ import numpy as np
 from costmodels import pipeline
 from costmodels.topology import Cluster
 from planner.options import SearchOptions, TrainingSpec
+from planner.schedule import difference_s
 from planner.schedule.builders import SPLIT_BACKWARD
 from planner.schedule.simulator import built, simulate
 from planner.search.costs import BlockCosts, ModelArrays, capacity_bytes, config_costs, stage_memory
@@ -178,9 +179,9 @@ def _passes(est: Estimate) -> tuple[list, list, list, list]:
            for st in est.stages]
     split = est.config.schedule in SPLIT_BACKWARD
     wgrad = [weight_grad_s(st) if split else 0.0 for st in est.stages]
-    # (a chunk that runs no backward: its difference rounds to +-1e-22, never below zero)
-    bwd = [max(0.0, st.compute_s - st.fwd_s + st.tp_comm_s - st.tp_fwd_comm_s
-               + (1 - share) * (st.cp_comm_s + st.ep_comm_s) - w)
+    # (a chunk that runs no backward: its difference may round to -1e-22)
+    bwd = [difference_s(st.compute_s - st.fwd_s + st.tp_comm_s - st.tp_fwd_comm_s
+                        + (1 - share) * (st.cp_comm_s + st.ep_comm_s) - w, st.compute_s)
            for st, w in zip(est.stages, wgrad)]
     return fwd, bwd, wgrad, [st.act_bytes for st in est.stages]
 

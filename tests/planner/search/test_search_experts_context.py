@@ -22,11 +22,12 @@ def tiny_mixtral(tmp_path_factory):
     return planner.prepare(str(path), seq_len=256)
 
 
-def _plan(prepared, fix, *, nodes=1, gb=64, cluster="dgx-h100", engine=None):
+def _plan(prepared, fix, *, nodes=1, gb=64, cluster="dgx-h100", engine=None, target="any"):
     training = planner.TrainingSpec(global_batch=gb, seq_len=prepared.seq_len,
                                     **({"engine": engine} if engine else {}))
     return planner.plan_prepared(prepared, planner.load_cluster(cluster, nodes=nodes), training,
-                                 planner.SearchOptions(fix=parse_fix(fix), top_k=0))
+                                 planner.SearchOptions(fix=parse_fix(fix), top_k=0,
+                                                       target=target))
 
 
 def test_trace_finds_routed_experts_and_grouped_query_heads(tiny_mixtral):
@@ -579,14 +580,12 @@ def test_a_pipeline_without_virtual_stages_is_split_on_the_dispatch_it_runs(tiny
     ("ep=3", "does not divide the model's 8 experts; use one of 1, 2, 4, 8"),
     ("cp=3", "does not divide the cluster's 8 GPUs; use one of 1, 2, 4, 8"),
     ("etp=3", r"fix\.etp: 3 must be 1 or tp, and tp=3 breaks a rule"),
-    # two key/value heads do not split over four ranks; the other forms need no heads
-    ("cp=4,cp_comm=a2a", r"needs the 2 key-value heads divisible by tp x cp = "
-                         r"4; pin cp_comm=p2p or allgather$"),
-    # one node: a2a+p2p has no ring level, whatever tp (tp=4 would take 16 GPUs)
+    # one node: a2a+p2p has no ring level, whatever tp (tp=4 would take 16 GPUs); a2a runs
+    # (DeepSpeed's Ulysses copies the two key/value heads: test_all_to_all_over_more_ranks...)
     ("cp=4,cp_comm=a2a+p2p", r"a2a\+p2p with cp=4: it needs more than one but not all of the 4 "
                              r"cp ranks in each node \(an all-to-all inside a node, a ring across "
                              r"nodes\), which no tp gives here with nodes of 8 GPUs; pin "
-                             r"cp_comm=p2p or allgather$"),
+                             r"cp_comm=p2p or allgather or a2a$"),
     ("etp=16", r"fix\.etp: 16 must be 1 or tp, and tp=16"),
     # (a new-user check was told to change the tp it pinned)
     ("etp=4,tp=2", r"^fix\.etp: 4 must be 1 or tp \(2\); pin etp=1 or etp=2$"),  # (tp=4: no)
@@ -610,6 +609,16 @@ def test_pins_of_ep_and_cp_are_checked(tiny_mixtral, fix, words):
         return
     with pytest.raises(planner.SpecError, match=words):
         _plan(tiny_mixtral, fix)
+
+
+def test_all_to_all_over_more_ranks_than_key_value_heads(tiny_mixtral):
+    """Two key/value heads do not split over four ranks: Megatron-LM refuses the pin, naming
+    them and the forms that need no heads; DeepSpeed's Ulysses copies them, so a plan for any
+    engine takes it."""
+    with pytest.raises(planner.SpecError, match=r"needs the 2 key-value heads divisible by tp x "
+                                                r"cp = 4; pin cp_comm=p2p or allgather$"):
+        _plan(tiny_mixtral, "cp=4,cp_comm=a2a", target="megatron")
+    assert _plan(tiny_mixtral, "cp=4,cp_comm=a2a").parallel["cp_comm"] == "a2a"
 
 
 def test_the_hierarchical_exchange_needs_both_of_its_levels(tiny_mixtral):
