@@ -266,7 +266,13 @@ SECTIONS = [
      "405B's at 128k from 51,576 to 85,960; in three alternating pairs in one process (search "
      "only, without and with the two policies) DeepSeek-V3 took 4.34-4.62 s and 4.45-5.75 s, "
      "Llama-3 405B at 128k 1.26-1.55 s and 1.19-1.49 s. The presets' device memory grew to "
-     "what NVML reports (an H100 85.5 GB, not 80) in the same session."),
+     "what NVML reports (an H100 85.5 GB, not 80) in the same session. On 2026-12-08 the VM "
+     "was noisier: the same DeepSeek-V3 search took 4.2-6.4 s across runs, at the commit of "
+     "the day before too (5.5-6.0 s, then 4.2-4.6 s an hour later); that day a schedule the "
+     "refinement simulates for several candidates is built and checked once, and a "
+     "micro-batch's schedule variants are made once (the same plans, runners-up and rule "
+     "counts), and DeepSpeed's copies of key/value heads joined the rules of `any` (Llama-3 "
+     "405B's space at 128k unchanged)."),
     ("moe", "moe_runs.py",
      "**Mixtures of experts** (`benchmarks/moe_runs.py`): the Megatron-Core MoE runs NVIDIA "
      "publishes (Megatron-Bridge performance summary: DeepSeek-V3, Qwen3-30B-A3B and -235B-A22B, "
