@@ -85,6 +85,13 @@ class Plan:
         return self.predicted["step_time_s"]
 
     @property
+    def per_image(self) -> bool:
+        """Whether the plan counts one token per sample of an image input (model.image_input
+        traced at seq_len 1: a convolutional network's image): its figures per token are per
+        image."""
+        return bool(self.model.get("image_input")) and int(self.training.get("seq_len", 0)) == 1
+
+    @property
     def parallel_summary(self) -> str:
         return parallel_text(self.parallel, tables=bool(self.embeddings))
 

@@ -117,9 +117,10 @@ def headline(a: Plan, b: Plan, parts: int = 3) -> str:
         other_tokens = a.model.get("name") != b.model.get("name") and \
             a.training.get("seq_len") != b.training.get("seq_len")
         rate = ("samples" if a.embeddings is not None or b.embeddings is not None or other_tokens
-                else "tokens")
+                or (a.per_image and b.per_image) else "tokens")
         ra, rb = (p.predicted[f"{rate}_per_s"] for p in (a, b))
-        verdict = f"at {_ratio(rb / ra)}x the {rate}/s (a step {tb / ta:.3g}x as long)"
+        unit = "images" if a.per_image and b.per_image else rate
+        verdict = f"at {_ratio(rb / ra)}x the {unit}/s (a step {tb / ta:.3g}x as long)"
     inputs += engine_changes(a, b) + recsys_changes(a, b)
     ra, rb = (_reserve_text(p.memory_reserve()) for p in (a, b))  # (memory kept free per device)
     if ra != rb:
@@ -382,14 +383,16 @@ def compare(a: Plan, b: Plan) -> list[Diff]:
         out += [Diff("configuration", words, (a.embeddings or {}).get(key),
                      (b.embeddings or {}).get(key), "text") for key, words in RECSYS_SETTINGS]
     recsys = a.embeddings is not None or b.embeddings is not None  # samples, not tokens
+    images = a.per_image and b.per_image  # (one token an image: the samples are images)
     # MFU is against each plan's own peak (its dtype's, its device's): where those differ, the
     # MFU points do not compare the plans' speed, TFLOP/s per GPU does
     peaks = [device_figure(p, "peak_TFLOPs") for p in (a, b)]
     own = " (each against its own peak)" if peaks[0] != peaks[1] else ""
-    out += [Diff("predicted", "samples/s" if recsys and key == "tokens_per_s" else
-                 label + (own if key == "mfu" else ""),
-                 a.predicted.get("samples_per_s" if recsys and key == "tokens_per_s" else key),
-                 b.predicted.get("samples_per_s" if recsys and key == "tokens_per_s" else key),
+    samples = recsys or images
+    out += [Diff("predicted", ("images/s" if images else "samples/s")
+                 if samples and key == "tokens_per_s" else label + (own if key == "mfu" else ""),
+                 a.predicted.get("samples_per_s" if samples and key == "tokens_per_s" else key),
+                 b.predicted.get("samples_per_s" if samples and key == "tokens_per_s" else key),
                  kind) for label, key, kind in PREDICTED]
     ba, bb = a.predicted["breakdown"], b.predicted["breakdown"]
     out += [Diff("step time by part", BREAKDOWN_WORDS[k], ba.get(k, 0.0), bb.get(k, 0.0), "s")

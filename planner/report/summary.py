@@ -235,7 +235,7 @@ def summary_dict(p: Plan) -> dict:
 def _header(p: Plan) -> str:
     c, m, t = p.cluster, p.model, p.training
     batch = (f"{t['global_batch']} samples" if p.embeddings else
-             f"{t['global_batch']} images" if _per_image(p) else
+             f"{t['global_batch']} images" if p.per_image else
              f"{t['global_batch']} x {counted(t['seq_len'], 'token')}")
     if m.get("encoder_tokens"):  # the tokens counted (per second, per token) are the decoder's
         batch += (f" (the decoder's, which tokens/s counts; the encoder reads "
@@ -243,12 +243,6 @@ def _header(p: Plan) -> str:
     optimizer = t["optimizer"] + (" for the dense part" if p.embeddings else "")
     return (f"Plan for {m['name']} ({human_count(m['num_params'])} params) on {cluster_text(c)}\n"
             f"  global batch {batch}, {t['dtype']}, {optimizer}")
-
-
-def _per_image(p: Plan) -> bool:
-    """Whether the plan counts one token per sample of an image input (model.image_input traced
-    at seq_len 1: a convolutional network's image): its figures per token are per image."""
-    return bool(p.model.get("image_input")) and int(p.training.get("seq_len", 0)) == 1
 
 
 CP_COMM_WORDS = {"p2p": "K/V by p2p ring", "allgather": "K/V by all-gather",
@@ -305,7 +299,7 @@ def _parallel(p: Plan) -> list[str]:
         f"{_without_flash(p)}{_overlap_off(p)}{_tp_overlap_unused(p)}",
         *breakdown(p),
         f"  throughput  {_samples(pr['samples_per_s'])} "
-        + ("images/s, " if _per_image(p) else
+        + ("images/s, " if p.per_image else
            f"samples/s, {pr['tokens_per_s']:,.0f} tokens/s, ")
         + f"{_tflops(pr['tflops_per_device'])} TFLOP/s {_per(p)}, MFU "
         f"{100 * pr['mfu']:.1f}%",
@@ -341,7 +335,7 @@ def _flops(p: Plan) -> list[str]:
          and p.model.get("routed_experts"))) if where]
     if not extras and pr["hardware_flops_per_step"] > pr["model_flops_per_step"] * (1 + 1e-6):
         extras = ["experts' empty token slots"]  # capacity-style experts' buffers
-    unit = "image" if _per_image(p) else "token"
+    unit = "image" if p.per_image else "token"
     lines = [f"  FLOPs       {pr['model_flops_per_token']:.3g} per {unit} for MFU "
              "(forward + backward), "
              f"{hardware:.3g} for TFLOP/s"

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from planner.api import plan, prepare
+from planner.report import compare
+from planner.report.diff import diff
 from planner.report.summary import summary
 from planner.search.feasibility import length_note
 from planner.search.space import SP_SEQ
@@ -37,8 +39,15 @@ def test_a_plan_of_one_token_per_image_speaks_of_images(tmp_path):
     images. With a length (patches) it keeps tokens."""
     image = (torch.randn(2, 3, 32, 32),)
     kw = dict(cluster="dgx-h100", nodes=1, global_batch=16, cache_dir=None)
-    text = " ".join(summary(plan(Patches(), example_inputs=image, **kw)).split())
+    one = plan(Patches(), example_inputs=image, **kw)
+    text = " ".join(summary(one).split())
     assert "global batch 16 images," in text and "images/s," in text
     assert "tokens/s" not in text and "per image for MFU" in text and "per token" not in text
+    # plan diff too: images/s, also where the batches differ
+    more = plan(Patches(), example_inputs=image, **{**kw, "global_batch": 32})
+    assert compare.headline(one, more).startswith("at ") and "the images/s" in \
+        compare.headline(one, more)
+    table = diff(one, more)
+    assert "images/s" in table and "tokens/s" not in table
     patches = " ".join(summary(plan(Patches(), example_inputs=image, seq_len=17, **kw)).split())
     assert "global batch 16 x 17 tokens" in patches and "tokens/s" in patches
